@@ -1,0 +1,27 @@
+# Basalt: `make run` starts the embedded default cluster, `make test` runs
+# every test. Both install what they need (Go modules come from the proxy).
+GO ?= go
+BIN := bin/basalt
+
+.PHONY: all build run test vet bench-raft clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/basalt
+
+run: build
+	./$(BIN) dev
+
+vet:
+	$(GO) vet ./...
+
+test: vet
+	$(GO) test -count=1 -timeout 20m ./...
+	$(GO) test -count=1 -race -timeout 10m ./internal/raft/...
+
+bench-raft:
+	$(GO) test -run '^$$' -bench BenchmarkCommit -benchtime 4s -timeout 20m ./internal/raft/
+
+clean:
+	rm -rf bin

@@ -1,0 +1,68 @@
+package raft
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// HostConfig configures a Host. Zero values take the defaults noted.
+type HostConfig struct {
+	// ID is this host's replica ID in every group it hosts. Nonzero and
+	// unique in the cluster; keep it across restarts.
+	ID uint64
+	// LogDirs are the log directories (one per disk). Each holds one log
+	// store for all groups placed on it; a new group goes to the one with
+	// the fewest groups.
+	LogDirs []string
+	// ListenAddr is the TCP address the transport listens on
+	// ("127.0.0.1:0" picks a port; see Host.Addr). Ignored if Transport is set.
+	ListenAddr string
+	// Resolve maps a peer host ID to its transport address. Required with
+	// the TCP transport; called again on every reconnect, so addresses may
+	// change.
+	Resolve func(id uint64) (string, error)
+	// Transport replaces the TCP transport (tests use an in-memory network).
+	Transport Transport
+	// TickInterval is the Raft tick. 0 means 100ms; negative means ticks
+	// are driven by calling Host.Tick (deterministic tests).
+	TickInterval time.Duration
+	// ElectionTicks (default 10) and HeartbeatTicks (default 1).
+	ElectionTicks  int
+	HeartbeatTicks int
+	// MaxProposalBytes bounds one proposal's metadata+data (default 64 MiB).
+	MaxProposalBytes int
+	// MaxInflightBytes bounds the proposal bytes a group has proposed but
+	// not yet applied on this host; Propose blocks beyond it (default 256 MiB).
+	MaxInflightBytes int
+	// CompactEvery: truncate a group's log once it holds this many applied
+	// entries (default 2048), keeping CompactKeep (default 256) behind the
+	// state machine's durable index for followers slightly behind.
+	CompactEvery int
+	CompactKeep  int
+	// FS is the file system for log stores (default: the OS). Tests pass an
+	// in-memory or crash-simulating vfs.
+	FS vfs.FS
+	// Registerer receives the host's Prometheus metrics (default: none).
+	Registerer prometheus.Registerer
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// GroupConfig configures one group on a host.
+type GroupConfig struct {
+	// ID of the group, unique in the cluster, nonzero.
+	ID uint64
+	// Peers are the initial voters (host IDs, including this host) used the
+	// first time the group is created. Every initial member must be given
+	// the same list. Leave empty to join a group that exists elsewhere: the
+	// host waits for the leader to add it (Group.AddMember) and send it a
+	// snapshot or the log. Ignored when the group's state is already on disk
+	// (restart).
+	Peers []uint64
+	// StateMachine receives committed entries. If it implements
+	// DataStateMachine, proposals with data keep their data out of the log.
+	StateMachine StateMachine
+}

@@ -1,0 +1,1075 @@
+package raft
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	etcdraft "go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// Group is one Raft group hosted on a Host.
+type Group struct {
+	host *Host
+	id   uint64
+	sm   StateMachine
+	dsm  DataStateMachine // nil when the state machine keeps no data
+	log  *groupLog
+	loop *storeLoop
+
+	// mu guards rn: etcd raft is not safe for concurrent use.
+	mu sync.Mutex
+	rn *etcdraft.RawNode
+
+	stopc   chan struct{}
+	stopped atomic.Bool
+	applyWG sync.WaitGroup
+
+	// Soft state as of the last Ready, readable without mu.
+	leader atomic.Uint64
+	term   atomic.Uint64
+	role   atomic.Value // string
+
+	// applied is the index of the last entry handed to the state machine.
+	applied atomic.Uint64
+
+	// Apply queue: committed entries and snapshot work, run in order on
+	// the group's apply goroutine.
+	aq struct {
+		sync.Mutex
+		tasks   []applyTask
+		entries int
+		signal  chan struct{}
+		blocked bool // the store loop skipped this group: queue was full
+	}
+
+	// Proposals waiting for their entry to be applied, and inflight bytes.
+	pmu           sync.Mutex
+	pending       map[uint64]*proposal // by seq
+	byIndex       map[uint64]uint64    // log index → seq, once known
+	inflight      int
+	inflightWait  chan struct{} // closed and replaced when inflight drops
+	reads         map[uint64]*readReq
+	appliedWaiter []appliedWait
+	// Leader only: applied index each replica reported.
+	followerApplied map[uint64]uint64
+	appliedChanged  chan struct{} // closed and replaced on any change
+	voters          []uint64
+	confState       *pb.ConfState
+	lastSentApplied atomic.Uint64
+	ticks           atomic.Uint64
+
+	cache dataCache
+}
+
+type proposal struct {
+	seq   uint64
+	size  int
+	index uint64
+	done  chan struct{}
+	res   Result
+	err   error
+}
+
+type readReq struct {
+	done  chan struct{}
+	index uint64
+}
+
+type appliedWait struct {
+	index uint64
+	done  chan struct{}
+}
+
+type applyTask struct {
+	ents    []*pb.Entry
+	snap    chan snapshotResult
+	restore *restoreTask
+}
+
+type restoreTask struct {
+	m    *pb.Message
+	body io.Reader
+	done chan error
+}
+
+type snapshotResult struct {
+	index uint64
+	term  uint64
+	conf  *pb.ConfState
+	body  io.ReadCloser
+	err   error
+}
+
+// maxApplyBacklog bounds committed-but-unapplied entries per group. Beyond
+// it the store loop stops taking the group's Ready, which stops it from
+// acknowledging more entries: backpressure from a slow state machine.
+const maxApplyBacklog = 4096
+
+func newGroup(h *Host, loop *storeLoop, gl *groupLog, cfg GroupConfig) (*Group, error) {
+	g := &Group{
+		host: h, id: cfg.ID, sm: cfg.StateMachine, log: gl, loop: loop,
+		stopc:           make(chan struct{}),
+		pending:         make(map[uint64]*proposal),
+		byIndex:         make(map[uint64]uint64),
+		reads:           make(map[uint64]*readReq),
+		followerApplied: make(map[uint64]uint64),
+		appliedChanged:  make(chan struct{}),
+		inflightWait:    make(chan struct{}),
+	}
+	g.cache.max = 8 << 20
+	g.dsm, _ = cfg.StateMachine.(DataStateMachine)
+	g.aq.signal = make(chan struct{}, 1)
+	g.role.Store("follower")
+
+	hs, cs, _ := gl.InitialState()
+	applied := cfg.StateMachine.AppliedIndex()
+	if applied < gl.truncIndex {
+		applied = gl.truncIndex
+	}
+	if applied > hs.GetCommit() {
+		// The state machine may be ahead of the last synced commit index
+		// after a restored snapshot; raft may not start past its commit.
+		g.applied.Store(applied)
+		applied = hs.GetCommit()
+	} else {
+		g.applied.Store(applied)
+	}
+	g.confState = cs
+	g.voters = append([]uint64(nil), cs.GetVoters()...)
+	rn, err := etcdraft.NewRawNode(&etcdraft.Config{
+		ID:                        h.id,
+		ElectionTick:              h.cfg.ElectionTicks,
+		HeartbeatTick:             h.cfg.HeartbeatTicks,
+		Storage:                   gl,
+		Applied:                   applied,
+		MaxSizePerMsg:             1 << 20,
+		MaxCommittedSizePerReady:  64 << 20,
+		MaxInflightMsgs:           256,
+		CheckQuorum:               true,
+		PreVote:                   true,
+		DisableProposalForwarding: true,
+		Logger:                    raftLogger{h.log.With("group", cfg.ID)},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("raft: group %d: %w", cfg.ID, err)
+	}
+	g.rn = rn
+	g.applyWG.Add(1)
+	go g.applyLoop()
+	return g, nil
+}
+
+// ID is the group's ID.
+func (g *Group) ID() uint64 { return g.id }
+
+// Leader is the leader's host ID as last seen, 0 if unknown.
+func (g *Group) Leader() uint64 { return g.leader.Load() }
+
+// IsLeader reports whether this host leads the group.
+func (g *Group) IsLeader() bool { return g.leader.Load() == g.host.id }
+
+func (g *Group) isStopped() bool { return g.stopped.Load() }
+
+func (g *Group) stop() {
+	if !g.stopped.CompareAndSwap(false, true) {
+		return
+	}
+	close(g.stopc)
+	g.pmu.Lock()
+	for seq, p := range g.pending {
+		p.err = ErrStopped
+		close(p.done)
+		delete(g.pending, seq)
+	}
+	g.pmu.Unlock()
+}
+
+func (g *Group) fail(err error) {
+	g.host.log.Error("group stopped after a fatal error", "group", g.id, "err", err)
+	g.stop()
+}
+
+// Propose replicates (meta, data) and returns once the entry is applied on
+// this host, with the state machine's result. data may be nil; for a
+// DataStateMachine non-nil data is kept out of the log. Only the leader
+// accepts proposals (*NotLeaderError otherwise).
+func (g *Group) Propose(ctx context.Context, meta, data []byte) (Result, error) {
+	size := len(meta) + len(data)
+	if size > g.host.cfg.MaxProposalBytes {
+		return Result{}, fmt.Errorf("raft: group %d: proposal of %d bytes exceeds %d: %w", g.id, size, g.host.cfg.MaxProposalBytes, ErrTooLarge)
+	}
+	if data != nil && g.dsm == nil {
+		return Result{}, fmt.Errorf("raft: group %d: proposal carries data but the state machine does not implement DataStateMachine", g.id)
+	}
+	if err := g.acquire(ctx, size); err != nil {
+		return Result{}, err
+	}
+	seq := g.host.seq.Add(1)
+	payload := encodeProposal(proposalID{g.host.id, seq}, meta, data, data != nil)
+	p := &proposal{seq: seq, size: size, done: make(chan struct{})}
+	g.pmu.Lock()
+	g.pending[seq] = p
+	g.pmu.Unlock()
+
+	start := time.Now()
+	g.mu.Lock()
+	var err error
+	if g.isStopped() {
+		err = ErrStopped
+	} else if st := g.rn.BasicStatus(); st.RaftState != etcdraft.StateLeader {
+		err = &NotLeaderError{Group: g.id, Leader: st.Lead}
+	} else if perr := g.rn.Propose(payload); perr != nil {
+		err = fmt.Errorf("raft: group %d: %v: %w", g.id, perr, ErrProposalDropped)
+	}
+	g.mu.Unlock()
+	if err != nil {
+		g.forget(p)
+		return Result{}, err
+	}
+	g.host.metrics.proposals.WithLabelValues(g.label()).Inc()
+	g.loop.notify(g)
+
+	select {
+	case <-p.done:
+		if p.err == nil {
+			g.host.metrics.commitLatency.Observe(time.Since(start).Seconds())
+		}
+		return p.res, p.err
+	case <-ctx.Done():
+		g.forget(p)
+		return Result{}, fmt.Errorf("raft: group %d: waiting for proposal: %w", g.id, ctx.Err())
+	case <-g.stopc:
+		return Result{}, ErrStopped
+	}
+}
+
+func (g *Group) label() string { return fmt.Sprint(g.id) }
+
+// acquire reserves inflight bytes, blocking while the group is over its
+// budget: a slow group slows its proposers, not the host.
+func (g *Group) acquire(ctx context.Context, size int) error {
+	limit := g.host.cfg.MaxInflightBytes
+	for {
+		g.pmu.Lock()
+		if g.inflight == 0 || g.inflight+size <= limit {
+			g.inflight += size
+			g.pmu.Unlock()
+			return nil
+		}
+		wait := g.inflightWait
+		g.pmu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return fmt.Errorf("raft: group %d: waiting for inflight budget: %w", g.id, ctx.Err())
+		case <-g.stopc:
+			return ErrStopped
+		}
+	}
+}
+
+// releaseLocked returns inflight bytes; pmu must be held.
+func (g *Group) releaseLocked(size int) {
+	g.inflight -= size
+	close(g.inflightWait)
+	g.inflightWait = make(chan struct{})
+}
+
+// forget abandons a proposal whose caller gave up.
+func (g *Group) forget(p *proposal) {
+	g.pmu.Lock()
+	if _, ok := g.pending[p.seq]; ok {
+		delete(g.pending, p.seq)
+		g.releaseLocked(p.size)
+	}
+	g.pmu.Unlock()
+}
+
+func (g *Group) finish(seq uint64, res Result, err error) {
+	p, ok := g.pending[seq]
+	if !ok {
+		return
+	}
+	delete(g.pending, seq)
+	if p.index != 0 {
+		delete(g.byIndex, p.index)
+	}
+	g.releaseLocked(p.size)
+	p.res, p.err = res, err
+	close(p.done)
+}
+
+// recordProposalIndexes learns the log index of this host's proposals as
+// they are appended, so a proposal overwritten by another leader's entry
+// fails promptly instead of waiting for its context.
+func (g *Group) recordProposalIndexes(ents []*pb.Entry) {
+	if len(ents) == 0 {
+		return
+	}
+	g.pmu.Lock()
+	defer g.pmu.Unlock()
+	if len(g.pending) == 0 {
+		return
+	}
+	for _, e := range ents {
+		if !isNormalWithPayload(e) || len(e.GetData()) < headerLen {
+			continue
+		}
+		d := e.GetData()
+		if binary.BigEndian.Uint64(d[1:]) != g.host.id {
+			continue
+		}
+		seq := binary.BigEndian.Uint64(d[9:])
+		if p, ok := g.pending[seq]; ok {
+			p.index = e.GetIndex()
+			g.byIndex[e.GetIndex()] = seq
+		}
+	}
+}
+
+// ReadIndex returns once this replica has applied everything that was
+// committed when it was called, as confirmed by the leader: reads of the
+// state machine after it are linearizable.
+func (g *Group) ReadIndex(ctx context.Context) error {
+	var rctx [8]byte
+	key := g.host.seq.Add(1)
+	binary.BigEndian.PutUint64(rctx[:], key)
+	r := &readReq{done: make(chan struct{})}
+	g.pmu.Lock()
+	g.reads[key] = r
+	g.pmu.Unlock()
+	defer func() {
+		g.pmu.Lock()
+		delete(g.reads, key)
+		g.pmu.Unlock()
+	}()
+	g.mu.Lock()
+	if g.isStopped() {
+		g.mu.Unlock()
+		return ErrStopped
+	}
+	st := g.rn.BasicStatus()
+	if st.Lead == 0 {
+		g.mu.Unlock()
+		return &NotLeaderError{Group: g.id}
+	}
+	g.rn.ReadIndex(rctx[:])
+	g.mu.Unlock()
+	g.loop.notify(g)
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		return fmt.Errorf("raft: group %d: read index: %w", g.id, ctx.Err())
+	case <-g.stopc:
+		return ErrStopped
+	}
+	return g.WaitApplied(ctx, r.index)
+}
+
+// WaitApplied returns once this replica has applied index.
+func (g *Group) WaitApplied(ctx context.Context, index uint64) error {
+	if g.applied.Load() >= index {
+		return nil
+	}
+	done := make(chan struct{})
+	g.pmu.Lock()
+	if g.applied.Load() >= index {
+		g.pmu.Unlock()
+		return nil
+	}
+	g.appliedWaiter = append(g.appliedWaiter, appliedWait{index: index, done: done})
+	g.pmu.Unlock()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("raft: group %d: waiting to apply %d (applied %d): %w", g.id, index, g.applied.Load(), ctx.Err())
+	case <-g.stopc:
+		return ErrStopped
+	}
+}
+
+// WaitAppliedAll returns once every voter has applied index (Ozone's watch
+// for ALL_COMMITTED), or, when ctx ends first, a *LagError naming the
+// replicas that had not. Call it on the leader.
+func (g *Group) WaitAppliedAll(ctx context.Context, index uint64) error {
+	for {
+		if !g.IsLeader() {
+			return &NotLeaderError{Group: g.id, Leader: g.Leader()}
+		}
+		g.pmu.Lock()
+		lag := g.laggingLocked(index)
+		ch := g.appliedChanged
+		g.pmu.Unlock()
+		if len(lag) == 0 {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return &LagError{Group: g.id, Index: index, Lagging: lag}
+		case <-g.stopc:
+			return ErrStopped
+		}
+	}
+}
+
+func (g *Group) laggingLocked(index uint64) map[uint64]uint64 {
+	var lag map[uint64]uint64
+	for _, v := range g.voters {
+		a := g.followerApplied[v]
+		if v == g.host.id {
+			a = g.applied.Load()
+		}
+		if a < index {
+			if lag == nil {
+				lag = make(map[uint64]uint64)
+			}
+			lag[v] = a
+		}
+	}
+	return lag
+}
+
+func (g *Group) recordApplied(from, applied uint64) {
+	g.pmu.Lock()
+	if applied > g.followerApplied[from] {
+		g.followerApplied[from] = applied
+		close(g.appliedChanged)
+		g.appliedChanged = make(chan struct{})
+	}
+	g.pmu.Unlock()
+}
+
+// Campaign makes this replica start an election.
+func (g *Group) Campaign() error {
+	g.mu.Lock()
+	err := g.rn.Campaign()
+	g.mu.Unlock()
+	g.loop.notify(g)
+	return err
+}
+
+// TransferLeader asks the leader to hand leadership to replica to.
+func (g *Group) TransferLeader(to uint64) {
+	g.mu.Lock()
+	g.rn.TransferLeader(to)
+	g.mu.Unlock()
+	g.loop.notify(g)
+}
+
+// AddMember adds host id as a voter and returns once the change is applied
+// here. The new replica must run AddGroup with no Peers.
+func (g *Group) AddMember(ctx context.Context, id uint64) error {
+	return g.changeMembership(ctx, pb.ConfChangeAddNode, id)
+}
+
+// RemoveMember removes host id from the group.
+func (g *Group) RemoveMember(ctx context.Context, id uint64) error {
+	return g.changeMembership(ctx, pb.ConfChangeRemoveNode, id)
+}
+
+func (g *Group) changeMembership(ctx context.Context, typ pb.ConfChangeType, id uint64) error {
+	seq := g.host.seq.Add(1)
+	p := &proposal{seq: seq, done: make(chan struct{})}
+	g.pmu.Lock()
+	g.pending[seq] = p
+	g.pmu.Unlock()
+	cc := &pb.ConfChange{Type: &typ, NodeId: proto.Uint64(id), Context: encodeProposal(proposalID{g.host.id, seq}, nil, nil, false)}
+	g.mu.Lock()
+	var err error
+	if st := g.rn.BasicStatus(); st.RaftState != etcdraft.StateLeader {
+		err = &NotLeaderError{Group: g.id, Leader: st.Lead}
+	} else if perr := g.rn.ProposeConfChange(cc); perr != nil {
+		err = fmt.Errorf("raft: group %d: membership change: %v: %w", g.id, perr, ErrProposalDropped)
+	}
+	g.mu.Unlock()
+	if err != nil {
+		g.forget(p)
+		return err
+	}
+	g.loop.notify(g)
+	select {
+	case <-p.done:
+		return p.err
+	case <-ctx.Done():
+		g.forget(p)
+		return fmt.Errorf("raft: group %d: membership change: %w", g.id, ctx.Err())
+	case <-g.stopc:
+		return ErrStopped
+	}
+}
+
+// Status reports the group's state on this host.
+func (g *Group) Status() Status {
+	g.mu.Lock()
+	st := g.rn.Status()
+	g.mu.Unlock()
+	s := Status{
+		Group: g.id, Host: g.host.id, Leader: st.Lead, Term: st.GetTerm(), Role: roleName(st.RaftState),
+		Commit: st.GetCommit(), Applied: g.applied.Load(), LogDir: g.log.store.dir,
+	}
+	for id := range st.Config.Voters.IDs() {
+		s.Voters = append(s.Voters, id)
+	}
+	sort.Slice(s.Voters, func(i, j int) bool { return s.Voters[i] < s.Voters[j] })
+	for id := range st.Config.Learners {
+		s.Learners = append(s.Learners, id)
+	}
+	sort.Slice(s.Learners, func(i, j int) bool { return s.Learners[i] < s.Learners[j] })
+	if st.RaftState == etcdraft.StateLeader {
+		s.Followers = make(map[uint64]FollowerStatus, len(st.Progress))
+		g.pmu.Lock()
+		for id, pr := range st.Progress {
+			a := g.followerApplied[id]
+			if id == g.host.id {
+				a = g.applied.Load()
+			}
+			s.Followers[id] = FollowerStatus{Match: pr.Match, Applied: a, Active: pr.RecentActive}
+		}
+		g.pmu.Unlock()
+	}
+	return s
+}
+
+func roleName(s etcdraft.StateType) string {
+	switch s {
+	case etcdraft.StateLeader:
+		return "leader"
+	case etcdraft.StateCandidate:
+		return "candidate"
+	case etcdraft.StatePreCandidate:
+		return "pre-candidate"
+	default:
+		return "follower"
+	}
+}
+
+func (g *Group) step(m *pb.Message) {
+	g.mu.Lock()
+	if !g.isStopped() {
+		_ = g.rn.Step(m) // errors are for local messages or unknown peers: raft ignores them
+	}
+	g.mu.Unlock()
+	g.loop.notify(g)
+}
+
+func (g *Group) reportUnreachable(id uint64) {
+	g.mu.Lock()
+	if !g.isStopped() {
+		g.rn.ReportUnreachable(id)
+	}
+	g.mu.Unlock()
+}
+
+func (g *Group) tick() {
+	g.mu.Lock()
+	if g.isStopped() {
+		g.mu.Unlock()
+		return
+	}
+	g.rn.Tick()
+	g.mu.Unlock()
+	// Followers re-report their applied index now and then, in case the
+	// report after an apply was lost or the leader changed.
+	if g.ticks.Add(1)%10 == 0 {
+		g.reportApplied(true)
+	}
+	g.loop.notify(g)
+}
+
+// ready takes the group's Ready if it has one and its apply queue has room.
+func (g *Group) ready() *readyWork {
+	if g.applyBacklog() > maxApplyBacklog {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.isStopped() || !g.rn.HasReady() {
+		return nil
+	}
+	rd := g.rn.Ready()
+	st := g.rn.BasicStatus()
+	g.leader.Store(st.Lead)
+	g.term.Store(st.GetTerm())
+	g.role.Store(roleName(st.RaftState))
+	return &readyWork{g: g, rd: rd, leader: st.RaftState == etcdraft.StateLeader}
+}
+
+// advance tells raft the Ready is persisted and queues its committed
+// entries for the apply goroutine.
+func (g *Group) advance(rd etcdraft.Ready) {
+	g.mu.Lock()
+	if g.isStopped() {
+		g.mu.Unlock()
+		return
+	}
+	g.rn.Advance(rd)
+	more := g.rn.HasReady()
+	g.mu.Unlock()
+	if len(rd.ReadStates) > 0 {
+		g.pmu.Lock()
+		for _, rs := range rd.ReadStates {
+			if len(rs.RequestCtx) != 8 {
+				continue
+			}
+			if r, ok := g.reads[binary.BigEndian.Uint64(rs.RequestCtx)]; ok {
+				r.index = rs.Index
+				close(r.done)
+				delete(g.reads, binary.BigEndian.Uint64(rs.RequestCtx))
+			}
+		}
+		g.pmu.Unlock()
+	}
+	if len(rd.CommittedEntries) > 0 {
+		g.enqueue(applyTask{ents: rd.CommittedEntries})
+	}
+	if more {
+		g.loop.notify(g)
+	}
+}
+
+func (g *Group) applyBacklog() int {
+	g.aq.Lock()
+	defer g.aq.Unlock()
+	if g.aq.entries > maxApplyBacklog {
+		g.aq.blocked = true
+	}
+	return g.aq.entries
+}
+
+func (g *Group) enqueue(t applyTask) {
+	g.aq.Lock()
+	g.aq.tasks = append(g.aq.tasks, t)
+	g.aq.entries += len(t.ents)
+	g.aq.Unlock()
+	select {
+	case g.aq.signal <- struct{}{}:
+	default:
+	}
+}
+
+func (g *Group) applyLoop() {
+	defer g.applyWG.Done()
+	for {
+		select {
+		case <-g.stopc:
+			g.drainTasks()
+			return
+		case <-g.aq.signal:
+		}
+		for {
+			g.aq.Lock()
+			if len(g.aq.tasks) == 0 {
+				wasBlocked := g.aq.blocked
+				g.aq.blocked = false
+				g.aq.Unlock()
+				if wasBlocked {
+					g.loop.notify(g)
+				}
+				break
+			}
+			t := g.aq.tasks[0]
+			g.aq.tasks[0] = applyTask{}
+			g.aq.tasks = g.aq.tasks[1:]
+			g.aq.Unlock()
+			g.runTask(t)
+			g.aq.Lock()
+			g.aq.entries -= len(t.ents)
+			g.aq.Unlock()
+			if g.isStopped() {
+				g.drainTasks()
+				return
+			}
+		}
+	}
+}
+
+// drainTasks fails the snapshot work still queued when the group stops.
+func (g *Group) drainTasks() {
+	g.aq.Lock()
+	tasks := g.aq.tasks
+	g.aq.tasks = nil
+	g.aq.Unlock()
+	for _, t := range tasks {
+		if t.snap != nil {
+			t.snap <- snapshotResult{err: ErrStopped}
+		}
+		if t.restore != nil {
+			t.restore.done <- ErrStopped
+		}
+	}
+}
+
+func (g *Group) runTask(t applyTask) {
+	switch {
+	case t.snap != nil:
+		idx, body, err := g.sm.Snapshot()
+		if err != nil {
+			t.snap <- snapshotResult{err: err}
+			return
+		}
+		term, terr := g.log.Term(idx)
+		if terr != nil || idx == 0 {
+			body.Close()
+			t.snap <- snapshotResult{err: fmt.Errorf("raft: group %d: snapshot at index %d: term unknown: %v", g.id, idx, terr)}
+			return
+		}
+		t.snap <- snapshotResult{index: idx, term: term, conf: proto.Clone(g.confState).(*pb.ConfState), body: body}
+	case t.restore != nil:
+		md := t.restore.m.GetSnapshot().GetMetadata()
+		if err := g.sm.Restore(md.GetIndex(), t.restore.body); err != nil {
+			t.restore.done <- err
+			return
+		}
+		g.setApplied(md.GetIndex())
+		g.pmu.Lock()
+		g.confState = proto.Clone(md.GetConfState()).(*pb.ConfState)
+		g.voters = append([]uint64(nil), md.GetConfState().GetVoters()...)
+		g.pmu.Unlock()
+		t.restore.done <- nil
+	default:
+		g.applyEntries(t.ents)
+	}
+}
+
+func (g *Group) applyEntries(ents []*pb.Entry) {
+	applied := g.applied.Load()
+	batch := make([]Entry, 0, len(ents))
+	ids := make([]proposalID, 0, len(ents))
+	for _, e := range ents {
+		if e.GetIndex() <= applied {
+			continue // already in the state machine (restored snapshot)
+		}
+		ent := Entry{Index: e.GetIndex(), Term: e.GetTerm()}
+		var id proposalID
+		switch e.GetType() {
+		case pb.EntryNormal:
+			if len(e.GetData()) == 0 {
+				ent.Kind = EntryEmpty
+				break
+			}
+			d, err := decodeEntryData(e.GetData())
+			if err != nil {
+				g.fail(fmt.Errorf("entry %d: %w", e.GetIndex(), err))
+				return
+			}
+			id = d.id
+			ent.Meta = d.meta
+			ent.HasData = d.format != fmtPlain
+		case pb.EntryConfChange, pb.EntryConfChangeV2:
+			ent.Kind = EntryConfChange
+			var cc pb.ConfChangeI
+			var ctxb []byte
+			if e.GetType() == pb.EntryConfChange {
+				c := &pb.ConfChange{}
+				if err := proto.Unmarshal(e.GetData(), c); err != nil {
+					g.fail(err)
+					return
+				}
+				cc, ctxb = c, c.GetContext()
+			} else {
+				c := &pb.ConfChangeV2{}
+				if err := proto.Unmarshal(e.GetData(), c); err != nil {
+					g.fail(err)
+					return
+				}
+				cc, ctxb = c, c.GetContext()
+			}
+			g.mu.Lock()
+			cs := g.rn.ApplyConfChange(cc)
+			g.mu.Unlock()
+			if err := g.log.setConfState(cs); err != nil {
+				g.fail(err)
+				return
+			}
+			g.pmu.Lock()
+			g.confState = cs
+			g.voters = append([]uint64(nil), cs.GetVoters()...)
+			g.pmu.Unlock()
+			if d, err := decodeEntryData(ctxb); err == nil {
+				id = d.id
+			}
+			g.loop.notify(g)
+		}
+		batch = append(batch, ent)
+		ids = append(ids, id)
+	}
+	if len(batch) == 0 {
+		return
+	}
+	results := g.sm.Apply(batch)
+	last := batch[len(batch)-1].Index
+	g.host.metrics.applied.WithLabelValues(g.label()).Add(float64(len(batch)))
+
+	g.pmu.Lock()
+	for i, ent := range batch {
+		// A proposal of ours that was at this index but lost it to another
+		// leader's entry will never apply.
+		if seq, ok := g.byIndex[ent.Index]; ok && (ids[i].host != g.host.id || ids[i].seq != seq) {
+			g.finish(seq, Result{}, fmt.Errorf("raft: group %d: entry %d replaced by a new leader: %w", g.id, ent.Index, ErrProposalDropped))
+		}
+		if ids[i].host != g.host.id {
+			continue
+		}
+		var v any
+		if i < len(results) {
+			v = results[i]
+		}
+		if err, ok := v.(error); ok {
+			g.finish(ids[i].seq, Result{Index: ent.Index}, err)
+		} else {
+			g.finish(ids[i].seq, Result{Index: ent.Index, Value: v}, nil)
+		}
+	}
+	g.pmu.Unlock()
+	g.setApplied(last)
+	g.reportApplied(false)
+	g.maybeCompact()
+}
+
+func (g *Group) setApplied(index uint64) {
+	g.pmu.Lock()
+	if index > g.applied.Load() {
+		g.applied.Store(index)
+	}
+	kept := g.appliedWaiter[:0]
+	for _, w := range g.appliedWaiter {
+		if w.index <= index {
+			close(w.done)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	g.appliedWaiter = kept
+	close(g.appliedChanged)
+	g.appliedChanged = make(chan struct{})
+	g.pmu.Unlock()
+}
+
+// reportApplied tells the leader how far this replica has applied.
+func (g *Group) reportApplied(periodic bool) {
+	leader := g.leader.Load()
+	if leader == 0 || leader == g.host.id {
+		return
+	}
+	a := g.applied.Load()
+	if !periodic && g.lastSentApplied.Swap(a) == a {
+		return
+	}
+	g.host.transport.Send(leader, []Outgoing{{Group: g.id, Applied: a}})
+}
+
+// Log truncation keeps CompactKeep entries behind the durable applied
+// index, and on the leader what a follower that is close behind still
+// needs; a follower more than compactMaxLag behind gets a snapshot instead.
+const compactMaxLag = 16384
+
+func (g *Group) maybeCompact() {
+	first, _ := g.log.bounds()
+	applied := g.applied.Load()
+	if applied < first+uint64(g.host.cfg.CompactEvery) {
+		return
+	}
+	target := g.sm.AppliedIndex()
+	if target > applied {
+		target = applied
+	}
+	keep := uint64(g.host.cfg.CompactKeep)
+	if target < keep {
+		return
+	}
+	target -= keep
+	if g.IsLeader() {
+		g.mu.Lock()
+		st := g.rn.Status()
+		g.mu.Unlock()
+		for id, pr := range st.Progress {
+			if id != g.host.id && pr.Match < target && target-pr.Match < compactMaxLag {
+				target = pr.Match
+			}
+		}
+	}
+	if target < first {
+		return
+	}
+	if err := g.log.compact(target); err != nil {
+		g.host.log.Warn("log truncation failed", "group", g.id, "index", target, "err", err)
+	}
+	g.cache.dropThrough(target)
+}
+
+// takeSnapshot asks the apply goroutine for a consistent snapshot.
+func (g *Group) takeSnapshot() (snapshotResult, error) {
+	ch := make(chan snapshotResult, 1)
+	g.enqueue(applyTask{snap: ch})
+	select {
+	case r := <-ch:
+		return r, r.err
+	case <-g.stopc:
+		return snapshotResult{}, ErrStopped
+	}
+}
+
+// receiveSnapshot restores a snapshot sent by the leader, then steps the
+// MsgSnap so raft moves its log to the snapshot's position.
+func (g *Group) receiveSnapshot(m *pb.Message, body io.Reader) error {
+	idx := m.GetSnapshot().GetMetadata().GetIndex()
+	g.mu.Lock()
+	commit := g.rn.BasicStatus().GetCommit()
+	g.mu.Unlock()
+	if idx > commit {
+		done := make(chan error, 1)
+		g.enqueue(applyTask{restore: &restoreTask{m: m, body: body, done: done}})
+		select {
+		case err := <-done:
+			if err != nil {
+				return fmt.Errorf("raft: group %d: restore snapshot at %d: %w", g.id, idx, err)
+			}
+		case <-g.stopc:
+			return ErrStopped
+		}
+		g.host.metrics.snapshotsReceived.Inc()
+	} else if _, err := io.Copy(io.Discard, body); err != nil {
+		return err
+	}
+	g.step(m)
+	return nil
+}
+
+// writeData hands the data of new entries to the state machine and returns
+// the entries as the log stores them (data elided).
+func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
+	var out []*pb.Entry
+	for i, e := range ents {
+		if !isNormalWithPayload(e) || e.GetData()[0] != fmtData {
+			if out != nil {
+				out = append(out, e)
+			}
+			continue
+		}
+		d, err := decodeEntryData(e.GetData())
+		if err != nil {
+			return nil, err
+		}
+		if err := g.dsm.WriteData(e.GetIndex(), e.GetTerm(), d.meta, d.data); err != nil {
+			return nil, fmt.Errorf("raft: group %d: WriteData(index %d): %w", g.id, e.GetIndex(), err)
+		}
+		g.cache.put(e.GetIndex(), e.GetTerm(), d.data)
+		if out == nil {
+			out = make([]*pb.Entry, i, len(ents))
+			copy(out, ents[:i])
+		}
+		// Never mutate raft's entry: the same object may sit in an
+		// outbound MsgApp.
+		typ := e.GetType()
+		out = append(out, &pb.Entry{Index: proto.Uint64(e.GetIndex()), Term: proto.Uint64(e.GetTerm()), Type: &typ, Data: elide(e.GetData(), d)})
+	}
+	if out == nil {
+		return ents, nil
+	}
+	return out, nil
+}
+
+// hydrateMessage puts the data back into entries read from the log before
+// they go to a follower.
+func (g *Group) hydrateMessage(m *pb.Message) (*pb.Message, error) {
+	var ents []*pb.Entry
+	for i, e := range m.GetEntries() {
+		if !isNormalWithPayload(e) || e.GetData()[0] != fmtElided {
+			if ents != nil {
+				ents = append(ents, e)
+			}
+			continue
+		}
+		d, err := decodeEntryData(e.GetData())
+		if err != nil {
+			return nil, err
+		}
+		data, ok := g.cache.get(e.GetIndex(), e.GetTerm())
+		if !ok {
+			g.host.metrics.dataReads.Inc()
+			data, err = g.dsm.ReadData(e.GetIndex(), e.GetTerm(), d.meta)
+			if err != nil {
+				return nil, fmt.Errorf("raft: group %d: ReadData(index %d): %w", g.id, e.GetIndex(), err)
+			}
+			if uint64(len(data)) != d.dataLen {
+				return nil, fmt.Errorf("raft: group %d: ReadData(index %d) returned %d bytes, want %d", g.id, e.GetIndex(), len(data), d.dataLen)
+			}
+		}
+		if ents == nil {
+			ents = make([]*pb.Entry, i, len(m.GetEntries()))
+			copy(ents, m.GetEntries()[:i])
+		}
+		typ := e.GetType()
+		ents = append(ents, &pb.Entry{Index: proto.Uint64(e.GetIndex()), Term: proto.Uint64(e.GetTerm()), Type: &typ, Data: hydrate(e.GetData(), d, data)})
+	}
+	if ents == nil {
+		return m, nil
+	}
+	out := proto.Clone(m).(*pb.Message)
+	out.Entries = ents
+	return out, nil
+}
+
+// dataCache keeps the data of recent entries so that resends to a follower
+// that is a little behind need no disk read (Ozone's stateMachineDataCache).
+type dataCache struct {
+	mu    sync.Mutex
+	max   int
+	size  int
+	items []cachedData
+}
+
+type cachedData struct {
+	index, term uint64
+	data        []byte
+}
+
+func (c *dataCache) put(index, term uint64, data []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(data) > c.max {
+		return
+	}
+	// A new entry at an index drops everything from that index on.
+	for len(c.items) > 0 && c.items[len(c.items)-1].index >= index {
+		c.size -= len(c.items[len(c.items)-1].data)
+		c.items = c.items[:len(c.items)-1]
+	}
+	c.items = append(c.items, cachedData{index, term, data})
+	c.size += len(data)
+	for c.size > c.max {
+		c.size -= len(c.items[0].data)
+		c.items[0] = cachedData{}
+		c.items = c.items[1:]
+	}
+}
+
+func (c *dataCache) get(index, term uint64) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := sort.Search(len(c.items), func(i int) bool { return c.items[i].index >= index })
+	if i < len(c.items) && c.items[i].index == index && c.items[i].term == term {
+		return c.items[i].data, true
+	}
+	return nil, false
+}
+
+func (c *dataCache) dropThrough(index uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for len(c.items) > 0 && c.items[0].index <= index {
+		c.size -= len(c.items[0].data)
+		c.items[0] = cachedData{}
+		c.items = c.items[1:]
+	}
+}

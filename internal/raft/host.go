@@ -1,0 +1,468 @@
+package raft
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	etcdraft "go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// Host runs many Raft groups in one process (multi-raft). It owns:
+//   - one log store per log directory, each with its own processing loop
+//     that batches the Ready work of all its groups into one synced write
+//     (group commit) — a slow disk stalls only the groups placed on it;
+//   - one transport shared by all groups (one connection per host pair);
+//   - one ticker for all groups.
+//
+// A group is processed only when something happened to it (a proposal, a
+// message, a tick that produced work): the loops keep a set of ready
+// groups, as CockroachDB's scheduler does.
+type Host struct {
+	cfg       HostConfig
+	id        uint64
+	log       *slog.Logger
+	transport Transport
+	loops     []*storeLoop
+	metrics   *metrics
+
+	mu     sync.RWMutex
+	groups map[uint64]*Group
+	// home remembers on which store a group's state was found at start.
+	home map[uint64]*storeLoop
+
+	seq     atomic.Uint64
+	snapSem chan struct{}
+	stopc   chan struct{}
+	wg      sync.WaitGroup
+	closed  atomic.Bool
+}
+
+// NewHost opens the log stores, starts the transport and the loops.
+func NewHost(cfg HostConfig) (*Host, error) {
+	if cfg.ID == 0 {
+		return nil, fmt.Errorf("raft: host ID must be nonzero")
+	}
+	if len(cfg.LogDirs) == 0 {
+		return nil, fmt.Errorf("raft: host %d: at least one log directory is required", cfg.ID)
+	}
+	if cfg.TickInterval == 0 {
+		cfg.TickInterval = 100 * time.Millisecond
+	}
+	if cfg.ElectionTicks == 0 {
+		cfg.ElectionTicks = 10
+	}
+	if cfg.HeartbeatTicks == 0 {
+		cfg.HeartbeatTicks = 1
+	}
+	if cfg.MaxProposalBytes == 0 {
+		cfg.MaxProposalBytes = 64 << 20
+	}
+	if cfg.MaxInflightBytes == 0 {
+		cfg.MaxInflightBytes = 256 << 20
+	}
+	if cfg.CompactEvery == 0 {
+		cfg.CompactEvery = 2048
+	}
+	if cfg.CompactKeep == 0 {
+		cfg.CompactKeep = 256
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.FS == nil {
+		cfg.FS = vfs.Default
+	}
+	h := &Host{
+		cfg:     cfg,
+		id:      cfg.ID,
+		log:     cfg.Logger.With("host", cfg.ID),
+		groups:  make(map[uint64]*Group),
+		home:    make(map[uint64]*storeLoop),
+		snapSem: make(chan struct{}, 2),
+		stopc:   make(chan struct{}),
+	}
+	h.metrics = newMetrics(cfg.ID, cfg.Registerer)
+	for _, dir := range cfg.LogDirs {
+		s, err := openLogStore(dir, cfg.FS)
+		if err != nil {
+			h.closeStores()
+			return nil, err
+		}
+		l := &storeLoop{host: h, store: s, pending: make(map[uint64]*Group), signal: make(chan struct{}, 1)}
+		h.loops = append(h.loops, l)
+		ids, err := s.groupIDs()
+		if err != nil {
+			h.closeStores()
+			return nil, err
+		}
+		for _, id := range ids {
+			h.home[id] = l
+		}
+	}
+	h.transport = cfg.Transport
+	if h.transport == nil {
+		if cfg.Resolve == nil {
+			h.closeStores()
+			return nil, fmt.Errorf("raft: host %d: Resolve is required with the TCP transport", cfg.ID)
+		}
+		t, err := NewTCPTransport(TCPConfig{ID: cfg.ID, ListenAddr: cfg.ListenAddr, Resolve: cfg.Resolve, Logger: h.log, Metrics: h.metrics})
+		if err != nil {
+			h.closeStores()
+			return nil, err
+		}
+		h.transport = t
+	}
+	if err := h.transport.Start(h); err != nil {
+		h.closeStores()
+		return nil, err
+	}
+	for _, l := range h.loops {
+		h.wg.Add(1)
+		go l.run()
+	}
+	if cfg.TickInterval > 0 {
+		h.wg.Add(1)
+		go h.tickLoop()
+	}
+	return h, nil
+}
+
+func (h *Host) closeStores() {
+	for _, l := range h.loops {
+		l.store.close()
+	}
+}
+
+// ID is this host's replica ID.
+func (h *Host) ID() uint64 { return h.id }
+
+// Addr is the transport address peers use to reach this host.
+func (h *Host) Addr() string { return h.transport.Addr() }
+
+// StoredGroups lists the groups whose state is on this host's disks, so a
+// restarting process can re-add them.
+func (h *Host) StoredGroups() []uint64 {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	ids := make([]uint64, 0, len(h.home))
+	for id := range h.home {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids
+}
+
+// LogDirs reports, per log directory, how many groups it holds and how
+// many fsyncs it has issued.
+func (h *Host) LogDirs() []LogDirStatus {
+	out := make([]LogDirStatus, len(h.loops))
+	for i, l := range h.loops {
+		out[i] = LogDirStatus{Dir: l.store.dir, Groups: l.store.numGroups(), Fsyncs: l.store.syncs.Load()}
+	}
+	return out
+}
+
+// LogDirStatus describes one log directory.
+type LogDirStatus struct {
+	Dir    string
+	Groups int
+	Fsyncs int64
+}
+
+// Close stops all groups, the transport and the stores.
+func (h *Host) Close() error {
+	if !h.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	close(h.stopc)
+	h.mu.Lock()
+	groups := make([]*Group, 0, len(h.groups))
+	for _, g := range h.groups {
+		groups = append(groups, g)
+	}
+	h.mu.Unlock()
+	for _, g := range groups {
+		g.stop()
+	}
+	err := h.transport.Close()
+	h.wg.Wait()
+	for _, g := range groups {
+		g.applyWG.Wait()
+	}
+	for _, l := range h.loops {
+		if cerr := l.store.close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}
+	h.metrics.unregister()
+	return err
+}
+
+// AddGroup starts hosting a group: it reopens the group's state if it is on
+// disk, else creates it (bootstrapping with cfg.Peers, or waiting to be
+// added by the leader when Peers is empty).
+func (h *Host) AddGroup(cfg GroupConfig) (*Group, error) {
+	if cfg.ID == 0 {
+		return nil, fmt.Errorf("raft: group ID must be nonzero")
+	}
+	if cfg.StateMachine == nil {
+		return nil, fmt.Errorf("raft: group %d: StateMachine is required", cfg.ID)
+	}
+	if h.closed.Load() {
+		return nil, ErrStopped
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.groups[cfg.ID]; ok {
+		return nil, fmt.Errorf("raft: group %d: %w", cfg.ID, ErrGroupExists)
+	}
+	loop, existed := h.home[cfg.ID]
+	if !existed {
+		// Least-loaded log directory (seed 001: spreading logs over disks
+		// is what removes the multi-second tail).
+		loop = h.loops[0]
+		for _, l := range h.loops[1:] {
+			if l.store.numGroups() < loop.store.numGroups() {
+				loop = l
+			}
+		}
+	}
+	gl, err := loop.store.load(cfg.ID)
+	if err != nil {
+		return nil, err
+	}
+	fresh := gl.last == 0 && gl.truncIndex == 0 && etcdraft.IsEmptyHardState(gl.hs)
+	if fresh && len(cfg.Peers) > 0 {
+		if err := bootstrap(gl, cfg.Peers); err != nil {
+			return nil, err
+		}
+	}
+	g, err := newGroup(h, loop, gl, cfg)
+	if err != nil {
+		return nil, err
+	}
+	h.groups[cfg.ID] = g
+	h.home[cfg.ID] = loop
+	h.metrics.groups.Inc()
+	loop.notify(g)
+	return g, nil
+}
+
+// bootstrap writes the initial state of a new group: the log starts after
+// a virtual entry 1 of term 1 whose "snapshot" holds the initial members.
+// A replica that joins later has no entry 1, so the leader must send it a
+// snapshot, which carries the membership (as in CockroachDB).
+func bootstrap(gl *groupLog, peers []uint64) error {
+	voters := append([]uint64(nil), peers...)
+	sort.Slice(voters, func(i, j int) bool { return voters[i] < voters[j] })
+	b := gl.store.db.NewBatch()
+	defer b.Close()
+	snap := &pb.Snapshot{Metadata: &pb.SnapshotMetadata{
+		Index: proto.Uint64(1), Term: proto.Uint64(1), ConfState: &pb.ConfState{Voters: voters},
+	}}
+	if err := gl.applySnapshot(b, snap); err != nil {
+		return err
+	}
+	if err := gl.setHardState(b, &pb.HardState{Term: proto.Uint64(1), Commit: proto.Uint64(1)}); err != nil {
+		return err
+	}
+	return b.Commit(pebble.Sync)
+}
+
+// Group returns a hosted group.
+func (h *Host) Group(id uint64) (*Group, error) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	g, ok := h.groups[id]
+	if !ok {
+		return nil, fmt.Errorf("raft: group %d on host %d: %w", id, h.id, ErrGroupNotFound)
+	}
+	return g, nil
+}
+
+// Groups lists the hosted group IDs.
+func (h *Host) Groups() []uint64 {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	ids := make([]uint64, 0, len(h.groups))
+	for id := range h.groups {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids
+}
+
+// RemoveGroup stops a group and deletes its log from the store. The state
+// machine's own data is the caller's to delete.
+func (h *Host) RemoveGroup(id uint64) error {
+	h.mu.Lock()
+	g, ok := h.groups[id]
+	if ok {
+		delete(h.groups, id)
+	}
+	loop := h.home[id]
+	delete(h.home, id)
+	h.mu.Unlock()
+	if !ok {
+		if loop != nil {
+			return loop.store.drop(id)
+		}
+		return fmt.Errorf("raft: group %d on host %d: %w", id, h.id, ErrGroupNotFound)
+	}
+	g.stop()
+	g.applyWG.Wait()
+	// The store loop may hold the group for one more iteration; it checks
+	// g.stopped before touching it, and drop happens under the loop's lock.
+	loop.mu.Lock()
+	delete(loop.pending, id)
+	err := loop.store.drop(id)
+	loop.mu.Unlock()
+	h.metrics.groups.Dec()
+	h.metrics.forgetGroup(id)
+	return err
+}
+
+// Tick advances every group's logical clock by one tick. Called by the
+// host's ticker, or by tests when TickInterval is negative.
+func (h *Host) Tick() {
+	h.mu.RLock()
+	groups := make([]*Group, 0, len(h.groups))
+	for _, g := range h.groups {
+		groups = append(groups, g)
+	}
+	h.mu.RUnlock()
+	for _, g := range groups {
+		g.tick()
+	}
+}
+
+func (h *Host) tickLoop() {
+	defer h.wg.Done()
+	t := time.NewTicker(h.cfg.TickInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-h.stopc:
+			return
+		case <-t.C:
+			h.Tick()
+		}
+	}
+}
+
+// HandleMessages implements Handler.
+func (h *Host) HandleMessages(from uint64, msgs []Outgoing) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	for _, o := range msgs {
+		g, ok := h.groups[o.Group]
+		if !ok {
+			h.metrics.droppedUnknownGroup.Inc()
+			continue
+		}
+		if o.Msg == nil {
+			g.recordApplied(from, o.Applied)
+			continue
+		}
+		g.step(o.Msg)
+	}
+}
+
+// Unreachable implements Handler.
+func (h *Host) Unreachable(id uint64) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	for _, g := range h.groups {
+		g.reportUnreachable(id)
+	}
+}
+
+// HandleSnapshot implements Handler: restore the state machine, then let
+// raft take the snapshot's position.
+func (h *Host) HandleSnapshot(from, group uint64, m *pb.Message, body io.Reader) error {
+	g, err := h.Group(group)
+	if err != nil {
+		return err
+	}
+	return g.receiveSnapshot(m, body)
+}
+
+// send hands a group's outbound messages to the transport, grouped by
+// destination. MsgSnap goes through the snapshot path instead.
+func (h *Host) send(g *Group, msgs []*pb.Message) {
+	if len(msgs) == 0 {
+		return
+	}
+	var byPeer map[uint64][]Outgoing
+	for _, m := range msgs {
+		if m.GetType() == pb.MsgSnap {
+			go h.sendSnapshot(g, m)
+			continue
+		}
+		if g.dsm != nil && m.GetType() == pb.MsgApp {
+			hm, err := g.hydrateMessage(m)
+			if err != nil {
+				h.log.Warn("cannot read entry data for resend", "group", g.id, "to", m.GetTo(), "err", err)
+				continue
+			}
+			m = hm
+		}
+		if byPeer == nil {
+			byPeer = make(map[uint64][]Outgoing, 4)
+		}
+		byPeer[m.GetTo()] = append(byPeer[m.GetTo()], Outgoing{Group: g.id, Msg: m})
+	}
+	for to, out := range byPeer {
+		h.transport.Send(to, out)
+	}
+}
+
+func (h *Host) sendSnapshot(g *Group, m *pb.Message) {
+	to := m.GetTo()
+	report := func(st etcdraft.SnapshotStatus) {
+		g.mu.Lock()
+		if !g.isStopped() {
+			g.rn.ReportSnapshot(to, st)
+		}
+		g.mu.Unlock()
+		g.loop.notify(g)
+	}
+	select {
+	case h.snapSem <- struct{}{}:
+	case <-h.stopc:
+		return
+	}
+	defer func() { <-h.snapSem }()
+	snap, err := g.takeSnapshot()
+	if err != nil {
+		h.log.Warn("snapshot failed", "group", g.id, "to", to, "err", err)
+		report(etcdraft.SnapshotFailure)
+		return
+	}
+	defer snap.body.Close()
+	out := proto.Clone(m).(*pb.Message)
+	out.Snapshot = &pb.Snapshot{Metadata: &pb.SnapshotMetadata{
+		Index: proto.Uint64(snap.index), Term: proto.Uint64(snap.term), ConfState: snap.conf,
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	start := time.Now()
+	if err := h.transport.SendSnapshot(ctx, to, g.id, out, snap.body); err != nil {
+		h.log.Warn("sending snapshot failed", "group", g.id, "to", to, "index", snap.index, "err", err)
+		report(etcdraft.SnapshotFailure)
+		return
+	}
+	h.metrics.snapshotsSent.Inc()
+	h.log.Info("snapshot sent", "group", g.id, "to", to, "index", snap.index, "took", time.Since(start))
+	report(etcdraft.SnapshotFinish)
+}

@@ -1,0 +1,532 @@
+package raft
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	etcdraft "go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// logStore holds the Raft logs, HardStates and truncation points of every
+// group placed on one log directory, in one Pebble DB. All groups share
+// Pebble's WAL, so one synced batch (one fdatasync) makes the appends of
+// every group in it durable: that is the group commit.
+//
+// Key layout (group IDs and indexes big-endian so that a group's entries
+// are contiguous and ordered):
+//
+//	'e' group index -> term(8) type(1) data   one log entry
+//	'h' group       -> term(8) vote(8) commit(8)
+//	't' group       -> index(8) term(8)       last truncated entry
+//	'c' group       -> ConfState (protobuf)   latest applied membership
+//	'g' group       -> (empty)                the group lives here
+type logStore struct {
+	dir   string
+	db    *pebble.DB
+	syncs atomic.Int64 // fsyncs issued by Pebble on this directory
+
+	mu     sync.Mutex
+	groups map[uint64]*groupLog
+}
+
+const (
+	keyEntry     = 'e'
+	keyHardState = 'h'
+	keyTrunc     = 't'
+	keyConf      = 'c'
+	keyGroup     = 'g'
+)
+
+func groupKey(kind byte, group uint64) []byte {
+	k := make([]byte, 9)
+	k[0] = kind
+	binary.BigEndian.PutUint64(k[1:], group)
+	return k
+}
+
+func entryKey(group, index uint64) []byte {
+	k := make([]byte, 17)
+	k[0] = keyEntry
+	binary.BigEndian.PutUint64(k[1:], group)
+	binary.BigEndian.PutUint64(k[9:], index)
+	return k
+}
+
+func openLogStore(dir string, fs vfs.FS) (*logStore, error) {
+	if fs == nil {
+		fs = vfs.Default
+	}
+	s := &logStore{dir: dir, groups: make(map[uint64]*groupLog)}
+	opts := &pebble.Options{
+		FS: countingFS{FS: fs, syncs: &s.syncs},
+		// Raft entries are written once, read rarely and deleted soon:
+		// a large memtable lets most of them die before any flush.
+		MemTableSize:                64 << 20,
+		MemTableStopWritesThreshold: 4,
+		Logger:                      quietLogger{},
+	}
+	if err := fs.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("raft: log dir %s: %w", dir, err)
+	}
+	db, err := pebble.Open(dir, opts)
+	if err != nil {
+		return nil, fmt.Errorf("raft: open log store %s: %w", dir, err)
+	}
+	s.db = db
+	return s, nil
+}
+
+func (s *logStore) close() error { return s.db.Close() }
+
+// groupIDs lists the groups whose state is in this store.
+func (s *logStore) groupIDs() ([]uint64, error) {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{keyGroup}, UpperBound: []byte{keyGroup + 1}})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var ids []uint64
+	for it.First(); it.Valid(); it.Next() {
+		ids = append(ids, binary.BigEndian.Uint64(it.Key()[1:]))
+	}
+	return ids, it.Error()
+}
+
+func (s *logStore) numGroups() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.groups)
+}
+
+// load opens (or creates) the log of group id.
+func (s *logStore) load(id uint64) (*groupLog, error) {
+	g := &groupLog{store: s, id: id, hs: &pb.HardState{}, cs: &pb.ConfState{}}
+	if v, closer, err := s.db.Get(groupKey(keyHardState, id)); err == nil {
+		if len(v) != 24 {
+			closer.Close()
+			return nil, fmt.Errorf("raft: group %d: corrupt hard state (%d bytes)", id, len(v))
+		}
+		g.hs = &pb.HardState{
+			Term:   proto.Uint64(binary.BigEndian.Uint64(v)),
+			Vote:   proto.Uint64(binary.BigEndian.Uint64(v[8:])),
+			Commit: proto.Uint64(binary.BigEndian.Uint64(v[16:])),
+		}
+		closer.Close()
+	} else if !errors.Is(err, pebble.ErrNotFound) {
+		return nil, err
+	}
+	if v, closer, err := s.db.Get(groupKey(keyTrunc, id)); err == nil {
+		g.truncIndex = binary.BigEndian.Uint64(v)
+		g.truncTerm = binary.BigEndian.Uint64(v[8:])
+		closer.Close()
+	} else if !errors.Is(err, pebble.ErrNotFound) {
+		return nil, err
+	}
+	if v, closer, err := s.db.Get(groupKey(keyConf, id)); err == nil {
+		cs := &pb.ConfState{}
+		uerr := proto.Unmarshal(v, cs)
+		closer.Close()
+		if uerr != nil {
+			return nil, fmt.Errorf("raft: group %d: corrupt conf state: %w", id, uerr)
+		}
+		g.cs = cs
+	} else if !errors.Is(err, pebble.ErrNotFound) {
+		return nil, err
+	}
+	// The last index is the highest entry key of the group.
+	g.last = g.truncIndex
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: entryKey(id, 0), UpperBound: entryKey(id+1, 0)})
+	if err != nil {
+		return nil, err
+	}
+	if it.Last() {
+		g.last = binary.BigEndian.Uint64(it.Key()[9:])
+	}
+	if err := it.Close(); err != nil {
+		return nil, err
+	}
+	if err := s.db.Set(groupKey(keyGroup, id), nil, pebble.Sync); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.groups[id] = g
+	s.mu.Unlock()
+	return g, nil
+}
+
+// drop deletes everything of group id from the store.
+func (s *logStore) drop(id uint64) error {
+	b := s.db.NewBatch()
+	defer b.Close()
+	for _, k := range []byte{keyHardState, keyTrunc, keyConf, keyGroup} {
+		if err := b.Delete(groupKey(k, id), nil); err != nil {
+			return err
+		}
+	}
+	if err := b.DeleteRange(entryKey(id, 0), entryKey(id+1, 0), nil); err != nil {
+		return err
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	delete(s.groups, id)
+	s.mu.Unlock()
+	return nil
+}
+
+// groupLog is one group's view of a logStore; it implements etcd raft's
+// Storage. raft calls it with the group's lock held; the store loop changes
+// it while holding mu.
+type groupLog struct {
+	store *logStore
+	id    uint64
+
+	mu         sync.Mutex
+	hs         *pb.HardState
+	cs         *pb.ConfState
+	truncIndex uint64 // entries <= truncIndex are gone
+	truncTerm  uint64
+	last       uint64
+	// tail caches the newest entries (metadata only, so small) so that
+	// Term lookups and resends rarely touch Pebble.
+	tail      []*pb.Entry
+	tailBytes int
+}
+
+const (
+	maxTailEntries = 1024
+	maxTailBytes   = 4 << 20
+)
+
+var _ etcdraft.Storage = (*groupLog)(nil)
+
+func (g *groupLog) InitialState() (*pb.HardState, *pb.ConfState, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return proto.Clone(g.hs).(*pb.HardState), proto.Clone(g.cs).(*pb.ConfState), nil
+}
+
+func (g *groupLog) FirstIndex() (uint64, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.truncIndex + 1, nil
+}
+
+func (g *groupLog) LastIndex() (uint64, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.last, nil
+}
+
+func (g *groupLog) Term(i uint64) (uint64, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case i == g.truncIndex:
+		return g.truncTerm, nil
+	case i < g.truncIndex:
+		return 0, etcdraft.ErrCompacted
+	case i > g.last:
+		return 0, etcdraft.ErrUnavailable
+	}
+	if e := g.tailEntry(i); e != nil {
+		return e.GetTerm(), nil
+	}
+	e, err := g.readEntry(i)
+	if err != nil {
+		return 0, err
+	}
+	return e.GetTerm(), nil
+}
+
+func (g *groupLog) Entries(lo, hi, maxSize uint64) ([]*pb.Entry, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if lo <= g.truncIndex {
+		return nil, etcdraft.ErrCompacted
+	}
+	if hi > g.last+1 {
+		return nil, fmt.Errorf("raft: group %d: entries [%d,%d) past last index %d: %w", g.id, lo, hi, g.last, etcdraft.ErrUnavailable)
+	}
+	if len(g.tail) > 0 && lo >= g.tail[0].GetIndex() {
+		off := lo - g.tail[0].GetIndex()
+		return limitSize(append([]*pb.Entry(nil), g.tail[off:off+(hi-lo)]...), maxSize), nil
+	}
+	it, err := g.store.db.NewIter(&pebble.IterOptions{LowerBound: entryKey(g.id, lo), UpperBound: entryKey(g.id, hi)})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []*pb.Entry
+	var size uint64
+	next := lo
+	for it.First(); it.Valid(); it.Next() {
+		idx := binary.BigEndian.Uint64(it.Key()[9:])
+		if idx != next {
+			return nil, fmt.Errorf("raft: group %d: log hole at index %d (found %d)", g.id, next, idx)
+		}
+		e, err := decodeStoredEntry(idx, it.Value())
+		if err != nil {
+			return nil, fmt.Errorf("raft: group %d: %w", g.id, err)
+		}
+		size += uint64(proto.Size(e))
+		if len(out) > 0 && size > maxSize {
+			break
+		}
+		out = append(out, e)
+		next++
+	}
+	if err := it.Error(); err != nil {
+		return nil, err
+	}
+	if len(out) == 0 || (next < hi && size <= maxSize) {
+		return nil, fmt.Errorf("raft: group %d: entries [%d,%d) missing from %d: %w", g.id, lo, hi, next, etcdraft.ErrUnavailable)
+	}
+	return out, nil
+}
+
+func limitSize(ents []*pb.Entry, maxSize uint64) []*pb.Entry {
+	if len(ents) == 0 {
+		return ents
+	}
+	size := uint64(proto.Size(ents[0]))
+	for i := 1; i < len(ents); i++ {
+		size += uint64(proto.Size(ents[i]))
+		if size > maxSize {
+			return ents[:i]
+		}
+	}
+	return ents
+}
+
+func (g *groupLog) Snapshot() (*pb.Snapshot, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.truncIndex == 0 {
+		return nil, etcdraft.ErrSnapshotTemporarilyUnavailable
+	}
+	// The snapshot's data is produced by the state machine when it is
+	// sent (see Host.sendSnapshot); raft only needs to know it exists.
+	return &pb.Snapshot{Metadata: &pb.SnapshotMetadata{
+		Index: proto.Uint64(g.truncIndex), Term: proto.Uint64(g.truncTerm),
+		ConfState: proto.Clone(g.cs).(*pb.ConfState),
+	}}, nil
+}
+
+func (g *groupLog) tailEntry(i uint64) *pb.Entry {
+	if len(g.tail) == 0 || i < g.tail[0].GetIndex() || i > g.tail[len(g.tail)-1].GetIndex() {
+		return nil
+	}
+	return g.tail[i-g.tail[0].GetIndex()]
+}
+
+func (g *groupLog) readEntry(i uint64) (*pb.Entry, error) {
+	v, closer, err := g.store.db.Get(entryKey(g.id, i))
+	if err != nil {
+		if errors.Is(err, pebble.ErrNotFound) {
+			return nil, fmt.Errorf("raft: group %d: entry %d missing: %w", g.id, i, etcdraft.ErrUnavailable)
+		}
+		return nil, err
+	}
+	defer closer.Close()
+	return decodeStoredEntry(i, v)
+}
+
+func encodeStoredEntry(e *pb.Entry) []byte {
+	v := make([]byte, 9+len(e.GetData()))
+	binary.BigEndian.PutUint64(v, e.GetTerm())
+	v[8] = byte(e.GetType())
+	copy(v[9:], e.GetData())
+	return v
+}
+
+func decodeStoredEntry(index uint64, v []byte) (*pb.Entry, error) {
+	if len(v) < 9 {
+		return nil, fmt.Errorf("corrupt entry %d (%d bytes)", index, len(v))
+	}
+	typ := pb.EntryType(v[8])
+	e := &pb.Entry{Index: proto.Uint64(index), Term: proto.Uint64(binary.BigEndian.Uint64(v)), Type: &typ}
+	if len(v) > 9 {
+		e.Data = append([]byte(nil), v[9:]...)
+	}
+	return e, nil
+}
+
+// append stages ents (already stripped of out-of-log data) into b and
+// updates the in-memory view. Entries from ents[0].Index on replace what
+// was there (raft overwrote a conflicting suffix).
+func (g *groupLog) append(b *pebble.Batch, ents []*pb.Entry) error {
+	if len(ents) == 0 {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	first := ents[0].GetIndex()
+	if first <= g.truncIndex {
+		return fmt.Errorf("raft: group %d: append at %d at or below truncation point %d", g.id, first, g.truncIndex)
+	}
+	if first > g.last+1 {
+		return fmt.Errorf("raft: group %d: append at %d leaves a gap after %d", g.id, first, g.last)
+	}
+	if first <= g.last {
+		if err := b.DeleteRange(entryKey(g.id, first), entryKey(g.id, g.last+1), nil); err != nil {
+			return err
+		}
+		// Drop the overwritten part of the cache.
+		if len(g.tail) > 0 && first <= g.tail[len(g.tail)-1].GetIndex() {
+			if first <= g.tail[0].GetIndex() {
+				g.tail, g.tailBytes = nil, 0
+			} else {
+				g.tail = g.tail[:first-g.tail[0].GetIndex()]
+				g.tailBytes = 0
+				for _, e := range g.tail {
+					g.tailBytes += len(e.GetData())
+				}
+			}
+		}
+	}
+	for _, e := range ents {
+		if err := b.Set(entryKey(g.id, e.GetIndex()), encodeStoredEntry(e), nil); err != nil {
+			return err
+		}
+	}
+	g.last = ents[len(ents)-1].GetIndex()
+	if len(g.tail) > 0 && g.tail[len(g.tail)-1].GetIndex()+1 != first {
+		g.tail, g.tailBytes = nil, 0
+	}
+	for _, e := range ents {
+		g.tail = append(g.tail, e)
+		g.tailBytes += len(e.GetData())
+	}
+	for len(g.tail) > maxTailEntries || (len(g.tail) > 1 && g.tailBytes > maxTailBytes) {
+		g.tailBytes -= len(g.tail[0].GetData())
+		g.tail[0] = nil
+		g.tail = g.tail[1:]
+	}
+	return nil
+}
+
+func (g *groupLog) setHardState(b *pebble.Batch, hs *pb.HardState) error {
+	v := make([]byte, 24)
+	binary.BigEndian.PutUint64(v, hs.GetTerm())
+	binary.BigEndian.PutUint64(v[8:], hs.GetVote())
+	binary.BigEndian.PutUint64(v[16:], hs.GetCommit())
+	g.mu.Lock()
+	g.hs = proto.Clone(hs).(*pb.HardState)
+	g.mu.Unlock()
+	return b.Set(groupKey(keyHardState, g.id), v, nil)
+}
+
+func truncValue(index, term uint64) []byte {
+	v := make([]byte, 16)
+	binary.BigEndian.PutUint64(v, index)
+	binary.BigEndian.PutUint64(v[8:], term)
+	return v
+}
+
+// applySnapshot replaces the whole log with the snapshot's position: the
+// state machine has already restored the snapshot's data.
+func (g *groupLog) applySnapshot(b *pebble.Batch, snap *pb.Snapshot) error {
+	md := snap.GetMetadata()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := b.DeleteRange(entryKey(g.id, 0), entryKey(g.id+1, 0), nil); err != nil {
+		return err
+	}
+	if err := b.Set(groupKey(keyTrunc, g.id), truncValue(md.GetIndex(), md.GetTerm()), nil); err != nil {
+		return err
+	}
+	csb, err := proto.Marshal(md.GetConfState())
+	if err != nil {
+		return err
+	}
+	if err := b.Set(groupKey(keyConf, g.id), csb, nil); err != nil {
+		return err
+	}
+	g.truncIndex, g.truncTerm, g.last = md.GetIndex(), md.GetTerm(), md.GetIndex()
+	g.cs = proto.Clone(md.GetConfState()).(*pb.ConfState)
+	g.tail, g.tailBytes = nil, 0
+	return nil
+}
+
+// setConfState records the membership after an applied conf change, so a
+// restart that resumes after it starts with the right voters.
+func (g *groupLog) setConfState(cs *pb.ConfState) error {
+	csb, err := proto.Marshal(cs)
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	g.cs = proto.Clone(cs).(*pb.ConfState)
+	g.mu.Unlock()
+	return g.store.db.Set(groupKey(keyConf, g.id), csb, pebble.Sync)
+}
+
+// compact drops entries up to and including index (the state machine has
+// durably applied them and followers have them or will get a snapshot).
+func (g *groupLog) compact(index uint64) error {
+	g.mu.Lock()
+	if index <= g.truncIndex || index > g.last {
+		g.mu.Unlock()
+		return nil
+	}
+	var term uint64
+	if e := g.tailEntry(index); e != nil {
+		term = e.GetTerm()
+	} else {
+		e, err := g.readEntry(index)
+		if err != nil {
+			g.mu.Unlock()
+			return err
+		}
+		term = e.GetTerm()
+	}
+	from := g.truncIndex + 1
+	g.mu.Unlock()
+
+	b := g.store.db.NewBatch()
+	defer b.Close()
+	if err := b.DeleteRange(entryKey(g.id, from), entryKey(g.id, index+1), nil); err != nil {
+		return err
+	}
+	if err := b.Set(groupKey(keyTrunc, g.id), truncValue(index, term), nil); err != nil {
+		return err
+	}
+	// No sync: losing a truncation in a crash only means the entries are
+	// truncated again later.
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if index > g.truncIndex {
+		g.truncIndex, g.truncTerm = index, term
+		for len(g.tail) > 0 && g.tail[0].GetIndex() <= index {
+			g.tailBytes -= len(g.tail[0].GetData())
+			g.tail = g.tail[1:]
+		}
+	}
+	return nil
+}
+
+func (g *groupLog) bounds() (first, last uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.truncIndex + 1, g.last
+}
+
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any)  {}
+func (quietLogger) Errorf(string, ...any) {}
+func (quietLogger) Fatalf(format string, args ...any) {
+	panic(fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,169 @@
+package raft
+
+import (
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	etcdraft "go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+)
+
+// storeLoop processes the Ready work of every group on one log store.
+// Each iteration takes all groups that have work, writes their entries and
+// HardStates into one Pebble batch and commits it with one sync: one fsync
+// for all of them. While it syncs, new work accumulates for the next
+// iteration, so the batch grows with the load (group commit).
+type storeLoop struct {
+	host  *Host
+	store *logStore
+
+	mu      sync.Mutex
+	pending map[uint64]*Group
+	signal  chan struct{}
+}
+
+// maxGroupsPerBatch bounds one iteration so that one huge batch cannot
+// delay the groups waiting behind it for too long.
+const maxGroupsPerBatch = 512
+
+func (l *storeLoop) notify(g *Group) {
+	l.mu.Lock()
+	l.pending[g.id] = g
+	l.mu.Unlock()
+	select {
+	case l.signal <- struct{}{}:
+	default:
+	}
+}
+
+func (l *storeLoop) take() []*Group {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]*Group, 0, min(len(l.pending), maxGroupsPerBatch))
+	for id, g := range l.pending {
+		out = append(out, g)
+		delete(l.pending, id)
+		if len(out) == maxGroupsPerBatch {
+			select {
+			case l.signal <- struct{}{}:
+			default:
+			}
+			break
+		}
+	}
+	return out
+}
+
+type readyWork struct {
+	g      *Group
+	rd     etcdraft.Ready
+	leader bool
+	sent   bool
+	ents   []*pb.Entry // what goes to the log (data elided)
+}
+
+func (l *storeLoop) run() {
+	defer l.host.wg.Done()
+	var work []*readyWork
+	for {
+		select {
+		case <-l.host.stopc:
+			return
+		case <-l.signal:
+		}
+		work = work[:0]
+		for _, g := range l.take() {
+			if w := g.ready(); w != nil {
+				work = append(work, w)
+			}
+		}
+		if len(work) > 0 {
+			l.process(work)
+		}
+	}
+}
+
+func (l *storeLoop) process(work []*readyWork) {
+	h := l.host
+	start := time.Now()
+
+	// A leader may send its appends before writing them itself: its own
+	// acknowledgement only counts after Advance (raft thesis 10.2.1).
+	for _, w := range work {
+		if w.leader {
+			h.send(w.g, w.rd.Messages)
+			w.sent = true
+		}
+	}
+
+	// Data kept out of the log goes to the state machines first, groups in
+	// parallel (they usually write to different files).
+	var wg sync.WaitGroup
+	errs := make([]error, len(work))
+	for i, w := range work {
+		if w.g.dsm == nil || len(w.rd.Entries) == 0 {
+			w.ents = w.rd.Entries
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.ents, errs[i] = w.g.writeData(w.rd.Entries)
+		}()
+	}
+	wg.Wait()
+
+	b := l.store.db.NewBatch()
+	mustSync := false
+	nents := 0
+	for i, w := range work {
+		if errs[i] != nil {
+			// The data could not be stored: this replica cannot accept the
+			// entries. Stop the group rather than acknowledge them.
+			h.log.Error("WriteData failed; stopping group", "group", w.g.id, "err", errs[i])
+			w.g.fail(errs[i])
+			continue
+		}
+		if !etcdraft.IsEmptySnap(w.rd.Snapshot) {
+			if err := w.g.log.applySnapshot(b, w.rd.Snapshot); err != nil {
+				panic(err)
+			}
+		}
+		if err := w.g.log.append(b, w.ents); err != nil {
+			panic(err)
+		}
+		if !etcdraft.IsEmptyHardState(w.rd.HardState) {
+			if err := w.g.log.setHardState(b, w.rd.HardState); err != nil {
+				panic(err)
+			}
+		}
+		w.g.recordProposalIndexes(w.rd.Entries)
+		mustSync = mustSync || w.rd.MustSync
+		nents += len(w.rd.Entries)
+	}
+	if !b.Empty() {
+		opt := pebble.NoSync
+		if mustSync {
+			opt = pebble.Sync
+		}
+		syncStart := time.Now()
+		if err := b.Commit(opt); err != nil {
+			// The log store is the replica's promise; if it cannot keep it,
+			// continuing would risk acknowledging what is not durable.
+			panic("raft: log store commit failed: " + err.Error())
+		}
+		h.metrics.observeBatch(len(work), nents, mustSync, time.Since(syncStart))
+	}
+	b.Close()
+
+	for _, w := range work {
+		if !w.sent && !w.g.isStopped() {
+			h.send(w.g, w.rd.Messages)
+		}
+	}
+	for _, w := range work {
+		w.g.advance(w.rd)
+	}
+	h.metrics.loopSeconds.Observe(time.Since(start).Seconds())
+}

@@ -1,0 +1,118 @@
+package raft
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are per host (constant label raft_host) and, where cheap, per
+// group (label group) or per peer (label peer).
+type metrics struct {
+	reg        prometheus.Registerer
+	collectors []prometheus.Collector
+
+	groups              prometheus.Gauge
+	proposals           *prometheus.CounterVec
+	applied             *prometheus.CounterVec
+	commitLatency       prometheus.Histogram
+	batchGroups         prometheus.Histogram
+	batchEntries        prometheus.Histogram
+	batches             prometheus.Counter
+	syncedBatches       prometheus.Counter
+	entries             prometheus.Counter
+	syncSeconds         prometheus.Histogram
+	loopSeconds         prometheus.Histogram
+	peerBytesSent       *prometheus.CounterVec
+	peerMsgsSent        *prometheus.CounterVec
+	peerBytesRecv       *prometheus.CounterVec
+	peerMsgsRecv        *prometheus.CounterVec
+	peerDropped         *prometheus.CounterVec
+	heartbeatsCoalesced prometheus.Counter
+	snapshotsSent       prometheus.Counter
+	snapshotsReceived   prometheus.Counter
+	dataReads           prometheus.Counter
+	droppedUnknownGroup prometheus.Counter
+
+	mu sync.Mutex
+}
+
+func newMetrics(host uint64, reg prometheus.Registerer) *metrics {
+	cl := prometheus.Labels{"raft_host": fmt.Sprint(host)}
+	m := &metrics{reg: reg}
+	counter := func(name, help string) prometheus.Counter {
+		c := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "raft", Name: name, Help: help, ConstLabels: cl})
+		m.collectors = append(m.collectors, c)
+		return c
+	}
+	counterVec := func(name, help, label string) *prometheus.CounterVec {
+		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "raft", Name: name, Help: help, ConstLabels: cl}, []string{label})
+		m.collectors = append(m.collectors, c)
+		return c
+	}
+	hist := func(name, help string, buckets []float64) prometheus.Histogram {
+		h := prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "basalt", Subsystem: "raft", Name: name, Help: help, ConstLabels: cl, Buckets: buckets})
+		m.collectors = append(m.collectors, h)
+		return h
+	}
+	m.groups = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "basalt", Subsystem: "raft", Name: "groups", Help: "Groups hosted.", ConstLabels: cl})
+	m.collectors = append(m.collectors, m.groups)
+	m.proposals = counterVec("proposals_total", "Proposals accepted by the leader, per group.", "group")
+	m.applied = counterVec("applied_entries_total", "Entries applied to the state machine, per group.", "group")
+	m.commitLatency = hist("commit_latency_seconds", "Time from Propose to applied on the proposing host.", prometheus.ExponentialBuckets(0.0001, 2, 18))
+	m.batchGroups = hist("batch_groups", "Groups whose Ready went into one log-store batch.", prometheus.ExponentialBuckets(1, 2, 11))
+	m.batchEntries = hist("batch_entries", "Entries written in one log-store batch (one fsync when synced).", prometheus.ExponentialBuckets(1, 2, 14))
+	m.batches = counter("batches_total", "Log-store batches committed.")
+	m.syncedBatches = counter("fsyncs_total", "Log-store batches committed with fsync.")
+	m.entries = counter("entries_written_total", "Entries written to log stores.")
+	m.syncSeconds = hist("batch_commit_seconds", "Time to commit (and fsync) one log-store batch.", prometheus.ExponentialBuckets(0.00005, 2, 18))
+	m.loopSeconds = hist("loop_iteration_seconds", "Time of one store-loop iteration (WriteData, persist, send).", prometheus.ExponentialBuckets(0.00005, 2, 18))
+	m.peerBytesSent = counterVec("peer_sent_bytes_total", "Bytes sent to a peer host.", "peer")
+	m.peerMsgsSent = counterVec("peer_sent_messages_total", "Messages sent to a peer host.", "peer")
+	m.peerBytesRecv = counterVec("peer_received_bytes_total", "Bytes received from a peer host.", "peer")
+	m.peerMsgsRecv = counterVec("peer_received_messages_total", "Messages received from a peer host.", "peer")
+	m.peerDropped = counterVec("peer_dropped_messages_total", "Messages dropped because the queue to a peer was full or it was unreachable.", "peer")
+	m.heartbeatsCoalesced = counter("heartbeats_coalesced_total", "Heartbeats sent in compact, coalesced form.")
+	m.snapshotsSent = counter("snapshots_sent_total", "Snapshots streamed to followers.")
+	m.snapshotsReceived = counter("snapshots_received_total", "Snapshots restored from the leader.")
+	m.dataReads = counter("data_reads_total", "ReadData calls to resend an entry's data (cache misses).")
+	m.droppedUnknownGroup = counter("dropped_unknown_group_total", "Messages for groups not hosted here.")
+	if reg != nil {
+		for _, c := range m.collectors {
+			if err := reg.Register(c); err != nil {
+				// Another host with the same ID on this registry (tests):
+				// keep counting, just do not export twice.
+				continue
+			}
+		}
+	}
+	return m
+}
+
+func (m *metrics) unregister() {
+	if m.reg == nil {
+		return
+	}
+	for _, c := range m.collectors {
+		m.reg.Unregister(c)
+	}
+}
+
+func (m *metrics) forgetGroup(id uint64) {
+	l := fmt.Sprint(id)
+	m.proposals.DeleteLabelValues(l)
+	m.applied.DeleteLabelValues(l)
+}
+
+func (m *metrics) observeBatch(groups, entries int, synced bool, d time.Duration) {
+	m.batches.Inc()
+	m.batchGroups.Observe(float64(groups))
+	m.batchEntries.Observe(float64(entries))
+	m.entries.Add(float64(entries))
+	if synced {
+		m.syncedBatches.Inc()
+	}
+	m.syncSeconds.Observe(d.Seconds())
+}

@@ -1,0 +1,764 @@
+package raft
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// TCPConfig configures the TCP transport.
+type TCPConfig struct {
+	ID         uint64
+	ListenAddr string
+	Resolve    func(id uint64) (string, error)
+	Logger     *slog.Logger
+	// QueueSize bounds the messages waiting for one peer (default 4096).
+	QueueSize int
+	// DialTimeout (default 2s) and MaxBackoff between reconnects (default 2s).
+	DialTimeout time.Duration
+	MaxBackoff  time.Duration
+
+	// Metrics is set by the Host that owns the transport.
+	Metrics *metrics
+}
+
+// TCPTransport keeps one TCP connection per pair of hosts and carries the
+// messages of all groups on it. Each peer has a bounded queue and its own
+// writer goroutine that drains the queue into one frame per write, so
+// messages of many groups share a syscall, and heartbeats go in a compact
+// form (group, term, commit) rather than as full protobufs: this is the
+// per-pair coalescing CockroachDB does. A peer that is down only fills its
+// own queue; sends to it are dropped (raft resends) without blocking.
+//
+// When both hosts dial at once, both keep the connection dialed by the
+// host with the smaller ID, so a pair converges on one connection.
+type TCPTransport struct {
+	cfg TCPConfig
+	ln  net.Listener
+	h   Handler
+	log *slog.Logger
+	m   *metrics
+
+	mu    sync.Mutex
+	peers map[uint64]*peer
+	conns map[net.Conn]struct{}
+
+	stopc  chan struct{}
+	wg     sync.WaitGroup
+	closed atomic.Bool
+}
+
+const (
+	magic          = "BSLT"
+	connMessages   = 1
+	connSnapshot   = 2
+	maxFrameBytes  = 512 << 20
+	maxBatchBytes  = 8 << 20
+	maxBatchMsgs   = 4096
+	itemRaft       = 0
+	itemHeartbeat  = 1
+	itemHeartbeatR = 2
+	itemApplied    = 3
+)
+
+// NewTCPTransport listens on cfg.ListenAddr.
+func NewTCPTransport(cfg TCPConfig) (*TCPTransport, error) {
+	if cfg.QueueSize == 0 {
+		cfg.QueueSize = 4096
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = 2 * time.Second
+	}
+	if cfg.MaxBackoff == 0 {
+		cfg.MaxBackoff = 2 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.ListenAddr == "" {
+		cfg.ListenAddr = "127.0.0.1:0"
+	}
+	m := cfg.Metrics
+	if m == nil {
+		m = newMetrics(cfg.ID, nil)
+	}
+	ln, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		return nil, fmt.Errorf("raft: transport listen on %s: %w", cfg.ListenAddr, err)
+	}
+	return &TCPTransport{cfg: cfg, ln: ln, log: cfg.Logger, m: m, peers: make(map[uint64]*peer), conns: make(map[net.Conn]struct{}), stopc: make(chan struct{})}, nil
+}
+
+// Addr implements Transport.
+func (t *TCPTransport) Addr() string { return t.ln.Addr().String() }
+
+// Start implements Transport.
+func (t *TCPTransport) Start(h Handler) error {
+	t.h = h
+	t.wg.Add(1)
+	go t.acceptLoop()
+	return nil
+}
+
+// Close implements Transport.
+func (t *TCPTransport) Close() error {
+	if !t.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	close(t.stopc)
+	err := t.ln.Close()
+	t.mu.Lock()
+	for c := range t.conns {
+		c.Close()
+	}
+	t.mu.Unlock()
+	t.wg.Wait()
+	return err
+}
+
+func (t *TCPTransport) track(c net.Conn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed.Load() {
+		c.Close()
+		return false
+	}
+	t.conns[c] = struct{}{}
+	return true
+}
+
+func (t *TCPTransport) untrack(c net.Conn) {
+	t.mu.Lock()
+	delete(t.conns, c)
+	t.mu.Unlock()
+	c.Close()
+}
+
+func (t *TCPTransport) peer(id uint64) *peer {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p, ok := t.peers[id]
+	if !ok {
+		p = &peer{t: t, id: id, queue: make(chan Outgoing, t.cfg.QueueSize), installed: make(chan struct{}, 1)}
+		t.peers[id] = p
+		t.wg.Add(1)
+		go p.writeLoop()
+	}
+	return p
+}
+
+// Send implements Transport.
+func (t *TCPTransport) Send(to uint64, msgs []Outgoing) {
+	if t.closed.Load() {
+		return
+	}
+	p := t.peer(to)
+	dropped := 0
+	for _, m := range msgs {
+		select {
+		case p.queue <- m:
+		default:
+			dropped++
+		}
+	}
+	if dropped > 0 {
+		t.m.peerDropped.WithLabelValues(fmt.Sprint(to)).Add(float64(dropped))
+		p.reportUnreachable()
+	}
+}
+
+type peer struct {
+	t     *TCPTransport
+	id    uint64
+	queue chan Outgoing
+
+	mu        sync.Mutex
+	conn      *peerConn
+	installed chan struct{}
+
+	lastUnreachable atomic.Int64
+}
+
+type peerConn struct {
+	c          net.Conn
+	dialedByUs bool
+	w          *bufio.Writer
+}
+
+// reportUnreachable tells the groups, at most every 100ms per peer.
+func (p *peer) reportUnreachable() {
+	now := time.Now().UnixNano()
+	last := p.lastUnreachable.Load()
+	if now-last < int64(100*time.Millisecond) || !p.lastUnreachable.CompareAndSwap(last, now) {
+		return
+	}
+	go p.t.h.Unreachable(p.id)
+}
+
+// install makes c the pair's connection, applying the tie-break when one
+// already exists. It reports whether c was kept.
+func (p *peer) install(pc *peerConn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if old := p.conn; old != nil {
+		// Keep the connection dialed by the smaller ID.
+		keepNew := (pc.dialedByUs && p.t.cfg.ID < p.id) || (!pc.dialedByUs && p.id < p.t.cfg.ID)
+		if !keepNew {
+			return false
+		}
+		old.c.Close()
+	}
+	p.conn = pc
+	select {
+	case p.installed <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+func (p *peer) current() *peerConn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.conn
+}
+
+func (p *peer) drop(pc *peerConn) {
+	p.mu.Lock()
+	if p.conn == pc {
+		p.conn = nil
+	}
+	p.mu.Unlock()
+	pc.c.Close()
+}
+
+func (p *peer) writeLoop() {
+	t := p.t
+	defer t.wg.Done()
+	backoff := 50 * time.Millisecond
+	batch := make([]Outgoing, 0, 256)
+	var buf []byte
+	for {
+		var first Outgoing
+		select {
+		case <-t.stopc:
+			return
+		case first = <-p.queue:
+		}
+		pc := p.current()
+		if pc == nil {
+			var err error
+			pc, err = p.dial()
+			if err != nil {
+				// Drop what is queued: raft will resend, and stale
+				// messages are worthless after a backoff anyway.
+				n := 1 + len(p.queue)
+				for len(p.queue) > 0 {
+					<-p.queue
+				}
+				t.m.peerDropped.WithLabelValues(fmt.Sprint(p.id)).Add(float64(n))
+				p.reportUnreachable()
+				select {
+				case <-t.stopc:
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(backoff*2, t.cfg.MaxBackoff)
+				continue
+			}
+		}
+		backoff = 50 * time.Millisecond
+		batch = append(batch[:0], first)
+		size := 0
+	drain:
+		for len(batch) < maxBatchMsgs && size < maxBatchBytes {
+			select {
+			case m := <-p.queue:
+				batch = append(batch, m)
+				if m.Msg != nil {
+					size += len(m.Msg.GetEntries()) * 64
+					for _, e := range m.Msg.GetEntries() {
+						size += len(e.GetData())
+					}
+				}
+			default:
+				break drain
+			}
+		}
+		var hb int
+		buf, hb = encodeBatch(buf[:0], batch)
+		t.m.heartbeatsCoalesced.Add(float64(hb))
+		pc.c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		if _, err := pc.w.Write(buf); err == nil {
+			err = pc.w.Flush()
+			if err != nil {
+				p.fail(pc, err)
+				continue
+			}
+		} else {
+			p.fail(pc, err)
+			continue
+		}
+		label := fmt.Sprint(p.id)
+		t.m.peerBytesSent.WithLabelValues(label).Add(float64(len(buf)))
+		t.m.peerMsgsSent.WithLabelValues(label).Add(float64(len(batch)))
+		if cap(buf) > 4*maxBatchBytes {
+			buf = nil // do not pin a huge buffer after a burst
+		}
+	}
+}
+
+func (p *peer) fail(pc *peerConn, err error) {
+	if !p.t.closed.Load() {
+		p.t.log.Debug("send to peer failed", "peer", p.id, "err", err)
+	}
+	p.drop(pc)
+	p.reportUnreachable()
+}
+
+func (p *peer) dial() (*peerConn, error) {
+	t := p.t
+	addr, err := t.cfg.Resolve(p.id)
+	if err != nil {
+		return nil, fmt.Errorf("resolve host %d: %w", p.id, err)
+	}
+	c, err := net.DialTimeout("tcp", addr, t.cfg.DialTimeout)
+	if err != nil {
+		return nil, err
+	}
+	if !t.track(c) {
+		return nil, ErrStopped
+	}
+	c.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
+	if err := writeHello(c, connMessages, t.cfg.ID, p.id); err != nil {
+		t.untrack(c)
+		return nil, err
+	}
+	var ack [12]byte
+	if _, err := io.ReadFull(c, ack[:]); err != nil || string(ack[:4]) != magic || binary.BigEndian.Uint64(ack[4:]) != p.id {
+		t.untrack(c)
+		return nil, fmt.Errorf("handshake with host %d at %s failed: %v", p.id, addr, err)
+	}
+	c.SetDeadline(time.Time{})
+	pc := &peerConn{c: c, dialedByUs: true, w: bufio.NewWriterSize(c, 256<<10)}
+	if !p.install(pc) {
+		t.untrack(c)
+		if cur := p.current(); cur != nil {
+			return cur, nil
+		}
+		return nil, errors.New("lost connection race")
+	}
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		t.readLoop(p, pc, true, bufio.NewReaderSize(c, 256<<10))
+	}()
+	return pc, nil
+}
+
+func writeHello(w io.Writer, kind byte, from, to uint64) error {
+	var b [21]byte
+	copy(b[:], magic)
+	b[4] = kind
+	binary.BigEndian.PutUint64(b[5:], from)
+	binary.BigEndian.PutUint64(b[13:], to)
+	_, err := w.Write(b[:])
+	return err
+}
+
+func (t *TCPTransport) acceptLoop() {
+	defer t.wg.Done()
+	for {
+		c, err := t.ln.Accept()
+		if err != nil {
+			if t.closed.Load() {
+				return
+			}
+			t.log.Warn("accept failed", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		if !t.track(c) {
+			return
+		}
+		t.wg.Add(1)
+		go t.serveConn(c)
+	}
+}
+
+func (t *TCPTransport) serveConn(c net.Conn) {
+	defer t.wg.Done()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var hello [21]byte
+	if _, err := io.ReadFull(c, hello[:]); err != nil || string(hello[:4]) != magic {
+		t.untrack(c)
+		return
+	}
+	from := binary.BigEndian.Uint64(hello[5:])
+	if to := binary.BigEndian.Uint64(hello[13:]); to != t.cfg.ID {
+		t.log.Warn("connection for another host", "from", from, "to", to)
+		t.untrack(c)
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	switch hello[4] {
+	case connMessages:
+		var ack [12]byte
+		copy(ack[:], magic)
+		binary.BigEndian.PutUint64(ack[4:], t.cfg.ID)
+		if _, err := c.Write(ack[:]); err != nil {
+			t.untrack(c)
+			return
+		}
+		p := t.peer(from)
+		pc := &peerConn{c: c, w: bufio.NewWriterSize(c, 256<<10)}
+		// Read even if the tie-break discards the connection for sending:
+		// the other side may already have written to it.
+		if !p.install(pc) {
+			t.readLoop(p, pc, false, bufio.NewReaderSize(c, 256<<10))
+			return
+		}
+		t.readLoop(p, pc, true, bufio.NewReaderSize(c, 256<<10))
+	case connSnapshot:
+		t.serveSnapshot(from, c)
+	default:
+		t.untrack(c)
+	}
+}
+
+// readLoop decodes frames until the connection fails. A connection that
+// lost the tie-break (installed false) is still read until the other side
+// closes it: it may have written to it before it learned.
+func (t *TCPTransport) readLoop(p *peer, pc *peerConn, installed bool, r *bufio.Reader) {
+	defer func() {
+		if installed {
+			p.drop(pc)
+		}
+		t.untrack(pc.c)
+	}()
+	from := p.id
+	label := fmt.Sprint(from)
+	var hdr [4]byte
+	var buf []byte
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return
+		}
+		n := binary.BigEndian.Uint32(hdr[:])
+		if n > maxFrameBytes {
+			t.log.Warn("oversized frame; closing connection", "peer", from, "bytes", n)
+			return
+		}
+		if cap(buf) < int(n) {
+			buf = make([]byte, n)
+		}
+		buf = buf[:n]
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return
+		}
+		msgs, err := decodeBatch(buf, from, t.cfg.ID)
+		if err != nil {
+			t.log.Warn("bad frame; closing connection", "peer", from, "err", err)
+			return
+		}
+		t.m.peerBytesRecv.WithLabelValues(label).Add(float64(n + 4))
+		t.m.peerMsgsRecv.WithLabelValues(label).Add(float64(len(msgs)))
+		t.h.HandleMessages(from, msgs)
+		if cap(buf) > 4*maxBatchBytes {
+			buf = nil
+		}
+	}
+}
+
+// encodeBatch appends one frame holding msgs to b. Returns the number of
+// heartbeats sent in compact form.
+func encodeBatch(b []byte, msgs []Outgoing) ([]byte, int) {
+	start := len(b)
+	b = append(b, 0, 0, 0, 0)
+	b = binary.AppendUvarint(b, uint64(len(msgs)))
+	hb := 0
+	for _, o := range msgs {
+		b = binary.AppendUvarint(b, o.Group)
+		m := o.Msg
+		switch {
+		case m == nil:
+			b = append(b, itemApplied)
+			b = binary.AppendUvarint(b, o.Applied)
+		case m.GetType() == pb.MsgHeartbeat:
+			hb++
+			b = append(b, itemHeartbeat)
+			b = binary.AppendUvarint(b, m.GetTerm())
+			b = binary.AppendUvarint(b, m.GetCommit())
+			b = binary.AppendUvarint(b, uint64(len(m.GetContext())))
+			b = append(b, m.GetContext()...)
+		case m.GetType() == pb.MsgHeartbeatResp:
+			hb++
+			b = append(b, itemHeartbeatR)
+			b = binary.AppendUvarint(b, m.GetTerm())
+			b = binary.AppendUvarint(b, uint64(len(m.GetContext())))
+			b = append(b, m.GetContext()...)
+		default:
+			b = append(b, itemRaft)
+			size := proto.Size(m)
+			b = binary.AppendUvarint(b, uint64(size))
+			var err error
+			b, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, m)
+			if err != nil {
+				panic(fmt.Sprintf("raft: marshal message: %v", err))
+			}
+		}
+	}
+	binary.BigEndian.PutUint32(b[start:], uint32(len(b)-start-4))
+	return b, hb
+}
+
+func decodeBatch(b []byte, from, to uint64) ([]Outgoing, error) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > maxBatchMsgs {
+		return nil, fmt.Errorf("bad message count")
+	}
+	b = b[k:]
+	out := make([]Outgoing, 0, n)
+	uv := func() (uint64, error) {
+		v, k := binary.Uvarint(b)
+		if k <= 0 {
+			return 0, fmt.Errorf("truncated frame")
+		}
+		b = b[k:]
+		return v, nil
+	}
+	bytesN := func(n uint64) ([]byte, error) {
+		if uint64(len(b)) < n {
+			return nil, fmt.Errorf("truncated frame")
+		}
+		v := b[:n:n]
+		b = b[n:]
+		return v, nil
+	}
+	for i := uint64(0); i < n; i++ {
+		group, err := uv()
+		if err != nil {
+			return nil, err
+		}
+		if len(b) == 0 {
+			return nil, fmt.Errorf("truncated frame")
+		}
+		kind := b[0]
+		b = b[1:]
+		o := Outgoing{Group: group}
+		switch kind {
+		case itemApplied:
+			if o.Applied, err = uv(); err != nil {
+				return nil, err
+			}
+		case itemHeartbeat, itemHeartbeatR:
+			term, err := uv()
+			if err != nil {
+				return nil, err
+			}
+			m := &pb.Message{From: proto.Uint64(from), To: proto.Uint64(to), Term: proto.Uint64(term)}
+			if kind == itemHeartbeat {
+				t := pb.MsgHeartbeat
+				m.Type = &t
+				commit, err := uv()
+				if err != nil {
+					return nil, err
+				}
+				m.Commit = proto.Uint64(commit)
+			} else {
+				t := pb.MsgHeartbeatResp
+				m.Type = &t
+			}
+			cl, err := uv()
+			if err != nil {
+				return nil, err
+			}
+			ctx, err := bytesN(cl)
+			if err != nil {
+				return nil, err
+			}
+			if len(ctx) > 0 {
+				m.Context = append([]byte(nil), ctx...)
+			}
+			o.Msg = m
+		case itemRaft:
+			l, err := uv()
+			if err != nil {
+				return nil, err
+			}
+			raw, err := bytesN(l)
+			if err != nil {
+				return nil, err
+			}
+			m := &pb.Message{}
+			// The frame buffer is reused: entries must own their bytes.
+			if err := proto.Unmarshal(raw, m); err != nil {
+				return nil, fmt.Errorf("bad raft message: %w", err)
+			}
+			o.Msg = m
+		default:
+			return nil, fmt.Errorf("unknown item kind %d", kind)
+		}
+		out = append(out, o)
+	}
+	if len(b) != 0 {
+		return nil, fmt.Errorf("%d trailing bytes in frame", len(b))
+	}
+	return out, nil
+}
+
+// SendSnapshot implements Transport: a dedicated connection per snapshot,
+// so a large snapshot never delays the heartbeats on the shared one.
+func (t *TCPTransport) SendSnapshot(ctx context.Context, to, group uint64, m *pb.Message, body io.Reader) error {
+	addr, err := t.cfg.Resolve(to)
+	if err != nil {
+		return err
+	}
+	d := net.Dialer{Timeout: t.cfg.DialTimeout}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	if !t.track(c) {
+		return ErrStopped
+	}
+	defer t.untrack(c)
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	w := bufio.NewWriterSize(c, 1<<20)
+	if err := writeHello(w, connSnapshot, t.cfg.ID, to); err != nil {
+		return err
+	}
+	mb, err := proto.Marshal(m)
+	if err != nil {
+		return err
+	}
+	var hdr []byte
+	hdr = binary.AppendUvarint(hdr, group)
+	hdr = binary.AppendUvarint(hdr, uint64(len(mb)))
+	w.Write(hdr)
+	w.Write(mb)
+	chunk := make([]byte, 1<<20)
+	var lenb [4]byte
+	for {
+		n, rerr := body.Read(chunk)
+		if n > 0 {
+			binary.BigEndian.PutUint32(lenb[:], uint32(n))
+			w.Write(lenb[:])
+			if _, err := w.Write(chunk[:n]); err != nil {
+				return err
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return fmt.Errorf("reading snapshot: %w", rerr)
+		}
+	}
+	binary.BigEndian.PutUint32(lenb[:], 0)
+	w.Write(lenb[:])
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	// Status: 0 ok, else 1 + uvarint-length message.
+	r := bufio.NewReader(c)
+	st, err := r.ReadByte()
+	if err != nil {
+		return fmt.Errorf("snapshot to host %d: no reply: %w", to, err)
+	}
+	if st == 0 {
+		return nil
+	}
+	l, err := binary.ReadUvarint(r)
+	if err != nil || l > 4096 {
+		return fmt.Errorf("snapshot to host %d failed", to)
+	}
+	msg := make([]byte, l)
+	io.ReadFull(r, msg)
+	return fmt.Errorf("snapshot to host %d failed: %s", to, msg)
+}
+
+func (t *TCPTransport) serveSnapshot(from uint64, c net.Conn) {
+	defer t.untrack(c)
+	r := bufio.NewReaderSize(c, 1<<20)
+	group, err := binary.ReadUvarint(r)
+	if err != nil {
+		return
+	}
+	l, err := binary.ReadUvarint(r)
+	if err != nil || l > 64<<20 {
+		return
+	}
+	mb := make([]byte, l)
+	if _, err := io.ReadFull(r, mb); err != nil {
+		return
+	}
+	m := &pb.Message{}
+	if err := proto.Unmarshal(mb, m); err != nil || m.GetType() != pb.MsgSnap {
+		return
+	}
+	body := &chunkReader{r: r}
+	err = t.h.HandleSnapshot(from, group, m, body)
+	if err == nil {
+		// The state machine may not read to the end; the stream must be
+		// consumed to check it was complete.
+		if _, derr := io.Copy(io.Discard, body); derr != nil {
+			err = derr
+		}
+	}
+	if err == nil {
+		c.Write([]byte{0})
+		return
+	}
+	msg := err.Error()
+	if len(msg) > 4096 {
+		msg = msg[:4096]
+	}
+	out := append([]byte{1}, binary.AppendUvarint(nil, uint64(len(msg)))...)
+	c.Write(append(out, msg...))
+}
+
+// chunkReader reads the length-prefixed chunks of a snapshot stream; a
+// stream cut short is an error, never a silent EOF.
+type chunkReader struct {
+	r    *bufio.Reader
+	left uint32
+	done bool
+}
+
+func (c *chunkReader) Read(p []byte) (int, error) {
+	if c.done {
+		return 0, io.EOF
+	}
+	for c.left == 0 {
+		var lb [4]byte
+		if _, err := io.ReadFull(c.r, lb[:]); err != nil {
+			return 0, fmt.Errorf("snapshot stream cut short: %w", io.ErrUnexpectedEOF)
+		}
+		c.left = binary.BigEndian.Uint32(lb[:])
+		if c.left == 0 {
+			c.done = true
+			return 0, io.EOF
+		}
+	}
+	if uint32(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.r.Read(p)
+	c.left -= uint32(n)
+	if err == io.EOF {
+		err = fmt.Errorf("snapshot stream cut short: %w", io.ErrUnexpectedEOF)
+	}
+	return n, err
+}
