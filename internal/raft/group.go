@@ -869,8 +869,9 @@ func (g *Group) reportApplied(periodic bool) {
 }
 
 // Log truncation keeps CompactKeep entries behind the durable applied
-// index, and on the leader what a follower that is close behind still
-// needs; a follower more than compactMaxLag behind gets a snapshot instead.
+// index, and on the leader what an active follower that is close behind
+// still needs; a follower that is down, or more than compactMaxLag behind,
+// gets a snapshot instead.
 const compactMaxLag = 16384
 
 func (g *Group) maybeCompact() {
@@ -893,7 +894,7 @@ func (g *Group) maybeCompact() {
 		st := g.rn.Status()
 		g.mu.Unlock()
 		for id, pr := range st.Progress {
-			if id != g.host.id && pr.Match < target && target-pr.Match < compactMaxLag {
+			if id != g.host.id && pr.RecentActive && pr.Match < target && target-pr.Match < compactMaxLag {
 				target = pr.Match
 			}
 		}
@@ -979,11 +980,25 @@ func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 	return out, nil
 }
 
+// maxHydratedBytes bounds the data put back into one MsgApp. raft sizes
+// messages by the entries it sees, which hold only metadata, so a message
+// of elided entries may stand for far more data than MaxSizePerMsg. The
+// message is cut after this much data; the follower acknowledges the
+// prefix and the leader continues from there (probe, then replicate).
+const maxHydratedBytes = 8 << 20
+
 // hydrateMessage puts the data back into entries read from the log before
 // they go to a follower.
 func (g *Group) hydrateMessage(m *pb.Message) (*pb.Message, error) {
 	var ents []*pb.Entry
+	hydrated := 0
 	for i, e := range m.GetEntries() {
+		if hydrated >= maxHydratedBytes {
+			if ents == nil {
+				ents = append([]*pb.Entry(nil), m.GetEntries()[:i]...)
+			}
+			break
+		}
 		if !isNormalWithPayload(e) || e.GetData()[0] != fmtElided {
 			if ents != nil {
 				ents = append(ents, e)
@@ -1009,14 +1024,19 @@ func (g *Group) hydrateMessage(m *pb.Message) (*pb.Message, error) {
 			ents = make([]*pb.Entry, i, len(m.GetEntries()))
 			copy(ents, m.GetEntries()[:i])
 		}
+		hydrated += len(data)
 		typ := e.GetType()
 		ents = append(ents, &pb.Entry{Index: proto.Uint64(e.GetIndex()), Term: proto.Uint64(e.GetTerm()), Type: &typ, Data: hydrate(e.GetData(), d, data)})
 	}
 	if ents == nil {
 		return m, nil
 	}
-	out := proto.Clone(m).(*pb.Message)
-	out.Entries = ents
+	// Shallow copy: the entries are new, everything else is shared and
+	// read-only.
+	out := &pb.Message{
+		Type: m.Type, To: m.To, From: m.From, Term: m.Term, LogTerm: m.LogTerm,
+		Index: m.Index, Commit: m.Commit, Entries: ents,
+	}
 	return out, nil
 }
 

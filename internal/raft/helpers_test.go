@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -293,4 +294,13 @@ func testCounter(c interface{ Write(*dto.Metric) error }) float64 {
 		return 0
 	}
 	return m.GetCounter().GetValue()
+}
+
+// testLogger logs at debug level when BASALT_TEST_DEBUG is set.
+func testLogger() *slog.Logger {
+	lvl := slog.LevelWarn
+	if os.Getenv("BASALT_TEST_DEBUG") != "" {
+		lvl = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 }

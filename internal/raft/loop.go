@@ -60,7 +60,25 @@ type readyWork struct {
 	rd     etcdraft.Ready
 	leader bool
 	sent   bool
-	ents   []*pb.Entry // what goes to the log (data elided)
+	ents   []*pb.Entry   // what goes to the log (data elided)
+	rest   []*pb.Message // messages to send after the batch is durable
+}
+
+// splitHeartbeats sends heartbeat traffic through send and returns the
+// other messages.
+func splitHeartbeats(msgs []*pb.Message, send func([]*pb.Message)) []*pb.Message {
+	var hb, rest []*pb.Message
+	for _, m := range msgs {
+		if t := m.GetType(); t == pb.MsgHeartbeat || t == pb.MsgHeartbeatResp {
+			hb = append(hb, m)
+		} else {
+			rest = append(rest, m)
+		}
+	}
+	if len(hb) > 0 {
+		send(hb)
+	}
+	return rest
 }
 
 func (l *storeLoop) run() {
@@ -90,11 +108,16 @@ func (l *storeLoop) process(work []*readyWork) {
 
 	// A leader may send its appends before writing them itself: its own
 	// acknowledgement only counts after Advance (raft thesis 10.2.1).
+	// Heartbeats and their responses assert nothing about the disk, so
+	// every replica sends them at once: a slow fsync must not look like a
+	// dead host (that is what makes leaders step down under disk load).
 	for _, w := range work {
 		if w.leader {
 			h.send(w.g, w.rd.Messages)
 			w.sent = true
+			continue
 		}
+		w.rest = splitHeartbeats(w.rd.Messages, func(hb []*pb.Message) { h.send(w.g, hb) })
 	}
 
 	// Data kept out of the log goes to the state machines first, groups in
@@ -159,7 +182,7 @@ func (l *storeLoop) process(work []*readyWork) {
 
 	for _, w := range work {
 		if !w.sent && !w.g.isStopped() {
-			h.send(w.g, w.rd.Messages)
+			h.send(w.g, w.rest)
 		}
 	}
 	for _, w := range work {

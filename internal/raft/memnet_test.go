@@ -170,6 +170,9 @@ func TestFollowerRestartCatchesUp(t *testing.T) {
 		}
 	}
 	c.stop(f)
+	// The leader holds back truncation for an active follower; wait until
+	// it has noticed that f is gone (an election timeout is 20ms here).
+	time.Sleep(100 * time.Millisecond)
 	want := []string{"first"}
 	// Enough entries that the log is truncated past what f has: it needs a
 	// snapshot (CompactEvery is 64 in these tests).
@@ -180,6 +183,9 @@ func TestFollowerRestartCatchesUp(t *testing.T) {
 	}
 	c.start(f, c.ids)
 	c.waitValues(f, 1, want)
+	if testCounter(c.hosts[f].metrics.snapshotsReceived) == 0 {
+		t.Fatal("restarted follower caught up without a snapshot: log truncation did not happen")
+	}
 	c.propose(1, "after")
 	c.waitValues(f, 1, append(want, "after"))
 }
