@@ -98,7 +98,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 			h.closeStores()
 			return nil, err
 		}
-		l := &storeLoop{host: h, store: s, pending: make(map[uint64]*Group), signal: make(chan struct{}, 1)}
+		l := &storeLoop{host: h, store: s, pending: make(map[uint64]*Group), signal: make(chan struct{}, 1), drops: make(chan dropReq)}
 		h.loops = append(h.loops, l)
 		ids, err := s.groupIDs()
 		if err != nil {
@@ -321,12 +321,20 @@ func (h *Host) RemoveGroup(id uint64) error {
 	}
 	g.stop()
 	g.applyWG.Wait()
-	// The store loop may hold the group for one more iteration; it checks
-	// g.stopped before touching it, and drop happens under the loop's lock.
-	loop.mu.Lock()
-	delete(loop.pending, id)
-	err := loop.store.drop(id)
-	loop.mu.Unlock()
+	// The drop runs on the store loop, between iterations, so that no
+	// batch in flight can write the group's keys back after it.
+	done := make(chan error, 1)
+	select {
+	case loop.drops <- dropReq{id: id, done: done}:
+	case <-h.stopc:
+		return ErrStopped
+	}
+	var err error
+	select {
+	case err = <-done:
+	case <-h.stopc:
+		return ErrStopped
+	}
 	h.metrics.groups.Dec()
 	h.metrics.forgetGroup(id)
 	return err
@@ -406,6 +414,7 @@ func (h *Host) send(g *Group, msgs []*pb.Message) {
 	var byPeer map[uint64][]Outgoing
 	for _, m := range msgs {
 		if m.GetType() == pb.MsgSnap {
+			h.wg.Add(1)
 			go h.sendSnapshot(g, m)
 			continue
 		}
@@ -428,6 +437,7 @@ func (h *Host) send(g *Group, msgs []*pb.Message) {
 }
 
 func (h *Host) sendSnapshot(g *Group, m *pb.Message) {
+	defer h.wg.Done()
 	to := m.GetTo()
 	report := func(st etcdraft.SnapshotStatus) {
 		g.mu.Lock()
@@ -456,6 +466,13 @@ func (h *Host) sendSnapshot(g *Group, m *pb.Message) {
 	}}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	go func() {
+		select {
+		case <-h.stopc:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	start := time.Now()
 	if err := h.transport.SendSnapshot(ctx, to, g.id, out, snap.body); err != nil {
 		h.log.Warn("sending snapshot failed", "group", g.id, "to", to, "index", snap.index, "err", err)

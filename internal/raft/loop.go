@@ -21,6 +21,12 @@ type storeLoop struct {
 	mu      sync.Mutex
 	pending map[uint64]*Group
 	signal  chan struct{}
+	drops   chan dropReq
+}
+
+type dropReq struct {
+	id   uint64
+	done chan error
 }
 
 // maxGroupsPerBatch bounds one iteration so that one huge batch cannot
@@ -88,6 +94,12 @@ func (l *storeLoop) run() {
 		select {
 		case <-l.host.stopc:
 			return
+		case d := <-l.drops:
+			l.mu.Lock()
+			delete(l.pending, d.id)
+			l.mu.Unlock()
+			d.done <- l.store.drop(d.id)
+			continue
 		case <-l.signal:
 		}
 		work = work[:0]
