@@ -1,0 +1,190 @@
+package storage
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Keys of the per-volume Pebble DB are fixed-length, 17 bytes:
+//
+//	containerID (8, big-endian) | kind (1) | id (8, big-endian)
+//
+// so all of a container's keys share an 8-byte prefix (one prefix seek lists
+// its blocks, one DeleteRange drops it) and blocks sort by local ID.
+const (
+	keyLen          = 17
+	kindContainer   = 0x00 // id 0: container record, id 1: counters
+	kindBlock       = 0x01 // id: local block ID
+	idRecord        = 0
+	idCounters      = 1
+	blockRecVersion = 1
+	// maxChunksPerBlock bounds the metadata of one block (and the memory a
+	// decoder allocates for a hostile record).
+	maxChunksPerBlock = 1 << 16
+	maxSumsPerChunk   = 1 << 20 // bytes of checksums in one chunk
+)
+
+func makeKey(cid ContainerID, kind byte, id uint64) []byte {
+	k := make([]byte, keyLen)
+	binary.BigEndian.PutUint64(k, uint64(cid))
+	k[8] = kind
+	binary.BigEndian.PutUint64(k[9:], id)
+	return k
+}
+
+func parseKey(k []byte) (cid ContainerID, kind byte, id uint64, ok bool) {
+	if len(k) != keyLen {
+		return 0, 0, 0, false
+	}
+	return ContainerID(binary.BigEndian.Uint64(k)), k[8], binary.BigEndian.Uint64(k[9:]), true
+}
+
+// containerBounds returns [lo, hi) covering every key of cid.
+func containerBounds(cid ContainerID) (lo, hi []byte) {
+	lo = make([]byte, 8)
+	binary.BigEndian.PutUint64(lo, uint64(cid))
+	hi = make([]byte, 8)
+	binary.BigEndian.PutUint64(hi, uint64(cid)+1)
+	if cid == ^ContainerID(0) {
+		hi = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	}
+	return lo, hi
+}
+
+// containerRecord is the persistent description of a container. Counters
+// live in a separate key so that a PutBlock rewrites 24 bytes, not this.
+type containerRecord struct {
+	State   State
+	MaxSize int64
+}
+
+func (r containerRecord) encode() []byte {
+	b := []byte{1, byte(r.State)}
+	return binary.BigEndian.AppendUint64(b, uint64(r.MaxSize))
+}
+
+func decodeContainerRecord(b []byte) (containerRecord, error) {
+	if len(b) != 10 || b[0] != 1 {
+		return containerRecord{}, fmt.Errorf("bad container record (%d bytes)", len(b))
+	}
+	r := containerRecord{State: State(b[1]), MaxSize: int64(binary.BigEndian.Uint64(b[2:]))}
+	if r.State > StateUnhealthy {
+		return r, fmt.Errorf("bad container state %d", b[1])
+	}
+	return r, nil
+}
+
+type counters struct {
+	Used   int64
+	Blocks int64
+	BCSID  uint64
+}
+
+func (c counters) encode() []byte {
+	b := make([]byte, 24)
+	binary.BigEndian.PutUint64(b, uint64(c.Used))
+	binary.BigEndian.PutUint64(b[8:], uint64(c.Blocks))
+	binary.BigEndian.PutUint64(b[16:], c.BCSID)
+	return b
+}
+
+func decodeCounters(b []byte) (counters, error) {
+	if len(b) != 24 {
+		return counters{}, fmt.Errorf("bad counters record (%d bytes)", len(b))
+	}
+	return counters{
+		Used:   int64(binary.BigEndian.Uint64(b)),
+		Blocks: int64(binary.BigEndian.Uint64(b[8:])),
+		BCSID:  binary.BigEndian.Uint64(b[16:]),
+	}, nil
+}
+
+// encodeBlock is a compact binary form: the 64 checksums of a 4 MiB chunk
+// make a 256 MiB block's record about 16 KiB, decoded on every read.
+func encodeBlock(bd *BlockData) []byte {
+	n := 1 + 3*binary.MaxVarintLen64 + 4
+	for _, c := range bd.Chunks {
+		n += 4*binary.MaxVarintLen64 + 1 + len(c.Checksum.Sums)
+	}
+	b := make([]byte, 0, n)
+	b = append(b, blockRecVersion)
+	b = binary.AppendUvarint(b, uint64(bd.LocalID))
+	b = binary.AppendUvarint(b, uint64(bd.Length))
+	b = binary.AppendUvarint(b, bd.BCSID)
+	b = binary.AppendUvarint(b, uint64(len(bd.Chunks)))
+	for _, c := range bd.Chunks {
+		b = binary.AppendUvarint(b, uint64(c.Offset))
+		b = binary.AppendUvarint(b, uint64(c.Length))
+		b = append(b, byte(c.Checksum.Type))
+		b = binary.AppendUvarint(b, uint64(c.Checksum.BytesPerChecksum))
+		b = binary.AppendUvarint(b, uint64(len(c.Checksum.Sums)))
+		b = append(b, c.Checksum.Sums...)
+	}
+	return b
+}
+
+var errShortRecord = errors.New("truncated block record")
+
+func decodeBlock(b []byte) (BlockData, error) {
+	var bd BlockData
+	if len(b) == 0 || b[0] != blockRecVersion {
+		return bd, fmt.Errorf("unknown block record version")
+	}
+	b = b[1:]
+	next := func() (uint64, error) {
+		v, n := binary.Uvarint(b)
+		if n <= 0 {
+			return 0, errShortRecord
+		}
+		b = b[n:]
+		return v, nil
+	}
+	var v [4]uint64
+	for i := range v {
+		x, err := next()
+		if err != nil {
+			return bd, err
+		}
+		v[i] = x
+	}
+	if v[1] > 1<<62 || v[3] > maxChunksPerBlock {
+		return bd, fmt.Errorf("block record out of range: length %d, %d chunks", v[1], v[3])
+	}
+	bd.LocalID, bd.Length, bd.BCSID = LocalID(v[0]), int64(v[1]), v[2]
+	bd.Chunks = make([]ChunkInfo, v[3])
+	for i := range bd.Chunks {
+		c := &bd.Chunks[i]
+		off, err := next()
+		if err != nil {
+			return bd, err
+		}
+		ln, err := next()
+		if err != nil {
+			return bd, err
+		}
+		if len(b) < 1 {
+			return bd, errShortRecord
+		}
+		c.Checksum.Type = ChecksumType(b[0])
+		b = b[1:]
+		bpc, err := next()
+		if err != nil {
+			return bd, err
+		}
+		ns, err := next()
+		if err != nil {
+			return bd, err
+		}
+		if off > 1<<62 || ln > 1<<62 || bpc > MaxBytesPerChecksum || ns > maxSumsPerChunk || uint64(len(b)) < ns {
+			return bd, errShortRecord
+		}
+		c.Offset, c.Length, c.Checksum.BytesPerChecksum = int64(off), int64(ln), uint32(bpc)
+		c.Checksum.Sums = append([]byte(nil), b[:ns]...)
+		b = b[ns:]
+	}
+	if len(b) != 0 {
+		return bd, fmt.Errorf("%d trailing bytes in block record", len(b))
+	}
+	return bd, nil
+}

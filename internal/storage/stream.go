@@ -1,0 +1,70 @@
+package storage
+
+// BlockStream writes one block sequentially, for the V2 streaming path: a
+// datanode writes each packet as it arrives (from the same buffer it
+// forwards downstream) and syncs once at Close; PutBlock later commits the
+// chunk list the client computed. Not safe for concurrent use.
+type BlockStream struct {
+	s   *Store
+	cid ContainerID
+	lid LocalID
+	off int64
+}
+
+// OpenStream starts a sequential writer at offset off of block lid
+// (0 for a new block, or its committed length to extend it).
+func (s *Store) OpenStream(cid ContainerID, lid LocalID, off int64) *BlockStream {
+	return &BlockStream{s: s, cid: cid, lid: lid, off: off}
+}
+
+// Write writes p at the stream's offset, in pieces of at most MaxChunkSize.
+// Checksums are not verified here; PutBlock's chunk list carries them and
+// every read verifies.
+func (b *BlockStream) Write(p []byte) (int, error) {
+	done := 0
+	for done < len(p) {
+		k := min(len(p)-done, int(b.s.opts.MaxChunkSize))
+		if err := b.s.WriteChunk(b.cid, b.lid, b.off, p[done:done+k], ChecksumData{}, false); err != nil {
+			return done, err
+		}
+		done += k
+		b.off += int64(k)
+	}
+	return done, nil
+}
+
+// Offset is where the next Write goes.
+func (b *BlockStream) Offset() int64 { return b.off }
+
+// Close makes the written data durable (unless the store's policy is
+// SyncNone); it does not commit the block.
+func (b *BlockStream) Close() error {
+	const op = "stream close"
+	s := b.s
+	c, err := s.container(op, b.cid)
+	if err != nil {
+		return err
+	}
+	ob, err := s.lockOpen(op, c, b.lid)
+	if err != nil {
+		return err
+	}
+	defer ob.mu.Unlock()
+	if len(ob.written) == 0 {
+		s.dropOpen(c, b.lid, ob) // nothing written: do not hold the slot
+		return nil
+	}
+	if s.opts.Sync == SyncNone || ob.w == nil {
+		return nil
+	}
+	if err := ob.w.Sync(); err != nil {
+		return s.ioErr(op, c, b.lid, b.off, err)
+	}
+	if ob.dirSync {
+		if err := c.vol.files.SyncContainer(b.cid); err != nil {
+			return s.ioErr(op, c, b.lid, b.off, err)
+		}
+		ob.dirSync = false
+	}
+	return nil
+}
