@@ -1,0 +1,209 @@
+// Package metaclient is the client of the metadata service. It takes the
+// gRPC addresses of all meta nodes, keeps persistent pooled connections to
+// them, and sends each call to the leader of the group the service needs
+// (namespace or SCM), following NotLeader hints and retrying on other nodes
+// while there is no leader, so callers see one always-available service.
+//
+// Retries: a call is retried when the server says UNAVAILABLE (not the
+// leader, no leader yet, proposal dropped) or the connection fails. A write
+// whose answer was lost may therefore run twice; creates then fail with
+// AlreadyExists and deletes with NotFound; callers that retry writes
+// themselves must expect that too.
+package metaclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+)
+
+// Config configures a Client. Zero values take the defaults noted.
+type Config struct {
+	// Addrs are the gRPC addresses of the meta nodes (any order).
+	Addrs []string
+	// ConnsPerAddr is the number of HTTP/2 connections per node (default
+	// 1); several spread many concurrent callers over more sockets.
+	ConnsPerAddr int
+	// CallTimeout bounds one call including retries when the caller's
+	// context has no deadline (default 30s).
+	CallTimeout time.Duration
+	// MaxAttempts bounds the attempts of one call (default 50).
+	MaxAttempts int
+	// Backoff between attempts that found no leader (default 50ms,
+	// doubling to 1s).
+	Backoff time.Duration
+	// DialOptions are added to the defaults (insecure credentials).
+	DialOptions []grpc.DialOption
+}
+
+// Client is safe for concurrent use.
+type Client struct {
+	cfg   Config
+	conns map[string][]*grpc.ClientConn
+	rr    atomic.Uint64
+
+	mu     sync.Mutex
+	leader map[string]string // service name → leader address
+
+	Namespace metapb.NamespaceClient
+	Scm       metapb.ScmClient
+}
+
+// New returns a client; connections are made lazily.
+func New(cfg Config) (*Client, error) {
+	if len(cfg.Addrs) == 0 {
+		return nil, errors.New("metaclient: no meta addresses")
+	}
+	if cfg.ConnsPerAddr <= 0 {
+		cfg.ConnsPerAddr = 1
+	}
+	if cfg.CallTimeout == 0 {
+		cfg.CallTimeout = 30 * time.Second
+	}
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = 50
+	}
+	if cfg.Backoff == 0 {
+		cfg.Backoff = 50 * time.Millisecond
+	}
+	c := &Client{cfg: cfg, conns: map[string][]*grpc.ClientConn{}, leader: map[string]string{}}
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...)
+	for _, a := range cfg.Addrs {
+		if _, dup := c.conns[a]; dup {
+			continue
+		}
+		for range cfg.ConnsPerAddr {
+			cc, err := grpc.NewClient(a, opts...)
+			if err != nil {
+				c.Close()
+				return nil, fmt.Errorf("metaclient: connect %s: %w", a, err)
+			}
+			c.conns[a] = append(c.conns[a], cc)
+		}
+	}
+	c.Namespace = metapb.NewNamespaceClient(&router{c: c})
+	c.Scm = metapb.NewScmClient(&router{c: c})
+	return c, nil
+}
+
+// Close closes every connection.
+func (c *Client) Close() error {
+	var errs []error
+	for _, ccs := range c.conns {
+		for _, cc := range ccs {
+			errs = append(errs, cc.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Leader returns the address the client currently sends a service's calls
+// to ("" if none known). service is "Namespace" or "Scm".
+func (c *Client) Leader(service string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leader[service]
+}
+
+func serviceOf(method string) string {
+	// "/basalt.meta.v1.Namespace/LookupKey" → "Namespace"
+	s := strings.TrimPrefix(method, "/")
+	if i := strings.IndexByte(s, '/'); i >= 0 {
+		s = s[:i]
+	}
+	if i := strings.LastIndexByte(s, '.'); i >= 0 {
+		s = s[i+1:]
+	}
+	return s
+}
+
+// router is a grpc.ClientConnInterface that routes each call to the
+// current leader and retries.
+type router struct{ c *Client }
+
+func (r *router) NewStream(context.Context, *grpc.StreamDesc, string, ...grpc.CallOption) (grpc.ClientStream, error) {
+	return nil, status.Error(codes.Unimplemented, "metaclient: streams are not routed")
+}
+
+func (r *router) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	c := r.c
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.CallTimeout)
+		defer cancel()
+	}
+	svc := serviceOf(method)
+	backoff := c.cfg.Backoff
+	next := 0
+	var last error
+	for attempt := 0; attempt < c.cfg.MaxAttempts; attempt++ {
+		c.mu.Lock()
+		addr := c.leader[svc]
+		if addr == "" {
+			addr = c.cfg.Addrs[next%len(c.cfg.Addrs)]
+			next++
+			c.leader[svc] = addr
+		}
+		c.mu.Unlock()
+		conns := c.conns[addr]
+		if conns == nil {
+			// A leader hint for a node we were not told about: use it.
+			last = fmt.Errorf("metaclient: leader %s is not among the configured addresses %v", addr, c.cfg.Addrs)
+			c.forget(svc, addr)
+			continue
+		}
+		cc := conns[c.rr.Add(1)%uint64(len(conns))]
+		err := cc.Invoke(ctx, method, args, reply, opts...)
+		if err == nil {
+			return nil
+		}
+		last = err
+		st, _ := status.FromError(err)
+		if st.Code() != codes.Unavailable {
+			return err
+		}
+		hint := ""
+		for _, d := range st.Details() {
+			if nl, ok := d.(*metapb.NotLeader); ok {
+				hint = nl.LeaderAddr
+			}
+		}
+		if hint != "" && hint != addr {
+			c.mu.Lock()
+			c.leader[svc] = hint
+			c.mu.Unlock()
+			continue // redirect at once
+		}
+		// No leader known (election), or the node is down: try the next
+		// node after a pause.
+		c.forget(svc, addr)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("metaclient: %s: %w (last error: %v)", method, ctx.Err(), last)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+	return last
+}
+
+func (c *Client) forget(svc, addr string) {
+	c.mu.Lock()
+	if c.leader[svc] == addr {
+		c.leader[svc] = ""
+	}
+	c.mu.Unlock()
+}

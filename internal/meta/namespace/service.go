@@ -1,0 +1,389 @@
+package namespace
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/topology"
+)
+
+// Raft is the namespace group as the service needs it.
+type Raft interface {
+	// Propose replicates cmd and returns Apply's result on this replica.
+	Propose(ctx context.Context, cmd []byte) (any, error)
+	// ReadBarrier returns once this replica has applied everything
+	// committed before the call, as confirmed by the leader (ReadIndex);
+	// it fails on a replica that is not the leader.
+	ReadBarrier(ctx context.Context) error
+	// IsLeader reports whether this replica leads the group.
+	IsLeader() bool
+}
+
+// Blocks is SCM as the namespace needs it: in-process when the local SCM
+// replica leads, over gRPC to the SCM leader otherwise.
+type Blocks interface {
+	AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocksRequest) (*metapb.AllocateBlocksResponse, error)
+	DeleteBlocks(ctx context.Context, req *metapb.DeleteBlocksRequest) error
+	// Locate returns containers and their replicas from the local SCM
+	// replica (container placement changes rarely; a slightly stale answer
+	// only costs the reader a retry on another replica).
+	Locate(containerID uint64) (*metapb.Container, []*metapb.DatanodeDetails)
+}
+
+// Config holds the namespace tunables. Zero values take the defaults noted.
+type Config struct {
+	OpenKeyExpiry   time.Duration // uncommitted keys older than this are reclaimed (default 24h)
+	ServiceInterval time.Duration // background services period (default 1s)
+	// Batch limits of the background services.
+	DeleteBatchRows         int    // deleted rows handed to SCM per round (default 100)
+	ExpireBatch             int    // open keys expired per round (default 1000)
+	ReclaimBatch            int    // children of a deleted directory reclaimed per command (default 1000)
+	DefaultBytesPerChecksum uint32 // default 64 KiB
+	Now                     func() time.Time
+	Logger                  *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.OpenKeyExpiry == 0 {
+		c.OpenKeyExpiry = 24 * time.Hour
+	}
+	if c.ServiceInterval == 0 {
+		c.ServiceInterval = time.Second
+	}
+	if c.DeleteBatchRows == 0 {
+		c.DeleteBatchRows = 100
+	}
+	if c.ExpireBatch == 0 {
+		c.ExpireBatch = 1000
+	}
+	if c.ReclaimBatch == 0 {
+		c.ReclaimBatch = 1000
+	}
+	if c.DefaultBytesPerChecksum == 0 {
+		c.DefaultBytesPerChecksum = 64 << 10
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Service is the namespace manager's gRPC service on one replica.
+type Service struct {
+	metapb.UnimplementedNamespaceServer
+	cfg    Config
+	st     *State
+	raft   Raft
+	blocks Blocks
+}
+
+// NewService returns the service over st.
+func NewService(cfg Config, st *State, r Raft, b Blocks) *Service {
+	cfg.setDefaults()
+	return &Service{cfg: cfg, st: st, raft: r, blocks: b}
+}
+
+func (s *Service) propose(ctx context.Context, cmd *metapb.NsCommand) (any, error) {
+	cmd.NowUnixMs = s.cfg.Now().UnixMilli()
+	b, err := proto.Marshal(cmd)
+	if err != nil {
+		return nil, err
+	}
+	return s.raft.Propose(ctx, b)
+}
+
+// ---- volumes and buckets
+
+func (s *Service) CreateVolume(ctx context.Context, req *metapb.CreateVolumeRequest) (*metapb.Volume, error) {
+	if err := ValidateBucketName("volume", req.Name); err != nil {
+		return nil, err
+	}
+	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CreateVolume{CreateVolume: req}})
+	if err != nil {
+		return nil, err
+	}
+	return r.(*metapb.Volume), nil
+}
+
+func (s *Service) GetVolume(ctx context.Context, req *metapb.GetVolumeRequest) (*metapb.Volume, error) {
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
+	return s.st.GetVolume(req.Name)
+}
+
+func (s *Service) ListVolumes(ctx context.Context, req *metapb.ListVolumesRequest) (*metapb.ListVolumesResponse, error) {
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
+	return s.st.ListVolumes(req)
+}
+
+func (s *Service) DeleteVolume(ctx context.Context, req *metapb.DeleteVolumeRequest) (*metapb.DeleteVolumeResponse, error) {
+	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_DeleteVolume{DeleteVolume: req}}); err != nil {
+		return nil, err
+	}
+	return &metapb.DeleteVolumeResponse{}, nil
+}
+
+func (s *Service) CreateBucket(ctx context.Context, req *metapb.CreateBucketRequest) (*metapb.Bucket, error) {
+	if err := ValidateBucketName("bucket", req.Name); err != nil {
+		return nil, err
+	}
+	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CreateBucket{CreateBucket: req}})
+	if err != nil {
+		return nil, err
+	}
+	return r.(*metapb.Bucket), nil
+}
+
+func (s *Service) GetBucket(ctx context.Context, req *metapb.GetBucketRequest) (*metapb.Bucket, error) {
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
+	return s.st.GetBucket(req.Volume, req.Name)
+}
+
+func (s *Service) ListBuckets(ctx context.Context, req *metapb.ListBucketsRequest) (*metapb.ListBucketsResponse, error) {
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
+	return s.st.ListBuckets(req)
+}
+
+func (s *Service) DeleteBucket(ctx context.Context, req *metapb.DeleteBucketRequest) (*metapb.DeleteBucketResponse, error) {
+	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_DeleteBucket{DeleteBucket: req}}); err != nil {
+		return nil, err
+	}
+	return &metapb.DeleteBucketResponse{}, nil
+}
+
+// ---- keys
+
+// OpenKey validates, allocates the first blocks from SCM and records the
+// open key, all before answering, so the client can write at once.
+func (s *Service) OpenKey(ctx context.Context, req *metapb.OpenKeyRequest) (*metapb.OpenKeyResponse, error) {
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
+	b, err := s.st.GetBucket(req.Volume, req.Bucket)
+	if err != nil {
+		return nil, err
+	}
+	if err := validateKeyFor(b, req.Key); err != nil {
+		return nil, err
+	}
+	req = proto.Clone(req).(*metapb.OpenKeyRequest)
+	if req.Replication == metapb.Replication_REPLICATION_UNSPECIFIED {
+		req.Replication = b.Replication
+	}
+	if req.ChecksumType == metapb.ChecksumType_CHECKSUM_TYPE_UNSPECIFIED {
+		req.ChecksumType = metapb.ChecksumType_CRC32C
+	}
+	if req.BytesPerChecksum == 0 {
+		req.BytesPerChecksum = s.cfg.DefaultBytesPerChecksum
+	}
+	// One block to start; the size hint asks for more up front (bounded).
+	alloc, err := s.blocks.AllocateBlocks(ctx, &metapb.AllocateBlocksRequest{Count: 1, Replication: req.Replication, Exclude: req.Exclude, ClientLocation: req.ClientLocation})
+	if err != nil {
+		return nil, err
+	}
+	if n := req.SizeHint / max(alloc.BlockSize, 1); n > 0 {
+		more, err := s.blocks.AllocateBlocks(ctx, &metapb.AllocateBlocksRequest{Count: uint32(min(n, MaxOpenBlocks-1)), Replication: req.Replication, Exclude: req.Exclude, ClientLocation: req.ClientLocation})
+		if err != nil {
+			return nil, err
+		}
+		alloc.Blocks = append(alloc.Blocks, more.Blocks...)
+	}
+	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_OpenKey{OpenKey: &metapb.OpenKeyOp{Request: req, Blocks: alloc.Blocks}}})
+	if err != nil {
+		return nil, err
+	}
+	return &metapb.OpenKeyResponse{OpenId: r.(uint64), Blocks: alloc.Blocks, BlockSize: alloc.BlockSize}, nil
+}
+
+// AllocateBlock adds a block to an open key.
+func (s *Service) AllocateBlock(ctx context.Context, req *metapb.AllocateBlockRequest) (*metapb.AllocateBlockResponse, error) {
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
+	row, err := s.st.OpenKey(req.OpenId)
+	if err != nil {
+		return nil, err
+	}
+	alloc, err := s.blocks.AllocateBlocks(ctx, &metapb.AllocateBlocksRequest{Count: 1, Replication: row.Replication, Exclude: req.Exclude, ClientLocation: req.ClientLocation})
+	if err != nil {
+		return nil, err
+	}
+	blk := alloc.Blocks[0]
+	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_AddBlock{AddBlock: &metapb.AddBlockOp{OpenId: req.OpenId, Block: blk}}}); err != nil {
+		return nil, err
+	}
+	return &metapb.AllocateBlockResponse{Block: blk}, nil
+}
+
+func (s *Service) CommitKey(ctx context.Context, req *metapb.CommitKeyRequest) (*metapb.KeyInfo, error) {
+	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CommitKey{CommitKey: req}})
+	if err != nil {
+		return nil, err
+	}
+	return r.(*metapb.KeyInfo), nil
+}
+
+// LookupKey returns the key with each block's offset and its replicas,
+// nearest to client_location first: everything a reader needs.
+func (s *Service) LookupKey(ctx context.Context, req *metapb.LookupKeyRequest) (*metapb.KeyInfo, error) {
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
+	ki, err := s.st.LookupKey(req.Volume, req.Bucket, req.Key)
+	if err != nil {
+		return nil, err
+	}
+	var off uint64
+	for _, kb := range ki.Blocks {
+		loc := &metapb.BlockLocation{Id: kb.Id, Offset: off, Length: kb.Length}
+		off += kb.Length
+		if c, dns := s.blocks.Locate(kb.GetId().GetContainerId()); c != nil {
+			loc.PipelineId = c.PipelineId
+			loc.ContainerState = c.State
+			loc.Datanodes = slices.Clone(dns)
+			// Spread readers over equally near replicas.
+			rand.Shuffle(len(loc.Datanodes), func(i, j int) { loc.Datanodes[i], loc.Datanodes[j] = loc.Datanodes[j], loc.Datanodes[i] })
+			topology.SortByDistance(loc.Datanodes, 0, req.ClientLocation, func(d *metapb.DatanodeDetails) uint64 { return d.Id }, func(d *metapb.DatanodeDetails) string { return d.Location })
+		}
+		ki.Locations = append(ki.Locations, loc)
+	}
+	return ki, nil
+}
+
+func (s *Service) ListKeys(ctx context.Context, req *metapb.ListKeysRequest) (*metapb.ListKeysResponse, error) {
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
+	return s.st.ListKeys(req)
+}
+
+func (s *Service) RenameKey(ctx context.Context, req *metapb.RenameKeyRequest) (*metapb.RenameKeyResponse, error) {
+	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_RenameKey{RenameKey: req}}); err != nil {
+		return nil, err
+	}
+	return &metapb.RenameKeyResponse{}, nil
+}
+
+func (s *Service) DeleteKey(ctx context.Context, req *metapb.DeleteKeyRequest) (*metapb.DeleteKeyResponse, error) {
+	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_DeleteKey{DeleteKey: req}}); err != nil {
+		return nil, err
+	}
+	return &metapb.DeleteKeyResponse{}, nil
+}
+
+func (s *Service) CreateDirectory(ctx context.Context, req *metapb.CreateDirectoryRequest) (*metapb.FileStatus, error) {
+	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CreateDirectory{CreateDirectory: req}})
+	if err != nil {
+		return nil, err
+	}
+	return r.(*metapb.FileStatus), nil
+}
+
+func (s *Service) GetFileStatus(ctx context.Context, req *metapb.GetFileStatusRequest) (*metapb.FileStatus, error) {
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
+	return s.st.GetFileStatus(req)
+}
+
+func (s *Service) ListStatus(ctx context.Context, req *metapb.ListStatusRequest) (*metapb.ListStatusResponse, error) {
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
+	return s.st.ListStatus(req)
+}
+
+// ---- background services (leader only)
+
+// Run runs the background services every ServiceInterval until ctx ends.
+func (s *Service) Run(ctx context.Context) {
+	t := time.NewTicker(s.cfg.ServiceInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if !s.raft.IsLeader() {
+				continue
+			}
+			if err := s.RunOnce(ctx); err != nil && ctx.Err() == nil {
+				s.cfg.Logger.Debug("namespace: background services", "err", err)
+			}
+		}
+	}
+}
+
+// RunOnce runs one round of each background service: expire open keys,
+// reclaim deleted directories, hand deleted blocks to SCM.
+func (s *Service) RunOnce(ctx context.Context) error {
+	cutoff := s.cfg.Now().Add(-s.cfg.OpenKeyExpiry).UnixMilli()
+	ids, err := s.st.ExpiredOpenKeys(cutoff, s.cfg.ExpireBatch)
+	if err != nil {
+		return err
+	}
+	if len(ids) > 0 {
+		if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_ExpireOpenKeys{ExpireOpenKeys: &metapb.ExpireOpenKeysOp{OpenIds: ids, OlderThanUnixMs: cutoff}}}); err != nil {
+			return err
+		}
+	}
+	dirs, err := s.st.PendingDirs(16)
+	if err != nil {
+		return err
+	}
+	for _, d := range dirs {
+		if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_ReclaimDir{ReclaimDir: &metapb.ReclaimDirOp{Seq: d.Seq, MaxChildren: uint32(s.cfg.ReclaimBatch)}}}); err != nil {
+			return err
+		}
+	}
+	rows, err := s.st.DeletedRows(s.cfg.DeleteBatchRows)
+	if err != nil || len(rows) == 0 {
+		return err
+	}
+	// Group by container, bounded by SCM's per-command limits.
+	groups := map[uint64][]uint64{}
+	var seqs []uint64
+	for _, r := range rows {
+		for _, b := range r.Blocks {
+			groups[b.ContainerId] = append(groups[b.ContainerId], b.LocalId)
+		}
+		seqs = append(seqs, r.Seq)
+	}
+	req := &metapb.DeleteBlocksRequest{}
+	for c, ids := range groups {
+		for len(ids) > 0 {
+			n := min(len(ids), 4096)
+			req.Groups = append(req.Groups, &metapb.DeleteBlocksGroup{ContainerId: c, LocalIds: ids[:n]})
+			ids = ids[n:]
+		}
+	}
+	slices.SortFunc(req.Groups, func(a, b *metapb.DeleteBlocksGroup) int { return cmp.Compare(a.ContainerId, b.ContainerId) })
+	for len(req.Groups) > 0 {
+		n := min(len(req.Groups), 1024)
+		if err := s.blocks.DeleteBlocks(ctx, &metapb.DeleteBlocksRequest{Groups: req.Groups[:n]}); err != nil {
+			return fmt.Errorf("hand %d deleted-block groups to scm: %w", n, err)
+		}
+		req.Groups = req.Groups[n:]
+	}
+	// A crash between the two steps hands the blocks to SCM twice; deleting
+	// a block twice on a datanode is harmless.
+	_, err = s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_PurgeDeleted{PurgeDeleted: &metapb.PurgeDeletedOp{Seqs: seqs}}})
+	return err
+}

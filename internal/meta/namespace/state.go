@@ -1,0 +1,779 @@
+package namespace
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+
+	"github.com/cockroachdb/pebble/v2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/store"
+)
+
+// Pebble key layout of the namespace group (integers big-endian uint64):
+//
+//	v/<volume>                          Volume
+//	b/<volume>\x00<bucket>              Bucket (\x00 cannot occur in names)
+//	k/<bucket id><key>                  KeyInfo, object buckets
+//	f/<bucket id><parent dir id><name>  FsEntry, fs buckets (root dir id 0)
+//	o/<open id>                         OpenKeyRow, until commit or expiry
+//	x/<seq>                             DeletedRow: blocks to hand to SCM
+//	y/<seq>                             PendingDirRow: deleted directory whose
+//	                                    children are still to be reclaimed
+//	m/next_bucket, m/next_open, m/next_id   counters (next_id: dir ids,
+//	                                    object ids and seqs)
+//
+// Keys of one bucket share the prefix k/<bucket id>, so a listing page is
+// one seek and a short scan, and a bucket deleted and re-created under the
+// same name starts empty.
+var (
+	pfxVolume  = []byte("v/")
+	pfxBucket  = []byte("b/")
+	pfxKey     = []byte("k/")
+	pfxFs      = []byte("f/")
+	pfxOpen    = []byte("o/")
+	pfxDeleted = []byte("x/")
+	pfxPending = []byte("y/")
+	keyNextBkt = []byte("m/next_bucket")
+	keyNextOpn = []byte("m/next_open")
+	keyNextID  = []byte("m/next_id")
+)
+
+func cat(parts ...[]byte) []byte {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	out := make([]byte, 0, n)
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func volumeKey(v string) []byte        { return cat(pfxVolume, []byte(v)) }
+func bucketKey(v, b string) []byte     { return cat(pfxBucket, []byte(v), []byte{0}, []byte(b)) }
+func objPrefix(bucketID uint64) []byte { return cat(pfxKey, store.U64(bucketID)) }
+func objKey(bucketID uint64, k string) []byte {
+	return cat(pfxKey, store.U64(bucketID), []byte(k))
+}
+func fsPrefix(bucketID, parent uint64) []byte {
+	return cat(pfxFs, store.U64(bucketID), store.U64(parent))
+}
+func fsKey(bucketID, parent uint64, name string) []byte {
+	return cat(pfxFs, store.U64(bucketID), store.U64(parent), []byte(name))
+}
+func u64Key(pfx []byte, id uint64) []byte { return cat(pfx, store.U64(id)) }
+
+// State is the namespace state machine. Apply runs on one goroutine;
+// readers go straight to Pebble (committed state) and need no lock.
+type State struct {
+	st *store.Store
+	// counters, touched only by Apply (and load).
+	nextBucket, nextOpen, nextID uint64
+}
+
+// Open opens the namespace state in dir.
+func Open(dir string, opts store.Options) (*State, error) {
+	st, err := store.Open(dir, opts)
+	if err != nil {
+		return nil, err
+	}
+	s := &State{st: st}
+	if err := s.load(); err != nil {
+		st.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *State) load() error {
+	s.nextBucket, s.nextOpen, s.nextID = 1, 1, 1
+	return s.st.View(func(r pebble.Reader) error {
+		for _, c := range []struct {
+			k   []byte
+			dst *uint64
+		}{{keyNextBkt, &s.nextBucket}, {keyNextOpn, &s.nextOpen}, {keyNextID, &s.nextID}} {
+			v, closer, err := r.Get(c.k)
+			if errors.Is(err, pebble.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			*c.dst = decodeU64(v)
+			closer.Close()
+		}
+		return nil
+	})
+}
+
+func decodeU64(v []byte) uint64 {
+	if len(v) != 8 {
+		panic(fmt.Sprintf("namespace: 8-byte integer has %d bytes", len(v)))
+	}
+	var x uint64
+	for _, c := range v {
+		x = x<<8 | uint64(c)
+	}
+	return x
+}
+
+// Close closes the store.
+func (s *State) Close() error { return s.st.Close() }
+
+// Store exposes the underlying store.
+func (s *State) Store() *store.Store { return s.st }
+
+// AppliedIndex is the durable applied index (raft.StateMachine).
+func (s *State) AppliedIndex() uint64 { return s.st.DurableIndex() }
+
+// Snapshot returns a checkpoint stream (raft.StateMachine).
+func (s *State) Snapshot() (uint64, io.ReadCloser, error) { return s.st.Snapshot() }
+
+// Restore replaces the state (raft.StateMachine).
+func (s *State) Restore(index uint64, r io.Reader) error {
+	if err := s.st.Restore(index, r); err != nil {
+		return err
+	}
+	return s.load()
+}
+
+// tx is one Apply call's batch plus helpers.
+type tx struct {
+	b   *pebble.Batch
+	now int64
+	s   *State
+}
+
+// Apply applies entries in one Pebble batch and returns one result each.
+func (s *State) Apply(entries []store.Entry) []any {
+	if len(entries) == 0 {
+		return nil
+	}
+	t := &tx{b: s.st.NewBatch(), s: s}
+	res := make([]any, len(entries))
+	for i, e := range entries {
+		if e.Cmd == nil {
+			continue
+		}
+		cmd := &metapb.NsCommand{}
+		if err := proto.Unmarshal(e.Cmd, cmd); err != nil {
+			res[i] = fmt.Errorf("namespace: entry %d: undecodable command: %w", e.Index, err)
+			continue
+		}
+		t.now = cmd.NowUnixMs
+		// A failed command must leave no partial writes: apply it to a
+		// nested view by recording the batch length and truncating... Pebble
+		// batches cannot be truncated, so every op validates fully before
+		// its first write.
+		res[i] = t.apply(cmd)
+	}
+	s.putU64(t.b, keyNextBkt, s.nextBucket)
+	s.putU64(t.b, keyNextOpn, s.nextOpen)
+	s.putU64(t.b, keyNextID, s.nextID)
+	if err := s.st.Commit(t.b, entries[len(entries)-1].Index); err != nil {
+		panic(err)
+	}
+	return res
+}
+
+func (s *State) putU64(b *pebble.Batch, k []byte, v uint64) {
+	if err := b.Set(k, store.U64(v), nil); err != nil {
+		panic(err)
+	}
+}
+
+func (t *tx) put(k []byte, m proto.Message) {
+	v, err := proto.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	if err := t.b.Set(k, v, nil); err != nil {
+		panic(err)
+	}
+}
+
+func (t *tx) del(k []byte) {
+	if err := t.b.Delete(k, nil); err != nil {
+		panic(err)
+	}
+}
+
+// get reads k into m; false if absent.
+func get(r pebble.Reader, k []byte, m proto.Message) (bool, error) {
+	v, closer, err := r.Get(k)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer closer.Close()
+	return true, proto.Unmarshal(v, m)
+}
+
+func (t *tx) get(k []byte, m proto.Message) bool {
+	ok, err := get(t.b, k, m)
+	if err != nil {
+		panic(err)
+	}
+	return ok
+}
+
+// hasPrefix reports whether any key starts with pfx.
+func hasPrefix(r pebble.Reader, pfx []byte) (bool, []byte, error) {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: pfx, UpperBound: store.PrefixEnd(pfx)})
+	if err != nil {
+		return false, nil, err
+	}
+	defer it.Close()
+	if it.First() {
+		return true, slices.Clone(it.Key()), nil
+	}
+	return false, nil, it.Error()
+}
+
+func (t *tx) id() uint64 {
+	id := t.s.nextID
+	t.s.nextID++
+	return id
+}
+
+func notFound(format string, args ...any) error {
+	return status.Errorf(codes.NotFound, format, args...)
+}
+
+func (t *tx) bucket(volume, name string) (*metapb.Bucket, error) {
+	bk := &metapb.Bucket{}
+	if !t.get(bucketKey(volume, name), bk) {
+		if !t.get(volumeKey(volume), &metapb.Volume{}) {
+			return nil, notFound("volume %q not found", volume)
+		}
+		return nil, notFound("bucket %q not found in volume %q", name, volume)
+	}
+	return bk, nil
+}
+
+func (t *tx) deleteBlocks(blocks []*metapb.BlockID, reason string) {
+	if len(blocks) == 0 {
+		return
+	}
+	seq := t.id()
+	t.put(u64Key(pfxDeleted, seq), &metapb.DeletedRow{Seq: seq, Blocks: blocks, Reason: reason})
+}
+
+func keyBlockIDs(k *metapb.KeyInfo) []*metapb.BlockID {
+	out := make([]*metapb.BlockID, len(k.Blocks))
+	for i, b := range k.Blocks {
+		out[i] = b.Id
+	}
+	return out
+}
+
+func (t *tx) apply(cmd *metapb.NsCommand) any {
+	switch op := cmd.Op.(type) {
+	case *metapb.NsCommand_CreateVolume:
+		return t.createVolume(op.CreateVolume)
+	case *metapb.NsCommand_DeleteVolume:
+		return t.deleteVolume(op.DeleteVolume)
+	case *metapb.NsCommand_CreateBucket:
+		return t.createBucket(op.CreateBucket)
+	case *metapb.NsCommand_DeleteBucket:
+		return t.deleteBucket(op.DeleteBucket)
+	case *metapb.NsCommand_OpenKey:
+		return t.openKey(op.OpenKey)
+	case *metapb.NsCommand_AddBlock:
+		row := &metapb.OpenKeyRow{}
+		if !t.get(u64Key(pfxOpen, op.AddBlock.OpenId), row) {
+			return notFound("open key %d not found (expired or already committed)", op.AddBlock.OpenId)
+		}
+		if len(row.Blocks) >= MaxBlocksPerKey {
+			return status.Errorf(codes.ResourceExhausted, "open key %d (%s/%s/%s) already has %d blocks, the most a key may have", row.OpenId, row.Volume, row.Bucket, row.Key, len(row.Blocks))
+		}
+		row.Blocks = append(row.Blocks, op.AddBlock.Block.Id)
+		t.put(u64Key(pfxOpen, row.OpenId), row)
+		return nil
+	case *metapb.NsCommand_CommitKey:
+		return t.commitKey(op.CommitKey)
+	case *metapb.NsCommand_RenameKey:
+		return t.renameKey(op.RenameKey)
+	case *metapb.NsCommand_DeleteKey:
+		return t.deleteKey(op.DeleteKey)
+	case *metapb.NsCommand_CreateDirectory:
+		return t.createDirectory(op.CreateDirectory)
+	case *metapb.NsCommand_ExpireOpenKeys:
+		n := 0
+		for _, id := range op.ExpireOpenKeys.OpenIds {
+			row := &metapb.OpenKeyRow{}
+			if t.get(u64Key(pfxOpen, id), row) && row.CreatedUnixMs < op.ExpireOpenKeys.OlderThanUnixMs {
+				t.del(u64Key(pfxOpen, id))
+				t.deleteBlocks(row.Blocks, fmt.Sprintf("open key %d expired", id))
+				n++
+			}
+		}
+		return n
+	case *metapb.NsCommand_PurgeDeleted:
+		for _, seq := range op.PurgeDeleted.Seqs {
+			t.del(u64Key(pfxDeleted, seq))
+		}
+		return nil
+	case *metapb.NsCommand_ReclaimDir:
+		return t.reclaimDir(op.ReclaimDir)
+	default:
+		return fmt.Errorf("namespace: unknown command %T", cmd.Op)
+	}
+}
+
+func (t *tx) createVolume(req *metapb.CreateVolumeRequest) any {
+	if err := ValidateBucketName("volume", req.Name); err != nil {
+		return err
+	}
+	if len(req.Owner) > MaxOwnerBytes {
+		return invalid("volume %q: owner is %d bytes, at most %d", req.Name, len(req.Owner), MaxOwnerBytes)
+	}
+	if t.get(volumeKey(req.Name), &metapb.Volume{}) {
+		return status.Errorf(codes.AlreadyExists, "volume %q already exists", req.Name)
+	}
+	v := &metapb.Volume{Name: req.Name, Owner: req.Owner, CreatedUnixMs: t.now}
+	t.put(volumeKey(req.Name), v)
+	return v
+}
+
+func (t *tx) deleteVolume(req *metapb.DeleteVolumeRequest) any {
+	if !t.get(volumeKey(req.Name), &metapb.Volume{}) {
+		return notFound("volume %q not found", req.Name)
+	}
+	ok, k, err := hasPrefix(t.b, bucketKey(req.Name, ""))
+	if err != nil {
+		panic(err)
+	}
+	if ok {
+		first := string(k[len(bucketKey(req.Name, "")):])
+		return status.Errorf(codes.FailedPrecondition, "volume %q is not empty: it has buckets (first: %q)", req.Name, first)
+	}
+	t.del(volumeKey(req.Name))
+	return nil
+}
+
+func (t *tx) createBucket(req *metapb.CreateBucketRequest) any {
+	if err := ValidateBucketName("bucket", req.Name); err != nil {
+		return err
+	}
+	layout := req.Layout
+	if layout == metapb.BucketLayout_BUCKET_LAYOUT_UNSPECIFIED {
+		layout = metapb.BucketLayout_OBJECT
+	}
+	if layout != metapb.BucketLayout_OBJECT && layout != metapb.BucketLayout_FS {
+		return invalid("bucket %q: layout %v, want OBJECT or FS", req.Name, req.Layout)
+	}
+	repl := req.Replication
+	if repl == metapb.Replication_REPLICATION_UNSPECIFIED {
+		repl = metapb.Replication_THREE
+	}
+	if repl != metapb.Replication_ONE && repl != metapb.Replication_THREE {
+		return invalid("bucket %q: replication %v, want ONE or THREE", req.Name, req.Replication)
+	}
+	if !t.get(volumeKey(req.Volume), &metapb.Volume{}) {
+		return notFound("volume %q not found", req.Volume)
+	}
+	if t.get(bucketKey(req.Volume, req.Name), &metapb.Bucket{}) {
+		return status.Errorf(codes.AlreadyExists, "bucket %q already exists in volume %q", req.Name, req.Volume)
+	}
+	b := &metapb.Bucket{Volume: req.Volume, Name: req.Name, Id: t.s.nextBucket, Layout: layout, Replication: repl, CreatedUnixMs: t.now}
+	t.s.nextBucket++
+	t.put(bucketKey(req.Volume, req.Name), b)
+	return b
+}
+
+func (t *tx) deleteBucket(req *metapb.DeleteBucketRequest) any {
+	b, err := t.bucket(req.Volume, req.Name)
+	if err != nil {
+		return err
+	}
+	pfx := objPrefix(b.Id)
+	if b.Layout == metapb.BucketLayout_FS {
+		pfx = cat(pfxFs, store.U64(b.Id))
+	}
+	ok, k, err := hasPrefix(t.b, pfx)
+	if err != nil {
+		panic(err)
+	}
+	if ok {
+		first := string(k[len(pfx):])
+		if b.Layout == metapb.BucketLayout_FS {
+			first = first[8:]
+		}
+		return status.Errorf(codes.FailedPrecondition, "bucket %q in volume %q is not empty (first entry: %q)", req.Name, req.Volume, first)
+	}
+	t.del(bucketKey(req.Volume, req.Name))
+	return nil
+}
+
+func (t *tx) openKey(op *metapb.OpenKeyOp) any {
+	req := op.Request
+	b, err := t.bucket(req.Volume, req.Bucket)
+	if err != nil {
+		return err
+	}
+	if err := validateKeyFor(b, req.Key); err != nil {
+		return err
+	}
+	repl := req.Replication
+	if repl == metapb.Replication_REPLICATION_UNSPECIFIED {
+		repl = b.Replication
+	}
+	row := &metapb.OpenKeyRow{
+		OpenId: t.s.nextOpen, BucketId: b.Id, Volume: req.Volume, Bucket: req.Bucket, Key: req.Key,
+		Replication: repl, ChecksumType: req.ChecksumType, BytesPerChecksum: req.BytesPerChecksum,
+		CreatedUnixMs: t.now,
+	}
+	for _, bl := range op.Blocks {
+		row.Blocks = append(row.Blocks, bl.Id)
+	}
+	t.s.nextOpen++
+	t.put(u64Key(pfxOpen, row.OpenId), row)
+	return row.OpenId
+}
+
+func validateKeyFor(b *metapb.Bucket, key string) error {
+	if b.Layout == metapb.BucketLayout_FS {
+		_, err := SplitPath(key, false)
+		return err
+	}
+	return ValidateKey(key)
+}
+
+func (t *tx) commitKey(req *metapb.CommitKeyRequest) any {
+	row := &metapb.OpenKeyRow{}
+	if !t.get(u64Key(pfxOpen, req.OpenId), row) {
+		return notFound("open key %d not found (expired or already committed)", req.OpenId)
+	}
+	b, err := t.bucket(row.Volume, row.Bucket)
+	if err != nil {
+		return err
+	}
+	if b.Id != row.BucketId {
+		return notFound("bucket %q in volume %q was deleted while key %q was open", row.Bucket, row.Volume, row.Key)
+	}
+	if len(req.Blocks) > MaxBlocksPerKey {
+		return invalid("commit key %q: %d blocks, at most %d", row.Key, len(req.Blocks), MaxBlocksPerKey)
+	}
+	allocated := map[[2]uint64]bool{}
+	for _, id := range row.Blocks {
+		allocated[[2]uint64{id.ContainerId, id.LocalId}] = true
+	}
+	used := map[[2]uint64]bool{}
+	var size uint64
+	for _, kb := range req.Blocks {
+		k := [2]uint64{kb.GetId().GetContainerId(), kb.GetId().GetLocalId()}
+		if !allocated[k] {
+			return invalid("commit key %q: block %d/%d was not allocated to open key %d", row.Key, k[0], k[1], req.OpenId)
+		}
+		if used[k] {
+			return invalid("commit key %q: block %d/%d listed twice", row.Key, k[0], k[1])
+		}
+		used[k] = true
+		size += kb.Length
+	}
+	ki := &metapb.KeyInfo{
+		Volume: row.Volume, Bucket: row.Bucket, Name: row.Key, Size: size, Replication: row.Replication,
+		ChecksumType: row.ChecksumType, BytesPerChecksum: row.BytesPerChecksum,
+		CreatedUnixMs: t.now, ModifiedUnixMs: t.now, Blocks: req.Blocks,
+	}
+	if b.Layout == metapb.BucketLayout_FS {
+		parts, err := SplitPath(row.Key, false)
+		if err != nil {
+			return err
+		}
+		parent, err := t.mkdirs(b, parts[:len(parts)-1], true)
+		if err != nil {
+			return err
+		}
+		name := parts[len(parts)-1]
+		old := &metapb.FsEntry{}
+		if t.get(fsKey(b.Id, parent, name), old) {
+			if old.IsDir {
+				return status.Errorf(codes.FailedPrecondition, "commit key %q: it is a directory", row.Key)
+			}
+			t.deleteBlocks(keyBlockIDs(old.File), "overwritten: "+row.Key)
+		}
+		ki.ObjectId = t.id()
+		t.put(fsKey(b.Id, parent, name), &metapb.FsEntry{File: ki, ModifiedUnixMs: t.now})
+	} else {
+		old := &metapb.KeyInfo{}
+		if t.get(objKey(b.Id, row.Key), old) {
+			t.deleteBlocks(keyBlockIDs(old), "overwritten: "+row.Key)
+		}
+		ki.ObjectId = t.id()
+		t.put(objKey(b.Id, row.Key), ki)
+	}
+	var unused []*metapb.BlockID
+	for _, id := range row.Blocks {
+		if !used[[2]uint64{id.ContainerId, id.LocalId}] {
+			unused = append(unused, id)
+		}
+	}
+	t.deleteBlocks(unused, "allocated but not committed: "+row.Key)
+	t.del(u64Key(pfxOpen, req.OpenId))
+	return ki
+}
+
+// resolve walks parts from the root. It returns the id of the directory
+// holding the last component and that component's entry (nil if absent).
+// Every component but the last must be an existing directory.
+func resolve(r pebble.Reader, b *metapb.Bucket, parts []string, path string) (uint64, *metapb.FsEntry, error) {
+	parent := uint64(0)
+	for i, p := range parts {
+		e := &metapb.FsEntry{}
+		ok, err := get(r, fsKey(b.Id, parent, p), e)
+		if err != nil {
+			return 0, nil, err
+		}
+		if i == len(parts)-1 {
+			if !ok {
+				return parent, nil, nil
+			}
+			return parent, e, nil
+		}
+		if !ok {
+			return 0, nil, notFound("%q not found in bucket %q: directory %q does not exist", path, b.Name, joinPath(parts[:i+1]))
+		}
+		if !e.IsDir {
+			return 0, nil, status.Errorf(codes.FailedPrecondition, "%q: %q is a file, not a directory", path, joinPath(parts[:i+1]))
+		}
+		parent = e.DirId
+	}
+	return parent, nil, nil
+}
+
+func joinPath(parts []string) string {
+	var buf bytes.Buffer
+	for i, p := range parts {
+		if i > 0 {
+			buf.WriteByte('/')
+		}
+		buf.WriteString(p)
+	}
+	return buf.String()
+}
+
+// mkdirs makes sure parts is a directory path, creating missing
+// directories if create, and returns the last one's id. It validates the
+// whole path before its first write so a failure leaves no partial change.
+func (t *tx) mkdirs(b *metapb.Bucket, parts []string, create bool) (uint64, error) {
+	parent := uint64(0)
+	i := 0
+	for ; i < len(parts); i++ {
+		e := &metapb.FsEntry{}
+		if !t.get(fsKey(b.Id, parent, parts[i]), e) {
+			break
+		}
+		if !e.IsDir {
+			return 0, status.Errorf(codes.FailedPrecondition, "%q is a file, not a directory", joinPath(parts[:i+1]))
+		}
+		parent = e.DirId
+	}
+	if i < len(parts) && !create {
+		return 0, notFound("directory %q not found", joinPath(parts[:i+1]))
+	}
+	for ; i < len(parts); i++ {
+		id := t.id()
+		t.put(fsKey(b.Id, parent, parts[i]), &metapb.FsEntry{IsDir: true, DirId: id, ModifiedUnixMs: t.now})
+		parent = id
+	}
+	return parent, nil
+}
+
+func (t *tx) createDirectory(req *metapb.CreateDirectoryRequest) any {
+	b, err := t.bucket(req.Volume, req.Bucket)
+	if err != nil {
+		return err
+	}
+	if b.Layout != metapb.BucketLayout_FS {
+		return status.Errorf(codes.FailedPrecondition, "bucket %q in volume %q has layout OBJECT; directories need an FS bucket", req.Bucket, req.Volume)
+	}
+	parts, err := SplitPath(req.Path, false)
+	if err != nil {
+		return err
+	}
+	id, err := t.mkdirs(b, parts, true)
+	if err != nil {
+		return err
+	}
+	return &metapb.FileStatus{Path: req.Path, IsDir: true, DirId: id, ModifiedUnixMs: t.now}
+}
+
+func (t *tx) renameKey(req *metapb.RenameKeyRequest) any {
+	b, err := t.bucket(req.Volume, req.Bucket)
+	if err != nil {
+		return err
+	}
+	if err := validateKeyFor(b, req.NewKey); err != nil {
+		return err
+	}
+	if req.Key == req.NewKey {
+		return invalid("rename %q: source and destination are the same", req.Key)
+	}
+	if b.Layout == metapb.BucketLayout_OBJECT {
+		ki := &metapb.KeyInfo{}
+		if !t.get(objKey(b.Id, req.Key), ki) {
+			return notFound("key %q not found in bucket %q", req.Key, req.Bucket)
+		}
+		if t.get(objKey(b.Id, req.NewKey), &metapb.KeyInfo{}) {
+			return status.Errorf(codes.AlreadyExists, "rename %q: destination key %q exists in bucket %q", req.Key, req.NewKey, req.Bucket)
+		}
+		ki.Name = req.NewKey
+		ki.ModifiedUnixMs = t.now
+		t.del(objKey(b.Id, req.Key))
+		t.put(objKey(b.Id, req.NewKey), ki)
+		return nil
+	}
+	src, err := SplitPath(req.Key, false)
+	if err != nil {
+		return err
+	}
+	dst, _ := SplitPath(req.NewKey, false)
+	if len(dst) > len(src) && slices.Equal(dst[:len(src)], src) {
+		return invalid("rename %q to %q: a directory cannot move into itself", req.Key, req.NewKey)
+	}
+	sp, se, err := resolve(t.b, b, src, req.Key)
+	if err != nil {
+		return err
+	}
+	if se == nil {
+		return notFound("%q not found in bucket %q", req.Key, req.Bucket)
+	}
+	dp, de, err := resolve(t.b, b, dst, req.NewKey)
+	if err != nil {
+		return err
+	}
+	if de != nil {
+		return status.Errorf(codes.AlreadyExists, "rename %q: destination %q exists in bucket %q", req.Key, req.NewKey, req.Bucket)
+	}
+	// A directory moves as one row: its children are keyed by its id.
+	se.ModifiedUnixMs = t.now
+	if se.File != nil {
+		se.File.Name = req.NewKey
+	}
+	t.del(fsKey(b.Id, sp, src[len(src)-1]))
+	t.put(fsKey(b.Id, dp, dst[len(dst)-1]), se)
+	return nil
+}
+
+func (t *tx) deleteKey(req *metapb.DeleteKeyRequest) any {
+	b, err := t.bucket(req.Volume, req.Bucket)
+	if err != nil {
+		return err
+	}
+	if b.Layout == metapb.BucketLayout_OBJECT {
+		ki := &metapb.KeyInfo{}
+		if !t.get(objKey(b.Id, req.Key), ki) {
+			return notFound("key %q not found in bucket %q", req.Key, req.Bucket)
+		}
+		t.del(objKey(b.Id, req.Key))
+		t.deleteBlocks(keyBlockIDs(ki), "deleted: "+req.Key)
+		return nil
+	}
+	parts, err := SplitPath(req.Key, false)
+	if err != nil {
+		return err
+	}
+	parent, e, err := resolve(t.b, b, parts, req.Key)
+	if err != nil {
+		return err
+	}
+	if e == nil {
+		return notFound("%q not found in bucket %q", req.Key, req.Bucket)
+	}
+	if !e.IsDir {
+		t.del(fsKey(b.Id, parent, parts[len(parts)-1]))
+		t.deleteBlocks(keyBlockIDs(e.File), "deleted: "+req.Key)
+		return nil
+	}
+	nonEmpty, _, err := hasPrefix(t.b, fsPrefix(b.Id, e.DirId))
+	if err != nil {
+		panic(err)
+	}
+	if nonEmpty && !req.Recursive {
+		return status.Errorf(codes.FailedPrecondition, "directory %q in bucket %q is not empty; delete it recursively", req.Key, req.Bucket)
+	}
+	t.del(fsKey(b.Id, parent, parts[len(parts)-1]))
+	if nonEmpty {
+		// The children become unreachable now (atomically, whatever their
+		// number); the background service reclaims them in bounded steps.
+		seq := t.id()
+		t.put(u64Key(pfxPending, seq), &metapb.PendingDirRow{Seq: seq, BucketId: b.Id, DirId: e.DirId})
+	}
+	return nil
+}
+
+// reclaimDir moves up to max children of a deleted directory to the
+// deleted tables (files) or the pending table (directories). It returns
+// how many children it reclaimed; the directory's row goes when it has none.
+func (t *tx) reclaimDir(op *metapb.ReclaimDirOp) any {
+	row := &metapb.PendingDirRow{}
+	if !t.get(u64Key(pfxPending, op.Seq), row) {
+		return 0
+	}
+	limit := int(min(max(op.MaxChildren, 1), 10000))
+	pfx := fsPrefix(row.BucketId, row.DirId)
+	it, err := t.b.NewIter(&pebble.IterOptions{LowerBound: pfx, UpperBound: store.PrefixEnd(pfx)})
+	if err != nil {
+		panic(err)
+	}
+	var blocks []*metapb.BlockID
+	var keys [][]byte
+	var dirs []uint64
+	for it.First(); it.Valid() && len(keys) < limit; it.Next() {
+		e := &metapb.FsEntry{}
+		if err := proto.Unmarshal(it.Value(), e); err != nil {
+			panic(err)
+		}
+		keys = append(keys, slices.Clone(it.Key()))
+		if e.IsDir {
+			dirs = append(dirs, e.DirId)
+		} else {
+			blocks = append(blocks, keyBlockIDs(e.File)...)
+		}
+	}
+	if err := it.Close(); err != nil {
+		panic(err)
+	}
+	for _, k := range keys {
+		t.del(k)
+	}
+	for _, d := range dirs {
+		seq := t.id()
+		t.put(u64Key(pfxPending, seq), &metapb.PendingDirRow{Seq: seq, BucketId: row.BucketId, DirId: d})
+	}
+	t.deleteBlocks(blocks, "deleted directory")
+	if len(keys) < limit {
+		t.del(u64Key(pfxPending, op.Seq))
+	}
+	return len(keys)
+}
+
+// BulkLoadObjectKeys writes committed object keys straight into Pebble,
+// bypassing Raft, with exactly the rows CommitKey writes. Only for
+// benchmark setup on a stopped single-node service (a million keys through
+// Raft would take minutes on a small machine); never on a live replica.
+func (s *State) BulkLoadObjectKeys(bucketID uint64, keys []*metapb.KeyInfo) error {
+	b := s.st.NewBatch()
+	for _, k := range keys {
+		v, err := proto.Marshal(k)
+		if err != nil {
+			return err
+		}
+		if err := b.Set(objKey(bucketID, k.Name), v, nil); err != nil {
+			return err
+		}
+	}
+	return s.st.Commit(b, s.st.AppliedIndex())
+}

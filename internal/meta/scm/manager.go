@@ -1,0 +1,810 @@
+package scm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/topology"
+)
+
+// Proposer submits commands to the SCM Raft group.
+type Proposer interface {
+	// Propose replicates cmd and returns what State.Apply returned for it
+	// on this replica (an error result comes back as the error).
+	Propose(ctx context.Context, cmd []byte) (any, error)
+	// IsLeader reports whether this replica leads the group now.
+	IsLeader() bool
+}
+
+// Config holds SCM's tunables. Zero values take the defaults noted.
+type Config struct {
+	HeartbeatInterval time.Duration // datanode heartbeat period (default 3s)
+	StaleInterval     time.Duration // no heartbeat for this long: STALE (default 30s)
+	DeadInterval      time.Duration // no heartbeat for this long: DEAD (default 90s)
+	LoopInterval      time.Duration // background work period (default 1s)
+
+	PipelineLimit             int    // THREE pipelines per datanode (default 2)
+	OpenContainersPerPipeline int    // default 3
+	ContainerSize             uint64 // default 5 GiB
+	BlockSize                 uint64 // default 256 MiB
+	SafeModeMinDatanodes      int    // datanodes that must report before leaving safe mode (default 1)
+	IDRangeSize               uint64 // local IDs a leader takes per Raft round (default 10000)
+	// CommandRetryInterval: a command not yet acted on (seen in reports) is
+	// sent again after this long (default 3 × HeartbeatInterval).
+	CommandRetryInterval    time.Duration
+	MaxCommandsPerHeartbeat int // default 64
+
+	Now    func() time.Time // default time.Now
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.HeartbeatInterval, 3*time.Second)
+	def(&c.StaleInterval, 30*time.Second)
+	def(&c.DeadInterval, 90*time.Second)
+	def(&c.LoopInterval, time.Second)
+	def(&c.CommandRetryInterval, 3*c.HeartbeatInterval)
+	if c.PipelineLimit == 0 {
+		c.PipelineLimit = 2
+	}
+	if c.OpenContainersPerPipeline == 0 {
+		c.OpenContainersPerPipeline = 3
+	}
+	if c.ContainerSize == 0 {
+		c.ContainerSize = 5 << 30
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = 256 << 20
+	}
+	if c.SafeModeMinDatanodes == 0 {
+		c.SafeModeMinDatanodes = 1
+	}
+	if c.IDRangeSize == 0 {
+		c.IDRangeSize = 10000
+	}
+	if c.MaxCommandsPerHeartbeat == 0 {
+		c.MaxCommandsPerHeartbeat = 64
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// MaxBlocksPerRequest bounds AllocateBlocks.
+const MaxBlocksPerRequest = 64
+
+// maxPipelinesPerLoop bounds the pipelines one loop iteration creates.
+const maxPipelinesPerLoop = 32
+
+// Manager is the leader-side part of SCM: datanode liveness, safe mode,
+// pipeline and container upkeep, block allocation and datanode commands.
+// Its state is soft: it lives only on the leader and is rebuilt from the
+// replicated State and from datanode heartbeats after a failover (see
+// doc.go).
+type Manager struct {
+	cfg  Config
+	st   *State
+	prop Proposer
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	leading  bool
+	since    time.Time // when this leadership began (as seen by the loop)
+	nodes    map[uint64]*nodeSoft
+	safeMode bool
+	// allocated counts block bytes handed out per container during this
+	// leadership; with reported usage it decides when a container is full.
+	allocated map[uint64]uint64
+	full      map[uint64]bool // containers to close
+	rr        uint64
+	rng       *rand.Rand
+	// acked: delete tx → datanodes that reported it done.
+	acked map[uint64]map[uint64]bool
+
+	idMu   sync.Mutex // serializes ID range refills
+	idNext uint64
+	idEnd  uint64
+}
+
+type nodeSoft struct {
+	lastSeen   time.Time
+	heard      bool // heartbeat received during this leadership
+	state      metapb.NodeState
+	volumes    []*metapb.VolumeReport
+	containers map[uint64]*metapb.ContainerReport
+	pipelines  map[uint64]bool
+	sent       map[string]time.Time // command key → last sent
+}
+
+// NewManager returns a Manager over st.
+func NewManager(cfg Config, st *State, prop Proposer) *Manager {
+	cfg.setDefaults()
+	return &Manager{cfg: cfg, st: st, prop: prop, log: cfg.Logger, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))}
+}
+
+// Config returns the effective configuration.
+func (m *Manager) Config() Config { return m.cfg }
+
+func (m *Manager) propose(ctx context.Context, cmd *metapb.ScmCommand) (any, error) {
+	cmd.NowUnixMs = m.cfg.Now().UnixMilli()
+	b, err := proto.Marshal(cmd)
+	if err != nil {
+		return nil, err
+	}
+	return m.prop.Propose(ctx, b)
+}
+
+// syncLeadership resets the soft state when leadership changed. Callers
+// hold m.mu. It returns whether this replica leads.
+func (m *Manager) syncLeadership() bool {
+	leading := m.prop.IsLeader()
+	if leading == m.leading {
+		return leading
+	}
+	m.leading = leading
+	m.nodes = map[uint64]*nodeSoft{}
+	m.allocated = map[uint64]uint64{}
+	m.full = map[uint64]bool{}
+	m.acked = map[uint64]map[uint64]bool{}
+	m.safeMode = true
+	if leading {
+		// Every registered datanode gets a full grace period from now:
+		// the new leader has not heard from anyone yet.
+		m.since = m.cfg.Now()
+		for _, d := range m.st.Datanodes() {
+			m.nodes[d.Id] = m.newSoft(m.since)
+		}
+		m.log.Info("scm: leading; in safe mode", "datanodes", len(m.nodes), "required", m.cfg.SafeModeMinDatanodes)
+	}
+	return leading
+}
+
+func (m *Manager) newSoft(t time.Time) *nodeSoft {
+	return &nodeSoft{lastSeen: t, state: metapb.NodeState_HEALTHY, containers: map[uint64]*metapb.ContainerReport{}, pipelines: map[uint64]bool{}, sent: map[string]time.Time{}}
+}
+
+// ErrNotLeader: the call needs the SCM leader. The server turns it into
+// UNAVAILABLE with a NotLeader hint.
+var ErrNotLeader = errors.New("scm: not the leader")
+
+func notLeader() error { return ErrNotLeader }
+
+// ---------------------------------------------------------------- datanodes
+
+// Register registers a datanode (or re-registers one that restarted) and
+// returns its ID.
+func (m *Manager) Register(ctx context.Context, req *metapb.RegisterDatanodeRequest) (*metapb.RegisterDatanodeResponse, error) {
+	d := req.GetDetails()
+	if d == nil {
+		return nil, status.Error(codes.InvalidArgument, "register datanode: details missing")
+	}
+	if d.Uuid == "" || len(d.Uuid) > 128 {
+		return nil, status.Errorf(codes.InvalidArgument, "register datanode: uuid %q must be 1..128 bytes", d.Uuid)
+	}
+	if d.DataAddr == "" || d.RaftAddr == "" {
+		return nil, status.Errorf(codes.InvalidArgument, "register datanode %s: data_addr %q and raft_addr %q are both required", d.Uuid, d.DataAddr, d.RaftAddr)
+	}
+	loc, err := topology.Normalize(d.Location)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "register datanode %s: %v", d.Uuid, err)
+	}
+	d = proto.Clone(d).(*metapb.DatanodeDetails)
+	d.Location = loc
+	if id, ok := m.st.DatanodeByUUID(d.Uuid); ok && d.Id != 0 && d.Id != id {
+		return nil, status.Errorf(codes.FailedPrecondition, "register datanode %s: it claims ID %d but is registered as %d", d.Uuid, d.Id, id)
+	}
+	res, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_RegisterDatanode{RegisterDatanode: &metapb.RegisterDatanodeOp{Details: d}}})
+	if err != nil {
+		return nil, err
+	}
+	id := res.(uint64)
+	m.mu.Lock()
+	if m.syncLeadership() {
+		n := m.nodes[id]
+		if n == nil {
+			n = m.newSoft(m.cfg.Now())
+			m.nodes[id] = n
+		}
+		n.lastSeen = m.cfg.Now()
+		n.heard = true
+		n.state = metapb.NodeState_HEALTHY
+		n.volumes = req.Volumes
+	}
+	m.mu.Unlock()
+	return &metapb.RegisterDatanodeResponse{DatanodeId: id, HeartbeatIntervalMs: m.cfg.HeartbeatInterval.Milliseconds()}, nil
+}
+
+// Heartbeat records a datanode's liveness and reports and returns the
+// commands it should carry out. It never goes through Raft.
+func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (*metapb.HeartbeatResponse, error) {
+	if m.st.Datanode(req.DatanodeId) == nil {
+		return &metapb.HeartbeatResponse{Reregister: true}, nil
+	}
+	now := m.cfg.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.syncLeadership() {
+		return nil, notLeader()
+	}
+	n := m.nodes[req.DatanodeId]
+	if n == nil {
+		n = m.newSoft(now)
+		m.nodes[req.DatanodeId] = n
+	}
+	n.lastSeen = now
+	n.heard = true
+	if n.state == metapb.NodeState_DEAD {
+		// A dead datanode that comes back is healthy again, but its old
+		// pipelines stay closed; new ones will include it.
+		m.log.Info("scm: datanode back", "datanode", req.DatanodeId)
+	}
+	n.state = metapb.NodeState_HEALTHY
+	if len(req.Volumes) > 0 {
+		n.volumes = req.Volumes
+	}
+	if req.FullReport {
+		n.containers = make(map[uint64]*metapb.ContainerReport, len(req.Containers))
+		for _, c := range req.Containers {
+			n.containers[c.ContainerId] = c
+		}
+		n.pipelines = make(map[uint64]bool, len(req.Pipelines))
+		for _, p := range req.Pipelines {
+			n.pipelines[p.PipelineId] = true
+		}
+	}
+	for _, tx := range req.DeletedBlockTxs {
+		if m.acked[tx] == nil {
+			m.acked[tx] = map[uint64]bool{}
+		}
+		m.acked[tx][req.DatanodeId] = true
+	}
+	cmds := m.commandsFor(req.DatanodeId, n, now)
+	return &metapb.HeartbeatResponse{Commands: cmds, State: n.state}, nil
+}
+
+// commandsFor derives the commands a datanode needs from the replicated
+// state and its last report, so a new leader sends the right commands
+// without any command queue having been replicated.
+func (m *Manager) commandsFor(dn uint64, n *nodeSoft, now time.Time) []*metapb.DatanodeCommand {
+	var cmds []*metapb.DatanodeCommand
+	due := func(k string) bool {
+		if len(cmds) >= m.cfg.MaxCommandsPerHeartbeat {
+			return false
+		}
+		if t, ok := n.sent[k]; ok && now.Sub(t) < m.cfg.CommandRetryInterval {
+			return false
+		}
+		n.sent[k] = now
+		return true
+	}
+	for _, p := range m.st.Pipelines() {
+		member := slices.Contains(p.Datanodes, dn)
+		switch {
+		case p.State == metapb.PipelineState_PIPELINE_OPEN && member && !n.pipelines[p.Id]:
+			if due(fmt.Sprintf("cp%d", p.Id)) {
+				var dns []*metapb.DatanodeDetails
+				for _, id := range p.Datanodes {
+					if d := m.st.Datanode(id); d != nil {
+						dns = append(dns, d)
+					}
+				}
+				cmds = append(cmds, &metapb.DatanodeCommand{Command: &metapb.DatanodeCommand_CreatePipeline{CreatePipeline: &metapb.CreatePipelineCommand{Pipeline: p, Datanodes: dns}}})
+			}
+		case p.State == metapb.PipelineState_PIPELINE_CLOSED && n.pipelines[p.Id]:
+			if due(fmt.Sprintf("xp%d", p.Id)) {
+				cmds = append(cmds, &metapb.DatanodeCommand{Command: &metapb.DatanodeCommand_ClosePipeline{ClosePipeline: &metapb.ClosePipelineCommand{PipelineId: p.Id}}})
+			}
+		}
+	}
+	for id, rep := range n.containers {
+		if rep.State != metapb.ContainerState_CONTAINER_OPEN {
+			continue
+		}
+		c := m.st.Container(id)
+		if c != nil && c.State != metapb.ContainerState_CONTAINER_OPEN && due(fmt.Sprintf("xc%d", id)) {
+			cmds = append(cmds, &metapb.DatanodeCommand{Command: &metapb.DatanodeCommand_CloseContainer{CloseContainer: &metapb.CloseContainerCommand{ContainerId: id, PipelineId: c.PipelineId}}})
+		}
+	}
+	// Delete-block transactions for containers this datanode holds. The
+	// scan is bounded; transactions beyond it go out in later heartbeats.
+	txs, err := m.st.DeleteTxs(0, 4*m.cfg.MaxCommandsPerHeartbeat)
+	if err != nil {
+		m.log.Warn("scm: read delete txs", "err", err)
+	}
+	for _, tx := range txs {
+		if m.acked[tx.TxId][dn] {
+			continue
+		}
+		c := m.st.Container(tx.ContainerId)
+		if c == nil || !slices.Contains(c.Replicas, dn) {
+			continue
+		}
+		if due(fmt.Sprintf("db%d", tx.TxId)) {
+			cmds = append(cmds, &metapb.DatanodeCommand{Command: &metapb.DatanodeCommand_DeleteBlocks{DeleteBlocks: &metapb.DeleteBlocksCommand{TxId: tx.TxId, ContainerId: tx.ContainerId, LocalIds: tx.LocalIds}}})
+		}
+	}
+	return cmds
+}
+
+// NodeState returns the liveness of a datanode as this leader sees it.
+func (m *Manager) NodeState(id uint64) metapb.NodeState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.syncLeadership() {
+		return metapb.NodeState_NODE_STATE_UNSPECIFIED
+	}
+	if n := m.nodes[id]; n != nil {
+		return n.state
+	}
+	return metapb.NodeState_NODE_STATE_UNSPECIFIED
+}
+
+// ListDatanodes returns every registered datanode with its liveness.
+func (m *Manager) ListDatanodes() (*metapb.ListDatanodesResponse, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.syncLeadership() {
+		return nil, notLeader()
+	}
+	count := map[uint64]uint32{}
+	for _, p := range m.st.Pipelines() {
+		if p.State == metapb.PipelineState_PIPELINE_OPEN {
+			for _, id := range p.Datanodes {
+				count[id]++
+			}
+		}
+	}
+	resp := &metapb.ListDatanodesResponse{}
+	for _, d := range m.st.Datanodes() {
+		ds := &metapb.DatanodeStatus{Details: d, Pipelines: count[d.Id], State: metapb.NodeState_HEALTHY}
+		if n := m.nodes[d.Id]; n != nil {
+			ds.State = n.state
+			ds.Volumes = n.volumes
+			if n.heard {
+				ds.LastHeartbeatUnixMs = n.lastSeen.UnixMilli()
+			}
+		}
+		resp.Datanodes = append(resp.Datanodes, ds)
+	}
+	return resp, nil
+}
+
+// SafeMode reports whether SCM is in safe mode and the reporting progress.
+func (m *Manager) SafeMode() (*metapb.GetSafeModeResponse, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.syncLeadership() {
+		return nil, notLeader()
+	}
+	m.updateSafeMode()
+	return &metapb.GetSafeModeResponse{InSafeMode: m.safeMode, ReportedDatanodes: uint32(m.heardCount()), RequiredDatanodes: uint32(m.cfg.SafeModeMinDatanodes)}, nil
+}
+
+func (m *Manager) heardCount() int {
+	k := 0
+	for _, n := range m.nodes {
+		if n.heard {
+			k++
+		}
+	}
+	return k
+}
+
+func (m *Manager) updateSafeMode() {
+	if m.safeMode && m.heardCount() >= m.cfg.SafeModeMinDatanodes {
+		m.safeMode = false
+		m.log.Info("scm: leaving safe mode", "reported", m.heardCount())
+	}
+}
+
+// ---------------------------------------------------------------- background
+
+// Run does the leader's background work every LoopInterval until ctx ends.
+func (m *Manager) Run(ctx context.Context) {
+	t := time.NewTicker(m.cfg.LoopInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := m.Tick(ctx); err != nil && ctx.Err() == nil {
+				m.log.Debug("scm: background tick", "err", err)
+			}
+		}
+	}
+}
+
+// Tick runs one round of background work (tests call it directly).
+func (m *Manager) Tick(ctx context.Context) error {
+	m.mu.Lock()
+	if !m.syncLeadership() {
+		m.mu.Unlock()
+		return nil
+	}
+	now := m.cfg.Now()
+	var dead []uint64
+	healthy := map[uint64]bool{}
+	for id, n := range m.nodes {
+		age := now.Sub(n.lastSeen)
+		old := n.state
+		switch {
+		case age >= m.cfg.DeadInterval:
+			n.state = metapb.NodeState_DEAD
+		case age >= m.cfg.StaleInterval:
+			n.state = metapb.NodeState_STALE
+		default:
+			n.state = metapb.NodeState_HEALTHY
+		}
+		if n.state != old {
+			m.log.Info("scm: datanode state", "datanode", id, "from", old, "to", n.state)
+		}
+		if n.state == metapb.NodeState_DEAD {
+			dead = append(dead, id)
+		}
+		if n.state == metapb.NodeState_HEALTHY {
+			healthy[id] = true
+		}
+	}
+	m.updateSafeMode()
+	safe := m.safeMode
+	full := m.full
+	m.full = map[uint64]bool{}
+	acked := m.acked
+	reports := m.closedReports()
+	m.mu.Unlock()
+
+	// 1. Close the pipelines of dead datanodes (checked every tick, so a
+	// failover in between loses nothing).
+	var toClose []uint64
+	for _, p := range m.st.Pipelines() {
+		if p.State != metapb.PipelineState_PIPELINE_OPEN {
+			continue
+		}
+		for _, id := range p.Datanodes {
+			if slices.Contains(dead, id) {
+				toClose = append(toClose, p.Id)
+				break
+			}
+		}
+	}
+	if len(toClose) > 0 {
+		if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ClosePipelines{ClosePipelines: &metapb.ClosePipelinesOp{PipelineIds: toClose, Reason: fmt.Sprintf("datanodes %v dead", dead)}}}); err != nil {
+			return err
+		}
+	}
+	// 2. Close full containers; mark closed the ones every live replica
+	// reported closed.
+	if len(full) > 0 {
+		ids := make([]uint64, 0, len(full))
+		for id := range full {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_CloseContainers{CloseContainers: &metapb.CloseContainersOp{ContainerIds: ids, Reason: "full"}}}); err != nil {
+			return err
+		}
+	}
+	for id, used := range reports {
+		if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ContainerClosed{ContainerClosed: &metapb.ContainerClosedOp{ContainerId: id, UsedBytes: used}}}); err != nil {
+			return err
+		}
+	}
+	// 3. Purge delete transactions every replica has carried out.
+	if err := m.purgeDeleteTxs(ctx, acked, dead); err != nil {
+		return err
+	}
+	if safe {
+		return nil
+	}
+	// 4. Pipelines, then containers on them.
+	if err := m.createPipelines(ctx, healthy); err != nil {
+		return err
+	}
+	return m.fillContainers(ctx)
+}
+
+// closedReports returns CLOSING containers that every non-dead replica
+// reports closed, with the largest reported size. Callers hold m.mu.
+func (m *Manager) closedReports() map[uint64]uint64 {
+	out := map[uint64]uint64{}
+	for _, c := range m.st.Containers() {
+		if c.State != metapb.ContainerState_CONTAINER_CLOSING {
+			continue
+		}
+		ok, any := true, false
+		var used uint64
+		for _, r := range c.Replicas {
+			n := m.nodes[r]
+			if n == nil || n.state == metapb.NodeState_DEAD {
+				continue
+			}
+			rep := n.containers[c.Id]
+			if rep == nil || rep.State != metapb.ContainerState_CONTAINER_CLOSED {
+				ok = false
+				break
+			}
+			any = true
+			used = max(used, rep.UsedBytes)
+		}
+		if ok && any {
+			out[c.Id] = used
+		}
+	}
+	return out
+}
+
+func (m *Manager) purgeDeleteTxs(ctx context.Context, acked map[uint64]map[uint64]bool, dead []uint64) error {
+	txs, err := m.st.DeleteTxs(0, 1024)
+	if err != nil {
+		return err
+	}
+	var done []uint64
+	m.mu.Lock()
+	for _, tx := range txs {
+		c := m.st.Container(tx.ContainerId)
+		all := c != nil
+		if c != nil {
+			for _, r := range c.Replicas {
+				// A dead replica's container will be re-replicated from the
+				// survivors (later: replication manager) without the blocks.
+				if !acked[tx.TxId][r] && !slices.Contains(dead, r) {
+					all = false
+					break
+				}
+			}
+		}
+		if all {
+			done = append(done, tx.TxId)
+		}
+	}
+	m.mu.Unlock()
+	if len(done) == 0 {
+		return nil
+	}
+	if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_PurgeDeleteTxs{PurgeDeleteTxs: &metapb.PurgeDeleteTxsOp{TxIds: done}}}); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	for _, id := range done {
+		delete(m.acked, id)
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *Manager) createPipelines(ctx context.Context, healthy map[uint64]bool) error {
+	for range maxPipelinesPerLoop {
+		pipes := m.st.Pipelines()
+		load := map[uint64]int{}
+		hasOne := map[uint64]bool{}
+		existing := map[string]bool{}
+		for _, p := range pipes {
+			if p.State != metapb.PipelineState_PIPELINE_OPEN {
+				continue
+			}
+			if p.Replication == metapb.Replication_ONE {
+				hasOne[p.Datanodes[0]] = true
+				continue
+			}
+			existing[SetKey(p.Datanodes)] = true
+			for _, id := range p.Datanodes {
+				load[id]++
+			}
+		}
+		// One ONE pipeline per healthy datanode (single-node clusters and
+		// replication ONE buckets).
+		var op *metapb.CreatePipelineOp
+		racks := map[string]bool{}
+		var cands []Candidate
+		for _, d := range m.st.Datanodes() {
+			if !healthy[d.Id] {
+				continue
+			}
+			racks[d.Location] = true
+			if !hasOne[d.Id] && op == nil {
+				op = &metapb.CreatePipelineOp{Replication: metapb.Replication_ONE, Datanodes: []uint64{d.Id}}
+			}
+			if load[d.Id] < m.cfg.PipelineLimit {
+				cands = append(cands, Candidate{ID: d.Id, Rack: d.Location, Pipelines: load[d.Id]})
+			}
+		}
+		if op == nil {
+			m.mu.Lock()
+			ids := ChooseMembers(cands, 3, len(racks), existing, m.rng)
+			m.mu.Unlock()
+			if ids == nil {
+				return nil
+			}
+			op = &metapb.CreatePipelineOp{Replication: metapb.Replication_THREE, Datanodes: ids}
+		}
+		res, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_CreatePipeline{CreatePipeline: op}})
+		if err != nil {
+			return err
+		}
+		p := res.(*metapb.Pipeline)
+		m.log.Info("scm: pipeline created", "pipeline", p.Id, "replication", p.Replication, "datanodes", p.Datanodes)
+	}
+	return nil
+}
+
+func (m *Manager) fillContainers(ctx context.Context) error {
+	open := map[uint64]int{}
+	for _, c := range m.st.Containers() {
+		if c.State == metapb.ContainerState_CONTAINER_OPEN {
+			open[c.PipelineId]++
+		}
+	}
+	for _, p := range m.st.Pipelines() {
+		if p.State != metapb.PipelineState_PIPELINE_OPEN {
+			continue
+		}
+		for i := open[p.Id]; i < m.cfg.OpenContainersPerPipeline; i++ {
+			if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_CreateContainer{CreateContainer: &metapb.CreateContainerOp{PipelineId: p.Id}}}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ---------------------------------------------------------------- blocks
+
+// nextLocalID hands out a local ID from this leader's range, taking a new
+// range through Raft when it runs out. Ranges never overlap, so no ID is
+// ever handed out twice, whoever leads.
+func (m *Manager) nextLocalID(ctx context.Context, n uint64) (uint64, error) {
+	m.idMu.Lock()
+	defer m.idMu.Unlock()
+	if m.idEnd-m.idNext < n {
+		size := max(m.cfg.IDRangeSize, n)
+		res, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_AllocateIdRange{AllocateIdRange: &metapb.AllocateIDRangeOp{Count: size}}})
+		if err != nil {
+			return 0, err
+		}
+		m.idNext = res.(uint64)
+		m.idEnd = m.idNext + size
+	}
+	id := m.idNext
+	m.idNext += n
+	return id, nil
+}
+
+// AllocateBlocks allocates blocks in open containers of healthy pipelines
+// outside the exclude list.
+func (m *Manager) AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocksRequest) (*metapb.AllocateBlocksResponse, error) {
+	if req.Count == 0 || req.Count > MaxBlocksPerRequest {
+		return nil, status.Errorf(codes.InvalidArgument, "allocate blocks: count %d, want 1..%d", req.Count, MaxBlocksPerRequest)
+	}
+	repl := req.Replication
+	if repl == metapb.Replication_REPLICATION_UNSPECIFIED {
+		repl = metapb.Replication_THREE
+	}
+	if repl != metapb.Replication_ONE && repl != metapb.Replication_THREE {
+		return nil, status.Errorf(codes.InvalidArgument, "allocate blocks: replication %v, want ONE or THREE", repl)
+	}
+	m.mu.Lock()
+	if !m.syncLeadership() {
+		m.mu.Unlock()
+		return nil, notLeader()
+	}
+	m.updateSafeMode()
+	if m.safeMode {
+		h := m.heardCount()
+		m.mu.Unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "scm: in safe mode: %d of %d datanodes reported", h, m.cfg.SafeModeMinDatanodes)
+	}
+	m.mu.Unlock()
+	first, err := m.nextLocalID(ctx, uint64(req.Count))
+	if err != nil {
+		return nil, err
+	}
+	ex := req.GetExclude()
+	resp := &metapb.AllocateBlocksResponse{BlockSize: m.cfg.BlockSize}
+	for i := range req.Count {
+		c, err := m.pickContainer(ctx, repl, ex)
+		if err != nil {
+			return nil, err
+		}
+		c, dns := m.st.ContainerReplicas(c.Id)
+		dns = slices.Clone(dns)
+		m.mu.Lock()
+		m.rng.Shuffle(len(dns), func(i, j int) { dns[i], dns[j] = dns[j], dns[i] })
+		m.mu.Unlock()
+		topology.SortByDistance(dns, 0, req.ClientLocation, func(d *metapb.DatanodeDetails) uint64 { return d.Id }, func(d *metapb.DatanodeDetails) string { return d.Location })
+		resp.Blocks = append(resp.Blocks, &metapb.BlockLocation{
+			Id:             &metapb.BlockID{ContainerId: c.Id, LocalId: first + uint64(i)},
+			PipelineId:     c.PipelineId,
+			ContainerState: c.State,
+			Datanodes:      dns,
+		})
+	}
+	return resp, nil
+}
+
+// pickContainer chooses an open container round-robin among the eligible
+// pipelines, creating one (through Raft) if an eligible pipeline has none.
+func (m *Manager) pickContainer(ctx context.Context, repl metapb.Replication, ex *metapb.ExcludeList) (*metapb.Container, error) {
+	for attempt := 0; attempt < 2; attempt++ {
+		m.mu.Lock()
+		eligible := map[uint64]bool{}
+		var pipes []uint64
+		for _, p := range m.st.Pipelines() {
+			if p.State != metapb.PipelineState_PIPELINE_OPEN || p.Replication != repl || slices.Contains(ex.GetPipelines(), p.Id) {
+				continue
+			}
+			ok := true
+			for _, id := range p.Datanodes {
+				n := m.nodes[id]
+				if n == nil || n.state != metapb.NodeState_HEALTHY || slices.Contains(ex.GetDatanodes(), id) {
+					ok = false
+					break
+				}
+			}
+			if ok {
+				eligible[p.Id] = true
+				pipes = append(pipes, p.Id)
+			}
+		}
+		var cands []*metapb.Container
+		for _, c := range m.st.Containers() {
+			if c.State != metapb.ContainerState_CONTAINER_OPEN || !eligible[c.PipelineId] || slices.Contains(ex.GetContainers(), c.Id) || m.full[c.Id] {
+				continue
+			}
+			cands = append(cands, c)
+		}
+		if len(cands) > 0 {
+			m.rr++
+			c := cands[m.rr%uint64(len(cands))]
+			m.allocated[c.Id] += m.cfg.BlockSize
+			used := m.allocated[c.Id]
+			for _, r := range c.Replicas {
+				if n := m.nodes[r]; n != nil && n.containers[c.Id] != nil {
+					used = max(used, n.containers[c.Id].UsedBytes+m.cfg.BlockSize)
+				}
+			}
+			if used >= m.cfg.ContainerSize {
+				m.full[c.Id] = true
+			}
+			m.mu.Unlock()
+			return c, nil
+		}
+		m.mu.Unlock()
+		if len(pipes) == 0 {
+			break
+		}
+		if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_CreateContainer{CreateContainer: &metapb.CreateContainerOp{PipelineId: pipes[0]}}}); err != nil {
+			return nil, err
+		}
+	}
+	return nil, status.Errorf(codes.FailedPrecondition, "allocate blocks: no open %v pipeline with healthy datanodes outside the exclude list (%d datanodes, %d pipelines, exclude %v)",
+		repl, len(m.st.Datanodes()), len(m.st.Pipelines()), ex)
+}
+
+// DeleteBlocks queues blocks for deletion on their containers' replicas.
+func (m *Manager) DeleteBlocks(ctx context.Context, req *metapb.DeleteBlocksRequest) error {
+	if len(req.Groups) == 0 {
+		return nil
+	}
+	_, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_AddDeleteBlocks{AddDeleteBlocks: req}})
+	return err
+}

@@ -1,0 +1,524 @@
+package scm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/store"
+)
+
+// Pebble key layout of the SCM group (all integers big-endian uint64):
+//
+//	n/<datanode id>    DatanodeDetails
+//	u/<uuid>           datanode id
+//	p/<pipeline id>    Pipeline
+//	c/<container id>   Container
+//	d/<tx id>          DeleteBlocksTx, until every replica has done it
+//	m/<counter>        next IDs: dn, pipeline, container, local, tx
+//
+// Everything but d/ is mirrored in memory (the SCM state is small: one row
+// per datanode, pipeline and container) so that reads never touch Pebble.
+var (
+	pfxDatanode  = []byte("n/")
+	pfxUUID      = []byte("u/")
+	pfxPipeline  = []byte("p/")
+	pfxContainer = []byte("c/")
+	pfxDeleteTx  = []byte("d/")
+	keyNextDN    = []byte("m/next_dn")
+	keyNextPipe  = []byte("m/next_pipeline")
+	keyNextCont  = []byte("m/next_container")
+	keyNextLocal = []byte("m/next_local")
+	keyNextTx    = []byte("m/next_tx")
+)
+
+// FirstPipelineID is the first pipeline ID handed out. Pipeline IDs are
+// Raft group IDs on the datanodes; starting high keeps them visibly apart
+// from the meta groups (1 and 2) in logs and metrics.
+const FirstPipelineID = 1000
+
+// Limits on what one command may carry.
+const (
+	MaxIDRange          = 1 << 20
+	MaxDeleteGroups     = 1024
+	MaxLocalIDsPerGroup = 4096
+)
+
+func key(pfx []byte, id uint64) []byte { return append(append([]byte(nil), pfx...), store.U64(id)...) }
+
+// State is the SCM state machine: the replicated part of SCM. Apply is
+// called from one goroutine; readers use the accessors, which take mu.
+type State struct {
+	st *store.Store
+
+	mu         sync.RWMutex
+	datanodes  map[uint64]*metapb.DatanodeDetails
+	byUUID     map[string]uint64
+	pipelines  map[uint64]*metapb.Pipeline
+	containers map[uint64]*metapb.Container
+	next       counters
+}
+
+type counters struct {
+	dn, pipeline, container, local, tx uint64
+}
+
+// Open opens the SCM state in dir.
+func Open(dir string, opts store.Options) (*State, error) {
+	st, err := store.Open(dir, opts)
+	if err != nil {
+		return nil, err
+	}
+	s := &State{st: st}
+	if err := s.load(); err != nil {
+		st.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close closes the store.
+func (s *State) Close() error { return s.st.Close() }
+
+// Store exposes the underlying store (snapshots, durable index).
+func (s *State) Store() *store.Store { return s.st }
+
+func (s *State) load() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.datanodes = map[uint64]*metapb.DatanodeDetails{}
+	s.byUUID = map[string]uint64{}
+	s.pipelines = map[uint64]*metapb.Pipeline{}
+	s.containers = map[uint64]*metapb.Container{}
+	s.next = counters{dn: 1, pipeline: FirstPipelineID, container: 1, local: 1, tx: 1}
+	return s.st.View(func(r pebble.Reader) error {
+		for _, c := range []struct {
+			k   []byte
+			dst *uint64
+		}{{keyNextDN, &s.next.dn}, {keyNextPipe, &s.next.pipeline}, {keyNextCont, &s.next.container}, {keyNextLocal, &s.next.local}, {keyNextTx, &s.next.tx}} {
+			v, closer, err := r.Get(c.k)
+			if errors.Is(err, pebble.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			*c.dst = decodeU64(v)
+			closer.Close()
+		}
+		if err := scan(r, pfxDatanode, func(_, v []byte) error {
+			d := &metapb.DatanodeDetails{}
+			if err := proto.Unmarshal(v, d); err != nil {
+				return err
+			}
+			s.datanodes[d.Id] = d
+			s.byUUID[d.Uuid] = d.Id
+			return nil
+		}); err != nil {
+			return err
+		}
+		if err := scan(r, pfxPipeline, func(_, v []byte) error {
+			p := &metapb.Pipeline{}
+			if err := proto.Unmarshal(v, p); err != nil {
+				return err
+			}
+			s.pipelines[p.Id] = p
+			return nil
+		}); err != nil {
+			return err
+		}
+		return scan(r, pfxContainer, func(_, v []byte) error {
+			c := &metapb.Container{}
+			if err := proto.Unmarshal(v, c); err != nil {
+				return err
+			}
+			s.containers[c.Id] = c
+			return nil
+		})
+	})
+}
+
+func decodeU64(v []byte) uint64 {
+	if len(v) != 8 {
+		panic(fmt.Sprintf("scm: counter has %d bytes, want 8", len(v)))
+	}
+	return uint64(v[0])<<56 | uint64(v[1])<<48 | uint64(v[2])<<40 | uint64(v[3])<<32 |
+		uint64(v[4])<<24 | uint64(v[5])<<16 | uint64(v[6])<<8 | uint64(v[7])
+}
+
+func scan(r pebble.Reader, pfx []byte, f func(k, v []byte) error) error {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: pfx, UpperBound: store.PrefixEnd(pfx)})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for it.First(); it.Valid(); it.Next() {
+		if err := f(it.Key(), it.Value()); err != nil {
+			return err
+		}
+	}
+	return it.Error()
+}
+
+// AppliedIndex is the durable applied index (raft.StateMachine).
+func (s *State) AppliedIndex() uint64 { return s.st.DurableIndex() }
+
+// Snapshot returns a checkpoint stream (raft.StateMachine).
+func (s *State) Snapshot() (uint64, io.ReadCloser, error) { return s.st.Snapshot() }
+
+// Restore replaces the state and reloads the in-memory mirror.
+func (s *State) Restore(index uint64, r io.Reader) error {
+	if err := s.st.Restore(index, r); err != nil {
+		return err
+	}
+	return s.load()
+}
+
+// Apply applies entries in order, in one Pebble batch, and returns one
+// result per entry: a value or an error (a gRPC status for user errors).
+func (s *State) Apply(entries []store.Entry) []any {
+	if len(entries) == 0 {
+		return nil
+	}
+	b := s.st.NewBatch()
+	res := make([]any, len(entries))
+	s.mu.Lock()
+	for i, e := range entries {
+		if e.Cmd == nil {
+			continue
+		}
+		cmd := &metapb.ScmCommand{}
+		if err := proto.Unmarshal(e.Cmd, cmd); err != nil {
+			res[i] = fmt.Errorf("scm: entry %d: undecodable command: %w", e.Index, err)
+			continue
+		}
+		res[i] = s.apply(b, cmd)
+	}
+	s.mu.Unlock()
+	if err := s.st.Commit(b, entries[len(entries)-1].Index); err != nil {
+		// The in-memory mirror is ahead of the disk now; the only safe
+		// thing is to stop and replay the log on restart.
+		panic(err)
+	}
+	return res
+}
+
+func (s *State) put(b *pebble.Batch, k []byte, m proto.Message) {
+	v, err := proto.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	if err := b.Set(k, v, nil); err != nil {
+		panic(err)
+	}
+}
+
+func (s *State) putU64(b *pebble.Batch, k []byte, v uint64) {
+	if err := b.Set(k, store.U64(v), nil); err != nil {
+		panic(err)
+	}
+}
+
+func (s *State) apply(b *pebble.Batch, cmd *metapb.ScmCommand) any {
+	now := cmd.NowUnixMs
+	switch op := cmd.Op.(type) {
+	case *metapb.ScmCommand_RegisterDatanode:
+		return s.applyRegister(b, op.RegisterDatanode.Details)
+	case *metapb.ScmCommand_CreatePipeline:
+		return s.applyCreatePipeline(b, op.CreatePipeline, now)
+	case *metapb.ScmCommand_ClosePipelines:
+		for _, id := range op.ClosePipelines.PipelineIds {
+			s.closePipeline(b, id, op.ClosePipelines.Reason, now)
+		}
+		return nil
+	case *metapb.ScmCommand_CreateContainer:
+		p := s.pipelines[op.CreateContainer.PipelineId]
+		if p == nil || p.State != metapb.PipelineState_PIPELINE_OPEN {
+			return status.Errorf(codes.FailedPrecondition, "create container: pipeline %d is not open", op.CreateContainer.PipelineId)
+		}
+		c := &metapb.Container{
+			Id: s.next.container, PipelineId: p.Id, Replication: p.Replication,
+			State: metapb.ContainerState_CONTAINER_OPEN, Replicas: slices.Clone(p.Datanodes), CreatedUnixMs: now,
+		}
+		s.next.container++
+		s.putU64(b, keyNextCont, s.next.container)
+		s.containers[c.Id] = c
+		s.put(b, key(pfxContainer, c.Id), c)
+		return proto.Clone(c)
+	case *metapb.ScmCommand_CloseContainers:
+		for _, id := range op.CloseContainers.ContainerIds {
+			if c := s.containers[id]; c != nil && c.State == metapb.ContainerState_CONTAINER_OPEN {
+				s.setContainerState(b, c, metapb.ContainerState_CONTAINER_CLOSING)
+			}
+		}
+		return nil
+	case *metapb.ScmCommand_ContainerClosed:
+		c := s.containers[op.ContainerClosed.ContainerId]
+		if c == nil {
+			return status.Errorf(codes.NotFound, "container %d not found", op.ContainerClosed.ContainerId)
+		}
+		if c.State != metapb.ContainerState_CONTAINER_CLOSED {
+			c = proto.Clone(c).(*metapb.Container)
+			c.State = metapb.ContainerState_CONTAINER_CLOSED
+			c.UsedBytes = op.ContainerClosed.UsedBytes
+			s.containers[c.Id] = c
+			s.put(b, key(pfxContainer, c.Id), c)
+		}
+		return nil
+	case *metapb.ScmCommand_AllocateIdRange:
+		n := op.AllocateIdRange.Count
+		if n == 0 || n > MaxIDRange {
+			return status.Errorf(codes.InvalidArgument, "id range of %d, want 1..%d", n, MaxIDRange)
+		}
+		start := s.next.local
+		s.next.local += n
+		s.putU64(b, keyNextLocal, s.next.local)
+		return start
+	case *metapb.ScmCommand_AddDeleteBlocks:
+		groups := op.AddDeleteBlocks.Groups
+		if len(groups) > MaxDeleteGroups {
+			return status.Errorf(codes.InvalidArgument, "delete blocks: %d groups, at most %d", len(groups), MaxDeleteGroups)
+		}
+		var txs []uint64
+		for _, g := range groups {
+			if len(g.LocalIds) == 0 {
+				continue
+			}
+			if len(g.LocalIds) > MaxLocalIDsPerGroup {
+				return status.Errorf(codes.InvalidArgument, "delete blocks: container %d has %d blocks in one group, at most %d", g.ContainerId, len(g.LocalIds), MaxLocalIDsPerGroup)
+			}
+		}
+		for _, g := range groups {
+			if len(g.LocalIds) == 0 || s.containers[g.ContainerId] == nil {
+				// Blocks of an unknown container never reached a disk.
+				continue
+			}
+			tx := &metapb.DeleteBlocksTx{TxId: s.next.tx, ContainerId: g.ContainerId, LocalIds: g.LocalIds}
+			s.next.tx++
+			s.put(b, key(pfxDeleteTx, tx.TxId), tx)
+			txs = append(txs, tx.TxId)
+		}
+		s.putU64(b, keyNextTx, s.next.tx)
+		return txs
+	case *metapb.ScmCommand_PurgeDeleteTxs:
+		for _, id := range op.PurgeDeleteTxs.TxIds {
+			if err := b.Delete(key(pfxDeleteTx, id), nil); err != nil {
+				panic(err)
+			}
+		}
+		return nil
+	default:
+		return fmt.Errorf("scm: unknown command %T", cmd.Op)
+	}
+}
+
+func (s *State) applyRegister(b *pebble.Batch, d *metapb.DatanodeDetails) any {
+	if d == nil || d.Uuid == "" {
+		return status.Error(codes.InvalidArgument, "register datanode: uuid is empty")
+	}
+	d = proto.Clone(d).(*metapb.DatanodeDetails)
+	if id, ok := s.byUUID[d.Uuid]; ok {
+		d.Id = id
+	} else if d.Id != 0 && s.datanodes[d.Id] == nil {
+		// A datanode that kept its ID while SCM lost (or never had) its
+		// row: keep the ID so its pipelines' Raft groups stay valid.
+		if d.Id >= s.next.dn {
+			s.next.dn = d.Id + 1
+		}
+	} else {
+		d.Id = s.next.dn
+		s.next.dn++
+	}
+	s.putU64(b, keyNextDN, s.next.dn)
+	s.datanodes[d.Id] = d
+	s.byUUID[d.Uuid] = d.Id
+	s.put(b, key(pfxDatanode, d.Id), d)
+	if err := b.Set(append(append([]byte(nil), pfxUUID...), d.Uuid...), store.U64(d.Id), nil); err != nil {
+		panic(err)
+	}
+	return d.Id
+}
+
+// SetKey is the identity of a pipeline's member set (sorted IDs).
+func SetKey(ids []uint64) string {
+	s := slices.Clone(ids)
+	slices.Sort(s)
+	return fmt.Sprint(s)
+}
+
+func (s *State) applyCreatePipeline(b *pebble.Batch, op *metapb.CreatePipelineOp, now int64) any {
+	want := int(op.Replication)
+	if want != 1 && want != 3 {
+		return status.Errorf(codes.InvalidArgument, "create pipeline: replication %v, want ONE or THREE", op.Replication)
+	}
+	if len(op.Datanodes) != want {
+		return status.Errorf(codes.InvalidArgument, "create pipeline: %d datanodes for replication %v", len(op.Datanodes), op.Replication)
+	}
+	seen := map[uint64]bool{}
+	for _, id := range op.Datanodes {
+		if s.datanodes[id] == nil {
+			return status.Errorf(codes.NotFound, "create pipeline: datanode %d not registered", id)
+		}
+		if seen[id] {
+			return status.Errorf(codes.InvalidArgument, "create pipeline: datanode %d listed twice", id)
+		}
+		seen[id] = true
+	}
+	k := SetKey(op.Datanodes)
+	for _, p := range s.pipelines {
+		if p.State == metapb.PipelineState_PIPELINE_OPEN && SetKey(p.Datanodes) == k {
+			return status.Errorf(codes.AlreadyExists, "create pipeline: pipeline %d already has datanodes %s", p.Id, k)
+		}
+	}
+	p := &metapb.Pipeline{
+		Id: s.next.pipeline, Replication: op.Replication, Datanodes: slices.Clone(op.Datanodes),
+		State: metapb.PipelineState_PIPELINE_OPEN, CreatedUnixMs: now,
+	}
+	s.next.pipeline++
+	s.putU64(b, keyNextPipe, s.next.pipeline)
+	s.pipelines[p.Id] = p
+	s.put(b, key(pfxPipeline, p.Id), p)
+	return proto.Clone(p)
+}
+
+func (s *State) closePipeline(b *pebble.Batch, id uint64, reason string, now int64) {
+	p := s.pipelines[id]
+	if p == nil || p.State == metapb.PipelineState_PIPELINE_CLOSED {
+		return
+	}
+	p = proto.Clone(p).(*metapb.Pipeline)
+	p.State = metapb.PipelineState_PIPELINE_CLOSED
+	p.ClosedUnixMs = now
+	p.CloseReason = reason
+	s.pipelines[id] = p
+	s.put(b, key(pfxPipeline, id), p)
+	// Its open containers can take no more writes.
+	for _, c := range s.containers {
+		if c.PipelineId == id && c.State == metapb.ContainerState_CONTAINER_OPEN {
+			s.setContainerState(b, c, metapb.ContainerState_CONTAINER_CLOSING)
+		}
+	}
+}
+
+func (s *State) setContainerState(b *pebble.Batch, c *metapb.Container, st metapb.ContainerState) {
+	c = proto.Clone(c).(*metapb.Container)
+	c.State = st
+	s.containers[c.Id] = c
+	s.put(b, key(pfxContainer, c.Id), c)
+}
+
+// ---- readers. They return shared immutable objects: Apply replaces
+// objects instead of changing them, so callers must not modify them.
+
+// Datanode returns a registered datanode.
+func (s *State) Datanode(id uint64) *metapb.DatanodeDetails {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.datanodes[id]
+}
+
+// DatanodeByUUID returns the ID of a registered datanode.
+func (s *State) DatanodeByUUID(uuid string) (uint64, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	id, ok := s.byUUID[uuid]
+	return id, ok
+}
+
+// Datanodes returns all registered datanodes sorted by ID.
+func (s *State) Datanodes() []*metapb.DatanodeDetails {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]*metapb.DatanodeDetails, 0, len(s.datanodes))
+	for _, d := range s.datanodes {
+		out = append(out, d)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Id < out[j].Id })
+	return out
+}
+
+// Pipeline returns a pipeline.
+func (s *State) Pipeline(id uint64) *metapb.Pipeline {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.pipelines[id]
+}
+
+// Pipelines returns all pipelines sorted by ID.
+func (s *State) Pipelines() []*metapb.Pipeline {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]*metapb.Pipeline, 0, len(s.pipelines))
+	for _, p := range s.pipelines {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Id < out[j].Id })
+	return out
+}
+
+// Container returns a container.
+func (s *State) Container(id uint64) *metapb.Container {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.containers[id]
+}
+
+// Containers returns all containers sorted by ID.
+func (s *State) Containers() []*metapb.Container {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]*metapb.Container, 0, len(s.containers))
+	for _, c := range s.containers {
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Id < out[j].Id })
+	return out
+}
+
+// ContainerReplicas returns a container and its replicas' details (nil
+// for datanodes no longer registered) under one lock.
+func (s *State) ContainerReplicas(id uint64) (*metapb.Container, []*metapb.DatanodeDetails) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	c := s.containers[id]
+	if c == nil {
+		return nil, nil
+	}
+	dns := make([]*metapb.DatanodeDetails, 0, len(c.Replicas))
+	for _, r := range c.Replicas {
+		if d := s.datanodes[r]; d != nil {
+			dns = append(dns, d)
+		}
+	}
+	return c, dns
+}
+
+// DeleteTxs returns up to limit delete-block transactions with IDs > after.
+func (s *State) DeleteTxs(after uint64, limit int) ([]*metapb.DeleteBlocksTx, error) {
+	var out []*metapb.DeleteBlocksTx
+	err := s.st.View(func(r pebble.Reader) error {
+		it, err := r.NewIter(&pebble.IterOptions{LowerBound: key(pfxDeleteTx, after+1), UpperBound: store.PrefixEnd(pfxDeleteTx)})
+		if err != nil {
+			return err
+		}
+		defer it.Close()
+		for it.First(); it.Valid() && len(out) < limit; it.Next() {
+			tx := &metapb.DeleteBlocksTx{}
+			if err := proto.Unmarshal(it.Value(), tx); err != nil {
+				return err
+			}
+			out = append(out, tx)
+		}
+		return it.Error()
+	})
+	return out, err
+}

@@ -1,0 +1,514 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/basalt-store/basalt/internal/meta/metaclient"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/namespace"
+	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/meta/store"
+	"github.com/basalt-store/basalt/internal/raft"
+)
+
+// Raft group IDs of the metadata service.
+const (
+	NamespaceGroup uint64 = 1
+	ScmGroup       uint64 = 2
+)
+
+// Peer is one meta node's addresses.
+type Peer struct {
+	RaftAddr string // raft transport
+	GRPCAddr string // gRPC API (what clients and leader hints use)
+}
+
+// Config configures a meta Server. Zero values take the defaults noted.
+type Config struct {
+	// NodeID is this node's ID (nonzero, stable across restarts); it is
+	// the replica ID in both groups.
+	NodeID uint64
+	// DataDir holds raft/ (the log), scm/ and namespace/ (Pebble).
+	DataDir string
+	// RaftAddr and GRPCAddr are the listen addresses ("127.0.0.1:0" picks
+	// a port; see Server.RaftAddr and GRPCAddr).
+	RaftAddr string
+	GRPCAddr string
+	// Peers are all members, this node included, by node ID. A single-node
+	// service may leave it empty. All initial members must get the same
+	// set. Addresses can be updated later with SetPeer.
+	Peers map[uint64]Peer
+
+	// Raft timing: TickInterval (default 100ms) × ElectionTicks (default
+	// 10) is the election timeout; failover takes about 1–2 of those.
+	TickInterval  time.Duration
+	ElectionTicks int
+	// StoreSyncInterval: how often the state machines' Pebble WAL is
+	// synced (default 200ms; see package store).
+	StoreSyncInterval time.Duration
+	// ProposeTimeout bounds a proposal or read barrier when the caller
+	// gave no deadline (default 10s).
+	ProposeTimeout time.Duration
+	// MaxRecvMsgBytes bounds a gRPC request (default 16 MiB).
+	MaxRecvMsgBytes int
+
+	SCM       scm.Config
+	Namespace namespace.Config
+
+	// Registerer receives all metrics (the raft host's and the service's).
+	// Nil: a private registry, served by Handler.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Server is one node of the metadata service: the namespace group and the
+// SCM group on one raft host, and the gRPC API.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+	reg *prometheus.Registry // nil when cfg.Registerer was given
+
+	peersMu sync.RWMutex
+	peers   map[uint64]Peer
+
+	scmState *scm.State
+	nsState  *namespace.State
+	host     *raft.Host
+	nsGroup  *raft.Group
+	scmGroup *raft.Group
+
+	scmMgr *scm.Manager
+	nsSvc  *namespace.Service
+	fwd    *metaclient.Client // to other nodes' SCM when not co-located
+
+	lis  net.Listener
+	grpc *grpc.Server
+
+	metrics *metrics
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	closeMu sync.Mutex
+	closed  bool
+}
+
+// New opens the state, starts the raft transport and binds the gRPC
+// listener. Call Start to join the groups and serve.
+func New(cfg Config) (*Server, error) {
+	if cfg.NodeID == 0 {
+		return nil, errors.New("meta: NodeID must be nonzero")
+	}
+	if cfg.DataDir == "" {
+		return nil, errors.New("meta: DataDir is required")
+	}
+	if cfg.RaftAddr == "" {
+		cfg.RaftAddr = "127.0.0.1:0"
+	}
+	if cfg.GRPCAddr == "" {
+		cfg.GRPCAddr = "127.0.0.1:0"
+	}
+	if cfg.ProposeTimeout == 0 {
+		cfg.ProposeTimeout = 10 * time.Second
+	}
+	if cfg.MaxRecvMsgBytes == 0 {
+		cfg.MaxRecvMsgBytes = 16 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), peers: map[uint64]Peer{}}
+	for id, p := range cfg.Peers {
+		s.peers[id] = p
+	}
+	if _, ok := s.peers[cfg.NodeID]; !ok && len(s.peers) > 0 {
+		return nil, fmt.Errorf("meta: node %d is not among the peers %v", cfg.NodeID, peerIDs(s.peers))
+	}
+	reg := cfg.Registerer
+	if reg == nil {
+		s.reg = prometheus.NewRegistry()
+		s.reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		reg = s.reg
+	}
+	s.metrics = newMetrics(reg)
+
+	ok := false
+	defer func() {
+		if !ok {
+			s.closeParts()
+		}
+	}()
+	var err error
+	sopts := store.Options{SyncInterval: cfg.StoreSyncInterval}
+	if s.scmState, err = scm.Open(filepath.Join(cfg.DataDir, "scm"), sopts); err != nil {
+		return nil, err
+	}
+	if s.nsState, err = namespace.Open(filepath.Join(cfg.DataDir, "namespace"), sopts); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "raft"), 0o755); err != nil {
+		return nil, err
+	}
+	s.host, err = raft.NewHost(raft.HostConfig{
+		ID: cfg.NodeID, LogDirs: []string{filepath.Join(cfg.DataDir, "raft")},
+		ListenAddr: cfg.RaftAddr, Resolve: s.resolve,
+		TickInterval: cfg.TickInterval, ElectionTicks: cfg.ElectionTicks,
+		Registerer: reg, Logger: cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("meta: raft host: %w", err)
+	}
+	if s.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("meta: listen %s: %w", cfg.GRPCAddr, err)
+	}
+	s.peersMu.Lock()
+	if p, ok := s.peers[cfg.NodeID]; ok || len(s.peers) == 0 {
+		p.RaftAddr, p.GRPCAddr = s.host.Addr(), s.lis.Addr().String()
+		s.peers[cfg.NodeID] = p
+	}
+	s.peersMu.Unlock()
+
+	scmCfg := cfg.SCM
+	if scmCfg.Logger == nil {
+		scmCfg.Logger = s.log
+	}
+	s.scmMgr = scm.NewManager(scmCfg, s.scmState, &scmRaft{s: s})
+	nsCfg := cfg.Namespace
+	if nsCfg.Logger == nil {
+		nsCfg.Logger = s.log
+	}
+	s.nsSvc = namespace.NewService(nsCfg, s.nsState, &nsRaft{s: s}, &scmBlocks{s: s})
+	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(s.intercept), grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes))
+	metapb.RegisterNamespaceServer(s.grpc, s.nsSvc)
+	metapb.RegisterScmServer(s.grpc, &scmServer{s: s})
+	ok = true
+	return s, nil
+}
+
+func peerIDs(m map[uint64]Peer) []uint64 {
+	ids := make([]uint64, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids
+}
+
+// RaftAddr is the bound raft transport address.
+func (s *Server) RaftAddr() string { return s.host.Addr() }
+
+// GRPCAddr is the bound gRPC address.
+func (s *Server) GRPCAddr() string { return s.lis.Addr().String() }
+
+// SetPeer sets or updates a peer's addresses (e.g. after it restarted on
+// another port).
+func (s *Server) SetPeer(id uint64, p Peer) {
+	s.peersMu.Lock()
+	s.peers[id] = p
+	s.peersMu.Unlock()
+}
+
+func (s *Server) peer(id uint64) (Peer, bool) {
+	s.peersMu.RLock()
+	defer s.peersMu.RUnlock()
+	p, ok := s.peers[id]
+	return p, ok
+}
+
+func (s *Server) resolve(id uint64) (string, error) {
+	p, ok := s.peer(id)
+	if !ok || p.RaftAddr == "" {
+		return "", fmt.Errorf("meta: no raft address for node %d", id)
+	}
+	return p.RaftAddr, nil
+}
+
+// Start joins (or creates) both groups, serves gRPC and starts the
+// leader-side background loops.
+func (s *Server) Start() error {
+	voters := peerIDs(s.peers)
+	var err error
+	if s.nsGroup, err = s.host.AddGroup(raft.GroupConfig{ID: NamespaceGroup, Peers: voters, StateMachine: &raftSM{sm: s.nsState}}); err != nil {
+		return fmt.Errorf("meta: namespace group: %w", err)
+	}
+	if s.scmGroup, err = s.host.AddGroup(raft.GroupConfig{ID: ScmGroup, Peers: voters, StateMachine: &raftSM{sm: s.scmState}}); err != nil {
+		return fmt.Errorf("meta: scm group: %w", err)
+	}
+	var addrs []string
+	for _, id := range voters {
+		if id != s.cfg.NodeID {
+			if p, _ := s.peer(id); p.GRPCAddr != "" {
+				addrs = append(addrs, p.GRPCAddr)
+			}
+		}
+	}
+	if len(addrs) > 0 {
+		if s.fwd, err = metaclient.New(metaclient.Config{Addrs: addrs, CallTimeout: 10 * time.Second}); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.wg.Add(4)
+	go func() { defer s.wg.Done(); _ = s.grpc.Serve(s.lis) }()
+	go func() { defer s.wg.Done(); s.scmMgr.Run(ctx) }()
+	go func() { defer s.wg.Done(); s.nsSvc.Run(ctx) }()
+	go func() { defer s.wg.Done(); s.colocate(ctx) }()
+	return nil
+}
+
+// colocate moves SCM leadership to the namespace leader, so that the
+// namespace leader's block allocations are in-process calls. Forwarding
+// over gRPC covers the time in between.
+func (s *Server) colocate(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			ns := s.nsGroup.Leader()
+			if s.scmGroup.IsLeader() && ns != 0 && ns != s.cfg.NodeID {
+				s.scmGroup.TransferLeader(ns)
+			}
+		}
+	}
+}
+
+// Handler serves the metrics of the private registry (nil if a
+// Registerer was configured: serve that one instead).
+func (s *Server) Handler() http.Handler {
+	if s.reg == nil {
+		return nil
+	}
+	return promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
+}
+
+// NamespaceStatus and ScmStatus return the groups' raft status.
+func (s *Server) NamespaceStatus() raft.Status { return s.nsGroup.Status() }
+
+// ScmStatus returns the SCM group's raft status.
+func (s *Server) ScmStatus() raft.Status { return s.scmGroup.Status() }
+
+// Close stops serving and closes everything. In-flight calls get up to 2s.
+func (s *Server) Close() error {
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	if s.cancel != nil {
+		s.cancel()
+	}
+	if s.grpc != nil {
+		done := make(chan struct{})
+		go func() { s.grpc.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+			s.grpc.Stop()
+		}
+	}
+	s.wg.Wait()
+	return s.closeParts()
+}
+
+func (s *Server) closeParts() error {
+	var errs []error
+	if s.fwd != nil {
+		errs = append(errs, s.fwd.Close())
+	}
+	if s.host != nil {
+		errs = append(errs, s.host.Close())
+	}
+	if s.lis != nil && s.grpc == nil {
+		s.lis.Close()
+	}
+	if s.nsState != nil {
+		errs = append(errs, s.nsState.Close())
+	}
+	if s.scmState != nil {
+		errs = append(errs, s.scmState.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// ---------------------------------------------------------------- adapters
+
+// stateMachine is what scm.State and namespace.State have in common.
+type stateMachine interface {
+	Apply([]store.Entry) []any
+	AppliedIndex() uint64
+	Snapshot() (uint64, io.ReadCloser, error)
+	Restore(uint64, io.Reader) error
+}
+
+// raftSM adapts a metadata state machine to raft.StateMachine: the
+// command is the entry's metadata; raft's own entries carry none.
+type raftSM struct{ sm stateMachine }
+
+func (r *raftSM) Apply(ents []raft.Entry) []any {
+	in := make([]store.Entry, len(ents))
+	for i, e := range ents {
+		in[i].Index = e.Index
+		if e.Kind == raft.EntryNormal {
+			in[i].Cmd = e.Meta
+			if in[i].Cmd == nil {
+				in[i].Cmd = []byte{}
+			}
+		}
+	}
+	return r.sm.Apply(in)
+}
+
+func (r *raftSM) AppliedIndex() uint64                     { return r.sm.AppliedIndex() }
+func (r *raftSM) Snapshot() (uint64, io.ReadCloser, error) { return r.sm.Snapshot() }
+func (r *raftSM) Restore(index uint64, rd io.Reader) error { return r.sm.Restore(index, rd) }
+
+func (s *Server) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.cfg.ProposeTimeout)
+}
+
+func propose(ctx context.Context, s *Server, g *raft.Group, cmd []byte) (any, error) {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	res, err := g.Propose(ctx, cmd, nil)
+	if err != nil {
+		return nil, err
+	}
+	return res.Value, nil
+}
+
+type nsRaft struct{ s *Server }
+
+func (r *nsRaft) Propose(ctx context.Context, cmd []byte) (any, error) {
+	return propose(ctx, r.s, r.s.nsGroup, cmd)
+}
+
+func (r *nsRaft) ReadBarrier(ctx context.Context) error {
+	g := r.s.nsGroup
+	if !g.IsLeader() {
+		return &raft.NotLeaderError{Group: NamespaceGroup, Leader: g.Leader()}
+	}
+	ctx, cancel := r.s.withTimeout(ctx)
+	defer cancel()
+	return g.ReadIndex(ctx)
+}
+
+func (r *nsRaft) IsLeader() bool { return r.s.nsGroup != nil && r.s.nsGroup.IsLeader() }
+
+type scmRaft struct{ s *Server }
+
+func (r *scmRaft) Propose(ctx context.Context, cmd []byte) (any, error) {
+	return propose(ctx, r.s, r.s.scmGroup, cmd)
+}
+
+func (r *scmRaft) IsLeader() bool { return r.s.scmGroup != nil && r.s.scmGroup.IsLeader() }
+
+// scmBlocks is SCM as the namespace service sees it.
+type scmBlocks struct{ s *Server }
+
+func (b *scmBlocks) AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocksRequest) (*metapb.AllocateBlocksResponse, error) {
+	if b.s.scmGroup.IsLeader() || b.s.fwd == nil {
+		return b.s.scmMgr.AllocateBlocks(ctx, req)
+	}
+	return b.s.fwd.Scm.AllocateBlocks(ctx, req)
+}
+
+func (b *scmBlocks) DeleteBlocks(ctx context.Context, req *metapb.DeleteBlocksRequest) error {
+	if b.s.scmGroup.IsLeader() || b.s.fwd == nil {
+		return b.s.scmMgr.DeleteBlocks(ctx, req)
+	}
+	_, err := b.s.fwd.Scm.DeleteBlocks(ctx, req)
+	return err
+}
+
+func (b *scmBlocks) Locate(id uint64) (*metapb.Container, []*metapb.DatanodeDetails) {
+	return b.s.scmState.ContainerReplicas(id)
+}
+
+// ---------------------------------------------------------------- errors
+
+// intercept records metrics and turns "not the leader" errors into
+// UNAVAILABLE with a NotLeader detail naming the leader's gRPC address.
+func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := handler(ctx, req)
+	if err != nil {
+		err = s.translate(info.FullMethod, err)
+	}
+	s.metrics.observe(info.FullMethod, status.Code(err), time.Since(start))
+	return resp, err
+}
+
+func (s *Server) translate(method string, err error) error {
+	group, g := NamespaceGroup, s.nsGroup
+	if serviceName(method) == "Scm" {
+		group, g = ScmGroup, s.scmGroup
+	}
+	var nle *raft.NotLeaderError
+	switch {
+	case errors.As(err, &nle), errors.Is(err, raft.ErrNotLeader), errors.Is(err, scm.ErrNotLeader),
+		errors.Is(err, raft.ErrProposalDropped), errors.Is(err, raft.ErrStopped):
+		leader := uint64(0)
+		if g != nil {
+			leader = g.Leader()
+		}
+		if nle != nil && nle.Leader != 0 {
+			leader = nle.Leader
+		}
+		nl := &metapb.NotLeader{GroupId: group}
+		if leader != s.cfg.NodeID {
+			nl.LeaderId = leader
+			if p, ok := s.peer(leader); ok {
+				nl.LeaderAddr = p.GRPCAddr
+			}
+		}
+		st, _ := status.New(codes.Unavailable, fmt.Sprintf("meta node %d: %v", s.cfg.NodeID, err)).WithDetails(nl)
+		return st.Err()
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Errorf(codes.DeadlineExceeded, "meta node %d: %v", s.cfg.NodeID, err)
+	case errors.Is(err, context.Canceled):
+		return status.Errorf(codes.Canceled, "meta node %d: %v", s.cfg.NodeID, err)
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return status.Errorf(codes.Internal, "meta node %d: %v", s.cfg.NodeID, err)
+}
+
+func serviceName(method string) string {
+	// "/basalt.meta.v1.Scm/Heartbeat" → "Scm"
+	for i := len(method) - 1; i > 0; i-- {
+		if method[i] == '/' {
+			svc := method[1:i]
+			for j := len(svc) - 1; j >= 0; j-- {
+				if svc[j] == '.' {
+					return svc[j+1:]
+				}
+			}
+			return svc
+		}
+	}
+	return method
+}
