@@ -81,7 +81,12 @@ type DataStateMachine interface {
 	// new leader; the newest call wins.
 	WriteData(index, term uint64, meta, data []byte) error
 	// ReadData returns the data of the entry at index/term, written earlier
-	// by WriteData with that metadata.
+	// by WriteData with that metadata. If the data is gone for good (for
+	// example an uncommitted block cleaned up after a restart), return an
+	// error wrapping ErrDataLost: the entry is then sent without its data
+	// and the follower's WriteData receives data == nil, so it can record
+	// the loss (a later commit that needs the data must fail there) instead
+	// of stalling replication forever.
 	ReadData(index, term uint64, meta []byte) ([]byte, error)
 }
 
@@ -134,6 +139,9 @@ var (
 	ErrProposalDropped = errors.New("raft: proposal dropped")
 	// ErrTooLarge: a proposal bigger than the configured limit.
 	ErrTooLarge = errors.New("raft: proposal too large")
+	// ErrDataLost: returned (wrapped) by DataStateMachine.ReadData when an
+	// entry's data no longer exists anywhere on this replica.
+	ErrDataLost = errors.New("raft: entry data lost")
 	// ErrReplicasLag: WaitAppliedAll timed out; use errors.As with
 	// *LagError for the replicas that lag.
 	ErrReplicasLag = errors.New("raft: replicas lag")

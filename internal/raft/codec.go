@@ -22,6 +22,9 @@ const (
 	fmtPlain  = 1
 	fmtData   = 2
 	fmtElided = 3
+	// fmtLost is fmtElided sent by a leader whose data was lost
+	// (ReadData returned ErrDataLost).
+	fmtLost = 4
 
 	headerLen = 17
 )
@@ -68,7 +71,7 @@ func decodeEntryData(d []byte) (decodedEntry, error) {
 	case fmtPlain:
 		e.meta = rest
 		return e, nil
-	case fmtData, fmtElided:
+	case fmtData, fmtElided, fmtLost:
 		n, k := binary.Uvarint(rest)
 		if k <= 0 || uint64(len(rest)-k) < n {
 			return e, fmt.Errorf("raft: corrupt entry metadata length")
@@ -99,6 +102,13 @@ func elide(d []byte, e decodedEntry) []byte {
 	b = binary.AppendUvarint(b, uint64(len(e.meta)))
 	b = append(b, e.meta...)
 	return binary.AppendUvarint(b, e.dataLen)
+}
+
+// markLost turns a fmtElided payload into fmtLost.
+func markLost(d []byte) []byte {
+	b := append([]byte(nil), d...)
+	b[0] = fmtLost
+	return b
 }
 
 // hydrate turns a fmtElided payload back into fmtData with data.

@@ -3,6 +3,7 @@ package raft
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -951,7 +952,7 @@ func (g *Group) receiveSnapshot(m *pb.Message, body io.Reader) error {
 func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 	var out []*pb.Entry
 	for i, e := range ents {
-		if !isNormalWithPayload(e) || e.GetData()[0] != fmtData {
+		if !isNormalWithPayload(e) || (e.GetData()[0] != fmtData && e.GetData()[0] != fmtLost) {
 			if out != nil {
 				out = append(out, e)
 			}
@@ -961,10 +962,16 @@ func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := g.dsm.WriteData(e.GetIndex(), e.GetTerm(), d.meta, d.data); err != nil {
+		data := d.data
+		if d.format == fmtLost {
+			data = nil
+		}
+		if err := g.dsm.WriteData(e.GetIndex(), e.GetTerm(), d.meta, data); err != nil {
 			return nil, fmt.Errorf("raft: group %d: WriteData(index %d): %w", g.id, e.GetIndex(), err)
 		}
-		g.cache.put(e.GetIndex(), e.GetTerm(), d.data)
+		if data != nil {
+			g.cache.put(e.GetIndex(), e.GetTerm(), data)
+		}
 		if out == nil {
 			out = make([]*pb.Entry, i, len(ents))
 			copy(out, ents[:i])
@@ -1010,13 +1017,18 @@ func (g *Group) hydrateMessage(m *pb.Message) (*pb.Message, error) {
 			return nil, err
 		}
 		data, ok := g.cache.get(e.GetIndex(), e.GetTerm())
+		lost := false
 		if !ok {
 			g.host.metrics.dataReads.Inc()
 			data, err = g.dsm.ReadData(e.GetIndex(), e.GetTerm(), d.meta)
+			if errors.Is(err, ErrDataLost) {
+				g.host.log.Warn("entry data lost; sending the entry without it", "group", g.id, "index", e.GetIndex(), "err", err)
+				lost, err, data = true, nil, nil
+			}
 			if err != nil {
 				return nil, fmt.Errorf("raft: group %d: ReadData(index %d): %w", g.id, e.GetIndex(), err)
 			}
-			if uint64(len(data)) != d.dataLen {
+			if !lost && uint64(len(data)) != d.dataLen {
 				return nil, fmt.Errorf("raft: group %d: ReadData(index %d) returned %d bytes, want %d", g.id, e.GetIndex(), len(data), d.dataLen)
 			}
 		}
@@ -1026,7 +1038,11 @@ func (g *Group) hydrateMessage(m *pb.Message) (*pb.Message, error) {
 		}
 		hydrated += len(data)
 		typ := e.GetType()
-		ents = append(ents, &pb.Entry{Index: proto.Uint64(e.GetIndex()), Term: proto.Uint64(e.GetTerm()), Type: &typ, Data: hydrate(e.GetData(), d, data)})
+		payload := hydrate(e.GetData(), d, data)
+		if lost {
+			payload = markLost(e.GetData())
+		}
+		ents = append(ents, &pb.Entry{Index: proto.Uint64(e.GetIndex()), Term: proto.Uint64(e.GetTerm()), Type: &typ, Data: payload})
 	}
 	if ents == nil {
 		return m, nil
