@@ -1,0 +1,584 @@
+// Package datanode is the datanode role: it stores containers (package
+// storage), joins the Raft group of every pipeline SCM puts it in (package
+// raft, one host for all of them: multi-raft), serves the V1 write path
+// (WriteChunk and PutBlock through the pipeline's group, data kept out of
+// the log) and reads from any replica, and reports to SCM by heartbeat.
+package datanode
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
+	"github.com/basalt-store/basalt/internal/meta/metaclient"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/raft"
+	"github.com/basalt-store/basalt/internal/storage"
+)
+
+// Config configures a datanode. Zero values take the defaults noted.
+type Config struct {
+	// DataDir holds the datanode's identity, its pipeline list and, by
+	// default, its data volume and Raft log directory.
+	DataDir string
+	// Volumes are the data directories, one per disk (default DataDir/data).
+	Volumes []string
+	// LogDirs are the Raft log directories, one per disk (default
+	// DataDir/raft).
+	LogDirs []string
+	// Location is the network location, e.g. "/dc1/rack2".
+	Location string
+	Hostname string
+	// MetaAddrs are the gRPC addresses of the metadata service.
+	MetaAddrs []string
+	// ListenAddr serves clients (gRPC); RaftAddr the pipelines' Raft
+	// transport. "127.0.0.1:0" picks a port.
+	ListenAddr string
+	RaftAddr   string
+	// TickInterval of the pipelines' Raft groups (default 100ms).
+	TickInterval time.Duration
+	// Storage options; Volumes, KeepUncommitted are set by the datanode.
+	Storage storage.Options
+	// FullReportEvery: full container reports every this many heartbeats
+	// (default 10).
+	FullReportEvery int
+	Registerer      prometheus.Registerer
+	Logger          *slog.Logger
+}
+
+// Datanode is one running datanode.
+type Datanode struct {
+	cfg   Config
+	log   *slog.Logger
+	store *storage.Store
+	host  *raft.Host
+	meta  *metaclient.Client
+	grpc  *grpc.Server
+	lis   net.Listener
+	stats stats
+	ident identity
+
+	mu        sync.Mutex
+	peers     map[uint64]*metapb.DatanodeDetails // by datanode ID
+	pipelines map[uint64]*metapb.Pipeline
+	sms       map[uint64]*containerSM
+	deleted   []uint64 // delete-block transactions done, to report
+
+	hbInterval time.Duration
+	stopc      chan struct{}
+	wg         sync.WaitGroup
+	closeOnce  sync.Once
+}
+
+type identity struct {
+	UUID string `json:"uuid"`
+	ID   uint64 `json:"id"`
+}
+
+// New opens the datanode's storage; Start registers it and starts serving.
+func New(cfg Config) (*Datanode, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("datanode: DataDir is required")
+	}
+	if len(cfg.MetaAddrs) == 0 {
+		return nil, errors.New("datanode: MetaAddrs is required")
+	}
+	if len(cfg.Volumes) == 0 {
+		cfg.Volumes = []string{filepath.Join(cfg.DataDir, "data")}
+	}
+	if len(cfg.LogDirs) == 0 {
+		cfg.LogDirs = []string{filepath.Join(cfg.DataDir, "raft")}
+	}
+	if cfg.Location == "" {
+		cfg.Location = "/default-rack"
+	}
+	if cfg.Hostname == "" {
+		cfg.Hostname, _ = os.Hostname()
+	}
+	if cfg.ListenAddr == "" {
+		cfg.ListenAddr = "127.0.0.1:0"
+	}
+	if cfg.RaftAddr == "" {
+		cfg.RaftAddr = "127.0.0.1:0"
+	}
+	if cfg.FullReportEvery == 0 {
+		cfg.FullReportEvery = 10
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "pipelines"), 0o755); err != nil {
+		return nil, err
+	}
+	d := &Datanode{cfg: cfg, log: cfg.Logger, peers: map[uint64]*metapb.DatanodeDetails{},
+		pipelines: map[uint64]*metapb.Pipeline{}, sms: map[uint64]*containerSM{}, stopc: make(chan struct{})}
+	if err := d.loadIdentity(); err != nil {
+		return nil, err
+	}
+	so := cfg.Storage
+	so.Volumes = cfg.Volumes
+	// A chunk acknowledged through Raft must survive a restart until its
+	// block is committed or abandoned: the leader may need to resend it.
+	so.KeepUncommitted = true
+	st, err := storage.Open(so)
+	if err != nil {
+		return nil, err
+	}
+	d.store = st
+	mc, err := metaclient.New(metaclient.Config{Addrs: cfg.MetaAddrs})
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	d.meta = mc
+	lis, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		st.Close()
+		mc.Close()
+		return nil, fmt.Errorf("datanode: listen on %s: %w", cfg.ListenAddr, err)
+	}
+	d.lis = lis
+	return d, nil
+}
+
+func (d *Datanode) identityFile() string { return filepath.Join(d.cfg.DataDir, "datanode.json") }
+
+func (d *Datanode) loadIdentity() error {
+	b, err := os.ReadFile(d.identityFile())
+	if err == nil {
+		if err := json.Unmarshal(b, &d.ident); err != nil || d.ident.UUID == "" {
+			return fmt.Errorf("datanode: corrupt identity file %s", d.identityFile())
+		}
+		return nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	var u [16]byte
+	rand.Read(u[:])
+	d.ident.UUID = hex.EncodeToString(u[:])
+	return d.saveIdentity()
+}
+
+func (d *Datanode) saveIdentity() error { return writeFileSync(d.identityFile(), mustJSON(d.ident)) }
+
+// ID is the datanode ID SCM assigned (0 before the first registration).
+func (d *Datanode) ID() uint64 { return d.ident.ID }
+
+// Addr is the client (gRPC) address.
+func (d *Datanode) Addr() string { return d.lis.Addr().String() }
+
+// RaftAddr is the pipelines' Raft transport address.
+func (d *Datanode) RaftAddr() string {
+	if d.host == nil {
+		return ""
+	}
+	return d.host.Addr()
+}
+
+// Store exposes the container storage (tests, admin).
+func (d *Datanode) Store() *storage.Store { return d.store }
+
+// Start registers with SCM (retrying until the metadata service answers or
+// ctx ends), starts the Raft host with the pipelines it was in, and serves.
+func (d *Datanode) Start(ctx context.Context) error {
+	raftAddr := d.cfg.RaftAddr
+	if d.ident.ID == 0 {
+		// First start: SCM assigns the ID the Raft host needs, and wants the
+		// Raft address at registration; pick the port now.
+		if l, err := net.Listen("tcp", raftAddr); err == nil {
+			raftAddr = l.Addr().String()
+			l.Close()
+		} else {
+			return fmt.Errorf("datanode: raft address %s: %w", raftAddr, err)
+		}
+		if err := d.register(ctx, raftAddr); err != nil {
+			return err
+		}
+	}
+	h, err := raft.NewHost(raft.HostConfig{
+		ID: d.ident.ID, LogDirs: d.cfg.LogDirs, ListenAddr: raftAddr, Resolve: d.resolveRaft,
+		TickInterval: d.cfg.TickInterval, Registerer: d.cfg.Registerer, Logger: d.log,
+		// Chunk data is in the block files, so a log entry is small, but
+		// keep more of the log for followers that fall behind briefly.
+		CompactEvery: 4096, CompactKeep: 1024,
+	})
+	if err != nil {
+		return err
+	}
+	d.host = h
+	if err := d.register(ctx, h.Addr()); err != nil {
+		return err
+	}
+	if err := d.restorePipelines(); err != nil {
+		return err
+	}
+	d.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20))
+	datanodepb.RegisterDatanodeServer(d.grpc, &service{d: d})
+	d.wg.Add(2)
+	go func() {
+		defer d.wg.Done()
+		d.grpc.Serve(d.lis)
+	}()
+	go d.heartbeatLoop()
+	return nil
+}
+
+func (d *Datanode) details(raftAddr string) *metapb.DatanodeDetails {
+	return &metapb.DatanodeDetails{Id: d.ident.ID, Uuid: d.ident.UUID, Hostname: d.cfg.Hostname,
+		DataAddr: d.Addr(), RaftAddr: raftAddr, Location: d.cfg.Location}
+}
+
+func (d *Datanode) register(ctx context.Context, raftAddr string) error {
+	backoff := 100 * time.Millisecond
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		resp, err := d.meta.Scm.RegisterDatanode(rctx, &metapb.RegisterDatanodeRequest{Details: d.details(raftAddr), Volumes: d.volumeReports()})
+		cancel()
+		if err == nil {
+			if d.ident.ID != 0 && d.ident.ID != resp.GetDatanodeId() {
+				return fmt.Errorf("datanode %s: SCM assigned ID %d but this datanode is %d", d.ident.UUID, resp.GetDatanodeId(), d.ident.ID)
+			}
+			if d.ident.ID == 0 {
+				d.ident.ID = resp.GetDatanodeId()
+				if err := d.saveIdentity(); err != nil {
+					return err
+				}
+			}
+			d.hbInterval = time.Duration(resp.GetHeartbeatIntervalMs()) * time.Millisecond
+			if d.hbInterval <= 0 {
+				d.hbInterval = 3 * time.Second
+			}
+			return nil
+		}
+		if c := status.Code(err); c == codes.InvalidArgument || c == codes.AlreadyExists || c == codes.PermissionDenied {
+			return fmt.Errorf("datanode: SCM refused registration: %w", err)
+		}
+		d.log.Info("registration with SCM failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("datanode: registering with SCM at %v: %w", d.cfg.MetaAddrs, err)
+		case <-d.stopc:
+			return raft.ErrStopped
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+}
+
+func (d *Datanode) resolveRaft(id uint64) (string, error) {
+	d.mu.Lock()
+	p, ok := d.peers[id]
+	d.mu.Unlock()
+	if ok && p.GetRaftAddr() != "" {
+		return p.GetRaftAddr(), nil
+	}
+	d.refreshPeers()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if p, ok := d.peers[id]; ok && p.GetRaftAddr() != "" {
+		return p.GetRaftAddr(), nil
+	}
+	return "", fmt.Errorf("datanode: no raft address known for datanode %d", id)
+}
+
+// refreshPeers learns every datanode's addresses from SCM (addresses may
+// change when a datanode restarts on another port).
+func (d *Datanode) refreshPeers() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := d.meta.Scm.ListDatanodes(ctx, &metapb.ListDatanodesRequest{})
+	if err != nil {
+		return
+	}
+	d.mu.Lock()
+	for _, s := range resp.GetDatanodes() {
+		d.peers[s.GetDetails().GetId()] = s.GetDetails()
+	}
+	d.mu.Unlock()
+}
+
+func (d *Datanode) peerDataAddr(id uint64) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if p, ok := d.peers[id]; ok {
+		return p.GetDataAddr()
+	}
+	return ""
+}
+
+// pipelinesFile lists the pipelines this datanode is in, so a restart
+// rejoins them.
+func (d *Datanode) pipelinesFile() string { return filepath.Join(d.cfg.DataDir, "pipelines.json") }
+
+type savedPipelines struct {
+	Pipelines []json.RawMessage `json:"pipelines"`
+}
+
+func (d *Datanode) savePipelinesLocked() error {
+	ids := make([]uint64, 0, len(d.pipelines))
+	for id := range d.pipelines {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	var sp savedPipelines
+	for _, id := range ids {
+		b, err := protoJSON(d.pipelines[id])
+		if err != nil {
+			return err
+		}
+		sp.Pipelines = append(sp.Pipelines, b)
+	}
+	return writeFileSync(d.pipelinesFile(), mustJSON(sp))
+}
+
+func (d *Datanode) restorePipelines() error {
+	b, err := os.ReadFile(d.pipelinesFile())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var sp savedPipelines
+	if err := json.Unmarshal(b, &sp); err != nil {
+		return fmt.Errorf("datanode: corrupt %s: %w", d.pipelinesFile(), err)
+	}
+	for _, raw := range sp.Pipelines {
+		p := &metapb.Pipeline{}
+		if err := protoUnJSON(raw, p); err != nil {
+			return fmt.Errorf("datanode: corrupt %s: %w", d.pipelinesFile(), err)
+		}
+		if err := d.joinPipeline(p, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// joinPipeline starts (or restarts) this datanode's replica of a pipeline.
+func (d *Datanode) joinPipeline(p *metapb.Pipeline, members []*metapb.DatanodeDetails) error {
+	d.mu.Lock()
+	for _, m := range members {
+		d.peers[m.GetId()] = m
+	}
+	if _, ok := d.sms[p.GetId()]; ok {
+		d.mu.Unlock()
+		return nil
+	}
+	d.mu.Unlock()
+	sm, err := newContainerSM(p.GetId(), d.store, filepath.Join(d.cfg.DataDir, "pipelines"), &d.stats, d.log)
+	if err != nil {
+		return err
+	}
+	if _, err := d.host.AddGroup(raft.GroupConfig{ID: p.GetId(), Peers: p.GetDatanodes(), StateMachine: sm}); err != nil && !errors.Is(err, raft.ErrGroupExists) {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.sms[p.GetId()] = sm
+	d.pipelines[p.GetId()] = p
+	return d.savePipelinesLocked()
+}
+
+func (d *Datanode) leavePipeline(id uint64) error {
+	d.mu.Lock()
+	_, ok := d.sms[id]
+	delete(d.sms, id)
+	delete(d.pipelines, id)
+	err := d.savePipelinesLocked()
+	d.mu.Unlock()
+	if !ok {
+		return err
+	}
+	if rerr := d.host.RemoveGroup(id); rerr != nil && !errors.Is(rerr, raft.ErrGroupNotFound) {
+		return rerr
+	}
+	os.Remove(filepath.Join(d.cfg.DataDir, "pipelines", fmt.Sprintf("%d.applied", id)))
+	return err
+}
+
+func (d *Datanode) heartbeatLoop() {
+	defer d.wg.Done()
+	n := 0
+	for {
+		select {
+		case <-d.stopc:
+			return
+		case <-time.After(d.hbInterval):
+		}
+		if err := d.heartbeat(n%d.cfg.FullReportEvery == 0); err != nil {
+			d.log.Debug("heartbeat failed", "err", err)
+		}
+		n++
+		if n%5 == 0 {
+			d.refreshPeers()
+		}
+	}
+}
+
+// Heartbeat sends one heartbeat now (tests use it to speed things up).
+func (d *Datanode) Heartbeat() error { return d.heartbeat(true) }
+
+func (d *Datanode) heartbeat(full bool) error {
+	req := &metapb.HeartbeatRequest{DatanodeId: d.ident.ID, Volumes: d.volumeReports(), FullReport: full}
+	if full {
+		for _, c := range d.store.ListContainers() {
+			req.Containers = append(req.Containers, &metapb.ContainerReport{
+				ContainerId: uint64(c.ID), State: containerState(c.State), UsedBytes: uint64(c.UsedBytes),
+				BlockCount: uint64(c.BlockCount), Bcsid: c.BCSID,
+			})
+		}
+	}
+	d.mu.Lock()
+	for id := range d.sms {
+		req.Pipelines = append(req.Pipelines, &metapb.PipelineReport{PipelineId: id})
+	}
+	req.DeletedBlockTxs = append(req.DeletedBlockTxs, d.deleted...)
+	sent := len(d.deleted)
+	d.mu.Unlock()
+	for _, p := range req.Pipelines {
+		if g, err := d.host.Group(p.PipelineId); err == nil {
+			p.IsLeader = g.IsLeader()
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := d.meta.Scm.Heartbeat(ctx, req)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.deleted = d.deleted[sent:]
+	d.mu.Unlock()
+	if resp.GetReregister() {
+		return d.register(ctx, d.host.Addr())
+	}
+	for _, cmd := range resp.GetCommands() {
+		if err := d.execute(cmd); err != nil {
+			d.log.Warn("command failed", "cmd", cmd.String(), "err", err)
+		}
+	}
+	return nil
+}
+
+func (d *Datanode) execute(cmd *metapb.DatanodeCommand) error {
+	switch c := cmd.GetCommand().(type) {
+	case *metapb.DatanodeCommand_CreatePipeline:
+		return d.joinPipeline(c.CreatePipeline.GetPipeline(), c.CreatePipeline.GetDatanodes())
+	case *metapb.DatanodeCommand_ClosePipeline:
+		return d.leavePipeline(c.ClosePipeline.GetPipelineId())
+	case *metapb.DatanodeCommand_CloseContainer:
+		return d.closeContainer(c.CloseContainer.GetContainerId(), c.CloseContainer.GetPipelineId())
+	case *metapb.DatanodeCommand_DeleteBlocks:
+		del := c.DeleteBlocks
+		lids := make([]storage.LocalID, len(del.GetLocalIds()))
+		for i, l := range del.GetLocalIds() {
+			lids[i] = storage.LocalID(l)
+		}
+		err := d.store.DeleteBlocks(storage.ContainerID(del.GetContainerId()), lids)
+		if err != nil && !errors.Is(err, storage.ErrContainerNotFound) {
+			return err
+		}
+		d.mu.Lock()
+		d.deleted = append(d.deleted, del.GetTxId())
+		d.mu.Unlock()
+		return nil
+	}
+	return nil
+}
+
+// closeContainer closes a container through its pipeline's log, so every
+// replica closes it after the same last write; if the pipeline is gone,
+// locally.
+func (d *Datanode) closeContainer(cid, pipeline uint64) error {
+	g, err := d.host.Group(pipeline)
+	if err != nil {
+		err := d.store.CloseContainer(storage.ContainerID(cid))
+		if errors.Is(err, storage.ErrContainerNotFound) {
+			return nil
+		}
+		return err
+	}
+	if !g.IsLeader() {
+		return nil // the leader proposes it
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = g.Propose(ctx, mustMarshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_CloseContainer{
+		CloseContainer: &datanodepb.CloseContainerCmd{ContainerId: cid}}}), nil)
+	return err
+}
+
+func (d *Datanode) volumeReports() []*metapb.VolumeReport {
+	var out []*metapb.VolumeReport
+	for _, v := range d.store.Volumes() {
+		out = append(out, &metapb.VolumeReport{Path: v.Path, CapacityBytes: uint64(v.Capacity), UsedBytes: uint64(v.Used), Failed: v.Failed})
+	}
+	return out
+}
+
+func containerState(s storage.State) metapb.ContainerState {
+	switch s {
+	case storage.StateOpen:
+		return metapb.ContainerState_CONTAINER_OPEN
+	case storage.StateClosing:
+		return metapb.ContainerState_CONTAINER_CLOSING
+	default:
+		// UNHEALTHY is reported as CLOSED: no new writes go to it.
+		return metapb.ContainerState_CONTAINER_CLOSED
+	}
+}
+
+// Close stops serving and closes everything. It does not tell SCM.
+func (d *Datanode) Close() error {
+	var err error
+	d.closeOnce.Do(func() {
+		close(d.stopc)
+		if d.grpc != nil {
+			d.grpc.Stop()
+		} else {
+			d.lis.Close()
+		}
+		if d.host != nil {
+			// Persist where each pipeline got to, so a restart replays less.
+			d.mu.Lock()
+			for _, sm := range d.sms {
+				sm.persist(sm.applied.Load())
+			}
+			d.mu.Unlock()
+			err = d.host.Close()
+		}
+		d.wg.Wait()
+		if serr := d.store.Close(); err == nil {
+			err = serr
+		}
+		d.meta.Close()
+	})
+	return err
+}
+
+// IsPipelineLeader reports whether this datanode leads the pipeline.
+func (d *Datanode) IsPipelineLeader(pipeline uint64) bool {
+	if d.host == nil {
+		return false
+	}
+	g, err := d.host.Group(pipeline)
+	return err == nil && g.IsLeader()
+}

@@ -1,0 +1,244 @@
+package datanode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
+	"github.com/basalt-store/basalt/internal/raft"
+	"github.com/basalt-store/basalt/internal/storage"
+)
+
+// service implements datanodepb.DatanodeServer.
+type service struct {
+	datanodepb.UnimplementedDatanodeServer
+	d *Datanode
+}
+
+// dnError builds a gRPC status carrying a datanodepb.Error the client acts on.
+func dnError(c codes.Code, kind datanodepb.Error_Kind, msg string, detail *datanodepb.Error) error {
+	if detail == nil {
+		detail = &datanodepb.Error{}
+	}
+	detail.Kind = kind
+	st, err := status.New(c, msg).WithDetails(detail)
+	if err != nil {
+		return status.Error(c, msg)
+	}
+	return st.Err()
+}
+
+// toStatus maps storage and raft errors to statuses with a kind.
+func (s *service) toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	var nle *raft.NotLeaderError
+	var lag *raft.LagError
+	switch {
+	case errors.As(err, &nle):
+		return dnError(codes.Unavailable, datanodepb.Error_NOT_LEADER, err.Error(),
+			&datanodepb.Error{LeaderId: nle.Leader, LeaderAddr: s.d.peerDataAddr(nle.Leader)})
+	case errors.As(err, &lag):
+		var ids []uint64
+		for id := range lag.Lagging {
+			ids = append(ids, id)
+		}
+		return dnError(codes.DeadlineExceeded, datanodepb.Error_REPLICAS_LAG, err.Error(), &datanodepb.Error{Lagging: ids})
+	case errors.Is(err, raft.ErrProposalDropped):
+		return dnError(codes.Unavailable, datanodepb.Error_NOT_LEADER, err.Error(), nil)
+	case errors.Is(err, raft.ErrStopped), errors.Is(err, raft.ErrGroupNotFound):
+		return dnError(codes.Unavailable, datanodepb.Error_PIPELINE_NOT_FOUND, err.Error(), nil)
+	case errors.Is(err, storage.ErrContainerNotOpen):
+		return dnError(codes.FailedPrecondition, datanodepb.Error_CONTAINER_NOT_OPEN, err.Error(), nil)
+	case errors.Is(err, storage.ErrContainerFull):
+		return dnError(codes.ResourceExhausted, datanodepb.Error_CONTAINER_FULL, err.Error(), nil)
+	case errors.Is(err, storage.ErrContainerNotFound):
+		return dnError(codes.NotFound, datanodepb.Error_NO_SUCH_CONTAINER, err.Error(), nil)
+	case errors.Is(err, storage.ErrBlockNotFound):
+		return dnError(codes.NotFound, datanodepb.Error_NO_SUCH_BLOCK, err.Error(), nil)
+	case errors.Is(err, storage.ErrChecksumMismatch), errors.Is(err, storage.ErrCorruption):
+		return dnError(codes.DataLoss, datanodepb.Error_CHECKSUM_MISMATCH, err.Error(), nil)
+	case errors.Is(err, storage.ErrDiskFull):
+		return dnError(codes.ResourceExhausted, datanodepb.Error_DISK_FULL, err.Error(), nil)
+	case errors.Is(err, storage.ErrOutOfRange):
+		return dnError(codes.OutOfRange, datanodepb.Error_BAD_REQUEST, err.Error(), nil)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	default:
+		return dnError(codes.Internal, datanodepb.Error_IO_ERROR, err.Error(), nil)
+	}
+}
+
+// leaderGroup returns the pipeline's group if this datanode leads it.
+func (s *service) leaderGroup(pipeline uint64) (*raft.Group, error) {
+	g, err := s.d.host.Group(pipeline)
+	if err != nil {
+		return nil, dnError(codes.FailedPrecondition, datanodepb.Error_PIPELINE_NOT_FOUND,
+			fmt.Sprintf("datanode %d is not in pipeline %d", s.d.ident.ID, pipeline), nil)
+	}
+	if !g.IsLeader() {
+		return nil, s.toStatus(&raft.NotLeaderError{Group: pipeline, Leader: g.Leader()})
+	}
+	return g, nil
+}
+
+// checkWritable refuses writes to a container that is not open or has no
+// room, before anything goes into the log.
+func (s *service) checkWritable(cid storage.ContainerID, more int64) error {
+	rep, err := s.d.store.Container(cid)
+	if errors.Is(err, storage.ErrContainerNotFound) {
+		return nil // created by the first write
+	}
+	if err != nil {
+		return s.toStatus(err)
+	}
+	if rep.State != storage.StateOpen {
+		return dnError(codes.FailedPrecondition, datanodepb.Error_CONTAINER_NOT_OPEN,
+			fmt.Sprintf("container %d is %s", cid, rep.State), nil)
+	}
+	if rep.UsedBytes+more > rep.MaxSize {
+		return dnError(codes.ResourceExhausted, datanodepb.Error_CONTAINER_FULL,
+			fmt.Sprintf("container %d is full (%d of %d bytes used)", cid, rep.UsedBytes, rep.MaxSize), nil)
+	}
+	return nil
+}
+
+func (s *service) WriteChunk(ctx context.Context, req *datanodepb.WriteChunkRequest) (*datanodepb.WriteChunkResponse, error) {
+	b, c := req.GetBlock(), req.GetChunk()
+	if b == nil || c == nil || c.GetLength() != uint64(len(req.GetData())) || len(req.GetData()) == 0 {
+		return nil, dnError(codes.InvalidArgument, datanodepb.Error_BAD_REQUEST,
+			fmt.Sprintf("WriteChunk: block %v chunk %v with %d bytes of data: block, chunk and a length matching the data are required", b, c, len(req.GetData())), nil)
+	}
+	g, err := s.leaderGroup(req.GetPipelineId())
+	if err != nil {
+		return nil, err
+	}
+	cid := storage.ContainerID(b.GetContainerId())
+	if err := s.checkWritable(cid, int64(len(req.GetData()))); err != nil {
+		return nil, err
+	}
+	// Verify on the leader before replicating: data damaged on the way in
+	// is refused here rather than stored three times.
+	sum := toChecksum(c.GetChecksum())
+	if sum.Type != storage.ChecksumNone {
+		if bad := sum.Verify(req.GetData()); bad >= 0 {
+			return nil, dnError(codes.DataLoss, datanodepb.Error_CHECKSUM_MISMATCH,
+				fmt.Sprintf("container %d block %d: chunk at %d fails its checksum at +%d", cid, b.GetLocalId(), c.GetOffset(), bad), nil)
+		}
+	}
+	meta := mustMarshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_WriteChunk{
+		WriteChunk: &datanodepb.WriteChunkCmd{Block: b, Chunk: c}}})
+	res, err := g.Propose(ctx, meta, req.GetData())
+	if err != nil {
+		return nil, s.toStatus(err)
+	}
+	return &datanodepb.WriteChunkResponse{Index: res.Index}, nil
+}
+
+func (s *service) PutBlock(ctx context.Context, req *datanodepb.PutBlockRequest) (*datanodepb.PutBlockResponse, error) {
+	bd := req.GetBlock()
+	if bd.GetId() == nil {
+		return nil, dnError(codes.InvalidArgument, datanodepb.Error_BAD_REQUEST, "PutBlock: block id required", nil)
+	}
+	g, err := s.leaderGroup(req.GetPipelineId())
+	if err != nil {
+		return nil, err
+	}
+	meta := mustMarshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_PutBlock{
+		PutBlock: &datanodepb.PutBlockCmd{Block: bd, CloseContainer: req.GetCloseContainer()}}})
+	res, err := g.Propose(ctx, meta, nil)
+	if err != nil {
+		return nil, s.toStatus(err)
+	}
+	if req.GetWaitAll() {
+		timeout := time.Duration(req.GetWaitTimeoutMs()) * time.Millisecond
+		if timeout <= 0 {
+			timeout = 30 * time.Second
+		}
+		wctx, cancel := context.WithTimeout(ctx, timeout)
+		err := g.WaitAppliedAll(wctx, res.Index)
+		cancel()
+		if err != nil {
+			return nil, s.toStatus(err)
+		}
+	}
+	return &datanodepb.PutBlockResponse{Index: res.Index}, nil
+}
+
+// readPiece is what one storage read fetches; sendPiece what one message
+// carries (well under gRPC's default 4 MiB receive limit).
+const (
+	readPiece = 4 << 20
+	sendPiece = 1 << 20
+)
+
+func (s *service) ReadBlock(req *datanodepb.ReadBlockRequest, stream datanodepb.Datanode_ReadBlockServer) error {
+	cid := storage.ContainerID(req.GetBlock().GetContainerId())
+	lid := storage.LocalID(req.GetBlock().GetLocalId())
+	bd, err := s.d.store.GetBlock(cid, lid)
+	if err != nil {
+		return s.toStatus(err)
+	}
+	off, n := int64(req.GetOffset()), int64(req.GetLength())
+	if n == 0 {
+		n = bd.Length - off
+	}
+	if off < 0 || n < 0 || off+n > bd.Length {
+		return dnError(codes.OutOfRange, datanodepb.Error_BAD_REQUEST,
+			fmt.Sprintf("container %d block %d: range [%d,%d) outside block length %d", cid, lid, off, off+n, bd.Length), nil)
+	}
+	if err := stream.Send(&datanodepb.ReadBlockResponse{Block: fromBlockData(cid, bd)}); err != nil {
+		return err
+	}
+	buf := storage.AlignedBuffer(readPiece)
+	for n > 0 {
+		k := min(n, readPiece)
+		got, err := s.d.store.ReadAt(cid, lid, buf[:k], off)
+		if err != nil {
+			return s.toStatus(err)
+		}
+		for p := 0; p < got; p += sendPiece {
+			e := min(p+sendPiece, got)
+			if err := stream.Send(&datanodepb.ReadBlockResponse{Offset: uint64(off) + uint64(p), Data: buf[p:e]}); err != nil {
+				return err
+			}
+		}
+		s.d.stats.bytesRead.Add(uint64(got))
+		off += int64(got)
+		n -= int64(got)
+	}
+	return nil
+}
+
+func (s *service) GetBlock(ctx context.Context, req *datanodepb.GetBlockRequest) (*datanodepb.BlockData, error) {
+	cid := storage.ContainerID(req.GetBlock().GetContainerId())
+	bd, err := s.d.store.GetBlock(cid, storage.LocalID(req.GetBlock().GetLocalId()))
+	if err != nil {
+		return nil, s.toStatus(err)
+	}
+	return fromBlockData(cid, bd), nil
+}
+
+func (s *service) Info(ctx context.Context, req *datanodepb.InfoRequest) (*datanodepb.InfoResponse, error) {
+	d := s.d
+	resp := &datanodepb.InfoResponse{
+		DatanodeId: d.ident.ID, Location: d.cfg.Location,
+		ChunksWritten: d.stats.chunksWritten.Load(), BytesWritten: d.stats.bytesWritten.Load(),
+		BlocksCommitted: d.stats.blocksCommitted.Load(), BytesRead: d.stats.bytesRead.Load(),
+	}
+	for _, id := range d.host.Groups() {
+		g, err := d.host.Group(id)
+		if err != nil {
+			continue
+		}
+		st := g.Status()
+		resp.Pipelines = append(resp.Pipelines, &datanodepb.PipelineInfo{Id: id, Leader: st.Leader, Members: st.Voters, Applied: st.Applied})
+	}
+	return resp, nil
+}
