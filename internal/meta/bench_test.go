@@ -20,7 +20,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/scm"
 )
 
-// The benchmarks run only with META_BENCH=1 (see docs/bench/meta.md). The
+// The benchmarks run only with META_BENCH=1 (see docs/BENCHMARKS.md). The
 // load comes from a child process (this test binary re-run with
 // META_BENCH_CLIENT set) so client CPU is not counted as server CPU.
 

@@ -69,7 +69,7 @@ type DirectIO int
 const (
 	// DirectAuto uses O_DIRECT for 4 KiB-aligned pieces when the file
 	// system accepts it and buffered I/O otherwise (the default; see
-	// docs/bench/storage.md for the measurements behind it).
+	// docs/BENCHMARKS.md for the measurements behind it).
 	DirectAuto DirectIO = iota
 	// DirectOff always uses the page cache.
 	DirectOff

@@ -15,7 +15,7 @@ const readPiece = 4 << 20
 
 // pipePiece is the unit of the read pipeline. 4 MiB: on the measured disk
 // 1 MiB direct reads ran at 1.6 GB/s against 2.0+ for 4 MiB, which cost more
-// than overlapping verification saved (docs/bench/storage.md). So only calls
+// than overlapping verification saved (docs/BENCHMARKS.md). So only calls
 // larger than 4 MiB overlap; a 4 MiB call is one read then one verify.
 const pipePiece = readPiece
 
