@@ -8,7 +8,8 @@ import (
 )
 
 type metrics struct {
-	rpc *prometheus.HistogramVec
+	rpc     *prometheus.HistogramVec
+	corrupt prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -19,7 +20,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 18), // 50µs .. 6.5s
 		}, []string{"method", "code"}),
 	}
-	reg.MustRegister(m.rpc)
+	m.corrupt = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "basalt", Subsystem: "scm", Name: "corrupt_replica_reports_total",
+		Help: "Replicas reported by clients as failing their checksums.",
+	})
+	reg.MustRegister(m.rpc, m.corrupt)
 	return m
 }
 

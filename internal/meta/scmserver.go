@@ -3,6 +3,8 @@ package meta
 import (
 	"context"
 	"slices"
+	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -130,4 +132,79 @@ func (x *scmServer) GetSafeMode(ctx context.Context, _ *metapb.GetSafeModeReques
 		return nil, err
 	}
 	return x.s.scmMgr.SafeMode()
+}
+
+// maxCorruptReports bounds the corrupt-replica reports the SCM leader keeps.
+const maxCorruptReports = 10000
+
+// corruptReplicas are reports from clients that a replica failed its
+// checksums. They are kept on the SCM leader (lost on failover, like
+// liveness) and exported as a metric; the replication manager, when it
+// exists, acts on them.
+type corruptReplicas struct {
+	mu   sync.Mutex
+	byID map[[3]uint64]*metapb.CorruptReplica
+}
+
+func (x *scmServer) ReportCorruptReplica(ctx context.Context, req *metapb.ReportCorruptReplicaRequest) (*metapb.ReportCorruptReplicaResponse, error) {
+	if err := x.leader(); err != nil {
+		return nil, err
+	}
+	if req.GetBlock() == nil || req.GetDatanodeId() == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "report corrupt replica: block and datanode_id are required (got block %v, datanode %d)", req.GetBlock(), req.GetDatanodeId())
+	}
+	c := &x.s.corrupt
+	key := [3]uint64{req.GetBlock().GetContainerId(), req.GetBlock().GetLocalId(), req.GetDatanodeId()}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byID == nil {
+		c.byID = map[[3]uint64]*metapb.CorruptReplica{}
+	}
+	r, ok := c.byID[key]
+	if !ok {
+		if len(c.byID) >= maxCorruptReports {
+			return nil, status.Errorf(codes.ResourceExhausted, "report corrupt replica: %d reports pending", len(c.byID))
+		}
+		r = &metapb.CorruptReplica{Block: req.GetBlock(), DatanodeId: req.GetDatanodeId()}
+		c.byID[key] = r
+	}
+	r.Reason = req.GetReason()
+	r.ReportedUnixMs = time.Now().UnixMilli()
+	r.Reports++
+	x.s.metrics.corrupt.Inc()
+	x.s.log.Warn("corrupt replica reported", "container", key[0], "block", key[1], "datanode", key[2], "reason", req.GetReason())
+	return &metapb.ReportCorruptReplicaResponse{}, nil
+}
+
+func (x *scmServer) ListCorruptReplicas(ctx context.Context, req *metapb.ListCorruptReplicasRequest) (*metapb.ListCorruptReplicasResponse, error) {
+	if err := x.leader(); err != nil {
+		return nil, err
+	}
+	c := &x.s.corrupt
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := &metapb.ListCorruptReplicasResponse{}
+	for _, r := range c.byID {
+		out.Replicas = append(out.Replicas, r)
+	}
+	slices.SortFunc(out.Replicas, func(a, b *metapb.CorruptReplica) int {
+		if a.GetBlock().GetContainerId() != b.GetBlock().GetContainerId() {
+			return cmpU(a.GetBlock().GetContainerId(), b.GetBlock().GetContainerId())
+		}
+		if a.GetBlock().GetLocalId() != b.GetBlock().GetLocalId() {
+			return cmpU(a.GetBlock().GetLocalId(), b.GetBlock().GetLocalId())
+		}
+		return cmpU(a.GetDatanodeId(), b.GetDatanodeId())
+	})
+	return out, nil
+}
+
+func cmpU(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }

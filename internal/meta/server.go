@@ -102,6 +102,7 @@ type Server struct {
 	grpc *grpc.Server
 
 	metrics *metrics
+	corrupt corruptReplicas
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	closeMu sync.Mutex

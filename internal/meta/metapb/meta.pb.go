@@ -1884,6 +1884,258 @@ func (*DeleteBlocksResponse) Descriptor() ([]byte, []int) {
 	return file_meta_meta_proto_rawDescGZIP(), []int{23}
 }
 
+type ReportCorruptReplicaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Block         *BlockID               `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"`
+	DatanodeId    uint64                 `protobuf:"varint,2,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportCorruptReplicaRequest) Reset() {
+	*x = ReportCorruptReplicaRequest{}
+	mi := &file_meta_meta_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportCorruptReplicaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportCorruptReplicaRequest) ProtoMessage() {}
+
+func (x *ReportCorruptReplicaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportCorruptReplicaRequest.ProtoReflect.Descriptor instead.
+func (*ReportCorruptReplicaRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ReportCorruptReplicaRequest) GetBlock() *BlockID {
+	if x != nil {
+		return x.Block
+	}
+	return nil
+}
+
+func (x *ReportCorruptReplicaRequest) GetDatanodeId() uint64 {
+	if x != nil {
+		return x.DatanodeId
+	}
+	return 0
+}
+
+func (x *ReportCorruptReplicaRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type ReportCorruptReplicaResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportCorruptReplicaResponse) Reset() {
+	*x = ReportCorruptReplicaResponse{}
+	mi := &file_meta_meta_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportCorruptReplicaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportCorruptReplicaResponse) ProtoMessage() {}
+
+func (x *ReportCorruptReplicaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportCorruptReplicaResponse.ProtoReflect.Descriptor instead.
+func (*ReportCorruptReplicaResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{25}
+}
+
+type ListCorruptReplicasRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCorruptReplicasRequest) Reset() {
+	*x = ListCorruptReplicasRequest{}
+	mi := &file_meta_meta_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCorruptReplicasRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCorruptReplicasRequest) ProtoMessage() {}
+
+func (x *ListCorruptReplicasRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCorruptReplicasRequest.ProtoReflect.Descriptor instead.
+func (*ListCorruptReplicasRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{26}
+}
+
+type CorruptReplica struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Block          *BlockID               `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"`
+	DatanodeId     uint64                 `protobuf:"varint,2,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
+	Reason         string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	ReportedUnixMs int64                  `protobuf:"varint,4,opt,name=reported_unix_ms,json=reportedUnixMs,proto3" json:"reported_unix_ms,omitempty"`
+	Reports        uint32                 `protobuf:"varint,5,opt,name=reports,proto3" json:"reports,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CorruptReplica) Reset() {
+	*x = CorruptReplica{}
+	mi := &file_meta_meta_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CorruptReplica) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CorruptReplica) ProtoMessage() {}
+
+func (x *CorruptReplica) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CorruptReplica.ProtoReflect.Descriptor instead.
+func (*CorruptReplica) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *CorruptReplica) GetBlock() *BlockID {
+	if x != nil {
+		return x.Block
+	}
+	return nil
+}
+
+func (x *CorruptReplica) GetDatanodeId() uint64 {
+	if x != nil {
+		return x.DatanodeId
+	}
+	return 0
+}
+
+func (x *CorruptReplica) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *CorruptReplica) GetReportedUnixMs() int64 {
+	if x != nil {
+		return x.ReportedUnixMs
+	}
+	return 0
+}
+
+func (x *CorruptReplica) GetReports() uint32 {
+	if x != nil {
+		return x.Reports
+	}
+	return 0
+}
+
+type ListCorruptReplicasResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Replicas      []*CorruptReplica      `protobuf:"bytes,1,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCorruptReplicasResponse) Reset() {
+	*x = ListCorruptReplicasResponse{}
+	mi := &file_meta_meta_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCorruptReplicasResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCorruptReplicasResponse) ProtoMessage() {}
+
+func (x *ListCorruptReplicasResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCorruptReplicasResponse.ProtoReflect.Descriptor instead.
+func (*ListCorruptReplicasResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ListCorruptReplicasResponse) GetReplicas() []*CorruptReplica {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
 type GetContainersRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	ContainerIds   []uint64               `protobuf:"varint,1,rep,packed,name=container_ids,json=containerIds,proto3" json:"container_ids,omitempty"`
@@ -1894,7 +2146,7 @@ type GetContainersRequest struct {
 
 func (x *GetContainersRequest) Reset() {
 	*x = GetContainersRequest{}
-	mi := &file_meta_meta_proto_msgTypes[24]
+	mi := &file_meta_meta_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2158,7 @@ func (x *GetContainersRequest) String() string {
 func (*GetContainersRequest) ProtoMessage() {}
 
 func (x *GetContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[24]
+	mi := &file_meta_meta_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +2171,7 @@ func (x *GetContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainersRequest.ProtoReflect.Descriptor instead.
 func (*GetContainersRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{24}
+	return file_meta_meta_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetContainersRequest) GetContainerIds() []uint64 {
@@ -1945,7 +2197,7 @@ type GetContainersResponse struct {
 
 func (x *GetContainersResponse) Reset() {
 	*x = GetContainersResponse{}
-	mi := &file_meta_meta_proto_msgTypes[25]
+	mi := &file_meta_meta_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1957,7 +2209,7 @@ func (x *GetContainersResponse) String() string {
 func (*GetContainersResponse) ProtoMessage() {}
 
 func (x *GetContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[25]
+	mi := &file_meta_meta_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1970,7 +2222,7 @@ func (x *GetContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainersResponse.ProtoReflect.Descriptor instead.
 func (*GetContainersResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{25}
+	return file_meta_meta_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetContainersResponse) GetContainers() []*ContainerWithLocation {
@@ -1990,7 +2242,7 @@ type ContainerWithLocation struct {
 
 func (x *ContainerWithLocation) Reset() {
 	*x = ContainerWithLocation{}
-	mi := &file_meta_meta_proto_msgTypes[26]
+	mi := &file_meta_meta_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2002,7 +2254,7 @@ func (x *ContainerWithLocation) String() string {
 func (*ContainerWithLocation) ProtoMessage() {}
 
 func (x *ContainerWithLocation) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[26]
+	mi := &file_meta_meta_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2015,7 +2267,7 @@ func (x *ContainerWithLocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerWithLocation.ProtoReflect.Descriptor instead.
 func (*ContainerWithLocation) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{26}
+	return file_meta_meta_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ContainerWithLocation) GetContainer() *Container {
@@ -2040,7 +2292,7 @@ type ListDatanodesRequest struct {
 
 func (x *ListDatanodesRequest) Reset() {
 	*x = ListDatanodesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[27]
+	mi := &file_meta_meta_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2052,7 +2304,7 @@ func (x *ListDatanodesRequest) String() string {
 func (*ListDatanodesRequest) ProtoMessage() {}
 
 func (x *ListDatanodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[27]
+	mi := &file_meta_meta_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2065,7 +2317,7 @@ func (x *ListDatanodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDatanodesRequest.ProtoReflect.Descriptor instead.
 func (*ListDatanodesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{27}
+	return file_meta_meta_proto_rawDescGZIP(), []int{32}
 }
 
 type DatanodeStatus struct {
@@ -2081,7 +2333,7 @@ type DatanodeStatus struct {
 
 func (x *DatanodeStatus) Reset() {
 	*x = DatanodeStatus{}
-	mi := &file_meta_meta_proto_msgTypes[28]
+	mi := &file_meta_meta_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2093,7 +2345,7 @@ func (x *DatanodeStatus) String() string {
 func (*DatanodeStatus) ProtoMessage() {}
 
 func (x *DatanodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[28]
+	mi := &file_meta_meta_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2106,7 +2358,7 @@ func (x *DatanodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatanodeStatus.ProtoReflect.Descriptor instead.
 func (*DatanodeStatus) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{28}
+	return file_meta_meta_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DatanodeStatus) GetDetails() *DatanodeDetails {
@@ -2153,7 +2405,7 @@ type ListDatanodesResponse struct {
 
 func (x *ListDatanodesResponse) Reset() {
 	*x = ListDatanodesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[29]
+	mi := &file_meta_meta_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2165,7 +2417,7 @@ func (x *ListDatanodesResponse) String() string {
 func (*ListDatanodesResponse) ProtoMessage() {}
 
 func (x *ListDatanodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[29]
+	mi := &file_meta_meta_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2178,7 +2430,7 @@ func (x *ListDatanodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDatanodesResponse.ProtoReflect.Descriptor instead.
 func (*ListDatanodesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{29}
+	return file_meta_meta_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListDatanodesResponse) GetDatanodes() []*DatanodeStatus {
@@ -2196,7 +2448,7 @@ type ListPipelinesRequest struct {
 
 func (x *ListPipelinesRequest) Reset() {
 	*x = ListPipelinesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[30]
+	mi := &file_meta_meta_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2208,7 +2460,7 @@ func (x *ListPipelinesRequest) String() string {
 func (*ListPipelinesRequest) ProtoMessage() {}
 
 func (x *ListPipelinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[30]
+	mi := &file_meta_meta_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2221,7 +2473,7 @@ func (x *ListPipelinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPipelinesRequest.ProtoReflect.Descriptor instead.
 func (*ListPipelinesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{30}
+	return file_meta_meta_proto_rawDescGZIP(), []int{35}
 }
 
 type ListPipelinesResponse struct {
@@ -2233,7 +2485,7 @@ type ListPipelinesResponse struct {
 
 func (x *ListPipelinesResponse) Reset() {
 	*x = ListPipelinesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[31]
+	mi := &file_meta_meta_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2245,7 +2497,7 @@ func (x *ListPipelinesResponse) String() string {
 func (*ListPipelinesResponse) ProtoMessage() {}
 
 func (x *ListPipelinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[31]
+	mi := &file_meta_meta_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2258,7 +2510,7 @@ func (x *ListPipelinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPipelinesResponse.ProtoReflect.Descriptor instead.
 func (*ListPipelinesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{31}
+	return file_meta_meta_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListPipelinesResponse) GetPipelines() []*Pipeline {
@@ -2278,7 +2530,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_meta_meta_proto_msgTypes[32]
+	mi := &file_meta_meta_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2290,7 +2542,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[32]
+	mi := &file_meta_meta_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2303,7 +2555,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{32}
+	return file_meta_meta_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListContainersRequest) GetStartAfter() uint64 {
@@ -2330,7 +2582,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_meta_meta_proto_msgTypes[33]
+	mi := &file_meta_meta_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2342,7 +2594,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[33]
+	mi := &file_meta_meta_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2355,7 +2607,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{33}
+	return file_meta_meta_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListContainersResponse) GetContainers() []*Container {
@@ -2380,7 +2632,7 @@ type GetSafeModeRequest struct {
 
 func (x *GetSafeModeRequest) Reset() {
 	*x = GetSafeModeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[34]
+	mi := &file_meta_meta_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2392,7 +2644,7 @@ func (x *GetSafeModeRequest) String() string {
 func (*GetSafeModeRequest) ProtoMessage() {}
 
 func (x *GetSafeModeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[34]
+	mi := &file_meta_meta_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2405,7 +2657,7 @@ func (x *GetSafeModeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSafeModeRequest.ProtoReflect.Descriptor instead.
 func (*GetSafeModeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{34}
+	return file_meta_meta_proto_rawDescGZIP(), []int{39}
 }
 
 type GetSafeModeResponse struct {
@@ -2419,7 +2671,7 @@ type GetSafeModeResponse struct {
 
 func (x *GetSafeModeResponse) Reset() {
 	*x = GetSafeModeResponse{}
-	mi := &file_meta_meta_proto_msgTypes[35]
+	mi := &file_meta_meta_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2431,7 +2683,7 @@ func (x *GetSafeModeResponse) String() string {
 func (*GetSafeModeResponse) ProtoMessage() {}
 
 func (x *GetSafeModeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[35]
+	mi := &file_meta_meta_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2444,7 +2696,7 @@ func (x *GetSafeModeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSafeModeResponse.ProtoReflect.Descriptor instead.
 func (*GetSafeModeResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{35}
+	return file_meta_meta_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetSafeModeResponse) GetInSafeMode() bool {
@@ -2479,7 +2731,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_meta_meta_proto_msgTypes[36]
+	mi := &file_meta_meta_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2491,7 +2743,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[36]
+	mi := &file_meta_meta_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2504,7 +2756,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{36}
+	return file_meta_meta_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Volume) GetName() string {
@@ -2538,7 +2790,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[37]
+	mi := &file_meta_meta_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2550,7 +2802,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[37]
+	mi := &file_meta_meta_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2563,7 +2815,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{37}
+	return file_meta_meta_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -2589,7 +2841,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[38]
+	mi := &file_meta_meta_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2601,7 +2853,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[38]
+	mi := &file_meta_meta_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2614,7 +2866,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{38}
+	return file_meta_meta_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetVolumeRequest) GetName() string {
@@ -2635,7 +2887,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[39]
+	mi := &file_meta_meta_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2647,7 +2899,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[39]
+	mi := &file_meta_meta_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2660,7 +2912,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{39}
+	return file_meta_meta_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListVolumesRequest) GetPrefix() string {
@@ -2694,7 +2946,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[40]
+	mi := &file_meta_meta_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2706,7 +2958,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[40]
+	mi := &file_meta_meta_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2719,7 +2971,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{40}
+	return file_meta_meta_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -2745,7 +2997,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[41]
+	mi := &file_meta_meta_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2757,7 +3009,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[41]
+	mi := &file_meta_meta_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2770,7 +3022,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{41}
+	return file_meta_meta_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DeleteVolumeRequest) GetName() string {
@@ -2788,7 +3040,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_meta_meta_proto_msgTypes[42]
+	mi := &file_meta_meta_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2800,7 +3052,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[42]
+	mi := &file_meta_meta_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2813,7 +3065,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{42}
+	return file_meta_meta_proto_rawDescGZIP(), []int{47}
 }
 
 type Bucket struct {
@@ -2830,7 +3082,7 @@ type Bucket struct {
 
 func (x *Bucket) Reset() {
 	*x = Bucket{}
-	mi := &file_meta_meta_proto_msgTypes[43]
+	mi := &file_meta_meta_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2842,7 +3094,7 @@ func (x *Bucket) String() string {
 func (*Bucket) ProtoMessage() {}
 
 func (x *Bucket) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[43]
+	mi := &file_meta_meta_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2855,7 +3107,7 @@ func (x *Bucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bucket.ProtoReflect.Descriptor instead.
 func (*Bucket) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{43}
+	return file_meta_meta_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Bucket) GetVolume() string {
@@ -2912,7 +3164,7 @@ type CreateBucketRequest struct {
 
 func (x *CreateBucketRequest) Reset() {
 	*x = CreateBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[44]
+	mi := &file_meta_meta_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2924,7 +3176,7 @@ func (x *CreateBucketRequest) String() string {
 func (*CreateBucketRequest) ProtoMessage() {}
 
 func (x *CreateBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[44]
+	mi := &file_meta_meta_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2937,7 +3189,7 @@ func (x *CreateBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBucketRequest.ProtoReflect.Descriptor instead.
 func (*CreateBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{44}
+	return file_meta_meta_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CreateBucketRequest) GetVolume() string {
@@ -2978,7 +3230,7 @@ type GetBucketRequest struct {
 
 func (x *GetBucketRequest) Reset() {
 	*x = GetBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[45]
+	mi := &file_meta_meta_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2990,7 +3242,7 @@ func (x *GetBucketRequest) String() string {
 func (*GetBucketRequest) ProtoMessage() {}
 
 func (x *GetBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[45]
+	mi := &file_meta_meta_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3003,7 +3255,7 @@ func (x *GetBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBucketRequest.ProtoReflect.Descriptor instead.
 func (*GetBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{45}
+	return file_meta_meta_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetBucketRequest) GetVolume() string {
@@ -3032,7 +3284,7 @@ type ListBucketsRequest struct {
 
 func (x *ListBucketsRequest) Reset() {
 	*x = ListBucketsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[46]
+	mi := &file_meta_meta_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3044,7 +3296,7 @@ func (x *ListBucketsRequest) String() string {
 func (*ListBucketsRequest) ProtoMessage() {}
 
 func (x *ListBucketsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[46]
+	mi := &file_meta_meta_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3057,7 +3309,7 @@ func (x *ListBucketsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBucketsRequest.ProtoReflect.Descriptor instead.
 func (*ListBucketsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{46}
+	return file_meta_meta_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListBucketsRequest) GetVolume() string {
@@ -3098,7 +3350,7 @@ type ListBucketsResponse struct {
 
 func (x *ListBucketsResponse) Reset() {
 	*x = ListBucketsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[47]
+	mi := &file_meta_meta_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3110,7 +3362,7 @@ func (x *ListBucketsResponse) String() string {
 func (*ListBucketsResponse) ProtoMessage() {}
 
 func (x *ListBucketsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[47]
+	mi := &file_meta_meta_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3123,7 +3375,7 @@ func (x *ListBucketsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBucketsResponse.ProtoReflect.Descriptor instead.
 func (*ListBucketsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{47}
+	return file_meta_meta_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListBucketsResponse) GetBuckets() []*Bucket {
@@ -3150,7 +3402,7 @@ type DeleteBucketRequest struct {
 
 func (x *DeleteBucketRequest) Reset() {
 	*x = DeleteBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[48]
+	mi := &file_meta_meta_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3162,7 +3414,7 @@ func (x *DeleteBucketRequest) String() string {
 func (*DeleteBucketRequest) ProtoMessage() {}
 
 func (x *DeleteBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[48]
+	mi := &file_meta_meta_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3175,7 +3427,7 @@ func (x *DeleteBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBucketRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{48}
+	return file_meta_meta_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *DeleteBucketRequest) GetVolume() string {
@@ -3200,7 +3452,7 @@ type DeleteBucketResponse struct {
 
 func (x *DeleteBucketResponse) Reset() {
 	*x = DeleteBucketResponse{}
-	mi := &file_meta_meta_proto_msgTypes[49]
+	mi := &file_meta_meta_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3212,7 +3464,7 @@ func (x *DeleteBucketResponse) String() string {
 func (*DeleteBucketResponse) ProtoMessage() {}
 
 func (x *DeleteBucketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[49]
+	mi := &file_meta_meta_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3225,7 +3477,7 @@ func (x *DeleteBucketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBucketResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBucketResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{49}
+	return file_meta_meta_proto_rawDescGZIP(), []int{54}
 }
 
 // KeyBlock is a block as stored in a key.
@@ -3239,7 +3491,7 @@ type KeyBlock struct {
 
 func (x *KeyBlock) Reset() {
 	*x = KeyBlock{}
-	mi := &file_meta_meta_proto_msgTypes[50]
+	mi := &file_meta_meta_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3251,7 +3503,7 @@ func (x *KeyBlock) String() string {
 func (*KeyBlock) ProtoMessage() {}
 
 func (x *KeyBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[50]
+	mi := &file_meta_meta_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3264,7 +3516,7 @@ func (x *KeyBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyBlock.ProtoReflect.Descriptor instead.
 func (*KeyBlock) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{50}
+	return file_meta_meta_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *KeyBlock) GetId() *BlockID {
@@ -3303,7 +3555,7 @@ type KeyInfo struct {
 
 func (x *KeyInfo) Reset() {
 	*x = KeyInfo{}
-	mi := &file_meta_meta_proto_msgTypes[51]
+	mi := &file_meta_meta_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3315,7 +3567,7 @@ func (x *KeyInfo) String() string {
 func (*KeyInfo) ProtoMessage() {}
 
 func (x *KeyInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[51]
+	mi := &file_meta_meta_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3328,7 +3580,7 @@ func (x *KeyInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyInfo.ProtoReflect.Descriptor instead.
 func (*KeyInfo) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{51}
+	return file_meta_meta_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *KeyInfo) GetVolume() string {
@@ -3432,7 +3684,7 @@ type OpenKeyRequest struct {
 
 func (x *OpenKeyRequest) Reset() {
 	*x = OpenKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[52]
+	mi := &file_meta_meta_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3444,7 +3696,7 @@ func (x *OpenKeyRequest) String() string {
 func (*OpenKeyRequest) ProtoMessage() {}
 
 func (x *OpenKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[52]
+	mi := &file_meta_meta_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3457,7 +3709,7 @@ func (x *OpenKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyRequest.ProtoReflect.Descriptor instead.
 func (*OpenKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{52}
+	return file_meta_meta_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *OpenKeyRequest) GetVolume() string {
@@ -3534,7 +3786,7 @@ type OpenKeyResponse struct {
 
 func (x *OpenKeyResponse) Reset() {
 	*x = OpenKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[53]
+	mi := &file_meta_meta_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3546,7 +3798,7 @@ func (x *OpenKeyResponse) String() string {
 func (*OpenKeyResponse) ProtoMessage() {}
 
 func (x *OpenKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[53]
+	mi := &file_meta_meta_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3559,7 +3811,7 @@ func (x *OpenKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyResponse.ProtoReflect.Descriptor instead.
 func (*OpenKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{53}
+	return file_meta_meta_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *OpenKeyResponse) GetOpenId() uint64 {
@@ -3594,7 +3846,7 @@ type AllocateBlockRequest struct {
 
 func (x *AllocateBlockRequest) Reset() {
 	*x = AllocateBlockRequest{}
-	mi := &file_meta_meta_proto_msgTypes[54]
+	mi := &file_meta_meta_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3606,7 +3858,7 @@ func (x *AllocateBlockRequest) String() string {
 func (*AllocateBlockRequest) ProtoMessage() {}
 
 func (x *AllocateBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[54]
+	mi := &file_meta_meta_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3619,7 +3871,7 @@ func (x *AllocateBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlockRequest.ProtoReflect.Descriptor instead.
 func (*AllocateBlockRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{54}
+	return file_meta_meta_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *AllocateBlockRequest) GetOpenId() uint64 {
@@ -3652,7 +3904,7 @@ type AllocateBlockResponse struct {
 
 func (x *AllocateBlockResponse) Reset() {
 	*x = AllocateBlockResponse{}
-	mi := &file_meta_meta_proto_msgTypes[55]
+	mi := &file_meta_meta_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3664,7 +3916,7 @@ func (x *AllocateBlockResponse) String() string {
 func (*AllocateBlockResponse) ProtoMessage() {}
 
 func (x *AllocateBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[55]
+	mi := &file_meta_meta_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3677,7 +3929,7 @@ func (x *AllocateBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlockResponse.ProtoReflect.Descriptor instead.
 func (*AllocateBlockResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{55}
+	return file_meta_meta_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *AllocateBlockResponse) GetBlock() *BlockLocation {
@@ -3700,7 +3952,7 @@ type CommitKeyRequest struct {
 
 func (x *CommitKeyRequest) Reset() {
 	*x = CommitKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[56]
+	mi := &file_meta_meta_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3712,7 +3964,7 @@ func (x *CommitKeyRequest) String() string {
 func (*CommitKeyRequest) ProtoMessage() {}
 
 func (x *CommitKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[56]
+	mi := &file_meta_meta_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3725,7 +3977,7 @@ func (x *CommitKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitKeyRequest.ProtoReflect.Descriptor instead.
 func (*CommitKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{56}
+	return file_meta_meta_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CommitKeyRequest) GetOpenId() uint64 {
@@ -3754,7 +4006,7 @@ type LookupKeyRequest struct {
 
 func (x *LookupKeyRequest) Reset() {
 	*x = LookupKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[57]
+	mi := &file_meta_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3766,7 +4018,7 @@ func (x *LookupKeyRequest) String() string {
 func (*LookupKeyRequest) ProtoMessage() {}
 
 func (x *LookupKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[57]
+	mi := &file_meta_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3779,7 +4031,7 @@ func (x *LookupKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupKeyRequest.ProtoReflect.Descriptor instead.
 func (*LookupKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{57}
+	return file_meta_meta_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *LookupKeyRequest) GetVolume() string {
@@ -3826,7 +4078,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_meta_meta_proto_msgTypes[58]
+	mi := &file_meta_meta_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3838,7 +4090,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[58]
+	mi := &file_meta_meta_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3851,7 +4103,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{58}
+	return file_meta_meta_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ListKeysRequest) GetVolume() string {
@@ -3908,7 +4160,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_meta_meta_proto_msgTypes[59]
+	mi := &file_meta_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3920,7 +4172,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[59]
+	mi := &file_meta_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3933,7 +4185,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{59}
+	return file_meta_meta_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeyInfo {
@@ -3976,7 +4228,7 @@ type RenameKeyRequest struct {
 
 func (x *RenameKeyRequest) Reset() {
 	*x = RenameKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[60]
+	mi := &file_meta_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3988,7 +4240,7 @@ func (x *RenameKeyRequest) String() string {
 func (*RenameKeyRequest) ProtoMessage() {}
 
 func (x *RenameKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[60]
+	mi := &file_meta_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4001,7 +4253,7 @@ func (x *RenameKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameKeyRequest.ProtoReflect.Descriptor instead.
 func (*RenameKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{60}
+	return file_meta_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *RenameKeyRequest) GetVolume() string {
@@ -4040,7 +4292,7 @@ type RenameKeyResponse struct {
 
 func (x *RenameKeyResponse) Reset() {
 	*x = RenameKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[61]
+	mi := &file_meta_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4052,7 +4304,7 @@ func (x *RenameKeyResponse) String() string {
 func (*RenameKeyResponse) ProtoMessage() {}
 
 func (x *RenameKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[61]
+	mi := &file_meta_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4065,7 +4317,7 @@ func (x *RenameKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameKeyResponse.ProtoReflect.Descriptor instead.
 func (*RenameKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{61}
+	return file_meta_meta_proto_rawDescGZIP(), []int{66}
 }
 
 type DeleteKeyRequest struct {
@@ -4081,7 +4333,7 @@ type DeleteKeyRequest struct {
 
 func (x *DeleteKeyRequest) Reset() {
 	*x = DeleteKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[62]
+	mi := &file_meta_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4093,7 +4345,7 @@ func (x *DeleteKeyRequest) String() string {
 func (*DeleteKeyRequest) ProtoMessage() {}
 
 func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[62]
+	mi := &file_meta_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4106,7 +4358,7 @@ func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{62}
+	return file_meta_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *DeleteKeyRequest) GetVolume() string {
@@ -4145,7 +4397,7 @@ type DeleteKeyResponse struct {
 
 func (x *DeleteKeyResponse) Reset() {
 	*x = DeleteKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[63]
+	mi := &file_meta_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4157,7 +4409,7 @@ func (x *DeleteKeyResponse) String() string {
 func (*DeleteKeyResponse) ProtoMessage() {}
 
 func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[63]
+	mi := &file_meta_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4170,7 +4422,7 @@ func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{63}
+	return file_meta_meta_proto_rawDescGZIP(), []int{68}
 }
 
 type FileStatus struct {
@@ -4186,7 +4438,7 @@ type FileStatus struct {
 
 func (x *FileStatus) Reset() {
 	*x = FileStatus{}
-	mi := &file_meta_meta_proto_msgTypes[64]
+	mi := &file_meta_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4198,7 +4450,7 @@ func (x *FileStatus) String() string {
 func (*FileStatus) ProtoMessage() {}
 
 func (x *FileStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[64]
+	mi := &file_meta_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4211,7 +4463,7 @@ func (x *FileStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileStatus.ProtoReflect.Descriptor instead.
 func (*FileStatus) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{64}
+	return file_meta_meta_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *FileStatus) GetPath() string {
@@ -4260,7 +4512,7 @@ type CreateDirectoryRequest struct {
 
 func (x *CreateDirectoryRequest) Reset() {
 	*x = CreateDirectoryRequest{}
-	mi := &file_meta_meta_proto_msgTypes[65]
+	mi := &file_meta_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4272,7 +4524,7 @@ func (x *CreateDirectoryRequest) String() string {
 func (*CreateDirectoryRequest) ProtoMessage() {}
 
 func (x *CreateDirectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[65]
+	mi := &file_meta_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4285,7 +4537,7 @@ func (x *CreateDirectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateDirectoryRequest.ProtoReflect.Descriptor instead.
 func (*CreateDirectoryRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{65}
+	return file_meta_meta_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *CreateDirectoryRequest) GetVolume() string {
@@ -4320,7 +4572,7 @@ type GetFileStatusRequest struct {
 
 func (x *GetFileStatusRequest) Reset() {
 	*x = GetFileStatusRequest{}
-	mi := &file_meta_meta_proto_msgTypes[66]
+	mi := &file_meta_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4332,7 +4584,7 @@ func (x *GetFileStatusRequest) String() string {
 func (*GetFileStatusRequest) ProtoMessage() {}
 
 func (x *GetFileStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[66]
+	mi := &file_meta_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4345,7 +4597,7 @@ func (x *GetFileStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetFileStatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{66}
+	return file_meta_meta_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *GetFileStatusRequest) GetVolume() string {
@@ -4382,7 +4634,7 @@ type ListStatusRequest struct {
 
 func (x *ListStatusRequest) Reset() {
 	*x = ListStatusRequest{}
-	mi := &file_meta_meta_proto_msgTypes[67]
+	mi := &file_meta_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4394,7 +4646,7 @@ func (x *ListStatusRequest) String() string {
 func (*ListStatusRequest) ProtoMessage() {}
 
 func (x *ListStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[67]
+	mi := &file_meta_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4407,7 +4659,7 @@ func (x *ListStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStatusRequest.ProtoReflect.Descriptor instead.
 func (*ListStatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{67}
+	return file_meta_meta_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ListStatusRequest) GetVolume() string {
@@ -4455,7 +4707,7 @@ type ListStatusResponse struct {
 
 func (x *ListStatusResponse) Reset() {
 	*x = ListStatusResponse{}
-	mi := &file_meta_meta_proto_msgTypes[68]
+	mi := &file_meta_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4467,7 +4719,7 @@ func (x *ListStatusResponse) String() string {
 func (*ListStatusResponse) ProtoMessage() {}
 
 func (x *ListStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[68]
+	mi := &file_meta_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4480,7 +4732,7 @@ func (x *ListStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStatusResponse.ProtoReflect.Descriptor instead.
 func (*ListStatusResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{68}
+	return file_meta_meta_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ListStatusResponse) GetEntries() []*FileStatus {
@@ -4625,7 +4877,23 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x11DeleteBlocksGroup\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1b\n" +
 	"\tlocal_ids\x18\x02 \x03(\x04R\blocalIds\"\x16\n" +
-	"\x14DeleteBlocksResponse\"d\n" +
+	"\x14DeleteBlocksResponse\"\x85\x01\n" +
+	"\x1bReportCorruptReplicaRequest\x12-\n" +
+	"\x05block\x18\x01 \x01(\v2\x17.basalt.meta.v1.BlockIDR\x05block\x12\x1f\n" +
+	"\vdatanode_id\x18\x02 \x01(\x04R\n" +
+	"datanodeId\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x1e\n" +
+	"\x1cReportCorruptReplicaResponse\"\x1c\n" +
+	"\x1aListCorruptReplicasRequest\"\xbc\x01\n" +
+	"\x0eCorruptReplica\x12-\n" +
+	"\x05block\x18\x01 \x01(\v2\x17.basalt.meta.v1.BlockIDR\x05block\x12\x1f\n" +
+	"\vdatanode_id\x18\x02 \x01(\x04R\n" +
+	"datanodeId\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12(\n" +
+	"\x10reported_unix_ms\x18\x04 \x01(\x03R\x0ereportedUnixMs\x12\x18\n" +
+	"\areports\x18\x05 \x01(\rR\areports\"Y\n" +
+	"\x1bListCorruptReplicasResponse\x12:\n" +
+	"\breplicas\x18\x01 \x03(\v2\x1e.basalt.meta.v1.CorruptReplicaR\breplicas\"d\n" +
 	"\x14GetContainersRequest\x12#\n" +
 	"\rcontainer_ids\x18\x01 \x03(\x04R\fcontainerIds\x12'\n" +
 	"\x0fclient_location\x18\x02 \x01(\tR\x0eclientLocation\"^\n" +
@@ -4834,13 +5102,15 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x19CHECKSUM_TYPE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rCHECKSUM_NONE\x10\x01\x12\n" +
 	"\n" +
-	"\x06CRC32C\x10\x022\xcd\x06\n" +
+	"\x06CRC32C\x10\x022\xb0\b\n" +
 	"\x03Scm\x12e\n" +
 	"\x10RegisterDatanode\x12'.basalt.meta.v1.RegisterDatanodeRequest\x1a(.basalt.meta.v1.RegisterDatanodeResponse\x12P\n" +
 	"\tHeartbeat\x12 .basalt.meta.v1.HeartbeatRequest\x1a!.basalt.meta.v1.HeartbeatResponse\x12_\n" +
 	"\x0eAllocateBlocks\x12%.basalt.meta.v1.AllocateBlocksRequest\x1a&.basalt.meta.v1.AllocateBlocksResponse\x12Y\n" +
 	"\fDeleteBlocks\x12#.basalt.meta.v1.DeleteBlocksRequest\x1a$.basalt.meta.v1.DeleteBlocksResponse\x12\\\n" +
-	"\rGetContainers\x12$.basalt.meta.v1.GetContainersRequest\x1a%.basalt.meta.v1.GetContainersResponse\x12\\\n" +
+	"\rGetContainers\x12$.basalt.meta.v1.GetContainersRequest\x1a%.basalt.meta.v1.GetContainersResponse\x12q\n" +
+	"\x14ReportCorruptReplica\x12+.basalt.meta.v1.ReportCorruptReplicaRequest\x1a,.basalt.meta.v1.ReportCorruptReplicaResponse\x12n\n" +
+	"\x13ListCorruptReplicas\x12*.basalt.meta.v1.ListCorruptReplicasRequest\x1a+.basalt.meta.v1.ListCorruptReplicasResponse\x12\\\n" +
 	"\rListDatanodes\x12$.basalt.meta.v1.ListDatanodesRequest\x1a%.basalt.meta.v1.ListDatanodesResponse\x12\\\n" +
 	"\rListPipelines\x12$.basalt.meta.v1.ListPipelinesRequest\x1a%.basalt.meta.v1.ListPipelinesResponse\x12_\n" +
 	"\x0eListContainers\x12%.basalt.meta.v1.ListContainersRequest\x1a&.basalt.meta.v1.ListContainersResponse\x12V\n" +
@@ -4879,83 +5149,88 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 69)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
 var file_meta_meta_proto_goTypes = []any{
-	(Replication)(0),                 // 0: basalt.meta.v1.Replication
-	(NodeState)(0),                   // 1: basalt.meta.v1.NodeState
-	(PipelineState)(0),               // 2: basalt.meta.v1.PipelineState
-	(ContainerState)(0),              // 3: basalt.meta.v1.ContainerState
-	(BucketLayout)(0),                // 4: basalt.meta.v1.BucketLayout
-	(ChecksumType)(0),                // 5: basalt.meta.v1.ChecksumType
-	(*NotLeader)(nil),                // 6: basalt.meta.v1.NotLeader
-	(*DatanodeDetails)(nil),          // 7: basalt.meta.v1.DatanodeDetails
-	(*VolumeReport)(nil),             // 8: basalt.meta.v1.VolumeReport
-	(*ContainerReport)(nil),          // 9: basalt.meta.v1.ContainerReport
-	(*PipelineReport)(nil),           // 10: basalt.meta.v1.PipelineReport
-	(*Pipeline)(nil),                 // 11: basalt.meta.v1.Pipeline
-	(*Container)(nil),                // 12: basalt.meta.v1.Container
-	(*BlockID)(nil),                  // 13: basalt.meta.v1.BlockID
-	(*BlockLocation)(nil),            // 14: basalt.meta.v1.BlockLocation
-	(*ExcludeList)(nil),              // 15: basalt.meta.v1.ExcludeList
-	(*RegisterDatanodeRequest)(nil),  // 16: basalt.meta.v1.RegisterDatanodeRequest
-	(*RegisterDatanodeResponse)(nil), // 17: basalt.meta.v1.RegisterDatanodeResponse
-	(*HeartbeatRequest)(nil),         // 18: basalt.meta.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),        // 19: basalt.meta.v1.HeartbeatResponse
-	(*DatanodeCommand)(nil),          // 20: basalt.meta.v1.DatanodeCommand
-	(*CreatePipelineCommand)(nil),    // 21: basalt.meta.v1.CreatePipelineCommand
-	(*ClosePipelineCommand)(nil),     // 22: basalt.meta.v1.ClosePipelineCommand
-	(*CloseContainerCommand)(nil),    // 23: basalt.meta.v1.CloseContainerCommand
-	(*DeleteBlocksCommand)(nil),      // 24: basalt.meta.v1.DeleteBlocksCommand
-	(*AllocateBlocksRequest)(nil),    // 25: basalt.meta.v1.AllocateBlocksRequest
-	(*AllocateBlocksResponse)(nil),   // 26: basalt.meta.v1.AllocateBlocksResponse
-	(*DeleteBlocksRequest)(nil),      // 27: basalt.meta.v1.DeleteBlocksRequest
-	(*DeleteBlocksGroup)(nil),        // 28: basalt.meta.v1.DeleteBlocksGroup
-	(*DeleteBlocksResponse)(nil),     // 29: basalt.meta.v1.DeleteBlocksResponse
-	(*GetContainersRequest)(nil),     // 30: basalt.meta.v1.GetContainersRequest
-	(*GetContainersResponse)(nil),    // 31: basalt.meta.v1.GetContainersResponse
-	(*ContainerWithLocation)(nil),    // 32: basalt.meta.v1.ContainerWithLocation
-	(*ListDatanodesRequest)(nil),     // 33: basalt.meta.v1.ListDatanodesRequest
-	(*DatanodeStatus)(nil),           // 34: basalt.meta.v1.DatanodeStatus
-	(*ListDatanodesResponse)(nil),    // 35: basalt.meta.v1.ListDatanodesResponse
-	(*ListPipelinesRequest)(nil),     // 36: basalt.meta.v1.ListPipelinesRequest
-	(*ListPipelinesResponse)(nil),    // 37: basalt.meta.v1.ListPipelinesResponse
-	(*ListContainersRequest)(nil),    // 38: basalt.meta.v1.ListContainersRequest
-	(*ListContainersResponse)(nil),   // 39: basalt.meta.v1.ListContainersResponse
-	(*GetSafeModeRequest)(nil),       // 40: basalt.meta.v1.GetSafeModeRequest
-	(*GetSafeModeResponse)(nil),      // 41: basalt.meta.v1.GetSafeModeResponse
-	(*Volume)(nil),                   // 42: basalt.meta.v1.Volume
-	(*CreateVolumeRequest)(nil),      // 43: basalt.meta.v1.CreateVolumeRequest
-	(*GetVolumeRequest)(nil),         // 44: basalt.meta.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),       // 45: basalt.meta.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),      // 46: basalt.meta.v1.ListVolumesResponse
-	(*DeleteVolumeRequest)(nil),      // 47: basalt.meta.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),     // 48: basalt.meta.v1.DeleteVolumeResponse
-	(*Bucket)(nil),                   // 49: basalt.meta.v1.Bucket
-	(*CreateBucketRequest)(nil),      // 50: basalt.meta.v1.CreateBucketRequest
-	(*GetBucketRequest)(nil),         // 51: basalt.meta.v1.GetBucketRequest
-	(*ListBucketsRequest)(nil),       // 52: basalt.meta.v1.ListBucketsRequest
-	(*ListBucketsResponse)(nil),      // 53: basalt.meta.v1.ListBucketsResponse
-	(*DeleteBucketRequest)(nil),      // 54: basalt.meta.v1.DeleteBucketRequest
-	(*DeleteBucketResponse)(nil),     // 55: basalt.meta.v1.DeleteBucketResponse
-	(*KeyBlock)(nil),                 // 56: basalt.meta.v1.KeyBlock
-	(*KeyInfo)(nil),                  // 57: basalt.meta.v1.KeyInfo
-	(*OpenKeyRequest)(nil),           // 58: basalt.meta.v1.OpenKeyRequest
-	(*OpenKeyResponse)(nil),          // 59: basalt.meta.v1.OpenKeyResponse
-	(*AllocateBlockRequest)(nil),     // 60: basalt.meta.v1.AllocateBlockRequest
-	(*AllocateBlockResponse)(nil),    // 61: basalt.meta.v1.AllocateBlockResponse
-	(*CommitKeyRequest)(nil),         // 62: basalt.meta.v1.CommitKeyRequest
-	(*LookupKeyRequest)(nil),         // 63: basalt.meta.v1.LookupKeyRequest
-	(*ListKeysRequest)(nil),          // 64: basalt.meta.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),         // 65: basalt.meta.v1.ListKeysResponse
-	(*RenameKeyRequest)(nil),         // 66: basalt.meta.v1.RenameKeyRequest
-	(*RenameKeyResponse)(nil),        // 67: basalt.meta.v1.RenameKeyResponse
-	(*DeleteKeyRequest)(nil),         // 68: basalt.meta.v1.DeleteKeyRequest
-	(*DeleteKeyResponse)(nil),        // 69: basalt.meta.v1.DeleteKeyResponse
-	(*FileStatus)(nil),               // 70: basalt.meta.v1.FileStatus
-	(*CreateDirectoryRequest)(nil),   // 71: basalt.meta.v1.CreateDirectoryRequest
-	(*GetFileStatusRequest)(nil),     // 72: basalt.meta.v1.GetFileStatusRequest
-	(*ListStatusRequest)(nil),        // 73: basalt.meta.v1.ListStatusRequest
-	(*ListStatusResponse)(nil),       // 74: basalt.meta.v1.ListStatusResponse
+	(Replication)(0),                     // 0: basalt.meta.v1.Replication
+	(NodeState)(0),                       // 1: basalt.meta.v1.NodeState
+	(PipelineState)(0),                   // 2: basalt.meta.v1.PipelineState
+	(ContainerState)(0),                  // 3: basalt.meta.v1.ContainerState
+	(BucketLayout)(0),                    // 4: basalt.meta.v1.BucketLayout
+	(ChecksumType)(0),                    // 5: basalt.meta.v1.ChecksumType
+	(*NotLeader)(nil),                    // 6: basalt.meta.v1.NotLeader
+	(*DatanodeDetails)(nil),              // 7: basalt.meta.v1.DatanodeDetails
+	(*VolumeReport)(nil),                 // 8: basalt.meta.v1.VolumeReport
+	(*ContainerReport)(nil),              // 9: basalt.meta.v1.ContainerReport
+	(*PipelineReport)(nil),               // 10: basalt.meta.v1.PipelineReport
+	(*Pipeline)(nil),                     // 11: basalt.meta.v1.Pipeline
+	(*Container)(nil),                    // 12: basalt.meta.v1.Container
+	(*BlockID)(nil),                      // 13: basalt.meta.v1.BlockID
+	(*BlockLocation)(nil),                // 14: basalt.meta.v1.BlockLocation
+	(*ExcludeList)(nil),                  // 15: basalt.meta.v1.ExcludeList
+	(*RegisterDatanodeRequest)(nil),      // 16: basalt.meta.v1.RegisterDatanodeRequest
+	(*RegisterDatanodeResponse)(nil),     // 17: basalt.meta.v1.RegisterDatanodeResponse
+	(*HeartbeatRequest)(nil),             // 18: basalt.meta.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),            // 19: basalt.meta.v1.HeartbeatResponse
+	(*DatanodeCommand)(nil),              // 20: basalt.meta.v1.DatanodeCommand
+	(*CreatePipelineCommand)(nil),        // 21: basalt.meta.v1.CreatePipelineCommand
+	(*ClosePipelineCommand)(nil),         // 22: basalt.meta.v1.ClosePipelineCommand
+	(*CloseContainerCommand)(nil),        // 23: basalt.meta.v1.CloseContainerCommand
+	(*DeleteBlocksCommand)(nil),          // 24: basalt.meta.v1.DeleteBlocksCommand
+	(*AllocateBlocksRequest)(nil),        // 25: basalt.meta.v1.AllocateBlocksRequest
+	(*AllocateBlocksResponse)(nil),       // 26: basalt.meta.v1.AllocateBlocksResponse
+	(*DeleteBlocksRequest)(nil),          // 27: basalt.meta.v1.DeleteBlocksRequest
+	(*DeleteBlocksGroup)(nil),            // 28: basalt.meta.v1.DeleteBlocksGroup
+	(*DeleteBlocksResponse)(nil),         // 29: basalt.meta.v1.DeleteBlocksResponse
+	(*ReportCorruptReplicaRequest)(nil),  // 30: basalt.meta.v1.ReportCorruptReplicaRequest
+	(*ReportCorruptReplicaResponse)(nil), // 31: basalt.meta.v1.ReportCorruptReplicaResponse
+	(*ListCorruptReplicasRequest)(nil),   // 32: basalt.meta.v1.ListCorruptReplicasRequest
+	(*CorruptReplica)(nil),               // 33: basalt.meta.v1.CorruptReplica
+	(*ListCorruptReplicasResponse)(nil),  // 34: basalt.meta.v1.ListCorruptReplicasResponse
+	(*GetContainersRequest)(nil),         // 35: basalt.meta.v1.GetContainersRequest
+	(*GetContainersResponse)(nil),        // 36: basalt.meta.v1.GetContainersResponse
+	(*ContainerWithLocation)(nil),        // 37: basalt.meta.v1.ContainerWithLocation
+	(*ListDatanodesRequest)(nil),         // 38: basalt.meta.v1.ListDatanodesRequest
+	(*DatanodeStatus)(nil),               // 39: basalt.meta.v1.DatanodeStatus
+	(*ListDatanodesResponse)(nil),        // 40: basalt.meta.v1.ListDatanodesResponse
+	(*ListPipelinesRequest)(nil),         // 41: basalt.meta.v1.ListPipelinesRequest
+	(*ListPipelinesResponse)(nil),        // 42: basalt.meta.v1.ListPipelinesResponse
+	(*ListContainersRequest)(nil),        // 43: basalt.meta.v1.ListContainersRequest
+	(*ListContainersResponse)(nil),       // 44: basalt.meta.v1.ListContainersResponse
+	(*GetSafeModeRequest)(nil),           // 45: basalt.meta.v1.GetSafeModeRequest
+	(*GetSafeModeResponse)(nil),          // 46: basalt.meta.v1.GetSafeModeResponse
+	(*Volume)(nil),                       // 47: basalt.meta.v1.Volume
+	(*CreateVolumeRequest)(nil),          // 48: basalt.meta.v1.CreateVolumeRequest
+	(*GetVolumeRequest)(nil),             // 49: basalt.meta.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),           // 50: basalt.meta.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),          // 51: basalt.meta.v1.ListVolumesResponse
+	(*DeleteVolumeRequest)(nil),          // 52: basalt.meta.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),         // 53: basalt.meta.v1.DeleteVolumeResponse
+	(*Bucket)(nil),                       // 54: basalt.meta.v1.Bucket
+	(*CreateBucketRequest)(nil),          // 55: basalt.meta.v1.CreateBucketRequest
+	(*GetBucketRequest)(nil),             // 56: basalt.meta.v1.GetBucketRequest
+	(*ListBucketsRequest)(nil),           // 57: basalt.meta.v1.ListBucketsRequest
+	(*ListBucketsResponse)(nil),          // 58: basalt.meta.v1.ListBucketsResponse
+	(*DeleteBucketRequest)(nil),          // 59: basalt.meta.v1.DeleteBucketRequest
+	(*DeleteBucketResponse)(nil),         // 60: basalt.meta.v1.DeleteBucketResponse
+	(*KeyBlock)(nil),                     // 61: basalt.meta.v1.KeyBlock
+	(*KeyInfo)(nil),                      // 62: basalt.meta.v1.KeyInfo
+	(*OpenKeyRequest)(nil),               // 63: basalt.meta.v1.OpenKeyRequest
+	(*OpenKeyResponse)(nil),              // 64: basalt.meta.v1.OpenKeyResponse
+	(*AllocateBlockRequest)(nil),         // 65: basalt.meta.v1.AllocateBlockRequest
+	(*AllocateBlockResponse)(nil),        // 66: basalt.meta.v1.AllocateBlockResponse
+	(*CommitKeyRequest)(nil),             // 67: basalt.meta.v1.CommitKeyRequest
+	(*LookupKeyRequest)(nil),             // 68: basalt.meta.v1.LookupKeyRequest
+	(*ListKeysRequest)(nil),              // 69: basalt.meta.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),             // 70: basalt.meta.v1.ListKeysResponse
+	(*RenameKeyRequest)(nil),             // 71: basalt.meta.v1.RenameKeyRequest
+	(*RenameKeyResponse)(nil),            // 72: basalt.meta.v1.RenameKeyResponse
+	(*DeleteKeyRequest)(nil),             // 73: basalt.meta.v1.DeleteKeyRequest
+	(*DeleteKeyResponse)(nil),            // 74: basalt.meta.v1.DeleteKeyResponse
+	(*FileStatus)(nil),                   // 75: basalt.meta.v1.FileStatus
+	(*CreateDirectoryRequest)(nil),       // 76: basalt.meta.v1.CreateDirectoryRequest
+	(*GetFileStatusRequest)(nil),         // 77: basalt.meta.v1.GetFileStatusRequest
+	(*ListStatusRequest)(nil),            // 78: basalt.meta.v1.ListStatusRequest
+	(*ListStatusResponse)(nil),           // 79: basalt.meta.v1.ListStatusResponse
 }
 var file_meta_meta_proto_depIdxs = []int32{
 	3,  // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
@@ -4983,95 +5258,102 @@ var file_meta_meta_proto_depIdxs = []int32{
 	15, // 22: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
 	14, // 23: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
 	28, // 24: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
-	32, // 25: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
-	12, // 26: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
-	7,  // 27: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	7,  // 28: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
-	1,  // 29: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
-	8,  // 30: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
-	34, // 31: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
-	11, // 32: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
-	12, // 33: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
-	42, // 34: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
-	4,  // 35: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,  // 36: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
-	4,  // 37: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,  // 38: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
-	49, // 39: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
-	13, // 40: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
-	0,  // 41: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
-	5,  // 42: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	56, // 43: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	14, // 44: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
-	0,  // 45: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
-	5,  // 46: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	15, // 47: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	14, // 48: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	15, // 49: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	14, // 50: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
-	56, // 51: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
-	57, // 52: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
-	57, // 53: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
-	70, // 54: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
-	16, // 55: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	18, // 56: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	25, // 57: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	27, // 58: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	30, // 59: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	33, // 60: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	36, // 61: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	38, // 62: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	40, // 63: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	43, // 64: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	44, // 65: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	45, // 66: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	47, // 67: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	50, // 68: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	51, // 69: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	52, // 70: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	54, // 71: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	58, // 72: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	60, // 73: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	62, // 74: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	63, // 75: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	64, // 76: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	66, // 77: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	68, // 78: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	71, // 79: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	72, // 80: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	73, // 81: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	17, // 82: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	19, // 83: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	26, // 84: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	29, // 85: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	31, // 86: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	35, // 87: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	37, // 88: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	39, // 89: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	41, // 90: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	42, // 91: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	42, // 92: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	46, // 93: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	48, // 94: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	49, // 95: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	49, // 96: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	53, // 97: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	55, // 98: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	59, // 99: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	61, // 100: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	57, // 101: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	57, // 102: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	65, // 103: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	67, // 104: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	69, // 105: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	70, // 106: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	70, // 107: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	74, // 108: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	82, // [82:109] is the sub-list for method output_type
-	55, // [55:82] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	13, // 25: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
+	13, // 26: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
+	33, // 27: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
+	37, // 28: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
+	12, // 29: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
+	7,  // 30: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	7,  // 31: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
+	1,  // 32: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
+	8,  // 33: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
+	39, // 34: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
+	11, // 35: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
+	12, // 36: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
+	47, // 37: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
+	4,  // 38: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,  // 39: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
+	4,  // 40: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,  // 41: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
+	54, // 42: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
+	13, // 43: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
+	0,  // 44: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
+	5,  // 45: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	61, // 46: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	14, // 47: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
+	0,  // 48: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
+	5,  // 49: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	15, // 50: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	14, // 51: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	15, // 52: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	14, // 53: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
+	61, // 54: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
+	62, // 55: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
+	62, // 56: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
+	75, // 57: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
+	16, // 58: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	18, // 59: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	25, // 60: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	27, // 61: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	35, // 62: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	30, // 63: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	32, // 64: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	38, // 65: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	41, // 66: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	43, // 67: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	45, // 68: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	48, // 69: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	49, // 70: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	50, // 71: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	52, // 72: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	55, // 73: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	56, // 74: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	57, // 75: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	59, // 76: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	63, // 77: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	65, // 78: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	67, // 79: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	68, // 80: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	69, // 81: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	71, // 82: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	73, // 83: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	76, // 84: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	77, // 85: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	78, // 86: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	17, // 87: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	19, // 88: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	26, // 89: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	29, // 90: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	36, // 91: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	31, // 92: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	34, // 93: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	40, // 94: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	42, // 95: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	44, // 96: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	46, // 97: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	47, // 98: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	47, // 99: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	51, // 100: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	53, // 101: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	54, // 102: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	54, // 103: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	58, // 104: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	60, // 105: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	64, // 106: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	66, // 107: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	62, // 108: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	62, // 109: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	70, // 110: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	72, // 111: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	74, // 112: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	75, // 113: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	75, // 114: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	79, // 115: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	87, // [87:116] is the sub-list for method output_type
+	58, // [58:87] is the sub-list for method input_type
+	58, // [58:58] is the sub-list for extension type_name
+	58, // [58:58] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -5091,7 +5373,7 @@ func file_meta_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   69,
+			NumMessages:   74,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -25,15 +25,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Scm_RegisterDatanode_FullMethodName = "/basalt.meta.v1.Scm/RegisterDatanode"
-	Scm_Heartbeat_FullMethodName        = "/basalt.meta.v1.Scm/Heartbeat"
-	Scm_AllocateBlocks_FullMethodName   = "/basalt.meta.v1.Scm/AllocateBlocks"
-	Scm_DeleteBlocks_FullMethodName     = "/basalt.meta.v1.Scm/DeleteBlocks"
-	Scm_GetContainers_FullMethodName    = "/basalt.meta.v1.Scm/GetContainers"
-	Scm_ListDatanodes_FullMethodName    = "/basalt.meta.v1.Scm/ListDatanodes"
-	Scm_ListPipelines_FullMethodName    = "/basalt.meta.v1.Scm/ListPipelines"
-	Scm_ListContainers_FullMethodName   = "/basalt.meta.v1.Scm/ListContainers"
-	Scm_GetSafeMode_FullMethodName      = "/basalt.meta.v1.Scm/GetSafeMode"
+	Scm_RegisterDatanode_FullMethodName     = "/basalt.meta.v1.Scm/RegisterDatanode"
+	Scm_Heartbeat_FullMethodName            = "/basalt.meta.v1.Scm/Heartbeat"
+	Scm_AllocateBlocks_FullMethodName       = "/basalt.meta.v1.Scm/AllocateBlocks"
+	Scm_DeleteBlocks_FullMethodName         = "/basalt.meta.v1.Scm/DeleteBlocks"
+	Scm_GetContainers_FullMethodName        = "/basalt.meta.v1.Scm/GetContainers"
+	Scm_ReportCorruptReplica_FullMethodName = "/basalt.meta.v1.Scm/ReportCorruptReplica"
+	Scm_ListCorruptReplicas_FullMethodName  = "/basalt.meta.v1.Scm/ListCorruptReplicas"
+	Scm_ListDatanodes_FullMethodName        = "/basalt.meta.v1.Scm/ListDatanodes"
+	Scm_ListPipelines_FullMethodName        = "/basalt.meta.v1.Scm/ListPipelines"
+	Scm_ListContainers_FullMethodName       = "/basalt.meta.v1.Scm/ListContainers"
+	Scm_GetSafeMode_FullMethodName          = "/basalt.meta.v1.Scm/GetSafeMode"
 )
 
 // ScmClient is the client API for Scm service.
@@ -47,6 +49,9 @@ type ScmClient interface {
 	AllocateBlocks(ctx context.Context, in *AllocateBlocksRequest, opts ...grpc.CallOption) (*AllocateBlocksResponse, error)
 	DeleteBlocks(ctx context.Context, in *DeleteBlocksRequest, opts ...grpc.CallOption) (*DeleteBlocksResponse, error)
 	GetContainers(ctx context.Context, in *GetContainersRequest, opts ...grpc.CallOption) (*GetContainersResponse, error)
+	// A client found a replica whose data fails its checksums.
+	ReportCorruptReplica(ctx context.Context, in *ReportCorruptReplicaRequest, opts ...grpc.CallOption) (*ReportCorruptReplicaResponse, error)
+	ListCorruptReplicas(ctx context.Context, in *ListCorruptReplicasRequest, opts ...grpc.CallOption) (*ListCorruptReplicasResponse, error)
 	// Admin.
 	ListDatanodes(ctx context.Context, in *ListDatanodesRequest, opts ...grpc.CallOption) (*ListDatanodesResponse, error)
 	ListPipelines(ctx context.Context, in *ListPipelinesRequest, opts ...grpc.CallOption) (*ListPipelinesResponse, error)
@@ -112,6 +117,26 @@ func (c *scmClient) GetContainers(ctx context.Context, in *GetContainersRequest,
 	return out, nil
 }
 
+func (c *scmClient) ReportCorruptReplica(ctx context.Context, in *ReportCorruptReplicaRequest, opts ...grpc.CallOption) (*ReportCorruptReplicaResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportCorruptReplicaResponse)
+	err := c.cc.Invoke(ctx, Scm_ReportCorruptReplica_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scmClient) ListCorruptReplicas(ctx context.Context, in *ListCorruptReplicasRequest, opts ...grpc.CallOption) (*ListCorruptReplicasResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListCorruptReplicasResponse)
+	err := c.cc.Invoke(ctx, Scm_ListCorruptReplicas_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *scmClient) ListDatanodes(ctx context.Context, in *ListDatanodesRequest, opts ...grpc.CallOption) (*ListDatanodesResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListDatanodesResponse)
@@ -163,6 +188,9 @@ type ScmServer interface {
 	AllocateBlocks(context.Context, *AllocateBlocksRequest) (*AllocateBlocksResponse, error)
 	DeleteBlocks(context.Context, *DeleteBlocksRequest) (*DeleteBlocksResponse, error)
 	GetContainers(context.Context, *GetContainersRequest) (*GetContainersResponse, error)
+	// A client found a replica whose data fails its checksums.
+	ReportCorruptReplica(context.Context, *ReportCorruptReplicaRequest) (*ReportCorruptReplicaResponse, error)
+	ListCorruptReplicas(context.Context, *ListCorruptReplicasRequest) (*ListCorruptReplicasResponse, error)
 	// Admin.
 	ListDatanodes(context.Context, *ListDatanodesRequest) (*ListDatanodesResponse, error)
 	ListPipelines(context.Context, *ListPipelinesRequest) (*ListPipelinesResponse, error)
@@ -192,6 +220,12 @@ func (UnimplementedScmServer) DeleteBlocks(context.Context, *DeleteBlocksRequest
 }
 func (UnimplementedScmServer) GetContainers(context.Context, *GetContainersRequest) (*GetContainersResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetContainers not implemented")
+}
+func (UnimplementedScmServer) ReportCorruptReplica(context.Context, *ReportCorruptReplicaRequest) (*ReportCorruptReplicaResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReportCorruptReplica not implemented")
+}
+func (UnimplementedScmServer) ListCorruptReplicas(context.Context, *ListCorruptReplicasRequest) (*ListCorruptReplicasResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListCorruptReplicas not implemented")
 }
 func (UnimplementedScmServer) ListDatanodes(context.Context, *ListDatanodesRequest) (*ListDatanodesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListDatanodes not implemented")
@@ -316,6 +350,42 @@ func _Scm_GetContainers_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scm_ReportCorruptReplica_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportCorruptReplicaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScmServer).ReportCorruptReplica(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scm_ReportCorruptReplica_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScmServer).ReportCorruptReplica(ctx, req.(*ReportCorruptReplicaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scm_ListCorruptReplicas_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListCorruptReplicasRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScmServer).ListCorruptReplicas(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scm_ListCorruptReplicas_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScmServer).ListCorruptReplicas(ctx, req.(*ListCorruptReplicasRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Scm_ListDatanodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListDatanodesRequest)
 	if err := dec(in); err != nil {
@@ -414,6 +484,14 @@ var Scm_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetContainers",
 			Handler:    _Scm_GetContainers_Handler,
+		},
+		{
+			MethodName: "ReportCorruptReplica",
+			Handler:    _Scm_ReportCorruptReplica_Handler,
+		},
+		{
+			MethodName: "ListCorruptReplicas",
+			Handler:    _Scm_ListCorruptReplicas_Handler,
 		},
 		{
 			MethodName: "ListDatanodes",
