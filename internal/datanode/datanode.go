@@ -136,6 +136,9 @@ func New(cfg Config) (*Datanode, error) {
 	// A chunk acknowledged through Raft must survive a restart until its
 	// block is committed or abandoned: the leader may need to resend it.
 	so.KeepUncommitted = true
+	// Clients keep several WriteChunks of a block in flight; they reach
+	// the log in arrival order, not offset order.
+	so.OutOfOrderWrites = true
 	st, err := storage.Open(so)
 	if err != nil {
 		return nil, err
@@ -582,3 +585,7 @@ func (d *Datanode) IsPipelineLeader(pipeline uint64) bool {
 	g, err := d.host.Group(pipeline)
 	return err == nil && g.IsLeader()
 }
+
+// ChunksWritten counts the chunks this datanode stored (every replica
+// counts its own), for tests and Info.
+func (d *Datanode) ChunksWritten() uint64 { return d.stats.chunksWritten.Load() }
