@@ -390,6 +390,8 @@ func (d *Datanode) joinPipeline(p *metapb.Pipeline, members []*metapb.DatanodeDe
 	if err != nil {
 		return err
 	}
+	pid := p.GetId()
+	sm.isLeader = func() bool { return d.IsPipelineLeader(pid) }
 	if _, err := d.host.AddGroup(raft.GroupConfig{ID: p.GetId(), Peers: p.GetDatanodes(), StateMachine: sm}); err != nil && !errors.Is(err, raft.ErrGroupExists) {
 		return err
 	}

@@ -41,6 +41,7 @@ type containerSM struct {
 	file     string // applied index
 	log      *slog.Logger
 	stats    *stats
+	isLeader func() bool
 
 	applied     atomic.Uint64
 	durable     atomic.Uint64
@@ -126,7 +127,11 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 		return nil
 	}
 	c := wc.GetChunk()
-	if err := sm.store.WriteChunk(cid, lid, int64(c.GetOffset()), data, toChecksum(c.GetChecksum()), true); err != nil {
+	// The leader verified the chunk when the client sent it (service.
+	// WriteChunk) and hands WriteData those same bytes; followers got them
+	// over the network and verify.
+	verify := sm.isLeader == nil || !sm.isLeader()
+	if err := sm.store.WriteChunk(cid, lid, int64(c.GetOffset()), data, toChecksum(c.GetChecksum()), verify); err != nil {
 		sm.markLost(cid, lid, err)
 		return nil
 	}
