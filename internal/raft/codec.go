@@ -50,7 +50,17 @@ func encodeProposal(id proposalID, meta, data []byte, hasData bool) []byte {
 		copy(b[headerLen:], meta)
 		return b
 	}
-	b := make([]byte, headerLen, headerLen+binary.MaxVarintLen64+len(meta)+len(data))
+	prefix := headerLen + uvarintLen(uint64(len(meta))) + len(meta)
+	var b []byte
+	if len(data) >= bigEntry {
+		// Place the data at an aligned address: the leader's own WriteData
+		// can then go to disk with O_DIRECT straight from it.
+		raw := alignedBuf(prefix + len(data) + frameAlign)
+		s := (frameAlign - prefix%frameAlign) % frameAlign
+		b = raw[s : s+headerLen : s+prefix+len(data)]
+	} else {
+		b = make([]byte, headerLen, prefix+len(data))
+	}
 	b[0] = fmtData
 	binary.BigEndian.PutUint64(b[1:], id.host)
 	binary.BigEndian.PutUint64(b[9:], id.seq)
@@ -127,4 +137,14 @@ func isNormalWithPayload(e *pb.Entry) bool {
 
 func cloneMessage(m *pb.Message) *pb.Message {
 	return proto.Clone(m).(*pb.Message)
+}
+
+// hasElided reports whether m carries an entry whose data is not in it.
+func hasElided(m *pb.Message) bool {
+	for _, e := range m.GetEntries() {
+		if isNormalWithPayload(e) && e.GetData()[0] == fmtElided {
+			return true
+		}
+	}
+	return false
 }

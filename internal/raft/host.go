@@ -418,18 +418,14 @@ func (h *Host) send(g *Group, msgs []*pb.Message) {
 			go h.sendSnapshot(g, m)
 			continue
 		}
-		if g.dsm != nil && m.GetType() == pb.MsgApp {
-			hm, err := g.hydrateMessage(m)
-			if err != nil {
-				h.log.Warn("cannot read entry data for resend", "group", g.id, "to", m.GetTo(), "err", err)
-				continue
-			}
-			m = hm
+		o := Outgoing{Group: g.id, Msg: m}
+		if g.dsm != nil && m.GetType() == pb.MsgApp && hasElided(m) {
+			o.Hydrate = g.hydrateMessage
 		}
 		if byPeer == nil {
 			byPeer = make(map[uint64][]Outgoing, 4)
 		}
-		byPeer[m.GetTo()] = append(byPeer[m.GetTo()], Outgoing{Group: g.id, Msg: m})
+		byPeer[m.GetTo()] = append(byPeer[m.GetTo()], o)
 	}
 	for to, out := range byPeer {
 		h.transport.Send(to, out)

@@ -200,5 +200,9 @@ func (l *storeLoop) process(work []*readyWork) {
 	for _, w := range work {
 		w.g.advance(w.rd)
 	}
-	h.metrics.loopSeconds.Observe(time.Since(start).Seconds())
+	d := time.Since(start)
+	h.metrics.loopSeconds.Observe(d.Seconds())
+	if d > 200*time.Millisecond {
+		h.log.Warn("slow store-loop iteration", "dir", l.store.dir, "took", d, "groups", len(work), "entries", nents)
+	}
 }

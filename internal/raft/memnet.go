@@ -148,8 +148,15 @@ func (t *memTransport) Send(to uint64, msgs []Outgoing) {
 			continue
 		}
 		c := o
-		if o.Msg != nil {
-			c.Msg = cloneMessage(o.Msg)
+		if o.Hydrate != nil {
+			m, err := o.Hydrate(o.Msg)
+			if err != nil {
+				continue
+			}
+			c.Msg, c.Hydrate = m, nil
+		}
+		if c.Msg != nil {
+			c.Msg = cloneMessage(c.Msg)
 		}
 		if d == 0 {
 			dst.push(t.id, []Outgoing{c})

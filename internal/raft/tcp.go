@@ -247,7 +247,7 @@ func (p *peer) writeLoop() {
 	defer t.wg.Done()
 	backoff := 50 * time.Millisecond
 	batch := make([]Outgoing, 0, 256)
-	var buf []byte
+	var fw frameWriter
 	for {
 		var first Outgoing
 		select {
@@ -295,27 +295,64 @@ func (p *peer) writeLoop() {
 				break drain
 			}
 		}
-		var hb int
-		buf, hb = encodeBatch(buf[:0], batch)
+		// Entries re-read from the log get their data back here, on this
+		// peer's goroutine (see Outgoing.Hydrate).
+		batch = hydrateBatch(batch, t.log)
+		hb := encodeBatch(&fw, batch)
 		t.m.heartbeatsCoalesced.Add(float64(hb))
+		segs, size := fw.finish()
 		pc.c.SetWriteDeadline(time.Now().Add(10 * time.Second))
-		if _, err := pc.w.Write(buf); err == nil {
-			err = pc.w.Flush()
-			if err != nil {
-				p.fail(pc, err)
-				continue
-			}
-		} else {
+		if err := pc.writeSegments(segs); err != nil {
 			p.fail(pc, err)
 			continue
 		}
 		label := fmt.Sprint(p.id)
-		t.m.peerBytesSent.WithLabelValues(label).Add(float64(len(buf)))
+		t.m.peerBytesSent.WithLabelValues(label).Add(float64(size))
 		t.m.peerMsgsSent.WithLabelValues(label).Add(float64(len(batch)))
-		if cap(buf) > 4*maxBatchBytes {
-			buf = nil // do not pin a huge buffer after a burst
+		clear(fw.segs) // do not pin entry data until the next batch
+		if cap(fw.scratch) > 4*maxBatchBytes {
+			fw.scratch = nil // nor a huge buffer after a burst
 		}
 	}
+}
+
+// hydrateBatch resolves Outgoing.Hydrate; a message whose data cannot be
+// read is dropped (raft resends it).
+func hydrateBatch(batch []Outgoing, log *slog.Logger) []Outgoing {
+	out := batch[:0]
+	for _, o := range batch {
+		if o.Hydrate != nil {
+			m, err := o.Hydrate(o.Msg)
+			if err != nil {
+				log.Warn("cannot read entry data for a resend; dropping it", "group", o.Group, "to", o.Msg.GetTo(), "err", err)
+				continue
+			}
+			o.Msg, o.Hydrate = m, nil
+		}
+		out = append(out, o)
+	}
+	return out
+}
+
+// writeSegments writes one frame: small segments through the buffered
+// writer, large ones with writev straight from the entries.
+func (pc *peerConn) writeSegments(segs [][]byte) error {
+	for i, sg := range segs {
+		if len(sg) < bigEntry {
+			if _, err := pc.w.Write(sg); err != nil {
+				return err
+			}
+			continue
+		}
+		// A run of segments from here on goes out in one writev.
+		if err := pc.w.Flush(); err != nil {
+			return err
+		}
+		bufs := net.Buffers(append([][]byte(nil), segs[i:]...))
+		_, err := bufs.WriteTo(pc.c)
+		return err
+	}
+	return pc.w.Flush()
 }
 
 func (p *peer) fail(pc *peerConn, err error) {
@@ -459,14 +496,22 @@ func (t *TCPTransport) readLoop(p *peer, pc *peerConn, installed bool, r *bufio.
 			t.log.Warn("oversized frame; closing connection", "peer", from, "bytes", n)
 			return
 		}
-		if cap(buf) < int(n) {
-			buf = make([]byte, n)
+		// Large frames get a fresh aligned buffer that their entries keep
+		// (no copy); small ones reuse one buffer and are copied out.
+		frame := buf
+		alias := n >= aliasFrame
+		if alias {
+			frame = alignedBuf(int(n))
+		} else {
+			if cap(buf) < int(n) {
+				buf = make([]byte, n)
+			}
+			frame = buf[:n]
 		}
-		buf = buf[:n]
-		if _, err := io.ReadFull(r, buf); err != nil {
+		if _, err := io.ReadFull(r, frame); err != nil {
 			return
 		}
-		msgs, err := decodeBatch(buf, from, t.cfg.ID)
+		msgs, err := decodeBatch(frame, from, t.cfg.ID, alias)
 		if err != nil {
 			t.log.Warn("bad frame; closing connection", "peer", from, "err", err)
 			return
@@ -474,55 +519,54 @@ func (t *TCPTransport) readLoop(p *peer, pc *peerConn, installed bool, r *bufio.
 		t.m.peerBytesRecv.WithLabelValues(label).Add(float64(n + 4))
 		t.m.peerMsgsRecv.WithLabelValues(label).Add(float64(len(msgs)))
 		t.h.HandleMessages(from, msgs)
-		if cap(buf) > 4*maxBatchBytes {
-			buf = nil
-		}
 	}
 }
 
-// encodeBatch appends one frame holding msgs to b. Returns the number of
+// encodeBatch builds one frame holding msgs. Returns the number of
 // heartbeats sent in compact form.
-func encodeBatch(b []byte, msgs []Outgoing) ([]byte, int) {
-	start := len(b)
-	b = append(b, 0, 0, 0, 0)
-	b = binary.AppendUvarint(b, uint64(len(msgs)))
+func encodeBatch(f *frameWriter, msgs []Outgoing) int {
+	f.reset()
+	f.uvarint(uint64(len(msgs)))
 	hb := 0
 	for _, o := range msgs {
-		b = binary.AppendUvarint(b, o.Group)
+		f.uvarint(o.Group)
 		m := o.Msg
 		switch {
 		case m == nil:
-			b = append(b, itemApplied)
-			b = binary.AppendUvarint(b, o.Applied)
+			f.bytes([]byte{itemApplied})
+			f.uvarint(o.Applied)
 		case m.GetType() == pb.MsgHeartbeat:
 			hb++
-			b = append(b, itemHeartbeat)
-			b = binary.AppendUvarint(b, m.GetTerm())
-			b = binary.AppendUvarint(b, m.GetCommit())
-			b = binary.AppendUvarint(b, uint64(len(m.GetContext())))
-			b = append(b, m.GetContext()...)
+			f.bytes([]byte{itemHeartbeat})
+			f.uvarint(m.GetTerm())
+			f.uvarint(m.GetCommit())
+			f.uvarint(uint64(len(m.GetContext())))
+			f.bytes(m.GetContext())
 		case m.GetType() == pb.MsgHeartbeatResp:
 			hb++
-			b = append(b, itemHeartbeatR)
-			b = binary.AppendUvarint(b, m.GetTerm())
-			b = binary.AppendUvarint(b, uint64(len(m.GetContext())))
-			b = append(b, m.GetContext()...)
+			f.bytes([]byte{itemHeartbeatR})
+			f.uvarint(m.GetTerm())
+			f.uvarint(uint64(len(m.GetContext())))
+			f.bytes(m.GetContext())
+		case m.GetType() == pb.MsgApp:
+			f.app(m)
 		default:
-			b = append(b, itemRaft)
+			f.bytes([]byte{itemRaft})
 			size := proto.Size(m)
-			b = binary.AppendUvarint(b, uint64(size))
+			f.uvarint(uint64(size))
+			n := len(f.scratch)
 			var err error
-			b, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(b, m)
+			f.scratch, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(f.scratch, m)
 			if err != nil {
 				panic(fmt.Sprintf("raft: marshal message: %v", err))
 			}
+			f.body += len(f.scratch) - n
 		}
 	}
-	binary.BigEndian.PutUint32(b[start:], uint32(len(b)-start-4))
-	return b, hb
+	return hb
 }
 
-func decodeBatch(b []byte, from, to uint64) ([]Outgoing, error) {
+func decodeBatch(b []byte, from, to uint64, alias bool) ([]Outgoing, error) {
 	n, k := binary.Uvarint(b)
 	if k <= 0 || n > maxBatchMsgs {
 		return nil, fmt.Errorf("bad message count")
@@ -590,6 +634,13 @@ func decodeBatch(b []byte, from, to uint64) ([]Outgoing, error) {
 			if len(ctx) > 0 {
 				m.Context = append([]byte(nil), ctx...)
 			}
+			o.Msg = m
+		case itemApp:
+			m, rest, err := decodeApp(b, from, to, alias)
+			if err != nil {
+				return nil, err
+			}
+			b = rest
 			o.Msg = m
 		case itemRaft:
 			l, err := uv()

@@ -32,6 +32,11 @@ type Outgoing struct {
 	Group   uint64
 	Msg     *pb.Message
 	Applied uint64
+	// Hydrate, when set, must be called on Msg before it is sent: it puts
+	// back the data of entries the log stores without it (ReadData, disk
+	// I/O). Transports call it on the sending side of the one peer it goes
+	// to, so a lagging or dead peer never stalls the store loop.
+	Hydrate func(*pb.Message) (*pb.Message, error)
 }
 
 // Handler is the receiving side of a Transport: the Host.
