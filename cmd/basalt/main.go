@@ -17,6 +17,7 @@ func main() {
 		SilenceErrors: true,
 	}
 	root.AddCommand(devCmd())
+	root.AddCommand(shCmd(), adminCmd(), benchCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "basalt:", err)
 		os.Exit(1)

@@ -34,7 +34,8 @@ type Config struct {
 	Location func(i int) string
 	// Fixed ports (so that a restart keeps its addresses): when BasePort is
 	// nonzero, meta gRPC is BasePort, meta Raft BasePort+1, datanode i
-	// serves on BasePort+10+2i and its Raft on BasePort+11+2i. Otherwise
+	// serves on BasePort+10+2i, its Raft on BasePort+11+2i and its V2
+	// streams on BasePort+40+i. Otherwise
 	// every port is picked by the kernel.
 	BasePort int
 	// Timing: datanode heartbeats and the Raft tick.
@@ -153,7 +154,7 @@ func (c *Cluster) newDatanode(i int) (*datanode.Datanode, error) {
 	return datanode.New(datanode.Config{
 		DataDir: filepath.Join(c.cfg.Dir, fmt.Sprintf("dn%d", i+1)), Location: c.cfg.Location(i),
 		Hostname: fmt.Sprintf("dn%d", i+1), MetaAddrs: []string{c.MetaAddr()},
-		ListenAddr: c.cfg.addr(10 + 2*i), RaftAddr: c.cfg.addr(11 + 2*i), TickInterval: c.cfg.TickInterval,
+		ListenAddr: c.cfg.addr(10 + 2*i), RaftAddr: c.cfg.addr(11 + 2*i), StreamAddr: c.cfg.addr(40 + i), TickInterval: c.cfg.TickInterval,
 		Storage:    so,
 		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"role": "datanode", "datanode": fmt.Sprint(i + 1)}, c.cfg.Registerer),
 		Logger:     c.cfg.Logger.With("role", "datanode", "dn", i+1),

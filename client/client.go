@@ -1,0 +1,475 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/basalt-store/basalt/internal/meta/metaclient"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/storage"
+)
+
+// Defaults and limits of Config.
+const (
+	DefaultChunkSize         = 4 << 20
+	DefaultBytesPerChecksum  = storage.DefaultBytesPerChecksum
+	DefaultMaxBufferBytes    = 64 << 20
+	DefaultMaxInflightChunks = 4
+	DefaultWaitAllTimeout    = 30 * time.Second
+	DefaultRPCTimeout        = 60 * time.Second
+	DefaultMaxBlockRetries   = 5
+	DefaultMaxMsgBytes       = 64 << 20
+
+	// MaxChunkSize keeps one WriteChunk well under the message limit.
+	MaxChunkSize = 32 << 20
+	// MaxInflightChunksLimit bounds the concurrent WriteChunk calls of one
+	// key.
+	MaxInflightChunksLimit = 64
+	// maxListAll bounds the entries the List* helpers collect in memory.
+	maxListAll = 1_000_000
+)
+
+// Config configures a Client. Zero values take the defaults noted.
+type Config struct {
+	// MetaAddrs are the gRPC addresses of the metadata service nodes.
+	MetaAddrs []string
+	// Location is this client's network location ("/dc1/rack1"); the
+	// services order replicas nearest first from it. "" = unknown.
+	Location string
+	// ChunkSize is the size of one WriteChunk (default 4 MiB); a multiple
+	// of BytesPerChecksum, at most MaxChunkSize.
+	ChunkSize int
+	// BlockSize caps the block size (0 = the server's). Larger values than
+	// the server's are lowered to it.
+	BlockSize int64
+	// BytesPerChecksum is the checksum window (default 64 KiB).
+	BytesPerChecksum int
+	// MaxBufferBytes bounds the data one PutKey holds that is not yet
+	// committed on every replica (default 64 MiB, at least 2 chunks). The
+	// writer blocks when it is reached.
+	MaxBufferBytes int64
+	// MaxInflightChunks bounds concurrent WriteChunk calls per key
+	// (default 4).
+	MaxInflightChunks int
+	// FlushBytes: a PutBlock is sent every FlushBytes within a block so
+	// buffers are released before the block ends (default MaxBufferBytes/4,
+	// rounded to whole chunks).
+	FlushBytes int64
+	// WaitAllTimeout is how long a PutBlock waits for every replica
+	// (default 30s); past it the datanode answers REPLICAS_LAG.
+	WaitAllTimeout time.Duration
+	// RPCTimeout bounds one datanode call (default 60s).
+	RPCTimeout time.Duration
+	// LeaderWait bounds the time spent finding a pipeline's leader
+	// (elections in progress) before the pipeline is excluded (default
+	// 10s).
+	LeaderWait time.Duration
+	// MaxBlockRetries bounds the block re-allocations of one key after
+	// failures (default 5).
+	MaxBlockRetries int
+	// MaxMsgBytes is the gRPC message limit to datanodes (default 64 MiB).
+	MaxMsgBytes int
+	// MetaCallTimeout bounds one metadata call including retries (default
+	// 30s, see metaclient).
+	MetaCallTimeout time.Duration
+	// DialOptions are added to the datanode and meta connections.
+	DialOptions []grpc.DialOption
+	// Logger receives retries, exclusions and corruption reports (default
+	// slog.Default()).
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if len(c.MetaAddrs) == 0 {
+		return errors.New("client: no meta addresses (Config.MetaAddrs)")
+	}
+	if c.ChunkSize == 0 {
+		c.ChunkSize = DefaultChunkSize
+	}
+	if c.BytesPerChecksum == 0 {
+		c.BytesPerChecksum = DefaultBytesPerChecksum
+	}
+	if c.BytesPerChecksum < 512 || c.BytesPerChecksum > storage.MaxBytesPerChecksum {
+		return fmt.Errorf("client: BytesPerChecksum %d outside [512, %d]", c.BytesPerChecksum, storage.MaxBytesPerChecksum)
+	}
+	if c.ChunkSize < c.BytesPerChecksum || c.ChunkSize > MaxChunkSize || c.ChunkSize%c.BytesPerChecksum != 0 {
+		return fmt.Errorf("client: ChunkSize %d must be a multiple of BytesPerChecksum %d and at most %d", c.ChunkSize, c.BytesPerChecksum, MaxChunkSize)
+	}
+	if c.BlockSize < 0 || (c.BlockSize > 0 && c.BlockSize < int64(c.ChunkSize)) {
+		return fmt.Errorf("client: BlockSize %d must be 0 (the server's) or at least ChunkSize %d", c.BlockSize, c.ChunkSize)
+	}
+	if c.MaxBufferBytes == 0 {
+		c.MaxBufferBytes = DefaultMaxBufferBytes
+	}
+	if c.MaxBufferBytes < 2*int64(c.ChunkSize) {
+		return fmt.Errorf("client: MaxBufferBytes %d is less than two chunks of %d", c.MaxBufferBytes, c.ChunkSize)
+	}
+	if c.MaxInflightChunks == 0 {
+		c.MaxInflightChunks = DefaultMaxInflightChunks
+	}
+	if c.MaxInflightChunks < 1 || c.MaxInflightChunks > MaxInflightChunksLimit {
+		return fmt.Errorf("client: MaxInflightChunks %d outside [1, %d]", c.MaxInflightChunks, MaxInflightChunksLimit)
+	}
+	if c.FlushBytes == 0 {
+		c.FlushBytes = c.MaxBufferBytes / 4
+	}
+	// Whole chunks, at least one, and at most half the pool so that the
+	// writer can fill the next segment while one PutBlock is in flight.
+	c.FlushBytes = max(c.FlushBytes/int64(c.ChunkSize), 1) * int64(c.ChunkSize)
+	c.FlushBytes = min(c.FlushBytes, max(c.MaxBufferBytes/2/int64(c.ChunkSize), 1)*int64(c.ChunkSize))
+	if c.WaitAllTimeout == 0 {
+		c.WaitAllTimeout = DefaultWaitAllTimeout
+	}
+	if c.RPCTimeout == 0 {
+		c.RPCTimeout = DefaultRPCTimeout
+	}
+	if c.LeaderWait == 0 {
+		c.LeaderWait = 10 * time.Second
+	}
+	if c.MaxBlockRetries == 0 {
+		c.MaxBlockRetries = DefaultMaxBlockRetries
+	}
+	if c.MaxBlockRetries < 0 || c.MaxBlockRetries > 100 {
+		return fmt.Errorf("client: MaxBlockRetries %d outside [0, 100]", c.MaxBlockRetries)
+	}
+	if c.MaxMsgBytes == 0 {
+		c.MaxMsgBytes = DefaultMaxMsgBytes
+	}
+	if c.MaxMsgBytes < c.ChunkSize+(1<<20) {
+		return fmt.Errorf("client: MaxMsgBytes %d must exceed ChunkSize %d by at least 1 MiB", c.MaxMsgBytes, c.ChunkSize)
+	}
+	if c.MetaCallTimeout == 0 {
+		c.MetaCallTimeout = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Client is safe for concurrent use. Connections to the metadata service
+// and to datanodes are persistent and shared by all calls.
+type Client struct {
+	cfg  Config
+	meta *metaclient.Client
+	ns   metapb.NamespaceClient
+	scm  metapb.ScmClient
+	dns  *dnPool
+	log  *slog.Logger
+
+	leadersMu sync.Mutex
+	leaders   map[uint64]string // pipeline ID → leader address last seen
+
+	// reportCorrupt tells SCM that a replica failed checksum verification.
+	// Until metapb has ReportCorruptReplica it only logs; wire the RPC here.
+	reportCorrupt func(ctx context.Context, r CorruptReport) error
+}
+
+// CorruptReport is what a reader tells SCM about a replica whose data did
+// not match its checksums.
+type CorruptReport struct {
+	ContainerID, LocalID uint64
+	DatanodeID           uint64
+	DatanodeAddr         string
+	Reason               string
+}
+
+// New returns a client. It does not contact any server: connections are
+// made on first use, so New works with addresses alone.
+func New(cfg Config) (*Client, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	mc, err := metaclient.New(metaclient.Config{Addrs: cfg.MetaAddrs, CallTimeout: cfg.MetaCallTimeout, DialOptions: cfg.DialOptions})
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	c := &Client{
+		cfg: cfg, meta: mc, ns: mc.Namespace, scm: mc.Scm, log: cfg.Logger,
+		dns:     newDNPool(cfg.MaxMsgBytes, cfg.DialOptions),
+		leaders: map[uint64]string{},
+	}
+	c.reportCorrupt = func(ctx context.Context, r CorruptReport) error {
+		c.log.Warn("basalt client: corrupt replica, reporting to SCM",
+			"container", r.ContainerID, "local_id", r.LocalID, "datanode", r.DatanodeID, "addr", r.DatanodeAddr, "reason", r.Reason)
+		_, err := c.scm.ReportCorruptReplica(ctx, &metapb.ReportCorruptReplicaRequest{
+			Block:      &metapb.BlockID{ContainerId: r.ContainerID, LocalId: r.LocalID},
+			DatanodeId: r.DatanodeID, Reason: r.Reason,
+		})
+		return err
+	}
+	return c, nil
+}
+
+// Config returns the configuration in effect (defaults filled in).
+func (c *Client) Config() Config { return c.cfg }
+
+// Close closes every connection. Calls in progress fail.
+func (c *Client) Close() error {
+	return errors.Join(c.meta.Close(), c.dns.close())
+}
+
+// Scm returns the SCM admin API (datanodes, pipelines, containers) for
+// operator tools.
+func (c *Client) Scm() metapb.ScmClient { return c.scm }
+
+// Namespace returns the raw namespace API for tools that need more than
+// this package offers.
+func (c *Client) Namespace() metapb.NamespaceClient { return c.ns }
+
+// ---------------------------------------------------------------- types
+
+// Replication is a key's or bucket's replication factor.
+type Replication uint8
+
+const (
+	ReplicationDefault Replication = 0 // the bucket's (buckets: THREE)
+	ReplicationOne     Replication = 1
+	ReplicationThree   Replication = 3
+)
+
+func (r Replication) String() string {
+	switch r {
+	case ReplicationDefault:
+		return "default"
+	case ReplicationOne:
+		return "ONE"
+	case ReplicationThree:
+		return "THREE"
+	}
+	return fmt.Sprintf("Replication(%d)", uint8(r))
+}
+
+func (r Replication) pb() metapb.Replication {
+	switch r {
+	case ReplicationOne:
+		return metapb.Replication_ONE
+	case ReplicationThree:
+		return metapb.Replication_THREE
+	}
+	return metapb.Replication_REPLICATION_UNSPECIFIED
+}
+
+func replicationOf(r metapb.Replication) Replication {
+	switch r {
+	case metapb.Replication_ONE:
+		return ReplicationOne
+	case metapb.Replication_THREE:
+		return ReplicationThree
+	}
+	return ReplicationDefault
+}
+
+// ParseReplication accepts "1", "3", "ONE", "THREE" (any case) and "".
+func ParseReplication(s string) (Replication, error) {
+	switch s {
+	case "":
+		return ReplicationDefault, nil
+	case "1", "ONE", "one":
+		return ReplicationOne, nil
+	case "3", "THREE", "three":
+		return ReplicationThree, nil
+	}
+	return 0, invalidf("parse replication", "replication %q: want 1 or 3 (ONE or THREE)", s)
+}
+
+// Layout is a bucket's layout.
+type Layout uint8
+
+const (
+	LayoutDefault Layout = 0 // OBJECT
+	LayoutObject  Layout = 1 // flat keys; "/" is an ordinary character
+	LayoutFS      Layout = 2 // a directory tree
+)
+
+func (l Layout) String() string {
+	switch l {
+	case LayoutDefault:
+		return "default"
+	case LayoutObject:
+		return "OBJECT"
+	case LayoutFS:
+		return "FS"
+	}
+	return fmt.Sprintf("Layout(%d)", uint8(l))
+}
+
+// ParseLayout accepts "object", "obs", "fs", "fso" (any case) and "".
+func ParseLayout(s string) (Layout, error) {
+	switch s {
+	case "":
+		return LayoutDefault, nil
+	case "object", "OBJECT", "obs", "OBS":
+		return LayoutObject, nil
+	case "fs", "FS", "fso", "FSO":
+		return LayoutFS, nil
+	}
+	return 0, invalidf("parse layout", "layout %q: want object or fs", s)
+}
+
+// Volume is a volume's metadata.
+type Volume struct {
+	Name    string    `json:"name"`
+	Owner   string    `json:"owner,omitempty"`
+	Created time.Time `json:"created"`
+}
+
+// Bucket is a bucket's metadata.
+type Bucket struct {
+	Volume      string      `json:"volume"`
+	Name        string      `json:"name"`
+	ID          uint64      `json:"id"`
+	Layout      Layout      `json:"-"`
+	Replication Replication `json:"-"`
+	Created     time.Time   `json:"created"`
+	// For JSON: readable names.
+	LayoutName      string `json:"layout"`
+	ReplicationName string `json:"replication"`
+}
+
+func unixMs(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms).UTC()
+}
+
+func volumeOf(v *metapb.Volume) Volume {
+	return Volume{Name: v.Name, Owner: v.Owner, Created: unixMs(v.CreatedUnixMs)}
+}
+
+func bucketOf(b *metapb.Bucket) Bucket {
+	l := Layout(b.Layout)
+	r := replicationOf(b.Replication)
+	return Bucket{Volume: b.Volume, Name: b.Name, ID: b.Id, Layout: l, Replication: r,
+		Created: unixMs(b.CreatedUnixMs), LayoutName: l.String(), ReplicationName: r.String()}
+}
+
+// ListOptions selects a range of names.
+type ListOptions struct {
+	Prefix     string
+	StartAfter string
+	// PageSize is the entries per server call (0 = the server's default).
+	PageSize int
+	// Limit bounds the entries returned (0 = all, capped at one million).
+	Limit int
+}
+
+func (o ListOptions) limit() int {
+	if o.Limit <= 0 || o.Limit > maxListAll {
+		return maxListAll
+	}
+	return o.Limit
+}
+
+func pageSize(n int) uint32 {
+	if n <= 0 {
+		return 0
+	}
+	return uint32(min(n, 10000))
+}
+
+// ---------------------------------------------------------------- volumes
+
+// CreateVolume creates a volume. owner may be "".
+func (c *Client) CreateVolume(ctx context.Context, name, owner string) (Volume, error) {
+	v, err := c.ns.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: name, Owner: owner})
+	if err != nil {
+		return Volume{}, wrapErr(fmt.Sprintf("create volume %q", name), err)
+	}
+	return volumeOf(v), nil
+}
+
+// VolumeInfo returns a volume's metadata.
+func (c *Client) VolumeInfo(ctx context.Context, name string) (Volume, error) {
+	v, err := c.ns.GetVolume(ctx, &metapb.GetVolumeRequest{Name: name})
+	if err != nil {
+		return Volume{}, wrapErr(fmt.Sprintf("volume info %q", name), err)
+	}
+	return volumeOf(v), nil
+}
+
+// ListVolumes pages through the volumes matching o.
+func (c *Client) ListVolumes(ctx context.Context, o ListOptions) ([]Volume, error) {
+	var out []Volume
+	after := o.StartAfter
+	for len(out) < o.limit() {
+		r, err := c.ns.ListVolumes(ctx, &metapb.ListVolumesRequest{Prefix: o.Prefix, StartAfter: after, PageSize: pageSize(o.PageSize)})
+		if err != nil {
+			return out, wrapErr("list volumes", err)
+		}
+		for _, v := range r.Volumes {
+			out = append(out, volumeOf(v))
+		}
+		if !r.Truncated || len(r.Volumes) == 0 {
+			break
+		}
+		after = r.Volumes[len(r.Volumes)-1].Name
+	}
+	return out[:min(len(out), o.limit())], nil
+}
+
+// DeleteVolume deletes an empty volume.
+func (c *Client) DeleteVolume(ctx context.Context, name string) error {
+	_, err := c.ns.DeleteVolume(ctx, &metapb.DeleteVolumeRequest{Name: name})
+	return wrapErr(fmt.Sprintf("delete volume %q", name), err)
+}
+
+// ---------------------------------------------------------------- buckets
+
+// BucketOptions are the settings of a new bucket.
+type BucketOptions struct {
+	Layout      Layout      // default OBJECT
+	Replication Replication // default THREE
+}
+
+// CreateBucket creates a bucket in a volume.
+func (c *Client) CreateBucket(ctx context.Context, volume, name string, o BucketOptions) (Bucket, error) {
+	b, err := c.ns.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: volume, Name: name,
+		Layout: metapb.BucketLayout(o.Layout), Replication: o.Replication.pb()})
+	if err != nil {
+		return Bucket{}, wrapErr(fmt.Sprintf("create bucket /%s/%s", volume, name), err)
+	}
+	return bucketOf(b), nil
+}
+
+// BucketInfo returns a bucket's metadata.
+func (c *Client) BucketInfo(ctx context.Context, volume, name string) (Bucket, error) {
+	b, err := c.ns.GetBucket(ctx, &metapb.GetBucketRequest{Volume: volume, Name: name})
+	if err != nil {
+		return Bucket{}, wrapErr(fmt.Sprintf("bucket info /%s/%s", volume, name), err)
+	}
+	return bucketOf(b), nil
+}
+
+// ListBuckets pages through a volume's buckets matching o.
+func (c *Client) ListBuckets(ctx context.Context, volume string, o ListOptions) ([]Bucket, error) {
+	var out []Bucket
+	after := o.StartAfter
+	for len(out) < o.limit() {
+		r, err := c.ns.ListBuckets(ctx, &metapb.ListBucketsRequest{Volume: volume, Prefix: o.Prefix, StartAfter: after, PageSize: pageSize(o.PageSize)})
+		if err != nil {
+			return out, wrapErr(fmt.Sprintf("list buckets of volume %q", volume), err)
+		}
+		for _, b := range r.Buckets {
+			out = append(out, bucketOf(b))
+		}
+		if !r.Truncated || len(r.Buckets) == 0 {
+			break
+		}
+		after = r.Buckets[len(r.Buckets)-1].Name
+	}
+	return out[:min(len(out), o.limit())], nil
+}
+
+// DeleteBucket deletes an empty bucket.
+func (c *Client) DeleteBucket(ctx context.Context, volume, name string) error {
+	_, err := c.ns.DeleteBucket(ctx, &metapb.DeleteBucketRequest{Volume: volume, Name: name})
+	return wrapErr(fmt.Sprintf("delete bucket /%s/%s", volume, name), err)
+}

@@ -1,0 +1,39 @@
+// Package client is the Go client of Basalt: volumes, buckets and keys,
+// with the V1 write path (chunks through a pipeline's Raft leader) and
+// replica-failover reads.
+//
+// # Writes
+//
+// PutKey reads an io.Reader of any length. The namespace manager opens the
+// key and hands out blocks (a pipeline of datanodes each, nearest first).
+// The data is cut into chunks of Config.ChunkSize, checksummed here (CRC32C
+// per Config.BytesPerChecksum window, so the checksum covers the bytes from
+// this process to the disk and back) and sent as WriteChunk calls to the
+// pipeline's leader, Config.MaxInflightChunks at a time. Every FlushBytes
+// and at each block's end a PutBlock with wait_all commits what was sent on
+// every replica; only then are the buffers holding it released. All
+// unacknowledged data lives in a bounded pool of Config.MaxBufferBytes, so
+// a fast reader blocks instead of growing memory.
+//
+// On a failure (datanode unreachable, pipeline or container closed,
+// replicas lagging, timeouts) the writer follows Ozone's
+// KeyOutputStream.handleException: it adds the datanodes, pipeline or
+// container to the key's exclude list, asks for a new block elsewhere and
+// rewrites from its buffers everything not yet committed on all replicas.
+// The failed block keeps the length last committed on all replicas and is
+// never extended. At most Config.MaxBlockRetries blocks are re-allocated
+// per key.
+//
+// # Reads
+//
+// GetKey makes one LookupKey call; the KeyReader then reads each block range
+// from the nearest replica, verifies every checksum window it touches
+// (reading whole windows and slicing), and on an error or mismatch moves to
+// the next replica, reporting a corrupt one to SCM.
+//
+// # Errors
+//
+// Errors from the services are *Error values that match the sentinels
+// (ErrNotFound, ErrExists, ...) with errors.Is and carry the server's
+// message, which names the input.
+package client

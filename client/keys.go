@@ -1,0 +1,215 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"time"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+)
+
+// KeyInfo describes a committed key.
+type KeyInfo struct {
+	Volume           string      `json:"volume"`
+	Bucket           string      `json:"bucket"`
+	Name             string      `json:"name"`
+	Size             uint64      `json:"size"`
+	Replication      Replication `json:"-"`
+	ReplicationName  string      `json:"replication"`
+	ChecksumType     string      `json:"checksum_type"`
+	BytesPerChecksum uint32      `json:"bytes_per_checksum"`
+	Created          time.Time   `json:"created"`
+	Modified         time.Time   `json:"modified"`
+	ObjectID         uint64      `json:"object_id"`
+	// Blocks is filled by StatKey, GetKey and PutKey; listings leave it
+	// empty.
+	Blocks []BlockInfo `json:"blocks,omitempty"`
+}
+
+// BlockInfo is one block of a key.
+type BlockInfo struct {
+	ContainerID uint64 `json:"container_id"`
+	LocalID     uint64 `json:"local_id"`
+	Offset      uint64 `json:"offset"` // in the key
+	Length      uint64 `json:"length"`
+	PipelineID  uint64 `json:"pipeline_id,omitempty"`
+	// ContainerState is "OPEN", "CLOSING", "CLOSED" or "" if unknown.
+	ContainerState string `json:"container_state,omitempty"`
+	// Replicas, nearest to Config.Location first.
+	Replicas []Replica `json:"replicas,omitempty"`
+}
+
+// Replica is a datanode holding a block.
+type Replica struct {
+	ID       uint64 `json:"id"`
+	UUID     string `json:"uuid,omitempty"`
+	Hostname string `json:"hostname,omitempty"`
+	Addr     string `json:"addr"`
+	Location string `json:"location"`
+}
+
+func checksumName(t metapb.ChecksumType) string {
+	switch t {
+	case metapb.ChecksumType_CRC32C:
+		return "CRC32C"
+	case metapb.ChecksumType_CHECKSUM_NONE:
+		return "NONE"
+	}
+	return ""
+}
+
+func containerStateName(s metapb.ContainerState) string {
+	switch s {
+	case metapb.ContainerState_CONTAINER_OPEN:
+		return "OPEN"
+	case metapb.ContainerState_CONTAINER_CLOSING:
+		return "CLOSING"
+	case metapb.ContainerState_CONTAINER_CLOSED:
+		return "CLOSED"
+	}
+	return ""
+}
+
+func replicaOf(d *metapb.DatanodeDetails) Replica {
+	return Replica{ID: d.Id, UUID: d.Uuid, Hostname: d.Hostname, Addr: d.DataAddr, Location: d.Location}
+}
+
+// keyInfoOf converts; locations (from LookupKey) win over the stored block
+// list when present.
+func keyInfoOf(k *metapb.KeyInfo) KeyInfo {
+	r := replicationOf(k.Replication)
+	ki := KeyInfo{
+		Volume: k.Volume, Bucket: k.Bucket, Name: k.Name, Size: k.Size,
+		Replication: r, ReplicationName: r.String(),
+		ChecksumType: checksumName(k.ChecksumType), BytesPerChecksum: k.BytesPerChecksum,
+		Created: unixMs(k.CreatedUnixMs), Modified: unixMs(k.ModifiedUnixMs), ObjectID: k.ObjectId,
+	}
+	if len(k.Locations) > 0 {
+		for _, l := range k.Locations {
+			b := BlockInfo{ContainerID: l.GetId().GetContainerId(), LocalID: l.GetId().GetLocalId(), Offset: l.Offset, Length: l.Length,
+				PipelineID: l.PipelineId, ContainerState: containerStateName(l.ContainerState)}
+			for _, d := range l.Datanodes {
+				b.Replicas = append(b.Replicas, replicaOf(d))
+			}
+			ki.Blocks = append(ki.Blocks, b)
+		}
+		return ki
+	}
+	var off uint64
+	for _, kb := range k.Blocks {
+		ki.Blocks = append(ki.Blocks, BlockInfo{ContainerID: kb.GetId().GetContainerId(), LocalID: kb.GetId().GetLocalId(), Offset: off, Length: kb.Length})
+		off += kb.Length
+	}
+	return ki
+}
+
+func keyPath(volume, bucket, key string) string { return "/" + volume + "/" + bucket + "/" + key }
+
+// lookup is the one metadata call of a read.
+func (c *Client) lookup(ctx context.Context, volume, bucket, key string) (*metapb.KeyInfo, error) {
+	k, err := c.ns.LookupKey(ctx, &metapb.LookupKeyRequest{Volume: volume, Bucket: bucket, Key: key, ClientLocation: c.cfg.Location})
+	if err != nil {
+		return nil, wrapErr(fmt.Sprintf("lookup key %s", keyPath(volume, bucket, key)), err)
+	}
+	return k, nil
+}
+
+// StatKey returns a key's metadata with its blocks and their replicas,
+// nearest first.
+func (c *Client) StatKey(ctx context.Context, volume, bucket, key string) (KeyInfo, error) {
+	k, err := c.lookup(ctx, volume, bucket, key)
+	if err != nil {
+		return KeyInfo{}, err
+	}
+	return keyInfoOf(k), nil
+}
+
+// DeleteKey deletes a key. For fs buckets, recursive deletes a non-empty
+// directory with everything under it.
+func (c *Client) DeleteKey(ctx context.Context, volume, bucket, key string, recursive bool) error {
+	_, err := c.ns.DeleteKey(ctx, &metapb.DeleteKeyRequest{Volume: volume, Bucket: bucket, Key: key, Recursive: recursive})
+	return wrapErr(fmt.Sprintf("delete key %s", keyPath(volume, bucket, key)), err)
+}
+
+// RenameKey renames a key within its bucket; it fails with ErrExists if
+// newKey exists.
+func (c *Client) RenameKey(ctx context.Context, volume, bucket, key, newKey string) error {
+	_, err := c.ns.RenameKey(ctx, &metapb.RenameKeyRequest{Volume: volume, Bucket: bucket, Key: key, NewKey: newKey})
+	return wrapErr(fmt.Sprintf("rename key %s to %q", keyPath(volume, bucket, key), newKey), err)
+}
+
+// ListKeysOptions selects keys of an object bucket.
+type ListKeysOptions struct {
+	Prefix string
+	// StartAfter: only entries strictly after it (a key or a common
+	// prefix); pass KeyPage.NextStartAfter to continue.
+	StartAfter string
+	// Delimiter groups keys sharing the part of their name up to it (after
+	// Prefix) into CommonPrefixes, like S3.
+	Delimiter string
+	// PageSize is the entries per call (0 = the server's default, 1000).
+	PageSize int
+}
+
+// KeyPage is one page of a listing.
+type KeyPage struct {
+	Keys           []KeyInfo `json:"keys"`
+	CommonPrefixes []string  `json:"common_prefixes,omitempty"`
+	Truncated      bool      `json:"truncated"`
+	NextStartAfter string    `json:"next_start_after,omitempty"`
+}
+
+// ListKeys returns one page of keys.
+func (c *Client) ListKeys(ctx context.Context, volume, bucket string, o ListKeysOptions) (KeyPage, error) {
+	r, err := c.ns.ListKeys(ctx, &metapb.ListKeysRequest{Volume: volume, Bucket: bucket, Prefix: o.Prefix,
+		StartAfter: o.StartAfter, Delimiter: o.Delimiter, PageSize: pageSize(o.PageSize)})
+	if err != nil {
+		return KeyPage{}, wrapErr(fmt.Sprintf("list keys of /%s/%s (prefix %q)", volume, bucket, o.Prefix), err)
+	}
+	p := KeyPage{CommonPrefixes: r.CommonPrefixes, Truncated: r.Truncated, NextStartAfter: r.NextStartAfter}
+	for _, k := range r.Keys {
+		p.Keys = append(p.Keys, keyInfoOf(k))
+	}
+	return p, nil
+}
+
+// ListEntry is a key or, with a delimiter, a common prefix.
+type ListEntry struct {
+	Key    *KeyInfo // nil for a prefix
+	Prefix string   // set for a common prefix
+}
+
+// Keys iterates over all keys (and common prefixes) matching o, in order,
+// fetching pages as needed. A failure is yielded once, as the last item.
+func (c *Client) Keys(ctx context.Context, volume, bucket string, o ListKeysOptions) iter.Seq2[ListEntry, error] {
+	return func(yield func(ListEntry, error) bool) {
+		for {
+			p, err := c.ListKeys(ctx, volume, bucket, o)
+			if err != nil {
+				yield(ListEntry{}, err)
+				return
+			}
+			// Keys and prefixes are each sorted; merge them so the caller
+			// sees one ordered stream as S3 does.
+			i, j := 0, 0
+			for i < len(p.Keys) || j < len(p.CommonPrefixes) {
+				var e ListEntry
+				if j >= len(p.CommonPrefixes) || (i < len(p.Keys) && p.Keys[i].Name < p.CommonPrefixes[j]) {
+					e.Key = &p.Keys[i]
+					i++
+				} else {
+					e.Prefix = p.CommonPrefixes[j]
+					j++
+				}
+				if !yield(e, nil) {
+					return
+				}
+			}
+			if !p.Truncated || p.NextStartAfter == "" || p.NextStartAfter == o.StartAfter {
+				return
+			}
+			o.StartAfter = p.NextStartAfter
+		}
+	}
+}

@@ -1,0 +1,537 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/storage"
+)
+
+// errPipelineFailed stops a writer waiting for a buffer when its pipeline
+// failed: the failed pipeline will not release buffers on its own.
+var errPipelineFailed = errors.New("write pipeline failed")
+
+// PutOptions tune one PutKey.
+type PutOptions struct {
+	// SizeHint is the expected size (0 = unknown); the namespace manager
+	// pre-allocates blocks for it.
+	SizeHint int64
+	// Replication overrides the bucket's.
+	Replication Replication
+	// Progress, if set, is called on the calling goroutine with the total
+	// bytes read from the reader so far.
+	Progress func(read int64)
+}
+
+// PutKey writes a key from r, read to EOF, and commits it (replacing any
+// key of that name atomically). Nothing is visible until it returns
+// without error; on error the key is unchanged.
+func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Reader, o PutOptions) (KeyInfo, error) {
+	op := "put key " + keyPath(volume, bucket, key)
+	if o.SizeHint < 0 {
+		return KeyInfo{}, invalidf(op, "size hint %d is negative", o.SizeHint)
+	}
+	open, err := c.ns.OpenKey(ctx, &metapb.OpenKeyRequest{
+		Volume: volume, Bucket: bucket, Key: key, SizeHint: uint64(o.SizeHint),
+		Replication: o.Replication.pb(), ChecksumType: metapb.ChecksumType_CRC32C,
+		BytesPerChecksum: uint32(c.cfg.BytesPerChecksum), ClientLocation: c.cfg.Location,
+	})
+	if err != nil {
+		return KeyInfo{}, wrapErr(op, err)
+	}
+	bs := int64(open.BlockSize)
+	if c.cfg.BlockSize > 0 && (bs == 0 || c.cfg.BlockSize < bs) {
+		bs = c.cfg.BlockSize
+	}
+	if bs < int64(c.cfg.ChunkSize) {
+		return KeyInfo{}, &Error{Op: op, Code: codes.Internal, Msg: fmt.Sprintf("server block size %d is smaller than the chunk size %d", open.BlockSize, c.cfg.ChunkSize), kind: ErrPrecondition}
+	}
+	w := newKeyWriter(ctx, c, op, open, bs, o.Progress)
+	defer w.cancel()
+	if err := w.run(r); err != nil {
+		return KeyInfo{}, err
+	}
+	ki, err := c.ns.CommitKey(ctx, &metapb.CommitKeyRequest{OpenId: open.OpenId, Blocks: w.committed})
+	if err != nil {
+		return KeyInfo{}, wrapErr(op, err)
+	}
+	return keyInfoOf(ki), nil
+}
+
+// failure is a classified write failure: what to exclude, or fatal.
+type failure struct {
+	err       error
+	fatal     bool
+	datanodes []uint64
+	pipeline  uint64
+	container uint64
+}
+
+func (f *failure) Error() string { return f.err.Error() }
+func (f *failure) Unwrap() error { return f.err }
+
+// classify decides what a failed call on blk implicates (Ozone's
+// KeyOutputStream.handleException): a whole pipeline for timeouts, lagging
+// replicas and unreachable leaders; a container when it is closed or full;
+// the datanodes that were unreachable or lagging.
+func classify(ctx context.Context, blk *metapb.BlockLocation, err error) *failure {
+	f := &failure{err: err}
+	if ctx.Err() != nil {
+		f.fatal = true
+		return f
+	}
+	var le *leaderError
+	if errors.As(err, &le) {
+		f.datanodes = le.unreachable
+		f.pipeline = blk.PipelineId
+		return f
+	}
+	if e := dnErrorOf(err); e != nil {
+		switch e.Kind {
+		case datanodepb.Error_CONTAINER_NOT_OPEN, datanodepb.Error_CONTAINER_FULL, datanodepb.Error_NO_SUCH_CONTAINER:
+			f.container = blk.GetId().GetContainerId()
+		case datanodepb.Error_REPLICAS_LAG:
+			f.datanodes = e.Lagging
+			f.pipeline = blk.PipelineId
+		case datanodepb.Error_BAD_REQUEST:
+			f.fatal = true
+		default: // PIPELINE_NOT_FOUND, NOT_LEADER with no leader, DISK_FULL, IO_ERROR, CHECKSUM_MISMATCH, ...
+			f.pipeline = blk.PipelineId
+		}
+		return f
+	}
+	switch status.Code(err) {
+	case codes.DeadlineExceeded, codes.Unavailable, codes.Internal, codes.Unknown, codes.Aborted, codes.ResourceExhausted, codes.Canceled:
+		f.pipeline = blk.PipelineId
+	default:
+		f.fatal = true
+	}
+	return f
+}
+
+// blockState is a block being written.
+type blockState struct {
+	loc       *metapb.BlockLocation
+	written   int64                   // bytes assigned to it
+	infos     []*datanodepb.ChunkInfo // every chunk assigned, in order
+	acked     int64                   // length committed on all replicas (committer only)
+	finalized bool                    // listed in committed (committer, or recovery)
+}
+
+// chunk is one WriteChunk: a slice of a pooled buffer.
+type chunk struct {
+	buf  *buffer
+	data []byte
+	blk  *blockState
+	info *datanodepb.ChunkInfo
+	done chan error // one value when the WriteChunk call returned
+}
+
+// flushReq asks the committer to PutBlock blk at length, once chunks have
+// been acknowledged.
+type flushReq struct {
+	blk    *blockState
+	length int64
+	infos  []*datanodepb.ChunkInfo
+	chunks []*chunk
+	final  bool
+}
+
+// keyWriter is one PutKey. The calling goroutine reads, cuts chunks and
+// starts their WriteChunk calls; a committer goroutine waits for them in
+// order and sends the PutBlocks, releasing buffers as blocks are committed
+// on every replica. On a failure the pipeline is stopped and drained, the
+// writer excludes what failed, takes a new block and resubmits every
+// chunk not yet committed, from its buffers.
+type keyWriter struct {
+	c         *Client
+	ctx       context.Context
+	cancel    context.CancelFunc
+	op        string
+	openID    uint64
+	blockSize int64
+	cks       storage.Checksum
+	pool      *bufPool
+	sem       chan struct{}
+	progress  func(int64)
+
+	spares  []*metapb.BlockLocation // allocated, not yet used
+	exclude excludeList
+	retries int
+	cur     *blockState
+	unflush []*chunk // chunks of cur since its last flush request
+
+	// The pipeline; replaced after a failure once everything stopped.
+	flushCh   chan *flushReq
+	committer sync.WaitGroup
+	calls     sync.WaitGroup
+	failMu    sync.Mutex
+	failure   *failure
+	failCh    chan struct{}
+
+	pendMu  sync.Mutex
+	pending []*chunk // submitted and not committed, in key order
+
+	committed []*metapb.KeyBlock // committer (and recovery) only
+}
+
+func newKeyWriter(ctx context.Context, c *Client, op string, open *metapb.OpenKeyResponse, blockSize int64, progress func(int64)) *keyWriter {
+	ctx, cancel := context.WithCancel(ctx)
+	n := int(c.cfg.MaxBufferBytes / int64(c.cfg.ChunkSize))
+	return &keyWriter{
+		c: c, ctx: ctx, cancel: cancel, op: op, openID: open.OpenId, blockSize: blockSize,
+		cks:  storage.Checksum{Type: storage.ChecksumCRC32C, BytesPerChecksum: c.cfg.BytesPerChecksum},
+		pool: newBufPool(c.cfg.ChunkSize, n), sem: make(chan struct{}, c.cfg.MaxInflightChunks),
+		progress: progress, spares: open.Blocks,
+	}
+}
+
+func (w *keyWriter) start() {
+	w.failure = nil
+	w.failCh = make(chan struct{})
+	// Every request but a final empty one holds a buffer, so this never
+	// fills.
+	w.flushCh = make(chan *flushReq, cap(w.pool.slots)+2)
+	w.committer.Add(1)
+	go w.commitLoop(w.flushCh)
+}
+
+// stop waits until the committer and every call have finished.
+func (w *keyWriter) stop() {
+	close(w.flushCh)
+	w.committer.Wait()
+	w.calls.Wait()
+}
+
+func (w *keyWriter) fail(f *failure) {
+	w.failMu.Lock()
+	defer w.failMu.Unlock()
+	if w.failure == nil {
+		w.failure = f
+		close(w.failCh)
+	}
+}
+
+func (w *keyWriter) failed() bool {
+	select {
+	case <-w.failCh:
+		return true
+	default:
+		return false
+	}
+}
+
+func (w *keyWriter) run(r io.Reader) error {
+	w.start()
+	var read int64
+	eof := false
+	for !eof {
+		if w.failed() {
+			w.stop()
+			if err := w.recover(); err != nil {
+				return err
+			}
+			continue
+		}
+		room := int64(w.c.cfg.ChunkSize)
+		if w.cur != nil && w.cur.written < w.blockSize {
+			room = min(room, w.blockSize-w.cur.written)
+		}
+		buf, err := w.pool.get(w.ctx, w.failCh)
+		if errors.Is(err, errPipelineFailed) {
+			continue
+		}
+		if err != nil {
+			w.stop()
+			return fmt.Errorf("%s: %w", w.op, err)
+		}
+		n, rerr := io.ReadFull(r, buf.data[:room])
+		switch {
+		case rerr == io.EOF || rerr == io.ErrUnexpectedEOF:
+			eof = true
+		case rerr != nil:
+			buf.unref()
+			w.stop()
+			return fmt.Errorf("%s: reading the data at offset %d: %w", w.op, read, rerr)
+		}
+		if n > 0 {
+			read += int64(n)
+			err = w.submit(buf, buf.data[:n])
+		}
+		buf.unref()
+		if err != nil {
+			w.stop()
+			return err
+		}
+		if w.progress != nil && n > 0 {
+			w.progress(read)
+		}
+	}
+	for {
+		if w.cur != nil {
+			if err := w.flush(true); err != nil {
+				w.stop()
+				return err
+			}
+		}
+		w.stop()
+		if w.failure == nil {
+			return nil
+		}
+		if err := w.recover(); err != nil {
+			return err
+		}
+	}
+}
+
+// submit cuts data (a slice of buf) into chunks of the current blocks and
+// starts their WriteChunk calls.
+func (w *keyWriter) submit(buf *buffer, data []byte) error {
+	for len(data) > 0 {
+		if w.cur == nil || w.cur.written == w.blockSize {
+			if err := w.nextBlock(); err != nil {
+				return err
+			}
+		}
+		b := w.cur
+		n := min(int64(len(data)), w.blockSize-b.written)
+		ch := &chunk{buf: buf, data: data[:n], blk: b, done: make(chan error, 1),
+			info: &datanodepb.ChunkInfo{Offset: uint64(b.written), Length: uint64(n)}}
+		buf.ref()
+		b.written += n
+		b.infos = append(b.infos, ch.info)
+		w.unflush = append(w.unflush, ch)
+		w.pendMu.Lock()
+		w.pending = append(w.pending, ch)
+		w.pendMu.Unlock()
+		if err := w.send(ch); err != nil {
+			return err
+		}
+		data = data[n:]
+		var since int64
+		for _, u := range w.unflush {
+			since += int64(len(u.data))
+		}
+		if b.written == w.blockSize || since >= w.c.cfg.FlushBytes {
+			if err := w.flush(b.written == w.blockSize); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (w *keyWriter) send(ch *chunk) error {
+	select {
+	case w.sem <- struct{}{}:
+	case <-w.ctx.Done():
+		ch.done <- w.ctx.Err()
+		return fmt.Errorf("%s: %w", w.op, w.ctx.Err())
+	}
+	if w.failed() {
+		// Do not load a pipeline known to be failing; recovery resends.
+		<-w.sem
+		ch.done <- errPipelineFailed
+		return nil
+	}
+	w.calls.Add(1)
+	go func() {
+		defer w.calls.Done()
+		defer func() { <-w.sem }()
+		err := w.writeChunk(ch)
+		if err != nil {
+			w.fail(classify(w.ctx, ch.blk.loc, err))
+		}
+		ch.done <- err
+	}()
+	return nil
+}
+
+func (w *keyWriter) writeChunk(ch *chunk) error {
+	// Checksums are computed here, on the call's goroutine, so several
+	// chunks are summed in parallel.
+	sums := w.cks.Compute(ch.data)
+	ch.info.Checksum = &datanodepb.ChecksumData{Type: datanodepb.ChecksumType_CHECKSUM_CRC32C, BytesPerChecksum: sums.BytesPerChecksum, Sums: sums.Sums}
+	loc := ch.blk.loc
+	req := &datanodepb.WriteChunkRequest{PipelineId: loc.PipelineId, Block: dnBlockID(loc.Id), Chunk: ch.info, Data: ch.data}
+	_, err := w.c.callLeader(w.ctx, loc, w.c.cfg.RPCTimeout, func(ctx context.Context, dn datanodepb.DatanodeClient) error {
+		_, err := dn.WriteChunk(ctx, req)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("write chunk at %d of block %d/%d: %w", ch.info.Offset, loc.Id.GetContainerId(), loc.Id.GetLocalId(), err)
+	}
+	return nil
+}
+
+// flush hands the current block's chunks since the last flush to the
+// committer; final ends the block.
+func (w *keyWriter) flush(final bool) error {
+	b := w.cur
+	req := &flushReq{blk: b, length: b.written, infos: b.infos[:len(b.infos):len(b.infos)], chunks: w.unflush, final: final}
+	w.unflush = nil
+	if final {
+		w.cur = nil
+	}
+	select {
+	case w.flushCh <- req:
+		return nil
+	case <-w.ctx.Done():
+		return fmt.Errorf("%s: %w", w.op, w.ctx.Err())
+	}
+}
+
+func (w *keyWriter) commitLoop(reqs <-chan *flushReq) {
+	defer w.committer.Done()
+	for req := range reqs {
+		if w.failed() {
+			continue // recovery resends everything still pending
+		}
+		var err error
+		for _, ch := range req.chunks {
+			if e := <-ch.done; e != nil && err == nil {
+				err = e
+			}
+		}
+		if err != nil {
+			continue // the call recorded the failure
+		}
+		if req.length > req.blk.acked {
+			if err := w.putBlock(req); err != nil {
+				w.fail(classify(w.ctx, req.blk.loc, err))
+				continue
+			}
+			req.blk.acked = req.length
+		}
+		if req.final && req.blk.acked > 0 && !req.blk.finalized {
+			req.blk.finalized = true
+			w.committed = append(w.committed, &metapb.KeyBlock{Id: req.blk.loc.Id, Length: uint64(req.blk.acked)})
+		}
+		w.pendMu.Lock()
+		if len(w.pending) < len(req.chunks) || (len(req.chunks) > 0 && w.pending[0] != req.chunks[0]) {
+			w.pendMu.Unlock()
+			panic("client: flush requests out of order with pending chunks")
+		}
+		done := w.pending[:len(req.chunks)]
+		w.pending = w.pending[len(req.chunks):]
+		w.pendMu.Unlock()
+		for _, ch := range done {
+			ch.buf.unref()
+		}
+	}
+}
+
+func (w *keyWriter) putBlock(req *flushReq) error {
+	loc := req.blk.loc
+	wait := w.c.cfg.WaitAllTimeout
+	pb := &datanodepb.PutBlockRequest{
+		PipelineId: loc.PipelineId, WaitAll: true, WaitTimeoutMs: uint32(wait / time.Millisecond),
+		Block: &datanodepb.BlockData{Id: dnBlockID(loc.Id), Length: uint64(req.length), Chunks: req.infos},
+	}
+	_, err := w.c.callLeader(w.ctx, loc, wait+w.c.cfg.RPCTimeout, func(ctx context.Context, dn datanodepb.DatanodeClient) error {
+		_, err := dn.PutBlock(ctx, pb)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("put block %d/%d at length %d: %w", loc.Id.GetContainerId(), loc.Id.GetLocalId(), req.length, err)
+	}
+	return nil
+}
+
+// nextBlock makes the next pre-allocated block that avoids the exclude
+// list current, or allocates one.
+func (w *keyWriter) nextBlock() error {
+	for len(w.spares) > 0 {
+		b := w.spares[0]
+		w.spares = w.spares[1:]
+		if !w.exclude.excludes(b) && len(b.Datanodes) > 0 {
+			w.cur = &blockState{loc: b}
+			return nil
+		}
+	}
+	r, err := w.c.ns.AllocateBlock(w.ctx, &metapb.AllocateBlockRequest{OpenId: w.openID, Exclude: w.exclude.proto(), ClientLocation: w.c.cfg.Location})
+	if err != nil {
+		e := wrapErr(w.op, err)
+		if !w.exclude.empty() {
+			e = fmt.Errorf("%w (allocating a block excluding %s after %d failures)", e, &w.exclude, w.retries)
+		}
+		return e
+	}
+	if len(r.GetBlock().GetDatanodes()) == 0 {
+		return &Error{Op: w.op, Code: codes.Internal, Msg: fmt.Sprintf("allocated block %v has no datanodes", r.GetBlock().GetId()), kind: ErrUnavailable}
+	}
+	w.cur = &blockState{loc: r.Block}
+	return nil
+}
+
+// recover handles the failure that stopped the pipeline (stopped and
+// drained by the caller): it excludes what failed, ends the blocks at what
+// all their replicas committed, and resubmits the rest on a new block. On
+// success the pipeline runs again.
+func (w *keyWriter) recover() error {
+	f := w.failure
+	if f == nil {
+		w.start()
+		return nil
+	}
+	if f.fatal || w.ctx.Err() != nil {
+		w.releasePending()
+		if w.ctx.Err() != nil {
+			return fmt.Errorf("%s: %w", w.op, w.ctx.Err())
+		}
+		return wrapErr(w.op, f.err)
+	}
+	w.retries++
+	w.exclude.apply(f)
+	if w.retries > w.c.cfg.MaxBlockRetries {
+		w.releasePending()
+		return &Error{Op: w.op, Code: codes.Unavailable, kind: ErrWriteFailed,
+			Msg: fmt.Sprintf("gave up after %d block re-allocations (excluded %s); last failure: %v", w.c.cfg.MaxBlockRetries, &w.exclude, f.err)}
+	}
+	w.c.log.Warn("basalt client: write failed; retrying on a new block", "key", w.op, "attempt", w.retries, "err", f.err, "exclude", w.exclude.String())
+
+	pending := w.pending
+	w.pending = nil
+	// A block keeps what every replica committed and is never extended:
+	// list it at that length (in key order) and write the rest elsewhere.
+	end := func(b *blockState) {
+		if b != nil && !b.finalized && b.acked > 0 {
+			b.finalized = true
+			w.committed = append(w.committed, &metapb.KeyBlock{Id: b.loc.Id, Length: uint64(b.acked)})
+		}
+	}
+	for _, ch := range pending {
+		end(ch.blk)
+	}
+	end(w.cur)
+	w.cur, w.unflush = nil, nil
+	w.start()
+	for i, ch := range pending {
+		if err := w.submit(ch.buf, ch.data); err != nil {
+			for _, rest := range pending[i:] {
+				rest.buf.unref()
+			}
+			w.stop()
+			return err
+		}
+		ch.buf.unref()
+	}
+	return nil
+}
+
+// releasePending returns the buffers of chunks that will never commit.
+func (w *keyWriter) releasePending() {
+	for _, ch := range w.pending {
+		ch.buf.unref()
+	}
+	w.pending = nil
+}

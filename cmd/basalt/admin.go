@@ -1,0 +1,325 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+)
+
+// adminCmd is for operators: the SCM's view of datanodes, pipelines and
+// containers.
+func adminCmd() *cobra.Command {
+	f := &connFlags{}
+	root := &cobra.Command{
+		Use:   "admin",
+		Short: "Operator commands: datanodes, pipelines, containers",
+		Long: `Operator commands over the storage container manager's admin API.
+
+Examples:
+  basalt admin datanode list
+  basalt admin pipeline list --json
+  basalt admin container list --pipeline 3 --state open
+  basalt admin container info 17
+` + exitCodesHelp,
+	}
+	f.register(root)
+
+	dn := &cobra.Command{Use: "datanode", Short: "Datanodes"}
+	dn.AddCommand(&cobra.Command{
+		Use: "list", Aliases: []string{"ls"}, Short: "List datanodes: state, location, capacity, pipelines",
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			if err := exactArgs(args, 0, "none"); err != nil {
+				return err
+			}
+			c, err := f.client(nil)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			r, err := c.Scm().ListDatanodes(cmd.Context(), &metapb.ListDatanodesRequest{})
+			if err != nil {
+				return client.FromRPC("list datanodes", err)
+			}
+			ds := r.Datanodes
+			sort.Slice(ds, func(i, j int) bool { return ds[i].GetDetails().GetId() < ds[j].GetDetails().GetId() })
+			if f.json {
+				type row struct {
+					ID            uint64 `json:"id"`
+					UUID          string `json:"uuid"`
+					Hostname      string `json:"hostname"`
+					DataAddr      string `json:"data_addr"`
+					RaftAddr      string `json:"raft_addr"`
+					Location      string `json:"location"`
+					State         string `json:"state"`
+					LastHeartbeat string `json:"last_heartbeat,omitempty"`
+					Capacity      uint64 `json:"capacity_bytes"`
+					Used          uint64 `json:"used_bytes"`
+					Volumes       int    `json:"volumes"`
+					FailedVolumes int    `json:"failed_volumes"`
+					Pipelines     uint32 `json:"pipelines"`
+				}
+				out := []row{}
+				for _, d := range ds {
+					capa, used, failed := volumeTotals(d.Volumes)
+					x := d.GetDetails()
+					rw := row{ID: x.Id, UUID: x.Uuid, Hostname: x.Hostname, DataAddr: x.DataAddr, RaftAddr: x.RaftAddr, Location: x.Location,
+						State: stateName(d.State.String()), Capacity: capa, Used: used, Volumes: len(d.Volumes), FailedVolumes: failed, Pipelines: d.Pipelines}
+					if d.LastHeartbeatUnixMs > 0 {
+						rw.LastHeartbeat = time.UnixMilli(d.LastHeartbeatUnixMs).UTC().Format(time.RFC3339Nano)
+					}
+					out = append(out, rw)
+				}
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			t := newTable(cmd.OutOrStdout(), "ID", "STATE", "HOST", "DATA ADDR", "LOCATION", "CAPACITY", "USED", "USED%", "VOLUMES", "PIPELINES", "LAST HEARTBEAT")
+			for _, d := range ds {
+				capa, used, failed := volumeTotals(d.Volumes)
+				pct := "-"
+				if capa > 0 {
+					pct = fmt.Sprintf("%.1f%%", 100*float64(used)/float64(capa))
+				}
+				vols := strconv.Itoa(len(d.Volumes))
+				if failed > 0 {
+					vols += fmt.Sprintf(" (%d failed)", failed)
+				}
+				hb := "-"
+				if d.LastHeartbeatUnixMs > 0 {
+					hb = time.Since(time.UnixMilli(d.LastHeartbeatUnixMs)).Round(time.Millisecond).String() + " ago"
+				}
+				x := d.GetDetails()
+				t.row(x.Id, stateName(d.State.String()), x.Hostname, x.DataAddr, x.Location, fmtBytes(capa), fmtBytes(used), pct, vols, d.Pipelines, hb)
+			}
+			return t.flush()
+		}),
+	})
+
+	pl := &cobra.Command{Use: "pipeline", Short: "Pipelines (Raft groups of datanodes)"}
+	pl.AddCommand(&cobra.Command{
+		Use: "list", Aliases: []string{"ls"}, Short: "List pipelines: replication, members, state",
+		Long: `List pipelines. The leader column shows what the datanodes last reported
+to SCM, when the SCM API carries it ("-" otherwise).`,
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			if err := exactArgs(args, 0, "none"); err != nil {
+				return err
+			}
+			c, err := f.client(nil)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			r, err := c.Scm().ListPipelines(cmd.Context(), &metapb.ListPipelinesRequest{})
+			if err != nil {
+				return client.FromRPC("list pipelines", err)
+			}
+			ps := r.Pipelines
+			sort.Slice(ps, func(i, j int) bool { return ps[i].Id < ps[j].Id })
+			if f.json {
+				type row struct {
+					ID          uint64   `json:"id"`
+					Replication string   `json:"replication"`
+					State       string   `json:"state"`
+					Datanodes   []uint64 `json:"datanodes"`
+					Created     string   `json:"created,omitempty"`
+					Closed      string   `json:"closed,omitempty"`
+					CloseReason string   `json:"close_reason,omitempty"`
+				}
+				out := []row{}
+				for _, p := range ps {
+					rw := row{ID: p.Id, Replication: p.Replication.String(), State: stateName(p.State.String()), Datanodes: p.Datanodes, CloseReason: p.CloseReason}
+					if p.CreatedUnixMs > 0 {
+						rw.Created = time.UnixMilli(p.CreatedUnixMs).UTC().Format(time.RFC3339)
+					}
+					if p.ClosedUnixMs > 0 {
+						rw.Closed = time.UnixMilli(p.ClosedUnixMs).UTC().Format(time.RFC3339)
+					}
+					out = append(out, rw)
+				}
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			t := newTable(cmd.OutOrStdout(), "ID", "REPLICATION", "STATE", "MEMBERS", "LEADER", "CREATED", "CLOSE REASON")
+			for _, p := range ps {
+				created := "-"
+				if p.CreatedUnixMs > 0 {
+					created = fmtTime(time.UnixMilli(p.CreatedUnixMs))
+				}
+				t.row(p.Id, p.Replication, stateName(p.State.String()), joinIDs(p.Datanodes), "-", created, dash(p.CloseReason))
+			}
+			return t.flush()
+		}),
+	})
+
+	ct := &cobra.Command{Use: "container", Short: "Containers"}
+	var pipeline uint64
+	var state string
+	var limit int
+	ctList := &cobra.Command{
+		Use: "list", Aliases: []string{"ls"}, Short: "List containers",
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			if err := exactArgs(args, 0, "none"); err != nil {
+				return err
+			}
+			want := strings.ToUpper(state)
+			switch want {
+			case "", "OPEN", "CLOSING", "CLOSED":
+			default:
+				return usagef("--state %q: want open, closing or closed", state)
+			}
+			if limit <= 0 {
+				return usagef("--limit must be positive, got %d", limit)
+			}
+			c, err := f.client(nil)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			var out []*metapb.Container
+			var after uint64
+			truncated := false
+		pages:
+			for {
+				r, err := c.Scm().ListContainers(cmd.Context(), &metapb.ListContainersRequest{StartAfter: after, PageSize: 1000})
+				if err != nil {
+					return client.FromRPC("list containers", err)
+				}
+				for _, ct := range r.Containers {
+					after = ct.Id
+					if pipeline != 0 && ct.PipelineId != pipeline || want != "" && stateName(ct.State.String()) != want {
+						continue
+					}
+					if len(out) == limit {
+						truncated = true
+						break pages
+					}
+					out = append(out, ct)
+				}
+				if !r.Truncated || len(r.Containers) == 0 {
+					break
+				}
+			}
+			if f.json {
+				return printJSON(cmd.OutOrStdout(), map[string]any{"containers": containerRows(out), "truncated": truncated})
+			}
+			t := newTable(cmd.OutOrStdout(), "ID", "PIPELINE", "REPLICATION", "STATE", "REPLICAS", "USED", "CREATED")
+			for _, ct := range out {
+				t.row(ct.Id, ct.PipelineId, ct.Replication, stateName(ct.State.String()), joinIDs(ct.Replicas), fmtBytes(ct.UsedBytes), fmtTime(time.UnixMilli(ct.CreatedUnixMs)))
+			}
+			return t.flush()
+		}),
+	}
+	ctList.Flags().Uint64Var(&pipeline, "pipeline", 0, "only containers of this pipeline")
+	ctList.Flags().StringVar(&state, "state", "", "only containers in this state: open, closing, closed")
+	ctList.Flags().IntVar(&limit, "limit", 100000, "stop after this many containers")
+	ctInfo := &cobra.Command{
+		Use: "info ID", Short: "Show a container and where its replicas are",
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			if err := exactArgs(args, 1, "container ID"); err != nil {
+				return err
+			}
+			id, err := strconv.ParseUint(args[0], 10, 64)
+			if err != nil || id == 0 {
+				return usagef("container ID %q: want a positive integer", args[0])
+			}
+			c, err := f.client(nil)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			r, err := c.Scm().GetContainers(cmd.Context(), &metapb.GetContainersRequest{ContainerIds: []uint64{id}, ClientLocation: f.location})
+			if err != nil {
+				return client.FromRPC(fmt.Sprintf("container info %d", id), err)
+			}
+			if len(r.Containers) != 1 {
+				return fmt.Errorf("container info %d: %d answers", id, len(r.Containers))
+			}
+			cw := r.Containers[0]
+			if f.json {
+				type rep struct {
+					ID       uint64 `json:"id"`
+					Addr     string `json:"data_addr"`
+					Location string `json:"location"`
+				}
+				var reps []rep
+				for _, d := range cw.Datanodes {
+					reps = append(reps, rep{d.Id, d.DataAddr, d.Location})
+				}
+				return printJSON(cmd.OutOrStdout(), map[string]any{"container": containerRows([]*metapb.Container{cw.Container})[0], "datanodes": reps})
+			}
+			ct := cw.Container
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "container:    %d\npipeline:     %d\nreplication:  %s\nstate:        %s\nused:         %s\ncreated:      %s\n\n",
+				ct.Id, ct.PipelineId, ct.Replication, stateName(ct.State.String()), fmtBytes(ct.UsedBytes), fmtTime(time.UnixMilli(ct.CreatedUnixMs)))
+			t := newTable(w, "DATANODE", "DATA ADDR", "HOST", "LOCATION")
+			for _, d := range cw.Datanodes {
+				t.row(d.Id, d.DataAddr, d.Hostname, d.Location)
+			}
+			return t.flush()
+		}),
+	}
+	ct.AddCommand(ctList, ctInfo)
+	root.AddCommand(dn, pl, ct)
+	return root
+}
+
+func volumeTotals(vs []*metapb.VolumeReport) (capa, used uint64, failed int) {
+	for _, v := range vs {
+		if v.Failed {
+			failed++
+			continue
+		}
+		capa += v.CapacityBytes
+		used += v.UsedBytes
+	}
+	return
+}
+
+// stateName strips the enum prefixes ("PIPELINE_OPEN" → "OPEN").
+func stateName(s string) string {
+	for _, p := range []string{"PIPELINE_", "CONTAINER_", "NODE_STATE_"} {
+		s = strings.TrimPrefix(s, p)
+	}
+	return s
+}
+
+func joinIDs(ids []uint64) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = strconv.FormatUint(id, 10)
+	}
+	return strings.Join(s, ",")
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+type containerRow struct {
+	ID          uint64   `json:"id"`
+	Pipeline    uint64   `json:"pipeline"`
+	Replication string   `json:"replication"`
+	State       string   `json:"state"`
+	Replicas    []uint64 `json:"replicas"`
+	UsedBytes   uint64   `json:"used_bytes"`
+	Created     string   `json:"created,omitempty"`
+}
+
+func containerRows(cs []*metapb.Container) []containerRow {
+	out := []containerRow{}
+	for _, c := range cs {
+		r := containerRow{ID: c.Id, Pipeline: c.PipelineId, Replication: c.Replication.String(), State: stateName(c.State.String()), Replicas: c.Replicas, UsedBytes: c.UsedBytes}
+		if c.CreatedUnixMs > 0 {
+			r.Created = time.UnixMilli(c.CreatedUnixMs).UTC().Format(time.RFC3339)
+		}
+		out = append(out, r)
+	}
+	return out
+}
