@@ -264,24 +264,29 @@ func TestCorruptReplicaIsSkippedAndReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := st.Blocks[0]
-	victim := b.Replicas[0].ID // the replica the client reads first
-	var idx int
+	// Corrupt every replica but the farthest: replicas at the same distance
+	// may come in either order, so whichever the reader tries first is
+	// corrupt, and only the last one has good data.
+	victims := map[uint64]bool{}
+	for _, r := range b.Replicas[:len(b.Replicas)-1] {
+		victims[r.ID] = true
+	}
 	for i := range 3 {
-		if c.Datanode(i).ID() == victim {
-			idx = i
+		if !victims[c.Datanode(i).ID()] {
+			continue
 		}
+		path := filepath.Join(dir, fmt.Sprintf("dn%d", i+1), "data", "basalt", "containers", fmt.Sprint(b.ContainerID), fmt.Sprintf("%d.block", b.LocalID))
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		one := []byte{0}
+		f.ReadAt(one, 5<<20)
+		one[0] ^= 0xff
+		f.WriteAt(one, 5<<20)
+		f.Sync()
+		f.Close()
 	}
-	path := filepath.Join(dir, fmt.Sprintf("dn%d", idx+1), "data", "basalt", "containers", fmt.Sprint(b.ContainerID), fmt.Sprintf("%d.block", b.LocalID))
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	one := []byte{0}
-	f.ReadAt(one, 5<<20)
-	one[0] ^= 0xff
-	f.WriteAt(one, 5<<20)
-	f.Sync()
-	f.Close()
 	if got := get(t, cl, "k"); !bytes.Equal(got, data) {
 		t.Fatal("read with a corrupt replica returned wrong data")
 	}
@@ -291,11 +296,12 @@ func TestCorruptReplicaIsSkippedAndReported(t *testing.T) {
 	}
 	found := false
 	for _, r := range resp.GetReplicas() {
-		if r.GetDatanodeId() == victim && r.GetBlock().GetContainerId() == b.ContainerID && r.GetBlock().GetLocalId() == b.LocalID {
-			found = true
+		if !victims[r.GetDatanodeId()] || r.GetBlock().GetContainerId() != b.ContainerID || r.GetBlock().GetLocalId() != b.LocalID {
+			t.Fatalf("reported a replica that is not corrupt: %v", r)
 		}
+		found = true
 	}
 	if !found {
-		t.Fatalf("corruption of block %d/%d on datanode %d not reported to SCM: %v", b.ContainerID, b.LocalID, victim, resp.GetReplicas())
+		t.Fatalf("corruption of block %d/%d on datanodes %v not reported to SCM: %v", b.ContainerID, b.LocalID, victims, resp.GetReplicas())
 	}
 }
