@@ -30,6 +30,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/raft"
 	"github.com/basalt-store/basalt/internal/storage"
+	"github.com/basalt-store/basalt/internal/stream"
 )
 
 // Config configures a datanode. Zero values take the defaults noted.
@@ -51,6 +52,9 @@ type Config struct {
 	// transport. "127.0.0.1:0" picks a port.
 	ListenAddr string
 	RaftAddr   string
+	// StreamAddr serves V2 streaming writes (package stream; default
+	// "127.0.0.1:0").
+	StreamAddr string
 	// TickInterval of the pipelines' Raft groups (default 100ms).
 	TickInterval time.Duration
 	// Storage options; Volumes, KeepUncommitted are set by the datanode.
@@ -72,7 +76,11 @@ type Datanode struct {
 	grpc  *grpc.Server
 	lis   net.Listener
 	stats stats
-	ident identity
+
+	streamLis     net.Listener
+	streamSrv     *stream.Server
+	streamMetrics []prometheus.Collector
+	ident         identity
 
 	mu        sync.Mutex
 	peers     map[uint64]*metapb.DatanodeDetails // by datanode ID
@@ -117,6 +125,9 @@ func New(cfg Config) (*Datanode, error) {
 	if cfg.RaftAddr == "" {
 		cfg.RaftAddr = "127.0.0.1:0"
 	}
+	if cfg.StreamAddr == "" {
+		cfg.StreamAddr = "127.0.0.1:0"
+	}
 	if cfg.FullReportEvery == 0 {
 		cfg.FullReportEvery = 10
 	}
@@ -157,6 +168,14 @@ func New(cfg Config) (*Datanode, error) {
 		return nil, fmt.Errorf("datanode: listen on %s: %w", cfg.ListenAddr, err)
 	}
 	d.lis = lis
+	slis, err := net.Listen("tcp", cfg.StreamAddr)
+	if err != nil {
+		st.Close()
+		mc.Close()
+		lis.Close()
+		return nil, fmt.Errorf("datanode: stream listen on %s: %w", cfg.StreamAddr, err)
+	}
+	d.streamLis = slis
 	return d, nil
 }
 
@@ -234,6 +253,7 @@ func (d *Datanode) Start(ctx context.Context) error {
 	}
 	d.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20))
 	datanodepb.RegisterDatanodeServer(d.grpc, &service{d: d})
+	d.startStream()
 	d.wg.Add(2)
 	go func() {
 		defer d.wg.Done()
@@ -245,7 +265,7 @@ func (d *Datanode) Start(ctx context.Context) error {
 
 func (d *Datanode) details(raftAddr string) *metapb.DatanodeDetails {
 	return &metapb.DatanodeDetails{Id: d.ident.ID, Uuid: d.ident.UUID, Hostname: d.cfg.Hostname,
-		DataAddr: d.Addr(), RaftAddr: raftAddr, Location: d.cfg.Location}
+		DataAddr: d.Addr(), RaftAddr: raftAddr, Location: d.cfg.Location, StreamAddr: d.StreamAddr()}
 }
 
 func (d *Datanode) register(ctx context.Context, raftAddr string) error {
@@ -556,6 +576,9 @@ func (d *Datanode) Close() error {
 	var err error
 	d.closeOnce.Do(func() {
 		close(d.stopc)
+		// Streams first: each discards its partial block while storage is
+		// still open.
+		d.stopStream()
 		if d.grpc != nil {
 			d.grpc.Stop()
 		} else {

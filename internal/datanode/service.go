@@ -232,6 +232,8 @@ func (s *service) Info(ctx context.Context, req *datanodepb.InfoRequest) (*datan
 		ChunksWritten: d.stats.chunksWritten.Load(), BytesWritten: d.stats.bytesWritten.Load(),
 		BlocksCommitted: d.stats.blocksCommitted.Load(), BytesRead: d.stats.bytesRead.Load(),
 	}
+	ss := d.StreamStats()
+	resp.StreamsFirstHop, resp.StreamsDownstream, resp.StreamBytesReceived, resp.StreamsFailed = ss.FirstHop, ss.Downstream, ss.BytesReceived, ss.Failed
 	for _, id := range d.host.Groups() {
 		g, err := d.host.Group(id)
 		if err != nil {

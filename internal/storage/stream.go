@@ -68,3 +68,40 @@ func (b *BlockStream) Close() error {
 	}
 	return nil
 }
+
+// Abort discards what the stream wrote (see Store.AbortBlock).
+func (b *BlockStream) Abort() error { return b.s.AbortBlock(b.cid, b.lid) }
+
+// AbortBlock discards a block's uncommitted data: a V2 stream that broke
+// leaves data no PutBlock will ever name, and with KeepUncommitted nothing
+// else would remove it. A block never committed loses its file; a
+// committed one is truncated back to its committed length. Committed data
+// is never touched, so aborting twice, or aborting a block with nothing
+// uncommitted, is a no-op.
+func (s *Store) AbortBlock(cid ContainerID, lid LocalID) error {
+	const op = "abort block"
+	c, err := s.container(op, cid)
+	if err != nil {
+		return err
+	}
+	ob, err := s.lockOpen(op, c, lid)
+	if err != nil {
+		return err
+	}
+	defer ob.mu.Unlock()
+	exists, keep := ob.exists, ob.committed.Length
+	s.dropOpen(c, lid, ob)
+	if !exists {
+		if err := c.vol.files.Remove(cid, lid); err != nil {
+			return s.ioErr(op, c, lid, 0, err)
+		}
+		if err := c.vol.files.SyncContainer(cid); err != nil {
+			return s.ioErr(op, c, lid, 0, err)
+		}
+		return nil
+	}
+	if err := c.vol.files.Truncate(cid, lid, keep); err != nil {
+		return s.ioErr(op, c, lid, keep, err)
+	}
+	return nil
+}

@@ -835,8 +835,15 @@ type InfoResponse struct {
 	BytesWritten    uint64 `protobuf:"varint,5,opt,name=bytes_written,json=bytesWritten,proto3" json:"bytes_written,omitempty"`
 	BlocksCommitted uint64 `protobuf:"varint,6,opt,name=blocks_committed,json=blocksCommitted,proto3" json:"blocks_committed,omitempty"`
 	BytesRead       uint64 `protobuf:"varint,7,opt,name=bytes_read,json=bytesRead,proto3" json:"bytes_read,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// V2 streaming (package stream): streams this datanode accepted as the
+	// route's first hop (from a client) and as a downstream hop (from another
+	// datanode), and the payload bytes it received on streams.
+	StreamsFirstHop     uint64 `protobuf:"varint,8,opt,name=streams_first_hop,json=streamsFirstHop,proto3" json:"streams_first_hop,omitempty"`
+	StreamsDownstream   uint64 `protobuf:"varint,9,opt,name=streams_downstream,json=streamsDownstream,proto3" json:"streams_downstream,omitempty"`
+	StreamBytesReceived uint64 `protobuf:"varint,10,opt,name=stream_bytes_received,json=streamBytesReceived,proto3" json:"stream_bytes_received,omitempty"`
+	StreamsFailed       uint64 `protobuf:"varint,11,opt,name=streams_failed,json=streamsFailed,proto3" json:"streams_failed,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *InfoResponse) Reset() {
@@ -914,6 +921,34 @@ func (x *InfoResponse) GetBlocksCommitted() uint64 {
 func (x *InfoResponse) GetBytesRead() uint64 {
 	if x != nil {
 		return x.BytesRead
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetStreamsFirstHop() uint64 {
+	if x != nil {
+		return x.StreamsFirstHop
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetStreamsDownstream() uint64 {
+	if x != nil {
+		return x.StreamsDownstream
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetStreamBytesReceived() uint64 {
+	if x != nil {
+		return x.StreamBytesReceived
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetStreamsFailed() uint64 {
+	if x != nil {
+		return x.StreamsFailed
 	}
 	return 0
 }
@@ -1420,7 +1455,7 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"A\n" +
 	"\x0fGetBlockRequest\x12.\n" +
 	"\x05block\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x05block\"\r\n" +
-	"\vInfoRequest\"\x9e\x02\n" +
+	"\vInfoRequest\"\xd4\x03\n" +
 	"\fInfoResponse\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x12\x1a\n" +
@@ -1430,7 +1465,12 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\rbytes_written\x18\x05 \x01(\x04R\fbytesWritten\x12)\n" +
 	"\x10blocks_committed\x18\x06 \x01(\x04R\x0fblocksCommitted\x12\x1d\n" +
 	"\n" +
-	"bytes_read\x18\a \x01(\x04R\tbytesRead\"j\n" +
+	"bytes_read\x18\a \x01(\x04R\tbytesRead\x12*\n" +
+	"\x11streams_first_hop\x18\b \x01(\x04R\x0fstreamsFirstHop\x12-\n" +
+	"\x12streams_downstream\x18\t \x01(\x04R\x11streamsDownstream\x122\n" +
+	"\x15stream_bytes_received\x18\n" +
+	" \x01(\x04R\x13streamBytesReceived\x12%\n" +
+	"\x0estreams_failed\x18\v \x01(\x04R\rstreamsFailed\"j\n" +
 	"\fPipelineInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\x04R\x06leader\x12\x18\n" +

@@ -398,9 +398,10 @@ type DatanodeDetails struct {
 	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`    // assigned by SCM at first registration
 	Uuid          string                 `protobuf:"bytes,2,opt,name=uuid,proto3" json:"uuid,omitempty"` // chosen and stored by the datanode
 	Hostname      string                 `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
-	DataAddr      string                 `protobuf:"bytes,4,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"` // gRPC address for reads and writes
-	RaftAddr      string                 `protobuf:"bytes,5,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"` // multi-raft transport address (pipeline peers)
-	Location      string                 `protobuf:"bytes,6,opt,name=location,proto3" json:"location,omitempty"`                 // network location, e.g. "/dc1/rack2"
+	DataAddr      string                 `protobuf:"bytes,4,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`       // gRPC address for reads and writes
+	RaftAddr      string                 `protobuf:"bytes,5,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`       // multi-raft transport address (pipeline peers)
+	Location      string                 `protobuf:"bytes,6,opt,name=location,proto3" json:"location,omitempty"`                       // network location, e.g. "/dc1/rack2"
+	StreamAddr    string                 `protobuf:"bytes,7,opt,name=stream_addr,json=streamAddr,proto3" json:"stream_addr,omitempty"` // V2 streaming write address (package stream)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -473,6 +474,13 @@ func (x *DatanodeDetails) GetRaftAddr() string {
 func (x *DatanodeDetails) GetLocation() string {
 	if x != nil {
 		return x.Location
+	}
+	return ""
+}
+
+func (x *DatanodeDetails) GetStreamAddr() string {
+	if x != nil {
+		return x.StreamAddr
 	}
 	return ""
 }
@@ -4758,14 +4766,16 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\x04R\bleaderId\x12\x1f\n" +
 	"\vleader_addr\x18\x03 \x01(\tR\n" +
-	"leaderAddr\"\xa7\x01\n" +
+	"leaderAddr\"\xc8\x01\n" +
 	"\x0fDatanodeDetails\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x1a\n" +
 	"\bhostname\x18\x03 \x01(\tR\bhostname\x12\x1b\n" +
 	"\tdata_addr\x18\x04 \x01(\tR\bdataAddr\x12\x1b\n" +
 	"\traft_addr\x18\x05 \x01(\tR\braftAddr\x12\x1a\n" +
-	"\blocation\x18\x06 \x01(\tR\blocation\"\x80\x01\n" +
+	"\blocation\x18\x06 \x01(\tR\blocation\x12\x1f\n" +
+	"\vstream_addr\x18\a \x01(\tR\n" +
+	"streamAddr\"\x80\x01\n" +
 	"\fVolumeReport\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12%\n" +
 	"\x0ecapacity_bytes\x18\x02 \x01(\x04R\rcapacityBytes\x12\x1d\n" +

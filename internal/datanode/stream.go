@@ -1,0 +1,155 @@
+package datanode
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/basalt-store/basalt/internal/storage"
+	"github.com/basalt-store/basalt/internal/stream"
+)
+
+// streamBackend admits V2 streams (package stream) to this datanode's
+// storage. The stream only writes the block file; the block becomes
+// visible when the client's PutBlock goes through the pipeline's log.
+type streamBackend struct{ d *Datanode }
+
+func (b streamBackend) Open(h *stream.Header) (stream.Sink, error) {
+	d := b.d
+	id := d.ident.ID
+	if _, err := d.host.Group(h.Pipeline); err != nil {
+		return nil, &stream.Error{Code: stream.CodeNotInPipeline, Datanode: id,
+			Reason: fmt.Sprintf("datanode %d is not in pipeline %d (unknown or closed)", id, h.Pipeline)}
+	}
+	d.mu.Lock()
+	members := d.pipelines[h.Pipeline].GetDatanodes()
+	d.mu.Unlock()
+	for _, t := range h.Route {
+		if !slices.Contains(members, t.ID) {
+			return nil, &stream.Error{Code: stream.CodeBadHeader, Datanode: id,
+				Reason: fmt.Sprintf("route names datanode %d, not a member of pipeline %d %v", t.ID, h.Pipeline, members)}
+		}
+	}
+	cid, lid := storage.ContainerID(h.Block.Container), storage.LocalID(h.Block.Local)
+	rep, err := d.store.Container(cid)
+	if errors.Is(err, storage.ErrContainerNotFound) {
+		// SCM allocated the container to this pipeline; like the first V1
+		// write, the first stream creates it on each replica.
+		if rep, err = d.store.CreateContainer(cid, storage.CreateOptions{}); errors.Is(err, storage.ErrContainerExists) {
+			rep, err = d.store.Container(cid)
+		}
+		if err != nil {
+			return nil, &stream.Error{Code: stream.CodeNoSuchContainer, Datanode: id,
+				Reason: fmt.Sprintf("container %d does not exist and cannot be created: %v", cid, err)}
+		}
+	} else if err != nil {
+		return nil, streamError(id, err)
+	}
+	if rep.State != storage.StateOpen {
+		return nil, &stream.Error{Code: stream.CodeContainerNotOpen, Datanode: id,
+			Reason: fmt.Sprintf("container %d is %s", cid, rep.State)}
+	}
+	bd, err := d.store.GetBlock(cid, lid)
+	switch {
+	case err == nil && uint64(bd.Length) != h.Offset:
+		return nil, &stream.Error{Code: stream.CodeBlockCommitted, Datanode: id,
+			Reason: fmt.Sprintf("block %v is committed with length %d; a stream may only extend it from there, not from %d", h.Block, bd.Length, h.Offset)}
+	case errors.Is(err, storage.ErrBlockNotFound) && h.Offset != 0:
+		return nil, &stream.Error{Code: stream.CodeBadHeader, Datanode: id,
+			Reason: fmt.Sprintf("block %v is not committed; its stream must start at 0, not %d", h.Block, h.Offset)}
+	case err != nil && !errors.Is(err, storage.ErrBlockNotFound):
+		return nil, streamError(id, err)
+	}
+	return streamSink{id: id, BlockStream: d.store.OpenStream(cid, lid, int64(h.Offset))}, nil
+}
+
+// streamSink turns storage errors into stream errors with a code.
+type streamSink struct {
+	id uint64
+	*storage.BlockStream
+}
+
+func (s streamSink) Write(p []byte) (int, error) {
+	n, err := s.BlockStream.Write(p)
+	if err != nil {
+		return n, streamError(s.id, err)
+	}
+	return n, nil
+}
+
+func (s streamSink) Close() error {
+	if err := s.BlockStream.Close(); err != nil {
+		return streamError(s.id, err)
+	}
+	return nil
+}
+
+func streamError(id uint64, err error) *stream.Error {
+	code := stream.CodeIO
+	switch {
+	case errors.Is(err, storage.ErrContainerNotOpen):
+		code = stream.CodeContainerNotOpen
+	case errors.Is(err, storage.ErrContainerNotFound):
+		code = stream.CodeNoSuchContainer
+	}
+	return &stream.Error{Code: code, Datanode: id, Reason: err.Error()}
+}
+
+// startStream serves V2 streams on the listener New opened.
+func (d *Datanode) startStream() {
+	d.streamSrv = stream.NewServer(stream.ServerConfig{ID: d.ident.ID, Backend: streamBackend{d}, Logger: d.log.With("part", "stream")})
+	d.streamMetrics = streamCollectors(d.streamSrv)
+	if d.cfg.Registerer != nil {
+		for _, c := range d.streamMetrics {
+			// Another datanode with the same labels on this registry
+			// (tests restarting one): keep serving, export once.
+			d.cfg.Registerer.Register(c)
+		}
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.streamSrv.Serve(d.streamLis)
+	}()
+}
+
+func (d *Datanode) stopStream() {
+	if d.streamSrv == nil {
+		d.streamLis.Close()
+		return
+	}
+	d.streamSrv.Close()
+	if d.cfg.Registerer != nil {
+		for _, c := range d.streamMetrics {
+			d.cfg.Registerer.Unregister(c)
+		}
+	}
+}
+
+func streamCollectors(s *stream.Server) []prometheus.Collector {
+	counter := func(name, help string, f func(stream.Stats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "datanode_stream", Name: name, Help: help},
+			func() float64 { return float64(f(s.Stats())) })
+	}
+	return []prometheus.Collector{
+		counter("first_hop_total", "V2 streams accepted from a client (first hop of the route).", func(st stream.Stats) uint64 { return st.FirstHop }),
+		counter("downstream_total", "V2 streams accepted from another datanode.", func(st stream.Stats) uint64 { return st.Downstream }),
+		counter("received_bytes_total", "Payload bytes received on V2 streams.", func(st stream.Stats) uint64 { return st.BytesReceived }),
+		counter("failed_total", "V2 streams that ended in an error (their data discarded).", func(st stream.Stats) uint64 { return st.Failed }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "basalt", Subsystem: "datanode_stream", Name: "active", Help: "V2 streams open now."},
+			func() float64 { return float64(s.Stats().Active) }),
+	}
+}
+
+// StreamAddr is the V2 streaming address.
+func (d *Datanode) StreamAddr() string { return d.streamLis.Addr().String() }
+
+// StreamStats are the V2 streaming counters (zero before Start).
+func (d *Datanode) StreamStats() stream.Stats {
+	if d.streamSrv == nil {
+		return stream.Stats{}
+	}
+	return d.streamSrv.Stats()
+}

@@ -1,0 +1,50 @@
+// Package stream is the V2 write path (Ozone's Ratis streaming, HDFS's
+// DataTransferProtocol): a client streams one block to the pipeline's
+// datanode nearest to it, which writes each packet to its block file and
+// forwards it to the next datanode of the route, and so on down the chain;
+// acks flow back up. The data never enters a Raft log: after the stream
+// closes, the client commits the block with one PutBlock (wait_all)
+// through the pipeline's Raft group, carrying the chunk list and checksums
+// the Writer computed.
+//
+// The protocol has its own TCP port (DatanodeDetails.stream_addr) and one
+// connection per stream. Integers are big-endian.
+//
+// Header, client → first datanode, and each datanode → the next:
+//
+//	magic u32 "BSTR" | version u8 (1) | hop u8 | body length u16
+//	pipeline u64 | container u64 | local u64 | start offset u64
+//	packet size u32 | route length u16 | route: {datanode u64, addr len u16, addr}…
+//
+// The route is what remains after the receiver. A datanode checks that it
+// is in the pipeline, that the container is open (or creates it, as the
+// first V1 write does) and that the block is not committed at another
+// length, connects to the next hop with the rest of the route, and acks
+// the header only after the next hop did.
+//
+// Packet, upstream → downstream (32 bytes, then the payload):
+//
+//	kind u8 (2 data, 3 close) | 0 u8 | 0 u16 | length u32
+//	seq u64 | offset u64 | CRC32C of the payload u32 | magic u32 "BSPK"
+//
+// A close carries the next seq and the final length as its offset.
+//
+// Ack, downstream → upstream (32 bytes, then an error's reason):
+//
+//	kind u8 (0x81 header, 0x82 data, 0x83 close, 0xff error) | code u8 | reason len u16 | 0 u32
+//	seq u64 | value u64 (start offset, end of the packet, final length) | datanode at fault u64
+//
+// A datanode acks packet i only after its own write of i completed and
+// the next hop acked i, so a client's ack means the packet is on every
+// disk of the route (synced only at close). An error ends the stream: it
+// travels up unchanged, naming the datanode that failed (refused, could
+// not be reached, stalled past the timeout, or dropped its connection);
+// every datanode of the route discards what it stored for the block
+// (Sink.Abort) and the client retries on another block from its buffer.
+//
+// Data path on a datanode: the payload is read from the socket into a
+// pooled 4 KiB-aligned buffer (the one copy), forwarded from that buffer
+// with one writev of header and payload, verified against its CRC and
+// written to the block file from the same buffer, which lets storage use
+// O_DIRECT without a bounce copy.
+package stream

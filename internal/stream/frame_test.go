@@ -1,0 +1,135 @@
+package stream
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestHeaderRoundTrip(t *testing.T) {
+	for _, h := range []*Header{
+		{Pipeline: 7, Block: BlockID{3, 9}, PacketSize: 1 << 20},
+		{Hop: 2, Pipeline: 1<<63 + 5, Block: BlockID{1, 1}, Offset: 4 << 20, PacketSize: MaxPacketSize,
+			Route: []Target{{ID: 2, Addr: "127.0.0.1:9855"}, {ID: 3, Addr: "[::1]:1"}}},
+	} {
+		b, err := encodeHeader(nil, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := readHeader(bytes.NewReader(b))
+		if err != nil {
+			t.Fatalf("decode %+v: %v", h, err)
+		}
+		if !reflect.DeepEqual(got, h) {
+			t.Fatalf("round trip: got %+v, want %+v", got, h)
+		}
+	}
+}
+
+// TestBadHeaders: each malformed header is refused with errBadHeader and a
+// message naming what is wrong.
+func TestBadHeaders(t *testing.T) {
+	good := &Header{Pipeline: 7, Block: BlockID{3, 9}, PacketSize: 1 << 20, Route: []Target{{ID: 2, Addr: "a:1"}}}
+	enc := func(h Header) []byte {
+		b, err := encodeHeader(nil, &h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	base := enc(*good)
+	mut := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), base...)) }
+	cases := []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"magic", mut(func(b []byte) []byte { b[0] = 'X'; return b }), "magic"},
+		{"version", mut(func(b []byte) []byte { b[4] = 9; return b }), "version 9"},
+		{"short body", mut(func(b []byte) []byte { binary.BigEndian.PutUint16(b[6:], 3); return b }), "body of 3 bytes"},
+		{"pipeline 0", enc(Header{Block: BlockID{3, 9}, PacketSize: 1}), "pipeline 0"},
+		{"block 0", enc(Header{Pipeline: 1, Block: BlockID{0, 9}, PacketSize: 1}), "block 0/9"},
+		{"packet size", enc(Header{Pipeline: 1, Block: BlockID{1, 9}, PacketSize: MaxPacketSize + 1}), "packet size"},
+		{"route truncated", mut(func(b []byte) []byte {
+			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8-1))
+			return b[:len(b)-1]
+		}), "route entry 0"},
+		{"trailing", mut(func(b []byte) []byte {
+			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8+2))
+			return append(b, 0, 0)
+		}), "trailing"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := readHeader(bytes.NewReader(c.b))
+			if !errors.Is(err, errBadHeader) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want a bad-header error mentioning %q", err, c.want)
+			}
+		})
+	}
+	if _, err := encodeHeader(nil, &Header{Route: []Target{{ID: 1}}}); err == nil {
+		t.Fatal("encoded a route hop without an address")
+	}
+}
+
+func TestPacketAndAckRoundTrip(t *testing.T) {
+	var b [packetHeaderLen]byte
+	for _, p := range []packetHeader{
+		{kind: kindData, length: 1 << 20, seq: 5, offset: 5 << 20, crc: 0xdeadbeef},
+		{kind: kindClose, seq: 6, offset: 6<<20 + 1},
+	} {
+		p.encode(&b)
+		var got packetHeader
+		if err := got.decode(&b); err != nil || got != p {
+			t.Fatalf("got %+v, %v; want %+v", got, err, p)
+		}
+	}
+	bad := packetHeader{kind: kindData, seq: 1}
+	bad.encode(&b)
+	var got packetHeader
+	if err := got.decode(&b); err == nil || !strings.Contains(err.Error(), "empty data packet") {
+		t.Fatalf("empty data packet: %v", err)
+	}
+	b[28] = 0
+	if err := got.decode(&b); err == nil || !strings.Contains(err.Error(), "out of sync") {
+		t.Fatalf("bad magic: %v", err)
+	}
+
+	var ab [ackLen]byte
+	for _, a := range []ack{
+		{kind: kindDataAck, seq: 3, value: 4 << 20},
+		{kind: kindError, code: CodeTimeout, dn: 3, reason: "no ack for packet 3"},
+	} {
+		enc := a.encode(nil)
+		var got ack
+		if err := readAck(bytes.NewReader(enc), &ab, &got); err != nil || got != a {
+			t.Fatalf("got %+v, %v; want %+v", got, err, a)
+		}
+	}
+	if err := readAck(bytes.NewReader(make([]byte, ackLen)), &ab, &ack{}); !errors.Is(err, errBadAck) {
+		t.Fatalf("zero ack: %v", err)
+	}
+}
+
+func TestErrorNamesDatanode(t *testing.T) {
+	e := ackError(&ack{kind: kindError, code: CodeConnLost, dn: 3, reason: "EOF"}, []Target{{2, "a:1"}, {3, "b:2"}})
+	if e.Datanode != 3 || e.Addr != "b:2" || !strings.Contains(e.Error(), "datanode 3 (b:2): connection lost: EOF") {
+		t.Fatalf("%+v: %v", e, e)
+	}
+	if !errors.Is(e, &Error{Code: CodeConnLost}) || errors.Is(e, &Error{Code: CodeTimeout}) || errors.Is(e, &Error{Code: CodeConnLost, Datanode: 2}) {
+		t.Fatal("Error.Is")
+	}
+}
+
+func TestBufferPoolAligned(t *testing.T) {
+	for _, n := range []int{1, 64 << 10, 1<<20 - 1, 1 << 20, 1<<20 + 1, MaxPacketSize} {
+		bp := getBuf(n)
+		if len(*bp) < n || !aligned(*bp) {
+			t.Fatalf("getBuf(%d): %d bytes, aligned %v", n, len(*bp), aligned(*bp))
+		}
+		putBuf(bp)
+	}
+}

@@ -1,0 +1,76 @@
+package stream
+
+import (
+	"math/bits"
+	"sync"
+	"sync/atomic"
+
+	"github.com/basalt-store/basalt/internal/storage"
+)
+
+// Packet buffers come from pools by power-of-two size class, 64 KiB to
+// MaxPacketSize. They are 4 KiB-aligned (storage.AlignedBuffer) so that
+// storage writes them with O_DIRECT straight from this memory: the payload
+// is copied once, from the socket into the buffer, and the same buffer
+// feeds both the downstream writev and the block file.
+const minClassShift = 16
+
+// 64 KiB … 16 MiB: 9 classes. Each class keeps up to freeBytes of
+// buffers in a bounded free list in front of its sync.Pool: a sync.Pool is
+// emptied by every other GC, and a datanode streaming at disk speed would
+// then allocate (and zero) a fresh megabyte per packet.
+const (
+	numClasses = 9
+	freeBytes  = 64 << 20
+)
+
+var (
+	pools [numClasses]sync.Pool
+	free  [numClasses]chan *[]byte
+)
+
+func init() {
+	for c := range free {
+		free[c] = make(chan *[]byte, max(1, freeBytes>>(c+minClassShift)))
+	}
+}
+
+func classOf(n int) int {
+	if n <= 1<<minClassShift {
+		return 0
+	}
+	return bits.Len(uint(n-1)) - minClassShift
+}
+
+// getBuf returns a buffer of at least n bytes (n ≤ MaxPacketSize).
+func getBuf(n int) *[]byte {
+	c := classOf(n)
+	select {
+	case b := <-free[c]:
+		return b
+	default:
+	}
+	if b, ok := pools[c].Get().(*[]byte); ok {
+		return b
+	}
+	b := storage.AlignedBuffer(1 << (c + minClassShift))
+	return &b
+}
+
+func putBuf(b *[]byte) {
+	c := classOf(cap(*b))
+	select {
+	case free[c] <- b:
+	default:
+		pools[c].Put(b)
+	}
+}
+
+// copied counts payload bytes this package copied in user space (the
+// Writer gathering small writes into a packet). The datanode path copies
+// nothing: tests and benchmarks read it through CopiedBytes.
+var copied atomic.Uint64
+
+// CopiedBytes is the number of payload bytes this package has copied in
+// user space since the process started.
+func CopiedBytes() uint64 { return copied.Load() }

@@ -1,0 +1,617 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Sink is where one stream's data goes on a datanode
+// (storage.BlockStream): sequential writes, Close syncs, Abort discards
+// everything the stream wrote.
+type Sink interface {
+	Write(p []byte) (int, error)
+	Close() error
+	Abort() error
+}
+
+// Backend validates a stream's header for this datanode and opens its
+// sink. A refusal should be an *Error whose Code says why (the server fills
+// in the datanode); any other error is reported as CodeIO.
+type Backend interface {
+	Open(h *Header) (Sink, error)
+}
+
+// ServerConfig configures a Server. Zero values take the defaults noted.
+type ServerConfig struct {
+	// ID is this datanode's ID; errors name it.
+	ID      uint64
+	Backend Backend
+	// Timeout bounds every wait on a peer that should be making progress:
+	// a payload being received, a downstream connect, a downstream ack, an
+	// ack written upstream (default 10s). A datanode waiting on k hops
+	// below it waits Timeout + (k-1)·Timeout/2, so the one next to a stall
+	// reports it first and names the right datanode.
+	Timeout time.Duration
+	// IdleTimeout bounds the wait for the next packet from upstream: a
+	// client may pause between writes (default 60s).
+	IdleTimeout time.Duration
+	// MaxStreams bounds concurrent streams (default 256).
+	MaxStreams int
+	// Queue is how many received packets may wait for the disk per stream
+	// (default 4); with MaxStreams and the packet size it bounds memory.
+	Queue  int
+	Logger *slog.Logger
+}
+
+// Stats are a server's counters since it started.
+type Stats struct {
+	FirstHop      uint64 // streams accepted from a client (hop 0)
+	Downstream    uint64 // streams accepted from another datanode
+	BytesReceived uint64 // payload bytes received
+	Failed        uint64 // streams that ended in an error
+	Active        int64  // streams open now
+}
+
+// Server accepts streams on its own TCP port, stores each through its
+// Backend and forwards it along the route (see doc.go).
+type Server struct {
+	cfg ServerConfig
+	log *slog.Logger
+
+	mu      sync.Mutex
+	lis     []net.Listener
+	conns   map[net.Conn]struct{}
+	closing atomic.Bool
+	wg      sync.WaitGroup
+
+	firstHop, downstream, bytes, failed atomic.Uint64
+	active                              atomic.Int64
+}
+
+// NewServer returns a server; Serve starts it.
+func NewServer(cfg ServerConfig) *Server {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 60 * time.Second
+	}
+	if cfg.MaxStreams <= 0 {
+		cfg.MaxStreams = 256
+	}
+	if cfg.Queue <= 0 {
+		cfg.Queue = 4
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Server{cfg: cfg, log: cfg.Logger, conns: map[net.Conn]struct{}{}}
+}
+
+// Stats returns the counters.
+func (s *Server) Stats() Stats {
+	return Stats{FirstHop: s.firstHop.Load(), Downstream: s.downstream.Load(), BytesReceived: s.bytes.Load(),
+		Failed: s.failed.Load(), Active: s.active.Load()}
+}
+
+// Serve accepts streams on l until Close. It returns nil after Close.
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.closing.Load() {
+		s.mu.Unlock()
+		l.Close()
+		return nil
+	}
+	s.lis = append(s.lis, l)
+	s.mu.Unlock()
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if s.closing.Load() {
+				return nil
+			}
+			if ne, ok := err.(net.Error); ok && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded) {
+				continue
+			}
+			// Out of descriptors and the like: back off rather than spin.
+			s.log.Warn("stream accept failed", "addr", l.Addr(), "err", err)
+			time.Sleep(backoff)
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		s.mu.Lock()
+		if s.closing.Load() {
+			s.mu.Unlock()
+			c.Close()
+			return nil
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.handle(c)
+	}
+}
+
+// Close stops accepting, breaks every open stream (their upstreams see the
+// connection drop; each stream discards its data) and waits for them.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closing.Store(true)
+	for _, l := range s.lis {
+		l.Close()
+	}
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+// stream is one stream on this datanode.
+type stream struct {
+	s    *Server
+	h    *Header
+	up   net.Conn
+	down net.Conn // nil at the end of the route
+	next Target
+	sink Sink
+
+	once  sync.Once
+	err   *Error
+	abort chan struct{}
+
+	hb   [packetHeaderLen]byte
+	iov  [2][]byte   // header + payload, one writev downstream
+	bufs net.Buffers // over iov; a field so WriteTo does not allocate
+}
+
+// packet is a received packet on its way to the disk; done its way to the
+// ack.
+type packet struct {
+	close bool
+	seq   uint64
+	off   uint64
+	crc   uint32
+	buf   *[]byte
+	n     int
+}
+
+type done struct {
+	close bool
+	seq   uint64
+	end   uint64
+}
+
+func (s *Server) handle(up net.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, up)
+		s.mu.Unlock()
+		up.Close()
+	}()
+	up.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
+	h, err := readHeader(up)
+	if err != nil {
+		if errors.Is(err, errBadHeader) {
+			s.failed.Add(1)
+			s.refuse(up, &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: err.Error()})
+		}
+		return // the peer went away before sending a header: nothing to say
+	}
+	if h.Hop == 0 {
+		s.firstHop.Add(1)
+	} else {
+		s.downstream.Add(1)
+	}
+	if n := s.active.Add(1); n > int64(s.cfg.MaxStreams) {
+		s.active.Add(-1)
+		s.failed.Add(1)
+		s.refuse(up, &Error{Code: CodeBusy, Datanode: s.cfg.ID, Reason: fmt.Sprintf("%d streams open, limit %d", n-1, s.cfg.MaxStreams)})
+		return
+	}
+	defer s.active.Add(-1)
+	sink, err := s.cfg.Backend.Open(h)
+	if err != nil {
+		s.failed.Add(1)
+		s.refuse(up, s.asError(err, CodeIO))
+		return
+	}
+	st := &stream{s: s, h: h, up: up, sink: sink, abort: make(chan struct{})}
+	if len(h.Route) > 0 {
+		if e := st.connectDown(); e != nil {
+			s.failed.Add(1)
+			st.abortSink()
+			s.refuse(up, e)
+			return
+		}
+	}
+	var b [ackLen]byte
+	up.SetWriteDeadline(time.Now().Add(s.cfg.Timeout))
+	if _, err := up.Write((&ack{kind: kindHeaderAck, value: h.Offset}).encode(b[:0])); err != nil {
+		st.fail(st.upErr(err, "sending the header ack"))
+	} else {
+		st.run()
+	}
+	if st.err != nil {
+		s.failed.Add(1)
+		st.abortSink()
+		s.refuse(up, st.err)
+	}
+	if st.down != nil {
+		st.down.Close()
+	}
+}
+
+// asError names this datanode in a backend's refusal.
+func (s *Server) asError(err error, def Code) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		c := *e
+		if c.Datanode == 0 {
+			c.Datanode = s.cfg.ID
+		}
+		return &c
+	}
+	return &Error{Code: def, Datanode: s.cfg.ID, Reason: err.Error()}
+}
+
+// refuse sends an error upstream and closes our side gently: the peer may
+// still be writing packets, and closing a socket with unread data sends a
+// reset that can destroy the error before the peer reads it. So: write,
+// half-close, drain briefly.
+func (s *Server) refuse(up net.Conn, e *Error) {
+	if s.closing.Load() {
+		return // Close broke the connection already
+	}
+	up.SetDeadline(time.Now().Add(time.Second))
+	if _, err := up.Write(errorAck(e).encode(nil)); err != nil {
+		return
+	}
+	if tc, ok := up.(*net.TCPConn); ok {
+		tc.CloseWrite()
+	}
+	up.SetReadDeadline(time.Now().Add(2 * time.Second))
+	io.Copy(io.Discard, io.LimitReader(up, 64<<20))
+}
+
+// ackTimeout is how long a datanode with k hops below it waits for an ack.
+func ackTimeout(base time.Duration, k int) time.Duration {
+	return base + time.Duration(max(k-1, 0))*base/2
+}
+
+func (st *stream) connectDown() *Error {
+	s, h := st.s, st.h
+	st.next = h.Route[0]
+	d := net.Dialer{Timeout: s.cfg.Timeout}
+	c, err := d.Dial("tcp", st.next.Addr)
+	if err != nil {
+		return &Error{Code: CodeUnreachable, Datanode: st.next.ID, Addr: st.next.Addr,
+			Reason: fmt.Sprintf("datanode %d cannot connect to it: %v", s.cfg.ID, err)}
+	}
+	fwd := *h
+	fwd.Hop++
+	fwd.Route = h.Route[1:]
+	b, err := encodeHeader(nil, &fwd)
+	if err != nil {
+		c.Close()
+		return &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: err.Error()}
+	}
+	// The next datanode connects further down before it answers.
+	c.SetDeadline(time.Now().Add(ackTimeout(s.cfg.Timeout, len(h.Route)) + time.Duration(len(h.Route)-1)*s.cfg.Timeout))
+	var a ack
+	var ab [ackLen]byte
+	if _, err = c.Write(b); err == nil {
+		err = readAck(c, &ab, &a)
+	}
+	if err != nil {
+		c.Close()
+		return st.downErr(err, "opening the stream")
+	}
+	if a.kind == kindError {
+		c.Close()
+		return ackError(&a, h.Route)
+	}
+	if a.kind != kindHeaderAck || a.value != h.Offset {
+		c.Close()
+		return &Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr,
+			Reason: fmt.Sprintf("answered the header with ack kind %#x value %d, want header ack at %d", a.kind, a.value, h.Offset)}
+	}
+	c.SetDeadline(time.Time{})
+	if tc, ok := c.(*net.TCPConn); ok {
+		// Packets are large; acks are tiny and must not wait for Nagle.
+		tc.SetNoDelay(true)
+	}
+	st.down = c
+	return nil
+}
+
+// fail records the first error and unblocks every goroutine of the
+// stream: reads and writes on the upstream connection time out at once,
+// the downstream connection closes.
+func (st *stream) fail(e *Error) {
+	st.once.Do(func() {
+		st.err = e
+		close(st.abort)
+		st.up.SetDeadline(time.Unix(1, 0))
+		if st.down != nil {
+			st.down.Close()
+		}
+	})
+}
+
+func (st *stream) aborted() bool {
+	select {
+	case <-st.abort:
+		return true
+	default:
+		return false
+	}
+}
+
+func (st *stream) abortSink() {
+	if err := st.sink.Abort(); err != nil {
+		st.s.log.Warn("stream: cannot discard the data of a failed stream", "block", st.h.Block, "err", err)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// upErr describes a failure of the upstream connection.
+func (st *stream) upErr(err error, doing string) *Error {
+	s := st.s
+	switch {
+	case s.closing.Load():
+		return &Error{Code: CodeShutdown, Datanode: s.cfg.ID, Reason: "datanode stopping"}
+	case isTimeout(err):
+		return &Error{Code: CodeTimeout, Reason: fmt.Sprintf("datanode %d: upstream stalled %s of block %v: %v", s.cfg.ID, doing, st.h.Block, err)}
+	}
+	return &Error{Code: CodeConnLost, Reason: fmt.Sprintf("datanode %d: upstream connection lost %s of block %v: %v", s.cfg.ID, doing, st.h.Block, err)}
+}
+
+// downErr describes a failure of the downstream connection: it names the
+// next datanode.
+func (st *stream) downErr(err error, doing string) *Error {
+	s := st.s
+	if s.closing.Load() {
+		return &Error{Code: CodeShutdown, Datanode: s.cfg.ID, Reason: "datanode stopping"}
+	}
+	code := CodeConnLost
+	if isTimeout(err) {
+		code = CodeTimeout
+	}
+	return &Error{Code: code, Datanode: st.next.ID, Addr: st.next.Addr,
+		Reason: fmt.Sprintf("datanode %d lost it %s of block %v: %v", s.cfg.ID, doing, st.h.Block, err)}
+}
+
+// run moves packets: this goroutine reads from upstream and forwards, one
+// goroutine writes to disk, one reads downstream acks, one acks upstream.
+func (st *stream) run() {
+	queue := st.s.cfg.Queue
+	writeQ := make(chan packet, queue)
+	doneQ := make(chan done, queue+1)
+	downAcks := make(chan ack, queue+1)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); st.writeLoop(writeQ, doneQ) }()
+	go func() { defer wg.Done(); st.ackLoop(doneQ, downAcks) }()
+	if st.down != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); st.downAckLoop(downAcks) }()
+	}
+	st.readLoop(writeQ)
+	close(writeQ)
+	wg.Wait()
+}
+
+func (st *stream) readLoop(writeQ chan<- packet) {
+	s, h := st.s, st.h
+	seq, off := uint64(0), h.Offset
+	for {
+		st.up.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+		if _, err := io.ReadFull(st.up, st.hb[:]); err != nil {
+			st.fail(st.upErr(err, fmt.Sprintf("waiting for packet %d", seq)))
+			return
+		}
+		var ph packetHeader
+		if err := ph.decode(&st.hb); err != nil {
+			st.fail(&Error{Code: CodeProtocol, Datanode: s.cfg.ID, Reason: fmt.Sprintf("block %v: %v", h.Block, err)})
+			return
+		}
+		if ph.seq != seq || ph.offset != off {
+			st.fail(&Error{Code: CodeProtocol, Datanode: s.cfg.ID,
+				Reason: fmt.Sprintf("block %v: packet %d at offset %d, want packet %d at offset %d", h.Block, ph.seq, ph.offset, seq, off)})
+			return
+		}
+		if ph.kind == kindClose {
+			// Forward the close before syncing: the datanodes sync in
+			// parallel, and each still acks only after its own sync and
+			// its downstream's close ack.
+			if !st.forward(st.hb[:], nil, seq) {
+				return
+			}
+			select {
+			case writeQ <- packet{close: true, seq: seq, off: off}:
+			case <-st.abort:
+			}
+			return
+		}
+		if ph.length > h.PacketSize {
+			st.fail(&Error{Code: CodeProtocol, Datanode: s.cfg.ID,
+				Reason: fmt.Sprintf("block %v: packet %d of %d bytes > the header's packet size %d", h.Block, seq, ph.length, h.PacketSize)})
+			return
+		}
+		bp := getBuf(int(ph.length))
+		buf := (*bp)[:ph.length]
+		st.up.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
+		if _, err := io.ReadFull(st.up, buf); err != nil {
+			putBuf(bp)
+			st.fail(st.upErr(err, fmt.Sprintf("receiving packet %d", seq)))
+			return
+		}
+		s.bytes.Add(uint64(ph.length))
+		if !st.forward(st.hb[:], buf, seq) {
+			putBuf(bp)
+			return
+		}
+		select {
+		case writeQ <- packet{seq: seq, off: off, crc: ph.crc, buf: bp, n: int(ph.length)}:
+		case <-st.abort:
+			putBuf(bp)
+			return
+		}
+		seq++
+		off += uint64(ph.length)
+	}
+}
+
+// forward sends a packet downstream from the buffer it was received into:
+// one writev of header and payload, no copy.
+func (st *stream) forward(hdr, payload []byte, seq uint64) bool {
+	if st.down == nil {
+		return true
+	}
+	st.iov[0], st.iov[1] = hdr, payload
+	st.bufs = st.iov[:]
+	if payload == nil {
+		st.bufs = st.bufs[:1]
+	}
+	st.down.SetWriteDeadline(time.Now().Add(st.s.cfg.Timeout))
+	if _, err := st.bufs.WriteTo(st.down); err != nil {
+		// The downstream datanode probably sent an error ack before it
+		// closed: give the ack reader a moment to report that instead.
+		select {
+		case <-st.abort:
+		case <-time.After(time.Second):
+			st.fail(st.downErr(err, fmt.Sprintf("forwarding packet %d", seq)))
+		}
+		return false
+	}
+	return true
+}
+
+func (st *stream) writeLoop(writeQ <-chan packet, doneQ chan<- done) {
+	defer close(doneQ)
+	s, h := st.s, st.h
+	for p := range writeQ {
+		if st.aborted() {
+			if p.buf != nil {
+				putBuf(p.buf)
+			}
+			continue
+		}
+		var d done
+		if p.close {
+			if err := st.sink.Close(); err != nil {
+				st.fail(s.asError(fmt.Errorf("block %v: syncing %d bytes: %w", h.Block, p.off, err), CodeIO))
+				continue
+			}
+			d = done{close: true, seq: p.seq, end: p.off}
+		} else {
+			buf := (*p.buf)[:p.n]
+			if got := crc32c(buf); got != p.crc {
+				putBuf(p.buf)
+				st.fail(&Error{Code: CodeChecksumMismatch, Datanode: s.cfg.ID,
+					Reason: fmt.Sprintf("block %v packet %d at offset %d: CRC32C %08x, header says %08x", h.Block, p.seq, p.off, got, p.crc)})
+				continue
+			}
+			_, err := st.sink.Write(buf)
+			putBuf(p.buf)
+			if err != nil {
+				st.fail(s.asError(fmt.Errorf("block %v: writing packet %d at offset %d: %w", h.Block, p.seq, p.off, err), CodeIO))
+				continue
+			}
+			d = done{seq: p.seq, end: p.off + uint64(p.n)}
+		}
+		select {
+		case doneQ <- d:
+		case <-st.abort:
+		}
+	}
+}
+
+// downAckLoop reads the downstream datanode's acks as they come, so an
+// error ack is seen at once.
+func (st *stream) downAckLoop(downAcks chan<- ack) {
+	var b [ackLen]byte
+	for {
+		var a ack
+		if err := readAck(st.down, &b, &a); err != nil {
+			if st.aborted() {
+				return
+			}
+			if errors.Is(err, errBadAck) {
+				st.fail(&Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr, Reason: err.Error()})
+			} else {
+				st.fail(st.downErr(err, "waiting for acks"))
+			}
+			return
+		}
+		if a.kind == kindError {
+			st.fail(ackError(&a, st.h.Route))
+			return
+		}
+		select {
+		case downAcks <- a:
+		case <-st.abort:
+			return
+		}
+		if a.kind == kindCloseAck {
+			return
+		}
+	}
+}
+
+// ackLoop acks packet i upstream once this datanode wrote it and the
+// downstream datanode acked it.
+func (st *stream) ackLoop(doneQ <-chan done, downAcks <-chan ack) {
+	s, h := st.s, st.h
+	wait := ackTimeout(s.cfg.Timeout, len(h.Route))
+	timer := time.NewTimer(wait)
+	timer.Stop()
+	defer timer.Stop()
+	var b [ackLen]byte
+	for d := range doneQ {
+		if st.down != nil {
+			timer.Reset(wait)
+			select {
+			case a := <-downAcks:
+				ok := (d.close && a.kind == kindCloseAck && a.value == d.end) || (!d.close && a.kind == kindDataAck && a.seq == d.seq && a.value == d.end)
+				if !ok {
+					st.fail(&Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr,
+						Reason: fmt.Sprintf("block %v: ack kind %#x seq %d value %d, want seq %d at %d (close %v)", h.Block, a.kind, a.seq, a.value, d.seq, d.end, d.close)})
+					return
+				}
+			case <-timer.C:
+				st.fail(&Error{Code: CodeTimeout, Datanode: st.next.ID, Addr: st.next.Addr,
+					Reason: fmt.Sprintf("datanode %d got no ack for packet %d of block %v (offset %d) within %s", s.cfg.ID, d.seq, h.Block, d.end, wait)})
+				return
+			case <-st.abort:
+				return
+			}
+			timer.Stop()
+		}
+		a := ack{kind: kindDataAck, seq: d.seq, value: d.end}
+		if d.close {
+			a = ack{kind: kindCloseAck, seq: d.seq, value: d.end}
+		}
+		st.up.SetWriteDeadline(time.Now().Add(s.cfg.Timeout))
+		if _, err := st.up.Write(a.encode(b[:0])); err != nil {
+			st.fail(st.upErr(err, fmt.Sprintf("acking packet %d", d.seq)))
+			return
+		}
+	}
+}

@@ -1,0 +1,433 @@
+package stream
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
+)
+
+// Options configure a Writer. Zero values take the defaults noted.
+type Options struct {
+	// PacketSize is the payload of one packet (default 1 MiB); a multiple
+	// of BytesPerChecksum, at most MaxPacketSize.
+	PacketSize int
+	// Window is how many packets may be unacknowledged (default 16: 16 MiB
+	// in flight covers the bandwidth-delay product of a 10 Gb/s link with
+	// ~10 ms of disk latency per hop). The Writer itself buffers at most
+	// one partial packet; the caller keeps what it needs for a retry.
+	Window int
+	// ChunkSize is the span of one ChunkInfo in the chunk list (default
+	// 4 MiB); a multiple of PacketSize.
+	ChunkSize int
+	// BytesPerChecksum is the CRC32C window of the chunk list (default
+	// 64 KiB).
+	BytesPerChecksum int
+	// Offset is where the stream starts in the block: 0 for a new block,
+	// or its committed length to extend it.
+	Offset uint64
+	// Timeout is the stall timeout the datanodes use (default 10s); the
+	// Writer waits Timeout + (hops-1)·Timeout/2 for an ack, so a datanode
+	// in the chain reports a stall below it first, naming the right one.
+	Timeout time.Duration
+}
+
+func (o *Options) setDefaults() error {
+	if o.PacketSize == 0 {
+		o.PacketSize = DefaultPacketSize
+	}
+	if o.Window == 0 {
+		o.Window = 16
+	}
+	if o.BytesPerChecksum == 0 {
+		o.BytesPerChecksum = 64 << 10
+	}
+	if o.ChunkSize == 0 {
+		o.ChunkSize = max(4<<20, o.PacketSize)
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 10 * time.Second
+	}
+	switch {
+	case o.PacketSize < 0 || o.PacketSize > MaxPacketSize:
+		return fmt.Errorf("stream: packet size %d outside (0, %d]", o.PacketSize, MaxPacketSize)
+	case o.BytesPerChecksum < 512 || o.PacketSize%o.BytesPerChecksum != 0:
+		return fmt.Errorf("stream: packet size %d is not a multiple of bytes per checksum %d (≥ 512)", o.PacketSize, o.BytesPerChecksum)
+	case o.ChunkSize%o.PacketSize != 0:
+		return fmt.Errorf("stream: chunk size %d is not a multiple of packet size %d", o.ChunkSize, o.PacketSize)
+	case o.Window < 1 || o.Window > 1024:
+		return fmt.Errorf("stream: window %d outside [1, 1024]", o.Window)
+	}
+	return nil
+}
+
+// Chunk is one entry of the chunk list the client commits with PutBlock:
+// a span of the block and the CRC32C of each BytesPerChecksum window of
+// it, computed by the Writer from the bytes it sent.
+type Chunk struct {
+	Offset, Length   uint64
+	BytesPerChecksum uint32
+	Sums             []byte // 4 bytes (big-endian CRC32C) per window
+}
+
+// Proto converts the chunk for a PutBlock.
+func (c Chunk) Proto() *datanodepb.ChunkInfo {
+	return &datanodepb.ChunkInfo{Offset: c.Offset, Length: c.Length, Checksum: &datanodepb.ChecksumData{
+		Type: datanodepb.ChecksumType_CHECKSUM_CRC32C, BytesPerChecksum: c.BytesPerChecksum, Sums: c.Sums}}
+}
+
+// BlockData is the PutBlock payload for a block written by one stream
+// from offset 0. (A stream that extends a committed block appends its
+// chunks to the committed list.)
+func BlockData(b BlockID, length uint64, chunks []Chunk) *datanodepb.BlockData {
+	bd := &datanodepb.BlockData{Id: &datanodepb.BlockID{ContainerId: b.Container, LocalId: b.Local}, Length: length}
+	for _, c := range chunks {
+		bd.Chunks = append(bd.Chunks, c.Proto())
+	}
+	return bd
+}
+
+// Writer streams one block through a chain of datanodes. Write and Close
+// are for one goroutine; acks are read by another.
+type Writer struct {
+	opts  Options
+	route []Target
+	block BlockID
+	conn  net.Conn
+	wait  time.Duration // for an ack
+
+	buf *[]byte // a partial packet
+	n   int
+
+	seq, off uint64
+	chunks   []Chunk
+	hdr      [packetHeaderLen]byte
+	iov      [2][]byte
+	bufs     net.Buffers // over iov; a field so WriteTo does not allocate
+	timer    *time.Timer
+
+	slots    chan struct{} // one per unacknowledged data packet
+	inflight chan expect   // what the next acks must say, in order
+	ackDone  chan struct{} // closed when the ack reader ends
+	err      error         // why it ended (nil after a clean close); read after ackDone
+	final    uint64        // the close ack's length
+	closed   bool
+}
+
+type expect struct {
+	close bool
+	seq   uint64
+	end   uint64
+}
+
+// Dial opens a stream for block of pipeline through route, nearest
+// datanode first (the order the client wants the data to travel; see
+// OrderRoute). It returns once every datanode of the route has accepted
+// the stream, or an *Error naming the datanode that refused or could not
+// be reached.
+func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, opts Options) (*Writer, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	if len(route) == 0 || len(route) > MaxRoute {
+		return nil, fmt.Errorf("stream: route of %d datanodes for block %v (want 1..%d)", len(route), block, MaxRoute)
+	}
+	h := Header{Pipeline: pipeline, Block: block, Offset: opts.Offset, PacketSize: uint32(opts.PacketSize), Route: route[1:]}
+	hb, err := encodeHeader(nil, &h)
+	if err != nil {
+		return nil, err
+	}
+	first := route[0]
+	d := net.Dialer{Timeout: opts.Timeout}
+	conn, err := d.DialContext(ctx, "tcp", first.Addr)
+	if err != nil {
+		return nil, &Error{Code: CodeUnreachable, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot connect: %v", err)}
+	}
+	w := &Writer{opts: opts, route: route, block: block, conn: conn, off: opts.Offset,
+		wait:  ackTimeout(opts.Timeout, len(route)),
+		slots: make(chan struct{}, opts.Window), inflight: make(chan expect, opts.Window+1), ackDone: make(chan struct{})}
+	// Each datanode connects to the next before answering.
+	dl := time.Now().Add(w.wait + time.Duration(len(route))*opts.Timeout)
+	if cd, ok := ctx.Deadline(); ok && cd.Before(dl) {
+		dl = cd
+	}
+	conn.SetDeadline(dl)
+	var a ack
+	var ab [ackLen]byte
+	if _, err = conn.Write(hb); err == nil {
+		err = readAck(conn, &ab, &a)
+	}
+	switch {
+	case err != nil:
+		conn.Close()
+		return nil, w.connErr(err, "opening the stream")
+	case a.kind == kindError:
+		conn.Close()
+		return nil, ackError(&a, route)
+	case a.kind != kindHeaderAck || a.value != opts.Offset:
+		conn.Close()
+		return nil, &Error{Code: CodeProtocol, Datanode: first.ID, Addr: first.Addr,
+			Reason: fmt.Sprintf("answered the header with ack kind %#x value %d", a.kind, a.value)}
+	}
+	conn.SetDeadline(time.Time{})
+	w.buf = getBuf(opts.PacketSize)
+	w.timer = time.NewTimer(time.Hour)
+	w.timer.Stop()
+	go w.readAcks()
+	return w, nil
+}
+
+// connErr describes a failure of the connection to the first datanode.
+func (w *Writer) connErr(err error, doing string) *Error {
+	code := CodeConnLost
+	if isTimeout(err) {
+		code = CodeTimeout
+	}
+	return &Error{Code: code, Datanode: w.route[0].ID, Addr: w.route[0].Addr,
+		Reason: fmt.Sprintf("block %v: connection lost %s: %v", w.block, doing, err)}
+}
+
+func (w *Writer) readAcks() {
+	defer close(w.ackDone)
+	var b [ackLen]byte
+	for {
+		var a ack
+		if err := readAck(w.conn, &b, &a); err != nil {
+			if errors.Is(err, errBadAck) {
+				w.err = &Error{Code: CodeProtocol, Datanode: w.route[0].ID, Addr: w.route[0].Addr, Reason: err.Error()}
+			} else {
+				w.err = w.connErr(err, "waiting for acks")
+			}
+			return
+		}
+		if a.kind == kindError {
+			w.err = ackError(&a, w.route)
+			return
+		}
+		var e expect
+		select {
+		case e = <-w.inflight:
+		default:
+			w.err = &Error{Code: CodeProtocol, Datanode: w.route[0].ID, Addr: w.route[0].Addr, Reason: fmt.Sprintf("ack kind %#x seq %d for nothing sent", a.kind, a.seq)}
+			return
+		}
+		if e.close {
+			if a.kind != kindCloseAck || a.value != e.end {
+				w.err = &Error{Code: CodeProtocol, Datanode: w.route[0].ID, Addr: w.route[0].Addr,
+					Reason: fmt.Sprintf("close answered by ack kind %#x value %d, want close ack at %d", a.kind, a.value, e.end)}
+			}
+			w.final = a.value
+			return
+		}
+		if a.kind != kindDataAck || a.seq != e.seq || a.value != e.end {
+			w.err = &Error{Code: CodeProtocol, Datanode: w.route[0].ID, Addr: w.route[0].Addr,
+				Reason: fmt.Sprintf("ack kind %#x seq %d value %d, want data ack %d at %d", a.kind, a.seq, a.value, e.seq, e.end)}
+			return
+		}
+		<-w.slots
+	}
+}
+
+// failed returns the stream's error once the ack reader ended.
+func (w *Writer) failed() error {
+	select {
+	case <-w.ackDone:
+		if w.err == nil {
+			return &Error{Code: CodeProtocol, Datanode: w.route[0].ID, Reason: "stream already closed"}
+		}
+		return w.err
+	default:
+		return nil
+	}
+}
+
+// Write sends p, in packets of PacketSize. It returns once the packets
+// are handed to the kernel, with at most Window of them unacknowledged;
+// it blocks while the window is full. A full packet's worth of p is sent
+// straight from p; smaller writes are gathered in one packet buffer. On a
+// broken chain it returns an *Error naming the datanode that failed;
+// the stream is then dead (call Abort) and the caller resends from its
+// own buffer on a new block.
+func (w *Writer) Write(p []byte) (int, error) {
+	if w.closed {
+		return 0, errors.New("stream: write after close")
+	}
+	done := 0
+	ps := w.opts.PacketSize
+	for done < len(p) {
+		if err := w.failed(); err != nil {
+			return done, err
+		}
+		if w.n == 0 && len(p)-done >= ps {
+			if err := w.send(p[done : done+ps]); err != nil {
+				return done, err
+			}
+			done += ps
+			continue
+		}
+		k := copy((*w.buf)[w.n:ps], p[done:])
+		copied.Add(uint64(k))
+		w.n += k
+		done += k
+		if w.n == ps {
+			if err := w.send((*w.buf)[:ps]); err != nil {
+				return done, err
+			}
+			w.n = 0
+		}
+	}
+	return done, nil
+}
+
+// send sends one data packet, waiting for a window slot.
+func (w *Writer) send(payload []byte) error {
+	select {
+	case w.slots <- struct{}{}:
+	default:
+		w.timer.Reset(w.wait)
+		select {
+		case w.slots <- struct{}{}:
+			w.timer.Stop()
+		case <-w.ackDone:
+			w.timer.Stop()
+			return w.failed()
+		case <-w.timer.C:
+			return w.stall()
+		}
+	}
+	w.addSums(payload)
+	ph := packetHeader{kind: kindData, length: uint32(len(payload)), seq: w.seq, offset: w.off, crc: crc32c(payload)}
+	end := w.off + uint64(len(payload))
+	w.inflight <- expect{seq: w.seq, end: end}
+	if err := w.writePacket(&ph, payload); err != nil {
+		return err
+	}
+	w.seq++
+	w.off = end
+	return nil
+}
+
+func (w *Writer) stall() error {
+	w.conn.Close()
+	<-w.ackDone
+	return &Error{Code: CodeTimeout, Datanode: w.route[0].ID, Addr: w.route[0].Addr,
+		Reason: fmt.Sprintf("block %v: no ack from the chain within %s (%d packets in flight)", w.block, w.wait, len(w.slots))}
+}
+
+func (w *Writer) writePacket(ph *packetHeader, payload []byte) error {
+	ph.encode(&w.hdr)
+	w.iov[0], w.iov[1] = w.hdr[:], payload
+	w.bufs = w.iov[:]
+	if payload == nil {
+		w.bufs = w.bufs[:1]
+	}
+	w.conn.SetWriteDeadline(time.Now().Add(w.wait))
+	if _, err := w.bufs.WriteTo(w.conn); err != nil {
+		// The chain most likely sent an error ack saying which datanode
+		// failed; the ack reader will have it, or see the connection end.
+		w.timer.Reset(w.wait)
+		select {
+		case <-w.ackDone:
+			w.timer.Stop()
+			if e := w.failed(); e != nil {
+				return e
+			}
+		case <-w.timer.C:
+			w.conn.Close()
+			<-w.ackDone
+		}
+		return w.connErr(err, fmt.Sprintf("sending packet %d", ph.seq))
+	}
+	return nil
+}
+
+// addSums extends the chunk list with the CRC32C windows of payload, which
+// starts at w.off, a multiple of PacketSize from the stream's start.
+func (w *Writer) addSums(payload []byte) {
+	bpc := w.opts.BytesPerChecksum
+	if len(w.chunks) == 0 || w.chunks[len(w.chunks)-1].Length == uint64(w.opts.ChunkSize) {
+		w.chunks = append(w.chunks, Chunk{Offset: w.off, BytesPerChecksum: uint32(bpc),
+			Sums: make([]byte, 0, 4*(w.opts.ChunkSize/bpc))})
+	}
+	c := &w.chunks[len(w.chunks)-1]
+	for i := 0; i < len(payload); i += bpc {
+		c.Sums = binary.BigEndian.AppendUint32(c.Sums, crc32c(payload[i:min(i+bpc, len(payload))]))
+	}
+	c.Length += uint64(len(payload))
+}
+
+// Close sends what is buffered and the CLOSE frame, and waits until every
+// datanode of the route synced the block. It returns the block's length
+// (Offset + bytes written) and the chunk list for PutBlock (spans from
+// Offset). The block is not committed: the caller sends PutBlock
+// (wait_all) through the pipeline's Raft group. On error the stream is
+// aborted and every datanode discards what it stored.
+func (w *Writer) Close() (uint64, []Chunk, error) {
+	if w.closed {
+		return 0, nil, errors.New("stream: close after close")
+	}
+	err := w.close()
+	w.closed = true
+	w.conn.Close()
+	putBuf(w.buf)
+	if err != nil {
+		return 0, nil, err
+	}
+	return w.off, w.chunks, nil
+}
+
+func (w *Writer) close() error {
+	if err := w.failed(); err != nil {
+		return err
+	}
+	if w.n > 0 {
+		if err := w.send((*w.buf)[:w.n]); err != nil {
+			return err
+		}
+		w.n = 0
+	}
+	w.inflight <- expect{close: true, seq: w.seq, end: w.off}
+	ph := packetHeader{kind: kindClose, seq: w.seq, offset: w.off}
+	if err := w.writePacket(&ph, nil); err != nil {
+		return err
+	}
+	// Every datanode syncs before it acks the close; allow for a slow
+	// fsync of a whole block on top of the stall timeout.
+	w.timer.Reset(w.wait)
+	select {
+	case <-w.ackDone:
+		w.timer.Stop()
+	case <-w.timer.C:
+		return w.stall()
+	}
+	if w.err != nil {
+		return w.err
+	}
+	if w.final != w.off {
+		return &Error{Code: CodeProtocol, Datanode: w.route[0].ID, Reason: fmt.Sprintf("closed at length %d, sent %d", w.final, w.off)}
+	}
+	return nil
+}
+
+// Abort drops the stream: the datanodes see the connection end without a
+// CLOSE and discard what they stored. Safe after Close or an error.
+func (w *Writer) Abort() {
+	if w.closed {
+		return
+	}
+	w.closed = true
+	w.conn.Close()
+	<-w.ackDone
+	putBuf(w.buf)
+}
+
+// Offset is where the next byte written goes in the block (bytes sent so
+// far plus the start offset; buffered bytes not included).
+func (w *Writer) Offset() uint64 { return w.off }
+
+var _ io.Writer = (*Writer)(nil)
