@@ -71,7 +71,7 @@ func runDev(dataDir, metricsAddr string, datanodes, basePort int) error {
 		fmt.Printf("  datanode  id %d  data %s  raft %s\n", dn.ID(), dn.Addr(), dn.RaftAddr())
 	}
 	fmt.Printf("  metrics   http://%s/metrics\n", metricsAddr)
-	fmt.Println("ready. Try: basalt sh volume create /vol1 && basalt sh bucket create /vol1/b1 && basalt sh key put /vol1/b1/hello README.md")
+	fmt.Println("ready. Try: basalt sh volume create /vol1 && basalt sh bucket create /vol1/bucket1 && basalt sh key put /vol1/bucket1/hello README.md")
 	<-ctx.Done()
 	fmt.Println("basalt dev: stopping")
 	return nil

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	_ "net/http/pprof"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/basalt-store/basalt/internal/datanode"
+	"github.com/basalt-store/basalt/internal/meta"
+)
+
+// serveMetrics serves /metrics and /debug/pprof on addr ("" = off).
+func serveMetrics(addr string, reg *prometheus.Registry) func() {
+	if addr == "" {
+		return func() {}
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/debug/pprof/", http.DefaultServeMux)
+	srv := &http.Server{Addr: addr, Handler: mux}
+	go srv.ListenAndServe()
+	return func() { srv.Close() }
+}
+
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+func serverLogger(level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelWarn
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}
+
+// parsePeers reads "1=raftAddr/grpcAddr,2=...".
+func parsePeers(s string) (map[uint64]meta.Peer, error) {
+	out := map[uint64]meta.Peer{}
+	if s == "" {
+		return out, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		id, addrs, ok := strings.Cut(part, "=")
+		raftAddr, grpcAddr, ok2 := strings.Cut(addrs, "/")
+		n, err := strconv.ParseUint(id, 10, 64)
+		if !ok || !ok2 || err != nil || n == 0 {
+			return nil, fmt.Errorf("bad --peers entry %q: want ID=RAFT_ADDR/GRPC_ADDR", part)
+		}
+		out[n] = meta.Peer{RaftAddr: raftAddr, GRPCAddr: grpcAddr}
+	}
+	return out, nil
+}
+
+func metaCmd() *cobra.Command {
+	var dataDir, raftAddr, grpcAddr, peers, metricsAddr, logLevel string
+	var id uint64
+	cmd := &cobra.Command{
+		Use:   "meta",
+		Short: "Run a metadata service node (namespace manager + storage container manager)",
+		Long: `Run one node of the metadata service: the namespace manager and the storage
+container manager, two Raft groups on one host. Deploy 1, 3 or 5 nodes; every
+node gets the same --peers list (empty for a single node).`,
+		Example: `  basalt meta --id 1 --data-dir /var/lib/basalt/meta --raft 10.0.0.1:9863 --grpc 10.0.0.1:9862 \
+    --peers 1=10.0.0.1:9863/10.0.0.1:9862,2=10.0.0.2:9863/10.0.0.2:9862,3=10.0.0.3:9863/10.0.0.3:9862`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := parsePeers(peers)
+			if err != nil {
+				return &usageError{err.Error()}
+			}
+			reg := newRegistry()
+			ms, err := meta.New(meta.Config{NodeID: id, DataDir: dataDir, RaftAddr: raftAddr, GRPCAddr: grpcAddr, Peers: p,
+				Registerer: reg, Logger: serverLogger(logLevel)})
+			if err != nil {
+				return err
+			}
+			if err := ms.Start(); err != nil {
+				ms.Close()
+				return err
+			}
+			defer ms.Close()
+			stop := serveMetrics(metricsAddr, reg)
+			defer stop()
+			fmt.Printf("basalt meta: node %d, gRPC %s, raft %s, data %s\n", id, ms.GRPCAddr(), ms.RaftAddr(), dataDir)
+			waitSignal()
+			return nil
+		},
+	}
+	cmd.Flags().Uint64Var(&id, "id", 1, "node ID (nonzero, stable)")
+	cmd.Flags().StringVar(&dataDir, "data-dir", "./basalt-meta", "data directory")
+	cmd.Flags().StringVar(&raftAddr, "raft", "127.0.0.1:9863", "Raft transport listen address")
+	cmd.Flags().StringVar(&grpcAddr, "grpc", "127.0.0.1:9862", "gRPC listen address (clients, datanodes)")
+	cmd.Flags().StringVar(&peers, "peers", "", "all members: ID=RAFT_ADDR/GRPC_ADDR,... (empty: single node)")
+	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
+	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
+	return cmd
+}
+
+func datanodeCmd() *cobra.Command {
+	var cfg datanode.Config
+	var metas, volumes, logDirs, metricsAddr, logLevel string
+	cmd := &cobra.Command{
+		Use:   "datanode",
+		Short: "Run a datanode",
+		Long: `Run a datanode: it registers with the storage container manager, joins the
+Raft groups of the pipelines it is put in, stores containers on its data
+volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
+		Example: `  basalt datanode --data-dir /var/lib/basalt/dn --volumes /disk1/basalt,/disk2/basalt \
+    --raft-log-dirs /disk1/raft,/disk2/raft --location /dc1/rack2 --meta 10.0.0.1:9862 \
+    --listen 10.0.0.5:9872 --raft 10.0.0.5:9873 --stream 10.0.0.5:9874`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg.MetaAddrs = splitList(metas)
+			cfg.Volumes = splitList(volumes)
+			cfg.LogDirs = splitList(logDirs)
+			reg := newRegistry()
+			cfg.Registerer = reg
+			cfg.Logger = serverLogger(logLevel)
+			dn, err := datanode.New(cfg)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			err = dn.Start(ctx)
+			cancel()
+			if err != nil {
+				dn.Close()
+				return err
+			}
+			defer dn.Close()
+			stop := serveMetrics(metricsAddr, reg)
+			defer stop()
+			fmt.Printf("basalt datanode: id %d, data %s, raft %s, location %s\n", dn.ID(), dn.Addr(), dn.RaftAddr(), cfg.Location)
+			waitSignal()
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.DataDir, "data-dir", "./basalt-datanode", "identity, pipeline list and default volume/log directories")
+	f.StringVar(&volumes, "volumes", "", "data volumes, comma-separated (default DATA_DIR/data)")
+	f.StringVar(&logDirs, "raft-log-dirs", "", "Raft log directories, comma-separated (default DATA_DIR/raft)")
+	f.StringVar(&cfg.Location, "location", "/default-rack", "network location, e.g. /dc1/rack2")
+	f.StringVar(&metas, "meta", "127.0.0.1:9862", "metadata service gRPC address(es), comma-separated")
+	f.StringVar(&cfg.ListenAddr, "listen", "127.0.0.1:0", "client gRPC listen address")
+	f.StringVar(&cfg.RaftAddr, "raft", "127.0.0.1:0", "pipelines' Raft transport listen address")
+	f.StringVar(&cfg.StreamAddr, "stream", "127.0.0.1:0", "V2 streaming listen address")
+	f.StringVar(&cfg.Hostname, "hostname", "", "host name reported to SCM (default: os.Hostname)")
+	f.StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
+	f.StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
+	return cmd
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func waitSignal() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+}
