@@ -171,8 +171,14 @@ func TestFollowerRestartCatchesUp(t *testing.T) {
 	}
 	c.stop(f)
 	// The leader holds back truncation for an active follower; wait until
-	// it has noticed that f is gone (an election timeout is 20ms here).
-	time.Sleep(100 * time.Millisecond)
+	// it has noticed that f is gone.
+	deadline := time.Now().Add(10 * time.Second)
+	for c.group(lead, 1).Status().Followers[f].Active {
+		if time.Now().After(deadline) {
+			t.Fatal("leader still sees the stopped follower as active")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	want := []string{"first"}
 	// Enough entries that the log is truncated past what f has: it needs a
 	// snapshot (CompactEvery is 64 in these tests).

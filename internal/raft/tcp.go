@@ -285,7 +285,10 @@ func (p *peer) writeLoop() {
 			select {
 			case m := <-p.queue:
 				batch = append(batch, m)
-				if m.Msg != nil {
+				if m.Hydrate != nil {
+					// Its data is not in it yet: count what it may grow to.
+					size += maxHydratedBytes
+				} else if m.Msg != nil {
 					size += len(m.Msg.GetEntries()) * 64
 					for _, e := range m.Msg.GetEntries() {
 						size += len(e.GetData())

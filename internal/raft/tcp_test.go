@@ -206,9 +206,19 @@ func TestTCPSnapshotAndReconnect(t *testing.T) {
 			rest = append(rest, id)
 		}
 	}
-	// Wait until the leader sees f as inactive (election timeout 100ms),
-	// else it holds back log truncation for it.
-	time.Sleep(400 * time.Millisecond)
+	// Wait until the leader sees f as inactive, else it holds back log
+	// truncation for it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		lg := c.leaderOf(1, rest)
+		if lg != nil && !lg.Status().Followers[f].Active {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("leader still sees the stopped follower as active")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	// Past CompactEvery (2048) so the restarted follower needs a snapshot.
 	for i := 0; i < 2400; i += 100 {
 		var wg sync.WaitGroup
@@ -239,7 +249,7 @@ func TestTCPSnapshotAndReconnect(t *testing.T) {
 	}
 	lg := c.leaderOf(1, rest)
 	want := len(sms[lg.host.id].values())
-	deadline := time.Now().Add(20 * time.Second)
+	deadline = time.Now().Add(20 * time.Second)
 	for len(sms[f].values()) < want {
 		if time.Now().After(deadline) {
 			t.Fatalf("restarted follower has %d values, want %d", len(sms[f].values()), want)
