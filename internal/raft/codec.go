@@ -25,6 +25,11 @@ const (
 	// fmtLost is fmtElided sent by a leader whose data was lost
 	// (ReadData returned ErrDataLost).
 	fmtLost = 4
+	// fmtLocal is fmtElided on the proposing host, whose data waits in
+	// Group.local until WriteData and the first sends: raft copies every
+	// entry it appends (proto.Clone), so the bulk data stays beside the
+	// entry instead of in it.
+	fmtLocal = 5
 
 	headerLen = 17
 )
@@ -81,7 +86,7 @@ func decodeEntryData(d []byte) (decodedEntry, error) {
 	case fmtPlain:
 		e.meta = rest
 		return e, nil
-	case fmtData, fmtElided, fmtLost:
+	case fmtData, fmtElided, fmtLost, fmtLocal:
 		n, k := binary.Uvarint(rest)
 		if k <= 0 || uint64(len(rest)-k) < n {
 			return e, fmt.Errorf("raft: corrupt entry metadata length")
@@ -114,6 +119,17 @@ func elide(d []byte, e decodedEntry) []byte {
 	return binary.AppendUvarint(b, e.dataLen)
 }
 
+// encodeLocal is the payload of a proposal whose data stays beside it.
+func encodeLocal(id proposalID, meta []byte, dataLen int) []byte {
+	b := make([]byte, headerLen, headerLen+2*binary.MaxVarintLen64+len(meta))
+	b[0] = fmtLocal
+	binary.BigEndian.PutUint64(b[1:], id.host)
+	binary.BigEndian.PutUint64(b[9:], id.seq)
+	b = binary.AppendUvarint(b, uint64(len(meta)))
+	b = append(b, meta...)
+	return binary.AppendUvarint(b, uint64(dataLen))
+}
+
 // markLost turns a fmtElided payload into fmtLost.
 func markLost(d []byte) []byte {
 	b := append([]byte(nil), d...)
@@ -121,14 +137,14 @@ func markLost(d []byte) []byte {
 	return b
 }
 
-// hydrate turns a fmtElided payload back into fmtData with data.
-func hydrate(d []byte, e decodedEntry, data []byte) []byte {
-	b := make([]byte, headerLen, headerLen+binary.MaxVarintLen64+len(e.meta)+len(data))
+// hydratePrefix is the fmtData payload of an elided (or local) entry up to
+// where its data begins; the data follows it on the wire.
+func hydratePrefix(d []byte, e decodedEntry) []byte {
+	b := make([]byte, headerLen, headerLen+binary.MaxVarintLen64+len(e.meta))
 	copy(b, d[:headerLen])
 	b[0] = fmtData
 	b = binary.AppendUvarint(b, uint64(len(e.meta)))
-	b = append(b, e.meta...)
-	return append(b, data...)
+	return append(b, e.meta...)
 }
 
 func isNormalWithPayload(e *pb.Entry) bool {
@@ -142,7 +158,7 @@ func cloneMessage(m *pb.Message) *pb.Message {
 // hasElided reports whether m carries an entry whose data is not in it.
 func hasElided(m *pb.Message) bool {
 	for _, e := range m.GetEntries() {
-		if isNormalWithPayload(e) && e.GetData()[0] == fmtElided {
+		if isNormalWithPayload(e) && (e.GetData()[0] == fmtElided || e.GetData()[0] == fmtLocal) {
 			return true
 		}
 	}

@@ -34,7 +34,7 @@ const (
 	aliasFrame = 256 << 10
 )
 
-var zeros [frameAlign]byte
+var zeros [2 * frameAlign]byte
 
 // frameWriter builds one frame as a list of segments: small parts are
 // appended to a scratch buffer, large entry payloads are referenced.
@@ -98,7 +98,7 @@ func dataOffset(e *pb.Entry) int {
 	return headerLen + k + int(n)
 }
 
-func (f *frameWriter) app(m *pb.Message) {
+func (f *frameWriter) app(m *pb.Message, tails [][]byte) {
 	f.scratch = append(f.scratch, itemApp)
 	f.body++
 	f.uvarint(m.GetTerm())
@@ -106,11 +106,26 @@ func (f *frameWriter) app(m *pb.Message) {
 	f.uvarint(m.GetIndex())
 	f.uvarint(m.GetCommit())
 	f.uvarint(uint64(len(m.GetEntries())))
-	for _, e := range m.GetEntries() {
+	for i, e := range m.GetEntries() {
 		d := e.GetData()
 		f.uvarint(e.GetTerm())
 		f.uvarint(e.GetIndex())
 		f.uvarint(uint64(e.GetType()))
+		if tails != nil && tails[i] != nil {
+			// Prefix in the frame, data referenced: aligned on arrival.
+			tail := tails[i]
+			f.uvarint(uint64(len(d) + len(tail)))
+			pad := padFor(f.body, len(d))
+			f.uvarint(uint64(pad))
+			f.bytes(zeros[:pad])
+			f.bytes(d)
+			if len(tail) < bigEntry {
+				f.bytes(tail)
+			} else {
+				f.ref(tail)
+			}
+			continue
+		}
 		f.uvarint(uint64(len(d)))
 		if len(d) < bigEntry {
 			f.uvarint(0)

@@ -77,3 +77,49 @@ func TestPadFor(t *testing.T) {
 		}
 	}
 }
+
+func TestFrameTailsAreJoinedAndAligned(t *testing.T) {
+	rnd := rand.New(rand.NewSource(2))
+	var ents []*pb.Entry
+	var tails [][]byte
+	var want [][]byte
+	for i, n := range []int{100, 4 << 20, 70 << 10, 1} {
+		meta := make([]byte, 1+rnd.Intn(200))
+		data := make([]byte, n)
+		rnd.Read(data)
+		full := encodeProposal(proposalID{1, uint64(i)}, meta, data, true)
+		d, _ := decodeEntryData(full)
+		typ := pb.EntryNormal
+		ents = append(ents, &pb.Entry{Term: proto.Uint64(1), Index: proto.Uint64(uint64(i + 1)), Type: &typ, Data: hydratePrefix(full, d)})
+		tails = append(tails, data)
+		want = append(want, full)
+	}
+	typ := pb.MsgApp
+	m := &pb.Message{Type: &typ, Term: proto.Uint64(1), Entries: ents}
+	var f frameWriter
+	encodeBatch(&f, []Outgoing{{Group: 1, Msg: m, tails: tails}})
+	segs, size := f.finish()
+	body := alignedBuf(size - 4)
+	n := 0
+	for _, s := range segs {
+		n += len(s)
+	}
+	var wire []byte
+	for _, s := range segs {
+		wire = append(wire, s...)
+	}
+	copy(body, wire[4:])
+	out, err := decodeBatch(body, 1, 2, true)
+	if err != nil || n != size {
+		t.Fatal(err, n, size)
+	}
+	for i, e := range out[0].Msg.GetEntries() {
+		if !bytes.Equal(e.GetData(), want[i]) {
+			t.Fatalf("entry %d: wire form differs from the full payload", i)
+		}
+		d, _ := decodeEntryData(e.GetData())
+		if len(d.data) >= bigEntry && uintptr(unsafe.Pointer(&d.data[0]))%frameAlign != 0 {
+			t.Fatalf("entry %d data not aligned", i)
+		}
+	}
+}

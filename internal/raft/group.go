@@ -68,6 +68,11 @@ type Group struct {
 	ticks           atomic.Uint64
 
 	cache dataCache
+
+	// local holds the data of this host's proposals (fmtLocal entries)
+	// until WriteData has stored it, by proposal sequence number.
+	localMu sync.Mutex
+	local   map[uint64][]byte
 }
 
 type proposal struct {
@@ -124,6 +129,7 @@ func newGroup(h *Host, loop *storeLoop, gl *groupLog, cfg GroupConfig) (*Group, 
 		followerApplied: make(map[uint64]uint64),
 		appliedChanged:  make(chan struct{}),
 		inflightWait:    make(chan struct{}),
+		local:           make(map[uint64][]byte),
 	}
 	g.cache.max = 8 << 20
 	g.dsm, _ = cfg.StateMachine.(DataStateMachine)
@@ -214,7 +220,15 @@ func (g *Group) Propose(ctx context.Context, meta, data []byte) (Result, error) 
 		return Result{}, err
 	}
 	seq := g.host.seq.Add(1)
-	payload := encodeProposal(proposalID{g.host.id, seq}, meta, data, data != nil)
+	var payload []byte
+	if data != nil {
+		payload = encodeLocal(proposalID{g.host.id, seq}, meta, len(data))
+		g.localMu.Lock()
+		g.local[seq] = data
+		g.localMu.Unlock()
+	} else {
+		payload = encodeProposal(proposalID{g.host.id, seq}, meta, nil, false)
+	}
 	p := &proposal{seq: seq, size: size, done: make(chan struct{})}
 	g.pmu.Lock()
 	g.pending[seq] = p
@@ -284,8 +298,22 @@ func (g *Group) releaseLocked(size int) {
 	g.inflightWait = make(chan struct{})
 }
 
+func (g *Group) dropLocal(seq uint64) {
+	g.localMu.Lock()
+	delete(g.local, seq)
+	g.localMu.Unlock()
+}
+
+func (g *Group) takeLocal(seq uint64) ([]byte, bool) {
+	g.localMu.Lock()
+	defer g.localMu.Unlock()
+	d, ok := g.local[seq]
+	return d, ok
+}
+
 // forget abandons a proposal whose caller gave up.
 func (g *Group) forget(p *proposal) {
+	g.dropLocal(p.seq)
 	g.pmu.Lock()
 	if _, ok := g.pending[p.seq]; ok {
 		delete(g.pending, p.seq)
@@ -300,6 +328,7 @@ func (g *Group) finish(seq uint64, res Result, err error) {
 		return
 	}
 	delete(g.pending, seq)
+	g.dropLocal(seq)
 	if p.index != 0 {
 		delete(g.byIndex, p.index)
 	}
@@ -952,7 +981,7 @@ func (g *Group) receiveSnapshot(m *pb.Message, body io.Reader) error {
 func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 	var out []*pb.Entry
 	for i, e := range ents {
-		if !isNormalWithPayload(e) || (e.GetData()[0] != fmtData && e.GetData()[0] != fmtLost) {
+		if !isNormalWithPayload(e) || (e.GetData()[0] != fmtData && e.GetData()[0] != fmtLost && e.GetData()[0] != fmtLocal) {
 			if out != nil {
 				out = append(out, e)
 			}
@@ -963,14 +992,23 @@ func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 			return nil, err
 		}
 		data := d.data
-		if d.format == fmtLost {
+		switch d.format {
+		case fmtLost:
 			data = nil
+		case fmtLocal:
+			var ok bool
+			if data, ok = g.takeLocal(d.id.seq); !ok || d.id.host != g.host.id {
+				return nil, fmt.Errorf("raft: group %d: entry %d: data of local proposal %d missing", g.id, e.GetIndex(), d.id.seq)
+			}
 		}
 		if err := g.dsm.WriteData(e.GetIndex(), e.GetTerm(), d.meta, data); err != nil {
 			return nil, fmt.Errorf("raft: group %d: WriteData(index %d): %w", g.id, e.GetIndex(), err)
 		}
 		if data != nil {
 			g.cache.put(e.GetIndex(), e.GetTerm(), data)
+		}
+		if d.format == fmtLocal {
+			g.dropLocal(d.id.seq)
 		}
 		if out == nil {
 			out = make([]*pb.Entry, i, len(ents))
@@ -994,10 +1032,13 @@ func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 // prefix and the leader continues from there (probe, then replicate).
 const maxHydratedBytes = 8 << 20
 
-// hydrateMessage puts the data back into entries read from the log before
-// they go to a follower.
-func (g *Group) hydrateMessage(m *pb.Message) (*pb.Message, error) {
+// hydrateMessage puts the data back into entries read from the log (or
+// kept beside them) before they go to a follower. The data is not copied
+// into the entries: the entry gets the fmtData prefix and tails[i] the data
+// that follows it on the wire.
+func (g *Group) hydrateMessage(m *pb.Message) (*pb.Message, [][]byte, error) {
 	var ents []*pb.Entry
+	var tails [][]byte
 	hydrated := 0
 	for i, e := range m.GetEntries() {
 		if hydrated >= maxHydratedBytes {
@@ -1006,7 +1047,7 @@ func (g *Group) hydrateMessage(m *pb.Message) (*pb.Message, error) {
 			}
 			break
 		}
-		if !isNormalWithPayload(e) || e.GetData()[0] != fmtElided {
+		if !isNormalWithPayload(e) || (e.GetData()[0] != fmtElided && e.GetData()[0] != fmtLocal) {
 			if ents != nil {
 				ents = append(ents, e)
 			}
@@ -1014,9 +1055,16 @@ func (g *Group) hydrateMessage(m *pb.Message) (*pb.Message, error) {
 		}
 		d, err := decodeEntryData(e.GetData())
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		data, ok := g.cache.get(e.GetIndex(), e.GetTerm())
+		var data []byte
+		ok := false
+		if d.format == fmtLocal {
+			data, ok = g.takeLocal(d.id.seq)
+		}
+		if !ok {
+			data, ok = g.cache.get(e.GetIndex(), e.GetTerm())
+		}
 		lost := false
 		if !ok {
 			g.host.metrics.dataReads.Inc()
@@ -1026,26 +1074,29 @@ func (g *Group) hydrateMessage(m *pb.Message) (*pb.Message, error) {
 				lost, err, data = true, nil, nil
 			}
 			if err != nil {
-				return nil, fmt.Errorf("raft: group %d: ReadData(index %d): %w", g.id, e.GetIndex(), err)
+				return nil, nil, fmt.Errorf("raft: group %d: ReadData(index %d): %w", g.id, e.GetIndex(), err)
 			}
 			if !lost && uint64(len(data)) != d.dataLen {
-				return nil, fmt.Errorf("raft: group %d: ReadData(index %d) returned %d bytes, want %d", g.id, e.GetIndex(), len(data), d.dataLen)
+				return nil, nil, fmt.Errorf("raft: group %d: ReadData(index %d) returned %d bytes, want %d", g.id, e.GetIndex(), len(data), d.dataLen)
 			}
 		}
 		if ents == nil {
 			ents = make([]*pb.Entry, i, len(m.GetEntries()))
 			copy(ents, m.GetEntries()[:i])
+			tails = make([][]byte, len(m.GetEntries()))
 		}
 		hydrated += len(data)
 		typ := e.GetType()
-		payload := hydrate(e.GetData(), d, data)
+		payload := hydratePrefix(e.GetData(), d)
 		if lost {
 			payload = markLost(e.GetData())
+		} else {
+			tails[len(ents)] = data
 		}
 		ents = append(ents, &pb.Entry{Index: proto.Uint64(e.GetIndex()), Term: proto.Uint64(e.GetTerm()), Type: &typ, Data: payload})
 	}
 	if ents == nil {
-		return m, nil
+		return m, nil, nil
 	}
 	// Shallow copy: the entries are new, everything else is shared and
 	// read-only.
@@ -1053,7 +1104,7 @@ func (g *Group) hydrateMessage(m *pb.Message) (*pb.Message, error) {
 		Type: m.Type, To: m.To, From: m.From, Term: m.Term, LogTerm: m.LogTerm,
 		Index: m.Index, Commit: m.Commit, Entries: ents,
 	}
-	return out, nil
+	return out, tails[:len(ents)], nil
 }
 
 // dataCache keeps the data of recent entries so that resends to a follower

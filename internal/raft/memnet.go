@@ -149,11 +149,19 @@ func (t *memTransport) Send(to uint64, msgs []Outgoing) {
 		}
 		c := o
 		if o.Hydrate != nil {
-			m, err := o.Hydrate(o.Msg)
+			m, tails, err := o.Hydrate(o.Msg)
 			if err != nil {
 				continue
 			}
-			c.Msg, c.Hydrate = m, nil
+			c.Msg, c.Hydrate, c.tails = m, nil, tails
+			if tails != nil {
+				// Join each entry with its data, as the wire would.
+				joined := cloneMessage(m)
+				for i, e := range joined.Entries {
+					e.Data = c.wireData(i)
+				}
+				c.Msg, c.tails = joined, nil
+			}
 		}
 		if c.Msg != nil {
 			c.Msg = cloneMessage(c.Msg)

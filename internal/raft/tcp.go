@@ -325,12 +325,12 @@ func hydrateBatch(batch []Outgoing, log *slog.Logger) []Outgoing {
 	out := batch[:0]
 	for _, o := range batch {
 		if o.Hydrate != nil {
-			m, err := o.Hydrate(o.Msg)
+			m, tails, err := o.Hydrate(o.Msg)
 			if err != nil {
 				log.Warn("cannot read entry data for a resend; dropping it", "group", o.Group, "to", o.Msg.GetTo(), "err", err)
 				continue
 			}
-			o.Msg, o.Hydrate = m, nil
+			o.Msg, o.Hydrate, o.tails = m, nil, tails
 		}
 		out = append(out, o)
 	}
@@ -552,7 +552,7 @@ func encodeBatch(f *frameWriter, msgs []Outgoing) int {
 			f.uvarint(uint64(len(m.GetContext())))
 			f.bytes(m.GetContext())
 		case m.GetType() == pb.MsgApp:
-			f.app(m)
+			f.app(m, o.tails)
 		default:
 			f.bytes([]byte{itemRaft})
 			size := proto.Size(m)

@@ -36,7 +36,19 @@ type Outgoing struct {
 	// back the data of entries the log stores without it (ReadData, disk
 	// I/O). Transports call it on the sending side of the one peer it goes
 	// to, so a lagging or dead peer never stalls the store loop.
-	Hydrate func(*pb.Message) (*pb.Message, error)
+	Hydrate func(*pb.Message) (*pb.Message, [][]byte, error)
+	// tails, after Hydrate: tails[i], when set, is the data that follows
+	// Msg.Entries[i].Data on the wire (kept apart so it is never copied).
+	tails [][]byte
+}
+
+// wireData is the payload of entry i as the receiver must see it.
+func (o *Outgoing) wireData(i int) []byte {
+	d := o.Msg.GetEntries()[i].GetData()
+	if o.tails == nil || o.tails[i] == nil {
+		return d
+	}
+	return append(append(make([]byte, 0, len(d)+len(o.tails[i])), d...), o.tails[i]...)
 }
 
 // Handler is the receiving side of a Transport: the Host.
