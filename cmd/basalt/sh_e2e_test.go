@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/basalt-store/basalt/internal/cluster"
+)
+
+// TestShAgainstCluster runs the real binary against an in-process cluster:
+// the happy path, and bad input with clear messages and distinct exit codes.
+func TestShAgainstCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and starts a cluster")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "basalt")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Config{Dir: filepath.Join(dir, "cluster"), HeartbeatInterval: 200 * time.Millisecond,
+		TickInterval: 50 * time.Millisecond, BlockSize: 8 << 20, ContainerSize: 256 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	run := func(stdin []byte, args ...string) (string, string, int) {
+		cmd := exec.Command(bin, append(args, "--meta", c.MetaAddr())...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if stdin != nil {
+			cmd.Stdin = bytes.NewReader(stdin)
+		}
+		err := cmd.Run()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), errb.String(), code
+	}
+	mustOK := func(args ...string) string {
+		out, stderr, code := run(nil, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr)
+		}
+		return out
+	}
+	mustOK("sh", "volume", "create", "/vol1")
+	mustOK("sh", "bucket", "create", "/vol1/bucket1")
+	data := bytes.Repeat([]byte("basalt "), 300000) // 2.1 MB
+	src := filepath.Join(dir, "src")
+	os.WriteFile(src, data, 0o644)
+	mustOK("sh", "key", "put", "/vol1/bucket1/dir/k1", src)
+	dst := filepath.Join(dir, "dst")
+	mustOK("sh", "key", "get", "/vol1/bucket1/dir/k1", dst)
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, data) {
+		t.Fatal("key get returned different bytes")
+	}
+	if out := mustOK("sh", "key", "ls", "/vol1/bucket1", "--prefix", "dir/"); !strings.Contains(out, "dir/k1") {
+		t.Fatalf("key ls: %s", out)
+	}
+	if out := mustOK("sh", "key", "info", "/vol1/bucket1/dir/k1", "--json"); !strings.Contains(out, "replicas") {
+		t.Fatalf("key info --json: %s", out)
+	}
+	mustOK("sh", "key", "mv", "/vol1/bucket1/dir/k1", "dir/k2")
+
+	for _, tc := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"sh", "key", "get", "/vol1/nobucket/k", filepath.Join(dir, "x")}, 3, "nobucket"},
+		{[]string{"sh", "key", "get", "/vol1/bucket1/missing", filepath.Join(dir, "x")}, 3, "missing"},
+		{[]string{"sh", "key", "cat", "/novol/bucket1/k"}, 3, "novol"},
+		{[]string{"sh", "bucket", "create", "/vol1/Bad_Name"}, 5, "Bad_Name"},
+		{[]string{"sh", "volume", "create", "/vol1"}, 4, "vol1"},
+		{[]string{"sh", "volume", "delete", "/vol1"}, 1, "vol1"},
+		{[]string{"sh", "key", "put", "/vol1", src}, 2, "/vol1"},
+	} {
+		_, stderr, code := run(nil, tc.args...)
+		if code != tc.code || !strings.Contains(stderr, tc.msg) {
+			t.Errorf("%v: exit %d (want %d), stderr %q (want it to name %q)", tc.args, code, tc.code, stderr, tc.msg)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "x")); err == nil {
+		t.Error("a failed key get left a file behind")
+	}
+}
