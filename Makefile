@@ -25,3 +25,9 @@ bench-raft:
 
 clean:
 	rm -rf bin
+
+# V1 vs V2 write throughput on network namespaces with capped links, then on
+# loopback (root; ~4 minutes; knobs: RATE, KEYS, SIZE, THREADS, OUT).
+.PHONY: bench-net
+bench-net:
+	GO=$(GO) BIN=$(BIN) ./scripts/bench-net.sh

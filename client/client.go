@@ -25,12 +25,20 @@ const (
 	DefaultRPCTimeout        = 60 * time.Second
 	DefaultMaxBlockRetries   = 5
 	DefaultMaxMsgBytes       = 64 << 20
+	// DefaultStreamThreshold is where auto switches from V1 to V2: seed
+	// 000 keeps writes smaller than a chunk on V1, where one request does
+	// what a stream needs a dial, a close and a sync on every datanode for.
+	DefaultStreamThreshold = 4 << 20
+	DefaultStreamTimeout   = 10 * time.Second
 
 	// MaxChunkSize keeps one WriteChunk well under the message limit.
 	MaxChunkSize = 32 << 20
 	// MaxInflightChunksLimit bounds the concurrent WriteChunk calls of one
 	// key.
 	MaxInflightChunksLimit = 64
+	// MaxStreamThreshold bounds StreamThreshold, which is also the size of
+	// the look-ahead buffer an auto PutKey reads before choosing a path.
+	MaxStreamThreshold = 64 << 20
 	// maxListAll bounds the entries the List* helpers collect in memory.
 	maxListAll = 1_000_000
 )
@@ -78,6 +86,23 @@ type Config struct {
 	// MetaCallTimeout bounds one metadata call including retries (default
 	// 30s, see metaclient).
 	MetaCallTimeout time.Duration
+	// Pipeline is the write path of PutKeys that do not choose one
+	// (default PipelineAuto).
+	Pipeline Pipeline
+	// StreamThreshold: with PipelineAuto, keys shorter than this go
+	// through V1, longer ones through V2 (default 4 MiB or MaxBufferBytes
+	// if smaller; at most MaxStreamThreshold and MaxBufferBytes). PutKey
+	// reads up to this many bytes ahead to decide, so the size need not be
+	// known.
+	StreamThreshold int64
+	// StreamTimeout is the stall timeout of a V2 stream: a datanode that
+	// makes no progress for this long is named and excluded (default 10s).
+	StreamTimeout time.Duration
+	// OnStream, if set, is called on the writing goroutine each time a V2
+	// stream opens, before data goes to it: for tracing routes, and for
+	// tests that fail a datanode at a chosen position of the chain. It
+	// must not block.
+	OnStream func(StreamInfo)
 	// DialOptions are added to the datanode and meta connections.
 	DialOptions []grpc.DialOption
 	// Logger receives retries, exclusions and corruption reports (default
@@ -143,6 +168,28 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxMsgBytes < c.ChunkSize+(1<<20) {
 		return fmt.Errorf("client: MaxMsgBytes %d must exceed ChunkSize %d by at least 1 MiB", c.MaxMsgBytes, c.ChunkSize)
+	}
+	switch c.Pipeline {
+	case PipelineDefault:
+		c.Pipeline = PipelineAuto
+	case PipelineAuto, PipelineV1, PipelineV2:
+	default:
+		return fmt.Errorf("client: Pipeline %d: want auto, v1 or v2", c.Pipeline)
+	}
+	// The look-ahead counts against the buffer bound: the data read but
+	// not committed stays within MaxBufferBytes (plus a chunk) on both
+	// paths.
+	if c.StreamThreshold == 0 {
+		c.StreamThreshold = min(DefaultStreamThreshold, c.MaxBufferBytes)
+	}
+	if hi := min(MaxStreamThreshold, c.MaxBufferBytes); c.StreamThreshold < 1 || c.StreamThreshold > hi {
+		return fmt.Errorf("client: StreamThreshold %d outside [1, %d] (at most MaxStreamThreshold and MaxBufferBytes)", c.StreamThreshold, hi)
+	}
+	if c.StreamTimeout == 0 {
+		c.StreamTimeout = DefaultStreamTimeout
+	}
+	if c.StreamTimeout < 0 {
+		return fmt.Errorf("client: StreamTimeout %v is negative", c.StreamTimeout)
 	}
 	if c.MetaCallTimeout == 0 {
 		c.MetaCallTimeout = 30 * time.Second
@@ -277,6 +324,52 @@ func ParseReplication(s string) (Replication, error) {
 		return ReplicationThree, nil
 	}
 	return 0, invalidf("parse replication", "replication %q: want 1 or 3 (ONE or THREE)", s)
+}
+
+// Pipeline is a write path (seed 000).
+type Pipeline uint8
+
+const (
+	// PipelineDefault: for PutOptions, the client's Config.Pipeline; for
+	// Config, PipelineAuto.
+	PipelineDefault Pipeline = iota
+	// PipelineAuto: V1 for keys shorter than Config.StreamThreshold, V2
+	// for the rest (V1 also when the datanodes serve no streams).
+	PipelineAuto
+	// PipelineV1: chunks through the pipeline's Raft leader.
+	PipelineV1
+	// PipelineV2: a stream through the chain of datanodes, nearest first,
+	// then one PutBlock through Raft per segment.
+	PipelineV2
+)
+
+func (p Pipeline) String() string {
+	switch p {
+	case PipelineDefault:
+		return "default"
+	case PipelineAuto:
+		return "auto"
+	case PipelineV1:
+		return "v1"
+	case PipelineV2:
+		return "v2"
+	}
+	return fmt.Sprintf("Pipeline(%d)", uint8(p))
+}
+
+// ParsePipeline accepts "auto", "v1", "v2" (any case) and "" (default).
+func ParsePipeline(s string) (Pipeline, error) {
+	switch s {
+	case "":
+		return PipelineDefault, nil
+	case "auto", "AUTO":
+		return PipelineAuto, nil
+	case "v1", "V1":
+		return PipelineV1, nil
+	case "v2", "V2":
+		return PipelineV2, nil
+	}
+	return 0, invalidf("parse pipeline", "pipeline %q: want auto, v1 or v2", s)
 }
 
 // Layout is a bucket's layout.

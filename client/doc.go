@@ -1,5 +1,6 @@
 // Package client is the Go client of Basalt: volumes, buckets and keys,
-// with the V1 write path (chunks through a pipeline's Raft leader) and
+// with both write paths of seed 000 (V1: chunks through a pipeline's Raft
+// leader; V2: a stream through the chain of datanodes) and
 // replica-failover reads.
 //
 // # Writes
@@ -23,6 +24,26 @@
 // The failed block keeps the length last committed on all replicas and is
 // never extended. At most Config.MaxBlockRetries blocks are re-allocated
 // per key.
+//
+// # V2 (streaming) writes
+//
+// Keys of at least Config.StreamThreshold bytes (4 MiB) go through V2
+// unless PutOptions.Pipeline or Config.Pipeline says otherwise; PutKey
+// reads that much ahead to decide, so callers need not know the size. Per
+// block the client orders the block's datanodes nearest to
+// Config.Location first (stream.Route), opens a stream to the first
+// (stream.Dial; each datanode forwards to the next), sends the data from
+// the same bounded buffer pool as V1, closes the stream (every datanode
+// synced) and commits with one PutBlock (wait_all) through the pipeline's
+// leader, found as in V1. A block longer than the buffer pool is written in
+// segments of the pool's size, each a stream extending the block from its
+// committed length and a PutBlock: uncommitted data must stay in the
+// client's memory for a resend, because a failed stream discards its
+// partial block on every datanode. A failed stream names the datanode at
+// fault; it is excluded (a refused pipeline or container likewise) and the
+// segment is resent to a new block, within the same MaxBlockRetries budget
+// as V1. Both paths store the same blocks, chunk lists and checksums, so a
+// reader cannot tell them apart.
 //
 // # Reads
 //

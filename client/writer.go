@@ -30,15 +30,49 @@ type PutOptions struct {
 	// Progress, if set, is called on the calling goroutine with the total
 	// bytes read from the reader so far.
 	Progress func(read int64)
+	// BeforeCommit, if set, is called once the data is on every replica,
+	// just before the key is committed. Gateways use it to add what only
+	// the data decides (an S3 ETag, attributes, a multipart part) to the
+	// commit, or to refuse it: an error is returned by PutKey and the key
+	// stays uncommitted (its open key expires).
+	BeforeCommit func(req *metapb.CommitKeyRequest) error
+	// Pipeline overrides Config.Pipeline for this key.
+	Pipeline Pipeline
 }
 
 // PutKey writes a key from r, read to EOF, and commits it (replacing any
 // key of that name atomically). Nothing is visible until it returns
 // without error; on error the key is unchanged.
+//
+// The write path is o.Pipeline, else Config.Pipeline. With PipelineAuto,
+// PutKey first reads up to Config.StreamThreshold bytes: a key that ends
+// before that goes through V1, a longer one through V2.
 func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Reader, o PutOptions) (KeyInfo, error) {
 	op := "put key " + keyPath(volume, bucket, key)
 	if o.SizeHint < 0 {
 		return KeyInfo{}, invalidf(op, "size hint %d is negative", o.SizeHint)
+	}
+	path := o.Pipeline
+	switch path {
+	case PipelineDefault:
+		path = c.cfg.Pipeline
+	case PipelineAuto, PipelineV1, PipelineV2:
+	default:
+		return KeyInfo{}, invalidf(op, "pipeline %d: want auto, v1 or v2", o.Pipeline)
+	}
+	auto := path == PipelineAuto
+	if auto {
+		pr, short, err := c.peek(ctx, r)
+		if err != nil {
+			return KeyInfo{}, fmt.Errorf("%s: %w", op, err)
+		}
+		defer pr.release()
+		r = pr
+		path = PipelineV2
+		if short {
+			path = PipelineV1
+			o.SizeHint = int64(len(pr.data))
+		}
 	}
 	open, err := c.ns.OpenKey(ctx, &metapb.OpenKeyRequest{
 		Volume: volume, Bucket: bucket, Key: key, SizeHint: uint64(o.SizeHint),
@@ -55,16 +89,147 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	if bs < int64(c.cfg.ChunkSize) {
 		return KeyInfo{}, &Error{Op: op, Code: codes.Internal, Msg: fmt.Sprintf("server block size %d is smaller than the chunk size %d", open.BlockSize, c.cfg.ChunkSize), kind: ErrPrecondition}
 	}
-	w := newKeyWriter(ctx, c, op, open, bs, o.Progress)
-	defer w.cancel()
-	if err := w.run(r); err != nil {
-		return KeyInfo{}, err
+	// Auto never fails a write for want of streams: datanodes that predate
+	// V2 (no stream address) still take V1. An explicit v2 reports them.
+	if auto && path == PipelineV2 && !streamable(open.Blocks) {
+		path = PipelineV1
 	}
-	ki, err := c.ns.CommitKey(ctx, &metapb.CommitKeyRequest{OpenId: open.OpenId, Blocks: w.committed})
+	blocks := &blockSource{c: c, op: op, openID: open.OpenId, spares: open.Blocks}
+	var committed []*metapb.KeyBlock
+	if path == PipelineV2 {
+		w := newStreamWriter(ctx, c, op, blocks, bs, o.Progress)
+		if err := w.run(r); err != nil {
+			return KeyInfo{}, err
+		}
+		committed = w.committed
+	} else {
+		w := newKeyWriter(ctx, c, op, blocks, bs, o.Progress)
+		defer w.cancel()
+		if err := w.run(r); err != nil {
+			return KeyInfo{}, err
+		}
+		committed = w.committed
+	}
+	commit := &metapb.CommitKeyRequest{OpenId: open.OpenId, Blocks: committed}
+	if o.BeforeCommit != nil {
+		if err := o.BeforeCommit(commit); err != nil {
+			return KeyInfo{}, fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	ki, err := c.ns.CommitKey(ctx, commit)
 	if err != nil {
 		return KeyInfo{}, wrapErr(op, err)
 	}
-	return keyInfoOf(ki), nil
+	info := keyInfoOf(ki)
+	info.Pipeline = path.String()
+	return info, nil
+}
+
+// peek reads up to StreamThreshold bytes of r into a pooled buffer and
+// returns a reader that yields them and then the rest of r; short says r
+// ended before the threshold (so the whole key is in the buffer).
+func (c *Client) peek(ctx context.Context, r io.Reader) (pr *prefixReader, short bool, err error) {
+	buf, err := newBufPool(int(c.cfg.StreamThreshold), 1).get(ctx, nil)
+	if err != nil {
+		return nil, false, err
+	}
+	n, err := io.ReadFull(r, buf.data)
+	switch {
+	case err == io.EOF || err == io.ErrUnexpectedEOF:
+		// Do not read r again: the key is complete.
+		return &prefixReader{buf: buf, data: buf.data[:n], r: eofReader{}}, true, nil
+	case err != nil:
+		buf.unref()
+		return nil, false, fmt.Errorf("reading the data at offset %d: %w", n, err)
+	}
+	return &prefixReader{buf: buf, data: buf.data[:n], r: r}, false, nil
+}
+
+// prefixReader yields data, then r. It returns its buffer to the pool as
+// soon as the prefix has been read, so a long V2 write does not hold it.
+type prefixReader struct {
+	buf  *buffer
+	data []byte
+	r    io.Reader
+}
+
+func (p *prefixReader) Read(b []byte) (int, error) {
+	if p.buf == nil {
+		return p.r.Read(b)
+	}
+	n := copy(b, p.data)
+	p.data = p.data[n:]
+	if len(p.data) == 0 {
+		p.release()
+	}
+	return n, nil
+}
+
+// release returns the buffer if the prefix was not read to its end.
+func (p *prefixReader) release() {
+	if p.buf != nil {
+		p.buf.unref()
+		p.buf, p.data = nil, nil
+	}
+}
+
+type eofReader struct{}
+
+func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
+
+// blockSource hands a key's writer its blocks: the pre-allocated ones that
+// avoid the exclude list, then new ones from AllocateBlock. It also keeps
+// the key's retry budget: both write paths retry the same way.
+type blockSource struct {
+	c       *Client
+	op      string
+	openID  uint64
+	spares  []*metapb.BlockLocation // allocated, not yet used
+	exclude excludeList
+	retries int
+}
+
+// next returns the next block to write.
+func (s *blockSource) next(ctx context.Context) (*metapb.BlockLocation, error) {
+	for len(s.spares) > 0 {
+		b := s.spares[0]
+		s.spares = s.spares[1:]
+		if !s.exclude.excludes(b) && len(b.Datanodes) > 0 {
+			return b, nil
+		}
+	}
+	r, err := s.c.ns.AllocateBlock(ctx, &metapb.AllocateBlockRequest{OpenId: s.openID, Exclude: s.exclude.proto(), ClientLocation: s.c.cfg.Location})
+	if err != nil {
+		e := wrapErr(s.op, err)
+		if !s.exclude.empty() {
+			e = fmt.Errorf("%w (allocating a block excluding %s after %d failures)", e, &s.exclude, s.retries)
+		}
+		return nil, e
+	}
+	if len(r.GetBlock().GetDatanodes()) == 0 {
+		return nil, &Error{Op: s.op, Code: codes.Internal, Msg: fmt.Sprintf("allocated block %v has no datanodes", r.GetBlock().GetId()), kind: ErrUnavailable}
+	}
+	return r.Block, nil
+}
+
+// failed takes one retry for f: it returns the error to give up with (f
+// is fatal, ctx ended, or the retries are spent), else records what f
+// implicates in the exclude list.
+func (s *blockSource) failed(ctx context.Context, f *failure) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%s: %w", s.op, ctx.Err())
+	}
+	if f.fatal {
+		return wrapErr(s.op, f.err)
+	}
+	s.retries++
+	s.exclude.apply(f)
+	if s.retries > s.c.cfg.MaxBlockRetries {
+		return &Error{Op: s.op, Code: codes.Unavailable, kind: ErrWriteFailed,
+			Msg: fmt.Sprintf("gave up after %d block re-allocations (excluded %s); last failure: %v", s.c.cfg.MaxBlockRetries, &s.exclude, f.err)}
+	}
+	s.c.log.Warn("basalt client: write failed; retrying on a new block", "key", s.op, "attempt", s.retries, "err", f.err, "exclude", s.exclude.String())
+	return nil
 }
 
 // failure is a classified write failure: what to exclude, or fatal.
@@ -157,16 +322,13 @@ type keyWriter struct {
 	ctx       context.Context
 	cancel    context.CancelFunc
 	op        string
-	openID    uint64
 	blockSize int64
 	cks       storage.Checksum
 	pool      *bufPool
 	sem       chan struct{}
 	progress  func(int64)
 
-	spares  []*metapb.BlockLocation // allocated, not yet used
-	exclude excludeList
-	retries int
+	blocks  *blockSource
 	cur     *blockState
 	unflush []*chunk // chunks of cur since its last flush request
 
@@ -184,14 +346,14 @@ type keyWriter struct {
 	committed []*metapb.KeyBlock // committer (and recovery) only
 }
 
-func newKeyWriter(ctx context.Context, c *Client, op string, open *metapb.OpenKeyResponse, blockSize int64, progress func(int64)) *keyWriter {
+func newKeyWriter(ctx context.Context, c *Client, op string, blocks *blockSource, blockSize int64, progress func(int64)) *keyWriter {
 	ctx, cancel := context.WithCancel(ctx)
 	n := int(c.cfg.MaxBufferBytes / int64(c.cfg.ChunkSize))
 	return &keyWriter{
-		c: c, ctx: ctx, cancel: cancel, op: op, openID: open.OpenId, blockSize: blockSize,
+		c: c, ctx: ctx, cancel: cancel, op: op, blockSize: blockSize,
 		cks:  storage.Checksum{Type: storage.ChecksumCRC32C, BytesPerChecksum: c.cfg.BytesPerChecksum},
 		pool: newBufPool(c.cfg.ChunkSize, n), sem: make(chan struct{}, c.cfg.MaxInflightChunks),
-		progress: progress, spares: open.Blocks,
+		progress: progress, blocks: blocks,
 	}
 }
 
@@ -447,29 +609,13 @@ func (w *keyWriter) putBlock(req *flushReq) error {
 	return nil
 }
 
-// nextBlock makes the next pre-allocated block that avoids the exclude
-// list current, or allocates one.
+// nextBlock makes the next block current.
 func (w *keyWriter) nextBlock() error {
-	for len(w.spares) > 0 {
-		b := w.spares[0]
-		w.spares = w.spares[1:]
-		if !w.exclude.excludes(b) && len(b.Datanodes) > 0 {
-			w.cur = &blockState{loc: b}
-			return nil
-		}
-	}
-	r, err := w.c.ns.AllocateBlock(w.ctx, &metapb.AllocateBlockRequest{OpenId: w.openID, Exclude: w.exclude.proto(), ClientLocation: w.c.cfg.Location})
+	loc, err := w.blocks.next(w.ctx)
 	if err != nil {
-		e := wrapErr(w.op, err)
-		if !w.exclude.empty() {
-			e = fmt.Errorf("%w (allocating a block excluding %s after %d failures)", e, &w.exclude, w.retries)
-		}
-		return e
+		return err
 	}
-	if len(r.GetBlock().GetDatanodes()) == 0 {
-		return &Error{Op: w.op, Code: codes.Internal, Msg: fmt.Sprintf("allocated block %v has no datanodes", r.GetBlock().GetId()), kind: ErrUnavailable}
-	}
-	w.cur = &blockState{loc: r.Block}
+	w.cur = &blockState{loc: loc}
 	return nil
 }
 
@@ -483,21 +629,10 @@ func (w *keyWriter) recover() error {
 		w.start()
 		return nil
 	}
-	if f.fatal || w.ctx.Err() != nil {
+	if err := w.blocks.failed(w.ctx, f); err != nil {
 		w.releasePending()
-		if w.ctx.Err() != nil {
-			return fmt.Errorf("%s: %w", w.op, w.ctx.Err())
-		}
-		return wrapErr(w.op, f.err)
+		return err
 	}
-	w.retries++
-	w.exclude.apply(f)
-	if w.retries > w.c.cfg.MaxBlockRetries {
-		w.releasePending()
-		return &Error{Op: w.op, Code: codes.Unavailable, kind: ErrWriteFailed,
-			Msg: fmt.Sprintf("gave up after %d block re-allocations (excluded %s); last failure: %v", w.c.cfg.MaxBlockRetries, &w.exclude, f.err)}
-	}
-	w.c.log.Warn("basalt client: write failed; retrying on a new block", "key", w.op, "attempt", w.retries, "err", f.err, "exclude", w.exclude.String())
 
 	pending := w.pending
 	w.pending = nil

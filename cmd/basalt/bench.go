@@ -58,7 +58,7 @@ Examples:
 		Use: "write", Short: "Write N keys of --size bytes with T threads",
 		RunE: runE(func(cmd *cobra.Command, args []string) error { return o.run(cmd, f, "write", args) }),
 	}
-	write.Flags().StringVar(&o.pipeline, "pipeline", "auto", "write path: v1, v2 or auto (v2 is not available yet; auto uses v1)")
+	write.Flags().StringVar(&o.pipeline, "pipeline", "auto", "write path: v1 (Raft), v2 (streaming chain) or auto (v1 below 4 MiB, else v2)")
 	read := &cobra.Command{
 		Use: "read", Short: "Read back the keys of a previous write run (same --prefix, -n, --size)",
 		RunE: runE(func(cmd *cobra.Command, args []string) error { return o.run(cmd, f, "read", args) }),
@@ -154,6 +154,7 @@ func (p *pattern) digest(key int, size int64) [32]byte {
 
 type benchResult struct {
 	Phase       string  `json:"phase"`
+	Pipeline    string  `json:"pipeline,omitempty"` // write: the path asked for (auto, v1, v2)
 	Ops         int     `json:"ops"`
 	Errors      int     `json:"errors"`
 	Bytes       int64   `json:"bytes"`
@@ -189,11 +190,8 @@ func (o *benchOpts) run(cmd *cobra.Command, f *connFlags, mode string, args []st
 	if err != nil {
 		return usagef("--replication: %v", err)
 	}
-	switch o.pipeline {
-	case "", "auto", "v1":
-	case "v2":
-		return errors.New("--pipeline v2: the streaming write path is not implemented yet; use v1 or auto")
-	default:
+	pipeline, err := client.ParsePipeline(o.pipeline)
+	if err != nil {
 		return usagef("--pipeline %q: want v1, v2 or auto", o.pipeline)
 	}
 	if mode == "meta" && o.metaOp != "create" && o.metaOp != "lookup" {
@@ -234,7 +232,7 @@ func (o *benchOpts) run(cmd *cobra.Command, f *connFlags, mode string, args []st
 	switch mode {
 	case "write":
 		op = func(i int) (int64, error) {
-			ki, err := c.PutKey(ctx, o.volume, o.bucket, key(i), pat.reader(i, o.size), client.PutOptions{SizeHint: o.size, Replication: repl})
+			ki, err := c.PutKey(ctx, o.volume, o.bucket, key(i), pat.reader(i, o.size), client.PutOptions{SizeHint: o.size, Replication: repl, Pipeline: pipeline})
 			return int64(ki.Size), err
 		}
 	case "read":
@@ -243,7 +241,7 @@ func (o *benchOpts) run(cmd *cobra.Command, f *connFlags, mode string, args []st
 		label, unit, total = "meta "+o.metaOp, "ops", int64(o.keys)
 		if o.metaOp == "create" {
 			op = func(i int) (int64, error) {
-				_, err := c.PutKey(ctx, o.volume, o.bucket, key(i), bytes.NewReader(nil), client.PutOptions{Replication: repl})
+				_, err := c.PutKey(ctx, o.volume, o.bucket, key(i), bytes.NewReader(nil), client.PutOptions{Replication: repl, Pipeline: pipeline})
 				return 0, err
 			}
 		} else {
@@ -263,6 +261,12 @@ func (o *benchOpts) run(cmd *cobra.Command, f *connFlags, mode string, args []st
 			}
 		} else {
 			fmt.Fprintln(os.Stderr, "basalt: server CPU:", err)
+		}
+	}
+	if mode == "write" {
+		res.Pipeline = pipeline.String()
+		if pipeline == client.PipelineDefault {
+			res.Pipeline = client.PipelineAuto.String()
 		}
 	}
 	results = append(results, res)

@@ -174,7 +174,7 @@ func shBucketCmd(f *connFlags) *cobra.Command {
 
 func shKeyCmd(f *connFlags, progressOn func() bool) *cobra.Command {
 	cmd := &cobra.Command{Use: "key", Short: "Put, get, list, inspect, rename and delete keys"}
-	var repl string
+	var repl, pipeline string
 	put := &cobra.Command{
 		Use: "put /volume/bucket/key FILE", Short: `Write a key from FILE ("-" = stdin)`,
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
@@ -184,6 +184,10 @@ func shKeyCmd(f *connFlags, progressOn func() bool) *cobra.Command {
 			r, err := client.ParseReplication(repl)
 			if err != nil {
 				return usagef("--replication: %v", err)
+			}
+			pl, err := client.ParsePipeline(pipeline)
+			if err != nil {
+				return usagef("--pipeline %q: want v1, v2 or auto", pipeline)
 			}
 			p, err := parsePath(args[0], depthKey)
 			if err != nil {
@@ -209,7 +213,7 @@ func shKeyCmd(f *connFlags, progressOn func() bool) *cobra.Command {
 			defer c.Close()
 			bar := newProgress(progressOn(), "put "+p.String(), size, "bytes")
 			ki, err := c.PutKey(cmd.Context(), p.Volume, p.Bucket, p.Key, in, client.PutOptions{
-				SizeHint: max(size, 0), Replication: r, Progress: bar.set})
+				SizeHint: max(size, 0), Replication: r, Pipeline: pl, Progress: bar.set})
 			bar.finish()
 			if err != nil {
 				return err
@@ -217,11 +221,12 @@ func shKeyCmd(f *connFlags, progressOn func() bool) *cobra.Command {
 			if f.json {
 				return printJSON(cmd.OutOrStdout(), ki)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "put %s: %d bytes in %d block(s)\n", p, ki.Size, len(ki.Blocks))
+			fmt.Fprintf(cmd.OutOrStdout(), "put %s: %d bytes in %d block(s) via %s\n", p, ki.Size, len(ki.Blocks), ki.Pipeline)
 			return nil
 		}),
 	}
 	put.Flags().StringVar(&repl, "replication", "", "replication factor 3 or 1 (default: the bucket's)")
+	put.Flags().StringVar(&pipeline, "pipeline", "auto", "write path: v1 (Raft), v2 (streaming chain) or auto (v1 below 4 MiB, else v2)")
 
 	get := &cobra.Command{
 		Use: "get /volume/bucket/key FILE", Short: `Read a key into FILE ("-" = stdout)`,

@@ -82,11 +82,16 @@ func TestRawV1WriteAndRead(t *testing.T) {
 			if err == nil {
 				break
 			}
-			leader := leaderHint(err)
-			if leader == "" || attempt > 5 {
+			if attempt > 200 {
 				t.Fatalf("WriteChunk at %d: %v", off, err)
 			}
-			addr = leader
+			if leader := leaderHint(err); leader != "" {
+				addr = leader
+				continue
+			}
+			// No leader yet (the pipeline is electing): try the next member.
+			time.Sleep(25 * time.Millisecond)
+			addr = blk.GetDatanodes()[attempt%len(blk.GetDatanodes())].GetDataAddr()
 		}
 		bd.Chunks = append(bd.Chunks, ci)
 		bd.Length += ci.Length

@@ -215,7 +215,9 @@ func TestDatanodeKilledMidWrite(t *testing.T) {
 		t.Logf("stopping datanode %d (had written %d chunks)", best+1, bestN)
 		go c.StopDatanode(best)
 	}}
-	ki, err := cl.PutKey(context.Background(), "vol", "bkt", "big", kr, client.PutOptions{})
+	// V1: the victim is picked by its V1 chunk counter (V2's equivalent is
+	// TestV2DatanodeKilledMidStream).
+	ki, err := cl.PutKey(context.Background(), "vol", "bkt", "big", kr, client.PutOptions{Pipeline: client.PipelineV1})
 	if err != nil {
 		t.Fatalf("put with a datanode killed mid-write: %v", err)
 	}

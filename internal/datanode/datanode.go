@@ -517,8 +517,7 @@ func (d *Datanode) execute(cmd *metapb.DatanodeCommand) error {
 		for i, l := range del.GetLocalIds() {
 			lids[i] = storage.LocalID(l)
 		}
-		err := d.store.DeleteBlocks(storage.ContainerID(del.GetContainerId()), lids)
-		if err != nil && !errors.Is(err, storage.ErrContainerNotFound) {
+		if err := d.deleteBlocks(storage.ContainerID(del.GetContainerId()), lids); err != nil {
 			return err
 		}
 		d.mu.Lock()
@@ -614,3 +613,27 @@ func (d *Datanode) IsPipelineLeader(pipeline uint64) bool {
 // ChunksWritten counts the chunks this datanode stored (every replica
 // counts its own), for tests and Info.
 func (d *Datanode) ChunksWritten() uint64 { return d.stats.chunksWritten.Load() }
+
+// deleteBlocks carries out a delete-blocks command. Blocks that were
+// allocated but never committed here (an abandoned write, a spare block)
+// are not "not found" errors: their uncommitted data, if any, is
+// discarded, and the command counts as done, so SCM stops resending it.
+func (d *Datanode) deleteBlocks(cid storage.ContainerID, lids []storage.LocalID) error {
+	err := d.store.DeleteBlocks(cid, lids)
+	switch {
+	case err == nil, errors.Is(err, storage.ErrContainerNotFound):
+		return nil
+	case !errors.Is(err, storage.ErrBlockNotFound):
+		return err
+	}
+	for _, lid := range lids {
+		err := d.store.DeleteBlocks(cid, []storage.LocalID{lid})
+		if errors.Is(err, storage.ErrBlockNotFound) {
+			err = d.store.AbortBlock(cid, lid)
+		}
+		if err != nil && !errors.Is(err, storage.ErrBlockNotFound) && !errors.Is(err, storage.ErrContainerNotFound) {
+			return err
+		}
+	}
+	return nil
+}

@@ -702,18 +702,34 @@ func (m *Manager) AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocks
 	if repl != metapb.Replication_ONE && repl != metapb.Replication_THREE {
 		return nil, status.Errorf(codes.InvalidArgument, "allocate blocks: replication %v, want ONE or THREE", repl)
 	}
-	m.mu.Lock()
-	if !m.syncLeadership() {
-		m.mu.Unlock()
-		return nil, notLeader()
-	}
-	m.updateSafeMode()
-	if m.safeMode {
+	// A leader that just took over is in safe mode until datanodes
+	// heartbeat to it, which they do within a heartbeat interval: wait for
+	// that (bounded) rather than fail every write during a failover.
+	var deadline time.Time // real time, set on the first look
+	for {
+		m.mu.Lock()
+		if !m.syncLeadership() {
+			m.mu.Unlock()
+			return nil, notLeader()
+		}
+		m.updateSafeMode()
+		if !m.safeMode {
+			m.mu.Unlock()
+			break
+		}
 		h := m.heardCount()
+		if deadline.IsZero() {
+			deadline = time.Now().Add(m.since.Add(2 * m.cfg.HeartbeatInterval).Sub(m.cfg.Now()))
+		}
 		m.mu.Unlock()
-		return nil, status.Errorf(codes.FailedPrecondition, "scm: in safe mode: %d of %d datanodes reported", h, m.cfg.SafeModeMinDatanodes)
+		if !time.Now().Before(deadline) || ctx.Err() != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "scm: in safe mode: %d of %d datanodes reported", h, m.cfg.SafeModeMinDatanodes)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	m.mu.Unlock()
 	first, err := m.nextLocalID(ctx, uint64(req.Count))
 	if err != nil {
 		return nil, err

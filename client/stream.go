@@ -1,0 +1,390 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/stream"
+)
+
+// StreamInfo describes a V2 stream as it opens (Config.OnStream).
+type StreamInfo struct {
+	ContainerID, LocalID uint64
+	PipelineID           uint64
+	// Offset is where the stream starts in the block: 0, or the length
+	// already committed when a block is extended segment by segment.
+	Offset uint64
+	// Route is the chain of datanode IDs, nearest to Config.Location
+	// first: the client sends to Route[0], which forwards to Route[1], ...
+	Route []uint64
+}
+
+// streamable reports whether every datanode of the key's first block
+// serves V2 streams.
+func streamable(blocks []*metapb.BlockLocation) bool {
+	if len(blocks) == 0 {
+		return false
+	}
+	for _, d := range blocks[0].GetDatanodes() {
+		if d.GetStreamAddr() == "" {
+			return false
+		}
+	}
+	return true
+}
+
+// streamPacketSize picks the stream's packet payload: the stream default
+// (1 MiB) when it divides the chunk, else the largest divisor of the chunk
+// that is a whole number of checksum windows and fits a packet. A chunk is
+// a whole number of packets so that the stream's chunk list cuts the block
+// exactly where V1's WriteChunks would.
+func streamPacketSize(chunk, bpc int) int {
+	if chunk%stream.DefaultPacketSize == 0 && stream.DefaultPacketSize%bpc == 0 {
+		return stream.DefaultPacketSize
+	}
+	for k := 1; ; k++ {
+		if p := chunk / k; chunk%k == 0 && p%bpc == 0 && p <= stream.MaxPacketSize {
+			return p
+		}
+	}
+}
+
+// piece is read data waiting to be committed: a slice of a pooled buffer.
+type piece struct {
+	buf  *buffer
+	data []byte
+}
+
+// streamBlock is the block a V2 writer is filling.
+type streamBlock struct {
+	loc   *metapb.BlockLocation
+	route []stream.Target
+	// length and chunks are what every replica committed (PutBlock with
+	// wait_all returned); a new segment's stream starts at length.
+	length int64
+	chunks []*datanodepb.ChunkInfo
+}
+
+// streamWriter is one PutKey on the V2 path (seed 000, Ozone's
+// BlockDataStreamOutput). It runs on the caller's goroutine:
+//
+//	read a chunk into a pooled buffer → stream.Writer.Write (the chain
+//	acks it, bounded by the stream's window) → … → at the segment's end
+//	Close (every datanode synced) → PutBlock wait_all through the
+//	pipeline's leader → release the segment's buffers.
+//
+// A segment is what the buffer pool holds (Config.MaxBufferBytes, whole
+// chunks) or the rest of the block, whichever is smaller: until PutBlock
+// commits it, a segment's data exists on no replica for certain (a failed
+// stream discards its partial block everywhere), so the client must keep
+// it to resend. A block longer than a segment is extended by the next
+// segment's stream from its committed length.
+//
+// On a failure the stream is aborted, the datanode it names (or the
+// pipeline or container) goes on the key's exclude list, the block keeps
+// the length last committed on all its replicas, and the segment is
+// written again from the buffers to a new block; at most
+// Config.MaxBlockRetries times per key, as in V1.
+type streamWriter struct {
+	c         *Client
+	ctx       context.Context
+	op        string
+	blocks    *blockSource
+	blockSize int64
+	segMax    int64
+	pool      *bufPool
+	opts      stream.Options
+	progress  func(int64)
+
+	cur    *streamBlock
+	w      *stream.Writer // open on cur; nil between segments
+	seg    []piece        // the segment's data, uncommitted, in order
+	segLen int64
+
+	committed []*metapb.KeyBlock
+}
+
+func newStreamWriter(ctx context.Context, c *Client, op string, blocks *blockSource, blockSize int64, progress func(int64)) *streamWriter {
+	n := c.cfg.MaxBufferBytes / int64(c.cfg.ChunkSize)
+	return &streamWriter{
+		c: c, ctx: ctx, op: op, blocks: blocks, blockSize: blockSize,
+		segMax: n * int64(c.cfg.ChunkSize), pool: newBufPool(c.cfg.ChunkSize, int(n)), progress: progress,
+		opts: stream.Options{
+			PacketSize: streamPacketSize(c.cfg.ChunkSize, c.cfg.BytesPerChecksum), ChunkSize: c.cfg.ChunkSize,
+			BytesPerChecksum: c.cfg.BytesPerChecksum, Timeout: c.cfg.StreamTimeout,
+		},
+	}
+}
+
+// room is how many more bytes the current segment may take: it ends at
+// segMax or at the end of its block (the next block's, when the current
+// one is full).
+func (w *streamWriter) room() int64 {
+	var base int64
+	if w.cur != nil && w.cur.length < w.blockSize {
+		base = w.cur.length
+	}
+	return min(w.segMax, w.blockSize-base) - w.segLen
+}
+
+func (w *streamWriter) run(r io.Reader) error {
+	defer w.drop()
+	var read int64
+	for {
+		// Only a segment's last piece is short (room or EOF cut it, and
+		// the segment is committed right after), so a segment never needs
+		// more buffers than the pool has.
+		buf, err := w.pool.get(w.ctx, nil)
+		if err != nil {
+			return fmt.Errorf("%s: %w", w.op, err)
+		}
+		n, rerr := io.ReadFull(r, buf.data[:min(int64(len(buf.data)), w.room())])
+		eof := rerr == io.EOF || rerr == io.ErrUnexpectedEOF
+		if rerr != nil && !eof {
+			buf.unref()
+			return fmt.Errorf("%s: reading the data at offset %d: %w", w.op, read, rerr)
+		}
+		if n == 0 {
+			buf.unref()
+		} else {
+			read += int64(n)
+			if err := w.write(piece{buf: buf, data: buf.data[:n]}); err != nil {
+				return err
+			}
+			if w.progress != nil {
+				w.progress(read)
+			}
+		}
+		if w.segLen > 0 && (eof || w.room() == 0) {
+			if err := w.commit(); err != nil {
+				return err
+			}
+		}
+		if eof {
+			w.endBlock()
+			return nil
+		}
+	}
+}
+
+// write adds p to the segment and sends it; on a failure it moves the
+// segment to a new block.
+func (w *streamWriter) write(p piece) error {
+	w.seg = append(w.seg, p)
+	w.segLen += int64(len(p.data))
+	err := w.send(p)
+	if err != nil {
+		return w.recover(err)
+	}
+	return nil
+}
+
+// send writes p to the open stream, opening one (on a new block if the
+// current one is full) first.
+func (w *streamWriter) send(p piece) error {
+	if w.w == nil {
+		if err := w.open(); err != nil {
+			return err
+		}
+	}
+	_, err := w.w.Write(p.data)
+	return err
+}
+
+// open starts a stream on the current block at its committed length.
+func (w *streamWriter) open() error {
+	if w.cur == nil || w.cur.length == w.blockSize {
+		w.endBlock()
+		loc, err := w.blocks.next(w.ctx)
+		if err != nil {
+			return err
+		}
+		route, err := stream.Route(loc.GetDatanodes(), w.c.cfg.Location)
+		if err != nil {
+			// A datanode without a stream address: nothing to retry.
+			return &failure{err: err, fatal: true}
+		}
+		w.cur = &streamBlock{loc: loc, route: route}
+	}
+	b := w.cur
+	opts := w.opts
+	opts.Offset = uint64(b.length)
+	if h := w.c.cfg.OnStream; h != nil {
+		ids := make([]uint64, len(b.route))
+		for i, t := range b.route {
+			ids[i] = t.ID
+		}
+		h(StreamInfo{ContainerID: b.loc.GetId().GetContainerId(), LocalID: b.loc.GetId().GetLocalId(),
+			PipelineID: b.loc.GetPipelineId(), Offset: opts.Offset, Route: ids})
+	}
+	sw, err := stream.Dial(w.ctx, b.route, b.loc.GetPipelineId(), streamBlockID(b.loc), opts)
+	if err != nil {
+		return err
+	}
+	w.w = sw
+	return nil
+}
+
+// commit ends the segment: Close (every datanode of the route synced it),
+// then PutBlock with the block's whole chunk list through the pipeline's
+// Raft leader, waiting for every replica; then its buffers are free.
+func (w *streamWriter) commit() error {
+	for {
+		err := w.commitOnce()
+		if err == nil {
+			w.releaseSeg()
+			return nil
+		}
+		if err := w.recover(err); err != nil {
+			return err
+		}
+	}
+}
+
+func (w *streamWriter) commitOnce() error {
+	b := w.cur
+	sw := w.w
+	w.w = nil
+	length, chunks, err := sw.Close()
+	if err != nil {
+		return err
+	}
+	if want := uint64(b.length + w.segLen); length != want {
+		// The Writer counts what it sent; a mismatch is a bug here.
+		return &failure{fatal: true, err: fmt.Errorf("stream of block %v closed at length %d, want %d", streamBlockID(b.loc), length, want)}
+	}
+	infos := make([]*datanodepb.ChunkInfo, 0, len(b.chunks)+len(chunks))
+	infos = append(infos, b.chunks...)
+	for _, ch := range chunks {
+		infos = append(infos, ch.Proto())
+	}
+	wait := w.c.cfg.WaitAllTimeout
+	req := &datanodepb.PutBlockRequest{
+		PipelineId: b.loc.GetPipelineId(), WaitAll: true, WaitTimeoutMs: uint32(wait / time.Millisecond),
+		Block: &datanodepb.BlockData{Id: dnBlockID(b.loc.GetId()), Length: length, Chunks: infos},
+	}
+	_, err = w.c.callLeader(w.ctx, b.loc, wait+w.c.cfg.RPCTimeout, func(ctx context.Context, dn datanodepb.DatanodeClient) error {
+		_, err := dn.PutBlock(ctx, req)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("put block %d/%d at length %d: %w", b.loc.GetId().GetContainerId(), b.loc.GetId().GetLocalId(), length, err)
+	}
+	b.length, b.chunks = int64(length), infos
+	return nil
+}
+
+// recover handles cause, a failure of the segment on the current block:
+// it aborts the stream, excludes what failed, ends the block at its
+// committed length, and writes the whole segment again to a new block
+// (repeating while that fails, within the retry budget). The segment stays
+// open on the new block: the caller goes on adding to it or commits it.
+func (w *streamWriter) recover(cause error) error {
+	for {
+		if w.w != nil {
+			w.w.Abort()
+			w.w = nil
+		}
+		f := classifyStream(w.ctx, w.cur, cause)
+		if err := w.blocks.failed(w.ctx, f); err != nil {
+			return err
+		}
+		w.endBlock()
+		w.cur = nil
+		cause = w.resend()
+		if cause == nil {
+			return nil
+		}
+	}
+}
+
+// resend writes the segment to a new stream on a new block.
+func (w *streamWriter) resend() error {
+	for _, p := range w.seg {
+		if err := w.send(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// endBlock lists the current block in the key at its committed length;
+// it is never written again.
+func (w *streamWriter) endBlock() {
+	if b := w.cur; b != nil && b.length > 0 {
+		w.committed = append(w.committed, &metapb.KeyBlock{Id: b.loc.GetId(), Length: uint64(b.length)})
+	}
+	w.cur = nil
+}
+
+func (w *streamWriter) releaseSeg() {
+	for _, p := range w.seg {
+		p.buf.unref()
+	}
+	w.seg, w.segLen = nil, 0
+}
+
+// drop undoes what an unfinished write holds: the stream (its datanodes
+// discard the partial block) and the buffers.
+func (w *streamWriter) drop() {
+	if w.w != nil {
+		w.w.Abort()
+		w.w = nil
+	}
+	w.releaseSeg()
+}
+
+// classifyStream decides what a failure of a V2 segment implicates. A
+// stream error names the datanode that refused, stalled, died or could
+// not be reached: exclude it (every pipeline with it is then avoided). A
+// refusal about the pipeline or the container excludes those, as in V1.
+// PutBlock's errors are V1's (classify).
+func classifyStream(ctx context.Context, b *streamBlock, err error) *failure {
+	var f *failure
+	if errors.As(err, &f) {
+		return f
+	}
+	if ctx.Err() != nil {
+		return &failure{err: err, fatal: true}
+	}
+	var se *stream.Error
+	if !errors.As(err, &se) {
+		if b == nil {
+			return &failure{err: err, fatal: true}
+		}
+		return classify(ctx, b.loc, err)
+	}
+	f = &failure{err: err}
+	if b == nil {
+		// The stream never had a block: only the datanode can be blamed.
+		if se.Datanode == 0 {
+			f.fatal = true
+		}
+		f.datanodes = []uint64{se.Datanode}
+		return f
+	}
+	switch se.Code {
+	case stream.CodeContainerNotOpen, stream.CodeNoSuchContainer:
+		f.container = b.loc.GetId().GetContainerId()
+	case stream.CodeNotInPipeline, stream.CodeBadHeader, stream.CodeBlockCommitted:
+		// The pipeline is closed or its members disagree with SCM's
+		// view: another pipeline will do.
+		f.pipeline = b.loc.GetPipelineId()
+	default: // unreachable, timeout, connection lost, checksum, I/O, shutdown, busy, protocol
+		if se.Datanode != 0 {
+			f.datanodes = []uint64{se.Datanode}
+		} else {
+			f.pipeline = b.loc.GetPipelineId()
+		}
+	}
+	return f
+}
+
+func streamBlockID(loc *metapb.BlockLocation) stream.BlockID {
+	return stream.BlockID{Container: loc.GetId().GetContainerId(), Local: loc.GetId().GetLocalId()}
+}
