@@ -22,6 +22,9 @@ type KeyInfo struct {
 	Created          time.Time   `json:"created"`
 	Modified         time.Time   `json:"modified"`
 	ObjectID         uint64      `json:"object_id"`
+	// Meta holds the S3 attributes stored with the key (nil for keys
+	// written without them).
+	Meta *metapb.ObjectMeta `json:"meta,omitempty"`
 	// Pipeline is the write path PutKey used ("v1" or "v2"); only PutKey
 	// fills it.
 	Pipeline string `json:"pipeline,omitempty"`
@@ -86,7 +89,7 @@ func keyInfoOf(k *metapb.KeyInfo) KeyInfo {
 		Volume: k.Volume, Bucket: k.Bucket, Name: k.Name, Size: k.Size,
 		Replication: r, ReplicationName: r.String(),
 		ChecksumType: checksumName(k.ChecksumType), BytesPerChecksum: k.BytesPerChecksum,
-		Created: unixMs(k.CreatedUnixMs), Modified: unixMs(k.ModifiedUnixMs), ObjectID: k.ObjectId,
+		Created: unixMs(k.CreatedUnixMs), Modified: unixMs(k.ModifiedUnixMs), ObjectID: k.ObjectId, Meta: k.Meta,
 	}
 	if len(k.Locations) > 0 {
 		for _, l := range k.Locations {

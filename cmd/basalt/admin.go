@@ -264,6 +264,7 @@ to SCM, when the SCM API carries it ("-" otherwise).`,
 	}
 	ct.AddCommand(ctList, ctInfo)
 	root.AddCommand(dn, pl, ct)
+	root.AddCommand(adminS3Cmd(f))
 	return root
 }
 

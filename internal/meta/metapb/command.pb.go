@@ -692,6 +692,12 @@ type NsCommand struct {
 	//	*NsCommand_ExpireOpenKeys
 	//	*NsCommand_PurgeDeleted
 	//	*NsCommand_ReclaimDir
+	//	*NsCommand_SetKeyMeta
+	//	*NsCommand_CreateMultipart
+	//	*NsCommand_CompleteMultipart
+	//	*NsCommand_AbortMultipart
+	//	*NsCommand_CreateS3Secret
+	//	*NsCommand_DeleteS3Secret
 	Op            isNsCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -858,6 +864,60 @@ func (x *NsCommand) GetReclaimDir() *ReclaimDirOp {
 	return nil
 }
 
+func (x *NsCommand) GetSetKeyMeta() *SetKeyMetaRequest {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_SetKeyMeta); ok {
+			return x.SetKeyMeta
+		}
+	}
+	return nil
+}
+
+func (x *NsCommand) GetCreateMultipart() *CreateMultipartUploadOp {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_CreateMultipart); ok {
+			return x.CreateMultipart
+		}
+	}
+	return nil
+}
+
+func (x *NsCommand) GetCompleteMultipart() *CompleteMultipartUploadRequest {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_CompleteMultipart); ok {
+			return x.CompleteMultipart
+		}
+	}
+	return nil
+}
+
+func (x *NsCommand) GetAbortMultipart() *AbortMultipartUploadRequest {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_AbortMultipart); ok {
+			return x.AbortMultipart
+		}
+	}
+	return nil
+}
+
+func (x *NsCommand) GetCreateS3Secret() *CreateS3SecretRequest {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_CreateS3Secret); ok {
+			return x.CreateS3Secret
+		}
+	}
+	return nil
+}
+
+func (x *NsCommand) GetDeleteS3Secret() *DeleteS3SecretRequest {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_DeleteS3Secret); ok {
+			return x.DeleteS3Secret
+		}
+	}
+	return nil
+}
+
 type isNsCommand_Op interface {
 	isNsCommand_Op()
 }
@@ -914,6 +974,30 @@ type NsCommand_ReclaimDir struct {
 	ReclaimDir *ReclaimDirOp `protobuf:"bytes,14,opt,name=reclaim_dir,json=reclaimDir,proto3,oneof"`
 }
 
+type NsCommand_SetKeyMeta struct {
+	SetKeyMeta *SetKeyMetaRequest `protobuf:"bytes,15,opt,name=set_key_meta,json=setKeyMeta,proto3,oneof"`
+}
+
+type NsCommand_CreateMultipart struct {
+	CreateMultipart *CreateMultipartUploadOp `protobuf:"bytes,16,opt,name=create_multipart,json=createMultipart,proto3,oneof"`
+}
+
+type NsCommand_CompleteMultipart struct {
+	CompleteMultipart *CompleteMultipartUploadRequest `protobuf:"bytes,17,opt,name=complete_multipart,json=completeMultipart,proto3,oneof"`
+}
+
+type NsCommand_AbortMultipart struct {
+	AbortMultipart *AbortMultipartUploadRequest `protobuf:"bytes,18,opt,name=abort_multipart,json=abortMultipart,proto3,oneof"`
+}
+
+type NsCommand_CreateS3Secret struct {
+	CreateS3Secret *CreateS3SecretRequest `protobuf:"bytes,19,opt,name=create_s3_secret,json=createS3Secret,proto3,oneof"` // secret filled in by the proposer
+}
+
+type NsCommand_DeleteS3Secret struct {
+	DeleteS3Secret *DeleteS3SecretRequest `protobuf:"bytes,20,opt,name=delete_s3_secret,json=deleteS3Secret,proto3,oneof"`
+}
+
 func (*NsCommand_CreateVolume) isNsCommand_Op() {}
 
 func (*NsCommand_DeleteVolume) isNsCommand_Op() {}
@@ -939,6 +1023,18 @@ func (*NsCommand_ExpireOpenKeys) isNsCommand_Op() {}
 func (*NsCommand_PurgeDeleted) isNsCommand_Op() {}
 
 func (*NsCommand_ReclaimDir) isNsCommand_Op() {}
+
+func (*NsCommand_SetKeyMeta) isNsCommand_Op() {}
+
+func (*NsCommand_CreateMultipart) isNsCommand_Op() {}
+
+func (*NsCommand_CompleteMultipart) isNsCommand_Op() {}
+
+func (*NsCommand_AbortMultipart) isNsCommand_Op() {}
+
+func (*NsCommand_CreateS3Secret) isNsCommand_Op() {}
+
+func (*NsCommand_DeleteS3Secret) isNsCommand_Op() {}
 
 type OpenKeyOp struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1096,6 +1192,60 @@ func (x *ExpireOpenKeysOp) GetOlderThanUnixMs() int64 {
 	return 0
 }
 
+type CreateMultipartUploadOp struct {
+	state   protoimpl.MessageState        `protogen:"open.v1"`
+	Request *CreateMultipartUploadRequest `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	// Random suffix chosen by the proposer, so upload IDs are not guessable
+	// from one another.
+	Nonce         string `protobuf:"bytes,2,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateMultipartUploadOp) Reset() {
+	*x = CreateMultipartUploadOp{}
+	mi := &file_meta_command_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateMultipartUploadOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateMultipartUploadOp) ProtoMessage() {}
+
+func (x *CreateMultipartUploadOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateMultipartUploadOp.ProtoReflect.Descriptor instead.
+func (*CreateMultipartUploadOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *CreateMultipartUploadOp) GetRequest() *CreateMultipartUploadRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *CreateMultipartUploadOp) GetNonce() string {
+	if x != nil {
+		return x.Nonce
+	}
+	return ""
+}
+
 type PurgeDeletedOp struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Seqs          []uint64               `protobuf:"varint,1,rep,packed,name=seqs,proto3" json:"seqs,omitempty"`
@@ -1105,7 +1255,7 @@ type PurgeDeletedOp struct {
 
 func (x *PurgeDeletedOp) Reset() {
 	*x = PurgeDeletedOp{}
-	mi := &file_meta_command_proto_msgTypes[14]
+	mi := &file_meta_command_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1267,7 @@ func (x *PurgeDeletedOp) String() string {
 func (*PurgeDeletedOp) ProtoMessage() {}
 
 func (x *PurgeDeletedOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[14]
+	mi := &file_meta_command_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1280,7 @@ func (x *PurgeDeletedOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeletedOp.ProtoReflect.Descriptor instead.
 func (*PurgeDeletedOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{14}
+	return file_meta_command_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PurgeDeletedOp) GetSeqs() []uint64 {
@@ -1152,7 +1302,7 @@ type ReclaimDirOp struct {
 
 func (x *ReclaimDirOp) Reset() {
 	*x = ReclaimDirOp{}
-	mi := &file_meta_command_proto_msgTypes[15]
+	mi := &file_meta_command_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1164,7 +1314,7 @@ func (x *ReclaimDirOp) String() string {
 func (*ReclaimDirOp) ProtoMessage() {}
 
 func (x *ReclaimDirOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[15]
+	mi := &file_meta_command_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1177,7 +1327,7 @@ func (x *ReclaimDirOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimDirOp.ProtoReflect.Descriptor instead.
 func (*ReclaimDirOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{15}
+	return file_meta_command_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReclaimDirOp) GetSeq() uint64 {
@@ -1212,7 +1362,7 @@ type OpenKeyRow struct {
 
 func (x *OpenKeyRow) Reset() {
 	*x = OpenKeyRow{}
-	mi := &file_meta_command_proto_msgTypes[16]
+	mi := &file_meta_command_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1224,7 +1374,7 @@ func (x *OpenKeyRow) String() string {
 func (*OpenKeyRow) ProtoMessage() {}
 
 func (x *OpenKeyRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[16]
+	mi := &file_meta_command_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1237,7 +1387,7 @@ func (x *OpenKeyRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyRow.ProtoReflect.Descriptor instead.
 func (*OpenKeyRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{16}
+	return file_meta_command_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *OpenKeyRow) GetOpenId() uint64 {
@@ -1322,7 +1472,7 @@ type DeletedRow struct {
 
 func (x *DeletedRow) Reset() {
 	*x = DeletedRow{}
-	mi := &file_meta_command_proto_msgTypes[17]
+	mi := &file_meta_command_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1484,7 @@ func (x *DeletedRow) String() string {
 func (*DeletedRow) ProtoMessage() {}
 
 func (x *DeletedRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[17]
+	mi := &file_meta_command_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1497,7 @@ func (x *DeletedRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletedRow.ProtoReflect.Descriptor instead.
 func (*DeletedRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{17}
+	return file_meta_command_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeletedRow) GetSeq() uint64 {
@@ -1384,7 +1534,7 @@ type PendingDirRow struct {
 
 func (x *PendingDirRow) Reset() {
 	*x = PendingDirRow{}
-	mi := &file_meta_command_proto_msgTypes[18]
+	mi := &file_meta_command_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1546,7 @@ func (x *PendingDirRow) String() string {
 func (*PendingDirRow) ProtoMessage() {}
 
 func (x *PendingDirRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[18]
+	mi := &file_meta_command_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1559,7 @@ func (x *PendingDirRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDirRow.ProtoReflect.Descriptor instead.
 func (*PendingDirRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{18}
+	return file_meta_command_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PendingDirRow) GetSeq() uint64 {
@@ -1446,7 +1596,7 @@ type FsEntry struct {
 
 func (x *FsEntry) Reset() {
 	*x = FsEntry{}
-	mi := &file_meta_command_proto_msgTypes[19]
+	mi := &file_meta_command_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1458,7 +1608,7 @@ func (x *FsEntry) String() string {
 func (*FsEntry) ProtoMessage() {}
 
 func (x *FsEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[19]
+	mi := &file_meta_command_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1471,7 +1621,7 @@ func (x *FsEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FsEntry.ProtoReflect.Descriptor instead.
 func (*FsEntry) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{19}
+	return file_meta_command_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *FsEntry) GetIsDir() bool {
@@ -1546,7 +1696,7 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x0eDeleteBlocksTx\x12\x13\n" +
 	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x12!\n" +
 	"\fcontainer_id\x18\x02 \x01(\x04R\vcontainerId\x12\x1b\n" +
-	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\xc8\a\n" +
+	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\xc4\v\n" +
 	"\tNsCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12J\n" +
 	"\rcreate_volume\x18\x02 \x01(\v2#.basalt.meta.v1.CreateVolumeRequestH\x00R\fcreateVolume\x12J\n" +
@@ -1566,7 +1716,14 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x10expire_open_keys\x18\f \x01(\v2 .basalt.meta.v1.ExpireOpenKeysOpH\x00R\x0eexpireOpenKeys\x12E\n" +
 	"\rpurge_deleted\x18\r \x01(\v2\x1e.basalt.meta.v1.PurgeDeletedOpH\x00R\fpurgeDeleted\x12?\n" +
 	"\vreclaim_dir\x18\x0e \x01(\v2\x1c.basalt.meta.v1.ReclaimDirOpH\x00R\n" +
-	"reclaimDirB\x04\n" +
+	"reclaimDir\x12E\n" +
+	"\fset_key_meta\x18\x0f \x01(\v2!.basalt.meta.v1.SetKeyMetaRequestH\x00R\n" +
+	"setKeyMeta\x12T\n" +
+	"\x10create_multipart\x18\x10 \x01(\v2'.basalt.meta.v1.CreateMultipartUploadOpH\x00R\x0fcreateMultipart\x12_\n" +
+	"\x12complete_multipart\x18\x11 \x01(\v2..basalt.meta.v1.CompleteMultipartUploadRequestH\x00R\x11completeMultipart\x12V\n" +
+	"\x0fabort_multipart\x18\x12 \x01(\v2+.basalt.meta.v1.AbortMultipartUploadRequestH\x00R\x0eabortMultipart\x12Q\n" +
+	"\x10create_s3_secret\x18\x13 \x01(\v2%.basalt.meta.v1.CreateS3SecretRequestH\x00R\x0ecreateS3Secret\x12Q\n" +
+	"\x10delete_s3_secret\x18\x14 \x01(\v2%.basalt.meta.v1.DeleteS3SecretRequestH\x00R\x0edeleteS3SecretB\x04\n" +
 	"\x02op\"|\n" +
 	"\tOpenKeyOp\x128\n" +
 	"\arequest\x18\x01 \x01(\v2\x1e.basalt.meta.v1.OpenKeyRequestR\arequest\x125\n" +
@@ -1577,7 +1734,10 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x05block\x18\x02 \x01(\v2\x1d.basalt.meta.v1.BlockLocationR\x05block\"Z\n" +
 	"\x10ExpireOpenKeysOp\x12\x19\n" +
 	"\bopen_ids\x18\x01 \x03(\x04R\aopenIds\x12+\n" +
-	"\x12older_than_unix_ms\x18\x02 \x01(\x03R\x0folderThanUnixMs\"$\n" +
+	"\x12older_than_unix_ms\x18\x02 \x01(\x03R\x0folderThanUnixMs\"w\n" +
+	"\x17CreateMultipartUploadOp\x12F\n" +
+	"\arequest\x18\x01 \x01(\v2,.basalt.meta.v1.CreateMultipartUploadRequestR\arequest\x12\x14\n" +
+	"\x05nonce\x18\x02 \x01(\tR\x05nonce\"$\n" +
 	"\x0ePurgeDeletedOp\x12\x12\n" +
 	"\x04seqs\x18\x01 \x03(\x04R\x04seqs\"C\n" +
 	"\fReclaimDirOp\x12\x10\n" +
@@ -1623,44 +1783,51 @@ func file_meta_command_proto_rawDescGZIP() []byte {
 	return file_meta_command_proto_rawDescData
 }
 
-var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_meta_command_proto_goTypes = []any{
-	(*ScmCommand)(nil),             // 0: basalt.meta.v1.ScmCommand
-	(*RegisterDatanodeOp)(nil),     // 1: basalt.meta.v1.RegisterDatanodeOp
-	(*CreatePipelineOp)(nil),       // 2: basalt.meta.v1.CreatePipelineOp
-	(*ClosePipelinesOp)(nil),       // 3: basalt.meta.v1.ClosePipelinesOp
-	(*CreateContainerOp)(nil),      // 4: basalt.meta.v1.CreateContainerOp
-	(*CloseContainersOp)(nil),      // 5: basalt.meta.v1.CloseContainersOp
-	(*ContainerClosedOp)(nil),      // 6: basalt.meta.v1.ContainerClosedOp
-	(*AllocateIDRangeOp)(nil),      // 7: basalt.meta.v1.AllocateIDRangeOp
-	(*PurgeDeleteTxsOp)(nil),       // 8: basalt.meta.v1.PurgeDeleteTxsOp
-	(*DeleteBlocksTx)(nil),         // 9: basalt.meta.v1.DeleteBlocksTx
-	(*NsCommand)(nil),              // 10: basalt.meta.v1.NsCommand
-	(*OpenKeyOp)(nil),              // 11: basalt.meta.v1.OpenKeyOp
-	(*AddBlockOp)(nil),             // 12: basalt.meta.v1.AddBlockOp
-	(*ExpireOpenKeysOp)(nil),       // 13: basalt.meta.v1.ExpireOpenKeysOp
-	(*PurgeDeletedOp)(nil),         // 14: basalt.meta.v1.PurgeDeletedOp
-	(*ReclaimDirOp)(nil),           // 15: basalt.meta.v1.ReclaimDirOp
-	(*OpenKeyRow)(nil),             // 16: basalt.meta.v1.OpenKeyRow
-	(*DeletedRow)(nil),             // 17: basalt.meta.v1.DeletedRow
-	(*PendingDirRow)(nil),          // 18: basalt.meta.v1.PendingDirRow
-	(*FsEntry)(nil),                // 19: basalt.meta.v1.FsEntry
-	(*DeleteBlocksRequest)(nil),    // 20: basalt.meta.v1.DeleteBlocksRequest
-	(*DatanodeDetails)(nil),        // 21: basalt.meta.v1.DatanodeDetails
-	(Replication)(0),               // 22: basalt.meta.v1.Replication
-	(*CreateVolumeRequest)(nil),    // 23: basalt.meta.v1.CreateVolumeRequest
-	(*DeleteVolumeRequest)(nil),    // 24: basalt.meta.v1.DeleteVolumeRequest
-	(*CreateBucketRequest)(nil),    // 25: basalt.meta.v1.CreateBucketRequest
-	(*DeleteBucketRequest)(nil),    // 26: basalt.meta.v1.DeleteBucketRequest
-	(*CommitKeyRequest)(nil),       // 27: basalt.meta.v1.CommitKeyRequest
-	(*RenameKeyRequest)(nil),       // 28: basalt.meta.v1.RenameKeyRequest
-	(*DeleteKeyRequest)(nil),       // 29: basalt.meta.v1.DeleteKeyRequest
-	(*CreateDirectoryRequest)(nil), // 30: basalt.meta.v1.CreateDirectoryRequest
-	(*OpenKeyRequest)(nil),         // 31: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),          // 32: basalt.meta.v1.BlockLocation
-	(ChecksumType)(0),              // 33: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                // 34: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                // 35: basalt.meta.v1.KeyInfo
+	(*ScmCommand)(nil),                     // 0: basalt.meta.v1.ScmCommand
+	(*RegisterDatanodeOp)(nil),             // 1: basalt.meta.v1.RegisterDatanodeOp
+	(*CreatePipelineOp)(nil),               // 2: basalt.meta.v1.CreatePipelineOp
+	(*ClosePipelinesOp)(nil),               // 3: basalt.meta.v1.ClosePipelinesOp
+	(*CreateContainerOp)(nil),              // 4: basalt.meta.v1.CreateContainerOp
+	(*CloseContainersOp)(nil),              // 5: basalt.meta.v1.CloseContainersOp
+	(*ContainerClosedOp)(nil),              // 6: basalt.meta.v1.ContainerClosedOp
+	(*AllocateIDRangeOp)(nil),              // 7: basalt.meta.v1.AllocateIDRangeOp
+	(*PurgeDeleteTxsOp)(nil),               // 8: basalt.meta.v1.PurgeDeleteTxsOp
+	(*DeleteBlocksTx)(nil),                 // 9: basalt.meta.v1.DeleteBlocksTx
+	(*NsCommand)(nil),                      // 10: basalt.meta.v1.NsCommand
+	(*OpenKeyOp)(nil),                      // 11: basalt.meta.v1.OpenKeyOp
+	(*AddBlockOp)(nil),                     // 12: basalt.meta.v1.AddBlockOp
+	(*ExpireOpenKeysOp)(nil),               // 13: basalt.meta.v1.ExpireOpenKeysOp
+	(*CreateMultipartUploadOp)(nil),        // 14: basalt.meta.v1.CreateMultipartUploadOp
+	(*PurgeDeletedOp)(nil),                 // 15: basalt.meta.v1.PurgeDeletedOp
+	(*ReclaimDirOp)(nil),                   // 16: basalt.meta.v1.ReclaimDirOp
+	(*OpenKeyRow)(nil),                     // 17: basalt.meta.v1.OpenKeyRow
+	(*DeletedRow)(nil),                     // 18: basalt.meta.v1.DeletedRow
+	(*PendingDirRow)(nil),                  // 19: basalt.meta.v1.PendingDirRow
+	(*FsEntry)(nil),                        // 20: basalt.meta.v1.FsEntry
+	(*DeleteBlocksRequest)(nil),            // 21: basalt.meta.v1.DeleteBlocksRequest
+	(*DatanodeDetails)(nil),                // 22: basalt.meta.v1.DatanodeDetails
+	(Replication)(0),                       // 23: basalt.meta.v1.Replication
+	(*CreateVolumeRequest)(nil),            // 24: basalt.meta.v1.CreateVolumeRequest
+	(*DeleteVolumeRequest)(nil),            // 25: basalt.meta.v1.DeleteVolumeRequest
+	(*CreateBucketRequest)(nil),            // 26: basalt.meta.v1.CreateBucketRequest
+	(*DeleteBucketRequest)(nil),            // 27: basalt.meta.v1.DeleteBucketRequest
+	(*CommitKeyRequest)(nil),               // 28: basalt.meta.v1.CommitKeyRequest
+	(*RenameKeyRequest)(nil),               // 29: basalt.meta.v1.RenameKeyRequest
+	(*DeleteKeyRequest)(nil),               // 30: basalt.meta.v1.DeleteKeyRequest
+	(*CreateDirectoryRequest)(nil),         // 31: basalt.meta.v1.CreateDirectoryRequest
+	(*SetKeyMetaRequest)(nil),              // 32: basalt.meta.v1.SetKeyMetaRequest
+	(*CompleteMultipartUploadRequest)(nil), // 33: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 34: basalt.meta.v1.AbortMultipartUploadRequest
+	(*CreateS3SecretRequest)(nil),          // 35: basalt.meta.v1.CreateS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 36: basalt.meta.v1.DeleteS3SecretRequest
+	(*OpenKeyRequest)(nil),                 // 37: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 38: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 39: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 40: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 41: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 42: basalt.meta.v1.KeyInfo
 }
 var file_meta_command_proto_depIdxs = []int32{
 	1,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -1670,36 +1837,43 @@ var file_meta_command_proto_depIdxs = []int32{
 	5,  // 4: basalt.meta.v1.ScmCommand.close_containers:type_name -> basalt.meta.v1.CloseContainersOp
 	6,  // 5: basalt.meta.v1.ScmCommand.container_closed:type_name -> basalt.meta.v1.ContainerClosedOp
 	7,  // 6: basalt.meta.v1.ScmCommand.allocate_id_range:type_name -> basalt.meta.v1.AllocateIDRangeOp
-	20, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
+	21, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
 	8,  // 8: basalt.meta.v1.ScmCommand.purge_delete_txs:type_name -> basalt.meta.v1.PurgeDeleteTxsOp
-	21, // 9: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
-	22, // 10: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
-	23, // 11: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
-	24, // 12: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
-	25, // 13: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
-	26, // 14: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
+	22, // 9: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
+	23, // 10: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
+	24, // 11: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
+	25, // 12: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
+	26, // 13: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
+	27, // 14: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
 	11, // 15: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
 	12, // 16: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
-	27, // 17: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
-	28, // 18: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
-	29, // 19: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
-	30, // 20: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
+	28, // 17: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
+	29, // 18: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
+	30, // 19: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
+	31, // 20: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
 	13, // 21: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
-	14, // 22: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
-	15, // 23: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
-	31, // 24: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	32, // 25: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	32, // 26: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	22, // 27: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	33, // 28: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	34, // 29: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	34, // 30: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	35, // 31: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	32, // [32:32] is the sub-list for method output_type
-	32, // [32:32] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	15, // 22: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
+	16, // 23: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
+	32, // 24: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
+	14, // 25: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
+	33, // 26: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
+	34, // 27: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
+	35, // 28: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
+	36, // 29: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
+	37, // 30: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	38, // 31: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	38, // 32: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	39, // 33: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	23, // 34: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	40, // 35: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	41, // 36: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	41, // 37: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	42, // 38: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	39, // [39:39] is the sub-list for method output_type
+	39, // [39:39] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -1733,6 +1907,12 @@ func file_meta_command_proto_init() {
 		(*NsCommand_ExpireOpenKeys)(nil),
 		(*NsCommand_PurgeDeleted)(nil),
 		(*NsCommand_ReclaimDir)(nil),
+		(*NsCommand_SetKeyMeta)(nil),
+		(*NsCommand_CreateMultipart)(nil),
+		(*NsCommand_CompleteMultipart)(nil),
+		(*NsCommand_AbortMultipart)(nil),
+		(*NsCommand_CreateS3Secret)(nil),
+		(*NsCommand_DeleteS3Secret)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1740,7 +1920,7 @@ func file_meta_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_command_proto_rawDesc), len(file_meta_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

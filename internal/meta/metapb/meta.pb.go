@@ -3557,6 +3557,7 @@ type KeyInfo struct {
 	// Filled by LookupKey: offsets and replicas ordered by distance.
 	Locations     []*BlockLocation `protobuf:"bytes,11,rep,name=locations,proto3" json:"locations,omitempty"`
 	ObjectId      uint64           `protobuf:"varint,12,opt,name=object_id,json=objectId,proto3" json:"object_id,omitempty"` // unique per committed version
+	Meta          *ObjectMeta      `protobuf:"bytes,13,opt,name=meta,proto3" json:"meta,omitempty"`                          // S3 attributes; unset for plain keys
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3675,6 +3676,142 @@ func (x *KeyInfo) GetObjectId() uint64 {
 	return 0
 }
 
+func (x *KeyInfo) GetMeta() *ObjectMeta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+// ObjectMeta holds what S3 stores with an object besides its data. The
+// namespace manager keeps it opaque except for etag, which it computes for
+// completed multipart uploads.
+type ObjectMeta struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	Etag               string                 `protobuf:"bytes,1,opt,name=etag,proto3" json:"etag,omitempty"` // without quotes
+	ContentType        string                 `protobuf:"bytes,2,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
+	ContentEncoding    string                 `protobuf:"bytes,3,opt,name=content_encoding,json=contentEncoding,proto3" json:"content_encoding,omitempty"`
+	ContentDisposition string                 `protobuf:"bytes,4,opt,name=content_disposition,json=contentDisposition,proto3" json:"content_disposition,omitempty"`
+	ContentLanguage    string                 `protobuf:"bytes,5,opt,name=content_language,json=contentLanguage,proto3" json:"content_language,omitempty"`
+	CacheControl       string                 `protobuf:"bytes,6,opt,name=cache_control,json=cacheControl,proto3" json:"cache_control,omitempty"`
+	Expires            string                 `protobuf:"bytes,7,opt,name=expires,proto3" json:"expires,omitempty"`                                                                     // as the client sent it (HTTP date)
+	User               map[string]string      `protobuf:"bytes,8,rep,name=user,proto3" json:"user,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // x-amz-meta-* (lower-case names, no prefix)
+	Tags               map[string]string      `protobuf:"bytes,9,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Flexible checksums the client sent, by algorithm ("CRC32", "CRC32C",
+	// "SHA1", "SHA256", "CRC64NVME"), base64 as S3 returns them.
+	Checksums     map[string]string `protobuf:"bytes,10,rep,name=checksums,proto3" json:"checksums,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	PartsCount    uint32            `protobuf:"varint,11,opt,name=parts_count,json=partsCount,proto3" json:"parts_count,omitempty"` // > 0 for completed multipart uploads
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObjectMeta) Reset() {
+	*x = ObjectMeta{}
+	mi := &file_meta_meta_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObjectMeta) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObjectMeta) ProtoMessage() {}
+
+func (x *ObjectMeta) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObjectMeta.ProtoReflect.Descriptor instead.
+func (*ObjectMeta) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *ObjectMeta) GetEtag() string {
+	if x != nil {
+		return x.Etag
+	}
+	return ""
+}
+
+func (x *ObjectMeta) GetContentType() string {
+	if x != nil {
+		return x.ContentType
+	}
+	return ""
+}
+
+func (x *ObjectMeta) GetContentEncoding() string {
+	if x != nil {
+		return x.ContentEncoding
+	}
+	return ""
+}
+
+func (x *ObjectMeta) GetContentDisposition() string {
+	if x != nil {
+		return x.ContentDisposition
+	}
+	return ""
+}
+
+func (x *ObjectMeta) GetContentLanguage() string {
+	if x != nil {
+		return x.ContentLanguage
+	}
+	return ""
+}
+
+func (x *ObjectMeta) GetCacheControl() string {
+	if x != nil {
+		return x.CacheControl
+	}
+	return ""
+}
+
+func (x *ObjectMeta) GetExpires() string {
+	if x != nil {
+		return x.Expires
+	}
+	return ""
+}
+
+func (x *ObjectMeta) GetUser() map[string]string {
+	if x != nil {
+		return x.User
+	}
+	return nil
+}
+
+func (x *ObjectMeta) GetTags() map[string]string {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
+}
+
+func (x *ObjectMeta) GetChecksums() map[string]string {
+	if x != nil {
+		return x.Checksums
+	}
+	return nil
+}
+
+func (x *ObjectMeta) GetPartsCount() uint32 {
+	if x != nil {
+		return x.PartsCount
+	}
+	return 0
+}
+
 type OpenKeyRequest struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Volume           string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
@@ -3692,7 +3829,7 @@ type OpenKeyRequest struct {
 
 func (x *OpenKeyRequest) Reset() {
 	*x = OpenKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[57]
+	mi := &file_meta_meta_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3704,7 +3841,7 @@ func (x *OpenKeyRequest) String() string {
 func (*OpenKeyRequest) ProtoMessage() {}
 
 func (x *OpenKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[57]
+	mi := &file_meta_meta_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3717,7 +3854,7 @@ func (x *OpenKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyRequest.ProtoReflect.Descriptor instead.
 func (*OpenKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{57}
+	return file_meta_meta_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *OpenKeyRequest) GetVolume() string {
@@ -3794,7 +3931,7 @@ type OpenKeyResponse struct {
 
 func (x *OpenKeyResponse) Reset() {
 	*x = OpenKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[58]
+	mi := &file_meta_meta_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3806,7 +3943,7 @@ func (x *OpenKeyResponse) String() string {
 func (*OpenKeyResponse) ProtoMessage() {}
 
 func (x *OpenKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[58]
+	mi := &file_meta_meta_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3819,7 +3956,7 @@ func (x *OpenKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyResponse.ProtoReflect.Descriptor instead.
 func (*OpenKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{58}
+	return file_meta_meta_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *OpenKeyResponse) GetOpenId() uint64 {
@@ -3854,7 +3991,7 @@ type AllocateBlockRequest struct {
 
 func (x *AllocateBlockRequest) Reset() {
 	*x = AllocateBlockRequest{}
-	mi := &file_meta_meta_proto_msgTypes[59]
+	mi := &file_meta_meta_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3866,7 +4003,7 @@ func (x *AllocateBlockRequest) String() string {
 func (*AllocateBlockRequest) ProtoMessage() {}
 
 func (x *AllocateBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[59]
+	mi := &file_meta_meta_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3879,7 +4016,7 @@ func (x *AllocateBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlockRequest.ProtoReflect.Descriptor instead.
 func (*AllocateBlockRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{59}
+	return file_meta_meta_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *AllocateBlockRequest) GetOpenId() uint64 {
@@ -3912,7 +4049,7 @@ type AllocateBlockResponse struct {
 
 func (x *AllocateBlockResponse) Reset() {
 	*x = AllocateBlockResponse{}
-	mi := &file_meta_meta_proto_msgTypes[60]
+	mi := &file_meta_meta_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3924,7 +4061,7 @@ func (x *AllocateBlockResponse) String() string {
 func (*AllocateBlockResponse) ProtoMessage() {}
 
 func (x *AllocateBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[60]
+	mi := &file_meta_meta_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3937,7 +4074,7 @@ func (x *AllocateBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlockResponse.ProtoReflect.Descriptor instead.
 func (*AllocateBlockResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{60}
+	return file_meta_meta_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *AllocateBlockResponse) GetBlock() *BlockLocation {
@@ -3953,14 +4090,20 @@ type CommitKeyRequest struct {
 	// The blocks written, in order, with their final lengths. Each must have
 	// been allocated to this open key; allocated blocks not listed are
 	// reclaimed.
-	Blocks        []*KeyBlock `protobuf:"bytes,2,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	Blocks []*KeyBlock `protobuf:"bytes,2,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	// S3 attributes stored with the key (ignored for parts).
+	Meta *ObjectMeta `protobuf:"bytes,3,opt,name=meta,proto3" json:"meta,omitempty"`
+	// Set: the data is a part of a multipart upload of the open key's name;
+	// it is recorded in the upload (replacing a part of that number) instead
+	// of becoming a key.
+	Part          *PartRef `protobuf:"bytes,4,opt,name=part,proto3" json:"part,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CommitKeyRequest) Reset() {
 	*x = CommitKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[61]
+	mi := &file_meta_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3972,7 +4115,7 @@ func (x *CommitKeyRequest) String() string {
 func (*CommitKeyRequest) ProtoMessage() {}
 
 func (x *CommitKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[61]
+	mi := &file_meta_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3985,7 +4128,7 @@ func (x *CommitKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitKeyRequest.ProtoReflect.Descriptor instead.
 func (*CommitKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{61}
+	return file_meta_meta_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CommitKeyRequest) GetOpenId() uint64 {
@@ -4002,6 +4145,80 @@ func (x *CommitKeyRequest) GetBlocks() []*KeyBlock {
 	return nil
 }
 
+func (x *CommitKeyRequest) GetMeta() *ObjectMeta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+func (x *CommitKeyRequest) GetPart() *PartRef {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+type PartRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	UploadId      string                 `protobuf:"bytes,1,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
+	PartNumber    uint32                 `protobuf:"varint,2,opt,name=part_number,json=partNumber,proto3" json:"part_number,omitempty"` // 1..10000
+	Etag          string                 `protobuf:"bytes,3,opt,name=etag,proto3" json:"etag,omitempty"`                                // MD5 of the part's data, hex
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartRef) Reset() {
+	*x = PartRef{}
+	mi := &file_meta_meta_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartRef) ProtoMessage() {}
+
+func (x *PartRef) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartRef.ProtoReflect.Descriptor instead.
+func (*PartRef) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *PartRef) GetUploadId() string {
+	if x != nil {
+		return x.UploadId
+	}
+	return ""
+}
+
+func (x *PartRef) GetPartNumber() uint32 {
+	if x != nil {
+		return x.PartNumber
+	}
+	return 0
+}
+
+func (x *PartRef) GetEtag() string {
+	if x != nil {
+		return x.Etag
+	}
+	return ""
+}
+
 type LookupKeyRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Volume         string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
@@ -4014,7 +4231,7 @@ type LookupKeyRequest struct {
 
 func (x *LookupKeyRequest) Reset() {
 	*x = LookupKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[62]
+	mi := &file_meta_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4026,7 +4243,7 @@ func (x *LookupKeyRequest) String() string {
 func (*LookupKeyRequest) ProtoMessage() {}
 
 func (x *LookupKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[62]
+	mi := &file_meta_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4039,7 +4256,7 @@ func (x *LookupKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupKeyRequest.ProtoReflect.Descriptor instead.
 func (*LookupKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{62}
+	return file_meta_meta_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *LookupKeyRequest) GetVolume() string {
@@ -4086,7 +4303,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_meta_meta_proto_msgTypes[63]
+	mi := &file_meta_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4098,7 +4315,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[63]
+	mi := &file_meta_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4111,7 +4328,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{63}
+	return file_meta_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListKeysRequest) GetVolume() string {
@@ -4168,7 +4385,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_meta_meta_proto_msgTypes[64]
+	mi := &file_meta_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4180,7 +4397,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[64]
+	mi := &file_meta_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4193,7 +4410,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{64}
+	return file_meta_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeyInfo {
@@ -4236,7 +4453,7 @@ type RenameKeyRequest struct {
 
 func (x *RenameKeyRequest) Reset() {
 	*x = RenameKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[65]
+	mi := &file_meta_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4248,7 +4465,7 @@ func (x *RenameKeyRequest) String() string {
 func (*RenameKeyRequest) ProtoMessage() {}
 
 func (x *RenameKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[65]
+	mi := &file_meta_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4261,7 +4478,7 @@ func (x *RenameKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameKeyRequest.ProtoReflect.Descriptor instead.
 func (*RenameKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{65}
+	return file_meta_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *RenameKeyRequest) GetVolume() string {
@@ -4300,7 +4517,7 @@ type RenameKeyResponse struct {
 
 func (x *RenameKeyResponse) Reset() {
 	*x = RenameKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[66]
+	mi := &file_meta_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4312,7 +4529,7 @@ func (x *RenameKeyResponse) String() string {
 func (*RenameKeyResponse) ProtoMessage() {}
 
 func (x *RenameKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[66]
+	mi := &file_meta_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4325,7 +4542,7 @@ func (x *RenameKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameKeyResponse.ProtoReflect.Descriptor instead.
 func (*RenameKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{66}
+	return file_meta_meta_proto_rawDescGZIP(), []int{68}
 }
 
 type DeleteKeyRequest struct {
@@ -4341,7 +4558,7 @@ type DeleteKeyRequest struct {
 
 func (x *DeleteKeyRequest) Reset() {
 	*x = DeleteKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[67]
+	mi := &file_meta_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4353,7 +4570,7 @@ func (x *DeleteKeyRequest) String() string {
 func (*DeleteKeyRequest) ProtoMessage() {}
 
 func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[67]
+	mi := &file_meta_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4366,7 +4583,7 @@ func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{67}
+	return file_meta_meta_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *DeleteKeyRequest) GetVolume() string {
@@ -4405,7 +4622,7 @@ type DeleteKeyResponse struct {
 
 func (x *DeleteKeyResponse) Reset() {
 	*x = DeleteKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[68]
+	mi := &file_meta_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4417,7 +4634,7 @@ func (x *DeleteKeyResponse) String() string {
 func (*DeleteKeyResponse) ProtoMessage() {}
 
 func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[68]
+	mi := &file_meta_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4430,7 +4647,7 @@ func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{68}
+	return file_meta_meta_proto_rawDescGZIP(), []int{70}
 }
 
 type FileStatus struct {
@@ -4446,7 +4663,7 @@ type FileStatus struct {
 
 func (x *FileStatus) Reset() {
 	*x = FileStatus{}
-	mi := &file_meta_meta_proto_msgTypes[69]
+	mi := &file_meta_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4458,7 +4675,7 @@ func (x *FileStatus) String() string {
 func (*FileStatus) ProtoMessage() {}
 
 func (x *FileStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[69]
+	mi := &file_meta_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4471,7 +4688,7 @@ func (x *FileStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileStatus.ProtoReflect.Descriptor instead.
 func (*FileStatus) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{69}
+	return file_meta_meta_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *FileStatus) GetPath() string {
@@ -4520,7 +4737,7 @@ type CreateDirectoryRequest struct {
 
 func (x *CreateDirectoryRequest) Reset() {
 	*x = CreateDirectoryRequest{}
-	mi := &file_meta_meta_proto_msgTypes[70]
+	mi := &file_meta_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4532,7 +4749,7 @@ func (x *CreateDirectoryRequest) String() string {
 func (*CreateDirectoryRequest) ProtoMessage() {}
 
 func (x *CreateDirectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[70]
+	mi := &file_meta_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4545,7 +4762,7 @@ func (x *CreateDirectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateDirectoryRequest.ProtoReflect.Descriptor instead.
 func (*CreateDirectoryRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{70}
+	return file_meta_meta_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *CreateDirectoryRequest) GetVolume() string {
@@ -4580,7 +4797,7 @@ type GetFileStatusRequest struct {
 
 func (x *GetFileStatusRequest) Reset() {
 	*x = GetFileStatusRequest{}
-	mi := &file_meta_meta_proto_msgTypes[71]
+	mi := &file_meta_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4592,7 +4809,7 @@ func (x *GetFileStatusRequest) String() string {
 func (*GetFileStatusRequest) ProtoMessage() {}
 
 func (x *GetFileStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[71]
+	mi := &file_meta_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4605,7 +4822,7 @@ func (x *GetFileStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetFileStatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{71}
+	return file_meta_meta_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *GetFileStatusRequest) GetVolume() string {
@@ -4642,7 +4859,7 @@ type ListStatusRequest struct {
 
 func (x *ListStatusRequest) Reset() {
 	*x = ListStatusRequest{}
-	mi := &file_meta_meta_proto_msgTypes[72]
+	mi := &file_meta_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4654,7 +4871,7 @@ func (x *ListStatusRequest) String() string {
 func (*ListStatusRequest) ProtoMessage() {}
 
 func (x *ListStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[72]
+	mi := &file_meta_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4667,7 +4884,7 @@ func (x *ListStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStatusRequest.ProtoReflect.Descriptor instead.
 func (*ListStatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{72}
+	return file_meta_meta_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ListStatusRequest) GetVolume() string {
@@ -4715,7 +4932,7 @@ type ListStatusResponse struct {
 
 func (x *ListStatusResponse) Reset() {
 	*x = ListStatusResponse{}
-	mi := &file_meta_meta_proto_msgTypes[73]
+	mi := &file_meta_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4727,7 +4944,7 @@ func (x *ListStatusResponse) String() string {
 func (*ListStatusResponse) ProtoMessage() {}
 
 func (x *ListStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[73]
+	mi := &file_meta_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4740,7 +4957,7 @@ func (x *ListStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStatusResponse.ProtoReflect.Descriptor instead.
 func (*ListStatusResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{73}
+	return file_meta_meta_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListStatusResponse) GetEntries() []*FileStatus {
@@ -4755,6 +4972,1130 @@ func (x *ListStatusResponse) GetTruncated() bool {
 		return x.Truncated
 	}
 	return false
+}
+
+type SetKeyMetaRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Volume         string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket         string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Key            string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	Meta           *ObjectMeta            `protobuf:"bytes,4,opt,name=meta,proto3" json:"meta,omitempty"`                                              // replaces the stored one whole
+	ExpectObjectId uint64                 `protobuf:"varint,5,opt,name=expect_object_id,json=expectObjectId,proto3" json:"expect_object_id,omitempty"` // 0 = any version; else FAILED_PRECONDITION if changed
+	Touch          bool                   `protobuf:"varint,6,opt,name=touch,proto3" json:"touch,omitempty"`                                           // set the modification time (copy onto itself)
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SetKeyMetaRequest) Reset() {
+	*x = SetKeyMetaRequest{}
+	mi := &file_meta_meta_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetKeyMetaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetKeyMetaRequest) ProtoMessage() {}
+
+func (x *SetKeyMetaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetKeyMetaRequest.ProtoReflect.Descriptor instead.
+func (*SetKeyMetaRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *SetKeyMetaRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *SetKeyMetaRequest) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *SetKeyMetaRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *SetKeyMetaRequest) GetMeta() *ObjectMeta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+func (x *SetKeyMetaRequest) GetExpectObjectId() uint64 {
+	if x != nil {
+		return x.ExpectObjectId
+	}
+	return 0
+}
+
+func (x *SetKeyMetaRequest) GetTouch() bool {
+	if x != nil {
+		return x.Touch
+	}
+	return false
+}
+
+type MultipartUpload struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	UploadId      string                 `protobuf:"bytes,4,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
+	CreatedUnixMs int64                  `protobuf:"varint,5,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	Meta          *ObjectMeta            `protobuf:"bytes,6,opt,name=meta,proto3" json:"meta,omitempty"` // given at creation; the object gets it
+	Replication   Replication            `protobuf:"varint,7,opt,name=replication,proto3,enum=basalt.meta.v1.Replication" json:"replication,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MultipartUpload) Reset() {
+	*x = MultipartUpload{}
+	mi := &file_meta_meta_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MultipartUpload) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MultipartUpload) ProtoMessage() {}
+
+func (x *MultipartUpload) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MultipartUpload.ProtoReflect.Descriptor instead.
+func (*MultipartUpload) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *MultipartUpload) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *MultipartUpload) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *MultipartUpload) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *MultipartUpload) GetUploadId() string {
+	if x != nil {
+		return x.UploadId
+	}
+	return ""
+}
+
+func (x *MultipartUpload) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *MultipartUpload) GetMeta() *ObjectMeta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+func (x *MultipartUpload) GetReplication() Replication {
+	if x != nil {
+		return x.Replication
+	}
+	return Replication_REPLICATION_UNSPECIFIED
+}
+
+type CreateMultipartUploadRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	Meta          *ObjectMeta            `protobuf:"bytes,4,opt,name=meta,proto3" json:"meta,omitempty"`
+	Replication   Replication            `protobuf:"varint,5,opt,name=replication,proto3,enum=basalt.meta.v1.Replication" json:"replication,omitempty"` // default: the bucket's
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateMultipartUploadRequest) Reset() {
+	*x = CreateMultipartUploadRequest{}
+	mi := &file_meta_meta_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateMultipartUploadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateMultipartUploadRequest) ProtoMessage() {}
+
+func (x *CreateMultipartUploadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateMultipartUploadRequest.ProtoReflect.Descriptor instead.
+func (*CreateMultipartUploadRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *CreateMultipartUploadRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *CreateMultipartUploadRequest) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *CreateMultipartUploadRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CreateMultipartUploadRequest) GetMeta() *ObjectMeta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+func (x *CreateMultipartUploadRequest) GetReplication() Replication {
+	if x != nil {
+		return x.Replication
+	}
+	return Replication_REPLICATION_UNSPECIFIED
+}
+
+type CompletedPart struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PartNumber    uint32                 `protobuf:"varint,1,opt,name=part_number,json=partNumber,proto3" json:"part_number,omitempty"`
+	Etag          string                 `protobuf:"bytes,2,opt,name=etag,proto3" json:"etag,omitempty"` // as returned by UploadPart, without quotes
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompletedPart) Reset() {
+	*x = CompletedPart{}
+	mi := &file_meta_meta_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompletedPart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompletedPart) ProtoMessage() {}
+
+func (x *CompletedPart) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompletedPart.ProtoReflect.Descriptor instead.
+func (*CompletedPart) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *CompletedPart) GetPartNumber() uint32 {
+	if x != nil {
+		return x.PartNumber
+	}
+	return 0
+}
+
+func (x *CompletedPart) GetEtag() string {
+	if x != nil {
+		return x.Etag
+	}
+	return ""
+}
+
+type CompleteMultipartUploadRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Volume   string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket   string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Key      string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	UploadId string                 `protobuf:"bytes,4,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
+	Parts    []*CompletedPart       `protobuf:"bytes,5,rep,name=parts,proto3" json:"parts,omitempty"` // ascending part numbers
+	// Every part but the last must be at least this large (S3: 5 MiB;
+	// 0 = 5 MiB).
+	MinPartSize   uint64 `protobuf:"varint,6,opt,name=min_part_size,json=minPartSize,proto3" json:"min_part_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteMultipartUploadRequest) Reset() {
+	*x = CompleteMultipartUploadRequest{}
+	mi := &file_meta_meta_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteMultipartUploadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteMultipartUploadRequest) ProtoMessage() {}
+
+func (x *CompleteMultipartUploadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteMultipartUploadRequest.ProtoReflect.Descriptor instead.
+func (*CompleteMultipartUploadRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *CompleteMultipartUploadRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *CompleteMultipartUploadRequest) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *CompleteMultipartUploadRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CompleteMultipartUploadRequest) GetUploadId() string {
+	if x != nil {
+		return x.UploadId
+	}
+	return ""
+}
+
+func (x *CompleteMultipartUploadRequest) GetParts() []*CompletedPart {
+	if x != nil {
+		return x.Parts
+	}
+	return nil
+}
+
+func (x *CompleteMultipartUploadRequest) GetMinPartSize() uint64 {
+	if x != nil {
+		return x.MinPartSize
+	}
+	return 0
+}
+
+type AbortMultipartUploadRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	UploadId      string                 `protobuf:"bytes,4,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AbortMultipartUploadRequest) Reset() {
+	*x = AbortMultipartUploadRequest{}
+	mi := &file_meta_meta_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AbortMultipartUploadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AbortMultipartUploadRequest) ProtoMessage() {}
+
+func (x *AbortMultipartUploadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AbortMultipartUploadRequest.ProtoReflect.Descriptor instead.
+func (*AbortMultipartUploadRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *AbortMultipartUploadRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *AbortMultipartUploadRequest) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *AbortMultipartUploadRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *AbortMultipartUploadRequest) GetUploadId() string {
+	if x != nil {
+		return x.UploadId
+	}
+	return ""
+}
+
+type AbortMultipartUploadResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AbortMultipartUploadResponse) Reset() {
+	*x = AbortMultipartUploadResponse{}
+	mi := &file_meta_meta_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AbortMultipartUploadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AbortMultipartUploadResponse) ProtoMessage() {}
+
+func (x *AbortMultipartUploadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AbortMultipartUploadResponse.ProtoReflect.Descriptor instead.
+func (*AbortMultipartUploadResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{82}
+}
+
+type PartInfo struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	PartNumber       uint32                 `protobuf:"varint,1,opt,name=part_number,json=partNumber,proto3" json:"part_number,omitempty"`
+	Etag             string                 `protobuf:"bytes,2,opt,name=etag,proto3" json:"etag,omitempty"`
+	Size             uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	ModifiedUnixMs   int64                  `protobuf:"varint,4,opt,name=modified_unix_ms,json=modifiedUnixMs,proto3" json:"modified_unix_ms,omitempty"`
+	Blocks           []*KeyBlock            `protobuf:"bytes,5,rep,name=blocks,proto3" json:"blocks,omitempty"`                                                                   // stored; not returned by ListParts
+	ChecksumType     ChecksumType           `protobuf:"varint,6,opt,name=checksum_type,json=checksumType,proto3,enum=basalt.meta.v1.ChecksumType" json:"checksum_type,omitempty"` // stored: parts of one object must agree
+	BytesPerChecksum uint32                 `protobuf:"varint,7,opt,name=bytes_per_checksum,json=bytesPerChecksum,proto3" json:"bytes_per_checksum,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *PartInfo) Reset() {
+	*x = PartInfo{}
+	mi := &file_meta_meta_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartInfo) ProtoMessage() {}
+
+func (x *PartInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartInfo.ProtoReflect.Descriptor instead.
+func (*PartInfo) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{83}
+}
+
+func (x *PartInfo) GetPartNumber() uint32 {
+	if x != nil {
+		return x.PartNumber
+	}
+	return 0
+}
+
+func (x *PartInfo) GetEtag() string {
+	if x != nil {
+		return x.Etag
+	}
+	return ""
+}
+
+func (x *PartInfo) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *PartInfo) GetModifiedUnixMs() int64 {
+	if x != nil {
+		return x.ModifiedUnixMs
+	}
+	return 0
+}
+
+func (x *PartInfo) GetBlocks() []*KeyBlock {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
+func (x *PartInfo) GetChecksumType() ChecksumType {
+	if x != nil {
+		return x.ChecksumType
+	}
+	return ChecksumType_CHECKSUM_TYPE_UNSPECIFIED
+}
+
+func (x *PartInfo) GetBytesPerChecksum() uint32 {
+	if x != nil {
+		return x.BytesPerChecksum
+	}
+	return 0
+}
+
+type ListPartsRequest struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Volume           string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket           string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Key              string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	UploadId         string                 `protobuf:"bytes,4,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
+	PartNumberMarker uint32                 `protobuf:"varint,5,opt,name=part_number_marker,json=partNumberMarker,proto3" json:"part_number_marker,omitempty"` // parts strictly after it
+	MaxParts         uint32                 `protobuf:"varint,6,opt,name=max_parts,json=maxParts,proto3" json:"max_parts,omitempty"`                           // 0 = 1000
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ListPartsRequest) Reset() {
+	*x = ListPartsRequest{}
+	mi := &file_meta_meta_proto_msgTypes[84]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPartsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPartsRequest) ProtoMessage() {}
+
+func (x *ListPartsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[84]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPartsRequest.ProtoReflect.Descriptor instead.
+func (*ListPartsRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{84}
+}
+
+func (x *ListPartsRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *ListPartsRequest) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *ListPartsRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ListPartsRequest) GetUploadId() string {
+	if x != nil {
+		return x.UploadId
+	}
+	return ""
+}
+
+func (x *ListPartsRequest) GetPartNumberMarker() uint32 {
+	if x != nil {
+		return x.PartNumberMarker
+	}
+	return 0
+}
+
+func (x *ListPartsRequest) GetMaxParts() uint32 {
+	if x != nil {
+		return x.MaxParts
+	}
+	return 0
+}
+
+type ListPartsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Upload        *MultipartUpload       `protobuf:"bytes,1,opt,name=upload,proto3" json:"upload,omitempty"`
+	Parts         []*PartInfo            `protobuf:"bytes,2,rep,name=parts,proto3" json:"parts,omitempty"`
+	Truncated     bool                   `protobuf:"varint,3,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPartsResponse) Reset() {
+	*x = ListPartsResponse{}
+	mi := &file_meta_meta_proto_msgTypes[85]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPartsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPartsResponse) ProtoMessage() {}
+
+func (x *ListPartsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[85]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPartsResponse.ProtoReflect.Descriptor instead.
+func (*ListPartsResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{85}
+}
+
+func (x *ListPartsResponse) GetUpload() *MultipartUpload {
+	if x != nil {
+		return x.Upload
+	}
+	return nil
+}
+
+func (x *ListPartsResponse) GetParts() []*PartInfo {
+	if x != nil {
+		return x.Parts
+	}
+	return nil
+}
+
+func (x *ListPartsResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+type ListMultipartUploadsRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Volume string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Prefix string                 `protobuf:"bytes,3,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// Uploads strictly after (key_marker, upload_id_marker); with an empty
+	// upload_id_marker, uploads of keys strictly after key_marker.
+	KeyMarker      string `protobuf:"bytes,4,opt,name=key_marker,json=keyMarker,proto3" json:"key_marker,omitempty"`
+	UploadIdMarker string `protobuf:"bytes,5,opt,name=upload_id_marker,json=uploadIdMarker,proto3" json:"upload_id_marker,omitempty"`
+	MaxUploads     uint32 `protobuf:"varint,6,opt,name=max_uploads,json=maxUploads,proto3" json:"max_uploads,omitempty"` // 0 = 1000
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ListMultipartUploadsRequest) Reset() {
+	*x = ListMultipartUploadsRequest{}
+	mi := &file_meta_meta_proto_msgTypes[86]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMultipartUploadsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMultipartUploadsRequest) ProtoMessage() {}
+
+func (x *ListMultipartUploadsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[86]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMultipartUploadsRequest.ProtoReflect.Descriptor instead.
+func (*ListMultipartUploadsRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{86}
+}
+
+func (x *ListMultipartUploadsRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *ListMultipartUploadsRequest) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *ListMultipartUploadsRequest) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+func (x *ListMultipartUploadsRequest) GetKeyMarker() string {
+	if x != nil {
+		return x.KeyMarker
+	}
+	return ""
+}
+
+func (x *ListMultipartUploadsRequest) GetUploadIdMarker() string {
+	if x != nil {
+		return x.UploadIdMarker
+	}
+	return ""
+}
+
+func (x *ListMultipartUploadsRequest) GetMaxUploads() uint32 {
+	if x != nil {
+		return x.MaxUploads
+	}
+	return 0
+}
+
+type ListMultipartUploadsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uploads       []*MultipartUpload     `protobuf:"bytes,1,rep,name=uploads,proto3" json:"uploads,omitempty"`
+	Truncated     bool                   `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListMultipartUploadsResponse) Reset() {
+	*x = ListMultipartUploadsResponse{}
+	mi := &file_meta_meta_proto_msgTypes[87]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMultipartUploadsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMultipartUploadsResponse) ProtoMessage() {}
+
+func (x *ListMultipartUploadsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[87]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMultipartUploadsResponse.ProtoReflect.Descriptor instead.
+func (*ListMultipartUploadsResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{87}
+}
+
+func (x *ListMultipartUploadsResponse) GetUploads() []*MultipartUpload {
+	if x != nil {
+		return x.Uploads
+	}
+	return nil
+}
+
+func (x *ListMultipartUploadsResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+type S3Secret struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	AccessKeyId     string                 `protobuf:"bytes,1,opt,name=access_key_id,json=accessKeyId,proto3" json:"access_key_id,omitempty"`
+	SecretAccessKey string                 `protobuf:"bytes,2,opt,name=secret_access_key,json=secretAccessKey,proto3" json:"secret_access_key,omitempty"`
+	Owner           string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	CreatedUnixMs   int64                  `protobuf:"varint,4,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *S3Secret) Reset() {
+	*x = S3Secret{}
+	mi := &file_meta_meta_proto_msgTypes[88]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *S3Secret) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*S3Secret) ProtoMessage() {}
+
+func (x *S3Secret) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[88]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use S3Secret.ProtoReflect.Descriptor instead.
+func (*S3Secret) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{88}
+}
+
+func (x *S3Secret) GetAccessKeyId() string {
+	if x != nil {
+		return x.AccessKeyId
+	}
+	return ""
+}
+
+func (x *S3Secret) GetSecretAccessKey() string {
+	if x != nil {
+		return x.SecretAccessKey
+	}
+	return ""
+}
+
+func (x *S3Secret) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *S3Secret) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+type CreateS3SecretRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty: the service picks one. 3..128 characters [A-Za-z0-9._-].
+	AccessKeyId string `protobuf:"bytes,1,opt,name=access_key_id,json=accessKeyId,proto3" json:"access_key_id,omitempty"`
+	Owner       string `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	// Empty: the service generates 40 random base64 characters. Set only by
+	// the service when proposing (so that every replica stores the same one)
+	// or by an operator importing an existing key.
+	SecretAccessKey string `protobuf:"bytes,3,opt,name=secret_access_key,json=secretAccessKey,proto3" json:"secret_access_key,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *CreateS3SecretRequest) Reset() {
+	*x = CreateS3SecretRequest{}
+	mi := &file_meta_meta_proto_msgTypes[89]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateS3SecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateS3SecretRequest) ProtoMessage() {}
+
+func (x *CreateS3SecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[89]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateS3SecretRequest.ProtoReflect.Descriptor instead.
+func (*CreateS3SecretRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{89}
+}
+
+func (x *CreateS3SecretRequest) GetAccessKeyId() string {
+	if x != nil {
+		return x.AccessKeyId
+	}
+	return ""
+}
+
+func (x *CreateS3SecretRequest) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *CreateS3SecretRequest) GetSecretAccessKey() string {
+	if x != nil {
+		return x.SecretAccessKey
+	}
+	return ""
+}
+
+type GetS3SecretRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AccessKeyId   string                 `protobuf:"bytes,1,opt,name=access_key_id,json=accessKeyId,proto3" json:"access_key_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetS3SecretRequest) Reset() {
+	*x = GetS3SecretRequest{}
+	mi := &file_meta_meta_proto_msgTypes[90]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetS3SecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetS3SecretRequest) ProtoMessage() {}
+
+func (x *GetS3SecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[90]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetS3SecretRequest.ProtoReflect.Descriptor instead.
+func (*GetS3SecretRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{90}
+}
+
+func (x *GetS3SecretRequest) GetAccessKeyId() string {
+	if x != nil {
+		return x.AccessKeyId
+	}
+	return ""
+}
+
+type DeleteS3SecretRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AccessKeyId   string                 `protobuf:"bytes,1,opt,name=access_key_id,json=accessKeyId,proto3" json:"access_key_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteS3SecretRequest) Reset() {
+	*x = DeleteS3SecretRequest{}
+	mi := &file_meta_meta_proto_msgTypes[91]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteS3SecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteS3SecretRequest) ProtoMessage() {}
+
+func (x *DeleteS3SecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[91]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteS3SecretRequest.ProtoReflect.Descriptor instead.
+func (*DeleteS3SecretRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{91}
+}
+
+func (x *DeleteS3SecretRequest) GetAccessKeyId() string {
+	if x != nil {
+		return x.AccessKeyId
+	}
+	return ""
+}
+
+type DeleteS3SecretResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteS3SecretResponse) Reset() {
+	*x = DeleteS3SecretResponse{}
+	mi := &file_meta_meta_proto_msgTypes[92]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteS3SecretResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteS3SecretResponse) ProtoMessage() {}
+
+func (x *DeleteS3SecretResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[92]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteS3SecretResponse.ProtoReflect.Descriptor instead.
+func (*DeleteS3SecretResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{92}
 }
 
 var File_meta_meta_proto protoreflect.FileDescriptor
@@ -4991,7 +6332,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x14DeleteBucketResponse\"K\n" +
 	"\bKeyBlock\x12'\n" +
 	"\x02id\x18\x01 \x01(\v2\x17.basalt.meta.v1.BlockIDR\x02id\x12\x16\n" +
-	"\x06length\x18\x02 \x01(\x04R\x06length\"\xef\x03\n" +
+	"\x06length\x18\x02 \x01(\x04R\x06length\"\x9f\x04\n" +
 	"\aKeyInfo\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x12\n" +
@@ -5005,7 +6346,32 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x06blocks\x18\n" +
 	" \x03(\v2\x18.basalt.meta.v1.KeyBlockR\x06blocks\x12;\n" +
 	"\tlocations\x18\v \x03(\v2\x1d.basalt.meta.v1.BlockLocationR\tlocations\x12\x1b\n" +
-	"\tobject_id\x18\f \x01(\x04R\bobjectId\"\xff\x02\n" +
+	"\tobject_id\x18\f \x01(\x04R\bobjectId\x12.\n" +
+	"\x04meta\x18\r \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\"\x97\x05\n" +
+	"\n" +
+	"ObjectMeta\x12\x12\n" +
+	"\x04etag\x18\x01 \x01(\tR\x04etag\x12!\n" +
+	"\fcontent_type\x18\x02 \x01(\tR\vcontentType\x12)\n" +
+	"\x10content_encoding\x18\x03 \x01(\tR\x0fcontentEncoding\x12/\n" +
+	"\x13content_disposition\x18\x04 \x01(\tR\x12contentDisposition\x12)\n" +
+	"\x10content_language\x18\x05 \x01(\tR\x0fcontentLanguage\x12#\n" +
+	"\rcache_control\x18\x06 \x01(\tR\fcacheControl\x12\x18\n" +
+	"\aexpires\x18\a \x01(\tR\aexpires\x128\n" +
+	"\x04user\x18\b \x03(\v2$.basalt.meta.v1.ObjectMeta.UserEntryR\x04user\x128\n" +
+	"\x04tags\x18\t \x03(\v2$.basalt.meta.v1.ObjectMeta.TagsEntryR\x04tags\x12G\n" +
+	"\tchecksums\x18\n" +
+	" \x03(\v2).basalt.meta.v1.ObjectMeta.ChecksumsEntryR\tchecksums\x12\x1f\n" +
+	"\vparts_count\x18\v \x01(\rR\n" +
+	"partsCount\x1a7\n" +
+	"\tUserEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a7\n" +
+	"\tTagsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a<\n" +
+	"\x0eChecksumsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xff\x02\n" +
 	"\x0eOpenKeyRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
@@ -5026,10 +6392,17 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\aexclude\x18\x02 \x01(\v2\x1b.basalt.meta.v1.ExcludeListR\aexclude\x12'\n" +
 	"\x0fclient_location\x18\x03 \x01(\tR\x0eclientLocation\"L\n" +
 	"\x15AllocateBlockResponse\x123\n" +
-	"\x05block\x18\x01 \x01(\v2\x1d.basalt.meta.v1.BlockLocationR\x05block\"]\n" +
+	"\x05block\x18\x01 \x01(\v2\x1d.basalt.meta.v1.BlockLocationR\x05block\"\xba\x01\n" +
 	"\x10CommitKeyRequest\x12\x17\n" +
 	"\aopen_id\x18\x01 \x01(\x04R\x06openId\x120\n" +
-	"\x06blocks\x18\x02 \x03(\v2\x18.basalt.meta.v1.KeyBlockR\x06blocks\"}\n" +
+	"\x06blocks\x18\x02 \x03(\v2\x18.basalt.meta.v1.KeyBlockR\x06blocks\x12.\n" +
+	"\x04meta\x18\x03 \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\x12+\n" +
+	"\x04part\x18\x04 \x01(\v2\x17.basalt.meta.v1.PartRefR\x04part\"[\n" +
+	"\aPartRef\x12\x1b\n" +
+	"\tupload_id\x18\x01 \x01(\tR\buploadId\x12\x1f\n" +
+	"\vpart_number\x18\x02 \x01(\rR\n" +
+	"partNumber\x12\x12\n" +
+	"\x04etag\x18\x03 \x01(\tR\x04etag\"}\n" +
 	"\x10LookupKeyRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
@@ -5084,7 +6457,91 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\tpage_size\x18\x05 \x01(\rR\bpageSize\"h\n" +
 	"\x12ListStatusResponse\x124\n" +
 	"\aentries\x18\x01 \x03(\v2\x1a.basalt.meta.v1.FileStatusR\aentries\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated*>\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\xc5\x01\n" +
+	"\x11SetKeyMetaRequest\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
+	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12.\n" +
+	"\x04meta\x18\x04 \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\x12(\n" +
+	"\x10expect_object_id\x18\x05 \x01(\x04R\x0eexpectObjectId\x12\x14\n" +
+	"\x05touch\x18\x06 \x01(\bR\x05touch\"\x87\x02\n" +
+	"\x0fMultipartUpload\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
+	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x1b\n" +
+	"\tupload_id\x18\x04 \x01(\tR\buploadId\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x05 \x01(\x03R\rcreatedUnixMs\x12.\n" +
+	"\x04meta\x18\x06 \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\x12=\n" +
+	"\vreplication\x18\a \x01(\x0e2\x1b.basalt.meta.v1.ReplicationR\vreplication\"\xcf\x01\n" +
+	"\x1cCreateMultipartUploadRequest\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
+	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12.\n" +
+	"\x04meta\x18\x04 \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\x12=\n" +
+	"\vreplication\x18\x05 \x01(\x0e2\x1b.basalt.meta.v1.ReplicationR\vreplication\"D\n" +
+	"\rCompletedPart\x12\x1f\n" +
+	"\vpart_number\x18\x01 \x01(\rR\n" +
+	"partNumber\x12\x12\n" +
+	"\x04etag\x18\x02 \x01(\tR\x04etag\"\xd8\x01\n" +
+	"\x1eCompleteMultipartUploadRequest\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
+	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x1b\n" +
+	"\tupload_id\x18\x04 \x01(\tR\buploadId\x123\n" +
+	"\x05parts\x18\x05 \x03(\v2\x1d.basalt.meta.v1.CompletedPartR\x05parts\x12\"\n" +
+	"\rmin_part_size\x18\x06 \x01(\x04R\vminPartSize\"|\n" +
+	"\x1bAbortMultipartUploadRequest\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
+	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x1b\n" +
+	"\tupload_id\x18\x04 \x01(\tR\buploadId\"\x1e\n" +
+	"\x1cAbortMultipartUploadResponse\"\xa0\x02\n" +
+	"\bPartInfo\x12\x1f\n" +
+	"\vpart_number\x18\x01 \x01(\rR\n" +
+	"partNumber\x12\x12\n" +
+	"\x04etag\x18\x02 \x01(\tR\x04etag\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x04R\x04size\x12(\n" +
+	"\x10modified_unix_ms\x18\x04 \x01(\x03R\x0emodifiedUnixMs\x120\n" +
+	"\x06blocks\x18\x05 \x03(\v2\x18.basalt.meta.v1.KeyBlockR\x06blocks\x12A\n" +
+	"\rchecksum_type\x18\x06 \x01(\x0e2\x1c.basalt.meta.v1.ChecksumTypeR\fchecksumType\x12,\n" +
+	"\x12bytes_per_checksum\x18\a \x01(\rR\x10bytesPerChecksum\"\xbc\x01\n" +
+	"\x10ListPartsRequest\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
+	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x1b\n" +
+	"\tupload_id\x18\x04 \x01(\tR\buploadId\x12,\n" +
+	"\x12part_number_marker\x18\x05 \x01(\rR\x10partNumberMarker\x12\x1b\n" +
+	"\tmax_parts\x18\x06 \x01(\rR\bmaxParts\"\x9a\x01\n" +
+	"\x11ListPartsResponse\x127\n" +
+	"\x06upload\x18\x01 \x01(\v2\x1f.basalt.meta.v1.MultipartUploadR\x06upload\x12.\n" +
+	"\x05parts\x18\x02 \x03(\v2\x18.basalt.meta.v1.PartInfoR\x05parts\x12\x1c\n" +
+	"\ttruncated\x18\x03 \x01(\bR\ttruncated\"\xcf\x01\n" +
+	"\x1bListMultipartUploadsRequest\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
+	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x16\n" +
+	"\x06prefix\x18\x03 \x01(\tR\x06prefix\x12\x1d\n" +
+	"\n" +
+	"key_marker\x18\x04 \x01(\tR\tkeyMarker\x12(\n" +
+	"\x10upload_id_marker\x18\x05 \x01(\tR\x0euploadIdMarker\x12\x1f\n" +
+	"\vmax_uploads\x18\x06 \x01(\rR\n" +
+	"maxUploads\"w\n" +
+	"\x1cListMultipartUploadsResponse\x129\n" +
+	"\auploads\x18\x01 \x03(\v2\x1f.basalt.meta.v1.MultipartUploadR\auploads\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\x98\x01\n" +
+	"\bS3Secret\x12\"\n" +
+	"\raccess_key_id\x18\x01 \x01(\tR\vaccessKeyId\x12*\n" +
+	"\x11secret_access_key\x18\x02 \x01(\tR\x0fsecretAccessKey\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x04 \x01(\x03R\rcreatedUnixMs\"}\n" +
+	"\x15CreateS3SecretRequest\x12\"\n" +
+	"\raccess_key_id\x18\x01 \x01(\tR\vaccessKeyId\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x12*\n" +
+	"\x11secret_access_key\x18\x03 \x01(\tR\x0fsecretAccessKey\"8\n" +
+	"\x12GetS3SecretRequest\x12\"\n" +
+	"\raccess_key_id\x18\x01 \x01(\tR\vaccessKeyId\";\n" +
+	"\x15DeleteS3SecretRequest\x12\"\n" +
+	"\raccess_key_id\x18\x01 \x01(\tR\vaccessKeyId\"\x18\n" +
+	"\x16DeleteS3SecretResponse*>\n" +
 	"\vReplication\x12\x1b\n" +
 	"\x17REPLICATION_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03ONE\x10\x01\x12\t\n" +
@@ -5124,7 +6581,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\rListDatanodes\x12$.basalt.meta.v1.ListDatanodesRequest\x1a%.basalt.meta.v1.ListDatanodesResponse\x12\\\n" +
 	"\rListPipelines\x12$.basalt.meta.v1.ListPipelinesRequest\x1a%.basalt.meta.v1.ListPipelinesResponse\x12_\n" +
 	"\x0eListContainers\x12%.basalt.meta.v1.ListContainersRequest\x1a&.basalt.meta.v1.ListContainersResponse\x12V\n" +
-	"\vGetSafeMode\x12\".basalt.meta.v1.GetSafeModeRequest\x1a#.basalt.meta.v1.GetSafeModeResponse2\xc5\v\n" +
+	"\vGetSafeMode\x12\".basalt.meta.v1.GetSafeModeRequest\x1a#.basalt.meta.v1.GetSafeModeResponse2\x94\x12\n" +
 	"\tNamespace\x12K\n" +
 	"\fCreateVolume\x12#.basalt.meta.v1.CreateVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12E\n" +
 	"\tGetVolume\x12 .basalt.meta.v1.GetVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12V\n" +
@@ -5144,7 +6601,17 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x0fCreateDirectory\x12&.basalt.meta.v1.CreateDirectoryRequest\x1a\x1a.basalt.meta.v1.FileStatus\x12Q\n" +
 	"\rGetFileStatus\x12$.basalt.meta.v1.GetFileStatusRequest\x1a\x1a.basalt.meta.v1.FileStatus\x12S\n" +
 	"\n" +
-	"ListStatus\x12!.basalt.meta.v1.ListStatusRequest\x1a\".basalt.meta.v1.ListStatusResponseB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
+	"ListStatus\x12!.basalt.meta.v1.ListStatusRequest\x1a\".basalt.meta.v1.ListStatusResponse\x12H\n" +
+	"\n" +
+	"SetKeyMeta\x12!.basalt.meta.v1.SetKeyMetaRequest\x1a\x17.basalt.meta.v1.KeyInfo\x12f\n" +
+	"\x15CreateMultipartUpload\x12,.basalt.meta.v1.CreateMultipartUploadRequest\x1a\x1f.basalt.meta.v1.MultipartUpload\x12b\n" +
+	"\x17CompleteMultipartUpload\x12..basalt.meta.v1.CompleteMultipartUploadRequest\x1a\x17.basalt.meta.v1.KeyInfo\x12q\n" +
+	"\x14AbortMultipartUpload\x12+.basalt.meta.v1.AbortMultipartUploadRequest\x1a,.basalt.meta.v1.AbortMultipartUploadResponse\x12P\n" +
+	"\tListParts\x12 .basalt.meta.v1.ListPartsRequest\x1a!.basalt.meta.v1.ListPartsResponse\x12q\n" +
+	"\x14ListMultipartUploads\x12+.basalt.meta.v1.ListMultipartUploadsRequest\x1a,.basalt.meta.v1.ListMultipartUploadsResponse\x12Q\n" +
+	"\x0eCreateS3Secret\x12%.basalt.meta.v1.CreateS3SecretRequest\x1a\x18.basalt.meta.v1.S3Secret\x12K\n" +
+	"\vGetS3Secret\x12\".basalt.meta.v1.GetS3SecretRequest\x1a\x18.basalt.meta.v1.S3Secret\x12_\n" +
+	"\x0eDeleteS3Secret\x12%.basalt.meta.v1.DeleteS3SecretRequest\x1a&.basalt.meta.v1.DeleteS3SecretResponseB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
 
 var (
 	file_meta_meta_proto_rawDescOnce sync.Once
@@ -5159,211 +6626,268 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 96)
 var file_meta_meta_proto_goTypes = []any{
-	(Replication)(0),                     // 0: basalt.meta.v1.Replication
-	(NodeState)(0),                       // 1: basalt.meta.v1.NodeState
-	(PipelineState)(0),                   // 2: basalt.meta.v1.PipelineState
-	(ContainerState)(0),                  // 3: basalt.meta.v1.ContainerState
-	(BucketLayout)(0),                    // 4: basalt.meta.v1.BucketLayout
-	(ChecksumType)(0),                    // 5: basalt.meta.v1.ChecksumType
-	(*NotLeader)(nil),                    // 6: basalt.meta.v1.NotLeader
-	(*DatanodeDetails)(nil),              // 7: basalt.meta.v1.DatanodeDetails
-	(*VolumeReport)(nil),                 // 8: basalt.meta.v1.VolumeReport
-	(*ContainerReport)(nil),              // 9: basalt.meta.v1.ContainerReport
-	(*PipelineReport)(nil),               // 10: basalt.meta.v1.PipelineReport
-	(*Pipeline)(nil),                     // 11: basalt.meta.v1.Pipeline
-	(*Container)(nil),                    // 12: basalt.meta.v1.Container
-	(*BlockID)(nil),                      // 13: basalt.meta.v1.BlockID
-	(*BlockLocation)(nil),                // 14: basalt.meta.v1.BlockLocation
-	(*ExcludeList)(nil),                  // 15: basalt.meta.v1.ExcludeList
-	(*RegisterDatanodeRequest)(nil),      // 16: basalt.meta.v1.RegisterDatanodeRequest
-	(*RegisterDatanodeResponse)(nil),     // 17: basalt.meta.v1.RegisterDatanodeResponse
-	(*HeartbeatRequest)(nil),             // 18: basalt.meta.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),            // 19: basalt.meta.v1.HeartbeatResponse
-	(*DatanodeCommand)(nil),              // 20: basalt.meta.v1.DatanodeCommand
-	(*CreatePipelineCommand)(nil),        // 21: basalt.meta.v1.CreatePipelineCommand
-	(*ClosePipelineCommand)(nil),         // 22: basalt.meta.v1.ClosePipelineCommand
-	(*CloseContainerCommand)(nil),        // 23: basalt.meta.v1.CloseContainerCommand
-	(*DeleteBlocksCommand)(nil),          // 24: basalt.meta.v1.DeleteBlocksCommand
-	(*AllocateBlocksRequest)(nil),        // 25: basalt.meta.v1.AllocateBlocksRequest
-	(*AllocateBlocksResponse)(nil),       // 26: basalt.meta.v1.AllocateBlocksResponse
-	(*DeleteBlocksRequest)(nil),          // 27: basalt.meta.v1.DeleteBlocksRequest
-	(*DeleteBlocksGroup)(nil),            // 28: basalt.meta.v1.DeleteBlocksGroup
-	(*DeleteBlocksResponse)(nil),         // 29: basalt.meta.v1.DeleteBlocksResponse
-	(*ReportCorruptReplicaRequest)(nil),  // 30: basalt.meta.v1.ReportCorruptReplicaRequest
-	(*ReportCorruptReplicaResponse)(nil), // 31: basalt.meta.v1.ReportCorruptReplicaResponse
-	(*ListCorruptReplicasRequest)(nil),   // 32: basalt.meta.v1.ListCorruptReplicasRequest
-	(*CorruptReplica)(nil),               // 33: basalt.meta.v1.CorruptReplica
-	(*ListCorruptReplicasResponse)(nil),  // 34: basalt.meta.v1.ListCorruptReplicasResponse
-	(*GetContainersRequest)(nil),         // 35: basalt.meta.v1.GetContainersRequest
-	(*GetContainersResponse)(nil),        // 36: basalt.meta.v1.GetContainersResponse
-	(*ContainerWithLocation)(nil),        // 37: basalt.meta.v1.ContainerWithLocation
-	(*ListDatanodesRequest)(nil),         // 38: basalt.meta.v1.ListDatanodesRequest
-	(*DatanodeStatus)(nil),               // 39: basalt.meta.v1.DatanodeStatus
-	(*ListDatanodesResponse)(nil),        // 40: basalt.meta.v1.ListDatanodesResponse
-	(*ListPipelinesRequest)(nil),         // 41: basalt.meta.v1.ListPipelinesRequest
-	(*ListPipelinesResponse)(nil),        // 42: basalt.meta.v1.ListPipelinesResponse
-	(*ListContainersRequest)(nil),        // 43: basalt.meta.v1.ListContainersRequest
-	(*ListContainersResponse)(nil),       // 44: basalt.meta.v1.ListContainersResponse
-	(*GetSafeModeRequest)(nil),           // 45: basalt.meta.v1.GetSafeModeRequest
-	(*GetSafeModeResponse)(nil),          // 46: basalt.meta.v1.GetSafeModeResponse
-	(*Volume)(nil),                       // 47: basalt.meta.v1.Volume
-	(*CreateVolumeRequest)(nil),          // 48: basalt.meta.v1.CreateVolumeRequest
-	(*GetVolumeRequest)(nil),             // 49: basalt.meta.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),           // 50: basalt.meta.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),          // 51: basalt.meta.v1.ListVolumesResponse
-	(*DeleteVolumeRequest)(nil),          // 52: basalt.meta.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),         // 53: basalt.meta.v1.DeleteVolumeResponse
-	(*Bucket)(nil),                       // 54: basalt.meta.v1.Bucket
-	(*CreateBucketRequest)(nil),          // 55: basalt.meta.v1.CreateBucketRequest
-	(*GetBucketRequest)(nil),             // 56: basalt.meta.v1.GetBucketRequest
-	(*ListBucketsRequest)(nil),           // 57: basalt.meta.v1.ListBucketsRequest
-	(*ListBucketsResponse)(nil),          // 58: basalt.meta.v1.ListBucketsResponse
-	(*DeleteBucketRequest)(nil),          // 59: basalt.meta.v1.DeleteBucketRequest
-	(*DeleteBucketResponse)(nil),         // 60: basalt.meta.v1.DeleteBucketResponse
-	(*KeyBlock)(nil),                     // 61: basalt.meta.v1.KeyBlock
-	(*KeyInfo)(nil),                      // 62: basalt.meta.v1.KeyInfo
-	(*OpenKeyRequest)(nil),               // 63: basalt.meta.v1.OpenKeyRequest
-	(*OpenKeyResponse)(nil),              // 64: basalt.meta.v1.OpenKeyResponse
-	(*AllocateBlockRequest)(nil),         // 65: basalt.meta.v1.AllocateBlockRequest
-	(*AllocateBlockResponse)(nil),        // 66: basalt.meta.v1.AllocateBlockResponse
-	(*CommitKeyRequest)(nil),             // 67: basalt.meta.v1.CommitKeyRequest
-	(*LookupKeyRequest)(nil),             // 68: basalt.meta.v1.LookupKeyRequest
-	(*ListKeysRequest)(nil),              // 69: basalt.meta.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),             // 70: basalt.meta.v1.ListKeysResponse
-	(*RenameKeyRequest)(nil),             // 71: basalt.meta.v1.RenameKeyRequest
-	(*RenameKeyResponse)(nil),            // 72: basalt.meta.v1.RenameKeyResponse
-	(*DeleteKeyRequest)(nil),             // 73: basalt.meta.v1.DeleteKeyRequest
-	(*DeleteKeyResponse)(nil),            // 74: basalt.meta.v1.DeleteKeyResponse
-	(*FileStatus)(nil),                   // 75: basalt.meta.v1.FileStatus
-	(*CreateDirectoryRequest)(nil),       // 76: basalt.meta.v1.CreateDirectoryRequest
-	(*GetFileStatusRequest)(nil),         // 77: basalt.meta.v1.GetFileStatusRequest
-	(*ListStatusRequest)(nil),            // 78: basalt.meta.v1.ListStatusRequest
-	(*ListStatusResponse)(nil),           // 79: basalt.meta.v1.ListStatusResponse
+	(Replication)(0),                       // 0: basalt.meta.v1.Replication
+	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
+	(PipelineState)(0),                     // 2: basalt.meta.v1.PipelineState
+	(ContainerState)(0),                    // 3: basalt.meta.v1.ContainerState
+	(BucketLayout)(0),                      // 4: basalt.meta.v1.BucketLayout
+	(ChecksumType)(0),                      // 5: basalt.meta.v1.ChecksumType
+	(*NotLeader)(nil),                      // 6: basalt.meta.v1.NotLeader
+	(*DatanodeDetails)(nil),                // 7: basalt.meta.v1.DatanodeDetails
+	(*VolumeReport)(nil),                   // 8: basalt.meta.v1.VolumeReport
+	(*ContainerReport)(nil),                // 9: basalt.meta.v1.ContainerReport
+	(*PipelineReport)(nil),                 // 10: basalt.meta.v1.PipelineReport
+	(*Pipeline)(nil),                       // 11: basalt.meta.v1.Pipeline
+	(*Container)(nil),                      // 12: basalt.meta.v1.Container
+	(*BlockID)(nil),                        // 13: basalt.meta.v1.BlockID
+	(*BlockLocation)(nil),                  // 14: basalt.meta.v1.BlockLocation
+	(*ExcludeList)(nil),                    // 15: basalt.meta.v1.ExcludeList
+	(*RegisterDatanodeRequest)(nil),        // 16: basalt.meta.v1.RegisterDatanodeRequest
+	(*RegisterDatanodeResponse)(nil),       // 17: basalt.meta.v1.RegisterDatanodeResponse
+	(*HeartbeatRequest)(nil),               // 18: basalt.meta.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),              // 19: basalt.meta.v1.HeartbeatResponse
+	(*DatanodeCommand)(nil),                // 20: basalt.meta.v1.DatanodeCommand
+	(*CreatePipelineCommand)(nil),          // 21: basalt.meta.v1.CreatePipelineCommand
+	(*ClosePipelineCommand)(nil),           // 22: basalt.meta.v1.ClosePipelineCommand
+	(*CloseContainerCommand)(nil),          // 23: basalt.meta.v1.CloseContainerCommand
+	(*DeleteBlocksCommand)(nil),            // 24: basalt.meta.v1.DeleteBlocksCommand
+	(*AllocateBlocksRequest)(nil),          // 25: basalt.meta.v1.AllocateBlocksRequest
+	(*AllocateBlocksResponse)(nil),         // 26: basalt.meta.v1.AllocateBlocksResponse
+	(*DeleteBlocksRequest)(nil),            // 27: basalt.meta.v1.DeleteBlocksRequest
+	(*DeleteBlocksGroup)(nil),              // 28: basalt.meta.v1.DeleteBlocksGroup
+	(*DeleteBlocksResponse)(nil),           // 29: basalt.meta.v1.DeleteBlocksResponse
+	(*ReportCorruptReplicaRequest)(nil),    // 30: basalt.meta.v1.ReportCorruptReplicaRequest
+	(*ReportCorruptReplicaResponse)(nil),   // 31: basalt.meta.v1.ReportCorruptReplicaResponse
+	(*ListCorruptReplicasRequest)(nil),     // 32: basalt.meta.v1.ListCorruptReplicasRequest
+	(*CorruptReplica)(nil),                 // 33: basalt.meta.v1.CorruptReplica
+	(*ListCorruptReplicasResponse)(nil),    // 34: basalt.meta.v1.ListCorruptReplicasResponse
+	(*GetContainersRequest)(nil),           // 35: basalt.meta.v1.GetContainersRequest
+	(*GetContainersResponse)(nil),          // 36: basalt.meta.v1.GetContainersResponse
+	(*ContainerWithLocation)(nil),          // 37: basalt.meta.v1.ContainerWithLocation
+	(*ListDatanodesRequest)(nil),           // 38: basalt.meta.v1.ListDatanodesRequest
+	(*DatanodeStatus)(nil),                 // 39: basalt.meta.v1.DatanodeStatus
+	(*ListDatanodesResponse)(nil),          // 40: basalt.meta.v1.ListDatanodesResponse
+	(*ListPipelinesRequest)(nil),           // 41: basalt.meta.v1.ListPipelinesRequest
+	(*ListPipelinesResponse)(nil),          // 42: basalt.meta.v1.ListPipelinesResponse
+	(*ListContainersRequest)(nil),          // 43: basalt.meta.v1.ListContainersRequest
+	(*ListContainersResponse)(nil),         // 44: basalt.meta.v1.ListContainersResponse
+	(*GetSafeModeRequest)(nil),             // 45: basalt.meta.v1.GetSafeModeRequest
+	(*GetSafeModeResponse)(nil),            // 46: basalt.meta.v1.GetSafeModeResponse
+	(*Volume)(nil),                         // 47: basalt.meta.v1.Volume
+	(*CreateVolumeRequest)(nil),            // 48: basalt.meta.v1.CreateVolumeRequest
+	(*GetVolumeRequest)(nil),               // 49: basalt.meta.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),             // 50: basalt.meta.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),            // 51: basalt.meta.v1.ListVolumesResponse
+	(*DeleteVolumeRequest)(nil),            // 52: basalt.meta.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),           // 53: basalt.meta.v1.DeleteVolumeResponse
+	(*Bucket)(nil),                         // 54: basalt.meta.v1.Bucket
+	(*CreateBucketRequest)(nil),            // 55: basalt.meta.v1.CreateBucketRequest
+	(*GetBucketRequest)(nil),               // 56: basalt.meta.v1.GetBucketRequest
+	(*ListBucketsRequest)(nil),             // 57: basalt.meta.v1.ListBucketsRequest
+	(*ListBucketsResponse)(nil),            // 58: basalt.meta.v1.ListBucketsResponse
+	(*DeleteBucketRequest)(nil),            // 59: basalt.meta.v1.DeleteBucketRequest
+	(*DeleteBucketResponse)(nil),           // 60: basalt.meta.v1.DeleteBucketResponse
+	(*KeyBlock)(nil),                       // 61: basalt.meta.v1.KeyBlock
+	(*KeyInfo)(nil),                        // 62: basalt.meta.v1.KeyInfo
+	(*ObjectMeta)(nil),                     // 63: basalt.meta.v1.ObjectMeta
+	(*OpenKeyRequest)(nil),                 // 64: basalt.meta.v1.OpenKeyRequest
+	(*OpenKeyResponse)(nil),                // 65: basalt.meta.v1.OpenKeyResponse
+	(*AllocateBlockRequest)(nil),           // 66: basalt.meta.v1.AllocateBlockRequest
+	(*AllocateBlockResponse)(nil),          // 67: basalt.meta.v1.AllocateBlockResponse
+	(*CommitKeyRequest)(nil),               // 68: basalt.meta.v1.CommitKeyRequest
+	(*PartRef)(nil),                        // 69: basalt.meta.v1.PartRef
+	(*LookupKeyRequest)(nil),               // 70: basalt.meta.v1.LookupKeyRequest
+	(*ListKeysRequest)(nil),                // 71: basalt.meta.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),               // 72: basalt.meta.v1.ListKeysResponse
+	(*RenameKeyRequest)(nil),               // 73: basalt.meta.v1.RenameKeyRequest
+	(*RenameKeyResponse)(nil),              // 74: basalt.meta.v1.RenameKeyResponse
+	(*DeleteKeyRequest)(nil),               // 75: basalt.meta.v1.DeleteKeyRequest
+	(*DeleteKeyResponse)(nil),              // 76: basalt.meta.v1.DeleteKeyResponse
+	(*FileStatus)(nil),                     // 77: basalt.meta.v1.FileStatus
+	(*CreateDirectoryRequest)(nil),         // 78: basalt.meta.v1.CreateDirectoryRequest
+	(*GetFileStatusRequest)(nil),           // 79: basalt.meta.v1.GetFileStatusRequest
+	(*ListStatusRequest)(nil),              // 80: basalt.meta.v1.ListStatusRequest
+	(*ListStatusResponse)(nil),             // 81: basalt.meta.v1.ListStatusResponse
+	(*SetKeyMetaRequest)(nil),              // 82: basalt.meta.v1.SetKeyMetaRequest
+	(*MultipartUpload)(nil),                // 83: basalt.meta.v1.MultipartUpload
+	(*CreateMultipartUploadRequest)(nil),   // 84: basalt.meta.v1.CreateMultipartUploadRequest
+	(*CompletedPart)(nil),                  // 85: basalt.meta.v1.CompletedPart
+	(*CompleteMultipartUploadRequest)(nil), // 86: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 87: basalt.meta.v1.AbortMultipartUploadRequest
+	(*AbortMultipartUploadResponse)(nil),   // 88: basalt.meta.v1.AbortMultipartUploadResponse
+	(*PartInfo)(nil),                       // 89: basalt.meta.v1.PartInfo
+	(*ListPartsRequest)(nil),               // 90: basalt.meta.v1.ListPartsRequest
+	(*ListPartsResponse)(nil),              // 91: basalt.meta.v1.ListPartsResponse
+	(*ListMultipartUploadsRequest)(nil),    // 92: basalt.meta.v1.ListMultipartUploadsRequest
+	(*ListMultipartUploadsResponse)(nil),   // 93: basalt.meta.v1.ListMultipartUploadsResponse
+	(*S3Secret)(nil),                       // 94: basalt.meta.v1.S3Secret
+	(*CreateS3SecretRequest)(nil),          // 95: basalt.meta.v1.CreateS3SecretRequest
+	(*GetS3SecretRequest)(nil),             // 96: basalt.meta.v1.GetS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 97: basalt.meta.v1.DeleteS3SecretRequest
+	(*DeleteS3SecretResponse)(nil),         // 98: basalt.meta.v1.DeleteS3SecretResponse
+	nil,                                    // 99: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 100: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 101: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
-	3,  // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
-	0,  // 1: basalt.meta.v1.Pipeline.replication:type_name -> basalt.meta.v1.Replication
-	2,  // 2: basalt.meta.v1.Pipeline.state:type_name -> basalt.meta.v1.PipelineState
-	0,  // 3: basalt.meta.v1.Container.replication:type_name -> basalt.meta.v1.Replication
-	3,  // 4: basalt.meta.v1.Container.state:type_name -> basalt.meta.v1.ContainerState
-	13, // 5: basalt.meta.v1.BlockLocation.id:type_name -> basalt.meta.v1.BlockID
-	3,  // 6: basalt.meta.v1.BlockLocation.container_state:type_name -> basalt.meta.v1.ContainerState
-	7,  // 7: basalt.meta.v1.BlockLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	7,  // 8: basalt.meta.v1.RegisterDatanodeRequest.details:type_name -> basalt.meta.v1.DatanodeDetails
-	8,  // 9: basalt.meta.v1.RegisterDatanodeRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
-	8,  // 10: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
-	9,  // 11: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
-	10, // 12: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
-	20, // 13: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
-	1,  // 14: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
-	21, // 15: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
-	22, // 16: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
-	23, // 17: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
-	24, // 18: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
-	11, // 19: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
-	7,  // 20: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	0,  // 21: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
-	15, // 22: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	14, // 23: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	28, // 24: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
-	13, // 25: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
-	13, // 26: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
-	33, // 27: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
-	37, // 28: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
-	12, // 29: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
-	7,  // 30: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	7,  // 31: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
-	1,  // 32: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
-	8,  // 33: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
-	39, // 34: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
-	11, // 35: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
-	12, // 36: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
-	47, // 37: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
-	4,  // 38: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,  // 39: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
-	4,  // 40: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,  // 41: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
-	54, // 42: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
-	13, // 43: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
-	0,  // 44: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
-	5,  // 45: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	61, // 46: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	14, // 47: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
-	0,  // 48: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
-	5,  // 49: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	15, // 50: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	14, // 51: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	15, // 52: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	14, // 53: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
-	61, // 54: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
-	62, // 55: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
-	62, // 56: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
-	75, // 57: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
-	16, // 58: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	18, // 59: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	25, // 60: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	27, // 61: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	35, // 62: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	30, // 63: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	32, // 64: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	38, // 65: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	41, // 66: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	43, // 67: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	45, // 68: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	48, // 69: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	49, // 70: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	50, // 71: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	52, // 72: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	55, // 73: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	56, // 74: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	57, // 75: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	59, // 76: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	63, // 77: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	65, // 78: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	67, // 79: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	68, // 80: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	69, // 81: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	71, // 82: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	73, // 83: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	76, // 84: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	77, // 85: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	78, // 86: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	17, // 87: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	19, // 88: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	26, // 89: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	29, // 90: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	36, // 91: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	31, // 92: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	34, // 93: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	40, // 94: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	42, // 95: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	44, // 96: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	46, // 97: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	47, // 98: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	47, // 99: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	51, // 100: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	53, // 101: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	54, // 102: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	54, // 103: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	58, // 104: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	60, // 105: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	64, // 106: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	66, // 107: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	62, // 108: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	62, // 109: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	70, // 110: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	72, // 111: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	74, // 112: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	75, // 113: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	75, // 114: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	79, // 115: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	87, // [87:116] is the sub-list for method output_type
-	58, // [58:87] is the sub-list for method input_type
-	58, // [58:58] is the sub-list for extension type_name
-	58, // [58:58] is the sub-list for extension extendee
-	0,  // [0:58] is the sub-list for field type_name
+	3,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
+	0,   // 1: basalt.meta.v1.Pipeline.replication:type_name -> basalt.meta.v1.Replication
+	2,   // 2: basalt.meta.v1.Pipeline.state:type_name -> basalt.meta.v1.PipelineState
+	0,   // 3: basalt.meta.v1.Container.replication:type_name -> basalt.meta.v1.Replication
+	3,   // 4: basalt.meta.v1.Container.state:type_name -> basalt.meta.v1.ContainerState
+	13,  // 5: basalt.meta.v1.BlockLocation.id:type_name -> basalt.meta.v1.BlockID
+	3,   // 6: basalt.meta.v1.BlockLocation.container_state:type_name -> basalt.meta.v1.ContainerState
+	7,   // 7: basalt.meta.v1.BlockLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	7,   // 8: basalt.meta.v1.RegisterDatanodeRequest.details:type_name -> basalt.meta.v1.DatanodeDetails
+	8,   // 9: basalt.meta.v1.RegisterDatanodeRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
+	8,   // 10: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
+	9,   // 11: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
+	10,  // 12: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
+	20,  // 13: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
+	1,   // 14: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
+	21,  // 15: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
+	22,  // 16: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
+	23,  // 17: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
+	24,  // 18: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
+	11,  // 19: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
+	7,   // 20: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	0,   // 21: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
+	15,  // 22: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	14,  // 23: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	28,  // 24: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
+	13,  // 25: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
+	13,  // 26: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
+	33,  // 27: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
+	37,  // 28: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
+	12,  // 29: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
+	7,   // 30: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	7,   // 31: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
+	1,   // 32: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
+	8,   // 33: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
+	39,  // 34: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
+	11,  // 35: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
+	12,  // 36: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
+	47,  // 37: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
+	4,   // 38: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 39: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
+	4,   // 40: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 41: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
+	54,  // 42: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
+	13,  // 43: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
+	0,   // 44: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
+	5,   // 45: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	61,  // 46: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	14,  // 47: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
+	63,  // 48: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
+	99,  // 49: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	100, // 50: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	101, // 51: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	0,   // 52: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
+	5,   // 53: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	15,  // 54: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	14,  // 55: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	15,  // 56: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	14,  // 57: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
+	61,  // 58: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
+	63,  // 59: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	69,  // 60: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	62,  // 61: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
+	62,  // 62: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
+	77,  // 63: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
+	63,  // 64: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	63,  // 65: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 66: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
+	63,  // 67: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 68: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
+	85,  // 69: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
+	61,  // 70: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	5,   // 71: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	83,  // 72: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
+	89,  // 73: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
+	83,  // 74: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
+	16,  // 75: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	18,  // 76: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	25,  // 77: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	27,  // 78: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	35,  // 79: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	30,  // 80: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	32,  // 81: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	38,  // 82: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	41,  // 83: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	43,  // 84: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	45,  // 85: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	48,  // 86: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	49,  // 87: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	50,  // 88: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	52,  // 89: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	55,  // 90: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	56,  // 91: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	57,  // 92: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	59,  // 93: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	64,  // 94: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	66,  // 95: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	68,  // 96: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	70,  // 97: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	71,  // 98: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	73,  // 99: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	75,  // 100: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	78,  // 101: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	79,  // 102: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	80,  // 103: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	82,  // 104: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	84,  // 105: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	86,  // 106: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	87,  // 107: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	90,  // 108: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	92,  // 109: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	95,  // 110: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	96,  // 111: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	97,  // 112: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	17,  // 113: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	19,  // 114: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	26,  // 115: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	29,  // 116: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	36,  // 117: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	31,  // 118: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	34,  // 119: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	40,  // 120: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	42,  // 121: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	44,  // 122: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	46,  // 123: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	47,  // 124: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	47,  // 125: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	51,  // 126: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	53,  // 127: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	54,  // 128: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	54,  // 129: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	58,  // 130: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	60,  // 131: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	65,  // 132: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	67,  // 133: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	62,  // 134: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	62,  // 135: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	72,  // 136: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	74,  // 137: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	76,  // 138: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	77,  // 139: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	77,  // 140: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	81,  // 141: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	62,  // 142: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	83,  // 143: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	62,  // 144: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	88,  // 145: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	91,  // 146: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	93,  // 147: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	94,  // 148: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	94,  // 149: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	98,  // 150: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	113, // [113:151] is the sub-list for method output_type
+	75,  // [75:113] is the sub-list for method input_type
+	75,  // [75:75] is the sub-list for extension type_name
+	75,  // [75:75] is the sub-list for extension extendee
+	0,   // [0:75] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -5383,7 +6907,7 @@ func file_meta_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   74,
+			NumMessages:   96,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -515,24 +515,33 @@ var Scm_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Namespace_CreateVolume_FullMethodName    = "/basalt.meta.v1.Namespace/CreateVolume"
-	Namespace_GetVolume_FullMethodName       = "/basalt.meta.v1.Namespace/GetVolume"
-	Namespace_ListVolumes_FullMethodName     = "/basalt.meta.v1.Namespace/ListVolumes"
-	Namespace_DeleteVolume_FullMethodName    = "/basalt.meta.v1.Namespace/DeleteVolume"
-	Namespace_CreateBucket_FullMethodName    = "/basalt.meta.v1.Namespace/CreateBucket"
-	Namespace_GetBucket_FullMethodName       = "/basalt.meta.v1.Namespace/GetBucket"
-	Namespace_ListBuckets_FullMethodName     = "/basalt.meta.v1.Namespace/ListBuckets"
-	Namespace_DeleteBucket_FullMethodName    = "/basalt.meta.v1.Namespace/DeleteBucket"
-	Namespace_OpenKey_FullMethodName         = "/basalt.meta.v1.Namespace/OpenKey"
-	Namespace_AllocateBlock_FullMethodName   = "/basalt.meta.v1.Namespace/AllocateBlock"
-	Namespace_CommitKey_FullMethodName       = "/basalt.meta.v1.Namespace/CommitKey"
-	Namespace_LookupKey_FullMethodName       = "/basalt.meta.v1.Namespace/LookupKey"
-	Namespace_ListKeys_FullMethodName        = "/basalt.meta.v1.Namespace/ListKeys"
-	Namespace_RenameKey_FullMethodName       = "/basalt.meta.v1.Namespace/RenameKey"
-	Namespace_DeleteKey_FullMethodName       = "/basalt.meta.v1.Namespace/DeleteKey"
-	Namespace_CreateDirectory_FullMethodName = "/basalt.meta.v1.Namespace/CreateDirectory"
-	Namespace_GetFileStatus_FullMethodName   = "/basalt.meta.v1.Namespace/GetFileStatus"
-	Namespace_ListStatus_FullMethodName      = "/basalt.meta.v1.Namespace/ListStatus"
+	Namespace_CreateVolume_FullMethodName            = "/basalt.meta.v1.Namespace/CreateVolume"
+	Namespace_GetVolume_FullMethodName               = "/basalt.meta.v1.Namespace/GetVolume"
+	Namespace_ListVolumes_FullMethodName             = "/basalt.meta.v1.Namespace/ListVolumes"
+	Namespace_DeleteVolume_FullMethodName            = "/basalt.meta.v1.Namespace/DeleteVolume"
+	Namespace_CreateBucket_FullMethodName            = "/basalt.meta.v1.Namespace/CreateBucket"
+	Namespace_GetBucket_FullMethodName               = "/basalt.meta.v1.Namespace/GetBucket"
+	Namespace_ListBuckets_FullMethodName             = "/basalt.meta.v1.Namespace/ListBuckets"
+	Namespace_DeleteBucket_FullMethodName            = "/basalt.meta.v1.Namespace/DeleteBucket"
+	Namespace_OpenKey_FullMethodName                 = "/basalt.meta.v1.Namespace/OpenKey"
+	Namespace_AllocateBlock_FullMethodName           = "/basalt.meta.v1.Namespace/AllocateBlock"
+	Namespace_CommitKey_FullMethodName               = "/basalt.meta.v1.Namespace/CommitKey"
+	Namespace_LookupKey_FullMethodName               = "/basalt.meta.v1.Namespace/LookupKey"
+	Namespace_ListKeys_FullMethodName                = "/basalt.meta.v1.Namespace/ListKeys"
+	Namespace_RenameKey_FullMethodName               = "/basalt.meta.v1.Namespace/RenameKey"
+	Namespace_DeleteKey_FullMethodName               = "/basalt.meta.v1.Namespace/DeleteKey"
+	Namespace_CreateDirectory_FullMethodName         = "/basalt.meta.v1.Namespace/CreateDirectory"
+	Namespace_GetFileStatus_FullMethodName           = "/basalt.meta.v1.Namespace/GetFileStatus"
+	Namespace_ListStatus_FullMethodName              = "/basalt.meta.v1.Namespace/ListStatus"
+	Namespace_SetKeyMeta_FullMethodName              = "/basalt.meta.v1.Namespace/SetKeyMeta"
+	Namespace_CreateMultipartUpload_FullMethodName   = "/basalt.meta.v1.Namespace/CreateMultipartUpload"
+	Namespace_CompleteMultipartUpload_FullMethodName = "/basalt.meta.v1.Namespace/CompleteMultipartUpload"
+	Namespace_AbortMultipartUpload_FullMethodName    = "/basalt.meta.v1.Namespace/AbortMultipartUpload"
+	Namespace_ListParts_FullMethodName               = "/basalt.meta.v1.Namespace/ListParts"
+	Namespace_ListMultipartUploads_FullMethodName    = "/basalt.meta.v1.Namespace/ListMultipartUploads"
+	Namespace_CreateS3Secret_FullMethodName          = "/basalt.meta.v1.Namespace/CreateS3Secret"
+	Namespace_GetS3Secret_FullMethodName             = "/basalt.meta.v1.Namespace/GetS3Secret"
+	Namespace_DeleteS3Secret_FullMethodName          = "/basalt.meta.v1.Namespace/DeleteS3Secret"
 )
 
 // NamespaceClient is the client API for Namespace service.
@@ -561,6 +570,21 @@ type NamespaceClient interface {
 	CreateDirectory(ctx context.Context, in *CreateDirectoryRequest, opts ...grpc.CallOption) (*FileStatus, error)
 	GetFileStatus(ctx context.Context, in *GetFileStatusRequest, opts ...grpc.CallOption) (*FileStatus, error)
 	ListStatus(ctx context.Context, in *ListStatusRequest, opts ...grpc.CallOption) (*ListStatusResponse, error)
+	// SetKeyMeta replaces a committed key's S3 attributes (tagging, copy onto
+	// itself), optionally only if the key is still the given version.
+	SetKeyMeta(ctx context.Context, in *SetKeyMetaRequest, opts ...grpc.CallOption) (*KeyInfo, error)
+	// S3 multipart uploads (object buckets). Parts are written like keys
+	// (OpenKey, AllocateBlock) and committed with CommitKey{part}; completing
+	// the upload makes the parts' blocks the object's blocks, with no copy.
+	CreateMultipartUpload(ctx context.Context, in *CreateMultipartUploadRequest, opts ...grpc.CallOption) (*MultipartUpload, error)
+	CompleteMultipartUpload(ctx context.Context, in *CompleteMultipartUploadRequest, opts ...grpc.CallOption) (*KeyInfo, error)
+	AbortMultipartUpload(ctx context.Context, in *AbortMultipartUploadRequest, opts ...grpc.CallOption) (*AbortMultipartUploadResponse, error)
+	ListParts(ctx context.Context, in *ListPartsRequest, opts ...grpc.CallOption) (*ListPartsResponse, error)
+	ListMultipartUploads(ctx context.Context, in *ListMultipartUploadsRequest, opts ...grpc.CallOption) (*ListMultipartUploadsResponse, error)
+	// S3 credentials (access key ID → secret) for the S3 gateways.
+	CreateS3Secret(ctx context.Context, in *CreateS3SecretRequest, opts ...grpc.CallOption) (*S3Secret, error)
+	GetS3Secret(ctx context.Context, in *GetS3SecretRequest, opts ...grpc.CallOption) (*S3Secret, error)
+	DeleteS3Secret(ctx context.Context, in *DeleteS3SecretRequest, opts ...grpc.CallOption) (*DeleteS3SecretResponse, error)
 }
 
 type namespaceClient struct {
@@ -751,6 +775,96 @@ func (c *namespaceClient) ListStatus(ctx context.Context, in *ListStatusRequest,
 	return out, nil
 }
 
+func (c *namespaceClient) SetKeyMeta(ctx context.Context, in *SetKeyMetaRequest, opts ...grpc.CallOption) (*KeyInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeyInfo)
+	err := c.cc.Invoke(ctx, Namespace_SetKeyMeta_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *namespaceClient) CreateMultipartUpload(ctx context.Context, in *CreateMultipartUploadRequest, opts ...grpc.CallOption) (*MultipartUpload, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MultipartUpload)
+	err := c.cc.Invoke(ctx, Namespace_CreateMultipartUpload_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *namespaceClient) CompleteMultipartUpload(ctx context.Context, in *CompleteMultipartUploadRequest, opts ...grpc.CallOption) (*KeyInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeyInfo)
+	err := c.cc.Invoke(ctx, Namespace_CompleteMultipartUpload_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *namespaceClient) AbortMultipartUpload(ctx context.Context, in *AbortMultipartUploadRequest, opts ...grpc.CallOption) (*AbortMultipartUploadResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AbortMultipartUploadResponse)
+	err := c.cc.Invoke(ctx, Namespace_AbortMultipartUpload_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *namespaceClient) ListParts(ctx context.Context, in *ListPartsRequest, opts ...grpc.CallOption) (*ListPartsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListPartsResponse)
+	err := c.cc.Invoke(ctx, Namespace_ListParts_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *namespaceClient) ListMultipartUploads(ctx context.Context, in *ListMultipartUploadsRequest, opts ...grpc.CallOption) (*ListMultipartUploadsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListMultipartUploadsResponse)
+	err := c.cc.Invoke(ctx, Namespace_ListMultipartUploads_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *namespaceClient) CreateS3Secret(ctx context.Context, in *CreateS3SecretRequest, opts ...grpc.CallOption) (*S3Secret, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(S3Secret)
+	err := c.cc.Invoke(ctx, Namespace_CreateS3Secret_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *namespaceClient) GetS3Secret(ctx context.Context, in *GetS3SecretRequest, opts ...grpc.CallOption) (*S3Secret, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(S3Secret)
+	err := c.cc.Invoke(ctx, Namespace_GetS3Secret_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *namespaceClient) DeleteS3Secret(ctx context.Context, in *DeleteS3SecretRequest, opts ...grpc.CallOption) (*DeleteS3SecretResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteS3SecretResponse)
+	err := c.cc.Invoke(ctx, Namespace_DeleteS3Secret_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NamespaceServer is the server API for Namespace service.
 // All implementations must embed UnimplementedNamespaceServer
 // for forward compatibility.
@@ -777,6 +891,21 @@ type NamespaceServer interface {
 	CreateDirectory(context.Context, *CreateDirectoryRequest) (*FileStatus, error)
 	GetFileStatus(context.Context, *GetFileStatusRequest) (*FileStatus, error)
 	ListStatus(context.Context, *ListStatusRequest) (*ListStatusResponse, error)
+	// SetKeyMeta replaces a committed key's S3 attributes (tagging, copy onto
+	// itself), optionally only if the key is still the given version.
+	SetKeyMeta(context.Context, *SetKeyMetaRequest) (*KeyInfo, error)
+	// S3 multipart uploads (object buckets). Parts are written like keys
+	// (OpenKey, AllocateBlock) and committed with CommitKey{part}; completing
+	// the upload makes the parts' blocks the object's blocks, with no copy.
+	CreateMultipartUpload(context.Context, *CreateMultipartUploadRequest) (*MultipartUpload, error)
+	CompleteMultipartUpload(context.Context, *CompleteMultipartUploadRequest) (*KeyInfo, error)
+	AbortMultipartUpload(context.Context, *AbortMultipartUploadRequest) (*AbortMultipartUploadResponse, error)
+	ListParts(context.Context, *ListPartsRequest) (*ListPartsResponse, error)
+	ListMultipartUploads(context.Context, *ListMultipartUploadsRequest) (*ListMultipartUploadsResponse, error)
+	// S3 credentials (access key ID → secret) for the S3 gateways.
+	CreateS3Secret(context.Context, *CreateS3SecretRequest) (*S3Secret, error)
+	GetS3Secret(context.Context, *GetS3SecretRequest) (*S3Secret, error)
+	DeleteS3Secret(context.Context, *DeleteS3SecretRequest) (*DeleteS3SecretResponse, error)
 	mustEmbedUnimplementedNamespaceServer()
 }
 
@@ -840,6 +969,33 @@ func (UnimplementedNamespaceServer) GetFileStatus(context.Context, *GetFileStatu
 }
 func (UnimplementedNamespaceServer) ListStatus(context.Context, *ListStatusRequest) (*ListStatusResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListStatus not implemented")
+}
+func (UnimplementedNamespaceServer) SetKeyMeta(context.Context, *SetKeyMetaRequest) (*KeyInfo, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetKeyMeta not implemented")
+}
+func (UnimplementedNamespaceServer) CreateMultipartUpload(context.Context, *CreateMultipartUploadRequest) (*MultipartUpload, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CreateMultipartUpload not implemented")
+}
+func (UnimplementedNamespaceServer) CompleteMultipartUpload(context.Context, *CompleteMultipartUploadRequest) (*KeyInfo, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CompleteMultipartUpload not implemented")
+}
+func (UnimplementedNamespaceServer) AbortMultipartUpload(context.Context, *AbortMultipartUploadRequest) (*AbortMultipartUploadResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method AbortMultipartUpload not implemented")
+}
+func (UnimplementedNamespaceServer) ListParts(context.Context, *ListPartsRequest) (*ListPartsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListParts not implemented")
+}
+func (UnimplementedNamespaceServer) ListMultipartUploads(context.Context, *ListMultipartUploadsRequest) (*ListMultipartUploadsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListMultipartUploads not implemented")
+}
+func (UnimplementedNamespaceServer) CreateS3Secret(context.Context, *CreateS3SecretRequest) (*S3Secret, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CreateS3Secret not implemented")
+}
+func (UnimplementedNamespaceServer) GetS3Secret(context.Context, *GetS3SecretRequest) (*S3Secret, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetS3Secret not implemented")
+}
+func (UnimplementedNamespaceServer) DeleteS3Secret(context.Context, *DeleteS3SecretRequest) (*DeleteS3SecretResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method DeleteS3Secret not implemented")
 }
 func (UnimplementedNamespaceServer) mustEmbedUnimplementedNamespaceServer() {}
 func (UnimplementedNamespaceServer) testEmbeddedByValue()                   {}
@@ -1186,6 +1342,168 @@ func _Namespace_ListStatus_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Namespace_SetKeyMeta_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetKeyMetaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).SetKeyMeta(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_SetKeyMeta_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).SetKeyMeta(ctx, req.(*SetKeyMetaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Namespace_CreateMultipartUpload_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateMultipartUploadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).CreateMultipartUpload(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_CreateMultipartUpload_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).CreateMultipartUpload(ctx, req.(*CreateMultipartUploadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Namespace_CompleteMultipartUpload_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CompleteMultipartUploadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).CompleteMultipartUpload(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_CompleteMultipartUpload_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).CompleteMultipartUpload(ctx, req.(*CompleteMultipartUploadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Namespace_AbortMultipartUpload_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AbortMultipartUploadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).AbortMultipartUpload(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_AbortMultipartUpload_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).AbortMultipartUpload(ctx, req.(*AbortMultipartUploadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Namespace_ListParts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListPartsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).ListParts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_ListParts_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).ListParts(ctx, req.(*ListPartsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Namespace_ListMultipartUploads_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListMultipartUploadsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).ListMultipartUploads(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_ListMultipartUploads_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).ListMultipartUploads(ctx, req.(*ListMultipartUploadsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Namespace_CreateS3Secret_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateS3SecretRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).CreateS3Secret(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_CreateS3Secret_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).CreateS3Secret(ctx, req.(*CreateS3SecretRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Namespace_GetS3Secret_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetS3SecretRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).GetS3Secret(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_GetS3Secret_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).GetS3Secret(ctx, req.(*GetS3SecretRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Namespace_DeleteS3Secret_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteS3SecretRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).DeleteS3Secret(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_DeleteS3Secret_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).DeleteS3Secret(ctx, req.(*DeleteS3SecretRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Namespace_ServiceDesc is the grpc.ServiceDesc for Namespace service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1264,6 +1582,42 @@ var Namespace_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListStatus",
 			Handler:    _Namespace_ListStatus_Handler,
+		},
+		{
+			MethodName: "SetKeyMeta",
+			Handler:    _Namespace_SetKeyMeta_Handler,
+		},
+		{
+			MethodName: "CreateMultipartUpload",
+			Handler:    _Namespace_CreateMultipartUpload_Handler,
+		},
+		{
+			MethodName: "CompleteMultipartUpload",
+			Handler:    _Namespace_CompleteMultipartUpload_Handler,
+		},
+		{
+			MethodName: "AbortMultipartUpload",
+			Handler:    _Namespace_AbortMultipartUpload_Handler,
+		},
+		{
+			MethodName: "ListParts",
+			Handler:    _Namespace_ListParts_Handler,
+		},
+		{
+			MethodName: "ListMultipartUploads",
+			Handler:    _Namespace_ListMultipartUploads_Handler,
+		},
+		{
+			MethodName: "CreateS3Secret",
+			Handler:    _Namespace_CreateS3Secret_Handler,
+		},
+		{
+			MethodName: "GetS3Secret",
+			Handler:    _Namespace_GetS3Secret_Handler,
+		},
+		{
+			MethodName: "DeleteS3Secret",
+			Handler:    _Namespace_DeleteS3Secret_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -326,6 +326,18 @@ func (t *tx) apply(cmd *metapb.NsCommand) any {
 		return nil
 	case *metapb.NsCommand_ReclaimDir:
 		return t.reclaimDir(op.ReclaimDir)
+	case *metapb.NsCommand_SetKeyMeta:
+		return t.setKeyMeta(op.SetKeyMeta)
+	case *metapb.NsCommand_CreateMultipart:
+		return t.createMultipart(op.CreateMultipart)
+	case *metapb.NsCommand_CompleteMultipart:
+		return t.completeMultipart(op.CompleteMultipart)
+	case *metapb.NsCommand_AbortMultipart:
+		return t.abortMultipart(op.AbortMultipart)
+	case *metapb.NsCommand_CreateS3Secret:
+		return t.createS3Secret(op.CreateS3Secret)
+	case *metapb.NsCommand_DeleteS3Secret:
+		return t.deleteS3Secret(op.DeleteS3Secret)
 	default:
 		return fmt.Errorf("namespace: unknown command %T", cmd.Op)
 	}
@@ -412,6 +424,12 @@ func (t *tx) deleteBucket(req *metapb.DeleteBucketRequest) any {
 		}
 		return status.Errorf(codes.FailedPrecondition, "bucket %q in volume %q is not empty (first entry: %q)", req.Name, req.Volume, first)
 	}
+	// Uploads in progress hold blocks; deleting the bucket would leak them.
+	if ok, _, err := hasPrefix(t.b, cat(pfxUpload, store.U64(b.Id))); err != nil {
+		panic(err)
+	} else if ok {
+		return status.Errorf(codes.FailedPrecondition, "bucket %q in volume %q is not empty: it has multipart uploads in progress", req.Name, req.Volume)
+	}
 	t.del(bucketKey(req.Volume, req.Name))
 	return nil
 }
@@ -465,6 +483,12 @@ func (t *tx) commitKey(req *metapb.CommitKeyRequest) any {
 	if len(req.Blocks) > MaxBlocksPerKey {
 		return invalid("commit key %q: %d blocks, at most %d", row.Key, len(req.Blocks), MaxBlocksPerKey)
 	}
+	if req.Part != nil {
+		return t.commitPart(req, row, b)
+	}
+	if err := validateMeta(req.Meta); err != nil {
+		return err
+	}
 	allocated := map[[2]uint64]bool{}
 	for _, id := range row.Blocks {
 		allocated[[2]uint64{id.ContainerId, id.LocalId}] = true
@@ -485,7 +509,7 @@ func (t *tx) commitKey(req *metapb.CommitKeyRequest) any {
 	ki := &metapb.KeyInfo{
 		Volume: row.Volume, Bucket: row.Bucket, Name: row.Key, Size: size, Replication: row.Replication,
 		ChecksumType: row.ChecksumType, BytesPerChecksum: row.BytesPerChecksum,
-		CreatedUnixMs: t.now, ModifiedUnixMs: t.now, Blocks: req.Blocks,
+		CreatedUnixMs: t.now, ModifiedUnixMs: t.now, Blocks: req.Blocks, Meta: req.Meta,
 	}
 	if b.Layout == metapb.BucketLayout_FS {
 		parts, err := SplitPath(row.Key, false)

@@ -1,0 +1,403 @@
+package s3
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+)
+
+// AWS Signature Version 4 verification
+// (https://docs.aws.amazon.com/AmazonS3/latest/API/sig-v4-authenticating-requests.html):
+// the Authorization header, presigned query parameters, and the seed of
+// chunk-signed payloads (chunked.go). Every request must be signed; there
+// is no anonymous access.
+
+const (
+	algorithm       = "AWS4-HMAC-SHA256"
+	amzDateFormat   = "20060102T150405Z"
+	unsignedPayload = "UNSIGNED-PAYLOAD"
+	// Payload modes of x-amz-content-sha256 for aws-chunked bodies.
+	streamingSigned         = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
+	streamingSignedTrailer  = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER"
+	streamingUnsignedTrailr = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+	emptySHA256             = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+	maxPresignExpiry        = 7 * 24 * time.Hour
+)
+
+// auth is a verified request's identity and what a chunked body needs to
+// verify its chunks.
+type auth struct {
+	accessKey string
+	owner     string
+	payload   string // x-amz-content-sha256 (UNSIGNED-PAYLOAD for presigned URLs)
+	// Chunk signing (streaming payloads).
+	signingKey []byte
+	amzDate    string
+	scope      string
+	seedSig    string
+}
+
+// sigParams are the parts of a signature, from the header or the query.
+type sigParams struct {
+	accessKey, date, region, service string
+	signedHeaders                    []string
+	signature                        string
+}
+
+func parseCredential(cred string) (sigParams, bool) {
+	parts := strings.Split(cred, "/")
+	if len(parts) != 5 || parts[4] != "aws4_request" || parts[0] == "" {
+		return sigParams{}, false
+	}
+	return sigParams{accessKey: parts[0], date: parts[1], region: parts[2], service: parts[3]}, true
+}
+
+// parseAuthorization reads
+// "AWS4-HMAC-SHA256 Credential=AK/20130524/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-date, Signature=hex".
+func parseAuthorization(h string) (sigParams, *Error) {
+	bad := func(msg string) (sigParams, *Error) {
+		return sigParams{}, errorf("AuthorizationHeaderMalformed", 400, "The authorization header is malformed; %s", msg)
+	}
+	alg, rest, ok := strings.Cut(h, " ")
+	if !ok || alg != algorithm {
+		if strings.HasPrefix(h, "AWS ") {
+			return sigParams{}, errorf("InvalidRequest", 400, "The authorization mechanism you have provided is not supported. Please use AWS4-HMAC-SHA256.")
+		}
+		return bad("the algorithm must be " + algorithm)
+	}
+	var p sigParams
+	var haveCred, haveSig, haveHeaders bool
+	for _, f := range strings.Split(rest, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(f), "=")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "Credential":
+			c, ok := parseCredential(v)
+			if !ok {
+				return bad("the Credential is malformed: " + v)
+			}
+			sig, hdrs := p.signature, p.signedHeaders
+			p = c
+			p.signature, p.signedHeaders = sig, hdrs
+			haveCred = true
+		case "SignedHeaders":
+			p.signedHeaders = strings.Split(v, ";")
+			haveHeaders = true
+		case "Signature":
+			p.signature = v
+			haveSig = true
+		}
+	}
+	if !haveCred || !haveSig || !haveHeaders {
+		return bad("Credential, SignedHeaders and Signature are all required")
+	}
+	return p, nil
+}
+
+// secrets caches access keys from the namespace manager so that a request
+// costs no metadata call for its credentials. A deleted key keeps working
+// on a gateway for at most the TTL.
+type secrets struct {
+	ns  metapb.NamespaceClient
+	ttl time.Duration
+	now func() time.Time
+
+	mu sync.Mutex
+	m  map[string]secretEntry
+}
+
+type secretEntry struct {
+	s       *metapb.S3Secret // nil: no such key
+	fetched time.Time
+}
+
+// maxCachedSecrets bounds the cache; past it the cache starts over.
+const maxCachedSecrets = 10000
+
+func (s *secrets) get(ctx context.Context, id string) (*metapb.S3Secret, error) {
+	now := s.now()
+	s.mu.Lock()
+	e, ok := s.m[id]
+	s.mu.Unlock()
+	if ok && now.Sub(e.fetched) < s.ttl {
+		return e.s, nil
+	}
+	sec, err := s.ns.GetS3Secret(ctx, &metapb.GetS3SecretRequest{AccessKeyId: id})
+	if err != nil {
+		if errors.Is(client.FromRPC("get s3 secret", err), client.ErrNotFound) {
+			sec = nil
+		} else {
+			return nil, client.FromRPC("get s3 secret", err)
+		}
+	}
+	s.mu.Lock()
+	if len(s.m) >= maxCachedSecrets {
+		s.m = map[string]secretEntry{}
+	}
+	s.m[id] = secretEntry{s: sec, fetched: now}
+	s.mu.Unlock()
+	return sec, nil
+}
+
+func hmacSHA256(key []byte, data string) []byte {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(data))
+	return h.Sum(nil)
+}
+
+func signingKey(secret, date, region, service string) []byte {
+	k := hmacSHA256([]byte("AWS4"+secret), date)
+	k = hmacSHA256(k, region)
+	k = hmacSHA256(k, service)
+	return hmacSHA256(k, "aws4_request")
+}
+
+func sha256Hex(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// uriEncode is SigV4's encoding: everything but unreserved characters is
+// %XX (upper case); '/' too unless it is a path.
+func uriEncode(s string, path bool) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.' || c == '~' || (path && c == '/') {
+			b.WriteByte(c)
+			continue
+		}
+		const hexd = "0123456789ABCDEF"
+		b.WriteByte('%')
+		b.WriteByte(hexd[c>>4])
+		b.WriteByte(hexd[c&15])
+	}
+	return b.String()
+}
+
+// canonicalQuery sorts the query's parameters by encoded name and value,
+// leaving out the signature itself (presigned URLs).
+func canonicalQuery(raw string) string {
+	type kv struct{ k, v string }
+	var kvs []kv
+	for _, part := range strings.Split(raw, "&") {
+		if part == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(part, "=")
+		dk, err1 := url.QueryUnescape(k)
+		dv, err2 := url.QueryUnescape(v)
+		if err1 != nil || err2 != nil {
+			dk, dv = k, v
+		}
+		if dk == "X-Amz-Signature" {
+			continue
+		}
+		kvs = append(kvs, kv{uriEncode(dk, false), uriEncode(dv, false)})
+	}
+	sort.Slice(kvs, func(i, j int) bool {
+		if kvs[i].k != kvs[j].k {
+			return kvs[i].k < kvs[j].k
+		}
+		return kvs[i].v < kvs[j].v
+	})
+	var b strings.Builder
+	for i, e := range kvs {
+		if i > 0 {
+			b.WriteByte('&')
+		}
+		b.WriteString(e.k)
+		b.WriteByte('=')
+		b.WriteString(e.v)
+	}
+	return b.String()
+}
+
+// headerValue is a signed header's canonical value. net/http moves Host,
+// and Transfer-Encoding out of the header map, so they come from the
+// request's fields.
+func headerValue(r *http.Request, name string) string {
+	var vals []string
+	switch name {
+	case "host":
+		vals = []string{r.Host}
+	case "transfer-encoding":
+		vals = r.TransferEncoding
+	default:
+		vals = r.Header.Values(name)
+		if len(vals) == 0 && name == "content-length" && r.ContentLength >= 0 {
+			vals = []string{strconv.FormatInt(r.ContentLength, 10)}
+		}
+	}
+	out := make([]string, len(vals))
+	for i, v := range vals {
+		out[i] = strings.Join(strings.Fields(v), " ")
+	}
+	return strings.Join(out, ",")
+}
+
+func canonicalRequest(r *http.Request, uri string, signed []string, payload string) string {
+	var b strings.Builder
+	b.WriteString(r.Method)
+	b.WriteByte('\n')
+	b.WriteString(uri)
+	b.WriteByte('\n')
+	b.WriteString(canonicalQuery(r.URL.RawQuery))
+	b.WriteByte('\n')
+	for _, h := range signed {
+		b.WriteString(h)
+		b.WriteByte(':')
+		b.WriteString(headerValue(r, h))
+		b.WriteByte('\n')
+	}
+	b.WriteByte('\n')
+	b.WriteString(strings.Join(signed, ";"))
+	b.WriteByte('\n')
+	b.WriteString(payload)
+	return b.String()
+}
+
+func stringToSign(amzDate, scope, canonical string) string {
+	return algorithm + "\n" + amzDate + "\n" + scope + "\n" + sha256Hex([]byte(canonical))
+}
+
+// authenticate verifies the request's signature (header or presigned).
+func (g *Gateway) authenticate(r *http.Request) (*auth, *Error) {
+	q := r.URL.Query()
+	var p sigParams
+	var amzDate, payload string
+	presigned := q.Get("X-Amz-Algorithm") != ""
+	now := g.cfg.Now()
+	var t time.Time
+	switch {
+	case presigned:
+		if q.Get("X-Amz-Algorithm") != algorithm {
+			return nil, errorf("AuthorizationQueryParametersError", 400, "X-Amz-Algorithm only supports %q", algorithm)
+		}
+		c, ok := parseCredential(q.Get("X-Amz-Credential"))
+		if !ok || q.Get("X-Amz-Signature") == "" || q.Get("X-Amz-SignedHeaders") == "" {
+			return nil, errorf("AuthorizationQueryParametersError", 400, "Query-string authentication version 4 requires the X-Amz-Algorithm, X-Amz-Credential, X-Amz-Signature, X-Amz-Date, X-Amz-SignedHeaders, and X-Amz-Expires parameters.")
+		}
+		p = c
+		p.signature = q.Get("X-Amz-Signature")
+		p.signedHeaders = strings.Split(q.Get("X-Amz-SignedHeaders"), ";")
+		amzDate = q.Get("X-Amz-Date")
+		var err error
+		if t, err = time.Parse(amzDateFormat, amzDate); err != nil {
+			return nil, errorf("AuthorizationQueryParametersError", 400, "X-Amz-Date must be in the ISO8601 Long Format \"yyyyMMdd'T'HHmmss'Z'\"")
+		}
+		exp, err := strconv.ParseInt(q.Get("X-Amz-Expires"), 10, 64)
+		if err != nil || exp < 1 || time.Duration(exp)*time.Second > maxPresignExpiry {
+			return nil, errorf("AuthorizationQueryParametersError", 400, "X-Amz-Expires must be a number of seconds from 1 to 604800")
+		}
+		if now.After(t.Add(time.Duration(exp) * time.Second)) {
+			return nil, errAccessDenied("Request has expired")
+		}
+		if t.After(now.Add(g.cfg.MaxClockSkew)) {
+			return nil, errAccessDenied("Request is not valid yet")
+		}
+		payload = r.Header.Get("X-Amz-Content-Sha256")
+		if payload == "" {
+			payload = unsignedPayload
+		}
+	case r.Header.Get("Authorization") != "":
+		var e *Error
+		if p, e = parseAuthorization(r.Header.Get("Authorization")); e != nil {
+			return nil, e
+		}
+		amzDate = r.Header.Get("X-Amz-Date")
+		if amzDate == "" {
+			// A signed Date header works as well.
+			d, err := http.ParseTime(r.Header.Get("Date"))
+			if err != nil {
+				return nil, errAccessDenied("AWS authentication requires a valid Date or x-amz-date header")
+			}
+			amzDate = d.UTC().Format(amzDateFormat)
+		}
+		var err error
+		if t, err = time.Parse(amzDateFormat, amzDate); err != nil {
+			return nil, errAccessDenied("AWS authentication requires a valid Date or x-amz-date header")
+		}
+		if d := now.Sub(t); d > g.cfg.MaxClockSkew || d < -g.cfg.MaxClockSkew {
+			return nil, errorf("RequestTimeTooSkewed", 403, "The difference between the request time (%s) and the server's time (%s) is too large.", t.Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+		}
+		payload = r.Header.Get("X-Amz-Content-Sha256")
+		if payload == "" {
+			return nil, errInvalidRequest("Missing required header for this request: x-amz-content-sha256")
+		}
+		if !validPayloadMode(payload) {
+			return nil, errorf("InvalidArgument", 400, "x-amz-content-sha256 must be UNSIGNED-PAYLOAD, STREAMING-UNSIGNED-PAYLOAD-TRAILER, STREAMING-AWS4-HMAC-SHA256-PAYLOAD, STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER or a valid sha256 value.")
+		}
+	default:
+		return nil, errAccessDenied("Access Denied: the request is not signed (anonymous access is not allowed)")
+	}
+	if p.service != "s3" {
+		return nil, errorf("AuthorizationHeaderMalformed", 400, "The authorization header is malformed; incorrect service %q. This endpoint belongs to \"s3\".", p.service)
+	}
+	if p.date != amzDate[:8] {
+		return nil, errorf("AuthorizationHeaderMalformed", 400, "The authorization header is malformed; Invalid credential date %q. This date is not the same as X-Amz-Date: %q.", p.date, amzDate[:8])
+	}
+	if !sort.StringsAreSorted(p.signedHeaders) || !contains(p.signedHeaders, "host") {
+		return nil, errAccessDenied("SignedHeaders must be sorted and include host")
+	}
+	sec, err := g.secrets.get(r.Context(), p.accessKey)
+	if err != nil {
+		return nil, fromBasalt(err, "", "")
+	}
+	if sec == nil {
+		return nil, errorf("InvalidAccessKeyId", 403, "The AWS Access Key Id you provided does not exist in our records: %s", p.accessKey)
+	}
+	key := signingKey(sec.SecretAccessKey, p.date, p.region, p.service)
+	scope := p.date + "/" + p.region + "/" + p.service + "/aws4_request"
+	// Clients encode the path the SigV4 way; try the path as sent first
+	// and then the canonical re-encoding of the decoded path, so keys with
+	// characters clients escape differently still verify.
+	ok := false
+	for _, uri := range []string{r.URL.EscapedPath(), uriEncode(r.URL.Path, true)} {
+		want := hex.EncodeToString(hmacSHA256(key, stringToSign(amzDate, scope, canonicalRequest(r, uri, p.signedHeaders, payload))))
+		if hmac.Equal([]byte(want), []byte(p.signature)) {
+			ok = true
+			break
+		}
+	}
+	if !ok {
+		return nil, errorf("SignatureDoesNotMatch", 403, "The request signature we calculated does not match the signature you provided. Check your key and signing method.")
+	}
+	return &auth{accessKey: p.accessKey, owner: sec.Owner, payload: payload,
+		signingKey: key, amzDate: amzDate, scope: scope, seedSig: p.signature}, nil
+}
+
+func validPayloadMode(p string) bool {
+	switch p {
+	case unsignedPayload, streamingSigned, streamingSignedTrailer, streamingUnsignedTrailr:
+		return true
+	}
+	if len(p) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(p)
+	return err == nil
+}
+
+func contains(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

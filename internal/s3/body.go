@@ -1,0 +1,376 @@
+package s3
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/hmac"
+	"crypto/md5"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"hash"
+	"hash/crc32"
+	"hash/crc64"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// Request bodies stream from the socket to the datanodes: nothing here
+// holds more than a bufio buffer. Every check that needs the whole body
+// (payload SHA-256, Content-MD5, flexible checksums, chunk and trailer
+// signatures, length) fails the read at the latest at EOF, before the key
+// is committed, so a bad upload never becomes visible.
+
+const (
+	maxChunkHeader = 4096 // one aws-chunked size line or trailer line
+	maxTrailers    = 16
+)
+
+// crc64NVME is the CRC-64/NVME table S3's CRC64NVME checksum uses.
+var crc64NVME = crc64.MakeTable(0x9a6c9329ac4bc9b5)
+
+// checksumAlgos are S3's flexible checksum algorithms by header suffix.
+var checksumAlgos = map[string]func() hash.Hash{
+	"crc32":     func() hash.Hash { return crc32.NewIEEE() },
+	"crc32c":    func() hash.Hash { return crc32.New(crc32.MakeTable(crc32.Castagnoli)) },
+	"crc64nvme": func() hash.Hash { return crc64.New(crc64NVME) },
+	"sha1":      sha1.New,
+	"sha256":    sha256.New,
+}
+
+// chunkedReader decodes an aws-chunked body
+// (https://docs.aws.amazon.com/AmazonS3/latest/API/sigv4-streaming.html):
+// "hex-size[;chunk-signature=sig]\r\n<data>\r\n" ... a zero-size chunk,
+// then trailer lines "name:value\r\n" and an empty line when trailers are
+// declared. With signatures, each chunk's signature chains from the
+// previous one (the seed is the request's); a chunk is passed on before its
+// signature is checked, and a bad signature fails the read, so the upload
+// is not committed.
+type chunkedReader struct {
+	br       *bufio.Reader
+	a        *auth // nil: unsigned chunks
+	trailer  bool
+	prevSig  string
+	chunkSig string
+	left     int64 // bytes of the current chunk not yet read
+	h        hash.Hash
+	started  bool
+	done     bool
+	err      error
+	trailers map[string]string
+}
+
+func newChunkedReader(r io.Reader, a *auth, signed, trailer bool) *chunkedReader {
+	c := &chunkedReader{br: bufio.NewReaderSize(r, maxChunkHeader), trailer: trailer, trailers: map[string]string{}}
+	if signed {
+		c.a = a
+		c.prevSig = a.seedSig
+		c.h = sha256.New()
+	}
+	return c
+}
+
+var errBadChunk = errorf("IncompleteBody", 400, "The aws-chunked request body is malformed")
+
+func (c *chunkedReader) line() (string, error) {
+	l, err := c.br.ReadSlice('\n')
+	if err != nil {
+		if errors.Is(err, bufio.ErrBufferFull) {
+			return "", errBadChunk
+		}
+		if err == io.EOF {
+			return "", errorf("IncompleteBody", 400, "The request body ended before the last aws-chunked chunk")
+		}
+		return "", err
+	}
+	return strings.TrimRight(string(l), "\r\n"), nil
+}
+
+func (c *chunkedReader) verifyChunk() error {
+	if c.a == nil {
+		return nil
+	}
+	sts := "AWS4-HMAC-SHA256-PAYLOAD\n" + c.a.amzDate + "\n" + c.a.scope + "\n" + c.prevSig + "\n" + emptySHA256 + "\n" + hex.EncodeToString(c.h.Sum(nil))
+	want := hex.EncodeToString(hmacSHA256(c.a.signingKey, sts))
+	if !hmac.Equal([]byte(want), []byte(c.chunkSig)) {
+		return errorf("SignatureDoesNotMatch", 403, "The chunk signature we calculated does not match the signature you provided.")
+	}
+	c.prevSig = c.chunkSig
+	c.h.Reset()
+	return nil
+}
+
+// next reads the next chunk header (after the previous chunk's CRLF).
+func (c *chunkedReader) next() error {
+	if c.started {
+		if l, err := c.line(); err != nil {
+			return err
+		} else if l != "" {
+			return errBadChunk
+		}
+		if err := c.verifyChunk(); err != nil {
+			return err
+		}
+	}
+	c.started = true
+	l, err := c.line()
+	if err != nil {
+		return err
+	}
+	sizeStr, ext, _ := strings.Cut(l, ";")
+	size, err := strconv.ParseInt(strings.TrimSpace(sizeStr), 16, 64)
+	if err != nil || size < 0 {
+		return errBadChunk
+	}
+	if c.a != nil {
+		sig, ok := strings.CutPrefix(ext, "chunk-signature=")
+		if !ok {
+			return errorf("SignatureDoesNotMatch", 403, "A chunk has no chunk-signature")
+		}
+		c.chunkSig = sig
+	}
+	c.left = size
+	if size > 0 {
+		return nil
+	}
+	// The final chunk: its signature covers no data.
+	if err := c.verifyChunk(); err != nil {
+		return err
+	}
+	if c.trailer {
+		if err := c.readTrailers(); err != nil {
+			return err
+		}
+	} else if l, err := c.line(); err != nil || l != "" {
+		if err == nil {
+			err = errBadChunk
+		}
+		return err
+	}
+	c.done = true
+	return io.EOF
+}
+
+func (c *chunkedReader) readTrailers() error {
+	var signed bytes.Buffer
+	trailerSig := ""
+	for i := 0; ; i++ {
+		l, err := c.line()
+		if err != nil {
+			return err
+		}
+		if l == "" {
+			break
+		}
+		if i > maxTrailers {
+			return errBadChunk
+		}
+		k, v, ok := strings.Cut(l, ":")
+		if !ok {
+			return errBadChunk
+		}
+		k = strings.ToLower(strings.TrimSpace(k))
+		v = strings.TrimSpace(v)
+		if k == "x-amz-trailer-signature" {
+			trailerSig = v
+			continue
+		}
+		c.trailers[k] = v
+		signed.WriteString(k + ":" + v + "\n")
+	}
+	if c.a != nil {
+		sts := "AWS4-HMAC-SHA256-TRAILER\n" + c.a.amzDate + "\n" + c.a.scope + "\n" + c.prevSig + "\n" + sha256Hex(signed.Bytes())
+		want := hex.EncodeToString(hmacSHA256(c.a.signingKey, sts))
+		if !hmac.Equal([]byte(want), []byte(trailerSig)) {
+			return errorf("SignatureDoesNotMatch", 403, "The trailer signature we calculated does not match the signature you provided.")
+		}
+	}
+	return nil
+}
+
+func (c *chunkedReader) Read(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	for c.left == 0 {
+		if err := c.next(); err != nil {
+			c.err = err
+			return 0, err
+		}
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.br.Read(p)
+	c.left -= int64(n)
+	if c.h != nil {
+		c.h.Write(p[:n])
+	}
+	if err == io.EOF {
+		err = errorf("IncompleteBody", 400, "The request body ended inside an aws-chunked chunk")
+	}
+	if err != nil {
+		c.err = err
+	}
+	return n, err
+}
+
+// body reads a request body for a write, verifying what the client
+// declared, and computes the ETag (MD5).
+type body struct {
+	r       io.Reader
+	chunked *chunkedReader
+	md5     hash.Hash
+	// Verification, each optional.
+	sha256     hash.Hash
+	wantSHA256 string
+	contentMD5 []byte
+	ckAlg      string // lower-case algorithm, e.g. "crc32"
+	ck         hash.Hash
+	ckWant     string // base64; "" until the trailer brings it
+	want       int64  // declared length, -1 unknown
+	max        int64
+
+	n   int64
+	err error // first failure: an *Error, or the client's read error
+	eof bool
+}
+
+// newBody prepares the body of a write request authenticated by a.
+func newBody(r *http.Request, a *auth, maxSize int64) (*body, *Error) {
+	b := &body{r: r.Body, md5: md5.New(), want: r.ContentLength, max: maxSize}
+	switch a.payload {
+	case streamingSigned, streamingSignedTrailer, streamingUnsignedTrailr:
+		b.chunked = newChunkedReader(r.Body, a, a.payload != streamingUnsignedTrailr, a.payload != streamingSigned)
+		b.r = b.chunked
+		b.want = -1
+		if d := r.Header.Get("X-Amz-Decoded-Content-Length"); d != "" {
+			n, err := strconv.ParseInt(d, 10, 64)
+			if err != nil || n < 0 {
+				return nil, errInvalidArgument("x-amz-decoded-content-length %q is not a length", d)
+			}
+			b.want = n
+		} else if a.payload == streamingSigned {
+			return nil, errorf("MissingContentLength", 411, "You must provide the Content-Length HTTP header (x-amz-decoded-content-length for aws-chunked).")
+		}
+	case unsignedPayload:
+	default:
+		b.sha256 = sha256.New()
+		b.wantSHA256 = a.payload
+	}
+	if b.want > maxSize {
+		return nil, errorf("EntityTooLarge", 400, "Your proposed upload of %d bytes exceeds the maximum allowed object size of %d", b.want, maxSize)
+	}
+	if v := r.Header.Get("Content-Md5"); v != "" {
+		d, err := base64.StdEncoding.DecodeString(v)
+		if err != nil || len(d) != md5.Size {
+			return nil, errorf("InvalidDigest", 400, "The Content-MD5 you specified is not valid.")
+		}
+		b.contentMD5 = d
+	}
+	// A flexible checksum: in a header, or announced in x-amz-trailer.
+	for alg, mk := range checksumAlgos {
+		if v := r.Header.Get("X-Amz-Checksum-" + alg); v != "" {
+			b.ckAlg, b.ck, b.ckWant = alg, mk(), v
+			break
+		}
+	}
+	if t := strings.ToLower(r.Header.Get("X-Amz-Trailer")); b.ck == nil && strings.HasPrefix(t, "x-amz-checksum-") {
+		alg := strings.TrimPrefix(t, "x-amz-checksum-")
+		mk, ok := checksumAlgos[alg]
+		if !ok || b.chunked == nil || !b.chunked.trailer {
+			return nil, errInvalidRequest("The value specified in the x-amz-trailer header is not supported: %s", t)
+		}
+		b.ckAlg, b.ck = alg, mk()
+	}
+	return b, nil
+}
+
+func (b *body) fail(e error) error {
+	if b.err == nil {
+		b.err = e
+	}
+	return b.err
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	if b.eof {
+		return 0, io.EOF
+	}
+	n, err := b.r.Read(p)
+	b.md5.Write(p[:n])
+	if b.sha256 != nil {
+		b.sha256.Write(p[:n])
+	}
+	if b.ck != nil {
+		b.ck.Write(p[:n])
+	}
+	b.n += int64(n)
+	if b.n > b.max {
+		return n, b.fail(errorf("EntityTooLarge", 400, "Your proposed upload exceeds the maximum allowed object size of %d", b.max))
+	}
+	if b.want >= 0 && b.n > b.want {
+		return n, b.fail(errorf("IncompleteBody", 400, "The body is longer than the declared length %d", b.want))
+	}
+	if err == io.EOF {
+		if e := b.finish(); e != nil {
+			return n, b.fail(e)
+		}
+		b.eof = true
+		return n, io.EOF
+	}
+	if err != nil {
+		var se *Error
+		if !errors.As(err, &se) {
+			// The client went away or stalled: the upload is abandoned.
+			err = errorf("IncompleteBody", 400, "Reading the request body failed after %d bytes: %v", b.n, err)
+		}
+		return n, b.fail(err)
+	}
+	return n, nil
+}
+
+// finish runs the whole-body checks at EOF.
+func (b *body) finish() *Error {
+	if b.want >= 0 && b.n != b.want {
+		return errorf("IncompleteBody", 400, "You did not provide the number of bytes specified by the Content-Length HTTP header (%d of %d)", b.n, b.want)
+	}
+	if b.sha256 != nil && hex.EncodeToString(b.sha256.Sum(nil)) != strings.ToLower(b.wantSHA256) {
+		return errorf("XAmzContentSHA256Mismatch", 400, "The provided 'x-amz-content-sha256' header does not match what was computed.")
+	}
+	if b.contentMD5 != nil && !bytes.Equal(b.contentMD5, b.md5.Sum(nil)) {
+		return errorf("BadDigest", 400, "The Content-MD5 you specified did not match what we received.")
+	}
+	if b.ck != nil {
+		want := b.ckWant
+		if want == "" && b.chunked != nil {
+			want = b.chunked.trailers["x-amz-checksum-"+b.ckAlg]
+		}
+		if want == "" {
+			return errInvalidRequest("The x-amz-checksum-%s trailer was declared but not sent", b.ckAlg)
+		}
+		if base64.StdEncoding.EncodeToString(b.ck.Sum(nil)) != want {
+			return errorf("BadDigest", 400, "The %s you specified did not match the calculated checksum.", strings.ToUpper(b.ckAlg))
+		}
+	}
+	return nil
+}
+
+// etag is the hex MD5 of what was read.
+func (b *body) etag() string { return hex.EncodeToString(b.md5.Sum(nil)) }
+
+// checksum returns the verified flexible checksum (algorithm in upper
+// case as S3 names it, base64 value), or "", "".
+func (b *body) checksum() (string, string) {
+	if b.ck == nil {
+		return "", ""
+	}
+	return strings.ToUpper(b.ckAlg), base64.StdEncoding.EncodeToString(b.ck.Sum(nil))
+}

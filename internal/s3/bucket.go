@@ -1,0 +1,166 @@
+package s3
+
+import (
+	"context"
+	"encoding/xml"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/namespace"
+)
+
+const s3TimeFormat = "2006-01-02T15:04:05.000Z"
+
+func s3Time(ms int64) string { return time.UnixMilli(ms).UTC().Format(s3TimeFormat) }
+
+type owner struct {
+	ID          string `xml:"ID"`
+	DisplayName string `xml:"DisplayName"`
+}
+
+func (req *request) owner() owner {
+	o := req.auth.owner
+	if o == "" {
+		o = req.auth.accessKey
+	}
+	return owner{ID: o, DisplayName: o}
+}
+
+// ensureVolume creates the S3 volume the first time a bucket is created.
+func (g *Gateway) ensureVolume(ctx context.Context) error {
+	g.volOnce.Lock()
+	defer g.volOnce.Unlock()
+	if g.volOK {
+		return nil
+	}
+	_, err := g.cl.CreateVolume(ctx, g.cfg.Volume, "")
+	if err != nil && !errors.Is(err, client.ErrExists) {
+		return err
+	}
+	g.volOK = true
+	return nil
+}
+
+func validBucket(name string) *Error {
+	if err := namespace.ValidateBucketName("bucket", name); err != nil {
+		return errorf("InvalidBucketName", 400, "The specified bucket is not valid: %s", message(err))
+	}
+	return nil
+}
+
+func (g *Gateway) listBuckets(req *request) *Error {
+	type bucket struct {
+		Name         string `xml:"Name"`
+		CreationDate string `xml:"CreationDate"`
+	}
+	type result struct {
+		XMLName xml.Name `xml:"http://s3.amazonaws.com/doc/2006-03-01/ ListAllMyBucketsResult"`
+		Owner   owner    `xml:"Owner"`
+		Buckets []bucket `xml:"Buckets>Bucket"`
+	}
+	res := result{Owner: req.owner(), Buckets: []bucket{}}
+	var bs []client.Bucket
+	err := req.meta(func() (err error) {
+		bs, err = g.cl.ListBuckets(req.r.Context(), g.cfg.Volume, client.ListOptions{Limit: 100000})
+		return err
+	})
+	if err != nil && !errors.Is(err, client.ErrNotFound) {
+		return fromBasalt(err, "", "")
+	}
+	for _, b := range bs {
+		res.Buckets = append(res.Buckets, bucket{Name: b.Name, CreationDate: b.Created.UTC().Format(s3TimeFormat)})
+	}
+	return writeXML(req, res)
+}
+
+func (g *Gateway) createBucket(req *request) *Error {
+	if e := validBucket(req.bucket); e != nil {
+		return e
+	}
+	// The body may carry a CreateBucketConfiguration (location); any
+	// region is accepted, as signatures are.
+	if req.r.ContentLength > 0 {
+		var conf struct {
+			LocationConstraint string `xml:"LocationConstraint"`
+		}
+		if e := readXML(req, &conf); e != nil {
+			return e
+		}
+	}
+	ctx := req.r.Context()
+	err := req.meta(func() error {
+		if err := g.ensureVolume(ctx); err != nil {
+			return err
+		}
+		_, err := g.cl.CreateBucket(ctx, g.cfg.Volume, req.bucket, client.BucketOptions{})
+		return err
+	})
+	if err != nil {
+		return fromBasalt(err, req.bucket, "")
+	}
+	req.w.Header().Set("Location", "/"+req.bucket)
+	req.w.WriteHeader(http.StatusOK)
+	return nil
+}
+
+func (g *Gateway) headBucket(req *request) *Error {
+	if e := g.bucketExists(req); e != nil {
+		return e
+	}
+	req.w.Header().Set("x-amz-bucket-region", g.cfg.Region)
+	req.w.WriteHeader(http.StatusOK)
+	return nil
+}
+
+func (g *Gateway) bucketExists(req *request) *Error {
+	if e := validBucket(req.bucket); e != nil {
+		return errNoSuchBucket(req.bucket)
+	}
+	err := req.meta(func() error {
+		_, err := g.ns.GetBucket(req.r.Context(), &metapb.GetBucketRequest{Volume: g.cfg.Volume, Name: req.bucket})
+		return client.FromRPC("get bucket", err)
+	})
+	if err != nil {
+		return fromBasalt(err, req.bucket, "")
+	}
+	return nil
+}
+
+func (g *Gateway) deleteBucket(req *request) *Error {
+	err := req.meta(func() error { return g.cl.DeleteBucket(req.r.Context(), g.cfg.Volume, req.bucket) })
+	if err != nil {
+		return fromBasalt(err, req.bucket, "")
+	}
+	req.w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (g *Gateway) getBucketLocation(req *request) *Error {
+	if e := g.bucketExists(req); e != nil {
+		return e
+	}
+	type result struct {
+		XMLName xml.Name `xml:"http://s3.amazonaws.com/doc/2006-03-01/ LocationConstraint"`
+		Value   string   `xml:",chardata"`
+	}
+	// S3 answers an empty constraint for us-east-1.
+	loc := g.cfg.Region
+	if loc == "us-east-1" {
+		loc = ""
+	}
+	return writeXML(req, result{Value: loc})
+}
+
+// getBucketVersioning answers "never enabled": tools ask before listing.
+func (g *Gateway) getBucketVersioning(req *request) *Error {
+	if e := g.bucketExists(req); e != nil {
+		return e
+	}
+	type result struct {
+		XMLName xml.Name `xml:"http://s3.amazonaws.com/doc/2006-03-01/ VersioningConfiguration"`
+	}
+	return writeXML(req, result{})
+}

@@ -1,0 +1,400 @@
+package s3
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+)
+
+// Defaults and limits.
+const (
+	DefaultVolume       = "s3v"
+	DefaultRegion       = "us-east-1"
+	DefaultMaxClockSkew = 15 * time.Minute
+	DefaultSecretTTL    = 10 * time.Second
+	DefaultMinPartSize  = 5 << 20
+	// MaxObjectSize is S3's limit for one PUT (and one part).
+	MaxObjectSize = 5 << 30
+	// maxXMLBody bounds request documents (DeleteObjects with 1000 keys of
+	// 1 KiB, CompleteMultipartUpload with 10000 parts).
+	maxXMLBody = 2 << 20
+)
+
+// Config configures a Gateway. Zero values take the defaults noted.
+type Config struct {
+	// MetaAddrs are the metadata service's gRPC addresses (ignored when
+	// Client is set).
+	MetaAddrs []string
+	// Client is the Basalt client to share (e.g. with other gateways in
+	// one process); nil: New makes one from MetaAddrs and Close closes it.
+	Client *client.Client
+	// Listen is the HTTP address ("127.0.0.1:9878"; ":0" picks a port).
+	Listen string
+	// Region is the region GetBucketLocation reports (default us-east-1).
+	// Signatures made for any region verify: the region is part of what is
+	// signed, not a routing decision here.
+	Region string
+	// Domains enable virtual-host-style requests: a Host of
+	// "<bucket>.<domain>" (port ignored) addresses bucket. Other hosts are
+	// path-style.
+	Domains []string
+	// Volume holds the S3 buckets (default s3v; created on first use).
+	Volume string
+	// MaxClockSkew bounds the difference between a request's signing time
+	// and the gateway's clock (default 15 minutes, as S3).
+	MaxClockSkew time.Duration
+	// SecretTTL is how long an access key is cached (default 10s): the
+	// delay before a deleted key stops working on this gateway.
+	SecretTTL time.Duration
+	// MinPartSize is the smallest part but the last of a multipart upload
+	// (default 5 MiB, as S3).
+	MinPartSize int64
+	// Registerer receives the gateway's metrics (nil: none registered).
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+	Now        func() time.Time
+}
+
+func (c *Config) setDefaults() error {
+	if c.Client == nil && len(c.MetaAddrs) == 0 {
+		return errors.New("s3: no metadata service addresses (Config.MetaAddrs)")
+	}
+	if c.Region == "" {
+		c.Region = DefaultRegion
+	}
+	if c.Volume == "" {
+		c.Volume = DefaultVolume
+	}
+	if c.MaxClockSkew == 0 {
+		c.MaxClockSkew = DefaultMaxClockSkew
+	}
+	if c.SecretTTL == 0 {
+		c.SecretTTL = DefaultSecretTTL
+	}
+	if c.MinPartSize == 0 {
+		c.MinPartSize = DefaultMinPartSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	for i, d := range c.Domains {
+		c.Domains[i] = strings.ToLower(strings.Trim(d, "."))
+	}
+	return nil
+}
+
+// Gateway is an S3 REST gateway. It keeps no state of its own: any number
+// of gateways may serve the same cluster.
+type Gateway struct {
+	cfg     Config
+	cl      *client.Client
+	ownCl   bool
+	ns      metapb.NamespaceClient
+	secrets *secrets
+	metrics *metrics
+	ln      net.Listener
+	srv     *http.Server
+
+	volOnce sync.Mutex
+	volOK   bool
+}
+
+// New makes a gateway and opens its listener (so Addr is known before
+// Serve). It does not contact the metadata service.
+func New(cfg Config) (*Gateway, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	g := &Gateway{cfg: cfg, cl: cfg.Client}
+	if g.cl == nil {
+		cl, err := client.New(client.Config{MetaAddrs: cfg.MetaAddrs, Logger: cfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("s3: %w", err)
+		}
+		g.cl, g.ownCl = cl, true
+	}
+	g.ns = g.cl.Namespace()
+	g.secrets = &secrets{ns: g.ns, ttl: cfg.SecretTTL, now: cfg.Now, m: map[string]secretEntry{}}
+	g.metrics = newMetrics(cfg.Registerer)
+	if cfg.Listen != "" {
+		ln, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			g.Close()
+			return nil, fmt.Errorf("s3: listen on %s: %w", cfg.Listen, err)
+		}
+		g.ln = ln
+	}
+	g.srv = &http.Server{Handler: g, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)}
+	return g, nil
+}
+
+// Addr is the listening address ("" without Config.Listen).
+func (g *Gateway) Addr() string {
+	if g.ln == nil {
+		return ""
+	}
+	return g.ln.Addr().String()
+}
+
+// Serve serves HTTP on the listener until Close; it returns nil after
+// Close.
+func (g *Gateway) Serve() error {
+	if g.ln == nil {
+		return errors.New("s3: no listener (Config.Listen is empty); use the gateway as an http.Handler")
+	}
+	err := g.srv.Serve(g.ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close stops serving (requests in progress are cut off) and closes the
+// client if the gateway made it.
+func (g *Gateway) Close() error {
+	var errs []error
+	if g.srv != nil {
+		errs = append(errs, g.srv.Close())
+	}
+	if g.ownCl {
+		errs = append(errs, g.cl.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Shutdown stops accepting requests and waits for those in progress.
+func (g *Gateway) Shutdown(ctx context.Context) error { return g.srv.Shutdown(ctx) }
+
+// request is one S3 request being served.
+type request struct {
+	w      http.ResponseWriter
+	r      *http.Request
+	id     string
+	bucket string
+	key    string
+	auth   *auth
+	op     string
+	stages stageTimer
+}
+
+func requestID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return strings.ToUpper(hex.EncodeToString(b[:]))
+}
+
+// ServeHTTP authenticates, routes and records metrics.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	req := &request{w: w, r: r, id: requestID()}
+	req.stages.start = time.Now()
+	w.Header().Set("Server", "Basalt")
+	w.Header().Set("x-amz-request-id", req.id)
+	var err *Error
+	req.bucket, req.key, err = g.address(r)
+	handler := g.route(req)
+	if err == nil {
+		t := time.Now()
+		req.auth, err = g.authenticate(r)
+		req.stages.auth += time.Since(t)
+	}
+	if err == nil {
+		err = handler(req)
+	}
+	code := "OK"
+	if err != nil {
+		code = err.Code
+		writeError(w, r, err, req.id)
+	}
+	g.metrics.observe(req.op, code, &req.stages)
+}
+
+// address finds the bucket and key: virtual-host style when the Host is
+// "<bucket>.<domain>" of a configured domain, path style otherwise.
+func (g *Gateway) address(r *http.Request) (bucket, key string, err *Error) {
+	host := strings.ToLower(r.Host)
+	if h, _, e := net.SplitHostPort(host); e == nil {
+		host = h
+	}
+	path := r.URL.Path
+	for _, d := range g.cfg.Domains {
+		if b, ok := strings.CutSuffix(host, "."+d); ok && b != "" {
+			return b, strings.TrimPrefix(path, "/"), nil
+		}
+	}
+	path = strings.TrimPrefix(path, "/")
+	bucket, key, _ = strings.Cut(path, "/")
+	return bucket, key, nil
+}
+
+type handlerFunc func(*request) *Error
+
+// route picks the operation from method, bucket, key and sub-resources.
+func (g *Gateway) route(req *request) handlerFunc {
+	r := req.r
+	q := r.URL.Query()
+	has := func(k string) bool { _, ok := q[k]; return ok }
+	set := func(op string, h handlerFunc) handlerFunc { req.op = op; return h }
+	unsupported := func(what string) handlerFunc {
+		return set("Unsupported", func(*request) *Error { return errNotImplemented(what) })
+	}
+	if req.bucket == "" {
+		if r.Method == http.MethodGet {
+			return set("ListBuckets", g.listBuckets)
+		}
+		return set("Unsupported", func(*request) *Error { return errMethodNotAllowed })
+	}
+	for _, sub := range []string{"acl", "policy", "cors", "lifecycle", "website", "replication", "encryption", "object-lock", "retention", "legal-hold", "torrent", "notification", "logging", "requestPayment", "accelerate", "analytics", "inventory", "metrics", "intelligent-tiering", "ownershipControls", "publicAccessBlock", "select", "restore", "attributes", "versions"} {
+		if has(sub) {
+			return unsupported("the ?" + sub + " sub-resource")
+		}
+	}
+	if req.key == "" {
+		switch r.Method {
+		case http.MethodPut:
+			if has("tagging") || has("versioning") {
+				return unsupported("bucket tagging and versioning")
+			}
+			return set("CreateBucket", g.createBucket)
+		case http.MethodHead:
+			return set("HeadBucket", g.headBucket)
+		case http.MethodDelete:
+			if has("tagging") {
+				return unsupported("bucket tagging")
+			}
+			return set("DeleteBucket", g.deleteBucket)
+		case http.MethodGet:
+			switch {
+			case has("location"):
+				return set("GetBucketLocation", g.getBucketLocation)
+			case has("versioning"):
+				return set("GetBucketVersioning", g.getBucketVersioning)
+			case has("uploads"):
+				return set("ListMultipartUploads", g.listMultipartUploads)
+			case has("tagging"):
+				return unsupported("bucket tagging")
+			case q.Get("list-type") == "2":
+				return set("ListObjectsV2", g.listObjectsV2)
+			}
+			return set("ListObjects", g.listObjectsV1)
+		case http.MethodPost:
+			if has("delete") {
+				return set("DeleteObjects", g.deleteObjects)
+			}
+		}
+		return set("Unsupported", func(*request) *Error { return errMethodNotAllowed })
+	}
+	switch r.Method {
+	case http.MethodPut:
+		switch {
+		case has("uploadId") && r.Header.Get("X-Amz-Copy-Source") != "":
+			return set("UploadPartCopy", g.uploadPartCopy)
+		case has("uploadId"):
+			return set("UploadPart", g.uploadPart)
+		case has("tagging"):
+			return set("PutObjectTagging", g.putObjectTagging)
+		case r.Header.Get("X-Amz-Copy-Source") != "":
+			return set("CopyObject", g.copyObject)
+		}
+		return set("PutObject", g.putObject)
+	case http.MethodGet:
+		switch {
+		case has("uploadId"):
+			return set("ListParts", g.listParts)
+		case has("tagging"):
+			return set("GetObjectTagging", g.getObjectTagging)
+		}
+		return set("GetObject", g.getObject)
+	case http.MethodHead:
+		return set("HeadObject", g.headObject)
+	case http.MethodDelete:
+		switch {
+		case has("uploadId"):
+			return set("AbortMultipartUpload", g.abortMultipartUpload)
+		case has("tagging"):
+			return set("DeleteObjectTagging", g.deleteObjectTagging)
+		}
+		return set("DeleteObject", g.deleteObject)
+	case http.MethodPost:
+		switch {
+		case has("uploads"):
+			return set("CreateMultipartUpload", g.createMultipartUpload)
+		case has("uploadId"):
+			return set("CompleteMultipartUpload", g.completeMultipartUpload)
+		}
+	}
+	return set("Unsupported", func(*request) *Error { return errMethodNotAllowed })
+}
+
+// writeXML sends a 200 response document.
+func writeXML(req *request, v any) *Error {
+	out, err := xml.Marshal(v)
+	if err != nil {
+		return errInternal(err)
+	}
+	req.w.Header().Set("Content-Type", "application/xml")
+	req.w.WriteHeader(http.StatusOK)
+	req.w.Write([]byte(xml.Header))
+	req.w.Write(out)
+	return nil
+}
+
+// readXML decodes a bounded request document.
+func readXML(req *request, v any) *Error {
+	a := req.auth
+	b, e := newBody(req.r, a, maxXMLBody)
+	if e != nil {
+		return e
+	}
+	dec := xml.NewDecoder(b)
+	if err := dec.Decode(v); err != nil {
+		if b.err != nil {
+			var se *Error
+			if errors.As(b.err, &se) {
+				return se
+			}
+		}
+		return errMalformedXML(err)
+	}
+	// Drain to EOF so the digests and signatures of the body are checked.
+	var buf [512]byte
+	for {
+		_, err := b.Read(buf[:])
+		if err != nil {
+			if b.err != nil {
+				var se *Error
+				if errors.As(b.err, &se) {
+					return se
+				}
+				return errorf("IncompleteBody", 400, "%v", b.err)
+			}
+			break
+		}
+	}
+	return nil
+}
+
+// meta runs a metadata call, timing it as the metadata stage.
+func (req *request) meta(f func() error) error {
+	t := time.Now()
+	err := f()
+	req.stages.meta += time.Since(t)
+	return err
+}

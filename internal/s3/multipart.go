@@ -1,0 +1,291 @@
+package s3
+
+import (
+	"crypto/md5"
+	"encoding/hex"
+	"encoding/xml"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/namespace"
+)
+
+// Multipart uploads: the namespace manager keeps the upload and its parts;
+// each part is written like a key (its own blocks) and committed into the
+// upload, and Complete makes the parts' blocks the object's, in order,
+// without moving data.
+
+func (g *Gateway) createMultipartUpload(req *request) *Error {
+	if e := checkKey(req.key); e != nil {
+		return e
+	}
+	meta, e := metaFromHeaders(req.r.Header)
+	if e != nil {
+		return e
+	}
+	var u *metapb.MultipartUpload
+	err := req.meta(func() (err error) {
+		u, err = g.ns.CreateMultipartUpload(req.r.Context(), &metapb.CreateMultipartUploadRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key, Meta: meta})
+		return err
+	})
+	if err != nil {
+		return fromBasalt(err, req.bucket, "")
+	}
+	type result struct {
+		XMLName  xml.Name `xml:"http://s3.amazonaws.com/doc/2006-03-01/ InitiateMultipartUploadResult"`
+		Bucket   string   `xml:"Bucket"`
+		Key      string   `xml:"Key"`
+		UploadID string   `xml:"UploadId"`
+	}
+	return writeXML(req, result{Bucket: req.bucket, Key: req.key, UploadID: u.UploadId})
+}
+
+func partRef(req *request) (*metapb.PartRef, *Error) {
+	q := req.r.URL.Query()
+	n, err := strconv.Atoi(q.Get("partNumber"))
+	if err != nil || n < 1 || n > namespace.MaxPartNumber {
+		return nil, errInvalidArgument("Part number must be an integer between 1 and %d, inclusive", namespace.MaxPartNumber)
+	}
+	return &metapb.PartRef{UploadId: q.Get("uploadId"), PartNumber: uint32(n)}, nil
+}
+
+func (g *Gateway) uploadPart(req *request) *Error {
+	part, e := partRef(req)
+	if e != nil {
+		return e
+	}
+	b, e := newBody(req.r, req.auth, MaxObjectSize)
+	if e != nil {
+		return e
+	}
+	if _, err := g.putData(req, req.key, b, b.want, nil, part, b.etag); err != nil {
+		e := bodyOr(b, err, req)
+		if e.Code == "NoSuchUpload" {
+			e = errNoSuchUpload(part.UploadId)
+		}
+		return e
+	}
+	req.w.Header().Set("ETag", `"`+part.Etag+`"`)
+	if alg, v := b.checksum(); alg != "" {
+		req.w.Header().Set("X-Amz-Checksum-"+alg, v)
+	}
+	req.w.WriteHeader(http.StatusOK)
+	return nil
+}
+
+// uploadPartCopy copies a source object, or a range of it, into a part.
+// The bytes stream through the gateway (a part's blocks are its own).
+func (g *Gateway) uploadPartCopy(req *request) *Error {
+	part, e := partRef(req)
+	if e != nil {
+		return e
+	}
+	_, _, kr, src, e := g.openSource(req, true)
+	if e != nil {
+		return e
+	}
+	defer kr.Close()
+	start, length := int64(0), int64(src.Size)
+	if v := req.r.Header.Get("X-Amz-Copy-Source-Range"); v != "" {
+		s, n, ok, e := parseRange(v, length)
+		if e != nil || !ok || s+n > length {
+			return errInvalidArgument("The x-amz-copy-source-range value %q must be of the form bytes=first-last within the source object of %d bytes", v, src.Size)
+		}
+		start, length = s, n
+	}
+	if length > MaxObjectSize {
+		return errInvalidRequest("The specified copy source is larger than the maximum allowable size for a copy source: %d", MaxObjectSize)
+	}
+	if _, err := kr.Seek(start, io.SeekStart); err != nil {
+		return fromBasalt(err, req.bucket, req.key)
+	}
+	mr := &md5Reader{r: io.LimitReader(kr, length), h: md5.New()}
+	ki, err := g.putData(req, req.key, mr, length, nil, part, func() string { return hex.EncodeToString(mr.h.Sum(nil)) })
+	if err != nil {
+		e := fromBasalt(err, req.bucket, req.key)
+		if e.Code == "NoSuchUpload" {
+			e = errNoSuchUpload(part.UploadId)
+		}
+		return e
+	}
+	type result struct {
+		XMLName      xml.Name `xml:"http://s3.amazonaws.com/doc/2006-03-01/ CopyPartResult"`
+		LastModified string   `xml:"LastModified"`
+		ETag         string   `xml:"ETag"`
+	}
+	return writeXML(req, result{LastModified: ki.Modified.UTC().Format(s3TimeFormat), ETag: `"` + part.Etag + `"`})
+}
+
+func (g *Gateway) completeMultipartUpload(req *request) *Error {
+	var in struct {
+		Parts []struct {
+			PartNumber uint32 `xml:"PartNumber"`
+			ETag       string `xml:"ETag"`
+		} `xml:"Part"`
+	}
+	if e := readXML(req, &in); e != nil {
+		return e
+	}
+	uploadID := req.r.URL.Query().Get("uploadId")
+	creq := &metapb.CompleteMultipartUploadRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key, UploadId: uploadID, MinPartSize: uint64(g.cfg.MinPartSize)}
+	for _, p := range in.Parts {
+		creq.Parts = append(creq.Parts, &metapb.CompletedPart{PartNumber: p.PartNumber, Etag: p.ETag})
+	}
+	if len(creq.Parts) == 0 {
+		return errMalformedXML(fmt.Errorf("no parts"))
+	}
+	var ki *metapb.KeyInfo
+	err := req.meta(func() (err error) {
+		ki, err = g.ns.CompleteMultipartUpload(req.r.Context(), creq)
+		return err
+	})
+	if err != nil {
+		e := fromBasalt(err, req.bucket, req.key)
+		if e.Code == "NoSuchUpload" {
+			e = errNoSuchUpload(uploadID)
+		}
+		return e
+	}
+	type result struct {
+		XMLName  xml.Name `xml:"http://s3.amazonaws.com/doc/2006-03-01/ CompleteMultipartUploadResult"`
+		Location string   `xml:"Location"`
+		Bucket   string   `xml:"Bucket"`
+		Key      string   `xml:"Key"`
+		ETag     string   `xml:"ETag"`
+	}
+	return writeXML(req, result{Location: "/" + req.bucket + "/" + req.key, Bucket: req.bucket, Key: req.key, ETag: etagOf(ki.Meta)})
+}
+
+func (g *Gateway) abortMultipartUpload(req *request) *Error {
+	uploadID := req.r.URL.Query().Get("uploadId")
+	err := req.meta(func() error {
+		_, err := g.ns.AbortMultipartUpload(req.r.Context(), &metapb.AbortMultipartUploadRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key, UploadId: uploadID})
+		return err
+	})
+	if err != nil {
+		e := fromBasalt(err, req.bucket, req.key)
+		if e.Code == "NoSuchUpload" {
+			e = errNoSuchUpload(uploadID)
+		}
+		return e
+	}
+	req.w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (g *Gateway) listParts(req *request) *Error {
+	q := req.r.URL.Query()
+	uploadID := q.Get("uploadId")
+	marker, maxParts := 0, maxListKeys
+	if v := q.Get("part-number-marker"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return errInvalidArgument("Argument part-number-marker must be an integer")
+		}
+		marker = n
+	}
+	if v := q.Get("max-parts"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return errInvalidArgument("Argument max-parts must be an integer between 0 and 2147483647")
+		}
+		maxParts = min(n, maxListKeys)
+	}
+	var resp *metapb.ListPartsResponse
+	err := req.meta(func() (err error) {
+		resp, err = g.ns.ListParts(req.r.Context(), &metapb.ListPartsRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key,
+			UploadId: uploadID, PartNumberMarker: uint32(min(marker, namespace.MaxPartNumber)), MaxParts: uint32(max(maxParts, 1))})
+		return err
+	})
+	if err != nil {
+		e := fromBasalt(err, req.bucket, req.key)
+		if e.Code == "NoSuchUpload" {
+			e = errNoSuchUpload(uploadID)
+		}
+		return e
+	}
+	type part struct {
+		PartNumber   uint32 `xml:"PartNumber"`
+		LastModified string `xml:"LastModified"`
+		ETag         string `xml:"ETag"`
+		Size         uint64 `xml:"Size"`
+	}
+	type result struct {
+		XMLName              xml.Name `xml:"http://s3.amazonaws.com/doc/2006-03-01/ ListPartsResult"`
+		Bucket               string   `xml:"Bucket"`
+		Key                  string   `xml:"Key"`
+		UploadID             string   `xml:"UploadId"`
+		Initiator            owner    `xml:"Initiator"`
+		Owner                owner    `xml:"Owner"`
+		StorageClass         string   `xml:"StorageClass"`
+		PartNumberMarker     int      `xml:"PartNumberMarker"`
+		NextPartNumberMarker uint32   `xml:"NextPartNumberMarker"`
+		MaxParts             int      `xml:"MaxParts"`
+		IsTruncated          bool     `xml:"IsTruncated"`
+		Parts                []part   `xml:"Part"`
+	}
+	res := result{Bucket: req.bucket, Key: req.key, UploadID: uploadID, Initiator: req.owner(), Owner: req.owner(), StorageClass: "STANDARD",
+		PartNumberMarker: marker, MaxParts: maxParts, IsTruncated: resp.Truncated && maxParts > 0}
+	if maxParts > 0 {
+		for _, p := range resp.Parts {
+			res.Parts = append(res.Parts, part{PartNumber: p.PartNumber, LastModified: s3Time(p.ModifiedUnixMs), ETag: `"` + p.Etag + `"`, Size: p.Size})
+			res.NextPartNumberMarker = p.PartNumber
+		}
+	}
+	return writeXML(req, res)
+}
+
+func (g *Gateway) listMultipartUploads(req *request) *Error {
+	q := req.r.URL.Query()
+	if q.Get("delimiter") != "" {
+		return errNotImplemented("ListMultipartUploads with a delimiter")
+	}
+	maxUploads := maxListKeys
+	if v := q.Get("max-uploads"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return errInvalidArgument("Argument max-uploads must be an integer between 1 and 2147483647")
+		}
+		maxUploads = min(n, maxListKeys)
+	}
+	keyMarker, idMarker := q.Get("key-marker"), q.Get("upload-id-marker")
+	var resp *metapb.ListMultipartUploadsResponse
+	err := req.meta(func() (err error) {
+		resp, err = g.ns.ListMultipartUploads(req.r.Context(), &metapb.ListMultipartUploadsRequest{Volume: g.cfg.Volume, Bucket: req.bucket,
+			Prefix: q.Get("prefix"), KeyMarker: keyMarker, UploadIdMarker: idMarker, MaxUploads: uint32(maxUploads)})
+		return err
+	})
+	if err != nil {
+		return fromBasalt(err, req.bucket, "")
+	}
+	type upload struct {
+		Key          string `xml:"Key"`
+		UploadID     string `xml:"UploadId"`
+		Initiator    owner  `xml:"Initiator"`
+		Owner        owner  `xml:"Owner"`
+		StorageClass string `xml:"StorageClass"`
+		Initiated    string `xml:"Initiated"`
+	}
+	type result struct {
+		XMLName            xml.Name `xml:"http://s3.amazonaws.com/doc/2006-03-01/ ListMultipartUploadsResult"`
+		Bucket             string   `xml:"Bucket"`
+		KeyMarker          string   `xml:"KeyMarker"`
+		UploadIDMarker     string   `xml:"UploadIdMarker"`
+		NextKeyMarker      string   `xml:"NextKeyMarker"`
+		NextUploadIDMarker string   `xml:"NextUploadIdMarker"`
+		Prefix             string   `xml:"Prefix"`
+		MaxUploads         int      `xml:"MaxUploads"`
+		IsTruncated        bool     `xml:"IsTruncated"`
+		Uploads            []upload `xml:"Upload"`
+	}
+	res := result{Bucket: req.bucket, KeyMarker: keyMarker, UploadIDMarker: idMarker, Prefix: q.Get("prefix"), MaxUploads: maxUploads, IsTruncated: resp.Truncated}
+	for _, u := range resp.Uploads {
+		res.Uploads = append(res.Uploads, upload{Key: u.Key, UploadID: u.UploadId, Initiator: req.owner(), Owner: req.owner(),
+			StorageClass: "STANDARD", Initiated: s3Time(u.CreatedUnixMs)})
+		res.NextKeyMarker, res.NextUploadIDMarker = u.Key, u.UploadId
+	}
+	return writeXML(req, res)
+}

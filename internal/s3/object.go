@@ -1,0 +1,703 @@
+package s3
+
+import (
+	"crypto/md5"
+	"encoding/hex"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/namespace"
+)
+
+const (
+	maxUserMetaBytes = 2 << 10 // S3: user metadata, names and values
+	maxTags          = 10
+	maxDeleteObjects = 1000
+	deleteWorkers    = 16
+	maxKeyBytes      = 1024
+)
+
+func checkKey(key string) *Error {
+	if len(key) > maxKeyBytes {
+		return errorf("KeyTooLongError", 400, "Your key is too long: %d bytes, at most %d", len(key), maxKeyBytes)
+	}
+	return nil
+}
+
+// metaFromHeaders reads what S3 stores with an object from a PUT, a copy
+// with REPLACE, or CreateMultipartUpload.
+func metaFromHeaders(h http.Header) (*metapb.ObjectMeta, *Error) {
+	m := &metapb.ObjectMeta{
+		ContentType: h.Get("Content-Type"), ContentDisposition: h.Get("Content-Disposition"),
+		ContentLanguage: h.Get("Content-Language"), CacheControl: h.Get("Cache-Control"), Expires: h.Get("Expires"),
+	}
+	// aws-chunked is how the body travelled, not how it is stored.
+	var enc []string
+	for _, e := range strings.Split(h.Get("Content-Encoding"), ",") {
+		if e = strings.TrimSpace(e); e != "" && !strings.EqualFold(e, "aws-chunked") {
+			enc = append(enc, e)
+		}
+	}
+	m.ContentEncoding = strings.Join(enc, ",")
+	size := 0
+	for k, vs := range h {
+		name, ok := strings.CutPrefix(strings.ToLower(k), "x-amz-meta-")
+		if !ok {
+			continue
+		}
+		if m.User == nil {
+			m.User = map[string]string{}
+		}
+		v := strings.Join(vs, ",")
+		m.User[name] = v
+		size += len(name) + len(v)
+	}
+	if size > maxUserMetaBytes {
+		return nil, errorf("MetadataTooLarge", 400, "Your metadata headers are %d bytes; at most %d are allowed", size, maxUserMetaBytes)
+	}
+	if t := h.Get("X-Amz-Tagging"); t != "" {
+		vals, err := url.ParseQuery(t)
+		if err != nil {
+			return nil, errorf("InvalidTag", 400, "The x-amz-tagging header is not a valid query string: %v", err)
+		}
+		m.Tags = map[string]string{}
+		for k, vs := range vals {
+			if len(vs) != 1 {
+				return nil, errorf("InvalidTag", 400, "Cannot provide multiple Tags with the same key: %q", k)
+			}
+			m.Tags[k] = vs[0]
+		}
+		if e := validTags(m.Tags); e != nil {
+			return nil, e
+		}
+	}
+	return m, nil
+}
+
+func validTags(tags map[string]string) *Error {
+	if len(tags) > maxTags {
+		return errorf("BadRequest", 400, "Object tags cannot be greater than %d", maxTags)
+	}
+	for k, v := range tags {
+		if k == "" || len(k) > 128 {
+			return errorf("InvalidTag", 400, "The TagKey you have provided is invalid: %q", k)
+		}
+		if len(v) > 256 {
+			return errorf("InvalidTag", 400, "The TagValue you have provided is too long: %d characters", len(v))
+		}
+	}
+	return nil
+}
+
+func etagOf(m *metapb.ObjectMeta) string { return `"` + m.GetEtag() + `"` }
+
+// setObjectHeaders sets the headers GET and HEAD return.
+func setObjectHeaders(h http.Header, ki *client.KeyInfo) {
+	m := ki.Meta
+	h.Set("ETag", etagOf(m))
+	h.Set("Last-Modified", ki.Modified.UTC().Format(http.TimeFormat))
+	h.Set("Accept-Ranges", "bytes")
+	ct := m.GetContentType()
+	if ct == "" {
+		ct = "binary/octet-stream"
+	}
+	h.Set("Content-Type", ct)
+	for name, v := range map[string]string{"Content-Encoding": m.GetContentEncoding(), "Content-Disposition": m.GetContentDisposition(),
+		"Content-Language": m.GetContentLanguage(), "Cache-Control": m.GetCacheControl(), "Expires": m.GetExpires()} {
+		if v != "" {
+			h.Set(name, v)
+		}
+	}
+	for k, v := range m.GetUser() {
+		h["X-Amz-Meta-"+k] = []string{v}
+	}
+	if n := len(m.GetTags()); n > 0 {
+		h.Set("X-Amz-Tagging-Count", strconv.Itoa(n))
+	}
+	if n := m.GetPartsCount(); n > 0 {
+		h.Set("X-Amz-Mp-Parts-Count", strconv.Itoa(int(n)))
+	}
+}
+
+// etagMatches implements If-Match / If-None-Match lists ("*" matches any).
+func etagMatches(list, etag string) bool {
+	for _, e := range strings.Split(list, ",") {
+		e = strings.TrimSpace(e)
+		if e == "*" || strings.Trim(strings.TrimPrefix(e, "W/"), `"`) == etag {
+			return true
+		}
+	}
+	return false
+}
+
+// conditions evaluates the conditional headers (RFC 9110 §13.2.2 order,
+// as S3 does): a true If-Match overrides If-Unmodified-Since, a false
+// If-None-Match overrides If-Modified-Since. notModified is the 304 case.
+func conditions(h http.Header, prefix, etag string, mod time.Time) (notModified bool, e *Error) {
+	mod = mod.Truncate(time.Second)
+	im, inm := h.Get(prefix+"If-Match"), h.Get(prefix+"If-None-Match")
+	if im != "" {
+		if !etagMatches(im, etag) {
+			return false, errPreconditionFailed
+		}
+	} else if v := h.Get(prefix + "If-Unmodified-Since"); v != "" {
+		if t, err := http.ParseTime(v); err == nil && mod.After(t) {
+			return false, errPreconditionFailed
+		}
+	}
+	if inm != "" {
+		if etagMatches(inm, etag) {
+			return true, nil
+		}
+	} else if v := h.Get(prefix + "If-Modified-Since"); v != "" {
+		if t, err := http.ParseTime(v); err == nil && !mod.After(t) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// parseRange reads "bytes=a-b", "bytes=a-" and "bytes=-n". ok=false means
+// the header is ignored (as S3 ignores ranges it cannot parse); e is
+// InvalidRange when nothing of the object is in it.
+func parseRange(v string, size int64) (start, length int64, ok bool, e *Error) {
+	spec, found := strings.CutPrefix(v, "bytes=")
+	if !found || strings.Contains(spec, ",") {
+		return 0, 0, false, nil
+	}
+	a, b, found := strings.Cut(strings.TrimSpace(spec), "-")
+	if !found {
+		return 0, 0, false, nil
+	}
+	invalid := errorf("InvalidRange", 416, "The requested range %q is not satisfiable for an object of %d bytes", v, size)
+	if a == "" {
+		n, err := strconv.ParseInt(b, 10, 64)
+		if err != nil || n < 0 {
+			return 0, 0, false, nil
+		}
+		if n == 0 || size == 0 {
+			return 0, 0, false, invalid
+		}
+		n = min(n, size)
+		return size - n, n, true, nil
+	}
+	s, err := strconv.ParseInt(a, 10, 64)
+	if err != nil || s < 0 {
+		return 0, 0, false, nil
+	}
+	end := size - 1
+	if b != "" {
+		if end, err = strconv.ParseInt(b, 10, 64); err != nil || end < s {
+			return 0, 0, false, nil
+		}
+		end = min(end, size-1)
+	}
+	if s >= size {
+		return 0, 0, false, invalid
+	}
+	return s, end - s + 1, true, nil
+}
+
+func (g *Gateway) getObject(req *request) *Error  { return g.readObject(req, false) }
+func (g *Gateway) headObject(req *request) *Error { return g.readObject(req, true) }
+
+// readObject serves GET and HEAD: one metadata call (the reader's lookup),
+// then the data streams from the datanodes to the socket.
+func (g *Gateway) readObject(req *request, head bool) *Error {
+	if e := checkKey(req.key); e != nil {
+		return e
+	}
+	ctx := req.r.Context()
+	var kr *client.KeyReader
+	var ki client.KeyInfo
+	err := req.meta(func() (err error) {
+		if head {
+			ki, err = g.cl.StatKey(ctx, g.cfg.Volume, req.bucket, req.key)
+			return err
+		}
+		kr, err = g.cl.GetKey(ctx, g.cfg.Volume, req.bucket, req.key)
+		if err == nil {
+			ki = kr.Info()
+		}
+		return err
+	})
+	if err != nil {
+		return fromBasalt(err, req.bucket, req.key)
+	}
+	if kr != nil {
+		defer kr.Close()
+	}
+	h := req.w.Header()
+	notModified, e := conditions(req.r.Header, "", ki.Meta.GetEtag(), ki.Modified)
+	if e != nil {
+		return e
+	}
+	if notModified {
+		h.Set("ETag", etagOf(ki.Meta))
+		h.Set("Last-Modified", ki.Modified.UTC().Format(http.TimeFormat))
+		req.w.WriteHeader(http.StatusNotModified)
+		return nil
+	}
+	size := int64(ki.Size)
+	start, length, ranged := int64(0), size, false
+	if v := req.r.Header.Get("Range"); v != "" {
+		var e *Error
+		if start, length, ranged, e = parseRange(v, size); e != nil {
+			h.Set("Content-Range", fmt.Sprintf("bytes */%d", size))
+			return e
+		}
+		if !ranged {
+			start, length = 0, size
+		}
+	}
+	setObjectHeaders(h, &ki)
+	q := req.r.URL.Query()
+	for param, header := range map[string]string{"response-content-type": "Content-Type", "response-content-language": "Content-Language",
+		"response-expires": "Expires", "response-cache-control": "Cache-Control", "response-content-disposition": "Content-Disposition",
+		"response-content-encoding": "Content-Encoding"} {
+		if v := q.Get(param); v != "" {
+			h.Set(header, v)
+		}
+	}
+	if !ranged && strings.EqualFold(req.r.Header.Get("X-Amz-Checksum-Mode"), "ENABLED") {
+		for alg, v := range ki.Meta.GetChecksums() {
+			h.Set("X-Amz-Checksum-"+alg, v)
+		}
+	}
+	h.Set("Content-Length", strconv.FormatInt(length, 10))
+	status := http.StatusOK
+	if ranged {
+		h.Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", start, start+length-1, size))
+		status = http.StatusPartialContent
+	}
+	req.w.WriteHeader(status)
+	if head || length == 0 {
+		return nil
+	}
+	t := time.Now()
+	defer func() { req.stages.data += time.Since(t) }()
+	if _, err := kr.Seek(start, io.SeekStart); err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	if _, err := io.CopyN(req.w, kr, length); err != nil {
+		// The status is sent; cutting the connection is the only way to
+		// tell the client the body is incomplete.
+		if ctx.Err() == nil {
+			g.cfg.Logger.Debug("s3: GET body failed", "bucket", req.bucket, "key", req.key, "err", err)
+		}
+		panic(http.ErrAbortHandler)
+	}
+	return nil
+}
+
+// putData streams a body into key and commits it with meta (ETag and
+// checksum filled in from the data). part, if set, commits it as a part.
+func (g *Gateway) putData(req *request, key string, r io.Reader, sizeHint int64, meta *metapb.ObjectMeta, part *metapb.PartRef, etag func() string) (client.KeyInfo, error) {
+	t := time.Now()
+	var committing time.Time
+	ki, err := g.cl.PutKey(req.r.Context(), g.cfg.Volume, req.bucket, key, r, client.PutOptions{
+		SizeHint: max(sizeHint, 0),
+		BeforeCommit: func(c *metapb.CommitKeyRequest) error {
+			committing = time.Now()
+			if part != nil {
+				part.Etag = etag()
+				c.Part = part
+				return nil
+			}
+			meta.Etag = etag()
+			c.Meta = meta
+			return nil
+		},
+	})
+	if committing.IsZero() {
+		req.stages.data += time.Since(t)
+	} else {
+		req.stages.data += committing.Sub(t)
+		req.stages.meta += time.Since(committing)
+	}
+	return ki, err
+}
+
+func (g *Gateway) putObject(req *request) *Error {
+	if e := checkKey(req.key); e != nil {
+		return e
+	}
+	b, e := newBody(req.r, req.auth, MaxObjectSize)
+	if e != nil {
+		return e
+	}
+	meta, e := metaFromHeaders(req.r.Header)
+	if e != nil {
+		return e
+	}
+	_, err := g.putData(req, req.key, b, b.want, meta, nil, func() string {
+		if alg, v := b.checksum(); alg != "" {
+			meta.Checksums = map[string]string{alg: v}
+		}
+		return b.etag()
+	})
+	if err != nil {
+		return bodyOr(b, err, req)
+	}
+	h := req.w.Header()
+	h.Set("ETag", etagOf(meta))
+	if alg, v := b.checksum(); alg != "" {
+		h.Set("X-Amz-Checksum-"+alg, v)
+	}
+	req.w.WriteHeader(http.StatusOK)
+	return nil
+}
+
+// bodyOr prefers the body's own failure (bad signature, digest, short
+// body) over the write error it caused.
+func bodyOr(b *body, err error, req *request) *Error {
+	if b.err != nil {
+		var se *Error
+		if errors.As(b.err, &se) {
+			return se
+		}
+	}
+	return fromBasalt(err, req.bucket, req.key)
+}
+
+func (g *Gateway) deleteObject(req *request) *Error {
+	var e *Error
+	req.meta(func() error { e = g.deleteOne(req, req.key); return nil })
+	if e != nil {
+		return e
+	}
+	req.w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// deleteOne deletes a key; a missing key is success, as in S3. It may
+// run on several goroutines of one request, so it records no stages.
+func (g *Gateway) deleteOne(req *request, key string) *Error {
+	if e := checkKey(key); e != nil {
+		return e
+	}
+	if err := g.cl.DeleteKey(req.r.Context(), g.cfg.Volume, req.bucket, key, false); err != nil {
+		e := fromBasalt(err, req.bucket, key)
+		if e.Code == "NoSuchKey" || (e.Code == "InvalidArgument" && key == "") {
+			return nil
+		}
+		return e
+	}
+	return nil
+}
+
+func (g *Gateway) deleteObjects(req *request) *Error {
+	var in struct {
+		Quiet   bool `xml:"Quiet"`
+		Objects []struct {
+			Key string `xml:"Key"`
+		} `xml:"Object"`
+	}
+	if e := readXML(req, &in); e != nil {
+		return e
+	}
+	if len(in.Objects) == 0 || len(in.Objects) > maxDeleteObjects {
+		return errMalformedXML(fmt.Errorf("%d objects; 1 to %d allowed", len(in.Objects), maxDeleteObjects))
+	}
+	if e := g.bucketExists(req); e != nil {
+		return e
+	}
+	type deleted struct {
+		Key string `xml:"Key"`
+	}
+	type delErr struct {
+		Key     string `xml:"Key"`
+		Code    string `xml:"Code"`
+		Message string `xml:"Message"`
+	}
+	errs := make([]*Error, len(in.Objects))
+	// Bounded parallelism: each delete is one Raft entry on the namespace
+	// manager, which batches concurrent entries.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, deleteWorkers)
+	var mu sync.Mutex
+	t := time.Now()
+	for i, o := range in.Objects {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			e := g.deleteOne(req, o.Key)
+			mu.Lock()
+			errs[i] = e
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	req.stages.meta += time.Since(t)
+	type result struct {
+		XMLName xml.Name  `xml:"http://s3.amazonaws.com/doc/2006-03-01/ DeleteResult"`
+		Deleted []deleted `xml:"Deleted"`
+		Errors  []delErr  `xml:"Error"`
+	}
+	var res result
+	for i, o := range in.Objects {
+		if e := errs[i]; e != nil {
+			res.Errors = append(res.Errors, delErr{Key: o.Key, Code: e.Code, Message: e.Message})
+		} else if !in.Quiet {
+			res.Deleted = append(res.Deleted, deleted{Key: o.Key})
+		}
+	}
+	return writeXML(req, res)
+}
+
+// copySource parses x-amz-copy-source: "[/]bucket/key[?versionId=...]",
+// URL-encoded.
+func copySource(v string) (bucket, key string, e *Error) {
+	v, version, _ := strings.Cut(v, "?")
+	if version != "" && version != "versionId=null" {
+		return "", "", errNotImplemented("copying a version (versioning)")
+	}
+	d, err := url.PathUnescape(v)
+	if err != nil {
+		return "", "", errInvalidArgument("Invalid copy source encoding: %q", v)
+	}
+	bucket, key, ok := strings.Cut(strings.TrimPrefix(d, "/"), "/")
+	if !ok || bucket == "" || key == "" {
+		return "", "", errInvalidArgument("Copy Source must mention the source bucket and key: sourcebucket/sourcekey")
+	}
+	return bucket, key, nil
+}
+
+// md5Reader computes the ETag of data copied through the gateway.
+type md5Reader struct {
+	r io.Reader
+	h hash.Hash
+}
+
+func (m *md5Reader) Read(p []byte) (int, error) {
+	n, err := m.r.Read(p)
+	m.h.Write(p[:n])
+	return n, err
+}
+
+// openSource looks up the copy source and checks the copy-source
+// conditions; the reader is open only if open.
+func (g *Gateway) openSource(req *request, open bool) (srcBucket, srcKey string, kr *client.KeyReader, ki client.KeyInfo, e *Error) {
+	srcBucket, srcKey, e = copySource(req.r.Header.Get("X-Amz-Copy-Source"))
+	if e != nil {
+		return
+	}
+	ctx := req.r.Context()
+	err := req.meta(func() (err error) {
+		if open {
+			if kr, err = g.cl.GetKey(ctx, g.cfg.Volume, srcBucket, srcKey); err == nil {
+				ki = kr.Info()
+			}
+			return err
+		}
+		ki, err = g.cl.StatKey(ctx, g.cfg.Volume, srcBucket, srcKey)
+		return err
+	})
+	if err != nil {
+		e = fromBasalt(err, srcBucket, srcKey)
+		return
+	}
+	notModified, e := conditions(req.r.Header, "X-Amz-Copy-Source-", ki.Meta.GetEtag(), ki.Modified)
+	if e == nil && notModified {
+		e = errPreconditionFailed
+	}
+	if e != nil && kr != nil {
+		kr.Close()
+		kr = nil
+	}
+	return
+}
+
+func (g *Gateway) copyObject(req *request) *Error {
+	if e := checkKey(req.key); e != nil {
+		return e
+	}
+	h := req.r.Header
+	mdir, tdir := strings.ToUpper(h.Get("X-Amz-Metadata-Directive")), strings.ToUpper(h.Get("X-Amz-Tagging-Directive"))
+	for _, d := range []string{mdir, tdir} {
+		if d != "" && d != "COPY" && d != "REPLACE" {
+			return errInvalidArgument("Unknown metadata or tagging directive %q", d)
+		}
+	}
+	srcBucket, srcKey, e := copySource(h.Get("X-Amz-Copy-Source"))
+	if e != nil {
+		return e
+	}
+	self := srcBucket == req.bucket && srcKey == req.key
+	if self && mdir != "REPLACE" && tdir != "REPLACE" {
+		return errInvalidRequest("This copy request is illegal because it is trying to copy an object to itself without changing the object's metadata, storage class, website redirect location or encryption attributes.")
+	}
+	_, _, kr, src, e := g.openSource(req, !self)
+	if e != nil {
+		return e
+	}
+	if kr != nil {
+		defer kr.Close()
+	}
+	if src.Size > MaxObjectSize {
+		return errInvalidRequest("The specified copy source is larger than the maximum allowable size for a copy source: %d", MaxObjectSize)
+	}
+	meta := proto.Clone(src.Meta).(*metapb.ObjectMeta)
+	if meta == nil {
+		meta = &metapb.ObjectMeta{}
+	}
+	if mdir == "REPLACE" || tdir == "REPLACE" {
+		hm, e := metaFromHeaders(h)
+		if e != nil {
+			return e
+		}
+		if mdir == "REPLACE" {
+			meta.ContentType, meta.ContentEncoding, meta.ContentDisposition = hm.ContentType, hm.ContentEncoding, hm.ContentDisposition
+			meta.ContentLanguage, meta.CacheControl, meta.Expires, meta.User = hm.ContentLanguage, hm.CacheControl, hm.Expires, hm.User
+		}
+		if tdir == "REPLACE" {
+			meta.Tags = hm.Tags
+		}
+	}
+	var out client.KeyInfo
+	var err error
+	if self {
+		// Only the attributes change: no data moves. The version check
+		// keeps a concurrent overwrite from getting the old attributes.
+		err = req.meta(func() error {
+			r, err := g.ns.SetKeyMeta(req.r.Context(), &metapb.SetKeyMetaRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key,
+				Meta: meta, ExpectObjectId: src.ObjectID, Touch: true})
+			if err == nil {
+				out = client.KeyInfo{Modified: time.UnixMilli(r.ModifiedUnixMs).UTC(), Meta: r.Meta}
+			}
+			return err
+		})
+	} else {
+		// TODO(issue 7): share blocks between keys (reference counts) so a
+		// copy is metadata-only across keys too; until then the data is
+		// streamed through the gateway.
+		mr := &md5Reader{r: kr, h: md5.New()}
+		meta.PartsCount = 0
+		out, err = g.putData(req, req.key, mr, int64(src.Size), meta, nil, func() string { return hex.EncodeToString(mr.h.Sum(nil)) })
+		out.Meta = meta
+	}
+	if err != nil {
+		return fromBasalt(err, req.bucket, req.key)
+	}
+	type result struct {
+		XMLName      xml.Name `xml:"http://s3.amazonaws.com/doc/2006-03-01/ CopyObjectResult"`
+		LastModified string   `xml:"LastModified"`
+		ETag         string   `xml:"ETag"`
+	}
+	return writeXML(req, result{LastModified: out.Modified.UTC().Format(s3TimeFormat), ETag: etagOf(out.Meta)})
+}
+
+type tagSet struct {
+	XMLName xml.Name `xml:"Tagging"`
+	Tags    []struct {
+		Key   string `xml:"Key"`
+		Value string `xml:"Value"`
+	} `xml:"TagSet>Tag"`
+}
+
+func (g *Gateway) getObjectTagging(req *request) *Error {
+	var ki client.KeyInfo
+	err := req.meta(func() (err error) {
+		ki, err = g.cl.StatKey(req.r.Context(), g.cfg.Volume, req.bucket, req.key)
+		return err
+	})
+	if err != nil {
+		return fromBasalt(err, req.bucket, req.key)
+	}
+	type tag struct {
+		Key   string `xml:"Key"`
+		Value string `xml:"Value"`
+	}
+	type result struct {
+		XMLName xml.Name `xml:"http://s3.amazonaws.com/doc/2006-03-01/ Tagging"`
+		Tags    []tag    `xml:"TagSet>Tag"`
+	}
+	res := result{Tags: []tag{}}
+	keys := make([]string, 0, len(ki.Meta.GetTags()))
+	for k := range ki.Meta.GetTags() {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		res.Tags = append(res.Tags, tag{Key: k, Value: ki.Meta.Tags[k]})
+	}
+	return writeXML(req, res)
+}
+
+func (g *Gateway) putObjectTagging(req *request) *Error {
+	var in tagSet
+	if e := readXML(req, &in); e != nil {
+		return e
+	}
+	tags := map[string]string{}
+	for _, t := range in.Tags {
+		if _, dup := tags[t.Key]; dup {
+			return errorf("InvalidTag", 400, "Cannot provide multiple Tags with the same key: %q", t.Key)
+		}
+		tags[t.Key] = t.Value
+	}
+	if e := validTags(tags); e != nil {
+		return e
+	}
+	if e := g.setTags(req, tags); e != nil {
+		return e
+	}
+	req.w.WriteHeader(http.StatusOK)
+	return nil
+}
+
+func (g *Gateway) deleteObjectTagging(req *request) *Error {
+	if e := g.setTags(req, nil); e != nil {
+		return e
+	}
+	req.w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// setTags replaces the key's tags, re-reading the key if it changed
+// between the read and the write (bounded retries).
+func (g *Gateway) setTags(req *request, tags map[string]string) *Error {
+	ctx := req.r.Context()
+	var err error
+	for range 3 {
+		var ki client.KeyInfo
+		err = req.meta(func() (err error) {
+			ki, err = g.cl.StatKey(ctx, g.cfg.Volume, req.bucket, req.key)
+			return err
+		})
+		if err != nil {
+			return fromBasalt(err, req.bucket, req.key)
+		}
+		meta := proto.Clone(ki.Meta).(*metapb.ObjectMeta)
+		if meta == nil {
+			meta = &metapb.ObjectMeta{}
+		}
+		meta.Tags = tags
+		err = req.meta(func() error {
+			_, err := g.ns.SetKeyMeta(ctx, &metapb.SetKeyMetaRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key, Meta: meta, ExpectObjectId: ki.ObjectID})
+			return err
+		})
+		if namespace.Reason(err) != namespace.ReasonVersionChanged {
+			break
+		}
+	}
+	if err != nil {
+		return fromBasalt(err, req.bucket, req.key)
+	}
+	return nil
+}
