@@ -16,7 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/basalt-store/basalt/client"
 	"github.com/basalt-store/basalt/internal/cluster"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/s3"
 )
 
 // devBasePort: the embedded cluster's fixed ports, so that clients find it
@@ -25,7 +28,7 @@ import (
 const devBasePort = 9862
 
 func devCmd() *cobra.Command {
-	var dataDir, metricsAddr string
+	var dataDir, metricsAddr, s3Addr string
 	var datanodes, basePort int
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -35,17 +38,36 @@ three datanodes with their own directories, ports and network locations
 (/dc1/rack1 and /dc1/rack2). Data lives under --data-dir and survives a
 restart. Stop it with Ctrl-C.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runDev(dataDir, metricsAddr, datanodes, basePort)
+			return runDev(dataDir, metricsAddr, s3Addr, datanodes, basePort)
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./basalt-data", "where the cluster keeps its data")
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "127.0.0.1:9860", "Prometheus /metrics and /debug/pprof address")
+	cmd.Flags().StringVar(&s3Addr, "s3", "127.0.0.1:9878", "S3 gateway address")
 	cmd.Flags().IntVar(&datanodes, "datanodes", 3, "number of datanodes")
 	cmd.Flags().IntVar(&basePort, "base-port", devBasePort, "meta gRPC port; the other ports follow it")
 	return cmd
 }
 
-func runDev(dataDir, metricsAddr string, datanodes, basePort int) error {
+// devS3Key returns the dev cluster's access key, creating it on first use.
+func devS3Key(ctx context.Context, metaAddr string) (string, string, error) {
+	const id = "basalt-dev"
+	cl, err := client.New(client.Config{MetaAddrs: []string{metaAddr}})
+	if err != nil {
+		return "", "", err
+	}
+	defer cl.Close()
+	if s, err := cl.Namespace().GetS3Secret(ctx, &metapb.GetS3SecretRequest{AccessKeyId: id}); err == nil {
+		return id, s.GetSecretAccessKey(), nil
+	}
+	s, err := cl.Namespace().CreateS3Secret(ctx, &metapb.CreateS3SecretRequest{AccessKeyId: id, Owner: "dev"})
+	if err != nil {
+		return "", "", fmt.Errorf("dev: creating the S3 key: %w", err)
+	}
+	return id, s.GetSecretAccessKey(), nil
+}
+
+func runDev(dataDir, metricsAddr, s3Addr string, datanodes, basePort int) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	reg := prometheus.NewRegistry()
@@ -70,6 +92,19 @@ func runDev(dataDir, metricsAddr string, datanodes, basePort int) error {
 		dn := c.Datanode(i)
 		fmt.Printf("  datanode  id %d  data %s  raft %s\n", dn.ID(), dn.Addr(), dn.RaftAddr())
 	}
+	// The S3 gateway, with a ready access key (made once, kept in the
+	// namespace manager like any other).
+	keyID, secret, err := devS3Key(ctx, c.MetaAddr())
+	if err != nil {
+		return err
+	}
+	gw, err := s3.New(s3.Config{MetaAddrs: []string{c.MetaAddr()}, Listen: s3Addr, Registerer: reg})
+	if err != nil {
+		return err
+	}
+	go gw.Serve()
+	defer gw.Close()
+	fmt.Printf("  s3        http://%s   access key %s  secret %s\n", gw.Addr(), keyID, secret)
 	fmt.Printf("  metrics   http://%s/metrics\n", metricsAddr)
 	fmt.Println("ready. Try: basalt sh volume create /vol1 && basalt sh bucket create /vol1/bucket1 && basalt sh key put /vol1/bucket1/hello README.md")
 	<-ctx.Done()
