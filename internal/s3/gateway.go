@@ -63,6 +63,14 @@ type Config struct {
 	// MinPartSize is the smallest part but the last of a multipart upload
 	// (default 5 MiB, as S3).
 	MinPartSize int64
+	// MaxUploads bounds the PUT requests (objects, parts, copies) that move
+	// data at once; more wait for a slot. With the client's write buffer
+	// (UploadBufferBytes each) it bounds the gateway's memory whatever the
+	// load (default 32).
+	MaxUploads int
+	// UploadBufferBytes is the write buffer of the client the gateway makes
+	// (default 16 MiB; ignored when Client is set).
+	UploadBufferBytes int64
 	// Registerer receives the gateway's metrics (nil: none registered).
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -87,6 +95,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MinPartSize == 0 {
 		c.MinPartSize = DefaultMinPartSize
+	}
+	if c.MaxUploads == 0 {
+		c.MaxUploads = 32
+	}
+	if c.UploadBufferBytes == 0 {
+		c.UploadBufferBytes = 16 << 20
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -114,6 +128,8 @@ type Gateway struct {
 
 	volOnce sync.Mutex
 	volOK   bool
+
+	uploads chan struct{} // one slot per PUT moving data
 }
 
 // New makes a gateway and opens its listener (so Addr is known before
@@ -122,9 +138,9 @@ func New(cfg Config) (*Gateway, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, cl: cfg.Client}
+	g := &Gateway{cfg: cfg, cl: cfg.Client, uploads: make(chan struct{}, cfg.MaxUploads)}
 	if g.cl == nil {
-		cl, err := client.New(client.Config{MetaAddrs: cfg.MetaAddrs, Logger: cfg.Logger})
+		cl, err := client.New(client.Config{MetaAddrs: cfg.MetaAddrs, Logger: cfg.Logger, MaxBufferBytes: cfg.UploadBufferBytes})
 		if err != nil {
 			return nil, fmt.Errorf("s3: %w", err)
 		}
@@ -214,6 +230,14 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		t := time.Now()
 		req.auth, err = g.authenticate(r)
 		req.stages.auth += time.Since(t)
+	}
+	if err == nil && r.Method == http.MethodPut {
+		select {
+		case g.uploads <- struct{}{}:
+			defer func() { <-g.uploads }()
+		case <-r.Context().Done():
+			return // the client gave up while waiting
+		}
 	}
 	if err == nil {
 		err = handler(req)
