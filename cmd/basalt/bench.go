@@ -68,7 +68,7 @@ Examples:
 		RunE: runE(func(cmd *cobra.Command, args []string) error { return o.run(cmd, f, "meta", args) }),
 	}
 	meta.Flags().StringVar(&o.metaOp, "op", "create", "create (empty keys) or lookup (existing keys)")
-	root.AddCommand(write, read, meta)
+	root.AddCommand(write, read, meta, benchS3Cmd(o, f))
 	return root
 }
 
