@@ -387,6 +387,7 @@ func readXML(req *request, v any) *Error {
 	if e != nil {
 		return e
 	}
+	defer b.close()
 	dec := xml.NewDecoder(b)
 	if err := dec.Decode(v); err != nil {
 		if b.err != nil {

@@ -61,6 +61,7 @@ func (g *Gateway) uploadPart(req *request) *Error {
 	if e != nil {
 		return e
 	}
+	defer b.close()
 	if _, err := g.putData(req, req.key, b, b.want, nil, part, b.etag); err != nil {
 		e := bodyOr(b, err, req)
 		if e.Code == "NoSuchUpload" {

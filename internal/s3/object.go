@@ -340,6 +340,7 @@ func (g *Gateway) putObject(req *request) *Error {
 	if e != nil {
 		return e
 	}
+	defer b.close()
 	meta, e := metaFromHeaders(req.r.Header)
 	if e != nil {
 		return e

@@ -515,9 +515,16 @@ func (e *env) testObjects(t *testing.T) {
 }
 
 func (e *env) testChecksums(t *testing.T) {
-	ctx := e.ctx
 	e.mkBucket(t, "sums")
-	data := randBytes(2, 100_000)
+	// Below and above asyncHashMin: digests inline and on their own goroutine.
+	for _, n := range []int{100_000, 3<<20 + 5} {
+		e.testChecksumsSize(t, n)
+	}
+}
+
+func (e *env) testChecksumsSize(t *testing.T, n int) {
+	ctx := e.ctx
+	data := randBytes(2, n)
 	// Unseekable bodies get a trailing checksum, which the SDK sends only
 	// over TLS: serve the gateway's handler over TLS too.
 	ts := httptest.NewTLSServer(e.gw)
@@ -565,6 +572,37 @@ func (e *env) testChecksums(t *testing.T) {
 	}
 	_, err = e.s3.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String("sums"), Key: aws.String("bad")})
 	wantCode(t, err, "", 404)
+	// A wrong Content-MD5 and a payload that does not match its signed
+	// SHA-256: refused, nothing stored.
+	_, err = e.s3.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String("sums"), Key: aws.String("badmd5"), Body: bytes.NewReader(data),
+		ContentMD5: aws.String("1B2M2Y8AsgTpgAmY7PhCfg==")})
+	wantCode(t, err, "BadDigest", 400)
+	r, _ = http.NewRequest("PUT", e.url+"/sums/badsha", bytes.NewReader(data))
+	e.sign(t, r, fmt.Sprintf("%x", sha256.Sum256(data[1:])), time.Now(), secretKey)
+	resp, err = http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || !bytes.Contains(body, []byte("XAmzContentSHA256Mismatch")) {
+		t.Fatalf("tampered PUT of %d bytes: %d %s", n, resp.StatusCode, body)
+	}
+	for _, k := range []string{"badmd5", "badsha"} {
+		_, err = e.s3.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String("sums"), Key: aws.String(k)})
+		wantCode(t, err, "", 404)
+	}
+	// A good signed payload: stored, ETag is the MD5.
+	r, _ = http.NewRequest("PUT", e.url+"/sums/goodsha", bytes.NewReader(data))
+	e.sign(t, r, fmt.Sprintf("%x", sha256.Sum256(data)), time.Now(), secretKey)
+	resp, err = http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("ETag") != `"`+md5hex(data)+`"` {
+		t.Fatalf("signed PUT of %d bytes: %d, ETag %s want %s", n, resp.StatusCode, resp.Header.Get("ETag"), md5hex(data))
+	}
 }
 
 // chunkedBody builds a STREAMING-AWS4-HMAC-SHA256-PAYLOAD body from the
