@@ -118,6 +118,29 @@ type secrets struct {
 
 	mu sync.Mutex
 	m  map[string]secretEntry
+	// derived SigV4 signing keys (four HMACs each) by secret and scope; a
+	// key is valid for one day, so a client's requests share one.
+	derived map[string][]byte
+}
+
+// signingKey returns the SigV4 signing key of secret for the scope,
+// derived once per scope.
+func (s *secrets) signingKey(secret, date, region, service string) []byte {
+	id := secret + "\x00" + date + "\x00" + region + "\x00" + service
+	s.mu.Lock()
+	k, ok := s.derived[id]
+	s.mu.Unlock()
+	if ok {
+		return k
+	}
+	k = signingKey(secret, date, region, service)
+	s.mu.Lock()
+	if s.derived == nil || len(s.derived) >= maxCachedSecrets {
+		s.derived = map[string][]byte{}
+	}
+	s.derived[id] = k
+	s.mu.Unlock()
+	return k
 }
 
 type secretEntry struct {
@@ -361,7 +384,7 @@ func (g *Gateway) authenticate(r *http.Request) (*auth, *Error) {
 	if sec == nil {
 		return nil, errorf("InvalidAccessKeyId", 403, "The AWS Access Key Id you provided does not exist in our records: %s", p.accessKey)
 	}
-	key := signingKey(sec.SecretAccessKey, p.date, p.region, p.service)
+	key := g.secrets.signingKey(sec.SecretAccessKey, p.date, p.region, p.service)
 	scope := p.date + "/" + p.region + "/" + p.service + "/aws4_request"
 	// Clients encode the path the SigV4 way; try the path as sent first
 	// and then the canonical re-encoding of the decoded path, so keys with
