@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -63,6 +64,7 @@ Examples (the workloads of the S3 issue, against basalt dev):
 	pf.StringVar(&s.checksum, "checksum", "crc32c", "request checksum: crc32c, crc32, sha256 or none")
 	pf.BoolVar(&s.keep, "keep", false, "keep the objects written instead of deleting them at the end")
 	pf.BoolVar(&s.virtualHost, "virtual-host", false, "virtual-host-style addressing (default path-style)")
+	pf.StringVar(&s.cpuProfile, "cpuprofile", "", "write this process's CPU profile of the measured phase to FILE")
 	for _, op := range []string{"put", "get", "stat"} {
 		root.AddCommand(&cobra.Command{
 			Use:   op,
@@ -85,6 +87,7 @@ type s3BenchOpts struct {
 	payload, checksum                      string
 	duration                               time.Duration
 	keep, virtualHost                      bool
+	cpuProfile                             string
 }
 
 // s3BenchResult is one phase of an S3 benchmark.
@@ -227,6 +230,17 @@ func (s *s3BenchOpts) run(cmd *cobra.Command, op string) error {
 	cpu0, err := cpuSeconds(pids)
 	if err != nil {
 		return err
+	}
+	if s.cpuProfile != "" {
+		f, err := os.Create(s.cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
 	}
 	self0 := selfCPUSeconds()
 	maxOps := 0
