@@ -105,6 +105,10 @@ type Config struct {
 	OnStream func(StreamInfo)
 	// DialOptions are added to the datanode and meta connections.
 	DialOptions []grpc.DialOption
+	// ServiceToken is the cluster service token, sent to the metadata
+	// service only (never to datanodes). Only callers of the S3 secret
+	// RPCs need it: S3 gateways and admin tools.
+	ServiceToken string
 	// Logger receives retries, exclusions and corruption reports (default
 	// slog.Default()).
 	Logger *slog.Logger
@@ -233,7 +237,8 @@ func New(cfg Config) (*Client, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	mc, err := metaclient.New(metaclient.Config{Addrs: cfg.MetaAddrs, CallTimeout: cfg.MetaCallTimeout, DialOptions: cfg.DialOptions})
+	mc, err := metaclient.New(metaclient.Config{Addrs: cfg.MetaAddrs, CallTimeout: cfg.MetaCallTimeout, DialOptions: cfg.DialOptions,
+		ServiceToken: cfg.ServiceToken})
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}

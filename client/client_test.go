@@ -168,6 +168,23 @@ func TestNamesAndErrors(t *testing.T) {
 	if _, err := c.PutKey(ctx, "vol", "nope", "k", bytes.NewReader(nil), PutOptions{}); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("put to missing bucket: %v", err)
 	}
+	// What is missing, typed (from the namespace's error details).
+	for _, tc := range []struct {
+		what       string
+		err        error
+		want, not1 error
+	}{
+		{"get from a missing volume", errOf(c.GetKey(ctx, "novol", "bkt", "k")), ErrVolumeNotFound, ErrBucketNotFound},
+		{"get from a missing bucket", errOf(c.GetKey(ctx, "vol", "nope", "k")), ErrBucketNotFound, ErrKeyNotFound},
+		{"get a missing key", errOf(c.GetKey(ctx, "vol", "bkt", "nope")), ErrKeyNotFound, ErrBucketNotFound},
+		{"stat a missing key", errOf(c.StatKey(ctx, "vol", "bkt", "nope")), ErrKeyNotFound, ErrBucketNotFound},
+		{"put to a missing bucket", errOf(c.PutKey(ctx, "vol", "nope", "k", bytes.NewReader(nil), PutOptions{})), ErrBucketNotFound, ErrKeyNotFound},
+		{"info of a missing bucket", errOf(c.BucketInfo(ctx, "vol", "nope")), ErrBucketNotFound, ErrVolumeNotFound},
+	} {
+		if !errors.Is(tc.err, tc.want) || !errors.Is(tc.err, ErrNotFound) || errors.Is(tc.err, tc.not1) {
+			t.Errorf("%s: %v: want %v (and ErrNotFound), not %v", tc.what, tc.err, tc.want, tc.not1)
+		}
+	}
 	if err := c.DeleteVolume(ctx, "vol"); !errors.Is(err, ErrNotEmpty) {
 		t.Fatalf("delete non-empty volume: %v", err)
 	}
@@ -452,3 +469,5 @@ func TestConcurrentPuts(t *testing.T) {
 }
 
 var _ = metapb.Replication_ONE
+
+func errOf[T any](_ T, err error) error { return err }

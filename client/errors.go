@@ -5,14 +5,23 @@ import (
 	"errors"
 	"fmt"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
 // Sentinels. Errors returned by the client match at most one of them with
-// errors.Is (ErrInvalidName also matches ErrInvalidArgument).
+// errors.Is, except that ErrInvalidName also matches ErrInvalidArgument and
+// the Err*NotFound errors, which say what is missing, also match
+// ErrNotFound.
 var (
 	ErrNotFound         = errors.New("not found")
+	ErrVolumeNotFound   = fmt.Errorf("volume %w", ErrNotFound)
+	ErrBucketNotFound   = fmt.Errorf("bucket %w", ErrNotFound)
+	ErrKeyNotFound      = fmt.Errorf("key %w", ErrNotFound)
+	ErrUploadNotFound   = fmt.Errorf("multipart upload %w", ErrNotFound)
 	ErrExists           = errors.New("already exists")
 	ErrInvalidArgument  = errors.New("invalid argument")
 	ErrInvalidName      = fmt.Errorf("invalid name: %w", ErrInvalidArgument)
@@ -31,7 +40,10 @@ type Error struct {
 	Op   string     // e.g. "create bucket /vol/b"
 	Code codes.Code // gRPC code, codes.Unknown if not from a service
 	Msg  string     // server message; names the input
-	kind error      // sentinel
+	// Reason is the namespace's reason for the error (metapb.Reason*, ""
+	// if it gave none): what is missing, which multipart check failed.
+	Reason string
+	kind   error // sentinel
 }
 
 func (e *Error) Error() string { return e.Op + ": " + e.Msg }
@@ -63,10 +75,21 @@ func wrapErr(op string, err error) error {
 	if !ok {
 		return fmt.Errorf("%s: %w", op, err)
 	}
-	e := &Error{Op: op, Code: st.Code(), Msg: st.Message()}
+	e := &Error{Op: op, Code: st.Code(), Msg: st.Message(), Reason: reasonOf(st)}
 	switch st.Code() {
 	case codes.NotFound:
-		e.kind = ErrNotFound
+		switch e.Reason {
+		case metapb.ReasonNoSuchVolume:
+			e.kind = ErrVolumeNotFound
+		case metapb.ReasonNoSuchBucket:
+			e.kind = ErrBucketNotFound
+		case metapb.ReasonNoSuchKey:
+			e.kind = ErrKeyNotFound
+		case metapb.ReasonNoSuchUpload:
+			e.kind = ErrUploadNotFound
+		default:
+			e.kind = ErrNotFound
+		}
 	case codes.AlreadyExists:
 		e.kind = ErrExists
 	case codes.InvalidArgument, codes.OutOfRange:
@@ -92,6 +115,16 @@ func wrapErr(op string, err error) error {
 		e.kind = errors.New(st.Code().String())
 	}
 	return e
+}
+
+// reasonOf returns the namespace's ErrorInfo reason in st's details.
+func reasonOf(st *status.Status) string {
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.Domain == metapb.ReasonDomain {
+			return ei.Reason
+		}
+	}
+	return ""
 }
 
 func containsFold(s, sub string) bool {

@@ -13,8 +13,20 @@ import (
 // adminS3Cmd manages the S3 access keys the namespace manager keeps for
 // the gateways.
 func adminS3Cmd(f *connFlags) *cobra.Command {
-	root := &cobra.Command{Use: "s3", Short: "S3 access keys (for basalt s3 gateways)"}
-	var id, owner, secret string
+	root := &cobra.Command{Use: "s3", Short: "S3 access keys (for basalt s3 gateways)",
+		Long: `Manage the S3 access keys the namespace manager keeps for the gateways.
+These calls need the cluster service token: --service-token-file (a meta
+node's DATA_DIR/service-token), or $` + envServiceToken + ` / $` + envServiceTokenFile + `.`}
+	var id, owner, secret, tokenFile string
+	root.PersistentFlags().StringVar(&tokenFile, "service-token-file", "", "file holding the cluster service token (default $"+envServiceTokenFile+", or the token in $"+envServiceToken+")")
+	// connect makes a client that presents the service token.
+	connect := func() (*client.Client, error) {
+		tok, err := readServiceToken(tokenFile)
+		if err != nil {
+			return nil, err
+		}
+		return f.client(func(c *client.Config) { c.ServiceToken = tok })
+	}
 	create := &cobra.Command{
 		Use:   "create-key",
 		Short: "Create an access key and print its secret",
@@ -24,7 +36,7 @@ func adminS3Cmd(f *connFlags) *cobra.Command {
 			if err := exactArgs(args, 0, "none"); err != nil {
 				return err
 			}
-			c, err := f.client(nil)
+			c, err := connect()
 			if err != nil {
 				return err
 			}
@@ -45,7 +57,7 @@ func adminS3Cmd(f *connFlags) *cobra.Command {
 			if err := exactArgs(args, 1, "ACCESS_KEY_ID"); err != nil {
 				return err
 			}
-			c, err := f.client(nil)
+			c, err := connect()
 			if err != nil {
 				return err
 			}
@@ -63,7 +75,7 @@ func adminS3Cmd(f *connFlags) *cobra.Command {
 			if err := exactArgs(args, 1, "ACCESS_KEY_ID"); err != nil {
 				return err
 			}
-			c, err := f.client(nil)
+			c, err := connect()
 			if err != nil {
 				return err
 			}

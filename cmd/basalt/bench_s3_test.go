@@ -40,7 +40,7 @@ func TestBenchS3(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}})
+	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, ServiceToken: c.ServiceToken()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestBenchS3(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gw, err := s3.New(s3.Config{MetaAddrs: []string{c.MetaAddr()}, Listen: "127.0.0.1:0"})
+	gw, err := s3.New(s3.Config{MetaAddrs: []string{c.MetaAddr()}, Listen: "127.0.0.1:0", ServiceToken: c.ServiceToken()})
 	if err != nil {
 		t.Fatal(err)
 	}

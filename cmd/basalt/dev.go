@@ -8,6 +8,7 @@ import (
 	_ "net/http/pprof"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 	"github.com/basalt-store/basalt/client"
 	"github.com/basalt-store/basalt/internal/cluster"
+	"github.com/basalt-store/basalt/internal/meta"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/s3"
 )
@@ -50,9 +52,9 @@ restart. Stop it with Ctrl-C.`,
 }
 
 // devS3Key returns the dev cluster's access key, creating it on first use.
-func devS3Key(ctx context.Context, metaAddr string) (string, string, error) {
+func devS3Key(ctx context.Context, metaAddr, token string) (string, string, error) {
 	const id = "basalt-dev"
-	cl, err := client.New(client.Config{MetaAddrs: []string{metaAddr}})
+	cl, err := client.New(client.Config{MetaAddrs: []string{metaAddr}, ServiceToken: token})
 	if err != nil {
 		return "", "", err
 	}
@@ -94,17 +96,18 @@ func runDev(dataDir, metricsAddr, s3Addr string, datanodes, basePort int) error 
 	}
 	// The S3 gateway, with a ready access key (made once, kept in the
 	// namespace manager like any other).
-	keyID, secret, err := devS3Key(ctx, c.MetaAddr())
+	keyID, secret, err := devS3Key(ctx, c.MetaAddr(), c.ServiceToken())
 	if err != nil {
 		return err
 	}
-	gw, err := s3.New(s3.Config{MetaAddrs: []string{c.MetaAddr()}, Listen: s3Addr, Registerer: reg})
+	gw, err := s3.New(s3.Config{MetaAddrs: []string{c.MetaAddr()}, ServiceToken: c.ServiceToken(), Listen: s3Addr, Registerer: reg})
 	if err != nil {
 		return err
 	}
 	go gw.Serve()
 	defer gw.Close()
 	fmt.Printf("  s3        http://%s   access key %s  secret %s\n", gw.Addr(), keyID, secret)
+	fmt.Printf("  token     %s   (basalt admin s3 --service-token-file ...)\n", filepath.Join(dataDir, "meta", meta.ServiceTokenFile))
 	fmt.Printf("  metrics   http://%s/metrics\n", metricsAddr)
 	fmt.Println("ready. Try: basalt sh volume create /vol1 && basalt sh bucket create /vol1/bucket1 && basalt sh key put /vol1/bucket1/hello README.md")
 	<-ctx.Done()

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -11,7 +14,7 @@ import (
 // s3Cmd runs an S3 gateway. Gateways keep no state: run as many as needed.
 func s3Cmd() *cobra.Command {
 	var cfg s3.Config
-	var metas, domains, metricsAddr, logLevel string
+	var metas, domains, metricsAddr, logLevel, tokenFile string
 	cmd := &cobra.Command{
 		Use:   "s3",
 		Short: "Run an S3 REST gateway",
@@ -19,10 +22,19 @@ func s3Cmd() *cobra.Command {
 volume s3v (created on first use). Requests are signed with AWS Signature V4
 using access keys made by 'basalt admin s3 create-key'. Virtual-host-style
 requests work for hosts "<bucket>.<domain>" of the --domain list.`,
-		Example: `  basalt s3 --meta 10.0.0.1:9862 --listen :9878 --domain s3.example.com --metrics :9879`,
+		Example: `  basalt s3 --meta 10.0.0.1:9862 --listen :9878 --domain s3.example.com --metrics :9879 \
+    --service-token-file /etc/basalt/service-token`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg.MetaAddrs = splitList(metas)
 			cfg.Domains = splitList(domains)
+			tok, err := readServiceToken(tokenFile)
+			if err != nil {
+				return err
+			}
+			if tok == "" {
+				return &usageError{"no service token: pass --service-token-file (the meta node's DATA_DIR/service-token) or set " + envServiceToken}
+			}
+			cfg.ServiceToken = tok
 			reg := newRegistry()
 			cfg.Registerer = reg
 			cfg.Logger = serverLogger(logLevel)
@@ -42,10 +54,43 @@ requests work for hosts "<bucket>.<domain>" of the --domain list.`,
 	}
 	cmd.Flags().StringVar(&metas, "meta", "127.0.0.1:9862", "metadata service address(es), comma-separated")
 	cmd.Flags().StringVar(&cfg.Listen, "listen", ":9878", "HTTP listen address")
-	cmd.Flags().StringVar(&cfg.Region, "region", s3.DefaultRegion, "region reported by GetBucketLocation")
+	cmd.Flags().StringVar(&cfg.Region, "region", s3.DefaultRegion, "the gateway's region: requests must be signed for it; GetBucketLocation reports it")
+	cmd.Flags().StringVar(&tokenFile, "service-token-file", "", "file holding the cluster service token (a meta node's DATA_DIR/service-token; default $"+envServiceTokenFile+", or the token in $"+envServiceToken+")")
+	cmd.Flags().IntVar(&cfg.MaxUploads, "max-uploads", 32, "data-moving PUTs served at once (each holds up to a 16 MiB write buffer); more wait")
+	cmd.Flags().DurationVar(&cfg.UploadWait, "upload-wait", s3.DefaultUploadWait, "how long a PUT waits for an upload slot before SlowDown (503)")
 	cmd.Flags().StringVar(&domains, "domain", "", "comma-separated domains for virtual-host-style requests (<bucket>.<domain>)")
 	cmd.Flags().StringVar(&cfg.Volume, "volume", s3.DefaultVolume, "volume holding the S3 buckets")
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
 	return cmd
+}
+
+// Where S3 gateways and admin tools find the cluster service token: the
+// --service-token-file flag, else $BASALT_SERVICE_TOKEN (the token), else
+// $BASALT_SERVICE_TOKEN_FILE.
+const (
+	envServiceToken     = "BASALT_SERVICE_TOKEN"
+	envServiceTokenFile = "BASALT_SERVICE_TOKEN_FILE"
+)
+
+// readServiceToken returns the service token ("" if none is configured).
+func readServiceToken(file string) (string, error) {
+	if file == "" {
+		if tok := strings.TrimSpace(os.Getenv(envServiceToken)); tok != "" {
+			return tok, nil
+		}
+		file = os.Getenv(envServiceTokenFile)
+	}
+	if file == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("reading the service token: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", errors.New("service token file " + file + " is empty")
+	}
+	return tok, nil
 }

@@ -8,6 +8,7 @@ import (
 	_ "net/http/pprof"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/basalt-store/basalt/internal/datanode"
 	"github.com/basalt-store/basalt/internal/meta"
+	"github.com/basalt-store/basalt/internal/meta/namespace"
 )
 
 // serveMetrics serves /metrics and /debug/pprof on addr ("" = off).
@@ -68,8 +70,9 @@ func parsePeers(s string) (map[uint64]meta.Peer, error) {
 }
 
 func metaCmd() *cobra.Command {
-	var dataDir, raftAddr, grpcAddr, peers, metricsAddr, logLevel string
+	var dataDir, raftAddr, grpcAddr, peers, metricsAddr, logLevel, tokenFile string
 	var id uint64
+	var uploadExpiry time.Duration
 	cmd := &cobra.Command{
 		Use:   "meta",
 		Short: "Run a metadata service node (namespace manager + storage container manager)",
@@ -85,6 +88,7 @@ node gets the same --peers list (empty for a single node).`,
 			}
 			reg := newRegistry()
 			ms, err := meta.New(meta.Config{NodeID: id, DataDir: dataDir, RaftAddr: raftAddr, GRPCAddr: grpcAddr, Peers: p,
+				ServiceTokenFile: tokenFile, Namespace: namespace.Config{UploadExpiry: uploadExpiry},
 				Registerer: reg, Logger: serverLogger(logLevel)})
 			if err != nil {
 				return err
@@ -96,7 +100,10 @@ node gets the same --peers list (empty for a single node).`,
 			defer ms.Close()
 			stop := serveMetrics(metricsAddr, reg)
 			defer stop()
-			fmt.Printf("basalt meta: node %d, gRPC %s, raft %s, data %s\n", id, ms.GRPCAddr(), ms.RaftAddr(), dataDir)
+			if tokenFile == "" {
+				tokenFile = filepath.Join(dataDir, meta.ServiceTokenFile)
+			}
+			fmt.Printf("basalt meta: node %d, gRPC %s, raft %s, data %s, service token in %s\n", id, ms.GRPCAddr(), ms.RaftAddr(), dataDir, tokenFile)
 			waitSignal()
 			return nil
 		},
@@ -106,6 +113,8 @@ node gets the same --peers list (empty for a single node).`,
 	cmd.Flags().StringVar(&raftAddr, "raft", "127.0.0.1:9863", "Raft transport listen address")
 	cmd.Flags().StringVar(&grpcAddr, "grpc", "127.0.0.1:9862", "gRPC listen address (clients, datanodes)")
 	cmd.Flags().StringVar(&peers, "peers", "", "all members: ID=RAFT_ADDR/GRPC_ADDR,... (empty: single node)")
+	cmd.Flags().DurationVar(&uploadExpiry, "upload-expiry", namespace.DefaultUploadExpiry, "abort incomplete S3 multipart uploads older than this (negative: never)")
+	cmd.Flags().StringVar(&tokenFile, "service-token-file", "", "the cluster service token S3 gateways and admin tools present (default DATA_DIR/"+meta.ServiceTokenFile+", made on first start; every node needs the same token)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
 	return cmd

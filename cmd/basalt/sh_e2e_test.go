@@ -97,4 +97,27 @@ func TestShAgainstCluster(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "x")); err == nil {
 		t.Error("a failed key get left a file behind")
 	}
+
+	// S3 keys need the cluster service token: refused without it, made
+	// with --service-token-file or the environment.
+	_, stderr, code := run(nil, "admin", "s3", "create-key", "--access-key", "AKIDNOTOKEN")
+	if code == 0 || !strings.Contains(stderr, "service token") {
+		t.Errorf("create-key without a token: exit %d, stderr %q", code, stderr)
+	}
+	tokFile := filepath.Join(dir, "cluster", "meta", "service-token")
+	out := mustOK("admin", "s3", "create-key", "--access-key", "AKIDE2E", "--owner", "e2e", "--service-token-file", tokFile)
+	if !strings.Contains(out, "aws_access_key_id     = AKIDE2E") || !strings.Contains(out, "aws_secret_access_key = ") {
+		t.Errorf("create-key: %s", out)
+	}
+	cmd := exec.Command(bin, "admin", "s3", "get-key", "AKIDE2E", "--json", "--meta", c.MetaAddr())
+	cmd.Env = append(os.Environ(), "BASALT_SERVICE_TOKEN="+c.ServiceToken())
+	if b, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(b), `"owner": "e2e"`) {
+		t.Errorf("get-key with $BASALT_SERVICE_TOKEN: %v: %s", err, b)
+	}
+	bad := filepath.Join(dir, "bad-token")
+	os.WriteFile(bad, []byte("wrong-token-wrong-token\n"), 0o600)
+	if _, stderr, code := run(nil, "admin", "s3", "delete-key", "AKIDE2E", "--service-token-file", bad); code == 0 || !strings.Contains(stderr, "does not match") {
+		t.Errorf("delete-key with a wrong token: exit %d, stderr %q", code, stderr)
+	}
+	mustOK("admin", "s3", "delete-key", "AKIDE2E", "--service-token-file", tokFile)
 }

@@ -161,6 +161,10 @@ func (c *Cluster) newDatanode(i int) (*datanode.Datanode, error) {
 	})
 }
 
+// ServiceToken is the metadata service's cluster service token (S3
+// gateways and admin tools need it; see meta.Config.ServiceToken).
+func (c *Cluster) ServiceToken() string { return c.Meta.ServiceToken() }
+
 // MetaAddr is the metadata service's gRPC address.
 func (c *Cluster) MetaAddr() string { return c.Meta.GRPCAddr() }
 

@@ -69,6 +69,12 @@ type Config struct {
 	// MaxRecvMsgBytes bounds a gRPC request (default 16 MiB).
 	MaxRecvMsgBytes int
 
+	// ServiceToken guards the S3 secret RPCs (see token.go). Empty: read
+	// ServiceTokenFile, creating it with a random token on first start.
+	ServiceToken string
+	// ServiceTokenFile defaults to DataDir/service-token.
+	ServiceTokenFile string
+
 	SCM       scm.Config
 	Namespace namespace.Config
 
@@ -101,6 +107,7 @@ type Server struct {
 	lis  net.Listener
 	grpc *grpc.Server
 
+	token   string // cluster service token
 	metrics *metrics
 	corrupt corruptReplicas
 	cancel  context.CancelFunc
@@ -155,6 +162,16 @@ func New(cfg Config) (*Server, error) {
 		}
 	}()
 	var err error
+	s.token = cfg.ServiceToken
+	if s.token == "" {
+		if cfg.ServiceTokenFile == "" {
+			cfg.ServiceTokenFile = filepath.Join(cfg.DataDir, ServiceTokenFile)
+		}
+		if s.token, err = loadServiceToken(cfg.ServiceTokenFile); err != nil {
+			return nil, err
+		}
+		s.cfg.ServiceTokenFile = cfg.ServiceTokenFile
+	}
 	sopts := store.Options{SyncInterval: cfg.StoreSyncInterval}
 	if s.scmState, err = scm.Open(filepath.Join(cfg.DataDir, "scm"), sopts); err != nil {
 		return nil, err
@@ -454,6 +471,10 @@ func (b *scmBlocks) Locate(id uint64) (*metapb.Container, []*metapb.DatanodeDeta
 // UNAVAILABLE with a NotLeader detail naming the leader's gRPC address.
 func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	start := time.Now()
+	if err := s.checkServiceToken(ctx, info.FullMethod); err != nil {
+		s.metrics.observe(info.FullMethod, status.Code(err), time.Since(start))
+		return nil, err
+	}
 	resp, err := handler(ctx, req)
 	if err != nil {
 		err = s.translate(info.FullMethod, err)

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"sort"
@@ -370,6 +371,14 @@ func (g *Gateway) authenticate(r *http.Request) (*auth, *Error) {
 	}
 	if p.service != "s3" {
 		return nil, errorf("AuthorizationHeaderMalformed", 400, "The authorization header is malformed; incorrect service %q. This endpoint belongs to \"s3\".", p.service)
+	}
+	if p.region != g.cfg.Region {
+		if presigned {
+			return nil, &Error{Code: "AuthorizationQueryParametersError", Status: 400, Region: g.cfg.Region,
+				Message: fmt.Sprintf("Error parsing the X-Amz-Credential parameter; the region '%s' is wrong; expecting '%s'", p.region, g.cfg.Region)}
+		}
+		return nil, &Error{Code: "AuthorizationHeaderMalformed", Status: 400, Region: g.cfg.Region,
+			Message: fmt.Sprintf("The authorization header is malformed; the region '%s' is wrong; expecting '%s'", p.region, g.cfg.Region)}
 	}
 	if p.date != amzDate[:8] {
 		return nil, errorf("AuthorizationHeaderMalformed", 400, "The authorization header is malformed; Invalid credential date %q. This date is not the same as X-Amz-Date: %q.", p.date, amzDate[:8])

@@ -80,14 +80,19 @@ func (g *Gateway) createBucket(req *request) *Error {
 	if e := validBucket(req.bucket); e != nil {
 		return e
 	}
-	// The body may carry a CreateBucketConfiguration (location); any
-	// region is accepted, as signatures are.
+	// The body may carry a CreateBucketConfiguration: its location must
+	// be this gateway's region, as on an S3 regional endpoint.
 	if req.r.ContentLength > 0 {
 		var conf struct {
 			LocationConstraint string `xml:"LocationConstraint"`
 		}
 		if e := readXML(req, &conf); e != nil {
 			return e
+		}
+		if !g.inRegion(conf.LocationConstraint) {
+			return errorf("IllegalLocationConstraintException", 400,
+				"The %s location constraint is incompatible for the region specific endpoint this request was sent to (this gateway's region is %s).",
+				conf.LocationConstraint, g.cfg.Region)
 		}
 	}
 	ctx := req.r.Context()
@@ -104,6 +109,21 @@ func (g *Gateway) createBucket(req *request) *Error {
 	req.w.Header().Set("Location", "/"+req.bucket)
 	req.w.WriteHeader(http.StatusOK)
 	return nil
+}
+
+// inRegion reports whether a CreateBucket location constraint names the
+// gateway's region (S3's legacy names too). An empty one is accepted
+// whatever the region, as clients configured for another S3 send it.
+func (g *Gateway) inRegion(loc string) bool {
+	switch loc {
+	case "":
+		return true
+	case "US":
+		loc = "us-east-1"
+	case "EU":
+		loc = "eu-west-1"
+	}
+	return loc == g.cfg.Region
 }
 
 func (g *Gateway) headBucket(req *request) *Error {

@@ -21,6 +21,9 @@ type Error struct {
 	Code    string
 	Status  int
 	Message string
+	// Region, if set, goes in the error document (and as
+	// x-amz-bucket-region): the region a wrongly scoped request must use.
+	Region string
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
@@ -67,6 +70,7 @@ type errorBody struct {
 	Code      string   `xml:"Code"`
 	Message   string   `xml:"Message"`
 	Resource  string   `xml:"Resource,omitempty"`
+	Region    string   `xml:"Region,omitempty"`
 	RequestID string   `xml:"RequestId"`
 }
 
@@ -77,7 +81,12 @@ func fromBasalt(err error, bucket, key string) *Error {
 	if errors.As(err, &se) {
 		return se
 	}
-	switch namespace.Reason(rpcCause(err)) {
+	reason := namespace.Reason(rpcCause(err))
+	var ce *client.Error
+	if reason == "" && errors.As(err, &ce) {
+		reason = ce.Reason
+	}
+	switch reason {
 	case namespace.ReasonNoSuchUpload:
 		return errNoSuchUpload("")
 	case namespace.ReasonInvalidPart:
@@ -89,7 +98,6 @@ func fromBasalt(err error, bucket, key string) *Error {
 	case namespace.ReasonVersionChanged:
 		return errorf("OperationAborted", 409, "A conflicting conditional operation is in progress against this resource: %s", message(err))
 	}
-	var ce *client.Error
 	if _, ok := status.FromError(err); ok && !errors.As(err, &ce) {
 		err = client.FromRPC("namespace", err) // a raw RPC error: classify it
 	}
@@ -99,13 +107,17 @@ func fromBasalt(err error, bucket, key string) *Error {
 		return errorf("RequestTimeout", 400, "The request was canceled: %v", err)
 	case errors.Is(err, context.DeadlineExceeded):
 		return errorf("ServiceUnavailable", 503, "Timed out: %v", err)
+	// The namespace says what is missing (client.Err*NotFound); the
+	// gateway's volume missing means no bucket exists yet.
+	case errors.Is(err, client.ErrUploadNotFound):
+		return errNoSuchUpload("")
+	case errors.Is(err, client.ErrBucketNotFound), errors.Is(err, client.ErrVolumeNotFound):
+		return errNoSuchBucket(bucket)
+	case errors.Is(err, client.ErrKeyNotFound):
+		return errNoSuchKey(key)
 	case errors.Is(err, client.ErrNotFound):
-		if strings.Contains(msg, "upload ") {
-			return errNoSuchUpload("")
-		}
-		if containsAny(msg, "bucket", "volume") && !containsAny(msg, "key ") {
-			return errNoSuchBucket(bucket)
-		}
+		// Not named (e.g. an open key that expired during the write): the
+		// resource the request addressed.
 		if key == "" {
 			return errNoSuchBucket(bucket)
 		}
@@ -168,11 +180,14 @@ func writeError(w http.ResponseWriter, r *http.Request, e *Error, reqID string) 
 	h := w.Header()
 	h.Set("Content-Type", "application/xml")
 	h.Set("x-amz-request-id", reqID)
+	if e.Region != "" {
+		h.Set("x-amz-bucket-region", e.Region)
+	}
 	if r.Method == http.MethodHead {
 		w.WriteHeader(e.Status)
 		return
 	}
-	body, _ := xml.Marshal(errorBody{Code: e.Code, Message: e.Message, Resource: r.URL.Path, RequestID: reqID})
+	body, _ := xml.Marshal(errorBody{Code: e.Code, Message: e.Message, Resource: r.URL.Path, Region: e.Region, RequestID: reqID})
 	w.WriteHeader(e.Status)
 	w.Write([]byte(xml.Header))
 	w.Write(body)

@@ -27,6 +27,7 @@ const (
 	DefaultMaxClockSkew = 15 * time.Minute
 	DefaultSecretTTL    = 10 * time.Second
 	DefaultMinPartSize  = 5 << 20
+	DefaultUploadWait   = 10 * time.Second
 	// MaxObjectSize is S3's limit for one PUT (and one part).
 	MaxObjectSize = 5 << 30
 	// maxXMLBody bounds request documents (DeleteObjects with 1000 keys of
@@ -39,14 +40,21 @@ type Config struct {
 	// MetaAddrs are the metadata service's gRPC addresses (ignored when
 	// Client is set).
 	MetaAddrs []string
+	// ServiceToken is the cluster service token the metadata service
+	// requires for reading access keys' secrets (ignored when Client is
+	// set: give that client the token).
+	ServiceToken string
 	// Client is the Basalt client to share (e.g. with other gateways in
 	// one process); nil: New makes one from MetaAddrs and Close closes it.
 	Client *client.Client
 	// Listen is the HTTP address ("127.0.0.1:9878"; ":0" picks a port).
 	Listen string
-	// Region is the region GetBucketLocation reports (default us-east-1).
-	// Signatures made for any region verify: the region is part of what is
-	// signed, not a routing decision here.
+	// Region is the gateway's region (default us-east-1). As S3's
+	// regional endpoints, it accepts only signatures whose credential
+	// scope names it (AuthorizationHeaderMalformed otherwise, with the
+	// region expected, which SDKs use to correct themselves), reports it
+	// in GetBucketLocation and HeadBucket, and accepts CreateBucket
+	// location constraints that name it.
 	Region string
 	// Domains enable virtual-host-style requests: a Host of
 	// "<bucket>.<domain>" (port ignored) addresses bucket. Other hosts are
@@ -64,10 +72,13 @@ type Config struct {
 	// (default 5 MiB, as S3).
 	MinPartSize int64
 	// MaxUploads bounds the PUT requests (objects, parts, copies) that move
-	// data at once; more wait for a slot. With the client's write buffer
-	// (UploadBufferBytes each) it bounds the gateway's memory whatever the
-	// load (default 32).
+	// data at once; more wait for a slot, without reading their bodies.
+	// With the client's write buffer (UploadBufferBytes each) it bounds the
+	// gateway's memory whatever the load (default 32).
 	MaxUploads int
+	// UploadWait bounds a PUT's wait for a slot (default 10s); past it the
+	// gateway answers SlowDown (503), which S3 clients retry with backoff.
+	UploadWait time.Duration
 	// UploadBufferBytes is the write buffer of the client the gateway makes
 	// (default 16 MiB; ignored when Client is set).
 	UploadBufferBytes int64
@@ -98,6 +109,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxUploads == 0 {
 		c.MaxUploads = 32
+	}
+	if c.MaxUploads < 0 {
+		return fmt.Errorf("s3: MaxUploads %d is negative", c.MaxUploads)
+	}
+	if c.UploadWait == 0 {
+		c.UploadWait = DefaultUploadWait
 	}
 	if c.UploadBufferBytes == 0 {
 		c.UploadBufferBytes = 16 << 20
@@ -140,7 +157,8 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g := &Gateway{cfg: cfg, cl: cfg.Client, uploads: make(chan struct{}, cfg.MaxUploads)}
 	if g.cl == nil {
-		cl, err := client.New(client.Config{MetaAddrs: cfg.MetaAddrs, Logger: cfg.Logger, MaxBufferBytes: cfg.UploadBufferBytes})
+		cl, err := client.New(client.Config{MetaAddrs: cfg.MetaAddrs, Logger: cfg.Logger, MaxBufferBytes: cfg.UploadBufferBytes,
+			ServiceToken: cfg.ServiceToken})
 		if err != nil {
 			return nil, fmt.Errorf("s3: %w", err)
 		}
@@ -231,12 +249,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		req.auth, err = g.authenticate(r)
 		req.stages.auth += time.Since(t)
 	}
-	if err == nil && r.Method == http.MethodPut {
-		select {
-		case g.uploads <- struct{}{}:
-			defer func() { <-g.uploads }()
-		case <-r.Context().Done():
+	if err == nil && movesData(req.op) {
+		var gone bool
+		if err, gone = g.acquireUpload(r.Context()); gone {
 			return // the client gave up while waiting
+		}
+		if err == nil {
+			defer g.releaseUpload()
 		}
 	}
 	if err == nil {
@@ -248,6 +267,45 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, err, req.id)
 	}
 	g.metrics.observe(req.op, code, &req.stages)
+}
+
+// movesData tells the operations that stream a body (or a copy source)
+// through the client's write buffer: they take an upload slot.
+func movesData(op string) bool {
+	switch op {
+	case "PutObject", "UploadPart", "CopyObject", "UploadPartCopy":
+		return true
+	}
+	return false
+}
+
+// acquireUpload takes an upload slot, waiting at most UploadWait: past
+// that the answer is SlowDown. gone: the client went away meanwhile.
+func (g *Gateway) acquireUpload(ctx context.Context) (e *Error, gone bool) {
+	select {
+	case g.uploads <- struct{}{}:
+		g.metrics.uploadsInFlight.Inc()
+		return nil, false
+	default:
+	}
+	g.metrics.uploadsWaiting.Inc()
+	defer g.metrics.uploadsWaiting.Dec()
+	t := time.NewTimer(g.cfg.UploadWait)
+	defer t.Stop()
+	select {
+	case g.uploads <- struct{}{}:
+		g.metrics.uploadsInFlight.Inc()
+		return nil, false
+	case <-t.C:
+		return errorf("SlowDown", 503, "Please reduce your request rate: all %d upload slots of this gateway stayed busy for %v", g.cfg.MaxUploads, g.cfg.UploadWait), false
+	case <-ctx.Done():
+		return nil, true
+	}
+}
+
+func (g *Gateway) releaseUpload() {
+	g.metrics.uploadsInFlight.Dec()
+	<-g.uploads
 }
 
 // address finds the bucket and key: virtual-host style when the Host is

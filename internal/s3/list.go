@@ -112,9 +112,11 @@ func (g *Gateway) listObjectsV1(req *request) *Error {
 	}
 	res := result{Name: req.bucket, Prefix: p.urlEncode(p.prefix), Marker: p.urlEncode(marker), MaxKeys: p.maxKeys,
 		Delimiter: p.urlEncode(p.delimiter), IsTruncated: truncated, EncodingType: p.encoding, Contents: entries, CommonPrefixes: prefixes}
-	if truncated {
-		// S3 sends NextMarker only with a delimiter; sending it always
-		// saves clients from deriving it.
+	if truncated && p.delimiter != "" {
+		// As S3: NextMarker only with a delimiter, where it is the last
+		// key or common prefix of the page (a common prefix as the next
+		// marker skips every key under it). Without a delimiter clients
+		// take the last key as the marker.
 		res.NextMarker = p.urlEncode(next)
 	}
 	return writeXML(req, res)

@@ -19,6 +19,9 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	stages   *prometheus.HistogramVec
+	// Upload slots (Config.MaxUploads): held, and requests waiting.
+	uploadsInFlight prometheus.Gauge
+	uploadsWaiting  prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -34,9 +37,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "basalt_s3_stage_duration_seconds", Help: "Time spent per stage (auth, meta, data) of S3 requests, by operation.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 20),
 		}, []string{"op", "stage"}),
+		uploadsInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "basalt_s3_uploads_in_flight", Help: "Data-moving PUTs (objects, parts, copies) holding an upload slot; at most MaxUploads.",
+		}),
+		uploadsWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "basalt_s3_uploads_waiting", Help: "Data-moving PUTs waiting for an upload slot (SlowDown after UploadWait).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.duration, m.stages)
+		reg.MustRegister(m.requests, m.duration, m.stages, m.uploadsInFlight, m.uploadsWaiting)
 	}
 	return m
 }

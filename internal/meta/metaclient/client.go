@@ -45,7 +45,25 @@ type Config struct {
 	Backoff time.Duration
 	// DialOptions are added to the defaults (insecure credentials).
 	DialOptions []grpc.DialOption
+	// ServiceToken, if set, goes with every call as "authorization:
+	// Bearer <token>": the cluster service token the S3 secret RPCs
+	// require (S3 gateways, admin tools). Other callers leave it empty.
+	ServiceToken string
 }
+
+// AuthorizationHeader is the gRPC metadata key of the service token.
+const AuthorizationHeader = "authorization"
+
+// bearer attaches the service token to each call. The meta service speaks
+// plain gRPC, so it does not require transport security: the token
+// protects the secrets from callers that lack it, not from a wiretap.
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{AuthorizationHeader: "Bearer " + string(b)}, nil
+}
+
+func (b bearer) RequireTransportSecurity() bool { return false }
 
 // Client is safe for concurrent use.
 type Client struct {
@@ -79,6 +97,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	c := &Client{cfg: cfg, conns: map[string][]*grpc.ClientConn{}, leader: map[string]string{}}
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...)
+	if cfg.ServiceToken != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer(cfg.ServiceToken)))
+	}
 	for _, a := range cfg.Addrs {
 		if _, dup := c.conns[a]; dup {
 			continue

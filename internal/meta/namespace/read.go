@@ -23,7 +23,7 @@ func (s *State) GetVolume(name string) (*metapb.Volume, error) {
 	err := s.view(func(r pebble.Reader) error {
 		ok, err := get(r, volumeKey(name), v)
 		if err == nil && !ok {
-			err = notFound("volume %q not found", name)
+			err = noSuchVolume(name)
 		}
 		return err
 	})
@@ -49,9 +49,9 @@ func readBucket(r pebble.Reader, volume, name string) (*metapb.Bucket, error) {
 	}
 	if !ok {
 		if ok, _ := get(r, volumeKey(volume), &metapb.Volume{}); !ok {
-			return nil, notFound("volume %q not found", volume)
+			return nil, noSuchVolume(volume)
 		}
-		return nil, notFound("bucket %q not found in volume %q", name, volume)
+		return nil, noSuchBucket(volume, name)
 	}
 	return b, nil
 }
@@ -102,7 +102,7 @@ func (s *State) ListBuckets(req *metapb.ListBucketsRequest) (*metapb.ListBuckets
 	err := s.view(func(r pebble.Reader) error {
 		if ok, err := get(r, volumeKey(req.Volume), &metapb.Volume{}); err != nil || !ok {
 			if err == nil {
-				err = notFound("volume %q not found", req.Volume)
+				err = noSuchVolume(req.Volume)
 			}
 			return err
 		}
@@ -135,7 +135,7 @@ func (s *State) LookupKey(volume, bucket, key string) (*metapb.KeyInfo, error) {
 				return err
 			}
 			if e == nil {
-				return notFound("key %q not found in bucket %q", key, bucket)
+				return noSuchKey(bucket, key)
 			}
 			if e.IsDir {
 				return status.Errorf(codes.FailedPrecondition, "key %q in bucket %q is a directory", key, bucket)
@@ -149,7 +149,7 @@ func (s *State) LookupKey(volume, bucket, key string) (*metapb.KeyInfo, error) {
 		ki = &metapb.KeyInfo{}
 		ok, err := get(r, objKey(b.Id, key), ki)
 		if err == nil && !ok {
-			err = notFound("key %q not found in bucket %q", key, bucket)
+			err = noSuchKey(bucket, key)
 		}
 		return err
 	})

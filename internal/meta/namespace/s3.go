@@ -57,12 +57,12 @@ const (
 // Reasons in the ErrorInfo detail of S3-specific failures, so gateways
 // map them to S3 error codes without parsing messages.
 const (
-	ReasonNoSuchUpload     = "NO_SUCH_UPLOAD"
-	ReasonInvalidPart      = "INVALID_PART"
-	ReasonInvalidPartOrder = "INVALID_PART_ORDER"
-	ReasonEntityTooSmall   = "ENTITY_TOO_SMALL"
-	ReasonVersionChanged   = "VERSION_CHANGED"
-	ErrorDomain            = "namespace.basalt"
+	ReasonNoSuchUpload     = metapb.ReasonNoSuchUpload
+	ReasonInvalidPart      = metapb.ReasonInvalidPart
+	ReasonInvalidPartOrder = metapb.ReasonInvalidPartOrder
+	ReasonEntityTooSmall   = metapb.ReasonEntityTooSmall
+	ReasonVersionChanged   = metapb.ReasonVersionChanged
+	ErrorDomain            = metapb.ReasonDomain
 )
 
 // s3Error is a status error carrying reason in an ErrorInfo detail.
@@ -147,7 +147,7 @@ func (t *tx) setKeyMeta(req *metapb.SetKeyMetaRequest) any {
 	}
 	ki := &metapb.KeyInfo{}
 	if !t.get(objKey(b.Id, req.Key), ki) {
-		return notFound("key %q not found in bucket %q", req.Key, req.Bucket)
+		return noSuchKey(req.Bucket, req.Key)
 	}
 	if req.ExpectObjectId != 0 && ki.ObjectId != req.ExpectObjectId {
 		return s3Error(codes.FailedPrecondition, ReasonVersionChanged, "key %q in bucket %q changed (object %d, expected %d)", req.Key, req.Bucket, ki.ObjectId, req.ExpectObjectId)

@@ -49,11 +49,19 @@ type Config struct {
 	DefaultBytesPerChecksum uint32 // default 64 KiB
 	Now                     func() time.Time
 	Logger                  *slog.Logger
+
+	// UploadExpiry: incomplete multipart uploads older than this are
+	// aborted and their parts' blocks reclaimed, as S3's lifecycle rule
+	// AbortIncompleteMultipartUpload (default 7 days; negative: never).
+	UploadExpiry time.Duration
 }
 
 func (c *Config) setDefaults() {
 	if c.OpenKeyExpiry == 0 {
 		c.OpenKeyExpiry = 24 * time.Hour
+	}
+	if c.UploadExpiry == 0 {
+		c.UploadExpiry = DefaultUploadExpiry
 	}
 	if c.ServiceInterval == 0 {
 		c.ServiceInterval = time.Second
@@ -85,6 +93,8 @@ type Service struct {
 	st     *State
 	raft   Raft
 	blocks Blocks
+
+	uploadScan uploadScan // leader-only progress of the upload expiry
 }
 
 // NewService returns the service over st.
@@ -331,8 +341,9 @@ func (s *Service) Run(ctx context.Context) {
 	}
 }
 
-// RunOnce runs one round of each background service: expire open keys,
-// reclaim deleted directories, hand deleted blocks to SCM.
+// RunOnce runs one round of each background service: expire open keys
+// and multipart uploads, reclaim deleted directories, hand deleted blocks
+// to SCM.
 func (s *Service) RunOnce(ctx context.Context) error {
 	cutoff := s.cfg.Now().Add(-s.cfg.OpenKeyExpiry).UnixMilli()
 	ids, err := s.st.ExpiredOpenKeys(cutoff, s.cfg.ExpireBatch)
@@ -343,6 +354,9 @@ func (s *Service) RunOnce(ctx context.Context) error {
 		if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_ExpireOpenKeys{ExpireOpenKeys: &metapb.ExpireOpenKeysOp{OpenIds: ids, OlderThanUnixMs: cutoff}}}); err != nil {
 			return err
 		}
+	}
+	if err := s.expireUploads(ctx); err != nil {
+		return err
 	}
 	dirs, err := s.st.PendingDirs(16)
 	if err != nil {

@@ -254,9 +254,9 @@ func (t *tx) bucket(volume, name string) (*metapb.Bucket, error) {
 	bk := &metapb.Bucket{}
 	if !t.get(bucketKey(volume, name), bk) {
 		if !t.get(volumeKey(volume), &metapb.Volume{}) {
-			return nil, notFound("volume %q not found", volume)
+			return nil, noSuchVolume(volume)
 		}
-		return nil, notFound("bucket %q not found in volume %q", name, volume)
+		return nil, noSuchBucket(volume, name)
 	}
 	return bk, nil
 }

@@ -1,0 +1,112 @@
+package meta
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/basalt-store/basalt/internal/meta/metaclient"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/scm"
+)
+
+// The S3 secret RPCs answer only callers that present the service token;
+// everything else works without it.
+func TestServiceToken(t *testing.T) {
+	c := newCluster(t, 1, scm.Config{})
+	s := c.servers[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	// The token was made on first start, in the data directory, 0600.
+	path := filepath.Join(c.dir, "1", ServiceTokenFile)
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("token file mode %v, want 0600", fi.Mode().Perm())
+	}
+	b, _ := os.ReadFile(path)
+	tok := strings.TrimSpace(string(b))
+	if tok != s.ServiceToken() || len(tok) < 40 {
+		t.Fatalf("token file holds %q, server uses %q", tok, s.ServiceToken())
+	}
+
+	dial := func(token string) *metaclient.Client {
+		mc, err := metaclient.New(metaclient.Config{Addrs: c.addrs(), ServiceToken: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { mc.Close() })
+		return mc
+	}
+	none, wrong, right := dial(""), dial("not-the-token-not-the-token"), dial(tok)
+	waitFor(t, 10*time.Second, "namespace leader", func() bool {
+		_, err := none.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "vol1"})
+		return err == nil
+	})
+
+	calls := map[string]func(*metaclient.Client) error{
+		"CreateS3Secret": func(mc *metaclient.Client) error {
+			_, err := mc.Namespace.CreateS3Secret(ctx, &metapb.CreateS3SecretRequest{AccessKeyId: "AKIDTOKEN"})
+			return err
+		},
+		"GetS3Secret": func(mc *metaclient.Client) error {
+			_, err := mc.Namespace.GetS3Secret(ctx, &metapb.GetS3SecretRequest{AccessKeyId: "AKIDTOKEN"})
+			return err
+		},
+		"DeleteS3Secret": func(mc *metaclient.Client) error {
+			_, err := mc.Namespace.DeleteS3Secret(ctx, &metapb.DeleteS3SecretRequest{AccessKeyId: "AKIDTOKEN"})
+			return err
+		},
+	}
+	for _, name := range []string{"CreateS3Secret", "GetS3Secret", "DeleteS3Secret"} {
+		call := calls[name]
+		err := call(none)
+		if status.Code(err) != codes.Unauthenticated || !strings.Contains(status.Convert(err).Message(), "service token") {
+			t.Fatalf("%s without a token: %v, want Unauthenticated naming the service token", name, err)
+		}
+		err = call(wrong)
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), "does not match") {
+			t.Fatalf("%s with a wrong token: %v, want PermissionDenied", name, err)
+		}
+		if err := call(right); err != nil {
+			t.Fatalf("%s with the token: %v", name, err)
+		}
+	}
+	// Nothing was created or deleted by the refused calls: the key the
+	// token's create made is gone only after the token's delete.
+	if _, err := right.Namespace.GetS3Secret(ctx, &metapb.GetS3SecretRequest{AccessKeyId: "AKIDTOKEN"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("get after delete: %v", err)
+	}
+	// Ordinary calls need no token.
+	if _, err := none.Namespace.GetVolume(ctx, &metapb.GetVolumeRequest{Name: "vol1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := none.Scm.GetSafeMode(ctx, &metapb.GetSafeModeRequest{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A restart keeps the token.
+	s.Close()
+	s2 := c.newServer(1)
+	defer s2.Close()
+	if s2.ServiceToken() != tok {
+		t.Fatalf("token after restart %q, want %q", s2.ServiceToken(), tok)
+	}
+}
+
+func TestLoadServiceTokenRejectsShortFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tok")
+	os.WriteFile(path, []byte("short\n"), 0o600)
+	if _, err := loadServiceToken(path); err == nil || !strings.Contains(err.Error(), path) {
+		t.Fatalf("short token file: %v", err)
+	}
+}
