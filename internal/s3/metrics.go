@@ -19,6 +19,10 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	stages   *prometheus.HistogramVec
+	// copied counts the bytes of CopyObject and UploadPartCopy by how they
+	// were copied: "shared" (the copy holds the source's blocks, nothing
+	// moved) or "streamed" (read and written through the gateway).
+	copied *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -34,9 +38,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "basalt_s3_stage_duration_seconds", Help: "Time spent per stage (auth, meta, data) of S3 requests, by operation.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 20),
 		}, []string{"op", "stage"}),
+		copied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "basalt_s3_copy_bytes_total", Help: "Bytes copied by CopyObject and UploadPartCopy, by how: shared (blocks shared, no data moved) or streamed (through the gateway).",
+		}, []string{"how"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.duration, m.stages)
+		reg.MustRegister(m.requests, m.duration, m.stages, m.copied)
 	}
 	return m
 }
