@@ -145,6 +145,34 @@ func (c *Client) RenameKey(ctx context.Context, volume, bucket, key, newKey stri
 	return wrapErr(fmt.Sprintf("rename key %s to %q", keyPath(volume, bucket, key), newKey), err)
 }
 
+// CopyOptions tunes CopyKey.
+type CopyOptions struct {
+	// ExpectObjectID, if not 0, makes the copy fail with ErrPrecondition
+	// when the source is no longer that version (KeyInfo.ObjectID).
+	ExpectObjectID uint64
+	// ReplaceMeta gives the copy Meta instead of the source's S3
+	// attributes; the ETag, flexible checksums and parts count stay the
+	// source's, as they describe the bytes.
+	ReplaceMeta bool
+	Meta        *metapb.ObjectMeta
+}
+
+// CopyKey copies srcKey of srcBucket to key of bucket, both in volume, by
+// sharing the source's blocks: no data moves, whatever the size, and the
+// source and the copy can then be overwritten or deleted independently.
+// The copy may be the source itself (to replace its attributes). It fails
+// with ErrPrecondition when the blocks cannot be shared (the destination
+// bucket's replication differs from the source's); copy the data with
+// GetKey and PutKey then.
+func (c *Client) CopyKey(ctx context.Context, volume, srcBucket, srcKey, bucket, key string, o CopyOptions) (KeyInfo, error) {
+	k, err := c.ns.CopyKey(ctx, &metapb.CopyKeyRequest{Volume: volume, SrcBucket: srcBucket, SrcKey: srcKey, ExpectObjectId: o.ExpectObjectID,
+		Bucket: bucket, Key: key, ReplaceMeta: o.ReplaceMeta, Meta: o.Meta})
+	if err != nil {
+		return KeyInfo{}, wrapErr(fmt.Sprintf("copy key %s to %s", keyPath(volume, srcBucket, srcKey), keyPath(volume, bucket, key)), err)
+	}
+	return keyInfoOf(k), nil
+}
+
 // ListKeysOptions selects keys of an object bucket.
 type ListKeysOptions struct {
 	Prefix string

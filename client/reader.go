@@ -403,6 +403,13 @@ func dnReadErr(err error) error {
 // the block's chunk layout it is exact; without it windows are assumed to
 // start at multiples of bpc, which holds for every chunk the client writes
 // except after a retry split; verifyRange detects the rest.
+//
+// blockLen is the block's length in the key, which may be shorter than the
+// stored block: a part copied from a range of another key ends with a
+// prefix of one of its blocks (CopyKey). The last window of such a prefix
+// extends past blockLen; without the layout the guess stops at blockLen,
+// verifyRange answers errRealign, and the read is made again with the
+// layout, whose windows may run to the stored block's end.
 func alignRange(bd *datanodepb.BlockData, bpc, blockLen, off, end int64) (int64, int64) {
 	if bd == nil || len(bd.Chunks) == 0 {
 		if bpc <= 0 {
@@ -424,7 +431,7 @@ func alignRange(bd *datanodepb.BlockData, bpc, blockLen, off, end int64) (int64,
 			re = min(cs+(end-cs+w-1)/w*w, ce)
 		}
 	}
-	return rs, min(re, blockLen)
+	return rs, min(re, max(blockLen, int64(bd.Length)))
 }
 
 // verifyRange checks every checksum window of bd that overlaps [ns, ne);

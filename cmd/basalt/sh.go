@@ -369,7 +369,35 @@ func shKeyCmd(f *connFlags, progressOn func() bool) *cobra.Command {
 			return printDone(f, cmd.OutOrStdout(), "renamed", objPath{p.Volume, p.Bucket, newKey})
 		}),
 	}
-	cmd.AddCommand(put, get, cat, ls, info, rm, mv)
+	cp := &cobra.Command{
+		Use: "cp /volume/bucket/key /volume/bucket/newkey", Short: "Copy a key within its volume by sharing its blocks (no data moves)",
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			if err := exactArgs(args, 2, "/volume/bucket/key /volume/bucket/newkey"); err != nil {
+				return err
+			}
+			p, err := parsePath(args[0], depthKey)
+			if err != nil {
+				return err
+			}
+			np, err := parsePath(args[1], depthKey)
+			if err != nil {
+				return err
+			}
+			if np.Volume != p.Volume {
+				return usagef("cp: %s is in another volume than %s; keys are copied within their volume", np, p)
+			}
+			c, err := f.client(nil)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			if _, err := c.CopyKey(cmd.Context(), p.Volume, p.Bucket, p.Key, np.Bucket, np.Key, client.CopyOptions{}); err != nil {
+				return err
+			}
+			return printDone(f, cmd.OutOrStdout(), "copied", np)
+		}),
+	}
+	cmd.AddCommand(put, get, cat, ls, info, rm, mv, cp)
 	return cmd
 }
 

@@ -75,6 +75,12 @@ func TestShAgainstCluster(t *testing.T) {
 		t.Fatalf("key info --json: %s", out)
 	}
 	mustOK("sh", "key", "mv", "/vol1/bucket1/dir/k1", "dir/k2")
+	mustOK("sh", "key", "cp", "/vol1/bucket1/dir/k2", "/vol1/bucket1/dir/k3")
+	mustOK("sh", "key", "rm", "/vol1/bucket1/dir/k2")
+	mustOK("sh", "key", "get", "/vol1/bucket1/dir/k3", dst)
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, data) {
+		t.Fatal("the copy of a deleted key returned different bytes")
+	}
 
 	for _, tc := range []struct {
 		args []string

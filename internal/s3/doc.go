@@ -13,7 +13,10 @@
 // checksums) are stored with the key in the namespace manager and committed
 // atomically with its data: a PUT is visible with all of them or not at
 // all. Bodies stream from the socket to the datanodes and back, with every
-// declared digest and signature checked before the commit.
+// declared digest and signature checked before the commit. Copies
+// (CopyObject, UploadPartCopy) share the source's blocks instead, through
+// the namespace manager's reference counts, and stream only when they
+// cannot.
 //
 // Per-operation latency is split into auth, meta and data stages
 // (basalt_s3_stage_duration_seconds), after seed 003's latency breakdown.

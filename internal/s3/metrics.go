@@ -22,6 +22,10 @@ type metrics struct {
 	// Upload slots (Config.MaxUploads): held, and requests waiting.
 	uploadsInFlight prometheus.Gauge
 	uploadsWaiting  prometheus.Gauge
+	// copied counts the bytes of CopyObject and UploadPartCopy by how they
+	// were copied: "shared" (the copy holds the source's blocks, nothing
+	// moved) or "streamed" (read and written through the gateway).
+	copied *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -43,9 +47,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		uploadsWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "basalt_s3_uploads_waiting", Help: "Data-moving PUTs waiting for an upload slot (SlowDown after UploadWait).",
 		}),
+		copied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "basalt_s3_copy_bytes_total", Help: "Bytes copied by CopyObject and UploadPartCopy, by how: shared (blocks shared, no data moved) or streamed (through the gateway).",
+		}, []string{"how"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.duration, m.stages, m.uploadsInFlight, m.uploadsWaiting)
+		reg.MustRegister(m.requests, m.duration, m.stages, m.uploadsInFlight, m.uploadsWaiting, m.copied)
 	}
 	return m
 }

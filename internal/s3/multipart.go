@@ -8,15 +8,18 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 
+	"github.com/basalt-store/basalt/client"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
 )
 
 // Multipart uploads: the namespace manager keeps the upload and its parts;
 // each part is written like a key (its own blocks) and committed into the
-// upload, and Complete makes the parts' blocks the object's, in order,
-// without moving data.
+// upload, or copied from a key (sharing its blocks where it can), and
+// Complete makes the parts' blocks the object's, in order, without moving
+// data.
 
 func (g *Gateway) createMultipartUpload(req *request) *Error {
 	if e := checkKey(req.key); e != nil {
@@ -78,17 +81,20 @@ func (g *Gateway) uploadPart(req *request) *Error {
 }
 
 // uploadPartCopy copies a source object, or a range of it, into a part.
-// The bytes stream through the gateway (a part's blocks are its own).
+// When the range starts where one of the source's blocks does, the part
+// holds the source's blocks (the last one possibly a prefix of a block)
+// and no data moves. Otherwise the range cannot be expressed as whole
+// source blocks, and the bytes stream through the gateway into blocks of
+// the part's own: correct, just slower.
 func (g *Gateway) uploadPartCopy(req *request) *Error {
 	part, e := partRef(req)
 	if e != nil {
 		return e
 	}
-	_, _, kr, src, e := g.openSource(req, true)
+	srcBucket, srcKey, src, e := g.openSource(req)
 	if e != nil {
 		return e
 	}
-	defer kr.Close()
 	start, length := int64(0), int64(src.Size)
 	if v := req.r.Header.Get("X-Amz-Copy-Source-Range"); v != "" {
 		s, n, ok, e := parseRange(v, length)
@@ -100,24 +106,69 @@ func (g *Gateway) uploadPartCopy(req *request) *Error {
 	if length > MaxObjectSize {
 		return errInvalidRequest("The specified copy source is larger than the maximum allowable size for a copy source: %d", MaxObjectSize)
 	}
-	if _, err := kr.Seek(start, io.SeekStart); err != nil {
-		return fromBasalt(err, req.bucket, req.key)
-	}
-	mr := &md5Reader{r: io.LimitReader(kr, length), h: md5.New()}
-	ki, err := g.putData(req, req.key, mr, length, nil, part, func() string { return hex.EncodeToString(mr.h.Sum(nil)) })
-	if err != nil {
-		e := fromBasalt(err, req.bucket, req.key)
+	noUpload := func(e *Error) *Error {
 		if e.Code == "NoSuchUpload" {
-			e = errNoSuchUpload(part.UploadId)
+			return errNoSuchUpload(part.UploadId)
 		}
 		return e
 	}
+	var modified time.Time
+	var err error
+	shared := false
+	if startsBlock(src.Blocks, uint64(start)) {
+		// The namespace manager names the part's ETag: the source's for a
+		// whole single-part source, otherwise one derived from the
+		// source's ETag and the range (S3 returns the MD5 of the range's
+		// bytes, which cannot be known without reading them).
+		var r *metapb.KeyInfo
+		r, shared, err = g.shareCopy(req, &metapb.CopyKeyRequest{Volume: g.cfg.Volume, SrcBucket: srcBucket, SrcKey: srcKey, ExpectObjectId: src.ObjectID,
+			Bucket: req.bucket, Key: req.key, Part: part, Offset: uint64(start), Length: uint64(length)})
+		if shared {
+			part.Etag, modified = r.Meta.GetEtag(), time.UnixMilli(r.ModifiedUnixMs)
+		}
+	}
+	if err == nil && !shared {
+		kr, e := g.readSource(req, srcBucket, srcKey, src.ObjectID)
+		if e != nil {
+			return e
+		}
+		defer kr.Close()
+		if _, err := kr.Seek(start, io.SeekStart); err != nil {
+			return fromBasalt(err, req.bucket, req.key)
+		}
+		mr := &md5Reader{r: io.LimitReader(kr, length), h: md5.New()}
+		var ki client.KeyInfo
+		ki, err = g.putData(req, req.key, mr, length, nil, part, func() string { return hex.EncodeToString(mr.h.Sum(nil)) })
+		modified = ki.Modified
+	}
+	if err != nil {
+		return noUpload(fromBasalt(err, req.bucket, req.key))
+	}
+	how := "streamed"
+	if shared {
+		how = "shared"
+	}
+	g.metrics.copied.WithLabelValues(how).Add(float64(length))
 	type result struct {
 		XMLName      xml.Name `xml:"http://s3.amazonaws.com/doc/2006-03-01/ CopyPartResult"`
 		LastModified string   `xml:"LastModified"`
 		ETag         string   `xml:"ETag"`
 	}
-	return writeXML(req, result{LastModified: ki.Modified.UTC().Format(s3TimeFormat), ETag: `"` + part.Etag + `"`})
+	return writeXML(req, result{LastModified: modified.UTC().Format(s3TimeFormat), ETag: `"` + part.Etag + `"`})
+}
+
+// startsBlock reports whether off is where one of blocks starts (or the
+// start of an empty source).
+func startsBlock(blocks []client.BlockInfo, off uint64) bool {
+	if off == 0 {
+		return true
+	}
+	for _, b := range blocks {
+		if b.Offset == off && b.Length > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func (g *Gateway) completeMultipartUpload(req *request) *Error {

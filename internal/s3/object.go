@@ -492,21 +492,14 @@ func (m *md5Reader) Read(p []byte) (int, error) {
 }
 
 // openSource looks up the copy source and checks the copy-source
-// conditions; the reader is open only if open.
-func (g *Gateway) openSource(req *request, open bool) (srcBucket, srcKey string, kr *client.KeyReader, ki client.KeyInfo, e *Error) {
+// conditions against that version.
+func (g *Gateway) openSource(req *request) (srcBucket, srcKey string, ki client.KeyInfo, e *Error) {
 	srcBucket, srcKey, e = copySource(req.r.Header.Get("X-Amz-Copy-Source"))
 	if e != nil {
 		return
 	}
-	ctx := req.r.Context()
 	err := req.meta(func() (err error) {
-		if open {
-			if kr, err = g.cl.GetKey(ctx, g.cfg.Volume, srcBucket, srcKey); err == nil {
-				ki = kr.Info()
-			}
-			return err
-		}
-		ki, err = g.cl.StatKey(ctx, g.cfg.Volume, srcBucket, srcKey)
+		ki, err = g.cl.StatKey(req.r.Context(), g.cfg.Volume, srcBucket, srcKey)
 		return err
 	})
 	if err != nil {
@@ -517,11 +510,40 @@ func (g *Gateway) openSource(req *request, open bool) (srcBucket, srcKey string,
 	if e == nil && notModified {
 		e = errPreconditionFailed
 	}
-	if e != nil && kr != nil {
-		kr.Close()
-		kr = nil
-	}
 	return
+}
+
+// readSource opens a reader on version objectID of the copy source, the
+// one openSource checked the conditions against.
+func (g *Gateway) readSource(req *request, bucket, key string, objectID uint64) (*client.KeyReader, *Error) {
+	var kr *client.KeyReader
+	err := req.meta(func() (err error) {
+		kr, err = g.cl.GetKey(req.r.Context(), g.cfg.Volume, bucket, key)
+		return err
+	})
+	if err != nil {
+		return nil, fromBasalt(err, bucket, key)
+	}
+	if id := kr.Info().ObjectID; id != objectID {
+		kr.Close()
+		return nil, errorf("OperationAborted", 409, "A conflicting conditional operation is in progress against this resource: copy source %s/%s changed while being copied (object %d, expected %d)", bucket, key, id, objectID)
+	}
+	return kr, nil
+}
+
+// shareCopy asks the namespace manager for a copy that shares the
+// source's blocks (CopyKey). shared is false, with no error, when the
+// blocks cannot be shared (NOT_SHAREABLE) and the caller must stream.
+func (g *Gateway) shareCopy(req *request, creq *metapb.CopyKeyRequest) (ki *metapb.KeyInfo, shared bool, err error) {
+	err = req.meta(func() (err error) {
+		ki, err = g.ns.CopyKey(req.r.Context(), creq)
+		return err
+	})
+	if namespace.Reason(err) == namespace.ReasonNotShareable {
+		g.cfg.Logger.Debug("s3: copy streams the data", "bucket", creq.SrcBucket, "key", creq.SrcKey, "why", message(err))
+		return nil, false, nil
+	}
+	return ki, err == nil, err
 }
 
 func (g *Gateway) copyObject(req *request) *Error {
@@ -543,12 +565,9 @@ func (g *Gateway) copyObject(req *request) *Error {
 	if self && mdir != "REPLACE" && tdir != "REPLACE" {
 		return errInvalidRequest("This copy request is illegal because it is trying to copy an object to itself without changing the object's metadata, storage class, website redirect location or encryption attributes.")
 	}
-	_, _, kr, src, e := g.openSource(req, !self)
+	_, _, src, e := g.openSource(req)
 	if e != nil {
 		return e
-	}
-	if kr != nil {
-		defer kr.Close()
 	}
 	if src.Size > MaxObjectSize {
 		return errInvalidRequest("The specified copy source is larger than the maximum allowable size for a copy source: %d", MaxObjectSize)
@@ -557,7 +576,8 @@ func (g *Gateway) copyObject(req *request) *Error {
 	if meta == nil {
 		meta = &metapb.ObjectMeta{}
 	}
-	if mdir == "REPLACE" || tdir == "REPLACE" {
+	replace := mdir == "REPLACE" || tdir == "REPLACE"
+	if replace {
 		hm, e := metaFromHeaders(h)
 		if e != nil {
 			return e
@@ -572,9 +592,12 @@ func (g *Gateway) copyObject(req *request) *Error {
 	}
 	var out client.KeyInfo
 	var err error
-	if self {
-		// Only the attributes change: no data moves. The version check
-		// keeps a concurrent overwrite from getting the old attributes.
+	shared := false
+	switch {
+	case self:
+		// Only the attributes change: no data moves, the key keeps its
+		// blocks and object ID. The version check keeps a concurrent
+		// overwrite from getting the old attributes.
 		err = req.meta(func() error {
 			r, err := g.ns.SetKeyMeta(req.r.Context(), &metapb.SetKeyMetaRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key,
 				Meta: meta, ExpectObjectId: src.ObjectID, Touch: true})
@@ -583,10 +606,27 @@ func (g *Gateway) copyObject(req *request) *Error {
 			}
 			return err
 		})
-	} else {
-		// TODO(issue 7): share blocks between keys (reference counts) so a
-		// copy is metadata-only across keys too; until then the data is
-		// streamed through the gateway.
+		shared = err == nil
+	case src.Meta.GetEtag() != "":
+		// The copy holds the source's blocks: one Raft entry whatever the
+		// size. Its ETag is the source's (the same bytes; for a multipart
+		// source S3 would compute a new one, but any ETag naming these
+		// bytes is valid).
+		var r *metapb.KeyInfo
+		r, shared, err = g.shareCopy(req, &metapb.CopyKeyRequest{Volume: g.cfg.Volume, SrcBucket: srcBucket, SrcKey: srcKey, ExpectObjectId: src.ObjectID,
+			Bucket: req.bucket, Key: req.key, ReplaceMeta: replace, Meta: meta})
+		if shared {
+			out = client.KeyInfo{Modified: time.UnixMilli(r.ModifiedUnixMs).UTC(), Meta: r.Meta}
+		}
+	}
+	if err == nil && !shared {
+		// The source has no ETag (written without S3), or its replication
+		// differs from the bucket's: stream the bytes and compute the MD5.
+		kr, e := g.readSource(req, srcBucket, srcKey, src.ObjectID)
+		if e != nil {
+			return e
+		}
+		defer kr.Close()
 		mr := &md5Reader{r: kr, h: md5.New()}
 		meta.PartsCount = 0
 		out, err = g.putData(req, req.key, mr, int64(src.Size), meta, nil, func() string { return hex.EncodeToString(mr.h.Sum(nil)) })
@@ -595,6 +635,11 @@ func (g *Gateway) copyObject(req *request) *Error {
 	if err != nil {
 		return fromBasalt(err, req.bucket, req.key)
 	}
+	how := "streamed"
+	if shared {
+		how = "shared"
+	}
+	g.metrics.copied.WithLabelValues(how).Add(float64(src.Size))
 	type result struct {
 		XMLName      xml.Name `xml:"http://s3.amazonaws.com/doc/2006-03-01/ CopyObjectResult"`
 		LastModified string   `xml:"LastModified"`

@@ -48,14 +48,15 @@ const (
 )
 
 type env struct {
-	gw     *bs3.Gateway
-	reg    *prometheus.Registry
-	cl     *client.Client
-	s3     *s3.Client
-	vhost  *s3.Client
-	url    string
-	ctx    context.Context
-	signer *v4.Signer
+	cluster *cluster.Cluster
+	gw      *bs3.Gateway
+	reg     *prometheus.Registry
+	cl      *client.Client
+	s3      *s3.Client
+	vhost   *s3.Client
+	url     string
+	ctx     context.Context
+	signer  *v4.Signer
 }
 
 var sharedEnv *env
@@ -87,7 +88,7 @@ func setup(t *testing.T) *env {
 	}
 	go gw.Serve()
 	t.Cleanup(func() { gw.Close() })
-	e := &env{gw: gw, reg: reg, cl: cl, url: "http://" + gw.Addr(), ctx: context.Background(), signer: v4.NewSigner()}
+	e := &env{cluster: c, gw: gw, reg: reg, cl: cl, url: "http://" + gw.Addr(), ctx: context.Background(), signer: v4.NewSigner()}
 	e.s3 = e.newS3(secretKey, true)
 	e.vhost = e.newS3(secretKey, false)
 	return e
@@ -179,6 +180,7 @@ func TestGateway(t *testing.T) {
 	t.Run("ChunkedSigned", e.testChunkedSigned)
 	t.Run("Listing", e.testListing)
 	t.Run("Multipart", e.testMultipart)
+	t.Run("Copy", e.testCopy)
 	t.Run("Disconnect", e.testDisconnect)
 	t.Run("VirtualHost", e.testVirtualHost)
 	t.Run("Metrics", e.testMetrics)

@@ -698,6 +698,7 @@ type NsCommand struct {
 	//	*NsCommand_AbortMultipart
 	//	*NsCommand_CreateS3Secret
 	//	*NsCommand_DeleteS3Secret
+	//	*NsCommand_CopyKey
 	Op            isNsCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -918,6 +919,15 @@ func (x *NsCommand) GetDeleteS3Secret() *DeleteS3SecretRequest {
 	return nil
 }
 
+func (x *NsCommand) GetCopyKey() *CopyKeyRequest {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_CopyKey); ok {
+			return x.CopyKey
+		}
+	}
+	return nil
+}
+
 type isNsCommand_Op interface {
 	isNsCommand_Op()
 }
@@ -998,6 +1008,10 @@ type NsCommand_DeleteS3Secret struct {
 	DeleteS3Secret *DeleteS3SecretRequest `protobuf:"bytes,20,opt,name=delete_s3_secret,json=deleteS3Secret,proto3,oneof"`
 }
 
+type NsCommand_CopyKey struct {
+	CopyKey *CopyKeyRequest `protobuf:"bytes,21,opt,name=copy_key,json=copyKey,proto3,oneof"`
+}
+
 func (*NsCommand_CreateVolume) isNsCommand_Op() {}
 
 func (*NsCommand_DeleteVolume) isNsCommand_Op() {}
@@ -1035,6 +1049,8 @@ func (*NsCommand_AbortMultipart) isNsCommand_Op() {}
 func (*NsCommand_CreateS3Secret) isNsCommand_Op() {}
 
 func (*NsCommand_DeleteS3Secret) isNsCommand_Op() {}
+
+func (*NsCommand_CopyKey) isNsCommand_Op() {}
 
 type OpenKeyOp struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1696,7 +1712,7 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x0eDeleteBlocksTx\x12\x13\n" +
 	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x12!\n" +
 	"\fcontainer_id\x18\x02 \x01(\x04R\vcontainerId\x12\x1b\n" +
-	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\xc4\v\n" +
+	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\x81\f\n" +
 	"\tNsCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12J\n" +
 	"\rcreate_volume\x18\x02 \x01(\v2#.basalt.meta.v1.CreateVolumeRequestH\x00R\fcreateVolume\x12J\n" +
@@ -1723,7 +1739,8 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x12complete_multipart\x18\x11 \x01(\v2..basalt.meta.v1.CompleteMultipartUploadRequestH\x00R\x11completeMultipart\x12V\n" +
 	"\x0fabort_multipart\x18\x12 \x01(\v2+.basalt.meta.v1.AbortMultipartUploadRequestH\x00R\x0eabortMultipart\x12Q\n" +
 	"\x10create_s3_secret\x18\x13 \x01(\v2%.basalt.meta.v1.CreateS3SecretRequestH\x00R\x0ecreateS3Secret\x12Q\n" +
-	"\x10delete_s3_secret\x18\x14 \x01(\v2%.basalt.meta.v1.DeleteS3SecretRequestH\x00R\x0edeleteS3SecretB\x04\n" +
+	"\x10delete_s3_secret\x18\x14 \x01(\v2%.basalt.meta.v1.DeleteS3SecretRequestH\x00R\x0edeleteS3Secret\x12;\n" +
+	"\bcopy_key\x18\x15 \x01(\v2\x1e.basalt.meta.v1.CopyKeyRequestH\x00R\acopyKeyB\x04\n" +
 	"\x02op\"|\n" +
 	"\tOpenKeyOp\x128\n" +
 	"\arequest\x18\x01 \x01(\v2\x1e.basalt.meta.v1.OpenKeyRequestR\arequest\x125\n" +
@@ -1822,12 +1839,13 @@ var file_meta_command_proto_goTypes = []any{
 	(*AbortMultipartUploadRequest)(nil),    // 34: basalt.meta.v1.AbortMultipartUploadRequest
 	(*CreateS3SecretRequest)(nil),          // 35: basalt.meta.v1.CreateS3SecretRequest
 	(*DeleteS3SecretRequest)(nil),          // 36: basalt.meta.v1.DeleteS3SecretRequest
-	(*OpenKeyRequest)(nil),                 // 37: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 38: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 39: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 40: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 41: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 42: basalt.meta.v1.KeyInfo
+	(*CopyKeyRequest)(nil),                 // 37: basalt.meta.v1.CopyKeyRequest
+	(*OpenKeyRequest)(nil),                 // 38: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 39: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 40: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 41: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 42: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 43: basalt.meta.v1.KeyInfo
 }
 var file_meta_command_proto_depIdxs = []int32{
 	1,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -1860,20 +1878,21 @@ var file_meta_command_proto_depIdxs = []int32{
 	34, // 27: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
 	35, // 28: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
 	36, // 29: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
-	37, // 30: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	38, // 31: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	38, // 32: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	39, // 33: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	23, // 34: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	40, // 35: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	41, // 36: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	41, // 37: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	42, // 38: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	39, // [39:39] is the sub-list for method output_type
-	39, // [39:39] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	37, // 30: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
+	38, // 31: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	39, // 32: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	39, // 33: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	40, // 34: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	23, // 35: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	41, // 36: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	42, // 37: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	42, // 38: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	43, // 39: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	40, // [40:40] is the sub-list for method output_type
+	40, // [40:40] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -1913,6 +1932,7 @@ func file_meta_command_proto_init() {
 		(*NsCommand_AbortMultipart)(nil),
 		(*NsCommand_CreateS3Secret)(nil),
 		(*NsCommand_DeleteS3Secret)(nil),
+		(*NsCommand_CopyKey)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

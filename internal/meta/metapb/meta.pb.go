@@ -5058,6 +5058,149 @@ func (x *SetKeyMetaRequest) GetTouch() bool {
 	return false
 }
 
+// CopyKeyRequest copies a key within a volume by sharing its blocks. The
+// destination gets a new object_id and the source's block list, size,
+// replication and checksum settings; the source's ETag, flexible checksums
+// and parts count stay (they describe the bytes). It fails with
+// FAILED_PRECONDITION and reason NOT_SHAREABLE when the blocks cannot be
+// shared (the destination's replication differs from the source's, or a
+// part's range does not start at one of the source's blocks): the caller
+// then copies the bytes.
+type CopyKeyRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Volume    string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	SrcBucket string                 `protobuf:"bytes,2,opt,name=src_bucket,json=srcBucket,proto3" json:"src_bucket,omitempty"`
+	SrcKey    string                 `protobuf:"bytes,3,opt,name=src_key,json=srcKey,proto3" json:"src_key,omitempty"`
+	// 0 = any version; else FAILED_PRECONDITION (VERSION_CHANGED) if the
+	// source is no longer this version.
+	ExpectObjectId uint64 `protobuf:"varint,4,opt,name=expect_object_id,json=expectObjectId,proto3" json:"expect_object_id,omitempty"`
+	Bucket         string `protobuf:"bytes,5,opt,name=bucket,proto3" json:"bucket,omitempty"` // destination (may be src_bucket)
+	Key            string `protobuf:"bytes,6,opt,name=key,proto3" json:"key,omitempty"`       // destination (may be src_key)
+	// false: the destination gets the source's attributes (S3's COPY
+	// directive); true: it gets meta (REPLACE), except the fields that
+	// describe the bytes, which stay the source's.
+	ReplaceMeta bool        `protobuf:"varint,7,opt,name=replace_meta,json=replaceMeta,proto3" json:"replace_meta,omitempty"`
+	Meta        *ObjectMeta `protobuf:"bytes,8,opt,name=meta,proto3" json:"meta,omitempty"`
+	// Set: the destination is this part (number; the etag is computed) of
+	// upload upload_id of key, in an OBJECT bucket, instead of a key.
+	Part *PartRef `protobuf:"bytes,9,opt,name=part,proto3" json:"part,omitempty"`
+	// Parts only: the range of the source to copy. offset must be where one
+	// of the source's blocks starts; length 0 = to the end of the source.
+	// The part ends with a prefix of a source block when length ends inside
+	// one.
+	Offset        uint64 `protobuf:"varint,10,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length        uint64 `protobuf:"varint,11,opt,name=length,proto3" json:"length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyKeyRequest) Reset() {
+	*x = CopyKeyRequest{}
+	mi := &file_meta_meta_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyKeyRequest) ProtoMessage() {}
+
+func (x *CopyKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyKeyRequest.ProtoReflect.Descriptor instead.
+func (*CopyKeyRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *CopyKeyRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *CopyKeyRequest) GetSrcBucket() string {
+	if x != nil {
+		return x.SrcBucket
+	}
+	return ""
+}
+
+func (x *CopyKeyRequest) GetSrcKey() string {
+	if x != nil {
+		return x.SrcKey
+	}
+	return ""
+}
+
+func (x *CopyKeyRequest) GetExpectObjectId() uint64 {
+	if x != nil {
+		return x.ExpectObjectId
+	}
+	return 0
+}
+
+func (x *CopyKeyRequest) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *CopyKeyRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CopyKeyRequest) GetReplaceMeta() bool {
+	if x != nil {
+		return x.ReplaceMeta
+	}
+	return false
+}
+
+func (x *CopyKeyRequest) GetMeta() *ObjectMeta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+func (x *CopyKeyRequest) GetPart() *PartRef {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *CopyKeyRequest) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *CopyKeyRequest) GetLength() uint64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
 type MultipartUpload struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
@@ -5073,7 +5216,7 @@ type MultipartUpload struct {
 
 func (x *MultipartUpload) Reset() {
 	*x = MultipartUpload{}
-	mi := &file_meta_meta_proto_msgTypes[77]
+	mi := &file_meta_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5085,7 +5228,7 @@ func (x *MultipartUpload) String() string {
 func (*MultipartUpload) ProtoMessage() {}
 
 func (x *MultipartUpload) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[77]
+	mi := &file_meta_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5098,7 +5241,7 @@ func (x *MultipartUpload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MultipartUpload.ProtoReflect.Descriptor instead.
 func (*MultipartUpload) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{77}
+	return file_meta_meta_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *MultipartUpload) GetVolume() string {
@@ -5163,7 +5306,7 @@ type CreateMultipartUploadRequest struct {
 
 func (x *CreateMultipartUploadRequest) Reset() {
 	*x = CreateMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[78]
+	mi := &file_meta_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5175,7 +5318,7 @@ func (x *CreateMultipartUploadRequest) String() string {
 func (*CreateMultipartUploadRequest) ProtoMessage() {}
 
 func (x *CreateMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[78]
+	mi := &file_meta_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5188,7 +5331,7 @@ func (x *CreateMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*CreateMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{78}
+	return file_meta_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *CreateMultipartUploadRequest) GetVolume() string {
@@ -5236,7 +5379,7 @@ type CompletedPart struct {
 
 func (x *CompletedPart) Reset() {
 	*x = CompletedPart{}
-	mi := &file_meta_meta_proto_msgTypes[79]
+	mi := &file_meta_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5248,7 +5391,7 @@ func (x *CompletedPart) String() string {
 func (*CompletedPart) ProtoMessage() {}
 
 func (x *CompletedPart) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[79]
+	mi := &file_meta_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5261,7 +5404,7 @@ func (x *CompletedPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletedPart.ProtoReflect.Descriptor instead.
 func (*CompletedPart) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{79}
+	return file_meta_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *CompletedPart) GetPartNumber() uint32 {
@@ -5294,7 +5437,7 @@ type CompleteMultipartUploadRequest struct {
 
 func (x *CompleteMultipartUploadRequest) Reset() {
 	*x = CompleteMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[80]
+	mi := &file_meta_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5306,7 +5449,7 @@ func (x *CompleteMultipartUploadRequest) String() string {
 func (*CompleteMultipartUploadRequest) ProtoMessage() {}
 
 func (x *CompleteMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[80]
+	mi := &file_meta_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5319,7 +5462,7 @@ func (x *CompleteMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*CompleteMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{80}
+	return file_meta_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CompleteMultipartUploadRequest) GetVolume() string {
@@ -5376,7 +5519,7 @@ type AbortMultipartUploadRequest struct {
 
 func (x *AbortMultipartUploadRequest) Reset() {
 	*x = AbortMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[81]
+	mi := &file_meta_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5388,7 +5531,7 @@ func (x *AbortMultipartUploadRequest) String() string {
 func (*AbortMultipartUploadRequest) ProtoMessage() {}
 
 func (x *AbortMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[81]
+	mi := &file_meta_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5401,7 +5544,7 @@ func (x *AbortMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*AbortMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{81}
+	return file_meta_meta_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *AbortMultipartUploadRequest) GetVolume() string {
@@ -5440,7 +5583,7 @@ type AbortMultipartUploadResponse struct {
 
 func (x *AbortMultipartUploadResponse) Reset() {
 	*x = AbortMultipartUploadResponse{}
-	mi := &file_meta_meta_proto_msgTypes[82]
+	mi := &file_meta_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5452,7 +5595,7 @@ func (x *AbortMultipartUploadResponse) String() string {
 func (*AbortMultipartUploadResponse) ProtoMessage() {}
 
 func (x *AbortMultipartUploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[82]
+	mi := &file_meta_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5465,7 +5608,7 @@ func (x *AbortMultipartUploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMultipartUploadResponse.ProtoReflect.Descriptor instead.
 func (*AbortMultipartUploadResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{82}
+	return file_meta_meta_proto_rawDescGZIP(), []int{83}
 }
 
 type PartInfo struct {
@@ -5483,7 +5626,7 @@ type PartInfo struct {
 
 func (x *PartInfo) Reset() {
 	*x = PartInfo{}
-	mi := &file_meta_meta_proto_msgTypes[83]
+	mi := &file_meta_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5495,7 +5638,7 @@ func (x *PartInfo) String() string {
 func (*PartInfo) ProtoMessage() {}
 
 func (x *PartInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[83]
+	mi := &file_meta_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5508,7 +5651,7 @@ func (x *PartInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartInfo.ProtoReflect.Descriptor instead.
 func (*PartInfo) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{83}
+	return file_meta_meta_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *PartInfo) GetPartNumber() uint32 {
@@ -5574,7 +5717,7 @@ type ListPartsRequest struct {
 
 func (x *ListPartsRequest) Reset() {
 	*x = ListPartsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[84]
+	mi := &file_meta_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5586,7 +5729,7 @@ func (x *ListPartsRequest) String() string {
 func (*ListPartsRequest) ProtoMessage() {}
 
 func (x *ListPartsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[84]
+	mi := &file_meta_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5599,7 +5742,7 @@ func (x *ListPartsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartsRequest.ProtoReflect.Descriptor instead.
 func (*ListPartsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{84}
+	return file_meta_meta_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ListPartsRequest) GetVolume() string {
@@ -5655,7 +5798,7 @@ type ListPartsResponse struct {
 
 func (x *ListPartsResponse) Reset() {
 	*x = ListPartsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[85]
+	mi := &file_meta_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5667,7 +5810,7 @@ func (x *ListPartsResponse) String() string {
 func (*ListPartsResponse) ProtoMessage() {}
 
 func (x *ListPartsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[85]
+	mi := &file_meta_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5680,7 +5823,7 @@ func (x *ListPartsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartsResponse.ProtoReflect.Descriptor instead.
 func (*ListPartsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{85}
+	return file_meta_meta_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ListPartsResponse) GetUpload() *MultipartUpload {
@@ -5720,7 +5863,7 @@ type ListMultipartUploadsRequest struct {
 
 func (x *ListMultipartUploadsRequest) Reset() {
 	*x = ListMultipartUploadsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[86]
+	mi := &file_meta_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5732,7 +5875,7 @@ func (x *ListMultipartUploadsRequest) String() string {
 func (*ListMultipartUploadsRequest) ProtoMessage() {}
 
 func (x *ListMultipartUploadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[86]
+	mi := &file_meta_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5745,7 +5888,7 @@ func (x *ListMultipartUploadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMultipartUploadsRequest.ProtoReflect.Descriptor instead.
 func (*ListMultipartUploadsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{86}
+	return file_meta_meta_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ListMultipartUploadsRequest) GetVolume() string {
@@ -5800,7 +5943,7 @@ type ListMultipartUploadsResponse struct {
 
 func (x *ListMultipartUploadsResponse) Reset() {
 	*x = ListMultipartUploadsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[87]
+	mi := &file_meta_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5812,7 +5955,7 @@ func (x *ListMultipartUploadsResponse) String() string {
 func (*ListMultipartUploadsResponse) ProtoMessage() {}
 
 func (x *ListMultipartUploadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[87]
+	mi := &file_meta_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5825,7 +5968,7 @@ func (x *ListMultipartUploadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMultipartUploadsResponse.ProtoReflect.Descriptor instead.
 func (*ListMultipartUploadsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{87}
+	return file_meta_meta_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ListMultipartUploadsResponse) GetUploads() []*MultipartUpload {
@@ -5854,7 +5997,7 @@ type S3Secret struct {
 
 func (x *S3Secret) Reset() {
 	*x = S3Secret{}
-	mi := &file_meta_meta_proto_msgTypes[88]
+	mi := &file_meta_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5866,7 +6009,7 @@ func (x *S3Secret) String() string {
 func (*S3Secret) ProtoMessage() {}
 
 func (x *S3Secret) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[88]
+	mi := &file_meta_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5879,7 +6022,7 @@ func (x *S3Secret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use S3Secret.ProtoReflect.Descriptor instead.
 func (*S3Secret) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{88}
+	return file_meta_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *S3Secret) GetAccessKeyId() string {
@@ -5925,7 +6068,7 @@ type CreateS3SecretRequest struct {
 
 func (x *CreateS3SecretRequest) Reset() {
 	*x = CreateS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[89]
+	mi := &file_meta_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5937,7 +6080,7 @@ func (x *CreateS3SecretRequest) String() string {
 func (*CreateS3SecretRequest) ProtoMessage() {}
 
 func (x *CreateS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[89]
+	mi := &file_meta_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5950,7 +6093,7 @@ func (x *CreateS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*CreateS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{89}
+	return file_meta_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *CreateS3SecretRequest) GetAccessKeyId() string {
@@ -5983,7 +6126,7 @@ type GetS3SecretRequest struct {
 
 func (x *GetS3SecretRequest) Reset() {
 	*x = GetS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[90]
+	mi := &file_meta_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5995,7 +6138,7 @@ func (x *GetS3SecretRequest) String() string {
 func (*GetS3SecretRequest) ProtoMessage() {}
 
 func (x *GetS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[90]
+	mi := &file_meta_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6008,7 +6151,7 @@ func (x *GetS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*GetS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{90}
+	return file_meta_meta_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *GetS3SecretRequest) GetAccessKeyId() string {
@@ -6027,7 +6170,7 @@ type DeleteS3SecretRequest struct {
 
 func (x *DeleteS3SecretRequest) Reset() {
 	*x = DeleteS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[91]
+	mi := &file_meta_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6039,7 +6182,7 @@ func (x *DeleteS3SecretRequest) String() string {
 func (*DeleteS3SecretRequest) ProtoMessage() {}
 
 func (x *DeleteS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[91]
+	mi := &file_meta_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6052,7 +6195,7 @@ func (x *DeleteS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*DeleteS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{91}
+	return file_meta_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *DeleteS3SecretRequest) GetAccessKeyId() string {
@@ -6070,7 +6213,7 @@ type DeleteS3SecretResponse struct {
 
 func (x *DeleteS3SecretResponse) Reset() {
 	*x = DeleteS3SecretResponse{}
-	mi := &file_meta_meta_proto_msgTypes[92]
+	mi := &file_meta_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6082,7 +6225,7 @@ func (x *DeleteS3SecretResponse) String() string {
 func (*DeleteS3SecretResponse) ProtoMessage() {}
 
 func (x *DeleteS3SecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[92]
+	mi := &file_meta_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6095,7 +6238,7 @@ func (x *DeleteS3SecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteS3SecretResponse.ProtoReflect.Descriptor instead.
 func (*DeleteS3SecretResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{92}
+	return file_meta_meta_proto_rawDescGZIP(), []int{93}
 }
 
 var File_meta_meta_proto protoreflect.FileDescriptor
@@ -6464,7 +6607,21 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12.\n" +
 	"\x04meta\x18\x04 \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\x12(\n" +
 	"\x10expect_object_id\x18\x05 \x01(\x04R\x0eexpectObjectId\x12\x14\n" +
-	"\x05touch\x18\x06 \x01(\bR\x05touch\"\x87\x02\n" +
+	"\x05touch\x18\x06 \x01(\bR\x05touch\"\xe4\x02\n" +
+	"\x0eCopyKeyRequest\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x1d\n" +
+	"\n" +
+	"src_bucket\x18\x02 \x01(\tR\tsrcBucket\x12\x17\n" +
+	"\asrc_key\x18\x03 \x01(\tR\x06srcKey\x12(\n" +
+	"\x10expect_object_id\x18\x04 \x01(\x04R\x0eexpectObjectId\x12\x16\n" +
+	"\x06bucket\x18\x05 \x01(\tR\x06bucket\x12\x10\n" +
+	"\x03key\x18\x06 \x01(\tR\x03key\x12!\n" +
+	"\freplace_meta\x18\a \x01(\bR\vreplaceMeta\x12.\n" +
+	"\x04meta\x18\b \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\x12+\n" +
+	"\x04part\x18\t \x01(\v2\x17.basalt.meta.v1.PartRefR\x04part\x12\x16\n" +
+	"\x06offset\x18\n" +
+	" \x01(\x04R\x06offset\x12\x16\n" +
+	"\x06length\x18\v \x01(\x04R\x06length\"\x87\x02\n" +
 	"\x0fMultipartUpload\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
@@ -6581,7 +6738,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\rListDatanodes\x12$.basalt.meta.v1.ListDatanodesRequest\x1a%.basalt.meta.v1.ListDatanodesResponse\x12\\\n" +
 	"\rListPipelines\x12$.basalt.meta.v1.ListPipelinesRequest\x1a%.basalt.meta.v1.ListPipelinesResponse\x12_\n" +
 	"\x0eListContainers\x12%.basalt.meta.v1.ListContainersRequest\x1a&.basalt.meta.v1.ListContainersResponse\x12V\n" +
-	"\vGetSafeMode\x12\".basalt.meta.v1.GetSafeModeRequest\x1a#.basalt.meta.v1.GetSafeModeResponse2\x94\x12\n" +
+	"\vGetSafeMode\x12\".basalt.meta.v1.GetSafeModeRequest\x1a#.basalt.meta.v1.GetSafeModeResponse2\xd8\x12\n" +
 	"\tNamespace\x12K\n" +
 	"\fCreateVolume\x12#.basalt.meta.v1.CreateVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12E\n" +
 	"\tGetVolume\x12 .basalt.meta.v1.GetVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12V\n" +
@@ -6603,7 +6760,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\n" +
 	"ListStatus\x12!.basalt.meta.v1.ListStatusRequest\x1a\".basalt.meta.v1.ListStatusResponse\x12H\n" +
 	"\n" +
-	"SetKeyMeta\x12!.basalt.meta.v1.SetKeyMetaRequest\x1a\x17.basalt.meta.v1.KeyInfo\x12f\n" +
+	"SetKeyMeta\x12!.basalt.meta.v1.SetKeyMetaRequest\x1a\x17.basalt.meta.v1.KeyInfo\x12B\n" +
+	"\aCopyKey\x12\x1e.basalt.meta.v1.CopyKeyRequest\x1a\x17.basalt.meta.v1.KeyInfo\x12f\n" +
 	"\x15CreateMultipartUpload\x12,.basalt.meta.v1.CreateMultipartUploadRequest\x1a\x1f.basalt.meta.v1.MultipartUpload\x12b\n" +
 	"\x17CompleteMultipartUpload\x12..basalt.meta.v1.CompleteMultipartUploadRequest\x1a\x17.basalt.meta.v1.KeyInfo\x12q\n" +
 	"\x14AbortMultipartUpload\x12+.basalt.meta.v1.AbortMultipartUploadRequest\x1a,.basalt.meta.v1.AbortMultipartUploadResponse\x12P\n" +
@@ -6626,7 +6784,7 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 96)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 97)
 var file_meta_meta_proto_goTypes = []any{
 	(Replication)(0),                       // 0: basalt.meta.v1.Replication
 	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
@@ -6711,25 +6869,26 @@ var file_meta_meta_proto_goTypes = []any{
 	(*ListStatusRequest)(nil),              // 80: basalt.meta.v1.ListStatusRequest
 	(*ListStatusResponse)(nil),             // 81: basalt.meta.v1.ListStatusResponse
 	(*SetKeyMetaRequest)(nil),              // 82: basalt.meta.v1.SetKeyMetaRequest
-	(*MultipartUpload)(nil),                // 83: basalt.meta.v1.MultipartUpload
-	(*CreateMultipartUploadRequest)(nil),   // 84: basalt.meta.v1.CreateMultipartUploadRequest
-	(*CompletedPart)(nil),                  // 85: basalt.meta.v1.CompletedPart
-	(*CompleteMultipartUploadRequest)(nil), // 86: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 87: basalt.meta.v1.AbortMultipartUploadRequest
-	(*AbortMultipartUploadResponse)(nil),   // 88: basalt.meta.v1.AbortMultipartUploadResponse
-	(*PartInfo)(nil),                       // 89: basalt.meta.v1.PartInfo
-	(*ListPartsRequest)(nil),               // 90: basalt.meta.v1.ListPartsRequest
-	(*ListPartsResponse)(nil),              // 91: basalt.meta.v1.ListPartsResponse
-	(*ListMultipartUploadsRequest)(nil),    // 92: basalt.meta.v1.ListMultipartUploadsRequest
-	(*ListMultipartUploadsResponse)(nil),   // 93: basalt.meta.v1.ListMultipartUploadsResponse
-	(*S3Secret)(nil),                       // 94: basalt.meta.v1.S3Secret
-	(*CreateS3SecretRequest)(nil),          // 95: basalt.meta.v1.CreateS3SecretRequest
-	(*GetS3SecretRequest)(nil),             // 96: basalt.meta.v1.GetS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 97: basalt.meta.v1.DeleteS3SecretRequest
-	(*DeleteS3SecretResponse)(nil),         // 98: basalt.meta.v1.DeleteS3SecretResponse
-	nil,                                    // 99: basalt.meta.v1.ObjectMeta.UserEntry
-	nil,                                    // 100: basalt.meta.v1.ObjectMeta.TagsEntry
-	nil,                                    // 101: basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	(*CopyKeyRequest)(nil),                 // 83: basalt.meta.v1.CopyKeyRequest
+	(*MultipartUpload)(nil),                // 84: basalt.meta.v1.MultipartUpload
+	(*CreateMultipartUploadRequest)(nil),   // 85: basalt.meta.v1.CreateMultipartUploadRequest
+	(*CompletedPart)(nil),                  // 86: basalt.meta.v1.CompletedPart
+	(*CompleteMultipartUploadRequest)(nil), // 87: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 88: basalt.meta.v1.AbortMultipartUploadRequest
+	(*AbortMultipartUploadResponse)(nil),   // 89: basalt.meta.v1.AbortMultipartUploadResponse
+	(*PartInfo)(nil),                       // 90: basalt.meta.v1.PartInfo
+	(*ListPartsRequest)(nil),               // 91: basalt.meta.v1.ListPartsRequest
+	(*ListPartsResponse)(nil),              // 92: basalt.meta.v1.ListPartsResponse
+	(*ListMultipartUploadsRequest)(nil),    // 93: basalt.meta.v1.ListMultipartUploadsRequest
+	(*ListMultipartUploadsResponse)(nil),   // 94: basalt.meta.v1.ListMultipartUploadsResponse
+	(*S3Secret)(nil),                       // 95: basalt.meta.v1.S3Secret
+	(*CreateS3SecretRequest)(nil),          // 96: basalt.meta.v1.CreateS3SecretRequest
+	(*GetS3SecretRequest)(nil),             // 97: basalt.meta.v1.GetS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 98: basalt.meta.v1.DeleteS3SecretRequest
+	(*DeleteS3SecretResponse)(nil),         // 99: basalt.meta.v1.DeleteS3SecretResponse
+	nil,                                    // 100: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 101: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 102: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
 	3,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
@@ -6781,9 +6940,9 @@ var file_meta_meta_proto_depIdxs = []int32{
 	61,  // 46: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
 	14,  // 47: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
 	63,  // 48: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
-	99,  // 49: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
-	100, // 50: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
-	101, // 51: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	100, // 49: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	101, // 50: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	102, // 51: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
 	0,   // 52: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
 	5,   // 53: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
 	15,  // 54: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
@@ -6797,97 +6956,101 @@ var file_meta_meta_proto_depIdxs = []int32{
 	62,  // 62: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
 	77,  // 63: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
 	63,  // 64: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	63,  // 65: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 66: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
-	63,  // 67: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 68: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
-	85,  // 69: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
-	61,  // 70: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	5,   // 71: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	83,  // 72: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
-	89,  // 73: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
-	83,  // 74: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
-	16,  // 75: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	18,  // 76: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	25,  // 77: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	27,  // 78: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	35,  // 79: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	30,  // 80: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	32,  // 81: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	38,  // 82: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	41,  // 83: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	43,  // 84: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	45,  // 85: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	48,  // 86: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	49,  // 87: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	50,  // 88: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	52,  // 89: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	55,  // 90: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	56,  // 91: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	57,  // 92: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	59,  // 93: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	64,  // 94: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	66,  // 95: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	68,  // 96: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	70,  // 97: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	71,  // 98: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	73,  // 99: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	75,  // 100: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	78,  // 101: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	79,  // 102: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	80,  // 103: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	82,  // 104: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	84,  // 105: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	86,  // 106: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	87,  // 107: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	90,  // 108: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	92,  // 109: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	95,  // 110: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	96,  // 111: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	97,  // 112: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	17,  // 113: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	19,  // 114: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	26,  // 115: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	29,  // 116: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	36,  // 117: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	31,  // 118: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	34,  // 119: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	40,  // 120: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	42,  // 121: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	44,  // 122: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	46,  // 123: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	47,  // 124: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	47,  // 125: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	51,  // 126: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	53,  // 127: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	54,  // 128: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	54,  // 129: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	58,  // 130: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	60,  // 131: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	65,  // 132: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	67,  // 133: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	62,  // 134: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	62,  // 135: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	72,  // 136: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	74,  // 137: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	76,  // 138: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	77,  // 139: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	77,  // 140: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	81,  // 141: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	62,  // 142: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	83,  // 143: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	62,  // 144: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	88,  // 145: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	91,  // 146: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	93,  // 147: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	94,  // 148: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	94,  // 149: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	98,  // 150: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	113, // [113:151] is the sub-list for method output_type
-	75,  // [75:113] is the sub-list for method input_type
-	75,  // [75:75] is the sub-list for extension type_name
-	75,  // [75:75] is the sub-list for extension extendee
-	0,   // [0:75] is the sub-list for field type_name
+	63,  // 65: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	69,  // 66: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	63,  // 67: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 68: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
+	63,  // 69: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 70: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
+	86,  // 71: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
+	61,  // 72: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	5,   // 73: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	84,  // 74: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
+	90,  // 75: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
+	84,  // 76: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
+	16,  // 77: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	18,  // 78: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	25,  // 79: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	27,  // 80: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	35,  // 81: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	30,  // 82: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	32,  // 83: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	38,  // 84: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	41,  // 85: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	43,  // 86: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	45,  // 87: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	48,  // 88: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	49,  // 89: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	50,  // 90: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	52,  // 91: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	55,  // 92: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	56,  // 93: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	57,  // 94: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	59,  // 95: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	64,  // 96: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	66,  // 97: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	68,  // 98: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	70,  // 99: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	71,  // 100: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	73,  // 101: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	75,  // 102: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	78,  // 103: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	79,  // 104: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	80,  // 105: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	82,  // 106: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	83,  // 107: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	85,  // 108: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	87,  // 109: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	88,  // 110: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	91,  // 111: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	93,  // 112: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	96,  // 113: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	97,  // 114: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	98,  // 115: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	17,  // 116: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	19,  // 117: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	26,  // 118: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	29,  // 119: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	36,  // 120: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	31,  // 121: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	34,  // 122: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	40,  // 123: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	42,  // 124: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	44,  // 125: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	46,  // 126: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	47,  // 127: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	47,  // 128: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	51,  // 129: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	53,  // 130: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	54,  // 131: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	54,  // 132: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	58,  // 133: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	60,  // 134: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	65,  // 135: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	67,  // 136: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	62,  // 137: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	62,  // 138: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	72,  // 139: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	74,  // 140: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	76,  // 141: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	77,  // 142: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	77,  // 143: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	81,  // 144: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	62,  // 145: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	62,  // 146: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	84,  // 147: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	62,  // 148: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	89,  // 149: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	92,  // 150: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	94,  // 151: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	95,  // 152: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	95,  // 153: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	99,  // 154: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	116, // [116:155] is the sub-list for method output_type
+	77,  // [77:116] is the sub-list for method input_type
+	77,  // [77:77] is the sub-list for extension type_name
+	77,  // [77:77] is the sub-list for extension extendee
+	0,   // [0:77] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -6907,7 +7070,7 @@ func file_meta_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   96,
+			NumMessages:   97,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

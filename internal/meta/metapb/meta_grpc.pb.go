@@ -534,6 +534,7 @@ const (
 	Namespace_GetFileStatus_FullMethodName           = "/basalt.meta.v1.Namespace/GetFileStatus"
 	Namespace_ListStatus_FullMethodName              = "/basalt.meta.v1.Namespace/ListStatus"
 	Namespace_SetKeyMeta_FullMethodName              = "/basalt.meta.v1.Namespace/SetKeyMeta"
+	Namespace_CopyKey_FullMethodName                 = "/basalt.meta.v1.Namespace/CopyKey"
 	Namespace_CreateMultipartUpload_FullMethodName   = "/basalt.meta.v1.Namespace/CreateMultipartUpload"
 	Namespace_CompleteMultipartUpload_FullMethodName = "/basalt.meta.v1.Namespace/CompleteMultipartUpload"
 	Namespace_AbortMultipartUpload_FullMethodName    = "/basalt.meta.v1.Namespace/AbortMultipartUpload"
@@ -573,6 +574,10 @@ type NamespaceClient interface {
 	// SetKeyMeta replaces a committed key's S3 attributes (tagging, copy onto
 	// itself), optionally only if the key is still the given version.
 	SetKeyMeta(ctx context.Context, in *SetKeyMetaRequest, opts ...grpc.CallOption) (*KeyInfo, error)
+	// CopyKey makes a key, or a part of a multipart upload, that shares the
+	// source key's blocks: no data moves. Blocks are reference-counted and
+	// reclaimed when the last key or part holding them goes.
+	CopyKey(ctx context.Context, in *CopyKeyRequest, opts ...grpc.CallOption) (*KeyInfo, error)
 	// S3 multipart uploads (object buckets). Parts are written like keys
 	// (OpenKey, AllocateBlock) and committed with CommitKey{part}; completing
 	// the upload makes the parts' blocks the object's blocks, with no copy.
@@ -785,6 +790,16 @@ func (c *namespaceClient) SetKeyMeta(ctx context.Context, in *SetKeyMetaRequest,
 	return out, nil
 }
 
+func (c *namespaceClient) CopyKey(ctx context.Context, in *CopyKeyRequest, opts ...grpc.CallOption) (*KeyInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeyInfo)
+	err := c.cc.Invoke(ctx, Namespace_CopyKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *namespaceClient) CreateMultipartUpload(ctx context.Context, in *CreateMultipartUploadRequest, opts ...grpc.CallOption) (*MultipartUpload, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(MultipartUpload)
@@ -894,6 +909,10 @@ type NamespaceServer interface {
 	// SetKeyMeta replaces a committed key's S3 attributes (tagging, copy onto
 	// itself), optionally only if the key is still the given version.
 	SetKeyMeta(context.Context, *SetKeyMetaRequest) (*KeyInfo, error)
+	// CopyKey makes a key, or a part of a multipart upload, that shares the
+	// source key's blocks: no data moves. Blocks are reference-counted and
+	// reclaimed when the last key or part holding them goes.
+	CopyKey(context.Context, *CopyKeyRequest) (*KeyInfo, error)
 	// S3 multipart uploads (object buckets). Parts are written like keys
 	// (OpenKey, AllocateBlock) and committed with CommitKey{part}; completing
 	// the upload makes the parts' blocks the object's blocks, with no copy.
@@ -972,6 +991,9 @@ func (UnimplementedNamespaceServer) ListStatus(context.Context, *ListStatusReque
 }
 func (UnimplementedNamespaceServer) SetKeyMeta(context.Context, *SetKeyMetaRequest) (*KeyInfo, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetKeyMeta not implemented")
+}
+func (UnimplementedNamespaceServer) CopyKey(context.Context, *CopyKeyRequest) (*KeyInfo, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CopyKey not implemented")
 }
 func (UnimplementedNamespaceServer) CreateMultipartUpload(context.Context, *CreateMultipartUploadRequest) (*MultipartUpload, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CreateMultipartUpload not implemented")
@@ -1360,6 +1382,24 @@ func _Namespace_SetKeyMeta_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Namespace_CopyKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CopyKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).CopyKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_CopyKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).CopyKey(ctx, req.(*CopyKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Namespace_CreateMultipartUpload_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CreateMultipartUploadRequest)
 	if err := dec(in); err != nil {
@@ -1586,6 +1626,10 @@ var Namespace_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetKeyMeta",
 			Handler:    _Namespace_SetKeyMeta_Handler,
+		},
+		{
+			MethodName: "CopyKey",
+			Handler:    _Namespace_CopyKey_Handler,
 		},
 		{
 			MethodName: "CreateMultipartUpload",

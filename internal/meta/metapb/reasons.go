@@ -16,4 +16,5 @@ const (
 	ReasonInvalidPartOrder = "INVALID_PART_ORDER"
 	ReasonEntityTooSmall   = "ENTITY_TOO_SMALL"
 	ReasonVersionChanged   = "VERSION_CHANGED"
+	ReasonNotShareable     = "NOT_SHAREABLE" // CopyKey cannot share the blocks; copy the bytes
 )

@@ -43,6 +43,7 @@ type fakeBlocks struct {
 	mu      sync.Mutex
 	next    uint64
 	deleted map[uint64]bool
+	freed   map[uint64]int // times each block was handed over
 }
 
 var fakeDNs = []*metapb.DatanodeDetails{
@@ -65,10 +66,12 @@ func (f *fakeBlocks) DeleteBlocks(_ context.Context, req *metapb.DeleteBlocksReq
 	defer f.mu.Unlock()
 	if f.deleted == nil {
 		f.deleted = map[uint64]bool{}
+		f.freed = map[uint64]int{}
 	}
 	for _, g := range req.Groups {
 		for _, id := range g.LocalIds {
 			f.deleted[id] = true
+			f.freed[id]++
 		}
 	}
 	return nil

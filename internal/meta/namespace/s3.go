@@ -62,6 +62,7 @@ const (
 	ReasonInvalidPartOrder = metapb.ReasonInvalidPartOrder
 	ReasonEntityTooSmall   = metapb.ReasonEntityTooSmall
 	ReasonVersionChanged   = metapb.ReasonVersionChanged
+	ReasonNotShareable     = metapb.ReasonNotShareable
 	ErrorDomain            = metapb.ReasonDomain
 )
 
@@ -194,7 +195,7 @@ func (t *tx) commitPart(req *metapb.CommitKeyRequest, row *metapb.OpenKeyRow, b 
 	}
 	old := &metapb.PartInfo{}
 	if t.get(partKey(p.UploadId, p.PartNumber), old) {
-		t.deleteBlocks(partBlockIDs(old), fmt.Sprintf("part %d of upload %s replaced", p.PartNumber, p.UploadId))
+		t.release(partBlockIDs(old), fmt.Sprintf("part %d of upload %s replaced", p.PartNumber, p.UploadId))
 	}
 	t.put(partKey(p.UploadId, p.PartNumber), part)
 	var unused []*metapb.BlockID
@@ -203,7 +204,7 @@ func (t *tx) commitPart(req *metapb.CommitKeyRequest, row *metapb.OpenKeyRow, b 
 			unused = append(unused, id)
 		}
 	}
-	t.deleteBlocks(unused, "allocated but not committed: part of "+row.Key)
+	t.release(unused, "allocated but not committed: part of "+row.Key)
 	t.del(u64Key(pfxOpen, req.OpenId))
 	return &metapb.KeyInfo{Volume: row.Volume, Bucket: row.Bucket, Name: row.Key, Size: part.Size,
 		Replication: row.Replication, ChecksumType: row.ChecksumType, BytesPerChecksum: row.BytesPerChecksum,
@@ -275,8 +276,8 @@ func scanParts(r pebble.Reader, uploadID string, after uint32, limit int, f func
 	return false, it.Error()
 }
 
-// dropUpload removes an upload and its part rows; blocks of parts not in
-// keep go to the deleted queue.
+// dropUpload removes an upload and its part rows. Parts in keep hand their
+// block references to the completed key; the others release theirs.
 func (t *tx) dropUpload(bucketID uint64, u *metapb.MultipartUpload, keep map[uint32]bool) {
 	var blocks []*metapb.BlockID
 	var keys [][]byte
@@ -294,7 +295,7 @@ func (t *tx) dropUpload(bucketID uint64, u *metapb.MultipartUpload, keep map[uin
 		t.del(k)
 	}
 	t.del(uploadKey(bucketID, u.Key, u.UploadId))
-	t.deleteBlocks(blocks, "multipart upload "+u.UploadId+" of "+u.Key+" ended")
+	t.release(blocks, "multipart upload "+u.UploadId+" of "+u.Key+" ended")
 }
 
 func (t *tx) upload(volume, bucket, key, uploadID string) (*metapb.Bucket, *metapb.MultipartUpload, error) {
@@ -322,7 +323,9 @@ func (t *tx) abortMultipart(req *metapb.AbortMultipartUploadRequest) any {
 }
 
 // completeMultipart makes the listed parts' blocks the object's blocks,
-// in order: no data moves. The checks are S3's, in S3's order.
+// in order: no data moves, and each listed part's block references pass to
+// the object unchanged (a block shared by two listed parts stays held
+// twice). The checks are S3's, in S3's order.
 func (t *tx) completeMultipart(req *metapb.CompleteMultipartUploadRequest) any {
 	b, u, err := t.upload(req.Volume, req.Bucket, req.Key, req.UploadId)
 	if err != nil {
@@ -389,7 +392,7 @@ func (t *tx) completeMultipart(req *metapb.CompleteMultipartUploadRequest) any {
 	}
 	old := &metapb.KeyInfo{}
 	if t.get(objKey(b.Id, u.Key), old) {
-		t.deleteBlocks(keyBlockIDs(old), "overwritten: "+u.Key)
+		t.release(keyBlockIDs(old), "overwritten: "+u.Key)
 	}
 	ki.ObjectId = t.id()
 	t.put(objKey(b.Id, u.Key), ki)

@@ -26,6 +26,8 @@ import (
 //	x/<seq>                             DeletedRow: blocks to hand to SCM
 //	y/<seq>                             PendingDirRow: deleted directory whose
 //	                                    children are still to be reclaimed
+//	r/<container id><local id>          holders of a shared block (≥ 2; see
+//	                                    refs.go)
 //	m/next_bucket, m/next_open, m/next_id   counters (next_id: dir ids,
 //	                                    object ids and seqs)
 //
@@ -261,14 +263,6 @@ func (t *tx) bucket(volume, name string) (*metapb.Bucket, error) {
 	return bk, nil
 }
 
-func (t *tx) deleteBlocks(blocks []*metapb.BlockID, reason string) {
-	if len(blocks) == 0 {
-		return
-	}
-	seq := t.id()
-	t.put(u64Key(pfxDeleted, seq), &metapb.DeletedRow{Seq: seq, Blocks: blocks, Reason: reason})
-}
-
 func keyBlockIDs(k *metapb.KeyInfo) []*metapb.BlockID {
 	out := make([]*metapb.BlockID, len(k.Blocks))
 	for i, b := range k.Blocks {
@@ -314,7 +308,7 @@ func (t *tx) apply(cmd *metapb.NsCommand) any {
 			row := &metapb.OpenKeyRow{}
 			if t.get(u64Key(pfxOpen, id), row) && row.CreatedUnixMs < op.ExpireOpenKeys.OlderThanUnixMs {
 				t.del(u64Key(pfxOpen, id))
-				t.deleteBlocks(row.Blocks, fmt.Sprintf("open key %d expired", id))
+				t.release(row.Blocks, fmt.Sprintf("open key %d expired", id))
 				n++
 			}
 		}
@@ -338,6 +332,8 @@ func (t *tx) apply(cmd *metapb.NsCommand) any {
 		return t.createS3Secret(op.CreateS3Secret)
 	case *metapb.NsCommand_DeleteS3Secret:
 		return t.deleteS3Secret(op.DeleteS3Secret)
+	case *metapb.NsCommand_CopyKey:
+		return t.copyKey(op.CopyKey)
 	default:
 		return fmt.Errorf("namespace: unknown command %T", cmd.Op)
 	}
@@ -511,42 +507,81 @@ func (t *tx) commitKey(req *metapb.CommitKeyRequest) any {
 		ChecksumType: row.ChecksumType, BytesPerChecksum: row.BytesPerChecksum,
 		CreatedUnixMs: t.now, ModifiedUnixMs: t.now, Blocks: req.Blocks, Meta: req.Meta,
 	}
-	if b.Layout == metapb.BucketLayout_FS {
-		parts, err := SplitPath(row.Key, false)
-		if err != nil {
-			return err
-		}
-		parent, err := t.mkdirs(b, parts[:len(parts)-1], true)
-		if err != nil {
-			return err
-		}
-		name := parts[len(parts)-1]
-		old := &metapb.FsEntry{}
-		if t.get(fsKey(b.Id, parent, name), old) {
-			if old.IsDir {
-				return status.Errorf(codes.FailedPrecondition, "commit key %q: it is a directory", row.Key)
-			}
-			t.deleteBlocks(keyBlockIDs(old.File), "overwritten: "+row.Key)
-		}
-		ki.ObjectId = t.id()
-		t.put(fsKey(b.Id, parent, name), &metapb.FsEntry{File: ki, ModifiedUnixMs: t.now})
-	} else {
-		old := &metapb.KeyInfo{}
-		if t.get(objKey(b.Id, row.Key), old) {
-			t.deleteBlocks(keyBlockIDs(old), "overwritten: "+row.Key)
-		}
-		ki.ObjectId = t.id()
-		t.put(objKey(b.Id, row.Key), ki)
+	old, err := t.keySlot(b, row.Key, "commit key")
+	if err != nil {
+		return err
 	}
+	// Released before the write, as before block sharing, so IDs are
+	// drawn in the same order (the new blocks are the open key's own).
+	if old != nil {
+		t.release(keyBlockIDs(old), "overwritten: "+row.Key)
+	}
+	t.writeKey(b, row.Key, ki)
 	var unused []*metapb.BlockID
 	for _, id := range row.Blocks {
 		if !used[[2]uint64{id.ContainerId, id.LocalId}] {
 			unused = append(unused, id)
 		}
 	}
-	t.deleteBlocks(unused, "allocated but not committed: "+row.Key)
+	t.release(unused, "allocated but not committed: "+row.Key)
 	t.del(u64Key(pfxOpen, req.OpenId))
 	return ki
+}
+
+// keySlot validates that a file may be written at key in b and returns
+// the key it replaces (nil if none). It writes nothing, so a caller can
+// fail after it and leave no partial change.
+func (t *tx) keySlot(b *metapb.Bucket, key, op string) (*metapb.KeyInfo, error) {
+	if b.Layout != metapb.BucketLayout_FS {
+		old := &metapb.KeyInfo{}
+		if t.get(objKey(b.Id, key), old) {
+			return old, nil
+		}
+		return nil, nil
+	}
+	parts, err := SplitPath(key, false)
+	if err != nil {
+		return nil, err
+	}
+	parent := uint64(0)
+	for i, p := range parts[:len(parts)-1] {
+		e := &metapb.FsEntry{}
+		if !t.get(fsKey(b.Id, parent, p), e) {
+			return nil, nil // writeKey creates the rest of the path
+		}
+		if !e.IsDir {
+			return nil, status.Errorf(codes.FailedPrecondition, "%q is a file, not a directory", joinPath(parts[:i+1]))
+		}
+		parent = e.DirId
+	}
+	old := &metapb.FsEntry{}
+	if !t.get(fsKey(b.Id, parent, parts[len(parts)-1]), old) {
+		return nil, nil
+	}
+	if old.IsDir {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s %q: it is a directory", op, key)
+	}
+	return old.File, nil
+}
+
+// writeKey stores ki at key with a new object ID, creating missing parent
+// directories of an fs bucket. keySlot must have accepted key first.
+func (t *tx) writeKey(b *metapb.Bucket, key string, ki *metapb.KeyInfo) {
+	if b.Layout != metapb.BucketLayout_FS {
+		ki.ObjectId = t.id()
+		t.put(objKey(b.Id, key), ki)
+		return
+	}
+	parts, err := SplitPath(key, false)
+	if err != nil {
+		panic(fmt.Sprintf("namespace: writeKey %q after keySlot accepted it: %v", key, err))
+	}
+	parent, err := t.mkdirs(b, parts[:len(parts)-1], true)
+	if err != nil {
+		panic(fmt.Sprintf("namespace: writeKey %q after keySlot accepted it: %v", key, err))
+	}
+	ki.ObjectId = t.id()
+	t.put(fsKey(b.Id, parent, parts[len(parts)-1]), &metapb.FsEntry{File: ki, ModifiedUnixMs: t.now})
 }
 
 // resolve walks parts from the root. It returns the id of the directory
@@ -702,7 +737,7 @@ func (t *tx) deleteKey(req *metapb.DeleteKeyRequest) any {
 			return notFound("key %q not found in bucket %q", req.Key, req.Bucket)
 		}
 		t.del(objKey(b.Id, req.Key))
-		t.deleteBlocks(keyBlockIDs(ki), "deleted: "+req.Key)
+		t.release(keyBlockIDs(ki), "deleted: "+req.Key)
 		return nil
 	}
 	parts, err := SplitPath(req.Key, false)
@@ -718,7 +753,7 @@ func (t *tx) deleteKey(req *metapb.DeleteKeyRequest) any {
 	}
 	if !e.IsDir {
 		t.del(fsKey(b.Id, parent, parts[len(parts)-1]))
-		t.deleteBlocks(keyBlockIDs(e.File), "deleted: "+req.Key)
+		t.release(keyBlockIDs(e.File), "deleted: "+req.Key)
 		return nil
 	}
 	nonEmpty, _, err := hasPrefix(t.b, fsPrefix(b.Id, e.DirId))
@@ -777,7 +812,7 @@ func (t *tx) reclaimDir(op *metapb.ReclaimDirOp) any {
 		seq := t.id()
 		t.put(u64Key(pfxPending, seq), &metapb.PendingDirRow{Seq: seq, BucketId: row.BucketId, DirId: d})
 	}
-	t.deleteBlocks(blocks, "deleted directory")
+	t.release(blocks, "deleted directory")
 	if len(keys) < limit {
 		t.del(u64Key(pfxPending, op.Seq))
 	}
