@@ -178,6 +178,8 @@ func TestNamesAndErrors(t *testing.T) {
 		{"get from a missing bucket", errOf(c.GetKey(ctx, "vol", "nope", "k")), ErrBucketNotFound, ErrKeyNotFound},
 		{"get a missing key", errOf(c.GetKey(ctx, "vol", "bkt", "nope")), ErrKeyNotFound, ErrBucketNotFound},
 		{"stat a missing key", errOf(c.StatKey(ctx, "vol", "bkt", "nope")), ErrKeyNotFound, ErrBucketNotFound},
+		{"head a missing key", errOf(c.HeadKey(ctx, "vol", "bkt", "nope")), ErrKeyNotFound, ErrBucketNotFound},
+		{"head in a missing bucket", errOf(c.HeadKey(ctx, "vol", "nope", "k")), ErrBucketNotFound, ErrKeyNotFound},
 		{"put to a missing bucket", errOf(c.PutKey(ctx, "vol", "nope", "k", bytes.NewReader(nil), PutOptions{})), ErrBucketNotFound, ErrKeyNotFound},
 		{"info of a missing bucket", errOf(c.BucketInfo(ctx, "vol", "nope")), ErrBucketNotFound, ErrVolumeNotFound},
 	} {
@@ -409,6 +411,12 @@ func TestReadFailover(t *testing.T) {
 	reps := st.Blocks[0].Replicas
 	if len(reps) != 3 || reps[0].Location != "/dc1/rack1" {
 		t.Fatalf("replicas not ordered by distance from /dc1/rack1: %+v", reps)
+	}
+	// HeadKey: the same metadata and blocks, without replicas.
+	hd, err := c.HeadKey(context.Background(), "vol", "bkt", "k")
+	if err != nil || hd.Size != st.Size || hd.ObjectID != st.ObjectID || len(hd.Blocks) != len(st.Blocks) ||
+		hd.Blocks[0].LocalID != st.Blocks[0].LocalID || len(hd.Blocks[0].Replicas) != 0 {
+		t.Fatalf("HeadKey = %+v, %v; StatKey = %+v", hd, err, st)
 	}
 	bad := fc.dns[reps[0].ID]
 	bad.mu.Lock()

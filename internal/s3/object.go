@@ -226,7 +226,7 @@ func (g *Gateway) readObject(req *request, head bool) *Error {
 	var ki client.KeyInfo
 	err := req.meta(func() (err error) {
 		if head {
-			ki, err = g.cl.StatKey(ctx, g.cfg.Volume, req.bucket, req.key)
+			ki, err = g.cl.HeadKey(ctx, g.cfg.Volume, req.bucket, req.key)
 			return err
 		}
 		kr, err = g.cl.GetKey(ctx, g.cfg.Volume, req.bucket, req.key)

@@ -4225,6 +4225,7 @@ type LookupKeyRequest struct {
 	Bucket         string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
 	Key            string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
 	ClientLocation string                 `protobuf:"bytes,4,opt,name=client_location,json=clientLocation,proto3" json:"client_location,omitempty"`
+	NoLocations    bool                   `protobuf:"varint,5,opt,name=no_locations,json=noLocations,proto3" json:"no_locations,omitempty"` // metadata only: no block replicas (S3 HEAD)
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -4285,6 +4286,13 @@ func (x *LookupKeyRequest) GetClientLocation() string {
 		return x.ClientLocation
 	}
 	return ""
+}
+
+func (x *LookupKeyRequest) GetNoLocations() bool {
+	if x != nil {
+		return x.NoLocations
+	}
+	return false
 }
 
 type ListKeysRequest struct {
@@ -6545,12 +6553,13 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\tupload_id\x18\x01 \x01(\tR\buploadId\x12\x1f\n" +
 	"\vpart_number\x18\x02 \x01(\rR\n" +
 	"partNumber\x12\x12\n" +
-	"\x04etag\x18\x03 \x01(\tR\x04etag\"}\n" +
+	"\x04etag\x18\x03 \x01(\tR\x04etag\"\xa0\x01\n" +
 	"\x10LookupKeyRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12'\n" +
-	"\x0fclient_location\x18\x04 \x01(\tR\x0eclientLocation\"\xb5\x01\n" +
+	"\x0fclient_location\x18\x04 \x01(\tR\x0eclientLocation\x12!\n" +
+	"\fno_locations\x18\x05 \x01(\bR\vnoLocations\"\xb5\x01\n" +
 	"\x0fListKeysRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x16\n" +

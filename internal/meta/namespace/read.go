@@ -120,8 +120,9 @@ func (s *State) ListBuckets(req *metapb.ListBucketsRequest) (*metapb.ListBuckets
 // LookupKey returns a committed key (without locations).
 func (s *State) LookupKey(volume, bucket, key string) (*metapb.KeyInfo, error) {
 	var ki *metapb.KeyInfo
+	gen := s.buckets.generation()
 	err := s.view(func(r pebble.Reader) error {
-		b, err := readBucket(r, volume, bucket)
+		b, err := s.buckets.get(r, gen, volume, bucket)
 		if err != nil {
 			return err
 		}

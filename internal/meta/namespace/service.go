@@ -257,8 +257,8 @@ func (s *Service) LookupKey(ctx context.Context, req *metapb.LookupKeyRequest) (
 		return nil, err
 	}
 	ki, err := s.st.LookupKey(req.Volume, req.Bucket, req.Key)
-	if err != nil {
-		return nil, err
+	if err != nil || req.NoLocations {
+		return ki, err
 	}
 	var off uint64
 	for _, kb := range ki.Blocks {

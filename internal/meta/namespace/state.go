@@ -79,6 +79,7 @@ type State struct {
 	st *store.Store
 	// counters, touched only by Apply (and load).
 	nextBucket, nextOpen, nextID uint64
+	buckets                      bucketCache
 }
 
 // Open opens the namespace state in dir.
@@ -141,6 +142,8 @@ func (s *State) Snapshot() (uint64, io.ReadCloser, error) { return s.st.Snapshot
 
 // Restore replaces the state (raft.StateMachine).
 func (s *State) Restore(index uint64, r io.Reader) error {
+	s.buckets.invalidate()
+	defer s.buckets.invalidate()
 	if err := s.st.Restore(index, r); err != nil {
 		return err
 	}
@@ -152,6 +155,8 @@ type tx struct {
 	b   *pebble.Batch
 	now int64
 	s   *State
+	// bucketsChanged: a bucket row was written; the cache goes.
+	bucketsChanged bool
 }
 
 // Apply applies entries in one Pebble batch and returns one result each.
@@ -180,6 +185,10 @@ func (s *State) Apply(entries []store.Entry) []any {
 	s.putU64(t.b, keyNextBkt, s.nextBucket)
 	s.putU64(t.b, keyNextOpn, s.nextOpen)
 	s.putU64(t.b, keyNextID, s.nextID)
+	if t.bucketsChanged {
+		s.buckets.invalidate()
+		defer s.buckets.invalidate()
+	}
 	if err := s.st.Commit(t.b, entries[len(entries)-1].Index); err != nil {
 		panic(err)
 	}
@@ -397,6 +406,7 @@ func (t *tx) createBucket(req *metapb.CreateBucketRequest) any {
 	b := &metapb.Bucket{Volume: req.Volume, Name: req.Name, Id: t.s.nextBucket, Layout: layout, Replication: repl, CreatedUnixMs: t.now}
 	t.s.nextBucket++
 	t.put(bucketKey(req.Volume, req.Name), b)
+	t.bucketsChanged = true
 	return b
 }
 
@@ -427,6 +437,7 @@ func (t *tx) deleteBucket(req *metapb.DeleteBucketRequest) any {
 		return status.Errorf(codes.FailedPrecondition, "bucket %q in volume %q is not empty: it has multipart uploads in progress", req.Name, req.Volume)
 	}
 	t.del(bucketKey(req.Volume, req.Name))
+	t.bucketsChanged = true
 	return nil
 }
 
