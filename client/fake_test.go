@@ -65,6 +65,14 @@ type fakeCluster struct {
 	// returned to the client.
 	onWriteChunk func(dn *fakeDN, req *datanodepb.WriteChunkRequest) error
 	onPutBlock   func(dn *fakeDN, req *datanodepb.PutBlockRequest) error
+	// onPutSmallFile is called first for a PutSmallFile, which then acts
+	// as WriteChunk + PutBlock with wait_all (their hooks apply too).
+	onPutSmallFile func(dn *fakeDN, req *datanodepb.PutSmallFileRequest) error
+	// noSmallFile makes the datanodes answer PutSmallFile Unimplemented,
+	// like datanodes that predate it.
+	noSmallFile bool
+	// smallFiles counts PutSmallFile calls that committed.
+	smallFiles int
 	// committed counts bytes committed by PutBlock on all replicas.
 	committed map[bkey]uint64
 }
@@ -281,6 +289,33 @@ func (dn *fakeDN) PutBlock(ctx context.Context, req *datanodepb.PutBlockRequest)
 	dn.fc.committed[k] = req.Block.Length
 	dn.fc.mu.Unlock()
 	return &datanodepb.PutBlockResponse{Index: 2}, nil
+}
+
+func (dn *fakeDN) PutSmallFile(ctx context.Context, req *datanodepb.PutSmallFileRequest) (*datanodepb.PutSmallFileResponse, error) {
+	if dn.fc.noSmallFile {
+		return dn.UnimplementedDatanodeServer.PutSmallFile(ctx, req)
+	}
+	if err := dn.checkLeader(req.PipelineId); err != nil {
+		return nil, err
+	}
+	if h := dn.fc.onPutSmallFile; h != nil {
+		if err := h(dn, req); err != nil {
+			return nil, err
+		}
+	}
+	if len(req.Block.GetChunks()) != 1 || req.Block.Length != uint64(len(req.Data)) {
+		return nil, dnErr(codes.InvalidArgument, &datanodepb.Error{Kind: datanodepb.Error_BAD_REQUEST}, "bad small file")
+	}
+	if _, err := dn.WriteChunk(ctx, &datanodepb.WriteChunkRequest{PipelineId: req.PipelineId, Block: req.Block.Id, Chunk: req.Block.Chunks[0], Data: req.Data}); err != nil {
+		return nil, err
+	}
+	if _, err := dn.PutBlock(ctx, &datanodepb.PutBlockRequest{PipelineId: req.PipelineId, Block: req.Block, WaitAll: true}); err != nil {
+		return nil, err
+	}
+	dn.fc.mu.Lock()
+	dn.fc.smallFiles++
+	dn.fc.mu.Unlock()
+	return &datanodepb.PutSmallFileResponse{Index: 2}, nil
 }
 
 func (fc *fakeCluster) committedBytes() uint64 {

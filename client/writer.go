@@ -61,6 +61,10 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 		return KeyInfo{}, invalidf(op, "pipeline %d: want auto, v1 or v2", o.Pipeline)
 	}
 	auto := path == PipelineAuto
+	// small: the whole key, known before anything is written, fits in one
+	// chunk: it goes as one PutSmallFile (one call, one pipeline Raft
+	// entry) instead of WriteChunk + PutBlock.
+	var small []byte
 	if auto {
 		pr, short, err := c.peek(ctx, r)
 		if err != nil {
@@ -72,6 +76,9 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 		if short {
 			path = PipelineV1
 			o.SizeHint = int64(len(pr.data))
+			if len(pr.data) > 0 && len(pr.data) <= c.cfg.ChunkSize {
+				small = pr.data
+			}
 		}
 	}
 	open, err := c.ns.OpenKey(ctx, &metapb.OpenKeyRequest{
@@ -96,13 +103,30 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	}
 	blocks := &blockSource{c: c, op: op, openID: open.OpenId, spares: open.Blocks}
 	var committed []*metapb.KeyBlock
-	if path == PipelineV2 {
+	done := false
+	if small != nil && int64(len(small)) <= bs {
+		committed, err = c.putSmall(ctx, op, blocks, small)
+		switch {
+		case err == nil:
+			done = true
+			if o.Progress != nil {
+				o.Progress(int64(len(small)))
+			}
+		case !errors.Is(err, errNoSmallFile):
+			return KeyInfo{}, err
+		}
+		// errNoSmallFile: a datanode without PutSmallFile; the usual
+		// path below, from the untouched reader.
+	}
+	switch {
+	case done:
+	case path == PipelineV2:
 		w := newStreamWriter(ctx, c, op, blocks, bs, o.Progress)
 		if err := w.run(r); err != nil {
 			return KeyInfo{}, err
 		}
 		committed = w.committed
-	} else {
+	default:
 		w := newKeyWriter(ctx, c, op, blocks, bs, o.Progress)
 		defer w.cancel()
 		if err := w.run(r); err != nil {
@@ -123,6 +147,49 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	info := keyInfoOf(ki)
 	info.Pipeline = path.String()
 	return info, nil
+}
+
+// errNoSmallFile: the pipeline's leader does not implement PutSmallFile.
+var errNoSmallFile = errors.New("datanode does not implement PutSmallFile")
+
+// putSmall writes data, a whole key of at most one chunk, as one block with
+// one PutSmallFile call: the datanode writes and commits it with a single
+// Raft entry and answers once every replica has it. Failures are handled
+// like the other paths' (classify, exclude, next block, bounded retries).
+// It returns errNoSmallFile, with the block given back to blocks, if the
+// datanode predates PutSmallFile.
+func (c *Client) putSmall(ctx context.Context, op string, blocks *blockSource, data []byte) ([]*metapb.KeyBlock, error) {
+	cks := storage.Checksum{Type: storage.ChecksumCRC32C, BytesPerChecksum: c.cfg.BytesPerChecksum}
+	sums := cks.Compute(data)
+	n := uint64(len(data))
+	chunk := &datanodepb.ChunkInfo{Offset: 0, Length: n, Checksum: &datanodepb.ChecksumData{
+		Type: datanodepb.ChecksumType_CHECKSUM_CRC32C, BytesPerChecksum: sums.BytesPerChecksum, Sums: sums.Sums}}
+	wait := c.cfg.WaitAllTimeout
+	for {
+		loc, err := blocks.next(ctx)
+		if err != nil {
+			return nil, err
+		}
+		req := &datanodepb.PutSmallFileRequest{
+			PipelineId: loc.PipelineId, WaitTimeoutMs: uint32(wait / time.Millisecond), Data: data,
+			Block: &datanodepb.BlockData{Id: dnBlockID(loc.Id), Length: n, Chunks: []*datanodepb.ChunkInfo{chunk}},
+		}
+		_, err = c.callLeader(ctx, loc, wait+c.cfg.RPCTimeout, func(ctx context.Context, dn datanodepb.DatanodeClient) error {
+			_, err := dn.PutSmallFile(ctx, req)
+			return err
+		})
+		if err == nil {
+			return []*metapb.KeyBlock{{Id: loc.Id, Length: n}}, nil
+		}
+		if status.Code(err) == codes.Unimplemented {
+			blocks.spares = append([]*metapb.BlockLocation{loc}, blocks.spares...)
+			return nil, errNoSmallFile
+		}
+		err = fmt.Errorf("put small file %d/%d of %d bytes: %w", loc.Id.GetContainerId(), loc.Id.GetLocalId(), n, err)
+		if ferr := blocks.failed(ctx, classify(ctx, loc, err)); ferr != nil {
+			return nil, ferr
+		}
+	}
 }
 
 // peek reads up to StreamThreshold bytes of r into a pooled buffer and

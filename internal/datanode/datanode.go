@@ -62,8 +62,14 @@ type Config struct {
 	// FullReportEvery: full container reports every this many heartbeats
 	// (default 10).
 	FullReportEvery int
-	Registerer      prometheus.Registerer
-	Logger          *slog.Logger
+	// GRPCStreamWorkers is the number of goroutines kept to serve gRPC
+	// calls (default DefaultGRPCStreamWorkers; negative: a new goroutine
+	// per call, gRPC's default). A kept goroutine keeps the stack it grew,
+	// where a new one grows (copies) its stack again on every call; calls
+	// beyond the workers still run, each on a new goroutine.
+	GRPCStreamWorkers int
+	Registerer        prometheus.Registerer
+	Logger            *slog.Logger
 }
 
 // Datanode is one running datanode.
@@ -99,8 +105,16 @@ type identity struct {
 	ID   uint64 `json:"id"`
 }
 
+// DefaultGRPCStreamWorkers is Config.GRPCStreamWorkers' default: a
+// pipeline leader holds a call for the whole Raft round (and the wait for
+// every replica), so it needs about as many as the writes in flight.
+const DefaultGRPCStreamWorkers = 64
+
 // New opens the datanode's storage; Start registers it and starts serving.
 func New(cfg Config) (*Datanode, error) {
+	if cfg.GRPCStreamWorkers == 0 {
+		cfg.GRPCStreamWorkers = DefaultGRPCStreamWorkers
+	}
 	if cfg.DataDir == "" {
 		return nil, errors.New("datanode: DataDir is required")
 	}
@@ -251,7 +265,8 @@ func (d *Datanode) Start(ctx context.Context) error {
 	if err := d.restorePipelines(); err != nil {
 		return err
 	}
-	d.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20))
+	d.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
+		grpc.NumStreamWorkers(uint32(max(d.cfg.GRPCStreamWorkers, 0))))
 	datanodepb.RegisterDatanodeServer(d.grpc, &service{d: d})
 	d.startStream()
 	d.wg.Add(2)
@@ -613,6 +628,10 @@ func (d *Datanode) IsPipelineLeader(pipeline uint64) bool {
 // ChunksWritten counts the chunks this datanode stored (every replica
 // counts its own), for tests and Info.
 func (d *Datanode) ChunksWritten() uint64 { return d.stats.chunksWritten.Load() }
+
+// SmallFiles counts the blocks this datanode committed from PutSmallFile
+// entries (every replica counts).
+func (d *Datanode) SmallFiles() uint64 { return d.stats.smallFiles.Load() }
 
 // deleteBlocks carries out a delete-blocks command. Blocks that were
 // allocated but never committed here (an abandoned write, a spare block)

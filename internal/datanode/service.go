@@ -157,18 +157,62 @@ func (s *service) PutBlock(ctx context.Context, req *datanodepb.PutBlockRequest)
 		return nil, s.toStatus(err)
 	}
 	if req.GetWaitAll() {
-		timeout := time.Duration(req.GetWaitTimeoutMs()) * time.Millisecond
-		if timeout <= 0 {
-			timeout = 30 * time.Second
-		}
-		wctx, cancel := context.WithTimeout(ctx, timeout)
-		err := g.WaitAppliedAll(wctx, res.Index)
-		cancel()
-		if err != nil {
-			return nil, s.toStatus(err)
+		if err := s.waitAll(ctx, g, res.Index, req.GetWaitTimeoutMs()); err != nil {
+			return nil, err
 		}
 	}
 	return &datanodepb.PutBlockResponse{Index: res.Index}, nil
+}
+
+// waitAll waits until every replica of g applied index (default timeout
+// 30s), else fails with REPLICAS_LAG naming the laggards.
+func (s *service) waitAll(ctx context.Context, g *raft.Group, index uint64, timeoutMs uint32) error {
+	timeout := time.Duration(timeoutMs) * time.Millisecond
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return s.toStatus(g.WaitAppliedAll(wctx, index))
+}
+
+// PutSmallFile writes and commits a whole one-chunk block with one
+// proposal: WriteData stores the chunk on every replica before the entry
+// is acknowledged there, and the entry's apply commits the block (see
+// containerSM). It returns once every replica applied it.
+func (s *service) PutSmallFile(ctx context.Context, req *datanodepb.PutSmallFileRequest) (*datanodepb.PutSmallFileResponse, error) {
+	bd, data := req.GetBlock(), req.GetData()
+	if bd.GetId() == nil || len(data) == 0 || bd.GetLength() != uint64(len(data)) || len(bd.GetChunks()) != 1 ||
+		bd.GetChunks()[0].GetOffset() != 0 || bd.GetChunks()[0].GetLength() != uint64(len(data)) {
+		return nil, dnError(codes.InvalidArgument, datanodepb.Error_BAD_REQUEST,
+			fmt.Sprintf("PutSmallFile: block %v with %d bytes of data: a block id, a length equal to the data's and exactly one chunk [0, length) are required", bd, len(data)), nil)
+	}
+	g, err := s.leaderGroup(req.GetPipelineId())
+	if err != nil {
+		return nil, err
+	}
+	cid := storage.ContainerID(bd.GetId().GetContainerId())
+	if err := s.checkWritable(cid, int64(len(data))); err != nil {
+		return nil, err
+	}
+	c := bd.GetChunks()[0]
+	sum := toChecksum(c.GetChecksum())
+	if sum.Type != storage.ChecksumNone {
+		if bad := sum.Verify(data); bad >= 0 {
+			return nil, dnError(codes.DataLoss, datanodepb.Error_CHECKSUM_MISMATCH,
+				fmt.Sprintf("container %d block %d: small file fails its checksum at +%d", cid, bd.GetId().GetLocalId(), bad), nil)
+		}
+	}
+	meta := mustMarshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_PutSmallFile{
+		PutSmallFile: &datanodepb.PutSmallFileCmd{Block: bd}}})
+	res, err := g.Propose(ctx, meta, data)
+	if err != nil {
+		return nil, s.toStatus(err)
+	}
+	if err := s.waitAll(ctx, g, res.Index, req.GetWaitTimeoutMs()); err != nil {
+		return nil, err
+	}
+	return &datanodepb.PutSmallFileResponse{Index: res.Index}, nil
 }
 
 // readPiece is what one storage read fetches; sendPiece what one message
@@ -231,6 +275,7 @@ func (s *service) Info(ctx context.Context, req *datanodepb.InfoRequest) (*datan
 		DatanodeId: d.ident.ID, Location: d.cfg.Location,
 		ChunksWritten: d.stats.chunksWritten.Load(), BytesWritten: d.stats.bytesWritten.Load(),
 		BlocksCommitted: d.stats.blocksCommitted.Load(), BytesRead: d.stats.bytesRead.Load(),
+		SmallFiles: d.stats.smallFiles.Load(),
 	}
 	ss := d.StreamStats()
 	resp.StreamsFirstHop, resp.StreamsDownstream, resp.StreamBytesReceived, resp.StreamsFailed = ss.FirstHop, ss.Downstream, ss.BytesReceived, ss.Failed

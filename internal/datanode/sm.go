@@ -29,6 +29,11 @@ import (
 // PutBlock: applying it commits the block in storage with BCSID = the
 // entry's index, durably (storage syncs on commit). So once a PutBlock is
 // applied on all replicas, the block is on three disks.
+// PutSmallFile: both in one entry. Its data is the block's only chunk and
+// goes through WriteData exactly like a WriteChunk's; applying it commits
+// the block exactly like a PutBlock. A replica therefore holds the same
+// thing as after the two-entry sequence, and replay, resends (ReadData)
+// and lost data behave the same.
 //
 // The applied index is persisted in a small file, at most every
 // persistEvery; the host truncates the log only up to it, and entries
@@ -61,6 +66,7 @@ type stats struct {
 	chunksWritten   atomic.Uint64
 	bytesWritten    atomic.Uint64
 	blocksCommitted atomic.Uint64
+	smallFiles      atomic.Uint64 // blocks committed by PutSmallFile
 	bytesRead       atomic.Uint64
 }
 
@@ -102,22 +108,40 @@ func (sm *containerSM) ensureContainer(cid storage.ContainerID) error {
 	return err
 }
 
-// WriteData stores a chunk. A failure must not stop the pipeline for
-// everyone (raft would stop the group): the replica records the failure,
-// and the PutBlock that needs the chunk fails here, marking the container
-// unhealthy, while the client learns of it from the leader or from
-// REPLICAS_LAG.
+// dataChunk returns the block and chunk of an entry that carries data: a
+// WriteChunk, or a PutSmallFile (its block's only chunk).
+func dataChunk(index uint64, cmd *datanodepb.ContainerCommand) (*datanodepb.BlockID, *datanodepb.ChunkInfo, error) {
+	switch c := cmd.GetCmd().(type) {
+	case *datanodepb.ContainerCommand_WriteChunk:
+		return c.WriteChunk.GetBlock(), c.WriteChunk.GetChunk(), nil
+	case *datanodepb.ContainerCommand_PutSmallFile:
+		b := c.PutSmallFile.GetBlock()
+		if len(b.GetChunks()) != 1 {
+			// The leader's service refuses these; a log that holds one
+			// came from elsewhere.
+			return nil, nil, fmt.Errorf("datanode: entry %d: small file block %v has %d chunks, want 1", index, b.GetId(), len(b.GetChunks()))
+		}
+		return b.GetId(), b.GetChunks()[0], nil
+	}
+	return nil, nil, fmt.Errorf("datanode: entry %d carries data but is neither a WriteChunk nor a PutSmallFile", index)
+}
+
+// WriteData stores a chunk (of a WriteChunk or a PutSmallFile). A failure
+// must not stop the pipeline for everyone (raft would stop the group): the
+// replica records the failure, and the PutBlock (or the PutSmallFile's
+// apply) that needs the chunk fails here, marking the container unhealthy,
+// while the client learns of it from the leader or from REPLICAS_LAG.
 func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	cmd, err := decodeCommand(meta)
 	if err != nil {
 		return err
 	}
-	wc := cmd.GetWriteChunk()
-	if wc == nil {
-		return fmt.Errorf("datanode: entry %d carries data but is not a WriteChunk", index)
+	blk, c, err := dataChunk(index, cmd)
+	if err != nil {
+		return err
 	}
-	cid := storage.ContainerID(wc.GetBlock().GetContainerId())
-	lid := storage.LocalID(wc.GetBlock().GetLocalId())
+	cid := storage.ContainerID(blk.GetContainerId())
+	lid := storage.LocalID(blk.GetLocalId())
 	if data == nil {
 		sm.markLost(cid, lid, fmt.Errorf("entry %d: the leader no longer had the data", index))
 		return nil
@@ -126,10 +150,9 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 		sm.markLost(cid, lid, err)
 		return nil
 	}
-	c := wc.GetChunk()
 	// The leader verified the chunk when the client sent it (service.
-	// WriteChunk) and hands WriteData those same bytes; followers got them
-	// over the network and verify.
+	// WriteChunk, PutSmallFile) and hands WriteData those same bytes;
+	// followers got them over the network and verify.
 	verify := sm.isLeader == nil || !sm.isLeader()
 	if err := sm.store.WriteChunk(cid, lid, int64(c.GetOffset()), data, toChecksum(c.GetChecksum()), verify); err != nil {
 		sm.markLost(cid, lid, err)
@@ -153,13 +176,12 @@ func (sm *containerSM) ReadData(index, term uint64, meta []byte) ([]byte, error)
 	if err != nil {
 		return nil, err
 	}
-	wc := cmd.GetWriteChunk()
-	if wc == nil {
-		return nil, fmt.Errorf("datanode: entry %d has no data", index)
+	blk, c, err := dataChunk(index, cmd)
+	if err != nil {
+		return nil, err
 	}
-	c := wc.GetChunk()
-	cid := storage.ContainerID(wc.GetBlock().GetContainerId())
-	lid := storage.LocalID(wc.GetBlock().GetLocalId())
+	cid := storage.ContainerID(blk.GetContainerId())
+	lid := storage.LocalID(blk.GetLocalId())
 	data, err := sm.store.ReadWritten(cid, lid, int64(c.GetOffset()), int64(c.GetLength()), toChecksum(c.GetChecksum()))
 	if errors.Is(err, storage.ErrBlockNotFound) || errors.Is(err, storage.ErrContainerNotFound) {
 		return nil, fmt.Errorf("%w: %v", raft.ErrDataLost, err)
@@ -170,9 +192,15 @@ func (sm *containerSM) ReadData(index, term uint64, meta []byte) ([]byte, error)
 func (sm *containerSM) Apply(ents []raft.Entry) []any {
 	out := make([]any, len(ents))
 	for i, e := range ents {
-		if e.Kind == raft.EntryNormal {
-			out[i] = sm.apply(e)
+		if e.Kind != raft.EntryNormal {
+			continue
 		}
+		cmd, err := decodeCommand(e.Meta)
+		if err != nil {
+			out[i] = err
+			continue
+		}
+		out[i] = sm.apply(e, cmd)
 	}
 	last := ents[len(ents)-1].Index
 	sm.applied.Store(last)
@@ -182,11 +210,7 @@ func (sm *containerSM) Apply(ents []raft.Entry) []any {
 	return out
 }
 
-func (sm *containerSM) apply(e raft.Entry) any {
-	cmd, err := decodeCommand(e.Meta)
-	if err != nil {
-		return err
-	}
+func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) any {
 	switch c := cmd.GetCmd().(type) {
 	case *datanodepb.ContainerCommand_WriteChunk:
 		k := blockKey{c.WriteChunk.GetBlock().GetContainerId(), c.WriteChunk.GetBlock().GetLocalId()}
@@ -199,29 +223,14 @@ func (sm *containerSM) apply(e raft.Entry) any {
 		}
 		return nil
 	case *datanodepb.ContainerCommand_PutBlock:
-		b := c.PutBlock.GetBlock()
-		cid := storage.ContainerID(b.GetId().GetContainerId())
-		bd := toBlockData(b)
-		bd.BCSID = e.Index
-		k := blockKey{uint64(cid), uint64(bd.LocalID)}
-		sm.mu.Lock()
-		lost := sm.lost[k]
-		delete(sm.lost, k)
-		sm.mu.Unlock()
-		if lost {
-			sm.store.MarkUnhealthy(cid, fmt.Sprintf("block %d committed without all its chunks on this replica", bd.LocalID))
-			return fmt.Errorf("datanode: container %d block %d: chunks missing on this replica", cid, bd.LocalID)
-		}
-		if err := sm.ensureContainer(cid); err != nil {
+		return sm.commitBlock(e.Index, c.PutBlock.GetBlock(), c.PutBlock.GetCloseContainer())
+	case *datanodepb.ContainerCommand_PutSmallFile:
+		// WriteData put the chunk in the block file before this entry was
+		// acknowledged here; committing it is a PutBlock.
+		if err := sm.commitBlock(e.Index, c.PutSmallFile.GetBlock(), false); err != nil {
 			return err
 		}
-		if err := sm.store.PutBlock(cid, bd); err != nil {
-			return err
-		}
-		sm.stats.blocksCommitted.Add(1)
-		if c.PutBlock.GetCloseContainer() {
-			sm.closeContainer(cid)
-		}
+		sm.stats.smallFiles.Add(1)
 		return nil
 	case *datanodepb.ContainerCommand_CloseContainer:
 		return sm.closeContainer(storage.ContainerID(c.CloseContainer.GetContainerId()))
@@ -238,6 +247,34 @@ func (sm *containerSM) apply(e raft.Entry) any {
 	default:
 		return fmt.Errorf("datanode: unknown container command at %d", e.Index)
 	}
+}
+
+// commitBlock applies a PutBlock (or the commit half of a PutSmallFile)
+// at log index: the block is committed with BCSID = index, durably.
+func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeContainer bool) error {
+	cid := storage.ContainerID(b.GetId().GetContainerId())
+	bd := toBlockData(b)
+	bd.BCSID = index
+	k := blockKey{uint64(cid), uint64(bd.LocalID)}
+	sm.mu.Lock()
+	lost := sm.lost[k]
+	delete(sm.lost, k)
+	sm.mu.Unlock()
+	if lost {
+		sm.store.MarkUnhealthy(cid, fmt.Sprintf("block %d committed without all its chunks on this replica", bd.LocalID))
+		return fmt.Errorf("datanode: container %d block %d: chunks missing on this replica", cid, bd.LocalID)
+	}
+	if err := sm.ensureContainer(cid); err != nil {
+		return err
+	}
+	if err := sm.store.PutBlock(cid, bd); err != nil {
+		return err
+	}
+	sm.stats.blocksCommitted.Add(1)
+	if closeContainer {
+		sm.closeContainer(cid)
+	}
+	return nil
 }
 
 func (sm *containerSM) closeContainer(cid storage.ContainerID) error {

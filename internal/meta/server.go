@@ -34,6 +34,11 @@ const (
 	ScmGroup       uint64 = 2
 )
 
+// DefaultGRPCStreamWorkers is Config.GRPCStreamWorkers' default: enough for
+// the calls a busy gateway and its clients keep in flight (calls beyond it
+// still run, each on a new goroutine).
+const DefaultGRPCStreamWorkers = 64
+
 // Peer is one meta node's addresses.
 type Peer struct {
 	RaftAddr string // raft transport
@@ -68,6 +73,11 @@ type Config struct {
 	ProposeTimeout time.Duration
 	// MaxRecvMsgBytes bounds a gRPC request (default 16 MiB).
 	MaxRecvMsgBytes int
+	// GRPCStreamWorkers is the number of goroutines kept to serve gRPC
+	// calls (default DefaultGRPCStreamWorkers; negative: a new goroutine
+	// per call, gRPC's default). A kept goroutine keeps the stack it grew,
+	// where a new one grows (copies) its stack again on every call.
+	GRPCStreamWorkers int
 
 	// ServiceToken guards the S3 secret RPCs (see token.go). Empty: read
 	// ServiceTokenFile, creating it with a random token on first start.
@@ -136,6 +146,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxRecvMsgBytes == 0 {
 		cfg.MaxRecvMsgBytes = 16 << 20
+	}
+	if cfg.GRPCStreamWorkers == 0 {
+		cfg.GRPCStreamWorkers = DefaultGRPCStreamWorkers
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -211,7 +224,8 @@ func New(cfg Config) (*Server, error) {
 		nsCfg.Logger = s.log
 	}
 	s.nsSvc = namespace.NewService(nsCfg, s.nsState, &nsRaft{s: s}, &scmBlocks{s: s})
-	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(s.intercept), grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes))
+	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(s.intercept), grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes),
+		grpc.NumStreamWorkers(uint32(max(cfg.GRPCStreamWorkers, 0))))
 	metapb.RegisterNamespaceServer(s.grpc, s.nsSvc)
 	metapb.RegisterScmServer(s.grpc, &scmServer{s: s})
 	ok = true

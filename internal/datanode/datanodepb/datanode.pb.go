@@ -147,7 +147,7 @@ func (x Error_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Error_Kind.Descriptor instead.
 func (Error_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{14, 0}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{16, 0}
 }
 
 type BlockID struct {
@@ -625,6 +625,120 @@ func (x *PutBlockResponse) GetIndex() uint64 {
 	return 0
 }
 
+type PutSmallFileRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	PipelineId uint64                 `protobuf:"varint,1,opt,name=pipeline_id,json=pipelineId,proto3" json:"pipeline_id,omitempty"`
+	// The block: length = len(data), exactly one chunk at offset 0 with its
+	// checksums.
+	Block         *BlockData `protobuf:"bytes,2,opt,name=block,proto3" json:"block,omitempty"`
+	Data          []byte     `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	WaitTimeoutMs uint32     `protobuf:"varint,4,opt,name=wait_timeout_ms,json=waitTimeoutMs,proto3" json:"wait_timeout_ms,omitempty"` // default 30000
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutSmallFileRequest) Reset() {
+	*x = PutSmallFileRequest{}
+	mi := &file_datanode_datanode_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutSmallFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutSmallFileRequest) ProtoMessage() {}
+
+func (x *PutSmallFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_datanode_datanode_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutSmallFileRequest.ProtoReflect.Descriptor instead.
+func (*PutSmallFileRequest) Descriptor() ([]byte, []int) {
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PutSmallFileRequest) GetPipelineId() uint64 {
+	if x != nil {
+		return x.PipelineId
+	}
+	return 0
+}
+
+func (x *PutSmallFileRequest) GetBlock() *BlockData {
+	if x != nil {
+		return x.Block
+	}
+	return nil
+}
+
+func (x *PutSmallFileRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *PutSmallFileRequest) GetWaitTimeoutMs() uint32 {
+	if x != nil {
+		return x.WaitTimeoutMs
+	}
+	return 0
+}
+
+type PutSmallFileResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"` // log index the block was committed at (its BCSID)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutSmallFileResponse) Reset() {
+	*x = PutSmallFileResponse{}
+	mi := &file_datanode_datanode_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutSmallFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutSmallFileResponse) ProtoMessage() {}
+
+func (x *PutSmallFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_datanode_datanode_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutSmallFileResponse.ProtoReflect.Descriptor instead.
+func (*PutSmallFileResponse) Descriptor() ([]byte, []int) {
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PutSmallFileResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 type ReadBlockRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Block         *BlockID               `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"`
@@ -636,7 +750,7 @@ type ReadBlockRequest struct {
 
 func (x *ReadBlockRequest) Reset() {
 	*x = ReadBlockRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[8]
+	mi := &file_datanode_datanode_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +762,7 @@ func (x *ReadBlockRequest) String() string {
 func (*ReadBlockRequest) ProtoMessage() {}
 
 func (x *ReadBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[8]
+	mi := &file_datanode_datanode_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +775,7 @@ func (x *ReadBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlockRequest.ProtoReflect.Descriptor instead.
 func (*ReadBlockRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{8}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReadBlockRequest) GetBlock() *BlockID {
@@ -696,7 +810,7 @@ type ReadBlockResponse struct {
 
 func (x *ReadBlockResponse) Reset() {
 	*x = ReadBlockResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[9]
+	mi := &file_datanode_datanode_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +822,7 @@ func (x *ReadBlockResponse) String() string {
 func (*ReadBlockResponse) ProtoMessage() {}
 
 func (x *ReadBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[9]
+	mi := &file_datanode_datanode_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +835,7 @@ func (x *ReadBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlockResponse.ProtoReflect.Descriptor instead.
 func (*ReadBlockResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{9}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReadBlockResponse) GetBlock() *BlockData {
@@ -754,7 +868,7 @@ type GetBlockRequest struct {
 
 func (x *GetBlockRequest) Reset() {
 	*x = GetBlockRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[10]
+	mi := &file_datanode_datanode_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +880,7 @@ func (x *GetBlockRequest) String() string {
 func (*GetBlockRequest) ProtoMessage() {}
 
 func (x *GetBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[10]
+	mi := &file_datanode_datanode_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +893,7 @@ func (x *GetBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockRequest.ProtoReflect.Descriptor instead.
 func (*GetBlockRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{10}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetBlockRequest) GetBlock() *BlockID {
@@ -797,7 +911,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[11]
+	mi := &file_datanode_datanode_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -809,7 +923,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[11]
+	mi := &file_datanode_datanode_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -822,7 +936,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{11}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{13}
 }
 
 type InfoResponse struct {
@@ -842,13 +956,15 @@ type InfoResponse struct {
 	StreamsDownstream   uint64 `protobuf:"varint,9,opt,name=streams_downstream,json=streamsDownstream,proto3" json:"streams_downstream,omitempty"`
 	StreamBytesReceived uint64 `protobuf:"varint,10,opt,name=stream_bytes_received,json=streamBytesReceived,proto3" json:"stream_bytes_received,omitempty"`
 	StreamsFailed       uint64 `protobuf:"varint,11,opt,name=streams_failed,json=streamsFailed,proto3" json:"streams_failed,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Blocks committed by a PutSmallFile entry (every replica counts its own).
+	SmallFiles    uint64 `protobuf:"varint,12,opt,name=small_files,json=smallFiles,proto3" json:"small_files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[12]
+	mi := &file_datanode_datanode_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -860,7 +976,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[12]
+	mi := &file_datanode_datanode_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -873,7 +989,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{12}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *InfoResponse) GetDatanodeId() uint64 {
@@ -953,6 +1069,13 @@ func (x *InfoResponse) GetStreamsFailed() uint64 {
 	return 0
 }
 
+func (x *InfoResponse) GetSmallFiles() uint64 {
+	if x != nil {
+		return x.SmallFiles
+	}
+	return 0
+}
+
 type PipelineInfo struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -965,7 +1088,7 @@ type PipelineInfo struct {
 
 func (x *PipelineInfo) Reset() {
 	*x = PipelineInfo{}
-	mi := &file_datanode_datanode_proto_msgTypes[13]
+	mi := &file_datanode_datanode_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -977,7 +1100,7 @@ func (x *PipelineInfo) String() string {
 func (*PipelineInfo) ProtoMessage() {}
 
 func (x *PipelineInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[13]
+	mi := &file_datanode_datanode_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -990,7 +1113,7 @@ func (x *PipelineInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PipelineInfo.ProtoReflect.Descriptor instead.
 func (*PipelineInfo) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{13}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PipelineInfo) GetId() uint64 {
@@ -1035,7 +1158,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_datanode_datanode_proto_msgTypes[14]
+	mi := &file_datanode_datanode_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1047,7 +1170,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[14]
+	mi := &file_datanode_datanode_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1060,7 +1183,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{14}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Error) GetKind() Error_Kind {
@@ -1101,6 +1224,7 @@ type ContainerCommand struct {
 	//	*ContainerCommand_PutBlock
 	//	*ContainerCommand_CloseContainer
 	//	*ContainerCommand_DeleteBlocks
+	//	*ContainerCommand_PutSmallFile
 	Cmd           isContainerCommand_Cmd `protobuf_oneof:"cmd"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1108,7 +1232,7 @@ type ContainerCommand struct {
 
 func (x *ContainerCommand) Reset() {
 	*x = ContainerCommand{}
-	mi := &file_datanode_datanode_proto_msgTypes[15]
+	mi := &file_datanode_datanode_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1120,7 +1244,7 @@ func (x *ContainerCommand) String() string {
 func (*ContainerCommand) ProtoMessage() {}
 
 func (x *ContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[15]
+	mi := &file_datanode_datanode_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1133,7 +1257,7 @@ func (x *ContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerCommand.ProtoReflect.Descriptor instead.
 func (*ContainerCommand) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{15}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ContainerCommand) GetCmd() isContainerCommand_Cmd {
@@ -1179,6 +1303,15 @@ func (x *ContainerCommand) GetDeleteBlocks() *DeleteBlocksCmd {
 	return nil
 }
 
+func (x *ContainerCommand) GetPutSmallFile() *PutSmallFileCmd {
+	if x != nil {
+		if x, ok := x.Cmd.(*ContainerCommand_PutSmallFile); ok {
+			return x.PutSmallFile
+		}
+	}
+	return nil
+}
+
 type isContainerCommand_Cmd interface {
 	isContainerCommand_Cmd()
 }
@@ -1199,6 +1332,10 @@ type ContainerCommand_DeleteBlocks struct {
 	DeleteBlocks *DeleteBlocksCmd `protobuf:"bytes,4,opt,name=delete_blocks,json=deleteBlocks,proto3,oneof"`
 }
 
+type ContainerCommand_PutSmallFile struct {
+	PutSmallFile *PutSmallFileCmd `protobuf:"bytes,5,opt,name=put_small_file,json=putSmallFile,proto3,oneof"`
+}
+
 func (*ContainerCommand_WriteChunk) isContainerCommand_Cmd() {}
 
 func (*ContainerCommand_PutBlock) isContainerCommand_Cmd() {}
@@ -1206,6 +1343,8 @@ func (*ContainerCommand_PutBlock) isContainerCommand_Cmd() {}
 func (*ContainerCommand_CloseContainer) isContainerCommand_Cmd() {}
 
 func (*ContainerCommand_DeleteBlocks) isContainerCommand_Cmd() {}
+
+func (*ContainerCommand_PutSmallFile) isContainerCommand_Cmd() {}
 
 type WriteChunkCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1217,7 +1356,7 @@ type WriteChunkCmd struct {
 
 func (x *WriteChunkCmd) Reset() {
 	*x = WriteChunkCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[16]
+	mi := &file_datanode_datanode_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1229,7 +1368,7 @@ func (x *WriteChunkCmd) String() string {
 func (*WriteChunkCmd) ProtoMessage() {}
 
 func (x *WriteChunkCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[16]
+	mi := &file_datanode_datanode_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1242,7 +1381,7 @@ func (x *WriteChunkCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteChunkCmd.ProtoReflect.Descriptor instead.
 func (*WriteChunkCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{16}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WriteChunkCmd) GetBlock() *BlockID {
@@ -1269,7 +1408,7 @@ type PutBlockCmd struct {
 
 func (x *PutBlockCmd) Reset() {
 	*x = PutBlockCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[17]
+	mi := &file_datanode_datanode_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1420,7 @@ func (x *PutBlockCmd) String() string {
 func (*PutBlockCmd) ProtoMessage() {}
 
 func (x *PutBlockCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[17]
+	mi := &file_datanode_datanode_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1433,7 @@ func (x *PutBlockCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlockCmd.ProtoReflect.Descriptor instead.
 func (*PutBlockCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{17}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PutBlockCmd) GetBlock() *BlockData {
@@ -1311,6 +1450,52 @@ func (x *PutBlockCmd) GetCloseContainer() bool {
 	return false
 }
 
+// PutSmallFileCmd is a WriteChunk of the block's only chunk (its data
+// beside the entry) and the PutBlock that commits it, in one entry.
+type PutSmallFileCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Block         *BlockData             `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"` // one chunk, offset 0, length = block length
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutSmallFileCmd) Reset() {
+	*x = PutSmallFileCmd{}
+	mi := &file_datanode_datanode_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutSmallFileCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutSmallFileCmd) ProtoMessage() {}
+
+func (x *PutSmallFileCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_datanode_datanode_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutSmallFileCmd.ProtoReflect.Descriptor instead.
+func (*PutSmallFileCmd) Descriptor() ([]byte, []int) {
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *PutSmallFileCmd) GetBlock() *BlockData {
+	if x != nil {
+		return x.Block
+	}
+	return nil
+}
+
 type CloseContainerCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -1320,7 +1505,7 @@ type CloseContainerCmd struct {
 
 func (x *CloseContainerCmd) Reset() {
 	*x = CloseContainerCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[18]
+	mi := &file_datanode_datanode_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1332,7 +1517,7 @@ func (x *CloseContainerCmd) String() string {
 func (*CloseContainerCmd) ProtoMessage() {}
 
 func (x *CloseContainerCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[18]
+	mi := &file_datanode_datanode_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1345,7 +1530,7 @@ func (x *CloseContainerCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseContainerCmd.ProtoReflect.Descriptor instead.
 func (*CloseContainerCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{18}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CloseContainerCmd) GetContainerId() uint64 {
@@ -1365,7 +1550,7 @@ type DeleteBlocksCmd struct {
 
 func (x *DeleteBlocksCmd) Reset() {
 	*x = DeleteBlocksCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[19]
+	mi := &file_datanode_datanode_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1562,7 @@ func (x *DeleteBlocksCmd) String() string {
 func (*DeleteBlocksCmd) ProtoMessage() {}
 
 func (x *DeleteBlocksCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[19]
+	mi := &file_datanode_datanode_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1575,7 @@ func (x *DeleteBlocksCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksCmd.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{19}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteBlocksCmd) GetContainerId() uint64 {
@@ -1444,6 +1629,14 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x0fwait_timeout_ms\x18\x04 \x01(\rR\rwaitTimeoutMs\x12'\n" +
 	"\x0fclose_container\x18\x05 \x01(\bR\x0ecloseContainer\"(\n" +
 	"\x10PutBlockResponse\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\"\xa4\x01\n" +
+	"\x13PutSmallFileRequest\x12\x1f\n" +
+	"\vpipeline_id\x18\x01 \x01(\x04R\n" +
+	"pipelineId\x120\n" +
+	"\x05block\x18\x02 \x01(\v2\x1a.basalt.datanode.BlockDataR\x05block\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12&\n" +
+	"\x0fwait_timeout_ms\x18\x04 \x01(\rR\rwaitTimeoutMs\",\n" +
+	"\x14PutSmallFileResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\"r\n" +
 	"\x10ReadBlockRequest\x12.\n" +
 	"\x05block\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x05block\x12\x16\n" +
@@ -1455,7 +1648,7 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"A\n" +
 	"\x0fGetBlockRequest\x12.\n" +
 	"\x05block\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x05block\"\r\n" +
-	"\vInfoRequest\"\xd4\x03\n" +
+	"\vInfoRequest\"\xf5\x03\n" +
 	"\fInfoResponse\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x12\x1a\n" +
@@ -1470,7 +1663,9 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x12streams_downstream\x18\t \x01(\x04R\x11streamsDownstream\x122\n" +
 	"\x15stream_bytes_received\x18\n" +
 	" \x01(\x04R\x13streamBytesReceived\x12%\n" +
-	"\x0estreams_failed\x18\v \x01(\x04R\rstreamsFailed\"j\n" +
+	"\x0estreams_failed\x18\v \x01(\x04R\rstreamsFailed\x12\x1f\n" +
+	"\vsmall_files\x18\f \x01(\x04R\n" +
+	"smallFiles\"j\n" +
 	"\fPipelineInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\x04R\x06leader\x12\x18\n" +
@@ -1496,20 +1691,23 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\tDISK_FULL\x10\t\x12\f\n" +
 	"\bIO_ERROR\x10\n" +
 	"\x12\x0f\n" +
-	"\vBAD_REQUEST\x10\v\"\xb1\x02\n" +
+	"\vBAD_REQUEST\x10\v\"\xfb\x02\n" +
 	"\x10ContainerCommand\x12A\n" +
 	"\vwrite_chunk\x18\x01 \x01(\v2\x1e.basalt.datanode.WriteChunkCmdH\x00R\n" +
 	"writeChunk\x12;\n" +
 	"\tput_block\x18\x02 \x01(\v2\x1c.basalt.datanode.PutBlockCmdH\x00R\bputBlock\x12M\n" +
 	"\x0fclose_container\x18\x03 \x01(\v2\".basalt.datanode.CloseContainerCmdH\x00R\x0ecloseContainer\x12G\n" +
-	"\rdelete_blocks\x18\x04 \x01(\v2 .basalt.datanode.DeleteBlocksCmdH\x00R\fdeleteBlocksB\x05\n" +
+	"\rdelete_blocks\x18\x04 \x01(\v2 .basalt.datanode.DeleteBlocksCmdH\x00R\fdeleteBlocks\x12H\n" +
+	"\x0eput_small_file\x18\x05 \x01(\v2 .basalt.datanode.PutSmallFileCmdH\x00R\fputSmallFileB\x05\n" +
 	"\x03cmd\"q\n" +
 	"\rWriteChunkCmd\x12.\n" +
 	"\x05block\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x05block\x120\n" +
 	"\x05chunk\x18\x02 \x01(\v2\x1a.basalt.datanode.ChunkInfoR\x05chunk\"h\n" +
 	"\vPutBlockCmd\x120\n" +
 	"\x05block\x18\x01 \x01(\v2\x1a.basalt.datanode.BlockDataR\x05block\x12'\n" +
-	"\x0fclose_container\x18\x02 \x01(\bR\x0ecloseContainer\"6\n" +
+	"\x0fclose_container\x18\x02 \x01(\bR\x0ecloseContainer\"C\n" +
+	"\x0fPutSmallFileCmd\x120\n" +
+	"\x05block\x18\x01 \x01(\v2\x1a.basalt.datanode.BlockDataR\x05block\"6\n" +
 	"\x11CloseContainerCmd\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\"Q\n" +
 	"\x0fDeleteBlocksCmd\x12!\n" +
@@ -1518,11 +1716,12 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\fChecksumType\x12\x11\n" +
 	"\rCHECKSUM_NONE\x10\x00\x12\x13\n" +
 	"\x0fCHECKSUM_CRC32C\x10\x01\x12\x13\n" +
-	"\x0fCHECKSUM_SHA256\x10\x022\x97\x03\n" +
+	"\x0fCHECKSUM_SHA256\x10\x022\xf4\x03\n" +
 	"\bDatanode\x12U\n" +
 	"\n" +
 	"WriteChunk\x12\".basalt.datanode.WriteChunkRequest\x1a#.basalt.datanode.WriteChunkResponse\x12O\n" +
-	"\bPutBlock\x12 .basalt.datanode.PutBlockRequest\x1a!.basalt.datanode.PutBlockResponse\x12T\n" +
+	"\bPutBlock\x12 .basalt.datanode.PutBlockRequest\x1a!.basalt.datanode.PutBlockResponse\x12[\n" +
+	"\fPutSmallFile\x12$.basalt.datanode.PutSmallFileRequest\x1a%.basalt.datanode.PutSmallFileResponse\x12T\n" +
 	"\tReadBlock\x12!.basalt.datanode.ReadBlockRequest\x1a\".basalt.datanode.ReadBlockResponse0\x01\x12H\n" +
 	"\bGetBlock\x12 .basalt.datanode.GetBlockRequest\x1a\x1a.basalt.datanode.BlockData\x12C\n" +
 	"\x04Info\x12\x1c.basalt.datanode.InfoRequest\x1a\x1d.basalt.datanode.InfoResponseB=Z;github.com/basalt-store/basalt/internal/datanode/datanodepbb\x06proto3"
@@ -1540,30 +1739,33 @@ func file_datanode_datanode_proto_rawDescGZIP() []byte {
 }
 
 var file_datanode_datanode_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_datanode_datanode_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_datanode_datanode_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_datanode_datanode_proto_goTypes = []any{
-	(ChecksumType)(0),          // 0: basalt.datanode.ChecksumType
-	(Error_Kind)(0),            // 1: basalt.datanode.Error.Kind
-	(*BlockID)(nil),            // 2: basalt.datanode.BlockID
-	(*ChecksumData)(nil),       // 3: basalt.datanode.ChecksumData
-	(*ChunkInfo)(nil),          // 4: basalt.datanode.ChunkInfo
-	(*BlockData)(nil),          // 5: basalt.datanode.BlockData
-	(*WriteChunkRequest)(nil),  // 6: basalt.datanode.WriteChunkRequest
-	(*WriteChunkResponse)(nil), // 7: basalt.datanode.WriteChunkResponse
-	(*PutBlockRequest)(nil),    // 8: basalt.datanode.PutBlockRequest
-	(*PutBlockResponse)(nil),   // 9: basalt.datanode.PutBlockResponse
-	(*ReadBlockRequest)(nil),   // 10: basalt.datanode.ReadBlockRequest
-	(*ReadBlockResponse)(nil),  // 11: basalt.datanode.ReadBlockResponse
-	(*GetBlockRequest)(nil),    // 12: basalt.datanode.GetBlockRequest
-	(*InfoRequest)(nil),        // 13: basalt.datanode.InfoRequest
-	(*InfoResponse)(nil),       // 14: basalt.datanode.InfoResponse
-	(*PipelineInfo)(nil),       // 15: basalt.datanode.PipelineInfo
-	(*Error)(nil),              // 16: basalt.datanode.Error
-	(*ContainerCommand)(nil),   // 17: basalt.datanode.ContainerCommand
-	(*WriteChunkCmd)(nil),      // 18: basalt.datanode.WriteChunkCmd
-	(*PutBlockCmd)(nil),        // 19: basalt.datanode.PutBlockCmd
-	(*CloseContainerCmd)(nil),  // 20: basalt.datanode.CloseContainerCmd
-	(*DeleteBlocksCmd)(nil),    // 21: basalt.datanode.DeleteBlocksCmd
+	(ChecksumType)(0),            // 0: basalt.datanode.ChecksumType
+	(Error_Kind)(0),              // 1: basalt.datanode.Error.Kind
+	(*BlockID)(nil),              // 2: basalt.datanode.BlockID
+	(*ChecksumData)(nil),         // 3: basalt.datanode.ChecksumData
+	(*ChunkInfo)(nil),            // 4: basalt.datanode.ChunkInfo
+	(*BlockData)(nil),            // 5: basalt.datanode.BlockData
+	(*WriteChunkRequest)(nil),    // 6: basalt.datanode.WriteChunkRequest
+	(*WriteChunkResponse)(nil),   // 7: basalt.datanode.WriteChunkResponse
+	(*PutBlockRequest)(nil),      // 8: basalt.datanode.PutBlockRequest
+	(*PutBlockResponse)(nil),     // 9: basalt.datanode.PutBlockResponse
+	(*PutSmallFileRequest)(nil),  // 10: basalt.datanode.PutSmallFileRequest
+	(*PutSmallFileResponse)(nil), // 11: basalt.datanode.PutSmallFileResponse
+	(*ReadBlockRequest)(nil),     // 12: basalt.datanode.ReadBlockRequest
+	(*ReadBlockResponse)(nil),    // 13: basalt.datanode.ReadBlockResponse
+	(*GetBlockRequest)(nil),      // 14: basalt.datanode.GetBlockRequest
+	(*InfoRequest)(nil),          // 15: basalt.datanode.InfoRequest
+	(*InfoResponse)(nil),         // 16: basalt.datanode.InfoResponse
+	(*PipelineInfo)(nil),         // 17: basalt.datanode.PipelineInfo
+	(*Error)(nil),                // 18: basalt.datanode.Error
+	(*ContainerCommand)(nil),     // 19: basalt.datanode.ContainerCommand
+	(*WriteChunkCmd)(nil),        // 20: basalt.datanode.WriteChunkCmd
+	(*PutBlockCmd)(nil),          // 21: basalt.datanode.PutBlockCmd
+	(*PutSmallFileCmd)(nil),      // 22: basalt.datanode.PutSmallFileCmd
+	(*CloseContainerCmd)(nil),    // 23: basalt.datanode.CloseContainerCmd
+	(*DeleteBlocksCmd)(nil),      // 24: basalt.datanode.DeleteBlocksCmd
 }
 var file_datanode_datanode_proto_depIdxs = []int32{
 	0,  // 0: basalt.datanode.ChecksumData.type:type_name -> basalt.datanode.ChecksumType
@@ -1573,33 +1775,38 @@ var file_datanode_datanode_proto_depIdxs = []int32{
 	2,  // 4: basalt.datanode.WriteChunkRequest.block:type_name -> basalt.datanode.BlockID
 	4,  // 5: basalt.datanode.WriteChunkRequest.chunk:type_name -> basalt.datanode.ChunkInfo
 	5,  // 6: basalt.datanode.PutBlockRequest.block:type_name -> basalt.datanode.BlockData
-	2,  // 7: basalt.datanode.ReadBlockRequest.block:type_name -> basalt.datanode.BlockID
-	5,  // 8: basalt.datanode.ReadBlockResponse.block:type_name -> basalt.datanode.BlockData
-	2,  // 9: basalt.datanode.GetBlockRequest.block:type_name -> basalt.datanode.BlockID
-	15, // 10: basalt.datanode.InfoResponse.pipelines:type_name -> basalt.datanode.PipelineInfo
-	1,  // 11: basalt.datanode.Error.kind:type_name -> basalt.datanode.Error.Kind
-	18, // 12: basalt.datanode.ContainerCommand.write_chunk:type_name -> basalt.datanode.WriteChunkCmd
-	19, // 13: basalt.datanode.ContainerCommand.put_block:type_name -> basalt.datanode.PutBlockCmd
-	20, // 14: basalt.datanode.ContainerCommand.close_container:type_name -> basalt.datanode.CloseContainerCmd
-	21, // 15: basalt.datanode.ContainerCommand.delete_blocks:type_name -> basalt.datanode.DeleteBlocksCmd
-	2,  // 16: basalt.datanode.WriteChunkCmd.block:type_name -> basalt.datanode.BlockID
-	4,  // 17: basalt.datanode.WriteChunkCmd.chunk:type_name -> basalt.datanode.ChunkInfo
-	5,  // 18: basalt.datanode.PutBlockCmd.block:type_name -> basalt.datanode.BlockData
-	6,  // 19: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
-	8,  // 20: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
-	10, // 21: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
-	12, // 22: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
-	13, // 23: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
-	7,  // 24: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
-	9,  // 25: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
-	11, // 26: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
-	5,  // 27: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
-	14, // 28: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
-	24, // [24:29] is the sub-list for method output_type
-	19, // [19:24] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	5,  // 7: basalt.datanode.PutSmallFileRequest.block:type_name -> basalt.datanode.BlockData
+	2,  // 8: basalt.datanode.ReadBlockRequest.block:type_name -> basalt.datanode.BlockID
+	5,  // 9: basalt.datanode.ReadBlockResponse.block:type_name -> basalt.datanode.BlockData
+	2,  // 10: basalt.datanode.GetBlockRequest.block:type_name -> basalt.datanode.BlockID
+	17, // 11: basalt.datanode.InfoResponse.pipelines:type_name -> basalt.datanode.PipelineInfo
+	1,  // 12: basalt.datanode.Error.kind:type_name -> basalt.datanode.Error.Kind
+	20, // 13: basalt.datanode.ContainerCommand.write_chunk:type_name -> basalt.datanode.WriteChunkCmd
+	21, // 14: basalt.datanode.ContainerCommand.put_block:type_name -> basalt.datanode.PutBlockCmd
+	23, // 15: basalt.datanode.ContainerCommand.close_container:type_name -> basalt.datanode.CloseContainerCmd
+	24, // 16: basalt.datanode.ContainerCommand.delete_blocks:type_name -> basalt.datanode.DeleteBlocksCmd
+	22, // 17: basalt.datanode.ContainerCommand.put_small_file:type_name -> basalt.datanode.PutSmallFileCmd
+	2,  // 18: basalt.datanode.WriteChunkCmd.block:type_name -> basalt.datanode.BlockID
+	4,  // 19: basalt.datanode.WriteChunkCmd.chunk:type_name -> basalt.datanode.ChunkInfo
+	5,  // 20: basalt.datanode.PutBlockCmd.block:type_name -> basalt.datanode.BlockData
+	5,  // 21: basalt.datanode.PutSmallFileCmd.block:type_name -> basalt.datanode.BlockData
+	6,  // 22: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
+	8,  // 23: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
+	10, // 24: basalt.datanode.Datanode.PutSmallFile:input_type -> basalt.datanode.PutSmallFileRequest
+	12, // 25: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
+	14, // 26: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
+	15, // 27: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
+	7,  // 28: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
+	9,  // 29: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
+	11, // 30: basalt.datanode.Datanode.PutSmallFile:output_type -> basalt.datanode.PutSmallFileResponse
+	13, // 31: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
+	5,  // 32: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
+	16, // 33: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
+	28, // [28:34] is the sub-list for method output_type
+	22, // [22:28] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_datanode_datanode_proto_init() }
@@ -1607,11 +1814,12 @@ func file_datanode_datanode_proto_init() {
 	if File_datanode_datanode_proto != nil {
 		return
 	}
-	file_datanode_datanode_proto_msgTypes[15].OneofWrappers = []any{
+	file_datanode_datanode_proto_msgTypes[17].OneofWrappers = []any{
 		(*ContainerCommand_WriteChunk)(nil),
 		(*ContainerCommand_PutBlock)(nil),
 		(*ContainerCommand_CloseContainer)(nil),
 		(*ContainerCommand_DeleteBlocks)(nil),
+		(*ContainerCommand_PutSmallFile)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1619,7 +1827,7 @@ func file_datanode_datanode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_datanode_datanode_proto_rawDesc), len(file_datanode_datanode_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   20,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,11 +23,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Datanode_WriteChunk_FullMethodName = "/basalt.datanode.Datanode/WriteChunk"
-	Datanode_PutBlock_FullMethodName   = "/basalt.datanode.Datanode/PutBlock"
-	Datanode_ReadBlock_FullMethodName  = "/basalt.datanode.Datanode/ReadBlock"
-	Datanode_GetBlock_FullMethodName   = "/basalt.datanode.Datanode/GetBlock"
-	Datanode_Info_FullMethodName       = "/basalt.datanode.Datanode/Info"
+	Datanode_WriteChunk_FullMethodName   = "/basalt.datanode.Datanode/WriteChunk"
+	Datanode_PutBlock_FullMethodName     = "/basalt.datanode.Datanode/PutBlock"
+	Datanode_PutSmallFile_FullMethodName = "/basalt.datanode.Datanode/PutSmallFile"
+	Datanode_ReadBlock_FullMethodName    = "/basalt.datanode.Datanode/ReadBlock"
+	Datanode_GetBlock_FullMethodName     = "/basalt.datanode.Datanode/GetBlock"
+	Datanode_Info_FullMethodName         = "/basalt.datanode.Datanode/Info"
 )
 
 // DatanodeClient is the client API for Datanode service.
@@ -42,6 +43,12 @@ type DatanodeClient interface {
 	// leader returns only once every replica has applied it, or fails naming
 	// the replicas that lag.
 	PutBlock(ctx context.Context, in *PutBlockRequest, opts ...grpc.CallOption) (*PutBlockResponse, error)
+	// A whole small block in one call and ONE log entry (Ozone's
+	// PutSmallFile): the data travels beside the entry like a WriteChunk's,
+	// is written to the block file on every replica before the entry is
+	// acknowledged there, and applying the entry commits the block like a
+	// PutBlock. Always waits for every replica (as PutBlock with wait_all).
+	PutSmallFile(ctx context.Context, in *PutSmallFileRequest, opts ...grpc.CallOption) (*PutSmallFileResponse, error)
 	// Reads a byte range of a committed block from this replica. The first
 	// message carries the block's BlockData (chunk checksums) so the client
 	// verifies end to end; the rest carry data in order.
@@ -73,6 +80,16 @@ func (c *datanodeClient) PutBlock(ctx context.Context, in *PutBlockRequest, opts
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PutBlockResponse)
 	err := c.cc.Invoke(ctx, Datanode_PutBlock_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *datanodeClient) PutSmallFile(ctx context.Context, in *PutSmallFileRequest, opts ...grpc.CallOption) (*PutSmallFileResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PutSmallFileResponse)
+	err := c.cc.Invoke(ctx, Datanode_PutSmallFile_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -130,6 +147,12 @@ type DatanodeServer interface {
 	// leader returns only once every replica has applied it, or fails naming
 	// the replicas that lag.
 	PutBlock(context.Context, *PutBlockRequest) (*PutBlockResponse, error)
+	// A whole small block in one call and ONE log entry (Ozone's
+	// PutSmallFile): the data travels beside the entry like a WriteChunk's,
+	// is written to the block file on every replica before the entry is
+	// acknowledged there, and applying the entry commits the block like a
+	// PutBlock. Always waits for every replica (as PutBlock with wait_all).
+	PutSmallFile(context.Context, *PutSmallFileRequest) (*PutSmallFileResponse, error)
 	// Reads a byte range of a committed block from this replica. The first
 	// message carries the block's BlockData (chunk checksums) so the client
 	// verifies end to end; the rest carry data in order.
@@ -152,6 +175,9 @@ func (UnimplementedDatanodeServer) WriteChunk(context.Context, *WriteChunkReques
 }
 func (UnimplementedDatanodeServer) PutBlock(context.Context, *PutBlockRequest) (*PutBlockResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method PutBlock not implemented")
+}
+func (UnimplementedDatanodeServer) PutSmallFile(context.Context, *PutSmallFileRequest) (*PutSmallFileResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method PutSmallFile not implemented")
 }
 func (UnimplementedDatanodeServer) ReadBlock(*ReadBlockRequest, grpc.ServerStreamingServer[ReadBlockResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method ReadBlock not implemented")
@@ -219,6 +245,24 @@ func _Datanode_PutBlock_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Datanode_PutSmallFile_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutSmallFileRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DatanodeServer).PutSmallFile(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Datanode_PutSmallFile_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DatanodeServer).PutSmallFile(ctx, req.(*PutSmallFileRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Datanode_ReadBlock_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(ReadBlockRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -280,6 +324,10 @@ var Datanode_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PutBlock",
 			Handler:    _Datanode_PutBlock_Handler,
+		},
+		{
+			MethodName: "PutSmallFile",
+			Handler:    _Datanode_PutSmallFile_Handler,
 		},
 		{
 			MethodName: "GetBlock",

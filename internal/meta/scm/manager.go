@@ -1,6 +1,7 @@
 package scm
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -117,6 +118,10 @@ type Manager struct {
 	full      map[uint64]bool // containers to close
 	rr        uint64
 	rng       *rand.Rand
+	// Scratch slices of pickContainer (under mu), so an allocation does
+	// not allocate.
+	pickPipes []uint64
+	pickCands []*metapb.Container
 	// acked: delete tx → datanodes that reported it done.
 	acked map[uint64]map[uint64]bool
 
@@ -527,10 +532,7 @@ func (m *Manager) Tick(ctx context.Context) error {
 // reports closed, with the largest reported size. Callers hold m.mu.
 func (m *Manager) closedReports() map[uint64]uint64 {
 	out := map[uint64]uint64{}
-	for _, c := range m.st.Containers() {
-		if c.State != metapb.ContainerState_CONTAINER_CLOSING {
-			continue
-		}
+	for _, c := range m.st.ClosingContainers() {
 		ok, any := true, false
 		var used uint64
 		for _, r := range c.Replicas {
@@ -649,15 +651,12 @@ func (m *Manager) createPipelines(ctx context.Context, healthy map[uint64]bool) 
 
 func (m *Manager) fillContainers(ctx context.Context) error {
 	open := map[uint64]int{}
-	for _, c := range m.st.Containers() {
-		if c.State == metapb.ContainerState_CONTAINER_OPEN {
-			open[c.PipelineId]++
-		}
+	for _, c := range m.st.OpenContainers() {
+		open[c.PipelineId]++
 	}
-	for _, p := range m.st.Pipelines() {
-		if p.State != metapb.PipelineState_PIPELINE_OPEN {
-			continue
-		}
+	pipes := slices.Concat(m.st.OpenPipelines(metapb.Replication_ONE), m.st.OpenPipelines(metapb.Replication_THREE))
+	slices.SortFunc(pipes, func(a, b *metapb.Pipeline) int { return cmp.Compare(a.Id, b.Id) })
+	for _, p := range pipes {
 		for i := open[p.Id]; i < m.cfg.OpenContainersPerPipeline; i++ {
 			if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_CreateContainer{CreateContainer: &metapb.CreateContainerOp{PipelineId: p.Id}}}); err != nil {
 				return err
@@ -758,62 +757,85 @@ func (m *Manager) AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocks
 }
 
 // pickContainer chooses an open container round-robin among the eligible
-// pipelines, creating one (through Raft) if an eligible pipeline has none.
+// pipelines. If an eligible pipeline has none (all full, or none yet), it
+// creates one through Raft and allocates from it: under many concurrent
+// allocations the containers others created may fill up again before this
+// caller looks, so the one it created is the one it uses.
+// It looks only at the open pipelines and containers of the replication
+// (State's indexes), so its cost does not grow with the containers SCM
+// ever created.
 func (m *Manager) pickContainer(ctx context.Context, repl metapb.Replication, ex *metapb.ExcludeList) (*metapb.Container, error) {
-	for attempt := 0; attempt < 2; attempt++ {
-		m.mu.Lock()
-		eligible := map[uint64]bool{}
-		var pipes []uint64
-		for _, p := range m.st.Pipelines() {
-			if p.State != metapb.PipelineState_PIPELINE_OPEN || p.Replication != repl || slices.Contains(ex.GetPipelines(), p.Id) {
-				continue
-			}
-			ok := true
-			for _, id := range p.Datanodes {
-				n := m.nodes[id]
-				if n == nil || n.state != metapb.NodeState_HEALTHY || slices.Contains(ex.GetDatanodes(), id) {
-					ok = false
-					break
-				}
-			}
-			if ok {
-				eligible[p.Id] = true
-				pipes = append(pipes, p.Id)
+	m.mu.Lock()
+	pipes := m.pickPipes[:0]
+	for _, p := range m.st.OpenPipelines(repl) {
+		if slices.Contains(ex.GetPipelines(), p.Id) {
+			continue
+		}
+		ok := true
+		for _, id := range p.Datanodes {
+			n := m.nodes[id]
+			if n == nil || n.state != metapb.NodeState_HEALTHY || slices.Contains(ex.GetDatanodes(), id) {
+				ok = false
+				break
 			}
 		}
-		var cands []*metapb.Container
-		for _, c := range m.st.Containers() {
-			if c.State != metapb.ContainerState_CONTAINER_OPEN || !eligible[c.PipelineId] || slices.Contains(ex.GetContainers(), c.Id) || m.full[c.Id] {
-				continue
-			}
-			cands = append(cands, c)
-		}
-		if len(cands) > 0 {
-			m.rr++
-			c := cands[m.rr%uint64(len(cands))]
-			m.allocated[c.Id] += m.cfg.BlockSize
-			used := m.allocated[c.Id]
-			for _, r := range c.Replicas {
-				if n := m.nodes[r]; n != nil && n.containers[c.Id] != nil {
-					used = max(used, n.containers[c.Id].UsedBytes+m.cfg.BlockSize)
-				}
-			}
-			if used >= m.cfg.ContainerSize {
-				m.full[c.Id] = true
-			}
-			m.mu.Unlock()
-			return c, nil
-		}
-		m.mu.Unlock()
-		if len(pipes) == 0 {
-			break
-		}
-		if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_CreateContainer{CreateContainer: &metapb.CreateContainerOp{PipelineId: pipes[0]}}}); err != nil {
-			return nil, err
+		if ok {
+			pipes = append(pipes, p.Id)
 		}
 	}
-	return nil, status.Errorf(codes.FailedPrecondition, "allocate blocks: no open %v pipeline with healthy datanodes outside the exclude list (%d datanodes, %d pipelines, exclude %v)",
-		repl, len(m.st.Datanodes()), len(m.st.Pipelines()), ex)
+	m.pickPipes = pipes
+	cands := m.pickCands[:0]
+	m.st.EachOpenContainer(repl, func(c *metapb.Container) bool {
+		if slices.Contains(pipes, c.PipelineId) && !slices.Contains(ex.GetContainers(), c.Id) && !m.full[c.Id] {
+			cands = append(cands, c)
+		}
+		return true
+	})
+	if len(cands) > 0 {
+		m.rr++
+		c := cands[m.rr%uint64(len(cands))]
+		// Reused by the next call (under m.mu); cleared so it pins no
+		// replaced container.
+		clear(cands)
+		m.pickCands = cands[:0]
+		m.charge(c)
+		m.mu.Unlock()
+		return c, nil
+	}
+	var first uint64
+	if len(pipes) > 0 {
+		first = pipes[0]
+	}
+	m.mu.Unlock()
+	if first == 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "allocate blocks: no open %v pipeline with healthy datanodes outside the exclude list (%d datanodes, %d pipelines, exclude %v)",
+			repl, len(m.st.Datanodes()), len(m.st.Pipelines()), ex)
+	}
+	res, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_CreateContainer{CreateContainer: &metapb.CreateContainerOp{PipelineId: first}}})
+	if err != nil {
+		return nil, err
+	}
+	c := res.(*metapb.Container)
+	m.mu.Lock()
+	m.charge(c)
+	m.mu.Unlock()
+	return c, nil
+}
+
+// charge counts a block allocated in c and marks c full (to be closed by
+// the loop) when its allocations or reported usage reach the container
+// size. Callers hold m.mu.
+func (m *Manager) charge(c *metapb.Container) {
+	m.allocated[c.Id] += m.cfg.BlockSize
+	used := m.allocated[c.Id]
+	for _, r := range c.Replicas {
+		if n := m.nodes[r]; n != nil && n.containers[c.Id] != nil {
+			used = max(used, n.containers[c.Id].UsedBytes+m.cfg.BlockSize)
+		}
+	}
+	if used >= m.cfg.ContainerSize {
+		m.full[c.Id] = true
+	}
 }
 
 // DeleteBlocks queues blocks for deletion on their containers' replicas.

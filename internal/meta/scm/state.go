@@ -1,6 +1,7 @@
 package scm
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -66,6 +67,64 @@ type State struct {
 	pipelines  map[uint64]*metapb.Pipeline
 	containers map[uint64]*metapb.Container
 	next       counters
+
+	// Indexes over the mirror, kept by setPipeline and setContainer (the
+	// only writers of pipelines and containers), so that block allocation
+	// and the leader loop look at the open pipelines and containers only,
+	// not at every container ever created: the container count grows with
+	// the data (and quickly with small blocks), the open ones stay at
+	// pipelines × OpenContainersPerPipeline.
+	openPipes map[metapb.Replication][]uint64 // OPEN pipelines, sorted IDs
+	openConts map[metapb.Replication][]uint64 // OPEN containers, sorted IDs
+	closing   map[uint64]struct{}             // CLOSING containers
+}
+
+// setPipeline stores p in the mirror and its indexes (caller holds mu for
+// writing).
+func (s *State) setPipeline(p *metapb.Pipeline) {
+	if old := s.pipelines[p.Id]; old != nil && old.State == metapb.PipelineState_PIPELINE_OPEN {
+		s.openPipes[old.Replication] = removeSorted(s.openPipes[old.Replication], old.Id)
+	}
+	s.pipelines[p.Id] = p
+	if p.State == metapb.PipelineState_PIPELINE_OPEN {
+		s.openPipes[p.Replication] = insertSorted(s.openPipes[p.Replication], p.Id)
+	}
+}
+
+// setContainer stores c in the mirror and its indexes (caller holds mu for
+// writing).
+func (s *State) setContainer(c *metapb.Container) {
+	if old := s.containers[c.Id]; old != nil {
+		switch old.State {
+		case metapb.ContainerState_CONTAINER_OPEN:
+			s.openConts[old.Replication] = removeSorted(s.openConts[old.Replication], old.Id)
+		case metapb.ContainerState_CONTAINER_CLOSING:
+			delete(s.closing, old.Id)
+		}
+	}
+	s.containers[c.Id] = c
+	switch c.State {
+	case metapb.ContainerState_CONTAINER_OPEN:
+		s.openConts[c.Replication] = insertSorted(s.openConts[c.Replication], c.Id)
+	case metapb.ContainerState_CONTAINER_CLOSING:
+		s.closing[c.Id] = struct{}{}
+	}
+}
+
+func insertSorted(ids []uint64, id uint64) []uint64 {
+	i, found := slices.BinarySearch(ids, id)
+	if found {
+		return ids
+	}
+	return slices.Insert(ids, i, id)
+}
+
+func removeSorted(ids []uint64, id uint64) []uint64 {
+	i, found := slices.BinarySearch(ids, id)
+	if !found {
+		panic(fmt.Sprintf("scm: index lost id %d", id))
+	}
+	return slices.Delete(ids, i, i+1)
 }
 
 type counters struct {
@@ -99,6 +158,9 @@ func (s *State) load() error {
 	s.byUUID = map[string]uint64{}
 	s.pipelines = map[uint64]*metapb.Pipeline{}
 	s.containers = map[uint64]*metapb.Container{}
+	s.openPipes = map[metapb.Replication][]uint64{}
+	s.openConts = map[metapb.Replication][]uint64{}
+	s.closing = map[uint64]struct{}{}
 	s.next = counters{dn: 1, pipeline: FirstPipelineID, container: 1, local: 1, tx: 1}
 	return s.st.View(func(r pebble.Reader) error {
 		for _, c := range []struct {
@@ -131,7 +193,7 @@ func (s *State) load() error {
 			if err := proto.Unmarshal(v, p); err != nil {
 				return err
 			}
-			s.pipelines[p.Id] = p
+			s.setPipeline(p)
 			return nil
 		}); err != nil {
 			return err
@@ -141,7 +203,7 @@ func (s *State) load() error {
 			if err := proto.Unmarshal(v, c); err != nil {
 				return err
 			}
-			s.containers[c.Id] = c
+			s.setContainer(c)
 			return nil
 		})
 	})
@@ -251,7 +313,7 @@ func (s *State) apply(b *pebble.Batch, cmd *metapb.ScmCommand) any {
 		}
 		s.next.container++
 		s.putU64(b, keyNextCont, s.next.container)
-		s.containers[c.Id] = c
+		s.setContainer(c)
 		s.put(b, key(pfxContainer, c.Id), c)
 		return proto.Clone(c)
 	case *metapb.ScmCommand_CloseContainers:
@@ -270,7 +332,7 @@ func (s *State) apply(b *pebble.Batch, cmd *metapb.ScmCommand) any {
 			c = proto.Clone(c).(*metapb.Container)
 			c.State = metapb.ContainerState_CONTAINER_CLOSED
 			c.UsedBytes = op.ContainerClosed.UsedBytes
-			s.containers[c.Id] = c
+			s.setContainer(c)
 			s.put(b, key(pfxContainer, c.Id), c)
 		}
 		return nil
@@ -385,7 +447,7 @@ func (s *State) applyCreatePipeline(b *pebble.Batch, op *metapb.CreatePipelineOp
 	}
 	s.next.pipeline++
 	s.putU64(b, keyNextPipe, s.next.pipeline)
-	s.pipelines[p.Id] = p
+	s.setPipeline(p)
 	s.put(b, key(pfxPipeline, p.Id), p)
 	return proto.Clone(p)
 }
@@ -399,20 +461,25 @@ func (s *State) closePipeline(b *pebble.Batch, id uint64, reason string, now int
 	p.State = metapb.PipelineState_PIPELINE_CLOSED
 	p.ClosedUnixMs = now
 	p.CloseReason = reason
-	s.pipelines[id] = p
+	s.setPipeline(p)
 	s.put(b, key(pfxPipeline, id), p)
-	// Its open containers can take no more writes.
-	for _, c := range s.containers {
-		if c.PipelineId == id && c.State == metapb.ContainerState_CONTAINER_OPEN {
-			s.setContainerState(b, c, metapb.ContainerState_CONTAINER_CLOSING)
+	// Its open containers can take no more writes. (Collected first:
+	// setContainerState changes the index.)
+	var open []*metapb.Container
+	for _, cid := range s.openConts[p.Replication] {
+		if c := s.containers[cid]; c.PipelineId == id {
+			open = append(open, c)
 		}
+	}
+	for _, c := range open {
+		s.setContainerState(b, c, metapb.ContainerState_CONTAINER_CLOSING)
 	}
 }
 
 func (s *State) setContainerState(b *pebble.Batch, c *metapb.Container, st metapb.ContainerState) {
 	c = proto.Clone(c).(*metapb.Container)
 	c.State = st
-	s.containers[c.Id] = c
+	s.setContainer(c)
 	s.put(b, key(pfxContainer, c.Id), c)
 }
 
@@ -481,6 +548,58 @@ func (s *State) Containers() []*metapb.Container {
 		out = append(out, c)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Id < out[j].Id })
+	return out
+}
+
+// OpenPipelines returns the OPEN pipelines of a replication, sorted by ID.
+func (s *State) OpenPipelines(repl metapb.Replication) []*metapb.Pipeline {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	ids := s.openPipes[repl]
+	out := make([]*metapb.Pipeline, len(ids))
+	for i, id := range ids {
+		out[i] = s.pipelines[id]
+	}
+	return out
+}
+
+// EachOpenContainer calls f for the OPEN containers of a replication in ID
+// order, until f returns false. f runs under the state's read lock: it
+// must not call State.
+func (s *State) EachOpenContainer(repl metapb.Replication, f func(*metapb.Container) bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, id := range s.openConts[repl] {
+		if !f(s.containers[id]) {
+			return
+		}
+	}
+}
+
+// OpenContainers returns the OPEN containers of every replication, sorted
+// by ID.
+func (s *State) OpenContainers() []*metapb.Container {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []*metapb.Container
+	for _, ids := range s.openConts {
+		for _, id := range ids {
+			out = append(out, s.containers[id])
+		}
+	}
+	slices.SortFunc(out, func(a, b *metapb.Container) int { return cmp.Compare(a.Id, b.Id) })
+	return out
+}
+
+// ClosingContainers returns the CLOSING containers, sorted by ID.
+func (s *State) ClosingContainers() []*metapb.Container {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]*metapb.Container, 0, len(s.closing))
+	for id := range s.closing {
+		out = append(out, s.containers[id])
+	}
+	slices.SortFunc(out, func(a, b *metapb.Container) int { return cmp.Compare(a.Id, b.Id) })
 	return out
 }
 
