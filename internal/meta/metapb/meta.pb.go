@@ -1646,8 +1646,13 @@ type AllocateBlocksRequest struct {
 	Replication    Replication            `protobuf:"varint,2,opt,name=replication,proto3,enum=basalt.meta.v1.Replication" json:"replication,omitempty"`
 	Exclude        *ExcludeList           `protobuf:"bytes,3,opt,name=exclude,proto3" json:"exclude,omitempty"`
 	ClientLocation string                 `protobuf:"bytes,4,opt,name=client_location,json=clientLocation,proto3" json:"client_location,omitempty"` // orders the replicas by distance
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// expected_bytes > 0: the caller will write at most this much into each
+	// block (a small key); SCM charges the container that much instead of a
+	// whole block, so small keys do not close a container every
+	// container_size/block_size allocations.
+	ExpectedBytes uint64 `protobuf:"varint,5,opt,name=expected_bytes,json=expectedBytes,proto3" json:"expected_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AllocateBlocksRequest) Reset() {
@@ -1706,6 +1711,13 @@ func (x *AllocateBlocksRequest) GetClientLocation() string {
 		return x.ClientLocation
 	}
 	return ""
+}
+
+func (x *AllocateBlocksRequest) GetExpectedBytes() uint64 {
+	if x != nil {
+		return x.ExpectedBytes
+	}
+	return 0
 }
 
 type AllocateBlocksResponse struct {
@@ -6364,12 +6376,13 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x13DeleteBlocksCommand\x12\x13\n" +
 	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x12!\n" +
 	"\fcontainer_id\x18\x02 \x01(\x04R\vcontainerId\x12\x1b\n" +
-	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\xcc\x01\n" +
+	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\xf3\x01\n" +
 	"\x15AllocateBlocksRequest\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\rR\x05count\x12=\n" +
 	"\vreplication\x18\x02 \x01(\x0e2\x1b.basalt.meta.v1.ReplicationR\vreplication\x125\n" +
 	"\aexclude\x18\x03 \x01(\v2\x1b.basalt.meta.v1.ExcludeListR\aexclude\x12'\n" +
-	"\x0fclient_location\x18\x04 \x01(\tR\x0eclientLocation\"n\n" +
+	"\x0fclient_location\x18\x04 \x01(\tR\x0eclientLocation\x12%\n" +
+	"\x0eexpected_bytes\x18\x05 \x01(\x04R\rexpectedBytes\"n\n" +
 	"\x16AllocateBlocksResponse\x125\n" +
 	"\x06blocks\x18\x01 \x03(\v2\x1d.basalt.meta.v1.BlockLocationR\x06blocks\x12\x1d\n" +
 	"\n" +

@@ -204,7 +204,9 @@ func (s *Service) OpenKey(ctx context.Context, req *metapb.OpenKeyRequest) (*met
 		req.BytesPerChecksum = s.cfg.DefaultBytesPerChecksum
 	}
 	// One block to start; the size hint asks for more up front (bounded).
-	alloc, err := s.blocks.AllocateBlocks(ctx, &metapb.AllocateBlocksRequest{Count: 1, Replication: req.Replication, Exclude: req.Exclude, ClientLocation: req.ClientLocation})
+	// The hint also tells SCM how much of the first block will be used.
+	alloc, err := s.blocks.AllocateBlocks(ctx, &metapb.AllocateBlocksRequest{Count: 1, Replication: req.Replication, Exclude: req.Exclude,
+		ClientLocation: req.ClientLocation, ExpectedBytes: req.SizeHint})
 	if err != nil {
 		return nil, err
 	}

@@ -736,7 +736,7 @@ func (m *Manager) AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocks
 	ex := req.GetExclude()
 	resp := &metapb.AllocateBlocksResponse{BlockSize: m.cfg.BlockSize}
 	for i := range req.Count {
-		c, err := m.pickContainer(ctx, repl, ex)
+		c, err := m.pickContainer(ctx, repl, ex, chargeFor(req.ExpectedBytes, m.cfg.BlockSize))
 		if err != nil {
 			return nil, err
 		}
@@ -760,11 +760,12 @@ func (m *Manager) AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocks
 // pipelines. If an eligible pipeline has none (all full, or none yet), it
 // creates one through Raft and allocates from it: under many concurrent
 // allocations the containers others created may fill up again before this
-// caller looks, so the one it created is the one it uses.
+// caller looks, so the one it created is the one it uses. The block counts
+// n bytes against the container (see chargeFor).
 // It looks only at the open pipelines and containers of the replication
 // (State's indexes), so its cost does not grow with the containers SCM
 // ever created.
-func (m *Manager) pickContainer(ctx context.Context, repl metapb.Replication, ex *metapb.ExcludeList) (*metapb.Container, error) {
+func (m *Manager) pickContainer(ctx context.Context, repl metapb.Replication, ex *metapb.ExcludeList, n uint64) (*metapb.Container, error) {
 	m.mu.Lock()
 	pipes := m.pickPipes[:0]
 	for _, p := range m.st.OpenPipelines(repl) {
@@ -798,7 +799,7 @@ func (m *Manager) pickContainer(ctx context.Context, repl metapb.Replication, ex
 		// replaced container.
 		clear(cands)
 		m.pickCands = cands[:0]
-		m.charge(c)
+		m.charge(c, n)
 		m.mu.Unlock()
 		return c, nil
 	}
@@ -817,16 +818,26 @@ func (m *Manager) pickContainer(ctx context.Context, repl metapb.Replication, ex
 	}
 	c := res.(*metapb.Container)
 	m.mu.Lock()
-	m.charge(c)
+	m.charge(c, n)
 	m.mu.Unlock()
 	return c, nil
 }
 
-// charge counts a block allocated in c and marks c full (to be closed by
-// the loop) when its allocations or reported usage reach the container
-// size. Callers hold m.mu.
-func (m *Manager) charge(c *metapb.Container) {
-	m.allocated[c.Id] += m.cfg.BlockSize
+// chargeFor is what an allocated block counts against its container: the
+// whole block unless the caller expects to write less (a small key), then
+// that, in 4 KiB pages. Reported usage (heartbeats) corrects the estimate.
+func chargeFor(expected, blockSize uint64) uint64 {
+	if expected == 0 || expected >= blockSize {
+		return blockSize
+	}
+	return (expected + 4095) &^ 4095
+}
+
+// charge counts a block of n bytes allocated in c and marks c full (to be
+// closed by the loop) when its allocations or reported usage reach the
+// container size. Callers hold m.mu.
+func (m *Manager) charge(c *metapb.Container, n uint64) {
+	m.allocated[c.Id] += n
 	used := m.allocated[c.Id]
 	for _, r := range c.Replicas {
 		if n := m.nodes[r]; n != nil && n.containers[c.Id] != nil {

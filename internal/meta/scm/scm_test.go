@@ -488,3 +488,43 @@ func TestSnapshotRestore(t *testing.T) {
 		t.Fatalf("applied %d after restore at %d", other.AppliedIndex(), idx)
 	}
 }
+
+// TestSmallBlocksChargeWhatTheyUse: allocations for small keys
+// (ExpectedBytes) count their size against the container, so many small
+// keys share a container; whole-block allocations fill it after
+// ContainerSize/BlockSize of them.
+func TestSmallBlocksChargeWhatTheyUse(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 1, OpenContainersPerPipeline: 1, SafeModeMinDatanodes: 3, BlockSize: 1 << 20, ContainerSize: 4 << 20})
+	for i := range 3 {
+		e.register(t, fmt.Sprintf("dn%d", i), fmt.Sprintf("/dc1/rack%d", i%2))
+	}
+	if err := e.m.Tick(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	containers := func(expected uint64, n int) map[uint64]bool {
+		seen := map[uint64]bool{}
+		for range n {
+			r, err := e.m.AllocateBlocks(e.ctx, &metapb.AllocateBlocksRequest{Count: 1, Replication: metapb.Replication_THREE, ExpectedBytes: expected})
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen[r.Blocks[0].Id.ContainerId] = true
+		}
+		return seen
+	}
+	// 200 keys of 4 KiB charge 800 KiB: one container holds them all.
+	if got := containers(4096, 200); len(got) != 1 {
+		t.Fatalf("200 small allocations spread over %d containers, want 1", len(got))
+	}
+	// Whole blocks (no expectation, or one at least a block) fill 4 MiB
+	// containers every 4 allocations.
+	if got := containers(0, 8); len(got) < 2 {
+		t.Fatalf("8 whole-block allocations in %d containers, want ≥ 2", len(got))
+	}
+	if got := containers(2<<20, 8); len(got) < 2 {
+		t.Fatalf("8 allocations expecting 2 MiB in %d containers, want ≥ 2", len(got))
+	}
+	if chargeFor(1, 1<<20) != 4096 || chargeFor(4097, 1<<20) != 8192 || chargeFor(0, 1<<20) != 1<<20 || chargeFor(3<<20, 1<<20) != 1<<20 {
+		t.Fatal("chargeFor rounds wrong")
+	}
+}
