@@ -479,3 +479,13 @@ func TestConcurrentPuts(t *testing.T) {
 var _ = metapb.Replication_ONE
 
 func errOf[T any](_ T, err error) error { return err }
+
+func TestOutOfSpaceIsItsOwnError(t *testing.T) {
+	err := FromRPC("put key /v/b/k", status.Error(codes.ResourceExhausted, "allocate blocks: out of space: no THREE pipeline has room"))
+	if !errors.Is(err, ErrNoSpace) || !errors.Is(err, ErrLimit) {
+		t.Fatalf("%v: want ErrNoSpace (an ErrLimit)", err)
+	}
+	if err := FromRPC("x", status.Error(codes.ResourceExhausted, "too many blocks")); errors.Is(err, ErrNoSpace) || !errors.Is(err, ErrLimit) {
+		t.Fatalf("%v: want ErrLimit only", err)
+	}
+}

@@ -28,6 +28,7 @@ var (
 	ErrNotEmpty         = errors.New("not empty")
 	ErrPrecondition     = errors.New("failed precondition")
 	ErrLimit            = errors.New("limit exceeded")
+	ErrNoSpace          = fmt.Errorf("out of space: %w", ErrLimit) // the datanodes have no room for new data
 	ErrUnavailable      = errors.New("service unavailable")
 	ErrCorrupt          = errors.New("data corrupt on every replica")
 	ErrWriteFailed      = errors.New("write failed after retries")
@@ -101,6 +102,9 @@ func wrapErr(op string, err error) error {
 		}
 	case codes.ResourceExhausted:
 		e.kind = ErrLimit
+		if containsFold(st.Message(), "out of space") {
+			e.kind = ErrNoSpace
+		}
 	case codes.Unavailable:
 		e.kind = ErrUnavailable
 	case codes.DeadlineExceeded:

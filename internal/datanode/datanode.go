@@ -568,7 +568,8 @@ func (d *Datanode) closeContainer(cid, pipeline uint64) error {
 func (d *Datanode) volumeReports() []*metapb.VolumeReport {
 	var out []*metapb.VolumeReport
 	for _, v := range d.store.Volumes() {
-		out = append(out, &metapb.VolumeReport{Path: v.Path, CapacityBytes: uint64(v.Capacity), UsedBytes: uint64(v.Used), Failed: v.Failed})
+		out = append(out, &metapb.VolumeReport{Path: v.Path, CapacityBytes: uint64(v.Capacity), UsedBytes: uint64(v.Used), Failed: v.Failed,
+			AvailableBytes: uint64(max(v.Available, 0)), AvailableKnown: true})
 	}
 	return out
 }

@@ -133,6 +133,8 @@ func fromBasalt(err error, bucket, key string) *Error {
 		return errInvalidArgument("%s", msg)
 	case errors.Is(err, client.ErrPrecondition):
 		return errorf("InvalidRequest", 400, "%s", msg)
+	case errors.Is(err, client.ErrNoSpace):
+		return errorf("InsufficientStorage", 507, "The cluster has no room for the data: %s", msg)
 	case errors.Is(err, client.ErrLimit):
 		return errorf("EntityTooLarge", 400, "%s", msg)
 	case errors.Is(err, client.ErrUnavailable), errors.Is(err, client.ErrWriteFailed):

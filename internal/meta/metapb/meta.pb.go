@@ -491,8 +491,12 @@ type VolumeReport struct {
 	CapacityBytes uint64                 `protobuf:"varint,2,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
 	UsedBytes     uint64                 `protobuf:"varint,3,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
 	Failed        bool                   `protobuf:"varint,4,opt,name=failed,proto3" json:"failed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// free space beyond the datanode's reserve; SCM creates no container on
+	// a datanode none of whose volumes has room for one
+	AvailableBytes uint64 `protobuf:"varint,5,opt,name=available_bytes,json=availableBytes,proto3" json:"available_bytes,omitempty"`
+	AvailableKnown bool   `protobuf:"varint,6,opt,name=available_known,json=availableKnown,proto3" json:"available_known,omitempty"` // false from datanodes that predate the field
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *VolumeReport) Reset() {
@@ -549,6 +553,20 @@ func (x *VolumeReport) GetUsedBytes() uint64 {
 func (x *VolumeReport) GetFailed() bool {
 	if x != nil {
 		return x.Failed
+	}
+	return false
+}
+
+func (x *VolumeReport) GetAvailableBytes() uint64 {
+	if x != nil {
+		return x.AvailableBytes
+	}
+	return 0
+}
+
+func (x *VolumeReport) GetAvailableKnown() bool {
+	if x != nil {
+		return x.AvailableKnown
 	}
 	return false
 }
@@ -6279,13 +6297,15 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\traft_addr\x18\x05 \x01(\tR\braftAddr\x12\x1a\n" +
 	"\blocation\x18\x06 \x01(\tR\blocation\x12\x1f\n" +
 	"\vstream_addr\x18\a \x01(\tR\n" +
-	"streamAddr\"\x80\x01\n" +
+	"streamAddr\"\xd2\x01\n" +
 	"\fVolumeReport\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12%\n" +
 	"\x0ecapacity_bytes\x18\x02 \x01(\x04R\rcapacityBytes\x12\x1d\n" +
 	"\n" +
 	"used_bytes\x18\x03 \x01(\x04R\tusedBytes\x12\x16\n" +
-	"\x06failed\x18\x04 \x01(\bR\x06failed\"\xc0\x01\n" +
+	"\x06failed\x18\x04 \x01(\bR\x06failed\x12'\n" +
+	"\x0favailable_bytes\x18\x05 \x01(\x04R\x0eavailableBytes\x12'\n" +
+	"\x0favailable_known\x18\x06 \x01(\bR\x0eavailableKnown\"\xc0\x01\n" +
 	"\x0fContainerReport\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x124\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1e.basalt.meta.v1.ContainerStateR\x05state\x12\x1d\n" +

@@ -1,6 +1,7 @@
 package namespace
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -84,4 +85,39 @@ func TestBucketCacheFollowsBucketChanges(t *testing.T) {
 	}
 	stop.Store(true)
 	wg.Wait()
+}
+
+// TestDeletionKeepsUpWithWrites: one background round hands the blocks of
+// thousands of deleted keys to SCM (in batches), so garbage does not pile
+// up on the datanodes faster than it is reclaimed; each block exactly once.
+func TestDeletionKeepsUpWithWrites(t *testing.T) {
+	e := newNS(t)
+	ctx := e.ctx
+	e.s.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "vol"})
+	e.s.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: "vol", Name: "bkt"})
+	const n = 5000
+	for i := range n {
+		e.put(t, "vol", "bkt", fmt.Sprintf("k%05d", i), 1)
+	}
+	for i := range n {
+		if _, err := e.s.DeleteKey(ctx, &metapb.DeleteKeyRequest{Volume: "vol", Bucket: "bkt", Key: fmt.Sprintf("k%05d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.s.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.fb.mu.Lock()
+	defer e.fb.mu.Unlock()
+	if len(e.fb.freed) != n {
+		t.Fatalf("one round handed %d of %d deleted keys' blocks to SCM", len(e.fb.freed), n)
+	}
+	for id, c := range e.fb.freed {
+		if c != 1 {
+			t.Fatalf("block %d handed over %d times", id, c)
+		}
+	}
+	if rows, _ := e.st.DeletedRows(10); len(rows) != 0 {
+		t.Fatalf("%d deleted rows left after the round", len(rows))
+	}
 }

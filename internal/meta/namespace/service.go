@@ -43,7 +43,11 @@ type Config struct {
 	OpenKeyExpiry   time.Duration // uncommitted keys older than this are reclaimed (default 24h)
 	ServiceInterval time.Duration // background services period (default 1s)
 	// Batch limits of the background services.
-	DeleteBatchRows         int    // deleted rows handed to SCM per round (default 100)
+	DeleteBatchRows int // deleted rows handed to SCM per batch (default 1000)
+	// DeleteBatchesPerRound bounds the batches one round hands over (default
+	// 64): deletion must keep up with writes (a bench writes ~1,000 small
+	// keys/s and deletes them as fast), or the disks fill with garbage.
+	DeleteBatchesPerRound   int
 	ExpireBatch             int    // open keys expired per round (default 1000)
 	ReclaimBatch            int    // children of a deleted directory reclaimed per command (default 1000)
 	DefaultBytesPerChecksum uint32 // default 64 KiB
@@ -67,7 +71,10 @@ func (c *Config) setDefaults() {
 		c.ServiceInterval = time.Second
 	}
 	if c.DeleteBatchRows == 0 {
-		c.DeleteBatchRows = 100
+		c.DeleteBatchRows = 1000
+	}
+	if c.DeleteBatchesPerRound == 0 {
+		c.DeleteBatchesPerRound = 64
 	}
 	if c.ExpireBatch == 0 {
 		c.ExpireBatch = 1000
@@ -369,9 +376,24 @@ func (s *Service) RunOnce(ctx context.Context) error {
 			return err
 		}
 	}
+	// Hand deleted blocks to SCM until none are left, within a budget of
+	// batches and half a service interval per round.
+	deadline := time.Now().Add(s.cfg.ServiceInterval / 2)
+	for range s.cfg.DeleteBatchesPerRound {
+		more, err := s.handOverDeleted(ctx)
+		if err != nil || !more || time.Now().After(deadline) {
+			return err
+		}
+	}
+	return nil
+}
+
+// handOverDeleted hands one batch of deleted rows' blocks to SCM and
+// purges the rows; more reports whether the batch was full.
+func (s *Service) handOverDeleted(ctx context.Context) (more bool, err error) {
 	rows, err := s.st.DeletedRows(s.cfg.DeleteBatchRows)
 	if err != nil || len(rows) == 0 {
-		return err
+		return false, err
 	}
 	// Group by container, bounded by SCM's per-command limits.
 	groups := map[uint64][]uint64{}
@@ -394,12 +416,12 @@ func (s *Service) RunOnce(ctx context.Context) error {
 	for len(req.Groups) > 0 {
 		n := min(len(req.Groups), 1024)
 		if err := s.blocks.DeleteBlocks(ctx, &metapb.DeleteBlocksRequest{Groups: req.Groups[:n]}); err != nil {
-			return fmt.Errorf("hand %d deleted-block groups to scm: %w", n, err)
+			return false, fmt.Errorf("hand %d deleted-block groups to scm: %w", n, err)
 		}
 		req.Groups = req.Groups[n:]
 	}
 	// A crash between the two steps hands the blocks to SCM twice; deleting
 	// a block twice on a datanode is harmless.
 	_, err = s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_PurgeDeleted{PurgeDeleted: &metapb.PurgeDeletedOp{Seqs: seqs}}})
-	return err
+	return len(rows) == s.cfg.DeleteBatchRows, err
 }

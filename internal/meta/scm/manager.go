@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -331,7 +332,7 @@ func (m *Manager) commandsFor(dn uint64, n *nodeSoft, now time.Time) []*metapb.D
 	}
 	// Delete-block transactions for containers this datanode holds. The
 	// scan is bounded; transactions beyond it go out in later heartbeats.
-	txs, err := m.st.DeleteTxs(0, 4*m.cfg.MaxCommandsPerHeartbeat)
+	txs, err := m.st.DeleteTxs(0, 16*m.cfg.MaxCommandsPerHeartbeat)
 	if err != nil {
 		m.log.Warn("scm: read delete txs", "err", err)
 	}
@@ -803,11 +804,24 @@ func (m *Manager) pickContainer(ctx context.Context, repl metapb.Replication, ex
 		m.mu.Unlock()
 		return c, nil
 	}
+	// A new container goes on the first eligible pipeline whose datanodes
+	// all have room for one; creating containers where they cannot exist
+	// would only fail the write and make the client ask again.
 	var first uint64
-	if len(pipes) > 0 {
-		first = pipes[0]
+	var noRoom []string
+	for _, p := range pipes {
+		if short := m.noRoomLocked(p); short != "" {
+			noRoom = append(noRoom, short)
+			continue
+		}
+		first = p
+		break
 	}
 	m.mu.Unlock()
+	if first == 0 && len(noRoom) > 0 {
+		return nil, status.Errorf(codes.ResourceExhausted, "allocate blocks: out of space: every open container is full or excluded, and no %v pipeline has room for a new %d-byte container (%s)",
+			repl, m.cfg.ContainerSize, strings.Join(noRoom, "; "))
+	}
 	if first == 0 {
 		return nil, status.Errorf(codes.FailedPrecondition, "allocate blocks: no open %v pipeline with healthy datanodes outside the exclude list (%d datanodes, %d pipelines, exclude %v)",
 			repl, len(m.st.Datanodes()), len(m.st.Pipelines()), ex)
@@ -821,6 +835,34 @@ func (m *Manager) pickContainer(ctx context.Context, repl metapb.Replication, ex
 	m.charge(c, n)
 	m.mu.Unlock()
 	return c, nil
+}
+
+// noRoomLocked says which datanode of pipeline p last reported no volume
+// with room for a new container, or "" if all have room (or have not
+// reported free space). Callers hold m.mu.
+func (m *Manager) noRoomLocked(p uint64) string {
+	pl := m.st.Pipeline(p)
+	if pl == nil {
+		return ""
+	}
+	for _, id := range pl.Datanodes {
+		n := m.nodes[id]
+		if n == nil || len(n.volumes) == 0 {
+			continue
+		}
+		var best uint64
+		known := false
+		for _, v := range n.volumes {
+			if v.AvailableKnown && !v.Failed {
+				known = true
+				best = max(best, v.AvailableBytes)
+			}
+		}
+		if known && best < m.cfg.ContainerSize {
+			return fmt.Sprintf("pipeline %d: datanode %d has %d bytes free beyond its reserve", p, id, best)
+		}
+	}
+	return ""
 }
 
 // chargeFor is what an allocated block counts against its container: the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -526,5 +527,54 @@ func TestSmallBlocksChargeWhatTheyUse(t *testing.T) {
 	}
 	if chargeFor(1, 1<<20) != 4096 || chargeFor(4097, 1<<20) != 8192 || chargeFor(0, 1<<20) != 1<<20 || chargeFor(3<<20, 1<<20) != 1<<20 {
 		t.Fatal("chargeFor rounds wrong")
+	}
+}
+
+// TestNoContainersWithoutRoom: when the open containers are full and the
+// pipeline's datanodes report no volume with room for another, allocation
+// fails with a clear out-of-space error instead of creating containers the
+// datanodes cannot hold; once space is back, allocation works again.
+func TestNoContainersWithoutRoom(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 1, OpenContainersPerPipeline: 1, SafeModeMinDatanodes: 3, BlockSize: 1 << 20, ContainerSize: 4 << 20})
+	var ids []uint64
+	for i := range 3 {
+		ids = append(ids, e.register(t, fmt.Sprintf("dn%d", i), fmt.Sprintf("/dc1/rack%d", i%2)))
+	}
+	if err := e.m.Tick(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	report := func(avail uint64) {
+		for _, id := range ids {
+			if _, err := e.m.Heartbeat(e.ctx, &metapb.HeartbeatRequest{DatanodeId: id, Volumes: []*metapb.VolumeReport{
+				{Path: "/d1", CapacityBytes: 100 << 30, AvailableBytes: avail, AvailableKnown: true},
+				{Path: "/d2", CapacityBytes: 100 << 30, AvailableBytes: 1 << 40, AvailableKnown: true, Failed: true}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	alloc := func() error {
+		_, err := e.m.AllocateBlocks(e.ctx, &metapb.AllocateBlocksRequest{Count: 1, Replication: metapb.Replication_THREE})
+		return err
+	}
+	report(3 << 20) // less than a container on the only healthy volume
+	var err error
+	for range 10 { // fill the open container, then need a new one
+		if err = alloc(); err != nil {
+			break
+		}
+	}
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "out of space") || !strings.Contains(err.Error(), "bytes free") {
+		t.Fatalf("allocation with no room for a container: %v", err)
+	}
+	n := len(e.st.Containers())
+	for range 5 {
+		alloc()
+	}
+	if len(e.st.Containers()) != n {
+		t.Fatalf("containers created on datanodes without room: %d → %d", n, len(e.st.Containers()))
+	}
+	report(1 << 30)
+	if err := alloc(); err != nil {
+		t.Fatalf("allocation after space came back: %v", err)
 	}
 }
