@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // Request bodies stream from the socket to the datanodes: nothing here
@@ -256,34 +257,54 @@ const (
 
 var hashBufPool = sync.Pool{New: func() any { b := make([]byte, 0, hashBufSize); return &b }}
 
-// hasher feeds copies of a body, in order, to digests on its own
-// goroutine. write blocks when hashBufs buffers are waiting (backpressure
+// hasher feeds copies of a body, in order, to digests on their own
+// goroutines. write blocks when hashBufs buffers are waiting (backpressure
 // instead of unbounded memory); wait returns once every byte is hashed.
 type hasher struct {
-	hs   []hash.Hash
-	free chan *[]byte
-	work chan *[]byte
-	done chan struct{}
-	cur  *[]byte
+	free chan *hashBuf
+	work []chan *hashBuf // one per digest
+	done sync.WaitGroup
+	cur  *hashBuf
 	shut bool
 }
 
+// hashBuf is a copy of body bytes that every digest goroutine reads; the
+// last one done returns it.
+type hashBuf struct {
+	b    *[]byte
+	left atomic.Int32
+}
+
+// newHasher starts one goroutine per digest, so MD5 (the slowest) and a
+// flexible checksum or payload SHA-256 run side by side.
 func newHasher(hs []hash.Hash) *hasher {
-	h := &hasher{hs: hs, free: make(chan *[]byte, hashBufs), work: make(chan *[]byte, hashBufs), done: make(chan struct{})}
+	h := &hasher{free: make(chan *hashBuf, hashBufs)}
 	for range hashBufs {
-		h.free <- hashBufPool.Get().(*[]byte)
+		h.free <- &hashBuf{b: hashBufPool.Get().(*[]byte)}
 	}
-	go func() {
-		defer close(h.done)
-		for b := range h.work {
-			for _, d := range h.hs {
-				d.Write(*b)
+	for _, d := range hs {
+		ch := make(chan *hashBuf, hashBufs)
+		h.work = append(h.work, ch)
+		h.done.Add(1)
+		go func() {
+			defer h.done.Done()
+			for b := range ch {
+				d.Write(*b.b)
+				if b.left.Add(-1) == 0 {
+					*b.b = (*b.b)[:0]
+					h.free <- b
+				}
 			}
-			*b = (*b)[:0]
-			h.free <- b
-		}
-	}()
+		}()
+	}
 	return h
+}
+
+func (h *hasher) send(b *hashBuf) {
+	b.left.Store(int32(len(h.work)))
+	for _, ch := range h.work {
+		ch <- b
+	}
 }
 
 func (h *hasher) write(p []byte) {
@@ -291,35 +312,37 @@ func (h *hasher) write(p []byte) {
 		if h.cur == nil {
 			h.cur = <-h.free
 		}
-		b := *h.cur
+		b := *h.cur.b
 		n := copy(b[len(b):cap(b)], p)
-		*h.cur = b[:len(b)+n]
+		*h.cur.b = b[:len(b)+n]
 		p = p[n:]
-		if len(*h.cur) == cap(*h.cur) {
-			h.work <- h.cur
+		if len(*h.cur.b) == cap(*h.cur.b) {
+			h.send(h.cur)
 			h.cur = nil
 		}
 	}
 }
 
-// wait hashes what is left, stops the goroutine and returns the buffers.
+// wait hashes what is left, stops the goroutines and returns the buffers.
 // It is idempotent, so an abandoned body can be closed after a failure.
 func (h *hasher) wait() {
 	if h.shut {
 		return
 	}
 	h.shut = true
-	if h.cur != nil && len(*h.cur) > 0 {
-		h.work <- h.cur
+	if h.cur != nil && len(*h.cur.b) > 0 {
+		h.send(h.cur)
 		h.cur = nil
 	}
-	close(h.work)
-	<-h.done
+	for _, ch := range h.work {
+		close(ch)
+	}
+	h.done.Wait()
 	if h.cur != nil {
-		hashBufPool.Put(h.cur)
+		hashBufPool.Put(h.cur.b)
 	}
 	for range hashBufs {
-		hashBufPool.Put(<-h.free)
+		hashBufPool.Put((<-h.free).b)
 	}
 }
 
