@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +14,6 @@ import (
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/basalt-store/basalt/client"
-	"github.com/basalt-store/basalt/internal/cluster"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/s3"
 )
@@ -24,22 +22,9 @@ import (
 // an in-process cluster: each phase does work without errors, reports it
 // as JSON, and deletes what it wrote; wrong credentials fail the run.
 func TestBenchS3(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and starts a cluster")
-	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "basalt")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	dir, bin, c := binaryAndCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Config{Dir: filepath.Join(dir, "cluster"), HeartbeatInterval: 200 * time.Millisecond,
-		TickInterval: 50 * time.Millisecond, BlockSize: 8 << 20, ContainerSize: 256 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, ServiceToken: c.ServiceToken()})
 	if err != nil {
 		t.Fatal(err)

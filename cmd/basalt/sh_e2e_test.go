@@ -2,37 +2,18 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/basalt-store/basalt/internal/cluster"
 )
 
 // TestShAgainstCluster runs the real binary against an in-process cluster:
 // the happy path, and bad input with clear messages and distinct exit codes.
 func TestShAgainstCluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and starts a cluster")
-	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "basalt")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Config{Dir: filepath.Join(dir, "cluster"), HeartbeatInterval: 200 * time.Millisecond,
-		TickInterval: 50 * time.Millisecond, BlockSize: 8 << 20, ContainerSize: 256 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	dir, bin, c := binaryAndCluster(t)
 	run := func(stdin []byte, args ...string) (string, string, int) {
 		cmd := exec.Command(bin, append(args, "--meta", c.MetaAddr())...)
 		var out, errb bytes.Buffer
