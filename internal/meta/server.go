@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -117,7 +118,7 @@ type Server struct {
 	lis  net.Listener
 	grpc *grpc.Server
 
-	token   string // cluster service token
+	token   atomic.Pointer[string] // cluster service token; nil until known
 	metrics *metrics
 	corrupt corruptReplicas
 	cancel  context.CancelFunc
@@ -175,15 +176,20 @@ func New(cfg Config) (*Server, error) {
 		}
 	}()
 	var err error
-	s.token = cfg.ServiceToken
-	if s.token == "" {
+	tok := cfg.ServiceToken
+	if tok == "" {
 		if cfg.ServiceTokenFile == "" {
 			cfg.ServiceTokenFile = filepath.Join(cfg.DataDir, ServiceTokenFile)
 		}
-		if s.token, err = loadServiceToken(cfg.ServiceTokenFile); err != nil {
+		// A missing file: the token is the cluster's replicated one,
+		// adopted (and written here) once Start sees it.
+		if tok, err = loadServiceToken(cfg.ServiceTokenFile); err != nil {
 			return nil, err
 		}
 		s.cfg.ServiceTokenFile = cfg.ServiceTokenFile
+	}
+	if tok != "" {
+		s.token.Store(&tok)
 	}
 	sopts := store.Options{SyncInterval: cfg.StoreSyncInterval}
 	if s.scmState, err = scm.Open(filepath.Join(cfg.DataDir, "scm"), sopts); err != nil {
@@ -296,7 +302,8 @@ func (s *Server) Start() error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.wg.Add(4)
+	s.wg.Add(5)
+	go func() { defer s.wg.Done(); s.establishToken(ctx) }()
 	go func() { defer s.wg.Done(); _ = s.grpc.Serve(s.lis) }()
 	go func() { defer s.wg.Done(); s.scmMgr.Run(ctx) }()
 	go func() { defer s.wg.Done(); s.nsSvc.Run(ctx) }()

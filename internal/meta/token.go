@@ -7,10 +7,12 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"google.golang.org/protobuf/proto"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -27,10 +29,12 @@ import (
 // it as "authorization: Bearer <token>" gRPC metadata (metaclient does
 // that when given Config.ServiceToken).
 //
-// The token is a file in the meta node's data directory, made on first
-// start (0600). Every node of a multi-node service must hold the same
-// token: make it on one node and copy the file (or pass
-// Config.ServiceToken / --service-token-file) to the others.
+// The cluster's token is recorded in the replicated namespace state: the
+// first namespace leader records its configured token, or a new random one
+// (establishToken), and every node without a configured token adopts it
+// and writes it to its data directory (service-token, 0600) for admin
+// tools. A node given a token (Config.ServiceToken, or an existing token
+// file) serves that one: give every node the same, or none.
 
 // ServiceTokenFile is the token's file name in Config.DataDir.
 const ServiceTokenFile = "service-token"
@@ -45,33 +49,32 @@ var serviceTokenMethods = map[string]bool{
 	metapb.Namespace_DeleteS3Secret_FullMethodName: true,
 }
 
-// loadServiceToken reads the token file, creating it with a new random
-// token if it does not exist.
+// loadServiceToken reads the token file; "" if there is none.
 func loadServiceToken(path string) (string, error) {
 	b, err := os.ReadFile(path)
-	if err == nil {
-		tok := strings.TrimSpace(string(b))
-		if len(tok) < 16 {
-			return "", fmt.Errorf("meta: service token file %s holds %d characters, want at least 16", path, len(tok))
-		}
-		return tok, nil
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
 	}
-	if !errors.Is(err, fs.ErrNotExist) {
+	if err != nil {
 		return "", fmt.Errorf("meta: service token: %w", err)
 	}
-	raw := make([]byte, tokenBytes)
-	if _, err := rand.Read(raw); err != nil {
-		return "", err
+	tok := strings.TrimSpace(string(b))
+	if len(tok) < 16 {
+		return "", fmt.Errorf("meta: service token file %s holds %d characters, want at least 16", path, len(tok))
 	}
-	tok := base64.RawURLEncoding.EncodeToString(raw)
+	return tok, nil
+}
+
+// writeServiceToken writes tok to path (0600), aside and renamed, so a
+// crash never leaves a partial token.
+func writeServiceToken(path, tok string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return "", fmt.Errorf("meta: service token: %w", err)
+		return fmt.Errorf("meta: service token: %w", err)
 	}
-	// Written aside and renamed, so a crash never leaves a partial token.
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return "", fmt.Errorf("meta: service token: %w", err)
+		return fmt.Errorf("meta: service token: %w", err)
 	}
 	_, err = f.WriteString(tok + "\n")
 	if err == nil {
@@ -85,9 +88,70 @@ func loadServiceToken(path string) (string, error) {
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return "", fmt.Errorf("meta: service token: %w", err)
+		return fmt.Errorf("meta: service token: %w", err)
 	}
-	return tok, nil
+	return nil
+}
+
+func newServiceToken() (string, error) {
+	raw := make([]byte, tokenBytes)
+	if _, err := rand.Read(raw); err != nil {
+		return "", err
+	}
+	return base64.RawURLEncoding.EncodeToString(raw), nil
+}
+
+// establishToken makes every node serve one token. The namespace state
+// records the cluster's token (the first SetServiceToken wins): the leader
+// proposes one if none is recorded — its configured token, or a new random
+// one — and a node without a configured token adopts the recorded one and
+// writes it to its token file for admin tools. It returns once the state
+// has a token.
+func (s *Server) establishToken(ctx context.Context) {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		tok, err := s.nsState.ServiceToken()
+		if err == nil && tok != "" {
+			if s.token.Load() == nil {
+				if err := writeServiceToken(s.cfg.ServiceTokenFile, tok); err != nil {
+					s.log.Warn("meta: writing the service token file", "err", err)
+				}
+				s.token.Store(&tok)
+			}
+			return
+		}
+		if s.nsGroup.IsLeader() {
+			mine := ""
+			if p := s.token.Load(); p != nil {
+				mine = *p
+			} else if mine, err = newServiceToken(); err != nil {
+				s.log.Warn("meta: making a service token", "err", err)
+			}
+			if mine != "" {
+				cmd, _ := proto.Marshal(&metapb.NsCommand{Op: &metapb.NsCommand_SetServiceToken{SetServiceToken: &metapb.SetServiceTokenOp{Token: mine}}})
+				pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err := propose(pctx, s, s.nsGroup, cmd)
+				cancel()
+				if err != nil && ctx.Err() == nil {
+					s.log.Debug("meta: proposing the service token", "err", err)
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// currentToken is the token this node checks, "" while it is not known.
+func (s *Server) currentToken() string {
+	if p := s.token.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // checkServiceToken lets a call to a guarded method through only with the
@@ -107,8 +171,12 @@ func (s *Server) checkServiceToken(ctx context.Context, method string) error {
 			"give the S3 gateway or admin tool --service-token-file (%s)", s.cfg.NodeID, methodName(method),
 			metaclient.AuthorizationHeader, where)
 	}
+	want := s.currentToken()
+	if want == "" {
+		return status.Errorf(codes.Unavailable, "meta node %d: %s: the cluster service token is not established yet (no namespace leader has recorded one); retry", s.cfg.NodeID, methodName(method))
+	}
 	tok, ok := strings.CutPrefix(vals[0], "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(s.token)) != 1 {
+	if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(want)) != 1 {
 		return status.Errorf(codes.PermissionDenied, "meta node %d: %s: the service token does not match this cluster's", s.cfg.NodeID, methodName(method))
 	}
 	return nil
@@ -118,4 +186,12 @@ func methodName(method string) string { return method[strings.LastIndexByte(meth
 
 // ServiceToken is the cluster service token (for wiring in-process
 // gateways and tools).
-func (s *Server) ServiceToken() string { return s.token }
+// It waits (up to 30 s) for a replicated token to be established.
+func (s *Server) ServiceToken() string {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if tok := s.currentToken(); tok != "" {
+			return tok
+		}
+	}
+	return s.currentToken()
+}

@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,7 +25,9 @@ func TestServiceToken(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	// The token was made on first start, in the data directory, 0600.
+	// The token was made on first start, recorded in the replicated state
+	// and written to the data directory, 0600.
+	served := s.ServiceToken()
 	path := filepath.Join(c.dir, "1", ServiceTokenFile)
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -35,8 +38,11 @@ func TestServiceToken(t *testing.T) {
 	}
 	b, _ := os.ReadFile(path)
 	tok := strings.TrimSpace(string(b))
-	if tok != s.ServiceToken() || len(tok) < 40 {
-		t.Fatalf("token file holds %q, server uses %q", tok, s.ServiceToken())
+	if tok != served || len(tok) < 40 {
+		t.Fatalf("token file holds %q, server uses %q", tok, served)
+	}
+	if rec, err := s.nsState.ServiceToken(); err != nil || rec != tok {
+		t.Fatalf("replicated token %q (%v), want %q", rec, err, tok)
 	}
 
 	dial := func(token string) *metaclient.Client {
@@ -108,5 +114,40 @@ func TestLoadServiceTokenRejectsShortFile(t *testing.T) {
 	os.WriteFile(path, []byte("short\n"), 0o600)
 	if _, err := loadServiceToken(path); err == nil || !strings.Contains(err.Error(), path) {
 		t.Fatalf("short token file: %v", err)
+	}
+}
+
+// TestServiceTokenReplicated: the nodes of a 3-node service given no token
+// all serve the one the first leader recorded, and each writes it to its
+// data directory.
+func TestServiceTokenReplicated(t *testing.T) {
+	c := newCluster(t, 3, scm.Config{})
+	var first string
+	for id, s := range c.servers {
+		tok := s.ServiceToken()
+		if tok == "" {
+			t.Fatalf("node %d has no service token", id)
+		}
+		if first == "" {
+			first = tok
+		} else if tok != first {
+			t.Fatalf("node %d serves token %q, another %q", id, tok, first)
+		}
+		b, err := os.ReadFile(filepath.Join(c.dir, fmt.Sprint(id), ServiceTokenFile))
+		if err != nil || strings.TrimSpace(string(b)) != first {
+			t.Fatalf("node %d token file: %q, %v", id, b, err)
+		}
+	}
+	// Any node accepts it (a follower answers or forwards; it never
+	// refuses the cluster's token).
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	mc, err := metaclient.New(metaclient.Config{Addrs: c.addrs(), ServiceToken: first})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mc.Close()
+	if _, err := mc.Namespace.CreateS3Secret(ctx, &metapb.CreateS3SecretRequest{AccessKeyId: "AKIDREPL", Owner: "t"}); err != nil {
+		t.Fatal(err)
 	}
 }

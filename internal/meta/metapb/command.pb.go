@@ -699,6 +699,7 @@ type NsCommand struct {
 	//	*NsCommand_CreateS3Secret
 	//	*NsCommand_DeleteS3Secret
 	//	*NsCommand_CopyKey
+	//	*NsCommand_SetServiceToken
 	Op            isNsCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -928,6 +929,15 @@ func (x *NsCommand) GetCopyKey() *CopyKeyRequest {
 	return nil
 }
 
+func (x *NsCommand) GetSetServiceToken() *SetServiceTokenOp {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_SetServiceToken); ok {
+			return x.SetServiceToken
+		}
+	}
+	return nil
+}
+
 type isNsCommand_Op interface {
 	isNsCommand_Op()
 }
@@ -1012,6 +1022,10 @@ type NsCommand_CopyKey struct {
 	CopyKey *CopyKeyRequest `protobuf:"bytes,21,opt,name=copy_key,json=copyKey,proto3,oneof"`
 }
 
+type NsCommand_SetServiceToken struct {
+	SetServiceToken *SetServiceTokenOp `protobuf:"bytes,22,opt,name=set_service_token,json=setServiceToken,proto3,oneof"`
+}
+
 func (*NsCommand_CreateVolume) isNsCommand_Op() {}
 
 func (*NsCommand_DeleteVolume) isNsCommand_Op() {}
@@ -1052,6 +1066,54 @@ func (*NsCommand_DeleteS3Secret) isNsCommand_Op() {}
 
 func (*NsCommand_CopyKey) isNsCommand_Op() {}
 
+func (*NsCommand_SetServiceToken) isNsCommand_Op() {}
+
+// SetServiceTokenOp records the cluster service token if none is recorded
+// yet (the first proposal wins); its result is the recorded token.
+type SetServiceTokenOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetServiceTokenOp) Reset() {
+	*x = SetServiceTokenOp{}
+	mi := &file_meta_command_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetServiceTokenOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetServiceTokenOp) ProtoMessage() {}
+
+func (x *SetServiceTokenOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetServiceTokenOp.ProtoReflect.Descriptor instead.
+func (*SetServiceTokenOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SetServiceTokenOp) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
 type OpenKeyOp struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Request       *OpenKeyRequest        `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
@@ -1062,7 +1124,7 @@ type OpenKeyOp struct {
 
 func (x *OpenKeyOp) Reset() {
 	*x = OpenKeyOp{}
-	mi := &file_meta_command_proto_msgTypes[11]
+	mi := &file_meta_command_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1136,7 @@ func (x *OpenKeyOp) String() string {
 func (*OpenKeyOp) ProtoMessage() {}
 
 func (x *OpenKeyOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[11]
+	mi := &file_meta_command_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1149,7 @@ func (x *OpenKeyOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyOp.ProtoReflect.Descriptor instead.
 func (*OpenKeyOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{11}
+	return file_meta_command_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *OpenKeyOp) GetRequest() *OpenKeyRequest {
@@ -1114,7 +1176,7 @@ type AddBlockOp struct {
 
 func (x *AddBlockOp) Reset() {
 	*x = AddBlockOp{}
-	mi := &file_meta_command_proto_msgTypes[12]
+	mi := &file_meta_command_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1188,7 @@ func (x *AddBlockOp) String() string {
 func (*AddBlockOp) ProtoMessage() {}
 
 func (x *AddBlockOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[12]
+	mi := &file_meta_command_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1201,7 @@ func (x *AddBlockOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddBlockOp.ProtoReflect.Descriptor instead.
 func (*AddBlockOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{12}
+	return file_meta_command_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AddBlockOp) GetOpenId() uint64 {
@@ -1166,7 +1228,7 @@ type ExpireOpenKeysOp struct {
 
 func (x *ExpireOpenKeysOp) Reset() {
 	*x = ExpireOpenKeysOp{}
-	mi := &file_meta_command_proto_msgTypes[13]
+	mi := &file_meta_command_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1178,7 +1240,7 @@ func (x *ExpireOpenKeysOp) String() string {
 func (*ExpireOpenKeysOp) ProtoMessage() {}
 
 func (x *ExpireOpenKeysOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[13]
+	mi := &file_meta_command_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1191,7 +1253,7 @@ func (x *ExpireOpenKeysOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireOpenKeysOp.ProtoReflect.Descriptor instead.
 func (*ExpireOpenKeysOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{13}
+	return file_meta_command_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExpireOpenKeysOp) GetOpenIds() []uint64 {
@@ -1220,7 +1282,7 @@ type CreateMultipartUploadOp struct {
 
 func (x *CreateMultipartUploadOp) Reset() {
 	*x = CreateMultipartUploadOp{}
-	mi := &file_meta_command_proto_msgTypes[14]
+	mi := &file_meta_command_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1232,7 +1294,7 @@ func (x *CreateMultipartUploadOp) String() string {
 func (*CreateMultipartUploadOp) ProtoMessage() {}
 
 func (x *CreateMultipartUploadOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[14]
+	mi := &file_meta_command_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1245,7 +1307,7 @@ func (x *CreateMultipartUploadOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateMultipartUploadOp.ProtoReflect.Descriptor instead.
 func (*CreateMultipartUploadOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{14}
+	return file_meta_command_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreateMultipartUploadOp) GetRequest() *CreateMultipartUploadRequest {
@@ -1271,7 +1333,7 @@ type PurgeDeletedOp struct {
 
 func (x *PurgeDeletedOp) Reset() {
 	*x = PurgeDeletedOp{}
-	mi := &file_meta_command_proto_msgTypes[15]
+	mi := &file_meta_command_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1283,7 +1345,7 @@ func (x *PurgeDeletedOp) String() string {
 func (*PurgeDeletedOp) ProtoMessage() {}
 
 func (x *PurgeDeletedOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[15]
+	mi := &file_meta_command_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1296,7 +1358,7 @@ func (x *PurgeDeletedOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeletedOp.ProtoReflect.Descriptor instead.
 func (*PurgeDeletedOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{15}
+	return file_meta_command_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PurgeDeletedOp) GetSeqs() []uint64 {
@@ -1318,7 +1380,7 @@ type ReclaimDirOp struct {
 
 func (x *ReclaimDirOp) Reset() {
 	*x = ReclaimDirOp{}
-	mi := &file_meta_command_proto_msgTypes[16]
+	mi := &file_meta_command_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1392,7 @@ func (x *ReclaimDirOp) String() string {
 func (*ReclaimDirOp) ProtoMessage() {}
 
 func (x *ReclaimDirOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[16]
+	mi := &file_meta_command_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1405,7 @@ func (x *ReclaimDirOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimDirOp.ProtoReflect.Descriptor instead.
 func (*ReclaimDirOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{16}
+	return file_meta_command_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReclaimDirOp) GetSeq() uint64 {
@@ -1378,7 +1440,7 @@ type OpenKeyRow struct {
 
 func (x *OpenKeyRow) Reset() {
 	*x = OpenKeyRow{}
-	mi := &file_meta_command_proto_msgTypes[17]
+	mi := &file_meta_command_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1390,7 +1452,7 @@ func (x *OpenKeyRow) String() string {
 func (*OpenKeyRow) ProtoMessage() {}
 
 func (x *OpenKeyRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[17]
+	mi := &file_meta_command_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1403,7 +1465,7 @@ func (x *OpenKeyRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyRow.ProtoReflect.Descriptor instead.
 func (*OpenKeyRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{17}
+	return file_meta_command_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *OpenKeyRow) GetOpenId() uint64 {
@@ -1488,7 +1550,7 @@ type DeletedRow struct {
 
 func (x *DeletedRow) Reset() {
 	*x = DeletedRow{}
-	mi := &file_meta_command_proto_msgTypes[18]
+	mi := &file_meta_command_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1500,7 +1562,7 @@ func (x *DeletedRow) String() string {
 func (*DeletedRow) ProtoMessage() {}
 
 func (x *DeletedRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[18]
+	mi := &file_meta_command_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1513,7 +1575,7 @@ func (x *DeletedRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletedRow.ProtoReflect.Descriptor instead.
 func (*DeletedRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{18}
+	return file_meta_command_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeletedRow) GetSeq() uint64 {
@@ -1550,7 +1612,7 @@ type PendingDirRow struct {
 
 func (x *PendingDirRow) Reset() {
 	*x = PendingDirRow{}
-	mi := &file_meta_command_proto_msgTypes[19]
+	mi := &file_meta_command_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1562,7 +1624,7 @@ func (x *PendingDirRow) String() string {
 func (*PendingDirRow) ProtoMessage() {}
 
 func (x *PendingDirRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[19]
+	mi := &file_meta_command_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1575,7 +1637,7 @@ func (x *PendingDirRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDirRow.ProtoReflect.Descriptor instead.
 func (*PendingDirRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{19}
+	return file_meta_command_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PendingDirRow) GetSeq() uint64 {
@@ -1612,7 +1674,7 @@ type FsEntry struct {
 
 func (x *FsEntry) Reset() {
 	*x = FsEntry{}
-	mi := &file_meta_command_proto_msgTypes[20]
+	mi := &file_meta_command_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1624,7 +1686,7 @@ func (x *FsEntry) String() string {
 func (*FsEntry) ProtoMessage() {}
 
 func (x *FsEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[20]
+	mi := &file_meta_command_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1637,7 +1699,7 @@ func (x *FsEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FsEntry.ProtoReflect.Descriptor instead.
 func (*FsEntry) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{20}
+	return file_meta_command_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *FsEntry) GetIsDir() bool {
@@ -1712,7 +1774,7 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x0eDeleteBlocksTx\x12\x13\n" +
 	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x12!\n" +
 	"\fcontainer_id\x18\x02 \x01(\x04R\vcontainerId\x12\x1b\n" +
-	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\x81\f\n" +
+	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\xd2\f\n" +
 	"\tNsCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12J\n" +
 	"\rcreate_volume\x18\x02 \x01(\v2#.basalt.meta.v1.CreateVolumeRequestH\x00R\fcreateVolume\x12J\n" +
@@ -1740,8 +1802,11 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x0fabort_multipart\x18\x12 \x01(\v2+.basalt.meta.v1.AbortMultipartUploadRequestH\x00R\x0eabortMultipart\x12Q\n" +
 	"\x10create_s3_secret\x18\x13 \x01(\v2%.basalt.meta.v1.CreateS3SecretRequestH\x00R\x0ecreateS3Secret\x12Q\n" +
 	"\x10delete_s3_secret\x18\x14 \x01(\v2%.basalt.meta.v1.DeleteS3SecretRequestH\x00R\x0edeleteS3Secret\x12;\n" +
-	"\bcopy_key\x18\x15 \x01(\v2\x1e.basalt.meta.v1.CopyKeyRequestH\x00R\acopyKeyB\x04\n" +
-	"\x02op\"|\n" +
+	"\bcopy_key\x18\x15 \x01(\v2\x1e.basalt.meta.v1.CopyKeyRequestH\x00R\acopyKey\x12O\n" +
+	"\x11set_service_token\x18\x16 \x01(\v2!.basalt.meta.v1.SetServiceTokenOpH\x00R\x0fsetServiceTokenB\x04\n" +
+	"\x02op\")\n" +
+	"\x11SetServiceTokenOp\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\"|\n" +
 	"\tOpenKeyOp\x128\n" +
 	"\arequest\x18\x01 \x01(\v2\x1e.basalt.meta.v1.OpenKeyRequestR\arequest\x125\n" +
 	"\x06blocks\x18\x02 \x03(\v2\x1d.basalt.meta.v1.BlockLocationR\x06blocks\"Z\n" +
@@ -1800,7 +1865,7 @@ func file_meta_command_proto_rawDescGZIP() []byte {
 	return file_meta_command_proto_rawDescData
 }
 
-var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_meta_command_proto_goTypes = []any{
 	(*ScmCommand)(nil),                     // 0: basalt.meta.v1.ScmCommand
 	(*RegisterDatanodeOp)(nil),             // 1: basalt.meta.v1.RegisterDatanodeOp
@@ -1813,39 +1878,40 @@ var file_meta_command_proto_goTypes = []any{
 	(*PurgeDeleteTxsOp)(nil),               // 8: basalt.meta.v1.PurgeDeleteTxsOp
 	(*DeleteBlocksTx)(nil),                 // 9: basalt.meta.v1.DeleteBlocksTx
 	(*NsCommand)(nil),                      // 10: basalt.meta.v1.NsCommand
-	(*OpenKeyOp)(nil),                      // 11: basalt.meta.v1.OpenKeyOp
-	(*AddBlockOp)(nil),                     // 12: basalt.meta.v1.AddBlockOp
-	(*ExpireOpenKeysOp)(nil),               // 13: basalt.meta.v1.ExpireOpenKeysOp
-	(*CreateMultipartUploadOp)(nil),        // 14: basalt.meta.v1.CreateMultipartUploadOp
-	(*PurgeDeletedOp)(nil),                 // 15: basalt.meta.v1.PurgeDeletedOp
-	(*ReclaimDirOp)(nil),                   // 16: basalt.meta.v1.ReclaimDirOp
-	(*OpenKeyRow)(nil),                     // 17: basalt.meta.v1.OpenKeyRow
-	(*DeletedRow)(nil),                     // 18: basalt.meta.v1.DeletedRow
-	(*PendingDirRow)(nil),                  // 19: basalt.meta.v1.PendingDirRow
-	(*FsEntry)(nil),                        // 20: basalt.meta.v1.FsEntry
-	(*DeleteBlocksRequest)(nil),            // 21: basalt.meta.v1.DeleteBlocksRequest
-	(*DatanodeDetails)(nil),                // 22: basalt.meta.v1.DatanodeDetails
-	(Replication)(0),                       // 23: basalt.meta.v1.Replication
-	(*CreateVolumeRequest)(nil),            // 24: basalt.meta.v1.CreateVolumeRequest
-	(*DeleteVolumeRequest)(nil),            // 25: basalt.meta.v1.DeleteVolumeRequest
-	(*CreateBucketRequest)(nil),            // 26: basalt.meta.v1.CreateBucketRequest
-	(*DeleteBucketRequest)(nil),            // 27: basalt.meta.v1.DeleteBucketRequest
-	(*CommitKeyRequest)(nil),               // 28: basalt.meta.v1.CommitKeyRequest
-	(*RenameKeyRequest)(nil),               // 29: basalt.meta.v1.RenameKeyRequest
-	(*DeleteKeyRequest)(nil),               // 30: basalt.meta.v1.DeleteKeyRequest
-	(*CreateDirectoryRequest)(nil),         // 31: basalt.meta.v1.CreateDirectoryRequest
-	(*SetKeyMetaRequest)(nil),              // 32: basalt.meta.v1.SetKeyMetaRequest
-	(*CompleteMultipartUploadRequest)(nil), // 33: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 34: basalt.meta.v1.AbortMultipartUploadRequest
-	(*CreateS3SecretRequest)(nil),          // 35: basalt.meta.v1.CreateS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 36: basalt.meta.v1.DeleteS3SecretRequest
-	(*CopyKeyRequest)(nil),                 // 37: basalt.meta.v1.CopyKeyRequest
-	(*OpenKeyRequest)(nil),                 // 38: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 39: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 40: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 41: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 42: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 43: basalt.meta.v1.KeyInfo
+	(*SetServiceTokenOp)(nil),              // 11: basalt.meta.v1.SetServiceTokenOp
+	(*OpenKeyOp)(nil),                      // 12: basalt.meta.v1.OpenKeyOp
+	(*AddBlockOp)(nil),                     // 13: basalt.meta.v1.AddBlockOp
+	(*ExpireOpenKeysOp)(nil),               // 14: basalt.meta.v1.ExpireOpenKeysOp
+	(*CreateMultipartUploadOp)(nil),        // 15: basalt.meta.v1.CreateMultipartUploadOp
+	(*PurgeDeletedOp)(nil),                 // 16: basalt.meta.v1.PurgeDeletedOp
+	(*ReclaimDirOp)(nil),                   // 17: basalt.meta.v1.ReclaimDirOp
+	(*OpenKeyRow)(nil),                     // 18: basalt.meta.v1.OpenKeyRow
+	(*DeletedRow)(nil),                     // 19: basalt.meta.v1.DeletedRow
+	(*PendingDirRow)(nil),                  // 20: basalt.meta.v1.PendingDirRow
+	(*FsEntry)(nil),                        // 21: basalt.meta.v1.FsEntry
+	(*DeleteBlocksRequest)(nil),            // 22: basalt.meta.v1.DeleteBlocksRequest
+	(*DatanodeDetails)(nil),                // 23: basalt.meta.v1.DatanodeDetails
+	(Replication)(0),                       // 24: basalt.meta.v1.Replication
+	(*CreateVolumeRequest)(nil),            // 25: basalt.meta.v1.CreateVolumeRequest
+	(*DeleteVolumeRequest)(nil),            // 26: basalt.meta.v1.DeleteVolumeRequest
+	(*CreateBucketRequest)(nil),            // 27: basalt.meta.v1.CreateBucketRequest
+	(*DeleteBucketRequest)(nil),            // 28: basalt.meta.v1.DeleteBucketRequest
+	(*CommitKeyRequest)(nil),               // 29: basalt.meta.v1.CommitKeyRequest
+	(*RenameKeyRequest)(nil),               // 30: basalt.meta.v1.RenameKeyRequest
+	(*DeleteKeyRequest)(nil),               // 31: basalt.meta.v1.DeleteKeyRequest
+	(*CreateDirectoryRequest)(nil),         // 32: basalt.meta.v1.CreateDirectoryRequest
+	(*SetKeyMetaRequest)(nil),              // 33: basalt.meta.v1.SetKeyMetaRequest
+	(*CompleteMultipartUploadRequest)(nil), // 34: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 35: basalt.meta.v1.AbortMultipartUploadRequest
+	(*CreateS3SecretRequest)(nil),          // 36: basalt.meta.v1.CreateS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 37: basalt.meta.v1.DeleteS3SecretRequest
+	(*CopyKeyRequest)(nil),                 // 38: basalt.meta.v1.CopyKeyRequest
+	(*OpenKeyRequest)(nil),                 // 39: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 40: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 41: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 42: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 43: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 44: basalt.meta.v1.KeyInfo
 }
 var file_meta_command_proto_depIdxs = []int32{
 	1,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -1855,44 +1921,45 @@ var file_meta_command_proto_depIdxs = []int32{
 	5,  // 4: basalt.meta.v1.ScmCommand.close_containers:type_name -> basalt.meta.v1.CloseContainersOp
 	6,  // 5: basalt.meta.v1.ScmCommand.container_closed:type_name -> basalt.meta.v1.ContainerClosedOp
 	7,  // 6: basalt.meta.v1.ScmCommand.allocate_id_range:type_name -> basalt.meta.v1.AllocateIDRangeOp
-	21, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
+	22, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
 	8,  // 8: basalt.meta.v1.ScmCommand.purge_delete_txs:type_name -> basalt.meta.v1.PurgeDeleteTxsOp
-	22, // 9: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
-	23, // 10: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
-	24, // 11: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
-	25, // 12: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
-	26, // 13: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
-	27, // 14: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
-	11, // 15: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
-	12, // 16: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
-	28, // 17: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
-	29, // 18: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
-	30, // 19: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
-	31, // 20: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
-	13, // 21: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
-	15, // 22: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
-	16, // 23: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
-	32, // 24: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
-	14, // 25: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
-	33, // 26: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
-	34, // 27: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
-	35, // 28: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
-	36, // 29: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
-	37, // 30: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
-	38, // 31: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	39, // 32: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	39, // 33: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	40, // 34: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	23, // 35: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	41, // 36: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	42, // 37: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	42, // 38: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	43, // 39: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	40, // [40:40] is the sub-list for method output_type
-	40, // [40:40] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	23, // 9: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
+	24, // 10: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
+	25, // 11: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
+	26, // 12: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
+	27, // 13: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
+	28, // 14: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
+	12, // 15: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
+	13, // 16: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
+	29, // 17: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
+	30, // 18: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
+	31, // 19: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
+	32, // 20: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
+	14, // 21: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
+	16, // 22: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
+	17, // 23: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
+	33, // 24: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
+	15, // 25: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
+	34, // 26: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
+	35, // 27: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
+	36, // 28: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
+	37, // 29: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
+	38, // 30: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
+	11, // 31: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
+	39, // 32: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	40, // 33: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	40, // 34: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	41, // 35: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	24, // 36: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	42, // 37: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	43, // 38: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	43, // 39: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	44, // 40: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	41, // [41:41] is the sub-list for method output_type
+	41, // [41:41] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -1933,6 +2000,7 @@ func file_meta_command_proto_init() {
 		(*NsCommand_CreateS3Secret)(nil),
 		(*NsCommand_DeleteS3Secret)(nil),
 		(*NsCommand_CopyKey)(nil),
+		(*NsCommand_SetServiceToken)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1940,7 +2008,7 @@ func file_meta_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_command_proto_rawDesc), len(file_meta_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

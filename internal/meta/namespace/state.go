@@ -45,6 +45,7 @@ var (
 	keyNextBkt = []byte("m/next_bucket")
 	keyNextOpn = []byte("m/next_open")
 	keyNextID  = []byte("m/next_id")
+	keyToken   = []byte("m/service_token")
 )
 
 func cat(parts ...[]byte) []byte {
@@ -284,6 +285,8 @@ func (t *tx) apply(cmd *metapb.NsCommand) any {
 	switch op := cmd.Op.(type) {
 	case *metapb.NsCommand_CreateVolume:
 		return t.createVolume(op.CreateVolume)
+	case *metapb.NsCommand_SetServiceToken:
+		return t.setServiceToken(op.SetServiceToken)
 	case *metapb.NsCommand_DeleteVolume:
 		return t.deleteVolume(op.DeleteVolume)
 	case *metapb.NsCommand_CreateBucket:
@@ -846,4 +849,43 @@ func (s *State) BulkLoadObjectKeys(bucketID uint64, keys []*metapb.KeyInfo) erro
 		}
 	}
 	return s.st.Commit(b, s.st.AppliedIndex())
+}
+
+// setServiceToken records the cluster service token unless one is
+// recorded: every meta node then serves the same token.
+func (t *tx) setServiceToken(op *metapb.SetServiceTokenOp) any {
+	v, closer, err := t.b.Get(keyToken)
+	if err == nil {
+		tok := string(v)
+		closer.Close()
+		return tok
+	}
+	if !errors.Is(err, pebble.ErrNotFound) {
+		panic(err)
+	}
+	if len(op.Token) < 16 {
+		return status.Errorf(codes.InvalidArgument, "service token of %d characters, want at least 16", len(op.Token))
+	}
+	if err := t.b.Set(keyToken, []byte(op.Token), nil); err != nil {
+		panic(err)
+	}
+	return op.Token
+}
+
+// ServiceToken returns the replicated cluster service token, "" if none
+// has been recorded yet.
+func (s *State) ServiceToken() (string, error) {
+	var tok string
+	err := s.view(func(r pebble.Reader) error {
+		v, closer, err := r.Get(keyToken)
+		if errors.Is(err, pebble.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		tok = string(v)
+		return closer.Close()
+	})
+	return tok, err
 }
