@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
 // TestSmallKeysUsePutSmallFile: keys of at most one chunk go as one
@@ -58,6 +61,37 @@ func TestSmallFileRetries(t *testing.T) {
 	fc := newFakeCluster(t, 6, tBlock)
 	c := testClient(t, fc, nil)
 	setupBucket(t, c)
+	// The retry after REPLICAS_LAG needs an open THREE pipeline without the
+	// laggard: wait for a second pipeline (SCM makes them as datanodes
+	// register) and name as laggard a member another pipeline lacks.
+	threes := func() [][]uint64 {
+		r, err := fc.mc.Scm.ListPipelines(context.Background(), &metapb.ListPipelinesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out [][]uint64
+		for _, p := range r.Pipelines {
+			if p.Replication == metapb.Replication_THREE && p.State == metapb.PipelineState_PIPELINE_OPEN {
+				out = append(out, p.Datanodes)
+			}
+		}
+		return out
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(threes()) < 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than 2 open THREE pipelines: %v", threes())
+		}
+	}
+	laggard := func(members []uint64) uint64 {
+		for _, m := range members {
+			for _, other := range threes() {
+				if !slices.Contains(other, m) {
+					return m
+				}
+			}
+		}
+		return members[len(members)-1]
+	}
 	var closed atomic.Uint64
 	var calls atomic.Int32
 	var lagged atomic.Uint64
@@ -71,7 +105,7 @@ func TestSmallFileRetries(t *testing.T) {
 				t.Errorf("retry went to the closed container %d", closed.Load())
 			}
 			lagged.Store(req.PipelineId)
-			return dnErr(codes.DeadlineExceeded, &datanodepb.Error{Kind: datanodepb.Error_REPLICAS_LAG, Lagging: []uint64{fc.members(req.PipelineId)[2]}}, "lagging")
+			return dnErr(codes.DeadlineExceeded, &datanodepb.Error{Kind: datanodepb.Error_REPLICAS_LAG, Lagging: []uint64{laggard(fc.members(req.PipelineId))}}, "lagging")
 		default:
 			if req.PipelineId == lagged.Load() {
 				t.Errorf("retry went to the lagging pipeline %d", lagged.Load())
