@@ -145,9 +145,13 @@ func TestTCPManyGroupsSurviveHostLoss(t *testing.T) {
 			t.Errorf("host %d has %d connections, want 2 (one per peer)", id, n)
 		}
 	}
-	// Heartbeats travel coalesced, not as one protobuf per group.
-	if hb := testCounter(c.hosts[1].metrics.heartbeatsCoalesced); hb == 0 {
-		t.Error("no coalesced heartbeats")
+	// Heartbeats travel coalesced, not as one protobuf per group (they
+	// are periodic: wait a few heartbeat ticks for the first).
+	for deadline := time.Now().Add(5 * time.Second); testCounter(c.hosts[1].metrics.heartbeatsCoalesced) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Error("no coalesced heartbeats within 5 s")
+			break
+		}
 	}
 
 	// Kill host 3 (stop without warning its peers): every group keeps a
