@@ -374,9 +374,7 @@ func runPhase(name string, n, threads int, bar *progress, countOps bool, op func
 	bar.finish()
 	el := time.Since(start).Seconds()
 	slices.Sort(lat)
-	pct := func(p float64) float64 {
-		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))]) / 1e6
-	}
+	pct := func(p float64) float64 { return percentileMs(lat, p) }
 	r := benchResult{Phase: name, Ops: n, Errors: int(errCount.Load()), Bytes: bytesDone.Load(), Seconds: el,
 		P50Ms: pct(0.50), P90Ms: pct(0.90), P99Ms: pct(0.99), MaxMs: float64(lat[len(lat)-1]) / 1e6}
 	if el > 0 {
@@ -387,6 +385,15 @@ func runPhase(name string, n, threads int, bar *progress, countOps bool, op func
 		r.FirstError = e
 	}
 	return r
+}
+
+// percentileMs is the p-quantile of sorted latencies in milliseconds (0
+// for none).
+func percentileMs(sorted []time.Duration, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return float64(sorted[min(len(sorted)-1, int(p*float64(len(sorted))))]) / 1e6
 }
 
 func ensureBucket(ctx context.Context, c *client.Client, vol, bucket string) error {

@@ -492,12 +492,7 @@ func runTimed(ctx context.Context, d time.Duration, maxOps, conc int, bar *progr
 		r.MiBPerSec = float64(r.Bytes) / (1 << 20) / el
 		r.OpsPerSec = float64(r.Ops) / el
 	}
-	pct := func(l []time.Duration, p float64) float64 {
-		if len(l) == 0 {
-			return 0
-		}
-		return float64(l[min(len(l)-1, int(p*float64(len(l))))]) / 1e6
-	}
+	pct := percentileMs
 	slices.Sort(lat)
 	slices.Sort(ttfb)
 	r.P50Ms, r.P90Ms, r.P99Ms = pct(lat, 0.5), pct(lat, 0.9), pct(lat, 0.99)

@@ -121,18 +121,9 @@ func (t *tx) copyKey(req *metapb.CopyKeyRequest) any {
 // readers verify whole checksum windows of the stored block).
 func (t *tx) copyPart(req *metapb.CopyKeyRequest, src *metapb.KeyInfo, b *metapb.Bucket) any {
 	p := req.Part
-	if err := objectBucket(b, "multipart upload"); err != nil {
+	u, err := t.partUpload(b, req.Bucket, req.Key, p)
+	if err != nil {
 		return err
-	}
-	if p.PartNumber < 1 || p.PartNumber > MaxPartNumber {
-		return invalid("part number %d outside [1, %d]", p.PartNumber, MaxPartNumber)
-	}
-	if err := validateUploadID(p.UploadId); err != nil {
-		return err
-	}
-	u := &metapb.MultipartUpload{}
-	if !t.get(uploadKey(b.Id, req.Key, p.UploadId), u) {
-		return s3Error(codes.NotFound, ReasonNoSuchUpload, "upload %q of key %q not found in bucket %q (completed or aborted)", p.UploadId, req.Key, req.Bucket)
 	}
 	if u.Replication != src.Replication {
 		return notShareable("copy %q to upload %q: the source has replication %v, the upload %v", req.SrcKey, p.UploadId, src.Replication, u.Replication)

@@ -162,21 +162,31 @@ func (t *tx) setKeyMeta(req *metapb.SetKeyMetaRequest) any {
 	return ki
 }
 
+// partUpload checks a part reference (object bucket, part number, upload
+// ID) and returns the upload it belongs to.
+func (t *tx) partUpload(b *metapb.Bucket, bucket, key string, p *metapb.PartRef) (*metapb.MultipartUpload, error) {
+	if err := objectBucket(b, "multipart upload"); err != nil {
+		return nil, err
+	}
+	if p.PartNumber < 1 || p.PartNumber > MaxPartNumber {
+		return nil, invalid("part number %d outside [1, %d]", p.PartNumber, MaxPartNumber)
+	}
+	if err := validateUploadID(p.UploadId); err != nil {
+		return nil, err
+	}
+	u := &metapb.MultipartUpload{}
+	if !t.get(uploadKey(b.Id, key, p.UploadId), u) {
+		return nil, s3Error(codes.NotFound, ReasonNoSuchUpload, "upload %q of key %q not found in bucket %q (completed or aborted)", p.UploadId, key, bucket)
+	}
+	return u, nil
+}
+
 // commitPart records the blocks of an open key as part req.Part of an
 // upload, replacing (and reclaiming) an earlier part of that number.
 func (t *tx) commitPart(req *metapb.CommitKeyRequest, row *metapb.OpenKeyRow, b *metapb.Bucket) any {
 	p := req.Part
-	if err := objectBucket(b, "multipart upload"); err != nil {
+	if _, err := t.partUpload(b, row.Bucket, row.Key, p); err != nil {
 		return err
-	}
-	if p.PartNumber < 1 || p.PartNumber > MaxPartNumber {
-		return invalid("part number %d outside [1, %d]", p.PartNumber, MaxPartNumber)
-	}
-	if err := validateUploadID(p.UploadId); err != nil {
-		return err
-	}
-	if !t.get(uploadKey(b.Id, row.Key, p.UploadId), &metapb.MultipartUpload{}) {
-		return s3Error(codes.NotFound, ReasonNoSuchUpload, "upload %q of key %q not found in bucket %q (completed or aborted)", p.UploadId, row.Key, row.Bucket)
 	}
 	allocated := map[[2]uint64]bool{}
 	for _, id := range row.Blocks {
