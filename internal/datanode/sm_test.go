@@ -14,6 +14,7 @@ import (
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/raft"
 	"github.com/basalt-store/basalt/internal/storage"
+	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // replica is one container state machine over its own store, as on one
@@ -23,7 +24,7 @@ import (
 type replica struct {
 	t     *testing.T
 	dir   string
-	fs    *storage.FaultFS
+	fs    *vfs.FaultFS
 	store *storage.Store
 	sm    *containerSM
 
@@ -33,7 +34,7 @@ type replica struct {
 
 func openReplica(t *testing.T, dir string) *replica {
 	t.Helper()
-	r := &replica{t: t, dir: dir, fs: &storage.FaultFS{FS: storage.OSFS{}}}
+	r := &replica{t: t, dir: dir, fs: vfs.NewFaultFS(vfs.Default)}
 	r.fs.SetInject(func(op, path string) error {
 		if op == "sync" && strings.HasSuffix(path, ".block") {
 			r.mu.Lock()

@@ -95,8 +95,8 @@ func (s *Store) Volumes() []VolumeReport {
 	var out []VolumeReport
 	for _, v := range s.volumes {
 		r := VolumeReport{Path: v.path, Used: used[v], Containers: count[v], Reserved: s.opts.ReservedBytes}
-		if du, err := v.fs.DiskUsage(v.path); err == nil {
-			r.Capacity, r.Available = du.Total, max(0, du.Avail-s.opts.ReservedBytes)
+		if avail, total, err := v.diskUsage(); err == nil {
+			r.Capacity, r.Available = total, max(0, avail-s.opts.ReservedBytes)
 		}
 		if v.failed.Load() {
 			r.Failed, r.Error, r.Available = true, fmt.Sprint(v.err()), 0

@@ -11,8 +11,9 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/cockroachdb/pebble/v2/vfs"
 	"golang.org/x/sys/unix"
+
+	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // ContainerID names a container cluster-wide (assigned by SCM).
@@ -87,11 +88,13 @@ const (
 // Options configure a Store. Only Volumes is required.
 type Options struct {
 	Volumes []string // one directory per disk
-	FS      FS       // block data file system; default OSFS
-	MetaFS  vfs.FS   // Pebble's file system; default vfs.Default
+	// FS is the file system of everything on the volumes: block files,
+	// directories and the Pebble DB, so a crashable in-memory FS crashes a
+	// whole volume consistently. Default vfs.Default.
+	FS vfs.FS
 	// NewBackend builds the block data backend of a volume; default the
 	// posix backend with DirectIO.
-	NewBackend func(fs FS, dir string) (BlockFiles, error)
+	NewBackend func(fs vfs.FS, dir string) (BlockFiles, error)
 	DirectIO   DirectIO
 	// ReservedBytes is left free on every volume for other users of the
 	// disk: containers are not placed and chunks not written into it.
@@ -116,14 +119,11 @@ type Options struct {
 
 func (o *Options) setDefaults() {
 	if o.FS == nil {
-		o.FS = OSFS{}
-	}
-	if o.MetaFS == nil {
-		o.MetaFS = vfs.Default
+		o.FS = vfs.Default
 	}
 	if o.NewBackend == nil {
 		mode := o.DirectIO
-		o.NewBackend = func(fs FS, dir string) (BlockFiles, error) { return NewPosix(fs, dir, mode) }
+		o.NewBackend = func(fs vfs.FS, dir string) (BlockFiles, error) { return NewPosix(fs, dir, mode) }
 	}
 	if o.ContainerSize <= 0 {
 		o.ContainerSize = DefaultContainerSize
@@ -160,7 +160,7 @@ type volume struct {
 	path  string
 	files BlockFiles
 	db    *pebble.DB
-	fs    FS
+	fs    vfs.FS
 
 	failed  atomic.Bool
 	mu      sync.Mutex
@@ -246,7 +246,7 @@ func (l quietLogger) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
 
 func (s *Store) openVolume(v *volume) error {
 	root := filepath.Join(v.path, "basalt")
-	if err := v.fs.MkdirAll(root, 0o755); err != nil {
+	if err := mkdirAllSync(v.fs, filepath.Join(root, "meta")); err != nil {
 		return err
 	}
 	files, err := s.opts.NewBackend(v.fs, filepath.Join(root, "containers"))
@@ -255,7 +255,7 @@ func (s *Store) openVolume(v *volume) error {
 	}
 	v.files = files
 	db, err := pebble.Open(filepath.Join(root, "meta"), &pebble.Options{
-		FS:     s.opts.MetaFS,
+		FS:     v.fs,
 		Logger: quietLogger{s.opts.Logf},
 	})
 	if err != nil {
@@ -446,6 +446,15 @@ func (v *volume) fail(err error, logf func(string, ...any)) {
 	v.failed.Store(true)
 }
 
+// diskUsage reports the bytes available to us and the file system's size.
+func (v *volume) diskUsage() (avail, total int64, err error) {
+	du, err := v.fs.GetDiskUsage(v.path)
+	if err != nil {
+		return 0, 0, err
+	}
+	return int64(min(du.AvailBytes, 1<<62)), int64(min(du.TotalBytes, 1<<62)), nil
+}
+
 func (v *volume) err() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -565,13 +574,13 @@ func (s *Store) pickVolume(need int64) (*volume, error) {
 			reasons = append(reasons, v.path+": failed")
 			continue
 		}
-		du, err := v.fs.DiskUsage(v.path)
+		avail, _, err := v.diskUsage()
 		if err != nil {
 			v.fail(err, s.opts.Logf)
 			reasons = append(reasons, v.path+": "+err.Error())
 			continue
 		}
-		free := du.Avail - s.opts.ReservedBytes
+		free := avail - s.opts.ReservedBytes
 		if free < need {
 			reasons = append(reasons, fmt.Sprintf("%s: %d bytes free beyond reserve, need %d", v.path, free, need))
 			continue
@@ -741,14 +750,14 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 	}
 
 	if grow > 0 {
-		du, err := c.vol.fs.DiskUsage(c.vol.path)
+		avail, _, err := c.vol.diskUsage()
 		if err != nil {
 			release()
 			return s.ioErr(op, c, lid, off, err)
 		}
-		if du.Avail-s.opts.ReservedBytes < grow {
+		if avail-s.opts.ReservedBytes < grow {
 			release()
-			return oErr(op, ErrDiskFull, c.id, lid, off, fmt.Sprintf("%d bytes available beyond reserve %d, need %d", du.Avail-s.opts.ReservedBytes, s.opts.ReservedBytes, grow), nil).withVolume(c.vol.path)
+			return oErr(op, ErrDiskFull, c.id, lid, off, fmt.Sprintf("%d bytes available beyond reserve %d, need %d", avail-s.opts.ReservedBytes, s.opts.ReservedBytes, grow), nil).withVolume(c.vol.path)
 		}
 	}
 	if ob.w == nil {
