@@ -186,6 +186,10 @@ func (s *Store) CloseContainer(cid ContainerID) error {
 	for lid, ob := range blocks {
 		ob.mu.Lock()
 		if !ob.dead {
+			if err := s.dropRecords(c, lid, ob); err != nil {
+				ob.mu.Unlock()
+				return s.ioErr(op, c, lid, 0, err)
+			}
 			s.dropOpen(c, lid, ob)
 			var err error
 			if ob.exists {
@@ -270,6 +274,10 @@ func (s *Store) DeleteBlocks(cid ContainerID, lids []LocalID) error {
 		if ob := open[lid]; ob != nil {
 			ob.mu.Lock()
 			if !ob.dead {
+				if err := s.dropRecords(c, lid, ob); err != nil {
+					ob.mu.Unlock()
+					return s.ioErr(op, c, lid, 0, err)
+				}
 				s.dropOpen(c, lid, ob)
 			}
 			ob.mu.Unlock()

@@ -169,7 +169,7 @@ func TestErrors(t *testing.T) {
 		}, ErrBadChecksum, []string{"block 2"}},
 		{"put unwritten data", func(s *Store) error {
 			return s.PutBlock(1, BlockData{LocalID: 2, Length: int64(len(chunk)), Chunks: []ChunkInfo{{0, int64(len(chunk)), sum}}})
-		}, ErrBadBlockData, []string{"block 2", "offset 0"}},
+		}, ErrChunkMissing, []string{"block 2", "offset 0", "[0,65536)"}},
 		{"put gap in chunks", func(s *Store) error {
 			return s.PutBlock(1, BlockData{LocalID: 2, Length: 10, Chunks: []ChunkInfo{{5, 5, ChecksumData{}}}})
 		}, ErrBadBlockData, []string{"block 2", "offset 5"}},
