@@ -41,6 +41,10 @@ func (s *service) toStatus(err error) error {
 	var nle *raft.NotLeaderError
 	var lag *raft.LagError
 	switch {
+	case errors.Is(err, raft.ErrOutcomeUnknown):
+		// The proposal reached the pipeline's log and may still commit: not
+		// a retryable "unavailable" (checked first: it also wraps ctx errors).
+		return dnError(codes.Unknown, datanodepb.Error_UNKNOWN, "outcome unknown, the write may or may not have been applied: "+err.Error(), nil)
 	case errors.As(err, &nle):
 		return dnError(codes.Unavailable, datanodepb.Error_NOT_LEADER, err.Error(),
 			&datanodepb.Error{LeaderId: nle.Leader, LeaderAddr: s.d.peerDataAddr(nle.Leader)})

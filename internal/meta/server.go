@@ -511,6 +511,10 @@ func (s *Server) translate(method string, err error) error {
 	}
 	var nle *raft.NotLeaderError
 	switch {
+	case errors.Is(err, raft.ErrOutcomeUnknown):
+		// The proposal reached the log and may still commit: never a
+		// retryable NotLeader/Unavailable (checked first: it also wraps ctx errors).
+		return status.Errorf(codes.Unknown, "meta node %d: outcome unknown, the operation may or may not have been applied: %v", s.cfg.NodeID, err)
 	case errors.As(err, &nle), errors.Is(err, raft.ErrNotLeader), errors.Is(err, scm.ErrNotLeader),
 		errors.Is(err, raft.ErrProposalDropped), errors.Is(err, raft.ErrStopped):
 		leader := uint64(0)

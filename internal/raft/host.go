@@ -115,7 +115,10 @@ func NewHost(cfg HostConfig) (*Host, error) {
 			h.closeStores()
 			return nil, fmt.Errorf("raft: host %d: Resolve is required with the TCP transport", cfg.ID)
 		}
-		t, err := NewTCPTransport(TCPConfig{ID: cfg.ID, ListenAddr: cfg.ListenAddr, Resolve: cfg.Resolve, Logger: h.log, Metrics: h.metrics})
+		// A frame holds at most one message past maxBatchBytes, and one
+		// message at most one proposal past maxHydratedBytes.
+		maxFrame := cfg.MaxProposalBytes + maxBatchBytes + maxHydratedBytes + 1<<20
+		t, err := NewTCPTransport(TCPConfig{ID: cfg.ID, ListenAddr: cfg.ListenAddr, Resolve: cfg.Resolve, Logger: h.log, Metrics: h.metrics, MaxFrameBytes: maxFrame})
 		if err != nil {
 			h.closeStores()
 			return nil, err

@@ -65,6 +65,7 @@ type readyWork struct {
 	g      *Group
 	rd     etcdraft.Ready
 	leader bool
+	epoch  uint64 // which Ready of the group this is (Group.readies)
 	sent   bool
 	ents   []*pb.Entry   // what goes to the log (data elided)
 	rest   []*pb.Message // messages to send after the batch is durable
@@ -198,6 +199,9 @@ func (l *storeLoop) process(work []*readyWork) {
 		}
 	}
 	for _, w := range work {
+		// Local proposal data that no Ready carried belongs to entries raft
+		// discarded: release it (and fail those proposals).
+		w.g.sweepLocal(w.epoch)
 		w.g.advance(w.rd)
 	}
 	d := time.Since(start)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,6 +26,10 @@ type TCPConfig struct {
 	Logger     *slog.Logger
 	// QueueSize bounds the messages waiting for one peer (default 4096).
 	QueueSize int
+	// MaxFrameBytes bounds one inbound frame (default 128 MiB); a larger
+	// announced length closes the connection. It must exceed the largest
+	// proposal plus maxBatchBytes (the Host sets it from MaxProposalBytes).
+	MaxFrameBytes int
 	// DialTimeout (default 2s) and MaxBackoff between reconnects (default 2s).
 	DialTimeout time.Duration
 	MaxBackoff  time.Duration
@@ -63,7 +68,6 @@ const (
 	magic          = "BSLT"
 	connMessages   = 1
 	connSnapshot   = 2
-	maxFrameBytes  = 512 << 20
 	maxBatchBytes  = 8 << 20
 	maxBatchMsgs   = 4096
 	itemRaft       = 0
@@ -76,6 +80,9 @@ const (
 func NewTCPTransport(cfg TCPConfig) (*TCPTransport, error) {
 	if cfg.QueueSize == 0 {
 		cfg.QueueSize = 4096
+	}
+	if cfg.MaxFrameBytes == 0 {
+		cfg.MaxFrameBytes = 128 << 20
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 2 * time.Second
@@ -488,38 +495,32 @@ func (t *TCPTransport) readLoop(p *peer, pc *peerConn, installed bool, r *bufio.
 	}()
 	from := p.id
 	label := fmt.Sprint(from)
-	var hdr [4]byte
+	defer func() {
+		// A bug in decoding must cost this connection, not the process.
+		if r := recover(); r != nil {
+			t.m.readerPanics.Inc()
+			t.log.Error("panic reading from peer; closing connection", "peer", from, "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
 	var buf []byte
 	for {
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			return
-		}
-		n := binary.BigEndian.Uint32(hdr[:])
-		if n > maxFrameBytes {
-			t.log.Warn("oversized frame; closing connection", "peer", from, "bytes", n)
-			return
-		}
-		// Large frames get a fresh aligned buffer that their entries keep
-		// (no copy); small ones reuse one buffer and are copied out.
-		frame := buf
-		alias := n >= aliasFrame
-		if alias {
-			frame = alignedBuf(int(n))
-		} else {
-			if cap(buf) < int(n) {
-				buf = make([]byte, n)
+		frame, nb, alias, err := readFrame(r, buf, t.cfg.MaxFrameBytes)
+		buf = nb
+		if err != nil {
+			var fe *frameError
+			if errors.As(err, &fe) {
+				t.m.badFrames.Inc()
+				t.log.Error("bad frame; closing connection", "peer", from, "err", err)
 			}
-			frame = buf[:n]
-		}
-		if _, err := io.ReadFull(r, frame); err != nil {
 			return
 		}
 		msgs, err := decodeBatch(frame, from, t.cfg.ID, alias)
 		if err != nil {
-			t.log.Warn("bad frame; closing connection", "peer", from, "err", err)
+			t.m.badFrames.Inc()
+			t.log.Error("bad frame; closing connection", "peer", from, "err", err)
 			return
 		}
-		t.m.peerBytesRecv.WithLabelValues(label).Add(float64(n + 4))
+		t.m.peerBytesRecv.WithLabelValues(label).Add(float64(len(frame) + frameHeaderLen))
 		t.m.peerMsgsRecv.WithLabelValues(label).Add(float64(len(msgs)))
 		t.h.HandleMessages(from, msgs)
 	}
@@ -571,8 +572,9 @@ func encodeBatch(f *frameWriter, msgs []Outgoing) int {
 
 func decodeBatch(b []byte, from, to uint64, alias bool) ([]Outgoing, error) {
 	n, k := binary.Uvarint(b)
-	if k <= 0 || n > maxBatchMsgs {
-		return nil, fmt.Errorf("bad message count")
+	// Each item takes at least 2 bytes (group, kind).
+	if k <= 0 || n > maxBatchMsgs || n > uint64(len(b)-k)/2 {
+		return nil, fmt.Errorf("bad message count %d for %d bytes", n, len(b))
 	}
 	b = b[k:]
 	out := make([]Outgoing, 0, n)
