@@ -50,12 +50,15 @@ type PanicError struct {
 	Stack []byte
 }
 
-func (e *PanicError) Error() string {
+func (e *PanicError) Error() string { return fmt.Sprintf("panic in %s: %s", e.Where, e.value()) }
+
+// value is the panic value as text, bounded.
+func (e *PanicError) value() string {
 	v := fmt.Sprint(e.Value)
 	if len(v) > maxValueLen {
 		v = v[:maxValueLen] + "..."
 	}
-	return fmt.Sprintf("panic in %s: %s", e.Where, v)
+	return v
 }
 
 // Unwrap returns the panic value when it is an error (a runtime error,
@@ -194,7 +197,7 @@ func (g *Guard) status(method string, v any) error {
 	pe := g.handle(method, v)
 	// The panic value helps whoever reads the client's error find the
 	// server's log line; the stack stays in the log.
-	return status.Errorf(codes.Internal, "internal error serving %s (recovered %v; stack in the server log)", method, pe)
+	return status.Errorf(codes.Internal, "internal error serving %s: recovered panic: %s (stack in the server log)", method, pe.value())
 }
 
 // UnaryServerInterceptor is New(reg, log).UnaryServerInterceptor(), for
