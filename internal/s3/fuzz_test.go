@@ -38,6 +38,7 @@ import (
 //	go test -run '^$' -fuzz '^FuzzTagging$' -fuzztime 75s ./internal/s3
 //	go test -run '^$' -fuzz '^FuzzChunkedBody$' -fuzztime 75s ./internal/s3
 //	go test -run '^$' -fuzz '^FuzzSigV4$' -fuzztime 75s ./internal/s3
+//	go test -run '^$' -fuzz '^FuzzRange$' -fuzztime 75s ./internal/s3
 
 const (
 	fuzzAccessKey = "AKIDFUZZ"
@@ -312,6 +313,32 @@ func FuzzSigV4(f *testing.F) {
 		}
 		if a.accessKey != fuzzAccessKey || a.signingKey == nil || len(a.amzDate) < 8 {
 			t.Fatalf("authenticated %+v", a)
+		}
+	})
+}
+
+// FuzzRange: the Range and x-amz-copy-source-range headers. A range is
+// either ignored (not ok, no error: S3 serves the whole object), refused
+// with 416, or lies within the object.
+func FuzzRange(f *testing.F) {
+	for _, v := range []string{"bytes=0-0", "bytes=5-", "bytes=-5", "bytes=-0", "bytes=9-3", "bytes=0-1,3-4", "bytes= 1-2", "bytes=-9223372036854775808", "items=0-1"} {
+		f.Add(v, int64(10))
+	}
+	f.Add("bytes=0-", int64(0))
+	f.Fuzz(func(t *testing.T, v string, size int64) {
+		if size < 0 {
+			return
+		}
+		start, length, ok, e := parseRange(v, size)
+		switch {
+		case e != nil:
+			if ok || e.Status != 416 {
+				t.Fatalf("range %q of %d: ok %v with %v", v, size, ok, e)
+			}
+		case ok:
+			if start < 0 || length < 1 || start > size-length {
+				t.Fatalf("range %q of %d bytes: start %d length %d", v, size, start, length)
+			}
 		}
 	})
 }

@@ -2,6 +2,7 @@ package stream
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -35,17 +36,87 @@ func packetBytes(kind uint8, seq, off uint64, payload []byte) []byte {
 	return append(b[:], payload...)
 }
 
+// Every frame carries a CRC32C, which a fuzzer almost never gets right by
+// mutation: left alone, it would test little but the CRC check. So each
+// target takes a seal argument: when set, the harness recomputes the
+// frame checksums of the (mutated) input first, and the fuzzer reaches the
+// field checks behind them.
+
+// sealHeader recomputes the CRC of the header frame at the start of b, if
+// b holds one; it returns the frame's length (0 if b is too short).
+func sealHeader(b []byte) int {
+	if len(b) < headerPrefixLen {
+		return 0
+	}
+	n := headerPrefixLen + int(binary.BigEndian.Uint16(b[6:]))
+	if len(b) < n+headerCRCLen {
+		return 0
+	}
+	binary.BigEndian.PutUint32(b[n:], crc32c(b[:n]))
+	return n + headerCRCLen
+}
+
+func sealPacket(b []byte) {
+	binary.BigEndian.PutUint32(b[28:], crc32c(b[:28]))
+}
+
+func sealAck(b []byte) {
+	if len(b) < ackLen {
+		return
+	}
+	n := int(binary.BigEndian.Uint16(b[2:]))
+	if b[0] != kindError {
+		n = 0
+	}
+	if len(b) < ackLen+n {
+		return
+	}
+	binary.BigEndian.PutUint32(b[4:], ackCRC(b[:ackLen], b[ackLen:ackLen+n]))
+}
+
+// sealConn seals a whole client connection: the header, then each packet
+// header in turn (skipping its payload as its length says), and with
+// payloads, each payload's CRC too.
+func sealConn(b []byte, payloads bool) {
+	off := sealHeader(b)
+	if off == 0 {
+		return
+	}
+	for off+packetHeaderLen <= len(b) {
+		p := b[off : off+packetHeaderLen]
+		n := 0
+		if p[0] == kindData {
+			n = int(binary.BigEndian.Uint32(p[4:]))
+		}
+		end := off + packetHeaderLen + n
+		if payloads && end <= len(b) {
+			binary.BigEndian.PutUint32(p[24:], crc32c(b[off+packetHeaderLen:end]))
+		}
+		sealPacket(p)
+		if n > len(b) {
+			return
+		}
+		off = end
+	}
+}
+
 // isConnErr tells the errors of a reader that ran out of bytes.
 func isConnErr(err error) bool { return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) }
 
 // FuzzReadHeader: readHeader refuses with errBadHeader or a short read,
 // and what it accepts re-encodes to the very bytes it read.
 func FuzzReadHeader(f *testing.F) {
-	f.Add(mustHeader(f, &Header{Pipeline: 7, Block: BlockID{3, 9}, PacketSize: 1 << 20}))
-	f.Add(mustHeader(f, &Header{Hop: 1, Pipeline: 1, Block: BlockID{1, 1}, Offset: 4 << 20, PacketSize: MaxPacketSize,
-		Route: []Target{{ID: 2, Addr: "127.0.0.1:9855"}, {ID: 3, Addr: "[::1]:1"}}}))
-	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"))
-	f.Fuzz(func(t *testing.T, data []byte) {
+	for _, seal := range []bool{false, true} {
+		f.Add(seal, mustHeader(f, &Header{Pipeline: 7, Block: BlockID{3, 9}, PacketSize: 1 << 20}))
+		f.Add(seal, mustHeader(f, &Header{Hop: 1, Pipeline: 1, Block: BlockID{1, 1}, Offset: 4 << 20, PacketSize: MaxPacketSize,
+			Route: []Target{{ID: 2, Addr: "127.0.0.1:9855"}, {ID: 3, Addr: "[::1]:1"}}}))
+	}
+	f.Add(false, []byte("GET / HTTP/1.1\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, seal bool, data []byte) {
+		if seal {
+			data = bytes.Clone(data)
+			sealHeader(data)
+		}
 		h, err := readHeader(bytes.NewReader(data))
 		if err != nil {
 			if !errors.Is(err, errBadHeader) && !isConnErr(err) {
@@ -69,15 +140,20 @@ func FuzzReadHeader(f *testing.F) {
 // FuzzPacketHeader: decode accepts only sound packet headers, which
 // re-encode to the same bytes.
 func FuzzPacketHeader(f *testing.F) {
-	f.Add(packetBytes(kindData, 0, 0, make([]byte, 1)))
-	f.Add(packetBytes(kindClose, 3, 3<<20, nil))
-	f.Add(make([]byte, packetHeaderLen))
-	f.Fuzz(func(t *testing.T, data []byte) {
+	for _, seal := range []bool{false, true} {
+		f.Add(seal, packetBytes(kindData, 0, 0, make([]byte, 1)))
+		f.Add(seal, packetBytes(kindClose, 3, 3<<20, nil))
+		f.Add(seal, make([]byte, packetHeaderLen))
+	}
+	f.Fuzz(func(t *testing.T, seal bool, data []byte) {
 		if len(data) < packetHeaderLen {
 			return
 		}
 		var b [packetHeaderLen]byte
 		copy(b[:], data)
+		if seal {
+			sealPacket(b[:])
+		}
 		var p packetHeader
 		if err := p.decode(&b); err != nil {
 			return
@@ -101,10 +177,16 @@ func FuzzPacketHeader(f *testing.F) {
 // FuzzReadAck: readAck refuses with errBadAck or a short read, bounds the
 // reason, and what it accepts re-encodes to the bytes it read.
 func FuzzReadAck(f *testing.F) {
-	f.Add((&ack{kind: kindHeaderAck, value: 1 << 20}).encode(nil))
-	f.Add((&ack{kind: kindDataAck, seq: 3, value: 4 << 20}).encode(nil))
-	f.Add((&ack{kind: kindError, code: CodeTimeout, dn: 3, reason: "no ack for packet 3"}).encode(nil))
-	f.Fuzz(func(t *testing.T, data []byte) {
+	for _, seal := range []bool{false, true} {
+		f.Add(seal, (&ack{kind: kindHeaderAck, value: 1 << 20}).encode(nil))
+		f.Add(seal, (&ack{kind: kindDataAck, seq: 3, value: 4 << 20}).encode(nil))
+		f.Add(seal, (&ack{kind: kindError, code: CodeTimeout, dn: 3, reason: "no ack for packet 3"}).encode(nil))
+	}
+	f.Fuzz(func(t *testing.T, seal bool, data []byte) {
+		if seal {
+			data = bytes.Clone(data)
+			sealAck(data)
+		}
 		var b [ackLen]byte
 		var a ack
 		if err := readAck(bytes.NewReader(data), &b, &a); err != nil {
@@ -167,13 +249,15 @@ func FuzzServerConn(f *testing.F) {
 	hdr := mustHeader(f, &Header{Pipeline: 1, Block: BlockID{1, 2}, Offset: 100, PacketSize: 64})
 	p0, p1 := bytes.Repeat([]byte{'a'}, 64), []byte("tail")
 	good := append(append(append(append([]byte(nil), hdr...), packetBytes(kindData, 0, 100, p0)...), packetBytes(kindData, 1, 164, p1)...), packetBytes(kindClose, 2, 168, nil)...)
-	f.Add(good)
-	f.Add(append(append([]byte(nil), hdr...), packetBytes(kindClose, 0, 100, nil)...))
 	bad := append([]byte(nil), good...)
 	bad[len(hdr)+packetHeaderLen+5] ^= 1 // payload damaged: checksum mismatch
-	f.Add(bad)
-	f.Add(append(append([]byte(nil), hdr...), packetBytes(kindData, 0, 100, make([]byte, 65))...)) // over the packet size
-	f.Add(mustHeader(f, &Header{Pipeline: 1, Block: BlockID{1, 2}, PacketSize: 64, Route: []Target{{ID: 9, Addr: "x:1"}}}))
+	for _, seal := range []uint8{0, 1, 3} {
+		f.Add(seal, good)
+		f.Add(seal, append(append([]byte(nil), hdr...), packetBytes(kindClose, 0, 100, nil)...))
+		f.Add(seal, bad)
+		f.Add(seal, append(append([]byte(nil), hdr...), packetBytes(kindData, 0, 100, make([]byte, 65))...)) // over the packet size
+		f.Add(seal, mustHeader(f, &Header{Pipeline: 1, Block: BlockID{1, 2}, PacketSize: 64, Route: []Target{{ID: 9, Addr: "x:1"}}}))
+	}
 
 	be := &memBackend{}
 	srv := NewServer(ServerConfig{ID: 1, Backend: be, Timeout: 2 * time.Second, IdleTimeout: 2 * time.Second})
@@ -184,7 +268,11 @@ func FuzzServerConn(f *testing.F) {
 	go srv.Serve(lis)
 	f.Cleanup(func() { srv.Close() })
 
-	f.Fuzz(func(t *testing.T, data []byte) {
+	f.Fuzz(func(t *testing.T, seal uint8, data []byte) {
+		if seal&1 != 0 {
+			data = bytes.Clone(data)
+			sealConn(data, seal&2 != 0)
+		}
 		be.mu.Lock()
 		be.last, be.hdr = nil, nil
 		be.mu.Unlock()
