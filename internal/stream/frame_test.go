@@ -182,3 +182,32 @@ func TestFrameBitFlips(t *testing.T) {
 		}
 	}
 }
+
+// TestBadPacketHeaders: sound checksums, unsound fields.
+func TestBadPacketHeaders(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		p    packetHeader
+		mut  func(b *[packetHeaderLen]byte)
+		want string
+	}{
+		{"too long", packetHeader{kind: kindData, length: MaxPacketSize + 1}, nil, "bytes >"},
+		{"offset overflow", packetHeader{kind: kindData, length: 2, offset: 1<<64 - 1}, nil, "overflow"},
+		{"close with data", packetHeader{kind: kindClose, length: 1}, nil, "carries 1 bytes"},
+		{"unknown kind", packetHeader{kind: 9}, nil, "unknown kind"},
+		{"reserved", packetHeader{kind: kindClose}, func(b *[packetHeaderLen]byte) { b[2] = 1 }, "reserved"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var b [packetHeaderLen]byte
+			c.p.encode(&b)
+			if c.mut != nil {
+				c.mut(&b)
+				binary.BigEndian.PutUint32(b[28:], crc32c(b[:28]))
+			}
+			var got packetHeader
+			if err := got.decode(&b); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error mentioning %q", err, c.want)
+			}
+		})
+	}
+}
