@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
+	"github.com/basalt-store/basalt/internal/guard"
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/raft"
@@ -265,7 +266,7 @@ func (d *Datanode) Start(ctx context.Context) error {
 	if err := d.restorePipelines(); err != nil {
 		return err
 	}
-	d.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
+	d.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(guard.UnaryServerInterceptor(d.cfg.Registerer, d.log)), grpc.ChainStreamInterceptor(guard.StreamServerInterceptor(d.cfg.Registerer, d.log)), grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
 		grpc.NumStreamWorkers(uint32(max(d.cfg.GRPCStreamWorkers, 0))))
 	datanodepb.RegisterDatanodeServer(d.grpc, &service{d: d})
 	d.startStream()

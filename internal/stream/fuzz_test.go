@@ -1,0 +1,347 @@
+package stream
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The stream protocol is a trust boundary: a datanode reads headers and
+// packets from any client that connects, and clients and datanodes read
+// acks from datanodes. These targets feed those decoders arbitrary bytes.
+// Their seed corpora (testdata/fuzz/<Target>) run as regression cases in
+// every plain `go test`.
+//
+//	go test -run '^$' -fuzz '^FuzzReadHeader$' -fuzztime 75s ./internal/stream
+//	go test -run '^$' -fuzz '^FuzzPacketHeader$' -fuzztime 75s ./internal/stream
+//	go test -run '^$' -fuzz '^FuzzReadAck$' -fuzztime 75s ./internal/stream
+//	go test -run '^$' -fuzz '^FuzzServerConn$' -fuzztime 75s ./internal/stream
+
+func mustHeader(tb testing.TB, h *Header) []byte {
+	b, err := encodeHeader(nil, h)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
+func packetBytes(kind uint8, seq, off uint64, payload []byte) []byte {
+	var b [packetHeaderLen]byte
+	(&packetHeader{kind: kind, length: uint32(len(payload)), seq: seq, offset: off, crc: crc32c(payload)}).encode(&b)
+	return append(b[:], payload...)
+}
+
+// Every frame carries a CRC32C, which a fuzzer almost never gets right by
+// mutation: left alone, it would test little but the CRC check. So each
+// target takes a seal argument: when set, the harness recomputes the
+// frame checksums of the (mutated) input first, and the fuzzer reaches the
+// field checks behind them.
+
+// sealHeader recomputes the CRC of the header frame at the start of b, if
+// b holds one; it returns the frame's length (0 if b is too short).
+func sealHeader(b []byte) int {
+	if len(b) < headerPrefixLen {
+		return 0
+	}
+	n := headerPrefixLen + int(binary.BigEndian.Uint16(b[6:]))
+	if len(b) < n+headerCRCLen {
+		return 0
+	}
+	binary.BigEndian.PutUint32(b[n:], crc32c(b[:n]))
+	return n + headerCRCLen
+}
+
+func sealPacket(b []byte) {
+	binary.BigEndian.PutUint32(b[28:], crc32c(b[:28]))
+}
+
+func sealAck(b []byte) {
+	if len(b) < ackLen {
+		return
+	}
+	n := int(binary.BigEndian.Uint16(b[2:]))
+	if b[0] != kindError {
+		n = 0
+	}
+	if len(b) < ackLen+n {
+		return
+	}
+	binary.BigEndian.PutUint32(b[4:], ackCRC(b[:ackLen], b[ackLen:ackLen+n]))
+}
+
+// sealConn seals a whole client connection: the header, then each packet
+// header in turn (skipping its payload as its length says), and with
+// payloads, each payload's CRC too.
+func sealConn(b []byte, payloads bool) {
+	off := sealHeader(b)
+	if off == 0 {
+		return
+	}
+	for off+packetHeaderLen <= len(b) {
+		p := b[off : off+packetHeaderLen]
+		n := 0
+		if p[0] == kindData {
+			n = int(binary.BigEndian.Uint32(p[4:]))
+		}
+		end := off + packetHeaderLen + n
+		if payloads && end <= len(b) {
+			binary.BigEndian.PutUint32(p[24:], crc32c(b[off+packetHeaderLen:end]))
+		}
+		sealPacket(p)
+		if n > len(b) {
+			return
+		}
+		off = end
+	}
+}
+
+// isConnErr tells the errors of a reader that ran out of bytes.
+func isConnErr(err error) bool { return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) }
+
+// FuzzReadHeader: readHeader refuses with errBadHeader or a short read,
+// and what it accepts re-encodes to the very bytes it read.
+func FuzzReadHeader(f *testing.F) {
+	for _, seal := range []bool{false, true} {
+		f.Add(seal, mustHeader(f, &Header{Pipeline: 7, Block: BlockID{3, 9}, PacketSize: 1 << 20}))
+		f.Add(seal, mustHeader(f, &Header{Hop: 1, Pipeline: 1, Block: BlockID{1, 1}, Offset: 4 << 20, PacketSize: MaxPacketSize,
+			Route: []Target{{ID: 2, Addr: "127.0.0.1:9855"}, {ID: 3, Addr: "[::1]:1"}}}))
+	}
+	f.Add(false, []byte("GET / HTTP/1.1\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, seal bool, data []byte) {
+		if seal {
+			data = bytes.Clone(data)
+			sealHeader(data)
+		}
+		h, err := readHeader(bytes.NewReader(data))
+		if err != nil {
+			if !errors.Is(err, errBadHeader) && !isConnErr(err) {
+				t.Fatalf("error neither a bad header nor a short read: %v", err)
+			}
+			return
+		}
+		if len(h.Route) > MaxRoute || h.PacketSize == 0 || h.PacketSize > MaxPacketSize || h.Hop > MaxRoute {
+			t.Fatalf("accepted an out-of-bounds header %+v", h)
+		}
+		enc, err := encodeHeader(nil, h)
+		if err != nil {
+			t.Fatalf("accepted header %+v does not encode: %v", h, err)
+		}
+		if !bytes.Equal(enc, data[:len(enc)]) {
+			t.Fatalf("accepted %x, re-encodes as %x", data[:len(enc)], enc)
+		}
+	})
+}
+
+// FuzzPacketHeader: decode accepts only sound packet headers, which
+// re-encode to the same bytes.
+func FuzzPacketHeader(f *testing.F) {
+	for _, seal := range []bool{false, true} {
+		f.Add(seal, packetBytes(kindData, 0, 0, make([]byte, 1)))
+		f.Add(seal, packetBytes(kindClose, 3, 3<<20, nil))
+		f.Add(seal, make([]byte, packetHeaderLen))
+	}
+	f.Fuzz(func(t *testing.T, seal bool, data []byte) {
+		if len(data) < packetHeaderLen {
+			return
+		}
+		var b [packetHeaderLen]byte
+		copy(b[:], data)
+		if seal {
+			sealPacket(b[:])
+		}
+		var p packetHeader
+		if err := p.decode(&b); err != nil {
+			return
+		}
+		switch {
+		case p.kind == kindData && (p.length == 0 || p.length > MaxPacketSize || p.offset+uint64(p.length) < p.offset):
+			t.Fatalf("accepted data packet %+v", p)
+		case p.kind == kindClose && p.length != 0:
+			t.Fatalf("accepted close packet %+v", p)
+		case p.kind != kindData && p.kind != kindClose:
+			t.Fatalf("accepted packet kind %#x", p.kind)
+		}
+		var re [packetHeaderLen]byte
+		p.encode(&re)
+		if re != b {
+			t.Fatalf("accepted %x, re-encodes as %x", b, re)
+		}
+	})
+}
+
+// FuzzReadAck: readAck refuses with errBadAck or a short read, bounds the
+// reason, and what it accepts re-encodes to the bytes it read.
+func FuzzReadAck(f *testing.F) {
+	for _, seal := range []bool{false, true} {
+		f.Add(seal, (&ack{kind: kindHeaderAck, value: 1 << 20}).encode(nil))
+		f.Add(seal, (&ack{kind: kindDataAck, seq: 3, value: 4 << 20}).encode(nil))
+		f.Add(seal, (&ack{kind: kindError, code: CodeTimeout, dn: 3, reason: "no ack for packet 3"}).encode(nil))
+	}
+	f.Fuzz(func(t *testing.T, seal bool, data []byte) {
+		if seal {
+			data = bytes.Clone(data)
+			sealAck(data)
+		}
+		var b [ackLen]byte
+		var a ack
+		if err := readAck(bytes.NewReader(data), &b, &a); err != nil {
+			if !errors.Is(err, errBadAck) && !isConnErr(err) {
+				t.Fatalf("error neither a bad ack nor a short read: %v", err)
+			}
+			return
+		}
+		if len(a.reason) > maxReason {
+			t.Fatalf("accepted a reason of %d bytes", len(a.reason))
+		}
+		enc := a.encode(nil)
+		if !bytes.Equal(enc, data[:len(enc)]) {
+			t.Fatalf("accepted %x, re-encodes as %x", data[:len(enc)], enc)
+		}
+	})
+}
+
+// memSink keeps a stream's data in memory.
+type memSink struct {
+	mu             sync.Mutex
+	data           []byte
+	closed, abortd bool
+}
+
+func (m *memSink) Write(p []byte) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.data = append(m.data, p...)
+	return len(p), nil
+}
+func (m *memSink) Close() error { m.mu.Lock(); m.closed = true; m.mu.Unlock(); return nil }
+func (m *memSink) Abort() error { m.mu.Lock(); m.abortd = true; m.mu.Unlock(); return nil }
+
+// memBackend admits streams at the end of a route only (so that fuzzed
+// routes never make the server dial out) and remembers the last sink.
+type memBackend struct {
+	mu   sync.Mutex
+	last *memSink
+	hdr  *Header
+}
+
+func (b *memBackend) Open(h *Header) (Sink, error) {
+	if len(h.Route) > 0 {
+		return nil, &Error{Code: CodeNotInPipeline, Reason: "fuzz backend: no forwarding"}
+	}
+	s := &memSink{}
+	b.mu.Lock()
+	b.last, b.hdr = s, h
+	b.mu.Unlock()
+	return s, nil
+}
+
+// FuzzServerConn feeds a whole client connection to a stream server:
+// header, packets, close, in any order and any state of damage. The
+// server must answer with well-formed acks and end the stream; the data
+// it acknowledges is exactly what it stored; data it stored for a stream
+// that failed is discarded; a close ack means the sink was synced.
+func FuzzServerConn(f *testing.F) {
+	hdr := mustHeader(f, &Header{Pipeline: 1, Block: BlockID{1, 2}, Offset: 100, PacketSize: 64})
+	p0, p1 := bytes.Repeat([]byte{'a'}, 64), []byte("tail")
+	good := append(append(append(append([]byte(nil), hdr...), packetBytes(kindData, 0, 100, p0)...), packetBytes(kindData, 1, 164, p1)...), packetBytes(kindClose, 2, 168, nil)...)
+	bad := append([]byte(nil), good...)
+	bad[len(hdr)+packetHeaderLen+5] ^= 1 // payload damaged: checksum mismatch
+	for _, seal := range []uint8{0, 1, 3} {
+		f.Add(seal, good)
+		f.Add(seal, append(append([]byte(nil), hdr...), packetBytes(kindClose, 0, 100, nil)...))
+		f.Add(seal, bad)
+		f.Add(seal, append(append([]byte(nil), hdr...), packetBytes(kindData, 0, 100, make([]byte, 65))...)) // over the packet size
+		f.Add(seal, mustHeader(f, &Header{Pipeline: 1, Block: BlockID{1, 2}, PacketSize: 64, Route: []Target{{ID: 9, Addr: "x:1"}}}))
+	}
+
+	be := &memBackend{}
+	srv := NewServer(ServerConfig{ID: 1, Backend: be, Timeout: 2 * time.Second, IdleTimeout: 2 * time.Second})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	go srv.Serve(lis)
+	f.Cleanup(func() { srv.Close() })
+
+	f.Fuzz(func(t *testing.T, seal uint8, data []byte) {
+		if seal&1 != 0 {
+			data = bytes.Clone(data)
+			sealConn(data, seal&2 != 0)
+		}
+		be.mu.Lock()
+		be.last, be.hdr = nil, nil
+		be.mu.Unlock()
+		c, err := net.Dial("tcp", lis.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		go func() {
+			c.Write(data)
+			c.(*net.TCPConn).CloseWrite()
+		}()
+		var acks []ack
+		for {
+			var b [ackLen]byte
+			var a ack
+			err := readAck(c, &b, &a)
+			if err != nil {
+				if errors.Is(err, errBadAck) {
+					t.Fatalf("server sent a malformed ack after %d acks: %v", len(acks), err)
+				}
+				if !isConnErr(err) && !errors.Is(err, net.ErrClosed) && !isReset(err) {
+					t.Fatalf("reading acks: %v (a stalled server?)", err)
+				}
+				break
+			}
+			acks = append(acks, a)
+			if a.kind == kindError {
+				break
+			}
+		}
+		be.mu.Lock()
+		s, h := be.last, be.hdr
+		be.mu.Unlock()
+		if s == nil {
+			for _, a := range acks {
+				if a.kind != kindError {
+					t.Fatalf("ack %+v for a stream the backend never opened", a)
+				}
+			}
+			return
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for i, a := range acks {
+			switch a.kind {
+			case kindHeaderAck:
+				if i != 0 || a.value != h.Offset {
+					t.Fatalf("header ack %+v at %d", a, i)
+				}
+			case kindDataAck:
+				if a.value < h.Offset || a.value-h.Offset > uint64(len(s.data)) {
+					t.Fatalf("data ack up to %d, but %d bytes from %d stored", a.value, len(s.data), h.Offset)
+				}
+			case kindCloseAck:
+				if !s.closed || s.abortd || a.value != h.Offset+uint64(len(s.data)) {
+					t.Fatalf("close ack at %d with sink closed %v aborted %v holding %d bytes from %d", a.value, s.closed, s.abortd, len(s.data), h.Offset)
+				}
+			case kindError:
+				if !s.abortd {
+					t.Fatalf("stream failed (%s: %s) but its data was kept", a.code, a.reason)
+				}
+			}
+		}
+	})
+}
+
+func isReset(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe)
+}

@@ -1,0 +1,112 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// panicSink panics on Write while armed: a bug in the storage layer.
+type panicSink struct {
+	Sink
+	armed *atomic.Bool
+}
+
+func (p panicSink) Write(b []byte) (int, error) {
+	if p.armed.Load() {
+		var m map[int]int
+		m[0] = 1
+	}
+	return p.Sink.Write(b)
+}
+
+// TestPanicFailsOnlyThatStream: a panic on a datanode's stream goroutine
+// fails that stream with CodeInternal naming the datanode, discards its
+// data on every hop, is counted, and the datanode serves the next stream.
+// Before the guard, the panic killed the datanode process.
+func TestPanicFailsOnlyThatStream(t *testing.T) {
+	var armed atomic.Bool
+	n1 := startNode(t, 1, 2*time.Second, nil)
+	n2 := startNode(t, 2, 2*time.Second, func(s Sink) Sink { return panicSink{s, &armed} })
+	route := []Target{n1.target(), n2.target()}
+	ctx := context.Background()
+
+	armed.Store(true)
+	b := BlockID{1, 66}
+	w, err := Dial(ctx, route, 1, b, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = w.Write(payload(64<<10, 1))
+	if err == nil {
+		_, _, err = w.Close()
+	}
+	var se *Error
+	if !errors.As(err, &se) || se.Code != CodeInternal || se.Datanode != 2 {
+		t.Fatalf("stream through a panicking sink: %v, want an internal error naming datanode 2", err)
+	}
+	if got := n2.srv.cfg.Guard.Recovered(guardWhere); got != 1 {
+		t.Fatalf("datanode 2 recovered %d panics, want 1", got)
+	}
+	for _, n := range []*node{n1, n2} {
+		waitFor(t, 5*time.Second, "failed stream discarded", func() bool { return n.srv.Stats().Active == 0 && !hasData(t, n, b) })
+	}
+
+	armed.Store(false)
+	b = BlockID{1, 67}
+	data := payload(3<<20+5, 2)
+	w, err = Dial(ctx, route, 1, b, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	length, chunks, err := w.Close()
+	if err != nil {
+		t.Fatalf("the stream after the panic: %v", err)
+	}
+	for _, n := range []*node{n1, n2} {
+		commitAndCheck(t, n.st, b, length, chunks, data)
+	}
+}
+
+// panicBackend panics opening block local ID 13.
+type panicBackend struct{}
+
+func (panicBackend) Open(h *Header) (Sink, error) {
+	if h.Block.Local == 13 {
+		panic("backend bug")
+	}
+	return discardSink{}, nil
+}
+
+func TestPanicInBackendOpen(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(ServerConfig{ID: 5, Backend: panicBackend{}, Timeout: time.Second})
+	go srv.Serve(lis)
+	defer srv.Close()
+	route := []Target{{ID: 5, Addr: lis.Addr().String()}}
+	_, err = Dial(context.Background(), route, 1, BlockID{1, 13}, Options{})
+	var se *Error
+	if !errors.As(err, &se) || se.Code != CodeInternal || se.Datanode != 5 {
+		t.Fatalf("dial into a panicking backend: %v", err)
+	}
+	w, err := Dial(context.Background(), route, 1, BlockID{1, 14}, Options{})
+	if err != nil {
+		t.Fatalf("dial after the panic: %v", err)
+	}
+	w.Write([]byte("x"))
+	if _, _, err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s := srv.Stats(); s.Active != 0 || s.Failed != 1 || srv.cfg.Guard.Recovered(guardWhere) != 1 {
+		t.Fatalf("stats %+v, recovered %d", s, srv.cfg.Guard.Recovered(guardWhere))
+	}
+}
