@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -20,14 +21,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/basalt-store/basalt/internal/guard"
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/meta/scm"
 	"github.com/basalt-store/basalt/internal/meta/store"
 	"github.com/basalt-store/basalt/internal/raft"
-	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // Raft group IDs of the metadata service.
@@ -54,11 +53,6 @@ type Config struct {
 	NodeID uint64
 	// DataDir holds raft/ (the log), scm/ and namespace/ (Pebble).
 	DataDir string
-	// FS is the file system of everything under DataDir that this package
-	// writes: the two Pebble stores (and their snapshots and restores) and
-	// the service-token file (default vfs.Default). The raft log store
-	// takes its own (raft.HostConfig).
-	FS vfs.FS
 	// RaftAddr and GRPCAddr are the listen addresses ("127.0.0.1:0" picks
 	// a port; see Server.RaftAddr and GRPCAddr).
 	RaftAddr string
@@ -160,9 +154,6 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.FS == nil {
-		cfg.FS = vfs.Default
-	}
 	s := &Server{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), peers: map[uint64]Peer{}}
 	for id, p := range cfg.Peers {
 		s.peers[id] = p
@@ -192,7 +183,7 @@ func New(cfg Config) (*Server, error) {
 		}
 		// A missing file: the token is the cluster's replicated one,
 		// adopted (and written here) once Start sees it.
-		if tok, err = loadServiceToken(cfg.FS, cfg.ServiceTokenFile); err != nil {
+		if tok, err = loadServiceToken(cfg.ServiceTokenFile); err != nil {
 			return nil, err
 		}
 		s.cfg.ServiceTokenFile = cfg.ServiceTokenFile
@@ -200,14 +191,14 @@ func New(cfg Config) (*Server, error) {
 	if tok != "" {
 		s.token.Store(&tok)
 	}
-	sopts := store.Options{SyncInterval: cfg.StoreSyncInterval, FS: cfg.FS, Logger: s.log}
+	sopts := store.Options{SyncInterval: cfg.StoreSyncInterval}
 	if s.scmState, err = scm.Open(filepath.Join(cfg.DataDir, "scm"), sopts); err != nil {
 		return nil, err
 	}
 	if s.nsState, err = namespace.Open(filepath.Join(cfg.DataDir, "namespace"), sopts); err != nil {
 		return nil, err
 	}
-	if err := cfg.FS.MkdirAll(filepath.Join(cfg.DataDir, "raft"), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "raft"), 0o755); err != nil {
 		return nil, err
 	}
 	s.host, err = raft.NewHost(raft.HostConfig{
@@ -239,7 +230,7 @@ func New(cfg Config) (*Server, error) {
 		nsCfg.Logger = s.log
 	}
 	s.nsSvc = namespace.NewService(nsCfg, s.nsState, &nsRaft{s: s}, &scmBlocks{s: s})
-	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(guard.UnaryServerInterceptor(reg, s.log), s.intercept), grpc.ChainStreamInterceptor(guard.StreamServerInterceptor(reg, s.log)), grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes),
+	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(s.intercept), grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes),
 		grpc.NumStreamWorkers(uint32(max(cfg.GRPCStreamWorkers, 0))))
 	metapb.RegisterNamespaceServer(s.grpc, s.nsSvc)
 	metapb.RegisterScmServer(s.grpc, &scmServer{s: s})

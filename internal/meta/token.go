@@ -7,6 +7,8 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"google.golang.org/protobuf/proto"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,11 +17,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
-	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // The cluster service token guards the RPCs that hand out or change S3
@@ -50,9 +50,9 @@ var serviceTokenMethods = map[string]bool{
 }
 
 // loadServiceToken reads the token file; "" if there is none.
-func loadServiceToken(fs vfs.FS, path string) (string, error) {
-	b, err := vfs.ReadFile(fs, path)
-	if errors.Is(err, os.ErrNotExist) {
+func loadServiceToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
 		return "", nil
 	}
 	if err != nil {
@@ -65,20 +65,18 @@ func loadServiceToken(fs vfs.FS, path string) (string, error) {
 	return tok, nil
 }
 
-// writeServiceToken writes tok to path (0600), aside, synced, renamed and
-// the directory synced, so a crash leaves the old file or the whole new
-// one, and a written token stays written.
-func writeServiceToken(fs vfs.FS, path, tok string) error {
-	dir := filepath.Dir(path)
-	if err := fs.MkdirAll(dir, 0o755); err != nil {
+// writeServiceToken writes tok to path (0600), aside and renamed, so a
+// crash never leaves a partial token.
+func writeServiceToken(path, tok string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("meta: service token: %w", err)
 	}
 	tmp := path + ".tmp"
-	f, err := fs.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return fmt.Errorf("meta: service token: %w", err)
 	}
-	_, err = f.Write([]byte(tok + "\n"))
+	_, err = f.WriteString(tok + "\n")
 	if err == nil {
 		err = f.Sync()
 	}
@@ -86,14 +84,11 @@ func writeServiceToken(fs vfs.FS, path, tok string) error {
 		err = cerr
 	}
 	if err == nil {
-		err = fs.Rename(tmp, path)
+		err = os.Rename(tmp, path)
 	}
 	if err != nil {
-		_ = fs.Remove(tmp)
+		os.Remove(tmp)
 		return fmt.Errorf("meta: service token: %w", err)
-	}
-	if err := vfs.SyncDir(fs, dir); err != nil {
-		return fmt.Errorf("meta: service token: sync %s: %w", dir, err)
 	}
 	return nil
 }
@@ -119,7 +114,7 @@ func (s *Server) establishToken(ctx context.Context) {
 		tok, err := s.nsState.ServiceToken()
 		if err == nil && tok != "" {
 			if s.token.Load() == nil {
-				if err := writeServiceToken(s.cfg.FS, s.cfg.ServiceTokenFile, tok); err != nil {
+				if err := writeServiceToken(s.cfg.ServiceTokenFile, tok); err != nil {
 					s.log.Warn("meta: writing the service token file", "err", err)
 				}
 				s.token.Store(&tok)

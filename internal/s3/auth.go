@@ -325,9 +325,7 @@ func (g *Gateway) authenticate(r *http.Request) (*auth, *Error) {
 			return nil, errorf("AuthorizationQueryParametersError", 400, "X-Amz-Date must be in the ISO8601 Long Format \"yyyyMMdd'T'HHmmss'Z'\"")
 		}
 		exp, err := strconv.ParseInt(q.Get("X-Amz-Expires"), 10, 64)
-		// Compare seconds with seconds: exp·1s overflows a Duration for
-		// large exp and can wrap into the allowed range.
-		if err != nil || exp < 1 || exp > int64(maxPresignExpiry/time.Second) {
+		if err != nil || exp < 1 || time.Duration(exp)*time.Second > maxPresignExpiry {
 			return nil, errorf("AuthorizationQueryParametersError", 400, "X-Amz-Expires must be a number of seconds from 1 to 604800")
 		}
 		if now.After(t.Add(time.Duration(exp) * time.Second)) {

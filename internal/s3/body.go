@@ -168,7 +168,7 @@ func (c *chunkedReader) readTrailers() error {
 		if l == "" {
 			break
 		}
-		if i >= maxTrailers {
+		if i > maxTrailers {
 			return errBadChunk
 		}
 		k, v, ok := strings.Cut(l, ":")

@@ -83,14 +83,16 @@ func (g *Gateway) createBucket(req *request) *Error {
 	// The body may carry a CreateBucketConfiguration: its location must
 	// be this gateway's region, as on an S3 regional endpoint.
 	if req.r.ContentLength > 0 {
-		loc, e := parseCreateBucketConfiguration(req)
-		if e != nil {
+		var conf struct {
+			LocationConstraint string `xml:"LocationConstraint"`
+		}
+		if e := readXML(req, &conf); e != nil {
 			return e
 		}
-		if !g.inRegion(loc) {
+		if !g.inRegion(conf.LocationConstraint) {
 			return errorf("IllegalLocationConstraintException", 400,
 				"The %s location constraint is incompatible for the region specific endpoint this request was sent to (this gateway's region is %s).",
-				loc, g.cfg.Region)
+				conf.LocationConstraint, g.cfg.Region)
 		}
 	}
 	ctx := req.r.Context()
@@ -107,19 +109,6 @@ func (g *Gateway) createBucket(req *request) *Error {
 	req.w.Header().Set("Location", "/"+req.bucket)
 	req.w.WriteHeader(http.StatusOK)
 	return nil
-}
-
-// parseCreateBucketConfiguration reads a CreateBucket body: its location
-// constraint.
-func parseCreateBucketConfiguration(req *request) (string, *Error) {
-	var conf struct {
-		XMLName            xml.Name `xml:"CreateBucketConfiguration"`
-		LocationConstraint string   `xml:"LocationConstraint"`
-	}
-	if e := readXML(req, &conf); e != nil {
-		return "", e
-	}
-	return conf.LocationConstraint, nil
 }
 
 // inRegion reports whether a CreateBucket location constraint names the

@@ -1,14 +1,12 @@
 package s3
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/xml"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/basalt-store/basalt/client"
-	"github.com/basalt-store/basalt/internal/guard"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
@@ -145,9 +142,6 @@ type Gateway struct {
 	metrics *metrics
 	ln      net.Listener
 	srv     *http.Server
-	// guarded is the gateway's handler behind its panic guard.
-	guarded http.Handler
-	guard   *guard.Guard
 
 	volOnce sync.Mutex
 	volOK   bool
@@ -173,8 +167,6 @@ func New(cfg Config) (*Gateway, error) {
 	g.ns = g.cl.Namespace()
 	g.secrets = &secrets{ns: g.ns, ttl: cfg.SecretTTL, now: cfg.Now, m: map[string]secretEntry{}}
 	g.metrics = newMetrics(cfg.Registerer)
-	g.guard = guard.New(cfg.Registerer, cfg.Logger)
-	g.guarded = g.guard.HTTP("s3", http.HandlerFunc(g.serve), g.panicked)
 	if cfg.Listen != "" {
 		ln, err := net.Listen("tcp", cfg.Listen)
 		if err != nil {
@@ -243,24 +235,8 @@ func requestID() string {
 	return strings.ToUpper(hex.EncodeToString(b[:]))
 }
 
-// ServeHTTP serves one S3 request. A panic while serving it (a bug) is
-// recovered: that request gets a 500 InternalError, the gateway serves
-// on, and the panic is logged with its stack and counted in
-// basalt_panics_recovered_total{where="s3"}.
-func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.guarded.ServeHTTP(w, r) }
-
-// panicked answers a request whose handler panicked before it started its
-// response. The client learns nothing of the panic but the request ID,
-// which finds it in the log.
-func (g *Gateway) panicked(w http.ResponseWriter, r *http.Request, pe *guard.PanicError) {
-	id := w.Header().Get("x-amz-request-id")
-	g.cfg.Logger.Error("s3: request failed with a recovered panic", "request_id", id, "method", r.Method, "path", r.URL.Path, "err", pe)
-	writeError(w, r, errorf("InternalError", 500, "We encountered an internal error. Please try again."), id)
-	g.metrics.requests.WithLabelValues("Unknown", "InternalError").Inc()
-}
-
-// serve authenticates, routes and records metrics.
-func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP authenticates, routes and records metrics.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req := &request{w: w, r: r, id: requestID()}
 	req.stages.start = time.Now()
 	w.Header().Set("Server", "Basalt")
@@ -471,7 +447,7 @@ func readXML(req *request, v any) *Error {
 	}
 	defer b.close()
 	dec := xml.NewDecoder(b)
-	bodyErr := func(err error) *Error {
+	if err := dec.Decode(v); err != nil {
 		if b.err != nil {
 			var se *Error
 			if errors.As(b.err, &se) {
@@ -479,29 +455,6 @@ func readXML(req *request, v any) *Error {
 			}
 		}
 		return errMalformedXML(err)
-	}
-	if err := dec.Decode(v); err != nil {
-		return bodyErr(err)
-	}
-	// One document, one root: after it only comments, processing
-	// instructions and white space (a second root, or text, is not what
-	// the client meant to send, and S3 refuses it too).
-	for {
-		tok, err := dec.Token()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return bodyErr(err)
-		}
-		switch t := tok.(type) {
-		case xml.StartElement:
-			return errMalformedXML(fmt.Errorf("element <%s> after the document's root", t.Name.Local))
-		case xml.CharData:
-			if len(bytes.TrimSpace(t)) > 0 {
-				return errMalformedXML(fmt.Errorf("text after the document's root"))
-			}
-		}
 	}
 	// Drain to EOF so the digests and signatures of the body are checked.
 	var buf [512]byte

@@ -171,44 +171,24 @@ func startsBlock(blocks []client.BlockInfo, off uint64) bool {
 	return false
 }
 
-// parseCompleteMultipartUpload reads a CompleteMultipartUpload body: 1 to
-// 10,000 parts, numbered 1 to 10,000 in ascending order (checked here,
-// before the request reaches the namespace manager's log).
-func parseCompleteMultipartUpload(req *request) ([]*metapb.CompletedPart, *Error) {
+func (g *Gateway) completeMultipartUpload(req *request) *Error {
 	var in struct {
-		XMLName xml.Name `xml:"CompleteMultipartUpload"`
-		Parts   []struct {
+		Parts []struct {
 			PartNumber uint32 `xml:"PartNumber"`
 			ETag       string `xml:"ETag"`
 		} `xml:"Part"`
 	}
 	if e := readXML(req, &in); e != nil {
-		return nil, e
-	}
-	if len(in.Parts) == 0 || len(in.Parts) > namespace.MaxPartNumber {
-		return nil, errMalformedXML(fmt.Errorf("%d parts; 1 to %d allowed", len(in.Parts), namespace.MaxPartNumber))
-	}
-	parts := make([]*metapb.CompletedPart, 0, len(in.Parts))
-	for i, p := range in.Parts {
-		if p.PartNumber < 1 || p.PartNumber > namespace.MaxPartNumber {
-			return nil, errInvalidArgument("Part number must be an integer between 1 and %d, inclusive (got %d)", namespace.MaxPartNumber, p.PartNumber)
-		}
-		if i > 0 && p.PartNumber <= in.Parts[i-1].PartNumber {
-			return nil, errorf("InvalidPartOrder", 400, "The list of parts was not in ascending order. The parts list must be specified in order by part number (part %d follows part %d).", p.PartNumber, in.Parts[i-1].PartNumber)
-		}
-		parts = append(parts, &metapb.CompletedPart{PartNumber: p.PartNumber, Etag: p.ETag})
-	}
-	return parts, nil
-}
-
-func (g *Gateway) completeMultipartUpload(req *request) *Error {
-	parts, e := parseCompleteMultipartUpload(req)
-	if e != nil {
 		return e
 	}
 	uploadID := req.r.URL.Query().Get("uploadId")
-	creq := &metapb.CompleteMultipartUploadRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key, UploadId: uploadID,
-		MinPartSize: uint64(g.cfg.MinPartSize), Parts: parts}
+	creq := &metapb.CompleteMultipartUploadRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key, UploadId: uploadID, MinPartSize: uint64(g.cfg.MinPartSize)}
+	for _, p := range in.Parts {
+		creq.Parts = append(creq.Parts, &metapb.CompletedPart{PartNumber: p.PartNumber, Etag: p.ETag})
+	}
+	if len(creq.Parts) == 0 {
+		return errMalformedXML(fmt.Errorf("no parts"))
+	}
 	var ki *metapb.KeyInfo
 	err := req.meta(func() (err error) {
 		ki, err = g.ns.CompleteMultipartUpload(req.r.Context(), creq)

@@ -401,31 +401,18 @@ func (g *Gateway) deleteOne(req *request, key string) *Error {
 	return nil
 }
 
-// deleteRequest is a DeleteObjects body.
-type deleteRequest struct {
-	XMLName xml.Name `xml:"Delete"`
-	Quiet   bool     `xml:"Quiet"`
-	Objects []struct {
-		Key string `xml:"Key"`
-	} `xml:"Object"`
-}
-
-// parseDeleteObjects reads a DeleteObjects body: 1 to 1,000 keys.
-func parseDeleteObjects(req *request) (*deleteRequest, *Error) {
-	var in deleteRequest
+func (g *Gateway) deleteObjects(req *request) *Error {
+	var in struct {
+		Quiet   bool `xml:"Quiet"`
+		Objects []struct {
+			Key string `xml:"Key"`
+		} `xml:"Object"`
+	}
 	if e := readXML(req, &in); e != nil {
-		return nil, e
+		return e
 	}
 	if len(in.Objects) == 0 || len(in.Objects) > maxDeleteObjects {
-		return nil, errMalformedXML(fmt.Errorf("%d objects; 1 to %d allowed", len(in.Objects), maxDeleteObjects))
-	}
-	return &in, nil
-}
-
-func (g *Gateway) deleteObjects(req *request) *Error {
-	in, e := parseDeleteObjects(req)
-	if e != nil {
-		return e
+		return errMalformedXML(fmt.Errorf("%d objects; 1 to %d allowed", len(in.Objects), maxDeleteObjects))
 	}
 	if e := g.bucketExists(req); e != nil {
 		return e
@@ -698,28 +685,19 @@ func (g *Gateway) getObjectTagging(req *request) *Error {
 	return writeXML(req, res)
 }
 
-// parseTagging reads a PutObjectTagging body: valid tags, no key twice.
-func parseTagging(req *request) (map[string]string, *Error) {
+func (g *Gateway) putObjectTagging(req *request) *Error {
 	var in tagSet
 	if e := readXML(req, &in); e != nil {
-		return nil, e
+		return e
 	}
 	tags := map[string]string{}
 	for _, t := range in.Tags {
 		if _, dup := tags[t.Key]; dup {
-			return nil, errorf("InvalidTag", 400, "Cannot provide multiple Tags with the same key: %q", t.Key)
+			return errorf("InvalidTag", 400, "Cannot provide multiple Tags with the same key: %q", t.Key)
 		}
 		tags[t.Key] = t.Value
 	}
 	if e := validTags(tags); e != nil {
-		return nil, e
-	}
-	return tags, nil
-}
-
-func (g *Gateway) putObjectTagging(req *request) *Error {
-	tags, e := parseTagging(req)
-	if e != nil {
 		return e
 	}
 	if e := g.setTags(req, tags); e != nil {

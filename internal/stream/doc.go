@@ -8,19 +8,13 @@
 // the Writer computed.
 //
 // The protocol has its own TCP port (DatanodeDetails.stream_addr) and one
-// connection per stream. Integers are big-endian. Every frame carries a
-// CRC32C of itself (header, packet header, ack; payloads have their own),
-// and every length is checked against its limit (MaxRoute, the address
-// limit, the header's packet size, MaxPacketSize, the reason limit)
-// before anything is allocated for it, so a damaged or hostile frame
-// fails the stream with an error instead of being acted upon.
+// connection per stream. Integers are big-endian.
 //
 // Header, client → first datanode, and each datanode → the next:
 //
-//	magic u32 "BSTR" | version u8 (2) | hop u8 | body length u16
+//	magic u32 "BSTR" | version u8 (1) | hop u8 | body length u16
 //	pipeline u64 | container u64 | local u64 | start offset u64
 //	packet size u32 | route length u16 | route: {datanode u64, addr len u16, addr}…
-//	CRC32C of everything above u32
 //
 // The route is what remains after the receiver. A datanode checks that it
 // is in the pipeline, that the container is open (or creates it, as the
@@ -31,17 +25,14 @@
 // Packet, upstream → downstream (32 bytes, then the payload):
 //
 //	kind u8 (2 data, 3 close) | 0 u8 | 0 u16 | length u32
-//	seq u64 | offset u64 | CRC32C of the payload u32 | CRC32C of the 28 bytes before u32
+//	seq u64 | offset u64 | CRC32C of the payload u32 | magic u32 "BSPK"
 //
 // A close carries the next seq and the final length as its offset.
 //
 // Ack, downstream → upstream (32 bytes, then an error's reason):
 //
-//	kind u8 (0x81 header, 0x82 data, 0x83 close, 0xff error) | code u8 | reason len u16 | CRC32C u32
+//	kind u8 (0x81 header, 0x82 data, 0x83 close, 0xff error) | code u8 | reason len u16 | 0 u32
 //	seq u64 | value u64 (start offset, end of the packet, final length) | datanode at fault u64
-//
-// The ack's CRC32C covers its 32 bytes (the CRC word read as zero) and the
-// reason.
 //
 // A datanode acks packet i only after its own write of i completed and
 // the next hop acked i, so a client's ack means the packet is on every

@@ -11,16 +11,14 @@ import (
 // Wire constants. Every integer is big-endian.
 const (
 	headerMagic = 0x42535452 // "BSTR": first bytes of every stream
+	packetMagic = 0x4253504b // "BSPK": last word of every packet header
 	// Version is the protocol version this package speaks; a header with
 	// another version is refused (no negotiation: the datanodes of one
-	// cluster run one version). Version 2 added a CRC32C to every frame:
-	// the header's trailer, the packet header's last word (where version 1
-	// had a magic number) and the ack's second word.
-	Version = 2
+	// cluster run one version).
+	Version = 1
 
 	headerPrefixLen = 8  // magic, version, hop, body length
 	headerFixedLen  = 38 // body bytes before the route
-	headerCRCLen    = 4  // CRC32C of prefix and body, after the body
 	packetHeaderLen = 32
 	ackLen          = 32
 
@@ -54,15 +52,8 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// crc32c is the checksum of payloads and frames (hardware accelerated on
-// amd64/arm64).
+// crc32c is the packet checksum (hardware accelerated on amd64/arm64).
 func crc32c(p []byte) uint32 { return crc32.Checksum(p, castagnoli) }
-
-// Every frame carries a CRC32C of itself: TCP's 16-bit checksum lets
-// damaged segments through often enough at our volumes, and a flipped bit
-// in a length, offset or sequence number would otherwise be acted upon
-// (a short write at the wrong offset, an ack for data never stored)
-// instead of failing the stream.
 
 // BlockID names a block: its container and its local ID in it.
 type BlockID struct {
@@ -102,7 +93,6 @@ func encodeHeader(dst []byte, h *Header) ([]byte, error) {
 		}
 		body += 10 + len(t.Addr)
 	}
-	start := len(dst)
 	dst = binary.BigEndian.AppendUint32(dst, headerMagic)
 	dst = append(dst, Version, h.Hop)
 	dst = binary.BigEndian.AppendUint16(dst, uint16(body))
@@ -117,7 +107,7 @@ func encodeHeader(dst []byte, h *Header) ([]byte, error) {
 		dst = binary.BigEndian.AppendUint16(dst, uint16(len(t.Addr)))
 		dst = append(dst, t.Addr...)
 	}
-	return binary.BigEndian.AppendUint32(dst, crc32c(dst[start:])), nil
+	return dst, nil
 }
 
 // errBadHeader wraps every header decoding failure.
@@ -140,17 +130,9 @@ func readHeader(r io.Reader) (*Header, error) {
 	if n < headerFixedLen || n > maxHeaderBody {
 		return nil, fmt.Errorf("%w: body of %d bytes outside [%d, %d]", errBadHeader, n, headerFixedLen, maxHeaderBody)
 	}
-	if hop := pre[5]; hop > MaxRoute {
-		return nil, fmt.Errorf("%w: hop %d > %d", errBadHeader, hop, MaxRoute)
-	}
-	frame := make([]byte, headerPrefixLen+n+headerCRCLen)
-	copy(frame, pre[:])
-	if _, err := io.ReadFull(r, frame[headerPrefixLen:]); err != nil {
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
 		return nil, err
-	}
-	body, sum := frame[headerPrefixLen:headerPrefixLen+n], binary.BigEndian.Uint32(frame[headerPrefixLen+n:])
-	if got := crc32c(frame[:headerPrefixLen+n]); got != sum {
-		return nil, fmt.Errorf("%w: CRC32C %08x of %d header bytes, frame says %08x (damaged in transit)", errBadHeader, got, headerPrefixLen+n, sum)
 	}
 	h, err := decodeHeaderBody(body)
 	if err != nil {
@@ -215,28 +197,19 @@ func (p *packetHeader) encode(b *[packetHeaderLen]byte) {
 	be.PutUint64(b[8:], p.seq)
 	be.PutUint64(b[16:], p.offset)
 	be.PutUint32(b[24:], p.crc)
-	be.PutUint32(b[28:], crc32c(b[:28]))
+	be.PutUint32(b[28:], packetMagic)
 }
 
 func (p *packetHeader) decode(b *[packetHeaderLen]byte) error {
 	be := binary.BigEndian
-	if got, sum := crc32c(b[:28]), be.Uint32(b[28:]); got != sum {
-		return fmt.Errorf("packet header CRC32C %08x, header says %08x (damaged in transit, or stream out of sync)", got, sum)
-	}
-	if b[1] != 0 || be.Uint16(b[2:]) != 0 {
-		return fmt.Errorf("packet header reserved bytes %#x %#x are not zero", b[1], be.Uint16(b[2:]))
+	if m := be.Uint32(b[28:]); m != packetMagic {
+		return fmt.Errorf("packet header magic %#08x, want %#08x (stream out of sync)", m, packetMagic)
 	}
 	*p = packetHeader{kind: b[0], length: be.Uint32(b[4:]), seq: be.Uint64(b[8:]), offset: be.Uint64(b[16:]), crc: be.Uint32(b[24:])}
 	switch p.kind {
 	case kindData:
 		if p.length == 0 {
 			return fmt.Errorf("packet %d: empty data packet", p.seq)
-		}
-		if p.length > MaxPacketSize {
-			return fmt.Errorf("packet %d: %d bytes > %d", p.seq, p.length, MaxPacketSize)
-		}
-		if p.offset+uint64(p.length) < p.offset {
-			return fmt.Errorf("packet %d: %d bytes at offset %d overflow", p.seq, p.length, p.offset)
 		}
 	case kindClose:
 		if p.length != 0 {
@@ -266,26 +239,13 @@ func (a *ack) encode(dst []byte) []byte {
 		r = r[:maxReason]
 	}
 	be := binary.BigEndian
-	start := len(dst)
 	dst = append(dst, a.kind, byte(a.code))
 	dst = be.AppendUint16(dst, uint16(len(r)))
-	dst = be.AppendUint32(dst, 0) // the CRC, below
+	dst = be.AppendUint32(dst, 0)
 	dst = be.AppendUint64(dst, a.seq)
 	dst = be.AppendUint64(dst, a.value)
 	dst = be.AppendUint64(dst, a.dn)
-	dst = append(dst, r...)
-	be.PutUint32(dst[start+4:], ackCRC(dst[start:start+ackLen], dst[start+ackLen:]))
-	return dst
-}
-
-// ackCRC is the CRC32C of an ack: its fixed part with the CRC word read
-// as zero, then its reason.
-func ackCRC(fixed []byte, reason []byte) uint32 {
-	var zero [4]byte
-	c := crc32.Update(0, castagnoli, fixed[:4])
-	c = crc32.Update(c, castagnoli, zero[:])
-	c = crc32.Update(c, castagnoli, fixed[8:ackLen])
-	return crc32.Update(c, castagnoli, reason)
+	return append(dst, r...)
 }
 
 // errBadAck wraps malformed acks (as opposed to a broken connection).
@@ -299,29 +259,24 @@ func readAck(r io.Reader, b *[ackLen]byte, a *ack) error {
 	be := binary.BigEndian
 	*a = ack{kind: b[0], code: Code(b[1]), seq: be.Uint64(b[8:]), value: be.Uint64(b[16:]), dn: be.Uint64(b[24:])}
 	n := int(be.Uint16(b[2:]))
-	var reason []byte
 	switch a.kind {
 	case kindHeaderAck, kindDataAck, kindCloseAck:
 		if n != 0 || a.code != 0 {
 			return fmt.Errorf("%w: kind %#x with code %d and %d reason bytes", errBadAck, a.kind, a.code, n)
 		}
+		return nil
 	case kindError:
-		// Bounded before anything is allocated for it.
 		if n > maxReason {
 			return fmt.Errorf("%w: error ack with %d reason bytes > %d", errBadAck, n, maxReason)
 		}
-		reason = make([]byte, n)
+		reason := make([]byte, n)
 		if _, err := io.ReadFull(r, reason); err != nil {
 			return err
 		}
-	default:
-		return fmt.Errorf("%w: unknown kind %#x", errBadAck, a.kind)
+		a.reason = string(reason)
+		return nil
 	}
-	if got, sum := ackCRC(b[:], reason), be.Uint32(b[4:]); got != sum {
-		return fmt.Errorf("%w: kind %#x: CRC32C %08x, ack says %08x (damaged in transit)", errBadAck, a.kind, got, sum)
-	}
-	a.reason = string(reason)
-	return nil
+	return fmt.Errorf("%w: unknown kind %#x", errBadAck, a.kind)
 }
 
 // Code says why a stream failed.
@@ -359,14 +314,11 @@ const (
 	CodeShutdown
 	// CodeBusy: the datanode has too many streams open.
 	CodeBusy
-	// CodeInternal: a bug on the datanode (a recovered panic) failed the
-	// stream; the datanode carries on serving others.
-	CodeInternal
 )
 
 var codeNames = [...]string{"ok", "bad header", "not in pipeline", "container not open", "no such container",
 	"block already committed", "downstream unreachable", "timeout", "connection lost", "checksum mismatch",
-	"I/O error", "protocol error", "shutting down", "busy", "internal error"}
+	"I/O error", "protocol error", "shutting down", "busy"}
 
 func (c Code) String() string {
 	if int(c) < len(codeNames) {

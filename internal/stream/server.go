@@ -10,8 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/basalt-store/basalt/internal/guard"
 )
 
 // Sink is where one stream's data goes on a datanode
@@ -50,10 +48,6 @@ type ServerConfig struct {
 	// (default 4); with MaxStreams and the packet size it bounds memory.
 	Queue  int
 	Logger *slog.Logger
-	// Guard recovers a panic in a stream's goroutines into a CodeInternal
-	// failure of that stream, logged and counted (nil: a guard of the
-	// server's own, logging to Logger, exported nowhere).
-	Guard *guard.Guard
 }
 
 // Stats are a server's counters since it started.
@@ -97,9 +91,6 @@ func NewServer(cfg ServerConfig) *Server {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
-	}
-	if cfg.Guard == nil {
-		cfg.Guard = guard.New(nil, cfg.Logger)
 	}
 	return &Server{cfg: cfg, log: cfg.Logger, conns: map[net.Conn]struct{}{}}
 }
@@ -201,18 +192,6 @@ type done struct {
 	end   uint64
 }
 
-// guardWhere labels the stream server's recovered panics.
-const guardWhere = "stream"
-
-// internalError is what a stream's upstream learns of a recovered panic:
-// where, not the stack (that is in the log).
-func (s *Server) internalError(pe *guard.PanicError) *Error {
-	return &Error{Code: CodeInternal, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, pe)}
-}
-
-// handle serves one connection. A panic anywhere in it fails this stream
-// only: the upstream gets a CodeInternal error and the stream's data is
-// discarded; the datanode serves on.
 func (s *Server) handle(up net.Conn) {
 	defer s.wg.Done()
 	defer func() {
@@ -221,29 +200,6 @@ func (s *Server) handle(up net.Conn) {
 		s.mu.Unlock()
 		up.Close()
 	}()
-	var st *stream
-	err := s.cfg.Guard.Run(guardWhere, func() error { s.serve(up, &st); return nil })
-	var pe *guard.PanicError
-	if !errors.As(err, &pe) {
-		return
-	}
-	s.failed.Add(1)
-	if st != nil {
-		s.cfg.Guard.Run(guardWhere, func() error {
-			st.fail(s.internalError(pe))
-			st.abortSink()
-			return nil
-		})
-		if st.down != nil {
-			st.down.Close()
-		}
-	}
-	s.refuse(up, s.internalError(pe))
-}
-
-// serve runs a stream on up; *stp is set once the stream exists, so that
-// handle can discard its data if serve panics.
-func (s *Server) serve(up net.Conn, stp **stream) {
 	up.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
 	h, err := readHeader(up)
 	if err != nil {
@@ -272,7 +228,6 @@ func (s *Server) serve(up net.Conn, stp **stream) {
 		return
 	}
 	st := &stream{s: s, h: h, up: up, sink: sink, abort: make(chan struct{})}
-	*stp = st
 	if len(h.Route) > 0 {
 		if e := st.connectDown(); e != nil {
 			s.failed.Add(1)
@@ -451,25 +406,15 @@ func (st *stream) run() {
 	downAcks := make(chan ack, queue+1)
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); st.guarded(func() { st.writeLoop(writeQ, doneQ) }) }()
-	go func() { defer wg.Done(); st.guarded(func() { st.ackLoop(doneQ, downAcks) }) }()
+	go func() { defer wg.Done(); st.writeLoop(writeQ, doneQ) }()
+	go func() { defer wg.Done(); st.ackLoop(doneQ, downAcks) }()
 	if st.down != nil {
 		wg.Add(1)
-		go func() { defer wg.Done(); st.guarded(func() { st.downAckLoop(downAcks) }) }()
+		go func() { defer wg.Done(); st.downAckLoop(downAcks) }()
 	}
-	st.guarded(func() { st.readLoop(writeQ) })
+	st.readLoop(writeQ)
 	close(writeQ)
 	wg.Wait()
-}
-
-// guarded runs one of the stream's loops; a panic in it fails the stream
-// (which stops the other loops) instead of the datanode.
-func (st *stream) guarded(fn func()) {
-	err := st.s.cfg.Guard.Run(guardWhere, func() error { fn(); return nil })
-	var pe *guard.PanicError
-	if errors.As(err, &pe) {
-		st.fail(st.s.internalError(pe))
-	}
 }
 
 func (st *stream) readLoop(writeQ chan<- packet) {

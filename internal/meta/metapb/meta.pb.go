@@ -186,12 +186,10 @@ const (
 	// new blocks go to it.
 	ContainerState_CONTAINER_CLOSING ContainerState = 2
 	ContainerState_CONTAINER_CLOSED  ContainerState = 3
-	// UNHEALTHY appears only in a datanode's ContainerReport: this replica
-	// cannot be trusted to hold every committed block (a write or sync
-	// failed, its volume failed, a block committed without its chunks). SCM
-	// records it in Container.unhealthy_replicas through Raft, allocates no
-	// more blocks in the container, closes it on the remaining replicas, and
-	// never lists the replica as a location.
+	// UNHEALTHY (datanode reports only): this replica lost or could not
+	// store data of the container (disk full or failed, data lost on a
+	// resend, caught up by a snapshot). It takes no writes; SCM must stop
+	// allocating into the container, close it, and not count this replica.
 	ContainerState_CONTAINER_UNHEALTHY ContainerState = 4
 )
 
@@ -340,61 +338,55 @@ func (ChecksumType) EnumDescriptor() ([]byte, []int) {
 	return file_meta_meta_proto_rawDescGZIP(), []int{5}
 }
 
-// DeleteTxStatus is how a datanode finished a delete-blocks transaction.
-type DeleteTxStatus int32
+type DeleteBlocksStatus int32
 
 const (
-	DeleteTxStatus_DELETE_TX_STATUS_UNSPECIFIED DeleteTxStatus = 0 // treated as DONE
-	// The blocks are gone from this replica (or were never committed on it).
-	DeleteTxStatus_DELETE_TX_DONE DeleteTxStatus = 1
-	// The replica is UNHEALTHY or on a failed volume: it cannot delete, and
-	// it will never be a trusted copy again. SCM stops waiting for it and
-	// records it as unhealthy (never a location; rebuilt from the others).
-	DeleteTxStatus_DELETE_TX_CONTAINER_UNHEALTHY DeleteTxStatus = 2
-	// The datanode does not hold the container at all. Recorded the same way.
-	DeleteTxStatus_DELETE_TX_CONTAINER_MISSING DeleteTxStatus = 3
+	DeleteBlocksStatus_DELETE_BLOCKS_STATUS_UNSPECIFIED DeleteBlocksStatus = 0
+	// The replica is UNHEALTHY: it will be replaced by re-replication from
+	// a healthy replica, not repaired, so the transaction is moot on it.
+	DeleteBlocksStatus_DELETE_CONTAINER_UNHEALTHY DeleteBlocksStatus = 1
+	// The container's volume failed: the replica is gone with it.
+	DeleteBlocksStatus_DELETE_VOLUME_FAILED DeleteBlocksStatus = 2
 )
 
-// Enum value maps for DeleteTxStatus.
+// Enum value maps for DeleteBlocksStatus.
 var (
-	DeleteTxStatus_name = map[int32]string{
-		0: "DELETE_TX_STATUS_UNSPECIFIED",
-		1: "DELETE_TX_DONE",
-		2: "DELETE_TX_CONTAINER_UNHEALTHY",
-		3: "DELETE_TX_CONTAINER_MISSING",
+	DeleteBlocksStatus_name = map[int32]string{
+		0: "DELETE_BLOCKS_STATUS_UNSPECIFIED",
+		1: "DELETE_CONTAINER_UNHEALTHY",
+		2: "DELETE_VOLUME_FAILED",
 	}
-	DeleteTxStatus_value = map[string]int32{
-		"DELETE_TX_STATUS_UNSPECIFIED":  0,
-		"DELETE_TX_DONE":                1,
-		"DELETE_TX_CONTAINER_UNHEALTHY": 2,
-		"DELETE_TX_CONTAINER_MISSING":   3,
+	DeleteBlocksStatus_value = map[string]int32{
+		"DELETE_BLOCKS_STATUS_UNSPECIFIED": 0,
+		"DELETE_CONTAINER_UNHEALTHY":       1,
+		"DELETE_VOLUME_FAILED":             2,
 	}
 )
 
-func (x DeleteTxStatus) Enum() *DeleteTxStatus {
-	p := new(DeleteTxStatus)
+func (x DeleteBlocksStatus) Enum() *DeleteBlocksStatus {
+	p := new(DeleteBlocksStatus)
 	*p = x
 	return p
 }
 
-func (x DeleteTxStatus) String() string {
+func (x DeleteBlocksStatus) String() string {
 	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
 }
 
-func (DeleteTxStatus) Descriptor() protoreflect.EnumDescriptor {
+func (DeleteBlocksStatus) Descriptor() protoreflect.EnumDescriptor {
 	return file_meta_meta_proto_enumTypes[6].Descriptor()
 }
 
-func (DeleteTxStatus) Type() protoreflect.EnumType {
+func (DeleteBlocksStatus) Type() protoreflect.EnumType {
 	return &file_meta_meta_proto_enumTypes[6]
 }
 
-func (x DeleteTxStatus) Number() protoreflect.EnumNumber {
+func (x DeleteBlocksStatus) Number() protoreflect.EnumNumber {
 	return protoreflect.EnumNumber(x)
 }
 
-// Deprecated: Use DeleteTxStatus.Descriptor instead.
-func (DeleteTxStatus) EnumDescriptor() ([]byte, []int) {
+// Deprecated: Use DeleteBlocksStatus.Descriptor instead.
+func (DeleteBlocksStatus) EnumDescriptor() ([]byte, []int) {
 	return file_meta_meta_proto_rawDescGZIP(), []int{6}
 }
 
@@ -867,14 +859,8 @@ type Container struct {
 	Replicas      []uint64               `protobuf:"varint,5,rep,packed,name=replicas,proto3" json:"replicas,omitempty"`             // datanode IDs that hold (or will hold) it
 	UsedBytes     uint64                 `protobuf:"varint,6,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"` // from reports, recorded at close
 	CreatedUnixMs int64                  `protobuf:"varint,7,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
-	// Replicas (a subset of replicas) that reported the container UNHEALTHY,
-	// or answered a delete-blocks transaction with a non-DONE status. They
-	// are never listed as locations (BlockLocation.datanodes,
-	// ContainerWithLocation.datanodes) and no delete waits for them. Kept
-	// sorted.
-	UnhealthyReplicas []uint64 `protobuf:"varint,8,rep,packed,name=unhealthy_replicas,json=unhealthyReplicas,proto3" json:"unhealthy_replicas,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Container) Reset() {
@@ -956,13 +942,6 @@ func (x *Container) GetCreatedUnixMs() int64 {
 	return 0
 }
 
-func (x *Container) GetUnhealthyReplicas() []uint64 {
-	if x != nil {
-		return x.UnhealthyReplicas
-	}
-	return nil
-}
-
 type BlockID struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -1023,8 +1002,7 @@ type BlockLocation struct {
 	Length         uint64                 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"` // committed length (0 while open)
 	PipelineId     uint64                 `protobuf:"varint,4,opt,name=pipeline_id,json=pipelineId,proto3" json:"pipeline_id,omitempty"`
 	ContainerState ContainerState         `protobuf:"varint,5,opt,name=container_state,json=containerState,proto3,enum=basalt.meta.v1.ContainerState" json:"container_state,omitempty"`
-	// Healthy replicas, nearest to the caller's location first. Replicas
-	// recorded UNHEALTHY (Container.unhealthy_replicas) are left out.
+	// Replicas, nearest to the caller's location first.
 	Datanodes     []*DatanodeDetails `protobuf:"bytes,6,rep,name=datanodes,proto3" json:"datanodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1277,13 +1255,13 @@ type HeartbeatRequest struct {
 	FullReport bool               `protobuf:"varint,3,opt,name=full_report,json=fullReport,proto3" json:"full_report,omitempty"`
 	Containers []*ContainerReport `protobuf:"bytes,4,rep,name=containers,proto3" json:"containers,omitempty"`
 	Pipelines  []*PipelineReport  `protobuf:"bytes,5,rep,name=pipelines,proto3" json:"pipelines,omitempty"`
-	// Delete-block transactions this datanode has carried out (the same as
-	// a delete_acks entry with status DELETE_TX_DONE).
+	// Delete-block transactions this datanode has carried out.
 	DeletedBlockTxs []uint64 `protobuf:"varint,6,rep,packed,name=deleted_block_txs,json=deletedBlockTxs,proto3" json:"deleted_block_txs,omitempty"`
-	// Results of delete-block transactions, at most 4096 per heartbeat.
-	DeleteAcks    []*DeleteTxAck `protobuf:"bytes,7,rep,name=delete_acks,json=deleteAcks,proto3" json:"delete_acks,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Delete-block transactions this datanode will never carry out, and why
+	// (each is acknowledged once, like deleted_block_txs).
+	DeleteBlockAcks []*DeleteBlocksAck `protobuf:"bytes,7,rep,name=delete_block_acks,json=deleteBlockAcks,proto3" json:"delete_block_acks,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *HeartbeatRequest) Reset() {
@@ -1358,36 +1336,39 @@ func (x *HeartbeatRequest) GetDeletedBlockTxs() []uint64 {
 	return nil
 }
 
-func (x *HeartbeatRequest) GetDeleteAcks() []*DeleteTxAck {
+func (x *HeartbeatRequest) GetDeleteBlockAcks() []*DeleteBlocksAck {
 	if x != nil {
-		return x.DeleteAcks
+		return x.DeleteBlockAcks
 	}
 	return nil
 }
 
-type DeleteTxAck struct {
+// DeleteBlocksAck answers a DeleteBlocksCommand that a datanode cannot
+// carry out on its replica.
+type DeleteBlocksAck struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	TxId          uint64                 `protobuf:"varint,1,opt,name=tx_id,json=txId,proto3" json:"tx_id,omitempty"`
-	Status        DeleteTxStatus         `protobuf:"varint,2,opt,name=status,proto3,enum=basalt.meta.v1.DeleteTxStatus" json:"status,omitempty"`
-	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"` // why, for the logs (at most 256 bytes are kept)
+	ContainerId   uint64                 `protobuf:"varint,2,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Status        DeleteBlocksStatus     `protobuf:"varint,3,opt,name=status,proto3,enum=basalt.meta.v1.DeleteBlocksStatus" json:"status,omitempty"`
+	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *DeleteTxAck) Reset() {
-	*x = DeleteTxAck{}
+func (x *DeleteBlocksAck) Reset() {
+	*x = DeleteBlocksAck{}
 	mi := &file_meta_meta_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *DeleteTxAck) String() string {
+func (x *DeleteBlocksAck) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*DeleteTxAck) ProtoMessage() {}
+func (*DeleteBlocksAck) ProtoMessage() {}
 
-func (x *DeleteTxAck) ProtoReflect() protoreflect.Message {
+func (x *DeleteBlocksAck) ProtoReflect() protoreflect.Message {
 	mi := &file_meta_meta_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -1399,28 +1380,35 @@ func (x *DeleteTxAck) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use DeleteTxAck.ProtoReflect.Descriptor instead.
-func (*DeleteTxAck) Descriptor() ([]byte, []int) {
+// Deprecated: Use DeleteBlocksAck.ProtoReflect.Descriptor instead.
+func (*DeleteBlocksAck) Descriptor() ([]byte, []int) {
 	return file_meta_meta_proto_rawDescGZIP(), []int{13}
 }
 
-func (x *DeleteTxAck) GetTxId() uint64 {
+func (x *DeleteBlocksAck) GetTxId() uint64 {
 	if x != nil {
 		return x.TxId
 	}
 	return 0
 }
 
-func (x *DeleteTxAck) GetStatus() DeleteTxStatus {
+func (x *DeleteBlocksAck) GetContainerId() uint64 {
+	if x != nil {
+		return x.ContainerId
+	}
+	return 0
+}
+
+func (x *DeleteBlocksAck) GetStatus() DeleteBlocksStatus {
 	if x != nil {
 		return x.Status
 	}
-	return DeleteTxStatus_DELETE_TX_STATUS_UNSPECIFIED
+	return DeleteBlocksStatus_DELETE_BLOCKS_STATUS_UNSPECIFIED
 }
 
-func (x *DeleteTxAck) GetMessage() string {
+func (x *DeleteBlocksAck) GetReason() string {
 	if x != nil {
-		return x.Message
+		return x.Reason
 	}
 	return ""
 }
@@ -2422,11 +2410,9 @@ func (x *GetContainersResponse) GetContainers() []*ContainerWithLocation {
 }
 
 type ContainerWithLocation struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Container *Container             `protobuf:"bytes,1,opt,name=container,proto3" json:"container,omitempty"`
-	// Healthy replicas, nearest first (unhealthy ones are left out; see
-	// container.unhealthy_replicas).
-	Datanodes     []*DatanodeDetails `protobuf:"bytes,2,rep,name=datanodes,proto3" json:"datanodes,omitempty"`
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Container     *Container             `protobuf:"bytes,1,opt,name=container,proto3" json:"container,omitempty"`
+	Datanodes     []*DatanodeDetails     `protobuf:"bytes,2,rep,name=datanodes,proto3" json:"datanodes,omitempty"` // nearest first
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6478,7 +6464,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x05state\x18\x04 \x01(\x0e2\x1d.basalt.meta.v1.PipelineStateR\x05state\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x05 \x01(\x03R\rcreatedUnixMs\x12$\n" +
 	"\x0eclosed_unix_ms\x18\x06 \x01(\x03R\fclosedUnixMs\x12!\n" +
-	"\fclose_reason\x18\a \x01(\tR\vcloseReason\"\xc3\x02\n" +
+	"\fclose_reason\x18\a \x01(\tR\vcloseReason\"\x94\x02\n" +
 	"\tContainer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1f\n" +
 	"\vpipeline_id\x18\x02 \x01(\x04R\n" +
@@ -6488,8 +6474,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\breplicas\x18\x05 \x03(\x04R\breplicas\x12\x1d\n" +
 	"\n" +
 	"used_bytes\x18\x06 \x01(\x04R\tusedBytes\x12&\n" +
-	"\x0fcreated_unix_ms\x18\a \x01(\x03R\rcreatedUnixMs\x12-\n" +
-	"\x12unhealthy_replicas\x18\b \x03(\x04R\x11unhealthyReplicas\"G\n" +
+	"\x0fcreated_unix_ms\x18\a \x01(\x03R\rcreatedUnixMs\"G\n" +
 	"\aBlockID\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x19\n" +
 	"\blocal_id\x18\x02 \x01(\x04R\alocalId\"\x91\x02\n" +
@@ -6513,7 +6498,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x18RegisterDatanodeResponse\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x122\n" +
-	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\"\xf5\x02\n" +
+	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\"\x84\x03\n" +
 	"\x10HeartbeatRequest\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x126\n" +
@@ -6524,13 +6509,13 @@ const file_meta_meta_proto_rawDesc = "" +
 	"containers\x18\x04 \x03(\v2\x1f.basalt.meta.v1.ContainerReportR\n" +
 	"containers\x12<\n" +
 	"\tpipelines\x18\x05 \x03(\v2\x1e.basalt.meta.v1.PipelineReportR\tpipelines\x12*\n" +
-	"\x11deleted_block_txs\x18\x06 \x03(\x04R\x0fdeletedBlockTxs\x12<\n" +
-	"\vdelete_acks\x18\a \x03(\v2\x1b.basalt.meta.v1.DeleteTxAckR\n" +
-	"deleteAcks\"t\n" +
-	"\vDeleteTxAck\x12\x13\n" +
-	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x126\n" +
-	"\x06status\x18\x02 \x01(\x0e2\x1e.basalt.meta.v1.DeleteTxStatusR\x06status\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\xa1\x01\n" +
+	"\x11deleted_block_txs\x18\x06 \x03(\x04R\x0fdeletedBlockTxs\x12K\n" +
+	"\x11delete_block_acks\x18\a \x03(\v2\x1f.basalt.meta.v1.DeleteBlocksAckR\x0fdeleteBlockAcks\"\x9d\x01\n" +
+	"\x0fDeleteBlocksAck\x12\x13\n" +
+	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x12!\n" +
+	"\fcontainer_id\x18\x02 \x01(\x04R\vcontainerId\x12:\n" +
+	"\x06status\x18\x03 \x01(\x0e2\".basalt.meta.v1.DeleteBlocksStatusR\x06status\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xa1\x01\n" +
 	"\x11HeartbeatResponse\x12;\n" +
 	"\bcommands\x18\x01 \x03(\v2\x1f.basalt.meta.v1.DatanodeCommandR\bcommands\x12/\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x19.basalt.meta.v1.NodeStateR\x05state\x12\x1e\n" +
@@ -6929,12 +6914,11 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x19CHECKSUM_TYPE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rCHECKSUM_NONE\x10\x01\x12\n" +
 	"\n" +
-	"\x06CRC32C\x10\x02*\x8a\x01\n" +
-	"\x0eDeleteTxStatus\x12 \n" +
-	"\x1cDELETE_TX_STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
-	"\x0eDELETE_TX_DONE\x10\x01\x12!\n" +
-	"\x1dDELETE_TX_CONTAINER_UNHEALTHY\x10\x02\x12\x1f\n" +
-	"\x1bDELETE_TX_CONTAINER_MISSING\x10\x032\xb0\b\n" +
+	"\x06CRC32C\x10\x02*t\n" +
+	"\x12DeleteBlocksStatus\x12$\n" +
+	" DELETE_BLOCKS_STATUS_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aDELETE_CONTAINER_UNHEALTHY\x10\x01\x12\x18\n" +
+	"\x14DELETE_VOLUME_FAILED\x10\x022\xb0\b\n" +
 	"\x03Scm\x12e\n" +
 	"\x10RegisterDatanode\x12'.basalt.meta.v1.RegisterDatanodeRequest\x1a(.basalt.meta.v1.RegisterDatanodeResponse\x12P\n" +
 	"\tHeartbeat\x12 .basalt.meta.v1.HeartbeatRequest\x1a!.basalt.meta.v1.HeartbeatResponse\x12_\n" +
@@ -7000,7 +6984,7 @@ var file_meta_meta_proto_goTypes = []any{
 	(ContainerState)(0),                    // 3: basalt.meta.v1.ContainerState
 	(BucketLayout)(0),                      // 4: basalt.meta.v1.BucketLayout
 	(ChecksumType)(0),                      // 5: basalt.meta.v1.ChecksumType
-	(DeleteTxStatus)(0),                    // 6: basalt.meta.v1.DeleteTxStatus
+	(DeleteBlocksStatus)(0),                // 6: basalt.meta.v1.DeleteBlocksStatus
 	(*NotLeader)(nil),                      // 7: basalt.meta.v1.NotLeader
 	(*DatanodeDetails)(nil),                // 8: basalt.meta.v1.DatanodeDetails
 	(*VolumeReport)(nil),                   // 9: basalt.meta.v1.VolumeReport
@@ -7014,7 +6998,7 @@ var file_meta_meta_proto_goTypes = []any{
 	(*RegisterDatanodeRequest)(nil),        // 17: basalt.meta.v1.RegisterDatanodeRequest
 	(*RegisterDatanodeResponse)(nil),       // 18: basalt.meta.v1.RegisterDatanodeResponse
 	(*HeartbeatRequest)(nil),               // 19: basalt.meta.v1.HeartbeatRequest
-	(*DeleteTxAck)(nil),                    // 20: basalt.meta.v1.DeleteTxAck
+	(*DeleteBlocksAck)(nil),                // 20: basalt.meta.v1.DeleteBlocksAck
 	(*HeartbeatResponse)(nil),              // 21: basalt.meta.v1.HeartbeatResponse
 	(*DatanodeCommand)(nil),                // 22: basalt.meta.v1.DatanodeCommand
 	(*CreatePipelineCommand)(nil),          // 23: basalt.meta.v1.CreatePipelineCommand
@@ -7114,8 +7098,8 @@ var file_meta_meta_proto_depIdxs = []int32{
 	9,   // 10: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
 	10,  // 11: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
 	11,  // 12: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
-	20,  // 13: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
-	6,   // 14: basalt.meta.v1.DeleteTxAck.status:type_name -> basalt.meta.v1.DeleteTxStatus
+	20,  // 13: basalt.meta.v1.HeartbeatRequest.delete_block_acks:type_name -> basalt.meta.v1.DeleteBlocksAck
+	6,   // 14: basalt.meta.v1.DeleteBlocksAck.status:type_name -> basalt.meta.v1.DeleteBlocksStatus
 	22,  // 15: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
 	1,   // 16: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
 	23,  // 17: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
