@@ -99,7 +99,12 @@ type Datanode struct {
 	pipelines map[uint64]*metapb.Pipeline
 	sms       map[uint64]*containerSM
 	peerConns map[string]*grpc.ClientConn // by data address (ApplyStatus)
-	deleted   []uint64                    // delete-block transactions done, to report
+	// Delete-block transactions to acknowledge in the next heartbeat
+	// (delete.go), and the ones being proposed through a pipeline.
+	acks         map[uint64]deleteAck
+	ackOrder     []uint64
+	recentAcks   []deleteAck // the newest maxRecentAcks, for DeleteAck
+	proposingDel map[uint64]bool
 
 	hbInterval time.Duration
 	reportSoon atomic.Bool // a container changed state: full report next
@@ -163,7 +168,8 @@ func New(cfg Config) (*Datanode, error) {
 		return nil, err
 	}
 	d := &Datanode{cfg: cfg, log: cfg.Logger, peers: map[uint64]*metapb.DatanodeDetails{},
-		pipelines: map[uint64]*metapb.Pipeline{}, sms: map[uint64]*containerSM{}, peerConns: map[string]*grpc.ClientConn{}, stopc: make(chan struct{})}
+		pipelines: map[uint64]*metapb.Pipeline{}, sms: map[uint64]*containerSM{}, peerConns: map[string]*grpc.ClientConn{},
+		acks: map[uint64]deleteAck{}, proposingDel: map[uint64]bool{}, stopc: make(chan struct{})}
 	if err := d.loadIdentity(); err != nil {
 		return nil, err
 	}
@@ -444,6 +450,7 @@ func (d *Datanode) joinPipeline(p *metapb.Pipeline, members []*metapb.DatanodeDe
 	pid := p.GetId()
 	sm.isLeader = func() bool { return d.IsPipelineLeader(pid) }
 	sm.onUnhealthy = func() { d.reportSoon.Store(true) }
+	sm.onDeleted = d.ack
 	if _, err := d.host.AddGroup(raft.GroupConfig{ID: p.GetId(), Peers: p.GetDatanodes(), StateMachine: sm}); err != nil && !errors.Is(err, raft.ErrGroupExists) {
 		return err
 	}
@@ -502,9 +509,8 @@ func (d *Datanode) heartbeat(full bool) error {
 	for id := range d.sms {
 		req.Pipelines = append(req.Pipelines, &metapb.PipelineReport{PipelineId: id})
 	}
-	req.DeletedBlockTxs = append(req.DeletedBlockTxs, d.deleted...)
-	sent := len(d.deleted)
 	d.mu.Unlock()
+	sent := d.takeAcks(req)
 	for _, p := range req.Pipelines {
 		if g, err := d.host.Group(p.PipelineId); err == nil {
 			p.IsLeader = g.IsLeader()
@@ -516,9 +522,7 @@ func (d *Datanode) heartbeat(full bool) error {
 	if err != nil {
 		return err
 	}
-	d.mu.Lock()
-	d.deleted = d.deleted[sent:]
-	d.mu.Unlock()
+	d.clearAcks(sent)
 	if resp.GetReregister() {
 		return d.register(ctx, d.host.Addr())
 	}
@@ -530,6 +534,10 @@ func (d *Datanode) heartbeat(full bool) error {
 	return nil
 }
 
+// Execute runs one SCM command now, as if it came in a heartbeat
+// response (tests, admin).
+func (d *Datanode) Execute(cmd *metapb.DatanodeCommand) error { return d.execute(cmd) }
+
 func (d *Datanode) execute(cmd *metapb.DatanodeCommand) error {
 	switch c := cmd.GetCommand().(type) {
 	case *metapb.DatanodeCommand_CreatePipeline:
@@ -539,18 +547,7 @@ func (d *Datanode) execute(cmd *metapb.DatanodeCommand) error {
 	case *metapb.DatanodeCommand_CloseContainer:
 		return d.closeContainer(c.CloseContainer.GetContainerId(), c.CloseContainer.GetPipelineId())
 	case *metapb.DatanodeCommand_DeleteBlocks:
-		del := c.DeleteBlocks
-		lids := make([]storage.LocalID, len(del.GetLocalIds()))
-		for i, l := range del.GetLocalIds() {
-			lids[i] = storage.LocalID(l)
-		}
-		if err := d.deleteBlocks(storage.ContainerID(del.GetContainerId()), lids); err != nil {
-			return err
-		}
-		d.mu.Lock()
-		d.deleted = append(d.deleted, del.GetTxId())
-		d.mu.Unlock()
-		return nil
+		return d.executeDelete(c.DeleteBlocks)
 	}
 	return nil
 }
@@ -661,27 +658,3 @@ func (d *Datanode) ChunksWritten() uint64 { return d.stats.chunksWritten.Load() 
 // SmallFiles counts the blocks this datanode committed from PutSmallFile
 // entries (every replica counts).
 func (d *Datanode) SmallFiles() uint64 { return d.stats.smallFiles.Load() }
-
-// deleteBlocks carries out a delete-blocks command. Blocks that were
-// allocated but never committed here (an abandoned write, a spare block)
-// are not "not found" errors: their uncommitted data, if any, is
-// discarded, and the command counts as done, so SCM stops resending it.
-func (d *Datanode) deleteBlocks(cid storage.ContainerID, lids []storage.LocalID) error {
-	err := d.store.DeleteBlocks(cid, lids)
-	switch {
-	case err == nil, errors.Is(err, storage.ErrContainerNotFound):
-		return nil
-	case !errors.Is(err, storage.ErrBlockNotFound):
-		return err
-	}
-	for _, lid := range lids {
-		err := d.store.DeleteBlocks(cid, []storage.LocalID{lid})
-		if errors.Is(err, storage.ErrBlockNotFound) {
-			err = d.store.AbortBlock(cid, lid)
-		}
-		if err != nil && !errors.Is(err, storage.ErrBlockNotFound) && !errors.Is(err, storage.ErrContainerNotFound) {
-			return err
-		}
-	}
-	return nil
-}

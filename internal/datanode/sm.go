@@ -57,8 +57,9 @@ type containerSM struct {
 	log       *slog.Logger
 	stats     *stats
 	isLeader  func() bool
-	// onDeleted, if set, is told the delete-block transactions applied.
-	onDeleted func(txs []uint64)
+	// onDeleted, if set, is told the outcome of each delete-blocks entry
+	// applied, to acknowledge its transaction to SCM.
+	onDeleted func(deleteAck)
 	// onUnhealthy, if set, is told a container went UNHEALTHY here (the
 	// datanode reports it to SCM in the next heartbeat).
 	onUnhealthy func()
@@ -465,13 +466,18 @@ func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) err
 	case *datanodepb.ContainerCommand_CloseContainer:
 		return sm.closeContainer(storage.ContainerID(c.CloseContainer.GetContainerId()))
 	case *datanodepb.ContainerCommand_DeleteBlocks:
-		lids := make([]storage.LocalID, len(c.DeleteBlocks.GetLocalIds()))
-		for i, l := range c.DeleteBlocks.GetLocalIds() {
+		del := c.DeleteBlocks
+		lids := make([]storage.LocalID, len(del.GetLocalIds()))
+		for i, l := range del.GetLocalIds() {
 			lids[i] = storage.LocalID(l)
 		}
-		err := sm.store.DeleteBlocks(storage.ContainerID(c.DeleteBlocks.GetContainerId()), lids)
-		if errors.Is(err, storage.ErrContainerNotFound) {
-			return nil
+		err := deleteBlocks(sm.store, storage.ContainerID(del.GetContainerId()), lids)
+		a := deleteOutcome(del.GetTxId(), del.GetContainerId(), err)
+		if a != nil && del.GetTxId() != 0 && sm.onDeleted != nil {
+			sm.onDeleted(*a)
+		}
+		if a != nil {
+			return nil // done, or can never be done here (acknowledged so)
 		}
 		return err
 	default:
