@@ -65,8 +65,6 @@ type Group struct {
 	// while readies == e is in Ready e's entries unless raft discarded it
 	// before that Ready (see sweepLocal).
 	readies uint64
-	// wasLeader is the role seen by the previous Ready (store loop only).
-	wasLeader bool
 
 	// sendq holds MsgApps waiting for their entries' data (hydrateMessage,
 	// which may read the disk) before they go to the transport, drained by
@@ -116,8 +114,8 @@ type proposal struct {
 	seq   uint64
 	size  int
 	index uint64
-	done  chan struct{}          // closed when finished (Propose)
-	cb    func(Result, error)    // or called through deliver (ProposeAsync)
+	done  chan struct{}       // closed when finished (Propose)
+	cb    func(Result, error) // or called through deliver (ProposeAsync)
 	res   Result
 	err   error
 }
@@ -519,17 +517,6 @@ func (g *Group) deliver() {
 	}
 }
 
-// failPending fails every pending proposal with err (leadership lost:
-// each may or may not commit under the next leader).
-func (g *Group) failPending(err error) {
-	g.pmu.Lock()
-	for seq := range g.pending {
-		g.finish(seq, Result{}, err)
-	}
-	g.pmu.Unlock()
-	g.deliver()
-}
-
 // recordProposalIndexes learns the log index of this host's proposals as
 // they are appended, so a proposal overwritten by another leader's entry
 // fails promptly instead of waiting for its context.
@@ -778,9 +765,11 @@ func roleName(s etcdraft.StateType) string {
 	}
 }
 
-// step queues an inbound message for the store loop, which steps it under
-// mu before taking the group's Ready: the caller (a transport goroutine)
-// never waits for the group's lock.
+// step queues an inbound message and steps the queue at once if the
+// group's lock is free; otherwise whoever holds it next in the store loop
+// (ready) or the ticker (tick) steps it, in arrival order. The caller (a
+// transport goroutine) never waits for the group's lock, which a busy
+// group may hold.
 func (g *Group) step(m *pb.Message) {
 	if g.isStopped() {
 		return
@@ -793,6 +782,12 @@ func (g *Group) step(m *pb.Message) {
 	}
 	g.inbox.msgs = append(g.inbox.msgs, m)
 	g.inbox.Unlock()
+	if !g.host.cfg.Manual && g.mu.TryLock() {
+		if !g.isStopped() {
+			g.stepInboxLocked()
+		}
+		g.mu.Unlock()
+	}
 	g.loop.notify(g)
 }
 
@@ -821,6 +816,9 @@ func (g *Group) tick() {
 		g.mu.Unlock()
 		return
 	}
+	// Messages still queued count before time passes: a leader busy on
+	// its disk must not miss its followers' responses (CheckQuorum).
+	g.stepInboxLocked()
 	g.rn.Tick()
 	g.mu.Unlock()
 	// Followers re-report their applied index now and then, in case the
@@ -853,14 +851,11 @@ func (g *Group) ready() *readyWork {
 	epoch := g.readies
 	g.readies++
 	g.mu.Unlock()
-	leader := st.RaftState == etcdraft.StateLeader
-	if g.wasLeader && !leader {
-		// Proposals in the log may still commit under the next leader, or
-		// be replaced: their outcome is unknown from here.
-		g.failPending(fmt.Errorf("raft: group %d: leadership lost with the proposal in the log: %w", g.id, ErrOutcomeUnknown))
-	}
-	g.wasLeader = leader
-	return &readyWork{g: g, rd: rd, leader: leader, epoch: epoch}
+	// Proposals of a leader that lost leadership stay pending: this host
+	// still applies the entry if it commits (and reports the result), or
+	// sees another entry replace it (ErrProposalDropped); a caller that
+	// stops waiting first gets ErrOutcomeUnknown.
+	return &readyWork{g: g, rd: rd, leader: st.RaftState == etcdraft.StateLeader, epoch: epoch}
 }
 
 // advance tells raft the Ready is persisted and queues its committed
@@ -1314,6 +1309,59 @@ func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 		return ents, nil
 	}
 	return out, nil
+}
+
+// queueSend queues a MsgApp for hydration and sending on the group's
+// worker (started when the queue becomes non-empty). Bounded: beyond
+// maxSendQueue the message is dropped; raft resends.
+func (g *Group) queueSend(m *pb.Message) {
+	g.sendq.Lock()
+	if len(g.sendq.msgs) >= maxSendQueue || g.isStopped() {
+		g.sendq.Unlock()
+		g.host.metrics.droppedSends.Inc()
+		return
+	}
+	g.sendq.msgs = append(g.sendq.msgs, m)
+	start := !g.sendq.running
+	g.sendq.running = true
+	g.sendq.Unlock()
+	if start {
+		g.host.startSender(g)
+	}
+}
+
+// sendQueued reports whether MsgApps wait in the send queue: later ones
+// must queue behind them to keep their order.
+func (g *Group) sendQueued() bool {
+	g.sendq.Lock()
+	defer g.sendq.Unlock()
+	return g.sendq.running
+}
+
+// runSendQueue hydrates and sends queued MsgApps until the queue is empty.
+// Reports whether it sent anything.
+func (g *Group) runSendQueue() bool {
+	did := false
+	for {
+		g.sendq.Lock()
+		if len(g.sendq.msgs) == 0 || g.isStopped() {
+			g.sendq.msgs = nil
+			g.sendq.running = false
+			g.sendq.Unlock()
+			return did
+		}
+		m := g.sendq.msgs[0]
+		g.sendq.msgs[0] = nil
+		g.sendq.msgs = g.sendq.msgs[1:]
+		g.sendq.Unlock()
+		did = true
+		out, tails, err := g.hydrateMessage(m)
+		if err != nil {
+			g.host.log.Warn("cannot read entry data for a send; dropping it (raft resends)", "group", g.id, "to", m.GetTo(), "err", err)
+			continue
+		}
+		g.host.transport.Send(m.GetTo(), []Outgoing{{Group: g.id, Msg: out, tails: tails}})
+	}
 }
 
 // maxHydratedBytes bounds the data put back into one MsgApp. raft sizes

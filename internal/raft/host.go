@@ -39,6 +39,8 @@ type Host struct {
 	groups map[uint64]*Group
 	// home remembers on which store a group's state was found at start.
 	home map[uint64]*storeLoop
+	// adding holds the IDs of groups AddGroup is opening (outside mu).
+	adding map[uint64]bool
 
 	seq     atomic.Uint64
 	snapSem chan struct{}
@@ -88,6 +90,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 		log:     cfg.Logger.With("host", cfg.ID),
 		groups:  make(map[uint64]*Group),
 		home:    make(map[uint64]*storeLoop),
+		adding:  make(map[uint64]bool),
 		snapSem: make(chan struct{}, 2),
 		stopc:   make(chan struct{}),
 	}
@@ -224,9 +227,12 @@ func (h *Host) AddGroup(cfg GroupConfig) (*Group, error) {
 	if h.closed.Load() {
 		return nil, ErrStopped
 	}
+	// The host lock is held only to reserve the ID and to publish the
+	// group: loading and bootstrapping sync the log store, and inbound
+	// messages and ticks of every other group need the lock meanwhile.
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if _, ok := h.groups[cfg.ID]; ok {
+	if _, ok := h.groups[cfg.ID]; ok || h.adding[cfg.ID] {
+		h.mu.Unlock()
 		return nil, fmt.Errorf("raft: group %d: %w", cfg.ID, ErrGroupExists)
 	}
 	loop, existed := h.home[cfg.ID]
@@ -240,6 +246,32 @@ func (h *Host) AddGroup(cfg GroupConfig) (*Group, error) {
 			}
 		}
 	}
+	h.adding[cfg.ID] = true
+	h.mu.Unlock()
+	g, err := h.openGroup(loop, cfg)
+	h.mu.Lock()
+	delete(h.adding, cfg.ID)
+	if err == nil && h.closed.Load() {
+		err = ErrStopped
+	}
+	if err != nil {
+		h.mu.Unlock()
+		if g != nil {
+			g.stop()
+			g.applyWG.Wait()
+		}
+		return nil, err
+	}
+	h.groups[cfg.ID] = g
+	h.home[cfg.ID] = loop
+	h.mu.Unlock()
+	h.metrics.groups.Inc()
+	loop.notify(g)
+	return g, nil
+}
+
+// openGroup loads (or bootstraps) a group's log and starts the group.
+func (h *Host) openGroup(loop *storeLoop, cfg GroupConfig) (*Group, error) {
 	gl, err := loop.store.load(cfg.ID)
 	if err != nil {
 		return nil, err
@@ -250,15 +282,7 @@ func (h *Host) AddGroup(cfg GroupConfig) (*Group, error) {
 			return nil, err
 		}
 	}
-	g, err := newGroup(h, loop, gl, cfg)
-	if err != nil {
-		return nil, err
-	}
-	h.groups[cfg.ID] = g
-	h.home[cfg.ID] = loop
-	h.metrics.groups.Inc()
-	loop.notify(g)
-	return g, nil
+	return newGroup(h, loop, gl, cfg)
 }
 
 // bootstrap writes the initial state of a new group: the log starts after
@@ -346,13 +370,7 @@ func (h *Host) RemoveGroup(id uint64) error {
 // Tick advances every group's logical clock by one tick. Called by the
 // host's ticker, or by tests when TickInterval is negative.
 func (h *Host) Tick() {
-	h.mu.RLock()
-	groups := make([]*Group, 0, len(h.groups))
-	for _, g := range h.groups {
-		groups = append(groups, g)
-	}
-	h.mu.RUnlock()
-	for _, g := range groups {
+	for _, g := range h.groupList() {
 		g.tick()
 	}
 }
@@ -371,13 +389,19 @@ func (h *Host) tickLoop() {
 	}
 }
 
-// HandleMessages implements Handler.
+// HandleMessages implements Handler. It only queues: the host lock is
+// held to look the groups up, no group lock is taken (the store loop steps
+// the messages, see Group.step).
 func (h *Host) HandleMessages(from uint64, msgs []Outgoing) {
+	gs := make([]*Group, len(msgs))
 	h.mu.RLock()
-	defer h.mu.RUnlock()
-	for _, o := range msgs {
-		g, ok := h.groups[o.Group]
-		if !ok {
+	for i, o := range msgs {
+		gs[i] = h.groups[o.Group]
+	}
+	h.mu.RUnlock()
+	for i, o := range msgs {
+		g := gs[i]
+		if g == nil {
 			h.metrics.droppedUnknownGroup.Inc()
 			continue
 		}
@@ -391,11 +415,21 @@ func (h *Host) HandleMessages(from uint64, msgs []Outgoing) {
 
 // Unreachable implements Handler.
 func (h *Host) Unreachable(id uint64) {
-	h.mu.RLock()
-	defer h.mu.RUnlock()
-	for _, g := range h.groups {
+	for _, g := range h.groupList() {
 		g.reportUnreachable(id)
 	}
+}
+
+// groupList is the hosted groups in ID order.
+func (h *Host) groupList() []*Group {
+	h.mu.RLock()
+	gs := make([]*Group, 0, len(h.groups))
+	for _, g := range h.groups {
+		gs = append(gs, g)
+	}
+	h.mu.RUnlock()
+	sort.Slice(gs, func(i, j int) bool { return gs[i].id < gs[j].id })
+	return gs
 }
 
 // HandleSnapshot implements Handler: restore the state machine, then let
@@ -421,10 +455,14 @@ func (h *Host) send(g *Group, msgs []*pb.Message) {
 			go h.sendSnapshot(g, m)
 			continue
 		}
-		o := Outgoing{Group: g.id, Msg: m}
-		if g.dsm != nil && m.GetType() == pb.MsgApp && hasElided(m) {
-			o.Hydrate = g.hydrateMessage
+		if g.dsm != nil && m.GetType() == pb.MsgApp && (hasElided(m) || g.sendQueued()) {
+			// Its data must be put back first, which may read the disk:
+			// on the group's own worker, never on the loop or on the
+			// peer's writer (shared by every group).
+			g.queueSend(m)
+			continue
 		}
+		o := Outgoing{Group: g.id, Msg: m}
 		if byPeer == nil {
 			byPeer = make(map[uint64][]Outgoing, 4)
 		}
@@ -481,4 +519,14 @@ func (h *Host) sendSnapshot(g *Group, m *pb.Message) {
 	h.metrics.snapshotsSent.Inc()
 	h.log.Info("snapshot sent", "group", g.id, "to", to, "index", snap.index, "took", time.Since(start))
 	report(etcdraft.SnapshotFinish)
+}
+
+// startSender runs a group's send queue on a goroutine of its own (one at
+// a time per group, see Group.queueSend).
+func (h *Host) startSender(g *Group) {
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		g.runSendQueue()
+	}()
 }

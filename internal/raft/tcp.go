@@ -292,22 +292,19 @@ func (p *peer) writeLoop() {
 			select {
 			case m := <-p.queue:
 				batch = append(batch, m)
-				if m.Hydrate != nil {
-					// Its data is not in it yet: count what it may grow to.
-					size += maxHydratedBytes
-				} else if m.Msg != nil {
+				if m.Msg != nil {
 					size += len(m.Msg.GetEntries()) * 64
-					for _, e := range m.Msg.GetEntries() {
+					for i, e := range m.Msg.GetEntries() {
 						size += len(e.GetData())
+						if m.tails != nil {
+							size += len(m.tails[i])
+						}
 					}
 				}
 			default:
 				break drain
 			}
 		}
-		// Entries re-read from the log get their data back here, on this
-		// peer's goroutine (see Outgoing.Hydrate).
-		batch = hydrateBatch(batch, t.log)
 		hb := encodeBatch(&fw, batch)
 		t.m.heartbeatsCoalesced.Add(float64(hb))
 		segs, size := fw.finish()
@@ -324,24 +321,6 @@ func (p *peer) writeLoop() {
 			fw.scratch = nil // nor a huge buffer after a burst
 		}
 	}
-}
-
-// hydrateBatch resolves Outgoing.Hydrate; a message whose data cannot be
-// read is dropped (raft resends it).
-func hydrateBatch(batch []Outgoing, log *slog.Logger) []Outgoing {
-	out := batch[:0]
-	for _, o := range batch {
-		if o.Hydrate != nil {
-			m, tails, err := o.Hydrate(o.Msg)
-			if err != nil {
-				log.Warn("cannot read entry data for a resend; dropping it", "group", o.Group, "to", o.Msg.GetTo(), "err", err)
-				continue
-			}
-			o.Msg, o.Hydrate, o.tails = m, nil, tails
-		}
-		out = append(out, o)
-	}
-	return out
 }
 
 // writeSegments writes one frame: small segments through the buffered
