@@ -220,8 +220,10 @@ func newGroup(h *Host, loop *storeLoop, gl *groupLog, cfg GroupConfig) (*Group, 
 		return nil, fmt.Errorf("raft: group %d: %w", cfg.ID, err)
 	}
 	g.rn = rn
-	g.applyWG.Add(1)
-	go g.applyLoop()
+	if !h.cfg.Manual {
+		g.applyWG.Add(1)
+		go g.applyLoop()
+	}
 	return g, nil
 }
 
@@ -259,11 +261,20 @@ func (g *Group) stop() {
 	clear(g.local)
 	g.localMu.Unlock()
 	g.pmu.Lock()
-	for seq := range g.pending {
+	for _, seq := range sortedKeys(g.pending) { // deterministic callback order
 		g.finish(seq, Result{}, fmt.Errorf("raft: group %d stopped with the proposal in its log: %w", g.id, ErrOutcomeUnknown))
 	}
 	g.pmu.Unlock()
 	g.deliver()
+}
+
+func sortedKeys[V any](m map[uint64]V) []uint64 {
+	ks := make([]uint64, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Slice(ks, func(i, j int) bool { return ks[i] < ks[j] })
+	return ks
 }
 
 // fail stops the group after an error it cannot continue from (a state
@@ -476,6 +487,7 @@ func (g *Group) sweepLocal(epoch uint64) {
 	if len(gone) == 0 {
 		return
 	}
+	sort.Slice(gone, func(i, j int) bool { return gone[i] < gone[j] })
 	g.pmu.Lock()
 	for _, seq := range gone {
 		g.finish(seq, Result{}, fmt.Errorf("raft: group %d: proposal discarded by raft before it was appended: %w", g.id, ErrProposalDropped))
@@ -605,6 +617,17 @@ func (g *Group) WaitApplied(ctx context.Context, index uint64) error {
 	case <-g.stopc:
 		return ErrStopped
 	}
+}
+
+// AppliedAll is the non-blocking form of WaitAppliedAll: it reports
+// whether every voter has applied index and, if not, the replicas that lag
+// with the applied index each reported. Meaningful on the leader only (the
+// others do not hear the followers' reports).
+func (g *Group) AppliedAll(index uint64) (ok bool, laggards map[uint64]uint64) {
+	g.pmu.Lock()
+	lag := g.laggingLocked(index)
+	g.pmu.Unlock()
+	return len(lag) == 0, lag
 }
 
 // WaitAppliedAll returns once every voter has applied index (Ozone's watch
@@ -986,18 +1009,7 @@ func (g *Group) drainTasks() {
 func (g *Group) runTask(t applyTask) {
 	switch {
 	case t.snap != nil:
-		idx, body, err := g.sm.Snapshot()
-		if err != nil {
-			t.snap <- snapshotResult{err: err}
-			return
-		}
-		term, terr := g.log.Term(idx)
-		if terr != nil || idx == 0 {
-			body.Close()
-			t.snap <- snapshotResult{err: fmt.Errorf("raft: group %d: snapshot at index %d: term unknown: %v", g.id, idx, terr)}
-			return
-		}
-		t.snap <- snapshotResult{index: idx, term: term, conf: proto.Clone(g.confState).(*pb.ConfState), body: body}
+		t.snap <- g.snapshot()
 	case t.restore != nil:
 		t.restore.done <- g.restore(t.restore)
 	case t.hi != 0:
@@ -1005,6 +1017,21 @@ func (g *Group) runTask(t applyTask) {
 	default:
 		g.applyEntries(t.ents)
 	}
+}
+
+// snapshot takes the state machine's snapshot; on the apply goroutine (or
+// in Poll, in manual mode), so that no Apply runs concurrently.
+func (g *Group) snapshot() snapshotResult {
+	idx, body, err := g.sm.Snapshot()
+	if err != nil {
+		return snapshotResult{err: err}
+	}
+	term, terr := g.log.Term(idx)
+	if terr != nil || idx == 0 {
+		body.Close()
+		return snapshotResult{err: fmt.Errorf("raft: group %d: snapshot at index %d: term unknown: %v", g.id, idx, terr)}
+	}
+	return snapshotResult{index: idx, term: term, conf: proto.Clone(g.confState).(*pb.ConfState), body: body}
 }
 
 // restore installs a snapshot unless the state machine already has
@@ -1246,6 +1273,20 @@ func (g *Group) takeSnapshot() (snapshotResult, error) {
 // moves its log to the snapshot's position.
 func (g *Group) receiveSnapshot(m *pb.Message, body io.Reader) error {
 	idx := m.GetSnapshot().GetMetadata().GetIndex()
+	if g.host.cfg.Manual {
+		// No apply goroutine: run what is queued before it, then restore,
+		// here, in order.
+		if g.isStopped() {
+			return ErrStopped
+		}
+		for g.runNextTask() {
+		}
+		if err := g.restore(&restoreTask{m: m, body: body}); err != nil {
+			return fmt.Errorf("raft: group %d: restore snapshot at %d: %w", g.id, idx, err)
+		}
+		g.step(m)
+		return nil
+	}
 	done := make(chan error, 1)
 	g.enqueue(applyTask{restore: &restoreTask{m: m, body: body, done: done}})
 	select {

@@ -44,6 +44,9 @@ type Host struct {
 
 	seq     atomic.Uint64
 	snapSem chan struct{}
+	// snapq holds the snapshots to send in manual mode (Poll sends them).
+	snapMu sync.Mutex
+	snapq  []snapshotSend
 	stopc   chan struct{}
 	wg      sync.WaitGroup
 	closed  atomic.Bool
@@ -113,6 +116,10 @@ func NewHost(cfg HostConfig) (*Host, error) {
 		}
 	}
 	h.transport = cfg.Transport
+	if cfg.Manual && h.transport == nil {
+		h.closeStores()
+		return nil, fmt.Errorf("raft: host %d: manual mode needs a Transport (the caller's)", cfg.ID)
+	}
 	if h.transport == nil {
 		if cfg.Resolve == nil {
 			h.closeStores()
@@ -131,6 +138,9 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	if err := h.transport.Start(h); err != nil {
 		h.closeStores()
 		return nil, err
+	}
+	if cfg.Manual {
+		return h, nil
 	}
 	for _, l := range h.loops {
 		h.wg.Add(1)
@@ -191,12 +201,7 @@ func (h *Host) Close() error {
 		return nil
 	}
 	close(h.stopc)
-	h.mu.Lock()
-	groups := make([]*Group, 0, len(h.groups))
-	for _, g := range h.groups {
-		groups = append(groups, g)
-	}
-	h.mu.Unlock()
+	groups := h.groupList()
 	for _, g := range groups {
 		g.stop()
 	}
@@ -348,6 +353,14 @@ func (h *Host) RemoveGroup(id uint64) error {
 	}
 	g.stop()
 	g.applyWG.Wait()
+	if h.cfg.Manual {
+		// No loop runs concurrently: drop now.
+		loop.forget(id)
+		err := loop.store.drop(id)
+		h.metrics.groups.Dec()
+		h.metrics.forgetGroup(id)
+		return err
+	}
 	// The drop runs on the store loop, between iterations, so that no
 	// batch in flight can write the group's keys back after it.
 	done := make(chan error, 1)
@@ -451,6 +464,12 @@ func (h *Host) send(g *Group, msgs []*pb.Message) {
 	var byPeer map[uint64][]Outgoing
 	for _, m := range msgs {
 		if m.GetType() == pb.MsgSnap {
+			if h.cfg.Manual {
+				h.snapMu.Lock()
+				h.snapq = append(h.snapq, snapshotSend{g: g, m: m})
+				h.snapMu.Unlock()
+				continue
+			}
 			h.wg.Add(1)
 			go h.sendSnapshot(g, m)
 			continue
@@ -468,8 +487,8 @@ func (h *Host) send(g *Group, msgs []*pb.Message) {
 		}
 		byPeer[m.GetTo()] = append(byPeer[m.GetTo()], o)
 	}
-	for to, out := range byPeer {
-		h.transport.Send(to, out)
+	for _, to := range sortedKeys(byPeer) {
+		h.transport.Send(to, byPeer[to])
 	}
 }
 
@@ -524,9 +543,119 @@ func (h *Host) sendSnapshot(g *Group, m *pb.Message) {
 // startSender runs a group's send queue on a goroutine of its own (one at
 // a time per group, see Group.queueSend).
 func (h *Host) startSender(g *Group) {
+	if h.cfg.Manual {
+		return // Poll drains the queue
+	}
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
 		g.runSendQueue()
 	}()
+}
+
+// SnapshotSender is implemented by a transport that takes a snapshot as
+// one complete message. Manual mode needs it (the streaming
+// Transport.SendSnapshot blocks): Poll takes the state machine's snapshot,
+// reads it whole, and hands it over.
+type SnapshotSender interface {
+	// QueueSnapshot queues the MsgSnap m of group, with the state
+	// machine's data, for host to. It must not block. The transport later
+	// delivers it with the receiver's Host.HandleSnapshot(from, group, m,
+	// bytes.NewReader(data)) and calls done with that call's result (or an
+	// error if it dropped the snapshot): done tells raft whether the
+	// follower has it (ReportSnapshot). done must be called exactly once,
+	// on the caller's (the simulator's) goroutine.
+	QueueSnapshot(to, group uint64, m *pb.Message, data []byte, done func(error))
+}
+
+type snapshotSend struct {
+	g *Group
+	m *pb.Message
+}
+
+// Poll runs, on the caller's goroutine, all work of a Manual host that is
+// runnable now: one iteration of each store loop that has pending groups
+// (inbound messages stepped, Ready taken, WriteData, one synced batch,
+// messages sent, Advance), each group's queued apply tasks (which deliver
+// results to ProposeAsync callbacks), each group's queued sends (MsgApps
+// whose data is put back), and queued snapshot sends. It reports whether
+// it did anything; call it until it returns false to quiesce. Groups are
+// visited in ID order and nothing depends on map order, goroutines or the
+// wall clock, so a run is a function of the calls made (and of etcd raft's
+// randomized election timeouts, see doc.go). Without Manual it does
+// nothing and returns false.
+func (h *Host) Poll() bool {
+	if !h.cfg.Manual || h.closed.Load() {
+		return false
+	}
+	did := false
+	for _, l := range h.loops {
+		if l.iterate() {
+			did = true
+		}
+	}
+	for _, g := range h.groupList() {
+		if g.isStopped() {
+			g.drainTasks()
+			continue
+		}
+		for g.runNextTask() {
+			did = true
+		}
+		if g.runSendQueue() {
+			did = true
+		}
+	}
+	h.snapMu.Lock()
+	snaps := h.snapq
+	h.snapq = nil
+	h.snapMu.Unlock()
+	for _, s := range snaps {
+		h.sendSnapshotManual(s.g, s.m)
+		did = true
+	}
+	return did
+}
+
+func (h *Host) sendSnapshotManual(g *Group, m *pb.Message) {
+	to := m.GetTo()
+	report := func(err error) {
+		st := etcdraft.SnapshotFinish
+		if err != nil {
+			h.log.Warn("sending snapshot failed", "group", g.id, "to", to, "err", err)
+			st = etcdraft.SnapshotFailure
+		} else {
+			h.metrics.snapshotsSent.Inc()
+		}
+		g.mu.Lock()
+		if !g.isStopped() {
+			g.rn.ReportSnapshot(to, st)
+		}
+		g.mu.Unlock()
+		g.loop.notify(g)
+	}
+	ss, ok := h.transport.(SnapshotSender)
+	if !ok {
+		report(fmt.Errorf("raft: host %d: manual mode: the transport does not implement SnapshotSender", h.id))
+		return
+	}
+	if g.isStopped() {
+		return
+	}
+	snap := g.snapshot()
+	if snap.err != nil {
+		report(snap.err)
+		return
+	}
+	data, err := io.ReadAll(snap.body)
+	snap.body.Close()
+	if err != nil {
+		report(fmt.Errorf("reading snapshot at %d: %w", snap.index, err))
+		return
+	}
+	out := proto.Clone(m).(*pb.Message)
+	out.Snapshot = &pb.Snapshot{Metadata: &pb.SnapshotMetadata{
+		Index: proto.Uint64(snap.index), Term: proto.Uint64(snap.term), ConfState: snap.conf,
+	}}
+	ss.QueueSnapshot(to, g.id, out, data, report)
 }
