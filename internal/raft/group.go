@@ -168,7 +168,7 @@ const maxInbox = 4096
 // maxSendQueue bounds the MsgApps waiting for hydration per group; beyond
 // it they are dropped (raft resends). Each may carry up to
 // maxHydratedBytes of data once hydrated.
-const maxSendQueue = 16
+const maxSendQueue = 1024
 
 func newGroup(h *Host, loop *storeLoop, gl *groupLog, cfg GroupConfig) (*Group, error) {
 	g := &Group{

@@ -47,9 +47,9 @@ type Host struct {
 	// snapq holds the snapshots to send in manual mode (Poll sends them).
 	snapMu sync.Mutex
 	snapq  []snapshotSend
-	stopc   chan struct{}
-	wg      sync.WaitGroup
-	closed  atomic.Bool
+	stopc  chan struct{}
+	wg     sync.WaitGroup
+	closed atomic.Bool
 }
 
 // NewHost opens the log stores, starts the transport and the loops.

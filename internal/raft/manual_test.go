@@ -18,6 +18,8 @@ import (
 type fifoNet struct {
 	hosts map[uint64]*Host
 	q     []fifoItem
+	// down: traffic to and from this host is dropped.
+	down uint64
 }
 
 type fifoItem struct {
@@ -61,6 +63,9 @@ func (n *fifoNet) deliver() bool {
 	n.q = nil
 	for _, it := range q {
 		h, ok := n.hosts[it.to]
+		if n.down != 0 && (it.from == n.down || it.to == n.down) {
+			ok = false
+		}
 		if it.snap != nil {
 			err := fmt.Errorf("fifo: host %d gone", it.to)
 			if ok {
@@ -83,8 +88,8 @@ type memDataSM struct {
 	host  uint64
 	group uint64
 	rec   *[]string
-	mu2  sync.Mutex
-	data map[[2]uint64][]byte
+	mu2   sync.Mutex
+	data  map[[2]uint64][]byte
 }
 
 func (s *memDataSM) Apply(ents []Entry) []any {
@@ -92,6 +97,11 @@ func (s *memDataSM) Apply(ents []Entry) []any {
 		*s.rec = append(*s.rec, fmt.Sprintf("host %d group %d index %d term %d", s.host, s.group, e.Index, e.Term))
 	}
 	return s.kvSM.Apply(ents)
+}
+
+func (s *memDataSM) Restore(index uint64, r io.Reader) error {
+	*s.rec = append(*s.rec, fmt.Sprintf("host %d group %d restore %d", s.host, s.group, index))
+	return s.kvSM.Restore(index, r)
 }
 
 func (s *memDataSM) WriteData(index, term uint64, meta, data []byte) error {
@@ -150,6 +160,9 @@ func runManual(t *testing.T, seed int64) []string {
 		}
 		t.Fatal("no quiescence")
 	}
+	// Host 3 is cut off until everything committed on 1 and 2, so the
+	// leaders truncate their logs and must send it snapshots.
+	net.down = 3
 	const perGroup = 20
 	proposed := map[uint64]int{}
 	done := map[uint64]int{}
@@ -196,7 +209,17 @@ func runManual(t *testing.T, seed int64) []string {
 				}
 			}
 		}
+		if done[1] == perGroup && done[2] == perGroup {
+			net.down = 0
+		}
 		if finished {
+			sent := 0.0
+			for id := uint64(1); id <= 3; id++ {
+				sent += testCounter(net.hosts[id].metrics.snapshotsSent)
+			}
+			if sent == 0 {
+				t.Fatal("no snapshot was sent to host 3")
+			}
 			for k, sm := range sms {
 				if n := len(sm.values()); n != perGroup {
 					t.Fatalf("host %d group %d applied %d values, want %d", k[0], k[1], n, perGroup)
