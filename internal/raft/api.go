@@ -199,6 +199,9 @@ func (e *LagError) Unwrap() error { return ErrReplicasLag }
 // interface guard for documentation: the methods a Group offers.
 var _ interface {
 	Propose(ctx context.Context, meta, data []byte) (Result, error)
+	ProposeAsync(meta, data []byte, done func(Result, error)) error
+	AppliedAll(index uint64) (ok bool, laggards map[uint64]uint64)
+	Stopped() bool
 	ReadIndex(ctx context.Context) error
 	WaitAppliedAll(ctx context.Context, index uint64) error
 	Campaign() error

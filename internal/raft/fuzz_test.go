@@ -1,6 +1,7 @@
 package raft
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -253,4 +254,29 @@ func TestTCPReaderRecoversPanic(t *testing.T) {
 	a.Start(nopHandler{})
 	a.Send(2, []Outgoing{{Group: 1, Applied: 5}})
 	waitFor(t, "the reader's panic to be recovered", func() bool { return testCounter(mb.readerPanics) == 1 })
+}
+
+// Snapshot chunks carry a CRC32C too: a corrupted chunk fails the read
+// (so Restore fails and keeps the old state) instead of restoring garbage.
+func TestSnapshotChunkChecksum(t *testing.T) {
+	data := []byte("snapshot state")
+	stream := func(flip bool) []byte {
+		var b []byte
+		b = binary.BigEndian.AppendUint32(b, uint32(len(data)))
+		d := append([]byte(nil), data...)
+		sum := crc32.Checksum(d, castagnoli)
+		if flip {
+			d[3] ^= 1
+		}
+		b = append(b, d...)
+		b = binary.BigEndian.AppendUint32(b, sum)
+		return binary.BigEndian.AppendUint32(b, 0)
+	}
+	got, err := io.ReadAll(&chunkReader{r: bufio.NewReader(bytes.NewReader(stream(false)))})
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("good stream: %q, %v", got, err)
+	}
+	if _, err := io.ReadAll(&chunkReader{r: bufio.NewReader(bytes.NewReader(stream(true)))}); err == nil {
+		t.Fatal("corrupted chunk read without error")
+	}
 }

@@ -65,8 +65,6 @@ type Group struct {
 	// while readies == e is in Ready e's entries unless raft discarded it
 	// before that Ready (see sweepLocal).
 	readies uint64
-	// wasLeader is the role seen by the previous Ready (store loop only).
-	wasLeader bool
 
 	// sendq holds MsgApps waiting for their entries' data (hydrateMessage,
 	// which may read the disk) before they go to the transport, drained by
@@ -116,8 +114,8 @@ type proposal struct {
 	seq   uint64
 	size  int
 	index uint64
-	done  chan struct{}          // closed when finished (Propose)
-	cb    func(Result, error)    // or called through deliver (ProposeAsync)
+	done  chan struct{}       // closed when finished (Propose)
+	cb    func(Result, error) // or called through deliver (ProposeAsync)
 	res   Result
 	err   error
 }
@@ -170,7 +168,7 @@ const maxInbox = 4096
 // maxSendQueue bounds the MsgApps waiting for hydration per group; beyond
 // it they are dropped (raft resends). Each may carry up to
 // maxHydratedBytes of data once hydrated.
-const maxSendQueue = 16
+const maxSendQueue = 1024
 
 func newGroup(h *Host, loop *storeLoop, gl *groupLog, cfg GroupConfig) (*Group, error) {
 	g := &Group{
@@ -222,8 +220,10 @@ func newGroup(h *Host, loop *storeLoop, gl *groupLog, cfg GroupConfig) (*Group, 
 		return nil, fmt.Errorf("raft: group %d: %w", cfg.ID, err)
 	}
 	g.rn = rn
-	g.applyWG.Add(1)
-	go g.applyLoop()
+	if !h.cfg.Manual {
+		g.applyWG.Add(1)
+		go g.applyLoop()
+	}
 	return g, nil
 }
 
@@ -261,11 +261,20 @@ func (g *Group) stop() {
 	clear(g.local)
 	g.localMu.Unlock()
 	g.pmu.Lock()
-	for seq := range g.pending {
+	for _, seq := range sortedKeys(g.pending) { // deterministic callback order
 		g.finish(seq, Result{}, fmt.Errorf("raft: group %d stopped with the proposal in its log: %w", g.id, ErrOutcomeUnknown))
 	}
 	g.pmu.Unlock()
 	g.deliver()
+}
+
+func sortedKeys[V any](m map[uint64]V) []uint64 {
+	ks := make([]uint64, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Slice(ks, func(i, j int) bool { return ks[i] < ks[j] })
+	return ks
 }
 
 // fail stops the group after an error it cannot continue from (a state
@@ -478,6 +487,7 @@ func (g *Group) sweepLocal(epoch uint64) {
 	if len(gone) == 0 {
 		return
 	}
+	sort.Slice(gone, func(i, j int) bool { return gone[i] < gone[j] })
 	g.pmu.Lock()
 	for _, seq := range gone {
 		g.finish(seq, Result{}, fmt.Errorf("raft: group %d: proposal discarded by raft before it was appended: %w", g.id, ErrProposalDropped))
@@ -517,17 +527,6 @@ func (g *Group) deliver() {
 	for _, p := range q {
 		p.cb(p.res, p.err)
 	}
-}
-
-// failPending fails every pending proposal with err (leadership lost:
-// each may or may not commit under the next leader).
-func (g *Group) failPending(err error) {
-	g.pmu.Lock()
-	for seq := range g.pending {
-		g.finish(seq, Result{}, err)
-	}
-	g.pmu.Unlock()
-	g.deliver()
 }
 
 // recordProposalIndexes learns the log index of this host's proposals as
@@ -618,6 +617,17 @@ func (g *Group) WaitApplied(ctx context.Context, index uint64) error {
 	case <-g.stopc:
 		return ErrStopped
 	}
+}
+
+// AppliedAll is the non-blocking form of WaitAppliedAll: it reports
+// whether every voter has applied index and, if not, the replicas that lag
+// with the applied index each reported. Meaningful on the leader only (the
+// others do not hear the followers' reports).
+func (g *Group) AppliedAll(index uint64) (ok bool, laggards map[uint64]uint64) {
+	g.pmu.Lock()
+	lag := g.laggingLocked(index)
+	g.pmu.Unlock()
+	return len(lag) == 0, lag
 }
 
 // WaitAppliedAll returns once every voter has applied index (Ozone's watch
@@ -778,9 +788,11 @@ func roleName(s etcdraft.StateType) string {
 	}
 }
 
-// step queues an inbound message for the store loop, which steps it under
-// mu before taking the group's Ready: the caller (a transport goroutine)
-// never waits for the group's lock.
+// step queues an inbound message and steps the queue at once if the
+// group's lock is free; otherwise whoever holds it next in the store loop
+// (ready) or the ticker (tick) steps it, in arrival order. The caller (a
+// transport goroutine) never waits for the group's lock, which a busy
+// group may hold.
 func (g *Group) step(m *pb.Message) {
 	if g.isStopped() {
 		return
@@ -793,6 +805,12 @@ func (g *Group) step(m *pb.Message) {
 	}
 	g.inbox.msgs = append(g.inbox.msgs, m)
 	g.inbox.Unlock()
+	if !g.host.cfg.Manual && g.mu.TryLock() {
+		if !g.isStopped() {
+			g.stepInboxLocked()
+		}
+		g.mu.Unlock()
+	}
 	g.loop.notify(g)
 }
 
@@ -821,6 +839,9 @@ func (g *Group) tick() {
 		g.mu.Unlock()
 		return
 	}
+	// Messages still queued count before time passes: a leader busy on
+	// its disk must not miss its followers' responses (CheckQuorum).
+	g.stepInboxLocked()
 	g.rn.Tick()
 	g.mu.Unlock()
 	// Followers re-report their applied index now and then, in case the
@@ -853,14 +874,11 @@ func (g *Group) ready() *readyWork {
 	epoch := g.readies
 	g.readies++
 	g.mu.Unlock()
-	leader := st.RaftState == etcdraft.StateLeader
-	if g.wasLeader && !leader {
-		// Proposals in the log may still commit under the next leader, or
-		// be replaced: their outcome is unknown from here.
-		g.failPending(fmt.Errorf("raft: group %d: leadership lost with the proposal in the log: %w", g.id, ErrOutcomeUnknown))
-	}
-	g.wasLeader = leader
-	return &readyWork{g: g, rd: rd, leader: leader, epoch: epoch}
+	// Proposals of a leader that lost leadership stay pending: this host
+	// still applies the entry if it commits (and reports the result), or
+	// sees another entry replace it (ErrProposalDropped); a caller that
+	// stops waiting first gets ErrOutcomeUnknown.
+	return &readyWork{g: g, rd: rd, leader: st.RaftState == etcdraft.StateLeader, epoch: epoch}
 }
 
 // advance tells raft the Ready is persisted and queues its committed
@@ -991,18 +1009,7 @@ func (g *Group) drainTasks() {
 func (g *Group) runTask(t applyTask) {
 	switch {
 	case t.snap != nil:
-		idx, body, err := g.sm.Snapshot()
-		if err != nil {
-			t.snap <- snapshotResult{err: err}
-			return
-		}
-		term, terr := g.log.Term(idx)
-		if terr != nil || idx == 0 {
-			body.Close()
-			t.snap <- snapshotResult{err: fmt.Errorf("raft: group %d: snapshot at index %d: term unknown: %v", g.id, idx, terr)}
-			return
-		}
-		t.snap <- snapshotResult{index: idx, term: term, conf: proto.Clone(g.confState).(*pb.ConfState), body: body}
+		t.snap <- g.snapshot()
 	case t.restore != nil:
 		t.restore.done <- g.restore(t.restore)
 	case t.hi != 0:
@@ -1010,6 +1017,21 @@ func (g *Group) runTask(t applyTask) {
 	default:
 		g.applyEntries(t.ents)
 	}
+}
+
+// snapshot takes the state machine's snapshot; on the apply goroutine (or
+// in Poll, in manual mode), so that no Apply runs concurrently.
+func (g *Group) snapshot() snapshotResult {
+	idx, body, err := g.sm.Snapshot()
+	if err != nil {
+		return snapshotResult{err: err}
+	}
+	term, terr := g.log.Term(idx)
+	if terr != nil || idx == 0 {
+		body.Close()
+		return snapshotResult{err: fmt.Errorf("raft: group %d: snapshot at index %d: term unknown: %v", g.id, idx, terr)}
+	}
+	return snapshotResult{index: idx, term: term, conf: proto.Clone(g.confState).(*pb.ConfState), body: body}
 }
 
 // restore installs a snapshot unless the state machine already has
@@ -1251,6 +1273,20 @@ func (g *Group) takeSnapshot() (snapshotResult, error) {
 // moves its log to the snapshot's position.
 func (g *Group) receiveSnapshot(m *pb.Message, body io.Reader) error {
 	idx := m.GetSnapshot().GetMetadata().GetIndex()
+	if g.host.cfg.Manual {
+		// No apply goroutine: run what is queued before it, then restore,
+		// here, in order.
+		if g.isStopped() {
+			return ErrStopped
+		}
+		for g.runNextTask() {
+		}
+		if err := g.restore(&restoreTask{m: m, body: body}); err != nil {
+			return fmt.Errorf("raft: group %d: restore snapshot at %d: %w", g.id, idx, err)
+		}
+		g.step(m)
+		return nil
+	}
 	done := make(chan error, 1)
 	g.enqueue(applyTask{restore: &restoreTask{m: m, body: body, done: done}})
 	select {
@@ -1314,6 +1350,59 @@ func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 		return ents, nil
 	}
 	return out, nil
+}
+
+// queueSend queues a MsgApp for hydration and sending on the group's
+// worker (started when the queue becomes non-empty). Bounded: beyond
+// maxSendQueue the message is dropped; raft resends.
+func (g *Group) queueSend(m *pb.Message) {
+	g.sendq.Lock()
+	if len(g.sendq.msgs) >= maxSendQueue || g.isStopped() {
+		g.sendq.Unlock()
+		g.host.metrics.droppedSends.Inc()
+		return
+	}
+	g.sendq.msgs = append(g.sendq.msgs, m)
+	start := !g.sendq.running
+	g.sendq.running = true
+	g.sendq.Unlock()
+	if start {
+		g.host.startSender(g)
+	}
+}
+
+// sendQueued reports whether MsgApps wait in the send queue: later ones
+// must queue behind them to keep their order.
+func (g *Group) sendQueued() bool {
+	g.sendq.Lock()
+	defer g.sendq.Unlock()
+	return g.sendq.running
+}
+
+// runSendQueue hydrates and sends queued MsgApps until the queue is empty.
+// Reports whether it sent anything.
+func (g *Group) runSendQueue() bool {
+	did := false
+	for {
+		g.sendq.Lock()
+		if len(g.sendq.msgs) == 0 || g.isStopped() {
+			g.sendq.msgs = nil
+			g.sendq.running = false
+			g.sendq.Unlock()
+			return did
+		}
+		m := g.sendq.msgs[0]
+		g.sendq.msgs[0] = nil
+		g.sendq.msgs = g.sendq.msgs[1:]
+		g.sendq.Unlock()
+		did = true
+		out, tails, err := g.hydrateMessage(m)
+		if err != nil {
+			g.host.log.Warn("cannot read entry data for a send; dropping it (raft resends)", "group", g.id, "to", m.GetTo(), "err", err)
+			continue
+		}
+		g.host.transport.Send(m.GetTo(), []Outgoing{{Group: g.id, Msg: out, tails: tails}})
+	}
 }
 
 // maxHydratedBytes bounds the data put back into one MsgApp. raft sizes
