@@ -370,3 +370,35 @@ func TestBCSIDNeverGoesBack(t *testing.T) {
 		t.Fatalf("BCSID %d, want 21", rep.BCSID)
 	}
 }
+
+// TestKilledProcessKeepsOnlyRecordedChunks (issue 11, scenario 2): after a
+// kill -9 the page cache still holds bytes that were never synced; Open
+// keeps exactly the recorded chunks, truncates the rest, and PutBlock
+// refuses a block that needs the unsynced tail.
+func TestKilledProcessKeepsOnlyRecordedChunks(t *testing.T) {
+	fs := newCrashFS()
+	o := Options{KeepUncommitted: true}
+	s := openOn(t, fs, o)
+	mustCreate(t, s, 1)
+	data := blockBytes(1, 1, 256<<10)
+	chunks := chunked(data, 64<<10)
+	writeChunks(t, s, 1, 1, data, chunks[:2])
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	writeChunks(t, s, 1, 1, data, chunks[2:])
+	fs2 := fs.Restart()
+	s2 := openOn(t, fs2, o)
+	defer s2.Close()
+	fi, err := fs2.Stat("/vol/basalt/containers/1/1.block")
+	if err != nil || fi.Size() != 128<<10 {
+		t.Fatalf("block file after recovery: %v bytes, %v; want %d", fi.Size(), err, 128<<10)
+	}
+	wantErr(t, s2.PutBlock(1, blockOf(1, chunks, 3)), ErrChunkMissing, "block 1", "offset 131072")
+	// The sequential writer continues where the durable data ends.
+	writeChunks(t, s2, 1, 1, data, chunks[2:])
+	if err := s2.PutBlock(1, blockOf(1, chunks, 3)); err != nil {
+		t.Fatal(err)
+	}
+	checkBlock(t, s2, 1, 1, data)
+}
