@@ -91,6 +91,11 @@ func TestSyncedChunksSurviveCrash(t *testing.T) {
 	if got, err := s2.ReadWritten(1, 1, 64<<10, 64<<10, chunks[1].Checksum); err != nil || !bytes.Equal(got, data[64<<10:128<<10]) {
 		t.Fatalf("ReadWritten of a synced chunk after a crash: %v", err)
 	}
+	for i, want := range []bool{true, true, true, false} {
+		if got, err := s2.HasChunk(1, 1, chunks[i].Offset, chunks[i].Length); got != want || err != nil {
+			t.Fatalf("HasChunk(chunk %d) = %v, %v after a crash; want %v", i, got, err, want)
+		}
+	}
 	if err := s2.PutBlock(1, blockOf(1, chunks[:3], 9)); err != nil {
 		t.Fatalf("commit of the synced chunks: %v", err)
 	}

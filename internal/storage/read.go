@@ -221,6 +221,22 @@ func (s *Store) ReadWritten(cid ContainerID, lid LocalID, off, length int64, sum
 	return p, nil
 }
 
+// HasChunk reports whether bytes [off, off+length) of block lid are on this
+// replica: committed, or written by WriteChunk (durable after Sync). After a
+// restart a chunk that was not synced is not held: this is how a caller
+// learns, persistently, that a chunk was lost here. Errors are those of a
+// missing container or failed volume.
+func (s *Store) HasChunk(cid ContainerID, lid LocalID, off, length int64) (bool, error) {
+	if off < 0 || length <= 0 || off > MaxBlockSize-length {
+		return false, oErr("has chunk", ErrInvalidArgument, cid, lid, off, fmt.Sprintf("length %d", length), nil)
+	}
+	c, err := s.container("has chunk", cid)
+	if err != nil {
+		return false, err
+	}
+	return s.holds(c, lid, off, length), nil
+}
+
 // holds reports whether [off, off+n) of block lid is committed or covered
 // by written spans.
 func (s *Store) holds(c *container, lid LocalID, off, n int64) bool {

@@ -316,6 +316,12 @@ func (s *Store) checkOpen(c *container, ob *openBlock) {
 // ErrChunkMissing and a re-delivery writes them again. Chunks on other
 // volumes and other blocks are durable.
 func (s *Store) Sync() error {
+	s.mu.RLock()
+	closed := s.closed
+	s.mu.RUnlock()
+	if closed {
+		return cErr("sync", ErrClosed, 0, "", nil)
+	}
 	if len(s.volumes) == 1 {
 		return s.syncVolume(s.volumes[0])
 	}
@@ -582,6 +588,7 @@ func (s *Store) PutBlock(cid ContainerID, bd BlockData) error {
 		cnt.Blocks++
 	}
 	cnt.BCSID = max(cnt.BCSID, bd.BCSID)
+	cnt.check(cid)
 	b := c.vol.db.NewBatch()
 	b.Set(makeKey(cid, kindBlock, uint64(lid)), encodeBlock(&bd), nil)
 	b.Set(makeKey(cid, kindContainer, idCounters), cnt.encode(), nil)
