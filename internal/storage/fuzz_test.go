@@ -14,7 +14,10 @@ import (
 // metadata, and the export stream. Seeds live in testdata/fuzz (plain
 // go test runs them); run one with, e.g.,
 //
-//	go test ./internal/storage -run '^$' -fuzz '^FuzzDecodeBlock$' -fuzztime 60s
+//	go test ./internal/storage -run '^$' -fuzz '^FuzzDecodeBlock$' -fuzztime 60s -fuzzminimizetime 5s
+//
+// (FuzzImport runs a store per input: without a short minimize time the
+// fuzzer spends its minute shrinking the first new input.)
 
 func seedBlock() BlockData {
 	data := blockBytes(1, 1, 5000)
