@@ -255,6 +255,7 @@ func (s *Store) DeleteBlocks(cid ContainerID, lids []LocalID) error {
 		cnt.Blocks--
 		b.Delete(makeKey(cid, kindBlock, uint64(lid)), nil)
 	}
+	cnt.check(cid)
 	b.Set(makeKey(cid, kindContainer, idCounters), cnt.encode(), nil)
 	if err := b.Commit(s.metaSync()); err != nil {
 		return s.ioErr(op, c, 0, 0, err)

@@ -26,9 +26,13 @@
 //     was called is durable — its data fdatasync'd, its file's directory
 //     entry synced, its chunk record committed in a synced Pebble batch. A
 //     Raft follower acknowledges an entry only after this (one Sync per
-//     Ready batch: group commit; concurrent callers share rounds). If Sync
-//     fails, the chunks of the blocks it could not sync are forgotten as if
-//     never written and the error wraps ErrDiskFull or ErrVolumeFailed.
+//     Ready batch: group commit; concurrent callers share rounds). For
+//     chunks with checksums the three run at once (one device flush per
+//     Sync): a record that reached disk without its bytes is caught by the
+//     checksums when the chunk is next used after a crash. Chunks without
+//     checksums are recorded only after their data. If Sync fails, the
+//     chunks of the blocks it could not sync are forgotten as if never
+//     written and the error wraps ErrDiskFull or ErrVolumeFailed.
 //   - PutBlock returns nil: the block is committed durably with the given
 //     chunk list, length and BCSID, and every byte of it is the data that
 //     was written with those checksums. It commits only chunks this replica
@@ -57,7 +61,9 @@
 //   - a block whose PutBlock returned reads back intact;
 //   - a chunk whose Sync returned is still written (with KeepUncommitted) and
 //     can be committed by a replayed PutBlock; a chunk not synced is gone
-//     and its range is a hole PutBlock refuses;
+//     and its range is a hole PutBlock refuses (a recovered chunk is checked
+//     against its checksums before PutBlock, a re-delivery, HasChunk or
+//     ReadWritten relies on it);
 //   - Open removes block files without a record or durable chunk, truncates
 //     bytes past a block's committed length and its last recorded chunk,
 //     drops chunk records whose bytes are not in the file, removes

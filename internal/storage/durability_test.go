@@ -91,6 +91,11 @@ func TestSyncedChunksSurviveCrash(t *testing.T) {
 	if got, err := s2.ReadWritten(1, 1, 64<<10, 64<<10, chunks[1].Checksum); err != nil || !bytes.Equal(got, data[64<<10:128<<10]) {
 		t.Fatalf("ReadWritten of a synced chunk after a crash: %v", err)
 	}
+	for i, want := range []bool{true, true, true, false} {
+		if got, err := s2.HasChunk(1, 1, chunks[i].Offset, chunks[i].Length); got != want || err != nil {
+			t.Fatalf("HasChunk(chunk %d) = %v, %v after a crash; want %v", i, got, err, want)
+		}
+	}
 	if err := s2.PutBlock(1, blockOf(1, chunks[:3], 9)); err != nil {
 		t.Fatalf("commit of the synced chunks: %v", err)
 	}
@@ -369,4 +374,99 @@ func TestBCSIDNeverGoesBack(t *testing.T) {
 	if rep, _ := s.Container(1); rep.BCSID != 21 {
 		t.Fatalf("BCSID %d, want 21", rep.BCSID)
 	}
+}
+
+// TestKilledProcessKeepsOnlyRecordedChunks (issue 11, scenario 2): after a
+// kill -9 the page cache still holds bytes that were never synced; Open
+// keeps exactly the recorded chunks, truncates the rest, and PutBlock
+// refuses a block that needs the unsynced tail.
+func TestKilledProcessKeepsOnlyRecordedChunks(t *testing.T) {
+	fs := newCrashFS()
+	o := Options{KeepUncommitted: true}
+	s := openOn(t, fs, o)
+	mustCreate(t, s, 1)
+	data := blockBytes(1, 1, 256<<10)
+	chunks := chunked(data, 64<<10)
+	writeChunks(t, s, 1, 1, data, chunks[:2])
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	writeChunks(t, s, 1, 1, data, chunks[2:])
+	fs2 := fs.Restart()
+	s2 := openOn(t, fs2, o)
+	defer s2.Close()
+	fi, err := fs2.Stat("/vol/basalt/containers/1/1.block")
+	if err != nil || fi.Size() != 128<<10 {
+		t.Fatalf("block file after recovery: %v bytes, %v; want %d", fi.Size(), err, 128<<10)
+	}
+	wantErr(t, s2.PutBlock(1, blockOf(1, chunks, 3)), ErrChunkMissing, "block 1", "offset 131072")
+	// The sequential writer continues where the durable data ends.
+	writeChunks(t, s2, 1, 1, data, chunks[2:])
+	if err := s2.PutBlock(1, blockOf(1, chunks, 3)); err != nil {
+		t.Fatal(err)
+	}
+	checkBlock(t, s2, 1, 1, data)
+}
+
+// TestRecordBeforeDataIsChecked: the record of a checksummed chunk is
+// committed while its data is being synced (one flush per Sync, not
+// three); if the machine stops after the record but before the data, the
+// recovered chunk fails its checksums and becomes a hole: PutBlock refuses
+// it, HasChunk and ReadWritten report it lost, and a resend (which must not
+// be taken for a harmless re-delivery) restores it.
+func TestRecordBeforeDataIsChecked(t *testing.T) {
+	fs := newCrashFS()
+	o := Options{KeepUncommitted: true, OutOfOrderWrites: true}
+	s := openOn(t, fs, o)
+	mustCreate(t, s, 1)
+	data := blockBytes(1, 1, 128<<10)
+	chunks := chunked(data, 64<<10)
+	writeChunks(t, s, 1, 1, data, chunks[1:])
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	writeChunks(t, s, 1, 1, data, chunks[:1])
+	fs.skipSync = func(name string) bool { return strings.HasSuffix(name, ".block") }
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := openOn(t, fs.Crash(), o)
+	defer s2.Close()
+	if ok, err := s2.HasChunk(1, 1, 0, 64<<10); ok || err != nil {
+		t.Fatalf("HasChunk of a chunk whose data never reached disk: %v, %v", ok, err)
+	}
+	if _, err := s2.ReadWritten(1, 1, 0, 64<<10, chunks[0].Checksum); !errors.Is(err, ErrBlockNotFound) {
+		t.Fatalf("ReadWritten of a lost chunk: %v", err)
+	}
+	wantErr(t, s2.PutBlock(1, blockOf(1, chunks, 2)), ErrChunkMissing, "block 1", "offset 0")
+	writeChunks(t, s2, 1, 1, data, chunks[:1])
+	if err := s2.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.PutBlock(1, blockOf(1, chunks, 2)); err != nil {
+		t.Fatal(err)
+	}
+	checkBlock(t, s2, 1, 1, data)
+
+	// Same crash, but the resend comes before anything looked: the
+	// re-delivery must rewrite, not trust the record.
+	fs = newCrashFS()
+	s = openOn(t, fs, o)
+	mustCreate(t, s, 1)
+	writeChunks(t, s, 1, 1, data, chunks[1:])
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	writeChunks(t, s, 1, 1, data, chunks[:1])
+	fs.skipSync = func(name string) bool { return strings.HasSuffix(name, ".block") }
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	s3 := openOn(t, fs.Crash(), o)
+	defer s3.Close()
+	writeChunks(t, s3, 1, 1, data, chunks[:1])
+	if err := s3.PutBlock(1, blockOf(1, chunks, 2)); err != nil {
+		t.Fatal(err)
+	}
+	checkBlock(t, s3, 1, 1, data)
 }

@@ -194,7 +194,11 @@ func (s *Store) ReadWritten(cid ContainerID, lid LocalID, off, length int64, sum
 	if err != nil {
 		return nil, err
 	}
-	if !s.holds(c, lid, off, length) {
+	held, err := s.holds(c, lid, off, length)
+	if err != nil {
+		return nil, s.ioErr(op, c, lid, off, err)
+	}
+	if !held {
 		return nil, oErr(op, ErrBlockNotFound, cid, lid, off, fmt.Sprintf("range [%d,%d) not written on this replica", off, off+length), nil)
 	}
 	r, err := c.vol.files.OpenReader(cid, lid)
@@ -221,27 +225,49 @@ func (s *Store) ReadWritten(cid ContainerID, lid LocalID, off, length int64, sum
 	return p, nil
 }
 
+// HasChunk reports whether bytes [off, off+length) of block lid are on this
+// replica: committed, or written by WriteChunk (durable after Sync). After a
+// restart a chunk that was not synced is not held: this is how a caller
+// learns, persistently, that a chunk was lost here. Errors are those of a
+// missing container or failed volume.
+func (s *Store) HasChunk(cid ContainerID, lid LocalID, off, length int64) (bool, error) {
+	if off < 0 || length <= 0 || off > MaxBlockSize-length {
+		return false, oErr("has chunk", ErrInvalidArgument, cid, lid, off, fmt.Sprintf("length %d", length), nil)
+	}
+	c, err := s.container("has chunk", cid)
+	if err != nil {
+		return false, err
+	}
+	ok, err := s.holds(c, lid, off, length)
+	if err != nil {
+		return false, s.ioErr("has chunk", c, lid, off, err)
+	}
+	return ok, nil
+}
+
 // holds reports whether [off, off+n) of block lid is committed or covered
-// by written spans.
-func (s *Store) holds(c *container, lid LocalID, off, n int64) bool {
+// by written spans (recovered ones checked against their checksums first).
+func (s *Store) holds(c *container, lid LocalID, off, n int64) (bool, error) {
 	end := off + n
 	c.mu.Lock()
 	ob := c.open[lid]
 	c.mu.Unlock()
-	if ob == nil {
+	committed := func() bool {
 		bd, err := s.getBlock(c, lid)
 		return err == nil && end <= bd.Length
+	}
+	if ob == nil {
+		return committed(), nil
 	}
 	ob.mu.Lock()
 	defer ob.mu.Unlock()
 	if ob.dead {
-		bd, err := s.getBlock(c, lid)
-		return err == nil && end <= bd.Length
+		return committed(), nil
 	}
-	pos := off
-	if pos < ob.committed.Length {
-		pos = ob.committed.Length
+	if err := s.verifyLocked(c, lid, ob, off, end); err != nil {
+		return false, err
 	}
+	pos := max(off, ob.committed.Length)
 	for _, sp := range ob.written {
 		if pos >= end {
 			break
@@ -250,9 +276,9 @@ func (s *Store) holds(c *container, lid LocalID, off, n int64) bool {
 			continue
 		}
 		if sp.off > pos {
-			return false
+			return false, nil
 		}
 		pos = sp.end()
 	}
-	return pos >= end
+	return pos >= end, nil
 }

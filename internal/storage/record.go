@@ -117,6 +117,14 @@ type counters struct {
 	BCSID  uint64
 }
 
+// check asserts what every change of the counters keeps: no negative
+// usage or count, and blocks only when bytes or empty blocks exist.
+func (c counters) check(cid ContainerID) {
+	if c.Used < 0 || c.Blocks < 0 || (c.Used > 0 && c.Blocks == 0) {
+		panic(fmt.Sprintf("storage: container %d: counters out of range: %+v", cid, c))
+	}
+}
+
 func (c counters) encode() []byte {
 	b := make([]byte, 24)
 	binary.BigEndian.PutUint64(b, uint64(c.Used))
@@ -129,11 +137,15 @@ func decodeCounters(b []byte) (counters, error) {
 	if len(b) != 24 {
 		return counters{}, fmt.Errorf("bad counters record (%d bytes)", len(b))
 	}
-	return counters{
+	c := counters{
 		Used:   int64(binary.BigEndian.Uint64(b)),
 		Blocks: int64(binary.BigEndian.Uint64(b[8:])),
 		BCSID:  binary.BigEndian.Uint64(b[16:]),
-	}, nil
+	}
+	if c.Used < 0 || c.Blocks < 0 || (c.Used > 0 && c.Blocks == 0) {
+		return counters{}, fmt.Errorf("counters out of range: %d bytes in %d blocks", c.Used, c.Blocks)
+	}
+	return c, nil
 }
 
 // encodeBlock is a compact binary form: the 64 checksums of a 4 MiB chunk

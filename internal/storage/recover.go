@@ -16,7 +16,9 @@ import (
 //     record names are truncated;
 //   - an uncommitted block keeps exactly its recorded chunks (with
 //     KeepUncommitted): its file is truncated to the end of the last one,
-//     and a range without a record is a hole that PutBlock refuses;
+//     and a range without a record is a hole that PutBlock refuses; a
+//     recorded chunk with checksums is checked against its bytes before it
+//     is first used (its record may have reached disk before its data);
 //     without records (or without KeepUncommitted) the file is removed;
 //   - a chunk record whose bytes are not in the file (external damage) or
 //     that overlaps committed data is dropped, as is a record whose block
@@ -179,7 +181,9 @@ func (s *Store) recoverContainer(c *container, committed map[LocalID]int64, recs
 					s.opts.Logf("storage: container %d block %d: dropping chunk record [%d,+%d): file has %d bytes", c.id, f.LocalID, r.off, r.n, f.Size)
 					drop.Delete(makeChunkKey(c.id, f.LocalID, r.off), nil)
 				default:
-					spans = append(spans, span{off: r.off, n: r.n, sum: r.sum, durable: true})
+					// A checksummed chunk's record may have reached
+					// disk before its bytes: checked before first use.
+					spans = append(spans, span{off: r.off, n: r.n, sum: r.sum, durable: true, unverified: r.sum.Type != ChecksumNone})
 					pos = r.off + r.n
 				}
 			}

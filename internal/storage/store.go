@@ -231,6 +231,10 @@ type span struct {
 	off, n  int64
 	sum     ChecksumData // Type NONE: unknown, any rewrite allowed
 	durable bool         // data synced and chunk record committed
+	// unverified: recovered from a chunk record at Open, bytes not yet
+	// checked against the record's checksums (the record of a checksummed
+	// chunk may reach disk before its data; see persist).
+	unverified bool
 }
 
 func (sp span) end() int64 { return sp.off + sp.n }
