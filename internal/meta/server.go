@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -523,7 +524,9 @@ func (s *Server) translate(method string, err error) error {
 	case errors.Is(err, raft.ErrOutcomeUnknown):
 		// The proposal reached the log and may still commit: never a
 		// retryable NotLeader/Unavailable (checked first: it also wraps ctx errors).
-		return status.Errorf(codes.Unknown, "meta node %d: outcome unknown, the operation may or may not have been applied: %v", s.cfg.NodeID, err)
+		st, _ := status.Newf(codes.Unknown, "meta node %d: outcome unknown, the operation may or may not have been applied: %v", s.cfg.NodeID, err).
+			WithDetails(&errdetails.ErrorInfo{Reason: metapb.ReasonOutcomeUnknown, Domain: metapb.ReasonDomain})
+		return st.Err()
 	case errors.As(err, &nle), errors.Is(err, raft.ErrNotLeader), errors.Is(err, scm.ErrNotLeader),
 		errors.Is(err, raft.ErrProposalDropped), errors.Is(err, raft.ErrStopped):
 		leader := uint64(0)

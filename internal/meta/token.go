@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -178,7 +179,9 @@ func (s *Server) checkServiceToken(ctx context.Context, method string) error {
 	}
 	want := s.currentToken()
 	if want == "" {
-		return status.Errorf(codes.Unavailable, "meta node %d: %s: the cluster service token is not established yet (no namespace leader has recorded one); retry", s.cfg.NodeID, methodName(method))
+		st, _ := status.Newf(codes.Unavailable, "meta node %d: %s: the cluster service token is not established yet (no namespace leader has recorded one); retry", s.cfg.NodeID, methodName(method)).
+			WithDetails(&errdetails.ErrorInfo{Reason: metapb.ReasonNotApplied, Domain: metapb.ReasonDomain})
+		return st.Err()
 	}
 	tok, ok := strings.CutPrefix(vals[0], "Bearer ")
 	if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(want)) != 1 {

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
@@ -318,5 +320,64 @@ func TestDeleteAckStatuses(t *testing.T) {
 	}
 	if _, dns := e.st.ContainerReplicas(cid); len(dns) != 1 || dns[0].Id != c.Replicas[0] {
 		t.Fatalf("locations %v, want only datanode %d", dns, c.Replicas[0])
+	}
+}
+
+// countingProposer counts proposals.
+type countingProposer struct {
+	*fakeRaft
+	n int
+}
+
+func (c *countingProposer) Propose(ctx context.Context, cmd []byte) (any, error) {
+	c.n++
+	return c.fakeRaft.Propose(ctx, cmd)
+}
+
+// Requests that can only fail are refused before they reach the log.
+func TestInvalidSCMRequestsAreNotProposed(t *testing.T) {
+	e := newEnv(t, Config{SafeModeMinDatanodes: 1})
+	e.register(t, "a", "/r1")
+	e.tick(t)
+	cp := &countingProposer{fakeRaft: e.fr}
+	e.m.prop = cp
+	many := make([]*metapb.DeleteBlocksGroup, MaxDeleteGroups+1)
+	for i := range many {
+		many[i] = &metapb.DeleteBlocksGroup{ContainerId: 1, LocalIds: []uint64{uint64(i)}}
+	}
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"delete/too-many-groups", func() error {
+			return e.m.DeleteBlocks(e.ctx, &metapb.DeleteBlocksRequest{Groups: many})
+		}},
+		{"delete/too-many-ids", func() error {
+			return e.m.DeleteBlocks(e.ctx, &metapb.DeleteBlocksRequest{Groups: []*metapb.DeleteBlocksGroup{{ContainerId: 1, LocalIds: make([]uint64, MaxLocalIDsPerGroup+1)}}})
+		}},
+		{"allocate/count", func() error {
+			_, err := e.m.AllocateBlocks(e.ctx, &metapb.AllocateBlocksRequest{Count: MaxBlocksPerRequest + 1})
+			return err
+		}},
+		{"allocate/replication", func() error {
+			_, err := e.m.AllocateBlocks(e.ctx, &metapb.AllocateBlocksRequest{Count: 1, Replication: 2})
+			return err
+		}},
+		{"allocate/exclude", func() error {
+			_, err := e.m.AllocateBlocks(e.ctx, &metapb.AllocateBlocksRequest{Count: 1, Replication: metapb.Replication_ONE, Exclude: &metapb.ExcludeList{Containers: make([]uint64, 5000)}})
+			return err
+		}},
+		{"register/no-uuid", func() error {
+			_, err := e.m.Register(e.ctx, &metapb.RegisterDatanodeRequest{Details: &metapb.DatanodeDetails{DataAddr: "a", RaftAddr: "b"}})
+			return err
+		}},
+	} {
+		before := cp.n
+		if err := tc.call(); code(err) != codes.InvalidArgument {
+			t.Errorf("%s: got %v, want InvalidArgument", tc.name, err)
+		}
+		if cp.n != before {
+			t.Errorf("%s: %d proposals for a request that can only fail", tc.name, cp.n-before)
+		}
 	}
 }

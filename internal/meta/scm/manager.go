@@ -924,6 +924,10 @@ func (m *Manager) AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocks
 	if repl != metapb.Replication_ONE && repl != metapb.Replication_THREE {
 		return nil, status.Errorf(codes.InvalidArgument, "allocate blocks: replication %v, want ONE or THREE", repl)
 	}
+	if ex := req.GetExclude(); len(ex.GetDatanodes())+len(ex.GetPipelines())+len(ex.GetContainers()) > maxExcludeIDs || len(req.ClientLocation) > maxLocationBytes {
+		return nil, status.Errorf(codes.InvalidArgument, "allocate blocks: exclude list of %d entries (at most %d) or client location of %d bytes (at most %d)",
+			len(ex.GetDatanodes())+len(ex.GetPipelines())+len(ex.GetContainers()), maxExcludeIDs, len(req.ClientLocation), maxLocationBytes)
+	}
 	// A leader that just took over is in safe mode until datanodes
 	// heartbeat to it, which they do within a heartbeat interval: wait for
 	// that (bounded) rather than fail every write during a failover.
@@ -1119,6 +1123,31 @@ func (m *Manager) DeleteBlocks(ctx context.Context, req *metapb.DeleteBlocksRequ
 	if len(req.Groups) == 0 {
 		return nil
 	}
+	if err := checkDeleteBlocks(req); err != nil {
+		return err
+	}
 	_, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_AddDeleteBlocks{AddDeleteBlocks: req}})
 	return err
+}
+
+// Bounds of an allocation request (it does not enter the log, but its
+// lists are scanned under the manager's lock).
+const (
+	maxExcludeIDs    = 1024
+	maxLocationBytes = 1024
+)
+
+// checkDeleteBlocks refuses, before anything is proposed, a request that
+// State.Apply would refuse: it would only take a log entry on every
+// replica to fail there.
+func checkDeleteBlocks(req *metapb.DeleteBlocksRequest) error {
+	if len(req.Groups) > MaxDeleteGroups {
+		return status.Errorf(codes.InvalidArgument, "delete blocks: %d groups, at most %d", len(req.Groups), MaxDeleteGroups)
+	}
+	for _, g := range req.Groups {
+		if len(g.LocalIds) > MaxLocalIDsPerGroup {
+			return status.Errorf(codes.InvalidArgument, "delete blocks: container %d has %d blocks in one group, at most %d", g.ContainerId, len(g.LocalIds), MaxLocalIDsPerGroup)
+		}
+	}
+	return nil
 }
