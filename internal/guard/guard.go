@@ -113,7 +113,9 @@ func (g *Guard) get() *Guard {
 	return g
 }
 
-// Recovered returns how many panics the guard recovered at where.
+// Recovered returns how many panics the guard's counter holds for where
+// (for tests and status pages; it exports a zero series for a where that
+// never panicked).
 func (g *Guard) Recovered(where string) uint64 {
 	g = g.get()
 	c, err := g.panics.GetMetricWithLabelValues(where)

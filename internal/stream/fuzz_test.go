@@ -100,6 +100,26 @@ func sealConn(b []byte, payloads bool) {
 	}
 }
 
+// sentPayload is the payload a connection's data packets carry, in order,
+// up to the first packet that is not a whole data packet: whatever a
+// server stores from the connection must be a prefix of it.
+func sentPayload(b []byte) []byte {
+	if len(b) < headerPrefixLen {
+		return nil
+	}
+	off := headerPrefixLen + int(binary.BigEndian.Uint16(b[6:])) + headerCRCLen
+	var out []byte
+	for off+packetHeaderLen <= len(b) && b[off] == kindData {
+		n := int(binary.BigEndian.Uint32(b[off+4:]))
+		if n > len(b)-off-packetHeaderLen {
+			break
+		}
+		out = append(out, b[off+packetHeaderLen:off+packetHeaderLen+n]...)
+		off += packetHeaderLen + n
+	}
+	return out
+}
+
 // isConnErr tells the errors of a reader that ran out of bytes.
 func isConnErr(err error) bool { return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) }
 
@@ -318,6 +338,9 @@ func FuzzServerConn(f *testing.F) {
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		if sent := sentPayload(data); !bytes.HasPrefix(sent, s.data) {
+			t.Fatalf("stored %q, but the client sent %q", s.data, sent)
+		}
 		for i, a := range acks {
 			switch a.kind {
 			case kindHeaderAck:
