@@ -26,21 +26,27 @@ import (
 // Followers leave the command to the leader.
 //
 // A container with no open pipeline here (closed, or its pipeline gone) is
-// deleted from directly. A replica that can never carry the transaction
-// out (the container is UNHEALTHY, or its volume failed) acknowledges it
-// with that status (metapb.DeleteTxAck) instead of leaving SCM to wait
-// forever.
+// deleted from directly. Every transaction is answered with a status
+// (metapb.DeleteTxAck): DONE; CONTAINER_UNHEALTHY when the replica is
+// UNHEALTHY or on a failed volume (it can never carry the transaction out,
+// and SCM stops waiting for it); CONTAINER_MISSING when this datanode does
+// not hold the container at all. Nothing is left for SCM to wait on forever.
 
 // deleteAck is one acknowledgement for SCM.
 type deleteAck struct {
 	tx, cid uint64
-	status  metapb.DeleteTxStatus // UNSPECIFIED: done
+	status  metapb.DeleteTxStatus
 	reason  string
 }
 
 // maxPendingAcks bounds the acknowledgements waiting for a heartbeat that
 // gets through; past it the oldest are dropped (SCM sends those again).
-const maxPendingAcks = 1 << 16
+// maxAcksPerHeartbeat is SCM's limit per heartbeat.
+const (
+	maxPendingAcks      = 1 << 16
+	maxAcksPerHeartbeat = 4096
+	maxAckMessage       = 256
+)
 
 // ack queues an acknowledgement for the next heartbeat.
 func (d *Datanode) ack(a deleteAck) {
@@ -64,19 +70,19 @@ func (d *Datanode) ack(a deleteAck) {
 // maxRecentAcks bounds the acknowledgements kept for DeleteAck.
 const maxRecentAcks = 1024
 
-// takeAcks returns the queued acknowledgements for a heartbeat, which
-// clears them (clearAcks) once SCM received it.
+// takeAcks puts the oldest queued acknowledgements into a heartbeat; it
+// returns them, to clear (clearAcks) once SCM received the heartbeat.
 func (d *Datanode) takeAcks(req *metapb.HeartbeatRequest) []uint64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	sent := append([]uint64(nil), d.ackOrder...)
+	sent := append([]uint64(nil), d.ackOrder[:min(len(d.ackOrder), maxAcksPerHeartbeat)]...)
 	for _, tx := range sent {
 		a := d.acks[tx]
-		if a.status == metapb.DeleteTxStatus_DELETE_TX_STATUS_UNSPECIFIED {
-			req.DeletedBlockTxs = append(req.DeletedBlockTxs, tx)
-		} else {
-			req.DeleteAcks = append(req.DeleteAcks, &metapb.DeleteTxAck{TxId: tx, Status: a.status, Message: a.reason})
+		msg := a.reason
+		if len(msg) > maxAckMessage {
+			msg = msg[:maxAckMessage]
 		}
+		req.DeleteAcks = append(req.DeleteAcks, &metapb.DeleteTxAck{TxId: tx, Status: a.status, Message: msg})
 	}
 	return sent
 }
@@ -98,7 +104,7 @@ func (d *Datanode) clearAcks(sent []uint64) {
 
 // DeleteAck reports whether this datanode acknowledged delete
 // transaction tx recently (queued for, or sent in, a heartbeat) and with
-// what status (UNSPECIFIED: done). For tests and operators.
+// what status. For tests and operators.
 func (d *Datanode) DeleteAck(tx uint64) (metapb.DeleteTxStatus, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -113,13 +119,13 @@ func (d *Datanode) DeleteAck(tx uint64) (metapb.DeleteTxStatus, bool) {
 // deleteOutcome turns the result of a deletion into an acknowledgement,
 // or nil if it should be tried again later (a transient error).
 func deleteOutcome(tx, cid uint64, err error) *deleteAck {
-	a := &deleteAck{tx: tx, cid: cid}
+	a := &deleteAck{tx: tx, cid: cid, status: metapb.DeleteTxStatus_DELETE_TX_DONE}
 	switch {
-	case err == nil, errors.Is(err, storage.ErrContainerNotFound):
-	case errors.Is(err, storage.ErrVolumeFailed):
-		a.status, a.reason = metapb.DeleteTxStatus_DELETE_TX_CONTAINER_UNHEALTHY, err.Error()
-	case errors.Is(err, storage.ErrContainerNotOpen):
-		// DeleteBlocks refuses only an UNHEALTHY container this way.
+	case err == nil:
+	case errors.Is(err, storage.ErrContainerNotFound):
+		a.status, a.reason = metapb.DeleteTxStatus_DELETE_TX_CONTAINER_MISSING, err.Error()
+	case errors.Is(err, storage.ErrVolumeFailed), errors.Is(err, storage.ErrContainerNotOpen):
+		// DeleteBlocks refuses only an UNHEALTHY container as not open.
 		a.status, a.reason = metapb.DeleteTxStatus_DELETE_TX_CONTAINER_UNHEALTHY, err.Error()
 	default:
 		return nil
@@ -158,7 +164,7 @@ func (d *Datanode) executeDelete(del *metapb.DeleteBlocksCommand) error {
 		a := deleteAck{tx: tx, cid: cid, status: metapb.DeleteTxStatus_DELETE_TX_CONTAINER_UNHEALTHY,
 			reason: fmt.Sprintf("container %d is UNHEALTHY on datanode %d", cid, d.ident.ID)}
 		if v := d.failedVolume(rep.Volume); v != "" {
-			a.status, a.reason = metapb.DeleteTxStatus_DELETE_TX_CONTAINER_UNHEALTHY, v
+			a.reason = v
 		}
 		d.ack(a)
 		return nil

@@ -56,7 +56,17 @@ func TestDeleteAckForUnhealthyContainer(t *testing.T) {
 		t.Fatalf("delete on an UNHEALTHY container: %v", err)
 	}
 	if st, ok := f.DeleteAck(77); !ok || st != metapb.DeleteTxStatus_DELETE_TX_CONTAINER_UNHEALTHY {
-		t.Fatalf("acknowledgement of tx 77: %v %v, want DELETE_CONTAINER_UNHEALTHY", st, ok)
+		t.Fatalf("acknowledgement of tx 77: %v %v, want DELETE_TX_CONTAINER_UNHEALTHY", st, ok)
+	}
+
+	// A container this datanode does not hold is missing here, not done:
+	// SCM must not count this replica as a copy of it.
+	missing := &metapb.BlockLocation{Id: &metapb.BlockID{ContainerId: 1 << 40, LocalId: 1}}
+	if err := f.Execute(deleteCmd(79, missing)); err != nil {
+		t.Fatal(err)
+	}
+	if st, ok := f.DeleteAck(79); !ok || st != metapb.DeleteTxStatus_DELETE_TX_CONTAINER_MISSING {
+		t.Fatalf("acknowledgement of tx 79 (container not here): %v %v, want DELETE_TX_CONTAINER_MISSING", st, ok)
 	}
 }
 
@@ -126,7 +136,7 @@ func TestDeleteThroughPipelineLog(t *testing.T) {
 		}
 		for _, d := range b.GetDatanodes() {
 			_, dn := e.byID(d.GetId())
-			if st, ok := dn.DeleteAck(78); committed(dn, b) || !ok || st != metapb.DeleteTxStatus_DELETE_TX_STATUS_UNSPECIFIED {
+			if st, ok := dn.DeleteAck(78); committed(dn, b) || !ok || st != metapb.DeleteTxStatus_DELETE_TX_DONE {
 				return false
 			}
 		}
