@@ -394,6 +394,12 @@ func (m *Manager) deleteAcks(req *metapb.HeartbeatRequest, n *nodeSoft) {
 		m.acked[id][dn] = true
 		switch st {
 		case metapb.DeleteTxStatus_DELETE_TX_DONE, metapb.DeleteTxStatus_DELETE_TX_STATUS_UNSPECIFIED:
+		case metapb.DeleteTxStatus_DELETE_TX_CONTAINER_MISSING:
+			// Not evidence against the replica: datanodes create a
+			// container on its first write, so a container whose blocks
+			// were all released unwritten (an empty key, an unused
+			// allocation) is missing on every replica. A replica that
+			// lost a container it held shows in its container reports.
 		default:
 			if !slices.Contains(c.UnhealthyReplicas, dn) {
 				m.markUnhealthy(c.Id, dn, fmt.Sprintf("delete tx %d: %v: %s", id, st, msg))
