@@ -55,10 +55,10 @@ type Config struct {
 	NodeID uint64
 	// DataDir holds raft/ (the log), scm/ and namespace/ (Pebble).
 	DataDir string
-	// FS is the file system of everything under DataDir that this package
-	// writes: the two Pebble stores (and their snapshots and restores) and
-	// the service-token file (default vfs.Default). The raft log store
-	// takes its own (raft.HostConfig).
+	// FS is the file system of everything under DataDir (default
+	// vfs.Default): the raft log store (raft.HostConfig.FS), the two Pebble
+	// stores with their snapshots and restores, and the service-token
+	// file. A test can run a whole node on a crashable in-memory FS.
 	FS vfs.FS
 	// RaftAddr and GRPCAddr are the listen addresses ("127.0.0.1:0" picks
 	// a port; see Server.RaftAddr and GRPCAddr).
@@ -215,7 +215,7 @@ func New(cfg Config) (*Server, error) {
 		ID: cfg.NodeID, LogDirs: []string{filepath.Join(cfg.DataDir, "raft")},
 		ListenAddr: cfg.RaftAddr, Resolve: s.resolve,
 		TickInterval: cfg.TickInterval, ElectionTicks: cfg.ElectionTicks,
-		Registerer: reg, Logger: cfg.Logger,
+		Registerer: reg, Logger: cfg.Logger, FS: cfg.FS,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("meta: raft host: %w", err)
