@@ -208,8 +208,13 @@ func New(cfg Config) (*Server, error) {
 	if s.nsState, err = namespace.Open(filepath.Join(cfg.DataDir, "namespace"), sopts); err != nil {
 		return nil, err
 	}
+	// The log directory's entry is durable before anything is logged in it
+	// (DataDir's own entry was synced when the stores created it).
 	if err := cfg.FS.MkdirAll(filepath.Join(cfg.DataDir, "raft"), 0o755); err != nil {
 		return nil, err
+	}
+	if err := vfs.SyncDir(cfg.FS, cfg.DataDir); err != nil {
+		return nil, fmt.Errorf("meta: sync %s: %w", cfg.DataDir, err)
 	}
 	s.host, err = raft.NewHost(raft.HostConfig{
 		ID: cfg.NodeID, LogDirs: []string{filepath.Join(cfg.DataDir, "raft")},
