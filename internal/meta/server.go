@@ -526,14 +526,17 @@ func (s *Server) translate(method string, err error) error {
 	}
 	var nle *raft.NotLeaderError
 	switch {
-	case errors.Is(err, raft.ErrOutcomeUnknown):
+	case errors.Is(err, raft.ErrOutcomeUnknown) && !metaclient.RetrySafe(method):
 		// The proposal reached the log and may still commit: never a
 		// retryable NotLeader/Unavailable (checked first: it also wraps ctx errors).
 		st, _ := status.Newf(codes.Unknown, "meta node %d: outcome unknown, the operation may or may not have been applied: %v", s.cfg.NodeID, err).
 			WithDetails(&errdetails.ErrorInfo{Reason: metapb.ReasonOutcomeUnknown, Domain: metapb.ReasonDomain})
 		return st.Err()
 	case errors.As(err, &nle), errors.Is(err, raft.ErrNotLeader), errors.Is(err, scm.ErrNotLeader),
-		errors.Is(err, raft.ErrProposalDropped), errors.Is(err, raft.ErrStopped):
+		errors.Is(err, raft.ErrProposalDropped), errors.Is(err, raft.ErrStopped),
+		// A call that is harmless to repeat (a second OpenKey leaves an
+		// open key that expires) may be retried whatever happened to it.
+		errors.Is(err, raft.ErrOutcomeUnknown):
 		leader := uint64(0)
 		if g != nil {
 			leader = g.Leader()
