@@ -55,10 +55,10 @@ type Config struct {
 	NodeID uint64
 	// DataDir holds raft/ (the log), scm/ and namespace/ (Pebble).
 	DataDir string
-	// FS is the file system of everything under DataDir that this package
-	// writes: the two Pebble stores (and their snapshots and restores) and
-	// the service-token file (default vfs.Default). The raft log store
-	// takes its own (raft.HostConfig).
+	// FS is the file system of everything under DataDir (default
+	// vfs.Default): the raft log store (raft.HostConfig.FS), the two Pebble
+	// stores with their snapshots and restores, and the service-token
+	// file. A test can run a whole node on a crashable in-memory FS.
 	FS vfs.FS
 	// RaftAddr and GRPCAddr are the listen addresses ("127.0.0.1:0" picks
 	// a port; see Server.RaftAddr and GRPCAddr).
@@ -208,14 +208,19 @@ func New(cfg Config) (*Server, error) {
 	if s.nsState, err = namespace.Open(filepath.Join(cfg.DataDir, "namespace"), sopts); err != nil {
 		return nil, err
 	}
+	// The log directory's entry is durable before anything is logged in it
+	// (DataDir's own entry was synced when the stores created it).
 	if err := cfg.FS.MkdirAll(filepath.Join(cfg.DataDir, "raft"), 0o755); err != nil {
 		return nil, err
+	}
+	if err := vfs.SyncDir(cfg.FS, cfg.DataDir); err != nil {
+		return nil, fmt.Errorf("meta: sync %s: %w", cfg.DataDir, err)
 	}
 	s.host, err = raft.NewHost(raft.HostConfig{
 		ID: cfg.NodeID, LogDirs: []string{filepath.Join(cfg.DataDir, "raft")},
 		ListenAddr: cfg.RaftAddr, Resolve: s.resolve,
 		TickInterval: cfg.TickInterval, ElectionTicks: cfg.ElectionTicks,
-		Registerer: reg, Logger: cfg.Logger,
+		Registerer: reg, Logger: cfg.Logger, FS: cfg.FS,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("meta: raft host: %w", err)
@@ -521,14 +526,17 @@ func (s *Server) translate(method string, err error) error {
 	}
 	var nle *raft.NotLeaderError
 	switch {
-	case errors.Is(err, raft.ErrOutcomeUnknown):
+	case errors.Is(err, raft.ErrOutcomeUnknown) && !metaclient.RetrySafe(method):
 		// The proposal reached the log and may still commit: never a
 		// retryable NotLeader/Unavailable (checked first: it also wraps ctx errors).
 		st, _ := status.Newf(codes.Unknown, "meta node %d: outcome unknown, the operation may or may not have been applied: %v", s.cfg.NodeID, err).
 			WithDetails(&errdetails.ErrorInfo{Reason: metapb.ReasonOutcomeUnknown, Domain: metapb.ReasonDomain})
 		return st.Err()
 	case errors.As(err, &nle), errors.Is(err, raft.ErrNotLeader), errors.Is(err, scm.ErrNotLeader),
-		errors.Is(err, raft.ErrProposalDropped), errors.Is(err, raft.ErrStopped):
+		errors.Is(err, raft.ErrProposalDropped), errors.Is(err, raft.ErrStopped),
+		// A call that is harmless to repeat (a second OpenKey leaves an
+		// open key that expires) may be retried whatever happened to it.
+		errors.Is(err, raft.ErrOutcomeUnknown):
 		leader := uint64(0)
 		if g != nil {
 			leader = g.Leader()

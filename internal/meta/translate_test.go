@@ -22,21 +22,29 @@ func TestTranslateRaftErrors(t *testing.T) {
 	s := &Server{cfg: Config{NodeID: 1}, peers: map[uint64]Peer{}}
 	const method = "/basalt.meta.v1.Namespace/CommitKey"
 	for _, tc := range []struct {
+		method     string // default: CommitKey
 		err        error
 		code       codes.Code
 		notLeader  bool
 		reasonWant string
 	}{
-		{raft.ErrOutcomeUnknown, codes.Unknown, false, metapb.ReasonOutcomeUnknown},
-		{fmt.Errorf("raft: group 1: stopped waiting: %w (%w)", raft.ErrOutcomeUnknown, context.DeadlineExceeded), codes.Unknown, false, metapb.ReasonOutcomeUnknown},
-		{fmt.Errorf("raft: group 1: %w", raft.ErrStopped), codes.Unavailable, true, ""},
-		{raft.ErrProposalDropped, codes.Unavailable, true, ""},
-		{&raft.NotLeaderError{Group: 1, Leader: 2}, codes.Unavailable, true, ""},
-		{scm.ErrNotLeader, codes.Unavailable, true, ""},
-		{context.DeadlineExceeded, codes.DeadlineExceeded, false, ""},
-		{status.Error(codes.NotFound, "no such key"), codes.NotFound, false, ""},
+		{"", raft.ErrOutcomeUnknown, codes.Unknown, false, metapb.ReasonOutcomeUnknown},
+		// Harmless to repeat: a lost outcome is just "try again".
+		{metapb.Namespace_OpenKey_FullMethodName, raft.ErrOutcomeUnknown, codes.Unavailable, true, ""},
+		{metapb.Scm_AllocateBlocks_FullMethodName, fmt.Errorf("id range: %w", raft.ErrOutcomeUnknown), codes.Unavailable, true, ""},
+		{"", fmt.Errorf("raft: group 1: stopped waiting: %w (%w)", raft.ErrOutcomeUnknown, context.DeadlineExceeded), codes.Unknown, false, metapb.ReasonOutcomeUnknown},
+		{"", fmt.Errorf("raft: group 1: %w", raft.ErrStopped), codes.Unavailable, true, ""},
+		{"", raft.ErrProposalDropped, codes.Unavailable, true, ""},
+		{"", &raft.NotLeaderError{Group: 1, Leader: 2}, codes.Unavailable, true, ""},
+		{"", scm.ErrNotLeader, codes.Unavailable, true, ""},
+		{"", context.DeadlineExceeded, codes.DeadlineExceeded, false, ""},
+		{"", status.Error(codes.NotFound, "no such key"), codes.NotFound, false, ""},
 	} {
-		got := s.translate(method, tc.err)
+		m := tc.method
+		if m == "" {
+			m = method
+		}
+		got := s.translate(m, tc.err)
 		st, _ := status.FromError(got)
 		var nl bool
 		var reason string

@@ -267,6 +267,11 @@ var retrySafe = map[string]bool{
 	metapb.Namespace_GetS3Secret_FullMethodName:          true,
 }
 
+// RetrySafe reports whether method (a full gRPC method name) may be sent
+// again whatever happened to an earlier try. The server uses it too: for
+// these it reports a lost proposal outcome as a retryable UNAVAILABLE.
+func RetrySafe(method string) bool { return retrySafe[method] }
+
 // neverSent reports whether an UNAVAILABLE came from a connection that
 // could not be made, so the request never left this process. gRPC says
 // so only in the message ("connection error: ... Error while dialing");

@@ -351,7 +351,11 @@ const (
 	// it will never be a trusted copy again. SCM stops waiting for it and
 	// records it as unhealthy (never a location; rebuilt from the others).
 	DeleteTxStatus_DELETE_TX_CONTAINER_UNHEALTHY DeleteTxStatus = 2
-	// The datanode does not hold the container at all. Recorded the same way.
+	// The datanode does not hold the container at all. SCM stops waiting for
+	// it; if the container is CLOSED (this replica had reported it closed)
+	// the replica is recorded unhealthy. An OPEN or CLOSING container may
+	// lack a replica harmlessly (datanodes create containers on the first
+	// write), so it is not.
 	DeleteTxStatus_DELETE_TX_CONTAINER_MISSING DeleteTxStatus = 3
 )
 

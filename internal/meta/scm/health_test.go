@@ -285,13 +285,11 @@ func TestSentMapIsBounded(t *testing.T) {
 	}
 }
 
-// Non-DONE delete results: the replica no longer owes the tx (it is
-// purged without it). CONTAINER_UNHEALTHY records the replica unhealthy,
-// so it is never listed as a location again; CONTAINER_MISSING does not
-// (datanodes create containers on the first write, so a container whose
-// blocks were released unwritten is missing everywhere — that must not
-// condemn every replica, as it did when an empty key's unused block was
-// deleted while another key was being written into the same container).
+// Delete results other than DONE: the replica no longer owes the tx (it
+// is purged without it). CONTAINER_UNHEALTHY records the replica
+// unhealthy, so it is never listed as a location again; CONTAINER_MISSING
+// does so only for a CLOSED container (an open one is created on a
+// replica by its first write, so missing is no loss).
 func TestDeleteAckStatuses(t *testing.T) {
 	e := newEnv(t, Config{PipelineLimit: 1, OpenContainersPerPipeline: 1, SafeModeMinDatanodes: 3})
 	for i := range 3 {
@@ -300,30 +298,51 @@ func TestDeleteAckStatuses(t *testing.T) {
 	e.tick(t)
 	bl := e.alloc(t, metapb.Replication_THREE)
 	cid := bl.Id.ContainerId
-	e.addDeletes(t, cid, 1)
+	reps := e.st.Container(cid).Replicas
+	answer := func(statuses map[uint64]metapb.DeleteTxStatus) {
+		t.Helper()
+		e.addDeletes(t, cid, 1)
+		for dn, st := range statuses {
+			cmds := deleteCmds(e.report(t, dn))
+			if len(cmds) != 1 {
+				t.Fatalf("datanode %d: %d delete commands, want 1", dn, len(cmds))
+			}
+			if _, err := e.m.Heartbeat(e.ctx, &metapb.HeartbeatRequest{DatanodeId: dn, DeleteAcks: []*metapb.DeleteTxAck{{TxId: cmds[0].TxId, Status: st, Message: "why"}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.tick(t)
+		if n := pendingFor(t, e.st, cid); n != 0 {
+			t.Fatalf("tx still pending after every replica answered %v", statuses)
+		}
+	}
+	answer(map[uint64]metapb.DeleteTxStatus{
+		reps[0]: metapb.DeleteTxStatus_DELETE_TX_DONE,
+		reps[1]: metapb.DeleteTxStatus_DELETE_TX_CONTAINER_UNHEALTHY,
+		reps[2]: metapb.DeleteTxStatus_DELETE_TX_CONTAINER_MISSING,
+	})
 	c := e.st.Container(cid)
-	statuses := []metapb.DeleteTxStatus{metapb.DeleteTxStatus_DELETE_TX_DONE, metapb.DeleteTxStatus_DELETE_TX_CONTAINER_UNHEALTHY, metapb.DeleteTxStatus_DELETE_TX_CONTAINER_MISSING}
-	for i, dn := range c.Replicas {
-		r := e.report(t, dn)
-		cmds := deleteCmds(r)
-		if len(cmds) != 1 {
-			t.Fatalf("datanode %d: %d delete commands, want 1", dn, len(cmds))
-		}
-		if _, err := e.m.Heartbeat(e.ctx, &metapb.HeartbeatRequest{DatanodeId: dn, DeleteAcks: []*metapb.DeleteTxAck{{TxId: cmds[0].TxId, Status: statuses[i], Message: "volume failed"}}}); err != nil {
-			t.Fatal(err)
-		}
+	if !slices.Equal(c.UnhealthyReplicas, []uint64{reps[1]}) || c.State != metapb.ContainerState_CONTAINER_CLOSING {
+		t.Fatalf("container: state %v, unhealthy %v; want CLOSING, [%d]", c.State, c.UnhealthyReplicas, reps[1])
+	}
+	if _, dns := e.st.ContainerReplicas(cid); len(dns) != 2 || slices.ContainsFunc(dns, func(d *metapb.DatanodeDetails) bool { return d.Id == reps[1] }) {
+		t.Fatalf("locations %v include the unhealthy replica %d", dns, reps[1])
+	}
+	// Closed on the healthy replicas; then a replica that lost it.
+	for _, dn := range []uint64{reps[0], reps[2]} {
+		e.report(t, dn, &metapb.ContainerReport{ContainerId: cid, State: metapb.ContainerState_CONTAINER_CLOSED})
 	}
 	e.tick(t)
-	if n := pendingFor(t, e.st, cid); n != 0 {
-		t.Fatalf("tx still pending after every replica answered")
+	if st := e.st.Container(cid).State; st != metapb.ContainerState_CONTAINER_CLOSED {
+		t.Fatalf("container %v, want CLOSED", st)
 	}
-	c = e.st.Container(cid)
-	want := []uint64{c.Replicas[1]}
-	if !slices.Equal(c.UnhealthyReplicas, want) || c.State == metapb.ContainerState_CONTAINER_OPEN {
-		t.Fatalf("container: state %v, unhealthy %v; want closing, %v", c.State, c.UnhealthyReplicas, want)
-	}
-	if _, dns := e.st.ContainerReplicas(cid); len(dns) != 2 || slices.ContainsFunc(dns, func(d *metapb.DatanodeDetails) bool { return d.Id == c.Replicas[1] }) {
-		t.Fatalf("locations %v, want all but datanode %d", dns, c.Replicas[1])
+	answer(map[uint64]metapb.DeleteTxStatus{
+		reps[0]: metapb.DeleteTxStatus_DELETE_TX_DONE,
+		reps[2]: metapb.DeleteTxStatus_DELETE_TX_CONTAINER_MISSING,
+	})
+	want := slices.Sorted(slices.Values([]uint64{reps[1], reps[2]}))
+	if c := e.st.Container(cid); !slices.Equal(c.UnhealthyReplicas, want) {
+		t.Fatalf("unhealthy %v after a CLOSED replica went missing, want %v", c.UnhealthyReplicas, want)
 	}
 }
 

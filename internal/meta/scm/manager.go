@@ -362,10 +362,9 @@ func (m *Manager) markUnhealthy(cid, dn uint64, reason string) {
 }
 
 // deleteAcks records a heartbeat's delete-tx results: the datanode no
-// longer owes those transactions. A non-DONE result (the replica is
-// unhealthy, or the datanode lacks the container) also marks the replica
-// unhealthy, so it is never served as a location again and no later
-// delete waits for it. Acks of unknown transactions (purged already) are
+// longer owes those transactions. CONTAINER_UNHEALTHY (and CONTAINER_MISSING
+// for a CLOSED container) also marks the replica unhealthy, so it is never
+// served as a location again and no later delete waits for it. Acks of unknown transactions (purged already) are
 // dropped. Callers hold m.mu.
 func (m *Manager) deleteAcks(req *metapb.HeartbeatRequest, n *nodeSoft) {
 	dn := req.DatanodeId
@@ -392,18 +391,24 @@ func (m *Manager) deleteAcks(req *metapb.HeartbeatRequest, n *nodeSoft) {
 			m.acked[id] = map[uint64]bool{}
 		}
 		m.acked[id][dn] = true
+		if slices.Contains(c.UnhealthyReplicas, dn) {
+			return
+		}
 		switch st {
 		case metapb.DeleteTxStatus_DELETE_TX_DONE, metapb.DeleteTxStatus_DELETE_TX_STATUS_UNSPECIFIED:
 		case metapb.DeleteTxStatus_DELETE_TX_CONTAINER_MISSING:
-			// Not evidence against the replica: datanodes create a
-			// container on its first write, so a container whose blocks
-			// were all released unwritten (an empty key, an unused
-			// allocation) is missing on every replica. A replica that
-			// lost a container it held shows in its container reports.
-		default:
-			if !slices.Contains(c.UnhealthyReplicas, dn) {
+			// Datanodes create a container on its first write, so a
+			// replica of an OPEN or CLOSING container may lack it without
+			// having lost anything (nothing written yet, or a follower
+			// that has not applied the first write: the pipeline's log
+			// brings the container and the deletion both). A CLOSED
+			// container was reported closed by this replica: now it is
+			// gone.
+			if c.State == metapb.ContainerState_CONTAINER_CLOSED {
 				m.markUnhealthy(c.Id, dn, fmt.Sprintf("delete tx %d: %v: %s", id, st, msg))
 			}
+		default:
+			m.markUnhealthy(c.Id, dn, fmt.Sprintf("delete tx %d: %v: %s", id, st, msg))
 		}
 	}
 	for _, id := range req.DeletedBlockTxs {

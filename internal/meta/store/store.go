@@ -10,6 +10,15 @@
 // truncates its log past it and replays from it after a crash. Because the
 // applied index is written in the same batch as the state it describes,
 // whatever Pebble recovers after a crash is self-consistent.
+//
+// The applied index only grows: Commit panics on an index at or below it,
+// and Restore refuses a snapshot at or below it (ErrStaleSnapshot), since
+// moving the state back would lose committed entries raft never resends.
+//
+// Every file goes through one vfs.FS (Options.FS; the Pebble DB gets the
+// same), and every directory entry the store creates, renames or removes
+// is followed by a sync of its parent before it counts, so a test on a
+// crashable in-memory FS sees exactly what a machine that lost power would.
 package store
 
 import (

@@ -1,0 +1,72 @@
+package meta
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/scm"
+)
+
+// A replica a datanode reports UNHEALTHY is recorded (through Raft), its
+// container gets no more blocks, and neither LookupKey nor GetContainers
+// offers it as a location.
+func TestUnhealthyReplicaIsNoLocation(t *testing.T) {
+	c := newCluster(t, 1, scm.Config{LoopInterval: 20 * time.Millisecond, SafeModeMinDatanodes: 3, PipelineLimit: 1, OpenContainersPerPipeline: 1})
+	cl := c.client()
+	ctx := context.Background()
+	waitFor(t, 5*time.Second, "leader", func() bool { return c.nsLeader() != 0 && c.servers[1].scmGroup.IsLeader() })
+	if _, err := cl.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "vol"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Namespace.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: "vol", Name: "bkt"}); err != nil {
+		t.Fatal(err)
+	}
+	registerDatanodes(t, cl, 3)
+	waitFor(t, 5*time.Second, "containers", func() bool {
+		r, err := cl.Scm.ListContainers(ctx, &metapb.ListContainersRequest{})
+		return err == nil && len(r.Containers) >= 4
+	})
+	o, err := cl.Namespace.OpenKey(ctx, &metapb.OpenKeyRequest{Volume: "vol", Bucket: "bkt", Key: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk := o.Blocks[0]
+	if _, err := cl.Namespace.CommitKey(ctx, &metapb.CommitKeyRequest{OpenId: o.OpenId, Blocks: []*metapb.KeyBlock{{Id: blk.Id, Length: 42}}}); err != nil {
+		t.Fatal(err)
+	}
+	cid, bad := blk.Id.ContainerId, blk.Datanodes[0].Id
+	if _, err := cl.Scm.Heartbeat(ctx, &metapb.HeartbeatRequest{DatanodeId: bad, FullReport: true,
+		Containers: []*metapb.ContainerReport{{ContainerId: cid, State: metapb.ContainerState_CONTAINER_UNHEALTHY}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the unhealthy replica recorded", func() bool {
+		r, err := cl.Scm.GetContainers(ctx, &metapb.GetContainersRequest{ContainerIds: []uint64{cid}})
+		return err == nil && slices.Contains(r.Containers[0].Container.UnhealthyReplicas, bad)
+	})
+	has := func(dns []*metapb.DatanodeDetails) bool {
+		return slices.ContainsFunc(dns, func(d *metapb.DatanodeDetails) bool { return d.Id == bad })
+	}
+	r, err := cl.Scm.GetContainers(ctx, &metapb.GetContainersRequest{ContainerIds: []uint64{cid}})
+	if err != nil || len(r.Containers[0].Datanodes) != 2 || has(r.Containers[0].Datanodes) {
+		t.Fatalf("GetContainers: %v, %v; want the 2 healthy replicas", r, err)
+	}
+	if st := r.Containers[0].Container.State; st == metapb.ContainerState_CONTAINER_OPEN {
+		t.Fatalf("container %d still OPEN", cid)
+	}
+	ki, err := cl.Namespace.LookupKey(ctx, &metapb.LookupKeyRequest{Volume: "vol", Bucket: "bkt", Key: "k"})
+	if err != nil || len(ki.Locations[0].Datanodes) != 2 || has(ki.Locations[0].Datanodes) {
+		t.Fatalf("LookupKey: %v, %v; want the 2 healthy replicas", ki, err)
+	}
+	for range 10 {
+		o, err := cl.Namespace.OpenKey(ctx, &metapb.OpenKeyRequest{Volume: "vol", Bucket: "bkt", Key: "k2"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Blocks[0].Id.ContainerId == cid {
+			t.Fatalf("block allocated in container %d after its replica %d reported UNHEALTHY", cid, bad)
+		}
+	}
+}
