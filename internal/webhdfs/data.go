@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/basalt-store/basalt/client"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
@@ -69,9 +71,10 @@ func (g *Gateway) open(q *request) error {
 	}
 	defer rd.Close()
 	size := rd.Size()
-	if off > size {
-		return remote(classEOF, "Cannot seek after EOF: offset %d is past the end of %s (%d bytes)", off, p, size)
-	}
+	// Past the end: an empty body, so the client's read returns -1 and a
+	// later seek back still works (an error here leaves Hadoop's
+	// WebHdfsInputStream unable to read again).
+	off = min(off, size)
 	n := size - off
 	if length >= 0 && length < n {
 		n = length
@@ -160,6 +163,37 @@ func (g *Gateway) create(q *request) error {
 	overwrite, err := boolParam(q, "overwrite", false)
 	if err != nil {
 		return err
+	}
+	// createNonRecursive sends createflag (CREATE, OVERWRITE, APPEND, ...)
+	// and createparent=false instead.
+	for _, f := range strings.Split(q.param("createflag"), ",") {
+		switch strings.ToUpper(strings.TrimSpace(f)) {
+		case "", "CREATE", "SYNC_BLOCK", "LAZY_PERSIST", "NEW_BLOCK", "NO_LOCAL_WRITE", "SHOULD_REPLICATE", "IGNORE_CLIENT_LOCALITY":
+		case "OVERWRITE":
+			overwrite = true
+		case "APPEND":
+			return unsupported("CREATE of %s with flag APPEND: Basalt files are immutable once written (no append yet)", q.path)
+		default:
+			return badParam("Invalid value for webhdfs parameter \"createflag\": %q", q.param("createflag"))
+		}
+	}
+	createParent, err := boolParam(q, "createparent", true)
+	if err != nil {
+		return err
+	}
+	if !createParent && q.path.depth() == 3 {
+		if i := strings.LastIndexByte(q.path.key, '/'); i >= 0 {
+			parent := fsPath{volume: q.path.volume, bucket: q.path.bucket, key: q.path.key[:i]}
+			e, err := g.lookup(q.ctx, parent)
+			if err != nil {
+				return err
+			}
+			if !e.IsDir {
+				return remote(classParentNotDir, "Parent path is not a directory: %s", parent)
+			}
+		} else if _, _, err := g.stat(q.ctx, fsPath{volume: q.path.volume, bucket: q.path.bucket}); err != nil {
+			return err
+		}
 	}
 	repl, err := replicationParam(q)
 	if err != nil {
@@ -299,5 +333,73 @@ func (g *Gateway) fileChecksum(q *request) error {
 		"bytes":     hex.EncodeToString(out),
 		"length":    len(out),
 	}})
+	return nil
+}
+
+// blockLocations is GETFILEBLOCKLOCATIONS: the blocks overlapping
+// [offset, offset+length) with their replicas, nearest to the gateway
+// first (what listLocatedStatus and schedulers use for locality).
+func (g *Gateway) blockLocations(q *request) error {
+	off, err := int64Param(q, "offset", 0)
+	if err != nil {
+		return err
+	}
+	length, err := int64Param(q, "length", 1<<62)
+	if err != nil {
+		return err
+	}
+	p := q.path
+	if p.depth() < 3 {
+		if _, _, err := g.stat(q.ctx, p); err != nil {
+			return err
+		}
+		return remote(classFileNotFound, "Path is not a file: %s", p)
+	}
+	e, err := g.lookup(q.ctx, p)
+	if err != nil {
+		return err
+	}
+	if e.IsDir {
+		return remote(classFileNotFound, "Path is not a file: %s", p)
+	}
+	k, err := g.cl.StatKey(q.ctx, p.volume, p.bucket, p.key)
+	if err != nil {
+		return toRemote(p, err)
+	}
+	type location struct {
+		CachedHosts   []string `json:"cachedHosts"`
+		Corrupt       bool     `json:"corrupt"`
+		Hosts         []string `json:"hosts"`
+		Length        uint64   `json:"length"`
+		Names         []string `json:"names"`
+		Offset        uint64   `json:"offset"`
+		StorageIDs    []string `json:"storageIds"`
+		StorageTypes  []string `json:"storageTypes"`
+		TopologyPaths []string `json:"topologyPaths"`
+	}
+	end := uint64(off) + uint64(length)
+	if end < uint64(off) {
+		end = ^uint64(0)
+	}
+	locs := []location{}
+	for _, b := range k.Blocks {
+		if b.Offset+b.Length <= uint64(off) || b.Offset >= end {
+			continue
+		}
+		l := location{CachedHosts: []string{}, Offset: b.Offset, Length: b.Length}
+		for _, r := range b.Replicas {
+			host := r.Hostname
+			if h, _, err := net.SplitHostPort(r.Addr); err == nil && host == "" {
+				host = h
+			}
+			l.Hosts = append(l.Hosts, host)
+			l.Names = append(l.Names, r.Addr)
+			l.StorageIDs = append(l.StorageIDs, r.UUID)
+			l.StorageTypes = append(l.StorageTypes, "DISK")
+			l.TopologyPaths = append(l.TopologyPaths, strings.TrimSuffix(r.Location, "/")+"/"+r.Addr)
+		}
+		locs = append(locs, l)
+	}
+	writeJSON(q.w, http.StatusOK, map[string]any{"BlockLocations": map[string]any{"BlockLocation": locs}})
 	return nil
 }

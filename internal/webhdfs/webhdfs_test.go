@@ -262,7 +262,21 @@ func TestFilesAndDirectories(t *testing.T) {
 			t.Fatalf("OPEN %v: %d, %d bytes (Content-Length %s), want %d", c.params, r.code, len(r.body), r.hdr.Get("Content-Length"), len(c.want))
 		}
 	}
-	expect(t, "open past EOF", e.do(t, "GET", "/vol1/fsb/d1/d2/big.bin", "OPEN", url.Values{"offset": {fmt.Sprint(len(big) + 1)}}, nil), 403, "java.io.EOFException")
+	if r := e.do(t, "GET", "/vol1/fsb/d1/d2/big.bin", "OPEN", url.Values{"offset": {fmt.Sprint(len(big) + 1)}}, nil); r.code != 200 || len(r.body) != 0 {
+		t.Fatalf("open past EOF: %d, %d bytes; want 200 and nothing", r.code, len(r.body))
+	}
+	// Block locations: the 4 MiB blocks overlapping the range, with their
+	// three replicas.
+	bl := e.do(t, "GET", "/vol1/fsb/d1/d2/big.bin", "GETFILEBLOCKLOCATIONS", url.Values{"offset": {"5000000"}, "length": {"10"}}, nil)
+	locs := bl.json(t)["BlockLocations"].(map[string]any)["BlockLocation"].([]any)
+	if len(locs) != 1 || locs[0].(map[string]any)["offset"] != float64(4<<20) || len(locs[0].(map[string]any)["names"].([]any)) != 3 {
+		t.Fatalf("block locations: %s", bl.body)
+	}
+	bl = e.do(t, "GET", "/vol1/fsb/d1/d2/big.bin", "GETFILEBLOCKLOCATIONS", nil, nil)
+	if n := len(bl.json(t)["BlockLocations"].(map[string]any)["BlockLocation"].([]any)); n != 3 {
+		t.Fatalf("block locations of the whole file: %d blocks, want 3", n)
+	}
+	expect(t, "block locations of a dir", e.do(t, "GET", "/vol1/fsb/d1", "GETFILEBLOCKLOCATIONS", nil, nil), 404, nfe)
 	expect(t, "open a directory", e.do(t, "GET", "/vol1/fsb/d1", "OPEN", nil, nil), 404, nfe)
 	expect(t, "open missing", e.do(t, "GET", "/vol1/fsb/d1/nope", "OPEN", nil, nil), 404, nfe)
 	expect(t, "open bad offset", e.do(t, "GET", "/vol1/fsb/d1/small.txt", "OPEN", url.Values{"offset": {"-1"}}, nil), 400, iae)
@@ -272,6 +286,10 @@ func TestFilesAndDirectories(t *testing.T) {
 	expect(t, "create over a directory", e.create(t, "/vol1/fsb/d1/d2", small, url.Values{"overwrite": {"true"}}), 403, fae)
 	expect(t, "create under a file", e.create(t, "/vol1/fsb/d1/small.txt/x", small, nil), 403, pnd)
 	expect(t, "create in a missing bucket", e.create(t, "/vol1/newbucket/x", small, nil), 201, "")
+	expect(t, "createflag overwrite", e.create(t, "/vol1/fsb/d1/small.txt", small, url.Values{"createflag": {"CREATE,OVERWRITE"}, "createparent": {"false"}}), 201, "")
+	expect(t, "createparent=false without parent", e.create(t, "/vol1/fsb/nodir/x", small, url.Values{"createparent": {"false"}}), 404, nfe)
+	expect(t, "createparent=false under a file", e.create(t, "/vol1/fsb/d1/small.txt/x", small, url.Values{"createparent": {"false"}}), 403, pnd)
+	expect(t, "createflag append", e.create(t, "/vol1/fsb/d1/small.txt", small, url.Values{"createflag": {"APPEND"}}), 400, uoe)
 	expect(t, "create bad replication", e.create(t, "/vol1/fsb/r", small, url.Values{"replication": {"zero"}}), 400, iae)
 	// Overwrite replaces the file whole; parents are created.
 	expect(t, "overwrite", e.create(t, "/vol1/fsb/d1/small.txt", []byte("v2"), url.Values{"overwrite": {"true"}}), 201, "")
