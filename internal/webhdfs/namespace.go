@@ -293,24 +293,35 @@ func (g *Gateway) mkdirs(q *request) error {
 // (FS layout) if missing, as ofs does. Paths inside a bucket need the FS
 // layout.
 func (g *Gateway) ensureBucket(ctx context.Context, p fsPath, user string) error {
+	// Reads first: creating is a Raft round even when the name exists, and
+	// this runs on every CREATE.
+	if p.depth() >= 2 {
+		b, err := g.cl.BucketInfo(ctx, p.volume, p.bucket)
+		if err == nil {
+			if b.Layout != client.LayoutFS && p.depth() == 3 {
+				return remote(classIO, "%s: bucket /%s/%s has layout %v; WebHDFS serves FS buckets", p, p.volume, p.bucket, b.Layout)
+			}
+			return nil
+		}
+		if !errors.Is(err, client.ErrNotFound) {
+			return toRemote(p, err)
+		}
+	} else if _, err := g.cl.VolumeInfo(ctx, p.volume); err == nil {
+		return nil
+	}
 	if _, err := g.cl.CreateVolume(ctx, p.volume, user); err != nil && !errors.Is(err, client.ErrExists) {
 		return toRemote(p, err)
 	}
 	if p.depth() < 2 {
 		return nil
 	}
-	b, err := g.cl.BucketInfo(ctx, p.volume, p.bucket)
-	if errors.Is(err, client.ErrNotFound) {
-		b, err = g.cl.CreateBucket(ctx, p.volume, p.bucket, client.BucketOptions{Layout: client.LayoutFS})
-		if errors.Is(err, client.ErrExists) {
-			b, err = g.cl.BucketInfo(ctx, p.volume, p.bucket)
-		}
+	_, err := g.cl.CreateBucket(ctx, p.volume, p.bucket, client.BucketOptions{Layout: client.LayoutFS})
+	if errors.Is(err, client.ErrExists) {
+		// made meanwhile, maybe with another layout
+		return g.ensureBucket(ctx, p, user)
 	}
 	if err != nil {
 		return toRemote(p, err)
-	}
-	if b.Layout != client.LayoutFS && p.depth() == 3 {
-		return remote(classIO, "%s: bucket /%s/%s has layout %v; WebHDFS serves FS buckets", p, p.volume, p.bucket, b.Layout)
 	}
 	return nil
 }
@@ -380,13 +391,18 @@ func (g *Gateway) rename(q *request) error {
 		if !overwrite {
 			return remote(classAlreadyExists, "rename destination %s already exists", dst)
 		}
+		// As HDFS: a file replaces a file, a directory an empty directory.
+		// The delete and the rename are two operations, not one.
+		se, _ := g.lookup(q.ctx, src)
+		if se.IsDir != de.IsDir {
+			return remote(classIO, "rename %s onto %s: source and destination must both be files or both directories", src, dst)
+		}
 		if err := g.cl.DeleteKey(q.ctx, dst.volume, dst.bucket, dst.key, false); err != nil {
 			if errors.Is(err, client.ErrNotEmpty) {
 				return remote(classIO, "rename destination directory %s is not empty", dst)
 			}
 			return toRemote(dst, err)
 		}
-		_ = de
 	}
 	if err := g.cl.RenameKey(q.ctx, src.volume, src.bucket, src.key, dst.key); err != nil {
 		if errors.Is(err, client.ErrNotFound) {

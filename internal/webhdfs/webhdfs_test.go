@@ -362,6 +362,7 @@ func TestFilesAndDirectories(t *testing.T) {
 	expect(t, "rename2 onto existing", e.do(t, "PUT", "/vol1/fsb/d1/small.txt", "RENAME", url.Values{"destination": {"/vol1/fsb/new/parents/f"}, "renameoptions": {"NONE"}}, nil), 403, fae)
 	expect(t, "rename2 overwrite", e.do(t, "PUT", "/vol1/fsb/new/parents/f", "RENAME", url.Values{"destination": {"/vol1/fsb/nr2"}, "renameoptions": {"OVERWRITE"}}, nil), 200, "")
 	expect(t, "rename2 missing source", e.do(t, "PUT", "/vol1/fsb/new/parents/f", "RENAME", url.Values{"destination": {"/vol1/fsb/x"}, "renameoptions": {"NONE"}}, nil), 404, nfe)
+	expect(t, "rename2 file onto dir", e.do(t, "PUT", "/vol1/fsb/d1/small.txt", "RENAME", url.Values{"destination": {"/vol1/fsb/new"}, "renameoptions": {"OVERWRITE"}}, nil), 403, "java.io.IOException")
 	expect(t, "rename without destination", e.do(t, "PUT", "/vol1/fsb/d1", "RENAME", nil, nil), 400, iae)
 
 	// DELETE
@@ -521,4 +522,47 @@ func TestFileChecksum(t *testing.T) {
 	}
 	expect(t, "checksum of a dir", e.do(t, "GET", "/vol4/fsb", "GETFILECHECKSUM", nil, nil), 404, nfe)
 	expect(t, "checksum missing", e.do(t, "GET", "/vol4/fsb/zz", "GETFILECHECKSUM", nil, nil), 404, nfe)
+}
+
+// TestTransferLimit: with every data slot taken, a CREATE data step waits
+// TransferWait and answers RetriableException (503) without reading its
+// body; metadata calls are not held up.
+func TestTransferLimit(t *testing.T) {
+	g, err := webhdfs.New(webhdfs.Config{Client: shared.cl, Listen: "127.0.0.1:0", MaxTransfers: 1, TransferWait: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve()
+	defer g.Close()
+	e := &env{url: "http://" + g.Addr() + webhdfs.Prefix, cl: shared.cl, hc: shared.hc}
+	expect(t, "mkdirs", e.do(t, "PUT", "/vol5/fsb", "MKDIRS", nil, nil), 200, "")
+	// A slow upload holds the only slot.
+	pr, pw := io.Pipe()
+	done := make(chan resp, 1)
+	go func() {
+		r := e.do(t, "PUT", "/vol5/fsb/slow", "CREATE", url.Values{"data": {"true"}}, pr)
+		done <- r
+	}()
+	pw.Write([]byte("first bytes"))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r := e.create(t, "/vol5/fsb/second", []byte("x"), nil)
+		if r.code == http.StatusServiceUnavailable {
+			expect(t, "second transfer", r, 503, "org.apache.hadoop.ipc.RetriableException")
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("second transfer: %d %s, want 503 while the first holds the slot", r.code, r.body)
+		}
+		// the first upload may not have taken the slot yet
+		e.do(t, "DELETE", "/vol5/fsb/second", "DELETE", nil, nil)
+	}
+	expect(t, "metadata while the slot is taken", e.do(t, "GET", "/vol5/fsb", "LISTSTATUS", nil, nil), 200, "")
+	pw.Close()
+	if r := <-done; r.code != 201 {
+		t.Fatalf("slow upload: %d %s", r.code, r.body)
+	}
+	if r := e.do(t, "GET", "/vol5/fsb/slow", "OPEN", nil, nil); string(r.body) != "first bytes" {
+		t.Fatalf("slow upload's data: %q", r.body)
+	}
 }
