@@ -3,6 +3,8 @@ package org.basalt.webhdfs;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.contract.AbstractContractRootDirectoryTest;
 import org.apache.hadoop.fs.contract.AbstractFSContract;
+import static org.apache.hadoop.fs.contract.ContractTestUtils.skip;
+
 import org.junit.Test;
 
 public class TestBasaltContractRootDirectory extends AbstractContractRootDirectoryTest {
