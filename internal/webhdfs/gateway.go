@@ -295,8 +295,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	q := &request{ctx: r.Context(), w: w, r: r, op: strings.ToUpper(r.URL.Query().Get("op")), path: p, user: r.URL.Query().Get("user.name")}
-	if q.user == "" {
-		q.user = r.URL.Query().Get("doas")
+	if d := r.URL.Query().Get("doas"); d != "" {
+		q.user = d // a proxy user acting for doas (nothing is authenticated yet)
 	}
 	if q.user == "" {
 		q.user = "dr.who" // HDFS's anonymous user

@@ -474,6 +474,9 @@ func TestServerInfo(t *testing.T) {
 	if p := e.do(t, "GET", "/", "GETHOMEDIRECTORY", nil, nil).json(t)["Path"]; p != "/user/alice" {
 		t.Fatalf("home = %v", p)
 	}
+	if p := e.do(t, "GET", "/", "GETHOMEDIRECTORY", url.Values{"doas": {"bob"}}, nil).json(t)["Path"]; p != "/user/bob" {
+		t.Fatalf("home with doas=bob = %v", p)
+	}
 	if p := e.do(t, "GET", "/vol1/fsb/a/b", "GETTRASHROOT", nil, nil).json(t)["Path"]; p != "/vol1/fsb/.Trash/alice" {
 		t.Fatalf("trash root in a bucket = %v", p)
 	}
