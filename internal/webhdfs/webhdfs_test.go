@@ -11,6 +11,7 @@ import (
 	"hash/crc32"
 	"io"
 	"math/rand"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -567,5 +568,36 @@ func TestTransferLimit(t *testing.T) {
 	}
 	if r := e.do(t, "GET", "/vol5/fsb/slow", "OPEN", nil, nil); string(r.body) != "first bytes" {
 		t.Fatalf("slow upload's data: %q", r.body)
+	}
+}
+
+// TestCreateAborted: a CREATE whose client goes away mid-body leaves
+// nothing behind, and an overwrite that fails that way leaves the old file
+// whole. The body ends early, so PutKey fails and nothing is committed
+// whenever the aborted handler runs; the next CREATE through the only
+// transfer slot checks the slot was given back.
+func TestCreateAborted(t *testing.T) {
+	g, err := webhdfs.New(webhdfs.Config{Client: shared.cl, Listen: "127.0.0.1:0", MaxTransfers: 1, TransferWait: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve()
+	defer g.Close()
+	e := &env{url: "http://" + g.Addr() + webhdfs.Prefix, cl: shared.cl, hc: shared.hc}
+	expect(t, "old file", e.create(t, "/vol6/fsb/old", []byte("old contents"), nil), 201, "")
+	for _, name := range []string{"new", "old"} {
+		c, err := net.Dial("tcp", g.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "PUT %s/vol6/fsb/%s?op=CREATE&data=true&overwrite=true&user.name=alice HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n",
+			webhdfs.Prefix, name, g.Addr(), 64<<20)
+		c.Write(randBytes(6<<20, 3)) // past the V2 threshold: data reaches the datanodes
+		c.Close()
+		expect(t, "next create", e.create(t, "/vol6/fsb/next-"+name, []byte("x"), nil), 201, "")
+	}
+	expect(t, "aborted new file", e.do(t, "GET", "/vol6/fsb/new", "GETFILESTATUS", nil, nil), 404, nfe)
+	if r := e.do(t, "GET", "/vol6/fsb/old", "OPEN", nil, nil); string(r.body) != "old contents" {
+		t.Fatalf("old file after an aborted overwrite: %d %q", r.code, r.body)
 	}
 }
