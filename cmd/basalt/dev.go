@@ -41,7 +41,7 @@ three datanodes with their own directories, ports and network locations
 (/dc1/rack1 and /dc1/rack2). Data lives under --data-dir and survives a
 restart. Stop it with Ctrl-C.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr, datanodes, basePort)
+			return runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr, cmd.Flags().Changed("webhdfs"), datanodes, basePort)
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./basalt-data", "where the cluster keeps its data")
@@ -71,7 +71,7 @@ func devS3Key(ctx context.Context, metaAddr, token string) (string, string, erro
 	return id, s.GetSecretAccessKey(), nil
 }
 
-func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, datanodes, basePort int) error {
+func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool, datanodes, basePort int) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	reg := prometheus.NewRegistry()
@@ -110,13 +110,20 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, datanodes, basePor
 	defer gw.Close()
 	fmt.Printf("  s3        http://%s   access key %s  secret %s\n", gw.Addr(), keyID, secret)
 	if webhdfsAddr != "" {
+		// The default port may be taken by another dev cluster on the
+		// machine (scripts that pass only --base-port): then the cluster
+		// runs without the gateway. An address asked for must work.
 		wh, err := webhdfs.New(webhdfs.Config{MetaAddrs: []string{c.MetaAddr()}, Listen: webhdfsAddr, Logger: logger})
-		if err != nil {
+		switch {
+		case err == nil:
+			go wh.Serve()
+			defer wh.Close()
+			fmt.Printf("  webhdfs   http://%s%s   (hadoop fs -ls webhdfs://%s/)\n", wh.Addr(), webhdfs.Prefix, wh.Addr())
+		case webhdfsAsked:
 			return err
+		default:
+			fmt.Printf("  webhdfs   not started: %v (pass --webhdfs ADDR)\n", err)
 		}
-		go wh.Serve()
-		defer wh.Close()
-		fmt.Printf("  webhdfs   http://%s%s   (hadoop fs -ls webhdfs://%s/)\n", wh.Addr(), webhdfs.Prefix, wh.Addr())
 	}
 	fmt.Printf("  token     %s   (basalt admin s3 --service-token-file ...)\n", filepath.Join(dataDir, "meta", meta.ServiceTokenFile))
 	fmt.Printf("  metrics   http://%s/metrics\n", metricsAddr)

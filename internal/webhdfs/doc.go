@@ -8,13 +8,14 @@
 // buckets, and "/vol/bucket/a/b" is path "a/b" of bucket "bucket", which
 // must have the FS layout (directories keyed by their parent, so MKDIRS,
 // RENAME and DELETE of a directory are one metadata operation whatever it
-// holds). MKDIRS creates missing volumes and buckets (FS layout) on the
-// way, as ofs does.
+// holds). MKDIRS and CREATE create a missing volume and bucket (FS
+// layout) on the way, as HDFS creates missing parents.
 //
 // Data moves in a bounded number of transfers at a time (Config.MaxTransfers),
 // each with bounded buffers: CREATE streams the request body into PutKey
 // (the client's bounded write buffer, V2 streaming for large files) and
-// OPEN streams the key from the datanodes to the socket. CREATE uses the
+// OPEN streams the key from the datanodes to the socket (answering 200
+// itself rather than redirecting, as HttpFS does). CREATE uses the
 // protocol's two steps: the first answers 307 with a Location on this same
 // gateway carrying data=true, the second carries the data.
 //
