@@ -22,6 +22,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/s3"
+	"github.com/basalt-store/basalt/internal/webhdfs"
 )
 
 // devBasePort: the embedded cluster's fixed ports, so that clients find it
@@ -30,7 +31,7 @@ import (
 const devBasePort = 9862
 
 func devCmd() *cobra.Command {
-	var dataDir, metricsAddr, s3Addr string
+	var dataDir, metricsAddr, s3Addr, webhdfsAddr string
 	var datanodes, basePort int
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -40,12 +41,13 @@ three datanodes with their own directories, ports and network locations
 (/dc1/rack1 and /dc1/rack2). Data lives under --data-dir and survives a
 restart. Stop it with Ctrl-C.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runDev(dataDir, metricsAddr, s3Addr, datanodes, basePort)
+			return runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr, cmd.Flags().Changed("webhdfs"), datanodes, basePort)
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./basalt-data", "where the cluster keeps its data")
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "127.0.0.1:9860", "Prometheus /metrics and /debug/pprof address")
 	cmd.Flags().StringVar(&s3Addr, "s3", "127.0.0.1:9878", "S3 gateway address")
+	cmd.Flags().StringVar(&webhdfsAddr, "webhdfs", fmt.Sprintf("127.0.0.1:%d", webhdfs.DefaultPort), "WebHDFS gateway address (the NameNode's HTTP port); \"\" = off")
 	cmd.Flags().IntVar(&datanodes, "datanodes", 3, "number of datanodes")
 	cmd.Flags().IntVar(&basePort, "base-port", devBasePort, "meta gRPC port; the other ports follow it")
 	return cmd
@@ -69,7 +71,7 @@ func devS3Key(ctx context.Context, metaAddr, token string) (string, string, erro
 	return id, s.GetSecretAccessKey(), nil
 }
 
-func runDev(dataDir, metricsAddr, s3Addr string, datanodes, basePort int) error {
+func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool, datanodes, basePort int) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	reg := prometheus.NewRegistry()
@@ -107,6 +109,22 @@ func runDev(dataDir, metricsAddr, s3Addr string, datanodes, basePort int) error 
 	go gw.Serve()
 	defer gw.Close()
 	fmt.Printf("  s3        http://%s   access key %s  secret %s\n", gw.Addr(), keyID, secret)
+	if webhdfsAddr != "" {
+		// The default port may be taken by another dev cluster on the
+		// machine (scripts that pass only --base-port): then the cluster
+		// runs without the gateway. An address asked for must work.
+		wh, err := webhdfs.New(webhdfs.Config{MetaAddrs: []string{c.MetaAddr()}, Listen: webhdfsAddr, Logger: logger})
+		switch {
+		case err == nil:
+			go wh.Serve()
+			defer wh.Close()
+			fmt.Printf("  webhdfs   http://%s%s   (hadoop fs -ls webhdfs://%s/)\n", wh.Addr(), webhdfs.Prefix, wh.Addr())
+		case webhdfsAsked:
+			return err
+		default:
+			fmt.Printf("  webhdfs   not started: %v (pass --webhdfs ADDR)\n", err)
+		}
+	}
 	fmt.Printf("  token     %s   (basalt admin s3 --service-token-file ...)\n", filepath.Join(dataDir, "meta", meta.ServiceTokenFile))
 	fmt.Printf("  metrics   http://%s/metrics\n", metricsAddr)
 	fmt.Println("ready. Try: basalt sh volume create /vol1 && basalt sh bucket create /vol1/bucket1 && basalt sh key put /vol1/bucket1/hello README.md")

@@ -18,7 +18,7 @@ func main() {
 	}
 	root.AddCommand(devCmd(), metaCmd(), datanodeCmd())
 	root.AddCommand(shCmd(), adminCmd(), benchCmd())
-	root.AddCommand(s3Cmd())
+	root.AddCommand(s3Cmd(), webhdfsCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "basalt:", err)
 		os.Exit(1)

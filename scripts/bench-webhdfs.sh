@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# WebHDFS throughput on a fresh `basalt dev` (issue 14's benchmark, without
+# S3A): hadoop fs -put/-get of one SIZE_MIB file through webhdfs:// next to
+# `basalt sh key put/get` of the same file into the same FS bucket, a
+# directory of FILES small files (FILE_BYTES each) put through webhdfs://,
+# and the rename of that directory: once with FsShell -mv (JVM start
+# included) and once as the bare WebHDFS RENAME call (curl).
+# FsShell times include a JVM start; the "jvm" line is one such start plus
+# one GETFILESTATUS, to subtract.
+#
+# Knobs: SIZE_MIB (1024), FILES (10000), FILE_BYTES (4096), KEEP=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+BIN=${BIN:-bin/basalt}
+SIZE_MIB=${SIZE_MIB:-1024}
+FILES=${FILES:-10000}
+FILE_BYTES=${FILE_BYTES:-4096}
+
+"$GO" build -o "$BIN" ./cmd/basalt
+(cd hadoop && mvn -q -B -ntp dependency:build-classpath -Dmdep.outputFile=target/cp.txt >/dev/null)
+CP="hadoop/conf:$(cat hadoop/target/cp.txt)"
+fsh() { java -cp "$CP" org.apache.hadoop.fs.FsShell "$@"; }
+
+base=$(python3 - <<'PY'
+import random, socket
+for _ in range(200):
+    b = random.randrange(20000, 60000, 50)
+    ok = True
+    for p in range(b, b + 50):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", p))
+        except OSError:
+            ok = False
+        finally:
+            s.close()
+        if not ok:
+            break
+    if ok:
+        print(b)
+        break
+PY
+)
+wport=$((base + 48))
+dir=$(mktemp -d /tmp/basalt-bench-webhdfs.XXXXXX)
+"$BIN" dev --data-dir "$dir/data" --base-port "$base" --webhdfs "127.0.0.1:$wport" \
+  --s3 127.0.0.1:0 --metrics 127.0.0.1:0 >"$dir/dev.log" 2>&1 &
+pid=$!
+cleanup() {
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  if [ "${KEEP:-0}" = 1 ]; then echo "kept $dir"; else rm -rf "$dir"; fi
+}
+trap cleanup EXIT
+for _ in $(seq 240); do grep -q '^ready' "$dir/dev.log" && break; sleep 0.5; done
+grep -q '^ready' "$dir/dev.log" || { cat "$dir/dev.log" >&2; exit 1; }
+meta="127.0.0.1:$base"
+U="webhdfs://127.0.0.1:$wport/bench/fsb"
+H="http://127.0.0.1:$wport/webhdfs/v1/bench/fsb"
+
+now() { date +%s.%N; }
+report() { # name seconds bytes
+  python3 -c "import sys; n,s,b=sys.argv[1],float(sys.argv[2]),int(sys.argv[3]); print(f'{n:<34} {s:8.2f} s' + (f'  {b/s/2**20:8.1f} MiB/s' if b else ''))" "$@"
+}
+timed() { # name bytes cmd...
+  local name=$1 bytes=$2; shift 2
+  local t0; t0=$(now)
+  "$@" >/dev/null 2>"$dir/err" || { cat "$dir/err" >&2; echo "$name failed" >&2; exit 1; }
+  report "$name" "$(python3 -c "print($(now)-$t0)")" "$bytes"
+}
+
+head -c $((SIZE_MIB << 20)) /dev/urandom >"$dir/big"
+mkdir "$dir/small"
+python3 - "$dir/small" "$FILES" "$FILE_BYTES" <<'PY'
+import os, sys
+d, n, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for i in range(n):
+    with open(os.path.join(d, f"f{i:06d}"), "wb") as f:
+        f.write(os.urandom(size))
+PY
+bytes=$((SIZE_MIB << 20))
+echo "basalt dev, 3 datanodes, one host; $SIZE_MIB MiB file; $FILES files of $FILE_BYTES bytes"
+fsh -mkdir -p "$U/wh" 2>/dev/null
+timed "jvm (FsShell -test -d)" 0 fsh -test -d "$U/wh"
+timed "webhdfs -put ${SIZE_MIB} MiB" "$bytes" fsh -put "$dir/big" "$U/wh/big"
+timed "webhdfs -get ${SIZE_MIB} MiB" "$bytes" fsh -get "$U/wh/big" "$dir/big.wh"
+cmp "$dir/big" "$dir/big.wh" && rm "$dir/big.wh"
+timed "basalt sh key put ${SIZE_MIB} MiB" "$bytes" "$BIN" sh --meta "$meta" key put /bench/fsb/sh/big "$dir/big"
+timed "basalt sh key get ${SIZE_MIB} MiB" "$bytes" "$BIN" sh --meta "$meta" key get /bench/fsb/sh/big "$dir/big.sh"
+cmp "$dir/big" "$dir/big.sh" && rm "$dir/big.sh"
+timed "webhdfs -put dir of $FILES files" $((FILES * FILE_BYTES)) fsh -put "$dir/small" "$U/wh/small"
+timed "webhdfs -mv of that dir (FsShell)" 0 fsh -mv "$U/wh/small" "$U/wh/small2"
+timed "webhdfs RENAME of that dir (curl)" 0 curl -sf -X PUT "$H/wh/small2?op=RENAME&destination=/bench/fsb/wh/small3&user.name=bench"
+n=$(curl -sf "$H/wh/small3?op=GETCONTENTSUMMARY" | python3 -c "import json,sys; print(json.load(sys.stdin)['ContentSummary']['fileCount'])")
+[ "$n" = "$FILES" ] || { echo "renamed directory holds $n files, want $FILES" >&2; exit 1; }
+timed "webhdfs DELETE of that dir (curl)" 0 curl -sf -X DELETE "$H/wh/small3?op=DELETE&recursive=true&user.name=bench"

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Hadoop's own client against Basalt's WebHDFS gateway: builds bin/basalt,
+# starts a fresh `basalt dev` on free ports in a temporary directory, and
+# runs the Maven module in hadoop/ (FsShell commands, including a
+# BIGFILE_MIB file put/get with sha256 compared, and the AbstractContract*
+# suites of hadoop-common's test jar). Needs Java 17 and Maven; artifacts
+# are pinned in hadoop/pom.xml and cached in ~/.m2 (first run downloads).
+#
+# Knobs: BIGFILE_MIB (300), MVN_ARGS (e.g. -Dtest=TestFsShell), KEEP=1
+# keeps the cluster's directory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+BIN=${BIN:-bin/basalt}
+BIGFILE_MIB=${BIGFILE_MIB:-300}
+start=$(date +%s)
+
+"$GO" build -o "$BIN" ./cmd/basalt
+
+# A base port with the 50 after it free (basalt dev uses base..base+42),
+# and the WebHDFS port at base+48.
+base=$(python3 - <<'PY'
+import random, socket
+for _ in range(200):
+    b = random.randrange(20000, 60000, 50)
+    ok = True
+    for p in range(b, b + 50):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", p))
+        except OSError:
+            ok = False
+        finally:
+            s.close()
+        if not ok:
+            break
+    if ok:
+        print(b)
+        break
+PY
+)
+[ -n "$base" ] || { echo "test-hadoop: no free port range" >&2; exit 1; }
+wport=$((base + 48))
+dir=$(mktemp -d /tmp/basalt-hadoop.XXXXXX)
+log="$dir/dev.log"
+"$BIN" dev --data-dir "$dir/data" --base-port "$base" --webhdfs "127.0.0.1:$wport" \
+  --s3 127.0.0.1:0 --metrics 127.0.0.1:0 >"$log" 2>&1 &
+pid=$!
+cleanup() {
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  if [ "${KEEP:-0}" = 1 ]; then echo "test-hadoop: cluster data kept in $dir"; else rm -rf "$dir"; fi
+}
+trap cleanup EXIT
+for _ in $(seq 240); do
+  grep -q '^ready' "$log" && break
+  kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; echo "test-hadoop: basalt dev exited" >&2; exit 1; }
+  sleep 0.5
+done
+grep -q '^ready' "$log" || { cat "$log" >&2; echo "test-hadoop: basalt dev not ready after 120s" >&2; exit 1; }
+grep webhdfs "$log"
+
+rc=0
+(cd hadoop && mvn -B -ntp test -Dbasalt.webhdfs.uri="webhdfs://127.0.0.1:$wport" \
+  -Dbasalt.bigfile.mib="$BIGFILE_MIB" ${MVN_ARGS:-}) >"$dir/mvn.log" 2>&1 || rc=$?
+grep -a -E '^\[(INFO|WARNING|ERROR)\] (Tests run|Failures|Errors|  )|BUILD|put [0-9]+ MiB' "$dir/mvn.log" || true
+if [ "$rc" != 0 ]; then
+  cp "$dir/mvn.log" /tmp/basalt-hadoop-mvn.log
+  echo "test-hadoop: FAILED (Maven log: /tmp/basalt-hadoop-mvn.log; reports in hadoop/target/surefire-reports)"
+fi
+echo "test-hadoop: $(( $(date +%s) - start ))s"
+exit "$rc"
