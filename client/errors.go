@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
@@ -17,21 +18,26 @@ import (
 // the Err*NotFound errors, which say what is missing, also match
 // ErrNotFound.
 var (
-	ErrNotFound         = errors.New("not found")
-	ErrVolumeNotFound   = fmt.Errorf("volume %w", ErrNotFound)
-	ErrBucketNotFound   = fmt.Errorf("bucket %w", ErrNotFound)
-	ErrKeyNotFound      = fmt.Errorf("key %w", ErrNotFound)
-	ErrUploadNotFound   = fmt.Errorf("multipart upload %w", ErrNotFound)
-	ErrExists           = errors.New("already exists")
-	ErrInvalidArgument  = errors.New("invalid argument")
-	ErrInvalidName      = fmt.Errorf("invalid name: %w", ErrInvalidArgument)
-	ErrNotEmpty         = errors.New("not empty")
-	ErrPrecondition     = errors.New("failed precondition")
-	ErrLimit            = errors.New("limit exceeded")
-	ErrNoSpace          = fmt.Errorf("out of space: %w", ErrLimit) // the datanodes have no room for new data
-	ErrUnavailable      = errors.New("service unavailable")
-	ErrCorrupt          = errors.New("data corrupt on every replica")
-	ErrWriteFailed      = errors.New("write failed after retries")
+	ErrNotFound        = errors.New("not found")
+	ErrVolumeNotFound  = fmt.Errorf("volume %w", ErrNotFound)
+	ErrBucketNotFound  = fmt.Errorf("bucket %w", ErrNotFound)
+	ErrKeyNotFound     = fmt.Errorf("key %w", ErrNotFound)
+	ErrUploadNotFound  = fmt.Errorf("multipart upload %w", ErrNotFound)
+	ErrExists          = errors.New("already exists")
+	ErrInvalidArgument = errors.New("invalid argument")
+	ErrInvalidName     = fmt.Errorf("invalid name: %w", ErrInvalidArgument)
+	ErrNotEmpty        = errors.New("not empty")
+	ErrPrecondition    = errors.New("failed precondition")
+	ErrLimit           = errors.New("limit exceeded")
+	ErrNoSpace         = fmt.Errorf("out of space: %w", ErrLimit) // the datanodes have no room for new data
+	ErrUnavailable     = errors.New("service unavailable")
+	ErrCorrupt         = errors.New("data corrupt on every replica")
+	ErrWriteFailed     = errors.New("write failed after retries")
+	// ErrOutcomeUnknown: a write reached a replicated log and then the
+	// service lost track of it (a deadline, a stop, a leadership change):
+	// it may or may not have been applied. The operation is failed, never
+	// reported as done, nor retried as if it had not happened.
+	ErrOutcomeUnknown   = errors.New("outcome unknown: the write may or may not have been applied")
 	ErrPermissionDenied = errors.New("permission denied")
 )
 
@@ -77,6 +83,11 @@ func wrapErr(op string, err error) error {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	e := &Error{Op: op, Code: st.Code(), Msg: st.Message(), Reason: reasonOf(st)}
+	if de := dnErrorOf(err); de != nil && de.Kind == datanodepb.Error_OUTCOME_UNKNOWN ||
+		st.Code() == codes.Unknown && containsFold(st.Message(), "outcome unknown") {
+		e.kind = ErrOutcomeUnknown
+		return e
+	}
 	switch st.Code() {
 	case codes.NotFound:
 		switch e.Reason {

@@ -334,7 +334,17 @@ func classify(ctx context.Context, blk *metapb.BlockLocation, err error) *failur
 		case datanodepb.Error_REPLICAS_LAG:
 			f.datanodes = e.Lagging
 			f.pipeline = blk.PipelineId
+		case datanodepb.Error_REPLICA_FAILED:
+			// Replicas that could not store the block (their container is
+			// UNHEALTHY there): write it again elsewhere.
+			f.datanodes = e.Failed
+			f.pipeline = blk.PipelineId
+			f.container = blk.GetId().GetContainerId()
 		case datanodepb.Error_BAD_REQUEST:
+			f.fatal = true
+		case datanodepb.Error_OUTCOME_UNKNOWN:
+			// The entry may still commit: writing the data again elsewhere
+			// would hide that from the caller. Fail the key.
 			f.fatal = true
 		default: // PIPELINE_NOT_FOUND, NOT_LEADER with no leader, DISK_FULL, IO_ERROR, CHECKSUM_MISMATCH, ...
 			f.pipeline = blk.PipelineId

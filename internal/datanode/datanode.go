@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +33,7 @@ import (
 	"github.com/basalt-store/basalt/internal/raft"
 	"github.com/basalt-store/basalt/internal/storage"
 	"github.com/basalt-store/basalt/internal/stream"
+	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // Config configures a datanode. Zero values take the defaults noted.
@@ -69,8 +71,12 @@ type Config struct {
 	// where a new one grows (copies) its stack again on every call; calls
 	// beyond the workers still run, each on a new goroutine.
 	GRPCStreamWorkers int
-	Registerer        prometheus.Registerer
-	Logger            *slog.Logger
+	// FS holds the datanode's own files (identity, pipeline list, each
+	// pipeline's applied index and containers), its Raft logs and, unless
+	// Storage.FS is set, its data volumes (default vfs.Default).
+	FS         vfs.FS
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
 }
 
 // Datanode is one running datanode.
@@ -93,9 +99,16 @@ type Datanode struct {
 	peers     map[uint64]*metapb.DatanodeDetails // by datanode ID
 	pipelines map[uint64]*metapb.Pipeline
 	sms       map[uint64]*containerSM
-	deleted   []uint64 // delete-block transactions done, to report
+	peerConns map[string]*grpc.ClientConn // by data address (ApplyStatus)
+	// Delete-block transactions to acknowledge in the next heartbeat
+	// (delete.go), and the ones being proposed through a pipeline.
+	acks         map[uint64]deleteAck
+	ackOrder     []uint64
+	recentAcks   []deleteAck // the newest maxRecentAcks, for DeleteAck
+	proposingDel map[uint64]bool
 
 	hbInterval time.Duration
+	reportSoon atomic.Bool // a container changed state: full report next
 	stopc      chan struct{}
 	wg         sync.WaitGroup
 	closeOnce  sync.Once
@@ -149,16 +162,23 @@ func New(cfg Config) (*Datanode, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "pipelines"), 0o755); err != nil {
+	if cfg.FS == nil {
+		cfg.FS = vfs.Default
+	}
+	if err := cfg.FS.MkdirAll(filepath.Join(cfg.DataDir, "pipelines"), 0o755); err != nil {
 		return nil, err
 	}
 	d := &Datanode{cfg: cfg, log: cfg.Logger, peers: map[uint64]*metapb.DatanodeDetails{},
-		pipelines: map[uint64]*metapb.Pipeline{}, sms: map[uint64]*containerSM{}, stopc: make(chan struct{})}
+		pipelines: map[uint64]*metapb.Pipeline{}, sms: map[uint64]*containerSM{}, peerConns: map[string]*grpc.ClientConn{},
+		acks: map[uint64]deleteAck{}, proposingDel: map[uint64]bool{}, stopc: make(chan struct{})}
 	if err := d.loadIdentity(); err != nil {
 		return nil, err
 	}
 	so := cfg.Storage
 	so.Volumes = cfg.Volumes
+	if so.FS == nil {
+		so.FS = cfg.FS
+	}
 	// A chunk acknowledged through Raft must survive a restart until its
 	// block is committed or abandoned: the leader may need to resend it.
 	so.KeepUncommitted = true
@@ -197,7 +217,7 @@ func New(cfg Config) (*Datanode, error) {
 func (d *Datanode) identityFile() string { return filepath.Join(d.cfg.DataDir, "datanode.json") }
 
 func (d *Datanode) loadIdentity() error {
-	b, err := os.ReadFile(d.identityFile())
+	b, err := vfs.ReadFile(d.cfg.FS, d.identityFile())
 	if err == nil {
 		if err := json.Unmarshal(b, &d.ident); err != nil || d.ident.UUID == "" {
 			return fmt.Errorf("datanode: corrupt identity file %s", d.identityFile())
@@ -213,7 +233,9 @@ func (d *Datanode) loadIdentity() error {
 	return d.saveIdentity()
 }
 
-func (d *Datanode) saveIdentity() error { return writeFileSync(d.identityFile(), mustJSON(d.ident)) }
+func (d *Datanode) saveIdentity() error {
+	return vfs.WriteFileAtomic(d.cfg.FS, d.identityFile(), mustJSON(d.ident))
+}
 
 // ID is the datanode ID SCM assigned (0 before the first registration).
 func (d *Datanode) ID() uint64 { return d.ident.ID }
@@ -251,7 +273,7 @@ func (d *Datanode) Start(ctx context.Context) error {
 	}
 	h, err := raft.NewHost(raft.HostConfig{
 		ID: d.ident.ID, LogDirs: d.cfg.LogDirs, ListenAddr: raftAddr, Resolve: d.resolveRaft,
-		TickInterval: d.cfg.TickInterval, Registerer: d.cfg.Registerer, Logger: d.log,
+		TickInterval: d.cfg.TickInterval, FS: d.cfg.FS, Registerer: d.cfg.Registerer, Logger: d.log,
 		// Chunk data is in the block files, so a log entry is small, but
 		// keep more of the log for followers that fall behind briefly.
 		CompactEvery: 4096, CompactKeep: 1024,
@@ -384,11 +406,11 @@ func (d *Datanode) savePipelinesLocked() error {
 		}
 		sp.Pipelines = append(sp.Pipelines, b)
 	}
-	return writeFileSync(d.pipelinesFile(), mustJSON(sp))
+	return vfs.WriteFileAtomic(d.cfg.FS, d.pipelinesFile(), mustJSON(sp))
 }
 
 func (d *Datanode) restorePipelines() error {
-	b, err := os.ReadFile(d.pipelinesFile())
+	b, err := vfs.ReadFile(d.cfg.FS, d.pipelinesFile())
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -422,12 +444,14 @@ func (d *Datanode) joinPipeline(p *metapb.Pipeline, members []*metapb.DatanodeDe
 		return nil
 	}
 	d.mu.Unlock()
-	sm, err := newContainerSM(p.GetId(), d.store, filepath.Join(d.cfg.DataDir, "pipelines"), &d.stats, d.log)
+	sm, err := newContainerSM(p.GetId(), d.store, d.cfg.FS, filepath.Join(d.cfg.DataDir, "pipelines"), &d.stats, d.log)
 	if err != nil {
 		return err
 	}
 	pid := p.GetId()
 	sm.isLeader = func() bool { return d.IsPipelineLeader(pid) }
+	sm.onUnhealthy = func() { d.reportSoon.Store(true) }
+	sm.onDeleted = d.ack
 	if _, err := d.host.AddGroup(raft.GroupConfig{ID: p.GetId(), Peers: p.GetDatanodes(), StateMachine: sm}); err != nil && !errors.Is(err, raft.ErrGroupExists) {
 		return err
 	}
@@ -440,7 +464,7 @@ func (d *Datanode) joinPipeline(p *metapb.Pipeline, members []*metapb.DatanodeDe
 
 func (d *Datanode) leavePipeline(id uint64) error {
 	d.mu.Lock()
-	_, ok := d.sms[id]
+	sm, ok := d.sms[id]
 	delete(d.sms, id)
 	delete(d.pipelines, id)
 	err := d.savePipelinesLocked()
@@ -451,7 +475,7 @@ func (d *Datanode) leavePipeline(id uint64) error {
 	if rerr := d.host.RemoveGroup(id); rerr != nil && !errors.Is(rerr, raft.ErrGroupNotFound) {
 		return rerr
 	}
-	os.Remove(filepath.Join(d.cfg.DataDir, "pipelines", fmt.Sprintf("%d.applied", id)))
+	sm.removeFiles()
 	return err
 }
 
@@ -464,7 +488,7 @@ func (d *Datanode) heartbeatLoop() {
 			return
 		case <-time.After(d.hbInterval):
 		}
-		if err := d.heartbeat(n%d.cfg.FullReportEvery == 0); err != nil {
+		if err := d.heartbeat(n%d.cfg.FullReportEvery == 0 || d.reportSoon.Swap(false)); err != nil {
 			d.log.Debug("heartbeat failed", "err", err)
 		}
 		n++
@@ -480,20 +504,14 @@ func (d *Datanode) Heartbeat() error { return d.heartbeat(true) }
 func (d *Datanode) heartbeat(full bool) error {
 	req := &metapb.HeartbeatRequest{DatanodeId: d.ident.ID, Volumes: d.volumeReports(), FullReport: full}
 	if full {
-		for _, c := range d.store.ListContainers() {
-			req.Containers = append(req.Containers, &metapb.ContainerReport{
-				ContainerId: uint64(c.ID), State: containerState(c.State), UsedBytes: uint64(c.UsedBytes),
-				BlockCount: uint64(c.BlockCount), Bcsid: c.BCSID,
-			})
-		}
+		req.Containers = d.ContainerReports()
 	}
 	d.mu.Lock()
 	for id := range d.sms {
 		req.Pipelines = append(req.Pipelines, &metapb.PipelineReport{PipelineId: id})
 	}
-	req.DeletedBlockTxs = append(req.DeletedBlockTxs, d.deleted...)
-	sent := len(d.deleted)
 	d.mu.Unlock()
+	sent := d.takeAcks(req)
 	for _, p := range req.Pipelines {
 		if g, err := d.host.Group(p.PipelineId); err == nil {
 			p.IsLeader = g.IsLeader()
@@ -505,9 +523,7 @@ func (d *Datanode) heartbeat(full bool) error {
 	if err != nil {
 		return err
 	}
-	d.mu.Lock()
-	d.deleted = d.deleted[sent:]
-	d.mu.Unlock()
+	d.clearAcks(sent)
 	if resp.GetReregister() {
 		return d.register(ctx, d.host.Addr())
 	}
@@ -519,6 +535,10 @@ func (d *Datanode) heartbeat(full bool) error {
 	return nil
 }
 
+// Execute runs one SCM command now, as if it came in a heartbeat
+// response (tests, admin).
+func (d *Datanode) Execute(cmd *metapb.DatanodeCommand) error { return d.execute(cmd) }
+
 func (d *Datanode) execute(cmd *metapb.DatanodeCommand) error {
 	switch c := cmd.GetCommand().(type) {
 	case *metapb.DatanodeCommand_CreatePipeline:
@@ -528,18 +548,7 @@ func (d *Datanode) execute(cmd *metapb.DatanodeCommand) error {
 	case *metapb.DatanodeCommand_CloseContainer:
 		return d.closeContainer(c.CloseContainer.GetContainerId(), c.CloseContainer.GetPipelineId())
 	case *metapb.DatanodeCommand_DeleteBlocks:
-		del := c.DeleteBlocks
-		lids := make([]storage.LocalID, len(del.GetLocalIds()))
-		for i, l := range del.GetLocalIds() {
-			lids[i] = storage.LocalID(l)
-		}
-		if err := d.deleteBlocks(storage.ContainerID(del.GetContainerId()), lids); err != nil {
-			return err
-		}
-		d.mu.Lock()
-		d.deleted = append(d.deleted, del.GetTxId())
-		d.mu.Unlock()
-		return nil
+		return d.executeDelete(c.DeleteBlocks)
 	}
 	return nil
 }
@@ -566,6 +575,18 @@ func (d *Datanode) closeContainer(cid, pipeline uint64) error {
 	return err
 }
 
+// ContainerReports are the container reports a full heartbeat carries.
+func (d *Datanode) ContainerReports() []*metapb.ContainerReport {
+	var out []*metapb.ContainerReport
+	for _, c := range d.store.ListContainers() {
+		out = append(out, &metapb.ContainerReport{
+			ContainerId: uint64(c.ID), State: containerState(c.State), UsedBytes: uint64(c.UsedBytes),
+			BlockCount: uint64(c.BlockCount), Bcsid: c.BCSID,
+		})
+	}
+	return out
+}
+
 func (d *Datanode) volumeReports() []*metapb.VolumeReport {
 	var out []*metapb.VolumeReport
 	for _, v := range d.store.Volumes() {
@@ -581,8 +602,11 @@ func containerState(s storage.State) metapb.ContainerState {
 		return metapb.ContainerState_CONTAINER_OPEN
 	case storage.StateClosing:
 		return metapb.ContainerState_CONTAINER_CLOSING
+	case storage.StateUnhealthy:
+		// Not CLOSED: SCM must stop allocating into it, close it on the
+		// other replicas, and not count this replica.
+		return metapb.ContainerState_CONTAINER_UNHEALTHY
 	default:
-		// UNHEALTHY is reported as CLOSED: no new writes go to it.
 		return metapb.ContainerState_CONTAINER_CLOSED
 	}
 }
@@ -610,6 +634,7 @@ func (d *Datanode) Close() error {
 			err = d.host.Close()
 		}
 		d.wg.Wait()
+		d.closePeerConns()
 		if serr := d.store.Close(); err == nil {
 			err = serr
 		}
@@ -634,27 +659,3 @@ func (d *Datanode) ChunksWritten() uint64 { return d.stats.chunksWritten.Load() 
 // SmallFiles counts the blocks this datanode committed from PutSmallFile
 // entries (every replica counts).
 func (d *Datanode) SmallFiles() uint64 { return d.stats.smallFiles.Load() }
-
-// deleteBlocks carries out a delete-blocks command. Blocks that were
-// allocated but never committed here (an abandoned write, a spare block)
-// are not "not found" errors: their uncommitted data, if any, is
-// discarded, and the command counts as done, so SCM stops resending it.
-func (d *Datanode) deleteBlocks(cid storage.ContainerID, lids []storage.LocalID) error {
-	err := d.store.DeleteBlocks(cid, lids)
-	switch {
-	case err == nil, errors.Is(err, storage.ErrContainerNotFound):
-		return nil
-	case !errors.Is(err, storage.ErrBlockNotFound):
-		return err
-	}
-	for _, lid := range lids {
-		err := d.store.DeleteBlocks(cid, []storage.LocalID{lid})
-		if errors.Is(err, storage.ErrBlockNotFound) {
-			err = d.store.AbortBlock(cid, lid)
-		}
-		if err != nil && !errors.Is(err, storage.ErrBlockNotFound) && !errors.Is(err, storage.ErrContainerNotFound) {
-			return err
-		}
-	}
-	return nil
-}

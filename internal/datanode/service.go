@@ -40,7 +40,16 @@ func (s *service) toStatus(err error) error {
 	}
 	var nle *raft.NotLeaderError
 	var lag *raft.LagError
+	var rf *replicaFailedError
 	switch {
+	case errors.As(err, &rf):
+		return dnError(codes.Aborted, datanodepb.Error_REPLICA_FAILED, err.Error(), &datanodepb.Error{Failed: rf.ids()})
+	case errors.Is(err, raft.ErrOutcomeUnknown):
+		// The proposal reached the pipeline's log and may still commit: not
+		// a retryable "unavailable" (checked before the context errors it
+		// may wrap). The client must neither report success nor write the
+		// data again as if it had not happened.
+		return dnError(codes.Unknown, datanodepb.Error_OUTCOME_UNKNOWN, "outcome unknown, the write may or may not have been applied: "+err.Error(), nil)
 	case errors.As(err, &nle):
 		return dnError(codes.Unavailable, datanodepb.Error_NOT_LEADER, err.Error(),
 			&datanodepb.Error{LeaderId: nle.Leader, LeaderAddr: s.d.peerDataAddr(nle.Leader)})
@@ -109,11 +118,15 @@ func (s *service) checkWritable(cid storage.ContainerID, more int64) error {
 	return nil
 }
 
+// badRequest is the answer to a request that failed validation.
+func badRequest(op string, what any, err error) error {
+	return dnError(codes.InvalidArgument, datanodepb.Error_BAD_REQUEST, fmt.Sprintf("%s %v: %v", op, what, err), nil)
+}
+
 func (s *service) WriteChunk(ctx context.Context, req *datanodepb.WriteChunkRequest) (*datanodepb.WriteChunkResponse, error) {
 	b, c := req.GetBlock(), req.GetChunk()
-	if b == nil || c == nil || c.GetLength() != uint64(len(req.GetData())) || len(req.GetData()) == 0 {
-		return nil, dnError(codes.InvalidArgument, datanodepb.Error_BAD_REQUEST,
-			fmt.Sprintf("WriteChunk: block %v chunk %v with %d bytes of data: block, chunk and a length matching the data are required", b, c, len(req.GetData())), nil)
+	if err := checkChunk(s.d.store, b, c, len(req.GetData())); err != nil {
+		return nil, badRequest("WriteChunk: block", b, err)
 	}
 	g, err := s.leaderGroup(req.GetPipelineId())
 	if err != nil {
@@ -143,8 +156,8 @@ func (s *service) WriteChunk(ctx context.Context, req *datanodepb.WriteChunkRequ
 
 func (s *service) PutBlock(ctx context.Context, req *datanodepb.PutBlockRequest) (*datanodepb.PutBlockResponse, error) {
 	bd := req.GetBlock()
-	if bd.GetId() == nil {
-		return nil, dnError(codes.InvalidArgument, datanodepb.Error_BAD_REQUEST, "PutBlock: block id required", nil)
+	if err := checkBlock(s.d.store, bd); err != nil {
+		return nil, badRequest("PutBlock: block", bd.GetId(), err)
 	}
 	g, err := s.leaderGroup(req.GetPipelineId())
 	if err != nil {
@@ -157,23 +170,36 @@ func (s *service) PutBlock(ctx context.Context, req *datanodepb.PutBlockRequest)
 		return nil, s.toStatus(err)
 	}
 	if req.GetWaitAll() {
-		if err := s.waitAll(ctx, g, res.Index, req.GetWaitTimeoutMs()); err != nil {
+		if err := s.waitAll(ctx, g, res.Index, storage.ContainerID(bd.GetId().GetContainerId()), req.GetWaitTimeoutMs()); err != nil {
 			return nil, err
 		}
 	}
 	return &datanodepb.PutBlockResponse{Index: res.Index}, nil
 }
 
-// waitAll waits until every replica of g applied index (default timeout
-// 30s), else fails with REPLICAS_LAG naming the laggards.
-func (s *service) waitAll(ctx context.Context, g *raft.Group, index uint64, timeoutMs uint32) error {
+// waitAll waits until every replica of g applied index successfully
+// (default timeout 30s). It fails with REPLICAS_LAG naming the replicas
+// that had not applied it in time, or REPLICA_FAILED naming those that
+// applied it but could not store it.
+//
+// Raft only tells the leader how far each replica applied, not whether
+// the entry failed there (a replica that cannot store data must not stop
+// its group, so it applies the entry as failed and moves on). So once
+// raft says every replica applied index, the leader asks each one (and
+// itself) whether the entry failed or the container went UNHEALTHY
+// there: ApplyStatus. See docs/ARCHITECTURE.md for the raft hook that
+// would carry the failure with the applied index instead.
+func (s *service) waitAll(ctx context.Context, g *raft.Group, index uint64, cid storage.ContainerID, timeoutMs uint32) error {
 	timeout := time.Duration(timeoutMs) * time.Millisecond
 	if timeout <= 0 {
 		timeout = 30 * time.Second
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return s.toStatus(g.WaitAppliedAll(wctx, index))
+	if err := g.WaitAppliedAll(wctx, index); err != nil {
+		return s.toStatus(err)
+	}
+	return s.toStatus(s.d.checkReplicas(wctx, g.ID(), g.Status().Voters, index, cid))
 }
 
 // PutSmallFile writes and commits a whole one-chunk block with one
@@ -185,7 +211,13 @@ func (s *service) PutSmallFile(ctx context.Context, req *datanodepb.PutSmallFile
 	if bd.GetId() == nil || len(data) == 0 || bd.GetLength() != uint64(len(data)) || len(bd.GetChunks()) != 1 ||
 		bd.GetChunks()[0].GetOffset() != 0 || bd.GetChunks()[0].GetLength() != uint64(len(data)) {
 		return nil, dnError(codes.InvalidArgument, datanodepb.Error_BAD_REQUEST,
-			fmt.Sprintf("PutSmallFile: block %v with %d bytes of data: a block id, a length equal to the data's and exactly one chunk [0, length) are required", bd, len(data)), nil)
+			fmt.Sprintf("PutSmallFile: block %v with %d bytes of data: a block id, a length equal to the data's and exactly one chunk [0, length) are required", bd.GetId(), len(data)), nil)
+	}
+	if err := checkBlock(s.d.store, bd); err != nil {
+		return nil, badRequest("PutSmallFile: block", bd.GetId(), err)
+	}
+	if err := checkChunk(s.d.store, bd.GetId(), bd.GetChunks()[0], len(data)); err != nil {
+		return nil, badRequest("PutSmallFile: block", bd.GetId(), err)
 	}
 	g, err := s.leaderGroup(req.GetPipelineId())
 	if err != nil {
@@ -209,7 +241,7 @@ func (s *service) PutSmallFile(ctx context.Context, req *datanodepb.PutSmallFile
 	if err != nil {
 		return nil, s.toStatus(err)
 	}
-	if err := s.waitAll(ctx, g, res.Index, req.GetWaitTimeoutMs()); err != nil {
+	if err := s.waitAll(ctx, g, res.Index, cid, req.GetWaitTimeoutMs()); err != nil {
 		return nil, err
 	}
 	return &datanodepb.PutSmallFileResponse{Index: res.Index}, nil
@@ -288,4 +320,14 @@ func (s *service) Info(ctx context.Context, req *datanodepb.InfoRequest) (*datan
 		resp.Pipelines = append(resp.Pipelines, &datanodepb.PipelineInfo{Id: id, Leader: st.Leader, Members: st.Voters, Applied: st.Applied})
 	}
 	return resp, nil
+}
+
+// ApplyStatus answers a pipeline leader's wait for all replicas (see
+// waitAll).
+func (s *service) ApplyStatus(ctx context.Context, req *datanodepb.ApplyStatusRequest) (*datanodepb.ApplyStatusResponse, error) {
+	applied, why, err := s.d.applyStatus(req.GetPipelineId(), req.GetIndex(), storage.ContainerID(req.GetContainerId()))
+	if err != nil {
+		return nil, dnError(codes.FailedPrecondition, datanodepb.Error_PIPELINE_NOT_FOUND, err.Error(), nil)
+	}
+	return &datanodepb.ApplyStatusResponse{Applied: applied, Failed: why != "", Reason: why}, nil
 }

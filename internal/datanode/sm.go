@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/raft"
 	"github.com/basalt-store/basalt/internal/storage"
+	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // containerSM is the state machine of one pipeline (Ozone's
@@ -39,28 +41,59 @@ import (
 // persistEvery; the host truncates the log only up to it, and entries
 // after it are applied again after a restart (every command is idempotent:
 // PutBlock of a committed block is a no-op, close and delete repeat
-// harmlessly).
+// harmlessly). The persisted index never goes backwards (persist refuses
+// to), and a snapshot at or below it is ignored.
+//
+// The state machine knows which containers are this pipeline's (a second
+// small file, written before a container is created): a pipeline snapshot
+// lists only those, and restoring one touches only those, never the
+// containers of the datanode's other pipelines.
 type containerSM struct {
-	pipeline uint64
-	store    *storage.Store
-	file     string // applied index
-	log      *slog.Logger
-	stats    *stats
-	isLeader func() bool
+	pipeline  uint64
+	store     *storage.Store
+	fs        vfs.FS
+	file      string // applied index
+	contsFile string // this pipeline's containers
+	log       *slog.Logger
+	stats     *stats
+	isLeader  func() bool
+	// onDeleted, if set, is told the outcome of each delete-blocks entry
+	// applied, to acknowledge its transaction to SCM.
+	onDeleted func(deleteAck)
+	// onUnhealthy, if set, is told a container went UNHEALTHY here (the
+	// datanode reports it to SCM in the next heartbeat).
+	onUnhealthy func()
 
-	applied     atomic.Uint64
-	durable     atomic.Uint64
+	applied atomic.Uint64
+	durable atomic.Uint64
+
+	persistMu   sync.Mutex // persist: one writer of file, durable only grows
 	lastPersist time.Time
 
 	// lost records chunks whose data this replica never got (the leader had
-	// lost it); a PutBlock needing them fails here.
-	mu   sync.Mutex
-	lost map[blockKey]bool
+	// lost it, or storage refused it); a PutBlock needing them fails here.
+	mu         sync.Mutex
+	lost       map[blockKey]error // why a chunk of the block is missing
+	lostOrder  []blockKey         // oldest first, for the bound
+	containers map[uint64]bool
+	// failed: entries this replica could not apply (newest
+	// maxFailedEntries), so the leader's wait for all replicas can tell
+	// "applied" from "applied and failed" (see service.waitAll).
+	failed     map[uint64]string
+	failedRing []uint64
 }
 
 type blockKey struct{ cid, lid uint64 }
 
-const persistEvery = time.Second
+const (
+	persistEvery = time.Second
+	// maxFailedEntries bounds the failed entries remembered per pipeline. A
+	// failure that matters also leaves the container UNHEALTHY, which is
+	// durable; the record only names the entry.
+	maxFailedEntries = 4096
+	// maxLostBlocks bounds the blocks whose missing chunks are remembered.
+	maxLostBlocks = 4096
+)
 
 type stats struct {
 	chunksWritten   atomic.Uint64
@@ -70,9 +103,27 @@ type stats struct {
 	bytesRead       atomic.Uint64
 }
 
-func newContainerSM(pipeline uint64, store *storage.Store, dir string, st *stats, log *slog.Logger) (*containerSM, error) {
-	sm := &containerSM{pipeline: pipeline, store: store, file: filepath.Join(dir, fmt.Sprintf("%d.applied", pipeline)), log: log, stats: st, lost: map[blockKey]bool{}}
-	b, err := os.ReadFile(sm.file)
+// NewContainerStateMachine is the state machine of one pipeline's Raft
+// group over store (see containerSM), for hosts other than a Datanode
+// (the deterministic simulator). Its small files (applied index, the
+// pipeline's containers) live in dir on fs. Every replica verifies chunk
+// checksums itself.
+func NewContainerStateMachine(pipelineID uint64, store *storage.Store, fs vfs.FS, dir string, logger *slog.Logger) (raft.DataStateMachine, error) {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return newContainerSM(pipelineID, store, fs, dir, &stats{}, logger)
+}
+
+func newContainerSM(pipeline uint64, store *storage.Store, fs vfs.FS, dir string, st *stats, log *slog.Logger) (*containerSM, error) {
+	if err := fs.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	sm := &containerSM{pipeline: pipeline, store: store, fs: fs,
+		file:      filepath.Join(dir, fmt.Sprintf("%d.applied", pipeline)),
+		contsFile: filepath.Join(dir, fmt.Sprintf("%d.containers", pipeline)),
+		log:       log, stats: st, lost: map[blockKey]error{}, containers: map[uint64]bool{}, failed: map[uint64]string{}}
+	b, err := vfs.ReadFile(fs, sm.file)
 	switch {
 	case err == nil && len(b) == 8:
 		sm.applied.Store(binary.BigEndian.Uint64(b))
@@ -82,7 +133,89 @@ func newContainerSM(pipeline uint64, store *storage.Store, dir string, st *stats
 	case !errors.Is(err, os.ErrNotExist):
 		return nil, err
 	}
+	b, err = vfs.ReadFile(fs, sm.contsFile)
+	switch {
+	case err == nil:
+		var ids []uint64
+		if err := json.Unmarshal(b, &ids); err != nil {
+			return nil, fmt.Errorf("datanode: pipeline %d: corrupt container list %s: %w", pipeline, sm.contsFile, err)
+		}
+		for _, id := range ids {
+			sm.containers[id] = true
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, err
+	}
 	return sm, nil
+}
+
+// removeFiles deletes the state machine's files (the pipeline is gone).
+func (sm *containerSM) removeFiles() {
+	for _, f := range []string{sm.file, sm.contsFile} {
+		if err := sm.fs.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			sm.log.Warn("cannot remove pipeline file", "pipeline", sm.pipeline, "file", f, "err", err)
+		}
+	}
+}
+
+// track records cid as one of this pipeline's containers, durably, before
+// the container is created or written through the pipeline.
+func (sm *containerSM) track(cids ...uint64) error {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	n := len(sm.containers)
+	for _, cid := range cids {
+		sm.containers[cid] = true
+	}
+	if len(sm.containers) == n {
+		return nil
+	}
+	if err := vfs.WriteFileAtomic(sm.fs, sm.contsFile, mustJSON(sm.containerListLocked())); err != nil {
+		for _, cid := range cids {
+			delete(sm.containers, cid)
+		}
+		return fmt.Errorf("datanode: pipeline %d: recording containers %v: %w", sm.pipeline, cids, err)
+	}
+	return nil
+}
+
+func (sm *containerSM) containerListLocked() []uint64 {
+	ids := make([]uint64, 0, len(sm.containers))
+	for id := range sm.containers {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// hasContainer reports whether cid is one of this pipeline's containers.
+func (sm *containerSM) hasContainer(cid uint64) bool {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	return sm.containers[cid]
+}
+
+// recordFailure remembers that this replica failed entry index.
+func (sm *containerSM) recordFailure(index uint64, err error) {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	if _, ok := sm.failed[index]; ok {
+		return
+	}
+	if len(sm.failedRing) >= maxFailedEntries {
+		delete(sm.failed, sm.failedRing[0])
+		sm.failedRing = sm.failedRing[1:]
+	}
+	sm.failed[index] = err.Error()
+	sm.failedRing = append(sm.failedRing, index)
+}
+
+// failure returns why this replica failed entry index, if it did.
+func (sm *containerSM) failure(index uint64) (string, bool) {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	why, ok := sm.failed[index]
+	return why, ok
 }
 
 func decodeCommand(meta []byte) (*datanodepb.ContainerCommand, error) {
@@ -96,6 +229,9 @@ func decodeCommand(meta []byte) (*datanodepb.ContainerCommand, error) {
 // ensureContainer creates a container on its first write: SCM allocated
 // the ID and the client is writing into it through this pipeline.
 func (sm *containerSM) ensureContainer(cid storage.ContainerID) error {
+	if err := sm.track(uint64(cid)); err != nil {
+		return err
+	}
 	if _, err := sm.store.Container(cid); err == nil {
 		return nil
 	} else if !errors.Is(err, storage.ErrContainerNotFound) {
@@ -126,19 +262,29 @@ func dataChunk(index uint64, cmd *datanodepb.ContainerCommand) (*datanodepb.Bloc
 	return nil, nil, fmt.Errorf("datanode: entry %d carries data but is neither a WriteChunk nor a PutSmallFile", index)
 }
 
-// WriteData stores a chunk (of a WriteChunk or a PutSmallFile). A failure
-// must not stop the pipeline for everyone (raft would stop the group): the
-// replica records the failure, and the PutBlock (or the PutSmallFile's
-// apply) that needs the chunk fails here, marking the container unhealthy,
-// while the client learns of it from the leader or from REPLICAS_LAG.
+// WriteData stores a chunk (of a WriteChunk or a PutSmallFile). An error
+// here would stop the group on this replica for good (raft cannot
+// acknowledge an entry it could not persist), so a chunk that cannot be
+// stored is recorded instead, and the replica says so where it counts:
+// the PutBlock (or the PutSmallFile's apply) that needs the chunk fails
+// here, the failure is recorded for the leader's wait for all replicas
+// (service.waitAll asks every replica), and a failure of this replica's
+// disk (not of the request itself, which every replica refuses alike)
+// marks the container UNHEALTHY at once: it is reported so to SCM and
+// takes no more writes here.
 func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	cmd, err := decodeCommand(meta)
-	if err != nil {
-		return err
+	var blk *datanodepb.BlockID
+	var c *datanodepb.ChunkInfo
+	if err == nil {
+		blk, c, err = dataChunk(index, cmd)
 	}
-	blk, c, err := dataChunk(index, cmd)
 	if err != nil {
-		return err
+		// The leader validates every request before proposing it, so only a
+		// damaged or foreign log holds such an entry. Its apply fails on
+		// every replica.
+		sm.log.Warn("entry with data that no replica can store", "pipeline", sm.pipeline, "index", index, "err", err)
+		return nil
 	}
 	cid := storage.ContainerID(blk.GetContainerId())
 	lid := storage.LocalID(blk.GetLocalId())
@@ -148,14 +294,25 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	}
 	if err := sm.ensureContainer(cid); err != nil {
 		sm.markLost(cid, lid, err)
+		sm.markUnhealthy(cid, fmt.Sprintf("entry %d: %v", index, err))
 		return nil
 	}
 	// The leader verified the chunk when the client sent it (service.
 	// WriteChunk, PutSmallFile) and hands WriteData those same bytes;
 	// followers got them over the network and verify.
 	verify := sm.isLeader == nil || !sm.isLeader()
-	if err := sm.store.WriteChunk(cid, lid, int64(c.GetOffset()), data, toChecksum(c.GetChecksum()), verify); err != nil {
+	err = sm.store.WriteChunk(cid, lid, int64(c.GetOffset()), data, toChecksum(c.GetChecksum()), verify)
+	if err == nil {
+		// The entry is acknowledged when this returns: the chunk must be
+		// durable by then (storage's acknowledgement point). Concurrent
+		// Syncs of other pipelines share rounds.
+		err = sm.store.Sync()
+	}
+	if err != nil {
 		sm.markLost(cid, lid, err)
+		if !refusedAlike(err) {
+			sm.markUnhealthy(cid, fmt.Sprintf("entry %d: chunk at %d of block %d not stored: %v", index, c.GetOffset(), lid, err))
+		}
 		return nil
 	}
 	sm.stats.chunksWritten.Add(1)
@@ -163,63 +320,137 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	return nil
 }
 
-func (sm *containerSM) markLost(cid storage.ContainerID, lid storage.LocalID, err error) {
-	sm.log.Warn("chunk not stored on this replica", "pipeline", sm.pipeline, "container", cid, "block", lid, "err", err)
-	sm.mu.Lock()
-	sm.lost[blockKey{uint64(cid), uint64(lid)}] = true
-	sm.mu.Unlock()
+// refusedAlike reports whether storage refused a write or commit for what
+// the request is (too large, malformed, into a closed container): every
+// replica refuses it the same way, so it says nothing about this
+// replica's health. Anything else (a full or failed disk, data damaged on
+// the way here, a local limit) is this replica's failure.
+func refusedAlike(err error) bool {
+	for _, k := range []error{storage.ErrChunkTooLarge, storage.ErrBlockTooLarge, storage.ErrBadChecksum,
+		storage.ErrInvalidArgument, storage.ErrBadBlockData, storage.ErrChunkOverlap, storage.ErrChunkOutOfOrder,
+		storage.ErrContainerNotOpen, storage.ErrContainerFull, storage.ErrOutOfRange} {
+		if errors.Is(err, k) {
+			return true
+		}
+	}
+	return false
 }
 
-// ReadData reads a chunk back for a resend to a follower.
+// markLost remembers why a chunk of a block is not stored here, for the
+// entries that need it. Storage keeps the durable truth (a chunk without a
+// record is missing, and PutBlock refuses it with ErrChunkMissing, also
+// after a restart); this only names the cause sooner, so it is bounded.
+func (sm *containerSM) markLost(cid storage.ContainerID, lid storage.LocalID, err error) {
+	sm.log.Warn("chunk not stored on this replica", "pipeline", sm.pipeline, "container", cid, "block", lid, "err", err)
+	k := blockKey{uint64(cid), uint64(lid)}
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	if _, ok := sm.lost[k]; !ok {
+		if len(sm.lostOrder) >= maxLostBlocks {
+			delete(sm.lost, sm.lostOrder[0])
+			sm.lostOrder = sm.lostOrder[1:]
+		}
+		sm.lostOrder = append(sm.lostOrder, k)
+	}
+	sm.lost[k] = err
+}
+
+// markUnhealthy records that this replica of cid lacks data the pipeline
+// has: storage keeps the state durably, the heartbeat reports it to SCM,
+// and the container takes no more writes here.
+func (sm *containerSM) markUnhealthy(cid storage.ContainerID, why string) {
+	// A container on a failed volume is reported UNHEALTHY already.
+	if err := sm.store.MarkUnhealthy(cid, why); err != nil && !errors.Is(err, storage.ErrContainerNotFound) && !errors.Is(err, storage.ErrVolumeFailed) {
+		sm.log.Error("cannot mark container UNHEALTHY", "pipeline", sm.pipeline, "container", cid, "why", why, "err", err)
+	}
+	if sm.onUnhealthy != nil {
+		sm.onUnhealthy()
+	}
+}
+
+func (sm *containerSM) isLost(cid, lid uint64) bool { return sm.lostCause(cid, lid) != nil }
+
+func (sm *containerSM) lostCause(cid, lid uint64) error {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	return sm.lost[blockKey{cid, lid}]
+}
+
+// ReadData reads a chunk back for a resend to a follower. Whatever stops
+// it (an entry no replica could store, a chunk this replica never stored,
+// a failed disk) is reported as raft.ErrDataLost: the entry then goes out
+// without its data and the follower records the loss, instead of the
+// leader retrying the read forever and the pipeline never moving past the
+// entry.
 func (sm *containerSM) ReadData(index, term uint64, meta []byte) ([]byte, error) {
 	cmd, err := decodeCommand(meta)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: entry %d: %v", raft.ErrDataLost, index, err)
 	}
 	blk, c, err := dataChunk(index, cmd)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %v", raft.ErrDataLost, err)
+	}
+	if sm.isLost(blk.GetContainerId(), blk.GetLocalId()) {
+		return nil, fmt.Errorf("%w: entry %d: container %d block %d: a chunk was never stored on this replica",
+			raft.ErrDataLost, index, blk.GetContainerId(), blk.GetLocalId())
 	}
 	cid := storage.ContainerID(blk.GetContainerId())
 	lid := storage.LocalID(blk.GetLocalId())
 	data, err := sm.store.ReadWritten(cid, lid, int64(c.GetOffset()), int64(c.GetLength()), toChecksum(c.GetChecksum()))
-	if errors.Is(err, storage.ErrBlockNotFound) || errors.Is(err, storage.ErrContainerNotFound) {
-		return nil, fmt.Errorf("%w: %v", raft.ErrDataLost, err)
+	if err != nil {
+		return nil, fmt.Errorf("%w: entry %d: %v", raft.ErrDataLost, index, err)
 	}
-	return data, err
+	return data, nil
 }
 
+// Apply applies committed entries. An entry this replica cannot apply
+// fails alone (its result is the error, and it is recorded for the
+// leader's wait for all replicas); the entries after it still apply, so
+// one bad entry never wedges the pipeline.
 func (sm *containerSM) Apply(ents []raft.Entry) []any {
 	out := make([]any, len(ents))
+	applied := sm.applied.Load()
 	for i, e := range ents {
+		if e.Index <= applied {
+			// Invariant: the applied index only grows. The host never
+			// hands an entry twice; a repeat would be a no-op anyway.
+			sm.log.Error("entry at or below the applied index; not applied again", "pipeline", sm.pipeline, "index", e.Index, "applied", applied)
+			continue
+		}
+		applied = e.Index
 		if e.Kind != raft.EntryNormal {
 			continue
 		}
 		cmd, err := decodeCommand(e.Meta)
-		if err != nil {
-			out[i] = err
-			continue
+		if err == nil {
+			err = sm.apply(e, cmd)
 		}
-		out[i] = sm.apply(e, cmd)
+		if err != nil {
+			sm.recordFailure(e.Index, err)
+			out[i] = err
+		}
 	}
-	last := ents[len(ents)-1].Index
-	sm.applied.Store(last)
-	if time.Since(sm.lastPersist) >= persistEvery {
-		sm.persist(last)
+	sm.applied.Store(applied)
+	sm.persistMu.Lock()
+	due := time.Since(sm.lastPersist) >= persistEvery
+	sm.persistMu.Unlock()
+	if due {
+		sm.persist(applied)
 	}
 	return out
 }
 
-func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) any {
+func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) error {
 	switch c := cmd.GetCmd().(type) {
 	case *datanodepb.ContainerCommand_WriteChunk:
 		k := blockKey{c.WriteChunk.GetBlock().GetContainerId(), c.WriteChunk.GetBlock().GetLocalId()}
 		sm.mu.Lock()
 		lost := sm.lost[k]
 		sm.mu.Unlock()
-		if lost {
-			return fmt.Errorf("datanode: container %d block %d: chunk at %d not stored on this replica: %w",
-				k.cid, k.lid, c.WriteChunk.GetChunk().GetOffset(), storage.ErrVolumeFailed)
+		if lost != nil {
+			return fmt.Errorf("datanode: pipeline %d entry %d: container %d block %d: a chunk (this one at %d or an earlier one) is not stored on this replica: %w",
+				sm.pipeline, e.Index, k.cid, k.lid, c.WriteChunk.GetChunk().GetOffset(), lost)
 		}
 		return nil
 	case *datanodepb.ContainerCommand_PutBlock:
@@ -235,13 +466,18 @@ func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) any
 	case *datanodepb.ContainerCommand_CloseContainer:
 		return sm.closeContainer(storage.ContainerID(c.CloseContainer.GetContainerId()))
 	case *datanodepb.ContainerCommand_DeleteBlocks:
-		lids := make([]storage.LocalID, len(c.DeleteBlocks.GetLocalIds()))
-		for i, l := range c.DeleteBlocks.GetLocalIds() {
+		del := c.DeleteBlocks
+		lids := make([]storage.LocalID, len(del.GetLocalIds()))
+		for i, l := range del.GetLocalIds() {
 			lids[i] = storage.LocalID(l)
 		}
-		err := sm.store.DeleteBlocks(storage.ContainerID(c.DeleteBlocks.GetContainerId()), lids)
-		if errors.Is(err, storage.ErrContainerNotFound) {
-			return nil
+		err := deleteBlocks(sm.store, storage.ContainerID(del.GetContainerId()), lids)
+		a := deleteOutcome(del.GetTxId(), del.GetContainerId(), err)
+		if a != nil && del.GetTxId() != 0 && sm.onDeleted != nil {
+			sm.onDeleted(*a)
+		}
+		if a != nil {
+			return nil // done, or can never be done here (acknowledged so)
 		}
 		return err
 	default:
@@ -255,20 +491,23 @@ func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeC
 	cid := storage.ContainerID(b.GetId().GetContainerId())
 	bd := toBlockData(b)
 	bd.BCSID = index
-	k := blockKey{uint64(cid), uint64(bd.LocalID)}
-	sm.mu.Lock()
-	lost := sm.lost[k]
-	delete(sm.lost, k)
-	sm.mu.Unlock()
-	if lost {
-		sm.store.MarkUnhealthy(cid, fmt.Sprintf("block %d committed without all its chunks on this replica", bd.LocalID))
-		return fmt.Errorf("datanode: container %d block %d: chunks missing on this replica", cid, bd.LocalID)
-	}
 	if err := sm.ensureContainer(cid); err != nil {
+		sm.markUnhealthy(cid, fmt.Sprintf("entry %d: %v", index, err))
 		return err
 	}
 	if err := sm.store.PutBlock(cid, bd); err != nil {
-		return err
+		if refusedAlike(err) {
+			return err // refused on every replica: the block fails everywhere
+		}
+		// Storage refuses a block whose chunks are not durably here
+		// (ErrChunkMissing: never stored, lost in a crash before its sync,
+		// the leader no longer had the data). The other replicas may hold
+		// it: this replica is the one that failed.
+		if lost := sm.lostCause(uint64(cid), uint64(bd.LocalID)); lost != nil {
+			err = fmt.Errorf("%w (earlier: %v)", err, lost)
+		}
+		sm.markUnhealthy(cid, fmt.Sprintf("entry %d: block %d not committed here: %v", index, bd.LocalID, err))
+		return fmt.Errorf("datanode: pipeline %d entry %d: %w; container %d is UNHEALTHY here: %w", sm.pipeline, index, err, cid, storage.ErrContainerNotOpen)
 	}
 	sm.stats.blocksCommitted.Add(1)
 	if closeContainer {
@@ -293,26 +532,21 @@ func (sm *containerSM) closeContainer(cid storage.ContainerID) error {
 
 // persist writes the applied index durably. Storage made every applied
 // PutBlock durable already, so the index only needs to be as durable as
-// what it covers.
+// what it covers. It never writes a lower index than one already durable
+// (Close and the apply goroutine may both call it).
 func (sm *containerSM) persist(index uint64) {
+	sm.persistMu.Lock()
+	defer sm.persistMu.Unlock()
 	sm.lastPersist = time.Now()
+	if d := sm.durable.Load(); index <= d {
+		if index < d {
+			sm.log.Error("applied index would go backwards; not persisted", "pipeline", sm.pipeline, "index", index, "durable", d)
+		}
+		return
+	}
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], index)
-	tmp := sm.file + ".tmp"
-	f, err := os.Create(tmp)
-	if err == nil {
-		_, err = f.Write(b[:])
-		if err == nil {
-			err = f.Sync()
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-	}
-	if err == nil {
-		err = os.Rename(tmp, sm.file)
-	}
-	if err != nil {
+	if err := vfs.WriteFileAtomic(sm.fs, sm.file, b[:]); err != nil {
 		sm.log.Warn("cannot persist applied index", "pipeline", sm.pipeline, "err", err)
 		return
 	}
@@ -321,21 +555,24 @@ func (sm *containerSM) persist(index uint64) {
 
 func (sm *containerSM) AppliedIndex() uint64 { return sm.durable.Load() }
 
-// A pipeline snapshot carries the applied index and the containers this
-// replica holds, not their data: a replica that needs a snapshot has missed
-// chunks, and its containers are repaired by re-replication of closed
+// A pipeline snapshot carries the applied index and this pipeline's
+// containers, not their data: a replica that needs a snapshot has missed
+// chunks, and those containers are repaired by re-replication of closed
 // containers (Ozone does the same), not through the Raft log.
 type smSnapshot struct {
-	Index      uint64   `json:"index"`
+	Index uint64 `json:"index"`
+	// Pipeline is the group the snapshot belongs to (0 in snapshots from
+	// datanodes that listed every container they held: their list is not
+	// trusted).
+	Pipeline   uint64   `json:"pipeline,omitempty"`
 	Containers []uint64 `json:"containers"`
 }
 
 func (sm *containerSM) Snapshot() (uint64, io.ReadCloser, error) {
 	idx := sm.applied.Load()
-	snap := smSnapshot{Index: idx}
-	for _, c := range sm.store.ListContainers() {
-		snap.Containers = append(snap.Containers, uint64(c.ID))
-	}
+	sm.mu.Lock()
+	snap := smSnapshot{Index: idx, Pipeline: sm.pipeline, Containers: sm.containerListLocked()}
+	sm.mu.Unlock()
 	b, err := json.Marshal(snap)
 	if err != nil {
 		return 0, nil, err
@@ -343,21 +580,45 @@ func (sm *containerSM) Snapshot() (uint64, io.ReadCloser, error) {
 	return idx, io.NopCloser(bytesReader(b)), nil
 }
 
+// Restore catches this replica up to index without the entries before it.
+// The open containers of this pipeline here then lack what those entries
+// wrote, so they are marked UNHEALTHY; no other container is touched. A
+// snapshot at or below the applied index is ignored: the applied index
+// never goes backwards.
 func (sm *containerSM) Restore(index uint64, r io.Reader) error {
 	var snap smSnapshot
-	if err := json.NewDecoder(r).Decode(&snap); err != nil {
+	if err := json.NewDecoder(io.LimitReader(r, maxSnapshotBytes)).Decode(&snap); err != nil {
 		return fmt.Errorf("datanode: pipeline %d: bad snapshot: %w", sm.pipeline, err)
 	}
 	if snap.Index != index {
 		return fmt.Errorf("datanode: pipeline %d: snapshot says index %d, raft says %d", sm.pipeline, snap.Index, index)
 	}
-	// Open containers we hold did not get the entries the snapshot covers.
-	for _, cid := range snap.Containers {
-		if rep, err := sm.store.Container(storage.ContainerID(cid)); err == nil && rep.State == storage.StateOpen {
-			sm.store.MarkUnhealthy(storage.ContainerID(cid), fmt.Sprintf("pipeline %d caught up by snapshot at %d", sm.pipeline, index))
+	if snap.Pipeline != 0 && snap.Pipeline != sm.pipeline {
+		return fmt.Errorf("datanode: pipeline %d: snapshot of pipeline %d", sm.pipeline, snap.Pipeline)
+	}
+	if applied := sm.applied.Load(); index <= applied {
+		sm.log.Warn("snapshot not newer than the applied index; ignored", "pipeline", sm.pipeline, "snapshot", index, "applied", applied)
+		return nil
+	}
+	if snap.Pipeline == sm.pipeline && len(snap.Containers) > 0 {
+		if err := sm.track(snap.Containers...); err != nil {
+			return err
+		}
+	}
+	sm.mu.Lock()
+	ours := sm.containerListLocked()
+	sm.mu.Unlock()
+	for _, cid := range ours {
+		rep, err := sm.store.Container(storage.ContainerID(cid))
+		if err == nil && (rep.State == storage.StateOpen || rep.State == storage.StateClosing) {
+			sm.markUnhealthy(storage.ContainerID(cid), fmt.Sprintf("pipeline %d caught up by snapshot at %d", sm.pipeline, index))
 		}
 	}
 	sm.applied.Store(index)
 	sm.persist(index)
 	return nil
 }
+
+// maxSnapshotBytes bounds what Restore reads: an index and a list of
+// container IDs.
+const maxSnapshotBytes = 16 << 20

@@ -14,6 +14,7 @@ import (
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/raft"
 	"github.com/basalt-store/basalt/internal/storage"
+	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // replica is one container state machine over its own store, as on one
@@ -23,7 +24,7 @@ import (
 type replica struct {
 	t     *testing.T
 	dir   string
-	fs    *storage.FaultFS
+	fs    *vfs.FaultFS
 	store *storage.Store
 	sm    *containerSM
 
@@ -33,7 +34,7 @@ type replica struct {
 
 func openReplica(t *testing.T, dir string) *replica {
 	t.Helper()
-	r := &replica{t: t, dir: dir, fs: &storage.FaultFS{FS: storage.OSFS{}}}
+	r := &replica{t: t, dir: dir, fs: vfs.NewFaultFS(vfs.Default)}
 	r.fs.SetInject(func(op, path string) error {
 		if op == "sync" && strings.HasSuffix(path, ".block") {
 			r.mu.Lock()
@@ -47,7 +48,7 @@ func openReplica(t *testing.T, dir string) *replica {
 		t.Fatal(err)
 	}
 	r.store = st
-	sm, err := newContainerSM(1000, st, dir, &stats{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	sm, err := newContainerSM(1000, st, vfs.Default, dir, &stats{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +114,8 @@ func randBytes(seed uint64, n int) []byte {
 // TestSmallFileLikeWriteChunkPutBlock: a PutSmallFile entry leaves a
 // replica with exactly what a WriteChunk entry followed by a PutBlock entry
 // leaves (same block, chunks, checksums and bytes; BCSID = the committing
-// entry), and the block file was fsynced before the commit was applied.
+// entry), and the block file was fsynced before the entry could be
+// acknowledged (WriteData returns only once the chunk is durable).
 func TestSmallFileLikeWriteChunkPutBlock(t *testing.T) {
 	for _, n := range []int{1, 4096, 5000, 64 << 10, 64<<10 + 1, 1 << 20} {
 		data := randBytes(uint64(n), n)
@@ -124,14 +126,13 @@ func TestSmallFileLikeWriteChunkPutBlock(t *testing.T) {
 		if err := small.sm.WriteData(e.Index, e.Term, e.Meta, data); err != nil {
 			t.Fatal(err)
 		}
-		if len(small.syncs) != 0 {
-			t.Fatalf("%d bytes: block file synced before the commit applied: %v", n, small.syncs)
+		// The entry is acknowledged when WriteData returns: the chunk is
+		// durable by then (storage's Sync), not only at the commit.
+		if len(small.syncs) != 1 || small.syncs[0] != "42.block" {
+			t.Fatalf("%d bytes: block file syncs when the data was written: %v, want one of 42.block", n, small.syncs)
 		}
 		if err := small.apply(e); err != nil {
 			t.Fatalf("%d bytes: apply small file: %v", n, err)
-		}
-		if len(small.syncs) != 1 || small.syncs[0] != "42.block" {
-			t.Fatalf("%d bytes: block file syncs at commit: %v, want one of 42.block", n, small.syncs)
 		}
 
 		ci := chunkInfo(0, data)
@@ -265,7 +266,10 @@ func TestSmallFileDataMissing(t *testing.T) {
 }
 
 // TestSmallFileMalformed: an entry whose block does not have exactly one
-// chunk carries data it cannot place.
+// chunk carries data it cannot place. It fails when applied, and neither
+// WriteData nor ReadData stops the group over it (scenario 6): WriteData
+// records nothing and succeeds, ReadData reports the data lost so the
+// entry can be resent without it.
 func TestSmallFileMalformed(t *testing.T) {
 	r := openReplica(t, t.TempDir())
 	defer r.store.Close()
@@ -273,10 +277,13 @@ func TestSmallFileMalformed(t *testing.T) {
 	bd := &datanodepb.BlockData{Id: &datanodepb.BlockID{ContainerId: 1, LocalId: 1}, Length: 100,
 		Chunks: []*datanodepb.ChunkInfo{chunkInfo(0, data[:50]), chunkInfo(50, data[50:])}}
 	meta := mustMarshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_PutSmallFile{PutSmallFile: &datanodepb.PutSmallFileCmd{Block: bd}}})
-	if err := r.sm.WriteData(1, 1, meta, data); err == nil {
-		t.Fatal("two-chunk small file accepted")
+	if err := r.sm.WriteData(1, 1, meta, data); err != nil {
+		t.Fatalf("WriteData of a two-chunk small file must not stop the group: %v", err)
 	}
-	if _, err := r.sm.ReadData(1, 1, meta); err == nil {
-		t.Fatal("ReadData of a two-chunk small file")
+	if _, err := r.sm.ReadData(1, 1, meta); !errors.Is(err, raft.ErrDataLost) {
+		t.Fatalf("ReadData of a two-chunk small file: %v, want ErrDataLost", err)
+	}
+	if err := r.apply(raft.Entry{Index: 1, Term: 1, Meta: meta, HasData: true}); err == nil {
+		t.Fatal("two-chunk small file committed")
 	}
 }

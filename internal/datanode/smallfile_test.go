@@ -160,3 +160,13 @@ func TestPutSmallFileThroughCluster(t *testing.T) {
 	}
 	check("after restarting the datanodes")
 }
+
+func dnErrorOf(err error) *datanodepb.Error {
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		if e, ok := d.(*datanodepb.Error); ok {
+			return e
+		}
+	}
+	return nil
+}

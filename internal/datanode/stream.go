@@ -33,6 +33,15 @@ func (b streamBackend) Open(h *stream.Header) (stream.Sink, error) {
 		}
 	}
 	cid, lid := storage.ContainerID(h.Block.Container), storage.LocalID(h.Block.Local)
+	d.mu.Lock()
+	sm := d.sms[h.Pipeline]
+	d.mu.Unlock()
+	if sm != nil {
+		// The container is this pipeline's: its snapshots list it.
+		if err := sm.track(uint64(cid)); err != nil {
+			return nil, streamError(id, err)
+		}
+	}
 	rep, err := d.store.Container(cid)
 	if errors.Is(err, storage.ErrContainerNotFound) {
 		// SCM allocated the container to this pipeline; like the first V1

@@ -29,18 +29,27 @@ import (
 const clientLoc = "/dc1/rack2"
 
 type env struct {
-	t  testing.TB
-	c  *cluster.Cluster
-	mc *metaclient.Client
-	n  int // keys opened
+	t   testing.TB
+	dir string // the cluster's: datanode i keeps its files in dir/dn<i+1>
+	c   *cluster.Cluster
+	mc  *metaclient.Client
+	n   int // keys opened
 }
 
-func startEnv(t testing.TB) *env {
+func startEnv(t testing.TB) *env { return startEnvWith(t, nil) }
+
+// startEnvWith starts the test cluster after configure (if not nil) had its
+// say on the configuration.
+func startEnvWith(t testing.TB, configure func(*cluster.Config)) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), Datanodes: 3, HeartbeatInterval: 200 * time.Millisecond,
-		TickInterval: 50 * time.Millisecond, BlockSize: 256 << 20, ContainerSize: 8 << 30})
+	cfg := cluster.Config{Dir: t.TempDir(), Datanodes: 3, HeartbeatInterval: 200 * time.Millisecond,
+		TickInterval: 50 * time.Millisecond, BlockSize: 256 << 20, ContainerSize: 8 << 30}
+	if configure != nil {
+		configure(&cfg)
+	}
+	c, err := cluster.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +65,7 @@ func startEnv(t testing.TB) *env {
 	if _, err := mc.Namespace.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: "vol", Name: "bkt"}); err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, c: c, mc: mc}
+	return &env{t: t, dir: cfg.Dir, c: c, mc: mc}
 }
 
 // block opens a key and returns its first block (container, local ID,

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -28,6 +28,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/scm"
 	"github.com/basalt-store/basalt/internal/meta/store"
 	"github.com/basalt-store/basalt/internal/raft"
+	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // Raft group IDs of the metadata service.
@@ -54,6 +55,11 @@ type Config struct {
 	NodeID uint64
 	// DataDir holds raft/ (the log), scm/ and namespace/ (Pebble).
 	DataDir string
+	// FS is the file system of everything under DataDir that this package
+	// writes: the two Pebble stores (and their snapshots and restores) and
+	// the service-token file (default vfs.Default). The raft log store
+	// takes its own (raft.HostConfig).
+	FS vfs.FS
 	// RaftAddr and GRPCAddr are the listen addresses ("127.0.0.1:0" picks
 	// a port; see Server.RaftAddr and GRPCAddr).
 	RaftAddr string
@@ -155,6 +161,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.FS == nil {
+		cfg.FS = vfs.Default
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), peers: map[uint64]Peer{}}
 	for id, p := range cfg.Peers {
 		s.peers[id] = p
@@ -184,7 +193,7 @@ func New(cfg Config) (*Server, error) {
 		}
 		// A missing file: the token is the cluster's replicated one,
 		// adopted (and written here) once Start sees it.
-		if tok, err = loadServiceToken(cfg.ServiceTokenFile); err != nil {
+		if tok, err = loadServiceToken(cfg.FS, cfg.ServiceTokenFile); err != nil {
 			return nil, err
 		}
 		s.cfg.ServiceTokenFile = cfg.ServiceTokenFile
@@ -192,14 +201,14 @@ func New(cfg Config) (*Server, error) {
 	if tok != "" {
 		s.token.Store(&tok)
 	}
-	sopts := store.Options{SyncInterval: cfg.StoreSyncInterval}
+	sopts := store.Options{SyncInterval: cfg.StoreSyncInterval, FS: cfg.FS, Logger: s.log}
 	if s.scmState, err = scm.Open(filepath.Join(cfg.DataDir, "scm"), sopts); err != nil {
 		return nil, err
 	}
 	if s.nsState, err = namespace.Open(filepath.Join(cfg.DataDir, "namespace"), sopts); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.DataDir, "raft"), 0o755); err != nil {
+	if err := cfg.FS.MkdirAll(filepath.Join(cfg.DataDir, "raft"), 0o755); err != nil {
 		return nil, err
 	}
 	s.host, err = raft.NewHost(raft.HostConfig{
@@ -512,6 +521,12 @@ func (s *Server) translate(method string, err error) error {
 	}
 	var nle *raft.NotLeaderError
 	switch {
+	case errors.Is(err, raft.ErrOutcomeUnknown):
+		// The proposal reached the log and may still commit: never a
+		// retryable NotLeader/Unavailable (checked first: it also wraps ctx errors).
+		st, _ := status.Newf(codes.Unknown, "meta node %d: outcome unknown, the operation may or may not have been applied: %v", s.cfg.NodeID, err).
+			WithDetails(&errdetails.ErrorInfo{Reason: metapb.ReasonOutcomeUnknown, Domain: metapb.ReasonDomain})
+		return st.Err()
 	case errors.As(err, &nle), errors.Is(err, raft.ErrNotLeader), errors.Is(err, scm.ErrNotLeader),
 		errors.Is(err, raft.ErrProposalDropped), errors.Is(err, raft.ErrStopped):
 		leader := uint64(0)

@@ -7,19 +7,20 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"google.golang.org/protobuf/proto"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // The cluster service token guards the RPCs that hand out or change S3
@@ -50,9 +51,9 @@ var serviceTokenMethods = map[string]bool{
 }
 
 // loadServiceToken reads the token file; "" if there is none.
-func loadServiceToken(path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
+func loadServiceToken(fs vfs.FS, path string) (string, error) {
+	b, err := vfs.ReadFile(fs, path)
+	if errors.Is(err, os.ErrNotExist) {
 		return "", nil
 	}
 	if err != nil {
@@ -65,18 +66,20 @@ func loadServiceToken(path string) (string, error) {
 	return tok, nil
 }
 
-// writeServiceToken writes tok to path (0600), aside and renamed, so a
-// crash never leaves a partial token.
-func writeServiceToken(path, tok string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+// writeServiceToken writes tok to path (0600), aside, synced, renamed and
+// the directory synced, so a crash leaves the old file or the whole new
+// one, and a written token stays written.
+func writeServiceToken(fs vfs.FS, path, tok string) error {
+	dir := filepath.Dir(path)
+	if err := fs.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("meta: service token: %w", err)
 	}
 	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := fs.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return fmt.Errorf("meta: service token: %w", err)
 	}
-	_, err = f.WriteString(tok + "\n")
+	_, err = f.Write([]byte(tok + "\n"))
 	if err == nil {
 		err = f.Sync()
 	}
@@ -84,11 +87,14 @@ func writeServiceToken(path, tok string) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, path)
+		err = fs.Rename(tmp, path)
 	}
 	if err != nil {
-		os.Remove(tmp)
+		_ = fs.Remove(tmp)
 		return fmt.Errorf("meta: service token: %w", err)
+	}
+	if err := vfs.SyncDir(fs, dir); err != nil {
+		return fmt.Errorf("meta: service token: sync %s: %w", dir, err)
 	}
 	return nil
 }
@@ -114,7 +120,7 @@ func (s *Server) establishToken(ctx context.Context) {
 		tok, err := s.nsState.ServiceToken()
 		if err == nil && tok != "" {
 			if s.token.Load() == nil {
-				if err := writeServiceToken(s.cfg.ServiceTokenFile, tok); err != nil {
+				if err := writeServiceToken(s.cfg.FS, s.cfg.ServiceTokenFile, tok); err != nil {
 					s.log.Warn("meta: writing the service token file", "err", err)
 				}
 				s.token.Store(&tok)
@@ -173,7 +179,9 @@ func (s *Server) checkServiceToken(ctx context.Context, method string) error {
 	}
 	want := s.currentToken()
 	if want == "" {
-		return status.Errorf(codes.Unavailable, "meta node %d: %s: the cluster service token is not established yet (no namespace leader has recorded one); retry", s.cfg.NodeID, methodName(method))
+		st, _ := status.Newf(codes.Unavailable, "meta node %d: %s: the cluster service token is not established yet (no namespace leader has recorded one); retry", s.cfg.NodeID, methodName(method)).
+			WithDetails(&errdetails.ErrorInfo{Reason: metapb.ReasonNotApplied, Domain: metapb.ReasonDomain})
+		return st.Err()
 	}
 	tok, ok := strings.CutPrefix(vals[0], "Bearer ")
 	if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(want)) != 1 {

@@ -131,8 +131,18 @@ var (
 	ErrGroupNotFound = errors.New("raft: group not found")
 	// ErrGroupExists: AddGroup for an ID that is already hosted.
 	ErrGroupExists = errors.New("raft: group already exists")
-	// ErrStopped: the host or group was closed.
+	// ErrStopped: the host or group was closed (or stopped after a fatal
+	// error, see Group.Stopped). Returned by Propose only when the proposal
+	// certainly never entered the log: safe to retry elsewhere.
 	ErrStopped = errors.New("raft: stopped")
+	// ErrOutcomeUnknown: the proposal was handed to raft (it is, or was,
+	// in the leader's log) and then this host stopped tracking it: the
+	// caller's context ended, the group stopped, or leadership was lost.
+	// It may or may not have committed, and may still commit. Retrying
+	// blindly can apply it twice; a caller must read back the state (or
+	// make the proposal idempotent) before retrying, and must report it to
+	// its own client as an unknown outcome, never as "not done".
+	ErrOutcomeUnknown = errors.New("raft: proposal may or may not have committed")
 	// ErrProposalDropped: raft dropped the proposal (no leader known, a
 	// leadership change, or a membership change in progress). Safe to retry:
 	// the proposal was not applied.
@@ -189,6 +199,9 @@ func (e *LagError) Unwrap() error { return ErrReplicasLag }
 // interface guard for documentation: the methods a Group offers.
 var _ interface {
 	Propose(ctx context.Context, meta, data []byte) (Result, error)
+	ProposeAsync(meta, data []byte, done func(Result, error)) error
+	AppliedAll(index uint64) (ok bool, laggards map[uint64]uint64)
+	Stopped() bool
 	ReadIndex(ctx context.Context) error
 	WaitAppliedAll(ctx context.Context, index uint64) error
 	Campaign() error

@@ -26,6 +26,9 @@ type HostConfig struct {
 	Resolve func(id uint64) (string, error)
 	// Transport replaces the TCP transport (tests use an in-memory network).
 	Transport Transport
+	// Manual: see doc.go, "Manual mode". The host starts no goroutines;
+	// the caller drives it with Tick and Poll.
+	Manual bool
 	// TickInterval is the Raft tick. 0 means 100ms; negative means ticks
 	// are driven by calling Host.Tick (deterministic tests).
 	TickInterval time.Duration

@@ -3,6 +3,8 @@ package raft
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/crc32"
+	"io"
 	"unsafe"
 
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -36,10 +38,26 @@ const (
 
 var zeros [2 * frameAlign]byte
 
+// A frame on a message connection is
+//
+//	uint32 length of body, uint32 CRC32C (Castagnoli) of body, body
+//
+// The checksum is verified before anything in the body is decoded, and the
+// length is bounded before a buffer is allocated for it.
+const frameHeaderLen = 8
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// frameReadStep is how much of a frame's announced length is allocated
+// before its bytes arrive: a frame up to this size is read into one
+// buffer; a larger one grows the buffer (doubling) as its bytes come in,
+// so a header alone never costs more than this much memory.
+const frameReadStep = maxBatchBytes + 1<<20
+
 // frameWriter builds one frame as a list of segments: small parts are
 // appended to a scratch buffer, large entry payloads are referenced.
 type frameWriter struct {
-	hdr     [4]byte // the frame length: its own segment, since scratch may move
+	hdr     [frameHeaderLen]byte // length and checksum: their own segment, since scratch may move
 	scratch []byte
 	segs    [][]byte
 	start   int // start of the current scratch segment
@@ -74,13 +92,100 @@ func (f *frameWriter) ref(b []byte) {
 	f.body += len(b)
 }
 
-// finish patches the length and returns the segments and total size.
+// finish patches the length and checksum and returns the segments and
+// total size.
 func (f *frameWriter) finish() ([][]byte, int) {
 	if len(f.scratch) > f.start {
 		f.segs = append(f.segs, f.scratch[f.start:])
 	}
+	var sum uint32
+	for _, sg := range f.segs[1:] {
+		sum = crc32.Update(sum, castagnoli, sg)
+	}
 	binary.BigEndian.PutUint32(f.hdr[:], uint32(f.body))
-	return f.segs, f.body + 4
+	binary.BigEndian.PutUint32(f.hdr[4:], sum)
+	return f.segs, f.body + frameHeaderLen
+}
+
+// readFrame reads one frame's body from r into a buffer of its own (when
+// alias, aligned, for the entries to keep) or into buf (reused). It checks
+// the announced length against max before allocating and the checksum
+// before returning.
+func readFrame(r io.Reader, buf []byte, max int) (body, newBuf []byte, alias bool, err error) {
+	var hdr [frameHeaderLen]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, buf, false, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if uint64(n) > uint64(max) {
+		return nil, buf, false, &frameError{fmt.Sprintf("frame of %d bytes exceeds the limit of %d", n, max)}
+	}
+	alias = n >= aliasFrame
+	switch {
+	case !alias:
+		if cap(buf) < int(n) {
+			buf = make([]byte, n)
+		}
+		body = buf[:n]
+		if _, err := io.ReadFull(r, body); err != nil {
+			return nil, buf, false, err
+		}
+	case n <= frameReadStep:
+		body = alignedBuf(int(n))
+		if _, err := io.ReadFull(r, body); err != nil {
+			return nil, buf, false, err
+		}
+	default:
+		// Grow with what actually arrives.
+		body = alignedBuf(frameReadStep)
+		if _, err := io.ReadFull(r, body); err != nil {
+			return nil, buf, false, err
+		}
+		for len(body) < int(n) {
+			next := alignedBuf(min(2*len(body), int(n)))
+			copy(next, body)
+			if _, err := io.ReadFull(r, next[len(body):]); err != nil {
+				return nil, buf, false, err
+			}
+			body = next
+		}
+	}
+	if sum := crc32.Checksum(body, castagnoli); sum != binary.BigEndian.Uint32(hdr[4:]) {
+		return nil, buf, false, &frameError{fmt.Sprintf("frame of %d bytes: checksum %08x, header says %08x", n, sum, binary.BigEndian.Uint32(hdr[4:]))}
+	}
+	return body, buf, alias, nil
+}
+
+// frameError is a frame that is not well formed (as opposed to a
+// connection that failed).
+type frameError struct{ msg string }
+
+func (e *frameError) Error() string { return "raft: bad frame: " + e.msg }
+
+// decodeFrame checks and decodes one whole frame as it is on the wire
+// (header and body). The reader uses readFrame and decodeBatch; this is
+// the same path over a byte slice, for tests and fuzzing.
+func decodeFrame(wire []byte, from, to uint64, max int) ([]Outgoing, error) {
+	r := &sliceReader{b: wire}
+	body, _, alias, err := readFrame(r, nil, max)
+	if err != nil {
+		return nil, err
+	}
+	if len(r.b) != 0 {
+		return nil, &frameError{fmt.Sprintf("%d bytes after the frame", len(r.b))}
+	}
+	return decodeBatch(body, from, to, alias)
+}
+
+type sliceReader struct{ b []byte }
+
+func (r *sliceReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b)
+	r.b = r.b[n:]
+	return n, nil
 }
 
 // dataOffset is where the out-of-log data starts inside an entry payload
@@ -195,8 +300,11 @@ func decodeApp(b []byte, from, to uint64, alias bool) (*pb.Message, []byte, erro
 	if err != nil {
 		return nil, nil, err
 	}
-	if n > maxBatchMsgs*64 {
-		return nil, nil, fmt.Errorf("MsgApp with %d entries", n)
+	// Every entry takes at least minEntryBytes: a count the remaining bytes
+	// cannot hold is a lie, and must not size an allocation.
+	const minEntryBytes = 5
+	if n > maxBatchMsgs*64 || n > uint64(len(b))/minEntryBytes {
+		return nil, nil, fmt.Errorf("MsgApp with %d entries in %d bytes", n, len(b))
 	}
 	m.Entries = make([]*pb.Entry, 0, n)
 	for i := uint64(0); i < n; i++ {
@@ -204,8 +312,12 @@ func decodeApp(b []byte, from, to uint64, alias bool) (*pb.Message, []byte, erro
 		if err != nil {
 			return nil, nil, err
 		}
-		if uint64(len(b)) < pad+l {
-			return nil, nil, fmt.Errorf("truncated MsgApp entry")
+		// pad+l may overflow: compare each with what is left.
+		if pad > uint64(len(b)) || l > uint64(len(b))-pad {
+			return nil, nil, fmt.Errorf("truncated MsgApp entry %d: %d bytes of padding and %d of data, %d left", i, pad, l, len(b))
+		}
+		if et > uint64(pb.EntryConfChangeV2) {
+			return nil, nil, fmt.Errorf("MsgApp entry %d: unknown entry type %d", i, et)
 		}
 		b = b[pad:]
 		var d []byte

@@ -36,11 +36,11 @@ func TestFrameMsgAppRoundTripAligned(t *testing.T) {
 		for _, s := range segs {
 			wire = append(wire, s...)
 		}
-		if len(wire) != size || int(binary.BigEndian.Uint32(wire)) != size-4 {
+		if len(wire) != size || int(binary.BigEndian.Uint32(wire)) != size-frameHeaderLen {
 			t.Fatalf("frame size %d, segments hold %d, length prefix says %d", size, len(wire), binary.BigEndian.Uint32(wire))
 		}
-		body := alignedBuf(size - 4)
-		copy(body, wire[4:])
+		body := alignedBuf(size - frameHeaderLen)
+		copy(body, wire[frameHeaderLen:])
 		out, err := decodeBatch(body, 1, 2, true)
 		if err != nil {
 			t.Fatal(err)
@@ -99,7 +99,7 @@ func TestFrameTailsAreJoinedAndAligned(t *testing.T) {
 	var f frameWriter
 	encodeBatch(&f, []Outgoing{{Group: 1, Msg: m, tails: tails}})
 	segs, size := f.finish()
-	body := alignedBuf(size - 4)
+	body := alignedBuf(size - frameHeaderLen)
 	n := 0
 	for _, s := range segs {
 		n += len(s)
@@ -108,7 +108,7 @@ func TestFrameTailsAreJoinedAndAligned(t *testing.T) {
 	for _, s := range segs {
 		wire = append(wire, s...)
 	}
-	copy(body, wire[4:])
+	copy(body, wire[frameHeaderLen:])
 	out, err := decodeBatch(body, 1, 2, true)
 	if err != nil || n != size {
 		t.Fatal(err, n, size)

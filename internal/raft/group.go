@@ -42,13 +42,37 @@ type Group struct {
 	applied atomic.Uint64
 
 	// Apply queue: committed entries and snapshot work, run in order on
-	// the group's apply goroutine.
+	// the group's apply goroutine. At most maxApplyBacklog entries wait in
+	// memory; past that, committed entries are held back in the log (a
+	// task with only a range) and read from it when the state machine
+	// catches up, so a slow state machine never stops the group's Ready
+	// (heartbeats, votes, appends) from being processed.
 	aq struct {
 		sync.Mutex
 		tasks   []applyTask
 		entries int
 		signal  chan struct{}
-		blocked bool // the store loop skipped this group: queue was full
+	}
+
+	// inbox holds inbound messages until the store loop steps them (under
+	// mu, in ready): the transport never waits for a group's lock.
+	inbox struct {
+		sync.Mutex
+		msgs []*pb.Message
+	}
+
+	// readies counts the Readies taken (under mu). A local proposal made
+	// while readies == e is in Ready e's entries unless raft discarded it
+	// before that Ready (see sweepLocal).
+	readies uint64
+
+	// sendq holds MsgApps waiting for their entries' data (hydrateMessage,
+	// which may read the disk) before they go to the transport, drained by
+	// one worker per group so a slow ReadData delays only this group.
+	sendq struct {
+		sync.Mutex
+		msgs    []*pb.Message
+		running bool
 	}
 
 	// Proposals waiting for their entry to be applied, and inflight bytes.
@@ -70,16 +94,28 @@ type Group struct {
 	cache dataCache
 
 	// local holds the data of this host's proposals (fmtLocal entries)
-	// until WriteData has stored it, by proposal sequence number.
+	// until WriteData has stored it, by proposal sequence number. Its
+	// lifetime is the entry's, not the proposer's: a caller that stops
+	// waiting does not take the data away from the store loop.
 	localMu sync.Mutex
-	local   map[uint64][]byte
+	local   map[uint64]localData
+
+	// doneq holds finished asynchronous proposals whose callbacks have not
+	// run yet (under pmu); deliver runs them outside the locks.
+	doneq []*proposal
+}
+
+type localData struct {
+	data  []byte
+	epoch uint64 // g.readies when proposed
 }
 
 type proposal struct {
 	seq   uint64
 	size  int
 	index uint64
-	done  chan struct{}
+	done  chan struct{}       // closed when finished (Propose)
+	cb    func(Result, error) // or called through deliver (ProposeAsync)
 	res   Result
 	err   error
 }
@@ -95,7 +131,10 @@ type appliedWait struct {
 }
 
 type applyTask struct {
-	ents    []*pb.Entry
+	ents []*pb.Entry
+	// lo..hi, when hi != 0: committed entries held back in the log, to be
+	// read from it when this task runs.
+	lo, hi  uint64
 	snap    chan snapshotResult
 	restore *restoreTask
 }
@@ -114,10 +153,22 @@ type snapshotResult struct {
 	err   error
 }
 
-// maxApplyBacklog bounds committed-but-unapplied entries per group. Beyond
-// it the store loop stops taking the group's Ready, which stops it from
-// acknowledging more entries: backpressure from a slow state machine.
-const maxApplyBacklog = 4096
+// maxApplyBacklog bounds the committed-but-unapplied entries a group keeps
+// in memory. Beyond it, newly committed entries stay in the log only and
+// the apply goroutine reads them back (applyTask.lo/hi). The log is never
+// truncated past the applied index, so they are there; proposers are held
+// back by MaxInflightBytes, which counts a proposal until it is applied.
+// A variable so tests can make it small.
+var maxApplyBacklog = 4096
+
+// maxInbox bounds the inbound messages waiting for a group's store loop;
+// beyond it messages are dropped (raft resends).
+const maxInbox = 4096
+
+// maxSendQueue bounds the MsgApps waiting for hydration per group; beyond
+// it they are dropped (raft resends). Each may carry up to
+// maxHydratedBytes of data once hydrated.
+const maxSendQueue = 1024
 
 func newGroup(h *Host, loop *storeLoop, gl *groupLog, cfg GroupConfig) (*Group, error) {
 	g := &Group{
@@ -129,7 +180,7 @@ func newGroup(h *Host, loop *storeLoop, gl *groupLog, cfg GroupConfig) (*Group, 
 		followerApplied: make(map[uint64]uint64),
 		appliedChanged:  make(chan struct{}),
 		inflightWait:    make(chan struct{}),
-		local:           make(map[uint64][]byte),
+		local:           make(map[uint64]localData),
 	}
 	g.cache.max = 8 << 20
 	g.dsm, _ = cfg.StateMachine.(DataStateMachine)
@@ -169,8 +220,10 @@ func newGroup(h *Host, loop *storeLoop, gl *groupLog, cfg GroupConfig) (*Group, 
 		return nil, fmt.Errorf("raft: group %d: %w", cfg.ID, err)
 	}
 	g.rn = rn
-	g.applyWG.Add(1)
-	go g.applyLoop()
+	if !h.cfg.Manual {
+		g.applyWG.Add(1)
+		go g.applyLoop()
+	}
 	return g, nil
 }
 
@@ -180,78 +233,94 @@ func (g *Group) ID() uint64 { return g.id }
 // Leader is the leader's host ID as last seen, 0 if unknown.
 func (g *Group) Leader() uint64 { return g.leader.Load() }
 
-// IsLeader reports whether this host leads the group.
-func (g *Group) IsLeader() bool { return g.leader.Load() == g.host.id }
+// IsLeader reports whether this host leads the group. A stopped group is
+// never the leader.
+func (g *Group) IsLeader() bool { return !g.isStopped() && g.leader.Load() == g.host.id }
+
+// Stopped reports whether the group was stopped (closed, or after a fatal
+// error); it then accepts nothing (ErrStopped) until re-added.
+func (g *Group) Stopped() bool { return g.isStopped() }
 
 func (g *Group) isStopped() bool { return g.stopped.Load() }
 
+// stop stops the group for good. Proposals already handed to raft fail
+// with ErrOutcomeUnknown: they may have committed (or may yet, on the other
+// replicas).
 func (g *Group) stop() {
 	if !g.stopped.CompareAndSwap(false, true) {
 		return
 	}
 	close(g.stopc)
+	// Under mu so that no Ready taken concurrently publishes a leader after
+	// this: a stopped group must look stopped, never like a leader.
+	g.mu.Lock()
+	g.leader.Store(0)
+	g.role.Store("stopped")
+	g.mu.Unlock()
+	g.localMu.Lock()
+	clear(g.local)
+	g.localMu.Unlock()
 	g.pmu.Lock()
-	for seq, p := range g.pending {
-		p.err = ErrStopped
-		close(p.done)
-		delete(g.pending, seq)
+	for _, seq := range sortedKeys(g.pending) { // deterministic callback order
+		g.finish(seq, Result{}, fmt.Errorf("raft: group %d stopped with the proposal in its log: %w", g.id, ErrOutcomeUnknown))
 	}
 	g.pmu.Unlock()
+	g.deliver()
 }
 
+func sortedKeys[V any](m map[uint64]V) []uint64 {
+	ks := make([]uint64, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Slice(ks, func(i, j int) bool { return ks[i] < ks[j] })
+	return ks
+}
+
+// fail stops the group after an error it cannot continue from (a state
+// machine that cannot store data, a violated invariant), loudly.
 func (g *Group) fail(err error) {
+	if g.isStopped() {
+		return
+	}
 	g.host.log.Error("group stopped after a fatal error", "group", g.id, "err", err)
+	g.host.metrics.groupFailures.Inc()
 	g.stop()
+}
+
+// assertf stops the group when an invariant does not hold: continuing
+// could corrupt the state machine or acknowledge what is not stored.
+func (g *Group) assertf(ok bool, format string, args ...any) bool {
+	if !ok {
+		g.fail(fmt.Errorf("raft: group %d: invariant violated: "+format, append([]any{g.id}, args...)...))
+	}
+	return ok
 }
 
 // Propose replicates (meta, data) and returns once the entry is applied on
 // this host, with the state machine's result. data may be nil; for a
 // DataStateMachine non-nil data is kept out of the log. Only the leader
 // accepts proposals (*NotLeaderError otherwise).
+//
+// Errors that say the proposal never entered the log (ErrNotLeader,
+// ErrStopped, ErrProposalDropped, ErrTooLarge) are safe to retry. Once it
+// was handed to raft, giving up (ctx ends, the group stops, leadership is
+// lost) returns ErrOutcomeUnknown: the entry may still commit. ctx only
+// bounds the caller's wait; the entry and its data stay until the store
+// loop has written them.
 func (g *Group) Propose(ctx context.Context, meta, data []byte) (Result, error) {
-	size := len(meta) + len(data)
-	if size > g.host.cfg.MaxProposalBytes {
-		return Result{}, fmt.Errorf("raft: group %d: proposal of %d bytes exceeds %d: %w", g.id, size, g.host.cfg.MaxProposalBytes, ErrTooLarge)
-	}
-	if data != nil && g.dsm == nil {
-		return Result{}, fmt.Errorf("raft: group %d: proposal carries data but the state machine does not implement DataStateMachine", g.id)
+	size, err := g.checkProposal(meta, data)
+	if err != nil {
+		return Result{}, err
 	}
 	if err := g.acquire(ctx, size); err != nil {
 		return Result{}, err
 	}
-	seq := g.host.seq.Add(1)
-	var payload []byte
-	if data != nil {
-		payload = encodeLocal(proposalID{g.host.id, seq}, meta, len(data))
-		g.localMu.Lock()
-		g.local[seq] = data
-		g.localMu.Unlock()
-	} else {
-		payload = encodeProposal(proposalID{g.host.id, seq}, meta, nil, false)
-	}
-	p := &proposal{seq: seq, size: size, done: make(chan struct{})}
-	g.pmu.Lock()
-	g.pending[seq] = p
-	g.pmu.Unlock()
-
+	p := &proposal{size: size, done: make(chan struct{})}
 	start := time.Now()
-	g.mu.Lock()
-	var err error
-	if g.isStopped() {
-		err = ErrStopped
-	} else if st := g.rn.BasicStatus(); st.RaftState != etcdraft.StateLeader {
-		err = &NotLeaderError{Group: g.id, Leader: st.Lead}
-	} else if perr := g.rn.Propose(payload); perr != nil {
-		err = fmt.Errorf("raft: group %d: %v: %w", g.id, perr, ErrProposalDropped)
-	}
-	g.mu.Unlock()
-	if err != nil {
-		g.forget(p)
+	if err := g.submit(p, meta, data); err != nil {
 		return Result{}, err
 	}
-	g.host.metrics.proposals.WithLabelValues(g.label()).Inc()
-	g.loop.notify(g)
-
 	select {
 	case <-p.done:
 		if p.err == nil {
@@ -259,14 +328,84 @@ func (g *Group) Propose(ctx context.Context, meta, data []byte) (Result, error) 
 		}
 		return p.res, p.err
 	case <-ctx.Done():
-		g.forget(p)
-		return Result{}, fmt.Errorf("raft: group %d: waiting for proposal: %w", g.id, ctx.Err())
-	case <-g.stopc:
-		return Result{}, ErrStopped
+		// The proposal stays pending (its inflight bytes too) until its
+		// outcome is known; only this caller stops waiting for it.
+		return Result{}, fmt.Errorf("raft: group %d: stopped waiting for a proposal already in the log: %w (%w)", g.id, ErrOutcomeUnknown, ctx.Err())
 	}
 }
 
-func (g *Group) label() string { return fmt.Sprint(g.id) }
+// ProposeAsync is Propose without blocking: done is called once with the
+// outcome (from the apply goroutine, or from Host.Poll in manual mode, or
+// when the group stops). When ProposeAsync returns an error, done is never
+// called. Over the inflight budget it fails at once (ErrProposalDropped)
+// instead of waiting. done must not block; it may call into the Group.
+func (g *Group) ProposeAsync(meta, data []byte, done func(Result, error)) error {
+	size, err := g.checkProposal(meta, data)
+	if err != nil {
+		return err
+	}
+	if !g.tryAcquire(size) {
+		return fmt.Errorf("raft: group %d: %d proposal bytes in flight, limit %d: %w", g.id, g.inflightBytes(), g.host.cfg.MaxInflightBytes, ErrProposalDropped)
+	}
+	return g.submit(&proposal{size: size, cb: done}, meta, data)
+}
+
+func (g *Group) checkProposal(meta, data []byte) (int, error) {
+	size := len(meta) + len(data)
+	if size > g.host.cfg.MaxProposalBytes {
+		return 0, fmt.Errorf("raft: group %d: proposal of %d bytes exceeds %d: %w", g.id, size, g.host.cfg.MaxProposalBytes, ErrTooLarge)
+	}
+	if data != nil && g.dsm == nil {
+		return 0, fmt.Errorf("raft: group %d: proposal carries data but the state machine does not implement DataStateMachine", g.id)
+	}
+	return size, nil
+}
+
+// submit hands p to raft. On error the proposal certainly did not enter the
+// log and its inflight bytes (reserved by the caller) are released.
+func (g *Group) submit(p *proposal, meta, data []byte) error {
+	p.seq = g.host.seq.Add(1)
+	var payload []byte
+	if data != nil {
+		payload = encodeLocal(proposalID{g.host.id, p.seq}, meta, len(data))
+	} else {
+		payload = encodeProposal(proposalID{g.host.id, p.seq}, meta, nil, false)
+	}
+	g.mu.Lock()
+	var err error
+	if g.isStopped() {
+		err = fmt.Errorf("raft: group %d: %w", g.id, ErrStopped)
+	} else if st := g.rn.BasicStatus(); st.RaftState != etcdraft.StateLeader {
+		err = &NotLeaderError{Group: g.id, Leader: st.Lead}
+	} else {
+		if data != nil {
+			// Before raft sees the entry: the next Ready may carry it.
+			g.localMu.Lock()
+			g.local[p.seq] = localData{data: data, epoch: g.readies}
+			g.localMu.Unlock()
+		}
+		if perr := g.rn.Propose(payload); perr != nil {
+			err = fmt.Errorf("raft: group %d: %v: %w", g.id, perr, ErrProposalDropped)
+			g.dropLocal(p.seq)
+		} else {
+			// Under mu (lock order mu → pmu): nothing can finish or fail
+			// the proposal before it is pending.
+			g.pmu.Lock()
+			g.pending[p.seq] = p
+			g.pmu.Unlock()
+		}
+	}
+	g.mu.Unlock()
+	if err != nil {
+		g.pmu.Lock()
+		g.releaseLocked(p.size)
+		g.pmu.Unlock()
+		return err
+	}
+	g.host.metrics.proposals.WithLabelValues(g.label()).Inc()
+	g.loop.notify(g)
+	return nil
+}
 
 // acquire reserves inflight bytes, blocking while the group is over its
 // budget: a slow group slows its proposers, not the host.
@@ -291,6 +430,25 @@ func (g *Group) acquire(ctx context.Context, size int) error {
 	}
 }
 
+func (g *Group) label() string { return fmt.Sprint(g.id) }
+
+// tryAcquire is acquire without waiting.
+func (g *Group) tryAcquire(size int) bool {
+	g.pmu.Lock()
+	defer g.pmu.Unlock()
+	if g.inflight == 0 || g.inflight+size <= g.host.cfg.MaxInflightBytes {
+		g.inflight += size
+		return true
+	}
+	return false
+}
+
+func (g *Group) inflightBytes() int {
+	g.pmu.Lock()
+	defer g.pmu.Unlock()
+	return g.inflight
+}
+
 // releaseLocked returns inflight bytes; pmu must be held.
 func (g *Group) releaseLocked(size int) {
 	g.inflight -= size
@@ -308,33 +466,67 @@ func (g *Group) takeLocal(seq uint64) ([]byte, bool) {
 	g.localMu.Lock()
 	defer g.localMu.Unlock()
 	d, ok := g.local[seq]
-	return d, ok
+	return d.data, ok
 }
 
-// forget abandons a proposal whose caller gave up.
-func (g *Group) forget(p *proposal) {
-	g.dropLocal(p.seq)
+// sweepLocal runs after the Ready numbered epoch was written: the data of
+// a local proposal made before that Ready was taken and still not written
+// belongs to an entry raft discarded before any Ready carried it (a new
+// leader's log replaced it). Nothing was sent or stored: the proposal
+// certainly failed.
+func (g *Group) sweepLocal(epoch uint64) {
+	var gone []uint64
+	g.localMu.Lock()
+	for seq, d := range g.local {
+		if d.epoch <= epoch {
+			delete(g.local, seq)
+			gone = append(gone, seq)
+		}
+	}
+	g.localMu.Unlock()
+	if len(gone) == 0 {
+		return
+	}
+	sort.Slice(gone, func(i, j int) bool { return gone[i] < gone[j] })
 	g.pmu.Lock()
-	if _, ok := g.pending[p.seq]; ok {
-		delete(g.pending, p.seq)
-		g.releaseLocked(p.size)
+	for _, seq := range gone {
+		g.finish(seq, Result{}, fmt.Errorf("raft: group %d: proposal discarded by raft before it was appended: %w", g.id, ErrProposalDropped))
 	}
 	g.pmu.Unlock()
+	g.deliver()
 }
 
+// finish reports a proposal's outcome; pmu must be held. Its data (in
+// local) is not touched: that belongs to the entry, not to the caller.
+// Callbacks of asynchronous proposals run later, in deliver.
 func (g *Group) finish(seq uint64, res Result, err error) {
 	p, ok := g.pending[seq]
 	if !ok {
 		return
 	}
 	delete(g.pending, seq)
-	g.dropLocal(seq)
 	if p.index != 0 {
 		delete(g.byIndex, p.index)
 	}
 	g.releaseLocked(p.size)
 	p.res, p.err = res, err
+	if p.cb != nil {
+		g.doneq = append(g.doneq, p)
+		return
+	}
 	close(p.done)
+}
+
+// deliver runs the callbacks of finished asynchronous proposals, with no
+// lock held.
+func (g *Group) deliver() {
+	g.pmu.Lock()
+	q := g.doneq
+	g.doneq = nil
+	g.pmu.Unlock()
+	for _, p := range q {
+		p.cb(p.res, p.err)
+	}
 }
 
 // recordProposalIndexes learns the log index of this host's proposals as
@@ -427,6 +619,17 @@ func (g *Group) WaitApplied(ctx context.Context, index uint64) error {
 	}
 }
 
+// AppliedAll is the non-blocking form of WaitAppliedAll: it reports
+// whether every voter has applied index and, if not, the replicas that lag
+// with the applied index each reported. Meaningful on the leader only (the
+// others do not hear the followers' reports).
+func (g *Group) AppliedAll(index uint64) (ok bool, laggards map[uint64]uint64) {
+	g.pmu.Lock()
+	lag := g.laggingLocked(index)
+	g.pmu.Unlock()
+	return len(lag) == 0, lag
+}
+
 // WaitAppliedAll returns once every voter has applied index (Ozone's watch
 // for ALL_COMMITTED), or, when ctx ends first, a *LagError naming the
 // replicas that had not. Call it on the leader.
@@ -510,20 +713,22 @@ func (g *Group) RemoveMember(ctx context.Context, id uint64) error {
 func (g *Group) changeMembership(ctx context.Context, typ pb.ConfChangeType, id uint64) error {
 	seq := g.host.seq.Add(1)
 	p := &proposal{seq: seq, done: make(chan struct{})}
-	g.pmu.Lock()
-	g.pending[seq] = p
-	g.pmu.Unlock()
 	cc := &pb.ConfChange{Type: &typ, NodeId: proto.Uint64(id), Context: encodeProposal(proposalID{g.host.id, seq}, nil, nil, false)}
 	g.mu.Lock()
 	var err error
-	if st := g.rn.BasicStatus(); st.RaftState != etcdraft.StateLeader {
+	if g.isStopped() {
+		err = fmt.Errorf("raft: group %d: %w", g.id, ErrStopped)
+	} else if st := g.rn.BasicStatus(); st.RaftState != etcdraft.StateLeader {
 		err = &NotLeaderError{Group: g.id, Leader: st.Lead}
 	} else if perr := g.rn.ProposeConfChange(cc); perr != nil {
 		err = fmt.Errorf("raft: group %d: membership change: %v: %w", g.id, perr, ErrProposalDropped)
+	} else {
+		g.pmu.Lock()
+		g.pending[seq] = p
+		g.pmu.Unlock()
 	}
 	g.mu.Unlock()
 	if err != nil {
-		g.forget(p)
 		return err
 	}
 	g.loop.notify(g)
@@ -531,10 +736,7 @@ func (g *Group) changeMembership(ctx context.Context, typ pb.ConfChangeType, id 
 	case <-p.done:
 		return p.err
 	case <-ctx.Done():
-		g.forget(p)
-		return fmt.Errorf("raft: group %d: membership change: %w", g.id, ctx.Err())
-	case <-g.stopc:
-		return ErrStopped
+		return fmt.Errorf("raft: group %d: stopped waiting for a membership change already in the log: %w (%w)", g.id, ErrOutcomeUnknown, ctx.Err())
 	}
 }
 
@@ -546,6 +748,9 @@ func (g *Group) Status() Status {
 	s := Status{
 		Group: g.id, Host: g.host.id, Leader: st.Lead, Term: st.GetTerm(), Role: roleName(st.RaftState),
 		Commit: st.GetCommit(), Applied: g.applied.Load(), LogDir: g.log.store.dir,
+	}
+	if g.isStopped() {
+		s.Role, s.Leader = "stopped", 0
 	}
 	for id := range st.Config.Voters.IDs() {
 		s.Voters = append(s.Voters, id)
@@ -583,13 +788,41 @@ func roleName(s etcdraft.StateType) string {
 	}
 }
 
+// step queues an inbound message and steps the queue at once if the
+// group's lock is free; otherwise whoever holds it next in the store loop
+// (ready) or the ticker (tick) steps it, in arrival order. The caller (a
+// transport goroutine) never waits for the group's lock, which a busy
+// group may hold.
 func (g *Group) step(m *pb.Message) {
-	g.mu.Lock()
-	if !g.isStopped() {
+	if g.isStopped() {
+		return
+	}
+	g.inbox.Lock()
+	if len(g.inbox.msgs) >= maxInbox {
+		g.inbox.Unlock()
+		g.host.metrics.droppedInbox.Inc()
+		return
+	}
+	g.inbox.msgs = append(g.inbox.msgs, m)
+	g.inbox.Unlock()
+	if !g.host.cfg.Manual && g.mu.TryLock() {
+		if !g.isStopped() {
+			g.stepInboxLocked()
+		}
+		g.mu.Unlock()
+	}
+	g.loop.notify(g)
+}
+
+// stepInboxLocked steps the queued inbound messages; mu must be held.
+func (g *Group) stepInboxLocked() {
+	g.inbox.Lock()
+	msgs := g.inbox.msgs
+	g.inbox.msgs = nil
+	g.inbox.Unlock()
+	for _, m := range msgs {
 		_ = g.rn.Step(m) // errors are for local messages or unknown peers: raft ignores them
 	}
-	g.mu.Unlock()
-	g.loop.notify(g)
 }
 
 func (g *Group) reportUnreachable(id uint64) {
@@ -606,6 +839,9 @@ func (g *Group) tick() {
 		g.mu.Unlock()
 		return
 	}
+	// Messages still queued count before time passes: a leader busy on
+	// its disk must not miss its followers' responses (CheckQuorum).
+	g.stepInboxLocked()
 	g.rn.Tick()
 	g.mu.Unlock()
 	// Followers re-report their applied index now and then, in case the
@@ -616,14 +852,18 @@ func (g *Group) tick() {
 	g.loop.notify(g)
 }
 
-// ready takes the group's Ready if it has one and its apply queue has room.
+// ready steps the queued inbound messages and takes the group's Ready if
+// it has one. A slow state machine does not hold it back: committed
+// entries past the apply backlog wait in the log (see enqueueCommitted).
 func (g *Group) ready() *readyWork {
-	if g.applyBacklog() > maxApplyBacklog {
+	g.mu.Lock()
+	if g.isStopped() {
+		g.mu.Unlock()
 		return nil
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.isStopped() || !g.rn.HasReady() {
+	g.stepInboxLocked()
+	if !g.rn.HasReady() {
+		g.mu.Unlock()
 		return nil
 	}
 	rd := g.rn.Ready()
@@ -631,7 +871,14 @@ func (g *Group) ready() *readyWork {
 	g.leader.Store(st.Lead)
 	g.term.Store(st.GetTerm())
 	g.role.Store(roleName(st.RaftState))
-	return &readyWork{g: g, rd: rd, leader: st.RaftState == etcdraft.StateLeader}
+	epoch := g.readies
+	g.readies++
+	g.mu.Unlock()
+	// Proposals of a leader that lost leadership stay pending: this host
+	// still applies the entry if it commits (and reports the result), or
+	// sees another entry replace it (ErrProposalDropped); a caller that
+	// stops waiting first gets ErrOutcomeUnknown.
+	return &readyWork{g: g, rd: rd, leader: st.RaftState == etcdraft.StateLeader, epoch: epoch}
 }
 
 // advance tells raft the Ready is persisted and queues its committed
@@ -660,20 +907,35 @@ func (g *Group) advance(rd etcdraft.Ready) {
 		g.pmu.Unlock()
 	}
 	if len(rd.CommittedEntries) > 0 {
-		g.enqueue(applyTask{ents: rd.CommittedEntries})
+		g.enqueueCommitted(rd.CommittedEntries)
 	}
 	if more {
 		g.loop.notify(g)
 	}
 }
 
-func (g *Group) applyBacklog() int {
+// enqueueCommitted queues committed entries for the apply goroutine. Up to
+// maxApplyBacklog of them wait in memory; beyond that only their range is
+// queued and the apply goroutine reads them back from the log. They are
+// durable there: the store loop queues committed entries only after the
+// batch holding them was committed, and the log is not truncated past the
+// applied index.
+func (g *Group) enqueueCommitted(ents []*pb.Entry) {
+	lo, hi := ents[0].GetIndex(), ents[len(ents)-1].GetIndex()
 	g.aq.Lock()
-	defer g.aq.Unlock()
-	if g.aq.entries > maxApplyBacklog {
-		g.aq.blocked = true
+	n := len(g.aq.tasks)
+	switch {
+	case n > 0 && g.aq.tasks[n-1].hi != 0 && g.aq.tasks[n-1].hi+1 == lo:
+		g.aq.tasks[n-1].hi = hi // extend the range held back
+	case g.aq.entries+len(ents) > maxApplyBacklog:
+		g.aq.tasks = append(g.aq.tasks, applyTask{lo: lo, hi: hi})
+		g.host.metrics.applyHeldBack.Inc()
+	default:
+		g.aq.tasks = append(g.aq.tasks, applyTask{ents: ents})
+		g.aq.entries += len(ents)
 	}
-	return g.aq.entries
+	g.aq.Unlock()
+	g.signalApply()
 }
 
 func (g *Group) enqueue(t applyTask) {
@@ -681,6 +943,10 @@ func (g *Group) enqueue(t applyTask) {
 	g.aq.tasks = append(g.aq.tasks, t)
 	g.aq.entries += len(t.ents)
 	g.aq.Unlock()
+	g.signalApply()
+}
+
+func (g *Group) signalApply() {
 	select {
 	case g.aq.signal <- struct{}{}:
 	default:
@@ -696,31 +962,32 @@ func (g *Group) applyLoop() {
 			return
 		case <-g.aq.signal:
 		}
-		for {
-			g.aq.Lock()
-			if len(g.aq.tasks) == 0 {
-				wasBlocked := g.aq.blocked
-				g.aq.blocked = false
-				g.aq.Unlock()
-				if wasBlocked {
-					g.loop.notify(g)
-				}
-				break
-			}
-			t := g.aq.tasks[0]
-			g.aq.tasks[0] = applyTask{}
-			g.aq.tasks = g.aq.tasks[1:]
-			g.aq.Unlock()
-			g.runTask(t)
-			g.aq.Lock()
-			g.aq.entries -= len(t.ents)
-			g.aq.Unlock()
+		for g.runNextTask() {
 			if g.isStopped() {
 				g.drainTasks()
 				return
 			}
 		}
 	}
+}
+
+// runNextTask runs the first queued apply task, if any.
+func (g *Group) runNextTask() bool {
+	g.aq.Lock()
+	if len(g.aq.tasks) == 0 {
+		g.aq.Unlock()
+		return false
+	}
+	t := g.aq.tasks[0]
+	g.aq.tasks[0] = applyTask{}
+	g.aq.tasks = g.aq.tasks[1:]
+	g.aq.Unlock()
+	g.runTask(t)
+	g.aq.Lock()
+	g.aq.entries -= len(t.ents)
+	g.aq.Unlock()
+	g.deliver()
+	return true
 }
 
 // drainTasks fails the snapshot work still queued when the group stops.
@@ -742,32 +1009,76 @@ func (g *Group) drainTasks() {
 func (g *Group) runTask(t applyTask) {
 	switch {
 	case t.snap != nil:
-		idx, body, err := g.sm.Snapshot()
-		if err != nil {
-			t.snap <- snapshotResult{err: err}
-			return
-		}
-		term, terr := g.log.Term(idx)
-		if terr != nil || idx == 0 {
-			body.Close()
-			t.snap <- snapshotResult{err: fmt.Errorf("raft: group %d: snapshot at index %d: term unknown: %v", g.id, idx, terr)}
-			return
-		}
-		t.snap <- snapshotResult{index: idx, term: term, conf: proto.Clone(g.confState).(*pb.ConfState), body: body}
+		t.snap <- g.snapshot()
 	case t.restore != nil:
-		md := t.restore.m.GetSnapshot().GetMetadata()
-		if err := g.sm.Restore(md.GetIndex(), t.restore.body); err != nil {
-			t.restore.done <- err
-			return
-		}
-		g.setApplied(md.GetIndex())
-		g.pmu.Lock()
-		g.confState = proto.Clone(md.GetConfState()).(*pb.ConfState)
-		g.voters = append([]uint64(nil), md.GetConfState().GetVoters()...)
-		g.pmu.Unlock()
-		t.restore.done <- nil
+		t.restore.done <- g.restore(t.restore)
+	case t.hi != 0:
+		g.applyHeldBack(t.lo, t.hi)
 	default:
 		g.applyEntries(t.ents)
+	}
+}
+
+// snapshot takes the state machine's snapshot; on the apply goroutine (or
+// in Poll, in manual mode), so that no Apply runs concurrently.
+func (g *Group) snapshot() snapshotResult {
+	idx, body, err := g.sm.Snapshot()
+	if err != nil {
+		return snapshotResult{err: err}
+	}
+	term, terr := g.log.Term(idx)
+	if terr != nil || idx == 0 {
+		body.Close()
+		return snapshotResult{err: fmt.Errorf("raft: group %d: snapshot at index %d: term unknown: %v", g.id, idx, terr)}
+	}
+	return snapshotResult{index: idx, term: term, conf: proto.Clone(g.confState).(*pb.ConfState), body: body}
+}
+
+// restore installs a snapshot unless the state machine already has
+// everything it holds. The comparison is with what this replica applied
+// (never raft's commit index) and happens here, on the apply goroutine, in
+// order with every apply and every other restore: of two snapshots that
+// arrive newer-then-older, the older is ignored, so the state never goes
+// back.
+func (g *Group) restore(rt *restoreTask) error {
+	md := rt.m.GetSnapshot().GetMetadata()
+	idx := md.GetIndex()
+	if have := max(g.applied.Load(), g.sm.AppliedIndex()); idx <= have {
+		g.host.log.Info("ignoring a snapshot the state machine is already past", "group", g.id, "snapshot", idx, "applied", have)
+		_, err := io.Copy(io.Discard, rt.body)
+		return err
+	}
+	if err := g.sm.Restore(idx, rt.body); err != nil {
+		return err
+	}
+	if got := g.sm.AppliedIndex(); !g.assertf(got == idx, "state machine reports applied index %d after restoring the snapshot at %d", got, idx) {
+		return fmt.Errorf("raft: group %d: restore at %d: state machine reports %d", g.id, idx, got)
+	}
+	if !g.setApplied(idx) {
+		return ErrStopped
+	}
+	g.pmu.Lock()
+	g.confState = proto.Clone(md.GetConfState()).(*pb.ConfState)
+	g.voters = append([]uint64(nil), md.GetConfState().GetVoters()...)
+	g.pmu.Unlock()
+	g.host.metrics.snapshotsReceived.Inc()
+	return nil
+}
+
+// applyHeldBack applies committed entries lo..hi read back from the log.
+func (g *Group) applyHeldBack(lo, hi uint64) {
+	for lo <= hi && !g.isStopped() {
+		if a := g.applied.Load(); a >= lo {
+			lo = a + 1 // a restored snapshot covered some of them
+			continue
+		}
+		ents, err := g.log.Entries(lo, hi+1, 4<<20)
+		if err != nil {
+			g.fail(fmt.Errorf("raft: group %d: reading committed entries [%d,%d] from the log: %w", g.id, lo, hi, err))
+			return
+		}
+		g.applyEntries(ents)
+		lo = ents[len(ents)-1].GetIndex() + 1
 	}
 }
 
@@ -861,16 +1172,22 @@ func (g *Group) applyEntries(ents []*pb.Entry) {
 		}
 	}
 	g.pmu.Unlock()
-	g.setApplied(last)
+	if !g.setApplied(last) {
+		return
+	}
 	g.reportApplied(false)
 	g.maybeCompact()
 }
 
-func (g *Group) setApplied(index uint64) {
-	g.pmu.Lock()
-	if index > g.applied.Load() {
-		g.applied.Store(index)
+// setApplied records that the state machine holds everything up to index.
+// The applied index never goes back: an attempt stops the group (a bug that
+// must not turn into a state machine silently missing entries).
+func (g *Group) setApplied(index uint64) bool {
+	if cur := g.applied.Load(); !g.assertf(index >= cur, "applied index would go back from %d to %d", cur, index) {
+		return false
 	}
+	g.pmu.Lock()
+	g.applied.Store(index)
 	kept := g.appliedWaiter[:0]
 	for _, w := range g.appliedWaiter {
 		if w.index <= index {
@@ -883,6 +1200,7 @@ func (g *Group) setApplied(index uint64) {
 	close(g.appliedChanged)
 	g.appliedChanged = make(chan struct{})
 	g.pmu.Unlock()
+	return true
 }
 
 // reportApplied tells the leader how far this replica has applied.
@@ -950,27 +1268,34 @@ func (g *Group) takeSnapshot() (snapshotResult, error) {
 	}
 }
 
-// receiveSnapshot restores a snapshot sent by the leader, then steps the
-// MsgSnap so raft moves its log to the snapshot's position.
+// receiveSnapshot restores a snapshot sent by the leader (unless the state
+// machine is already past it, see restore), then steps the MsgSnap so raft
+// moves its log to the snapshot's position.
 func (g *Group) receiveSnapshot(m *pb.Message, body io.Reader) error {
 	idx := m.GetSnapshot().GetMetadata().GetIndex()
-	g.mu.Lock()
-	commit := g.rn.BasicStatus().GetCommit()
-	g.mu.Unlock()
-	if idx > commit {
-		done := make(chan error, 1)
-		g.enqueue(applyTask{restore: &restoreTask{m: m, body: body, done: done}})
-		select {
-		case err := <-done:
-			if err != nil {
-				return fmt.Errorf("raft: group %d: restore snapshot at %d: %w", g.id, idx, err)
-			}
-		case <-g.stopc:
+	if g.host.cfg.Manual {
+		// No apply goroutine: run what is queued before it, then restore,
+		// here, in order.
+		if g.isStopped() {
 			return ErrStopped
 		}
-		g.host.metrics.snapshotsReceived.Inc()
-	} else if _, err := io.Copy(io.Discard, body); err != nil {
-		return err
+		for g.runNextTask() {
+		}
+		if err := g.restore(&restoreTask{m: m, body: body}); err != nil {
+			return fmt.Errorf("raft: group %d: restore snapshot at %d: %w", g.id, idx, err)
+		}
+		g.step(m)
+		return nil
+	}
+	done := make(chan error, 1)
+	g.enqueue(applyTask{restore: &restoreTask{m: m, body: body, done: done}})
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("raft: group %d: restore snapshot at %d: %w", g.id, idx, err)
+		}
+	case <-g.stopc:
+		return ErrStopped
 	}
 	g.step(m)
 	return nil
@@ -996,9 +1321,11 @@ func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 		case fmtLost:
 			data = nil
 		case fmtLocal:
+			// Only this host's proposals are fmtLocal, and their data stays
+			// in local until written here, whatever their callers do.
 			var ok bool
 			if data, ok = g.takeLocal(d.id.seq); !ok || d.id.host != g.host.id {
-				return nil, fmt.Errorf("raft: group %d: entry %d: data of local proposal %d missing", g.id, e.GetIndex(), d.id.seq)
+				return nil, fmt.Errorf("raft: group %d: invariant violated: entry %d: data of local proposal %d (host %d) missing", g.id, e.GetIndex(), d.id.seq, d.id.host)
 			}
 		}
 		if err := g.dsm.WriteData(e.GetIndex(), e.GetTerm(), d.meta, data); err != nil {
@@ -1023,6 +1350,59 @@ func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 		return ents, nil
 	}
 	return out, nil
+}
+
+// queueSend queues a MsgApp for hydration and sending on the group's
+// worker (started when the queue becomes non-empty). Bounded: beyond
+// maxSendQueue the message is dropped; raft resends.
+func (g *Group) queueSend(m *pb.Message) {
+	g.sendq.Lock()
+	if len(g.sendq.msgs) >= maxSendQueue || g.isStopped() {
+		g.sendq.Unlock()
+		g.host.metrics.droppedSends.Inc()
+		return
+	}
+	g.sendq.msgs = append(g.sendq.msgs, m)
+	start := !g.sendq.running
+	g.sendq.running = true
+	g.sendq.Unlock()
+	if start {
+		g.host.startSender(g)
+	}
+}
+
+// sendQueued reports whether MsgApps wait in the send queue: later ones
+// must queue behind them to keep their order.
+func (g *Group) sendQueued() bool {
+	g.sendq.Lock()
+	defer g.sendq.Unlock()
+	return g.sendq.running
+}
+
+// runSendQueue hydrates and sends queued MsgApps until the queue is empty.
+// Reports whether it sent anything.
+func (g *Group) runSendQueue() bool {
+	did := false
+	for {
+		g.sendq.Lock()
+		if len(g.sendq.msgs) == 0 || g.isStopped() {
+			g.sendq.msgs = nil
+			g.sendq.running = false
+			g.sendq.Unlock()
+			return did
+		}
+		m := g.sendq.msgs[0]
+		g.sendq.msgs[0] = nil
+		g.sendq.msgs = g.sendq.msgs[1:]
+		g.sendq.Unlock()
+		did = true
+		out, tails, err := g.hydrateMessage(m)
+		if err != nil {
+			g.host.log.Warn("cannot read entry data for a send; dropping it (raft resends)", "group", g.id, "to", m.GetTo(), "err", err)
+			continue
+		}
+		g.host.transport.Send(m.GetTo(), []Outgoing{{Group: g.id, Msg: out, tails: tails}})
+	}
 }
 
 // maxHydratedBytes bounds the data put back into one MsgApp. raft sizes

@@ -39,12 +39,17 @@ type Host struct {
 	groups map[uint64]*Group
 	// home remembers on which store a group's state was found at start.
 	home map[uint64]*storeLoop
+	// adding holds the IDs of groups AddGroup is opening (outside mu).
+	adding map[uint64]bool
 
 	seq     atomic.Uint64
 	snapSem chan struct{}
-	stopc   chan struct{}
-	wg      sync.WaitGroup
-	closed  atomic.Bool
+	// snapq holds the snapshots to send in manual mode (Poll sends them).
+	snapMu sync.Mutex
+	snapq  []snapshotSend
+	stopc  chan struct{}
+	wg     sync.WaitGroup
+	closed atomic.Bool
 }
 
 // NewHost opens the log stores, starts the transport and the loops.
@@ -88,6 +93,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 		log:     cfg.Logger.With("host", cfg.ID),
 		groups:  make(map[uint64]*Group),
 		home:    make(map[uint64]*storeLoop),
+		adding:  make(map[uint64]bool),
 		snapSem: make(chan struct{}, 2),
 		stopc:   make(chan struct{}),
 	}
@@ -110,12 +116,19 @@ func NewHost(cfg HostConfig) (*Host, error) {
 		}
 	}
 	h.transport = cfg.Transport
+	if cfg.Manual && h.transport == nil {
+		h.closeStores()
+		return nil, fmt.Errorf("raft: host %d: manual mode needs a Transport (the caller's)", cfg.ID)
+	}
 	if h.transport == nil {
 		if cfg.Resolve == nil {
 			h.closeStores()
 			return nil, fmt.Errorf("raft: host %d: Resolve is required with the TCP transport", cfg.ID)
 		}
-		t, err := NewTCPTransport(TCPConfig{ID: cfg.ID, ListenAddr: cfg.ListenAddr, Resolve: cfg.Resolve, Logger: h.log, Metrics: h.metrics})
+		// A frame holds at most one message past maxBatchBytes, and one
+		// message at most one proposal past maxHydratedBytes.
+		maxFrame := cfg.MaxProposalBytes + maxBatchBytes + maxHydratedBytes + 1<<20
+		t, err := NewTCPTransport(TCPConfig{ID: cfg.ID, ListenAddr: cfg.ListenAddr, Resolve: cfg.Resolve, Logger: h.log, Metrics: h.metrics, MaxFrameBytes: maxFrame})
 		if err != nil {
 			h.closeStores()
 			return nil, err
@@ -125,6 +138,9 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	if err := h.transport.Start(h); err != nil {
 		h.closeStores()
 		return nil, err
+	}
+	if cfg.Manual {
+		return h, nil
 	}
 	for _, l := range h.loops {
 		h.wg.Add(1)
@@ -185,12 +201,7 @@ func (h *Host) Close() error {
 		return nil
 	}
 	close(h.stopc)
-	h.mu.Lock()
-	groups := make([]*Group, 0, len(h.groups))
-	for _, g := range h.groups {
-		groups = append(groups, g)
-	}
-	h.mu.Unlock()
+	groups := h.groupList()
 	for _, g := range groups {
 		g.stop()
 	}
@@ -221,9 +232,12 @@ func (h *Host) AddGroup(cfg GroupConfig) (*Group, error) {
 	if h.closed.Load() {
 		return nil, ErrStopped
 	}
+	// The host lock is held only to reserve the ID and to publish the
+	// group: loading and bootstrapping sync the log store, and inbound
+	// messages and ticks of every other group need the lock meanwhile.
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if _, ok := h.groups[cfg.ID]; ok {
+	if _, ok := h.groups[cfg.ID]; ok || h.adding[cfg.ID] {
+		h.mu.Unlock()
 		return nil, fmt.Errorf("raft: group %d: %w", cfg.ID, ErrGroupExists)
 	}
 	loop, existed := h.home[cfg.ID]
@@ -237,6 +251,32 @@ func (h *Host) AddGroup(cfg GroupConfig) (*Group, error) {
 			}
 		}
 	}
+	h.adding[cfg.ID] = true
+	h.mu.Unlock()
+	g, err := h.openGroup(loop, cfg)
+	h.mu.Lock()
+	delete(h.adding, cfg.ID)
+	if err == nil && h.closed.Load() {
+		err = ErrStopped
+	}
+	if err != nil {
+		h.mu.Unlock()
+		if g != nil {
+			g.stop()
+			g.applyWG.Wait()
+		}
+		return nil, err
+	}
+	h.groups[cfg.ID] = g
+	h.home[cfg.ID] = loop
+	h.mu.Unlock()
+	h.metrics.groups.Inc()
+	loop.notify(g)
+	return g, nil
+}
+
+// openGroup loads (or bootstraps) a group's log and starts the group.
+func (h *Host) openGroup(loop *storeLoop, cfg GroupConfig) (*Group, error) {
 	gl, err := loop.store.load(cfg.ID)
 	if err != nil {
 		return nil, err
@@ -247,15 +287,7 @@ func (h *Host) AddGroup(cfg GroupConfig) (*Group, error) {
 			return nil, err
 		}
 	}
-	g, err := newGroup(h, loop, gl, cfg)
-	if err != nil {
-		return nil, err
-	}
-	h.groups[cfg.ID] = g
-	h.home[cfg.ID] = loop
-	h.metrics.groups.Inc()
-	loop.notify(g)
-	return g, nil
+	return newGroup(h, loop, gl, cfg)
 }
 
 // bootstrap writes the initial state of a new group: the log starts after
@@ -321,6 +353,14 @@ func (h *Host) RemoveGroup(id uint64) error {
 	}
 	g.stop()
 	g.applyWG.Wait()
+	if h.cfg.Manual {
+		// No loop runs concurrently: drop now.
+		loop.forget(id)
+		err := loop.store.drop(id)
+		h.metrics.groups.Dec()
+		h.metrics.forgetGroup(id)
+		return err
+	}
 	// The drop runs on the store loop, between iterations, so that no
 	// batch in flight can write the group's keys back after it.
 	done := make(chan error, 1)
@@ -343,13 +383,7 @@ func (h *Host) RemoveGroup(id uint64) error {
 // Tick advances every group's logical clock by one tick. Called by the
 // host's ticker, or by tests when TickInterval is negative.
 func (h *Host) Tick() {
-	h.mu.RLock()
-	groups := make([]*Group, 0, len(h.groups))
-	for _, g := range h.groups {
-		groups = append(groups, g)
-	}
-	h.mu.RUnlock()
-	for _, g := range groups {
+	for _, g := range h.groupList() {
 		g.tick()
 	}
 }
@@ -368,13 +402,19 @@ func (h *Host) tickLoop() {
 	}
 }
 
-// HandleMessages implements Handler.
+// HandleMessages implements Handler. It only queues: the host lock is
+// held to look the groups up, no group lock is taken (the store loop steps
+// the messages, see Group.step).
 func (h *Host) HandleMessages(from uint64, msgs []Outgoing) {
+	gs := make([]*Group, len(msgs))
 	h.mu.RLock()
-	defer h.mu.RUnlock()
-	for _, o := range msgs {
-		g, ok := h.groups[o.Group]
-		if !ok {
+	for i, o := range msgs {
+		gs[i] = h.groups[o.Group]
+	}
+	h.mu.RUnlock()
+	for i, o := range msgs {
+		g := gs[i]
+		if g == nil {
 			h.metrics.droppedUnknownGroup.Inc()
 			continue
 		}
@@ -388,11 +428,21 @@ func (h *Host) HandleMessages(from uint64, msgs []Outgoing) {
 
 // Unreachable implements Handler.
 func (h *Host) Unreachable(id uint64) {
-	h.mu.RLock()
-	defer h.mu.RUnlock()
-	for _, g := range h.groups {
+	for _, g := range h.groupList() {
 		g.reportUnreachable(id)
 	}
+}
+
+// groupList is the hosted groups in ID order.
+func (h *Host) groupList() []*Group {
+	h.mu.RLock()
+	gs := make([]*Group, 0, len(h.groups))
+	for _, g := range h.groups {
+		gs = append(gs, g)
+	}
+	h.mu.RUnlock()
+	sort.Slice(gs, func(i, j int) bool { return gs[i].id < gs[j].id })
+	return gs
 }
 
 // HandleSnapshot implements Handler: restore the state machine, then let
@@ -414,21 +464,31 @@ func (h *Host) send(g *Group, msgs []*pb.Message) {
 	var byPeer map[uint64][]Outgoing
 	for _, m := range msgs {
 		if m.GetType() == pb.MsgSnap {
+			if h.cfg.Manual {
+				h.snapMu.Lock()
+				h.snapq = append(h.snapq, snapshotSend{g: g, m: m})
+				h.snapMu.Unlock()
+				continue
+			}
 			h.wg.Add(1)
 			go h.sendSnapshot(g, m)
 			continue
 		}
-		o := Outgoing{Group: g.id, Msg: m}
-		if g.dsm != nil && m.GetType() == pb.MsgApp && hasElided(m) {
-			o.Hydrate = g.hydrateMessage
+		if g.dsm != nil && m.GetType() == pb.MsgApp && (hasElided(m) || g.sendQueued()) {
+			// Its data must be put back first, which may read the disk:
+			// on the group's own worker, never on the loop or on the
+			// peer's writer (shared by every group).
+			g.queueSend(m)
+			continue
 		}
+		o := Outgoing{Group: g.id, Msg: m}
 		if byPeer == nil {
 			byPeer = make(map[uint64][]Outgoing, 4)
 		}
 		byPeer[m.GetTo()] = append(byPeer[m.GetTo()], o)
 	}
-	for to, out := range byPeer {
-		h.transport.Send(to, out)
+	for _, to := range sortedKeys(byPeer) {
+		h.transport.Send(to, byPeer[to])
 	}
 }
 
@@ -478,4 +538,124 @@ func (h *Host) sendSnapshot(g *Group, m *pb.Message) {
 	h.metrics.snapshotsSent.Inc()
 	h.log.Info("snapshot sent", "group", g.id, "to", to, "index", snap.index, "took", time.Since(start))
 	report(etcdraft.SnapshotFinish)
+}
+
+// startSender runs a group's send queue on a goroutine of its own (one at
+// a time per group, see Group.queueSend).
+func (h *Host) startSender(g *Group) {
+	if h.cfg.Manual {
+		return // Poll drains the queue
+	}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		g.runSendQueue()
+	}()
+}
+
+// SnapshotSender is implemented by a transport that takes a snapshot as
+// one complete message. Manual mode needs it (the streaming
+// Transport.SendSnapshot blocks): Poll takes the state machine's snapshot,
+// reads it whole, and hands it over.
+type SnapshotSender interface {
+	// QueueSnapshot queues the MsgSnap m of group, with the state
+	// machine's data, for host to. It must not block. The transport later
+	// delivers it with the receiver's Host.HandleSnapshot(from, group, m,
+	// bytes.NewReader(data)) and calls done with that call's result (or an
+	// error if it dropped the snapshot): done tells raft whether the
+	// follower has it (ReportSnapshot). done must be called exactly once,
+	// on the caller's (the simulator's) goroutine.
+	QueueSnapshot(to, group uint64, m *pb.Message, data []byte, done func(error))
+}
+
+type snapshotSend struct {
+	g *Group
+	m *pb.Message
+}
+
+// Poll runs, on the caller's goroutine, all work of a Manual host that is
+// runnable now: one iteration of each store loop that has pending groups
+// (inbound messages stepped, Ready taken, WriteData, one synced batch,
+// messages sent, Advance), each group's queued apply tasks (which deliver
+// results to ProposeAsync callbacks), each group's queued sends (MsgApps
+// whose data is put back), and queued snapshot sends. It reports whether
+// it did anything; call it until it returns false to quiesce. Groups are
+// visited in ID order and nothing depends on map order, goroutines or the
+// wall clock, so a run is a function of the calls made (and of etcd raft's
+// randomized election timeouts, see doc.go). Without Manual it does
+// nothing and returns false.
+func (h *Host) Poll() bool {
+	if !h.cfg.Manual || h.closed.Load() {
+		return false
+	}
+	did := false
+	for _, l := range h.loops {
+		if l.iterate() {
+			did = true
+		}
+	}
+	for _, g := range h.groupList() {
+		if g.isStopped() {
+			g.drainTasks()
+			continue
+		}
+		for g.runNextTask() {
+			did = true
+		}
+		if g.runSendQueue() {
+			did = true
+		}
+	}
+	h.snapMu.Lock()
+	snaps := h.snapq
+	h.snapq = nil
+	h.snapMu.Unlock()
+	for _, s := range snaps {
+		h.sendSnapshotManual(s.g, s.m)
+		did = true
+	}
+	return did
+}
+
+func (h *Host) sendSnapshotManual(g *Group, m *pb.Message) {
+	to := m.GetTo()
+	report := func(err error) {
+		st := etcdraft.SnapshotFinish
+		if err != nil {
+			h.log.Warn("sending snapshot failed", "group", g.id, "to", to, "err", err)
+			st = etcdraft.SnapshotFailure
+		} else {
+			h.metrics.snapshotsSent.Inc()
+		}
+		g.mu.Lock()
+		if !g.isStopped() {
+			g.rn.ReportSnapshot(to, st)
+		}
+		g.mu.Unlock()
+		g.loop.notify(g)
+	}
+	ss, ok := h.transport.(SnapshotSender)
+	if !ok {
+		report(fmt.Errorf("raft: host %d: manual mode: the transport does not implement SnapshotSender", h.id))
+		return
+	}
+	if g.isStopped() {
+		return
+	}
+	snap := g.snapshot()
+	if snap.err != nil {
+		report(snap.err)
+		return
+	}
+	data, err := io.ReadAll(snap.body)
+	snap.body.Close()
+	if err != nil {
+		report(fmt.Errorf("reading snapshot at %d: %w", snap.index, err))
+		return
+	}
+	out := proto.Clone(m).(*pb.Message)
+	out.Snapshot = &pb.Snapshot{Metadata: &pb.SnapshotMetadata{
+		Index: proto.Uint64(snap.index), Term: proto.Uint64(snap.term), ConfState: snap.conf,
+	}}
+	ss.QueueSnapshot(to, g.id, out, data, report)
 }

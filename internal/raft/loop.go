@@ -43,12 +43,13 @@ func (l *storeLoop) notify(g *Group) {
 	}
 }
 
+// take returns pending groups, in ID order (deterministic: manual mode).
 func (l *storeLoop) take() []*Group {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := make([]*Group, 0, min(len(l.pending), maxGroupsPerBatch))
-	for id, g := range l.pending {
-		out = append(out, g)
+	for _, id := range sortedKeys(l.pending) {
+		out = append(out, l.pending[id])
 		delete(l.pending, id)
 		if len(out) == maxGroupsPerBatch {
 			select {
@@ -65,6 +66,7 @@ type readyWork struct {
 	g      *Group
 	rd     etcdraft.Ready
 	leader bool
+	epoch  uint64 // which Ready of the group this is (Group.readies)
 	sent   bool
 	ents   []*pb.Entry   // what goes to the log (data elided)
 	rest   []*pb.Message // messages to send after the batch is durable
@@ -85,6 +87,29 @@ func splitHeartbeats(msgs []*pb.Message, send func([]*pb.Message)) []*pb.Message
 		send(hb)
 	}
 	return rest
+}
+
+// forget drops a removed group from the pending set.
+func (l *storeLoop) forget(id uint64) {
+	l.mu.Lock()
+	delete(l.pending, id)
+	l.mu.Unlock()
+}
+
+// iterate is one loop iteration, on the caller's goroutine (manual mode).
+// It reports whether any group was pending.
+func (l *storeLoop) iterate() bool {
+	groups := l.take()
+	var work []*readyWork
+	for _, g := range groups {
+		if w := g.ready(); w != nil {
+			work = append(work, w)
+		}
+	}
+	if len(work) > 0 {
+		l.process(work)
+	}
+	return len(groups) > 0
 }
 
 func (l *storeLoop) run() {
@@ -139,6 +164,10 @@ func (l *storeLoop) process(work []*readyWork) {
 	for i, w := range work {
 		if w.g.dsm == nil || len(w.rd.Entries) == 0 {
 			w.ents = w.rd.Entries
+			continue
+		}
+		if h.cfg.Manual {
+			w.ents, errs[i] = w.g.writeData(w.rd.Entries)
 			continue
 		}
 		wg.Add(1)
@@ -198,6 +227,9 @@ func (l *storeLoop) process(work []*readyWork) {
 		}
 	}
 	for _, w := range work {
+		// Local proposal data that no Ready carried belongs to entries raft
+		// discarded: release it (and fail those proposals).
+		w.g.sweepLocal(w.epoch)
 		w.g.advance(w.rd)
 	}
 	d := time.Since(start)

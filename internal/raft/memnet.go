@@ -147,25 +147,7 @@ func (t *memTransport) Send(to uint64, msgs []Outgoing) {
 		if !ok {
 			continue
 		}
-		c := o
-		if o.Hydrate != nil {
-			m, tails, err := o.Hydrate(o.Msg)
-			if err != nil {
-				continue
-			}
-			c.Msg, c.Hydrate, c.tails = m, nil, tails
-			if tails != nil {
-				// Join each entry with its data, as the wire would.
-				joined := cloneMessage(m)
-				for i, e := range joined.Entries {
-					e.Data = c.wireData(i)
-				}
-				c.Msg, c.tails = joined, nil
-			}
-		}
-		if c.Msg != nil {
-			c.Msg = cloneMessage(c.Msg)
-		}
+		c := o.Materialize()
 		if d == 0 {
 			dst.push(t.id, []Outgoing{c})
 			continue

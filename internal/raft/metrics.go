@@ -35,6 +35,12 @@ type metrics struct {
 	snapshotsReceived   prometheus.Counter
 	dataReads           prometheus.Counter
 	droppedUnknownGroup prometheus.Counter
+	droppedInbox        prometheus.Counter
+	droppedSends        prometheus.Counter
+	groupFailures       prometheus.Counter
+	applyHeldBack       prometheus.Counter
+	badFrames           prometheus.Counter
+	readerPanics        prometheus.Counter
 
 	mu sync.Mutex
 }
@@ -79,6 +85,12 @@ func newMetrics(host uint64, reg prometheus.Registerer) *metrics {
 	m.snapshotsReceived = counter("snapshots_received_total", "Snapshots restored from the leader.")
 	m.dataReads = counter("data_reads_total", "ReadData calls to resend an entry's data (cache misses).")
 	m.droppedUnknownGroup = counter("dropped_unknown_group_total", "Messages for groups not hosted here.")
+	m.droppedInbox = counter("dropped_inbox_total", "Inbound messages dropped because a group's inbox was full.")
+	m.droppedSends = counter("dropped_hydrate_queue_total", "Outbound MsgApps dropped because a group's hydration queue was full.")
+	m.groupFailures = counter("group_failures_total", "Groups stopped after a fatal error or a violated invariant.")
+	m.applyHeldBack = counter("apply_held_back_total", "Times committed entries were left in the log because the apply backlog was full.")
+	m.badFrames = counter("bad_frames_total", "Inbound frames rejected (checksum, size or decoding); the connection is closed.")
+	m.readerPanics = counter("reader_panics_total", "Panics recovered in a transport reader goroutine; the connection is closed.")
 	if reg != nil {
 		for _, c := range m.collectors {
 			if err := reg.Register(c); err != nil {

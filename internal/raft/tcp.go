@@ -6,9 +6,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,6 +27,10 @@ type TCPConfig struct {
 	Logger     *slog.Logger
 	// QueueSize bounds the messages waiting for one peer (default 4096).
 	QueueSize int
+	// MaxFrameBytes bounds one inbound frame (default 128 MiB); a larger
+	// announced length closes the connection. It must exceed the largest
+	// proposal plus maxBatchBytes (the Host sets it from MaxProposalBytes).
+	MaxFrameBytes int
 	// DialTimeout (default 2s) and MaxBackoff between reconnects (default 2s).
 	DialTimeout time.Duration
 	MaxBackoff  time.Duration
@@ -63,7 +69,6 @@ const (
 	magic          = "BSLT"
 	connMessages   = 1
 	connSnapshot   = 2
-	maxFrameBytes  = 512 << 20
 	maxBatchBytes  = 8 << 20
 	maxBatchMsgs   = 4096
 	itemRaft       = 0
@@ -76,6 +81,9 @@ const (
 func NewTCPTransport(cfg TCPConfig) (*TCPTransport, error) {
 	if cfg.QueueSize == 0 {
 		cfg.QueueSize = 4096
+	}
+	if cfg.MaxFrameBytes == 0 {
+		cfg.MaxFrameBytes = 128 << 20
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 2 * time.Second
@@ -285,22 +293,19 @@ func (p *peer) writeLoop() {
 			select {
 			case m := <-p.queue:
 				batch = append(batch, m)
-				if m.Hydrate != nil {
-					// Its data is not in it yet: count what it may grow to.
-					size += maxHydratedBytes
-				} else if m.Msg != nil {
+				if m.Msg != nil {
 					size += len(m.Msg.GetEntries()) * 64
-					for _, e := range m.Msg.GetEntries() {
+					for i, e := range m.Msg.GetEntries() {
 						size += len(e.GetData())
+						if m.tails != nil {
+							size += len(m.tails[i])
+						}
 					}
 				}
 			default:
 				break drain
 			}
 		}
-		// Entries re-read from the log get their data back here, on this
-		// peer's goroutine (see Outgoing.Hydrate).
-		batch = hydrateBatch(batch, t.log)
 		hb := encodeBatch(&fw, batch)
 		t.m.heartbeatsCoalesced.Add(float64(hb))
 		segs, size := fw.finish()
@@ -317,24 +322,6 @@ func (p *peer) writeLoop() {
 			fw.scratch = nil // nor a huge buffer after a burst
 		}
 	}
-}
-
-// hydrateBatch resolves Outgoing.Hydrate; a message whose data cannot be
-// read is dropped (raft resends it).
-func hydrateBatch(batch []Outgoing, log *slog.Logger) []Outgoing {
-	out := batch[:0]
-	for _, o := range batch {
-		if o.Hydrate != nil {
-			m, tails, err := o.Hydrate(o.Msg)
-			if err != nil {
-				log.Warn("cannot read entry data for a resend; dropping it", "group", o.Group, "to", o.Msg.GetTo(), "err", err)
-				continue
-			}
-			o.Msg, o.Hydrate, o.tails = m, nil, tails
-		}
-		out = append(out, o)
-	}
-	return out
 }
 
 // writeSegments writes one frame: small segments through the buffered
@@ -488,38 +475,32 @@ func (t *TCPTransport) readLoop(p *peer, pc *peerConn, installed bool, r *bufio.
 	}()
 	from := p.id
 	label := fmt.Sprint(from)
-	var hdr [4]byte
+	defer func() {
+		// A bug in decoding must cost this connection, not the process.
+		if r := recover(); r != nil {
+			t.m.readerPanics.Inc()
+			t.log.Error("panic reading from peer; closing connection", "peer", from, "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
 	var buf []byte
 	for {
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			return
-		}
-		n := binary.BigEndian.Uint32(hdr[:])
-		if n > maxFrameBytes {
-			t.log.Warn("oversized frame; closing connection", "peer", from, "bytes", n)
-			return
-		}
-		// Large frames get a fresh aligned buffer that their entries keep
-		// (no copy); small ones reuse one buffer and are copied out.
-		frame := buf
-		alias := n >= aliasFrame
-		if alias {
-			frame = alignedBuf(int(n))
-		} else {
-			if cap(buf) < int(n) {
-				buf = make([]byte, n)
+		frame, nb, alias, err := readFrame(r, buf, t.cfg.MaxFrameBytes)
+		buf = nb
+		if err != nil {
+			var fe *frameError
+			if errors.As(err, &fe) {
+				t.m.badFrames.Inc()
+				t.log.Error("bad frame; closing connection", "peer", from, "err", err)
 			}
-			frame = buf[:n]
-		}
-		if _, err := io.ReadFull(r, frame); err != nil {
 			return
 		}
 		msgs, err := decodeBatch(frame, from, t.cfg.ID, alias)
 		if err != nil {
-			t.log.Warn("bad frame; closing connection", "peer", from, "err", err)
+			t.m.badFrames.Inc()
+			t.log.Error("bad frame; closing connection", "peer", from, "err", err)
 			return
 		}
-		t.m.peerBytesRecv.WithLabelValues(label).Add(float64(n + 4))
+		t.m.peerBytesRecv.WithLabelValues(label).Add(float64(len(frame) + frameHeaderLen))
 		t.m.peerMsgsRecv.WithLabelValues(label).Add(float64(len(msgs)))
 		t.h.HandleMessages(from, msgs)
 	}
@@ -571,8 +552,9 @@ func encodeBatch(f *frameWriter, msgs []Outgoing) int {
 
 func decodeBatch(b []byte, from, to uint64, alias bool) ([]Outgoing, error) {
 	n, k := binary.Uvarint(b)
-	if k <= 0 || n > maxBatchMsgs {
-		return nil, fmt.Errorf("bad message count")
+	// Each item takes at least 2 bytes (group, kind).
+	if k <= 0 || n > maxBatchMsgs || n > uint64(len(b)-k)/2 {
+		return nil, fmt.Errorf("bad message count %d for %d bytes", n, len(b))
 	}
 	b = b[k:]
 	out := make([]Outgoing, 0, n)
@@ -712,6 +694,8 @@ func (t *TCPTransport) SendSnapshot(ctx context.Context, to, group uint64, m *pb
 			if _, err := w.Write(chunk[:n]); err != nil {
 				return err
 			}
+			binary.BigEndian.PutUint32(lenb[:], crc32.Checksum(chunk[:n], castagnoli))
+			w.Write(lenb[:])
 		}
 		if rerr == io.EOF {
 			break
@@ -751,7 +735,8 @@ func (t *TCPTransport) serveSnapshot(from uint64, c net.Conn) {
 		return
 	}
 	l, err := binary.ReadUvarint(r)
-	if err != nil || l > 64<<20 {
+	if err != nil || l > maxSnapshotHeader {
+		t.log.Error("bad snapshot header; closing connection", "peer", from, "bytes", l, "err", err)
 		return
 	}
 	mb := make([]byte, l)
@@ -783,12 +768,37 @@ func (t *TCPTransport) serveSnapshot(from uint64, c net.Conn) {
 	c.Write(append(out, msg...))
 }
 
-// chunkReader reads the length-prefixed chunks of a snapshot stream; a
-// stream cut short is an error, never a silent EOF.
+// maxSnapshotHeader bounds the MsgSnap (metadata only) ahead of a
+// snapshot stream; maxSnapshotChunk bounds one chunk (the sender writes
+// 1 MiB).
+const (
+	maxSnapshotHeader = 1 << 20
+	maxSnapshotChunk  = 16 << 20
+)
+
+// chunkReader reads the chunks of a snapshot stream, each
+//
+//	uint32 length, data, uint32 CRC32C of data
+//
+// ended by a zero length. A stream cut short or a checksum mismatch is an
+// error (Restore must then fail and keep the old state), never a silent EOF.
 type chunkReader struct {
 	r    *bufio.Reader
 	left uint32
+	sum  uint32
 	done bool
+}
+
+func (c *chunkReader) endChunk() error {
+	var lb [4]byte
+	if _, err := io.ReadFull(c.r, lb[:]); err != nil {
+		return fmt.Errorf("snapshot stream cut short: %w", io.ErrUnexpectedEOF)
+	}
+	if want := binary.BigEndian.Uint32(lb[:]); want != c.sum {
+		return fmt.Errorf("snapshot chunk checksum %08x, stream says %08x", c.sum, want)
+	}
+	c.sum = 0
+	return nil
 }
 
 func (c *chunkReader) Read(p []byte) (int, error) {
@@ -805,14 +815,21 @@ func (c *chunkReader) Read(p []byte) (int, error) {
 			c.done = true
 			return 0, io.EOF
 		}
+		if c.left > maxSnapshotChunk {
+			return 0, fmt.Errorf("snapshot chunk of %d bytes exceeds %d", c.left, maxSnapshotChunk)
+		}
 	}
 	if uint32(len(p)) > c.left {
 		p = p[:c.left]
 	}
 	n, err := c.r.Read(p)
 	c.left -= uint32(n)
+	c.sum = crc32.Update(c.sum, castagnoli, p[:n])
 	if err == io.EOF {
 		err = fmt.Errorf("snapshot stream cut short: %w", io.ErrUnexpectedEOF)
+	}
+	if err == nil && c.left == 0 {
+		err = c.endChunk()
 	}
 	return n, err
 }

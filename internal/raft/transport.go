@@ -32,13 +32,9 @@ type Outgoing struct {
 	Group   uint64
 	Msg     *pb.Message
 	Applied uint64
-	// Hydrate, when set, must be called on Msg before it is sent: it puts
-	// back the data of entries the log stores without it (ReadData, disk
-	// I/O). Transports call it on the sending side of the one peer it goes
-	// to, so a lagging or dead peer never stalls the store loop.
-	Hydrate func(*pb.Message) (*pb.Message, [][]byte, error)
-	// tails, after Hydrate: tails[i], when set, is the data that follows
+	// tails: tails[i], when set, is the data that follows
 	// Msg.Entries[i].Data on the wire (kept apart so it is never copied).
+	// See Materialize.
 	tails [][]byte
 }
 
@@ -49,6 +45,25 @@ func (o *Outgoing) wireData(i int) []byte {
 		return d
 	}
 	return append(append(make([]byte, 0, len(d)+len(o.tails[i])), d...), o.tails[i]...)
+}
+
+// Materialize returns a deep copy of o as the receiving host must get it:
+// entry data kept beside the message (to avoid copying it on the sender) is
+// joined into the entries. A transport that does not serialize messages
+// (an in-memory or simulated network) delivers Materialize's result; the
+// sender may reuse nothing of it.
+func (o Outgoing) Materialize() Outgoing {
+	c := Outgoing{Group: o.Group, Applied: o.Applied}
+	if o.Msg == nil {
+		return c
+	}
+	c.Msg = cloneMessage(o.Msg)
+	if o.tails != nil {
+		for i, e := range c.Msg.Entries {
+			e.Data = o.wireData(i)
+		}
+	}
+	return c
 }
 
 // Handler is the receiving side of a Transport: the Host.

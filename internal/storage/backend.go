@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // BlockFiles is where a volume keeps block data. The posix backend (one file
@@ -104,14 +106,14 @@ var copyBufPool = sync.Pool{New: func() any { b := AlignedBuffer(copyBufSize); r
 // Posix is the file-per-block backend: <dir>/<cid>/<localID>.block.
 type Posix struct {
 	dir      string
-	fs       FS
+	fs       vfs.FS
 	mode     DirectIO
 	noDirect atomic.Bool // set once the file system refused O_DIRECT
 }
 
 // NewPosix returns the posix backend rooted at dir (created if needed).
-func NewPosix(fs FS, dir string, mode DirectIO) (*Posix, error) {
-	if err := fs.MkdirAll(dir, 0o755); err != nil {
+func NewPosix(fs vfs.FS, dir string, mode DirectIO) (*Posix, error) {
+	if err := mkdirAllSync(fs, dir); err != nil {
 		return nil, err
 	}
 	p := &Posix{dir: dir, fs: fs, mode: mode}
@@ -133,18 +135,18 @@ func (p *Posix) CreateContainer(cid ContainerID) error {
 	if err := p.fs.MkdirAll(p.cdir(cid), 0o755); err != nil {
 		return err
 	}
-	return p.fs.SyncDir(p.dir)
+	return vfs.SyncDir(p.fs, p.dir)
 }
 
 func (p *Posix) RemoveContainer(cid ContainerID) error {
 	if err := p.fs.RemoveAll(p.cdir(cid)); err != nil {
 		return err
 	}
-	return p.fs.SyncDir(p.dir)
+	return vfs.SyncDir(p.fs, p.dir)
 }
 
 func (p *Posix) ListContainers() ([]ContainerID, error) {
-	ents, err := p.fs.ReadDir(p.dir)
+	ents, err := vfs.ReadDir(p.fs, p.dir)
 	if err != nil {
 		return nil, err
 	}
@@ -161,11 +163,12 @@ func (p *Posix) ListContainers() ([]ContainerID, error) {
 }
 
 func (p *Posix) ListBlocks(cid ContainerID) ([]BlockFileInfo, error) {
-	ents, err := p.fs.ReadDir(p.cdir(cid))
+	ents, err := vfs.ReadDir(p.fs, p.cdir(cid))
 	if err != nil {
 		return nil, err
 	}
 	var out []BlockFileInfo
+	removed := false
 	for _, e := range ents {
 		name, ok := strings.CutSuffix(e.Name(), ".block")
 		id, perr := strconv.ParseUint(name, 10, 64)
@@ -173,13 +176,15 @@ func (p *Posix) ListBlocks(cid ContainerID) ([]BlockFileInfo, error) {
 			if err := p.fs.RemoveAll(filepath.Join(p.cdir(cid), e.Name())); err != nil {
 				return nil, err
 			}
+			removed = true
 			continue
 		}
-		fi, err := e.Info()
-		if err != nil {
+		out = append(out, BlockFileInfo{LocalID: LocalID(id), Size: e.Size()})
+	}
+	if removed {
+		if err := vfs.SyncDir(p.fs, p.cdir(cid)); err != nil {
 			return nil, err
 		}
-		out = append(out, BlockFileInfo{LocalID: LocalID(id), Size: fi.Size()})
 	}
 	return out, nil
 }
@@ -237,7 +242,7 @@ func (p *Posix) Truncate(cid ContainerID, lid LocalID, size int64) error {
 	}
 	err = f.Truncate(size)
 	if err == nil {
-		err = f.Sync()
+		err = f.SyncData()
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -245,7 +250,7 @@ func (p *Posix) Truncate(cid ContainerID, lid LocalID, size int64) error {
 	return err
 }
 
-func (p *Posix) SyncContainer(cid ContainerID) error { return p.fs.SyncDir(p.cdir(cid)) }
+func (p *Posix) SyncContainer(cid ContainerID) error { return vfs.SyncDir(p.fs, p.cdir(cid)) }
 
 // posixWriter sends the 4 KiB-aligned part of each write through an
 // O_DIRECT descriptor and the rest through a buffered one. Linux keeps the
@@ -253,8 +258,8 @@ func (p *Posix) SyncContainer(cid ContainerID) error { return p.fs.SyncDir(p.cdi
 // overlaps. fdatasync on either descriptor covers both, and is still needed
 // after O_DIRECT to persist the file size and flush the device cache.
 type posixWriter struct {
-	f      File
-	direct File // nil when O_DIRECT is off or refused
+	f      vfs.File
+	direct vfs.File // nil when O_DIRECT is off or refused
 }
 
 func (w *posixWriter) WriteAt(p []byte, off int64) (int, error) {
@@ -295,7 +300,8 @@ func (w *posixWriter) writeDirect(p []byte, off int64) (int, error) {
 	return done, nil
 }
 
-func (w *posixWriter) Sync() error { return w.f.Sync() }
+// Sync is fdatasync: a block file's size and data are all that matter.
+func (w *posixWriter) Sync() error { return w.f.SyncData() }
 
 func (w *posixWriter) Close() error {
 	var err error
@@ -309,8 +315,8 @@ func (w *posixWriter) Close() error {
 }
 
 type posixReader struct {
-	f      File
-	direct File
+	f      vfs.File
+	direct vfs.File
 }
 
 // ReadAt reads through O_DIRECT when buffer, offset and length are aligned
@@ -329,7 +335,7 @@ func (r *posixReader) ReadAt(p []byte, off int64) (int, error) {
 
 // fullReadAt retries short reads, which O_DIRECT can return mid-file, and
 // reports io.EOF-free short counts only at the end of the file.
-func fullReadAt(f File, p []byte, off int64) (int, error) {
+func fullReadAt(f vfs.File, p []byte, off int64) (int, error) {
 	done := 0
 	for done < len(p) {
 		n, err := f.ReadAt(p[done:], off+int64(done))
@@ -361,3 +367,35 @@ func (r *posixReader) Close() error {
 var _ BlockFiles = (*Posix)(nil)
 
 func (p *Posix) String() string { return fmt.Sprintf("posix(%s)", p.dir) }
+
+// mkdirAllSync is MkdirAll whose new directories are durable when it
+// returns: each directory it creates is fsynced into its parent, so a crash
+// cannot leave a store whose containers directory (or the directory of its
+// Pebble DB) vanished while data written under it was synced.
+func mkdirAllSync(fs vfs.FS, dir string) error {
+	dir = filepath.Clean(dir)
+	var missing []string
+	for d := dir; ; d = filepath.Dir(d) {
+		ok, err := vfs.Exists(fs, d)
+		if err != nil {
+			return err
+		}
+		if ok {
+			break
+		}
+		missing = append(missing, d)
+		if filepath.Dir(d) == d {
+			break
+		}
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		d := missing[i]
+		if err := fs.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+		if err := vfs.SyncDir(fs, filepath.Dir(d)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

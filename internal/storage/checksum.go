@@ -130,7 +130,9 @@ func (d ChecksumData) validate(n int64) error {
 }
 
 // Verify checks data (a whole chunk) against d. It returns -1 if all windows
-// match, or the offset within data of the first window that does not.
+// match, or the offset within data of the first window that does not. It
+// never panics: malformed checksum data (a zero window, too few sums)
+// fails at the first window it cannot check; ValidateChunk says why.
 func (d ChecksumData) Verify(data []byte) int64 {
 	return d.verifyRange(data, 0)
 }
@@ -144,9 +146,15 @@ func (d ChecksumData) verifyRange(data []byte, firstWin int) int64 {
 	}
 	bpc := int(d.BytesPerChecksum)
 	sz := d.Type.Size()
+	if bpc <= 0 || sz == 0 || firstWin < 0 {
+		return 0
+	}
 	var tmp [sha256.Size]byte
 	for i, off := firstWin, 0; off < len(data); i, off = i+1, off+bpc {
 		p := data[off:min(off+bpc, len(data))]
+		if (i+1)*sz > len(d.Sums) {
+			return int64(off)
+		}
 		want := d.Sums[i*sz : (i+1)*sz]
 		switch d.Type {
 		case ChecksumCRC32C:

@@ -95,8 +95,8 @@ func (s *Store) Volumes() []VolumeReport {
 	var out []VolumeReport
 	for _, v := range s.volumes {
 		r := VolumeReport{Path: v.path, Used: used[v], Containers: count[v], Reserved: s.opts.ReservedBytes}
-		if du, err := v.fs.DiskUsage(v.path); err == nil {
-			r.Capacity, r.Available = du.Total, max(0, du.Avail-s.opts.ReservedBytes)
+		if avail, total, err := v.diskUsage(); err == nil {
+			r.Capacity, r.Available = total, max(0, avail-s.opts.ReservedBytes)
 		}
 		if v.failed.Load() {
 			r.Failed, r.Error, r.Available = true, fmt.Sprint(v.err()), 0
@@ -186,6 +186,10 @@ func (s *Store) CloseContainer(cid ContainerID) error {
 	for lid, ob := range blocks {
 		ob.mu.Lock()
 		if !ob.dead {
+			if err := s.dropRecords(c, lid, ob); err != nil {
+				ob.mu.Unlock()
+				return s.ioErr(op, c, lid, 0, err)
+			}
 			s.dropOpen(c, lid, ob)
 			var err error
 			if ob.exists {
@@ -251,6 +255,7 @@ func (s *Store) DeleteBlocks(cid ContainerID, lids []LocalID) error {
 		cnt.Blocks--
 		b.Delete(makeKey(cid, kindBlock, uint64(lid)), nil)
 	}
+	cnt.check(cid)
 	b.Set(makeKey(cid, kindContainer, idCounters), cnt.encode(), nil)
 	if err := b.Commit(s.metaSync()); err != nil {
 		return s.ioErr(op, c, 0, 0, err)
@@ -270,6 +275,10 @@ func (s *Store) DeleteBlocks(cid ContainerID, lids []LocalID) error {
 		if ob := open[lid]; ob != nil {
 			ob.mu.Lock()
 			if !ob.dead {
+				if err := s.dropRecords(c, lid, ob); err != nil {
+					ob.mu.Unlock()
+					return s.ioErr(op, c, lid, 0, err)
+				}
 				s.dropOpen(c, lid, ob)
 			}
 			ob.mu.Unlock()

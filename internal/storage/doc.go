@@ -13,29 +13,70 @@
 // big-endian): kind 0 id 0 is the container record (state, size limit),
 // kind 0 id 1 its counters (committed bytes, block count, highest BCSID),
 // kind 1 id localID a committed block (length, BCSID, chunk list with
+// checksums). Kind 2 keys have 8 more bytes, the offset: the record of a
+// chunk written and synced but not yet committed by a PutBlock (length and
 // checksums). A container's keys are contiguous, so its blocks are one
 // prefix seek away and deleting a container is one DeleteRange.
 //
-// # Commit point and crash semantics
+// # Acknowledgements (the contract callers build on)
 //
-// WriteChunk writes block data but no metadata; PutBlock is the commit:
-// under SyncPolicy SyncOnCommit (the default) it fdatasyncs the block file,
-// fsyncs the container directory the first time the file appears, and only
-// then writes the block record and counters in one synced Pebble batch. So
-// after a crash at any point:
-//   - a block whose PutBlock returned reads back intact (its data was
-//     durable before its record could be);
-//   - a block without a record is invisible and its file is deleted by Open
-//     (Options.KeepUncommitted keeps it for a caller that will replay
-//     PutBlock), and bytes past a record's length are truncated;
-//   - a container directory without a record (interrupted create, import or
-//     delete) is removed by Open; a record whose data is missing marks the
-//     container UNHEALTHY rather than failing the datanode.
+//   - WriteChunk returns nil: the bytes are in the block file, not durable.
+//     Nothing may be acknowledged to anyone yet.
+//   - Sync returns nil: every chunk whose WriteChunk returned before Sync
+//     was called is durable — its data fdatasync'd, its file's directory
+//     entry synced, its chunk record committed in a synced Pebble batch. A
+//     Raft follower acknowledges an entry only after this (one Sync per
+//     Ready batch: group commit; concurrent callers share rounds). For
+//     chunks with checksums the three run at once (one device flush per
+//     Sync): a record that reached disk without its bytes is caught by the
+//     checksums when the chunk is next used after a crash. Chunks without
+//     checksums are recorded only after their data. If Sync fails, the
+//     chunks of the blocks it could not sync are forgotten as if never
+//     written and the error wraps ErrDiskFull or ErrVolumeFailed.
+//   - PutBlock returns nil: the block is committed durably with the given
+//     chunk list, length and BCSID, and every byte of it is the data that
+//     was written with those checksums. It commits only chunks this replica
+//     holds: a chunk it names must be written (durable, or written in this
+//     process and then synced by PutBlock itself) with the same offset,
+//     length and checksums, else ErrChunkMissing naming the range — a hole
+//     is never committed as zeros. A missing chunk record is therefore the
+//     persistent "lost" mark: there is no separate list of lost chunks.
+//   - BlockStream.Close returns nil: what the stream wrote is durable, as
+//     after Sync.
+//   - CreateContainer, state changes, DeleteBlocks, DeleteContainer, Import,
+//     AbortBlock return nil: the change is durable (Pebble synced, files and
+//     directory entries synced).
+//
+// Requests are validated before anything is stored, and ValidateChunk /
+// ValidateBlock let a caller refuse them before they enter a replicated
+// log: a chunk longer than MaxChunkSize, past MaxBlockSize, or with
+// checksum metadata that does not cover it exactly (window 0 or out of
+// range, too few or too many sums) is ErrInvalidArgument-class
+// (ErrChunkTooLarge, ErrBlockTooLarge, ErrBadChecksum, ErrBadBlockData).
+//
+// # Crash semantics
+//
+// Data is synced before the metadata that names it, and every directory
+// entry before the record that needs it. So after a crash at any point:
+//   - a block whose PutBlock returned reads back intact;
+//   - a chunk whose Sync returned is still written (with KeepUncommitted) and
+//     can be committed by a replayed PutBlock; a chunk not synced is gone
+//     and its range is a hole PutBlock refuses (a recovered chunk is checked
+//     against its checksums before PutBlock, a re-delivery, HasChunk or
+//     ReadWritten relies on it);
+//   - Open removes block files without a record or durable chunk, truncates
+//     bytes past a block's committed length and its last recorded chunk,
+//     drops chunk records whose bytes are not in the file, removes
+//     container directories without a record (interrupted create, import or
+//     delete), and marks a container whose committed data is missing
+//     UNHEALTHY rather than failing the datanode. What recovery removes or
+//     keeps is synced before Open returns.
 //
 // Container state changes (OPEN → CLOSING → CLOSED, or UNHEALTHY) are synced
-// Pebble writes. CloseContainer first discards uncommitted block data, so a
-// CLOSED container's files hold exactly its committed blocks, which is what
-// Export streams and Import rebuilds elsewhere.
+// Pebble writes. CloseContainer first discards uncommitted block data and
+// its chunk records, so a CLOSED container's files hold exactly its
+// committed blocks, which is what Export streams and Import rebuilds
+// elsewhere.
 //
 // # Checksums
 //
@@ -60,6 +101,8 @@
 // 4 KiB-aligned pieces with a buffered fallback for tails and for file
 // systems that refuse O_DIRECT). A zoned backend (append-only, aligned, tail
 // kept in memory until Sync) and a persistent-memory cache tier implement
-// the same interface. Files go through FS, so tests inject ENOSPC, EIO and
-// torn writes (FaultFS); Pebble takes its own vfs.FS.
+// the same interface. Every file, directory and the Pebble DB of a volume go
+// through one internal/vfs FS (Options.FS), so tests inject ENOSPC, EIO and
+// torn writes (vfs.FaultFS) and crash a whole volume on an in-memory FS
+// that keeps only what was synced.
 package storage

@@ -19,8 +19,10 @@ var (
 	// accepting writes.
 	ErrContainerNotClosed = errors.New("container not closed")
 	ErrContainerFull      = errors.New("container size limit exceeded")
-	ErrBlockTooLarge      = errors.New("block size limit exceeded")
-	ErrChunkTooLarge      = errors.New("chunk size limit exceeded")
+	// ErrBlockTooLarge, ErrChunkTooLarge, ErrBadBlockData and ErrBadChecksum
+	// are malformed requests: each also matches ErrInvalidArgument.
+	ErrBlockTooLarge error = invalid("block size limit exceeded")
+	ErrChunkTooLarge error = invalid("chunk size limit exceeded")
 	// ErrChunkOverlap: a chunk partly overlaps one already written, or
 	// rewrites a committed range, or rewrites an uncommitted chunk with
 	// different data.
@@ -30,11 +32,17 @@ var (
 	ErrChunkOutOfOrder = errors.New("chunk offset out of order")
 	// ErrBadBlockData: a PutBlock whose chunk list is malformed (gaps,
 	// overlaps, wrong length, checksums that do not cover the chunk) or
-	// names data that was never written.
-	ErrBadBlockData = errors.New("invalid block data")
+	// that would change a committed block.
+	ErrBadBlockData error = invalid("invalid block data")
 	// ErrBadChecksum: checksum metadata that is malformed (unknown type,
-	// wrong number of sums), as opposed to data that fails verification.
-	ErrBadChecksum = errors.New("invalid checksum metadata")
+	// window size 0 or out of range, too few or too many sums), as opposed
+	// to data that fails verification.
+	ErrBadChecksum error = invalid("invalid checksum metadata")
+	// ErrChunkMissing: a PutBlock names a chunk that is not durably written
+	// on this replica (never written, lost in a crash before it was synced,
+	// or written with other checksums). Nothing is committed; the replica
+	// cannot hold this block without the data being sent again.
+	ErrChunkMissing = errors.New("chunk not written on this replica")
 	// ErrChecksumMismatch: data does not match its checksum. On write it
 	// means the caller sent bad data; on read it means the disk returned
 	// corrupt data (see ErrCorruption, which wraps this too).
@@ -52,6 +60,13 @@ var (
 	ErrBadExport         = errors.New("invalid container export stream")
 	ErrInvalidArgument   = errors.New("invalid argument")
 )
+
+// invalid is a sentinel that is also ErrInvalidArgument, so a caller can
+// map every malformed request to one status without listing them.
+type invalid string
+
+func (e invalid) Error() string        { return string(e) }
+func (e invalid) Is(target error) bool { return target == ErrInvalidArgument }
 
 // Error is the concrete error type: an operation, the inputs it was given
 // (container, block, offset, volume; unset ones are -1 or ""), the sentinel

@@ -153,6 +153,7 @@ func (s *Store) Import(r io.Reader) (ContainerReport, error) {
 	var got counters
 	buf := AlignedBuffer(readPiece)
 	var lenBuf [4]byte
+	var prev LocalID
 	for i := int64(0); i < want.Blocks; i++ {
 		if _, err := io.ReadFull(hr, lenBuf[:]); err != nil {
 			return ContainerReport{}, cErr(op, ErrBadExport, cid, fmt.Sprintf("block %d of %d: short stream", i, want.Blocks), err)
@@ -161,8 +162,12 @@ func (s *Store) Import(r io.Reader) (ContainerReport, error) {
 		if rl > maxExportRecord {
 			return ContainerReport{}, cErr(op, ErrBadExport, cid, fmt.Sprintf("block record of %d bytes", rl), nil)
 		}
-		raw := make([]byte, rl)
-		if _, err := io.ReadFull(hr, raw); err != nil {
+		// Grow with the bytes that arrive, not with what the stream claims.
+		raw, err := io.ReadAll(io.LimitReader(hr, int64(rl)))
+		if err == nil && len(raw) < int(rl) {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
 			return ContainerReport{}, cErr(op, ErrBadExport, cid, "short block record", err)
 		}
 		bd, err := decodeBlock(raw)
@@ -172,6 +177,12 @@ func (s *Store) Import(r io.Reader) (ContainerReport, error) {
 		if err := s.validateBlock(cid, &bd); err != nil {
 			return ContainerReport{}, err
 		}
+		// Export writes blocks in local ID order; a repeated or unordered ID
+		// would overwrite a record while counting it twice.
+		if i > 0 && bd.LocalID <= prev {
+			return ContainerReport{}, bErr(op, ErrBadExport, cid, bd.LocalID, fmt.Sprintf("block %d follows block %d", bd.LocalID, prev), nil)
+		}
+		prev = bd.LocalID
 		if err := s.importBlock(c, &bd, hr, buf); err != nil {
 			return ContainerReport{}, err
 		}

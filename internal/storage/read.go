@@ -175,18 +175,31 @@ func (s *Store) ReadChunk(cid ContainerID, lid LocalID, off, length int64) ([]by
 
 // ReadWritten returns length bytes of block lid from off whether or not the
 // block is committed: the Raft layer uses it to resend a chunk it wrote
-// (WriteChunk) but that no PutBlock has committed yet. sum, the checksums
-// the chunk was written with, verifies the data (ErrCorruption on a
-// mismatch); ErrBlockNotFound if the data is not there (for example an
-// uncommitted block cleaned up at Open without KeepUncommitted).
+// (WriteChunk) but that no PutBlock has committed yet. The range must be
+// written (durable or not) or committed on this replica; otherwise, and
+// for a hole left by a crash, it fails with ErrBlockNotFound, which the
+// caller reports as data lost. sum, the checksums the chunk was written
+// with, verifies the data (ErrCorruption on a mismatch).
 func (s *Store) ReadWritten(cid ContainerID, lid LocalID, off, length int64, sum ChecksumData) ([]byte, error) {
 	const op = "read written"
-	if length < 0 || length > s.opts.MaxChunkSize {
+	if off < 0 || length <= 0 || length > s.opts.MaxChunkSize {
 		return nil, oErr(op, ErrOutOfRange, cid, lid, off, fmt.Sprintf("length %d", length), nil)
+	}
+	if sum.Type != ChecksumNone || len(sum.Sums) > 0 {
+		if err := sum.validate(length); err != nil {
+			return nil, oErr(op, ErrBadChecksum, cid, lid, off, err.Error(), nil)
+		}
 	}
 	c, err := s.container(op, cid)
 	if err != nil {
 		return nil, err
+	}
+	held, err := s.holds(c, lid, off, length)
+	if err != nil {
+		return nil, s.ioErr(op, c, lid, off, err)
+	}
+	if !held {
+		return nil, oErr(op, ErrBlockNotFound, cid, lid, off, fmt.Sprintf("range [%d,%d) not written on this replica", off, off+length), nil)
 	}
 	r, err := c.vol.files.OpenReader(cid, lid)
 	if err != nil {
@@ -210,4 +223,62 @@ func (s *Store) ReadWritten(cid ContainerID, lid LocalID, off, length int64, sum
 		}
 	}
 	return p, nil
+}
+
+// HasChunk reports whether bytes [off, off+length) of block lid are on this
+// replica: committed, or written by WriteChunk (durable after Sync). After a
+// restart a chunk that was not synced is not held: this is how a caller
+// learns, persistently, that a chunk was lost here. Errors are those of a
+// missing container or failed volume.
+func (s *Store) HasChunk(cid ContainerID, lid LocalID, off, length int64) (bool, error) {
+	if off < 0 || length <= 0 || off > MaxBlockSize-length {
+		return false, oErr("has chunk", ErrInvalidArgument, cid, lid, off, fmt.Sprintf("length %d", length), nil)
+	}
+	c, err := s.container("has chunk", cid)
+	if err != nil {
+		return false, err
+	}
+	ok, err := s.holds(c, lid, off, length)
+	if err != nil {
+		return false, s.ioErr("has chunk", c, lid, off, err)
+	}
+	return ok, nil
+}
+
+// holds reports whether [off, off+n) of block lid is committed or covered
+// by written spans (recovered ones checked against their checksums first).
+func (s *Store) holds(c *container, lid LocalID, off, n int64) (bool, error) {
+	end := off + n
+	c.mu.Lock()
+	ob := c.open[lid]
+	c.mu.Unlock()
+	committed := func() bool {
+		bd, err := s.getBlock(c, lid)
+		return err == nil && end <= bd.Length
+	}
+	if ob == nil {
+		return committed(), nil
+	}
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	if ob.dead {
+		return committed(), nil
+	}
+	if err := s.verifyLocked(c, lid, ob, off, end); err != nil {
+		return false, err
+	}
+	pos := max(off, ob.committed.Length)
+	for _, sp := range ob.written {
+		if pos >= end {
+			break
+		}
+		if sp.end() <= pos {
+			continue
+		}
+		if sp.off > pos {
+			return false, nil
+		}
+		pos = sp.end()
+	}
+	return pos >= end, nil
 }

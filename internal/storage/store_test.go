@@ -3,12 +3,16 @@ package storage
 import (
 	"bytes"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
 
+	pvfs "github.com/cockroachdb/pebble/v2/vfs"
 	"golang.org/x/sys/unix"
+
+	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 func TestChecksumComputeVerify(t *testing.T) {
@@ -165,7 +169,7 @@ func TestErrors(t *testing.T) {
 		}, ErrBadChecksum, []string{"block 2"}},
 		{"put unwritten data", func(s *Store) error {
 			return s.PutBlock(1, BlockData{LocalID: 2, Length: int64(len(chunk)), Chunks: []ChunkInfo{{0, int64(len(chunk)), sum}}})
-		}, ErrBadBlockData, []string{"block 2", "offset 0"}},
+		}, ErrChunkMissing, []string{"block 2", "offset 0", "[0,65536)"}},
 		{"put gap in chunks", func(s *Store) error {
 			return s.PutBlock(1, BlockData{LocalID: 2, Length: 10, Chunks: []ChunkInfo{{5, 5, ChecksumData{}}}})
 		}, ErrBadBlockData, []string{"block 2", "offset 5"}},
@@ -437,7 +441,7 @@ func TestCorruptionDetected(t *testing.T) {
 }
 
 func TestDiskFullInjected(t *testing.T) {
-	ffs := &FaultFS{FS: OSFS{}}
+	ffs := vfs.NewFaultFS(vfs.Default)
 	s := openStore(t, Options{FS: ffs})
 	mustCreate(t, s, 1)
 	data := blockBytes(1, 1, 2<<20)
@@ -447,7 +451,7 @@ func TestDiskFullInjected(t *testing.T) {
 	// volume stays healthy, the block can be retried.
 	ffs.SetInject(func(op, path string) error {
 		if op == "write" {
-			return ErrTornWrite
+			return vfs.ErrTornWrite
 		}
 		return nil
 	})
@@ -471,7 +475,7 @@ func TestDiskFullInjected(t *testing.T) {
 	wantErr(t, err, ErrDiskFull, "block 3")
 	// The volume reports full via capacity too.
 	ffs.SetInject(nil)
-	ffs.SetCapacity(&DiskUsage{Total: 1 << 30, Free: 1000, Avail: 1000})
+	ffs.SetCapacity(&vfs.DiskUsage{TotalBytes: 1 << 30, AvailBytes: 1000})
 	wantErr(t, s.WriteChunk(1, 4, 0, data[:4096], ChecksumData{}, false), ErrDiskFull, "block 4")
 	_, err = s.CreateContainer(2, CreateOptions{})
 	wantErr(t, err, ErrNoVolume, "container 2")
@@ -492,7 +496,7 @@ func TestDiskFullTmpfs(t *testing.T) {
 		t.Skipf("cannot mount tmpfs (%v); TestDiskFullInjected covers ENOSPC", err)
 	}
 	defer unix.Unmount(dir, unix.MNT_DETACH)
-	s, err := Open(Options{Volumes: []string{dir}, ContainerSize: 4 << 20, MetaFS: nil})
+	s, err := Open(Options{Volumes: []string{dir}, ContainerSize: 4 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -521,24 +525,24 @@ func TestDiskFullTmpfs(t *testing.T) {
 }
 
 func TestVolumePlacementAndFailure(t *testing.T) {
-	f1, f2 := &FaultFS{FS: OSFS{}}, &FaultFS{FS: OSFS{}}
+	f1, f2 := vfs.NewFaultFS(vfs.Default), vfs.NewFaultFS(vfs.Default)
 	d1, d2 := t.TempDir(), t.TempDir()
 	// One FS per volume would need per-volume options; instead route by path.
-	fs := &routeFS{FS: OSFS{}, routes: map[string]*FaultFS{d1: f1, d2: f2}}
-	f1.SetCapacity(&DiskUsage{Total: 100 << 30, Free: 10 << 30, Avail: 10 << 30})
-	f2.SetCapacity(&DiskUsage{Total: 100 << 30, Free: 50 << 30, Avail: 50 << 30})
+	fs := &routeFS{FS: vfs.Default, routes: map[string]*vfs.FaultFS{d1: f1, d2: f2}}
+	f1.SetCapacity(&vfs.DiskUsage{TotalBytes: 100 << 30, AvailBytes: 10 << 30})
+	f2.SetCapacity(&vfs.DiskUsage{TotalBytes: 100 << 30, AvailBytes: 50 << 30})
 	s := openStore(t, Options{Volumes: []string{d1, d2}, FS: fs, ContainerSize: 5 << 30, ReservedBytes: 6 << 30})
 	r, err := s.CreateContainer(1, CreateOptions{})
 	if err != nil || r.Volume != d2 {
 		t.Fatalf("placed on %q (%v), want the emptier %q", r.Volume, err, d2)
 	}
-	f2.SetCapacity(&DiskUsage{Total: 100 << 30, Free: 8 << 30, Avail: 8 << 30})
-	f1.SetCapacity(&DiskUsage{Total: 100 << 30, Free: 12 << 30, Avail: 12 << 30})
+	f2.SetCapacity(&vfs.DiskUsage{TotalBytes: 100 << 30, AvailBytes: 8 << 30})
+	f1.SetCapacity(&vfs.DiskUsage{TotalBytes: 100 << 30, AvailBytes: 12 << 30})
 	if r, _ = s.CreateContainer(2, CreateOptions{}); r.Volume != d1 {
 		t.Fatalf("placed on %q, want %q", r.Volume, d1)
 	}
 	// Reserve leaves neither volume room for 5 GiB.
-	f1.SetCapacity(&DiskUsage{Total: 100 << 30, Free: 7 << 30, Avail: 7 << 30})
+	f1.SetCapacity(&vfs.DiskUsage{TotalBytes: 100 << 30, AvailBytes: 7 << 30})
 	_, err = s.CreateContainer(3, CreateOptions{})
 	wantErr(t, err, ErrNoVolume, "container 3")
 	f1.SetCapacity(nil)
@@ -574,11 +578,11 @@ func TestVolumePlacementAndFailure(t *testing.T) {
 
 // routeFS sends each volume's calls to its own FaultFS.
 type routeFS struct {
-	FS
-	routes map[string]*FaultFS
+	vfs.FS
+	routes map[string]*vfs.FaultFS
 }
 
-func (r *routeFS) pick(p string) FS {
+func (r *routeFS) pick(p string) vfs.FS {
 	for dir, f := range r.routes {
 		if rel, err := filepath.Rel(dir, p); err == nil && !filepath.IsAbs(rel) && (rel == "." || rel[0] != '.') {
 			return f
@@ -586,15 +590,33 @@ func (r *routeFS) pick(p string) FS {
 	}
 	return r.FS
 }
-func (r *routeFS) OpenFile(n string, fl int, m os.FileMode) (File, error) {
+func (r *routeFS) OpenFile(n string, fl int, m os.FileMode) (vfs.File, error) {
 	return r.pick(n).OpenFile(n, fl, m)
 }
-func (r *routeFS) MkdirAll(p string, m os.FileMode) error  { return r.pick(p).MkdirAll(p, m) }
-func (r *routeFS) Remove(p string) error                   { return r.pick(p).Remove(p) }
-func (r *routeFS) RemoveAll(p string) error                { return r.pick(p).RemoveAll(p) }
-func (r *routeFS) SyncDir(p string) error                  { return r.pick(p).SyncDir(p) }
-func (r *routeFS) DiskUsage(p string) (DiskUsage, error)   { return r.pick(p).DiskUsage(p) }
-func (r *routeFS) ReadDir(p string) ([]os.DirEntry, error) { return r.pick(p).ReadDir(p) }
+func (r *routeFS) Create(n string, c pvfs.DiskWriteCategory) (pvfs.File, error) {
+	return r.pick(n).Create(n, c)
+}
+func (r *routeFS) Link(o, n string) error { return r.pick(n).Link(o, n) }
+func (r *routeFS) Open(n string, o ...pvfs.OpenOption) (pvfs.File, error) {
+	return r.pick(n).Open(n, o...)
+}
+func (r *routeFS) OpenReadWrite(n string, c pvfs.DiskWriteCategory, o ...pvfs.OpenOption) (pvfs.File, error) {
+	return r.pick(n).OpenReadWrite(n, c, o...)
+}
+func (r *routeFS) OpenDir(n string) (pvfs.File, error) { return r.pick(n).OpenDir(n) }
+func (r *routeFS) Remove(p string) error               { return r.pick(p).Remove(p) }
+func (r *routeFS) RemoveAll(p string) error            { return r.pick(p).RemoveAll(p) }
+func (r *routeFS) Rename(o, n string) error            { return r.pick(n).Rename(o, n) }
+func (r *routeFS) ReuseForWrite(o, n string, c pvfs.DiskWriteCategory) (pvfs.File, error) {
+	return r.pick(n).ReuseForWrite(o, n, c)
+}
+func (r *routeFS) MkdirAll(p string, m os.FileMode) error { return r.pick(p).MkdirAll(p, m) }
+func (r *routeFS) Lock(p string) (io.Closer, error)       { return r.pick(p).Lock(p) }
+func (r *routeFS) List(p string) ([]string, error)        { return r.pick(p).List(p) }
+func (r *routeFS) Stat(p string) (vfs.FileInfo, error)    { return r.pick(p).Stat(p) }
+func (r *routeFS) GetDiskUsage(p string) (vfs.DiskUsage, error) {
+	return r.pick(p).GetDiskUsage(p)
+}
 
 func TestExportImport(t *testing.T) {
 	src := openStore(t, Options{})

@@ -36,8 +36,8 @@ func (b *BlockStream) Write(p []byte) (int, error) {
 // Offset is where the next Write goes.
 func (b *BlockStream) Offset() int64 { return b.off }
 
-// Close makes the written data durable (unless the store's policy is
-// SyncNone); it does not commit the block.
+// Close makes the written data durable, as Sync does for this block (no
+// fsync under SyncNone); it does not commit the block.
 func (b *BlockStream) Close() error {
 	const op = "stream close"
 	s := b.s
@@ -49,24 +49,8 @@ func (b *BlockStream) Close() error {
 	if err != nil {
 		return err
 	}
-	defer ob.mu.Unlock()
-	if len(ob.written) == 0 {
-		s.dropOpen(c, b.lid, ob) // nothing written: do not hold the slot
-		return nil
-	}
-	if s.opts.Sync == SyncNone || ob.w == nil {
-		return nil
-	}
-	if err := ob.w.Sync(); err != nil {
-		return s.ioErr(op, c, b.lid, b.off, err)
-	}
-	if ob.dirSync {
-		if err := c.vol.files.SyncContainer(b.cid); err != nil {
-			return s.ioErr(op, c, b.lid, b.off, err)
-		}
-		ob.dirSync = false
-	}
-	return nil
+	defer s.unlockOpen(c, b.lid, ob) // nothing written: do not hold the slot
+	return s.flushLocked(c, b.lid, ob)
 }
 
 // Abort discards what the stream wrote (see Store.AbortBlock).
@@ -75,9 +59,10 @@ func (b *BlockStream) Abort() error { return b.s.AbortBlock(b.cid, b.lid) }
 // AbortBlock discards a block's uncommitted data: a V2 stream that broke
 // leaves data no PutBlock will ever name, and with KeepUncommitted nothing
 // else would remove it. A block never committed loses its file; a
-// committed one is truncated back to its committed length. Committed data
-// is never touched, so aborting twice, or aborting a block with nothing
-// uncommitted, is a no-op.
+// committed one is truncated back to its committed length. Chunk records
+// go first, so a crash midway leaves bytes no record names, which Open
+// removes. Committed data is never touched, so aborting twice, or
+// aborting a block with nothing uncommitted, is a no-op.
 func (s *Store) AbortBlock(cid ContainerID, lid LocalID) error {
 	const op = "abort block"
 	c, err := s.container(op, cid)
@@ -90,6 +75,9 @@ func (s *Store) AbortBlock(cid ContainerID, lid LocalID) error {
 	}
 	defer ob.mu.Unlock()
 	exists, keep := ob.exists, ob.committed.Length
+	if err := s.dropRecords(c, lid, ob); err != nil {
+		return s.ioErr(op, c, lid, keep, err)
+	}
 	s.dropOpen(c, lid, ob)
 	if !exists {
 		if err := c.vol.files.Remove(cid, lid); err != nil {
@@ -104,4 +92,20 @@ func (s *Store) AbortBlock(cid ContainerID, lid LocalID) error {
 		return s.ioErr(op, c, lid, keep, err)
 	}
 	return nil
+}
+
+// dropRecords deletes the chunk records of a block's durable spans, durably.
+// Caller holds ob.mu and drops the block's open state after.
+func (s *Store) dropRecords(c *container, lid LocalID, ob *openBlock) error {
+	b := c.vol.db.NewBatch()
+	defer b.Close()
+	for _, sp := range ob.written {
+		if sp.durable {
+			b.Delete(makeChunkKey(c.id, lid, sp.off), nil)
+		}
+	}
+	if b.Empty() {
+		return nil
+	}
+	return b.Commit(s.metaSync())
 }

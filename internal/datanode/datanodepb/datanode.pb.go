@@ -89,6 +89,15 @@ const (
 	Error_DISK_FULL          Error_Kind = 9
 	Error_IO_ERROR           Error_Kind = 10
 	Error_BAD_REQUEST        Error_Kind = 11
+	// wait_all: a replica applied the entry but could not store it (disk
+	// full, I/O error, data lost); failed lists them. The container is
+	// UNHEALTHY there: get a new block elsewhere.
+	Error_REPLICA_FAILED Error_Kind = 12
+	// The proposal may or may not have committed (the datanode lost track
+	// of it: a deadline, a stop, a leadership change). Not retryable as
+	// is: the caller must not report success, nor assume it did not
+	// happen.
+	Error_OUTCOME_UNKNOWN Error_Kind = 13
 )
 
 // Enum value maps for Error_Kind.
@@ -106,6 +115,8 @@ var (
 		9:  "DISK_FULL",
 		10: "IO_ERROR",
 		11: "BAD_REQUEST",
+		12: "REPLICA_FAILED",
+		13: "OUTCOME_UNKNOWN",
 	}
 	Error_Kind_value = map[string]int32{
 		"UNKNOWN":            0,
@@ -120,6 +131,8 @@ var (
 		"DISK_FULL":          9,
 		"IO_ERROR":           10,
 		"BAD_REQUEST":        11,
+		"REPLICA_FAILED":     12,
+		"OUTCOME_UNKNOWN":    13,
 	}
 )
 
@@ -147,7 +160,7 @@ func (x Error_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Error_Kind.Descriptor instead.
 func (Error_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{16, 0}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{18, 0}
 }
 
 type BlockID struct {
@@ -392,6 +405,128 @@ func (x *BlockData) GetBcsid() uint64 {
 	return 0
 }
 
+type ApplyStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PipelineId    uint64                 `protobuf:"varint,1,opt,name=pipeline_id,json=pipelineId,proto3" json:"pipeline_id,omitempty"`
+	Index         uint64                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`                                // the entry
+	ContainerId   uint64                 `protobuf:"varint,3,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"` // the container the entry wrote into
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyStatusRequest) Reset() {
+	*x = ApplyStatusRequest{}
+	mi := &file_datanode_datanode_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyStatusRequest) ProtoMessage() {}
+
+func (x *ApplyStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_datanode_datanode_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyStatusRequest.ProtoReflect.Descriptor instead.
+func (*ApplyStatusRequest) Descriptor() ([]byte, []int) {
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ApplyStatusRequest) GetPipelineId() uint64 {
+	if x != nil {
+		return x.PipelineId
+	}
+	return 0
+}
+
+func (x *ApplyStatusRequest) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ApplyStatusRequest) GetContainerId() uint64 {
+	if x != nil {
+		return x.ContainerId
+	}
+	return 0
+}
+
+type ApplyStatusResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Applied uint64                 `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"` // this replica's applied index
+	// failed: the replica did not apply the entry successfully, or the
+	// container is UNHEALTHY (or missing) there; reason says why.
+	Failed        bool   `protobuf:"varint,2,opt,name=failed,proto3" json:"failed,omitempty"`
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyStatusResponse) Reset() {
+	*x = ApplyStatusResponse{}
+	mi := &file_datanode_datanode_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyStatusResponse) ProtoMessage() {}
+
+func (x *ApplyStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_datanode_datanode_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyStatusResponse.ProtoReflect.Descriptor instead.
+func (*ApplyStatusResponse) Descriptor() ([]byte, []int) {
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ApplyStatusResponse) GetApplied() uint64 {
+	if x != nil {
+		return x.Applied
+	}
+	return 0
+}
+
+func (x *ApplyStatusResponse) GetFailed() bool {
+	if x != nil {
+		return x.Failed
+	}
+	return false
+}
+
+func (x *ApplyStatusResponse) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type WriteChunkRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PipelineId    uint64                 `protobuf:"varint,1,opt,name=pipeline_id,json=pipelineId,proto3" json:"pipeline_id,omitempty"`
@@ -404,7 +539,7 @@ type WriteChunkRequest struct {
 
 func (x *WriteChunkRequest) Reset() {
 	*x = WriteChunkRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[4]
+	mi := &file_datanode_datanode_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -416,7 +551,7 @@ func (x *WriteChunkRequest) String() string {
 func (*WriteChunkRequest) ProtoMessage() {}
 
 func (x *WriteChunkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[4]
+	mi := &file_datanode_datanode_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -429,7 +564,7 @@ func (x *WriteChunkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteChunkRequest.ProtoReflect.Descriptor instead.
 func (*WriteChunkRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{4}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *WriteChunkRequest) GetPipelineId() uint64 {
@@ -469,7 +604,7 @@ type WriteChunkResponse struct {
 
 func (x *WriteChunkResponse) Reset() {
 	*x = WriteChunkResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[5]
+	mi := &file_datanode_datanode_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -481,7 +616,7 @@ func (x *WriteChunkResponse) String() string {
 func (*WriteChunkResponse) ProtoMessage() {}
 
 func (x *WriteChunkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[5]
+	mi := &file_datanode_datanode_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -494,7 +629,7 @@ func (x *WriteChunkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteChunkResponse.ProtoReflect.Descriptor instead.
 func (*WriteChunkResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{5}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WriteChunkResponse) GetIndex() uint64 {
@@ -518,7 +653,7 @@ type PutBlockRequest struct {
 
 func (x *PutBlockRequest) Reset() {
 	*x = PutBlockRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[6]
+	mi := &file_datanode_datanode_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -530,7 +665,7 @@ func (x *PutBlockRequest) String() string {
 func (*PutBlockRequest) ProtoMessage() {}
 
 func (x *PutBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[6]
+	mi := &file_datanode_datanode_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -543,7 +678,7 @@ func (x *PutBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlockRequest.ProtoReflect.Descriptor instead.
 func (*PutBlockRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{6}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PutBlockRequest) GetPipelineId() uint64 {
@@ -590,7 +725,7 @@ type PutBlockResponse struct {
 
 func (x *PutBlockResponse) Reset() {
 	*x = PutBlockResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[7]
+	mi := &file_datanode_datanode_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -602,7 +737,7 @@ func (x *PutBlockResponse) String() string {
 func (*PutBlockResponse) ProtoMessage() {}
 
 func (x *PutBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[7]
+	mi := &file_datanode_datanode_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -615,7 +750,7 @@ func (x *PutBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlockResponse.ProtoReflect.Descriptor instead.
 func (*PutBlockResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{7}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PutBlockResponse) GetIndex() uint64 {
@@ -639,7 +774,7 @@ type PutSmallFileRequest struct {
 
 func (x *PutSmallFileRequest) Reset() {
 	*x = PutSmallFileRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[8]
+	mi := &file_datanode_datanode_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -651,7 +786,7 @@ func (x *PutSmallFileRequest) String() string {
 func (*PutSmallFileRequest) ProtoMessage() {}
 
 func (x *PutSmallFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[8]
+	mi := &file_datanode_datanode_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -664,7 +799,7 @@ func (x *PutSmallFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSmallFileRequest.ProtoReflect.Descriptor instead.
 func (*PutSmallFileRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{8}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PutSmallFileRequest) GetPipelineId() uint64 {
@@ -704,7 +839,7 @@ type PutSmallFileResponse struct {
 
 func (x *PutSmallFileResponse) Reset() {
 	*x = PutSmallFileResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[9]
+	mi := &file_datanode_datanode_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -716,7 +851,7 @@ func (x *PutSmallFileResponse) String() string {
 func (*PutSmallFileResponse) ProtoMessage() {}
 
 func (x *PutSmallFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[9]
+	mi := &file_datanode_datanode_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -729,7 +864,7 @@ func (x *PutSmallFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSmallFileResponse.ProtoReflect.Descriptor instead.
 func (*PutSmallFileResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{9}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PutSmallFileResponse) GetIndex() uint64 {
@@ -750,7 +885,7 @@ type ReadBlockRequest struct {
 
 func (x *ReadBlockRequest) Reset() {
 	*x = ReadBlockRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[10]
+	mi := &file_datanode_datanode_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +897,7 @@ func (x *ReadBlockRequest) String() string {
 func (*ReadBlockRequest) ProtoMessage() {}
 
 func (x *ReadBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[10]
+	mi := &file_datanode_datanode_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +910,7 @@ func (x *ReadBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlockRequest.ProtoReflect.Descriptor instead.
 func (*ReadBlockRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{10}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReadBlockRequest) GetBlock() *BlockID {
@@ -810,7 +945,7 @@ type ReadBlockResponse struct {
 
 func (x *ReadBlockResponse) Reset() {
 	*x = ReadBlockResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[11]
+	mi := &file_datanode_datanode_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +957,7 @@ func (x *ReadBlockResponse) String() string {
 func (*ReadBlockResponse) ProtoMessage() {}
 
 func (x *ReadBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[11]
+	mi := &file_datanode_datanode_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +970,7 @@ func (x *ReadBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlockResponse.ProtoReflect.Descriptor instead.
 func (*ReadBlockResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{11}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReadBlockResponse) GetBlock() *BlockData {
@@ -868,7 +1003,7 @@ type GetBlockRequest struct {
 
 func (x *GetBlockRequest) Reset() {
 	*x = GetBlockRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[12]
+	mi := &file_datanode_datanode_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +1015,7 @@ func (x *GetBlockRequest) String() string {
 func (*GetBlockRequest) ProtoMessage() {}
 
 func (x *GetBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[12]
+	mi := &file_datanode_datanode_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +1028,7 @@ func (x *GetBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockRequest.ProtoReflect.Descriptor instead.
 func (*GetBlockRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{12}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetBlockRequest) GetBlock() *BlockID {
@@ -911,7 +1046,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[13]
+	mi := &file_datanode_datanode_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1058,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[13]
+	mi := &file_datanode_datanode_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1071,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{13}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{15}
 }
 
 type InfoResponse struct {
@@ -964,7 +1099,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[14]
+	mi := &file_datanode_datanode_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -976,7 +1111,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[14]
+	mi := &file_datanode_datanode_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -989,7 +1124,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{14}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *InfoResponse) GetDatanodeId() uint64 {
@@ -1088,7 +1223,7 @@ type PipelineInfo struct {
 
 func (x *PipelineInfo) Reset() {
 	*x = PipelineInfo{}
-	mi := &file_datanode_datanode_proto_msgTypes[15]
+	mi := &file_datanode_datanode_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1100,7 +1235,7 @@ func (x *PipelineInfo) String() string {
 func (*PipelineInfo) ProtoMessage() {}
 
 func (x *PipelineInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[15]
+	mi := &file_datanode_datanode_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1113,7 +1248,7 @@ func (x *PipelineInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PipelineInfo.ProtoReflect.Descriptor instead.
 func (*PipelineInfo) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{15}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PipelineInfo) GetId() uint64 {
@@ -1152,13 +1287,14 @@ type Error struct {
 	LeaderId      uint64                 `protobuf:"varint,2,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
 	LeaderAddr    string                 `protobuf:"bytes,3,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`
 	Lagging       []uint64               `protobuf:"varint,4,rep,packed,name=lagging,proto3" json:"lagging,omitempty"`
+	Failed        []uint64               `protobuf:"varint,5,rep,packed,name=failed,proto3" json:"failed,omitempty"` // REPLICA_FAILED: the replicas that failed
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_datanode_datanode_proto_msgTypes[16]
+	mi := &file_datanode_datanode_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1170,7 +1306,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[16]
+	mi := &file_datanode_datanode_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1183,7 +1319,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{16}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Error) GetKind() Error_Kind {
@@ -1214,6 +1350,13 @@ func (x *Error) GetLagging() []uint64 {
 	return nil
 }
 
+func (x *Error) GetFailed() []uint64 {
+	if x != nil {
+		return x.Failed
+	}
+	return nil
+}
+
 // ContainerCommand is the metadata of one entry in a pipeline's log. A
 // WriteChunk's data travels beside it (raft data separation), never in it.
 type ContainerCommand struct {
@@ -1232,7 +1375,7 @@ type ContainerCommand struct {
 
 func (x *ContainerCommand) Reset() {
 	*x = ContainerCommand{}
-	mi := &file_datanode_datanode_proto_msgTypes[17]
+	mi := &file_datanode_datanode_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1244,7 +1387,7 @@ func (x *ContainerCommand) String() string {
 func (*ContainerCommand) ProtoMessage() {}
 
 func (x *ContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[17]
+	mi := &file_datanode_datanode_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1257,7 +1400,7 @@ func (x *ContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerCommand.ProtoReflect.Descriptor instead.
 func (*ContainerCommand) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{17}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ContainerCommand) GetCmd() isContainerCommand_Cmd {
@@ -1356,7 +1499,7 @@ type WriteChunkCmd struct {
 
 func (x *WriteChunkCmd) Reset() {
 	*x = WriteChunkCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[18]
+	mi := &file_datanode_datanode_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1511,7 @@ func (x *WriteChunkCmd) String() string {
 func (*WriteChunkCmd) ProtoMessage() {}
 
 func (x *WriteChunkCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[18]
+	mi := &file_datanode_datanode_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1524,7 @@ func (x *WriteChunkCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteChunkCmd.ProtoReflect.Descriptor instead.
 func (*WriteChunkCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{18}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WriteChunkCmd) GetBlock() *BlockID {
@@ -1408,7 +1551,7 @@ type PutBlockCmd struct {
 
 func (x *PutBlockCmd) Reset() {
 	*x = PutBlockCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[19]
+	mi := &file_datanode_datanode_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1563,7 @@ func (x *PutBlockCmd) String() string {
 func (*PutBlockCmd) ProtoMessage() {}
 
 func (x *PutBlockCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[19]
+	mi := &file_datanode_datanode_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1576,7 @@ func (x *PutBlockCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlockCmd.ProtoReflect.Descriptor instead.
 func (*PutBlockCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{19}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PutBlockCmd) GetBlock() *BlockData {
@@ -1461,7 +1604,7 @@ type PutSmallFileCmd struct {
 
 func (x *PutSmallFileCmd) Reset() {
 	*x = PutSmallFileCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[20]
+	mi := &file_datanode_datanode_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1616,7 @@ func (x *PutSmallFileCmd) String() string {
 func (*PutSmallFileCmd) ProtoMessage() {}
 
 func (x *PutSmallFileCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[20]
+	mi := &file_datanode_datanode_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1629,7 @@ func (x *PutSmallFileCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSmallFileCmd.ProtoReflect.Descriptor instead.
 func (*PutSmallFileCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{20}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PutSmallFileCmd) GetBlock() *BlockData {
@@ -1505,7 +1648,7 @@ type CloseContainerCmd struct {
 
 func (x *CloseContainerCmd) Reset() {
 	*x = CloseContainerCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[21]
+	mi := &file_datanode_datanode_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1517,7 +1660,7 @@ func (x *CloseContainerCmd) String() string {
 func (*CloseContainerCmd) ProtoMessage() {}
 
 func (x *CloseContainerCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[21]
+	mi := &file_datanode_datanode_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1530,7 +1673,7 @@ func (x *CloseContainerCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseContainerCmd.ProtoReflect.Descriptor instead.
 func (*CloseContainerCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{21}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CloseContainerCmd) GetContainerId() uint64 {
@@ -1540,17 +1683,21 @@ func (x *CloseContainerCmd) GetContainerId() uint64 {
 	return 0
 }
 
+// DeleteBlocksCmd deletes committed blocks of an open pipeline's
+// container on every replica at the same point of its log. tx_id is SCM's
+// delete transaction: each replica acknowledges it once it applied this.
 type DeleteBlocksCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
 	LocalIds      []uint64               `protobuf:"varint,2,rep,packed,name=local_ids,json=localIds,proto3" json:"local_ids,omitempty"`
+	TxId          uint64                 `protobuf:"varint,3,opt,name=tx_id,json=txId,proto3" json:"tx_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteBlocksCmd) Reset() {
 	*x = DeleteBlocksCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[22]
+	mi := &file_datanode_datanode_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1562,7 +1709,7 @@ func (x *DeleteBlocksCmd) String() string {
 func (*DeleteBlocksCmd) ProtoMessage() {}
 
 func (x *DeleteBlocksCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[22]
+	mi := &file_datanode_datanode_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1575,7 +1722,7 @@ func (x *DeleteBlocksCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksCmd.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{22}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteBlocksCmd) GetContainerId() uint64 {
@@ -1590,6 +1737,13 @@ func (x *DeleteBlocksCmd) GetLocalIds() []uint64 {
 		return x.LocalIds
 	}
 	return nil
+}
+
+func (x *DeleteBlocksCmd) GetTxId() uint64 {
+	if x != nil {
+		return x.TxId
+	}
+	return 0
 }
 
 var File_datanode_datanode_proto protoreflect.FileDescriptor
@@ -1612,7 +1766,16 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x02id\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x122\n" +
 	"\x06chunks\x18\x03 \x03(\v2\x1a.basalt.datanode.ChunkInfoR\x06chunks\x12\x14\n" +
-	"\x05bcsid\x18\x04 \x01(\x04R\x05bcsid\"\xaa\x01\n" +
+	"\x05bcsid\x18\x04 \x01(\x04R\x05bcsid\"n\n" +
+	"\x12ApplyStatusRequest\x12\x1f\n" +
+	"\vpipeline_id\x18\x01 \x01(\x04R\n" +
+	"pipelineId\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\x12!\n" +
+	"\fcontainer_id\x18\x03 \x01(\x04R\vcontainerId\"_\n" +
+	"\x13ApplyStatusResponse\x12\x18\n" +
+	"\aapplied\x18\x01 \x01(\x04R\aapplied\x12\x16\n" +
+	"\x06failed\x18\x02 \x01(\bR\x06failed\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xaa\x01\n" +
 	"\x11WriteChunkRequest\x12\x1f\n" +
 	"\vpipeline_id\x18\x01 \x01(\x04R\n" +
 	"pipelineId\x12.\n" +
@@ -1670,13 +1833,14 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\x04R\x06leader\x12\x18\n" +
 	"\amembers\x18\x03 \x03(\x04R\amembers\x12\x18\n" +
-	"\aapplied\x18\x04 \x01(\x04R\aapplied\"\xfb\x02\n" +
+	"\aapplied\x18\x04 \x01(\x04R\aapplied\"\xbc\x03\n" +
 	"\x05Error\x12/\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1b.basalt.datanode.Error.KindR\x04kind\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\x04R\bleaderId\x12\x1f\n" +
 	"\vleader_addr\x18\x03 \x01(\tR\n" +
 	"leaderAddr\x12\x18\n" +
-	"\alagging\x18\x04 \x03(\x04R\alagging\"\xe8\x01\n" +
+	"\alagging\x18\x04 \x03(\x04R\alagging\x12\x16\n" +
+	"\x06failed\x18\x05 \x03(\x04R\x06failed\"\x91\x02\n" +
 	"\x04Kind\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -1691,7 +1855,9 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\tDISK_FULL\x10\t\x12\f\n" +
 	"\bIO_ERROR\x10\n" +
 	"\x12\x0f\n" +
-	"\vBAD_REQUEST\x10\v\"\xfb\x02\n" +
+	"\vBAD_REQUEST\x10\v\x12\x12\n" +
+	"\x0eREPLICA_FAILED\x10\f\x12\x13\n" +
+	"\x0fOUTCOME_UNKNOWN\x10\r\"\xfb\x02\n" +
 	"\x10ContainerCommand\x12A\n" +
 	"\vwrite_chunk\x18\x01 \x01(\v2\x1e.basalt.datanode.WriteChunkCmdH\x00R\n" +
 	"writeChunk\x12;\n" +
@@ -1709,14 +1875,15 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x0fPutSmallFileCmd\x120\n" +
 	"\x05block\x18\x01 \x01(\v2\x1a.basalt.datanode.BlockDataR\x05block\"6\n" +
 	"\x11CloseContainerCmd\x12!\n" +
-	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\"Q\n" +
+	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\"f\n" +
 	"\x0fDeleteBlocksCmd\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1b\n" +
-	"\tlocal_ids\x18\x02 \x03(\x04R\blocalIds*K\n" +
+	"\tlocal_ids\x18\x02 \x03(\x04R\blocalIds\x12\x13\n" +
+	"\x05tx_id\x18\x03 \x01(\x04R\x04txId*K\n" +
 	"\fChecksumType\x12\x11\n" +
 	"\rCHECKSUM_NONE\x10\x00\x12\x13\n" +
 	"\x0fCHECKSUM_CRC32C\x10\x01\x12\x13\n" +
-	"\x0fCHECKSUM_SHA256\x10\x022\xf4\x03\n" +
+	"\x0fCHECKSUM_SHA256\x10\x022\xce\x04\n" +
 	"\bDatanode\x12U\n" +
 	"\n" +
 	"WriteChunk\x12\".basalt.datanode.WriteChunkRequest\x1a#.basalt.datanode.WriteChunkResponse\x12O\n" +
@@ -1724,7 +1891,8 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\fPutSmallFile\x12$.basalt.datanode.PutSmallFileRequest\x1a%.basalt.datanode.PutSmallFileResponse\x12T\n" +
 	"\tReadBlock\x12!.basalt.datanode.ReadBlockRequest\x1a\".basalt.datanode.ReadBlockResponse0\x01\x12H\n" +
 	"\bGetBlock\x12 .basalt.datanode.GetBlockRequest\x1a\x1a.basalt.datanode.BlockData\x12C\n" +
-	"\x04Info\x12\x1c.basalt.datanode.InfoRequest\x1a\x1d.basalt.datanode.InfoResponseB=Z;github.com/basalt-store/basalt/internal/datanode/datanodepbb\x06proto3"
+	"\x04Info\x12\x1c.basalt.datanode.InfoRequest\x1a\x1d.basalt.datanode.InfoResponse\x12X\n" +
+	"\vApplyStatus\x12#.basalt.datanode.ApplyStatusRequest\x1a$.basalt.datanode.ApplyStatusResponseB=Z;github.com/basalt-store/basalt/internal/datanode/datanodepbb\x06proto3"
 
 var (
 	file_datanode_datanode_proto_rawDescOnce sync.Once
@@ -1739,7 +1907,7 @@ func file_datanode_datanode_proto_rawDescGZIP() []byte {
 }
 
 var file_datanode_datanode_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_datanode_datanode_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_datanode_datanode_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_datanode_datanode_proto_goTypes = []any{
 	(ChecksumType)(0),            // 0: basalt.datanode.ChecksumType
 	(Error_Kind)(0),              // 1: basalt.datanode.Error.Kind
@@ -1747,25 +1915,27 @@ var file_datanode_datanode_proto_goTypes = []any{
 	(*ChecksumData)(nil),         // 3: basalt.datanode.ChecksumData
 	(*ChunkInfo)(nil),            // 4: basalt.datanode.ChunkInfo
 	(*BlockData)(nil),            // 5: basalt.datanode.BlockData
-	(*WriteChunkRequest)(nil),    // 6: basalt.datanode.WriteChunkRequest
-	(*WriteChunkResponse)(nil),   // 7: basalt.datanode.WriteChunkResponse
-	(*PutBlockRequest)(nil),      // 8: basalt.datanode.PutBlockRequest
-	(*PutBlockResponse)(nil),     // 9: basalt.datanode.PutBlockResponse
-	(*PutSmallFileRequest)(nil),  // 10: basalt.datanode.PutSmallFileRequest
-	(*PutSmallFileResponse)(nil), // 11: basalt.datanode.PutSmallFileResponse
-	(*ReadBlockRequest)(nil),     // 12: basalt.datanode.ReadBlockRequest
-	(*ReadBlockResponse)(nil),    // 13: basalt.datanode.ReadBlockResponse
-	(*GetBlockRequest)(nil),      // 14: basalt.datanode.GetBlockRequest
-	(*InfoRequest)(nil),          // 15: basalt.datanode.InfoRequest
-	(*InfoResponse)(nil),         // 16: basalt.datanode.InfoResponse
-	(*PipelineInfo)(nil),         // 17: basalt.datanode.PipelineInfo
-	(*Error)(nil),                // 18: basalt.datanode.Error
-	(*ContainerCommand)(nil),     // 19: basalt.datanode.ContainerCommand
-	(*WriteChunkCmd)(nil),        // 20: basalt.datanode.WriteChunkCmd
-	(*PutBlockCmd)(nil),          // 21: basalt.datanode.PutBlockCmd
-	(*PutSmallFileCmd)(nil),      // 22: basalt.datanode.PutSmallFileCmd
-	(*CloseContainerCmd)(nil),    // 23: basalt.datanode.CloseContainerCmd
-	(*DeleteBlocksCmd)(nil),      // 24: basalt.datanode.DeleteBlocksCmd
+	(*ApplyStatusRequest)(nil),   // 6: basalt.datanode.ApplyStatusRequest
+	(*ApplyStatusResponse)(nil),  // 7: basalt.datanode.ApplyStatusResponse
+	(*WriteChunkRequest)(nil),    // 8: basalt.datanode.WriteChunkRequest
+	(*WriteChunkResponse)(nil),   // 9: basalt.datanode.WriteChunkResponse
+	(*PutBlockRequest)(nil),      // 10: basalt.datanode.PutBlockRequest
+	(*PutBlockResponse)(nil),     // 11: basalt.datanode.PutBlockResponse
+	(*PutSmallFileRequest)(nil),  // 12: basalt.datanode.PutSmallFileRequest
+	(*PutSmallFileResponse)(nil), // 13: basalt.datanode.PutSmallFileResponse
+	(*ReadBlockRequest)(nil),     // 14: basalt.datanode.ReadBlockRequest
+	(*ReadBlockResponse)(nil),    // 15: basalt.datanode.ReadBlockResponse
+	(*GetBlockRequest)(nil),      // 16: basalt.datanode.GetBlockRequest
+	(*InfoRequest)(nil),          // 17: basalt.datanode.InfoRequest
+	(*InfoResponse)(nil),         // 18: basalt.datanode.InfoResponse
+	(*PipelineInfo)(nil),         // 19: basalt.datanode.PipelineInfo
+	(*Error)(nil),                // 20: basalt.datanode.Error
+	(*ContainerCommand)(nil),     // 21: basalt.datanode.ContainerCommand
+	(*WriteChunkCmd)(nil),        // 22: basalt.datanode.WriteChunkCmd
+	(*PutBlockCmd)(nil),          // 23: basalt.datanode.PutBlockCmd
+	(*PutSmallFileCmd)(nil),      // 24: basalt.datanode.PutSmallFileCmd
+	(*CloseContainerCmd)(nil),    // 25: basalt.datanode.CloseContainerCmd
+	(*DeleteBlocksCmd)(nil),      // 26: basalt.datanode.DeleteBlocksCmd
 }
 var file_datanode_datanode_proto_depIdxs = []int32{
 	0,  // 0: basalt.datanode.ChecksumData.type:type_name -> basalt.datanode.ChecksumType
@@ -1779,31 +1949,33 @@ var file_datanode_datanode_proto_depIdxs = []int32{
 	2,  // 8: basalt.datanode.ReadBlockRequest.block:type_name -> basalt.datanode.BlockID
 	5,  // 9: basalt.datanode.ReadBlockResponse.block:type_name -> basalt.datanode.BlockData
 	2,  // 10: basalt.datanode.GetBlockRequest.block:type_name -> basalt.datanode.BlockID
-	17, // 11: basalt.datanode.InfoResponse.pipelines:type_name -> basalt.datanode.PipelineInfo
+	19, // 11: basalt.datanode.InfoResponse.pipelines:type_name -> basalt.datanode.PipelineInfo
 	1,  // 12: basalt.datanode.Error.kind:type_name -> basalt.datanode.Error.Kind
-	20, // 13: basalt.datanode.ContainerCommand.write_chunk:type_name -> basalt.datanode.WriteChunkCmd
-	21, // 14: basalt.datanode.ContainerCommand.put_block:type_name -> basalt.datanode.PutBlockCmd
-	23, // 15: basalt.datanode.ContainerCommand.close_container:type_name -> basalt.datanode.CloseContainerCmd
-	24, // 16: basalt.datanode.ContainerCommand.delete_blocks:type_name -> basalt.datanode.DeleteBlocksCmd
-	22, // 17: basalt.datanode.ContainerCommand.put_small_file:type_name -> basalt.datanode.PutSmallFileCmd
+	22, // 13: basalt.datanode.ContainerCommand.write_chunk:type_name -> basalt.datanode.WriteChunkCmd
+	23, // 14: basalt.datanode.ContainerCommand.put_block:type_name -> basalt.datanode.PutBlockCmd
+	25, // 15: basalt.datanode.ContainerCommand.close_container:type_name -> basalt.datanode.CloseContainerCmd
+	26, // 16: basalt.datanode.ContainerCommand.delete_blocks:type_name -> basalt.datanode.DeleteBlocksCmd
+	24, // 17: basalt.datanode.ContainerCommand.put_small_file:type_name -> basalt.datanode.PutSmallFileCmd
 	2,  // 18: basalt.datanode.WriteChunkCmd.block:type_name -> basalt.datanode.BlockID
 	4,  // 19: basalt.datanode.WriteChunkCmd.chunk:type_name -> basalt.datanode.ChunkInfo
 	5,  // 20: basalt.datanode.PutBlockCmd.block:type_name -> basalt.datanode.BlockData
 	5,  // 21: basalt.datanode.PutSmallFileCmd.block:type_name -> basalt.datanode.BlockData
-	6,  // 22: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
-	8,  // 23: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
-	10, // 24: basalt.datanode.Datanode.PutSmallFile:input_type -> basalt.datanode.PutSmallFileRequest
-	12, // 25: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
-	14, // 26: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
-	15, // 27: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
-	7,  // 28: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
-	9,  // 29: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
-	11, // 30: basalt.datanode.Datanode.PutSmallFile:output_type -> basalt.datanode.PutSmallFileResponse
-	13, // 31: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
-	5,  // 32: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
-	16, // 33: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
-	28, // [28:34] is the sub-list for method output_type
-	22, // [22:28] is the sub-list for method input_type
+	8,  // 22: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
+	10, // 23: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
+	12, // 24: basalt.datanode.Datanode.PutSmallFile:input_type -> basalt.datanode.PutSmallFileRequest
+	14, // 25: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
+	16, // 26: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
+	17, // 27: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
+	6,  // 28: basalt.datanode.Datanode.ApplyStatus:input_type -> basalt.datanode.ApplyStatusRequest
+	9,  // 29: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
+	11, // 30: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
+	13, // 31: basalt.datanode.Datanode.PutSmallFile:output_type -> basalt.datanode.PutSmallFileResponse
+	15, // 32: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
+	5,  // 33: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
+	18, // 34: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
+	7,  // 35: basalt.datanode.Datanode.ApplyStatus:output_type -> basalt.datanode.ApplyStatusResponse
+	29, // [29:36] is the sub-list for method output_type
+	22, // [22:29] is the sub-list for method input_type
 	22, // [22:22] is the sub-list for extension type_name
 	22, // [22:22] is the sub-list for extension extendee
 	0,  // [0:22] is the sub-list for field type_name
@@ -1814,7 +1986,7 @@ func file_datanode_datanode_proto_init() {
 	if File_datanode_datanode_proto != nil {
 		return
 	}
-	file_datanode_datanode_proto_msgTypes[17].OneofWrappers = []any{
+	file_datanode_datanode_proto_msgTypes[19].OneofWrappers = []any{
 		(*ContainerCommand_WriteChunk)(nil),
 		(*ContainerCommand_PutBlock)(nil),
 		(*ContainerCommand_CloseContainer)(nil),
@@ -1827,7 +1999,7 @@ func file_datanode_datanode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_datanode_datanode_proto_rawDesc), len(file_datanode_datanode_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,7 @@ const (
 	Datanode_ReadBlock_FullMethodName    = "/basalt.datanode.Datanode/ReadBlock"
 	Datanode_GetBlock_FullMethodName     = "/basalt.datanode.Datanode/GetBlock"
 	Datanode_Info_FullMethodName         = "/basalt.datanode.Datanode/Info"
+	Datanode_ApplyStatus_FullMethodName  = "/basalt.datanode.Datanode/ApplyStatus"
 )
 
 // DatanodeClient is the client API for Datanode service.
@@ -40,8 +41,9 @@ type DatanodeClient interface {
 	// log. Returns once committed and applied on the leader.
 	WriteChunk(ctx context.Context, in *WriteChunkRequest, opts ...grpc.CallOption) (*WriteChunkResponse, error)
 	// Commits a block (its chunk list becomes visible). With wait_all the
-	// leader returns only once every replica has applied it, or fails naming
-	// the replicas that lag.
+	// leader returns only once every replica has applied it successfully, or
+	// fails naming the replicas that lag (REPLICAS_LAG) or that failed to
+	// apply it (REPLICA_FAILED).
 	PutBlock(ctx context.Context, in *PutBlockRequest, opts ...grpc.CallOption) (*PutBlockResponse, error)
 	// A whole small block in one call and ONE log entry (Ozone's
 	// PutSmallFile): the data travels beside the entry like a WriteChunk's,
@@ -56,6 +58,12 @@ type DatanodeClient interface {
 	GetBlock(ctx context.Context, in *GetBlockRequest, opts ...grpc.CallOption) (*BlockData, error)
 	// Info for operators and tests.
 	Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoResponse, error)
+	// Asked by a pipeline's leader of each other replica once raft reports
+	// that the replica applied an entry the leader waits for (wait_all):
+	// did it apply it successfully, and is the container still healthy
+	// there? A replica that applied an entry reports it applied whether or
+	// not the entry failed; this is how the failure reaches the leader.
+	ApplyStatus(ctx context.Context, in *ApplyStatusRequest, opts ...grpc.CallOption) (*ApplyStatusResponse, error)
 }
 
 type datanodeClient struct {
@@ -135,6 +143,16 @@ func (c *datanodeClient) Info(ctx context.Context, in *InfoRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *datanodeClient) ApplyStatus(ctx context.Context, in *ApplyStatusRequest, opts ...grpc.CallOption) (*ApplyStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApplyStatusResponse)
+	err := c.cc.Invoke(ctx, Datanode_ApplyStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DatanodeServer is the server API for Datanode service.
 // All implementations must embed UnimplementedDatanodeServer
 // for forward compatibility.
@@ -144,8 +162,9 @@ type DatanodeServer interface {
 	// log. Returns once committed and applied on the leader.
 	WriteChunk(context.Context, *WriteChunkRequest) (*WriteChunkResponse, error)
 	// Commits a block (its chunk list becomes visible). With wait_all the
-	// leader returns only once every replica has applied it, or fails naming
-	// the replicas that lag.
+	// leader returns only once every replica has applied it successfully, or
+	// fails naming the replicas that lag (REPLICAS_LAG) or that failed to
+	// apply it (REPLICA_FAILED).
 	PutBlock(context.Context, *PutBlockRequest) (*PutBlockResponse, error)
 	// A whole small block in one call and ONE log entry (Ozone's
 	// PutSmallFile): the data travels beside the entry like a WriteChunk's,
@@ -160,6 +179,12 @@ type DatanodeServer interface {
 	GetBlock(context.Context, *GetBlockRequest) (*BlockData, error)
 	// Info for operators and tests.
 	Info(context.Context, *InfoRequest) (*InfoResponse, error)
+	// Asked by a pipeline's leader of each other replica once raft reports
+	// that the replica applied an entry the leader waits for (wait_all):
+	// did it apply it successfully, and is the container still healthy
+	// there? A replica that applied an entry reports it applied whether or
+	// not the entry failed; this is how the failure reaches the leader.
+	ApplyStatus(context.Context, *ApplyStatusRequest) (*ApplyStatusResponse, error)
 	mustEmbedUnimplementedDatanodeServer()
 }
 
@@ -187,6 +212,9 @@ func (UnimplementedDatanodeServer) GetBlock(context.Context, *GetBlockRequest) (
 }
 func (UnimplementedDatanodeServer) Info(context.Context, *InfoRequest) (*InfoResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Info not implemented")
+}
+func (UnimplementedDatanodeServer) ApplyStatus(context.Context, *ApplyStatusRequest) (*ApplyStatusResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ApplyStatus not implemented")
 }
 func (UnimplementedDatanodeServer) mustEmbedUnimplementedDatanodeServer() {}
 func (UnimplementedDatanodeServer) testEmbeddedByValue()                  {}
@@ -310,6 +338,24 @@ func _Datanode_Info_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Datanode_ApplyStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApplyStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DatanodeServer).ApplyStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Datanode_ApplyStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DatanodeServer).ApplyStatus(ctx, req.(*ApplyStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Datanode_ServiceDesc is the grpc.ServiceDesc for Datanode service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -336,6 +382,10 @@ var Datanode_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Info",
 			Handler:    _Datanode_Info_Handler,
+		},
+		{
+			MethodName: "ApplyStatus",
+			Handler:    _Datanode_ApplyStatus_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

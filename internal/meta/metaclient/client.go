@@ -4,11 +4,17 @@
 // (namespace or SCM), following NotLeader hints and retrying on other nodes
 // while there is no leader, so callers see one always-available service.
 //
-// Retries: a call is retried when the server says UNAVAILABLE (not the
-// leader, no leader yet, proposal dropped) or the connection fails. A write
-// whose answer was lost may therefore run twice; creates then fail with
-// AlreadyExists and deletes with NotFound; callers that retry writes
-// themselves must expect that too.
+// Retries: a call is retried when the server says UNAVAILABLE with proof
+// that nothing happened (a NotLeader detail or a NOT_APPLIED reason: not
+// the leader, no leader yet, proposal dropped before it entered the log)
+// or the connection could not be made. Any other failure of a call that
+// changes state (CommitKey, DeleteKey, CreateBucket, ...: everything not in
+// retrySafe) is not retried: an UNAVAILABLE from a connection that broke
+// after the request went out is returned as UNKNOWN with the
+// OUTCOME_UNKNOWN reason, like the server's own "outcome unknown" (a
+// proposal that reached the log and may still commit). Read-only calls
+// and calls that are harmless to repeat (retrySafe) are retried on any
+// UNAVAILABLE. UNKNOWN is never retried.
 package metaclient
 
 import (
@@ -20,6 +26,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -194,11 +201,17 @@ func (r *router) Invoke(ctx context.Context, method string, args, reply any, opt
 		if st.Code() != codes.Unavailable {
 			return err
 		}
-		hint := ""
+		hint, notApplied := "", false
 		for _, d := range st.Details() {
-			if nl, ok := d.(*metapb.NotLeader); ok {
-				hint = nl.LeaderAddr
+			switch d := d.(type) {
+			case *metapb.NotLeader:
+				hint, notApplied = d.LeaderAddr, true
+			case *errdetails.ErrorInfo:
+				notApplied = notApplied || d.Reason == metapb.ReasonNotApplied
 			}
+		}
+		if !notApplied && !retrySafe[method] && !neverSent(st) {
+			return outcomeUnknown(method, addr, err)
 		}
 		if hint != "" && hint != addr {
 			c.mu.Lock()
@@ -219,6 +232,54 @@ func (r *router) Invoke(ctx context.Context, method string, args, reply any, opt
 		backoff = min(2*backoff, time.Second)
 	}
 	return last
+}
+
+// retrySafe lists the calls that may be sent again after any UNAVAILABLE:
+// reads, and writes whose repetition is harmless (a second OpenKey or
+// AllocateBlock leaves an unused open key or block that expires; datanode
+// registration and heartbeats are idempotent; a block deleted twice is
+// deleted).
+var retrySafe = map[string]bool{
+	metapb.Scm_RegisterDatanode_FullMethodName:     true,
+	metapb.Scm_Heartbeat_FullMethodName:            true,
+	metapb.Scm_AllocateBlocks_FullMethodName:       true,
+	metapb.Scm_DeleteBlocks_FullMethodName:         true,
+	metapb.Scm_GetContainers_FullMethodName:        true,
+	metapb.Scm_ReportCorruptReplica_FullMethodName: true,
+	metapb.Scm_ListCorruptReplicas_FullMethodName:  true,
+	metapb.Scm_ListDatanodes_FullMethodName:        true,
+	metapb.Scm_ListPipelines_FullMethodName:        true,
+	metapb.Scm_ListContainers_FullMethodName:       true,
+	metapb.Scm_GetSafeMode_FullMethodName:          true,
+
+	metapb.Namespace_GetVolume_FullMethodName:            true,
+	metapb.Namespace_ListVolumes_FullMethodName:          true,
+	metapb.Namespace_GetBucket_FullMethodName:            true,
+	metapb.Namespace_ListBuckets_FullMethodName:          true,
+	metapb.Namespace_OpenKey_FullMethodName:              true,
+	metapb.Namespace_AllocateBlock_FullMethodName:        true,
+	metapb.Namespace_LookupKey_FullMethodName:            true,
+	metapb.Namespace_ListKeys_FullMethodName:             true,
+	metapb.Namespace_GetFileStatus_FullMethodName:        true,
+	metapb.Namespace_ListStatus_FullMethodName:           true,
+	metapb.Namespace_ListParts_FullMethodName:            true,
+	metapb.Namespace_ListMultipartUploads_FullMethodName: true,
+	metapb.Namespace_GetS3Secret_FullMethodName:          true,
+}
+
+// neverSent reports whether an UNAVAILABLE came from a connection that
+// could not be made, so the request never left this process. gRPC says
+// so only in the message ("connection error: ... Error while dialing");
+// anything else (a reset, EOF, a closing transport) may have come after
+// the server got the request.
+func neverSent(st *status.Status) bool {
+	return strings.Contains(st.Message(), "Error while dialing")
+}
+
+func outcomeUnknown(method, addr string, err error) error {
+	st, _ := status.Newf(codes.Unknown, "metaclient: %s to %s: outcome unknown, the call may or may not have been applied (the connection failed after it was sent): %v", method, addr, err).
+		WithDetails(&errdetails.ErrorInfo{Reason: metapb.ReasonOutcomeUnknown, Domain: metapb.ReasonDomain})
+	return st.Err()
 }
 
 func (c *Client) forget(svc, addr string) {

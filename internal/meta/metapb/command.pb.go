@@ -40,6 +40,7 @@ type ScmCommand struct {
 	//	*ScmCommand_AllocateIdRange
 	//	*ScmCommand_AddDeleteBlocks
 	//	*ScmCommand_PurgeDeleteTxs
+	//	*ScmCommand_ReplicasUnhealthy
 	Op            isScmCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -170,6 +171,15 @@ func (x *ScmCommand) GetPurgeDeleteTxs() *PurgeDeleteTxsOp {
 	return nil
 }
 
+func (x *ScmCommand) GetReplicasUnhealthy() *ReplicasUnhealthyOp {
+	if x != nil {
+		if x, ok := x.Op.(*ScmCommand_ReplicasUnhealthy); ok {
+			return x.ReplicasUnhealthy
+		}
+	}
+	return nil
+}
+
 type isScmCommand_Op interface {
 	isScmCommand_Op()
 }
@@ -210,6 +220,10 @@ type ScmCommand_PurgeDeleteTxs struct {
 	PurgeDeleteTxs *PurgeDeleteTxsOp `protobuf:"bytes,10,opt,name=purge_delete_txs,json=purgeDeleteTxs,proto3,oneof"`
 }
 
+type ScmCommand_ReplicasUnhealthy struct {
+	ReplicasUnhealthy *ReplicasUnhealthyOp `protobuf:"bytes,11,opt,name=replicas_unhealthy,json=replicasUnhealthy,proto3,oneof"`
+}
+
 func (*ScmCommand_RegisterDatanode) isScmCommand_Op() {}
 
 func (*ScmCommand_CreatePipeline) isScmCommand_Op() {}
@@ -227,6 +241,8 @@ func (*ScmCommand_AllocateIdRange) isScmCommand_Op() {}
 func (*ScmCommand_AddDeleteBlocks) isScmCommand_Op() {}
 
 func (*ScmCommand_PurgeDeleteTxs) isScmCommand_Op() {}
+
+func (*ScmCommand_ReplicasUnhealthy) isScmCommand_Op() {}
 
 type RegisterDatanodeOp struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -612,6 +628,114 @@ func (x *PurgeDeleteTxsOp) GetTxIds() []uint64 {
 	return nil
 }
 
+// ReplicasUnhealthyOp records replicas that datanodes reported UNHEALTHY
+// (or that answered a delete transaction with a non-DONE status): each is
+// added to its container's unhealthy_replicas, and an OPEN container
+// becomes CLOSING.
+type ReplicasUnhealthyOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Replicas      []*UnhealthyReplica    `protobuf:"bytes,1,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicasUnhealthyOp) Reset() {
+	*x = ReplicasUnhealthyOp{}
+	mi := &file_meta_command_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicasUnhealthyOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicasUnhealthyOp) ProtoMessage() {}
+
+func (x *ReplicasUnhealthyOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicasUnhealthyOp.ProtoReflect.Descriptor instead.
+func (*ReplicasUnhealthyOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ReplicasUnhealthyOp) GetReplicas() []*UnhealthyReplica {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+type UnhealthyReplica struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	DatanodeId    uint64                 `protobuf:"varint,2,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnhealthyReplica) Reset() {
+	*x = UnhealthyReplica{}
+	mi := &file_meta_command_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnhealthyReplica) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnhealthyReplica) ProtoMessage() {}
+
+func (x *UnhealthyReplica) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnhealthyReplica.ProtoReflect.Descriptor instead.
+func (*UnhealthyReplica) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *UnhealthyReplica) GetContainerId() uint64 {
+	if x != nil {
+		return x.ContainerId
+	}
+	return 0
+}
+
+func (x *UnhealthyReplica) GetDatanodeId() uint64 {
+	if x != nil {
+		return x.DatanodeId
+	}
+	return 0
+}
+
+func (x *UnhealthyReplica) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // DeleteBlocksTx is a stored delete-blocks transaction (SCM key "d/").
 type DeleteBlocksTx struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -624,7 +748,7 @@ type DeleteBlocksTx struct {
 
 func (x *DeleteBlocksTx) Reset() {
 	*x = DeleteBlocksTx{}
-	mi := &file_meta_command_proto_msgTypes[9]
+	mi := &file_meta_command_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -636,7 +760,7 @@ func (x *DeleteBlocksTx) String() string {
 func (*DeleteBlocksTx) ProtoMessage() {}
 
 func (x *DeleteBlocksTx) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[9]
+	mi := &file_meta_command_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -649,7 +773,7 @@ func (x *DeleteBlocksTx) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksTx.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksTx) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{9}
+	return file_meta_command_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteBlocksTx) GetTxId() uint64 {
@@ -707,7 +831,7 @@ type NsCommand struct {
 
 func (x *NsCommand) Reset() {
 	*x = NsCommand{}
-	mi := &file_meta_command_proto_msgTypes[10]
+	mi := &file_meta_command_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -719,7 +843,7 @@ func (x *NsCommand) String() string {
 func (*NsCommand) ProtoMessage() {}
 
 func (x *NsCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[10]
+	mi := &file_meta_command_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -732,7 +856,7 @@ func (x *NsCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NsCommand.ProtoReflect.Descriptor instead.
 func (*NsCommand) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{10}
+	return file_meta_command_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NsCommand) GetNowUnixMs() int64 {
@@ -1079,7 +1203,7 @@ type SetServiceTokenOp struct {
 
 func (x *SetServiceTokenOp) Reset() {
 	*x = SetServiceTokenOp{}
-	mi := &file_meta_command_proto_msgTypes[11]
+	mi := &file_meta_command_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1091,7 +1215,7 @@ func (x *SetServiceTokenOp) String() string {
 func (*SetServiceTokenOp) ProtoMessage() {}
 
 func (x *SetServiceTokenOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[11]
+	mi := &file_meta_command_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1104,7 +1228,7 @@ func (x *SetServiceTokenOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetServiceTokenOp.ProtoReflect.Descriptor instead.
 func (*SetServiceTokenOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{11}
+	return file_meta_command_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SetServiceTokenOp) GetToken() string {
@@ -1124,7 +1248,7 @@ type OpenKeyOp struct {
 
 func (x *OpenKeyOp) Reset() {
 	*x = OpenKeyOp{}
-	mi := &file_meta_command_proto_msgTypes[12]
+	mi := &file_meta_command_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1136,7 +1260,7 @@ func (x *OpenKeyOp) String() string {
 func (*OpenKeyOp) ProtoMessage() {}
 
 func (x *OpenKeyOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[12]
+	mi := &file_meta_command_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1149,7 +1273,7 @@ func (x *OpenKeyOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyOp.ProtoReflect.Descriptor instead.
 func (*OpenKeyOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{12}
+	return file_meta_command_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *OpenKeyOp) GetRequest() *OpenKeyRequest {
@@ -1176,7 +1300,7 @@ type AddBlockOp struct {
 
 func (x *AddBlockOp) Reset() {
 	*x = AddBlockOp{}
-	mi := &file_meta_command_proto_msgTypes[13]
+	mi := &file_meta_command_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1312,7 @@ func (x *AddBlockOp) String() string {
 func (*AddBlockOp) ProtoMessage() {}
 
 func (x *AddBlockOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[13]
+	mi := &file_meta_command_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1325,7 @@ func (x *AddBlockOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddBlockOp.ProtoReflect.Descriptor instead.
 func (*AddBlockOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{13}
+	return file_meta_command_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AddBlockOp) GetOpenId() uint64 {
@@ -1228,7 +1352,7 @@ type ExpireOpenKeysOp struct {
 
 func (x *ExpireOpenKeysOp) Reset() {
 	*x = ExpireOpenKeysOp{}
-	mi := &file_meta_command_proto_msgTypes[14]
+	mi := &file_meta_command_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1240,7 +1364,7 @@ func (x *ExpireOpenKeysOp) String() string {
 func (*ExpireOpenKeysOp) ProtoMessage() {}
 
 func (x *ExpireOpenKeysOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[14]
+	mi := &file_meta_command_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1253,7 +1377,7 @@ func (x *ExpireOpenKeysOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireOpenKeysOp.ProtoReflect.Descriptor instead.
 func (*ExpireOpenKeysOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{14}
+	return file_meta_command_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExpireOpenKeysOp) GetOpenIds() []uint64 {
@@ -1282,7 +1406,7 @@ type CreateMultipartUploadOp struct {
 
 func (x *CreateMultipartUploadOp) Reset() {
 	*x = CreateMultipartUploadOp{}
-	mi := &file_meta_command_proto_msgTypes[15]
+	mi := &file_meta_command_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1294,7 +1418,7 @@ func (x *CreateMultipartUploadOp) String() string {
 func (*CreateMultipartUploadOp) ProtoMessage() {}
 
 func (x *CreateMultipartUploadOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[15]
+	mi := &file_meta_command_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1307,7 +1431,7 @@ func (x *CreateMultipartUploadOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateMultipartUploadOp.ProtoReflect.Descriptor instead.
 func (*CreateMultipartUploadOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{15}
+	return file_meta_command_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CreateMultipartUploadOp) GetRequest() *CreateMultipartUploadRequest {
@@ -1333,7 +1457,7 @@ type PurgeDeletedOp struct {
 
 func (x *PurgeDeletedOp) Reset() {
 	*x = PurgeDeletedOp{}
-	mi := &file_meta_command_proto_msgTypes[16]
+	mi := &file_meta_command_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1345,7 +1469,7 @@ func (x *PurgeDeletedOp) String() string {
 func (*PurgeDeletedOp) ProtoMessage() {}
 
 func (x *PurgeDeletedOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[16]
+	mi := &file_meta_command_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1358,7 +1482,7 @@ func (x *PurgeDeletedOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeletedOp.ProtoReflect.Descriptor instead.
 func (*PurgeDeletedOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{16}
+	return file_meta_command_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PurgeDeletedOp) GetSeqs() []uint64 {
@@ -1380,7 +1504,7 @@ type ReclaimDirOp struct {
 
 func (x *ReclaimDirOp) Reset() {
 	*x = ReclaimDirOp{}
-	mi := &file_meta_command_proto_msgTypes[17]
+	mi := &file_meta_command_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1392,7 +1516,7 @@ func (x *ReclaimDirOp) String() string {
 func (*ReclaimDirOp) ProtoMessage() {}
 
 func (x *ReclaimDirOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[17]
+	mi := &file_meta_command_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1405,7 +1529,7 @@ func (x *ReclaimDirOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimDirOp.ProtoReflect.Descriptor instead.
 func (*ReclaimDirOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{17}
+	return file_meta_command_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReclaimDirOp) GetSeq() uint64 {
@@ -1440,7 +1564,7 @@ type OpenKeyRow struct {
 
 func (x *OpenKeyRow) Reset() {
 	*x = OpenKeyRow{}
-	mi := &file_meta_command_proto_msgTypes[18]
+	mi := &file_meta_command_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1452,7 +1576,7 @@ func (x *OpenKeyRow) String() string {
 func (*OpenKeyRow) ProtoMessage() {}
 
 func (x *OpenKeyRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[18]
+	mi := &file_meta_command_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1465,7 +1589,7 @@ func (x *OpenKeyRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyRow.ProtoReflect.Descriptor instead.
 func (*OpenKeyRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{18}
+	return file_meta_command_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *OpenKeyRow) GetOpenId() uint64 {
@@ -1550,7 +1674,7 @@ type DeletedRow struct {
 
 func (x *DeletedRow) Reset() {
 	*x = DeletedRow{}
-	mi := &file_meta_command_proto_msgTypes[19]
+	mi := &file_meta_command_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1562,7 +1686,7 @@ func (x *DeletedRow) String() string {
 func (*DeletedRow) ProtoMessage() {}
 
 func (x *DeletedRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[19]
+	mi := &file_meta_command_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1575,7 +1699,7 @@ func (x *DeletedRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletedRow.ProtoReflect.Descriptor instead.
 func (*DeletedRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{19}
+	return file_meta_command_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeletedRow) GetSeq() uint64 {
@@ -1612,7 +1736,7 @@ type PendingDirRow struct {
 
 func (x *PendingDirRow) Reset() {
 	*x = PendingDirRow{}
-	mi := &file_meta_command_proto_msgTypes[20]
+	mi := &file_meta_command_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1624,7 +1748,7 @@ func (x *PendingDirRow) String() string {
 func (*PendingDirRow) ProtoMessage() {}
 
 func (x *PendingDirRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[20]
+	mi := &file_meta_command_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1637,7 +1761,7 @@ func (x *PendingDirRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDirRow.ProtoReflect.Descriptor instead.
 func (*PendingDirRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{20}
+	return file_meta_command_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PendingDirRow) GetSeq() uint64 {
@@ -1674,7 +1798,7 @@ type FsEntry struct {
 
 func (x *FsEntry) Reset() {
 	*x = FsEntry{}
-	mi := &file_meta_command_proto_msgTypes[21]
+	mi := &file_meta_command_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1810,7 @@ func (x *FsEntry) String() string {
 func (*FsEntry) ProtoMessage() {}
 
 func (x *FsEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[21]
+	mi := &file_meta_command_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1823,7 @@ func (x *FsEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FsEntry.ProtoReflect.Descriptor instead.
 func (*FsEntry) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{21}
+	return file_meta_command_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *FsEntry) GetIsDir() bool {
@@ -1734,7 +1858,7 @@ var File_meta_command_proto protoreflect.FileDescriptor
 
 const file_meta_command_proto_rawDesc = "" +
 	"\n" +
-	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\"\x81\x06\n" +
+	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\"\xd7\x06\n" +
 	"\n" +
 	"ScmCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12Q\n" +
@@ -1747,7 +1871,8 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x11allocate_id_range\x18\b \x01(\v2!.basalt.meta.v1.AllocateIDRangeOpH\x00R\x0fallocateIdRange\x12Q\n" +
 	"\x11add_delete_blocks\x18\t \x01(\v2#.basalt.meta.v1.DeleteBlocksRequestH\x00R\x0faddDeleteBlocks\x12L\n" +
 	"\x10purge_delete_txs\x18\n" +
-	" \x01(\v2 .basalt.meta.v1.PurgeDeleteTxsOpH\x00R\x0epurgeDeleteTxsB\x04\n" +
+	" \x01(\v2 .basalt.meta.v1.PurgeDeleteTxsOpH\x00R\x0epurgeDeleteTxs\x12T\n" +
+	"\x12replicas_unhealthy\x18\v \x01(\v2#.basalt.meta.v1.ReplicasUnhealthyOpH\x00R\x11replicasUnhealthyB\x04\n" +
 	"\x02op\"O\n" +
 	"\x12RegisterDatanodeOp\x129\n" +
 	"\adetails\x18\x01 \x01(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\adetails\"o\n" +
@@ -1770,7 +1895,14 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x11AllocateIDRangeOp\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\x04R\x05count\")\n" +
 	"\x10PurgeDeleteTxsOp\x12\x15\n" +
-	"\x06tx_ids\x18\x01 \x03(\x04R\x05txIds\"e\n" +
+	"\x06tx_ids\x18\x01 \x03(\x04R\x05txIds\"S\n" +
+	"\x13ReplicasUnhealthyOp\x12<\n" +
+	"\breplicas\x18\x01 \x03(\v2 .basalt.meta.v1.UnhealthyReplicaR\breplicas\"n\n" +
+	"\x10UnhealthyReplica\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1f\n" +
+	"\vdatanode_id\x18\x02 \x01(\x04R\n" +
+	"datanodeId\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"e\n" +
 	"\x0eDeleteBlocksTx\x12\x13\n" +
 	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x12!\n" +
 	"\fcontainer_id\x18\x02 \x01(\x04R\vcontainerId\x12\x1b\n" +
@@ -1865,7 +1997,7 @@ func file_meta_command_proto_rawDescGZIP() []byte {
 	return file_meta_command_proto_rawDescData
 }
 
-var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_meta_command_proto_goTypes = []any{
 	(*ScmCommand)(nil),                     // 0: basalt.meta.v1.ScmCommand
 	(*RegisterDatanodeOp)(nil),             // 1: basalt.meta.v1.RegisterDatanodeOp
@@ -1876,42 +2008,44 @@ var file_meta_command_proto_goTypes = []any{
 	(*ContainerClosedOp)(nil),              // 6: basalt.meta.v1.ContainerClosedOp
 	(*AllocateIDRangeOp)(nil),              // 7: basalt.meta.v1.AllocateIDRangeOp
 	(*PurgeDeleteTxsOp)(nil),               // 8: basalt.meta.v1.PurgeDeleteTxsOp
-	(*DeleteBlocksTx)(nil),                 // 9: basalt.meta.v1.DeleteBlocksTx
-	(*NsCommand)(nil),                      // 10: basalt.meta.v1.NsCommand
-	(*SetServiceTokenOp)(nil),              // 11: basalt.meta.v1.SetServiceTokenOp
-	(*OpenKeyOp)(nil),                      // 12: basalt.meta.v1.OpenKeyOp
-	(*AddBlockOp)(nil),                     // 13: basalt.meta.v1.AddBlockOp
-	(*ExpireOpenKeysOp)(nil),               // 14: basalt.meta.v1.ExpireOpenKeysOp
-	(*CreateMultipartUploadOp)(nil),        // 15: basalt.meta.v1.CreateMultipartUploadOp
-	(*PurgeDeletedOp)(nil),                 // 16: basalt.meta.v1.PurgeDeletedOp
-	(*ReclaimDirOp)(nil),                   // 17: basalt.meta.v1.ReclaimDirOp
-	(*OpenKeyRow)(nil),                     // 18: basalt.meta.v1.OpenKeyRow
-	(*DeletedRow)(nil),                     // 19: basalt.meta.v1.DeletedRow
-	(*PendingDirRow)(nil),                  // 20: basalt.meta.v1.PendingDirRow
-	(*FsEntry)(nil),                        // 21: basalt.meta.v1.FsEntry
-	(*DeleteBlocksRequest)(nil),            // 22: basalt.meta.v1.DeleteBlocksRequest
-	(*DatanodeDetails)(nil),                // 23: basalt.meta.v1.DatanodeDetails
-	(Replication)(0),                       // 24: basalt.meta.v1.Replication
-	(*CreateVolumeRequest)(nil),            // 25: basalt.meta.v1.CreateVolumeRequest
-	(*DeleteVolumeRequest)(nil),            // 26: basalt.meta.v1.DeleteVolumeRequest
-	(*CreateBucketRequest)(nil),            // 27: basalt.meta.v1.CreateBucketRequest
-	(*DeleteBucketRequest)(nil),            // 28: basalt.meta.v1.DeleteBucketRequest
-	(*CommitKeyRequest)(nil),               // 29: basalt.meta.v1.CommitKeyRequest
-	(*RenameKeyRequest)(nil),               // 30: basalt.meta.v1.RenameKeyRequest
-	(*DeleteKeyRequest)(nil),               // 31: basalt.meta.v1.DeleteKeyRequest
-	(*CreateDirectoryRequest)(nil),         // 32: basalt.meta.v1.CreateDirectoryRequest
-	(*SetKeyMetaRequest)(nil),              // 33: basalt.meta.v1.SetKeyMetaRequest
-	(*CompleteMultipartUploadRequest)(nil), // 34: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 35: basalt.meta.v1.AbortMultipartUploadRequest
-	(*CreateS3SecretRequest)(nil),          // 36: basalt.meta.v1.CreateS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 37: basalt.meta.v1.DeleteS3SecretRequest
-	(*CopyKeyRequest)(nil),                 // 38: basalt.meta.v1.CopyKeyRequest
-	(*OpenKeyRequest)(nil),                 // 39: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 40: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 41: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 42: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 43: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 44: basalt.meta.v1.KeyInfo
+	(*ReplicasUnhealthyOp)(nil),            // 9: basalt.meta.v1.ReplicasUnhealthyOp
+	(*UnhealthyReplica)(nil),               // 10: basalt.meta.v1.UnhealthyReplica
+	(*DeleteBlocksTx)(nil),                 // 11: basalt.meta.v1.DeleteBlocksTx
+	(*NsCommand)(nil),                      // 12: basalt.meta.v1.NsCommand
+	(*SetServiceTokenOp)(nil),              // 13: basalt.meta.v1.SetServiceTokenOp
+	(*OpenKeyOp)(nil),                      // 14: basalt.meta.v1.OpenKeyOp
+	(*AddBlockOp)(nil),                     // 15: basalt.meta.v1.AddBlockOp
+	(*ExpireOpenKeysOp)(nil),               // 16: basalt.meta.v1.ExpireOpenKeysOp
+	(*CreateMultipartUploadOp)(nil),        // 17: basalt.meta.v1.CreateMultipartUploadOp
+	(*PurgeDeletedOp)(nil),                 // 18: basalt.meta.v1.PurgeDeletedOp
+	(*ReclaimDirOp)(nil),                   // 19: basalt.meta.v1.ReclaimDirOp
+	(*OpenKeyRow)(nil),                     // 20: basalt.meta.v1.OpenKeyRow
+	(*DeletedRow)(nil),                     // 21: basalt.meta.v1.DeletedRow
+	(*PendingDirRow)(nil),                  // 22: basalt.meta.v1.PendingDirRow
+	(*FsEntry)(nil),                        // 23: basalt.meta.v1.FsEntry
+	(*DeleteBlocksRequest)(nil),            // 24: basalt.meta.v1.DeleteBlocksRequest
+	(*DatanodeDetails)(nil),                // 25: basalt.meta.v1.DatanodeDetails
+	(Replication)(0),                       // 26: basalt.meta.v1.Replication
+	(*CreateVolumeRequest)(nil),            // 27: basalt.meta.v1.CreateVolumeRequest
+	(*DeleteVolumeRequest)(nil),            // 28: basalt.meta.v1.DeleteVolumeRequest
+	(*CreateBucketRequest)(nil),            // 29: basalt.meta.v1.CreateBucketRequest
+	(*DeleteBucketRequest)(nil),            // 30: basalt.meta.v1.DeleteBucketRequest
+	(*CommitKeyRequest)(nil),               // 31: basalt.meta.v1.CommitKeyRequest
+	(*RenameKeyRequest)(nil),               // 32: basalt.meta.v1.RenameKeyRequest
+	(*DeleteKeyRequest)(nil),               // 33: basalt.meta.v1.DeleteKeyRequest
+	(*CreateDirectoryRequest)(nil),         // 34: basalt.meta.v1.CreateDirectoryRequest
+	(*SetKeyMetaRequest)(nil),              // 35: basalt.meta.v1.SetKeyMetaRequest
+	(*CompleteMultipartUploadRequest)(nil), // 36: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 37: basalt.meta.v1.AbortMultipartUploadRequest
+	(*CreateS3SecretRequest)(nil),          // 38: basalt.meta.v1.CreateS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 39: basalt.meta.v1.DeleteS3SecretRequest
+	(*CopyKeyRequest)(nil),                 // 40: basalt.meta.v1.CopyKeyRequest
+	(*OpenKeyRequest)(nil),                 // 41: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 42: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 43: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 44: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 45: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 46: basalt.meta.v1.KeyInfo
 }
 var file_meta_command_proto_depIdxs = []int32{
 	1,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -1921,45 +2055,47 @@ var file_meta_command_proto_depIdxs = []int32{
 	5,  // 4: basalt.meta.v1.ScmCommand.close_containers:type_name -> basalt.meta.v1.CloseContainersOp
 	6,  // 5: basalt.meta.v1.ScmCommand.container_closed:type_name -> basalt.meta.v1.ContainerClosedOp
 	7,  // 6: basalt.meta.v1.ScmCommand.allocate_id_range:type_name -> basalt.meta.v1.AllocateIDRangeOp
-	22, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
+	24, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
 	8,  // 8: basalt.meta.v1.ScmCommand.purge_delete_txs:type_name -> basalt.meta.v1.PurgeDeleteTxsOp
-	23, // 9: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
-	24, // 10: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
-	25, // 11: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
-	26, // 12: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
-	27, // 13: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
-	28, // 14: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
-	12, // 15: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
-	13, // 16: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
-	29, // 17: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
-	30, // 18: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
-	31, // 19: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
-	32, // 20: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
-	14, // 21: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
-	16, // 22: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
-	17, // 23: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
-	33, // 24: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
-	15, // 25: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
-	34, // 26: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
-	35, // 27: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
-	36, // 28: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
-	37, // 29: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
-	38, // 30: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
-	11, // 31: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
-	39, // 32: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	40, // 33: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	40, // 34: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	41, // 35: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	24, // 36: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	42, // 37: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	43, // 38: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	43, // 39: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	44, // 40: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	41, // [41:41] is the sub-list for method output_type
-	41, // [41:41] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	9,  // 9: basalt.meta.v1.ScmCommand.replicas_unhealthy:type_name -> basalt.meta.v1.ReplicasUnhealthyOp
+	25, // 10: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
+	26, // 11: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
+	10, // 12: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
+	27, // 13: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
+	28, // 14: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
+	29, // 15: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
+	30, // 16: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
+	14, // 17: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
+	15, // 18: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
+	31, // 19: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
+	32, // 20: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
+	33, // 21: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
+	34, // 22: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
+	16, // 23: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
+	18, // 24: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
+	19, // 25: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
+	35, // 26: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
+	17, // 27: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
+	36, // 28: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
+	37, // 29: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
+	38, // 30: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
+	39, // 31: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
+	40, // 32: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
+	13, // 33: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
+	41, // 34: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	42, // 35: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	42, // 36: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	43, // 37: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	26, // 38: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	44, // 39: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	45, // 40: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	45, // 41: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	46, // 42: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	43, // [43:43] is the sub-list for method output_type
+	43, // [43:43] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -1978,8 +2114,9 @@ func file_meta_command_proto_init() {
 		(*ScmCommand_AllocateIdRange)(nil),
 		(*ScmCommand_AddDeleteBlocks)(nil),
 		(*ScmCommand_PurgeDeleteTxs)(nil),
+		(*ScmCommand_ReplicasUnhealthy)(nil),
 	}
-	file_meta_command_proto_msgTypes[10].OneofWrappers = []any{
+	file_meta_command_proto_msgTypes[12].OneofWrappers = []any{
 		(*NsCommand_CreateVolume)(nil),
 		(*NsCommand_DeleteVolume)(nil),
 		(*NsCommand_CreateBucket)(nil),
@@ -2008,7 +2145,7 @@ func file_meta_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_command_proto_rawDesc), len(file_meta_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -186,6 +186,13 @@ const (
 	// new blocks go to it.
 	ContainerState_CONTAINER_CLOSING ContainerState = 2
 	ContainerState_CONTAINER_CLOSED  ContainerState = 3
+	// UNHEALTHY appears only in a datanode's ContainerReport: this replica
+	// cannot be trusted to hold every committed block (a write or sync
+	// failed, its volume failed, a block committed without its chunks). SCM
+	// records it in Container.unhealthy_replicas through Raft, allocates no
+	// more blocks in the container, closes it on the remaining replicas, and
+	// never lists the replica as a location.
+	ContainerState_CONTAINER_UNHEALTHY ContainerState = 4
 )
 
 // Enum value maps for ContainerState.
@@ -195,12 +202,14 @@ var (
 		1: "CONTAINER_OPEN",
 		2: "CONTAINER_CLOSING",
 		3: "CONTAINER_CLOSED",
+		4: "CONTAINER_UNHEALTHY",
 	}
 	ContainerState_value = map[string]int32{
 		"CONTAINER_STATE_UNSPECIFIED": 0,
 		"CONTAINER_OPEN":              1,
 		"CONTAINER_CLOSING":           2,
 		"CONTAINER_CLOSED":            3,
+		"CONTAINER_UNHEALTHY":         4,
 	}
 )
 
@@ -329,6 +338,64 @@ func (x ChecksumType) Number() protoreflect.EnumNumber {
 // Deprecated: Use ChecksumType.Descriptor instead.
 func (ChecksumType) EnumDescriptor() ([]byte, []int) {
 	return file_meta_meta_proto_rawDescGZIP(), []int{5}
+}
+
+// DeleteTxStatus is how a datanode finished a delete-blocks transaction.
+type DeleteTxStatus int32
+
+const (
+	DeleteTxStatus_DELETE_TX_STATUS_UNSPECIFIED DeleteTxStatus = 0 // treated as DONE
+	// The blocks are gone from this replica (or were never committed on it).
+	DeleteTxStatus_DELETE_TX_DONE DeleteTxStatus = 1
+	// The replica is UNHEALTHY or on a failed volume: it cannot delete, and
+	// it will never be a trusted copy again. SCM stops waiting for it and
+	// records it as unhealthy (never a location; rebuilt from the others).
+	DeleteTxStatus_DELETE_TX_CONTAINER_UNHEALTHY DeleteTxStatus = 2
+	// The datanode does not hold the container at all. Recorded the same way.
+	DeleteTxStatus_DELETE_TX_CONTAINER_MISSING DeleteTxStatus = 3
+)
+
+// Enum value maps for DeleteTxStatus.
+var (
+	DeleteTxStatus_name = map[int32]string{
+		0: "DELETE_TX_STATUS_UNSPECIFIED",
+		1: "DELETE_TX_DONE",
+		2: "DELETE_TX_CONTAINER_UNHEALTHY",
+		3: "DELETE_TX_CONTAINER_MISSING",
+	}
+	DeleteTxStatus_value = map[string]int32{
+		"DELETE_TX_STATUS_UNSPECIFIED":  0,
+		"DELETE_TX_DONE":                1,
+		"DELETE_TX_CONTAINER_UNHEALTHY": 2,
+		"DELETE_TX_CONTAINER_MISSING":   3,
+	}
+)
+
+func (x DeleteTxStatus) Enum() *DeleteTxStatus {
+	p := new(DeleteTxStatus)
+	*p = x
+	return p
+}
+
+func (x DeleteTxStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DeleteTxStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_meta_meta_proto_enumTypes[6].Descriptor()
+}
+
+func (DeleteTxStatus) Type() protoreflect.EnumType {
+	return &file_meta_meta_proto_enumTypes[6]
+}
+
+func (x DeleteTxStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DeleteTxStatus.Descriptor instead.
+func (DeleteTxStatus) EnumDescriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{6}
 }
 
 // NotLeader is attached to an UNAVAILABLE status by a replica that is not
@@ -800,8 +867,14 @@ type Container struct {
 	Replicas      []uint64               `protobuf:"varint,5,rep,packed,name=replicas,proto3" json:"replicas,omitempty"`             // datanode IDs that hold (or will hold) it
 	UsedBytes     uint64                 `protobuf:"varint,6,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"` // from reports, recorded at close
 	CreatedUnixMs int64                  `protobuf:"varint,7,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Replicas (a subset of replicas) that reported the container UNHEALTHY,
+	// or answered a delete-blocks transaction with a non-DONE status. They
+	// are never listed as locations (BlockLocation.datanodes,
+	// ContainerWithLocation.datanodes) and no delete waits for them. Kept
+	// sorted.
+	UnhealthyReplicas []uint64 `protobuf:"varint,8,rep,packed,name=unhealthy_replicas,json=unhealthyReplicas,proto3" json:"unhealthy_replicas,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Container) Reset() {
@@ -883,6 +956,13 @@ func (x *Container) GetCreatedUnixMs() int64 {
 	return 0
 }
 
+func (x *Container) GetUnhealthyReplicas() []uint64 {
+	if x != nil {
+		return x.UnhealthyReplicas
+	}
+	return nil
+}
+
 type BlockID struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -943,7 +1023,8 @@ type BlockLocation struct {
 	Length         uint64                 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"` // committed length (0 while open)
 	PipelineId     uint64                 `protobuf:"varint,4,opt,name=pipeline_id,json=pipelineId,proto3" json:"pipeline_id,omitempty"`
 	ContainerState ContainerState         `protobuf:"varint,5,opt,name=container_state,json=containerState,proto3,enum=basalt.meta.v1.ContainerState" json:"container_state,omitempty"`
-	// Replicas, nearest to the caller's location first.
+	// Healthy replicas, nearest to the caller's location first. Replicas
+	// recorded UNHEALTHY (Container.unhealthy_replicas) are left out.
 	Datanodes     []*DatanodeDetails `protobuf:"bytes,6,rep,name=datanodes,proto3" json:"datanodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1196,10 +1277,13 @@ type HeartbeatRequest struct {
 	FullReport bool               `protobuf:"varint,3,opt,name=full_report,json=fullReport,proto3" json:"full_report,omitempty"`
 	Containers []*ContainerReport `protobuf:"bytes,4,rep,name=containers,proto3" json:"containers,omitempty"`
 	Pipelines  []*PipelineReport  `protobuf:"bytes,5,rep,name=pipelines,proto3" json:"pipelines,omitempty"`
-	// Delete-block transactions this datanode has carried out.
+	// Delete-block transactions this datanode has carried out (the same as
+	// a delete_acks entry with status DELETE_TX_DONE).
 	DeletedBlockTxs []uint64 `protobuf:"varint,6,rep,packed,name=deleted_block_txs,json=deletedBlockTxs,proto3" json:"deleted_block_txs,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Results of delete-block transactions, at most 4096 per heartbeat.
+	DeleteAcks    []*DeleteTxAck `protobuf:"bytes,7,rep,name=delete_acks,json=deleteAcks,proto3" json:"delete_acks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HeartbeatRequest) Reset() {
@@ -1274,6 +1358,73 @@ func (x *HeartbeatRequest) GetDeletedBlockTxs() []uint64 {
 	return nil
 }
 
+func (x *HeartbeatRequest) GetDeleteAcks() []*DeleteTxAck {
+	if x != nil {
+		return x.DeleteAcks
+	}
+	return nil
+}
+
+type DeleteTxAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TxId          uint64                 `protobuf:"varint,1,opt,name=tx_id,json=txId,proto3" json:"tx_id,omitempty"`
+	Status        DeleteTxStatus         `protobuf:"varint,2,opt,name=status,proto3,enum=basalt.meta.v1.DeleteTxStatus" json:"status,omitempty"`
+	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"` // why, for the logs (at most 256 bytes are kept)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTxAck) Reset() {
+	*x = DeleteTxAck{}
+	mi := &file_meta_meta_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTxAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTxAck) ProtoMessage() {}
+
+func (x *DeleteTxAck) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTxAck.ProtoReflect.Descriptor instead.
+func (*DeleteTxAck) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *DeleteTxAck) GetTxId() uint64 {
+	if x != nil {
+		return x.TxId
+	}
+	return 0
+}
+
+func (x *DeleteTxAck) GetStatus() DeleteTxStatus {
+	if x != nil {
+		return x.Status
+	}
+	return DeleteTxStatus_DELETE_TX_STATUS_UNSPECIFIED
+}
+
+func (x *DeleteTxAck) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type HeartbeatResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Commands []*DatanodeCommand     `protobuf:"bytes,1,rep,name=commands,proto3" json:"commands,omitempty"`
@@ -1287,7 +1438,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_meta_meta_proto_msgTypes[13]
+	mi := &file_meta_meta_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1450,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[13]
+	mi := &file_meta_meta_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1463,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{13}
+	return file_meta_meta_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HeartbeatResponse) GetCommands() []*DatanodeCommand {
@@ -1351,7 +1502,7 @@ type DatanodeCommand struct {
 
 func (x *DatanodeCommand) Reset() {
 	*x = DatanodeCommand{}
-	mi := &file_meta_meta_proto_msgTypes[14]
+	mi := &file_meta_meta_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1514,7 @@ func (x *DatanodeCommand) String() string {
 func (*DatanodeCommand) ProtoMessage() {}
 
 func (x *DatanodeCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[14]
+	mi := &file_meta_meta_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1527,7 @@ func (x *DatanodeCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatanodeCommand.ProtoReflect.Descriptor instead.
 func (*DatanodeCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{14}
+	return file_meta_meta_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DatanodeCommand) GetCommand() isDatanodeCommand_Command {
@@ -1460,7 +1611,7 @@ type CreatePipelineCommand struct {
 
 func (x *CreatePipelineCommand) Reset() {
 	*x = CreatePipelineCommand{}
-	mi := &file_meta_meta_proto_msgTypes[15]
+	mi := &file_meta_meta_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1472,7 +1623,7 @@ func (x *CreatePipelineCommand) String() string {
 func (*CreatePipelineCommand) ProtoMessage() {}
 
 func (x *CreatePipelineCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[15]
+	mi := &file_meta_meta_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1485,7 +1636,7 @@ func (x *CreatePipelineCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePipelineCommand.ProtoReflect.Descriptor instead.
 func (*CreatePipelineCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{15}
+	return file_meta_meta_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreatePipelineCommand) GetPipeline() *Pipeline {
@@ -1511,7 +1662,7 @@ type ClosePipelineCommand struct {
 
 func (x *ClosePipelineCommand) Reset() {
 	*x = ClosePipelineCommand{}
-	mi := &file_meta_meta_proto_msgTypes[16]
+	mi := &file_meta_meta_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1523,7 +1674,7 @@ func (x *ClosePipelineCommand) String() string {
 func (*ClosePipelineCommand) ProtoMessage() {}
 
 func (x *ClosePipelineCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[16]
+	mi := &file_meta_meta_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1536,7 +1687,7 @@ func (x *ClosePipelineCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosePipelineCommand.ProtoReflect.Descriptor instead.
 func (*ClosePipelineCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{16}
+	return file_meta_meta_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ClosePipelineCommand) GetPipelineId() uint64 {
@@ -1556,7 +1707,7 @@ type CloseContainerCommand struct {
 
 func (x *CloseContainerCommand) Reset() {
 	*x = CloseContainerCommand{}
-	mi := &file_meta_meta_proto_msgTypes[17]
+	mi := &file_meta_meta_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1719,7 @@ func (x *CloseContainerCommand) String() string {
 func (*CloseContainerCommand) ProtoMessage() {}
 
 func (x *CloseContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[17]
+	mi := &file_meta_meta_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1732,7 @@ func (x *CloseContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseContainerCommand.ProtoReflect.Descriptor instead.
 func (*CloseContainerCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{17}
+	return file_meta_meta_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CloseContainerCommand) GetContainerId() uint64 {
@@ -1609,7 +1760,7 @@ type DeleteBlocksCommand struct {
 
 func (x *DeleteBlocksCommand) Reset() {
 	*x = DeleteBlocksCommand{}
-	mi := &file_meta_meta_proto_msgTypes[18]
+	mi := &file_meta_meta_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1621,7 +1772,7 @@ func (x *DeleteBlocksCommand) String() string {
 func (*DeleteBlocksCommand) ProtoMessage() {}
 
 func (x *DeleteBlocksCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[18]
+	mi := &file_meta_meta_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1634,7 +1785,7 @@ func (x *DeleteBlocksCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksCommand.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{18}
+	return file_meta_meta_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeleteBlocksCommand) GetTxId() uint64 {
@@ -1675,7 +1826,7 @@ type AllocateBlocksRequest struct {
 
 func (x *AllocateBlocksRequest) Reset() {
 	*x = AllocateBlocksRequest{}
-	mi := &file_meta_meta_proto_msgTypes[19]
+	mi := &file_meta_meta_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1687,7 +1838,7 @@ func (x *AllocateBlocksRequest) String() string {
 func (*AllocateBlocksRequest) ProtoMessage() {}
 
 func (x *AllocateBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[19]
+	mi := &file_meta_meta_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1700,7 +1851,7 @@ func (x *AllocateBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlocksRequest.ProtoReflect.Descriptor instead.
 func (*AllocateBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{19}
+	return file_meta_meta_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AllocateBlocksRequest) GetCount() uint32 {
@@ -1748,7 +1899,7 @@ type AllocateBlocksResponse struct {
 
 func (x *AllocateBlocksResponse) Reset() {
 	*x = AllocateBlocksResponse{}
-	mi := &file_meta_meta_proto_msgTypes[20]
+	mi := &file_meta_meta_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +1911,7 @@ func (x *AllocateBlocksResponse) String() string {
 func (*AllocateBlocksResponse) ProtoMessage() {}
 
 func (x *AllocateBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[20]
+	mi := &file_meta_meta_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +1924,7 @@ func (x *AllocateBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlocksResponse.ProtoReflect.Descriptor instead.
 func (*AllocateBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{20}
+	return file_meta_meta_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AllocateBlocksResponse) GetBlocks() []*BlockLocation {
@@ -1799,7 +1950,7 @@ type DeleteBlocksRequest struct {
 
 func (x *DeleteBlocksRequest) Reset() {
 	*x = DeleteBlocksRequest{}
-	mi := &file_meta_meta_proto_msgTypes[21]
+	mi := &file_meta_meta_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +1962,7 @@ func (x *DeleteBlocksRequest) String() string {
 func (*DeleteBlocksRequest) ProtoMessage() {}
 
 func (x *DeleteBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[21]
+	mi := &file_meta_meta_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +1975,7 @@ func (x *DeleteBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{21}
+	return file_meta_meta_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteBlocksRequest) GetGroups() []*DeleteBlocksGroup {
@@ -1844,7 +1995,7 @@ type DeleteBlocksGroup struct {
 
 func (x *DeleteBlocksGroup) Reset() {
 	*x = DeleteBlocksGroup{}
-	mi := &file_meta_meta_proto_msgTypes[22]
+	mi := &file_meta_meta_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1856,7 +2007,7 @@ func (x *DeleteBlocksGroup) String() string {
 func (*DeleteBlocksGroup) ProtoMessage() {}
 
 func (x *DeleteBlocksGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[22]
+	mi := &file_meta_meta_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1869,7 +2020,7 @@ func (x *DeleteBlocksGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksGroup.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksGroup) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{22}
+	return file_meta_meta_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DeleteBlocksGroup) GetContainerId() uint64 {
@@ -1894,7 +2045,7 @@ type DeleteBlocksResponse struct {
 
 func (x *DeleteBlocksResponse) Reset() {
 	*x = DeleteBlocksResponse{}
-	mi := &file_meta_meta_proto_msgTypes[23]
+	mi := &file_meta_meta_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2057,7 @@ func (x *DeleteBlocksResponse) String() string {
 func (*DeleteBlocksResponse) ProtoMessage() {}
 
 func (x *DeleteBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[23]
+	mi := &file_meta_meta_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +2070,7 @@ func (x *DeleteBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{23}
+	return file_meta_meta_proto_rawDescGZIP(), []int{24}
 }
 
 type ReportCorruptReplicaRequest struct {
@@ -1933,7 +2084,7 @@ type ReportCorruptReplicaRequest struct {
 
 func (x *ReportCorruptReplicaRequest) Reset() {
 	*x = ReportCorruptReplicaRequest{}
-	mi := &file_meta_meta_proto_msgTypes[24]
+	mi := &file_meta_meta_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1945,7 +2096,7 @@ func (x *ReportCorruptReplicaRequest) String() string {
 func (*ReportCorruptReplicaRequest) ProtoMessage() {}
 
 func (x *ReportCorruptReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[24]
+	mi := &file_meta_meta_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1958,7 +2109,7 @@ func (x *ReportCorruptReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportCorruptReplicaRequest.ProtoReflect.Descriptor instead.
 func (*ReportCorruptReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{24}
+	return file_meta_meta_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReportCorruptReplicaRequest) GetBlock() *BlockID {
@@ -1990,7 +2141,7 @@ type ReportCorruptReplicaResponse struct {
 
 func (x *ReportCorruptReplicaResponse) Reset() {
 	*x = ReportCorruptReplicaResponse{}
-	mi := &file_meta_meta_proto_msgTypes[25]
+	mi := &file_meta_meta_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2002,7 +2153,7 @@ func (x *ReportCorruptReplicaResponse) String() string {
 func (*ReportCorruptReplicaResponse) ProtoMessage() {}
 
 func (x *ReportCorruptReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[25]
+	mi := &file_meta_meta_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2015,7 +2166,7 @@ func (x *ReportCorruptReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportCorruptReplicaResponse.ProtoReflect.Descriptor instead.
 func (*ReportCorruptReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{25}
+	return file_meta_meta_proto_rawDescGZIP(), []int{26}
 }
 
 type ListCorruptReplicasRequest struct {
@@ -2026,7 +2177,7 @@ type ListCorruptReplicasRequest struct {
 
 func (x *ListCorruptReplicasRequest) Reset() {
 	*x = ListCorruptReplicasRequest{}
-	mi := &file_meta_meta_proto_msgTypes[26]
+	mi := &file_meta_meta_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2038,7 +2189,7 @@ func (x *ListCorruptReplicasRequest) String() string {
 func (*ListCorruptReplicasRequest) ProtoMessage() {}
 
 func (x *ListCorruptReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[26]
+	mi := &file_meta_meta_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2051,7 +2202,7 @@ func (x *ListCorruptReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCorruptReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ListCorruptReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{26}
+	return file_meta_meta_proto_rawDescGZIP(), []int{27}
 }
 
 type CorruptReplica struct {
@@ -2067,7 +2218,7 @@ type CorruptReplica struct {
 
 func (x *CorruptReplica) Reset() {
 	*x = CorruptReplica{}
-	mi := &file_meta_meta_proto_msgTypes[27]
+	mi := &file_meta_meta_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2079,7 +2230,7 @@ func (x *CorruptReplica) String() string {
 func (*CorruptReplica) ProtoMessage() {}
 
 func (x *CorruptReplica) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[27]
+	mi := &file_meta_meta_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2092,7 +2243,7 @@ func (x *CorruptReplica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CorruptReplica.ProtoReflect.Descriptor instead.
 func (*CorruptReplica) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{27}
+	return file_meta_meta_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CorruptReplica) GetBlock() *BlockID {
@@ -2139,7 +2290,7 @@ type ListCorruptReplicasResponse struct {
 
 func (x *ListCorruptReplicasResponse) Reset() {
 	*x = ListCorruptReplicasResponse{}
-	mi := &file_meta_meta_proto_msgTypes[28]
+	mi := &file_meta_meta_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2151,7 +2302,7 @@ func (x *ListCorruptReplicasResponse) String() string {
 func (*ListCorruptReplicasResponse) ProtoMessage() {}
 
 func (x *ListCorruptReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[28]
+	mi := &file_meta_meta_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2164,7 +2315,7 @@ func (x *ListCorruptReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCorruptReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListCorruptReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{28}
+	return file_meta_meta_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListCorruptReplicasResponse) GetReplicas() []*CorruptReplica {
@@ -2184,7 +2335,7 @@ type GetContainersRequest struct {
 
 func (x *GetContainersRequest) Reset() {
 	*x = GetContainersRequest{}
-	mi := &file_meta_meta_proto_msgTypes[29]
+	mi := &file_meta_meta_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2347,7 @@ func (x *GetContainersRequest) String() string {
 func (*GetContainersRequest) ProtoMessage() {}
 
 func (x *GetContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[29]
+	mi := &file_meta_meta_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2360,7 @@ func (x *GetContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainersRequest.ProtoReflect.Descriptor instead.
 func (*GetContainersRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{29}
+	return file_meta_meta_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetContainersRequest) GetContainerIds() []uint64 {
@@ -2235,7 +2386,7 @@ type GetContainersResponse struct {
 
 func (x *GetContainersResponse) Reset() {
 	*x = GetContainersResponse{}
-	mi := &file_meta_meta_proto_msgTypes[30]
+	mi := &file_meta_meta_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2247,7 +2398,7 @@ func (x *GetContainersResponse) String() string {
 func (*GetContainersResponse) ProtoMessage() {}
 
 func (x *GetContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[30]
+	mi := &file_meta_meta_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2260,7 +2411,7 @@ func (x *GetContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainersResponse.ProtoReflect.Descriptor instead.
 func (*GetContainersResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{30}
+	return file_meta_meta_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetContainersResponse) GetContainers() []*ContainerWithLocation {
@@ -2271,16 +2422,18 @@ func (x *GetContainersResponse) GetContainers() []*ContainerWithLocation {
 }
 
 type ContainerWithLocation struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Container     *Container             `protobuf:"bytes,1,opt,name=container,proto3" json:"container,omitempty"`
-	Datanodes     []*DatanodeDetails     `protobuf:"bytes,2,rep,name=datanodes,proto3" json:"datanodes,omitempty"` // nearest first
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Container *Container             `protobuf:"bytes,1,opt,name=container,proto3" json:"container,omitempty"`
+	// Healthy replicas, nearest first (unhealthy ones are left out; see
+	// container.unhealthy_replicas).
+	Datanodes     []*DatanodeDetails `protobuf:"bytes,2,rep,name=datanodes,proto3" json:"datanodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ContainerWithLocation) Reset() {
 	*x = ContainerWithLocation{}
-	mi := &file_meta_meta_proto_msgTypes[31]
+	mi := &file_meta_meta_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2292,7 +2445,7 @@ func (x *ContainerWithLocation) String() string {
 func (*ContainerWithLocation) ProtoMessage() {}
 
 func (x *ContainerWithLocation) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[31]
+	mi := &file_meta_meta_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2305,7 +2458,7 @@ func (x *ContainerWithLocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerWithLocation.ProtoReflect.Descriptor instead.
 func (*ContainerWithLocation) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{31}
+	return file_meta_meta_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ContainerWithLocation) GetContainer() *Container {
@@ -2330,7 +2483,7 @@ type ListDatanodesRequest struct {
 
 func (x *ListDatanodesRequest) Reset() {
 	*x = ListDatanodesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[32]
+	mi := &file_meta_meta_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2342,7 +2495,7 @@ func (x *ListDatanodesRequest) String() string {
 func (*ListDatanodesRequest) ProtoMessage() {}
 
 func (x *ListDatanodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[32]
+	mi := &file_meta_meta_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2355,7 +2508,7 @@ func (x *ListDatanodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDatanodesRequest.ProtoReflect.Descriptor instead.
 func (*ListDatanodesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{32}
+	return file_meta_meta_proto_rawDescGZIP(), []int{33}
 }
 
 type DatanodeStatus struct {
@@ -2371,7 +2524,7 @@ type DatanodeStatus struct {
 
 func (x *DatanodeStatus) Reset() {
 	*x = DatanodeStatus{}
-	mi := &file_meta_meta_proto_msgTypes[33]
+	mi := &file_meta_meta_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2383,7 +2536,7 @@ func (x *DatanodeStatus) String() string {
 func (*DatanodeStatus) ProtoMessage() {}
 
 func (x *DatanodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[33]
+	mi := &file_meta_meta_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2396,7 +2549,7 @@ func (x *DatanodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatanodeStatus.ProtoReflect.Descriptor instead.
 func (*DatanodeStatus) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{33}
+	return file_meta_meta_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DatanodeStatus) GetDetails() *DatanodeDetails {
@@ -2443,7 +2596,7 @@ type ListDatanodesResponse struct {
 
 func (x *ListDatanodesResponse) Reset() {
 	*x = ListDatanodesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[34]
+	mi := &file_meta_meta_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2455,7 +2608,7 @@ func (x *ListDatanodesResponse) String() string {
 func (*ListDatanodesResponse) ProtoMessage() {}
 
 func (x *ListDatanodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[34]
+	mi := &file_meta_meta_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2468,7 +2621,7 @@ func (x *ListDatanodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDatanodesResponse.ProtoReflect.Descriptor instead.
 func (*ListDatanodesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{34}
+	return file_meta_meta_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListDatanodesResponse) GetDatanodes() []*DatanodeStatus {
@@ -2486,7 +2639,7 @@ type ListPipelinesRequest struct {
 
 func (x *ListPipelinesRequest) Reset() {
 	*x = ListPipelinesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[35]
+	mi := &file_meta_meta_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2498,7 +2651,7 @@ func (x *ListPipelinesRequest) String() string {
 func (*ListPipelinesRequest) ProtoMessage() {}
 
 func (x *ListPipelinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[35]
+	mi := &file_meta_meta_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2511,7 +2664,7 @@ func (x *ListPipelinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPipelinesRequest.ProtoReflect.Descriptor instead.
 func (*ListPipelinesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{35}
+	return file_meta_meta_proto_rawDescGZIP(), []int{36}
 }
 
 type ListPipelinesResponse struct {
@@ -2523,7 +2676,7 @@ type ListPipelinesResponse struct {
 
 func (x *ListPipelinesResponse) Reset() {
 	*x = ListPipelinesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[36]
+	mi := &file_meta_meta_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2535,7 +2688,7 @@ func (x *ListPipelinesResponse) String() string {
 func (*ListPipelinesResponse) ProtoMessage() {}
 
 func (x *ListPipelinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[36]
+	mi := &file_meta_meta_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2548,7 +2701,7 @@ func (x *ListPipelinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPipelinesResponse.ProtoReflect.Descriptor instead.
 func (*ListPipelinesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{36}
+	return file_meta_meta_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListPipelinesResponse) GetPipelines() []*Pipeline {
@@ -2568,7 +2721,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_meta_meta_proto_msgTypes[37]
+	mi := &file_meta_meta_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2580,7 +2733,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[37]
+	mi := &file_meta_meta_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2593,7 +2746,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{37}
+	return file_meta_meta_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListContainersRequest) GetStartAfter() uint64 {
@@ -2620,7 +2773,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_meta_meta_proto_msgTypes[38]
+	mi := &file_meta_meta_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2632,7 +2785,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[38]
+	mi := &file_meta_meta_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2645,7 +2798,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{38}
+	return file_meta_meta_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListContainersResponse) GetContainers() []*Container {
@@ -2670,7 +2823,7 @@ type GetSafeModeRequest struct {
 
 func (x *GetSafeModeRequest) Reset() {
 	*x = GetSafeModeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[39]
+	mi := &file_meta_meta_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2682,7 +2835,7 @@ func (x *GetSafeModeRequest) String() string {
 func (*GetSafeModeRequest) ProtoMessage() {}
 
 func (x *GetSafeModeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[39]
+	mi := &file_meta_meta_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2695,7 +2848,7 @@ func (x *GetSafeModeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSafeModeRequest.ProtoReflect.Descriptor instead.
 func (*GetSafeModeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{39}
+	return file_meta_meta_proto_rawDescGZIP(), []int{40}
 }
 
 type GetSafeModeResponse struct {
@@ -2709,7 +2862,7 @@ type GetSafeModeResponse struct {
 
 func (x *GetSafeModeResponse) Reset() {
 	*x = GetSafeModeResponse{}
-	mi := &file_meta_meta_proto_msgTypes[40]
+	mi := &file_meta_meta_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2721,7 +2874,7 @@ func (x *GetSafeModeResponse) String() string {
 func (*GetSafeModeResponse) ProtoMessage() {}
 
 func (x *GetSafeModeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[40]
+	mi := &file_meta_meta_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2734,7 +2887,7 @@ func (x *GetSafeModeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSafeModeResponse.ProtoReflect.Descriptor instead.
 func (*GetSafeModeResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{40}
+	return file_meta_meta_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetSafeModeResponse) GetInSafeMode() bool {
@@ -2769,7 +2922,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_meta_meta_proto_msgTypes[41]
+	mi := &file_meta_meta_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2781,7 +2934,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[41]
+	mi := &file_meta_meta_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2794,7 +2947,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{41}
+	return file_meta_meta_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Volume) GetName() string {
@@ -2828,7 +2981,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[42]
+	mi := &file_meta_meta_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2840,7 +2993,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[42]
+	mi := &file_meta_meta_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2853,7 +3006,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{42}
+	return file_meta_meta_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -2879,7 +3032,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[43]
+	mi := &file_meta_meta_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2891,7 +3044,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[43]
+	mi := &file_meta_meta_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2904,7 +3057,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{43}
+	return file_meta_meta_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetVolumeRequest) GetName() string {
@@ -2925,7 +3078,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[44]
+	mi := &file_meta_meta_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2937,7 +3090,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[44]
+	mi := &file_meta_meta_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2950,7 +3103,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{44}
+	return file_meta_meta_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListVolumesRequest) GetPrefix() string {
@@ -2984,7 +3137,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[45]
+	mi := &file_meta_meta_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2996,7 +3149,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[45]
+	mi := &file_meta_meta_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3009,7 +3162,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{45}
+	return file_meta_meta_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -3035,7 +3188,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[46]
+	mi := &file_meta_meta_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3047,7 +3200,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[46]
+	mi := &file_meta_meta_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3060,7 +3213,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{46}
+	return file_meta_meta_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DeleteVolumeRequest) GetName() string {
@@ -3078,7 +3231,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_meta_meta_proto_msgTypes[47]
+	mi := &file_meta_meta_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3090,7 +3243,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[47]
+	mi := &file_meta_meta_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3103,7 +3256,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{47}
+	return file_meta_meta_proto_rawDescGZIP(), []int{48}
 }
 
 type Bucket struct {
@@ -3120,7 +3273,7 @@ type Bucket struct {
 
 func (x *Bucket) Reset() {
 	*x = Bucket{}
-	mi := &file_meta_meta_proto_msgTypes[48]
+	mi := &file_meta_meta_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3132,7 +3285,7 @@ func (x *Bucket) String() string {
 func (*Bucket) ProtoMessage() {}
 
 func (x *Bucket) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[48]
+	mi := &file_meta_meta_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3145,7 +3298,7 @@ func (x *Bucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bucket.ProtoReflect.Descriptor instead.
 func (*Bucket) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{48}
+	return file_meta_meta_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Bucket) GetVolume() string {
@@ -3202,7 +3355,7 @@ type CreateBucketRequest struct {
 
 func (x *CreateBucketRequest) Reset() {
 	*x = CreateBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[49]
+	mi := &file_meta_meta_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3214,7 +3367,7 @@ func (x *CreateBucketRequest) String() string {
 func (*CreateBucketRequest) ProtoMessage() {}
 
 func (x *CreateBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[49]
+	mi := &file_meta_meta_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3227,7 +3380,7 @@ func (x *CreateBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBucketRequest.ProtoReflect.Descriptor instead.
 func (*CreateBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{49}
+	return file_meta_meta_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CreateBucketRequest) GetVolume() string {
@@ -3268,7 +3421,7 @@ type GetBucketRequest struct {
 
 func (x *GetBucketRequest) Reset() {
 	*x = GetBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[50]
+	mi := &file_meta_meta_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3280,7 +3433,7 @@ func (x *GetBucketRequest) String() string {
 func (*GetBucketRequest) ProtoMessage() {}
 
 func (x *GetBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[50]
+	mi := &file_meta_meta_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3293,7 +3446,7 @@ func (x *GetBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBucketRequest.ProtoReflect.Descriptor instead.
 func (*GetBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{50}
+	return file_meta_meta_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *GetBucketRequest) GetVolume() string {
@@ -3322,7 +3475,7 @@ type ListBucketsRequest struct {
 
 func (x *ListBucketsRequest) Reset() {
 	*x = ListBucketsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[51]
+	mi := &file_meta_meta_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3334,7 +3487,7 @@ func (x *ListBucketsRequest) String() string {
 func (*ListBucketsRequest) ProtoMessage() {}
 
 func (x *ListBucketsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[51]
+	mi := &file_meta_meta_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3347,7 +3500,7 @@ func (x *ListBucketsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBucketsRequest.ProtoReflect.Descriptor instead.
 func (*ListBucketsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{51}
+	return file_meta_meta_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListBucketsRequest) GetVolume() string {
@@ -3388,7 +3541,7 @@ type ListBucketsResponse struct {
 
 func (x *ListBucketsResponse) Reset() {
 	*x = ListBucketsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[52]
+	mi := &file_meta_meta_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3400,7 +3553,7 @@ func (x *ListBucketsResponse) String() string {
 func (*ListBucketsResponse) ProtoMessage() {}
 
 func (x *ListBucketsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[52]
+	mi := &file_meta_meta_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3413,7 +3566,7 @@ func (x *ListBucketsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBucketsResponse.ProtoReflect.Descriptor instead.
 func (*ListBucketsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{52}
+	return file_meta_meta_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ListBucketsResponse) GetBuckets() []*Bucket {
@@ -3440,7 +3593,7 @@ type DeleteBucketRequest struct {
 
 func (x *DeleteBucketRequest) Reset() {
 	*x = DeleteBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[53]
+	mi := &file_meta_meta_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3452,7 +3605,7 @@ func (x *DeleteBucketRequest) String() string {
 func (*DeleteBucketRequest) ProtoMessage() {}
 
 func (x *DeleteBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[53]
+	mi := &file_meta_meta_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3465,7 +3618,7 @@ func (x *DeleteBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBucketRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{53}
+	return file_meta_meta_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *DeleteBucketRequest) GetVolume() string {
@@ -3490,7 +3643,7 @@ type DeleteBucketResponse struct {
 
 func (x *DeleteBucketResponse) Reset() {
 	*x = DeleteBucketResponse{}
-	mi := &file_meta_meta_proto_msgTypes[54]
+	mi := &file_meta_meta_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3502,7 +3655,7 @@ func (x *DeleteBucketResponse) String() string {
 func (*DeleteBucketResponse) ProtoMessage() {}
 
 func (x *DeleteBucketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[54]
+	mi := &file_meta_meta_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3515,7 +3668,7 @@ func (x *DeleteBucketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBucketResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBucketResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{54}
+	return file_meta_meta_proto_rawDescGZIP(), []int{55}
 }
 
 // KeyBlock is a block as stored in a key.
@@ -3529,7 +3682,7 @@ type KeyBlock struct {
 
 func (x *KeyBlock) Reset() {
 	*x = KeyBlock{}
-	mi := &file_meta_meta_proto_msgTypes[55]
+	mi := &file_meta_meta_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3541,7 +3694,7 @@ func (x *KeyBlock) String() string {
 func (*KeyBlock) ProtoMessage() {}
 
 func (x *KeyBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[55]
+	mi := &file_meta_meta_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3554,7 +3707,7 @@ func (x *KeyBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyBlock.ProtoReflect.Descriptor instead.
 func (*KeyBlock) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{55}
+	return file_meta_meta_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *KeyBlock) GetId() *BlockID {
@@ -3594,7 +3747,7 @@ type KeyInfo struct {
 
 func (x *KeyInfo) Reset() {
 	*x = KeyInfo{}
-	mi := &file_meta_meta_proto_msgTypes[56]
+	mi := &file_meta_meta_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3606,7 +3759,7 @@ func (x *KeyInfo) String() string {
 func (*KeyInfo) ProtoMessage() {}
 
 func (x *KeyInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[56]
+	mi := &file_meta_meta_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3619,7 +3772,7 @@ func (x *KeyInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyInfo.ProtoReflect.Descriptor instead.
 func (*KeyInfo) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{56}
+	return file_meta_meta_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *KeyInfo) GetVolume() string {
@@ -3737,7 +3890,7 @@ type ObjectMeta struct {
 
 func (x *ObjectMeta) Reset() {
 	*x = ObjectMeta{}
-	mi := &file_meta_meta_proto_msgTypes[57]
+	mi := &file_meta_meta_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3749,7 +3902,7 @@ func (x *ObjectMeta) String() string {
 func (*ObjectMeta) ProtoMessage() {}
 
 func (x *ObjectMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[57]
+	mi := &file_meta_meta_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3762,7 +3915,7 @@ func (x *ObjectMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectMeta.ProtoReflect.Descriptor instead.
 func (*ObjectMeta) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{57}
+	return file_meta_meta_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ObjectMeta) GetEtag() string {
@@ -3859,7 +4012,7 @@ type OpenKeyRequest struct {
 
 func (x *OpenKeyRequest) Reset() {
 	*x = OpenKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[58]
+	mi := &file_meta_meta_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3871,7 +4024,7 @@ func (x *OpenKeyRequest) String() string {
 func (*OpenKeyRequest) ProtoMessage() {}
 
 func (x *OpenKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[58]
+	mi := &file_meta_meta_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3884,7 +4037,7 @@ func (x *OpenKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyRequest.ProtoReflect.Descriptor instead.
 func (*OpenKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{58}
+	return file_meta_meta_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *OpenKeyRequest) GetVolume() string {
@@ -3961,7 +4114,7 @@ type OpenKeyResponse struct {
 
 func (x *OpenKeyResponse) Reset() {
 	*x = OpenKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[59]
+	mi := &file_meta_meta_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3973,7 +4126,7 @@ func (x *OpenKeyResponse) String() string {
 func (*OpenKeyResponse) ProtoMessage() {}
 
 func (x *OpenKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[59]
+	mi := &file_meta_meta_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3986,7 +4139,7 @@ func (x *OpenKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyResponse.ProtoReflect.Descriptor instead.
 func (*OpenKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{59}
+	return file_meta_meta_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *OpenKeyResponse) GetOpenId() uint64 {
@@ -4021,7 +4174,7 @@ type AllocateBlockRequest struct {
 
 func (x *AllocateBlockRequest) Reset() {
 	*x = AllocateBlockRequest{}
-	mi := &file_meta_meta_proto_msgTypes[60]
+	mi := &file_meta_meta_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4033,7 +4186,7 @@ func (x *AllocateBlockRequest) String() string {
 func (*AllocateBlockRequest) ProtoMessage() {}
 
 func (x *AllocateBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[60]
+	mi := &file_meta_meta_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4046,7 +4199,7 @@ func (x *AllocateBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlockRequest.ProtoReflect.Descriptor instead.
 func (*AllocateBlockRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{60}
+	return file_meta_meta_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *AllocateBlockRequest) GetOpenId() uint64 {
@@ -4079,7 +4232,7 @@ type AllocateBlockResponse struct {
 
 func (x *AllocateBlockResponse) Reset() {
 	*x = AllocateBlockResponse{}
-	mi := &file_meta_meta_proto_msgTypes[61]
+	mi := &file_meta_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4091,7 +4244,7 @@ func (x *AllocateBlockResponse) String() string {
 func (*AllocateBlockResponse) ProtoMessage() {}
 
 func (x *AllocateBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[61]
+	mi := &file_meta_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4104,7 +4257,7 @@ func (x *AllocateBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlockResponse.ProtoReflect.Descriptor instead.
 func (*AllocateBlockResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{61}
+	return file_meta_meta_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *AllocateBlockResponse) GetBlock() *BlockLocation {
@@ -4133,7 +4286,7 @@ type CommitKeyRequest struct {
 
 func (x *CommitKeyRequest) Reset() {
 	*x = CommitKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[62]
+	mi := &file_meta_meta_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4145,7 +4298,7 @@ func (x *CommitKeyRequest) String() string {
 func (*CommitKeyRequest) ProtoMessage() {}
 
 func (x *CommitKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[62]
+	mi := &file_meta_meta_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4158,7 +4311,7 @@ func (x *CommitKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitKeyRequest.ProtoReflect.Descriptor instead.
 func (*CommitKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{62}
+	return file_meta_meta_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *CommitKeyRequest) GetOpenId() uint64 {
@@ -4200,7 +4353,7 @@ type PartRef struct {
 
 func (x *PartRef) Reset() {
 	*x = PartRef{}
-	mi := &file_meta_meta_proto_msgTypes[63]
+	mi := &file_meta_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4212,7 +4365,7 @@ func (x *PartRef) String() string {
 func (*PartRef) ProtoMessage() {}
 
 func (x *PartRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[63]
+	mi := &file_meta_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4225,7 +4378,7 @@ func (x *PartRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartRef.ProtoReflect.Descriptor instead.
 func (*PartRef) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{63}
+	return file_meta_meta_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *PartRef) GetUploadId() string {
@@ -4262,7 +4415,7 @@ type LookupKeyRequest struct {
 
 func (x *LookupKeyRequest) Reset() {
 	*x = LookupKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[64]
+	mi := &file_meta_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4274,7 +4427,7 @@ func (x *LookupKeyRequest) String() string {
 func (*LookupKeyRequest) ProtoMessage() {}
 
 func (x *LookupKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[64]
+	mi := &file_meta_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4287,7 +4440,7 @@ func (x *LookupKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupKeyRequest.ProtoReflect.Descriptor instead.
 func (*LookupKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{64}
+	return file_meta_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *LookupKeyRequest) GetVolume() string {
@@ -4341,7 +4494,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_meta_meta_proto_msgTypes[65]
+	mi := &file_meta_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4353,7 +4506,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[65]
+	mi := &file_meta_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4366,7 +4519,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{65}
+	return file_meta_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListKeysRequest) GetVolume() string {
@@ -4423,7 +4576,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_meta_meta_proto_msgTypes[66]
+	mi := &file_meta_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4435,7 +4588,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[66]
+	mi := &file_meta_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4448,7 +4601,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{66}
+	return file_meta_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeyInfo {
@@ -4491,7 +4644,7 @@ type RenameKeyRequest struct {
 
 func (x *RenameKeyRequest) Reset() {
 	*x = RenameKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[67]
+	mi := &file_meta_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4503,7 +4656,7 @@ func (x *RenameKeyRequest) String() string {
 func (*RenameKeyRequest) ProtoMessage() {}
 
 func (x *RenameKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[67]
+	mi := &file_meta_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4516,7 +4669,7 @@ func (x *RenameKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameKeyRequest.ProtoReflect.Descriptor instead.
 func (*RenameKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{67}
+	return file_meta_meta_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *RenameKeyRequest) GetVolume() string {
@@ -4555,7 +4708,7 @@ type RenameKeyResponse struct {
 
 func (x *RenameKeyResponse) Reset() {
 	*x = RenameKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[68]
+	mi := &file_meta_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4567,7 +4720,7 @@ func (x *RenameKeyResponse) String() string {
 func (*RenameKeyResponse) ProtoMessage() {}
 
 func (x *RenameKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[68]
+	mi := &file_meta_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4580,7 +4733,7 @@ func (x *RenameKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameKeyResponse.ProtoReflect.Descriptor instead.
 func (*RenameKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{68}
+	return file_meta_meta_proto_rawDescGZIP(), []int{69}
 }
 
 type DeleteKeyRequest struct {
@@ -4596,7 +4749,7 @@ type DeleteKeyRequest struct {
 
 func (x *DeleteKeyRequest) Reset() {
 	*x = DeleteKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[69]
+	mi := &file_meta_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4608,7 +4761,7 @@ func (x *DeleteKeyRequest) String() string {
 func (*DeleteKeyRequest) ProtoMessage() {}
 
 func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[69]
+	mi := &file_meta_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4621,7 +4774,7 @@ func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{69}
+	return file_meta_meta_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *DeleteKeyRequest) GetVolume() string {
@@ -4660,7 +4813,7 @@ type DeleteKeyResponse struct {
 
 func (x *DeleteKeyResponse) Reset() {
 	*x = DeleteKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[70]
+	mi := &file_meta_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4672,7 +4825,7 @@ func (x *DeleteKeyResponse) String() string {
 func (*DeleteKeyResponse) ProtoMessage() {}
 
 func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[70]
+	mi := &file_meta_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4685,7 +4838,7 @@ func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{70}
+	return file_meta_meta_proto_rawDescGZIP(), []int{71}
 }
 
 type FileStatus struct {
@@ -4701,7 +4854,7 @@ type FileStatus struct {
 
 func (x *FileStatus) Reset() {
 	*x = FileStatus{}
-	mi := &file_meta_meta_proto_msgTypes[71]
+	mi := &file_meta_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4713,7 +4866,7 @@ func (x *FileStatus) String() string {
 func (*FileStatus) ProtoMessage() {}
 
 func (x *FileStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[71]
+	mi := &file_meta_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4726,7 +4879,7 @@ func (x *FileStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileStatus.ProtoReflect.Descriptor instead.
 func (*FileStatus) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{71}
+	return file_meta_meta_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *FileStatus) GetPath() string {
@@ -4775,7 +4928,7 @@ type CreateDirectoryRequest struct {
 
 func (x *CreateDirectoryRequest) Reset() {
 	*x = CreateDirectoryRequest{}
-	mi := &file_meta_meta_proto_msgTypes[72]
+	mi := &file_meta_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4787,7 +4940,7 @@ func (x *CreateDirectoryRequest) String() string {
 func (*CreateDirectoryRequest) ProtoMessage() {}
 
 func (x *CreateDirectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[72]
+	mi := &file_meta_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4800,7 +4953,7 @@ func (x *CreateDirectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateDirectoryRequest.ProtoReflect.Descriptor instead.
 func (*CreateDirectoryRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{72}
+	return file_meta_meta_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *CreateDirectoryRequest) GetVolume() string {
@@ -4835,7 +4988,7 @@ type GetFileStatusRequest struct {
 
 func (x *GetFileStatusRequest) Reset() {
 	*x = GetFileStatusRequest{}
-	mi := &file_meta_meta_proto_msgTypes[73]
+	mi := &file_meta_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4847,7 +5000,7 @@ func (x *GetFileStatusRequest) String() string {
 func (*GetFileStatusRequest) ProtoMessage() {}
 
 func (x *GetFileStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[73]
+	mi := &file_meta_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4860,7 +5013,7 @@ func (x *GetFileStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetFileStatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{73}
+	return file_meta_meta_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *GetFileStatusRequest) GetVolume() string {
@@ -4897,7 +5050,7 @@ type ListStatusRequest struct {
 
 func (x *ListStatusRequest) Reset() {
 	*x = ListStatusRequest{}
-	mi := &file_meta_meta_proto_msgTypes[74]
+	mi := &file_meta_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4909,7 +5062,7 @@ func (x *ListStatusRequest) String() string {
 func (*ListStatusRequest) ProtoMessage() {}
 
 func (x *ListStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[74]
+	mi := &file_meta_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4922,7 +5075,7 @@ func (x *ListStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStatusRequest.ProtoReflect.Descriptor instead.
 func (*ListStatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{74}
+	return file_meta_meta_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListStatusRequest) GetVolume() string {
@@ -4970,7 +5123,7 @@ type ListStatusResponse struct {
 
 func (x *ListStatusResponse) Reset() {
 	*x = ListStatusResponse{}
-	mi := &file_meta_meta_proto_msgTypes[75]
+	mi := &file_meta_meta_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4982,7 +5135,7 @@ func (x *ListStatusResponse) String() string {
 func (*ListStatusResponse) ProtoMessage() {}
 
 func (x *ListStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[75]
+	mi := &file_meta_meta_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4995,7 +5148,7 @@ func (x *ListStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStatusResponse.ProtoReflect.Descriptor instead.
 func (*ListStatusResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{75}
+	return file_meta_meta_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ListStatusResponse) GetEntries() []*FileStatus {
@@ -5026,7 +5179,7 @@ type SetKeyMetaRequest struct {
 
 func (x *SetKeyMetaRequest) Reset() {
 	*x = SetKeyMetaRequest{}
-	mi := &file_meta_meta_proto_msgTypes[76]
+	mi := &file_meta_meta_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5038,7 +5191,7 @@ func (x *SetKeyMetaRequest) String() string {
 func (*SetKeyMetaRequest) ProtoMessage() {}
 
 func (x *SetKeyMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[76]
+	mi := &file_meta_meta_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5051,7 +5204,7 @@ func (x *SetKeyMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetKeyMetaRequest.ProtoReflect.Descriptor instead.
 func (*SetKeyMetaRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{76}
+	return file_meta_meta_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *SetKeyMetaRequest) GetVolume() string {
@@ -5134,7 +5287,7 @@ type CopyKeyRequest struct {
 
 func (x *CopyKeyRequest) Reset() {
 	*x = CopyKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[77]
+	mi := &file_meta_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5146,7 +5299,7 @@ func (x *CopyKeyRequest) String() string {
 func (*CopyKeyRequest) ProtoMessage() {}
 
 func (x *CopyKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[77]
+	mi := &file_meta_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5159,7 +5312,7 @@ func (x *CopyKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyKeyRequest.ProtoReflect.Descriptor instead.
 func (*CopyKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{77}
+	return file_meta_meta_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *CopyKeyRequest) GetVolume() string {
@@ -5254,7 +5407,7 @@ type MultipartUpload struct {
 
 func (x *MultipartUpload) Reset() {
 	*x = MultipartUpload{}
-	mi := &file_meta_meta_proto_msgTypes[78]
+	mi := &file_meta_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5266,7 +5419,7 @@ func (x *MultipartUpload) String() string {
 func (*MultipartUpload) ProtoMessage() {}
 
 func (x *MultipartUpload) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[78]
+	mi := &file_meta_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5279,7 +5432,7 @@ func (x *MultipartUpload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MultipartUpload.ProtoReflect.Descriptor instead.
 func (*MultipartUpload) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{78}
+	return file_meta_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *MultipartUpload) GetVolume() string {
@@ -5344,7 +5497,7 @@ type CreateMultipartUploadRequest struct {
 
 func (x *CreateMultipartUploadRequest) Reset() {
 	*x = CreateMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[79]
+	mi := &file_meta_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5356,7 +5509,7 @@ func (x *CreateMultipartUploadRequest) String() string {
 func (*CreateMultipartUploadRequest) ProtoMessage() {}
 
 func (x *CreateMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[79]
+	mi := &file_meta_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5369,7 +5522,7 @@ func (x *CreateMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*CreateMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{79}
+	return file_meta_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *CreateMultipartUploadRequest) GetVolume() string {
@@ -5417,7 +5570,7 @@ type CompletedPart struct {
 
 func (x *CompletedPart) Reset() {
 	*x = CompletedPart{}
-	mi := &file_meta_meta_proto_msgTypes[80]
+	mi := &file_meta_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5429,7 +5582,7 @@ func (x *CompletedPart) String() string {
 func (*CompletedPart) ProtoMessage() {}
 
 func (x *CompletedPart) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[80]
+	mi := &file_meta_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5442,7 +5595,7 @@ func (x *CompletedPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletedPart.ProtoReflect.Descriptor instead.
 func (*CompletedPart) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{80}
+	return file_meta_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CompletedPart) GetPartNumber() uint32 {
@@ -5475,7 +5628,7 @@ type CompleteMultipartUploadRequest struct {
 
 func (x *CompleteMultipartUploadRequest) Reset() {
 	*x = CompleteMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[81]
+	mi := &file_meta_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5487,7 +5640,7 @@ func (x *CompleteMultipartUploadRequest) String() string {
 func (*CompleteMultipartUploadRequest) ProtoMessage() {}
 
 func (x *CompleteMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[81]
+	mi := &file_meta_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5500,7 +5653,7 @@ func (x *CompleteMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*CompleteMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{81}
+	return file_meta_meta_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *CompleteMultipartUploadRequest) GetVolume() string {
@@ -5557,7 +5710,7 @@ type AbortMultipartUploadRequest struct {
 
 func (x *AbortMultipartUploadRequest) Reset() {
 	*x = AbortMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[82]
+	mi := &file_meta_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5569,7 +5722,7 @@ func (x *AbortMultipartUploadRequest) String() string {
 func (*AbortMultipartUploadRequest) ProtoMessage() {}
 
 func (x *AbortMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[82]
+	mi := &file_meta_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5582,7 +5735,7 @@ func (x *AbortMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*AbortMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{82}
+	return file_meta_meta_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *AbortMultipartUploadRequest) GetVolume() string {
@@ -5621,7 +5774,7 @@ type AbortMultipartUploadResponse struct {
 
 func (x *AbortMultipartUploadResponse) Reset() {
 	*x = AbortMultipartUploadResponse{}
-	mi := &file_meta_meta_proto_msgTypes[83]
+	mi := &file_meta_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5633,7 +5786,7 @@ func (x *AbortMultipartUploadResponse) String() string {
 func (*AbortMultipartUploadResponse) ProtoMessage() {}
 
 func (x *AbortMultipartUploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[83]
+	mi := &file_meta_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5646,7 +5799,7 @@ func (x *AbortMultipartUploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMultipartUploadResponse.ProtoReflect.Descriptor instead.
 func (*AbortMultipartUploadResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{83}
+	return file_meta_meta_proto_rawDescGZIP(), []int{84}
 }
 
 type PartInfo struct {
@@ -5664,7 +5817,7 @@ type PartInfo struct {
 
 func (x *PartInfo) Reset() {
 	*x = PartInfo{}
-	mi := &file_meta_meta_proto_msgTypes[84]
+	mi := &file_meta_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5676,7 +5829,7 @@ func (x *PartInfo) String() string {
 func (*PartInfo) ProtoMessage() {}
 
 func (x *PartInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[84]
+	mi := &file_meta_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5689,7 +5842,7 @@ func (x *PartInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartInfo.ProtoReflect.Descriptor instead.
 func (*PartInfo) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{84}
+	return file_meta_meta_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *PartInfo) GetPartNumber() uint32 {
@@ -5755,7 +5908,7 @@ type ListPartsRequest struct {
 
 func (x *ListPartsRequest) Reset() {
 	*x = ListPartsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[85]
+	mi := &file_meta_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5767,7 +5920,7 @@ func (x *ListPartsRequest) String() string {
 func (*ListPartsRequest) ProtoMessage() {}
 
 func (x *ListPartsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[85]
+	mi := &file_meta_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5780,7 +5933,7 @@ func (x *ListPartsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartsRequest.ProtoReflect.Descriptor instead.
 func (*ListPartsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{85}
+	return file_meta_meta_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ListPartsRequest) GetVolume() string {
@@ -5836,7 +5989,7 @@ type ListPartsResponse struct {
 
 func (x *ListPartsResponse) Reset() {
 	*x = ListPartsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[86]
+	mi := &file_meta_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5848,7 +6001,7 @@ func (x *ListPartsResponse) String() string {
 func (*ListPartsResponse) ProtoMessage() {}
 
 func (x *ListPartsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[86]
+	mi := &file_meta_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5861,7 +6014,7 @@ func (x *ListPartsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartsResponse.ProtoReflect.Descriptor instead.
 func (*ListPartsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{86}
+	return file_meta_meta_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ListPartsResponse) GetUpload() *MultipartUpload {
@@ -5901,7 +6054,7 @@ type ListMultipartUploadsRequest struct {
 
 func (x *ListMultipartUploadsRequest) Reset() {
 	*x = ListMultipartUploadsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[87]
+	mi := &file_meta_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5913,7 +6066,7 @@ func (x *ListMultipartUploadsRequest) String() string {
 func (*ListMultipartUploadsRequest) ProtoMessage() {}
 
 func (x *ListMultipartUploadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[87]
+	mi := &file_meta_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5926,7 +6079,7 @@ func (x *ListMultipartUploadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMultipartUploadsRequest.ProtoReflect.Descriptor instead.
 func (*ListMultipartUploadsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{87}
+	return file_meta_meta_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ListMultipartUploadsRequest) GetVolume() string {
@@ -5981,7 +6134,7 @@ type ListMultipartUploadsResponse struct {
 
 func (x *ListMultipartUploadsResponse) Reset() {
 	*x = ListMultipartUploadsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[88]
+	mi := &file_meta_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5993,7 +6146,7 @@ func (x *ListMultipartUploadsResponse) String() string {
 func (*ListMultipartUploadsResponse) ProtoMessage() {}
 
 func (x *ListMultipartUploadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[88]
+	mi := &file_meta_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6006,7 +6159,7 @@ func (x *ListMultipartUploadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMultipartUploadsResponse.ProtoReflect.Descriptor instead.
 func (*ListMultipartUploadsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{88}
+	return file_meta_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ListMultipartUploadsResponse) GetUploads() []*MultipartUpload {
@@ -6035,7 +6188,7 @@ type S3Secret struct {
 
 func (x *S3Secret) Reset() {
 	*x = S3Secret{}
-	mi := &file_meta_meta_proto_msgTypes[89]
+	mi := &file_meta_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6047,7 +6200,7 @@ func (x *S3Secret) String() string {
 func (*S3Secret) ProtoMessage() {}
 
 func (x *S3Secret) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[89]
+	mi := &file_meta_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6060,7 +6213,7 @@ func (x *S3Secret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use S3Secret.ProtoReflect.Descriptor instead.
 func (*S3Secret) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{89}
+	return file_meta_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *S3Secret) GetAccessKeyId() string {
@@ -6106,7 +6259,7 @@ type CreateS3SecretRequest struct {
 
 func (x *CreateS3SecretRequest) Reset() {
 	*x = CreateS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[90]
+	mi := &file_meta_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6118,7 +6271,7 @@ func (x *CreateS3SecretRequest) String() string {
 func (*CreateS3SecretRequest) ProtoMessage() {}
 
 func (x *CreateS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[90]
+	mi := &file_meta_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6131,7 +6284,7 @@ func (x *CreateS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*CreateS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{90}
+	return file_meta_meta_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *CreateS3SecretRequest) GetAccessKeyId() string {
@@ -6164,7 +6317,7 @@ type GetS3SecretRequest struct {
 
 func (x *GetS3SecretRequest) Reset() {
 	*x = GetS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[91]
+	mi := &file_meta_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6176,7 +6329,7 @@ func (x *GetS3SecretRequest) String() string {
 func (*GetS3SecretRequest) ProtoMessage() {}
 
 func (x *GetS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[91]
+	mi := &file_meta_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6189,7 +6342,7 @@ func (x *GetS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*GetS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{91}
+	return file_meta_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *GetS3SecretRequest) GetAccessKeyId() string {
@@ -6208,7 +6361,7 @@ type DeleteS3SecretRequest struct {
 
 func (x *DeleteS3SecretRequest) Reset() {
 	*x = DeleteS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[92]
+	mi := &file_meta_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6220,7 +6373,7 @@ func (x *DeleteS3SecretRequest) String() string {
 func (*DeleteS3SecretRequest) ProtoMessage() {}
 
 func (x *DeleteS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[92]
+	mi := &file_meta_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6233,7 +6386,7 @@ func (x *DeleteS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*DeleteS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{92}
+	return file_meta_meta_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *DeleteS3SecretRequest) GetAccessKeyId() string {
@@ -6251,7 +6404,7 @@ type DeleteS3SecretResponse struct {
 
 func (x *DeleteS3SecretResponse) Reset() {
 	*x = DeleteS3SecretResponse{}
-	mi := &file_meta_meta_proto_msgTypes[93]
+	mi := &file_meta_meta_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6263,7 +6416,7 @@ func (x *DeleteS3SecretResponse) String() string {
 func (*DeleteS3SecretResponse) ProtoMessage() {}
 
 func (x *DeleteS3SecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[93]
+	mi := &file_meta_meta_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6276,7 +6429,7 @@ func (x *DeleteS3SecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteS3SecretResponse.ProtoReflect.Descriptor instead.
 func (*DeleteS3SecretResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{93}
+	return file_meta_meta_proto_rawDescGZIP(), []int{94}
 }
 
 var File_meta_meta_proto protoreflect.FileDescriptor
@@ -6325,7 +6478,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x05state\x18\x04 \x01(\x0e2\x1d.basalt.meta.v1.PipelineStateR\x05state\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x05 \x01(\x03R\rcreatedUnixMs\x12$\n" +
 	"\x0eclosed_unix_ms\x18\x06 \x01(\x03R\fclosedUnixMs\x12!\n" +
-	"\fclose_reason\x18\a \x01(\tR\vcloseReason\"\x94\x02\n" +
+	"\fclose_reason\x18\a \x01(\tR\vcloseReason\"\xc3\x02\n" +
 	"\tContainer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1f\n" +
 	"\vpipeline_id\x18\x02 \x01(\x04R\n" +
@@ -6335,7 +6488,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\breplicas\x18\x05 \x03(\x04R\breplicas\x12\x1d\n" +
 	"\n" +
 	"used_bytes\x18\x06 \x01(\x04R\tusedBytes\x12&\n" +
-	"\x0fcreated_unix_ms\x18\a \x01(\x03R\rcreatedUnixMs\"G\n" +
+	"\x0fcreated_unix_ms\x18\a \x01(\x03R\rcreatedUnixMs\x12-\n" +
+	"\x12unhealthy_replicas\x18\b \x03(\x04R\x11unhealthyReplicas\"G\n" +
 	"\aBlockID\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x19\n" +
 	"\blocal_id\x18\x02 \x01(\x04R\alocalId\"\x91\x02\n" +
@@ -6359,7 +6513,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x18RegisterDatanodeResponse\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x122\n" +
-	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\"\xb7\x02\n" +
+	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\"\xf5\x02\n" +
 	"\x10HeartbeatRequest\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x126\n" +
@@ -6370,7 +6524,13 @@ const file_meta_meta_proto_rawDesc = "" +
 	"containers\x18\x04 \x03(\v2\x1f.basalt.meta.v1.ContainerReportR\n" +
 	"containers\x12<\n" +
 	"\tpipelines\x18\x05 \x03(\v2\x1e.basalt.meta.v1.PipelineReportR\tpipelines\x12*\n" +
-	"\x11deleted_block_txs\x18\x06 \x03(\x04R\x0fdeletedBlockTxs\"\xa1\x01\n" +
+	"\x11deleted_block_txs\x18\x06 \x03(\x04R\x0fdeletedBlockTxs\x12<\n" +
+	"\vdelete_acks\x18\a \x03(\v2\x1b.basalt.meta.v1.DeleteTxAckR\n" +
+	"deleteAcks\"t\n" +
+	"\vDeleteTxAck\x12\x13\n" +
+	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x126\n" +
+	"\x06status\x18\x02 \x01(\x0e2\x1e.basalt.meta.v1.DeleteTxStatusR\x06status\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xa1\x01\n" +
 	"\x11HeartbeatResponse\x12;\n" +
 	"\bcommands\x18\x01 \x03(\v2\x1f.basalt.meta.v1.DatanodeCommandR\bcommands\x12/\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x19.basalt.meta.v1.NodeStateR\x05state\x12\x1e\n" +
@@ -6753,12 +6913,13 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\rPipelineState\x12\x1e\n" +
 	"\x1aPIPELINE_STATE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rPIPELINE_OPEN\x10\x01\x12\x13\n" +
-	"\x0fPIPELINE_CLOSED\x10\x02*r\n" +
+	"\x0fPIPELINE_CLOSED\x10\x02*\x8b\x01\n" +
 	"\x0eContainerState\x12\x1f\n" +
 	"\x1bCONTAINER_STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eCONTAINER_OPEN\x10\x01\x12\x15\n" +
 	"\x11CONTAINER_CLOSING\x10\x02\x12\x14\n" +
-	"\x10CONTAINER_CLOSED\x10\x03*A\n" +
+	"\x10CONTAINER_CLOSED\x10\x03\x12\x17\n" +
+	"\x13CONTAINER_UNHEALTHY\x10\x04*A\n" +
 	"\fBucketLayout\x12\x1d\n" +
 	"\x19BUCKET_LAYOUT_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
@@ -6768,7 +6929,12 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x19CHECKSUM_TYPE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rCHECKSUM_NONE\x10\x01\x12\n" +
 	"\n" +
-	"\x06CRC32C\x10\x022\xb0\b\n" +
+	"\x06CRC32C\x10\x02*\x8a\x01\n" +
+	"\x0eDeleteTxStatus\x12 \n" +
+	"\x1cDELETE_TX_STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eDELETE_TX_DONE\x10\x01\x12!\n" +
+	"\x1dDELETE_TX_CONTAINER_UNHEALTHY\x10\x02\x12\x1f\n" +
+	"\x1bDELETE_TX_CONTAINER_MISSING\x10\x032\xb0\b\n" +
 	"\x03Scm\x12e\n" +
 	"\x10RegisterDatanode\x12'.basalt.meta.v1.RegisterDatanodeRequest\x1a(.basalt.meta.v1.RegisterDatanodeResponse\x12P\n" +
 	"\tHeartbeat\x12 .basalt.meta.v1.HeartbeatRequest\x1a!.basalt.meta.v1.HeartbeatResponse\x12_\n" +
@@ -6825,8 +6991,8 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 	return file_meta_meta_proto_rawDescData
 }
 
-var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 97)
+var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 98)
 var file_meta_meta_proto_goTypes = []any{
 	(Replication)(0),                       // 0: basalt.meta.v1.Replication
 	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
@@ -6834,103 +7000,105 @@ var file_meta_meta_proto_goTypes = []any{
 	(ContainerState)(0),                    // 3: basalt.meta.v1.ContainerState
 	(BucketLayout)(0),                      // 4: basalt.meta.v1.BucketLayout
 	(ChecksumType)(0),                      // 5: basalt.meta.v1.ChecksumType
-	(*NotLeader)(nil),                      // 6: basalt.meta.v1.NotLeader
-	(*DatanodeDetails)(nil),                // 7: basalt.meta.v1.DatanodeDetails
-	(*VolumeReport)(nil),                   // 8: basalt.meta.v1.VolumeReport
-	(*ContainerReport)(nil),                // 9: basalt.meta.v1.ContainerReport
-	(*PipelineReport)(nil),                 // 10: basalt.meta.v1.PipelineReport
-	(*Pipeline)(nil),                       // 11: basalt.meta.v1.Pipeline
-	(*Container)(nil),                      // 12: basalt.meta.v1.Container
-	(*BlockID)(nil),                        // 13: basalt.meta.v1.BlockID
-	(*BlockLocation)(nil),                  // 14: basalt.meta.v1.BlockLocation
-	(*ExcludeList)(nil),                    // 15: basalt.meta.v1.ExcludeList
-	(*RegisterDatanodeRequest)(nil),        // 16: basalt.meta.v1.RegisterDatanodeRequest
-	(*RegisterDatanodeResponse)(nil),       // 17: basalt.meta.v1.RegisterDatanodeResponse
-	(*HeartbeatRequest)(nil),               // 18: basalt.meta.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),              // 19: basalt.meta.v1.HeartbeatResponse
-	(*DatanodeCommand)(nil),                // 20: basalt.meta.v1.DatanodeCommand
-	(*CreatePipelineCommand)(nil),          // 21: basalt.meta.v1.CreatePipelineCommand
-	(*ClosePipelineCommand)(nil),           // 22: basalt.meta.v1.ClosePipelineCommand
-	(*CloseContainerCommand)(nil),          // 23: basalt.meta.v1.CloseContainerCommand
-	(*DeleteBlocksCommand)(nil),            // 24: basalt.meta.v1.DeleteBlocksCommand
-	(*AllocateBlocksRequest)(nil),          // 25: basalt.meta.v1.AllocateBlocksRequest
-	(*AllocateBlocksResponse)(nil),         // 26: basalt.meta.v1.AllocateBlocksResponse
-	(*DeleteBlocksRequest)(nil),            // 27: basalt.meta.v1.DeleteBlocksRequest
-	(*DeleteBlocksGroup)(nil),              // 28: basalt.meta.v1.DeleteBlocksGroup
-	(*DeleteBlocksResponse)(nil),           // 29: basalt.meta.v1.DeleteBlocksResponse
-	(*ReportCorruptReplicaRequest)(nil),    // 30: basalt.meta.v1.ReportCorruptReplicaRequest
-	(*ReportCorruptReplicaResponse)(nil),   // 31: basalt.meta.v1.ReportCorruptReplicaResponse
-	(*ListCorruptReplicasRequest)(nil),     // 32: basalt.meta.v1.ListCorruptReplicasRequest
-	(*CorruptReplica)(nil),                 // 33: basalt.meta.v1.CorruptReplica
-	(*ListCorruptReplicasResponse)(nil),    // 34: basalt.meta.v1.ListCorruptReplicasResponse
-	(*GetContainersRequest)(nil),           // 35: basalt.meta.v1.GetContainersRequest
-	(*GetContainersResponse)(nil),          // 36: basalt.meta.v1.GetContainersResponse
-	(*ContainerWithLocation)(nil),          // 37: basalt.meta.v1.ContainerWithLocation
-	(*ListDatanodesRequest)(nil),           // 38: basalt.meta.v1.ListDatanodesRequest
-	(*DatanodeStatus)(nil),                 // 39: basalt.meta.v1.DatanodeStatus
-	(*ListDatanodesResponse)(nil),          // 40: basalt.meta.v1.ListDatanodesResponse
-	(*ListPipelinesRequest)(nil),           // 41: basalt.meta.v1.ListPipelinesRequest
-	(*ListPipelinesResponse)(nil),          // 42: basalt.meta.v1.ListPipelinesResponse
-	(*ListContainersRequest)(nil),          // 43: basalt.meta.v1.ListContainersRequest
-	(*ListContainersResponse)(nil),         // 44: basalt.meta.v1.ListContainersResponse
-	(*GetSafeModeRequest)(nil),             // 45: basalt.meta.v1.GetSafeModeRequest
-	(*GetSafeModeResponse)(nil),            // 46: basalt.meta.v1.GetSafeModeResponse
-	(*Volume)(nil),                         // 47: basalt.meta.v1.Volume
-	(*CreateVolumeRequest)(nil),            // 48: basalt.meta.v1.CreateVolumeRequest
-	(*GetVolumeRequest)(nil),               // 49: basalt.meta.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),             // 50: basalt.meta.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),            // 51: basalt.meta.v1.ListVolumesResponse
-	(*DeleteVolumeRequest)(nil),            // 52: basalt.meta.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),           // 53: basalt.meta.v1.DeleteVolumeResponse
-	(*Bucket)(nil),                         // 54: basalt.meta.v1.Bucket
-	(*CreateBucketRequest)(nil),            // 55: basalt.meta.v1.CreateBucketRequest
-	(*GetBucketRequest)(nil),               // 56: basalt.meta.v1.GetBucketRequest
-	(*ListBucketsRequest)(nil),             // 57: basalt.meta.v1.ListBucketsRequest
-	(*ListBucketsResponse)(nil),            // 58: basalt.meta.v1.ListBucketsResponse
-	(*DeleteBucketRequest)(nil),            // 59: basalt.meta.v1.DeleteBucketRequest
-	(*DeleteBucketResponse)(nil),           // 60: basalt.meta.v1.DeleteBucketResponse
-	(*KeyBlock)(nil),                       // 61: basalt.meta.v1.KeyBlock
-	(*KeyInfo)(nil),                        // 62: basalt.meta.v1.KeyInfo
-	(*ObjectMeta)(nil),                     // 63: basalt.meta.v1.ObjectMeta
-	(*OpenKeyRequest)(nil),                 // 64: basalt.meta.v1.OpenKeyRequest
-	(*OpenKeyResponse)(nil),                // 65: basalt.meta.v1.OpenKeyResponse
-	(*AllocateBlockRequest)(nil),           // 66: basalt.meta.v1.AllocateBlockRequest
-	(*AllocateBlockResponse)(nil),          // 67: basalt.meta.v1.AllocateBlockResponse
-	(*CommitKeyRequest)(nil),               // 68: basalt.meta.v1.CommitKeyRequest
-	(*PartRef)(nil),                        // 69: basalt.meta.v1.PartRef
-	(*LookupKeyRequest)(nil),               // 70: basalt.meta.v1.LookupKeyRequest
-	(*ListKeysRequest)(nil),                // 71: basalt.meta.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),               // 72: basalt.meta.v1.ListKeysResponse
-	(*RenameKeyRequest)(nil),               // 73: basalt.meta.v1.RenameKeyRequest
-	(*RenameKeyResponse)(nil),              // 74: basalt.meta.v1.RenameKeyResponse
-	(*DeleteKeyRequest)(nil),               // 75: basalt.meta.v1.DeleteKeyRequest
-	(*DeleteKeyResponse)(nil),              // 76: basalt.meta.v1.DeleteKeyResponse
-	(*FileStatus)(nil),                     // 77: basalt.meta.v1.FileStatus
-	(*CreateDirectoryRequest)(nil),         // 78: basalt.meta.v1.CreateDirectoryRequest
-	(*GetFileStatusRequest)(nil),           // 79: basalt.meta.v1.GetFileStatusRequest
-	(*ListStatusRequest)(nil),              // 80: basalt.meta.v1.ListStatusRequest
-	(*ListStatusResponse)(nil),             // 81: basalt.meta.v1.ListStatusResponse
-	(*SetKeyMetaRequest)(nil),              // 82: basalt.meta.v1.SetKeyMetaRequest
-	(*CopyKeyRequest)(nil),                 // 83: basalt.meta.v1.CopyKeyRequest
-	(*MultipartUpload)(nil),                // 84: basalt.meta.v1.MultipartUpload
-	(*CreateMultipartUploadRequest)(nil),   // 85: basalt.meta.v1.CreateMultipartUploadRequest
-	(*CompletedPart)(nil),                  // 86: basalt.meta.v1.CompletedPart
-	(*CompleteMultipartUploadRequest)(nil), // 87: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 88: basalt.meta.v1.AbortMultipartUploadRequest
-	(*AbortMultipartUploadResponse)(nil),   // 89: basalt.meta.v1.AbortMultipartUploadResponse
-	(*PartInfo)(nil),                       // 90: basalt.meta.v1.PartInfo
-	(*ListPartsRequest)(nil),               // 91: basalt.meta.v1.ListPartsRequest
-	(*ListPartsResponse)(nil),              // 92: basalt.meta.v1.ListPartsResponse
-	(*ListMultipartUploadsRequest)(nil),    // 93: basalt.meta.v1.ListMultipartUploadsRequest
-	(*ListMultipartUploadsResponse)(nil),   // 94: basalt.meta.v1.ListMultipartUploadsResponse
-	(*S3Secret)(nil),                       // 95: basalt.meta.v1.S3Secret
-	(*CreateS3SecretRequest)(nil),          // 96: basalt.meta.v1.CreateS3SecretRequest
-	(*GetS3SecretRequest)(nil),             // 97: basalt.meta.v1.GetS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 98: basalt.meta.v1.DeleteS3SecretRequest
-	(*DeleteS3SecretResponse)(nil),         // 99: basalt.meta.v1.DeleteS3SecretResponse
-	nil,                                    // 100: basalt.meta.v1.ObjectMeta.UserEntry
-	nil,                                    // 101: basalt.meta.v1.ObjectMeta.TagsEntry
-	nil,                                    // 102: basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	(DeleteTxStatus)(0),                    // 6: basalt.meta.v1.DeleteTxStatus
+	(*NotLeader)(nil),                      // 7: basalt.meta.v1.NotLeader
+	(*DatanodeDetails)(nil),                // 8: basalt.meta.v1.DatanodeDetails
+	(*VolumeReport)(nil),                   // 9: basalt.meta.v1.VolumeReport
+	(*ContainerReport)(nil),                // 10: basalt.meta.v1.ContainerReport
+	(*PipelineReport)(nil),                 // 11: basalt.meta.v1.PipelineReport
+	(*Pipeline)(nil),                       // 12: basalt.meta.v1.Pipeline
+	(*Container)(nil),                      // 13: basalt.meta.v1.Container
+	(*BlockID)(nil),                        // 14: basalt.meta.v1.BlockID
+	(*BlockLocation)(nil),                  // 15: basalt.meta.v1.BlockLocation
+	(*ExcludeList)(nil),                    // 16: basalt.meta.v1.ExcludeList
+	(*RegisterDatanodeRequest)(nil),        // 17: basalt.meta.v1.RegisterDatanodeRequest
+	(*RegisterDatanodeResponse)(nil),       // 18: basalt.meta.v1.RegisterDatanodeResponse
+	(*HeartbeatRequest)(nil),               // 19: basalt.meta.v1.HeartbeatRequest
+	(*DeleteTxAck)(nil),                    // 20: basalt.meta.v1.DeleteTxAck
+	(*HeartbeatResponse)(nil),              // 21: basalt.meta.v1.HeartbeatResponse
+	(*DatanodeCommand)(nil),                // 22: basalt.meta.v1.DatanodeCommand
+	(*CreatePipelineCommand)(nil),          // 23: basalt.meta.v1.CreatePipelineCommand
+	(*ClosePipelineCommand)(nil),           // 24: basalt.meta.v1.ClosePipelineCommand
+	(*CloseContainerCommand)(nil),          // 25: basalt.meta.v1.CloseContainerCommand
+	(*DeleteBlocksCommand)(nil),            // 26: basalt.meta.v1.DeleteBlocksCommand
+	(*AllocateBlocksRequest)(nil),          // 27: basalt.meta.v1.AllocateBlocksRequest
+	(*AllocateBlocksResponse)(nil),         // 28: basalt.meta.v1.AllocateBlocksResponse
+	(*DeleteBlocksRequest)(nil),            // 29: basalt.meta.v1.DeleteBlocksRequest
+	(*DeleteBlocksGroup)(nil),              // 30: basalt.meta.v1.DeleteBlocksGroup
+	(*DeleteBlocksResponse)(nil),           // 31: basalt.meta.v1.DeleteBlocksResponse
+	(*ReportCorruptReplicaRequest)(nil),    // 32: basalt.meta.v1.ReportCorruptReplicaRequest
+	(*ReportCorruptReplicaResponse)(nil),   // 33: basalt.meta.v1.ReportCorruptReplicaResponse
+	(*ListCorruptReplicasRequest)(nil),     // 34: basalt.meta.v1.ListCorruptReplicasRequest
+	(*CorruptReplica)(nil),                 // 35: basalt.meta.v1.CorruptReplica
+	(*ListCorruptReplicasResponse)(nil),    // 36: basalt.meta.v1.ListCorruptReplicasResponse
+	(*GetContainersRequest)(nil),           // 37: basalt.meta.v1.GetContainersRequest
+	(*GetContainersResponse)(nil),          // 38: basalt.meta.v1.GetContainersResponse
+	(*ContainerWithLocation)(nil),          // 39: basalt.meta.v1.ContainerWithLocation
+	(*ListDatanodesRequest)(nil),           // 40: basalt.meta.v1.ListDatanodesRequest
+	(*DatanodeStatus)(nil),                 // 41: basalt.meta.v1.DatanodeStatus
+	(*ListDatanodesResponse)(nil),          // 42: basalt.meta.v1.ListDatanodesResponse
+	(*ListPipelinesRequest)(nil),           // 43: basalt.meta.v1.ListPipelinesRequest
+	(*ListPipelinesResponse)(nil),          // 44: basalt.meta.v1.ListPipelinesResponse
+	(*ListContainersRequest)(nil),          // 45: basalt.meta.v1.ListContainersRequest
+	(*ListContainersResponse)(nil),         // 46: basalt.meta.v1.ListContainersResponse
+	(*GetSafeModeRequest)(nil),             // 47: basalt.meta.v1.GetSafeModeRequest
+	(*GetSafeModeResponse)(nil),            // 48: basalt.meta.v1.GetSafeModeResponse
+	(*Volume)(nil),                         // 49: basalt.meta.v1.Volume
+	(*CreateVolumeRequest)(nil),            // 50: basalt.meta.v1.CreateVolumeRequest
+	(*GetVolumeRequest)(nil),               // 51: basalt.meta.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),             // 52: basalt.meta.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),            // 53: basalt.meta.v1.ListVolumesResponse
+	(*DeleteVolumeRequest)(nil),            // 54: basalt.meta.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),           // 55: basalt.meta.v1.DeleteVolumeResponse
+	(*Bucket)(nil),                         // 56: basalt.meta.v1.Bucket
+	(*CreateBucketRequest)(nil),            // 57: basalt.meta.v1.CreateBucketRequest
+	(*GetBucketRequest)(nil),               // 58: basalt.meta.v1.GetBucketRequest
+	(*ListBucketsRequest)(nil),             // 59: basalt.meta.v1.ListBucketsRequest
+	(*ListBucketsResponse)(nil),            // 60: basalt.meta.v1.ListBucketsResponse
+	(*DeleteBucketRequest)(nil),            // 61: basalt.meta.v1.DeleteBucketRequest
+	(*DeleteBucketResponse)(nil),           // 62: basalt.meta.v1.DeleteBucketResponse
+	(*KeyBlock)(nil),                       // 63: basalt.meta.v1.KeyBlock
+	(*KeyInfo)(nil),                        // 64: basalt.meta.v1.KeyInfo
+	(*ObjectMeta)(nil),                     // 65: basalt.meta.v1.ObjectMeta
+	(*OpenKeyRequest)(nil),                 // 66: basalt.meta.v1.OpenKeyRequest
+	(*OpenKeyResponse)(nil),                // 67: basalt.meta.v1.OpenKeyResponse
+	(*AllocateBlockRequest)(nil),           // 68: basalt.meta.v1.AllocateBlockRequest
+	(*AllocateBlockResponse)(nil),          // 69: basalt.meta.v1.AllocateBlockResponse
+	(*CommitKeyRequest)(nil),               // 70: basalt.meta.v1.CommitKeyRequest
+	(*PartRef)(nil),                        // 71: basalt.meta.v1.PartRef
+	(*LookupKeyRequest)(nil),               // 72: basalt.meta.v1.LookupKeyRequest
+	(*ListKeysRequest)(nil),                // 73: basalt.meta.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),               // 74: basalt.meta.v1.ListKeysResponse
+	(*RenameKeyRequest)(nil),               // 75: basalt.meta.v1.RenameKeyRequest
+	(*RenameKeyResponse)(nil),              // 76: basalt.meta.v1.RenameKeyResponse
+	(*DeleteKeyRequest)(nil),               // 77: basalt.meta.v1.DeleteKeyRequest
+	(*DeleteKeyResponse)(nil),              // 78: basalt.meta.v1.DeleteKeyResponse
+	(*FileStatus)(nil),                     // 79: basalt.meta.v1.FileStatus
+	(*CreateDirectoryRequest)(nil),         // 80: basalt.meta.v1.CreateDirectoryRequest
+	(*GetFileStatusRequest)(nil),           // 81: basalt.meta.v1.GetFileStatusRequest
+	(*ListStatusRequest)(nil),              // 82: basalt.meta.v1.ListStatusRequest
+	(*ListStatusResponse)(nil),             // 83: basalt.meta.v1.ListStatusResponse
+	(*SetKeyMetaRequest)(nil),              // 84: basalt.meta.v1.SetKeyMetaRequest
+	(*CopyKeyRequest)(nil),                 // 85: basalt.meta.v1.CopyKeyRequest
+	(*MultipartUpload)(nil),                // 86: basalt.meta.v1.MultipartUpload
+	(*CreateMultipartUploadRequest)(nil),   // 87: basalt.meta.v1.CreateMultipartUploadRequest
+	(*CompletedPart)(nil),                  // 88: basalt.meta.v1.CompletedPart
+	(*CompleteMultipartUploadRequest)(nil), // 89: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 90: basalt.meta.v1.AbortMultipartUploadRequest
+	(*AbortMultipartUploadResponse)(nil),   // 91: basalt.meta.v1.AbortMultipartUploadResponse
+	(*PartInfo)(nil),                       // 92: basalt.meta.v1.PartInfo
+	(*ListPartsRequest)(nil),               // 93: basalt.meta.v1.ListPartsRequest
+	(*ListPartsResponse)(nil),              // 94: basalt.meta.v1.ListPartsResponse
+	(*ListMultipartUploadsRequest)(nil),    // 95: basalt.meta.v1.ListMultipartUploadsRequest
+	(*ListMultipartUploadsResponse)(nil),   // 96: basalt.meta.v1.ListMultipartUploadsResponse
+	(*S3Secret)(nil),                       // 97: basalt.meta.v1.S3Secret
+	(*CreateS3SecretRequest)(nil),          // 98: basalt.meta.v1.CreateS3SecretRequest
+	(*GetS3SecretRequest)(nil),             // 99: basalt.meta.v1.GetS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 100: basalt.meta.v1.DeleteS3SecretRequest
+	(*DeleteS3SecretResponse)(nil),         // 101: basalt.meta.v1.DeleteS3SecretResponse
+	nil,                                    // 102: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 103: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 104: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
 	3,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
@@ -6938,161 +7106,163 @@ var file_meta_meta_proto_depIdxs = []int32{
 	2,   // 2: basalt.meta.v1.Pipeline.state:type_name -> basalt.meta.v1.PipelineState
 	0,   // 3: basalt.meta.v1.Container.replication:type_name -> basalt.meta.v1.Replication
 	3,   // 4: basalt.meta.v1.Container.state:type_name -> basalt.meta.v1.ContainerState
-	13,  // 5: basalt.meta.v1.BlockLocation.id:type_name -> basalt.meta.v1.BlockID
+	14,  // 5: basalt.meta.v1.BlockLocation.id:type_name -> basalt.meta.v1.BlockID
 	3,   // 6: basalt.meta.v1.BlockLocation.container_state:type_name -> basalt.meta.v1.ContainerState
-	7,   // 7: basalt.meta.v1.BlockLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	7,   // 8: basalt.meta.v1.RegisterDatanodeRequest.details:type_name -> basalt.meta.v1.DatanodeDetails
-	8,   // 9: basalt.meta.v1.RegisterDatanodeRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
-	8,   // 10: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
-	9,   // 11: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
-	10,  // 12: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
-	20,  // 13: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
-	1,   // 14: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
-	21,  // 15: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
-	22,  // 16: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
-	23,  // 17: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
-	24,  // 18: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
-	11,  // 19: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
-	7,   // 20: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	0,   // 21: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
-	15,  // 22: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	14,  // 23: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	28,  // 24: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
-	13,  // 25: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
-	13,  // 26: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
-	33,  // 27: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
-	37,  // 28: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
-	12,  // 29: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
-	7,   // 30: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	7,   // 31: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
-	1,   // 32: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
-	8,   // 33: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
-	39,  // 34: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
-	11,  // 35: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
-	12,  // 36: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
-	47,  // 37: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
-	4,   // 38: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 39: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
-	4,   // 40: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 41: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
-	54,  // 42: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
-	13,  // 43: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
-	0,   // 44: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
-	5,   // 45: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	61,  // 46: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	14,  // 47: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
-	63,  // 48: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
-	100, // 49: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
-	101, // 50: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
-	102, // 51: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
-	0,   // 52: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
-	5,   // 53: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	15,  // 54: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	14,  // 55: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	15,  // 56: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	14,  // 57: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
-	61,  // 58: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
-	63,  // 59: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	69,  // 60: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	62,  // 61: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
-	62,  // 62: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
-	77,  // 63: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
-	63,  // 64: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	63,  // 65: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	69,  // 66: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	63,  // 67: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 68: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
-	63,  // 69: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 70: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
-	86,  // 71: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
-	61,  // 72: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	5,   // 73: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	84,  // 74: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
-	90,  // 75: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
-	84,  // 76: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
-	16,  // 77: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	18,  // 78: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	25,  // 79: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	27,  // 80: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	35,  // 81: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	30,  // 82: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	32,  // 83: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	38,  // 84: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	41,  // 85: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	43,  // 86: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	45,  // 87: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	48,  // 88: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	49,  // 89: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	50,  // 90: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	52,  // 91: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	55,  // 92: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	56,  // 93: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	57,  // 94: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	59,  // 95: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	64,  // 96: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	66,  // 97: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	68,  // 98: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	70,  // 99: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	71,  // 100: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	73,  // 101: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	75,  // 102: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	78,  // 103: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	79,  // 104: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	80,  // 105: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	82,  // 106: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	83,  // 107: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
-	85,  // 108: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	87,  // 109: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	88,  // 110: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	91,  // 111: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	93,  // 112: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	96,  // 113: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	97,  // 114: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	98,  // 115: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	17,  // 116: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	19,  // 117: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	26,  // 118: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	29,  // 119: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	36,  // 120: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	31,  // 121: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	34,  // 122: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	40,  // 123: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	42,  // 124: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	44,  // 125: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	46,  // 126: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	47,  // 127: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	47,  // 128: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	51,  // 129: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	53,  // 130: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	54,  // 131: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	54,  // 132: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	58,  // 133: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	60,  // 134: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	65,  // 135: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	67,  // 136: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	62,  // 137: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	62,  // 138: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	72,  // 139: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	74,  // 140: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	76,  // 141: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	77,  // 142: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	77,  // 143: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	81,  // 144: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	62,  // 145: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	62,  // 146: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
-	84,  // 147: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	62,  // 148: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	89,  // 149: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	92,  // 150: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	94,  // 151: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	95,  // 152: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	95,  // 153: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	99,  // 154: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	116, // [116:155] is the sub-list for method output_type
-	77,  // [77:116] is the sub-list for method input_type
-	77,  // [77:77] is the sub-list for extension type_name
-	77,  // [77:77] is the sub-list for extension extendee
-	0,   // [0:77] is the sub-list for field type_name
+	8,   // 7: basalt.meta.v1.BlockLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	8,   // 8: basalt.meta.v1.RegisterDatanodeRequest.details:type_name -> basalt.meta.v1.DatanodeDetails
+	9,   // 9: basalt.meta.v1.RegisterDatanodeRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
+	9,   // 10: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
+	10,  // 11: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
+	11,  // 12: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
+	20,  // 13: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
+	6,   // 14: basalt.meta.v1.DeleteTxAck.status:type_name -> basalt.meta.v1.DeleteTxStatus
+	22,  // 15: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
+	1,   // 16: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
+	23,  // 17: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
+	24,  // 18: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
+	25,  // 19: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
+	26,  // 20: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
+	12,  // 21: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
+	8,   // 22: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	0,   // 23: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
+	16,  // 24: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	15,  // 25: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	30,  // 26: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
+	14,  // 27: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
+	14,  // 28: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
+	35,  // 29: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
+	39,  // 30: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
+	13,  // 31: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
+	8,   // 32: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	8,   // 33: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
+	1,   // 34: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
+	9,   // 35: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
+	41,  // 36: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
+	12,  // 37: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
+	13,  // 38: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
+	49,  // 39: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
+	4,   // 40: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 41: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
+	4,   // 42: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 43: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
+	56,  // 44: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
+	14,  // 45: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
+	0,   // 46: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
+	5,   // 47: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	63,  // 48: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	15,  // 49: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
+	65,  // 50: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
+	102, // 51: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	103, // 52: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	104, // 53: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	0,   // 54: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
+	5,   // 55: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	16,  // 56: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	15,  // 57: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	16,  // 58: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	15,  // 59: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
+	63,  // 60: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
+	65,  // 61: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	71,  // 62: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	64,  // 63: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
+	64,  // 64: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
+	79,  // 65: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
+	65,  // 66: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	65,  // 67: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	71,  // 68: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	65,  // 69: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 70: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
+	65,  // 71: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 72: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
+	88,  // 73: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
+	63,  // 74: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	5,   // 75: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	86,  // 76: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
+	92,  // 77: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
+	86,  // 78: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
+	17,  // 79: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	19,  // 80: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	27,  // 81: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	29,  // 82: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	37,  // 83: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	32,  // 84: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	34,  // 85: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	40,  // 86: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	43,  // 87: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	45,  // 88: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	47,  // 89: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	50,  // 90: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	51,  // 91: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	52,  // 92: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	54,  // 93: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	57,  // 94: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	58,  // 95: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	59,  // 96: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	61,  // 97: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	66,  // 98: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	68,  // 99: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	70,  // 100: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	72,  // 101: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	73,  // 102: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	75,  // 103: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	77,  // 104: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	80,  // 105: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	81,  // 106: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	82,  // 107: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	84,  // 108: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	85,  // 109: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	87,  // 110: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	89,  // 111: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	90,  // 112: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	93,  // 113: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	95,  // 114: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	98,  // 115: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	99,  // 116: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	100, // 117: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	18,  // 118: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	21,  // 119: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	28,  // 120: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	31,  // 121: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	38,  // 122: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	33,  // 123: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	36,  // 124: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	42,  // 125: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	44,  // 126: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	46,  // 127: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	48,  // 128: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	49,  // 129: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	49,  // 130: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	53,  // 131: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	55,  // 132: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	56,  // 133: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	56,  // 134: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	60,  // 135: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	62,  // 136: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	67,  // 137: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	69,  // 138: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	64,  // 139: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	64,  // 140: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	74,  // 141: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	76,  // 142: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	78,  // 143: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	79,  // 144: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	79,  // 145: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	83,  // 146: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	64,  // 147: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	64,  // 148: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	86,  // 149: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	64,  // 150: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	91,  // 151: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	94,  // 152: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	96,  // 153: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	97,  // 154: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	97,  // 155: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	101, // 156: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	118, // [118:157] is the sub-list for method output_type
+	79,  // [79:118] is the sub-list for method input_type
+	79,  // [79:79] is the sub-list for extension type_name
+	79,  // [79:79] is the sub-list for extension extendee
+	0,   // [0:79] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -7100,7 +7270,7 @@ func file_meta_meta_proto_init() {
 	if File_meta_meta_proto != nil {
 		return
 	}
-	file_meta_meta_proto_msgTypes[14].OneofWrappers = []any{
+	file_meta_meta_proto_msgTypes[15].OneofWrappers = []any{
 		(*DatanodeCommand_CreatePipeline)(nil),
 		(*DatanodeCommand_ClosePipeline)(nil),
 		(*DatanodeCommand_CloseContainer)(nil),
@@ -7111,8 +7281,8 @@ func file_meta_meta_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   97,
+			NumEnums:      7,
+			NumMessages:   98,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -17,4 +17,14 @@ const (
 	ReasonEntityTooSmall   = "ENTITY_TOO_SMALL"
 	ReasonVersionChanged   = "VERSION_CHANGED"
 	ReasonNotShareable     = "NOT_SHAREABLE" // CopyKey cannot share the blocks; copy the bytes
+
+	// ReasonNotApplied marks an UNAVAILABLE that the server guarantees had
+	// no effect (the request was refused before it reached a Raft log), so
+	// any call may be sent again. (A NotLeader detail means the same.)
+	ReasonNotApplied = "NOT_APPLIED"
+	// ReasonOutcomeUnknown marks an UNKNOWN whose operation reached the
+	// Raft log and may or may not have been applied (the proposal's
+	// outcome was lost: leadership change, timeout, node stopping). A
+	// caller must read the state back before doing it again.
+	ReasonOutcomeUnknown = "OUTCOME_UNKNOWN"
 )

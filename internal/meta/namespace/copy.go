@@ -221,10 +221,8 @@ func isMD5Hex(s string) bool {
 // CopyKey copies a key, or a range of it into a multipart part, by
 // sharing its blocks.
 func (s *Service) CopyKey(ctx context.Context, req *metapb.CopyKeyRequest) (*metapb.KeyInfo, error) {
-	if req.ReplaceMeta {
-		if err := validateMeta(req.Meta); err != nil {
-			return nil, err
-		}
+	if err := checkCopyKey(req); err != nil {
+		return nil, err
 	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CopyKey{CopyKey: req}})
 	if err != nil {

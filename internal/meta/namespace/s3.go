@@ -533,6 +533,12 @@ func (s *Service) SetKeyMeta(ctx context.Context, req *metapb.SetKeyMetaRequest)
 	if err := validateMeta(req.Meta); err != nil {
 		return nil, err
 	}
+	if err := checkBucketRef(req.Volume, req.Bucket); err != nil {
+		return nil, err
+	}
+	if err := checkKeyRef(req.Key); err != nil {
+		return nil, err
+	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_SetKeyMeta{SetKeyMeta: req}})
 	if err != nil {
 		return nil, err
@@ -555,6 +561,9 @@ func (s *Service) CreateMultipartUpload(ctx context.Context, req *metapb.CreateM
 }
 
 func (s *Service) CompleteMultipartUpload(ctx context.Context, req *metapb.CompleteMultipartUploadRequest) (*metapb.KeyInfo, error) {
+	if err := checkCompleteMultipart(req); err != nil {
+		return nil, err
+	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CompleteMultipart{CompleteMultipart: req}})
 	if err != nil {
 		return nil, err
@@ -566,6 +575,15 @@ func (s *Service) CompleteMultipartUpload(ctx context.Context, req *metapb.Compl
 }
 
 func (s *Service) AbortMultipartUpload(ctx context.Context, req *metapb.AbortMultipartUploadRequest) (*metapb.AbortMultipartUploadResponse, error) {
+	if err := checkBucketRef(req.Volume, req.Bucket); err != nil {
+		return nil, err
+	}
+	if err := checkKeyRef(req.Key); err != nil {
+		return nil, err
+	}
+	if err := validateUploadID(req.UploadId); err != nil {
+		return nil, err
+	}
 	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_AbortMultipart{AbortMultipart: req}}); err != nil {
 		return nil, err
 	}
@@ -614,6 +632,9 @@ func (s *Service) GetS3Secret(ctx context.Context, req *metapb.GetS3SecretReques
 }
 
 func (s *Service) DeleteS3Secret(ctx context.Context, req *metapb.DeleteS3SecretRequest) (*metapb.DeleteS3SecretResponse, error) {
+	if err := checkNameBound("access key ID", req.AccessKeyId, MaxAccessKeyIDBytes); err != nil {
+		return nil, err
+	}
 	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_DeleteS3Secret{DeleteS3Secret: req}}); err != nil {
 		return nil, err
 	}

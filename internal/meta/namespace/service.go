@@ -147,6 +147,9 @@ func (s *Service) ListVolumes(ctx context.Context, req *metapb.ListVolumesReques
 }
 
 func (s *Service) DeleteVolume(ctx context.Context, req *metapb.DeleteVolumeRequest) (*metapb.DeleteVolumeResponse, error) {
+	if err := checkNameBound("volume", req.Name, 63); err != nil {
+		return nil, err
+	}
 	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_DeleteVolume{DeleteVolume: req}}); err != nil {
 		return nil, err
 	}
@@ -155,6 +158,9 @@ func (s *Service) DeleteVolume(ctx context.Context, req *metapb.DeleteVolumeRequ
 
 func (s *Service) CreateBucket(ctx context.Context, req *metapb.CreateBucketRequest) (*metapb.Bucket, error) {
 	if err := ValidateBucketName("bucket", req.Name); err != nil {
+		return nil, err
+	}
+	if err := checkCreateBucket(req); err != nil {
 		return nil, err
 	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CreateBucket{CreateBucket: req}})
@@ -179,6 +185,9 @@ func (s *Service) ListBuckets(ctx context.Context, req *metapb.ListBucketsReques
 }
 
 func (s *Service) DeleteBucket(ctx context.Context, req *metapb.DeleteBucketRequest) (*metapb.DeleteBucketResponse, error) {
+	if err := checkBucketRef(req.Volume, req.Name); err != nil {
+		return nil, err
+	}
 	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_DeleteBucket{DeleteBucket: req}}); err != nil {
 		return nil, err
 	}
@@ -190,6 +199,9 @@ func (s *Service) DeleteBucket(ctx context.Context, req *metapb.DeleteBucketRequ
 // OpenKey validates, allocates the first blocks from SCM and records the
 // open key, all before answering, so the client can write at once.
 func (s *Service) OpenKey(ctx context.Context, req *metapb.OpenKeyRequest) (*metapb.OpenKeyResponse, error) {
+	if err := checkOpenKey(req); err != nil {
+		return nil, err
+	}
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
@@ -233,6 +245,12 @@ func (s *Service) OpenKey(ctx context.Context, req *metapb.OpenKeyRequest) (*met
 
 // AllocateBlock adds a block to an open key.
 func (s *Service) AllocateBlock(ctx context.Context, req *metapb.AllocateBlockRequest) (*metapb.AllocateBlockResponse, error) {
+	if err := checkExclude(req.Exclude); err != nil {
+		return nil, err
+	}
+	if len(req.ClientLocation) > maxLocationBytes {
+		return nil, invalid("allocate block: client location is %d bytes, at most %d", len(req.ClientLocation), maxLocationBytes)
+	}
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
@@ -252,6 +270,9 @@ func (s *Service) AllocateBlock(ctx context.Context, req *metapb.AllocateBlockRe
 }
 
 func (s *Service) CommitKey(ctx context.Context, req *metapb.CommitKeyRequest) (*metapb.KeyInfo, error) {
+	if err := checkCommitKey(req); err != nil {
+		return nil, err
+	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CommitKey{CommitKey: req}})
 	if err != nil {
 		return nil, err
@@ -294,6 +315,15 @@ func (s *Service) ListKeys(ctx context.Context, req *metapb.ListKeysRequest) (*m
 }
 
 func (s *Service) RenameKey(ctx context.Context, req *metapb.RenameKeyRequest) (*metapb.RenameKeyResponse, error) {
+	if err := checkBucketRef(req.Volume, req.Bucket); err != nil {
+		return nil, err
+	}
+	if err := checkKeyRef(req.Key); err != nil {
+		return nil, err
+	}
+	if err := ValidateKey(req.NewKey); err != nil {
+		return nil, err
+	}
 	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_RenameKey{RenameKey: req}}); err != nil {
 		return nil, err
 	}
@@ -301,6 +331,12 @@ func (s *Service) RenameKey(ctx context.Context, req *metapb.RenameKeyRequest) (
 }
 
 func (s *Service) DeleteKey(ctx context.Context, req *metapb.DeleteKeyRequest) (*metapb.DeleteKeyResponse, error) {
+	if err := checkBucketRef(req.Volume, req.Bucket); err != nil {
+		return nil, err
+	}
+	if len(req.Key) > MaxKeyBytes {
+		return nil, invalid("key name %.64q... is %d bytes; at most %d allowed", req.Key, len(req.Key), MaxKeyBytes)
+	}
 	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_DeleteKey{DeleteKey: req}}); err != nil {
 		return nil, err
 	}
@@ -308,6 +344,12 @@ func (s *Service) DeleteKey(ctx context.Context, req *metapb.DeleteKeyRequest) (
 }
 
 func (s *Service) CreateDirectory(ctx context.Context, req *metapb.CreateDirectoryRequest) (*metapb.FileStatus, error) {
+	if err := checkBucketRef(req.Volume, req.Bucket); err != nil {
+		return nil, err
+	}
+	if _, err := SplitPath(req.Path, false); err != nil {
+		return nil, err
+	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CreateDirectory{CreateDirectory: req}})
 	if err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -97,6 +98,21 @@ const MaxBlocksPerRequest = 64
 // maxPipelinesPerLoop bounds the pipelines one loop iteration creates.
 const maxPipelinesPerLoop = 32
 
+// Bounds on the leader's soft state and per-round work.
+const (
+	// maxDeleteScan: delete transactions looked at per heartbeat (for one
+	// datanode) and per purge round. Each walks all pending transactions
+	// with its own cursor, a slice per round, and wraps around.
+	maxDeleteScan = 1024
+	// MaxDeleteAcksPerHeartbeat: acknowledgements read from one heartbeat;
+	// the rest are ignored (the transactions are sent again and answered
+	// again).
+	MaxDeleteAcksPerHeartbeat = 4096
+	// maxPendingUnhealthy: unhealthy replicas waiting to be recorded
+	// through Raft; more are dropped and recorded from a later report.
+	maxPendingUnhealthy = 4096
+)
+
 // Manager is the leader-side part of SCM: datanode liveness, safe mode,
 // pipeline and container upkeep, block allocation and datanode commands.
 // Its state is soft: it lives only on the leader and is rebuilt from the
@@ -123,8 +139,16 @@ type Manager struct {
 	// not allocate.
 	pickPipes []uint64
 	pickCands []*metapb.Container
-	// acked: delete tx → datanodes that reported it done.
+	// acked: delete tx → datanodes that no longer owe it (done, or
+	// answered that their replica is unhealthy or missing). Entries exist
+	// only for pending transactions and go when they are purged.
 	acked map[uint64]map[uint64]bool
+	// unhealthy: replicas reported unhealthy, container → datanode →
+	// reason, not yet recorded through Raft (Tick does). Allocation skips
+	// their containers at once.
+	unhealthy map[uint64]map[uint64]string
+	// purgeCursor: the last delete tx the purge round looked at.
+	purgeCursor uint64
 
 	idMu   sync.Mutex // serializes ID range refills
 	idNext uint64
@@ -138,8 +162,18 @@ type nodeSoft struct {
 	volumes    []*metapb.VolumeReport
 	containers map[uint64]*metapb.ContainerReport
 	pipelines  map[uint64]bool
-	sent       map[string]time.Time // command key → last sent
+	// sent: command key → when last sent, so a command is repeated only
+	// after CommandRetryInterval. Bounded (maxSent): entries go when the
+	// command is acknowledged (delete txs), when the retry interval has
+	// passed (Tick prunes), and when the datanode is dead.
+	sent map[string]time.Time
+	// delCursor: the last delete tx looked at for this datanode.
+	delCursor uint64
 }
+
+// maxSent bounds nodeSoft.sent: with the pruning above it holds what was
+// sent within one retry interval, a few heartbeats' commands.
+func (m *Manager) maxSent() int { return 16 * m.cfg.MaxCommandsPerHeartbeat }
 
 // NewManager returns a Manager over st.
 func NewManager(cfg Config, st *State, prop Proposer) *Manager {
@@ -171,6 +205,8 @@ func (m *Manager) syncLeadership() bool {
 	m.allocated = map[uint64]uint64{}
 	m.full = map[uint64]bool{}
 	m.acked = map[uint64]map[uint64]bool{}
+	m.unhealthy = map[uint64]map[uint64]string{}
+	m.purgeCursor = 0
 	m.safeMode = true
 	if leading {
 		// Every registered datanode gets a full grace period from now:
@@ -271,21 +307,108 @@ func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 		n.containers = make(map[uint64]*metapb.ContainerReport, len(req.Containers))
 		for _, c := range req.Containers {
 			n.containers[c.ContainerId] = c
+			m.checkReport(req.DatanodeId, c)
 		}
 		n.pipelines = make(map[uint64]bool, len(req.Pipelines))
 		for _, p := range req.Pipelines {
 			n.pipelines[p.PipelineId] = true
 		}
 	}
-	for _, tx := range req.DeletedBlockTxs {
-		if m.acked[tx] == nil {
-			m.acked[tx] = map[uint64]bool{}
-		}
-		m.acked[tx][req.DatanodeId] = true
-	}
+	m.deleteAcks(req, n)
 	cmds := m.commandsFor(req.DatanodeId, n, now)
 	return &metapb.HeartbeatResponse{Commands: cmds, State: n.state}, nil
 }
+
+// checkReport acts on one replica's report at once, before anything goes
+// through Raft: an UNHEALTHY replica is queued to be recorded (Tick) and
+// its container gets no more blocks from now on; a replica that reports a
+// container closed or closing that SCM still has OPEN takes no more writes
+// either, so the container is closed. Callers hold m.mu.
+func (m *Manager) checkReport(dn uint64, rep *metapb.ContainerReport) {
+	c := m.st.Container(rep.ContainerId)
+	if c == nil || !slices.Contains(c.Replicas, dn) {
+		return
+	}
+	switch rep.State {
+	case metapb.ContainerState_CONTAINER_UNHEALTHY:
+		if !slices.Contains(c.UnhealthyReplicas, dn) {
+			m.markUnhealthy(c.Id, dn, fmt.Sprintf("datanode %d reports its replica UNHEALTHY", dn))
+		}
+	case metapb.ContainerState_CONTAINER_CLOSING, metapb.ContainerState_CONTAINER_CLOSED:
+		if c.State == metapb.ContainerState_CONTAINER_OPEN && !m.full[c.Id] {
+			m.log.Info("scm: replica closed under an open container; closing it", "container", c.Id, "datanode", dn, "state", rep.State)
+			m.full[c.Id] = true
+		}
+	}
+}
+
+// markUnhealthy queues a replica to be recorded unhealthy. Callers hold
+// m.mu.
+func (m *Manager) markUnhealthy(cid, dn uint64, reason string) {
+	if m.unhealthy[cid][dn] != "" {
+		return
+	}
+	if len(m.unhealthy) >= maxPendingUnhealthy && m.unhealthy[cid] == nil {
+		return // recorded from a later report
+	}
+	if len(reason) > maxReasonBytes {
+		reason = reason[:maxReasonBytes]
+	}
+	if m.unhealthy[cid] == nil {
+		m.unhealthy[cid] = map[uint64]string{}
+	}
+	m.unhealthy[cid][dn] = reason
+	m.log.Warn("scm: unhealthy replica", "container", cid, "datanode", dn, "reason", reason)
+}
+
+// deleteAcks records a heartbeat's delete-tx results: the datanode no
+// longer owes those transactions. A non-DONE result (the replica is
+// unhealthy, or the datanode lacks the container) also marks the replica
+// unhealthy, so it is never served as a location again and no later
+// delete waits for it. Acks of unknown transactions (purged already) are
+// dropped. Callers hold m.mu.
+func (m *Manager) deleteAcks(req *metapb.HeartbeatRequest, n *nodeSoft) {
+	dn := req.DatanodeId
+	budget := MaxDeleteAcksPerHeartbeat
+	ack := func(id uint64, st metapb.DeleteTxStatus, msg string) {
+		if budget == 0 {
+			return
+		}
+		budget--
+		delete(n.sent, deleteKey(id))
+		tx, err := m.st.DeleteTx(id)
+		if err != nil {
+			m.log.Warn("scm: read delete tx", "tx", id, "err", err)
+			return
+		}
+		if tx == nil {
+			return
+		}
+		c := m.st.Container(tx.ContainerId)
+		if c == nil || !slices.Contains(c.Replicas, dn) {
+			return
+		}
+		if m.acked[id] == nil {
+			m.acked[id] = map[uint64]bool{}
+		}
+		m.acked[id][dn] = true
+		switch st {
+		case metapb.DeleteTxStatus_DELETE_TX_DONE, metapb.DeleteTxStatus_DELETE_TX_STATUS_UNSPECIFIED:
+		default:
+			if !slices.Contains(c.UnhealthyReplicas, dn) {
+				m.markUnhealthy(c.Id, dn, fmt.Sprintf("delete tx %d: %v: %s", id, st, msg))
+			}
+		}
+	}
+	for _, id := range req.DeletedBlockTxs {
+		ack(id, metapb.DeleteTxStatus_DELETE_TX_DONE, "")
+	}
+	for _, a := range req.DeleteAcks {
+		ack(a.TxId, a.Status, a.Message)
+	}
+}
+
+func deleteKey(tx uint64) string { return "db" + strconv.FormatUint(tx, 10) }
 
 // commandsFor derives the commands a datanode needs from the replicated
 // state and its last report, so a new leader sends the right commands
@@ -296,8 +419,12 @@ func (m *Manager) commandsFor(dn uint64, n *nodeSoft, now time.Time) []*metapb.D
 		if len(cmds) >= m.cfg.MaxCommandsPerHeartbeat {
 			return false
 		}
-		if t, ok := n.sent[k]; ok && now.Sub(t) < m.cfg.CommandRetryInterval {
+		t, ok := n.sent[k]
+		if ok && now.Sub(t) < m.cfg.CommandRetryInterval {
 			return false
+		}
+		if !ok && len(n.sent) >= m.maxSent() {
+			return false // Tick prunes; it goes out in a later heartbeat
 		}
 		n.sent[k] = now
 		return true
@@ -330,24 +457,38 @@ func (m *Manager) commandsFor(dn uint64, n *nodeSoft, now time.Time) []*metapb.D
 			cmds = append(cmds, &metapb.DatanodeCommand{Command: &metapb.DatanodeCommand_CloseContainer{CloseContainer: &metapb.CloseContainerCommand{ContainerId: id, PipelineId: c.PipelineId}}})
 		}
 	}
-	// Delete-block transactions for containers this datanode holds. The
-	// scan is bounded; transactions beyond it go out in later heartbeats.
-	txs, err := m.st.DeleteTxs(0, 16*m.cfg.MaxCommandsPerHeartbeat)
+	// Delete-block transactions for containers this datanode holds, from
+	// its cursor on: a bounded slice of the pending transactions per
+	// heartbeat, wrapping around at the end, so every pending transaction
+	// is reached however many others are stuck (a container whose
+	// replicas never answer cannot hide the rest).
+	txs, err := m.st.DeleteTxs(n.delCursor, maxDeleteScan)
 	if err != nil {
 		m.log.Warn("scm: read delete txs", "err", err)
+		return cmds
 	}
+	cursor, full := n.delCursor, false
 	for _, tx := range txs {
+		if len(cmds) >= m.cfg.MaxCommandsPerHeartbeat {
+			full = true
+			break // resume at this tx next time
+		}
+		cursor = tx.TxId
 		if m.acked[tx.TxId][dn] {
 			continue
 		}
 		c := m.st.Container(tx.ContainerId)
-		if c == nil || !slices.Contains(c.Replicas, dn) {
+		if c == nil || !slices.Contains(c.Replicas, dn) || slices.Contains(c.UnhealthyReplicas, dn) {
 			continue
 		}
-		if due(fmt.Sprintf("db%d", tx.TxId)) {
+		if due(deleteKey(tx.TxId)) {
 			cmds = append(cmds, &metapb.DatanodeCommand{Command: &metapb.DatanodeCommand_DeleteBlocks{DeleteBlocks: &metapb.DeleteBlocksCommand{TxId: tx.TxId, ContainerId: tx.ContainerId, LocalIds: tx.LocalIds}}})
 		}
 	}
+	if !full && len(txs) < maxDeleteScan {
+		cursor = 0 // reached the end: start over
+	}
+	n.delCursor = cursor
 	return cmds
 }
 
@@ -450,6 +591,7 @@ func (m *Manager) Tick(ctx context.Context) error {
 	now := m.cfg.Now()
 	var dead []uint64
 	healthy := map[uint64]bool{}
+	m.pruneSent(now)
 	for id, n := range m.nodes {
 		age := now.Sub(n.lastSeen)
 		old := n.state
@@ -477,7 +619,26 @@ func (m *Manager) Tick(ctx context.Context) error {
 	m.full = map[uint64]bool{}
 	acked := m.acked
 	reports := m.closedReports()
+	unhealthy := m.unhealthyBatch()
 	m.mu.Unlock()
+
+	// 0. Record unhealthy replicas (their containers stop taking blocks
+	// and start closing in the same entry).
+	if len(unhealthy) > 0 {
+		if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasUnhealthy{ReplicasUnhealthy: &metapb.ReplicasUnhealthyOp{Replicas: unhealthy}}}); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		for _, r := range unhealthy {
+			if u := m.unhealthy[r.ContainerId]; u != nil {
+				delete(u, r.DatanodeId)
+				if len(u) == 0 {
+					delete(m.unhealthy, r.ContainerId)
+				}
+			}
+		}
+		m.mu.Unlock()
+	}
 
 	// 1. Close the pipelines of dead datanodes (checked every tick, so a
 	// failover in between loses nothing).
@@ -529,8 +690,45 @@ func (m *Manager) Tick(ctx context.Context) error {
 	return m.fillContainers(ctx)
 }
 
-// closedReports returns CLOSING containers that every non-dead replica
-// reports closed, with the largest reported size. Callers hold m.mu.
+// pruneSent drops what no longer holds back a command: entries older
+// than the retry interval (the command would be sent again anyway) and
+// everything of a dead datanode. Callers hold m.mu.
+func (m *Manager) pruneSent(now time.Time) {
+	for _, n := range m.nodes {
+		if n.state == metapb.NodeState_DEAD {
+			clear(n.sent)
+			continue
+		}
+		for k, t := range n.sent {
+			if now.Sub(t) >= m.cfg.CommandRetryInterval {
+				delete(n.sent, k)
+			}
+		}
+	}
+}
+
+// unhealthyBatch returns up to MaxUnhealthyPerOp queued unhealthy
+// replicas, in a stable order. Callers hold m.mu.
+func (m *Manager) unhealthyBatch() []*metapb.UnhealthyReplica {
+	var out []*metapb.UnhealthyReplica
+	for cid, dns := range m.unhealthy {
+		for dn, why := range dns {
+			out = append(out, &metapb.UnhealthyReplica{ContainerId: cid, DatanodeId: dn, Reason: why})
+		}
+	}
+	slices.SortFunc(out, func(a, b *metapb.UnhealthyReplica) int {
+		return cmp.Or(cmp.Compare(a.ContainerId, b.ContainerId), cmp.Compare(a.DatanodeId, b.DatanodeId))
+	})
+	if len(out) > MaxUnhealthyPerOp {
+		out = out[:MaxUnhealthyPerOp]
+	}
+	return out
+}
+
+// closedReports returns CLOSING containers that every live, healthy
+// replica reports closed, with the largest reported size. Unhealthy
+// replicas (recorded, or reporting UNHEALTHY) never close; the container
+// closes on the others. Callers hold m.mu.
 func (m *Manager) closedReports() map[uint64]uint64 {
 	out := map[uint64]uint64{}
 	for _, c := range m.st.ClosingContainers() {
@@ -538,7 +736,7 @@ func (m *Manager) closedReports() map[uint64]uint64 {
 		var used uint64
 		for _, r := range c.Replicas {
 			n := m.nodes[r]
-			if n == nil || n.state == metapb.NodeState_DEAD {
+			if n == nil || n.state == metapb.NodeState_DEAD || slices.Contains(c.UnhealthyReplicas, r) || m.unhealthy[c.Id][r] != "" {
 				continue
 			}
 			rep := n.containers[c.Id]
@@ -556,21 +754,35 @@ func (m *Manager) closedReports() map[uint64]uint64 {
 	return out
 }
 
+// purgeDeleteTxs purges the delete transactions no replica owes any more.
+// Each round looks at maxDeleteScan transactions from a cursor that walks
+// all of them and wraps around, so stuck transactions at the front never
+// stop the ones behind them from being purged.
 func (m *Manager) purgeDeleteTxs(ctx context.Context, acked map[uint64]map[uint64]bool, dead []uint64) error {
-	txs, err := m.st.DeleteTxs(0, 1024)
+	m.mu.Lock()
+	cursor := m.purgeCursor
+	m.mu.Unlock()
+	txs, err := m.st.DeleteTxs(cursor, maxDeleteScan)
 	if err != nil {
 		return err
 	}
+	next := uint64(0) // reached the end: start over
+	if len(txs) == maxDeleteScan {
+		next = txs[len(txs)-1].TxId
+	}
 	var done []uint64
+	var owed [][]uint64 // replicas of each done tx, to prune their sent maps
 	m.mu.Lock()
+	m.purgeCursor = next
 	for _, tx := range txs {
 		c := m.st.Container(tx.ContainerId)
 		all := c != nil
 		if c != nil {
 			for _, r := range c.Replicas {
-				// A dead replica's container will be re-replicated from the
-				// survivors (later: replication manager) without the blocks.
-				if !acked[tx.TxId][r] && !slices.Contains(dead, r) {
+				// A dead or unhealthy replica's container will be rebuilt
+				// from the healthy ones (later: replication manager),
+				// without the blocks.
+				if !acked[tx.TxId][r] && !slices.Contains(dead, r) && !slices.Contains(c.UnhealthyReplicas, r) {
 					all = false
 					break
 				}
@@ -578,6 +790,11 @@ func (m *Manager) purgeDeleteTxs(ctx context.Context, acked map[uint64]map[uint6
 		}
 		if all {
 			done = append(done, tx.TxId)
+			if c != nil {
+				owed = append(owed, c.Replicas)
+			} else {
+				owed = append(owed, nil)
+			}
 		}
 	}
 	m.mu.Unlock()
@@ -588,8 +805,13 @@ func (m *Manager) purgeDeleteTxs(ctx context.Context, acked map[uint64]map[uint6
 		return err
 	}
 	m.mu.Lock()
-	for _, id := range done {
+	for i, id := range done {
 		delete(m.acked, id)
+		for _, r := range owed[i] {
+			if n := m.nodes[r]; n != nil {
+				delete(n.sent, deleteKey(id))
+			}
+		}
 	}
 	m.mu.Unlock()
 	return nil
@@ -702,6 +924,10 @@ func (m *Manager) AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocks
 	if repl != metapb.Replication_ONE && repl != metapb.Replication_THREE {
 		return nil, status.Errorf(codes.InvalidArgument, "allocate blocks: replication %v, want ONE or THREE", repl)
 	}
+	if ex := req.GetExclude(); len(ex.GetDatanodes())+len(ex.GetPipelines())+len(ex.GetContainers()) > maxExcludeIDs || len(req.ClientLocation) > maxLocationBytes {
+		return nil, status.Errorf(codes.InvalidArgument, "allocate blocks: exclude list of %d entries (at most %d) or client location of %d bytes (at most %d)",
+			len(ex.GetDatanodes())+len(ex.GetPipelines())+len(ex.GetContainers()), maxExcludeIDs, len(req.ClientLocation), maxLocationBytes)
+	}
 	// A leader that just took over is in safe mode until datanodes
 	// heartbeat to it, which they do within a heartbeat interval: wait for
 	// that (bounded) rather than fail every write during a failover.
@@ -788,7 +1014,8 @@ func (m *Manager) pickContainer(ctx context.Context, repl metapb.Replication, ex
 	m.pickPipes = pipes
 	cands := m.pickCands[:0]
 	m.st.EachOpenContainer(repl, func(c *metapb.Container) bool {
-		if slices.Contains(pipes, c.PipelineId) && !slices.Contains(ex.GetContainers(), c.Id) && !m.full[c.Id] {
+		if slices.Contains(pipes, c.PipelineId) && !slices.Contains(ex.GetContainers(), c.Id) && !m.full[c.Id] &&
+			m.unhealthy[c.Id] == nil && len(c.UnhealthyReplicas) == 0 {
 			cands = append(cands, c)
 		}
 		return true
@@ -896,6 +1123,31 @@ func (m *Manager) DeleteBlocks(ctx context.Context, req *metapb.DeleteBlocksRequ
 	if len(req.Groups) == 0 {
 		return nil
 	}
+	if err := checkDeleteBlocks(req); err != nil {
+		return err
+	}
 	_, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_AddDeleteBlocks{AddDeleteBlocks: req}})
 	return err
+}
+
+// Bounds of an allocation request (it does not enter the log, but its
+// lists are scanned under the manager's lock).
+const (
+	maxExcludeIDs    = 1024
+	maxLocationBytes = 1024
+)
+
+// checkDeleteBlocks refuses, before anything is proposed, a request that
+// State.Apply would refuse: it would only take a log entry on every
+// replica to fail there.
+func checkDeleteBlocks(req *metapb.DeleteBlocksRequest) error {
+	if len(req.Groups) > MaxDeleteGroups {
+		return status.Errorf(codes.InvalidArgument, "delete blocks: %d groups, at most %d", len(req.Groups), MaxDeleteGroups)
+	}
+	for _, g := range req.Groups {
+		if len(g.LocalIds) > MaxLocalIDsPerGroup {
+			return status.Errorf(codes.InvalidArgument, "delete blocks: container %d has %d blocks in one group, at most %d", g.ContainerId, len(g.LocalIds), MaxLocalIDsPerGroup)
+		}
+	}
+	return nil
 }

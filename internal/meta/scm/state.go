@@ -52,6 +52,8 @@ const (
 	MaxIDRange          = 1 << 20
 	MaxDeleteGroups     = 1024
 	MaxLocalIDsPerGroup = 4096
+	MaxUnhealthyPerOp   = 1024
+	maxReasonBytes      = 256
 )
 
 func key(pfx []byte, id uint64) []byte { return append(append([]byte(nil), pfx...), store.U64(id)...) }
@@ -371,6 +373,8 @@ func (s *State) apply(b *pebble.Batch, cmd *metapb.ScmCommand) any {
 		}
 		s.putU64(b, keyNextTx, s.next.tx)
 		return txs
+	case *metapb.ScmCommand_ReplicasUnhealthy:
+		return s.applyUnhealthy(b, op.ReplicasUnhealthy.Replicas)
 	case *metapb.ScmCommand_PurgeDeleteTxs:
 		for _, id := range op.PurgeDeleteTxs.TxIds {
 			if err := b.Delete(key(pfxDeleteTx, id), nil); err != nil {
@@ -381,6 +385,33 @@ func (s *State) apply(b *pebble.Batch, cmd *metapb.ScmCommand) any {
 	default:
 		return fmt.Errorf("scm: unknown command %T", cmd.Op)
 	}
+}
+
+// applyUnhealthy records replicas as unhealthy and stops writes to their
+// containers: an OPEN container becomes CLOSING, so no block is allocated
+// in it again and the leader closes it on the remaining replicas. Entries
+// naming an unknown container or a datanode that is not its replica are
+// skipped (the leader checked them; the state may have moved since).
+func (s *State) applyUnhealthy(b *pebble.Batch, reps []*metapb.UnhealthyReplica) any {
+	if len(reps) > MaxUnhealthyPerOp {
+		return status.Errorf(codes.InvalidArgument, "unhealthy replicas: %d in one command, at most %d", len(reps), MaxUnhealthyPerOp)
+	}
+	var n int
+	for _, r := range reps {
+		c := s.containers[r.ContainerId]
+		if c == nil || !slices.Contains(c.Replicas, r.DatanodeId) || slices.Contains(c.UnhealthyReplicas, r.DatanodeId) {
+			continue
+		}
+		c = proto.Clone(c).(*metapb.Container)
+		c.UnhealthyReplicas = insertSorted(c.UnhealthyReplicas, r.DatanodeId)
+		if c.State == metapb.ContainerState_CONTAINER_OPEN {
+			c.State = metapb.ContainerState_CONTAINER_CLOSING
+		}
+		s.setContainer(c)
+		s.put(b, key(pfxContainer, c.Id), c)
+		n++
+	}
+	return n
 }
 
 func (s *State) applyRegister(b *pebble.Batch, d *metapb.DatanodeDetails) any {
@@ -603,8 +634,10 @@ func (s *State) ClosingContainers() []*metapb.Container {
 	return out
 }
 
-// ContainerReplicas returns a container and its replicas' details (nil
-// for datanodes no longer registered) under one lock.
+// ContainerReplicas returns a container and the details of its healthy
+// replicas under one lock: replicas recorded unhealthy, and datanodes no
+// longer registered, are left out, so no caller (block allocation,
+// LookupKey, GetContainers) ever offers one as a location.
 func (s *State) ContainerReplicas(id uint64) (*metapb.Container, []*metapb.DatanodeDetails) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -614,11 +647,33 @@ func (s *State) ContainerReplicas(id uint64) (*metapb.Container, []*metapb.Datan
 	}
 	dns := make([]*metapb.DatanodeDetails, 0, len(c.Replicas))
 	for _, r := range c.Replicas {
+		if slices.Contains(c.UnhealthyReplicas, r) {
+			continue
+		}
 		if d := s.datanodes[r]; d != nil {
 			dns = append(dns, d)
 		}
 	}
 	return c, dns
+}
+
+// DeleteTx returns one delete-block transaction, or nil if there is none
+// with that ID (never added, or purged).
+func (s *State) DeleteTx(id uint64) (*metapb.DeleteBlocksTx, error) {
+	var tx *metapb.DeleteBlocksTx
+	err := s.st.View(func(r pebble.Reader) error {
+		v, closer, err := r.Get(key(pfxDeleteTx, id))
+		if errors.Is(err, pebble.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		defer closer.Close()
+		tx = &metapb.DeleteBlocksTx{}
+		return proto.Unmarshal(v, tx)
+	})
+	return tx, err
 }
 
 // DeleteTxs returns up to limit delete-block transactions with IDs > after.

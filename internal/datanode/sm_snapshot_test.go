@@ -1,0 +1,165 @@
+package datanode
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
+	"github.com/basalt-store/basalt/internal/raft"
+	"github.com/basalt-store/basalt/internal/storage"
+	"github.com/basalt-store/basalt/internal/vfs"
+)
+
+// secondSM opens the state machine of another pipeline over r's store, as
+// on a datanode that is in two pipelines.
+func (r *replica) secondSM(pipeline uint64) *containerSM {
+	r.t.Helper()
+	sm, err := newContainerSM(pipeline, r.store, vfs.Default, r.dir, &stats{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return sm
+}
+
+func writeSmall(t *testing.T, sm *containerSM, index, cid, lid uint64) {
+	t.Helper()
+	data := randBytes(index, 1000)
+	e := smallFileEntry(index, cid, lid, data)
+	if err := sm.WriteData(e.Index, e.Term, e.Meta, data); err != nil {
+		t.Fatal(err)
+	}
+	if res := sm.Apply([]raft.Entry{e}); res[0] != nil {
+		t.Fatalf("apply entry %d: %v", index, res[0])
+	}
+}
+
+func state(t *testing.T, st *storage.Store, cid storage.ContainerID) storage.State {
+	t.Helper()
+	rep, err := st.Container(cid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep.State
+}
+
+// TestSnapshotCoversOnlyItsPipeline (scenario 7): a datanode in pipelines
+// 1000 and 1001 holds container 1 of the first and 2 of the second. A
+// snapshot of pipeline 1000 lists container 1 only, and restoring it on a
+// replica that holds both marks container 1 UNHEALTHY (it missed entries)
+// and leaves container 2, another pipeline's, OPEN.
+func TestSnapshotCoversOnlyItsPipeline(t *testing.T) {
+	leader := openReplica(t, t.TempDir())
+	defer leader.store.Close()
+	other := leader.secondSM(1001)
+	writeSmall(t, leader.sm, 5, 1, 1)
+	writeSmall(t, other, 5, 2, 1)
+
+	idx, body, err := leader.sm.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(body)
+	body.Close()
+	var snap smSnapshot
+	if err := json.Unmarshal(raw, &snap); err != nil {
+		t.Fatal(err)
+	}
+	if snap.Pipeline != 1000 || len(snap.Containers) != 1 || snap.Containers[0] != 1 {
+		t.Fatalf("snapshot of pipeline 1000 = %+v, want pipeline 1000 with container 1 only", snap)
+	}
+
+	follower := openReplica(t, t.TempDir())
+	defer follower.store.Close()
+	fOther := follower.secondSM(1001)
+	writeSmall(t, follower.sm, 2, 1, 9)
+	writeSmall(t, fOther, 3, 2, 9)
+	if err := follower.sm.Restore(idx, bytes.NewReader(raw)); err != nil {
+		t.Fatal(err)
+	}
+	if s := state(t, follower.store, 1); s != storage.StateUnhealthy {
+		t.Fatalf("container 1 of the restored pipeline is %s, want UNHEALTHY", s)
+	}
+	if s := state(t, follower.store, 2); s != storage.StateOpen {
+		t.Fatalf("container 2 of pipeline 1001 is %s after pipeline 1000's snapshot, want OPEN", s)
+	}
+
+	// A snapshot in the old format (no pipeline: every container of the
+	// sender) is not trusted for other pipelines' containers either.
+	old, _ := json.Marshal(smSnapshot{Index: 40, Containers: []uint64{1, 2}})
+	if err := fOther.Restore(40, bytes.NewReader(old)); err != nil {
+		t.Fatal(err)
+	}
+	if s := state(t, follower.store, 2); s != storage.StateUnhealthy {
+		t.Fatalf("container 2 after its own pipeline's snapshot is %s, want UNHEALTHY", s)
+	}
+}
+
+// TestAppliedIndexNeverGoesBack (scenario 3, state machine side): a
+// snapshot at or below the applied index changes nothing, and the
+// persisted index never decreases, also across a restart.
+func TestAppliedIndexNeverGoesBack(t *testing.T) {
+	r := openReplica(t, t.TempDir())
+	writeSmall(t, r.sm, 20, 1, 1)
+	r.sm.persist(20)
+	snap := func(i uint64) *bytes.Reader {
+		b, _ := json.Marshal(smSnapshot{Index: i, Pipeline: 1000, Containers: []uint64{1}})
+		return bytes.NewReader(b)
+	}
+	if err := r.sm.Restore(30, snap(30)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.sm.Restore(25, snap(25)); err != nil {
+		t.Fatal(err)
+	}
+	if a := r.sm.applied.Load(); a != 30 {
+		t.Fatalf("applied %d after snapshots at 30 then 25, want 30", a)
+	}
+	r.sm.persist(12)
+	b, err := vfs.ReadFile(vfs.Default, r.sm.file)
+	if err != nil || binary.BigEndian.Uint64(b) != 30 {
+		t.Fatalf("persisted applied index %x (%v) after persist(12), want 30", b, err)
+	}
+	r = r.restart()
+	defer r.store.Close()
+	if a := r.sm.AppliedIndex(); a != 30 {
+		t.Fatalf("applied index after restart %d, want 30", a)
+	}
+}
+
+// TestRefusedEntryDoesNotWedge (scenario 6, state machine side): an entry
+// that storage refuses on every replica (here a chunk over the chunk size
+// limit, as a log written before requests were validated may hold) never
+// stops the group: WriteData succeeds, ReadData reports the data lost so
+// the entry can be resent without it, its apply fails visibly, the
+// container stays healthy and later entries apply.
+func TestRefusedEntryDoesNotWedge(t *testing.T) {
+	r := openReplica(t, t.TempDir())
+	defer r.store.Close()
+	big := randBytes(1, storage.DefaultMaxChunkSize+1)
+	wc := mustMarshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_WriteChunk{WriteChunk: &datanodepb.WriteChunkCmd{
+		Block: &datanodepb.BlockID{ContainerId: 3, LocalId: 1}, Chunk: chunkInfo(0, big)}}})
+	if err := r.sm.WriteData(1, 1, wc, big); err != nil {
+		t.Fatalf("WriteData of a refused chunk stops the group: %v", err)
+	}
+	if _, err := r.sm.ReadData(1, 1, wc); !errors.Is(err, raft.ErrDataLost) {
+		t.Fatalf("ReadData of a refused chunk: %v, want ErrDataLost (else the leader retries the resend forever)", err)
+	}
+	if err := r.apply(raft.Entry{Index: 1, Term: 1, Meta: wc, HasData: true}); err == nil {
+		t.Fatal("apply of a refused chunk succeeded")
+	}
+	if why, ok := r.sm.failure(1); !ok {
+		t.Fatal("failed entry not recorded for the leader's wait")
+	} else if !strings.Contains(why, "chunk size limit") {
+		t.Fatalf("failure recorded as %q", why)
+	}
+	writeSmall(t, r.sm, 2, 3, 2)
+	if s := state(t, r.store, 3); s != storage.StateOpen {
+		t.Fatalf("container %s after a request every replica refuses, want OPEN", s)
+	}
+}

@@ -1,0 +1,255 @@
+package raft
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand"
+	"sync"
+	"testing"
+	"testing/cryptotest"
+
+	pb "go.etcd.io/raft/v3/raftpb"
+)
+
+// fifoNet is a deterministic network for manual hosts: Send only queues,
+// and the test delivers the queue in order.
+type fifoNet struct {
+	hosts map[uint64]*Host
+	q     []fifoItem
+	// down: traffic to and from this host is dropped.
+	down uint64
+}
+
+type fifoItem struct {
+	from, to uint64
+	msgs     []Outgoing
+	// a snapshot
+	group uint64
+	snap  *pb.Message
+	data  []byte
+	done  func(error)
+}
+
+type fifoTransport struct {
+	net *fifoNet
+	id  uint64
+}
+
+func (t *fifoTransport) Start(h Handler) error { t.net.hosts[t.id] = h.(*Host); return nil }
+func (t *fifoTransport) Addr() string          { return fmt.Sprintf("fifo:%d", t.id) }
+func (t *fifoTransport) Close() error          { return nil }
+
+func (t *fifoTransport) Send(to uint64, msgs []Outgoing) {
+	c := make([]Outgoing, len(msgs))
+	for i, o := range msgs {
+		c[i] = o.Materialize()
+	}
+	t.net.q = append(t.net.q, fifoItem{from: t.id, to: to, msgs: c})
+}
+
+func (t *fifoTransport) SendSnapshot(ctx context.Context, to, group uint64, m *pb.Message, body io.Reader) error {
+	return fmt.Errorf("fifo: streaming snapshots are not used in manual mode")
+}
+
+func (t *fifoTransport) QueueSnapshot(to, group uint64, m *pb.Message, data []byte, done func(error)) {
+	t.net.q = append(t.net.q, fifoItem{from: t.id, to: to, group: group, snap: cloneMessage(m), data: data, done: done})
+}
+
+// deliver hands every queued item to its host, in order.
+func (n *fifoNet) deliver() bool {
+	q := n.q
+	n.q = nil
+	for _, it := range q {
+		h, ok := n.hosts[it.to]
+		if n.down != 0 && (it.from == n.down || it.to == n.down) {
+			ok = false
+		}
+		if it.snap != nil {
+			err := fmt.Errorf("fifo: host %d gone", it.to)
+			if ok {
+				err = h.HandleSnapshot(it.from, it.group, it.snap, bytes.NewReader(it.data))
+			}
+			it.done(err)
+			continue
+		}
+		if ok {
+			h.HandleMessages(it.from, it.msgs)
+		}
+	}
+	return len(q) > 0
+}
+
+// memDataSM keeps data in memory and records every apply in a log shared
+// by the hosts of one run.
+type memDataSM struct {
+	kvSM
+	host  uint64
+	group uint64
+	rec   *[]string
+	mu2   sync.Mutex
+	data  map[[2]uint64][]byte
+}
+
+func (s *memDataSM) Apply(ents []Entry) []any {
+	for _, e := range ents {
+		*s.rec = append(*s.rec, fmt.Sprintf("host %d group %d index %d term %d", s.host, s.group, e.Index, e.Term))
+	}
+	return s.kvSM.Apply(ents)
+}
+
+func (s *memDataSM) Restore(index uint64, r io.Reader) error {
+	*s.rec = append(*s.rec, fmt.Sprintf("host %d group %d restore %d", s.host, s.group, index))
+	return s.kvSM.Restore(index, r)
+}
+
+func (s *memDataSM) WriteData(index, term uint64, meta, data []byte) error {
+	s.mu2.Lock()
+	defer s.mu2.Unlock()
+	s.data[[2]uint64{index, term}] = append([]byte(nil), data...)
+	return nil
+}
+
+func (s *memDataSM) ReadData(index, term uint64, meta []byte) ([]byte, error) {
+	s.mu2.Lock()
+	defer s.mu2.Unlock()
+	d, ok := s.data[[2]uint64{index, term}]
+	if !ok {
+		return nil, fmt.Errorf("no data at %d/%d: %w", index, term, ErrDataLost)
+	}
+	return d, nil
+}
+
+// runManual runs three manual hosts with two groups under seed: elect via
+// Tick and Poll, then propose with data through ProposeAsync until every
+// replica applied everything. It returns every apply, in order.
+func runManual(t *testing.T, seed int64) []string {
+	// etcd raft draws its randomized election timeouts from crypto/rand.
+	cryptotest.SetGlobalRandom(t, uint64(seed))
+	rnd := rand.New(rand.NewSource(seed))
+	net := &fifoNet{hosts: map[uint64]*Host{}}
+	var rec []string
+	sms := map[[2]uint64]*memDataSM{}
+	for id := uint64(1); id <= 3; id++ {
+		h, err := NewHost(HostConfig{ID: id, LogDirs: []string{"/log"}, FS: newMemFS(), Transport: &fifoTransport{net: net, id: id},
+			Manual: true, ElectionTicks: 10, HeartbeatTicks: 1, CompactEvery: 16, CompactKeep: 4, Logger: testLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		for gid := uint64(1); gid <= 2; gid++ {
+			sm := &memDataSM{host: id, group: gid, rec: &rec, data: map[[2]uint64][]byte{}}
+			sms[[2]uint64{id, gid}] = sm
+			if _, err := h.AddGroup(GroupConfig{ID: gid, Peers: []uint64{1, 2, 3}, StateMachine: sm}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	quiesce := func() {
+		for range 10000 {
+			did := false
+			for id := uint64(1); id <= 3; id++ {
+				for net.hosts[id].Poll() {
+					did = true
+				}
+			}
+			if !net.deliver() && !did {
+				return
+			}
+		}
+		t.Fatal("no quiescence")
+	}
+	// Host 3 is cut off until everything committed on 1 and 2, so the
+	// leaders truncate their logs and must send it snapshots.
+	net.down = 3
+	const perGroup = 20
+	proposed := map[uint64]int{}
+	done := map[uint64]int{}
+	var lastIndex = map[uint64]uint64{}
+	for round := 0; round < 5000; round++ {
+		for id := uint64(1); id <= 3; id++ {
+			net.hosts[id].Tick()
+		}
+		quiesce()
+		finished := true
+		for gid := uint64(1); gid <= 2; gid++ {
+			var lead *Group
+			for id := uint64(1); id <= 3; id++ {
+				if g, _ := net.hosts[id].Group(gid); g.IsLeader() {
+					lead = g
+				}
+			}
+			if done[gid] < perGroup {
+				finished = false
+			}
+			if lead == nil {
+				continue
+			}
+			// A few proposals per round, sizes from the seed.
+			for k := rnd.Intn(3); k > 0 && proposed[gid] < perGroup; k-- {
+				data := make([]byte, 1+rnd.Intn(300))
+				rnd.Read(data)
+				i := proposed[gid]
+				err := lead.ProposeAsync([]byte(fmt.Sprintf("g%d-%d", gid, i)), data, func(r Result, err error) {
+					if err != nil {
+						t.Errorf("group %d proposal %d: %v", gid, i, err)
+					}
+					done[gid]++
+					lastIndex[gid] = max(lastIndex[gid], r.Index)
+				})
+				if err != nil {
+					t.Fatalf("ProposeAsync: %v", err)
+				}
+				proposed[gid]++
+			}
+			if done[gid] == perGroup {
+				if ok, _ := lead.AppliedAll(lastIndex[gid]); !ok {
+					finished = false
+				}
+			}
+		}
+		if done[1] == perGroup && done[2] == perGroup {
+			net.down = 0
+		}
+		if finished {
+			sent := 0.0
+			for id := uint64(1); id <= 3; id++ {
+				sent += testCounter(net.hosts[id].metrics.snapshotsSent)
+			}
+			if sent == 0 {
+				t.Fatal("no snapshot was sent to host 3")
+			}
+			for k, sm := range sms {
+				if n := len(sm.values()); n != perGroup {
+					t.Fatalf("host %d group %d applied %d values, want %d", k[0], k[1], n, perGroup)
+				}
+			}
+			return rec
+		}
+	}
+	t.Fatalf("seed %d: not finished: proposed %v, done %v", seed, proposed, done)
+	return nil
+}
+
+// Manual mode is deterministic: two runs with the same seed apply the same
+// entries, at the same indexes and terms, on the same hosts, in the same
+// order.
+func TestManualHostsDeterministic(t *testing.T) {
+	for _, seed := range []int64{1, 2} {
+		a := runManual(t, seed)
+		b := runManual(t, seed)
+		if len(a) == 0 {
+			t.Fatal("nothing applied")
+		}
+		for i := range min(len(a), len(b)) {
+			if a[i] != b[i] {
+				t.Fatalf("seed %d: runs diverge at apply %d: %q vs %q", seed, i, a[i], b[i])
+			}
+		}
+		if len(a) != len(b) {
+			t.Fatalf("seed %d: %d applies, then %d", seed, len(a), len(b))
+		}
+		t.Logf("seed %d: %d applies, identical in both runs", seed, len(a))
+	}
+}

@@ -1,0 +1,241 @@
+package raft
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// gatedSM is a dataSM whose WriteData blocks for entries whose metadata is
+// "block" until the gate opens: it holds the store loop in step 2.
+type gatedSM struct {
+	dataSM
+	entered chan struct{}
+	gate    chan struct{}
+	once    sync.Once
+}
+
+// release opens the gate (once).
+func (s *gatedSM) release() { s.once.Do(func() { close(s.gate) }) }
+
+func newGatedSM(t *testing.T) *gatedSM {
+	return &gatedSM{dataSM: dataSM{dir: t.TempDir()}, entered: make(chan struct{}, 16), gate: make(chan struct{})}
+}
+
+func (s *gatedSM) WriteData(index, term uint64, meta, data []byte) error {
+	if string(meta) == "block" {
+		s.entered <- struct{}{}
+		<-s.gate
+	}
+	return s.dataSM.WriteData(index, term, meta, data)
+}
+
+// singleHost starts one host (manual ticks) with a one-replica group that
+// has made itself the leader.
+func singleHost(t *testing.T, sm StateMachine) (*Host, *Group) {
+	t.Helper()
+	h, err := NewHost(HostConfig{ID: 1, LogDirs: []string{"/log"}, FS: newMemFS(), Transport: NewMemNetwork(1).Transport(1),
+		TickInterval: -1, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	g, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1}, StateMachine: sm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Campaign(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "leadership", g.IsLeader)
+	return h, g
+}
+
+// waitFor polls cond (a condition of another goroutine's progress).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Scenario 4 of issue 11: a caller that gives up on a data proposal before
+// the store loop reaches it must not take the data away from the loop (the
+// old code stopped the group with "data of local proposal missing" while
+// IsLeader stayed true).
+func TestCanceledDataProposalStillWritten(t *testing.T) {
+	sm := newGatedSM(t)
+	_, g := singleHost(t, sm)
+	t.Cleanup(sm.release) // before the host closes, even on failure
+
+	// Hold the store loop inside WriteData of a first proposal.
+	first := make(chan error, 1)
+	go func() {
+		_, err := g.Propose(context.Background(), []byte("block"), []byte("first"))
+		first <- err
+	}()
+	<-sm.entered
+
+	// A second proposal whose caller has already given up.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := g.Propose(ctx, []byte("abandoned"), []byte("payload"))
+	if !errors.Is(err, ErrOutcomeUnknown) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("abandoned proposal: err = %v, want ErrOutcomeUnknown wrapping context.Canceled", err)
+	}
+	sm.release()
+	if err := <-first; err != nil {
+		t.Fatalf("first proposal: %v", err)
+	}
+	// The group keeps working, and the abandoned proposal did commit.
+	res, err := g.Propose(context.Background(), []byte("after"), []byte("more"))
+	if err != nil {
+		t.Fatalf("proposal after an abandoned one: %v (group stopped: %v)", err, g.Stopped())
+	}
+	if got := sm.values(); !equalStrings(got, []string{"block", "abandoned", "after"}) {
+		t.Fatalf("applied %v", got)
+	}
+	if !g.IsLeader() || res.Index == 0 {
+		t.Fatalf("leader %v, index %d", g.IsLeader(), res.Index)
+	}
+	g.localMu.Lock()
+	n := len(g.local)
+	g.localMu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d local payloads kept after they were written", n)
+	}
+}
+
+// A group that stops with a proposal in its log reports the outcome as
+// unknown, not as a retryable ErrStopped (scenario 10), and from then on
+// is visibly stopped: not the leader, proposals fail with ErrStopped.
+func TestStoppedGroupOutcomeUnknownAndNotLeader(t *testing.T) {
+	sm := newGatedSM(t)
+	_, g := singleHost(t, sm)
+	t.Cleanup(sm.release) // before the host closes, even on failure
+	errc := make(chan error, 1)
+	go func() {
+		_, err := g.Propose(context.Background(), []byte("block"), []byte("x"))
+		errc <- err
+	}()
+	<-sm.entered
+	g.fail(errors.New("test: injected fatal error"))
+	err := <-errc
+	if !errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrStopped) {
+		t.Fatalf("proposal in the log of a stopped group: err = %v, want ErrOutcomeUnknown (and not ErrStopped)", err)
+	}
+	sm.release()
+	if g.IsLeader() || g.Leader() != 0 || !g.Stopped() || g.Status().Role != "stopped" {
+		t.Fatalf("stopped group: IsLeader %v, Leader %d, Stopped %v, Role %q", g.IsLeader(), g.Leader(), g.Stopped(), g.Status().Role)
+	}
+	if _, err := g.Propose(context.Background(), []byte("later"), nil); !errors.Is(err, ErrStopped) {
+		t.Fatalf("proposal to a stopped group: %v, want ErrStopped", err)
+	}
+}
+
+// blockingRestoreSM blocks its first Restore until released, so a second
+// snapshot can arrive while the first is being restored.
+type blockingRestoreSM struct {
+	kvSM
+	entered chan uint64
+	gate    chan struct{}
+	once    sync.Once
+}
+
+func (s *blockingRestoreSM) Restore(index uint64, r io.Reader) error {
+	s.once.Do(func() {
+		s.entered <- index
+		<-s.gate
+	})
+	return s.kvSM.Restore(index, r)
+}
+
+func snapMsg(index, term uint64, vals []string) (*pb.Message, io.Reader) {
+	at := make([]uint64, len(vals))
+	for i := range at {
+		at[i] = uint64(i + 2)
+	}
+	b, _ := json.Marshal(kvSnap{Applied: index, Vals: vals, At: at})
+	typ := pb.MsgSnap
+	m := &pb.Message{Type: &typ, From: proto.Uint64(2), To: proto.Uint64(1), Term: proto.Uint64(term),
+		Snapshot: &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(index), Term: proto.Uint64(term),
+			ConfState: &pb.ConfState{Voters: []uint64{1, 2, 3}}}}}
+	return m, bytes.NewReader(b)
+}
+
+// Scenario 3 / applied-index invariant: two snapshots that arrive
+// newer-then-older must leave the state machine at the newer one. The old
+// code compared each with raft's commit index before either was stepped,
+// so both were restored and the state went back.
+func TestOlderSnapshotNeverRestoredOverNewer(t *testing.T) {
+	sm := &blockingRestoreSM{entered: make(chan uint64, 1), gate: make(chan struct{})}
+	h, err := NewHost(HostConfig{ID: 1, LogDirs: []string{"/log"}, FS: newMemFS(), Transport: NewMemNetwork(1).Transport(1),
+		TickInterval: -1, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	g, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: sm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer := []string{"a", "b", "c", "d", "e"}
+	errs := make(chan error, 2)
+	go func() {
+		m, body := snapMsg(6, 2, newer)
+		errs <- g.receiveSnapshot(m, body)
+	}()
+	if idx := <-sm.entered; idx != 6 {
+		t.Fatalf("restoring %d first", idx)
+	}
+	go func() {
+		m, body := snapMsg(3, 2, newer[:2])
+		errs <- g.receiveSnapshot(m, body)
+	}()
+	// The older snapshot is queued behind the newer one's restore.
+	waitFor(t, "second snapshot queued", func() bool {
+		g.aq.Lock()
+		defer g.aq.Unlock()
+		return len(g.aq.tasks) == 1
+	})
+	close(sm.gate)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := sm.values(); !equalStrings(got, newer) || sm.AppliedIndex() != 6 || g.applied.Load() != 6 {
+		t.Fatalf("after snapshots at 6 then 3: values %v, state machine at %d, group applied %d", got, sm.AppliedIndex(), g.applied.Load())
+	}
+	if g.Stopped() {
+		t.Fatal("group stopped")
+	}
+}
+
+// The applied index never goes back: an attempt stops the group visibly
+// instead of letting the state machine silently miss entries.
+func TestAppliedIndexGoingBackStopsGroup(t *testing.T) {
+	_, g := singleHost(t, &kvSM{})
+	if _, err := g.Propose(context.Background(), []byte("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	cur := g.applied.Load()
+	if g.setApplied(cur - 1) {
+		t.Fatal("setApplied accepted a smaller index")
+	}
+	if !g.Stopped() || g.IsLeader() || g.applied.Load() != cur {
+		t.Fatalf("stopped %v, leader %v, applied %d (was %d)", g.Stopped(), g.IsLeader(), g.applied.Load(), cur)
+	}
+}

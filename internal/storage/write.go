@@ -1,0 +1,793 @@
+package storage
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+)
+
+// The write path. WriteChunk puts a chunk's bytes in its block file and
+// remembers the chunk in memory; Sync makes every chunk written so far
+// durable (block files fdatasync'd, new directory entries synced, then one
+// chunk record per chunk in one synced Pebble batch per volume); PutBlock
+// commits a block made only of chunks this replica holds, with the
+// checksums the PutBlock names. A chunk record is written only after its
+// data is on disk, so after a crash the records are exactly the durable
+// chunks, and a range without one is a hole that PutBlock refuses
+// (ErrChunkMissing) instead of committing zeros.
+
+func writable(st State) bool { return st == StateOpen || st == StateClosing }
+
+// ValidateChunk checks the shape of a chunk against the hard limits before
+// anything is stored: offset and length in range (length at most
+// MaxChunkSize, end at most MaxBlockSize), checksum metadata that covers
+// exactly length bytes (known type, window in [512 B, 16 MiB], one sum per
+// window). A datanode calls it before a WriteChunk or PutSmallFile enters
+// a replicated log, because a chunk that every replica's storage refuses
+// would otherwise sit in the log forever. Errors match ErrInvalidArgument.
+func ValidateChunk(off, length int64, sum ChecksumData) error {
+	return validateChunk("validate chunk", 0, 0, off, length, sum, MaxChunkSize, MaxBlockSize)
+}
+
+// ValidateChunk is the package's ValidateChunk with this store's limits
+// (Options.MaxChunkSize, MaxBlockSize), naming container and block.
+func (s *Store) ValidateChunk(cid ContainerID, lid LocalID, off, length int64, sum ChecksumData) error {
+	return validateChunk("validate chunk", cid, lid, off, length, sum, s.opts.MaxChunkSize, s.opts.MaxBlockSize)
+}
+
+func validateChunk(op string, cid ContainerID, lid LocalID, off, n int64, sum ChecksumData, maxChunk, maxBlock int64) error {
+	switch {
+	case off < 0 || n <= 0:
+		return oErr(op, ErrInvalidArgument, cid, lid, off, fmt.Sprintf("length %d", n), nil)
+	case n > maxChunk:
+		return oErr(op, ErrChunkTooLarge, cid, lid, off, fmt.Sprintf("length %d > %d", n, maxChunk), nil)
+	case off > maxBlock-n:
+		return oErr(op, ErrBlockTooLarge, cid, lid, off, fmt.Sprintf("end %d > %d", off+n, maxBlock), nil)
+	}
+	if sum.Type != ChecksumNone || len(sum.Sums) > 0 {
+		if err := sum.validate(n); err != nil {
+			return oErr(op, ErrBadChecksum, cid, lid, off, err.Error(), nil)
+		}
+	}
+	return nil
+}
+
+// ValidateBlock checks a PutBlock's block description against this store's
+// limits without touching storage: length in range, chunks contiguous from
+// 0 and summing to the length, each with well-formed checksums. Errors
+// match ErrInvalidArgument.
+func (s *Store) ValidateBlock(cid ContainerID, bd BlockData) error {
+	return s.validateBlock(cid, &bd)
+}
+
+func (s *Store) validateBlock(cid ContainerID, bd *BlockData) error {
+	const op = "put block"
+	lid := bd.LocalID
+	switch {
+	case bd.Length < 0 || bd.Length > s.opts.MaxBlockSize:
+		return bErr(op, ErrBlockTooLarge, cid, lid, fmt.Sprintf("length %d, limit %d", bd.Length, s.opts.MaxBlockSize), nil)
+	case len(bd.Chunks) > maxChunksPerBlock:
+		return bErr(op, ErrBadBlockData, cid, lid, fmt.Sprintf("%d chunks > %d", len(bd.Chunks), maxChunksPerBlock), nil)
+	}
+	var pos int64
+	for _, ch := range bd.Chunks {
+		if ch.Offset != pos || ch.Length <= 0 || ch.Length > bd.Length-pos {
+			return oErr(op, ErrBadBlockData, cid, lid, ch.Offset, fmt.Sprintf("chunk [%d,+%d) does not start at %d or passes length %d", ch.Offset, ch.Length, pos, bd.Length), nil)
+		}
+		if err := ch.Checksum.validate(ch.Length); err != nil {
+			return oErr(op, ErrBadChecksum, cid, lid, ch.Offset, err.Error(), nil)
+		}
+		pos += ch.Length
+	}
+	if pos != bd.Length {
+		return bErr(op, ErrBadBlockData, cid, lid, fmt.Sprintf("chunks sum to %d, length %d", pos, bd.Length), nil)
+	}
+	return nil
+}
+
+// WriteChunk writes data at offset off of an uncommitted part of block lid.
+// sum, if its Type is not NONE, must hold the chunk's checksums; with verify
+// the data is checked against them first.
+//
+// When WriteChunk returns nil the bytes are in the block file but not
+// durable: they become durable at the next Sync (or at a PutBlock or
+// BlockStream.Close that needs them); under SyncAlways before WriteChunk
+// returns. Readers see them only after a PutBlock names them. Writing the
+// same offset, length and checksums again (a Raft re-delivery) is a no-op
+// whether the chunk is written, durable or committed.
+func (s *Store) WriteChunk(cid ContainerID, lid LocalID, off int64, data []byte, sum ChecksumData, verify bool) error {
+	const op = "write chunk"
+	n := int64(len(data))
+	if err := validateChunk(op, cid, lid, off, n, sum, s.opts.MaxChunkSize, s.opts.MaxBlockSize); err != nil {
+		return err
+	}
+	if verify && sum.Type != ChecksumNone {
+		if bad := sum.Verify(data); bad >= 0 {
+			return oErr(op, ErrChecksumMismatch, cid, lid, off+bad, "data sent does not match its checksum", nil)
+		}
+	}
+	c, err := s.container(op, cid)
+	if err != nil {
+		return err
+	}
+	ob, err := s.lockOpen(op, c, lid)
+	if err != nil {
+		return err
+	}
+	defer s.unlockOpen(c, lid, ob)
+	if err := s.writeLocked(op, c, lid, ob, off, data, sum); err != nil {
+		return err
+	}
+	if s.opts.Sync == SyncAlways {
+		return s.flushLocked(c, lid, ob)
+	}
+	return nil
+}
+
+func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock, off int64, data []byte, sum ChecksumData) error {
+	n := int64(len(data))
+	end := off + n
+	if off < ob.committed.Length {
+		for _, ch := range ob.committed.Chunks {
+			if ch.Offset == off && ch.Length == n && sum.Type != ChecksumNone && ch.Checksum.equal(sum) {
+				return nil // re-delivery of a committed chunk
+			}
+		}
+		return oErr(op, ErrChunkOverlap, c.id, lid, off, fmt.Sprintf("range [%d,%d) overlaps committed length %d", off, end, ob.committed.Length), nil)
+	}
+	// A chunk recovered after a crash is checked before a re-delivery can
+	// be taken as a no-op: it may be the very chunk that was lost.
+	if err := s.verifyLocked(c, lid, ob, off, end); err != nil {
+		return s.ioErr(op, c, lid, off, err)
+	}
+	// Find the first written span ending after off.
+	i := sort.Search(len(ob.written), func(i int) bool { return ob.written[i].end() > off })
+	if i < len(ob.written) && ob.written[i].off < end {
+		w := ob.written[i]
+		if w.off != off || w.n != n {
+			return oErr(op, ErrChunkOverlap, c.id, lid, off, fmt.Sprintf("range [%d,%d) partly overlaps written [%d,%d)", off, end, w.off, w.end()), nil)
+		}
+		if w.sum.Type != ChecksumNone && sum.Type != ChecksumNone {
+			if !w.sum.equal(sum) {
+				return oErr(op, ErrChunkOverlap, c.id, lid, off, "rewrite with different checksums", nil)
+			}
+			// Re-delivery: the same bytes are written already, and durable
+			// or queued for the next Sync.
+			return nil
+		}
+		return s.rewriteLocked(op, c, lid, ob, i, data, sum)
+	}
+	if !s.opts.OutOfOrderWrites && off != ob.hwm {
+		return oErr(op, ErrChunkOutOfOrder, c.id, lid, off, fmt.Sprintf("expected offset %d", ob.hwm), nil)
+	}
+	grow := max(0, end-ob.hwm)
+
+	c.mu.Lock()
+	switch {
+	case !writable(c.rec.State):
+		c.mu.Unlock()
+		return oErr(op, ErrContainerNotOpen, c.id, lid, off, c.rec.State.String(), nil)
+	case c.cnt.Used+c.pending+grow > c.rec.MaxSize:
+		c.mu.Unlock()
+		return oErr(op, ErrContainerFull, c.id, lid, off, fmt.Sprintf("%d used + %d pending + %d > limit %d", c.cnt.Used, c.pending, grow, c.rec.MaxSize), nil)
+	}
+	c.pending += grow // reserve; released below on failure
+	c.mu.Unlock()
+	release := func() {
+		c.mu.Lock()
+		c.pending -= grow
+		c.mu.Unlock()
+	}
+
+	if grow > 0 {
+		avail, _, err := c.vol.diskUsage()
+		if err != nil {
+			release()
+			return s.ioErr(op, c, lid, off, err)
+		}
+		if avail-s.opts.ReservedBytes < grow {
+			release()
+			return oErr(op, ErrDiskFull, c.id, lid, off, fmt.Sprintf("%d bytes available beyond reserve %d, need %d", avail-s.opts.ReservedBytes, s.opts.ReservedBytes, grow), nil).withVolume(c.vol.path)
+		}
+	}
+	if err := s.openWriter(c, lid, ob); err != nil {
+		release()
+		return s.ioErr(op, c, lid, off, err)
+	}
+	if _, err := ob.w.WriteAt(data, off); err != nil {
+		release()
+		return s.ioErr(op, c, lid, off, err)
+	}
+	ob.written = slices.Insert(ob.written, i, span{off: off, n: n, sum: sum})
+	ob.hwm = max(ob.hwm, end)
+	s.queue(c, lid, ob)
+	s.checkOpen(c, ob)
+	return nil
+}
+
+// rewriteLocked writes span i again: a re-delivery where one side has no
+// checksums, so equality cannot be told and the bytes are written again.
+// A durable span loses its record first: while the bytes are rewritten
+// they may be torn, and a record must only ever name good bytes.
+func (s *Store) rewriteLocked(op string, c *container, lid LocalID, ob *openBlock, i int, data []byte, sum ChecksumData) error {
+	off := ob.written[i].off
+	c.mu.Lock()
+	st := c.rec.State
+	c.mu.Unlock()
+	if !writable(st) {
+		return oErr(op, ErrContainerNotOpen, c.id, lid, off, st.String(), nil)
+	}
+	if ob.written[i].durable {
+		if err := c.vol.db.Delete(makeChunkKey(c.id, lid, off), s.metaSync()); err != nil {
+			return s.ioErr(op, c, lid, off, err)
+		}
+		ob.written[i].durable = false
+		s.queue(c, lid, ob)
+	}
+	err := s.openWriter(c, lid, ob)
+	if err == nil {
+		_, err = ob.w.WriteAt(data, off)
+	}
+	if err != nil {
+		// The old bytes may be torn now: the chunk is gone.
+		s.forget(c, ob, func(sp span) bool { return sp.off == off })
+		return s.ioErr(op, c, lid, off, err)
+	}
+	if sum.Type != ChecksumNone {
+		ob.written[i].sum = sum
+	}
+	ob.written[i].unverified = false
+	s.queue(c, lid, ob)
+	return nil
+}
+
+func (s *Store) openWriter(c *container, lid LocalID, ob *openBlock) error {
+	if ob.w != nil {
+		return nil
+	}
+	w, err := c.vol.files.OpenWriter(c.id, lid)
+	if err != nil {
+		return err
+	}
+	ob.w = w
+	return nil
+}
+
+// queue puts a block with non-durable spans in its volume's dirty set.
+// Caller holds ob.mu.
+func (s *Store) queue(c *container, lid LocalID, ob *openBlock) {
+	if ob.queued {
+		return
+	}
+	ob.queued = true
+	c.vol.dmu.Lock()
+	c.vol.dirty[ob] = blockRef{c, lid}
+	c.vol.dmu.Unlock()
+}
+
+// forget drops the non-durable spans for which drop is true: their bytes
+// cannot be trusted (a failed write or sync). A non-durable span has no
+// chunk record, so nothing on disk names them. hwm and the container's
+// pending bytes follow. Caller holds ob.mu.
+func (s *Store) forget(c *container, ob *openBlock, drop func(span) bool) {
+	keep := ob.written[:0]
+	for _, sp := range ob.written {
+		if sp.durable || !drop(sp) {
+			keep = append(keep, sp)
+		}
+	}
+	clear(ob.written[len(keep):])
+	ob.written = keep
+	hwm := ob.committed.Length
+	if n := len(ob.written); n > 0 {
+		hwm = max(hwm, ob.written[n-1].end())
+	}
+	c.mu.Lock()
+	c.pending -= ob.hwm - hwm
+	c.mu.Unlock()
+	ob.hwm = hwm
+}
+
+// checkOpen asserts the invariants of an open block (see openBlock).
+func (s *Store) checkOpen(c *container, ob *openBlock) {
+	pos := ob.committed.Length
+	for _, sp := range ob.written {
+		if sp.off < pos || sp.n <= 0 || sp.end() > ob.hwm {
+			panic(fmt.Sprintf("storage: container %d: written spans out of order: [%d,+%d) after %d, hwm %d, committed %d",
+				c.id, sp.off, sp.n, pos, ob.hwm, ob.committed.Length))
+		}
+		if !sp.durable && !ob.queued {
+			panic(fmt.Sprintf("storage: container %d: span [%d,+%d) neither durable nor queued for Sync", c.id, sp.off, sp.n))
+		}
+		if sp.unverified && (!sp.durable || sp.sum.Type == ChecksumNone) {
+			panic(fmt.Sprintf("storage: container %d: span [%d,+%d) unverified but not a durable checksummed chunk", c.id, sp.off, sp.n))
+		}
+		pos = sp.end()
+	}
+}
+
+// Sync makes durable every chunk whose WriteChunk returned before Sync was
+// called: it fdatasyncs each block file with new chunks, syncs the
+// directory entry of each new block file, and commits one chunk record per
+// chunk in one synced Pebble batch per volume (volumes in parallel). It is
+// the acknowledgement point of a chunk write: call it once per batch of
+// writes (one raft Ready) and acknowledge the batch only if it returns nil.
+//
+// Concurrent callers share work: a Sync waits for a round in progress and
+// then runs one round for everything still pending, so N writers calling
+// Sync cost about two rounds, not N. On error (ErrDiskFull, or
+// ErrVolumeFailed naming the volume) the chunks of the blocks whose sync
+// failed are forgotten, as if never written (after a failed fsync their
+// bytes cannot be trusted): a PutBlock naming them fails with
+// ErrChunkMissing and a re-delivery writes them again. Chunks on other
+// volumes and other blocks are durable.
+func (s *Store) Sync() error {
+	s.mu.RLock()
+	closed := s.closed
+	s.mu.RUnlock()
+	if closed {
+		return cErr("sync", ErrClosed, 0, "", nil)
+	}
+	if len(s.volumes) == 1 {
+		return s.syncVolume(s.volumes[0])
+	}
+	errs := make([]error, len(s.volumes))
+	var wg sync.WaitGroup
+	for i, v := range s.volumes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.syncVolume(v)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+type dirtyBlock struct {
+	ob *openBlock
+	blockRef
+}
+
+func (s *Store) syncVolume(v *volume) error {
+	v.syncMu.Lock()
+	defer v.syncMu.Unlock()
+	v.dmu.Lock()
+	if len(v.dirty) == 0 {
+		v.dmu.Unlock()
+		return nil
+	}
+	list := make([]dirtyBlock, 0, len(v.dirty))
+	for ob, r := range v.dirty {
+		list = append(list, dirtyBlock{ob, r})
+	}
+	v.dirty = make(map[*openBlock]blockRef, len(list))
+	v.dmu.Unlock()
+	// One lock order (container, block) for the blocks of a round; no
+	// other path holds two block locks.
+	slices.SortFunc(list, func(a, b dirtyBlock) int {
+		return cmp.Or(cmp.Compare(a.c.id, b.c.id), cmp.Compare(a.lid, b.lid))
+	})
+	live := list[:0]
+	for _, d := range list {
+		d.ob.mu.Lock()
+		if d.ob.dead {
+			d.ob.mu.Unlock()
+			continue
+		}
+		d.ob.queued = false
+		live = append(live, d)
+	}
+	defer func() {
+		for _, d := range live {
+			d.ob.mu.Unlock()
+		}
+	}()
+	return s.persist("sync", v, live)
+}
+
+// flushLocked makes one block's written chunks durable now (SyncAlways,
+// BlockStream.Close). Caller holds ob.mu.
+func (s *Store) flushLocked(c *container, lid LocalID, ob *openBlock) error {
+	return s.persist("sync", c.vol, []dirtyBlock{{ob, blockRef{c, lid}}})
+}
+
+func nonDurable(ob *openBlock) bool {
+	for _, sp := range ob.written {
+		if !sp.durable {
+			return true
+		}
+	}
+	return false
+}
+
+// persist makes the non-durable spans of blocks durable. Callers hold every
+// ob.mu.
+//
+// Order: the data of a chunk must be on disk before anything can commit it.
+// For a chunk with checksums the record may become durable first, because
+// its checksums tell good bytes from missing ones: after a crash such a
+// record is checked against the bytes before the chunk is used (verify), so
+// the fdatasyncs, the directory syncs and the Pebble commit of checksummed
+// chunks run at the same time and a Sync costs one device flush, not three
+// in a row. A chunk without checksums (the V2 stream) cannot be checked, so
+// its record is committed only after its data and directory entry are
+// durable.
+func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
+	var firstErr error
+	setErr := func(d dirtyBlock, err error) {
+		if firstErr == nil {
+			off := int64(-1)
+			for _, sp := range d.ob.written {
+				if !sp.durable {
+					off = sp.off
+					break
+				}
+			}
+			firstErr = s.ioErr(op, d.c, d.lid, off, err)
+		}
+	}
+	if v.failed.Load() {
+		for _, d := range blocks {
+			if nonDurable(d.ob) {
+				setErr(d, v.err())
+				s.forget(d.c, d.ob, func(span) bool { return true })
+			}
+		}
+		return firstErr
+	}
+	var todo []dirtyBlock
+	for _, d := range blocks {
+		if nonDurable(d.ob) {
+			todo = append(todo, d)
+		}
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	// Records of checksummed chunks (early) and of the others (after data).
+	early, late := v.db.NewBatch(), v.db.NewBatch()
+	defer early.Close()
+	defer late.Close()
+	for _, d := range todo {
+		for _, sp := range d.ob.written {
+			if sp.durable {
+				continue
+			}
+			b := late
+			if sp.sum.Type != ChecksumNone {
+				b = early
+			}
+			b.Set(makeChunkKey(d.c.id, d.lid, sp.off), encodeChunk(sp.n, sp.sum), nil)
+		}
+	}
+	earlyDone := make(chan error, 1)
+	if early.Empty() {
+		earlyDone <- nil
+	} else {
+		go func() { earlyDone <- early.Commit(s.metaSync()) }()
+	}
+	errs := make([]error, len(todo))
+	if s.opts.Sync != SyncNone {
+		s.syncData(v, todo, errs)
+	}
+	earlyErr := <-earlyDone
+	var ok, bad []dirtyBlock
+	for i, d := range todo {
+		if errs[i] != nil {
+			setErr(d, errs[i])
+			bad = append(bad, d)
+		} else {
+			ok = append(ok, d)
+		}
+	}
+	var lateErr error
+	if earlyErr == nil && !late.Empty() {
+		lateErr = late.Commit(s.metaSync())
+	}
+	for _, d := range ok {
+		for i := range d.ob.written {
+			sp := &d.ob.written[i]
+			switch {
+			case sp.durable:
+			case sp.sum.Type != ChecksumNone && earlyErr == nil:
+				sp.durable = true
+			case sp.sum.Type == ChecksumNone && earlyErr == nil && lateErr == nil:
+				sp.durable = true
+			}
+		}
+		if err := cmp.Or(earlyErr, lateErr); err != nil {
+			setErr(d, err)
+			s.forget(d.c, d.ob, func(span) bool { return true })
+		}
+		s.checkOpen(d.c, d.ob)
+	}
+	if len(bad) > 0 {
+		// A failed fsync may have dropped the dirty pages: the chunks are
+		// gone. Records committed early for them go too (best effort: if
+		// this fails as well, recovery checks them against their bytes).
+		del := v.db.NewBatch()
+		for _, d := range bad {
+			for _, sp := range d.ob.written {
+				if !sp.durable && sp.sum.Type != ChecksumNone && earlyErr == nil {
+					del.Delete(makeChunkKey(d.c.id, d.lid, sp.off), nil)
+				}
+			}
+			s.forget(d.c, d.ob, func(span) bool { return true })
+		}
+		if !del.Empty() {
+			if err := del.Commit(s.metaSync()); err != nil {
+				s.opts.Logf("storage: volume %s: deleting records of chunks whose sync failed: %v", v.path, err)
+			}
+		}
+		del.Close()
+	}
+	return firstErr
+}
+
+// syncData fdatasyncs the files of blocks and the directory entries of new
+// ones, several at once (each is a device flush; the device overlaps
+// them); errs[i] is block i's outcome.
+func (s *Store) syncData(v *volume, blocks []dirtyBlock, errs []error) {
+	sem := make(chan struct{}, maxSyncParallel)
+	var wg sync.WaitGroup
+	run := func(f func()) {
+		if len(blocks) == 1 {
+			f()
+			return
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			f()
+			<-sem
+		}()
+	}
+	dirs := map[ContainerID]*error{}
+	for _, d := range blocks {
+		if d.ob.dirSync && dirs[d.c.id] == nil {
+			e := new(error)
+			dirs[d.c.id] = e
+			cid := d.c.id
+			run(func() { *e = v.files.SyncContainer(cid) })
+		}
+	}
+	for i, d := range blocks {
+		if err := s.openWriter(d.c, d.lid, d.ob); err != nil {
+			errs[i] = err
+			continue
+		}
+		run(func() { errs[i] = d.ob.w.Sync() })
+	}
+	wg.Wait()
+	for i, d := range blocks {
+		if e := dirs[d.c.id]; e != nil && d.ob.dirSync {
+			if errs[i] == nil {
+				errs[i] = *e
+			}
+			if *e == nil {
+				d.ob.dirSync = false
+			}
+		}
+	}
+}
+
+// verifyLocked checks the recovered chunks of a block that overlap
+// [from, to) against their checksums (see persist): a chunk whose bytes do
+// not match was not durable when the machine stopped; its record is
+// deleted and the range becomes a hole. Caller holds ob.mu.
+func (s *Store) verifyLocked(c *container, lid LocalID, ob *openBlock, from, to int64) error {
+	var r BlockReader
+	defer func() {
+		if r != nil {
+			r.Close()
+		}
+	}()
+	var lost []int64
+	for i := range ob.written {
+		sp := &ob.written[i]
+		if !sp.unverified || sp.end() <= from || sp.off >= to {
+			continue
+		}
+		if sp.end() > ob.committed.Length && sp.n > MaxChunkSize {
+			panic(fmt.Sprintf("storage: container %d block %d: recovered chunk of %d bytes", c.id, lid, sp.n))
+		}
+		if r == nil {
+			var err error
+			if r, err = c.vol.files.OpenReader(c.id, lid); err != nil {
+				return err
+			}
+		}
+		buf := AlignedBuffer(int(sp.n))
+		n, err := r.ReadAt(buf, sp.off)
+		if err != nil {
+			return err
+		}
+		if int64(n) == sp.n && sp.sum.Verify(buf) < 0 {
+			sp.unverified = false
+			continue
+		}
+		s.opts.Logf("storage: container %d block %d: chunk [%d,+%d) lost in a crash (bytes do not match its record)", c.id, lid, sp.off, sp.n)
+		lost = append(lost, sp.off)
+	}
+	if len(lost) == 0 {
+		return nil
+	}
+	b := c.vol.db.NewBatch()
+	defer b.Close()
+	for _, off := range lost {
+		b.Delete(makeChunkKey(c.id, lid, off), nil)
+	}
+	if err := b.Commit(s.metaSync()); err != nil {
+		return err
+	}
+	for i := range ob.written {
+		if slices.Contains(lost, ob.written[i].off) {
+			ob.written[i].durable = false // no record any more
+		}
+	}
+	s.forget(c, ob, func(sp span) bool { return slices.Contains(lost, sp.off) })
+	return nil
+}
+
+// PutBlock commits a block: its chunk list, length and checksums become
+// visible, durably (under SyncOnCommit) when it returns nil. The chunks
+// must cover [0, Length) contiguously, and each chunk beyond the block's
+// previous commit must be written on this replica with the same offset,
+// length and checksums (a chunk written without checksums, as the V2
+// stream does, only has to be covered): otherwise ErrChunkMissing names
+// the first range that is not, and nothing changes. Chunks written but not
+// yet durable are synced first. Re-committing with a longer chunk list that
+// starts with the committed one extends the block (its BCSID may not go
+// back); repeating a commit is a no-op.
+func (s *Store) PutBlock(cid ContainerID, bd BlockData) error {
+	const op = "put block"
+	lid := bd.LocalID
+	if err := s.validateBlock(cid, &bd); err != nil {
+		return err
+	}
+	c, err := s.container(op, cid)
+	if err != nil {
+		return err
+	}
+	ob, err := s.lockOpen(op, c, lid)
+	if err != nil {
+		return err
+	}
+	defer s.unlockOpen(c, lid, ob)
+	c.mu.Lock()
+	st := c.rec.State
+	c.mu.Unlock()
+	if !writable(st) {
+		return bErr(op, ErrContainerNotOpen, cid, lid, st.String(), nil)
+	}
+	old := ob.committed
+	if len(bd.Chunks) < len(old.Chunks) || bd.Length < old.Length {
+		return bErr(op, ErrBadBlockData, cid, lid, fmt.Sprintf("length %d shrinks committed length %d", bd.Length, old.Length), nil)
+	}
+	for i, ch := range old.Chunks {
+		n := bd.Chunks[i]
+		if n.Offset != ch.Offset || n.Length != ch.Length || !n.Checksum.equal(ch.Checksum) {
+			return oErr(op, ErrBadBlockData, cid, lid, ch.Offset, "changes a committed chunk", nil)
+		}
+	}
+	if ob.exists && bd.Length == old.Length && len(old.Chunks) == len(bd.Chunks) {
+		return nil // repeated commit (Raft re-apply)
+	}
+	if ob.exists && bd.BCSID < old.BCSID {
+		return bErr(op, ErrBadBlockData, cid, lid, fmt.Sprintf("BCSID %d goes back from committed %d", bd.BCSID, old.BCSID), nil)
+	}
+	if err := s.verifyLocked(c, lid, ob, old.Length, bd.Length); err != nil {
+		return s.ioErr(op, c, lid, old.Length, err)
+	}
+	if err := matchWritten(op, cid, lid, ob.written, bd.Chunks[len(old.Chunks):]); err != nil {
+		return err
+	}
+	var need bool
+	for _, sp := range ob.written {
+		if sp.off < bd.Length && !sp.durable {
+			need = true
+		}
+	}
+	if s.opts.Sync != SyncNone && bd.Length > old.Length && (need || ob.dirSync) {
+		if err := s.openWriter(c, lid, ob); err != nil {
+			return s.ioErr(op, c, lid, 0, err)
+		}
+		if err := ob.w.Sync(); err != nil {
+			s.forget(c, ob, func(span) bool { return true })
+			return s.ioErr(op, c, lid, 0, err)
+		}
+		if ob.dirSync {
+			if err := c.vol.files.SyncContainer(cid); err != nil {
+				return s.ioErr(op, c, lid, 0, err)
+			}
+			ob.dirSync = false
+		}
+	}
+
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	c.mu.Lock()
+	st = c.rec.State
+	cnt := c.cnt
+	c.mu.Unlock()
+	if !writable(st) {
+		return bErr(op, ErrContainerNotOpen, cid, lid, st.String(), nil)
+	}
+	grow := bd.Length - old.Length
+	cnt.Used += grow
+	if !ob.exists {
+		cnt.Blocks++
+	}
+	cnt.BCSID = max(cnt.BCSID, bd.BCSID)
+	cnt.check(cid)
+	b := c.vol.db.NewBatch()
+	b.Set(makeKey(cid, kindBlock, uint64(lid)), encodeBlock(&bd), nil)
+	b.Set(makeKey(cid, kindContainer, idCounters), cnt.encode(), nil)
+	// The committed chunks' records go in the same batch; a chunk that
+	// straddles the new length keeps its tail as a chunk of unknown sums.
+	var keep []span
+	for _, sp := range ob.written {
+		if sp.off >= bd.Length {
+			keep = append(keep, sp)
+			continue
+		}
+		if sp.durable {
+			b.Delete(makeChunkKey(cid, lid, sp.off), nil)
+		}
+		if sp.end() > bd.Length {
+			tail := span{off: bd.Length, n: sp.end() - bd.Length, durable: sp.durable}
+			if tail.durable {
+				b.Set(makeChunkKey(cid, lid, tail.off), encodeChunk(tail.n, ChecksumData{}), nil)
+			}
+			keep = append(keep, tail)
+		}
+	}
+	if err := b.Commit(s.metaSync()); err != nil {
+		return s.ioErr(op, c, lid, 0, err)
+	}
+	c.mu.Lock()
+	c.cnt = cnt
+	c.pending -= grow
+	c.mu.Unlock()
+	ob.committed, ob.exists = bd, true
+	ob.written = keep
+	s.checkOpen(c, ob)
+	return nil
+}
+
+// matchWritten checks that every chunk is written: covered by spans, and
+// equal to the one span that holds it when both have checksums.
+func matchWritten(op string, cid ContainerID, lid LocalID, written []span, chunks []ChunkInfo) error {
+	i := 0
+	for _, ch := range chunks {
+		end := ch.Offset + ch.Length
+		for i < len(written) && written[i].end() <= ch.Offset {
+			i++
+		}
+		for j, pos := i, ch.Offset; pos < end; j++ {
+			if j >= len(written) || written[j].off > pos {
+				hole := end
+				if j < len(written) {
+					hole = min(end, written[j].off)
+				}
+				return oErr(op, ErrChunkMissing, cid, lid, pos, fmt.Sprintf("chunk [%d,%d): no data at [%d,%d)", ch.Offset, end, pos, hole), nil)
+			}
+			sp := written[j]
+			if sp.sum.Type != ChecksumNone && ch.Checksum.Type != ChecksumNone {
+				if sp.off != ch.Offset || sp.n != ch.Length {
+					return oErr(op, ErrChunkMissing, cid, lid, ch.Offset, fmt.Sprintf("chunk [%d,%d) differs from the chunk written at [%d,%d)", ch.Offset, end, sp.off, sp.end()), nil)
+				}
+				if !sp.sum.equal(ch.Checksum) {
+					return oErr(op, ErrChunkMissing, cid, lid, ch.Offset, fmt.Sprintf("chunk [%d,%d) was written with other checksums", ch.Offset, end), nil)
+				}
+			}
+			pos = sp.end()
+		}
+	}
+	return nil
+}
