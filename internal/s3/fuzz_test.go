@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -202,6 +203,90 @@ func encodeChunked(data []byte, n int, signed bool, trailers []string) []byte {
 	return out.Bytes()
 }
 
+// resign is FuzzChunkedBody's mode bit for re-signing the input.
+const resign = 0x80
+
+// resignChunked recomputes the chunk signatures (and the trailer
+// signature) of an aws-chunked body as the spec defines them, keeping
+// everything else as it is; where the body stops parsing, the rest is
+// copied unchanged.
+func resignChunked(b []byte, trailer bool) []byte {
+	a := fuzzAuth
+	mac := func(s string) string {
+		h := hmac.New(sha256.New, a.signingKey)
+		h.Write([]byte(s))
+		return hex.EncodeToString(h.Sum(nil))
+	}
+	hash := func(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
+	var out bytes.Buffer
+	rest := func() []byte { out.Write(b); return out.Bytes() }
+	nextLine := func() (line, text string, ok bool) {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			return "", "", false
+		}
+		line, b = string(b[:i+1]), b[i+1:]
+		return line, strings.TrimRight(line, "\r\n"), true
+	}
+	prev := a.seedSig
+	for {
+		line, l, ok := nextLine()
+		if !ok {
+			return rest()
+		}
+		sizeStr, ext, _ := strings.Cut(l, ";")
+		size, err := strconv.ParseInt(strings.TrimSpace(sizeStr), 16, 64)
+		if err != nil || size < 0 || size > int64(len(b)) || !strings.HasPrefix(ext, "chunk-signature=") {
+			out.WriteString(line)
+			return rest()
+		}
+		data := b[:size]
+		sig := mac("AWS4-HMAC-SHA256-PAYLOAD\n" + a.amzDate + "\n" + a.scope + "\n" + prev + "\n" + emptySHA256 + "\n" + hash(data))
+		out.WriteString(sizeStr + ";chunk-signature=" + sig + line[len(l):])
+		prev = sig
+		if size == 0 {
+			break
+		}
+		out.Write(data)
+		b = b[size:]
+		line, _, ok = nextLine() // the CRLF after the data
+		out.WriteString(line)
+		if !ok {
+			return rest()
+		}
+	}
+	if !trailer {
+		return rest()
+	}
+	var lines []string
+	var canon strings.Builder
+	for {
+		line, l, ok := nextLine()
+		if !ok {
+			for _, x := range lines {
+				out.WriteString(x)
+			}
+			return rest()
+		}
+		lines = append(lines, line)
+		if l == "" {
+			break
+		}
+		k, v, _ := strings.Cut(l, ":")
+		if k = strings.ToLower(strings.TrimSpace(k)); k != "x-amz-trailer-signature" {
+			canon.WriteString(k + ":" + strings.TrimSpace(v) + "\n")
+		}
+	}
+	sig := mac("AWS4-HMAC-SHA256-TRAILER\n" + a.amzDate + "\n" + a.scope + "\n" + prev + "\n" + hash([]byte(canon.String())))
+	for _, x := range lines {
+		if k, _, ok := strings.Cut(x, ":"); ok && strings.ToLower(strings.TrimSpace(k)) == "x-amz-trailer-signature" {
+			x = k + ":" + sig + x[len(strings.TrimRight(x, "\r\n")):]
+		}
+		out.WriteString(x)
+	}
+	return rest()
+}
+
 // chunkModes are the aws-chunked payload modes: signed, trailer.
 var chunkModes = []struct{ signed, trailer bool }{{true, false}, {true, true}, {false, true}}
 
@@ -213,8 +298,16 @@ func FuzzChunkedBody(f *testing.F) {
 	f.Add(uint8(2), encodeChunked(data, 40, false, []string{"x-amz-checksum-crc32c:AAAAAA==", "a:b"}))
 	f.Add(uint8(2), []byte("ffffffffffffffff\r\nx"))
 	f.Add(uint8(2), []byte("-1\r\n\r\n"))
+	f.Add(uint8(resign|0), encodeChunked(data, 16, true, nil))
+	f.Add(uint8(resign|1), encodeChunked(data, 7, true, []string{"x-amz-checksum-crc32:AAAAAA==", "X-Other : v "}))
 	f.Fuzz(func(t *testing.T, mode uint8, body []byte) {
-		m := chunkModes[int(mode)%len(chunkModes)]
+		// mode: the payload mode (low bits), and whether to re-sign the
+		// mutated body's chunks and trailers first (high bit), so that
+		// the fuzzer also explores signed bodies past their signatures.
+		m := chunkModes[int(mode&^resign)%len(chunkModes)]
+		if mode&resign != 0 && m.signed {
+			body = resignChunked(body, m.trailer)
+		}
 		c := newChunkedReader(bytes.NewReader(body), fuzzAuth, m.signed, m.trailer)
 		out, err := io.ReadAll(c)
 		if err != nil {
