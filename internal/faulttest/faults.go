@@ -1,0 +1,218 @@
+package faulttest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+)
+
+// FaultKind is one kind of fault.
+type FaultKind string
+
+const (
+	KillDN   FaultKind = "kill-dn"   // kill -9 a datanode, restart it on the same data dir
+	KillMeta FaultKind = "kill-meta" // kill -9 the namespace leader, restart it
+	StopDN   FaultKind = "stop-dn"   // SIGSTOP a datanode, SIGCONT after StopFor
+	FillDisk FaultKind = "fill-disk" // fill the small disk's datanode volume (until the workload ends)
+)
+
+// Fault is one planned fault.
+type Fault struct {
+	Kind   FaultKind
+	Target int           // datanode index (KillDN, StopDN); ignored otherwise
+	Gap    time.Duration // wait before it, after the previous fault ended
+	Down   time.Duration // how long the process stays dead or stopped
+}
+
+// Event is a fault as it happened.
+type Event struct {
+	Kind       FaultKind
+	Target     string
+	Start, End time.Duration // since the workload began
+	Note       string
+}
+
+func (e Event) String() string {
+	return fmt.Sprintf("%7.1fs–%7.1fs  %-9s %-6s %s", e.Start.Seconds(), e.End.Seconds(), e.Kind, e.Target, e.Note)
+}
+
+// PlanConfig says how many faults of each kind to plan.
+type PlanConfig struct {
+	KillDN, KillMeta, StopDN int
+	FillDisk                 bool
+	StopFor                  time.Duration
+	FirstAfter               time.Duration // gap before the first fault
+}
+
+// Plan builds the seeded fault schedule: the faults in a random order,
+// random targets, random gaps (3–8 s) and down times (2–8 s).
+func Plan(seed uint64, cfg PlanConfig) []Fault {
+	rng := rand.New(rand.NewPCG(seed, 0xfa17))
+	var fs []Fault
+	for range cfg.KillDN {
+		fs = append(fs, Fault{Kind: KillDN, Target: rng.IntN(numDN), Down: time.Duration(2000+rng.IntN(6000)) * time.Millisecond})
+	}
+	for range cfg.KillMeta {
+		fs = append(fs, Fault{Kind: KillMeta, Down: time.Duration(2000+rng.IntN(6000)) * time.Millisecond})
+	}
+	for range cfg.StopDN {
+		fs = append(fs, Fault{Kind: StopDN, Target: rng.IntN(numDN), Down: cfg.StopFor})
+	}
+	if cfg.FillDisk {
+		fs = append(fs, Fault{Kind: FillDisk})
+	}
+	rng.Shuffle(len(fs), func(i, j int) { fs[i], fs[j] = fs[j], fs[i] })
+	for i := range fs {
+		fs[i].Gap = time.Duration(3000+rng.IntN(5000)) * time.Millisecond
+	}
+	if len(fs) > 0 {
+		fs[0].Gap = cfg.FirstAfter
+	}
+	return fs
+}
+
+// Injector carries out a plan against a cluster, one fault at a time, and
+// records what happened.
+type Injector struct {
+	C     *Cluster
+	Disk  *SmallDisk // nil: FillDisk is skipped
+	Since func() time.Duration
+	Logf  func(format string, args ...any)
+
+	mu     sync.Mutex
+	events []Event
+	filled bool
+}
+
+// Run carries out the faults in order; it returns when the last one has
+// ended (processes restarted or resumed) or ctx is done.
+func (in *Injector) Run(ctx context.Context, plan []Fault) {
+	for _, f := range plan {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(f.Gap):
+		}
+		ev := in.do(ctx, f)
+		in.Logf("fault: %s", ev)
+		in.mu.Lock()
+		in.events = append(in.events, ev)
+		in.mu.Unlock()
+	}
+}
+
+func (in *Injector) do(ctx context.Context, f Fault) Event {
+	ev := Event{Kind: f.Kind, Start: in.Since()}
+	defer func() { ev.End = in.Since() }()
+	sleep := func(d time.Duration) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+	}
+	var notes []string
+	note := func(format string, args ...any) { notes = append(notes, fmt.Sprintf(format, args...)) }
+	defer func() { ev.Note = strings.Join(notes, "; ") }()
+	switch f.Kind {
+	case KillDN:
+		p := in.C.DNs[f.Target]
+		ev.Target = p.Name
+		note("pid %d SIGKILL, down %v", p.Pid(), f.Down.Round(time.Millisecond))
+		if err := p.Kill(); err != nil {
+			note("kill: %v", err)
+		}
+		sleep(f.Down)
+		if err := p.Start(); err != nil {
+			note("restart: %v", err)
+		} else {
+			note("restarted as pid %d", p.Pid())
+		}
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		if err := waitPort(wctx, in.C.DNData[f.Target]); err != nil {
+			note("not serving: %v", err)
+		}
+		cancel()
+	case KillMeta:
+		i := in.C.Leader(ctx)
+		if i < 0 {
+			note("no leader found; killing meta1")
+			i = 0
+		}
+		p := in.C.Metas[i]
+		ev.Target = p.Name
+		note("leader pid %d SIGKILL, down %v", p.Pid(), f.Down.Round(time.Millisecond))
+		if err := p.Kill(); err != nil {
+			note("kill: %v", err)
+		}
+		sleep(f.Down)
+		if err := p.Start(); err != nil {
+			note("restart: %v", err)
+		} else {
+			note("restarted as pid %d", p.Pid())
+		}
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		if j, err := in.C.WaitLeader(wctx); err != nil {
+			note("%v", err)
+		} else {
+			note("leader now %s", in.C.Metas[j].Name)
+		}
+		cancel()
+	case StopDN:
+		p := in.C.DNs[f.Target]
+		ev.Target = p.Name
+		if err := p.Stop(); err != nil {
+			note("SIGSTOP: %v", err)
+			break
+		}
+		note("pid %d SIGSTOP for %v", p.Pid(), f.Down)
+		sleep(f.Down)
+		if err := p.Cont(); err != nil {
+			note("SIGCONT: %v", err)
+		}
+	case FillDisk:
+		if in.Disk == nil {
+			note("skipped: no small disk (not root?)")
+			break
+		}
+		ev.Target = in.C.DNs[numDN-1].Name
+		n, err := in.Disk.Fill()
+		avail, _ := in.Disk.Avail()
+		note("ballast %d MiB, %d bytes left", n>>20, avail)
+		if err != nil {
+			note("fill: %v", err)
+		}
+		in.mu.Lock()
+		in.filled = true
+		in.mu.Unlock()
+	}
+	return ev
+}
+
+// ReleaseDisk removes the ballast if the disk was filled and records it.
+func (in *Injector) ReleaseDisk() {
+	in.mu.Lock()
+	filled := in.filled
+	in.filled = false
+	in.mu.Unlock()
+	if !filled {
+		return
+	}
+	ev := Event{Kind: FillDisk, Target: in.C.DNs[numDN-1].Name, Start: in.Since(), Note: "ballast removed"}
+	if err := in.Disk.Release(); err != nil {
+		ev.Note += ": " + err.Error()
+	}
+	ev.End = in.Since()
+	in.mu.Lock()
+	in.events = append(in.events, ev)
+	in.mu.Unlock()
+}
+
+// Events returns the faults carried out so far.
+func (in *Injector) Events() []Event {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return append([]Event(nil), in.events...)
+}
