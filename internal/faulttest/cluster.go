@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
@@ -260,6 +261,33 @@ func (c *Cluster) CorruptReplicas(ctx context.Context) ([]*metapb.CorruptReplica
 		return nil, err
 	}
 	return r.Replicas, nil
+}
+
+// Roles returns how many THREE pipelines datanode i leads and follows in,
+// from its own Info.
+func (c *Cluster) Roles(ctx context.Context, i int) (lead, follow int, err error) {
+	conn, err := grpc.NewClient(c.DNData[i], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close()
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	r, err := datanodepb.NewDatanodeClient(conn).Info(cctx, &datanodepb.InfoRequest{})
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, p := range r.Pipelines {
+		if len(p.Members) < 3 {
+			continue
+		}
+		if p.Leader == r.DatanodeId {
+			lead++
+		} else {
+			follow++
+		}
+	}
+	return lead, follow, nil
 }
 
 // WaitDatanodes waits until the SCM leader lists all five datanodes

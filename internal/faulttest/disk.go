@@ -29,12 +29,12 @@ type SmallDisk struct {
 }
 
 // NewSmallDisk creates a sparse image of size bytes in dir, formats it
-// and mounts it. It needs root.
-func NewSmallDisk(dir string, size int64) (*SmallDisk, error) {
+// and mounts it on dir/name. It needs root.
+func NewSmallDisk(dir, name string, size int64) (*SmallDisk, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("not root: cannot loop-mount a file system")
 	}
-	d := &SmallDisk{Image: filepath.Join(dir, "dn-disk.img"), Mount: filepath.Join(dir, "dn-disk")}
+	d := &SmallDisk{Image: filepath.Join(dir, name+"-disk.img"), Mount: filepath.Join(dir, name+"-disk")}
 	d.Dir = filepath.Join(d.Mount, "vol")
 	d.ballast = filepath.Join(d.Mount, "ballast")
 	f, err := os.Create(d.Image)

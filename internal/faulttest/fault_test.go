@@ -1,6 +1,7 @@
 package faulttest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -52,15 +53,15 @@ func TestFault(t *testing.T) {
 		t.Fatal(err)
 	}
 	var c *Cluster
-	var disk *SmallDisk
+	var disks []*SmallDisk
 	var report strings.Builder
 	defer func() {
 		if c != nil {
 			c.Close()
 		}
-		if disk != nil {
-			if err := disk.Close(); err != nil {
-				t.Errorf("small disk: %v", err)
+		for _, d := range disks {
+			if err := d.Close(); err != nil {
+				t.Errorf("loop-mounted volume: %v", err)
 			}
 		}
 		// Keep the logs and the report of a failed run; the data goes.
@@ -84,17 +85,24 @@ func TestFault(t *testing.T) {
 		t.Fatal(err)
 	}
 	logf("binary %s", bin)
-	// 16 GiB sparse: a container needs 5 GiB free to be placed (the
-	// default container size), so the volume behaves normally until the
-	// ballast fills it.
-	disk, err = NewSmallDisk(root, 16<<30)
-	if err != nil {
-		logf("disk-full fault disabled: %v", err)
-		disk = nil
-	}
+	// Every datanode's data volume is its own loop-mounted file system
+	// (one disk per datanode), so the disk-full fault can pick its target
+	// when it strikes. 16 GiB sparse: a container needs 5 GiB free to be
+	// placed (the default container size), so a volume behaves normally
+	// until the ballast fills it.
 	vols := map[int]string{}
-	if disk != nil {
-		vols[numDN-1] = disk.Dir
+	for i := range numDN {
+		d, err := NewSmallDisk(root, fmt.Sprintf("dn%d", i+1), 16<<30)
+		if err != nil {
+			logf("disk-full fault disabled: %v", err)
+			for _, d := range disks {
+				d.Close()
+			}
+			disks, vols = nil, map[int]string{}
+			break
+		}
+		disks = append(disks, d)
+		vols[i] = d.Dir
 	}
 	c, err = NewCluster(ClusterConfig{Bin: bin, Dir: root, DNVolumes: vols})
 	if err != nil {
@@ -106,7 +114,7 @@ func TestFault(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start cluster: %v", err)
 	}
-	logf("cluster up: meta %v, datanodes %v (dn%d's volume on a loop-mounted ext4 image: %v)", c.MetaGRPC, c.DNData, numDN, disk != nil)
+	logf("cluster up: meta %v, datanodes %v (volumes on loop-mounted ext4 images: %v)", c.MetaGRPC, c.DNData, disks != nil)
 
 	clog, err := os.Create(filepath.Join(c.Logs, "client.log"))
 	if err != nil {
@@ -125,12 +133,19 @@ func TestFault(t *testing.T) {
 	if _, err := cl.CreateBucket(ctx, vol, bucket, client.BucketOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// Pipelines exist once SCM lists them; their Raft groups still elect
+	// leaders. Wait until a small and a large (V2) write go through, so
+	// the faults, not the start, fail the writes.
+	if err := probe(ctx, cl, vol, bucket); err != nil {
+		t.Fatalf("probe writes: %v", err)
+	}
+	logf("probe writes ok")
 
 	w := &Workload{Client: cl, Volume: vol, Bucket: bucket, Seed: seed,
 		Writers:  map[KeyKind]int{LargeV1: 2, LargeV2: 2, Small: 3},
 		LargeMin: 8 << 20, LargeMax: 32 << 20, SmallMin: 1 << 10, SmallMax: 64 << 10,
-		LargeBudget: largeMiB << 20, SmallBudget: 6000, KeyTimeout: 2 * time.Minute}
-	plan := Plan(seed, PlanConfig{KillDN: 3, KillMeta: 2, StopDN: 1, FillDisk: disk != nil, StopFor: 30 * time.Second, FirstAfter: 8 * time.Second})
+		LargeBudget: largeMiB << 20, LargeRate: (largeMiB << 20) / 100, SmallBudget: 6000, KeyTimeout: 2 * time.Minute}
+	plan := Plan(seed, PlanConfig{KillDN: 3, KillMeta: 2, StopDN: 1, FillDisk: disks != nil, StopFor: 30 * time.Second, FirstAfter: 8 * time.Second})
 	for i, f := range plan {
 		target := ""
 		if f.Kind == KillDN || f.Kind == StopDN {
@@ -138,10 +153,11 @@ func TestFault(t *testing.T) {
 		}
 		logf("plan %d: after %v %s %s (down %v)", i+1, f.Gap.Round(time.Millisecond), f.Kind, target, f.Down.Round(time.Millisecond))
 	}
-	in := &Injector{C: c, Disk: disk, Since: w.Since, Logf: logf}
+	in := &Injector{C: c, Disks: disks, Seed: seed, Since: w.Since, Logf: logf}
 
 	// Workload and faults. The writers stop 10 s after the last fault
-	// ended; keys in flight get 60 s more, then their context ends.
+	// ended and at least 40 s after the disk filled; keys in flight get
+	// 60 s more, then their context ends.
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
 	w.Begin()
@@ -151,12 +167,18 @@ func TestFault(t *testing.T) {
 		w.Run(wctx)
 	}()
 	in.Run(ctx, plan)
+	tail := 10 * time.Second
+	for _, e := range in.Events() {
+		if e.Kind == FillDisk {
+			tail = max(tail, e.Start+40*time.Second-w.Since())
+		}
+	}
 	select {
 	case <-done:
-	case <-time.After(10 * time.Second):
+	case <-time.After(tail):
 	}
-	if disk != nil {
-		logDiskState(ctx, c, disk, logf)
+	if i := in.Filled(); i >= 0 {
+		logDiskState(ctx, c, i, disks[i], logf)
 	}
 	w.Stop()
 	logf("workload: stopping writers at %.1fs", w.Since().Seconds())
@@ -205,9 +227,16 @@ func TestFault(t *testing.T) {
 	ch.CheckLeaders(ctx, acked, w.FailedKeys(), 5)
 	ch.AddCrashes(c.Crashes(), func(at time.Time) time.Duration { return at.Sub(began) })
 
-	if disk != nil {
-		n, lines := grepCount(c.DNs[numDN-1].LogPath, 5, "no space left", "disk full", "ENOSPC", "out of space")
-		logf("%s log: %d lines mention ENOSPC / disk full; first: %s", c.DNs[numDN-1].Name, n, strings.Join(lines, "\n    "))
+	for _, e := range ch.Events {
+		if e.Kind != FillDisk || e.Target == "" || strings.HasPrefix(e.Note, "ballast removed") {
+			continue
+		}
+		for _, p := range c.DNs {
+			if p.Name == e.Target {
+				n, lines := grepCount(p.LogPath, 5, "no space left", "disk full", "ENOSPC", "out of space")
+				logf("%s log (disk filled): %d lines mention ENOSPC / disk full; first: %s", p.Name, n, strings.Join(lines, "\n    "))
+			}
+		}
 	}
 	for _, p := range append(append([]*Proc{}, c.Metas...), c.DNs...) {
 		if n, lines := grepCount(p.LogPath, 3, "panic", "fatal"); n > 0 {
@@ -223,8 +252,25 @@ func TestFault(t *testing.T) {
 	}
 }
 
+// probe writes a small key and a 4 MiB V2 key until both succeed (60 s).
+func probe(ctx context.Context, cl *client.Client, vol, bucket string) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	data := keyData(1, 4<<20, nil)
+	var err error
+	for ctx.Err() == nil {
+		if _, err = cl.PutKey(ctx, vol, bucket, "probe/small", bytes.NewReader(data[:4096]), client.PutOptions{}); err == nil {
+			if _, err = cl.PutKey(ctx, vol, bucket, "probe/v2", bytes.NewReader(data), client.PutOptions{Pipeline: client.PipelineV2}); err == nil {
+				return nil
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	return err
+}
+
 // logDiskState logs the full datanode's volume as SCM sees it.
-func logDiskState(ctx context.Context, c *Cluster, d *SmallDisk, logf func(string, ...any)) {
+func logDiskState(ctx context.Context, c *Cluster, i int, d *SmallDisk, logf func(string, ...any)) {
 	avail, _ := d.Avail()
 	dns, err := c.Datanodes(ctx)
 	if err != nil {
@@ -232,7 +278,7 @@ func logDiskState(ctx context.Context, c *Cluster, d *SmallDisk, logf func(strin
 		return
 	}
 	for _, dn := range dns {
-		if dn.Details.GetHostname() == c.DNs[numDN-1].Name {
+		if dn.Details.GetHostname() == c.DNs[i].Name {
 			var vs []string
 			for _, v := range dn.Volumes {
 				vs = append(vs, fmt.Sprintf("%s capacity %d used %d available %d failed %v", v.Path, v.CapacityBytes, v.UsedBytes, v.AvailableBytes, v.Failed))

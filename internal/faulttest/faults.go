@@ -16,7 +16,7 @@ const (
 	KillDN   FaultKind = "kill-dn"   // kill -9 a datanode, restart it on the same data dir
 	KillMeta FaultKind = "kill-meta" // kill -9 the namespace leader, restart it
 	StopDN   FaultKind = "stop-dn"   // SIGSTOP a datanode, SIGCONT after StopFor
-	FillDisk FaultKind = "fill-disk" // fill the small disk's datanode volume (until the workload ends)
+	FillDisk FaultKind = "fill-disk" // fill a datanode's data volume (until the workload ends)
 )
 
 // Fault is one planned fault.
@@ -77,14 +77,16 @@ func Plan(seed uint64, cfg PlanConfig) []Fault {
 // Injector carries out a plan against a cluster, one fault at a time, and
 // records what happened.
 type Injector struct {
-	C     *Cluster
-	Disk  *SmallDisk // nil: FillDisk is skipped
+	C *Cluster
+	// Disks are the datanodes' data volumes (nil: FillDisk is skipped).
+	Disks []*SmallDisk
+	Seed  uint64
 	Since func() time.Duration
 	Logf  func(format string, args ...any)
 
 	mu     sync.Mutex
 	events []Event
-	filled bool
+	filled int // index+1 of the datanode whose disk is full, 0 if none
 }
 
 // Run carries out the faults in order; it returns when the last one has
@@ -104,8 +106,8 @@ func (in *Injector) Run(ctx context.Context, plan []Fault) {
 	}
 }
 
-func (in *Injector) do(ctx context.Context, f Fault) Event {
-	ev := Event{Kind: f.Kind, Start: in.Since()}
+func (in *Injector) do(ctx context.Context, f Fault) (ev Event) {
+	ev = Event{Kind: f.Kind, Start: in.Since()}
 	defer func() { ev.End = in.Since() }()
 	sleep := func(d time.Duration) {
 		select {
@@ -173,41 +175,80 @@ func (in *Injector) do(ctx context.Context, f Fault) Event {
 			note("SIGCONT: %v", err)
 		}
 	case FillDisk:
-		if in.Disk == nil {
-			note("skipped: no small disk (not root?)")
+		if in.Disks == nil {
+			note("skipped: no loop-mounted volumes (not root?)")
 			break
 		}
-		ev.Target = in.C.DNs[numDN-1].Name
-		n, err := in.Disk.Fill()
-		avail, _ := in.Disk.Avail()
+		i, why := in.fillTarget(ctx)
+		ev.Target = in.C.DNs[i].Name
+		note("%s", why)
+		n, err := in.Disks[i].Fill()
+		avail, _ := in.Disks[i].Avail()
 		note("ballast %d MiB, %d bytes left", n>>20, avail)
 		if err != nil {
 			note("fill: %v", err)
 		}
 		in.mu.Lock()
-		in.filled = true
+		in.filled = i + 1
 		in.mu.Unlock()
 	}
 	return ev
+}
+
+// fillTarget picks the datanode whose disk to fill: one that follows in
+// a THREE pipeline and leads none, since a follower that cannot store
+// what it acknowledges is the case that matters (a leader that cannot
+// store fails the client's request itself). Seeded among the candidates;
+// the most-following datanode if there is none.
+func (in *Injector) fillTarget(ctx context.Context) (int, string) {
+	rng := rand.New(rand.NewPCG(in.Seed, 0xd15c))
+	var cands []int
+	best, bestFollow := rng.IntN(numDN), -1
+	var roles []string
+	for i := range numDN {
+		lead, follow, err := in.C.Roles(ctx, i)
+		if err != nil {
+			roles = append(roles, fmt.Sprintf("%s: %v", in.C.DNs[i].Name, err))
+			continue
+		}
+		roles = append(roles, fmt.Sprintf("%s leads %d follows %d", in.C.DNs[i].Name, lead, follow))
+		if follow > 0 && lead == 0 {
+			cands = append(cands, i)
+		}
+		if follow > bestFollow {
+			best, bestFollow = i, follow
+		}
+	}
+	if len(cands) > 0 {
+		best = cands[rng.IntN(len(cands))]
+	}
+	return best, "THREE pipelines: " + strings.Join(roles, ", ")
 }
 
 // ReleaseDisk removes the ballast if the disk was filled and records it.
 func (in *Injector) ReleaseDisk() {
 	in.mu.Lock()
 	filled := in.filled
-	in.filled = false
+	in.filled = 0
 	in.mu.Unlock()
-	if !filled {
+	if filled == 0 {
 		return
 	}
-	ev := Event{Kind: FillDisk, Target: in.C.DNs[numDN-1].Name, Start: in.Since(), Note: "ballast removed"}
-	if err := in.Disk.Release(); err != nil {
+	ev := Event{Kind: FillDisk, Target: in.C.DNs[filled-1].Name, Start: in.Since(), Note: "ballast removed"}
+	if err := in.Disks[filled-1].Release(); err != nil {
 		ev.Note += ": " + err.Error()
 	}
 	ev.End = in.Since()
 	in.mu.Lock()
 	in.events = append(in.events, ev)
 	in.mu.Unlock()
+}
+
+// Filled returns the index of the datanode whose disk is full (-1: none).
+func (in *Injector) Filled() int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.filled - 1
 }
 
 // Events returns the faults carried out so far.

@@ -54,12 +54,17 @@ type Workload struct {
 	// keys. They bound the verification that follows.
 	LargeBudget int64
 	SmallBudget int64
+	// LargeRate paces the large writers together (bytes per second of
+	// keys started; 0 = unpaced), so large writes span the whole run and
+	// meet every fault instead of using the budget up front.
+	LargeRate int64
 	// KeyTimeout bounds one PutKey.
 	KeyTimeout time.Duration
 
 	start     time.Time
 	stop      atomic.Bool
 	largeAck  atomic.Int64
+	largeGo   atomic.Int64 // bytes of large keys started
 	smallAck  atomic.Int64
 	mu        sync.Mutex
 	acked     []Acked
@@ -116,6 +121,9 @@ func (w *Workload) writer(ctx context.Context, kind KeyKind, id int) {
 				return
 			}
 			size = w.LargeMin + rng.Int64N(w.LargeMax-w.LargeMin+1)
+			if !w.pace(ctx, size) {
+				return
+			}
 			opts.Pipeline = client.PipelineV1
 			if kind == LargeV2 {
 				opts.Pipeline = client.PipelineV2
@@ -164,6 +172,27 @@ func (w *Workload) writer(ctx context.Context, kind KeyKind, id int) {
 			w.largeAck.Add(size)
 		}
 	}
+}
+
+// pace waits until starting a large key of size bytes keeps the large
+// writers within LargeRate; false if the workload stopped meanwhile.
+func (w *Workload) pace(ctx context.Context, size int64) bool {
+	started := w.largeGo.Add(size)
+	if w.LargeRate <= 0 {
+		return true
+	}
+	for !w.stop.Load() && ctx.Err() == nil {
+		allowed := int64(w.Since().Seconds() * float64(w.LargeRate))
+		if started-size <= allowed {
+			return true
+		}
+		wait := time.Duration(float64(started-size-allowed) / float64(w.LargeRate) * float64(time.Second))
+		select {
+		case <-ctx.Done():
+		case <-time.After(min(wait, 500*time.Millisecond)):
+		}
+	}
+	return false
 }
 
 // Acked returns the acknowledged keys.
