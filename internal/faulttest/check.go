@@ -778,15 +778,21 @@ func Table(title string, fs []Finding) string {
 		}
 		// Breakdowns: which replica failed and why (numbers folded), and
 		// which faults overlapped the writes.
-		rep, why, flt := map[string]int{}, map[string]int{}, map[string]int{}
+		rep, why, flt, ctr := map[string]int{}, map[string]int{}, map[string]int{}, map[string]int{}
 		for _, f := range byClass[c] {
 			if f.Replica != "" {
 				rep[strings.SplitN(f.Replica, "@", 2)[0]]++
+			}
+			if f.Block != "" {
+				ctr[strings.SplitN(f.Block, "/", 2)[0]]++
 			}
 			why[reasonOf(f.Detail)]++
 			flt[f.Faults]++
 		}
 		fmt.Fprintf(&b, "  %s by first failing replica: %s\n", c, counts(rep, 10))
+		if len(ctr) > 0 {
+			fmt.Fprintf(&b, "  %s by container: %s\n", c, counts(ctr, 12))
+		}
 		fmt.Fprintf(&b, "  %s by reason: %s\n", c, counts(why, 6))
 		fmt.Fprintf(&b, "  %s by faults during the write: %s\n", c, counts(flt, 8))
 	}

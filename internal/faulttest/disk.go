@@ -12,8 +12,8 @@ import (
 )
 
 // SmallDisk is a loop-mounted ext4 file system for one datanode's data
-// volume, so the test can fill it to ENOSPC without touching the real
-// disk. The image is sparse; the ballast that fills it is fallocated
+// volume (its own disk), so the test can fill it to ENOSPC without
+// filling the machine's disk. The image is sparse; the ballast that fills it is fallocated
 // (unwritten extents), so filling costs neither time nor real space.
 //
 // Its size must leave room for a whole container (storage places a
@@ -137,6 +137,9 @@ func (d *SmallDisk) Close() error {
 	}
 	if err := os.Remove(d.Image); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		os.Remove(d.Mount) // the empty mount point
 	}
 	return errors.Join(errs...)
 }

@@ -21,9 +21,13 @@
 //
 // The harness (this package's non-test files) starts processes, kills
 // and signals them only by the PIDs it started, and removes its directory
-// at the end (keeping the logs and the report when the test fails). The
-// disk-full fault needs root (a loop-mounted ext4 image); without root it
-// is skipped and the skip is reported.
+// at the end (keeping the logs and the report when the test fails). Each
+// datanode's data volume is its own loop-mounted ext4 image (sparse), and
+// the disk-full fault fills, when it strikes, the disk of a datanode that
+// follows in a THREE pipeline and leads none (a follower acknowledging
+// what it could not store is the dangerous case). That needs root;
+// without it the volumes are plain directories, the disk-full fault is
+// skipped and the skip is reported.
 //
 // The test is heavy (eight processes, gigabytes written and read three
 // times), so `go test ./...` skips it; run it with
