@@ -142,7 +142,7 @@ func TestFault(t *testing.T) {
 	logf("probe writes ok")
 
 	w := &Workload{Client: cl, Volume: vol, Bucket: bucket, Seed: seed,
-		Writers:  map[KeyKind]int{LargeV1: 2, LargeV2: 2, Small: 3},
+		Writers:  map[KeyKind]int{LargeV1: 2, LargeV2: 2, Small: 3, Impatient: 1},
 		LargeMin: 8 << 20, LargeMax: 32 << 20, SmallMin: 1 << 10, SmallMax: 64 << 10,
 		LargeBudget: largeMiB << 20, LargeRate: (largeMiB << 20) / 100, SmallBudget: 6000, KeyTimeout: 2 * time.Minute}
 	plan := Plan(seed, PlanConfig{KillDN: 3, KillMeta: 2, StopDN: 1, FillDisk: disks != nil, StopFor: 30 * time.Second, FirstAfter: 8 * time.Second})
@@ -224,6 +224,8 @@ func TestFault(t *testing.T) {
 	logf("replica check done")
 	ch.CheckReadback(ctx, acked, 3)
 	logf("readback done")
+	ch.CheckPipelines(ctx, 45*time.Second)
+	logf("pipeline check done")
 	ch.CheckLeaders(ctx, acked, w.FailedKeys(), 5)
 	ch.AddCrashes(c.Crashes(), func(at time.Time) time.Duration { return at.Sub(began) })
 

@@ -23,6 +23,10 @@ const (
 	LargeV1 KeyKind = "large-v1"
 	LargeV2 KeyKind = "large-v2"
 	Small   KeyKind = "small"
+	// Impatient writes large V1 keys with a deadline of 0.1–1.6 s, so
+	// requests are cancelled while their proposals are in flight (issue
+	// 11's scenario 4). The few it gets acknowledged count like any.
+	Impatient KeyKind = "impatient"
 )
 
 // Acked is one acknowledged key: PutKey returned nil for it.
@@ -90,7 +94,7 @@ func (w *Workload) Run(ctx context.Context) {
 	w.failedN = map[KeyKind]int{}
 	var wg sync.WaitGroup
 	n := 0
-	for _, kind := range []KeyKind{LargeV1, LargeV2, Small} {
+	for _, kind := range []KeyKind{LargeV1, LargeV2, Small, Impatient} {
 		for range w.Writers[kind] {
 			n++
 			wg.Add(1)
@@ -133,12 +137,19 @@ func (w *Workload) writer(ctx context.Context, kind KeyKind, id int) {
 				return
 			}
 			size = w.SmallMin + rng.Int64N(w.SmallMax-w.SmallMin+1)
+		case Impatient:
+			size = w.LargeMin + rng.Int64N(w.LargeMax-w.LargeMin+1)
+			opts.Pipeline = client.PipelineV1
+		}
+		timeout := w.KeyTimeout
+		if kind == Impatient {
+			timeout = time.Duration(100+rng.IntN(1500)) * time.Millisecond
 		}
 		dataSeed := rng.Uint64()
 		buf = keyData(dataSeed, size, buf)
 		name := fmt.Sprintf("%s/w%02d/%06d", kind, id, seq)
 		opts.SizeHint = size
-		kctx, cancel := context.WithTimeout(ctx, w.KeyTimeout)
+		kctx, cancel := context.WithTimeout(ctx, timeout)
 		t0 := w.Since()
 		info, err := w.Client.PutKey(kctx, w.Volume, w.Bucket, name, bytes.NewReader(buf), opts)
 		cancel()
@@ -149,6 +160,9 @@ func (w *Workload) writer(ctx context.Context, kind KeyKind, id int) {
 			w.failedN[kind]++
 			w.failedKey = append(w.failedKey, name)
 			cls := failureKey(err)
+			if kind == Impatient {
+				cls = "[impatient, expected] " + cls
+			}
 			fc := w.failures[cls]
 			if fc == nil {
 				fc = &failureClass{Example: fmt.Sprintf("%s at %.1fs: %v", name, t1.Seconds(), err)}
@@ -166,10 +180,16 @@ func (w *Workload) writer(ctx context.Context, kind KeyKind, id int) {
 		w.acked = append(w.acked, Acked{Name: name, Kind: kind, Size: size, DataSeed: dataSeed, SHA: sha256.Sum256(buf),
 			Pipeline: info.Pipeline, Start: t0, End: t1})
 		w.mu.Unlock()
-		if kind == Small {
+		switch kind {
+		case Small:
 			w.smallAck.Add(1)
-		} else {
+		case LargeV1, LargeV2:
 			w.largeAck.Add(size)
+		case Impatient:
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
 		}
 	}
 }
@@ -221,7 +241,10 @@ func (w *Workload) Summary() string {
 		ack[a.Kind]++
 		ackBytes[a.Kind] += a.Size
 	}
-	for _, k := range []KeyKind{LargeV1, LargeV2, Small} {
+	for _, k := range []KeyKind{LargeV1, LargeV2, Small, Impatient} {
+		if w.attempted[k] == 0 {
+			continue
+		}
 		fmt.Fprintf(&b, "  %-9s attempted %5d  acknowledged %5d (%7.1f MiB)  failed %4d\n", k, w.attempted[k], ack[k],
 			float64(ackBytes[k])/(1<<20), w.failedN[k])
 	}
