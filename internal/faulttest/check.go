@@ -766,7 +766,9 @@ func Table(title string, fs []Finding) string {
 	for _, c := range classes {
 		keys := map[string]bool{}
 		for _, f := range byClass[c] {
-			keys[f.Key] = true
+			if f.Key != "" {
+				keys[f.Key] = true
+			}
 		}
 		ex := byClass[c][0]
 		fmt.Fprintf(tw, "  %s\t%d\t%d\t%s\n", c, len(byClass[c]), len(keys), truncate(describe(ex), 900))
@@ -789,12 +791,16 @@ func Table(title string, fs []Finding) string {
 			why[reasonOf(f.Detail)]++
 			flt[f.Faults]++
 		}
-		fmt.Fprintf(&b, "  %s by first failing replica: %s\n", c, counts(rep, 10))
-		if len(ctr) > 0 {
-			fmt.Fprintf(&b, "  %s by container: %s\n", c, counts(ctr, 12))
+		delete(flt, "")
+		for _, x := range []struct {
+			what string
+			m    map[string]int
+			n    int
+		}{{"first failing replica", rep, 10}, {"container", ctr, 12}, {"reason", why, 6}, {"faults during the write", flt, 8}} {
+			if len(x.m) > 0 {
+				fmt.Fprintf(&b, "  %s by %s: %s\n", c, x.what, counts(x.m, x.n))
+			}
 		}
-		fmt.Fprintf(&b, "  %s by reason: %s\n", c, counts(why, 6))
-		fmt.Fprintf(&b, "  %s by faults during the write: %s\n", c, counts(flt, 8))
 	}
 	return b.String()
 }

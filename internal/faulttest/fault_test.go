@@ -145,7 +145,8 @@ func TestFault(t *testing.T) {
 		Writers:  map[KeyKind]int{LargeV1: 2, LargeV2: 2, Small: 3, Impatient: 1},
 		LargeMin: 8 << 20, LargeMax: 32 << 20, SmallMin: 1 << 10, SmallMax: 64 << 10,
 		LargeBudget: largeMiB << 20, LargeRate: (largeMiB << 20) / 100, SmallBudget: 6000, KeyTimeout: 2 * time.Minute}
-	plan := Plan(seed, PlanConfig{KillDN: 3, KillMeta: 2, StopDN: 1, FillDisk: disks != nil, StopFor: 30 * time.Second, FirstAfter: 8 * time.Second})
+	plan := Plan(seed, PlanConfig{KillDN: 3, KillMeta: 2, StopDN: 1, FillDisk: disks != nil, StopFor: 30 * time.Second,
+		ImpatientFor: 10 * time.Second, FirstAfter: 8 * time.Second})
 	for i, f := range plan {
 		target := ""
 		if f.Kind == KillDN || f.Kind == StopDN {
@@ -153,7 +154,7 @@ func TestFault(t *testing.T) {
 		}
 		logf("plan %d: after %v %s %s (down %v)", i+1, f.Gap.Round(time.Millisecond), f.Kind, target, f.Down.Round(time.Millisecond))
 	}
-	in := &Injector{C: c, Disks: disks, Seed: seed, Since: w.Since, Logf: logf}
+	in := &Injector{C: c, Disks: disks, Seed: seed, Impatient: w.SetImpatient, Since: w.Since, Logf: logf}
 
 	// Workload and faults. The writers stop 10 s after the last fault
 	// ended and at least 40 s after the disk filled; keys in flight get

@@ -17,6 +17,9 @@ const (
 	KillMeta FaultKind = "kill-meta" // kill -9 the namespace leader, restart it
 	StopDN   FaultKind = "stop-dn"   // SIGSTOP a datanode, SIGCONT after StopFor
 	FillDisk FaultKind = "fill-disk" // fill a datanode's data volume (until the workload ends)
+	// Impatient: for Down, a client writes large V1 keys with deadlines of
+	// 0.1–1.6 s (requests cancelled while their proposals are in flight).
+	ImpatientClient FaultKind = "impatient"
 )
 
 // Fault is one planned fault.
@@ -44,6 +47,7 @@ type PlanConfig struct {
 	KillDN, KillMeta, StopDN int
 	FillDisk                 bool
 	StopFor                  time.Duration
+	ImpatientFor             time.Duration // 0: no impatient-client fault
 	FirstAfter               time.Duration // gap before the first fault
 }
 
@@ -64,6 +68,9 @@ func Plan(seed uint64, cfg PlanConfig) []Fault {
 	if cfg.FillDisk {
 		fs = append(fs, Fault{Kind: FillDisk})
 	}
+	if cfg.ImpatientFor > 0 {
+		fs = append(fs, Fault{Kind: ImpatientClient, Down: cfg.ImpatientFor})
+	}
 	rng.Shuffle(len(fs), func(i, j int) { fs[i], fs[j] = fs[j], fs[i] })
 	for i := range fs {
 		fs[i].Gap = time.Duration(3000+rng.IntN(5000)) * time.Millisecond
@@ -81,8 +88,10 @@ type Injector struct {
 	// Disks are the datanodes' data volumes (nil: FillDisk is skipped).
 	Disks []*SmallDisk
 	Seed  uint64
-	Since func() time.Duration
-	Logf  func(format string, args ...any)
+	// Impatient turns the impatient client on and off.
+	Impatient func(on bool)
+	Since     func() time.Duration
+	Logf      func(format string, args ...any)
 
 	mu     sync.Mutex
 	events []Event
@@ -174,6 +183,16 @@ func (in *Injector) do(ctx context.Context, f Fault) (ev Event) {
 		if err := p.Cont(); err != nil {
 			note("SIGCONT: %v", err)
 		}
+	case ImpatientClient:
+		ev.Target = "client"
+		note("deadlines of 0.1–1.6 s on large V1 keys for %v", f.Down)
+		if in.Impatient == nil {
+			note("skipped: no impatient client")
+			break
+		}
+		in.Impatient(true)
+		sleep(f.Down)
+		in.Impatient(false)
 	case FillDisk:
 		if in.Disks == nil {
 			note("skipped: no loop-mounted volumes (not root?)")

@@ -25,7 +25,8 @@ const (
 	Small   KeyKind = "small"
 	// Impatient writes large V1 keys with a deadline of 0.1–1.6 s, so
 	// requests are cancelled while their proposals are in flight (issue
-	// 11's scenario 4). The few it gets acknowledged count like any.
+	// 11's scenario 4), while the impatient-client fault is on
+	// (SetImpatient). The few it gets acknowledged count like any.
 	Impatient KeyKind = "impatient"
 )
 
@@ -69,6 +70,7 @@ type Workload struct {
 	stop      atomic.Bool
 	largeAck  atomic.Int64
 	largeGo   atomic.Int64 // bytes of large keys started
+	impatient atomic.Bool  // Impatient writers write only while set
 	smallAck  atomic.Int64
 	mu        sync.Mutex
 	acked     []Acked
@@ -107,6 +109,9 @@ func (w *Workload) Run(ctx context.Context) {
 	wg.Wait()
 }
 
+// SetImpatient turns the Impatient writers on or off.
+func (w *Workload) SetImpatient(on bool) { w.impatient.Store(on) }
+
 // Stop makes the writers start no new key.
 func (w *Workload) Stop() { w.stop.Store(true) }
 
@@ -138,6 +143,14 @@ func (w *Workload) writer(ctx context.Context, kind KeyKind, id int) {
 			}
 			size = w.SmallMin + rng.Int64N(w.SmallMax-w.SmallMin+1)
 		case Impatient:
+			if !w.impatient.Load() {
+				select {
+				case <-ctx.Done():
+				case <-time.After(100 * time.Millisecond):
+				}
+				seq--
+				continue
+			}
 			size = w.LargeMin + rng.Int64N(w.LargeMax-w.LargeMin+1)
 			opts.Pipeline = client.PipelineV1
 		}
