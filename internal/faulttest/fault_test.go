@@ -218,14 +218,14 @@ func TestFault(t *testing.T) {
 	}
 	logf("faults (times since the workload began):\n%s", events.String())
 
-	if err := ch.CheckReplicas(ctx, acked, time.Now().Add(60*time.Second), 3); err != nil {
+	if err := ch.CheckReplicas(ctx, acked, time.Now().Add(45*time.Second), 3); err != nil {
 		t.Errorf("replica check: %v", err)
 	}
 	ch.FinishKeys()
 	logf("replica check done")
 	ch.CheckReadback(ctx, acked, 3)
 	logf("readback done")
-	ch.CheckPipelines(ctx, 45*time.Second)
+	ch.CheckPipelines(ctx, 30*time.Second)
 	logf("pipeline check done")
 	ch.CheckLeaders(ctx, acked, w.FailedKeys(), 5)
 	ch.AddCrashes(c.Crashes(), func(at time.Time) time.Duration { return at.Sub(began) })
