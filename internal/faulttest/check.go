@@ -192,7 +192,6 @@ func (ch *Checker) CheckReplicas(ctx context.Context, acked []Acked, settleBy ti
 		}
 	}
 	pending := acked
-	first := true
 	for pass := 1; ; pass++ {
 		containers, err := ch.C.Containers(ctx)
 		if err != nil {
@@ -200,16 +199,17 @@ func (ch *Checker) CheckReplicas(ctx context.Context, acked []Acked, settleBy ti
 		}
 		bad := ch.checkPass(ctx, pending, containers, workers)
 		ch.Logf("replica check pass %d: %d keys checked, %d with a block that does not verify on 3 replicas", pass, len(pending), len(bad))
-		last := len(bad) == 0 || time.Now().Add(5*time.Second).After(settleBy) || ctx.Err() != nil
-		if last {
+		if pass == 1 {
+			// However long the first pass took, re-check its failures at
+			// least once, a little later.
+			settleBy = later(settleBy, time.Now().Add(10*time.Second))
+		}
+		if len(bad) == 0 || time.Now().Add(5*time.Second).After(settleBy) || ctx.Err() != nil {
 			ch.record(bad, containers)
-			if !first {
-				ch.noteCaughtUp(pending, bad)
+			if pass > 1 {
+				ch.noteCaughtUp(bad)
 			}
 			return nil
-		}
-		if first {
-			first = false
 		}
 		var next []Acked
 		for _, b := range bad {
@@ -227,6 +227,13 @@ func (ch *Checker) CheckReplicas(ctx context.Context, acked []Acked, settleBy ti
 	}
 }
 
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 func dedupe(as []Acked) []Acked {
 	seen := map[string]bool{}
 	var out []Acked
@@ -241,7 +248,7 @@ func dedupe(as []Acked) []Acked {
 
 // noteCaughtUp records the keys that failed the first pass but passed a
 // later one.
-func (ch *Checker) noteCaughtUp(_ []Acked, finalBad []*blockResult) {
+func (ch *Checker) noteCaughtUp(finalBad []*blockResult) {
 	still := map[string]bool{}
 	for _, b := range finalBad {
 		still[b.key.Name] = true

@@ -19,7 +19,7 @@ import (
 // It runs only with BASALT_FAULT_TEST=1 (make test-fault). Knobs:
 // BASALT_FAULT_SEED (replay), BASALT_BIN (a prebuilt binary instead of
 // building cmd/basalt), BASALT_FAULT_LARGE_MIB (acknowledged large-key
-// bytes after which large writers stop, default 1536),
+// bytes after which large writers stop, default 1024),
 // BASALT_FAULT_KEEP=1 (keep logs and report even when it passes).
 func TestFault(t *testing.T) {
 	if os.Getenv("BASALT_FAULT_TEST") != "1" {
@@ -33,7 +33,7 @@ func TestFault(t *testing.T) {
 		}
 		seed = v
 	}
-	largeMiB := int64(1536)
+	largeMiB := int64(1024)
 	if s := os.Getenv("BASALT_FAULT_LARGE_MIB"); s != "" {
 		v, err := strconv.ParseInt(s, 10, 64)
 		if err != nil || v < 0 {
@@ -141,12 +141,14 @@ func TestFault(t *testing.T) {
 	}
 	logf("probe writes ok")
 
+	plan := Plan(seed, PlanConfig{KillDN: 3, KillMeta: 2, StopDN: 1, FillDisk: disks != nil, StopFor: 30 * time.Second,
+		ImpatientFor: 10 * time.Second, FirstAfter: 8 * time.Second})
+	// Large writes are paced to spread the budget over the whole plan.
+	span := Duration(plan) + 10*time.Second
 	w := &Workload{Client: cl, Volume: vol, Bucket: bucket, Seed: seed,
 		Writers:  map[KeyKind]int{LargeV1: 2, LargeV2: 2, Small: 3, Impatient: 1},
 		LargeMin: 8 << 20, LargeMax: 32 << 20, SmallMin: 1 << 10, SmallMax: 64 << 10,
-		LargeBudget: largeMiB << 20, LargeRate: (largeMiB << 20) / 100, SmallBudget: 6000, KeyTimeout: 2 * time.Minute}
-	plan := Plan(seed, PlanConfig{KillDN: 3, KillMeta: 2, StopDN: 1, FillDisk: disks != nil, StopFor: 30 * time.Second,
-		ImpatientFor: 10 * time.Second, FirstAfter: 8 * time.Second})
+		LargeBudget: largeMiB << 20, LargeRate: int64(float64(largeMiB<<20) / span.Seconds()), SmallBudget: 6000, KeyTimeout: 2 * time.Minute}
 	for i, f := range plan {
 		target := ""
 		if f.Kind == KillDN || f.Kind == StopDN {

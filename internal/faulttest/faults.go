@@ -81,6 +81,19 @@ func Plan(seed uint64, cfg PlanConfig) []Fault {
 	return fs
 }
 
+// Duration estimates how long a plan takes to carry out (gaps, down
+// times, a few seconds per restart).
+func Duration(plan []Fault) time.Duration {
+	var d time.Duration
+	for _, f := range plan {
+		d += f.Gap + f.Down
+		if f.Kind == KillDN || f.Kind == KillMeta {
+			d += 3 * time.Second
+		}
+	}
+	return d
+}
+
 // Injector carries out a plan against a cluster, one fault at a time, and
 // records what happened.
 type Injector struct {
@@ -141,7 +154,7 @@ func (in *Injector) do(ctx context.Context, f Fault) (ev Event) {
 		} else {
 			note("restarted as pid %d", p.Pid())
 		}
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		if err := waitPort(wctx, in.C.DNData[f.Target]); err != nil {
 			note("not serving: %v", err)
 		}
