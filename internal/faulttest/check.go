@@ -42,6 +42,7 @@ const (
 	FailedCommitted = "PutKey failed but the key is committed (client reported an error for a write that happened)"
 	LongerReplica   = "replica block longer than the key's block"
 	CorruptReported = "replicas on SCM's corrupt list (client reports) before the checks"
+	SlowRestart     = "restarted datanode not serving within 15 s"
 )
 
 // Finding is one violation or observation.
@@ -732,6 +733,16 @@ func (ch *Checker) list(ctx context.Context) (map[string]bool, error) {
 		}
 	}
 	return names, nil
+}
+
+// AddSlowRestarts records restarts after which a datanode did not serve
+// (an observation: a datanode that cannot start should say why and exit).
+func (ch *Checker) AddSlowRestarts() {
+	for _, e := range ch.Events {
+		if e.Kind == KillDN && strings.Contains(e.Note, "not serving") {
+			ch.add(Finding{Class: SlowRestart, Replica: e.Target, Detail: fmt.Sprintf("at %.1fs: %s", e.Start.Seconds(), e.Note)}, false)
+		}
+	}
 }
 
 // AddCrashes records unexpected process exits as violations.

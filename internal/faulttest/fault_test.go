@@ -231,6 +231,7 @@ func TestFault(t *testing.T) {
 	logf("pipeline check done")
 	ch.CheckLeaders(ctx, acked, w.FailedKeys(), 5)
 	ch.AddCrashes(c.Crashes(), func(at time.Time) time.Duration { return at.Sub(began) })
+	ch.AddSlowRestarts()
 
 	for _, e := range ch.Events {
 		if e.Kind != FillDisk || e.Target == "" || strings.HasPrefix(e.Note, "ballast removed") {
