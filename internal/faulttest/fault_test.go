@@ -230,7 +230,7 @@ func TestFault(t *testing.T) {
 	ch.CheckPipelines(ctx, 30*time.Second)
 	logf("pipeline check done")
 	ch.CheckLeaders(ctx, acked, w.FailedKeys(), 5)
-	ch.AddCrashes(c.Crashes(), func(at time.Time) time.Duration { return at.Sub(began) })
+	ch.AddCrashes(c.Crashes(), func(at time.Time) time.Duration { return at.Sub(w.start) })
 	ch.AddSlowRestarts()
 
 	for _, e := range ch.Events {
