@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -142,4 +144,54 @@ func (d *SmallDisk) Close() error {
 		os.Remove(d.Mount) // the empty mount point
 	}
 	return errors.Join(errs...)
+}
+
+// ownerFile names the PID of the test process that owns a run directory.
+const ownerFile = "owner.pid"
+
+// ClaimDir records this process as the owner of a run directory.
+func ClaimDir(dir string) error {
+	return os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644)
+}
+
+// CleanStale cleans the run directories (matching pattern) that a test
+// process which no longer runs left behind: a go test timeout kills the
+// test binary without running its deferred cleanup (the servers die with
+// it, through Pdeathsig, but the loop mounts and the data stay). It
+// unmounts and removes everything but the logs. Directories whose owner
+// still runs (another test in progress) or that a finished run released
+// (logs kept on purpose) are left alone. It returns what it cleaned.
+func CleanStale(pattern string) []string {
+	dirs, _ := filepath.Glob(pattern)
+	var out []string
+	for _, dir := range dirs {
+		b, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil {
+			continue // not ours, or not claimed yet
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 || syscall.Kill(pid, 0) == nil || errors.Is(syscall.Kill(pid, 0), syscall.EPERM) {
+			continue // its owner still runs
+		}
+		mounts, _ := filepath.Glob(filepath.Join(dir, "*-disk"))
+		ok := true
+		for _, m := range mounts {
+			if err := unix.Unmount(m, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+				if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+					ok = false
+				}
+			}
+		}
+		if !ok {
+			continue
+		}
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if e.Name() != "logs" {
+				os.RemoveAll(filepath.Join(dir, e.Name()))
+			}
+		}
+		out = append(out, dir)
+	}
+	return out
 }

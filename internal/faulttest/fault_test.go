@@ -48,8 +48,14 @@ func TestFault(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
 	defer cancel()
 
+	for _, d := range CleanStale(filepath.Join(os.TempDir(), "basalt-fault-*")) {
+		t.Logf("cleaned %s (mounts, data; logs kept), left by a test process that no longer runs", d)
+	}
 	root, err := os.MkdirTemp("", fmt.Sprintf("basalt-fault-%d-", seed))
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ClaimDir(root); err != nil {
 		t.Fatal(err)
 	}
 	var c *Cluster
@@ -67,6 +73,7 @@ func TestFault(t *testing.T) {
 		// Keep the logs and the report of a failed run; the data goes.
 		os.RemoveAll(filepath.Join(root, "data"))
 		os.Remove(filepath.Join(root, "basalt"))
+		os.Remove(filepath.Join(root, ownerFile))
 		if t.Failed() || os.Getenv("BASALT_FAULT_KEEP") == "1" {
 			os.WriteFile(filepath.Join(root, "logs", "report.txt"), []byte(report.String()), 0o644)
 			t.Logf("logs and report kept in %s", filepath.Join(root, "logs"))

@@ -1,8 +1,10 @@
 package faulttest
 
 import (
+	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"testing"
 	"time"
 
@@ -117,5 +119,39 @@ func TestKeyDataIsSeeded(t *testing.T) {
 	}
 	if reflect.DeepEqual(a, keyData(2, 1000, nil)) {
 		t.Fatal("seeds 1 and 2 gave the same bytes")
+	}
+}
+
+func TestCleanStaleLeavesLiveAndReleasedRuns(t *testing.T) {
+	base := t.TempDir()
+	mk := func(name, pid string) string {
+		d := filepath.Join(base, name)
+		if err := os.MkdirAll(filepath.Join(d, "logs"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(d, "data"), []byte("x"), 0o644)
+		if pid != "" {
+			os.WriteFile(filepath.Join(d, ownerFile), []byte(pid), 0o644)
+		}
+		return d
+	}
+	live := mk("basalt-fault-1-live", strconv.Itoa(os.Getpid()))
+	released := mk("basalt-fault-2-released", "")
+	// A PID above the kernel's maximum never runs.
+	dead := mk("basalt-fault-3-dead", "99999999")
+	got := CleanStale(filepath.Join(base, "basalt-fault-*"))
+	if !reflect.DeepEqual(got, []string{dead}) {
+		t.Fatalf("cleaned %v, want only %v", got, dead)
+	}
+	for _, d := range []string{live, released} {
+		if _, err := os.Stat(filepath.Join(d, "data")); err != nil {
+			t.Errorf("%s was touched: %v", d, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dead, "data")); err == nil {
+		t.Error("dead run's data still there")
+	}
+	if _, err := os.Stat(filepath.Join(dead, "logs")); err != nil {
+		t.Errorf("dead run's logs removed: %v", err)
 	}
 }
