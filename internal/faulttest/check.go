@@ -810,6 +810,7 @@ func Table(title string, fs []Finding) string {
 			flt[f.Faults]++
 		}
 		delete(flt, "")
+		delete(why, "")
 		for _, x := range []struct {
 			what string
 			m    map[string]int
@@ -845,6 +846,9 @@ func describe(f Finding) string {
 
 // reasonOf folds the first failing replica's reason of a detail.
 func reasonOf(d string) string {
+	if d == "" {
+		return ""
+	}
 	// Details look like "2/3 verify; SCM: ...; dn1 ok; dn4: NotFound: ...".
 	for _, p := range strings.Split(d, "; ") {
 		if i := strings.Index(p, ": "); i > 0 && strings.HasPrefix(p, "dn") && !strings.HasSuffix(p, " ok") {
