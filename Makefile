@@ -21,7 +21,7 @@ test: vet
 	$(GO) test -count=1 -race -timeout 10m ./internal/raft/...
 
 # Issue 11's multi-process fault test (3 meta + 5 datanode processes on
-# loopback, kill -9 / SIGSTOP / disk full during writes; ~4-5 minutes; root
+# loopback, kill -9 / SIGSTOP / disk full during writes; ~4 minutes; root
 # for the disk-full fault). Skipped by `make test`. Replay a run with
 # BASALT_FAULT_SEED=<seed printed>; BASALT_BIN=<binary> tests that binary.
 test-fault:
