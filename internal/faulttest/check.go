@@ -531,11 +531,12 @@ func allZero(b []byte) bool {
 }
 
 // reported says whether SCM's record of a container admits that it is
-// not fully replicated: fewer than 3 replicas listed, or any enum value in
+// not fully replicated: fewer than 3 replicas listed, any enum value in
 // the record (the container's state, or a per-replica state a later
 // version may add) naming it UNHEALTHY, UNDER_REPLICATED, DEGRADED or
-// MISSING. It walks the message by reflection so a new field or enum
-// value counts without changing this test.
+// MISSING, or any set field so named (e.g. unhealthy_replicas). It walks
+// the message by reflection so a new field or enum value counts without
+// changing this test.
 func reported(ct *metapb.Container) string {
 	if ct == nil {
 		return ""
@@ -547,6 +548,13 @@ func reported(ct *metapb.Container) string {
 	var walk func(m protoreflect.Message)
 	walk = func(m protoreflect.Message) {
 		m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+			// Range visits only set fields: a set field named for the
+			// condition (unhealthy_replicas, under_replicated, ...) is a
+			// report whatever its type.
+			if n := strings.ToLower(string(fd.Name())); why == "" &&
+				(strings.Contains(n, "unhealthy") || strings.Contains(n, "under_replicated") || strings.Contains(n, "degraded")) {
+				why = fmt.Sprintf("SCM reports %s = %v", fd.Name(), v)
+			}
 			check := func(v protoreflect.Value) {
 				switch fd.Kind() {
 				case protoreflect.EnumKind:
