@@ -393,10 +393,13 @@ func (ch *Checker) checkKey(ctx context.Context, a Acked, containers map[uint64]
 	for _, b := range info.Blocks {
 		want := data[b.Offset : b.Offset+b.Length]
 		br := &blockResult{key: a, block: b}
+		var failing []uint64
 		for _, r := range b.Replicas {
 			rr := ch.checkReplica(ctx, r, b, want)
 			if rr.ok {
 				br.good++
+			} else {
+				failing = append(failing, r.ID)
 			}
 			if rr.longer {
 				ch.add(Finding{Class: LongerReplica, Key: a.Name, Block: fmt.Sprintf("c%d/b%d", b.ContainerID, b.LocalID),
@@ -407,7 +410,7 @@ func (ch *Checker) checkKey(ctx context.Context, a Acked, containers map[uint64]
 		if br.good >= 3 && len(b.Replicas) >= 3 {
 			continue
 		}
-		br.reported = reported(containers[b.ContainerID])
+		br.reported = reported(containers[b.ContainerID], len(b.Replicas), failing)
 		bad = append(bad, br)
 	}
 	return bad, data
@@ -530,75 +533,126 @@ func allZero(b []byte) bool {
 	return len(b) > 0
 }
 
-// reported says whether SCM's record of a container admits that it is
-// not fully replicated: fewer than 3 replicas listed, any enum value in
-// the record (the container's state, or a per-replica state a later
-// version may add) naming it UNHEALTHY, UNDER_REPLICATED, DEGRADED or
-// MISSING, or any set field so named (e.g. unhealthy_replicas). It walks
-// the message by reflection so a new field or enum value counts without
-// changing this test.
-func reported(ct *metapb.Container) string {
+// reported says whether the system admits that a block whose listed
+// replicas (listed of them; failing: the IDs of those that did not
+// verify) are fewer than 3 good ones is not fully replicated, and how:
+//
+//   - SCM's container record lists fewer than 3 replicas, or something in
+//     it says the whole container is unhealthy: an enum value naming
+//     UNHEALTHY, UNDER_REPLICATED, DEGRADED or MISSING (its state, or a
+//     per-replica state a later version may add), or a set field so named
+//     that is not a list of datanode IDs;
+//   - every failing replica is in a list of datanode IDs whose field name
+//     says unhealthy (Container.unhealthy_replicas);
+//   - no listed replica fails but fewer than 3 are listed: the lookup left
+//     replicas out, as it does for replicas SCM recorded unhealthy.
+//
+// It walks the record by reflection so a new field or enum value counts
+// without changing this test.
+func reported(ct *metapb.Container, listed int, failing []uint64) string {
 	if ct == nil {
 		return ""
 	}
 	if ct.Replication == metapb.Replication_THREE && len(ct.Replicas) < 3 {
 		return fmt.Sprintf("SCM lists %d replicas", len(ct.Replicas))
 	}
-	var why string
-	var walk func(m protoreflect.Message)
-	walk = func(m protoreflect.Message) {
+	wide, bad := scanContainer(ct)
+	if wide != "" {
+		return wide
+	}
+	if len(failing) == 0 {
+		return fmt.Sprintf("LookupKey lists %d replicas (SCM unhealthy: %v)", listed, sortedIDs(bad))
+	}
+	for _, id := range failing {
+		if !bad[id] {
+			return ""
+		}
+	}
+	return fmt.Sprintf("SCM records the failing replicas unhealthy (%v)", sortedIDs(bad))
+}
+
+func sortedIDs(m map[uint64]bool) []uint64 {
+	var out []uint64
+	for id := range m {
+		out = append(out, id)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+var reportWords = []string{"UNHEALTHY", "UNDER_REPLICATED", "DEGRADED", "MISSING"}
+
+// scanContainer returns why the whole container counts as reported ("" if
+// it does not) and the datanode IDs listed in integer-list fields named
+// unhealthy.
+func scanContainer(ct *metapb.Container) (wide string, bad map[uint64]bool) {
+	bad = map[uint64]bool{}
+	named := func(fd protoreflect.FieldDescriptor) bool {
+		n := strings.ToUpper(string(fd.Name()))
+		for _, w := range reportWords[:3] {
+			if strings.Contains(n, w) {
+				return true
+			}
+		}
+		return false
+	}
+	enumWhy := func(fd protoreflect.FieldDescriptor, ed protoreflect.EnumDescriptor, v protoreflect.EnumNumber) {
+		ev := ed.Values().ByNumber(v)
+		if ev == nil || wide != "" {
+			return
+		}
+		for _, w := range reportWords {
+			if strings.Contains(string(ev.Name()), w) {
+				wide = fmt.Sprintf("SCM reports %s = %s", fd.Name(), ev.Name())
+				return
+			}
+		}
+	}
+	var walk func(m protoreflect.Message, top bool)
+	walk = func(m protoreflect.Message, top bool) {
 		m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-			// Range visits only set fields: a set field named for the
-			// condition (unhealthy_replicas, under_replicated, ...) is a
-			// report whatever its type.
-			if n := strings.ToLower(string(fd.Name())); why == "" &&
-				(strings.Contains(n, "unhealthy") || strings.Contains(n, "under_replicated") || strings.Contains(n, "degraded")) {
-				why = fmt.Sprintf("SCM reports %s = %v", fd.Name(), v)
-			}
-			check := func(v protoreflect.Value) {
-				switch fd.Kind() {
-				case protoreflect.EnumKind:
-					ev := fd.Enum().Values().ByNumber(v.Enum())
-					if ev == nil {
-						return
-					}
-					n := string(ev.Name())
-					for _, s := range []string{"UNHEALTHY", "UNDER_REPLICATED", "DEGRADED", "MISSING"} {
-						if strings.Contains(n, s) && why == "" {
-							why = fmt.Sprintf("SCM reports %s = %s", fd.Name(), n)
-						}
-					}
-				case protoreflect.MessageKind, protoreflect.GroupKind:
-					walk(v.Message())
-				}
-			}
+			isIDList := fd.IsList() && (fd.Kind() == protoreflect.Uint64Kind || fd.Kind() == protoreflect.Fixed64Kind)
 			switch {
-			case fd.IsList():
+			case top && isIDList && named(fd):
 				l := v.List()
 				for i := range l.Len() {
-					check(l.Get(i))
+					bad[l.Get(i).Uint()] = true
 				}
+				return true
+			case named(fd) && wide == "":
+				wide = fmt.Sprintf("SCM reports %s = %v", fd.Name(), v)
+			}
+			switch {
 			case fd.IsMap():
 				v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
-					if fd.MapValue().Kind() == protoreflect.EnumKind || fd.MapValue().Kind() == protoreflect.MessageKind {
-						// Map values: check as the value's descriptor.
-						if fd.MapValue().Kind() == protoreflect.MessageKind {
-							walk(mv.Message())
-						} else if ev := fd.MapValue().Enum().Values().ByNumber(mv.Enum()); ev != nil &&
-							strings.Contains(string(ev.Name()), "UNHEALTHY") && why == "" {
-							why = fmt.Sprintf("SCM reports %s = %s", fd.Name(), ev.Name())
-						}
+					switch fd.MapValue().Kind() {
+					case protoreflect.EnumKind:
+						enumWhy(fd, fd.MapValue().Enum(), mv.Enum())
+					case protoreflect.MessageKind:
+						walk(mv.Message(), false)
 					}
 					return true
 				})
-			default:
-				check(v)
+			case fd.IsList():
+				l := v.List()
+				for i := range l.Len() {
+					switch fd.Kind() {
+					case protoreflect.EnumKind:
+						enumWhy(fd, fd.Enum(), l.Get(i).Enum())
+					case protoreflect.MessageKind, protoreflect.GroupKind:
+						walk(l.Get(i).Message(), false)
+					}
+				}
+			case fd.Kind() == protoreflect.EnumKind:
+				enumWhy(fd, fd.Enum(), v.Enum())
+			case fd.Kind() == protoreflect.MessageKind || fd.Kind() == protoreflect.GroupKind:
+				walk(v.Message(), false)
 			}
 			return true
 		})
 	}
-	walk(ct.ProtoReflect())
-	return why
+	walk(ct.ProtoReflect(), true)
+	return wide, bad
 }
 
 // CheckReadback reads every acknowledged key through the client and

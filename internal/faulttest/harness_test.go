@@ -97,16 +97,23 @@ func TestFaultsDuring(t *testing.T) {
 }
 
 func TestReported(t *testing.T) {
+	three := func(st metapb.ContainerState, replicas ...uint64) *metapb.Container {
+		return &metapb.Container{Replication: metapb.Replication_THREE, State: st, Replicas: replicas}
+	}
+	open, closed := metapb.ContainerState_CONTAINER_OPEN, metapb.ContainerState_CONTAINER_CLOSED
 	for _, tc := range []struct {
-		name string
-		c    *metapb.Container
-		want bool
+		name    string
+		c       *metapb.Container
+		listed  int
+		failing []uint64
+		want    bool
 	}{
-		{"three replicas, open", &metapb.Container{Replication: metapb.Replication_THREE, State: metapb.ContainerState_CONTAINER_OPEN, Replicas: []uint64{1, 2, 3}}, false},
-		{"two replicas listed", &metapb.Container{Replication: metapb.Replication_THREE, State: metapb.ContainerState_CONTAINER_CLOSED, Replicas: []uint64{1, 2}}, true},
-		{"unknown container", nil, false},
+		{"three listed, one fails, nothing reported", three(open, 1, 2, 3), 3, []uint64{3}, false},
+		{"SCM lists two replicas", three(closed, 1, 2), 2, nil, true},
+		{"lookup left one out", three(closed, 1, 2, 3), 2, nil, true},
+		{"unknown container", nil, 3, []uint64{3}, false},
 	} {
-		if got := reported(tc.c) != ""; got != tc.want {
+		if got := reported(tc.c, tc.listed, tc.failing) != ""; got != tc.want {
 			t.Errorf("%s: reported = %v, want %v", tc.name, got, tc.want)
 		}
 	}
