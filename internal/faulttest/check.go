@@ -39,7 +39,7 @@ const (
 const (
 	ReportedBlock   = "block under-replicated, reported by SCM (allowed)"
 	CaughtUp        = "block under-replicated at first check, verified within the settle time"
-	FailedCommitted = "PutKey failed but the key is committed (client reported an error for a write that happened)"
+	FailedCommitted = "PutKey failed with a definite error but the key is committed"
 	LongerReplica   = "replica block longer than the key's block"
 	CorruptReported = "replicas on SCM's corrupt list (client reports) before the checks"
 	SlowRestart     = "restarted datanode not serving within 15 s"

@@ -5,13 +5,18 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/basalt-store/basalt/client"
 )
@@ -77,7 +82,7 @@ type Workload struct {
 	failures  map[string]*failureClass
 	attempted map[KeyKind]int
 	failedN   map[KeyKind]int
-	failedKey []string // names of keys whose PutKey failed
+	failedKey []string // names of keys whose PutKey failed with a definite error
 }
 
 type failureClass struct {
@@ -171,7 +176,9 @@ func (w *Workload) writer(ctx context.Context, kind KeyKind, id int) {
 		w.attempted[kind]++
 		if err != nil {
 			w.failedN[kind]++
-			w.failedKey = append(w.failedKey, name)
+			if !ambiguous(err) {
+				w.failedKey = append(w.failedKey, name)
+			}
 			cls := failureKey(err)
 			if kind == Impatient {
 				cls = "[impatient, expected] " + cls
@@ -281,6 +288,24 @@ func (w *Workload) Summary() string {
 		fmt.Fprintf(&b, "    %4d  %s\n          e.g. %s\n", f.Count, truncate(f.k, 200), truncate(f.Example, 600))
 	}
 	return b.String()
+}
+
+// ambiguous says whether a failed PutKey may still have committed the key:
+// the caller's deadline or cancellation, or an error the client reports
+// as of unknown outcome (codes.Unknown / DeadlineExceeded from a service,
+// "outcome unknown"). A key that failed otherwise must not be committed.
+func ambiguous(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	var ce *client.Error
+	if errors.As(err, &ce) && (ce.Code == codes.Unknown || ce.Code == codes.DeadlineExceeded || ce.Code == codes.Canceled) {
+		return true
+	}
+	if st, ok := status.FromError(err); ok && (st.Code() == codes.DeadlineExceeded || st.Code() == codes.Canceled) {
+		return true
+	}
+	return strings.Contains(strings.ToLower(err.Error()), "outcome unknown")
 }
 
 var digits = regexp.MustCompile(`[0-9]+`)
