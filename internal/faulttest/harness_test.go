@@ -1,6 +1,9 @@
 package faulttest
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -8,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
+	"github.com/basalt-store/basalt/client"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
@@ -160,5 +166,21 @@ func TestCleanStaleLeavesLiveAndReleasedRuns(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dead, "logs")); err != nil {
 		t.Errorf("dead run's logs removed: %v", err)
+	}
+}
+
+func TestAmbiguous(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("put key /v/b/k: %w", context.DeadlineExceeded), true},
+		{&client.Error{Op: "commit key /v/b/k", Code: codes.Unknown, Msg: "raft: outcome unknown"}, true},
+		{&client.Error{Op: "commit key /v/b/k", Code: codes.NotFound, Msg: "open key 7 not found (expired or already committed)"}, false},
+		{errors.New("allocate blocks: no open THREE pipeline"), false},
+	} {
+		if got := ambiguous(tc.err); got != tc.want {
+			t.Errorf("ambiguous(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }
