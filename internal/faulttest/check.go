@@ -410,7 +410,7 @@ func (ch *Checker) checkKey(ctx context.Context, a Acked, containers map[uint64]
 		if br.good >= 3 && len(b.Replicas) >= 3 {
 			continue
 		}
-		br.reported = reported(containers[b.ContainerID], len(b.Replicas), failing)
+		br.reported = reported(containers[b.ContainerID], len(b.Replicas), failing, ch.names)
 		bad = append(bad, br)
 	}
 	return bad, data
@@ -549,7 +549,7 @@ func allZero(b []byte) bool {
 //
 // It walks the record by reflection so a new field or enum value counts
 // without changing this test.
-func reported(ct *metapb.Container, listed int, failing []uint64) string {
+func reported(ct *metapb.Container, listed int, failing []uint64, names func([]uint64) string) string {
 	if ct == nil {
 		return ""
 	}
@@ -561,14 +561,14 @@ func reported(ct *metapb.Container, listed int, failing []uint64) string {
 		return wide
 	}
 	if len(failing) == 0 {
-		return fmt.Sprintf("LookupKey lists %d replicas (SCM unhealthy: %v)", listed, sortedIDs(bad))
+		return fmt.Sprintf("LookupKey lists %d replicas (SCM unhealthy: %s)", listed, names(sortedIDs(bad)))
 	}
 	for _, id := range failing {
 		if !bad[id] {
 			return ""
 		}
 	}
-	return fmt.Sprintf("SCM records the failing replicas unhealthy (%v)", sortedIDs(bad))
+	return fmt.Sprintf("SCM records the failing replicas unhealthy (%s)", names(sortedIDs(bad)))
 }
 
 func sortedIDs(m map[uint64]bool) []uint64 {

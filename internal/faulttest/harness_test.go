@@ -119,7 +119,7 @@ func TestReported(t *testing.T) {
 		{"lookup left one out", three(closed, 1, 2, 3), 2, nil, true},
 		{"unknown container", nil, 3, []uint64{3}, false},
 	} {
-		if got := reported(tc.c, tc.listed, tc.failing) != ""; got != tc.want {
+		if got := reported(tc.c, tc.listed, tc.failing, func(ids []uint64) string { return fmt.Sprint(ids) }) != ""; got != tc.want {
 			t.Errorf("%s: reported = %v, want %v", tc.name, got, tc.want)
 		}
 	}
