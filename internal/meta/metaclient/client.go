@@ -186,9 +186,17 @@ func (r *router) Invoke(ctx context.Context, method string, args, reply any, opt
 		c.mu.Unlock()
 		conns := c.conns[addr]
 		if conns == nil {
-			// A leader hint for a node we were not told about: use it.
-			last = fmt.Errorf("metaclient: leader %s is not among the configured addresses %v", addr, c.cfg.Addrs)
+			// A leader hint naming a node we were not told about (a meta
+			// node forwarding for a client is not given its own address,
+			// and a stale hint can name it): nothing was sent, so this is
+			// an election-like gap — pause and ask the configured nodes
+			// again, and if the attempts run out, the caller sees a
+			// retryable Unavailable rather than a bare error.
+			last = status.Errorf(codes.Unavailable, "metaclient: leader %s is not among the configured addresses %v", addr, c.cfg.Addrs)
 			c.forget(svc, addr)
+			if err := c.pause(ctx, method, &backoff, last); err != nil {
+				return err
+			}
 			continue
 		}
 		cc := conns[c.rr.Add(1)%uint64(len(conns))]
@@ -222,16 +230,25 @@ func (r *router) Invoke(ctx context.Context, method string, args, reply any, opt
 		// No leader known (election), or the node is down: try the next
 		// node after a pause.
 		c.forget(svc, addr)
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("metaclient: %s: %w (last error: %v)", method, ctx.Err(), last)
-		case <-t.C:
+		if err := c.pause(ctx, method, &backoff, last); err != nil {
+			return err
 		}
-		backoff = min(2*backoff, time.Second)
 	}
 	return last
+}
+
+// pause waits out one backoff step (doubling it, up to a second) before the
+// next attempt, or returns the context's error.
+func (c *Client) pause(ctx context.Context, method string, backoff *time.Duration, last error) error {
+	t := time.NewTimer(*backoff)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("metaclient: %s: %w (last error: %v)", method, ctx.Err(), last)
+	case <-t.C:
+	}
+	*backoff = min(2**backoff, time.Second)
+	return nil
 }
 
 // retrySafe lists the calls that may be sent again after any UNAVAILABLE:

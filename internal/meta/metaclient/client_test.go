@@ -150,3 +150,37 @@ func TestCommitRetriedWhenTheConnectionCannotBeMade(t *testing.T) {
 		t.Fatalf("commit with the first node down: %v after %d calls", err, srv.calls)
 	}
 }
+
+func notLeaderAt(addr string) error {
+	st, _ := status.New(codes.Unavailable, "not the leader").WithDetails(&metapb.NotLeader{GroupId: 1, LeaderAddr: addr})
+	return st.Err()
+}
+
+// A leader hint naming a node the client was not configured with (a meta
+// node forwarding for a client is not given its own address; after a
+// failover the hint names that very node) sent nothing: the client pauses
+// and asks its configured nodes again instead of failing the call at once
+// with a non-gRPC error, as it did in the multi-process fault test.
+func TestUnknownLeaderHintIsRetried(t *testing.T) {
+	srv := &scripted{script: []error{notLeaderAt("127.0.0.1:1"), notLeaderAt("127.0.0.1:1")}}
+	c, err := New(Config{Addrs: []string{serve(t, srv)}, Backoff: time.Millisecond, MaxAttempts: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Namespace.CommitKey(ctx, &metapb.CommitKeyRequest{}); err != nil || srv.calls != 3 {
+		t.Fatalf("got %v after %d calls; want success after 3", err, srv.calls)
+	}
+	// Hints that never lead anywhere end in a retryable UNAVAILABLE.
+	srv = &scripted{script: []error{notLeaderAt("127.0.0.1:1"), notLeaderAt("127.0.0.1:1"), notLeaderAt("127.0.0.1:1"), notLeaderAt("127.0.0.1:1")}}
+	c2, err := New(Config{Addrs: []string{serve(t, srv)}, Backoff: time.Millisecond, MaxAttempts: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if _, err := c2.Namespace.CommitKey(ctx, &metapb.CommitKeyRequest{}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("got %v, want UNAVAILABLE", err)
+	}
+}
