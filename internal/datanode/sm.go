@@ -305,8 +305,14 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	if err == nil {
 		// The entry is acknowledged when this returns: the chunk must be
 		// durable by then (storage's acknowledgement point). Concurrent
-		// Syncs of other pipelines share rounds.
-		err = sm.store.Sync()
+		// Syncs of other pipelines share rounds. A failure elsewhere (another
+		// volume, another container) is not this chunk's: if the round did
+		// forget this chunk after all, the PutBlock that needs it fails here
+		// with ErrChunkMissing.
+		if err = sm.store.Sync(); err != nil && !syncConcerns(err, sm.store, cid) {
+			sm.log.Warn("sync failed elsewhere", "pipeline", sm.pipeline, "index", index, "err", err)
+			err = nil
+		}
 	}
 	if err != nil {
 		sm.markLost(cid, lid, err)
@@ -318,6 +324,26 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	sm.stats.chunksWritten.Add(1)
 	sm.stats.bytesWritten.Add(uint64(len(data)))
 	return nil
+}
+
+// syncConcerns reports whether a failed storage Sync failed for container
+// cid (named, or on its volume). When it cannot tell, it says yes.
+func syncConcerns(err error, st *storage.Store, cid storage.ContainerID) bool {
+	vol := ""
+	if rep, rerr := st.Container(cid); rerr == nil {
+		vol = rep.Volume
+	}
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	for _, e := range errs {
+		var se *storage.Error
+		if !errors.As(e, &se) || se.Container == cid || vol == "" || se.Volume == vol {
+			return true
+		}
+	}
+	return false
 }
 
 // refusedAlike reports whether storage refused a write or commit for what
