@@ -470,13 +470,20 @@ func (sm *containerSM) Apply(ents []raft.Entry) []any {
 func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) error {
 	switch c := cmd.GetCmd().(type) {
 	case *datanodepb.ContainerCommand_WriteChunk:
-		k := blockKey{c.WriteChunk.GetBlock().GetContainerId(), c.WriteChunk.GetBlock().GetLocalId()}
-		sm.mu.Lock()
-		lost := sm.lost[k]
-		sm.mu.Unlock()
-		if lost != nil {
+		// The entry succeeds here only if the chunk is stored here: storage
+		// knows durably (HasChunk, also after a restart); the lost record
+		// only says why not.
+		blk, ch := c.WriteChunk.GetBlock(), c.WriteChunk.GetChunk()
+		if lost := sm.lostCause(blk.GetContainerId(), blk.GetLocalId()); lost != nil {
 			return fmt.Errorf("datanode: pipeline %d entry %d: container %d block %d: a chunk (this one at %d or an earlier one) is not stored on this replica: %w",
-				sm.pipeline, e.Index, k.cid, k.lid, c.WriteChunk.GetChunk().GetOffset(), lost)
+				sm.pipeline, e.Index, blk.GetContainerId(), blk.GetLocalId(), ch.GetOffset(), lost)
+		}
+		ok, err := sm.store.HasChunk(storage.ContainerID(blk.GetContainerId()), storage.LocalID(blk.GetLocalId()), int64(ch.GetOffset()), int64(ch.GetLength()))
+		if err == nil && !ok {
+			err = fmt.Errorf("chunk [%d, +%d) not stored on this replica: %w", ch.GetOffset(), ch.GetLength(), storage.ErrChunkMissing)
+		}
+		if err != nil {
+			return fmt.Errorf("datanode: pipeline %d entry %d: container %d block %d: %w", sm.pipeline, e.Index, blk.GetContainerId(), blk.GetLocalId(), err)
 		}
 		return nil
 	case *datanodepb.ContainerCommand_PutBlock:

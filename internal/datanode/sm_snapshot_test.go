@@ -163,3 +163,31 @@ func TestRefusedEntryDoesNotWedge(t *testing.T) {
 		t.Fatalf("container %s after a request every replica refuses, want OPEN", s)
 	}
 }
+
+// TestWriteChunkApplyNeedsTheChunk: applying a WriteChunk succeeds only
+// on a replica that holds the chunk. The in-memory record of a lost
+// chunk is gone after a restart; storage's durable chunk records are not,
+// so the entry still fails there (and the failure is recorded for the
+// leader's wait for all replicas).
+func TestWriteChunkApplyNeedsTheChunk(t *testing.T) {
+	r := openReplica(t, t.TempDir())
+	data := randBytes(7, 5000)
+	wc := func(lid uint64) []byte {
+		return mustMarshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_WriteChunk{WriteChunk: &datanodepb.WriteChunkCmd{
+			Block: &datanodepb.BlockID{ContainerId: 4, LocalId: lid}, Chunk: chunkInfo(0, data)}}})
+	}
+	if err := r.sm.WriteData(1, 1, wc(1), data); err != nil {
+		t.Fatal(err)
+	}
+	r = r.restart()
+	defer r.store.Close()
+	if err := r.apply(raft.Entry{Index: 1, Term: 1, Meta: wc(1), HasData: true}); err != nil {
+		t.Fatalf("apply of a chunk stored (and synced) before the restart: %v", err)
+	}
+	if err := r.apply(raft.Entry{Index: 2, Term: 1, Meta: wc(2), HasData: true}); !errors.Is(err, storage.ErrChunkMissing) {
+		t.Fatalf("apply of a chunk this replica never stored: %v, want ErrChunkMissing", err)
+	}
+	if _, ok := r.sm.failure(2); !ok {
+		t.Fatal("failed WriteChunk entry not recorded")
+	}
+}
