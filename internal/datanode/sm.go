@@ -289,7 +289,11 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	cid := storage.ContainerID(blk.GetContainerId())
 	lid := storage.LocalID(blk.GetLocalId())
 	if data == nil {
-		sm.markLost(cid, lid, fmt.Errorf("entry %d: the leader no longer had the data", index))
+		// A re-delivery of an entry whose data this replica may hold
+		// already; if not, the entries that need it fail here.
+		if ok, _ := sm.store.HasChunk(cid, lid, int64(c.GetOffset()), int64(c.GetLength())); !ok {
+			sm.markLost(cid, lid, fmt.Errorf("entry %d: the leader no longer had the data", index))
+		}
 		return nil
 	}
 	if err := sm.ensureContainer(cid); err != nil {
@@ -362,10 +366,10 @@ func refusedAlike(err error) bool {
 	return false
 }
 
-// markLost remembers why a chunk of a block is not stored here, for the
-// entries that need it. Storage keeps the durable truth (a chunk without a
-// record is missing, and PutBlock refuses it with ErrChunkMissing, also
-// after a restart); this only names the cause sooner, so it is bounded.
+// markLost remembers why a chunk of a block is not stored here, to name
+// the cause when an entry that needs it fails. Storage keeps the durable
+// truth (HasChunk; PutBlock refuses a missing chunk with ErrChunkMissing,
+// also after a restart), so this is only an annotation, and bounded.
 func (sm *containerSM) markLost(cid storage.ContainerID, lid storage.LocalID, err error) {
 	sm.log.Warn("chunk not stored on this replica", "pipeline", sm.pipeline, "container", cid, "block", lid, "err", err)
 	k := blockKey{uint64(cid), uint64(lid)}
@@ -394,8 +398,6 @@ func (sm *containerSM) markUnhealthy(cid storage.ContainerID, why string) {
 	}
 }
 
-func (sm *containerSM) isLost(cid, lid uint64) bool { return sm.lostCause(cid, lid) != nil }
-
 func (sm *containerSM) lostCause(cid, lid uint64) error {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
@@ -417,14 +419,13 @@ func (sm *containerSM) ReadData(index, term uint64, meta []byte) ([]byte, error)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", raft.ErrDataLost, err)
 	}
-	if sm.isLost(blk.GetContainerId(), blk.GetLocalId()) {
-		return nil, fmt.Errorf("%w: entry %d: container %d block %d: a chunk was never stored on this replica",
-			raft.ErrDataLost, index, blk.GetContainerId(), blk.GetLocalId())
-	}
 	cid := storage.ContainerID(blk.GetContainerId())
 	lid := storage.LocalID(blk.GetLocalId())
 	data, err := sm.store.ReadWritten(cid, lid, int64(c.GetOffset()), int64(c.GetLength()), toChecksum(c.GetChecksum()))
 	if err != nil {
+		if lost := sm.lostCause(uint64(cid), uint64(lid)); lost != nil {
+			err = fmt.Errorf("%v (earlier: %v)", err, lost)
+		}
 		return nil, fmt.Errorf("%w: entry %d: %v", raft.ErrDataLost, index, err)
 	}
 	return data, nil
@@ -474,13 +475,12 @@ func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) err
 		// knows durably (HasChunk, also after a restart); the lost record
 		// only says why not.
 		blk, ch := c.WriteChunk.GetBlock(), c.WriteChunk.GetChunk()
-		if lost := sm.lostCause(blk.GetContainerId(), blk.GetLocalId()); lost != nil {
-			return fmt.Errorf("datanode: pipeline %d entry %d: container %d block %d: a chunk (this one at %d or an earlier one) is not stored on this replica: %w",
-				sm.pipeline, e.Index, blk.GetContainerId(), blk.GetLocalId(), ch.GetOffset(), lost)
-		}
 		ok, err := sm.store.HasChunk(storage.ContainerID(blk.GetContainerId()), storage.LocalID(blk.GetLocalId()), int64(ch.GetOffset()), int64(ch.GetLength()))
 		if err == nil && !ok {
 			err = fmt.Errorf("chunk [%d, +%d) not stored on this replica: %w", ch.GetOffset(), ch.GetLength(), storage.ErrChunkMissing)
+			if lost := sm.lostCause(blk.GetContainerId(), blk.GetLocalId()); lost != nil {
+				err = fmt.Errorf("%w (earlier: %v)", err, lost)
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("datanode: pipeline %d entry %d: container %d block %d: %w", sm.pipeline, e.Index, blk.GetContainerId(), blk.GetLocalId(), err)

@@ -191,3 +191,32 @@ func TestWriteChunkApplyNeedsTheChunk(t *testing.T) {
 		t.Fatal("failed WriteChunk entry not recorded")
 	}
 }
+
+// TestRedeliveryWithoutDataOfAHeldChunk: an entry re-sent without its data
+// (the leader no longer had it) to a replica that stored the chunk the
+// first time is not a loss: its apply and the block's commit succeed.
+func TestRedeliveryWithoutDataOfAHeldChunk(t *testing.T) {
+	r := openReplica(t, t.TempDir())
+	defer r.store.Close()
+	data := randBytes(8, 3000)
+	ci := chunkInfo(0, data)
+	wc := mustMarshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_WriteChunk{WriteChunk: &datanodepb.WriteChunkCmd{
+		Block: &datanodepb.BlockID{ContainerId: 6, LocalId: 1}, Chunk: ci}}})
+	if err := r.sm.WriteData(1, 1, wc, data); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.sm.WriteData(1, 2, wc, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.apply(raft.Entry{Index: 1, Term: 2, Meta: wc, HasData: true}); err != nil {
+		t.Fatalf("apply of a held chunk re-sent without data: %v", err)
+	}
+	pb := mustMarshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_PutBlock{PutBlock: &datanodepb.PutBlockCmd{
+		Block: &datanodepb.BlockData{Id: &datanodepb.BlockID{ContainerId: 6, LocalId: 1}, Length: uint64(len(data)), Chunks: []*datanodepb.ChunkInfo{ci}}}}})
+	if err := r.apply(raft.Entry{Index: 2, Term: 2, Meta: pb}); err != nil {
+		t.Fatalf("commit of a held block: %v", err)
+	}
+	if s := state(t, r.store, 6); s != storage.StateOpen {
+		t.Fatalf("container %s, want OPEN", s)
+	}
+}
