@@ -69,6 +69,10 @@ type containerSM struct {
 
 	persistMu   sync.Mutex // persist: one writer of file, durable only grows
 	lastPersist time.Time
+	// now is the clock that paces persisting (at most every persistEvery);
+	// nil (the simulator's state machines) paces by entries instead
+	// (every persistEveryEntries), so a seed replays exactly.
+	now func() time.Time
 
 	// lost records chunks whose data this replica never got (the leader had
 	// lost it, or storage refused it); a PutBlock needing them fails here.
@@ -86,7 +90,8 @@ type containerSM struct {
 type blockKey struct{ cid, lid uint64 }
 
 const (
-	persistEvery = time.Second
+	persistEvery        = time.Second
+	persistEveryEntries = 64
 	// maxFailedEntries bounds the failed entries remembered per pipeline. A
 	// failure that matters also leaves the container UNHEALTHY, which is
 	// durable; the record only names the entry.
@@ -107,7 +112,8 @@ type stats struct {
 // group over store (see containerSM), for hosts other than a Datanode
 // (the deterministic simulator). Its small files (applied index, the
 // pipeline's containers) live in dir on fs. Every replica verifies chunk
-// checksums itself.
+// checksums itself, and it reads no clock: the applied index is persisted
+// every persistEveryEntries entries.
 func NewContainerStateMachine(pipelineID uint64, store *storage.Store, fs vfs.FS, dir string, logger *slog.Logger) (raft.DataStateMachine, error) {
 	if logger == nil {
 		logger = slog.Default()
@@ -460,7 +466,12 @@ func (sm *containerSM) Apply(ents []raft.Entry) []any {
 	}
 	sm.applied.Store(applied)
 	sm.persistMu.Lock()
-	due := time.Since(sm.lastPersist) >= persistEvery
+	var due bool
+	if sm.now != nil {
+		due = sm.now().Sub(sm.lastPersist) >= persistEvery
+	} else {
+		due = applied >= sm.durable.Load()+persistEveryEntries
+	}
 	sm.persistMu.Unlock()
 	if due {
 		sm.persist(applied)
@@ -570,7 +581,9 @@ func (sm *containerSM) closeContainer(cid storage.ContainerID) error {
 func (sm *containerSM) persist(index uint64) {
 	sm.persistMu.Lock()
 	defer sm.persistMu.Unlock()
-	sm.lastPersist = time.Now()
+	if sm.now != nil {
+		sm.lastPersist = sm.now()
+	}
 	if d := sm.durable.Load(); index <= d {
 		if index < d {
 			sm.log.Error("applied index would go backwards; not persisted", "pipeline", sm.pipeline, "index", index, "durable", d)

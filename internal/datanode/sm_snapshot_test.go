@@ -220,3 +220,29 @@ func TestRedeliveryWithoutDataOfAHeldChunk(t *testing.T) {
 		t.Fatalf("container %s, want OPEN", s)
 	}
 }
+
+// TestSimulatorStateMachineReadsNoClock: the state machine the simulator
+// builds persists its applied index by entry count, never by wall time, so
+// what survives a simulated crash depends only on the seed.
+func TestSimulatorStateMachineReadsNoClock(t *testing.T) {
+	dir := t.TempDir()
+	st, err := storage.Open(storage.Options{Volumes: []string{dir + "/vol"}, KeepUncommitted: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	dsm, err := NewContainerStateMachine(7, st, vfs.Default, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(1); i <= persistEveryEntries+1; i++ {
+		dsm.Apply([]raft.Entry{{Index: i, Term: 1, Kind: raft.EntryEmpty}})
+		want := uint64(0)
+		if i >= persistEveryEntries {
+			want = persistEveryEntries
+		}
+		if got := dsm.AppliedIndex(); got != want {
+			t.Fatalf("after entry %d the durable applied index is %d, want %d", i, got, want)
+		}
+	}
+}
