@@ -450,6 +450,7 @@ func (d *Datanode) joinPipeline(p *metapb.Pipeline, members []*metapb.DatanodeDe
 	}
 	pid := p.GetId()
 	sm.isLeader = func() bool { return d.IsPipelineLeader(pid) }
+	sm.now = time.Now
 	sm.onUnhealthy = func() { d.reportSoon.Store(true) }
 	sm.onDeleted = d.ack
 	if _, err := d.host.AddGroup(raft.GroupConfig{ID: p.GetId(), Peers: p.GetDatanodes(), StateMachine: sm}); err != nil && !errors.Is(err, raft.ErrGroupExists) {

@@ -104,6 +104,7 @@ func TestDeleteThroughPipelineLog(t *testing.T) {
 	// A follower that has the block leaves the delete to the leader; the
 	// leader does not delete what the down replica still needs.
 	up := followers[1]
+	waitFor(t, 20*time.Second, "the running follower to commit the block", func() bool { return committed(up, b) })
 	if err := up.Execute(deleteCmd(78, b)); err != nil {
 		t.Fatal(err)
 	}

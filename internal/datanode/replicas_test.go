@@ -27,13 +27,14 @@ func failedOf(err error) []uint64 {
 // disk refuses block writes (ENOSPC, EIO) used to acknowledge and apply
 // the entries anyway ("lost" in memory), so PutSmallFile and PutBlock with
 // wait_all succeeded with two copies, and the container was reported to
-// SCM as CLOSED. Now the wait fails with REPLICA_FAILED naming that
+// SCM as CLOSED. A block file whose fsync fails is the same: the chunk is
+// not durable, so the entry must not count as stored. Now the wait fails with REPLICA_FAILED naming that
 // follower, and the follower reports the container UNHEALTHY.
 func TestWaitAllFailsWhenAFollowerCannotStore(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		err  error
-	}{{"ENOSPC", syscall.ENOSPC}, {"EIO", syscall.EIO}} {
+		name, op string
+		err      error
+	}{{"ENOSPC", "write", syscall.ENOSPC}, {"EIO", "write", syscall.EIO}, {"fsync EIO", "sync", syscall.EIO}} {
 		t.Run(c.name, func(t *testing.T) {
 			ff := vfs.NewFaultFS(vfs.Default)
 			e := startEnvWith(t, func(cfg *cluster.Config) { cfg.Storage.FS = ff })
@@ -50,7 +51,7 @@ func TestWaitAllFailsWhenAFollowerCannotStore(t *testing.T) {
 			fi, follower := e.byID(fid)
 			fdir := filepath.Join(e.dir, fmt.Sprintf("dn%d", fi+1)) + string(filepath.Separator)
 			ff.SetInject(func(op, path string) error {
-				if op == "write" && strings.HasPrefix(path, fdir) && strings.HasSuffix(path, ".block") {
+				if op == c.op && strings.HasPrefix(path, fdir) && strings.HasSuffix(path, ".block") {
 					return c.err
 				}
 				return nil
@@ -63,12 +64,10 @@ func TestWaitAllFailsWhenAFollowerCannotStore(t *testing.T) {
 				t.Fatalf("PutSmallFile with follower %d unable to store: %v (failed %v), want REPLICA_FAILED naming %d", fid, err, got, fid)
 			}
 
-			// WriteChunk + PutBlock with wait_all, into the same container.
-			b2 := e.block()
-			for b2.GetPipelineId() != b.GetPipelineId() || b2.GetId().GetContainerId() != b.GetId().GetContainerId() {
-				b2 = e.block()
-			}
-			id := &datanodepb.BlockID{ContainerId: b2.GetId().GetContainerId(), LocalId: b2.GetId().GetLocalId()}
+			// WriteChunk + PutBlock with wait_all, into the same container
+			// (SCM allocates no more blocks there once it hears the
+			// container is UNHEALTHY; datanodes do not check allocations).
+			id := &datanodepb.BlockID{ContainerId: b.GetId().GetContainerId(), LocalId: b.GetId().GetLocalId() + 1<<20}
 			ci := chunkOf(0, data)
 			if _, err := leader.WriteChunk(ctx, &datanodepb.WriteChunkRequest{PipelineId: b.GetPipelineId(), Block: id, Chunk: ci, Data: data}); err != nil {
 				t.Fatalf("WriteChunk (the leader stores it): %v", err)

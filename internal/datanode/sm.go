@@ -69,6 +69,10 @@ type containerSM struct {
 
 	persistMu   sync.Mutex // persist: one writer of file, durable only grows
 	lastPersist time.Time
+	// now is the clock that paces persisting (at most every persistEvery);
+	// nil (the simulator's state machines) paces by entries instead
+	// (every persistEveryEntries), so a seed replays exactly.
+	now func() time.Time
 
 	// lost records chunks whose data this replica never got (the leader had
 	// lost it, or storage refused it); a PutBlock needing them fails here.
@@ -86,7 +90,8 @@ type containerSM struct {
 type blockKey struct{ cid, lid uint64 }
 
 const (
-	persistEvery = time.Second
+	persistEvery        = time.Second
+	persistEveryEntries = 64
 	// maxFailedEntries bounds the failed entries remembered per pipeline. A
 	// failure that matters also leaves the container UNHEALTHY, which is
 	// durable; the record only names the entry.
@@ -107,7 +112,8 @@ type stats struct {
 // group over store (see containerSM), for hosts other than a Datanode
 // (the deterministic simulator). Its small files (applied index, the
 // pipeline's containers) live in dir on fs. Every replica verifies chunk
-// checksums itself.
+// checksums itself, and it reads no clock: the applied index is persisted
+// every persistEveryEntries entries.
 func NewContainerStateMachine(pipelineID uint64, store *storage.Store, fs vfs.FS, dir string, logger *slog.Logger) (raft.DataStateMachine, error) {
 	if logger == nil {
 		logger = slog.Default()
@@ -289,7 +295,11 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	cid := storage.ContainerID(blk.GetContainerId())
 	lid := storage.LocalID(blk.GetLocalId())
 	if data == nil {
-		sm.markLost(cid, lid, fmt.Errorf("entry %d: the leader no longer had the data", index))
+		// A re-delivery of an entry whose data this replica may hold
+		// already; if not, the entries that need it fail here.
+		if ok, _ := sm.store.HasChunk(cid, lid, int64(c.GetOffset()), int64(c.GetLength())); !ok {
+			sm.markLost(cid, lid, fmt.Errorf("entry %d: the leader no longer had the data", index))
+		}
 		return nil
 	}
 	if err := sm.ensureContainer(cid); err != nil {
@@ -305,8 +315,14 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	if err == nil {
 		// The entry is acknowledged when this returns: the chunk must be
 		// durable by then (storage's acknowledgement point). Concurrent
-		// Syncs of other pipelines share rounds.
-		err = sm.store.Sync()
+		// Syncs of other pipelines share rounds. A failure elsewhere (another
+		// volume, another container) is not this chunk's: if the round did
+		// forget this chunk after all, the PutBlock that needs it fails here
+		// with ErrChunkMissing.
+		if err = sm.store.Sync(); err != nil && !syncConcerns(err, sm.store, cid) {
+			sm.log.Warn("sync failed elsewhere", "pipeline", sm.pipeline, "index", index, "err", err)
+			err = nil
+		}
 	}
 	if err != nil {
 		sm.markLost(cid, lid, err)
@@ -318,6 +334,26 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	sm.stats.chunksWritten.Add(1)
 	sm.stats.bytesWritten.Add(uint64(len(data)))
 	return nil
+}
+
+// syncConcerns reports whether a failed storage Sync failed for container
+// cid (named, or on its volume). When it cannot tell, it says yes.
+func syncConcerns(err error, st *storage.Store, cid storage.ContainerID) bool {
+	vol := ""
+	if rep, rerr := st.Container(cid); rerr == nil {
+		vol = rep.Volume
+	}
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	for _, e := range errs {
+		var se *storage.Error
+		if !errors.As(e, &se) || se.Container == cid || vol == "" || se.Volume == vol {
+			return true
+		}
+	}
+	return false
 }
 
 // refusedAlike reports whether storage refused a write or commit for what
@@ -336,10 +372,10 @@ func refusedAlike(err error) bool {
 	return false
 }
 
-// markLost remembers why a chunk of a block is not stored here, for the
-// entries that need it. Storage keeps the durable truth (a chunk without a
-// record is missing, and PutBlock refuses it with ErrChunkMissing, also
-// after a restart); this only names the cause sooner, so it is bounded.
+// markLost remembers why a chunk of a block is not stored here, to name
+// the cause when an entry that needs it fails. Storage keeps the durable
+// truth (HasChunk; PutBlock refuses a missing chunk with ErrChunkMissing,
+// also after a restart), so this is only an annotation, and bounded.
 func (sm *containerSM) markLost(cid storage.ContainerID, lid storage.LocalID, err error) {
 	sm.log.Warn("chunk not stored on this replica", "pipeline", sm.pipeline, "container", cid, "block", lid, "err", err)
 	k := blockKey{uint64(cid), uint64(lid)}
@@ -368,8 +404,6 @@ func (sm *containerSM) markUnhealthy(cid storage.ContainerID, why string) {
 	}
 }
 
-func (sm *containerSM) isLost(cid, lid uint64) bool { return sm.lostCause(cid, lid) != nil }
-
 func (sm *containerSM) lostCause(cid, lid uint64) error {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
@@ -391,14 +425,13 @@ func (sm *containerSM) ReadData(index, term uint64, meta []byte) ([]byte, error)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", raft.ErrDataLost, err)
 	}
-	if sm.isLost(blk.GetContainerId(), blk.GetLocalId()) {
-		return nil, fmt.Errorf("%w: entry %d: container %d block %d: a chunk was never stored on this replica",
-			raft.ErrDataLost, index, blk.GetContainerId(), blk.GetLocalId())
-	}
 	cid := storage.ContainerID(blk.GetContainerId())
 	lid := storage.LocalID(blk.GetLocalId())
 	data, err := sm.store.ReadWritten(cid, lid, int64(c.GetOffset()), int64(c.GetLength()), toChecksum(c.GetChecksum()))
 	if err != nil {
+		if lost := sm.lostCause(uint64(cid), uint64(lid)); lost != nil {
+			err = fmt.Errorf("%v (earlier: %v)", err, lost)
+		}
 		return nil, fmt.Errorf("%w: entry %d: %v", raft.ErrDataLost, index, err)
 	}
 	return data, nil
@@ -433,7 +466,12 @@ func (sm *containerSM) Apply(ents []raft.Entry) []any {
 	}
 	sm.applied.Store(applied)
 	sm.persistMu.Lock()
-	due := time.Since(sm.lastPersist) >= persistEvery
+	var due bool
+	if sm.now != nil {
+		due = sm.now().Sub(sm.lastPersist) >= persistEvery
+	} else {
+		due = applied >= sm.durable.Load()+persistEveryEntries
+	}
 	sm.persistMu.Unlock()
 	if due {
 		sm.persist(applied)
@@ -444,13 +482,19 @@ func (sm *containerSM) Apply(ents []raft.Entry) []any {
 func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) error {
 	switch c := cmd.GetCmd().(type) {
 	case *datanodepb.ContainerCommand_WriteChunk:
-		k := blockKey{c.WriteChunk.GetBlock().GetContainerId(), c.WriteChunk.GetBlock().GetLocalId()}
-		sm.mu.Lock()
-		lost := sm.lost[k]
-		sm.mu.Unlock()
-		if lost != nil {
-			return fmt.Errorf("datanode: pipeline %d entry %d: container %d block %d: a chunk (this one at %d or an earlier one) is not stored on this replica: %w",
-				sm.pipeline, e.Index, k.cid, k.lid, c.WriteChunk.GetChunk().GetOffset(), lost)
+		// The entry succeeds here only if the chunk is stored here: storage
+		// knows durably (HasChunk, also after a restart); the lost record
+		// only says why not.
+		blk, ch := c.WriteChunk.GetBlock(), c.WriteChunk.GetChunk()
+		ok, err := sm.store.HasChunk(storage.ContainerID(blk.GetContainerId()), storage.LocalID(blk.GetLocalId()), int64(ch.GetOffset()), int64(ch.GetLength()))
+		if err == nil && !ok {
+			err = fmt.Errorf("chunk [%d, +%d) not stored on this replica: %w", ch.GetOffset(), ch.GetLength(), storage.ErrChunkMissing)
+			if lost := sm.lostCause(blk.GetContainerId(), blk.GetLocalId()); lost != nil {
+				err = fmt.Errorf("%w (earlier: %v)", err, lost)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("datanode: pipeline %d entry %d: container %d block %d: %w", sm.pipeline, e.Index, blk.GetContainerId(), blk.GetLocalId(), err)
 		}
 		return nil
 	case *datanodepb.ContainerCommand_PutBlock:
@@ -537,7 +581,9 @@ func (sm *containerSM) closeContainer(cid storage.ContainerID) error {
 func (sm *containerSM) persist(index uint64) {
 	sm.persistMu.Lock()
 	defer sm.persistMu.Unlock()
-	sm.lastPersist = time.Now()
+	if sm.now != nil {
+		sm.lastPersist = sm.now()
+	}
 	if d := sm.durable.Load(); index <= d {
 		if index < d {
 			sm.log.Error("applied index would go backwards; not persisted", "pipeline", sm.pipeline, "index", index, "durable", d)
