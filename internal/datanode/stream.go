@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/basalt-store/basalt/internal/storage"
+	"github.com/basalt-store/basalt/internal/guard"
 	"github.com/basalt-store/basalt/internal/stream"
 )
 
@@ -108,7 +109,7 @@ func streamError(id uint64, err error) *stream.Error {
 
 // startStream serves V2 streams on the listener New opened.
 func (d *Datanode) startStream() {
-	d.streamSrv = stream.NewServer(stream.ServerConfig{ID: d.ident.ID, Backend: streamBackend{d}, Logger: d.log.With("part", "stream")})
+	d.streamSrv = stream.NewServer(stream.ServerConfig{ID: d.ident.ID, Backend: streamBackend{d}, Logger: d.log.With("part", "stream"), Guard: guard.New(d.cfg.Registerer, d.log.With("part", "stream"))})
 	d.streamMetrics = streamCollectors(d.streamSrv)
 	if d.cfg.Registerer != nil {
 		for _, c := range d.streamMetrics {
