@@ -7,8 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/basalt-store/basalt/internal/storage"
 	"github.com/basalt-store/basalt/internal/guard"
+	"github.com/basalt-store/basalt/internal/storage"
 	"github.com/basalt-store/basalt/internal/stream"
 )
 
