@@ -316,6 +316,14 @@ func (g *Group) Propose(ctx context.Context, meta, data []byte) (Result, error) 
 	if err := g.acquire(ctx, size); err != nil {
 		return Result{}, err
 	}
+	if err := ctx.Err(); err != nil {
+		// Not handed to raft yet: a plain (retryable) context error, not
+		// an unknown outcome.
+		g.pmu.Lock()
+		g.releaseLocked(size)
+		g.pmu.Unlock()
+		return Result{}, fmt.Errorf("raft: group %d: proposal not submitted: %w", g.id, err)
+	}
 	p := &proposal{size: size, done: make(chan struct{})}
 	start := time.Now()
 	if err := g.submit(p, meta, data); err != nil {
@@ -1051,9 +1059,8 @@ func (g *Group) restore(rt *restoreTask) error {
 	if err := g.sm.Restore(idx, rt.body); err != nil {
 		return err
 	}
-	if got := g.sm.AppliedIndex(); !g.assertf(got == idx, "state machine reports applied index %d after restoring the snapshot at %d", got, idx) {
-		return fmt.Errorf("raft: group %d: restore at %d: state machine reports %d", g.id, idx, got)
-	}
+	// (The state machine's durable AppliedIndex may lag idx for a while:
+	// it is not asserted here.)
 	if !g.setApplied(idx) {
 		return ErrStopped
 	}

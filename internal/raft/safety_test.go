@@ -88,9 +88,21 @@ func TestCanceledDataProposalStillWritten(t *testing.T) {
 	}()
 	<-sm.entered
 
-	// A second proposal whose caller has already given up.
+	// A second proposal whose caller gives up once it is in raft's log,
+	// before the store loop reaches it.
 	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
+	go func() {
+		defer cancel()
+		for {
+			g.pmu.Lock()
+			n := len(g.pending)
+			g.pmu.Unlock()
+			if n == 2 {
+				return
+			}
+			time.Sleep(time.Millisecond) // polling another goroutine's progress
+		}
+	}()
 	_, err := g.Propose(ctx, []byte("abandoned"), []byte("payload"))
 	if !errors.Is(err, ErrOutcomeUnknown) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("abandoned proposal: err = %v, want ErrOutcomeUnknown wrapping context.Canceled", err)
@@ -142,6 +154,25 @@ func TestStoppedGroupOutcomeUnknownAndNotLeader(t *testing.T) {
 	}
 	if _, err := g.Propose(context.Background(), []byte("later"), nil); !errors.Is(err, ErrStopped) {
 		t.Fatalf("proposal to a stopped group: %v, want ErrStopped", err)
+	}
+}
+
+// A context that ended before the proposal reached raft is a plain,
+// retryable context error: the proposal never entered the log.
+func TestExpiredContextNeverSubmits(t *testing.T) {
+	sm := &kvSM{}
+	_, g := singleHost(t, sm)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := g.Propose(ctx, []byte("never"), nil)
+	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("err = %v, want context.Canceled and not ErrOutcomeUnknown", err)
+	}
+	if _, err := g.Propose(context.Background(), []byte("after"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := sm.values(); !equalStrings(got, []string{"after"}) {
+		t.Fatalf("applied %v", got)
 	}
 }
 
