@@ -61,9 +61,9 @@ type Group struct {
 		msgs []*pb.Message
 	}
 
-	// readies counts the Readies taken (under mu). A local proposal made
-	// while readies == e is in Ready e's entries unless raft discarded it
-	// before that Ready (see sweepLocal).
+	// readies counts the Readies taken (under mu). A proposal made while
+	// readies == e is in Ready e's entries unless raft discarded it before
+	// that Ready (see sweepDiscarded).
 	readies uint64
 
 	// sendq holds MsgApps waiting for their entries' data (hydrateMessage,
@@ -103,6 +103,9 @@ type Group struct {
 	// doneq holds finished asynchronous proposals whose callbacks have not
 	// run yet (under pmu); deliver runs them outside the locks.
 	doneq []*proposal
+	// unseen lists, in submission order (so by epoch), the proposals no
+	// Ready has carried yet (under pmu). See sweepDiscarded.
+	unseen []*proposal
 }
 
 type localData struct {
@@ -118,6 +121,7 @@ type proposal struct {
 	cb    func(Result, error) // or called through deliver (ProposeAsync)
 	res   Result
 	err   error
+	epoch uint64 // g.readies when handed to raft
 }
 
 type readReq struct {
@@ -398,8 +402,10 @@ func (g *Group) submit(p *proposal, meta, data []byte) error {
 		} else {
 			// Under mu (lock order mu → pmu): nothing can finish or fail
 			// the proposal before it is pending.
+			p.epoch = g.readies
 			g.pmu.Lock()
 			g.pending[p.seq] = p
+			g.unseen = append(g.unseen, p)
 			g.pmu.Unlock()
 		}
 	}
@@ -477,28 +483,35 @@ func (g *Group) takeLocal(seq uint64) ([]byte, bool) {
 	return d.data, ok
 }
 
-// sweepLocal runs after the Ready numbered epoch was written: the data of
-// a local proposal made before that Ready was taken and still not written
-// belongs to an entry raft discarded before any Ready carried it (a new
-// leader's log replaced it). Nothing was sent or stored: the proposal
-// certainly failed.
-func (g *Group) sweepLocal(epoch uint64) {
-	var gone []uint64
+// sweepDiscarded runs after the Ready numbered epoch was written. Every
+// entry raft appended before that Ready was taken is in it or in an
+// earlier one (a Ready carries all unstable entries). So a proposal made
+// before it whose entry no Ready carried was discarded by raft before it
+// was appended (a new leader's entries replaced it): nothing was sent or
+// stored, it certainly failed. Its data, if any, is released; without
+// this its caller would wait for its whole context (or forever, for an
+// abandoned one).
+func (g *Group) sweepDiscarded(epoch uint64) {
 	g.localMu.Lock()
 	for seq, d := range g.local {
 		if d.epoch <= epoch {
 			delete(g.local, seq)
-			gone = append(gone, seq)
 		}
 	}
 	g.localMu.Unlock()
-	if len(gone) == 0 {
-		return
-	}
-	sort.Slice(gone, func(i, j int) bool { return gone[i] < gone[j] })
 	g.pmu.Lock()
-	for _, seq := range gone {
-		g.finish(seq, Result{}, fmt.Errorf("raft: group %d: proposal discarded by raft before it was appended: %w", g.id, ErrProposalDropped))
+	n := 0
+	for n < len(g.unseen) && g.unseen[n].epoch <= epoch {
+		p := g.unseen[n]
+		g.unseen[n] = nil
+		n++
+		if p.index == 0 {
+			g.finish(p.seq, Result{}, fmt.Errorf("raft: group %d: proposal discarded by raft before it was appended: %w", g.id, ErrProposalDropped))
+		}
+	}
+	g.unseen = g.unseen[n:]
+	if len(g.unseen) == 0 {
+		g.unseen = nil // let the backing array go
 	}
 	g.pmu.Unlock()
 	g.deliver()
