@@ -31,6 +31,8 @@ type Group struct {
 
 	stopc   chan struct{}
 	stopped atomic.Bool
+	// failure is why the group stopped, when a fatal error stopped it.
+	failure atomic.Pointer[error]
 	applyWG sync.WaitGroup
 
 	// Soft state as of the last Ready, readable without mu.
@@ -289,7 +291,16 @@ func (g *Group) fail(err error) {
 	}
 	g.host.log.Error("group stopped after a fatal error", "group", g.id, "err", err)
 	g.host.metrics.groupFailures.Inc()
+	g.failure.CompareAndSwap(nil, &err)
 	g.stop()
+}
+
+// stoppedError says that the group is stopped, and why if it failed.
+func (g *Group) stoppedError() error {
+	if f := g.failure.Load(); f != nil {
+		return fmt.Errorf("raft: group %d stopped after a fatal error (%v); it accepts nothing until the host restarts it: %w", g.id, *f, ErrStopped)
+	}
+	return fmt.Errorf("raft: group %d: %w", g.id, ErrStopped)
 }
 
 // assertf stops the group when an invariant does not hold: continuing
@@ -386,7 +397,7 @@ func (g *Group) submit(p *proposal, meta, data []byte) error {
 	g.mu.Lock()
 	var err error
 	if g.isStopped() {
-		err = fmt.Errorf("raft: group %d: %w", g.id, ErrStopped)
+		err = g.stoppedError()
 	} else if st := g.rn.BasicStatus(); st.RaftState != etcdraft.StateLeader {
 		err = &NotLeaderError{Group: g.id, Leader: st.Lead}
 	} else {
@@ -738,7 +749,7 @@ func (g *Group) changeMembership(ctx context.Context, typ pb.ConfChangeType, id 
 	g.mu.Lock()
 	var err error
 	if g.isStopped() {
-		err = fmt.Errorf("raft: group %d: %w", g.id, ErrStopped)
+		err = g.stoppedError()
 	} else if st := g.rn.BasicStatus(); st.RaftState != etcdraft.StateLeader {
 		err = &NotLeaderError{Group: g.id, Leader: st.Lead}
 	} else if perr := g.rn.ProposeConfChange(cc); perr != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -152,8 +153,8 @@ func TestStoppedGroupOutcomeUnknownAndNotLeader(t *testing.T) {
 	if g.IsLeader() || g.Leader() != 0 || !g.Stopped() || g.Status().Role != "stopped" {
 		t.Fatalf("stopped group: IsLeader %v, Leader %d, Stopped %v, Role %q", g.IsLeader(), g.Leader(), g.Stopped(), g.Status().Role)
 	}
-	if _, err := g.Propose(context.Background(), []byte("later"), nil); !errors.Is(err, ErrStopped) {
-		t.Fatalf("proposal to a stopped group: %v, want ErrStopped", err)
+	if _, err := g.Propose(context.Background(), []byte("later"), nil); !errors.Is(err, ErrStopped) || !strings.Contains(err.Error(), "injected fatal error") {
+		t.Fatalf("proposal to a stopped group: %v, want ErrStopped naming the cause", err)
 	}
 }
 
