@@ -271,3 +271,40 @@ func TestAppliedIndexGoingBackStopsGroup(t *testing.T) {
 		t.Fatalf("stopped %v, leader %v, applied %d (was %d)", g.Stopped(), g.IsLeader(), g.applied.Load(), cur)
 	}
 }
+
+// ProposeAsync works in the default (goroutine) mode: the callback gets
+// the state machine's result, and a proposal still pending when the host
+// closes gets ErrOutcomeUnknown from Close.
+func TestProposeAsyncGoroutineMode(t *testing.T) {
+	sm := newGatedSM(t)
+	h, g := singleHost(t, sm)
+	t.Cleanup(sm.release)
+	type outcome struct {
+		res Result
+		err error
+	}
+	first := make(chan outcome, 1)
+	if err := g.ProposeAsync([]byte("a"), nil, func(r Result, err error) { first <- outcome{r, err} }); err != nil {
+		t.Fatal(err)
+	}
+	o := <-first
+	if o.err != nil || o.res.Index == 0 || o.res.Value.(int) != 1 {
+		t.Fatalf("first: %+v", o)
+	}
+	// Hold the loop in WriteData, then close the host under the proposal.
+	second := make(chan outcome, 1)
+	if err := g.ProposeAsync([]byte("block"), []byte("data"), func(r Result, err error) { second <- outcome{r, err} }); err != nil {
+		t.Fatal(err)
+	}
+	<-sm.entered
+	closed := make(chan error, 1)
+	go func() { closed <- h.Close() }()
+	o = <-second // delivered by Close, before the loop is released
+	if !errors.Is(o.err, ErrOutcomeUnknown) {
+		t.Fatalf("pending at Close: %v, want ErrOutcomeUnknown", o.err)
+	}
+	sm.release()
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+}
