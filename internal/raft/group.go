@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -838,23 +839,43 @@ func (g *Group) step(m *pb.Message) {
 	g.inbox.msgs = append(g.inbox.msgs, m)
 	g.inbox.Unlock()
 	if !g.host.cfg.Manual && g.mu.TryLock() {
+		var err error
 		if !g.isStopped() {
-			g.stepInboxLocked()
+			err = g.stepInboxLocked()
 		}
 		g.mu.Unlock()
+		if err != nil {
+			g.fail(err)
+			return
+		}
 	}
 	g.loop.notify(g)
 }
 
-// stepInboxLocked steps the queued inbound messages; mu must be held.
-func (g *Group) stepInboxLocked() {
+// stepInboxLocked steps the queued inbound messages; mu must be held. etcd
+// raft panics on a message its log cannot take (a commit index past its
+// last entry: "was the raft log corrupted, truncated, or lost?"). That
+// panic is turned into an error, for the caller to stop the group with
+// (after releasing mu): this replica's log cannot be trusted, but the
+// process and its other groups can.
+func (g *Group) stepInboxLocked() (err error) {
 	g.inbox.Lock()
 	msgs := g.inbox.msgs
 	g.inbox.msgs = nil
 	g.inbox.Unlock()
-	for _, m := range msgs {
+	var m *pb.Message
+	defer func() {
+		if r := recover(); r != nil {
+			g.host.metrics.stepPanics.Inc()
+			g.host.log.Error("panic stepping a message; stopping the group", "group", g.id,
+				"type", m.GetType().String(), "from", m.GetFrom(), "term", m.GetTerm(), "panic", r, "stack", string(debug.Stack()))
+			err = fmt.Errorf("raft: group %d: stepping %v from %d: panic: %v", g.id, m.GetType(), m.GetFrom(), r)
+		}
+	}()
+	for _, m = range msgs {
 		_ = g.rn.Step(m) // errors are for local messages or unknown peers: raft ignores them
 	}
+	return nil
 }
 
 func (g *Group) reportUnreachable(id uint64) {
@@ -873,7 +894,11 @@ func (g *Group) tick() {
 	}
 	// Messages still queued count before time passes: a leader busy on
 	// its disk must not miss its followers' responses (CheckQuorum).
-	g.stepInboxLocked()
+	if err := g.stepInboxLocked(); err != nil {
+		g.mu.Unlock()
+		g.fail(err)
+		return
+	}
 	g.rn.Tick()
 	g.mu.Unlock()
 	// Followers re-report their applied index now and then, in case the
@@ -893,7 +918,11 @@ func (g *Group) ready() *readyWork {
 		g.mu.Unlock()
 		return nil
 	}
-	g.stepInboxLocked()
+	if err := g.stepInboxLocked(); err != nil {
+		g.mu.Unlock()
+		g.fail(err)
+		return nil
+	}
 	if !g.rn.HasReady() {
 		g.mu.Unlock()
 		return nil

@@ -308,3 +308,36 @@ func TestProposeAsyncGoroutineMode(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A message etcd raft panics on (a heartbeat committing past this
+// replica's log, as after a lost log) stops that group, visibly, and
+// nothing else: the process and the host's other groups go on.
+func TestStepPanicStopsOnlyThatGroup(t *testing.T) {
+	h, err := NewHost(HostConfig{ID: 1, LogDirs: []string{"/log"}, FS: newMemFS(), Transport: NewMemNetwork(1).Transport(1),
+		TickInterval: -1, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	victim, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: &kvSM{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := h.AddGroup(GroupConfig{ID: 2, Peers: []uint64{1}, StateMachine: &kvSM{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.Campaign()
+	waitFor(t, "leadership of group 2", other.IsLeader)
+	typ := pb.MsgHeartbeat
+	h.HandleMessages(2, []Outgoing{{Group: 1, Msg: &pb.Message{Type: &typ, From: proto.Uint64(2), To: proto.Uint64(1),
+		Term: proto.Uint64(5), Commit: proto.Uint64(1000)}}})
+	h.Tick() // steps whatever is still queued
+	waitFor(t, "group 1 to stop", victim.Stopped)
+	if testCounter(h.metrics.stepPanics) != 1 || victim.IsLeader() {
+		t.Fatalf("step panics %v, leader %v", testCounter(h.metrics.stepPanics), victim.IsLeader())
+	}
+	if _, err := other.Propose(context.Background(), []byte("still here"), nil); err != nil {
+		t.Fatal(err)
+	}
+}
