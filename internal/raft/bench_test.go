@@ -20,18 +20,65 @@ func BenchmarkCommit(b *testing.B) {
 	for _, inflight := range []int{1, 8} {
 		for _, groups := range []int{1, 8, 64} {
 			b.Run(fmt.Sprintf("inflight=%d/groups=%d", inflight, groups), func(b *testing.B) {
-				benchCommit(b, groups, inflight)
+				benchCommit(b, groups, inflight, 0)
 			})
 		}
 	}
 }
 
-func benchCommit(b *testing.B, groups, inflight int) {
+// BenchmarkCommitData proposes data kept out of the log (an in-memory
+// DataStateMachine), the datanode's path: WriteData on every replica, the
+// leader's MsgApps hydrated on the send queue.
+func BenchmarkCommitData(b *testing.B) {
+	for _, size := range []int{64 << 10, 1 << 20} {
+		b.Run(fmt.Sprintf("inflight=8/groups=8/data=%dKiB", size>>10), func(b *testing.B) {
+			benchCommit(b, 8, 8, size)
+		})
+	}
+}
+
+// benchDataSM is an in-memory DataStateMachine.
+type benchDataSM struct {
+	kvSM
+	mu   sync.Mutex
+	data map[uint64][]byte
+}
+
+func (s *benchDataSM) WriteData(index, term uint64, meta, data []byte) error {
+	s.mu.Lock()
+	if s.data == nil {
+		s.data = map[uint64][]byte{}
+	}
+	s.data[index] = data
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *benchDataSM) ReadData(index, term uint64, meta []byte) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.data[index], nil
+}
+
+func (s *benchDataSM) Apply(ents []Entry) []any {
+	s.mu.Lock()
+	for _, e := range ents {
+		delete(s.data, e.Index-min(e.Index, 512)) // keep memory bounded
+	}
+	s.mu.Unlock()
+	return s.kvSM.Apply(ents)
+}
+
+func benchCommit(b *testing.B, groups, inflight, dataBytes int) {
 	c := newTCPCluster(b, 3, 100*time.Millisecond)
 	all := []uint64{1, 2, 3}
 	for id, h := range c.hosts {
 		for g := 1; g <= groups; g++ {
-			if _, err := h.AddGroup(GroupConfig{ID: uint64(g), Peers: all, StateMachine: &kvSM{}}); err != nil {
+			var sm StateMachine = &kvSM{}
+			if dataBytes > 0 {
+				sm = &benchDataSM{}
+			}
+			if _, err := h.AddGroup(GroupConfig{ID: uint64(g), Peers: all, StateMachine: sm}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -52,9 +99,14 @@ func benchCommit(b *testing.B, groups, inflight int) {
 		}
 	}
 	payload := make([]byte, 4096)
+	var data []byte
+	if dataBytes > 0 {
+		payload = make([]byte, 64)
+		data = make([]byte, dataBytes)
+	}
 	// Warm up: every group commits once.
 	for g := 1; g <= groups; g++ {
-		if _, err := leaders[g].Propose(context.Background(), payload, nil); err != nil {
+		if _, err := leaders[g].Propose(context.Background(), payload, data); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -82,7 +134,7 @@ func benchCommit(b *testing.B, groups, inflight int) {
 			for next.Add(1) <= int64(b.N) {
 				t0 := time.Now()
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				_, err := g.Propose(ctx, payload, nil)
+				_, err := g.Propose(ctx, payload, data)
 				cancel()
 				if err != nil {
 					failed.Add(1)

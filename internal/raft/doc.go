@@ -59,9 +59,11 @@
 // ErrNotLeader, ErrStopped, ErrProposalDropped and ErrTooLarge mean the
 // proposal never entered the log (or was replaced there): retry. Once it
 // was handed to raft, giving up returns ErrOutcomeUnknown: it may have
-// committed, or may still. A group that stops (Close, or a fatal error or
-// violated invariant, which is logged and counted) is visibly stopped:
-// IsLeader is false, Status.Role is "stopped", proposals get ErrStopped.
+// committed, or may still. A group that stops (Close, or a fatal error, a
+// violated invariant, or etcd raft panicking on an inbound message its log
+// cannot take — each logged with the cause and counted) is visibly
+// stopped: IsLeader is false, Status.Role is "stopped", proposals get
+// ErrStopped naming the cause. The process and the other groups go on.
 //
 // # Invariants asserted
 //

@@ -320,6 +320,11 @@ func decodeApp(b []byte, from, to uint64, alias bool) (*pb.Message, []byte, erro
 			return nil, nil, fmt.Errorf("MsgApp entry %d: unknown entry type %d", i, et)
 		}
 		b = b[pad:]
+		if pb.EntryType(et) == pb.EntryNormal && l > 0 && (b[0] == fmtLocal || b[0] == fmtElided) {
+			// These forms stay on the host that made them: a sender puts
+			// the data back (fmtData) or marks it lost (fmtLost).
+			return nil, nil, fmt.Errorf("MsgApp entry %d: payload format %d never travels", i, b[0])
+		}
 		var d []byte
 		if l > 0 {
 			if alias {

@@ -280,3 +280,20 @@ func TestSnapshotChunkChecksum(t *testing.T) {
 		t.Fatal("corrupted chunk read without error")
 	}
 }
+
+// Entry payload forms that never leave their host are refused on arrival
+// (a follower given fmtLocal would stop its group).
+func TestDecodeAppRefusesLocalForms(t *testing.T) {
+	for _, payload := range [][]byte{
+		encodeLocal(proposalID{1, 1}, []byte("m"), 5),
+		elide(encodeProposal(proposalID{1, 1}, []byte("m"), []byte("data"), true), decodedEntry{meta: []byte("m"), dataLen: 4}),
+	} {
+		b := []byte{0, 0, 0, 0, 1, 1, 1, 0}
+		b = binary.AppendUvarint(b, uint64(len(payload)))
+		b = append(b, 0)
+		b = append(b, payload...)
+		if _, _, err := decodeApp(b, 1, 2, false); err == nil {
+			t.Fatalf("accepted an entry in format %d", payload[0])
+		}
+	}
+}

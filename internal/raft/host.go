@@ -380,8 +380,9 @@ func (h *Host) RemoveGroup(id uint64) error {
 	return err
 }
 
-// Tick advances every group's logical clock by one tick. Called by the
-// host's ticker, or by tests when TickInterval is negative.
+// Tick advances every group's logical clock by one tick, in group ID
+// order. Called by the host's ticker, or by the caller when TickInterval
+// is negative or the host is Manual.
 func (h *Host) Tick() {
 	for _, g := range h.groupList() {
 		g.tick()

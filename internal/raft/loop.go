@@ -227,9 +227,9 @@ func (l *storeLoop) process(work []*readyWork) {
 		}
 	}
 	for _, w := range work {
-		// Local proposal data that no Ready carried belongs to entries raft
-		// discarded: release it (and fail those proposals).
-		w.g.sweepLocal(w.epoch)
+		// Proposals (and their data) that no Ready carried were discarded
+		// by raft: fail them now.
+		w.g.sweepDiscarded(w.epoch)
 		w.g.advance(w.rd)
 	}
 	d := time.Since(start)

@@ -3,6 +3,7 @@ package raft
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand"
@@ -20,6 +21,10 @@ type fifoNet struct {
 	q     []fifoItem
 	// down: traffic to and from this host is dropped.
 	down uint64
+	// mute: traffic from this host is dropped, traffic to it is held in
+	// held until unmuted.
+	mute uint64
+	held []fifoItem
 }
 
 type fifoItem struct {
@@ -65,6 +70,13 @@ func (n *fifoNet) deliver() bool {
 		h, ok := n.hosts[it.to]
 		if n.down != 0 && (it.from == n.down || it.to == n.down) {
 			ok = false
+		}
+		if n.mute != 0 && it.from == n.mute {
+			ok = false
+		}
+		if n.mute != 0 && it.to == n.mute {
+			n.held = append(n.held, it)
+			continue
 		}
 		if it.snap != nil {
 			err := fmt.Errorf("fifo: host %d gone", it.to)
@@ -251,5 +263,82 @@ func TestManualHostsDeterministic(t *testing.T) {
 			t.Fatalf("seed %d: %d applies, then %d", seed, len(a), len(b))
 		}
 		t.Logf("seed %d: %d applies, identical in both runs", seed, len(a))
+	}
+}
+
+// A proposal raft discards before any Ready carries it (a new leader's
+// append replaced it in the unstable log) fails promptly with
+// ErrProposalDropped. The old code had its caller wait for its whole
+// context, and an abandoned one stayed pending (with its data) forever.
+func TestProposalDiscardedBeforeReadyFails(t *testing.T) {
+	cryptotest.SetGlobalRandom(t, 7)
+	net := &fifoNet{hosts: map[uint64]*Host{}}
+	for id := uint64(1); id <= 3; id++ {
+		h, err := NewHost(HostConfig{ID: id, LogDirs: []string{"/log"}, FS: newMemFS(), Transport: &fifoTransport{net: net, id: id},
+			Manual: true, ElectionTicks: 10, HeartbeatTicks: 1, Logger: testLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		if _, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: &kvSM{}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	quiesce := func(ids ...uint64) {
+		for range 1000 {
+			did := false
+			for _, id := range ids {
+				for net.hosts[id].Poll() {
+					did = true
+				}
+			}
+			if !net.deliver() && !did {
+				return
+			}
+		}
+		t.Fatal("no quiescence")
+	}
+	g := func(id uint64) *Group { gr, _ := net.hosts[id].Group(1); return gr }
+	g(1).Campaign()
+	quiesce(1, 2, 3)
+	if !g(1).IsLeader() {
+		t.Fatal("host 1 did not become the leader")
+	}
+	// Host 1 goes silent (and hears nothing) while 2 and 3 elect a leader.
+	net.mute = 1
+	var lead uint64
+	for round := 0; round < 200 && lead == 0; round++ {
+		for _, id := range []uint64{2, 3} {
+			net.hosts[id].Tick()
+		}
+		quiesce(2, 3)
+		for _, id := range []uint64{2, 3} {
+			if g(id).IsLeader() {
+				lead = id
+			}
+		}
+	}
+	if lead == 0 {
+		t.Fatal("no new leader among hosts 2 and 3")
+	}
+	// Host 1 still thinks it leads: it accepts a proposal into its
+	// unstable log. Before it runs again, the new leader's append arrives.
+	var got []error
+	if err := g(1).ProposeAsync([]byte("doomed"), nil, func(_ Result, err error) { got = append(got, err) }); err != nil {
+		t.Fatalf("ProposeAsync on the stale leader: %v", err)
+	}
+	net.mute = 0
+	net.q = append(net.held, net.q...)
+	net.held = nil
+	net.deliver() // into host 1's inbox, ahead of its next Ready
+	quiesce(1, 2, 3)
+	if len(got) != 1 || !errors.Is(got[0], ErrProposalDropped) {
+		t.Fatalf("callback results %v, want one ErrProposalDropped", got)
+	}
+	g(1).pmu.Lock()
+	n := len(g(1).pending)
+	g(1).pmu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d proposals still pending", n)
 	}
 }

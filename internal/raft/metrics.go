@@ -41,6 +41,7 @@ type metrics struct {
 	applyHeldBack       prometheus.Counter
 	badFrames           prometheus.Counter
 	readerPanics        prometheus.Counter
+	stepPanics          prometheus.Counter
 
 	mu sync.Mutex
 }
@@ -90,6 +91,7 @@ func newMetrics(host uint64, reg prometheus.Registerer) *metrics {
 	m.groupFailures = counter("group_failures_total", "Groups stopped after a fatal error or a violated invariant.")
 	m.applyHeldBack = counter("apply_held_back_total", "Times committed entries were left in the log because the apply backlog was full.")
 	m.badFrames = counter("bad_frames_total", "Inbound frames rejected (checksum, size or decoding); the connection is closed.")
+	m.stepPanics = counter("step_panics_total", "Panics of etcd raft stepping an inbound message (its log cannot take it); the group is stopped.")
 	m.readerPanics = counter("reader_panics_total", "Panics recovered in a transport reader goroutine; the connection is closed.")
 	if reg != nil {
 		for _, c := range m.collectors {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -88,9 +89,21 @@ func TestCanceledDataProposalStillWritten(t *testing.T) {
 	}()
 	<-sm.entered
 
-	// A second proposal whose caller has already given up.
+	// A second proposal whose caller gives up once it is in raft's log,
+	// before the store loop reaches it.
 	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
+	go func() {
+		defer cancel()
+		for {
+			g.pmu.Lock()
+			n := len(g.pending)
+			g.pmu.Unlock()
+			if n == 2 {
+				return
+			}
+			time.Sleep(time.Millisecond) // polling another goroutine's progress
+		}
+	}()
 	_, err := g.Propose(ctx, []byte("abandoned"), []byte("payload"))
 	if !errors.Is(err, ErrOutcomeUnknown) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("abandoned proposal: err = %v, want ErrOutcomeUnknown wrapping context.Canceled", err)
@@ -140,8 +153,27 @@ func TestStoppedGroupOutcomeUnknownAndNotLeader(t *testing.T) {
 	if g.IsLeader() || g.Leader() != 0 || !g.Stopped() || g.Status().Role != "stopped" {
 		t.Fatalf("stopped group: IsLeader %v, Leader %d, Stopped %v, Role %q", g.IsLeader(), g.Leader(), g.Stopped(), g.Status().Role)
 	}
-	if _, err := g.Propose(context.Background(), []byte("later"), nil); !errors.Is(err, ErrStopped) {
-		t.Fatalf("proposal to a stopped group: %v, want ErrStopped", err)
+	if _, err := g.Propose(context.Background(), []byte("later"), nil); !errors.Is(err, ErrStopped) || !strings.Contains(err.Error(), "injected fatal error") {
+		t.Fatalf("proposal to a stopped group: %v, want ErrStopped naming the cause", err)
+	}
+}
+
+// A context that ended before the proposal reached raft is a plain,
+// retryable context error: the proposal never entered the log.
+func TestExpiredContextNeverSubmits(t *testing.T) {
+	sm := &kvSM{}
+	_, g := singleHost(t, sm)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := g.Propose(ctx, []byte("never"), nil)
+	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("err = %v, want context.Canceled and not ErrOutcomeUnknown", err)
+	}
+	if _, err := g.Propose(context.Background(), []byte("after"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := sm.values(); !equalStrings(got, []string{"after"}) {
+		t.Fatalf("applied %v", got)
 	}
 }
 
@@ -237,5 +269,75 @@ func TestAppliedIndexGoingBackStopsGroup(t *testing.T) {
 	}
 	if !g.Stopped() || g.IsLeader() || g.applied.Load() != cur {
 		t.Fatalf("stopped %v, leader %v, applied %d (was %d)", g.Stopped(), g.IsLeader(), g.applied.Load(), cur)
+	}
+}
+
+// ProposeAsync works in the default (goroutine) mode: the callback gets
+// the state machine's result, and a proposal still pending when the host
+// closes gets ErrOutcomeUnknown from Close.
+func TestProposeAsyncGoroutineMode(t *testing.T) {
+	sm := newGatedSM(t)
+	h, g := singleHost(t, sm)
+	t.Cleanup(sm.release)
+	type outcome struct {
+		res Result
+		err error
+	}
+	first := make(chan outcome, 1)
+	if err := g.ProposeAsync([]byte("a"), nil, func(r Result, err error) { first <- outcome{r, err} }); err != nil {
+		t.Fatal(err)
+	}
+	o := <-first
+	if o.err != nil || o.res.Index == 0 || o.res.Value.(int) != 1 {
+		t.Fatalf("first: %+v", o)
+	}
+	// Hold the loop in WriteData, then close the host under the proposal.
+	second := make(chan outcome, 1)
+	if err := g.ProposeAsync([]byte("block"), []byte("data"), func(r Result, err error) { second <- outcome{r, err} }); err != nil {
+		t.Fatal(err)
+	}
+	<-sm.entered
+	closed := make(chan error, 1)
+	go func() { closed <- h.Close() }()
+	o = <-second // delivered by Close, before the loop is released
+	if !errors.Is(o.err, ErrOutcomeUnknown) {
+		t.Fatalf("pending at Close: %v, want ErrOutcomeUnknown", o.err)
+	}
+	sm.release()
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A message etcd raft panics on (a heartbeat committing past this
+// replica's log, as after a lost log) stops that group, visibly, and
+// nothing else: the process and the host's other groups go on.
+func TestStepPanicStopsOnlyThatGroup(t *testing.T) {
+	h, err := NewHost(HostConfig{ID: 1, LogDirs: []string{"/log"}, FS: newMemFS(), Transport: NewMemNetwork(1).Transport(1),
+		TickInterval: -1, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	victim, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: &kvSM{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := h.AddGroup(GroupConfig{ID: 2, Peers: []uint64{1}, StateMachine: &kvSM{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.Campaign()
+	waitFor(t, "leadership of group 2", other.IsLeader)
+	typ := pb.MsgHeartbeat
+	h.HandleMessages(2, []Outgoing{{Group: 1, Msg: &pb.Message{Type: &typ, From: proto.Uint64(2), To: proto.Uint64(1),
+		Term: proto.Uint64(5), Commit: proto.Uint64(1000)}}})
+	h.Tick() // steps whatever is still queued
+	waitFor(t, "group 1 to stop", victim.Stopped)
+	if testCounter(h.metrics.stepPanics) != 1 || victim.IsLeader() {
+		t.Fatalf("step panics %v, leader %v", testCounter(h.metrics.stepPanics), victim.IsLeader())
+	}
+	if _, err := other.Propose(context.Background(), []byte("still here"), nil); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -293,13 +293,17 @@ func (p *peer) writeLoop() {
 			select {
 			case m := <-p.queue:
 				batch = append(batch, m)
-				if m.Msg != nil {
+				if m.tails != nil {
+					// Data kept beside the message (a MsgApp with its data put
+					// back) counts as a full hydrated message, as it did when
+					// hydration happened here: a frame then carries about one
+					// such message, and the receiver works on it while the
+					// next one is on the wire.
+					size += maxHydratedBytes
+				} else if m.Msg != nil {
 					size += len(m.Msg.GetEntries()) * 64
-					for i, e := range m.Msg.GetEntries() {
+					for _, e := range m.Msg.GetEntries() {
 						size += len(e.GetData())
-						if m.tails != nil {
-							size += len(m.tails[i])
-						}
 					}
 				}
 			default:
