@@ -557,3 +557,51 @@ func TestConcurrentWritersShareSync(t *testing.T) {
 		t.Fatalf("%d blocks still open after everything committed or aborted", n)
 	}
 }
+
+// TestWriteChunkDurableSeesForeignFailure: a Sync round started by another
+// caller fails for this writer's block before the writer syncs; plain Sync
+// then finds nothing to do and returns nil, so a writer acknowledging its
+// chunk must learn of the loss from WriteChunkDurable.
+func TestWriteChunkDurableSeesForeignFailure(t *testing.T) {
+	ffs := vfs.NewFaultFS(vfs.Default)
+	s := openStore(t, Options{FS: ffs, KeepUncommitted: true})
+	mustCreate(t, s, 1)
+	data := blockBytes(1, 1, 128<<10)
+	chunks := chunked(data, 64<<10)
+	failSync := func(op, path string) error {
+		if op == "sync" && strings.HasSuffix(path, "/1.block") {
+			return unix.ENOSPC
+		}
+		return nil
+	}
+	// The writer's chunk is written; another caller's Sync fails for it.
+	writeChunks(t, s, 1, 1, data, chunks[:1])
+	ffs.SetInject(failSync)
+	wantErr(t, s.Sync(), ErrDiskFull, "block 1")
+	ffs.SetInject(nil)
+	if err := s.Sync(); err != nil {
+		t.Fatalf("plain Sync after the failure: %v", err) // nothing pending: nil
+	}
+	// The writer's own check says the chunk is lost.
+	wantErr(t, s.awaitDurable(1, 1, 0, 64<<10), ErrDiskFull, "block 1", "offset 0", "[0,65536) lost")
+	// WriteChunkDurable: a failing round is reported, a good one is not.
+	ffs.SetInject(failSync)
+	wantErr(t, s.WriteChunkDurable(1, 1, 0, data[:64<<10], chunks[0].Checksum, true), ErrDiskFull, "block 1")
+	ffs.SetInject(nil)
+	for _, ch := range chunks {
+		if err := s.WriteChunkDurable(1, 1, ch.Offset, data[ch.Offset:ch.Offset+ch.Length], ch.Checksum, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A re-delivery of a durable chunk is durable at once.
+	if err := s.WriteChunkDurable(1, 1, 0, data[:64<<10], chunks[0].Checksum, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutBlock(1, blockOf(1, chunks, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WriteChunkDurable(1, 1, 0, data[:64<<10], chunks[0].Checksum, true); err != nil {
+		t.Fatalf("re-delivery of a committed chunk: %v", err)
+	}
+	checkBlock(t, s, 1, 1, data)
+}

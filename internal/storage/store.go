@@ -184,6 +184,9 @@ type volume struct {
 	syncMu sync.Mutex
 	dmu    sync.Mutex
 	dirty  map[*openBlock]blockRef
+	// lastSyncErr (under dmu) is the last failure of a Sync round, for a
+	// writer whose chunk that round forgot (see WriteChunkDurable).
+	lastSyncErr error
 }
 
 type blockRef struct {
