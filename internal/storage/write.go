@@ -332,14 +332,14 @@ func (s *Store) awaitDurable(cid ContainerID, lid LocalID, off, n int64) error {
 	if err != nil {
 		return err
 	}
-	if err := s.syncVolume(c.vol); err != nil {
-		return err
-	}
+	// The round's error may be another block's: this chunk's own state
+	// decides.
+	serr := s.syncVolume(c.vol)
 	if s.durableRange(c, lid, off, n) {
 		return nil
 	}
 	c.vol.dmu.Lock()
-	cause := c.vol.lastSyncErr
+	cause := cmp.Or(serr, c.vol.lastSyncErr)
 	c.vol.dmu.Unlock()
 	kind := ErrVolumeFailed
 	var se *Error
@@ -391,9 +391,10 @@ func (s *Store) durableRange(c *container, lid LocalID, off, n int64) bool {
 // the acknowledgement point of a chunk write: call it once per batch of
 // writes (one raft Ready) and acknowledge the batch only if it returns nil.
 //
-// Concurrent callers share work: a Sync waits for a round in progress and
-// then runs one round for everything still pending, so N writers calling
-// Sync cost about two rounds, not N. On error (ErrDiskFull, or
+// Concurrent callers share work: a Sync takes everything pending into its
+// round and then waits for the rounds already running (they hold chunks
+// written before it was called), so N writers calling Sync at once cost
+// about one flush each of overlapping rounds, not N flushes in a row. On error (ErrDiskFull, or
 // ErrVolumeFailed naming the volume) the chunks of the blocks whose sync
 // failed are forgotten, as if never written (after a failed fsync their
 // bytes cannot be trusted): a PutBlock naming them fails with
@@ -430,10 +431,12 @@ type dirtyBlock struct {
 }
 
 func (s *Store) syncVolume(v *volume) error {
-	v.syncMu.Lock()
-	defer v.syncMu.Unlock()
 	v.dmu.Lock()
-	if len(v.dirty) == 0 {
+	earlier := make([]*round, 0, len(v.inflight))
+	for r := range v.inflight {
+		earlier = append(earlier, r)
+	}
+	if len(v.dirty) == 0 && len(earlier) == 0 {
 		v.dmu.Unlock()
 		return nil
 	}
@@ -442,9 +445,15 @@ func (s *Store) syncVolume(v *volume) error {
 		list = append(list, dirtyBlock{ob, r})
 	}
 	v.dirty = make(map[*openBlock]blockRef, len(list))
+	r := &round{done: make(chan struct{})}
+	v.inflight[r] = struct{}{}
 	v.dmu.Unlock()
-	// One lock order (container, block) for the blocks of a round; no
-	// other path holds two block locks.
+
+	// One lock order (container, block) within a round. Rounds hold
+	// disjoint blocks (a block is queued again only under its lock, which
+	// its round holds until done), and no other path holds two block
+	// locks, so rounds overlap without deadlock: a Sync that arrives while
+	// another flushes starts its own flush at once.
 	slices.SortFunc(list, func(a, b dirtyBlock) int {
 		return cmp.Or(cmp.Compare(a.c.id, b.c.id), cmp.Compare(a.lid, b.lid))
 	})
@@ -458,14 +467,26 @@ func (s *Store) syncVolume(v *volume) error {
 		d.ob.queued = false
 		live = append(live, d)
 	}
-	err := s.persist("sync", v, live)
+	if len(live) > 0 {
+		r.err = s.persist("sync", v, live)
+	}
 	for _, d := range live {
 		d.ob.mu.Unlock()
 	}
-	if err != nil {
-		v.dmu.Lock()
-		v.lastSyncErr = err
-		v.dmu.Unlock()
+	v.dmu.Lock()
+	delete(v.inflight, r)
+	if r.err != nil {
+		v.lastSyncErr = r.err
+	}
+	v.dmu.Unlock()
+	close(r.done)
+	// Chunks written before this call may be in rounds still running.
+	err := r.err
+	for _, e := range earlier {
+		<-e.done
+		if err == nil {
+			err = e.err
+		}
 	}
 	return err
 }
