@@ -394,9 +394,10 @@ func (s *Store) durableRange(c *container, lid LocalID, off, n int64) bool {
 // Concurrent callers share work: a Sync takes everything pending into its
 // round and then waits for the rounds already running (they hold chunks
 // written before it was called), so N writers calling Sync at once cost
-// about one flush each of overlapping rounds, not N flushes in a row. On error (ErrDiskFull, or
-// ErrVolumeFailed naming the volume) the chunks of the blocks whose sync
-// failed are forgotten, as if never written (after a failed fsync their
+// overlapping flushes, not N flushes in a row.
+//
+// On error (ErrDiskFull, or ErrVolumeFailed naming the volume) the chunks
+// of the blocks whose sync failed are forgotten, as if never written (after a failed fsync their
 // bytes cannot be trusted): a PutBlock naming them fails with
 // ErrChunkMissing and a re-delivery writes them again. Chunks on other
 // volumes and other blocks are durable. The error goes to the caller whose
