@@ -3,6 +3,7 @@ package vfs
 import (
 	"bytes"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -309,13 +310,20 @@ func (fs *MemFS) unlink(n *memNode) {
 // state, plus each unsynced directory change and file write kept or not as
 // rng decides (writes possibly torn at sector granularity). A nil rng keeps
 // nothing unsynced. The same rng state on the same MemFS gives the same
-// result. The clone has the options of fs and no hooks; fs is unchanged.
+// result. Each file and directory draws from its own stream, seeded by
+// rng and its path, so what a crash does to one file does not depend on
+// how many unsynced operations other files had (background work such as
+// Pebble's file deletions does not shift every other outcome). The clone
+// has the options of fs and no hooks; fs is unchanged.
 func (fs *MemFS) CrashClone(rng *rand.Rand) *MemFS {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	c := &crasher{rng: rng, sector: int64(fs.opts.SectorSize), done: map[*memNode]*memNode{}}
+	c := &crasher{sector: int64(fs.opts.SectorSize), done: map[*memNode]*memNode{}}
+	if rng != nil {
+		c.seeded, c.base = true, rng.Uint64()
+	}
 	out := &MemFS{opts: fs.opts, locks: map[*memNode]bool{}}
-	out.root = c.clone(fs.root)
+	out.root = c.clone(fs.root, "/")
 	out.root.nlink = 1
 	out.used = usage(out.root, map[*memNode]bool{})
 	return out
@@ -325,17 +333,24 @@ func (fs *MemFS) CrashClone(rng *rand.Rand) *MemFS {
 func (fs *MemFS) Crash() *MemFS { return fs.CrashClone(nil) }
 
 type crasher struct {
-	rng    *rand.Rand
+	seeded bool
+	base   uint64
+	rng    *rand.Rand // of the node being cloned
 	sector int64
 	done   map[*memNode]*memNode // hard links share one clone
 }
 
-func (c *crasher) keep() bool { return c.rng != nil && c.rng.IntN(2) == 0 }
+func (c *crasher) keep() bool { return c.seeded && c.rng.IntN(2) == 0 }
 
-func (c *crasher) clone(n *memNode) *memNode {
+func (c *crasher) clone(n *memNode, p string) *memNode {
 	if cl, ok := c.done[n]; ok {
 		cl.nlink++
 		return cl
+	}
+	if c.seeded {
+		h := fnv.New64a()
+		h.Write([]byte(p))
+		c.rng = rand.New(rand.NewPCG(c.base, h.Sum64()))
 	}
 	cl := &memNode{dir: n.dir, modTime: n.modTime, nlink: 1}
 	c.done[n] = cl
@@ -366,7 +381,7 @@ func (c *crasher) clone(n *memNode) *memNode {
 	cl.ents = make(map[string]*memNode, len(ents))
 	// Sorted, so rng draws happen in the same order on every run.
 	for _, name := range sortedKeys(ents) {
-		cl.ents[name] = c.clone(ents[name])
+		cl.ents[name] = c.clone(ents[name], path.Join(p, name))
 	}
 	cl.syncedEnts = make(map[string]*memNode, len(cl.ents))
 	for k, v := range cl.ents {
