@@ -1,5 +1,3 @@
-//go:build simworld
-
 package sim
 
 import (
@@ -78,7 +76,7 @@ func (s *Sim) checkReplicasAgree() {
 		bd   storage.BlockData
 		data []byte
 	}
-	for cid := uint64(1); cid <= 3; cid++ {
+	for cid := uint64(1); cid < s.nextCid; cid++ {
 		seen := map[uint64][]copyOf{}
 		for _, id := range s.pipeline {
 			n := s.node(id)

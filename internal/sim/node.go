@@ -1,5 +1,3 @@
-//go:build simworld
-
 package sim
 
 import (
@@ -47,6 +45,13 @@ type node struct {
 	torn   float64
 	slow   time.Duration
 	counts map[string]uint64 // per path: operations seen, for fault draws
+	// ioFault: EIO or torn writes were injected since the node started;
+	// storage then holds the volume failed until a restart (as after a
+	// disk replacement), so healing restarts it.
+	ioFault bool
+	// checking: the checkers are reading; no faults (a checker must not
+	// change what it observes).
+	checking bool
 }
 
 const diskBytes = 256 << 20
@@ -127,6 +132,7 @@ func (n *node) start() error {
 		}
 	}
 	n.up = true
+	n.ioFault = false
 	n.s.logf("node %d up (incarnation %d)", n.id, n.epoch)
 	n.scheduleTick()
 	return nil
@@ -174,8 +180,28 @@ func (n *node) crash(r *rand.Rand) {
 	clone := n.fs.CrashClone(rand.New(rand.NewPCG(r.Uint64(), r.Uint64())))
 	n.epoch++
 	n.stop()
-	n.clearFaults()
 	n.fs = clone
+	n.clearFaults()
+}
+
+// abandon is a crash after a panic: nothing is closed (locks may be held
+// by the code that panicked); the node's goroutines (Pebble's) leak.
+func (n *node) abandon(r *rand.Rand) {
+	clone := n.fs.CrashClone(rand.New(rand.NewPCG(r.Uint64(), r.Uint64())))
+	n.epoch++
+	n.s.net.down(n.id)
+	n.host, n.store, n.kvst = nil, nil, nil
+	n.dnG, n.kvG, n.dn, n.kv = nil, nil, nil, nil
+	n.up = false
+	n.fs = clone
+	n.clearFaults()
+}
+
+// faulty reports whether a disk fault is active.
+func (n *node) faulty() bool {
+	n.fmu.Lock()
+	defer n.fmu.Unlock()
+	return n.eio > 0 || n.torn > 0 || n.slow > 0 || n.fs.Options().Capacity < diskBytes
 }
 
 // isPebble reports whether a path is a Pebble file. Faults other than a
@@ -203,7 +229,7 @@ func isPebble(p string) bool {
 func (n *node) inject(op, p string) error {
 	n.fmu.Lock()
 	defer n.fmu.Unlock()
-	if (n.eio == 0 && n.torn == 0) || isPebble(p) {
+	if (n.eio == 0 && n.torn == 0) || n.checking || isPebble(p) {
 		return nil
 	}
 	n.counts[p]++
@@ -237,8 +263,10 @@ func (n *node) diskFault(kind string, r *rand.Rand) {
 		n.fs.SetCapacity(n.fs.Used() + int64(r.IntN(64<<10)))
 	case "eio":
 		n.eio = []float64{0.01, 0.1, 0.5}[r.IntN(3)]
+		n.ioFault = true
 	case "torn":
 		n.torn = []float64{0.05, 0.3}[r.IntN(2)]
+		n.ioFault = true
 	case "slow":
 		n.slow = time.Duration(1+r.IntN(30)) * time.Millisecond
 	}

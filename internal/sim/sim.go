@@ -1,5 +1,3 @@
-//go:build simworld
-
 package sim
 
 import (
@@ -36,10 +34,15 @@ type Report struct {
 	Polls   int
 
 	BlocksTried, BlocksAcked, BlocksFailed int
+	SmallAcked                             int // of BlocksAcked, written with PutSmallFile
 	KVOps, KVAcked, KVUnknown, KVFailed    int
 	Crashes, Partitions, DiskFaults        int
 	NetSent, NetDropped, NetDuplicated     int
 	UnhealthyReplicas                      int // acked blocks whose replica's container is UNHEALTHY (reported, not lost)
+	// Panics: a node's process would have died (not a safety violation;
+	// the node restarts from its disk). PanicMsgs: the first few.
+	Panics    int
+	PanicMsgs []string
 
 	// Trace hashes every event and outcome: two runs of one seed must
 	// agree (TestSimDeterministic).
@@ -49,10 +52,10 @@ type Report struct {
 }
 
 func (r *Report) String() string {
-	return fmt.Sprintf("seed %d: %d nodes, %v simulated, %d events; blocks %d tried %d acked %d failed (%d replicas reported UNHEALTHY); kv %d ops %d acked %d unknown %d failed; %d crashes %d partitions %d disk faults; net %d sent %d dropped %d duplicated; trace %016x",
-		r.Seed, r.Nodes, r.SimTime, r.Events, r.BlocksTried, r.BlocksAcked, r.BlocksFailed, r.UnhealthyReplicas,
+	return fmt.Sprintf("seed %d: %d nodes, %v simulated, %d events; blocks %d tried %d acked (%d small) %d failed (%d replicas reported UNHEALTHY); kv %d ops %d acked %d unknown %d failed; %d crashes %d partitions %d disk faults; net %d sent %d dropped %d duplicated; trace %016x",
+		r.Seed, r.Nodes, r.SimTime, r.Events, r.BlocksTried, r.BlocksAcked, r.SmallAcked, r.BlocksFailed, r.UnhealthyReplicas,
 		r.KVOps, r.KVAcked, r.KVUnknown, r.KVFailed, r.Crashes, r.Partitions, r.DiskFaults,
-		r.NetSent, r.NetDropped, r.NetDuplicated, r.Trace)
+		r.NetSent, r.NetDropped, r.NetDuplicated, r.Trace) + fmt.Sprintf("; %d node panics %q", r.Panics, r.PanicMsgs)
 }
 
 const (
@@ -84,10 +87,12 @@ type Sim struct {
 	metaPeers  []uint64
 	maxApplied map[[2]uint64]uint64 // (node, group) → highest AppliedIndex seen
 
-	blocks  []*blockOp
-	nextLID uint64
-	kvops   []*kvOp
-	clients []*kvClient
+	blocks   []*blockOp
+	nextLID  uint64
+	openCids []uint64 // containers the workload writes into
+	nextCid  uint64
+	kvops    []*kvOp
+	clients  []*kvClient
 
 	ioDebt atomic.Int64 // simulated I/O latency not yet charged to the clock
 	trace  hash.Hash64
@@ -104,6 +109,7 @@ func Run(cfg Config) *Report {
 		work: stream(cfg.Seed, "work"), faults: stream(cfg.Seed, "faults"), crashRng: stream(cfg.Seed, "crash"),
 		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	s.rep.Seed = cfg.Seed
+	s.openCids, s.nextCid = []uint64{1, 2, 3}, 4
 	s.run()
 	s.rep.SimTime = s.clk.now
 	s.rep.NetSent, s.rep.NetDropped, s.rep.NetDuplicated = s.net.sent, s.net.dropped, s.net.duplicated
@@ -179,6 +185,9 @@ func (s *Sim) run() {
 	end := s.clk.now + healQuiet
 	s.loop(func() bool { return s.clk.now >= end })
 	s.finalReads()
+	// Let every replica catch up with the final reads before comparing.
+	end = s.clk.now + 2*time.Second
+	s.loop(func() bool { return s.clk.now >= end })
 	s.check()
 }
 
@@ -210,7 +219,7 @@ func (s *Sim) pollAll() {
 	for round := 0; round < maxPollRounds; round++ {
 		did := false
 		for _, n := range s.nodes {
-			if n.up && n.host.Poll() {
+			if n.up && s.poll(n) {
 				did = true
 				s.rep.Polls++
 			}
@@ -222,13 +231,37 @@ func (s *Sim) pollAll() {
 	s.logf("poll: nodes still busy after %d rounds", maxPollRounds)
 }
 
+// poll runs one Poll of n. A panic inside it (Pebble treats a failed WAL
+// write, such as ENOSPC, as fatal) ends the process on a real node: here
+// the node crashes, abandoned as it is (its locks may be held), and
+// restarts from its disk later.
+func (s *Sim) poll(n *node) (did bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			msg := fmt.Sprint(r)
+			if i := strings.IndexByte(msg, '\n'); i > 0 {
+				msg = msg[:i]
+			}
+			s.rep.Panics++
+			if len(s.rep.PanicMsgs) < 10 {
+				s.rep.PanicMsgs = append(s.rep.PanicMsgs, fmt.Sprintf("node %d: %s", n.id, msg))
+			}
+			s.logf("node %d PANICKED (process would exit): %s", n.id, msg)
+			n.abandon(s.crashRng)
+			s.clk.after(time.Duration(500+s.faults.IntN(2000))*time.Millisecond, fmt.Sprintf("restart %d", n.id), func() { s.restart(n) })
+			did = true
+		}
+	}()
+	return n.host.Poll()
+}
+
 // step is one workload action.
 func (s *Sim) step() {
 	r := s.work.IntN(100)
 	switch {
-	case r < 40:
+	case r < 46:
 		s.startBlock()
-	case r < 80:
+	case r < 92:
 		s.startKV(s.clients[s.work.IntN(len(s.clients))])
 	default:
 		s.fault()
@@ -244,7 +277,7 @@ func (s *Sim) fault() {
 		if n.up {
 			s.rep.Crashes++
 			s.crash(n)
-			s.clk.after(time.Duration(200+f.IntN(3000))*time.Millisecond, fmt.Sprintf("restart %d", n.id), func() { s.restart(n) })
+			s.clk.after(time.Duration(200+f.IntN(1500))*time.Millisecond, fmt.Sprintf("restart %d", n.id), func() { s.restart(n) })
 		}
 	case r < 45:
 		ids := make([]uint64, len(s.nodes))
@@ -274,8 +307,15 @@ func (s *Sim) fault() {
 		s.logf("disk fault on %d: %s for %v", n.id, kind, d)
 		ep := n.epoch
 		s.clk.after(d, fmt.Sprintf("disk fault on %d ends", n.id), func() {
-			if n.epoch == ep {
-				n.clearFaults()
+			if n.epoch != ep {
+				return
+			}
+			n.clearFaults()
+			if n.ioFault {
+				// Storage holds a volume that returned EIO failed until the
+				// process restarts (the disk is replaced): restart it.
+				s.crash(n)
+				s.clk.after(time.Duration(100+f.IntN(1000))*time.Millisecond, fmt.Sprintf("restart %d", n.id), func() { s.restart(n) })
 			}
 		})
 	}
@@ -290,9 +330,28 @@ func (s *Sim) restart(n *node) {
 	if n.up {
 		return
 	}
-	if err := n.start(); err != nil {
-		s.violate("node %d does not restart after a crash: %v", n.id, err)
+	err := s.safeStart(n)
+	if err == nil {
+		return
 	}
+	if !s.ending && n.faulty() {
+		// A full disk may keep a node from starting; it tries again.
+		s.logf("node %d cannot start yet: %v", n.id, err)
+		s.clk.after(time.Second, fmt.Sprintf("restart %d", n.id), func() { s.restart(n) })
+		return
+	}
+	s.violate("node %d does not restart after a crash: %v", n.id, err)
+}
+
+// safeStart starts n, turning a panic into an error.
+func (s *Sim) safeStart(n *node) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+			n.abandon(s.crashRng)
+		}
+	}()
+	return n.start()
 }
 
 // heal ends the faults: every node up, the network whole and clean,
@@ -303,6 +362,10 @@ func (s *Sim) heal() {
 	s.net.heal()
 	s.net.cfg.Drop, s.net.cfg.Duplicate = 0, 0
 	for _, n := range s.nodes {
+		if n.up && n.ioFault {
+			s.logf("heal: node %d had I/O errors; crash and restart it", n.id)
+			s.crash(n)
+		}
 		if n.up {
 			n.clearFaults()
 		} else {

@@ -1,5 +1,3 @@
-//go:build simnode
-
 package sim
 
 import (
@@ -137,11 +135,4 @@ func TestNodeCrash(t *testing.T) {
 		st.Close()
 		kv.Close()
 	}
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }

@@ -1,11 +1,10 @@
-//go:build simworld
-
 package sim
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -24,7 +23,8 @@ type blockOp struct {
 	leader    uint64
 	epoch     int
 	call, ret time.Duration
-	index     uint64 // the PutBlock's entry
+	index     uint64 // the PutBlock's (or PutSmallFile's) entry
+	small     bool   // written with one PutSmallFile
 	pending   int    // chunk proposals not yet answered
 	done      bool
 	acked     bool
@@ -35,7 +35,7 @@ type blockOp struct {
 func (s *Sim) startBlock() {
 	r := s.work
 	s.nextLID++
-	op := &blockOp{cid: uint64(1 + r.IntN(3)), lid: s.nextLID, call: s.clk.now}
+	op := &blockOp{cid: s.openCids[r.IntN(len(s.openCids))], lid: s.nextLID, call: s.clk.now}
 	s.blocks = append(s.blocks, op)
 	s.rep.BlocksTried++
 	nchunks := 1 + r.IntN(3)
@@ -60,6 +60,15 @@ func (s *Sim) startBlock() {
 	}
 	op.leader, op.epoch = n.id, n.epoch
 	blk := &datanodepb.BlockID{ContainerId: op.cid, LocalId: op.lid}
+	if len(op.chunks) == 1 && r.IntN(3) == 0 {
+		// A small file: one entry carries the chunk and commits the block.
+		op.small = true
+		bd := &datanodepb.BlockData{Id: blk, Length: uint64(len(op.data)), Chunks: op.chunks}
+		meta, _ := proto.Marshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_PutSmallFile{PutSmallFile: &datanodepb.PutSmallFileCmd{Block: bd}}})
+		s.proposeCommit(op, n, meta, op.data)
+		s.deadline(op)
+		return
+	}
 	op.pending = len(op.chunks)
 	for i, c := range op.chunks {
 		meta, _ := proto.Marshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_WriteChunk{
@@ -76,6 +85,10 @@ func (s *Sim) startBlock() {
 			s.chunkDone(op, i, err)
 		}
 	}
+	s.deadline(op)
+}
+
+func (s *Sim) deadline(op *blockOp) {
 	ep := op.epoch
 	s.clk.after(opTimeout+waitAllTimeout, fmt.Sprintf("block %d/%d deadline", op.cid, op.lid), func() {
 		if !op.done {
@@ -103,7 +116,13 @@ func (s *Sim) chunkDone(op *blockOp, i int, err error) {
 	}
 	bd := &datanodepb.BlockData{Id: &datanodepb.BlockID{ContainerId: op.cid, LocalId: op.lid}, Length: uint64(len(op.data)), Chunks: op.chunks}
 	meta, _ := proto.Marshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_PutBlock{PutBlock: &datanodepb.PutBlockCmd{Block: bd}}})
-	err = n.dnG.ProposeAsync(meta, nil, func(res raft.Result, err error) {
+	s.proposeCommit(op, n, meta, nil)
+}
+
+// proposeCommit proposes the entry that commits op's block (a PutBlock,
+// or a PutSmallFile with its data) and then waits for all replicas.
+func (s *Sim) proposeCommit(op *blockOp, n *node, meta, data []byte) {
+	err := n.dnG.ProposeAsync(meta, data, func(res raft.Result, err error) {
 		if err == nil {
 			err, _ = res.Value.(error)
 		}
@@ -147,6 +166,17 @@ func (s *Sim) waitAll(op *blockOp, deadline time.Duration) {
 			s.finishBlock(op, fmt.Sprintf("wait_all: replica %d cannot be asked", id))
 			return
 		}
+		// Raft's report may predate a restart: like the datanode's
+		// ApplyStatus, wait until the replica itself has applied the
+		// entry in its current incarnation.
+		if m.dn.last < op.index {
+			if s.clk.now >= deadline {
+				s.finishBlock(op, fmt.Sprintf("wait_all: replica %d applied only %d of %d (it restarted?)", id, m.dn.last, op.index))
+				return
+			}
+			s.clk.after(20*time.Millisecond, "", func() { s.waitAll(op, deadline) })
+			return
+		}
 		if err, seen := m.dn.results[op.index]; seen && err != nil {
 			s.finishBlock(op, fmt.Sprintf("wait_all: replica %d failed entry %d: %v", id, op.index, err))
 			return
@@ -173,10 +203,12 @@ func (s *Sim) finishBlock(op *blockOp, why string) {
 	op.done, op.ret, op.why = true, s.clk.now, why
 	if op.acked {
 		s.rep.BlocksAcked++
-		s.logf("block %d/%d acked at PutBlock %d (%d bytes)", op.cid, op.lid, op.index, len(op.data))
+		s.rep.SmallAcked += boolInt(op.small)
+		s.logf("block %d/%d acked at PutBlock %d (%d bytes, small file %v)", op.cid, op.lid, op.index, len(op.data), op.small)
 	} else {
 		s.rep.BlocksFailed++
 		s.logf("block %d/%d failed: %s", op.cid, op.lid, why)
+		s.retire(op.cid, why)
 	}
 }
 
@@ -186,6 +218,14 @@ func (s *Sim) replicaHas(n *node, op *blockOp) string {
 	if !n.up {
 		return "node down"
 	}
+	n.fmu.Lock()
+	n.checking = true
+	n.fmu.Unlock()
+	defer func() {
+		n.fmu.Lock()
+		n.checking = false
+		n.fmu.Unlock()
+	}()
 	bd, err := n.store.GetBlock(storage.ContainerID(op.cid), storage.LocalID(op.lid))
 	if err != nil {
 		return err.Error()
@@ -305,4 +345,28 @@ func (s *Sim) endKV(c *kvClient, op *kvOp, res kvResult, err error) {
 		s.rep.KVUnknown++
 	}
 	s.logf("kv client %d %c %s=%q -> %q found=%v err=%v", op.client, op.cmd.op, op.cmd.key, op.cmd.value, res.value, res.found, err)
+}
+
+// retire stops writing into a container a replica cannot take writes
+// for, as SCM does once the replica reports it UNHEALTHY: the workload
+// moves to a new container.
+func (s *Sim) retire(cid uint64, why string) {
+	if !strings.Contains(why, "UNHEALTHY") && !strings.Contains(why, "not open") && !strings.Contains(why, "unhealthy") {
+		return
+	}
+	for i, c := range s.openCids {
+		if c == cid {
+			s.openCids[i] = s.nextCid
+			s.logf("container %d retired, writing into %d", cid, s.nextCid)
+			s.nextCid++
+			return
+		}
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -812,7 +812,7 @@ func (*MemFS) PathBase(p string) string         { return path.Base(p) }
 func (*MemFS) PathJoin(elem ...string) string   { return path.Join(elem...) }
 func (*MemFS) PathDir(p string) string          { return path.Dir(p) }
 func (*MemFS) Unwrap() pvfs.FS                  { return nil }
-func (fs *MemFS) Options() MemOptions           { return fs.opts }
+func (fs *MemFS) Options() MemOptions           { fs.mu.Lock(); defer fs.mu.Unlock(); return fs.opts }
 func (fs *MemFS) Used() int64                   { fs.mu.Lock(); defer fs.mu.Unlock(); return fs.used }
 func (fs *MemFS) sectorAligned(v int64) bool    { return v%int64(fs.opts.SectorSize) == 0 }
 func (fs *MemFS) roundDownSector(v int64) int64 { return v - v%int64(fs.opts.SectorSize) }
