@@ -54,7 +54,7 @@ func (s *Sim) check() {
 				s.logf("acked block %d/%d missing on %d, whose container is UNHEALTHY (reported): %s", op.cid, op.lid, id, why)
 				continue
 			}
-			s.violate("acknowledged block %d/%d (PutBlock %d) lost on replica %d: %s", op.cid, op.lid, op.index, id, why)
+			s.violate("%sacknowledged block %d/%d (PutBlock %d) lost on replica %d: %s", op.knownDefect, op.cid, op.lid, op.index, id, why)
 		}
 	}
 	s.checkReplicasAgree()

@@ -82,6 +82,12 @@ func contains(ids []uint64, id uint64) bool {
 func (n *node) start() error {
 	n.fs.SetInject(n.inject)
 	n.fs.SetLatency(n.latency)
+	// Storage commits its Pebble batches on a goroutine of its own, where
+	// Pebble's fatal ENOSPC panic would end the test binary, not one
+	// node: a full disk spares storage's Pebble (as reserved space would).
+	// The raft log store and the metadata store commit on the simulator's
+	// goroutine, so a full disk reaches them (defect D3).
+	n.fs.SetReserved(func(p string) bool { return strings.HasPrefix(p, "/vol/basalt/meta/") })
 	mode := storage.DirectOff
 	if n.direct {
 		mode = storage.DirectAuto
@@ -289,6 +295,8 @@ type recSM struct {
 	group   uint64
 	last    uint64           // highest index handed to Apply or Restore this incarnation
 	results map[uint64]error // pipeline: entry → its error on this replica (nil: applied fine)
+	// restored: the highest snapshot index restored this incarnation.
+	restored uint64
 }
 
 func (r *recSM) key() [2]uint64 { return [2]uint64{r.n.id, r.group} }
@@ -343,6 +351,9 @@ func (r *recSM) Restore(index uint64, rd io.Reader) error {
 	err := r.sm.Restore(index, rd)
 	if err == nil && index > r.last {
 		r.last = index
+	}
+	if err == nil && index > r.restored {
+		r.restored = index
 	}
 	r.observe(r.sm.AppliedIndex())
 	r.n.s.logf("node %d group %d: restored snapshot at %d: %v", r.n.id, r.group, index, err)

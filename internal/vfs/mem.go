@@ -52,9 +52,10 @@ type MemFS struct {
 	used  int64 // bytes of linked files, what GetDiskUsage reports
 	locks map[*memNode]bool
 
-	hookMu  sync.Mutex
-	inject  func(op, path string) error
-	latency func(op, path string, n int)
+	hookMu   sync.Mutex
+	inject   func(op, path string) error
+	latency  func(op, path string, n int)
+	reserved func(path string) bool
 }
 
 // MemOptions configure a MemFS. The zero value is a usable unlimited disk
@@ -110,6 +111,24 @@ func (fs *MemFS) SetLatency(fn func(op, path string, n int)) {
 	fs.hookMu.Lock()
 	fs.latency = fn
 	fs.hookMu.Unlock()
+}
+
+// SetReserved names the files whose writes Capacity does not limit, as
+// if space were set aside for them (nil: none). A simulator uses it for
+// files whose writer cannot survive ENOSPC in a way the simulation could
+// contain (a Pebble WAL committed on a background goroutine panics the
+// whole process).
+func (fs *MemFS) SetReserved(fn func(path string) bool) {
+	fs.hookMu.Lock()
+	fs.reserved = fn
+	fs.hookMu.Unlock()
+}
+
+func (fs *MemFS) isReserved(name string) bool {
+	fs.hookMu.Lock()
+	fn := fs.reserved
+	fs.hookMu.Unlock()
+	return fn != nil && fn(name)
 }
 
 // SetCapacity changes the disk size (bytes already stored stay, so a
@@ -982,13 +1001,14 @@ func (f *memFile) writeAt(p []byte, off int64) (int, error) {
 		p = p[:f.fs.roundDownSector(int64(len(p)/2))]
 		ferr = err
 	}
+	reserved := f.fs.isReserved(f.name)
 	f.fs.mu.Lock()
 	n := f.n
 	if off < 0 {
 		off = int64(len(n.data))
 	}
 	end := off + int64(len(p))
-	if grow := end - int64(len(n.data)); grow > 0 && n.nlink > 0 {
+	if grow := end - int64(len(n.data)); grow > 0 && n.nlink > 0 && !reserved {
 		if room := f.fs.opts.Capacity - f.fs.used; grow > room {
 			// Write what fits, as a full disk does, then fail.
 			fit := max(int64(len(n.data))+max(room, 0)-off, 0)

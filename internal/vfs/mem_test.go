@@ -272,6 +272,11 @@ func TestMemFSFaults(t *testing.T) {
 				f.WriteAt([]byte("abcd"), 0)
 				return f.WriteAt([]byte("XY"), 1)
 			}, 2, nil, "aXYd"},
+		{"capacity: reserved file not limited", MemOptions{Capacity: 2}, nil,
+			func(fs *MemFS) (int, error) {
+				fs.SetReserved(func(p string) bool { return p == "/f" })
+				return openW(t, fs).WriteAt([]byte("abcdef"), 0)
+			}, 6, nil, "abcdef"},
 		{"capacity: truncate up", MemOptions{Capacity: 4}, nil,
 			func(fs *MemFS) (int, error) { return 0, openW(t, fs).Truncate(5) }, 0, unix.ENOSPC, ""},
 		{"O_DIRECT refused", MemOptions{}, nil,
