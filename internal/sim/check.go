@@ -3,10 +3,12 @@ package sim
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/anishathalye/porcupine"
 
+	"github.com/basalt-store/basalt/internal/raft"
 	"github.com/basalt-store/basalt/internal/storage"
 )
 
@@ -34,6 +36,22 @@ func (s *Sim) check() {
 		if !n.up {
 			s.violate("node %d is still down after healing", n.id)
 			return
+		}
+	}
+	// Every group runs everywhere: a group that stopped itself (a fatal
+	// error, a panic of etcd raft stepping a message) is a replica lost.
+	for _, n := range s.nodes {
+		for _, g := range []*raft.Group{n.dnG, n.kvG} {
+			if g != nil && g.Stopped() {
+				err := g.ProposeAsync(nil, nil, func(raft.Result, error) {})
+				tag := ""
+				if err != nil && strings.Contains(err.Error(), "is out of range [lastIndex(") {
+					// The replica's log lost what it acknowledged: defect D2
+					// (an applied snapshot is not synced).
+					tag = knownD2
+				}
+				s.violate("%sgroup %d stopped on node %d after healing: %v", tag, g.ID(), n.id, err)
+			}
 		}
 	}
 	// No acknowledged block lost or changed: every replica holds it, or

@@ -357,6 +357,9 @@ func (r *recSM) Restore(index uint64, rd io.Reader) error {
 	}
 	r.observe(r.sm.AppliedIndex())
 	r.n.s.logf("node %d group %d: restored snapshot at %d: %v", r.n.id, r.group, index, err)
+	if err == nil {
+		r.n.s.crashSoon(r.n, "after restoring a snapshot")
+	}
 	return err
 }
 
