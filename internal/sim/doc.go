@@ -41,7 +41,8 @@
 //     messages to a crashed node are lost;
 //   - crash: the node's disk becomes MemFS.CrashClone (all synced state
 //     plus a seeded subset of unsynced writes, torn by sector, and of
-//     unsynced directory changes); the node restarts from it later;
+//     unsynced directory changes); the node restarts from it later. Some
+//     crashes are aimed just after a snapshot restore;
 //   - disk: full (ENOSPC), EIO, torn writes, slow I/O, for a while. EIO
 //     and torn writes are not injected into Pebble's own files, where
 //     Pebble panics on its own goroutine by design (that would stop the
@@ -64,8 +65,15 @@
 //   - no state machine's applied index ever goes backwards, within a run
 //     of a node or across its crashes, and entries are applied in order;
 //   - metadata replicas at the same applied index hold the same map;
+//   - after healing no group is stopped anywhere, and no node panicked
+//     except by Pebble's fatal full-disk error;
 //   - the metadata history (calls and returns in simulated time) is
 //     linearizable (porcupine, a register per key); an operation whose
 //     outcome the client could not learn may have happened at any point
 //     after its call.
+//
+// A violation that a known, reported defect of the code under test
+// explains is tagged "[known defect Dn]" (docs/SIMULATION.md); TestSim
+// skips a seed whose every violation is known, -strict and make simulate
+// do not.
 package sim
