@@ -434,3 +434,107 @@ func TestProposalResultsAcrossRestart(t *testing.T) {
 			res[0].Index, res[0].Value, newIndex, oldIndex)
 	}
 }
+
+// TestProposalCoveredBySnapshotFinishes: a deposed leader's proposal that
+// was appended (its index known) and is then covered by a snapshot from
+// the new leader is never applied entry by entry here, so neither its
+// result nor a replacing entry is ever seen. It must still finish
+// (ErrOutcomeUnknown: the snapshot may or may not hold it), or its caller
+// waits for its whole context and its inflight bytes are never returned,
+// until the group's budget is gone and every proposal waits.
+func TestProposalCoveredBySnapshotFinishes(t *testing.T) {
+	cryptotest.SetGlobalRandom(t, 5)
+	net := &fifoNet{hosts: map[uint64]*Host{}}
+	for id := uint64(1); id <= 3; id++ {
+		h, err := NewHost(HostConfig{ID: id, LogDirs: []string{"/log"}, FS: newMemFS(), Transport: &fifoTransport{net: net, id: id},
+			Manual: true, ElectionTicks: 10, HeartbeatTicks: 1, CompactEvery: 4, CompactKeep: 1, Logger: testLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		if _, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: &kvSM{}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	quiesce := func(ids ...uint64) {
+		for range 1000 {
+			did := false
+			for _, id := range ids {
+				for net.hosts[id].Poll() {
+					did = true
+				}
+			}
+			if !net.deliver() && !did {
+				return
+			}
+		}
+		t.Fatal("no quiescence")
+	}
+	g := func(id uint64) *Group { gr, _ := net.hosts[id].Group(1); return gr }
+	g(1).Campaign()
+	quiesce(1, 2, 3)
+	if !g(1).IsLeader() {
+		t.Fatal("host 1 did not become the leader")
+	}
+	// Host 1 is cut off; its proposal enters its log and no one else's.
+	net.down = 1
+	var got []error
+	if err := g(1).ProposeAsync([]byte("doomed"), nil, func(_ Result, err error) { got = append(got, err) }); err != nil {
+		t.Fatalf("ProposeAsync: %v", err)
+	}
+	quiesce(1)
+	var idx uint64
+	g(1).pmu.Lock()
+	for _, p := range g(1).pending {
+		idx = p.index
+	}
+	g(1).pmu.Unlock()
+	if idx == 0 {
+		t.Fatal("the proposal's index is not known: the test needs it appended")
+	}
+	// Hosts 2 and 3 elect a leader, commit past that index and truncate
+	// their logs, so host 1 can only catch up by a snapshot.
+	var lead uint64
+	for round := 0; round < 200 && lead == 0; round++ {
+		net.hosts[2].Tick()
+		net.hosts[3].Tick()
+		quiesce(2, 3)
+		for _, id := range []uint64{2, 3} {
+			if g(id).IsLeader() {
+				lead = id
+			}
+		}
+	}
+	if lead == 0 {
+		t.Fatal("no new leader among hosts 2 and 3")
+	}
+	for i := range 20 {
+		if err := g(lead).ProposeAsync([]byte(fmt.Sprintf("v%d", i)), nil, func(_ Result, err error) {
+			if err != nil {
+				t.Errorf("proposal %d: %v", i, err)
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		quiesce(2, 3)
+	}
+	net.down = 0
+	for round := 0; round < 200 && len(got) == 0; round++ {
+		for id := uint64(1); id <= 3; id++ {
+			net.hosts[id].Tick()
+		}
+		quiesce(1, 2, 3)
+	}
+	if testCounter(net.hosts[1].metrics.snapshotsReceived) == 0 {
+		t.Fatal("host 1 received no snapshot: the test does not test what it says")
+	}
+	if len(got) != 1 || !errors.Is(got[0], ErrOutcomeUnknown) {
+		t.Fatalf("callback results %v, want one ErrOutcomeUnknown", got)
+	}
+	g(1).pmu.Lock()
+	n, inflight := len(g(1).pending), g(1).inflight
+	g(1).pmu.Unlock()
+	if n != 0 || inflight != 0 {
+		t.Fatalf("%d proposals still pending, %d bytes in flight", n, inflight)
+	}
+}
