@@ -78,7 +78,7 @@ func TestDeleteAckForUnhealthyContainer(t *testing.T) {
 // leader had deleted the data it needed resent, and committed nothing.
 func TestDeleteThroughPipelineLog(t *testing.T) {
 	e := startEnv(t)
-	ctx := context.Background()
+	ctx := testCtx(t)
 	b := e.block()
 	leader, followers := e.roles(b)
 	down := followers[0]

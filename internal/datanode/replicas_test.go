@@ -1,7 +1,6 @@
 package datanode_test
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -38,7 +37,7 @@ func TestWaitAllFailsWhenAFollowerCannotStore(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			ff := vfs.NewFaultFS(vfs.Default)
 			e := startEnvWith(t, func(cfg *cluster.Config) { cfg.Storage.FS = ff })
-			ctx := context.Background()
+			ctx := testCtx(t)
 			b := e.block()
 			leader := e.leaderClient(b.GetPipelineId())
 			var fid uint64

@@ -36,8 +36,10 @@ func (e *env) putSmall(b *metapb.BlockLocation, bd *datanodepb.BlockData, data [
 			if dn == nil || !dn.IsPipelineLeader(b.GetPipelineId()) {
 				continue
 			}
-			r, err := dnClient(e.t, dn.Addr()).PutSmallFile(context.Background(), &datanodepb.PutSmallFileRequest{
+			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+			r, err := dnClient(e.t, dn.Addr()).PutSmallFile(ctx, &datanodepb.PutSmallFileRequest{
 				PipelineId: b.GetPipelineId(), Block: bd, Data: data, WaitTimeoutMs: 10000})
+			cancel()
 			if dnKind(err) != datanodepb.Error_NOT_LEADER {
 				return r, err
 			}
@@ -66,7 +68,7 @@ func dnKind(err error) datanodepb.Error_Kind {
 // that fails its checksum store nothing.
 func TestPutSmallFileThroughCluster(t *testing.T) {
 	e := startEnv(t)
-	ctx := context.Background()
+	ctx := testCtx(t)
 	type written struct {
 		b     *metapb.BlockLocation
 		data  []byte

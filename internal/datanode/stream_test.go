@@ -68,15 +68,32 @@ func startEnvWith(t testing.TB, configure func(*cluster.Config)) *env {
 	return &env{t: t, dir: cfg.Dir, c: c, mc: mc}
 }
 
+// callTimeout bounds each call the test helpers make to the cluster, and
+// testCtx a whole test's calls: a call that hangs fails its test with a
+// message instead of using up go test's -timeout for the whole package
+// (a datanode test once spent 20 minutes in a loop of OpenKey calls, and
+// the goroutine dump was all the log said).
+const callTimeout = 30 * time.Second
+
+// testCtx is the context of a test's own calls: bounded, and canceled
+// when the test ends.
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // block opens a key and returns its first block (container, local ID,
 // pipeline, replicas nearest to clientLoc first).
 func (e *env) block() *metapb.BlockLocation {
 	e.t.Helper()
 	e.n++
-	ok, err := e.mc.Namespace.OpenKey(context.Background(), &metapb.OpenKeyRequest{Volume: "vol", Bucket: "bkt",
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	ok, err := e.mc.Namespace.OpenKey(ctx, &metapb.OpenKeyRequest{Volume: "vol", Bucket: "bkt",
 		Key: fmt.Sprintf("k%d", e.n), ClientLocation: clientLoc})
 	if err != nil {
-		e.t.Fatal(err)
+		e.t.Fatalf("OpenKey k%d: %v", e.n, err)
 	}
 	return ok.GetBlocks()[0]
 }
@@ -118,8 +135,10 @@ func (e *env) putBlock(b *metapb.BlockLocation, bd *datanodepb.BlockData, closeC
 			if dn == nil || !dn.IsPipelineLeader(b.GetPipelineId()) {
 				continue
 			}
-			_, err = dnClient(e.t, dn.Addr()).PutBlock(context.Background(), &datanodepb.PutBlockRequest{
+			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+			_, err = dnClient(e.t, dn.Addr()).PutBlock(ctx, &datanodepb.PutBlockRequest{
 				PipelineId: b.GetPipelineId(), Block: bd, WaitAll: true, WaitTimeoutMs: 10000, CloseContainer: closeContainer})
+			cancel()
 			if err == nil {
 				return
 			}
@@ -133,7 +152,9 @@ func (e *env) putBlock(b *metapb.BlockLocation, bd *datanodepb.BlockData, closeC
 
 func readAll(t testing.TB, addr string, b stream.BlockID) []byte {
 	t.Helper()
-	st, err := dnClient(t, addr).ReadBlock(context.Background(), &datanodepb.ReadBlockRequest{
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	st, err := dnClient(t, addr).ReadBlock(ctx, &datanodepb.ReadBlockRequest{
 		Block: &datanodepb.BlockID{ContainerId: b.Container, LocalId: b.Local}})
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +174,9 @@ func readAll(t testing.TB, addr string, b stream.BlockID) []byte {
 
 func info(t testing.TB, dn *datanode.Datanode) *datanodepb.InfoResponse {
 	t.Helper()
-	r, err := dnClient(t, dn.Addr()).Info(context.Background(), &datanodepb.InfoRequest{})
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	r, err := dnClient(t, dn.Addr()).Info(ctx, &datanodepb.InfoRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +226,7 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 // PutBlock with wait_all, read back from every replica.
 func TestStreamWriteThroughCluster(t *testing.T) {
 	e := startEnv(t)
-	ctx := context.Background()
+	ctx := testCtx(t)
 	nearest := e.c.Datanode(2) // the one on the client's rack
 	before := map[uint64]*datanodepb.InfoResponse{}
 	for i := range 3 {
@@ -290,7 +313,7 @@ func TestStreamWriteThroughCluster(t *testing.T) {
 // datanodes keep no data of the block.
 func TestStreamDatanodeStops(t *testing.T) {
 	e := startEnv(t)
-	ctx := context.Background()
+	ctx := testCtx(t)
 	data := randBytes(1<<20, 9)
 	for pos, name := range []string{"first", "middle", "last"} {
 		t.Run(name, func(t *testing.T) {

@@ -1,7 +1,6 @@
 package datanode_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -46,7 +45,7 @@ func chunkOf(off uint64, data []byte) *datanodepb.ChunkInfo {
 // follower could ever be sent its data.
 func TestBadRequestsRefusedBeforeTheLog(t *testing.T) {
 	e := startEnv(t)
-	ctx := context.Background()
+	ctx := testCtx(t)
 	b := e.block()
 	dn := e.leaderClient(b.GetPipelineId())
 	id := &datanodepb.BlockID{ContainerId: b.GetId().GetContainerId(), LocalId: b.GetId().GetLocalId()}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -303,32 +304,47 @@ func TestRestartKeepsState(t *testing.T) {
 
 // TestDatanodeLoss: heartbeats stop → STALE → DEAD → its pipelines close.
 func TestDatanodeLoss(t *testing.T) {
+	// SCM decides a datanode's state in its background tick, and a tick
+	// that proposes (pipelines, containers) takes a few fsyncs: on a
+	// loaded machine, hundreds of milliseconds. The STALE window
+	// (DeadInterval - StaleInterval) is therefore seconds wide, so that at
+	// least one tick and one poll fall inside it.
 	c := newCluster(t, 1, scm.Config{LoopInterval: 20 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond,
-		StaleInterval: 300 * time.Millisecond, DeadInterval: 800 * time.Millisecond, SafeModeMinDatanodes: 4, PipelineLimit: 2})
+		StaleInterval: 300 * time.Millisecond, DeadInterval: 3 * time.Second, SafeModeMinDatanodes: 4, PipelineLimit: 2})
 	cl := c.client()
 	ctx := context.Background()
 	ids := registerDatanodes(t, cl, 4)
-	waitFor(t, 5*time.Second, "pipelines", func() bool {
-		r, err := cl.Scm.ListPipelines(ctx, &metapb.ListPipelinesRequest{})
-		return err == nil && len(r.Pipelines) >= 6
-	})
+	// Every datanode heartbeats until the pipelines exist; only then does
+	// ids[0] fall silent, so its STALE window starts now, not at its
+	// registration (however long the pipelines took).
+	var silent atomic.Bool
 	stopHB := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { // heartbeats for all but ids[0]
+	go func() {
 		defer wg.Done()
 		for {
+			for _, id := range ids {
+				if id == ids[0] && silent.Load() {
+					continue
+				}
+				hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				cl.Scm.Heartbeat(hctx, &metapb.HeartbeatRequest{DatanodeId: id})
+				cancel()
+			}
 			select {
 			case <-stopHB:
 				return
 			case <-time.After(50 * time.Millisecond):
 			}
-			for _, id := range ids[1:] {
-				cl.Scm.Heartbeat(ctx, &metapb.HeartbeatRequest{DatanodeId: id})
-			}
 		}
 	}()
 	defer func() { close(stopHB); wg.Wait() }()
+	waitFor(t, 10*time.Second, "pipelines", func() bool {
+		r, err := cl.Scm.ListPipelines(ctx, &metapb.ListPipelinesRequest{})
+		return err == nil && len(r.Pipelines) >= 6
+	})
+	silent.Store(true)
 	state := func() metapb.NodeState {
 		r, err := cl.Scm.ListDatanodes(ctx, &metapb.ListDatanodesRequest{})
 		if err != nil {
@@ -341,9 +357,9 @@ func TestDatanodeLoss(t *testing.T) {
 		}
 		return 0
 	}
-	waitFor(t, 3*time.Second, "STALE", func() bool { return state() == metapb.NodeState_STALE })
-	waitFor(t, 3*time.Second, "DEAD", func() bool { return state() == metapb.NodeState_DEAD })
-	waitFor(t, 3*time.Second, "its pipelines closed", func() bool {
+	waitFor(t, 10*time.Second, "STALE", func() bool { return state() == metapb.NodeState_STALE })
+	waitFor(t, 15*time.Second, "DEAD", func() bool { return state() == metapb.NodeState_DEAD })
+	waitFor(t, 10*time.Second, "its pipelines closed", func() bool {
 		r, err := cl.Scm.ListPipelines(ctx, &metapb.ListPipelinesRequest{})
 		if err != nil {
 			return false

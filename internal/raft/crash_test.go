@@ -94,8 +94,14 @@ func TestCrashRecovery(t *testing.T) {
 			}
 			close(lines)
 		}()
-		// Let it write for a random while, then kill it without warning.
-		kill := time.After(time.Duration(200+rnd.Intn(400)) * time.Millisecond)
+		// Once it acknowledges entries, let it write for a random while,
+		// then kill it without warning. The while starts at its first
+		// acknowledgement, not at its start: a loaded machine may take
+		// longer than the whole while to start the process, open the
+		// stores and elect the groups, and a child killed before it
+		// acknowledged anything tests nothing.
+		var kill <-chan time.Time
+		started := time.After(60 * time.Second)
 		n := 0
 	read:
 		for {
@@ -105,14 +111,25 @@ func TestCrashRecovery(t *testing.T) {
 					break read
 				}
 				if parseAck(t, l, acked) {
+					if n == 0 {
+						kill = time.After(time.Duration(rnd.Intn(400)) * time.Millisecond)
+						started = nil
+					}
 					n++
 				}
 			case <-kill:
 				cmd.Process.Signal(syscall.SIGKILL)
 				kill = nil
+			case <-started:
+				cmd.Process.Signal(syscall.SIGKILL)
+				started = nil
+				t.Errorf("round %d: child acknowledged nothing in 60s; killed it", round)
 			}
 		}
-		cmd.Wait()
+		if err := cmd.Wait(); kill != nil || started != nil {
+			// It ended before the kill: Propose failed (see its stderr).
+			t.Fatalf("round %d: child exited by itself: %v", round, err)
+		}
 		if n == 0 {
 			t.Fatalf("round %d: child acknowledged nothing", round)
 		}

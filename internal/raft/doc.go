@@ -64,6 +64,11 @@
 // cannot take — each logged with the cause and counted) is visibly
 // stopped: IsLeader is false, Status.Role is "stopped", proposals get
 // ErrStopped naming the cause. The process and the other groups go on.
+// A proposal whose entry a snapshot covers before this host applied it
+// also gets ErrOutcomeUnknown. Entries are matched to proposals by
+// (host, sequence number); each incarnation of a host numbers from a
+// random point, so an entry written before a restart and applied after it
+// never finishes a proposal made after it.
 //
 // # Invariants asserted
 //

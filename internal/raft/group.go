@@ -1120,7 +1120,18 @@ func (g *Group) restore(rt *restoreTask) error {
 	g.pmu.Lock()
 	g.confState = proto.Clone(md.GetConfState()).(*pb.ConfState)
 	g.voters = append([]uint64(nil), md.GetConfState().GetVoters()...)
+	// This host's proposals at indexes the snapshot covers will never be
+	// applied here entry by entry, so neither their result nor an entry
+	// replacing them (applyEntries) will be seen: finish them now, or
+	// their callers wait for their whole context and their inflight bytes
+	// are never returned. The snapshot may or may not hold them.
+	for _, seq := range sortedKeys(g.pending) {
+		if p := g.pending[seq]; p.index != 0 && p.index <= idx {
+			g.finish(seq, Result{}, fmt.Errorf("raft: group %d: entry %d of the proposal covered by a snapshot at %d: %w", g.id, p.index, idx, ErrOutcomeUnknown))
+		}
+	}
 	g.pmu.Unlock()
+	g.deliver()
 	g.host.metrics.snapshotsReceived.Inc()
 	return nil
 }

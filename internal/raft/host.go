@@ -2,6 +2,8 @@ package raft
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
@@ -42,6 +44,11 @@ type Host struct {
 	// adding holds the IDs of groups AddGroup is opening (outside mu).
 	adding map[uint64]bool
 
+	// seq numbers this incarnation's proposals (and read requests). It
+	// starts at a random point (seqStart), not at 0: entries proposed by
+	// an earlier incarnation of this host carry its numbers and may apply
+	// after a restart, and each must not finish a new proposal that
+	// happens to have the same number.
 	seq     atomic.Uint64
 	snapSem chan struct{}
 	// snapq holds the snapshots to send in manual mode (Poll sends them).
@@ -97,6 +104,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 		snapSem: make(chan struct{}, 2),
 		stopc:   make(chan struct{}),
 	}
+	h.seq.Store(seqStart())
 	h.metrics = newMetrics(cfg.ID, cfg.Registerer)
 	for _, dir := range cfg.LogDirs {
 		s, err := openLogStore(dir, cfg.FS)
@@ -659,4 +667,15 @@ func (h *Host) sendSnapshotManual(g *Group, m *pb.Message) {
 		Index: proto.Uint64(snap.index), Term: proto.Uint64(snap.term), ConfState: snap.conf,
 	}}
 	ss.QueueSnapshot(to, g.id, out, data, report)
+}
+
+// seqStart picks where a host's sequence numbers start: a random 62-bit
+// value, so the ranges of two incarnations practically never meet and the
+// counter never wraps. It comes from crypto/rand, which a deterministic
+// simulation fixes with testing/cryptotest.SetGlobalRandom as it does for
+// etcd raft's election timeouts.
+func seqStart() uint64 {
+	var b [8]byte
+	rand.Read(b[:]) // never fails (crypto/rand crashes the process instead)
+	return binary.BigEndian.Uint64(b[:]) & (1<<62 - 1)
 }

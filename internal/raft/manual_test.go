@@ -342,3 +342,199 @@ func TestProposalDiscardedBeforeReadyFails(t *testing.T) {
 		t.Fatalf("%d proposals still pending", n)
 	}
 }
+
+// TestProposalResultsAcrossRestart: proposals are matched to their entries
+// by (host, sequence number). A restarted host must not reuse the sequence
+// numbers of its previous incarnation: an entry that incarnation wrote but
+// did not see committed is applied after the restart, and it must not
+// finish a new proposal that happens to carry the same number with its own
+// index and result (TestCrashRecovery saw it as an index "acknowledged
+// twice" with different values).
+func TestProposalResultsAcrossRestart(t *testing.T) {
+	cryptotest.SetGlobalRandom(t, 11)
+	fs := newMemFS()
+	net := &fifoNet{hosts: map[uint64]*Host{}}
+	start := func() (*Host, *Group, *kvSM) {
+		h, err := NewHost(HostConfig{ID: 1, LogDirs: []string{"/log"}, FS: fs, Transport: &fifoTransport{net: net, id: 1},
+			Manual: true, ElectionTicks: 10, HeartbeatTicks: 1, CompactEvery: 1 << 30, Logger: testLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sm := &kvSM{}
+		g, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1}, StateMachine: sm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h, g, sm
+	}
+	quiesce := func(h *Host) {
+		for range 1000 {
+			if !h.Poll() {
+				return
+			}
+		}
+		t.Fatal("no quiescence")
+	}
+	// leader polls (and ticks) until the group knows it leads. It
+	// proposes nothing meanwhile: a refused proposal uses a sequence
+	// number too, and the test wants both incarnations to number alike.
+	leader := func(h *Host, g *Group) {
+		g.Campaign()
+		for range 1000 {
+			if g.IsLeader() {
+				return
+			}
+			if !h.Poll() {
+				h.Tick()
+			}
+		}
+		t.Fatal("never the leader")
+	}
+
+	// First incarnation: one entry written to the log, not yet known to be
+	// committed when the host stops.
+	h, g, _ := start()
+	leader(h, g)
+	quiesce(h)
+	var oldErr error
+	if err := g.ProposeAsync([]byte("old"), nil, func(_ Result, err error) { oldErr = err }); err != nil {
+		t.Fatal(err)
+	}
+	h.Poll() // the entry is written; its commit is not
+	oldIndex := g.Status().Commit
+	h.Close()
+	if !errors.Is(oldErr, ErrOutcomeUnknown) {
+		t.Fatalf("old proposal at close: %v, want ErrOutcomeUnknown", oldErr)
+	}
+
+	// Second incarnation: a proposal made before the old entry commits.
+	h, g, sm := start()
+	defer h.Close()
+	leader(h, g)
+	if sm.AppliedIndex() >= oldIndex {
+		t.Fatalf("old entry %d already applied: the test needs it to commit after the new proposal", oldIndex)
+	}
+	var res []Result
+	var errs []error
+	if err := g.ProposeAsync([]byte("new"), nil, func(r Result, err error) { res, errs = append(res, r), append(errs, err) }); err != nil {
+		t.Fatal(err)
+	}
+	quiesce(h)
+	if vals := sm.values(); !equalStrings(vals, []string{"old", "new"}) {
+		t.Fatalf("applied %q, want [old new]", vals)
+	}
+	if len(errs) != 1 || errs[0] != nil {
+		t.Fatalf("new proposal: results %v errors %v, want one success", res, errs)
+	}
+	sm.mu.Lock()
+	newIndex := sm.at[1]
+	sm.mu.Unlock()
+	if res[0].Index != newIndex || res[0].Value != 2 {
+		t.Fatalf("new proposal finished with index %d value %v, want its own entry %d (value 2); the old entry was %d",
+			res[0].Index, res[0].Value, newIndex, oldIndex)
+	}
+}
+
+// TestProposalCoveredBySnapshotFinishes: a deposed leader's proposal that
+// was appended (its index known) and is then covered by a snapshot from
+// the new leader is never applied entry by entry here, so neither its
+// result nor a replacing entry is ever seen. It must still finish
+// (ErrOutcomeUnknown: the snapshot may or may not hold it), or its caller
+// waits for its whole context and its inflight bytes are never returned,
+// until the group's budget is gone and every proposal waits.
+func TestProposalCoveredBySnapshotFinishes(t *testing.T) {
+	cryptotest.SetGlobalRandom(t, 5)
+	net := &fifoNet{hosts: map[uint64]*Host{}}
+	for id := uint64(1); id <= 3; id++ {
+		h, err := NewHost(HostConfig{ID: id, LogDirs: []string{"/log"}, FS: newMemFS(), Transport: &fifoTransport{net: net, id: id},
+			Manual: true, ElectionTicks: 10, HeartbeatTicks: 1, CompactEvery: 4, CompactKeep: 1, Logger: testLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		if _, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: &kvSM{}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	quiesce := func(ids ...uint64) {
+		for range 1000 {
+			did := false
+			for _, id := range ids {
+				for net.hosts[id].Poll() {
+					did = true
+				}
+			}
+			if !net.deliver() && !did {
+				return
+			}
+		}
+		t.Fatal("no quiescence")
+	}
+	g := func(id uint64) *Group { gr, _ := net.hosts[id].Group(1); return gr }
+	g(1).Campaign()
+	quiesce(1, 2, 3)
+	if !g(1).IsLeader() {
+		t.Fatal("host 1 did not become the leader")
+	}
+	// Host 1 is cut off; its proposal enters its log and no one else's.
+	net.down = 1
+	var got []error
+	if err := g(1).ProposeAsync([]byte("doomed"), nil, func(_ Result, err error) { got = append(got, err) }); err != nil {
+		t.Fatalf("ProposeAsync: %v", err)
+	}
+	quiesce(1)
+	var idx uint64
+	g(1).pmu.Lock()
+	for _, p := range g(1).pending {
+		idx = p.index
+	}
+	g(1).pmu.Unlock()
+	if idx == 0 {
+		t.Fatal("the proposal's index is not known: the test needs it appended")
+	}
+	// Hosts 2 and 3 elect a leader, commit past that index and truncate
+	// their logs, so host 1 can only catch up by a snapshot.
+	var lead uint64
+	for round := 0; round < 200 && lead == 0; round++ {
+		net.hosts[2].Tick()
+		net.hosts[3].Tick()
+		quiesce(2, 3)
+		for _, id := range []uint64{2, 3} {
+			if g(id).IsLeader() {
+				lead = id
+			}
+		}
+	}
+	if lead == 0 {
+		t.Fatal("no new leader among hosts 2 and 3")
+	}
+	for i := range 20 {
+		if err := g(lead).ProposeAsync([]byte(fmt.Sprintf("v%d", i)), nil, func(_ Result, err error) {
+			if err != nil {
+				t.Errorf("proposal %d: %v", i, err)
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		quiesce(2, 3)
+	}
+	net.down = 0
+	for round := 0; round < 200 && len(got) == 0; round++ {
+		for id := uint64(1); id <= 3; id++ {
+			net.hosts[id].Tick()
+		}
+		quiesce(1, 2, 3)
+	}
+	if testCounter(net.hosts[1].metrics.snapshotsReceived) == 0 {
+		t.Fatal("host 1 received no snapshot: the test does not test what it says")
+	}
+	if len(got) != 1 || !errors.Is(got[0], ErrOutcomeUnknown) {
+		t.Fatalf("callback results %v, want one ErrOutcomeUnknown", got)
+	}
+	g(1).pmu.Lock()
+	n, inflight := len(g(1).pending), g(1).inflight
+	g(1).pmu.Unlock()
+	if n != 0 || inflight != 0 {
+		t.Fatalf("%d proposals still pending, %d bytes in flight", n, inflight)
+	}
+}
