@@ -50,7 +50,19 @@ func (d *Datanode) applyStatus(pipeline, index uint64, cid storage.ContainerID) 
 	if why, ok := sm.failure(index); ok {
 		return applied, fmt.Sprintf("entry %d failed: %s", index, why), nil
 	}
+	// The state machine's durable record (sm.go, containerSM): a container
+	// this replica does not fully hold, even if its storage mark did not
+	// stick, or it does not exist here.
+	if why, ok := sm.lacks(uint64(cid)); ok {
+		return applied, fmt.Sprintf("container %d lacks data here: %s", cid, why), nil
+	}
 	rep, err := d.store.Container(cid)
+	// An entry covered by a restored snapshot was never applied here: only
+	// a container closed here afterwards (by an entry this replica
+	// applied) is known to hold it.
+	if r := sm.restoredIndex(); index <= r && (err != nil || rep.State != storage.StateClosed) {
+		return applied, fmt.Sprintf("entry %d was skipped by a snapshot at %d restored here, and container %d is not CLOSED here", index, r, cid), nil
+	}
 	switch {
 	case errors.Is(err, storage.ErrContainerNotFound):
 		return applied, fmt.Sprintf("container %d does not exist here", cid), nil

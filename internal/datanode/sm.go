@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -48,12 +49,28 @@ import (
 // small file, written before a container is created): a pipeline snapshot
 // lists only those, and restoring one touches only those, never the
 // containers of the datanode's other pipelines.
+//
+// A third small file, <id>.unhealthy, lists the containers of this
+// pipeline that this replica does not fully hold (it missed their entries
+// by a snapshot, or failed to store an entry's data), with the highest
+// snapshot index restored here. It is the durable truth the storage mark
+// (UNHEALTHY) is derived from: the storage mark cannot be set on a
+// container that does not exist here, nor on a volume that failed, and a
+// failed volume comes back after a restart with the container as it was.
+// The rule: a replica that lacks data records it here before its applied
+// index moves past the entry (Restore fails, and the snapshot is not
+// acknowledged, if it cannot; a failure recorded only in memory holds the
+// persisted applied index below its entry, so a restart replays the entry
+// and finds the loss again). A container in the list is never created
+// fresh or closed here, ApplyStatus fails every entry into it, and a
+// restart marks it UNHEALTHY in storage again.
 type containerSM struct {
 	pipeline  uint64
 	store     *storage.Store
 	fs        vfs.FS
 	file      string // applied index
 	contsFile string // this pipeline's containers
+	sickFile  string // containers this replica does not fully hold
 	log       *slog.Logger
 	stats     *stats
 	isLeader  func() bool
@@ -85,6 +102,20 @@ type containerSM struct {
 	// "applied" from "applied and failed" (see service.waitAll).
 	failed     map[uint64]string
 	failedRing []uint64
+	// sick: containers of this pipeline this replica does not fully hold
+	// (cid → why), with restored, the highest snapshot index restored
+	// here; durable in sickFile (see containerSM) unless sickPending is
+	// set: then the lowest entry whose loss is recorded only here, and
+	// the persisted applied index stays below it.
+	sick        map[uint64]string
+	restored    uint64
+	sickPending uint64
+}
+
+// sickRecord is the content of sickFile.
+type sickRecord struct {
+	Restored   uint64            `json:"restored,omitempty"`
+	Containers map[uint64]string `json:"containers"`
 }
 
 type blockKey struct{ cid, lid uint64 }
@@ -128,7 +159,9 @@ func newContainerSM(pipeline uint64, store *storage.Store, fs vfs.FS, dir string
 	sm := &containerSM{pipeline: pipeline, store: store, fs: fs,
 		file:      filepath.Join(dir, fmt.Sprintf("%d.applied", pipeline)),
 		contsFile: filepath.Join(dir, fmt.Sprintf("%d.containers", pipeline)),
-		log:       log, stats: st, lost: map[blockKey]error{}, containers: map[uint64]bool{}, failed: map[uint64]string{}}
+		sickFile:  filepath.Join(dir, fmt.Sprintf("%d.unhealthy", pipeline)),
+		log:       log, stats: st, lost: map[blockKey]error{}, containers: map[uint64]bool{}, failed: map[uint64]string{},
+		sick: map[uint64]string{}}
 	b, err := vfs.ReadFile(fs, sm.file)
 	switch {
 	case err == nil && len(b) == 8:
@@ -152,12 +185,37 @@ func newContainerSM(pipeline uint64, store *storage.Store, fs vfs.FS, dir string
 	case !errors.Is(err, os.ErrNotExist):
 		return nil, err
 	}
+	b, err = vfs.ReadFile(fs, sm.sickFile)
+	switch {
+	case err == nil:
+		var rec sickRecord
+		if err := json.Unmarshal(b, &rec); err != nil {
+			return nil, fmt.Errorf("datanode: pipeline %d: corrupt unhealthy-container list %s: %w", pipeline, sm.sickFile, err)
+		}
+		sm.restored = rec.Restored
+		maps.Copy(sm.sick, rec.Containers)
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, err
+	}
+	// The storage mark of a listed container may not have stuck (its
+	// volume had failed, or the process stopped in between): set it again
+	// before any entry is applied. A CLOSED copy is one re-replication put
+	// here after the lacking one was deleted, and an absent one was
+	// deleted: neither is touched.
+	for _, cid := range slices.Sorted(maps.Keys(sm.sick)) {
+		rep, err := store.Container(storage.ContainerID(cid))
+		if err == nil && (rep.State == storage.StateOpen || rep.State == storage.StateClosing) {
+			if err := store.MarkUnhealthy(storage.ContainerID(cid), sm.sick[cid]); err != nil {
+				log.Error("cannot mark container UNHEALTHY", "pipeline", pipeline, "container", cid, "why", sm.sick[cid], "err", err)
+			}
+		}
+	}
 	return sm, nil
 }
 
 // removeFiles deletes the state machine's files (the pipeline is gone).
 func (sm *containerSM) removeFiles() {
-	for _, f := range []string{sm.file, sm.contsFile} {
+	for _, f := range []string{sm.file, sm.contsFile, sm.sickFile} {
 		if err := sm.fs.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
 			sm.log.Warn("cannot remove pipeline file", "pipeline", sm.pipeline, "file", f, "err", err)
 		}
@@ -234,7 +292,12 @@ func decodeCommand(meta []byte) (*datanodepb.ContainerCommand, error) {
 
 // ensureContainer creates a container on its first write: SCM allocated
 // the ID and the client is writing into it through this pipeline.
+// A container this replica does not fully hold is never created fresh:
+// it would look healthy without the data it lacks.
 func (sm *containerSM) ensureContainer(cid storage.ContainerID) error {
+	if why, ok := sm.lacks(uint64(cid)); ok {
+		return fmt.Errorf("datanode: pipeline %d: container %d lacks data on this replica (%s): %w", sm.pipeline, cid, why, storage.ErrContainerNotOpen)
+	}
 	if err := sm.track(uint64(cid)); err != nil {
 		return err
 	}
@@ -304,7 +367,7 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	}
 	if err := sm.ensureContainer(cid); err != nil {
 		sm.markLost(cid, lid, err)
-		sm.markUnhealthy(cid, fmt.Sprintf("entry %d: %v", index, err))
+		sm.markUnhealthy(cid, index, fmt.Sprintf("entry %d: %v", index, err))
 		return nil
 	}
 	// The leader verified the chunk when the client sent it (service.
@@ -319,7 +382,7 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	if err != nil {
 		sm.markLost(cid, lid, err)
 		if !refusedAlike(err) {
-			sm.markUnhealthy(cid, fmt.Sprintf("entry %d: chunk at %d of block %d not stored: %v", index, c.GetOffset(), lid, err))
+			sm.markUnhealthy(cid, index, fmt.Sprintf("entry %d: chunk at %d of block %d not stored: %v", index, c.GetOffset(), lid, err))
 		}
 		return nil
 	}
@@ -364,16 +427,73 @@ func (sm *containerSM) markLost(cid storage.ContainerID, lid storage.LocalID, er
 }
 
 // markUnhealthy records that this replica of cid lacks data the pipeline
-// has: storage keeps the state durably, the heartbeat reports it to SCM,
-// and the container takes no more writes here.
-func (sm *containerSM) markUnhealthy(cid storage.ContainerID, why string) {
-	// A container on a failed volume is reported UNHEALTHY already.
-	if err := sm.store.MarkUnhealthy(cid, why); err != nil && !errors.Is(err, storage.ErrContainerNotFound) && !errors.Is(err, storage.ErrVolumeFailed) {
-		sm.log.Error("cannot mark container UNHEALTHY", "pipeline", sm.pipeline, "container", cid, "why", why, "err", err)
+// has, from entry index on (the snapshot index for a restore): durably in
+// sickFile first (see containerSM; if that write fails, the persisted
+// applied index stays below index until a later write succeeds), then in
+// storage, creating the container UNHEALTHY if it does not exist here; the
+// heartbeat reports it to SCM, and the container takes no more writes
+// here.
+func (sm *containerSM) markUnhealthy(cid storage.ContainerID, index uint64, why string) {
+	sm.mu.Lock()
+	if _, ok := sm.sick[uint64(cid)]; !ok || sm.sickPending != 0 {
+		if !ok {
+			sm.sick[uint64(cid)] = why
+		}
+		if err := sm.saveSickLocked(); err != nil {
+			sm.log.Error("cannot record container UNHEALTHY; applied index held below the entry", "pipeline", sm.pipeline, "container", cid, "index", index, "err", err)
+			if sm.sickPending == 0 || index < sm.sickPending {
+				sm.sickPending = index
+			}
+		} else {
+			sm.sickPending = 0
+		}
 	}
+	sm.mu.Unlock()
+	sm.markStorage(cid, why, true)
 	if sm.onUnhealthy != nil {
 		sm.onUnhealthy()
 	}
+}
+
+// markStorage sets the storage mark of a container this replica lacks
+// data of, creating it UNHEALTHY if create and it does not exist (so the
+// heartbeat reports it and SCM stops allocating into it). The durable
+// record is sickFile; this is best effort.
+func (sm *containerSM) markStorage(cid storage.ContainerID, why string, create bool) {
+	err := sm.store.MarkUnhealthy(cid, why)
+	if errors.Is(err, storage.ErrContainerNotFound) && create {
+		if _, err = sm.store.CreateContainer(cid, storage.CreateOptions{}); err == nil || errors.Is(err, storage.ErrContainerExists) {
+			err = sm.store.MarkUnhealthy(cid, why)
+		}
+	}
+	// A container on a failed volume is reported UNHEALTHY already.
+	if err != nil && !errors.Is(err, storage.ErrVolumeFailed) {
+		sm.log.Error("cannot mark container UNHEALTHY in storage", "pipeline", sm.pipeline, "container", cid, "why", why, "err", err)
+	}
+}
+
+// saveSickLocked writes sickFile. Caller holds mu.
+func (sm *containerSM) saveSickLocked() error {
+	b := mustJSON(sickRecord{Restored: sm.restored, Containers: sm.sick})
+	if err := vfs.WriteFileAtomic(sm.fs, sm.sickFile, b); err != nil {
+		return fmt.Errorf("datanode: pipeline %d: recording unhealthy containers: %w", sm.pipeline, err)
+	}
+	return nil
+}
+
+// lacks reports whether this replica does not fully hold cid, and why.
+func (sm *containerSM) lacks(cid uint64) (string, bool) {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	why, ok := sm.sick[cid]
+	return why, ok
+}
+
+// restoredIndex is the highest snapshot index restored here.
+func (sm *containerSM) restoredIndex() uint64 {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	return sm.restored
 }
 
 func (sm *containerSM) lostCause(cid, lid uint64) error {
@@ -508,7 +628,7 @@ func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeC
 	bd := toBlockData(b)
 	bd.BCSID = index
 	if err := sm.ensureContainer(cid); err != nil {
-		sm.markUnhealthy(cid, fmt.Sprintf("entry %d: %v", index, err))
+		sm.markUnhealthy(cid, index, fmt.Sprintf("entry %d: %v", index, err))
 		return err
 	}
 	if err := sm.store.PutBlock(cid, bd); err != nil {
@@ -522,7 +642,7 @@ func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeC
 		if lost := sm.lostCause(uint64(cid), uint64(bd.LocalID)); lost != nil {
 			err = fmt.Errorf("%w (earlier: %v)", err, lost)
 		}
-		sm.markUnhealthy(cid, fmt.Sprintf("entry %d: block %d not committed here: %v", index, bd.LocalID, err))
+		sm.markUnhealthy(cid, index, fmt.Sprintf("entry %d: block %d not committed here: %v", index, bd.LocalID, err))
 		return fmt.Errorf("datanode: pipeline %d entry %d: %w; container %d is UNHEALTHY here: %w", sm.pipeline, index, err, cid, storage.ErrContainerNotOpen)
 	}
 	sm.stats.blocksCommitted.Add(1)
@@ -533,6 +653,14 @@ func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeC
 }
 
 func (sm *containerSM) closeContainer(cid storage.ContainerID) error {
+	if why, ok := sm.lacks(uint64(cid)); ok {
+		// Closed, it would be reported as a whole replica.
+		if rep, err := sm.store.Container(cid); err == nil && rep.State == storage.StateClosed {
+			return nil
+		}
+		sm.markStorage(cid, why, false)
+		return fmt.Errorf("datanode: pipeline %d: container %d not closed: it lacks data on this replica (%s): %w", sm.pipeline, cid, why, storage.ErrContainerNotOpen)
+	}
 	err := sm.store.CloseContainer(cid)
 	if errors.Is(err, storage.ErrContainerNotFound) {
 		return nil // never written here: nothing to close
@@ -556,9 +684,21 @@ func (sm *containerSM) persist(index uint64) {
 	if sm.now != nil {
 		sm.lastPersist = sm.now()
 	}
+	// A loss recorded only in memory: record it now, or keep the entry
+	// that found it above the persisted index, so a restart finds it again.
+	asked := index
+	sm.mu.Lock()
+	if sm.sickPending != 0 {
+		if err := sm.saveSickLocked(); err == nil {
+			sm.sickPending = 0
+		} else if index >= sm.sickPending {
+			index = sm.sickPending - 1
+		}
+	}
+	sm.mu.Unlock()
 	if d := sm.durable.Load(); index <= d {
-		if index < d {
-			sm.log.Error("applied index would go backwards; not persisted", "pipeline", sm.pipeline, "index", index, "durable", d)
+		if asked < d {
+			sm.log.Error("applied index would go backwards; not persisted", "pipeline", sm.pipeline, "index", asked, "durable", d)
 		}
 		return
 	}
@@ -599,10 +739,17 @@ func (sm *containerSM) Snapshot() (uint64, io.ReadCloser, error) {
 }
 
 // Restore catches this replica up to index without the entries before it.
-// The open containers of this pipeline here then lack what those entries
-// wrote, so they are marked UNHEALTHY; no other container is touched. A
-// snapshot at or below the applied index is ignored: the applied index
-// never goes backwards.
+// Every container of this pipeline that this replica does not fully hold
+// then lacks what those entries wrote: the OPEN and CLOSING ones here, and
+// the ones the snapshot (or this replica's own list) names that do not
+// exist here at all. They are recorded in sickFile, durably, before the
+// restore returns (if that fails, so does the restore, and the snapshot is
+// not acknowledged), then marked UNHEALTHY in storage, the absent ones
+// created so; ApplyStatus fails the entries the snapshot covers for a
+// container that is not CLOSED here. A CLOSED container here was closed by
+// an entry this replica applied, after all its writes: it is whole. No
+// other pipeline's container is touched. A snapshot at or below the
+// applied index is ignored: the applied index never goes backwards.
 func (sm *containerSM) Restore(index uint64, r io.Reader) error {
 	var snap smSnapshot
 	if err := json.NewDecoder(io.LimitReader(r, maxSnapshotBytes)).Decode(&snap); err != nil {
@@ -623,14 +770,45 @@ func (sm *containerSM) Restore(index uint64, r io.Reader) error {
 			return err
 		}
 	}
+	why := fmt.Sprintf("pipeline %d caught up by snapshot at %d", sm.pipeline, index)
 	sm.mu.Lock()
-	ours := sm.containerListLocked()
-	sm.mu.Unlock()
-	for _, cid := range ours {
+	var mark []uint64 // not CLOSED here
+	create := map[uint64]bool{}
+	added := map[uint64]bool{}
+	for _, cid := range sm.containerListLocked() {
 		rep, err := sm.store.Container(storage.ContainerID(cid))
-		if err == nil && (rep.State == storage.StateOpen || rep.State == storage.StateClosing) {
-			sm.markUnhealthy(storage.ContainerID(cid), fmt.Sprintf("pipeline %d caught up by snapshot at %d", sm.pipeline, index))
+		if err == nil && rep.State == storage.StateClosed {
+			continue
 		}
+		mark = append(mark, cid)
+		if _, ok := sm.sick[cid]; !ok {
+			sm.sick[cid] = why
+			added[cid] = true
+			// Created UNHEALTHY, so that it is reported; one that was
+			// already listed and is gone was deleted here since.
+			create[cid] = errors.Is(err, storage.ErrContainerNotFound)
+		}
+	}
+	prevRestored := sm.restored
+	sm.restored = index
+	if err := sm.saveSickLocked(); err != nil {
+		// Nothing changed: the old state stays, the snapshot is refused.
+		for cid := range added {
+			delete(sm.sick, cid)
+		}
+		sm.restored = prevRestored
+		sm.mu.Unlock()
+		return err
+	}
+	sm.sickPending = 0
+	sm.mu.Unlock()
+	for _, cid := range mark {
+		if why, ok := sm.lacks(cid); ok {
+			sm.markStorage(storage.ContainerID(cid), why, create[cid])
+		}
+	}
+	if sm.onUnhealthy != nil && len(mark) > 0 {
+		sm.onUnhealthy()
 	}
 	sm.applied.Store(index)
 	sm.persist(index)
