@@ -744,9 +744,10 @@ func (sm *containerSM) Snapshot() (uint64, io.ReadCloser, error) {
 // the ones the snapshot (or this replica's own list) names that do not
 // exist here at all. They are recorded in sickFile, durably, before the
 // restore returns (if that fails, so does the restore, and the snapshot is
-// not acknowledged), then marked UNHEALTHY in storage, the absent ones
-// created so; ApplyStatus fails the entries the snapshot covers for a
-// container that is not CLOSED here. A CLOSED container here was closed by
+// not acknowledged), then the ones here are marked UNHEALTHY in storage
+// (an absent one is created UNHEALTHY by the first entry into it);
+// ApplyStatus fails the entries the snapshot covers for a container that
+// is not CLOSED here. A CLOSED container here was closed by
 // an entry this replica applied, after all its writes: it is whole. No
 // other pipeline's container is touched. A snapshot at or below the
 // applied index is ignored: the applied index never goes backwards.
@@ -772,21 +773,19 @@ func (sm *containerSM) Restore(index uint64, r io.Reader) error {
 	}
 	why := fmt.Sprintf("pipeline %d caught up by snapshot at %d", sm.pipeline, index)
 	sm.mu.Lock()
-	var mark []uint64 // not CLOSED here
-	create := map[uint64]bool{}
+	var mark []uint64 // here and not CLOSED
 	added := map[uint64]bool{}
 	for _, cid := range sm.containerListLocked() {
 		rep, err := sm.store.Container(storage.ContainerID(cid))
 		if err == nil && rep.State == storage.StateClosed {
 			continue
 		}
-		mark = append(mark, cid)
+		if err == nil {
+			mark = append(mark, cid)
+		}
 		if _, ok := sm.sick[cid]; !ok {
 			sm.sick[cid] = why
 			added[cid] = true
-			// Created UNHEALTHY, so that it is reported; one that was
-			// already listed and is gone was deleted here since.
-			create[cid] = errors.Is(err, storage.ErrContainerNotFound)
 		}
 	}
 	prevRestored := sm.restored
@@ -804,7 +803,11 @@ func (sm *containerSM) Restore(index uint64, r io.Reader) error {
 	sm.mu.Unlock()
 	for _, cid := range mark {
 		if why, ok := sm.lacks(cid); ok {
-			sm.markStorage(storage.ContainerID(cid), why, create[cid])
+			// An absent one is not created here: it may be a container
+			// deleted since (the list keeps every container the pipeline
+			// wrote). The first entry that writes into it creates it
+			// UNHEALTHY (markUnhealthy), so it is reported then.
+			sm.markStorage(storage.ContainerID(cid), why, false)
 		}
 	}
 	if sm.onUnhealthy != nil && len(mark) > 0 {

@@ -49,8 +49,9 @@ func (r *replica) withSMFS(fs vfs.FS) {
 // healthy, and ApplyStatus answered "fine" for the PutBlocks the snapshot
 // covered, so wait_all acknowledged blocks this replica lacks and SCM was
 // told the container was healthy. Now the restore records the container
-// durably and creates it UNHEALTHY; later writes into it fail here, and
-// ApplyStatus fails the covered entries, also after a restart.
+// durably; the next write into it fails here and creates it UNHEALTHY
+// (reported to SCM), and ApplyStatus fails the covered entries, also after
+// a restart.
 func TestSnapshotMarksAbsentContainers(t *testing.T) {
 	leader := openReplica(t, t.TempDir())
 	defer leader.store.Close()
@@ -67,11 +68,6 @@ func TestSnapshotMarksAbsentContainers(t *testing.T) {
 	if err := f.sm.Restore(idx, bytes.NewReader(raw)); err != nil {
 		t.Fatal(err)
 	}
-	for _, cid := range []storage.ContainerID{1, 2} {
-		if s := state(t, f.store, cid); s != storage.StateUnhealthy {
-			t.Fatalf("container %d, absent here before the snapshot, is %s after it, want UNHEALTHY", cid, s)
-		}
-	}
 	if why := statusOf(t, f, 5, 1); why == "" {
 		t.Fatal("ApplyStatus says PutBlock 5 (covered by the snapshot, block not here) is fine")
 	}
@@ -87,6 +83,17 @@ func TestSnapshotMarksAbsentContainers(t *testing.T) {
 	}
 	if why := statusOf(t, f, idx+1, 1); why == "" {
 		t.Fatal("ApplyStatus says the new block is fine")
+	}
+	if s := state(t, f.store, 1); s != storage.StateUnhealthy {
+		t.Fatalf("container 1, absent here before the snapshot, is %s after a write into it, want UNHEALTHY", s)
+	}
+	// Container 2 gets no write: it stays absent (it could be one deleted
+	// since), and its covered entries still fail.
+	if _, err := f.store.Container(2); err == nil {
+		t.Fatal("container 2 created by the restore")
+	}
+	if why := statusOf(t, f, 6, 2); why == "" {
+		t.Fatal("ApplyStatus says PutBlock 6 into absent container 2 is fine")
 	}
 
 	// The record survives a restart, even if the storage mark did not:
@@ -123,10 +130,11 @@ func TestSnapshotKeepsClosedContainers(t *testing.T) {
 	if why := statusOf(t, r, 5, 1); why != "" {
 		t.Fatalf("block in closed container 1: %s", why)
 	}
-	for _, cid := range []storage.ContainerID{2, 3} {
-		if s := state(t, r.store, cid); s != storage.StateUnhealthy {
-			t.Fatalf("container %d is %s after the snapshot, want UNHEALTHY", cid, s)
-		}
+	if s := state(t, r.store, 2); s != storage.StateUnhealthy {
+		t.Fatalf("open container 2 is %s after the snapshot, want UNHEALTHY", s)
+	}
+	if why := statusOf(t, r, 40, 3); why == "" {
+		t.Fatal("ApplyStatus says entry 40 into container 3, absent here, is fine")
 	}
 }
 
