@@ -44,3 +44,10 @@ clean:
 .PHONY: bench-net
 bench-net:
 	GO=$(GO) BIN=$(BIN) ./scripts/bench-net.sh
+
+# Deterministic simulation (internal/sim) over SEEDS random seeds; every
+# failing seed prints the one command that replays it.
+SEEDS ?= 20
+.PHONY: simulate
+simulate:
+	$(GO) test -count=1 -timeout 0 -run '^TestSimRandom$$' ./internal/sim -seeds=$(SEEDS)

@@ -31,8 +31,10 @@ const (
 	DefaultStreamThreshold = 4 << 20
 	DefaultStreamTimeout   = 10 * time.Second
 
-	// MaxChunkSize keeps one WriteChunk well under the message limit.
-	MaxChunkSize = 32 << 20
+	// MaxChunkSize is the largest chunk a datanode stores (storage's hard
+	// limit; datanodes refuse larger WriteChunks before they enter the
+	// pipeline's log), well under the message limit.
+	MaxChunkSize = storage.MaxChunkSize
 	// MaxInflightChunksLimit bounds the concurrent WriteChunk calls of one
 	// key.
 	MaxInflightChunksLimit = 64

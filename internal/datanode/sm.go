@@ -311,19 +311,11 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	// WriteChunk, PutSmallFile) and hands WriteData those same bytes;
 	// followers got them over the network and verify.
 	verify := sm.isLeader == nil || !sm.isLeader()
-	err = sm.store.WriteChunk(cid, lid, int64(c.GetOffset()), data, toChecksum(c.GetChecksum()), verify)
-	if err == nil {
-		// The entry is acknowledged when this returns: the chunk must be
-		// durable by then (storage's acknowledgement point). Concurrent
-		// Syncs of other pipelines share rounds. A failure elsewhere (another
-		// volume, another container) is not this chunk's: if the round did
-		// forget this chunk after all, the PutBlock that needs it fails here
-		// with ErrChunkMissing.
-		if err = sm.store.Sync(); err != nil && !syncConcerns(err, sm.store, cid) {
-			sm.log.Warn("sync failed elsewhere", "pipeline", sm.pipeline, "index", index, "err", err)
-			err = nil
-		}
-	}
+	// The entry is acknowledged when this returns: the chunk must be
+	// durable by then (storage's acknowledgement point). Concurrent writers
+	// of other pipelines share Sync rounds; unlike WriteChunk + Sync, this
+	// also reports a chunk that another caller's failed round forgot.
+	err = sm.store.WriteChunkDurable(cid, lid, int64(c.GetOffset()), data, toChecksum(c.GetChecksum()), verify)
 	if err != nil {
 		sm.markLost(cid, lid, err)
 		if !refusedAlike(err) {
@@ -334,26 +326,6 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	sm.stats.chunksWritten.Add(1)
 	sm.stats.bytesWritten.Add(uint64(len(data)))
 	return nil
-}
-
-// syncConcerns reports whether a failed storage Sync failed for container
-// cid (named, or on its volume). When it cannot tell, it says yes.
-func syncConcerns(err error, st *storage.Store, cid storage.ContainerID) bool {
-	vol := ""
-	if rep, rerr := st.Container(cid); rerr == nil {
-		vol = rep.Volume
-	}
-	errs := []error{err}
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		errs = j.Unwrap()
-	}
-	for _, e := range errs {
-		var se *storage.Error
-		if !errors.As(e, &se) || se.Container == cid || vol == "" || se.Volume == vol {
-			return true
-		}
-	}
-	return false
 }
 
 // refusedAlike reports whether storage refused a write or commit for what

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -79,13 +80,57 @@ func (n *cnode) deepClone(seen map[*cnode]*cnode) *cnode {
 	return c
 }
 
-func (n *cnode) crashClone() *cnode {
+// CrashPartial is Crash where each unsynced directory entry and each
+// unsynced 4 KiB page of file data survives with probability pct/100, as
+// a disk that wrote back some of its cache before the power went.
+func (fs *crashFS) CrashPartial(r *rand.Rand, pct int) *crashFS {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return &crashFS{root: fs.root.crashCloneP(r, pct)}
+}
+
+func (n *cnode) crashClone() *cnode { return n.crashCloneP(nil, 0) }
+
+func (n *cnode) crashCloneP(r *rand.Rand, pct int) *cnode {
+	keep := func() bool { return r != nil && r.IntN(100) < pct }
 	if !n.dir {
-		return &cnode{data: slices.Clone(n.sdata), sdata: slices.Clone(n.sdata), mtime: n.mtime}
+		data := slices.Clone(n.sdata)
+		const page = 4096
+		for off := 0; off < len(n.data); off += page {
+			if !keep() {
+				continue
+			}
+			p := n.data[off:min(off+page, len(n.data))]
+			if end := off + len(p); end > len(data) {
+				data = append(data, make([]byte, end-len(data))...)
+			}
+			copy(data[off:], p)
+		}
+		return &cnode{data: data, sdata: slices.Clone(data), mtime: n.mtime}
 	}
 	c := &cnode{dir: true, children: map[string]*cnode{}, synced: map[string]*cnode{}}
+	names := map[string]*cnode{}
 	for name, child := range n.synced {
-		cc := child.crashClone()
+		names[name] = child
+	}
+	// Sorted, so a seed replays exactly.
+	live := make([]string, 0, len(n.children))
+	for name := range n.children {
+		live = append(live, name)
+	}
+	sort.Strings(live)
+	for _, name := range live {
+		if names[name] != n.children[name] && keep() {
+			names[name] = n.children[name]
+		}
+	}
+	order := make([]string, 0, len(names))
+	for name := range names {
+		order = append(order, name)
+	}
+	sort.Strings(order)
+	for _, name := range order {
+		cc := names[name].crashCloneP(r, pct)
 		c.children[name], c.synced[name] = cc, cc
 	}
 	return c

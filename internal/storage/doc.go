@@ -33,6 +33,10 @@
 //     checksums are recorded only after their data. If Sync fails, the
 //     chunks of the blocks it could not sync are forgotten as if never
 //     written and the error wraps ErrDiskFull or ErrVolumeFailed.
+//   - WriteChunkDurable returns nil: this chunk is durable (WriteChunk, a
+//     shared Sync round, and a check that no failed round forgot it). A
+//     writer that acknowledges its own chunk uses it: plain Sync reports a
+//     failure only to the caller whose round failed.
 //   - PutBlock returns nil: the block is committed durably with the given
 //     chunk list, length and BCSID, and every byte of it is the data that
 //     was written with those checksums. It commits only chunks this replica

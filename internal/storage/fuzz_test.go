@@ -219,3 +219,29 @@ func seedExport(tb testing.TB) []byte {
 	}
 	return buf.Bytes()
 }
+
+// TestImportRefusesRepeatedBlock: an export stream naming one block twice
+// used to import with the block counted twice (counters 2 blocks, one
+// record); block IDs must strictly increase, as Export writes them.
+func TestImportRefusesRepeatedBlock(t *testing.T) {
+	data := blockBytes(1, 1, 5000)
+	bd := seedBlock()
+	rec := encodeBlock(&bd)
+	var body []byte
+	body = append(body, exportMagic...)
+	for _, v := range []uint64{9, 1 << 30, bd.BCSID, 2, 2 * uint64(bd.Length)} {
+		body = binary.BigEndian.AppendUint64(body, v)
+	}
+	for range 2 {
+		body = binary.BigEndian.AppendUint32(body, uint32(len(rec)))
+		body = append(body, rec...)
+		body = append(body, data...)
+	}
+	sum := sha256.Sum256(body)
+	s := openStore(t, Options{})
+	_, err := s.Import(bytes.NewReader(append(body, sum[:]...)))
+	wantErr(t, err, ErrBadExport, "container 9", "block 3")
+	if len(s.ListContainers()) != 0 {
+		t.Fatal("refused import left a container")
+	}
+}

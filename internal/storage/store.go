@@ -179,11 +179,21 @@ type volume struct {
 	mu      sync.Mutex
 	failErr error
 
-	// syncMu makes Sync rounds of this volume one at a time; dirty (under
-	// dmu) holds the blocks with written chunks that are not durable yet.
-	syncMu sync.Mutex
-	dmu    sync.Mutex
-	dirty  map[*openBlock]blockRef
+	// Under dmu: dirty holds the blocks with written chunks that are not
+	// durable yet; inflight the Sync rounds running (each took its blocks
+	// out of dirty, so rounds never share a block); lastSyncErr the last
+	// failure of a round, for a writer whose chunk it forgot (see
+	// WriteChunkDurable).
+	dmu         sync.Mutex
+	dirty       map[*openBlock]blockRef
+	inflight    map[*round]struct{}
+	lastSyncErr error
+}
+
+// round is one Sync round of a volume; err is set before done is closed.
+type round struct {
+	done chan struct{}
+	err  error
 }
 
 type blockRef struct {
@@ -254,7 +264,7 @@ func Open(opts Options) (*Store, error) {
 	healthy := 0
 	var firstErr error
 	for _, p := range opts.Volumes {
-		v := &volume{path: p, fs: opts.FS, dirty: map[*openBlock]blockRef{}}
+		v := &volume{path: p, fs: opts.FS, dirty: map[*openBlock]blockRef{}, inflight: map[*round]struct{}{}}
 		s.volumes = append(s.volumes, v)
 		if err := s.openVolume(v); err != nil {
 			if errors.Is(err, ErrContainerExists) {

@@ -309,6 +309,81 @@ func (s *Store) checkOpen(c *container, ob *openBlock) {
 	}
 }
 
+// WriteChunkDurable is WriteChunk followed by the Sync that makes the chunk
+// durable, for a caller that acknowledges this one chunk: it returns nil
+// only when this chunk is durable. Concurrent callers share Sync rounds
+// (group commit). Prefer it to WriteChunk + Sync when the caller cannot
+// tell whose chunks a failed round forgot: a round started by another
+// caller may fail for this block before this caller's Sync, and that Sync
+// would then find nothing to do. The error then wraps ErrDiskFull or
+// ErrVolumeFailed (the round's failure) and names the chunk.
+func (s *Store) WriteChunkDurable(cid ContainerID, lid LocalID, off int64, data []byte, sum ChecksumData, verify bool) error {
+	if err := s.WriteChunk(cid, lid, off, data, sum, verify); err != nil {
+		return err
+	}
+	return s.awaitDurable(cid, lid, off, int64(len(data)))
+}
+
+// awaitDurable runs a Sync round of the chunk's volume and checks that the
+// chunk is durable (committed, or a durable span).
+func (s *Store) awaitDurable(cid ContainerID, lid LocalID, off, n int64) error {
+	const op = "write chunk"
+	c, err := s.container(op, cid)
+	if err != nil {
+		return err
+	}
+	// The round's error may be another block's: this chunk's own state
+	// decides.
+	serr := s.syncVolume(c.vol)
+	if s.durableRange(c, lid, off, n) {
+		return nil
+	}
+	c.vol.dmu.Lock()
+	cause := cmp.Or(serr, c.vol.lastSyncErr)
+	c.vol.dmu.Unlock()
+	kind := ErrVolumeFailed
+	var se *Error
+	if errors.As(cause, &se) {
+		kind = se.Kind
+	}
+	return oErr(op, kind, cid, lid, off, fmt.Sprintf("chunk [%d,%d) lost: a sync of its block failed", off, off+n), cause).withVolume(c.vol.path)
+}
+
+// durableRange reports whether [off, off+n) of block lid is committed or
+// covered by durable spans.
+func (s *Store) durableRange(c *container, lid LocalID, off, n int64) bool {
+	end := off + n
+	c.mu.Lock()
+	ob := c.open[lid]
+	c.mu.Unlock()
+	committed := func() bool {
+		bd, err := s.getBlock(c, lid)
+		return err == nil && end <= bd.Length
+	}
+	if ob == nil {
+		return committed()
+	}
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	if ob.dead {
+		return committed()
+	}
+	pos := max(off, ob.committed.Length)
+	for _, sp := range ob.written {
+		if pos >= end {
+			break
+		}
+		if sp.end() <= pos {
+			continue
+		}
+		if sp.off > pos || !sp.durable {
+			return false
+		}
+		pos = sp.end()
+	}
+	return pos >= end
+}
+
 // Sync makes durable every chunk whose WriteChunk returned before Sync was
 // called: it fdatasyncs each block file with new chunks, syncs the
 // directory entry of each new block file, and commits one chunk record per
@@ -316,14 +391,18 @@ func (s *Store) checkOpen(c *container, ob *openBlock) {
 // the acknowledgement point of a chunk write: call it once per batch of
 // writes (one raft Ready) and acknowledge the batch only if it returns nil.
 //
-// Concurrent callers share work: a Sync waits for a round in progress and
-// then runs one round for everything still pending, so N writers calling
-// Sync cost about two rounds, not N. On error (ErrDiskFull, or
-// ErrVolumeFailed naming the volume) the chunks of the blocks whose sync
-// failed are forgotten, as if never written (after a failed fsync their
+// Concurrent callers share work: a Sync takes everything pending into its
+// round and then waits for the rounds already running (they hold chunks
+// written before it was called), so N writers calling Sync at once cost
+// overlapping flushes, not N flushes in a row.
+//
+// On error (ErrDiskFull, or ErrVolumeFailed naming the volume) the chunks
+// of the blocks whose sync failed are forgotten, as if never written (after a failed fsync their
 // bytes cannot be trusted): a PutBlock naming them fails with
 // ErrChunkMissing and a re-delivery writes them again. Chunks on other
-// volumes and other blocks are durable.
+// volumes and other blocks are durable. The error goes to the caller whose
+// round failed, which need not be the writer of the forgotten chunks: a
+// writer that acknowledges its own chunk uses WriteChunkDurable.
 func (s *Store) Sync() error {
 	s.mu.RLock()
 	closed := s.closed
@@ -353,10 +432,12 @@ type dirtyBlock struct {
 }
 
 func (s *Store) syncVolume(v *volume) error {
-	v.syncMu.Lock()
-	defer v.syncMu.Unlock()
 	v.dmu.Lock()
-	if len(v.dirty) == 0 {
+	earlier := make([]*round, 0, len(v.inflight))
+	for r := range v.inflight {
+		earlier = append(earlier, r)
+	}
+	if len(v.dirty) == 0 && len(earlier) == 0 {
 		v.dmu.Unlock()
 		return nil
 	}
@@ -365,9 +446,15 @@ func (s *Store) syncVolume(v *volume) error {
 		list = append(list, dirtyBlock{ob, r})
 	}
 	v.dirty = make(map[*openBlock]blockRef, len(list))
+	r := &round{done: make(chan struct{})}
+	v.inflight[r] = struct{}{}
 	v.dmu.Unlock()
-	// One lock order (container, block) for the blocks of a round; no
-	// other path holds two block locks.
+
+	// One lock order (container, block) within a round. Rounds hold
+	// disjoint blocks (a block is queued again only under its lock, which
+	// its round holds until done), and no other path holds two block
+	// locks, so rounds overlap without deadlock: a Sync that arrives while
+	// another flushes starts its own flush at once.
 	slices.SortFunc(list, func(a, b dirtyBlock) int {
 		return cmp.Or(cmp.Compare(a.c.id, b.c.id), cmp.Compare(a.lid, b.lid))
 	})
@@ -381,12 +468,28 @@ func (s *Store) syncVolume(v *volume) error {
 		d.ob.queued = false
 		live = append(live, d)
 	}
-	defer func() {
-		for _, d := range live {
-			d.ob.mu.Unlock()
+	if len(live) > 0 {
+		r.err = s.persist("sync", v, live)
+	}
+	for _, d := range live {
+		d.ob.mu.Unlock()
+	}
+	v.dmu.Lock()
+	delete(v.inflight, r)
+	if r.err != nil {
+		v.lastSyncErr = r.err
+	}
+	v.dmu.Unlock()
+	close(r.done)
+	// Chunks written before this call may be in rounds still running.
+	err := r.err
+	for _, e := range earlier {
+		<-e.done
+		if err == nil {
+			err = e.err
 		}
-	}()
-	return s.persist("sync", v, live)
+	}
+	return err
 }
 
 // flushLocked makes one block's written chunks durable now (SyncAlways,

@@ -14,4 +14,10 @@
 // File.SyncData; a created, renamed or removed directory entry is durable
 // only after the parent directory is synced (SyncDir). WriteFileAtomic does
 // all three for small files.
+//
+// MemFS is the crashable in-memory implementation: it keeps what a disk
+// would hold after a power failure beside what programs see, and
+// CrashClone returns one seeded possible post-crash state (everything
+// synced plus a random subset of the rest, writes torn by sector). Crash
+// tests and the deterministic simulator (internal/sim) run nodes on it.
 package vfs
