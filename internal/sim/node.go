@@ -373,6 +373,14 @@ func (r *recDSM) WriteData(index, term uint64, meta, data []byte) error {
 	return r.dsm.WriteData(index, term, meta, data)
 }
 
+// SyncData passes the host's batch flush through (raft.DataSyncer).
+func (r *recDSM) SyncData() error {
+	if ds, ok := r.dsm.(raft.DataSyncer); ok {
+		return ds.SyncData()
+	}
+	return nil
+}
+
 func (r *recDSM) ReadData(index, term uint64, meta []byte) ([]byte, error) {
 	return r.dsm.ReadData(index, term, meta)
 }
