@@ -196,10 +196,16 @@ func (s *Sim) waitAll(op *blockOp, deadline time.Duration) {
 		m := s.node(id)
 		if why := s.replicaHas(m, op); why != "" {
 			tag := ""
-			if m.dn.restored >= op.index {
+			switch {
+			case m.dn.restored >= op.index:
 				// The replica skipped the entry by a snapshot: defect D1
 				// (docs/SIMULATION.md).
 				tag, op.knownDefect = knownD1, knownD1
+			case m.prevIOFault && m.startedAt > op.call:
+				// The replica's disk failed while the block was written,
+				// and it restarted since: the failure was not recorded
+				// durably, defect D5.
+				tag, op.knownDefect = knownD5, knownD5
 			}
 			s.violate("%swait_all succeeded for block %d/%d (PutBlock %d) but replica %d does not hold it (it restored a snapshot at %d): %s", tag, op.cid, op.lid, op.index, id, m.dn.restored, why)
 		}
@@ -387,6 +393,11 @@ func boolInt(b bool) int {
 // violation is known, so that make test stays useful while the defect is
 // open; make simulate reports them.
 const knownD1 = "[known defect D1] "
+
+// knownD5 prefixes a violation caused by defect D5 (internal/datanode: an
+// entry that failed on a replica whose disk failed is reported applied
+// and fine after the replica restarts).
+const knownD5 = "[known defect D5] "
 
 // knownD2 prefixes a violation caused by defect D2 (internal/raft: a
 // snapshot applied to the log store is acknowledged before it is synced;
