@@ -66,6 +66,7 @@ import (
 // restart marks it UNHEALTHY in storage again.
 type containerSM struct {
 	pipeline  uint64
+	unsynced  []unsyncedChunk // written by WriteData, not yet made durable by SyncData
 	store     *storage.Store
 	fs        vfs.FS
 	file      string // applied index
@@ -374,11 +375,13 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	// WriteChunk, PutSmallFile) and hands WriteData those same bytes;
 	// followers got them over the network and verify.
 	verify := sm.isLeader == nil || !sm.isLeader()
-	// The entry is acknowledged when this returns: the chunk must be
-	// durable by then (storage's acknowledgement point). Concurrent writers
-	// of other pipelines share Sync rounds; unlike WriteChunk + Sync, this
-	// also reports a chunk that another caller's failed round forgot.
-	err = sm.store.WriteChunkDurable(cid, lid, int64(c.GetOffset()), data, toChecksum(c.GetChecksum()), verify)
+	// The entry is acknowledged once SyncData (called by the raft host
+	// after the WriteData calls of a batch) has made the chunk durable:
+	// one storage Sync per batch instead of one per chunk.
+	err = sm.store.WriteChunk(cid, lid, int64(c.GetOffset()), data, toChecksum(c.GetChecksum()), verify)
+	if err == nil {
+		sm.unsynced = append(sm.unsynced, unsyncedChunk{index: index, cid: cid, lid: lid, off: int64(c.GetOffset()), n: int64(len(data))})
+	}
 	if err != nil {
 		sm.markLost(cid, lid, err)
 		if !refusedAlike(err) {
@@ -388,6 +391,45 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	}
 	sm.stats.chunksWritten.Add(1)
 	sm.stats.bytesWritten.Add(uint64(len(data)))
+	return nil
+}
+
+// unsyncedChunk is a chunk WriteData wrote that SyncData has yet to make
+// durable.
+type unsyncedChunk struct {
+	index  uint64
+	cid    storage.ContainerID
+	lid    storage.LocalID
+	off, n int64
+}
+
+// SyncData makes the chunks of the batch's WriteData calls durable with
+// one storage Sync (raft.DataSyncer), then checks each: a chunk storage
+// dropped (this Sync's round failed, or a concurrent caller's failed round
+// forgot it) is this replica's loss, recorded as WriteData records a
+// failed write, so the entries that need it fail when applied and the
+// container goes UNHEALTHY. It returns nil so the group carries on.
+func (sm *containerSM) SyncData() error {
+	if len(sm.unsynced) == 0 {
+		return nil
+	}
+	serr := sm.store.Sync()
+	for _, u := range sm.unsynced {
+		ok, herr := sm.store.HasChunk(u.cid, u.lid, u.off, u.n)
+		if ok && herr == nil {
+			continue
+		}
+		err := serr
+		if err == nil {
+			err = herr
+		}
+		if err == nil {
+			err = fmt.Errorf("dropped by a failed flush")
+		}
+		sm.markLost(u.cid, u.lid, err)
+		sm.markUnhealthy(u.cid, u.index, fmt.Sprintf("entry %d: chunk at %d of block %d not stored: %v", u.index, u.off, u.lid, err))
+	}
+	sm.unsynced = sm.unsynced[:0]
 	return nil
 }
 

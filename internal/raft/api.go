@@ -90,6 +90,19 @@ type DataStateMachine interface {
 	ReadData(index, term uint64, meta []byte) ([]byte, error)
 }
 
+// DataSyncer is an optional interface of a DataStateMachine whose
+// WriteData leaves data not yet durable. The host calls SyncData once after
+// the WriteData calls of one Ready and before the log batch that
+// acknowledges those entries is committed, so one flush covers every chunk
+// of the batch (group commit) and the acknowledgement still follows the
+// flush. When SyncData returns nil, the data of every entry handed to
+// WriteData before it is durable, or the state machine has recorded which
+// it lost (entries that need lost data fail when applied). An error stops
+// the group, like a WriteData error.
+type DataSyncer interface {
+	SyncData() error
+}
+
 // Result is what a successful proposal returns.
 type Result struct {
 	// Index is the log index the proposal was committed at; pass it to

@@ -217,7 +217,9 @@ func verifyStores(t *testing.T, dir string, acked map[[2]uint64]string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		// A deadline, not a pace: replaying thousands of entries on a
+		// loaded machine can take seconds.
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		err = g.WaitApplied(ctx, idx)
 		cancel()
 		if err != nil {

@@ -1417,6 +1417,13 @@ func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 		typ := e.GetType()
 		out = append(out, &pb.Entry{Index: proto.Uint64(e.GetIndex()), Term: proto.Uint64(e.GetTerm()), Type: &typ, Data: elide(e.GetData(), d)})
 	}
+	if out != nil {
+		if ds, ok := g.dsm.(DataSyncer); ok {
+			if err := ds.SyncData(); err != nil {
+				return nil, fmt.Errorf("raft: group %d: SyncData: %w", g.id, err)
+			}
+		}
+	}
 	if out == nil {
 		return ents, nil
 	}

@@ -304,3 +304,13 @@ func testLogger() *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 }
+
+// testCtx bounds a test's blocking calls (Propose, WaitApplied): a
+// proposal that is never finished fails its test with a message instead
+// of using up go test's -timeout for the whole package. Canceled when the
+// test ends.
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}

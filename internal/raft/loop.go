@@ -193,6 +193,13 @@ func (l *storeLoop) process(work []*readyWork) {
 			if err := w.g.log.applySnapshot(b, w.rd.Snapshot); err != nil {
 				panic(err)
 			}
+			// etcd raft's MustSync looks at entries, term and vote only,
+			// but the append response that follows acknowledges the
+			// snapshot: the leader then counts this replica at the
+			// snapshot's index. Losing it in a crash leaves the log behind
+			// a commit index this replica acknowledged (found by the
+			// simulator, defect D2).
+			mustSync = true
 		}
 		if err := w.g.log.append(b, w.ents); err != nil {
 			panic(err)

@@ -56,11 +56,11 @@ func TestProposeResultAndErrors(t *testing.T) {
 	c := newMemCluster(t, 3, 3, 1)
 	lead := c.waitLeader(1)
 	g := c.group(lead, 1)
-	res, err := g.Propose(context.Background(), []byte("a"), nil)
+	res, err := g.Propose(testCtx(t), []byte("a"), nil)
 	if err != nil || res.Value.(int) != 1 || res.Index == 0 {
 		t.Fatalf("propose: %+v %v", res, err)
 	}
-	if _, err := g.Propose(context.Background(), []byte("fail:boom"), nil); err == nil || err.Error() != "fail:boom" {
+	if _, err := g.Propose(testCtx(t), []byte("fail:boom"), nil); err == nil || err.Error() != "fail:boom" {
 		t.Fatalf("error result not returned: %v", err)
 	}
 	var follower uint64
@@ -70,16 +70,16 @@ func TestProposeResultAndErrors(t *testing.T) {
 			break
 		}
 	}
-	_, err = c.group(follower, 1).Propose(context.Background(), []byte("x"), nil)
+	_, err = c.group(follower, 1).Propose(testCtx(t), []byte("x"), nil)
 	var nle *NotLeaderError
 	if !errors.As(err, &nle) || nle.Leader != lead {
 		t.Fatalf("follower propose: %v, want NotLeaderError naming %d", err, lead)
 	}
-	if _, err := g.Propose(context.Background(), []byte("x"), []byte("data")); err == nil {
+	if _, err := g.Propose(testCtx(t), []byte("x"), []byte("data")); err == nil {
 		t.Fatal("data proposal accepted by a state machine without DataStateMachine")
 	}
 	big := make([]byte, 65<<20)
-	if _, err := g.Propose(context.Background(), big, nil); !errors.Is(err, ErrTooLarge) {
+	if _, err := g.Propose(testCtx(t), big, nil); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("oversized proposal: %v", err)
 	}
 }
@@ -309,7 +309,7 @@ func TestWaitAppliedAllReportsLaggingReplica(t *testing.T) {
 	c := newMemCluster(t, 3, 10, 1)
 	lead := c.waitLeader(1)
 	g := c.group(lead, 1)
-	ctx := context.Background()
+	ctx := testCtx(t)
 	res, err := g.Propose(ctx, []byte("a"), nil)
 	if err != nil {
 		t.Fatal(err)

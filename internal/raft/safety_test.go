@@ -84,7 +84,7 @@ func TestCanceledDataProposalStillWritten(t *testing.T) {
 	// Hold the store loop inside WriteData of a first proposal.
 	first := make(chan error, 1)
 	go func() {
-		_, err := g.Propose(context.Background(), []byte("block"), []byte("first"))
+		_, err := g.Propose(testCtx(t), []byte("block"), []byte("first"))
 		first <- err
 	}()
 	<-sm.entered
@@ -113,7 +113,7 @@ func TestCanceledDataProposalStillWritten(t *testing.T) {
 		t.Fatalf("first proposal: %v", err)
 	}
 	// The group keeps working, and the abandoned proposal did commit.
-	res, err := g.Propose(context.Background(), []byte("after"), []byte("more"))
+	res, err := g.Propose(testCtx(t), []byte("after"), []byte("more"))
 	if err != nil {
 		t.Fatalf("proposal after an abandoned one: %v (group stopped: %v)", err, g.Stopped())
 	}
@@ -140,7 +140,7 @@ func TestStoppedGroupOutcomeUnknownAndNotLeader(t *testing.T) {
 	t.Cleanup(sm.release) // before the host closes, even on failure
 	errc := make(chan error, 1)
 	go func() {
-		_, err := g.Propose(context.Background(), []byte("block"), []byte("x"))
+		_, err := g.Propose(testCtx(t), []byte("block"), []byte("x"))
 		errc <- err
 	}()
 	<-sm.entered
@@ -153,7 +153,7 @@ func TestStoppedGroupOutcomeUnknownAndNotLeader(t *testing.T) {
 	if g.IsLeader() || g.Leader() != 0 || !g.Stopped() || g.Status().Role != "stopped" {
 		t.Fatalf("stopped group: IsLeader %v, Leader %d, Stopped %v, Role %q", g.IsLeader(), g.Leader(), g.Stopped(), g.Status().Role)
 	}
-	if _, err := g.Propose(context.Background(), []byte("later"), nil); !errors.Is(err, ErrStopped) || !strings.Contains(err.Error(), "injected fatal error") {
+	if _, err := g.Propose(testCtx(t), []byte("later"), nil); !errors.Is(err, ErrStopped) || !strings.Contains(err.Error(), "injected fatal error") {
 		t.Fatalf("proposal to a stopped group: %v, want ErrStopped naming the cause", err)
 	}
 }
@@ -169,7 +169,7 @@ func TestExpiredContextNeverSubmits(t *testing.T) {
 	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrOutcomeUnknown) {
 		t.Fatalf("err = %v, want context.Canceled and not ErrOutcomeUnknown", err)
 	}
-	if _, err := g.Propose(context.Background(), []byte("after"), nil); err != nil {
+	if _, err := g.Propose(testCtx(t), []byte("after"), nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := sm.values(); !equalStrings(got, []string{"after"}) {
@@ -260,7 +260,7 @@ func TestOlderSnapshotNeverRestoredOverNewer(t *testing.T) {
 // instead of letting the state machine silently miss entries.
 func TestAppliedIndexGoingBackStopsGroup(t *testing.T) {
 	_, g := singleHost(t, &kvSM{})
-	if _, err := g.Propose(context.Background(), []byte("x"), nil); err != nil {
+	if _, err := g.Propose(testCtx(t), []byte("x"), nil); err != nil {
 		t.Fatal(err)
 	}
 	cur := g.applied.Load()
@@ -337,7 +337,7 @@ func TestStepPanicStopsOnlyThatGroup(t *testing.T) {
 	if testCounter(h.metrics.stepPanics) != 1 || victim.IsLeader() {
 		t.Fatalf("step panics %v, leader %v", testCounter(h.metrics.stepPanics), victim.IsLeader())
 	}
-	if _, err := other.Propose(context.Background(), []byte("still here"), nil); err != nil {
+	if _, err := other.Propose(testCtx(t), []byte("still here"), nil); err != nil {
 		t.Fatal(err)
 	}
 }

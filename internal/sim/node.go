@@ -52,6 +52,10 @@ type node struct {
 	// checking: the checkers are reading; no faults (a checker must not
 	// change what it observes).
 	checking bool
+	// prevIOFault: the previous incarnation saw EIO or torn writes;
+	// startedAt: when this incarnation started (defect D5's signature).
+	prevIOFault bool
+	startedAt   time.Duration
 }
 
 const diskBytes = 256 << 20
@@ -138,7 +142,8 @@ func (n *node) start() error {
 		}
 	}
 	n.up = true
-	n.ioFault = false
+	n.prevIOFault, n.ioFault = n.ioFault, false
+	n.startedAt = n.s.clk.now
 	n.s.logf("node %d up (incarnation %d)", n.id, n.epoch)
 	n.scheduleTick()
 	return nil
@@ -371,6 +376,14 @@ type recDSM struct {
 
 func (r *recDSM) WriteData(index, term uint64, meta, data []byte) error {
 	return r.dsm.WriteData(index, term, meta, data)
+}
+
+// SyncData passes the host's batch flush through (raft.DataSyncer).
+func (r *recDSM) SyncData() error {
+	if ds, ok := r.dsm.(raft.DataSyncer); ok {
+		return ds.SyncData()
+	}
+	return nil
 }
 
 func (r *recDSM) ReadData(index, term uint64, meta []byte) ([]byte, error) {

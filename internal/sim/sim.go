@@ -437,7 +437,9 @@ func (s *Sim) unknownViolation() bool {
 	return false
 }
 
-func isKnown(v string) bool { return strings.Contains(v, knownD2) }
+func isKnown(v string) bool {
+	return strings.Contains(v, knownD1) || strings.Contains(v, knownD2) || strings.Contains(v, knownD5)
+}
 
 // OnlyKnown reports whether every violation of the run is a known defect.
 func (r *Report) OnlyKnown() bool {

@@ -95,6 +95,9 @@ func TestNodeCrash(t *testing.T) {
 				if err := sm.WriteData(index, 1, meta, d); err != nil {
 					t.Fatalf("seed %d: WriteData: %v", seed, err)
 				}
+				if err := sm.(raft.DataSyncer).SyncData(); err != nil {
+					t.Fatalf("seed %d: SyncData: %v", seed, err)
+				}
 				if res := sm.Apply([]raft.Entry{{Index: index, Term: 1, Meta: meta, HasData: true}}); res[0] != nil {
 					t.Fatalf("seed %d: apply WriteChunk: %v", seed, res[0])
 				}
