@@ -438,7 +438,7 @@ func (s *Sim) unknownViolation() bool {
 }
 
 func isKnown(v string) bool {
-	return strings.Contains(v, knownD1) || strings.Contains(v, knownD2) || strings.Contains(v, knownD5)
+	return strings.Contains(v, knownD2)
 }
 
 // OnlyKnown reports whether every violation of the run is a known defect.

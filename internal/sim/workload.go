@@ -195,19 +195,7 @@ func (s *Sim) waitAll(op *blockOp, deadline time.Duration) {
 	for _, id := range s.pipeline {
 		m := s.node(id)
 		if why := s.replicaHas(m, op); why != "" {
-			tag := ""
-			switch {
-			case m.dn.restored >= op.index:
-				// The replica skipped the entry by a snapshot: defect D1
-				// (docs/SIMULATION.md).
-				tag, op.knownDefect = knownD1, knownD1
-			case m.prevIOFault && m.startedAt > op.call:
-				// The replica's disk failed while the block was written,
-				// and it restarted since: the failure was not recorded
-				// durably, defect D5.
-				tag, op.knownDefect = knownD5, knownD5
-			}
-			s.violate("%swait_all succeeded for block %d/%d (PutBlock %d) but replica %d does not hold it (it restored a snapshot at %d): %s", tag, op.cid, op.lid, op.index, id, m.dn.restored, why)
+			s.violate("wait_all succeeded for block %d/%d (PutBlock %d) but replica %d does not hold it (it restored a snapshot at %d): %s", op.cid, op.lid, op.index, id, m.dn.restored, why)
 		}
 	}
 }
@@ -387,19 +375,10 @@ func boolInt(b bool) int {
 	return 0
 }
 
-// knownD1 prefixes a violation caused by defect D1 (internal/datanode: a
-// replica caught up by a snapshot lacks the blocks below it, and
-// ApplyStatus says it has them). TestSim tolerates seeds whose every
-// violation is known, so that make test stays useful while the defect is
-// open; make simulate reports them.
-const knownD1 = "[known defect D1] "
-
-// knownD5 prefixes a violation caused by defect D5 (internal/datanode: an
-// entry that failed on a replica whose disk failed is reported applied
-// and fine after the replica restarts).
-const knownD5 = "[known defect D5] "
-
 // knownD2 prefixes a violation caused by defect D2 (internal/raft: a
 // snapshot applied to the log store is acknowledged before it is synced;
 // after a crash etcd raft finds its log behind its acknowledged commit).
+// TestSim tolerates seeds whose every violation is known, so that make
+// test stays useful while a defect is open; make simulate reports them.
+// (D1 and D5, internal/datanode, were tagged too until they were fixed.)
 const knownD2 = "[known defect D2] "
