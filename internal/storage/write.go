@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sort"
 	"sync"
+
+	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // The write path. WriteChunk puts a chunk's bytes in its block file and
@@ -183,14 +185,13 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 	}
 
 	if grow > 0 {
-		avail, _, err := c.vol.diskUsage()
-		if err != nil {
+		// A cached figure, not a statfs per chunk (see vfs.Space).
+		if err := c.vol.space.Admit(grow); err != nil {
 			release()
+			if errors.Is(err, vfs.ErrNoSpace) {
+				return oErr(op, ErrDiskFull, c.id, lid, off, "", err).withVolume(c.vol.path)
+			}
 			return s.ioErr(op, c, lid, off, err)
-		}
-		if avail-s.opts.ReservedBytes < grow {
-			release()
-			return oErr(op, ErrDiskFull, c.id, lid, off, fmt.Sprintf("%d bytes available beyond reserve %d, need %d", avail-s.opts.ReservedBytes, s.opts.ReservedBytes, grow), nil).withVolume(c.vol.path)
 		}
 	}
 	if err := s.openWriter(c, lid, ob); err != nil {

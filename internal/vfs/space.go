@@ -104,8 +104,19 @@ func OpenSpace(fs pvfs.FS, dir string, opts SpaceOptions) (*Space, error) {
 	return s, nil
 }
 
-// Reserve is the configured reserve in bytes.
-func (s *Space) Reserve() int64 { return s.opts.Reserve }
+// Reserve is the reserve in bytes.
+func (s *Space) Reserve() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.opts.Reserve
+}
+
+// SetReserve changes the reserve.
+func (s *Space) SetReserve(n int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.opts.Reserve = n
+}
 
 // Admit reports whether n more bytes of data may be written: nil, or an
 // error wrapping ErrNoSpace naming the directory and the figures. Admitted
