@@ -209,6 +209,26 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 	return nil
 }
 
+// CheckSpace reports whether n bytes of block data would be refused for
+// lack of space on container cid's volume (ErrDiskFull), from the cached
+// free space: a caller asks before putting a write into a replicated log.
+// An unknown container is not refused (its first write creates it).
+func (s *Store) CheckSpace(cid ContainerID, n int64) error {
+	s.mu.RLock()
+	c := s.containers[cid]
+	s.mu.RUnlock()
+	if c == nil || c.vol.space == nil {
+		return nil
+	}
+	if err := c.vol.space.Check(n); err != nil {
+		if errors.Is(err, vfs.ErrNoSpace) {
+			return oErr("write chunk", ErrDiskFull, cid, 0, 0, "", err).withVolume(c.vol.path)
+		}
+		return nil // an I/O error shows up on the write itself
+	}
+	return nil
+}
+
 // rewriteLocked writes span i again: a re-delivery where one side has no
 // checksums, so equality cannot be told and the bytes are written again.
 // A durable span loses its record first: while the bytes are rewritten

@@ -121,7 +121,13 @@ func (s *Space) SetReserve(n int64) {
 // Admit reports whether n more bytes of data may be written: nil, or an
 // error wrapping ErrNoSpace naming the directory and the figures. Admitted
 // bytes count against the cached free space until the next refresh.
-func (s *Space) Admit(n int64) error {
+func (s *Space) Admit(n int64) error { return s.admit(n, true) }
+
+// Check is Admit without counting n as spent: for a caller that asks
+// before a write whose own Admit comes later.
+func (s *Space) Check(n int64) error { return s.admit(n, false) }
+
+func (s *Space) admit(n int64, spend bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.opts.Now()
@@ -140,12 +146,14 @@ func (s *Space) Admit(n int64) error {
 	if left := s.avail - s.spent - n; left < s.opts.Reserve {
 		return fmt.Errorf("%s: %w: %d bytes free, %d to write, %d reserved for metadata", s.dir, ErrNoSpace, s.avail-s.spent, n, s.opts.Reserve)
 	}
-	s.spent += n
+	if spend {
+		s.spent += n
+	}
 	return nil
 }
 
-// Low reports (as Admit(0)) whether the file system is below its reserve.
-func (s *Space) Low() error { return s.Admit(0) }
+// Low reports (as Check(0)) whether the file system is below its reserve.
+func (s *Space) Low() error { return s.Check(0) }
 
 // Refresh reads the free space again and recreates the ballast if it is
 // missing and there is room for it and the reserve.
@@ -170,13 +178,16 @@ func (s *Space) HasBallast() bool {
 }
 
 func (s *Space) refreshLocked() error {
-	du, err := s.fs.GetDiskUsage(s.dir)
-	if err != nil {
-		return fmt.Errorf("%s: disk usage: %w", s.dir, err)
-	}
-	s.avail = int64(min(du.AvailBytes, 1<<62))
 	s.spent = 0
 	s.checked = s.opts.Now()
+	du, err := s.fs.GetDiskUsage(s.dir)
+	if err != nil {
+		// A file system that cannot tell (Pebble's MemFS) is never
+		// refused; real trouble shows up on the next write.
+		s.avail = 1 << 62
+		return nil
+	}
+	s.avail = int64(min(du.AvailBytes, 1<<62))
 	// Twice the reserve beyond the ballast: a ballast recreated at the
 	// edge would be removed again by the next restart.
 	if s.opts.Ballast > 0 && !s.ballast && s.avail >= s.opts.Ballast+2*s.opts.Reserve {
