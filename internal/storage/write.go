@@ -210,21 +210,31 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 }
 
 // CheckSpace reports whether n bytes of block data would be refused for
-// lack of space on container cid's volume (ErrDiskFull), from the cached
-// free space: a caller asks before putting a write into a replicated log.
-// An unknown container is not refused (its first write creates it).
+// lack of space (ErrDiskFull), from the cached free space: a caller asks
+// before putting a write into a replicated log. For a container not here
+// yet (its first write creates it) it asks every healthy volume and
+// refuses only if none has room.
 func (s *Store) CheckSpace(cid ContainerID, n int64) error {
 	s.mu.RLock()
 	c := s.containers[cid]
+	vols := s.volumes
 	s.mu.RUnlock()
-	if c == nil || c.vol.space == nil {
-		return nil
+	if c != nil {
+		vols = []*volume{c.vol}
 	}
-	if err := c.vol.space.Check(n); err != nil {
-		if errors.Is(err, vfs.ErrNoSpace) {
-			return oErr("write chunk", ErrDiskFull, cid, 0, 0, "", err).withVolume(c.vol.path)
+	var last error
+	for _, v := range vols {
+		if v.failed.Load() || v.space == nil {
+			continue
 		}
-		return nil // an I/O error shows up on the write itself
+		err := v.space.Check(n)
+		if err == nil || !errors.Is(err, vfs.ErrNoSpace) {
+			return nil // an I/O error shows up on the write itself
+		}
+		last = err
+	}
+	if last != nil {
+		return oErr("write chunk", ErrDiskFull, cid, 0, 0, "", last)
 	}
 	return nil
 }
