@@ -188,6 +188,11 @@ func New(cfg Config) (*Datanode, error) {
 	// Clients keep several WriteChunks of a block in flight; they reach
 	// the log in arrival order, not offset order.
 	so.OutOfOrderWrites = true
+	if so.Logf == nil {
+		// Volume failures, recovery actions and a full disk at start
+		// (ballast removed) must reach the operator.
+		so.Logf = func(f string, a ...any) { d.log.Warn(fmt.Sprintf(f, a...)) }
+	}
 	st, err := storage.Open(so)
 	if err != nil {
 		return nil, err
