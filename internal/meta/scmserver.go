@@ -134,6 +134,14 @@ func (x *scmServer) GetSafeMode(ctx context.Context, _ *metapb.GetSafeModeReques
 	return x.s.scmMgr.SafeMode()
 }
 
+// GetContainerHealth returns the replication manager's last round.
+func (x *scmServer) GetContainerHealth(ctx context.Context, req *metapb.GetContainerHealthRequest) (*metapb.GetContainerHealthResponse, error) {
+	if err := x.leader(); err != nil {
+		return nil, err
+	}
+	return x.s.scmMgr.ContainerHealth(int(req.Worst))
+}
+
 // maxCorruptReports bounds the corrupt-replica reports the SCM leader keeps.
 const maxCorruptReports = 10000
 

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -48,6 +49,16 @@ type Config struct {
 	CommandRetryInterval    time.Duration
 	MaxCommandsPerHeartbeat int // default 64
 
+	// Replication manager (replication.go). MaxCopiesPerTarget: container
+	// copies in flight into one datanode (default 2); CopyTimeout: a copy
+	// not recorded by then is given up and scheduled elsewhere (default
+	// 10m).
+	MaxCopiesPerTarget int
+	CopyTimeout        time.Duration
+
+	// Registerer receives the replication manager's gauges (nil: none).
+	Registerer prometheus.Registerer
+
 	Now    func() time.Time // default time.Now
 	Logger *slog.Logger
 }
@@ -63,6 +74,10 @@ func (c *Config) setDefaults() {
 	def(&c.DeadInterval, 90*time.Second)
 	def(&c.LoopInterval, time.Second)
 	def(&c.CommandRetryInterval, 3*c.HeartbeatInterval)
+	def(&c.CopyTimeout, 10*time.Minute)
+	if c.MaxCopiesPerTarget == 0 {
+		c.MaxCopiesPerTarget = 2
+	}
 	if c.PipelineLimit == 0 {
 		c.PipelineLimit = 2
 	}
@@ -149,6 +164,9 @@ type Manager struct {
 	unhealthy map[uint64]map[uint64]string
 	// purgeCursor: the last delete tx the purge round looked at.
 	purgeCursor uint64
+	// repl: the replication manager's schedule and last round.
+	repl    replSoft
+	metrics *replMetrics
 
 	idMu   sync.Mutex // serializes ID range refills
 	idNext uint64
@@ -158,6 +176,9 @@ type Manager struct {
 type nodeSoft struct {
 	lastSeen   time.Time
 	heard      bool // heartbeat received during this leadership
+	// fullReported: a full container report received during this
+	// leadership, so a replica it lacks is missing, not just unreported.
+	fullReported bool
 	state      metapb.NodeState
 	volumes    []*metapb.VolumeReport
 	containers map[uint64]*metapb.ContainerReport
@@ -178,7 +199,8 @@ func (m *Manager) maxSent() int { return 16 * m.cfg.MaxCommandsPerHeartbeat }
 // NewManager returns a Manager over st.
 func NewManager(cfg Config, st *State, prop Proposer) *Manager {
 	cfg.setDefaults()
-	return &Manager{cfg: cfg, st: st, prop: prop, log: cfg.Logger, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))}
+	return &Manager{cfg: cfg, st: st, prop: prop, log: cfg.Logger, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
+		repl: newReplSoft(), metrics: newReplMetrics(cfg.Registerer)}
 }
 
 // Config returns the effective configuration.
@@ -207,6 +229,7 @@ func (m *Manager) syncLeadership() bool {
 	m.acked = map[uint64]map[uint64]bool{}
 	m.unhealthy = map[uint64]map[uint64]string{}
 	m.purgeCursor = 0
+	m.repl = newReplSoft()
 	m.safeMode = true
 	if leading {
 		// Every registered datanode gets a full grace period from now:
@@ -309,6 +332,7 @@ func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 			n.containers[c.ContainerId] = c
 			m.checkReport(req.DatanodeId, c)
 		}
+		n.fullReported = true
 		n.pipelines = make(map[uint64]bool, len(req.Pipelines))
 		for _, p := range req.Pipelines {
 			n.pipelines[p.PipelineId] = true
@@ -468,6 +492,7 @@ func (m *Manager) commandsFor(dn uint64, n *nodeSoft, now time.Time) []*metapb.D
 			cmds = append(cmds, &metapb.DatanodeCommand{Command: &metapb.DatanodeCommand_CloseContainer{CloseContainer: &metapb.CloseContainerCommand{ContainerId: id, PipelineId: c.PipelineId}}})
 		}
 	}
+	cmds = m.replicationCommandsLocked(dn, n, due, cmds)
 	// Delete-block transactions for containers this datanode holds, from
 	// its cursor on: a bounded slice of the pending transactions per
 	// heartbeat, wrapping around at the end, so every pending transaction
@@ -687,14 +712,22 @@ func (m *Manager) Tick(ctx context.Context) error {
 			return err
 		}
 	}
-	// 3. Purge delete transactions every replica has carried out.
+	// 3. Replication manager: repair closed containers (replication.go;
+	// not in safe mode, when too few datanodes have reported to tell a
+	// lost replica from an unreported one).
+	if !safe {
+		if err := m.replicate(ctx); err != nil {
+			return err
+		}
+	}
+	// 4. Purge delete transactions every replica has carried out.
 	if err := m.purgeDeleteTxs(ctx, acked, dead); err != nil {
 		return err
 	}
 	if safe {
 		return nil
 	}
-	// 4. Pipelines, then containers on them.
+	// 5. Pipelines, then containers on them.
 	if err := m.createPipelines(ctx, healthy); err != nil {
 		return err
 	}
