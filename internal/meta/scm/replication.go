@@ -354,7 +354,7 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		}
 	}
 
-	counts := map[string]uint64{HealthHealthy: 0, HealthUnderReplicated: 0, HealthOverReplicated: 0, HealthMissing: 0, HealthUnhealthyReplicas: 0}
+	counts := map[string]uint64{HealthHealthy: 0, HealthUnderReplicated: 0, HealthOverReplicated: 0, HealthMissing: 0, HealthUnhealthyReplicas: 0, "closing": 0, "open": 0}
 	type under struct {
 		c  *metapb.Container
 		cl Classification
