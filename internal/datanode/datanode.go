@@ -513,6 +513,7 @@ func (d *Datanode) heartbeat(full bool) error {
 	}
 	d.mu.Unlock()
 	sent := d.takeAcks(req)
+	d.takeCopyFailures(req)
 	for _, p := range req.Pipelines {
 		if g, err := d.host.Group(p.PipelineId); err == nil {
 			p.IsLeader = g.IsLeader()

@@ -49,6 +49,33 @@ type replicator struct {
 	mu      sync.Mutex
 	active  map[uint64]bool // containers being copied in
 	exports int
+	// failures to report in the next heartbeat (at most
+	// maxCopyFailures; SCM also gives a copy up by its timeout).
+	failures []*metapb.CopyFailure
+}
+
+// maxCopyFailures bounds the copy failures waiting for a heartbeat.
+const maxCopyFailures = 64
+
+func (r *replicator) failed(cid uint64, err error) {
+	msg := err.Error()
+	if len(msg) > 256 {
+		msg = msg[:256]
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.failures) < maxCopyFailures {
+		r.failures = append(r.failures, &metapb.CopyFailure{ContainerId: cid, Message: msg})
+	}
+}
+
+// takeCopyFailures moves the copy failures into a heartbeat. They are not
+// sent again if the heartbeat is lost: SCM's copy timeout covers that.
+func (d *Datanode) takeCopyFailures(req *metapb.HeartbeatRequest) {
+	r := d.replicator()
+	r.mu.Lock()
+	req.CopyFailures, r.failures = r.failures, nil
+	r.mu.Unlock()
 }
 
 func (d *Datanode) replicator() *replicator {
@@ -120,6 +147,9 @@ func (d *Datanode) replicateContainer(cmd *metapb.ReplicateContainerCommand) err
 		rep, src, err := d.copyContainer(ctx, cid, cmd.GetSources())
 		if err != nil {
 			d.log.Warn("replicate container: copy failed", "container", cid, "err", err)
+			if ctx.Err() == nil {
+				r.failed(cid, err)
+			}
 			return
 		}
 		d.log.Info("replicate container: copied and verified", "container", cid, "from", src, "blocks", rep.BlockCount, "bytes", rep.UsedBytes, "took", time.Since(start).Round(time.Millisecond))

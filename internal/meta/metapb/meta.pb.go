@@ -1285,7 +1285,10 @@ type HeartbeatRequest struct {
 	// a delete_acks entry with status DELETE_TX_DONE).
 	DeletedBlockTxs []uint64 `protobuf:"varint,6,rep,packed,name=deleted_block_txs,json=deletedBlockTxs,proto3" json:"deleted_block_txs,omitempty"`
 	// Results of delete-block transactions, at most 4096 per heartbeat.
-	DeleteAcks    []*DeleteTxAck `protobuf:"bytes,7,rep,name=delete_acks,json=deleteAcks,proto3" json:"delete_acks,omitempty"`
+	DeleteAcks []*DeleteTxAck `protobuf:"bytes,7,rep,name=delete_acks,json=deleteAcks,proto3" json:"delete_acks,omitempty"`
+	// Container copies (ReplicateContainer) that failed on every source
+	// since the last heartbeat; SCM schedules them elsewhere at once.
+	CopyFailures  []*CopyFailure `protobuf:"bytes,8,rep,name=copy_failures,json=copyFailures,proto3" json:"copy_failures,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1369,6 +1372,65 @@ func (x *HeartbeatRequest) GetDeleteAcks() []*DeleteTxAck {
 	return nil
 }
 
+func (x *HeartbeatRequest) GetCopyFailures() []*CopyFailure {
+	if x != nil {
+		return x.CopyFailures
+	}
+	return nil
+}
+
+type CopyFailure struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"` // at most 256 bytes are kept
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyFailure) Reset() {
+	*x = CopyFailure{}
+	mi := &file_meta_meta_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyFailure) ProtoMessage() {}
+
+func (x *CopyFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyFailure.ProtoReflect.Descriptor instead.
+func (*CopyFailure) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *CopyFailure) GetContainerId() uint64 {
+	if x != nil {
+		return x.ContainerId
+	}
+	return 0
+}
+
+func (x *CopyFailure) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type DeleteTxAck struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	TxId          uint64                 `protobuf:"varint,1,opt,name=tx_id,json=txId,proto3" json:"tx_id,omitempty"`
@@ -1380,7 +1442,7 @@ type DeleteTxAck struct {
 
 func (x *DeleteTxAck) Reset() {
 	*x = DeleteTxAck{}
-	mi := &file_meta_meta_proto_msgTypes[13]
+	mi := &file_meta_meta_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1392,7 +1454,7 @@ func (x *DeleteTxAck) String() string {
 func (*DeleteTxAck) ProtoMessage() {}
 
 func (x *DeleteTxAck) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[13]
+	mi := &file_meta_meta_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1405,7 +1467,7 @@ func (x *DeleteTxAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTxAck.ProtoReflect.Descriptor instead.
 func (*DeleteTxAck) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{13}
+	return file_meta_meta_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeleteTxAck) GetTxId() uint64 {
@@ -1442,7 +1504,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_meta_meta_proto_msgTypes[14]
+	mi := &file_meta_meta_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +1516,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[14]
+	mi := &file_meta_meta_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +1529,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{14}
+	return file_meta_meta_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HeartbeatResponse) GetCommands() []*DatanodeCommand {
@@ -1508,7 +1570,7 @@ type DatanodeCommand struct {
 
 func (x *DatanodeCommand) Reset() {
 	*x = DatanodeCommand{}
-	mi := &file_meta_meta_proto_msgTypes[15]
+	mi := &file_meta_meta_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +1582,7 @@ func (x *DatanodeCommand) String() string {
 func (*DatanodeCommand) ProtoMessage() {}
 
 func (x *DatanodeCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[15]
+	mi := &file_meta_meta_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +1595,7 @@ func (x *DatanodeCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatanodeCommand.ProtoReflect.Descriptor instead.
 func (*DatanodeCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{15}
+	return file_meta_meta_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DatanodeCommand) GetCommand() isDatanodeCommand_Command {
@@ -1652,7 +1714,7 @@ type ReplicateContainerCommand struct {
 
 func (x *ReplicateContainerCommand) Reset() {
 	*x = ReplicateContainerCommand{}
-	mi := &file_meta_meta_proto_msgTypes[16]
+	mi := &file_meta_meta_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1664,7 +1726,7 @@ func (x *ReplicateContainerCommand) String() string {
 func (*ReplicateContainerCommand) ProtoMessage() {}
 
 func (x *ReplicateContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[16]
+	mi := &file_meta_meta_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1677,7 +1739,7 @@ func (x *ReplicateContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateContainerCommand.ProtoReflect.Descriptor instead.
 func (*ReplicateContainerCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{16}
+	return file_meta_meta_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReplicateContainerCommand) GetContainerId() uint64 {
@@ -1707,7 +1769,7 @@ type DeleteContainerCommand struct {
 
 func (x *DeleteContainerCommand) Reset() {
 	*x = DeleteContainerCommand{}
-	mi := &file_meta_meta_proto_msgTypes[17]
+	mi := &file_meta_meta_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +1781,7 @@ func (x *DeleteContainerCommand) String() string {
 func (*DeleteContainerCommand) ProtoMessage() {}
 
 func (x *DeleteContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[17]
+	mi := &file_meta_meta_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +1794,7 @@ func (x *DeleteContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContainerCommand.ProtoReflect.Descriptor instead.
 func (*DeleteContainerCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{17}
+	return file_meta_meta_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeleteContainerCommand) GetContainerId() uint64 {
@@ -1759,7 +1821,7 @@ type CreatePipelineCommand struct {
 
 func (x *CreatePipelineCommand) Reset() {
 	*x = CreatePipelineCommand{}
-	mi := &file_meta_meta_proto_msgTypes[18]
+	mi := &file_meta_meta_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1771,7 +1833,7 @@ func (x *CreatePipelineCommand) String() string {
 func (*CreatePipelineCommand) ProtoMessage() {}
 
 func (x *CreatePipelineCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[18]
+	mi := &file_meta_meta_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1784,7 +1846,7 @@ func (x *CreatePipelineCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePipelineCommand.ProtoReflect.Descriptor instead.
 func (*CreatePipelineCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{18}
+	return file_meta_meta_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CreatePipelineCommand) GetPipeline() *Pipeline {
@@ -1810,7 +1872,7 @@ type ClosePipelineCommand struct {
 
 func (x *ClosePipelineCommand) Reset() {
 	*x = ClosePipelineCommand{}
-	mi := &file_meta_meta_proto_msgTypes[19]
+	mi := &file_meta_meta_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1822,7 +1884,7 @@ func (x *ClosePipelineCommand) String() string {
 func (*ClosePipelineCommand) ProtoMessage() {}
 
 func (x *ClosePipelineCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[19]
+	mi := &file_meta_meta_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1835,7 +1897,7 @@ func (x *ClosePipelineCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosePipelineCommand.ProtoReflect.Descriptor instead.
 func (*ClosePipelineCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{19}
+	return file_meta_meta_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ClosePipelineCommand) GetPipelineId() uint64 {
@@ -1855,7 +1917,7 @@ type CloseContainerCommand struct {
 
 func (x *CloseContainerCommand) Reset() {
 	*x = CloseContainerCommand{}
-	mi := &file_meta_meta_proto_msgTypes[20]
+	mi := &file_meta_meta_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1867,7 +1929,7 @@ func (x *CloseContainerCommand) String() string {
 func (*CloseContainerCommand) ProtoMessage() {}
 
 func (x *CloseContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[20]
+	mi := &file_meta_meta_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1880,7 +1942,7 @@ func (x *CloseContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseContainerCommand.ProtoReflect.Descriptor instead.
 func (*CloseContainerCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{20}
+	return file_meta_meta_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CloseContainerCommand) GetContainerId() uint64 {
@@ -1908,7 +1970,7 @@ type DeleteBlocksCommand struct {
 
 func (x *DeleteBlocksCommand) Reset() {
 	*x = DeleteBlocksCommand{}
-	mi := &file_meta_meta_proto_msgTypes[21]
+	mi := &file_meta_meta_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1920,7 +1982,7 @@ func (x *DeleteBlocksCommand) String() string {
 func (*DeleteBlocksCommand) ProtoMessage() {}
 
 func (x *DeleteBlocksCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[21]
+	mi := &file_meta_meta_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1933,7 +1995,7 @@ func (x *DeleteBlocksCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksCommand.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{21}
+	return file_meta_meta_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteBlocksCommand) GetTxId() uint64 {
@@ -1974,7 +2036,7 @@ type AllocateBlocksRequest struct {
 
 func (x *AllocateBlocksRequest) Reset() {
 	*x = AllocateBlocksRequest{}
-	mi := &file_meta_meta_proto_msgTypes[22]
+	mi := &file_meta_meta_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1986,7 +2048,7 @@ func (x *AllocateBlocksRequest) String() string {
 func (*AllocateBlocksRequest) ProtoMessage() {}
 
 func (x *AllocateBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[22]
+	mi := &file_meta_meta_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1999,7 +2061,7 @@ func (x *AllocateBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlocksRequest.ProtoReflect.Descriptor instead.
 func (*AllocateBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{22}
+	return file_meta_meta_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AllocateBlocksRequest) GetCount() uint32 {
@@ -2047,7 +2109,7 @@ type AllocateBlocksResponse struct {
 
 func (x *AllocateBlocksResponse) Reset() {
 	*x = AllocateBlocksResponse{}
-	mi := &file_meta_meta_proto_msgTypes[23]
+	mi := &file_meta_meta_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2059,7 +2121,7 @@ func (x *AllocateBlocksResponse) String() string {
 func (*AllocateBlocksResponse) ProtoMessage() {}
 
 func (x *AllocateBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[23]
+	mi := &file_meta_meta_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2072,7 +2134,7 @@ func (x *AllocateBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlocksResponse.ProtoReflect.Descriptor instead.
 func (*AllocateBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{23}
+	return file_meta_meta_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AllocateBlocksResponse) GetBlocks() []*BlockLocation {
@@ -2098,7 +2160,7 @@ type DeleteBlocksRequest struct {
 
 func (x *DeleteBlocksRequest) Reset() {
 	*x = DeleteBlocksRequest{}
-	mi := &file_meta_meta_proto_msgTypes[24]
+	mi := &file_meta_meta_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2110,7 +2172,7 @@ func (x *DeleteBlocksRequest) String() string {
 func (*DeleteBlocksRequest) ProtoMessage() {}
 
 func (x *DeleteBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[24]
+	mi := &file_meta_meta_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2123,7 +2185,7 @@ func (x *DeleteBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{24}
+	return file_meta_meta_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeleteBlocksRequest) GetGroups() []*DeleteBlocksGroup {
@@ -2143,7 +2205,7 @@ type DeleteBlocksGroup struct {
 
 func (x *DeleteBlocksGroup) Reset() {
 	*x = DeleteBlocksGroup{}
-	mi := &file_meta_meta_proto_msgTypes[25]
+	mi := &file_meta_meta_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2155,7 +2217,7 @@ func (x *DeleteBlocksGroup) String() string {
 func (*DeleteBlocksGroup) ProtoMessage() {}
 
 func (x *DeleteBlocksGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[25]
+	mi := &file_meta_meta_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2168,7 +2230,7 @@ func (x *DeleteBlocksGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksGroup.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksGroup) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{25}
+	return file_meta_meta_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DeleteBlocksGroup) GetContainerId() uint64 {
@@ -2193,7 +2255,7 @@ type DeleteBlocksResponse struct {
 
 func (x *DeleteBlocksResponse) Reset() {
 	*x = DeleteBlocksResponse{}
-	mi := &file_meta_meta_proto_msgTypes[26]
+	mi := &file_meta_meta_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2205,7 +2267,7 @@ func (x *DeleteBlocksResponse) String() string {
 func (*DeleteBlocksResponse) ProtoMessage() {}
 
 func (x *DeleteBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[26]
+	mi := &file_meta_meta_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2218,7 +2280,7 @@ func (x *DeleteBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{26}
+	return file_meta_meta_proto_rawDescGZIP(), []int{27}
 }
 
 type ReportCorruptReplicaRequest struct {
@@ -2232,7 +2294,7 @@ type ReportCorruptReplicaRequest struct {
 
 func (x *ReportCorruptReplicaRequest) Reset() {
 	*x = ReportCorruptReplicaRequest{}
-	mi := &file_meta_meta_proto_msgTypes[27]
+	mi := &file_meta_meta_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2244,7 +2306,7 @@ func (x *ReportCorruptReplicaRequest) String() string {
 func (*ReportCorruptReplicaRequest) ProtoMessage() {}
 
 func (x *ReportCorruptReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[27]
+	mi := &file_meta_meta_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2257,7 +2319,7 @@ func (x *ReportCorruptReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportCorruptReplicaRequest.ProtoReflect.Descriptor instead.
 func (*ReportCorruptReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{27}
+	return file_meta_meta_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReportCorruptReplicaRequest) GetBlock() *BlockID {
@@ -2289,7 +2351,7 @@ type ReportCorruptReplicaResponse struct {
 
 func (x *ReportCorruptReplicaResponse) Reset() {
 	*x = ReportCorruptReplicaResponse{}
-	mi := &file_meta_meta_proto_msgTypes[28]
+	mi := &file_meta_meta_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2301,7 +2363,7 @@ func (x *ReportCorruptReplicaResponse) String() string {
 func (*ReportCorruptReplicaResponse) ProtoMessage() {}
 
 func (x *ReportCorruptReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[28]
+	mi := &file_meta_meta_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2314,7 +2376,7 @@ func (x *ReportCorruptReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportCorruptReplicaResponse.ProtoReflect.Descriptor instead.
 func (*ReportCorruptReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{28}
+	return file_meta_meta_proto_rawDescGZIP(), []int{29}
 }
 
 type ListCorruptReplicasRequest struct {
@@ -2325,7 +2387,7 @@ type ListCorruptReplicasRequest struct {
 
 func (x *ListCorruptReplicasRequest) Reset() {
 	*x = ListCorruptReplicasRequest{}
-	mi := &file_meta_meta_proto_msgTypes[29]
+	mi := &file_meta_meta_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2337,7 +2399,7 @@ func (x *ListCorruptReplicasRequest) String() string {
 func (*ListCorruptReplicasRequest) ProtoMessage() {}
 
 func (x *ListCorruptReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[29]
+	mi := &file_meta_meta_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2350,7 +2412,7 @@ func (x *ListCorruptReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCorruptReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ListCorruptReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{29}
+	return file_meta_meta_proto_rawDescGZIP(), []int{30}
 }
 
 type CorruptReplica struct {
@@ -2366,7 +2428,7 @@ type CorruptReplica struct {
 
 func (x *CorruptReplica) Reset() {
 	*x = CorruptReplica{}
-	mi := &file_meta_meta_proto_msgTypes[30]
+	mi := &file_meta_meta_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2378,7 +2440,7 @@ func (x *CorruptReplica) String() string {
 func (*CorruptReplica) ProtoMessage() {}
 
 func (x *CorruptReplica) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[30]
+	mi := &file_meta_meta_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2391,7 +2453,7 @@ func (x *CorruptReplica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CorruptReplica.ProtoReflect.Descriptor instead.
 func (*CorruptReplica) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{30}
+	return file_meta_meta_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CorruptReplica) GetBlock() *BlockID {
@@ -2438,7 +2500,7 @@ type ListCorruptReplicasResponse struct {
 
 func (x *ListCorruptReplicasResponse) Reset() {
 	*x = ListCorruptReplicasResponse{}
-	mi := &file_meta_meta_proto_msgTypes[31]
+	mi := &file_meta_meta_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2450,7 +2512,7 @@ func (x *ListCorruptReplicasResponse) String() string {
 func (*ListCorruptReplicasResponse) ProtoMessage() {}
 
 func (x *ListCorruptReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[31]
+	mi := &file_meta_meta_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2463,7 +2525,7 @@ func (x *ListCorruptReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCorruptReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListCorruptReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{31}
+	return file_meta_meta_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListCorruptReplicasResponse) GetReplicas() []*CorruptReplica {
@@ -2483,7 +2545,7 @@ type GetContainersRequest struct {
 
 func (x *GetContainersRequest) Reset() {
 	*x = GetContainersRequest{}
-	mi := &file_meta_meta_proto_msgTypes[32]
+	mi := &file_meta_meta_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2495,7 +2557,7 @@ func (x *GetContainersRequest) String() string {
 func (*GetContainersRequest) ProtoMessage() {}
 
 func (x *GetContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[32]
+	mi := &file_meta_meta_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2508,7 +2570,7 @@ func (x *GetContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainersRequest.ProtoReflect.Descriptor instead.
 func (*GetContainersRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{32}
+	return file_meta_meta_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetContainersRequest) GetContainerIds() []uint64 {
@@ -2534,7 +2596,7 @@ type GetContainersResponse struct {
 
 func (x *GetContainersResponse) Reset() {
 	*x = GetContainersResponse{}
-	mi := &file_meta_meta_proto_msgTypes[33]
+	mi := &file_meta_meta_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2546,7 +2608,7 @@ func (x *GetContainersResponse) String() string {
 func (*GetContainersResponse) ProtoMessage() {}
 
 func (x *GetContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[33]
+	mi := &file_meta_meta_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2559,7 +2621,7 @@ func (x *GetContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainersResponse.ProtoReflect.Descriptor instead.
 func (*GetContainersResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{33}
+	return file_meta_meta_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetContainersResponse) GetContainers() []*ContainerWithLocation {
@@ -2581,7 +2643,7 @@ type ContainerWithLocation struct {
 
 func (x *ContainerWithLocation) Reset() {
 	*x = ContainerWithLocation{}
-	mi := &file_meta_meta_proto_msgTypes[34]
+	mi := &file_meta_meta_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2593,7 +2655,7 @@ func (x *ContainerWithLocation) String() string {
 func (*ContainerWithLocation) ProtoMessage() {}
 
 func (x *ContainerWithLocation) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[34]
+	mi := &file_meta_meta_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2606,7 +2668,7 @@ func (x *ContainerWithLocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerWithLocation.ProtoReflect.Descriptor instead.
 func (*ContainerWithLocation) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{34}
+	return file_meta_meta_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ContainerWithLocation) GetContainer() *Container {
@@ -2631,7 +2693,7 @@ type ListDatanodesRequest struct {
 
 func (x *ListDatanodesRequest) Reset() {
 	*x = ListDatanodesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[35]
+	mi := &file_meta_meta_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2643,7 +2705,7 @@ func (x *ListDatanodesRequest) String() string {
 func (*ListDatanodesRequest) ProtoMessage() {}
 
 func (x *ListDatanodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[35]
+	mi := &file_meta_meta_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2656,7 +2718,7 @@ func (x *ListDatanodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDatanodesRequest.ProtoReflect.Descriptor instead.
 func (*ListDatanodesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{35}
+	return file_meta_meta_proto_rawDescGZIP(), []int{36}
 }
 
 type DatanodeStatus struct {
@@ -2672,7 +2734,7 @@ type DatanodeStatus struct {
 
 func (x *DatanodeStatus) Reset() {
 	*x = DatanodeStatus{}
-	mi := &file_meta_meta_proto_msgTypes[36]
+	mi := &file_meta_meta_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2684,7 +2746,7 @@ func (x *DatanodeStatus) String() string {
 func (*DatanodeStatus) ProtoMessage() {}
 
 func (x *DatanodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[36]
+	mi := &file_meta_meta_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2697,7 +2759,7 @@ func (x *DatanodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatanodeStatus.ProtoReflect.Descriptor instead.
 func (*DatanodeStatus) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{36}
+	return file_meta_meta_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DatanodeStatus) GetDetails() *DatanodeDetails {
@@ -2744,7 +2806,7 @@ type ListDatanodesResponse struct {
 
 func (x *ListDatanodesResponse) Reset() {
 	*x = ListDatanodesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[37]
+	mi := &file_meta_meta_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2756,7 +2818,7 @@ func (x *ListDatanodesResponse) String() string {
 func (*ListDatanodesResponse) ProtoMessage() {}
 
 func (x *ListDatanodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[37]
+	mi := &file_meta_meta_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2769,7 +2831,7 @@ func (x *ListDatanodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDatanodesResponse.ProtoReflect.Descriptor instead.
 func (*ListDatanodesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{37}
+	return file_meta_meta_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListDatanodesResponse) GetDatanodes() []*DatanodeStatus {
@@ -2787,7 +2849,7 @@ type ListPipelinesRequest struct {
 
 func (x *ListPipelinesRequest) Reset() {
 	*x = ListPipelinesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[38]
+	mi := &file_meta_meta_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2799,7 +2861,7 @@ func (x *ListPipelinesRequest) String() string {
 func (*ListPipelinesRequest) ProtoMessage() {}
 
 func (x *ListPipelinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[38]
+	mi := &file_meta_meta_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2812,7 +2874,7 @@ func (x *ListPipelinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPipelinesRequest.ProtoReflect.Descriptor instead.
 func (*ListPipelinesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{38}
+	return file_meta_meta_proto_rawDescGZIP(), []int{39}
 }
 
 type ListPipelinesResponse struct {
@@ -2824,7 +2886,7 @@ type ListPipelinesResponse struct {
 
 func (x *ListPipelinesResponse) Reset() {
 	*x = ListPipelinesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[39]
+	mi := &file_meta_meta_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +2898,7 @@ func (x *ListPipelinesResponse) String() string {
 func (*ListPipelinesResponse) ProtoMessage() {}
 
 func (x *ListPipelinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[39]
+	mi := &file_meta_meta_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2849,7 +2911,7 @@ func (x *ListPipelinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPipelinesResponse.ProtoReflect.Descriptor instead.
 func (*ListPipelinesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{39}
+	return file_meta_meta_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListPipelinesResponse) GetPipelines() []*Pipeline {
@@ -2869,7 +2931,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_meta_meta_proto_msgTypes[40]
+	mi := &file_meta_meta_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2881,7 +2943,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[40]
+	mi := &file_meta_meta_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2894,7 +2956,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{40}
+	return file_meta_meta_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListContainersRequest) GetStartAfter() uint64 {
@@ -2921,7 +2983,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_meta_meta_proto_msgTypes[41]
+	mi := &file_meta_meta_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2933,7 +2995,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[41]
+	mi := &file_meta_meta_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2946,7 +3008,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{41}
+	return file_meta_meta_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListContainersResponse) GetContainers() []*Container {
@@ -2971,7 +3033,7 @@ type GetSafeModeRequest struct {
 
 func (x *GetSafeModeRequest) Reset() {
 	*x = GetSafeModeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[42]
+	mi := &file_meta_meta_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2983,7 +3045,7 @@ func (x *GetSafeModeRequest) String() string {
 func (*GetSafeModeRequest) ProtoMessage() {}
 
 func (x *GetSafeModeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[42]
+	mi := &file_meta_meta_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2996,7 +3058,7 @@ func (x *GetSafeModeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSafeModeRequest.ProtoReflect.Descriptor instead.
 func (*GetSafeModeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{42}
+	return file_meta_meta_proto_rawDescGZIP(), []int{43}
 }
 
 type GetContainerHealthRequest struct {
@@ -3008,7 +3070,7 @@ type GetContainerHealthRequest struct {
 
 func (x *GetContainerHealthRequest) Reset() {
 	*x = GetContainerHealthRequest{}
-	mi := &file_meta_meta_proto_msgTypes[43]
+	mi := &file_meta_meta_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3020,7 +3082,7 @@ func (x *GetContainerHealthRequest) String() string {
 func (*GetContainerHealthRequest) ProtoMessage() {}
 
 func (x *GetContainerHealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[43]
+	mi := &file_meta_meta_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3033,7 +3095,7 @@ func (x *GetContainerHealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainerHealthRequest.ProtoReflect.Descriptor instead.
 func (*GetContainerHealthRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{43}
+	return file_meta_meta_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetContainerHealthRequest) GetWorst() uint32 {
@@ -3062,7 +3124,7 @@ type ContainerHealth struct {
 
 func (x *ContainerHealth) Reset() {
 	*x = ContainerHealth{}
-	mi := &file_meta_meta_proto_msgTypes[44]
+	mi := &file_meta_meta_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3074,7 +3136,7 @@ func (x *ContainerHealth) String() string {
 func (*ContainerHealth) ProtoMessage() {}
 
 func (x *ContainerHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[44]
+	mi := &file_meta_meta_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3087,7 +3149,7 @@ func (x *ContainerHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerHealth.ProtoReflect.Descriptor instead.
 func (*ContainerHealth) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{44}
+	return file_meta_meta_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ContainerHealth) GetContainerId() uint64 {
@@ -3165,7 +3227,7 @@ type ReplicationCopy struct {
 
 func (x *ReplicationCopy) Reset() {
 	*x = ReplicationCopy{}
-	mi := &file_meta_meta_proto_msgTypes[45]
+	mi := &file_meta_meta_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3177,7 +3239,7 @@ func (x *ReplicationCopy) String() string {
 func (*ReplicationCopy) ProtoMessage() {}
 
 func (x *ReplicationCopy) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[45]
+	mi := &file_meta_meta_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3190,7 +3252,7 @@ func (x *ReplicationCopy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicationCopy.ProtoReflect.Descriptor instead.
 func (*ReplicationCopy) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{45}
+	return file_meta_meta_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ReplicationCopy) GetContainerId() uint64 {
@@ -3238,7 +3300,7 @@ type GetContainerHealthResponse struct {
 
 func (x *GetContainerHealthResponse) Reset() {
 	*x = GetContainerHealthResponse{}
-	mi := &file_meta_meta_proto_msgTypes[46]
+	mi := &file_meta_meta_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3250,7 +3312,7 @@ func (x *GetContainerHealthResponse) String() string {
 func (*GetContainerHealthResponse) ProtoMessage() {}
 
 func (x *GetContainerHealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[46]
+	mi := &file_meta_meta_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3263,7 +3325,7 @@ func (x *GetContainerHealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainerHealthResponse.ProtoReflect.Descriptor instead.
 func (*GetContainerHealthResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{46}
+	return file_meta_meta_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetContainerHealthResponse) GetCounts() map[string]uint64 {
@@ -3319,7 +3381,7 @@ type GetSafeModeResponse struct {
 
 func (x *GetSafeModeResponse) Reset() {
 	*x = GetSafeModeResponse{}
-	mi := &file_meta_meta_proto_msgTypes[47]
+	mi := &file_meta_meta_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3331,7 +3393,7 @@ func (x *GetSafeModeResponse) String() string {
 func (*GetSafeModeResponse) ProtoMessage() {}
 
 func (x *GetSafeModeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[47]
+	mi := &file_meta_meta_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3344,7 +3406,7 @@ func (x *GetSafeModeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSafeModeResponse.ProtoReflect.Descriptor instead.
 func (*GetSafeModeResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{47}
+	return file_meta_meta_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetSafeModeResponse) GetInSafeMode() bool {
@@ -3379,7 +3441,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_meta_meta_proto_msgTypes[48]
+	mi := &file_meta_meta_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3391,7 +3453,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[48]
+	mi := &file_meta_meta_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3404,7 +3466,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{48}
+	return file_meta_meta_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Volume) GetName() string {
@@ -3438,7 +3500,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[49]
+	mi := &file_meta_meta_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3450,7 +3512,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[49]
+	mi := &file_meta_meta_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3463,7 +3525,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{49}
+	return file_meta_meta_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -3489,7 +3551,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[50]
+	mi := &file_meta_meta_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3501,7 +3563,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[50]
+	mi := &file_meta_meta_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3514,7 +3576,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{50}
+	return file_meta_meta_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *GetVolumeRequest) GetName() string {
@@ -3535,7 +3597,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[51]
+	mi := &file_meta_meta_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3547,7 +3609,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[51]
+	mi := &file_meta_meta_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3560,7 +3622,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{51}
+	return file_meta_meta_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListVolumesRequest) GetPrefix() string {
@@ -3594,7 +3656,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[52]
+	mi := &file_meta_meta_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3606,7 +3668,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[52]
+	mi := &file_meta_meta_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3619,7 +3681,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{52}
+	return file_meta_meta_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -3645,7 +3707,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[53]
+	mi := &file_meta_meta_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3657,7 +3719,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[53]
+	mi := &file_meta_meta_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3670,7 +3732,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{53}
+	return file_meta_meta_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *DeleteVolumeRequest) GetName() string {
@@ -3688,7 +3750,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_meta_meta_proto_msgTypes[54]
+	mi := &file_meta_meta_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3700,7 +3762,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[54]
+	mi := &file_meta_meta_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3713,7 +3775,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{54}
+	return file_meta_meta_proto_rawDescGZIP(), []int{55}
 }
 
 type Bucket struct {
@@ -3730,7 +3792,7 @@ type Bucket struct {
 
 func (x *Bucket) Reset() {
 	*x = Bucket{}
-	mi := &file_meta_meta_proto_msgTypes[55]
+	mi := &file_meta_meta_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3742,7 +3804,7 @@ func (x *Bucket) String() string {
 func (*Bucket) ProtoMessage() {}
 
 func (x *Bucket) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[55]
+	mi := &file_meta_meta_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3755,7 +3817,7 @@ func (x *Bucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bucket.ProtoReflect.Descriptor instead.
 func (*Bucket) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{55}
+	return file_meta_meta_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *Bucket) GetVolume() string {
@@ -3812,7 +3874,7 @@ type CreateBucketRequest struct {
 
 func (x *CreateBucketRequest) Reset() {
 	*x = CreateBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[56]
+	mi := &file_meta_meta_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3824,7 +3886,7 @@ func (x *CreateBucketRequest) String() string {
 func (*CreateBucketRequest) ProtoMessage() {}
 
 func (x *CreateBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[56]
+	mi := &file_meta_meta_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3837,7 +3899,7 @@ func (x *CreateBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBucketRequest.ProtoReflect.Descriptor instead.
 func (*CreateBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{56}
+	return file_meta_meta_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CreateBucketRequest) GetVolume() string {
@@ -3878,7 +3940,7 @@ type GetBucketRequest struct {
 
 func (x *GetBucketRequest) Reset() {
 	*x = GetBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[57]
+	mi := &file_meta_meta_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3890,7 +3952,7 @@ func (x *GetBucketRequest) String() string {
 func (*GetBucketRequest) ProtoMessage() {}
 
 func (x *GetBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[57]
+	mi := &file_meta_meta_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3903,7 +3965,7 @@ func (x *GetBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBucketRequest.ProtoReflect.Descriptor instead.
 func (*GetBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{57}
+	return file_meta_meta_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *GetBucketRequest) GetVolume() string {
@@ -3932,7 +3994,7 @@ type ListBucketsRequest struct {
 
 func (x *ListBucketsRequest) Reset() {
 	*x = ListBucketsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[58]
+	mi := &file_meta_meta_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3944,7 +4006,7 @@ func (x *ListBucketsRequest) String() string {
 func (*ListBucketsRequest) ProtoMessage() {}
 
 func (x *ListBucketsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[58]
+	mi := &file_meta_meta_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3957,7 +4019,7 @@ func (x *ListBucketsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBucketsRequest.ProtoReflect.Descriptor instead.
 func (*ListBucketsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{58}
+	return file_meta_meta_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListBucketsRequest) GetVolume() string {
@@ -3998,7 +4060,7 @@ type ListBucketsResponse struct {
 
 func (x *ListBucketsResponse) Reset() {
 	*x = ListBucketsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[59]
+	mi := &file_meta_meta_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4010,7 +4072,7 @@ func (x *ListBucketsResponse) String() string {
 func (*ListBucketsResponse) ProtoMessage() {}
 
 func (x *ListBucketsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[59]
+	mi := &file_meta_meta_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4023,7 +4085,7 @@ func (x *ListBucketsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBucketsResponse.ProtoReflect.Descriptor instead.
 func (*ListBucketsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{59}
+	return file_meta_meta_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListBucketsResponse) GetBuckets() []*Bucket {
@@ -4050,7 +4112,7 @@ type DeleteBucketRequest struct {
 
 func (x *DeleteBucketRequest) Reset() {
 	*x = DeleteBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[60]
+	mi := &file_meta_meta_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4062,7 +4124,7 @@ func (x *DeleteBucketRequest) String() string {
 func (*DeleteBucketRequest) ProtoMessage() {}
 
 func (x *DeleteBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[60]
+	mi := &file_meta_meta_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4075,7 +4137,7 @@ func (x *DeleteBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBucketRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{60}
+	return file_meta_meta_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *DeleteBucketRequest) GetVolume() string {
@@ -4100,7 +4162,7 @@ type DeleteBucketResponse struct {
 
 func (x *DeleteBucketResponse) Reset() {
 	*x = DeleteBucketResponse{}
-	mi := &file_meta_meta_proto_msgTypes[61]
+	mi := &file_meta_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4112,7 +4174,7 @@ func (x *DeleteBucketResponse) String() string {
 func (*DeleteBucketResponse) ProtoMessage() {}
 
 func (x *DeleteBucketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[61]
+	mi := &file_meta_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4125,7 +4187,7 @@ func (x *DeleteBucketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBucketResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBucketResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{61}
+	return file_meta_meta_proto_rawDescGZIP(), []int{62}
 }
 
 // KeyBlock is a block as stored in a key.
@@ -4139,7 +4201,7 @@ type KeyBlock struct {
 
 func (x *KeyBlock) Reset() {
 	*x = KeyBlock{}
-	mi := &file_meta_meta_proto_msgTypes[62]
+	mi := &file_meta_meta_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4151,7 +4213,7 @@ func (x *KeyBlock) String() string {
 func (*KeyBlock) ProtoMessage() {}
 
 func (x *KeyBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[62]
+	mi := &file_meta_meta_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4164,7 +4226,7 @@ func (x *KeyBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyBlock.ProtoReflect.Descriptor instead.
 func (*KeyBlock) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{62}
+	return file_meta_meta_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *KeyBlock) GetId() *BlockID {
@@ -4204,7 +4266,7 @@ type KeyInfo struct {
 
 func (x *KeyInfo) Reset() {
 	*x = KeyInfo{}
-	mi := &file_meta_meta_proto_msgTypes[63]
+	mi := &file_meta_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4216,7 +4278,7 @@ func (x *KeyInfo) String() string {
 func (*KeyInfo) ProtoMessage() {}
 
 func (x *KeyInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[63]
+	mi := &file_meta_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4229,7 +4291,7 @@ func (x *KeyInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyInfo.ProtoReflect.Descriptor instead.
 func (*KeyInfo) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{63}
+	return file_meta_meta_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *KeyInfo) GetVolume() string {
@@ -4347,7 +4409,7 @@ type ObjectMeta struct {
 
 func (x *ObjectMeta) Reset() {
 	*x = ObjectMeta{}
-	mi := &file_meta_meta_proto_msgTypes[64]
+	mi := &file_meta_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4359,7 +4421,7 @@ func (x *ObjectMeta) String() string {
 func (*ObjectMeta) ProtoMessage() {}
 
 func (x *ObjectMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[64]
+	mi := &file_meta_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4372,7 +4434,7 @@ func (x *ObjectMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectMeta.ProtoReflect.Descriptor instead.
 func (*ObjectMeta) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{64}
+	return file_meta_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ObjectMeta) GetEtag() string {
@@ -4469,7 +4531,7 @@ type OpenKeyRequest struct {
 
 func (x *OpenKeyRequest) Reset() {
 	*x = OpenKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[65]
+	mi := &file_meta_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4481,7 +4543,7 @@ func (x *OpenKeyRequest) String() string {
 func (*OpenKeyRequest) ProtoMessage() {}
 
 func (x *OpenKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[65]
+	mi := &file_meta_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4494,7 +4556,7 @@ func (x *OpenKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyRequest.ProtoReflect.Descriptor instead.
 func (*OpenKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{65}
+	return file_meta_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *OpenKeyRequest) GetVolume() string {
@@ -4571,7 +4633,7 @@ type OpenKeyResponse struct {
 
 func (x *OpenKeyResponse) Reset() {
 	*x = OpenKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[66]
+	mi := &file_meta_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4583,7 +4645,7 @@ func (x *OpenKeyResponse) String() string {
 func (*OpenKeyResponse) ProtoMessage() {}
 
 func (x *OpenKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[66]
+	mi := &file_meta_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4596,7 +4658,7 @@ func (x *OpenKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyResponse.ProtoReflect.Descriptor instead.
 func (*OpenKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{66}
+	return file_meta_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *OpenKeyResponse) GetOpenId() uint64 {
@@ -4631,7 +4693,7 @@ type AllocateBlockRequest struct {
 
 func (x *AllocateBlockRequest) Reset() {
 	*x = AllocateBlockRequest{}
-	mi := &file_meta_meta_proto_msgTypes[67]
+	mi := &file_meta_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4643,7 +4705,7 @@ func (x *AllocateBlockRequest) String() string {
 func (*AllocateBlockRequest) ProtoMessage() {}
 
 func (x *AllocateBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[67]
+	mi := &file_meta_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4656,7 +4718,7 @@ func (x *AllocateBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlockRequest.ProtoReflect.Descriptor instead.
 func (*AllocateBlockRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{67}
+	return file_meta_meta_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *AllocateBlockRequest) GetOpenId() uint64 {
@@ -4689,7 +4751,7 @@ type AllocateBlockResponse struct {
 
 func (x *AllocateBlockResponse) Reset() {
 	*x = AllocateBlockResponse{}
-	mi := &file_meta_meta_proto_msgTypes[68]
+	mi := &file_meta_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4701,7 +4763,7 @@ func (x *AllocateBlockResponse) String() string {
 func (*AllocateBlockResponse) ProtoMessage() {}
 
 func (x *AllocateBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[68]
+	mi := &file_meta_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4714,7 +4776,7 @@ func (x *AllocateBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlockResponse.ProtoReflect.Descriptor instead.
 func (*AllocateBlockResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{68}
+	return file_meta_meta_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *AllocateBlockResponse) GetBlock() *BlockLocation {
@@ -4743,7 +4805,7 @@ type CommitKeyRequest struct {
 
 func (x *CommitKeyRequest) Reset() {
 	*x = CommitKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[69]
+	mi := &file_meta_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4755,7 +4817,7 @@ func (x *CommitKeyRequest) String() string {
 func (*CommitKeyRequest) ProtoMessage() {}
 
 func (x *CommitKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[69]
+	mi := &file_meta_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4768,7 +4830,7 @@ func (x *CommitKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitKeyRequest.ProtoReflect.Descriptor instead.
 func (*CommitKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{69}
+	return file_meta_meta_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *CommitKeyRequest) GetOpenId() uint64 {
@@ -4810,7 +4872,7 @@ type PartRef struct {
 
 func (x *PartRef) Reset() {
 	*x = PartRef{}
-	mi := &file_meta_meta_proto_msgTypes[70]
+	mi := &file_meta_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4822,7 +4884,7 @@ func (x *PartRef) String() string {
 func (*PartRef) ProtoMessage() {}
 
 func (x *PartRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[70]
+	mi := &file_meta_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4835,7 +4897,7 @@ func (x *PartRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartRef.ProtoReflect.Descriptor instead.
 func (*PartRef) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{70}
+	return file_meta_meta_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *PartRef) GetUploadId() string {
@@ -4872,7 +4934,7 @@ type LookupKeyRequest struct {
 
 func (x *LookupKeyRequest) Reset() {
 	*x = LookupKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[71]
+	mi := &file_meta_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4884,7 +4946,7 @@ func (x *LookupKeyRequest) String() string {
 func (*LookupKeyRequest) ProtoMessage() {}
 
 func (x *LookupKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[71]
+	mi := &file_meta_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4897,7 +4959,7 @@ func (x *LookupKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupKeyRequest.ProtoReflect.Descriptor instead.
 func (*LookupKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{71}
+	return file_meta_meta_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *LookupKeyRequest) GetVolume() string {
@@ -4951,7 +5013,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_meta_meta_proto_msgTypes[72]
+	mi := &file_meta_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4963,7 +5025,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[72]
+	mi := &file_meta_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4976,7 +5038,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{72}
+	return file_meta_meta_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ListKeysRequest) GetVolume() string {
@@ -5033,7 +5095,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_meta_meta_proto_msgTypes[73]
+	mi := &file_meta_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5045,7 +5107,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[73]
+	mi := &file_meta_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5058,7 +5120,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{73}
+	return file_meta_meta_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeyInfo {
@@ -5101,7 +5163,7 @@ type RenameKeyRequest struct {
 
 func (x *RenameKeyRequest) Reset() {
 	*x = RenameKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[74]
+	mi := &file_meta_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5113,7 +5175,7 @@ func (x *RenameKeyRequest) String() string {
 func (*RenameKeyRequest) ProtoMessage() {}
 
 func (x *RenameKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[74]
+	mi := &file_meta_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5126,7 +5188,7 @@ func (x *RenameKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameKeyRequest.ProtoReflect.Descriptor instead.
 func (*RenameKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{74}
+	return file_meta_meta_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *RenameKeyRequest) GetVolume() string {
@@ -5165,7 +5227,7 @@ type RenameKeyResponse struct {
 
 func (x *RenameKeyResponse) Reset() {
 	*x = RenameKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[75]
+	mi := &file_meta_meta_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5177,7 +5239,7 @@ func (x *RenameKeyResponse) String() string {
 func (*RenameKeyResponse) ProtoMessage() {}
 
 func (x *RenameKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[75]
+	mi := &file_meta_meta_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5190,7 +5252,7 @@ func (x *RenameKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameKeyResponse.ProtoReflect.Descriptor instead.
 func (*RenameKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{75}
+	return file_meta_meta_proto_rawDescGZIP(), []int{76}
 }
 
 type DeleteKeyRequest struct {
@@ -5206,7 +5268,7 @@ type DeleteKeyRequest struct {
 
 func (x *DeleteKeyRequest) Reset() {
 	*x = DeleteKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[76]
+	mi := &file_meta_meta_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5218,7 +5280,7 @@ func (x *DeleteKeyRequest) String() string {
 func (*DeleteKeyRequest) ProtoMessage() {}
 
 func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[76]
+	mi := &file_meta_meta_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5231,7 +5293,7 @@ func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{76}
+	return file_meta_meta_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *DeleteKeyRequest) GetVolume() string {
@@ -5270,7 +5332,7 @@ type DeleteKeyResponse struct {
 
 func (x *DeleteKeyResponse) Reset() {
 	*x = DeleteKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[77]
+	mi := &file_meta_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5282,7 +5344,7 @@ func (x *DeleteKeyResponse) String() string {
 func (*DeleteKeyResponse) ProtoMessage() {}
 
 func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[77]
+	mi := &file_meta_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5295,7 +5357,7 @@ func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{77}
+	return file_meta_meta_proto_rawDescGZIP(), []int{78}
 }
 
 type FileStatus struct {
@@ -5311,7 +5373,7 @@ type FileStatus struct {
 
 func (x *FileStatus) Reset() {
 	*x = FileStatus{}
-	mi := &file_meta_meta_proto_msgTypes[78]
+	mi := &file_meta_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5323,7 +5385,7 @@ func (x *FileStatus) String() string {
 func (*FileStatus) ProtoMessage() {}
 
 func (x *FileStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[78]
+	mi := &file_meta_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5336,7 +5398,7 @@ func (x *FileStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileStatus.ProtoReflect.Descriptor instead.
 func (*FileStatus) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{78}
+	return file_meta_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *FileStatus) GetPath() string {
@@ -5385,7 +5447,7 @@ type CreateDirectoryRequest struct {
 
 func (x *CreateDirectoryRequest) Reset() {
 	*x = CreateDirectoryRequest{}
-	mi := &file_meta_meta_proto_msgTypes[79]
+	mi := &file_meta_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5397,7 +5459,7 @@ func (x *CreateDirectoryRequest) String() string {
 func (*CreateDirectoryRequest) ProtoMessage() {}
 
 func (x *CreateDirectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[79]
+	mi := &file_meta_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5410,7 +5472,7 @@ func (x *CreateDirectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateDirectoryRequest.ProtoReflect.Descriptor instead.
 func (*CreateDirectoryRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{79}
+	return file_meta_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *CreateDirectoryRequest) GetVolume() string {
@@ -5445,7 +5507,7 @@ type GetFileStatusRequest struct {
 
 func (x *GetFileStatusRequest) Reset() {
 	*x = GetFileStatusRequest{}
-	mi := &file_meta_meta_proto_msgTypes[80]
+	mi := &file_meta_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5457,7 +5519,7 @@ func (x *GetFileStatusRequest) String() string {
 func (*GetFileStatusRequest) ProtoMessage() {}
 
 func (x *GetFileStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[80]
+	mi := &file_meta_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5470,7 +5532,7 @@ func (x *GetFileStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetFileStatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{80}
+	return file_meta_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *GetFileStatusRequest) GetVolume() string {
@@ -5507,7 +5569,7 @@ type ListStatusRequest struct {
 
 func (x *ListStatusRequest) Reset() {
 	*x = ListStatusRequest{}
-	mi := &file_meta_meta_proto_msgTypes[81]
+	mi := &file_meta_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5519,7 +5581,7 @@ func (x *ListStatusRequest) String() string {
 func (*ListStatusRequest) ProtoMessage() {}
 
 func (x *ListStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[81]
+	mi := &file_meta_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5532,7 +5594,7 @@ func (x *ListStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStatusRequest.ProtoReflect.Descriptor instead.
 func (*ListStatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{81}
+	return file_meta_meta_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ListStatusRequest) GetVolume() string {
@@ -5580,7 +5642,7 @@ type ListStatusResponse struct {
 
 func (x *ListStatusResponse) Reset() {
 	*x = ListStatusResponse{}
-	mi := &file_meta_meta_proto_msgTypes[82]
+	mi := &file_meta_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5592,7 +5654,7 @@ func (x *ListStatusResponse) String() string {
 func (*ListStatusResponse) ProtoMessage() {}
 
 func (x *ListStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[82]
+	mi := &file_meta_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5605,7 +5667,7 @@ func (x *ListStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStatusResponse.ProtoReflect.Descriptor instead.
 func (*ListStatusResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{82}
+	return file_meta_meta_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListStatusResponse) GetEntries() []*FileStatus {
@@ -5636,7 +5698,7 @@ type SetKeyMetaRequest struct {
 
 func (x *SetKeyMetaRequest) Reset() {
 	*x = SetKeyMetaRequest{}
-	mi := &file_meta_meta_proto_msgTypes[83]
+	mi := &file_meta_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5648,7 +5710,7 @@ func (x *SetKeyMetaRequest) String() string {
 func (*SetKeyMetaRequest) ProtoMessage() {}
 
 func (x *SetKeyMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[83]
+	mi := &file_meta_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5661,7 +5723,7 @@ func (x *SetKeyMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetKeyMetaRequest.ProtoReflect.Descriptor instead.
 func (*SetKeyMetaRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{83}
+	return file_meta_meta_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *SetKeyMetaRequest) GetVolume() string {
@@ -5744,7 +5806,7 @@ type CopyKeyRequest struct {
 
 func (x *CopyKeyRequest) Reset() {
 	*x = CopyKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[84]
+	mi := &file_meta_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5756,7 +5818,7 @@ func (x *CopyKeyRequest) String() string {
 func (*CopyKeyRequest) ProtoMessage() {}
 
 func (x *CopyKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[84]
+	mi := &file_meta_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5769,7 +5831,7 @@ func (x *CopyKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyKeyRequest.ProtoReflect.Descriptor instead.
 func (*CopyKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{84}
+	return file_meta_meta_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *CopyKeyRequest) GetVolume() string {
@@ -5864,7 +5926,7 @@ type MultipartUpload struct {
 
 func (x *MultipartUpload) Reset() {
 	*x = MultipartUpload{}
-	mi := &file_meta_meta_proto_msgTypes[85]
+	mi := &file_meta_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5876,7 +5938,7 @@ func (x *MultipartUpload) String() string {
 func (*MultipartUpload) ProtoMessage() {}
 
 func (x *MultipartUpload) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[85]
+	mi := &file_meta_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5889,7 +5951,7 @@ func (x *MultipartUpload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MultipartUpload.ProtoReflect.Descriptor instead.
 func (*MultipartUpload) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{85}
+	return file_meta_meta_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *MultipartUpload) GetVolume() string {
@@ -5954,7 +6016,7 @@ type CreateMultipartUploadRequest struct {
 
 func (x *CreateMultipartUploadRequest) Reset() {
 	*x = CreateMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[86]
+	mi := &file_meta_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5966,7 +6028,7 @@ func (x *CreateMultipartUploadRequest) String() string {
 func (*CreateMultipartUploadRequest) ProtoMessage() {}
 
 func (x *CreateMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[86]
+	mi := &file_meta_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5979,7 +6041,7 @@ func (x *CreateMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*CreateMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{86}
+	return file_meta_meta_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *CreateMultipartUploadRequest) GetVolume() string {
@@ -6027,7 +6089,7 @@ type CompletedPart struct {
 
 func (x *CompletedPart) Reset() {
 	*x = CompletedPart{}
-	mi := &file_meta_meta_proto_msgTypes[87]
+	mi := &file_meta_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6039,7 +6101,7 @@ func (x *CompletedPart) String() string {
 func (*CompletedPart) ProtoMessage() {}
 
 func (x *CompletedPart) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[87]
+	mi := &file_meta_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6052,7 +6114,7 @@ func (x *CompletedPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletedPart.ProtoReflect.Descriptor instead.
 func (*CompletedPart) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{87}
+	return file_meta_meta_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *CompletedPart) GetPartNumber() uint32 {
@@ -6085,7 +6147,7 @@ type CompleteMultipartUploadRequest struct {
 
 func (x *CompleteMultipartUploadRequest) Reset() {
 	*x = CompleteMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[88]
+	mi := &file_meta_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6097,7 +6159,7 @@ func (x *CompleteMultipartUploadRequest) String() string {
 func (*CompleteMultipartUploadRequest) ProtoMessage() {}
 
 func (x *CompleteMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[88]
+	mi := &file_meta_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6110,7 +6172,7 @@ func (x *CompleteMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*CompleteMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{88}
+	return file_meta_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *CompleteMultipartUploadRequest) GetVolume() string {
@@ -6167,7 +6229,7 @@ type AbortMultipartUploadRequest struct {
 
 func (x *AbortMultipartUploadRequest) Reset() {
 	*x = AbortMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[89]
+	mi := &file_meta_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6179,7 +6241,7 @@ func (x *AbortMultipartUploadRequest) String() string {
 func (*AbortMultipartUploadRequest) ProtoMessage() {}
 
 func (x *AbortMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[89]
+	mi := &file_meta_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6192,7 +6254,7 @@ func (x *AbortMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*AbortMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{89}
+	return file_meta_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *AbortMultipartUploadRequest) GetVolume() string {
@@ -6231,7 +6293,7 @@ type AbortMultipartUploadResponse struct {
 
 func (x *AbortMultipartUploadResponse) Reset() {
 	*x = AbortMultipartUploadResponse{}
-	mi := &file_meta_meta_proto_msgTypes[90]
+	mi := &file_meta_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6243,7 +6305,7 @@ func (x *AbortMultipartUploadResponse) String() string {
 func (*AbortMultipartUploadResponse) ProtoMessage() {}
 
 func (x *AbortMultipartUploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[90]
+	mi := &file_meta_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6256,7 +6318,7 @@ func (x *AbortMultipartUploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMultipartUploadResponse.ProtoReflect.Descriptor instead.
 func (*AbortMultipartUploadResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{90}
+	return file_meta_meta_proto_rawDescGZIP(), []int{91}
 }
 
 type PartInfo struct {
@@ -6274,7 +6336,7 @@ type PartInfo struct {
 
 func (x *PartInfo) Reset() {
 	*x = PartInfo{}
-	mi := &file_meta_meta_proto_msgTypes[91]
+	mi := &file_meta_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6286,7 +6348,7 @@ func (x *PartInfo) String() string {
 func (*PartInfo) ProtoMessage() {}
 
 func (x *PartInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[91]
+	mi := &file_meta_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6299,7 +6361,7 @@ func (x *PartInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartInfo.ProtoReflect.Descriptor instead.
 func (*PartInfo) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{91}
+	return file_meta_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *PartInfo) GetPartNumber() uint32 {
@@ -6365,7 +6427,7 @@ type ListPartsRequest struct {
 
 func (x *ListPartsRequest) Reset() {
 	*x = ListPartsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[92]
+	mi := &file_meta_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6377,7 +6439,7 @@ func (x *ListPartsRequest) String() string {
 func (*ListPartsRequest) ProtoMessage() {}
 
 func (x *ListPartsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[92]
+	mi := &file_meta_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6390,7 +6452,7 @@ func (x *ListPartsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartsRequest.ProtoReflect.Descriptor instead.
 func (*ListPartsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{92}
+	return file_meta_meta_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *ListPartsRequest) GetVolume() string {
@@ -6446,7 +6508,7 @@ type ListPartsResponse struct {
 
 func (x *ListPartsResponse) Reset() {
 	*x = ListPartsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[93]
+	mi := &file_meta_meta_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6458,7 +6520,7 @@ func (x *ListPartsResponse) String() string {
 func (*ListPartsResponse) ProtoMessage() {}
 
 func (x *ListPartsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[93]
+	mi := &file_meta_meta_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6471,7 +6533,7 @@ func (x *ListPartsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartsResponse.ProtoReflect.Descriptor instead.
 func (*ListPartsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{93}
+	return file_meta_meta_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *ListPartsResponse) GetUpload() *MultipartUpload {
@@ -6511,7 +6573,7 @@ type ListMultipartUploadsRequest struct {
 
 func (x *ListMultipartUploadsRequest) Reset() {
 	*x = ListMultipartUploadsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[94]
+	mi := &file_meta_meta_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6523,7 +6585,7 @@ func (x *ListMultipartUploadsRequest) String() string {
 func (*ListMultipartUploadsRequest) ProtoMessage() {}
 
 func (x *ListMultipartUploadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[94]
+	mi := &file_meta_meta_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6536,7 +6598,7 @@ func (x *ListMultipartUploadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMultipartUploadsRequest.ProtoReflect.Descriptor instead.
 func (*ListMultipartUploadsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{94}
+	return file_meta_meta_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ListMultipartUploadsRequest) GetVolume() string {
@@ -6591,7 +6653,7 @@ type ListMultipartUploadsResponse struct {
 
 func (x *ListMultipartUploadsResponse) Reset() {
 	*x = ListMultipartUploadsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[95]
+	mi := &file_meta_meta_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6603,7 +6665,7 @@ func (x *ListMultipartUploadsResponse) String() string {
 func (*ListMultipartUploadsResponse) ProtoMessage() {}
 
 func (x *ListMultipartUploadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[95]
+	mi := &file_meta_meta_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6616,7 +6678,7 @@ func (x *ListMultipartUploadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMultipartUploadsResponse.ProtoReflect.Descriptor instead.
 func (*ListMultipartUploadsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{95}
+	return file_meta_meta_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *ListMultipartUploadsResponse) GetUploads() []*MultipartUpload {
@@ -6645,7 +6707,7 @@ type S3Secret struct {
 
 func (x *S3Secret) Reset() {
 	*x = S3Secret{}
-	mi := &file_meta_meta_proto_msgTypes[96]
+	mi := &file_meta_meta_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6657,7 +6719,7 @@ func (x *S3Secret) String() string {
 func (*S3Secret) ProtoMessage() {}
 
 func (x *S3Secret) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[96]
+	mi := &file_meta_meta_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6670,7 +6732,7 @@ func (x *S3Secret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use S3Secret.ProtoReflect.Descriptor instead.
 func (*S3Secret) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{96}
+	return file_meta_meta_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *S3Secret) GetAccessKeyId() string {
@@ -6716,7 +6778,7 @@ type CreateS3SecretRequest struct {
 
 func (x *CreateS3SecretRequest) Reset() {
 	*x = CreateS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[97]
+	mi := &file_meta_meta_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6728,7 +6790,7 @@ func (x *CreateS3SecretRequest) String() string {
 func (*CreateS3SecretRequest) ProtoMessage() {}
 
 func (x *CreateS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[97]
+	mi := &file_meta_meta_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6741,7 +6803,7 @@ func (x *CreateS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*CreateS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{97}
+	return file_meta_meta_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *CreateS3SecretRequest) GetAccessKeyId() string {
@@ -6774,7 +6836,7 @@ type GetS3SecretRequest struct {
 
 func (x *GetS3SecretRequest) Reset() {
 	*x = GetS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[98]
+	mi := &file_meta_meta_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6786,7 +6848,7 @@ func (x *GetS3SecretRequest) String() string {
 func (*GetS3SecretRequest) ProtoMessage() {}
 
 func (x *GetS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[98]
+	mi := &file_meta_meta_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6799,7 +6861,7 @@ func (x *GetS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*GetS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{98}
+	return file_meta_meta_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *GetS3SecretRequest) GetAccessKeyId() string {
@@ -6818,7 +6880,7 @@ type DeleteS3SecretRequest struct {
 
 func (x *DeleteS3SecretRequest) Reset() {
 	*x = DeleteS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[99]
+	mi := &file_meta_meta_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6830,7 +6892,7 @@ func (x *DeleteS3SecretRequest) String() string {
 func (*DeleteS3SecretRequest) ProtoMessage() {}
 
 func (x *DeleteS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[99]
+	mi := &file_meta_meta_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6843,7 +6905,7 @@ func (x *DeleteS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*DeleteS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{99}
+	return file_meta_meta_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *DeleteS3SecretRequest) GetAccessKeyId() string {
@@ -6861,7 +6923,7 @@ type DeleteS3SecretResponse struct {
 
 func (x *DeleteS3SecretResponse) Reset() {
 	*x = DeleteS3SecretResponse{}
-	mi := &file_meta_meta_proto_msgTypes[100]
+	mi := &file_meta_meta_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6873,7 +6935,7 @@ func (x *DeleteS3SecretResponse) String() string {
 func (*DeleteS3SecretResponse) ProtoMessage() {}
 
 func (x *DeleteS3SecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[100]
+	mi := &file_meta_meta_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6886,7 +6948,7 @@ func (x *DeleteS3SecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteS3SecretResponse.ProtoReflect.Descriptor instead.
 func (*DeleteS3SecretResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{100}
+	return file_meta_meta_proto_rawDescGZIP(), []int{101}
 }
 
 var File_meta_meta_proto protoreflect.FileDescriptor
@@ -6970,7 +7032,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x18RegisterDatanodeResponse\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x122\n" +
-	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\"\xf5\x02\n" +
+	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\"\xb7\x03\n" +
 	"\x10HeartbeatRequest\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x126\n" +
@@ -6983,7 +7045,11 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\tpipelines\x18\x05 \x03(\v2\x1e.basalt.meta.v1.PipelineReportR\tpipelines\x12*\n" +
 	"\x11deleted_block_txs\x18\x06 \x03(\x04R\x0fdeletedBlockTxs\x12<\n" +
 	"\vdelete_acks\x18\a \x03(\v2\x1b.basalt.meta.v1.DeleteTxAckR\n" +
-	"deleteAcks\"t\n" +
+	"deleteAcks\x12@\n" +
+	"\rcopy_failures\x18\b \x03(\v2\x1b.basalt.meta.v1.CopyFailureR\fcopyFailures\"J\n" +
+	"\vCopyFailure\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"t\n" +
 	"\vDeleteTxAck\x12\x13\n" +
 	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x126\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1e.basalt.meta.v1.DeleteTxStatusR\x06status\x12\x18\n" +
@@ -7488,7 +7554,7 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 105)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 106)
 var file_meta_meta_proto_goTypes = []any{
 	(Replication)(0),                       // 0: basalt.meta.v1.Replication
 	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
@@ -7510,98 +7576,99 @@ var file_meta_meta_proto_goTypes = []any{
 	(*RegisterDatanodeRequest)(nil),        // 17: basalt.meta.v1.RegisterDatanodeRequest
 	(*RegisterDatanodeResponse)(nil),       // 18: basalt.meta.v1.RegisterDatanodeResponse
 	(*HeartbeatRequest)(nil),               // 19: basalt.meta.v1.HeartbeatRequest
-	(*DeleteTxAck)(nil),                    // 20: basalt.meta.v1.DeleteTxAck
-	(*HeartbeatResponse)(nil),              // 21: basalt.meta.v1.HeartbeatResponse
-	(*DatanodeCommand)(nil),                // 22: basalt.meta.v1.DatanodeCommand
-	(*ReplicateContainerCommand)(nil),      // 23: basalt.meta.v1.ReplicateContainerCommand
-	(*DeleteContainerCommand)(nil),         // 24: basalt.meta.v1.DeleteContainerCommand
-	(*CreatePipelineCommand)(nil),          // 25: basalt.meta.v1.CreatePipelineCommand
-	(*ClosePipelineCommand)(nil),           // 26: basalt.meta.v1.ClosePipelineCommand
-	(*CloseContainerCommand)(nil),          // 27: basalt.meta.v1.CloseContainerCommand
-	(*DeleteBlocksCommand)(nil),            // 28: basalt.meta.v1.DeleteBlocksCommand
-	(*AllocateBlocksRequest)(nil),          // 29: basalt.meta.v1.AllocateBlocksRequest
-	(*AllocateBlocksResponse)(nil),         // 30: basalt.meta.v1.AllocateBlocksResponse
-	(*DeleteBlocksRequest)(nil),            // 31: basalt.meta.v1.DeleteBlocksRequest
-	(*DeleteBlocksGroup)(nil),              // 32: basalt.meta.v1.DeleteBlocksGroup
-	(*DeleteBlocksResponse)(nil),           // 33: basalt.meta.v1.DeleteBlocksResponse
-	(*ReportCorruptReplicaRequest)(nil),    // 34: basalt.meta.v1.ReportCorruptReplicaRequest
-	(*ReportCorruptReplicaResponse)(nil),   // 35: basalt.meta.v1.ReportCorruptReplicaResponse
-	(*ListCorruptReplicasRequest)(nil),     // 36: basalt.meta.v1.ListCorruptReplicasRequest
-	(*CorruptReplica)(nil),                 // 37: basalt.meta.v1.CorruptReplica
-	(*ListCorruptReplicasResponse)(nil),    // 38: basalt.meta.v1.ListCorruptReplicasResponse
-	(*GetContainersRequest)(nil),           // 39: basalt.meta.v1.GetContainersRequest
-	(*GetContainersResponse)(nil),          // 40: basalt.meta.v1.GetContainersResponse
-	(*ContainerWithLocation)(nil),          // 41: basalt.meta.v1.ContainerWithLocation
-	(*ListDatanodesRequest)(nil),           // 42: basalt.meta.v1.ListDatanodesRequest
-	(*DatanodeStatus)(nil),                 // 43: basalt.meta.v1.DatanodeStatus
-	(*ListDatanodesResponse)(nil),          // 44: basalt.meta.v1.ListDatanodesResponse
-	(*ListPipelinesRequest)(nil),           // 45: basalt.meta.v1.ListPipelinesRequest
-	(*ListPipelinesResponse)(nil),          // 46: basalt.meta.v1.ListPipelinesResponse
-	(*ListContainersRequest)(nil),          // 47: basalt.meta.v1.ListContainersRequest
-	(*ListContainersResponse)(nil),         // 48: basalt.meta.v1.ListContainersResponse
-	(*GetSafeModeRequest)(nil),             // 49: basalt.meta.v1.GetSafeModeRequest
-	(*GetContainerHealthRequest)(nil),      // 50: basalt.meta.v1.GetContainerHealthRequest
-	(*ContainerHealth)(nil),                // 51: basalt.meta.v1.ContainerHealth
-	(*ReplicationCopy)(nil),                // 52: basalt.meta.v1.ReplicationCopy
-	(*GetContainerHealthResponse)(nil),     // 53: basalt.meta.v1.GetContainerHealthResponse
-	(*GetSafeModeResponse)(nil),            // 54: basalt.meta.v1.GetSafeModeResponse
-	(*Volume)(nil),                         // 55: basalt.meta.v1.Volume
-	(*CreateVolumeRequest)(nil),            // 56: basalt.meta.v1.CreateVolumeRequest
-	(*GetVolumeRequest)(nil),               // 57: basalt.meta.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),             // 58: basalt.meta.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),            // 59: basalt.meta.v1.ListVolumesResponse
-	(*DeleteVolumeRequest)(nil),            // 60: basalt.meta.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),           // 61: basalt.meta.v1.DeleteVolumeResponse
-	(*Bucket)(nil),                         // 62: basalt.meta.v1.Bucket
-	(*CreateBucketRequest)(nil),            // 63: basalt.meta.v1.CreateBucketRequest
-	(*GetBucketRequest)(nil),               // 64: basalt.meta.v1.GetBucketRequest
-	(*ListBucketsRequest)(nil),             // 65: basalt.meta.v1.ListBucketsRequest
-	(*ListBucketsResponse)(nil),            // 66: basalt.meta.v1.ListBucketsResponse
-	(*DeleteBucketRequest)(nil),            // 67: basalt.meta.v1.DeleteBucketRequest
-	(*DeleteBucketResponse)(nil),           // 68: basalt.meta.v1.DeleteBucketResponse
-	(*KeyBlock)(nil),                       // 69: basalt.meta.v1.KeyBlock
-	(*KeyInfo)(nil),                        // 70: basalt.meta.v1.KeyInfo
-	(*ObjectMeta)(nil),                     // 71: basalt.meta.v1.ObjectMeta
-	(*OpenKeyRequest)(nil),                 // 72: basalt.meta.v1.OpenKeyRequest
-	(*OpenKeyResponse)(nil),                // 73: basalt.meta.v1.OpenKeyResponse
-	(*AllocateBlockRequest)(nil),           // 74: basalt.meta.v1.AllocateBlockRequest
-	(*AllocateBlockResponse)(nil),          // 75: basalt.meta.v1.AllocateBlockResponse
-	(*CommitKeyRequest)(nil),               // 76: basalt.meta.v1.CommitKeyRequest
-	(*PartRef)(nil),                        // 77: basalt.meta.v1.PartRef
-	(*LookupKeyRequest)(nil),               // 78: basalt.meta.v1.LookupKeyRequest
-	(*ListKeysRequest)(nil),                // 79: basalt.meta.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),               // 80: basalt.meta.v1.ListKeysResponse
-	(*RenameKeyRequest)(nil),               // 81: basalt.meta.v1.RenameKeyRequest
-	(*RenameKeyResponse)(nil),              // 82: basalt.meta.v1.RenameKeyResponse
-	(*DeleteKeyRequest)(nil),               // 83: basalt.meta.v1.DeleteKeyRequest
-	(*DeleteKeyResponse)(nil),              // 84: basalt.meta.v1.DeleteKeyResponse
-	(*FileStatus)(nil),                     // 85: basalt.meta.v1.FileStatus
-	(*CreateDirectoryRequest)(nil),         // 86: basalt.meta.v1.CreateDirectoryRequest
-	(*GetFileStatusRequest)(nil),           // 87: basalt.meta.v1.GetFileStatusRequest
-	(*ListStatusRequest)(nil),              // 88: basalt.meta.v1.ListStatusRequest
-	(*ListStatusResponse)(nil),             // 89: basalt.meta.v1.ListStatusResponse
-	(*SetKeyMetaRequest)(nil),              // 90: basalt.meta.v1.SetKeyMetaRequest
-	(*CopyKeyRequest)(nil),                 // 91: basalt.meta.v1.CopyKeyRequest
-	(*MultipartUpload)(nil),                // 92: basalt.meta.v1.MultipartUpload
-	(*CreateMultipartUploadRequest)(nil),   // 93: basalt.meta.v1.CreateMultipartUploadRequest
-	(*CompletedPart)(nil),                  // 94: basalt.meta.v1.CompletedPart
-	(*CompleteMultipartUploadRequest)(nil), // 95: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 96: basalt.meta.v1.AbortMultipartUploadRequest
-	(*AbortMultipartUploadResponse)(nil),   // 97: basalt.meta.v1.AbortMultipartUploadResponse
-	(*PartInfo)(nil),                       // 98: basalt.meta.v1.PartInfo
-	(*ListPartsRequest)(nil),               // 99: basalt.meta.v1.ListPartsRequest
-	(*ListPartsResponse)(nil),              // 100: basalt.meta.v1.ListPartsResponse
-	(*ListMultipartUploadsRequest)(nil),    // 101: basalt.meta.v1.ListMultipartUploadsRequest
-	(*ListMultipartUploadsResponse)(nil),   // 102: basalt.meta.v1.ListMultipartUploadsResponse
-	(*S3Secret)(nil),                       // 103: basalt.meta.v1.S3Secret
-	(*CreateS3SecretRequest)(nil),          // 104: basalt.meta.v1.CreateS3SecretRequest
-	(*GetS3SecretRequest)(nil),             // 105: basalt.meta.v1.GetS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 106: basalt.meta.v1.DeleteS3SecretRequest
-	(*DeleteS3SecretResponse)(nil),         // 107: basalt.meta.v1.DeleteS3SecretResponse
-	nil,                                    // 108: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	nil,                                    // 109: basalt.meta.v1.ObjectMeta.UserEntry
-	nil,                                    // 110: basalt.meta.v1.ObjectMeta.TagsEntry
-	nil,                                    // 111: basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	(*CopyFailure)(nil),                    // 20: basalt.meta.v1.CopyFailure
+	(*DeleteTxAck)(nil),                    // 21: basalt.meta.v1.DeleteTxAck
+	(*HeartbeatResponse)(nil),              // 22: basalt.meta.v1.HeartbeatResponse
+	(*DatanodeCommand)(nil),                // 23: basalt.meta.v1.DatanodeCommand
+	(*ReplicateContainerCommand)(nil),      // 24: basalt.meta.v1.ReplicateContainerCommand
+	(*DeleteContainerCommand)(nil),         // 25: basalt.meta.v1.DeleteContainerCommand
+	(*CreatePipelineCommand)(nil),          // 26: basalt.meta.v1.CreatePipelineCommand
+	(*ClosePipelineCommand)(nil),           // 27: basalt.meta.v1.ClosePipelineCommand
+	(*CloseContainerCommand)(nil),          // 28: basalt.meta.v1.CloseContainerCommand
+	(*DeleteBlocksCommand)(nil),            // 29: basalt.meta.v1.DeleteBlocksCommand
+	(*AllocateBlocksRequest)(nil),          // 30: basalt.meta.v1.AllocateBlocksRequest
+	(*AllocateBlocksResponse)(nil),         // 31: basalt.meta.v1.AllocateBlocksResponse
+	(*DeleteBlocksRequest)(nil),            // 32: basalt.meta.v1.DeleteBlocksRequest
+	(*DeleteBlocksGroup)(nil),              // 33: basalt.meta.v1.DeleteBlocksGroup
+	(*DeleteBlocksResponse)(nil),           // 34: basalt.meta.v1.DeleteBlocksResponse
+	(*ReportCorruptReplicaRequest)(nil),    // 35: basalt.meta.v1.ReportCorruptReplicaRequest
+	(*ReportCorruptReplicaResponse)(nil),   // 36: basalt.meta.v1.ReportCorruptReplicaResponse
+	(*ListCorruptReplicasRequest)(nil),     // 37: basalt.meta.v1.ListCorruptReplicasRequest
+	(*CorruptReplica)(nil),                 // 38: basalt.meta.v1.CorruptReplica
+	(*ListCorruptReplicasResponse)(nil),    // 39: basalt.meta.v1.ListCorruptReplicasResponse
+	(*GetContainersRequest)(nil),           // 40: basalt.meta.v1.GetContainersRequest
+	(*GetContainersResponse)(nil),          // 41: basalt.meta.v1.GetContainersResponse
+	(*ContainerWithLocation)(nil),          // 42: basalt.meta.v1.ContainerWithLocation
+	(*ListDatanodesRequest)(nil),           // 43: basalt.meta.v1.ListDatanodesRequest
+	(*DatanodeStatus)(nil),                 // 44: basalt.meta.v1.DatanodeStatus
+	(*ListDatanodesResponse)(nil),          // 45: basalt.meta.v1.ListDatanodesResponse
+	(*ListPipelinesRequest)(nil),           // 46: basalt.meta.v1.ListPipelinesRequest
+	(*ListPipelinesResponse)(nil),          // 47: basalt.meta.v1.ListPipelinesResponse
+	(*ListContainersRequest)(nil),          // 48: basalt.meta.v1.ListContainersRequest
+	(*ListContainersResponse)(nil),         // 49: basalt.meta.v1.ListContainersResponse
+	(*GetSafeModeRequest)(nil),             // 50: basalt.meta.v1.GetSafeModeRequest
+	(*GetContainerHealthRequest)(nil),      // 51: basalt.meta.v1.GetContainerHealthRequest
+	(*ContainerHealth)(nil),                // 52: basalt.meta.v1.ContainerHealth
+	(*ReplicationCopy)(nil),                // 53: basalt.meta.v1.ReplicationCopy
+	(*GetContainerHealthResponse)(nil),     // 54: basalt.meta.v1.GetContainerHealthResponse
+	(*GetSafeModeResponse)(nil),            // 55: basalt.meta.v1.GetSafeModeResponse
+	(*Volume)(nil),                         // 56: basalt.meta.v1.Volume
+	(*CreateVolumeRequest)(nil),            // 57: basalt.meta.v1.CreateVolumeRequest
+	(*GetVolumeRequest)(nil),               // 58: basalt.meta.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),             // 59: basalt.meta.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),            // 60: basalt.meta.v1.ListVolumesResponse
+	(*DeleteVolumeRequest)(nil),            // 61: basalt.meta.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),           // 62: basalt.meta.v1.DeleteVolumeResponse
+	(*Bucket)(nil),                         // 63: basalt.meta.v1.Bucket
+	(*CreateBucketRequest)(nil),            // 64: basalt.meta.v1.CreateBucketRequest
+	(*GetBucketRequest)(nil),               // 65: basalt.meta.v1.GetBucketRequest
+	(*ListBucketsRequest)(nil),             // 66: basalt.meta.v1.ListBucketsRequest
+	(*ListBucketsResponse)(nil),            // 67: basalt.meta.v1.ListBucketsResponse
+	(*DeleteBucketRequest)(nil),            // 68: basalt.meta.v1.DeleteBucketRequest
+	(*DeleteBucketResponse)(nil),           // 69: basalt.meta.v1.DeleteBucketResponse
+	(*KeyBlock)(nil),                       // 70: basalt.meta.v1.KeyBlock
+	(*KeyInfo)(nil),                        // 71: basalt.meta.v1.KeyInfo
+	(*ObjectMeta)(nil),                     // 72: basalt.meta.v1.ObjectMeta
+	(*OpenKeyRequest)(nil),                 // 73: basalt.meta.v1.OpenKeyRequest
+	(*OpenKeyResponse)(nil),                // 74: basalt.meta.v1.OpenKeyResponse
+	(*AllocateBlockRequest)(nil),           // 75: basalt.meta.v1.AllocateBlockRequest
+	(*AllocateBlockResponse)(nil),          // 76: basalt.meta.v1.AllocateBlockResponse
+	(*CommitKeyRequest)(nil),               // 77: basalt.meta.v1.CommitKeyRequest
+	(*PartRef)(nil),                        // 78: basalt.meta.v1.PartRef
+	(*LookupKeyRequest)(nil),               // 79: basalt.meta.v1.LookupKeyRequest
+	(*ListKeysRequest)(nil),                // 80: basalt.meta.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),               // 81: basalt.meta.v1.ListKeysResponse
+	(*RenameKeyRequest)(nil),               // 82: basalt.meta.v1.RenameKeyRequest
+	(*RenameKeyResponse)(nil),              // 83: basalt.meta.v1.RenameKeyResponse
+	(*DeleteKeyRequest)(nil),               // 84: basalt.meta.v1.DeleteKeyRequest
+	(*DeleteKeyResponse)(nil),              // 85: basalt.meta.v1.DeleteKeyResponse
+	(*FileStatus)(nil),                     // 86: basalt.meta.v1.FileStatus
+	(*CreateDirectoryRequest)(nil),         // 87: basalt.meta.v1.CreateDirectoryRequest
+	(*GetFileStatusRequest)(nil),           // 88: basalt.meta.v1.GetFileStatusRequest
+	(*ListStatusRequest)(nil),              // 89: basalt.meta.v1.ListStatusRequest
+	(*ListStatusResponse)(nil),             // 90: basalt.meta.v1.ListStatusResponse
+	(*SetKeyMetaRequest)(nil),              // 91: basalt.meta.v1.SetKeyMetaRequest
+	(*CopyKeyRequest)(nil),                 // 92: basalt.meta.v1.CopyKeyRequest
+	(*MultipartUpload)(nil),                // 93: basalt.meta.v1.MultipartUpload
+	(*CreateMultipartUploadRequest)(nil),   // 94: basalt.meta.v1.CreateMultipartUploadRequest
+	(*CompletedPart)(nil),                  // 95: basalt.meta.v1.CompletedPart
+	(*CompleteMultipartUploadRequest)(nil), // 96: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 97: basalt.meta.v1.AbortMultipartUploadRequest
+	(*AbortMultipartUploadResponse)(nil),   // 98: basalt.meta.v1.AbortMultipartUploadResponse
+	(*PartInfo)(nil),                       // 99: basalt.meta.v1.PartInfo
+	(*ListPartsRequest)(nil),               // 100: basalt.meta.v1.ListPartsRequest
+	(*ListPartsResponse)(nil),              // 101: basalt.meta.v1.ListPartsResponse
+	(*ListMultipartUploadsRequest)(nil),    // 102: basalt.meta.v1.ListMultipartUploadsRequest
+	(*ListMultipartUploadsResponse)(nil),   // 103: basalt.meta.v1.ListMultipartUploadsResponse
+	(*S3Secret)(nil),                       // 104: basalt.meta.v1.S3Secret
+	(*CreateS3SecretRequest)(nil),          // 105: basalt.meta.v1.CreateS3SecretRequest
+	(*GetS3SecretRequest)(nil),             // 106: basalt.meta.v1.GetS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 107: basalt.meta.v1.DeleteS3SecretRequest
+	(*DeleteS3SecretResponse)(nil),         // 108: basalt.meta.v1.DeleteS3SecretResponse
+	nil,                                    // 109: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	nil,                                    // 110: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 111: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 112: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
 	3,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
@@ -7617,164 +7684,165 @@ var file_meta_meta_proto_depIdxs = []int32{
 	9,   // 10: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
 	10,  // 11: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
 	11,  // 12: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
-	20,  // 13: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
-	6,   // 14: basalt.meta.v1.DeleteTxAck.status:type_name -> basalt.meta.v1.DeleteTxStatus
-	22,  // 15: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
-	1,   // 16: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
-	25,  // 17: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
-	26,  // 18: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
-	27,  // 19: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
-	28,  // 20: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
-	23,  // 21: basalt.meta.v1.DatanodeCommand.replicate_container:type_name -> basalt.meta.v1.ReplicateContainerCommand
-	24,  // 22: basalt.meta.v1.DatanodeCommand.delete_container:type_name -> basalt.meta.v1.DeleteContainerCommand
-	8,   // 23: basalt.meta.v1.ReplicateContainerCommand.sources:type_name -> basalt.meta.v1.DatanodeDetails
-	12,  // 24: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
-	8,   // 25: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	0,   // 26: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
-	16,  // 27: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	15,  // 28: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	32,  // 29: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
-	14,  // 30: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
-	14,  // 31: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
-	37,  // 32: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
-	41,  // 33: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
-	13,  // 34: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
-	8,   // 35: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	8,   // 36: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
-	1,   // 37: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
-	9,   // 38: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
-	43,  // 39: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
-	12,  // 40: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
-	13,  // 41: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
-	3,   // 42: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
-	108, // 43: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	51,  // 44: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
-	52,  // 45: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
-	55,  // 46: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
-	4,   // 47: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 48: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
-	4,   // 49: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 50: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
-	62,  // 51: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
-	14,  // 52: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
-	0,   // 53: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
-	5,   // 54: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	69,  // 55: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	15,  // 56: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
-	71,  // 57: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
-	109, // 58: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
-	110, // 59: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
-	111, // 60: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
-	0,   // 61: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
-	5,   // 62: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	16,  // 63: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	15,  // 64: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	16,  // 65: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	15,  // 66: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
-	69,  // 67: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
-	71,  // 68: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	77,  // 69: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	70,  // 70: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
-	70,  // 71: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
-	85,  // 72: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
-	71,  // 73: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	71,  // 74: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	77,  // 75: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	71,  // 76: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 77: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
-	71,  // 78: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 79: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
-	94,  // 80: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
-	69,  // 81: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	5,   // 82: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	92,  // 83: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
-	98,  // 84: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
-	92,  // 85: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
-	17,  // 86: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	19,  // 87: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	29,  // 88: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	31,  // 89: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	39,  // 90: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	34,  // 91: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	36,  // 92: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	42,  // 93: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	45,  // 94: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	47,  // 95: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	49,  // 96: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	50,  // 97: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
-	56,  // 98: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	57,  // 99: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	58,  // 100: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	60,  // 101: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	63,  // 102: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	64,  // 103: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	65,  // 104: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	67,  // 105: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	72,  // 106: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	74,  // 107: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	76,  // 108: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	78,  // 109: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	79,  // 110: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	81,  // 111: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	83,  // 112: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	86,  // 113: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	87,  // 114: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	88,  // 115: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	90,  // 116: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	91,  // 117: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
-	93,  // 118: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	95,  // 119: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	96,  // 120: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	99,  // 121: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	101, // 122: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	104, // 123: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	105, // 124: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	106, // 125: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	18,  // 126: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	21,  // 127: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	30,  // 128: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	33,  // 129: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	40,  // 130: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	35,  // 131: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	38,  // 132: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	44,  // 133: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	46,  // 134: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	48,  // 135: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	54,  // 136: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	53,  // 137: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
-	55,  // 138: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	55,  // 139: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	59,  // 140: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	61,  // 141: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	62,  // 142: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	62,  // 143: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	66,  // 144: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	68,  // 145: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	73,  // 146: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	75,  // 147: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	70,  // 148: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	70,  // 149: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	80,  // 150: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	82,  // 151: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	84,  // 152: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	85,  // 153: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	85,  // 154: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	89,  // 155: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	70,  // 156: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	70,  // 157: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
-	92,  // 158: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	70,  // 159: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	97,  // 160: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	100, // 161: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	102, // 162: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	103, // 163: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	103, // 164: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	107, // 165: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	126, // [126:166] is the sub-list for method output_type
-	86,  // [86:126] is the sub-list for method input_type
-	86,  // [86:86] is the sub-list for extension type_name
-	86,  // [86:86] is the sub-list for extension extendee
-	0,   // [0:86] is the sub-list for field type_name
+	21,  // 13: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
+	20,  // 14: basalt.meta.v1.HeartbeatRequest.copy_failures:type_name -> basalt.meta.v1.CopyFailure
+	6,   // 15: basalt.meta.v1.DeleteTxAck.status:type_name -> basalt.meta.v1.DeleteTxStatus
+	23,  // 16: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
+	1,   // 17: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
+	26,  // 18: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
+	27,  // 19: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
+	28,  // 20: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
+	29,  // 21: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
+	24,  // 22: basalt.meta.v1.DatanodeCommand.replicate_container:type_name -> basalt.meta.v1.ReplicateContainerCommand
+	25,  // 23: basalt.meta.v1.DatanodeCommand.delete_container:type_name -> basalt.meta.v1.DeleteContainerCommand
+	8,   // 24: basalt.meta.v1.ReplicateContainerCommand.sources:type_name -> basalt.meta.v1.DatanodeDetails
+	12,  // 25: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
+	8,   // 26: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	0,   // 27: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
+	16,  // 28: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	15,  // 29: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	33,  // 30: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
+	14,  // 31: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
+	14,  // 32: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
+	38,  // 33: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
+	42,  // 34: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
+	13,  // 35: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
+	8,   // 36: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	8,   // 37: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
+	1,   // 38: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
+	9,   // 39: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
+	44,  // 40: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
+	12,  // 41: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
+	13,  // 42: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
+	3,   // 43: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
+	109, // 44: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	52,  // 45: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
+	53,  // 46: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
+	56,  // 47: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
+	4,   // 48: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 49: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
+	4,   // 50: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 51: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
+	63,  // 52: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
+	14,  // 53: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
+	0,   // 54: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
+	5,   // 55: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	70,  // 56: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	15,  // 57: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
+	72,  // 58: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
+	110, // 59: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	111, // 60: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	112, // 61: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	0,   // 62: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
+	5,   // 63: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	16,  // 64: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	15,  // 65: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	16,  // 66: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	15,  // 67: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
+	70,  // 68: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
+	72,  // 69: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	78,  // 70: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	71,  // 71: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
+	71,  // 72: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
+	86,  // 73: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
+	72,  // 74: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	72,  // 75: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	78,  // 76: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	72,  // 77: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 78: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
+	72,  // 79: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 80: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
+	95,  // 81: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
+	70,  // 82: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	5,   // 83: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	93,  // 84: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
+	99,  // 85: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
+	93,  // 86: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
+	17,  // 87: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	19,  // 88: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	30,  // 89: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	32,  // 90: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	40,  // 91: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	35,  // 92: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	37,  // 93: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	43,  // 94: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	46,  // 95: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	48,  // 96: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	50,  // 97: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	51,  // 98: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
+	57,  // 99: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	58,  // 100: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	59,  // 101: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	61,  // 102: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	64,  // 103: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	65,  // 104: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	66,  // 105: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	68,  // 106: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	73,  // 107: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	75,  // 108: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	77,  // 109: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	79,  // 110: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	80,  // 111: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	82,  // 112: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	84,  // 113: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	87,  // 114: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	88,  // 115: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	89,  // 116: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	91,  // 117: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	92,  // 118: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	94,  // 119: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	96,  // 120: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	97,  // 121: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	100, // 122: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	102, // 123: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	105, // 124: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	106, // 125: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	107, // 126: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	18,  // 127: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	22,  // 128: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	31,  // 129: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	34,  // 130: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	41,  // 131: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	36,  // 132: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	39,  // 133: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	45,  // 134: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	47,  // 135: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	49,  // 136: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	55,  // 137: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	54,  // 138: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
+	56,  // 139: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	56,  // 140: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	60,  // 141: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	62,  // 142: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	63,  // 143: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	63,  // 144: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	67,  // 145: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	69,  // 146: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	74,  // 147: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	76,  // 148: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	71,  // 149: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	71,  // 150: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	81,  // 151: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	83,  // 152: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	85,  // 153: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	86,  // 154: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	86,  // 155: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	90,  // 156: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	71,  // 157: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	71,  // 158: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	93,  // 159: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	71,  // 160: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	98,  // 161: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	101, // 162: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	103, // 163: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	104, // 164: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	104, // 165: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	108, // 166: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	127, // [127:167] is the sub-list for method output_type
+	87,  // [87:127] is the sub-list for method input_type
+	87,  // [87:87] is the sub-list for extension type_name
+	87,  // [87:87] is the sub-list for extension extendee
+	0,   // [0:87] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -7782,7 +7850,7 @@ func file_meta_meta_proto_init() {
 	if File_meta_meta_proto != nil {
 		return
 	}
-	file_meta_meta_proto_msgTypes[15].OneofWrappers = []any{
+	file_meta_meta_proto_msgTypes[16].OneofWrappers = []any{
 		(*DatanodeCommand_CreatePipeline)(nil),
 		(*DatanodeCommand_ClosePipeline)(nil),
 		(*DatanodeCommand_CloseContainer)(nil),
@@ -7796,7 +7864,7 @@ func file_meta_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   105,
+			NumMessages:   106,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -339,6 +339,7 @@ func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 		}
 	}
 	m.deleteAcks(req, n)
+	m.copyFailuresLocked(req, now)
 	cmds := m.commandsFor(req.DatanodeId, n, now)
 	return &metapb.HeartbeatResponse{Commands: cmds, State: n.state}, nil
 }

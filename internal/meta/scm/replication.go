@@ -310,13 +310,7 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		}
 		if n == nil || n.state != metapb.NodeState_HEALTHY || now.Sub(t.started) >= m.cfg.CopyTimeout || c == nil || c.State != metapb.ContainerState_CONTAINER_CLOSED {
 			m.log.Warn("scm: replication: copy given up; trying elsewhere", "container", cid, "target", t.target, "age", now.Sub(t.started).Round(time.Millisecond))
-			delete(rs.copies, cid)
-			if rs.failed[cid] == nil {
-				rs.failed[cid] = map[uint64]time.Time{}
-			}
-			rs.failed[cid][t.target] = now
-			rs.failedN++
-			m.metrics.copies.WithLabelValues("failed").Inc()
+			m.giveUpLocked(t, now)
 		}
 	}
 	for cid, ts := range rs.failed {
@@ -538,6 +532,43 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 	}
 	m.metrics.inFlight.Set(float64(len(rs.copies)))
 	return ops, newlyMissing
+}
+
+// maxCopyFailuresPerHeartbeat bounds the copy failures read from one
+// heartbeat (a datanode has at most a few copies running).
+const maxCopyFailuresPerHeartbeat = 64
+
+// copyFailuresLocked gives up the copies a datanode reports failed, so the
+// next round schedules them on another target. Callers hold m.mu.
+func (m *Manager) copyFailuresLocked(req *metapb.HeartbeatRequest, now time.Time) {
+	for i, f := range req.CopyFailures {
+		if i == maxCopyFailuresPerHeartbeat {
+			break
+		}
+		t := m.repl.copies[f.ContainerId]
+		if t == nil || t.target != req.DatanodeId {
+			continue
+		}
+		msg := f.Message
+		if len(msg) > maxReasonBytes {
+			msg = msg[:maxReasonBytes]
+		}
+		m.log.Warn("scm: replication: copy failed on the target; trying elsewhere", "container", f.ContainerId, "target", req.DatanodeId, "err", msg)
+		m.giveUpLocked(t, now)
+	}
+}
+
+// giveUpLocked ends a copy that will not finish and keeps its target out
+// of that container's choices for a while. Callers hold m.mu.
+func (m *Manager) giveUpLocked(t *copyTask, now time.Time) {
+	rs := &m.repl
+	delete(rs.copies, t.cid)
+	if rs.failed[t.cid] == nil {
+		rs.failed[t.cid] = map[uint64]time.Time{}
+	}
+	rs.failed[t.cid][t.target] = now
+	rs.failedN++
+	m.metrics.copies.WithLabelValues("failed").Inc()
 }
 
 // failedBackoff: how long a target whose copy failed is not chosen again

@@ -3,6 +3,7 @@ package scm
 import (
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
@@ -199,5 +200,67 @@ func TestMissingContainerIsCounted(t *testing.T) {
 	}
 	if h.Counts[HealthMissing] != 1 || len(h.Copies) != 0 || len(h.Worst) == 0 || h.Worst[0].ContainerId != cid {
 		t.Fatalf("health %v", h)
+	}
+}
+
+// TestFailedCopyGoesElsewhere: a copy the target reports failed is given
+// up at once and scheduled on another datanode (here the only one left,
+// on the healthy replicas' own rack: better than staying
+// under-replicated); one whose target dies is given up too.
+func TestFailedCopyGoesElsewhere(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 1, OpenContainersPerPipeline: 1})
+	racks := []string{"/dc1/r1", "/dc1/r1", "/dc1/r2", "/dc1/r1", "/dc1/r2"}
+	var ids []uint64
+	for i, r := range racks {
+		ids = append(ids, e.register(t, "dn"+string(rune('a'+i)), r))
+	}
+	e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_CreatePipeline{CreatePipeline: &metapb.CreatePipelineOp{Replication: metapb.Replication_THREE, Datanodes: ids[:3]}}})
+	res, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_CreateContainer{CreateContainer: &metapb.CreateContainerOp{PipelineId: FirstPipelineID}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cid := res.(*metapb.Container).Id
+	e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ContainerClosed{ContainerClosed: &metapb.ContainerClosedOp{ContainerId: cid, UsedBytes: 100}}})
+	reports := map[uint64][]*metapb.ContainerReport{ids[0]: {closedRep(cid, 9)}, ids[1]: {closedRep(cid, 9)},
+		ids[2]: {{ContainerId: cid, State: metapb.ContainerState_CONTAINER_UNHEALTHY, Bcsid: 9}}}
+	for _, id := range ids {
+		e.report(t, id, reports[id]...)
+	}
+	e.tick(t)
+	target := func() uint64 {
+		t.Helper()
+		h, err := e.m.ContainerHealth(10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(h.Copies) != 1 {
+			return 0
+		}
+		return h.Copies[0].Target
+	}
+	if got := target(); got != ids[4] {
+		t.Fatalf("first copy to %d, want %d", got, ids[4])
+	}
+	// The target fails the copy on every source.
+	if _, err := e.m.Heartbeat(e.ctx, &metapb.HeartbeatRequest{DatanodeId: ids[4], CopyFailures: []*metapb.CopyFailure{{ContainerId: cid, Message: "no source"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := target(); got != 0 {
+		t.Fatalf("failed copy still in flight to %d", got)
+	}
+	e.tick(t)
+	if got := target(); got != ids[3] {
+		t.Fatalf("second copy to %d, want %d", got, ids[3])
+	}
+	// That target dies: given up (and nowhere left to go for now).
+	e.clk.Advance(11 * time.Second)
+	for _, id := range ids[:3] {
+		e.report(t, id, reports[id]...)
+	}
+	e.report(t, ids[4])
+	e.tick(t)
+	h, _ := e.m.ContainerHealth(10)
+	if len(h.Copies) != 0 || h.CopiesFailed != 2 {
+		t.Fatalf("after the target died: %v", h)
 	}
 }
