@@ -179,6 +179,7 @@ type nodeSoft struct {
 	// fullReported: a full container report received during this
 	// leadership, so a replica it lacks is missing, not just unreported.
 	fullReported bool
+	fullAt       time.Time // when the last full report came
 	state      metapb.NodeState
 	volumes    []*metapb.VolumeReport
 	containers map[uint64]*metapb.ContainerReport
@@ -333,6 +334,7 @@ func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 			m.checkReport(req.DatanodeId, c)
 		}
 		n.fullReported = true
+		n.fullAt = now
 		n.pipelines = make(map[uint64]bool, len(req.Pipelines))
 		for _, p := range req.Pipelines {
 			n.pipelines[p.PipelineId] = true
@@ -773,18 +775,28 @@ func (m *Manager) unhealthyBatch() []*metapb.UnhealthyReplica {
 // closedReports returns CLOSING containers that every live, healthy
 // replica reports closed, with the largest reported size. Unhealthy
 // replicas (recorded, or reporting UNHEALTHY) never close; the container
-// closes on the others. Callers hold m.mu.
+// closes on the others. So does a replica that lacks the container in a
+// full report sent after its pipeline closed: it never got a write (a
+// datanode creates a container on the first one) or lost it, and no write
+// can reach it any more; the replication manager repairs it if the
+// container holds data. A container no replica ever got closes empty.
+// Callers hold m.mu.
 func (m *Manager) closedReports() map[uint64]uint64 {
 	out := map[uint64]uint64{}
 	for _, c := range m.st.ClosingContainers() {
 		ok, any := true, false
 		var used uint64
+		p := m.st.Pipeline(c.PipelineId)
 		for _, r := range c.Replicas {
 			n := m.nodes[r]
 			if n == nil || n.state == metapb.NodeState_DEAD || slices.Contains(c.UnhealthyReplicas, r) || m.unhealthy[c.Id][r] != "" {
 				continue
 			}
 			rep := n.containers[c.Id]
+			if rep == nil && n.fullReported && p != nil && p.State == metapb.PipelineState_PIPELINE_CLOSED && n.fullAt.UnixMilli() > p.ClosedUnixMs {
+				any = true
+				continue
+			}
 			if rep == nil || rep.State != metapb.ContainerState_CONTAINER_CLOSED {
 				ok = false
 				break

@@ -371,6 +371,12 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		default:
 			continue
 		}
+		if c.UsedBytes == 0 && !reportedAny(m, c) {
+			// Closed before any replica got a write: nothing to lose
+			// or copy (replicas create a container on the first write).
+			counts[HealthHealthy]++
+			continue
+		}
 		cl := Classify(c, func(dn uint64) ReplicaStatus { return m.replicaStatusLocked(c, dn) })
 		counts[cl.Health]++
 		if len(c.UnhealthyReplicas) > 0 {
@@ -569,6 +575,17 @@ func (m *Manager) giveUpLocked(t *copyTask, now time.Time) {
 	rs.failed[t.cid][t.target] = now
 	rs.failedN++
 	m.metrics.copies.WithLabelValues("failed").Inc()
+}
+
+// reportedAny reports whether any datanode reports holding container c.
+// Callers hold m.mu.
+func reportedAny(m *Manager, c *metapb.Container) bool {
+	for _, r := range c.Replicas {
+		if n := m.nodes[r]; n != nil && n.containers[c.Id] != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // failedBackoff: how long a target whose copy failed is not chosen again

@@ -187,7 +187,7 @@ func TestMissingContainerIsCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	cid := res.(*metapb.Container).Id
-	e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ContainerClosed{ContainerClosed: &metapb.ContainerClosedOp{ContainerId: cid}}})
+	e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ContainerClosed{ContainerClosed: &metapb.ContainerClosedOp{ContainerId: cid, UsedBytes: 100}}})
 	for range 2 {
 		for _, id := range ids {
 			e.report(t, id) // full reports without the container: every replica missing
@@ -262,5 +262,48 @@ func TestFailedCopyGoesElsewhere(t *testing.T) {
 	h, _ := e.m.ContainerHealth(10)
 	if len(h.Copies) != 0 || h.CopiesFailed != 2 {
 		t.Fatalf("after the target died: %v", h)
+	}
+}
+
+// TestEmptyContainerOfClosedPipelineCloses: a container no replica ever
+// got a write for (datanodes create containers on the first write) does
+// not stay CLOSING forever once its pipeline closed: full reports sent
+// after the close that lack it close it empty, and it counts as healthy,
+// with nothing to copy. One replica that lacks a container the others hold
+// does not hold the close up either; it is repaired as missing.
+func TestEmptyContainerOfClosedPipelineCloses(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 1, OpenContainersPerPipeline: 1})
+	var ids []uint64
+	for i := range 4 {
+		ids = append(ids, e.register(t, "dn"+string(rune('a'+i)), "/dc1/r1"))
+	}
+	e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_CreatePipeline{CreatePipeline: &metapb.CreatePipelineOp{Replication: metapb.Replication_THREE, Datanodes: ids[:3]}}})
+	var cids []uint64
+	for range 2 {
+		res, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_CreateContainer{CreateContainer: &metapb.CreateContainerOp{PipelineId: FirstPipelineID}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cids = append(cids, res.(*metapb.Container).Id)
+	}
+	e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ClosePipelines{ClosePipelines: &metapb.ClosePipelinesOp{PipelineIds: []uint64{FirstPipelineID}, Reason: "test"}}})
+	e.clk.Advance(time.Second)
+	// cids[0]: nobody has it. cids[1]: two replicas closed it, the third lacks it.
+	reports := map[uint64][]*metapb.ContainerReport{ids[0]: {closedRep(cids[1], 5)}, ids[1]: {closedRep(cids[1], 5)}}
+	for range 3 {
+		for _, id := range ids {
+			e.report(t, id, reports[id]...)
+		}
+		e.tick(t)
+	}
+	if c := e.st.Container(cids[0]); c.State != metapb.ContainerState_CONTAINER_CLOSED || c.UsedBytes != 0 {
+		t.Fatalf("empty container: %v", c)
+	}
+	if c := e.st.Container(cids[1]); c.State != metapb.ContainerState_CONTAINER_CLOSED || c.UsedBytes != 100 {
+		t.Fatalf("container with data: %v", c)
+	}
+	h, _ := e.m.ContainerHealth(10)
+	if len(h.Copies) != 1 || h.Copies[0].ContainerId != cids[1] || h.Copies[0].Target != ids[3] {
+		t.Fatalf("health %v", h)
 	}
 }
