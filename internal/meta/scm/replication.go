@@ -364,8 +364,21 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			continue
 		case metapb.ContainerState_CONTAINER_CLOSING:
 			// Closed by the existing paths (closedReports skips dead and
-			// unhealthy replicas); repaired once CLOSED.
+			// unhealthy replicas); repaired once CLOSED. One that can
+			// never close because no replica is left, and that held data
+			// when last reported (a ONE container on a dead datanode), is
+			// missing.
 			counts["closing"]++
+			if m.lostLocked(c) {
+				counts[HealthMissing]++
+				missingNow[c.Id] = true
+				bad = append(bad, &metapb.ContainerHealth{ContainerId: c.Id, State: c.State, Health: HealthMissing,
+					WantReplicas: uint32(max(int(c.Replication), 1)), Replicas: c.Replicas, Unhealthy: c.Replicas, UsedBytes: c.UsedBytes})
+				if !rs.alarmed[c.Id] {
+					rs.alarmed[c.Id] = true
+					newlyMissing = append(newlyMissing, c.Id)
+				}
+			}
 			continue
 		case metapb.ContainerState_CONTAINER_CLOSED:
 		default:
@@ -575,6 +588,24 @@ func (m *Manager) giveUpLocked(t *copyTask, now time.Time) {
 	rs.failed[t.cid][t.target] = now
 	rs.failedN++
 	m.metrics.copies.WithLabelValues("failed").Inc()
+}
+
+// lostLocked reports whether every replica of an unclosed container is
+// dead or unhealthy while one of them last reported data in it. Callers
+// hold m.mu.
+func (m *Manager) lostLocked(c *metapb.Container) bool {
+	data := false
+	for _, r := range c.Replicas {
+		if st := m.replicaStatusLocked(c, r); st != ReplicaDead && st != ReplicaUnhealthy {
+			return false
+		}
+		if n := m.nodes[r]; n != nil {
+			if rep := n.containers[c.Id]; rep != nil && rep.BlockCount > 0 {
+				data = true
+			}
+		}
+	}
+	return data
 }
 
 // reportedAny reports whether any datanode reports holding container c.
