@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -98,7 +100,7 @@ func TestDeadDatanodeIsHealed(t *testing.T) {
 	deadline := killed.Add(healBound)
 	var missing string
 	for {
-		missing = unhealed(t, c, cl, data, victim)
+		missing = unhealed(t, c, cl, data, victim, 0)
 		if missing == "" {
 			break
 		}
@@ -127,10 +129,98 @@ func TestDeadDatanodeIsHealed(t *testing.T) {
 	t.Logf("health: %v, copies done %d, failed %d", h.GetCounts(), h.GetCopiesDone(), h.GetCopiesFailed())
 }
 
+// TestCorruptReplicaIsReplaced: a replica with flipped bytes is found by
+// a read (the client reports it), recorded unhealthy through Raft, its
+// container closes on the other replicas, and the replication manager
+// copies it to a fifth datanode and drops the corrupt replica: every
+// block ends with 3 replicas that read back correctly, none of them the
+// corrupt one.
+func TestCorruptReplicaIsReplaced(t *testing.T) {
+	const healBound = 30 * time.Second
+	dir := t.TempDir()
+	c := start(t, dir, 5, 4<<20)
+	defer c.Close()
+	cl := newClient(t, c, "/dc1/rack1")
+	makeBucket(t, cl, "vol", "bkt")
+	data := map[string][]byte{"k": randData(7, 6<<20)}
+	put(t, cl, "k", data["k"])
+	ctx := context.Background()
+	st, err := cl.StatKey(ctx, "vol", "bkt", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := st.Blocks[0]
+	victim := b.Replicas[0].ID
+	for i := range 5 {
+		if c.Datanode(i).ID() != victim {
+			continue
+		}
+		path := filepath.Join(dir, fmt.Sprintf("dn%d", i+1), "data", "basalt", "containers", fmt.Sprint(b.ContainerID), fmt.Sprintf("%d.block", b.LocalID))
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		one := []byte{0}
+		f.ReadAt(one, 1<<20)
+		one[0] ^= 0xff
+		f.WriteAt(one, 1<<20)
+		f.Sync()
+		f.Close()
+	}
+	start := time.Now()
+	// Read until the client has tried the corrupt replica (replicas at
+	// the same distance come in either order) and reported it.
+	for reported := false; !reported; {
+		if got := get(t, cl, "k"); !bytes.Equal(got, data["k"]) {
+			t.Fatal("read returned wrong data")
+		}
+		resp, err := cl.Scm().ListCorruptReplicas(ctx, &metapb.ListCorruptReplicasRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range resp.GetReplicas() {
+			reported = reported || r.GetDatanodeId() == victim
+		}
+		if time.Since(start) > healBound {
+			t.Fatal("corrupt replica never reported")
+		}
+	}
+	for {
+		missing := unhealed(t, c, cl, data, victim, b.ContainerID)
+		if missing == "" {
+			break
+		}
+		if time.Since(start) > healBound {
+			h, _ := cl.Scm().GetContainerHealth(ctx, &metapb.GetContainerHealthRequest{Worst: 50})
+			t.Fatalf("corrupt replica not replaced within %v: %s\nhealth: %v", healBound, missing, h)
+		}
+		if got := get(t, cl, "k"); !bytes.Equal(got, data["k"]) {
+			t.Fatal("read returned wrong data")
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Logf("corrupt replica on datanode %d replaced %v after the corruption", victim, time.Since(start).Round(time.Millisecond))
+	// And the datanode is told to delete the replica SCM dropped.
+	for i := range 5 {
+		if dn := c.Datanode(i); dn.ID() == victim {
+			for {
+				if _, err := dn.Store().Container(storage.ContainerID(b.ContainerID)); err != nil {
+					break
+				}
+				if time.Since(start) > healBound {
+					t.Fatalf("datanode %d still holds its dropped replica of container %d", victim, b.ContainerID)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	}
+}
+
 // unhealed returns "" when every block of every key has exactly 3
 // recorded healthy replicas, none on the dead datanode, and each of those
 // datanodes holds the block's bytes; otherwise what is not yet so.
-func unhealed(t *testing.T, c *cluster.Cluster, cl *client.Client, data map[string][]byte, dead uint64) string {
+// With only != 0, dead must be absent from container only's replicas.
+func unhealed(t *testing.T, c *cluster.Cluster, cl *client.Client, data map[string][]byte, dead, only uint64) string {
 	t.Helper()
 	ctx := context.Background()
 	stores := map[uint64]*storage.Store{}
@@ -150,7 +240,7 @@ func unhealed(t *testing.T, c *cluster.Cluster, cl *client.Client, data map[stri
 				return fmt.Sprintf("container %d: %v", b.ContainerID, err)
 			}
 			ct := resp.GetContainers()[0].GetContainer()
-			if len(ct.GetReplicas()) != 3 || len(ct.GetUnhealthyReplicas()) != 0 || slices.Contains(ct.GetReplicas(), dead) {
+			if len(ct.GetReplicas()) != 3 || len(ct.GetUnhealthyReplicas()) != 0 || (only == 0 || only == ct.GetId()) && slices.Contains(ct.GetReplicas(), dead) {
 				return fmt.Sprintf("container %d (%v): replicas %v, unhealthy %v", ct.GetId(), ct.GetState(), ct.GetReplicas(), ct.GetUnhealthyReplicas())
 			}
 			for _, r := range ct.GetReplicas() {

@@ -174,16 +174,16 @@ type Manager struct {
 }
 
 type nodeSoft struct {
-	lastSeen   time.Time
-	heard      bool // heartbeat received during this leadership
+	lastSeen time.Time
+	heard    bool // heartbeat received during this leadership
 	// fullReported: a full container report received during this
 	// leadership, so a replica it lacks is missing, not just unreported.
 	fullReported bool
 	fullAt       time.Time // when the last full report came
-	state      metapb.NodeState
-	volumes    []*metapb.VolumeReport
-	containers map[uint64]*metapb.ContainerReport
-	pipelines  map[uint64]bool
+	state        metapb.NodeState
+	volumes      []*metapb.VolumeReport
+	containers   map[uint64]*metapb.ContainerReport
+	pipelines    map[uint64]bool
 	// sent: command key → when last sent, so a command is repeated only
 	// after CommandRetryInterval. Bounded (maxSent): entries go when the
 	// command is acknowledged (delete txs), when the retry interval has

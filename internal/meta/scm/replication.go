@@ -703,3 +703,33 @@ func (m *Manager) ContainerHealth(worst int) (*metapb.GetContainerHealthResponse
 	slices.SortFunc(resp.Copies, func(a, b *metapb.ReplicationCopy) int { return cmp.Compare(a.ContainerId, b.ContainerId) })
 	return resp, nil
 }
+
+// ReplicaCorrupt acts on a client's report that datanode dn's replica of
+// container cid failed its checksums on a read: the replica is queued to
+// be recorded unhealthy (through Raft, by Tick), as an UNHEALTHY container
+// report would be, so it is no longer offered as a location and the
+// replication manager replaces it. It is not condemned when that would
+// leave the container without a replica that is not: a client that fails
+// every replica's checksums is more likely wrong itself.
+func (m *Manager) ReplicaCorrupt(cid, dn uint64, reason string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.syncLeadership() {
+		return
+	}
+	c := m.st.Container(cid)
+	if c == nil || !slices.Contains(c.Replicas, dn) || slices.Contains(c.UnhealthyReplicas, dn) {
+		return
+	}
+	left := 0
+	for _, r := range c.Replicas {
+		if r != dn && !slices.Contains(c.UnhealthyReplicas, r) && m.unhealthy[cid][r] == "" {
+			left++
+		}
+	}
+	if left == 0 {
+		m.log.Warn("scm: corrupt replica reported, but it is the container's last one not condemned; kept", "container", cid, "datanode", dn, "reason", reason)
+		return
+	}
+	m.markUnhealthy(cid, dn, "a client read failed its checksums: "+reason)
+}
