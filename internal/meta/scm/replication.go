@@ -416,8 +416,15 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			continue
 		}
 		// 1. A verified copy on a datanode that is not a replica yet:
-		// record it if the container needs it. Its replica set grows
-		// first; removals wait for a later round.
+		// record it if the container needs it, or if this leader asked
+		// for it (the container may have become whole another way; the
+		// extra replica then goes in a later round). Its replica set
+		// grows first; removals wait for a later round.
+		if t := rs.copies[c.Id]; t != nil && len(cl.Healthy) >= cl.Want && slices.Contains(extra[c.Id], t.target) {
+			ops = append(ops, replOp{what: fmt.Sprintf("replica on datanode %d recorded", t.target), cid: c.Id, dn: t.target,
+				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaAdded{ReplicaAdded: &metapb.ReplicaAddedOp{ContainerId: c.Id, DatanodeId: t.target}}}})
+			continue
+		}
 		if len(cl.Healthy) < cl.Want {
 			var newest uint64
 			for _, r := range cl.Healthy {
