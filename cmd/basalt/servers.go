@@ -22,6 +22,7 @@ import (
 	"github.com/basalt-store/basalt/internal/datanode"
 	"github.com/basalt-store/basalt/internal/meta"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
+	"github.com/basalt-store/basalt/internal/meta/scm"
 )
 
 // serveMetrics serves /metrics and /debug/pprof on addr ("" = off).
@@ -73,6 +74,7 @@ func metaCmd() *cobra.Command {
 	var dataDir, raftAddr, grpcAddr, peers, metricsAddr, logLevel, tokenFile string
 	var id uint64
 	var uploadExpiry time.Duration
+	var scmCfg scm.Config
 	cmd := &cobra.Command{
 		Use:   "meta",
 		Short: "Run a metadata service node (namespace manager + storage container manager)",
@@ -86,9 +88,13 @@ node gets the same --peers list (empty for a single node).`,
 			if err != nil {
 				return &usageError{err.Error()}
 			}
+			if scmCfg.StaleInterval <= 0 || scmCfg.DeadInterval <= scmCfg.StaleInterval || scmCfg.MaxCopiesPerTarget <= 0 || scmCfg.CopyTimeout <= 0 {
+				return usagef("want 0 < --stale-interval (%v) < --dead-interval (%v), --replication-copies-per-datanode (%d) > 0 and --replication-copy-timeout (%v) > 0",
+					scmCfg.StaleInterval, scmCfg.DeadInterval, scmCfg.MaxCopiesPerTarget, scmCfg.CopyTimeout)
+			}
 			reg := newRegistry()
 			ms, err := meta.New(meta.Config{NodeID: id, DataDir: dataDir, RaftAddr: raftAddr, GRPCAddr: grpcAddr, Peers: p,
-				ServiceTokenFile: tokenFile, Namespace: namespace.Config{UploadExpiry: uploadExpiry},
+				ServiceTokenFile: tokenFile, Namespace: namespace.Config{UploadExpiry: uploadExpiry}, SCM: scmCfg,
 				Registerer: reg, Logger: serverLogger(logLevel)})
 			if err != nil {
 				return err
@@ -117,6 +123,10 @@ node gets the same --peers list (empty for a single node).`,
 	cmd.Flags().StringVar(&tokenFile, "service-token-file", "", "file of the cluster service token S3 gateways and admin tools present (default DATA_DIR/"+meta.ServiceTokenFile+"; if it does not exist the node adopts the token the cluster recorded, made by the first leader, and writes it there)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
+	cmd.Flags().DurationVar(&scmCfg.StaleInterval, "stale-interval", 30*time.Second, "a datanode not heard from for this long is STALE (gets no new writes)")
+	cmd.Flags().DurationVar(&scmCfg.DeadInterval, "dead-interval", 90*time.Second, "a datanode not heard from for this long is DEAD (its pipelines close, its replicas are copied elsewhere)")
+	cmd.Flags().IntVar(&scmCfg.MaxCopiesPerTarget, "replication-copies-per-datanode", 2, "container copies in flight into one datanode (replication manager)")
+	cmd.Flags().DurationVar(&scmCfg.CopyTimeout, "replication-copy-timeout", 10*time.Minute, "a container copy not done by then is given up and scheduled on another datanode")
 	return cmd
 }
 
