@@ -15,7 +15,9 @@ import (
 
 	"github.com/basalt-store/basalt/client"
 	"github.com/basalt-store/basalt/internal/cluster"
+	"github.com/basalt-store/basalt/internal/meta"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/scm"
 	"github.com/basalt-store/basalt/internal/storage"
 )
 
@@ -127,6 +129,76 @@ func TestDeadDatanodeIsHealed(t *testing.T) {
 		t.Fatalf("health after repair: %v", h)
 	}
 	t.Logf("health: %v, copies done %d, failed %d", h.GetCounts(), h.GetCopiesDone(), h.GetCopiesFailed())
+}
+
+// TestRepairSurvivesMetaRestart restarts the metadata service (the SCM
+// leader) while copies of a dead datanode's containers are in flight: the
+// new leader starts over from the replicated replica sets and the
+// datanodes' reports (adopting copies that finished, scheduling the rest)
+// and the repair completes.
+func TestRepairSurvivesMetaRestart(t *testing.T) {
+	const healBound = 50 * time.Second
+	dir := t.TempDir()
+	c := start(t, dir, 5, 4<<20)
+	defer c.Close()
+	cl := newClient(t, c, "/dc1/rack1")
+	makeBucket(t, cl, "vol", "bkt")
+	data := map[string][]byte{}
+	for i := range 12 {
+		k := fmt.Sprintf("k%02d", i)
+		data[k] = randData(int64(200+i), 512<<10+i*(512<<10))
+		put(t, cl, k, data[k])
+	}
+	ctx := context.Background()
+	victim := c.Datanode(0).ID()
+	killed := time.Now()
+	c.StopDatanode(0)
+	// Wait for the first copies, then restart the SCM leader.
+	for {
+		h, err := cl.Scm().GetContainerHealth(ctx, &metapb.GetContainerHealthRequest{})
+		if err == nil && (len(h.GetCopies()) > 0 || h.GetCopiesDone() > 0) {
+			t.Logf("restarting meta with %d copies in flight, %d done", len(h.GetCopies()), h.GetCopiesDone())
+			break
+		}
+		if time.Since(killed) > healBound {
+			t.Fatalf("no copy scheduled: %v %v", h, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	grpcAddr, raftAddr := c.Meta.GRPCAddr(), c.Meta.RaftAddr()
+	if err := c.Meta.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := meta.New(meta.Config{
+		NodeID: 1, DataDir: filepath.Join(dir, "meta"), RaftAddr: raftAddr, GRPCAddr: grpcAddr, TickInterval: 50 * time.Millisecond,
+		SCM: scm.Config{HeartbeatInterval: 200 * time.Millisecond, StaleInterval: 2 * time.Second, DeadInterval: 6 * time.Second,
+			SafeModeMinDatanodes: 3, LoopInterval: 200 * time.Millisecond, ContainerSize: 512 << 20, BlockSize: 4 << 20},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ms.Start(); err != nil {
+		ms.Close()
+		t.Fatal(err)
+	}
+	c.Meta = ms
+	for {
+		missing := unhealed(t, c, cl, data, victim, 0)
+		if missing == "" {
+			break
+		}
+		if time.Since(killed) > healBound {
+			h, _ := cl.Scm().GetContainerHealth(ctx, &metapb.GetContainerHealthRequest{Worst: 50})
+			t.Fatalf("not healed %v after the kill (meta restarted mid-repair): %s\nhealth: %v", healBound, missing, h)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Logf("healed %v after the kill, across a meta restart", time.Since(killed).Round(time.Millisecond))
+	for k, want := range data {
+		if got := get(t, cl, k); !bytes.Equal(got, want) {
+			t.Fatalf("key %s differs after the repair", k)
+		}
+	}
 }
 
 // TestCorruptReplicaIsReplaced: a replica with flipped bytes is found by
