@@ -23,6 +23,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/storage"
+	"github.com/basalt-store/basalt/internal/meta/scm"
 )
 
 // serveMetrics serves /metrics and /debug/pprof on addr ("" = off).
@@ -75,6 +76,7 @@ func metaCmd() *cobra.Command {
 	var id uint64
 	var uploadExpiry time.Duration
 	var ballast int64
+	var scmCfg scm.Config
 	cmd := &cobra.Command{
 		Use:   "meta",
 		Short: "Run a metadata service node (namespace manager + storage container manager)",
@@ -88,9 +90,13 @@ node gets the same --peers list (empty for a single node).`,
 			if err != nil {
 				return &usageError{err.Error()}
 			}
+			if scmCfg.StaleInterval <= 0 || scmCfg.DeadInterval <= scmCfg.StaleInterval || scmCfg.MaxCopiesPerTarget <= 0 || scmCfg.CopyTimeout <= 0 {
+				return usagef("want 0 < --stale-interval (%v) < --dead-interval (%v), --replication-copies-per-datanode (%d) > 0 and --replication-copy-timeout (%v) > 0",
+					scmCfg.StaleInterval, scmCfg.DeadInterval, scmCfg.MaxCopiesPerTarget, scmCfg.CopyTimeout)
+			}
 			reg := newRegistry()
 			ms, err := meta.New(meta.Config{NodeID: id, DataDir: dataDir, RaftAddr: raftAddr, GRPCAddr: grpcAddr, Peers: p,
-				ServiceTokenFile: tokenFile, Namespace: namespace.Config{UploadExpiry: uploadExpiry},
+				ServiceTokenFile: tokenFile, Namespace: namespace.Config{UploadExpiry: uploadExpiry}, SCM: scmCfg,
 				BallastBytes: ballast, Registerer: reg, Logger: serverLogger(logLevel)})
 			if err != nil {
 				return err
@@ -120,6 +126,10 @@ node gets the same --peers list (empty for a single node).`,
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
 	cmd.Flags().Int64Var(&ballast, "ballast-bytes", storage.DefaultBallast, "emergency ballast kept beside each Pebble store and the Raft log, removed at start on a full disk so the node comes up (0: none)")
+	cmd.Flags().DurationVar(&scmCfg.StaleInterval, "stale-interval", 30*time.Second, "a datanode not heard from for this long is STALE (gets no new writes)")
+	cmd.Flags().DurationVar(&scmCfg.DeadInterval, "dead-interval", 90*time.Second, "a datanode not heard from for this long is DEAD (its pipelines close, its replicas are copied elsewhere)")
+	cmd.Flags().IntVar(&scmCfg.MaxCopiesPerTarget, "replication-copies-per-datanode", 2, "container copies in flight into one datanode (replication manager)")
+	cmd.Flags().DurationVar(&scmCfg.CopyTimeout, "replication-copy-timeout", 10*time.Minute, "a container copy not done by then is given up and scheduled on another datanode")
 	return cmd
 }
 

@@ -110,6 +110,7 @@ type Datanode struct {
 	recentAcks   []deleteAck // the newest maxRecentAcks, for DeleteAck
 	proposingDel map[uint64]bool
 
+	repl       replicator // container copies in and out (replicate.go)
 	hbInterval time.Duration
 	reportSoon atomic.Bool // a container changed state: full report next
 	stopc      chan struct{}
@@ -522,6 +523,7 @@ func (d *Datanode) heartbeat(full bool) error {
 	}
 	d.mu.Unlock()
 	sent := d.takeAcks(req)
+	d.takeCopyFailures(req)
 	for _, p := range req.Pipelines {
 		if g, err := d.host.Group(p.PipelineId); err == nil {
 			p.IsLeader = g.IsLeader()
@@ -559,6 +561,10 @@ func (d *Datanode) execute(cmd *metapb.DatanodeCommand) error {
 		return d.closeContainer(c.CloseContainer.GetContainerId(), c.CloseContainer.GetPipelineId())
 	case *metapb.DatanodeCommand_DeleteBlocks:
 		return d.executeDelete(c.DeleteBlocks)
+	case *metapb.DatanodeCommand_ReplicateContainer:
+		return d.replicateContainer(c.ReplicateContainer)
+	case *metapb.DatanodeCommand_DeleteContainer:
+		return d.deleteContainer(c.DeleteContainer)
 	}
 	return nil
 }

@@ -254,6 +254,9 @@ func New(cfg Config) (*Server, error) {
 	if scmCfg.Logger == nil {
 		scmCfg.Logger = s.log
 	}
+	if scmCfg.Registerer == nil {
+		scmCfg.Registerer = reg
+	}
 	s.scmMgr = scm.NewManager(scmCfg, s.scmState, &scmRaft{s: s})
 	nsCfg := cfg.Namespace
 	if nsCfg.Logger == nil {
