@@ -22,8 +22,8 @@ import (
 	"github.com/basalt-store/basalt/internal/datanode"
 	"github.com/basalt-store/basalt/internal/meta"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
-	"github.com/basalt-store/basalt/internal/storage"
 	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/storage"
 )
 
 // serveMetrics serves /metrics and /debug/pprof on addr ("" = off).
