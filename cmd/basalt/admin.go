@@ -262,7 +262,7 @@ to SCM, when the SCM API carries it ("-" otherwise).`,
 			return t.flush()
 		}),
 	}
-	ct.AddCommand(ctList, ctInfo)
+	ct.AddCommand(ctList, ctInfo, containerHealthCmd(f))
 	root.AddCommand(dn, pl, ct)
 	root.AddCommand(adminS3Cmd(f))
 	return root

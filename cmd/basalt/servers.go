@@ -22,6 +22,8 @@ import (
 	"github.com/basalt-store/basalt/internal/datanode"
 	"github.com/basalt-store/basalt/internal/meta"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
+	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/storage"
 )
 
 // serveMetrics serves /metrics and /debug/pprof on addr ("" = off).
@@ -73,6 +75,8 @@ func metaCmd() *cobra.Command {
 	var dataDir, raftAddr, grpcAddr, peers, metricsAddr, logLevel, tokenFile string
 	var id uint64
 	var uploadExpiry time.Duration
+	var ballast int64
+	var scmCfg scm.Config
 	cmd := &cobra.Command{
 		Use:   "meta",
 		Short: "Run a metadata service node (namespace manager + storage container manager)",
@@ -86,10 +90,14 @@ node gets the same --peers list (empty for a single node).`,
 			if err != nil {
 				return &usageError{err.Error()}
 			}
+			if scmCfg.StaleInterval <= 0 || scmCfg.DeadInterval <= scmCfg.StaleInterval || scmCfg.MaxCopiesPerTarget <= 0 || scmCfg.CopyTimeout <= 0 {
+				return usagef("want 0 < --stale-interval (%v) < --dead-interval (%v), --replication-copies-per-datanode (%d) > 0 and --replication-copy-timeout (%v) > 0",
+					scmCfg.StaleInterval, scmCfg.DeadInterval, scmCfg.MaxCopiesPerTarget, scmCfg.CopyTimeout)
+			}
 			reg := newRegistry()
 			ms, err := meta.New(meta.Config{NodeID: id, DataDir: dataDir, RaftAddr: raftAddr, GRPCAddr: grpcAddr, Peers: p,
-				ServiceTokenFile: tokenFile, Namespace: namespace.Config{UploadExpiry: uploadExpiry},
-				Registerer: reg, Logger: serverLogger(logLevel)})
+				ServiceTokenFile: tokenFile, Namespace: namespace.Config{UploadExpiry: uploadExpiry}, SCM: scmCfg,
+				BallastBytes: ballast, Registerer: reg, Logger: serverLogger(logLevel)})
 			if err != nil {
 				return err
 			}
@@ -117,12 +125,18 @@ node gets the same --peers list (empty for a single node).`,
 	cmd.Flags().StringVar(&tokenFile, "service-token-file", "", "file of the cluster service token S3 gateways and admin tools present (default DATA_DIR/"+meta.ServiceTokenFile+"; if it does not exist the node adopts the token the cluster recorded, made by the first leader, and writes it there)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
+	cmd.Flags().Int64Var(&ballast, "ballast-bytes", storage.DefaultBallast, "emergency ballast kept beside each Pebble store and the Raft log, removed at start on a full disk so the node comes up (0: none)")
+	cmd.Flags().DurationVar(&scmCfg.StaleInterval, "stale-interval", 30*time.Second, "a datanode not heard from for this long is STALE (gets no new writes)")
+	cmd.Flags().DurationVar(&scmCfg.DeadInterval, "dead-interval", 90*time.Second, "a datanode not heard from for this long is DEAD (its pipelines close, its replicas are copied elsewhere)")
+	cmd.Flags().IntVar(&scmCfg.MaxCopiesPerTarget, "replication-copies-per-datanode", 2, "container copies in flight into one datanode (replication manager)")
+	cmd.Flags().DurationVar(&scmCfg.CopyTimeout, "replication-copy-timeout", 10*time.Minute, "a container copy not done by then is given up and scheduled on another datanode")
 	return cmd
 }
 
 func datanodeCmd() *cobra.Command {
 	var cfg datanode.Config
 	var metas, volumes, logDirs, metricsAddr, logLevel string
+	var ballast int64
 	cmd := &cobra.Command{
 		Use:   "datanode",
 		Short: "Run a datanode",
@@ -136,6 +150,7 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 			cfg.MetaAddrs = splitList(metas)
 			cfg.Volumes = splitList(volumes)
 			cfg.LogDirs = splitList(logDirs)
+			cfg.Storage.BallastBytes, cfg.LogBallastBytes = ballast, ballast
 			reg := newRegistry()
 			cfg.Registerer = reg
 			cfg.Logger = serverLogger(logLevel)
@@ -170,6 +185,7 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 	f.StringVar(&cfg.Hostname, "hostname", "", "host name reported to SCM (default: os.Hostname)")
 	f.StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
 	f.StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
+	f.Int64Var(&ballast, "ballast-bytes", storage.DefaultBallast, "emergency ballast kept beside each volume's Pebble DB and each Raft log directory, removed at start on a full disk so the datanode comes up with writes refused (0: none)")
 	return cmd
 }
 

@@ -62,6 +62,9 @@ type Config struct {
 	TickInterval time.Duration
 	// Storage options; Volumes, KeepUncommitted are set by the datanode.
 	Storage storage.Options
+	// LogBallastBytes is raft.HostConfig.LogBallastBytes: the emergency
+	// ballast beside each Raft log directory (0: none).
+	LogBallastBytes int64
 	// FullReportEvery: full container reports every this many heartbeats
 	// (default 10).
 	FullReportEvery int
@@ -107,6 +110,7 @@ type Datanode struct {
 	recentAcks   []deleteAck // the newest maxRecentAcks, for DeleteAck
 	proposingDel map[uint64]bool
 
+	repl       replicator // container copies in and out (replicate.go)
 	hbInterval time.Duration
 	reportSoon atomic.Bool // a container changed state: full report next
 	stopc      chan struct{}
@@ -185,6 +189,11 @@ func New(cfg Config) (*Datanode, error) {
 	// Clients keep several WriteChunks of a block in flight; they reach
 	// the log in arrival order, not offset order.
 	so.OutOfOrderWrites = true
+	if so.Logf == nil {
+		// Volume failures, recovery actions and a full disk at start
+		// (ballast removed) must reach the operator.
+		so.Logf = func(f string, a ...any) { d.log.Warn(fmt.Sprintf(f, a...)) }
+	}
 	st, err := storage.Open(so)
 	if err != nil {
 		return nil, err
@@ -274,6 +283,7 @@ func (d *Datanode) Start(ctx context.Context) error {
 	h, err := raft.NewHost(raft.HostConfig{
 		ID: d.ident.ID, LogDirs: d.cfg.LogDirs, ListenAddr: raftAddr, Resolve: d.resolveRaft,
 		TickInterval: d.cfg.TickInterval, FS: d.cfg.FS, Registerer: d.cfg.Registerer, Logger: d.log,
+		LogBallastBytes: d.cfg.LogBallastBytes,
 		// Chunk data is in the block files, so a log entry is small, but
 		// keep more of the log for followers that fall behind briefly.
 		CompactEvery: 4096, CompactKeep: 1024,
@@ -513,6 +523,7 @@ func (d *Datanode) heartbeat(full bool) error {
 	}
 	d.mu.Unlock()
 	sent := d.takeAcks(req)
+	d.takeCopyFailures(req)
 	for _, p := range req.Pipelines {
 		if g, err := d.host.Group(p.PipelineId); err == nil {
 			p.IsLeader = g.IsLeader()
@@ -550,6 +561,10 @@ func (d *Datanode) execute(cmd *metapb.DatanodeCommand) error {
 		return d.closeContainer(c.CloseContainer.GetContainerId(), c.CloseContainer.GetPipelineId())
 	case *metapb.DatanodeCommand_DeleteBlocks:
 		return d.executeDelete(c.DeleteBlocks)
+	case *metapb.DatanodeCommand_ReplicateContainer:
+		return d.replicateContainer(c.ReplicateContainer)
+	case *metapb.DatanodeCommand_DeleteContainer:
+		return d.deleteContainer(c.DeleteContainer)
 	}
 	return nil
 }

@@ -73,7 +73,7 @@ func (s *service) toStatus(err error) error {
 		return dnError(codes.NotFound, datanodepb.Error_NO_SUCH_BLOCK, err.Error(), nil)
 	case errors.Is(err, storage.ErrChecksumMismatch), errors.Is(err, storage.ErrCorruption):
 		return dnError(codes.DataLoss, datanodepb.Error_CHECKSUM_MISMATCH, err.Error(), nil)
-	case errors.Is(err, storage.ErrDiskFull):
+	case errors.Is(err, storage.ErrDiskFull), errors.Is(err, raft.ErrLogDiskFull):
 		return dnError(codes.ResourceExhausted, datanodepb.Error_DISK_FULL, err.Error(), nil)
 	case errors.Is(err, storage.ErrOutOfRange):
 		return dnError(codes.OutOfRange, datanodepb.Error_BAD_REQUEST, err.Error(), nil)
@@ -118,6 +118,21 @@ func (s *service) checkWritable(cid storage.ContainerID, more int64) error {
 	return nil
 }
 
+// checkSpace refuses new data before it enters the pipeline's log when
+// this datanode's log disk or the container's volume is below its reserve:
+// the reserve is what keeps Pebble (log store, volume metadata) from
+// meeting ENOSPC, which it cannot survive. Cached figures, no statfs per
+// request. Entries already in the log still apply.
+func (s *service) checkSpace(g *raft.Group, cid storage.ContainerID, n int) error {
+	if err := g.CheckLogSpace(n); err != nil {
+		return s.toStatus(err)
+	}
+	if err := s.d.store.CheckSpace(cid, int64(n)); err != nil {
+		return s.toStatus(err)
+	}
+	return nil
+}
+
 // badRequest is the answer to a request that failed validation.
 func badRequest(op string, what any, err error) error {
 	return dnError(codes.InvalidArgument, datanodepb.Error_BAD_REQUEST, fmt.Sprintf("%s %v: %v", op, what, err), nil)
@@ -134,6 +149,9 @@ func (s *service) WriteChunk(ctx context.Context, req *datanodepb.WriteChunkRequ
 	}
 	cid := storage.ContainerID(b.GetContainerId())
 	if err := s.checkWritable(cid, int64(len(req.GetData()))); err != nil {
+		return nil, err
+	}
+	if err := s.checkSpace(g, cid, len(req.GetData())); err != nil {
 		return nil, err
 	}
 	// Verify on the leader before replicating: data damaged on the way in
@@ -225,6 +243,9 @@ func (s *service) PutSmallFile(ctx context.Context, req *datanodepb.PutSmallFile
 	}
 	cid := storage.ContainerID(bd.GetId().GetContainerId())
 	if err := s.checkWritable(cid, int64(len(data))); err != nil {
+		return nil, err
+	}
+	if err := s.checkSpace(g, cid, len(data)); err != nil {
 		return nil, err
 	}
 	c := bd.GetChunks()[0]

@@ -126,13 +126,14 @@ func TestSmallFileLikeWriteChunkPutBlock(t *testing.T) {
 		if err := small.sm.WriteData(e.Index, e.Term, e.Meta, data); err != nil {
 			t.Fatal(err)
 		}
-		// The entry is acknowledged after the batch's SyncData (the raft
-		// host calls it after the batch's WriteData calls, before the log
-		// write that acknowledges them): the chunk is durable by then
-		// (storage's Sync), not only at the commit.
+		if len(small.syncs) != 0 {
+			t.Fatalf("%d bytes: WriteData synced %v itself; the batch's SyncData does", n, small.syncs)
+		}
 		if err := small.sm.SyncData(); err != nil {
 			t.Fatal(err)
 		}
+		// The entry is acknowledged after the batch's SyncData: the chunk
+		// is durable by then (storage's Sync), not only at the commit.
 		if len(small.syncs) != 1 || small.syncs[0] != "42.block" {
 			t.Fatalf("%d bytes: block file syncs when the data was written: %v, want one of 42.block", n, small.syncs)
 		}

@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -134,13 +135,21 @@ func (x *scmServer) GetSafeMode(ctx context.Context, _ *metapb.GetSafeModeReques
 	return x.s.scmMgr.SafeMode()
 }
 
+// GetContainerHealth returns the replication manager's last round.
+func (x *scmServer) GetContainerHealth(ctx context.Context, req *metapb.GetContainerHealthRequest) (*metapb.GetContainerHealthResponse, error) {
+	if err := x.leader(); err != nil {
+		return nil, err
+	}
+	return x.s.scmMgr.ContainerHealth(int(req.Worst))
+}
+
 // maxCorruptReports bounds the corrupt-replica reports the SCM leader keeps.
 const maxCorruptReports = 10000
 
 // corruptReplicas are reports from clients that a replica failed its
 // checksums. They are kept on the SCM leader (lost on failover, like
-// liveness) and exported as a metric; the replication manager, when it
-// exists, acts on them.
+// liveness) and exported as a metric; the replication manager acts on
+// them (scm.Manager.ReplicaCorrupt).
 type corruptReplicas struct {
 	mu   sync.Mutex
 	byID map[[3]uint64]*metapb.CorruptReplica
@@ -173,6 +182,10 @@ func (x *scmServer) ReportCorruptReplica(ctx context.Context, req *metapb.Report
 	r.Reports++
 	x.s.metrics.corrupt.Inc()
 	x.s.log.Warn("corrupt replica reported", "container", key[0], "block", key[1], "datanode", key[2], "reason", req.GetReason())
+	// The replica is replaced (replication manager): recorded unhealthy
+	// through Raft, so that survives a failover even though this list
+	// does not.
+	x.s.scmMgr.ReplicaCorrupt(key[0], key[2], fmt.Sprintf("block %d: %s", key[1], req.GetReason()))
 	return &metapb.ReportCorruptReplicaResponse{}, nil
 }
 

@@ -60,6 +60,15 @@ type Config struct {
 	// stores with their snapshots and restores, and the service-token
 	// file. A test can run a whole node on a crashable in-memory FS.
 	FS vfs.FS
+	// DiskReserveBytes is the free space kept on DataDir's disk for the
+	// Pebble stores and the raft log, which treat a failed WAL write as
+	// fatal: below it, state-changing requests are refused with
+	// ResourceExhausted before they are proposed; reads keep working
+	// (default 64 MiB; negative: none). BallastBytes is the size of the
+	// emergency ballast kept beside each store and the raft log, removed
+	// at start on a full disk so the node comes up (0: none).
+	DiskReserveBytes int64
+	BallastBytes     int64
 	// RaftAddr and GRPCAddr are the listen addresses ("127.0.0.1:0" picks
 	// a port; see Server.RaftAddr and GRPCAddr).
 	RaftAddr string
@@ -201,7 +210,12 @@ func New(cfg Config) (*Server, error) {
 	if tok != "" {
 		s.token.Store(&tok)
 	}
-	sopts := store.Options{SyncInterval: cfg.StoreSyncInterval, FS: cfg.FS, Logger: s.log}
+	if cfg.DiskReserveBytes == 0 {
+		cfg.DiskReserveBytes = store.DefaultReserve
+	}
+	s.cfg.DiskReserveBytes = cfg.DiskReserveBytes
+	sopts := store.Options{SyncInterval: cfg.StoreSyncInterval, FS: cfg.FS, Logger: s.log,
+		ReserveBytes: cfg.DiskReserveBytes, BallastBytes: cfg.BallastBytes}
 	if s.scmState, err = scm.Open(filepath.Join(cfg.DataDir, "scm"), sopts); err != nil {
 		return nil, err
 	}
@@ -221,6 +235,7 @@ func New(cfg Config) (*Server, error) {
 		ListenAddr: cfg.RaftAddr, Resolve: s.resolve,
 		TickInterval: cfg.TickInterval, ElectionTicks: cfg.ElectionTicks,
 		Registerer: reg, Logger: cfg.Logger, FS: cfg.FS,
+		LogReserveBytes: cfg.DiskReserveBytes, LogBallastBytes: cfg.BallastBytes,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("meta: raft host: %w", err)
@@ -238,6 +253,9 @@ func New(cfg Config) (*Server, error) {
 	scmCfg := cfg.SCM
 	if scmCfg.Logger == nil {
 		scmCfg.Logger = s.log
+	}
+	if scmCfg.Registerer == nil {
+		scmCfg.Registerer = reg
 	}
 	s.scmMgr = scm.NewManager(scmCfg, s.scmState, &scmRaft{s: s})
 	nsCfg := cfg.Namespace
@@ -444,6 +462,12 @@ func (s *Server) withTimeout(ctx context.Context) (context.Context, context.Canc
 }
 
 func propose(ctx context.Context, s *Server, g *raft.Group, cmd []byte) (any, error) {
+	// Below the disk reserve nothing new goes into the log: Pebble (the
+	// log store, the stores) cannot survive ENOSPC. What is in the log
+	// still applies, in the reserve.
+	if err := g.CheckLogSpace(len(cmd)); err != nil {
+		return nil, status.Errorf(codes.ResourceExhausted, "meta node %d: disk full: %v; state-changing requests are refused until space is freed (reads keep working)", s.cfg.NodeID, err)
+	}
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
 	res, err := g.Propose(ctx, cmd, nil)

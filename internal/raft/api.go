@@ -165,6 +165,10 @@ var (
 	// ErrDataLost: returned (wrapped) by DataStateMachine.ReadData when an
 	// entry's data no longer exists anywhere on this replica.
 	ErrDataLost = errors.New("raft: entry data lost")
+	// ErrLogDiskFull: the disk of the group's log directory is below
+	// HostConfig.LogReserveBytes (Group.CheckLogSpace). The log store's
+	// Pebble cannot survive ENOSPC, so callers refuse new data first.
+	ErrLogDiskFull = errors.New("raft: log disk below its reserve")
 	// ErrReplicasLag: WaitAppliedAll timed out; use errors.As with
 	// *LagError for the replicas that lag.
 	ErrReplicasLag = errors.New("raft: replicas lag")

@@ -45,6 +45,16 @@ type HostConfig struct {
 	// state machine's durable index for followers slightly behind.
 	CompactEvery int
 	CompactKeep  int
+	// LogReserveBytes is the free space kept on each log directory's disk
+	// for the log store's Pebble, which treats a failed WAL write as fatal:
+	// Group.CheckLogSpace fails once less is left, so callers refuse new
+	// writes first (default DefaultLogReserve; negative: none).
+	LogReserveBytes int64
+	// LogBallastBytes is the size of the emergency ballast file kept beside
+	// each log directory (<dir>.ballast). NewHost removes it when the disk
+	// is below the reserve, so the log store opens instead of hanging on a
+	// full disk; it is recreated once there is room. 0: none.
+	LogBallastBytes int64
 	// FS is the file system for log stores (default: the OS). Tests pass an
 	// in-memory or crash-simulating vfs.
 	FS vfs.FS
@@ -53,6 +63,9 @@ type HostConfig struct {
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 }
+
+// DefaultLogReserve is HostConfig.LogReserveBytes's default.
+const DefaultLogReserve = 64 << 20
 
 // GroupConfig configures one group on a host.
 type GroupConfig struct {

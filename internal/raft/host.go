@@ -94,6 +94,9 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	if cfg.FS == nil {
 		cfg.FS = vfs.Default
 	}
+	if cfg.LogReserveBytes == 0 {
+		cfg.LogReserveBytes = DefaultLogReserve
+	}
 	h := &Host{
 		cfg:     cfg,
 		id:      cfg.ID,
@@ -107,7 +110,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	h.seq.Store(seqStart())
 	h.metrics = newMetrics(cfg.ID, cfg.Registerer)
 	for _, dir := range cfg.LogDirs {
-		s, err := openLogStore(dir, cfg.FS)
+		s, err := openLogStoreSpace(dir, cfg.FS, h.spaceOptions())
 		if err != nil {
 			h.closeStores()
 			return nil, err

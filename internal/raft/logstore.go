@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	bvfs "github.com/basalt-store/basalt/internal/vfs"
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	etcdraft "go.etcd.io/raft/v3"
@@ -31,6 +32,8 @@ type logStore struct {
 	dir   string
 	db    *pebble.DB
 	syncs atomic.Int64 // fsyncs issued by Pebble on this directory
+	// space keeps LogReserveBytes free for Pebble and the ballast.
+	space *bvfs.Space
 
 	mu     sync.Mutex
 	groups map[uint64]*groupLog
@@ -59,7 +62,40 @@ func entryKey(group, index uint64) []byte {
 	return k
 }
 
+// spaceOptions are the headroom settings of every log store of h.
+func (h *Host) spaceOptions() bvfs.SpaceOptions {
+	return bvfs.SpaceOptions{
+		Reserve: max(0, h.cfg.LogReserveBytes),
+		Ballast: h.cfg.LogBallastBytes,
+		Logf:    func(f string, a ...any) { h.log.Warn(fmt.Sprintf(f, a...)) },
+	}
+}
+
+// CheckLogSpace reports whether n more bytes may go into the group's log:
+// nil, or an error wrapping ErrLogDiskFull once the log directory's disk is
+// below HostConfig.LogReserveBytes (a cached figure, cheap to ask per
+// request). Raft itself never refuses: heartbeats, votes and the entries
+// already proposed must still be written; callers refuse new data.
+func (g *Group) CheckLogSpace(n int) error {
+	if g.loop == nil || g.loop.store.space == nil {
+		return nil
+	}
+	sp := g.loop.store.space
+	if err := sp.Admit(int64(n)); err != nil {
+		if errors.Is(err, bvfs.ErrNoSpace) {
+			return fmt.Errorf("raft: group %d: %w: %w", g.id, ErrLogDiskFull, err)
+		}
+		return fmt.Errorf("raft: group %d: %w", g.id, err)
+	}
+	return nil
+}
+
+// openLogStore opens a log store without a reserve or ballast.
 func openLogStore(dir string, fs vfs.FS) (*logStore, error) {
+	return openLogStoreSpace(dir, fs, bvfs.SpaceOptions{})
+}
+
+func openLogStoreSpace(dir string, fs vfs.FS, space bvfs.SpaceOptions) (*logStore, error) {
 	if fs == nil {
 		fs = vfs.Default
 	}
@@ -75,6 +111,13 @@ func openLogStore(dir string, fs vfs.FS) (*logStore, error) {
 	if err := fs.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("raft: log dir %s: %w", dir, err)
 	}
+	// Before Pebble opens: on a full disk its open waits forever for a
+	// flush it cannot write, so the ballast goes first.
+	sp, err := bvfs.OpenSpace(fs, dir, space)
+	if err != nil {
+		return nil, fmt.Errorf("raft: log dir %s: %w", dir, err)
+	}
+	s.space = sp
 	db, err := pebble.Open(dir, opts)
 	if err != nil {
 		return nil, fmt.Errorf("raft: open log store %s: %w", dir, err)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"testing/cryptotest"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	pb "go.etcd.io/raft/v3/raftpb"
 )
 
@@ -271,39 +272,9 @@ func TestManualHostsDeterministic(t *testing.T) {
 // ErrProposalDropped. The old code had its caller wait for its whole
 // context, and an abandoned one stayed pending (with its data) forever.
 func TestProposalDiscardedBeforeReadyFails(t *testing.T) {
-	cryptotest.SetGlobalRandom(t, 7)
-	net := &fifoNet{hosts: map[uint64]*Host{}}
-	for id := uint64(1); id <= 3; id++ {
-		h, err := NewHost(HostConfig{ID: id, LogDirs: []string{"/log"}, FS: newMemFS(), Transport: &fifoTransport{net: net, id: id},
-			Manual: true, ElectionTicks: 10, HeartbeatTicks: 1, Logger: testLogger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer h.Close()
-		if _, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: &kvSM{}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	quiesce := func(ids ...uint64) {
-		for range 1000 {
-			did := false
-			for _, id := range ids {
-				for net.hosts[id].Poll() {
-					did = true
-				}
-			}
-			if !net.deliver() && !did {
-				return
-			}
-		}
-		t.Fatal("no quiescence")
-	}
-	g := func(id uint64) *Group { gr, _ := net.hosts[id].Group(1); return gr }
-	g(1).Campaign()
-	quiesce(1, 2, 3)
-	if !g(1).IsLeader() {
-		t.Fatal("host 1 did not become the leader")
-	}
+	m := newManualTrio(t, 7, nil, 0, 0)
+	net, quiesce, g := m.net, m.quiesce, m.g
+	m.lead()
 	// Host 1 goes silent (and hears nothing) while 2 and 3 elect a leader.
 	net.mute = 1
 	var lead uint64
@@ -443,39 +414,9 @@ func TestProposalResultsAcrossRestart(t *testing.T) {
 // waits for its whole context and its inflight bytes are never returned,
 // until the group's budget is gone and every proposal waits.
 func TestProposalCoveredBySnapshotFinishes(t *testing.T) {
-	cryptotest.SetGlobalRandom(t, 5)
-	net := &fifoNet{hosts: map[uint64]*Host{}}
-	for id := uint64(1); id <= 3; id++ {
-		h, err := NewHost(HostConfig{ID: id, LogDirs: []string{"/log"}, FS: newMemFS(), Transport: &fifoTransport{net: net, id: id},
-			Manual: true, ElectionTicks: 10, HeartbeatTicks: 1, CompactEvery: 4, CompactKeep: 1, Logger: testLogger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer h.Close()
-		if _, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: &kvSM{}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	quiesce := func(ids ...uint64) {
-		for range 1000 {
-			did := false
-			for _, id := range ids {
-				for net.hosts[id].Poll() {
-					did = true
-				}
-			}
-			if !net.deliver() && !did {
-				return
-			}
-		}
-		t.Fatal("no quiescence")
-	}
-	g := func(id uint64) *Group { gr, _ := net.hosts[id].Group(1); return gr }
-	g(1).Campaign()
-	quiesce(1, 2, 3)
-	if !g(1).IsLeader() {
-		t.Fatal("host 1 did not become the leader")
-	}
+	m := newManualTrio(t, 5, nil, 4, 1)
+	net, quiesce, g := m.net, m.quiesce, m.g
+	m.lead()
 	// Host 1 is cut off; its proposal enters its log and no one else's.
 	net.down = 1
 	var got []error
@@ -536,5 +477,71 @@ func TestProposalCoveredBySnapshotFinishes(t *testing.T) {
 	g(1).pmu.Unlock()
 	if n != 0 || inflight != 0 {
 		t.Fatalf("%d proposals still pending, %d bytes in flight", n, inflight)
+	}
+}
+
+// manualTrio is three manual hosts with one group (ID 1, a kvSM each) over
+// a FIFO network: the common setup of the manual-mode tests.
+type manualTrio struct {
+	t   *testing.T
+	net *fifoNet
+}
+
+// newManualTrio starts the hosts; fsFor gives each host's file system (nil:
+// a fresh in-memory one) and compact sets CompactEvery/CompactKeep (0:
+// defaults).
+func newManualTrio(t *testing.T, seed uint64, fsFor func(id uint64) vfs.FS, compactEvery, compactKeep int) *manualTrio {
+	t.Helper()
+	// etcd raft draws its randomized election timeouts from crypto/rand.
+	cryptotest.SetGlobalRandom(t, seed)
+	m := &manualTrio{t: t, net: &fifoNet{hosts: map[uint64]*Host{}}}
+	for id := uint64(1); id <= 3; id++ {
+		var fs vfs.FS
+		if fsFor != nil {
+			fs = fsFor(id)
+		}
+		if fs == nil {
+			fs = newMemFS()
+		}
+		h, err := NewHost(HostConfig{ID: id, LogDirs: []string{"/log"}, FS: fs, Transport: &fifoTransport{net: m.net, id: id},
+			Manual: true, ElectionTicks: 10, HeartbeatTicks: 1, CompactEvery: compactEvery, CompactKeep: compactKeep, Logger: testLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+		if _, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: &kvSM{}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return m
+}
+
+// quiesce polls the given hosts and delivers messages until nothing moves.
+func (m *manualTrio) quiesce(ids ...uint64) {
+	m.t.Helper()
+	for range 1000 {
+		did := false
+		for _, id := range ids {
+			for m.net.hosts[id].Poll() {
+				did = true
+			}
+		}
+		if !m.net.deliver() && !did {
+			return
+		}
+	}
+	m.t.Fatal("no quiescence")
+}
+
+// g returns host id's group.
+func (m *manualTrio) g(id uint64) *Group { gr, _ := m.net.hosts[id].Group(1); return gr }
+
+// lead makes host 1 the leader.
+func (m *manualTrio) lead() {
+	m.t.Helper()
+	m.g(1).Campaign()
+	m.quiesce(1, 2, 3)
+	if !m.g(1).IsLeader() {
+		m.t.Fatal("host 1 did not become the leader")
 	}
 }

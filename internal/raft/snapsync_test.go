@@ -3,7 +3,6 @@ package raft
 import (
 	"fmt"
 	"testing"
-	"testing/cryptotest"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
@@ -16,44 +15,15 @@ import (
 // etcd raft found the leader's commit beyond the replica's last index
 // ("tocommit(N) is out of range"; the simulator's defect D2).
 func TestInstalledSnapshotIsSyncedBeforeAck(t *testing.T) {
-	cryptotest.SetGlobalRandom(t, 7)
-	net := &fifoNet{hosts: map[uint64]*Host{}}
 	crashable := vfs.NewCrashableMem()
-	for id := uint64(1); id <= 3; id++ {
-		fs := newMemFS()
+	m := newManualTrio(t, 7, func(id uint64) vfs.FS {
 		if id == 3 {
-			fs = crashable
+			return crashable
 		}
-		h, err := NewHost(HostConfig{ID: id, LogDirs: []string{"/log"}, FS: fs, Transport: &fifoTransport{net: net, id: id},
-			Manual: true, ElectionTicks: 10, HeartbeatTicks: 1, CompactEvery: 4, CompactKeep: 1, Logger: testLogger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer h.Close()
-		if _, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: &kvSM{}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	quiesce := func(ids ...uint64) {
-		for range 1000 {
-			did := false
-			for _, id := range ids {
-				for net.hosts[id].Poll() {
-					did = true
-				}
-			}
-			if !net.deliver() && !did {
-				return
-			}
-		}
-		t.Fatal("no quiescence")
-	}
-	g := func(id uint64) *Group { gr, _ := net.hosts[id].Group(1); return gr }
-	g(1).Campaign()
-	quiesce(1, 2, 3)
-	if !g(1).IsLeader() {
-		t.Fatal("host 1 did not become the leader")
-	}
+		return nil
+	}, 4, 1)
+	net, quiesce, g := m.net, m.quiesce, m.g
+	m.lead()
 	// Host 3 is cut off while hosts 1 and 2 commit and truncate, so it
 	// can only catch up by a snapshot.
 	net.down = 3

@@ -94,9 +94,14 @@ func (s *Store) Volumes() []VolumeReport {
 	s.mu.RUnlock()
 	var out []VolumeReport
 	for _, v := range s.volumes {
-		r := VolumeReport{Path: v.path, Used: used[v], Containers: count[v], Reserved: s.opts.ReservedBytes}
+		r := VolumeReport{Path: v.path, Used: used[v], Containers: count[v], Reserved: s.reserve()}
+		if v.space != nil {
+			// Reports are periodic (heartbeats): the refresh also brings the
+			// ballast back once there is room.
+			_ = v.space.Refresh()
+		}
 		if avail, total, err := v.diskUsage(); err == nil {
-			r.Capacity, r.Available = total, max(0, avail-s.opts.ReservedBytes)
+			r.Capacity, r.Available = total, max(0, avail-s.reserve())
 		}
 		if v.failed.Load() {
 			r.Failed, r.Error, r.Available = true, fmt.Sprint(v.err()), 0

@@ -99,6 +99,19 @@
 // (ErrVolumeFailed): its containers are reported UNHEALTHY and the rest of
 // the datanode carries on.
 //
+// # Full disks
+//
+// Pebble treats a failed WAL write as fatal, so block data never eats into
+// a reserve kept free for the volume's DB: WriteChunk (and so streams)
+// fails with ErrDiskFull once free space would fall below ReservedBytes +
+// MetaReserveBytes, judged on a cached figure (vfs.Space: a statfs per
+// second, per Reserve/4 bytes admitted and per Volumes report, never per
+// chunk), and CheckSpace lets the datanode refuse a write before it enters
+// a raft log. An emergency ballast file (BallastBytes) beside the DB is
+// removed by Open when the disk is below the reserve, so Pebble can replay
+// its WAL and the volume opens full (writes refused, reads served) instead
+// of Open hanging; it is recreated once there is room.
+//
 // # Extension points
 //
 // Block data goes through BlockFiles (posix now: file per block, O_DIRECT for

@@ -101,3 +101,11 @@ func wantErr(t testing.TB, err, kind error, names ...string) {
 }
 
 func itoa(v any) string { return fmt.Sprint(v) }
+
+// setReserved changes ReservedBytes of an open store.
+func setReserved(s *Store, n int64) {
+	s.opts.ReservedBytes = n
+	for _, v := range s.volumes {
+		v.space.SetReserve(s.reserve())
+	}
+}

@@ -111,6 +111,18 @@ type Options struct {
 	// ReservedBytes is left free on every volume for other users of the
 	// disk: containers are not placed and chunks not written into it.
 	ReservedBytes int64
+	// MetaReserveBytes is left free on every volume, beyond ReservedBytes,
+	// for the volume's Pebble DB: block data is refused (ErrDiskFull) before
+	// it eats into it, because Pebble treats a failed WAL write as fatal.
+	// Default DefaultMetaReserve; negative: none.
+	MetaReserveBytes int64
+	// BallastBytes is the size of the emergency ballast file kept beside
+	// each volume's Pebble DB (<volume>/basalt/meta.ballast). Open removes
+	// it when the disk is below the reserve, so the DB can replay its WAL
+	// and the volume comes up with writes refused instead of hanging; it
+	// is recreated once there is room. 0: none (the basalt binary sets
+	// DefaultBallast).
+	BallastBytes  int64
 	ContainerSize int64 // default 5 GiB
 	MaxBlockSize  int64 // default and at most MaxBlockSize
 	MaxChunkSize  int64 // largest WriteChunk; default and at most MaxChunkSize
@@ -130,7 +142,17 @@ type Options struct {
 	Logf func(format string, args ...any)
 }
 
+// DefaultMetaReserve and DefaultBallast are the default headroom kept for
+// a volume's Pebble DB and the ballast size the binary configures.
+const (
+	DefaultMetaReserve = 64 << 20
+	DefaultBallast     = 64 << 20
+)
+
 func (o *Options) setDefaults() {
+	if o.MetaReserveBytes == 0 {
+		o.MetaReserveBytes = DefaultMetaReserve
+	}
 	if o.FS == nil {
 		o.FS = vfs.Default
 	}
@@ -174,6 +196,9 @@ type volume struct {
 	files BlockFiles
 	db    *pebble.DB
 	fs    vfs.FS
+	// space admits block data while the volume keeps its reserve free for
+	// the Pebble DB, and keeps the emergency ballast.
+	space *vfs.Space
 
 	failed  atomic.Bool
 	mu      sync.Mutex
@@ -302,6 +327,17 @@ func (s *Store) openVolume(v *volume) error {
 		return err
 	}
 	v.files = files
+	// Before Pebble opens: on a full disk Pebble's open waits forever for
+	// a flush it cannot write, so the ballast goes first.
+	v.space, err = vfs.OpenSpace(v.fs, root, vfs.SpaceOptions{
+		Reserve:     s.reserve(),
+		Ballast:     s.opts.BallastBytes,
+		BallastPath: filepath.Join(root, "meta.ballast"),
+		Logf:        s.opts.Logf,
+	})
+	if err != nil {
+		return err
+	}
 	db, err := pebble.Open(filepath.Join(root, "meta"), &pebble.Options{
 		FS:     v.fs,
 		Logger: quietLogger{s.opts.Logf},
@@ -311,6 +347,11 @@ func (s *Store) openVolume(v *volume) error {
 	}
 	v.db = db
 	return s.recoverVolume(v)
+}
+
+// reserve is the free space block data never eats into.
+func (s *Store) reserve() int64 {
+	return s.opts.ReservedBytes + max(0, s.opts.MetaReserveBytes)
 }
 
 func (s *Store) markUnhealthyLocked(c *container, why string) error {
@@ -506,7 +547,7 @@ func (s *Store) pickVolume(need int64) (*volume, error) {
 			reasons = append(reasons, v.path+": "+err.Error())
 			continue
 		}
-		free := avail - s.opts.ReservedBytes
+		free := avail - s.reserve()
 		if free < need {
 			reasons = append(reasons, fmt.Sprintf("%s: %d bytes free beyond reserve, need %d", v.path, free, need))
 			continue

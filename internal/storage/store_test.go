@@ -181,7 +181,7 @@ func TestErrors(t *testing.T) {
 		{"delete open container", func(s *Store) error { return s.DeleteContainer(1, false) }, ErrContainerNotClosed, []string{"container 1"}},
 		{"delete unknown blocks", func(s *Store) error { return s.DeleteBlocks(1, []LocalID{1, 77}) }, ErrBlockNotFound, []string{"block 77"}},
 		{"disk full by reserve", func(s *Store) error {
-			s.opts.ReservedBytes = 1 << 62
+			setReserved(s, 1<<62)
 			return s.WriteChunk(1, 2, 0, chunk, sum, true)
 		}, ErrDiskFull, []string{"block 2", "offset 0"}},
 	}
@@ -199,7 +199,7 @@ func TestErrors(t *testing.T) {
 			}
 			before, _ := s.Container(1)
 			wantErr(t, tc.run(s), tc.kind, tc.names...)
-			s.opts.ReservedBytes = 0
+			setReserved(s, 0)
 			checkBlock(t, s, 1, 1, good)
 			if after, _ := s.Container(1); after.BlockCount != before.BlockCount || after.UsedBytes != before.UsedBytes {
 				t.Fatalf("counters changed: %+v -> %+v", before, after)
@@ -476,6 +476,7 @@ func TestDiskFullInjected(t *testing.T) {
 	// The volume reports full via capacity too.
 	ffs.SetInject(nil)
 	ffs.SetCapacity(&vfs.DiskUsage{TotalBytes: 1 << 30, AvailBytes: 1000})
+	s.Volumes() // a report refreshes the cached free space
 	wantErr(t, s.WriteChunk(1, 4, 0, data[:4096], ChecksumData{}, false), ErrDiskFull, "block 4")
 	_, err = s.CreateContainer(2, CreateOptions{})
 	wantErr(t, err, ErrNoVolume, "container 2")
@@ -496,7 +497,7 @@ func TestDiskFullTmpfs(t *testing.T) {
 		t.Skipf("cannot mount tmpfs (%v); TestDiskFullInjected covers ENOSPC", err)
 	}
 	defer unix.Unmount(dir, unix.MNT_DETACH)
-	s, err := Open(Options{Volumes: []string{dir}, ContainerSize: 4 << 20})
+	s, err := Open(Options{Volumes: []string{dir}, ContainerSize: 4 << 20, MetaReserveBytes: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sort"
 	"sync"
+
+	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // The write path. WriteChunk puts a chunk's bytes in its block file and
@@ -183,14 +185,13 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 	}
 
 	if grow > 0 {
-		avail, _, err := c.vol.diskUsage()
-		if err != nil {
+		// A cached figure, not a statfs per chunk (see vfs.Space).
+		if err := c.vol.space.Admit(grow); err != nil {
 			release()
+			if errors.Is(err, vfs.ErrNoSpace) {
+				return oErr(op, ErrDiskFull, c.id, lid, off, "", err).withVolume(c.vol.path)
+			}
 			return s.ioErr(op, c, lid, off, err)
-		}
-		if avail-s.opts.ReservedBytes < grow {
-			release()
-			return oErr(op, ErrDiskFull, c.id, lid, off, fmt.Sprintf("%d bytes available beyond reserve %d, need %d", avail-s.opts.ReservedBytes, s.opts.ReservedBytes, grow), nil).withVolume(c.vol.path)
 		}
 	}
 	if err := s.openWriter(c, lid, ob); err != nil {
@@ -205,6 +206,36 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 	ob.hwm = max(ob.hwm, end)
 	s.queue(c, lid, ob)
 	s.checkOpen(c, ob)
+	return nil
+}
+
+// CheckSpace reports whether n bytes of block data would be refused for
+// lack of space (ErrDiskFull), from the cached free space: a caller asks
+// before putting a write into a replicated log. For a container not here
+// yet (its first write creates it) it asks every healthy volume and
+// refuses only if none has room.
+func (s *Store) CheckSpace(cid ContainerID, n int64) error {
+	s.mu.RLock()
+	c := s.containers[cid]
+	vols := s.volumes
+	s.mu.RUnlock()
+	if c != nil {
+		vols = []*volume{c.vol}
+	}
+	var last error
+	for _, v := range vols {
+		if v.failed.Load() || v.space == nil {
+			continue
+		}
+		err := v.space.Check(n)
+		if err == nil || !errors.Is(err, vfs.ErrNoSpace) {
+			return nil // an I/O error shows up on the write itself
+		}
+		last = err
+	}
+	if last != nil {
+		return oErr("write chunk", ErrDiskFull, cid, 0, 0, "", last)
+	}
 	return nil
 }
 

@@ -160,7 +160,7 @@ func (x Error_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Error_Kind.Descriptor instead.
 func (Error_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{18, 0}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{20, 0}
 }
 
 type BlockID struct {
@@ -405,6 +405,96 @@ func (x *BlockData) GetBcsid() uint64 {
 	return 0
 }
 
+type ExportContainerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportContainerRequest) Reset() {
+	*x = ExportContainerRequest{}
+	mi := &file_datanode_datanode_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportContainerRequest) ProtoMessage() {}
+
+func (x *ExportContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_datanode_datanode_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportContainerRequest.ProtoReflect.Descriptor instead.
+func (*ExportContainerRequest) Descriptor() ([]byte, []int) {
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ExportContainerRequest) GetContainerId() uint64 {
+	if x != nil {
+		return x.ContainerId
+	}
+	return 0
+}
+
+// ExportContainerResponse carries the next bytes of the export stream (at
+// most 1 MiB each).
+type ExportContainerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportContainerResponse) Reset() {
+	*x = ExportContainerResponse{}
+	mi := &file_datanode_datanode_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportContainerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportContainerResponse) ProtoMessage() {}
+
+func (x *ExportContainerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_datanode_datanode_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportContainerResponse.ProtoReflect.Descriptor instead.
+func (*ExportContainerResponse) Descriptor() ([]byte, []int) {
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ExportContainerResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 type ApplyStatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PipelineId    uint64                 `protobuf:"varint,1,opt,name=pipeline_id,json=pipelineId,proto3" json:"pipeline_id,omitempty"`
@@ -416,7 +506,7 @@ type ApplyStatusRequest struct {
 
 func (x *ApplyStatusRequest) Reset() {
 	*x = ApplyStatusRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[4]
+	mi := &file_datanode_datanode_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -428,7 +518,7 @@ func (x *ApplyStatusRequest) String() string {
 func (*ApplyStatusRequest) ProtoMessage() {}
 
 func (x *ApplyStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[4]
+	mi := &file_datanode_datanode_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -441,7 +531,7 @@ func (x *ApplyStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyStatusRequest.ProtoReflect.Descriptor instead.
 func (*ApplyStatusRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{4}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ApplyStatusRequest) GetPipelineId() uint64 {
@@ -478,7 +568,7 @@ type ApplyStatusResponse struct {
 
 func (x *ApplyStatusResponse) Reset() {
 	*x = ApplyStatusResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[5]
+	mi := &file_datanode_datanode_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +580,7 @@ func (x *ApplyStatusResponse) String() string {
 func (*ApplyStatusResponse) ProtoMessage() {}
 
 func (x *ApplyStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[5]
+	mi := &file_datanode_datanode_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +593,7 @@ func (x *ApplyStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyStatusResponse.ProtoReflect.Descriptor instead.
 func (*ApplyStatusResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{5}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ApplyStatusResponse) GetApplied() uint64 {
@@ -539,7 +629,7 @@ type WriteChunkRequest struct {
 
 func (x *WriteChunkRequest) Reset() {
 	*x = WriteChunkRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[6]
+	mi := &file_datanode_datanode_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -551,7 +641,7 @@ func (x *WriteChunkRequest) String() string {
 func (*WriteChunkRequest) ProtoMessage() {}
 
 func (x *WriteChunkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[6]
+	mi := &file_datanode_datanode_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -564,7 +654,7 @@ func (x *WriteChunkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteChunkRequest.ProtoReflect.Descriptor instead.
 func (*WriteChunkRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{6}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WriteChunkRequest) GetPipelineId() uint64 {
@@ -604,7 +694,7 @@ type WriteChunkResponse struct {
 
 func (x *WriteChunkResponse) Reset() {
 	*x = WriteChunkResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[7]
+	mi := &file_datanode_datanode_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -616,7 +706,7 @@ func (x *WriteChunkResponse) String() string {
 func (*WriteChunkResponse) ProtoMessage() {}
 
 func (x *WriteChunkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[7]
+	mi := &file_datanode_datanode_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -629,7 +719,7 @@ func (x *WriteChunkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteChunkResponse.ProtoReflect.Descriptor instead.
 func (*WriteChunkResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{7}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WriteChunkResponse) GetIndex() uint64 {
@@ -653,7 +743,7 @@ type PutBlockRequest struct {
 
 func (x *PutBlockRequest) Reset() {
 	*x = PutBlockRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[8]
+	mi := &file_datanode_datanode_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -665,7 +755,7 @@ func (x *PutBlockRequest) String() string {
 func (*PutBlockRequest) ProtoMessage() {}
 
 func (x *PutBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[8]
+	mi := &file_datanode_datanode_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -678,7 +768,7 @@ func (x *PutBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlockRequest.ProtoReflect.Descriptor instead.
 func (*PutBlockRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{8}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PutBlockRequest) GetPipelineId() uint64 {
@@ -725,7 +815,7 @@ type PutBlockResponse struct {
 
 func (x *PutBlockResponse) Reset() {
 	*x = PutBlockResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[9]
+	mi := &file_datanode_datanode_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +827,7 @@ func (x *PutBlockResponse) String() string {
 func (*PutBlockResponse) ProtoMessage() {}
 
 func (x *PutBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[9]
+	mi := &file_datanode_datanode_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +840,7 @@ func (x *PutBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlockResponse.ProtoReflect.Descriptor instead.
 func (*PutBlockResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{9}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PutBlockResponse) GetIndex() uint64 {
@@ -774,7 +864,7 @@ type PutSmallFileRequest struct {
 
 func (x *PutSmallFileRequest) Reset() {
 	*x = PutSmallFileRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[10]
+	mi := &file_datanode_datanode_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -786,7 +876,7 @@ func (x *PutSmallFileRequest) String() string {
 func (*PutSmallFileRequest) ProtoMessage() {}
 
 func (x *PutSmallFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[10]
+	mi := &file_datanode_datanode_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -799,7 +889,7 @@ func (x *PutSmallFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSmallFileRequest.ProtoReflect.Descriptor instead.
 func (*PutSmallFileRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{10}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PutSmallFileRequest) GetPipelineId() uint64 {
@@ -839,7 +929,7 @@ type PutSmallFileResponse struct {
 
 func (x *PutSmallFileResponse) Reset() {
 	*x = PutSmallFileResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[11]
+	mi := &file_datanode_datanode_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +941,7 @@ func (x *PutSmallFileResponse) String() string {
 func (*PutSmallFileResponse) ProtoMessage() {}
 
 func (x *PutSmallFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[11]
+	mi := &file_datanode_datanode_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +954,7 @@ func (x *PutSmallFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSmallFileResponse.ProtoReflect.Descriptor instead.
 func (*PutSmallFileResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{11}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PutSmallFileResponse) GetIndex() uint64 {
@@ -885,7 +975,7 @@ type ReadBlockRequest struct {
 
 func (x *ReadBlockRequest) Reset() {
 	*x = ReadBlockRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[12]
+	mi := &file_datanode_datanode_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -897,7 +987,7 @@ func (x *ReadBlockRequest) String() string {
 func (*ReadBlockRequest) ProtoMessage() {}
 
 func (x *ReadBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[12]
+	mi := &file_datanode_datanode_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -910,7 +1000,7 @@ func (x *ReadBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlockRequest.ProtoReflect.Descriptor instead.
 func (*ReadBlockRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{12}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReadBlockRequest) GetBlock() *BlockID {
@@ -945,7 +1035,7 @@ type ReadBlockResponse struct {
 
 func (x *ReadBlockResponse) Reset() {
 	*x = ReadBlockResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[13]
+	mi := &file_datanode_datanode_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -957,7 +1047,7 @@ func (x *ReadBlockResponse) String() string {
 func (*ReadBlockResponse) ProtoMessage() {}
 
 func (x *ReadBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[13]
+	mi := &file_datanode_datanode_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -970,7 +1060,7 @@ func (x *ReadBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlockResponse.ProtoReflect.Descriptor instead.
 func (*ReadBlockResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{13}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReadBlockResponse) GetBlock() *BlockData {
@@ -1003,7 +1093,7 @@ type GetBlockRequest struct {
 
 func (x *GetBlockRequest) Reset() {
 	*x = GetBlockRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[14]
+	mi := &file_datanode_datanode_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1105,7 @@ func (x *GetBlockRequest) String() string {
 func (*GetBlockRequest) ProtoMessage() {}
 
 func (x *GetBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[14]
+	mi := &file_datanode_datanode_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1118,7 @@ func (x *GetBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockRequest.ProtoReflect.Descriptor instead.
 func (*GetBlockRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{14}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetBlockRequest) GetBlock() *BlockID {
@@ -1046,7 +1136,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[15]
+	mi := &file_datanode_datanode_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1148,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[15]
+	mi := &file_datanode_datanode_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1161,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{15}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{17}
 }
 
 type InfoResponse struct {
@@ -1099,7 +1189,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[16]
+	mi := &file_datanode_datanode_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1201,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[16]
+	mi := &file_datanode_datanode_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1214,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{16}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *InfoResponse) GetDatanodeId() uint64 {
@@ -1223,7 +1313,7 @@ type PipelineInfo struct {
 
 func (x *PipelineInfo) Reset() {
 	*x = PipelineInfo{}
-	mi := &file_datanode_datanode_proto_msgTypes[17]
+	mi := &file_datanode_datanode_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1325,7 @@ func (x *PipelineInfo) String() string {
 func (*PipelineInfo) ProtoMessage() {}
 
 func (x *PipelineInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[17]
+	mi := &file_datanode_datanode_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1338,7 @@ func (x *PipelineInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PipelineInfo.ProtoReflect.Descriptor instead.
 func (*PipelineInfo) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{17}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PipelineInfo) GetId() uint64 {
@@ -1294,7 +1384,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_datanode_datanode_proto_msgTypes[18]
+	mi := &file_datanode_datanode_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1306,7 +1396,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[18]
+	mi := &file_datanode_datanode_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1319,7 +1409,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{18}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Error) GetKind() Error_Kind {
@@ -1375,7 +1465,7 @@ type ContainerCommand struct {
 
 func (x *ContainerCommand) Reset() {
 	*x = ContainerCommand{}
-	mi := &file_datanode_datanode_proto_msgTypes[19]
+	mi := &file_datanode_datanode_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1477,7 @@ func (x *ContainerCommand) String() string {
 func (*ContainerCommand) ProtoMessage() {}
 
 func (x *ContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[19]
+	mi := &file_datanode_datanode_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1400,7 +1490,7 @@ func (x *ContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerCommand.ProtoReflect.Descriptor instead.
 func (*ContainerCommand) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{19}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ContainerCommand) GetCmd() isContainerCommand_Cmd {
@@ -1499,7 +1589,7 @@ type WriteChunkCmd struct {
 
 func (x *WriteChunkCmd) Reset() {
 	*x = WriteChunkCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[20]
+	mi := &file_datanode_datanode_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1601,7 @@ func (x *WriteChunkCmd) String() string {
 func (*WriteChunkCmd) ProtoMessage() {}
 
 func (x *WriteChunkCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[20]
+	mi := &file_datanode_datanode_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1614,7 @@ func (x *WriteChunkCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteChunkCmd.ProtoReflect.Descriptor instead.
 func (*WriteChunkCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{20}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WriteChunkCmd) GetBlock() *BlockID {
@@ -1551,7 +1641,7 @@ type PutBlockCmd struct {
 
 func (x *PutBlockCmd) Reset() {
 	*x = PutBlockCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[21]
+	mi := &file_datanode_datanode_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1563,7 +1653,7 @@ func (x *PutBlockCmd) String() string {
 func (*PutBlockCmd) ProtoMessage() {}
 
 func (x *PutBlockCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[21]
+	mi := &file_datanode_datanode_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1576,7 +1666,7 @@ func (x *PutBlockCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlockCmd.ProtoReflect.Descriptor instead.
 func (*PutBlockCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{21}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PutBlockCmd) GetBlock() *BlockData {
@@ -1604,7 +1694,7 @@ type PutSmallFileCmd struct {
 
 func (x *PutSmallFileCmd) Reset() {
 	*x = PutSmallFileCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[22]
+	mi := &file_datanode_datanode_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1616,7 +1706,7 @@ func (x *PutSmallFileCmd) String() string {
 func (*PutSmallFileCmd) ProtoMessage() {}
 
 func (x *PutSmallFileCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[22]
+	mi := &file_datanode_datanode_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1629,7 +1719,7 @@ func (x *PutSmallFileCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSmallFileCmd.ProtoReflect.Descriptor instead.
 func (*PutSmallFileCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{22}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PutSmallFileCmd) GetBlock() *BlockData {
@@ -1648,7 +1738,7 @@ type CloseContainerCmd struct {
 
 func (x *CloseContainerCmd) Reset() {
 	*x = CloseContainerCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[23]
+	mi := &file_datanode_datanode_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1660,7 +1750,7 @@ func (x *CloseContainerCmd) String() string {
 func (*CloseContainerCmd) ProtoMessage() {}
 
 func (x *CloseContainerCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[23]
+	mi := &file_datanode_datanode_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1673,7 +1763,7 @@ func (x *CloseContainerCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseContainerCmd.ProtoReflect.Descriptor instead.
 func (*CloseContainerCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{23}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CloseContainerCmd) GetContainerId() uint64 {
@@ -1697,7 +1787,7 @@ type DeleteBlocksCmd struct {
 
 func (x *DeleteBlocksCmd) Reset() {
 	*x = DeleteBlocksCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[24]
+	mi := &file_datanode_datanode_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1799,7 @@ func (x *DeleteBlocksCmd) String() string {
 func (*DeleteBlocksCmd) ProtoMessage() {}
 
 func (x *DeleteBlocksCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[24]
+	mi := &file_datanode_datanode_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +1812,7 @@ func (x *DeleteBlocksCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksCmd.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{24}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DeleteBlocksCmd) GetContainerId() uint64 {
@@ -1766,7 +1856,11 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x02id\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x122\n" +
 	"\x06chunks\x18\x03 \x03(\v2\x1a.basalt.datanode.ChunkInfoR\x06chunks\x12\x14\n" +
-	"\x05bcsid\x18\x04 \x01(\x04R\x05bcsid\"n\n" +
+	"\x05bcsid\x18\x04 \x01(\x04R\x05bcsid\";\n" +
+	"\x16ExportContainerRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\"-\n" +
+	"\x17ExportContainerResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"n\n" +
 	"\x12ApplyStatusRequest\x12\x1f\n" +
 	"\vpipeline_id\x18\x01 \x01(\x04R\n" +
 	"pipelineId\x12\x14\n" +
@@ -1883,7 +1977,7 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\fChecksumType\x12\x11\n" +
 	"\rCHECKSUM_NONE\x10\x00\x12\x13\n" +
 	"\x0fCHECKSUM_CRC32C\x10\x01\x12\x13\n" +
-	"\x0fCHECKSUM_SHA256\x10\x022\xce\x04\n" +
+	"\x0fCHECKSUM_SHA256\x10\x022\xb6\x05\n" +
 	"\bDatanode\x12U\n" +
 	"\n" +
 	"WriteChunk\x12\".basalt.datanode.WriteChunkRequest\x1a#.basalt.datanode.WriteChunkResponse\x12O\n" +
@@ -1892,7 +1986,8 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\tReadBlock\x12!.basalt.datanode.ReadBlockRequest\x1a\".basalt.datanode.ReadBlockResponse0\x01\x12H\n" +
 	"\bGetBlock\x12 .basalt.datanode.GetBlockRequest\x1a\x1a.basalt.datanode.BlockData\x12C\n" +
 	"\x04Info\x12\x1c.basalt.datanode.InfoRequest\x1a\x1d.basalt.datanode.InfoResponse\x12X\n" +
-	"\vApplyStatus\x12#.basalt.datanode.ApplyStatusRequest\x1a$.basalt.datanode.ApplyStatusResponseB=Z;github.com/basalt-store/basalt/internal/datanode/datanodepbb\x06proto3"
+	"\vApplyStatus\x12#.basalt.datanode.ApplyStatusRequest\x1a$.basalt.datanode.ApplyStatusResponse\x12f\n" +
+	"\x0fExportContainer\x12'.basalt.datanode.ExportContainerRequest\x1a(.basalt.datanode.ExportContainerResponse0\x01B=Z;github.com/basalt-store/basalt/internal/datanode/datanodepbb\x06proto3"
 
 var (
 	file_datanode_datanode_proto_rawDescOnce sync.Once
@@ -1907,35 +2002,37 @@ func file_datanode_datanode_proto_rawDescGZIP() []byte {
 }
 
 var file_datanode_datanode_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_datanode_datanode_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_datanode_datanode_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_datanode_datanode_proto_goTypes = []any{
-	(ChecksumType)(0),            // 0: basalt.datanode.ChecksumType
-	(Error_Kind)(0),              // 1: basalt.datanode.Error.Kind
-	(*BlockID)(nil),              // 2: basalt.datanode.BlockID
-	(*ChecksumData)(nil),         // 3: basalt.datanode.ChecksumData
-	(*ChunkInfo)(nil),            // 4: basalt.datanode.ChunkInfo
-	(*BlockData)(nil),            // 5: basalt.datanode.BlockData
-	(*ApplyStatusRequest)(nil),   // 6: basalt.datanode.ApplyStatusRequest
-	(*ApplyStatusResponse)(nil),  // 7: basalt.datanode.ApplyStatusResponse
-	(*WriteChunkRequest)(nil),    // 8: basalt.datanode.WriteChunkRequest
-	(*WriteChunkResponse)(nil),   // 9: basalt.datanode.WriteChunkResponse
-	(*PutBlockRequest)(nil),      // 10: basalt.datanode.PutBlockRequest
-	(*PutBlockResponse)(nil),     // 11: basalt.datanode.PutBlockResponse
-	(*PutSmallFileRequest)(nil),  // 12: basalt.datanode.PutSmallFileRequest
-	(*PutSmallFileResponse)(nil), // 13: basalt.datanode.PutSmallFileResponse
-	(*ReadBlockRequest)(nil),     // 14: basalt.datanode.ReadBlockRequest
-	(*ReadBlockResponse)(nil),    // 15: basalt.datanode.ReadBlockResponse
-	(*GetBlockRequest)(nil),      // 16: basalt.datanode.GetBlockRequest
-	(*InfoRequest)(nil),          // 17: basalt.datanode.InfoRequest
-	(*InfoResponse)(nil),         // 18: basalt.datanode.InfoResponse
-	(*PipelineInfo)(nil),         // 19: basalt.datanode.PipelineInfo
-	(*Error)(nil),                // 20: basalt.datanode.Error
-	(*ContainerCommand)(nil),     // 21: basalt.datanode.ContainerCommand
-	(*WriteChunkCmd)(nil),        // 22: basalt.datanode.WriteChunkCmd
-	(*PutBlockCmd)(nil),          // 23: basalt.datanode.PutBlockCmd
-	(*PutSmallFileCmd)(nil),      // 24: basalt.datanode.PutSmallFileCmd
-	(*CloseContainerCmd)(nil),    // 25: basalt.datanode.CloseContainerCmd
-	(*DeleteBlocksCmd)(nil),      // 26: basalt.datanode.DeleteBlocksCmd
+	(ChecksumType)(0),               // 0: basalt.datanode.ChecksumType
+	(Error_Kind)(0),                 // 1: basalt.datanode.Error.Kind
+	(*BlockID)(nil),                 // 2: basalt.datanode.BlockID
+	(*ChecksumData)(nil),            // 3: basalt.datanode.ChecksumData
+	(*ChunkInfo)(nil),               // 4: basalt.datanode.ChunkInfo
+	(*BlockData)(nil),               // 5: basalt.datanode.BlockData
+	(*ExportContainerRequest)(nil),  // 6: basalt.datanode.ExportContainerRequest
+	(*ExportContainerResponse)(nil), // 7: basalt.datanode.ExportContainerResponse
+	(*ApplyStatusRequest)(nil),      // 8: basalt.datanode.ApplyStatusRequest
+	(*ApplyStatusResponse)(nil),     // 9: basalt.datanode.ApplyStatusResponse
+	(*WriteChunkRequest)(nil),       // 10: basalt.datanode.WriteChunkRequest
+	(*WriteChunkResponse)(nil),      // 11: basalt.datanode.WriteChunkResponse
+	(*PutBlockRequest)(nil),         // 12: basalt.datanode.PutBlockRequest
+	(*PutBlockResponse)(nil),        // 13: basalt.datanode.PutBlockResponse
+	(*PutSmallFileRequest)(nil),     // 14: basalt.datanode.PutSmallFileRequest
+	(*PutSmallFileResponse)(nil),    // 15: basalt.datanode.PutSmallFileResponse
+	(*ReadBlockRequest)(nil),        // 16: basalt.datanode.ReadBlockRequest
+	(*ReadBlockResponse)(nil),       // 17: basalt.datanode.ReadBlockResponse
+	(*GetBlockRequest)(nil),         // 18: basalt.datanode.GetBlockRequest
+	(*InfoRequest)(nil),             // 19: basalt.datanode.InfoRequest
+	(*InfoResponse)(nil),            // 20: basalt.datanode.InfoResponse
+	(*PipelineInfo)(nil),            // 21: basalt.datanode.PipelineInfo
+	(*Error)(nil),                   // 22: basalt.datanode.Error
+	(*ContainerCommand)(nil),        // 23: basalt.datanode.ContainerCommand
+	(*WriteChunkCmd)(nil),           // 24: basalt.datanode.WriteChunkCmd
+	(*PutBlockCmd)(nil),             // 25: basalt.datanode.PutBlockCmd
+	(*PutSmallFileCmd)(nil),         // 26: basalt.datanode.PutSmallFileCmd
+	(*CloseContainerCmd)(nil),       // 27: basalt.datanode.CloseContainerCmd
+	(*DeleteBlocksCmd)(nil),         // 28: basalt.datanode.DeleteBlocksCmd
 }
 var file_datanode_datanode_proto_depIdxs = []int32{
 	0,  // 0: basalt.datanode.ChecksumData.type:type_name -> basalt.datanode.ChecksumType
@@ -1949,33 +2046,35 @@ var file_datanode_datanode_proto_depIdxs = []int32{
 	2,  // 8: basalt.datanode.ReadBlockRequest.block:type_name -> basalt.datanode.BlockID
 	5,  // 9: basalt.datanode.ReadBlockResponse.block:type_name -> basalt.datanode.BlockData
 	2,  // 10: basalt.datanode.GetBlockRequest.block:type_name -> basalt.datanode.BlockID
-	19, // 11: basalt.datanode.InfoResponse.pipelines:type_name -> basalt.datanode.PipelineInfo
+	21, // 11: basalt.datanode.InfoResponse.pipelines:type_name -> basalt.datanode.PipelineInfo
 	1,  // 12: basalt.datanode.Error.kind:type_name -> basalt.datanode.Error.Kind
-	22, // 13: basalt.datanode.ContainerCommand.write_chunk:type_name -> basalt.datanode.WriteChunkCmd
-	23, // 14: basalt.datanode.ContainerCommand.put_block:type_name -> basalt.datanode.PutBlockCmd
-	25, // 15: basalt.datanode.ContainerCommand.close_container:type_name -> basalt.datanode.CloseContainerCmd
-	26, // 16: basalt.datanode.ContainerCommand.delete_blocks:type_name -> basalt.datanode.DeleteBlocksCmd
-	24, // 17: basalt.datanode.ContainerCommand.put_small_file:type_name -> basalt.datanode.PutSmallFileCmd
+	24, // 13: basalt.datanode.ContainerCommand.write_chunk:type_name -> basalt.datanode.WriteChunkCmd
+	25, // 14: basalt.datanode.ContainerCommand.put_block:type_name -> basalt.datanode.PutBlockCmd
+	27, // 15: basalt.datanode.ContainerCommand.close_container:type_name -> basalt.datanode.CloseContainerCmd
+	28, // 16: basalt.datanode.ContainerCommand.delete_blocks:type_name -> basalt.datanode.DeleteBlocksCmd
+	26, // 17: basalt.datanode.ContainerCommand.put_small_file:type_name -> basalt.datanode.PutSmallFileCmd
 	2,  // 18: basalt.datanode.WriteChunkCmd.block:type_name -> basalt.datanode.BlockID
 	4,  // 19: basalt.datanode.WriteChunkCmd.chunk:type_name -> basalt.datanode.ChunkInfo
 	5,  // 20: basalt.datanode.PutBlockCmd.block:type_name -> basalt.datanode.BlockData
 	5,  // 21: basalt.datanode.PutSmallFileCmd.block:type_name -> basalt.datanode.BlockData
-	8,  // 22: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
-	10, // 23: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
-	12, // 24: basalt.datanode.Datanode.PutSmallFile:input_type -> basalt.datanode.PutSmallFileRequest
-	14, // 25: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
-	16, // 26: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
-	17, // 27: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
-	6,  // 28: basalt.datanode.Datanode.ApplyStatus:input_type -> basalt.datanode.ApplyStatusRequest
-	9,  // 29: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
-	11, // 30: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
-	13, // 31: basalt.datanode.Datanode.PutSmallFile:output_type -> basalt.datanode.PutSmallFileResponse
-	15, // 32: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
-	5,  // 33: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
-	18, // 34: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
-	7,  // 35: basalt.datanode.Datanode.ApplyStatus:output_type -> basalt.datanode.ApplyStatusResponse
-	29, // [29:36] is the sub-list for method output_type
-	22, // [22:29] is the sub-list for method input_type
+	10, // 22: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
+	12, // 23: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
+	14, // 24: basalt.datanode.Datanode.PutSmallFile:input_type -> basalt.datanode.PutSmallFileRequest
+	16, // 25: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
+	18, // 26: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
+	19, // 27: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
+	8,  // 28: basalt.datanode.Datanode.ApplyStatus:input_type -> basalt.datanode.ApplyStatusRequest
+	6,  // 29: basalt.datanode.Datanode.ExportContainer:input_type -> basalt.datanode.ExportContainerRequest
+	11, // 30: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
+	13, // 31: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
+	15, // 32: basalt.datanode.Datanode.PutSmallFile:output_type -> basalt.datanode.PutSmallFileResponse
+	17, // 33: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
+	5,  // 34: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
+	20, // 35: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
+	9,  // 36: basalt.datanode.Datanode.ApplyStatus:output_type -> basalt.datanode.ApplyStatusResponse
+	7,  // 37: basalt.datanode.Datanode.ExportContainer:output_type -> basalt.datanode.ExportContainerResponse
+	30, // [30:38] is the sub-list for method output_type
+	22, // [22:30] is the sub-list for method input_type
 	22, // [22:22] is the sub-list for extension type_name
 	22, // [22:22] is the sub-list for extension extendee
 	0,  // [0:22] is the sub-list for field type_name
@@ -1986,7 +2085,7 @@ func file_datanode_datanode_proto_init() {
 	if File_datanode_datanode_proto != nil {
 		return
 	}
-	file_datanode_datanode_proto_msgTypes[19].OneofWrappers = []any{
+	file_datanode_datanode_proto_msgTypes[21].OneofWrappers = []any{
 		(*ContainerCommand_WriteChunk)(nil),
 		(*ContainerCommand_PutBlock)(nil),
 		(*ContainerCommand_CloseContainer)(nil),
@@ -1999,7 +2098,7 @@ func file_datanode_datanode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_datanode_datanode_proto_rawDesc), len(file_datanode_datanode_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,13 +23,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Datanode_WriteChunk_FullMethodName   = "/basalt.datanode.Datanode/WriteChunk"
-	Datanode_PutBlock_FullMethodName     = "/basalt.datanode.Datanode/PutBlock"
-	Datanode_PutSmallFile_FullMethodName = "/basalt.datanode.Datanode/PutSmallFile"
-	Datanode_ReadBlock_FullMethodName    = "/basalt.datanode.Datanode/ReadBlock"
-	Datanode_GetBlock_FullMethodName     = "/basalt.datanode.Datanode/GetBlock"
-	Datanode_Info_FullMethodName         = "/basalt.datanode.Datanode/Info"
-	Datanode_ApplyStatus_FullMethodName  = "/basalt.datanode.Datanode/ApplyStatus"
+	Datanode_WriteChunk_FullMethodName      = "/basalt.datanode.Datanode/WriteChunk"
+	Datanode_PutBlock_FullMethodName        = "/basalt.datanode.Datanode/PutBlock"
+	Datanode_PutSmallFile_FullMethodName    = "/basalt.datanode.Datanode/PutSmallFile"
+	Datanode_ReadBlock_FullMethodName       = "/basalt.datanode.Datanode/ReadBlock"
+	Datanode_GetBlock_FullMethodName        = "/basalt.datanode.Datanode/GetBlock"
+	Datanode_Info_FullMethodName            = "/basalt.datanode.Datanode/Info"
+	Datanode_ApplyStatus_FullMethodName     = "/basalt.datanode.Datanode/ApplyStatus"
+	Datanode_ExportContainer_FullMethodName = "/basalt.datanode.Datanode/ExportContainer"
 )
 
 // DatanodeClient is the client API for Datanode service.
@@ -64,6 +65,11 @@ type DatanodeClient interface {
 	// there? A replica that applied an entry reports it applied whether or
 	// not the entry failed; this is how the failure reaches the leader.
 	ApplyStatus(ctx context.Context, in *ApplyStatusRequest, opts ...grpc.CallOption) (*ApplyStatusResponse, error)
+	// Streams a CLOSED container in storage's export format (storage.Export:
+	// every chunk checksum verified on the way out, a SHA-256 trailer), for
+	// another datanode to import as a new replica (SCM's replication
+	// manager sends that datanode a ReplicateContainer command).
+	ExportContainer(ctx context.Context, in *ExportContainerRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportContainerResponse], error)
 }
 
 type datanodeClient struct {
@@ -153,6 +159,25 @@ func (c *datanodeClient) ApplyStatus(ctx context.Context, in *ApplyStatusRequest
 	return out, nil
 }
 
+func (c *datanodeClient) ExportContainer(ctx context.Context, in *ExportContainerRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportContainerResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Datanode_ServiceDesc.Streams[1], Datanode_ExportContainer_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExportContainerRequest, ExportContainerResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Datanode_ExportContainerClient = grpc.ServerStreamingClient[ExportContainerResponse]
+
 // DatanodeServer is the server API for Datanode service.
 // All implementations must embed UnimplementedDatanodeServer
 // for forward compatibility.
@@ -185,6 +210,11 @@ type DatanodeServer interface {
 	// there? A replica that applied an entry reports it applied whether or
 	// not the entry failed; this is how the failure reaches the leader.
 	ApplyStatus(context.Context, *ApplyStatusRequest) (*ApplyStatusResponse, error)
+	// Streams a CLOSED container in storage's export format (storage.Export:
+	// every chunk checksum verified on the way out, a SHA-256 trailer), for
+	// another datanode to import as a new replica (SCM's replication
+	// manager sends that datanode a ReplicateContainer command).
+	ExportContainer(*ExportContainerRequest, grpc.ServerStreamingServer[ExportContainerResponse]) error
 	mustEmbedUnimplementedDatanodeServer()
 }
 
@@ -215,6 +245,9 @@ func (UnimplementedDatanodeServer) Info(context.Context, *InfoRequest) (*InfoRes
 }
 func (UnimplementedDatanodeServer) ApplyStatus(context.Context, *ApplyStatusRequest) (*ApplyStatusResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ApplyStatus not implemented")
+}
+func (UnimplementedDatanodeServer) ExportContainer(*ExportContainerRequest, grpc.ServerStreamingServer[ExportContainerResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method ExportContainer not implemented")
 }
 func (UnimplementedDatanodeServer) mustEmbedUnimplementedDatanodeServer() {}
 func (UnimplementedDatanodeServer) testEmbeddedByValue()                  {}
@@ -356,6 +389,17 @@ func _Datanode_ApplyStatus_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Datanode_ExportContainer_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ExportContainerRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DatanodeServer).ExportContainer(m, &grpc.GenericServerStream[ExportContainerRequest, ExportContainerResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Datanode_ExportContainerServer = grpc.ServerStreamingServer[ExportContainerResponse]
+
 // Datanode_ServiceDesc is the grpc.ServiceDesc for Datanode service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -392,6 +436,11 @@ var Datanode_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "ReadBlock",
 			Handler:       _Datanode_ReadBlock_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ExportContainer",
+			Handler:       _Datanode_ExportContainer_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -41,6 +41,8 @@ type ScmCommand struct {
 	//	*ScmCommand_AddDeleteBlocks
 	//	*ScmCommand_PurgeDeleteTxs
 	//	*ScmCommand_ReplicasUnhealthy
+	//	*ScmCommand_ReplicaAdded
+	//	*ScmCommand_ReplicasRemoved
 	Op            isScmCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -180,6 +182,24 @@ func (x *ScmCommand) GetReplicasUnhealthy() *ReplicasUnhealthyOp {
 	return nil
 }
 
+func (x *ScmCommand) GetReplicaAdded() *ReplicaAddedOp {
+	if x != nil {
+		if x, ok := x.Op.(*ScmCommand_ReplicaAdded); ok {
+			return x.ReplicaAdded
+		}
+	}
+	return nil
+}
+
+func (x *ScmCommand) GetReplicasRemoved() *ReplicasRemovedOp {
+	if x != nil {
+		if x, ok := x.Op.(*ScmCommand_ReplicasRemoved); ok {
+			return x.ReplicasRemoved
+		}
+	}
+	return nil
+}
+
 type isScmCommand_Op interface {
 	isScmCommand_Op()
 }
@@ -224,6 +244,14 @@ type ScmCommand_ReplicasUnhealthy struct {
 	ReplicasUnhealthy *ReplicasUnhealthyOp `protobuf:"bytes,11,opt,name=replicas_unhealthy,json=replicasUnhealthy,proto3,oneof"`
 }
 
+type ScmCommand_ReplicaAdded struct {
+	ReplicaAdded *ReplicaAddedOp `protobuf:"bytes,12,opt,name=replica_added,json=replicaAdded,proto3,oneof"`
+}
+
+type ScmCommand_ReplicasRemoved struct {
+	ReplicasRemoved *ReplicasRemovedOp `protobuf:"bytes,13,opt,name=replicas_removed,json=replicasRemoved,proto3,oneof"`
+}
+
 func (*ScmCommand_RegisterDatanode) isScmCommand_Op() {}
 
 func (*ScmCommand_CreatePipeline) isScmCommand_Op() {}
@@ -243,6 +271,10 @@ func (*ScmCommand_AddDeleteBlocks) isScmCommand_Op() {}
 func (*ScmCommand_PurgeDeleteTxs) isScmCommand_Op() {}
 
 func (*ScmCommand_ReplicasUnhealthy) isScmCommand_Op() {}
+
+func (*ScmCommand_ReplicaAdded) isScmCommand_Op() {}
+
+func (*ScmCommand_ReplicasRemoved) isScmCommand_Op() {}
 
 type RegisterDatanodeOp struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -676,6 +708,123 @@ func (x *ReplicasUnhealthyOp) GetReplicas() []*UnhealthyReplica {
 	return nil
 }
 
+// ReplicaAddedOp records a new replica of a CLOSED container: the
+// datanode imported it (every checksum verified) and reported it CLOSED.
+type ReplicaAddedOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	DatanodeId    uint64                 `protobuf:"varint,2,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaAddedOp) Reset() {
+	*x = ReplicaAddedOp{}
+	mi := &file_meta_command_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaAddedOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaAddedOp) ProtoMessage() {}
+
+func (x *ReplicaAddedOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaAddedOp.ProtoReflect.Descriptor instead.
+func (*ReplicaAddedOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ReplicaAddedOp) GetContainerId() uint64 {
+	if x != nil {
+		return x.ContainerId
+	}
+	return 0
+}
+
+func (x *ReplicaAddedOp) GetDatanodeId() uint64 {
+	if x != nil {
+		return x.DatanodeId
+	}
+	return 0
+}
+
+// ReplicasRemovedOp drops replicas of a CLOSED container (dead, unhealthy,
+// lost or one too many) once enough healthy ones are recorded. Apply
+// keeps at least one replica not recorded unhealthy.
+type ReplicasRemovedOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	DatanodeIds   []uint64               `protobuf:"varint,2,rep,packed,name=datanode_ids,json=datanodeIds,proto3" json:"datanode_ids,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicasRemovedOp) Reset() {
+	*x = ReplicasRemovedOp{}
+	mi := &file_meta_command_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicasRemovedOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicasRemovedOp) ProtoMessage() {}
+
+func (x *ReplicasRemovedOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicasRemovedOp.ProtoReflect.Descriptor instead.
+func (*ReplicasRemovedOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ReplicasRemovedOp) GetContainerId() uint64 {
+	if x != nil {
+		return x.ContainerId
+	}
+	return 0
+}
+
+func (x *ReplicasRemovedOp) GetDatanodeIds() []uint64 {
+	if x != nil {
+		return x.DatanodeIds
+	}
+	return nil
+}
+
+func (x *ReplicasRemovedOp) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type UnhealthyReplica struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -687,7 +836,7 @@ type UnhealthyReplica struct {
 
 func (x *UnhealthyReplica) Reset() {
 	*x = UnhealthyReplica{}
-	mi := &file_meta_command_proto_msgTypes[10]
+	mi := &file_meta_command_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -699,7 +848,7 @@ func (x *UnhealthyReplica) String() string {
 func (*UnhealthyReplica) ProtoMessage() {}
 
 func (x *UnhealthyReplica) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[10]
+	mi := &file_meta_command_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -712,7 +861,7 @@ func (x *UnhealthyReplica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyReplica.ProtoReflect.Descriptor instead.
 func (*UnhealthyReplica) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{10}
+	return file_meta_command_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UnhealthyReplica) GetContainerId() uint64 {
@@ -748,7 +897,7 @@ type DeleteBlocksTx struct {
 
 func (x *DeleteBlocksTx) Reset() {
 	*x = DeleteBlocksTx{}
-	mi := &file_meta_command_proto_msgTypes[11]
+	mi := &file_meta_command_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -760,7 +909,7 @@ func (x *DeleteBlocksTx) String() string {
 func (*DeleteBlocksTx) ProtoMessage() {}
 
 func (x *DeleteBlocksTx) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[11]
+	mi := &file_meta_command_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -773,7 +922,7 @@ func (x *DeleteBlocksTx) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksTx.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksTx) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{11}
+	return file_meta_command_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeleteBlocksTx) GetTxId() uint64 {
@@ -831,7 +980,7 @@ type NsCommand struct {
 
 func (x *NsCommand) Reset() {
 	*x = NsCommand{}
-	mi := &file_meta_command_proto_msgTypes[12]
+	mi := &file_meta_command_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +992,7 @@ func (x *NsCommand) String() string {
 func (*NsCommand) ProtoMessage() {}
 
 func (x *NsCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[12]
+	mi := &file_meta_command_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +1005,7 @@ func (x *NsCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NsCommand.ProtoReflect.Descriptor instead.
 func (*NsCommand) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{12}
+	return file_meta_command_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NsCommand) GetNowUnixMs() int64 {
@@ -1203,7 +1352,7 @@ type SetServiceTokenOp struct {
 
 func (x *SetServiceTokenOp) Reset() {
 	*x = SetServiceTokenOp{}
-	mi := &file_meta_command_proto_msgTypes[13]
+	mi := &file_meta_command_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1364,7 @@ func (x *SetServiceTokenOp) String() string {
 func (*SetServiceTokenOp) ProtoMessage() {}
 
 func (x *SetServiceTokenOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[13]
+	mi := &file_meta_command_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1377,7 @@ func (x *SetServiceTokenOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetServiceTokenOp.ProtoReflect.Descriptor instead.
 func (*SetServiceTokenOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{13}
+	return file_meta_command_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SetServiceTokenOp) GetToken() string {
@@ -1248,7 +1397,7 @@ type OpenKeyOp struct {
 
 func (x *OpenKeyOp) Reset() {
 	*x = OpenKeyOp{}
-	mi := &file_meta_command_proto_msgTypes[14]
+	mi := &file_meta_command_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1409,7 @@ func (x *OpenKeyOp) String() string {
 func (*OpenKeyOp) ProtoMessage() {}
 
 func (x *OpenKeyOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[14]
+	mi := &file_meta_command_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1422,7 @@ func (x *OpenKeyOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyOp.ProtoReflect.Descriptor instead.
 func (*OpenKeyOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{14}
+	return file_meta_command_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *OpenKeyOp) GetRequest() *OpenKeyRequest {
@@ -1300,7 +1449,7 @@ type AddBlockOp struct {
 
 func (x *AddBlockOp) Reset() {
 	*x = AddBlockOp{}
-	mi := &file_meta_command_proto_msgTypes[15]
+	mi := &file_meta_command_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1312,7 +1461,7 @@ func (x *AddBlockOp) String() string {
 func (*AddBlockOp) ProtoMessage() {}
 
 func (x *AddBlockOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[15]
+	mi := &file_meta_command_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1474,7 @@ func (x *AddBlockOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddBlockOp.ProtoReflect.Descriptor instead.
 func (*AddBlockOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{15}
+	return file_meta_command_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AddBlockOp) GetOpenId() uint64 {
@@ -1352,7 +1501,7 @@ type ExpireOpenKeysOp struct {
 
 func (x *ExpireOpenKeysOp) Reset() {
 	*x = ExpireOpenKeysOp{}
-	mi := &file_meta_command_proto_msgTypes[16]
+	mi := &file_meta_command_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1364,7 +1513,7 @@ func (x *ExpireOpenKeysOp) String() string {
 func (*ExpireOpenKeysOp) ProtoMessage() {}
 
 func (x *ExpireOpenKeysOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[16]
+	mi := &file_meta_command_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1377,7 +1526,7 @@ func (x *ExpireOpenKeysOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireOpenKeysOp.ProtoReflect.Descriptor instead.
 func (*ExpireOpenKeysOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{16}
+	return file_meta_command_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExpireOpenKeysOp) GetOpenIds() []uint64 {
@@ -1406,7 +1555,7 @@ type CreateMultipartUploadOp struct {
 
 func (x *CreateMultipartUploadOp) Reset() {
 	*x = CreateMultipartUploadOp{}
-	mi := &file_meta_command_proto_msgTypes[17]
+	mi := &file_meta_command_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1418,7 +1567,7 @@ func (x *CreateMultipartUploadOp) String() string {
 func (*CreateMultipartUploadOp) ProtoMessage() {}
 
 func (x *CreateMultipartUploadOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[17]
+	mi := &file_meta_command_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1431,7 +1580,7 @@ func (x *CreateMultipartUploadOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateMultipartUploadOp.ProtoReflect.Descriptor instead.
 func (*CreateMultipartUploadOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{17}
+	return file_meta_command_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CreateMultipartUploadOp) GetRequest() *CreateMultipartUploadRequest {
@@ -1457,7 +1606,7 @@ type PurgeDeletedOp struct {
 
 func (x *PurgeDeletedOp) Reset() {
 	*x = PurgeDeletedOp{}
-	mi := &file_meta_command_proto_msgTypes[18]
+	mi := &file_meta_command_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1618,7 @@ func (x *PurgeDeletedOp) String() string {
 func (*PurgeDeletedOp) ProtoMessage() {}
 
 func (x *PurgeDeletedOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[18]
+	mi := &file_meta_command_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,7 +1631,7 @@ func (x *PurgeDeletedOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeletedOp.ProtoReflect.Descriptor instead.
 func (*PurgeDeletedOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{18}
+	return file_meta_command_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PurgeDeletedOp) GetSeqs() []uint64 {
@@ -1504,7 +1653,7 @@ type ReclaimDirOp struct {
 
 func (x *ReclaimDirOp) Reset() {
 	*x = ReclaimDirOp{}
-	mi := &file_meta_command_proto_msgTypes[19]
+	mi := &file_meta_command_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +1665,7 @@ func (x *ReclaimDirOp) String() string {
 func (*ReclaimDirOp) ProtoMessage() {}
 
 func (x *ReclaimDirOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[19]
+	mi := &file_meta_command_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1529,7 +1678,7 @@ func (x *ReclaimDirOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimDirOp.ProtoReflect.Descriptor instead.
 func (*ReclaimDirOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{19}
+	return file_meta_command_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReclaimDirOp) GetSeq() uint64 {
@@ -1564,7 +1713,7 @@ type OpenKeyRow struct {
 
 func (x *OpenKeyRow) Reset() {
 	*x = OpenKeyRow{}
-	mi := &file_meta_command_proto_msgTypes[20]
+	mi := &file_meta_command_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1576,7 +1725,7 @@ func (x *OpenKeyRow) String() string {
 func (*OpenKeyRow) ProtoMessage() {}
 
 func (x *OpenKeyRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[20]
+	mi := &file_meta_command_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1589,7 +1738,7 @@ func (x *OpenKeyRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyRow.ProtoReflect.Descriptor instead.
 func (*OpenKeyRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{20}
+	return file_meta_command_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *OpenKeyRow) GetOpenId() uint64 {
@@ -1674,7 +1823,7 @@ type DeletedRow struct {
 
 func (x *DeletedRow) Reset() {
 	*x = DeletedRow{}
-	mi := &file_meta_command_proto_msgTypes[21]
+	mi := &file_meta_command_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1835,7 @@ func (x *DeletedRow) String() string {
 func (*DeletedRow) ProtoMessage() {}
 
 func (x *DeletedRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[21]
+	mi := &file_meta_command_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1848,7 @@ func (x *DeletedRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletedRow.ProtoReflect.Descriptor instead.
 func (*DeletedRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{21}
+	return file_meta_command_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DeletedRow) GetSeq() uint64 {
@@ -1736,7 +1885,7 @@ type PendingDirRow struct {
 
 func (x *PendingDirRow) Reset() {
 	*x = PendingDirRow{}
-	mi := &file_meta_command_proto_msgTypes[22]
+	mi := &file_meta_command_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1748,7 +1897,7 @@ func (x *PendingDirRow) String() string {
 func (*PendingDirRow) ProtoMessage() {}
 
 func (x *PendingDirRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[22]
+	mi := &file_meta_command_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1761,7 +1910,7 @@ func (x *PendingDirRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDirRow.ProtoReflect.Descriptor instead.
 func (*PendingDirRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{22}
+	return file_meta_command_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PendingDirRow) GetSeq() uint64 {
@@ -1798,7 +1947,7 @@ type FsEntry struct {
 
 func (x *FsEntry) Reset() {
 	*x = FsEntry{}
-	mi := &file_meta_command_proto_msgTypes[23]
+	mi := &file_meta_command_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1810,7 +1959,7 @@ func (x *FsEntry) String() string {
 func (*FsEntry) ProtoMessage() {}
 
 func (x *FsEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[23]
+	mi := &file_meta_command_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1823,7 +1972,7 @@ func (x *FsEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FsEntry.ProtoReflect.Descriptor instead.
 func (*FsEntry) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{23}
+	return file_meta_command_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *FsEntry) GetIsDir() bool {
@@ -1858,7 +2007,7 @@ var File_meta_command_proto protoreflect.FileDescriptor
 
 const file_meta_command_proto_rawDesc = "" +
 	"\n" +
-	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\"\xd7\x06\n" +
+	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\"\xee\a\n" +
 	"\n" +
 	"ScmCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12Q\n" +
@@ -1872,7 +2021,9 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x11add_delete_blocks\x18\t \x01(\v2#.basalt.meta.v1.DeleteBlocksRequestH\x00R\x0faddDeleteBlocks\x12L\n" +
 	"\x10purge_delete_txs\x18\n" +
 	" \x01(\v2 .basalt.meta.v1.PurgeDeleteTxsOpH\x00R\x0epurgeDeleteTxs\x12T\n" +
-	"\x12replicas_unhealthy\x18\v \x01(\v2#.basalt.meta.v1.ReplicasUnhealthyOpH\x00R\x11replicasUnhealthyB\x04\n" +
+	"\x12replicas_unhealthy\x18\v \x01(\v2#.basalt.meta.v1.ReplicasUnhealthyOpH\x00R\x11replicasUnhealthy\x12E\n" +
+	"\rreplica_added\x18\f \x01(\v2\x1e.basalt.meta.v1.ReplicaAddedOpH\x00R\freplicaAdded\x12N\n" +
+	"\x10replicas_removed\x18\r \x01(\v2!.basalt.meta.v1.ReplicasRemovedOpH\x00R\x0freplicasRemovedB\x04\n" +
 	"\x02op\"O\n" +
 	"\x12RegisterDatanodeOp\x129\n" +
 	"\adetails\x18\x01 \x01(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\adetails\"o\n" +
@@ -1897,7 +2048,15 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x10PurgeDeleteTxsOp\x12\x15\n" +
 	"\x06tx_ids\x18\x01 \x03(\x04R\x05txIds\"S\n" +
 	"\x13ReplicasUnhealthyOp\x12<\n" +
-	"\breplicas\x18\x01 \x03(\v2 .basalt.meta.v1.UnhealthyReplicaR\breplicas\"n\n" +
+	"\breplicas\x18\x01 \x03(\v2 .basalt.meta.v1.UnhealthyReplicaR\breplicas\"T\n" +
+	"\x0eReplicaAddedOp\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1f\n" +
+	"\vdatanode_id\x18\x02 \x01(\x04R\n" +
+	"datanodeId\"q\n" +
+	"\x11ReplicasRemovedOp\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12!\n" +
+	"\fdatanode_ids\x18\x02 \x03(\x04R\vdatanodeIds\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"n\n" +
 	"\x10UnhealthyReplica\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1f\n" +
 	"\vdatanode_id\x18\x02 \x01(\x04R\n" +
@@ -1997,7 +2156,7 @@ func file_meta_command_proto_rawDescGZIP() []byte {
 	return file_meta_command_proto_rawDescData
 }
 
-var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_meta_command_proto_goTypes = []any{
 	(*ScmCommand)(nil),                     // 0: basalt.meta.v1.ScmCommand
 	(*RegisterDatanodeOp)(nil),             // 1: basalt.meta.v1.RegisterDatanodeOp
@@ -2009,43 +2168,45 @@ var file_meta_command_proto_goTypes = []any{
 	(*AllocateIDRangeOp)(nil),              // 7: basalt.meta.v1.AllocateIDRangeOp
 	(*PurgeDeleteTxsOp)(nil),               // 8: basalt.meta.v1.PurgeDeleteTxsOp
 	(*ReplicasUnhealthyOp)(nil),            // 9: basalt.meta.v1.ReplicasUnhealthyOp
-	(*UnhealthyReplica)(nil),               // 10: basalt.meta.v1.UnhealthyReplica
-	(*DeleteBlocksTx)(nil),                 // 11: basalt.meta.v1.DeleteBlocksTx
-	(*NsCommand)(nil),                      // 12: basalt.meta.v1.NsCommand
-	(*SetServiceTokenOp)(nil),              // 13: basalt.meta.v1.SetServiceTokenOp
-	(*OpenKeyOp)(nil),                      // 14: basalt.meta.v1.OpenKeyOp
-	(*AddBlockOp)(nil),                     // 15: basalt.meta.v1.AddBlockOp
-	(*ExpireOpenKeysOp)(nil),               // 16: basalt.meta.v1.ExpireOpenKeysOp
-	(*CreateMultipartUploadOp)(nil),        // 17: basalt.meta.v1.CreateMultipartUploadOp
-	(*PurgeDeletedOp)(nil),                 // 18: basalt.meta.v1.PurgeDeletedOp
-	(*ReclaimDirOp)(nil),                   // 19: basalt.meta.v1.ReclaimDirOp
-	(*OpenKeyRow)(nil),                     // 20: basalt.meta.v1.OpenKeyRow
-	(*DeletedRow)(nil),                     // 21: basalt.meta.v1.DeletedRow
-	(*PendingDirRow)(nil),                  // 22: basalt.meta.v1.PendingDirRow
-	(*FsEntry)(nil),                        // 23: basalt.meta.v1.FsEntry
-	(*DeleteBlocksRequest)(nil),            // 24: basalt.meta.v1.DeleteBlocksRequest
-	(*DatanodeDetails)(nil),                // 25: basalt.meta.v1.DatanodeDetails
-	(Replication)(0),                       // 26: basalt.meta.v1.Replication
-	(*CreateVolumeRequest)(nil),            // 27: basalt.meta.v1.CreateVolumeRequest
-	(*DeleteVolumeRequest)(nil),            // 28: basalt.meta.v1.DeleteVolumeRequest
-	(*CreateBucketRequest)(nil),            // 29: basalt.meta.v1.CreateBucketRequest
-	(*DeleteBucketRequest)(nil),            // 30: basalt.meta.v1.DeleteBucketRequest
-	(*CommitKeyRequest)(nil),               // 31: basalt.meta.v1.CommitKeyRequest
-	(*RenameKeyRequest)(nil),               // 32: basalt.meta.v1.RenameKeyRequest
-	(*DeleteKeyRequest)(nil),               // 33: basalt.meta.v1.DeleteKeyRequest
-	(*CreateDirectoryRequest)(nil),         // 34: basalt.meta.v1.CreateDirectoryRequest
-	(*SetKeyMetaRequest)(nil),              // 35: basalt.meta.v1.SetKeyMetaRequest
-	(*CompleteMultipartUploadRequest)(nil), // 36: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 37: basalt.meta.v1.AbortMultipartUploadRequest
-	(*CreateS3SecretRequest)(nil),          // 38: basalt.meta.v1.CreateS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 39: basalt.meta.v1.DeleteS3SecretRequest
-	(*CopyKeyRequest)(nil),                 // 40: basalt.meta.v1.CopyKeyRequest
-	(*OpenKeyRequest)(nil),                 // 41: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 42: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 43: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 44: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 45: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 46: basalt.meta.v1.KeyInfo
+	(*ReplicaAddedOp)(nil),                 // 10: basalt.meta.v1.ReplicaAddedOp
+	(*ReplicasRemovedOp)(nil),              // 11: basalt.meta.v1.ReplicasRemovedOp
+	(*UnhealthyReplica)(nil),               // 12: basalt.meta.v1.UnhealthyReplica
+	(*DeleteBlocksTx)(nil),                 // 13: basalt.meta.v1.DeleteBlocksTx
+	(*NsCommand)(nil),                      // 14: basalt.meta.v1.NsCommand
+	(*SetServiceTokenOp)(nil),              // 15: basalt.meta.v1.SetServiceTokenOp
+	(*OpenKeyOp)(nil),                      // 16: basalt.meta.v1.OpenKeyOp
+	(*AddBlockOp)(nil),                     // 17: basalt.meta.v1.AddBlockOp
+	(*ExpireOpenKeysOp)(nil),               // 18: basalt.meta.v1.ExpireOpenKeysOp
+	(*CreateMultipartUploadOp)(nil),        // 19: basalt.meta.v1.CreateMultipartUploadOp
+	(*PurgeDeletedOp)(nil),                 // 20: basalt.meta.v1.PurgeDeletedOp
+	(*ReclaimDirOp)(nil),                   // 21: basalt.meta.v1.ReclaimDirOp
+	(*OpenKeyRow)(nil),                     // 22: basalt.meta.v1.OpenKeyRow
+	(*DeletedRow)(nil),                     // 23: basalt.meta.v1.DeletedRow
+	(*PendingDirRow)(nil),                  // 24: basalt.meta.v1.PendingDirRow
+	(*FsEntry)(nil),                        // 25: basalt.meta.v1.FsEntry
+	(*DeleteBlocksRequest)(nil),            // 26: basalt.meta.v1.DeleteBlocksRequest
+	(*DatanodeDetails)(nil),                // 27: basalt.meta.v1.DatanodeDetails
+	(Replication)(0),                       // 28: basalt.meta.v1.Replication
+	(*CreateVolumeRequest)(nil),            // 29: basalt.meta.v1.CreateVolumeRequest
+	(*DeleteVolumeRequest)(nil),            // 30: basalt.meta.v1.DeleteVolumeRequest
+	(*CreateBucketRequest)(nil),            // 31: basalt.meta.v1.CreateBucketRequest
+	(*DeleteBucketRequest)(nil),            // 32: basalt.meta.v1.DeleteBucketRequest
+	(*CommitKeyRequest)(nil),               // 33: basalt.meta.v1.CommitKeyRequest
+	(*RenameKeyRequest)(nil),               // 34: basalt.meta.v1.RenameKeyRequest
+	(*DeleteKeyRequest)(nil),               // 35: basalt.meta.v1.DeleteKeyRequest
+	(*CreateDirectoryRequest)(nil),         // 36: basalt.meta.v1.CreateDirectoryRequest
+	(*SetKeyMetaRequest)(nil),              // 37: basalt.meta.v1.SetKeyMetaRequest
+	(*CompleteMultipartUploadRequest)(nil), // 38: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 39: basalt.meta.v1.AbortMultipartUploadRequest
+	(*CreateS3SecretRequest)(nil),          // 40: basalt.meta.v1.CreateS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 41: basalt.meta.v1.DeleteS3SecretRequest
+	(*CopyKeyRequest)(nil),                 // 42: basalt.meta.v1.CopyKeyRequest
+	(*OpenKeyRequest)(nil),                 // 43: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 44: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 45: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 46: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 47: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 48: basalt.meta.v1.KeyInfo
 }
 var file_meta_command_proto_depIdxs = []int32{
 	1,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -2055,47 +2216,49 @@ var file_meta_command_proto_depIdxs = []int32{
 	5,  // 4: basalt.meta.v1.ScmCommand.close_containers:type_name -> basalt.meta.v1.CloseContainersOp
 	6,  // 5: basalt.meta.v1.ScmCommand.container_closed:type_name -> basalt.meta.v1.ContainerClosedOp
 	7,  // 6: basalt.meta.v1.ScmCommand.allocate_id_range:type_name -> basalt.meta.v1.AllocateIDRangeOp
-	24, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
+	26, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
 	8,  // 8: basalt.meta.v1.ScmCommand.purge_delete_txs:type_name -> basalt.meta.v1.PurgeDeleteTxsOp
 	9,  // 9: basalt.meta.v1.ScmCommand.replicas_unhealthy:type_name -> basalt.meta.v1.ReplicasUnhealthyOp
-	25, // 10: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
-	26, // 11: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
-	10, // 12: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
-	27, // 13: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
-	28, // 14: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
-	29, // 15: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
-	30, // 16: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
-	14, // 17: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
-	15, // 18: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
-	31, // 19: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
-	32, // 20: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
-	33, // 21: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
-	34, // 22: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
-	16, // 23: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
-	18, // 24: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
-	19, // 25: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
-	35, // 26: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
-	17, // 27: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
-	36, // 28: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
-	37, // 29: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
-	38, // 30: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
-	39, // 31: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
-	40, // 32: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
-	13, // 33: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
-	41, // 34: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	42, // 35: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	42, // 36: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	43, // 37: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	26, // 38: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	44, // 39: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	45, // 40: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	45, // 41: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	46, // 42: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	43, // [43:43] is the sub-list for method output_type
-	43, // [43:43] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	10, // 10: basalt.meta.v1.ScmCommand.replica_added:type_name -> basalt.meta.v1.ReplicaAddedOp
+	11, // 11: basalt.meta.v1.ScmCommand.replicas_removed:type_name -> basalt.meta.v1.ReplicasRemovedOp
+	27, // 12: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
+	28, // 13: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
+	12, // 14: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
+	29, // 15: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
+	30, // 16: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
+	31, // 17: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
+	32, // 18: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
+	16, // 19: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
+	17, // 20: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
+	33, // 21: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
+	34, // 22: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
+	35, // 23: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
+	36, // 24: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
+	18, // 25: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
+	20, // 26: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
+	21, // 27: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
+	37, // 28: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
+	19, // 29: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
+	38, // 30: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
+	39, // 31: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
+	40, // 32: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
+	41, // 33: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
+	42, // 34: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
+	15, // 35: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
+	43, // 36: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	44, // 37: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	44, // 38: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	45, // 39: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	28, // 40: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	46, // 41: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	47, // 42: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	47, // 43: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	48, // 44: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	45, // [45:45] is the sub-list for method output_type
+	45, // [45:45] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -2115,8 +2278,10 @@ func file_meta_command_proto_init() {
 		(*ScmCommand_AddDeleteBlocks)(nil),
 		(*ScmCommand_PurgeDeleteTxs)(nil),
 		(*ScmCommand_ReplicasUnhealthy)(nil),
+		(*ScmCommand_ReplicaAdded)(nil),
+		(*ScmCommand_ReplicasRemoved)(nil),
 	}
-	file_meta_command_proto_msgTypes[12].OneofWrappers = []any{
+	file_meta_command_proto_msgTypes[14].OneofWrappers = []any{
 		(*NsCommand_CreateVolume)(nil),
 		(*NsCommand_DeleteVolume)(nil),
 		(*NsCommand_CreateBucket)(nil),
@@ -2145,7 +2310,7 @@ func file_meta_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_command_proto_rawDesc), len(file_meta_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

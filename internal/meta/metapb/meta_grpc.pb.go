@@ -36,6 +36,7 @@ const (
 	Scm_ListPipelines_FullMethodName        = "/basalt.meta.v1.Scm/ListPipelines"
 	Scm_ListContainers_FullMethodName       = "/basalt.meta.v1.Scm/ListContainers"
 	Scm_GetSafeMode_FullMethodName          = "/basalt.meta.v1.Scm/GetSafeMode"
+	Scm_GetContainerHealth_FullMethodName   = "/basalt.meta.v1.Scm/GetContainerHealth"
 )
 
 // ScmClient is the client API for Scm service.
@@ -57,6 +58,9 @@ type ScmClient interface {
 	ListPipelines(ctx context.Context, in *ListPipelinesRequest, opts ...grpc.CallOption) (*ListPipelinesResponse, error)
 	ListContainers(ctx context.Context, in *ListContainersRequest, opts ...grpc.CallOption) (*ListContainersResponse, error)
 	GetSafeMode(ctx context.Context, in *GetSafeModeRequest, opts ...grpc.CallOption) (*GetSafeModeResponse, error)
+	// The replication manager's last round: containers by health class, the
+	// worst ones, copies in flight (SCM leader only).
+	GetContainerHealth(ctx context.Context, in *GetContainerHealthRequest, opts ...grpc.CallOption) (*GetContainerHealthResponse, error)
 }
 
 type scmClient struct {
@@ -177,6 +181,16 @@ func (c *scmClient) GetSafeMode(ctx context.Context, in *GetSafeModeRequest, opt
 	return out, nil
 }
 
+func (c *scmClient) GetContainerHealth(ctx context.Context, in *GetContainerHealthRequest, opts ...grpc.CallOption) (*GetContainerHealthResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetContainerHealthResponse)
+	err := c.cc.Invoke(ctx, Scm_GetContainerHealth_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ScmServer is the server API for Scm service.
 // All implementations must embed UnimplementedScmServer
 // for forward compatibility.
@@ -196,6 +210,9 @@ type ScmServer interface {
 	ListPipelines(context.Context, *ListPipelinesRequest) (*ListPipelinesResponse, error)
 	ListContainers(context.Context, *ListContainersRequest) (*ListContainersResponse, error)
 	GetSafeMode(context.Context, *GetSafeModeRequest) (*GetSafeModeResponse, error)
+	// The replication manager's last round: containers by health class, the
+	// worst ones, copies in flight (SCM leader only).
+	GetContainerHealth(context.Context, *GetContainerHealthRequest) (*GetContainerHealthResponse, error)
 	mustEmbedUnimplementedScmServer()
 }
 
@@ -238,6 +255,9 @@ func (UnimplementedScmServer) ListContainers(context.Context, *ListContainersReq
 }
 func (UnimplementedScmServer) GetSafeMode(context.Context, *GetSafeModeRequest) (*GetSafeModeResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetSafeMode not implemented")
+}
+func (UnimplementedScmServer) GetContainerHealth(context.Context, *GetContainerHealthRequest) (*GetContainerHealthResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetContainerHealth not implemented")
 }
 func (UnimplementedScmServer) mustEmbedUnimplementedScmServer() {}
 func (UnimplementedScmServer) testEmbeddedByValue()             {}
@@ -458,6 +478,24 @@ func _Scm_GetSafeMode_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scm_GetContainerHealth_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetContainerHealthRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScmServer).GetContainerHealth(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scm_GetContainerHealth_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScmServer).GetContainerHealth(ctx, req.(*GetContainerHealthRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Scm_ServiceDesc is the grpc.ServiceDesc for Scm service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -508,6 +546,10 @@ var Scm_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetSafeMode",
 			Handler:    _Scm_GetSafeMode_Handler,
+		},
+		{
+			MethodName: "GetContainerHealth",
+			Handler:    _Scm_GetContainerHealth_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -48,6 +49,16 @@ type Config struct {
 	CommandRetryInterval    time.Duration
 	MaxCommandsPerHeartbeat int // default 64
 
+	// Replication manager (replication.go). MaxCopiesPerTarget: container
+	// copies in flight into one datanode (default 2); CopyTimeout: a copy
+	// not recorded by then is given up and scheduled elsewhere (default
+	// 10m).
+	MaxCopiesPerTarget int
+	CopyTimeout        time.Duration
+
+	// Registerer receives the replication manager's gauges (nil: none).
+	Registerer prometheus.Registerer
+
 	Now    func() time.Time // default time.Now
 	Logger *slog.Logger
 }
@@ -63,6 +74,10 @@ func (c *Config) setDefaults() {
 	def(&c.DeadInterval, 90*time.Second)
 	def(&c.LoopInterval, time.Second)
 	def(&c.CommandRetryInterval, 3*c.HeartbeatInterval)
+	def(&c.CopyTimeout, 10*time.Minute)
+	if c.MaxCopiesPerTarget == 0 {
+		c.MaxCopiesPerTarget = 2
+	}
 	if c.PipelineLimit == 0 {
 		c.PipelineLimit = 2
 	}
@@ -149,6 +164,9 @@ type Manager struct {
 	unhealthy map[uint64]map[uint64]string
 	// purgeCursor: the last delete tx the purge round looked at.
 	purgeCursor uint64
+	// repl: the replication manager's schedule and last round.
+	repl    replSoft
+	metrics *replMetrics
 
 	idMu   sync.Mutex // serializes ID range refills
 	idNext uint64
@@ -156,12 +174,16 @@ type Manager struct {
 }
 
 type nodeSoft struct {
-	lastSeen   time.Time
-	heard      bool // heartbeat received during this leadership
-	state      metapb.NodeState
-	volumes    []*metapb.VolumeReport
-	containers map[uint64]*metapb.ContainerReport
-	pipelines  map[uint64]bool
+	lastSeen time.Time
+	heard    bool // heartbeat received during this leadership
+	// fullReported: a full container report received during this
+	// leadership, so a replica it lacks is missing, not just unreported.
+	fullReported bool
+	fullAt       time.Time // when the last full report came
+	state        metapb.NodeState
+	volumes      []*metapb.VolumeReport
+	containers   map[uint64]*metapb.ContainerReport
+	pipelines    map[uint64]bool
 	// sent: command key → when last sent, so a command is repeated only
 	// after CommandRetryInterval. Bounded (maxSent): entries go when the
 	// command is acknowledged (delete txs), when the retry interval has
@@ -178,7 +200,8 @@ func (m *Manager) maxSent() int { return 16 * m.cfg.MaxCommandsPerHeartbeat }
 // NewManager returns a Manager over st.
 func NewManager(cfg Config, st *State, prop Proposer) *Manager {
 	cfg.setDefaults()
-	return &Manager{cfg: cfg, st: st, prop: prop, log: cfg.Logger, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))}
+	return &Manager{cfg: cfg, st: st, prop: prop, log: cfg.Logger, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)),
+		repl: newReplSoft(), metrics: newReplMetrics(cfg.Registerer)}
 }
 
 // Config returns the effective configuration.
@@ -207,6 +230,7 @@ func (m *Manager) syncLeadership() bool {
 	m.acked = map[uint64]map[uint64]bool{}
 	m.unhealthy = map[uint64]map[uint64]string{}
 	m.purgeCursor = 0
+	m.repl = newReplSoft()
 	m.safeMode = true
 	if leading {
 		// Every registered datanode gets a full grace period from now:
@@ -309,12 +333,15 @@ func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 			n.containers[c.ContainerId] = c
 			m.checkReport(req.DatanodeId, c)
 		}
+		n.fullReported = true
+		n.fullAt = now
 		n.pipelines = make(map[uint64]bool, len(req.Pipelines))
 		for _, p := range req.Pipelines {
 			n.pipelines[p.PipelineId] = true
 		}
 	}
 	m.deleteAcks(req, n)
+	m.copyFailuresLocked(req, now)
 	cmds := m.commandsFor(req.DatanodeId, n, now)
 	return &metapb.HeartbeatResponse{Commands: cmds, State: n.state}, nil
 }
@@ -468,6 +495,7 @@ func (m *Manager) commandsFor(dn uint64, n *nodeSoft, now time.Time) []*metapb.D
 			cmds = append(cmds, &metapb.DatanodeCommand{Command: &metapb.DatanodeCommand_CloseContainer{CloseContainer: &metapb.CloseContainerCommand{ContainerId: id, PipelineId: c.PipelineId}}})
 		}
 	}
+	cmds = m.replicationCommandsLocked(dn, n, due, cmds)
 	// Delete-block transactions for containers this datanode holds, from
 	// its cursor on: a bounded slice of the pending transactions per
 	// heartbeat, wrapping around at the end, so every pending transaction
@@ -687,14 +715,22 @@ func (m *Manager) Tick(ctx context.Context) error {
 			return err
 		}
 	}
-	// 3. Purge delete transactions every replica has carried out.
+	// 3. Replication manager: repair closed containers (replication.go;
+	// not in safe mode, when too few datanodes have reported to tell a
+	// lost replica from an unreported one).
+	if !safe {
+		if err := m.replicate(ctx); err != nil {
+			return err
+		}
+	}
+	// 4. Purge delete transactions every replica has carried out.
 	if err := m.purgeDeleteTxs(ctx, acked, dead); err != nil {
 		return err
 	}
 	if safe {
 		return nil
 	}
-	// 4. Pipelines, then containers on them.
+	// 5. Pipelines, then containers on them.
 	if err := m.createPipelines(ctx, healthy); err != nil {
 		return err
 	}
@@ -739,18 +775,28 @@ func (m *Manager) unhealthyBatch() []*metapb.UnhealthyReplica {
 // closedReports returns CLOSING containers that every live, healthy
 // replica reports closed, with the largest reported size. Unhealthy
 // replicas (recorded, or reporting UNHEALTHY) never close; the container
-// closes on the others. Callers hold m.mu.
+// closes on the others. So does a replica that lacks the container in a
+// full report sent after its pipeline closed: it never got a write (a
+// datanode creates a container on the first one) or lost it, and no write
+// can reach it any more; the replication manager repairs it if the
+// container holds data. A container no replica ever got closes empty.
+// Callers hold m.mu.
 func (m *Manager) closedReports() map[uint64]uint64 {
 	out := map[uint64]uint64{}
 	for _, c := range m.st.ClosingContainers() {
 		ok, any := true, false
 		var used uint64
+		p := m.st.Pipeline(c.PipelineId)
 		for _, r := range c.Replicas {
 			n := m.nodes[r]
 			if n == nil || n.state == metapb.NodeState_DEAD || slices.Contains(c.UnhealthyReplicas, r) || m.unhealthy[c.Id][r] != "" {
 				continue
 			}
 			rep := n.containers[c.Id]
+			if rep == nil && n.fullReported && p != nil && p.State == metapb.PipelineState_PIPELINE_CLOSED && n.fullAt.UnixMilli() > p.ClosedUnixMs {
+				any = true
+				continue
+			}
 			if rep == nil || rep.State != metapb.ContainerState_CONTAINER_CLOSED {
 				ok = false
 				break

@@ -375,6 +375,10 @@ func (s *State) apply(b *pebble.Batch, cmd *metapb.ScmCommand) any {
 		return txs
 	case *metapb.ScmCommand_ReplicasUnhealthy:
 		return s.applyUnhealthy(b, op.ReplicasUnhealthy.Replicas)
+	case *metapb.ScmCommand_ReplicaAdded:
+		return s.applyReplicaAdded(b, op.ReplicaAdded)
+	case *metapb.ScmCommand_ReplicasRemoved:
+		return s.applyReplicasRemoved(b, op.ReplicasRemoved)
 	case *metapb.ScmCommand_PurgeDeleteTxs:
 		for _, id := range op.PurgeDeleteTxs.TxIds {
 			if err := b.Delete(key(pfxDeleteTx, id), nil); err != nil {
@@ -411,6 +415,72 @@ func (s *State) applyUnhealthy(b *pebble.Batch, reps []*metapb.UnhealthyReplica)
 		s.put(b, key(pfxContainer, c.Id), c)
 		n++
 	}
+	return n
+}
+
+// applyReplicaAdded records a verified copy of a CLOSED container. It
+// returns whether the replica set changed: a repeat (the leader proposed
+// it again after a failover or a lost answer) changes nothing.
+func (s *State) applyReplicaAdded(b *pebble.Batch, op *metapb.ReplicaAddedOp) any {
+	c := s.containers[op.ContainerId]
+	if c == nil {
+		return status.Errorf(codes.NotFound, "replica added: container %d not found", op.ContainerId)
+	}
+	if c.State != metapb.ContainerState_CONTAINER_CLOSED {
+		return status.Errorf(codes.FailedPrecondition, "replica added: container %d is %v, not CLOSED", c.Id, c.State)
+	}
+	if s.datanodes[op.DatanodeId] == nil {
+		return status.Errorf(codes.NotFound, "replica added: datanode %d not registered", op.DatanodeId)
+	}
+	if slices.Contains(c.Replicas, op.DatanodeId) {
+		return false
+	}
+	c = proto.Clone(c).(*metapb.Container)
+	c.Replicas = append(c.Replicas, op.DatanodeId)
+	s.setContainer(c)
+	s.put(b, key(pfxContainer, c.Id), c)
+	return true
+}
+
+// applyReplicasRemoved drops replicas of a CLOSED container. The leader
+// removes a replica only once enough healthy ones are recorded; Apply
+// re-checks the part it can see, that at least one replica not recorded
+// unhealthy stays, so no command can leave a container without a
+// location.
+func (s *State) applyReplicasRemoved(b *pebble.Batch, op *metapb.ReplicasRemovedOp) any {
+	c := s.containers[op.ContainerId]
+	if c == nil {
+		return status.Errorf(codes.NotFound, "replicas removed: container %d not found", op.ContainerId)
+	}
+	if c.State != metapb.ContainerState_CONTAINER_CLOSED {
+		return status.Errorf(codes.FailedPrecondition, "replicas removed: container %d is %v, not CLOSED", c.Id, c.State)
+	}
+	var keep, unhealthy []uint64
+	good := 0
+	for _, r := range c.Replicas {
+		if slices.Contains(op.DatanodeIds, r) {
+			continue
+		}
+		keep = append(keep, r)
+		if slices.Contains(c.UnhealthyReplicas, r) {
+			unhealthy = append(unhealthy, r)
+		} else {
+			good++
+		}
+	}
+	if len(keep) == len(c.Replicas) {
+		return 0
+	}
+	if good == 0 {
+		return status.Errorf(codes.FailedPrecondition, "replicas removed: removing %v from container %d (replicas %v, unhealthy %v) would leave no healthy replica",
+			op.DatanodeIds, c.Id, c.Replicas, c.UnhealthyReplicas)
+	}
+	n := len(c.Replicas) - len(keep)
+	c = proto.Clone(c).(*metapb.Container)
+	c.Replicas = keep
+	c.UnhealthyReplicas = unhealthy
+	s.setContainer(c)
+	s.put(b, key(pfxContainer, c.Id), c)
 	return n
 }
 

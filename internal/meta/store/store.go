@@ -56,7 +56,22 @@ type Options struct {
 	FS vfs.FS
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
+	// ReserveBytes is the free space Open expects for the DB (default
+	// DefaultReserve; negative: none); BallastBytes the size of the
+	// emergency ballast file kept in dir (0: none). Open removes the
+	// ballast when the disk is below the reserve, so Pebble can replay its
+	// WAL instead of waiting forever for a flush it cannot write; it is
+	// recreated once there is room. Callers refuse new proposals below the
+	// reserve (CheckSpace), since Pebble treats a failed WAL write as fatal.
+	ReserveBytes int64
+	BallastBytes int64
 }
+
+// DefaultReserve is Options.ReserveBytes's default.
+const DefaultReserve = 64 << 20
+
+// ErrDiskFull: the store's disk is below its reserve (CheckSpace).
+var ErrDiskFull = errors.New("store: disk below its reserve")
 
 // Store is one group's Pebble database.
 type Store struct {
@@ -68,6 +83,8 @@ type Store struct {
 	// mu guards db against Restore swapping it; readers hold it shared.
 	mu sync.RWMutex
 	db *pebble.DB
+	// space keeps the reserve and the ballast.
+	space *vfs.Space
 
 	// applied only grows (setApplied asserts it): a state that went back
 	// would silently lose committed entries, because raft never resends
@@ -103,6 +120,9 @@ func Open(dir string, opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.ReserveBytes == 0 {
+		opts.ReserveBytes = DefaultReserve
+	}
 	fs := opts.FS
 	if err := mkdirAllSynced(fs, dir); err != nil {
 		return nil, fmt.Errorf("store: create %s: %w", dir, err)
@@ -130,6 +150,17 @@ func Open(dir string, opts Options) (*Store, error) {
 		}
 	}
 	s := &Store{dir: dir, opts: opts, fs: fs, log: opts.Logger, stop: make(chan struct{}), done: make(chan struct{})}
+	// Before Pebble opens: on a full disk its open waits forever for a
+	// flush it cannot write, so the ballast goes first.
+	s.space, err = vfs.OpenSpace(fs, dir, vfs.SpaceOptions{
+		Reserve:     max(0, opts.ReserveBytes),
+		Ballast:     opts.BallastBytes,
+		BallastPath: filepath.Join(dir, "emergency.ballast"),
+		Logf:        func(f string, a ...any) { opts.Logger.Warn(fmt.Sprintf(f, a...)) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
 	db, err := s.openDB(cur)
 	if err != nil {
 		return nil, err
@@ -144,6 +175,19 @@ func Open(dir string, opts Options) (*Store, error) {
 	s.durable.Store(idx)
 	go s.syncLoop()
 	return s, nil
+}
+
+// CheckSpace reports whether n more bytes may be proposed: nil, or an error
+// wrapping ErrDiskFull once the disk is below the reserve (a cached
+// figure, cheap per request). Entries already in the log still apply.
+func (s *Store) CheckSpace(n int) error {
+	if err := s.space.Admit(int64(n)); err != nil {
+		if errors.Is(err, vfs.ErrNoSpace) {
+			return fmt.Errorf("%w: %w", ErrDiskFull, err)
+		}
+		return fmt.Errorf("store: %w", err)
+	}
+	return nil
 }
 
 // mkdirAllSynced creates dir and any missing parents, syncing the parent

@@ -1,0 +1,742 @@
+package scm
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+)
+
+// The replication manager (Ozone's ReplicationManager, HDFS's
+// re-replication) keeps every CLOSED container at its replication factor.
+// Each round (Tick, on the leader) it classifies every closed container
+// from the replicated State and the datanodes' last reports:
+//
+//   - healthy: exactly as many healthy replicas as the factor;
+//   - under_replicated: fewer (a replica on a dead datanode, recorded
+//     UNHEALTHY, or missing from its datanode's full report);
+//   - over_replicated: more;
+//   - missing: none at all. An alarm: logged at ERROR, counted, shown by
+//     `basalt admin container health`; nothing can repair it.
+//
+// It repairs in this order: a verified copy reported by a datanode that is
+// not yet a replica is recorded (ReplicaAddedOp); bad replicas of a
+// container back at its factor are dropped (ReplicasRemovedOp), and so is
+// one replica too many; then copies are scheduled for the under-replicated
+// containers, fewest healthy replicas first, each to a target chosen by
+// placement and throttled per target. A datanode holding a replica SCM no
+// longer lists is told to delete it (commandsFor).
+//
+// The schedule (copies in flight) is soft state on the leader, like every
+// command: a new leader rebuilds it. The replica sets are not: a copy
+// counts only once ReplicaAddedOp is applied, and a replica goes only
+// through ReplicasRemovedOp after its replacement was recorded, so a
+// failover in the middle of a repair loses at most the copy in flight (the
+// new leader adopts it from the target's report, or schedules it again).
+
+// Health classes of a container (the label of basalt_scm_containers).
+const (
+	HealthHealthy         = "healthy"
+	HealthUnderReplicated = "under_replicated"
+	HealthOverReplicated  = "over_replicated"
+	HealthMissing         = "missing"
+	// HealthUnhealthyReplicas counts containers with a replica recorded
+	// UNHEALTHY, whatever their class.
+	HealthUnhealthyReplicas = "unhealthy_replicas"
+)
+
+// ReplicaStatus is how the replication manager sees one recorded replica.
+type ReplicaStatus int
+
+const (
+	ReplicaHealthy   ReplicaStatus = iota // live and reported (or not yet fully reported)
+	ReplicaUnhealthy                      // recorded or reported UNHEALTHY
+	ReplicaDead                           // its datanode is DEAD (or unknown)
+	ReplicaMissing                        // its datanode's full report lacks it
+)
+
+func (s ReplicaStatus) String() string {
+	return [...]string{"healthy", "unhealthy", "dead", "missing"}[s]
+}
+
+// Classification is one container's health.
+type Classification struct {
+	Health  string
+	Want    int
+	Healthy []uint64 // replicas that count
+	Bad     []uint64 // replicas that do not (unhealthy, dead, missing)
+}
+
+// Classify classifies a container from the status of each of its recorded
+// replicas.
+func Classify(c *metapb.Container, status func(dn uint64) ReplicaStatus) Classification {
+	cl := Classification{Want: max(int(c.Replication), 1)}
+	for _, r := range c.Replicas {
+		if status(r) == ReplicaHealthy {
+			cl.Healthy = append(cl.Healthy, r)
+		} else {
+			cl.Bad = append(cl.Bad, r)
+		}
+	}
+	switch n := len(cl.Healthy); {
+	case n == 0:
+		cl.Health = HealthMissing
+	case n < cl.Want:
+		cl.Health = HealthUnderReplicated
+	case n > cl.Want:
+		cl.Health = HealthOverReplicated
+	default:
+		cl.Health = HealthHealthy
+	}
+	return cl
+}
+
+// TargetCandidate is a datanode that may receive a copy.
+type TargetCandidate struct {
+	ID             uint64
+	Rack           string
+	Available      uint64 // free bytes beyond the reserve (best volume)
+	AvailableKnown bool
+	InFlight       int // copies already going to it
+}
+
+// ChooseTarget picks the datanode a copy of a container of need bytes goes
+// to, among cands (which the caller limited to healthy datanodes that are
+// not replicas, not throttled, and did not fail this copy before):
+// one with room; off the replicas' rack if they all share one and the
+// cluster has two racks or more (Ozone's rack-aware placement: a rack
+// failure must not take every copy); then most free space, fewest copies
+// in flight, lowest ID. It falls back to the same rack rather than leave a
+// container under-replicated. ok is false when no candidate has room.
+func ChooseTarget(cands []TargetCandidate, replicaRacks []string, clusterRacks int, need uint64) (id uint64, ok bool) {
+	var fit []TargetCandidate
+	for _, c := range cands {
+		if c.AvailableKnown && c.Available < need {
+			continue
+		}
+		fit = append(fit, c)
+	}
+	if len(fit) == 0 {
+		return 0, false
+	}
+	if clusterRacks >= 2 && len(replicaRacks) > 0 {
+		one := true
+		for _, r := range replicaRacks[1:] {
+			if r != replicaRacks[0] {
+				one = false
+			}
+		}
+		if one {
+			var other []TargetCandidate
+			for _, c := range fit {
+				if c.Rack != replicaRacks[0] {
+					other = append(other, c)
+				}
+			}
+			if len(other) > 0 {
+				fit = other
+			}
+		}
+	}
+	best := slices.MinFunc(fit, func(a, b TargetCandidate) int {
+		return cmp.Or(-cmp.Compare(a.Available, b.Available), cmp.Compare(a.InFlight, b.InFlight), cmp.Compare(a.ID, b.ID))
+	})
+	return best.ID, true
+}
+
+// copyTask is a copy in flight: target was sent ReplicateContainer.
+type copyTask struct {
+	cid     uint64
+	target  uint64
+	sources []uint64
+	started time.Time
+}
+
+// replSoft is the replication manager's soft state (under Manager.mu;
+// reset with the rest on a leadership change).
+type replSoft struct {
+	copies map[uint64]*copyTask // by container
+	// failed: container → targets whose copy failed, and when; not chosen
+	// again for that container for failedBackoff.
+	failed map[uint64]map[uint64]time.Time
+	// good: healthy replica count of each CLOSED container at the last
+	// round, so commandsFor deletes a stray replica only of a container
+	// known to be whole.
+	good    map[uint64]int
+	alarmed map[uint64]bool // missing containers already logged
+	last    *metapb.GetContainerHealthResponse
+	all     []*metapb.ContainerHealth // not healthy, worst first
+	done    uint64
+	failedN uint64
+}
+
+func newReplSoft() replSoft {
+	return replSoft{copies: map[uint64]*copyTask{}, failed: map[uint64]map[uint64]time.Time{}, good: map[uint64]int{}, alarmed: map[uint64]bool{}}
+}
+
+// Bounds of one replication round.
+const (
+	// maxReplicationOps: Raft proposals (replicas added or removed) per
+	// round; the rest wait for the next round.
+	maxReplicationOps = 256
+	// maxCopiesInFlight bounds the copies scheduled cluster-wide.
+	maxCopiesInFlight = 1024
+	// maxWorst bounds the containers GetContainerHealth lists.
+	maxWorst = 1000
+)
+
+type replMetrics struct {
+	containers *prometheus.GaugeVec
+	inFlight   prometheus.Gauge
+	copies     *prometheus.CounterVec
+}
+
+func newReplMetrics(reg prometheus.Registerer) *replMetrics {
+	m := &replMetrics{
+		containers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "basalt_scm_containers",
+			Help: "Closed containers by replica health at the replication manager's last round (SCM leader)."}, []string{"health"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "basalt_scm_replication_copies_in_flight",
+			Help: "Container copies scheduled and not yet recorded (SCM leader)."}),
+		copies: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "basalt_scm_replication_copies_total",
+			Help: "Container copies finished, by result (done: recorded; failed: timed out or target lost)."}, []string{"result"}),
+	}
+	if reg != nil {
+		m.containers = register(reg, m.containers)
+		m.inFlight = register(reg, m.inFlight)
+		m.copies = register(reg, m.copies)
+	}
+	return m
+}
+
+// register registers c, or returns the collector already registered under
+// its name (several meta nodes in one process may share a registry; only
+// the leader sets the values).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if old, ok := are.ExistingCollector.(C); ok {
+				return old
+			}
+		}
+	}
+	return c
+}
+
+// replicaStatusLocked is how this leader sees datanode dn's replica of c.
+// Callers hold m.mu.
+func (m *Manager) replicaStatusLocked(c *metapb.Container, dn uint64) ReplicaStatus {
+	if slices.Contains(c.UnhealthyReplicas, dn) || m.unhealthy[c.Id][dn] != "" {
+		return ReplicaUnhealthy
+	}
+	n := m.nodes[dn]
+	if n == nil || n.state == metapb.NodeState_DEAD || m.st.Datanode(dn) == nil {
+		return ReplicaDead
+	}
+	if !n.fullReported {
+		return ReplicaHealthy // not heard in full yet under this leader
+	}
+	rep := n.containers[c.Id]
+	switch {
+	case rep == nil:
+		return ReplicaMissing
+	case rep.State == metapb.ContainerState_CONTAINER_UNHEALTHY:
+		return ReplicaUnhealthy
+	}
+	return ReplicaHealthy
+}
+
+// replOp is one replica-set change a round decided on.
+type replOp struct {
+	cmd  *metapb.ScmCommand
+	what string
+	cid  uint64
+	dn   uint64 // ReplicaAdded: the new replica (ends its copy)
+}
+
+// replicate runs one round of the replication manager. It decides under
+// m.mu and proposes outside it.
+func (m *Manager) replicate(ctx context.Context) error {
+	now := m.cfg.Now()
+	m.mu.Lock()
+	if !m.leading {
+		m.mu.Unlock()
+		return nil
+	}
+	ops, missing := m.planLocked(now)
+	m.mu.Unlock()
+	for _, cid := range missing {
+		m.log.Error("scm: container MISSING: no healthy replica left; data in it is unreadable until a replica returns", "container", cid)
+	}
+	for _, op := range ops {
+		if _, err := m.propose(ctx, op.cmd); err != nil {
+			m.log.Warn("scm: replication: "+op.what, "container", op.cid, "err", err)
+			continue
+		}
+		m.log.Info("scm: replication: "+op.what, "container", op.cid)
+		if op.dn != 0 {
+			m.mu.Lock()
+			if t := m.repl.copies[op.cid]; t != nil && t.target == op.dn {
+				delete(m.repl.copies, op.cid)
+				m.repl.done++
+				m.metrics.copies.WithLabelValues("done").Inc()
+			}
+			m.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+// planLocked classifies every container, updates the health summary and
+// gauges, times out copies, schedules new ones, and returns the replica
+// set changes to propose and the containers newly found missing. Callers
+// hold m.mu.
+func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64) {
+	rs := &m.repl
+	// Copies that will not finish: target gone, or too slow.
+	for cid, t := range rs.copies {
+		n := m.nodes[t.target]
+		c := m.st.Container(cid)
+		if c != nil && slices.Contains(c.Replicas, t.target) {
+			delete(rs.copies, cid) // recorded (by this leader or a previous one)
+			continue
+		}
+		if n == nil || n.state != metapb.NodeState_HEALTHY || now.Sub(t.started) >= m.cfg.CopyTimeout || c == nil || c.State != metapb.ContainerState_CONTAINER_CLOSED {
+			m.log.Warn("scm: replication: copy given up; trying elsewhere", "container", cid, "target", t.target, "age", now.Sub(t.started).Round(time.Millisecond))
+			m.giveUpLocked(t, now)
+		}
+	}
+	for cid, ts := range rs.failed {
+		for dn, at := range ts {
+			if now.Sub(at) >= m.failedBackoff() {
+				delete(ts, dn)
+			}
+		}
+		if len(ts) == 0 {
+			delete(rs.failed, cid)
+		}
+	}
+	// Who reports a closed copy it is not a recorded replica of.
+	extra := map[uint64][]uint64{}
+	inFlight := map[uint64]int{}
+	for _, t := range rs.copies {
+		inFlight[t.target]++
+	}
+	dns := m.st.Datanodes()
+	racks := map[uint64]string{}
+	rackSet := map[string]bool{}
+	for _, d := range dns {
+		racks[d.Id] = d.Location
+		rackSet[d.Location] = true
+	}
+	for _, d := range dns {
+		n := m.nodes[d.Id]
+		if n == nil || n.state != metapb.NodeState_HEALTHY {
+			continue
+		}
+		for cid, rep := range n.containers {
+			if rep.State == metapb.ContainerState_CONTAINER_CLOSED {
+				extra[cid] = append(extra[cid], d.Id)
+			}
+		}
+	}
+
+	counts := map[string]uint64{HealthHealthy: 0, HealthUnderReplicated: 0, HealthOverReplicated: 0, HealthMissing: 0, HealthUnhealthyReplicas: 0, "closing": 0, "open": 0}
+	type under struct {
+		c  *metapb.Container
+		cl Classification
+	}
+	var unders []under
+	var bad []*metapb.ContainerHealth
+	good := map[uint64]int{}
+	missingNow := map[uint64]bool{}
+	for _, c := range m.st.Containers() {
+		switch c.State {
+		case metapb.ContainerState_CONTAINER_OPEN:
+			counts["open"]++
+			continue
+		case metapb.ContainerState_CONTAINER_CLOSING:
+			// Closed by the existing paths (closedReports skips dead and
+			// unhealthy replicas); repaired once CLOSED. One that can
+			// never close because no replica is left, and that held data
+			// when last reported (a ONE container on a dead datanode), is
+			// missing.
+			counts["closing"]++
+			if m.lostLocked(c) {
+				counts[HealthMissing]++
+				missingNow[c.Id] = true
+				bad = append(bad, &metapb.ContainerHealth{ContainerId: c.Id, State: c.State, Health: HealthMissing,
+					WantReplicas: uint32(max(int(c.Replication), 1)), Replicas: c.Replicas, Unhealthy: c.Replicas, UsedBytes: c.UsedBytes})
+				if !rs.alarmed[c.Id] {
+					rs.alarmed[c.Id] = true
+					newlyMissing = append(newlyMissing, c.Id)
+				}
+			}
+			continue
+		case metapb.ContainerState_CONTAINER_CLOSED:
+		default:
+			continue
+		}
+		if c.UsedBytes == 0 && !reportedAny(m, c) {
+			// Closed before any replica got a write: nothing to lose
+			// or copy (replicas create a container on the first write).
+			counts[HealthHealthy]++
+			continue
+		}
+		cl := Classify(c, func(dn uint64) ReplicaStatus { return m.replicaStatusLocked(c, dn) })
+		counts[cl.Health]++
+		if len(c.UnhealthyReplicas) > 0 {
+			counts[HealthUnhealthyReplicas]++
+		}
+		good[c.Id] = len(cl.Healthy)
+		if cl.Health != HealthHealthy {
+			h := &metapb.ContainerHealth{ContainerId: c.Id, State: c.State, Health: cl.Health, HealthyReplicas: uint32(len(cl.Healthy)),
+				WantReplicas: uint32(cl.Want), Replicas: c.Replicas, Unhealthy: cl.Bad, UsedBytes: c.UsedBytes}
+			if t := rs.copies[c.Id]; t != nil {
+				h.CopyTarget = t.target
+			}
+			bad = append(bad, h)
+		}
+		if cl.Health == HealthMissing {
+			missingNow[c.Id] = true
+			if !rs.alarmed[c.Id] {
+				rs.alarmed[c.Id] = true
+				newlyMissing = append(newlyMissing, c.Id)
+			}
+			continue
+		}
+		if len(ops) >= maxReplicationOps {
+			continue
+		}
+		// 1. A verified copy on a datanode that is not a replica yet:
+		// record it if the container needs it, or if this leader asked
+		// for it (the container may have become whole another way; the
+		// extra replica then goes in a later round). Its replica set
+		// grows first; removals wait for a later round.
+		if t := rs.copies[c.Id]; t != nil && len(cl.Healthy) >= cl.Want && slices.Contains(extra[c.Id], t.target) {
+			ops = append(ops, replOp{what: fmt.Sprintf("replica on datanode %d recorded", t.target), cid: c.Id, dn: t.target,
+				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaAdded{ReplicaAdded: &metapb.ReplicaAddedOp{ContainerId: c.Id, DatanodeId: t.target}}}})
+			continue
+		}
+		if len(cl.Healthy) < cl.Want {
+			var newest uint64
+			for _, r := range cl.Healthy {
+				if rep := m.nodes[r].containers[c.Id]; rep != nil {
+					newest = max(newest, rep.Bcsid)
+				}
+			}
+			added := false
+			for _, dn := range extra[c.Id] {
+				if slices.Contains(c.Replicas, dn) {
+					continue
+				}
+				if rep := m.nodes[dn].containers[c.Id]; rep.Bcsid < newest {
+					continue // a stale copy (an old replica come back): not a source of truth
+				}
+				ops = append(ops, replOp{what: fmt.Sprintf("replica on datanode %d recorded", dn), cid: c.Id, dn: dn,
+					cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaAdded{ReplicaAdded: &metapb.ReplicaAddedOp{ContainerId: c.Id, DatanodeId: dn}}}})
+				added = true
+				break
+			}
+			if added {
+				continue
+			}
+			unders = append(unders, under{c, cl})
+			continue
+		}
+		// 2. Back at (or above) the factor: drop what does not count, then
+		// one replica too many. Never while a copy is in flight (it may
+		// be what makes the count).
+		if rs.copies[c.Id] != nil {
+			continue
+		}
+		if len(cl.Bad) > 0 {
+			ops = append(ops, replOp{what: fmt.Sprintf("replicas %v dropped (replaced)", cl.Bad), cid: c.Id,
+				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: cl.Bad, Reason: "replaced by healthy replicas"}}}})
+			continue
+		}
+		if len(cl.Healthy) > cl.Want {
+			victim := extraReplica(cl.Healthy, racks)
+			ops = append(ops, replOp{what: fmt.Sprintf("replica on datanode %d dropped (over-replicated)", victim), cid: c.Id,
+				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: []uint64{victim}, Reason: "over-replicated"}}}})
+		}
+	}
+	for cid := range rs.alarmed {
+		if !missingNow[cid] {
+			delete(rs.alarmed, cid)
+			m.log.Warn("scm: container no longer missing", "container", cid)
+		}
+	}
+	rs.good = good
+
+	// 3. Schedule copies, fewest healthy replicas first.
+	slices.SortFunc(unders, func(a, b under) int {
+		return cmp.Or(cmp.Compare(len(a.cl.Healthy), len(b.cl.Healthy)), cmp.Compare(a.c.Id, b.c.Id))
+	})
+	for _, u := range unders {
+		if len(rs.copies) >= maxCopiesInFlight {
+			break
+		}
+		if rs.copies[u.c.Id] != nil {
+			continue
+		}
+		var sources []uint64
+		var repRacks []string
+		for _, r := range u.cl.Healthy {
+			repRacks = append(repRacks, racks[r])
+			if n := m.nodes[r]; n != nil && n.state == metapb.NodeState_HEALTHY {
+				sources = append(sources, r)
+			}
+		}
+		if len(sources) == 0 {
+			continue // only stale replicas: wait
+		}
+		// Newest first (highest committed index), then the least busy.
+		slices.SortFunc(sources, func(a, b uint64) int {
+			var ba, bb uint64
+			if rep := m.nodes[a].containers[u.c.Id]; rep != nil {
+				ba = rep.Bcsid
+			}
+			if rep := m.nodes[b].containers[u.c.Id]; rep != nil {
+				bb = rep.Bcsid
+			}
+			return cmp.Or(-cmp.Compare(ba, bb), cmp.Compare(a, b))
+		})
+		var cands []TargetCandidate
+		for _, d := range dns {
+			n := m.nodes[d.Id]
+			if n == nil || n.state != metapb.NodeState_HEALTHY || !n.heard || slices.Contains(u.c.Replicas, d.Id) ||
+				inFlight[d.Id] >= m.cfg.MaxCopiesPerTarget || !rs.failed[u.c.Id][d.Id].IsZero() {
+				continue
+			}
+			if rep := n.containers[u.c.Id]; rep != nil {
+				continue // holds an old or broken copy: it must delete it first
+			}
+			tc := TargetCandidate{ID: d.Id, Rack: d.Location, InFlight: inFlight[d.Id]}
+			for _, v := range n.volumes {
+				if v.AvailableKnown && !v.Failed {
+					tc.AvailableKnown = true
+					tc.Available = max(tc.Available, v.AvailableBytes)
+				}
+			}
+			cands = append(cands, tc)
+		}
+		target, ok := ChooseTarget(cands, repRacks, len(rackSet), u.c.UsedBytes)
+		if !ok {
+			continue
+		}
+		rs.copies[u.c.Id] = &copyTask{cid: u.c.Id, target: target, sources: sources, started: now}
+		inFlight[target]++
+		m.log.Info("scm: replication: copy scheduled", "container", u.c.Id, "healthy", len(u.cl.Healthy), "want", u.cl.Want, "target", target, "sources", sources)
+	}
+
+	// Summary for GetContainerHealth, worst first.
+	slices.SortFunc(bad, func(a, b *metapb.ContainerHealth) int {
+		return cmp.Or(cmp.Compare(a.HealthyReplicas, b.HealthyReplicas), cmp.Compare(a.ContainerId, b.ContainerId))
+	})
+	for _, h := range bad {
+		if t := rs.copies[h.ContainerId]; t != nil {
+			h.CopyTarget = t.target
+		}
+	}
+	if len(bad) > maxWorst {
+		bad = bad[:maxWorst]
+	}
+	rs.all = bad
+	rs.last = &metapb.GetContainerHealthResponse{Counts: counts, RoundUnixMs: now.UnixMilli()}
+	for h, n := range counts {
+		if h != "open" && h != "closing" {
+			m.metrics.containers.WithLabelValues(h).Set(float64(n))
+		}
+	}
+	m.metrics.inFlight.Set(float64(len(rs.copies)))
+	return ops, newlyMissing
+}
+
+// maxCopyFailuresPerHeartbeat bounds the copy failures read from one
+// heartbeat (a datanode has at most a few copies running).
+const maxCopyFailuresPerHeartbeat = 64
+
+// copyFailuresLocked gives up the copies a datanode reports failed, so the
+// next round schedules them on another target. Callers hold m.mu.
+func (m *Manager) copyFailuresLocked(req *metapb.HeartbeatRequest, now time.Time) {
+	for i, f := range req.CopyFailures {
+		if i == maxCopyFailuresPerHeartbeat {
+			break
+		}
+		t := m.repl.copies[f.ContainerId]
+		if t == nil || t.target != req.DatanodeId {
+			continue
+		}
+		msg := f.Message
+		if len(msg) > maxReasonBytes {
+			msg = msg[:maxReasonBytes]
+		}
+		m.log.Warn("scm: replication: copy failed on the target; trying elsewhere", "container", f.ContainerId, "target", req.DatanodeId, "err", msg)
+		m.giveUpLocked(t, now)
+	}
+}
+
+// giveUpLocked ends a copy that will not finish and keeps its target out
+// of that container's choices for a while. Callers hold m.mu.
+func (m *Manager) giveUpLocked(t *copyTask, now time.Time) {
+	rs := &m.repl
+	delete(rs.copies, t.cid)
+	if rs.failed[t.cid] == nil {
+		rs.failed[t.cid] = map[uint64]time.Time{}
+	}
+	rs.failed[t.cid][t.target] = now
+	rs.failedN++
+	m.metrics.copies.WithLabelValues("failed").Inc()
+}
+
+// lostLocked reports whether every replica of an unclosed container is
+// dead or unhealthy while one of them last reported data in it. Callers
+// hold m.mu.
+func (m *Manager) lostLocked(c *metapb.Container) bool {
+	data := false
+	for _, r := range c.Replicas {
+		if st := m.replicaStatusLocked(c, r); st != ReplicaDead && st != ReplicaUnhealthy {
+			return false
+		}
+		if n := m.nodes[r]; n != nil {
+			if rep := n.containers[c.Id]; rep != nil && rep.BlockCount > 0 {
+				data = true
+			}
+		}
+	}
+	return data
+}
+
+// reportedAny reports whether any datanode reports holding container c.
+// Callers hold m.mu.
+func reportedAny(m *Manager, c *metapb.Container) bool {
+	for _, r := range c.Replicas {
+		if n := m.nodes[r]; n != nil && n.containers[c.Id] != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// failedBackoff: how long a target whose copy failed is not chosen again
+// for that container.
+func (m *Manager) failedBackoff() time.Duration { return 5 * m.cfg.CopyTimeout }
+
+// extraReplica picks the replica to drop from an over-replicated
+// container: one on the rack with the most replicas (so the rest stay
+// spread), the highest ID among those.
+func extraReplica(healthy []uint64, racks map[uint64]string) uint64 {
+	per := map[string]int{}
+	for _, r := range healthy {
+		per[racks[r]]++
+	}
+	return slices.MaxFunc(healthy, func(a, b uint64) int {
+		return cmp.Or(cmp.Compare(per[racks[a]], per[racks[b]]), cmp.Compare(a, b))
+	})
+}
+
+// replicationCommandsLocked adds the replication manager's commands for
+// datanode dn: the copies it is the target of, and the deletion of
+// replicas it holds of CLOSED containers that no longer list it, once the
+// last round found those containers whole. Callers hold m.mu.
+func (m *Manager) replicationCommandsLocked(dn uint64, n *nodeSoft, due func(string) bool, cmds []*metapb.DatanodeCommand) []*metapb.DatanodeCommand {
+	for _, t := range m.repl.copies {
+		if t.target != dn || !due("rc"+strconv.FormatUint(t.cid, 10)) {
+			continue
+		}
+		cmd := &metapb.ReplicateContainerCommand{ContainerId: t.cid}
+		for _, s := range t.sources {
+			if d := m.st.Datanode(s); d != nil {
+				cmd.Sources = append(cmd.Sources, d)
+			}
+		}
+		cmds = append(cmds, &metapb.DatanodeCommand{Command: &metapb.DatanodeCommand_ReplicateContainer{ReplicateContainer: cmd}})
+	}
+	for cid, rep := range n.containers {
+		if rep.State != metapb.ContainerState_CONTAINER_CLOSED && rep.State != metapb.ContainerState_CONTAINER_UNHEALTHY {
+			continue
+		}
+		c := m.st.Container(cid)
+		if c == nil || c.State != metapb.ContainerState_CONTAINER_CLOSED || slices.Contains(c.Replicas, dn) {
+			continue
+		}
+		if t := m.repl.copies[cid]; t != nil && t.target == dn {
+			continue // about to be recorded
+		}
+		if g, ok := m.repl.good[cid]; !ok || g < max(int(c.Replication), 1) {
+			continue // it may yet be needed
+		}
+		if due("dc" + strconv.FormatUint(cid, 10)) {
+			cmds = append(cmds, &metapb.DatanodeCommand{Command: &metapb.DatanodeCommand_DeleteContainer{DeleteContainer: &metapb.DeleteContainerCommand{
+				ContainerId: cid, Reason: fmt.Sprintf("datanode %d is not a replica of container %d (replicas %v)", dn, cid, c.Replicas)}}})
+		}
+	}
+	return cmds
+}
+
+// ContainerHealth returns the last round's summary with up to worst of the
+// worst containers.
+func (m *Manager) ContainerHealth(worst int) (*metapb.GetContainerHealthResponse, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.syncLeadership() {
+		return nil, notLeader()
+	}
+	if worst <= 0 {
+		worst = 20
+	}
+	worst = min(worst, maxWorst)
+	resp := &metapb.GetContainerHealthResponse{Counts: map[string]uint64{}, CopiesDone: m.repl.done, CopiesFailed: m.repl.failedN}
+	if l := m.repl.last; l != nil {
+		for k, v := range l.Counts {
+			resp.Counts[k] = v
+		}
+		resp.RoundUnixMs = l.RoundUnixMs
+	}
+	for _, h := range m.repl.all[:min(worst, len(m.repl.all))] {
+		resp.Worst = append(resp.Worst, h)
+	}
+	for _, t := range m.repl.copies {
+		resp.Copies = append(resp.Copies, &metapb.ReplicationCopy{ContainerId: t.cid, Target: t.target, Sources: t.sources, StartedUnixMs: t.started.UnixMilli()})
+	}
+	slices.SortFunc(resp.Copies, func(a, b *metapb.ReplicationCopy) int { return cmp.Compare(a.ContainerId, b.ContainerId) })
+	return resp, nil
+}
+
+// ReplicaCorrupt acts on a client's report that datanode dn's replica of
+// container cid failed its checksums on a read: the replica is queued to
+// be recorded unhealthy (through Raft, by Tick), as an UNHEALTHY container
+// report would be, so it is no longer offered as a location and the
+// replication manager replaces it. It is not condemned when that would
+// leave the container without a replica that is not: a client that fails
+// every replica's checksums is more likely wrong itself.
+func (m *Manager) ReplicaCorrupt(cid, dn uint64, reason string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.syncLeadership() {
+		return
+	}
+	c := m.st.Container(cid)
+	if c == nil || !slices.Contains(c.Replicas, dn) || slices.Contains(c.UnhealthyReplicas, dn) {
+		return
+	}
+	left := 0
+	for _, r := range c.Replicas {
+		if r != dn && !slices.Contains(c.UnhealthyReplicas, r) && m.unhealthy[cid][r] == "" {
+			left++
+		}
+	}
+	if left == 0 {
+		m.log.Warn("scm: corrupt replica reported, but it is the container's last one not condemned; kept", "container", cid, "datanode", dn, "reason", reason)
+		return
+	}
+	m.markUnhealthy(cid, dn, "a client read failed its checksums: "+reason)
+}
