@@ -3,7 +3,6 @@ package sim
 import (
 	"bytes"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -44,13 +43,7 @@ func (s *Sim) check() {
 		for _, g := range []*raft.Group{n.dnG, n.kvG} {
 			if g != nil && g.Stopped() {
 				err := g.ProposeAsync(nil, nil, func(raft.Result, error) {})
-				tag := ""
-				if err != nil && strings.Contains(err.Error(), "is out of range [lastIndex(") {
-					// The replica's log lost what it acknowledged: defect D2
-					// (an applied snapshot is not synced).
-					tag = knownD2
-				}
-				s.violate("%sgroup %d stopped on node %d after healing: %v", tag, g.ID(), n.id, err)
+				s.violate("group %d stopped on node %d after healing: %v", g.ID(), n.id, err)
 			}
 		}
 	}
@@ -72,7 +65,7 @@ func (s *Sim) check() {
 				s.logf("acked block %d/%d missing on %d, whose container is UNHEALTHY (reported): %s", op.cid, op.lid, id, why)
 				continue
 			}
-			s.violate("%sacknowledged block %d/%d (PutBlock %d) lost on replica %d: %s", op.knownDefect, op.cid, op.lid, op.index, id, why)
+			s.violate("acknowledged block %d/%d (PutBlock %d) lost on replica %d: %s", op.cid, op.lid, op.index, id, why)
 		}
 	}
 	s.checkReplicasAgree()

@@ -52,10 +52,6 @@ type node struct {
 	// checking: the checkers are reading; no faults (a checker must not
 	// change what it observes).
 	checking bool
-	// prevIOFault: the previous incarnation saw EIO or torn writes;
-	// startedAt: when this incarnation started (defect D5's signature).
-	prevIOFault bool
-	startedAt   time.Duration
 }
 
 const diskBytes = 256 << 20
@@ -142,8 +138,7 @@ func (n *node) start() error {
 		}
 	}
 	n.up = true
-	n.prevIOFault, n.ioFault = n.ioFault, false
-	n.startedAt = n.s.clk.now
+	n.ioFault = false
 	n.s.logf("node %d up (incarnation %d)", n.id, n.epoch)
 	n.scheduleTick()
 	return nil

@@ -438,7 +438,7 @@ func (s *Sim) unknownViolation() bool {
 }
 
 func isKnown(v string) bool {
-	return strings.Contains(v, knownD2)
+	return strings.HasPrefix(v, knownDefect)
 }
 
 // OnlyKnown reports whether every violation of the run is a known defect.

@@ -52,7 +52,7 @@ func runSeed(t *testing.T, seed uint64) *Report {
 	rep := Run(cfg)
 	t.Logf("%v (took %v)", rep, time.Since(start).Round(time.Millisecond))
 	if len(rep.Violations) > 0 && rep.OnlyKnown() && !*flagStrict {
-		t.Skipf("seed %d hits only known defects (D2 internal/raft; docs/SIMULATION.md):\n  %s\nreplay: %s", seed, strings.Join(rep.Violations, "\n  "), Replay(seed, cfg.Steps))
+		t.Skipf("seed %d hits only known defects (docs/SIMULATION.md):\n  %s\nreplay: %s", seed, strings.Join(rep.Violations, "\n  "), Replay(seed, cfg.Steps))
 	}
 	if len(rep.Violations) > 0 {
 		t.Errorf("seed %d failed:\n  %s\nreplay: %s", seed, strings.Join(rep.Violations, "\n  "), Replay(seed, cfg.Steps))

@@ -25,13 +25,10 @@ type blockOp struct {
 	call, ret time.Duration
 	index     uint64 // the PutBlock's (or PutSmallFile's) entry
 	small     bool   // written with one PutSmallFile
-	// knownDefect tags the violations of a block whose acknowledgement
-	// already hit a known defect of the code under test.
-	knownDefect string
-	pending     int // chunk proposals not yet answered
-	done        bool
-	acked       bool
-	why         string
+	pending   int    // chunk proposals not yet answered
+	done      bool
+	acked     bool
+	why       string
 }
 
 // startBlock writes one block of 1-3 chunks through the pipeline leader.
@@ -375,10 +372,9 @@ func boolInt(b bool) int {
 	return 0
 }
 
-// knownD2 prefixes a violation caused by defect D2 (internal/raft: a
-// snapshot applied to the log store is acknowledged before it is synced;
-// after a crash etcd raft finds its log behind its acknowledged commit).
-// TestSim tolerates seeds whose every violation is known, so that make
-// test stays useful while a defect is open; make simulate reports them.
-// (D1 and D5, internal/datanode, were tagged too until they were fixed.)
-const knownD2 = "[known defect D2] "
+// knownDefect prefixes a violation a checker attributes to an open,
+// documented defect of the code under test ("[known defect Dn] ..."):
+// TestSim tolerates seeds whose every violation is known, so make test
+// stays useful while a defect is open; make simulate and -strict report
+// them. No defect is open now: D1, D2 and D5 were tagged until fixed.
+const knownDefect = "[known defect "
