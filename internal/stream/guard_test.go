@@ -106,6 +106,11 @@ func TestPanicInBackendOpen(t *testing.T) {
 	if _, _, err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
+	// The server counts the stream done just after it sends the close
+	// ack, so the client can see the ack first: wait for it (bounded).
+	for deadline := time.Now().Add(5 * time.Second); srv.Stats().Active != 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	if s := srv.Stats(); s.Active != 0 || s.Failed != 1 || srv.cfg.Guard.Recovered(guardWhere) != 1 {
 		t.Fatalf("stats %+v, recovered %d", s, srv.cfg.Guard.Recovered(guardWhere))
 	}
