@@ -108,9 +108,7 @@ func TestPanicInBackendOpen(t *testing.T) {
 	}
 	// The server counts the stream done just after it sends the close
 	// ack, so the client can see the ack first: wait for it (bounded).
-	for deadline := time.Now().Add(5 * time.Second); srv.Stats().Active != 0 && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, 5*time.Second, "closed stream counted done", func() bool { return srv.Stats().Active == 0 })
 	if s := srv.Stats(); s.Active != 0 || s.Failed != 1 || srv.cfg.Guard.Recovered(guardWhere) != 1 {
 		t.Fatalf("stats %+v, recovered %d", s, srv.cfg.Guard.Recovered(guardWhere))
 	}
