@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/storage"
 	"github.com/basalt-store/basalt/internal/vfs"
@@ -530,6 +531,7 @@ func (d *Datanode) stopScrubber() {
 // once, as a client that read the replica would tell it.
 func (d *Datanode) scrubFound(f ScrubFinding) {
 	d.reportSoon.Store(true)
+	d.closeFailedReplicas([]storage.ContainerID{f.Container})
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -554,6 +556,52 @@ func (d *Datanode) scrubFound(f ScrubFinding) {
 			// The UNHEALTHY state is durable and goes out with the next
 			// full container report anyway.
 			d.log.Warn("scrubber: reporting a damaged replica to SCM failed; the container report will carry it", "container", f.Container, "err", err)
+		}
+	}()
+}
+
+// closeFailedReplicas closes, through their pipelines, the containers
+// whose replica failed here, for the pipelines this datanode leads. SCM
+// closes a container whose replica is UNHEALTHY by sending CloseContainer
+// to the replicas that report it OPEN, and only a pipeline's leader
+// proposes the close; when the failed replica is the leader's, nobody
+// else would, and the container would stay CLOSING (unrepairable) for
+// ever. The other replicas close it after the same last write; this one
+// stays UNHEALTHY.
+func (d *Datanode) closeFailedReplicas(cids []storage.ContainerID) {
+	type job struct{ cid, pipeline uint64 }
+	var jobs []job
+	d.mu.Lock()
+	for _, cid := range cids {
+		for pid, sm := range d.sms {
+			if sm.hasContainer(uint64(cid)) {
+				jobs = append(jobs, job{uint64(cid), pid})
+			}
+		}
+	}
+	d.mu.Unlock()
+	if len(jobs) == 0 || d.host == nil {
+		return
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		for _, j := range jobs {
+			g, err := d.host.Group(j.pipeline)
+			if err != nil || !g.IsLeader() {
+				continue // a healthy leader gets SCM's CloseContainer
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err = g.Propose(ctx, mustMarshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_CloseContainer{
+				CloseContainer: &datanodepb.CloseContainerCmd{ContainerId: j.cid}}}), nil)
+			cancel()
+			switch {
+			case err == nil, errors.Is(err, storage.ErrVolumeFailed), errors.Is(err, storage.ErrContainerNotOpen):
+				// Committed; applying it here fails, as this replica is
+				// failed, and the others close the container.
+			default:
+				d.log.Warn("cannot close a container whose replica failed here; SCM retries through the next leader", "container", j.cid, "pipeline", j.pipeline, "err", err)
+			}
 		}
 	}()
 }
@@ -610,6 +658,13 @@ func (d *Datanode) CheckVolumes() []storage.VolumeCheck {
 			d.volChecksFailed.Add(1)
 			d.log.Error("volume FAILED its health check; its containers are reported UNHEALTHY for re-replication", "volume", r.Path, "err", r.Err)
 			d.reportSoon.Store(true)
+			var cids []storage.ContainerID
+			for _, c := range d.store.ListContainers() {
+				if c.Volume == r.Path {
+					cids = append(cids, c.ID)
+				}
+			}
+			d.closeFailedReplicas(cids)
 		case !r.Failed && r.Took > 0:
 			d.volChecksOK.Add(1)
 		}
