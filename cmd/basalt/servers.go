@@ -135,7 +135,7 @@ node gets the same --peers list (empty for a single node).`,
 
 func datanodeCmd() *cobra.Command {
 	var cfg datanode.Config
-	var metas, volumes, logDirs, metricsAddr, logLevel string
+	var metas, volumes, logDirs, metricsAddr, logLevel, scrubRate string
 	var ballast int64
 	cmd := &cobra.Command{
 		Use:   "datanode",
@@ -151,6 +151,14 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 			cfg.Volumes = splitList(volumes)
 			cfg.LogDirs = splitList(logDirs)
 			cfg.Storage.BallastBytes, cfg.LogBallastBytes = ballast, ballast
+			rate, err := parseSize(scrubRate)
+			if err != nil {
+				return fmt.Errorf("--scrub-rate: %w", err)
+			}
+			cfg.ScrubRate = rate
+			if rate == 0 {
+				cfg.ScrubRate = -1 // disabled
+			}
 			reg := newRegistry()
 			cfg.Registerer = reg
 			cfg.Logger = serverLogger(logLevel)
@@ -186,6 +194,10 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 	f.StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
 	f.StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
 	f.Int64Var(&ballast, "ballast-bytes", storage.DefaultBallast, "emergency ballast kept beside each volume's Pebble DB and each Raft log directory, removed at start on a full disk so the datanode comes up with writes refused (0: none)")
+	f.StringVar(&scrubRate, "scrub-rate", "32MiB", "bytes per second the scrubber reads to verify every stored block's checksums in the background (suffix KiB, MiB, GiB; 0: no background scrubbing)")
+	f.DurationVar(&cfg.ScrubInterval, "scrub-interval", datanode.DefaultScrubInterval, "time from the start of one scrubber pass over all data to the start of the next")
+	f.DurationVar(&cfg.VolumeCheckInterval, "volume-check-interval", datanode.DefaultVolumeCheckInterval, "how often each data volume's health is checked (probe file created, written, fsynced, read back, removed); a failed check fails the volume")
+	f.DurationVar(&cfg.VolumeCheckTimeout, "volume-check-timeout", datanode.DefaultVolumeCheckTimeout, "a volume health check not done by then fails the volume (a hung disk)")
 	return cmd
 }
 

@@ -80,6 +80,19 @@ type Config struct {
 	FS         vfs.FS
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+
+	// ScrubRate is the scrubber's read rate in bytes per second (default
+	// DefaultScrubRate; negative: no background scrubbing). ScrubInterval
+	// is the time from the start of one pass to the start of the next
+	// (default DefaultScrubInterval). See scrub.go.
+	ScrubRate     int64
+	ScrubInterval time.Duration
+	// VolumeCheckInterval: how often each volume's health is checked
+	// (default DefaultVolumeCheckInterval; negative: never);
+	// VolumeCheckTimeout: a probe not done by then fails its volume
+	// (default DefaultVolumeCheckTimeout).
+	VolumeCheckInterval time.Duration
+	VolumeCheckTimeout  time.Duration
 }
 
 // Datanode is one running datanode.
@@ -116,6 +129,11 @@ type Datanode struct {
 	stopc      chan struct{}
 	wg         sync.WaitGroup
 	closeOnce  sync.Once
+
+	// scrub verifies stored blocks in the background (scrub.go).
+	scrub                        *scrubber
+	scrubMetrics                 []prometheus.Collector
+	volChecksOK, volChecksFailed atomic.Uint64
 }
 
 type identity struct {
@@ -302,6 +320,9 @@ func (d *Datanode) Start(ctx context.Context) error {
 		grpc.NumStreamWorkers(uint32(max(d.cfg.GRPCStreamWorkers, 0))))
 	datanodepb.RegisterDatanodeServer(d.grpc, &service{d: d})
 	d.startStream()
+	if err := d.startScrubber(); err != nil {
+		return err
+	}
 	d.wg.Add(2)
 	go func() {
 		defer d.wg.Done()
@@ -632,6 +653,8 @@ func (d *Datanode) Close() error {
 	var err error
 	d.closeOnce.Do(func() {
 		close(d.stopc)
+		// The scrubber saves its cursor and makes no more reports.
+		d.stopScrubber()
 		// Streams first: each discards its partial block while storage is
 		// still open.
 		d.stopStream()

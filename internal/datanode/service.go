@@ -298,6 +298,11 @@ func (s *service) ReadBlock(req *datanodepb.ReadBlockRequest, stream datanodepb.
 		k := min(n, readPiece)
 		got, err := s.d.store.ReadAt(cid, lid, buf[:k], off)
 		if err != nil {
+			if errors.Is(err, storage.ErrCorruption) && s.d.scrub != nil {
+				// Verify the whole block now: a confirmed fault marks the
+				// container UNHEALTHY and is reported, as a scrub finding.
+				s.d.scrub.suspect(cid, lid)
+			}
 			return s.toStatus(err)
 		}
 		for p := 0; p < got; p += sendPiece {

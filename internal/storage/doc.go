@@ -95,9 +95,15 @@
 // Every error a caller can cause wraps one exported sentinel (use errors.Is)
 // inside an *Error that names the operation, container, block and offset.
 // Refused input changes nothing stored. ENOSPC is ErrDiskFull and leaves the
-// volume usable; any other I/O error marks the volume failed
-// (ErrVolumeFailed): its containers are reported UNHEALTHY and the rest of
-// the datanode carries on.
+// volume usable. A committed block that is damaged fails only its replica:
+// its container is marked UNHEALTHY durably and the error says how
+// (ErrCorruption for data that fails its checksums, ErrBlockFileMissing,
+// ErrBlockUnreadable; all match ErrCorruption). VerifyBlock re-reads a
+// block and checks every window (the datanode's scrubber). A volume is
+// failed (ErrVolumeFailed: its containers are reported UNHEALTHY and the
+// rest of the datanode carries on) only by its health check (CheckVolumes:
+// a probe file created, written, fsynced, read back and removed within a
+// timeout), by a Pebble error or by an error writing or syncing to it.
 //
 // # Full disks
 //

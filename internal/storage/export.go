@@ -69,7 +69,7 @@ func (s *Store) Export(cid ContainerID, w io.Writer) error {
 			bw.Write(rec)
 			for off := int64(0); off < bd.Length; {
 				k := min(int64(len(buf)), bd.Length-off)
-				if _, err := s.ReadAt(cid, bd.LocalID, buf[:k], off); err != nil {
+				if _, err := s.readAt(c, bd.LocalID, buf[:k], off, true); err != nil {
 					return err
 				}
 				if _, err := bw.Write(buf[:k]); err != nil {

@@ -40,12 +40,25 @@ var readBufPool = sync.Pool{New: func() any { b := AlignedBuffer(readPiece + 2*d
 // verification returns ErrCorruption naming the offset, within the block,
 // of the first bad window. When p, off and len(p) are 4 KiB-aligned and the
 // range covers whole windows, data is read straight into p (no copy).
+//
+// A block file that is missing or cannot be read fails this replica only:
+// its container is marked UNHEALTHY and the error is ErrBlockFileMissing or
+// ErrBlockUnreadable (both match ErrCorruption). Data that fails its
+// checksums is reported as ErrCorruption without a mark: the datanode has
+// the block re-verified (VerifyBlock), which marks it if confirmed.
 func (s *Store) ReadAt(cid ContainerID, lid LocalID, p []byte, off int64) (int, error) {
-	const op = "read"
-	c, err := s.container(op, cid)
+	c, err := s.container("read", cid)
 	if err != nil {
 		return 0, err
 	}
+	return s.readAt(c, lid, p, off, false)
+}
+
+// readAt is ReadAt on a looked-up container; commitHeld: the caller holds
+// c.commitMu (Export).
+func (s *Store) readAt(c *container, lid LocalID, p []byte, off int64, commitHeld bool) (int, error) {
+	const op = "read"
+	cid := c.id
 	bd, err := s.getBlock(c, lid)
 	if err != nil {
 		return 0, err
@@ -59,7 +72,7 @@ func (s *Store) ReadAt(cid ContainerID, lid LocalID, p []byte, off int64) (int, 
 	}
 	r, err := c.vol.files.OpenReader(cid, lid)
 	if err != nil {
-		return 0, s.ioErr(op, c, lid, off, err)
+		return 0, s.blockFileErr(op, c, lid, off, err, commitHeld)
 	}
 	defer r.Close()
 
@@ -136,7 +149,7 @@ func (s *Store) ReadAt(cid ContainerID, lid LocalID, p []byte, off int64) (int, 
 		st := &pieces[k]
 		if st.err != nil {
 			wait()
-			return int(st.pos - off), s.ioErr(op, c, lid, st.ws, st.err)
+			return int(st.pos - off), s.blockFileErr(op, c, lid, st.ws, st.err, commitHeld)
 		}
 		if st.short {
 			wait()
@@ -206,13 +219,13 @@ func (s *Store) ReadWritten(cid ContainerID, lid LocalID, off, length int64, sum
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, oErr(op, ErrBlockNotFound, cid, lid, off, "no data written", err)
 		}
-		return nil, s.ioErr(op, c, lid, off, err)
+		return nil, readErr(op, c, lid, off, err)
 	}
 	defer r.Close()
 	p := AlignedBuffer(int(length))
 	n, err := r.ReadAt(p, off)
-	if err != nil {
-		return nil, s.ioErr(op, c, lid, off, err)
+	if err != nil && !isEOF(err) {
+		return nil, readErr(op, c, lid, off, err)
 	}
 	if int64(n) < length {
 		return nil, oErr(op, ErrBlockNotFound, cid, lid, off, fmt.Sprintf("only %d of %d bytes written", n, length), nil)
@@ -281,4 +294,15 @@ func (s *Store) holds(c *container, lid LocalID, off, n int64) (bool, error) {
 		pos = sp.end()
 	}
 	return pos >= end, nil
+}
+
+// readErr classifies a failed read of data that may not be committed:
+// the replica's problem (ErrBlockUnreadable) or a resource limit
+// (ErrTemporary), never the volume's; nothing is marked.
+func readErr(op string, c *container, lid LocalID, off int64, err error) error {
+	kind := ErrBlockUnreadable
+	if temporary(err) {
+		kind = ErrTemporary
+	}
+	return oErr(op, kind, c.id, lid, off, "", err).withVolume(c.vol.path)
 }

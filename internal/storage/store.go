@@ -201,6 +201,7 @@ type volume struct {
 	space *vfs.Space
 
 	failed  atomic.Bool
+	probing atomic.Bool // a health check probe is running (health.go)
 	mu      sync.Mutex
 	failErr error
 
