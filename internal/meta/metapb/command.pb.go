@@ -45,6 +45,7 @@ type ScmCommand struct {
 	//	*ScmCommand_ReplicasRemoved
 	//	*ScmCommand_SetNodeOpState
 	//	*ScmCommand_ReplicaReports
+	//	*ScmCommand_SafeModeExited
 	Op            isScmCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -220,6 +221,15 @@ func (x *ScmCommand) GetReplicaReports() *ReplicaReportsOp {
 	return nil
 }
 
+func (x *ScmCommand) GetSafeModeExited() *SafeModeExitedOp {
+	if x != nil {
+		if x, ok := x.Op.(*ScmCommand_SafeModeExited); ok {
+			return x.SafeModeExited
+		}
+	}
+	return nil
+}
+
 type isScmCommand_Op interface {
 	isScmCommand_Op()
 }
@@ -280,6 +290,10 @@ type ScmCommand_ReplicaReports struct {
 	ReplicaReports *ReplicaReportsOp `protobuf:"bytes,101,opt,name=replica_reports,json=replicaReports,proto3,oneof"`
 }
 
+type ScmCommand_SafeModeExited struct {
+	SafeModeExited *SafeModeExitedOp `protobuf:"bytes,102,opt,name=safe_mode_exited,json=safeModeExited,proto3,oneof"`
+}
+
 func (*ScmCommand_RegisterDatanode) isScmCommand_Op() {}
 
 func (*ScmCommand_CreatePipeline) isScmCommand_Op() {}
@@ -307,6 +321,8 @@ func (*ScmCommand_ReplicasRemoved) isScmCommand_Op() {}
 func (*ScmCommand_SetNodeOpState) isScmCommand_Op() {}
 
 func (*ScmCommand_ReplicaReports) isScmCommand_Op() {}
+
+func (*ScmCommand_SafeModeExited) isScmCommand_Op() {}
 
 // SetNodeOpStateOp sets a datanode's operational state (decommission,
 // maintenance; stored under "o/"). With expect set, Apply changes nothing
@@ -2156,11 +2172,119 @@ func (x *FsEntry) GetModifiedUnixMs() int64 {
 	return 0
 }
 
+// NodeOpRow is a datanode's stored operational state (SCM key "o/").
+type NodeOpRow struct {
+	state                protoimpl.MessageState `protogen:"open.v1"`
+	DatanodeId           uint64                 `protobuf:"varint,1,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
+	State                NodeOpState            `protobuf:"varint,2,opt,name=state,proto3,enum=basalt.meta.v1.NodeOpState" json:"state,omitempty"`
+	MaintenanceEndUnixMs int64                  `protobuf:"varint,3,opt,name=maintenance_end_unix_ms,json=maintenanceEndUnixMs,proto3" json:"maintenance_end_unix_ms,omitempty"`
+	SinceUnixMs          int64                  `protobuf:"varint,4,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *NodeOpRow) Reset() {
+	*x = NodeOpRow{}
+	mi := &file_meta_command_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeOpRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeOpRow) ProtoMessage() {}
+
+func (x *NodeOpRow) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeOpRow.ProtoReflect.Descriptor instead.
+func (*NodeOpRow) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *NodeOpRow) GetDatanodeId() uint64 {
+	if x != nil {
+		return x.DatanodeId
+	}
+	return 0
+}
+
+func (x *NodeOpRow) GetState() NodeOpState {
+	if x != nil {
+		return x.State
+	}
+	return NodeOpState_NODE_OP_STATE_UNSPECIFIED
+}
+
+func (x *NodeOpRow) GetMaintenanceEndUnixMs() int64 {
+	if x != nil {
+		return x.MaintenanceEndUnixMs
+	}
+	return 0
+}
+
+func (x *NodeOpRow) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
+// SafeModeExitedOp records that a leader left safe mode once (SCM key
+// "m/safe_exit"): a later leader (a failover, a restart) allocates blocks
+// on the recorded pipelines at once instead of waiting for reports.
+type SafeModeExitedOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SafeModeExitedOp) Reset() {
+	*x = SafeModeExitedOp{}
+	mi := &file_meta_command_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SafeModeExitedOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SafeModeExitedOp) ProtoMessage() {}
+
+func (x *SafeModeExitedOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SafeModeExitedOp.ProtoReflect.Descriptor instead.
+func (*SafeModeExitedOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{29}
+}
+
 var File_meta_command_proto protoreflect.FileDescriptor
 
 const file_meta_command_proto_rawDesc = "" +
 	"\n" +
-	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\"\x8a\t\n" +
+	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\"\xd8\t\n" +
 	"\n" +
 	"ScmCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12Q\n" +
@@ -2178,7 +2302,8 @@ const file_meta_command_proto_rawDesc = "" +
 	"\rreplica_added\x18\f \x01(\v2\x1e.basalt.meta.v1.ReplicaAddedOpH\x00R\freplicaAdded\x12N\n" +
 	"\x10replicas_removed\x18\r \x01(\v2!.basalt.meta.v1.ReplicasRemovedOpH\x00R\x0freplicasRemoved\x12M\n" +
 	"\x11set_node_op_state\x18d \x01(\v2 .basalt.meta.v1.SetNodeOpStateOpH\x00R\x0esetNodeOpState\x12K\n" +
-	"\x0freplica_reports\x18e \x01(\v2 .basalt.meta.v1.ReplicaReportsOpH\x00R\x0ereplicaReportsB\x04\n" +
+	"\x0freplica_reports\x18e \x01(\v2 .basalt.meta.v1.ReplicaReportsOpH\x00R\x0ereplicaReports\x12L\n" +
+	"\x10safe_mode_exited\x18f \x01(\v2 .basalt.meta.v1.SafeModeExitedOpH\x00R\x0esafeModeExitedB\x04\n" +
 	"\x02op\"\xd2\x01\n" +
 	"\x10SetNodeOpStateOp\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
@@ -2305,7 +2430,14 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x06is_dir\x18\x01 \x01(\bR\x05isDir\x12\x15\n" +
 	"\x06dir_id\x18\x02 \x01(\x04R\x05dirId\x12+\n" +
 	"\x04file\x18\x03 \x01(\v2\x17.basalt.meta.v1.KeyInfoR\x04file\x12(\n" +
-	"\x10modified_unix_ms\x18\x04 \x01(\x03R\x0emodifiedUnixMsB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
+	"\x10modified_unix_ms\x18\x04 \x01(\x03R\x0emodifiedUnixMs\"\xba\x01\n" +
+	"\tNodeOpRow\x12\x1f\n" +
+	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
+	"datanodeId\x121\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x1b.basalt.meta.v1.NodeOpStateR\x05state\x125\n" +
+	"\x17maintenance_end_unix_ms\x18\x03 \x01(\x03R\x14maintenanceEndUnixMs\x12\"\n" +
+	"\rsince_unix_ms\x18\x04 \x01(\x03R\vsinceUnixMs\"\x12\n" +
+	"\x10SafeModeExitedOpB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
 
 var (
 	file_meta_command_proto_rawDescOnce sync.Once
@@ -2319,7 +2451,7 @@ func file_meta_command_proto_rawDescGZIP() []byte {
 	return file_meta_command_proto_rawDescData
 }
 
-var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_meta_command_proto_goTypes = []any{
 	(*ScmCommand)(nil),                     // 0: basalt.meta.v1.ScmCommand
 	(*SetNodeOpStateOp)(nil),               // 1: basalt.meta.v1.SetNodeOpStateOp
@@ -2349,31 +2481,33 @@ var file_meta_command_proto_goTypes = []any{
 	(*DeletedRow)(nil),                     // 25: basalt.meta.v1.DeletedRow
 	(*PendingDirRow)(nil),                  // 26: basalt.meta.v1.PendingDirRow
 	(*FsEntry)(nil),                        // 27: basalt.meta.v1.FsEntry
-	(*DeleteBlocksRequest)(nil),            // 28: basalt.meta.v1.DeleteBlocksRequest
-	(NodeOpState)(0),                       // 29: basalt.meta.v1.NodeOpState
-	(*CorruptReplica)(nil),                 // 30: basalt.meta.v1.CorruptReplica
-	(*DatanodeDetails)(nil),                // 31: basalt.meta.v1.DatanodeDetails
-	(Replication)(0),                       // 32: basalt.meta.v1.Replication
-	(*CreateVolumeRequest)(nil),            // 33: basalt.meta.v1.CreateVolumeRequest
-	(*DeleteVolumeRequest)(nil),            // 34: basalt.meta.v1.DeleteVolumeRequest
-	(*CreateBucketRequest)(nil),            // 35: basalt.meta.v1.CreateBucketRequest
-	(*DeleteBucketRequest)(nil),            // 36: basalt.meta.v1.DeleteBucketRequest
-	(*CommitKeyRequest)(nil),               // 37: basalt.meta.v1.CommitKeyRequest
-	(*RenameKeyRequest)(nil),               // 38: basalt.meta.v1.RenameKeyRequest
-	(*DeleteKeyRequest)(nil),               // 39: basalt.meta.v1.DeleteKeyRequest
-	(*CreateDirectoryRequest)(nil),         // 40: basalt.meta.v1.CreateDirectoryRequest
-	(*SetKeyMetaRequest)(nil),              // 41: basalt.meta.v1.SetKeyMetaRequest
-	(*CompleteMultipartUploadRequest)(nil), // 42: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 43: basalt.meta.v1.AbortMultipartUploadRequest
-	(*CreateS3SecretRequest)(nil),          // 44: basalt.meta.v1.CreateS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 45: basalt.meta.v1.DeleteS3SecretRequest
-	(*CopyKeyRequest)(nil),                 // 46: basalt.meta.v1.CopyKeyRequest
-	(*OpenKeyRequest)(nil),                 // 47: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 48: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 49: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 50: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 51: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 52: basalt.meta.v1.KeyInfo
+	(*NodeOpRow)(nil),                      // 28: basalt.meta.v1.NodeOpRow
+	(*SafeModeExitedOp)(nil),               // 29: basalt.meta.v1.SafeModeExitedOp
+	(*DeleteBlocksRequest)(nil),            // 30: basalt.meta.v1.DeleteBlocksRequest
+	(NodeOpState)(0),                       // 31: basalt.meta.v1.NodeOpState
+	(*CorruptReplica)(nil),                 // 32: basalt.meta.v1.CorruptReplica
+	(*DatanodeDetails)(nil),                // 33: basalt.meta.v1.DatanodeDetails
+	(Replication)(0),                       // 34: basalt.meta.v1.Replication
+	(*CreateVolumeRequest)(nil),            // 35: basalt.meta.v1.CreateVolumeRequest
+	(*DeleteVolumeRequest)(nil),            // 36: basalt.meta.v1.DeleteVolumeRequest
+	(*CreateBucketRequest)(nil),            // 37: basalt.meta.v1.CreateBucketRequest
+	(*DeleteBucketRequest)(nil),            // 38: basalt.meta.v1.DeleteBucketRequest
+	(*CommitKeyRequest)(nil),               // 39: basalt.meta.v1.CommitKeyRequest
+	(*RenameKeyRequest)(nil),               // 40: basalt.meta.v1.RenameKeyRequest
+	(*DeleteKeyRequest)(nil),               // 41: basalt.meta.v1.DeleteKeyRequest
+	(*CreateDirectoryRequest)(nil),         // 42: basalt.meta.v1.CreateDirectoryRequest
+	(*SetKeyMetaRequest)(nil),              // 43: basalt.meta.v1.SetKeyMetaRequest
+	(*CompleteMultipartUploadRequest)(nil), // 44: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 45: basalt.meta.v1.AbortMultipartUploadRequest
+	(*CreateS3SecretRequest)(nil),          // 46: basalt.meta.v1.CreateS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 47: basalt.meta.v1.DeleteS3SecretRequest
+	(*CopyKeyRequest)(nil),                 // 48: basalt.meta.v1.CopyKeyRequest
+	(*OpenKeyRequest)(nil),                 // 49: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 50: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 51: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 52: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 53: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 54: basalt.meta.v1.KeyInfo
 }
 var file_meta_command_proto_depIdxs = []int32{
 	3,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -2383,54 +2517,56 @@ var file_meta_command_proto_depIdxs = []int32{
 	7,  // 4: basalt.meta.v1.ScmCommand.close_containers:type_name -> basalt.meta.v1.CloseContainersOp
 	8,  // 5: basalt.meta.v1.ScmCommand.container_closed:type_name -> basalt.meta.v1.ContainerClosedOp
 	9,  // 6: basalt.meta.v1.ScmCommand.allocate_id_range:type_name -> basalt.meta.v1.AllocateIDRangeOp
-	28, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
+	30, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
 	10, // 8: basalt.meta.v1.ScmCommand.purge_delete_txs:type_name -> basalt.meta.v1.PurgeDeleteTxsOp
 	11, // 9: basalt.meta.v1.ScmCommand.replicas_unhealthy:type_name -> basalt.meta.v1.ReplicasUnhealthyOp
 	12, // 10: basalt.meta.v1.ScmCommand.replica_added:type_name -> basalt.meta.v1.ReplicaAddedOp
 	13, // 11: basalt.meta.v1.ScmCommand.replicas_removed:type_name -> basalt.meta.v1.ReplicasRemovedOp
 	1,  // 12: basalt.meta.v1.ScmCommand.set_node_op_state:type_name -> basalt.meta.v1.SetNodeOpStateOp
 	2,  // 13: basalt.meta.v1.ScmCommand.replica_reports:type_name -> basalt.meta.v1.ReplicaReportsOp
-	29, // 14: basalt.meta.v1.SetNodeOpStateOp.state:type_name -> basalt.meta.v1.NodeOpState
-	29, // 15: basalt.meta.v1.SetNodeOpStateOp.expect:type_name -> basalt.meta.v1.NodeOpState
-	30, // 16: basalt.meta.v1.ReplicaReportsOp.reports:type_name -> basalt.meta.v1.CorruptReplica
-	31, // 17: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
-	32, // 18: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
-	14, // 19: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
-	33, // 20: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
-	34, // 21: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
-	35, // 22: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
-	36, // 23: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
-	18, // 24: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
-	19, // 25: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
-	37, // 26: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
-	38, // 27: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
-	39, // 28: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
-	40, // 29: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
-	20, // 30: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
-	22, // 31: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
-	23, // 32: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
-	41, // 33: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
-	21, // 34: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
-	42, // 35: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
-	43, // 36: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
-	44, // 37: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
-	45, // 38: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
-	46, // 39: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
-	17, // 40: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
-	47, // 41: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	48, // 42: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	48, // 43: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	49, // 44: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	32, // 45: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	50, // 46: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	51, // 47: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	51, // 48: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	52, // 49: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	50, // [50:50] is the sub-list for method output_type
-	50, // [50:50] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	29, // 14: basalt.meta.v1.ScmCommand.safe_mode_exited:type_name -> basalt.meta.v1.SafeModeExitedOp
+	31, // 15: basalt.meta.v1.SetNodeOpStateOp.state:type_name -> basalt.meta.v1.NodeOpState
+	31, // 16: basalt.meta.v1.SetNodeOpStateOp.expect:type_name -> basalt.meta.v1.NodeOpState
+	32, // 17: basalt.meta.v1.ReplicaReportsOp.reports:type_name -> basalt.meta.v1.CorruptReplica
+	33, // 18: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
+	34, // 19: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
+	14, // 20: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
+	35, // 21: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
+	36, // 22: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
+	37, // 23: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
+	38, // 24: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
+	18, // 25: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
+	19, // 26: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
+	39, // 27: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
+	40, // 28: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
+	41, // 29: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
+	42, // 30: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
+	20, // 31: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
+	22, // 32: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
+	23, // 33: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
+	43, // 34: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
+	21, // 35: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
+	44, // 36: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
+	45, // 37: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
+	46, // 38: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
+	47, // 39: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
+	48, // 40: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
+	17, // 41: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
+	49, // 42: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	50, // 43: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	50, // 44: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	51, // 45: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	34, // 46: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	52, // 47: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	53, // 48: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	53, // 49: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	54, // 50: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	31, // 51: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
+	52, // [52:52] is the sub-list for method output_type
+	52, // [52:52] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -2454,6 +2590,7 @@ func file_meta_command_proto_init() {
 		(*ScmCommand_ReplicasRemoved)(nil),
 		(*ScmCommand_SetNodeOpState)(nil),
 		(*ScmCommand_ReplicaReports)(nil),
+		(*ScmCommand_SafeModeExited)(nil),
 	}
 	file_meta_command_proto_msgTypes[16].OneofWrappers = []any{
 		(*NsCommand_CreateVolume)(nil),
@@ -2484,7 +2621,7 @@ func file_meta_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_command_proto_rawDesc), len(file_meta_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   28,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
