@@ -1019,14 +1019,14 @@ func (m *Manager) AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocks
 	// heartbeating a hung old one), and a datanode that is really gone
 	// turns STALE after StaleInterval like any other.
 	var deadline time.Time // real time, set on the first look
-	for !m.st.SafeModeExited() {
+	for {
 		m.mu.Lock()
 		if !m.syncLeadership() {
 			m.mu.Unlock()
 			return nil, notLeader()
 		}
 		m.updateSafeMode()
-		if !m.safeMode {
+		if !m.safeMode || m.st.SafeModeExited() {
 			m.mu.Unlock()
 			break
 		}
