@@ -531,7 +531,9 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			}
 			drain[r] = d
 		}
-		if cl.Health == HealthHealthy && cl.Want >= 2 && len(liveRacks) >= 2 && oneRack(cl.Healthy, racks) {
+		// Replicas in maintenance come back: their racks count for the
+		// rack rule (those of decommissioning ones do not).
+		if cl.Health == HealthHealthy && cl.Want >= 2 && len(liveRacks) >= 2 && oneRack(slices.Concat(cl.Healthy, cl.Maint), racks) {
 			cl.Health = HealthMisReplicated
 		}
 		counts[cl.Health]++
