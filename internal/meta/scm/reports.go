@@ -121,6 +121,19 @@ func (m *Manager) Replicas(cid uint64, limit int) (*metapb.GetContainerReplicasR
 		for _, h := range m.repl.all {
 			with[h.ContainerId] = true
 		}
+		// And those with a replica that does not count as healthy now
+		// (a lagging one, one on a datanode leaving service, ...).
+		for _, c := range m.st.Containers() {
+			if c.State != metapb.ContainerState_CONTAINER_CLOSED || with[c.Id] {
+				continue
+			}
+			for _, r := range c.Replicas {
+				if m.replicaStatusLocked(c, r) != ReplicaHealthy {
+					with[c.Id] = true
+					break
+				}
+			}
+		}
 		for id := range with {
 			if c := m.st.Container(id); c != nil {
 				cs = append(cs, c)
