@@ -124,7 +124,7 @@ func (m *Manager) Replicas(cid uint64, limit int) (*metapb.GetContainerReplicasR
 		// And those with a replica that does not count as healthy now
 		// (a lagging one, one on a datanode leaving service, ...).
 		for _, c := range m.st.Containers() {
-			if c.State != metapb.ContainerState_CONTAINER_CLOSED || with[c.Id] {
+			if c.State != metapb.ContainerState_CONTAINER_CLOSED || with[c.Id] || c.UsedBytes == 0 && !reportedAny(m, c) {
 				continue
 			}
 			for _, r := range c.Replicas {
