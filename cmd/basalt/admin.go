@@ -58,6 +58,7 @@ Examples:
 					RaftAddr      string `json:"raft_addr"`
 					Location      string `json:"location"`
 					State         string `json:"state"`
+					OpState       opJSON `json:"operational"`
 					LastHeartbeat string `json:"last_heartbeat,omitempty"`
 					Capacity      uint64 `json:"capacity_bytes"`
 					Used          uint64 `json:"used_bytes"`
@@ -70,7 +71,7 @@ Examples:
 					capa, used, failed := volumeTotals(d.Volumes)
 					x := d.GetDetails()
 					rw := row{ID: x.Id, UUID: x.Uuid, Hostname: x.Hostname, DataAddr: x.DataAddr, RaftAddr: x.RaftAddr, Location: x.Location,
-						State: stateName(d.State.String()), Capacity: capa, Used: used, Volumes: len(d.Volumes), FailedVolumes: failed, Pipelines: d.Pipelines}
+						State: stateName(d.State.String()), OpState: opRow(d), Capacity: capa, Used: used, Volumes: len(d.Volumes), FailedVolumes: failed, Pipelines: d.Pipelines}
 					if d.LastHeartbeatUnixMs > 0 {
 						rw.LastHeartbeat = time.UnixMilli(d.LastHeartbeatUnixMs).UTC().Format(time.RFC3339Nano)
 					}
@@ -78,7 +79,7 @@ Examples:
 				}
 				return printJSON(cmd.OutOrStdout(), out)
 			}
-			t := newTable(cmd.OutOrStdout(), "ID", "STATE", "HOST", "DATA ADDR", "LOCATION", "CAPACITY", "USED", "USED%", "VOLUMES", "PIPELINES", "LAST HEARTBEAT")
+			t := newTable(cmd.OutOrStdout(), "ID", "STATE", "OP STATE", "HOST", "DATA ADDR", "LOCATION", "CAPACITY", "USED", "USED%", "VOLUMES", "PIPELINES", "LAST HEARTBEAT", "DRAIN")
 			for _, d := range ds {
 				capa, used, failed := volumeTotals(d.Volumes)
 				pct := "-"
@@ -94,7 +95,7 @@ Examples:
 					hb = time.Since(time.UnixMilli(d.LastHeartbeatUnixMs)).Round(time.Millisecond).String() + " ago"
 				}
 				x := d.GetDetails()
-				t.row(x.Id, stateName(d.State.String()), x.Hostname, x.DataAddr, x.Location, fmtBytes(capa), fmtBytes(used), pct, vols, d.Pipelines, hb)
+				t.row(x.Id, stateName(d.State.String()), opStateName(d.OpState), x.Hostname, x.DataAddr, x.Location, fmtBytes(capa), fmtBytes(used), pct, vols, d.Pipelines, hb, drainText(d))
 			}
 			return t.flush()
 		}),
@@ -262,7 +263,8 @@ to SCM, when the SCM API carries it ("-" otherwise).`,
 			return t.flush()
 		}),
 	}
-	ct.AddCommand(ctList, ctInfo, containerHealthCmd(f))
+	dn.AddCommand(datanodeOpCmds(f)...)
+	ct.AddCommand(ctList, ctInfo, containerHealthCmd(f), containerReplicasCmd(f))
 	root.AddCommand(dn, pl, ct)
 	root.AddCommand(adminS3Cmd(f))
 	return root

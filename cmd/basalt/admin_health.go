@@ -11,7 +11,7 @@ import (
 )
 
 // healthClasses is the order counts are shown in.
-var healthClasses = []string{"healthy", "under_replicated", "over_replicated", "missing", "unhealthy_replicas", "closing", "open"}
+var healthClasses = []string{"healthy", "under_replicated", "over_replicated", "mis_replicated", "missing", "unhealthy_replicas", "closing", "open"}
 
 // containerHealthCmd is `basalt admin container health`: the replication
 // manager's last round on the SCM leader.
@@ -68,8 +68,13 @@ the copies in flight. Alert on under_replicated > 0 for long and on missing > 0
 					Copies       []copyRow         `json:"copies_in_flight"`
 					CopiesDone   uint64            `json:"copies_done"`
 					CopiesFailed uint64            `json:"copies_failed"`
+					BytesLeft    uint64            `json:"bytes_left"`
+					BytesFlight  uint64            `json:"bytes_in_flight"`
+					Rate         float64           `json:"rate_bytes_per_sec"`
+					ETASeconds   float64           `json:"eta_seconds,omitempty"`
 					Round        *time.Time        `json:"round,omitempty"`
-				}{Counts: h.Counts, Worst: []worstRow{}, Copies: []copyRow{}, CopiesDone: h.CopiesDone, CopiesFailed: h.CopiesFailed}
+				}{Counts: h.Counts, Worst: []worstRow{}, Copies: []copyRow{}, CopiesDone: h.CopiesDone, CopiesFailed: h.CopiesFailed,
+					BytesLeft: h.BytesLeft, BytesFlight: h.BytesInFlight, Rate: h.RateBytesPerSec, ETASeconds: float64(h.EtaMs) / 1000}
 				if h.RoundUnixMs != 0 {
 					t := time.UnixMilli(h.RoundUnixMs)
 					out.Round = &t
@@ -95,7 +100,12 @@ the copies in flight. Alert on under_replicated > 0 for long and on missing > 0
 			if err := t.flush(); err != nil {
 				return err
 			}
-			fmt.Fprintf(w, "\ncopies in flight: %d   done: %d   failed: %d\n", len(h.Copies), h.CopiesDone, h.CopiesFailed)
+			fmt.Fprintf(w, "\ncopies in flight: %d (%s)   done: %d   failed: %d\n", len(h.Copies), fmtBytes(h.BytesInFlight), h.CopiesDone, h.CopiesFailed)
+			eta := "-"
+			if h.EtaMs > 0 {
+				eta = (time.Duration(h.EtaMs) * time.Millisecond).Round(time.Second).String()
+			}
+			fmt.Fprintf(w, "bytes left: %s   rate: %s/s   ETA: %s\n", fmtBytes(h.BytesLeft), fmtBytes(uint64(h.RateBytesPerSec)), eta)
 			if len(h.Copies) > 0 {
 				fmt.Fprintln(w)
 				t := newTable(w, "CONTAINER", "TARGET", "SOURCES", "RUNNING")

@@ -126,9 +126,10 @@ node gets the same --peers list (empty for a single node).`,
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
 	cmd.Flags().Int64Var(&ballast, "ballast-bytes", storage.DefaultBallast, "emergency ballast kept beside each Pebble store and the Raft log, removed at start on a full disk so the node comes up (0: none)")
-	cmd.Flags().DurationVar(&scmCfg.StaleInterval, "stale-interval", 30*time.Second, "a datanode not heard from for this long is STALE (gets no new writes)")
+	cmd.Flags().DurationVar(&scmCfg.StaleInterval, "stale-interval", 30*time.Second, "a datanode not heard from for this long is STALE (its pipelines close; it gets no new writes)")
 	cmd.Flags().DurationVar(&scmCfg.DeadInterval, "dead-interval", 90*time.Second, "a datanode not heard from for this long is DEAD (its pipelines close, its replicas are copied elsewhere)")
 	cmd.Flags().IntVar(&scmCfg.MaxCopiesPerTarget, "replication-copies-per-datanode", 2, "container copies in flight into one datanode (replication manager)")
+	cmd.Flags().Uint64Var(&scmCfg.MaxCopyBytesPerTarget, "replication-bytes-per-datanode", 0, "bytes of the container copies in flight into one datanode (0: twice the container size; one copy always goes)")
 	cmd.Flags().DurationVar(&scmCfg.CopyTimeout, "replication-copy-timeout", 10*time.Minute, "a container copy not done by then is given up and scheduled on another datanode")
 	return cmd
 }

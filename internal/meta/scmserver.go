@@ -2,12 +2,11 @@ package meta
 
 import (
 	"context"
-	"fmt"
+	"net"
 	"slices"
-	"sync"
-	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
@@ -143,73 +142,58 @@ func (x *scmServer) GetContainerHealth(ctx context.Context, req *metapb.GetConta
 	return x.s.scmMgr.ContainerHealth(int(req.Worst))
 }
 
-// maxCorruptReports bounds the corrupt-replica reports the SCM leader keeps.
-const maxCorruptReports = 10000
-
-// corruptReplicas are reports from clients that a replica failed its
-// checksums. They are kept on the SCM leader (lost on failover, like
-// liveness) and exported as a metric; the replication manager acts on
-// them (scm.Manager.ReplicaCorrupt).
-type corruptReplicas struct {
-	mu   sync.Mutex
-	byID map[[3]uint64]*metapb.CorruptReplica
-}
-
+// ReportCorruptReplica records, through Raft, a report that a replica
+// failed its checksums and has the replica replaced (scm.ReportCorrupt:
+// validated, rate-limited per reporter, bounded in size and number).
 func (x *scmServer) ReportCorruptReplica(ctx context.Context, req *metapb.ReportCorruptReplicaRequest) (*metapb.ReportCorruptReplicaResponse, error) {
 	if err := x.leader(); err != nil {
 		return nil, err
 	}
-	if req.GetBlock() == nil || req.GetDatanodeId() == 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "report corrupt replica: block and datanode_id are required (got block %v, datanode %d)", req.GetBlock(), req.GetDatanodeId())
-	}
-	c := &x.s.corrupt
-	key := [3]uint64{req.GetBlock().GetContainerId(), req.GetBlock().GetLocalId(), req.GetDatanodeId()}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.byID == nil {
-		c.byID = map[[3]uint64]*metapb.CorruptReplica{}
-	}
-	r, ok := c.byID[key]
-	if !ok {
-		if len(c.byID) >= maxCorruptReports {
-			return nil, status.Errorf(codes.ResourceExhausted, "report corrupt replica: %d reports pending", len(c.byID))
+	reporter := "client"
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		host, _, err := net.SplitHostPort(p.Addr.String())
+		if err != nil {
+			host = p.Addr.String()
 		}
-		r = &metapb.CorruptReplica{Block: req.GetBlock(), DatanodeId: req.GetDatanodeId()}
-		c.byID[key] = r
+		reporter = "client " + host
 	}
-	r.Reason = req.GetReason()
-	r.ReportedUnixMs = time.Now().UnixMilli()
-	r.Reports++
+	if err := x.s.scmMgr.ReportCorrupt(ctx, req, reporter); err != nil {
+		return nil, err
+	}
 	x.s.metrics.corrupt.Inc()
-	x.s.log.Warn("corrupt replica reported", "container", key[0], "block", key[1], "datanode", key[2], "reason", req.GetReason())
-	// The replica is replaced (replication manager): recorded unhealthy
-	// through Raft, so that survives a failover even though this list
-	// does not.
-	x.s.scmMgr.ReplicaCorrupt(key[0], key[2], fmt.Sprintf("block %d: %s", key[1], req.GetReason()))
+	x.s.log.Warn("corrupt replica reported", "container", req.GetBlock().GetContainerId(), "block", req.GetBlock().GetLocalId(),
+		"datanode", req.GetDatanodeId(), "reporter", reporter, "reason", req.GetReason())
 	return &metapb.ReportCorruptReplicaResponse{}, nil
 }
 
+// ListCorruptReplicas lists the stored reports (replicated: they survive
+// a failover and a restart).
 func (x *scmServer) ListCorruptReplicas(ctx context.Context, req *metapb.ListCorruptReplicasRequest) (*metapb.ListCorruptReplicasResponse, error) {
+	if err := x.barrier(ctx); err != nil {
+		return nil, err
+	}
+	return &metapb.ListCorruptReplicasResponse{Replicas: x.s.scmState.ReplicaReports(0)}, nil
+}
+
+// SetDatanodeOpState decommissions, puts into maintenance or
+// recommissions a datanode.
+func (x *scmServer) SetDatanodeOpState(ctx context.Context, req *metapb.SetDatanodeOpStateRequest) (*metapb.SetDatanodeOpStateResponse, error) {
 	if err := x.leader(); err != nil {
 		return nil, err
 	}
-	c := &x.s.corrupt
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := &metapb.ListCorruptReplicasResponse{}
-	for _, r := range c.byID {
-		out.Replicas = append(out.Replicas, r)
+	d, err := x.s.scmMgr.SetOpState(ctx, req)
+	if err != nil {
+		return nil, err
 	}
-	slices.SortFunc(out.Replicas, func(a, b *metapb.CorruptReplica) int {
-		if a.GetBlock().GetContainerId() != b.GetBlock().GetContainerId() {
-			return cmpU(a.GetBlock().GetContainerId(), b.GetBlock().GetContainerId())
-		}
-		if a.GetBlock().GetLocalId() != b.GetBlock().GetLocalId() {
-			return cmpU(a.GetBlock().GetLocalId(), b.GetBlock().GetLocalId())
-		}
-		return cmpU(a.GetDatanodeId(), b.GetDatanodeId())
-	})
-	return out, nil
+	return &metapb.SetDatanodeOpStateResponse{Datanode: d}, nil
+}
+
+// GetContainerReplicas lists replicas with their health and reports.
+func (x *scmServer) GetContainerReplicas(ctx context.Context, req *metapb.GetContainerReplicasRequest) (*metapb.GetContainerReplicasResponse, error) {
+	if err := x.barrier(ctx); err != nil {
+		return nil, err
+	}
+	return x.s.scmMgr.Replicas(req.ContainerId, int(req.Limit))
 }
 
 func cmpU(a, b uint64) int {

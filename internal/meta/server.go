@@ -136,7 +136,6 @@ type Server struct {
 
 	token   atomic.Pointer[string] // cluster service token; nil until known
 	metrics *metrics
-	corrupt corruptReplicas
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	closeMu sync.Mutex

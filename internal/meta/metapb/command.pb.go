@@ -43,6 +43,9 @@ type ScmCommand struct {
 	//	*ScmCommand_ReplicasUnhealthy
 	//	*ScmCommand_ReplicaAdded
 	//	*ScmCommand_ReplicasRemoved
+	//	*ScmCommand_SetNodeOpState
+	//	*ScmCommand_ReplicaReports
+	//	*ScmCommand_SafeModeExited
 	Op            isScmCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -200,6 +203,33 @@ func (x *ScmCommand) GetReplicasRemoved() *ReplicasRemovedOp {
 	return nil
 }
 
+func (x *ScmCommand) GetSetNodeOpState() *SetNodeOpStateOp {
+	if x != nil {
+		if x, ok := x.Op.(*ScmCommand_SetNodeOpState); ok {
+			return x.SetNodeOpState
+		}
+	}
+	return nil
+}
+
+func (x *ScmCommand) GetReplicaReports() *ReplicaReportsOp {
+	if x != nil {
+		if x, ok := x.Op.(*ScmCommand_ReplicaReports); ok {
+			return x.ReplicaReports
+		}
+	}
+	return nil
+}
+
+func (x *ScmCommand) GetSafeModeExited() *SafeModeExitedOp {
+	if x != nil {
+		if x, ok := x.Op.(*ScmCommand_SafeModeExited); ok {
+			return x.SafeModeExited
+		}
+	}
+	return nil
+}
+
 type isScmCommand_Op interface {
 	isScmCommand_Op()
 }
@@ -252,6 +282,18 @@ type ScmCommand_ReplicasRemoved struct {
 	ReplicasRemoved *ReplicasRemovedOp `protobuf:"bytes,13,opt,name=replicas_removed,json=replicasRemoved,proto3,oneof"`
 }
 
+type ScmCommand_SetNodeOpState struct {
+	SetNodeOpState *SetNodeOpStateOp `protobuf:"bytes,100,opt,name=set_node_op_state,json=setNodeOpState,proto3,oneof"`
+}
+
+type ScmCommand_ReplicaReports struct {
+	ReplicaReports *ReplicaReportsOp `protobuf:"bytes,101,opt,name=replica_reports,json=replicaReports,proto3,oneof"`
+}
+
+type ScmCommand_SafeModeExited struct {
+	SafeModeExited *SafeModeExitedOp `protobuf:"bytes,102,opt,name=safe_mode_exited,json=safeModeExited,proto3,oneof"`
+}
+
 func (*ScmCommand_RegisterDatanode) isScmCommand_Op() {}
 
 func (*ScmCommand_CreatePipeline) isScmCommand_Op() {}
@@ -276,6 +318,133 @@ func (*ScmCommand_ReplicaAdded) isScmCommand_Op() {}
 
 func (*ScmCommand_ReplicasRemoved) isScmCommand_Op() {}
 
+func (*ScmCommand_SetNodeOpState) isScmCommand_Op() {}
+
+func (*ScmCommand_ReplicaReports) isScmCommand_Op() {}
+
+func (*ScmCommand_SafeModeExited) isScmCommand_Op() {}
+
+// SetNodeOpStateOp sets a datanode's operational state (decommission,
+// maintenance; stored under "o/"). With expect set, Apply changes nothing
+// unless the current state is one of them: the leader's own transitions
+// (DECOMMISSIONING -> DECOMMISSIONED, maintenance ending) never undo an
+// operator's change made in between.
+type SetNodeOpStateOp struct {
+	state                protoimpl.MessageState `protogen:"open.v1"`
+	DatanodeId           uint64                 `protobuf:"varint,1,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
+	State                NodeOpState            `protobuf:"varint,2,opt,name=state,proto3,enum=basalt.meta.v1.NodeOpState" json:"state,omitempty"`
+	MaintenanceEndUnixMs int64                  `protobuf:"varint,3,opt,name=maintenance_end_unix_ms,json=maintenanceEndUnixMs,proto3" json:"maintenance_end_unix_ms,omitempty"`
+	Expect               []NodeOpState          `protobuf:"varint,4,rep,packed,name=expect,proto3,enum=basalt.meta.v1.NodeOpState" json:"expect,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *SetNodeOpStateOp) Reset() {
+	*x = SetNodeOpStateOp{}
+	mi := &file_meta_command_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNodeOpStateOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNodeOpStateOp) ProtoMessage() {}
+
+func (x *SetNodeOpStateOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNodeOpStateOp.ProtoReflect.Descriptor instead.
+func (*SetNodeOpStateOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SetNodeOpStateOp) GetDatanodeId() uint64 {
+	if x != nil {
+		return x.DatanodeId
+	}
+	return 0
+}
+
+func (x *SetNodeOpStateOp) GetState() NodeOpState {
+	if x != nil {
+		return x.State
+	}
+	return NodeOpState_NODE_OP_STATE_UNSPECIFIED
+}
+
+func (x *SetNodeOpStateOp) GetMaintenanceEndUnixMs() int64 {
+	if x != nil {
+		return x.MaintenanceEndUnixMs
+	}
+	return 0
+}
+
+func (x *SetNodeOpStateOp) GetExpect() []NodeOpState {
+	if x != nil {
+		return x.Expect
+	}
+	return nil
+}
+
+// ReplicaReportsOp records reports against replicas (a client's or a
+// datanode's checksum failure, the reason a replica was recorded
+// unhealthy), stored under "r/" until the replica is dropped. Apply keeps
+// at most 10,000 and reasons of at most 256 bytes.
+type ReplicaReportsOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reports       []*CorruptReplica      `protobuf:"bytes,1,rep,name=reports,proto3" json:"reports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaReportsOp) Reset() {
+	*x = ReplicaReportsOp{}
+	mi := &file_meta_command_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaReportsOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaReportsOp) ProtoMessage() {}
+
+func (x *ReplicaReportsOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaReportsOp.ProtoReflect.Descriptor instead.
+func (*ReplicaReportsOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReplicaReportsOp) GetReports() []*CorruptReplica {
+	if x != nil {
+		return x.Reports
+	}
+	return nil
+}
+
 type RegisterDatanodeOp struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Details       *DatanodeDetails       `protobuf:"bytes,1,opt,name=details,proto3" json:"details,omitempty"`
@@ -285,7 +454,7 @@ type RegisterDatanodeOp struct {
 
 func (x *RegisterDatanodeOp) Reset() {
 	*x = RegisterDatanodeOp{}
-	mi := &file_meta_command_proto_msgTypes[1]
+	mi := &file_meta_command_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -297,7 +466,7 @@ func (x *RegisterDatanodeOp) String() string {
 func (*RegisterDatanodeOp) ProtoMessage() {}
 
 func (x *RegisterDatanodeOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[1]
+	mi := &file_meta_command_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -310,7 +479,7 @@ func (x *RegisterDatanodeOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDatanodeOp.ProtoReflect.Descriptor instead.
 func (*RegisterDatanodeOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{1}
+	return file_meta_command_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RegisterDatanodeOp) GetDetails() *DatanodeDetails {
@@ -330,7 +499,7 @@ type CreatePipelineOp struct {
 
 func (x *CreatePipelineOp) Reset() {
 	*x = CreatePipelineOp{}
-	mi := &file_meta_command_proto_msgTypes[2]
+	mi := &file_meta_command_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +511,7 @@ func (x *CreatePipelineOp) String() string {
 func (*CreatePipelineOp) ProtoMessage() {}
 
 func (x *CreatePipelineOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[2]
+	mi := &file_meta_command_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +524,7 @@ func (x *CreatePipelineOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePipelineOp.ProtoReflect.Descriptor instead.
 func (*CreatePipelineOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{2}
+	return file_meta_command_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CreatePipelineOp) GetReplication() Replication {
@@ -382,7 +551,7 @@ type ClosePipelinesOp struct {
 
 func (x *ClosePipelinesOp) Reset() {
 	*x = ClosePipelinesOp{}
-	mi := &file_meta_command_proto_msgTypes[3]
+	mi := &file_meta_command_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -394,7 +563,7 @@ func (x *ClosePipelinesOp) String() string {
 func (*ClosePipelinesOp) ProtoMessage() {}
 
 func (x *ClosePipelinesOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[3]
+	mi := &file_meta_command_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -407,7 +576,7 @@ func (x *ClosePipelinesOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosePipelinesOp.ProtoReflect.Descriptor instead.
 func (*ClosePipelinesOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{3}
+	return file_meta_command_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ClosePipelinesOp) GetPipelineIds() []uint64 {
@@ -433,7 +602,7 @@ type CreateContainerOp struct {
 
 func (x *CreateContainerOp) Reset() {
 	*x = CreateContainerOp{}
-	mi := &file_meta_command_proto_msgTypes[4]
+	mi := &file_meta_command_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +614,7 @@ func (x *CreateContainerOp) String() string {
 func (*CreateContainerOp) ProtoMessage() {}
 
 func (x *CreateContainerOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[4]
+	mi := &file_meta_command_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +627,7 @@ func (x *CreateContainerOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContainerOp.ProtoReflect.Descriptor instead.
 func (*CreateContainerOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{4}
+	return file_meta_command_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateContainerOp) GetPipelineId() uint64 {
@@ -478,7 +647,7 @@ type CloseContainersOp struct {
 
 func (x *CloseContainersOp) Reset() {
 	*x = CloseContainersOp{}
-	mi := &file_meta_command_proto_msgTypes[5]
+	mi := &file_meta_command_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +659,7 @@ func (x *CloseContainersOp) String() string {
 func (*CloseContainersOp) ProtoMessage() {}
 
 func (x *CloseContainersOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[5]
+	mi := &file_meta_command_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +672,7 @@ func (x *CloseContainersOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseContainersOp.ProtoReflect.Descriptor instead.
 func (*CloseContainersOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{5}
+	return file_meta_command_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CloseContainersOp) GetContainerIds() []uint64 {
@@ -530,7 +699,7 @@ type ContainerClosedOp struct {
 
 func (x *ContainerClosedOp) Reset() {
 	*x = ContainerClosedOp{}
-	mi := &file_meta_command_proto_msgTypes[6]
+	mi := &file_meta_command_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -542,7 +711,7 @@ func (x *ContainerClosedOp) String() string {
 func (*ContainerClosedOp) ProtoMessage() {}
 
 func (x *ContainerClosedOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[6]
+	mi := &file_meta_command_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -555,7 +724,7 @@ func (x *ContainerClosedOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerClosedOp.ProtoReflect.Descriptor instead.
 func (*ContainerClosedOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{6}
+	return file_meta_command_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ContainerClosedOp) GetContainerId() uint64 {
@@ -581,7 +750,7 @@ type AllocateIDRangeOp struct {
 
 func (x *AllocateIDRangeOp) Reset() {
 	*x = AllocateIDRangeOp{}
-	mi := &file_meta_command_proto_msgTypes[7]
+	mi := &file_meta_command_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -593,7 +762,7 @@ func (x *AllocateIDRangeOp) String() string {
 func (*AllocateIDRangeOp) ProtoMessage() {}
 
 func (x *AllocateIDRangeOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[7]
+	mi := &file_meta_command_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -606,7 +775,7 @@ func (x *AllocateIDRangeOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateIDRangeOp.ProtoReflect.Descriptor instead.
 func (*AllocateIDRangeOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{7}
+	return file_meta_command_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AllocateIDRangeOp) GetCount() uint64 {
@@ -625,7 +794,7 @@ type PurgeDeleteTxsOp struct {
 
 func (x *PurgeDeleteTxsOp) Reset() {
 	*x = PurgeDeleteTxsOp{}
-	mi := &file_meta_command_proto_msgTypes[8]
+	mi := &file_meta_command_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -637,7 +806,7 @@ func (x *PurgeDeleteTxsOp) String() string {
 func (*PurgeDeleteTxsOp) ProtoMessage() {}
 
 func (x *PurgeDeleteTxsOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[8]
+	mi := &file_meta_command_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -650,7 +819,7 @@ func (x *PurgeDeleteTxsOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeleteTxsOp.ProtoReflect.Descriptor instead.
 func (*PurgeDeleteTxsOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{8}
+	return file_meta_command_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PurgeDeleteTxsOp) GetTxIds() []uint64 {
@@ -673,7 +842,7 @@ type ReplicasUnhealthyOp struct {
 
 func (x *ReplicasUnhealthyOp) Reset() {
 	*x = ReplicasUnhealthyOp{}
-	mi := &file_meta_command_proto_msgTypes[9]
+	mi := &file_meta_command_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +854,7 @@ func (x *ReplicasUnhealthyOp) String() string {
 func (*ReplicasUnhealthyOp) ProtoMessage() {}
 
 func (x *ReplicasUnhealthyOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[9]
+	mi := &file_meta_command_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +867,7 @@ func (x *ReplicasUnhealthyOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicasUnhealthyOp.ProtoReflect.Descriptor instead.
 func (*ReplicasUnhealthyOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{9}
+	return file_meta_command_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReplicasUnhealthyOp) GetReplicas() []*UnhealthyReplica {
@@ -720,7 +889,7 @@ type ReplicaAddedOp struct {
 
 func (x *ReplicaAddedOp) Reset() {
 	*x = ReplicaAddedOp{}
-	mi := &file_meta_command_proto_msgTypes[10]
+	mi := &file_meta_command_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -732,7 +901,7 @@ func (x *ReplicaAddedOp) String() string {
 func (*ReplicaAddedOp) ProtoMessage() {}
 
 func (x *ReplicaAddedOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[10]
+	mi := &file_meta_command_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -745,7 +914,7 @@ func (x *ReplicaAddedOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaAddedOp.ProtoReflect.Descriptor instead.
 func (*ReplicaAddedOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{10}
+	return file_meta_command_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReplicaAddedOp) GetContainerId() uint64 {
@@ -776,7 +945,7 @@ type ReplicasRemovedOp struct {
 
 func (x *ReplicasRemovedOp) Reset() {
 	*x = ReplicasRemovedOp{}
-	mi := &file_meta_command_proto_msgTypes[11]
+	mi := &file_meta_command_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -788,7 +957,7 @@ func (x *ReplicasRemovedOp) String() string {
 func (*ReplicasRemovedOp) ProtoMessage() {}
 
 func (x *ReplicasRemovedOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[11]
+	mi := &file_meta_command_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -801,7 +970,7 @@ func (x *ReplicasRemovedOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicasRemovedOp.ProtoReflect.Descriptor instead.
 func (*ReplicasRemovedOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{11}
+	return file_meta_command_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReplicasRemovedOp) GetContainerId() uint64 {
@@ -836,7 +1005,7 @@ type UnhealthyReplica struct {
 
 func (x *UnhealthyReplica) Reset() {
 	*x = UnhealthyReplica{}
-	mi := &file_meta_command_proto_msgTypes[12]
+	mi := &file_meta_command_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +1017,7 @@ func (x *UnhealthyReplica) String() string {
 func (*UnhealthyReplica) ProtoMessage() {}
 
 func (x *UnhealthyReplica) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[12]
+	mi := &file_meta_command_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +1030,7 @@ func (x *UnhealthyReplica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyReplica.ProtoReflect.Descriptor instead.
 func (*UnhealthyReplica) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{12}
+	return file_meta_command_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *UnhealthyReplica) GetContainerId() uint64 {
@@ -897,7 +1066,7 @@ type DeleteBlocksTx struct {
 
 func (x *DeleteBlocksTx) Reset() {
 	*x = DeleteBlocksTx{}
-	mi := &file_meta_command_proto_msgTypes[13]
+	mi := &file_meta_command_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +1078,7 @@ func (x *DeleteBlocksTx) String() string {
 func (*DeleteBlocksTx) ProtoMessage() {}
 
 func (x *DeleteBlocksTx) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[13]
+	mi := &file_meta_command_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +1091,7 @@ func (x *DeleteBlocksTx) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksTx.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksTx) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{13}
+	return file_meta_command_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeleteBlocksTx) GetTxId() uint64 {
@@ -980,7 +1149,7 @@ type NsCommand struct {
 
 func (x *NsCommand) Reset() {
 	*x = NsCommand{}
-	mi := &file_meta_command_proto_msgTypes[14]
+	mi := &file_meta_command_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1161,7 @@ func (x *NsCommand) String() string {
 func (*NsCommand) ProtoMessage() {}
 
 func (x *NsCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[14]
+	mi := &file_meta_command_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1174,7 @@ func (x *NsCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NsCommand.ProtoReflect.Descriptor instead.
 func (*NsCommand) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{14}
+	return file_meta_command_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *NsCommand) GetNowUnixMs() int64 {
@@ -1352,7 +1521,7 @@ type SetServiceTokenOp struct {
 
 func (x *SetServiceTokenOp) Reset() {
 	*x = SetServiceTokenOp{}
-	mi := &file_meta_command_proto_msgTypes[15]
+	mi := &file_meta_command_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1364,7 +1533,7 @@ func (x *SetServiceTokenOp) String() string {
 func (*SetServiceTokenOp) ProtoMessage() {}
 
 func (x *SetServiceTokenOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[15]
+	mi := &file_meta_command_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1377,7 +1546,7 @@ func (x *SetServiceTokenOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetServiceTokenOp.ProtoReflect.Descriptor instead.
 func (*SetServiceTokenOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{15}
+	return file_meta_command_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetServiceTokenOp) GetToken() string {
@@ -1397,7 +1566,7 @@ type OpenKeyOp struct {
 
 func (x *OpenKeyOp) Reset() {
 	*x = OpenKeyOp{}
-	mi := &file_meta_command_proto_msgTypes[16]
+	mi := &file_meta_command_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1409,7 +1578,7 @@ func (x *OpenKeyOp) String() string {
 func (*OpenKeyOp) ProtoMessage() {}
 
 func (x *OpenKeyOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[16]
+	mi := &file_meta_command_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1422,7 +1591,7 @@ func (x *OpenKeyOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyOp.ProtoReflect.Descriptor instead.
 func (*OpenKeyOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{16}
+	return file_meta_command_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *OpenKeyOp) GetRequest() *OpenKeyRequest {
@@ -1449,7 +1618,7 @@ type AddBlockOp struct {
 
 func (x *AddBlockOp) Reset() {
 	*x = AddBlockOp{}
-	mi := &file_meta_command_proto_msgTypes[17]
+	mi := &file_meta_command_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1461,7 +1630,7 @@ func (x *AddBlockOp) String() string {
 func (*AddBlockOp) ProtoMessage() {}
 
 func (x *AddBlockOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[17]
+	mi := &file_meta_command_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1474,7 +1643,7 @@ func (x *AddBlockOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddBlockOp.ProtoReflect.Descriptor instead.
 func (*AddBlockOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{17}
+	return file_meta_command_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AddBlockOp) GetOpenId() uint64 {
@@ -1501,7 +1670,7 @@ type ExpireOpenKeysOp struct {
 
 func (x *ExpireOpenKeysOp) Reset() {
 	*x = ExpireOpenKeysOp{}
-	mi := &file_meta_command_proto_msgTypes[18]
+	mi := &file_meta_command_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1513,7 +1682,7 @@ func (x *ExpireOpenKeysOp) String() string {
 func (*ExpireOpenKeysOp) ProtoMessage() {}
 
 func (x *ExpireOpenKeysOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[18]
+	mi := &file_meta_command_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1526,7 +1695,7 @@ func (x *ExpireOpenKeysOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireOpenKeysOp.ProtoReflect.Descriptor instead.
 func (*ExpireOpenKeysOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{18}
+	return file_meta_command_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ExpireOpenKeysOp) GetOpenIds() []uint64 {
@@ -1555,7 +1724,7 @@ type CreateMultipartUploadOp struct {
 
 func (x *CreateMultipartUploadOp) Reset() {
 	*x = CreateMultipartUploadOp{}
-	mi := &file_meta_command_proto_msgTypes[19]
+	mi := &file_meta_command_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1567,7 +1736,7 @@ func (x *CreateMultipartUploadOp) String() string {
 func (*CreateMultipartUploadOp) ProtoMessage() {}
 
 func (x *CreateMultipartUploadOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[19]
+	mi := &file_meta_command_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +1749,7 @@ func (x *CreateMultipartUploadOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateMultipartUploadOp.ProtoReflect.Descriptor instead.
 func (*CreateMultipartUploadOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{19}
+	return file_meta_command_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CreateMultipartUploadOp) GetRequest() *CreateMultipartUploadRequest {
@@ -1606,7 +1775,7 @@ type PurgeDeletedOp struct {
 
 func (x *PurgeDeletedOp) Reset() {
 	*x = PurgeDeletedOp{}
-	mi := &file_meta_command_proto_msgTypes[20]
+	mi := &file_meta_command_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1618,7 +1787,7 @@ func (x *PurgeDeletedOp) String() string {
 func (*PurgeDeletedOp) ProtoMessage() {}
 
 func (x *PurgeDeletedOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[20]
+	mi := &file_meta_command_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1631,7 +1800,7 @@ func (x *PurgeDeletedOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeletedOp.ProtoReflect.Descriptor instead.
 func (*PurgeDeletedOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{20}
+	return file_meta_command_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PurgeDeletedOp) GetSeqs() []uint64 {
@@ -1653,7 +1822,7 @@ type ReclaimDirOp struct {
 
 func (x *ReclaimDirOp) Reset() {
 	*x = ReclaimDirOp{}
-	mi := &file_meta_command_proto_msgTypes[21]
+	mi := &file_meta_command_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1665,7 +1834,7 @@ func (x *ReclaimDirOp) String() string {
 func (*ReclaimDirOp) ProtoMessage() {}
 
 func (x *ReclaimDirOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[21]
+	mi := &file_meta_command_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1678,7 +1847,7 @@ func (x *ReclaimDirOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimDirOp.ProtoReflect.Descriptor instead.
 func (*ReclaimDirOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{21}
+	return file_meta_command_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReclaimDirOp) GetSeq() uint64 {
@@ -1713,7 +1882,7 @@ type OpenKeyRow struct {
 
 func (x *OpenKeyRow) Reset() {
 	*x = OpenKeyRow{}
-	mi := &file_meta_command_proto_msgTypes[22]
+	mi := &file_meta_command_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1725,7 +1894,7 @@ func (x *OpenKeyRow) String() string {
 func (*OpenKeyRow) ProtoMessage() {}
 
 func (x *OpenKeyRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[22]
+	mi := &file_meta_command_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1738,7 +1907,7 @@ func (x *OpenKeyRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyRow.ProtoReflect.Descriptor instead.
 func (*OpenKeyRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{22}
+	return file_meta_command_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *OpenKeyRow) GetOpenId() uint64 {
@@ -1823,7 +1992,7 @@ type DeletedRow struct {
 
 func (x *DeletedRow) Reset() {
 	*x = DeletedRow{}
-	mi := &file_meta_command_proto_msgTypes[23]
+	mi := &file_meta_command_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1835,7 +2004,7 @@ func (x *DeletedRow) String() string {
 func (*DeletedRow) ProtoMessage() {}
 
 func (x *DeletedRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[23]
+	mi := &file_meta_command_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1848,7 +2017,7 @@ func (x *DeletedRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletedRow.ProtoReflect.Descriptor instead.
 func (*DeletedRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{23}
+	return file_meta_command_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeletedRow) GetSeq() uint64 {
@@ -1885,7 +2054,7 @@ type PendingDirRow struct {
 
 func (x *PendingDirRow) Reset() {
 	*x = PendingDirRow{}
-	mi := &file_meta_command_proto_msgTypes[24]
+	mi := &file_meta_command_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1897,7 +2066,7 @@ func (x *PendingDirRow) String() string {
 func (*PendingDirRow) ProtoMessage() {}
 
 func (x *PendingDirRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[24]
+	mi := &file_meta_command_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1910,7 +2079,7 @@ func (x *PendingDirRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDirRow.ProtoReflect.Descriptor instead.
 func (*PendingDirRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{24}
+	return file_meta_command_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PendingDirRow) GetSeq() uint64 {
@@ -1947,7 +2116,7 @@ type FsEntry struct {
 
 func (x *FsEntry) Reset() {
 	*x = FsEntry{}
-	mi := &file_meta_command_proto_msgTypes[25]
+	mi := &file_meta_command_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1959,7 +2128,7 @@ func (x *FsEntry) String() string {
 func (*FsEntry) ProtoMessage() {}
 
 func (x *FsEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[25]
+	mi := &file_meta_command_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1972,7 +2141,7 @@ func (x *FsEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FsEntry.ProtoReflect.Descriptor instead.
 func (*FsEntry) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{25}
+	return file_meta_command_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *FsEntry) GetIsDir() bool {
@@ -2003,11 +2172,119 @@ func (x *FsEntry) GetModifiedUnixMs() int64 {
 	return 0
 }
 
+// NodeOpRow is a datanode's stored operational state (SCM key "o/").
+type NodeOpRow struct {
+	state                protoimpl.MessageState `protogen:"open.v1"`
+	DatanodeId           uint64                 `protobuf:"varint,1,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
+	State                NodeOpState            `protobuf:"varint,2,opt,name=state,proto3,enum=basalt.meta.v1.NodeOpState" json:"state,omitempty"`
+	MaintenanceEndUnixMs int64                  `protobuf:"varint,3,opt,name=maintenance_end_unix_ms,json=maintenanceEndUnixMs,proto3" json:"maintenance_end_unix_ms,omitempty"`
+	SinceUnixMs          int64                  `protobuf:"varint,4,opt,name=since_unix_ms,json=sinceUnixMs,proto3" json:"since_unix_ms,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *NodeOpRow) Reset() {
+	*x = NodeOpRow{}
+	mi := &file_meta_command_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeOpRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeOpRow) ProtoMessage() {}
+
+func (x *NodeOpRow) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeOpRow.ProtoReflect.Descriptor instead.
+func (*NodeOpRow) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *NodeOpRow) GetDatanodeId() uint64 {
+	if x != nil {
+		return x.DatanodeId
+	}
+	return 0
+}
+
+func (x *NodeOpRow) GetState() NodeOpState {
+	if x != nil {
+		return x.State
+	}
+	return NodeOpState_NODE_OP_STATE_UNSPECIFIED
+}
+
+func (x *NodeOpRow) GetMaintenanceEndUnixMs() int64 {
+	if x != nil {
+		return x.MaintenanceEndUnixMs
+	}
+	return 0
+}
+
+func (x *NodeOpRow) GetSinceUnixMs() int64 {
+	if x != nil {
+		return x.SinceUnixMs
+	}
+	return 0
+}
+
+// SafeModeExitedOp records that a leader left safe mode once (SCM key
+// "m/safe_exit"): a later leader (a failover, a restart) allocates blocks
+// on the recorded pipelines at once instead of waiting for reports.
+type SafeModeExitedOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SafeModeExitedOp) Reset() {
+	*x = SafeModeExitedOp{}
+	mi := &file_meta_command_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SafeModeExitedOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SafeModeExitedOp) ProtoMessage() {}
+
+func (x *SafeModeExitedOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SafeModeExitedOp.ProtoReflect.Descriptor instead.
+func (*SafeModeExitedOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{29}
+}
+
 var File_meta_command_proto protoreflect.FileDescriptor
 
 const file_meta_command_proto_rawDesc = "" +
 	"\n" +
-	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\"\xee\a\n" +
+	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\"\xd8\t\n" +
 	"\n" +
 	"ScmCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12Q\n" +
@@ -2023,8 +2300,19 @@ const file_meta_command_proto_rawDesc = "" +
 	" \x01(\v2 .basalt.meta.v1.PurgeDeleteTxsOpH\x00R\x0epurgeDeleteTxs\x12T\n" +
 	"\x12replicas_unhealthy\x18\v \x01(\v2#.basalt.meta.v1.ReplicasUnhealthyOpH\x00R\x11replicasUnhealthy\x12E\n" +
 	"\rreplica_added\x18\f \x01(\v2\x1e.basalt.meta.v1.ReplicaAddedOpH\x00R\freplicaAdded\x12N\n" +
-	"\x10replicas_removed\x18\r \x01(\v2!.basalt.meta.v1.ReplicasRemovedOpH\x00R\x0freplicasRemovedB\x04\n" +
-	"\x02op\"O\n" +
+	"\x10replicas_removed\x18\r \x01(\v2!.basalt.meta.v1.ReplicasRemovedOpH\x00R\x0freplicasRemoved\x12M\n" +
+	"\x11set_node_op_state\x18d \x01(\v2 .basalt.meta.v1.SetNodeOpStateOpH\x00R\x0esetNodeOpState\x12K\n" +
+	"\x0freplica_reports\x18e \x01(\v2 .basalt.meta.v1.ReplicaReportsOpH\x00R\x0ereplicaReports\x12L\n" +
+	"\x10safe_mode_exited\x18f \x01(\v2 .basalt.meta.v1.SafeModeExitedOpH\x00R\x0esafeModeExitedB\x04\n" +
+	"\x02op\"\xd2\x01\n" +
+	"\x10SetNodeOpStateOp\x12\x1f\n" +
+	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
+	"datanodeId\x121\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x1b.basalt.meta.v1.NodeOpStateR\x05state\x125\n" +
+	"\x17maintenance_end_unix_ms\x18\x03 \x01(\x03R\x14maintenanceEndUnixMs\x123\n" +
+	"\x06expect\x18\x04 \x03(\x0e2\x1b.basalt.meta.v1.NodeOpStateR\x06expect\"L\n" +
+	"\x10ReplicaReportsOp\x128\n" +
+	"\areports\x18\x01 \x03(\v2\x1e.basalt.meta.v1.CorruptReplicaR\areports\"O\n" +
 	"\x12RegisterDatanodeOp\x129\n" +
 	"\adetails\x18\x01 \x01(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\adetails\"o\n" +
 	"\x10CreatePipelineOp\x12=\n" +
@@ -2142,7 +2430,14 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x06is_dir\x18\x01 \x01(\bR\x05isDir\x12\x15\n" +
 	"\x06dir_id\x18\x02 \x01(\x04R\x05dirId\x12+\n" +
 	"\x04file\x18\x03 \x01(\v2\x17.basalt.meta.v1.KeyInfoR\x04file\x12(\n" +
-	"\x10modified_unix_ms\x18\x04 \x01(\x03R\x0emodifiedUnixMsB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
+	"\x10modified_unix_ms\x18\x04 \x01(\x03R\x0emodifiedUnixMs\"\xba\x01\n" +
+	"\tNodeOpRow\x12\x1f\n" +
+	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
+	"datanodeId\x121\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x1b.basalt.meta.v1.NodeOpStateR\x05state\x125\n" +
+	"\x17maintenance_end_unix_ms\x18\x03 \x01(\x03R\x14maintenanceEndUnixMs\x12\"\n" +
+	"\rsince_unix_ms\x18\x04 \x01(\x03R\vsinceUnixMs\"\x12\n" +
+	"\x10SafeModeExitedOpB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
 
 var (
 	file_meta_command_proto_rawDescOnce sync.Once
@@ -2156,109 +2451,122 @@ func file_meta_command_proto_rawDescGZIP() []byte {
 	return file_meta_command_proto_rawDescData
 }
 
-var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_meta_command_proto_goTypes = []any{
 	(*ScmCommand)(nil),                     // 0: basalt.meta.v1.ScmCommand
-	(*RegisterDatanodeOp)(nil),             // 1: basalt.meta.v1.RegisterDatanodeOp
-	(*CreatePipelineOp)(nil),               // 2: basalt.meta.v1.CreatePipelineOp
-	(*ClosePipelinesOp)(nil),               // 3: basalt.meta.v1.ClosePipelinesOp
-	(*CreateContainerOp)(nil),              // 4: basalt.meta.v1.CreateContainerOp
-	(*CloseContainersOp)(nil),              // 5: basalt.meta.v1.CloseContainersOp
-	(*ContainerClosedOp)(nil),              // 6: basalt.meta.v1.ContainerClosedOp
-	(*AllocateIDRangeOp)(nil),              // 7: basalt.meta.v1.AllocateIDRangeOp
-	(*PurgeDeleteTxsOp)(nil),               // 8: basalt.meta.v1.PurgeDeleteTxsOp
-	(*ReplicasUnhealthyOp)(nil),            // 9: basalt.meta.v1.ReplicasUnhealthyOp
-	(*ReplicaAddedOp)(nil),                 // 10: basalt.meta.v1.ReplicaAddedOp
-	(*ReplicasRemovedOp)(nil),              // 11: basalt.meta.v1.ReplicasRemovedOp
-	(*UnhealthyReplica)(nil),               // 12: basalt.meta.v1.UnhealthyReplica
-	(*DeleteBlocksTx)(nil),                 // 13: basalt.meta.v1.DeleteBlocksTx
-	(*NsCommand)(nil),                      // 14: basalt.meta.v1.NsCommand
-	(*SetServiceTokenOp)(nil),              // 15: basalt.meta.v1.SetServiceTokenOp
-	(*OpenKeyOp)(nil),                      // 16: basalt.meta.v1.OpenKeyOp
-	(*AddBlockOp)(nil),                     // 17: basalt.meta.v1.AddBlockOp
-	(*ExpireOpenKeysOp)(nil),               // 18: basalt.meta.v1.ExpireOpenKeysOp
-	(*CreateMultipartUploadOp)(nil),        // 19: basalt.meta.v1.CreateMultipartUploadOp
-	(*PurgeDeletedOp)(nil),                 // 20: basalt.meta.v1.PurgeDeletedOp
-	(*ReclaimDirOp)(nil),                   // 21: basalt.meta.v1.ReclaimDirOp
-	(*OpenKeyRow)(nil),                     // 22: basalt.meta.v1.OpenKeyRow
-	(*DeletedRow)(nil),                     // 23: basalt.meta.v1.DeletedRow
-	(*PendingDirRow)(nil),                  // 24: basalt.meta.v1.PendingDirRow
-	(*FsEntry)(nil),                        // 25: basalt.meta.v1.FsEntry
-	(*DeleteBlocksRequest)(nil),            // 26: basalt.meta.v1.DeleteBlocksRequest
-	(*DatanodeDetails)(nil),                // 27: basalt.meta.v1.DatanodeDetails
-	(Replication)(0),                       // 28: basalt.meta.v1.Replication
-	(*CreateVolumeRequest)(nil),            // 29: basalt.meta.v1.CreateVolumeRequest
-	(*DeleteVolumeRequest)(nil),            // 30: basalt.meta.v1.DeleteVolumeRequest
-	(*CreateBucketRequest)(nil),            // 31: basalt.meta.v1.CreateBucketRequest
-	(*DeleteBucketRequest)(nil),            // 32: basalt.meta.v1.DeleteBucketRequest
-	(*CommitKeyRequest)(nil),               // 33: basalt.meta.v1.CommitKeyRequest
-	(*RenameKeyRequest)(nil),               // 34: basalt.meta.v1.RenameKeyRequest
-	(*DeleteKeyRequest)(nil),               // 35: basalt.meta.v1.DeleteKeyRequest
-	(*CreateDirectoryRequest)(nil),         // 36: basalt.meta.v1.CreateDirectoryRequest
-	(*SetKeyMetaRequest)(nil),              // 37: basalt.meta.v1.SetKeyMetaRequest
-	(*CompleteMultipartUploadRequest)(nil), // 38: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 39: basalt.meta.v1.AbortMultipartUploadRequest
-	(*CreateS3SecretRequest)(nil),          // 40: basalt.meta.v1.CreateS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 41: basalt.meta.v1.DeleteS3SecretRequest
-	(*CopyKeyRequest)(nil),                 // 42: basalt.meta.v1.CopyKeyRequest
-	(*OpenKeyRequest)(nil),                 // 43: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 44: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 45: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 46: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 47: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 48: basalt.meta.v1.KeyInfo
+	(*SetNodeOpStateOp)(nil),               // 1: basalt.meta.v1.SetNodeOpStateOp
+	(*ReplicaReportsOp)(nil),               // 2: basalt.meta.v1.ReplicaReportsOp
+	(*RegisterDatanodeOp)(nil),             // 3: basalt.meta.v1.RegisterDatanodeOp
+	(*CreatePipelineOp)(nil),               // 4: basalt.meta.v1.CreatePipelineOp
+	(*ClosePipelinesOp)(nil),               // 5: basalt.meta.v1.ClosePipelinesOp
+	(*CreateContainerOp)(nil),              // 6: basalt.meta.v1.CreateContainerOp
+	(*CloseContainersOp)(nil),              // 7: basalt.meta.v1.CloseContainersOp
+	(*ContainerClosedOp)(nil),              // 8: basalt.meta.v1.ContainerClosedOp
+	(*AllocateIDRangeOp)(nil),              // 9: basalt.meta.v1.AllocateIDRangeOp
+	(*PurgeDeleteTxsOp)(nil),               // 10: basalt.meta.v1.PurgeDeleteTxsOp
+	(*ReplicasUnhealthyOp)(nil),            // 11: basalt.meta.v1.ReplicasUnhealthyOp
+	(*ReplicaAddedOp)(nil),                 // 12: basalt.meta.v1.ReplicaAddedOp
+	(*ReplicasRemovedOp)(nil),              // 13: basalt.meta.v1.ReplicasRemovedOp
+	(*UnhealthyReplica)(nil),               // 14: basalt.meta.v1.UnhealthyReplica
+	(*DeleteBlocksTx)(nil),                 // 15: basalt.meta.v1.DeleteBlocksTx
+	(*NsCommand)(nil),                      // 16: basalt.meta.v1.NsCommand
+	(*SetServiceTokenOp)(nil),              // 17: basalt.meta.v1.SetServiceTokenOp
+	(*OpenKeyOp)(nil),                      // 18: basalt.meta.v1.OpenKeyOp
+	(*AddBlockOp)(nil),                     // 19: basalt.meta.v1.AddBlockOp
+	(*ExpireOpenKeysOp)(nil),               // 20: basalt.meta.v1.ExpireOpenKeysOp
+	(*CreateMultipartUploadOp)(nil),        // 21: basalt.meta.v1.CreateMultipartUploadOp
+	(*PurgeDeletedOp)(nil),                 // 22: basalt.meta.v1.PurgeDeletedOp
+	(*ReclaimDirOp)(nil),                   // 23: basalt.meta.v1.ReclaimDirOp
+	(*OpenKeyRow)(nil),                     // 24: basalt.meta.v1.OpenKeyRow
+	(*DeletedRow)(nil),                     // 25: basalt.meta.v1.DeletedRow
+	(*PendingDirRow)(nil),                  // 26: basalt.meta.v1.PendingDirRow
+	(*FsEntry)(nil),                        // 27: basalt.meta.v1.FsEntry
+	(*NodeOpRow)(nil),                      // 28: basalt.meta.v1.NodeOpRow
+	(*SafeModeExitedOp)(nil),               // 29: basalt.meta.v1.SafeModeExitedOp
+	(*DeleteBlocksRequest)(nil),            // 30: basalt.meta.v1.DeleteBlocksRequest
+	(NodeOpState)(0),                       // 31: basalt.meta.v1.NodeOpState
+	(*CorruptReplica)(nil),                 // 32: basalt.meta.v1.CorruptReplica
+	(*DatanodeDetails)(nil),                // 33: basalt.meta.v1.DatanodeDetails
+	(Replication)(0),                       // 34: basalt.meta.v1.Replication
+	(*CreateVolumeRequest)(nil),            // 35: basalt.meta.v1.CreateVolumeRequest
+	(*DeleteVolumeRequest)(nil),            // 36: basalt.meta.v1.DeleteVolumeRequest
+	(*CreateBucketRequest)(nil),            // 37: basalt.meta.v1.CreateBucketRequest
+	(*DeleteBucketRequest)(nil),            // 38: basalt.meta.v1.DeleteBucketRequest
+	(*CommitKeyRequest)(nil),               // 39: basalt.meta.v1.CommitKeyRequest
+	(*RenameKeyRequest)(nil),               // 40: basalt.meta.v1.RenameKeyRequest
+	(*DeleteKeyRequest)(nil),               // 41: basalt.meta.v1.DeleteKeyRequest
+	(*CreateDirectoryRequest)(nil),         // 42: basalt.meta.v1.CreateDirectoryRequest
+	(*SetKeyMetaRequest)(nil),              // 43: basalt.meta.v1.SetKeyMetaRequest
+	(*CompleteMultipartUploadRequest)(nil), // 44: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 45: basalt.meta.v1.AbortMultipartUploadRequest
+	(*CreateS3SecretRequest)(nil),          // 46: basalt.meta.v1.CreateS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 47: basalt.meta.v1.DeleteS3SecretRequest
+	(*CopyKeyRequest)(nil),                 // 48: basalt.meta.v1.CopyKeyRequest
+	(*OpenKeyRequest)(nil),                 // 49: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 50: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 51: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 52: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 53: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 54: basalt.meta.v1.KeyInfo
 }
 var file_meta_command_proto_depIdxs = []int32{
-	1,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
-	2,  // 1: basalt.meta.v1.ScmCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineOp
-	3,  // 2: basalt.meta.v1.ScmCommand.close_pipelines:type_name -> basalt.meta.v1.ClosePipelinesOp
-	4,  // 3: basalt.meta.v1.ScmCommand.create_container:type_name -> basalt.meta.v1.CreateContainerOp
-	5,  // 4: basalt.meta.v1.ScmCommand.close_containers:type_name -> basalt.meta.v1.CloseContainersOp
-	6,  // 5: basalt.meta.v1.ScmCommand.container_closed:type_name -> basalt.meta.v1.ContainerClosedOp
-	7,  // 6: basalt.meta.v1.ScmCommand.allocate_id_range:type_name -> basalt.meta.v1.AllocateIDRangeOp
-	26, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
-	8,  // 8: basalt.meta.v1.ScmCommand.purge_delete_txs:type_name -> basalt.meta.v1.PurgeDeleteTxsOp
-	9,  // 9: basalt.meta.v1.ScmCommand.replicas_unhealthy:type_name -> basalt.meta.v1.ReplicasUnhealthyOp
-	10, // 10: basalt.meta.v1.ScmCommand.replica_added:type_name -> basalt.meta.v1.ReplicaAddedOp
-	11, // 11: basalt.meta.v1.ScmCommand.replicas_removed:type_name -> basalt.meta.v1.ReplicasRemovedOp
-	27, // 12: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
-	28, // 13: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
-	12, // 14: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
-	29, // 15: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
-	30, // 16: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
-	31, // 17: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
-	32, // 18: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
-	16, // 19: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
-	17, // 20: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
-	33, // 21: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
-	34, // 22: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
-	35, // 23: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
-	36, // 24: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
-	18, // 25: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
-	20, // 26: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
-	21, // 27: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
-	37, // 28: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
-	19, // 29: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
-	38, // 30: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
-	39, // 31: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
-	40, // 32: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
-	41, // 33: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
-	42, // 34: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
-	15, // 35: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
-	43, // 36: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	44, // 37: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	44, // 38: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	45, // 39: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	28, // 40: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	46, // 41: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	47, // 42: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	47, // 43: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	48, // 44: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	45, // [45:45] is the sub-list for method output_type
-	45, // [45:45] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	3,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
+	4,  // 1: basalt.meta.v1.ScmCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineOp
+	5,  // 2: basalt.meta.v1.ScmCommand.close_pipelines:type_name -> basalt.meta.v1.ClosePipelinesOp
+	6,  // 3: basalt.meta.v1.ScmCommand.create_container:type_name -> basalt.meta.v1.CreateContainerOp
+	7,  // 4: basalt.meta.v1.ScmCommand.close_containers:type_name -> basalt.meta.v1.CloseContainersOp
+	8,  // 5: basalt.meta.v1.ScmCommand.container_closed:type_name -> basalt.meta.v1.ContainerClosedOp
+	9,  // 6: basalt.meta.v1.ScmCommand.allocate_id_range:type_name -> basalt.meta.v1.AllocateIDRangeOp
+	30, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
+	10, // 8: basalt.meta.v1.ScmCommand.purge_delete_txs:type_name -> basalt.meta.v1.PurgeDeleteTxsOp
+	11, // 9: basalt.meta.v1.ScmCommand.replicas_unhealthy:type_name -> basalt.meta.v1.ReplicasUnhealthyOp
+	12, // 10: basalt.meta.v1.ScmCommand.replica_added:type_name -> basalt.meta.v1.ReplicaAddedOp
+	13, // 11: basalt.meta.v1.ScmCommand.replicas_removed:type_name -> basalt.meta.v1.ReplicasRemovedOp
+	1,  // 12: basalt.meta.v1.ScmCommand.set_node_op_state:type_name -> basalt.meta.v1.SetNodeOpStateOp
+	2,  // 13: basalt.meta.v1.ScmCommand.replica_reports:type_name -> basalt.meta.v1.ReplicaReportsOp
+	29, // 14: basalt.meta.v1.ScmCommand.safe_mode_exited:type_name -> basalt.meta.v1.SafeModeExitedOp
+	31, // 15: basalt.meta.v1.SetNodeOpStateOp.state:type_name -> basalt.meta.v1.NodeOpState
+	31, // 16: basalt.meta.v1.SetNodeOpStateOp.expect:type_name -> basalt.meta.v1.NodeOpState
+	32, // 17: basalt.meta.v1.ReplicaReportsOp.reports:type_name -> basalt.meta.v1.CorruptReplica
+	33, // 18: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
+	34, // 19: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
+	14, // 20: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
+	35, // 21: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
+	36, // 22: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
+	37, // 23: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
+	38, // 24: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
+	18, // 25: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
+	19, // 26: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
+	39, // 27: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
+	40, // 28: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
+	41, // 29: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
+	42, // 30: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
+	20, // 31: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
+	22, // 32: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
+	23, // 33: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
+	43, // 34: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
+	21, // 35: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
+	44, // 36: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
+	45, // 37: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
+	46, // 38: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
+	47, // 39: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
+	48, // 40: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
+	17, // 41: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
+	49, // 42: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	50, // 43: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	50, // 44: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	51, // 45: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	34, // 46: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	52, // 47: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	53, // 48: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	53, // 49: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	54, // 50: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	31, // 51: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
+	52, // [52:52] is the sub-list for method output_type
+	52, // [52:52] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -2280,8 +2588,11 @@ func file_meta_command_proto_init() {
 		(*ScmCommand_ReplicasUnhealthy)(nil),
 		(*ScmCommand_ReplicaAdded)(nil),
 		(*ScmCommand_ReplicasRemoved)(nil),
+		(*ScmCommand_SetNodeOpState)(nil),
+		(*ScmCommand_ReplicaReports)(nil),
+		(*ScmCommand_SafeModeExited)(nil),
 	}
-	file_meta_command_proto_msgTypes[14].OneofWrappers = []any{
+	file_meta_command_proto_msgTypes[16].OneofWrappers = []any{
 		(*NsCommand_CreateVolume)(nil),
 		(*NsCommand_DeleteVolume)(nil),
 		(*NsCommand_CreateBucket)(nil),
@@ -2310,7 +2621,7 @@ func file_meta_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_command_proto_rawDesc), len(file_meta_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

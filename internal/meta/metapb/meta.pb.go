@@ -128,6 +128,75 @@ func (NodeState) EnumDescriptor() ([]byte, []int) {
 	return file_meta_meta_proto_rawDescGZIP(), []int{1}
 }
 
+// NodeOpState is a datanode's operational state, set by an operator
+// (basalt admin datanode decommission|maintenance|recommission) and
+// stored through Raft; liveness (NodeState) is separate.
+type NodeOpState int32
+
+const (
+	NodeOpState_NODE_OP_STATE_UNSPECIFIED NodeOpState = 0 // treated as IN_SERVICE
+	NodeOpState_IN_SERVICE                NodeOpState = 1
+	// DECOMMISSIONING: no new pipelines or blocks; its pipelines are closed;
+	// its replicas do not count toward a container's factor (they serve as
+	// copy sources) until every container has its full count elsewhere,
+	// then DECOMMISSIONED.
+	NodeOpState_DECOMMISSIONING NodeOpState = 2
+	NodeOpState_DECOMMISSIONED  NodeOpState = 3
+	// ENTERING_MAINTENANCE: as DECOMMISSIONING, but only until each of its
+	// containers has min(2, factor) replicas elsewhere; then IN_MAINTENANCE,
+	// where it may be down without repairs, until the end time or
+	// recommission.
+	NodeOpState_ENTERING_MAINTENANCE NodeOpState = 4
+	NodeOpState_IN_MAINTENANCE       NodeOpState = 5
+)
+
+// Enum value maps for NodeOpState.
+var (
+	NodeOpState_name = map[int32]string{
+		0: "NODE_OP_STATE_UNSPECIFIED",
+		1: "IN_SERVICE",
+		2: "DECOMMISSIONING",
+		3: "DECOMMISSIONED",
+		4: "ENTERING_MAINTENANCE",
+		5: "IN_MAINTENANCE",
+	}
+	NodeOpState_value = map[string]int32{
+		"NODE_OP_STATE_UNSPECIFIED": 0,
+		"IN_SERVICE":                1,
+		"DECOMMISSIONING":           2,
+		"DECOMMISSIONED":            3,
+		"ENTERING_MAINTENANCE":      4,
+		"IN_MAINTENANCE":            5,
+	}
+)
+
+func (x NodeOpState) Enum() *NodeOpState {
+	p := new(NodeOpState)
+	*p = x
+	return p
+}
+
+func (x NodeOpState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NodeOpState) Descriptor() protoreflect.EnumDescriptor {
+	return file_meta_meta_proto_enumTypes[2].Descriptor()
+}
+
+func (NodeOpState) Type() protoreflect.EnumType {
+	return &file_meta_meta_proto_enumTypes[2]
+}
+
+func (x NodeOpState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NodeOpState.Descriptor instead.
+func (NodeOpState) EnumDescriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{2}
+}
+
 type PipelineState int32
 
 const (
@@ -161,11 +230,11 @@ func (x PipelineState) String() string {
 }
 
 func (PipelineState) Descriptor() protoreflect.EnumDescriptor {
-	return file_meta_meta_proto_enumTypes[2].Descriptor()
+	return file_meta_meta_proto_enumTypes[3].Descriptor()
 }
 
 func (PipelineState) Type() protoreflect.EnumType {
-	return &file_meta_meta_proto_enumTypes[2]
+	return &file_meta_meta_proto_enumTypes[3]
 }
 
 func (x PipelineState) Number() protoreflect.EnumNumber {
@@ -174,7 +243,7 @@ func (x PipelineState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PipelineState.Descriptor instead.
 func (PipelineState) EnumDescriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{2}
+	return file_meta_meta_proto_rawDescGZIP(), []int{3}
 }
 
 type ContainerState int32
@@ -224,11 +293,11 @@ func (x ContainerState) String() string {
 }
 
 func (ContainerState) Descriptor() protoreflect.EnumDescriptor {
-	return file_meta_meta_proto_enumTypes[3].Descriptor()
+	return file_meta_meta_proto_enumTypes[4].Descriptor()
 }
 
 func (ContainerState) Type() protoreflect.EnumType {
-	return &file_meta_meta_proto_enumTypes[3]
+	return &file_meta_meta_proto_enumTypes[4]
 }
 
 func (x ContainerState) Number() protoreflect.EnumNumber {
@@ -237,7 +306,7 @@ func (x ContainerState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ContainerState.Descriptor instead.
 func (ContainerState) EnumDescriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{3}
+	return file_meta_meta_proto_rawDescGZIP(), []int{4}
 }
 
 type BucketLayout int32
@@ -275,11 +344,11 @@ func (x BucketLayout) String() string {
 }
 
 func (BucketLayout) Descriptor() protoreflect.EnumDescriptor {
-	return file_meta_meta_proto_enumTypes[4].Descriptor()
+	return file_meta_meta_proto_enumTypes[5].Descriptor()
 }
 
 func (BucketLayout) Type() protoreflect.EnumType {
-	return &file_meta_meta_proto_enumTypes[4]
+	return &file_meta_meta_proto_enumTypes[5]
 }
 
 func (x BucketLayout) Number() protoreflect.EnumNumber {
@@ -288,7 +357,7 @@ func (x BucketLayout) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use BucketLayout.Descriptor instead.
 func (BucketLayout) EnumDescriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{4}
+	return file_meta_meta_proto_rawDescGZIP(), []int{5}
 }
 
 type ChecksumType int32
@@ -324,11 +393,11 @@ func (x ChecksumType) String() string {
 }
 
 func (ChecksumType) Descriptor() protoreflect.EnumDescriptor {
-	return file_meta_meta_proto_enumTypes[5].Descriptor()
+	return file_meta_meta_proto_enumTypes[6].Descriptor()
 }
 
 func (ChecksumType) Type() protoreflect.EnumType {
-	return &file_meta_meta_proto_enumTypes[5]
+	return &file_meta_meta_proto_enumTypes[6]
 }
 
 func (x ChecksumType) Number() protoreflect.EnumNumber {
@@ -337,7 +406,7 @@ func (x ChecksumType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ChecksumType.Descriptor instead.
 func (ChecksumType) EnumDescriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{5}
+	return file_meta_meta_proto_rawDescGZIP(), []int{6}
 }
 
 // DeleteTxStatus is how a datanode finished a delete-blocks transaction.
@@ -386,11 +455,11 @@ func (x DeleteTxStatus) String() string {
 }
 
 func (DeleteTxStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_meta_meta_proto_enumTypes[6].Descriptor()
+	return file_meta_meta_proto_enumTypes[7].Descriptor()
 }
 
 func (DeleteTxStatus) Type() protoreflect.EnumType {
-	return &file_meta_meta_proto_enumTypes[6]
+	return &file_meta_meta_proto_enumTypes[7]
 }
 
 func (x DeleteTxStatus) Number() protoreflect.EnumNumber {
@@ -399,7 +468,7 @@ func (x DeleteTxStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DeleteTxStatus.Descriptor instead.
 func (DeleteTxStatus) EnumDescriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{6}
+	return file_meta_meta_proto_rawDescGZIP(), []int{7}
 }
 
 // NotLeader is attached to an UNAVAILABLE status by a replica that is not
@@ -1166,6 +1235,385 @@ func (x *ExcludeList) GetContainers() []uint64 {
 	return nil
 }
 
+type SetDatanodeOpStateRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	DatanodeId uint64                 `protobuf:"varint,1,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
+	// IN_SERVICE (recommission), DECOMMISSIONING or ENTERING_MAINTENANCE.
+	State                NodeOpState `protobuf:"varint,2,opt,name=state,proto3,enum=basalt.meta.v1.NodeOpState" json:"state,omitempty"`
+	MaintenanceEndUnixMs int64       `protobuf:"varint,3,opt,name=maintenance_end_unix_ms,json=maintenanceEndUnixMs,proto3" json:"maintenance_end_unix_ms,omitempty"` // 0: until recommissioned
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *SetDatanodeOpStateRequest) Reset() {
+	*x = SetDatanodeOpStateRequest{}
+	mi := &file_meta_meta_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetDatanodeOpStateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetDatanodeOpStateRequest) ProtoMessage() {}
+
+func (x *SetDatanodeOpStateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetDatanodeOpStateRequest.ProtoReflect.Descriptor instead.
+func (*SetDatanodeOpStateRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SetDatanodeOpStateRequest) GetDatanodeId() uint64 {
+	if x != nil {
+		return x.DatanodeId
+	}
+	return 0
+}
+
+func (x *SetDatanodeOpStateRequest) GetState() NodeOpState {
+	if x != nil {
+		return x.State
+	}
+	return NodeOpState_NODE_OP_STATE_UNSPECIFIED
+}
+
+func (x *SetDatanodeOpStateRequest) GetMaintenanceEndUnixMs() int64 {
+	if x != nil {
+		return x.MaintenanceEndUnixMs
+	}
+	return 0
+}
+
+type SetDatanodeOpStateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Datanode      *DatanodeStatus        `protobuf:"bytes,1,opt,name=datanode,proto3" json:"datanode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetDatanodeOpStateResponse) Reset() {
+	*x = SetDatanodeOpStateResponse{}
+	mi := &file_meta_meta_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetDatanodeOpStateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetDatanodeOpStateResponse) ProtoMessage() {}
+
+func (x *SetDatanodeOpStateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetDatanodeOpStateResponse.ProtoReflect.Descriptor instead.
+func (*SetDatanodeOpStateResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SetDatanodeOpStateResponse) GetDatanode() *DatanodeStatus {
+	if x != nil {
+		return x.Datanode
+	}
+	return nil
+}
+
+type GetContainerReplicasRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Limit         uint32                 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"` // containers listed when container_id is 0 (default 100, at most 1000)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetContainerReplicasRequest) Reset() {
+	*x = GetContainerReplicasRequest{}
+	mi := &file_meta_meta_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetContainerReplicasRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetContainerReplicasRequest) ProtoMessage() {}
+
+func (x *GetContainerReplicasRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetContainerReplicasRequest.ProtoReflect.Descriptor instead.
+func (*GetContainerReplicasRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *GetContainerReplicasRequest) GetContainerId() uint64 {
+	if x != nil {
+		return x.ContainerId
+	}
+	return 0
+}
+
+func (x *GetContainerReplicasRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ReplicaInfo struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	DatanodeId uint64                 `protobuf:"varint,1,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
+	// healthy, unhealthy, dead, missing, lagging, decommissioning,
+	// maintenance, stale (as the replication manager counts it)
+	Health        string         `protobuf:"bytes,2,opt,name=health,proto3" json:"health,omitempty"`
+	NodeState     NodeState      `protobuf:"varint,3,opt,name=node_state,json=nodeState,proto3,enum=basalt.meta.v1.NodeState" json:"node_state,omitempty"`
+	OpState       NodeOpState    `protobuf:"varint,4,opt,name=op_state,json=opState,proto3,enum=basalt.meta.v1.NodeOpState" json:"op_state,omitempty"`
+	ReportedState ContainerState `protobuf:"varint,5,opt,name=reported_state,json=reportedState,proto3,enum=basalt.meta.v1.ContainerState" json:"reported_state,omitempty"` // unspecified: not reported
+	Bcsid         uint64         `protobuf:"varint,6,opt,name=bcsid,proto3" json:"bcsid,omitempty"`
+	UsedBytes     uint64         `protobuf:"varint,7,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	BlockCount    uint64         `protobuf:"varint,8,opt,name=block_count,json=blockCount,proto3" json:"block_count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaInfo) Reset() {
+	*x = ReplicaInfo{}
+	mi := &file_meta_meta_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaInfo) ProtoMessage() {}
+
+func (x *ReplicaInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaInfo.ProtoReflect.Descriptor instead.
+func (*ReplicaInfo) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReplicaInfo) GetDatanodeId() uint64 {
+	if x != nil {
+		return x.DatanodeId
+	}
+	return 0
+}
+
+func (x *ReplicaInfo) GetHealth() string {
+	if x != nil {
+		return x.Health
+	}
+	return ""
+}
+
+func (x *ReplicaInfo) GetNodeState() NodeState {
+	if x != nil {
+		return x.NodeState
+	}
+	return NodeState_NODE_STATE_UNSPECIFIED
+}
+
+func (x *ReplicaInfo) GetOpState() NodeOpState {
+	if x != nil {
+		return x.OpState
+	}
+	return NodeOpState_NODE_OP_STATE_UNSPECIFIED
+}
+
+func (x *ReplicaInfo) GetReportedState() ContainerState {
+	if x != nil {
+		return x.ReportedState
+	}
+	return ContainerState_CONTAINER_STATE_UNSPECIFIED
+}
+
+func (x *ReplicaInfo) GetBcsid() uint64 {
+	if x != nil {
+		return x.Bcsid
+	}
+	return 0
+}
+
+func (x *ReplicaInfo) GetUsedBytes() uint64 {
+	if x != nil {
+		return x.UsedBytes
+	}
+	return 0
+}
+
+func (x *ReplicaInfo) GetBlockCount() uint64 {
+	if x != nil {
+		return x.BlockCount
+	}
+	return 0
+}
+
+type ContainerReplicas struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Container     *Container             `protobuf:"bytes,1,opt,name=container,proto3" json:"container,omitempty"`
+	Health        string                 `protobuf:"bytes,2,opt,name=health,proto3" json:"health,omitempty"`
+	Replicas      []*ReplicaInfo         `protobuf:"bytes,3,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Reports       []*CorruptReplica      `protobuf:"bytes,4,rep,name=reports,proto3" json:"reports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerReplicas) Reset() {
+	*x = ContainerReplicas{}
+	mi := &file_meta_meta_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerReplicas) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerReplicas) ProtoMessage() {}
+
+func (x *ContainerReplicas) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerReplicas.ProtoReflect.Descriptor instead.
+func (*ContainerReplicas) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ContainerReplicas) GetContainer() *Container {
+	if x != nil {
+		return x.Container
+	}
+	return nil
+}
+
+func (x *ContainerReplicas) GetHealth() string {
+	if x != nil {
+		return x.Health
+	}
+	return ""
+}
+
+func (x *ContainerReplicas) GetReplicas() []*ReplicaInfo {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *ContainerReplicas) GetReports() []*CorruptReplica {
+	if x != nil {
+		return x.Reports
+	}
+	return nil
+}
+
+type GetContainerReplicasResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Containers    []*ContainerReplicas   `protobuf:"bytes,1,rep,name=containers,proto3" json:"containers,omitempty"`
+	Truncated     bool                   `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetContainerReplicasResponse) Reset() {
+	*x = GetContainerReplicasResponse{}
+	mi := &file_meta_meta_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetContainerReplicasResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetContainerReplicasResponse) ProtoMessage() {}
+
+func (x *GetContainerReplicasResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetContainerReplicasResponse.ProtoReflect.Descriptor instead.
+func (*GetContainerReplicasResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *GetContainerReplicasResponse) GetContainers() []*ContainerReplicas {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
+func (x *GetContainerReplicasResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
 type RegisterDatanodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// details.id is 0 on the first registration; afterwards the ID SCM
@@ -1178,7 +1626,7 @@ type RegisterDatanodeRequest struct {
 
 func (x *RegisterDatanodeRequest) Reset() {
 	*x = RegisterDatanodeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[10]
+	mi := &file_meta_meta_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1190,7 +1638,7 @@ func (x *RegisterDatanodeRequest) String() string {
 func (*RegisterDatanodeRequest) ProtoMessage() {}
 
 func (x *RegisterDatanodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[10]
+	mi := &file_meta_meta_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1203,7 +1651,7 @@ func (x *RegisterDatanodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDatanodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDatanodeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{10}
+	return file_meta_meta_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RegisterDatanodeRequest) GetDetails() *DatanodeDetails {
@@ -1230,7 +1678,7 @@ type RegisterDatanodeResponse struct {
 
 func (x *RegisterDatanodeResponse) Reset() {
 	*x = RegisterDatanodeResponse{}
-	mi := &file_meta_meta_proto_msgTypes[11]
+	mi := &file_meta_meta_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1242,7 +1690,7 @@ func (x *RegisterDatanodeResponse) String() string {
 func (*RegisterDatanodeResponse) ProtoMessage() {}
 
 func (x *RegisterDatanodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[11]
+	mi := &file_meta_meta_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1255,7 +1703,7 @@ func (x *RegisterDatanodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDatanodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterDatanodeResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{11}
+	return file_meta_meta_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RegisterDatanodeResponse) GetDatanodeId() uint64 {
@@ -1295,7 +1743,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_meta_meta_proto_msgTypes[12]
+	mi := &file_meta_meta_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1307,7 +1755,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[12]
+	mi := &file_meta_meta_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1320,7 +1768,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{12}
+	return file_meta_meta_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HeartbeatRequest) GetDatanodeId() uint64 {
@@ -1389,7 +1837,7 @@ type CopyFailure struct {
 
 func (x *CopyFailure) Reset() {
 	*x = CopyFailure{}
-	mi := &file_meta_meta_proto_msgTypes[13]
+	mi := &file_meta_meta_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1849,7 @@ func (x *CopyFailure) String() string {
 func (*CopyFailure) ProtoMessage() {}
 
 func (x *CopyFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[13]
+	mi := &file_meta_meta_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +1862,7 @@ func (x *CopyFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFailure.ProtoReflect.Descriptor instead.
 func (*CopyFailure) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{13}
+	return file_meta_meta_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CopyFailure) GetContainerId() uint64 {
@@ -1442,7 +1890,7 @@ type DeleteTxAck struct {
 
 func (x *DeleteTxAck) Reset() {
 	*x = DeleteTxAck{}
-	mi := &file_meta_meta_proto_msgTypes[14]
+	mi := &file_meta_meta_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +1902,7 @@ func (x *DeleteTxAck) String() string {
 func (*DeleteTxAck) ProtoMessage() {}
 
 func (x *DeleteTxAck) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[14]
+	mi := &file_meta_meta_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +1915,7 @@ func (x *DeleteTxAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTxAck.ProtoReflect.Descriptor instead.
 func (*DeleteTxAck) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{14}
+	return file_meta_meta_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteTxAck) GetTxId() uint64 {
@@ -1504,7 +1952,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_meta_meta_proto_msgTypes[15]
+	mi := &file_meta_meta_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +1964,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[15]
+	mi := &file_meta_meta_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1529,7 +1977,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{15}
+	return file_meta_meta_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HeartbeatResponse) GetCommands() []*DatanodeCommand {
@@ -1570,7 +2018,7 @@ type DatanodeCommand struct {
 
 func (x *DatanodeCommand) Reset() {
 	*x = DatanodeCommand{}
-	mi := &file_meta_meta_proto_msgTypes[16]
+	mi := &file_meta_meta_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1582,7 +2030,7 @@ func (x *DatanodeCommand) String() string {
 func (*DatanodeCommand) ProtoMessage() {}
 
 func (x *DatanodeCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[16]
+	mi := &file_meta_meta_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1595,7 +2043,7 @@ func (x *DatanodeCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatanodeCommand.ProtoReflect.Descriptor instead.
 func (*DatanodeCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{16}
+	return file_meta_meta_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DatanodeCommand) GetCommand() isDatanodeCommand_Command {
@@ -1714,7 +2162,7 @@ type ReplicateContainerCommand struct {
 
 func (x *ReplicateContainerCommand) Reset() {
 	*x = ReplicateContainerCommand{}
-	mi := &file_meta_meta_proto_msgTypes[17]
+	mi := &file_meta_meta_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1726,7 +2174,7 @@ func (x *ReplicateContainerCommand) String() string {
 func (*ReplicateContainerCommand) ProtoMessage() {}
 
 func (x *ReplicateContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[17]
+	mi := &file_meta_meta_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1739,7 +2187,7 @@ func (x *ReplicateContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateContainerCommand.ProtoReflect.Descriptor instead.
 func (*ReplicateContainerCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{17}
+	return file_meta_meta_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReplicateContainerCommand) GetContainerId() uint64 {
@@ -1769,7 +2217,7 @@ type DeleteContainerCommand struct {
 
 func (x *DeleteContainerCommand) Reset() {
 	*x = DeleteContainerCommand{}
-	mi := &file_meta_meta_proto_msgTypes[18]
+	mi := &file_meta_meta_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1781,7 +2229,7 @@ func (x *DeleteContainerCommand) String() string {
 func (*DeleteContainerCommand) ProtoMessage() {}
 
 func (x *DeleteContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[18]
+	mi := &file_meta_meta_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1794,7 +2242,7 @@ func (x *DeleteContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContainerCommand.ProtoReflect.Descriptor instead.
 func (*DeleteContainerCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{18}
+	return file_meta_meta_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteContainerCommand) GetContainerId() uint64 {
@@ -1821,7 +2269,7 @@ type CreatePipelineCommand struct {
 
 func (x *CreatePipelineCommand) Reset() {
 	*x = CreatePipelineCommand{}
-	mi := &file_meta_meta_proto_msgTypes[19]
+	mi := &file_meta_meta_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +2281,7 @@ func (x *CreatePipelineCommand) String() string {
 func (*CreatePipelineCommand) ProtoMessage() {}
 
 func (x *CreatePipelineCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[19]
+	mi := &file_meta_meta_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +2294,7 @@ func (x *CreatePipelineCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePipelineCommand.ProtoReflect.Descriptor instead.
 func (*CreatePipelineCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{19}
+	return file_meta_meta_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CreatePipelineCommand) GetPipeline() *Pipeline {
@@ -1872,7 +2320,7 @@ type ClosePipelineCommand struct {
 
 func (x *ClosePipelineCommand) Reset() {
 	*x = ClosePipelineCommand{}
-	mi := &file_meta_meta_proto_msgTypes[20]
+	mi := &file_meta_meta_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1884,7 +2332,7 @@ func (x *ClosePipelineCommand) String() string {
 func (*ClosePipelineCommand) ProtoMessage() {}
 
 func (x *ClosePipelineCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[20]
+	mi := &file_meta_meta_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1897,7 +2345,7 @@ func (x *ClosePipelineCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosePipelineCommand.ProtoReflect.Descriptor instead.
 func (*ClosePipelineCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{20}
+	return file_meta_meta_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ClosePipelineCommand) GetPipelineId() uint64 {
@@ -1917,7 +2365,7 @@ type CloseContainerCommand struct {
 
 func (x *CloseContainerCommand) Reset() {
 	*x = CloseContainerCommand{}
-	mi := &file_meta_meta_proto_msgTypes[21]
+	mi := &file_meta_meta_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +2377,7 @@ func (x *CloseContainerCommand) String() string {
 func (*CloseContainerCommand) ProtoMessage() {}
 
 func (x *CloseContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[21]
+	mi := &file_meta_meta_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +2390,7 @@ func (x *CloseContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseContainerCommand.ProtoReflect.Descriptor instead.
 func (*CloseContainerCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{21}
+	return file_meta_meta_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CloseContainerCommand) GetContainerId() uint64 {
@@ -1970,7 +2418,7 @@ type DeleteBlocksCommand struct {
 
 func (x *DeleteBlocksCommand) Reset() {
 	*x = DeleteBlocksCommand{}
-	mi := &file_meta_meta_proto_msgTypes[22]
+	mi := &file_meta_meta_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1982,7 +2430,7 @@ func (x *DeleteBlocksCommand) String() string {
 func (*DeleteBlocksCommand) ProtoMessage() {}
 
 func (x *DeleteBlocksCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[22]
+	mi := &file_meta_meta_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1995,7 +2443,7 @@ func (x *DeleteBlocksCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksCommand.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{22}
+	return file_meta_meta_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DeleteBlocksCommand) GetTxId() uint64 {
@@ -2036,7 +2484,7 @@ type AllocateBlocksRequest struct {
 
 func (x *AllocateBlocksRequest) Reset() {
 	*x = AllocateBlocksRequest{}
-	mi := &file_meta_meta_proto_msgTypes[23]
+	mi := &file_meta_meta_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2048,7 +2496,7 @@ func (x *AllocateBlocksRequest) String() string {
 func (*AllocateBlocksRequest) ProtoMessage() {}
 
 func (x *AllocateBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[23]
+	mi := &file_meta_meta_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2061,7 +2509,7 @@ func (x *AllocateBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlocksRequest.ProtoReflect.Descriptor instead.
 func (*AllocateBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{23}
+	return file_meta_meta_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *AllocateBlocksRequest) GetCount() uint32 {
@@ -2109,7 +2557,7 @@ type AllocateBlocksResponse struct {
 
 func (x *AllocateBlocksResponse) Reset() {
 	*x = AllocateBlocksResponse{}
-	mi := &file_meta_meta_proto_msgTypes[24]
+	mi := &file_meta_meta_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2121,7 +2569,7 @@ func (x *AllocateBlocksResponse) String() string {
 func (*AllocateBlocksResponse) ProtoMessage() {}
 
 func (x *AllocateBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[24]
+	mi := &file_meta_meta_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2134,7 +2582,7 @@ func (x *AllocateBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlocksResponse.ProtoReflect.Descriptor instead.
 func (*AllocateBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{24}
+	return file_meta_meta_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *AllocateBlocksResponse) GetBlocks() []*BlockLocation {
@@ -2160,7 +2608,7 @@ type DeleteBlocksRequest struct {
 
 func (x *DeleteBlocksRequest) Reset() {
 	*x = DeleteBlocksRequest{}
-	mi := &file_meta_meta_proto_msgTypes[25]
+	mi := &file_meta_meta_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2172,7 +2620,7 @@ func (x *DeleteBlocksRequest) String() string {
 func (*DeleteBlocksRequest) ProtoMessage() {}
 
 func (x *DeleteBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[25]
+	mi := &file_meta_meta_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2185,7 +2633,7 @@ func (x *DeleteBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{25}
+	return file_meta_meta_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteBlocksRequest) GetGroups() []*DeleteBlocksGroup {
@@ -2205,7 +2653,7 @@ type DeleteBlocksGroup struct {
 
 func (x *DeleteBlocksGroup) Reset() {
 	*x = DeleteBlocksGroup{}
-	mi := &file_meta_meta_proto_msgTypes[26]
+	mi := &file_meta_meta_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2217,7 +2665,7 @@ func (x *DeleteBlocksGroup) String() string {
 func (*DeleteBlocksGroup) ProtoMessage() {}
 
 func (x *DeleteBlocksGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[26]
+	mi := &file_meta_meta_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2230,7 +2678,7 @@ func (x *DeleteBlocksGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksGroup.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksGroup) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{26}
+	return file_meta_meta_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DeleteBlocksGroup) GetContainerId() uint64 {
@@ -2255,7 +2703,7 @@ type DeleteBlocksResponse struct {
 
 func (x *DeleteBlocksResponse) Reset() {
 	*x = DeleteBlocksResponse{}
-	mi := &file_meta_meta_proto_msgTypes[27]
+	mi := &file_meta_meta_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2267,7 +2715,7 @@ func (x *DeleteBlocksResponse) String() string {
 func (*DeleteBlocksResponse) ProtoMessage() {}
 
 func (x *DeleteBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[27]
+	mi := &file_meta_meta_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2280,7 +2728,7 @@ func (x *DeleteBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{27}
+	return file_meta_meta_proto_rawDescGZIP(), []int{33}
 }
 
 type ReportCorruptReplicaRequest struct {
@@ -2294,7 +2742,7 @@ type ReportCorruptReplicaRequest struct {
 
 func (x *ReportCorruptReplicaRequest) Reset() {
 	*x = ReportCorruptReplicaRequest{}
-	mi := &file_meta_meta_proto_msgTypes[28]
+	mi := &file_meta_meta_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2306,7 +2754,7 @@ func (x *ReportCorruptReplicaRequest) String() string {
 func (*ReportCorruptReplicaRequest) ProtoMessage() {}
 
 func (x *ReportCorruptReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[28]
+	mi := &file_meta_meta_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2319,7 +2767,7 @@ func (x *ReportCorruptReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportCorruptReplicaRequest.ProtoReflect.Descriptor instead.
 func (*ReportCorruptReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{28}
+	return file_meta_meta_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReportCorruptReplicaRequest) GetBlock() *BlockID {
@@ -2351,7 +2799,7 @@ type ReportCorruptReplicaResponse struct {
 
 func (x *ReportCorruptReplicaResponse) Reset() {
 	*x = ReportCorruptReplicaResponse{}
-	mi := &file_meta_meta_proto_msgTypes[29]
+	mi := &file_meta_meta_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2363,7 +2811,7 @@ func (x *ReportCorruptReplicaResponse) String() string {
 func (*ReportCorruptReplicaResponse) ProtoMessage() {}
 
 func (x *ReportCorruptReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[29]
+	mi := &file_meta_meta_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2376,7 +2824,7 @@ func (x *ReportCorruptReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportCorruptReplicaResponse.ProtoReflect.Descriptor instead.
 func (*ReportCorruptReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{29}
+	return file_meta_meta_proto_rawDescGZIP(), []int{35}
 }
 
 type ListCorruptReplicasRequest struct {
@@ -2387,7 +2835,7 @@ type ListCorruptReplicasRequest struct {
 
 func (x *ListCorruptReplicasRequest) Reset() {
 	*x = ListCorruptReplicasRequest{}
-	mi := &file_meta_meta_proto_msgTypes[30]
+	mi := &file_meta_meta_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2399,7 +2847,7 @@ func (x *ListCorruptReplicasRequest) String() string {
 func (*ListCorruptReplicasRequest) ProtoMessage() {}
 
 func (x *ListCorruptReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[30]
+	mi := &file_meta_meta_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2412,7 +2860,7 @@ func (x *ListCorruptReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCorruptReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ListCorruptReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{30}
+	return file_meta_meta_proto_rawDescGZIP(), []int{36}
 }
 
 type CorruptReplica struct {
@@ -2422,13 +2870,16 @@ type CorruptReplica struct {
 	Reason         string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	ReportedUnixMs int64                  `protobuf:"varint,4,opt,name=reported_unix_ms,json=reportedUnixMs,proto3" json:"reported_unix_ms,omitempty"`
 	Reports        uint32                 `protobuf:"varint,5,opt,name=reports,proto3" json:"reports,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Who reported it: "client <peer>", "datanode <id>", "scm" (why SCM
+	// recorded the replica unhealthy).
+	Reporter      string `protobuf:"bytes,100,opt,name=reporter,proto3" json:"reporter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CorruptReplica) Reset() {
 	*x = CorruptReplica{}
-	mi := &file_meta_meta_proto_msgTypes[31]
+	mi := &file_meta_meta_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2440,7 +2891,7 @@ func (x *CorruptReplica) String() string {
 func (*CorruptReplica) ProtoMessage() {}
 
 func (x *CorruptReplica) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[31]
+	mi := &file_meta_meta_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2453,7 +2904,7 @@ func (x *CorruptReplica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CorruptReplica.ProtoReflect.Descriptor instead.
 func (*CorruptReplica) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{31}
+	return file_meta_meta_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CorruptReplica) GetBlock() *BlockID {
@@ -2491,6 +2942,13 @@ func (x *CorruptReplica) GetReports() uint32 {
 	return 0
 }
 
+func (x *CorruptReplica) GetReporter() string {
+	if x != nil {
+		return x.Reporter
+	}
+	return ""
+}
+
 type ListCorruptReplicasResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Replicas      []*CorruptReplica      `protobuf:"bytes,1,rep,name=replicas,proto3" json:"replicas,omitempty"`
@@ -2500,7 +2958,7 @@ type ListCorruptReplicasResponse struct {
 
 func (x *ListCorruptReplicasResponse) Reset() {
 	*x = ListCorruptReplicasResponse{}
-	mi := &file_meta_meta_proto_msgTypes[32]
+	mi := &file_meta_meta_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2512,7 +2970,7 @@ func (x *ListCorruptReplicasResponse) String() string {
 func (*ListCorruptReplicasResponse) ProtoMessage() {}
 
 func (x *ListCorruptReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[32]
+	mi := &file_meta_meta_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2525,7 +2983,7 @@ func (x *ListCorruptReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCorruptReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListCorruptReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{32}
+	return file_meta_meta_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListCorruptReplicasResponse) GetReplicas() []*CorruptReplica {
@@ -2545,7 +3003,7 @@ type GetContainersRequest struct {
 
 func (x *GetContainersRequest) Reset() {
 	*x = GetContainersRequest{}
-	mi := &file_meta_meta_proto_msgTypes[33]
+	mi := &file_meta_meta_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2557,7 +3015,7 @@ func (x *GetContainersRequest) String() string {
 func (*GetContainersRequest) ProtoMessage() {}
 
 func (x *GetContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[33]
+	mi := &file_meta_meta_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2570,7 +3028,7 @@ func (x *GetContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainersRequest.ProtoReflect.Descriptor instead.
 func (*GetContainersRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{33}
+	return file_meta_meta_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetContainersRequest) GetContainerIds() []uint64 {
@@ -2596,7 +3054,7 @@ type GetContainersResponse struct {
 
 func (x *GetContainersResponse) Reset() {
 	*x = GetContainersResponse{}
-	mi := &file_meta_meta_proto_msgTypes[34]
+	mi := &file_meta_meta_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2608,7 +3066,7 @@ func (x *GetContainersResponse) String() string {
 func (*GetContainersResponse) ProtoMessage() {}
 
 func (x *GetContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[34]
+	mi := &file_meta_meta_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2621,7 +3079,7 @@ func (x *GetContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainersResponse.ProtoReflect.Descriptor instead.
 func (*GetContainersResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{34}
+	return file_meta_meta_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetContainersResponse) GetContainers() []*ContainerWithLocation {
@@ -2643,7 +3101,7 @@ type ContainerWithLocation struct {
 
 func (x *ContainerWithLocation) Reset() {
 	*x = ContainerWithLocation{}
-	mi := &file_meta_meta_proto_msgTypes[35]
+	mi := &file_meta_meta_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2655,7 +3113,7 @@ func (x *ContainerWithLocation) String() string {
 func (*ContainerWithLocation) ProtoMessage() {}
 
 func (x *ContainerWithLocation) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[35]
+	mi := &file_meta_meta_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2668,7 +3126,7 @@ func (x *ContainerWithLocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerWithLocation.ProtoReflect.Descriptor instead.
 func (*ContainerWithLocation) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{35}
+	return file_meta_meta_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ContainerWithLocation) GetContainer() *Container {
@@ -2693,7 +3151,7 @@ type ListDatanodesRequest struct {
 
 func (x *ListDatanodesRequest) Reset() {
 	*x = ListDatanodesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[36]
+	mi := &file_meta_meta_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2705,7 +3163,7 @@ func (x *ListDatanodesRequest) String() string {
 func (*ListDatanodesRequest) ProtoMessage() {}
 
 func (x *ListDatanodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[36]
+	mi := &file_meta_meta_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2718,23 +3176,32 @@ func (x *ListDatanodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDatanodesRequest.ProtoReflect.Descriptor instead.
 func (*ListDatanodesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{36}
+	return file_meta_meta_proto_rawDescGZIP(), []int{42}
 }
 
 type DatanodeStatus struct {
-	state               protoimpl.MessageState `protogen:"open.v1"`
-	Details             *DatanodeDetails       `protobuf:"bytes,1,opt,name=details,proto3" json:"details,omitempty"`
-	State               NodeState              `protobuf:"varint,2,opt,name=state,proto3,enum=basalt.meta.v1.NodeState" json:"state,omitempty"`
-	LastHeartbeatUnixMs int64                  `protobuf:"varint,3,opt,name=last_heartbeat_unix_ms,json=lastHeartbeatUnixMs,proto3" json:"last_heartbeat_unix_ms,omitempty"` // 0 if not heard from by this leader
-	Volumes             []*VolumeReport        `protobuf:"bytes,4,rep,name=volumes,proto3" json:"volumes,omitempty"`
-	Pipelines           uint32                 `protobuf:"varint,5,opt,name=pipelines,proto3" json:"pipelines,omitempty"` // open pipelines it is in
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	state                protoimpl.MessageState `protogen:"open.v1"`
+	Details              *DatanodeDetails       `protobuf:"bytes,1,opt,name=details,proto3" json:"details,omitempty"`
+	State                NodeState              `protobuf:"varint,2,opt,name=state,proto3,enum=basalt.meta.v1.NodeState" json:"state,omitempty"`
+	LastHeartbeatUnixMs  int64                  `protobuf:"varint,3,opt,name=last_heartbeat_unix_ms,json=lastHeartbeatUnixMs,proto3" json:"last_heartbeat_unix_ms,omitempty"` // 0 if not heard from by this leader
+	Volumes              []*VolumeReport        `protobuf:"bytes,4,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	Pipelines            uint32                 `protobuf:"varint,5,opt,name=pipelines,proto3" json:"pipelines,omitempty"` // open pipelines it is in
+	OpState              NodeOpState            `protobuf:"varint,100,opt,name=op_state,json=opState,proto3,enum=basalt.meta.v1.NodeOpState" json:"op_state,omitempty"`
+	MaintenanceEndUnixMs int64                  `protobuf:"varint,101,opt,name=maintenance_end_unix_ms,json=maintenanceEndUnixMs,proto3" json:"maintenance_end_unix_ms,omitempty"`
+	OpSinceUnixMs        int64                  `protobuf:"varint,102,opt,name=op_since_unix_ms,json=opSinceUnixMs,proto3" json:"op_since_unix_ms,omitempty"`
+	// Drain progress (decommission, maintenance) at the last replication
+	// round: containers with a replica here, those still short of replicas
+	// elsewhere, and their bytes.
+	DrainContainers uint32 `protobuf:"varint,103,opt,name=drain_containers,json=drainContainers,proto3" json:"drain_containers,omitempty"`
+	DrainLeft       uint32 `protobuf:"varint,104,opt,name=drain_left,json=drainLeft,proto3" json:"drain_left,omitempty"`
+	DrainBytesLeft  uint64 `protobuf:"varint,105,opt,name=drain_bytes_left,json=drainBytesLeft,proto3" json:"drain_bytes_left,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DatanodeStatus) Reset() {
 	*x = DatanodeStatus{}
-	mi := &file_meta_meta_proto_msgTypes[37]
+	mi := &file_meta_meta_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2746,7 +3213,7 @@ func (x *DatanodeStatus) String() string {
 func (*DatanodeStatus) ProtoMessage() {}
 
 func (x *DatanodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[37]
+	mi := &file_meta_meta_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2759,7 +3226,7 @@ func (x *DatanodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatanodeStatus.ProtoReflect.Descriptor instead.
 func (*DatanodeStatus) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{37}
+	return file_meta_meta_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DatanodeStatus) GetDetails() *DatanodeDetails {
@@ -2797,6 +3264,48 @@ func (x *DatanodeStatus) GetPipelines() uint32 {
 	return 0
 }
 
+func (x *DatanodeStatus) GetOpState() NodeOpState {
+	if x != nil {
+		return x.OpState
+	}
+	return NodeOpState_NODE_OP_STATE_UNSPECIFIED
+}
+
+func (x *DatanodeStatus) GetMaintenanceEndUnixMs() int64 {
+	if x != nil {
+		return x.MaintenanceEndUnixMs
+	}
+	return 0
+}
+
+func (x *DatanodeStatus) GetOpSinceUnixMs() int64 {
+	if x != nil {
+		return x.OpSinceUnixMs
+	}
+	return 0
+}
+
+func (x *DatanodeStatus) GetDrainContainers() uint32 {
+	if x != nil {
+		return x.DrainContainers
+	}
+	return 0
+}
+
+func (x *DatanodeStatus) GetDrainLeft() uint32 {
+	if x != nil {
+		return x.DrainLeft
+	}
+	return 0
+}
+
+func (x *DatanodeStatus) GetDrainBytesLeft() uint64 {
+	if x != nil {
+		return x.DrainBytesLeft
+	}
+	return 0
+}
+
 type ListDatanodesResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Datanodes     []*DatanodeStatus      `protobuf:"bytes,1,rep,name=datanodes,proto3" json:"datanodes,omitempty"`
@@ -2806,7 +3315,7 @@ type ListDatanodesResponse struct {
 
 func (x *ListDatanodesResponse) Reset() {
 	*x = ListDatanodesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[38]
+	mi := &file_meta_meta_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2818,7 +3327,7 @@ func (x *ListDatanodesResponse) String() string {
 func (*ListDatanodesResponse) ProtoMessage() {}
 
 func (x *ListDatanodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[38]
+	mi := &file_meta_meta_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2831,7 +3340,7 @@ func (x *ListDatanodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDatanodesResponse.ProtoReflect.Descriptor instead.
 func (*ListDatanodesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{38}
+	return file_meta_meta_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListDatanodesResponse) GetDatanodes() []*DatanodeStatus {
@@ -2849,7 +3358,7 @@ type ListPipelinesRequest struct {
 
 func (x *ListPipelinesRequest) Reset() {
 	*x = ListPipelinesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[39]
+	mi := &file_meta_meta_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2861,7 +3370,7 @@ func (x *ListPipelinesRequest) String() string {
 func (*ListPipelinesRequest) ProtoMessage() {}
 
 func (x *ListPipelinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[39]
+	mi := &file_meta_meta_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2874,7 +3383,7 @@ func (x *ListPipelinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPipelinesRequest.ProtoReflect.Descriptor instead.
 func (*ListPipelinesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{39}
+	return file_meta_meta_proto_rawDescGZIP(), []int{45}
 }
 
 type ListPipelinesResponse struct {
@@ -2886,7 +3395,7 @@ type ListPipelinesResponse struct {
 
 func (x *ListPipelinesResponse) Reset() {
 	*x = ListPipelinesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[40]
+	mi := &file_meta_meta_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2898,7 +3407,7 @@ func (x *ListPipelinesResponse) String() string {
 func (*ListPipelinesResponse) ProtoMessage() {}
 
 func (x *ListPipelinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[40]
+	mi := &file_meta_meta_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2911,7 +3420,7 @@ func (x *ListPipelinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPipelinesResponse.ProtoReflect.Descriptor instead.
 func (*ListPipelinesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{40}
+	return file_meta_meta_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListPipelinesResponse) GetPipelines() []*Pipeline {
@@ -2931,7 +3440,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_meta_meta_proto_msgTypes[41]
+	mi := &file_meta_meta_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2943,7 +3452,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[41]
+	mi := &file_meta_meta_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2956,7 +3465,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{41}
+	return file_meta_meta_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListContainersRequest) GetStartAfter() uint64 {
@@ -2983,7 +3492,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_meta_meta_proto_msgTypes[42]
+	mi := &file_meta_meta_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2995,7 +3504,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[42]
+	mi := &file_meta_meta_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3008,7 +3517,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{42}
+	return file_meta_meta_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListContainersResponse) GetContainers() []*Container {
@@ -3033,7 +3542,7 @@ type GetSafeModeRequest struct {
 
 func (x *GetSafeModeRequest) Reset() {
 	*x = GetSafeModeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[43]
+	mi := &file_meta_meta_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3045,7 +3554,7 @@ func (x *GetSafeModeRequest) String() string {
 func (*GetSafeModeRequest) ProtoMessage() {}
 
 func (x *GetSafeModeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[43]
+	mi := &file_meta_meta_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3058,7 +3567,7 @@ func (x *GetSafeModeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSafeModeRequest.ProtoReflect.Descriptor instead.
 func (*GetSafeModeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{43}
+	return file_meta_meta_proto_rawDescGZIP(), []int{49}
 }
 
 type GetContainerHealthRequest struct {
@@ -3070,7 +3579,7 @@ type GetContainerHealthRequest struct {
 
 func (x *GetContainerHealthRequest) Reset() {
 	*x = GetContainerHealthRequest{}
-	mi := &file_meta_meta_proto_msgTypes[44]
+	mi := &file_meta_meta_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3082,7 +3591,7 @@ func (x *GetContainerHealthRequest) String() string {
 func (*GetContainerHealthRequest) ProtoMessage() {}
 
 func (x *GetContainerHealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[44]
+	mi := &file_meta_meta_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3095,7 +3604,7 @@ func (x *GetContainerHealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainerHealthRequest.ProtoReflect.Descriptor instead.
 func (*GetContainerHealthRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{44}
+	return file_meta_meta_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetContainerHealthRequest) GetWorst() uint32 {
@@ -3124,7 +3633,7 @@ type ContainerHealth struct {
 
 func (x *ContainerHealth) Reset() {
 	*x = ContainerHealth{}
-	mi := &file_meta_meta_proto_msgTypes[45]
+	mi := &file_meta_meta_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3136,7 +3645,7 @@ func (x *ContainerHealth) String() string {
 func (*ContainerHealth) ProtoMessage() {}
 
 func (x *ContainerHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[45]
+	mi := &file_meta_meta_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3149,7 +3658,7 @@ func (x *ContainerHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerHealth.ProtoReflect.Descriptor instead.
 func (*ContainerHealth) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{45}
+	return file_meta_meta_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ContainerHealth) GetContainerId() uint64 {
@@ -3221,13 +3730,14 @@ type ReplicationCopy struct {
 	Target        uint64                 `protobuf:"varint,2,opt,name=target,proto3" json:"target,omitempty"`
 	Sources       []uint64               `protobuf:"varint,3,rep,packed,name=sources,proto3" json:"sources,omitempty"`
 	StartedUnixMs int64                  `protobuf:"varint,4,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
+	Bytes         uint64                 `protobuf:"varint,100,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReplicationCopy) Reset() {
 	*x = ReplicationCopy{}
-	mi := &file_meta_meta_proto_msgTypes[46]
+	mi := &file_meta_meta_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3239,7 +3749,7 @@ func (x *ReplicationCopy) String() string {
 func (*ReplicationCopy) ProtoMessage() {}
 
 func (x *ReplicationCopy) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[46]
+	mi := &file_meta_meta_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3252,7 +3762,7 @@ func (x *ReplicationCopy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicationCopy.ProtoReflect.Descriptor instead.
 func (*ReplicationCopy) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{46}
+	return file_meta_meta_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ReplicationCopy) GetContainerId() uint64 {
@@ -3283,24 +3793,35 @@ func (x *ReplicationCopy) GetStartedUnixMs() int64 {
 	return 0
 }
 
+func (x *ReplicationCopy) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 type GetContainerHealthResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Counts per class: healthy, under_replicated, over_replicated,
 	// missing, unhealthy_replicas (containers with a recorded unhealthy
 	// replica), closing, open.
-	Counts        map[string]uint64  `protobuf:"bytes,1,rep,name=counts,proto3" json:"counts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	Worst         []*ContainerHealth `protobuf:"bytes,2,rep,name=worst,proto3" json:"worst,omitempty"`
-	Copies        []*ReplicationCopy `protobuf:"bytes,3,rep,name=copies,proto3" json:"copies,omitempty"`
-	RoundUnixMs   int64              `protobuf:"varint,4,opt,name=round_unix_ms,json=roundUnixMs,proto3" json:"round_unix_ms,omitempty"`  // when the last round ran (0: none yet under this leader)
-	CopiesDone    uint64             `protobuf:"varint,5,opt,name=copies_done,json=copiesDone,proto3" json:"copies_done,omitempty"`       // replicas added by this leader
-	CopiesFailed  uint64             `protobuf:"varint,6,opt,name=copies_failed,json=copiesFailed,proto3" json:"copies_failed,omitempty"` // copies given up (timeout, target dead)
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Counts          map[string]uint64  `protobuf:"bytes,1,rep,name=counts,proto3" json:"counts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Worst           []*ContainerHealth `protobuf:"bytes,2,rep,name=worst,proto3" json:"worst,omitempty"`
+	Copies          []*ReplicationCopy `protobuf:"bytes,3,rep,name=copies,proto3" json:"copies,omitempty"`
+	RoundUnixMs     int64              `protobuf:"varint,4,opt,name=round_unix_ms,json=roundUnixMs,proto3" json:"round_unix_ms,omitempty"`                  // when the last round ran (0: none yet under this leader)
+	CopiesDone      uint64             `protobuf:"varint,5,opt,name=copies_done,json=copiesDone,proto3" json:"copies_done,omitempty"`                       // replicas added by this leader
+	CopiesFailed    uint64             `protobuf:"varint,6,opt,name=copies_failed,json=copiesFailed,proto3" json:"copies_failed,omitempty"`                 // copies given up (timeout, target dead)
+	BytesInFlight   uint64             `protobuf:"varint,100,opt,name=bytes_in_flight,json=bytesInFlight,proto3" json:"bytes_in_flight,omitempty"`          // bytes of the copies in flight
+	BytesLeft       uint64             `protobuf:"varint,101,opt,name=bytes_left,json=bytesLeft,proto3" json:"bytes_left,omitempty"`                        // bytes of the containers still short of replicas
+	RateBytesPerSec float64            `protobuf:"fixed64,102,opt,name=rate_bytes_per_sec,json=rateBytesPerSec,proto3" json:"rate_bytes_per_sec,omitempty"` // copied bytes recorded per second, last 5 minutes
+	EtaMs           int64              `protobuf:"varint,103,opt,name=eta_ms,json=etaMs,proto3" json:"eta_ms,omitempty"`                                    // bytes_left / rate (0: unknown)
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GetContainerHealthResponse) Reset() {
 	*x = GetContainerHealthResponse{}
-	mi := &file_meta_meta_proto_msgTypes[47]
+	mi := &file_meta_meta_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3312,7 +3833,7 @@ func (x *GetContainerHealthResponse) String() string {
 func (*GetContainerHealthResponse) ProtoMessage() {}
 
 func (x *GetContainerHealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[47]
+	mi := &file_meta_meta_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3325,7 +3846,7 @@ func (x *GetContainerHealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainerHealthResponse.ProtoReflect.Descriptor instead.
 func (*GetContainerHealthResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{47}
+	return file_meta_meta_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GetContainerHealthResponse) GetCounts() map[string]uint64 {
@@ -3370,6 +3891,34 @@ func (x *GetContainerHealthResponse) GetCopiesFailed() uint64 {
 	return 0
 }
 
+func (x *GetContainerHealthResponse) GetBytesInFlight() uint64 {
+	if x != nil {
+		return x.BytesInFlight
+	}
+	return 0
+}
+
+func (x *GetContainerHealthResponse) GetBytesLeft() uint64 {
+	if x != nil {
+		return x.BytesLeft
+	}
+	return 0
+}
+
+func (x *GetContainerHealthResponse) GetRateBytesPerSec() float64 {
+	if x != nil {
+		return x.RateBytesPerSec
+	}
+	return 0
+}
+
+func (x *GetContainerHealthResponse) GetEtaMs() int64 {
+	if x != nil {
+		return x.EtaMs
+	}
+	return 0
+}
+
 type GetSafeModeResponse struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	InSafeMode        bool                   `protobuf:"varint,1,opt,name=in_safe_mode,json=inSafeMode,proto3" json:"in_safe_mode,omitempty"`
@@ -3381,7 +3930,7 @@ type GetSafeModeResponse struct {
 
 func (x *GetSafeModeResponse) Reset() {
 	*x = GetSafeModeResponse{}
-	mi := &file_meta_meta_proto_msgTypes[48]
+	mi := &file_meta_meta_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3393,7 +3942,7 @@ func (x *GetSafeModeResponse) String() string {
 func (*GetSafeModeResponse) ProtoMessage() {}
 
 func (x *GetSafeModeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[48]
+	mi := &file_meta_meta_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3406,7 +3955,7 @@ func (x *GetSafeModeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSafeModeResponse.ProtoReflect.Descriptor instead.
 func (*GetSafeModeResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{48}
+	return file_meta_meta_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *GetSafeModeResponse) GetInSafeMode() bool {
@@ -3441,7 +3990,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_meta_meta_proto_msgTypes[49]
+	mi := &file_meta_meta_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3453,7 +4002,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[49]
+	mi := &file_meta_meta_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3466,7 +4015,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{49}
+	return file_meta_meta_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Volume) GetName() string {
@@ -3500,7 +4049,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[50]
+	mi := &file_meta_meta_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3512,7 +4061,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[50]
+	mi := &file_meta_meta_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3525,7 +4074,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{50}
+	return file_meta_meta_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -3551,7 +4100,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[51]
+	mi := &file_meta_meta_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3563,7 +4112,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[51]
+	mi := &file_meta_meta_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3576,7 +4125,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{51}
+	return file_meta_meta_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *GetVolumeRequest) GetName() string {
@@ -3597,7 +4146,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[52]
+	mi := &file_meta_meta_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3609,7 +4158,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[52]
+	mi := &file_meta_meta_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3622,7 +4171,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{52}
+	return file_meta_meta_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListVolumesRequest) GetPrefix() string {
@@ -3656,7 +4205,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[53]
+	mi := &file_meta_meta_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3668,7 +4217,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[53]
+	mi := &file_meta_meta_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3681,7 +4230,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{53}
+	return file_meta_meta_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -3707,7 +4256,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[54]
+	mi := &file_meta_meta_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3719,7 +4268,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[54]
+	mi := &file_meta_meta_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3732,7 +4281,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{54}
+	return file_meta_meta_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *DeleteVolumeRequest) GetName() string {
@@ -3750,7 +4299,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_meta_meta_proto_msgTypes[55]
+	mi := &file_meta_meta_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3762,7 +4311,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[55]
+	mi := &file_meta_meta_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3775,7 +4324,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{55}
+	return file_meta_meta_proto_rawDescGZIP(), []int{61}
 }
 
 type Bucket struct {
@@ -3792,7 +4341,7 @@ type Bucket struct {
 
 func (x *Bucket) Reset() {
 	*x = Bucket{}
-	mi := &file_meta_meta_proto_msgTypes[56]
+	mi := &file_meta_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3804,7 +4353,7 @@ func (x *Bucket) String() string {
 func (*Bucket) ProtoMessage() {}
 
 func (x *Bucket) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[56]
+	mi := &file_meta_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3817,7 +4366,7 @@ func (x *Bucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bucket.ProtoReflect.Descriptor instead.
 func (*Bucket) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{56}
+	return file_meta_meta_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *Bucket) GetVolume() string {
@@ -3874,7 +4423,7 @@ type CreateBucketRequest struct {
 
 func (x *CreateBucketRequest) Reset() {
 	*x = CreateBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[57]
+	mi := &file_meta_meta_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3886,7 +4435,7 @@ func (x *CreateBucketRequest) String() string {
 func (*CreateBucketRequest) ProtoMessage() {}
 
 func (x *CreateBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[57]
+	mi := &file_meta_meta_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3899,7 +4448,7 @@ func (x *CreateBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBucketRequest.ProtoReflect.Descriptor instead.
 func (*CreateBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{57}
+	return file_meta_meta_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *CreateBucketRequest) GetVolume() string {
@@ -3940,7 +4489,7 @@ type GetBucketRequest struct {
 
 func (x *GetBucketRequest) Reset() {
 	*x = GetBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[58]
+	mi := &file_meta_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3952,7 +4501,7 @@ func (x *GetBucketRequest) String() string {
 func (*GetBucketRequest) ProtoMessage() {}
 
 func (x *GetBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[58]
+	mi := &file_meta_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3965,7 +4514,7 @@ func (x *GetBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBucketRequest.ProtoReflect.Descriptor instead.
 func (*GetBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{58}
+	return file_meta_meta_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *GetBucketRequest) GetVolume() string {
@@ -3994,7 +4543,7 @@ type ListBucketsRequest struct {
 
 func (x *ListBucketsRequest) Reset() {
 	*x = ListBucketsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[59]
+	mi := &file_meta_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4006,7 +4555,7 @@ func (x *ListBucketsRequest) String() string {
 func (*ListBucketsRequest) ProtoMessage() {}
 
 func (x *ListBucketsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[59]
+	mi := &file_meta_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4019,7 +4568,7 @@ func (x *ListBucketsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBucketsRequest.ProtoReflect.Descriptor instead.
 func (*ListBucketsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{59}
+	return file_meta_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListBucketsRequest) GetVolume() string {
@@ -4060,7 +4609,7 @@ type ListBucketsResponse struct {
 
 func (x *ListBucketsResponse) Reset() {
 	*x = ListBucketsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[60]
+	mi := &file_meta_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4072,7 +4621,7 @@ func (x *ListBucketsResponse) String() string {
 func (*ListBucketsResponse) ProtoMessage() {}
 
 func (x *ListBucketsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[60]
+	mi := &file_meta_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4085,7 +4634,7 @@ func (x *ListBucketsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBucketsResponse.ProtoReflect.Descriptor instead.
 func (*ListBucketsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{60}
+	return file_meta_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListBucketsResponse) GetBuckets() []*Bucket {
@@ -4112,7 +4661,7 @@ type DeleteBucketRequest struct {
 
 func (x *DeleteBucketRequest) Reset() {
 	*x = DeleteBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[61]
+	mi := &file_meta_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4124,7 +4673,7 @@ func (x *DeleteBucketRequest) String() string {
 func (*DeleteBucketRequest) ProtoMessage() {}
 
 func (x *DeleteBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[61]
+	mi := &file_meta_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4137,7 +4686,7 @@ func (x *DeleteBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBucketRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{61}
+	return file_meta_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *DeleteBucketRequest) GetVolume() string {
@@ -4162,7 +4711,7 @@ type DeleteBucketResponse struct {
 
 func (x *DeleteBucketResponse) Reset() {
 	*x = DeleteBucketResponse{}
-	mi := &file_meta_meta_proto_msgTypes[62]
+	mi := &file_meta_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4174,7 +4723,7 @@ func (x *DeleteBucketResponse) String() string {
 func (*DeleteBucketResponse) ProtoMessage() {}
 
 func (x *DeleteBucketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[62]
+	mi := &file_meta_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4187,7 +4736,7 @@ func (x *DeleteBucketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBucketResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBucketResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{62}
+	return file_meta_meta_proto_rawDescGZIP(), []int{68}
 }
 
 // KeyBlock is a block as stored in a key.
@@ -4201,7 +4750,7 @@ type KeyBlock struct {
 
 func (x *KeyBlock) Reset() {
 	*x = KeyBlock{}
-	mi := &file_meta_meta_proto_msgTypes[63]
+	mi := &file_meta_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4213,7 +4762,7 @@ func (x *KeyBlock) String() string {
 func (*KeyBlock) ProtoMessage() {}
 
 func (x *KeyBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[63]
+	mi := &file_meta_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4226,7 +4775,7 @@ func (x *KeyBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyBlock.ProtoReflect.Descriptor instead.
 func (*KeyBlock) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{63}
+	return file_meta_meta_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *KeyBlock) GetId() *BlockID {
@@ -4266,7 +4815,7 @@ type KeyInfo struct {
 
 func (x *KeyInfo) Reset() {
 	*x = KeyInfo{}
-	mi := &file_meta_meta_proto_msgTypes[64]
+	mi := &file_meta_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4278,7 +4827,7 @@ func (x *KeyInfo) String() string {
 func (*KeyInfo) ProtoMessage() {}
 
 func (x *KeyInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[64]
+	mi := &file_meta_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4291,7 +4840,7 @@ func (x *KeyInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyInfo.ProtoReflect.Descriptor instead.
 func (*KeyInfo) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{64}
+	return file_meta_meta_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *KeyInfo) GetVolume() string {
@@ -4409,7 +4958,7 @@ type ObjectMeta struct {
 
 func (x *ObjectMeta) Reset() {
 	*x = ObjectMeta{}
-	mi := &file_meta_meta_proto_msgTypes[65]
+	mi := &file_meta_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4421,7 +4970,7 @@ func (x *ObjectMeta) String() string {
 func (*ObjectMeta) ProtoMessage() {}
 
 func (x *ObjectMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[65]
+	mi := &file_meta_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4434,7 +4983,7 @@ func (x *ObjectMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectMeta.ProtoReflect.Descriptor instead.
 func (*ObjectMeta) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{65}
+	return file_meta_meta_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ObjectMeta) GetEtag() string {
@@ -4531,7 +5080,7 @@ type OpenKeyRequest struct {
 
 func (x *OpenKeyRequest) Reset() {
 	*x = OpenKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[66]
+	mi := &file_meta_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4543,7 +5092,7 @@ func (x *OpenKeyRequest) String() string {
 func (*OpenKeyRequest) ProtoMessage() {}
 
 func (x *OpenKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[66]
+	mi := &file_meta_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4556,7 +5105,7 @@ func (x *OpenKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyRequest.ProtoReflect.Descriptor instead.
 func (*OpenKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{66}
+	return file_meta_meta_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *OpenKeyRequest) GetVolume() string {
@@ -4633,7 +5182,7 @@ type OpenKeyResponse struct {
 
 func (x *OpenKeyResponse) Reset() {
 	*x = OpenKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[67]
+	mi := &file_meta_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4645,7 +5194,7 @@ func (x *OpenKeyResponse) String() string {
 func (*OpenKeyResponse) ProtoMessage() {}
 
 func (x *OpenKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[67]
+	mi := &file_meta_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4658,7 +5207,7 @@ func (x *OpenKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyResponse.ProtoReflect.Descriptor instead.
 func (*OpenKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{67}
+	return file_meta_meta_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *OpenKeyResponse) GetOpenId() uint64 {
@@ -4693,7 +5242,7 @@ type AllocateBlockRequest struct {
 
 func (x *AllocateBlockRequest) Reset() {
 	*x = AllocateBlockRequest{}
-	mi := &file_meta_meta_proto_msgTypes[68]
+	mi := &file_meta_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4705,7 +5254,7 @@ func (x *AllocateBlockRequest) String() string {
 func (*AllocateBlockRequest) ProtoMessage() {}
 
 func (x *AllocateBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[68]
+	mi := &file_meta_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4718,7 +5267,7 @@ func (x *AllocateBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlockRequest.ProtoReflect.Descriptor instead.
 func (*AllocateBlockRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{68}
+	return file_meta_meta_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *AllocateBlockRequest) GetOpenId() uint64 {
@@ -4751,7 +5300,7 @@ type AllocateBlockResponse struct {
 
 func (x *AllocateBlockResponse) Reset() {
 	*x = AllocateBlockResponse{}
-	mi := &file_meta_meta_proto_msgTypes[69]
+	mi := &file_meta_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4763,7 +5312,7 @@ func (x *AllocateBlockResponse) String() string {
 func (*AllocateBlockResponse) ProtoMessage() {}
 
 func (x *AllocateBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[69]
+	mi := &file_meta_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4776,7 +5325,7 @@ func (x *AllocateBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlockResponse.ProtoReflect.Descriptor instead.
 func (*AllocateBlockResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{69}
+	return file_meta_meta_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *AllocateBlockResponse) GetBlock() *BlockLocation {
@@ -4805,7 +5354,7 @@ type CommitKeyRequest struct {
 
 func (x *CommitKeyRequest) Reset() {
 	*x = CommitKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[70]
+	mi := &file_meta_meta_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4817,7 +5366,7 @@ func (x *CommitKeyRequest) String() string {
 func (*CommitKeyRequest) ProtoMessage() {}
 
 func (x *CommitKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[70]
+	mi := &file_meta_meta_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4830,7 +5379,7 @@ func (x *CommitKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitKeyRequest.ProtoReflect.Descriptor instead.
 func (*CommitKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{70}
+	return file_meta_meta_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *CommitKeyRequest) GetOpenId() uint64 {
@@ -4872,7 +5421,7 @@ type PartRef struct {
 
 func (x *PartRef) Reset() {
 	*x = PartRef{}
-	mi := &file_meta_meta_proto_msgTypes[71]
+	mi := &file_meta_meta_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4884,7 +5433,7 @@ func (x *PartRef) String() string {
 func (*PartRef) ProtoMessage() {}
 
 func (x *PartRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[71]
+	mi := &file_meta_meta_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4897,7 +5446,7 @@ func (x *PartRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartRef.ProtoReflect.Descriptor instead.
 func (*PartRef) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{71}
+	return file_meta_meta_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *PartRef) GetUploadId() string {
@@ -4934,7 +5483,7 @@ type LookupKeyRequest struct {
 
 func (x *LookupKeyRequest) Reset() {
 	*x = LookupKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[72]
+	mi := &file_meta_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4946,7 +5495,7 @@ func (x *LookupKeyRequest) String() string {
 func (*LookupKeyRequest) ProtoMessage() {}
 
 func (x *LookupKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[72]
+	mi := &file_meta_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4959,7 +5508,7 @@ func (x *LookupKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupKeyRequest.ProtoReflect.Descriptor instead.
 func (*LookupKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{72}
+	return file_meta_meta_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *LookupKeyRequest) GetVolume() string {
@@ -5013,7 +5562,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_meta_meta_proto_msgTypes[73]
+	mi := &file_meta_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5025,7 +5574,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[73]
+	mi := &file_meta_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5038,7 +5587,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{73}
+	return file_meta_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ListKeysRequest) GetVolume() string {
@@ -5095,7 +5644,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_meta_meta_proto_msgTypes[74]
+	mi := &file_meta_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5107,7 +5656,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[74]
+	mi := &file_meta_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5120,7 +5669,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{74}
+	return file_meta_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeyInfo {
@@ -5163,7 +5712,7 @@ type RenameKeyRequest struct {
 
 func (x *RenameKeyRequest) Reset() {
 	*x = RenameKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[75]
+	mi := &file_meta_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5175,7 +5724,7 @@ func (x *RenameKeyRequest) String() string {
 func (*RenameKeyRequest) ProtoMessage() {}
 
 func (x *RenameKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[75]
+	mi := &file_meta_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5188,7 +5737,7 @@ func (x *RenameKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameKeyRequest.ProtoReflect.Descriptor instead.
 func (*RenameKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{75}
+	return file_meta_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *RenameKeyRequest) GetVolume() string {
@@ -5227,7 +5776,7 @@ type RenameKeyResponse struct {
 
 func (x *RenameKeyResponse) Reset() {
 	*x = RenameKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[76]
+	mi := &file_meta_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5239,7 +5788,7 @@ func (x *RenameKeyResponse) String() string {
 func (*RenameKeyResponse) ProtoMessage() {}
 
 func (x *RenameKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[76]
+	mi := &file_meta_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5252,7 +5801,7 @@ func (x *RenameKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameKeyResponse.ProtoReflect.Descriptor instead.
 func (*RenameKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{76}
+	return file_meta_meta_proto_rawDescGZIP(), []int{82}
 }
 
 type DeleteKeyRequest struct {
@@ -5268,7 +5817,7 @@ type DeleteKeyRequest struct {
 
 func (x *DeleteKeyRequest) Reset() {
 	*x = DeleteKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[77]
+	mi := &file_meta_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5280,7 +5829,7 @@ func (x *DeleteKeyRequest) String() string {
 func (*DeleteKeyRequest) ProtoMessage() {}
 
 func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[77]
+	mi := &file_meta_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5293,7 +5842,7 @@ func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{77}
+	return file_meta_meta_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *DeleteKeyRequest) GetVolume() string {
@@ -5332,7 +5881,7 @@ type DeleteKeyResponse struct {
 
 func (x *DeleteKeyResponse) Reset() {
 	*x = DeleteKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[78]
+	mi := &file_meta_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5344,7 +5893,7 @@ func (x *DeleteKeyResponse) String() string {
 func (*DeleteKeyResponse) ProtoMessage() {}
 
 func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[78]
+	mi := &file_meta_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5357,7 +5906,7 @@ func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{78}
+	return file_meta_meta_proto_rawDescGZIP(), []int{84}
 }
 
 type FileStatus struct {
@@ -5373,7 +5922,7 @@ type FileStatus struct {
 
 func (x *FileStatus) Reset() {
 	*x = FileStatus{}
-	mi := &file_meta_meta_proto_msgTypes[79]
+	mi := &file_meta_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5385,7 +5934,7 @@ func (x *FileStatus) String() string {
 func (*FileStatus) ProtoMessage() {}
 
 func (x *FileStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[79]
+	mi := &file_meta_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5398,7 +5947,7 @@ func (x *FileStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileStatus.ProtoReflect.Descriptor instead.
 func (*FileStatus) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{79}
+	return file_meta_meta_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *FileStatus) GetPath() string {
@@ -5447,7 +5996,7 @@ type CreateDirectoryRequest struct {
 
 func (x *CreateDirectoryRequest) Reset() {
 	*x = CreateDirectoryRequest{}
-	mi := &file_meta_meta_proto_msgTypes[80]
+	mi := &file_meta_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5459,7 +6008,7 @@ func (x *CreateDirectoryRequest) String() string {
 func (*CreateDirectoryRequest) ProtoMessage() {}
 
 func (x *CreateDirectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[80]
+	mi := &file_meta_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5472,7 +6021,7 @@ func (x *CreateDirectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateDirectoryRequest.ProtoReflect.Descriptor instead.
 func (*CreateDirectoryRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{80}
+	return file_meta_meta_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *CreateDirectoryRequest) GetVolume() string {
@@ -5507,7 +6056,7 @@ type GetFileStatusRequest struct {
 
 func (x *GetFileStatusRequest) Reset() {
 	*x = GetFileStatusRequest{}
-	mi := &file_meta_meta_proto_msgTypes[81]
+	mi := &file_meta_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5519,7 +6068,7 @@ func (x *GetFileStatusRequest) String() string {
 func (*GetFileStatusRequest) ProtoMessage() {}
 
 func (x *GetFileStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[81]
+	mi := &file_meta_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5532,7 +6081,7 @@ func (x *GetFileStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetFileStatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{81}
+	return file_meta_meta_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *GetFileStatusRequest) GetVolume() string {
@@ -5569,7 +6118,7 @@ type ListStatusRequest struct {
 
 func (x *ListStatusRequest) Reset() {
 	*x = ListStatusRequest{}
-	mi := &file_meta_meta_proto_msgTypes[82]
+	mi := &file_meta_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5581,7 +6130,7 @@ func (x *ListStatusRequest) String() string {
 func (*ListStatusRequest) ProtoMessage() {}
 
 func (x *ListStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[82]
+	mi := &file_meta_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5594,7 +6143,7 @@ func (x *ListStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStatusRequest.ProtoReflect.Descriptor instead.
 func (*ListStatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{82}
+	return file_meta_meta_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ListStatusRequest) GetVolume() string {
@@ -5642,7 +6191,7 @@ type ListStatusResponse struct {
 
 func (x *ListStatusResponse) Reset() {
 	*x = ListStatusResponse{}
-	mi := &file_meta_meta_proto_msgTypes[83]
+	mi := &file_meta_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5654,7 +6203,7 @@ func (x *ListStatusResponse) String() string {
 func (*ListStatusResponse) ProtoMessage() {}
 
 func (x *ListStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[83]
+	mi := &file_meta_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5667,7 +6216,7 @@ func (x *ListStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStatusResponse.ProtoReflect.Descriptor instead.
 func (*ListStatusResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{83}
+	return file_meta_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ListStatusResponse) GetEntries() []*FileStatus {
@@ -5698,7 +6247,7 @@ type SetKeyMetaRequest struct {
 
 func (x *SetKeyMetaRequest) Reset() {
 	*x = SetKeyMetaRequest{}
-	mi := &file_meta_meta_proto_msgTypes[84]
+	mi := &file_meta_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5710,7 +6259,7 @@ func (x *SetKeyMetaRequest) String() string {
 func (*SetKeyMetaRequest) ProtoMessage() {}
 
 func (x *SetKeyMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[84]
+	mi := &file_meta_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5723,7 +6272,7 @@ func (x *SetKeyMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetKeyMetaRequest.ProtoReflect.Descriptor instead.
 func (*SetKeyMetaRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{84}
+	return file_meta_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *SetKeyMetaRequest) GetVolume() string {
@@ -5806,7 +6355,7 @@ type CopyKeyRequest struct {
 
 func (x *CopyKeyRequest) Reset() {
 	*x = CopyKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[85]
+	mi := &file_meta_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5818,7 +6367,7 @@ func (x *CopyKeyRequest) String() string {
 func (*CopyKeyRequest) ProtoMessage() {}
 
 func (x *CopyKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[85]
+	mi := &file_meta_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5831,7 +6380,7 @@ func (x *CopyKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyKeyRequest.ProtoReflect.Descriptor instead.
 func (*CopyKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{85}
+	return file_meta_meta_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *CopyKeyRequest) GetVolume() string {
@@ -5926,7 +6475,7 @@ type MultipartUpload struct {
 
 func (x *MultipartUpload) Reset() {
 	*x = MultipartUpload{}
-	mi := &file_meta_meta_proto_msgTypes[86]
+	mi := &file_meta_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5938,7 +6487,7 @@ func (x *MultipartUpload) String() string {
 func (*MultipartUpload) ProtoMessage() {}
 
 func (x *MultipartUpload) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[86]
+	mi := &file_meta_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5951,7 +6500,7 @@ func (x *MultipartUpload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MultipartUpload.ProtoReflect.Descriptor instead.
 func (*MultipartUpload) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{86}
+	return file_meta_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *MultipartUpload) GetVolume() string {
@@ -6016,7 +6565,7 @@ type CreateMultipartUploadRequest struct {
 
 func (x *CreateMultipartUploadRequest) Reset() {
 	*x = CreateMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[87]
+	mi := &file_meta_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6028,7 +6577,7 @@ func (x *CreateMultipartUploadRequest) String() string {
 func (*CreateMultipartUploadRequest) ProtoMessage() {}
 
 func (x *CreateMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[87]
+	mi := &file_meta_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6041,7 +6590,7 @@ func (x *CreateMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*CreateMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{87}
+	return file_meta_meta_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *CreateMultipartUploadRequest) GetVolume() string {
@@ -6089,7 +6638,7 @@ type CompletedPart struct {
 
 func (x *CompletedPart) Reset() {
 	*x = CompletedPart{}
-	mi := &file_meta_meta_proto_msgTypes[88]
+	mi := &file_meta_meta_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6101,7 +6650,7 @@ func (x *CompletedPart) String() string {
 func (*CompletedPart) ProtoMessage() {}
 
 func (x *CompletedPart) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[88]
+	mi := &file_meta_meta_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6114,7 +6663,7 @@ func (x *CompletedPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletedPart.ProtoReflect.Descriptor instead.
 func (*CompletedPart) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{88}
+	return file_meta_meta_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *CompletedPart) GetPartNumber() uint32 {
@@ -6147,7 +6696,7 @@ type CompleteMultipartUploadRequest struct {
 
 func (x *CompleteMultipartUploadRequest) Reset() {
 	*x = CompleteMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[89]
+	mi := &file_meta_meta_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6159,7 +6708,7 @@ func (x *CompleteMultipartUploadRequest) String() string {
 func (*CompleteMultipartUploadRequest) ProtoMessage() {}
 
 func (x *CompleteMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[89]
+	mi := &file_meta_meta_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6172,7 +6721,7 @@ func (x *CompleteMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*CompleteMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{89}
+	return file_meta_meta_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *CompleteMultipartUploadRequest) GetVolume() string {
@@ -6229,7 +6778,7 @@ type AbortMultipartUploadRequest struct {
 
 func (x *AbortMultipartUploadRequest) Reset() {
 	*x = AbortMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[90]
+	mi := &file_meta_meta_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6241,7 +6790,7 @@ func (x *AbortMultipartUploadRequest) String() string {
 func (*AbortMultipartUploadRequest) ProtoMessage() {}
 
 func (x *AbortMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[90]
+	mi := &file_meta_meta_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6254,7 +6803,7 @@ func (x *AbortMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*AbortMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{90}
+	return file_meta_meta_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *AbortMultipartUploadRequest) GetVolume() string {
@@ -6293,7 +6842,7 @@ type AbortMultipartUploadResponse struct {
 
 func (x *AbortMultipartUploadResponse) Reset() {
 	*x = AbortMultipartUploadResponse{}
-	mi := &file_meta_meta_proto_msgTypes[91]
+	mi := &file_meta_meta_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6305,7 +6854,7 @@ func (x *AbortMultipartUploadResponse) String() string {
 func (*AbortMultipartUploadResponse) ProtoMessage() {}
 
 func (x *AbortMultipartUploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[91]
+	mi := &file_meta_meta_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6318,7 +6867,7 @@ func (x *AbortMultipartUploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMultipartUploadResponse.ProtoReflect.Descriptor instead.
 func (*AbortMultipartUploadResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{91}
+	return file_meta_meta_proto_rawDescGZIP(), []int{97}
 }
 
 type PartInfo struct {
@@ -6336,7 +6885,7 @@ type PartInfo struct {
 
 func (x *PartInfo) Reset() {
 	*x = PartInfo{}
-	mi := &file_meta_meta_proto_msgTypes[92]
+	mi := &file_meta_meta_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6348,7 +6897,7 @@ func (x *PartInfo) String() string {
 func (*PartInfo) ProtoMessage() {}
 
 func (x *PartInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[92]
+	mi := &file_meta_meta_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6361,7 +6910,7 @@ func (x *PartInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartInfo.ProtoReflect.Descriptor instead.
 func (*PartInfo) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{92}
+	return file_meta_meta_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *PartInfo) GetPartNumber() uint32 {
@@ -6427,7 +6976,7 @@ type ListPartsRequest struct {
 
 func (x *ListPartsRequest) Reset() {
 	*x = ListPartsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[93]
+	mi := &file_meta_meta_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6439,7 +6988,7 @@ func (x *ListPartsRequest) String() string {
 func (*ListPartsRequest) ProtoMessage() {}
 
 func (x *ListPartsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[93]
+	mi := &file_meta_meta_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6452,7 +7001,7 @@ func (x *ListPartsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartsRequest.ProtoReflect.Descriptor instead.
 func (*ListPartsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{93}
+	return file_meta_meta_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *ListPartsRequest) GetVolume() string {
@@ -6508,7 +7057,7 @@ type ListPartsResponse struct {
 
 func (x *ListPartsResponse) Reset() {
 	*x = ListPartsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[94]
+	mi := &file_meta_meta_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6520,7 +7069,7 @@ func (x *ListPartsResponse) String() string {
 func (*ListPartsResponse) ProtoMessage() {}
 
 func (x *ListPartsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[94]
+	mi := &file_meta_meta_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6533,7 +7082,7 @@ func (x *ListPartsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartsResponse.ProtoReflect.Descriptor instead.
 func (*ListPartsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{94}
+	return file_meta_meta_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *ListPartsResponse) GetUpload() *MultipartUpload {
@@ -6573,7 +7122,7 @@ type ListMultipartUploadsRequest struct {
 
 func (x *ListMultipartUploadsRequest) Reset() {
 	*x = ListMultipartUploadsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[95]
+	mi := &file_meta_meta_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6585,7 +7134,7 @@ func (x *ListMultipartUploadsRequest) String() string {
 func (*ListMultipartUploadsRequest) ProtoMessage() {}
 
 func (x *ListMultipartUploadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[95]
+	mi := &file_meta_meta_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6598,7 +7147,7 @@ func (x *ListMultipartUploadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMultipartUploadsRequest.ProtoReflect.Descriptor instead.
 func (*ListMultipartUploadsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{95}
+	return file_meta_meta_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *ListMultipartUploadsRequest) GetVolume() string {
@@ -6653,7 +7202,7 @@ type ListMultipartUploadsResponse struct {
 
 func (x *ListMultipartUploadsResponse) Reset() {
 	*x = ListMultipartUploadsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[96]
+	mi := &file_meta_meta_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6665,7 +7214,7 @@ func (x *ListMultipartUploadsResponse) String() string {
 func (*ListMultipartUploadsResponse) ProtoMessage() {}
 
 func (x *ListMultipartUploadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[96]
+	mi := &file_meta_meta_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6678,7 +7227,7 @@ func (x *ListMultipartUploadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMultipartUploadsResponse.ProtoReflect.Descriptor instead.
 func (*ListMultipartUploadsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{96}
+	return file_meta_meta_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *ListMultipartUploadsResponse) GetUploads() []*MultipartUpload {
@@ -6707,7 +7256,7 @@ type S3Secret struct {
 
 func (x *S3Secret) Reset() {
 	*x = S3Secret{}
-	mi := &file_meta_meta_proto_msgTypes[97]
+	mi := &file_meta_meta_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6719,7 +7268,7 @@ func (x *S3Secret) String() string {
 func (*S3Secret) ProtoMessage() {}
 
 func (x *S3Secret) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[97]
+	mi := &file_meta_meta_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6732,7 +7281,7 @@ func (x *S3Secret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use S3Secret.ProtoReflect.Descriptor instead.
 func (*S3Secret) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{97}
+	return file_meta_meta_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *S3Secret) GetAccessKeyId() string {
@@ -6778,7 +7327,7 @@ type CreateS3SecretRequest struct {
 
 func (x *CreateS3SecretRequest) Reset() {
 	*x = CreateS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[98]
+	mi := &file_meta_meta_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6790,7 +7339,7 @@ func (x *CreateS3SecretRequest) String() string {
 func (*CreateS3SecretRequest) ProtoMessage() {}
 
 func (x *CreateS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[98]
+	mi := &file_meta_meta_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6803,7 +7352,7 @@ func (x *CreateS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*CreateS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{98}
+	return file_meta_meta_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *CreateS3SecretRequest) GetAccessKeyId() string {
@@ -6836,7 +7385,7 @@ type GetS3SecretRequest struct {
 
 func (x *GetS3SecretRequest) Reset() {
 	*x = GetS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[99]
+	mi := &file_meta_meta_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6848,7 +7397,7 @@ func (x *GetS3SecretRequest) String() string {
 func (*GetS3SecretRequest) ProtoMessage() {}
 
 func (x *GetS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[99]
+	mi := &file_meta_meta_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6861,7 +7410,7 @@ func (x *GetS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*GetS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{99}
+	return file_meta_meta_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *GetS3SecretRequest) GetAccessKeyId() string {
@@ -6880,7 +7429,7 @@ type DeleteS3SecretRequest struct {
 
 func (x *DeleteS3SecretRequest) Reset() {
 	*x = DeleteS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[100]
+	mi := &file_meta_meta_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6892,7 +7441,7 @@ func (x *DeleteS3SecretRequest) String() string {
 func (*DeleteS3SecretRequest) ProtoMessage() {}
 
 func (x *DeleteS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[100]
+	mi := &file_meta_meta_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6905,7 +7454,7 @@ func (x *DeleteS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*DeleteS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{100}
+	return file_meta_meta_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *DeleteS3SecretRequest) GetAccessKeyId() string {
@@ -6923,7 +7472,7 @@ type DeleteS3SecretResponse struct {
 
 func (x *DeleteS3SecretResponse) Reset() {
 	*x = DeleteS3SecretResponse{}
-	mi := &file_meta_meta_proto_msgTypes[101]
+	mi := &file_meta_meta_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6935,7 +7484,7 @@ func (x *DeleteS3SecretResponse) String() string {
 func (*DeleteS3SecretResponse) ProtoMessage() {}
 
 func (x *DeleteS3SecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[101]
+	mi := &file_meta_meta_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6948,7 +7497,7 @@ func (x *DeleteS3SecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteS3SecretResponse.ProtoReflect.Descriptor instead.
 func (*DeleteS3SecretResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{101}
+	return file_meta_meta_proto_rawDescGZIP(), []int{107}
 }
 
 var File_meta_meta_proto protoreflect.FileDescriptor
@@ -7025,7 +7574,40 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\tpipelines\x18\x02 \x03(\x04R\tpipelines\x12\x1e\n" +
 	"\n" +
 	"containers\x18\x03 \x03(\x04R\n" +
-	"containers\"\x8c\x01\n" +
+	"containers\"\xa6\x01\n" +
+	"\x19SetDatanodeOpStateRequest\x12\x1f\n" +
+	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
+	"datanodeId\x121\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x1b.basalt.meta.v1.NodeOpStateR\x05state\x125\n" +
+	"\x17maintenance_end_unix_ms\x18\x03 \x01(\x03R\x14maintenanceEndUnixMs\"X\n" +
+	"\x1aSetDatanodeOpStateResponse\x12:\n" +
+	"\bdatanode\x18\x01 \x01(\v2\x1e.basalt.meta.v1.DatanodeStatusR\bdatanode\"V\n" +
+	"\x1bGetContainerReplicasRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\"\xd5\x02\n" +
+	"\vReplicaInfo\x12\x1f\n" +
+	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
+	"datanodeId\x12\x16\n" +
+	"\x06health\x18\x02 \x01(\tR\x06health\x128\n" +
+	"\n" +
+	"node_state\x18\x03 \x01(\x0e2\x19.basalt.meta.v1.NodeStateR\tnodeState\x126\n" +
+	"\bop_state\x18\x04 \x01(\x0e2\x1b.basalt.meta.v1.NodeOpStateR\aopState\x12E\n" +
+	"\x0ereported_state\x18\x05 \x01(\x0e2\x1e.basalt.meta.v1.ContainerStateR\rreportedState\x12\x14\n" +
+	"\x05bcsid\x18\x06 \x01(\x04R\x05bcsid\x12\x1d\n" +
+	"\n" +
+	"used_bytes\x18\a \x01(\x04R\tusedBytes\x12\x1f\n" +
+	"\vblock_count\x18\b \x01(\x04R\n" +
+	"blockCount\"\xd7\x01\n" +
+	"\x11ContainerReplicas\x127\n" +
+	"\tcontainer\x18\x01 \x01(\v2\x19.basalt.meta.v1.ContainerR\tcontainer\x12\x16\n" +
+	"\x06health\x18\x02 \x01(\tR\x06health\x127\n" +
+	"\breplicas\x18\x03 \x03(\v2\x1b.basalt.meta.v1.ReplicaInfoR\breplicas\x128\n" +
+	"\areports\x18\x04 \x03(\v2\x1e.basalt.meta.v1.CorruptReplicaR\areports\"\x7f\n" +
+	"\x1cGetContainerReplicasResponse\x12A\n" +
+	"\n" +
+	"containers\x18\x01 \x03(\v2!.basalt.meta.v1.ContainerReplicasR\n" +
+	"containers\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\x8c\x01\n" +
 	"\x17RegisterDatanodeRequest\x129\n" +
 	"\adetails\x18\x01 \x01(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\adetails\x126\n" +
 	"\avolumes\x18\x02 \x03(\v2\x1c.basalt.meta.v1.VolumeReportR\avolumes\"o\n" +
@@ -7110,14 +7692,15 @@ const file_meta_meta_proto_rawDesc = "" +
 	"datanodeId\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x1e\n" +
 	"\x1cReportCorruptReplicaResponse\"\x1c\n" +
-	"\x1aListCorruptReplicasRequest\"\xbc\x01\n" +
+	"\x1aListCorruptReplicasRequest\"\xd8\x01\n" +
 	"\x0eCorruptReplica\x12-\n" +
 	"\x05block\x18\x01 \x01(\v2\x17.basalt.meta.v1.BlockIDR\x05block\x12\x1f\n" +
 	"\vdatanode_id\x18\x02 \x01(\x04R\n" +
 	"datanodeId\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12(\n" +
 	"\x10reported_unix_ms\x18\x04 \x01(\x03R\x0ereportedUnixMs\x12\x18\n" +
-	"\areports\x18\x05 \x01(\rR\areports\"Y\n" +
+	"\areports\x18\x05 \x01(\rR\areports\x12\x1a\n" +
+	"\breporter\x18d \x01(\tR\breporter\"Y\n" +
 	"\x1bListCorruptReplicasResponse\x12:\n" +
 	"\breplicas\x18\x01 \x03(\v2\x1e.basalt.meta.v1.CorruptReplicaR\breplicas\"d\n" +
 	"\x14GetContainersRequest\x12#\n" +
@@ -7130,13 +7713,20 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x15ContainerWithLocation\x127\n" +
 	"\tcontainer\x18\x01 \x01(\v2\x19.basalt.meta.v1.ContainerR\tcontainer\x12=\n" +
 	"\tdatanodes\x18\x02 \x03(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\tdatanodes\"\x16\n" +
-	"\x14ListDatanodesRequest\"\x87\x02\n" +
+	"\x14ListDatanodesRequest\"\x93\x04\n" +
 	"\x0eDatanodeStatus\x129\n" +
 	"\adetails\x18\x01 \x01(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\adetails\x12/\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x19.basalt.meta.v1.NodeStateR\x05state\x123\n" +
 	"\x16last_heartbeat_unix_ms\x18\x03 \x01(\x03R\x13lastHeartbeatUnixMs\x126\n" +
 	"\avolumes\x18\x04 \x03(\v2\x1c.basalt.meta.v1.VolumeReportR\avolumes\x12\x1c\n" +
-	"\tpipelines\x18\x05 \x01(\rR\tpipelines\"U\n" +
+	"\tpipelines\x18\x05 \x01(\rR\tpipelines\x126\n" +
+	"\bop_state\x18d \x01(\x0e2\x1b.basalt.meta.v1.NodeOpStateR\aopState\x125\n" +
+	"\x17maintenance_end_unix_ms\x18e \x01(\x03R\x14maintenanceEndUnixMs\x12'\n" +
+	"\x10op_since_unix_ms\x18f \x01(\x03R\ropSinceUnixMs\x12)\n" +
+	"\x10drain_containers\x18g \x01(\rR\x0fdrainContainers\x12\x1d\n" +
+	"\n" +
+	"drain_left\x18h \x01(\rR\tdrainLeft\x12(\n" +
+	"\x10drain_bytes_left\x18i \x01(\x04R\x0edrainBytesLeft\"U\n" +
 	"\x15ListDatanodesResponse\x12<\n" +
 	"\tdatanodes\x18\x01 \x03(\v2\x1e.basalt.meta.v1.DatanodeStatusR\tdatanodes\"\x16\n" +
 	"\x14ListPipelinesRequest\"O\n" +
@@ -7165,12 +7755,13 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\n" +
 	"used_bytes\x18\b \x01(\x04R\tusedBytes\x12\x1f\n" +
 	"\vcopy_target\x18\t \x01(\x04R\n" +
-	"copyTarget\"\x8e\x01\n" +
+	"copyTarget\"\xa4\x01\n" +
 	"\x0fReplicationCopy\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\x04R\x06target\x12\x18\n" +
 	"\asources\x18\x03 \x03(\x04R\asources\x12&\n" +
-	"\x0fstarted_unix_ms\x18\x04 \x01(\x03R\rstartedUnixMs\"\x81\x03\n" +
+	"\x0fstarted_unix_ms\x18\x04 \x01(\x03R\rstartedUnixMs\x12\x14\n" +
+	"\x05bytes\x18d \x01(\x04R\x05bytes\"\x8c\x04\n" +
 	"\x1aGetContainerHealthResponse\x12N\n" +
 	"\x06counts\x18\x01 \x03(\v26.basalt.meta.v1.GetContainerHealthResponse.CountsEntryR\x06counts\x125\n" +
 	"\x05worst\x18\x02 \x03(\v2\x1f.basalt.meta.v1.ContainerHealthR\x05worst\x127\n" +
@@ -7178,7 +7769,12 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\rround_unix_ms\x18\x04 \x01(\x03R\vroundUnixMs\x12\x1f\n" +
 	"\vcopies_done\x18\x05 \x01(\x04R\n" +
 	"copiesDone\x12#\n" +
-	"\rcopies_failed\x18\x06 \x01(\x04R\fcopiesFailed\x1a9\n" +
+	"\rcopies_failed\x18\x06 \x01(\x04R\fcopiesFailed\x12&\n" +
+	"\x0fbytes_in_flight\x18d \x01(\x04R\rbytesInFlight\x12\x1d\n" +
+	"\n" +
+	"bytes_left\x18e \x01(\x04R\tbytesLeft\x12+\n" +
+	"\x12rate_bytes_per_sec\x18f \x01(\x01R\x0frateBytesPerSec\x12\x15\n" +
+	"\x06eta_ms\x18g \x01(\x03R\x05etaMs\x1a9\n" +
 	"\vCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x95\x01\n" +
@@ -7470,7 +8066,15 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aHEALTHY\x10\x01\x12\t\n" +
 	"\x05STALE\x10\x02\x12\b\n" +
-	"\x04DEAD\x10\x03*W\n" +
+	"\x04DEAD\x10\x03*\x93\x01\n" +
+	"\vNodeOpState\x12\x1d\n" +
+	"\x19NODE_OP_STATE_UNSPECIFIED\x10\x00\x12\x0e\n" +
+	"\n" +
+	"IN_SERVICE\x10\x01\x12\x13\n" +
+	"\x0fDECOMMISSIONING\x10\x02\x12\x12\n" +
+	"\x0eDECOMMISSIONED\x10\x03\x12\x18\n" +
+	"\x14ENTERING_MAINTENANCE\x10\x04\x12\x12\n" +
+	"\x0eIN_MAINTENANCE\x10\x05*W\n" +
 	"\rPipelineState\x12\x1e\n" +
 	"\x1aPIPELINE_STATE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rPIPELINE_OPEN\x10\x01\x12\x13\n" +
@@ -7495,7 +8099,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x1cDELETE_TX_STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDELETE_TX_DONE\x10\x01\x12!\n" +
 	"\x1dDELETE_TX_CONTAINER_UNHEALTHY\x10\x02\x12\x1f\n" +
-	"\x1bDELETE_TX_CONTAINER_MISSING\x10\x032\x9d\t\n" +
+	"\x1bDELETE_TX_CONTAINER_MISSING\x10\x032\xfd\n" +
+	"\n" +
 	"\x03Scm\x12e\n" +
 	"\x10RegisterDatanode\x12'.basalt.meta.v1.RegisterDatanodeRequest\x1a(.basalt.meta.v1.RegisterDatanodeResponse\x12P\n" +
 	"\tHeartbeat\x12 .basalt.meta.v1.HeartbeatRequest\x1a!.basalt.meta.v1.HeartbeatResponse\x12_\n" +
@@ -7508,7 +8113,9 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\rListPipelines\x12$.basalt.meta.v1.ListPipelinesRequest\x1a%.basalt.meta.v1.ListPipelinesResponse\x12_\n" +
 	"\x0eListContainers\x12%.basalt.meta.v1.ListContainersRequest\x1a&.basalt.meta.v1.ListContainersResponse\x12V\n" +
 	"\vGetSafeMode\x12\".basalt.meta.v1.GetSafeModeRequest\x1a#.basalt.meta.v1.GetSafeModeResponse\x12k\n" +
-	"\x12GetContainerHealth\x12).basalt.meta.v1.GetContainerHealthRequest\x1a*.basalt.meta.v1.GetContainerHealthResponse2\xd8\x12\n" +
+	"\x12GetContainerHealth\x12).basalt.meta.v1.GetContainerHealthRequest\x1a*.basalt.meta.v1.GetContainerHealthResponse\x12k\n" +
+	"\x12SetDatanodeOpState\x12).basalt.meta.v1.SetDatanodeOpStateRequest\x1a*.basalt.meta.v1.SetDatanodeOpStateResponse\x12q\n" +
+	"\x14GetContainerReplicas\x12+.basalt.meta.v1.GetContainerReplicasRequest\x1a,.basalt.meta.v1.GetContainerReplicasResponse2\xd8\x12\n" +
 	"\tNamespace\x12K\n" +
 	"\fCreateVolume\x12#.basalt.meta.v1.CreateVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12E\n" +
 	"\tGetVolume\x12 .basalt.meta.v1.GetVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12V\n" +
@@ -7553,296 +8160,317 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 	return file_meta_meta_proto_rawDescData
 }
 
-var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 106)
+var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 112)
 var file_meta_meta_proto_goTypes = []any{
 	(Replication)(0),                       // 0: basalt.meta.v1.Replication
 	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
-	(PipelineState)(0),                     // 2: basalt.meta.v1.PipelineState
-	(ContainerState)(0),                    // 3: basalt.meta.v1.ContainerState
-	(BucketLayout)(0),                      // 4: basalt.meta.v1.BucketLayout
-	(ChecksumType)(0),                      // 5: basalt.meta.v1.ChecksumType
-	(DeleteTxStatus)(0),                    // 6: basalt.meta.v1.DeleteTxStatus
-	(*NotLeader)(nil),                      // 7: basalt.meta.v1.NotLeader
-	(*DatanodeDetails)(nil),                // 8: basalt.meta.v1.DatanodeDetails
-	(*VolumeReport)(nil),                   // 9: basalt.meta.v1.VolumeReport
-	(*ContainerReport)(nil),                // 10: basalt.meta.v1.ContainerReport
-	(*PipelineReport)(nil),                 // 11: basalt.meta.v1.PipelineReport
-	(*Pipeline)(nil),                       // 12: basalt.meta.v1.Pipeline
-	(*Container)(nil),                      // 13: basalt.meta.v1.Container
-	(*BlockID)(nil),                        // 14: basalt.meta.v1.BlockID
-	(*BlockLocation)(nil),                  // 15: basalt.meta.v1.BlockLocation
-	(*ExcludeList)(nil),                    // 16: basalt.meta.v1.ExcludeList
-	(*RegisterDatanodeRequest)(nil),        // 17: basalt.meta.v1.RegisterDatanodeRequest
-	(*RegisterDatanodeResponse)(nil),       // 18: basalt.meta.v1.RegisterDatanodeResponse
-	(*HeartbeatRequest)(nil),               // 19: basalt.meta.v1.HeartbeatRequest
-	(*CopyFailure)(nil),                    // 20: basalt.meta.v1.CopyFailure
-	(*DeleteTxAck)(nil),                    // 21: basalt.meta.v1.DeleteTxAck
-	(*HeartbeatResponse)(nil),              // 22: basalt.meta.v1.HeartbeatResponse
-	(*DatanodeCommand)(nil),                // 23: basalt.meta.v1.DatanodeCommand
-	(*ReplicateContainerCommand)(nil),      // 24: basalt.meta.v1.ReplicateContainerCommand
-	(*DeleteContainerCommand)(nil),         // 25: basalt.meta.v1.DeleteContainerCommand
-	(*CreatePipelineCommand)(nil),          // 26: basalt.meta.v1.CreatePipelineCommand
-	(*ClosePipelineCommand)(nil),           // 27: basalt.meta.v1.ClosePipelineCommand
-	(*CloseContainerCommand)(nil),          // 28: basalt.meta.v1.CloseContainerCommand
-	(*DeleteBlocksCommand)(nil),            // 29: basalt.meta.v1.DeleteBlocksCommand
-	(*AllocateBlocksRequest)(nil),          // 30: basalt.meta.v1.AllocateBlocksRequest
-	(*AllocateBlocksResponse)(nil),         // 31: basalt.meta.v1.AllocateBlocksResponse
-	(*DeleteBlocksRequest)(nil),            // 32: basalt.meta.v1.DeleteBlocksRequest
-	(*DeleteBlocksGroup)(nil),              // 33: basalt.meta.v1.DeleteBlocksGroup
-	(*DeleteBlocksResponse)(nil),           // 34: basalt.meta.v1.DeleteBlocksResponse
-	(*ReportCorruptReplicaRequest)(nil),    // 35: basalt.meta.v1.ReportCorruptReplicaRequest
-	(*ReportCorruptReplicaResponse)(nil),   // 36: basalt.meta.v1.ReportCorruptReplicaResponse
-	(*ListCorruptReplicasRequest)(nil),     // 37: basalt.meta.v1.ListCorruptReplicasRequest
-	(*CorruptReplica)(nil),                 // 38: basalt.meta.v1.CorruptReplica
-	(*ListCorruptReplicasResponse)(nil),    // 39: basalt.meta.v1.ListCorruptReplicasResponse
-	(*GetContainersRequest)(nil),           // 40: basalt.meta.v1.GetContainersRequest
-	(*GetContainersResponse)(nil),          // 41: basalt.meta.v1.GetContainersResponse
-	(*ContainerWithLocation)(nil),          // 42: basalt.meta.v1.ContainerWithLocation
-	(*ListDatanodesRequest)(nil),           // 43: basalt.meta.v1.ListDatanodesRequest
-	(*DatanodeStatus)(nil),                 // 44: basalt.meta.v1.DatanodeStatus
-	(*ListDatanodesResponse)(nil),          // 45: basalt.meta.v1.ListDatanodesResponse
-	(*ListPipelinesRequest)(nil),           // 46: basalt.meta.v1.ListPipelinesRequest
-	(*ListPipelinesResponse)(nil),          // 47: basalt.meta.v1.ListPipelinesResponse
-	(*ListContainersRequest)(nil),          // 48: basalt.meta.v1.ListContainersRequest
-	(*ListContainersResponse)(nil),         // 49: basalt.meta.v1.ListContainersResponse
-	(*GetSafeModeRequest)(nil),             // 50: basalt.meta.v1.GetSafeModeRequest
-	(*GetContainerHealthRequest)(nil),      // 51: basalt.meta.v1.GetContainerHealthRequest
-	(*ContainerHealth)(nil),                // 52: basalt.meta.v1.ContainerHealth
-	(*ReplicationCopy)(nil),                // 53: basalt.meta.v1.ReplicationCopy
-	(*GetContainerHealthResponse)(nil),     // 54: basalt.meta.v1.GetContainerHealthResponse
-	(*GetSafeModeResponse)(nil),            // 55: basalt.meta.v1.GetSafeModeResponse
-	(*Volume)(nil),                         // 56: basalt.meta.v1.Volume
-	(*CreateVolumeRequest)(nil),            // 57: basalt.meta.v1.CreateVolumeRequest
-	(*GetVolumeRequest)(nil),               // 58: basalt.meta.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),             // 59: basalt.meta.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),            // 60: basalt.meta.v1.ListVolumesResponse
-	(*DeleteVolumeRequest)(nil),            // 61: basalt.meta.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),           // 62: basalt.meta.v1.DeleteVolumeResponse
-	(*Bucket)(nil),                         // 63: basalt.meta.v1.Bucket
-	(*CreateBucketRequest)(nil),            // 64: basalt.meta.v1.CreateBucketRequest
-	(*GetBucketRequest)(nil),               // 65: basalt.meta.v1.GetBucketRequest
-	(*ListBucketsRequest)(nil),             // 66: basalt.meta.v1.ListBucketsRequest
-	(*ListBucketsResponse)(nil),            // 67: basalt.meta.v1.ListBucketsResponse
-	(*DeleteBucketRequest)(nil),            // 68: basalt.meta.v1.DeleteBucketRequest
-	(*DeleteBucketResponse)(nil),           // 69: basalt.meta.v1.DeleteBucketResponse
-	(*KeyBlock)(nil),                       // 70: basalt.meta.v1.KeyBlock
-	(*KeyInfo)(nil),                        // 71: basalt.meta.v1.KeyInfo
-	(*ObjectMeta)(nil),                     // 72: basalt.meta.v1.ObjectMeta
-	(*OpenKeyRequest)(nil),                 // 73: basalt.meta.v1.OpenKeyRequest
-	(*OpenKeyResponse)(nil),                // 74: basalt.meta.v1.OpenKeyResponse
-	(*AllocateBlockRequest)(nil),           // 75: basalt.meta.v1.AllocateBlockRequest
-	(*AllocateBlockResponse)(nil),          // 76: basalt.meta.v1.AllocateBlockResponse
-	(*CommitKeyRequest)(nil),               // 77: basalt.meta.v1.CommitKeyRequest
-	(*PartRef)(nil),                        // 78: basalt.meta.v1.PartRef
-	(*LookupKeyRequest)(nil),               // 79: basalt.meta.v1.LookupKeyRequest
-	(*ListKeysRequest)(nil),                // 80: basalt.meta.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),               // 81: basalt.meta.v1.ListKeysResponse
-	(*RenameKeyRequest)(nil),               // 82: basalt.meta.v1.RenameKeyRequest
-	(*RenameKeyResponse)(nil),              // 83: basalt.meta.v1.RenameKeyResponse
-	(*DeleteKeyRequest)(nil),               // 84: basalt.meta.v1.DeleteKeyRequest
-	(*DeleteKeyResponse)(nil),              // 85: basalt.meta.v1.DeleteKeyResponse
-	(*FileStatus)(nil),                     // 86: basalt.meta.v1.FileStatus
-	(*CreateDirectoryRequest)(nil),         // 87: basalt.meta.v1.CreateDirectoryRequest
-	(*GetFileStatusRequest)(nil),           // 88: basalt.meta.v1.GetFileStatusRequest
-	(*ListStatusRequest)(nil),              // 89: basalt.meta.v1.ListStatusRequest
-	(*ListStatusResponse)(nil),             // 90: basalt.meta.v1.ListStatusResponse
-	(*SetKeyMetaRequest)(nil),              // 91: basalt.meta.v1.SetKeyMetaRequest
-	(*CopyKeyRequest)(nil),                 // 92: basalt.meta.v1.CopyKeyRequest
-	(*MultipartUpload)(nil),                // 93: basalt.meta.v1.MultipartUpload
-	(*CreateMultipartUploadRequest)(nil),   // 94: basalt.meta.v1.CreateMultipartUploadRequest
-	(*CompletedPart)(nil),                  // 95: basalt.meta.v1.CompletedPart
-	(*CompleteMultipartUploadRequest)(nil), // 96: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 97: basalt.meta.v1.AbortMultipartUploadRequest
-	(*AbortMultipartUploadResponse)(nil),   // 98: basalt.meta.v1.AbortMultipartUploadResponse
-	(*PartInfo)(nil),                       // 99: basalt.meta.v1.PartInfo
-	(*ListPartsRequest)(nil),               // 100: basalt.meta.v1.ListPartsRequest
-	(*ListPartsResponse)(nil),              // 101: basalt.meta.v1.ListPartsResponse
-	(*ListMultipartUploadsRequest)(nil),    // 102: basalt.meta.v1.ListMultipartUploadsRequest
-	(*ListMultipartUploadsResponse)(nil),   // 103: basalt.meta.v1.ListMultipartUploadsResponse
-	(*S3Secret)(nil),                       // 104: basalt.meta.v1.S3Secret
-	(*CreateS3SecretRequest)(nil),          // 105: basalt.meta.v1.CreateS3SecretRequest
-	(*GetS3SecretRequest)(nil),             // 106: basalt.meta.v1.GetS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 107: basalt.meta.v1.DeleteS3SecretRequest
-	(*DeleteS3SecretResponse)(nil),         // 108: basalt.meta.v1.DeleteS3SecretResponse
-	nil,                                    // 109: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	nil,                                    // 110: basalt.meta.v1.ObjectMeta.UserEntry
-	nil,                                    // 111: basalt.meta.v1.ObjectMeta.TagsEntry
-	nil,                                    // 112: basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	(NodeOpState)(0),                       // 2: basalt.meta.v1.NodeOpState
+	(PipelineState)(0),                     // 3: basalt.meta.v1.PipelineState
+	(ContainerState)(0),                    // 4: basalt.meta.v1.ContainerState
+	(BucketLayout)(0),                      // 5: basalt.meta.v1.BucketLayout
+	(ChecksumType)(0),                      // 6: basalt.meta.v1.ChecksumType
+	(DeleteTxStatus)(0),                    // 7: basalt.meta.v1.DeleteTxStatus
+	(*NotLeader)(nil),                      // 8: basalt.meta.v1.NotLeader
+	(*DatanodeDetails)(nil),                // 9: basalt.meta.v1.DatanodeDetails
+	(*VolumeReport)(nil),                   // 10: basalt.meta.v1.VolumeReport
+	(*ContainerReport)(nil),                // 11: basalt.meta.v1.ContainerReport
+	(*PipelineReport)(nil),                 // 12: basalt.meta.v1.PipelineReport
+	(*Pipeline)(nil),                       // 13: basalt.meta.v1.Pipeline
+	(*Container)(nil),                      // 14: basalt.meta.v1.Container
+	(*BlockID)(nil),                        // 15: basalt.meta.v1.BlockID
+	(*BlockLocation)(nil),                  // 16: basalt.meta.v1.BlockLocation
+	(*ExcludeList)(nil),                    // 17: basalt.meta.v1.ExcludeList
+	(*SetDatanodeOpStateRequest)(nil),      // 18: basalt.meta.v1.SetDatanodeOpStateRequest
+	(*SetDatanodeOpStateResponse)(nil),     // 19: basalt.meta.v1.SetDatanodeOpStateResponse
+	(*GetContainerReplicasRequest)(nil),    // 20: basalt.meta.v1.GetContainerReplicasRequest
+	(*ReplicaInfo)(nil),                    // 21: basalt.meta.v1.ReplicaInfo
+	(*ContainerReplicas)(nil),              // 22: basalt.meta.v1.ContainerReplicas
+	(*GetContainerReplicasResponse)(nil),   // 23: basalt.meta.v1.GetContainerReplicasResponse
+	(*RegisterDatanodeRequest)(nil),        // 24: basalt.meta.v1.RegisterDatanodeRequest
+	(*RegisterDatanodeResponse)(nil),       // 25: basalt.meta.v1.RegisterDatanodeResponse
+	(*HeartbeatRequest)(nil),               // 26: basalt.meta.v1.HeartbeatRequest
+	(*CopyFailure)(nil),                    // 27: basalt.meta.v1.CopyFailure
+	(*DeleteTxAck)(nil),                    // 28: basalt.meta.v1.DeleteTxAck
+	(*HeartbeatResponse)(nil),              // 29: basalt.meta.v1.HeartbeatResponse
+	(*DatanodeCommand)(nil),                // 30: basalt.meta.v1.DatanodeCommand
+	(*ReplicateContainerCommand)(nil),      // 31: basalt.meta.v1.ReplicateContainerCommand
+	(*DeleteContainerCommand)(nil),         // 32: basalt.meta.v1.DeleteContainerCommand
+	(*CreatePipelineCommand)(nil),          // 33: basalt.meta.v1.CreatePipelineCommand
+	(*ClosePipelineCommand)(nil),           // 34: basalt.meta.v1.ClosePipelineCommand
+	(*CloseContainerCommand)(nil),          // 35: basalt.meta.v1.CloseContainerCommand
+	(*DeleteBlocksCommand)(nil),            // 36: basalt.meta.v1.DeleteBlocksCommand
+	(*AllocateBlocksRequest)(nil),          // 37: basalt.meta.v1.AllocateBlocksRequest
+	(*AllocateBlocksResponse)(nil),         // 38: basalt.meta.v1.AllocateBlocksResponse
+	(*DeleteBlocksRequest)(nil),            // 39: basalt.meta.v1.DeleteBlocksRequest
+	(*DeleteBlocksGroup)(nil),              // 40: basalt.meta.v1.DeleteBlocksGroup
+	(*DeleteBlocksResponse)(nil),           // 41: basalt.meta.v1.DeleteBlocksResponse
+	(*ReportCorruptReplicaRequest)(nil),    // 42: basalt.meta.v1.ReportCorruptReplicaRequest
+	(*ReportCorruptReplicaResponse)(nil),   // 43: basalt.meta.v1.ReportCorruptReplicaResponse
+	(*ListCorruptReplicasRequest)(nil),     // 44: basalt.meta.v1.ListCorruptReplicasRequest
+	(*CorruptReplica)(nil),                 // 45: basalt.meta.v1.CorruptReplica
+	(*ListCorruptReplicasResponse)(nil),    // 46: basalt.meta.v1.ListCorruptReplicasResponse
+	(*GetContainersRequest)(nil),           // 47: basalt.meta.v1.GetContainersRequest
+	(*GetContainersResponse)(nil),          // 48: basalt.meta.v1.GetContainersResponse
+	(*ContainerWithLocation)(nil),          // 49: basalt.meta.v1.ContainerWithLocation
+	(*ListDatanodesRequest)(nil),           // 50: basalt.meta.v1.ListDatanodesRequest
+	(*DatanodeStatus)(nil),                 // 51: basalt.meta.v1.DatanodeStatus
+	(*ListDatanodesResponse)(nil),          // 52: basalt.meta.v1.ListDatanodesResponse
+	(*ListPipelinesRequest)(nil),           // 53: basalt.meta.v1.ListPipelinesRequest
+	(*ListPipelinesResponse)(nil),          // 54: basalt.meta.v1.ListPipelinesResponse
+	(*ListContainersRequest)(nil),          // 55: basalt.meta.v1.ListContainersRequest
+	(*ListContainersResponse)(nil),         // 56: basalt.meta.v1.ListContainersResponse
+	(*GetSafeModeRequest)(nil),             // 57: basalt.meta.v1.GetSafeModeRequest
+	(*GetContainerHealthRequest)(nil),      // 58: basalt.meta.v1.GetContainerHealthRequest
+	(*ContainerHealth)(nil),                // 59: basalt.meta.v1.ContainerHealth
+	(*ReplicationCopy)(nil),                // 60: basalt.meta.v1.ReplicationCopy
+	(*GetContainerHealthResponse)(nil),     // 61: basalt.meta.v1.GetContainerHealthResponse
+	(*GetSafeModeResponse)(nil),            // 62: basalt.meta.v1.GetSafeModeResponse
+	(*Volume)(nil),                         // 63: basalt.meta.v1.Volume
+	(*CreateVolumeRequest)(nil),            // 64: basalt.meta.v1.CreateVolumeRequest
+	(*GetVolumeRequest)(nil),               // 65: basalt.meta.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),             // 66: basalt.meta.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),            // 67: basalt.meta.v1.ListVolumesResponse
+	(*DeleteVolumeRequest)(nil),            // 68: basalt.meta.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),           // 69: basalt.meta.v1.DeleteVolumeResponse
+	(*Bucket)(nil),                         // 70: basalt.meta.v1.Bucket
+	(*CreateBucketRequest)(nil),            // 71: basalt.meta.v1.CreateBucketRequest
+	(*GetBucketRequest)(nil),               // 72: basalt.meta.v1.GetBucketRequest
+	(*ListBucketsRequest)(nil),             // 73: basalt.meta.v1.ListBucketsRequest
+	(*ListBucketsResponse)(nil),            // 74: basalt.meta.v1.ListBucketsResponse
+	(*DeleteBucketRequest)(nil),            // 75: basalt.meta.v1.DeleteBucketRequest
+	(*DeleteBucketResponse)(nil),           // 76: basalt.meta.v1.DeleteBucketResponse
+	(*KeyBlock)(nil),                       // 77: basalt.meta.v1.KeyBlock
+	(*KeyInfo)(nil),                        // 78: basalt.meta.v1.KeyInfo
+	(*ObjectMeta)(nil),                     // 79: basalt.meta.v1.ObjectMeta
+	(*OpenKeyRequest)(nil),                 // 80: basalt.meta.v1.OpenKeyRequest
+	(*OpenKeyResponse)(nil),                // 81: basalt.meta.v1.OpenKeyResponse
+	(*AllocateBlockRequest)(nil),           // 82: basalt.meta.v1.AllocateBlockRequest
+	(*AllocateBlockResponse)(nil),          // 83: basalt.meta.v1.AllocateBlockResponse
+	(*CommitKeyRequest)(nil),               // 84: basalt.meta.v1.CommitKeyRequest
+	(*PartRef)(nil),                        // 85: basalt.meta.v1.PartRef
+	(*LookupKeyRequest)(nil),               // 86: basalt.meta.v1.LookupKeyRequest
+	(*ListKeysRequest)(nil),                // 87: basalt.meta.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),               // 88: basalt.meta.v1.ListKeysResponse
+	(*RenameKeyRequest)(nil),               // 89: basalt.meta.v1.RenameKeyRequest
+	(*RenameKeyResponse)(nil),              // 90: basalt.meta.v1.RenameKeyResponse
+	(*DeleteKeyRequest)(nil),               // 91: basalt.meta.v1.DeleteKeyRequest
+	(*DeleteKeyResponse)(nil),              // 92: basalt.meta.v1.DeleteKeyResponse
+	(*FileStatus)(nil),                     // 93: basalt.meta.v1.FileStatus
+	(*CreateDirectoryRequest)(nil),         // 94: basalt.meta.v1.CreateDirectoryRequest
+	(*GetFileStatusRequest)(nil),           // 95: basalt.meta.v1.GetFileStatusRequest
+	(*ListStatusRequest)(nil),              // 96: basalt.meta.v1.ListStatusRequest
+	(*ListStatusResponse)(nil),             // 97: basalt.meta.v1.ListStatusResponse
+	(*SetKeyMetaRequest)(nil),              // 98: basalt.meta.v1.SetKeyMetaRequest
+	(*CopyKeyRequest)(nil),                 // 99: basalt.meta.v1.CopyKeyRequest
+	(*MultipartUpload)(nil),                // 100: basalt.meta.v1.MultipartUpload
+	(*CreateMultipartUploadRequest)(nil),   // 101: basalt.meta.v1.CreateMultipartUploadRequest
+	(*CompletedPart)(nil),                  // 102: basalt.meta.v1.CompletedPart
+	(*CompleteMultipartUploadRequest)(nil), // 103: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 104: basalt.meta.v1.AbortMultipartUploadRequest
+	(*AbortMultipartUploadResponse)(nil),   // 105: basalt.meta.v1.AbortMultipartUploadResponse
+	(*PartInfo)(nil),                       // 106: basalt.meta.v1.PartInfo
+	(*ListPartsRequest)(nil),               // 107: basalt.meta.v1.ListPartsRequest
+	(*ListPartsResponse)(nil),              // 108: basalt.meta.v1.ListPartsResponse
+	(*ListMultipartUploadsRequest)(nil),    // 109: basalt.meta.v1.ListMultipartUploadsRequest
+	(*ListMultipartUploadsResponse)(nil),   // 110: basalt.meta.v1.ListMultipartUploadsResponse
+	(*S3Secret)(nil),                       // 111: basalt.meta.v1.S3Secret
+	(*CreateS3SecretRequest)(nil),          // 112: basalt.meta.v1.CreateS3SecretRequest
+	(*GetS3SecretRequest)(nil),             // 113: basalt.meta.v1.GetS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 114: basalt.meta.v1.DeleteS3SecretRequest
+	(*DeleteS3SecretResponse)(nil),         // 115: basalt.meta.v1.DeleteS3SecretResponse
+	nil,                                    // 116: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	nil,                                    // 117: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 118: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 119: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
-	3,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
+	4,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
 	0,   // 1: basalt.meta.v1.Pipeline.replication:type_name -> basalt.meta.v1.Replication
-	2,   // 2: basalt.meta.v1.Pipeline.state:type_name -> basalt.meta.v1.PipelineState
+	3,   // 2: basalt.meta.v1.Pipeline.state:type_name -> basalt.meta.v1.PipelineState
 	0,   // 3: basalt.meta.v1.Container.replication:type_name -> basalt.meta.v1.Replication
-	3,   // 4: basalt.meta.v1.Container.state:type_name -> basalt.meta.v1.ContainerState
-	14,  // 5: basalt.meta.v1.BlockLocation.id:type_name -> basalt.meta.v1.BlockID
-	3,   // 6: basalt.meta.v1.BlockLocation.container_state:type_name -> basalt.meta.v1.ContainerState
-	8,   // 7: basalt.meta.v1.BlockLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	8,   // 8: basalt.meta.v1.RegisterDatanodeRequest.details:type_name -> basalt.meta.v1.DatanodeDetails
-	9,   // 9: basalt.meta.v1.RegisterDatanodeRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
-	9,   // 10: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
-	10,  // 11: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
-	11,  // 12: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
-	21,  // 13: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
-	20,  // 14: basalt.meta.v1.HeartbeatRequest.copy_failures:type_name -> basalt.meta.v1.CopyFailure
-	6,   // 15: basalt.meta.v1.DeleteTxAck.status:type_name -> basalt.meta.v1.DeleteTxStatus
-	23,  // 16: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
-	1,   // 17: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
-	26,  // 18: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
-	27,  // 19: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
-	28,  // 20: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
-	29,  // 21: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
-	24,  // 22: basalt.meta.v1.DatanodeCommand.replicate_container:type_name -> basalt.meta.v1.ReplicateContainerCommand
-	25,  // 23: basalt.meta.v1.DatanodeCommand.delete_container:type_name -> basalt.meta.v1.DeleteContainerCommand
-	8,   // 24: basalt.meta.v1.ReplicateContainerCommand.sources:type_name -> basalt.meta.v1.DatanodeDetails
-	12,  // 25: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
-	8,   // 26: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	0,   // 27: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
-	16,  // 28: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	15,  // 29: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	33,  // 30: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
-	14,  // 31: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
-	14,  // 32: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
-	38,  // 33: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
-	42,  // 34: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
-	13,  // 35: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
-	8,   // 36: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	8,   // 37: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
-	1,   // 38: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
-	9,   // 39: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
-	44,  // 40: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
-	12,  // 41: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
-	13,  // 42: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
-	3,   // 43: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
-	109, // 44: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	52,  // 45: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
-	53,  // 46: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
-	56,  // 47: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
-	4,   // 48: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 49: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
-	4,   // 50: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 51: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
-	63,  // 52: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
-	14,  // 53: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
-	0,   // 54: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
-	5,   // 55: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	70,  // 56: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	15,  // 57: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
-	72,  // 58: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
-	110, // 59: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
-	111, // 60: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
-	112, // 61: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
-	0,   // 62: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
-	5,   // 63: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	16,  // 64: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	15,  // 65: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	16,  // 66: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	15,  // 67: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
-	70,  // 68: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
-	72,  // 69: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	78,  // 70: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	71,  // 71: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
-	71,  // 72: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
-	86,  // 73: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
-	72,  // 74: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	72,  // 75: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	78,  // 76: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	72,  // 77: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 78: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
-	72,  // 79: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 80: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
-	95,  // 81: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
-	70,  // 82: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	5,   // 83: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	93,  // 84: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
-	99,  // 85: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
-	93,  // 86: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
-	17,  // 87: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	19,  // 88: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	30,  // 89: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	32,  // 90: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	40,  // 91: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	35,  // 92: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	37,  // 93: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	43,  // 94: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	46,  // 95: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	48,  // 96: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	50,  // 97: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	51,  // 98: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
-	57,  // 99: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	58,  // 100: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	59,  // 101: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	61,  // 102: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	64,  // 103: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	65,  // 104: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	66,  // 105: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	68,  // 106: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	73,  // 107: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	75,  // 108: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	77,  // 109: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	79,  // 110: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	80,  // 111: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	82,  // 112: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	84,  // 113: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	87,  // 114: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	88,  // 115: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	89,  // 116: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	91,  // 117: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	92,  // 118: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
-	94,  // 119: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	96,  // 120: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	97,  // 121: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	100, // 122: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	102, // 123: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	105, // 124: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	106, // 125: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	107, // 126: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	18,  // 127: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	22,  // 128: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	31,  // 129: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	34,  // 130: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	41,  // 131: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	36,  // 132: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	39,  // 133: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	45,  // 134: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	47,  // 135: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	49,  // 136: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	55,  // 137: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	54,  // 138: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
-	56,  // 139: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	56,  // 140: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	60,  // 141: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	62,  // 142: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	63,  // 143: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	63,  // 144: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	67,  // 145: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	69,  // 146: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	74,  // 147: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	76,  // 148: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	71,  // 149: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	71,  // 150: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	81,  // 151: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	83,  // 152: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	85,  // 153: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	86,  // 154: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	86,  // 155: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	90,  // 156: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	71,  // 157: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	71,  // 158: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
-	93,  // 159: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	71,  // 160: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	98,  // 161: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	101, // 162: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	103, // 163: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	104, // 164: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	104, // 165: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	108, // 166: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	127, // [127:167] is the sub-list for method output_type
-	87,  // [87:127] is the sub-list for method input_type
-	87,  // [87:87] is the sub-list for extension type_name
-	87,  // [87:87] is the sub-list for extension extendee
-	0,   // [0:87] is the sub-list for field type_name
+	4,   // 4: basalt.meta.v1.Container.state:type_name -> basalt.meta.v1.ContainerState
+	15,  // 5: basalt.meta.v1.BlockLocation.id:type_name -> basalt.meta.v1.BlockID
+	4,   // 6: basalt.meta.v1.BlockLocation.container_state:type_name -> basalt.meta.v1.ContainerState
+	9,   // 7: basalt.meta.v1.BlockLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	2,   // 8: basalt.meta.v1.SetDatanodeOpStateRequest.state:type_name -> basalt.meta.v1.NodeOpState
+	51,  // 9: basalt.meta.v1.SetDatanodeOpStateResponse.datanode:type_name -> basalt.meta.v1.DatanodeStatus
+	1,   // 10: basalt.meta.v1.ReplicaInfo.node_state:type_name -> basalt.meta.v1.NodeState
+	2,   // 11: basalt.meta.v1.ReplicaInfo.op_state:type_name -> basalt.meta.v1.NodeOpState
+	4,   // 12: basalt.meta.v1.ReplicaInfo.reported_state:type_name -> basalt.meta.v1.ContainerState
+	14,  // 13: basalt.meta.v1.ContainerReplicas.container:type_name -> basalt.meta.v1.Container
+	21,  // 14: basalt.meta.v1.ContainerReplicas.replicas:type_name -> basalt.meta.v1.ReplicaInfo
+	45,  // 15: basalt.meta.v1.ContainerReplicas.reports:type_name -> basalt.meta.v1.CorruptReplica
+	22,  // 16: basalt.meta.v1.GetContainerReplicasResponse.containers:type_name -> basalt.meta.v1.ContainerReplicas
+	9,   // 17: basalt.meta.v1.RegisterDatanodeRequest.details:type_name -> basalt.meta.v1.DatanodeDetails
+	10,  // 18: basalt.meta.v1.RegisterDatanodeRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
+	10,  // 19: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
+	11,  // 20: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
+	12,  // 21: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
+	28,  // 22: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
+	27,  // 23: basalt.meta.v1.HeartbeatRequest.copy_failures:type_name -> basalt.meta.v1.CopyFailure
+	7,   // 24: basalt.meta.v1.DeleteTxAck.status:type_name -> basalt.meta.v1.DeleteTxStatus
+	30,  // 25: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
+	1,   // 26: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
+	33,  // 27: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
+	34,  // 28: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
+	35,  // 29: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
+	36,  // 30: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
+	31,  // 31: basalt.meta.v1.DatanodeCommand.replicate_container:type_name -> basalt.meta.v1.ReplicateContainerCommand
+	32,  // 32: basalt.meta.v1.DatanodeCommand.delete_container:type_name -> basalt.meta.v1.DeleteContainerCommand
+	9,   // 33: basalt.meta.v1.ReplicateContainerCommand.sources:type_name -> basalt.meta.v1.DatanodeDetails
+	13,  // 34: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
+	9,   // 35: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	0,   // 36: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
+	17,  // 37: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	16,  // 38: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	40,  // 39: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
+	15,  // 40: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
+	15,  // 41: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
+	45,  // 42: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
+	49,  // 43: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
+	14,  // 44: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
+	9,   // 45: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	9,   // 46: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
+	1,   // 47: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
+	10,  // 48: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
+	2,   // 49: basalt.meta.v1.DatanodeStatus.op_state:type_name -> basalt.meta.v1.NodeOpState
+	51,  // 50: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
+	13,  // 51: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
+	14,  // 52: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
+	4,   // 53: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
+	116, // 54: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	59,  // 55: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
+	60,  // 56: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
+	63,  // 57: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
+	5,   // 58: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 59: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
+	5,   // 60: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 61: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
+	70,  // 62: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
+	15,  // 63: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
+	0,   // 64: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 65: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	77,  // 66: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	16,  // 67: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
+	79,  // 68: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
+	117, // 69: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	118, // 70: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	119, // 71: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	0,   // 72: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 73: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	17,  // 74: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	16,  // 75: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	17,  // 76: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	16,  // 77: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
+	77,  // 78: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
+	79,  // 79: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	85,  // 80: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	78,  // 81: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
+	78,  // 82: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
+	93,  // 83: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
+	79,  // 84: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	79,  // 85: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	85,  // 86: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	79,  // 87: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 88: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
+	79,  // 89: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 90: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
+	102, // 91: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
+	77,  // 92: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	6,   // 93: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	100, // 94: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
+	106, // 95: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
+	100, // 96: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
+	24,  // 97: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	26,  // 98: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	37,  // 99: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	39,  // 100: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	47,  // 101: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	42,  // 102: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	44,  // 103: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	50,  // 104: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	53,  // 105: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	55,  // 106: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	57,  // 107: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	58,  // 108: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
+	18,  // 109: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
+	20,  // 110: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
+	64,  // 111: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	65,  // 112: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	66,  // 113: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	68,  // 114: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	71,  // 115: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	72,  // 116: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	73,  // 117: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	75,  // 118: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	80,  // 119: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	82,  // 120: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	84,  // 121: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	86,  // 122: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	87,  // 123: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	89,  // 124: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	91,  // 125: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	94,  // 126: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	95,  // 127: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	96,  // 128: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	98,  // 129: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	99,  // 130: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	101, // 131: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	103, // 132: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	104, // 133: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	107, // 134: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	109, // 135: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	112, // 136: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	113, // 137: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	114, // 138: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	25,  // 139: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	29,  // 140: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	38,  // 141: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	41,  // 142: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	48,  // 143: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	43,  // 144: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	46,  // 145: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	52,  // 146: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	54,  // 147: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	56,  // 148: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	62,  // 149: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	61,  // 150: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
+	19,  // 151: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
+	23,  // 152: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
+	63,  // 153: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	63,  // 154: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	67,  // 155: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	69,  // 156: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	70,  // 157: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	70,  // 158: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	74,  // 159: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	76,  // 160: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	81,  // 161: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	83,  // 162: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	78,  // 163: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	78,  // 164: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	88,  // 165: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	90,  // 166: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	92,  // 167: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	93,  // 168: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	93,  // 169: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	97,  // 170: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	78,  // 171: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	78,  // 172: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	100, // 173: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	78,  // 174: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	105, // 175: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	108, // 176: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	110, // 177: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	111, // 178: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	111, // 179: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	115, // 180: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	139, // [139:181] is the sub-list for method output_type
+	97,  // [97:139] is the sub-list for method input_type
+	97,  // [97:97] is the sub-list for extension type_name
+	97,  // [97:97] is the sub-list for extension extendee
+	0,   // [0:97] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -7850,7 +8478,7 @@ func file_meta_meta_proto_init() {
 	if File_meta_meta_proto != nil {
 		return
 	}
-	file_meta_meta_proto_msgTypes[16].OneofWrappers = []any{
+	file_meta_meta_proto_msgTypes[22].OneofWrappers = []any{
 		(*DatanodeCommand_CreatePipeline)(nil),
 		(*DatanodeCommand_ClosePipeline)(nil),
 		(*DatanodeCommand_CloseContainer)(nil),
@@ -7863,8 +8491,8 @@ func file_meta_meta_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
-			NumEnums:      7,
-			NumMessages:   106,
+			NumEnums:      8,
+			NumMessages:   112,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -37,6 +37,8 @@ const (
 	Scm_ListContainers_FullMethodName       = "/basalt.meta.v1.Scm/ListContainers"
 	Scm_GetSafeMode_FullMethodName          = "/basalt.meta.v1.Scm/GetSafeMode"
 	Scm_GetContainerHealth_FullMethodName   = "/basalt.meta.v1.Scm/GetContainerHealth"
+	Scm_SetDatanodeOpState_FullMethodName   = "/basalt.meta.v1.Scm/SetDatanodeOpState"
+	Scm_GetContainerReplicas_FullMethodName = "/basalt.meta.v1.Scm/GetContainerReplicas"
 )
 
 // ScmClient is the client API for Scm service.
@@ -61,6 +63,12 @@ type ScmClient interface {
 	// The replication manager's last round: containers by health class, the
 	// worst ones, copies in flight (SCM leader only).
 	GetContainerHealth(ctx context.Context, in *GetContainerHealthRequest, opts ...grpc.CallOption) (*GetContainerHealthResponse, error)
+	// Decommission, maintenance, recommission (through Raft).
+	SetDatanodeOpState(ctx context.Context, in *SetDatanodeOpStateRequest, opts ...grpc.CallOption) (*SetDatanodeOpStateResponse, error)
+	// Replicas of a container with their health and the reports against
+	// them (container_id 0: the containers that have a report or a replica
+	// that does not count).
+	GetContainerReplicas(ctx context.Context, in *GetContainerReplicasRequest, opts ...grpc.CallOption) (*GetContainerReplicasResponse, error)
 }
 
 type scmClient struct {
@@ -191,6 +199,26 @@ func (c *scmClient) GetContainerHealth(ctx context.Context, in *GetContainerHeal
 	return out, nil
 }
 
+func (c *scmClient) SetDatanodeOpState(ctx context.Context, in *SetDatanodeOpStateRequest, opts ...grpc.CallOption) (*SetDatanodeOpStateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetDatanodeOpStateResponse)
+	err := c.cc.Invoke(ctx, Scm_SetDatanodeOpState_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scmClient) GetContainerReplicas(ctx context.Context, in *GetContainerReplicasRequest, opts ...grpc.CallOption) (*GetContainerReplicasResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetContainerReplicasResponse)
+	err := c.cc.Invoke(ctx, Scm_GetContainerReplicas_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ScmServer is the server API for Scm service.
 // All implementations must embed UnimplementedScmServer
 // for forward compatibility.
@@ -213,6 +241,12 @@ type ScmServer interface {
 	// The replication manager's last round: containers by health class, the
 	// worst ones, copies in flight (SCM leader only).
 	GetContainerHealth(context.Context, *GetContainerHealthRequest) (*GetContainerHealthResponse, error)
+	// Decommission, maintenance, recommission (through Raft).
+	SetDatanodeOpState(context.Context, *SetDatanodeOpStateRequest) (*SetDatanodeOpStateResponse, error)
+	// Replicas of a container with their health and the reports against
+	// them (container_id 0: the containers that have a report or a replica
+	// that does not count).
+	GetContainerReplicas(context.Context, *GetContainerReplicasRequest) (*GetContainerReplicasResponse, error)
 	mustEmbedUnimplementedScmServer()
 }
 
@@ -258,6 +292,12 @@ func (UnimplementedScmServer) GetSafeMode(context.Context, *GetSafeModeRequest) 
 }
 func (UnimplementedScmServer) GetContainerHealth(context.Context, *GetContainerHealthRequest) (*GetContainerHealthResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetContainerHealth not implemented")
+}
+func (UnimplementedScmServer) SetDatanodeOpState(context.Context, *SetDatanodeOpStateRequest) (*SetDatanodeOpStateResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetDatanodeOpState not implemented")
+}
+func (UnimplementedScmServer) GetContainerReplicas(context.Context, *GetContainerReplicasRequest) (*GetContainerReplicasResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetContainerReplicas not implemented")
 }
 func (UnimplementedScmServer) mustEmbedUnimplementedScmServer() {}
 func (UnimplementedScmServer) testEmbeddedByValue()             {}
@@ -496,6 +536,42 @@ func _Scm_GetContainerHealth_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scm_SetDatanodeOpState_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetDatanodeOpStateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScmServer).SetDatanodeOpState(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scm_SetDatanodeOpState_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScmServer).SetDatanodeOpState(ctx, req.(*SetDatanodeOpStateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scm_GetContainerReplicas_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetContainerReplicasRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScmServer).GetContainerReplicas(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scm_GetContainerReplicas_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScmServer).GetContainerReplicas(ctx, req.(*GetContainerReplicasRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Scm_ServiceDesc is the grpc.ServiceDesc for Scm service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -550,6 +626,14 @@ var Scm_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetContainerHealth",
 			Handler:    _Scm_GetContainerHealth_Handler,
+		},
+		{
+			MethodName: "SetDatanodeOpState",
+			Handler:    _Scm_SetDatanodeOpState_Handler,
+		},
+		{
+			MethodName: "GetContainerReplicas",
+			Handler:    _Scm_GetContainerReplicas_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

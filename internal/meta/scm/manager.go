@@ -55,6 +55,10 @@ type Config struct {
 	// 10m).
 	MaxCopiesPerTarget int
 	CopyTimeout        time.Duration
+	// MaxCopyBytesPerTarget: bytes of the copies in flight into one
+	// datanode (default 2 × ContainerSize; one copy always goes, however
+	// large).
+	MaxCopyBytesPerTarget uint64
 
 	// Registerer receives the replication manager's gauges (nil: none).
 	Registerer prometheus.Registerer
@@ -92,6 +96,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.SafeModeMinDatanodes == 0 {
 		c.SafeModeMinDatanodes = 1
+	}
+	if c.MaxCopyBytesPerTarget == 0 {
+		c.MaxCopyBytesPerTarget = 2 * c.ContainerSize
 	}
 	if c.IDRangeSize == 0 {
 		c.IDRangeSize = 10000
@@ -167,6 +174,8 @@ type Manager struct {
 	// repl: the replication manager's schedule and last round.
 	repl    replSoft
 	metrics *replMetrics
+	// reporters: rate limit of corrupt-replica reports (reports.go).
+	reporters map[string]*bucket
 
 	idMu   sync.Mutex // serializes ID range refills
 	idNext uint64
@@ -378,9 +387,7 @@ func (m *Manager) markUnhealthy(cid, dn uint64, reason string) {
 	if len(m.unhealthy) >= maxPendingUnhealthy && m.unhealthy[cid] == nil {
 		return // recorded from a later report
 	}
-	if len(reason) > maxReasonBytes {
-		reason = reason[:maxReasonBytes]
-	}
+	reason = truncReason(reason)
 	if m.unhealthy[cid] == nil {
 		m.unhealthy[cid] = map[uint64]string{}
 	}
@@ -481,6 +488,9 @@ func (m *Manager) commandsFor(dn uint64, n *nodeSoft, now time.Time) []*metapb.D
 				cmds = append(cmds, &metapb.DatanodeCommand{Command: &metapb.DatanodeCommand_CreatePipeline{CreatePipeline: &metapb.CreatePipelineCommand{Pipeline: p, Datanodes: dns}}})
 			}
 		case p.State == metapb.PipelineState_PIPELINE_CLOSED && n.pipelines[p.Id]:
+			if m.stillClosing(p, n, now) {
+				continue // its containers close through its log first
+			}
 			if due(fmt.Sprintf("xp%d", p.Id)) {
 				cmds = append(cmds, &metapb.DatanodeCommand{Command: &metapb.DatanodeCommand_ClosePipeline{ClosePipeline: &metapb.ClosePipelineCommand{PipelineId: p.Id}}})
 			}
@@ -495,6 +505,7 @@ func (m *Manager) commandsFor(dn uint64, n *nodeSoft, now time.Time) []*metapb.D
 			cmds = append(cmds, &metapb.DatanodeCommand{Command: &metapb.DatanodeCommand_CloseContainer{CloseContainer: &metapb.CloseContainerCommand{ContainerId: id, PipelineId: c.PipelineId}}})
 		}
 	}
+	cmds = m.closeUnreportedLocked(dn, n, due, cmds)
 	cmds = m.replicationCommandsLocked(dn, n, due, cmds)
 	// Delete-block transactions for containers this datanode holds, from
 	// its cursor on: a bounded slice of the pending transactions per
@@ -569,6 +580,7 @@ func (m *Manager) ListDatanodes() (*metapb.ListDatanodesResponse, error) {
 				ds.LastHeartbeatUnixMs = n.lastSeen.UnixMilli()
 			}
 		}
+		m.fillOpStatus(ds)
 		resp.Datanodes = append(resp.Datanodes, ds)
 	}
 	return resp, nil
@@ -595,10 +607,22 @@ func (m *Manager) heardCount() int {
 	return k
 }
 
+// updateSafeMode leaves safe mode once SafeModeMinDatanodes datanodes
+// have reported to this leader. A leader of a cluster that left safe mode
+// before (a failover, a meta restart: recorded through Raft) needs only
+// the reports it actually gets: one datanode heard is enough, since every
+// datanode it has not heard from yet keeps its grace period (HEALTHY,
+// not fully reported, so none of its replicas is counted lost); datanodes
+// still heartbeating a hung old leader do not hold it back. Callers hold
+// m.mu.
 func (m *Manager) updateSafeMode() {
-	if m.safeMode && m.heardCount() >= m.cfg.SafeModeMinDatanodes {
+	if !m.safeMode {
+		return
+	}
+	h := m.heardCount()
+	if h >= m.cfg.SafeModeMinDatanodes || (h >= 1 && m.st.SafeModeExited()) {
 		m.safeMode = false
-		m.log.Info("scm: leaving safe mode", "reported", m.heardCount())
+		m.log.Info("scm: leaving safe mode", "reported", h, "required", m.cfg.SafeModeMinDatanodes, "failover", m.st.SafeModeExited())
 	}
 }
 
@@ -628,7 +652,7 @@ func (m *Manager) Tick(ctx context.Context) error {
 		return nil
 	}
 	now := m.cfg.Now()
-	var dead []uint64
+	var dead, stale []uint64
 	healthy := map[uint64]bool{}
 	m.pruneSent(now)
 	for id, n := range m.nodes {
@@ -647,6 +671,9 @@ func (m *Manager) Tick(ctx context.Context) error {
 		}
 		if n.state == metapb.NodeState_DEAD {
 			dead = append(dead, id)
+		}
+		if n.state == metapb.NodeState_STALE {
+			stale = append(stale, id)
 		}
 		if n.state == metapb.NodeState_HEALTHY {
 			healthy[id] = true
@@ -679,24 +706,21 @@ func (m *Manager) Tick(ctx context.Context) error {
 		m.mu.Unlock()
 	}
 
-	// 1. Close the pipelines of dead datanodes (checked every tick, so a
-	// failover in between loses nothing).
-	var toClose []uint64
-	for _, p := range m.st.Pipelines() {
-		if p.State != metapb.PipelineState_PIPELINE_OPEN {
-			continue
-		}
-		for _, id := range p.Datanodes {
-			if slices.Contains(dead, id) {
-				toClose = append(toClose, p.Id)
-				break
-			}
-		}
-	}
-	if len(toClose) > 0 {
-		if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ClosePipelines{ClosePipelines: &metapb.ClosePipelinesOp{PipelineIds: toClose, Reason: fmt.Sprintf("datanodes %v dead", dead)}}}); err != nil {
+	if !safe && !m.st.SafeModeExited() {
+		if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_SafeModeExited{SafeModeExited: &metapb.SafeModeExitedOp{}}}); err != nil {
 			return err
 		}
+	}
+	// 1. Close the pipelines that lost a member: a dead or stale datanode,
+	// one leaving service (decommission, maintenance), or a replica
+	// recorded unhealthy (checked every tick, so a failover in between
+	// loses nothing). Their open containers become CLOSING in the same
+	// entry, and createPipelines replaces them so writes keep spreading.
+	if toClose, why := m.lostMembers(stale, dead); len(toClose) > 0 {
+		if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ClosePipelines{ClosePipelines: &metapb.ClosePipelinesOp{PipelineIds: toClose, Reason: why}}}); err != nil {
+			return err
+		}
+		m.log.Info("scm: pipelines closed", "pipelines", toClose, "reason", why)
 	}
 	// 2. Close full containers; mark closed the ones every live replica
 	// reported closed.
@@ -899,7 +923,7 @@ func (m *Manager) createPipelines(ctx context.Context, healthy map[uint64]bool) 
 		racks := map[string]bool{}
 		var cands []Candidate
 		for _, d := range m.st.Datanodes() {
-			if !healthy[d.Id] {
+			if !healthy[d.Id] || !m.inService(d.Id) {
 				continue
 			}
 			racks[d.Location] = true
@@ -988,6 +1012,12 @@ func (m *Manager) AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocks
 	// A leader that just took over is in safe mode until datanodes
 	// heartbeat to it, which they do within a heartbeat interval: wait for
 	// that (bounded) rather than fail every write during a failover.
+	//
+	// A cluster that left safe mode before (recorded through Raft) is not
+	// held back at all: the recorded pipelines take writes whether or not
+	// their datanodes have reached this leader yet (they may still be
+	// heartbeating a hung old one), and a datanode that is really gone
+	// turns STALE after StaleInterval like any other.
 	var deadline time.Time // real time, set on the first look
 	for {
 		m.mu.Lock()
@@ -996,7 +1026,7 @@ func (m *Manager) AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocks
 			return nil, notLeader()
 		}
 		m.updateSafeMode()
-		if !m.safeMode {
+		if !m.safeMode || m.st.SafeModeExited() {
 			m.mu.Unlock()
 			break
 		}
@@ -1059,7 +1089,7 @@ func (m *Manager) pickContainer(ctx context.Context, repl metapb.Replication, ex
 		ok := true
 		for _, id := range p.Datanodes {
 			n := m.nodes[id]
-			if n == nil || n.state != metapb.NodeState_HEALTHY || slices.Contains(ex.GetDatanodes(), id) {
+			if n == nil || n.state != metapb.NodeState_HEALTHY || slices.Contains(ex.GetDatanodes(), id) || !m.inService(id) {
 				ok = false
 				break
 			}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,6 +48,10 @@ const (
 	HealthUnderReplicated = "under_replicated"
 	HealthOverReplicated  = "over_replicated"
 	HealthMissing         = "missing"
+	// HealthMisReplicated: enough healthy replicas, but all on one rack
+	// while the cluster's live datanodes span two or more (a copy goes to
+	// another rack, then one replica on the crowded rack is dropped).
+	HealthMisReplicated = "mis_replicated"
 	// HealthUnhealthyReplicas counts containers with a replica recorded
 	// UNHEALTHY, whatever their class.
 	HealthUnhealthyReplicas = "unhealthy_replicas"
@@ -60,35 +65,60 @@ const (
 	ReplicaUnhealthy                      // recorded or reported UNHEALTHY
 	ReplicaDead                           // its datanode is DEAD (or unknown)
 	ReplicaMissing                        // its datanode's full report lacks it
+	// ReplicaLagging: reported CLOSED with a committed index (BCSID) below
+	// the highest among the container's closed replicas: it lacks writes
+	// the others have (Ozone's quasi-closed handling); replaced by a copy
+	// of a replica with the highest.
+	ReplicaLagging
+	// ReplicaDecommissioning: on a DECOMMISSIONING or DECOMMISSIONED
+	// datanode: not counted, a copy source while live, dropped once the
+	// container has its full count elsewhere.
+	ReplicaDecommissioning
+	// ReplicaMaintenance: on a datanode entering or in maintenance: not
+	// counted, kept; the container needs only min(2, factor) elsewhere.
+	ReplicaMaintenance
 )
 
 func (s ReplicaStatus) String() string {
-	return [...]string{"healthy", "unhealthy", "dead", "missing"}[s]
+	return [...]string{"healthy", "unhealthy", "dead", "missing", "lagging", "decommissioning", "maintenance"}[s]
 }
 
 // Classification is one container's health.
 type Classification struct {
 	Health  string
-	Want    int
+	Want    int      // the replication factor
+	Need    int      // healthy replicas it must have now (Want, less for maintenance)
 	Healthy []uint64 // replicas that count
-	Bad     []uint64 // replicas that do not (unhealthy, dead, missing)
+	Bad     []uint64 // replicas that do not (unhealthy, dead, missing, lagging)
+	Decom   []uint64 // on decommissioning datanodes: not counted, sources
+	Maint   []uint64 // on datanodes in maintenance: not counted, kept
 }
 
 // Classify classifies a container from the status of each of its recorded
-// replicas.
+// replicas. With replicas in maintenance it needs only
+// max(factor - in maintenance, min(2, factor)) healthy ones.
 func Classify(c *metapb.Container, status func(dn uint64) ReplicaStatus) Classification {
 	cl := Classification{Want: max(int(c.Replication), 1)}
 	for _, r := range c.Replicas {
-		if status(r) == ReplicaHealthy {
+		switch status(r) {
+		case ReplicaHealthy:
 			cl.Healthy = append(cl.Healthy, r)
-		} else {
+		case ReplicaDecommissioning:
+			cl.Decom = append(cl.Decom, r)
+		case ReplicaMaintenance:
+			cl.Maint = append(cl.Maint, r)
+		default:
 			cl.Bad = append(cl.Bad, r)
 		}
 	}
+	cl.Need = cl.Want
+	if len(cl.Maint) > 0 {
+		cl.Need = max(cl.Want-len(cl.Maint), min(2, cl.Want))
+	}
 	switch n := len(cl.Healthy); {
-	case n == 0:
+	case n == 0 && len(cl.Decom)+len(cl.Maint) == 0:
 		cl.Health = HealthMissing
-	case n < cl.Want:
+	case n < cl.Need:
 		cl.Health = HealthUnderReplicated
 	case n > cl.Want:
 		cl.Health = HealthOverReplicated
@@ -157,7 +187,17 @@ type copyTask struct {
 	target  uint64
 	sources []uint64
 	started time.Time
+	bytes   uint64
 }
+
+// copied is a copy recorded, for the repair rate.
+type copied struct {
+	at    time.Time
+	bytes uint64
+}
+
+// rateWindow is how far back the repair rate looks.
+const rateWindow = 5 * time.Minute
 
 // replSoft is the replication manager's soft state (under Manager.mu;
 // reset with the rest on a leadership change).
@@ -175,10 +215,18 @@ type replSoft struct {
 	all     []*metapb.ContainerHealth // not healthy, worst first
 	done    uint64
 	failedN uint64
+	// drain: decommission and maintenance progress per datanode.
+	drain map[uint64]drainStat
+	// recorded: copies recorded within rateWindow (at most maxRecorded).
+	recorded  []copied
+	bytesLeft uint64
 }
 
+const maxRecorded = 4096
+
 func newReplSoft() replSoft {
-	return replSoft{copies: map[uint64]*copyTask{}, failed: map[uint64]map[uint64]time.Time{}, good: map[uint64]int{}, alarmed: map[uint64]bool{}}
+	return replSoft{copies: map[uint64]*copyTask{}, failed: map[uint64]map[uint64]time.Time{}, good: map[uint64]int{}, alarmed: map[uint64]bool{},
+		drain: map[uint64]drainStat{}}
 }
 
 // Bounds of one replication round.
@@ -196,6 +244,8 @@ type replMetrics struct {
 	containers *prometheus.GaugeVec
 	inFlight   prometheus.Gauge
 	copies     *prometheus.CounterVec
+	bytes      *prometheus.GaugeVec
+	opStates   *prometheus.GaugeVec
 }
 
 func newReplMetrics(reg prometheus.Registerer) *replMetrics {
@@ -206,11 +256,17 @@ func newReplMetrics(reg prometheus.Registerer) *replMetrics {
 			Help: "Container copies scheduled and not yet recorded (SCM leader)."}),
 		copies: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "basalt_scm_replication_copies_total",
 			Help: "Container copies finished, by result (done: recorded; failed: timed out or target lost)."}, []string{"result"}),
+		bytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "basalt_scm_replication_bytes",
+			Help: "Re-replication bytes at the last round: in_flight (copies running), left (containers short of replicas) (SCM leader)."}, []string{"kind"}),
+		opStates: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "basalt_scm_datanodes_by_op_state",
+			Help: "Datanodes by operational state (decommission, maintenance) at the last round (SCM leader)."}, []string{"state"}),
 	}
 	if reg != nil {
 		m.containers = register(reg, m.containers)
 		m.inFlight = register(reg, m.inFlight)
 		m.copies = register(reg, m.copies)
+		m.bytes = register(reg, m.bytes)
+		m.opStates = register(reg, m.opStates)
 	}
 	return m
 }
@@ -236,12 +292,25 @@ func (m *Manager) replicaStatusLocked(c *metapb.Container, dn uint64) ReplicaSta
 	if slices.Contains(c.UnhealthyReplicas, dn) || m.unhealthy[c.Id][dn] != "" {
 		return ReplicaUnhealthy
 	}
+	op := m.st.OpState(dn).State
+	if op == metapb.NodeOpState_IN_MAINTENANCE {
+		return ReplicaMaintenance // down or not: that is what maintenance is for
+	}
 	n := m.nodes[dn]
 	if n == nil || n.state == metapb.NodeState_DEAD || m.st.Datanode(dn) == nil {
 		return ReplicaDead
 	}
+	offline := func() ReplicaStatus {
+		switch {
+		case isMaintenance(op):
+			return ReplicaMaintenance
+		case isDecommission(op):
+			return ReplicaDecommissioning
+		}
+		return ReplicaHealthy
+	}
 	if !n.fullReported {
-		return ReplicaHealthy // not heard in full yet under this leader
+		return offline() // not heard in full yet under this leader
 	}
 	rep := n.containers[c.Id]
 	switch {
@@ -249,8 +318,27 @@ func (m *Manager) replicaStatusLocked(c *metapb.Container, dn uint64) ReplicaSta
 		return ReplicaMissing
 	case rep.State == metapb.ContainerState_CONTAINER_UNHEALTHY:
 		return ReplicaUnhealthy
+	case c.State == metapb.ContainerState_CONTAINER_CLOSED && rep.State == metapb.ContainerState_CONTAINER_CLOSED && rep.Bcsid < m.newestLocked(c):
+		return ReplicaLagging
 	}
-	return ReplicaHealthy
+	return offline()
+}
+
+// newestLocked is the highest committed index (BCSID) a live replica of
+// c not recorded unhealthy reports for it CLOSED. Callers hold m.mu.
+func (m *Manager) newestLocked(c *metapb.Container) uint64 {
+	var newest uint64
+	for _, r := range c.Replicas {
+		if slices.Contains(c.UnhealthyReplicas, r) {
+			continue
+		}
+		if n := m.nodes[r]; n != nil && n.state != metapb.NodeState_DEAD {
+			if rep := n.containers[c.Id]; rep != nil && rep.State == metapb.ContainerState_CONTAINER_CLOSED {
+				newest = max(newest, rep.Bcsid)
+			}
+		}
+	}
+	return newest
 }
 
 // replOp is one replica-set change a round decided on.
@@ -270,7 +358,7 @@ func (m *Manager) replicate(ctx context.Context) error {
 		m.mu.Unlock()
 		return nil
 	}
-	ops, missing := m.planLocked(now)
+	ops, missing, trans := m.planLocked(now)
 	m.mu.Unlock()
 	for _, cid := range missing {
 		m.log.Error("scm: container MISSING: no healthy replica left; data in it is unreadable until a replica returns", "container", cid)
@@ -288,7 +376,23 @@ func (m *Manager) replicate(ctx context.Context) error {
 				m.repl.done++
 				m.metrics.copies.WithLabelValues("done").Inc()
 			}
+			if c := m.st.Container(op.cid); c != nil {
+				m.repl.recorded = append(m.repl.recorded, copied{at: now, bytes: c.UsedBytes})
+				if len(m.repl.recorded) > maxRecorded {
+					m.repl.recorded = slices.Delete(m.repl.recorded, 0, len(m.repl.recorded)-maxRecorded)
+				}
+			}
 			m.mu.Unlock()
+		}
+	}
+	for _, op := range trans {
+		res, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_SetNodeOpState{SetNodeOpState: op}})
+		if err != nil {
+			m.log.Warn("scm: datanode operational state", "datanode", op.DatanodeId, "to", op.State, "err", err)
+			continue
+		}
+		if row, ok := res.(*metapb.NodeOpRow); ok && row.State == op.State {
+			m.log.Info("scm: datanode operational state", "datanode", op.DatanodeId, "to", op.State)
 		}
 	}
 	return nil
@@ -296,9 +400,9 @@ func (m *Manager) replicate(ctx context.Context) error {
 
 // planLocked classifies every container, updates the health summary and
 // gauges, times out copies, schedules new ones, and returns the replica
-// set changes to propose and the containers newly found missing. Callers
-// hold m.mu.
-func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64) {
+// set changes to propose, the containers newly found missing, and the
+// operational-state changes the round allows. Callers hold m.mu.
+func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64, trans []*metapb.SetNodeOpStateOp) {
 	rs := &m.repl
 	// Copies that will not finish: target gone, or too slow.
 	for cid, t := range rs.copies {
@@ -326,32 +430,48 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 	// Who reports a closed copy it is not a recorded replica of.
 	extra := map[uint64][]uint64{}
 	inFlight := map[uint64]int{}
+	bytesInFlight := map[uint64]uint64{}
+	var allInFlight uint64
 	for _, t := range rs.copies {
 		inFlight[t.target]++
+		bytesInFlight[t.target] += t.bytes
+		allInFlight += t.bytes
 	}
 	dns := m.st.Datanodes()
 	racks := map[uint64]string{}
 	rackSet := map[string]bool{}
+	liveRacks := map[string]bool{} // racks of live datanodes in service
 	for _, d := range dns {
 		racks[d.Id] = d.Location
 		rackSet[d.Location] = true
 	}
 	for _, d := range dns {
 		n := m.nodes[d.Id]
-		if n == nil || n.state != metapb.NodeState_HEALTHY {
+		if n == nil || n.state != metapb.NodeState_HEALTHY || !m.inService(d.Id) {
 			continue
 		}
+		liveRacks[d.Location] = true
 		for cid, rep := range n.containers {
 			if rep.State == metapb.ContainerState_CONTAINER_CLOSED {
 				extra[cid] = append(extra[cid], d.Id)
 			}
 		}
 	}
+	// blocked: datanodes still in an open pipeline or holding a replica
+	// of an unclosed container; they are not drained yet.
+	blocked := map[uint64]bool{}
+	for _, p := range slices.Concat(m.st.OpenPipelines(metapb.Replication_ONE), m.st.OpenPipelines(metapb.Replication_THREE)) {
+		for _, id := range p.Datanodes {
+			blocked[id] = true
+		}
+	}
+	drain := map[uint64]drainStat{}
 
-	counts := map[string]uint64{HealthHealthy: 0, HealthUnderReplicated: 0, HealthOverReplicated: 0, HealthMissing: 0, HealthUnhealthyReplicas: 0, "closing": 0, "open": 0}
+	counts := map[string]uint64{HealthHealthy: 0, HealthUnderReplicated: 0, HealthOverReplicated: 0, HealthMisReplicated: 0, HealthMissing: 0, HealthUnhealthyReplicas: 0, "closing": 0, "open": 0}
 	type under struct {
-		c  *metapb.Container
-		cl Classification
+		c   *metapb.Container
+		cl  Classification
+		mis bool
 	}
 	var unders []under
 	var bad []*metapb.ContainerHealth
@@ -361,6 +481,9 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		switch c.State {
 		case metapb.ContainerState_CONTAINER_OPEN:
 			counts["open"]++
+			for _, r := range c.Replicas {
+				blocked[r] = true
+			}
 			continue
 		case metapb.ContainerState_CONTAINER_CLOSING:
 			// Closed by the existing paths (closedReports skips dead and
@@ -369,6 +492,9 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			// when last reported (a ONE container on a dead datanode), is
 			// missing.
 			counts["closing"]++
+			for _, r := range c.Replicas {
+				blocked[r] = true
+			}
 			if m.lostLocked(c) {
 				counts[HealthMissing]++
 				missingNow[c.Id] = true
@@ -391,6 +517,25 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			continue
 		}
 		cl := Classify(c, func(dn uint64) ReplicaStatus { return m.replicaStatusLocked(c, dn) })
+		// Drain progress of the replicas on datanodes leaving service.
+		for _, r := range slices.Concat(cl.Decom, cl.Maint) {
+			d := drain[r]
+			d.containers++
+			enough := len(cl.Healthy) >= cl.Want
+			if slices.Contains(cl.Maint, r) {
+				enough = len(cl.Healthy) >= min(2, cl.Want)
+			}
+			if !enough {
+				d.left++
+				d.bytesLeft += c.UsedBytes
+			}
+			drain[r] = d
+		}
+		// Replicas in maintenance come back: their racks count for the
+		// rack rule (those of decommissioning ones do not).
+		if cl.Health == HealthHealthy && cl.Want >= 2 && len(liveRacks) >= 2 && oneRack(slices.Concat(cl.Healthy, cl.Maint), racks) {
+			cl.Health = HealthMisReplicated
+		}
 		counts[cl.Health]++
 		if len(c.UnhealthyReplicas) > 0 {
 			counts[HealthUnhealthyReplicas]++
@@ -398,7 +543,7 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		good[c.Id] = len(cl.Healthy)
 		if cl.Health != HealthHealthy {
 			h := &metapb.ContainerHealth{ContainerId: c.Id, State: c.State, Health: cl.Health, HealthyReplicas: uint32(len(cl.Healthy)),
-				WantReplicas: uint32(cl.Want), Replicas: c.Replicas, Unhealthy: cl.Bad, UsedBytes: c.UsedBytes}
+				WantReplicas: uint32(cl.Want), Replicas: c.Replicas, Unhealthy: slices.Concat(cl.Bad, cl.Decom, cl.Maint), UsedBytes: c.UsedBytes}
 			if t := rs.copies[c.Id]; t != nil {
 				h.CopyTarget = t.target
 			}
@@ -420,18 +565,13 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		// for it (the container may have become whole another way; the
 		// extra replica then goes in a later round). Its replica set
 		// grows first; removals wait for a later round.
-		if t := rs.copies[c.Id]; t != nil && len(cl.Healthy) >= cl.Want && slices.Contains(extra[c.Id], t.target) {
+		if t := rs.copies[c.Id]; t != nil && len(cl.Healthy) >= cl.Need && slices.Contains(extra[c.Id], t.target) {
 			ops = append(ops, replOp{what: fmt.Sprintf("replica on datanode %d recorded", t.target), cid: c.Id, dn: t.target,
 				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaAdded{ReplicaAdded: &metapb.ReplicaAddedOp{ContainerId: c.Id, DatanodeId: t.target}}}})
 			continue
 		}
-		if len(cl.Healthy) < cl.Want {
-			var newest uint64
-			for _, r := range cl.Healthy {
-				if rep := m.nodes[r].containers[c.Id]; rep != nil {
-					newest = max(newest, rep.Bcsid)
-				}
-			}
+		if len(cl.Healthy) < cl.Need {
+			newest := m.newestLocked(c)
 			added := false
 			for _, dn := range extra[c.Id] {
 				if slices.Contains(c.Replicas, dn) {
@@ -448,18 +588,27 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			if added {
 				continue
 			}
-			unders = append(unders, under{c, cl})
+			unders = append(unders, under{c: c, cl: cl})
 			continue
 		}
-		// 2. Back at (or above) the factor: drop what does not count, then
-		// one replica too many. Never while a copy is in flight (it may
-		// be what makes the count).
+		// 2. Back at (or above) the factor: drop what does not count
+		// (replicas on decommissioning datanodes too), then one replica
+		// too many. Never while a copy is in flight (it may be what makes
+		// the count), and not while replicas in maintenance stand in for
+		// healthy ones.
 		if rs.copies[c.Id] != nil {
 			continue
 		}
-		if len(cl.Bad) > 0 {
-			ops = append(ops, replOp{what: fmt.Sprintf("replicas %v dropped (replaced)", cl.Bad), cid: c.Id,
-				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: cl.Bad, Reason: "replaced by healthy replicas"}}}})
+		if cl.Health == HealthMisReplicated {
+			unders = append(unders, under{c: c, cl: cl, mis: true})
+			continue
+		}
+		if len(cl.Healthy) < cl.Want {
+			continue
+		}
+		if drop := slices.Concat(cl.Bad, cl.Decom); len(drop) > 0 {
+			ops = append(ops, replOp{what: fmt.Sprintf("replicas %v dropped (replaced)", drop), cid: c.Id,
+				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: drop, Reason: "replaced by healthy replicas"}}}})
 			continue
 		}
 		if len(cl.Healthy) > cl.Want {
@@ -475,11 +624,17 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		}
 	}
 	rs.good = good
+	rs.drain = drain
+	trans = m.opTransitionsLocked(now, blocked)
 
 	// 3. Schedule copies, fewest healthy replicas first.
 	slices.SortFunc(unders, func(a, b under) int {
 		return cmp.Or(cmp.Compare(len(a.cl.Healthy), len(b.cl.Healthy)), cmp.Compare(a.c.Id, b.c.Id))
 	})
+	var bytesLeft uint64
+	for _, u := range unders {
+		bytesLeft += u.c.UsedBytes
+	}
 	for _, u := range unders {
 		if len(rs.copies) >= maxCopiesInFlight {
 			break
@@ -495,11 +650,20 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 				sources = append(sources, r)
 			}
 		}
-		if len(sources) == 0 {
+		// Replicas on datanodes leaving service are sources too, after
+		// the ones in service (a decommissioning datanode may hold the
+		// only copy of a ONE container).
+		var offline []uint64
+		for _, r := range slices.Concat(u.cl.Decom, u.cl.Maint) {
+			if n := m.nodes[r]; n != nil && n.state == metapb.NodeState_HEALTHY && n.containers[u.c.Id] != nil {
+				offline = append(offline, r)
+			}
+		}
+		if len(sources)+len(offline) == 0 {
 			continue // only stale replicas: wait
 		}
 		// Newest first (highest committed index), then the least busy.
-		slices.SortFunc(sources, func(a, b uint64) int {
+		byNewest := func(a, b uint64) int {
 			var ba, bb uint64
 			if rep := m.nodes[a].containers[u.c.Id]; rep != nil {
 				ba = rep.Bcsid
@@ -508,13 +672,22 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 				bb = rep.Bcsid
 			}
 			return cmp.Or(-cmp.Compare(ba, bb), cmp.Compare(a, b))
-		})
+		}
+		slices.SortFunc(sources, byNewest)
+		slices.SortFunc(offline, byNewest)
+		sources = append(sources, offline...)
 		var cands []TargetCandidate
 		for _, d := range dns {
 			n := m.nodes[d.Id]
-			if n == nil || n.state != metapb.NodeState_HEALTHY || !n.heard || slices.Contains(u.c.Replicas, d.Id) ||
+			if n == nil || n.state != metapb.NodeState_HEALTHY || !n.heard || slices.Contains(u.c.Replicas, d.Id) || !m.inService(d.Id) ||
 				inFlight[d.Id] >= m.cfg.MaxCopiesPerTarget || !rs.failed[u.c.Id][d.Id].IsZero() {
 				continue
+			}
+			if bytesInFlight[d.Id] > 0 && bytesInFlight[d.Id]+u.c.UsedBytes > m.cfg.MaxCopyBytesPerTarget {
+				continue // throttled: bytes in flight into it
+			}
+			if u.mis && len(repRacks) > 0 && d.Location == repRacks[0] {
+				continue // mis-replicated: only another rack helps
 			}
 			if rep := n.containers[u.c.Id]; rep != nil {
 				continue // holds an old or broken copy: it must delete it first
@@ -532,9 +705,11 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		if !ok {
 			continue
 		}
-		rs.copies[u.c.Id] = &copyTask{cid: u.c.Id, target: target, sources: sources, started: now}
+		rs.copies[u.c.Id] = &copyTask{cid: u.c.Id, target: target, sources: sources, started: now, bytes: u.c.UsedBytes}
 		inFlight[target]++
-		m.log.Info("scm: replication: copy scheduled", "container", u.c.Id, "healthy", len(u.cl.Healthy), "want", u.cl.Want, "target", target, "sources", sources)
+		bytesInFlight[target] += u.c.UsedBytes
+		allInFlight += u.c.UsedBytes
+		m.log.Info("scm: replication: copy scheduled", "container", u.c.Id, "healthy", len(u.cl.Healthy), "want", u.cl.Want, "mis_replicated", u.mis, "target", target, "sources", sources)
 	}
 
 	// Summary for GetContainerHealth, worst first.
@@ -550,6 +725,7 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		bad = bad[:maxWorst]
 	}
 	rs.all = bad
+	rs.bytesLeft = bytesLeft
 	rs.last = &metapb.GetContainerHealthResponse{Counts: counts, RoundUnixMs: now.UnixMilli()}
 	for h, n := range counts {
 		if h != "open" && h != "closing" {
@@ -557,7 +733,54 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		}
 	}
 	m.metrics.inFlight.Set(float64(len(rs.copies)))
-	return ops, newlyMissing
+	m.metrics.bytes.WithLabelValues("in_flight").Set(float64(allInFlight))
+	m.metrics.bytes.WithLabelValues("left").Set(float64(bytesLeft))
+	ops1 := map[metapb.NodeOpState]int{}
+	for _, o := range m.st.OpStates() {
+		ops1[o.State]++
+	}
+	for _, st := range []metapb.NodeOpState{metapb.NodeOpState_DECOMMISSIONING, metapb.NodeOpState_DECOMMISSIONED, metapb.NodeOpState_ENTERING_MAINTENANCE, metapb.NodeOpState_IN_MAINTENANCE} {
+		m.metrics.opStates.WithLabelValues(strings.ToLower(st.String())).Set(float64(ops1[st]))
+	}
+	return ops, newlyMissing, trans
+}
+
+// oneRack reports whether the datanodes are all on one rack.
+func oneRack(ids []uint64, racks map[uint64]string) bool {
+	for _, id := range ids[1:] {
+		if racks[id] != racks[ids[0]] {
+			return false
+		}
+	}
+	return len(ids) > 0
+}
+
+// rateLocked is the repair rate: bytes of the copies recorded within
+// rateWindow (or since this leadership began) per second. Callers hold
+// m.mu.
+func (m *Manager) rateLocked(now time.Time) float64 {
+	rs := &m.repl
+	from := now.Add(-rateWindow)
+	i := 0
+	for i < len(rs.recorded) && rs.recorded[i].at.Before(from) {
+		i++
+	}
+	rs.recorded = rs.recorded[i:]
+	if len(rs.recorded) == 0 {
+		return 0
+	}
+	var sum uint64
+	for _, c := range rs.recorded {
+		sum += c.bytes
+	}
+	start := from
+	for _, t := range []time.Time{m.since, rs.recorded[0].at.Add(-time.Second)} {
+		if t.After(start) {
+			start = t
+		}
+	}
+	span := now.Sub(start)
+	return float64(sum) / max(span.Seconds(), 1)
 }
 
 // maxCopyFailuresPerHeartbeat bounds the copy failures read from one
@@ -705,7 +928,13 @@ func (m *Manager) ContainerHealth(worst int) (*metapb.GetContainerHealthResponse
 		resp.Worst = append(resp.Worst, h)
 	}
 	for _, t := range m.repl.copies {
-		resp.Copies = append(resp.Copies, &metapb.ReplicationCopy{ContainerId: t.cid, Target: t.target, Sources: t.sources, StartedUnixMs: t.started.UnixMilli()})
+		resp.Copies = append(resp.Copies, &metapb.ReplicationCopy{ContainerId: t.cid, Target: t.target, Sources: t.sources, StartedUnixMs: t.started.UnixMilli(), Bytes: t.bytes})
+		resp.BytesInFlight += t.bytes
+	}
+	resp.BytesLeft = m.repl.bytesLeft
+	resp.RateBytesPerSec = m.rateLocked(m.cfg.Now())
+	if resp.RateBytesPerSec > 0 && resp.BytesLeft > 0 {
+		resp.EtaMs = int64(float64(resp.BytesLeft) / resp.RateBytesPerSec * 1000)
 	}
 	slices.SortFunc(resp.Copies, func(a, b *metapb.ReplicationCopy) int { return cmp.Compare(a.ContainerId, b.ContainerId) })
 	return resp, nil

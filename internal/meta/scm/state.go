@@ -40,6 +40,7 @@ var (
 	keyNextCont  = []byte("m/next_container")
 	keyNextLocal = []byte("m/next_local")
 	keyNextTx    = []byte("m/next_tx")
+	keySafeExit  = []byte("m/safe_exit")
 )
 
 // FirstPipelineID is the first pipeline ID handed out. Pipeline IDs are
@@ -79,6 +80,10 @@ type State struct {
 	openPipes map[metapb.Replication][]uint64 // OPEN pipelines, sorted IDs
 	openConts map[metapb.Replication][]uint64 // OPEN containers, sorted IDs
 	closing   map[uint64]struct{}             // CLOSING containers
+
+	opStates map[uint64]*metapb.NodeOpRow      // operational states (opstate.go)
+	reports  map[repKey]*metapb.CorruptReplica // reports against replicas
+	safeExit bool                              // a leader left safe mode once
 }
 
 // setPipeline stores p in the mirror and its indexes (caller holds mu for
@@ -165,6 +170,9 @@ func (s *State) load() error {
 	s.closing = map[uint64]struct{}{}
 	s.next = counters{dn: 1, pipeline: FirstPipelineID, container: 1, local: 1, tx: 1}
 	return s.st.View(func(r pebble.Reader) error {
+		if err := s.loadExtra(r); err != nil {
+			return err
+		}
 		for _, c := range []struct {
 			k   []byte
 			dst *uint64
@@ -374,11 +382,21 @@ func (s *State) apply(b *pebble.Batch, cmd *metapb.ScmCommand) any {
 		s.putU64(b, keyNextTx, s.next.tx)
 		return txs
 	case *metapb.ScmCommand_ReplicasUnhealthy:
-		return s.applyUnhealthy(b, op.ReplicasUnhealthy.Replicas)
+		return s.applyUnhealthy(b, op.ReplicasUnhealthy.Replicas, now)
 	case *metapb.ScmCommand_ReplicaAdded:
 		return s.applyReplicaAdded(b, op.ReplicaAdded)
 	case *metapb.ScmCommand_ReplicasRemoved:
 		return s.applyReplicasRemoved(b, op.ReplicasRemoved)
+	case *metapb.ScmCommand_SetNodeOpState:
+		return s.applySetNodeOpState(b, op.SetNodeOpState, now)
+	case *metapb.ScmCommand_ReplicaReports:
+		return s.applyReplicaReports(b, op.ReplicaReports.Reports, now)
+	case *metapb.ScmCommand_SafeModeExited:
+		if !s.safeExit {
+			s.safeExit = true
+			s.putU64(b, keySafeExit, uint64(now))
+		}
+		return nil
 	case *metapb.ScmCommand_PurgeDeleteTxs:
 		for _, id := range op.PurgeDeleteTxs.TxIds {
 			if err := b.Delete(key(pfxDeleteTx, id), nil); err != nil {
@@ -396,7 +414,7 @@ func (s *State) apply(b *pebble.Batch, cmd *metapb.ScmCommand) any {
 // in it again and the leader closes it on the remaining replicas. Entries
 // naming an unknown container or a datanode that is not its replica are
 // skipped (the leader checked them; the state may have moved since).
-func (s *State) applyUnhealthy(b *pebble.Batch, reps []*metapb.UnhealthyReplica) any {
+func (s *State) applyUnhealthy(b *pebble.Batch, reps []*metapb.UnhealthyReplica, now int64) any {
 	if len(reps) > MaxUnhealthyPerOp {
 		return status.Errorf(codes.InvalidArgument, "unhealthy replicas: %d in one command, at most %d", len(reps), MaxUnhealthyPerOp)
 	}
@@ -406,6 +424,7 @@ func (s *State) applyUnhealthy(b *pebble.Batch, reps []*metapb.UnhealthyReplica)
 		if c == nil || !slices.Contains(c.Replicas, r.DatanodeId) || slices.Contains(c.UnhealthyReplicas, r.DatanodeId) {
 			continue
 		}
+		s.recordReport(b, c.Id, 0, r.DatanodeId, r.Reason, "scm", now)
 		c = proto.Clone(c).(*metapb.Container)
 		c.UnhealthyReplicas = insertSorted(c.UnhealthyReplicas, r.DatanodeId)
 		if c.State == metapb.ContainerState_CONTAINER_OPEN {
@@ -455,10 +474,11 @@ func (s *State) applyReplicasRemoved(b *pebble.Batch, op *metapb.ReplicasRemoved
 	if c.State != metapb.ContainerState_CONTAINER_CLOSED {
 		return status.Errorf(codes.FailedPrecondition, "replicas removed: container %d is %v, not CLOSED", c.Id, c.State)
 	}
-	var keep, unhealthy []uint64
+	var keep, unhealthy, gone []uint64
 	good := 0
 	for _, r := range c.Replicas {
 		if slices.Contains(op.DatanodeIds, r) {
+			gone = append(gone, r)
 			continue
 		}
 		keep = append(keep, r)
@@ -476,6 +496,9 @@ func (s *State) applyReplicasRemoved(b *pebble.Batch, op *metapb.ReplicasRemoved
 			op.DatanodeIds, c.Id, c.Replicas, c.UnhealthyReplicas)
 	}
 	n := len(c.Replicas) - len(keep)
+	for _, r := range gone {
+		s.dropReports(b, c.Id, r)
+	}
 	c = proto.Clone(c).(*metapb.Container)
 	c.Replicas = keep
 	c.UnhealthyReplicas = unhealthy
