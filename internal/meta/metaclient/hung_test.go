@@ -212,4 +212,3 @@ func (s *slow) CommitKey(ctx context.Context, _ *metapb.CommitKeyRequest) (*meta
 	}
 	return &metapb.KeyInfo{}, nil
 }
-
