@@ -81,13 +81,24 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 			}
 		}
 	}
-	open, err := c.ns.OpenKey(ctx, &metapb.OpenKeyRequest{
+	openReq := &metapb.OpenKeyRequest{
 		Volume: volume, Bucket: bucket, Key: key, SizeHint: uint64(o.SizeHint),
 		Replication: o.Replication.pb(), ChecksumType: metapb.ChecksumType_CRC32C,
 		BytesPerChecksum: uint32(c.cfg.BytesPerChecksum), ClientLocation: c.cfg.Location,
+	}
+	var open *metapb.OpenKeyResponse
+	err := c.allocating(ctx, op, func(shared bool) error {
+		openReq.Exclude = nil
+		if shared {
+			ex := c.excl.snapshot()
+			openReq.Exclude = ex.proto()
+		}
+		var err error
+		open, err = c.ns.OpenKey(ctx, openReq)
+		return err
 	})
 	if err != nil {
-		return KeyInfo{}, wrapErr(op, err)
+		return KeyInfo{}, err
 	}
 	bs := int64(open.BlockSize)
 	if c.cfg.BlockSize > 0 && (bs == 0 || c.cfg.BlockSize < bs) {
@@ -141,6 +152,9 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 		}
 	}
 	ki, err := c.ns.CommitKey(ctx, commit)
+	if err != nil && ctx.Err() == nil && errors.Is(wrapErr(op, err), ErrOutcomeUnknown) {
+		ki, err = c.settleCommit(ctx, op, volume, bucket, key, commit, err)
+	}
 	if err != nil {
 		return KeyInfo{}, wrapErr(op, err)
 	}
@@ -256,22 +270,32 @@ type blockSource struct {
 	retries int
 }
 
-// next returns the next block to write.
+// next returns the next block to write, avoiding what this key and the
+// whole client (Client.Excluded) found failing.
 func (s *blockSource) next(ctx context.Context) (*metapb.BlockLocation, error) {
+	shared := s.c.excl.snapshot()
 	for len(s.spares) > 0 {
 		b := s.spares[0]
 		s.spares = s.spares[1:]
-		if !s.exclude.excludes(b) && len(b.Datanodes) > 0 {
+		if !s.exclude.excludes(b) && !shared.excludes(b) && len(b.Datanodes) > 0 {
 			return b, nil
 		}
 	}
-	r, err := s.c.ns.AllocateBlock(ctx, &metapb.AllocateBlockRequest{OpenId: s.openID, Exclude: s.exclude.proto(), ClientLocation: s.c.cfg.Location})
-	if err != nil {
-		e := wrapErr(s.op, err)
-		if !s.exclude.empty() {
-			e = fmt.Errorf("%w (allocating a block excluding %s after %d failures)", e, &s.exclude, s.retries)
+	var r *metapb.AllocateBlockResponse
+	err := s.c.allocating(ctx, s.op, func(withShared bool) error {
+		ex := s.exclude
+		if withShared {
+			ex = s.exclude.union(s.c.excl.snapshot())
 		}
-		return nil, e
+		var err error
+		r, err = s.c.ns.AllocateBlock(ctx, &metapb.AllocateBlockRequest{OpenId: s.openID, Exclude: ex.proto(), ClientLocation: s.c.cfg.Location})
+		return err
+	})
+	if err != nil {
+		if !s.exclude.empty() {
+			err = fmt.Errorf("%w (allocating a block excluding %s after %d failures)", err, &s.exclude, s.retries)
+		}
+		return nil, err
 	}
 	if len(r.GetBlock().GetDatanodes()) == 0 {
 		return nil, &Error{Op: s.op, Code: codes.Internal, Msg: fmt.Sprintf("allocated block %v has no datanodes", r.GetBlock().GetId()), kind: ErrUnavailable}
@@ -291,6 +315,7 @@ func (s *blockSource) failed(ctx context.Context, f *failure) error {
 	}
 	s.retries++
 	s.exclude.apply(f)
+	s.c.excl.add(f)
 	if s.retries > s.c.cfg.MaxBlockRetries {
 		return &Error{Op: s.op, Code: codes.Unavailable, kind: ErrWriteFailed,
 			Msg: fmt.Sprintf("gave up after %d block re-allocations (excluded %s); last failure: %v", s.c.cfg.MaxBlockRetries, &s.exclude, f.err)}
@@ -340,6 +365,16 @@ func classify(ctx context.Context, blk *metapb.BlockLocation, err error) *failur
 			f.datanodes = e.Failed
 			f.pipeline = blk.PipelineId
 			f.container = blk.GetId().GetContainerId()
+		case datanodepb.Error_DISK_FULL:
+			// The answering datanode (the leader) has no room: no
+			// pipeline with it will take data, so exclude the datanode,
+			// not just this container (a full datanode used to cost a
+			// key all its retries).
+			f.pipeline = blk.PipelineId
+			var a *dnAnswer
+			if errors.As(err, &a) && a.datanode != 0 {
+				f.datanodes = []uint64{a.datanode}
+			}
 		case datanodepb.Error_BAD_REQUEST:
 			f.fatal = true
 		case datanodepb.Error_OUTCOME_UNKNOWN:

@@ -233,6 +233,12 @@ func (r *router) Invoke(ctx context.Context, method string, args, reply any, opt
 			}
 			continue
 		}
+		if ctx.Err() != nil {
+			// The caller's own deadline or cancellation, told apart from a
+			// server's DeadlineExceeded: errors.Is(err, ctx.Err()) holds,
+			// and the status is still there for status.Code.
+			return fmt.Errorf("metaclient: %s: %w: %w", method, ctx.Err(), err)
+		}
 		last = err
 		st, _ := status.FromError(err)
 		if st.Code() != codes.Unavailable {

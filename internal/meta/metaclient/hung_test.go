@@ -104,6 +104,7 @@ func TestHungLeaderIsAbandoned(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer syscall.Kill(pid, syscall.SIGCONT)
+	waitStopped(t, pid)
 
 	start := time.Now()
 	if _, err := c.Namespace.LookupKey(ctx, &metapb.LookupKeyRequest{}); err != nil {
@@ -175,6 +176,30 @@ func TestHungLeaderIsAbandoned(t *testing.T) {
 	if !c.prober.Probe(c.conns[stopped][0]) {
 		t.Fatal("the resumed node does not answer a probe")
 	}
+}
+
+// waitStopped waits until every thread of pid is stopped (signal delivery
+// is asynchronous: a running thread may still answer for a moment).
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		stopped := len(tasks) > 0
+		for _, task := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+			// The state follows the command name in parentheses.
+			if i := strings.LastIndexByte(string(b), ')'); err != nil || i < 0 || i+2 >= len(b) || b[i+2] != 'T' && b[i+2] != 't' {
+				stopped = false
+				break
+			}
+		}
+		if stopped {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("pid %d did not stop within 10s of SIGSTOP", pid)
 }
 
 // A slow but live node keeps its calls: probes are answered, so a call
