@@ -16,9 +16,9 @@ import (
 
 // allocation failure classes (allocClass).
 const (
-	allocFatal   = iota // an answer about the request: return it
-	allocWait           // nowhere to put a block yet: wait and ask again
-	allocNoRoom         // out of space: only excluding less can help
+	allocFatal  = iota // an answer about the request: return it
+	allocWait          // nowhere to put a block yet: wait and ask again
+	allocNoRoom        // out of space: only excluding less can help
 )
 
 // allocClass classifies an error of an allocating call (OpenKey,
