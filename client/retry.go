@@ -16,9 +16,10 @@ import (
 
 // allocation failure classes (allocClass).
 const (
-	allocFatal  = iota // an answer about the request: return it
-	allocWait          // nowhere to put a block yet: wait and ask again
-	allocNoRoom        // out of space: only excluding less can help
+	allocFatal      = iota // an answer about the request: return it
+	allocWait              // the service is not ready (safe mode, no leader): wait
+	allocNoPipeline        // no open pipeline outside the exclude list: exclude less, wait
+	allocNoRoom            // out of space: only excluding less can help
 )
 
 // allocClass classifies an error of an allocating call (OpenKey,
@@ -33,7 +34,10 @@ func allocClass(err error) int {
 	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted:
 		return allocWait
 	case codes.FailedPrecondition:
-		if strings.Contains(msg, "no open") || strings.Contains(msg, "safe mode") {
+		if strings.Contains(msg, "no open") {
+			return allocNoPipeline
+		}
+		if strings.Contains(msg, "safe mode") {
 			return allocWait
 		}
 	case codes.ResourceExhausted:
@@ -44,20 +48,26 @@ func allocClass(err error) int {
 	return allocFatal
 }
 
+// maxExcludeLevel is the last exclusion level of an allocating call:
+// 0 sends the client-wide exclude list and the key's, 1 the key's only,
+// 2 the key's failed datanodes and containers only (see blockSource.next).
+const maxExcludeLevel = 2
+
 // allocating runs call, an allocating metadata call, until it succeeds,
 // fails for good, or Config.AllocateWait has passed since the first try:
 // right after a start or a failover there may be no open pipeline (or SCM
 // is in safe mode) for a few seconds, and spending every retry in
 // milliseconds failed every write then. Waits back off from 50 ms to 2 s
-// with jitter, so that many writers do not ask in lockstep. call(true)
-// sends the client-wide exclude list too; if that leaves nothing to
-// allocate from, call(false) asks with the key's own list only.
-func (c *Client) allocating(ctx context.Context, op string, call func(shared bool) error) error {
+// with jitter, so that many writers do not ask in lockstep. When nothing
+// is left outside the exclude list, call is asked again at once with a
+// higher level (fewer exclusions): other keys' exclusions are advice, and
+// a pipeline this key gave up on may be ready now.
+func (c *Client) allocating(ctx context.Context, op string, call func(level int) error) error {
 	deadline := time.Now().Add(c.cfg.AllocateWait)
 	backoff := 50 * time.Millisecond
-	shared := true
+	level := 0
 	for tries := 1; ; tries++ {
-		err := call(shared)
+		err := call(level)
 		if err == nil {
 			return nil
 		}
@@ -65,13 +75,11 @@ func (c *Client) allocating(ctx context.Context, op string, call func(shared boo
 			return fmt.Errorf("%s: %w (last error: %v)", op, ctx.Err(), err)
 		}
 		class := allocClass(err)
-		if class != allocFatal && shared && !c.excl.empty() {
-			// Other keys' exclusions may be what leaves no pipeline: ask
-			// again at once without them.
-			shared = false
+		if (class == allocNoPipeline || class == allocNoRoom) && level < maxExcludeLevel {
+			level++
 			continue
 		}
-		if class != allocWait {
+		if class != allocWait && class != allocNoPipeline {
 			return wrapErr(op, err)
 		}
 		left := time.Until(deadline)
@@ -86,7 +94,7 @@ func (c *Client) allocating(ctx context.Context, op string, call func(shared boo
 			return fmt.Errorf("%s: %w (last error: %v)", op, ctx.Err(), err)
 		}
 		backoff = min(2*backoff, 2*time.Second)
-		shared = true
+		level = 0
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -87,9 +88,9 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 		BytesPerChecksum: uint32(c.cfg.BytesPerChecksum), ClientLocation: c.cfg.Location,
 	}
 	var open *metapb.OpenKeyResponse
-	err := c.allocating(ctx, op, func(shared bool) error {
+	err := c.allocating(ctx, op, func(level int) error {
 		openReq.Exclude = nil
-		if shared {
+		if level == 0 {
 			ex := c.excl.snapshot()
 			openReq.Exclude = ex.proto()
 		}
@@ -268,6 +269,8 @@ type blockSource struct {
 	spares  []*metapb.BlockLocation // allocated, not yet used
 	exclude excludeList
 	retries int
+	// notReadySince: the first pipeline-not-ready failure of the key.
+	notReadySince time.Time
 }
 
 // next returns the next block to write, avoiding what this key and the
@@ -282,10 +285,18 @@ func (s *blockSource) next(ctx context.Context) (*metapb.BlockLocation, error) {
 		}
 	}
 	var r *metapb.AllocateBlockResponse
-	err := s.c.allocating(ctx, s.op, func(withShared bool) error {
-		ex := s.exclude
-		if withShared {
+	err := s.c.allocating(ctx, s.op, func(level int) error {
+		var ex excludeList
+		switch level {
+		case 0:
 			ex = s.exclude.union(s.c.excl.snapshot())
+		case 1:
+			ex = s.exclude
+		default:
+			// Nothing left but the pipelines this key gave up on: try
+			// them again (they may have been new, or their leader
+			// elected since); failed datanodes and containers stay out.
+			ex = excludeList{datanodes: s.exclude.datanodes, containers: s.exclude.containers}
 		}
 		var err error
 		r, err = s.c.ns.AllocateBlock(ctx, &metapb.AllocateBlockRequest{OpenId: s.openID, Exclude: ex.proto(), ClientLocation: s.c.cfg.Location})
@@ -313,8 +324,20 @@ func (s *blockSource) failed(ctx context.Context, f *failure) error {
 	if f.fatal {
 		return wrapErr(s.op, f.err)
 	}
-	s.retries++
 	s.exclude.apply(f)
+	if f.notReady {
+		if s.notReadySince.IsZero() {
+			s.notReadySince = time.Now()
+		}
+		if time.Since(s.notReadySince) < s.c.cfg.AllocateWait {
+			s.c.log.Info("basalt client: pipeline not ready; trying another", "key", s.op, "err", f.err)
+			if !sleepCtx(ctx, 50*time.Millisecond+rand.N(100*time.Millisecond)) {
+				return fmt.Errorf("%s: %w", s.op, ctx.Err())
+			}
+			return nil
+		}
+	}
+	s.retries++
 	s.c.excl.add(f)
 	if s.retries > s.c.cfg.MaxBlockRetries {
 		return &Error{Op: s.op, Code: codes.Unavailable, kind: ErrWriteFailed,
@@ -326,8 +349,12 @@ func (s *blockSource) failed(ctx context.Context, f *failure) error {
 
 // failure is a classified write failure: what to exclude, or fatal.
 type failure struct {
-	err       error
-	fatal     bool
+	err   error
+	fatal bool
+	// notReady: the pipeline is not (yet) known to its datanodes, as
+	// right after SCM created it; it is avoided for this key, but neither
+	// client-wide nor against the retry budget while AllocateWait lasts.
+	notReady  bool
 	datanodes []uint64
 	pipeline  uint64
 	container uint64
@@ -381,7 +408,10 @@ func classify(ctx context.Context, blk *metapb.BlockLocation, err error) *failur
 			// The entry may still commit: writing the data again elsewhere
 			// would hide that from the caller. Fail the key.
 			f.fatal = true
-		default: // PIPELINE_NOT_FOUND, NOT_LEADER with no leader, DISK_FULL, IO_ERROR, CHECKSUM_MISMATCH, ...
+		case datanodepb.Error_PIPELINE_NOT_FOUND:
+			f.pipeline = blk.PipelineId
+			f.notReady = true
+		default: // NOT_LEADER with no leader, IO_ERROR, CHECKSUM_MISMATCH, ...
 			f.pipeline = blk.PipelineId
 		}
 		return f
