@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -232,7 +233,17 @@ func TestGrayFailures(t *testing.T) {
 		}
 		stopped := time.Now()
 		logf("SIGSTOP %s (%s) for %v", p.Name, what, d)
-		sleep(d)
+		if os.Getenv("BASALT_GRAY_STACKS") == "1" {
+			// Where the writers wait, halfway through the stop.
+			sleep(d / 2)
+			if f, err := os.Create(filepath.Join(c.Logs, "stacks-"+p.Name+".txt")); err == nil {
+				pprof.Lookup("goroutine").WriteTo(f, 1)
+				f.Close()
+			}
+			sleep(d - d/2)
+		} else {
+			sleep(d)
+		}
 		if err := p.Cont(); err != nil {
 			t.Fatal(err)
 		}
@@ -278,6 +289,19 @@ func TestGrayFailures(t *testing.T) {
 			}
 			logf("  failed at %.1fs after the stop: %s", f.at.Sub(w.stop).Seconds(), truncate(f.err, 300))
 		}
+		var perSec []string
+		for s := w.stop; s.Before(w.until); s = s.Add(time.Second) {
+			n := 0
+			log.mu.Lock()
+			for _, t := range log.oks {
+				if !t.Before(s) && t.Before(s.Add(time.Second)) {
+					n++
+				}
+			}
+			log.mu.Unlock()
+			perSec = append(perSec, strconv.Itoa(n))
+		}
+		logf("  successful writes per second from the stop: %s", strings.Join(perSec, " "))
 		fmt.Printf("GRAY %s gap=%.2fs failed_during=%d failed_after=%d\n", strings.Fields(w.name)[0], gap.Seconds(), len(during), len(after))
 		if gap > maxGap {
 			t.Errorf("%s: %v without a successful write, more than %v", w.name, gap.Round(time.Millisecond), maxGap)
