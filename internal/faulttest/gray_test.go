@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -239,6 +241,17 @@ func TestGrayFailures(t *testing.T) {
 			if f, err := os.Create(filepath.Join(c.Logs, "stacks-"+p.Name+".txt")); err == nil {
 				pprof.Lookup("goroutine").WriteTo(f, 1)
 				f.Close()
+			}
+			for i, m := range c.Metas {
+				if m == p {
+					continue
+				}
+				hc := http.Client{Timeout: 5 * time.Second}
+				if r, err := hc.Get("http://" + c.MetaHTTP[i] + "/debug/pprof/goroutine?debug=1"); err == nil {
+					b, _ := io.ReadAll(io.LimitReader(r.Body, 16<<20))
+					r.Body.Close()
+					os.WriteFile(filepath.Join(c.Logs, fmt.Sprintf("stacks-%s-during-%s.txt", m.Name, p.Name)), b, 0o644)
+				}
 			}
 			sleep(d - d/2)
 		} else {
