@@ -51,3 +51,11 @@ SEEDS ?= 20
 .PHONY: simulate
 simulate:
 	$(GO) test -count=1 -timeout 0 -run '^TestSimRandom$$' ./internal/sim -seeds=$(SEEDS)
+
+# Issue 12's gray-failure test (3 meta + 5 datanode processes on loopback;
+# the meta leader SIGSTOPped 20 s, then a datanode 30 s, under small-key
+# writes; bounds the longest gap without a successful write and requires
+# no failure after SIGCONT; about 2 minutes). Skipped by `make test`.
+.PHONY: test-gray
+test-gray:
+	BASALT_GRAY_TEST=1 $(GO) test -count=1 -v -run '^TestGrayFailures$$' -timeout 8m ./internal/faulttest/

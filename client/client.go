@@ -21,10 +21,15 @@ const (
 	DefaultBytesPerChecksum  = storage.DefaultBytesPerChecksum
 	DefaultMaxBufferBytes    = 64 << 20
 	DefaultMaxInflightChunks = 4
-	DefaultWaitAllTimeout    = 30 * time.Second
-	DefaultRPCTimeout        = 60 * time.Second
-	DefaultMaxBlockRetries   = 5
-	DefaultMaxMsgBytes       = 64 << 20
+	// DefaultWaitAllTimeout bounds the wait for every replica of a
+	// PutBlock / PutSmallFile: a slow or stopped follower delays a write
+	// by at most this, then the pipeline and the laggards are excluded
+	// and the data goes to a new block (Ozone's watch timeout).
+	DefaultWaitAllTimeout  = 3 * time.Second
+	DefaultAllocateWait    = 15 * time.Second
+	DefaultRPCTimeout      = 60 * time.Second
+	DefaultMaxBlockRetries = 5
+	DefaultMaxMsgBytes     = 64 << 20
 	// DefaultStreamThreshold is where auto switches from V1 to V2: seed
 	// 000 keeps writes smaller than a chunk on V1, where one request does
 	// what a stream needs a dial, a close and a sync on every datanode for.
@@ -72,8 +77,22 @@ type Config struct {
 	// rounded to whole chunks).
 	FlushBytes int64
 	// WaitAllTimeout is how long a PutBlock waits for every replica
-	// (default 30s); past it the datanode answers REPLICAS_LAG.
+	// (default 3s); past it the datanode answers REPLICAS_LAG and the
+	// client moves the data to another pipeline.
 	WaitAllTimeout time.Duration
+	// AllocateWait bounds how long a write waits for the service to have
+	// somewhere to put a block (no open pipeline yet after a start or a
+	// failover, SCM in safe mode), retrying with jittered backoff
+	// (default 15s).
+	AllocateWait time.Duration
+	// ExcludeFor is how long the whole client avoids a datanode, pipeline
+	// or container that failed a write (default 10 minutes).
+	ExcludeFor time.Duration
+	// ProbeAfter and ProbeTimeout detect hung servers (metadata nodes and
+	// datanodes): a call that has waited ProbeAfter makes the client
+	// probe the server, and one that answers no probe within ProbeTimeout
+	// is abandoned (defaults 1s and 1s; see metaclient.Prober).
+	ProbeAfter, ProbeTimeout time.Duration
 	// RPCTimeout bounds one datanode call (default 60s).
 	RPCTimeout time.Duration
 	// LeaderWait bounds the time spent finding a pipeline's leader
@@ -160,6 +179,12 @@ func (c *Config) setDefaults() error {
 	if c.RPCTimeout == 0 {
 		c.RPCTimeout = DefaultRPCTimeout
 	}
+	if c.AllocateWait == 0 {
+		c.AllocateWait = DefaultAllocateWait
+	}
+	if c.ExcludeFor == 0 {
+		c.ExcludeFor = DefaultExcludeFor
+	}
 	if c.LeaderWait == 0 {
 		c.LeaderWait = 10 * time.Second
 	}
@@ -219,6 +244,9 @@ type Client struct {
 	leadersMu sync.Mutex
 	leaders   map[uint64]string // pipeline ID → leader address last seen
 
+	excl   *sharedExclude     // client-wide exclude list
+	prober *metaclient.Prober // hung datanodes
+
 	// reportCorrupt tells SCM that a replica failed checksum verification.
 	// Until metapb has ReportCorruptReplica it only logs; wire the RPC here.
 	reportCorrupt func(ctx context.Context, r CorruptReport) error
@@ -240,7 +268,7 @@ func New(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	mc, err := metaclient.New(metaclient.Config{Addrs: cfg.MetaAddrs, CallTimeout: cfg.MetaCallTimeout, DialOptions: cfg.DialOptions,
-		ServiceToken: cfg.ServiceToken})
+		ServiceToken: cfg.ServiceToken, ProbeAfter: cfg.ProbeAfter, ProbeTimeout: cfg.ProbeTimeout})
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
@@ -248,6 +276,8 @@ func New(cfg Config) (*Client, error) {
 		cfg: cfg, meta: mc, ns: mc.Namespace, scm: mc.Scm, log: cfg.Logger,
 		dns:     newDNPool(cfg.MaxMsgBytes, cfg.DialOptions),
 		leaders: map[uint64]string{},
+		excl:    newSharedExclude(cfg.ExcludeFor),
+		prober:  metaclient.NewProber(metaclient.ProberConfig{ProbeAfter: cfg.ProbeAfter, ProbeTimeout: cfg.ProbeTimeout}),
 	}
 	c.reportCorrupt = func(ctx context.Context, r CorruptReport) error {
 		c.log.Warn("basalt client: corrupt replica, reporting to SCM",

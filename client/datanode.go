@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
+	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
@@ -43,6 +44,14 @@ func newDNPool(maxMsg int, extra []grpc.DialOption) *dnPool {
 }
 
 func (p *dnPool) get(addr string) (datanodepb.DatanodeClient, error) {
+	cc, err := p.conn(addr)
+	if err != nil {
+		return nil, err
+	}
+	return datanodepb.NewDatanodeClient(cc), nil
+}
+
+func (p *dnPool) conn(addr string) (*grpc.ClientConn, error) {
 	if addr == "" {
 		return nil, errors.New("datanode has no data address")
 	}
@@ -62,7 +71,7 @@ func (p *dnPool) get(addr string) (datanodepb.DatanodeClient, error) {
 		}
 		p.conns[addr] = cc
 	}
-	return datanodepb.NewDatanodeClient(cc), nil
+	return cc, nil
 }
 
 func (p *dnPool) close() error {
@@ -100,9 +109,21 @@ func unreachable(err error) bool {
 // leaderError is a failure to get an answer from a pipeline's leader.
 type leaderError struct {
 	pipeline    uint64
-	unreachable []uint64 // datanode IDs that could not be reached
+	unreachable []uint64 // datanode IDs that could not be reached (or hung)
 	last        error
 }
+
+// dnAnswer is an error a datanode answered a call with; it names the
+// datanode, so a failure that is the datanode's own (its disk is full)
+// can exclude it.
+type dnAnswer struct {
+	datanode uint64
+	addr     string
+	err      error
+}
+
+func (e *dnAnswer) Error() string { return fmt.Sprintf("datanode %s: %v", e.addr, e.err) }
+func (e *dnAnswer) Unwrap() error { return e.err }
 
 func (e *leaderError) Error() string {
 	return fmt.Sprintf("pipeline %d: no leader answered (unreachable datanodes %v): %v", e.pipeline, e.unreachable, e.last)
@@ -168,10 +189,13 @@ func (c *Client) callLeader(ctx context.Context, blk *metapb.BlockLocation, time
 		if addr == "" {
 			break
 		}
-		dn, err := c.dns.get(addr)
+		cc, err := c.dns.conn(addr)
+		hung := false
 		if err == nil {
 			cctx, cancel := context.WithTimeout(ctx, timeout)
-			err = call(cctx, dn)
+			wctx, done := c.prober.Watch(cctx, cc)
+			err = call(wctx, datanodepb.NewDatanodeClient(cc))
+			hung = done()
 			cancel()
 		}
 		if err == nil {
@@ -184,6 +208,15 @@ func (c *Client) callLeader(ctx context.Context, blk *metapb.BlockLocation, time
 			return addr, ctx.Err()
 		}
 		last = fmt.Errorf("datanode %s: %w", addr, err)
+		if hung {
+			// The leader took the call and answers nothing, not even a
+			// probe (a stopped process): give up on this pipeline at
+			// once rather than wait for its election; the caller excludes
+			// the pipeline and the datanode and writes elsewhere.
+			down[addr] = true
+			last = fmt.Errorf("datanode %s: %w", addr, metaclient.ErrHung)
+			break
+		}
 		if e := dnErrorOf(err); e != nil && e.Kind == datanodepb.Error_NOT_LEADER {
 			if e.LeaderAddr != "" && e.LeaderAddr != addr && !down[e.LeaderAddr] && redirects < maxRedirects {
 				redirects++
@@ -203,7 +236,7 @@ func (c *Client) callLeader(ctx context.Context, blk *metapb.BlockLocation, time
 			addr = nextMember()
 			continue
 		}
-		return addr, err
+		return addr, &dnAnswer{datanode: idOf(addr), addr: addr, err: err}
 	}
 	le := &leaderError{pipeline: blk.PipelineId, last: last}
 	for a := range down {

@@ -119,7 +119,11 @@ func wrapErr(op string, err error) error {
 	case codes.Unavailable:
 		e.kind = ErrUnavailable
 	case codes.DeadlineExceeded:
-		e.kind = context.DeadlineExceeded
+		// A server's (or one attempt's) timeout, not the caller's
+		// deadline: that one arrives as a context error (above), because
+		// the client checks ctx.Err() of the call's own context. A
+		// datanode's REPLICAS_LAG carries this code too.
+		e.kind = ErrUnavailable
 	case codes.Canceled:
 		e.kind = context.Canceled
 	case codes.PermissionDenied, codes.Unauthenticated:

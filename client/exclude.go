@@ -3,6 +3,8 @@ package client
 import (
 	"fmt"
 	"slices"
+	"sync"
+	"time"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
@@ -65,4 +67,96 @@ func (e *excludeList) apply(f *failure) {
 	}
 	e.addPipeline(f.pipeline)
 	e.addContainer(f.container)
+}
+
+// DefaultExcludeFor is how long the client as a whole avoids what a write
+// found failing (Ozone keeps its exclude list 600 s).
+const DefaultExcludeFor = 10 * time.Minute
+
+// sharedExclude is the client-wide exclude list: what any key's write
+// found failing (datanodes, pipelines, containers), avoided by every
+// later allocation of this client until it expires. A key adds its
+// failures here as well as to its own list; an allocation sends the union.
+// If the union leaves nothing to allocate from, the allocation is asked
+// again with the key's own list only (blockSource.next): the shared list
+// is advice from other keys, not a reason to fail this one.
+type sharedExclude struct {
+	ttl time.Duration
+	mu  sync.Mutex
+	// id → expiry, per kind
+	datanodes, pipelines, containers map[uint64]time.Time
+}
+
+func newSharedExclude(ttl time.Duration) *sharedExclude {
+	return &sharedExclude{ttl: ttl, datanodes: map[uint64]time.Time{}, pipelines: map[uint64]time.Time{}, containers: map[uint64]time.Time{}}
+}
+
+func (s *sharedExclude) add(f *failure) {
+	if f == nil || f.fatal {
+		return
+	}
+	until := time.Now().Add(s.ttl)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	put := func(m map[uint64]time.Time, id uint64) {
+		if id != 0 && (len(m) < maxExcluded || !m[id].IsZero()) {
+			m[id] = until
+		}
+	}
+	for _, d := range f.datanodes {
+		put(s.datanodes, d)
+	}
+	put(s.pipelines, f.pipeline)
+	put(s.containers, f.container)
+}
+
+// snapshot returns the entries that have not expired (dropping the rest).
+func (s *sharedExclude) snapshot() excludeList {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var e excludeList
+	live := func(m map[uint64]time.Time) []uint64 {
+		var out []uint64
+		for id, until := range m {
+			if now.After(until) {
+				delete(m, id)
+				continue
+			}
+			out = append(out, id)
+		}
+		slices.Sort(out)
+		return out
+	}
+	e.datanodes, e.pipelines, e.containers = live(s.datanodes), live(s.pipelines), live(s.containers)
+	return e
+}
+
+// Excluded returns what the client currently avoids for new blocks (IDs
+// of datanodes, pipelines and containers that failed a write within
+// Config.ExcludeFor).
+func (c *Client) Excluded() (datanodes, pipelines, containers []uint64) {
+	e := c.excl.snapshot()
+	return e.datanodes, e.pipelines, e.containers
+}
+
+// union returns a copy of e with o's entries added.
+func (e *excludeList) union(o excludeList) excludeList {
+	u := excludeList{datanodes: slices.Clone(e.datanodes), pipelines: slices.Clone(e.pipelines), containers: slices.Clone(e.containers)}
+	for _, d := range o.datanodes {
+		u.addDatanode(d)
+	}
+	for _, p := range o.pipelines {
+		u.addPipeline(p)
+	}
+	for _, c := range o.containers {
+		u.addContainer(c)
+	}
+	return u
+}
+
+func (s *sharedExclude) empty() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.datanodes)+len(s.pipelines)+len(s.containers) == 0
 }

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/storage"
 	"github.com/basalt-store/basalt/internal/stream"
 )
 
@@ -371,6 +373,11 @@ func classifyStream(ctx context.Context, b *streamBlock, err error) *failure {
 	switch se.Code {
 	case stream.CodeContainerNotOpen, stream.CodeNoSuchContainer:
 		f.container = b.loc.GetId().GetContainerId()
+		if se.Datanode != 0 && strings.Contains(strings.ToLower(se.Reason), storage.ErrDiskFull.Error()) {
+			// A full datanode cannot create or extend any container:
+			// exclude it, or every container on it costs a retry.
+			f.datanodes = []uint64{se.Datanode}
+		}
 	case stream.CodeNotInPipeline, stream.CodeBadHeader, stream.CodeBlockCommitted:
 		// The pipeline is closed or its members disagree with SCM's
 		// view: another pipeline will do.

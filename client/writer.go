@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -81,13 +82,24 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 			}
 		}
 	}
-	open, err := c.ns.OpenKey(ctx, &metapb.OpenKeyRequest{
+	openReq := &metapb.OpenKeyRequest{
 		Volume: volume, Bucket: bucket, Key: key, SizeHint: uint64(o.SizeHint),
 		Replication: o.Replication.pb(), ChecksumType: metapb.ChecksumType_CRC32C,
 		BytesPerChecksum: uint32(c.cfg.BytesPerChecksum), ClientLocation: c.cfg.Location,
+	}
+	var open *metapb.OpenKeyResponse
+	err := c.allocating(ctx, op, func(level int) error {
+		openReq.Exclude = nil
+		if level == 0 {
+			ex := c.excl.snapshot()
+			openReq.Exclude = ex.proto()
+		}
+		var err error
+		open, err = c.ns.OpenKey(ctx, openReq)
+		return err
 	})
 	if err != nil {
-		return KeyInfo{}, wrapErr(op, err)
+		return KeyInfo{}, err
 	}
 	bs := int64(open.BlockSize)
 	if c.cfg.BlockSize > 0 && (bs == 0 || c.cfg.BlockSize < bs) {
@@ -141,6 +153,9 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 		}
 	}
 	ki, err := c.ns.CommitKey(ctx, commit)
+	if err != nil && ctx.Err() == nil && errors.Is(wrapErr(op, err), ErrOutcomeUnknown) {
+		ki, err = c.settleCommit(ctx, op, volume, bucket, key, commit, err)
+	}
 	if err != nil {
 		return KeyInfo{}, wrapErr(op, err)
 	}
@@ -254,24 +269,44 @@ type blockSource struct {
 	spares  []*metapb.BlockLocation // allocated, not yet used
 	exclude excludeList
 	retries int
+	// notReadySince: the first pipeline-not-ready failure of the key.
+	notReadySince time.Time
 }
 
-// next returns the next block to write.
+// next returns the next block to write, avoiding what this key and the
+// whole client (Client.Excluded) found failing.
 func (s *blockSource) next(ctx context.Context) (*metapb.BlockLocation, error) {
+	shared := s.c.excl.snapshot()
 	for len(s.spares) > 0 {
 		b := s.spares[0]
 		s.spares = s.spares[1:]
-		if !s.exclude.excludes(b) && len(b.Datanodes) > 0 {
+		if !s.exclude.excludes(b) && !shared.excludes(b) && len(b.Datanodes) > 0 {
 			return b, nil
 		}
 	}
-	r, err := s.c.ns.AllocateBlock(ctx, &metapb.AllocateBlockRequest{OpenId: s.openID, Exclude: s.exclude.proto(), ClientLocation: s.c.cfg.Location})
-	if err != nil {
-		e := wrapErr(s.op, err)
-		if !s.exclude.empty() {
-			e = fmt.Errorf("%w (allocating a block excluding %s after %d failures)", e, &s.exclude, s.retries)
+	var r *metapb.AllocateBlockResponse
+	err := s.c.allocating(ctx, s.op, func(level int) error {
+		var ex excludeList
+		switch level {
+		case 0:
+			ex = s.exclude.union(s.c.excl.snapshot())
+		case 1:
+			ex = s.exclude
+		default:
+			// Nothing left but the pipelines this key gave up on: try
+			// them again (they may have been new, or their leader
+			// elected since); failed datanodes and containers stay out.
+			ex = excludeList{datanodes: s.exclude.datanodes, containers: s.exclude.containers}
 		}
-		return nil, e
+		var err error
+		r, err = s.c.ns.AllocateBlock(ctx, &metapb.AllocateBlockRequest{OpenId: s.openID, Exclude: ex.proto(), ClientLocation: s.c.cfg.Location})
+		return err
+	})
+	if err != nil {
+		if !s.exclude.empty() {
+			err = fmt.Errorf("%w (allocating a block excluding %s after %d failures)", err, &s.exclude, s.retries)
+		}
+		return nil, err
 	}
 	if len(r.GetBlock().GetDatanodes()) == 0 {
 		return nil, &Error{Op: s.op, Code: codes.Internal, Msg: fmt.Sprintf("allocated block %v has no datanodes", r.GetBlock().GetId()), kind: ErrUnavailable}
@@ -289,8 +324,21 @@ func (s *blockSource) failed(ctx context.Context, f *failure) error {
 	if f.fatal {
 		return wrapErr(s.op, f.err)
 	}
-	s.retries++
 	s.exclude.apply(f)
+	if f.notReady {
+		if s.notReadySince.IsZero() {
+			s.notReadySince = time.Now()
+		}
+		if time.Since(s.notReadySince) < s.c.cfg.AllocateWait {
+			s.c.log.Info("basalt client: pipeline not ready; trying another", "key", s.op, "err", f.err)
+			if !sleepCtx(ctx, 50*time.Millisecond+rand.N(100*time.Millisecond)) {
+				return fmt.Errorf("%s: %w", s.op, ctx.Err())
+			}
+			return nil
+		}
+	}
+	s.retries++
+	s.c.excl.add(f)
 	if s.retries > s.c.cfg.MaxBlockRetries {
 		return &Error{Op: s.op, Code: codes.Unavailable, kind: ErrWriteFailed,
 			Msg: fmt.Sprintf("gave up after %d block re-allocations (excluded %s); last failure: %v", s.c.cfg.MaxBlockRetries, &s.exclude, f.err)}
@@ -301,8 +349,12 @@ func (s *blockSource) failed(ctx context.Context, f *failure) error {
 
 // failure is a classified write failure: what to exclude, or fatal.
 type failure struct {
-	err       error
-	fatal     bool
+	err   error
+	fatal bool
+	// notReady: the pipeline is not (yet) known to its datanodes, as
+	// right after SCM created it; it is avoided for this key, but neither
+	// client-wide nor against the retry budget while AllocateWait lasts.
+	notReady  bool
 	datanodes []uint64
 	pipeline  uint64
 	container uint64
@@ -340,13 +392,26 @@ func classify(ctx context.Context, blk *metapb.BlockLocation, err error) *failur
 			f.datanodes = e.Failed
 			f.pipeline = blk.PipelineId
 			f.container = blk.GetId().GetContainerId()
+		case datanodepb.Error_DISK_FULL:
+			// The answering datanode (the leader) has no room: no
+			// pipeline with it will take data, so exclude the datanode,
+			// not just this container (a full datanode used to cost a
+			// key all its retries).
+			f.pipeline = blk.PipelineId
+			var a *dnAnswer
+			if errors.As(err, &a) && a.datanode != 0 {
+				f.datanodes = []uint64{a.datanode}
+			}
 		case datanodepb.Error_BAD_REQUEST:
 			f.fatal = true
 		case datanodepb.Error_OUTCOME_UNKNOWN:
 			// The entry may still commit: writing the data again elsewhere
 			// would hide that from the caller. Fail the key.
 			f.fatal = true
-		default: // PIPELINE_NOT_FOUND, NOT_LEADER with no leader, DISK_FULL, IO_ERROR, CHECKSUM_MISMATCH, ...
+		case datanodepb.Error_PIPELINE_NOT_FOUND:
+			f.pipeline = blk.PipelineId
+			f.notReady = true
+		default: // NOT_LEADER with no leader, IO_ERROR, CHECKSUM_MISMATCH, ...
 			f.pipeline = blk.PipelineId
 		}
 		return f

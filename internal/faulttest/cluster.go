@@ -25,6 +25,8 @@ type Cluster struct {
 
 	Metas    []*Proc
 	MetaGRPC []string
+	// MetaHTTP serves each meta node's /metrics and /debug/pprof.
+	MetaHTTP []string
 	DNs      []*Proc
 	DNData   []string // client gRPC address per datanode (--listen)
 
@@ -62,7 +64,7 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	if err := os.MkdirAll(c.Logs, 0o755); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(2*numMeta + 3*numDN)
+	ports, err := freePorts(3*numMeta + 3*numDN)
 	if err != nil {
 		return nil, err
 	}
@@ -74,9 +76,11 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	}
 	for i := range numMeta {
 		name := fmt.Sprintf("meta%d", i+1)
+		c.MetaHTTP = append(c.MetaHTTP, addr(3*numMeta+3*numDN-1-i))
 		c.Metas = append(c.Metas, &Proc{Name: name, Bin: cfg.Bin, LogPath: filepath.Join(c.Logs, name+".log"),
 			Args: []string{"meta", "--id", fmt.Sprint(i + 1), "--data-dir", filepath.Join(cfg.Dir, "data", name),
-				"--raft", addr(2 * i), "--grpc", addr(2*i + 1), "--peers", strings.Join(peers, ","), "--log-level", "info"}})
+				"--raft", addr(2 * i), "--grpc", addr(2*i + 1), "--peers", strings.Join(peers, ","), "--log-level", "info",
+				"--metrics", c.MetaHTTP[i]}})
 	}
 	base := 2 * numMeta
 	for i := range numDN {

@@ -15,6 +15,17 @@
 // proposal that reached the log and may still commit). Read-only calls
 // and calls that are harmless to repeat (retrySafe) are retried on any
 // UNAVAILABLE. UNKNOWN is never retried.
+//
+// Gray failures: a node that accepts a call and never answers (a stopped
+// or frozen process: its kernel keeps the connection open) is found by
+// probing it (Prober) once a call has waited ProbeAfter on it, and the
+// call is abandoned when the probe goes unanswered for ProbeTimeout, about
+// 2 s in all. The node is then suspect for SuspectFor: calls go to the
+// other nodes, and leader hints naming it (followers that have not yet
+// noticed) are not followed, so the client finds the new leader as soon
+// as one is elected. An abandoned call that is retrySafe goes on to the
+// next node; any other comes back as UNKNOWN with the OUTCOME_UNKNOWN
+// reason (the hung node may have it), for the caller to settle.
 package metaclient
 
 import (
@@ -52,6 +63,10 @@ type Config struct {
 	Backoff time.Duration
 	// DialOptions are added to the defaults (insecure credentials).
 	DialOptions []grpc.DialOption
+	// ProbeAfter, ProbeTimeout: hung-node detection (see the package
+	// doc; defaults 1s and 1s). SuspectFor is how long a node found hung
+	// is avoided unless a probe of it is answered (default 5s).
+	ProbeAfter, ProbeTimeout, SuspectFor time.Duration
 	// ServiceToken, if set, goes with every call as "authorization:
 	// Bearer <token>": the cluster service token the S3 secret RPCs
 	// require (S3 gateways, admin tools). Other callers leave it empty.
@@ -78,8 +93,12 @@ type Client struct {
 	conns map[string][]*grpc.ClientConn
 	rr    atomic.Uint64
 
-	mu     sync.Mutex
-	leader map[string]string // service name → leader address
+	prober *Prober
+
+	mu      sync.Mutex
+	next    uint64               // rotation over Addrs when no leader is known
+	leader  map[string]string    // service name → leader address
+	suspect map[string]time.Time // address → avoided until
 
 	Namespace metapb.NamespaceClient
 	Scm       metapb.ScmClient
@@ -102,7 +121,11 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Backoff == 0 {
 		cfg.Backoff = 50 * time.Millisecond
 	}
-	c := &Client{cfg: cfg, conns: map[string][]*grpc.ClientConn{}, leader: map[string]string{}}
+	if cfg.SuspectFor <= 0 {
+		cfg.SuspectFor = DefaultSuspectFor
+	}
+	c := &Client{cfg: cfg, conns: map[string][]*grpc.ClientConn{}, leader: map[string]string{}, suspect: map[string]time.Time{},
+		prober: NewProber(ProberConfig{ProbeAfter: cfg.ProbeAfter, ProbeTimeout: cfg.ProbeTimeout})}
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...)
 	if cfg.ServiceToken != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(bearer(cfg.ServiceToken)))
@@ -173,17 +196,9 @@ func (r *router) Invoke(ctx context.Context, method string, args, reply any, opt
 	}
 	svc := serviceOf(method)
 	backoff := c.cfg.Backoff
-	next := 0
 	var last error
 	for attempt := 0; attempt < c.cfg.MaxAttempts; attempt++ {
-		c.mu.Lock()
-		addr := c.leader[svc]
-		if addr == "" {
-			addr = c.cfg.Addrs[next%len(c.cfg.Addrs)]
-			next++
-			c.leader[svc] = addr
-		}
-		c.mu.Unlock()
+		addr := c.pick(svc)
 		conns := c.conns[addr]
 		if conns == nil {
 			// A leader hint naming a node we were not told about (a meta
@@ -200,9 +215,29 @@ func (r *router) Invoke(ctx context.Context, method string, args, reply any, opt
 			continue
 		}
 		cc := conns[c.rr.Add(1)%uint64(len(conns))]
-		err := cc.Invoke(ctx, method, args, reply, opts...)
+		actx, done := c.prober.Watch(ctx, cc)
+		err := cc.Invoke(actx, method, args, reply, opts...)
+		hung := done()
 		if err == nil {
+			c.clearSuspect(addr)
 			return nil
+		}
+		if hung {
+			// The node took the call and then answered nothing, not even
+			// a probe: avoid it, and go on if the call allows.
+			c.markSuspect(addr)
+			c.forget(svc, addr)
+			last = status.Errorf(codes.Unavailable, "metaclient: %s to %s: %v (waited with no answer)", method, addr, ErrHung)
+			if !retrySafe[method] {
+				return outcomeUnknown(method, addr, last)
+			}
+			continue
+		}
+		if ctx.Err() != nil {
+			// The caller's own deadline or cancellation, told apart from a
+			// server's DeadlineExceeded: errors.Is(err, ctx.Err()) holds,
+			// and the status is still there for status.Code.
+			return fmt.Errorf("metaclient: %s: %w: %w", method, ctx.Err(), err)
 		}
 		last = err
 		st, _ := status.FromError(err)
@@ -221,14 +256,15 @@ func (r *router) Invoke(ctx context.Context, method string, args, reply any, opt
 		if !notApplied && !retrySafe[method] && !neverSent(st) {
 			return outcomeUnknown(method, addr, err)
 		}
-		if hint != "" && hint != addr {
+		if hint != "" && hint != addr && !c.suspected(hint) {
 			c.mu.Lock()
 			c.leader[svc] = hint
 			c.mu.Unlock()
 			continue // redirect at once
 		}
-		// No leader known (election), or the node is down: try the next
-		// node after a pause.
+		// No leader known (election), the hint names a node found hung
+		// (this node has not noticed yet), or the node is down: try the
+		// next node after a pause.
 		c.forget(svc, addr)
 		if err := c.pause(ctx, method, &backoff, last); err != nil {
 			return err
@@ -236,6 +272,61 @@ func (r *router) Invoke(ctx context.Context, method string, args, reply any, opt
 	}
 	return last
 }
+
+// pick returns the address to send svc's next call to: the leader last
+// seen, else the next configured node in turn that is not suspect (any
+// node if all are).
+func (c *Client) pick(svc string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if a := c.leader[svc]; a != "" && !c.suspectedLocked(a) {
+		return a
+	}
+	n := len(c.cfg.Addrs)
+	start := int(c.next % uint64(n))
+	addr := c.cfg.Addrs[start]
+	for i := range n {
+		if a := c.cfg.Addrs[(start+i)%n]; !c.suspectedLocked(a) {
+			addr = a
+			break
+		}
+	}
+	c.next++
+	c.leader[svc] = addr
+	return addr
+}
+
+func (c *Client) suspectedLocked(addr string) bool {
+	until, ok := c.suspect[addr]
+	if ok && time.Now().After(until) {
+		delete(c.suspect, addr)
+		return false
+	}
+	return ok
+}
+
+func (c *Client) suspected(addr string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.suspectedLocked(addr)
+}
+
+func (c *Client) markSuspect(addr string) {
+	c.mu.Lock()
+	c.suspect[addr] = time.Now().Add(c.cfg.SuspectFor)
+	c.mu.Unlock()
+}
+
+func (c *Client) clearSuspect(addr string) {
+	c.mu.Lock()
+	if _, ok := c.suspect[addr]; ok {
+		delete(c.suspect, addr)
+	}
+	c.mu.Unlock()
+}
+
+// Suspect reports whether addr was found hung and is being avoided.
+func (c *Client) Suspect(addr string) bool { return c.suspected(addr) }
 
 // pause waits out one backoff step (doubling it, up to a second) before the
 // next attempt, or returns the context's error.
