@@ -10,6 +10,7 @@ import (
 // block, truncated to the committed length for an extension), committed
 // data stays readable, and the slot and pending bytes are released.
 func TestAbortBlock(t *testing.T) {
+	posixOnly(t)
 	dir := t.TempDir()
 	s := openStore(t, Options{Volumes: []string{dir}, KeepUncommitted: true})
 	mustCreate(t, s, 1)

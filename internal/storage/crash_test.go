@@ -53,11 +53,12 @@ func crashChild(dir string, start LocalID) {
 
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(crashEnv); dir != "" {
+		useSuiteBackend()
 		start, _ := strconv.ParseUint(os.Getenv(crashEnv+"_START"), 10, 64)
 		crashChild(dir, LocalID(start))
 		return
 	}
-	os.Exit(m.Run())
+	os.Exit(runSuites(m))
 }
 
 // TestCrashRecovery kills a writer with SIGKILL at random points and checks
@@ -112,6 +113,10 @@ func TestCrashRecovery(t *testing.T) {
 		// Only reported blocks, plus the one in flight at the kill (its
 		// PutBlock may have landed before the print), may be visible.
 		visible, err := s.ListBlocks(1, 0, 1<<20)
+		if errors.Is(err, ErrContainerNotFound) && len(committed) == 0 {
+			s.Close() // killed before it created the container
+			continue
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -132,6 +137,10 @@ func TestCrashRecovery(t *testing.T) {
 		}
 		s.Close()
 		// Files left: exactly the committed blocks, at their lengths.
+		if onBackend() != "posix" {
+			t.Logf("round %d: %d blocks reported, %d committed in total", round, reported, len(committed))
+			continue
+		}
 		ents, err := os.ReadDir(filepath.Join(dir, "basalt/containers/1"))
 		if err != nil {
 			t.Fatal(err)

@@ -238,6 +238,7 @@ func TestDirectoryEntriesSurviveCrash(t *testing.T) {
 // data were still there (Linux may drop the dirty pages): the chunks of
 // that block are forgotten, PutBlock refuses them, a resend restores them.
 func TestSyncFailureForgetsChunks(t *testing.T) {
+	posixOnly(t)
 	ffs := vfs.NewFaultFS(vfs.Default)
 	s := openStore(t, Options{FS: ffs, KeepUncommitted: true})
 	mustCreate(t, s, 1)
@@ -381,6 +382,7 @@ func TestBCSIDNeverGoesBack(t *testing.T) {
 // keeps exactly the recorded chunks, truncates the rest, and PutBlock
 // refuses a block that needs the unsynced tail.
 func TestKilledProcessKeepsOnlyRecordedChunks(t *testing.T) {
+	posixOnly(t)
 	fs := newCrashFS()
 	o := Options{KeepUncommitted: true}
 	s := openOn(t, fs, o)
@@ -426,7 +428,7 @@ func TestRecordBeforeDataIsChecked(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeChunks(t, s, 1, 1, data, chunks[:1])
-	fs.skipSync = func(name string) bool { return strings.HasSuffix(name, ".block") }
+	fs.skipSync = func(name string) bool { return isBlockData(name, ".block") }
 	if err := s.Sync(); err != nil {
 		t.Fatal(err)
 	}
@@ -458,7 +460,7 @@ func TestRecordBeforeDataIsChecked(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeChunks(t, s, 1, 1, data, chunks[:1])
-	fs.skipSync = func(name string) bool { return strings.HasSuffix(name, ".block") }
+	fs.skipSync = func(name string) bool { return isBlockData(name, ".block") }
 	if err := s.Sync(); err != nil {
 		t.Fatal(err)
 	}
@@ -563,6 +565,7 @@ func TestConcurrentWritersShareSync(t *testing.T) {
 // then finds nothing to do and returns nil, so a writer acknowledging its
 // chunk must learn of the loss from WriteChunkDurable.
 func TestWriteChunkDurableSeesForeignFailure(t *testing.T) {
+	posixOnly(t)
 	ffs := vfs.NewFaultFS(vfs.Default)
 	s := openStore(t, Options{FS: ffs, KeepUncommitted: true})
 	mustCreate(t, s, 1)

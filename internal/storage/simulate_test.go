@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -81,7 +80,7 @@ func simulate(seed uint64, ops int) (st simStats, err error) {
 	ffs := vfs.NewFaultFS(fs)
 	var failPath atomic.Pointer[string]
 	inject := func(op, path string) error {
-		if p := failPath.Load(); op == "sync" && p != nil && strings.HasSuffix(path, *p) {
+		if p := failPath.Load(); op == "sync" && p != nil && isBlockData(path, *p) {
 			return unix.ENOSPC
 		}
 		return nil
@@ -205,7 +204,7 @@ func simulate(seed uint64, ops int) (st simStats, err error) {
 				// ... in the middle of a Sync: the chunk record is on
 				// disk, the block file's flush never happened, and the
 				// write was never acknowledged.
-				fs.skipSync = func(name string) bool { return strings.HasSuffix(name, ".block") }
+				fs.skipSync = func(name string) bool { return isBlockData(name, ".block") }
 				ch := b.chunks[b.acked]
 				if err := s.WriteChunkDurable(1, lid, ch.Offset, b.data[ch.Offset:ch.Offset+ch.Length], ch.Checksum, true); err != nil {
 					return st, fmt.Errorf("op %d: write block %d before the crash: %w", op, lid, err)

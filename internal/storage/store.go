@@ -157,8 +157,7 @@ func (o *Options) setDefaults() {
 		o.FS = vfs.Default
 	}
 	if o.NewBackend == nil {
-		mode := o.DirectIO
-		o.NewBackend = func(fs vfs.FS, dir string) (BlockFiles, error) { return NewPosix(fs, dir, mode) }
+		o.NewBackend = defaultBackend(o.DirectIO)
 	}
 	if o.ContainerSize <= 0 {
 		o.ContainerSize = DefaultContainerSize
@@ -323,13 +322,10 @@ func (s *Store) openVolume(v *volume) error {
 	if err := mkdirAllSync(v.fs, filepath.Join(root, "meta")); err != nil {
 		return err
 	}
-	files, err := s.opts.NewBackend(v.fs, filepath.Join(root, "containers"))
-	if err != nil {
-		return err
-	}
-	v.files = files
-	// Before Pebble opens: on a full disk Pebble's open waits forever for
-	// a flush it cannot write, so the ballast goes first.
+	// Before Pebble opens (the volume's, and a backend's own): on a full
+	// disk Pebble's open waits forever for a flush it cannot write, so the
+	// ballast goes first.
+	var err error
 	v.space, err = vfs.OpenSpace(v.fs, root, vfs.SpaceOptions{
 		Reserve:     s.reserve(),
 		Ballast:     s.opts.BallastBytes,
@@ -339,6 +335,11 @@ func (s *Store) openVolume(v *volume) error {
 	if err != nil {
 		return err
 	}
+	files, err := s.opts.NewBackend(v.fs, filepath.Join(root, "containers"))
+	if err != nil {
+		return err
+	}
+	v.files = files
 	db, err := pebble.Open(filepath.Join(root, "meta"), &pebble.Options{
 		FS:     v.fs,
 		Logger: quietLogger{s.opts.Logf},
@@ -400,6 +401,11 @@ func (s *Store) Close() error {
 				first = err
 			}
 		}
+		if v.files != nil {
+			if err := closeBackend(v.files); err != nil && first == nil && !v.failed.Load() {
+				first = err
+			}
+		}
 	}
 	return first
 }
@@ -416,6 +422,9 @@ func (v *volume) fail(err error, logf func(string, ...any)) {
 
 // diskUsage reports the bytes available to us and the file system's size.
 func (v *volume) diskUsage() (avail, total int64, err error) {
+	if avail, total, ok, err := backendUsage(v.files); ok {
+		return avail, total, err
+	}
 	du, err := v.fs.GetDiskUsage(v.path)
 	if err != nil {
 		return 0, 0, err

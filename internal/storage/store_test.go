@@ -291,6 +291,7 @@ func TestStreamWriter(t *testing.T) {
 }
 
 func TestCloseDeleteLifecycle(t *testing.T) {
+	posixOnly(t)
 	dir := t.TempDir()
 	s := openStore(t, Options{Volumes: []string{dir}})
 	mustCreate(t, s, 1)
@@ -352,6 +353,7 @@ func TestCloseDeleteLifecycle(t *testing.T) {
 }
 
 func TestRestartCleansUncommitted(t *testing.T) {
+	posixOnly(t)
 	dir := t.TempDir()
 	s := openStore(t, Options{Volumes: []string{dir}})
 	mustCreate(t, s, 1)
@@ -395,6 +397,7 @@ func TestRestartCleansUncommitted(t *testing.T) {
 }
 
 func TestCorruptionDetected(t *testing.T) {
+	posixOnly(t)
 	for _, tc := range []struct {
 		name string
 		ck   Checksum
@@ -441,6 +444,7 @@ func TestCorruptionDetected(t *testing.T) {
 }
 
 func TestDiskFullInjected(t *testing.T) {
+	posixOnly(t) // the zones' free space is not the file system's
 	ffs := vfs.NewFaultFS(vfs.Default)
 	s := openStore(t, Options{FS: ffs})
 	mustCreate(t, s, 1)
@@ -526,6 +530,7 @@ func TestDiskFullTmpfs(t *testing.T) {
 }
 
 func TestVolumePlacementAndFailure(t *testing.T) {
+	posixOnly(t) // fakes the file system's free space
 	f1, f2 := vfs.NewFaultFS(vfs.Default), vfs.NewFaultFS(vfs.Default)
 	d1, d2 := t.TempDir(), t.TempDir()
 	// One FS per volume would need per-volume options; instead route by path.

@@ -1,0 +1,570 @@
+package zoned
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/basalt-store/basalt/internal/storage"
+	"github.com/basalt-store/basalt/internal/vfs"
+)
+
+// Config configures a zoned volume.
+type Config struct {
+	// Mount is the zonefs mount point (or an EmuFS root).
+	Mount string
+	// FS is the file system of Mount: vfs.Default for a real zonefs, an
+	// *EmuFS in tests. Default vfs.Default.
+	FS vfs.FS
+	// MetaDir holds the volume's Pebble DB (extent map, zone tails), on a
+	// regular file system; MetaFS is its file system (default vfs.Default).
+	MetaDir string
+	MetaFS  vfs.FS
+	// Geometry overrides what ReadGeometry finds (nil: read it).
+	Geometry *Geometry
+	// Streams is the number of zones written at once (streams beyond it
+	// share zones); default the device's open/active limit less one for
+	// the cleaner, or 8 without limits.
+	Streams int
+	// StageBytes is the size of each of a written zone's two staging
+	// buffers; default 1 MiB.
+	StageBytes int
+	// ReserveZones are empty zones only the cleaner may take, so it can
+	// always move live data; default 2 (1 below 16 zones).
+	ReserveZones int
+	// CleanerRate bounds the bytes per second the cleaner moves; default
+	// 64 MiB/s; negative: unlimited.
+	CleanerRate int64
+	// CleanLive: a full zone is worth cleaning when at most this share of
+	// it is live; default 0.75.
+	CleanLive float64
+	// LowZones: the cleaner works while fewer zones than this are empty;
+	// default ReserveZones + max(2, zones/16).
+	LowZones int
+	// SpaceWait is how long a writer that finds no zone waits for the
+	// cleaner when there is reclaimable space; default 10 s.
+	SpaceWait time.Duration
+	Logf      func(format string, args ...any)
+}
+
+// Backend is the zoned storage backend (storage.BlockFiles) of one volume:
+// block data appended into the zones of a zonefs mount, extents in a
+// Pebble DB. See docs/ZONED.md.
+type Backend struct {
+	cfg    Config
+	g      Geometry
+	fs     vfs.FS
+	db     *pebble.DB
+	direct bool // zone reads use O_DIRECT
+	seed   maphash.Seed
+
+	mu       sync.Mutex
+	cond     sync.Cond // on mu: a zone became free
+	zones    []*zone
+	active   int // zones in state zActive (cleaner's included)
+	cleanZ   *zone
+	pending  []int // zones whose live count reached 0: reset after a WAL sync
+	open     map[bkey]*blockState
+	stripes  [512]sync.Mutex
+	closed   bool
+	kick     chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
+	cleanErr error
+
+	userBytes  atomic.Int64 // bytes appended by writers
+	movedBytes atomic.Int64 // bytes rewritten by the cleaner
+	resets     atomic.Int64
+	cleaned    atomic.Int64 // zones emptied by the cleaner
+}
+
+// blockState is a block with open writers (or being changed): its current
+// extents, including those not yet synced.
+type blockState struct {
+	key     bkey
+	rec     record
+	writers int
+	dirty   bool
+	touched map[*zone]int64 // zone → end of this block's bytes in it since the last sync
+}
+
+// New opens (formatting its metadata if new) the zoned volume on
+// cfg.Mount and recovers it from the zones' write pointers.
+func New(cfg Config) (*Backend, error) {
+	if cfg.FS == nil {
+		cfg.FS = vfs.Default
+	}
+	if cfg.MetaFS == nil {
+		cfg.MetaFS = vfs.Default
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	var g Geometry
+	if cfg.Geometry != nil {
+		g = *cfg.Geometry
+		if err := g.validate(); err != nil {
+			return nil, errorf("geometry: %w", err)
+		}
+	} else {
+		var err error
+		if g, err = ReadGeometry(cfg.FS, cfg.Mount); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.ReserveZones <= 0 {
+		cfg.ReserveZones = 2
+		if g.Zones < 16 {
+			cfg.ReserveZones = 1
+		}
+	}
+	if g.Zones < cfg.ReserveZones+2 {
+		return nil, errorf("%d zones is too few (need %d)", g.Zones, cfg.ReserveZones+2)
+	}
+	if cfg.Streams <= 0 {
+		cfg.Streams = max(1, g.zoneLimit(9)-1)
+	}
+	cfg.Streams = min(cfg.Streams, max(1, g.zoneLimit(1<<20)-1))
+	if cfg.StageBytes <= 0 {
+		cfg.StageBytes = 1 << 20
+	}
+	cfg.StageBytes = max(g.align(), cfg.StageBytes&^(g.align()-1))
+	if cfg.CleanerRate == 0 {
+		cfg.CleanerRate = 64 << 20
+	}
+	if cfg.CleanLive <= 0 {
+		cfg.CleanLive = 0.75
+	}
+	if cfg.LowZones <= 0 {
+		cfg.LowZones = cfg.ReserveZones + max(2, g.Zones/16)
+	}
+	if cfg.SpaceWait <= 0 {
+		cfg.SpaceWait = 10 * time.Second
+	}
+	if err := mkdirAllSync(cfg.MetaFS, cfg.MetaDir); err != nil {
+		return nil, err
+	}
+	b := &Backend{cfg: cfg, g: g, fs: cfg.FS, seed: maphash.MakeSeed(), open: map[bkey]*blockState{},
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	b.cond.L = &b.mu
+	db, err := pebble.Open(cfg.MetaDir, &pebble.Options{FS: cfg.MetaFS, Logger: quietLogger{cfg.Logf}})
+	if err != nil {
+		return nil, err
+	}
+	b.db = db
+	if err := b.recover(); err != nil {
+		b.closeFiles()
+		db.Close()
+		return nil, err
+	}
+	go b.cleaner()
+	return b, nil
+}
+
+type quietLogger struct{ logf func(string, ...any) }
+
+func (quietLogger) Infof(string, ...any)        {}
+func (l quietLogger) Errorf(f string, a ...any) { l.logf("zoned pebble: "+f, a...) }
+func (l quietLogger) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+
+// Geometry returns the device geometry in use.
+func (b *Backend) Geometry() Geometry { return b.g }
+
+// recover rebuilds the zones from their write pointers: each zone's end is
+// its write pointer plus the saved tail that starts exactly there; a block
+// extent past its zone's end was never durable and is cut off (with
+// everything after it in the block); every other byte past the last live
+// extent of a zone is garbage that the cleaner and resets reclaim.
+func (b *Backend) recover() error {
+	al := b.g.align()
+	b.direct = true
+	for i := range b.g.Zones {
+		p := filepath.Join(b.cfg.Mount, "seq", strconv.Itoa(i))
+		fi, err := b.fs.Stat(p)
+		if err != nil {
+			return errorf("zone %d: %w", i, err)
+		}
+		z := &zone{id: i, path: p, cap: b.g.ZoneCap, al: al, wp: fi.Size()}
+		z.cond.L = &z.mu
+		z.curStart, z.syncedWP = z.wp, z.wp
+		if z.wp%int64(al) != 0 || z.wp > z.cap {
+			return errorf("zone %d: write pointer %d not aligned or past capacity %d", i, z.wp, z.cap)
+		}
+		if b.direct {
+			z.r, err = b.fs.OpenFile(p, os.O_RDONLY|unix.O_DIRECT, 0)
+			if errors.Is(err, unix.EINVAL) {
+				b.direct = false
+			}
+		}
+		if !b.direct {
+			z.r, err = b.fs.OpenFile(p, os.O_RDONLY, 0)
+		}
+		if err != nil {
+			return errorf("zone %d: %w", i, err)
+		}
+		b.zones = append(b.zones, z)
+	}
+	fix := b.db.NewBatch()
+	defer fix.Close()
+	// Tails: keep the longest one that starts at the write pointer.
+	it, err := b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kTail}, UpperBound: []byte{kTail + 1}})
+	if err != nil {
+		return err
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		zi, start, end, okk := parseTailKey(it.Key())
+		val, verr := it.ValueAndErr()
+		if verr != nil {
+			it.Close()
+			return verr
+		}
+		if !okk || zi >= len(b.zones) || end-start != int64(len(val)) || len(val) >= al || start%int64(al) != 0 {
+			fix.Delete(slices.Clone(it.Key()), nil)
+			continue
+		}
+		z := b.zones[zi]
+		if start != z.wp || end <= z.end() {
+			fix.Delete(slices.Clone(it.Key()), nil)
+			continue
+		}
+		if z.cur == nil {
+			z.cur, z.spare = alignedBuf(b.cfg.StageBytes, al), alignedBuf(b.cfg.StageBytes, al)
+		}
+		z.curLen = copy(z.cur, val)
+		z.tails = append(z.tails, slices.Clone(it.Key()))
+	}
+	if err := it.Close(); err != nil {
+		return err
+	}
+	// Blocks.
+	it, err = b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kBlock}, UpperBound: []byte{kBlock + 1}})
+	if err != nil {
+		return err
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		k, okk := parseBlockKey(it.Key())
+		val, verr := it.ValueAndErr()
+		if verr != nil {
+			it.Close()
+			return verr
+		}
+		r, derr := decodeRecord(val)
+		if !okk || derr != nil {
+			b.cfg.Logf("zoned: dropping malformed block record %x: %v", it.Key(), derr)
+			fix.Delete(slices.Clone(it.Key()), nil)
+			continue
+		}
+		// An extent past its zone's end never became durable (its
+		// record did, through a crash between the two): drop it, leaving
+		// a hole the store's chunk checksums will find.
+		kept := r.exts[:0]
+		var size int64
+		for _, e := range r.exts {
+			if e.zone >= len(b.zones) || e.zoff+e.n > b.zones[e.zone].end() {
+				b.cfg.Logf("zoned: container %d block %d: data [%d,+%d) was not durable; dropped", k.cid, k.lid, e.loff, e.n)
+				continue
+			}
+			kept = append(kept, e)
+			size = e.end()
+		}
+		if len(kept) < len(r.exts) {
+			r.exts, r.size = kept, size
+			fix.Set(slices.Clone(it.Key()), r.encode(), nil)
+		}
+		for _, e := range r.exts {
+			b.zones[e.zone].live += e.n
+		}
+	}
+	if err := it.Close(); err != nil {
+		return err
+	}
+	if err := fix.Commit(pebble.Sync); err != nil {
+		return err
+	}
+	for _, z := range b.zones {
+		switch e := z.end(); {
+		case e == 0:
+			z.state = zEmpty
+		case e >= z.cap:
+			z.state = zFull
+		default:
+			z.state = zActive
+			b.active++
+		}
+		if z.state != zEmpty && z.live == 0 {
+			b.pending = append(b.pending, z.id)
+		}
+	}
+	if b.active > b.cfg.Streams+1 {
+		b.cfg.Logf("zoned: %d zones partly written, more than the %d written at once", b.active, b.cfg.Streams+1)
+	}
+	b.resetPending()
+	return nil
+}
+
+func (b *Backend) stripe(k bkey) *sync.Mutex {
+	var h maphash.Hash
+	h.SetSeed(b.seed)
+	var buf [16]byte
+	for i := range 8 {
+		buf[i] = byte(uint64(k.cid) >> (8 * i))
+		buf[8+i] = byte(uint64(k.lid) >> (8 * i))
+	}
+	h.Write(buf[:])
+	return &b.stripes[h.Sum64()%uint64(len(b.stripes))]
+}
+
+// subLive drops n live bytes from a zone; a zone left with none is queued
+// for reset.
+func (b *Backend) subLive(zi int, n int64) {
+	b.mu.Lock()
+	z := b.zones[zi]
+	z.live -= n
+	if z.live == 0 && z.state != zEmpty {
+		b.pending = append(b.pending, zi)
+		b.kickCleaner()
+	}
+	b.mu.Unlock()
+}
+
+func (b *Backend) kickCleaner() {
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+}
+
+// ErrNoZone is wrapped (with ENOSPC, so the store reports it as a full
+// disk) when no zone can take more data.
+var ErrNoZone = errors.New("zoned: no free zone")
+
+// allocZone finds a zone for a new stream: a partly written zone nobody is
+// appending to, else a fresh zone while fewer than Streams are written at
+// once, else the partly written zone with the fewest streams. The cleaner
+// may take the reserved empty zones; writers wait for it (while there is
+// reclaimable space) or fail with ENOSPC.
+func (b *Backend) allocZone(cleaner bool) (*zone, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var deadline time.Time
+	for {
+		if b.closed {
+			return nil, errorf("closed")
+		}
+		z := b.pickZone(cleaner)
+		if z != nil {
+			if z.state == zEmpty {
+				z.state = zActive
+				b.active++
+			}
+			z.users++
+			z.amu.Lock()
+			z.mu.Lock()
+			err := z.activate(b.fs, b.cfg.StageBytes)
+			z.mu.Unlock()
+			z.amu.Unlock()
+			if err != nil {
+				z.users--
+				return nil, errorf("zone %d: %w", z.id, err)
+			}
+			return z, nil
+		}
+		if cleaner || b.reclaimableLocked() < b.g.ZoneCap {
+			return nil, fmt.Errorf("%w (%d zones of %d bytes, %d live bytes): %w", ErrNoZone, b.g.Zones, b.g.ZoneCap, b.liveLocked(), unix.ENOSPC)
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(b.cfg.SpaceWait)
+		} else if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w: the cleaner freed none in %v: %w", ErrNoZone, b.cfg.SpaceWait, unix.ENOSPC)
+		}
+		b.kickCleaner()
+		t := time.AfterFunc(100*time.Millisecond, func() { b.mu.Lock(); b.cond.Broadcast(); b.mu.Unlock() })
+		b.cond.Wait()
+		t.Stop()
+	}
+}
+
+func (b *Backend) pickZone(cleaner bool) *zone {
+	var idle, shared *zone
+	for _, z := range b.zones {
+		if z.state != zActive || z == b.cleanZ || z.resetOK || b.roomLocked(z) == 0 {
+			continue
+		}
+		if z.users == 0 && (idle == nil || z.live > idle.live) {
+			idle = z
+		}
+		if shared == nil || z.users < shared.users {
+			shared = z
+		}
+	}
+	if idle != nil {
+		return idle
+	}
+	limit := b.cfg.Streams
+	reserve := b.cfg.ReserveZones
+	if cleaner {
+		limit++
+		reserve = 0
+	}
+	if b.active < limit && b.emptyLocked() > reserve {
+		for _, z := range b.zones {
+			if z.state == zEmpty && !z.resetOK {
+				return z
+			}
+		}
+	}
+	if cleaner {
+		return nil
+	}
+	return shared
+}
+
+func (b *Backend) roomLocked(z *zone) int64 {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.err != nil {
+		return 0
+	}
+	return z.cap - z.end()
+}
+
+func (b *Backend) emptyLocked() int {
+	n := 0
+	for _, z := range b.zones {
+		if z.state == zEmpty && !z.resetOK {
+			n++
+		}
+	}
+	return n
+}
+
+func (b *Backend) liveLocked() int64 {
+	var n int64
+	for _, z := range b.zones {
+		n += z.live
+	}
+	return n
+}
+
+// reclaimableLocked is the dead space in full zones.
+func (b *Backend) reclaimableLocked() int64 {
+	var n int64
+	for _, z := range b.zones {
+		if z.state == zFull {
+			n += z.cap - z.live
+		}
+	}
+	return n
+}
+
+// dropZone ends a stream's use of a zone; full marks it full.
+func (b *Backend) dropZone(z *zone) {
+	b.mu.Lock()
+	z.users--
+	full := b.roomLocked(z) == 0
+	if full && z.state == zActive {
+		z.state = zFull
+		b.active--
+		b.cond.Broadcast()
+	}
+	last := z.users == 0
+	if z.live == 0 && last && z != b.cleanZ {
+		b.pending = append(b.pending, z.id)
+		b.kickCleaner()
+	}
+	b.mu.Unlock()
+	if last && full {
+		z.amu.Lock()
+		z.mu.Lock()
+		for z.writing {
+			z.cond.Wait()
+		}
+		z.release()
+		z.mu.Unlock()
+		z.amu.Unlock()
+	}
+}
+
+// DiskUsage reports the zones' capacity and what is not live data, less
+// the cleaner's reserve (storage.SpaceReporter).
+func (b *Backend) DiskUsage() (avail, total int64, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	total = b.g.ZoneCap * int64(b.g.Zones)
+	avail = total - b.liveLocked() - b.g.ZoneCap*int64(b.cfg.ReserveZones)
+	return max(0, avail), total, nil
+}
+
+// Stats are counters of a zoned volume.
+type Stats struct {
+	UserBytes, MovedBytes int64 // appended by writers, rewritten by the cleaner
+	Resets, Cleaned       int64 // zones reset, zones emptied by the cleaner
+	EmptyZones, Zones     int
+	LiveBytes             int64
+}
+
+// WriteAmplification is (user + moved) / user bytes.
+func (s Stats) WriteAmplification() float64 {
+	if s.UserBytes == 0 {
+		return 1
+	}
+	return float64(s.UserBytes+s.MovedBytes) / float64(s.UserBytes)
+}
+
+func (b *Backend) Stats() Stats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return Stats{UserBytes: b.userBytes.Load(), MovedBytes: b.movedBytes.Load(), Resets: b.resets.Load(), Cleaned: b.cleaned.Load(),
+		EmptyZones: b.emptyLocked(), Zones: b.g.Zones, LiveBytes: b.liveLocked()}
+}
+
+// Close stops the cleaner and closes the zones and the DB. Unsynced data
+// is dropped, as a crash would.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	b.cond.Broadcast()
+	b.mu.Unlock()
+	close(b.stop)
+	<-b.done
+	b.closeFiles()
+	return b.db.Close()
+}
+
+func (b *Backend) closeFiles() {
+	for _, z := range b.zones {
+		z.amu.Lock()
+		z.mu.Lock()
+		for z.writing {
+			z.cond.Wait()
+		}
+		if z.w != nil {
+			z.w.Close()
+			z.w = nil
+		}
+		if z.r != nil {
+			z.r.Close()
+			z.r = nil
+		}
+		z.mu.Unlock()
+		z.amu.Unlock()
+	}
+}
+
+func (b *Backend) String() string { return fmt.Sprintf("zoned(%s)", b.cfg.Mount) }
+
+var _ storage.BlockFiles = (*Backend)(nil)
