@@ -53,20 +53,30 @@ var opSubResources = map[string][]string{
 	"DeleteObject":            {"versionId"},
 }
 
+// ordinaryParams are the query parameters that tune an operation; they
+// may be sent empty ("prefix=").
+var ordinaryParams = map[string]bool{
+	"prefix": true, "delimiter": true, "marker": true, "max-keys": true, "encoding-type": true, "list-type": true,
+	"continuation-token": true, "fetch-owner": true, "start-after": true, "key-marker": true, "upload-id-marker": true,
+	"max-uploads": true, "max-parts": true, "part-number-marker": true, "x-id": true,
+}
+
 // unservedSubResource returns the first sub-resource of the query that op
-// does not serve: a known one, or any parameter sent without a value
-// ("?foo"), which only sub-resources are. "" if none.
+// does not serve: a known one, or any other parameter without a value
+// ("?foo", "?foo="), which only sub-resources are. "" if none. Other
+// unknown parameters with values are ignored, as S3 ignores them.
 func unservedSubResource(op, rawQuery string) string {
 	var found []string
 	for _, part := range strings.Split(rawQuery, "&") {
 		if part == "" {
 			continue
 		}
-		k, _, hasValue := strings.Cut(part, "=")
+		k, v, _ := strings.Cut(part, "=")
 		if dk, err := url.QueryUnescape(k); err == nil {
 			k = dk
 		}
-		if subResources[k] || !hasValue {
+		lk := strings.ToLower(k)
+		if subResources[k] || (v == "" && !ordinaryParams[k] && !strings.HasPrefix(lk, "x-amz-") && !strings.HasPrefix(lk, "response-")) {
 			found = append(found, k)
 		}
 	}
