@@ -18,6 +18,7 @@ func adminS3Cmd(f *connFlags) *cobra.Command {
 These calls need the cluster service token: --service-token-file (a meta
 node's DATA_DIR/service-token), or $` + envServiceToken + ` / $` + envServiceTokenFile + `.`}
 	var id, owner, secret, tokenFile string
+	var admin bool
 	root.PersistentFlags().StringVar(&tokenFile, "service-token-file", "", "file holding the cluster service token (default $"+envServiceTokenFile+", or the token in $"+envServiceToken+")")
 	// connect makes a client that presents the service token.
 	connect := func() (*client.Client, error) {
@@ -41,7 +42,7 @@ node's DATA_DIR/service-token), or $` + envServiceToken + ` / $` + envServiceTok
 				return err
 			}
 			defer c.Close()
-			s, err := c.Namespace().CreateS3Secret(cmd.Context(), &metapb.CreateS3SecretRequest{AccessKeyId: id, Owner: owner, SecretAccessKey: secret})
+			s, err := c.Namespace().CreateS3Secret(cmd.Context(), &metapb.CreateS3SecretRequest{AccessKeyId: id, Owner: owner, SecretAccessKey: secret, Admin: admin})
 			if err != nil {
 				return client.FromRPC("create s3 key", err)
 			}
@@ -49,7 +50,8 @@ node's DATA_DIR/service-token), or $` + envServiceToken + ` / $` + envServiceTok
 		}),
 	}
 	create.Flags().StringVar(&id, "access-key", "", "access key ID (default: generated)")
-	create.Flags().StringVar(&owner, "owner", "", "owner shown in listings")
+	create.Flags().StringVar(&owner, "owner", "", "the user the key belongs to: its buckets are theirs (default: the access key ID)")
+	create.Flags().BoolVar(&admin, "admin", false, "the key may act on every user's buckets")
 	create.Flags().StringVar(&secret, "secret", "", "secret to import (default: generated)")
 	get := &cobra.Command{
 		Use: "get-key ACCESS_KEY_ID", Short: "Print an access key and its secret",
@@ -90,11 +92,14 @@ node's DATA_DIR/service-token), or $` + envServiceToken + ` / $` + envServiceTok
 
 func printKey(f *connFlags, s *metapb.S3Secret) error {
 	if f.json {
-		return printJSON(os.Stdout, map[string]any{"access_key_id": s.AccessKeyId, "secret_access_key": s.SecretAccessKey, "owner": s.Owner})
+		return printJSON(os.Stdout, map[string]any{"access_key_id": s.AccessKeyId, "secret_access_key": s.SecretAccessKey, "owner": s.Owner, "admin": s.Admin})
 	}
 	fmt.Printf("aws_access_key_id     = %s\naws_secret_access_key = %s\n", s.AccessKeyId, s.SecretAccessKey)
 	if s.Owner != "" {
 		fmt.Printf("owner                 = %s\n", s.Owner)
+	}
+	if s.Admin {
+		fmt.Printf("admin                 = true\n")
 	}
 	return nil
 }

@@ -61,10 +61,20 @@ func devS3Key(ctx context.Context, metaAddr, token string) (string, string, erro
 		return "", "", err
 	}
 	defer cl.Close()
+	// The dev key is an admin: it acts on every bucket, including those
+	// made before buckets had owners. A key from before admins existed is
+	// made one again, with the same secret, so clients keep working.
+	secret := ""
 	if s, err := cl.Namespace().GetS3Secret(ctx, &metapb.GetS3SecretRequest{AccessKeyId: id}); err == nil {
-		return id, s.GetSecretAccessKey(), nil
+		if s.Admin {
+			return id, s.GetSecretAccessKey(), nil
+		}
+		secret = s.GetSecretAccessKey()
+		if _, err := cl.Namespace().DeleteS3Secret(ctx, &metapb.DeleteS3SecretRequest{AccessKeyId: id}); err != nil {
+			return "", "", fmt.Errorf("dev: making the S3 key an admin: %w", err)
+		}
 	}
-	s, err := cl.Namespace().CreateS3Secret(ctx, &metapb.CreateS3SecretRequest{AccessKeyId: id, Owner: "dev"})
+	s, err := cl.Namespace().CreateS3Secret(ctx, &metapb.CreateS3SecretRequest{AccessKeyId: id, Owner: "dev", SecretAccessKey: secret, Admin: true})
 	if err != nil {
 		return "", "", fmt.Errorf("dev: creating the S3 key: %w", err)
 	}

@@ -41,8 +41,12 @@ const (
 // verify its chunks.
 type auth struct {
 	accessKey string
-	owner     string
-	payload   string // x-amz-content-sha256 (UNSIGNED-PAYLOAD for presigned URLs)
+	// owner is the user the access key belongs to (the key itself when
+	// none is recorded): buckets belong to users.
+	owner string
+	// admin keys act on every user's buckets.
+	admin   bool
+	payload string // x-amz-content-sha256 (UNSIGNED-PAYLOAD for presigned URLs)
 	// Chunk signing (streaming payloads).
 	signingKey []byte
 	amzDate    string
@@ -388,6 +392,9 @@ func (g *Gateway) authenticate(r *http.Request) (*auth, *Error) {
 	if !sort.StringsAreSorted(p.signedHeaders) || !contains(p.signedHeaders, "host") {
 		return nil, errAccessDenied("SignedHeaders must be sorted and include host")
 	}
+	if e := unsignedAmzHeaders(r, p.signedHeaders); e != nil {
+		return nil, e
+	}
 	sec, err := g.secrets.get(r.Context(), p.accessKey)
 	if err != nil {
 		return nil, fromBasalt(err, "", "")
@@ -411,8 +418,61 @@ func (g *Gateway) authenticate(r *http.Request) (*auth, *Error) {
 	if !ok {
 		return nil, errorf("SignatureDoesNotMatch", 403, "The request signature we calculated does not match the signature you provided. Check your key and signing method.")
 	}
-	return &auth{accessKey: p.accessKey, owner: sec.Owner, payload: payload,
+	if presigned {
+		if e := hoistQueryHeaders(r); e != nil {
+			return nil, e
+		}
+	}
+	owner := sec.Owner
+	if owner == "" {
+		owner = p.accessKey
+	}
+	return &auth{accessKey: p.accessKey, owner: owner, admin: sec.Admin, payload: payload,
 		signingKey: key, amzDate: amzDate, scope: scope, seedSig: p.signature}, nil
+}
+
+// unsignedAmzHeaders refuses a request carrying an x-amz-* header its
+// signature does not cover, as S3 does: such a header could have been
+// added by anyone on the way (metadata, tags, a copy source) and would
+// act with the signer's authority.
+func unsignedAmzHeaders(r *http.Request, signed []string) *Error {
+	var bad []string
+	for k := range r.Header {
+		lk := strings.ToLower(k)
+		if strings.HasPrefix(lk, "x-amz-") && !contains(signed, lk) {
+			bad = append(bad, lk)
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	sort.Strings(bad)
+	return errAccessDenied("There were headers present in the request which were not signed: " + strings.Join(bad, ", "))
+}
+
+// presignParams are the query parameters of the signature itself.
+var presignParams = map[string]bool{"x-amz-algorithm": true, "x-amz-credential": true, "x-amz-date": true, "x-amz-expires": true,
+	"x-amz-signedheaders": true, "x-amz-signature": true, "x-amz-security-token": true}
+
+// hoistQueryHeaders makes the x-amz-* query parameters of a verified
+// presigned request (metadata, tagging, a copy source, checksums) its
+// headers, as S3 does: the signature covers the whole query, so they are
+// signed. A parameter also sent as a header is refused.
+func hoistQueryHeaders(r *http.Request) *Error {
+	q := r.URL.Query()
+	for k, vs := range q {
+		lk := strings.ToLower(k)
+		if !strings.HasPrefix(lk, "x-amz-") || presignParams[lk] {
+			continue
+		}
+		if r.Header.Get(k) != "" {
+			return errInvalidRequest("%s is given both as a query parameter and as a header", lk)
+		}
+		for _, v := range vs {
+			r.Header.Add(k, v)
+		}
+	}
+	return nil
 }
 
 func validPayloadMode(p string) bool {

@@ -153,6 +153,14 @@ func (c *chunkedReader) next() error {
 		}
 		return err
 	}
+	// Nothing may follow the final chunk: bytes there are no part of the
+	// signed payload, and a body is one payload.
+	if _, err := c.br.ReadByte(); err != io.EOF {
+		if err == nil {
+			err = errorf("IncompleteBody", 400, "The aws-chunked request body has data after its final chunk")
+		}
+		return err
+	}
 	c.done = true
 	return io.EOF
 }

@@ -192,6 +192,7 @@ func TestHandlerPanicIsInternalError(t *testing.T) {
 	cl := g.cl
 	defer func() { g.cl = cl; g.Close() }()
 	g.secrets.ns = fakeNamespace{}
+	g.owners.ns = fakeNamespace{}
 	g.cl = nil // every handler that uses the client now panics: our stand-in bug
 	srv := httptest.NewServer(g)
 	defer srv.Close()

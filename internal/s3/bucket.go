@@ -23,9 +23,6 @@ type owner struct {
 
 func (req *request) owner() owner {
 	o := req.auth.owner
-	if o == "" {
-		o = req.auth.accessKey
-	}
 	return owner{ID: o, DisplayName: o}
 }
 
@@ -64,7 +61,7 @@ func (g *Gateway) listBuckets(req *request) *Error {
 	res := result{Owner: req.owner(), Buckets: []bucket{}}
 	var bs []client.Bucket
 	err := req.meta(func() (err error) {
-		bs, err = g.cl.ListBuckets(req.r.Context(), g.cfg.Volume, client.ListOptions{Limit: 100000})
+		bs, err = g.listBucketsOf(req.r.Context(), req.auth)
 		return err
 	})
 	if err != nil && !errors.Is(err, client.ErrNotFound) {
@@ -74,6 +71,29 @@ func (g *Gateway) listBuckets(req *request) *Error {
 		res.Buckets = append(res.Buckets, bucket{Name: b.Name, CreationDate: b.Created.UTC().Format(s3TimeFormat)})
 	}
 	return writeXML(req, res)
+}
+
+// listBucketsOf lists the buckets the caller owns (every bucket for an
+// admin).
+func (g *Gateway) listBucketsOf(ctx context.Context, a *auth) ([]client.Bucket, error) {
+	if a.admin {
+		return g.cl.ListBuckets(ctx, g.cfg.Volume, client.ListOptions{Limit: 100000})
+	}
+	var out []client.Bucket
+	after := ""
+	for {
+		resp, err := g.ns.ListBuckets(ctx, &metapb.ListBucketsRequest{Volume: g.cfg.Volume, StartAfter: after, Owner: a.owner, PageSize: 1000})
+		if err != nil {
+			return out, client.FromRPC("list buckets", err)
+		}
+		for _, b := range resp.Buckets {
+			out = append(out, client.Bucket{Name: b.Name, Created: time.UnixMilli(b.CreatedUnixMs)})
+		}
+		if !resp.Truncated || len(resp.Buckets) == 0 || len(out) >= 100000 {
+			return out, nil
+		}
+		after = resp.Buckets[len(resp.Buckets)-1].Name
+	}
 }
 
 func (g *Gateway) createBucket(req *request) *Error {
@@ -98,9 +118,17 @@ func (g *Gateway) createBucket(req *request) *Error {
 		if err := g.ensureVolume(ctx); err != nil {
 			return err
 		}
-		_, err := g.cl.CreateBucket(ctx, g.cfg.Volume, req.bucket, client.BucketOptions{})
-		return err
+		_, err := g.ns.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: g.cfg.Volume, Name: req.bucket, Owner: req.auth.owner})
+		return client.FromRPC("create bucket", err)
 	})
+	g.owners.forget(req.bucket)
+	if errors.Is(err, client.ErrExists) {
+		// Whose is it? S3 tells the owner apart from everyone else.
+		owner, exists, oerr := g.owners.get(ctx, g.cfg.Volume, req.bucket)
+		if oerr == nil && exists && !req.auth.mayAccess(owner) {
+			return errorf("BucketAlreadyExists", 409, "The requested bucket name is not available. The bucket namespace is shared by all users of the system. Please select a different name and try again.")
+		}
+	}
 	if err != nil {
 		return fromBasalt(err, req.bucket, "")
 	}
@@ -162,6 +190,7 @@ func (g *Gateway) bucketExists(req *request) *Error {
 
 func (g *Gateway) deleteBucket(req *request) *Error {
 	err := req.meta(func() error { return g.cl.DeleteBucket(req.r.Context(), g.cfg.Volume, req.bucket) })
+	g.owners.forget(req.bucket)
 	if err != nil {
 		return fromBasalt(err, req.bucket, "")
 	}

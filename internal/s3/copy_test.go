@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
 	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/storage"
 )
 
@@ -134,7 +135,7 @@ func (e *env) testCopy(t *testing.T) {
 	}
 
 	// A bucket of another replication cannot share: the copy streams.
-	if _, err := e.cl.CreateBucket(ctx, "s3v", "cpone", client.BucketOptions{Replication: client.ReplicationOne}); err != nil {
+	if _, err := e.cl.Namespace().CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: "s3v", Name: "cpone", Replication: metapb.Replication_ONE, Owner: "tester"}); err != nil {
 		t.Fatal(err)
 	}
 	streamed0 = e.copied("streamed")

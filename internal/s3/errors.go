@@ -95,6 +95,8 @@ func fromBasalt(err error, bucket, key string) *Error {
 		return errorf("InvalidPartOrder", 400, "The list of parts was not in ascending order: %s", message(err))
 	case namespace.ReasonEntityTooSmall:
 		return errorf("EntityTooSmall", 400, "Your proposed upload is smaller than the minimum allowed object size: %s", message(err))
+	case namespace.ReasonPreconditionFailed:
+		return errPreconditionFailed
 	case namespace.ReasonVersionChanged:
 		return errorf("OperationAborted", 409, "A conflicting conditional operation is in progress against this resource: %s", message(err))
 	}

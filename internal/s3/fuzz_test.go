@@ -337,6 +337,12 @@ func (fakeNamespace) GetS3Secret(_ context.Context, r *metapb.GetS3SecretRequest
 	return nil, status.Error(codes.NotFound, "no such access key")
 }
 
+// GetBucket answers that no bucket exists (the access check passes; the
+// operation itself then finds no bucket).
+func (fakeNamespace) GetBucket(_ context.Context, r *metapb.GetBucketRequest, _ ...grpc.CallOption) (*metapb.Bucket, error) {
+	return nil, status.Error(codes.NotFound, "no such bucket")
+}
+
 // authGateway is a gateway with just enough to authenticate requests.
 func authGateway() *Gateway {
 	now := func() time.Time { return fuzzNow }

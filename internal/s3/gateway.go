@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +32,12 @@ const (
 	DefaultSecretTTL    = 10 * time.Second
 	DefaultMinPartSize  = 5 << 20
 	DefaultUploadWait   = 10 * time.Second
+	DefaultOwnerTTL     = 2 * time.Second
+	// DefaultBodyIdleTimeout bounds how long a request body (or a GET's
+	// reader) may make no progress.
+	DefaultBodyIdleTimeout   = 30 * time.Second
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultMaxHeaderBytes    = 64 << 10
 	// MaxObjectSize is S3's limit for one PUT (and one part).
 	MaxObjectSize = 5 << 30
 	// maxXMLBody bounds request documents (DeleteObjects with 1000 keys of
@@ -82,6 +89,16 @@ type Config struct {
 	// UploadWait bounds a PUT's wait for a slot (default 10s); past it the
 	// gateway answers SlowDown (503), which S3 clients retry with backoff.
 	UploadWait time.Duration
+	// BucketOwnerTTL is how long a bucket's owner is cached (default 2s).
+	BucketOwnerTTL time.Duration
+	// BodyIdleTimeout fails a request whose body sends nothing for this
+	// long with RequestTimeout, freeing its upload slot, and cuts a
+	// response its client does not read for this long (default 30s).
+	BodyIdleTimeout time.Duration
+	// ReadHeaderTimeout bounds reading a request's headers (default 10s);
+	// MaxHeaderBytes bounds their size (default 64 KiB).
+	ReadHeaderTimeout time.Duration
+	MaxHeaderBytes    int
 	// UploadBufferBytes is the write buffer of the client the gateway makes
 	// (default 16 MiB; ignored when Client is set).
 	UploadBufferBytes int64
@@ -119,6 +136,18 @@ func (c *Config) setDefaults() error {
 	if c.UploadWait == 0 {
 		c.UploadWait = DefaultUploadWait
 	}
+	if c.BucketOwnerTTL == 0 {
+		c.BucketOwnerTTL = DefaultOwnerTTL
+	}
+	if c.BodyIdleTimeout == 0 {
+		c.BodyIdleTimeout = DefaultBodyIdleTimeout
+	}
+	if c.ReadHeaderTimeout == 0 {
+		c.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
 	if c.UploadBufferBytes == 0 {
 		c.UploadBufferBytes = 16 << 20
 	}
@@ -142,6 +171,7 @@ type Gateway struct {
 	ownCl   bool
 	ns      metapb.NamespaceClient
 	secrets *secrets
+	owners  *ownerCache
 	metrics *metrics
 	ln      net.Listener
 	srv     *http.Server
@@ -172,6 +202,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g.ns = g.cl.Namespace()
 	g.secrets = &secrets{ns: g.ns, ttl: cfg.SecretTTL, now: cfg.Now, m: map[string]secretEntry{}}
+	g.owners = &ownerCache{ns: g.ns, ttl: cfg.BucketOwnerTTL, now: cfg.Now, m: map[string]ownerEntry{}}
 	g.metrics = newMetrics(cfg.Registerer)
 	g.guard = guard.New(cfg.Registerer, cfg.Logger)
 	g.guarded = g.guard.HTTP("s3", http.HandlerFunc(g.serve), g.panicked)
@@ -183,7 +214,7 @@ func New(cfg Config) (*Gateway, error) {
 		}
 		g.ln = ln
 	}
-	g.srv = &http.Server{Handler: g, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
+	g.srv = &http.Server{Handler: g, ReadHeaderTimeout: cfg.ReadHeaderTimeout, MaxHeaderBytes: cfg.MaxHeaderBytes, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)}
 	return g, nil
 }
@@ -267,11 +298,19 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("x-amz-request-id", req.id)
 	var err *Error
 	req.bucket, req.key, err = g.address(r)
-	handler := g.route(req)
 	if err == nil {
 		t := time.Now()
 		req.auth, err = g.authenticate(r)
 		req.stages.auth += time.Since(t)
+	}
+	// Routed after authentication: a presigned request's signed x-amz-*
+	// query parameters (a copy source) are its headers by then.
+	handler := g.route(req)
+	if err == nil && req.bucket != "" && req.op != "CreateBucket" && req.op != "Unsupported" {
+		err = g.authorizeBucket(req, req.bucket)
+	}
+	if err == nil && r.Body != nil && r.Body != http.NoBody {
+		r.Body = newIdleBody(w, r.Body, g.cfg.BodyIdleTimeout)
 	}
 	if err == nil && movesData(req.op) {
 		var gone bool
@@ -367,24 +406,33 @@ func (g *Gateway) route(req *request) handlerFunc {
 		}
 		return set("Unsupported", func(*request) *Error { return errMethodNotAllowed })
 	}
-	for _, sub := range []string{"acl", "policy", "cors", "lifecycle", "website", "replication", "encryption", "object-lock", "retention", "legal-hold", "torrent", "notification", "logging", "requestPayment", "accelerate", "analytics", "inventory", "metrics", "intelligent-tiering", "ownershipControls", "publicAccessBlock", "select", "restore", "attributes", "versions"} {
-		if has(sub) {
-			return unsupported("the ?" + sub + " sub-resource")
+	h := g.routeOp(req, q, has, set)
+	if sub := unservedSubResource(req.op, r.URL.RawQuery); sub != "" {
+		what := "the ?" + sub + " sub-resource"
+		if req.op != "Unsupported" {
+			what += " on " + req.op
 		}
+		return unsupported(what)
 	}
+	if e := unsupportedHeaders(req.op, r.Header); e != nil {
+		return set("Unsupported", func(*request) *Error { return e })
+	}
+	if e := checkVersionID(q); e != nil {
+		return set(req.op, func(*request) *Error { return e })
+	}
+	return h
+}
+
+// routeOp picks the operation of a request for a bucket.
+func (g *Gateway) routeOp(req *request, q url.Values, has func(string) bool, set func(string, handlerFunc) handlerFunc) handlerFunc {
+	r := req.r
 	if req.key == "" {
 		switch r.Method {
 		case http.MethodPut:
-			if has("tagging") || has("versioning") {
-				return unsupported("bucket tagging and versioning")
-			}
 			return set("CreateBucket", g.createBucket)
 		case http.MethodHead:
 			return set("HeadBucket", g.headBucket)
 		case http.MethodDelete:
-			if has("tagging") {
-				return unsupported("bucket tagging")
-			}
 			return set("DeleteBucket", g.deleteBucket)
 		case http.MethodGet:
 			switch {
@@ -394,8 +442,6 @@ func (g *Gateway) route(req *request) handlerFunc {
 				return set("GetBucketVersioning", g.getBucketVersioning)
 			case has("uploads"):
 				return set("ListMultipartUploads", g.listMultipartUploads)
-			case has("tagging"):
-				return unsupported("bucket tagging")
 			case q.Get("list-type") == "2":
 				return set("ListObjectsV2", g.listObjectsV2)
 			}

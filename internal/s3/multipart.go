@@ -65,7 +65,7 @@ func (g *Gateway) uploadPart(req *request) *Error {
 		return e
 	}
 	defer b.close()
-	if _, err := g.putData(req, req.key, b, b.want, nil, part, b.etag); err != nil {
+	if _, err := g.putData(req, req.key, b, b.want, nil, part, nil, b.etag); err != nil {
 		e := bodyOr(b, err, req)
 		if e.Code == "NoSuchUpload" {
 			e = errNoSuchUpload(part.UploadId)
@@ -138,7 +138,7 @@ func (g *Gateway) uploadPartCopy(req *request) *Error {
 		}
 		mr := &md5Reader{r: io.LimitReader(kr, length), h: md5.New()}
 		var ki client.KeyInfo
-		ki, err = g.putData(req, req.key, mr, length, nil, part, func() string { return hex.EncodeToString(mr.h.Sum(nil)) })
+		ki, err = g.putData(req, req.key, mr, length, nil, part, nil, func() string { return hex.EncodeToString(mr.h.Sum(nil)) })
 		modified = ki.Modified
 	}
 	if err != nil {
@@ -202,13 +202,17 @@ func parseCompleteMultipartUpload(req *request) ([]*metapb.CompletedPart, *Error
 }
 
 func (g *Gateway) completeMultipartUpload(req *request) *Error {
+	pre, e := writePrecondition(req.r.Header)
+	if e != nil {
+		return e
+	}
 	parts, e := parseCompleteMultipartUpload(req)
 	if e != nil {
 		return e
 	}
 	uploadID := req.r.URL.Query().Get("uploadId")
 	creq := &metapb.CompleteMultipartUploadRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key, UploadId: uploadID,
-		MinPartSize: uint64(g.cfg.MinPartSize), Parts: parts}
+		MinPartSize: uint64(g.cfg.MinPartSize), Parts: parts, Precondition: pre}
 	var ki *metapb.KeyInfo
 	err := req.meta(func() (err error) {
 		ki, err = g.ns.CompleteMultipartUpload(req.r.Context(), creq)

@@ -241,6 +241,9 @@ func (g *Gateway) readObject(req *request, head bool) *Error {
 	if kr != nil {
 		defer kr.Close()
 	}
+	if e := checkPartNumber(req.r.URL.Query(), ki.Meta); e != nil {
+		return e
+	}
 	h := req.w.Header()
 	notModified, e := conditions(req.r.Header, "", ki.Meta.GetEtag(), ki.Modified)
 	if e != nil {
@@ -293,7 +296,9 @@ func (g *Gateway) readObject(req *request, head bool) *Error {
 	if _, err := kr.Seek(start, io.SeekStart); err != nil {
 		panic(http.ErrAbortHandler)
 	}
-	if _, err := io.CopyN(req.w, kr, length); err != nil {
+	iw := newIdleWriter(req.w, g.cfg.BodyIdleTimeout)
+	defer iw.stop()
+	if _, err := io.CopyN(iw, kr, length); err != nil {
 		// The status is sent; cutting the connection is the only way to
 		// tell the client the body is incomplete.
 		if ctx.Err() == nil {
@@ -304,9 +309,32 @@ func (g *Gateway) readObject(req *request, head bool) *Error {
 	return nil
 }
 
+// checkPartNumber accepts GET and HEAD ?partNumber=N where the answer is
+// the whole object: part 1 of an object not uploaded in parts. Parts of a
+// multipart object are not served one by one (their boundaries are not
+// kept), so that is refused rather than answered with the whole object.
+func checkPartNumber(q url.Values, m *metapb.ObjectMeta) *Error {
+	v, ok := q["partNumber"]
+	if !ok {
+		return nil
+	}
+	n, err := strconv.Atoi(v[0])
+	if len(v) != 1 || err != nil || n < 1 || n > namespace.MaxPartNumber {
+		return errInvalidArgument("Part number must be an integer between 1 and %d, inclusive", namespace.MaxPartNumber)
+	}
+	if m.GetPartsCount() > 0 {
+		return errNotImplemented("GET or HEAD of one part of a multipart object (?partNumber)")
+	}
+	if n != 1 {
+		return errorf("InvalidPartNumber", 416, "The requested partnumber is not satisfiable")
+	}
+	return nil
+}
+
 // putData streams a body into key and commits it with meta (ETag and
 // checksum filled in from the data). part, if set, commits it as a part.
-func (g *Gateway) putData(req *request, key string, r io.Reader, sizeHint int64, meta *metapb.ObjectMeta, part *metapb.PartRef, etag func() string) (client.KeyInfo, error) {
+// pre, if set, is decided in the commit's Raft entry.
+func (g *Gateway) putData(req *request, key string, r io.Reader, sizeHint int64, meta *metapb.ObjectMeta, part *metapb.PartRef, pre *metapb.KeyPrecondition, etag func() string) (client.KeyInfo, error) {
 	t := time.Now()
 	var committing time.Time
 	ki, err := g.cl.PutKey(req.r.Context(), g.cfg.Volume, req.bucket, key, r, client.PutOptions{
@@ -320,6 +348,7 @@ func (g *Gateway) putData(req *request, key string, r io.Reader, sizeHint int64,
 			}
 			meta.Etag = etag()
 			c.Meta = meta
+			c.Precondition = pre
 			return nil
 		},
 	})
@@ -345,14 +374,29 @@ func (g *Gateway) putObject(req *request) *Error {
 	if e != nil {
 		return e
 	}
-	_, err := g.putData(req, req.key, b, b.want, meta, nil, func() string {
+	pre, e := writePrecondition(req.r.Header)
+	if e != nil {
+		return e
+	}
+	if pre != nil {
+		// Decided early too, so that a write bound to fail sends no data.
+		if e := g.precheck(req, pre); e != nil {
+			return e
+		}
+	}
+	_, err := g.putData(req, req.key, b, b.want, meta, nil, pre, func() string {
 		if alg, v := b.checksum(); alg != "" {
 			meta.Checksums = map[string]string{alg: v}
 		}
 		return b.etag()
 	})
 	if err != nil {
-		return bodyOr(b, err, req)
+		e := bodyOr(b, err, req)
+		if pre != nil && (e.Code == "PreconditionFailed" || e.Code == "NoSuchKey") {
+			// It held when the upload started: another write got in.
+			e = errConditionalConflict
+		}
+		return e
 	}
 	h := req.w.Header()
 	h.Set("ETag", etagOf(meta))
@@ -361,6 +405,20 @@ func (g *Gateway) putObject(req *request) *Error {
 	}
 	req.w.WriteHeader(http.StatusOK)
 	return nil
+}
+
+// precheck decides a write precondition against the key as it is now.
+func (g *Gateway) precheck(req *request, pre *metapb.KeyPrecondition) *Error {
+	var ki client.KeyInfo
+	err := req.meta(func() (err error) {
+		ki, err = g.cl.HeadKey(req.r.Context(), g.cfg.Volume, req.bucket, req.key)
+		return err
+	})
+	exists := err == nil
+	if err != nil && !errors.Is(err, client.ErrKeyNotFound) {
+		return fromBasalt(err, req.bucket, req.key)
+	}
+	return checkPrecondition(pre, exists, ki.Meta.GetEtag(), req.key)
 }
 
 // bodyOr prefers the body's own failure (bad signature, digest, short
@@ -376,6 +434,11 @@ func bodyOr(b *body, err error, req *request) *Error {
 }
 
 func (g *Gateway) deleteObject(req *request) *Error {
+	for _, c := range []string{"If-Match", "X-Amz-If-Match-Last-Modified-Time", "X-Amz-If-Match-Size"} {
+		if req.r.Header.Get(c) != "" {
+			return errNotImplemented("conditional deletes (" + c + ")")
+		}
+	}
 	var e *Error
 	req.meta(func() error { e = g.deleteOne(req, req.key); return nil })
 	if e != nil {
@@ -479,7 +542,7 @@ func (g *Gateway) deleteObjects(req *request) *Error {
 func copySource(v string) (bucket, key string, e *Error) {
 	v, version, _ := strings.Cut(v, "?")
 	if version != "" && version != "versionId=null" {
-		return "", "", errNotImplemented("copying a version (versioning)")
+		return "", "", errInvalidArgument("Invalid version id specified in the copy source: %q", version)
 	}
 	d, err := url.PathUnescape(v)
 	if err != nil {
@@ -509,6 +572,9 @@ func (m *md5Reader) Read(p []byte) (int, error) {
 func (g *Gateway) openSource(req *request) (srcBucket, srcKey string, ki client.KeyInfo, e *Error) {
 	srcBucket, srcKey, e = copySource(req.r.Header.Get("X-Amz-Copy-Source"))
 	if e != nil {
+		return
+	}
+	if e = g.authorizeBucket(req, srcBucket); e != nil {
 		return
 	}
 	err := req.meta(func() (err error) {
@@ -578,9 +644,20 @@ func (g *Gateway) copyObject(req *request) *Error {
 	if self && mdir != "REPLACE" && tdir != "REPLACE" {
 		return errInvalidRequest("This copy request is illegal because it is trying to copy an object to itself without changing the object's metadata, storage class, website redirect location or encryption attributes.")
 	}
+	pre, e := writePrecondition(h)
+	if e != nil {
+		return e
+	}
 	_, _, src, e := g.openSource(req)
 	if e != nil {
 		return e
+	}
+	if self {
+		// The destination is the source as read; the version check below
+		// makes the answer hold at the write.
+		if e := checkPrecondition(pre, true, src.Meta.GetEtag(), req.key); e != nil {
+			return e
+		}
 	}
 	if src.Size > MaxObjectSize {
 		return errInvalidRequest("The specified copy source is larger than the maximum allowable size for a copy source: %d", MaxObjectSize)
@@ -627,7 +704,7 @@ func (g *Gateway) copyObject(req *request) *Error {
 		// bytes is valid).
 		var r *metapb.KeyInfo
 		r, shared, err = g.shareCopy(req, &metapb.CopyKeyRequest{Volume: g.cfg.Volume, SrcBucket: srcBucket, SrcKey: srcKey, ExpectObjectId: src.ObjectID,
-			Bucket: req.bucket, Key: req.key, ReplaceMeta: replace, Meta: meta})
+			Bucket: req.bucket, Key: req.key, ReplaceMeta: replace, Meta: meta, Precondition: pre})
 		if shared {
 			out = client.KeyInfo{Modified: time.UnixMilli(r.ModifiedUnixMs).UTC(), Meta: r.Meta}
 		}
@@ -642,7 +719,7 @@ func (g *Gateway) copyObject(req *request) *Error {
 		defer kr.Close()
 		mr := &md5Reader{r: kr, h: md5.New()}
 		meta.PartsCount = 0
-		out, err = g.putData(req, req.key, mr, int64(src.Size), meta, nil, func() string { return hex.EncodeToString(mr.h.Sum(nil)) })
+		out, err = g.putData(req, req.key, mr, int64(src.Size), meta, nil, pre, func() string { return hex.EncodeToString(mr.h.Sum(nil)) })
 		out.Meta = meta
 	}
 	if err != nil {

@@ -4335,6 +4335,9 @@ type Bucket struct {
 	Layout        BucketLayout           `protobuf:"varint,4,opt,name=layout,proto3,enum=basalt.meta.v1.BucketLayout" json:"layout,omitempty"`
 	Replication   Replication            `protobuf:"varint,5,opt,name=replication,proto3,enum=basalt.meta.v1.Replication" json:"replication,omitempty"`
 	CreatedUnixMs int64                  `protobuf:"varint,6,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	// S3: the user (access key owner) who created the bucket; "" for
+	// buckets made before owners were recorded (admins only, through S3).
+	Owner         string `protobuf:"bytes,140,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4411,12 +4414,20 @@ func (x *Bucket) GetCreatedUnixMs() int64 {
 	return 0
 }
 
+func (x *Bucket) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
 type CreateBucketRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
 	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	Layout        BucketLayout           `protobuf:"varint,3,opt,name=layout,proto3,enum=basalt.meta.v1.BucketLayout" json:"layout,omitempty"`          // default OBJECT
 	Replication   Replication            `protobuf:"varint,4,opt,name=replication,proto3,enum=basalt.meta.v1.Replication" json:"replication,omitempty"` // default THREE
+	Owner         string                 `protobuf:"bytes,140,opt,name=owner,proto3" json:"owner,omitempty"`                                            // recorded in Bucket.owner
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4479,6 +4490,13 @@ func (x *CreateBucketRequest) GetReplication() Replication {
 	return Replication_REPLICATION_UNSPECIFIED
 }
 
+func (x *CreateBucketRequest) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
 type GetBucketRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
@@ -4532,11 +4550,13 @@ func (x *GetBucketRequest) GetName() string {
 }
 
 type ListBucketsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
-	Prefix        string                 `protobuf:"bytes,2,opt,name=prefix,proto3" json:"prefix,omitempty"`
-	StartAfter    string                 `protobuf:"bytes,3,opt,name=start_after,json=startAfter,proto3" json:"start_after,omitempty"`
-	PageSize      uint32                 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Volume     string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Prefix     string                 `protobuf:"bytes,2,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	StartAfter string                 `protobuf:"bytes,3,opt,name=start_after,json=startAfter,proto3" json:"start_after,omitempty"`
+	PageSize   uint32                 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// Set: only buckets whose owner is this (S3 ListBuckets).
+	Owner         string `protobuf:"bytes,140,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4597,6 +4617,13 @@ func (x *ListBucketsRequest) GetPageSize() uint32 {
 		return x.PageSize
 	}
 	return 0
+}
+
+func (x *ListBucketsRequest) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
 }
 
 type ListBucketsResponse struct {
@@ -5347,7 +5374,11 @@ type CommitKeyRequest struct {
 	// Set: the data is a part of a multipart upload of the open key's name;
 	// it is recorded in the upload (replacing a part of that number) instead
 	// of becoming a key.
-	Part          *PartRef `protobuf:"bytes,4,opt,name=part,proto3" json:"part,omitempty"`
+	Part *PartRef `protobuf:"bytes,4,opt,name=part,proto3" json:"part,omitempty"`
+	// Checked inside the Raft apply against the key being replaced (keys
+	// only, not parts): FAILED_PRECONDITION with reason PRECONDITION_FAILED,
+	// or NOT_FOUND (NO_SUCH_KEY) for an ETag expected of a missing key.
+	Precondition  *KeyPrecondition `protobuf:"bytes,140,opt,name=precondition,proto3" json:"precondition,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5406,6 +5437,13 @@ func (x *CommitKeyRequest) GetMeta() *ObjectMeta {
 func (x *CommitKeyRequest) GetPart() *PartRef {
 	if x != nil {
 		return x.Part
+	}
+	return nil
+}
+
+func (x *CommitKeyRequest) GetPrecondition() *KeyPrecondition {
+	if x != nil {
+		return x.Precondition
 	}
 	return nil
 }
@@ -6347,8 +6385,9 @@ type CopyKeyRequest struct {
 	// of the source's blocks starts; length 0 = to the end of the source.
 	// The part ends with a prefix of a source block when length ends inside
 	// one.
-	Offset        uint64 `protobuf:"varint,10,opt,name=offset,proto3" json:"offset,omitempty"`
-	Length        uint64 `protobuf:"varint,11,opt,name=length,proto3" json:"length,omitempty"`
+	Offset        uint64           `protobuf:"varint,10,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length        uint64           `protobuf:"varint,11,opt,name=length,proto3" json:"length,omitempty"`
+	Precondition  *KeyPrecondition `protobuf:"bytes,140,opt,name=precondition,proto3" json:"precondition,omitempty"` // on the destination key, as CommitKeyRequest.precondition
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6458,6 +6497,13 @@ func (x *CopyKeyRequest) GetLength() uint64 {
 		return x.Length
 	}
 	return 0
+}
+
+func (x *CopyKeyRequest) GetPrecondition() *KeyPrecondition {
+	if x != nil {
+		return x.Precondition
+	}
+	return nil
 }
 
 type MultipartUpload struct {
@@ -6689,7 +6735,8 @@ type CompleteMultipartUploadRequest struct {
 	Parts    []*CompletedPart       `protobuf:"bytes,5,rep,name=parts,proto3" json:"parts,omitempty"` // ascending part numbers
 	// Every part but the last must be at least this large (S3: 5 MiB;
 	// 0 = 5 MiB).
-	MinPartSize   uint64 `protobuf:"varint,6,opt,name=min_part_size,json=minPartSize,proto3" json:"min_part_size,omitempty"`
+	MinPartSize   uint64           `protobuf:"varint,6,opt,name=min_part_size,json=minPartSize,proto3" json:"min_part_size,omitempty"`
+	Precondition  *KeyPrecondition `protobuf:"bytes,140,opt,name=precondition,proto3" json:"precondition,omitempty"` // as CommitKeyRequest.precondition
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6764,6 +6811,13 @@ func (x *CompleteMultipartUploadRequest) GetMinPartSize() uint64 {
 		return x.MinPartSize
 	}
 	return 0
+}
+
+func (x *CompleteMultipartUploadRequest) GetPrecondition() *KeyPrecondition {
+	if x != nil {
+		return x.Precondition
+	}
+	return nil
 }
 
 type AbortMultipartUploadRequest struct {
@@ -7250,6 +7304,7 @@ type S3Secret struct {
 	SecretAccessKey string                 `protobuf:"bytes,2,opt,name=secret_access_key,json=secretAccessKey,proto3" json:"secret_access_key,omitempty"`
 	Owner           string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
 	CreatedUnixMs   int64                  `protobuf:"varint,4,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	Admin           bool                   `protobuf:"varint,140,opt,name=admin,proto3" json:"admin,omitempty"` // may act on every user's buckets
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -7312,6 +7367,13 @@ func (x *S3Secret) GetCreatedUnixMs() int64 {
 	return 0
 }
 
+func (x *S3Secret) GetAdmin() bool {
+	if x != nil {
+		return x.Admin
+	}
+	return false
+}
+
 type CreateS3SecretRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty: the service picks one. 3..128 characters [A-Za-z0-9._-].
@@ -7321,6 +7383,7 @@ type CreateS3SecretRequest struct {
 	// the service when proposing (so that every replica stores the same one)
 	// or by an operator importing an existing key.
 	SecretAccessKey string `protobuf:"bytes,3,opt,name=secret_access_key,json=secretAccessKey,proto3" json:"secret_access_key,omitempty"`
+	Admin           bool   `protobuf:"varint,140,opt,name=admin,proto3" json:"admin,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -7374,6 +7437,13 @@ func (x *CreateS3SecretRequest) GetSecretAccessKey() string {
 		return x.SecretAccessKey
 	}
 	return ""
+}
+
+func (x *CreateS3SecretRequest) GetAdmin() bool {
+	if x != nil {
+		return x.Admin
+	}
+	return false
 }
 
 type GetS3SecretRequest struct {
@@ -7498,6 +7568,62 @@ func (x *DeleteS3SecretResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use DeleteS3SecretResponse.ProtoReflect.Descriptor instead.
 func (*DeleteS3SecretResponse) Descriptor() ([]byte, []int) {
 	return file_meta_meta_proto_rawDescGZIP(), []int{107}
+}
+
+// KeyPrecondition is a condition on the key a write replaces, checked in
+// the same Raft apply as the write, so racing writers cannot both pass it
+// (S3's If-None-Match: * and If-Match on writes; WebHDFS CREATE without
+// overwrite). An empty precondition always holds.
+type KeyPrecondition struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ExpectAbsent  bool                   `protobuf:"varint,1,opt,name=expect_absent,json=expectAbsent,proto3" json:"expect_absent,omitempty"` // no key (file) exists at the name
+	ExpectEtag    string                 `protobuf:"bytes,2,opt,name=expect_etag,json=expectEtag,proto3" json:"expect_etag,omitempty"`        // the key exists with this ETag (no quotes)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyPrecondition) Reset() {
+	*x = KeyPrecondition{}
+	mi := &file_meta_meta_proto_msgTypes[108]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyPrecondition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyPrecondition) ProtoMessage() {}
+
+func (x *KeyPrecondition) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[108]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyPrecondition.ProtoReflect.Descriptor instead.
+func (*KeyPrecondition) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{108}
+}
+
+func (x *KeyPrecondition) GetExpectAbsent() bool {
+	if x != nil {
+		return x.ExpectAbsent
+	}
+	return false
+}
+
+func (x *KeyPrecondition) GetExpectEtag() string {
+	if x != nil {
+		return x.ExpectEtag
+	}
+	return ""
 }
 
 var File_meta_meta_proto protoreflect.FileDescriptor
@@ -7802,28 +7928,31 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\")\n" +
 	"\x13DeleteVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
-	"\x14DeleteVolumeResponse\"\xe1\x01\n" +
+	"\x14DeleteVolumeResponse\"\xf8\x01\n" +
 	"\x06Bucket\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x03 \x01(\x04R\x02id\x124\n" +
 	"\x06layout\x18\x04 \x01(\x0e2\x1c.basalt.meta.v1.BucketLayoutR\x06layout\x12=\n" +
 	"\vreplication\x18\x05 \x01(\x0e2\x1b.basalt.meta.v1.ReplicationR\vreplication\x12&\n" +
-	"\x0fcreated_unix_ms\x18\x06 \x01(\x03R\rcreatedUnixMs\"\xb6\x01\n" +
+	"\x0fcreated_unix_ms\x18\x06 \x01(\x03R\rcreatedUnixMs\x12\x15\n" +
+	"\x05owner\x18\x8c\x01 \x01(\tR\x05owner\"\xcd\x01\n" +
 	"\x13CreateBucketRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x124\n" +
 	"\x06layout\x18\x03 \x01(\x0e2\x1c.basalt.meta.v1.BucketLayoutR\x06layout\x12=\n" +
-	"\vreplication\x18\x04 \x01(\x0e2\x1b.basalt.meta.v1.ReplicationR\vreplication\">\n" +
+	"\vreplication\x18\x04 \x01(\x0e2\x1b.basalt.meta.v1.ReplicationR\vreplication\x12\x15\n" +
+	"\x05owner\x18\x8c\x01 \x01(\tR\x05owner\">\n" +
 	"\x10GetBucketRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\x82\x01\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\x99\x01\n" +
 	"\x12ListBucketsRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06prefix\x18\x02 \x01(\tR\x06prefix\x12\x1f\n" +
 	"\vstart_after\x18\x03 \x01(\tR\n" +
 	"startAfter\x12\x1b\n" +
-	"\tpage_size\x18\x04 \x01(\rR\bpageSize\"e\n" +
+	"\tpage_size\x18\x04 \x01(\rR\bpageSize\x12\x15\n" +
+	"\x05owner\x18\x8c\x01 \x01(\tR\x05owner\"e\n" +
 	"\x13ListBucketsResponse\x120\n" +
 	"\abuckets\x18\x01 \x03(\v2\x16.basalt.meta.v1.BucketR\abuckets\x12\x1c\n" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"A\n" +
@@ -7893,12 +8022,13 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\aexclude\x18\x02 \x01(\v2\x1b.basalt.meta.v1.ExcludeListR\aexclude\x12'\n" +
 	"\x0fclient_location\x18\x03 \x01(\tR\x0eclientLocation\"L\n" +
 	"\x15AllocateBlockResponse\x123\n" +
-	"\x05block\x18\x01 \x01(\v2\x1d.basalt.meta.v1.BlockLocationR\x05block\"\xba\x01\n" +
+	"\x05block\x18\x01 \x01(\v2\x1d.basalt.meta.v1.BlockLocationR\x05block\"\x80\x02\n" +
 	"\x10CommitKeyRequest\x12\x17\n" +
 	"\aopen_id\x18\x01 \x01(\x04R\x06openId\x120\n" +
 	"\x06blocks\x18\x02 \x03(\v2\x18.basalt.meta.v1.KeyBlockR\x06blocks\x12.\n" +
 	"\x04meta\x18\x03 \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\x12+\n" +
-	"\x04part\x18\x04 \x01(\v2\x17.basalt.meta.v1.PartRefR\x04part\"[\n" +
+	"\x04part\x18\x04 \x01(\v2\x17.basalt.meta.v1.PartRefR\x04part\x12D\n" +
+	"\fprecondition\x18\x8c\x01 \x01(\v2\x1f.basalt.meta.v1.KeyPreconditionR\fprecondition\"[\n" +
 	"\aPartRef\x12\x1b\n" +
 	"\tupload_id\x18\x01 \x01(\tR\buploadId\x12\x1f\n" +
 	"\vpart_number\x18\x02 \x01(\rR\n" +
@@ -7966,7 +8096,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12.\n" +
 	"\x04meta\x18\x04 \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\x12(\n" +
 	"\x10expect_object_id\x18\x05 \x01(\x04R\x0eexpectObjectId\x12\x14\n" +
-	"\x05touch\x18\x06 \x01(\bR\x05touch\"\xe4\x02\n" +
+	"\x05touch\x18\x06 \x01(\bR\x05touch\"\xaa\x03\n" +
 	"\x0eCopyKeyRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x1d\n" +
 	"\n" +
@@ -7980,7 +8110,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x04part\x18\t \x01(\v2\x17.basalt.meta.v1.PartRefR\x04part\x12\x16\n" +
 	"\x06offset\x18\n" +
 	" \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06length\x18\v \x01(\x04R\x06length\"\x87\x02\n" +
+	"\x06length\x18\v \x01(\x04R\x06length\x12D\n" +
+	"\fprecondition\x18\x8c\x01 \x01(\v2\x1f.basalt.meta.v1.KeyPreconditionR\fprecondition\"\x87\x02\n" +
 	"\x0fMultipartUpload\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
@@ -7998,14 +8129,15 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\rCompletedPart\x12\x1f\n" +
 	"\vpart_number\x18\x01 \x01(\rR\n" +
 	"partNumber\x12\x12\n" +
-	"\x04etag\x18\x02 \x01(\tR\x04etag\"\xd8\x01\n" +
+	"\x04etag\x18\x02 \x01(\tR\x04etag\"\x9e\x02\n" +
 	"\x1eCompleteMultipartUploadRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12\x1b\n" +
 	"\tupload_id\x18\x04 \x01(\tR\buploadId\x123\n" +
 	"\x05parts\x18\x05 \x03(\v2\x1d.basalt.meta.v1.CompletedPartR\x05parts\x12\"\n" +
-	"\rmin_part_size\x18\x06 \x01(\x04R\vminPartSize\"|\n" +
+	"\rmin_part_size\x18\x06 \x01(\x04R\vminPartSize\x12D\n" +
+	"\fprecondition\x18\x8c\x01 \x01(\v2\x1f.basalt.meta.v1.KeyPreconditionR\fprecondition\"|\n" +
 	"\x1bAbortMultipartUploadRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
@@ -8043,21 +8175,27 @@ const file_meta_meta_proto_rawDesc = "" +
 	"maxUploads\"w\n" +
 	"\x1cListMultipartUploadsResponse\x129\n" +
 	"\auploads\x18\x01 \x03(\v2\x1f.basalt.meta.v1.MultipartUploadR\auploads\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\x98\x01\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\xaf\x01\n" +
 	"\bS3Secret\x12\"\n" +
 	"\raccess_key_id\x18\x01 \x01(\tR\vaccessKeyId\x12*\n" +
 	"\x11secret_access_key\x18\x02 \x01(\tR\x0fsecretAccessKey\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12&\n" +
-	"\x0fcreated_unix_ms\x18\x04 \x01(\x03R\rcreatedUnixMs\"}\n" +
+	"\x0fcreated_unix_ms\x18\x04 \x01(\x03R\rcreatedUnixMs\x12\x15\n" +
+	"\x05admin\x18\x8c\x01 \x01(\bR\x05admin\"\x94\x01\n" +
 	"\x15CreateS3SecretRequest\x12\"\n" +
 	"\raccess_key_id\x18\x01 \x01(\tR\vaccessKeyId\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12*\n" +
-	"\x11secret_access_key\x18\x03 \x01(\tR\x0fsecretAccessKey\"8\n" +
+	"\x11secret_access_key\x18\x03 \x01(\tR\x0fsecretAccessKey\x12\x15\n" +
+	"\x05admin\x18\x8c\x01 \x01(\bR\x05admin\"8\n" +
 	"\x12GetS3SecretRequest\x12\"\n" +
 	"\raccess_key_id\x18\x01 \x01(\tR\vaccessKeyId\";\n" +
 	"\x15DeleteS3SecretRequest\x12\"\n" +
 	"\raccess_key_id\x18\x01 \x01(\tR\vaccessKeyId\"\x18\n" +
-	"\x16DeleteS3SecretResponse*>\n" +
+	"\x16DeleteS3SecretResponse\"W\n" +
+	"\x0fKeyPrecondition\x12#\n" +
+	"\rexpect_absent\x18\x01 \x01(\bR\fexpectAbsent\x12\x1f\n" +
+	"\vexpect_etag\x18\x02 \x01(\tR\n" +
+	"expectEtag*>\n" +
 	"\vReplication\x12\x1b\n" +
 	"\x17REPLICATION_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03ONE\x10\x01\x12\t\n" +
@@ -8161,7 +8299,7 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 112)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 113)
 var file_meta_meta_proto_goTypes = []any{
 	(Replication)(0),                       // 0: basalt.meta.v1.Replication
 	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
@@ -8279,10 +8417,11 @@ var file_meta_meta_proto_goTypes = []any{
 	(*GetS3SecretRequest)(nil),             // 113: basalt.meta.v1.GetS3SecretRequest
 	(*DeleteS3SecretRequest)(nil),          // 114: basalt.meta.v1.DeleteS3SecretRequest
 	(*DeleteS3SecretResponse)(nil),         // 115: basalt.meta.v1.DeleteS3SecretResponse
-	nil,                                    // 116: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	nil,                                    // 117: basalt.meta.v1.ObjectMeta.UserEntry
-	nil,                                    // 118: basalt.meta.v1.ObjectMeta.TagsEntry
-	nil,                                    // 119: basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	(*KeyPrecondition)(nil),                // 116: basalt.meta.v1.KeyPrecondition
+	nil,                                    // 117: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	nil,                                    // 118: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 119: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 120: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
 	4,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
@@ -8339,7 +8478,7 @@ var file_meta_meta_proto_depIdxs = []int32{
 	13,  // 51: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
 	14,  // 52: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
 	4,   // 53: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
-	116, // 54: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	117, // 54: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
 	59,  // 55: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
 	60,  // 56: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
 	63,  // 57: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
@@ -8354,9 +8493,9 @@ var file_meta_meta_proto_depIdxs = []int32{
 	77,  // 66: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
 	16,  // 67: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
 	79,  // 68: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
-	117, // 69: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
-	118, // 70: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
-	119, // 71: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	118, // 69: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	119, // 70: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	120, // 71: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
 	0,   // 72: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
 	6,   // 73: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
 	17,  // 74: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
@@ -8366,111 +8505,114 @@ var file_meta_meta_proto_depIdxs = []int32{
 	77,  // 78: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
 	79,  // 79: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
 	85,  // 80: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	78,  // 81: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
-	78,  // 82: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
-	93,  // 83: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
-	79,  // 84: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	79,  // 85: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	85,  // 86: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	79,  // 87: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 88: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
-	79,  // 89: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 90: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
-	102, // 91: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
-	77,  // 92: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	6,   // 93: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	100, // 94: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
-	106, // 95: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
-	100, // 96: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
-	24,  // 97: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	26,  // 98: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	37,  // 99: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	39,  // 100: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	47,  // 101: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	42,  // 102: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	44,  // 103: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	50,  // 104: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	53,  // 105: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	55,  // 106: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	57,  // 107: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	58,  // 108: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
-	18,  // 109: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
-	20,  // 110: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
-	64,  // 111: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	65,  // 112: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	66,  // 113: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	68,  // 114: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	71,  // 115: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	72,  // 116: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	73,  // 117: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	75,  // 118: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	80,  // 119: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	82,  // 120: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	84,  // 121: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	86,  // 122: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	87,  // 123: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	89,  // 124: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	91,  // 125: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	94,  // 126: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	95,  // 127: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	96,  // 128: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	98,  // 129: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	99,  // 130: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
-	101, // 131: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	103, // 132: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	104, // 133: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	107, // 134: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	109, // 135: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	112, // 136: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	113, // 137: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	114, // 138: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	25,  // 139: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	29,  // 140: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	38,  // 141: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	41,  // 142: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	48,  // 143: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	43,  // 144: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	46,  // 145: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	52,  // 146: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	54,  // 147: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	56,  // 148: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	62,  // 149: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	61,  // 150: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
-	19,  // 151: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
-	23,  // 152: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
-	63,  // 153: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	63,  // 154: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	67,  // 155: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	69,  // 156: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	70,  // 157: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	70,  // 158: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	74,  // 159: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	76,  // 160: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	81,  // 161: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	83,  // 162: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	78,  // 163: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	78,  // 164: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	88,  // 165: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	90,  // 166: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	92,  // 167: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	93,  // 168: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	93,  // 169: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	97,  // 170: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	78,  // 171: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	78,  // 172: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
-	100, // 173: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	78,  // 174: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	105, // 175: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	108, // 176: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	110, // 177: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	111, // 178: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	111, // 179: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	115, // 180: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	139, // [139:181] is the sub-list for method output_type
-	97,  // [97:139] is the sub-list for method input_type
-	97,  // [97:97] is the sub-list for extension type_name
-	97,  // [97:97] is the sub-list for extension extendee
-	0,   // [0:97] is the sub-list for field type_name
+	116, // 81: basalt.meta.v1.CommitKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	78,  // 82: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
+	78,  // 83: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
+	93,  // 84: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
+	79,  // 85: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	79,  // 86: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	85,  // 87: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	116, // 88: basalt.meta.v1.CopyKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	79,  // 89: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 90: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
+	79,  // 91: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 92: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
+	102, // 93: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
+	116, // 94: basalt.meta.v1.CompleteMultipartUploadRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	77,  // 95: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	6,   // 96: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	100, // 97: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
+	106, // 98: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
+	100, // 99: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
+	24,  // 100: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	26,  // 101: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	37,  // 102: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	39,  // 103: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	47,  // 104: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	42,  // 105: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	44,  // 106: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	50,  // 107: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	53,  // 108: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	55,  // 109: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	57,  // 110: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	58,  // 111: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
+	18,  // 112: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
+	20,  // 113: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
+	64,  // 114: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	65,  // 115: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	66,  // 116: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	68,  // 117: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	71,  // 118: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	72,  // 119: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	73,  // 120: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	75,  // 121: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	80,  // 122: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	82,  // 123: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	84,  // 124: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	86,  // 125: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	87,  // 126: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	89,  // 127: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	91,  // 128: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	94,  // 129: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	95,  // 130: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	96,  // 131: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	98,  // 132: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	99,  // 133: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	101, // 134: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	103, // 135: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	104, // 136: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	107, // 137: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	109, // 138: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	112, // 139: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	113, // 140: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	114, // 141: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	25,  // 142: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	29,  // 143: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	38,  // 144: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	41,  // 145: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	48,  // 146: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	43,  // 147: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	46,  // 148: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	52,  // 149: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	54,  // 150: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	56,  // 151: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	62,  // 152: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	61,  // 153: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
+	19,  // 154: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
+	23,  // 155: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
+	63,  // 156: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	63,  // 157: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	67,  // 158: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	69,  // 159: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	70,  // 160: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	70,  // 161: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	74,  // 162: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	76,  // 163: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	81,  // 164: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	83,  // 165: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	78,  // 166: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	78,  // 167: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	88,  // 168: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	90,  // 169: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	92,  // 170: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	93,  // 171: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	93,  // 172: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	97,  // 173: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	78,  // 174: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	78,  // 175: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	100, // 176: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	78,  // 177: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	105, // 178: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	108, // 179: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	110, // 180: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	111, // 181: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	111, // 182: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	115, // 183: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	142, // [142:184] is the sub-list for method output_type
+	100, // [100:142] is the sub-list for method input_type
+	100, // [100:100] is the sub-list for extension type_name
+	100, // [100:100] is the sub-list for extension extendee
+	0,   // [0:100] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -8492,7 +8634,7 @@ func file_meta_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   112,
+			NumMessages:   113,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

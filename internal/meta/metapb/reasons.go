@@ -28,3 +28,7 @@ const (
 	// caller must read the state back before doing it again.
 	ReasonOutcomeUnknown = "OUTCOME_UNKNOWN"
 )
+
+// ReasonPreconditionFailed marks a FAILED_PRECONDITION of a write whose
+// KeyPrecondition did not hold when it was applied.
+const ReasonPreconditionFailed = "PRECONDITION_FAILED"

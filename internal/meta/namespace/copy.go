@@ -102,6 +102,9 @@ func (t *tx) copyKey(req *metapb.CopyKeyRequest) any {
 	if err != nil {
 		return err
 	}
+	if err := checkPrecondition(req.Precondition, req.Bucket, req.Key, old); err != nil {
+		return err
+	}
 	ki := &metapb.KeyInfo{
 		Volume: req.Volume, Bucket: req.Bucket, Name: req.Key, Size: src.Size, Replication: src.Replication,
 		ChecksumType: src.ChecksumType, BytesPerChecksum: src.BytesPerChecksum,

@@ -106,6 +106,9 @@ func (s *State) ListBuckets(req *metapb.ListBucketsRequest) (*metapb.ListBuckets
 			}
 			return err
 		}
+		if req.Owner != "" {
+			return listOwnedBuckets(r, req, resp)
+		}
 		var err error
 		resp.Truncated, err = scanNames(r, bucketKey(req.Volume, ""), req.Prefix, req.StartAfter, pageSize(req.PageSize), func(_ string, v []byte) error {
 			b := &metapb.Bucket{}
@@ -115,6 +118,37 @@ func (s *State) ListBuckets(req *metapb.ListBucketsRequest) (*metapb.ListBuckets
 		return err
 	})
 	return resp, err
+}
+
+// listOwnedBuckets is ListBuckets of one owner's buckets: a page holds up
+// to page_size of them, however many others it passes.
+func listOwnedBuckets(r pebble.Reader, req *metapb.ListBucketsRequest, resp *metapb.ListBucketsResponse) error {
+	base := bucketKey(req.Volume, "")
+	lower := cat(base, []byte(req.Prefix))
+	if req.StartAfter >= req.Prefix {
+		lower = cat(base, []byte(req.StartAfter), []byte{0})
+	}
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: store.PrefixEnd(cat(base, []byte(req.Prefix)))})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	limit := pageSize(req.PageSize)
+	for it.First(); it.Valid(); it.Next() {
+		b := &metapb.Bucket{}
+		if err := proto.Unmarshal(it.Value(), b); err != nil {
+			return err
+		}
+		if b.Owner != req.Owner {
+			continue
+		}
+		if len(resp.Buckets) == limit {
+			resp.Truncated = true
+			return nil
+		}
+		resp.Buckets = append(resp.Buckets, b)
+	}
+	return it.Error()
 }
 
 // LookupKey returns a committed key (without locations).

@@ -64,6 +64,9 @@ func checkCreateBucket(req *metapb.CreateBucketRequest) error {
 	if err := checkNameBound("volume", req.Volume, 63); err != nil {
 		return err
 	}
+	if len(req.Owner) > MaxOwnerBytes {
+		return invalid("bucket %q: owner is %d bytes, at most %d", req.Name, len(req.Owner), MaxOwnerBytes)
+	}
 	switch req.Layout {
 	case metapb.BucketLayout_BUCKET_LAYOUT_UNSPECIFIED, metapb.BucketLayout_OBJECT, metapb.BucketLayout_FS:
 	default:
@@ -127,6 +130,9 @@ func checkCommitKey(req *metapb.CommitKeyRequest) error {
 	if err := checkPartRef(req.Part); err != nil {
 		return err
 	}
+	if err := checkPreconditionBounds(req.Precondition); err != nil {
+		return err
+	}
 	return validateMeta(req.Meta)
 }
 
@@ -149,7 +155,7 @@ func checkCompleteMultipart(req *metapb.CompleteMultipartUploadRequest) error {
 				req.UploadId, req.Key, p.PartNumber, len(p.Etag), MaxPartNumber, maxETagBytes)
 		}
 	}
-	return nil
+	return checkPreconditionBounds(req.Precondition)
 }
 
 func checkCopyKey(req *metapb.CopyKeyRequest) error {
@@ -166,6 +172,9 @@ func checkCopyKey(req *metapb.CopyKeyRequest) error {
 		return err
 	}
 	if err := checkPartRef(req.Part); err != nil {
+		return err
+	}
+	if err := checkPreconditionBounds(req.Precondition); err != nil {
 		return err
 	}
 	if req.ReplaceMeta {

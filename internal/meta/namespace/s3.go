@@ -401,7 +401,13 @@ func (t *tx) completeMultipart(req *metapb.CompleteMultipartUploadRequest) any {
 		ki.Size += p.Size
 	}
 	old := &metapb.KeyInfo{}
-	if t.get(objKey(b.Id, u.Key), old) {
+	if !t.get(objKey(b.Id, u.Key), old) {
+		old = nil
+	}
+	if err := checkPrecondition(req.Precondition, u.Bucket, u.Key, old); err != nil {
+		return err
+	}
+	if old != nil {
 		t.release(keyBlockIDs(old), "overwritten: "+u.Key)
 	}
 	ki.ObjectId = t.id()
@@ -423,7 +429,8 @@ func (t *tx) createS3Secret(req *metapb.CreateS3SecretRequest) any {
 	if t.get(secretKey(req.AccessKeyId), &metapb.S3Secret{}) {
 		return status.Errorf(codes.AlreadyExists, "access key %q already exists", req.AccessKeyId)
 	}
-	s := &metapb.S3Secret{AccessKeyId: req.AccessKeyId, SecretAccessKey: req.SecretAccessKey, Owner: req.Owner, CreatedUnixMs: t.now}
+	s := &metapb.S3Secret{AccessKeyId: req.AccessKeyId, SecretAccessKey: req.SecretAccessKey, Owner: req.Owner, CreatedUnixMs: t.now,
+		Admin: req.Admin}
 	t.put(secretKey(req.AccessKeyId), s)
 	return s
 }

@@ -400,13 +400,17 @@ func (t *tx) createBucket(req *metapb.CreateBucketRequest) any {
 	if repl != metapb.Replication_ONE && repl != metapb.Replication_THREE {
 		return invalid("bucket %q: replication %v, want ONE or THREE", req.Name, req.Replication)
 	}
+	if len(req.Owner) > MaxOwnerBytes {
+		return invalid("bucket %q: owner is %d bytes, at most %d", req.Name, len(req.Owner), MaxOwnerBytes)
+	}
 	if !t.get(volumeKey(req.Volume), &metapb.Volume{}) {
 		return notFound("volume %q not found", req.Volume)
 	}
 	if t.get(bucketKey(req.Volume, req.Name), &metapb.Bucket{}) {
 		return status.Errorf(codes.AlreadyExists, "bucket %q already exists in volume %q", req.Name, req.Volume)
 	}
-	b := &metapb.Bucket{Volume: req.Volume, Name: req.Name, Id: t.s.nextBucket, Layout: layout, Replication: repl, CreatedUnixMs: t.now}
+	b := &metapb.Bucket{Volume: req.Volume, Name: req.Name, Id: t.s.nextBucket, Layout: layout, Replication: repl, CreatedUnixMs: t.now,
+		Owner: req.Owner}
 	t.s.nextBucket++
 	t.put(bucketKey(req.Volume, req.Name), b)
 	t.bucketsChanged = true
@@ -523,6 +527,9 @@ func (t *tx) commitKey(req *metapb.CommitKeyRequest) any {
 	}
 	old, err := t.keySlot(b, row.Key, "commit key")
 	if err != nil {
+		return err
+	}
+	if err := checkPrecondition(req.Precondition, row.Bucket, row.Key, old); err != nil {
 		return err
 	}
 	// Released before the write, as before block sharing, so IDs are

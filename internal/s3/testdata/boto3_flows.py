@@ -69,6 +69,18 @@ s3.upload_file(path, bucket, "big.bin",
 assert s3.get_object(Bucket=bucket, Key="big.bin")["Body"].read() == big
 assert s3.head_object(Bucket=bucket, Key="big.bin")["ETag"].strip('"').endswith("-3")
 
+# Conditional writes: create-only and compare-and-swap.
+s3.put_object(Bucket=bucket, Key="cond", Body=b"one", IfNoneMatch="*")
+expect_error("PreconditionFailed", s3.put_object, Bucket=bucket, Key="cond", Body=b"two", IfNoneMatch="*")
+etag = s3.head_object(Bucket=bucket, Key="cond")["ETag"]
+s3.put_object(Bucket=bucket, Key="cond", Body=b"three", IfMatch=etag)
+expect_error("PreconditionFailed", s3.put_object, Bucket=bucket, Key="cond", Body=b"four", IfMatch=etag)
+assert s3.get_object(Bucket=bucket, Key="cond")["Body"].read() == b"three"
+s3.delete_object(Bucket=bucket, Key="cond")
+# Sub-resources the gateway lacks are refused, not served as a listing.
+expect_error("NotImplemented", s3.get_bucket_policy_status, Bucket=bucket)
+expect_error("NotImplemented", s3.get_object_retention, Bucket=bucket, Key="dir/a.bin")
+
 # Copy and delete.
 s3.copy_object(Bucket=bucket, Key="copy.bin", CopySource={"Bucket": bucket, "Key": "dir/a.bin"})
 assert s3.get_object(Bucket=bucket, Key="copy.bin")["Body"].read() == body
