@@ -3435,6 +3435,7 @@ type Volume struct {
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Owner         string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
 	CreatedUnixMs int64                  `protobuf:"varint,3,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	Attrs         *FileAttrs             `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"` // Hadoop-style attributes (WebHDFS, sh fs)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3490,10 +3491,18 @@ func (x *Volume) GetCreatedUnixMs() int64 {
 	return 0
 }
 
+func (x *Volume) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
+}
+
 type CreateVolumeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Owner         string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	Attrs         *FileAttrs             `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3540,6 +3549,13 @@ func (x *CreateVolumeRequest) GetOwner() string {
 		return x.Owner
 	}
 	return ""
+}
+
+func (x *CreateVolumeRequest) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
 }
 
 type GetVolumeRequest struct {
@@ -3786,6 +3802,7 @@ type Bucket struct {
 	Layout        BucketLayout           `protobuf:"varint,4,opt,name=layout,proto3,enum=basalt.meta.v1.BucketLayout" json:"layout,omitempty"`
 	Replication   Replication            `protobuf:"varint,5,opt,name=replication,proto3,enum=basalt.meta.v1.Replication" json:"replication,omitempty"`
 	CreatedUnixMs int64                  `protobuf:"varint,6,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	Attrs         *FileAttrs             `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3862,12 +3879,20 @@ func (x *Bucket) GetCreatedUnixMs() int64 {
 	return 0
 }
 
+func (x *Bucket) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
+}
+
 type CreateBucketRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
 	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	Layout        BucketLayout           `protobuf:"varint,3,opt,name=layout,proto3,enum=basalt.meta.v1.BucketLayout" json:"layout,omitempty"`          // default OBJECT
 	Replication   Replication            `protobuf:"varint,4,opt,name=replication,proto3,enum=basalt.meta.v1.Replication" json:"replication,omitempty"` // default THREE
+	Attrs         *FileAttrs             `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3928,6 +3953,13 @@ func (x *CreateBucketRequest) GetReplication() Replication {
 		return x.Replication
 	}
 	return Replication_REPLICATION_UNSPECIFIED
+}
+
+func (x *CreateBucketRequest) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
 }
 
 type GetBucketRequest struct {
@@ -4260,6 +4292,7 @@ type KeyInfo struct {
 	Locations     []*BlockLocation `protobuf:"bytes,11,rep,name=locations,proto3" json:"locations,omitempty"`
 	ObjectId      uint64           `protobuf:"varint,12,opt,name=object_id,json=objectId,proto3" json:"object_id,omitempty"` // unique per committed version
 	Meta          *ObjectMeta      `protobuf:"bytes,13,opt,name=meta,proto3" json:"meta,omitempty"`                          // S3 attributes; unset for plain keys
+	Attrs         *FileAttrs       `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"`                       // fs buckets: set by SetFileAttrs
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4381,6 +4414,13 @@ func (x *KeyInfo) GetObjectId() uint64 {
 func (x *KeyInfo) GetMeta() *ObjectMeta {
 	if x != nil {
 		return x.Meta
+	}
+	return nil
+}
+
+func (x *KeyInfo) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
 	}
 	return nil
 }
@@ -5152,11 +5192,14 @@ func (x *ListKeysResponse) GetNextStartAfter() string {
 }
 
 type RenameKeyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
-	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
-	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
-	NewKey        string                 `protobuf:"bytes,4,opt,name=new_key,json=newKey,proto3" json:"new_key,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Volume string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Key    string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	NewKey string                 `protobuf:"bytes,4,opt,name=new_key,json=newKey,proto3" json:"new_key,omitempty"`
+	// Replace an existing destination in the same apply: a file by a file,
+	// an empty directory by a directory (else FAILED_PRECONDITION).
+	Overwrite     bool `protobuf:"varint,220,opt,name=overwrite,proto3" json:"overwrite,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5217,6 +5260,13 @@ func (x *RenameKeyRequest) GetNewKey() string {
 		return x.NewKey
 	}
 	return ""
+}
+
+func (x *RenameKeyRequest) GetOverwrite() bool {
+	if x != nil {
+		return x.Overwrite
+	}
+	return false
 }
 
 type RenameKeyResponse struct {
@@ -5367,6 +5417,7 @@ type FileStatus struct {
 	DirId          uint64                 `protobuf:"varint,3,opt,name=dir_id,json=dirId,proto3" json:"dir_id,omitempty"`
 	File           *KeyInfo               `protobuf:"bytes,4,opt,name=file,proto3" json:"file,omitempty"` // set for files (without locations)
 	ModifiedUnixMs int64                  `protobuf:"varint,5,opt,name=modified_unix_ms,json=modifiedUnixMs,proto3" json:"modified_unix_ms,omitempty"`
+	Attrs          *FileAttrs             `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"` // directories (a file's are in file.attrs)
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -5436,11 +5487,19 @@ func (x *FileStatus) GetModifiedUnixMs() int64 {
 	return 0
 }
 
+func (x *FileStatus) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
+}
+
 type CreateDirectoryRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
 	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
-	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"` // parents are created as needed
+	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`     // parents are created as needed
+	Attrs         *FileAttrs             `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"` // given to the directories it creates
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5494,6 +5553,13 @@ func (x *CreateDirectoryRequest) GetPath() string {
 		return x.Path
 	}
 	return ""
+}
+
+func (x *CreateDirectoryRequest) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
 }
 
 type GetFileStatusRequest struct {
@@ -6951,6 +7017,198 @@ func (*DeleteS3SecretResponse) Descriptor() ([]byte, []int) {
 	return file_meta_meta_proto_rawDescGZIP(), []int{101}
 }
 
+// FileAttrs are the Hadoop-style attributes of a file, directory, bucket or
+// volume. Unset fields mean "not recorded" (readers show a default).
+type FileAttrs struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Owner         string                 `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	Group         string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	Permission    *uint32                `protobuf:"varint,3,opt,name=permission,proto3,oneof" json:"permission,omitempty"`                  // mode bits, at most 01777
+	MtimeUnixMs   int64                  `protobuf:"varint,4,opt,name=mtime_unix_ms,json=mtimeUnixMs,proto3" json:"mtime_unix_ms,omitempty"` // 0 = the entry's own modification time
+	AtimeUnixMs   int64                  `protobuf:"varint,5,opt,name=atime_unix_ms,json=atimeUnixMs,proto3" json:"atime_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileAttrs) Reset() {
+	*x = FileAttrs{}
+	mi := &file_meta_meta_proto_msgTypes[102]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileAttrs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileAttrs) ProtoMessage() {}
+
+func (x *FileAttrs) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[102]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileAttrs.ProtoReflect.Descriptor instead.
+func (*FileAttrs) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{102}
+}
+
+func (x *FileAttrs) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *FileAttrs) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *FileAttrs) GetPermission() uint32 {
+	if x != nil && x.Permission != nil {
+		return *x.Permission
+	}
+	return 0
+}
+
+func (x *FileAttrs) GetMtimeUnixMs() int64 {
+	if x != nil {
+		return x.MtimeUnixMs
+	}
+	return 0
+}
+
+func (x *FileAttrs) GetAtimeUnixMs() int64 {
+	if x != nil {
+		return x.AtimeUnixMs
+	}
+	return 0
+}
+
+// SetFileAttrsRequest: set fields of attrs replace the stored ones; unset
+// (empty, 0, absent permission) stay.
+type SetFileAttrsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"` // "" = the volume itself
+	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`     // "" = the bucket itself
+	Attrs         *FileAttrs             `protobuf:"bytes,4,opt,name=attrs,proto3" json:"attrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetFileAttrsRequest) Reset() {
+	*x = SetFileAttrsRequest{}
+	mi := &file_meta_meta_proto_msgTypes[103]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetFileAttrsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetFileAttrsRequest) ProtoMessage() {}
+
+func (x *SetFileAttrsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[103]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetFileAttrsRequest.ProtoReflect.Descriptor instead.
+func (*SetFileAttrsRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{103}
+}
+
+func (x *SetFileAttrsRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *SetFileAttrsRequest) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *SetFileAttrsRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *SetFileAttrsRequest) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
+}
+
+type SetFileAttrsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Attrs         *FileAttrs             `protobuf:"bytes,1,opt,name=attrs,proto3" json:"attrs,omitempty"` // the stored attributes after the change
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetFileAttrsResponse) Reset() {
+	*x = SetFileAttrsResponse{}
+	mi := &file_meta_meta_proto_msgTypes[104]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetFileAttrsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetFileAttrsResponse) ProtoMessage() {}
+
+func (x *SetFileAttrsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[104]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetFileAttrsResponse.ProtoReflect.Descriptor instead.
+func (*SetFileAttrsResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{104}
+}
+
+func (x *SetFileAttrsResponse) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
+}
+
 var File_meta_meta_proto protoreflect.FileDescriptor
 
 const file_meta_meta_proto_rawDesc = "" +
@@ -7186,14 +7444,16 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\fin_safe_mode\x18\x01 \x01(\bR\n" +
 	"inSafeMode\x12-\n" +
 	"\x12reported_datanodes\x18\x02 \x01(\rR\x11reportedDatanodes\x12-\n" +
-	"\x12required_datanodes\x18\x03 \x01(\rR\x11requiredDatanodes\"Z\n" +
+	"\x12required_datanodes\x18\x03 \x01(\rR\x11requiredDatanodes\"\x8c\x01\n" +
 	"\x06Volume\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12&\n" +
-	"\x0fcreated_unix_ms\x18\x03 \x01(\x03R\rcreatedUnixMs\"?\n" +
+	"\x0fcreated_unix_ms\x18\x03 \x01(\x03R\rcreatedUnixMs\x120\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"q\n" +
 	"\x13CreateVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05owner\x18\x02 \x01(\tR\x05owner\"&\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x120\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"&\n" +
 	"\x10GetVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"j\n" +
 	"\x12ListVolumesRequest\x12\x16\n" +
@@ -7206,19 +7466,21 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\")\n" +
 	"\x13DeleteVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
-	"\x14DeleteVolumeResponse\"\xe1\x01\n" +
+	"\x14DeleteVolumeResponse\"\x93\x02\n" +
 	"\x06Bucket\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x03 \x01(\x04R\x02id\x124\n" +
 	"\x06layout\x18\x04 \x01(\x0e2\x1c.basalt.meta.v1.BucketLayoutR\x06layout\x12=\n" +
 	"\vreplication\x18\x05 \x01(\x0e2\x1b.basalt.meta.v1.ReplicationR\vreplication\x12&\n" +
-	"\x0fcreated_unix_ms\x18\x06 \x01(\x03R\rcreatedUnixMs\"\xb6\x01\n" +
+	"\x0fcreated_unix_ms\x18\x06 \x01(\x03R\rcreatedUnixMs\x120\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"\xe8\x01\n" +
 	"\x13CreateBucketRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x124\n" +
 	"\x06layout\x18\x03 \x01(\x0e2\x1c.basalt.meta.v1.BucketLayoutR\x06layout\x12=\n" +
-	"\vreplication\x18\x04 \x01(\x0e2\x1b.basalt.meta.v1.ReplicationR\vreplication\">\n" +
+	"\vreplication\x18\x04 \x01(\x0e2\x1b.basalt.meta.v1.ReplicationR\vreplication\x120\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\">\n" +
 	"\x10GetBucketRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x82\x01\n" +
@@ -7237,7 +7499,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x14DeleteBucketResponse\"K\n" +
 	"\bKeyBlock\x12'\n" +
 	"\x02id\x18\x01 \x01(\v2\x17.basalt.meta.v1.BlockIDR\x02id\x12\x16\n" +
-	"\x06length\x18\x02 \x01(\x04R\x06length\"\x9f\x04\n" +
+	"\x06length\x18\x02 \x01(\x04R\x06length\"\xd1\x04\n" +
 	"\aKeyInfo\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x12\n" +
@@ -7252,7 +7514,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	" \x03(\v2\x18.basalt.meta.v1.KeyBlockR\x06blocks\x12;\n" +
 	"\tlocations\x18\v \x03(\v2\x1d.basalt.meta.v1.BlockLocationR\tlocations\x12\x1b\n" +
 	"\tobject_id\x18\f \x01(\x04R\bobjectId\x12.\n" +
-	"\x04meta\x18\r \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\"\x97\x05\n" +
+	"\x04meta\x18\r \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\x120\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"\x97\x05\n" +
 	"\n" +
 	"ObjectMeta\x12\x12\n" +
 	"\x04etag\x18\x01 \x01(\tR\x04etag\x12!\n" +
@@ -7326,30 +7589,33 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x04keys\x18\x01 \x03(\v2\x17.basalt.meta.v1.KeyInfoR\x04keys\x12'\n" +
 	"\x0fcommon_prefixes\x18\x02 \x03(\tR\x0ecommonPrefixes\x12\x1c\n" +
 	"\ttruncated\x18\x03 \x01(\bR\ttruncated\x12(\n" +
-	"\x10next_start_after\x18\x04 \x01(\tR\x0enextStartAfter\"m\n" +
+	"\x10next_start_after\x18\x04 \x01(\tR\x0enextStartAfter\"\x8c\x01\n" +
 	"\x10RenameKeyRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12\x17\n" +
-	"\anew_key\x18\x04 \x01(\tR\x06newKey\"\x13\n" +
+	"\anew_key\x18\x04 \x01(\tR\x06newKey\x12\x1d\n" +
+	"\toverwrite\x18\xdc\x01 \x01(\bR\toverwrite\"\x13\n" +
 	"\x11RenameKeyResponse\"r\n" +
 	"\x10DeleteKeyRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12\x1c\n" +
 	"\trecursive\x18\x04 \x01(\bR\trecursive\"\x13\n" +
-	"\x11DeleteKeyResponse\"\xa5\x01\n" +
+	"\x11DeleteKeyResponse\"\xd7\x01\n" +
 	"\n" +
 	"FileStatus\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x15\n" +
 	"\x06is_dir\x18\x02 \x01(\bR\x05isDir\x12\x15\n" +
 	"\x06dir_id\x18\x03 \x01(\x04R\x05dirId\x12+\n" +
 	"\x04file\x18\x04 \x01(\v2\x17.basalt.meta.v1.KeyInfoR\x04file\x12(\n" +
-	"\x10modified_unix_ms\x18\x05 \x01(\x03R\x0emodifiedUnixMs\"\\\n" +
+	"\x10modified_unix_ms\x18\x05 \x01(\x03R\x0emodifiedUnixMs\x120\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"\x8e\x01\n" +
 	"\x16CreateDirectoryRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x12\n" +
-	"\x04path\x18\x03 \x01(\tR\x04path\"Z\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\x120\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"Z\n" +
 	"\x14GetFileStatusRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x12\n" +
@@ -7461,7 +7727,23 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\raccess_key_id\x18\x01 \x01(\tR\vaccessKeyId\";\n" +
 	"\x15DeleteS3SecretRequest\x12\"\n" +
 	"\raccess_key_id\x18\x01 \x01(\tR\vaccessKeyId\"\x18\n" +
-	"\x16DeleteS3SecretResponse*>\n" +
+	"\x16DeleteS3SecretResponse\"\xb3\x01\n" +
+	"\tFileAttrs\x12\x14\n" +
+	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12#\n" +
+	"\n" +
+	"permission\x18\x03 \x01(\rH\x00R\n" +
+	"permission\x88\x01\x01\x12\"\n" +
+	"\rmtime_unix_ms\x18\x04 \x01(\x03R\vmtimeUnixMs\x12\"\n" +
+	"\ratime_unix_ms\x18\x05 \x01(\x03R\vatimeUnixMsB\r\n" +
+	"\v_permission\"\x8a\x01\n" +
+	"\x13SetFileAttrsRequest\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
+	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x12\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\x12/\n" +
+	"\x05attrs\x18\x04 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"G\n" +
+	"\x14SetFileAttrsResponse\x12/\n" +
+	"\x05attrs\x18\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs*>\n" +
 	"\vReplication\x12\x1b\n" +
 	"\x17REPLICATION_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03ONE\x10\x01\x12\t\n" +
@@ -7508,7 +7790,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\rListPipelines\x12$.basalt.meta.v1.ListPipelinesRequest\x1a%.basalt.meta.v1.ListPipelinesResponse\x12_\n" +
 	"\x0eListContainers\x12%.basalt.meta.v1.ListContainersRequest\x1a&.basalt.meta.v1.ListContainersResponse\x12V\n" +
 	"\vGetSafeMode\x12\".basalt.meta.v1.GetSafeModeRequest\x1a#.basalt.meta.v1.GetSafeModeResponse\x12k\n" +
-	"\x12GetContainerHealth\x12).basalt.meta.v1.GetContainerHealthRequest\x1a*.basalt.meta.v1.GetContainerHealthResponse2\xd8\x12\n" +
+	"\x12GetContainerHealth\x12).basalt.meta.v1.GetContainerHealthRequest\x1a*.basalt.meta.v1.GetContainerHealthResponse2\xb3\x13\n" +
 	"\tNamespace\x12K\n" +
 	"\fCreateVolume\x12#.basalt.meta.v1.CreateVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12E\n" +
 	"\tGetVolume\x12 .basalt.meta.v1.GetVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12V\n" +
@@ -7539,7 +7821,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x14ListMultipartUploads\x12+.basalt.meta.v1.ListMultipartUploadsRequest\x1a,.basalt.meta.v1.ListMultipartUploadsResponse\x12Q\n" +
 	"\x0eCreateS3Secret\x12%.basalt.meta.v1.CreateS3SecretRequest\x1a\x18.basalt.meta.v1.S3Secret\x12K\n" +
 	"\vGetS3Secret\x12\".basalt.meta.v1.GetS3SecretRequest\x1a\x18.basalt.meta.v1.S3Secret\x12_\n" +
-	"\x0eDeleteS3Secret\x12%.basalt.meta.v1.DeleteS3SecretRequest\x1a&.basalt.meta.v1.DeleteS3SecretResponseB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
+	"\x0eDeleteS3Secret\x12%.basalt.meta.v1.DeleteS3SecretRequest\x1a&.basalt.meta.v1.DeleteS3SecretResponse\x12Y\n" +
+	"\fSetFileAttrs\x12#.basalt.meta.v1.SetFileAttrsRequest\x1a$.basalt.meta.v1.SetFileAttrsResponseB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
 
 var (
 	file_meta_meta_proto_rawDescOnce sync.Once
@@ -7554,7 +7837,7 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 106)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
 var file_meta_meta_proto_goTypes = []any{
 	(Replication)(0),                       // 0: basalt.meta.v1.Replication
 	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
@@ -7665,10 +7948,13 @@ var file_meta_meta_proto_goTypes = []any{
 	(*GetS3SecretRequest)(nil),             // 106: basalt.meta.v1.GetS3SecretRequest
 	(*DeleteS3SecretRequest)(nil),          // 107: basalt.meta.v1.DeleteS3SecretRequest
 	(*DeleteS3SecretResponse)(nil),         // 108: basalt.meta.v1.DeleteS3SecretResponse
-	nil,                                    // 109: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	nil,                                    // 110: basalt.meta.v1.ObjectMeta.UserEntry
-	nil,                                    // 111: basalt.meta.v1.ObjectMeta.TagsEntry
-	nil,                                    // 112: basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	(*FileAttrs)(nil),                      // 109: basalt.meta.v1.FileAttrs
+	(*SetFileAttrsRequest)(nil),            // 110: basalt.meta.v1.SetFileAttrsRequest
+	(*SetFileAttrsResponse)(nil),           // 111: basalt.meta.v1.SetFileAttrsResponse
+	nil,                                    // 112: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	nil,                                    // 113: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 114: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 115: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
 	3,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
@@ -7715,134 +8001,145 @@ var file_meta_meta_proto_depIdxs = []int32{
 	12,  // 41: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
 	13,  // 42: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
 	3,   // 43: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
-	109, // 44: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	112, // 44: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
 	52,  // 45: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
 	53,  // 46: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
-	56,  // 47: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
-	4,   // 48: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 49: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
-	4,   // 50: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 51: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
-	63,  // 52: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
-	14,  // 53: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
-	0,   // 54: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
-	5,   // 55: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	70,  // 56: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	15,  // 57: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
-	72,  // 58: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
-	110, // 59: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
-	111, // 60: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
-	112, // 61: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
-	0,   // 62: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
-	5,   // 63: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	16,  // 64: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	15,  // 65: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	16,  // 66: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	15,  // 67: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
-	70,  // 68: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
-	72,  // 69: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	78,  // 70: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	71,  // 71: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
-	71,  // 72: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
-	86,  // 73: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
-	72,  // 74: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	72,  // 75: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	78,  // 76: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	72,  // 77: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 78: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
-	72,  // 79: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 80: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
-	95,  // 81: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
-	70,  // 82: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	5,   // 83: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	93,  // 84: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
-	99,  // 85: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
-	93,  // 86: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
-	17,  // 87: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	19,  // 88: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	30,  // 89: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	32,  // 90: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	40,  // 91: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	35,  // 92: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	37,  // 93: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	43,  // 94: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	46,  // 95: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	48,  // 96: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	50,  // 97: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	51,  // 98: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
-	57,  // 99: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	58,  // 100: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	59,  // 101: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	61,  // 102: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	64,  // 103: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	65,  // 104: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	66,  // 105: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	68,  // 106: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	73,  // 107: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	75,  // 108: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	77,  // 109: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	79,  // 110: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	80,  // 111: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	82,  // 112: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	84,  // 113: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	87,  // 114: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	88,  // 115: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	89,  // 116: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	91,  // 117: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	92,  // 118: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
-	94,  // 119: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	96,  // 120: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	97,  // 121: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	100, // 122: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	102, // 123: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	105, // 124: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	106, // 125: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	107, // 126: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	18,  // 127: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	22,  // 128: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	31,  // 129: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	34,  // 130: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	41,  // 131: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	36,  // 132: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	39,  // 133: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	45,  // 134: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	47,  // 135: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	49,  // 136: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	55,  // 137: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	54,  // 138: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
-	56,  // 139: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	56,  // 140: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	60,  // 141: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	62,  // 142: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	63,  // 143: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	63,  // 144: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	67,  // 145: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	69,  // 146: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	74,  // 147: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	76,  // 148: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	71,  // 149: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	71,  // 150: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	81,  // 151: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	83,  // 152: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	85,  // 153: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	86,  // 154: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	86,  // 155: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	90,  // 156: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	71,  // 157: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	71,  // 158: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
-	93,  // 159: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	71,  // 160: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	98,  // 161: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	101, // 162: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	103, // 163: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	104, // 164: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	104, // 165: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	108, // 166: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	127, // [127:167] is the sub-list for method output_type
-	87,  // [87:127] is the sub-list for method input_type
-	87,  // [87:87] is the sub-list for extension type_name
-	87,  // [87:87] is the sub-list for extension extendee
-	0,   // [0:87] is the sub-list for field type_name
+	109, // 47: basalt.meta.v1.Volume.attrs:type_name -> basalt.meta.v1.FileAttrs
+	109, // 48: basalt.meta.v1.CreateVolumeRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	56,  // 49: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
+	4,   // 50: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 51: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
+	109, // 52: basalt.meta.v1.Bucket.attrs:type_name -> basalt.meta.v1.FileAttrs
+	4,   // 53: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 54: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
+	109, // 55: basalt.meta.v1.CreateBucketRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	63,  // 56: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
+	14,  // 57: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
+	0,   // 58: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
+	5,   // 59: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	70,  // 60: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	15,  // 61: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
+	72,  // 62: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
+	109, // 63: basalt.meta.v1.KeyInfo.attrs:type_name -> basalt.meta.v1.FileAttrs
+	113, // 64: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	114, // 65: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	115, // 66: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	0,   // 67: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
+	5,   // 68: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	16,  // 69: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	15,  // 70: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	16,  // 71: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	15,  // 72: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
+	70,  // 73: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
+	72,  // 74: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	78,  // 75: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	71,  // 76: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
+	71,  // 77: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
+	109, // 78: basalt.meta.v1.FileStatus.attrs:type_name -> basalt.meta.v1.FileAttrs
+	109, // 79: basalt.meta.v1.CreateDirectoryRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	86,  // 80: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
+	72,  // 81: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	72,  // 82: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	78,  // 83: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	72,  // 84: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 85: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
+	72,  // 86: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 87: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
+	95,  // 88: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
+	70,  // 89: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	5,   // 90: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	93,  // 91: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
+	99,  // 92: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
+	93,  // 93: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
+	109, // 94: basalt.meta.v1.SetFileAttrsRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	109, // 95: basalt.meta.v1.SetFileAttrsResponse.attrs:type_name -> basalt.meta.v1.FileAttrs
+	17,  // 96: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	19,  // 97: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	30,  // 98: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	32,  // 99: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	40,  // 100: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	35,  // 101: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	37,  // 102: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	43,  // 103: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	46,  // 104: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	48,  // 105: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	50,  // 106: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	51,  // 107: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
+	57,  // 108: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	58,  // 109: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	59,  // 110: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	61,  // 111: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	64,  // 112: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	65,  // 113: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	66,  // 114: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	68,  // 115: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	73,  // 116: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	75,  // 117: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	77,  // 118: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	79,  // 119: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	80,  // 120: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	82,  // 121: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	84,  // 122: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	87,  // 123: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	88,  // 124: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	89,  // 125: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	91,  // 126: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	92,  // 127: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	94,  // 128: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	96,  // 129: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	97,  // 130: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	100, // 131: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	102, // 132: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	105, // 133: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	106, // 134: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	107, // 135: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	110, // 136: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
+	18,  // 137: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	22,  // 138: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	31,  // 139: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	34,  // 140: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	41,  // 141: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	36,  // 142: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	39,  // 143: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	45,  // 144: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	47,  // 145: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	49,  // 146: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	55,  // 147: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	54,  // 148: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
+	56,  // 149: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	56,  // 150: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	60,  // 151: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	62,  // 152: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	63,  // 153: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	63,  // 154: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	67,  // 155: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	69,  // 156: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	74,  // 157: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	76,  // 158: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	71,  // 159: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	71,  // 160: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	81,  // 161: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	83,  // 162: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	85,  // 163: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	86,  // 164: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	86,  // 165: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	90,  // 166: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	71,  // 167: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	71,  // 168: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	93,  // 169: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	71,  // 170: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	98,  // 171: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	101, // 172: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	103, // 173: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	104, // 174: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	104, // 175: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	108, // 176: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	111, // 177: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
+	137, // [137:178] is the sub-list for method output_type
+	96,  // [96:137] is the sub-list for method input_type
+	96,  // [96:96] is the sub-list for extension type_name
+	96,  // [96:96] is the sub-list for extension extendee
+	0,   // [0:96] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -7858,13 +8155,14 @@ func file_meta_meta_proto_init() {
 		(*DatanodeCommand_ReplicateContainer)(nil),
 		(*DatanodeCommand_DeleteContainer)(nil),
 	}
+	file_meta_meta_proto_msgTypes[102].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   106,
+			NumMessages:   109,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
