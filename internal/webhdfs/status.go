@@ -212,3 +212,53 @@ func (g *Gateway) setFileAttrs(ctx context.Context, p fsPath, what string, a *me
 	}
 	return toRemote(p, err)
 }
+
+// Attrs returns the attributes recorded for e (a directory's, or a file's:
+// those CREATE put in its key attributes, under those set later), nil if
+// none; the gateway shows defaults for the rest. `basalt sh fs` shows the
+// same.
+func Attrs(e *client.FileStatus) *metapb.FileAttrs {
+	if e.IsDir || e.File == nil {
+		return e.Attrs
+	}
+	a := fileAttrs(e.File)
+	if len(a) == 0 {
+		return e.File.Attrs
+	}
+	out := &metapb.FileAttrs{Owner: a[attrOwner], Group: a[attrGroup]}
+	if v, err := strconv.ParseUint(a[attrPerm], 8, 32); err == nil {
+		p := uint32(v)
+		out.Permission = &p
+	}
+	if v, err := strconv.ParseInt(a[attrMtime], 10, 64); err == nil {
+		out.MtimeUnixMs = v
+	}
+	if v, err := strconv.ParseInt(a[attrAtime], 10, 64); err == nil {
+		out.AtimeUnixMs = v
+	}
+	if e.File.Attrs != nil {
+		out = mergeAttrs(out, e.File.Attrs)
+	}
+	return out
+}
+
+// mergeAttrs returns a with the fields set in b replacing its own.
+func mergeAttrs(a, b *metapb.FileAttrs) *metapb.FileAttrs {
+	out := &metapb.FileAttrs{Owner: a.Owner, Group: a.Group, Permission: a.Permission, MtimeUnixMs: a.MtimeUnixMs, AtimeUnixMs: a.AtimeUnixMs}
+	if b.Owner != "" {
+		out.Owner = b.Owner
+	}
+	if b.Group != "" {
+		out.Group = b.Group
+	}
+	if b.Permission != nil {
+		out.Permission = b.Permission
+	}
+	if b.MtimeUnixMs != 0 {
+		out.MtimeUnixMs = b.MtimeUnixMs
+	}
+	if b.AtimeUnixMs != 0 {
+		out.AtimeUnixMs = b.AtimeUnixMs
+	}
+	return out
+}
