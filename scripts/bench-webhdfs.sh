@@ -35,10 +35,14 @@ profile=()
 CP="hadoop/conf:$(cat hadoop/target/cp.txt)"
 fsh() { java -cp "$CP" org.apache.hadoop.fs.FsShell "$@"; }
 
-base=$(python3 - <<'PY'
+# Starts basalt dev on a free port range (below the ephemeral ports);
+# another process can still take a port between the check and the bind,
+# so a start that fails is retried on another range.
+pick_base() {
+  python3 - <<'PY'
 import random, socket
 for _ in range(200):
-    b = random.randrange(20000, 60000, 50)
+    b = random.randrange(10000, 32000, 50)  # below the ephemeral range (32768+)
     ok = True
     for p in range(b, b + 50):
         s = socket.socket()
@@ -54,20 +58,34 @@ for _ in range(200):
         print(b)
         break
 PY
-)
-wport=$((base + 48))
+}
 dir=$(mktemp -d /tmp/basalt-bench-webhdfs.XXXXXX)
-"$BIN" dev --data-dir "$dir/data" --base-port "$base" --webhdfs "127.0.0.1:$wport" \
-  --s3 "127.0.0.1:$((base + 47))" --metrics 127.0.0.1:0 >"$dir/dev.log" 2>&1 &
-pid=$!
+pid=
 cleanup() {
-  kill "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
+  [ -n "$pid" ] && { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
   if [ "${KEEP:-0}" = 1 ]; then echo "kept $dir"; else rm -rf "$dir"; fi
 }
 trap cleanup EXIT
-for _ in $(seq 240); do grep -q '^ready' "$dir/dev.log" && break; sleep 0.5; done
-grep -q '^ready' "$dir/dev.log" || { cat "$dir/dev.log" >&2; exit 1; }
+for attempt in 1 2 3; do
+  base=$(pick_base)
+  wport=$((base + 48))
+  rm -rf "$dir/data"
+  "$BIN" dev --data-dir "$dir/data" --base-port "$base" --webhdfs "127.0.0.1:$wport" \
+    --s3 "127.0.0.1:$((base + 47))" --metrics 127.0.0.1:0 >"$dir/dev.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 240); do
+    grep -q '^ready' "$dir/dev.log" && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  grep -q '^ready' "$dir/dev.log" && break
+  cat "$dir/dev.log" >&2
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  pid=
+  echo "basalt dev did not start (attempt $attempt of 3)" >&2
+  [ "$attempt" = 3 ] && exit 1
+done
 meta="127.0.0.1:$base"
 U="webhdfs://127.0.0.1:$wport/bench/fsb"
 H="http://127.0.0.1:$wport/webhdfs/v1/bench/fsb"

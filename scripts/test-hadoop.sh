@@ -57,11 +57,14 @@ rm -f "$fetch_log"
 echo "test-hadoop: Maven artifacts ready ($(( $(date +%s) - start ))s)"
 
 # A base port with the 50 after it free (basalt dev uses base..base+42),
-# and the WebHDFS port at base+48.
-base=$(python3 - <<'PY'
+# and the WebHDFS port at base+48. Starts basalt dev on a free port range (below the ephemeral ports);
+# another process can still take a port between the check and the bind,
+# so a start that fails is retried on another range.
+pick_base() {
+  python3 - <<'PY'
 import random, socket
 for _ in range(200):
-    b = random.randrange(20000, 60000, 50)
+    b = random.randrange(10000, 32000, 50)  # below the ephemeral range (32768+)
     ok = True
     for p in range(b, b + 50):
         s = socket.socket()
@@ -77,26 +80,35 @@ for _ in range(200):
         print(b)
         break
 PY
-)
-[ -n "$base" ] || { echo "test-hadoop: no free port range" >&2; exit 1; }
-wport=$((base + 48))
+}
 dir=$(mktemp -d /tmp/basalt-hadoop.XXXXXX)
 log="$dir/dev.log"
-"$BIN" dev --data-dir "$dir/data" --base-port "$base" --webhdfs "127.0.0.1:$wport" \
-  --s3 127.0.0.1:0 --metrics 127.0.0.1:0 >"$log" 2>&1 &
-pid=$!
+pid=
 cleanup() {
-  kill "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
+  [ -n "$pid" ] && { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
   if [ "${KEEP:-0}" = 1 ]; then echo "test-hadoop: cluster data kept in $dir"; else rm -rf "$dir"; fi
 }
 trap cleanup EXIT
-for _ in $(seq 240); do
+for attempt in 1 2 3; do
+  base=$(pick_base)
+  wport=$((base + 48))
+  rm -rf "$dir/data"
+  "$BIN" dev --data-dir "$dir/data" --base-port "$base" --webhdfs "127.0.0.1:$wport" \
+    --s3 127.0.0.1:0 --metrics 127.0.0.1:0 >"$log" 2>&1 &
+  pid=$!
+  for _ in $(seq 240); do
+    grep -q '^ready' "$log" && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.5
+  done
   grep -q '^ready' "$log" && break
-  kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; echo "test-hadoop: basalt dev exited" >&2; exit 1; }
-  sleep 0.5
+  cat "$log" >&2
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  pid=
+  echo "test-hadoop: basalt dev did not start (attempt $attempt of 3)" >&2
+  [ "$attempt" = 3 ] && exit 1
 done
-grep -q '^ready' "$log" || { cat "$log" >&2; echo "test-hadoop: basalt dev not ready after 120s" >&2; exit 1; }
 grep webhdfs "$log"
 
 rc=0
