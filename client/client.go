@@ -448,6 +448,8 @@ type Volume struct {
 	Name    string    `json:"name"`
 	Owner   string    `json:"owner,omitempty"`
 	Created time.Time `json:"created"`
+	// Attrs are its Hadoop-style attributes (nil: none recorded).
+	Attrs *metapb.FileAttrs `json:"attrs,omitempty"`
 }
 
 // Bucket is a bucket's metadata.
@@ -461,6 +463,8 @@ type Bucket struct {
 	// For JSON: readable names.
 	LayoutName      string `json:"layout"`
 	ReplicationName string `json:"replication"`
+	// Attrs are its Hadoop-style attributes (nil: none recorded).
+	Attrs *metapb.FileAttrs `json:"attrs,omitempty"`
 }
 
 func unixMs(ms int64) time.Time {
@@ -471,14 +475,14 @@ func unixMs(ms int64) time.Time {
 }
 
 func volumeOf(v *metapb.Volume) Volume {
-	return Volume{Name: v.Name, Owner: v.Owner, Created: unixMs(v.CreatedUnixMs)}
+	return Volume{Name: v.Name, Owner: v.Owner, Created: unixMs(v.CreatedUnixMs), Attrs: v.Attrs}
 }
 
 func bucketOf(b *metapb.Bucket) Bucket {
 	l := Layout(b.Layout)
 	r := replicationOf(b.Replication)
 	return Bucket{Volume: b.Volume, Name: b.Name, ID: b.Id, Layout: l, Replication: r,
-		Created: unixMs(b.CreatedUnixMs), LayoutName: l.String(), ReplicationName: r.String()}
+		Created: unixMs(b.CreatedUnixMs), LayoutName: l.String(), ReplicationName: r.String(), Attrs: b.Attrs}
 }
 
 // ListOptions selects a range of names.
@@ -557,12 +561,13 @@ func (c *Client) DeleteVolume(ctx context.Context, name string) error {
 type BucketOptions struct {
 	Layout      Layout      // default OBJECT
 	Replication Replication // default THREE
+	Attrs       *metapb.FileAttrs
 }
 
 // CreateBucket creates a bucket in a volume.
 func (c *Client) CreateBucket(ctx context.Context, volume, name string, o BucketOptions) (Bucket, error) {
 	b, err := c.ns.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: volume, Name: name,
-		Layout: metapb.BucketLayout(o.Layout), Replication: o.Replication.pb()})
+		Layout: metapb.BucketLayout(o.Layout), Replication: o.Replication.pb(), Attrs: o.Attrs})
 	if err != nil {
 		return Bucket{}, wrapErr(fmt.Sprintf("create bucket /%s/%s", volume, name), err)
 	}

@@ -23,10 +23,13 @@ type FileStatus struct {
 	Modified time.Time `json:"modified"`
 	// File is set for files (without block replicas).
 	File *KeyInfo `json:"file,omitempty"`
+	// Attrs are a directory's Hadoop-style attributes (a file's are in
+	// File.Attrs; nil: none recorded).
+	Attrs *metapb.FileAttrs `json:"attrs,omitempty"`
 }
 
 func fileStatusOf(s *metapb.FileStatus) FileStatus {
-	fs := FileStatus{Path: s.Path, IsDir: s.IsDir, DirID: s.DirId, Modified: unixMs(s.ModifiedUnixMs)}
+	fs := FileStatus{Path: s.Path, IsDir: s.IsDir, DirID: s.DirId, Modified: unixMs(s.ModifiedUnixMs), Attrs: s.Attrs}
 	if s.File != nil {
 		ki := keyInfoOf(s.File)
 		fs.File = &ki

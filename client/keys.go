@@ -25,6 +25,9 @@ type KeyInfo struct {
 	// Meta holds the S3 attributes stored with the key (nil for keys
 	// written without them).
 	Meta *metapb.ObjectMeta `json:"meta,omitempty"`
+	// Attrs are a file's Hadoop-style attributes set by SetFileAttrs (fs
+	// buckets; nil: none recorded).
+	Attrs *metapb.FileAttrs `json:"attrs,omitempty"`
 	// Pipeline is the write path PutKey used ("v1" or "v2"); only PutKey
 	// fills it.
 	Pipeline string `json:"pipeline,omitempty"`
@@ -89,7 +92,7 @@ func keyInfoOf(k *metapb.KeyInfo) KeyInfo {
 		Volume: k.Volume, Bucket: k.Bucket, Name: k.Name, Size: k.Size,
 		Replication: r, ReplicationName: r.String(),
 		ChecksumType: checksumName(k.ChecksumType), BytesPerChecksum: k.BytesPerChecksum,
-		Created: unixMs(k.CreatedUnixMs), Modified: unixMs(k.ModifiedUnixMs), ObjectID: k.ObjectId, Meta: k.Meta,
+		Created: unixMs(k.CreatedUnixMs), Modified: unixMs(k.ModifiedUnixMs), ObjectID: k.ObjectId, Meta: k.Meta, Attrs: k.Attrs,
 	}
 	if len(k.Locations) > 0 {
 		for _, l := range k.Locations {

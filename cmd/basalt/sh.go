@@ -36,12 +36,13 @@ Examples:
   basalt sh key info /vol1/b1/k --json
   basalt sh key mv /vol1/b1/k k2
   basalt sh key rm /vol1/b1/k2
+  basalt sh fs ls -R /vol1/fsb        (fs buckets; see "basalt sh fs --help")
 ` + exitCodesHelp,
 	}
 	f.register(root)
 	root.PersistentFlags().BoolVar(&showProgress, "progress", false, "show a progress bar even when stderr is not a terminal")
 	progressOn := func() bool { return showProgress || isTerminal(os.Stderr) }
-	root.AddCommand(shVolumeCmd(f), shBucketCmd(f), shKeyCmd(f, progressOn))
+	root.AddCommand(shVolumeCmd(f), shBucketCmd(f), shKeyCmd(f, progressOn), shFsCmd(f))
 	return root
 }
 

@@ -121,7 +121,8 @@ func (g *Gateway) createChecks(q *request, overwrite bool) error {
 	}
 	// Like HDFS's create, which makes missing parents, a missing volume
 	// or bucket is created (as MKDIRS does).
-	if err := g.ensureBucket(q.ctx, p, q.user); err != nil {
+	dirPerm := uint32(0o755)
+	if err := g.ensureBucket(q.ctx, p, &metapb.FileAttrs{Owner: q.user, Permission: &dirPerm}); err != nil {
 		return err
 	}
 	e, err := g.cl.GetFileStatus(q.ctx, p.volume, p.bucket, p.key)
@@ -246,7 +247,13 @@ func (g *Gateway) create(q *request) error {
 		BeforeCommit: func(req *metapb.CommitKeyRequest) error {
 			req.Meta = attrs
 			// The file may have appeared while the data moved; a window
-			// remains until the namespace has a create-if-absent commit.
+			// remains between this check and the commit's apply.
+			// TODO(issue 14): without overwrite, set
+			// CommitKeyRequest.expect_absent (the generic create-if-absent
+			// precondition being added to CommitKey) so the namespace
+			// refuses the commit inside the Raft apply when the path exists,
+			// and map its FAILED_PRECONDITION/ALREADY_EXISTS to
+			// FileAlreadyExistsException; keep this check for the message.
 			return g.createChecks(q, overwrite)
 		}})
 	if err != nil {

@@ -12,7 +12,10 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
 func booleanResult(w http.ResponseWriter, ok bool) {
@@ -38,7 +41,7 @@ func (g *Gateway) page(ctx context.Context, p fsPath, after string, owner string
 			return nil, false, toRemote(p, err)
 		}
 		for _, v := range vs[:min(len(vs), listPage)] {
-			out = append(out, dirStatus(v.Name, v.Owner, 0, v.Created))
+			out = append(out, dirStatus(v.Name, v.Owner, 0, v.Created, v.Attrs))
 		}
 		return out, len(vs) > listPage, nil
 	case 1:
@@ -50,7 +53,7 @@ func (g *Gateway) page(ctx context.Context, p fsPath, after string, owner string
 			return nil, false, toRemote(p, err)
 		}
 		for _, b := range bs[:min(len(bs), listPage)] {
-			out = append(out, dirStatus(b.Name, owner, b.ID, b.Created))
+			out = append(out, dirStatus(b.Name, owner, b.ID, b.Created, b.Attrs))
 		}
 		return out, len(bs) > listPage, nil
 	}
@@ -272,7 +275,11 @@ func (g *Gateway) mkdirs(q *request) error {
 		booleanResult(q.w, true)
 		return nil
 	}
-	if err := g.ensureBucket(q.ctx, p, q.user); err != nil {
+	attrs, err := newAttrs(q, 0o755)
+	if err != nil {
+		return err
+	}
+	if err := g.ensureBucket(q.ctx, p, attrs); err != nil {
 		return err
 	}
 	if p.depth() == 3 {
@@ -281,7 +288,7 @@ func (g *Gateway) mkdirs(q *request) error {
 		if e, err := g.cl.GetFileStatus(q.ctx, p.volume, p.bucket, p.key); err == nil && !e.IsDir {
 			return remote(classAlreadyExists, "Path is not a directory: %s", p)
 		}
-		if _, err := g.cl.CreateDirectory(q.ctx, p.volume, p.bucket, p.key); err != nil {
+		if _, err := g.cl.CreateDirectoryAttrs(q.ctx, p.volume, p.bucket, p.key, attrs); err != nil {
 			return toRemote(p, err)
 		}
 	}
@@ -291,8 +298,10 @@ func (g *Gateway) mkdirs(q *request) error {
 
 // ensureBucket creates p's volume and, for depth 2 and more, its bucket
 // (FS layout) if missing, as ofs does. Paths inside a bucket need the FS
-// layout.
-func (g *Gateway) ensureBucket(ctx context.Context, p fsPath, user string) error {
+// layout. What it creates gets attrs (its owner and permission) when it
+// is p itself; as a parent on the way, owner write and search permission
+// are added, as HDFS's mkdirs gives implicit parents.
+func (g *Gateway) ensureBucket(ctx context.Context, p fsPath, attrs *metapb.FileAttrs) error {
 	// Reads first: creating is a Raft round even when the name exists, and
 	// this runs on every CREATE.
 	if p.depth() >= 2 {
@@ -309,16 +318,26 @@ func (g *Gateway) ensureBucket(ctx context.Context, p fsPath, user string) error
 	} else if _, err := g.cl.VolumeInfo(ctx, p.volume); err == nil {
 		return nil
 	}
-	if _, err := g.cl.CreateVolume(ctx, p.volume, user); err != nil && !errors.Is(err, client.ErrExists) {
+	parent := proto.Clone(attrs).(*metapb.FileAttrs)
+	if parent.Permission != nil {
+		*parent.Permission |= 0o300
+	}
+	va, ba := parent, parent
+	if p.depth() == 1 {
+		va = attrs
+	} else if p.depth() == 2 {
+		ba = attrs
+	}
+	if _, err := g.cl.CreateVolumeAttrs(ctx, p.volume, va); err != nil && !errors.Is(err, client.ErrExists) {
 		return toRemote(p, err)
 	}
 	if p.depth() < 2 {
 		return nil
 	}
-	_, err := g.cl.CreateBucket(ctx, p.volume, p.bucket, client.BucketOptions{Layout: client.LayoutFS})
+	_, err := g.cl.CreateBucket(ctx, p.volume, p.bucket, client.BucketOptions{Layout: client.LayoutFS, Attrs: ba})
 	if errors.Is(err, client.ErrExists) {
 		// made meanwhile, maybe with another layout
-		return g.ensureBucket(ctx, p, user)
+		return g.ensureBucket(ctx, p, attrs)
 	}
 	if err != nil {
 		return toRemote(p, err)
@@ -387,26 +406,27 @@ func (g *Gateway) rename(q *request) error {
 	if _, err := g.lookup(q.ctx, src); err != nil {
 		return err
 	}
-	if de, err := g.cl.GetFileStatus(q.ctx, dst.volume, dst.bucket, dst.key); err == nil {
-		if !overwrite {
-			return remote(classAlreadyExists, "rename destination %s already exists", dst)
-		}
-		// As HDFS: a file replaces a file, a directory an empty directory.
-		// The delete and the rename are two operations, not one.
-		se, _ := g.lookup(q.ctx, src)
-		if se.IsDir != de.IsDir {
-			return remote(classIO, "rename %s onto %s: source and destination must both be files or both directories", src, dst)
-		}
-		if err := g.cl.DeleteKey(q.ctx, dst.volume, dst.bucket, dst.key, false); err != nil {
-			if errors.Is(err, client.ErrNotEmpty) {
-				return remote(classIO, "rename destination directory %s is not empty", dst)
-			}
-			return toRemote(dst, err)
-		}
+	if dst.key == src.key {
+		return remote(classAlreadyExists, "The source %s and destination %s are the same", src, dst)
 	}
-	if err := g.cl.RenameKey(q.ctx, src.volume, src.bucket, src.key, dst.key); err != nil {
-		if errors.Is(err, client.ErrNotFound) {
+	// With OVERWRITE the namespace replaces an existing destination (a
+	// file by a file, an empty directory by a directory) in the same
+	// apply as the move: no moment without either.
+	if overwrite {
+		err = g.cl.RenameKeyOverwrite(q.ctx, src.volume, src.bucket, src.key, dst.key)
+	} else {
+		err = g.cl.RenameKey(q.ctx, src.volume, src.bucket, src.key, dst.key)
+	}
+	if err != nil {
+		switch {
+		case errors.Is(err, client.ErrNotFound):
 			return remote(classFileNotFound, "rename destination parent of %s not found: %v", dst, err)
+		case errors.Is(err, client.ErrExists):
+			return remote(classAlreadyExists, "rename destination %s already exists", dst)
+		case errors.Is(err, client.ErrNotEmpty):
+			return remote(classIO, "rename destination directory is not empty: %s", dst)
+		case errors.Is(err, client.ErrPrecondition) && !isNotDirectory(err):
+			return remote(classIO, "rename %s to %s: %v", src, dst, err)
 		}
 		return toRemote(src, err)
 	}
@@ -581,15 +601,36 @@ func permParam(q *request, name string) (string, error) {
 	return strings.TrimLeft(v, "0") + strings.Repeat("0", max(0, 3-len(strings.TrimLeft(v, "0")))), nil
 }
 
+// permBits is a permission parameter as mode bits; def if absent.
+func permBits(q *request, name string, def uint32) (uint32, error) {
+	v, err := permParam(q, name)
+	if err != nil || v == "" {
+		return def, err
+	}
+	n, err := strconv.ParseUint(v, 8, 32)
+	if err != nil {
+		return 0, badParam("Invalid value for webhdfs parameter %q: %q", name, v)
+	}
+	return uint32(n), nil
+}
+
+// newAttrs are the attributes MKDIRS and CREATE give what they create:
+// the caller as owner and the permission parameter (which the client has
+// already masked with its umask), else def.
+func newAttrs(q *request, def uint32) (*metapb.FileAttrs, error) {
+	perm, err := permBits(q, "permission", def)
+	if err != nil {
+		return nil, err
+	}
+	return &metapb.FileAttrs{Owner: q.user, Permission: &perm}, nil
+}
+
 func (g *Gateway) setPermission(q *request) error {
-	perm, err := permParam(q, "permission")
+	perm, err := permBits(q, "permission", 0o755) // HDFS's default for the parameter
 	if err != nil {
 		return err
 	}
-	if perm == "" {
-		perm = defaultDirPerm // HDFS's default for the parameter
-	}
-	if err := g.setFileAttrs(q.ctx, q.path, "SETPERMISSION", map[string]string{attrPerm: perm}); err != nil {
+	if err := g.setFileAttrs(q.ctx, q.path, "SETPERMISSION", &metapb.FileAttrs{Permission: &perm}); err != nil {
 		return err
 	}
 	q.w.WriteHeader(http.StatusOK)
@@ -601,34 +642,36 @@ func (g *Gateway) setOwner(q *request) error {
 	if owner == "" && group == "" {
 		return badParam("SETOWNER needs \"owner\" or \"group\"")
 	}
-	set := map[string]string{}
-	if owner != "" {
-		set[attrOwner] = owner
-	}
-	if group != "" {
-		set[attrGroup] = group
-	}
-	if err := g.setFileAttrs(q.ctx, q.path, "SETOWNER", set); err != nil {
+	if err := g.setFileAttrs(q.ctx, q.path, "SETOWNER", &metapb.FileAttrs{Owner: owner, Group: group}); err != nil {
 		return err
 	}
 	q.w.WriteHeader(http.StatusOK)
 	return nil
 }
 
+// setTimes: -1 (or absent) leaves a time as it is, as HDFS.
 func (g *Gateway) setTimes(q *request) error {
-	set := map[string]string{}
-	for name, attr := range map[string]string{"modificationtime": attrMtime, "accesstime": attrAtime} {
+	a := &metapb.FileAttrs{}
+	for name, dst := range map[string]*int64{"modificationtime": &a.MtimeUnixMs, "accesstime": &a.AtimeUnixMs} {
 		v := q.param(name)
 		if v == "" || v == "-1" {
 			continue
 		}
 		t, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || t < -1 {
+		if err != nil || t < 0 {
 			return badParam("Invalid value for webhdfs parameter %q: %q", name, v)
 		}
-		set[attr] = strconv.FormatInt(t, 10)
+		if t == 0 {
+			t = 1 // 0 means "unchanged" to the namespace; the epoch's first millisecond is as old
+		}
+		*dst = t
 	}
-	if err := g.setFileAttrs(q.ctx, q.path, "SETTIMES", set); err != nil {
+	if a.MtimeUnixMs == 0 && a.AtimeUnixMs == 0 {
+		// Nothing to change; the path must still exist.
+		if _, _, err := g.stat(q.ctx, q.path); err != nil {
+			return err
+		}
+	} else if err := g.setFileAttrs(q.ctx, q.path, "SETTIMES", a); err != nil {
 		return err
 	}
 	q.w.WriteHeader(http.StatusOK)

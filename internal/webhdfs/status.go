@@ -10,13 +10,16 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
-// Names of the HDFS attributes kept in a file's key attributes
-// (ObjectMeta.user).
+// Names of the HDFS attributes CREATE records in a new file's key
+// attributes (ObjectMeta.user), because CommitKey has no FileAttrs field.
+// Attributes set later (SETOWNER, SETPERMISSION, SETTIMES) are the
+// namespace's FileAttrs (KeyInfo.Attrs), which take precedence; files
+// written before FileAttrs existed may also carry hdfs-mtime/hdfs-atime.
 const (
 	attrOwner = "hdfs-owner"
 	attrGroup = "hdfs-group"
 	attrPerm  = "hdfs-permission"
-	attrMtime = "hdfs-mtime" // unix ms; set by SETTIMES, kept across attribute changes
+	attrMtime = "hdfs-mtime" // unix ms
 	attrAtime = "hdfs-atime" // unix ms
 )
 
@@ -43,12 +46,38 @@ func ms(t time.Time) int64 {
 	return t.UnixMilli()
 }
 
-func dirStatus(name, owner string, id uint64, modified time.Time) fileStatus {
-	if owner == "" {
-		owner = "basalt"
+// dirStatus is a directory's (or volume's, bucket's) status: attrs over
+// the defaults (owner: defOwner, else "basalt").
+func dirStatus(name, defOwner string, id uint64, modified time.Time, attrs *metapb.FileAttrs) fileStatus {
+	if defOwner == "" {
+		defOwner = "basalt"
 	}
-	return fileStatus{PathSuffix: name, Type: "DIRECTORY", Owner: owner, Group: defaultGroup, Permission: defaultDirPerm,
+	st := fileStatus{PathSuffix: name, Type: "DIRECTORY", Owner: defOwner, Group: defaultGroup, Permission: defaultDirPerm,
 		FileID: id, ModificationTime: ms(modified)}
+	applyAttrs(&st, attrs)
+	return st
+}
+
+// applyAttrs puts the recorded attributes over st's defaults.
+func applyAttrs(st *fileStatus, a *metapb.FileAttrs) {
+	if a == nil {
+		return
+	}
+	if a.Owner != "" {
+		st.Owner = a.Owner
+	}
+	if a.Group != "" {
+		st.Group = a.Group
+	}
+	if a.Permission != nil {
+		st.Permission = strconv.FormatUint(uint64(*a.Permission), 8)
+	}
+	if a.MtimeUnixMs != 0 {
+		st.ModificationTime = a.MtimeUnixMs
+	}
+	if a.AtimeUnixMs != 0 {
+		st.AccessTime = a.AtimeUnixMs
+	}
 }
 
 func replicationNum(r client.Replication) int {
@@ -93,12 +122,13 @@ func (g *Gateway) fileStatusOf(name string, k *client.KeyInfo, defOwner string) 
 	if v, err := strconv.ParseInt(a[attrAtime], 10, 64); err == nil {
 		st.AccessTime = v
 	}
+	applyAttrs(&st, k.Attrs)
 	return st
 }
 
 func (g *Gateway) entryStatus(name string, e *client.FileStatus, defOwner string) fileStatus {
 	if e.IsDir {
-		return dirStatus(name, defOwner, e.DirID, e.Modified)
+		return dirStatus(name, defOwner, e.DirID, e.Modified, e.Attrs)
 	}
 	return g.fileStatusOf(name, e.File, defOwner)
 }
@@ -120,7 +150,7 @@ func (g *Gateway) volumeOwner(ctx context.Context, p fsPath) string {
 func (g *Gateway) stat(ctx context.Context, p fsPath) (fileStatus, *client.FileStatus, error) {
 	switch p.depth() {
 	case 0:
-		return dirStatus("", "basalt", 0, time.Time{}), nil, nil
+		return dirStatus("", "basalt", 0, time.Time{}, nil), nil, nil
 	case 1:
 		v, err := g.cl.VolumeInfo(ctx, p.volume)
 		if err != nil {
@@ -129,7 +159,7 @@ func (g *Gateway) stat(ctx context.Context, p fsPath) (fileStatus, *client.FileS
 			}
 			return fileStatus{}, nil, toRemote(p, err)
 		}
-		return dirStatus("", v.Owner, 0, v.Created), nil, nil
+		return dirStatus("", v.Owner, 0, v.Created, v.Attrs), nil, nil
 	case 2:
 		b, err := g.cl.BucketInfo(ctx, p.volume, p.bucket)
 		if err != nil {
@@ -138,7 +168,7 @@ func (g *Gateway) stat(ctx context.Context, p fsPath) (fileStatus, *client.FileS
 			}
 			return fileStatus{}, nil, toRemote(p, err)
 		}
-		return dirStatus("", g.volumeOwner(ctx, p), b.ID, b.Created), nil, nil
+		return dirStatus("", g.volumeOwner(ctx, p), b.ID, b.Created, b.Attrs), nil, nil
 	}
 	e, err := g.lookup(ctx, p)
 	if err != nil {
@@ -163,59 +193,72 @@ func (g *Gateway) lookup(ctx context.Context, p fsPath) (client.FileStatus, erro
 	return e, nil
 }
 
-// attrsMeta returns a copy of a file's key attributes with set applied
-// (empty values delete), keeping its modification time as the HDFS one:
-// the copy that stores them gets a new key modification time.
-func attrsMeta(k *client.KeyInfo, set map[string]string) *metapb.ObjectMeta {
-	m := &metapb.ObjectMeta{User: map[string]string{}}
-	if k.Meta != nil {
-		m.ContentType = k.Meta.ContentType
-		m.ContentEncoding = k.Meta.ContentEncoding
-		m.ContentDisposition = k.Meta.ContentDisposition
-		m.ContentLanguage = k.Meta.ContentLanguage
-		m.CacheControl = k.Meta.CacheControl
-		m.Expires = k.Meta.Expires
-		m.Tags = k.Meta.Tags
-		for n, v := range k.Meta.User {
-			m.User[n] = v
-		}
+// setFileAttrs stores attributes of a volume, bucket, directory or file
+// in the namespace (one Raft apply; the file's data and modification time
+// are untouched). "/" has nowhere to keep them: UnsupportedOperationException.
+func (g *Gateway) setFileAttrs(ctx context.Context, p fsPath, what string, a *metapb.FileAttrs) error {
+	if p.depth() == 0 {
+		return unsupported("%s of /: the root of the volumes has no attributes in Basalt", what)
 	}
-	if _, ok := m.User[attrMtime]; !ok {
-		m.User[attrMtime] = strconv.FormatInt(ms(k.Modified), 10)
+	_, err := g.cl.SetFileAttrs(ctx, p.volume, p.bucket, p.key, a)
+	if err == nil {
+		return nil
 	}
-	for n, v := range set {
-		if v == "" {
-			delete(m.User, n)
-		} else {
-			m.User[n] = v
-		}
+	if errors.Is(err, client.ErrNotFound) || (errors.Is(err, client.ErrPrecondition) && isNotDirectory(err)) {
+		return notFound(p)
 	}
-	return m
+	if errors.Is(err, client.ErrPrecondition) {
+		return remote(classIO, "%s of %s: %v (WebHDFS serves buckets with the FS layout)", what, p, err)
+	}
+	return toRemote(p, err)
 }
 
-// setFileAttrs stores attributes of the file at p (depth 3). Directories,
-// volumes and buckets have nowhere to keep them: UnsupportedOperationException.
-func (g *Gateway) setFileAttrs(ctx context.Context, p fsPath, what string, set map[string]string) error {
-	if p.depth() < 3 {
-		if _, _, err := g.stat(ctx, p); err != nil {
-			return err
-		}
-		return unsupported("%s of %s: volumes and buckets have no HDFS attributes in Basalt yet", what, p)
+// Attrs returns the attributes recorded for e (a directory's, or a file's:
+// those CREATE put in its key attributes, under those set later), nil if
+// none; the gateway shows defaults for the rest. `basalt sh fs` shows the
+// same.
+func Attrs(e *client.FileStatus) *metapb.FileAttrs {
+	if e.IsDir || e.File == nil {
+		return e.Attrs
 	}
-	e, err := g.lookup(ctx, p)
-	if err != nil {
-		return err
+	a := fileAttrs(e.File)
+	if len(a) == 0 {
+		return e.File.Attrs
 	}
-	if e.IsDir {
-		return unsupported("%s of directory %s: Basalt stores HDFS attributes for files only (directories have none yet)", what, p)
+	out := &metapb.FileAttrs{Owner: a[attrOwner], Group: a[attrGroup]}
+	if v, err := strconv.ParseUint(a[attrPerm], 8, 32); err == nil {
+		p := uint32(v)
+		out.Permission = &p
 	}
-	_, err = g.cl.CopyKey(ctx, p.volume, p.bucket, p.key, p.bucket, p.key, client.CopyOptions{
-		ExpectObjectID: e.File.ObjectID, ReplaceMeta: true, Meta: attrsMeta(e.File, set)})
-	if errors.Is(err, client.ErrPrecondition) {
-		return remote(classRetriable, "%s of %s: the file changed meanwhile; retry", what, p)
+	if v, err := strconv.ParseInt(a[attrMtime], 10, 64); err == nil {
+		out.MtimeUnixMs = v
 	}
-	if err != nil {
-		return toRemote(p, err)
+	if v, err := strconv.ParseInt(a[attrAtime], 10, 64); err == nil {
+		out.AtimeUnixMs = v
 	}
-	return nil
+	if e.File.Attrs != nil {
+		out = mergeAttrs(out, e.File.Attrs)
+	}
+	return out
+}
+
+// mergeAttrs returns a with the fields set in b replacing its own.
+func mergeAttrs(a, b *metapb.FileAttrs) *metapb.FileAttrs {
+	out := &metapb.FileAttrs{Owner: a.Owner, Group: a.Group, Permission: a.Permission, MtimeUnixMs: a.MtimeUnixMs, AtimeUnixMs: a.AtimeUnixMs}
+	if b.Owner != "" {
+		out.Owner = b.Owner
+	}
+	if b.Group != "" {
+		out.Group = b.Group
+	}
+	if b.Permission != nil {
+		out.Permission = b.Permission
+	}
+	if b.MtimeUnixMs != 0 {
+		out.MtimeUnixMs = b.MtimeUnixMs
+	}
+	if b.AtimeUnixMs != 0 {
+		out.AtimeUnixMs = b.AtimeUnixMs
+	}
+	return out
 }

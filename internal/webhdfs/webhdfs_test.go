@@ -444,9 +444,10 @@ func TestAttributes(t *testing.T) {
 		code           int
 		exc            string
 	}{
-		{"chmod dir", "/vol3/fsb/dir", "SETPERMISSION", url.Values{"permission": {"700"}}, 400, uoe},
-		{"chown bucket", "/vol3/fsb", "SETOWNER", url.Values{"owner": {"x"}}, 400, uoe},
-		{"settimes dir", "/vol3/fsb/dir", "SETTIMES", url.Values{"modificationtime": {"5"}}, 400, uoe},
+		{"chmod root", "/", "SETPERMISSION", url.Values{"permission": {"700"}}, 400, uoe},
+		{"chown missing bucket", "/vol3/nob", "SETOWNER", url.Values{"owner": {"x"}}, 404, nfe},
+		{"chown missing volume", "/novol", "SETOWNER", url.Values{"owner": {"x"}}, 404, nfe},
+		{"settimes under a file", "/vol3/fsb/f/x", "SETTIMES", url.Values{"modificationtime": {"5"}}, 404, nfe},
 		{"chmod missing", "/vol3/fsb/nope", "SETPERMISSION", url.Values{"permission": {"700"}}, 404, nfe},
 		{"chmod bad", "/vol3/fsb/f", "SETPERMISSION", url.Values{"permission": {"999"}}, 400, iae},
 		{"chown nothing", "/vol3/fsb/f", "SETOWNER", nil, 400, iae},
@@ -600,4 +601,99 @@ func TestCreateAborted(t *testing.T) {
 	if r := e.do(t, "GET", "/vol6/fsb/old", "OPEN", nil, nil); string(r.body) != "old contents" {
 		t.Fatalf("old file after an aborted overwrite: %d %q", r.code, r.body)
 	}
+}
+
+// Owners, groups, permissions and times on directories, buckets and
+// volumes: MKDIRS and CREATE record the caller (user.name) and the
+// permission given; SETOWNER, SETPERMISSION and SETTIMES change them;
+// GETFILESTATUS and LISTSTATUS return them. (On the code before FileAttrs
+// these answered UnsupportedOperationException and MKDIRS dropped its
+// permission.)
+func TestDirectoryAttributes(t *testing.T) {
+	e := shared
+	stat := func(p string) map[string]any {
+		t.Helper()
+		r := e.do(t, "GET", p, "GETFILESTATUS", nil, nil)
+		expect(t, "stat "+p, r, 200, "")
+		return fileStatus(t, r)
+	}
+	want := func(p string, st map[string]any, owner, group, perm string) {
+		t.Helper()
+		if st["owner"] != owner || st["group"] != group || st["permission"] != perm {
+			t.Fatalf("%s: owner %v group %v permission %v, want %s %s %s", p, st["owner"], st["group"], st["permission"], owner, group, perm)
+		}
+	}
+	// MKDIRS of a new volume, bucket and directories: the last gets the
+	// permission, the parents made on the way owner write+search too.
+	expect(t, "mkdirs", e.do(t, "PUT", "/vol8/fsb/a/b", "MKDIRS", url.Values{"permission": {"510"}}, nil), 200, "")
+	want("/vol8/fsb/a/b", stat("/vol8/fsb/a/b"), "alice", "supergroup", "510")
+	want("/vol8/fsb/a", stat("/vol8/fsb/a"), "alice", "supergroup", "710")
+	want("/vol8/fsb", stat("/vol8/fsb"), "alice", "supergroup", "710")
+	want("/vol8", stat("/vol8"), "alice", "supergroup", "710")
+	expect(t, "mkdirs default", e.do(t, "PUT", "/vol8/fsb/c", "MKDIRS", nil, nil), 200, "")
+	want("/vol8/fsb/c", stat("/vol8/fsb/c"), "alice", "supergroup", "755")
+	expect(t, "create", e.create(t, "/vol8/fsb/a/f", []byte("x"), url.Values{"permission": {"600"}}), 201, "")
+	want("/vol8/fsb/a/f", stat("/vol8/fsb/a/f"), "alice", "supergroup", "600")
+
+	// Changes on a directory, a bucket and a volume.
+	for _, p := range []string{"/vol8/fsb/a", "/vol8/fsb", "/vol8"} {
+		expect(t, "chown "+p, e.do(t, "PUT", p, "SETOWNER", url.Values{"owner": {"bob"}, "group": {"staff"}}, nil), 200, "")
+		expect(t, "chmod "+p, e.do(t, "PUT", p, "SETPERMISSION", url.Values{"permission": {"1777"}}, nil), 200, "")
+		expect(t, "settimes "+p, e.do(t, "PUT", p, "SETTIMES", url.Values{"modificationtime": {"3000"}, "accesstime": {"-1"}}, nil), 200, "")
+		st := stat(p)
+		want(p, st, "bob", "staff", "1777")
+		if st["modificationTime"] != float64(3000) {
+			t.Fatalf("%s: modificationTime %v after SETTIMES", p, st["modificationTime"])
+		}
+	}
+	// Listings show them: a bucket in its volume, a volume under /, a
+	// directory in its bucket.
+	find := func(dir, name string) map[string]any {
+		t.Helper()
+		for _, s := range e.do(t, "GET", dir, "LISTSTATUS", nil, nil).json(t)["FileStatuses"].(map[string]any)["FileStatus"].([]any) {
+			if m := s.(map[string]any); m["pathSuffix"] == name {
+				return m
+			}
+		}
+		t.Fatalf("%s not listed in %s", name, dir)
+		return nil
+	}
+	want("/vol8/fsb/a (listed)", find("/vol8/fsb", "a"), "bob", "staff", "1777")
+	want("/vol8/fsb (listed)", find("/vol8", "fsb"), "bob", "staff", "1777")
+	want("/vol8 (listed)", find("/", "vol8"), "bob", "staff", "1777")
+	// A directory's attributes move with it.
+	if r := e.do(t, "PUT", "/vol8/fsb/a", "RENAME", url.Values{"destination": {"/vol8/fsb/z"}}, nil); r.json(t)["boolean"] != true {
+		t.Fatalf("rename: %s", r.body)
+	}
+	want("/vol8/fsb/z", stat("/vol8/fsb/z"), "bob", "staff", "1777")
+	want("/vol8/fsb/z/b", stat("/vol8/fsb/z/b"), "alice", "supergroup", "510")
+}
+
+// RENAME with OVERWRITE replaces the destination in one metadata
+// operation: a file by a file, an empty directory by a directory; a
+// non-empty directory or a mismatch is an IOException and changes nothing.
+func TestRenameOverwrite(t *testing.T) {
+	e := shared
+	rename2 := func(src, dst string) resp {
+		return e.do(t, "PUT", src, "RENAME", url.Values{"destination": {dst}, "renameoptions": {"OVERWRITE"}}, nil)
+	}
+	expect(t, "create src", e.create(t, "/vol9/fsb/src", []byte("new"), nil), 201, "")
+	expect(t, "create dst", e.create(t, "/vol9/fsb/dst", []byte("old data"), nil), 201, "")
+	expect(t, "overwrite file", rename2("/vol9/fsb/src", "/vol9/fsb/dst"), 200, "")
+	if r := e.do(t, "GET", "/vol9/fsb/dst", "OPEN", nil, nil); string(r.body) != "new" {
+		t.Fatalf("destination after overwrite: %d %q", r.code, r.body)
+	}
+	expect(t, "source gone", e.do(t, "GET", "/vol9/fsb/src", "GETFILESTATUS", nil, nil), 404, nfe)
+	expect(t, "same path", rename2("/vol9/fsb/dst", "/vol9/fsb/dst"), 403, fae)
+
+	expect(t, "mkdirs d", e.do(t, "PUT", "/vol9/fsb/d/sub", "MKDIRS", nil, nil), 200, "")
+	expect(t, "mkdirs empty", e.do(t, "PUT", "/vol9/fsb/empty", "MKDIRS", nil, nil), 200, "")
+	expect(t, "mkdirs full", e.do(t, "PUT", "/vol9/fsb/full/x", "MKDIRS", nil, nil), 200, "")
+	expect(t, "onto non-empty", rename2("/vol9/fsb/d", "/vol9/fsb/full"), 403, "java.io.IOException")
+	expect(t, "dir onto file", rename2("/vol9/fsb/d", "/vol9/fsb/dst"), 403, "java.io.IOException")
+	expect(t, "file onto dir", rename2("/vol9/fsb/dst", "/vol9/fsb/empty"), 403, "java.io.IOException")
+	expect(t, "full untouched", e.do(t, "GET", "/vol9/fsb/full/x", "GETFILESTATUS", nil, nil), 200, "")
+	expect(t, "onto empty", rename2("/vol9/fsb/d", "/vol9/fsb/empty"), 200, "")
+	expect(t, "moved child", e.do(t, "GET", "/vol9/fsb/empty/sub", "GETFILESTATUS", nil, nil), 200, "")
+	expect(t, "missing parent", rename2("/vol9/fsb/dst", "/vol9/fsb/no/f"), 404, nfe)
 }

@@ -1142,6 +1142,7 @@ type NsCommand struct {
 	//	*NsCommand_DeleteS3Secret
 	//	*NsCommand_CopyKey
 	//	*NsCommand_SetServiceToken
+	//	*NsCommand_SetFileAttrs
 	Op            isNsCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1380,6 +1381,15 @@ func (x *NsCommand) GetSetServiceToken() *SetServiceTokenOp {
 	return nil
 }
 
+func (x *NsCommand) GetSetFileAttrs() *SetFileAttrsRequest {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_SetFileAttrs); ok {
+			return x.SetFileAttrs
+		}
+	}
+	return nil
+}
+
 type isNsCommand_Op interface {
 	isNsCommand_Op()
 }
@@ -1468,6 +1478,10 @@ type NsCommand_SetServiceToken struct {
 	SetServiceToken *SetServiceTokenOp `protobuf:"bytes,22,opt,name=set_service_token,json=setServiceToken,proto3,oneof"`
 }
 
+type NsCommand_SetFileAttrs struct {
+	SetFileAttrs *SetFileAttrsRequest `protobuf:"bytes,220,opt,name=set_file_attrs,json=setFileAttrs,proto3,oneof"`
+}
+
 func (*NsCommand_CreateVolume) isNsCommand_Op() {}
 
 func (*NsCommand_DeleteVolume) isNsCommand_Op() {}
@@ -1509,6 +1523,8 @@ func (*NsCommand_DeleteS3Secret) isNsCommand_Op() {}
 func (*NsCommand_CopyKey) isNsCommand_Op() {}
 
 func (*NsCommand_SetServiceToken) isNsCommand_Op() {}
+
+func (*NsCommand_SetFileAttrs) isNsCommand_Op() {}
 
 // SetServiceTokenOp records the cluster service token if none is recorded
 // yet (the first proposal wins); its result is the recorded token.
@@ -2110,6 +2126,7 @@ type FsEntry struct {
 	DirId          uint64                 `protobuf:"varint,2,opt,name=dir_id,json=dirId,proto3" json:"dir_id,omitempty"`
 	File           *KeyInfo               `protobuf:"bytes,3,opt,name=file,proto3" json:"file,omitempty"`
 	ModifiedUnixMs int64                  `protobuf:"varint,4,opt,name=modified_unix_ms,json=modifiedUnixMs,proto3" json:"modified_unix_ms,omitempty"`
+	Attrs          *FileAttrs             `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"` // directories (files: file.attrs)
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -2170,6 +2187,13 @@ func (x *FsEntry) GetModifiedUnixMs() int64 {
 		return x.ModifiedUnixMs
 	}
 	return 0
+}
+
+func (x *FsEntry) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
 }
 
 // NodeOpRow is a datanode's stored operational state (SCM key "o/").
@@ -2353,7 +2377,7 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x0eDeleteBlocksTx\x12\x13\n" +
 	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x12!\n" +
 	"\fcontainer_id\x18\x02 \x01(\x04R\vcontainerId\x12\x1b\n" +
-	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\xd2\f\n" +
+	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\xa0\r\n" +
 	"\tNsCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12J\n" +
 	"\rcreate_volume\x18\x02 \x01(\v2#.basalt.meta.v1.CreateVolumeRequestH\x00R\fcreateVolume\x12J\n" +
@@ -2382,7 +2406,8 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x10create_s3_secret\x18\x13 \x01(\v2%.basalt.meta.v1.CreateS3SecretRequestH\x00R\x0ecreateS3Secret\x12Q\n" +
 	"\x10delete_s3_secret\x18\x14 \x01(\v2%.basalt.meta.v1.DeleteS3SecretRequestH\x00R\x0edeleteS3Secret\x12;\n" +
 	"\bcopy_key\x18\x15 \x01(\v2\x1e.basalt.meta.v1.CopyKeyRequestH\x00R\acopyKey\x12O\n" +
-	"\x11set_service_token\x18\x16 \x01(\v2!.basalt.meta.v1.SetServiceTokenOpH\x00R\x0fsetServiceTokenB\x04\n" +
+	"\x11set_service_token\x18\x16 \x01(\v2!.basalt.meta.v1.SetServiceTokenOpH\x00R\x0fsetServiceToken\x12L\n" +
+	"\x0eset_file_attrs\x18\xdc\x01 \x01(\v2#.basalt.meta.v1.SetFileAttrsRequestH\x00R\fsetFileAttrsB\x04\n" +
 	"\x02op\")\n" +
 	"\x11SetServiceTokenOp\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\"|\n" +
@@ -2425,12 +2450,13 @@ const file_meta_command_proto_rawDesc = "" +
 	"\rPendingDirRow\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x1b\n" +
 	"\tbucket_id\x18\x02 \x01(\x04R\bbucketId\x12\x15\n" +
-	"\x06dir_id\x18\x03 \x01(\x04R\x05dirId\"\x8e\x01\n" +
+	"\x06dir_id\x18\x03 \x01(\x04R\x05dirId\"\xc0\x01\n" +
 	"\aFsEntry\x12\x15\n" +
 	"\x06is_dir\x18\x01 \x01(\bR\x05isDir\x12\x15\n" +
 	"\x06dir_id\x18\x02 \x01(\x04R\x05dirId\x12+\n" +
 	"\x04file\x18\x03 \x01(\v2\x17.basalt.meta.v1.KeyInfoR\x04file\x12(\n" +
-	"\x10modified_unix_ms\x18\x04 \x01(\x03R\x0emodifiedUnixMs\"\xba\x01\n" +
+	"\x10modified_unix_ms\x18\x04 \x01(\x03R\x0emodifiedUnixMs\x120\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"\xba\x01\n" +
 	"\tNodeOpRow\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x121\n" +
@@ -2502,12 +2528,14 @@ var file_meta_command_proto_goTypes = []any{
 	(*CreateS3SecretRequest)(nil),          // 46: basalt.meta.v1.CreateS3SecretRequest
 	(*DeleteS3SecretRequest)(nil),          // 47: basalt.meta.v1.DeleteS3SecretRequest
 	(*CopyKeyRequest)(nil),                 // 48: basalt.meta.v1.CopyKeyRequest
-	(*OpenKeyRequest)(nil),                 // 49: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 50: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 51: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 52: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 53: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 54: basalt.meta.v1.KeyInfo
+	(*SetFileAttrsRequest)(nil),            // 49: basalt.meta.v1.SetFileAttrsRequest
+	(*OpenKeyRequest)(nil),                 // 50: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 51: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 52: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 53: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 54: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 55: basalt.meta.v1.KeyInfo
+	(*FileAttrs)(nil),                      // 56: basalt.meta.v1.FileAttrs
 }
 var file_meta_command_proto_depIdxs = []int32{
 	3,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -2552,21 +2580,23 @@ var file_meta_command_proto_depIdxs = []int32{
 	47, // 39: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
 	48, // 40: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
 	17, // 41: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
-	49, // 42: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	50, // 43: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	50, // 44: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	51, // 45: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	34, // 46: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	52, // 47: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	53, // 48: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	53, // 49: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	54, // 50: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	31, // 51: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
-	52, // [52:52] is the sub-list for method output_type
-	52, // [52:52] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	49, // 42: basalt.meta.v1.NsCommand.set_file_attrs:type_name -> basalt.meta.v1.SetFileAttrsRequest
+	50, // 43: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	51, // 44: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	51, // 45: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	52, // 46: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	34, // 47: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	53, // 48: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	54, // 49: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	54, // 50: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	55, // 51: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	56, // 52: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
+	31, // 53: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
+	54, // [54:54] is the sub-list for method output_type
+	54, // [54:54] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -2614,6 +2644,7 @@ func file_meta_command_proto_init() {
 		(*NsCommand_DeleteS3Secret)(nil),
 		(*NsCommand_CopyKey)(nil),
 		(*NsCommand_SetServiceToken)(nil),
+		(*NsCommand_SetFileAttrs)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

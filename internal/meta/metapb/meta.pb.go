@@ -3984,6 +3984,7 @@ type Volume struct {
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Owner         string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
 	CreatedUnixMs int64                  `protobuf:"varint,3,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	Attrs         *FileAttrs             `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"` // Hadoop-style attributes (WebHDFS, sh fs)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4039,10 +4040,18 @@ func (x *Volume) GetCreatedUnixMs() int64 {
 	return 0
 }
 
+func (x *Volume) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
+}
+
 type CreateVolumeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Owner         string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	Attrs         *FileAttrs             `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4089,6 +4098,13 @@ func (x *CreateVolumeRequest) GetOwner() string {
 		return x.Owner
 	}
 	return ""
+}
+
+func (x *CreateVolumeRequest) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
 }
 
 type GetVolumeRequest struct {
@@ -4337,7 +4353,8 @@ type Bucket struct {
 	CreatedUnixMs int64                  `protobuf:"varint,6,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
 	// S3: the user (access key owner) who created the bucket; "" for
 	// buckets made before owners were recorded (admins only, through S3).
-	Owner         string `protobuf:"bytes,140,opt,name=owner,proto3" json:"owner,omitempty"`
+	Owner         string     `protobuf:"bytes,140,opt,name=owner,proto3" json:"owner,omitempty"`
+	Attrs         *FileAttrs `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4421,6 +4438,13 @@ func (x *Bucket) GetOwner() string {
 	return ""
 }
 
+func (x *Bucket) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
+}
+
 type CreateBucketRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
@@ -4428,6 +4452,7 @@ type CreateBucketRequest struct {
 	Layout        BucketLayout           `protobuf:"varint,3,opt,name=layout,proto3,enum=basalt.meta.v1.BucketLayout" json:"layout,omitempty"`          // default OBJECT
 	Replication   Replication            `protobuf:"varint,4,opt,name=replication,proto3,enum=basalt.meta.v1.Replication" json:"replication,omitempty"` // default THREE
 	Owner         string                 `protobuf:"bytes,140,opt,name=owner,proto3" json:"owner,omitempty"`                                            // recorded in Bucket.owner
+	Attrs         *FileAttrs             `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4495,6 +4520,13 @@ func (x *CreateBucketRequest) GetOwner() string {
 		return x.Owner
 	}
 	return ""
+}
+
+func (x *CreateBucketRequest) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
 }
 
 type GetBucketRequest struct {
@@ -4836,6 +4868,7 @@ type KeyInfo struct {
 	Locations     []*BlockLocation `protobuf:"bytes,11,rep,name=locations,proto3" json:"locations,omitempty"`
 	ObjectId      uint64           `protobuf:"varint,12,opt,name=object_id,json=objectId,proto3" json:"object_id,omitempty"` // unique per committed version
 	Meta          *ObjectMeta      `protobuf:"bytes,13,opt,name=meta,proto3" json:"meta,omitempty"`                          // S3 attributes; unset for plain keys
+	Attrs         *FileAttrs       `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"`                       // fs buckets: set by SetFileAttrs
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4957,6 +4990,13 @@ func (x *KeyInfo) GetObjectId() uint64 {
 func (x *KeyInfo) GetMeta() *ObjectMeta {
 	if x != nil {
 		return x.Meta
+	}
+	return nil
+}
+
+func (x *KeyInfo) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
 	}
 	return nil
 }
@@ -5739,11 +5779,14 @@ func (x *ListKeysResponse) GetNextStartAfter() string {
 }
 
 type RenameKeyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
-	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
-	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
-	NewKey        string                 `protobuf:"bytes,4,opt,name=new_key,json=newKey,proto3" json:"new_key,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Volume string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Key    string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	NewKey string                 `protobuf:"bytes,4,opt,name=new_key,json=newKey,proto3" json:"new_key,omitempty"`
+	// Replace an existing destination in the same apply: a file by a file,
+	// an empty directory by a directory (else FAILED_PRECONDITION).
+	Overwrite     bool `protobuf:"varint,220,opt,name=overwrite,proto3" json:"overwrite,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5804,6 +5847,13 @@ func (x *RenameKeyRequest) GetNewKey() string {
 		return x.NewKey
 	}
 	return ""
+}
+
+func (x *RenameKeyRequest) GetOverwrite() bool {
+	if x != nil {
+		return x.Overwrite
+	}
+	return false
 }
 
 type RenameKeyResponse struct {
@@ -5954,6 +6004,7 @@ type FileStatus struct {
 	DirId          uint64                 `protobuf:"varint,3,opt,name=dir_id,json=dirId,proto3" json:"dir_id,omitempty"`
 	File           *KeyInfo               `protobuf:"bytes,4,opt,name=file,proto3" json:"file,omitempty"` // set for files (without locations)
 	ModifiedUnixMs int64                  `protobuf:"varint,5,opt,name=modified_unix_ms,json=modifiedUnixMs,proto3" json:"modified_unix_ms,omitempty"`
+	Attrs          *FileAttrs             `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"` // directories (a file's are in file.attrs)
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -6023,11 +6074,19 @@ func (x *FileStatus) GetModifiedUnixMs() int64 {
 	return 0
 }
 
+func (x *FileStatus) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
+}
+
 type CreateDirectoryRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
 	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
-	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"` // parents are created as needed
+	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`     // parents are created as needed
+	Attrs         *FileAttrs             `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"` // given to the directories it creates
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6081,6 +6140,13 @@ func (x *CreateDirectoryRequest) GetPath() string {
 		return x.Path
 	}
 	return ""
+}
+
+func (x *CreateDirectoryRequest) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
 }
 
 type GetFileStatusRequest struct {
@@ -7626,6 +7692,198 @@ func (x *KeyPrecondition) GetExpectEtag() string {
 	return ""
 }
 
+// FileAttrs are the Hadoop-style attributes of a file, directory, bucket or
+// volume. Unset fields mean "not recorded" (readers show a default).
+type FileAttrs struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Owner         string                 `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
+	Group         string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	Permission    *uint32                `protobuf:"varint,3,opt,name=permission,proto3,oneof" json:"permission,omitempty"`                  // mode bits, at most 01777
+	MtimeUnixMs   int64                  `protobuf:"varint,4,opt,name=mtime_unix_ms,json=mtimeUnixMs,proto3" json:"mtime_unix_ms,omitempty"` // 0 = the entry's own modification time
+	AtimeUnixMs   int64                  `protobuf:"varint,5,opt,name=atime_unix_ms,json=atimeUnixMs,proto3" json:"atime_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileAttrs) Reset() {
+	*x = FileAttrs{}
+	mi := &file_meta_meta_proto_msgTypes[109]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileAttrs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileAttrs) ProtoMessage() {}
+
+func (x *FileAttrs) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[109]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileAttrs.ProtoReflect.Descriptor instead.
+func (*FileAttrs) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{109}
+}
+
+func (x *FileAttrs) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *FileAttrs) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *FileAttrs) GetPermission() uint32 {
+	if x != nil && x.Permission != nil {
+		return *x.Permission
+	}
+	return 0
+}
+
+func (x *FileAttrs) GetMtimeUnixMs() int64 {
+	if x != nil {
+		return x.MtimeUnixMs
+	}
+	return 0
+}
+
+func (x *FileAttrs) GetAtimeUnixMs() int64 {
+	if x != nil {
+		return x.AtimeUnixMs
+	}
+	return 0
+}
+
+// SetFileAttrsRequest: set fields of attrs replace the stored ones; unset
+// (empty, 0, absent permission) stay.
+type SetFileAttrsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"` // "" = the volume itself
+	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`     // "" = the bucket itself
+	Attrs         *FileAttrs             `protobuf:"bytes,4,opt,name=attrs,proto3" json:"attrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetFileAttrsRequest) Reset() {
+	*x = SetFileAttrsRequest{}
+	mi := &file_meta_meta_proto_msgTypes[110]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetFileAttrsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetFileAttrsRequest) ProtoMessage() {}
+
+func (x *SetFileAttrsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[110]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetFileAttrsRequest.ProtoReflect.Descriptor instead.
+func (*SetFileAttrsRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{110}
+}
+
+func (x *SetFileAttrsRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *SetFileAttrsRequest) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *SetFileAttrsRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *SetFileAttrsRequest) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
+}
+
+type SetFileAttrsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Attrs         *FileAttrs             `protobuf:"bytes,1,opt,name=attrs,proto3" json:"attrs,omitempty"` // the stored attributes after the change
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetFileAttrsResponse) Reset() {
+	*x = SetFileAttrsResponse{}
+	mi := &file_meta_meta_proto_msgTypes[111]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetFileAttrsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetFileAttrsResponse) ProtoMessage() {}
+
+func (x *SetFileAttrsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[111]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetFileAttrsResponse.ProtoReflect.Descriptor instead.
+func (*SetFileAttrsResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{111}
+}
+
+func (x *SetFileAttrsResponse) GetAttrs() *FileAttrs {
+	if x != nil {
+		return x.Attrs
+	}
+	return nil
+}
+
 var File_meta_meta_proto protoreflect.FileDescriptor
 
 const file_meta_meta_proto_rawDesc = "" +
@@ -7908,14 +8166,16 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\fin_safe_mode\x18\x01 \x01(\bR\n" +
 	"inSafeMode\x12-\n" +
 	"\x12reported_datanodes\x18\x02 \x01(\rR\x11reportedDatanodes\x12-\n" +
-	"\x12required_datanodes\x18\x03 \x01(\rR\x11requiredDatanodes\"Z\n" +
+	"\x12required_datanodes\x18\x03 \x01(\rR\x11requiredDatanodes\"\x8c\x01\n" +
 	"\x06Volume\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12&\n" +
-	"\x0fcreated_unix_ms\x18\x03 \x01(\x03R\rcreatedUnixMs\"?\n" +
+	"\x0fcreated_unix_ms\x18\x03 \x01(\x03R\rcreatedUnixMs\x120\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"q\n" +
 	"\x13CreateVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05owner\x18\x02 \x01(\tR\x05owner\"&\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x120\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"&\n" +
 	"\x10GetVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"j\n" +
 	"\x12ListVolumesRequest\x12\x16\n" +
@@ -7928,7 +8188,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\")\n" +
 	"\x13DeleteVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
-	"\x14DeleteVolumeResponse\"\xf8\x01\n" +
+	"\x14DeleteVolumeResponse\"\xaa\x02\n" +
 	"\x06Bucket\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x0e\n" +
@@ -7936,13 +8196,15 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x06layout\x18\x04 \x01(\x0e2\x1c.basalt.meta.v1.BucketLayoutR\x06layout\x12=\n" +
 	"\vreplication\x18\x05 \x01(\x0e2\x1b.basalt.meta.v1.ReplicationR\vreplication\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x06 \x01(\x03R\rcreatedUnixMs\x12\x15\n" +
-	"\x05owner\x18\x8c\x01 \x01(\tR\x05owner\"\xcd\x01\n" +
+	"\x05owner\x18\x8c\x01 \x01(\tR\x05owner\x120\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"\xff\x01\n" +
 	"\x13CreateBucketRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x124\n" +
 	"\x06layout\x18\x03 \x01(\x0e2\x1c.basalt.meta.v1.BucketLayoutR\x06layout\x12=\n" +
 	"\vreplication\x18\x04 \x01(\x0e2\x1b.basalt.meta.v1.ReplicationR\vreplication\x12\x15\n" +
-	"\x05owner\x18\x8c\x01 \x01(\tR\x05owner\">\n" +
+	"\x05owner\x18\x8c\x01 \x01(\tR\x05owner\x120\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\">\n" +
 	"\x10GetBucketRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\"\x99\x01\n" +
@@ -7962,7 +8224,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x14DeleteBucketResponse\"K\n" +
 	"\bKeyBlock\x12'\n" +
 	"\x02id\x18\x01 \x01(\v2\x17.basalt.meta.v1.BlockIDR\x02id\x12\x16\n" +
-	"\x06length\x18\x02 \x01(\x04R\x06length\"\x9f\x04\n" +
+	"\x06length\x18\x02 \x01(\x04R\x06length\"\xd1\x04\n" +
 	"\aKeyInfo\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x12\n" +
@@ -7977,7 +8239,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	" \x03(\v2\x18.basalt.meta.v1.KeyBlockR\x06blocks\x12;\n" +
 	"\tlocations\x18\v \x03(\v2\x1d.basalt.meta.v1.BlockLocationR\tlocations\x12\x1b\n" +
 	"\tobject_id\x18\f \x01(\x04R\bobjectId\x12.\n" +
-	"\x04meta\x18\r \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\"\x97\x05\n" +
+	"\x04meta\x18\r \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\x120\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"\x97\x05\n" +
 	"\n" +
 	"ObjectMeta\x12\x12\n" +
 	"\x04etag\x18\x01 \x01(\tR\x04etag\x12!\n" +
@@ -8052,30 +8315,33 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x04keys\x18\x01 \x03(\v2\x17.basalt.meta.v1.KeyInfoR\x04keys\x12'\n" +
 	"\x0fcommon_prefixes\x18\x02 \x03(\tR\x0ecommonPrefixes\x12\x1c\n" +
 	"\ttruncated\x18\x03 \x01(\bR\ttruncated\x12(\n" +
-	"\x10next_start_after\x18\x04 \x01(\tR\x0enextStartAfter\"m\n" +
+	"\x10next_start_after\x18\x04 \x01(\tR\x0enextStartAfter\"\x8c\x01\n" +
 	"\x10RenameKeyRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12\x17\n" +
-	"\anew_key\x18\x04 \x01(\tR\x06newKey\"\x13\n" +
+	"\anew_key\x18\x04 \x01(\tR\x06newKey\x12\x1d\n" +
+	"\toverwrite\x18\xdc\x01 \x01(\bR\toverwrite\"\x13\n" +
 	"\x11RenameKeyResponse\"r\n" +
 	"\x10DeleteKeyRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12\x1c\n" +
 	"\trecursive\x18\x04 \x01(\bR\trecursive\"\x13\n" +
-	"\x11DeleteKeyResponse\"\xa5\x01\n" +
+	"\x11DeleteKeyResponse\"\xd7\x01\n" +
 	"\n" +
 	"FileStatus\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x15\n" +
 	"\x06is_dir\x18\x02 \x01(\bR\x05isDir\x12\x15\n" +
 	"\x06dir_id\x18\x03 \x01(\x04R\x05dirId\x12+\n" +
 	"\x04file\x18\x04 \x01(\v2\x17.basalt.meta.v1.KeyInfoR\x04file\x12(\n" +
-	"\x10modified_unix_ms\x18\x05 \x01(\x03R\x0emodifiedUnixMs\"\\\n" +
+	"\x10modified_unix_ms\x18\x05 \x01(\x03R\x0emodifiedUnixMs\x120\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"\x8e\x01\n" +
 	"\x16CreateDirectoryRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x12\n" +
-	"\x04path\x18\x03 \x01(\tR\x04path\"Z\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\x120\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"Z\n" +
 	"\x14GetFileStatusRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x12\n" +
@@ -8195,7 +8461,23 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x0fKeyPrecondition\x12#\n" +
 	"\rexpect_absent\x18\x01 \x01(\bR\fexpectAbsent\x12\x1f\n" +
 	"\vexpect_etag\x18\x02 \x01(\tR\n" +
-	"expectEtag*>\n" +
+	"expectEtag\"\xb3\x01\n" +
+	"\tFileAttrs\x12\x14\n" +
+	"\x05owner\x18\x01 \x01(\tR\x05owner\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12#\n" +
+	"\n" +
+	"permission\x18\x03 \x01(\rH\x00R\n" +
+	"permission\x88\x01\x01\x12\"\n" +
+	"\rmtime_unix_ms\x18\x04 \x01(\x03R\vmtimeUnixMs\x12\"\n" +
+	"\ratime_unix_ms\x18\x05 \x01(\x03R\vatimeUnixMsB\r\n" +
+	"\v_permission\"\x8a\x01\n" +
+	"\x13SetFileAttrsRequest\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
+	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x12\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\x12/\n" +
+	"\x05attrs\x18\x04 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"G\n" +
+	"\x14SetFileAttrsResponse\x12/\n" +
+	"\x05attrs\x18\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs*>\n" +
 	"\vReplication\x12\x1b\n" +
 	"\x17REPLICATION_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03ONE\x10\x01\x12\t\n" +
@@ -8253,7 +8535,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\vGetSafeMode\x12\".basalt.meta.v1.GetSafeModeRequest\x1a#.basalt.meta.v1.GetSafeModeResponse\x12k\n" +
 	"\x12GetContainerHealth\x12).basalt.meta.v1.GetContainerHealthRequest\x1a*.basalt.meta.v1.GetContainerHealthResponse\x12k\n" +
 	"\x12SetDatanodeOpState\x12).basalt.meta.v1.SetDatanodeOpStateRequest\x1a*.basalt.meta.v1.SetDatanodeOpStateResponse\x12q\n" +
-	"\x14GetContainerReplicas\x12+.basalt.meta.v1.GetContainerReplicasRequest\x1a,.basalt.meta.v1.GetContainerReplicasResponse2\xd8\x12\n" +
+	"\x14GetContainerReplicas\x12+.basalt.meta.v1.GetContainerReplicasRequest\x1a,.basalt.meta.v1.GetContainerReplicasResponse2\xb3\x13\n" +
 	"\tNamespace\x12K\n" +
 	"\fCreateVolume\x12#.basalt.meta.v1.CreateVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12E\n" +
 	"\tGetVolume\x12 .basalt.meta.v1.GetVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12V\n" +
@@ -8284,7 +8566,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x14ListMultipartUploads\x12+.basalt.meta.v1.ListMultipartUploadsRequest\x1a,.basalt.meta.v1.ListMultipartUploadsResponse\x12Q\n" +
 	"\x0eCreateS3Secret\x12%.basalt.meta.v1.CreateS3SecretRequest\x1a\x18.basalt.meta.v1.S3Secret\x12K\n" +
 	"\vGetS3Secret\x12\".basalt.meta.v1.GetS3SecretRequest\x1a\x18.basalt.meta.v1.S3Secret\x12_\n" +
-	"\x0eDeleteS3Secret\x12%.basalt.meta.v1.DeleteS3SecretRequest\x1a&.basalt.meta.v1.DeleteS3SecretResponseB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
+	"\x0eDeleteS3Secret\x12%.basalt.meta.v1.DeleteS3SecretRequest\x1a&.basalt.meta.v1.DeleteS3SecretResponse\x12Y\n" +
+	"\fSetFileAttrs\x12#.basalt.meta.v1.SetFileAttrsRequest\x1a$.basalt.meta.v1.SetFileAttrsResponseB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
 
 var (
 	file_meta_meta_proto_rawDescOnce sync.Once
@@ -8299,7 +8582,7 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 113)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 116)
 var file_meta_meta_proto_goTypes = []any{
 	(Replication)(0),                       // 0: basalt.meta.v1.Replication
 	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
@@ -8418,10 +8701,13 @@ var file_meta_meta_proto_goTypes = []any{
 	(*DeleteS3SecretRequest)(nil),          // 114: basalt.meta.v1.DeleteS3SecretRequest
 	(*DeleteS3SecretResponse)(nil),         // 115: basalt.meta.v1.DeleteS3SecretResponse
 	(*KeyPrecondition)(nil),                // 116: basalt.meta.v1.KeyPrecondition
-	nil,                                    // 117: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	nil,                                    // 118: basalt.meta.v1.ObjectMeta.UserEntry
-	nil,                                    // 119: basalt.meta.v1.ObjectMeta.TagsEntry
-	nil,                                    // 120: basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	(*FileAttrs)(nil),                      // 117: basalt.meta.v1.FileAttrs
+	(*SetFileAttrsRequest)(nil),            // 118: basalt.meta.v1.SetFileAttrsRequest
+	(*SetFileAttrsResponse)(nil),           // 119: basalt.meta.v1.SetFileAttrsResponse
+	nil,                                    // 120: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	nil,                                    // 121: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 122: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 123: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
 	4,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
@@ -8478,141 +8764,152 @@ var file_meta_meta_proto_depIdxs = []int32{
 	13,  // 51: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
 	14,  // 52: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
 	4,   // 53: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
-	117, // 54: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	120, // 54: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
 	59,  // 55: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
 	60,  // 56: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
-	63,  // 57: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
-	5,   // 58: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 59: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
-	5,   // 60: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 61: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
-	70,  // 62: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
-	15,  // 63: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
-	0,   // 64: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
-	6,   // 65: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	77,  // 66: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	16,  // 67: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
-	79,  // 68: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
-	118, // 69: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
-	119, // 70: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
-	120, // 71: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
-	0,   // 72: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
-	6,   // 73: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	17,  // 74: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	16,  // 75: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	17,  // 76: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	16,  // 77: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
-	77,  // 78: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
-	79,  // 79: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	85,  // 80: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	116, // 81: basalt.meta.v1.CommitKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	78,  // 82: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
-	78,  // 83: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
-	93,  // 84: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
-	79,  // 85: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	79,  // 86: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	85,  // 87: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	116, // 88: basalt.meta.v1.CopyKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	79,  // 89: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 90: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
-	79,  // 91: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 92: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
-	102, // 93: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
-	116, // 94: basalt.meta.v1.CompleteMultipartUploadRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	77,  // 95: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	6,   // 96: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	100, // 97: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
-	106, // 98: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
-	100, // 99: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
-	24,  // 100: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	26,  // 101: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	37,  // 102: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	39,  // 103: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	47,  // 104: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	42,  // 105: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	44,  // 106: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	50,  // 107: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	53,  // 108: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	55,  // 109: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	57,  // 110: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	58,  // 111: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
-	18,  // 112: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
-	20,  // 113: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
-	64,  // 114: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	65,  // 115: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	66,  // 116: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	68,  // 117: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	71,  // 118: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	72,  // 119: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	73,  // 120: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	75,  // 121: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	80,  // 122: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	82,  // 123: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	84,  // 124: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	86,  // 125: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	87,  // 126: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	89,  // 127: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	91,  // 128: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	94,  // 129: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	95,  // 130: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	96,  // 131: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	98,  // 132: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	99,  // 133: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
-	101, // 134: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	103, // 135: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	104, // 136: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	107, // 137: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	109, // 138: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	112, // 139: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	113, // 140: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	114, // 141: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	25,  // 142: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	29,  // 143: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	38,  // 144: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	41,  // 145: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	48,  // 146: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	43,  // 147: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	46,  // 148: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	52,  // 149: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	54,  // 150: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	56,  // 151: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	62,  // 152: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	61,  // 153: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
-	19,  // 154: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
-	23,  // 155: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
-	63,  // 156: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	63,  // 157: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	67,  // 158: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	69,  // 159: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	70,  // 160: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	70,  // 161: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	74,  // 162: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	76,  // 163: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	81,  // 164: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	83,  // 165: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	78,  // 166: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	78,  // 167: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	88,  // 168: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	90,  // 169: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	92,  // 170: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	93,  // 171: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	93,  // 172: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	97,  // 173: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	78,  // 174: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	78,  // 175: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
-	100, // 176: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	78,  // 177: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	105, // 178: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	108, // 179: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	110, // 180: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	111, // 181: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	111, // 182: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	115, // 183: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	142, // [142:184] is the sub-list for method output_type
-	100, // [100:142] is the sub-list for method input_type
-	100, // [100:100] is the sub-list for extension type_name
-	100, // [100:100] is the sub-list for extension extendee
-	0,   // [0:100] is the sub-list for field type_name
+	117, // 57: basalt.meta.v1.Volume.attrs:type_name -> basalt.meta.v1.FileAttrs
+	117, // 58: basalt.meta.v1.CreateVolumeRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	63,  // 59: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
+	5,   // 60: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 61: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
+	117, // 62: basalt.meta.v1.Bucket.attrs:type_name -> basalt.meta.v1.FileAttrs
+	5,   // 63: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 64: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
+	117, // 65: basalt.meta.v1.CreateBucketRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	70,  // 66: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
+	15,  // 67: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
+	0,   // 68: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 69: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	77,  // 70: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	16,  // 71: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
+	79,  // 72: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
+	117, // 73: basalt.meta.v1.KeyInfo.attrs:type_name -> basalt.meta.v1.FileAttrs
+	121, // 74: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	122, // 75: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	123, // 76: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	0,   // 77: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 78: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	17,  // 79: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	16,  // 80: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	17,  // 81: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	16,  // 82: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
+	77,  // 83: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
+	79,  // 84: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	85,  // 85: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	116, // 86: basalt.meta.v1.CommitKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	78,  // 87: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
+	78,  // 88: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
+	117, // 89: basalt.meta.v1.FileStatus.attrs:type_name -> basalt.meta.v1.FileAttrs
+	117, // 90: basalt.meta.v1.CreateDirectoryRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	93,  // 91: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
+	79,  // 92: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	79,  // 93: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	85,  // 94: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	116, // 95: basalt.meta.v1.CopyKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	79,  // 96: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 97: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
+	79,  // 98: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 99: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
+	102, // 100: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
+	116, // 101: basalt.meta.v1.CompleteMultipartUploadRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	77,  // 102: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	6,   // 103: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	100, // 104: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
+	106, // 105: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
+	100, // 106: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
+	117, // 107: basalt.meta.v1.SetFileAttrsRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	117, // 108: basalt.meta.v1.SetFileAttrsResponse.attrs:type_name -> basalt.meta.v1.FileAttrs
+	24,  // 109: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	26,  // 110: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	37,  // 111: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	39,  // 112: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	47,  // 113: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	42,  // 114: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	44,  // 115: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	50,  // 116: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	53,  // 117: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	55,  // 118: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	57,  // 119: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	58,  // 120: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
+	18,  // 121: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
+	20,  // 122: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
+	64,  // 123: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	65,  // 124: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	66,  // 125: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	68,  // 126: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	71,  // 127: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	72,  // 128: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	73,  // 129: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	75,  // 130: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	80,  // 131: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	82,  // 132: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	84,  // 133: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	86,  // 134: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	87,  // 135: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	89,  // 136: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	91,  // 137: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	94,  // 138: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	95,  // 139: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	96,  // 140: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	98,  // 141: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	99,  // 142: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	101, // 143: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	103, // 144: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	104, // 145: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	107, // 146: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	109, // 147: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	112, // 148: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	113, // 149: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	114, // 150: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	118, // 151: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
+	25,  // 152: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	29,  // 153: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	38,  // 154: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	41,  // 155: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	48,  // 156: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	43,  // 157: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	46,  // 158: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	52,  // 159: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	54,  // 160: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	56,  // 161: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	62,  // 162: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	61,  // 163: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
+	19,  // 164: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
+	23,  // 165: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
+	63,  // 166: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	63,  // 167: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	67,  // 168: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	69,  // 169: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	70,  // 170: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	70,  // 171: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	74,  // 172: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	76,  // 173: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	81,  // 174: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	83,  // 175: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	78,  // 176: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	78,  // 177: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	88,  // 178: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	90,  // 179: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	92,  // 180: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	93,  // 181: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	93,  // 182: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	97,  // 183: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	78,  // 184: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	78,  // 185: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	100, // 186: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	78,  // 187: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	105, // 188: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	108, // 189: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	110, // 190: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	111, // 191: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	111, // 192: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	115, // 193: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	119, // 194: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
+	152, // [152:195] is the sub-list for method output_type
+	109, // [109:152] is the sub-list for method input_type
+	109, // [109:109] is the sub-list for extension type_name
+	109, // [109:109] is the sub-list for extension extendee
+	0,   // [0:109] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -8628,13 +8925,14 @@ func file_meta_meta_proto_init() {
 		(*DatanodeCommand_ReplicateContainer)(nil),
 		(*DatanodeCommand_DeleteContainer)(nil),
 	}
+	file_meta_meta_proto_msgTypes[109].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   113,
+			NumMessages:   116,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -669,6 +669,7 @@ const (
 	Namespace_CreateS3Secret_FullMethodName          = "/basalt.meta.v1.Namespace/CreateS3Secret"
 	Namespace_GetS3Secret_FullMethodName             = "/basalt.meta.v1.Namespace/GetS3Secret"
 	Namespace_DeleteS3Secret_FullMethodName          = "/basalt.meta.v1.Namespace/DeleteS3Secret"
+	Namespace_SetFileAttrs_FullMethodName            = "/basalt.meta.v1.Namespace/SetFileAttrs"
 )
 
 // NamespaceClient is the client API for Namespace service.
@@ -716,6 +717,10 @@ type NamespaceClient interface {
 	CreateS3Secret(ctx context.Context, in *CreateS3SecretRequest, opts ...grpc.CallOption) (*S3Secret, error)
 	GetS3Secret(ctx context.Context, in *GetS3SecretRequest, opts ...grpc.CallOption) (*S3Secret, error)
 	DeleteS3Secret(ctx context.Context, in *DeleteS3SecretRequest, opts ...grpc.CallOption) (*DeleteS3SecretResponse, error)
+	// SetFileAttrs changes the owner, group, permission or times of a file
+	// or directory of an fs bucket, of a bucket (path "") or of a volume
+	// (bucket ""), in one Raft apply.
+	SetFileAttrs(ctx context.Context, in *SetFileAttrsRequest, opts ...grpc.CallOption) (*SetFileAttrsResponse, error)
 }
 
 type namespaceClient struct {
@@ -1006,6 +1011,16 @@ func (c *namespaceClient) DeleteS3Secret(ctx context.Context, in *DeleteS3Secret
 	return out, nil
 }
 
+func (c *namespaceClient) SetFileAttrs(ctx context.Context, in *SetFileAttrsRequest, opts ...grpc.CallOption) (*SetFileAttrsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetFileAttrsResponse)
+	err := c.cc.Invoke(ctx, Namespace_SetFileAttrs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NamespaceServer is the server API for Namespace service.
 // All implementations must embed UnimplementedNamespaceServer
 // for forward compatibility.
@@ -1051,6 +1066,10 @@ type NamespaceServer interface {
 	CreateS3Secret(context.Context, *CreateS3SecretRequest) (*S3Secret, error)
 	GetS3Secret(context.Context, *GetS3SecretRequest) (*S3Secret, error)
 	DeleteS3Secret(context.Context, *DeleteS3SecretRequest) (*DeleteS3SecretResponse, error)
+	// SetFileAttrs changes the owner, group, permission or times of a file
+	// or directory of an fs bucket, of a bucket (path "") or of a volume
+	// (bucket ""), in one Raft apply.
+	SetFileAttrs(context.Context, *SetFileAttrsRequest) (*SetFileAttrsResponse, error)
 	mustEmbedUnimplementedNamespaceServer()
 }
 
@@ -1144,6 +1163,9 @@ func (UnimplementedNamespaceServer) GetS3Secret(context.Context, *GetS3SecretReq
 }
 func (UnimplementedNamespaceServer) DeleteS3Secret(context.Context, *DeleteS3SecretRequest) (*DeleteS3SecretResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method DeleteS3Secret not implemented")
+}
+func (UnimplementedNamespaceServer) SetFileAttrs(context.Context, *SetFileAttrsRequest) (*SetFileAttrsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetFileAttrs not implemented")
 }
 func (UnimplementedNamespaceServer) mustEmbedUnimplementedNamespaceServer() {}
 func (UnimplementedNamespaceServer) testEmbeddedByValue()                   {}
@@ -1670,6 +1692,24 @@ func _Namespace_DeleteS3Secret_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Namespace_SetFileAttrs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetFileAttrsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).SetFileAttrs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_SetFileAttrs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).SetFileAttrs(ctx, req.(*SetFileAttrsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Namespace_ServiceDesc is the grpc.ServiceDesc for Namespace service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1788,6 +1828,10 @@ var Namespace_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteS3Secret",
 			Handler:    _Namespace_DeleteS3Secret_Handler,
+		},
+		{
+			MethodName: "SetFileAttrs",
+			Handler:    _Namespace_SetFileAttrs_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -287,7 +287,7 @@ func (s *State) GetFileStatus(req *metapb.GetFileStatusRequest) (*metapb.FileSta
 			return err
 		}
 		if len(parts) == 0 {
-			fs = &metapb.FileStatus{Path: "", IsDir: true, DirId: 0, ModifiedUnixMs: b.CreatedUnixMs}
+			fs = &metapb.FileStatus{Path: "", IsDir: true, DirId: 0, ModifiedUnixMs: b.CreatedUnixMs, Attrs: b.Attrs}
 			return nil
 		}
 		_, e, err := resolve(r, b, parts, req.Path)
@@ -304,7 +304,7 @@ func (s *State) GetFileStatus(req *metapb.GetFileStatusRequest) (*metapb.FileSta
 }
 
 func entryStatus(path string, e *metapb.FsEntry) *metapb.FileStatus {
-	fs := &metapb.FileStatus{Path: path, IsDir: e.IsDir, DirId: e.DirId, ModifiedUnixMs: e.ModifiedUnixMs}
+	fs := &metapb.FileStatus{Path: path, IsDir: e.IsDir, DirId: e.DirId, ModifiedUnixMs: e.ModifiedUnixMs, Attrs: entryAttrs(e)}
 	if e.File != nil {
 		f := proto.Clone(e.File).(*metapb.KeyInfo)
 		f.Blocks = nil

@@ -346,6 +346,8 @@ func (t *tx) apply(cmd *metapb.NsCommand) any {
 		return t.deleteS3Secret(op.DeleteS3Secret)
 	case *metapb.NsCommand_CopyKey:
 		return t.copyKey(op.CopyKey)
+	case *metapb.NsCommand_SetFileAttrs:
+		return t.setFileAttrs(op.SetFileAttrs)
 	default:
 		return fmt.Errorf("namespace: unknown command %T", cmd.Op)
 	}
@@ -358,10 +360,13 @@ func (t *tx) createVolume(req *metapb.CreateVolumeRequest) any {
 	if len(req.Owner) > MaxOwnerBytes {
 		return invalid("volume %q: owner is %d bytes, at most %d", req.Name, len(req.Owner), MaxOwnerBytes)
 	}
+	if err := validateAttrs(req.Attrs); err != nil {
+		return err
+	}
 	if t.get(volumeKey(req.Name), &metapb.Volume{}) {
 		return status.Errorf(codes.AlreadyExists, "volume %q already exists", req.Name)
 	}
-	v := &metapb.Volume{Name: req.Name, Owner: req.Owner, CreatedUnixMs: t.now}
+	v := &metapb.Volume{Name: req.Name, Owner: req.Owner, CreatedUnixMs: t.now, Attrs: req.Attrs}
 	t.put(volumeKey(req.Name), v)
 	return v
 }
@@ -403,6 +408,9 @@ func (t *tx) createBucket(req *metapb.CreateBucketRequest) any {
 	if len(req.Owner) > MaxOwnerBytes {
 		return invalid("bucket %q: owner is %d bytes, at most %d", req.Name, len(req.Owner), MaxOwnerBytes)
 	}
+	if err := validateAttrs(req.Attrs); err != nil {
+		return err
+	}
 	if !t.get(volumeKey(req.Volume), &metapb.Volume{}) {
 		return notFound("volume %q not found", req.Volume)
 	}
@@ -410,7 +418,7 @@ func (t *tx) createBucket(req *metapb.CreateBucketRequest) any {
 		return status.Errorf(codes.AlreadyExists, "bucket %q already exists in volume %q", req.Name, req.Volume)
 	}
 	b := &metapb.Bucket{Volume: req.Volume, Name: req.Name, Id: t.s.nextBucket, Layout: layout, Replication: repl, CreatedUnixMs: t.now,
-		Owner: req.Owner}
+		Owner: req.Owner, Attrs: req.Attrs}
 	t.s.nextBucket++
 	t.put(bucketKey(req.Volume, req.Name), b)
 	t.bucketsChanged = true
@@ -671,25 +679,6 @@ func (t *tx) mkdirs(b *metapb.Bucket, parts []string, create bool) (uint64, erro
 	return parent, nil
 }
 
-func (t *tx) createDirectory(req *metapb.CreateDirectoryRequest) any {
-	b, err := t.bucket(req.Volume, req.Bucket)
-	if err != nil {
-		return err
-	}
-	if b.Layout != metapb.BucketLayout_FS {
-		return status.Errorf(codes.FailedPrecondition, "bucket %q in volume %q has layout OBJECT; directories need an FS bucket", req.Bucket, req.Volume)
-	}
-	parts, err := SplitPath(req.Path, false)
-	if err != nil {
-		return err
-	}
-	id, err := t.mkdirs(b, parts, true)
-	if err != nil {
-		return err
-	}
-	return &metapb.FileStatus{Path: req.Path, IsDir: true, DirId: id, ModifiedUnixMs: t.now}
-}
-
 func (t *tx) renameKey(req *metapb.RenameKeyRequest) any {
 	b, err := t.bucket(req.Volume, req.Bucket)
 	if err != nil {
@@ -706,8 +695,12 @@ func (t *tx) renameKey(req *metapb.RenameKeyRequest) any {
 		if !t.get(objKey(b.Id, req.Key), ki) {
 			return notFound("key %q not found in bucket %q", req.Key, req.Bucket)
 		}
-		if t.get(objKey(b.Id, req.NewKey), &metapb.KeyInfo{}) {
-			return status.Errorf(codes.AlreadyExists, "rename %q: destination key %q exists in bucket %q", req.Key, req.NewKey, req.Bucket)
+		old := &metapb.KeyInfo{}
+		if t.get(objKey(b.Id, req.NewKey), old) {
+			if !req.Overwrite {
+				return status.Errorf(codes.AlreadyExists, "rename %q: destination key %q exists in bucket %q", req.Key, req.NewKey, req.Bucket)
+			}
+			t.release(keyBlockIDs(old), "overwritten by rename: "+req.NewKey)
 		}
 		ki.Name = req.NewKey
 		ki.ModifiedUnixMs = t.now
@@ -735,7 +728,12 @@ func (t *tx) renameKey(req *metapb.RenameKeyRequest) any {
 		return err
 	}
 	if de != nil {
-		return status.Errorf(codes.AlreadyExists, "rename %q: destination %q exists in bucket %q", req.Key, req.NewKey, req.Bucket)
+		if !req.Overwrite {
+			return status.Errorf(codes.AlreadyExists, "rename %q: destination %q exists in bucket %q", req.Key, req.NewKey, req.Bucket)
+		}
+		if err := t.replaceForRename(b, req, se, de); err != nil {
+			return err
+		}
 	}
 	// A directory moves as one row: its children are keyed by its id.
 	se.ModifiedUnixMs = t.now

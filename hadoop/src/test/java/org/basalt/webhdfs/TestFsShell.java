@@ -172,9 +172,18 @@ public class TestFsShell {
     // Same replication: fine; another: Basalt cannot re-replicate a file.
     ok("-setrep", "3", base + "/moved/empty");
     assertTrue("setrep 1 must fail", run("-setrep", "1", base + "/moved/empty") != 0);
-    // Directories have no attribute storage yet: chmod of one fails
-    // visibly rather than pretending.
-    assertTrue("chmod of a directory must fail", run("-chmod", "700", base + "/moved/sub") != 0);
+    // Directories keep owners and permissions too (-chmod -R and -chown -R
+    // walk the tree), and -ls -d shows them.
+    ok("-chmod", "-R", "750", base + "/moved/sub");
+    ok("-chown", "-R", "bob:eng", base + "/moved/sub");
+    ok("-ls", "-d", base + "/moved/sub");
+    assertTrue(out, out.startsWith("drwxr-x---"));
+    assertTrue(out, out.contains("bob eng"));
+    // -mkdir records the caller as the owner (user.name of the JVM's user).
+    ok("-mkdir", base + "/moved/mine");
+    ok("-ls", "-d", base + "/moved/mine");
+    assertTrue(out, out.startsWith("drwxr-xr-x"));
+    assertTrue(out, out.contains(" " + System.getProperty("user.name") + " "));
   }
 
   @Test
