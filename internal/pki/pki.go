@@ -68,7 +68,9 @@ type Identity struct {
 func (id Identity) String() string { return scheme + "://" + string(id.Role) + "/" + id.ID }
 
 // URI is the identity as a certificate's URI SAN.
-func (id Identity) URI() *url.URL { return &url.URL{Scheme: scheme, Host: string(id.Role), Path: "/" + id.ID} }
+func (id Identity) URI() *url.URL {
+	return &url.URL{Scheme: scheme, Host: string(id.Role), Path: "/" + id.ID}
+}
 
 // Validate checks the role and that the ID is a plain name (letters,
 // digits, '-', '_', '.').
