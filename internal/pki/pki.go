@@ -36,6 +36,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -466,4 +467,24 @@ func PeerIdentity(cs *tls.ConnectionState) (Identity, error) {
 		return Identity{}, errors.New("pki: the peer presented no certificate")
 	}
 	return IdentityOf(cs.PeerCertificates[0])
+}
+
+// AuthenticateNodeID is the raft transport's check for nodes whose
+// certificate ID is their raft node ID (meta nodes): the verified peer
+// certificate must have role and ID id, and known(id) must hold (so a
+// certificate of a node that is not a member opens nothing).
+func AuthenticateNodeID(role Role, known func(id uint64) bool) func(id uint64, cs *tls.ConnectionState) error {
+	return func(id uint64, cs *tls.ConnectionState) error {
+		pid, err := PeerIdentity(cs)
+		if err != nil {
+			return err
+		}
+		if pid.Role != role || pid.ID != strconv.FormatUint(id, 10) {
+			return fmt.Errorf("pki: certificate of %s, not of %s node %d", pid, role, id)
+		}
+		if !known(id) {
+			return fmt.Errorf("pki: %s node %d is not a member", role, id)
+		}
+		return nil
+	}
 }
