@@ -60,7 +60,9 @@ func (e *secureEnv) issue(t *testing.T, ca *pki.CA, role pki.Role, id string) *p
 	return c
 }
 
-func (e *secureEnv) transport(id uint64) *TCPTransport { return e.c.hosts[id].transport.(*TCPTransport) }
+func (e *secureEnv) transport(id uint64) *TCPTransport {
+	return e.c.hosts[id].transport.(*TCPTransport)
+}
 
 // attack connects to host 1 (TLS with cfg, or plaintext if nil), sends a
 // hello claiming node from and then frame; it returns once host 1 closed

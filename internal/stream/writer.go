@@ -1,8 +1,8 @@
 package stream
 
 import (
-	"crypto/tls"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
