@@ -321,6 +321,16 @@ func (c *Cluster) ClientCredentials() *pki.Credentials {
 	return cr
 }
 
+// ClientTLSDir is the TLS directory of ClientCredentials ("" when
+// Insecure): what `basalt dev` tells the CLI to use.
+func (c *Cluster) ClientTLSDir() string {
+	if c.pki == nil {
+		return ""
+	}
+	c.ClientCredentials()
+	return c.pki.DirOf(ClientID)
+}
+
 // MetaDialOption authenticates a gRPC connection to the metadata service
 // with ClientCredentials.
 func (c *Cluster) MetaDialOption() grpc.DialOption {

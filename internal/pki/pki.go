@@ -431,6 +431,9 @@ func (c *Credentials) ClientTLS(roles ...Role) *tls.Config {
 		// The chain is verified in VerifyConnection, against the cluster
 		// CA and without a host name.
 		InsecureSkipVerify: true,
+		// Resumed sessions skip the signatures of a full handshake (a V2
+		// stream is a new connection per block).
+		ClientSessionCache: tls.NewLRUClientSessionCache(256),
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			if len(cs.PeerCertificates) == 0 {
 				return errors.New("pki: the server sent no certificate")
