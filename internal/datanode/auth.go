@@ -32,16 +32,18 @@ import (
 const peerRefreshEvery = time.Second
 
 // knownPeer returns what SCM registered for datanode id, asking SCM again
-// if it is not known (rate-limited).
-func (d *Datanode) knownPeer(id uint64) (*metapb.DatanodeDetails, bool) {
+// (rate-limited) if it is not known or what is known does not pass check
+// (a datanode that restarted on other ports).
+func (d *Datanode) knownPeer(id uint64, check func(*metapb.DatanodeDetails) bool) (*metapb.DatanodeDetails, bool) {
 	d.mu.Lock()
 	p, ok := d.peers[id]
+	good := ok && (check == nil || check(p))
 	stale := time.Since(d.peersRefreshed) > peerRefreshEvery
-	if !ok && stale {
+	if !good && stale {
 		d.peersRefreshed = time.Now()
 	}
 	d.mu.Unlock()
-	if ok || !stale {
+	if good || !stale {
 		return p, ok
 	}
 	d.refreshPeers()
@@ -60,7 +62,7 @@ func (d *Datanode) isPeer(id uint64, cs *tls.ConnectionState) error {
 	if pid.Role != pki.RoleDatanode {
 		return fmt.Errorf("%s is not a datanode", pid)
 	}
-	p, ok := d.knownPeer(id)
+	p, ok := d.knownPeer(id, nil)
 	if !ok {
 		return fmt.Errorf("datanode %d is not registered with SCM", id)
 	}
@@ -92,7 +94,7 @@ func (d *Datanode) streamSecurity() *stream.Security {
 			return err
 		},
 		Target: func(t stream.Target) error {
-			p, ok := d.knownPeer(t.ID)
+			p, ok := d.knownPeer(t.ID, func(p *metapb.DatanodeDetails) bool { return p.GetStreamAddr() == t.Addr })
 			if !ok {
 				return fmt.Errorf("route names datanode %d, which SCM has not registered", t.ID)
 			}
