@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/storage"
 )
 
@@ -126,6 +128,12 @@ type Config struct {
 	OnStream func(StreamInfo)
 	// DialOptions are added to the datanode and meta connections.
 	DialOptions []grpc.DialOption
+	// Credentials are the client's certificate and the cluster CA
+	// (LoadCredentials): every connection to the metadata service and to
+	// datanodes (gRPC and V2 streams) is mutual TLS, and the servers are
+	// checked to be meta nodes and datanodes of the cluster. Nil:
+	// plaintext, which the servers of a secured cluster refuse.
+	Credentials *pki.Credentials
 	// ServiceToken is the cluster service token, sent to the metadata
 	// service only (never to datanodes). Only callers of the S3 secret
 	// RPCs need it: S3 gateways and admin tools.
@@ -240,6 +248,8 @@ type Client struct {
 	scm  metapb.ScmClient
 	dns  *dnPool
 	log  *slog.Logger
+	// streamTLS authenticates V2 streams (nil: plaintext).
+	streamTLS *tls.Config
 
 	leadersMu sync.Mutex
 	leaders   map[uint64]string // pipeline ID → leader address last seen
@@ -267,17 +277,25 @@ func New(cfg Config) (*Client, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	mc, err := metaclient.New(metaclient.Config{Addrs: cfg.MetaAddrs, CallTimeout: cfg.MetaCallTimeout, DialOptions: cfg.DialOptions,
+	metaOpts, dnOpts := cfg.DialOptions, cfg.DialOptions
+	if cfg.Credentials != nil {
+		metaOpts = append([]grpc.DialOption{cfg.Credentials.GRPCDialOption(pki.RoleMeta)}, cfg.DialOptions...)
+		dnOpts = append([]grpc.DialOption{cfg.Credentials.GRPCDialOption(pki.RoleDatanode)}, cfg.DialOptions...)
+	}
+	mc, err := metaclient.New(metaclient.Config{Addrs: cfg.MetaAddrs, CallTimeout: cfg.MetaCallTimeout, DialOptions: metaOpts,
 		ServiceToken: cfg.ServiceToken, ProbeAfter: cfg.ProbeAfter, ProbeTimeout: cfg.ProbeTimeout})
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
 	c := &Client{
 		cfg: cfg, meta: mc, ns: mc.Namespace, scm: mc.Scm, log: cfg.Logger,
-		dns:     newDNPool(cfg.MaxMsgBytes, cfg.DialOptions),
+		dns:     newDNPool(cfg.MaxMsgBytes, dnOpts),
 		leaders: map[uint64]string{},
 		excl:    newSharedExclude(cfg.ExcludeFor),
 		prober:  metaclient.NewProber(metaclient.ProberConfig{ProbeAfter: cfg.ProbeAfter, ProbeTimeout: cfg.ProbeTimeout}),
+	}
+	if cfg.Credentials != nil && !cfg.Credentials.IsInsecure() {
+		c.streamTLS = cfg.Credentials.ClientTLS(pki.RoleDatanode)
 	}
 	c.reportCorrupt = func(ctx context.Context, r CorruptReport) error {
 		c.log.Warn("basalt client: corrupt replica, reporting to SCM",
@@ -608,3 +626,7 @@ func (c *Client) DeleteBucket(ctx context.Context, volume, name string) error {
 	_, err := c.ns.DeleteBucket(ctx, &metapb.DeleteBucketRequest{Volume: volume, Name: name})
 	return wrapErr(fmt.Sprintf("delete bucket /%s/%s", volume, name), err)
 }
+
+// LoadCredentials reads a TLS directory (ca.pem, cert.pem, key.pem; see
+// `basalt admin ca issue`) for Config.Credentials.
+func LoadCredentials(dir string) (*pki.Credentials, error) { return pki.Load(dir) }

@@ -32,7 +32,8 @@ const (
 func testClient(t *testing.T, fc *fakeCluster, mod func(*Config)) *Client {
 	t.Helper()
 	cfg := Config{MetaAddrs: []string{fc.meta.GRPCAddr()}, Location: "/dc1/rack1", ChunkSize: tChunk, BytesPerChecksum: tBPC,
-		MaxBufferBytes: tBuf, MaxInflightChunks: 4, WaitAllTimeout: 2 * time.Second, RPCTimeout: 5 * time.Second, Logger: quiet}
+		MaxBufferBytes: tBuf, MaxInflightChunks: 4, WaitAllTimeout: 2 * time.Second, RPCTimeout: 5 * time.Second, Logger: quiet,
+		Credentials: clientCreds()}
 	if mod != nil {
 		mod(&cfg)
 	}

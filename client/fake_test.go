@@ -22,6 +22,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/storage"
 )
 
@@ -36,12 +37,13 @@ type bkey struct{ c, l uint64 }
 
 type fakeDN struct {
 	datanodepb.UnimplementedDatanodeServer
-	fc   *fakeCluster
-	id   uint64
-	loc  string
-	addr string
-	lis  net.Listener
-	srv  *grpc.Server
+	fc    *fakeCluster
+	id    uint64
+	loc   string
+	addr  string
+	lis   net.Listener
+	srv   *grpc.Server
+	creds *pki.Credentials
 
 	mu      sync.Mutex
 	down    bool
@@ -79,10 +81,31 @@ type fakeCluster struct {
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
+// testCA signs the certificates of the fake clusters: the meta node's,
+// each fake datanode's and the clients'.
+var testCA = sync.OnceValue(func() *pki.CA {
+	ca, err := pki.NewCA("client test CA")
+	if err != nil {
+		panic(err)
+	}
+	return ca
+})
+
+func testCreds(role pki.Role, id string) *pki.Credentials {
+	c, err := testCA().Issue(pki.Identity{Role: role, ID: id}, time.Hour)
+	if err != nil {
+		panic(err)
+	}
+	return c
+}
+
+// clientCreds are the test clients' certificate.
+var clientCreds = sync.OnceValue(func() *pki.Credentials { return testCreds(pki.RoleClient, "test") })
+
 func newFakeCluster(t *testing.T, nDN int, blockSize uint64) *fakeCluster {
 	t.Helper()
 	ms, err := meta.New(meta.Config{
-		NodeID: 1, DataDir: filepath.Join(t.TempDir(), "meta"),
+		NodeID: 1, DataDir: filepath.Join(t.TempDir(), "meta"), TLS: testCreds(pki.RoleMeta, "1"),
 		TickInterval: 10 * time.Millisecond, ElectionTicks: 5,
 		SCM:       scm.Config{LoopInterval: 20 * time.Millisecond, BlockSize: blockSize, SafeModeMinDatanodes: 1},
 		Namespace: namespace.Config{ServiceInterval: 50 * time.Millisecond},
@@ -95,7 +118,8 @@ func newFakeCluster(t *testing.T, nDN int, blockSize uint64) *fakeCluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ms.Close() })
-	mc, err := metaclient.New(metaclient.Config{Addrs: []string{ms.GRPCAddr()}, CallTimeout: 10 * time.Second})
+	mc, err := metaclient.New(metaclient.Config{Addrs: []string{ms.GRPCAddr()}, CallTimeout: 10 * time.Second,
+		DialOptions: []grpc.DialOption{clientCreds().GRPCDialOption(pki.RoleMeta)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,14 +131,22 @@ func newFakeCluster(t *testing.T, nDN int, blockSize uint64) *fakeCluster {
 		if err != nil {
 			t.Fatal(err)
 		}
+		uuid := fmt.Sprintf("fake-%d", i)
 		dn := &fakeDN{fc: fc, lis: lis, addr: lis.Addr().String(), loc: fmt.Sprintf("/dc1/rack%d", i%2+1),
-			chunks: map[bkey]map[uint64][]byte{}, blocks: map[bkey]*datanodepb.BlockData{}}
-		r, err := mc.Scm.RegisterDatanode(ctx, &metapb.RegisterDatanodeRequest{Details: &metapb.DatanodeDetails{
-			Uuid: fmt.Sprintf("fake-%d", i), Hostname: "localhost", DataAddr: dn.addr, RaftAddr: dn.addr, Location: dn.loc},
+			chunks: map[bkey]map[uint64][]byte{}, blocks: map[bkey]*datanodepb.BlockData{}, creds: testCreds(pki.RoleDatanode, uuid)}
+		// A datanode registers in its own name only.
+		dmc, err := metaclient.New(metaclient.Config{Addrs: []string{ms.GRPCAddr()}, CallTimeout: 10 * time.Second,
+			DialOptions: []grpc.DialOption{dn.creds.GRPCDialOption(pki.RoleMeta)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := dmc.Scm.RegisterDatanode(ctx, &metapb.RegisterDatanodeRequest{Details: &metapb.DatanodeDetails{
+			Uuid: uuid, Hostname: "localhost", DataAddr: dn.addr, RaftAddr: dn.addr, Location: dn.loc},
 			Volumes: []*metapb.VolumeReport{{Path: "/fake", CapacityBytes: 1 << 40}}})
 		if err != nil {
 			t.Fatal(err)
 		}
+		dmc.Close()
 		dn.id = r.DatanodeId
 		fc.dns[dn.id] = dn
 		dn.start()
@@ -154,7 +186,7 @@ func newFakeCluster(t *testing.T, nDN int, blockSize uint64) *fakeCluster {
 }
 
 func (dn *fakeDN) start() {
-	dn.srv = grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
+	dn.srv = grpc.NewServer(dn.creds.GRPCServerOption(), grpc.MaxRecvMsgSize(64<<20))
 	datanodepb.RegisterDatanodeServer(dn.srv, dn)
 	lis := dn.lis
 	go dn.srv.Serve(lis)

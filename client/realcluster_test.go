@@ -30,7 +30,7 @@ func TestRealCluster(t *testing.T) {
 	if err := cl.WaitWritable(ctx); err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(client.Config{MetaAddrs: []string{cl.MetaAddr()}, Location: "/dc1/rack1", ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20})
+	c, err := client.New(client.Config{MetaAddrs: []string{cl.MetaAddr()}, Credentials: cl.ClientCredentials(), Location: "/dc1/rack1", ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -118,7 +118,7 @@ func newStreamWriter(ctx context.Context, c *Client, op string, blocks *blockSou
 		segMax: n * int64(c.cfg.ChunkSize), pool: newBufPool(c.cfg.ChunkSize, int(n)), progress: progress,
 		opts: stream.Options{
 			PacketSize: streamPacketSize(c.cfg.ChunkSize, c.cfg.BytesPerChecksum), ChunkSize: c.cfg.ChunkSize,
-			BytesPerChecksum: c.cfg.BytesPerChecksum, Timeout: c.cfg.StreamTimeout,
+			BytesPerChecksum: c.cfg.BytesPerChecksum, Timeout: c.cfg.StreamTimeout, TLS: c.streamTLS,
 		},
 	}
 }

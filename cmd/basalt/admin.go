@@ -267,6 +267,7 @@ to SCM, when the SCM API carries it ("-" otherwise).`,
 	ct.AddCommand(ctList, ctInfo, containerHealthCmd(f), containerReplicasCmd(f))
 	root.AddCommand(dn, pl, ct)
 	root.AddCommand(adminS3Cmd(f))
+	root.AddCommand(adminCACmd())
 	return root
 }
 

@@ -25,7 +25,7 @@ func TestBenchS3(t *testing.T) {
 	dir, bin, c := binaryAndCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, ServiceToken: c.ServiceToken()})
+	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), ServiceToken: c.ServiceToken()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func TestBenchS3(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gw, err := s3.New(s3.Config{MetaAddrs: []string{c.MetaAddr()}, Listen: "127.0.0.1:0", ServiceToken: c.ServiceToken()})
+	gw, err := s3.New(s3.Config{MetaAddrs: []string{c.MetaAddr()}, Listen: "127.0.0.1:0", ServiceToken: c.ServiceToken(), Credentials: c.ClientCredentials()})
 	if err != nil {
 		t.Fatal(err)
 	}

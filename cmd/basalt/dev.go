@@ -21,6 +21,7 @@ import (
 	"github.com/basalt-store/basalt/internal/cluster"
 	"github.com/basalt-store/basalt/internal/meta"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/s3"
 	"github.com/basalt-store/basalt/internal/webhdfs"
 )
@@ -33,15 +34,21 @@ const devBasePort = 9862
 func devCmd() *cobra.Command {
 	var dataDir, metricsAddr, s3Addr, webhdfsAddr string
 	var datanodes, basePort int
+	var insecure bool
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run the embedded default cluster (1 meta node, 3 datanodes on two racks) in one process",
 		Long: `Run the embedded default cluster in one process: one metadata node and
 three datanodes with their own directories, ports and network locations
 (/dc1/rack1 and /dc1/rack2). Data lives under --data-dir and survives a
-restart. Stop it with Ctrl-C.`,
+restart. Stop it with Ctrl-C.
+
+Every internal port is mutual TLS: the first start makes a cluster CA and a
+certificate for every component under DATA_DIR/tls (kept across restarts),
+including DATA_DIR/tls/client-cli, which basalt sh, admin and bench find by
+themselves when run from the same directory (else --tls-dir or $` + envTLSDir + `).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr, cmd.Flags().Changed("webhdfs"), datanodes, basePort)
+			return runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr, cmd.Flags().Changed("webhdfs"), datanodes, basePort, insecure)
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./basalt-data", "where the cluster keeps its data")
@@ -50,13 +57,14 @@ restart. Stop it with Ctrl-C.`,
 	cmd.Flags().StringVar(&webhdfsAddr, "webhdfs", fmt.Sprintf("127.0.0.1:%d", webhdfs.DefaultPort), "WebHDFS gateway address (the NameNode's HTTP port); \"\" = off")
 	cmd.Flags().IntVar(&datanodes, "datanodes", 3, "number of datanodes")
 	cmd.Flags().IntVar(&basePort, "base-port", devBasePort, "meta gRPC port; the other ports follow it")
+	cmd.Flags().BoolVar(&insecure, "insecure-no-tls", false, "DANGEROUS: run every port in plaintext with no authentication (only to measure what TLS costs; clients need --insecure-no-tls too)")
 	return cmd
 }
 
 // devS3Key returns the dev cluster's access key, creating it on first use.
-func devS3Key(ctx context.Context, metaAddr, token string) (string, string, error) {
+func devS3Key(ctx context.Context, metaAddr, token string, creds *pki.Credentials) (string, string, error) {
 	const id = "basalt-dev"
-	cl, err := client.New(client.Config{MetaAddrs: []string{metaAddr}, ServiceToken: token})
+	cl, err := client.New(client.Config{MetaAddrs: []string{metaAddr}, ServiceToken: token, Credentials: creds})
 	if err != nil {
 		return "", "", err
 	}
@@ -81,7 +89,7 @@ func devS3Key(ctx context.Context, metaAddr, token string) (string, string, erro
 	return id, s.GetSecretAccessKey(), nil
 }
 
-func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool, datanodes, basePort int) error {
+func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool, datanodes, basePort int, insecure bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	reg := prometheus.NewRegistry()
@@ -89,7 +97,10 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	fmt.Printf("basalt dev: starting 1 meta node and %d datanodes, data in %s\n", datanodes, dataDir)
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	c, err := cluster.Start(sctx, cluster.Config{Dir: dataDir, Datanodes: datanodes, BasePort: basePort, Registerer: reg, Logger: logger})
+	if insecure {
+		fmt.Println("basalt dev: WARNING: --insecure-no-tls: every port is PLAINTEXT and accepts ANYONE (for measuring what TLS costs only)")
+	}
+	c, err := cluster.Start(sctx, cluster.Config{Dir: dataDir, Datanodes: datanodes, BasePort: basePort, Registerer: reg, Logger: logger, Insecure: insecure})
 	cancel()
 	if err != nil {
 		return err
@@ -108,11 +119,15 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 	}
 	// The S3 gateway, with a ready access key (made once, kept in the
 	// namespace manager like any other).
-	keyID, secret, err := devS3Key(ctx, c.MetaAddr(), c.ServiceToken())
+	keyID, secret, err := devS3Key(ctx, c.MetaAddr(), c.ServiceToken(), c.ClientCredentials())
 	if err != nil {
 		return err
 	}
-	gw, err := s3.New(s3.Config{MetaAddrs: []string{c.MetaAddr()}, ServiceToken: c.ServiceToken(), Listen: s3Addr, Registerer: reg})
+	s3Creds, err := c.Credentials(pki.Identity{Role: pki.RoleClient, ID: "s3"})
+	if err != nil {
+		return err
+	}
+	gw, err := s3.New(s3.Config{MetaAddrs: []string{c.MetaAddr()}, ServiceToken: c.ServiceToken(), Listen: s3Addr, Registerer: reg, Credentials: s3Creds})
 	if err != nil {
 		return err
 	}
@@ -123,7 +138,11 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 		// The default port may be taken by another dev cluster on the
 		// machine (scripts that pass only --base-port): then the cluster
 		// runs without the gateway. An address asked for must work.
-		wh, err := webhdfs.New(webhdfs.Config{MetaAddrs: []string{c.MetaAddr()}, Listen: webhdfsAddr, Logger: logger})
+		whCreds, err := c.Credentials(pki.Identity{Role: pki.RoleClient, ID: "webhdfs"})
+		if err != nil {
+			return err
+		}
+		wh, err := webhdfs.New(webhdfs.Config{MetaAddrs: []string{c.MetaAddr()}, Listen: webhdfsAddr, Logger: logger, Credentials: whCreds})
 		switch {
 		case err == nil:
 			go wh.Serve()
@@ -136,6 +155,9 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 		}
 	}
 	fmt.Printf("  token     %s   (basalt admin s3 --service-token-file ...)\n", filepath.Join(dataDir, "meta", meta.ServiceTokenFile))
+	if d := c.ClientTLSDir(); d != "" {
+		fmt.Printf("  tls       CA and certificates in %s; CLI certificate %s (--tls-dir)\n", cluster.TLSDir(dataDir), d)
+	}
 	fmt.Printf("  metrics   http://%s/metrics\n", metricsAddr)
 	fmt.Println("ready. Try: basalt sh volume create /vol1 && basalt sh bucket create /vol1/bucket1 && basalt sh key put /vol1/bucket1/hello README.md")
 	<-ctx.Done()

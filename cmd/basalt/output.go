@@ -86,6 +86,7 @@ type connFlags struct {
 	meta     string
 	location string
 	json     bool
+	tls      tlsFlags
 }
 
 func (f *connFlags) register(cmd *cobra.Command) {
@@ -93,6 +94,7 @@ func (f *connFlags) register(cmd *cobra.Command) {
 	pf.StringVar(&f.meta, "meta", "127.0.0.1:9862", "metadata service address(es), comma-separated host:port")
 	pf.StringVar(&f.location, "location", "", `this client's network location, e.g. "/dc1/rack1" (orders replicas by distance)`)
 	pf.BoolVar(&f.json, "json", false, "print JSON instead of tables")
+	f.tls.register(cmd, true, true)
 	// Flag errors are usage errors too.
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		fmt.Fprintln(os.Stderr, "basalt:", err)
@@ -112,7 +114,11 @@ func (f *connFlags) config() (client.Config, error) {
 	if len(addrs) == 0 {
 		return client.Config{}, usagef("--meta: no addresses in %q", f.meta)
 	}
-	return client.Config{MetaAddrs: addrs, Location: f.location}, nil
+	creds, err := f.tls.load(nil)
+	if err != nil {
+		return client.Config{}, err
+	}
+	return client.Config{MetaAddrs: addrs, Location: f.location, Credentials: creds}, nil
 }
 
 func (f *connFlags) client(mod func(*client.Config)) (*client.Client, error) {

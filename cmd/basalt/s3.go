@@ -15,6 +15,7 @@ import (
 func s3Cmd() *cobra.Command {
 	var cfg s3.Config
 	var metas, domains, metricsAddr, logLevel, tokenFile string
+	var tf tlsFlags
 	cmd := &cobra.Command{
 		Use:   "s3",
 		Short: "Run an S3 REST gateway",
@@ -23,7 +24,7 @@ volume s3v (created on first use). Requests are signed with AWS Signature V4
 using access keys made by 'basalt admin s3 create-key'. Virtual-host-style
 requests work for hosts "<bucket>.<domain>" of the --domain list.`,
 		Example: `  basalt s3 --meta 10.0.0.1:9862 --listen :9878 --domain s3.example.com --metrics :9879 \
-    --service-token-file /etc/basalt/service-token`,
+    --service-token-file /etc/basalt/service-token --tls-dir /etc/basalt/s3-tls`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg.MetaAddrs = splitList(metas)
 			cfg.Domains = splitList(domains)
@@ -35,6 +36,9 @@ requests work for hosts "<bucket>.<domain>" of the --domain list.`,
 				return &usageError{"no service token: pass --service-token-file (the meta node's DATA_DIR/service-token) or set " + envServiceToken}
 			}
 			cfg.ServiceToken = tok
+			if cfg.Credentials, err = tf.load(nil); err != nil {
+				return err
+			}
 			reg := newRegistry()
 			cfg.Registerer = reg
 			cfg.Logger = serverLogger(logLevel)
@@ -65,6 +69,7 @@ requests work for hosts "<bucket>.<domain>" of the --domain list.`,
 	cmd.Flags().StringVar(&cfg.Volume, "volume", s3.DefaultVolume, "volume holding the S3 buckets")
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
+	tf.register(cmd, false, false)
 	return cmd
 }
 

@@ -74,6 +74,7 @@ func parsePeers(s string) (map[uint64]meta.Peer, error) {
 func metaCmd() *cobra.Command {
 	var dataDir, raftAddr, grpcAddr, peers, metricsAddr, logLevel, tokenFile string
 	var id uint64
+	var tf tlsFlags
 	var uploadExpiry time.Duration
 	var ballast int64
 	var scmCfg scm.Config
@@ -83,7 +84,7 @@ func metaCmd() *cobra.Command {
 		Long: `Run one node of the metadata service: the namespace manager and the storage
 container manager, two Raft groups on one host. Deploy 1, 3 or 5 nodes; every
 node gets the same --peers list (empty for a single node).`,
-		Example: `  basalt meta --id 1 --data-dir /var/lib/basalt/meta --raft 10.0.0.1:9863 --grpc 10.0.0.1:9862 \
+		Example: `  basalt meta --id 1 --data-dir /var/lib/basalt/meta --tls-dir /etc/basalt/meta1-tls --raft 10.0.0.1:9863 --grpc 10.0.0.1:9862 \
     --peers 1=10.0.0.1:9863/10.0.0.1:9862,2=10.0.0.2:9863/10.0.0.2:9862,3=10.0.0.3:9863/10.0.0.3:9862`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := parsePeers(peers)
@@ -94,8 +95,12 @@ node gets the same --peers list (empty for a single node).`,
 				return usagef("want 0 < --stale-interval (%v) < --dead-interval (%v), --replication-copies-per-datanode (%d) > 0 and --replication-copy-timeout (%v) > 0",
 					scmCfg.StaleInterval, scmCfg.DeadInterval, scmCfg.MaxCopiesPerTarget, scmCfg.CopyTimeout)
 			}
+			creds, err := tf.load(func() string { return filepath.Join(dataDir, "tls") })
+			if err != nil {
+				return err
+			}
 			reg := newRegistry()
-			ms, err := meta.New(meta.Config{NodeID: id, DataDir: dataDir, RaftAddr: raftAddr, GRPCAddr: grpcAddr, Peers: p,
+			ms, err := meta.New(meta.Config{NodeID: id, DataDir: dataDir, RaftAddr: raftAddr, GRPCAddr: grpcAddr, Peers: p, TLS: creds,
 				ServiceTokenFile: tokenFile, Namespace: namespace.Config{UploadExpiry: uploadExpiry}, SCM: scmCfg,
 				BallastBytes: ballast, Registerer: reg, Logger: serverLogger(logLevel)})
 			if err != nil {
@@ -131,6 +136,7 @@ node gets the same --peers list (empty for a single node).`,
 	cmd.Flags().IntVar(&scmCfg.MaxCopiesPerTarget, "replication-copies-per-datanode", 2, "container copies in flight into one datanode (replication manager)")
 	cmd.Flags().Uint64Var(&scmCfg.MaxCopyBytesPerTarget, "replication-bytes-per-datanode", 0, "bytes of the container copies in flight into one datanode (0: twice the container size; one copy always goes)")
 	cmd.Flags().DurationVar(&scmCfg.CopyTimeout, "replication-copy-timeout", 10*time.Minute, "a container copy not done by then is given up and scheduled on another datanode")
+	tf.register(cmd, false, false)
 	return cmd
 }
 
@@ -138,6 +144,7 @@ func datanodeCmd() *cobra.Command {
 	var cfg datanode.Config
 	var metas, volumes, logDirs, metricsAddr, logLevel, scrubRate string
 	var ballast int64
+	var tf tlsFlags
 	cmd := &cobra.Command{
 		Use:   "datanode",
 		Short: "Run a datanode",
@@ -146,7 +153,7 @@ Raft groups of the pipelines it is put in, stores containers on its data
 volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 		Example: `  basalt datanode --data-dir /var/lib/basalt/dn --volumes /disk1/basalt,/disk2/basalt \
     --raft-log-dirs /disk1/raft,/disk2/raft --location /dc1/rack2 --meta 10.0.0.1:9862 \
-    --listen 10.0.0.5:9872 --raft 10.0.0.5:9873 --stream 10.0.0.5:9874`,
+    --listen 10.0.0.5:9872 --raft 10.0.0.5:9873 --stream 10.0.0.5:9874 --tls-dir /etc/basalt/dn-tls`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg.MetaAddrs = splitList(metas)
 			cfg.Volumes = splitList(volumes)
@@ -163,6 +170,9 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 			reg := newRegistry()
 			cfg.Registerer = reg
 			cfg.Logger = serverLogger(logLevel)
+			if cfg.TLS, err = tf.load(func() string { return filepath.Join(cfg.DataDir, "tls") }); err != nil {
+				return err
+			}
 			dn, err := datanode.New(cfg)
 			if err != nil {
 				return err
@@ -199,6 +209,7 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 	f.DurationVar(&cfg.ScrubInterval, "scrub-interval", datanode.DefaultScrubInterval, "time from the start of one scrubber pass over all data to the start of the next")
 	f.DurationVar(&cfg.VolumeCheckInterval, "volume-check-interval", datanode.DefaultVolumeCheckInterval, "how often each data volume's health is checked (probe file created, written, fsynced, read back, removed); a failed check fails the volume")
 	f.DurationVar(&cfg.VolumeCheckTimeout, "volume-check-timeout", datanode.DefaultVolumeCheckTimeout, "a volume health check not done by then fails the volume (a hung disk)")
+	tf.register(cmd, false, false)
 	return cmd
 }
 

@@ -15,7 +15,7 @@ import (
 func TestShAgainstCluster(t *testing.T) {
 	dir, bin, c := binaryAndCluster(t)
 	run := func(stdin []byte, args ...string) (string, string, int) {
-		cmd := exec.Command(bin, append(args, "--meta", c.MetaAddr())...)
+		cmd := exec.Command(bin, append(args, "--meta", c.MetaAddr(), "--tls-dir", c.ClientTLSDir())...)
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		if stdin != nil {
@@ -96,7 +96,7 @@ func TestShAgainstCluster(t *testing.T) {
 	if !strings.Contains(out, "aws_access_key_id     = AKIDE2E") || !strings.Contains(out, "aws_secret_access_key = ") {
 		t.Errorf("create-key: %s", out)
 	}
-	cmd := exec.Command(bin, "admin", "s3", "get-key", "AKIDE2E", "--json", "--meta", c.MetaAddr())
+	cmd := exec.Command(bin, "admin", "s3", "get-key", "AKIDE2E", "--json", "--meta", c.MetaAddr(), "--tls-dir", c.ClientTLSDir())
 	cmd.Env = append(os.Environ(), "BASALT_SERVICE_TOKEN="+c.ServiceToken())
 	if b, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(b), `"owner": "e2e"`) {
 		t.Errorf("get-key with $BASALT_SERVICE_TOKEN: %v: %s", err, b)

@@ -13,6 +13,7 @@ import (
 func webhdfsCmd() *cobra.Command {
 	var cfg webhdfs.Config
 	var metas, metricsAddr, logLevel string
+	var tf tlsFlags
 	cmd := &cobra.Command{
 		Use:   "webhdfs",
 		Short: "Run a WebHDFS gateway (Hadoop FileSystem over fs buckets)",
@@ -20,11 +21,15 @@ func webhdfsCmd() *cobra.Command {
 (webhdfs://HOST:PORT/). Paths are /volume/bucket/path as in Ozone's ofs:
 "/" lists volumes, "/volume" its buckets; buckets must have the FS layout.
 MKDIRS creates missing volumes and buckets (FS layout).`,
-		Example: `  basalt webhdfs --meta 10.0.0.1:9862 --listen :9870
+		Example: `  basalt webhdfs --meta 10.0.0.1:9862 --listen :9870 --tls-dir /etc/basalt/webhdfs-tls
   hadoop fs -ls webhdfs://gateway:9870/vol1/bucket1/`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg.MetaAddrs = splitList(metas)
 			cfg.Logger = serverLogger(logLevel)
+			var err error
+			if cfg.Credentials, err = tf.load(nil); err != nil {
+				return err
+			}
 			g, err := webhdfs.New(cfg)
 			if err != nil {
 				return err
@@ -45,5 +50,6 @@ MKDIRS creates missing volumes and buckets (FS layout).`,
 	cmd.Flags().DurationVar(&cfg.TransferWait, "transfer-wait", webhdfs.DefaultTransferWait, "how long a transfer waits for a slot before RetriableException (503)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
+	tf.register(cmd, false, false)
 	return cmd
 }

@@ -6,6 +6,8 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 
 	"github.com/basalt-store/basalt/internal/datanode"
 	"github.com/basalt-store/basalt/internal/meta"
@@ -22,6 +25,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/storage"
 )
 
@@ -47,13 +51,19 @@ type Config struct {
 	// PipelineLimit: pipelines per datanode (default 2).
 	PipelineLimit int
 	Storage       storage.Options
-	Registerer    prometheus.Registerer
-	Logger        *slog.Logger
+	// Insecure turns authentication off: every port plaintext and open
+	// to anyone. Only for measuring what TLS costs. Otherwise the cluster
+	// provisions its own CA and a certificate for every component under
+	// Dir/tls (see TLSDir), kept across restarts.
+	Insecure   bool
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
 }
 
 // Cluster is a running in-process cluster.
 type Cluster struct {
 	cfg       Config
+	pki       *pki.Provisioner // nil when Insecure
 	Meta      *meta.Server
 	mu        sync.Mutex
 	Datanodes []*datanode.Datanode
@@ -97,6 +107,16 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
 	c := &Cluster{cfg: cfg}
+	if !cfg.Insecure {
+		var err error
+		if c.pki, err = pki.NewProvisioner(TLSDir(cfg.Dir)); err != nil {
+			return nil, err
+		}
+	}
+	metaCreds, err := c.Credentials(pki.Identity{Role: pki.RoleMeta, ID: "1"})
+	if err != nil {
+		return nil, err
+	}
 	replication := cfg.Datanodes
 	minDN := 3
 	if replication < 3 {
@@ -104,7 +124,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	ms, err := meta.New(meta.Config{
 		NodeID: 1, DataDir: filepath.Join(cfg.Dir, "meta"), RaftAddr: cfg.addr(1), GRPCAddr: cfg.addr(0),
-		TickInterval: cfg.TickInterval,
+		TickInterval: cfg.TickInterval, TLS: metaCreds,
 		SCM: scm.Config{
 			HeartbeatInterval: cfg.HeartbeatInterval, StaleInterval: 10 * cfg.HeartbeatInterval, DeadInterval: 30 * cfg.HeartbeatInterval,
 			PipelineLimit: cfg.PipelineLimit, BlockSize: cfg.BlockSize, ContainerSize: cfg.ContainerSize,
@@ -151,8 +171,13 @@ func (c *Cluster) newDatanode(i int) (*datanode.Datanode, error) {
 	if c.cfg.BlockSize != 0 && int64(c.cfg.BlockSize) > so.MaxBlockSize {
 		so.MaxBlockSize = int64(c.cfg.BlockSize)
 	}
+	dir := filepath.Join(c.cfg.Dir, fmt.Sprintf("dn%d", i+1))
+	creds, err := c.datanodeCredentials(dir)
+	if err != nil {
+		return nil, err
+	}
 	return datanode.New(datanode.Config{
-		DataDir: filepath.Join(c.cfg.Dir, fmt.Sprintf("dn%d", i+1)), Location: c.cfg.Location(i),
+		DataDir: dir, Location: c.cfg.Location(i), TLS: creds,
 		Hostname: fmt.Sprintf("dn%d", i+1), MetaAddrs: []string{c.MetaAddr()},
 		ListenAddr: c.cfg.addr(10 + 2*i), RaftAddr: c.cfg.addr(11 + 2*i), StreamAddr: c.cfg.addr(40 + i), TickInterval: c.cfg.TickInterval,
 		Storage:    so,
@@ -171,7 +196,7 @@ func (c *Cluster) MetaAddr() string { return c.Meta.GRPCAddr() }
 // WaitWritable waits until SCM is out of safe mode and has an open
 // pipeline whose group has a leader on the datanodes.
 func (c *Cluster) WaitWritable(ctx context.Context) error {
-	mc, err := metaclient.New(metaclient.Config{Addrs: []string{c.MetaAddr()}})
+	mc, err := metaclient.New(metaclient.Config{Addrs: []string{c.MetaAddr()}, DialOptions: []grpc.DialOption{c.MetaDialOption()}})
 	if err != nil {
 		return err
 	}
@@ -267,4 +292,79 @@ func (c *Cluster) Close() error {
 		errs = append(errs, c.Meta.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// TLSDir is where a cluster in dir keeps its CA (ca/) and every
+// component's TLS directory (<role>-<id>/: ca.pem, cert.pem, key.pem).
+func TLSDir(dir string) string { return filepath.Join(dir, "tls") }
+
+// ClientID is the identity of the cluster's ready client certificate
+// (ClientCredentials; `basalt dev` points the CLI at it).
+var ClientID = pki.Identity{Role: pki.RoleClient, ID: "cli"}
+
+// Credentials returns id's credentials from the cluster's CA, issued on
+// first use (pki.Insecure() for an insecure cluster).
+func (c *Cluster) Credentials(id pki.Identity) (*pki.Credentials, error) {
+	if c.pki == nil {
+		return pki.Insecure(), nil
+	}
+	return c.pki.Credentials(id)
+}
+
+// ClientCredentials are a client certificate (ClientID) for tools and
+// tests.
+func (c *Cluster) ClientCredentials() *pki.Credentials {
+	cr, err := c.Credentials(ClientID)
+	if err != nil {
+		panic(fmt.Sprintf("cluster: client credentials: %v", err)) // the files were written at Start
+	}
+	return cr
+}
+
+// ClientTLSDir is the TLS directory of ClientCredentials ("" when
+// Insecure): what `basalt dev` tells the CLI to use.
+func (c *Cluster) ClientTLSDir() string {
+	if c.pki == nil {
+		return ""
+	}
+	c.ClientCredentials()
+	return c.pki.DirOf(ClientID)
+}
+
+// MetaDialOption authenticates a gRPC connection to the metadata service
+// with ClientCredentials.
+func (c *Cluster) MetaDialOption() grpc.DialOption {
+	return c.ClientCredentials().GRPCDialOption(pki.RoleMeta)
+}
+
+// DatanodeDialOption authenticates a gRPC connection to a datanode with
+// ClientCredentials.
+func (c *Cluster) DatanodeDialOption() grpc.DialOption {
+	return c.ClientCredentials().GRPCDialOption(pki.RoleDatanode)
+}
+
+// CA is the cluster's CA (nil when Insecure), for tests that forge.
+func (c *Cluster) CA() *pki.CA {
+	if c.pki == nil {
+		return nil
+	}
+	return c.pki.CA()
+}
+
+// datanodeCredentials are the certificate of the datanode in dir: the
+// UUID it already has (its identity file), or a new one.
+func (c *Cluster) datanodeCredentials(dir string) (*pki.Credentials, error) {
+	if c.pki == nil {
+		return pki.Insecure(), nil
+	}
+	uuid, err := datanode.StoredUUID(dir)
+	if err != nil {
+		return nil, err
+	}
+	if uuid == "" {
+		var u [16]byte
+		rand.Read(u[:])
+		uuid = hex.EncodeToString(u[:])
+	}
+	return c.pki.Credentials(pki.Identity{Role: pki.RoleDatanode, ID: uuid})
 }

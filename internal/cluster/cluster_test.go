@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
@@ -28,11 +27,16 @@ func startCluster(t *testing.T, n int) *Cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	dnDial = c.DatanodeDialOption()
 	return c
 }
 
+// dnDial authenticates dnClient to the datanodes of the cluster the test
+// started last (tests here do not run in parallel).
+var dnDial grpc.DialOption
+
 func dnClient(t *testing.T, addr string) datanodepb.DatanodeClient {
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	cc, err := grpc.NewClient(addr, dnDial,
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +51,7 @@ func dnClient(t *testing.T, addr string) datanodepb.DatanodeClient {
 func TestRawV1WriteAndRead(t *testing.T) {
 	c := startCluster(t, 3)
 	ctx := context.Background()
-	mc, err := metaclient.New(metaclient.Config{Addrs: []string{c.MetaAddr()}})
+	mc, err := metaclient.New(metaclient.Config{Addrs: []string{c.MetaAddr()}, DialOptions: []grpc.DialOption{c.MetaDialOption()}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,7 @@ func start(t *testing.T, dir string, datanodes int, blockSize uint64) *cluster.C
 
 func newClient(t *testing.T, c *cluster.Cluster, location string) *client.Client {
 	t.Helper()
-	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Location: location, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
+	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: location, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +316,7 @@ func TestSmallKeysOneEntry(t *testing.T) {
 	c := start(t, t.TempDir(), 3, 8<<20)
 	defer c.Close()
 	const chunk = 1 << 20
-	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Location: "/dc1/rack1", ChunkSize: chunk,
+	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: "/dc1/rack1", ChunkSize: chunk,
 		RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/basalt-store/basalt/client"
 	"github.com/basalt-store/basalt/internal/cluster"
@@ -30,7 +29,7 @@ const (
 
 func v2Client(t *testing.T, c *cluster.Cluster, location string, onStream func(client.StreamInfo)) *client.Client {
 	t.Helper()
-	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Location: location,
+	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: location,
 		ChunkSize: v2Chunk, MaxBufferBytes: v2Buffer, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
 		StreamTimeout: 5 * time.Second, OnStream: onStream})
 	if err != nil {
@@ -62,7 +61,7 @@ func streamCounters(t *testing.T, c *cluster.Cluster) map[uint64]*datanodepb.Inf
 		if dn == nil {
 			continue
 		}
-		cc, err := grpc.NewClient(dn.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(dn.Addr(), c.DatanodeDialOption())
 		if err != nil {
 			t.Fatal(err)
 		}

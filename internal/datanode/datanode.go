@@ -30,6 +30,7 @@ import (
 	"github.com/basalt-store/basalt/internal/guard"
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/raft"
 	"github.com/basalt-store/basalt/internal/storage"
 	"github.com/basalt-store/basalt/internal/stream"
@@ -77,7 +78,14 @@ type Config struct {
 	// FS holds the datanode's own files (identity, pipeline list, each
 	// pipeline's applied index and containers), its Raft logs and, unless
 	// Storage.FS is set, its data volumes (default vfs.Default).
-	FS         vfs.FS
+	FS vfs.FS
+	// TLS is this datanode's certificate (basalt://datanode/<uuid>) and
+	// the cluster CA. Every port (gRPC, raft, stream) requires a
+	// certificate from that CA of every caller, and the datanode presents
+	// its own to SCM and its peers. A new datanode takes its UUID from the
+	// certificate. Required; pki.Insecure() turns authentication off
+	// (benchmarks only).
+	TLS        *pki.Credentials
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 
@@ -111,11 +119,12 @@ type Datanode struct {
 	streamMetrics []prometheus.Collector
 	ident         identity
 
-	mu        sync.Mutex
-	peers     map[uint64]*metapb.DatanodeDetails // by datanode ID
-	pipelines map[uint64]*metapb.Pipeline
-	sms       map[uint64]*containerSM
-	peerConns map[string]*grpc.ClientConn // by data address (ApplyStatus)
+	mu             sync.Mutex
+	peers          map[uint64]*metapb.DatanodeDetails // by datanode ID
+	peersRefreshed time.Time                          // last refresh for an unknown peer (auth.go)
+	pipelines      map[uint64]*metapb.Pipeline
+	sms            map[uint64]*containerSM
+	peerConns      map[string]*grpc.ClientConn // by data address (ApplyStatus)
 	// Delete-block transactions to acknowledge in the next heartbeat
 	// (delete.go), and the ones being proposed through a pipeline.
 	acks         map[uint64]deleteAck
@@ -187,6 +196,15 @@ func New(cfg Config) (*Datanode, error) {
 	if cfg.FS == nil {
 		cfg.FS = vfs.Default
 	}
+	if cfg.TLS == nil {
+		return nil, errors.New("datanode: TLS credentials are required (pki.Load of a TLS directory; see `basalt admin ca issue --role datanode`)")
+	}
+	if !cfg.TLS.IsInsecure() && cfg.TLS.Identity.Role != pki.RoleDatanode {
+		return nil, fmt.Errorf("datanode: the certificate is %s, not a datanode's", cfg.TLS.Identity)
+	}
+	if cfg.TLS.IsInsecure() {
+		cfg.Logger.Error("datanode: AUTHENTICATION IS OFF: gRPC, raft and stream ports accept anyone in plaintext (insecure mode, for benchmarks only)", "dir", cfg.DataDir)
+	}
 	if err := cfg.FS.MkdirAll(filepath.Join(cfg.DataDir, "pipelines"), 0o755); err != nil {
 		return nil, err
 	}
@@ -217,7 +235,7 @@ func New(cfg Config) (*Datanode, error) {
 		return nil, err
 	}
 	d.store = st
-	mc, err := metaclient.New(metaclient.Config{Addrs: cfg.MetaAddrs})
+	mc, err := metaclient.New(metaclient.Config{Addrs: cfg.MetaAddrs, DialOptions: []grpc.DialOption{cfg.TLS.GRPCDialOption(pki.RoleMeta)}})
 	if err != nil {
 		st.Close()
 		return nil, err
@@ -249,14 +267,23 @@ func (d *Datanode) loadIdentity() error {
 		if err := json.Unmarshal(b, &d.ident); err != nil || d.ident.UUID == "" {
 			return fmt.Errorf("datanode: corrupt identity file %s", d.identityFile())
 		}
+		if c := d.cfg.TLS; !c.IsInsecure() && c.Identity.ID != d.ident.UUID {
+			return fmt.Errorf("datanode: %s is datanode %s, but the certificate is %s (issue one with `basalt admin ca issue --role datanode --id %s`)",
+				d.cfg.DataDir, d.ident.UUID, c.Identity, d.ident.UUID)
+		}
 		return nil
 	}
 	if !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	var u [16]byte
-	rand.Read(u[:])
-	d.ident.UUID = hex.EncodeToString(u[:])
+	if c := d.cfg.TLS; !c.IsInsecure() {
+		// A new datanode is the one its certificate names.
+		d.ident.UUID = c.Identity.ID
+	} else {
+		var u [16]byte
+		rand.Read(u[:])
+		d.ident.UUID = hex.EncodeToString(u[:])
+	}
 	return d.saveIdentity()
 }
 
@@ -299,7 +326,7 @@ func (d *Datanode) Start(ctx context.Context) error {
 		}
 	}
 	h, err := raft.NewHost(raft.HostConfig{
-		ID: d.ident.ID, LogDirs: d.cfg.LogDirs, ListenAddr: raftAddr, Resolve: d.resolveRaft,
+		ID: d.ident.ID, LogDirs: d.cfg.LogDirs, ListenAddr: raftAddr, Resolve: d.resolveRaft, Security: d.raftSecurity(),
 		TickInterval: d.cfg.TickInterval, FS: d.cfg.FS, Registerer: d.cfg.Registerer, Logger: d.log,
 		LogBallastBytes: d.cfg.LogBallastBytes,
 		// Chunk data is in the block files, so a log entry is small, but
@@ -316,7 +343,9 @@ func (d *Datanode) Start(ctx context.Context) error {
 	if err := d.restorePipelines(); err != nil {
 		return err
 	}
-	d.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(guard.UnaryServerInterceptor(d.cfg.Registerer, d.log)), grpc.ChainStreamInterceptor(guard.StreamServerInterceptor(d.cfg.Registerer, d.log)), grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
+	d.grpc = grpc.NewServer(d.cfg.TLS.GRPCServerOption(),
+		grpc.ChainUnaryInterceptor(guard.UnaryServerInterceptor(d.cfg.Registerer, d.log), d.authUnary),
+		grpc.ChainStreamInterceptor(guard.StreamServerInterceptor(d.cfg.Registerer, d.log), d.authStream), grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
 		grpc.NumStreamWorkers(uint32(max(d.cfg.GRPCStreamWorkers, 0))))
 	datanodepb.RegisterDatanodeServer(d.grpc, &service{d: d})
 	d.startStream()

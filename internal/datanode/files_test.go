@@ -7,7 +7,9 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/storage"
 	"github.com/basalt-store/basalt/internal/vfs"
 )
@@ -44,7 +46,15 @@ func (r *recordFS) saw(op, path string) bool {
 func TestDatanodeFilesThroughFS(t *testing.T) {
 	dir := t.TempDir()
 	fs := newRecordFS()
-	d, err := New(Config{DataDir: dir, MetaAddrs: []string{"127.0.0.1:1"}, FS: fs,
+	ca, err := pki.NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := ca.Issue(pki.Identity{Role: pki.RoleDatanode, ID: "dn-files"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Config{DataDir: dir, MetaAddrs: []string{"127.0.0.1:1"}, FS: fs, TLS: creds,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/storage"
 )
 
@@ -161,7 +161,7 @@ func (d *Datanode) peerClient(id uint64) (datanodepb.DatanodeClient, error) {
 			delete(d.peerConns, a)
 		}
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(addr, d.cfg.TLS.GRPCDialOption(pki.RoleDatanode))
 	if err != nil {
 		return nil, err
 	}

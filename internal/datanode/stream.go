@@ -109,7 +109,8 @@ func streamError(id uint64, err error) *stream.Error {
 
 // startStream serves V2 streams on the listener New opened.
 func (d *Datanode) startStream() {
-	d.streamSrv = stream.NewServer(stream.ServerConfig{ID: d.ident.ID, Backend: streamBackend{d}, Logger: d.log.With("part", "stream"), Guard: guard.New(d.cfg.Registerer, d.log.With("part", "stream"))})
+	d.streamSrv = stream.NewServer(stream.ServerConfig{ID: d.ident.ID, Backend: streamBackend{d}, Logger: d.log.With("part", "stream"), Guard: guard.New(d.cfg.Registerer, d.log.With("part", "stream")),
+		Security: d.streamSecurity()})
 	d.streamMetrics = streamCollectors(d.streamSrv)
 	if d.cfg.Registerer != nil {
 		for _, c := range d.streamMetrics {

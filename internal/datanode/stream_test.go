@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/basalt-store/basalt/internal/cluster"
 	"github.com/basalt-store/basalt/internal/datanode"
@@ -54,7 +53,8 @@ func startEnvWith(t testing.TB, configure func(*cluster.Config)) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	mc, err := metaclient.New(metaclient.Config{Addrs: []string{c.MetaAddr()}})
+	dnDial = c.DatanodeDialOption()
+	mc, err := metaclient.New(metaclient.Config{Addrs: []string{c.MetaAddr()}, DialOptions: []grpc.DialOption{c.MetaDialOption()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,8 +113,12 @@ func (e *env) byID(id uint64) (int, *datanode.Datanode) {
 	return 0, nil
 }
 
+// dnDial authenticates dnClient to the datanodes of the cluster the test
+// started last (tests here do not run in parallel).
+var dnDial grpc.DialOption
+
 func dnClient(t testing.TB, addr string) datanodepb.DatanodeClient {
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	cc, err := grpc.NewClient(addr, dnDial,
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	if err != nil {
 		t.Fatal(err)

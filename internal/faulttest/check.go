@@ -14,13 +14,13 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/basalt-store/basalt/client"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/pki"
 )
 
 // Violation classes: each is a broken promise.
@@ -104,7 +104,7 @@ func (ch *Checker) dn(addr string) (datanodepb.DatanodeClient, error) {
 	conn := ch.conns[addr]
 	if conn == nil {
 		var err error
-		conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		conn, err = grpc.NewClient(addr, ch.C.Creds.GRPCDialOption(pki.RoleDatanode),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 		if err != nil {
 			return nil, err

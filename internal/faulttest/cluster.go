@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/pki"
 )
 
 // Cluster is 3 meta processes and 5 datanode processes on loopback.
@@ -29,6 +29,9 @@ type Cluster struct {
 	MetaHTTP []string
 	DNs      []*Proc
 	DNData   []string // client gRPC address per datanode (--listen)
+	// Creds are a client certificate of the cluster's CA (every process
+	// gets its own under Dir/tls).
+	Creds *pki.Credentials
 
 	metaConns []*grpc.ClientConn
 
@@ -69,6 +72,18 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 		return nil, err
 	}
 	addr := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", ports[i]) }
+	prov, err := pki.NewProvisioner(filepath.Join(cfg.Dir, "tls"))
+	if err != nil {
+		return nil, err
+	}
+	tlsDir := func(role pki.Role, id string) (string, error) {
+		ident := pki.Identity{Role: role, ID: id}
+		_, err := prov.Credentials(ident)
+		return prov.DirOf(ident), err
+	}
+	if c.Creds, err = prov.Credentials(pki.Identity{Role: pki.RoleClient, ID: "faulttest"}); err != nil {
+		return nil, err
+	}
 	var peers []string
 	for i := range numMeta {
 		peers = append(peers, fmt.Sprintf("%d=%s/%s", i+1, addr(2*i), addr(2*i+1)))
@@ -77,8 +92,12 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	for i := range numMeta {
 		name := fmt.Sprintf("meta%d", i+1)
 		c.MetaHTTP = append(c.MetaHTTP, addr(3*numMeta+3*numDN-1-i))
+		td, err := tlsDir(pki.RoleMeta, fmt.Sprint(i+1))
+		if err != nil {
+			return nil, err
+		}
 		c.Metas = append(c.Metas, &Proc{Name: name, Bin: cfg.Bin, LogPath: filepath.Join(c.Logs, name+".log"),
-			Args: []string{"meta", "--id", fmt.Sprint(i + 1), "--data-dir", filepath.Join(cfg.Dir, "data", name),
+			Args: []string{"meta", "--id", fmt.Sprint(i + 1), "--data-dir", filepath.Join(cfg.Dir, "data", name), "--tls-dir", td,
 				"--raft", addr(2 * i), "--grpc", addr(2*i + 1), "--peers", strings.Join(peers, ","), "--log-level", "info",
 				"--metrics", c.MetaHTTP[i]}})
 	}
@@ -90,7 +109,11 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 			rack = "/rack2"
 		}
 		dir := filepath.Join(cfg.Dir, "data", name)
-		args := []string{"datanode", "--data-dir", dir, "--meta", strings.Join(c.MetaGRPC, ","),
+		td, err := tlsDir(pki.RoleDatanode, name)
+		if err != nil {
+			return nil, err
+		}
+		args := []string{"datanode", "--data-dir", dir, "--tls-dir", td, "--meta", strings.Join(c.MetaGRPC, ","),
 			"--listen", addr(base + 3*i), "--raft", addr(base + 3*i + 1), "--stream", addr(base + 3*i + 2),
 			"--location", rack, "--hostname", name, "--log-level", "info"}
 		if v := cfg.DNVolumes[i]; v != "" {
@@ -103,7 +126,7 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 		p.onCrash = c.recordCrash
 	}
 	for _, a := range c.MetaGRPC {
-		conn, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(a, c.Creds.GRPCDialOption(pki.RoleMeta))
 		if err != nil {
 			return nil, err
 		}
@@ -270,7 +293,7 @@ func (c *Cluster) CorruptReplicas(ctx context.Context) ([]*metapb.CorruptReplica
 // Roles returns how many THREE pipelines datanode i leads and follows in,
 // from its own Info.
 func (c *Cluster) Roles(ctx context.Context, i int) (lead, follow int, err error) {
-	conn, err := grpc.NewClient(c.DNData[i], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(c.DNData[i], c.Creds.GRPCDialOption(pki.RoleDatanode))
 	if err != nil {
 		return 0, 0, err
 	}

@@ -15,9 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/pki"
 )
 
 // The benchmarks run only with META_BENCH=1 (see docs/BENCHMARKS.md). The
@@ -54,7 +57,11 @@ func benchClient() {
 	conc := envInt("META_BENCH_CONC", 64)
 	keys := envInt("META_BENCH_KEYS", 1000000)
 	dur := time.Duration(envInt("META_BENCH_SECS", 10)) * time.Second
-	cl, err := metaclient.New(metaclient.Config{Addrs: addrs, ConnsPerAddr: 4})
+	creds, err := pki.Load(os.Getenv("META_BENCH_TLS"))
+	if err != nil {
+		panic(err)
+	}
+	cl, err := metaclient.New(metaclient.Config{Addrs: addrs, ConnsPerAddr: 4, DialOptions: []grpc.DialOption{creds.GRPCDialOption(pki.RoleMeta)}})
 	if err != nil {
 		panic(err)
 	}
@@ -118,8 +125,14 @@ func cpuSelf() time.Duration {
 
 func runChild(t *testing.T, addrs []string, mode string) benchResult {
 	a, _ := json.Marshal(addrs)
+	// The child is another process: it gets a client certificate of this
+	// process's test CA in a directory.
+	tlsDir := t.TempDir()
+	if err := testCreds(pki.RoleClient, "bench").Save(tlsDir); err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "META_BENCH_CLIENT="+string(a), "META_BENCH_MODE="+mode)
+	cmd.Env = append(os.Environ(), "META_BENCH_CLIENT="+string(a), "META_BENCH_MODE="+mode, "META_BENCH_TLS="+tlsDir)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {
@@ -208,7 +221,7 @@ func TestBenchCreates(t *testing.T) {
 			case <-time.After(200 * time.Millisecond):
 			}
 			for id := uint64(1); id <= 3; id++ {
-				cl.Scm.Heartbeat(ctx, &metapb.HeartbeatRequest{DatanodeId: id})
+				dnScm(t, cl, id).Heartbeat(ctx, &metapb.HeartbeatRequest{DatanodeId: id})
 			}
 		}
 	}()

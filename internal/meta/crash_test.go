@@ -20,7 +20,7 @@ func TestNodeCrashKeepsAcknowledged(t *testing.T) {
 	start := func(fs crashFS) *Server {
 		t.Helper()
 		s, err := New(Config{
-			NodeID: 1, DataDir: "/data/meta", FS: fs,
+			NodeID: 1, DataDir: "/data/meta", FS: fs, TLS: nodeCreds(1),
 			TickInterval: 20 * time.Millisecond, ElectionTicks: 10,
 			SCM:       scm.Config{LoopInterval: 20 * time.Millisecond},
 			Namespace: namespace.Config{ServiceInterval: 50 * time.Millisecond},
@@ -36,7 +36,7 @@ func TestNodeCrashKeepsAcknowledged(t *testing.T) {
 		return s
 	}
 	client := func(s *Server) *metaclient.Client {
-		cl, err := metaclient.New(metaclient.Config{Addrs: []string{s.GRPCAddr()}, CallTimeout: 10 * time.Second})
+		cl, err := metaclient.New(metaclient.Config{Addrs: []string{s.GRPCAddr()}, CallTimeout: 10 * time.Second, DialOptions: clientDial()})
 		if err != nil {
 			t.Fatal(err)
 		}

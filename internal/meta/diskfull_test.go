@@ -22,7 +22,7 @@ import (
 // writes work again.
 func TestDiskFullRefusesProposals(t *testing.T) {
 	ffs := vfs.NewFaultFS(vfs.Default)
-	s, err := New(Config{NodeID: 1, DataDir: filepath.Join(t.TempDir(), "1"), FS: ffs, Peers: map[uint64]Peer{1: {}},
+	s, err := New(Config{NodeID: 1, DataDir: filepath.Join(t.TempDir(), "1"), FS: ffs, TLS: nodeCreds(1), Peers: map[uint64]Peer{1: {}},
 		TickInterval: 20 * time.Millisecond, ElectionTicks: 10,
 		Namespace: namespace.Config{ServiceInterval: 50 * time.Millisecond}, Logger: quiet})
 	if err != nil {
@@ -32,7 +32,7 @@ func TestDiskFullRefusesProposals(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	cl, err := metaclient.New(metaclient.Config{Addrs: []string{s.GRPCAddr()}, CallTimeout: 20 * time.Second})
+	cl, err := metaclient.New(metaclient.Config{Addrs: []string{s.GRPCAddr()}, CallTimeout: 20 * time.Second, DialOptions: clientDial()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/meta/scm"
 	"github.com/basalt-store/basalt/internal/meta/store"
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/raft"
 	"github.com/basalt-store/basalt/internal/vfs"
 )
@@ -102,6 +103,13 @@ type Config struct {
 	// ServiceTokenFile defaults to DataDir/service-token.
 	ServiceTokenFile string
 
+	// TLS is this node's certificate (basalt://meta/<NodeID>) and the
+	// cluster CA: the gRPC port and the raft transport require a
+	// certificate from that CA of every caller, and RPCs check the
+	// caller's role (auth.go). Required; pki.Insecure() turns
+	// authentication off (benchmarks only).
+	TLS *pki.Credentials
+
 	SCM       scm.Config
 	Namespace namespace.Config
 
@@ -172,6 +180,15 @@ func New(cfg Config) (*Server, error) {
 	if cfg.FS == nil {
 		cfg.FS = vfs.Default
 	}
+	if cfg.TLS == nil {
+		return nil, errors.New("meta: TLS credentials are required (pki.Load of a TLS directory; see `basalt admin ca issue --role meta`)")
+	}
+	if want := (pki.Identity{Role: pki.RoleMeta, ID: fmt.Sprint(cfg.NodeID)}); !cfg.TLS.IsInsecure() && cfg.TLS.Identity != want {
+		return nil, fmt.Errorf("meta: the certificate is %s, but this is node %d: want %s", cfg.TLS.Identity, cfg.NodeID, want)
+	}
+	if cfg.TLS.IsInsecure() {
+		cfg.Logger.Error("meta: AUTHENTICATION IS OFF: the gRPC port and the raft transport accept anyone in plaintext (insecure mode, for benchmarks only)", "node", cfg.NodeID)
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), peers: map[uint64]Peer{}}
 	for id, p := range cfg.Peers {
 		s.peers[id] = p
@@ -231,7 +248,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.host, err = raft.NewHost(raft.HostConfig{
 		ID: cfg.NodeID, LogDirs: []string{filepath.Join(cfg.DataDir, "raft")},
-		ListenAddr: cfg.RaftAddr, Resolve: s.resolve,
+		ListenAddr: cfg.RaftAddr, Resolve: s.resolve, Security: s.raftSecurity(),
 		TickInterval: cfg.TickInterval, ElectionTicks: cfg.ElectionTicks,
 		Registerer: reg, Logger: cfg.Logger, FS: cfg.FS,
 		LogReserveBytes: cfg.DiskReserveBytes, LogBallastBytes: cfg.BallastBytes,
@@ -262,12 +279,24 @@ func New(cfg Config) (*Server, error) {
 		nsCfg.Logger = s.log
 	}
 	s.nsSvc = namespace.NewService(nsCfg, s.nsState, &nsRaft{s: s}, &scmBlocks{s: s})
-	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(guard.UnaryServerInterceptor(reg, s.log), s.intercept), grpc.ChainStreamInterceptor(guard.StreamServerInterceptor(reg, s.log)), grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes),
+	s.grpc = grpc.NewServer(cfg.TLS.GRPCServerOption(), grpc.ChainUnaryInterceptor(guard.UnaryServerInterceptor(reg, s.log), s.intercept), grpc.ChainStreamInterceptor(guard.StreamServerInterceptor(reg, s.log)), grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes),
 		grpc.NumStreamWorkers(uint32(max(cfg.GRPCStreamWorkers, 0))))
 	metapb.RegisterNamespaceServer(s.grpc, s.nsSvc)
 	metapb.RegisterScmServer(s.grpc, &scmServer{s: s})
 	ok = true
 	return s, nil
+}
+
+// raftSecurity authenticates the raft transport: only meta nodes among
+// the peers, each under its own node ID.
+func (s *Server) raftSecurity() *raft.Security {
+	if s.cfg.TLS.IsInsecure() {
+		return nil
+	}
+	return &raft.Security{
+		Server: s.cfg.TLS.ServerTLS(pki.RoleMeta), Client: s.cfg.TLS.ClientTLS(pki.RoleMeta),
+		Authenticate: pki.AuthenticateNodeID(pki.RoleMeta, func(id uint64) bool { _, ok := s.peer(id); return ok }),
+	}
 }
 
 func peerIDs(m map[uint64]Peer) []uint64 {
@@ -328,7 +357,8 @@ func (s *Server) Start() error {
 		}
 	}
 	if len(addrs) > 0 {
-		if s.fwd, err = metaclient.New(metaclient.Config{Addrs: addrs, CallTimeout: 10 * time.Second}); err != nil {
+		if s.fwd, err = metaclient.New(metaclient.Config{Addrs: addrs, CallTimeout: 10 * time.Second,
+			DialOptions: []grpc.DialOption{s.cfg.TLS.GRPCDialOption(pki.RoleMeta)}}); err != nil {
 			return err
 		}
 	}
@@ -530,6 +560,10 @@ func (b *scmBlocks) Locate(id uint64) (*metapb.Container, []*metapb.DatanodeDeta
 // UNAVAILABLE with a NotLeader detail naming the leader's gRPC address.
 func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	start := time.Now()
+	if err := s.authorize(ctx, info.FullMethod, req); err != nil {
+		s.metrics.observe(info.FullMethod, status.Code(err), time.Since(start))
+		return nil, err
+	}
 	if err := s.checkServiceToken(ctx, info.FullMethod); err != nil {
 		s.metrics.observe(info.FullMethod, status.Code(err), time.Since(start))
 		return nil, err

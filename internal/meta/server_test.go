@@ -58,7 +58,7 @@ func (c *cluster) newServer(id uint64) *Server {
 		}
 	}
 	s, err := New(Config{
-		NodeID: id, DataDir: filepath.Join(c.dir, fmt.Sprint(id)), Peers: peers,
+		NodeID: id, DataDir: filepath.Join(c.dir, fmt.Sprint(id)), Peers: peers, TLS: nodeCreds(id),
 		TickInterval: 20 * time.Millisecond, ElectionTicks: 10,
 		SCM:       c.scmCfg,
 		Namespace: namespace.Config{ServiceInterval: 50 * time.Millisecond},
@@ -90,11 +90,12 @@ func (c *cluster) addrs() []string {
 }
 
 func (c *cluster) client() *metaclient.Client {
-	cl, err := metaclient.New(metaclient.Config{Addrs: c.addrs(), CallTimeout: 20 * time.Second})
+	cl, err := metaclient.New(metaclient.Config{Addrs: c.addrs(), CallTimeout: 20 * time.Second, DialOptions: clientDial()})
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	c.t.Cleanup(func() { cl.Close() })
+	fleets.Store(cl, &fleet{addrs: c.addrs(), byID: map[uint64]*metaclient.Client{}})
 	return cl
 }
 
@@ -123,13 +124,19 @@ func registerDatanodes(t *testing.T, cl *metaclient.Client, n int) []uint64 {
 	ctx := context.Background()
 	var ids []uint64
 	for i := range n {
-		r, err := cl.Scm.RegisterDatanode(ctx, &metapb.RegisterDatanodeRequest{Details: &metapb.DatanodeDetails{
-			Uuid: fmt.Sprintf("uuid-%d", i), DataAddr: fmt.Sprintf("127.0.0.1:%d", 9000+i), RaftAddr: fmt.Sprintf("127.0.0.1:%d", 9100+i),
+		uuid := fmt.Sprintf("uuid-%d", i)
+		dc := dnClient(t, cl, uuid)
+		r, err := dc.Scm.RegisterDatanode(ctx, &metapb.RegisterDatanodeRequest{Details: &metapb.DatanodeDetails{
+			Uuid: uuid, DataAddr: fmt.Sprintf("127.0.0.1:%d", 9000+i), RaftAddr: fmt.Sprintf("127.0.0.1:%d", 9100+i),
 			Location: fmt.Sprintf("/dc1/rack%d", i%2)}})
 		if err != nil {
 			t.Fatalf("register: %v", err)
 		}
 		ids = append(ids, r.DatanodeId)
+		f, _ := fleets.Load(cl)
+		f.(*fleet).mu.Lock()
+		f.(*fleet).byID[r.DatanodeId] = dc
+		f.(*fleet).mu.Unlock()
 	}
 	return ids
 }
@@ -175,7 +182,7 @@ func TestSingleNodeEndToEnd(t *testing.T) {
 		t.Fatalf("missing key: %v", err)
 	}
 	// Heartbeat carries commands back: create-pipeline for its pipelines.
-	hb, err := cl.Scm.Heartbeat(ctx, &metapb.HeartbeatRequest{DatanodeId: ids[0]})
+	hb, err := dnScm(t, cl, ids[0]).Heartbeat(ctx, &metapb.HeartbeatRequest{DatanodeId: ids[0]})
 	if err != nil || len(hb.Commands) == 0 {
 		t.Fatalf("heartbeat: %v %v", hb, err)
 	}
@@ -184,7 +191,7 @@ func TestSingleNodeEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "delete-blocks command", func() bool {
-		hb, err := cl.Scm.Heartbeat(ctx, &metapb.HeartbeatRequest{DatanodeId: ki.Locations[0].Datanodes[0].Id})
+		hb, err := dnScm(t, cl, ki.Locations[0].Datanodes[0].Id).Heartbeat(ctx, &metapb.HeartbeatRequest{DatanodeId: ki.Locations[0].Datanodes[0].Id})
 		if err != nil {
 			return false
 		}
@@ -296,7 +303,7 @@ func TestRestartKeepsState(t *testing.T) {
 	if _, err := cl2.Namespace.GetVolume(ctx, &metapb.GetVolumeRequest{Name: "keep"}); err != nil {
 		t.Fatalf("volume lost in restart: %v", err)
 	}
-	r, err := cl2.Scm.RegisterDatanode(ctx, &metapb.RegisterDatanodeRequest{Details: &metapb.DatanodeDetails{Uuid: "uuid-0", DataAddr: "a:1", RaftAddr: "a:2"}})
+	r, err := dnClient(t, cl2, "uuid-0").Scm.RegisterDatanode(ctx, &metapb.RegisterDatanodeRequest{Details: &metapb.DatanodeDetails{Uuid: "uuid-0", DataAddr: "a:1", RaftAddr: "a:2"}})
 	if err != nil || r.DatanodeId != ids[0] {
 		t.Fatalf("datanode id after restart: %v %v, want %d", r, err, ids[0])
 	}
@@ -329,7 +336,7 @@ func TestDatanodeLoss(t *testing.T) {
 					continue
 				}
 				hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				cl.Scm.Heartbeat(hctx, &metapb.HeartbeatRequest{DatanodeId: id})
+				dnScm(t, cl, id).Heartbeat(hctx, &metapb.HeartbeatRequest{DatanodeId: id})
 				cancel()
 			}
 			select {

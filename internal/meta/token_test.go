@@ -49,7 +49,7 @@ func TestServiceToken(t *testing.T) {
 	}
 
 	dial := func(token string) *metaclient.Client {
-		mc, err := metaclient.New(metaclient.Config{Addrs: c.addrs(), ServiceToken: token})
+		mc, err := metaclient.New(metaclient.Config{Addrs: c.addrs(), ServiceToken: token, DialOptions: clientDial()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -145,7 +145,7 @@ func TestServiceTokenReplicated(t *testing.T) {
 	// refuses the cluster's token).
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	mc, err := metaclient.New(metaclient.Config{Addrs: c.addrs(), ServiceToken: first})
+	mc, err := metaclient.New(metaclient.Config{Addrs: c.addrs(), ServiceToken: first, DialOptions: clientDial()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func TestUnhealthyReplicaIsNoLocation(t *testing.T) {
 		t.Fatal(err)
 	}
 	cid, bad := blk.Id.ContainerId, blk.Datanodes[0].Id
-	if _, err := cl.Scm.Heartbeat(ctx, &metapb.HeartbeatRequest{DatanodeId: bad, FullReport: true,
+	if _, err := dnScm(t, cl, bad).Heartbeat(ctx, &metapb.HeartbeatRequest{DatanodeId: bad, FullReport: true,
 		Containers: []*metapb.ContainerReport{{ContainerId: cid, State: metapb.ContainerState_CONTAINER_UNHEALTHY}}}); err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,9 @@ type HostConfig struct {
 	// the TCP transport; called again on every reconnect, so addresses may
 	// change.
 	Resolve func(id uint64) (string, error)
+	// Security authenticates the TCP transport's connections (see
+	// Security; nil: plaintext, for tests of this package).
+	Security *Security
 	// Transport replaces the TCP transport (tests use an in-memory network).
 	Transport Transport
 	// Manual: see doc.go, "Manual mode". The host starts no goroutines;

@@ -42,6 +42,8 @@ type metrics struct {
 	badFrames           prometheus.Counter
 	readerPanics        prometheus.Counter
 	stepPanics          prometheus.Counter
+	connsRefused        *prometheus.CounterVec
+	forgedMessages      prometheus.Counter
 
 	mu sync.Mutex
 }
@@ -93,6 +95,8 @@ func newMetrics(host uint64, reg prometheus.Registerer) *metrics {
 	m.badFrames = counter("bad_frames_total", "Inbound frames rejected (checksum, size or decoding); the connection is closed.")
 	m.stepPanics = counter("step_panics_total", "Panics of etcd raft stepping an inbound message (its log cannot take it); the group is stopped.")
 	m.readerPanics = counter("reader_panics_total", "Panics recovered in a transport reader goroutine; the connection is closed.")
+	m.connsRefused = counterVec("connections_refused_total", "Inbound or outbound transport connections refused, by reason: tls (handshake or certificate), identity (the certificate is not the node the connection claims), busy (too many unauthenticated or per-peer connections), hello.", "reason")
+	m.forgedMessages = counter("forged_messages_total", "Inbound messages dropped because their From is not the node the connection authenticated (or their To is not this host).")
 	if reg != nil {
 		for _, c := range m.collectors {
 			if err := reg.Register(c); err != nil {

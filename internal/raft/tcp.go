@@ -3,6 +3,7 @@ package raft
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -35,8 +36,41 @@ type TCPConfig struct {
 	DialTimeout time.Duration
 	MaxBackoff  time.Duration
 
+	// Security authenticates both ends of every connection (nil:
+	// plaintext, anyone may connect: for tests of this package only).
+	Security *Security
+	// MaxPendingConns bounds the accepted connections that have not yet
+	// authenticated (TLS handshake and hello; default 64): more are closed
+	// at once, so a flood of connections costs neither goroutines nor
+	// memory beyond it.
+	MaxPendingConns int
+	// MaxConnsPerPeer bounds the authenticated inbound connections of one
+	// peer, message and snapshot connections together (default 8).
+	MaxConnsPerPeer int
+	// MaxPeers bounds the peers the transport keeps a queue and a writer
+	// for (default 4096); a message to a further peer is dropped.
+	MaxPeers int
+
 	// Metrics is set by the Host that owns the transport.
 	Metrics *metrics
+}
+
+// Security is the transport's mutual authentication. Every connection is
+// TLS, and the node ID a connection carries (the hello's sender) must be
+// the one its certificate proves: Authenticate decides, since how a
+// certificate's identity maps to a raft node ID is the owner's business
+// (a meta node's certificate names its node ID, a datanode's the UUID SCM
+// knows it by). Messages inside a connection whose From is not that node
+// are dropped and counted: one peer can never speak for another.
+type Security struct {
+	// Server is used for accepted connections and must require and
+	// verify a client certificate; Client for dialed ones and must verify
+	// the server's (package pki makes both).
+	Server, Client *tls.Config
+	// Authenticate reports whether the verified certificate in cs belongs
+	// to raft node id (an unknown node is an error too). It is called
+	// once per connection, on both sides.
+	Authenticate func(id uint64, cs *tls.ConnectionState) error
 }
 
 // TCPTransport keeps one TCP connection per pair of hosts and carries the
@@ -56,9 +90,13 @@ type TCPTransport struct {
 	log *slog.Logger
 	m   *metrics
 
-	mu    sync.Mutex
-	peers map[uint64]*peer
-	conns map[net.Conn]struct{}
+	mu      sync.Mutex
+	peers   map[uint64]*peer
+	conns   map[net.Conn]struct{}
+	inbound map[uint64]int // authenticated inbound connections per peer
+
+	pending   chan struct{} // a slot per connection not yet authenticated
+	lastWarnd atomic.Int64  // unix nanos of the last refusal logged
 
 	stopc  chan struct{}
 	wg     sync.WaitGroup
@@ -91,6 +129,18 @@ func NewTCPTransport(cfg TCPConfig) (*TCPTransport, error) {
 	if cfg.MaxBackoff == 0 {
 		cfg.MaxBackoff = 2 * time.Second
 	}
+	if cfg.MaxPendingConns <= 0 {
+		cfg.MaxPendingConns = 64
+	}
+	if cfg.MaxConnsPerPeer <= 0 {
+		cfg.MaxConnsPerPeer = 8
+	}
+	if cfg.MaxPeers <= 0 {
+		cfg.MaxPeers = 4096
+	}
+	if sec := cfg.Security; sec != nil && (sec.Server == nil || sec.Client == nil || sec.Authenticate == nil) {
+		return nil, errors.New("raft: transport Security needs Server, Client and Authenticate")
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -105,7 +155,8 @@ func NewTCPTransport(cfg TCPConfig) (*TCPTransport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raft: transport listen on %s: %w", cfg.ListenAddr, err)
 	}
-	return &TCPTransport{cfg: cfg, ln: ln, log: cfg.Logger, m: m, peers: make(map[uint64]*peer), conns: make(map[net.Conn]struct{}), stopc: make(chan struct{})}, nil
+	return &TCPTransport{cfg: cfg, ln: ln, log: cfg.Logger, m: m, peers: make(map[uint64]*peer), conns: make(map[net.Conn]struct{}),
+		inbound: make(map[uint64]int), pending: make(chan struct{}, cfg.MaxPendingConns), stopc: make(chan struct{})}, nil
 }
 
 // Addr implements Transport.
@@ -147,17 +198,81 @@ func (t *TCPTransport) track(c net.Conn) bool {
 }
 
 func (t *TCPTransport) untrack(c net.Conn) {
+	c = rawConn(c)
 	t.mu.Lock()
 	delete(t.conns, c)
 	t.mu.Unlock()
 	c.Close()
 }
 
+// rawConn is the TCP connection under a TLS one. Connections are closed
+// through it: tls.Conn.Close first sends close_notify, which waits for a
+// write in progress on a stuck peer.
+func rawConn(c net.Conn) net.Conn {
+	if tc, ok := c.(*tls.Conn); ok {
+		return tc.NetConn()
+	}
+	return c
+}
+
+// refused counts a refused connection and logs it, at most once a second.
+func (t *TCPTransport) refused(reason string, c net.Conn, err error) {
+	t.m.connsRefused.WithLabelValues(reason).Inc()
+	now := time.Now().UnixNano()
+	last := t.lastWarnd.Load()
+	if now-last > int64(time.Second) && t.lastWarnd.CompareAndSwap(last, now) && !t.closed.Load() {
+		t.log.Warn("raft transport refused a connection", "reason", reason, "remote", c.RemoteAddr(), "err", err)
+	}
+}
+
+// secureDialed authenticates a dialed connection as node id (TLS with the
+// server's certificate proving it is id); without Security it returns c.
+func (t *TCPTransport) secureDialed(ctx context.Context, c net.Conn, id uint64) (net.Conn, error) {
+	sec := t.cfg.Security
+	if sec == nil {
+		return c, nil
+	}
+	tc := tls.Client(c, sec.Client)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		t.m.connsRefused.WithLabelValues("tls").Inc()
+		return nil, fmt.Errorf("TLS handshake: %w", err)
+	}
+	cs := tc.ConnectionState()
+	if err := sec.Authenticate(id, &cs); err != nil {
+		t.m.connsRefused.WithLabelValues("identity").Inc()
+		return nil, fmt.Errorf("not node %d: %w", id, err)
+	}
+	return tc, nil
+}
+
+// inboundSlot reserves one of from's inbound connections; release gives
+// it back.
+func (t *TCPTransport) inboundSlot(from uint64) (release func(), ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.inbound[from] >= t.cfg.MaxConnsPerPeer {
+		return nil, false
+	}
+	t.inbound[from]++
+	return func() {
+		t.mu.Lock()
+		if t.inbound[from]--; t.inbound[from] <= 0 {
+			delete(t.inbound, from)
+		}
+		t.mu.Unlock()
+	}, true
+}
+
+// peer returns id's peer, creating it (with its queue and writer) unless
+// MaxPeers are kept already; then nil.
 func (t *TCPTransport) peer(id uint64) *peer {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	p, ok := t.peers[id]
 	if !ok {
+		if len(t.peers) >= t.cfg.MaxPeers {
+			return nil
+		}
 		p = &peer{t: t, id: id, queue: make(chan Outgoing, t.cfg.QueueSize), installed: make(chan struct{}, 1)}
 		t.peers[id] = p
 		t.wg.Add(1)
@@ -172,6 +287,10 @@ func (t *TCPTransport) Send(to uint64, msgs []Outgoing) {
 		return
 	}
 	p := t.peer(to)
+	if p == nil {
+		t.m.peerDropped.WithLabelValues("overflow").Add(float64(len(msgs)))
+		return
+	}
 	dropped := 0
 	for _, m := range msgs {
 		select {
@@ -225,7 +344,7 @@ func (p *peer) install(pc *peerConn) bool {
 		if !keepNew {
 			return false
 		}
-		old.c.Close()
+		rawConn(old.c).Close()
 	}
 	p.conn = pc
 	select {
@@ -247,7 +366,7 @@ func (p *peer) drop(pc *peerConn) {
 		p.conn = nil
 	}
 	p.mu.Unlock()
-	pc.c.Close()
+	rawConn(pc.c).Close()
 }
 
 func (p *peer) writeLoop() {
@@ -363,14 +482,19 @@ func (p *peer) dial() (*peerConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("resolve host %d: %w", p.id, err)
 	}
-	c, err := net.DialTimeout("tcp", addr, t.cfg.DialTimeout)
+	raw, err := net.DialTimeout("tcp", addr, t.cfg.DialTimeout)
 	if err != nil {
 		return nil, err
 	}
-	if !t.track(c) {
+	if !t.track(raw) {
 		return nil, ErrStopped
 	}
-	c.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
+	raw.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
+	c, err := t.secureDialed(context.Background(), raw, p.id)
+	if err != nil {
+		t.untrack(raw)
+		return nil, fmt.Errorf("host %d at %s: %w", p.id, addr, err)
+	}
 	if err := writeHello(c, connMessages, t.cfg.ID, p.id); err != nil {
 		t.untrack(c)
 		return nil, err
@@ -427,22 +551,64 @@ func (t *TCPTransport) acceptLoop() {
 	}
 }
 
-func (t *TCPTransport) serveConn(c net.Conn) {
-	defer t.wg.Done()
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+// authenticate runs an accepted connection's TLS handshake and reads its
+// hello, holding one of the MaxPendingConns slots meanwhile. The sender
+// named in the hello must be the node the certificate proves.
+func (t *TCPTransport) authenticate(raw net.Conn) (c net.Conn, kind byte, from uint64, err error) {
+	select {
+	case t.pending <- struct{}{}:
+		defer func() { <-t.pending }()
+	default:
+		t.refused("busy", raw, fmt.Errorf("%d connections are authenticating", t.cfg.MaxPendingConns))
+		return nil, 0, 0, errors.New("busy")
+	}
+	raw.SetDeadline(time.Now().Add(max(t.cfg.DialTimeout, 5*time.Second)))
+	c = raw
+	var tc *tls.Conn
+	if sec := t.cfg.Security; sec != nil {
+		tc = tls.Server(raw, sec.Server)
+		if err := tc.Handshake(); err != nil {
+			t.refused("tls", raw, err)
+			return nil, 0, 0, err
+		}
+		c = tc
+	}
 	var hello [21]byte
 	if _, err := io.ReadFull(c, hello[:]); err != nil || string(hello[:4]) != magic {
-		t.untrack(c)
-		return
+		t.refused("hello", raw, err)
+		return nil, 0, 0, errors.New("bad hello")
 	}
-	from := binary.BigEndian.Uint64(hello[5:])
+	from = binary.BigEndian.Uint64(hello[5:])
 	if to := binary.BigEndian.Uint64(hello[13:]); to != t.cfg.ID {
-		t.log.Warn("connection for another host", "from", from, "to", to)
-		t.untrack(c)
+		t.refused("hello", raw, fmt.Errorf("connection from %d for host %d", from, to))
+		return nil, 0, 0, errors.New("wrong host")
+	}
+	if tc != nil {
+		cs := tc.ConnectionState()
+		if err := t.cfg.Security.Authenticate(from, &cs); err != nil {
+			t.refused("identity", raw, fmt.Errorf("claims node %d: %w", from, err))
+			return nil, 0, 0, err
+		}
+	}
+	raw.SetDeadline(time.Time{})
+	return c, hello[4], from, nil
+}
+
+func (t *TCPTransport) serveConn(raw net.Conn) {
+	defer t.wg.Done()
+	c, kind, from, err := t.authenticate(raw)
+	if err != nil {
+		t.untrack(raw)
 		return
 	}
-	c.SetReadDeadline(time.Time{})
-	switch hello[4] {
+	release, ok := t.inboundSlot(from)
+	if !ok {
+		t.refused("busy", raw, fmt.Errorf("node %d has %d connections open", from, t.cfg.MaxConnsPerPeer))
+		t.untrack(raw)
+		return
+	}
+	defer release()
+	switch kind {
 	case connMessages:
 		var ack [12]byte
 		copy(ack[:], magic)
@@ -452,6 +618,11 @@ func (t *TCPTransport) serveConn(c net.Conn) {
 			return
 		}
 		p := t.peer(from)
+		if p == nil {
+			t.refused("busy", raw, fmt.Errorf("%d peers kept", t.cfg.MaxPeers))
+			t.untrack(c)
+			return
+		}
 		pc := &peerConn{c: c, w: bufio.NewWriterSize(c, 256<<10)}
 		// Read even if the tie-break discards the connection for sending:
 		// the other side may already have written to it.
@@ -506,8 +677,27 @@ func (t *TCPTransport) readLoop(p *peer, pc *peerConn, installed bool, r *bufio.
 		}
 		t.m.peerBytesRecv.WithLabelValues(label).Add(float64(len(frame) + frameHeaderLen))
 		t.m.peerMsgsRecv.WithLabelValues(label).Add(float64(len(msgs)))
-		t.h.HandleMessages(from, msgs)
+		if msgs = t.dropForged(from, msgs); len(msgs) > 0 {
+			t.h.HandleMessages(from, msgs)
+		}
 	}
+}
+
+// dropForged removes the messages that do not come from the connection's
+// node or are not for this host: a peer speaks only for itself.
+func (t *TCPTransport) dropForged(from uint64, msgs []Outgoing) []Outgoing {
+	out := msgs[:0]
+	for _, o := range msgs {
+		if m := o.Msg; m != nil && (m.GetFrom() != from || m.GetTo() != t.cfg.ID) {
+			t.m.forgedMessages.Inc()
+			if now, last := time.Now().UnixNano(), t.lastWarnd.Load(); now-last > int64(time.Second) && t.lastWarnd.CompareAndSwap(last, now) {
+				t.log.Warn("dropped a raft message a peer sent in another node's name", "peer", from, "from", m.GetFrom(), "to", m.GetTo(), "type", m.GetType())
+			}
+			continue
+		}
+		out = append(out, o)
+	}
+	return out
 }
 
 // encodeBatch builds one frame holding msgs. Returns the number of
@@ -665,16 +855,22 @@ func (t *TCPTransport) SendSnapshot(ctx context.Context, to, group uint64, m *pb
 		return err
 	}
 	d := net.Dialer{Timeout: t.cfg.DialTimeout}
-	c, err := d.DialContext(ctx, "tcp", addr)
+	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return err
 	}
-	if !t.track(c) {
+	if !t.track(raw) {
 		return ErrStopped
 	}
-	defer t.untrack(c)
-	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer t.untrack(raw)
+	stop := context.AfterFunc(ctx, func() { raw.Close() })
 	defer stop()
+	raw.SetDeadline(time.Now().Add(max(t.cfg.DialTimeout, 5*time.Second)))
+	c, err := t.secureDialed(ctx, raw, to)
+	if err != nil {
+		return fmt.Errorf("snapshot to host %d at %s: %w", to, addr, err)
+	}
+	raw.SetDeadline(time.Time{})
 	w := bufio.NewWriterSize(c, 1<<20)
 	if err := writeHello(w, connSnapshot, t.cfg.ID, to); err != nil {
 		return err
@@ -749,6 +945,10 @@ func (t *TCPTransport) serveSnapshot(from uint64, c net.Conn) {
 	}
 	m := &pb.Message{}
 	if err := proto.Unmarshal(mb, m); err != nil || m.GetType() != pb.MsgSnap {
+		return
+	}
+	if m.GetFrom() != from || m.GetTo() != t.cfg.ID {
+		t.dropForged(from, []Outgoing{{Group: group, Msg: m}})
 		return
 	}
 	body := &chunkReader{r: r}

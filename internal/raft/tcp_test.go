@@ -21,10 +21,16 @@ type tcpCluster struct {
 	addrs map[uint64]string
 	hosts map[uint64]*Host
 	reg   map[uint64]*prometheus.Registry
+	// security, if set, gives each host's transport its Security.
+	security func(id uint64) *Security
 }
 
 func newTCPCluster(t testing.TB, n int, tick time.Duration) *tcpCluster {
-	c := &tcpCluster{t: t, dir: t.TempDir(), addrs: map[uint64]string{}, hosts: map[uint64]*Host{}, reg: map[uint64]*prometheus.Registry{}}
+	return newTCPClusterWith(t, n, tick, nil)
+}
+
+func newTCPClusterWith(t testing.TB, n int, tick time.Duration, security func(id uint64) *Security) *tcpCluster {
+	c := &tcpCluster{t: t, dir: t.TempDir(), addrs: map[uint64]string{}, hosts: map[uint64]*Host{}, reg: map[uint64]*prometheus.Registry{}, security: security}
 	for id := uint64(1); id <= uint64(n); id++ {
 		c.start(id, tick)
 	}
@@ -48,9 +54,13 @@ func (c *tcpCluster) resolve(id uint64) (string, error) {
 
 func (c *tcpCluster) start(id uint64, tick time.Duration) *Host {
 	c.reg[id] = prometheus.NewRegistry()
+	var sec *Security
+	if c.security != nil {
+		sec = c.security(id)
+	}
 	h, err := NewHost(HostConfig{
 		ID: id, LogDirs: []string{filepath.Join(c.dir, fmt.Sprint(id), "log")},
-		ListenAddr: "127.0.0.1:0", Resolve: c.resolve, TickInterval: tick,
+		ListenAddr: "127.0.0.1:0", Resolve: c.resolve, TickInterval: tick, Security: sec,
 		Registerer: c.reg[id], Logger: testLogger(),
 	})
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/basalt-store/basalt/client"
 	"github.com/basalt-store/basalt/internal/guard"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/pki"
 )
 
 // Defaults and limits.
@@ -57,6 +58,8 @@ type Config struct {
 	// Client is the Basalt client to share (e.g. with other gateways in
 	// one process); nil: New makes one from MetaAddrs and Close closes it.
 	Client *client.Client
+	// Credentials authenticate the client New makes (client.Config).
+	Credentials *pki.Credentials
 	// Listen is the HTTP address ("127.0.0.1:9878"; ":0" picks a port).
 	Listen string
 	// Region is the gateway's region (default us-east-1). As S3's
@@ -194,7 +197,7 @@ func New(cfg Config) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, cl: cfg.Client, uploads: make(chan struct{}, cfg.MaxUploads)}
 	if g.cl == nil {
 		cl, err := client.New(client.Config{MetaAddrs: cfg.MetaAddrs, Logger: cfg.Logger, MaxBufferBytes: cfg.UploadBufferBytes,
-			ServiceToken: cfg.ServiceToken})
+			ServiceToken: cfg.ServiceToken, Credentials: cfg.Credentials})
 		if err != nil {
 			return nil, fmt.Errorf("s3: %w", err)
 		}

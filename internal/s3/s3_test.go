@@ -72,7 +72,7 @@ func setup(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
+	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
 		ServiceToken: c.ServiceToken()})
 	if err != nil {
 		t.Fatal(err)

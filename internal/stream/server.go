@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -54,6 +55,34 @@ type ServerConfig struct {
 	// failure of that stream, logged and counted (nil: a guard of the
 	// server's own, logging to Logger, exported nowhere).
 	Guard *guard.Guard
+	// Security authenticates both ends of every connection and decides
+	// who may open a stream and where it may be forwarded (nil:
+	// plaintext, anyone may connect and route anywhere: for tests of this
+	// package only).
+	Security *Security
+	// MaxHandshakes bounds the connections accepted but not yet through
+	// the TLS handshake and the header (default 64); more are closed at
+	// once.
+	MaxHandshakes int
+}
+
+// Security is the stream port's authentication. Every connection is
+// mutual TLS; a stream's opener must be allowed to open it (Upstream), and
+// a route entry must name a datanode the cluster knows at the address it
+// registered (Target), proven by that datanode's certificate (Verify),
+// before this datanode connects to it: a header cannot make a datanode
+// connect to an arbitrary host and port.
+type Security struct {
+	// Server is used for accepted connections (it must require a client
+	// certificate), Client for the connection to the next datanode.
+	Server, Client *tls.Config
+	// Upstream checks the verified opener of a stream with header h
+	// (e.g. a later hop must come from a datanode). Nil: any.
+	Upstream func(cs *tls.ConnectionState, h *Header) error
+	// Target checks a route entry before connecting to it; Verify checks
+	// the certificate the target presented. Both are required.
+	Target func(t Target) error
+	Verify func(t Target, cs *tls.ConnectionState) error
 }
 
 // Stats are a server's counters since it started.
@@ -62,6 +91,7 @@ type Stats struct {
 	Downstream    uint64 // streams accepted from another datanode
 	BytesReceived uint64 // payload bytes received
 	Failed        uint64 // streams that ended in an error
+	Refused       uint64 // connections refused: TLS, identity, route or too many handshakes
 	Active        int64  // streams open now
 }
 
@@ -77,8 +107,10 @@ type Server struct {
 	closing atomic.Bool
 	wg      sync.WaitGroup
 
-	firstHop, downstream, bytes, failed atomic.Uint64
-	active                              atomic.Int64
+	handshakes chan struct{} // a slot per connection not yet through its header
+
+	firstHop, downstream, bytes, failed, refused atomic.Uint64
+	active                                       atomic.Int64
 }
 
 // NewServer returns a server; Serve starts it.
@@ -101,13 +133,16 @@ func NewServer(cfg ServerConfig) *Server {
 	if cfg.Guard == nil {
 		cfg.Guard = guard.New(nil, cfg.Logger)
 	}
-	return &Server{cfg: cfg, log: cfg.Logger, conns: map[net.Conn]struct{}{}}
+	if cfg.MaxHandshakes <= 0 {
+		cfg.MaxHandshakes = 64
+	}
+	return &Server{cfg: cfg, log: cfg.Logger, conns: map[net.Conn]struct{}{}, handshakes: make(chan struct{}, cfg.MaxHandshakes)}
 }
 
 // Stats returns the counters.
 func (s *Server) Stats() Stats {
 	return Stats{FirstHop: s.firstHop.Load(), Downstream: s.downstream.Load(), BytesReceived: s.bytes.Load(),
-		Failed: s.failed.Load(), Active: s.active.Load()}
+		Failed: s.failed.Load(), Refused: s.refused.Load(), Active: s.active.Load()}
 }
 
 // Serve accepts streams on l until Close. It returns nil after Close.
@@ -235,7 +270,7 @@ func (s *Server) handle(up net.Conn) {
 			return nil
 		})
 		if st.down != nil {
-			st.down.Close()
+			closeRaw(st.down)
 		}
 	}
 	s.refuse(up, s.internalError(pe))
@@ -244,14 +279,16 @@ func (s *Server) handle(up net.Conn) {
 // serve runs a stream on up; *stp is set once the stream exists, so that
 // handle can discard its data if serve panics.
 func (s *Server) serve(up net.Conn, stp **stream) {
-	up.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
-	h, err := readHeader(up)
+	select {
+	case s.handshakes <- struct{}{}:
+	default:
+		s.refused.Add(1)
+		return
+	}
+	h, up, err := s.open(up)
+	<-s.handshakes
 	if err != nil {
-		if errors.Is(err, errBadHeader) {
-			s.failed.Add(1)
-			s.refuse(up, &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: err.Error()})
-		}
-		return // the peer went away before sending a header: nothing to say
+		return
 	}
 	if h.Hop == 0 {
 		s.firstHop.Add(1)
@@ -294,8 +331,55 @@ func (s *Server) serve(up net.Conn, stp **stream) {
 		s.refuse(up, st.err)
 	}
 	if st.down != nil {
-		st.down.Close()
+		closeRaw(st.down)
 	}
+}
+
+// open authenticates a new connection and reads its header: the opener's
+// certificate (when secured) must allow it to open this stream, and the
+// route may name only datanodes the cluster knows, at their addresses.
+func (s *Server) open(raw net.Conn) (*Header, net.Conn, error) {
+	raw.SetDeadline(time.Now().Add(s.cfg.Timeout))
+	up := raw
+	var cs *tls.ConnectionState
+	sec := s.cfg.Security
+	if sec != nil {
+		tc := tls.Server(raw, sec.Server)
+		if err := tc.Handshake(); err != nil {
+			s.refused.Add(1)
+			s.log.Debug("stream: TLS handshake refused", "remote", raw.RemoteAddr(), "err", err)
+			return nil, nil, err
+		}
+		st := tc.ConnectionState()
+		cs, up = &st, tc
+	}
+	raw.SetWriteDeadline(time.Time{})
+	h, err := readHeader(up)
+	if err != nil {
+		if errors.Is(err, errBadHeader) {
+			s.failed.Add(1)
+			s.refuse(up, &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: err.Error()})
+		}
+		return nil, nil, err // or the peer went away before sending a header: nothing to say
+	}
+	if sec != nil {
+		var rerr error
+		if sec.Upstream != nil {
+			rerr = sec.Upstream(cs, h)
+		}
+		for _, t := range h.Route {
+			if rerr != nil {
+				break
+			}
+			rerr = sec.Target(t)
+		}
+		if rerr != nil {
+			s.refused.Add(1)
+			s.refuse(up, &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, rerr)})
+			return nil, nil, rerr
+		}
+	}
+	return h, up, nil
 }
 
 // asError names this datanode in a backend's refusal.
@@ -323,7 +407,10 @@ func (s *Server) refuse(up net.Conn, e *Error) {
 	if _, err := up.Write(errorAck(e).encode(nil)); err != nil {
 		return
 	}
-	if tc, ok := up.(*net.TCPConn); ok {
+	switch tc := up.(type) {
+	case *net.TCPConn:
+		tc.CloseWrite()
+	case *tls.Conn:
 		tc.CloseWrite()
 	}
 	up.SetReadDeadline(time.Now().Add(2 * time.Second))
@@ -343,6 +430,25 @@ func (st *stream) connectDown() *Error {
 	if err != nil {
 		return &Error{Code: CodeUnreachable, Datanode: st.next.ID, Addr: st.next.Addr,
 			Reason: fmt.Sprintf("datanode %d cannot connect to it: %v", s.cfg.ID, err)}
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		// Packets are large; acks are tiny and must not wait for Nagle.
+		tc.SetNoDelay(true)
+	}
+	if sec := s.cfg.Security; sec != nil {
+		tc := tls.Client(c, sec.Client)
+		tc.SetDeadline(time.Now().Add(s.cfg.Timeout))
+		err := tc.Handshake()
+		if err == nil {
+			cs := tc.ConnectionState()
+			err = sec.Verify(st.next, &cs)
+		}
+		if err != nil {
+			c.Close()
+			return &Error{Code: CodeUnreachable, Datanode: st.next.ID, Addr: st.next.Addr,
+				Reason: fmt.Sprintf("datanode %d cannot authenticate it: %v", s.cfg.ID, err)}
+		}
+		c = tc
 	}
 	fwd := *h
 	fwd.Hop++
@@ -373,10 +479,6 @@ func (st *stream) connectDown() *Error {
 			Reason: fmt.Sprintf("answered the header with ack kind %#x value %d, want header ack at %d", a.kind, a.value, h.Offset)}
 	}
 	c.SetDeadline(time.Time{})
-	if tc, ok := c.(*net.TCPConn); ok {
-		// Packets are large; acks are tiny and must not wait for Nagle.
-		tc.SetNoDelay(true)
-	}
 	st.down = c
 	return nil
 }
@@ -390,7 +492,7 @@ func (st *stream) fail(e *Error) {
 		close(st.abort)
 		st.up.SetDeadline(time.Unix(1, 0))
 		if st.down != nil {
-			st.down.Close()
+			closeRaw(st.down)
 		}
 	})
 }
@@ -669,4 +771,14 @@ func (st *stream) ackLoop(doneQ <-chan done, downAcks <-chan ack) {
 			return
 		}
 	}
+}
+
+// closeRaw closes c, or the TCP connection under it if it is TLS:
+// tls.Conn.Close first sends close_notify, which waits behind a write in
+// progress to a stalled peer.
+func closeRaw(c net.Conn) error {
+	if tc, ok := c.(*tls.Conn); ok {
+		return tc.NetConn().Close()
+	}
+	return c.Close()
 }

@@ -2,6 +2,7 @@ package stream
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -35,6 +36,10 @@ type Options struct {
 	// Writer waits Timeout + (hops-1)·Timeout/2 for an ack, so a datanode
 	// in the chain reports a stall below it first, naming the right one.
 	Timeout time.Duration
+	// TLS authenticates the connection to the first datanode (the
+	// client's certificate; the datanode's is verified). Nil: plaintext,
+	// which a secured datanode refuses.
+	TLS *tls.Config
 }
 
 func (o *Options) setDefaults() error {
@@ -147,6 +152,15 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 	conn, err := d.DialContext(ctx, "tcp", first.Addr)
 	if err != nil {
 		return nil, &Error{Code: CodeUnreachable, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot connect: %v", err)}
+	}
+	if opts.TLS != nil {
+		tc := tls.Client(conn, opts.TLS)
+		conn.SetDeadline(time.Now().Add(opts.Timeout))
+		if err := tc.HandshakeContext(ctx); err != nil {
+			conn.Close()
+			return nil, &Error{Code: CodeUnreachable, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot connect: TLS: %v", err)}
+		}
+		conn = tc
 	}
 	w := &Writer{opts: opts, route: route, block: block, conn: conn, off: opts.Offset,
 		wait:  ackTimeout(opts.Timeout, len(route)),
@@ -313,7 +327,7 @@ func (w *Writer) send(payload []byte) error {
 }
 
 func (w *Writer) stall() error {
-	w.conn.Close()
+	closeRaw(w.conn)
 	<-w.ackDone
 	return &Error{Code: CodeTimeout, Datanode: w.route[0].ID, Addr: w.route[0].Addr,
 		Reason: fmt.Sprintf("block %v: no ack from the chain within %s (%d packets in flight)", w.block, w.wait, len(w.slots))}
@@ -338,7 +352,7 @@ func (w *Writer) writePacket(ph *packetHeader, payload []byte) error {
 				return e
 			}
 		case <-w.timer.C:
-			w.conn.Close()
+			closeRaw(w.conn)
 			<-w.ackDone
 		}
 		return w.connErr(err, fmt.Sprintf("sending packet %d", ph.seq))
@@ -373,7 +387,7 @@ func (w *Writer) Close() (uint64, []Chunk, error) {
 	}
 	err := w.close()
 	w.closed = true
-	w.conn.Close()
+	closeRaw(w.conn)
 	putBuf(w.buf)
 	if err != nil {
 		return 0, nil, err
@@ -421,7 +435,7 @@ func (w *Writer) Abort() {
 		return
 	}
 	w.closed = true
-	w.conn.Close()
+	closeRaw(w.conn)
 	<-w.ackDone
 	putBuf(w.buf)
 }

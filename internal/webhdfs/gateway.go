@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/pki"
 )
 
 // Defaults and limits.
@@ -49,6 +50,8 @@ type Config struct {
 	// Client is the Basalt client to share; nil: New makes one from
 	// MetaAddrs and Close closes it.
 	Client *client.Client
+	// Credentials authenticate the client New makes (client.Config).
+	Credentials *pki.Credentials
 	// Listen is the HTTP address ("127.0.0.1:9870"; ":0" picks a port).
 	Listen string
 	// MaxTransfers bounds the data-moving requests (OPEN, CREATE's data
@@ -108,7 +111,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g := &Gateway{cfg: cfg, cl: cfg.Client, transfers: make(chan struct{}, cfg.MaxTransfers)}
 	if g.cl == nil {
-		cl, err := client.New(client.Config{MetaAddrs: cfg.MetaAddrs, Logger: cfg.Logger, MaxBufferBytes: cfg.UploadBufferBytes})
+		cl, err := client.New(client.Config{MetaAddrs: cfg.MetaAddrs, Logger: cfg.Logger, MaxBufferBytes: cfg.UploadBufferBytes, Credentials: cfg.Credentials})
 		if err != nil {
 			return nil, fmt.Errorf("webhdfs: %w", err)
 		}

@@ -48,7 +48,7 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
+	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
 	if err != nil {
 		panic(err)
 	}

@@ -1,0 +1,253 @@
+package stream
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/basalt-store/basalt/internal/pki"
+	"github.com/basalt-store/basalt/internal/storage"
+)
+
+// secureCluster is stream servers with datanode certificates and a
+// registry of the datanodes the cluster knows (what SCM is to a real
+// datanode): ID → address and certificate UUID.
+type secureCluster struct {
+	ca    *pki.CA
+	mu    sync.Mutex
+	known map[uint64]Target
+	uuid  map[uint64]string
+	nodes []*node
+}
+
+func newSecureCluster(t *testing.T, k int) *secureCluster {
+	ca, err := pki.NewCA("stream test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &secureCluster{ca: ca, known: map[uint64]Target{}, uuid: map[uint64]string{}}
+	for i := range k {
+		c.start(t, uint64(i+1))
+	}
+	return c
+}
+
+func (c *secureCluster) issue(t *testing.T, role pki.Role, id string) *pki.Credentials {
+	t.Helper()
+	cr, err := c.ca.Issue(pki.Identity{Role: role, ID: id}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cr
+}
+
+func (c *secureCluster) security(cr *pki.Credentials) *Security {
+	return &Security{
+		Server: cr.ServerTLS(pki.RoleClient, pki.RoleDatanode),
+		Client: cr.ClientTLS(pki.RoleDatanode),
+		Upstream: func(cs *tls.ConnectionState, h *Header) error {
+			id, err := pki.PeerIdentity(cs)
+			if err == nil && h.Hop > 0 && id.Role != pki.RoleDatanode {
+				err = fmt.Errorf("%s may not open hop %d", id, h.Hop)
+			}
+			return err
+		},
+		Target: func(t Target) error {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if k, ok := c.known[t.ID]; !ok || k.Addr != t.Addr {
+				return fmt.Errorf("route names %d at %s: not a datanode the cluster registered there", t.ID, t.Addr)
+			}
+			return nil
+		},
+		Verify: func(t Target, cs *tls.ConnectionState) error {
+			id, err := pki.PeerIdentity(cs)
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if err == nil && (id.Role != pki.RoleDatanode || id.ID != c.uuid[t.ID]) {
+				err = fmt.Errorf("%s is not datanode %d", id, t.ID)
+			}
+			return err
+		},
+	}
+}
+
+func (c *secureCluster) start(t *testing.T, id uint64) {
+	st, err := storage.Open(storage.Options{Volumes: []string{t.TempDir()}, ContainerSize: 4 << 30, KeepUncommitted: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid := fmt.Sprintf("dn-%d", id)
+	cr := c.issue(t, pki.RoleDatanode, uuid)
+	n := &node{id: id, st: st, lis: lis,
+		srv: NewServer(ServerConfig{ID: id, Backend: storeBackend{st: st}, Timeout: 5 * time.Second, Security: c.security(cr)})}
+	go n.srv.Serve(lis)
+	t.Cleanup(func() {
+		n.srv.Close()
+		st.Close()
+	})
+	c.mu.Lock()
+	c.known[id], c.uuid[id] = n.target(), uuid
+	c.nodes = append(c.nodes, n)
+	c.mu.Unlock()
+}
+
+func (c *secureCluster) route() []Target {
+	var r []Target
+	for _, n := range c.nodes {
+		r = append(r, n.target())
+	}
+	return r
+}
+
+func writeBlock(ctx context.Context, route []Target, b BlockID, data []byte, cfg *tls.Config) (uint64, []Chunk, error) {
+	w, err := Dial(ctx, route, 1, b, Options{TLS: cfg, Timeout: 5 * time.Second})
+	if err != nil {
+		return 0, nil, err
+	}
+	if _, err := w.Write(data); err != nil {
+		w.Abort()
+		return 0, nil, err
+	}
+	return w.Close()
+}
+
+func TestSecureChainWrite(t *testing.T) {
+	c := newSecureCluster(t, 3)
+	client := c.issue(t, pki.RoleClient, "app")
+	data := payload(3<<20+17, 1)
+	b := BlockID{1, 1}
+	length, chunks, err := writeBlock(context.Background(), c.route(), b, data, client.ClientTLS(pki.RoleDatanode))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.nodes {
+		commitAndCheck(t, n.st, b, length, chunks, data)
+	}
+}
+
+func TestStreamRefusesUnauthenticated(t *testing.T) {
+	c := newSecureCluster(t, 2)
+	other, err := pki.NewCA("attacker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := other.Issue(pki.Identity{Role: pki.RoleClient, ID: "x"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noCert := c.issue(t, pki.RoleClient, "app").ClientTLS(pki.RoleDatanode)
+	noCert.Certificates = nil
+	for _, tc := range []struct {
+		name string
+		cfg  *tls.Config
+	}{{"plaintext", nil}, {"no certificate", noCert}, {"wrong CA", stranger.ClientTLS()}} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := c.nodes[0].srv.Stats().Refused
+			_, _, err := writeBlock(context.Background(), c.route(), BlockID{1, 2}, payload(1000, 2), tc.cfg)
+			if err == nil {
+				t.Fatal("stream accepted")
+			}
+			waitFor(t, 10*time.Second, "the refusal counted", func() bool { return c.nodes[0].srv.Stats().Refused > before })
+			if _, err := c.nodes[0].st.Container(1); err == nil {
+				if _, err := c.nodes[0].st.ReadChunk(1, 2, 0, 1); err == nil {
+					t.Fatal("data of a refused stream was stored")
+				}
+			}
+		})
+	}
+}
+
+// TestStreamRouteToNonMemberRefused: a route entry may name only a
+// datanode the cluster registered, at its address, proven by its
+// certificate; a datanode never connects to an arbitrary host and port.
+func TestStreamRouteToNonMemberRefused(t *testing.T) {
+	c := newSecureCluster(t, 2)
+	client := c.issue(t, pki.RoleClient, "app").ClientTLS(pki.RoleDatanode)
+	// The attacker's listener; any connection to it is the failure.
+	evil, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evil.Close()
+	var dialed atomic.Int64
+	go func() {
+		for {
+			cn, err := evil.Accept()
+			if err != nil {
+				return
+			}
+			dialed.Add(1)
+			cn.Close()
+		}
+	}()
+	first := c.nodes[0].target()
+	for _, tc := range []struct {
+		name string
+		next Target
+	}{
+		{"unknown ID, arbitrary address", Target{ID: 99, Addr: evil.Addr().String()}},
+		{"member ID, arbitrary address", Target{ID: 2, Addr: evil.Addr().String()}},
+		{"member ID, another member's address", Target{ID: 2, Addr: first.Addr}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := writeBlock(context.Background(), []Target{first, tc.next}, BlockID{1, 3}, payload(1000, 3), client)
+			var se *Error
+			if !errors.As(err, &se) || se.Code != CodeBadHeader {
+				t.Fatalf("got %v, want a CodeBadHeader refusal", err)
+			}
+		})
+	}
+	if n := dialed.Load(); n != 0 {
+		t.Fatalf("a datanode connected to the attacker's address %d times", n)
+	}
+	// A registered address now served by a datanode whose certificate is
+	// not that datanode's: the TLS check refuses it.
+	c.mu.Lock()
+	c.uuid[2] = "someone-else"
+	c.mu.Unlock()
+	_, _, err = writeBlock(context.Background(), c.route(), BlockID{1, 4}, payload(1000, 4), client)
+	var se *Error
+	if !errors.As(err, &se) || se.Code != CodeUnreachable || se.Datanode != 2 {
+		t.Fatalf("got %v, want datanode 2 unreachable (not authenticated)", err)
+	}
+}
+
+// TestStreamLaterHopNeedsDatanode: a client cannot open a stream as a
+// downstream hop (which skips the route checks of the hops before).
+func TestStreamLaterHopNeedsDatanode(t *testing.T) {
+	c := newSecureCluster(t, 1)
+	client := c.issue(t, pki.RoleClient, "app").ClientTLS(pki.RoleDatanode)
+	raw, err := net.DialTimeout("tcp", c.nodes[0].target().Addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	raw.SetDeadline(time.Now().Add(10 * time.Second))
+	tc := tls.Client(raw, client)
+	hb, err := encodeHeader(nil, &Header{Hop: 1, Pipeline: 1, Block: BlockID{1, 5}, PacketSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tc.Write(hb); err != nil {
+		t.Fatal(err)
+	}
+	var a ack
+	var ab [ackLen]byte
+	if err := readAck(tc, &ab, &a); err != nil {
+		t.Fatal(err)
+	}
+	if a.kind != kindError {
+		t.Fatalf("a client opened hop 1: ack kind %#x", a.kind)
+	}
+}
