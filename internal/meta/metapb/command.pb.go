@@ -43,6 +43,7 @@ type ScmCommand struct {
 	//	*ScmCommand_ReplicasUnhealthy
 	//	*ScmCommand_ReplicaAdded
 	//	*ScmCommand_ReplicasRemoved
+	//	*ScmCommand_SecretKeys
 	Op            isScmCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -200,6 +201,15 @@ func (x *ScmCommand) GetReplicasRemoved() *ReplicasRemovedOp {
 	return nil
 }
 
+func (x *ScmCommand) GetSecretKeys() *SecretKeysOp {
+	if x != nil {
+		if x, ok := x.Op.(*ScmCommand_SecretKeys); ok {
+			return x.SecretKeys
+		}
+	}
+	return nil
+}
+
 type isScmCommand_Op interface {
 	isScmCommand_Op()
 }
@@ -252,6 +262,10 @@ type ScmCommand_ReplicasRemoved struct {
 	ReplicasRemoved *ReplicasRemovedOp `protobuf:"bytes,13,opt,name=replicas_removed,json=replicasRemoved,proto3,oneof"`
 }
 
+type ScmCommand_SecretKeys struct {
+	SecretKeys *SecretKeysOp `protobuf:"bytes,180,opt,name=secret_keys,json=secretKeys,proto3,oneof"`
+}
+
 func (*ScmCommand_RegisterDatanode) isScmCommand_Op() {}
 
 func (*ScmCommand_CreatePipeline) isScmCommand_Op() {}
@@ -275,6 +289,8 @@ func (*ScmCommand_ReplicasUnhealthy) isScmCommand_Op() {}
 func (*ScmCommand_ReplicaAdded) isScmCommand_Op() {}
 
 func (*ScmCommand_ReplicasRemoved) isScmCommand_Op() {}
+
+func (*ScmCommand_SecretKeys) isScmCommand_Op() {}
 
 type RegisterDatanodeOp struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2003,11 +2019,65 @@ func (x *FsEntry) GetModifiedUnixMs() int64 {
 	return 0
 }
 
+// SecretKeysOp adds a block token key and drops expired ones (SCM key
+// "k/"); proposed by the SCM leader's key rotation.
+type SecretKeysOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Add           *SecretKey             `protobuf:"bytes,1,opt,name=add,proto3" json:"add,omitempty"`
+	Remove        []uint64               `protobuf:"varint,2,rep,packed,name=remove,proto3" json:"remove,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecretKeysOp) Reset() {
+	*x = SecretKeysOp{}
+	mi := &file_meta_command_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecretKeysOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecretKeysOp) ProtoMessage() {}
+
+func (x *SecretKeysOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecretKeysOp.ProtoReflect.Descriptor instead.
+func (*SecretKeysOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *SecretKeysOp) GetAdd() *SecretKey {
+	if x != nil {
+		return x.Add
+	}
+	return nil
+}
+
+func (x *SecretKeysOp) GetRemove() []uint64 {
+	if x != nil {
+		return x.Remove
+	}
+	return nil
+}
+
 var File_meta_command_proto protoreflect.FileDescriptor
 
 const file_meta_command_proto_rawDesc = "" +
 	"\n" +
-	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\"\xee\a\n" +
+	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\"\xb0\b\n" +
 	"\n" +
 	"ScmCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12Q\n" +
@@ -2023,7 +2093,9 @@ const file_meta_command_proto_rawDesc = "" +
 	" \x01(\v2 .basalt.meta.v1.PurgeDeleteTxsOpH\x00R\x0epurgeDeleteTxs\x12T\n" +
 	"\x12replicas_unhealthy\x18\v \x01(\v2#.basalt.meta.v1.ReplicasUnhealthyOpH\x00R\x11replicasUnhealthy\x12E\n" +
 	"\rreplica_added\x18\f \x01(\v2\x1e.basalt.meta.v1.ReplicaAddedOpH\x00R\freplicaAdded\x12N\n" +
-	"\x10replicas_removed\x18\r \x01(\v2!.basalt.meta.v1.ReplicasRemovedOpH\x00R\x0freplicasRemovedB\x04\n" +
+	"\x10replicas_removed\x18\r \x01(\v2!.basalt.meta.v1.ReplicasRemovedOpH\x00R\x0freplicasRemoved\x12@\n" +
+	"\vsecret_keys\x18\xb4\x01 \x01(\v2\x1c.basalt.meta.v1.SecretKeysOpH\x00R\n" +
+	"secretKeysB\x04\n" +
 	"\x02op\"O\n" +
 	"\x12RegisterDatanodeOp\x129\n" +
 	"\adetails\x18\x01 \x01(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\adetails\"o\n" +
@@ -2142,7 +2214,10 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x06is_dir\x18\x01 \x01(\bR\x05isDir\x12\x15\n" +
 	"\x06dir_id\x18\x02 \x01(\x04R\x05dirId\x12+\n" +
 	"\x04file\x18\x03 \x01(\v2\x17.basalt.meta.v1.KeyInfoR\x04file\x12(\n" +
-	"\x10modified_unix_ms\x18\x04 \x01(\x03R\x0emodifiedUnixMsB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
+	"\x10modified_unix_ms\x18\x04 \x01(\x03R\x0emodifiedUnixMs\"S\n" +
+	"\fSecretKeysOp\x12+\n" +
+	"\x03add\x18\x01 \x01(\v2\x19.basalt.meta.v1.SecretKeyR\x03add\x12\x16\n" +
+	"\x06remove\x18\x02 \x03(\x04R\x06removeB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
 
 var (
 	file_meta_command_proto_rawDescOnce sync.Once
@@ -2156,7 +2231,7 @@ func file_meta_command_proto_rawDescGZIP() []byte {
 	return file_meta_command_proto_rawDescData
 }
 
-var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_meta_command_proto_goTypes = []any{
 	(*ScmCommand)(nil),                     // 0: basalt.meta.v1.ScmCommand
 	(*RegisterDatanodeOp)(nil),             // 1: basalt.meta.v1.RegisterDatanodeOp
@@ -2184,29 +2259,31 @@ var file_meta_command_proto_goTypes = []any{
 	(*DeletedRow)(nil),                     // 23: basalt.meta.v1.DeletedRow
 	(*PendingDirRow)(nil),                  // 24: basalt.meta.v1.PendingDirRow
 	(*FsEntry)(nil),                        // 25: basalt.meta.v1.FsEntry
-	(*DeleteBlocksRequest)(nil),            // 26: basalt.meta.v1.DeleteBlocksRequest
-	(*DatanodeDetails)(nil),                // 27: basalt.meta.v1.DatanodeDetails
-	(Replication)(0),                       // 28: basalt.meta.v1.Replication
-	(*CreateVolumeRequest)(nil),            // 29: basalt.meta.v1.CreateVolumeRequest
-	(*DeleteVolumeRequest)(nil),            // 30: basalt.meta.v1.DeleteVolumeRequest
-	(*CreateBucketRequest)(nil),            // 31: basalt.meta.v1.CreateBucketRequest
-	(*DeleteBucketRequest)(nil),            // 32: basalt.meta.v1.DeleteBucketRequest
-	(*CommitKeyRequest)(nil),               // 33: basalt.meta.v1.CommitKeyRequest
-	(*RenameKeyRequest)(nil),               // 34: basalt.meta.v1.RenameKeyRequest
-	(*DeleteKeyRequest)(nil),               // 35: basalt.meta.v1.DeleteKeyRequest
-	(*CreateDirectoryRequest)(nil),         // 36: basalt.meta.v1.CreateDirectoryRequest
-	(*SetKeyMetaRequest)(nil),              // 37: basalt.meta.v1.SetKeyMetaRequest
-	(*CompleteMultipartUploadRequest)(nil), // 38: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 39: basalt.meta.v1.AbortMultipartUploadRequest
-	(*CreateS3SecretRequest)(nil),          // 40: basalt.meta.v1.CreateS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 41: basalt.meta.v1.DeleteS3SecretRequest
-	(*CopyKeyRequest)(nil),                 // 42: basalt.meta.v1.CopyKeyRequest
-	(*OpenKeyRequest)(nil),                 // 43: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 44: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 45: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 46: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 47: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 48: basalt.meta.v1.KeyInfo
+	(*SecretKeysOp)(nil),                   // 26: basalt.meta.v1.SecretKeysOp
+	(*DeleteBlocksRequest)(nil),            // 27: basalt.meta.v1.DeleteBlocksRequest
+	(*DatanodeDetails)(nil),                // 28: basalt.meta.v1.DatanodeDetails
+	(Replication)(0),                       // 29: basalt.meta.v1.Replication
+	(*CreateVolumeRequest)(nil),            // 30: basalt.meta.v1.CreateVolumeRequest
+	(*DeleteVolumeRequest)(nil),            // 31: basalt.meta.v1.DeleteVolumeRequest
+	(*CreateBucketRequest)(nil),            // 32: basalt.meta.v1.CreateBucketRequest
+	(*DeleteBucketRequest)(nil),            // 33: basalt.meta.v1.DeleteBucketRequest
+	(*CommitKeyRequest)(nil),               // 34: basalt.meta.v1.CommitKeyRequest
+	(*RenameKeyRequest)(nil),               // 35: basalt.meta.v1.RenameKeyRequest
+	(*DeleteKeyRequest)(nil),               // 36: basalt.meta.v1.DeleteKeyRequest
+	(*CreateDirectoryRequest)(nil),         // 37: basalt.meta.v1.CreateDirectoryRequest
+	(*SetKeyMetaRequest)(nil),              // 38: basalt.meta.v1.SetKeyMetaRequest
+	(*CompleteMultipartUploadRequest)(nil), // 39: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 40: basalt.meta.v1.AbortMultipartUploadRequest
+	(*CreateS3SecretRequest)(nil),          // 41: basalt.meta.v1.CreateS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 42: basalt.meta.v1.DeleteS3SecretRequest
+	(*CopyKeyRequest)(nil),                 // 43: basalt.meta.v1.CopyKeyRequest
+	(*OpenKeyRequest)(nil),                 // 44: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 45: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 46: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 47: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 48: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 49: basalt.meta.v1.KeyInfo
+	(*SecretKey)(nil),                      // 50: basalt.meta.v1.SecretKey
 }
 var file_meta_command_proto_depIdxs = []int32{
 	1,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -2216,49 +2293,51 @@ var file_meta_command_proto_depIdxs = []int32{
 	5,  // 4: basalt.meta.v1.ScmCommand.close_containers:type_name -> basalt.meta.v1.CloseContainersOp
 	6,  // 5: basalt.meta.v1.ScmCommand.container_closed:type_name -> basalt.meta.v1.ContainerClosedOp
 	7,  // 6: basalt.meta.v1.ScmCommand.allocate_id_range:type_name -> basalt.meta.v1.AllocateIDRangeOp
-	26, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
+	27, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
 	8,  // 8: basalt.meta.v1.ScmCommand.purge_delete_txs:type_name -> basalt.meta.v1.PurgeDeleteTxsOp
 	9,  // 9: basalt.meta.v1.ScmCommand.replicas_unhealthy:type_name -> basalt.meta.v1.ReplicasUnhealthyOp
 	10, // 10: basalt.meta.v1.ScmCommand.replica_added:type_name -> basalt.meta.v1.ReplicaAddedOp
 	11, // 11: basalt.meta.v1.ScmCommand.replicas_removed:type_name -> basalt.meta.v1.ReplicasRemovedOp
-	27, // 12: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
-	28, // 13: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
-	12, // 14: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
-	29, // 15: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
-	30, // 16: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
-	31, // 17: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
-	32, // 18: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
-	16, // 19: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
-	17, // 20: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
-	33, // 21: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
-	34, // 22: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
-	35, // 23: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
-	36, // 24: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
-	18, // 25: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
-	20, // 26: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
-	21, // 27: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
-	37, // 28: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
-	19, // 29: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
-	38, // 30: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
-	39, // 31: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
-	40, // 32: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
-	41, // 33: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
-	42, // 34: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
-	15, // 35: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
-	43, // 36: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	44, // 37: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	44, // 38: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	45, // 39: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	28, // 40: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	46, // 41: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	47, // 42: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	47, // 43: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	48, // 44: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	45, // [45:45] is the sub-list for method output_type
-	45, // [45:45] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	26, // 12: basalt.meta.v1.ScmCommand.secret_keys:type_name -> basalt.meta.v1.SecretKeysOp
+	28, // 13: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
+	29, // 14: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
+	12, // 15: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
+	30, // 16: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
+	31, // 17: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
+	32, // 18: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
+	33, // 19: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
+	16, // 20: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
+	17, // 21: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
+	34, // 22: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
+	35, // 23: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
+	36, // 24: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
+	37, // 25: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
+	18, // 26: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
+	20, // 27: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
+	21, // 28: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
+	38, // 29: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
+	19, // 30: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
+	39, // 31: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
+	40, // 32: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
+	41, // 33: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
+	42, // 34: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
+	43, // 35: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
+	15, // 36: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
+	44, // 37: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	45, // 38: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	45, // 39: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	46, // 40: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	29, // 41: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	47, // 42: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	48, // 43: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	48, // 44: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	49, // 45: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	50, // 46: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
+	47, // [47:47] is the sub-list for method output_type
+	47, // [47:47] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -2280,6 +2359,7 @@ func file_meta_command_proto_init() {
 		(*ScmCommand_ReplicasUnhealthy)(nil),
 		(*ScmCommand_ReplicaAdded)(nil),
 		(*ScmCommand_ReplicasRemoved)(nil),
+		(*ScmCommand_SecretKeys)(nil),
 	}
 	file_meta_command_proto_msgTypes[14].OneofWrappers = []any{
 		(*NsCommand_CreateVolume)(nil),
@@ -2310,7 +2390,7 @@ func file_meta_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_command_proto_rawDesc), len(file_meta_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

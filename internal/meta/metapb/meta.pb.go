@@ -1029,7 +1029,11 @@ type BlockLocation struct {
 	ContainerState ContainerState         `protobuf:"varint,5,opt,name=container_state,json=containerState,proto3,enum=basalt.meta.v1.ContainerState" json:"container_state,omitempty"`
 	// Healthy replicas, nearest to the caller's location first. Replicas
 	// recorded UNHEALTHY (Container.unhealthy_replicas) are left out.
-	Datanodes     []*DatanodeDetails `protobuf:"bytes,6,rep,name=datanodes,proto3" json:"datanodes,omitempty"`
+	Datanodes []*DatanodeDetails `protobuf:"bytes,6,rep,name=datanodes,proto3" json:"datanodes,omitempty"`
+	// Block token (package blocktoken) granting read (LookupKey) or write
+	// (OpenKey, AllocateBlock) on this block; datanodes refuse a data call
+	// without a valid one.
+	Token         []byte `protobuf:"bytes,180,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1102,6 +1106,13 @@ func (x *BlockLocation) GetContainerState() ContainerState {
 func (x *BlockLocation) GetDatanodes() []*DatanodeDetails {
 	if x != nil {
 		return x.Datanodes
+	}
+	return nil
+}
+
+func (x *BlockLocation) GetToken() []byte {
+	if x != nil {
+		return x.Token
 	}
 	return nil
 }
@@ -1224,8 +1235,10 @@ type RegisterDatanodeResponse struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
 	DatanodeId          uint64                 `protobuf:"varint,1,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
 	HeartbeatIntervalMs int64                  `protobuf:"varint,2,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// SCM's block token keys; they replace the datanode's set.
+	SecretKeys    []*SecretKey `protobuf:"bytes,180,rep,name=secret_keys,json=secretKeys,proto3" json:"secret_keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterDatanodeResponse) Reset() {
@@ -1270,6 +1283,13 @@ func (x *RegisterDatanodeResponse) GetHeartbeatIntervalMs() int64 {
 		return x.HeartbeatIntervalMs
 	}
 	return 0
+}
+
+func (x *RegisterDatanodeResponse) GetSecretKeys() []*SecretKey {
+	if x != nil {
+		return x.SecretKeys
+	}
+	return nil
 }
 
 type HeartbeatRequest struct {
@@ -1497,7 +1517,9 @@ type HeartbeatResponse struct {
 	State    NodeState              `protobuf:"varint,2,opt,name=state,proto3,enum=basalt.meta.v1.NodeState" json:"state,omitempty"`
 	// REREGISTER: SCM does not know this datanode (e.g. its state was lost);
 	// the datanode must call RegisterDatanode again.
-	Reregister    bool `protobuf:"varint,3,opt,name=reregister,proto3" json:"reregister,omitempty"`
+	Reregister bool `protobuf:"varint,3,opt,name=reregister,proto3" json:"reregister,omitempty"`
+	// SCM's block token keys; they replace the datanode's set.
+	SecretKeys    []*SecretKey `protobuf:"bytes,180,rep,name=secret_keys,json=secretKeys,proto3" json:"secret_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1551,6 +1573,13 @@ func (x *HeartbeatResponse) GetReregister() bool {
 		return x.Reregister
 	}
 	return false
+}
+
+func (x *HeartbeatResponse) GetSecretKeys() []*SecretKey {
+	if x != nil {
+		return x.SecretKeys
+	}
+	return nil
 }
 
 type DatanodeCommand struct {
@@ -1705,9 +1734,12 @@ func (*DatanodeCommand_DeleteContainer) isDatanodeCommand_Command() {}
 // replica reported (or gives the copy to another datanode); a datanode
 // that is copying it or holds it already ignores the repeat.
 type ReplicateContainerCommand struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
-	Sources       []*DatanodeDetails     `protobuf:"bytes,2,rep,name=sources,proto3" json:"sources,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Sources     []*DatanodeDetails     `protobuf:"bytes,2,rep,name=sources,proto3" json:"sources,omitempty"`
+	// Block token for the whole container (local ID 0, read), presented to
+	// the sources' ExportContainer.
+	Token         []byte `protobuf:"bytes,180,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1752,6 +1784,13 @@ func (x *ReplicateContainerCommand) GetContainerId() uint64 {
 func (x *ReplicateContainerCommand) GetSources() []*DatanodeDetails {
 	if x != nil {
 		return x.Sources
+	}
+	return nil
+}
+
+func (x *ReplicateContainerCommand) GetToken() []byte {
+	if x != nil {
+		return x.Token
 	}
 	return nil
 }
@@ -6951,6 +6990,78 @@ func (*DeleteS3SecretResponse) Descriptor() ([]byte, []int) {
 	return file_meta_meta_proto_rawDescGZIP(), []int{101}
 }
 
+// SecretKey is one of SCM's block token keys (package blocktoken),
+// recorded through the SCM Raft group.
+type SecretKey struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Secret        []byte                 `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"` // 32 bytes
+	CreatedUnixMs int64                  `protobuf:"varint,3,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	// Tokens are signed with the newest key whose activation time has come;
+	// verifiers accept a key as soon as they hold it.
+	ActivateUnixMs int64 `protobuf:"varint,4,opt,name=activate_unix_ms,json=activateUnixMs,proto3" json:"activate_unix_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SecretKey) Reset() {
+	*x = SecretKey{}
+	mi := &file_meta_meta_proto_msgTypes[102]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecretKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecretKey) ProtoMessage() {}
+
+func (x *SecretKey) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[102]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecretKey.ProtoReflect.Descriptor instead.
+func (*SecretKey) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{102}
+}
+
+func (x *SecretKey) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SecretKey) GetSecret() []byte {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
+}
+
+func (x *SecretKey) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *SecretKey) GetActivateUnixMs() int64 {
+	if x != nil {
+		return x.ActivateUnixMs
+	}
+	return 0
+}
+
 var File_meta_meta_proto protoreflect.FileDescriptor
 
 const file_meta_meta_proto_rawDesc = "" +
@@ -7011,7 +7122,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x12unhealthy_replicas\x18\b \x03(\x04R\x11unhealthyReplicas\"G\n" +
 	"\aBlockID\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x19\n" +
-	"\blocal_id\x18\x02 \x01(\x04R\alocalId\"\x91\x02\n" +
+	"\blocal_id\x18\x02 \x01(\x04R\alocalId\"\xa8\x02\n" +
 	"\rBlockLocation\x12'\n" +
 	"\x02id\x18\x01 \x01(\v2\x17.basalt.meta.v1.BlockIDR\x02id\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
@@ -7019,7 +7130,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\vpipeline_id\x18\x04 \x01(\x04R\n" +
 	"pipelineId\x12G\n" +
 	"\x0fcontainer_state\x18\x05 \x01(\x0e2\x1e.basalt.meta.v1.ContainerStateR\x0econtainerState\x12=\n" +
-	"\tdatanodes\x18\x06 \x03(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\tdatanodes\"i\n" +
+	"\tdatanodes\x18\x06 \x03(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\tdatanodes\x12\x15\n" +
+	"\x05token\x18\xb4\x01 \x01(\fR\x05token\"i\n" +
 	"\vExcludeList\x12\x1c\n" +
 	"\tdatanodes\x18\x01 \x03(\x04R\tdatanodes\x12\x1c\n" +
 	"\tpipelines\x18\x02 \x03(\x04R\tpipelines\x12\x1e\n" +
@@ -7028,11 +7140,13 @@ const file_meta_meta_proto_rawDesc = "" +
 	"containers\"\x8c\x01\n" +
 	"\x17RegisterDatanodeRequest\x129\n" +
 	"\adetails\x18\x01 \x01(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\adetails\x126\n" +
-	"\avolumes\x18\x02 \x03(\v2\x1c.basalt.meta.v1.VolumeReportR\avolumes\"o\n" +
+	"\avolumes\x18\x02 \x03(\v2\x1c.basalt.meta.v1.VolumeReportR\avolumes\"\xac\x01\n" +
 	"\x18RegisterDatanodeResponse\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x122\n" +
-	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\"\xb7\x03\n" +
+	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x12;\n" +
+	"\vsecret_keys\x18\xb4\x01 \x03(\v2\x19.basalt.meta.v1.SecretKeyR\n" +
+	"secretKeys\"\xb7\x03\n" +
 	"\x10HeartbeatRequest\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x126\n" +
@@ -7053,13 +7167,15 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\vDeleteTxAck\x12\x13\n" +
 	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x126\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1e.basalt.meta.v1.DeleteTxStatusR\x06status\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\xa1\x01\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xde\x01\n" +
 	"\x11HeartbeatResponse\x12;\n" +
 	"\bcommands\x18\x01 \x03(\v2\x1f.basalt.meta.v1.DatanodeCommandR\bcommands\x12/\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x19.basalt.meta.v1.NodeStateR\x05state\x12\x1e\n" +
 	"\n" +
 	"reregister\x18\x03 \x01(\bR\n" +
-	"reregister\"\x8e\x04\n" +
+	"reregister\x12;\n" +
+	"\vsecret_keys\x18\xb4\x01 \x03(\v2\x19.basalt.meta.v1.SecretKeyR\n" +
+	"secretKeys\"\x8e\x04\n" +
 	"\x0fDatanodeCommand\x12P\n" +
 	"\x0fcreate_pipeline\x18\x01 \x01(\v2%.basalt.meta.v1.CreatePipelineCommandH\x00R\x0ecreatePipeline\x12M\n" +
 	"\x0eclose_pipeline\x18\x02 \x01(\v2$.basalt.meta.v1.ClosePipelineCommandH\x00R\rclosePipeline\x12P\n" +
@@ -7067,10 +7183,11 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\rdelete_blocks\x18\x04 \x01(\v2#.basalt.meta.v1.DeleteBlocksCommandH\x00R\fdeleteBlocks\x12\\\n" +
 	"\x13replicate_container\x18\x05 \x01(\v2).basalt.meta.v1.ReplicateContainerCommandH\x00R\x12replicateContainer\x12S\n" +
 	"\x10delete_container\x18\x06 \x01(\v2&.basalt.meta.v1.DeleteContainerCommandH\x00R\x0fdeleteContainerB\t\n" +
-	"\acommand\"y\n" +
+	"\acommand\"\x90\x01\n" +
 	"\x19ReplicateContainerCommand\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x129\n" +
-	"\asources\x18\x02 \x03(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\asources\"S\n" +
+	"\asources\x18\x02 \x03(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\asources\x12\x15\n" +
+	"\x05token\x18\xb4\x01 \x01(\fR\x05token\"S\n" +
 	"\x16DeleteContainerCommand\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8c\x01\n" +
@@ -7461,7 +7578,12 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\raccess_key_id\x18\x01 \x01(\tR\vaccessKeyId\";\n" +
 	"\x15DeleteS3SecretRequest\x12\"\n" +
 	"\raccess_key_id\x18\x01 \x01(\tR\vaccessKeyId\"\x18\n" +
-	"\x16DeleteS3SecretResponse*>\n" +
+	"\x16DeleteS3SecretResponse\"\x85\x01\n" +
+	"\tSecretKey\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
+	"\x06secret\x18\x02 \x01(\fR\x06secret\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x03 \x01(\x03R\rcreatedUnixMs\x12(\n" +
+	"\x10activate_unix_ms\x18\x04 \x01(\x03R\x0eactivateUnixMs*>\n" +
 	"\vReplication\x12\x1b\n" +
 	"\x17REPLICATION_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03ONE\x10\x01\x12\t\n" +
@@ -7554,7 +7676,7 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 106)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 107)
 var file_meta_meta_proto_goTypes = []any{
 	(Replication)(0),                       // 0: basalt.meta.v1.Replication
 	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
@@ -7665,10 +7787,11 @@ var file_meta_meta_proto_goTypes = []any{
 	(*GetS3SecretRequest)(nil),             // 106: basalt.meta.v1.GetS3SecretRequest
 	(*DeleteS3SecretRequest)(nil),          // 107: basalt.meta.v1.DeleteS3SecretRequest
 	(*DeleteS3SecretResponse)(nil),         // 108: basalt.meta.v1.DeleteS3SecretResponse
-	nil,                                    // 109: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	nil,                                    // 110: basalt.meta.v1.ObjectMeta.UserEntry
-	nil,                                    // 111: basalt.meta.v1.ObjectMeta.TagsEntry
-	nil,                                    // 112: basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	(*SecretKey)(nil),                      // 109: basalt.meta.v1.SecretKey
+	nil,                                    // 110: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	nil,                                    // 111: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 112: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 113: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
 	3,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
@@ -7681,168 +7804,170 @@ var file_meta_meta_proto_depIdxs = []int32{
 	8,   // 7: basalt.meta.v1.BlockLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
 	8,   // 8: basalt.meta.v1.RegisterDatanodeRequest.details:type_name -> basalt.meta.v1.DatanodeDetails
 	9,   // 9: basalt.meta.v1.RegisterDatanodeRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
-	9,   // 10: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
-	10,  // 11: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
-	11,  // 12: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
-	21,  // 13: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
-	20,  // 14: basalt.meta.v1.HeartbeatRequest.copy_failures:type_name -> basalt.meta.v1.CopyFailure
-	6,   // 15: basalt.meta.v1.DeleteTxAck.status:type_name -> basalt.meta.v1.DeleteTxStatus
-	23,  // 16: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
-	1,   // 17: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
-	26,  // 18: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
-	27,  // 19: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
-	28,  // 20: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
-	29,  // 21: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
-	24,  // 22: basalt.meta.v1.DatanodeCommand.replicate_container:type_name -> basalt.meta.v1.ReplicateContainerCommand
-	25,  // 23: basalt.meta.v1.DatanodeCommand.delete_container:type_name -> basalt.meta.v1.DeleteContainerCommand
-	8,   // 24: basalt.meta.v1.ReplicateContainerCommand.sources:type_name -> basalt.meta.v1.DatanodeDetails
-	12,  // 25: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
-	8,   // 26: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	0,   // 27: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
-	16,  // 28: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	15,  // 29: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	33,  // 30: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
-	14,  // 31: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
-	14,  // 32: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
-	38,  // 33: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
-	42,  // 34: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
-	13,  // 35: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
-	8,   // 36: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	8,   // 37: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
-	1,   // 38: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
-	9,   // 39: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
-	44,  // 40: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
-	12,  // 41: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
-	13,  // 42: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
-	3,   // 43: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
-	109, // 44: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	52,  // 45: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
-	53,  // 46: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
-	56,  // 47: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
-	4,   // 48: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 49: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
-	4,   // 50: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 51: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
-	63,  // 52: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
-	14,  // 53: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
-	0,   // 54: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
-	5,   // 55: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	70,  // 56: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	15,  // 57: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
-	72,  // 58: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
-	110, // 59: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
-	111, // 60: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
-	112, // 61: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
-	0,   // 62: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
-	5,   // 63: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	16,  // 64: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	15,  // 65: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	16,  // 66: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	15,  // 67: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
-	70,  // 68: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
-	72,  // 69: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	78,  // 70: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	71,  // 71: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
-	71,  // 72: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
-	86,  // 73: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
-	72,  // 74: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	72,  // 75: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	78,  // 76: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	72,  // 77: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 78: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
-	72,  // 79: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 80: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
-	95,  // 81: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
-	70,  // 82: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	5,   // 83: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	93,  // 84: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
-	99,  // 85: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
-	93,  // 86: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
-	17,  // 87: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	19,  // 88: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	30,  // 89: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	32,  // 90: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	40,  // 91: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	35,  // 92: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	37,  // 93: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	43,  // 94: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	46,  // 95: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	48,  // 96: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	50,  // 97: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	51,  // 98: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
-	57,  // 99: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	58,  // 100: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	59,  // 101: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	61,  // 102: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	64,  // 103: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	65,  // 104: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	66,  // 105: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	68,  // 106: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	73,  // 107: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	75,  // 108: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	77,  // 109: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	79,  // 110: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	80,  // 111: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	82,  // 112: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	84,  // 113: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	87,  // 114: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	88,  // 115: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	89,  // 116: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	91,  // 117: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	92,  // 118: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
-	94,  // 119: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	96,  // 120: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	97,  // 121: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	100, // 122: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	102, // 123: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	105, // 124: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	106, // 125: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	107, // 126: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	18,  // 127: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	22,  // 128: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	31,  // 129: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	34,  // 130: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	41,  // 131: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	36,  // 132: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	39,  // 133: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	45,  // 134: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	47,  // 135: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	49,  // 136: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	55,  // 137: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	54,  // 138: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
-	56,  // 139: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	56,  // 140: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	60,  // 141: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	62,  // 142: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	63,  // 143: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	63,  // 144: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	67,  // 145: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	69,  // 146: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	74,  // 147: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	76,  // 148: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	71,  // 149: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	71,  // 150: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	81,  // 151: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	83,  // 152: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	85,  // 153: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	86,  // 154: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	86,  // 155: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	90,  // 156: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	71,  // 157: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	71,  // 158: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
-	93,  // 159: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	71,  // 160: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	98,  // 161: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	101, // 162: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	103, // 163: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	104, // 164: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	104, // 165: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	108, // 166: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	127, // [127:167] is the sub-list for method output_type
-	87,  // [87:127] is the sub-list for method input_type
-	87,  // [87:87] is the sub-list for extension type_name
-	87,  // [87:87] is the sub-list for extension extendee
-	0,   // [0:87] is the sub-list for field type_name
+	109, // 10: basalt.meta.v1.RegisterDatanodeResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
+	9,   // 11: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
+	10,  // 12: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
+	11,  // 13: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
+	21,  // 14: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
+	20,  // 15: basalt.meta.v1.HeartbeatRequest.copy_failures:type_name -> basalt.meta.v1.CopyFailure
+	6,   // 16: basalt.meta.v1.DeleteTxAck.status:type_name -> basalt.meta.v1.DeleteTxStatus
+	23,  // 17: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
+	1,   // 18: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
+	109, // 19: basalt.meta.v1.HeartbeatResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
+	26,  // 20: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
+	27,  // 21: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
+	28,  // 22: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
+	29,  // 23: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
+	24,  // 24: basalt.meta.v1.DatanodeCommand.replicate_container:type_name -> basalt.meta.v1.ReplicateContainerCommand
+	25,  // 25: basalt.meta.v1.DatanodeCommand.delete_container:type_name -> basalt.meta.v1.DeleteContainerCommand
+	8,   // 26: basalt.meta.v1.ReplicateContainerCommand.sources:type_name -> basalt.meta.v1.DatanodeDetails
+	12,  // 27: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
+	8,   // 28: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	0,   // 29: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
+	16,  // 30: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	15,  // 31: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	33,  // 32: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
+	14,  // 33: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
+	14,  // 34: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
+	38,  // 35: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
+	42,  // 36: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
+	13,  // 37: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
+	8,   // 38: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	8,   // 39: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
+	1,   // 40: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
+	9,   // 41: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
+	44,  // 42: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
+	12,  // 43: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
+	13,  // 44: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
+	3,   // 45: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
+	110, // 46: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	52,  // 47: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
+	53,  // 48: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
+	56,  // 49: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
+	4,   // 50: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 51: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
+	4,   // 52: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 53: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
+	63,  // 54: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
+	14,  // 55: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
+	0,   // 56: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
+	5,   // 57: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	70,  // 58: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	15,  // 59: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
+	72,  // 60: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
+	111, // 61: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	112, // 62: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	113, // 63: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	0,   // 64: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
+	5,   // 65: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	16,  // 66: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	15,  // 67: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	16,  // 68: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	15,  // 69: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
+	70,  // 70: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
+	72,  // 71: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	78,  // 72: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	71,  // 73: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
+	71,  // 74: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
+	86,  // 75: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
+	72,  // 76: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	72,  // 77: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	78,  // 78: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	72,  // 79: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 80: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
+	72,  // 81: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 82: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
+	95,  // 83: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
+	70,  // 84: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	5,   // 85: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	93,  // 86: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
+	99,  // 87: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
+	93,  // 88: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
+	17,  // 89: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	19,  // 90: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	30,  // 91: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	32,  // 92: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	40,  // 93: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	35,  // 94: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	37,  // 95: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	43,  // 96: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	46,  // 97: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	48,  // 98: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	50,  // 99: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	51,  // 100: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
+	57,  // 101: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	58,  // 102: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	59,  // 103: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	61,  // 104: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	64,  // 105: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	65,  // 106: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	66,  // 107: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	68,  // 108: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	73,  // 109: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	75,  // 110: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	77,  // 111: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	79,  // 112: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	80,  // 113: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	82,  // 114: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	84,  // 115: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	87,  // 116: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	88,  // 117: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	89,  // 118: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	91,  // 119: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	92,  // 120: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	94,  // 121: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	96,  // 122: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	97,  // 123: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	100, // 124: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	102, // 125: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	105, // 126: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	106, // 127: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	107, // 128: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	18,  // 129: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	22,  // 130: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	31,  // 131: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	34,  // 132: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	41,  // 133: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	36,  // 134: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	39,  // 135: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	45,  // 136: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	47,  // 137: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	49,  // 138: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	55,  // 139: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	54,  // 140: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
+	56,  // 141: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	56,  // 142: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	60,  // 143: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	62,  // 144: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	63,  // 145: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	63,  // 146: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	67,  // 147: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	69,  // 148: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	74,  // 149: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	76,  // 150: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	71,  // 151: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	71,  // 152: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	81,  // 153: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	83,  // 154: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	85,  // 155: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	86,  // 156: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	86,  // 157: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	90,  // 158: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	71,  // 159: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	71,  // 160: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	93,  // 161: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	71,  // 162: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	98,  // 163: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	101, // 164: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	103, // 165: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	104, // 166: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	104, // 167: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	108, // 168: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	129, // [129:169] is the sub-list for method output_type
+	89,  // [89:129] is the sub-list for method input_type
+	89,  // [89:89] is the sub-list for extension type_name
+	89,  // [89:89] is the sub-list for extension extendee
+	0,   // [0:89] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -7864,7 +7989,7 @@ func file_meta_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   106,
+			NumMessages:   107,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
