@@ -62,7 +62,7 @@ var pfxSecretKey = []byte("k/")
 
 // secretKeys is State's mirror of the key rows.
 type secretKeys struct {
-	rows []*metapb.SecretKey                // by ID; replaced, never changed in place
+	rows []*metapb.SecretKey               // by ID; replaced, never changed in place
 	set  atomic.Pointer[blocktoken.KeySet] // the same keys, for issuing without a lock
 }
 
