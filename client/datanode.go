@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
@@ -118,7 +119,8 @@ const (
 	maxLeaderAttempts = 100
 )
 
-// callLeader runs call against the leader of blk's pipeline: it starts
+// callLeader runs call against the leader of blk's pipeline, with blk's
+// block token (package blocktoken) attached to the call: it starts
 // with the last leader seen for the pipeline (else the nearest member),
 // follows NOT_LEADER hints, and skips unreachable members. Errors other
 // than "not the leader" and "unreachable" are returned as they are, with
@@ -171,7 +173,7 @@ func (c *Client) callLeader(ctx context.Context, blk *metapb.BlockLocation, time
 		dn, err := c.dns.get(addr)
 		if err == nil {
 			cctx, cancel := context.WithTimeout(ctx, timeout)
-			err = call(cctx, dn)
+			err = call(blocktoken.WithToken(cctx, blk.Token), dn)
 			cancel()
 		}
 		if err == nil {

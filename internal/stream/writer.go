@@ -35,6 +35,8 @@ type Options struct {
 	// Writer waits Timeout + (hops-1)·Timeout/2 for an ack, so a datanode
 	// in the chain reports a stall below it first, naming the right one.
 	Timeout time.Duration
+	// Token is the block's token (package blocktoken), sent in the header.
+	Token []byte
 }
 
 func (o *Options) setDefaults() error {
@@ -137,7 +139,7 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 	if len(route) == 0 || len(route) > MaxRoute {
 		return nil, fmt.Errorf("stream: route of %d datanodes for block %v (want 1..%d)", len(route), block, MaxRoute)
 	}
-	h := Header{Pipeline: pipeline, Block: block, Offset: opts.Offset, PacketSize: uint32(opts.PacketSize), Route: route[1:]}
+	h := Header{Pipeline: pipeline, Block: block, Offset: opts.Offset, PacketSize: uint32(opts.PacketSize), Route: route[1:], Token: opts.Token}
 	hb, err := encodeHeader(nil, &h)
 	if err != nil {
 		return nil, err

@@ -203,6 +203,19 @@ func (m *Manager) rotateSecretKeys(ctx context.Context) error {
 	return nil
 }
 
+// containerToken is the token of a ReplicateContainer command: read on
+// the whole container (local ID 0), for the sources' ExportContainer. nil
+// if no key is active (the copy is refused and the command sent again).
+func (m *Manager) containerToken(cid uint64) []byte {
+	now := m.cfg.Now()
+	tok, err := m.st.TokenKeys().Issue(now, blocktoken.Claims{Block: blocktoken.Block{Container: cid}, Modes: blocktoken.Read,
+		ExpiryUnixMs: now.Add(m.keyCfg().TokenLifetime).UnixMilli()})
+	if err != nil {
+		m.log.Warn("scm: no token for a container copy", "container", cid, "err", err)
+	}
+	return tok
+}
+
 // issueWait bounds how long IssueToken waits for this replica to apply
 // the cluster's first key (it is recorded before any pipeline exists, so
 // only a replica that lags behind at start-up waits at all).
