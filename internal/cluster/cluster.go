@@ -46,9 +46,11 @@ type Config struct {
 	ContainerSize uint64
 	// PipelineLimit: pipelines per datanode (default 2).
 	PipelineLimit int
-	Storage       storage.Options
-	Registerer    prometheus.Registerer
-	Logger        *slog.Logger
+	// SecretKeys: block token key rotation (default: SCM's).
+	SecretKeys scm.SecretKeyConfig
+	Storage    storage.Options
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
 }
 
 // Cluster is a running in-process cluster.
@@ -109,6 +111,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			HeartbeatInterval: cfg.HeartbeatInterval, StaleInterval: 10 * cfg.HeartbeatInterval, DeadInterval: 30 * cfg.HeartbeatInterval,
 			PipelineLimit: cfg.PipelineLimit, BlockSize: cfg.BlockSize, ContainerSize: cfg.ContainerSize,
 			SafeModeMinDatanodes: minDN, LoopInterval: min(time.Second, cfg.HeartbeatInterval),
+			SecretKeys: cfg.SecretKeys,
 		},
 		Namespace:  namespace.Config{},
 		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"role": "meta"}, cfg.Registerer),
