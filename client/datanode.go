@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
@@ -139,7 +140,8 @@ const (
 	maxLeaderAttempts = 100
 )
 
-// callLeader runs call against the leader of blk's pipeline: it starts
+// callLeader runs call against the leader of blk's pipeline, with blk's
+// block token (package blocktoken) attached to the call: it starts
 // with the last leader seen for the pipeline (else the nearest member),
 // follows NOT_LEADER hints, and skips unreachable members. Errors other
 // than "not the leader" and "unreachable" are returned as they are, with
@@ -194,7 +196,7 @@ func (c *Client) callLeader(ctx context.Context, blk *metapb.BlockLocation, time
 		if err == nil {
 			cctx, cancel := context.WithTimeout(ctx, timeout)
 			wctx, done := c.prober.Watch(cctx, cc)
-			err = call(wctx, datanodepb.NewDatanodeClient(cc))
+			err = call(blocktoken.WithToken(wctx, blk.Token), datanodepb.NewDatanodeClient(cc))
 			hung = done()
 			cancel()
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
@@ -134,7 +135,7 @@ func (c *Client) blockChecksums(ctx context.Context, addr string, l *metapb.Bloc
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
 	defer cancel()
-	bd, err := dn.GetBlock(ctx, &datanodepb.GetBlockRequest{Block: dnBlockID(l.Id)})
+	bd, err := dn.GetBlock(blocktoken.WithToken(ctx, l.Token), &datanodepb.GetBlockRequest{Block: dnBlockID(l.Id)})
 	if err != nil {
 		return nil, err
 	}

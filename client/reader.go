@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -13,7 +14,9 @@ import (
 	"sync"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
@@ -48,6 +51,10 @@ type KeyReader struct {
 	reported map[[3]uint64]bool
 	layout   map[int]*datanodepb.BlockData
 	closed   bool
+	// tokens: fresh block tokens by block index, from a lookup made when
+	// a datanode found a token expired (refreshMu serializes lookups).
+	tokens    map[int][]byte
+	refreshMu sync.Mutex
 
 	// Read and Seek state (not for concurrent use, as with any io.Reader).
 	pos     int64
@@ -266,13 +273,25 @@ func (r *KeyReader) readBlock(ctx context.Context, bi int, l *metapb.BlockLocati
 	order = append(order, later...)
 	var errs []string
 	corrupt := 0
-	for _, d := range order {
-		err := r.readReplica(ctx, bi, l, d, off, dst)
+	refreshed := false
+	for i := 0; i < len(order); i++ {
+		d := order[i]
+		tok := r.token(bi, l)
+		err := r.readReplica(ctx, bi, l, d, tok, off, dst)
 		if err == nil {
 			return nil
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: %w", r.op, ctx.Err())
+		}
+		if !refreshed && tokenExpired(err) {
+			// Once per block read: look the key up for fresh tokens and
+			// ask the same replica again.
+			refreshed = true
+			if r.refreshTokens(ctx, bi, tok) {
+				i--
+				continue
+			}
 		}
 		var ce *corruptError
 		isCorrupt := errors.As(err, &ce)
@@ -303,14 +322,14 @@ func (r *KeyReader) readBlock(ctx context.Context, bi int, l *metapb.BlockLocati
 		Msg: fmt.Sprintf("block %d/%d bytes [%d, %d): all %d replicas failed: %s", l.Id.GetContainerId(), l.Id.GetLocalId(), off, off+int64(len(dst)), len(order), strings.Join(errs, "; "))}
 }
 
-func (r *KeyReader) readReplica(ctx context.Context, bi int, l *metapb.BlockLocation, d *metapb.DatanodeDetails, off int64, dst []byte) error {
+func (r *KeyReader) readReplica(ctx context.Context, bi int, l *metapb.BlockLocation, d *metapb.DatanodeDetails, tok []byte, off int64, dst []byte) error {
 	r.mu.Lock()
 	layout := r.layout[bi]
 	r.mu.Unlock()
 	for attempt := 0; attempt < 2; attempt++ {
 		bpc := int64(r.raw.BytesPerChecksum)
 		rs, re := alignRange(layout, bpc, int64(l.Length), off, off+int64(len(dst)))
-		data, bd, err := r.c.readSpan(ctx, d.DataAddr, l.Id, rs, re)
+		data, bd, err := r.c.readSpan(ctx, d.DataAddr, l.Id, tok, rs, re)
 		if err != nil {
 			return err
 		}
@@ -333,14 +352,59 @@ func (r *KeyReader) readReplica(ctx context.Context, bi int, l *metapb.BlockLoca
 	return fmt.Errorf("block %d/%d: %w even with its chunk layout", l.Id.GetContainerId(), l.Id.GetLocalId(), errRealign)
 }
 
-// readSpan reads [rs, re) of a block from one datanode; it returns the
-// data and the replica's BlockData.
-func (c *Client) readSpan(ctx context.Context, addr string, id *metapb.BlockID, rs, re int64) ([]byte, *datanodepb.BlockData, error) {
+// token is block bi's token: a fresh one if a lookup refreshed it.
+func (r *KeyReader) token(bi int, l *metapb.BlockLocation) []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t, ok := r.tokens[bi]; ok {
+		return t
+	}
+	return l.Token
+}
+
+// tokenExpired reports whether a datanode refused a call for an expired
+// block token.
+func tokenExpired(err error) bool {
+	e := dnErrorOf(err)
+	return e != nil && e.Kind == datanodepb.Error_TOKEN_EXPIRED
+}
+
+// refreshTokens looks the key up again and keeps the new tokens of the
+// blocks it still has, when a datanode found block bi's token (used)
+// expired. It reports whether block bi has a token other than used now;
+// false if the key changed (another version: this reader's blocks may be
+// gone) or the lookup failed.
+func (r *KeyReader) refreshTokens(ctx context.Context, bi int, used []byte) bool {
+	r.refreshMu.Lock()
+	defer r.refreshMu.Unlock()
+	if !bytes.Equal(r.token(bi, r.raw.Locations[bi]), used) {
+		return true // another read refreshed it meanwhile
+	}
+	k, err := r.c.lookup(ctx, r.raw.Volume, r.raw.Bucket, r.raw.Name)
+	if err != nil || k.ObjectId != r.raw.ObjectId || len(k.Locations) != len(r.raw.Locations) {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.tokens == nil {
+		r.tokens = map[int][]byte{}
+	}
+	for i, l := range k.Locations {
+		if proto.Equal(l.Id, r.raw.Locations[i].Id) {
+			r.tokens[i] = l.Token
+		}
+	}
+	return !bytes.Equal(r.tokens[bi], used)
+}
+
+// readSpan reads [rs, re) of a block from one datanode with the block's
+// token; it returns the data and the replica's BlockData.
+func (c *Client) readSpan(ctx context.Context, addr string, id *metapb.BlockID, tok []byte, rs, re int64) ([]byte, *datanodepb.BlockData, error) {
 	dn, err := c.dns.get(addr)
 	if err != nil {
 		return nil, nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
+	ctx, cancel := context.WithTimeout(blocktoken.WithToken(ctx, tok), c.cfg.RPCTimeout)
 	defer cancel()
 	st, err := dn.ReadBlock(ctx, &datanodepb.ReadBlockRequest{Block: dnBlockID(id), Offset: uint64(rs), Length: uint64(re - rs)})
 	if err != nil {

@@ -216,6 +216,7 @@ func (w *streamWriter) open() error {
 	b := w.cur
 	opts := w.opts
 	opts.Offset = uint64(b.length)
+	opts.Token = b.loc.GetToken()
 	if h := w.c.cfg.OnStream; h != nil {
 		ids := make([]uint64, len(b.route))
 		for i, t := range b.route {

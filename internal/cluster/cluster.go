@@ -55,7 +55,9 @@ type Config struct {
 	// to anyone. Only for measuring what TLS costs. Otherwise the cluster
 	// provisions its own CA and a certificate for every component under
 	// Dir/tls (see TLSDir), kept across restarts.
-	Insecure   bool
+	Insecure bool
+	// SecretKeys: block token key rotation (default: SCM's).
+	SecretKeys scm.SecretKeyConfig
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 }
@@ -129,6 +131,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			HeartbeatInterval: cfg.HeartbeatInterval, StaleInterval: 10 * cfg.HeartbeatInterval, DeadInterval: 30 * cfg.HeartbeatInterval,
 			PipelineLimit: cfg.PipelineLimit, BlockSize: cfg.BlockSize, ContainerSize: cfg.ContainerSize,
 			SafeModeMinDatanodes: minDN, LoopInterval: min(time.Second, cfg.HeartbeatInterval),
+			SecretKeys: cfg.SecretKeys,
 		},
 		Namespace:  namespace.Config{},
 		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"role": "meta"}, cfg.Registerer),

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
+	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
@@ -67,6 +68,7 @@ func TestRawV1WriteAndRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	blk := ok.GetBlocks()[0]
+	wctx := blocktoken.WithToken(ctx, blk.GetToken()) // write token from OpenKey
 	data := make([]byte, 10<<20+123)
 	rand.New(rand.NewSource(1)).Read(data)
 	bid := &datanodepb.BlockID{ContainerId: blk.GetId().GetContainerId(), LocalId: blk.GetId().GetLocalId()}
@@ -82,7 +84,7 @@ func TestRawV1WriteAndRead(t *testing.T) {
 		ci := &datanodepb.ChunkInfo{Offset: uint64(off), Length: uint64(end - off), Checksum: &datanodepb.ChecksumData{
 			Type: datanodepb.ChecksumType(sum.Type), BytesPerChecksum: sum.BytesPerChecksum, Sums: sum.Sums}}
 		for attempt := 0; ; attempt++ {
-			_, err := dnClient(t, addr).WriteChunk(ctx, &datanodepb.WriteChunkRequest{PipelineId: blk.GetPipelineId(), Block: bid, Chunk: ci, Data: data[off:end]})
+			_, err := dnClient(t, addr).WriteChunk(wctx, &datanodepb.WriteChunkRequest{PipelineId: blk.GetPipelineId(), Block: bid, Chunk: ci, Data: data[off:end]})
 			if err == nil {
 				break
 			}
@@ -100,7 +102,7 @@ func TestRawV1WriteAndRead(t *testing.T) {
 		bd.Chunks = append(bd.Chunks, ci)
 		bd.Length += ci.Length
 	}
-	if _, err := dnClient(t, addr).PutBlock(ctx, &datanodepb.PutBlockRequest{PipelineId: blk.GetPipelineId(), Block: &bd, WaitAll: true}); err != nil {
+	if _, err := dnClient(t, addr).PutBlock(wctx, &datanodepb.PutBlockRequest{PipelineId: blk.GetPipelineId(), Block: &bd, WaitAll: true}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := mc.Namespace.CommitKey(ctx, &metapb.CommitKeyRequest{OpenId: ok.GetOpenId(), Blocks: []*metapb.KeyBlock{{Id: blk.GetId(), Length: bd.Length}}}); err != nil {
@@ -115,7 +117,7 @@ func TestRawV1WriteAndRead(t *testing.T) {
 	}
 	// Every replica has the whole block (written through WriteData on each).
 	for _, dn := range ki.GetLocations()[0].GetDatanodes() {
-		st, err := dnClient(t, dn.GetDataAddr()).ReadBlock(ctx, &datanodepb.ReadBlockRequest{Block: bid})
+		st, err := dnClient(t, dn.GetDataAddr()).ReadBlock(blocktoken.WithToken(ctx, ki.GetLocations()[0].GetToken()), &datanodepb.ReadBlockRequest{Block: bid})
 		if err != nil {
 			t.Fatal(err)
 		}

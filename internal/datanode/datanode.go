@@ -133,6 +133,7 @@ type Datanode struct {
 	proposingDel map[uint64]bool
 
 	repl       replicator // container copies in and out (replicate.go)
+	tokens     tokenCheck // block token keys from SCM (token.go)
 	hbInterval time.Duration
 	reportSoon atomic.Bool // a container changed state: full report next
 	stopc      chan struct{}
@@ -382,6 +383,7 @@ func (d *Datanode) register(ctx context.Context, raftAddr string) error {
 					return err
 				}
 			}
+			d.setKeys(resp.GetSecretKeys())
 			d.hbInterval = time.Duration(resp.GetHeartbeatIntervalMs()) * time.Millisecond
 			if d.hbInterval <= 0 {
 				d.hbInterval = 3 * time.Second
@@ -589,6 +591,7 @@ func (d *Datanode) heartbeat(full bool) error {
 	if resp.GetReregister() {
 		return d.register(ctx, d.host.Addr())
 	}
+	d.setKeys(resp.GetSecretKeys())
 	for _, cmd := range resp.GetCommands() {
 		if err := d.execute(cmd); err != nil {
 			d.log.Warn("command failed", "cmd", cmd.String(), "err", err)

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/storage"
@@ -144,7 +145,7 @@ func (d *Datanode) replicateContainer(cmd *metapb.ReplicateContainerCommand) err
 			}
 		}()
 		start := time.Now()
-		rep, src, err := d.copyContainer(ctx, cid, cmd.GetSources())
+		rep, src, err := d.copyContainer(ctx, cid, cmd.GetSources(), cmd.GetToken())
 		if err != nil {
 			d.log.Warn("replicate container: copy failed", "container", cid, "err", err)
 			if ctx.Err() == nil {
@@ -160,13 +161,13 @@ func (d *Datanode) replicateContainer(cmd *metapb.ReplicateContainerCommand) err
 
 // copyContainer imports container cid from the first source that streams
 // it whole.
-func (d *Datanode) copyContainer(ctx context.Context, cid uint64, sources []*metapb.DatanodeDetails) (storage.ContainerReport, uint64, error) {
+func (d *Datanode) copyContainer(ctx context.Context, cid uint64, sources []*metapb.DatanodeDetails, token []byte) (storage.ContainerReport, uint64, error) {
 	var errs []error
 	for _, src := range sources {
 		if src.GetId() == d.ident.ID {
 			continue
 		}
-		rep, err := d.copyFrom(ctx, cid, src)
+		rep, err := d.copyFrom(ctx, cid, src, token)
 		if err == nil {
 			return rep, src.GetId(), nil
 		}
@@ -178,7 +179,7 @@ func (d *Datanode) copyContainer(ctx context.Context, cid uint64, sources []*met
 	return storage.ContainerReport{}, 0, fmt.Errorf("container %d: %w", cid, errors.Join(errs...))
 }
 
-func (d *Datanode) copyFrom(ctx context.Context, cid uint64, src *metapb.DatanodeDetails) (storage.ContainerReport, error) {
+func (d *Datanode) copyFrom(ctx context.Context, cid uint64, src *metapb.DatanodeDetails, token []byte) (storage.ContainerReport, error) {
 	d.mu.Lock()
 	if src.GetDataAddr() != "" {
 		d.peers[src.GetId()] = src
@@ -190,7 +191,7 @@ func (d *Datanode) copyFrom(ctx context.Context, cid uint64, src *metapb.Datanod
 	}
 	ctx, cancel := context.WithTimeout(ctx, copyAttemptTimeout)
 	defer cancel()
-	st, err := cl.ExportContainer(ctx, &datanodepb.ExportContainerRequest{ContainerId: cid})
+	st, err := cl.ExportContainer(ctx, &datanodepb.ExportContainerRequest{ContainerId: cid, Token: token})
 	if err != nil {
 		return storage.ContainerReport{}, err
 	}
@@ -247,6 +248,10 @@ func (d *Datanode) deleteContainer(cmd *metapb.DeleteContainerCommand) error {
 
 // ExportContainer streams a CLOSED container (see storage.Export).
 func (s *service) ExportContainer(req *datanodepb.ExportContainerRequest, st datanodepb.Datanode_ExportContainerServer) error {
+	// A container token (local ID 0) from SCM's ReplicateContainer.
+	if err := tokenStatus(s.d.verifyToken(req.GetToken(), req.GetContainerId(), 0, blocktoken.Read)); err != nil {
+		return err
+	}
 	r := s.d.replicator()
 	r.mu.Lock()
 	if r.exports >= MaxConcurrentExports {

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/raft"
 	"github.com/basalt-store/basalt/internal/storage"
@@ -143,6 +144,9 @@ func (s *service) WriteChunk(ctx context.Context, req *datanodepb.WriteChunkRequ
 	if err := checkChunk(s.d.store, b, c, len(req.GetData())); err != nil {
 		return nil, badRequest("WriteChunk: block", b, err)
 	}
+	if err := s.checkToken(ctx, b.GetContainerId(), b.GetLocalId(), blocktoken.Write); err != nil {
+		return nil, err
+	}
 	g, err := s.leaderGroup(req.GetPipelineId())
 	if err != nil {
 		return nil, err
@@ -176,6 +180,9 @@ func (s *service) PutBlock(ctx context.Context, req *datanodepb.PutBlockRequest)
 	bd := req.GetBlock()
 	if err := checkBlock(s.d.store, bd); err != nil {
 		return nil, badRequest("PutBlock: block", bd.GetId(), err)
+	}
+	if err := s.checkToken(ctx, bd.GetId().GetContainerId(), bd.GetId().GetLocalId(), blocktoken.Write); err != nil {
+		return nil, err
 	}
 	g, err := s.leaderGroup(req.GetPipelineId())
 	if err != nil {
@@ -237,6 +244,9 @@ func (s *service) PutSmallFile(ctx context.Context, req *datanodepb.PutSmallFile
 	if err := checkChunk(s.d.store, bd.GetId(), bd.GetChunks()[0], len(data)); err != nil {
 		return nil, badRequest("PutSmallFile: block", bd.GetId(), err)
 	}
+	if err := s.checkToken(ctx, bd.GetId().GetContainerId(), bd.GetId().GetLocalId(), blocktoken.Write); err != nil {
+		return nil, err
+	}
 	g, err := s.leaderGroup(req.GetPipelineId())
 	if err != nil {
 		return nil, err
@@ -278,6 +288,9 @@ const (
 func (s *service) ReadBlock(req *datanodepb.ReadBlockRequest, stream datanodepb.Datanode_ReadBlockServer) error {
 	cid := storage.ContainerID(req.GetBlock().GetContainerId())
 	lid := storage.LocalID(req.GetBlock().GetLocalId())
+	if err := s.checkToken(stream.Context(), uint64(cid), uint64(lid), blocktoken.Read); err != nil {
+		return err
+	}
 	bd, err := s.d.store.GetBlock(cid, lid)
 	if err != nil {
 		return s.toStatus(err)
@@ -320,6 +333,9 @@ func (s *service) ReadBlock(req *datanodepb.ReadBlockRequest, stream datanodepb.
 
 func (s *service) GetBlock(ctx context.Context, req *datanodepb.GetBlockRequest) (*datanodepb.BlockData, error) {
 	cid := storage.ContainerID(req.GetBlock().GetContainerId())
+	if err := s.checkToken(ctx, uint64(cid), req.GetBlock().GetLocalId(), blocktoken.Read); err != nil {
+		return nil, err
+	}
 	bd, err := s.d.store.GetBlock(cid, storage.LocalID(req.GetBlock().GetLocalId()))
 	if err != nil {
 		return nil, s.toStatus(err)

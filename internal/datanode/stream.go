@@ -20,6 +20,9 @@ type streamBackend struct{ d *Datanode }
 func (b streamBackend) Open(h *stream.Header) (stream.Sink, error) {
 	d := b.d
 	id := d.ident.ID
+	if err := d.checkStreamToken(h); err != nil {
+		return nil, err
+	}
 	if _, err := d.host.Group(h.Pipeline); err != nil {
 		return nil, &stream.Error{Code: stream.CodeNotInPipeline, Datanode: id,
 			Reason: fmt.Sprintf("datanode %d is not in pipeline %d (unknown or closed)", id, h.Pipeline)}

@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/cluster"
 	"github.com/basalt-store/basalt/internal/datanode"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
@@ -48,6 +49,7 @@ func startEnvWith(t testing.TB, configure func(*cluster.Config)) *env {
 	if configure != nil {
 		configure(&cfg)
 	}
+	forgetTokens()
 	c, err := cluster.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -95,6 +97,7 @@ func (e *env) block() *metapb.BlockLocation {
 	if err != nil {
 		e.t.Fatalf("OpenKey k%d: %v", e.n, err)
 	}
+	rememberToken(ok.GetBlocks()[0])
 	return ok.GetBlocks()[0]
 }
 
@@ -119,7 +122,7 @@ var dnDial grpc.DialOption
 
 func dnClient(t testing.TB, addr string) datanodepb.DatanodeClient {
 	cc, err := grpc.NewClient(addr, dnDial,
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)), grpc.WithUnaryInterceptor(withTokenOf))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +161,7 @@ func readAll(t testing.TB, addr string, b stream.BlockID) []byte {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	st, err := dnClient(t, addr).ReadBlock(ctx, &datanodepb.ReadBlockRequest{
+	st, err := dnClient(t, addr).ReadBlock(blocktoken.WithToken(ctx, tokenOf(b)), &datanodepb.ReadBlockRequest{
 		Block: &datanodepb.BlockID{ContainerId: b.Container, LocalId: b.Local}})
 	if err != nil {
 		t.Fatal(err)
@@ -250,7 +253,7 @@ func TestStreamWriteThroughCluster(t *testing.T) {
 			t.Fatalf("route %v does not start at the nearest datanode %d", route, nearest.ID())
 		}
 		data := randBytes(size, uint64(i))
-		w, err := stream.Dial(ctx, route, b.GetPipelineId(), bid(b), stream.Options{})
+		w, err := stream.Dial(ctx, route, b.GetPipelineId(), bid(b), stream.Options{Token: b.GetToken()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -291,22 +294,22 @@ func TestStreamWriteThroughCluster(t *testing.T) {
 	b := e.block()
 	route, _ := stream.Route(b.GetDatanodes(), clientLoc)
 	var se *stream.Error
-	if _, err := stream.Dial(ctx, route, 987654, bid(b), stream.Options{}); !errors.As(err, &se) || se.Code != stream.CodeNotInPipeline || se.Datanode != route[0].ID {
+	if _, err := stream.Dial(ctx, route, 987654, bid(b), stream.Options{Token: b.GetToken()}); !errors.As(err, &se) || se.Code != stream.CodeNotInPipeline || se.Datanode != route[0].ID {
 		t.Fatalf("unknown pipeline: %v", err)
 	}
 	bad := append([]stream.Target{route[0]}, stream.Target{ID: 4242, Addr: route[1].Addr})
-	if _, err := stream.Dial(ctx, bad, b.GetPipelineId(), bid(b), stream.Options{}); !errors.As(err, &se) || se.Code != stream.CodeBadHeader {
+	if _, err := stream.Dial(ctx, bad, b.GetPipelineId(), bid(b), stream.Options{Token: b.GetToken()}); !errors.As(err, &se) || se.Code != stream.CodeBadHeader {
 		t.Fatalf("route through a non-member: %v", err)
 	}
 	// A committed block cannot be streamed again from 0.
-	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), bid(lastBlock), stream.Options{}); !errors.As(err, &se) || se.Code != stream.CodeBlockCommitted {
+	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), bid(lastBlock), stream.Options{Token: lastBlock.GetToken()}); !errors.As(err, &se) || se.Code != stream.CodeBlockCommitted {
 		t.Fatalf("committed block: %v", err)
 	}
 	// Close the container through the log (PutBlock again with
 	// close_container), then stream a new block into it.
 	e.putBlock(lastBlock, lastBD, true)
 	closed := stream.BlockID{Container: bid(lastBlock).Container, Local: bid(lastBlock).Local + 1000}
-	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), closed, stream.Options{}); !errors.As(err, &se) || se.Code != stream.CodeContainerNotOpen {
+	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), closed, stream.Options{Token: e.mint(closed)}); !errors.As(err, &se) || se.Code != stream.CodeContainerNotOpen {
 		t.Fatalf("closed container: %v", err)
 	}
 	t.Logf("closed container: %v", se)
@@ -332,7 +335,7 @@ func TestStreamDatanodeStops(t *testing.T) {
 				_, dn := e.byID(route[i].ID)
 				route[i].Addr = dn.StreamAddr()
 			}
-			w, err := stream.Dial(ctx, route, b.GetPipelineId(), bid(b), stream.Options{Window: 4})
+			w, err := stream.Dial(ctx, route, b.GetPipelineId(), bid(b), stream.Options{Window: 4, Token: b.GetToken()})
 			if err != nil {
 				t.Fatal(err)
 			}

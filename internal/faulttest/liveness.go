@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/storage"
@@ -75,14 +76,13 @@ func (ch *Checker) CheckPipelines(ctx context.Context, within time.Duration) {
 }
 
 func (ch *Checker) writePipeline(ctx context.Context, p *metapb.Pipeline, others []uint64) (bool, string) {
-	s, err := ch.C.scm(ctx)
-	if err != nil {
-		return false, err.Error()
-	}
 	const n = 4096
+	// Through the namespace (an open key that is never committed and
+	// expires), so the block comes with the write token datanodes require.
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	ar, err := s.AllocateBlocks(actx, &metapb.AllocateBlocksRequest{Count: 1, Replication: metapb.Replication_THREE,
-		Exclude: &metapb.ExcludeList{Pipelines: others}, ExpectedBytes: n})
+	ar, err := ch.Client.Namespace().OpenKey(actx, &metapb.OpenKeyRequest{Volume: ch.Volume, Bucket: ch.Bucket,
+		Key: fmt.Sprintf("liveness-%d-%d", p.Id, time.Now().UnixNano()), Replication: metapb.Replication_THREE,
+		Exclude: &metapb.ExcludeList{Pipelines: others}, SizeHint: n})
 	cancel()
 	if err != nil {
 		return false, "allocate: " + rpcWhy(err)
@@ -104,7 +104,7 @@ func (ch *Checker) writePipeline(ctx context.Context, p *metapb.Pipeline, others
 			errs = append(errs, d.Hostname+": "+err.Error())
 			continue
 		}
-		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		pctx, cancel := context.WithTimeout(blocktoken.WithToken(ctx, loc.Token), 20*time.Second)
 		_, err = dn.PutSmallFile(pctx, req)
 		cancel()
 		if err == nil {

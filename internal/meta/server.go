@@ -278,6 +278,7 @@ func New(cfg Config) (*Server, error) {
 	if nsCfg.Logger == nil {
 		nsCfg.Logger = s.log
 	}
+	nsCfg.Tokens = s.scmMgr // block tokens signed with the local SCM replica's keys
 	s.nsSvc = namespace.NewService(nsCfg, s.nsState, &nsRaft{s: s}, &scmBlocks{s: s})
 	s.grpc = grpc.NewServer(cfg.TLS.GRPCServerOption(), grpc.ChainUnaryInterceptor(guard.UnaryServerInterceptor(reg, s.log), s.intercept), grpc.ChainStreamInterceptor(guard.StreamServerInterceptor(reg, s.log)), grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes),
 		grpc.NumStreamWorkers(uint32(max(cfg.GRPCStreamWorkers, 0))))

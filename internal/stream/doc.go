@@ -20,9 +20,11 @@
 //	magic u32 "BSTR" | version u8 (2) | hop u8 | body length u16
 //	pipeline u64 | container u64 | local u64 | start offset u64
 //	packet size u32 | route length u16 | route: {datanode u64, addr len u16, addr}…
+//	token length u16 | block token (at most MaxToken bytes)
 //	CRC32C of everything above u32
 //
-// The route is what remains after the receiver. A datanode checks that it
+// The route is what remains after the receiver. A datanode checks the
+// block token (every hop: the token travels down unchanged), that it
 // is in the pipeline, that the container is open (or creates it, as the
 // first V1 write does) and that the block is not committed at another
 // length, connects to the next hop with the rest of the route, and acks

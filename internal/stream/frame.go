@@ -15,8 +15,9 @@ const (
 	// another version is refused (no negotiation: the datanodes of one
 	// cluster run one version). Version 2 added a CRC32C to every frame:
 	// the header's trailer, the packet header's last word (where version 1
-	// had a magic number) and the ack's second word.
-	Version = 2
+	// had a magic number) and the ack's second word. Version 3 added the
+	// block token after the route.
+	Version = 3
 
 	headerPrefixLen = 8  // magic, version, hop, body length
 	headerFixedLen  = 38 // body bytes before the route
@@ -29,9 +30,12 @@ const (
 	MaxRoute = 16
 	// maxAddrLen bounds one route entry's address.
 	maxAddrLen = 255
+	// MaxToken bounds the header's block token (package blocktoken's are
+	// at most 196 bytes).
+	MaxToken = 512
 	// maxHeaderBody bounds what a datanode reads before it has validated
 	// anything.
-	maxHeaderBody = headerFixedLen + MaxRoute*(10+maxAddrLen)
+	maxHeaderBody = headerFixedLen + MaxRoute*(10+maxAddrLen) + 2 + MaxToken
 	// MaxPacketSize bounds one packet's payload, and so the buffer a
 	// datanode must hold per packet in flight.
 	MaxPacketSize = 16 << 20
@@ -88,6 +92,9 @@ type Header struct {
 	Offset     uint64 // where the stream starts in the block
 	PacketSize uint32 // the largest payload the sender will send
 	Route      []Target
+	// Token is the block token (package blocktoken) the client got with
+	// the block's location; every datanode of the route checks it.
+	Token []byte
 }
 
 // encodeHeader appends the header frame to dst.
@@ -95,7 +102,10 @@ func encodeHeader(dst []byte, h *Header) ([]byte, error) {
 	if len(h.Route) > MaxRoute {
 		return nil, fmt.Errorf("stream: route of %d hops > %d", len(h.Route), MaxRoute)
 	}
-	body := headerFixedLen
+	if len(h.Token) > MaxToken {
+		return nil, fmt.Errorf("stream: block token of %d bytes > %d", len(h.Token), MaxToken)
+	}
+	body := headerFixedLen + 2 + len(h.Token)
 	for _, t := range h.Route {
 		if len(t.Addr) == 0 || len(t.Addr) > maxAddrLen {
 			return nil, fmt.Errorf("stream: route hop datanode %d has address %q (want 1..%d bytes)", t.ID, t.Addr, maxAddrLen)
@@ -117,6 +127,8 @@ func encodeHeader(dst []byte, h *Header) ([]byte, error) {
 		dst = binary.BigEndian.AppendUint16(dst, uint16(len(t.Addr)))
 		dst = append(dst, t.Addr...)
 	}
+	dst = binary.BigEndian.AppendUint16(dst, uint16(len(h.Token)))
+	dst = append(dst, h.Token...)
 	return binary.BigEndian.AppendUint32(dst, crc32c(dst[start:])), nil
 }
 
@@ -192,8 +204,20 @@ func decodeHeaderBody(b []byte) (*Header, error) {
 		h.Route = append(h.Route, Target{ID: id, Addr: string(p[:al])})
 		p = p[al:]
 	}
+	if len(p) < 2 {
+		return nil, fmt.Errorf("%w: block token length missing after the route", errBadHeader)
+	}
+	tl := int(be.Uint16(p))
+	p = p[2:]
+	if tl > MaxToken || tl > len(p) {
+		return nil, fmt.Errorf("%w: block token of %d bytes (at most %d), %d left", errBadHeader, tl, MaxToken, len(p))
+	}
+	if tl > 0 {
+		h.Token = append([]byte(nil), p[:tl]...)
+	}
+	p = p[tl:]
 	if len(p) != 0 {
-		return nil, fmt.Errorf("%w: %d trailing bytes after the route", errBadHeader, len(p))
+		return nil, fmt.Errorf("%w: %d trailing bytes after the block token", errBadHeader, len(p))
 	}
 	return h, nil
 }
@@ -362,11 +386,14 @@ const (
 	// CodeInternal: a bug on the datanode (a recovered panic) failed the
 	// stream; the datanode carries on serving others.
 	CodeInternal
+	// CodePermissionDenied: the header's block token is missing, forged,
+	// expired or for another block.
+	CodePermissionDenied
 )
 
 var codeNames = [...]string{"ok", "bad header", "not in pipeline", "container not open", "no such container",
 	"block already committed", "downstream unreachable", "timeout", "connection lost", "checksum mismatch",
-	"I/O error", "protocol error", "shutting down", "busy", "internal error"}
+	"I/O error", "protocol error", "shutting down", "busy", "internal error", "permission denied"}
 
 func (c Code) String() string {
 	if int(c) < len(codeNames) {

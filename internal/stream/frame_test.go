@@ -13,7 +13,8 @@ func TestHeaderRoundTrip(t *testing.T) {
 	for _, h := range []*Header{
 		{Pipeline: 7, Block: BlockID{3, 9}, PacketSize: 1 << 20},
 		{Hop: 2, Pipeline: 1<<63 + 5, Block: BlockID{1, 1}, Offset: 4 << 20, PacketSize: MaxPacketSize,
-			Route: []Target{{ID: 2, Addr: "127.0.0.1:9855"}, {ID: 3, Addr: "[::1]:1"}}},
+			Route: []Target{{ID: 2, Addr: "127.0.0.1:9855"}, {ID: 3, Addr: "[::1]:1"}}, Token: []byte("a block token")},
+		{Pipeline: 1, Block: BlockID{1, 2}, PacketSize: 1, Token: bytes.Repeat([]byte{0xff}, MaxToken)},
 	} {
 		b, err := encodeHeader(nil, h)
 		if err != nil {
@@ -64,9 +65,24 @@ func TestBadHeaders(t *testing.T) {
 		{"block 0", enc(Header{Pipeline: 1, Block: BlockID{0, 9}, PacketSize: 1}), "block 0/9"},
 		{"packet size", enc(Header{Pipeline: 1, Block: BlockID{1, 9}, PacketSize: MaxPacketSize + 1}), "packet size"},
 		{"route truncated", mut(func(b []byte) []byte {
-			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8-1))
-			return b[:len(b)-1]
+			// The token length (2 bytes) and the address's last byte.
+			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8-3))
+			return b[:len(b)-3]
 		}), "route entry 0"},
+		{"token length missing", mut(func(b []byte) []byte {
+			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8-2))
+			return b[:len(b)-2]
+		}), "token length missing"},
+		{"token truncated", mut(func(b []byte) []byte {
+			binary.BigEndian.PutUint16(b[len(b)-2:], 5)
+			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8+4))
+			return append(b, 1, 2, 3, 4)
+		}), "block token of 5 bytes"},
+		{"token too long", mut(func(b []byte) []byte {
+			binary.BigEndian.PutUint16(b[len(b)-2:], MaxToken+1)
+			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8+MaxToken+1))
+			return append(b, make([]byte, MaxToken+1)...)
+		}), "block token of 513 bytes"},
 		{"trailing", mut(func(b []byte) []byte {
 			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8+2))
 			return append(b, 0, 0)

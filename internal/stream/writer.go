@@ -40,6 +40,8 @@ type Options struct {
 	// client's certificate; the datanode's is verified). Nil: plaintext,
 	// which a secured datanode refuses.
 	TLS *tls.Config
+	// Token is the block's token (package blocktoken), sent in the header.
+	Token []byte
 }
 
 func (o *Options) setDefaults() error {
@@ -142,7 +144,7 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 	if len(route) == 0 || len(route) > MaxRoute {
 		return nil, fmt.Errorf("stream: route of %d datanodes for block %v (want 1..%d)", len(route), block, MaxRoute)
 	}
-	h := Header{Pipeline: pipeline, Block: block, Offset: opts.Offset, PacketSize: uint32(opts.PacketSize), Route: route[1:]}
+	h := Header{Pipeline: pipeline, Block: block, Offset: opts.Offset, PacketSize: uint32(opts.PacketSize), Route: route[1:], Token: opts.Token}
 	hb, err := encodeHeader(nil, &h)
 	if err != nil {
 		return nil, err

@@ -98,25 +98,33 @@ const (
 	// is: the caller must not report success, nor assume it did not
 	// happen.
 	Error_OUTCOME_UNKNOWN Error_Kind = 13
+	// The call's block token is missing, forged, for another block or
+	// mode, or signed with a key this datanode does not hold
+	// (PERMISSION_DENIED).
+	Error_TOKEN_INVALID Error_Kind = 180
+	// The block token expired: look the key up again for a fresh one.
+	Error_TOKEN_EXPIRED Error_Kind = 181
 )
 
 // Enum value maps for Error_Kind.
 var (
 	Error_Kind_name = map[int32]string{
-		0:  "UNKNOWN",
-		1:  "NOT_LEADER",
-		2:  "PIPELINE_NOT_FOUND",
-		3:  "CONTAINER_NOT_OPEN",
-		4:  "CONTAINER_FULL",
-		5:  "NO_SUCH_CONTAINER",
-		6:  "NO_SUCH_BLOCK",
-		7:  "CHECKSUM_MISMATCH",
-		8:  "REPLICAS_LAG",
-		9:  "DISK_FULL",
-		10: "IO_ERROR",
-		11: "BAD_REQUEST",
-		12: "REPLICA_FAILED",
-		13: "OUTCOME_UNKNOWN",
+		0:   "UNKNOWN",
+		1:   "NOT_LEADER",
+		2:   "PIPELINE_NOT_FOUND",
+		3:   "CONTAINER_NOT_OPEN",
+		4:   "CONTAINER_FULL",
+		5:   "NO_SUCH_CONTAINER",
+		6:   "NO_SUCH_BLOCK",
+		7:   "CHECKSUM_MISMATCH",
+		8:   "REPLICAS_LAG",
+		9:   "DISK_FULL",
+		10:  "IO_ERROR",
+		11:  "BAD_REQUEST",
+		12:  "REPLICA_FAILED",
+		13:  "OUTCOME_UNKNOWN",
+		180: "TOKEN_INVALID",
+		181: "TOKEN_EXPIRED",
 	}
 	Error_Kind_value = map[string]int32{
 		"UNKNOWN":            0,
@@ -133,6 +141,8 @@ var (
 		"BAD_REQUEST":        11,
 		"REPLICA_FAILED":     12,
 		"OUTCOME_UNKNOWN":    13,
+		"TOKEN_INVALID":      180,
+		"TOKEN_EXPIRED":      181,
 	}
 )
 
@@ -406,8 +416,11 @@ func (x *BlockData) GetBcsid() uint64 {
 }
 
 type ExportContainerRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	// Block token for the whole container (local ID 0, read), from SCM's
+	// ReplicateContainer command.
+	Token         []byte `protobuf:"bytes,180,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -447,6 +460,13 @@ func (x *ExportContainerRequest) GetContainerId() uint64 {
 		return x.ContainerId
 	}
 	return 0
+}
+
+func (x *ExportContainerRequest) GetToken() []byte {
+	if x != nil {
+		return x.Token
+	}
+	return nil
 }
 
 // ExportContainerResponse carries the next bytes of the export stream (at
@@ -1856,9 +1876,10 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x02id\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x122\n" +
 	"\x06chunks\x18\x03 \x03(\v2\x1a.basalt.datanode.ChunkInfoR\x06chunks\x12\x14\n" +
-	"\x05bcsid\x18\x04 \x01(\x04R\x05bcsid\";\n" +
+	"\x05bcsid\x18\x04 \x01(\x04R\x05bcsid\"R\n" +
 	"\x16ExportContainerRequest\x12!\n" +
-	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\"-\n" +
+	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x15\n" +
+	"\x05token\x18\xb4\x01 \x01(\fR\x05token\"-\n" +
 	"\x17ExportContainerResponse\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"n\n" +
 	"\x12ApplyStatusRequest\x12\x1f\n" +
@@ -1927,14 +1948,14 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\x04R\x06leader\x12\x18\n" +
 	"\amembers\x18\x03 \x03(\x04R\amembers\x12\x18\n" +
-	"\aapplied\x18\x04 \x01(\x04R\aapplied\"\xbc\x03\n" +
+	"\aapplied\x18\x04 \x01(\x04R\aapplied\"\xe4\x03\n" +
 	"\x05Error\x12/\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1b.basalt.datanode.Error.KindR\x04kind\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\x04R\bleaderId\x12\x1f\n" +
 	"\vleader_addr\x18\x03 \x01(\tR\n" +
 	"leaderAddr\x12\x18\n" +
 	"\alagging\x18\x04 \x03(\x04R\alagging\x12\x16\n" +
-	"\x06failed\x18\x05 \x03(\x04R\x06failed\"\x91\x02\n" +
+	"\x06failed\x18\x05 \x03(\x04R\x06failed\"\xb9\x02\n" +
 	"\x04Kind\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -1951,7 +1972,9 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x12\x0f\n" +
 	"\vBAD_REQUEST\x10\v\x12\x12\n" +
 	"\x0eREPLICA_FAILED\x10\f\x12\x13\n" +
-	"\x0fOUTCOME_UNKNOWN\x10\r\"\xfb\x02\n" +
+	"\x0fOUTCOME_UNKNOWN\x10\r\x12\x12\n" +
+	"\rTOKEN_INVALID\x10\xb4\x01\x12\x12\n" +
+	"\rTOKEN_EXPIRED\x10\xb5\x01\"\xfb\x02\n" +
 	"\x10ContainerCommand\x12A\n" +
 	"\vwrite_chunk\x18\x01 \x01(\v2\x1e.basalt.datanode.WriteChunkCmdH\x00R\n" +
 	"writeChunk\x12;\n" +

@@ -46,6 +46,7 @@ type ScmCommand struct {
 	//	*ScmCommand_SetNodeOpState
 	//	*ScmCommand_ReplicaReports
 	//	*ScmCommand_SafeModeExited
+	//	*ScmCommand_SecretKeys
 	Op            isScmCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -230,6 +231,15 @@ func (x *ScmCommand) GetSafeModeExited() *SafeModeExitedOp {
 	return nil
 }
 
+func (x *ScmCommand) GetSecretKeys() *SecretKeysOp {
+	if x != nil {
+		if x, ok := x.Op.(*ScmCommand_SecretKeys); ok {
+			return x.SecretKeys
+		}
+	}
+	return nil
+}
+
 type isScmCommand_Op interface {
 	isScmCommand_Op()
 }
@@ -294,6 +304,10 @@ type ScmCommand_SafeModeExited struct {
 	SafeModeExited *SafeModeExitedOp `protobuf:"bytes,102,opt,name=safe_mode_exited,json=safeModeExited,proto3,oneof"`
 }
 
+type ScmCommand_SecretKeys struct {
+	SecretKeys *SecretKeysOp `protobuf:"bytes,180,opt,name=secret_keys,json=secretKeys,proto3,oneof"`
+}
+
 func (*ScmCommand_RegisterDatanode) isScmCommand_Op() {}
 
 func (*ScmCommand_CreatePipeline) isScmCommand_Op() {}
@@ -323,6 +337,8 @@ func (*ScmCommand_SetNodeOpState) isScmCommand_Op() {}
 func (*ScmCommand_ReplicaReports) isScmCommand_Op() {}
 
 func (*ScmCommand_SafeModeExited) isScmCommand_Op() {}
+
+func (*ScmCommand_SecretKeys) isScmCommand_Op() {}
 
 // SetNodeOpStateOp sets a datanode's operational state (decommission,
 // maintenance; stored under "o/"). With expect set, Apply changes nothing
@@ -2304,11 +2320,66 @@ func (*SafeModeExitedOp) Descriptor() ([]byte, []int) {
 	return file_meta_command_proto_rawDescGZIP(), []int{29}
 }
 
+// SecretKeysOp adds a block token key and drops expired ones (SCM key
+// "k/"); proposed by the SCM leader's key rotation.
+type SecretKeysOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Add           *SecretKey             `protobuf:"bytes,1,opt,name=add,proto3" json:"add,omitempty"`
+	Remove        []uint64               `protobuf:"varint,2,rep,packed,name=remove,proto3" json:"remove,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecretKeysOp) Reset() {
+	*x = SecretKeysOp{}
+	mi := &file_meta_command_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecretKeysOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecretKeysOp) ProtoMessage() {}
+
+func (x *SecretKeysOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecretKeysOp.ProtoReflect.Descriptor instead.
+func (*SecretKeysOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *SecretKeysOp) GetAdd() *SecretKey {
+	if x != nil {
+		return x.Add
+	}
+	return nil
+}
+
+func (x *SecretKeysOp) GetRemove() []uint64 {
+	if x != nil {
+		return x.Remove
+	}
+	return nil
+}
+
 var File_meta_command_proto protoreflect.FileDescriptor
 
 const file_meta_command_proto_rawDesc = "" +
 	"\n" +
-	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\"\xd8\t\n" +
+	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\"\x9a\n" +
+	"\n" +
 	"\n" +
 	"ScmCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12Q\n" +
@@ -2327,7 +2398,9 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x10replicas_removed\x18\r \x01(\v2!.basalt.meta.v1.ReplicasRemovedOpH\x00R\x0freplicasRemoved\x12M\n" +
 	"\x11set_node_op_state\x18d \x01(\v2 .basalt.meta.v1.SetNodeOpStateOpH\x00R\x0esetNodeOpState\x12K\n" +
 	"\x0freplica_reports\x18e \x01(\v2 .basalt.meta.v1.ReplicaReportsOpH\x00R\x0ereplicaReports\x12L\n" +
-	"\x10safe_mode_exited\x18f \x01(\v2 .basalt.meta.v1.SafeModeExitedOpH\x00R\x0esafeModeExitedB\x04\n" +
+	"\x10safe_mode_exited\x18f \x01(\v2 .basalt.meta.v1.SafeModeExitedOpH\x00R\x0esafeModeExited\x12@\n" +
+	"\vsecret_keys\x18\xb4\x01 \x01(\v2\x1c.basalt.meta.v1.SecretKeysOpH\x00R\n" +
+	"secretKeysB\x04\n" +
 	"\x02op\"\xd2\x01\n" +
 	"\x10SetNodeOpStateOp\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
@@ -2463,7 +2536,10 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x05state\x18\x02 \x01(\x0e2\x1b.basalt.meta.v1.NodeOpStateR\x05state\x125\n" +
 	"\x17maintenance_end_unix_ms\x18\x03 \x01(\x03R\x14maintenanceEndUnixMs\x12\"\n" +
 	"\rsince_unix_ms\x18\x04 \x01(\x03R\vsinceUnixMs\"\x12\n" +
-	"\x10SafeModeExitedOpB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
+	"\x10SafeModeExitedOp\"S\n" +
+	"\fSecretKeysOp\x12+\n" +
+	"\x03add\x18\x01 \x01(\v2\x19.basalt.meta.v1.SecretKeyR\x03add\x12\x16\n" +
+	"\x06remove\x18\x02 \x03(\x04R\x06removeB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
 
 var (
 	file_meta_command_proto_rawDescOnce sync.Once
@@ -2477,7 +2553,7 @@ func file_meta_command_proto_rawDescGZIP() []byte {
 	return file_meta_command_proto_rawDescData
 }
 
-var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_meta_command_proto_goTypes = []any{
 	(*ScmCommand)(nil),                     // 0: basalt.meta.v1.ScmCommand
 	(*SetNodeOpStateOp)(nil),               // 1: basalt.meta.v1.SetNodeOpStateOp
@@ -2509,33 +2585,35 @@ var file_meta_command_proto_goTypes = []any{
 	(*FsEntry)(nil),                        // 27: basalt.meta.v1.FsEntry
 	(*NodeOpRow)(nil),                      // 28: basalt.meta.v1.NodeOpRow
 	(*SafeModeExitedOp)(nil),               // 29: basalt.meta.v1.SafeModeExitedOp
-	(*DeleteBlocksRequest)(nil),            // 30: basalt.meta.v1.DeleteBlocksRequest
-	(NodeOpState)(0),                       // 31: basalt.meta.v1.NodeOpState
-	(*CorruptReplica)(nil),                 // 32: basalt.meta.v1.CorruptReplica
-	(*DatanodeDetails)(nil),                // 33: basalt.meta.v1.DatanodeDetails
-	(Replication)(0),                       // 34: basalt.meta.v1.Replication
-	(*CreateVolumeRequest)(nil),            // 35: basalt.meta.v1.CreateVolumeRequest
-	(*DeleteVolumeRequest)(nil),            // 36: basalt.meta.v1.DeleteVolumeRequest
-	(*CreateBucketRequest)(nil),            // 37: basalt.meta.v1.CreateBucketRequest
-	(*DeleteBucketRequest)(nil),            // 38: basalt.meta.v1.DeleteBucketRequest
-	(*CommitKeyRequest)(nil),               // 39: basalt.meta.v1.CommitKeyRequest
-	(*RenameKeyRequest)(nil),               // 40: basalt.meta.v1.RenameKeyRequest
-	(*DeleteKeyRequest)(nil),               // 41: basalt.meta.v1.DeleteKeyRequest
-	(*CreateDirectoryRequest)(nil),         // 42: basalt.meta.v1.CreateDirectoryRequest
-	(*SetKeyMetaRequest)(nil),              // 43: basalt.meta.v1.SetKeyMetaRequest
-	(*CompleteMultipartUploadRequest)(nil), // 44: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 45: basalt.meta.v1.AbortMultipartUploadRequest
-	(*CreateS3SecretRequest)(nil),          // 46: basalt.meta.v1.CreateS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 47: basalt.meta.v1.DeleteS3SecretRequest
-	(*CopyKeyRequest)(nil),                 // 48: basalt.meta.v1.CopyKeyRequest
-	(*SetFileAttrsRequest)(nil),            // 49: basalt.meta.v1.SetFileAttrsRequest
-	(*OpenKeyRequest)(nil),                 // 50: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 51: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 52: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 53: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 54: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 55: basalt.meta.v1.KeyInfo
-	(*FileAttrs)(nil),                      // 56: basalt.meta.v1.FileAttrs
+	(*SecretKeysOp)(nil),                   // 30: basalt.meta.v1.SecretKeysOp
+	(*DeleteBlocksRequest)(nil),            // 31: basalt.meta.v1.DeleteBlocksRequest
+	(NodeOpState)(0),                       // 32: basalt.meta.v1.NodeOpState
+	(*CorruptReplica)(nil),                 // 33: basalt.meta.v1.CorruptReplica
+	(*DatanodeDetails)(nil),                // 34: basalt.meta.v1.DatanodeDetails
+	(Replication)(0),                       // 35: basalt.meta.v1.Replication
+	(*CreateVolumeRequest)(nil),            // 36: basalt.meta.v1.CreateVolumeRequest
+	(*DeleteVolumeRequest)(nil),            // 37: basalt.meta.v1.DeleteVolumeRequest
+	(*CreateBucketRequest)(nil),            // 38: basalt.meta.v1.CreateBucketRequest
+	(*DeleteBucketRequest)(nil),            // 39: basalt.meta.v1.DeleteBucketRequest
+	(*CommitKeyRequest)(nil),               // 40: basalt.meta.v1.CommitKeyRequest
+	(*RenameKeyRequest)(nil),               // 41: basalt.meta.v1.RenameKeyRequest
+	(*DeleteKeyRequest)(nil),               // 42: basalt.meta.v1.DeleteKeyRequest
+	(*CreateDirectoryRequest)(nil),         // 43: basalt.meta.v1.CreateDirectoryRequest
+	(*SetKeyMetaRequest)(nil),              // 44: basalt.meta.v1.SetKeyMetaRequest
+	(*CompleteMultipartUploadRequest)(nil), // 45: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 46: basalt.meta.v1.AbortMultipartUploadRequest
+	(*CreateS3SecretRequest)(nil),          // 47: basalt.meta.v1.CreateS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 48: basalt.meta.v1.DeleteS3SecretRequest
+	(*CopyKeyRequest)(nil),                 // 49: basalt.meta.v1.CopyKeyRequest
+	(*SetFileAttrsRequest)(nil),            // 50: basalt.meta.v1.SetFileAttrsRequest
+	(*OpenKeyRequest)(nil),                 // 51: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 52: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 53: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 54: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 55: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 56: basalt.meta.v1.KeyInfo
+	(*FileAttrs)(nil),                      // 57: basalt.meta.v1.FileAttrs
+	(*SecretKey)(nil),                      // 58: basalt.meta.v1.SecretKey
 }
 var file_meta_command_proto_depIdxs = []int32{
 	3,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -2545,7 +2623,7 @@ var file_meta_command_proto_depIdxs = []int32{
 	7,  // 4: basalt.meta.v1.ScmCommand.close_containers:type_name -> basalt.meta.v1.CloseContainersOp
 	8,  // 5: basalt.meta.v1.ScmCommand.container_closed:type_name -> basalt.meta.v1.ContainerClosedOp
 	9,  // 6: basalt.meta.v1.ScmCommand.allocate_id_range:type_name -> basalt.meta.v1.AllocateIDRangeOp
-	30, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
+	31, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
 	10, // 8: basalt.meta.v1.ScmCommand.purge_delete_txs:type_name -> basalt.meta.v1.PurgeDeleteTxsOp
 	11, // 9: basalt.meta.v1.ScmCommand.replicas_unhealthy:type_name -> basalt.meta.v1.ReplicasUnhealthyOp
 	12, // 10: basalt.meta.v1.ScmCommand.replica_added:type_name -> basalt.meta.v1.ReplicaAddedOp
@@ -2553,50 +2631,52 @@ var file_meta_command_proto_depIdxs = []int32{
 	1,  // 12: basalt.meta.v1.ScmCommand.set_node_op_state:type_name -> basalt.meta.v1.SetNodeOpStateOp
 	2,  // 13: basalt.meta.v1.ScmCommand.replica_reports:type_name -> basalt.meta.v1.ReplicaReportsOp
 	29, // 14: basalt.meta.v1.ScmCommand.safe_mode_exited:type_name -> basalt.meta.v1.SafeModeExitedOp
-	31, // 15: basalt.meta.v1.SetNodeOpStateOp.state:type_name -> basalt.meta.v1.NodeOpState
-	31, // 16: basalt.meta.v1.SetNodeOpStateOp.expect:type_name -> basalt.meta.v1.NodeOpState
-	32, // 17: basalt.meta.v1.ReplicaReportsOp.reports:type_name -> basalt.meta.v1.CorruptReplica
-	33, // 18: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
-	34, // 19: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
-	14, // 20: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
-	35, // 21: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
-	36, // 22: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
-	37, // 23: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
-	38, // 24: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
-	18, // 25: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
-	19, // 26: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
-	39, // 27: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
-	40, // 28: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
-	41, // 29: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
-	42, // 30: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
-	20, // 31: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
-	22, // 32: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
-	23, // 33: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
-	43, // 34: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
-	21, // 35: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
-	44, // 36: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
-	45, // 37: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
-	46, // 38: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
-	47, // 39: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
-	48, // 40: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
-	17, // 41: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
-	49, // 42: basalt.meta.v1.NsCommand.set_file_attrs:type_name -> basalt.meta.v1.SetFileAttrsRequest
-	50, // 43: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	51, // 44: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	51, // 45: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	52, // 46: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	34, // 47: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	53, // 48: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	54, // 49: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	54, // 50: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	55, // 51: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	56, // 52: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
-	31, // 53: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
-	54, // [54:54] is the sub-list for method output_type
-	54, // [54:54] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	30, // 15: basalt.meta.v1.ScmCommand.secret_keys:type_name -> basalt.meta.v1.SecretKeysOp
+	32, // 16: basalt.meta.v1.SetNodeOpStateOp.state:type_name -> basalt.meta.v1.NodeOpState
+	32, // 17: basalt.meta.v1.SetNodeOpStateOp.expect:type_name -> basalt.meta.v1.NodeOpState
+	33, // 18: basalt.meta.v1.ReplicaReportsOp.reports:type_name -> basalt.meta.v1.CorruptReplica
+	34, // 19: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
+	35, // 20: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
+	14, // 21: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
+	36, // 22: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
+	37, // 23: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
+	38, // 24: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
+	39, // 25: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
+	18, // 26: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
+	19, // 27: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
+	40, // 28: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
+	41, // 29: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
+	42, // 30: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
+	43, // 31: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
+	20, // 32: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
+	22, // 33: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
+	23, // 34: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
+	44, // 35: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
+	21, // 36: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
+	45, // 37: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
+	46, // 38: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
+	47, // 39: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
+	48, // 40: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
+	49, // 41: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
+	17, // 42: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
+	50, // 43: basalt.meta.v1.NsCommand.set_file_attrs:type_name -> basalt.meta.v1.SetFileAttrsRequest
+	51, // 44: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	52, // 45: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	52, // 46: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	53, // 47: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	35, // 48: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	54, // 49: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	55, // 50: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	55, // 51: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	56, // 52: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	57, // 53: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
+	32, // 54: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
+	58, // 55: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
+	56, // [56:56] is the sub-list for method output_type
+	56, // [56:56] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -2621,6 +2701,7 @@ func file_meta_command_proto_init() {
 		(*ScmCommand_SetNodeOpState)(nil),
 		(*ScmCommand_ReplicaReports)(nil),
 		(*ScmCommand_SafeModeExited)(nil),
+		(*ScmCommand_SecretKeys)(nil),
 	}
 	file_meta_command_proto_msgTypes[16].OneofWrappers = []any{
 		(*NsCommand_CreateVolume)(nil),
@@ -2652,7 +2733,7 @@ func file_meta_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_command_proto_rawDesc), len(file_meta_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1098,7 +1098,11 @@ type BlockLocation struct {
 	ContainerState ContainerState         `protobuf:"varint,5,opt,name=container_state,json=containerState,proto3,enum=basalt.meta.v1.ContainerState" json:"container_state,omitempty"`
 	// Healthy replicas, nearest to the caller's location first. Replicas
 	// recorded UNHEALTHY (Container.unhealthy_replicas) are left out.
-	Datanodes     []*DatanodeDetails `protobuf:"bytes,6,rep,name=datanodes,proto3" json:"datanodes,omitempty"`
+	Datanodes []*DatanodeDetails `protobuf:"bytes,6,rep,name=datanodes,proto3" json:"datanodes,omitempty"`
+	// Block token (package blocktoken) granting read (LookupKey) or write
+	// (OpenKey, AllocateBlock) on this block; datanodes refuse a data call
+	// without a valid one.
+	Token         []byte `protobuf:"bytes,180,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1171,6 +1175,13 @@ func (x *BlockLocation) GetContainerState() ContainerState {
 func (x *BlockLocation) GetDatanodes() []*DatanodeDetails {
 	if x != nil {
 		return x.Datanodes
+	}
+	return nil
+}
+
+func (x *BlockLocation) GetToken() []byte {
+	if x != nil {
+		return x.Token
 	}
 	return nil
 }
@@ -1672,8 +1683,10 @@ type RegisterDatanodeResponse struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
 	DatanodeId          uint64                 `protobuf:"varint,1,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
 	HeartbeatIntervalMs int64                  `protobuf:"varint,2,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// SCM's block token keys; they replace the datanode's set.
+	SecretKeys    []*SecretKey `protobuf:"bytes,180,rep,name=secret_keys,json=secretKeys,proto3" json:"secret_keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterDatanodeResponse) Reset() {
@@ -1718,6 +1731,13 @@ func (x *RegisterDatanodeResponse) GetHeartbeatIntervalMs() int64 {
 		return x.HeartbeatIntervalMs
 	}
 	return 0
+}
+
+func (x *RegisterDatanodeResponse) GetSecretKeys() []*SecretKey {
+	if x != nil {
+		return x.SecretKeys
+	}
+	return nil
 }
 
 type HeartbeatRequest struct {
@@ -1945,7 +1965,9 @@ type HeartbeatResponse struct {
 	State    NodeState              `protobuf:"varint,2,opt,name=state,proto3,enum=basalt.meta.v1.NodeState" json:"state,omitempty"`
 	// REREGISTER: SCM does not know this datanode (e.g. its state was lost);
 	// the datanode must call RegisterDatanode again.
-	Reregister    bool `protobuf:"varint,3,opt,name=reregister,proto3" json:"reregister,omitempty"`
+	Reregister bool `protobuf:"varint,3,opt,name=reregister,proto3" json:"reregister,omitempty"`
+	// SCM's block token keys; they replace the datanode's set.
+	SecretKeys    []*SecretKey `protobuf:"bytes,180,rep,name=secret_keys,json=secretKeys,proto3" json:"secret_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1999,6 +2021,13 @@ func (x *HeartbeatResponse) GetReregister() bool {
 		return x.Reregister
 	}
 	return false
+}
+
+func (x *HeartbeatResponse) GetSecretKeys() []*SecretKey {
+	if x != nil {
+		return x.SecretKeys
+	}
+	return nil
 }
 
 type DatanodeCommand struct {
@@ -2153,9 +2182,12 @@ func (*DatanodeCommand_DeleteContainer) isDatanodeCommand_Command() {}
 // replica reported (or gives the copy to another datanode); a datanode
 // that is copying it or holds it already ignores the repeat.
 type ReplicateContainerCommand struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
-	Sources       []*DatanodeDetails     `protobuf:"bytes,2,rep,name=sources,proto3" json:"sources,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Sources     []*DatanodeDetails     `protobuf:"bytes,2,rep,name=sources,proto3" json:"sources,omitempty"`
+	// Block token for the whole container (local ID 0, read), presented to
+	// the sources' ExportContainer.
+	Token         []byte `protobuf:"bytes,180,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2200,6 +2232,13 @@ func (x *ReplicateContainerCommand) GetContainerId() uint64 {
 func (x *ReplicateContainerCommand) GetSources() []*DatanodeDetails {
 	if x != nil {
 		return x.Sources
+	}
+	return nil
+}
+
+func (x *ReplicateContainerCommand) GetToken() []byte {
+	if x != nil {
+		return x.Token
 	}
 	return nil
 }
@@ -7884,6 +7923,78 @@ func (x *SetFileAttrsResponse) GetAttrs() *FileAttrs {
 	return nil
 }
 
+// SecretKey is one of SCM's block token keys (package blocktoken),
+// recorded through the SCM Raft group.
+type SecretKey struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Secret        []byte                 `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"` // 32 bytes
+	CreatedUnixMs int64                  `protobuf:"varint,3,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	// Tokens are signed with the newest key whose activation time has come;
+	// verifiers accept a key as soon as they hold it.
+	ActivateUnixMs int64 `protobuf:"varint,4,opt,name=activate_unix_ms,json=activateUnixMs,proto3" json:"activate_unix_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SecretKey) Reset() {
+	*x = SecretKey{}
+	mi := &file_meta_meta_proto_msgTypes[112]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecretKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecretKey) ProtoMessage() {}
+
+func (x *SecretKey) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[112]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecretKey.ProtoReflect.Descriptor instead.
+func (*SecretKey) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{112}
+}
+
+func (x *SecretKey) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SecretKey) GetSecret() []byte {
+	if x != nil {
+		return x.Secret
+	}
+	return nil
+}
+
+func (x *SecretKey) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *SecretKey) GetActivateUnixMs() int64 {
+	if x != nil {
+		return x.ActivateUnixMs
+	}
+	return 0
+}
+
 var File_meta_meta_proto protoreflect.FileDescriptor
 
 const file_meta_meta_proto_rawDesc = "" +
@@ -7944,7 +8055,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x12unhealthy_replicas\x18\b \x03(\x04R\x11unhealthyReplicas\"G\n" +
 	"\aBlockID\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x19\n" +
-	"\blocal_id\x18\x02 \x01(\x04R\alocalId\"\x91\x02\n" +
+	"\blocal_id\x18\x02 \x01(\x04R\alocalId\"\xa8\x02\n" +
 	"\rBlockLocation\x12'\n" +
 	"\x02id\x18\x01 \x01(\v2\x17.basalt.meta.v1.BlockIDR\x02id\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
@@ -7952,7 +8063,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\vpipeline_id\x18\x04 \x01(\x04R\n" +
 	"pipelineId\x12G\n" +
 	"\x0fcontainer_state\x18\x05 \x01(\x0e2\x1e.basalt.meta.v1.ContainerStateR\x0econtainerState\x12=\n" +
-	"\tdatanodes\x18\x06 \x03(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\tdatanodes\"i\n" +
+	"\tdatanodes\x18\x06 \x03(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\tdatanodes\x12\x15\n" +
+	"\x05token\x18\xb4\x01 \x01(\fR\x05token\"i\n" +
 	"\vExcludeList\x12\x1c\n" +
 	"\tdatanodes\x18\x01 \x03(\x04R\tdatanodes\x12\x1c\n" +
 	"\tpipelines\x18\x02 \x03(\x04R\tpipelines\x12\x1e\n" +
@@ -7994,11 +8106,13 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\x8c\x01\n" +
 	"\x17RegisterDatanodeRequest\x129\n" +
 	"\adetails\x18\x01 \x01(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\adetails\x126\n" +
-	"\avolumes\x18\x02 \x03(\v2\x1c.basalt.meta.v1.VolumeReportR\avolumes\"o\n" +
+	"\avolumes\x18\x02 \x03(\v2\x1c.basalt.meta.v1.VolumeReportR\avolumes\"\xac\x01\n" +
 	"\x18RegisterDatanodeResponse\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x122\n" +
-	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\"\xb7\x03\n" +
+	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x12;\n" +
+	"\vsecret_keys\x18\xb4\x01 \x03(\v2\x19.basalt.meta.v1.SecretKeyR\n" +
+	"secretKeys\"\xb7\x03\n" +
 	"\x10HeartbeatRequest\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x126\n" +
@@ -8019,13 +8133,15 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\vDeleteTxAck\x12\x13\n" +
 	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x126\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x1e.basalt.meta.v1.DeleteTxStatusR\x06status\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\xa1\x01\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xde\x01\n" +
 	"\x11HeartbeatResponse\x12;\n" +
 	"\bcommands\x18\x01 \x03(\v2\x1f.basalt.meta.v1.DatanodeCommandR\bcommands\x12/\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x19.basalt.meta.v1.NodeStateR\x05state\x12\x1e\n" +
 	"\n" +
 	"reregister\x18\x03 \x01(\bR\n" +
-	"reregister\"\x8e\x04\n" +
+	"reregister\x12;\n" +
+	"\vsecret_keys\x18\xb4\x01 \x03(\v2\x19.basalt.meta.v1.SecretKeyR\n" +
+	"secretKeys\"\x8e\x04\n" +
 	"\x0fDatanodeCommand\x12P\n" +
 	"\x0fcreate_pipeline\x18\x01 \x01(\v2%.basalt.meta.v1.CreatePipelineCommandH\x00R\x0ecreatePipeline\x12M\n" +
 	"\x0eclose_pipeline\x18\x02 \x01(\v2$.basalt.meta.v1.ClosePipelineCommandH\x00R\rclosePipeline\x12P\n" +
@@ -8033,10 +8149,11 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\rdelete_blocks\x18\x04 \x01(\v2#.basalt.meta.v1.DeleteBlocksCommandH\x00R\fdeleteBlocks\x12\\\n" +
 	"\x13replicate_container\x18\x05 \x01(\v2).basalt.meta.v1.ReplicateContainerCommandH\x00R\x12replicateContainer\x12S\n" +
 	"\x10delete_container\x18\x06 \x01(\v2&.basalt.meta.v1.DeleteContainerCommandH\x00R\x0fdeleteContainerB\t\n" +
-	"\acommand\"y\n" +
+	"\acommand\"\x90\x01\n" +
 	"\x19ReplicateContainerCommand\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x129\n" +
-	"\asources\x18\x02 \x03(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\asources\"S\n" +
+	"\asources\x18\x02 \x03(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\asources\x12\x15\n" +
+	"\x05token\x18\xb4\x01 \x01(\fR\x05token\"S\n" +
 	"\x16DeleteContainerCommand\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8c\x01\n" +
@@ -8477,7 +8594,12 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x04path\x18\x03 \x01(\tR\x04path\x12/\n" +
 	"\x05attrs\x18\x04 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"G\n" +
 	"\x14SetFileAttrsResponse\x12/\n" +
-	"\x05attrs\x18\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs*>\n" +
+	"\x05attrs\x18\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"\x85\x01\n" +
+	"\tSecretKey\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
+	"\x06secret\x18\x02 \x01(\fR\x06secret\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x03 \x01(\x03R\rcreatedUnixMs\x12(\n" +
+	"\x10activate_unix_ms\x18\x04 \x01(\x03R\x0eactivateUnixMs*>\n" +
 	"\vReplication\x12\x1b\n" +
 	"\x17REPLICATION_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03ONE\x10\x01\x12\t\n" +
@@ -8582,7 +8704,7 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 116)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 117)
 var file_meta_meta_proto_goTypes = []any{
 	(Replication)(0),                       // 0: basalt.meta.v1.Replication
 	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
@@ -8704,10 +8826,11 @@ var file_meta_meta_proto_goTypes = []any{
 	(*FileAttrs)(nil),                      // 117: basalt.meta.v1.FileAttrs
 	(*SetFileAttrsRequest)(nil),            // 118: basalt.meta.v1.SetFileAttrsRequest
 	(*SetFileAttrsResponse)(nil),           // 119: basalt.meta.v1.SetFileAttrsResponse
-	nil,                                    // 120: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	nil,                                    // 121: basalt.meta.v1.ObjectMeta.UserEntry
-	nil,                                    // 122: basalt.meta.v1.ObjectMeta.TagsEntry
-	nil,                                    // 123: basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	(*SecretKey)(nil),                      // 120: basalt.meta.v1.SecretKey
+	nil,                                    // 121: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	nil,                                    // 122: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 123: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 124: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
 	4,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
@@ -8729,187 +8852,189 @@ var file_meta_meta_proto_depIdxs = []int32{
 	22,  // 16: basalt.meta.v1.GetContainerReplicasResponse.containers:type_name -> basalt.meta.v1.ContainerReplicas
 	9,   // 17: basalt.meta.v1.RegisterDatanodeRequest.details:type_name -> basalt.meta.v1.DatanodeDetails
 	10,  // 18: basalt.meta.v1.RegisterDatanodeRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
-	10,  // 19: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
-	11,  // 20: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
-	12,  // 21: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
-	28,  // 22: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
-	27,  // 23: basalt.meta.v1.HeartbeatRequest.copy_failures:type_name -> basalt.meta.v1.CopyFailure
-	7,   // 24: basalt.meta.v1.DeleteTxAck.status:type_name -> basalt.meta.v1.DeleteTxStatus
-	30,  // 25: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
-	1,   // 26: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
-	33,  // 27: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
-	34,  // 28: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
-	35,  // 29: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
-	36,  // 30: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
-	31,  // 31: basalt.meta.v1.DatanodeCommand.replicate_container:type_name -> basalt.meta.v1.ReplicateContainerCommand
-	32,  // 32: basalt.meta.v1.DatanodeCommand.delete_container:type_name -> basalt.meta.v1.DeleteContainerCommand
-	9,   // 33: basalt.meta.v1.ReplicateContainerCommand.sources:type_name -> basalt.meta.v1.DatanodeDetails
-	13,  // 34: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
-	9,   // 35: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	0,   // 36: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
-	17,  // 37: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	16,  // 38: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	40,  // 39: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
-	15,  // 40: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
-	15,  // 41: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
-	45,  // 42: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
-	49,  // 43: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
-	14,  // 44: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
-	9,   // 45: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	9,   // 46: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
-	1,   // 47: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
-	10,  // 48: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
-	2,   // 49: basalt.meta.v1.DatanodeStatus.op_state:type_name -> basalt.meta.v1.NodeOpState
-	51,  // 50: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
-	13,  // 51: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
-	14,  // 52: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
-	4,   // 53: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
-	120, // 54: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	59,  // 55: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
-	60,  // 56: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
-	117, // 57: basalt.meta.v1.Volume.attrs:type_name -> basalt.meta.v1.FileAttrs
-	117, // 58: basalt.meta.v1.CreateVolumeRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	63,  // 59: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
-	5,   // 60: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 61: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
-	117, // 62: basalt.meta.v1.Bucket.attrs:type_name -> basalt.meta.v1.FileAttrs
-	5,   // 63: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 64: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
-	117, // 65: basalt.meta.v1.CreateBucketRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	70,  // 66: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
-	15,  // 67: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
-	0,   // 68: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
-	6,   // 69: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	77,  // 70: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	16,  // 71: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
-	79,  // 72: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
-	117, // 73: basalt.meta.v1.KeyInfo.attrs:type_name -> basalt.meta.v1.FileAttrs
-	121, // 74: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
-	122, // 75: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
-	123, // 76: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
-	0,   // 77: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
-	6,   // 78: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	17,  // 79: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	16,  // 80: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	17,  // 81: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	16,  // 82: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
-	77,  // 83: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
-	79,  // 84: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	85,  // 85: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	116, // 86: basalt.meta.v1.CommitKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	78,  // 87: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
-	78,  // 88: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
-	117, // 89: basalt.meta.v1.FileStatus.attrs:type_name -> basalt.meta.v1.FileAttrs
-	117, // 90: basalt.meta.v1.CreateDirectoryRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	93,  // 91: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
-	79,  // 92: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	79,  // 93: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	85,  // 94: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	116, // 95: basalt.meta.v1.CopyKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	79,  // 96: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 97: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
-	79,  // 98: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 99: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
-	102, // 100: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
-	116, // 101: basalt.meta.v1.CompleteMultipartUploadRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	77,  // 102: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	6,   // 103: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	100, // 104: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
-	106, // 105: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
-	100, // 106: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
-	117, // 107: basalt.meta.v1.SetFileAttrsRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	117, // 108: basalt.meta.v1.SetFileAttrsResponse.attrs:type_name -> basalt.meta.v1.FileAttrs
-	24,  // 109: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	26,  // 110: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	37,  // 111: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	39,  // 112: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	47,  // 113: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	42,  // 114: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	44,  // 115: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	50,  // 116: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	53,  // 117: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	55,  // 118: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	57,  // 119: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	58,  // 120: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
-	18,  // 121: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
-	20,  // 122: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
-	64,  // 123: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	65,  // 124: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	66,  // 125: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	68,  // 126: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	71,  // 127: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	72,  // 128: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	73,  // 129: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	75,  // 130: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	80,  // 131: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	82,  // 132: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	84,  // 133: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	86,  // 134: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	87,  // 135: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	89,  // 136: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	91,  // 137: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	94,  // 138: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	95,  // 139: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	96,  // 140: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	98,  // 141: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	99,  // 142: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
-	101, // 143: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	103, // 144: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	104, // 145: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	107, // 146: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	109, // 147: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	112, // 148: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	113, // 149: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	114, // 150: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	118, // 151: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
-	25,  // 152: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	29,  // 153: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	38,  // 154: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	41,  // 155: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	48,  // 156: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	43,  // 157: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	46,  // 158: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	52,  // 159: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	54,  // 160: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	56,  // 161: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	62,  // 162: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	61,  // 163: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
-	19,  // 164: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
-	23,  // 165: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
-	63,  // 166: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	63,  // 167: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	67,  // 168: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	69,  // 169: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	70,  // 170: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	70,  // 171: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	74,  // 172: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	76,  // 173: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	81,  // 174: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	83,  // 175: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	78,  // 176: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	78,  // 177: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	88,  // 178: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	90,  // 179: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	92,  // 180: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	93,  // 181: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	93,  // 182: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	97,  // 183: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	78,  // 184: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	78,  // 185: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
-	100, // 186: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	78,  // 187: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	105, // 188: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	108, // 189: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	110, // 190: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	111, // 191: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	111, // 192: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	115, // 193: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	119, // 194: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
-	152, // [152:195] is the sub-list for method output_type
-	109, // [109:152] is the sub-list for method input_type
-	109, // [109:109] is the sub-list for extension type_name
-	109, // [109:109] is the sub-list for extension extendee
-	0,   // [0:109] is the sub-list for field type_name
+	120, // 19: basalt.meta.v1.RegisterDatanodeResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
+	10,  // 20: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
+	11,  // 21: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
+	12,  // 22: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
+	28,  // 23: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
+	27,  // 24: basalt.meta.v1.HeartbeatRequest.copy_failures:type_name -> basalt.meta.v1.CopyFailure
+	7,   // 25: basalt.meta.v1.DeleteTxAck.status:type_name -> basalt.meta.v1.DeleteTxStatus
+	30,  // 26: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
+	1,   // 27: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
+	120, // 28: basalt.meta.v1.HeartbeatResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
+	33,  // 29: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
+	34,  // 30: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
+	35,  // 31: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
+	36,  // 32: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
+	31,  // 33: basalt.meta.v1.DatanodeCommand.replicate_container:type_name -> basalt.meta.v1.ReplicateContainerCommand
+	32,  // 34: basalt.meta.v1.DatanodeCommand.delete_container:type_name -> basalt.meta.v1.DeleteContainerCommand
+	9,   // 35: basalt.meta.v1.ReplicateContainerCommand.sources:type_name -> basalt.meta.v1.DatanodeDetails
+	13,  // 36: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
+	9,   // 37: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	0,   // 38: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
+	17,  // 39: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	16,  // 40: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	40,  // 41: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
+	15,  // 42: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
+	15,  // 43: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
+	45,  // 44: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
+	49,  // 45: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
+	14,  // 46: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
+	9,   // 47: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	9,   // 48: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
+	1,   // 49: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
+	10,  // 50: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
+	2,   // 51: basalt.meta.v1.DatanodeStatus.op_state:type_name -> basalt.meta.v1.NodeOpState
+	51,  // 52: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
+	13,  // 53: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
+	14,  // 54: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
+	4,   // 55: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
+	121, // 56: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	59,  // 57: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
+	60,  // 58: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
+	117, // 59: basalt.meta.v1.Volume.attrs:type_name -> basalt.meta.v1.FileAttrs
+	117, // 60: basalt.meta.v1.CreateVolumeRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	63,  // 61: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
+	5,   // 62: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 63: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
+	117, // 64: basalt.meta.v1.Bucket.attrs:type_name -> basalt.meta.v1.FileAttrs
+	5,   // 65: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 66: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
+	117, // 67: basalt.meta.v1.CreateBucketRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	70,  // 68: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
+	15,  // 69: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
+	0,   // 70: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 71: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	77,  // 72: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	16,  // 73: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
+	79,  // 74: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
+	117, // 75: basalt.meta.v1.KeyInfo.attrs:type_name -> basalt.meta.v1.FileAttrs
+	122, // 76: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	123, // 77: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	124, // 78: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	0,   // 79: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 80: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	17,  // 81: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	16,  // 82: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	17,  // 83: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	16,  // 84: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
+	77,  // 85: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
+	79,  // 86: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	85,  // 87: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	116, // 88: basalt.meta.v1.CommitKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	78,  // 89: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
+	78,  // 90: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
+	117, // 91: basalt.meta.v1.FileStatus.attrs:type_name -> basalt.meta.v1.FileAttrs
+	117, // 92: basalt.meta.v1.CreateDirectoryRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	93,  // 93: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
+	79,  // 94: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	79,  // 95: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	85,  // 96: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	116, // 97: basalt.meta.v1.CopyKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	79,  // 98: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 99: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
+	79,  // 100: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 101: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
+	102, // 102: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
+	116, // 103: basalt.meta.v1.CompleteMultipartUploadRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	77,  // 104: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	6,   // 105: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	100, // 106: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
+	106, // 107: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
+	100, // 108: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
+	117, // 109: basalt.meta.v1.SetFileAttrsRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	117, // 110: basalt.meta.v1.SetFileAttrsResponse.attrs:type_name -> basalt.meta.v1.FileAttrs
+	24,  // 111: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	26,  // 112: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	37,  // 113: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	39,  // 114: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	47,  // 115: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	42,  // 116: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	44,  // 117: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	50,  // 118: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	53,  // 119: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	55,  // 120: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	57,  // 121: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	58,  // 122: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
+	18,  // 123: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
+	20,  // 124: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
+	64,  // 125: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	65,  // 126: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	66,  // 127: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	68,  // 128: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	71,  // 129: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	72,  // 130: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	73,  // 131: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	75,  // 132: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	80,  // 133: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	82,  // 134: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	84,  // 135: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	86,  // 136: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	87,  // 137: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	89,  // 138: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	91,  // 139: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	94,  // 140: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	95,  // 141: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	96,  // 142: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	98,  // 143: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	99,  // 144: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	101, // 145: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	103, // 146: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	104, // 147: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	107, // 148: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	109, // 149: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	112, // 150: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	113, // 151: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	114, // 152: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	118, // 153: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
+	25,  // 154: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	29,  // 155: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	38,  // 156: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	41,  // 157: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	48,  // 158: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	43,  // 159: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	46,  // 160: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	52,  // 161: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	54,  // 162: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	56,  // 163: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	62,  // 164: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	61,  // 165: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
+	19,  // 166: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
+	23,  // 167: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
+	63,  // 168: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	63,  // 169: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	67,  // 170: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	69,  // 171: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	70,  // 172: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	70,  // 173: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	74,  // 174: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	76,  // 175: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	81,  // 176: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	83,  // 177: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	78,  // 178: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	78,  // 179: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	88,  // 180: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	90,  // 181: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	92,  // 182: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	93,  // 183: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	93,  // 184: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	97,  // 185: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	78,  // 186: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	78,  // 187: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	100, // 188: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	78,  // 189: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	105, // 190: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	108, // 191: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	110, // 192: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	111, // 193: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	111, // 194: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	115, // 195: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	119, // 196: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
+	154, // [154:197] is the sub-list for method output_type
+	111, // [111:154] is the sub-list for method input_type
+	111, // [111:111] is the sub-list for extension type_name
+	111, // [111:111] is the sub-list for extension extendee
+	0,   // [0:111] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -8932,7 +9057,7 @@ func file_meta_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   116,
+			NumMessages:   117,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -58,6 +58,10 @@ type Config struct {
 	// aborted and their parts' blocks reclaimed, as S3's lifecycle rule
 	// AbortIncompleteMultipartUpload (default 7 days; negative: never).
 	UploadExpiry time.Duration
+
+	// Tokens signs the block token of every location returned (tokens.go;
+	// nil: locations carry none).
+	Tokens TokenIssuer
 }
 
 func (c *Config) setDefaults() {
@@ -240,6 +244,9 @@ func (s *Service) OpenKey(ctx context.Context, req *metapb.OpenKeyRequest) (*met
 	if err != nil {
 		return nil, err
 	}
+	if err := s.attachTokens(ctx, alloc.Blocks, writeModes); err != nil {
+		return nil, err
+	}
 	return &metapb.OpenKeyResponse{OpenId: r.(uint64), Blocks: alloc.Blocks, BlockSize: alloc.BlockSize}, nil
 }
 
@@ -264,6 +271,9 @@ func (s *Service) AllocateBlock(ctx context.Context, req *metapb.AllocateBlockRe
 	}
 	blk := alloc.Blocks[0]
 	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_AddBlock{AddBlock: &metapb.AddBlockOp{OpenId: req.OpenId, Block: blk}}}); err != nil {
+		return nil, err
+	}
+	if err := s.attachTokens(ctx, alloc.Blocks[:1], writeModes); err != nil {
 		return nil, err
 	}
 	return &metapb.AllocateBlockResponse{Block: blk}, nil
@@ -303,6 +313,9 @@ func (s *Service) LookupKey(ctx context.Context, req *metapb.LookupKeyRequest) (
 			topology.SortByDistance(loc.Datanodes, 0, req.ClientLocation, func(d *metapb.DatanodeDetails) uint64 { return d.Id }, func(d *metapb.DatanodeDetails) string { return d.Location })
 		}
 		ki.Locations = append(ki.Locations, loc)
+	}
+	if err := s.attachTokens(ctx, ki.Locations, readModes); err != nil {
+		return nil, err
 	}
 	return ki, nil
 }

@@ -60,6 +60,9 @@ type Config struct {
 	// large).
 	MaxCopyBytesPerTarget uint64
 
+	// SecretKeys tunes block token key rotation (secretkeys.go).
+	SecretKeys SecretKeyConfig
+
 	// Registerer receives the replication manager's gauges (nil: none).
 	Registerer prometheus.Registerer
 
@@ -305,7 +308,7 @@ func (m *Manager) Register(ctx context.Context, req *metapb.RegisterDatanodeRequ
 		n.volumes = req.Volumes
 	}
 	m.mu.Unlock()
-	return &metapb.RegisterDatanodeResponse{DatanodeId: id, HeartbeatIntervalMs: m.cfg.HeartbeatInterval.Milliseconds()}, nil
+	return &metapb.RegisterDatanodeResponse{DatanodeId: id, HeartbeatIntervalMs: m.cfg.HeartbeatInterval.Milliseconds(), SecretKeys: m.st.SecretKeys()}, nil
 }
 
 // Heartbeat records a datanode's liveness and reports and returns the
@@ -352,7 +355,7 @@ func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 	m.deleteAcks(req, n)
 	m.copyFailuresLocked(req, now)
 	cmds := m.commandsFor(req.DatanodeId, n, now)
-	return &metapb.HeartbeatResponse{Commands: cmds, State: n.state}, nil
+	return &metapb.HeartbeatResponse{Commands: cmds, State: n.state, SecretKeys: m.st.SecretKeys()}, nil
 }
 
 // checkReport acts on one replica's report at once, before anything goes
@@ -687,6 +690,11 @@ func (m *Manager) Tick(ctx context.Context) error {
 	reports := m.closedReports()
 	unhealthy := m.unhealthyBatch()
 	m.mu.Unlock()
+
+	// Block token keys first: a pipeline's first token needs one.
+	if err := m.rotateSecretKeys(ctx); err != nil {
+		return err
+	}
 
 	// 0. Record unhealthy replicas (their containers stop taking blocks
 	// and start closing in the same entry).

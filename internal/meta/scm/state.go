@@ -26,6 +26,7 @@ import (
 //	c/<container id>   Container
 //	d/<tx id>          DeleteBlocksTx, until every replica has done it
 //	m/<counter>        next IDs: dn, pipeline, container, local, tx
+//	k/<key id>         SecretKey (block token keys, secretkeys.go)
 //
 // Everything but d/ is mirrored in memory (the SCM state is small: one row
 // per datanode, pipeline and container) so that reads never touch Pebble.
@@ -84,6 +85,7 @@ type State struct {
 	opStates map[uint64]*metapb.NodeOpRow      // operational states (opstate.go)
 	reports  map[repKey]*metapb.CorruptReplica // reports against replicas
 	safeExit bool                              // a leader left safe mode once
+	keys     secretKeys                        // block token keys (secretkeys.go)
 }
 
 // setPipeline stores p in the mirror and its indexes (caller holds mu for
@@ -208,14 +210,17 @@ func (s *State) load() error {
 		}); err != nil {
 			return err
 		}
-		return scan(r, pfxContainer, func(_, v []byte) error {
+		if err := scan(r, pfxContainer, func(_, v []byte) error {
 			c := &metapb.Container{}
 			if err := proto.Unmarshal(v, c); err != nil {
 				return err
 			}
 			s.setContainer(c)
 			return nil
-		})
+		}); err != nil {
+			return err
+		}
+		return s.loadSecretKeys(r)
 	})
 }
 
@@ -397,6 +402,8 @@ func (s *State) apply(b *pebble.Batch, cmd *metapb.ScmCommand) any {
 			s.putU64(b, keySafeExit, uint64(now))
 		}
 		return nil
+	case *metapb.ScmCommand_SecretKeys:
+		return s.applySecretKeys(b, op.SecretKeys)
 	case *metapb.ScmCommand_PurgeDeleteTxs:
 		for _, id := range op.PurgeDeleteTxs.TxIds {
 			if err := b.Delete(key(pfxDeleteTx, id), nil); err != nil {

@@ -1,0 +1,196 @@
+package blocktoken
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"testing"
+	"time"
+)
+
+func testKey(t testing.TB, id uint64, activate int64) Key {
+	s := make([]byte, SecretSize)
+	if _, err := rand.Read(s); err != nil {
+		t.Fatal(err)
+	}
+	return Key{ID: id, Secret: s, ActivateUnixMs: activate}
+}
+
+func mustSet(t testing.TB, keys ...Key) *KeySet {
+	s, err := NewKeySet(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestIssueVerify(t *testing.T) {
+	now := time.UnixMilli(1_000_000)
+	ks := mustSet(t, testKey(t, 1, 0))
+	blk := Block{Container: 7, Local: 42}
+	tok, err := ks.Issue(now, Claims{Block: blk, Modes: Read | Write, ExpiryUnixMs: now.Add(time.Hour).UnixMilli(), Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ks.Verify(tok, blk, Write, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Owner != "alice" || c.KeyID != 1 || c.Block != blk || c.Modes != Read|Write {
+		t.Fatalf("claims %+v", c)
+	}
+	if d, err := Decode(tok); err != nil || d != c {
+		t.Fatalf("Decode = %+v, %v; want %+v", d, err, c)
+	}
+
+	other := mustSet(t, testKey(t, 1, 0)) // same ID, another secret
+	cases := []struct {
+		name string
+		ks   *KeySet
+		tok  []byte
+		blk  Block
+		mode Mode
+		now  time.Time
+		want error
+	}{
+		{"missing", ks, nil, blk, Read, now, ErrMissing},
+		{"other block", ks, tok, Block{7, 43}, Read, now, ErrInvalid},
+		{"other container", ks, tok, Block{8, 42}, Read, now, ErrInvalid},
+		{"mode not granted", ks, tok, blk, Delete, now, ErrInvalid},
+		{"expired", ks, tok, blk, Read, now.Add(time.Hour), ErrExpired},
+		{"forged key", other, tok, blk, Read, now, ErrInvalid},
+		{"unknown key", mustSet(t, testKey(t, 2, 0)), tok, blk, Read, now, ErrInvalid},
+		{"no keys", nil, tok, blk, Read, now, ErrInvalid},
+		{"truncated", ks, tok[:len(tok)-1], blk, Read, now, ErrInvalid},
+		{"too long", ks, append(bytes.Clone(tok), make([]byte, MaxTokenSize)...), blk, Read, now, ErrInvalid},
+	}
+	for _, tc := range cases {
+		if _, err := tc.ks.Verify(tc.tok, tc.blk, tc.mode, tc.now); !errors.Is(err, tc.want) {
+			t.Errorf("%s: err %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	// Every single-bit change of the token is refused: claims are covered
+	// by the MAC, and the MAC by the key.
+	for i := range tok {
+		for bit := 0; bit < 8; bit++ {
+			bad := bytes.Clone(tok)
+			bad[i] ^= 1 << bit
+			if _, err := ks.Verify(bad, blk, Read, now); err == nil {
+				t.Fatalf("token with byte %d bit %d flipped was accepted", i, bit)
+			}
+		}
+	}
+}
+
+func TestSigningKeyRotation(t *testing.T) {
+	k1, k2, k3 := testKey(t, 1, 0), testKey(t, 2, 10_000), testKey(t, 3, 20_000)
+	ks := mustSet(t, k3, k1, k2)
+	for _, c := range []struct {
+		ms   int64
+		want uint64
+	}{{0, 1}, {9_999, 1}, {10_000, 2}, {19_999, 2}, {20_000, 3}, {1 << 40, 3}} {
+		if id, ok := ks.SigningKey(time.UnixMilli(c.ms)); !ok || id != c.want {
+			t.Errorf("at %d ms: signing key %d %v, want %d", c.ms, id, ok, c.want)
+		}
+	}
+	if _, err := mustSet(t, testKey(t, 5, 5000)).Issue(time.UnixMilli(0), Claims{Block: Block{1, 1}, Modes: Read, ExpiryUnixMs: 1}); !errors.Is(err, ErrNoKey) {
+		t.Fatalf("issue before any key is active: %v", err)
+	}
+	// A token signed with the old key still verifies after the new one is
+	// active, as long as the old key is held.
+	now := time.UnixMilli(15_000)
+	old, _ := mustSet(t, k1).Issue(now, Claims{Block: Block{1, 2}, Modes: Read, ExpiryUnixMs: 30_000})
+	if _, err := ks.Verify(old, Block{1, 2}, Read, now); err != nil {
+		t.Fatal(err)
+	}
+	if !ks.SameAs(mustSet(t, k1, k2, k3)) || ks.SameAs(mustSet(t, k1, k2)) {
+		t.Fatal("SameAs")
+	}
+}
+
+func TestNewKeySetBounds(t *testing.T) {
+	if _, err := NewKeySet([]Key{{ID: 1, Secret: make([]byte, 16)}}); err == nil {
+		t.Error("short secret accepted")
+	}
+	if _, err := NewKeySet([]Key{testKey(t, 0, 0)}); err == nil {
+		t.Error("key ID 0 accepted")
+	}
+	if _, err := NewKeySet([]Key{testKey(t, 1, 0), testKey(t, 1, 0)}); err == nil {
+		t.Error("duplicate key ID accepted")
+	}
+	many := make([]Key, MaxKeys+1)
+	for i := range many {
+		many[i] = testKey(t, uint64(i+1), 0)
+	}
+	if _, err := NewKeySet(many); err == nil {
+		t.Error("too many keys accepted")
+	}
+	ks := mustSet(t, testKey(t, 1, 0))
+	if _, err := ks.Issue(time.Now(), Claims{Block: Block{1, 1}, Modes: Read, Owner: string(make([]byte, MaxOwner+1))}); err == nil {
+		t.Error("long owner accepted")
+	}
+	if _, err := ks.Issue(time.Now(), Claims{Block: Block{1, 1}}); err == nil {
+		t.Error("no modes accepted")
+	}
+}
+
+func FuzzDecodeToken(f *testing.F) {
+	ks := mustSet(f, Key{ID: 9, Secret: bytes.Repeat([]byte{7}, SecretSize)})
+	tok, err := ks.Issue(time.UnixMilli(0), Claims{Block: Block{3, 4}, Modes: Read, ExpiryUnixMs: 1 << 50, Owner: "bob"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(tok)
+	f.Add([]byte{})
+	f.Add(make([]byte, fixedLen+macLen))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := Decode(b)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Decode error %v does not match ErrInvalid", err)
+			}
+		} else if len(c.Owner) > MaxOwner || len(b) > MaxTokenSize {
+			t.Fatalf("decoded %+v from %d bytes", c, len(b))
+		}
+		// Nothing but the genuine token verifies.
+		_, verr := ks.Verify(b, Block{3, 4}, Read, time.UnixMilli(1))
+		if verr == nil && !bytes.Equal(b, tok) {
+			t.Fatalf("forged token %x verified", b)
+		}
+	})
+}
+
+var sink []byte
+
+func BenchmarkIssue(b *testing.B) {
+	ks := mustSet(b, testKey(b, 1, 0), testKey(b, 2, 0), testKey(b, 3, 0))
+	now := time.Now()
+	c := Claims{Block: Block{12345, 678901}, Modes: Read, ExpiryUnixMs: now.Add(time.Hour).UnixMilli(), Owner: "s3user"}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			tok, err := ks.Issue(now, c)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sink = tok
+		}
+	})
+}
+
+func BenchmarkVerify(b *testing.B) {
+	ks := mustSet(b, testKey(b, 1, 0), testKey(b, 2, 0), testKey(b, 3, 0))
+	now := time.Now()
+	blk := Block{12345, 678901}
+	tok, _ := ks.Issue(now, Claims{Block: blk, Modes: Read, ExpiryUnixMs: now.Add(time.Hour).UnixMilli(), Owner: "s3user"})
+	var v Verifier
+	v.Set(ks)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := v.Verify(tok, blk, Read, now); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -1,0 +1,249 @@
+package scm
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/blocktoken"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+)
+
+// Block token keys (package blocktoken). The SCM leader generates them
+// and records them through Raft (SecretKeysOp, Pebble rows "k/<id>"), so
+// every meta replica holds the same keys and a new leader carries on with
+// them: tokens stay valid across a leader change. Datanodes receive the
+// whole set at registration and in every heartbeat response.
+//
+// Rotation without a pause: a new key is recorded ActivationDelay before
+// it signs anything (the namespace signs with the newest key whose
+// activation time has come, SigningKey), so every datanode heartbeating
+// in that window holds it before a token signed with it arrives; a key is
+// dropped only TokenLifetime + ActivationDelay after a newer key became
+// active, when every token it signed has expired. The cluster's first key
+// is active at once: nothing can be waiting for it.
+
+// SecretKeyConfig tunes rotation. Zero values take the defaults noted.
+type SecretKeyConfig struct {
+	// Rotation: a new key is generated when the newest is this old
+	// (default 24h).
+	Rotation time.Duration
+	// ActivationDelay: a new key signs tokens only this long after it is
+	// recorded (default 6 × HeartbeatInterval, at least 10s).
+	ActivationDelay time.Duration
+	// TokenLifetime: how long a token is valid (default 1h).
+	TokenLifetime time.Duration
+}
+
+func (m *Manager) keyCfg() SecretKeyConfig {
+	c := m.cfg.SecretKeys
+	if c.Rotation <= 0 {
+		c.Rotation = 24 * time.Hour
+	}
+	if c.ActivationDelay <= 0 {
+		c.ActivationDelay = max(6*m.cfg.HeartbeatInterval, 10*time.Second)
+	}
+	if c.TokenLifetime <= 0 {
+		c.TokenLifetime = time.Hour
+	}
+	return c
+}
+
+var pfxSecretKey = []byte("k/")
+
+// secretKeys is State's mirror of the key rows.
+type secretKeys struct {
+	rows []*metapb.SecretKey               // by ID; replaced, never changed in place
+	set  atomic.Pointer[blocktoken.KeySet] // the same keys, for issuing without a lock
+}
+
+// loadSecretKeys reads the key rows (caller holds mu for writing).
+func (s *State) loadSecretKeys(r pebble.Reader) error {
+	s.keys.rows = nil
+	if err := scan(r, pfxSecretKey, func(_, v []byte) error {
+		k := &metapb.SecretKey{}
+		if err := proto.Unmarshal(v, k); err != nil {
+			return err
+		}
+		s.keys.rows = append(s.keys.rows, k)
+		return nil
+	}); err != nil {
+		return err
+	}
+	return s.rebuildKeySet()
+}
+
+func (s *State) rebuildKeySet() error {
+	ks, err := blocktoken.NewKeySet(keysOf(s.keys.rows))
+	if err != nil {
+		return fmt.Errorf("scm: block token keys: %w", err)
+	}
+	s.keys.set.Store(ks)
+	return nil
+}
+
+func keysOf(rows []*metapb.SecretKey) []blocktoken.Key {
+	out := make([]blocktoken.Key, len(rows))
+	for i, k := range rows {
+		out[i] = blocktoken.Key{ID: k.Id, Secret: k.Secret, ActivateUnixMs: k.ActivateUnixMs}
+	}
+	return out
+}
+
+// applySecretKeys removes, then adds (caller holds mu for writing). An
+// invalid addition is refused whole; removals of unknown keys are no-ops.
+func (s *State) applySecretKeys(b *pebble.Batch, op *metapb.SecretKeysOp) any {
+	rows := slices.Clone(s.keys.rows)
+	for _, id := range op.GetRemove() {
+		rows = slices.DeleteFunc(rows, func(k *metapb.SecretKey) bool { return k.Id == id })
+	}
+	if a := op.GetAdd(); a != nil {
+		switch {
+		case a.Id == 0 || len(a.Secret) != blocktoken.SecretSize:
+			return status.Errorf(codes.InvalidArgument, "scm: secret key %d with a %d-byte secret", a.Id, len(a.Secret))
+		case slices.ContainsFunc(rows, func(k *metapb.SecretKey) bool { return k.Id == a.Id }):
+			return status.Errorf(codes.AlreadyExists, "scm: secret key %d exists", a.Id)
+		case len(rows) >= blocktoken.MaxKeys:
+			return status.Errorf(codes.ResourceExhausted, "scm: %d secret keys already", len(rows))
+		}
+		rows = append(rows, proto.Clone(a).(*metapb.SecretKey))
+		slices.SortFunc(rows, func(x, y *metapb.SecretKey) int { return cmpU64(x.Id, y.Id) })
+	}
+	for _, id := range op.GetRemove() {
+		if err := b.Delete(key(pfxSecretKey, id), nil); err != nil {
+			panic(err)
+		}
+	}
+	if a := op.GetAdd(); a != nil {
+		s.put(b, key(pfxSecretKey, a.Id), a)
+	}
+	s.keys.rows = rows
+	if err := s.rebuildKeySet(); err != nil {
+		panic(err) // validated above
+	}
+	return nil
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// SecretKeys returns the recorded keys, by ID (shared: do not modify).
+func (s *State) SecretKeys() []*metapb.SecretKey {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.keys.rows
+}
+
+// TokenKeys returns the keys as a set for issuing and verifying tokens.
+func (s *State) TokenKeys() *blocktoken.KeySet { return s.keys.set.Load() }
+
+// rotateSecretKeys records a new key when the newest is older than
+// Rotation (or there is none) and drops keys whose tokens have all
+// expired. Leader only (Tick).
+func (m *Manager) rotateSecretKeys(ctx context.Context) error {
+	kc := m.keyCfg()
+	now := m.cfg.Now()
+	rows := m.st.SecretKeys()
+	op := &metapb.SecretKeysOp{}
+	var maxID uint64
+	var newest *metapb.SecretKey
+	for _, k := range rows {
+		maxID = max(maxID, k.Id)
+		if newest == nil || k.CreatedUnixMs > newest.CreatedUnixMs {
+			newest = k
+		}
+	}
+	if newest == nil || now.Sub(time.UnixMilli(newest.CreatedUnixMs)) >= kc.Rotation {
+		secret := make([]byte, blocktoken.SecretSize)
+		if _, err := rand.Read(secret); err != nil {
+			return err
+		}
+		activate := now.Add(kc.ActivationDelay)
+		if newest == nil {
+			activate = now // the first key: no datanode waits for it
+		}
+		op.Add = &metapb.SecretKey{Id: maxID + 1, Secret: secret, CreatedUnixMs: now.UnixMilli(), ActivateUnixMs: activate.UnixMilli()}
+	}
+	// A key is done once a newer key has been signing for longer than a
+	// token lives (plus the activation delay, for clocks that disagree).
+	retire := now.Add(-kc.TokenLifetime - kc.ActivationDelay).UnixMilli()
+	for _, k := range rows {
+		for _, j := range rows {
+			if j.ActivateUnixMs > k.ActivateUnixMs && j.ActivateUnixMs <= retire {
+				op.Remove = append(op.Remove, k.Id)
+				break
+			}
+		}
+	}
+	if op.Add == nil && len(op.Remove) == 0 {
+		return nil
+	}
+	if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_SecretKeys{SecretKeys: op}}); err != nil {
+		return fmt.Errorf("scm: rotating block token keys: %w", err)
+	}
+	if op.Add != nil {
+		m.log.Info("scm: block token key recorded", "key", op.Add.Id, "activates", time.UnixMilli(op.Add.ActivateUnixMs).UTC(), "dropped", op.Remove)
+	}
+	return nil
+}
+
+// containerToken is the token of a ReplicateContainer command: read on
+// the whole container (local ID 0), for the sources' ExportContainer. nil
+// if no key is active (the copy is refused and the command sent again).
+func (m *Manager) containerToken(cid uint64) []byte {
+	now := m.cfg.Now()
+	tok, err := m.st.TokenKeys().Issue(now, blocktoken.Claims{Block: blocktoken.Block{Container: cid}, Modes: blocktoken.Read,
+		ExpiryUnixMs: now.Add(m.keyCfg().TokenLifetime).UnixMilli()})
+	if err != nil {
+		m.log.Warn("scm: no token for a container copy", "container", cid, "err", err)
+	}
+	return tok
+}
+
+// issueWait bounds how long IssueToken waits for this replica to apply
+// the cluster's first key (it is recorded before any pipeline exists, so
+// only a replica that lags behind at start-up waits at all).
+const issueWait = 3 * time.Second
+
+// IssueToken returns a block token granting modes on id, signed with the
+// local replica's signing key and valid for TokenLifetime. The namespace
+// calls it for every block location it returns.
+func (m *Manager) IssueToken(ctx context.Context, id *metapb.BlockID, modes blocktoken.Mode, owner string) ([]byte, error) {
+	now := m.cfg.Now()
+	c := blocktoken.Claims{Block: blocktoken.Block{Container: id.GetContainerId(), Local: id.GetLocalId()}, Modes: modes,
+		ExpiryUnixMs: now.Add(m.keyCfg().TokenLifetime).UnixMilli(), Owner: owner}
+	tok, err := m.st.TokenKeys().Issue(now, c)
+	if !errors.Is(err, blocktoken.ErrNoKey) {
+		return tok, err
+	}
+	deadline := time.Now().Add(issueWait)
+	for time.Now().Before(deadline) {
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		if tok, err = m.st.TokenKeys().Issue(m.cfg.Now(), c); !errors.Is(err, blocktoken.ErrNoKey) {
+			return tok, err
+		}
+	}
+	return nil, status.Errorf(codes.Unavailable, "no block token key is active yet (SCM is starting); retry")
+}
