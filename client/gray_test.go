@@ -3,6 +3,8 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -18,6 +20,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/storage"
 	"github.com/basalt-store/basalt/internal/vfs"
 )
@@ -29,13 +32,26 @@ type realCluster struct {
 	meta *meta.Server
 	dns  []*datanode.Datanode
 	fs   []*vfs.FaultFS // each datanode's data volume file system
+	// creds is a client certificate of the test cluster's CA.
+	creds *pki.Credentials
 }
 
 func startReal(t *testing.T, ctx context.Context, n int) *realCluster {
 	t.Helper()
 	dir := t.TempDir()
 	reg := prometheus.NewRegistry()
-	ms, err := meta.New(meta.Config{
+	prov, err := pki.NewProvisioner(filepath.Join(dir, "tls"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := func(role pki.Role, id string) *pki.Credentials {
+		c, err := prov.Credentials(pki.Identity{Role: role, ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	ms, err := meta.New(meta.Config{TLS: creds(pki.RoleMeta, "1"),
 		NodeID: 1, DataDir: filepath.Join(dir, "meta"), TickInterval: 50 * time.Millisecond,
 		SCM: scm.Config{HeartbeatInterval: 200 * time.Millisecond, StaleInterval: 10 * time.Second, DeadInterval: 30 * time.Second,
 			BlockSize: 4 << 20, ContainerSize: 256 << 20, SafeModeMinDatanodes: 3, LoopInterval: 200 * time.Millisecond},
@@ -50,7 +66,7 @@ func startReal(t *testing.T, ctx context.Context, n int) *realCluster {
 		ms.Close()
 		t.Fatal(err)
 	}
-	rc := &realCluster{meta: ms}
+	rc := &realCluster{meta: ms, creds: creds(pki.RoleClient, "gray-test")}
 	t.Cleanup(func() {
 		for _, d := range rc.dns {
 			d.Close()
@@ -63,7 +79,9 @@ func startReal(t *testing.T, ctx context.Context, n int) *realCluster {
 		if i >= (n+1)/2 {
 			loc = "/dc1/rack2"
 		}
-		d, err := datanode.New(datanode.Config{
+		var u [16]byte
+		rand.Read(u[:])
+		d, err := datanode.New(datanode.Config{TLS: creds(pki.RoleDatanode, hex.EncodeToString(u[:])),
 			DataDir: filepath.Join(dir, fmt.Sprintf("dn%d", i+1)), Location: loc, Hostname: fmt.Sprintf("dn%d", i+1),
 			MetaAddrs: []string{ms.GRPCAddr()}, ListenAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", StreamAddr: "127.0.0.1:0",
 			TickInterval: 50 * time.Millisecond,
@@ -94,7 +112,7 @@ func TestWriteWaitsForPipelinesAtStartup(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	rc := startReal(t, ctx, 3)
-	c, err := New(Config{MetaAddrs: []string{rc.meta.GRPCAddr()}, Logger: quiet})
+	c, err := New(Config{MetaAddrs: []string{rc.meta.GRPCAddr()}, Credentials: rc.creds, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +153,7 @@ func TestFullDatanodeExcludedClientWide(t *testing.T) {
 	defer cancel()
 	rc := startReal(t, ctx, 5)
 	retries := &retryCounter{}
-	c, err := New(Config{MetaAddrs: []string{rc.meta.GRPCAddr()}, Logger: slog.New(retries), ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20})
+	c, err := New(Config{MetaAddrs: []string{rc.meta.GRPCAddr()}, Credentials: rc.creds, Logger: slog.New(retries), ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

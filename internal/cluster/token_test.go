@@ -13,7 +13,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-store/basalt/client"
@@ -41,12 +40,17 @@ func startWith(t *testing.T, keys scm.SecretKeyConfig) *cluster.Cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	rawDial = c.DatanodeDialOption()
 	return c
 }
 
+// rawDial authenticates rawDN to the datanodes of the cluster startWith
+// started last (with a client certificate: only the block token is missing).
+var rawDial grpc.DialOption
+
 func rawDN(t *testing.T, addr string) datanodepb.DatanodeClient {
 	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(addr, rawDial)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +119,7 @@ func TestBlockTokenAttacks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mc, err := metaclient.New(metaclient.Config{Addrs: []string{c.MetaAddr()}})
+	mc, err := metaclient.New(metaclient.Config{Addrs: []string{c.MetaAddr()}, DialOptions: []grpc.DialOption{c.MetaDialOption()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +304,7 @@ func TestKeyRotationUnderWriteLoad(t *testing.T) {
 	makeBucket(t, cl, "vol", "bkt")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	mc, err := metaclient.New(metaclient.Config{Addrs: []string{c.MetaAddr()}})
+	mc, err := metaclient.New(metaclient.Config{Addrs: []string{c.MetaAddr()}, DialOptions: []grpc.DialOption{c.MetaDialOption()}})
 	if err != nil {
 		t.Fatal(err)
 	}
