@@ -16,6 +16,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/pki"
 )
 
 // restartMeta closes the cluster's metadata node (the SCM leader) and
@@ -27,7 +28,11 @@ func restartMeta(t *testing.T, c *cluster.Cluster, dir string) {
 	if err := c.Meta.Close(); err != nil {
 		t.Fatal(err)
 	}
-	ms, err := meta.New(meta.Config{
+	creds, err := c.Credentials(pki.Identity{Role: pki.RoleMeta, ID: "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := meta.New(meta.Config{TLS: creds,
 		NodeID: 1, DataDir: filepath.Join(dir, "meta"), RaftAddr: raftAddr, GRPCAddr: grpcAddr, TickInterval: 50 * time.Millisecond,
 		SCM: scm.Config{HeartbeatInterval: 200 * time.Millisecond, StaleInterval: 2 * time.Second, DeadInterval: 6 * time.Second,
 			SafeModeMinDatanodes: 3, LoopInterval: 200 * time.Millisecond, ContainerSize: 512 << 20, BlockSize: 4 << 20},
