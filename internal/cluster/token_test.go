@@ -22,6 +22,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/storage"
 	"github.com/basalt-store/basalt/internal/stream"
 )
@@ -232,14 +233,14 @@ func TestBlockTokenAttacks(t *testing.T) {
 		tok  []byte
 	}{{"stream header without a token", sid, nil}, {"stream header with another block's token", other, ob.GetToken()}} {
 		var se *stream.Error
-		_, err := stream.Dial(ctx, route, ob.GetPipelineId(), tc.blk, stream.Options{Token: tc.tok})
+		_, err := stream.Dial(ctx, route, ob.GetPipelineId(), tc.blk, stream.Options{Token: tc.tok, TLS: c.ClientCredentials().ClientTLS(pki.RoleDatanode)})
 		if !errors.As(err, &se) || se.Code != stream.CodePermissionDenied || se.Datanode != route[0].ID {
 			t.Fatalf("%s: %v, want permission denied by datanode %d", tc.name, err, route[0].ID)
 		}
 		t.Logf("%s: refused: %v", tc.name, err)
 	}
 	// With the right token every hop accepts it.
-	w, err := stream.Dial(ctx, route, ob.GetPipelineId(), sid, stream.Options{Token: ob.GetToken()})
+	w, err := stream.Dial(ctx, route, ob.GetPipelineId(), sid, stream.Options{Token: ob.GetToken(), TLS: c.ClientCredentials().ClientTLS(pki.RoleDatanode)})
 	if err != nil {
 		t.Fatalf("stream with the namespace's token: %v", err)
 	}
