@@ -165,6 +165,16 @@ func TestBlockTokenAttacks(t *testing.T) {
 	_, err = readBlock(blocktoken.WithToken(ctx, expired), dn, la.GetId())
 	denied(t, "expired token", err, datanodepb.Error_TOKEN_EXPIRED)
 
+	// Copy a whole container out (replication's ExportContainer) without
+	// SCM's container token, or with a block's token.
+	for _, tok := range [][]byte{nil, la.GetToken()} {
+		st, err := dn.ExportContainer(ctx, &datanodepb.ExportContainerRequest{ContainerId: la.GetId().GetContainerId(), Token: tok})
+		if err == nil {
+			_, err = st.Recv()
+		}
+		denied(t, fmt.Sprintf("ExportContainer with token of %d bytes", len(tok)), err, datanodepb.Error_TOKEN_INVALID)
+	}
+
 	// Writes: into an unallocated container, container 0 included, with
 	// no token or a forged one; into block A's container with A's read
 	// token (for A, and for a block next to it).
