@@ -47,6 +47,10 @@ type BlockInfo struct {
 	ContainerState string `json:"container_state,omitempty"`
 	// Replicas, nearest to Config.Location first.
 	Replicas []Replica `json:"replicas,omitempty"`
+	// Token is the block's read token (package blocktoken), for tools
+	// that read replicas directly (blocktoken.WithToken); a credential,
+	// so never printed.
+	Token []byte `json:"-"`
 }
 
 // Replica is a datanode holding a block.
@@ -97,7 +101,7 @@ func keyInfoOf(k *metapb.KeyInfo) KeyInfo {
 	if len(k.Locations) > 0 {
 		for _, l := range k.Locations {
 			b := BlockInfo{ContainerID: l.GetId().GetContainerId(), LocalID: l.GetId().GetLocalId(), Offset: l.Offset, Length: l.Length,
-				PipelineID: l.PipelineId, ContainerState: containerStateName(l.ContainerState)}
+				PipelineID: l.PipelineId, ContainerState: containerStateName(l.ContainerState), Token: l.Token}
 			for _, d := range l.Datanodes {
 				b.Replicas = append(b.Replicas, replicaOf(d))
 			}

@@ -26,11 +26,7 @@ func WithToken(ctx context.Context, tok []byte) context.Context {
 // value longer than MaxTokenSize is cut to MaxTokenSize+1 bytes, which
 // Verify refuses, so nothing larger is copied.
 func FromIncoming(ctx context.Context) []byte {
-	md, ok := metadata.FromIncomingContext(ctx)
-	if !ok {
-		return nil
-	}
-	v := md.Get(MetadataKey)
+	v := metadata.ValueFromIncomingContext(ctx, MetadataKey) // no copy of the whole map
 	if len(v) == 0 {
 		return nil
 	}

@@ -2,10 +2,13 @@ package blocktoken
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/metadata"
 )
 
 func testKey(t testing.TB, id uint64, activate int64) Key {
@@ -193,4 +196,21 @@ func BenchmarkVerify(b *testing.B) {
 			}
 		}
 	})
+}
+
+func TestTokenThroughGRPCMetadata(t *testing.T) {
+	tok := []byte{1, 0, 255, 10, 13, 0x80, 'a'} // binary: the -bin key carries any bytes
+	out := WithToken(context.Background(), tok)
+	md, _ := metadata.FromOutgoingContext(out)
+	in := metadata.NewIncomingContext(context.Background(), md)
+	if got := FromIncoming(in); !bytes.Equal(got, tok) {
+		t.Fatalf("got %x, want %x", got, tok)
+	}
+	if got := FromIncoming(context.Background()); got != nil {
+		t.Fatalf("no metadata: got %x", got)
+	}
+	huge := metadata.NewIncomingContext(context.Background(), metadata.Pairs(MetadataKey, string(make([]byte, 1<<20))))
+	if got := FromIncoming(huge); len(got) != MaxTokenSize+1 {
+		t.Fatalf("a 1 MiB value came back as %d bytes, want it cut to %d", len(got), MaxTokenSize+1)
+	}
 }

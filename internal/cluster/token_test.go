@@ -170,6 +170,16 @@ func TestBlockTokenAttacks(t *testing.T) {
 	_, err = readBlock(blocktoken.WithToken(ctx, expired), dn, la.GetId())
 	denied(t, "expired token", err, datanodepb.Error_TOKEN_EXPIRED)
 
+	// Copy a whole container out (replication's ExportContainer) without
+	// SCM's container token, or with a block's token.
+	for _, tok := range [][]byte{nil, la.GetToken()} {
+		st, err := dn.ExportContainer(ctx, &datanodepb.ExportContainerRequest{ContainerId: la.GetId().GetContainerId(), Token: tok})
+		if err == nil {
+			_, err = st.Recv()
+		}
+		denied(t, fmt.Sprintf("ExportContainer with token of %d bytes", len(tok)), err, datanodepb.Error_TOKEN_INVALID)
+	}
+
 	// Writes: into an unallocated container, container 0 included, with
 	// no token or a forged one; into block A's container with A's read
 	// token (for A, and for a block next to it).
@@ -296,11 +306,12 @@ func TestExpiredReadTokenIsRefreshed(t *testing.T) {
 }
 
 // TestKeyRotationUnderWriteLoad: SCM rotates its keys every 600 ms (each
-// active 1 s after it is recorded, tokens living 2 s) while writers and
-// readers run; no datanode refuses a single token, several keys are
-// used, and retired keys are dropped.
+// active 2 s (10 heartbeats) after it is recorded, tokens living 2 s)
+// while writers and readers run; no datanode refuses a single token,
+// several keys sign tokens, and retired keys are dropped.
 func TestKeyRotationUnderWriteLoad(t *testing.T) {
-	c := startWith(t, scm.SecretKeyConfig{Rotation: 600 * time.Millisecond, ActivationDelay: time.Second, TokenLifetime: 2 * time.Second})
+	kc := scm.SecretKeyConfig{Rotation: 600 * time.Millisecond, ActivationDelay: 2 * time.Second, TokenLifetime: 2 * time.Second}
+	c := startWith(t, kc)
 	cl := newClient(t, c, "/dc1/rack1")
 	makeBucket(t, cl, "vol", "bkt")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -371,9 +382,9 @@ func TestKeyRotationUnderWriteLoad(t *testing.T) {
 	if len(signers) < 4 {
 		t.Fatalf("only %d keys signed tokens in 6 s of 600 ms rotation", len(signers))
 	}
-	// Keys live about ActivationDelay + Rotation + TokenLifetime +
-	// ActivationDelay: retired keys go.
-	if held > 10 {
-		t.Fatalf("datanodes hold %d keys; retired keys are not dropped", held)
+	// A key lives about ActivationDelay + Rotation (until the next one
+	// signs) + TokenLifetime + ActivationDelay: retired keys go.
+	if bound := int((2*kc.ActivationDelay+kc.TokenLifetime+kc.Rotation)/kc.Rotation) + 2; held > bound {
+		t.Fatalf("datanodes hold %d keys, more than the %d rotation keeps; retired keys are not dropped", held, bound)
 	}
 }

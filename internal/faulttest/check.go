@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/pki"
@@ -456,7 +457,7 @@ func (ch *Checker) checkReplica(ctx context.Context, r client.Replica, b client.
 	}
 	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	st, err := dn.ReadBlock(rctx, &datanodepb.ReadBlockRequest{Block: &datanodepb.BlockID{ContainerId: b.ContainerID, LocalId: b.LocalID}})
+	st, err := dn.ReadBlock(blocktoken.WithToken(rctx, b.Token), &datanodepb.ReadBlockRequest{Block: &datanodepb.BlockID{ContainerId: b.ContainerID, LocalId: b.LocalID}})
 	if err != nil {
 		rr.why = rpcWhy(err)
 		return rr
