@@ -24,7 +24,7 @@ func TestShFsAgainstCluster(t *testing.T) {
 	_, bin, c := binaryAndCluster(t)
 	run := func(args ...string) (string, string, int) {
 		t.Helper()
-		cmd := exec.Command(bin, append(append([]string{"sh"}, args...), "--meta", c.MetaAddr())...)
+		cmd := exec.Command(bin, append(append([]string{"sh"}, args...), "--meta", c.MetaAddr(), "--tls-dir", c.ClientTLSDir())...)
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		err := cmd.Run()
