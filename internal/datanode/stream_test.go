@@ -3,6 +3,7 @@ package datanode_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/stream"
 )
 
@@ -54,6 +56,7 @@ func startEnvWith(t testing.TB, configure func(*cluster.Config)) *env {
 	}
 	t.Cleanup(func() { c.Close() })
 	dnDial = c.DatanodeDialOption()
+	streamTLS = c.ClientCredentials().ClientTLS(pki.RoleDatanode)
 	mc, err := metaclient.New(metaclient.Config{Addrs: []string{c.MetaAddr()}, DialOptions: []grpc.DialOption{c.MetaDialOption()}})
 	if err != nil {
 		t.Fatal(err)
@@ -116,6 +119,9 @@ func (e *env) byID(id uint64) (int, *datanode.Datanode) {
 // dnDial authenticates dnClient to the datanodes of the cluster the test
 // started last (tests here do not run in parallel).
 var dnDial grpc.DialOption
+
+// streamTLS authenticates V2 streams to the same cluster's datanodes.
+var streamTLS *tls.Config
 
 func dnClient(t testing.TB, addr string) datanodepb.DatanodeClient {
 	cc, err := grpc.NewClient(addr, dnDial,
@@ -250,7 +256,7 @@ func TestStreamWriteThroughCluster(t *testing.T) {
 			t.Fatalf("route %v does not start at the nearest datanode %d", route, nearest.ID())
 		}
 		data := randBytes(size, uint64(i))
-		w, err := stream.Dial(ctx, route, b.GetPipelineId(), bid(b), stream.Options{})
+		w, err := stream.Dial(ctx, route, b.GetPipelineId(), bid(b), stream.Options{TLS: streamTLS})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -291,22 +297,22 @@ func TestStreamWriteThroughCluster(t *testing.T) {
 	b := e.block()
 	route, _ := stream.Route(b.GetDatanodes(), clientLoc)
 	var se *stream.Error
-	if _, err := stream.Dial(ctx, route, 987654, bid(b), stream.Options{}); !errors.As(err, &se) || se.Code != stream.CodeNotInPipeline || se.Datanode != route[0].ID {
+	if _, err := stream.Dial(ctx, route, 987654, bid(b), stream.Options{TLS: streamTLS}); !errors.As(err, &se) || se.Code != stream.CodeNotInPipeline || se.Datanode != route[0].ID {
 		t.Fatalf("unknown pipeline: %v", err)
 	}
 	bad := append([]stream.Target{route[0]}, stream.Target{ID: 4242, Addr: route[1].Addr})
-	if _, err := stream.Dial(ctx, bad, b.GetPipelineId(), bid(b), stream.Options{}); !errors.As(err, &se) || se.Code != stream.CodeBadHeader {
+	if _, err := stream.Dial(ctx, bad, b.GetPipelineId(), bid(b), stream.Options{TLS: streamTLS}); !errors.As(err, &se) || se.Code != stream.CodeBadHeader {
 		t.Fatalf("route through a non-member: %v", err)
 	}
 	// A committed block cannot be streamed again from 0.
-	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), bid(lastBlock), stream.Options{}); !errors.As(err, &se) || se.Code != stream.CodeBlockCommitted {
+	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), bid(lastBlock), stream.Options{TLS: streamTLS}); !errors.As(err, &se) || se.Code != stream.CodeBlockCommitted {
 		t.Fatalf("committed block: %v", err)
 	}
 	// Close the container through the log (PutBlock again with
 	// close_container), then stream a new block into it.
 	e.putBlock(lastBlock, lastBD, true)
 	closed := stream.BlockID{Container: bid(lastBlock).Container, Local: bid(lastBlock).Local + 1000}
-	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), closed, stream.Options{}); !errors.As(err, &se) || se.Code != stream.CodeContainerNotOpen {
+	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), closed, stream.Options{TLS: streamTLS}); !errors.As(err, &se) || se.Code != stream.CodeContainerNotOpen {
 		t.Fatalf("closed container: %v", err)
 	}
 	t.Logf("closed container: %v", se)
@@ -332,7 +338,7 @@ func TestStreamDatanodeStops(t *testing.T) {
 				_, dn := e.byID(route[i].ID)
 				route[i].Addr = dn.StreamAddr()
 			}
-			w, err := stream.Dial(ctx, route, b.GetPipelineId(), bid(b), stream.Options{Window: 4})
+			w, err := stream.Dial(ctx, route, b.GetPipelineId(), bid(b), stream.Options{Window: 4, TLS: streamTLS})
 			if err != nil {
 				t.Fatal(err)
 			}
