@@ -15,17 +15,18 @@ go build -o "$BIN" ./cmd/basalt
 run() { # mode: tls | plain
 	local mode=$1 flag=()
 	[ "$mode" = plain ] && flag=(--insecure-no-tls)
-	rm -rf "$DIR"
+	rm -rf "$DIR" "$DIR.log"
 	"$BIN" dev --data-dir "$DIR" --base-port "$PORT" --s3 127.0.0.1:$((PORT+16)) --webhdfs "" \
 		--metrics 127.0.0.1:$((PORT-2)) "${flag[@]}" >"$DIR.log" 2>&1 &
 	local pid=$!
-	for _ in $(seq 300); do grep -q '^ready' "$DIR.log" 2>/dev/null && break; sleep 0.2; done
+	for _ in $(seq 600); do grep -q '^ready' "$DIR.log" 2>/dev/null && break; sleep 0.2; done
+	grep -q '^ready' "$DIR.log" || { cat "$DIR.log" >&2; kill "$pid"; exit 1; }
 	local cli=(--meta 127.0.0.1:$PORT --tls-dir "$DIR/tls/client-cli" --server-pid $pid --json)
 	[ "$mode" = plain ] && cli=(--meta 127.0.0.1:$PORT --insecure-no-tls --server-pid $pid --json)
 	for p in v1 v2; do
 		echo "$mode $p $("$BIN" bench write "${cli[@]}" -n "$N" -t 1 --size "$SIZE" --pipeline $p --prefix $p- 2>/dev/null | tr -d '\n')"
 	done
-	"$BIN" bench write "${cli[@]}" -n 500 -t 32 --size 4KiB --prefix warm- >/dev/null 2>&1
+	"$BIN" bench write "${cli[@]}" -n 500 -t 32 --size 4KiB --prefix warm- >/dev/null 2>&1 || true
 	echo "$mode small $("$BIN" bench write "${cli[@]}" -n "$SMALL" -t 32 --size 4KiB --prefix small- 2>/dev/null | tr -d '\n')"
 	kill "$pid"; wait "$pid" || true
 }
