@@ -3,6 +3,16 @@
 // leader; V2: a stream through the chain of datanodes) and
 // replica-failover reads.
 //
+// # Authentication
+//
+// Every connection, to the metadata service and to datanodes (gRPC and V2
+// streams), is mutual TLS with a certificate from the cluster CA:
+// Config.Credentials, read with LoadCredentials from a TLS directory
+// (ca.pem, cert.pem, key.pem; `basalt admin ca issue --role client`, or
+// basalt dev's DATA_DIR/tls/client-cli). The client checks that it talks
+// to the cluster's meta nodes and datanodes; the servers refuse clients
+// without such a certificate.
+//
 // # Writes
 //
 // PutKey reads an io.Reader of any length. The namespace manager opens the

@@ -20,6 +20,8 @@ run_one() { # label bin round
 	"$bin" dev --data-dir "$dir" --base-port "$PORT" --metrics 127.0.0.1:0 --s3 127.0.0.1:0 >"$OUT/dev-$label-$round.log" 2>&1 &
 	local pid=$!
 	local meta=127.0.0.1:$PORT ok=0
+	# basalt dev's client certificate (binaries before TLS ignore it).
+	export BASALT_TLS_DIR=$dir/tls/client-cli
 	for _ in $(seq 1 120); do
 		if "$bin" bench write --meta "$meta" -n 1 --size 4KiB -t 1 --prefix warm- --json >/dev/null 2>&1; then ok=1; break; fi
 		sleep 0.5

@@ -148,7 +148,12 @@ start_cluster() {
   # cluster does not collide.
   if [ "$mode" = net ]; then maddr=$(ip_of meta); mexec="ip netns exec bnet-meta"; else maddr=127.0.0.1; mexec=""; fi
   META="$maddr:29862"
-  $mexec "$BIN" meta --id 1 --data-dir "$dir/meta" --grpc "$maddr:29862" --raft "$maddr:29863" \
+  # Every process gets its own certificate from a fresh cluster CA.
+  "$BIN" admin ca init --dir "$dir/ca" >/dev/null
+  "$BIN" admin ca issue --dir "$dir/ca" --role meta --id 1 --out "$dir/tls-meta" >/dev/null
+  "$BIN" admin ca issue --dir "$dir/ca" --role client --id bench --out "$dir/tls-client" >/dev/null
+  export BASALT_TLS_DIR=$dir/tls-client
+  $mexec "$BIN" meta --id 1 --data-dir "$dir/meta" --tls-dir "$dir/tls-meta" --grpc "$maddr:29862" --raft "$maddr:29863" \
     >"$dir/meta.log" 2>&1 &
   PIDS+=($!)
   SERVER_PIDS=$!
@@ -156,7 +161,8 @@ start_cluster() {
   for h in dn1 dn2 dn3; do
     local a x port=$((29870 + 10 * i))
     if [ "$mode" = net ]; then a=$(ip_of $h); x="ip netns exec bnet-$h"; port=9870; else a=127.0.0.1; x=""; fi
-    $x "$BIN" datanode --data-dir "$dir/$h" --hostname "$h" --location "$(loc_of $h)" --meta "$META" \
+    "$BIN" admin ca issue --dir "$dir/ca" --role datanode --out "$dir/tls-$h" >/dev/null
+    $x "$BIN" datanode --data-dir "$dir/$h" --tls-dir "$dir/tls-$h" --hostname "$h" --location "$(loc_of $h)" --meta "$META" \
       --listen "$a:$port" --raft "$a:$((port + 1))" --stream "$a:$((port + 2))" >"$dir/$h.log" 2>&1 &
     PIDS+=($!)
     SERVER_PIDS="$SERVER_PIDS,$!"

@@ -27,29 +27,37 @@ import (
 // certificate's: a certificate proves one datanode, and an ID or an
 // address SCM does not have opens nothing.
 
-// peerRefreshEvery bounds how often an unknown peer makes the datanode
-// ask SCM again.
-const peerRefreshEvery = time.Second
+// peerRefreshEvery bounds how often peers that are unknown (or whose
+// registration does not match) make the datanode ask SCM again: callers
+// wait for the next refresh rather than fail, and they are few (they hold
+// one of the bounded handshake slots of the raft or stream port).
+const peerRefreshEvery = 100 * time.Millisecond
 
 // knownPeer returns what SCM registered for datanode id, asking SCM again
-// (rate-limited) if it is not known or what is known does not pass check
-// (a datanode that restarted on other ports).
+// if it is not known or what is known does not pass check (a datanode
+// that restarted on other ports).
 func (d *Datanode) knownPeer(id uint64, check func(*metapb.DatanodeDetails) bool) (*metapb.DatanodeDetails, bool) {
-	d.mu.Lock()
-	p, ok := d.peers[id]
-	good := ok && (check == nil || check(p))
-	stale := time.Since(d.peersRefreshed) > peerRefreshEvery
-	if !good && stale {
-		d.peersRefreshed = time.Now()
+	lookup := func() (*metapb.DatanodeDetails, bool, bool) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		p, ok := d.peers[id]
+		return p, ok, ok && (check == nil || check(p))
 	}
-	d.mu.Unlock()
-	if good || !stale {
+	p, ok, good := lookup()
+	if good {
 		return p, ok
 	}
+	d.refreshMu.Lock()
+	defer d.refreshMu.Unlock()
+	if p, ok, good = lookup(); good {
+		return p, ok // another caller's refresh found it
+	}
+	if wait := peerRefreshEvery - time.Since(d.peersRefreshed); wait > 0 {
+		time.Sleep(wait)
+	}
 	d.refreshPeers()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	p, ok = d.peers[id]
+	d.peersRefreshed = time.Now()
+	p, ok, _ = lookup()
 	return p, ok
 }
 

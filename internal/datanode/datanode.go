@@ -121,7 +121,8 @@ type Datanode struct {
 
 	mu             sync.Mutex
 	peers          map[uint64]*metapb.DatanodeDetails // by datanode ID
-	peersRefreshed time.Time                          // last refresh for an unknown peer (auth.go)
+	refreshMu      sync.Mutex                         // one peer refresh at a time (auth.go)
+	peersRefreshed time.Time                          // under refreshMu: the last refresh for a peer (auth.go)
 	pipelines      map[uint64]*metapb.Pipeline
 	sms            map[uint64]*containerSM
 	peerConns      map[string]*grpc.ClientConn // by data address (ApplyStatus)

@@ -36,7 +36,7 @@ func BenchmarkStreamCluster128MiB(b *testing.B) {
 			b.Fatal(err)
 		}
 		s0 := time.Now()
-		w, err := stream.Dial(ctx, route, blk.GetPipelineId(), bid(blk), stream.Options{})
+		w, err := stream.Dial(ctx, route, blk.GetPipelineId(), bid(blk), stream.Options{TLS: streamTLS})
 		if err != nil {
 			b.Fatal(err)
 		}

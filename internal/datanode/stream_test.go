@@ -3,6 +3,7 @@ package datanode_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +22,7 @@ import (
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/stream"
 )
 
@@ -56,6 +58,7 @@ func startEnvWith(t testing.TB, configure func(*cluster.Config)) *env {
 	}
 	t.Cleanup(func() { c.Close() })
 	dnDial = c.DatanodeDialOption()
+	streamTLS = c.ClientCredentials().ClientTLS(pki.RoleDatanode)
 	mc, err := metaclient.New(metaclient.Config{Addrs: []string{c.MetaAddr()}, DialOptions: []grpc.DialOption{c.MetaDialOption()}})
 	if err != nil {
 		t.Fatal(err)
@@ -119,6 +122,9 @@ func (e *env) byID(id uint64) (int, *datanode.Datanode) {
 // dnDial authenticates dnClient to the datanodes of the cluster the test
 // started last (tests here do not run in parallel).
 var dnDial grpc.DialOption
+
+// streamTLS authenticates V2 streams to the same cluster's datanodes.
+var streamTLS *tls.Config
 
 func dnClient(t testing.TB, addr string) datanodepb.DatanodeClient {
 	cc, err := grpc.NewClient(addr, dnDial,
@@ -253,7 +259,7 @@ func TestStreamWriteThroughCluster(t *testing.T) {
 			t.Fatalf("route %v does not start at the nearest datanode %d", route, nearest.ID())
 		}
 		data := randBytes(size, uint64(i))
-		w, err := stream.Dial(ctx, route, b.GetPipelineId(), bid(b), stream.Options{Token: b.GetToken()})
+		w, err := stream.Dial(ctx, route, b.GetPipelineId(), bid(b), stream.Options{TLS: streamTLS, Token: b.GetToken()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -294,22 +300,22 @@ func TestStreamWriteThroughCluster(t *testing.T) {
 	b := e.block()
 	route, _ := stream.Route(b.GetDatanodes(), clientLoc)
 	var se *stream.Error
-	if _, err := stream.Dial(ctx, route, 987654, bid(b), stream.Options{Token: b.GetToken()}); !errors.As(err, &se) || se.Code != stream.CodeNotInPipeline || se.Datanode != route[0].ID {
+	if _, err := stream.Dial(ctx, route, 987654, bid(b), stream.Options{TLS: streamTLS, Token: b.GetToken()}); !errors.As(err, &se) || se.Code != stream.CodeNotInPipeline || se.Datanode != route[0].ID {
 		t.Fatalf("unknown pipeline: %v", err)
 	}
 	bad := append([]stream.Target{route[0]}, stream.Target{ID: 4242, Addr: route[1].Addr})
-	if _, err := stream.Dial(ctx, bad, b.GetPipelineId(), bid(b), stream.Options{Token: b.GetToken()}); !errors.As(err, &se) || se.Code != stream.CodeBadHeader {
+	if _, err := stream.Dial(ctx, bad, b.GetPipelineId(), bid(b), stream.Options{TLS: streamTLS, Token: b.GetToken()}); !errors.As(err, &se) || se.Code != stream.CodeBadHeader {
 		t.Fatalf("route through a non-member: %v", err)
 	}
 	// A committed block cannot be streamed again from 0.
-	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), bid(lastBlock), stream.Options{Token: lastBlock.GetToken()}); !errors.As(err, &se) || se.Code != stream.CodeBlockCommitted {
+	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), bid(lastBlock), stream.Options{TLS: streamTLS, Token: lastBlock.GetToken()}); !errors.As(err, &se) || se.Code != stream.CodeBlockCommitted {
 		t.Fatalf("committed block: %v", err)
 	}
 	// Close the container through the log (PutBlock again with
 	// close_container), then stream a new block into it.
 	e.putBlock(lastBlock, lastBD, true)
 	closed := stream.BlockID{Container: bid(lastBlock).Container, Local: bid(lastBlock).Local + 1000}
-	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), closed, stream.Options{Token: e.mint(closed)}); !errors.As(err, &se) || se.Code != stream.CodeContainerNotOpen {
+	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), closed, stream.Options{TLS: streamTLS, Token: e.mint(closed)}); !errors.As(err, &se) || se.Code != stream.CodeContainerNotOpen {
 		t.Fatalf("closed container: %v", err)
 	}
 	t.Logf("closed container: %v", se)
@@ -335,7 +341,7 @@ func TestStreamDatanodeStops(t *testing.T) {
 				_, dn := e.byID(route[i].ID)
 				route[i].Addr = dn.StreamAddr()
 			}
-			w, err := stream.Dial(ctx, route, b.GetPipelineId(), bid(b), stream.Options{Window: 4, Token: b.GetToken()})
+			w, err := stream.Dial(ctx, route, b.GetPipelineId(), bid(b), stream.Options{TLS: streamTLS, Window: 4, Token: b.GetToken()})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -34,12 +34,7 @@ func newSecureEnv(t *testing.T) *secureEnv {
 	for id := uint64(1); id <= 3; id++ {
 		e.creds[id] = e.issue(t, ca, pki.RoleMeta, fmt.Sprint(id))
 	}
-	members := func(id uint64) bool { return id >= 1 && id <= 3 }
-	e.c = newTCPClusterWith(t, 3, 20*time.Millisecond, func(id uint64) *Security {
-		cr := e.creds[id]
-		return &Security{Server: cr.ServerTLS(pki.RoleMeta), Client: cr.ClientTLS(pki.RoleMeta),
-			Authenticate: pki.AuthenticateNodeID(pki.RoleMeta, members)}
-	})
+	e.c = newTCPClusterWith(t, 3, 20*time.Millisecond, securityOf(e.creds))
 	for _, h := range e.c.hosts {
 		if _, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: &kvSM{}}); err != nil {
 			t.Fatal(err)
@@ -49,6 +44,31 @@ func newSecureEnv(t *testing.T) *secureEnv {
 		t.Fatal("the authenticated cluster did not commit")
 	}
 	return e
+}
+
+// securityOf authenticates hosts 1..len(creds) as meta nodes with creds.
+func securityOf(creds map[uint64]*pki.Credentials) func(id uint64) *Security {
+	members := func(id uint64) bool { return creds[id] != nil }
+	return func(id uint64) *Security {
+		cr := creds[id]
+		return &Security{Server: cr.ServerTLS(pki.RoleMeta), Client: cr.ClientTLS(pki.RoleMeta),
+			Authenticate: pki.AuthenticateNodeID(pki.RoleMeta, members)}
+	}
+}
+
+// metaSecurity makes a CA and certificates for hosts 1..n.
+func metaSecurity(t *testing.T, n uint64) func(id uint64) *Security {
+	ca, err := pki.NewCA("raft test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := map[uint64]*pki.Credentials{}
+	for id := uint64(1); id <= n; id++ {
+		if creds[id], err = ca.Issue(pki.Identity{Role: pki.RoleMeta, ID: fmt.Sprint(id)}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return securityOf(creds)
 }
 
 func (e *secureEnv) issue(t *testing.T, ca *pki.CA, role pki.Role, id string) *pki.Credentials {

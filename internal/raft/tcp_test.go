@@ -195,8 +195,16 @@ func TestTCPManyGroupsSurviveHostLoss(t *testing.T) {
 	}
 }
 
-func TestTCPSnapshotAndReconnect(t *testing.T) {
-	c := newTCPCluster(t, 3, 10*time.Millisecond)
+func TestTCPSnapshotAndReconnect(t *testing.T) { testTCPSnapshotAndReconnect(t, nil) }
+
+// TestTCPSnapshotAndReconnectTLS: the same over authenticated
+// connections (snapshots have connections of their own).
+func TestTCPSnapshotAndReconnectTLS(t *testing.T) {
+	testTCPSnapshotAndReconnect(t, metaSecurity(t, 3))
+}
+
+func testTCPSnapshotAndReconnect(t *testing.T, security func(id uint64) *Security) {
+	c := newTCPClusterWith(t, 3, 10*time.Millisecond, security)
 	sms := map[uint64]*kvSM{}
 	for id, h := range c.hosts {
 		sms[id] = &kvSM{}
