@@ -25,8 +25,9 @@ type Cluster struct {
 
 	Metas    []*Proc
 	MetaGRPC []string
-	// MetaHTTP serves each meta node's /metrics and /debug/pprof.
+	// MetaHTTP and DNHTTP serve each process's /metrics and /debug/pprof.
 	MetaHTTP []string
+	DNHTTP   []string
 	DNs      []*Proc
 	DNData   []string // client gRPC address per datanode (--listen)
 	// Creds are a client certificate of the cluster's CA (every process
@@ -54,6 +55,15 @@ type ClusterConfig struct {
 	// DNVolumes, if set for datanode i, is its data volume (e.g. a small
 	// loop-mounted file system); otherwise DATA_DIR/data.
 	DNVolumes map[int]string
+	// MetaLogLevel is the meta nodes' --log-level (default info).
+	MetaLogLevel string
+}
+
+func (c ClusterConfig) metaLogLevel() string {
+	if c.MetaLogLevel == "" {
+		return "info"
+	}
+	return c.MetaLogLevel
 }
 
 const (
@@ -67,7 +77,7 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	if err := os.MkdirAll(c.Logs, 0o755); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(3*numMeta + 3*numDN)
+	ports, err := freePorts(3*numMeta + 4*numDN)
 	if err != nil {
 		return nil, err
 	}
@@ -91,14 +101,14 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	}
 	for i := range numMeta {
 		name := fmt.Sprintf("meta%d", i+1)
-		c.MetaHTTP = append(c.MetaHTTP, addr(3*numMeta+3*numDN-1-i))
+		c.MetaHTTP = append(c.MetaHTTP, addr(3*numMeta+4*numDN-1-i))
 		td, err := tlsDir(pki.RoleMeta, fmt.Sprint(i+1))
 		if err != nil {
 			return nil, err
 		}
 		c.Metas = append(c.Metas, &Proc{Name: name, Bin: cfg.Bin, LogPath: filepath.Join(c.Logs, name+".log"),
 			Args: []string{"meta", "--id", fmt.Sprint(i + 1), "--data-dir", filepath.Join(cfg.Dir, "data", name), "--tls-dir", td,
-				"--raft", addr(2 * i), "--grpc", addr(2*i + 1), "--peers", strings.Join(peers, ","), "--log-level", "info",
+				"--raft", addr(2 * i), "--grpc", addr(2*i + 1), "--peers", strings.Join(peers, ","), "--log-level", cfg.metaLogLevel(),
 				"--metrics", c.MetaHTTP[i]}})
 	}
 	base := 2 * numMeta
@@ -115,7 +125,8 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 		}
 		args := []string{"datanode", "--data-dir", dir, "--tls-dir", td, "--meta", strings.Join(c.MetaGRPC, ","),
 			"--listen", addr(base + 3*i), "--raft", addr(base + 3*i + 1), "--stream", addr(base + 3*i + 2),
-			"--location", rack, "--hostname", name, "--log-level", "info"}
+			"--location", rack, "--hostname", name, "--log-level", "info", "--metrics", addr(2*numMeta + 3*numDN + i)}
+		c.DNHTTP = append(c.DNHTTP, addr(2*numMeta+3*numDN+i))
 		if v := cfg.DNVolumes[i]; v != "" {
 			args = append(args, "--volumes", v)
 		}

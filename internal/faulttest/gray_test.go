@@ -151,7 +151,7 @@ func TestGrayFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err = NewCluster(ClusterConfig{Bin: bin, Dir: root})
+	c, err = NewCluster(ClusterConfig{Bin: bin, Dir: root, MetaLogLevel: os.Getenv("BASALT_GRAY_META_LOG_LEVEL")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,12 +242,13 @@ func TestGrayFailures(t *testing.T) {
 				pprof.Lookup("goroutine").WriteTo(f, 1)
 				f.Close()
 			}
-			for i, m := range c.Metas {
+			procs, addrs := append(append([]*Proc{}, c.Metas...), c.DNs...), append(append([]string{}, c.MetaHTTP...), c.DNHTTP...)
+			for i, m := range procs {
 				if m == p {
 					continue
 				}
 				hc := http.Client{Timeout: 5 * time.Second}
-				if r, err := hc.Get("http://" + c.MetaHTTP[i] + "/debug/pprof/goroutine?debug=1"); err == nil {
+				if r, err := hc.Get("http://" + addrs[i] + "/debug/pprof/goroutine?debug=2"); err == nil {
 					b, _ := io.ReadAll(io.LimitReader(r.Body, 16<<20))
 					r.Body.Close()
 					os.WriteFile(filepath.Join(c.Logs, fmt.Sprintf("stacks-%s-during-%s.txt", m.Name, p.Name)), b, 0o644)

@@ -349,15 +349,16 @@ func (s *Server) Start() error {
 	if s.scmGroup, err = s.host.AddGroup(raft.GroupConfig{ID: ScmGroup, Peers: voters, StateMachine: &raftSM{sm: s.scmState}}); err != nil {
 		return fmt.Errorf("meta: scm group: %w", err)
 	}
+	// Every member, this one too: SCM leadership can move here while a
+	// forwarded call is in flight, and the others' hints then name this
+	// node; without its address the call would wait out its deadline.
 	var addrs []string
 	for _, id := range voters {
-		if id != s.cfg.NodeID {
-			if p, _ := s.peer(id); p.GRPCAddr != "" {
-				addrs = append(addrs, p.GRPCAddr)
-			}
+		if p, _ := s.peer(id); p.GRPCAddr != "" {
+			addrs = append(addrs, p.GRPCAddr)
 		}
 	}
-	if len(addrs) > 0 {
+	if len(addrs) > 1 {
 		if s.fwd, err = metaclient.New(metaclient.Config{Addrs: addrs, CallTimeout: 10 * time.Second,
 			DialOptions: []grpc.DialOption{s.cfg.TLS.GRPCDialOption(pki.RoleMeta)}}); err != nil {
 			return err
