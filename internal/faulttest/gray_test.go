@@ -168,7 +168,7 @@ func TestGrayFailures(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer clog.Close()
-	cl, err := client.New(client.Config{MetaAddrs: c.MetaGRPC, Logger: slog.New(slog.NewTextHandler(clog, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	cl, err := client.New(client.Config{MetaAddrs: c.MetaGRPC, Credentials: c.Creds, Logger: slog.New(slog.NewTextHandler(clog, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 	if err != nil {
 		t.Fatal(err)
 	}
