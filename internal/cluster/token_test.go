@@ -172,8 +172,27 @@ func TestBlockTokenAttacks(t *testing.T) {
 
 	// Copy a whole container out (replication's ExportContainer) without
 	// SCM's container token, or with a block's token.
+	// A client certificate may not call it at all (mTLS role check); a
+	// datanode's certificate still needs SCM's container token.
+	if st, err := dn.ExportContainer(ctx, &datanodepb.ExportContainerRequest{ContainerId: la.GetId().GetContainerId()}); err == nil {
+		if _, err = st.Recv(); status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("ExportContainer with a client certificate: %v, want PERMISSION_DENIED", err)
+		}
+	} else if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("ExportContainer with a client certificate: %v, want PERMISSION_DENIED", err)
+	}
+	peerCreds, err := c.Credentials(pki.Identity{Role: pki.RoleDatanode, ID: "token-test-peer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcc, err := grpc.NewClient(la.GetDatanodes()[0].GetDataAddr(), peerCreds.GRPCDialOption(pki.RoleDatanode))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pcc.Close()
+	peer := datanodepb.NewDatanodeClient(pcc)
 	for _, tok := range [][]byte{nil, la.GetToken()} {
-		st, err := dn.ExportContainer(ctx, &datanodepb.ExportContainerRequest{ContainerId: la.GetId().GetContainerId(), Token: tok})
+		st, err := peer.ExportContainer(ctx, &datanodepb.ExportContainerRequest{ContainerId: la.GetId().GetContainerId(), Token: tok})
 		if err == nil {
 			_, err = st.Recv()
 		}
