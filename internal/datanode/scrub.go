@@ -196,6 +196,9 @@ func (s *scrubber) scrub(ctx context.Context) error {
 
 // suspect queues a block a read found damaged for verification now.
 func (s *scrubber) suspect(cid storage.ContainerID, lid storage.LocalID) {
+	if r, err := s.cfg.store.Container(cid); err != nil || r.State == storage.StateUnhealthy {
+		return // gone, or known bad and reported: reads of it need not cost a verification each
+	}
 	k := suspectBlock{cid, lid}
 	s.mu.Lock()
 	if s.suspected[k] || len(s.suspected) >= maxSuspects {
