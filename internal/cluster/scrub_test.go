@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/basalt-store/basalt/client"
 	"github.com/basalt-store/basalt/internal/cluster"
 	"github.com/basalt-store/basalt/internal/datanode"
@@ -246,9 +248,10 @@ func TestFailedVolumeIsRepairedElsewhere(t *testing.T) {
 	ffs := vfs.NewFaultFS(vfs.Default)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	reg := prometheus.NewRegistry()
 	c, err := cluster.Start(ctx, cluster.Config{Dir: dir, Datanodes: 5,
 		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
-		BlockSize: 4 << 20, ContainerSize: 512 << 20, Storage: storage.Options{FS: ffs}})
+		BlockSize: 4 << 20, ContainerSize: 512 << 20, Storage: storage.Options{FS: ffs}, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,10 +302,105 @@ func TestFailedVolumeIsRepairedElsewhere(t *testing.T) {
 			t.Fatalf("container %d on the failed volume reported %v", r.ID, r.State)
 		}
 	}
+	// The failure is exported for alerting, on this datanode only.
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["role"] != "datanode" {
+				continue
+			}
+			v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			seen[fmt.Sprintf("%s{dn=%s,result=%s}", mf.GetName(), labels["datanode"], labels["result"])] += v
+		}
+	}
+	for i := range 5 {
+		failed, want := seen[fmt.Sprintf("basalt_datanode_volumes_failed{dn=%d,result=}", i+1)], 0.0
+		if i == vi {
+			want = 1
+		}
+		if failed != want {
+			t.Fatalf("datanode %d: basalt_datanode_volumes_failed = %v, want %v (%v)", i+1, failed, want, seen)
+		}
+	}
+	if n := seen[fmt.Sprintf("basalt_datanode_volume_checks_total{dn=%d,result=failed}", vi+1)]; n != 1 {
+		t.Fatalf("volume_checks_total{result=failed} = %v", n)
+	}
+	if _, ok := seen[fmt.Sprintf("basalt_datanode_scrub_bytes_total{dn=%d,result=}", vi+1)]; !ok {
+		t.Fatalf("no scrubber metrics: %v", seen)
+	}
 	for k, want := range data {
 		if got := get(t, cl, k); !bytes.Equal(got, want) {
 			t.Fatalf("key %s: wrong data after the volume failed", k)
 		}
 	}
 	waitHealed(t, c, cl, data, victim, 0, faulted, bound)
+}
+
+// TestReadFindingIsReverified: a client read that meets a corrupt replica
+// makes that datanode verify the whole block at once (outside the
+// scrubber's rate): the finding is confirmed, counted, and the container
+// marked UNHEALTHY there, without waiting for the next pass. Replicas
+// that were not damaged stay healthy.
+func TestReadFindingIsReverified(t *testing.T) {
+	dir := t.TempDir()
+	c := start(t, dir, 3, 8<<20)
+	defer c.Close()
+	cl := newClient(t, c, "/dc1/rack1")
+	makeBucket(t, cl, "vol", "bkt")
+	data := randData(21, 5<<20)
+	put(t, cl, "k", data)
+	st, err := cl.StatKey(context.Background(), "vol", "bkt", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := st.Blocks[0]
+	// Every replica but the last is corrupt, so the read meets one.
+	victims := map[uint64]bool{}
+	for _, r := range b.Replicas[:len(b.Replicas)-1] {
+		victims[r.ID] = true
+		vi, _ := dnIndex(t, c, 3, r.ID)
+		f, err := os.OpenFile(blockFile(dir, vi, b.ContainerID, b.LocalID), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteAt([]byte{1, 2, 3}, 3<<20)
+		f.Close()
+	}
+	if got := get(t, cl, "k"); !bytes.Equal(got, data) {
+		t.Fatal("read returned wrong data")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		confirmed := 0
+		for i := range 3 {
+			dn := c.Datanode(i)
+			r, err := dn.Store().Container(storage.ContainerID(b.ContainerID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			bad := r.State == storage.StateUnhealthy
+			if bad && !victims[dn.ID()] {
+				t.Fatalf("intact replica on datanode %d marked UNHEALTHY", dn.ID())
+			}
+			if bad && dn.ScrubStats().Checksum == 1 {
+				confirmed++
+			}
+		}
+		if confirmed > 0 {
+			t.Logf("%d corrupt replica(s) confirmed by re-verification after the read", confirmed)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the corrupt replica the read met was not re-verified and marked")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

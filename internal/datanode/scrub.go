@@ -57,8 +57,8 @@ const (
 
 var errScrubStopped = errors.New("datanode: scrubber stopped")
 
-// scrubCursor is scrub.json.
-type scrubCursor struct {
+// ScrubCursor is scrub.json: where the scrubber is.
+type ScrubCursor struct {
 	// PassStartedMs is when the pass in progress started (0: none).
 	PassStartedMs int64 `json:"pass_started_unix_ms,omitempty"`
 	// Container, Block: the pass resumes at block Block of container
@@ -89,7 +89,7 @@ type ScrubStats struct {
 	// LastPassBytes is the bytes verified by the last pass finished in this
 	// process (0 if none); a resumed pass counts only what it verified.
 	LastPassBytes uint64
-	Cursor        scrubCursor
+	Cursor        ScrubCursor
 }
 
 type scrubConfig struct {
@@ -114,7 +114,7 @@ type scrubber struct {
 	once   sync.Once
 
 	mu        sync.Mutex
-	cur       scrubCursor
+	cur       ScrubCursor
 	lastSave  time.Time
 	suspected map[suspectBlock]bool
 
@@ -143,7 +143,7 @@ func newScrubber(cfg scrubConfig) (*scrubber, error) {
 		if err := json.Unmarshal(b, &s.cur); err != nil {
 			// A cursor is a hint: start a new pass rather than refuse to run.
 			cfg.log.Warn("scrubber: unreadable cursor; starting a new pass", "file", cfg.path, "err", err)
-			s.cur = scrubCursor{}
+			s.cur = ScrubCursor{}
 		}
 	case !errors.Is(err, os.ErrNotExist):
 		return nil, fmt.Errorf("datanode: scrub cursor %s: %w", cfg.path, err)
@@ -196,6 +196,9 @@ func (s *scrubber) scrub(ctx context.Context) error {
 
 // suspect queues a block a read found damaged for verification now.
 func (s *scrubber) suspect(cid storage.ContainerID, lid storage.LocalID) {
+	if r, err := s.cfg.store.Container(cid); err != nil || r.State == storage.StateUnhealthy {
+		return // gone, or known bad and reported: reads of it need not cost a verification each
+	}
 	k := suspectBlock{cid, lid}
 	s.mu.Lock()
 	if s.suspected[k] || len(s.suspected) >= maxSuspects {

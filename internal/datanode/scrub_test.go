@@ -52,13 +52,13 @@ func fillStore(t *testing.T, s *storage.Store, containers, blocks, size int) {
 	}
 }
 
-func readCursor(t *testing.T, path string) scrubCursor {
+func readCursor(t *testing.T, path string) ScrubCursor {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var c scrubCursor
+	var c ScrubCursor
 	if err := json.Unmarshal(b, &c); err != nil {
 		t.Fatal(err)
 	}

@@ -87,8 +87,12 @@ func (s *Store) Volumes() []VolumeReport {
 	count := map[*volume]int{}
 	for _, c := range s.containers {
 		c.mu.Lock()
-		used[c.vol] += c.cnt.Used
-		count[c.vol]++
+		// A container being created or imported gets its volume without
+		// c.mu; it is counted once done.
+		if !c.importing {
+			used[c.vol] += c.cnt.Used
+			count[c.vol]++
+		}
 		c.mu.Unlock()
 	}
 	s.mu.RUnlock()
