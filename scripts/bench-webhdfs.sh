@@ -92,7 +92,8 @@ H="http://127.0.0.1:$wport/webhdfs/v1/bench/fsb"
 
 now() { date +%s.%N; }
 report() { # name seconds bytes
-  python3 -c "import sys; n,s,b=sys.argv[1],float(sys.argv[2]),int(sys.argv[3]); print(f'{n:<34} {s:8.2f} s' + (f'  {b/s/2**20:8.1f} MiB/s' if b else ''))" "$@"
+  # bytes < 0: a count of files (-N), reported as files/s
+  python3 -c "import sys; n,s,b=sys.argv[1],float(sys.argv[2]),int(sys.argv[3]); print(f'{n:<34} {s:8.2f} s' + (f'  {b/s/2**20:8.1f} MiB/s' if b > 0 else f'  {-b/s:8.1f} files/s' if b < 0 else ''))" "$@"
 }
 timed() { # name bytes cmd...
   local name=$1 bytes=$2; shift 2
@@ -115,6 +116,7 @@ bytes=$((SIZE_MIB << 20))
 if [ "$S3A" = 1 ]; then
   # The dev cluster's key, as basalt dev prints it.
   read -r s3url key secret < <(awk '$1 == "s3" {print $2, $5, $7}' "$dir/dev.log")
+  "$BIN" sh --meta "$meta" volume create /s3v >/dev/null 2>&1 || true # the S3 gateway's volume
   "$BIN" sh --meta "$meta" bucket create /s3v/s3abench >/dev/null
   S3A_OPTS=(-D "fs.s3a.endpoint=$s3url" -D fs.s3a.path.style.access=true -D fs.s3a.connection.ssl.enabled=false
     -D fs.s3a.endpoint.region=us-east-1 -D "fs.s3a.access.key=$key" -D "fs.s3a.secret.key=$secret"
@@ -126,8 +128,9 @@ if [ "$S3A" = 1 ]; then
   fsh -mkdir -p "$U/cmp" 2>/dev/null
   timed "jvm webhdfs (FsShell -test -d)" 0 fsh -test -d "$U/cmp"
   timed "jvm s3a (FsShell -ls /)" 0 s3a -ls "$S/"
-  timed "webhdfs -put dir of $FILES files" $((FILES * FILE_BYTES)) fsh -put "$dir/small" "$U/cmp/small"
-  timed "s3a -put dir of $FILES files" $((FILES * FILE_BYTES)) s3a -put "$dir/small" "$S/cmp/small"
+  s3a -mkdir -p "$S/cmp" 2>/dev/null
+  timed "webhdfs -put dir of $FILES files" "-$FILES" fsh -put "$dir/small" "$U/cmp/small"
+  timed "s3a -put dir of $FILES files" "-$FILES" s3a -put "$dir/small" "$S/cmp/small"
   timed "webhdfs -mv of that dir (FsShell)" 0 fsh -mv "$U/cmp/small" "$U/cmp/small2"
   timed "webhdfs RENAME of that dir (curl)" 0 curl -sf -X PUT "$H/cmp/small2?op=RENAME&destination=/bench/fsb/cmp/small3&user.name=bench"
   timed "s3a -mv of that dir (FsShell)" 0 s3a -mv "$S/cmp/small" "$S/cmp/small2"

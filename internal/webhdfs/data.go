@@ -248,12 +248,14 @@ func (g *Gateway) create(q *request) error {
 			req.Meta = attrs
 			// The file may have appeared while the data moved; a window
 			// remains between this check and the commit's apply.
-			// TODO(issue 14): without overwrite, set
-			// CommitKeyRequest.expect_absent (the generic create-if-absent
-			// precondition being added to CommitKey) so the namespace
-			// refuses the commit inside the Raft apply when the path exists,
-			// and map its FAILED_PRECONDITION/ALREADY_EXISTS to
-			// FileAlreadyExistsException; keep this check for the message.
+			// TODO(issue 14): without overwrite, set the generic
+			// create-if-absent precondition being added to CommitKey in
+			// parallel (CommitKeyRequest.precondition.expect_absent, a
+			// KeyPrecondition), so the namespace refuses the commit inside
+			// the Raft apply when a file exists at the path (racing
+			// CREATEs: exactly one wins), and map its FAILED_PRECONDITION
+			// (reason PRECONDITION_FAILED) to FileAlreadyExistsException;
+			// keep this check for the early, clearer message.
 			return g.createChecks(q, overwrite)
 		}})
 	if err != nil {
