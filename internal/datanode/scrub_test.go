@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/storage"
 	"github.com/basalt-store/basalt/internal/vfs"
 )
@@ -202,7 +203,7 @@ func (s *syncBuf) String() string {
 func TestScrubberFindsFlippedBytesLocally(t *testing.T) {
 	dir := t.TempDir()
 	var logs syncBuf
-	d, err := New(Config{DataDir: dir, MetaAddrs: []string{"127.0.0.1:1"},
+	d, err := New(Config{DataDir: dir, MetaAddrs: []string{"127.0.0.1:1"}, TLS: pki.Insecure(),
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -297,7 +298,7 @@ func TestVolumeCheckFailureIsLogged(t *testing.T) {
 	dir := t.TempDir()
 	var logs syncBuf
 	ffs := vfs.NewFaultFS(vfs.Default)
-	d, err := New(Config{DataDir: dir, MetaAddrs: []string{"127.0.0.1:1"}, FS: ffs,
+	d, err := New(Config{DataDir: dir, MetaAddrs: []string{"127.0.0.1:1"}, TLS: pki.Insecure(), FS: ffs,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
