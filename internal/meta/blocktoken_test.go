@@ -55,7 +55,8 @@ func TestBlockTokensSurviveLeaderChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := cl.Scm.RegisterDatanode(ctx, &metapb.RegisterDatanodeRequest{Details: &metapb.DatanodeDetails{
+	dc := dnClient(t, cl, "dn-a") // node RPCs need the datanode's certificate
+	reg, err := dc.Scm.RegisterDatanode(ctx, &metapb.RegisterDatanodeRequest{Details: &metapb.DatanodeDetails{
 		Uuid: "dn-a", DataAddr: "127.0.0.1:9000", RaftAddr: "127.0.0.1:9100"}})
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +74,7 @@ func TestBlockTokensSurviveLeaderChange(t *testing.T) {
 	// The datanode's heartbeats go to the new leader.
 	var hb *metapb.HeartbeatResponse
 	waitFor(t, 20*time.Second, "a heartbeat answered by the new leader", func() bool {
-		hb, err = cl.Scm.Heartbeat(ctx, &metapb.HeartbeatRequest{DatanodeId: reg.GetDatanodeId()})
+		hb, err = dc.Scm.Heartbeat(ctx, &metapb.HeartbeatRequest{DatanodeId: reg.GetDatanodeId()})
 		return err == nil && len(hb.GetSecretKeys()) > 0
 	})
 	after := keySetOf(t, hb.GetSecretKeys())
