@@ -516,3 +516,42 @@ func TestDeleteTxCompletesAfterRepair(t *testing.T) {
 		t.Fatalf("container %v, answered by %v: want repaired onto %d, which answered", c, done, ids[3])
 	}
 }
+
+// TestAllocationPrefersPipelinesWithALeader: a pipeline created moments
+// ago whose datanodes have not reported a leader for it yet is not
+// chosen while another one is ready (writes to it would fail, and the
+// client would exclude it); without any ready one, allocation falls back
+// to the rest.
+func TestAllocationPrefersPipelinesWithALeader(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 2, OpenContainersPerPipeline: 1})
+	var ids []uint64
+	for i := range 4 {
+		ids = append(ids, e.register(t, fmt.Sprintf("dn%d", i), fmt.Sprintf("/r%d", i%2)))
+	}
+	e.tick(t)
+	three := e.st.OpenPipelines(metapb.Replication_THREE)
+	if len(three) < 2 {
+		t.Fatalf("%d THREE pipelines", len(three))
+	}
+	// No leader reported anywhere: the fallback.
+	e.alloc(t, metapb.Replication_THREE)
+	ready := three[1]
+	if _, err := e.m.Heartbeat(e.ctx, &metapb.HeartbeatRequest{DatanodeId: ready.Datanodes[0],
+		Pipelines: []*metapb.PipelineReport{{PipelineId: ready.Id, IsLeader: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		if bl := e.alloc(t, metapb.Replication_THREE); bl.PipelineId != ready.Id {
+			t.Fatalf("block in pipeline %d, want the one with a leader, %d", bl.PipelineId, ready.Id)
+		}
+	}
+	// Old enough, the others count as ready again.
+	e.clk.Advance(pipelineReadyGrace * time.Second)
+	seen := map[uint64]bool{}
+	for range 40 {
+		seen[e.alloc(t, metapb.Replication_THREE).PipelineId] = true
+	}
+	if len(seen) < 2 {
+		t.Fatalf("after the grace, blocks only in %v", seen)
+	}
+}
