@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -27,11 +28,12 @@ import (
 // drain: 4 datanodes; the 4th is down while the data is written, so every
 // container is on datanodes 1-3; it comes back, and datanode 1 is
 // decommissioned: each of its containers can only go to datanode 4, the
-// one target. A foreground writer runs during the drain. throttled: the
-// same with one copy (and one container's bytes) in flight per target
-// instead of two. lose: 5 datanodes, the one holding the most is killed;
-// time until every block has 3 replicas again (6 s dead interval
-// included).
+// one target; nothing else runs. lose: 5 datanodes, the one holding the
+// most is killed while a foreground writer runs; time until every block
+// has 3 replicas again (6 s dead interval included) and the writer's
+// throughput meanwhile, against its throughput before the kill.
+// lose-throttled: the same with one copy (and one container's bytes) in
+// flight per target instead of two.
 func TestBenchReplication(t *testing.T) {
 	if os.Getenv("BASALT_BENCH_REPL") == "" {
 		t.Skip("set BASALT_BENCH_REPL=1 to run the re-replication benchmark")
@@ -40,9 +42,9 @@ func TestBenchReplication(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("BASALT_BENCH_REPL_MIB")); err == nil && v > 0 {
 		mib = v
 	}
-	t.Run("drain", func(t *testing.T) { benchDrain(t, mib, false) })
-	t.Run("drain-throttled", func(t *testing.T) { benchDrain(t, mib, true) })
-	t.Run("lose", func(t *testing.T) { benchLose(t, mib) })
+	t.Run("drain", func(t *testing.T) { benchDrain(t, mib) })
+	t.Run("lose", func(t *testing.T) { benchLose(t, mib, false) })
+	t.Run("lose-throttled", func(t *testing.T) { benchLose(t, mib, true) })
 }
 
 const benchKey = 16 << 20
@@ -111,9 +113,25 @@ func waitState(t *testing.T, cl *client.Client, dn uint64, bound time.Duration, 
 	}
 }
 
-func benchDrain(t *testing.T, mib int, throttled bool) {
+func benchDrain(t *testing.T, mib int) {
 	dir := t.TempDir()
 	c := start(t, dir, 4, 4<<20)
+	if p := os.Getenv("BASALT_BENCH_REPL_LOG"); p != "" {
+		// An info log of the drain (meta and datanodes), to see where its
+		// time goes: restart everything with it.
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if c, err = cluster.Start(ctx, cluster.Config{Dir: dir, Datanodes: 4, HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
+			BlockSize: 4 << 20, ContainerSize: 512 << 20, Logger: slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelInfo}))}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	defer c.Close()
 	cl := newClient(t, c, "/dc1/rack1")
 	makeBucket(t, cl, "vol", "bkt")
@@ -126,28 +144,11 @@ func benchDrain(t *testing.T, mib int, throttled bool) {
 	if err := c.RestartDatanode(context.Background(), 3); err != nil {
 		t.Fatal(err)
 	}
-	if throttled {
-		restartMetaWith(t, c, dir, func(cfg *scm.Config) { cfg.MaxCopiesPerTarget = 1; cfg.MaxCopyBytesPerTarget = 1 })
-	}
 	waitState(t, cl, target, time.Minute, func(d *metapb.DatanodeStatus) bool {
 		return d.State == metapb.NodeState_HEALTHY && d.LastHeartbeatUnixMs > 0
 	})
-	// Baseline with datanode 4 back, no repair: a few keys.
-	bn, btook, _ := writeFor(t, cl, "base", 8, nil)
-	t.Logf("foreground writes, 4 datanodes, no repair: %.1f MiB/s", mibps(bn, btook))
-
 	victim := c.Datanode(0).ID()
-	stop := make(chan struct{})
-	var fg atomic.Int64
-	var fgTook atomic.Int64
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		b, d, _ := writeFor(t, cl, "fg", 0, stop)
-		fg.Store(b)
-		fgTook.Store(int64(d))
-	}()
+	cpu0 := cpuTime()
 	began := time.Now()
 	if _, err := cl.Scm().SetDatanodeOpState(context.Background(), &metapb.SetDatanodeOpStateRequest{DatanodeId: victim, State: metapb.NodeOpState_DECOMMISSIONING}); err != nil {
 		t.Fatal(err)
@@ -173,17 +174,16 @@ func benchDrain(t *testing.T, mib int, throttled bool) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	total := time.Since(began)
-	close(stop)
-	wg.Wait()
+	cpu := cpuTime() - cpu0
+	t.Logf("CPU (the whole test process: meta, 4 datanodes) during the drain: %.1f s in %.1f s, %.1f CPU-s per GiB", cpu.Seconds(), total.Seconds(), cpu.Seconds()/(float64(bytes)/(1<<30)))
 	h, _ := cl.Scm().GetContainerHealth(context.Background(), &metapb.GetContainerHealthRequest{})
 	copyTime := total - firstCopy
-	t.Logf("throttled=%v: drained %.2f GiB into datanode %d in %v (first copy %v after the start): %.2f GiB/min over the copies, %.2f GiB/min end to end; SCM rate %.1f MiB/s; copies done %d",
-		throttled, float64(bytes)/(1<<30), target, total.Round(time.Millisecond), firstCopy.Round(time.Millisecond),
+	t.Logf("drained %.2f GiB into datanode %d in %v (first copy %v after the start): %.2f GiB/min over the copies, %.2f GiB/min end to end; SCM rate %.1f MiB/s; copies done %d",
+		float64(bytes)/(1<<30), target, total.Round(time.Millisecond), firstCopy.Round(time.Millisecond),
 		float64(bytes)/(1<<30)/copyTime.Minutes(), float64(bytes)/(1<<30)/total.Minutes(), h.GetRateBytesPerSec()/(1<<20), h.GetCopiesDone())
-	t.Logf("throttled=%v: foreground writes during the drain: %.1f MiB/s (%d MiB)", throttled, mibps(fg.Load(), time.Duration(fgTook.Load())), fg.Load()>>20)
 }
 
-func benchLose(t *testing.T, mib int) {
+func benchLose(t *testing.T, mib int, throttled bool) {
 	dir := t.TempDir()
 	c := start(t, dir, 5, 4<<20)
 	defer c.Close()
@@ -191,6 +191,14 @@ func benchLose(t *testing.T, mib int) {
 	makeBucket(t, cl, "vol", "bkt")
 	n, took, keys := writeFor(t, cl, "data", mib*(1<<20)/benchKey, nil)
 	t.Logf("wrote %d MiB at %.1f MiB/s", n>>20, mibps(n, took))
+	if throttled {
+		restartMetaWith(t, c, dir, func(cfg *scm.Config) { cfg.MaxCopiesPerTarget = 1; cfg.MaxCopyBytesPerTarget = 1 })
+		if err := c.WaitWritable(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bn, btook, _ := writeFor(t, cl, "base", 8, nil)
+	t.Logf("throttled=%v: foreground writes before the kill: %.1f MiB/s", throttled, mibps(bn, btook))
 	vi, victim := mostLoaded(t, c, cl, keys, 5)
 	locs, err := blockLocations(context.Background(), cl, keys)
 	if err != nil {
@@ -204,8 +212,18 @@ func benchLose(t *testing.T, mib int) {
 			}
 		}
 	}
+	stop := make(chan struct{})
+	var fg, fgTook atomic.Int64
+	var wg sync.WaitGroup
 	killed := time.Now()
 	c.StopDatanode(vi)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		b, d, _ := writeFor(t, cl, "fg", 0, stop)
+		fg.Store(b)
+		fgTook.Store(int64(d))
+	}()
 	for {
 		locs, err := blockLocations(context.Background(), cl, keys)
 		done := err == nil
@@ -229,6 +247,11 @@ func benchLose(t *testing.T, mib int) {
 		time.Sleep(250 * time.Millisecond)
 	}
 	d := time.Since(killed)
+	close(stop)
+	wg.Wait()
+	h, _ := cl.Scm().GetContainerHealth(context.Background(), &metapb.GetContainerHealthRequest{})
+	t.Logf("throttled=%v: foreground writes from the kill to full redundancy: %.1f MiB/s (%d MiB); copies done %d, SCM rate %.1f MiB/s",
+		throttled, mibps(fg.Load(), time.Duration(fgTook.Load())), fg.Load()>>20, h.GetCopiesDone(), h.GetRateBytesPerSec()/(1<<20))
 	t.Logf("lost datanode %d holding %d block replicas (%.2f GiB): every block back to 3 replicas %v after the kill (dead interval 6 s included; %v after it)",
 		victim, held, float64(held)*4/1024, d.Round(time.Millisecond), (d - 6*time.Second).Round(time.Millisecond))
 }
