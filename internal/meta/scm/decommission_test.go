@@ -555,3 +555,24 @@ func TestAllocationPrefersPipelinesWithALeader(t *testing.T) {
 		t.Fatalf("after the grace, blocks only in %v", seen)
 	}
 }
+
+// TestCopyBandwidthIsSent: the per-target bandwidth is shared by the
+// copies a target may have in flight, and each copy command carries its
+// share.
+func TestCopyBandwidthIsSent(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 1, OpenContainersPerPipeline: 1, CopyBandwidthPerTarget: 64 << 20, MaxCopiesPerTarget: 2})
+	f := newFleet(t, e, "/r1", "/r1", "/r2", "/r2")
+	cid := e.closedOn(t, 100, f.ids[:3]...)
+	f.hold(cid, 5, f.ids[0], f.ids[1])
+	f.round(t)
+	f.round(t)
+	var got *metapb.ReplicateContainerCommand
+	for _, c := range f.lastCmd[f.ids[3]] {
+		if rc := c.GetReplicateContainer(); rc != nil {
+			got = rc
+		}
+	}
+	if got == nil || got.MaxBytesPerSec != 32<<20 {
+		t.Fatalf("copy command %v: want a cap of 32 MiB/s", got)
+	}
+}

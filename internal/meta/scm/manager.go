@@ -59,6 +59,9 @@ type Config struct {
 	// datanode (default 2 × ContainerSize; one copy always goes, however
 	// large).
 	MaxCopyBytesPerTarget uint64
+	// CopyBandwidthPerTarget: bytes per second a datanode takes in copies
+	// (0: no cap); each copy is capped at it / MaxCopiesPerTarget.
+	CopyBandwidthPerTarget uint64
 
 	// Registerer receives the replication manager's gauges (nil: none).
 	Registerer prometheus.Registerer
