@@ -288,6 +288,9 @@ func TestMaintenanceAndRecommission(t *testing.T) {
 		keys = append(keys, k)
 	}
 	vi, victim := mostLoaded(t, c, cl, keys, 5)
+	// Pipelines made while only the first rack's datanodes had registered
+	// hold mis-replicated containers; let those repairs finish first.
+	waitHealthy(t, cl, bound)
 	began := time.Now()
 	if _, err := cl.Scm().SetDatanodeOpState(ctx, &metapb.SetDatanodeOpStateRequest{DatanodeId: victim, State: metapb.NodeOpState_ENTERING_MAINTENANCE,
 		MaintenanceEndUnixMs: time.Now().Add(time.Hour).UnixMilli()}); err != nil {
@@ -372,5 +375,22 @@ func TestMaintenanceAndRecommission(t *testing.T) {
 	}
 	if h2.Counts["missing"] != 0 || h2.Counts["under_replicated"] != 0 {
 		t.Fatalf("health after recommission: %v", h2)
+	}
+}
+
+// waitHealthy waits until the replication manager has nothing to do: no
+// container short of replicas or on one rack, no copy in flight.
+func waitHealthy(t *testing.T, cl *client.Client, bound time.Duration) {
+	t.Helper()
+	start := time.Now()
+	for {
+		h, err := cl.Scm().GetContainerHealth(context.Background(), &metapb.GetContainerHealthRequest{})
+		if err == nil && h.RoundUnixMs != 0 && h.Counts["under_replicated"]+h.Counts["mis_replicated"]+h.Counts["over_replicated"]+h.Counts["missing"] == 0 && len(h.Copies) == 0 {
+			return
+		}
+		if time.Since(start) > bound {
+			t.Fatalf("containers not healthy after %v: %v %v", bound, h, err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
