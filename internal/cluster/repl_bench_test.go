@@ -32,8 +32,9 @@ import (
 // most is killed while a foreground writer runs; time until every block
 // has 3 replicas again (6 s dead interval included) and the writer's
 // throughput meanwhile, against its throughput before the kill.
-// lose-throttled: the same with one copy (and one container's bytes) in
-// flight per target instead of two.
+// lose-throttled: the same with one copy in flight per target instead of
+// two, capped at 32 MiB/s (CopyBandwidthPerTarget). drain-throttled: the
+// drain with that cap.
 func TestBenchReplication(t *testing.T) {
 	if os.Getenv("BASALT_BENCH_REPL") == "" {
 		t.Skip("set BASALT_BENCH_REPL=1 to run the re-replication benchmark")
@@ -42,7 +43,8 @@ func TestBenchReplication(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("BASALT_BENCH_REPL_MIB")); err == nil && v > 0 {
 		mib = v
 	}
-	t.Run("drain", func(t *testing.T) { benchDrain(t, mib) })
+	t.Run("drain", func(t *testing.T) { benchDrain(t, mib, false) })
+	t.Run("drain-throttled", func(t *testing.T) { benchDrain(t, mib, true) })
 	t.Run("lose", func(t *testing.T) { benchLose(t, mib, false) })
 	t.Run("lose-throttled", func(t *testing.T) { benchLose(t, mib, true) })
 }
@@ -113,7 +115,13 @@ func waitState(t *testing.T, cl *client.Client, dn uint64, bound time.Duration, 
 	}
 }
 
-func benchDrain(t *testing.T, mib int) {
+// throttle is the throttled runs' setting.
+func throttle(cfg *scm.Config) {
+	cfg.MaxCopiesPerTarget = 1
+	cfg.CopyBandwidthPerTarget = 32 << 20
+}
+
+func benchDrain(t *testing.T, mib int, throttled bool) {
 	dir := t.TempDir()
 	c := start(t, dir, 4, 4<<20)
 	if p := os.Getenv("BASALT_BENCH_REPL_LOG"); p != "" {
@@ -143,6 +151,9 @@ func benchDrain(t *testing.T, mib int) {
 	t.Logf("wrote %d MiB on datanodes 1-3 at %.1f MiB/s (no repair running)", n>>20, mibps(n, took))
 	if err := c.RestartDatanode(context.Background(), 3); err != nil {
 		t.Fatal(err)
+	}
+	if throttled {
+		restartMetaWith(t, c, dir, throttle)
 	}
 	waitState(t, cl, target, time.Minute, func(d *metapb.DatanodeStatus) bool {
 		return d.State == metapb.NodeState_HEALTHY && d.LastHeartbeatUnixMs > 0
@@ -178,8 +189,8 @@ func benchDrain(t *testing.T, mib int) {
 	t.Logf("CPU (the whole test process: meta, 4 datanodes) during the drain: %.1f s in %.1f s, %.1f CPU-s per GiB", cpu.Seconds(), total.Seconds(), cpu.Seconds()/(float64(bytes)/(1<<30)))
 	h, _ := cl.Scm().GetContainerHealth(context.Background(), &metapb.GetContainerHealthRequest{})
 	copyTime := total - firstCopy
-	t.Logf("drained %.2f GiB into datanode %d in %v (first copy %v after the start): %.2f GiB/min over the copies, %.2f GiB/min end to end; SCM rate %.1f MiB/s; copies done %d",
-		float64(bytes)/(1<<30), target, total.Round(time.Millisecond), firstCopy.Round(time.Millisecond),
+	t.Logf("throttled=%v: drained %.2f GiB into datanode %d in %v (first copy %v after the start): %.2f GiB/min over the copies, %.2f GiB/min end to end; SCM rate %.1f MiB/s; copies done %d",
+		throttled, float64(bytes)/(1<<30), target, total.Round(time.Millisecond), firstCopy.Round(time.Millisecond),
 		float64(bytes)/(1<<30)/copyTime.Minutes(), float64(bytes)/(1<<30)/total.Minutes(), h.GetRateBytesPerSec()/(1<<20), h.GetCopiesDone())
 }
 
@@ -192,7 +203,7 @@ func benchLose(t *testing.T, mib int, throttled bool) {
 	n, took, keys := writeFor(t, cl, "data", mib*(1<<20)/benchKey, nil)
 	t.Logf("wrote %d MiB at %.1f MiB/s", n>>20, mibps(n, took))
 	if throttled {
-		restartMetaWith(t, c, dir, func(cfg *scm.Config) { cfg.MaxCopiesPerTarget = 1; cfg.MaxCopyBytesPerTarget = 1 })
+		restartMetaWith(t, c, dir, throttle)
 		if err := c.WaitWritable(context.Background()); err != nil {
 			t.Fatal(err)
 		}
