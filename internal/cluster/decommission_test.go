@@ -219,15 +219,19 @@ func TestDecommissionUnderWriteLoad(t *testing.T) {
 		time.Sleep(250 * time.Millisecond)
 	}
 	drained := time.Since(began)
+	// Writes go on after the restart (a few, within a bound).
+	for writes.Load() < writesAtRestart+3 {
+		if time.Since(began) > drained+30*time.Second {
+			t.Fatalf("writes stalled after the SCM restart: %d ok, %d after the restart, %d failed (last %v)", writes.Load(), writes.Load()-writesAtRestart, writeErrs.Load(), lastErr.Load())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	close(stop)
 	wg.Wait()
 	t.Logf("DECOMMISSIONED %v after the start (meta restarted: %v at %v); %d location polls, fewest locations %d; %d writes ok (%d after the restart), %d failed (last: %v)",
 		drained.Round(time.Millisecond), restarted, restartedAt.Round(time.Millisecond), polls, minLocs, writes.Load(), writes.Load()-writesAtRestart, writeErrs.Load(), lastErr.Load())
 	if !restarted {
 		t.Log("the drain finished before a restart point was seen")
-	}
-	if writes.Load() == 0 || (restarted && writes.Load() == writesAtRestart) {
-		t.Fatalf("writes stalled during the drain: %d ok, %d after the restart, %d failed (last %v)", writes.Load(), writes.Load()-writesAtRestart, writeErrs.Load(), lastErr.Load())
 	}
 	// Every block: 3 locations, none the decommissioned datanode.
 	locs, err := blockLocations(ctx, cl, keys)
@@ -322,6 +326,9 @@ func TestMaintenanceAndRecommission(t *testing.T) {
 			t.Fatalf("block %s: locations %v, want 2 off datanode %d", b, l, victim)
 		}
 	}
+	// Closing its pipelines closed containers that may be on one rack:
+	// their moves are not repairs of the datanode's absence.
+	waitHealthy(t, cl, bound)
 	h0, err := cl.Scm().GetContainerHealth(ctx, &metapb.GetContainerHealthRequest{})
 	if err != nil {
 		t.Fatal(err)
