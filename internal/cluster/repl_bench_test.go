@@ -228,6 +228,11 @@ func benchLose(t *testing.T, mib int, throttled bool) {
 	var wg sync.WaitGroup
 	killed := time.Now()
 	c.StopDatanode(vi)
+	// The writer runs during the repair only: from DEAD (the repair
+	// starts; the pipelines with the datanode were replaced when it went
+	// STALE) to full redundancy.
+	waitState(t, cl, victim, time.Minute, func(d *metapb.DatanodeStatus) bool { return d.State == metapb.NodeState_DEAD })
+	dead := time.Since(killed)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -261,8 +266,8 @@ func benchLose(t *testing.T, mib int, throttled bool) {
 	close(stop)
 	wg.Wait()
 	h, _ := cl.Scm().GetContainerHealth(context.Background(), &metapb.GetContainerHealthRequest{})
-	t.Logf("throttled=%v: foreground writes from the kill to full redundancy: %.1f MiB/s (%d MiB); copies done %d, SCM rate %.1f MiB/s",
-		throttled, mibps(fg.Load(), time.Duration(fgTook.Load())), fg.Load()>>20, h.GetCopiesDone(), h.GetRateBytesPerSec()/(1<<20))
+	t.Logf("throttled=%v: foreground writes from DEAD (%v after the kill) to full redundancy: %.1f MiB/s (%d MiB); copies done %d, SCM rate %.1f MiB/s",
+		throttled, dead.Round(time.Millisecond), mibps(fg.Load(), time.Duration(fgTook.Load())), fg.Load()>>20, h.GetCopiesDone(), h.GetRateBytesPerSec()/(1<<20))
 	t.Logf("lost datanode %d holding %d block replicas (%.2f GiB): every block back to 3 replicas %v after the kill (dead interval 6 s included; %v after it)",
 		victim, held, float64(held)*4/1024, d.Round(time.Millisecond), (d - 6*time.Second).Round(time.Millisecond))
 }
