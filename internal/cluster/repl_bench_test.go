@@ -268,6 +268,8 @@ func benchLose(t *testing.T, mib int, throttled bool) {
 	h, _ := cl.Scm().GetContainerHealth(context.Background(), &metapb.GetContainerHealthRequest{})
 	t.Logf("throttled=%v: foreground writes from DEAD (%v after the kill) to full redundancy: %.1f MiB/s (%d MiB); copies done %d, SCM rate %.1f MiB/s",
 		throttled, dead.Round(time.Millisecond), mibps(fg.Load(), time.Duration(fgTook.Load())), fg.Load()>>20, h.GetCopiesDone(), h.GetRateBytesPerSec()/(1<<20))
+	an, atook, _ := writeFor(t, cl, "after", 8, nil)
+	t.Logf("throttled=%v: foreground writes after the repair: %.1f MiB/s", throttled, mibps(an, atook))
 	t.Logf("lost datanode %d holding %d block replicas (%.2f GiB): every block back to 3 replicas %v after the kill (dead interval 6 s included; %v after it)",
 		victim, held, float64(held)*4/1024, d.Round(time.Millisecond), (d - 6*time.Second).Round(time.Millisecond))
 }
