@@ -576,3 +576,34 @@ func TestCopyBandwidthIsSent(t *testing.T) {
 		t.Fatalf("copy command %v: want a cap of 32 MiB/s", got)
 	}
 }
+
+// TestMisReplicatedMovesToAnotherRack: a container with its 3 replicas on
+// one rack while the cluster has two is mis-replicated: a copy goes to the
+// other rack (only there), and then one replica on the crowded rack is
+// dropped, leaving 3 replicas on two racks.
+func TestMisReplicatedMovesToAnotherRack(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 1, OpenContainersPerPipeline: 1})
+	f := newFleet(t, e, "/r1", "/r1", "/r1", "/r1", "/r2")
+	ids := f.ids
+	cid := e.closedOn(t, 100, ids[:3]...)
+	f.hold(cid, 5, ids[:3]...)
+	f.round(t)
+	h, _ := e.m.ContainerHealth(10)
+	if h.Counts[HealthMisReplicated] != 1 || len(h.Copies) != 1 || h.Copies[0].Target != ids[4] {
+		t.Fatalf("health %v: want mis_replicated with a copy to %d (the other rack, not %d)", h, ids[4], ids[3])
+	}
+	for i := 0; ; i++ {
+		c := e.st.Container(cid)
+		if len(c.Replicas) == 3 && slices.Contains(c.Replicas, ids[4]) {
+			break
+		}
+		if i == 8 {
+			t.Fatalf("replicas %v", c.Replicas)
+		}
+		f.round(t)
+	}
+	f.round(t)
+	if h, _ := e.m.ContainerHealth(10); h.Counts[HealthMisReplicated] != 0 || h.Counts[HealthHealthy] == 0 {
+		t.Fatalf("health at the end %v", h)
+	}
+}
