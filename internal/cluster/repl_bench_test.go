@@ -115,6 +115,29 @@ func waitState(t *testing.T, cl *client.Client, dn uint64, bound time.Duration, 
 	}
 }
 
+// benchCluster starts a cluster as start does; with BASALT_BENCH_REPL_LOG
+// set, with an info log (meta and datanodes) in that file, to see where
+// the time goes.
+func benchCluster(t *testing.T, dir string, n int) *cluster.Cluster {
+	p := os.Getenv("BASALT_BENCH_REPL_LOG")
+	if p == "" {
+		return start(t, dir, n, 4<<20)
+	}
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Config{Dir: dir, Datanodes: n, HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
+		BlockSize: 4 << 20, ContainerSize: 512 << 20, Logger: slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // throttle is the throttled runs' setting.
 func throttle(cfg *scm.Config) {
 	cfg.MaxCopiesPerTarget = 1
@@ -123,23 +146,7 @@ func throttle(cfg *scm.Config) {
 
 func benchDrain(t *testing.T, mib int, throttled bool) {
 	dir := t.TempDir()
-	c := start(t, dir, 4, 4<<20)
-	if p := os.Getenv("BASALT_BENCH_REPL_LOG"); p != "" {
-		// An info log of the drain (meta and datanodes), to see where its
-		// time goes: restart everything with it.
-		f, err := os.Create(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if c, err = cluster.Start(ctx, cluster.Config{Dir: dir, Datanodes: 4, HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
-			BlockSize: 4 << 20, ContainerSize: 512 << 20, Logger: slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelInfo}))}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c := benchCluster(t, dir, 4)
 	defer c.Close()
 	cl := newClient(t, c, "/dc1/rack1")
 	makeBucket(t, cl, "vol", "bkt")
@@ -196,7 +203,7 @@ func benchDrain(t *testing.T, mib int, throttled bool) {
 
 func benchLose(t *testing.T, mib int, throttled bool) {
 	dir := t.TempDir()
-	c := start(t, dir, 5, 4<<20)
+	c := benchCluster(t, dir, 5)
 	defer c.Close()
 	cl := newClient(t, c, "/dc1/rack1")
 	makeBucket(t, cl, "vol", "bkt")
