@@ -135,6 +135,7 @@ node gets the same --peers list (empty for a single node).`,
 	cmd.Flags().DurationVar(&scmCfg.DeadInterval, "dead-interval", 90*time.Second, "a datanode not heard from for this long is DEAD (its pipelines close, its replicas are copied elsewhere)")
 	cmd.Flags().IntVar(&scmCfg.MaxCopiesPerTarget, "replication-copies-per-datanode", 2, "container copies in flight into one datanode (replication manager)")
 	cmd.Flags().Uint64Var(&scmCfg.MaxCopyBytesPerTarget, "replication-bytes-per-datanode", 0, "bytes of the container copies in flight into one datanode (0: twice the container size; one copy always goes)")
+	cmd.Flags().Uint64Var(&scmCfg.CopyBandwidthPerTarget, "replication-bandwidth-per-datanode", 0, "bytes per second one datanode takes in container copies, shared by its copies in flight (0: no cap)")
 	cmd.Flags().DurationVar(&scmCfg.CopyTimeout, "replication-copy-timeout", 10*time.Minute, "a container copy not done by then is given up and scheduled on another datanode")
 	tf.register(cmd, false, false)
 	return cmd

@@ -612,6 +612,9 @@ func (d *Datanode) execute(cmd *metapb.DatanodeCommand) error {
 	case *metapb.DatanodeCommand_ClosePipeline:
 		return d.leavePipeline(c.ClosePipeline.GetPipelineId())
 	case *metapb.DatanodeCommand_CloseContainer:
+		// A full report soon, so SCM sees the container CLOSED (and
+		// can repair it) without waiting FullReportEvery heartbeats.
+		defer d.reportSoon.Store(true)
 		return d.closeContainer(c.CloseContainer.GetContainerId(), c.CloseContainer.GetPipelineId())
 	case *metapb.DatanodeCommand_DeleteBlocks:
 		return d.executeDelete(c.DeleteBlocks)

@@ -145,7 +145,7 @@ func (d *Datanode) replicateContainer(cmd *metapb.ReplicateContainerCommand) err
 			}
 		}()
 		start := time.Now()
-		rep, src, err := d.copyContainer(ctx, cid, cmd.GetSources(), cmd.GetToken())
+		rep, src, err := d.copyContainer(ctx, cid, cmd.GetSources(), cmd.GetToken(), cmd.GetMaxBytesPerSec())
 		if err != nil {
 			d.log.Warn("replicate container: copy failed", "container", cid, "err", err)
 			if ctx.Err() == nil {
@@ -161,13 +161,13 @@ func (d *Datanode) replicateContainer(cmd *metapb.ReplicateContainerCommand) err
 
 // copyContainer imports container cid from the first source that streams
 // it whole.
-func (d *Datanode) copyContainer(ctx context.Context, cid uint64, sources []*metapb.DatanodeDetails, token []byte) (storage.ContainerReport, uint64, error) {
+func (d *Datanode) copyContainer(ctx context.Context, cid uint64, sources []*metapb.DatanodeDetails, token []byte, rate uint64) (storage.ContainerReport, uint64, error) {
 	var errs []error
 	for _, src := range sources {
 		if src.GetId() == d.ident.ID {
 			continue
 		}
-		rep, err := d.copyFrom(ctx, cid, src, token)
+		rep, err := d.copyFrom(ctx, cid, src, token, rate)
 		if err == nil {
 			return rep, src.GetId(), nil
 		}
@@ -179,7 +179,7 @@ func (d *Datanode) copyContainer(ctx context.Context, cid uint64, sources []*met
 	return storage.ContainerReport{}, 0, fmt.Errorf("container %d: %w", cid, errors.Join(errs...))
 }
 
-func (d *Datanode) copyFrom(ctx context.Context, cid uint64, src *metapb.DatanodeDetails, token []byte) (storage.ContainerReport, error) {
+func (d *Datanode) copyFrom(ctx context.Context, cid uint64, src *metapb.DatanodeDetails, token []byte, rate uint64) (storage.ContainerReport, error) {
 	d.mu.Lock()
 	if src.GetDataAddr() != "" {
 		d.peers[src.GetId()] = src
@@ -195,7 +195,7 @@ func (d *Datanode) copyFrom(ctx context.Context, cid uint64, src *metapb.Datanod
 	if err != nil {
 		return storage.ContainerReport{}, err
 	}
-	rep, err := d.store.Import(&exportReader{st: st})
+	rep, err := d.store.Import(paced(ctx, &exportReader{st: st}, rate))
 	if err != nil {
 		return storage.ContainerReport{}, err
 	}

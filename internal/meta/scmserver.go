@@ -166,13 +166,21 @@ func (x *scmServer) ReportCorruptReplica(ctx context.Context, req *metapb.Report
 	return &metapb.ReportCorruptReplicaResponse{}, nil
 }
 
-// ListCorruptReplicas lists the stored reports (replicated: they survive
-// a failover and a restart).
+// ListCorruptReplicas lists the stored reports of corrupt blocks
+// (replicated: they survive a failover and a restart). The records of why
+// SCM recorded a replica unhealthy (block 0) are shown by
+// GetContainerReplicas.
 func (x *scmServer) ListCorruptReplicas(ctx context.Context, req *metapb.ListCorruptReplicasRequest) (*metapb.ListCorruptReplicasResponse, error) {
 	if err := x.barrier(ctx); err != nil {
 		return nil, err
 	}
-	return &metapb.ListCorruptReplicasResponse{Replicas: x.s.scmState.ReplicaReports(0)}, nil
+	out := &metapb.ListCorruptReplicasResponse{}
+	for _, r := range x.s.scmState.ReplicaReports(0) {
+		if r.GetBlock().GetLocalId() != 0 {
+			out.Replicas = append(out.Replicas, r)
+		}
+	}
+	return out, nil
 }
 
 // SetDatanodeOpState decommissions, puts into maintenance or

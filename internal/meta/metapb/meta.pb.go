@@ -2187,9 +2187,12 @@ type ReplicateContainerCommand struct {
 	Sources     []*DatanodeDetails     `protobuf:"bytes,2,rep,name=sources,proto3" json:"sources,omitempty"`
 	// Block token for the whole container (local ID 0, read), presented to
 	// the sources' ExportContainer.
-	Token         []byte `protobuf:"bytes,180,opt,name=token,proto3" json:"token,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Token []byte `protobuf:"bytes,180,opt,name=token,proto3" json:"token,omitempty"`
+	// Bandwidth cap of this copy into the target, bytes per second (0:
+	// none): SCM's per-target bandwidth shared by its copies in flight.
+	MaxBytesPerSec uint64 `protobuf:"varint,100,opt,name=max_bytes_per_sec,json=maxBytesPerSec,proto3" json:"max_bytes_per_sec,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReplicateContainerCommand) Reset() {
@@ -2241,6 +2244,13 @@ func (x *ReplicateContainerCommand) GetToken() []byte {
 		return x.Token
 	}
 	return nil
+}
+
+func (x *ReplicateContainerCommand) GetMaxBytesPerSec() uint64 {
+	if x != nil {
+		return x.MaxBytesPerSec
+	}
+	return 0
 }
 
 // DeleteContainerCommand: remove this datanode's replica of a container
@@ -8149,11 +8159,12 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\rdelete_blocks\x18\x04 \x01(\v2#.basalt.meta.v1.DeleteBlocksCommandH\x00R\fdeleteBlocks\x12\\\n" +
 	"\x13replicate_container\x18\x05 \x01(\v2).basalt.meta.v1.ReplicateContainerCommandH\x00R\x12replicateContainer\x12S\n" +
 	"\x10delete_container\x18\x06 \x01(\v2&.basalt.meta.v1.DeleteContainerCommandH\x00R\x0fdeleteContainerB\t\n" +
-	"\acommand\"\x90\x01\n" +
+	"\acommand\"\xbb\x01\n" +
 	"\x19ReplicateContainerCommand\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x129\n" +
 	"\asources\x18\x02 \x03(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\asources\x12\x15\n" +
-	"\x05token\x18\xb4\x01 \x01(\fR\x05token\"S\n" +
+	"\x05token\x18\xb4\x01 \x01(\fR\x05token\x12)\n" +
+	"\x11max_bytes_per_sec\x18d \x01(\x04R\x0emaxBytesPerSec\"S\n" +
 	"\x16DeleteContainerCommand\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8c\x01\n" +

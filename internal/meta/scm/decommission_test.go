@@ -516,3 +516,94 @@ func TestDeleteTxCompletesAfterRepair(t *testing.T) {
 		t.Fatalf("container %v, answered by %v: want repaired onto %d, which answered", c, done, ids[3])
 	}
 }
+
+// TestAllocationPrefersPipelinesWithALeader: a pipeline created moments
+// ago whose datanodes have not reported a leader for it yet is not
+// chosen while another one is ready (writes to it would fail, and the
+// client would exclude it); without any ready one, allocation falls back
+// to the rest.
+func TestAllocationPrefersPipelinesWithALeader(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 2, OpenContainersPerPipeline: 1})
+	var ids []uint64
+	for i := range 4 {
+		ids = append(ids, e.register(t, fmt.Sprintf("dn%d", i), fmt.Sprintf("/r%d", i%2)))
+	}
+	e.tick(t)
+	three := e.st.OpenPipelines(metapb.Replication_THREE)
+	if len(three) < 2 {
+		t.Fatalf("%d THREE pipelines", len(three))
+	}
+	// No leader reported anywhere: the fallback.
+	e.alloc(t, metapb.Replication_THREE)
+	ready := three[1]
+	if _, err := e.m.Heartbeat(e.ctx, &metapb.HeartbeatRequest{DatanodeId: ready.Datanodes[0],
+		Pipelines: []*metapb.PipelineReport{{PipelineId: ready.Id, IsLeader: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		if bl := e.alloc(t, metapb.Replication_THREE); bl.PipelineId != ready.Id {
+			t.Fatalf("block in pipeline %d, want the one with a leader, %d", bl.PipelineId, ready.Id)
+		}
+	}
+	// Old enough, the others count as ready again.
+	e.clk.Advance(pipelineReadyGrace * time.Second)
+	seen := map[uint64]bool{}
+	for range 40 {
+		seen[e.alloc(t, metapb.Replication_THREE).PipelineId] = true
+	}
+	if len(seen) < 2 {
+		t.Fatalf("after the grace, blocks only in %v", seen)
+	}
+}
+
+// TestCopyBandwidthIsSent: the per-target bandwidth is shared by the
+// copies a target may have in flight, and each copy command carries its
+// share.
+func TestCopyBandwidthIsSent(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 1, OpenContainersPerPipeline: 1, CopyBandwidthPerTarget: 64 << 20, MaxCopiesPerTarget: 2})
+	f := newFleet(t, e, "/r1", "/r1", "/r2", "/r2")
+	cid := e.closedOn(t, 100, f.ids[:3]...)
+	f.hold(cid, 5, f.ids[0], f.ids[1])
+	f.round(t)
+	f.round(t)
+	var got *metapb.ReplicateContainerCommand
+	for _, c := range f.lastCmd[f.ids[3]] {
+		if rc := c.GetReplicateContainer(); rc != nil {
+			got = rc
+		}
+	}
+	if got == nil || got.MaxBytesPerSec != 32<<20 {
+		t.Fatalf("copy command %v: want a cap of 32 MiB/s", got)
+	}
+}
+
+// TestMisReplicatedMovesToAnotherRack: a container with its 3 replicas on
+// one rack while the cluster has two is mis-replicated: a copy goes to the
+// other rack (only there), and then one replica on the crowded rack is
+// dropped, leaving 3 replicas on two racks.
+func TestMisReplicatedMovesToAnotherRack(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 1, OpenContainersPerPipeline: 1})
+	f := newFleet(t, e, "/r1", "/r1", "/r1", "/r1", "/r2")
+	ids := f.ids
+	cid := e.closedOn(t, 100, ids[:3]...)
+	f.hold(cid, 5, ids[:3]...)
+	f.round(t)
+	h, _ := e.m.ContainerHealth(10)
+	if h.Counts[HealthMisReplicated] != 1 || len(h.Copies) != 1 || h.Copies[0].Target != ids[4] {
+		t.Fatalf("health %v: want mis_replicated with a copy to %d (the other rack, not %d)", h, ids[4], ids[3])
+	}
+	for i := 0; ; i++ {
+		c := e.st.Container(cid)
+		if len(c.Replicas) == 3 && slices.Contains(c.Replicas, ids[4]) {
+			break
+		}
+		if i == 8 {
+			t.Fatalf("replicas %v", c.Replicas)
+		}
+		f.round(t)
+	}
+	f.round(t)
+	if h, _ := e.m.ContainerHealth(10); h.Counts[HealthMisReplicated] != 0 || h.Counts[HealthHealthy] == 0 {
+		t.Fatalf("health at the end %v", h)
+	}
+}

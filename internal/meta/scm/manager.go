@@ -59,6 +59,9 @@ type Config struct {
 	// datanode (default 2 × ContainerSize; one copy always goes, however
 	// large).
 	MaxCopyBytesPerTarget uint64
+	// CopyBandwidthPerTarget: bytes per second a datanode takes in copies
+	// (0: no cap); each copy is capped at it / MaxCopiesPerTarget.
+	CopyBandwidthPerTarget uint64
 
 	// SecretKeys tunes block token key rotation (secretkeys.go).
 	SecretKeys SecretKeyConfig
@@ -196,6 +199,7 @@ type nodeSoft struct {
 	volumes      []*metapb.VolumeReport
 	containers   map[uint64]*metapb.ContainerReport
 	pipelines    map[uint64]bool
+	leads        map[uint64]bool // pipelines it reported leading
 	// sent: command key → when last sent, so a command is repeated only
 	// after CommandRetryInterval. Bounded (maxSent): entries go when the
 	// command is acknowledged (delete txs), when the retry interval has
@@ -347,9 +351,17 @@ func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 		}
 		n.fullReported = true
 		n.fullAt = now
+	}
+	// Datanodes list their pipelines in every heartbeat (and whether they
+	// lead each): allocation waits for a new pipeline to have a leader.
+	if req.FullReport || len(req.Pipelines) > 0 {
 		n.pipelines = make(map[uint64]bool, len(req.Pipelines))
+		n.leads = make(map[uint64]bool, len(req.Pipelines))
 		for _, p := range req.Pipelines {
 			n.pipelines[p.PipelineId] = true
+			if p.IsLeader {
+				n.leads[p.PipelineId] = true
+			}
 		}
 	}
 	m.deleteAcks(req, n)
@@ -1106,6 +1118,12 @@ func (m *Manager) pickContainer(ctx context.Context, repl metapb.Replication, ex
 			pipes = append(pipes, p.Id)
 		}
 	}
+	// A pipeline created moments ago may have no leader yet (its
+	// datanodes join it at their next heartbeat): writes to it would fail
+	// and get it excluded. Prefer the ready ones; fall back to the rest.
+	if ready := slices.DeleteFunc(slices.Clone(pipes), func(id uint64) bool { return !m.pipelineReadyLocked(id) }); len(ready) > 0 {
+		pipes = append(pipes[:0], ready...)
+	}
 	m.pickPipes = pipes
 	cands := m.pickCands[:0]
 	m.st.EachOpenContainer(repl, func(c *metapb.Container) bool {
@@ -1158,6 +1176,30 @@ func (m *Manager) pickContainer(ctx context.Context, repl metapb.Replication, ex
 	m.mu.Unlock()
 	return c, nil
 }
+
+// pipelineReadyLocked reports whether pipeline id can take writes as far
+// as this leader knows: a member reported leading it, or it is older than
+// pipelineReadyGrace heartbeats (created before this leader heard of its
+// members, or its reports are late). Callers hold m.mu.
+func (m *Manager) pipelineReadyLocked(id uint64) bool {
+	p := m.st.Pipeline(id)
+	if p == nil {
+		return false
+	}
+	if m.cfg.Now().UnixMilli()-p.CreatedUnixMs >= (pipelineReadyGrace * m.cfg.HeartbeatInterval).Milliseconds() {
+		return true
+	}
+	for _, dn := range p.Datanodes {
+		if n := m.nodes[dn]; n != nil && n.leads[id] {
+			return true
+		}
+	}
+	return false
+}
+
+// pipelineReadyGrace: heartbeats after which a pipeline counts as ready
+// without a report of its leader.
+const pipelineReadyGrace = 10
 
 // noRoomLocked says which datanode of pipeline p last reported no volume
 // with room for a new container, or "" if all have room (or have not

@@ -875,7 +875,8 @@ func (m *Manager) replicationCommandsLocked(dn uint64, n *nodeSoft, due func(str
 		if t.target != dn || !due("rc"+strconv.FormatUint(t.cid, 10)) {
 			continue
 		}
-		cmd := &metapb.ReplicateContainerCommand{ContainerId: t.cid, Token: m.containerToken(t.cid)}
+		cmd := &metapb.ReplicateContainerCommand{ContainerId: t.cid, Token: m.containerToken(t.cid),
+			MaxBytesPerSec: m.cfg.CopyBandwidthPerTarget / uint64(max(m.cfg.MaxCopiesPerTarget, 1))}
 		for _, s := range t.sources {
 			if d := m.st.Datanode(s); d != nil {
 				cmd.Sources = append(cmd.Sources, d)
