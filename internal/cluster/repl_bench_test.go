@@ -18,6 +18,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/pki"
 )
 
 // The re-replication benchmark (docs/BENCHMARKS.md, "Re-replication and
@@ -61,7 +62,11 @@ func restartMetaWith(t *testing.T, c *cluster.Cluster, dir string, change func(*
 	cfg := scm.Config{HeartbeatInterval: 200 * time.Millisecond, StaleInterval: 2 * time.Second, DeadInterval: 6 * time.Second,
 		SafeModeMinDatanodes: 3, LoopInterval: 200 * time.Millisecond, ContainerSize: 512 << 20, BlockSize: 4 << 20}
 	change(&cfg)
-	ms, err := meta.New(meta.Config{NodeID: 1, DataDir: filepath.Join(dir, "meta"), RaftAddr: raftAddr, GRPCAddr: grpcAddr, TickInterval: 50 * time.Millisecond, SCM: cfg})
+	creds, err := c.Credentials(pki.Identity{Role: pki.RoleMeta, ID: "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := meta.New(meta.Config{TLS: creds, NodeID: 1, DataDir: filepath.Join(dir, "meta"), RaftAddr: raftAddr, GRPCAddr: grpcAddr, TickInterval: 50 * time.Millisecond, SCM: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
