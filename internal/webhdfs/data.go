@@ -246,16 +246,13 @@ func (g *Gateway) create(q *request) error {
 	_, err = g.cl.PutKey(q.ctx, p.volume, p.bucket, p.key, q.r.Body, client.PutOptions{SizeHint: sizeHint, Replication: repl,
 		BeforeCommit: func(req *metapb.CommitKeyRequest) error {
 			req.Meta = attrs
-			// The file may have appeared while the data moved; a window
-			// remains between this check and the commit's apply.
-			// TODO(issue 14): without overwrite, set the generic
-			// create-if-absent precondition being added to CommitKey in
-			// parallel (CommitKeyRequest.precondition.expect_absent, a
-			// KeyPrecondition), so the namespace refuses the commit inside
-			// the Raft apply when a file exists at the path (racing
-			// CREATEs: exactly one wins), and map its FAILED_PRECONDITION
-			// (reason PRECONDITION_FAILED) to FileAlreadyExistsException;
-			// keep this check for the early, clearer message.
+			// Without overwrite the namespace refuses the commit inside
+			// its Raft apply when a file exists at the path, so of racing
+			// CREATEs exactly one wins; createChecks gives the early,
+			// clearer message for the common case.
+			if !overwrite {
+				req.Precondition = &metapb.KeyPrecondition{ExpectAbsent: true}
+			}
 			return g.createChecks(q, overwrite)
 		}})
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/meta/namespace"
 )
 
 // Java exception classes the WebHDFS client maps back into exceptions
@@ -85,12 +86,21 @@ func toRemote(p fsPath, err error) *remoteError {
 		return remote(classIllegalArgument, "%s: %v", p, err)
 	case errors.Is(err, client.ErrPermissionDenied):
 		return remote(classAccessControl, "%s: %v", p, err)
+	case errors.Is(err, client.ErrPrecondition) && isPreconditionFailed(err):
+		// A CREATE without overwrite lost to a file created meanwhile.
+		return remote(classAlreadyExists, "%s: %v", p, err)
 	case errors.Is(err, client.ErrPrecondition) && isNotDirectory(err):
 		return remote(classParentNotDir, "%s: %v", p, err)
 	case errors.Is(err, client.ErrUnavailable), errors.Is(err, client.ErrLimit), errors.Is(err, context.DeadlineExceeded):
 		return remote(classRetriable, "%s: %v", p, err)
 	}
 	return &remoteError{status: http.StatusInternalServerError, class: classIO, msg: fmt.Sprintf("%s: %v", p, err)}
+}
+
+// isPreconditionFailed: a KeyPrecondition (create-if-absent) did not hold.
+func isPreconditionFailed(err error) bool {
+	var ce *client.Error
+	return errors.As(err, &ce) && ce.Reason == namespace.ReasonPreconditionFailed
 }
 
 // isNotDirectory: the namespace's "is a file, not a directory". It has no

@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -696,4 +697,49 @@ func TestRenameOverwrite(t *testing.T) {
 	expect(t, "onto empty", rename2("/vol9/fsb/d", "/vol9/fsb/empty"), 200, "")
 	expect(t, "moved child", e.do(t, "GET", "/vol9/fsb/empty/sub", "GETFILESTATUS", nil, nil), 200, "")
 	expect(t, "missing parent", rename2("/vol9/fsb/dst", "/vol9/fsb/no/f"), 404, nfe)
+}
+
+// TestRacingCreatesWithoutOverwrite (issue 14): CREATE without overwrite
+// is create-if-absent inside the namespace's Raft apply. Writers racing
+// for one path all pass the gateway's early existence check (their data
+// moves first), yet exactly one commit wins; the others get
+// FileAlreadyExistsException and the file holds the winner's bytes. Before
+// the precondition, every racer "succeeded" and the last one overwrote
+// the others.
+func TestRacingCreatesWithoutOverwrite(t *testing.T) {
+	e := shared
+	expect(t, "mkdirs", e.do(t, "PUT", "/vol1/fsb/race", "MKDIRS", nil, nil), 200, "")
+	const n = 6
+	bodies := make([][]byte, n)
+	codes := make([]resp, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		bodies[i] = randBytes(2<<20, int64(100+i))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i] = e.create(t, "/vol1/fsb/race/f", bodies[i], url.Values{"overwrite": {"false"}})
+		}()
+	}
+	wg.Wait()
+	won := -1
+	for i, r := range codes {
+		switch {
+		case r.code == http.StatusCreated:
+			if won >= 0 {
+				t.Fatalf("racers %d and %d both created the file", won, i)
+			}
+			won = i
+		case r.exception() == fae:
+		default:
+			t.Fatalf("racer %d: %d %s", i, r.code, r.body)
+		}
+	}
+	if won < 0 {
+		t.Fatal("no racer created the file")
+	}
+	got := e.do(t, "GET", "/vol1/fsb/race/f", "OPEN", nil, nil)
+	if !bytes.Equal(got.body, bodies[won]) {
+		t.Fatalf("the file does not hold the winner's bytes (%d bytes)", len(got.body))
+	}
 }
