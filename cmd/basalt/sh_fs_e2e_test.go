@@ -77,7 +77,7 @@ func TestShFsAgainstCluster(t *testing.T) {
 	// Files written through the client, with data under a to move later.
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}})
+	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials()})
 	if err != nil {
 		t.Fatal(err)
 	}
