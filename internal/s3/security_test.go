@@ -385,7 +385,8 @@ func rawPut(t *testing.T, e *env, addr, key string, length int, sent []byte) net
 func (e *env) testSlowClients(t *testing.T) {
 	e.mkBucket(t, "stall")
 	reg := prometheus.NewRegistry()
-	gw, err := bs3.New(bs3.Config{Client: e.cl, Listen: "127.0.0.1:0", MaxUploads: 2, UploadWait: 3 * time.Second,
+	// The default 32 upload slots, as in the attack.
+	gw, err := bs3.New(bs3.Config{Client: e.cl, Listen: "127.0.0.1:0", UploadWait: 15 * time.Second,
 		BodyIdleTimeout: 400 * time.Millisecond, ReadHeaderTimeout: 400 * time.Millisecond, MaxHeaderBytes: 16 << 10, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
@@ -394,13 +395,14 @@ func (e *env) testSlowClients(t *testing.T) {
 	defer gw.Close()
 	addr := gw.Addr()
 	// Every slot held by a body that stalls after 10 bytes.
+	const slots = 32
 	var stalled []net.Conn
-	for i := range 2 {
+	for i := range slots {
 		c := rawPut(t, e, addr, fmt.Sprintf("stalled%d", i), 1000, []byte("0123456789"))
 		defer c.Close()
 		stalled = append(stalled, c)
 	}
-	waitUntil(t, "the stalled uploads to take the slots", func() bool { return gauge(t, reg, "basalt_s3_uploads_in_flight") == 2 })
+	waitUntil(t, "the stalled uploads to take the slots", func() bool { return gauge(t, reg, "basalt_s3_uploads_in_flight") == slots })
 	// A PUT still goes through: the stalled ones time out.
 	sdk := s3.New(s3.Options{Region: region, BaseEndpoint: aws.String("http://" + addr), UsePathStyle: true, RetryMaxAttempts: 1,
 		Credentials: credentials.NewStaticCredentialsProvider(accessKey, secretKey, "")})
@@ -408,7 +410,7 @@ func (e *env) testSlowClients(t *testing.T) {
 	if _, err := sdk.PutObject(e.ctx, &s3.PutObjectInput{Bucket: aws.String("stall"), Key: aws.String("ok"), Body: strings.NewReader("through")}); err != nil {
 		t.Fatalf("PUT behind stalled uploads: %v", err)
 	}
-	t.Logf("PUT behind 2 stalled uploads took %v", time.Since(start))
+	t.Logf("PUT behind %d stalled uploads took %v", slots, time.Since(start))
 	for i, c := range stalled {
 		c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -421,7 +423,7 @@ func (e *env) testSlowClients(t *testing.T) {
 	if g := gauge(t, reg, "basalt_s3_uploads_in_flight"); g != 0 {
 		t.Fatalf("%v uploads in flight after the timeouts", g)
 	}
-	for i := range 2 {
+	for i := range slots {
 		if _, err := e.s3.HeadObject(e.ctx, &s3.HeadObjectInput{Bucket: aws.String("stall"), Key: aws.String(fmt.Sprintf("stalled%d", i))}); err == nil {
 			t.Fatal("a stalled upload was committed")
 		}
