@@ -392,6 +392,9 @@ func (g *Gateway) address(r *http.Request) (bucket, key string, err *Error) {
 type handlerFunc func(*request) *Error
 
 // route picks the operation from method, bucket, key and sub-resources.
+// A request is refused, never served as another operation, when it names
+// a sub-resource its operation does not serve, a header asking for what
+// the gateway does not implement, or a version other than "null".
 func (g *Gateway) route(req *request) handlerFunc {
 	r := req.r
 	q := r.URL.Query()
