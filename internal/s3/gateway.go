@@ -403,13 +403,15 @@ func (g *Gateway) route(req *request) handlerFunc {
 	unsupported := func(what string) handlerFunc {
 		return set("Unsupported", func(*request) *Error { return errNotImplemented(what) })
 	}
-	if req.bucket == "" {
-		if r.Method == http.MethodGet {
-			return set("ListBuckets", g.listBuckets)
-		}
-		return set("Unsupported", func(*request) *Error { return errMethodNotAllowed })
+	var h handlerFunc
+	switch {
+	case req.bucket != "":
+		h = g.routeOp(req, q, has, set)
+	case r.Method == http.MethodGet:
+		h = set("ListBuckets", g.listBuckets)
+	default:
+		h = set("Unsupported", func(*request) *Error { return errMethodNotAllowed })
 	}
-	h := g.routeOp(req, q, has, set)
 	if sub := unservedSubResource(req.op, r.URL.RawQuery); sub != "" {
 		what := "the ?" + sub + " sub-resource"
 		if req.op != "Unsupported" {
