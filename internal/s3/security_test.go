@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -168,31 +169,28 @@ func (e *env) testConditionalWrites(t *testing.T) {
 // other writer's object stays.
 func (e *env) testConditionalConflict(t *testing.T) {
 	e.mkBucket(t, "conflict")
+	// Served in-process, so that the test knows when the gateway starts
+	// reading the body: its early check has passed by then.
 	pr, pw := io.Pipe()
-	r, _ := http.NewRequest("PUT", e.url+"/conflict/key", pr)
-	r.ContentLength = 8
+	u := &slowUpload{key: "key", data: []byte("body"), pw: pw, read: make(chan struct{}), done: make(chan *httptest.ResponseRecorder, 1)}
+	r := httptest.NewRequest("PUT", "http://gateway.test/conflict/key", &firstRead{r: pr, u: u})
+	r.ContentLength = 4
 	r.Header.Set("If-None-Match", "*")
 	e.sign(t, r, "UNSIGNED-PAYLOAD", time.Now(), secretKey)
-	done := make(chan *http.Response, 1)
 	go func() {
-		resp, err := http.DefaultClient.Do(r)
-		if err != nil {
-			t.Error(err)
-		}
-		done <- resp
+		w := httptest.NewRecorder()
+		e.gw.ServeHTTP(w, r)
+		u.done <- w
 	}()
-	pw.Write([]byte("slow")) // the gateway is reading the body: the early check passed
-	e.put(t, "conflict", "key", []byte("the other writer"))
-	pw.Write([]byte("body"))
-	pw.Close()
-	resp := <-done
-	if resp == nil {
-		t.FailNow()
+	select {
+	case <-u.read:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the gateway never read the body")
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 409 || !bytes.Contains(body, []byte("<Code>ConditionalRequestConflict</Code>")) {
-		t.Fatalf("conflicting conditional PUT: %d %s", resp.StatusCode, body)
+	e.put(t, "conflict", "key", []byte("the other writer"))
+	w := u.finish()
+	if w.Code != 409 || !strings.Contains(w.Body.String(), "<Code>ConditionalRequestConflict</Code>") {
+		t.Fatalf("conflicting conditional PUT: %d %s", w.Code, w.Body)
 	}
 	if got := e.get(t, "conflict", "key"); string(got) != "the other writer" {
 		t.Fatalf("object %q", got)
