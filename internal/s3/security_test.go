@@ -436,8 +436,9 @@ func (e *env) testSlowClients(t *testing.T) {
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	start = time.Now()
 	n, err := c.Read(make([]byte, 1))
-	if n != 0 || err == nil || errors.Is(err, errDeadline) || time.Since(start) > 5*time.Second {
-		t.Fatalf("slow headers: read %d, %v after %v", n, err, time.Since(start))
+	var ne net.Error
+	if n != 0 || err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+		t.Fatalf("slow headers: read %d, %v after %v (the gateway should have closed the connection)", n, err, time.Since(start))
 	}
 	// Headers that are too large.
 	req, _ := http.NewRequest("GET", "http://"+addr+"/stall", nil)
@@ -451,8 +452,6 @@ func (e *env) testSlowClients(t *testing.T) {
 		t.Fatalf("64 KiB header: %d", resp.StatusCode)
 	}
 }
-
-var errDeadline = errors.New("i/o timeout")
 
 func (e *env) testTrailingChunkBytes(t *testing.T) {
 	e.mkBucket(t, "trail")
