@@ -112,6 +112,9 @@ func checkVersionID(q url.Values) *Error {
 // client its object is protected, encrypted or shared when it is not.
 func unsupportedHeaders(op string, h http.Header) *Error {
 	for k, vs := range h {
+		if !isAmzHeader(k) {
+			continue
+		}
 		lk := strings.ToLower(k)
 		v := strings.TrimSpace(strings.Join(vs, ","))
 		switch {

@@ -438,9 +438,8 @@ func (g *Gateway) authenticate(r *http.Request) (*auth, *Error) {
 func unsignedAmzHeaders(r *http.Request, signed []string) *Error {
 	var bad []string
 	for k := range r.Header {
-		lk := strings.ToLower(k)
-		if strings.HasPrefix(lk, "x-amz-") && !contains(signed, lk) {
-			bad = append(bad, lk)
+		if isAmzHeader(k) && !containsFold(signed, k) {
+			bad = append(bad, strings.ToLower(k))
 		}
 	}
 	if len(bad) == 0 {
@@ -449,6 +448,10 @@ func unsignedAmzHeaders(r *http.Request, signed []string) *Error {
 	sort.Strings(bad)
 	return errAccessDenied("There were headers present in the request which were not signed: " + strings.Join(bad, ", "))
 }
+
+// isAmzHeader reports whether a header name starts with x-amz- (any case),
+// without allocating.
+func isAmzHeader(k string) bool { return len(k) > 6 && strings.EqualFold(k[:6], "x-amz-") }
 
 // presignParams are the query parameters of the signature itself.
 var presignParams = map[string]bool{"x-amz-algorithm": true, "x-amz-credential": true, "x-amz-date": true, "x-amz-expires": true,
@@ -485,6 +488,15 @@ func validPayloadMode(p string) bool {
 	}
 	_, err := hex.DecodeString(p)
 	return err == nil
+}
+
+func containsFold(ss []string, s string) bool {
+	for _, x := range ss {
+		if strings.EqualFold(x, s) {
+			return true
+		}
+	}
+	return false
 }
 
 func contains(ss []string, s string) bool {

@@ -40,6 +40,7 @@ import (
 //	go test -run '^$' -fuzz '^FuzzChunkedBody$' -fuzztime 75s ./internal/s3
 //	go test -run '^$' -fuzz '^FuzzSigV4$' -fuzztime 75s ./internal/s3
 //	go test -run '^$' -fuzz '^FuzzRange$' -fuzztime 75s ./internal/s3
+//	go test -run '^$' -fuzz '^FuzzRoute$' -fuzztime 75s ./internal/s3
 
 const (
 	fuzzAccessKey = "AKIDFUZZ"
@@ -437,6 +438,49 @@ func FuzzRange(f *testing.F) {
 		case ok:
 			if start < 0 || length < 1 || start > size-length {
 				t.Fatalf("range %q of %d bytes: start %d length %d", v, size, start, length)
+			}
+		}
+	})
+}
+
+// FuzzRoute: any method, path, query and header routes without a panic,
+// and a request naming a sub-resource is either served by an operation
+// that serves it or refused: never served as something else.
+func FuzzRoute(f *testing.F) {
+	for _, c := range []struct{ method, path, query, hk, hv string }{
+		{"GET", "/bkt", "policyStatus", "", ""},
+		{"GET", "/bkt", "list-type=2&prefix=&x-id=ListObjectsV2", "", ""},
+		{"PUT", "/bkt/key", "partNumber=1&uploadId=abc", "X-Amz-Copy-Source", "/a/b"},
+		{"GET", "/bkt/key", "versionId=null&partNumber=1", "", ""},
+		{"PUT", "/bkt/key", "", "X-Amz-Object-Lock-Mode", "GOVERNANCE"},
+		{"DELETE", "/bkt", "delete", "", ""},
+		{"POST", "/bkt/key", "uploads&tagging", "", ""},
+		{"PUT", "/bkt", "versioning", "X-Amz-Acl", "public-read"},
+	} {
+		f.Add(c.method, c.path, c.query, c.hk, c.hv)
+	}
+	g := authGateway()
+	f.Fuzz(func(t *testing.T, method, path, query, hk, hv string) {
+		r, err := http.NewRequest(method, "http://gw.test/", nil)
+		if err != nil {
+			return
+		}
+		r.URL.Path, r.URL.RawQuery = path, query
+		if hk != "" && !strings.ContainsAny(hk, "\r\n:") {
+			r.Header.Set(hk, hv)
+		}
+		req := &request{r: r}
+		req.bucket, req.key, _ = g.address(r)
+		g.route(req)
+		if req.op == "" {
+			t.Fatalf("%s %s?%s: no operation", method, path, query)
+		}
+		if req.op == "Unsupported" {
+			return
+		}
+		for k := range r.URL.Query() {
+			if subResources[k] && !contains(opSubResources[req.op], k) {
+				t.Fatalf("%s %s?%s routed to %s, which does not serve ?%s", method, path, query, req.op, k)
 			}
 		}
 	})

@@ -395,6 +395,9 @@ func (g *Gateway) address(r *http.Request) (bucket, key string, err *Error) {
 type handlerFunc func(*request) *Error
 
 // route picks the operation from method, bucket, key and sub-resources.
+// A request is refused, never served as another operation, when it names
+// a sub-resource its operation does not serve, a header asking for what
+// the gateway does not implement, or a version other than "null".
 func (g *Gateway) route(req *request) handlerFunc {
 	r := req.r
 	q := r.URL.Query()
@@ -403,13 +406,15 @@ func (g *Gateway) route(req *request) handlerFunc {
 	unsupported := func(what string) handlerFunc {
 		return set("Unsupported", func(*request) *Error { return errNotImplemented(what) })
 	}
-	if req.bucket == "" {
-		if r.Method == http.MethodGet {
-			return set("ListBuckets", g.listBuckets)
-		}
-		return set("Unsupported", func(*request) *Error { return errMethodNotAllowed })
+	var h handlerFunc
+	switch {
+	case req.bucket != "":
+		h = g.routeOp(req, q, has, set)
+	case r.Method == http.MethodGet:
+		h = set("ListBuckets", g.listBuckets)
+	default:
+		h = set("Unsupported", func(*request) *Error { return errMethodNotAllowed })
 	}
-	h := g.routeOp(req, q, has, set)
 	if sub := unservedSubResource(req.op, r.URL.RawQuery); sub != "" {
 		what := "the ?" + sub + " sub-resource"
 		if req.op != "Unsupported" {

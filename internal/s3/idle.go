@@ -48,6 +48,13 @@ func (b *idleBody) Read(p []byte) (int, error) {
 	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 		err = errRequestTimeout
 	}
+	if err == io.EOF && !b.moved.IsZero() {
+		// The server now reads ahead on the connection for as long as the
+		// handler runs (to notice the client leaving); that read must not
+		// time out and cancel a request whose body is complete.
+		b.rc.SetReadDeadline(time.Time{})
+		b.moved = time.Time{}
+	}
 	return n, err
 }
 

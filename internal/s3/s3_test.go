@@ -61,7 +61,7 @@ type env struct {
 
 var sharedEnv *env
 
-func setup(t *testing.T) *env {
+func setup(t testing.TB) *env {
 	t.Helper()
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -134,7 +134,7 @@ func randBytes(seed int64, n int) []byte {
 
 func md5hex(b []byte) string { s := md5.Sum(b); return hex.EncodeToString(s[:]) }
 
-func (e *env) mkBucket(t *testing.T, name string) {
+func (e *env) mkBucket(t testing.TB, name string) {
 	t.Helper()
 	if _, err := e.s3.CreateBucket(e.ctx, &s3.CreateBucketInput{Bucket: aws.String(name)}); err != nil {
 		t.Fatalf("create bucket %s: %v", name, err)

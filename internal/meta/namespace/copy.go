@@ -72,6 +72,9 @@ func (t *tx) copyKey(req *metapb.CopyKeyRequest) any {
 		return err
 	}
 	if req.Part != nil {
+		if err := noPartPrecondition(req.Precondition, req.Part); err != nil {
+			return err
+		}
 		return t.copyPart(req, src, db)
 	}
 	if req.Offset != 0 || req.Length != 0 {

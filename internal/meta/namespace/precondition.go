@@ -33,6 +33,15 @@ func checkPreconditionBounds(p *metapb.KeyPrecondition) error {
 	return nil
 }
 
+// noPartPrecondition refuses a precondition on a write of a part: parts
+// are no keys, and S3 has no conditional parts.
+func noPartPrecondition(p *metapb.KeyPrecondition, part *metapb.PartRef) error {
+	if p != nil && part != nil {
+		return invalid("a precondition applies to keys, not to part %d of upload %q", part.PartNumber, part.UploadId)
+	}
+	return nil
+}
+
 // checkPrecondition checks p against old, the key a write at key in
 // bucket replaces (nil: none).
 func checkPrecondition(p *metapb.KeyPrecondition, bucket, key string, old *metapb.KeyInfo) error {

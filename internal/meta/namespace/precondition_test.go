@@ -96,6 +96,16 @@ func TestKeyPreconditions(t *testing.T) {
 	_, err = e.commitWith(t, "bk1", "x", "x", &metapb.KeyPrecondition{ExpectAbsent: true, ExpectEtag: "y"})
 	wantCode(t, err, codes.InvalidArgument, "both absent")
 
+	// Parts take no precondition.
+	u0, err := e.s.CreateMultipartUpload(ctx, &metapb.CreateMultipartUploadRequest{Volume: "s3v", Bucket: "bk1", Key: "pp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, _ := e.s.OpenKey(ctx, &metapb.OpenKeyRequest{Volume: "s3v", Bucket: "bk1", Key: "pp"})
+	_, err = e.s.CommitKey(ctx, &metapb.CommitKeyRequest{OpenId: o.OpenId, Blocks: []*metapb.KeyBlock{{Id: o.Blocks[0].Id, Length: 1}},
+		Part: &metapb.PartRef{UploadId: u0.UploadId, PartNumber: 1, Etag: "ab"}, Precondition: absent})
+	wantCode(t, err, codes.InvalidArgument, "not to part")
+
 	// CompleteMultipartUpload: a failed precondition leaves the upload.
 	u, err := e.s.CreateMultipartUpload(ctx, &metapb.CreateMultipartUploadRequest{Volume: "s3v", Bucket: "bk1", Key: "race"})
 	if err != nil {

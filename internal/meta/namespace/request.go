@@ -133,6 +133,9 @@ func checkCommitKey(req *metapb.CommitKeyRequest) error {
 	if err := checkPreconditionBounds(req.Precondition); err != nil {
 		return err
 	}
+	if err := noPartPrecondition(req.Precondition, req.Part); err != nil {
+		return err
+	}
 	return validateMeta(req.Meta)
 }
 
@@ -175,6 +178,9 @@ func checkCopyKey(req *metapb.CopyKeyRequest) error {
 		return err
 	}
 	if err := checkPreconditionBounds(req.Precondition); err != nil {
+		return err
+	}
+	if err := noPartPrecondition(req.Precondition, req.Part); err != nil {
 		return err
 	}
 	if req.ReplaceMeta {

@@ -185,6 +185,9 @@ func (t *tx) partUpload(b *metapb.Bucket, bucket, key string, p *metapb.PartRef)
 // upload, replacing (and reclaiming) an earlier part of that number.
 func (t *tx) commitPart(req *metapb.CommitKeyRequest, row *metapb.OpenKeyRow, b *metapb.Bucket) any {
 	p := req.Part
+	if err := noPartPrecondition(req.Precondition, p); err != nil {
+		return err
+	}
 	if _, err := t.partUpload(b, row.Bucket, row.Key, p); err != nil {
 		return err
 	}
