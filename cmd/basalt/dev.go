@@ -22,6 +22,9 @@ import (
 	"github.com/basalt-store/basalt/internal/meta"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/s3"
+	"github.com/basalt-store/basalt/internal/storage"
+	"github.com/basalt-store/basalt/internal/storage/zoned"
+	"github.com/basalt-store/basalt/internal/vfs"
 	"github.com/basalt-store/basalt/internal/webhdfs"
 )
 
@@ -31,7 +34,7 @@ import (
 const devBasePort = 9862
 
 func devCmd() *cobra.Command {
-	var dataDir, metricsAddr, s3Addr, webhdfsAddr string
+	var dataDir, metricsAddr, s3Addr, webhdfsAddr, zonedSpec string
 	var datanodes, basePort int
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -41,7 +44,15 @@ three datanodes with their own directories, ports and network locations
 (/dc1/rack1 and /dc1/rack2). Data lives under --data-dir and survives a
 restart. Stop it with Ctrl-C.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr, cmd.Flags().Changed("webhdfs"), datanodes, basePort)
+			var so storage.Options
+			if zonedSpec != "" {
+				nb, err := devZoned(zonedSpec, datanodes)
+				if err != nil {
+					return usagef("%v", err)
+				}
+				so.NewBackend = nb
+			}
+			return runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr, cmd.Flags().Changed("webhdfs"), datanodes, basePort, so)
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./basalt-data", "where the cluster keeps its data")
@@ -50,7 +61,30 @@ restart. Stop it with Ctrl-C.`,
 	cmd.Flags().StringVar(&webhdfsAddr, "webhdfs", fmt.Sprintf("127.0.0.1:%d", webhdfs.DefaultPort), "WebHDFS gateway address (the NameNode's HTTP port); \"\" = off")
 	cmd.Flags().IntVar(&datanodes, "datanodes", 3, "number of datanodes")
 	cmd.Flags().IntVar(&basePort, "base-port", devBasePort, "meta gRPC port; the other ports follow it")
+	cmd.Flags().StringVar(&zonedSpec, "zoned", "", "store block data on zoned volumes: --zoned alone emulates a zonefs per datanode (DATA_DIR/dnN/data/basalt/zonefs); --zoned=/mnt/z1,/mnt/z2,/mnt/z3 uses one real zonefs mount per datanode")
+	cmd.Flags().Lookup("zoned").NoOptDefVal = "emulate"
 	return cmd
+}
+
+// devZoned is the backend hook of basalt dev --zoned: an emulated zonefs
+// in each datanode's volume, or the given mounts, one per datanode.
+func devZoned(spec string, datanodes int) (func(fs vfs.FS, dir string) (storage.BlockFiles, error), error) {
+	if spec == "emulate" {
+		return zoned.Emulated(zoned.DevGeometry, nil), nil
+	}
+	mounts := splitList(spec)
+	if len(mounts) != datanodes {
+		return nil, fmt.Errorf("--zoned names %d mounts for %d datanodes", len(mounts), datanodes)
+	}
+	return func(fs vfs.FS, dir string) (storage.BlockFiles, error) {
+		// dir is DATA_DIR/dnN/data/basalt/containers.
+		var n int
+		if _, err := fmt.Sscanf(filepath.Base(filepath.Dir(filepath.Dir(filepath.Dir(dir)))), "dn%d", &n); err != nil || n < 1 || n > len(mounts) {
+			return nil, fmt.Errorf("no zoned mount for volume %s", dir)
+		}
+		root := filepath.Dir(dir)
+		return zoned.New(zoned.Config{Mount: mounts[n-1], MetaDir: filepath.Join(root, "zoned"), MetaFS: fs})
+	}, nil
 }
 
 // devS3Key returns the dev cluster's access key, creating it on first use.
@@ -71,7 +105,7 @@ func devS3Key(ctx context.Context, metaAddr, token string) (string, string, erro
 	return id, s.GetSecretAccessKey(), nil
 }
 
-func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool, datanodes, basePort int) error {
+func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool, datanodes, basePort int, so storage.Options) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	reg := prometheus.NewRegistry()
@@ -79,7 +113,7 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	fmt.Printf("basalt dev: starting 1 meta node and %d datanodes, data in %s\n", datanodes, dataDir)
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	c, err := cluster.Start(sctx, cluster.Config{Dir: dataDir, Datanodes: datanodes, BasePort: basePort, Registerer: reg, Logger: logger})
+	c, err := cluster.Start(sctx, cluster.Config{Dir: dataDir, Datanodes: datanodes, BasePort: basePort, Registerer: reg, Logger: logger, Storage: so})
 	cancel()
 	if err != nil {
 		return err

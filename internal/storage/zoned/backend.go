@@ -216,6 +216,7 @@ func (b *Backend) recover() error {
 	}
 	fix := b.db.NewBatch()
 	defer fix.Close()
+	suspect := map[int][][2]int64{}
 	// Tails: keep the longest one that starts at the write pointer.
 	it, err := b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kTail}, UpperBound: []byte{kTail + 1}})
 	if err != nil {
@@ -234,6 +235,12 @@ func (b *Backend) recover() error {
 		}
 		z := b.zones[zi]
 		if start != z.wp || end <= z.end() {
+			if start < z.wp {
+				// The pointer moved past this tail: what is on the device
+				// there must still be what the tail held, which the CRCs
+				// of the extents over it tell.
+				suspect[zi] = append(suspect[zi], [2]int64{start, end})
+			}
 			fix.Delete(slices.Clone(it.Key()), nil)
 			continue
 		}
@@ -274,6 +281,10 @@ func (b *Backend) recover() error {
 				b.cfg.Logf("zoned: container %d block %d: data [%d,+%d) was not durable; dropped", k.cid, k.lid, e.loff, e.n)
 				continue
 			}
+			if b.overSuspect(suspect[e.zone], e) && !b.extentIntact(e) {
+				b.cfg.Logf("zoned: container %d block %d: data [%d,+%d) in zone %d lost its saved tail and fails its CRC; dropped", k.cid, k.lid, e.loff, e.n, e.zone)
+				continue
+			}
 			kept = append(kept, e)
 			size = e.end()
 		}
@@ -310,6 +321,21 @@ func (b *Backend) recover() error {
 	}
 	b.resetPending()
 	return nil
+}
+
+func (b *Backend) overSuspect(rs [][2]int64, e extent) bool {
+	for _, r := range rs {
+		if e.zoff < r[1] && e.zoff+e.n > r[0] {
+			return true
+		}
+	}
+	return false
+}
+
+// extentIntact reads an extent and checks its CRC.
+func (b *Backend) extentIntact(e extent) bool {
+	p := make([]byte, e.n)
+	return b.zones[e.zone].read(p, e.zoff, b.direct) == nil && crc(p) == e.crc
 }
 
 func (b *Backend) stripe(k bkey) *sync.Mutex {
@@ -410,13 +436,17 @@ func (b *Backend) pickZone(cleaner bool) *zone {
 	if idle != nil {
 		return idle
 	}
-	limit := b.cfg.Streams
+	// Writers' streams and the cleaner's zone are counted apart, so the
+	// cleaner never takes a writer's slot nor a writer the cleaner's.
+	active, limit := b.active, b.cfg.Streams
+	if b.cleanZ != nil && b.cleanZ.state == zActive {
+		active--
+	}
 	reserve := b.cfg.ReserveZones
 	if cleaner {
-		limit++
-		reserve = 0
+		active, limit, reserve = 0, 1, 0
 	}
-	if b.active < limit && b.emptyLocked() > reserve {
+	if active < limit && b.emptyLocked() > reserve {
 		for _, z := range b.zones {
 			if z.state == zEmpty && !z.resetOK {
 				return z

@@ -178,17 +178,26 @@ func (e *EmuFS) refuse(op, name string) error {
 	return nil
 }
 
-// active counts zones written but not full. Caller holds mu.
+// activeLocked counts zones written but not full. Caller holds mu.
 func (e *EmuFS) activeLocked() (active, open int) {
 	for _, z := range e.zones {
 		if z.wp > 0 && z.wp < e.g.ZoneCap {
 			active++
-			if z.writer > 0 {
-				open++
-			}
 		}
 	}
-	return
+	return active, e.openLocked()
+}
+
+// openLocked counts zones not full with a handle open for writing (what
+// zonefs's explicit-open mode counts against the device's open limit).
+func (e *EmuFS) openLocked() int {
+	n := 0
+	for _, z := range e.zones {
+		if z.wp < e.g.ZoneCap && z.writer > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 func (e *EmuFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
@@ -209,8 +218,8 @@ func (e *EmuFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, err
 	if write {
 		e.mu.Lock()
 		z := &e.zones[i]
-		if z.wp > 0 && z.wp < e.g.ZoneCap && z.writer == 0 && e.g.MaxOpen > 0 {
-			if _, open := e.activeLocked(); open >= e.g.MaxOpen {
+		if z.wp < e.g.ZoneCap && z.writer == 0 && e.g.MaxOpen > 0 {
+			if open := e.openLocked(); open >= e.g.MaxOpen {
 				e.mu.Unlock()
 				return nil, e.violate("open", name, unix.EBUSY, "more than %d open zones", e.g.MaxOpen)
 			}
