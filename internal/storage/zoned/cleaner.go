@@ -89,6 +89,11 @@ func (b *Backend) resetPending() {
 	for _, zi := range cand {
 		b.mu.Lock()
 		z := b.zones[zi]
+		if z == b.cleanZ && z.live == 0 && z.pins == 0 {
+			// Only the cleaner (this goroutine) appends there: let go.
+			b.cleanZ = nil
+			z.users--
+		}
 		if z.live != 0 || z.users != 0 || z.pins != 0 || z.state == zEmpty || z.resetOK || z == b.cleanZ {
 			b.mu.Unlock()
 			continue

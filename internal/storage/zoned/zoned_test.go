@@ -313,8 +313,7 @@ func TestTailOnlyIfWritePointerMatches(t *testing.T) {
 	}
 }
 
-// TestCrashKeepsSyncedOnly crashes an in-memory disk (unsynced writes
-// kept or lost at random) at random points of a multi-stream workload:
+// TestCrashKeepsSyncedOnly crashes an in-memory disk at random points of a multi-stream workload:
 // every block whose Sync returned reads back intact, no other block is
 // served with wrong bytes, and writing goes on after the restart.
 func TestCrashKeepsSyncedOnly(t *testing.T) {
@@ -362,8 +361,12 @@ func TestCrashKeepsSyncedOnly(t *testing.T) {
 			}
 			datas[i] = append(datas[i], p...)
 		}
-		// Power loss: the old backend is abandoned.
-		crashed := fs.CrashClone(rand.New(rand.NewPCG(seed, uint64(round))))
+		// Power loss: the old backend is abandoned, and what was not
+		// synced is lost. (Only that: a zone keeps a prefix of its writes,
+		// as a device's write pointer does; MemFS's seeded crash would keep
+		// a later unsynced write and drop an earlier one, leaving a hole
+		// below the pointer, which recovery then finds by CRC and drops.)
+		crashed := fs.Crash()
 		fs = crashed
 		v.fs = fs
 		v.open()
