@@ -120,7 +120,7 @@ result=FAIL
 run() {
 	for m in $(cat /lib/modules/order); do
 		case $m in
-		null_blk.ko) insmod /lib/modules/$m nr_devices=4 zoned=1 zone_size=64 zone_nr_conv=2 gb=1 memory_backed=1 max_open=6 max_active=8 || return 1 ;;
+		null_blk.ko) insmod /lib/modules/$m nr_devices=4 zoned=1 zone_size=64 zone_nr_conv=2 gb=8 memory_backed=1 zone_max_open=6 zone_max_active=8 || return 1 ;;
 		*) insmod /lib/modules/$m || return 1 ;;
 		esac
 	done
