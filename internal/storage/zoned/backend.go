@@ -1,6 +1,7 @@
 package zoned
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -196,7 +197,8 @@ func (b *Backend) recover() error {
 		}
 		z := &zone{id: i, path: p, cap: b.g.ZoneCap, al: al, wp: fi.Size()}
 		z.cond.L = &z.mu
-		z.curStart, z.syncedWP = z.wp, z.wp
+		z.curStart = z.wp
+		z.syncedWP.Store(z.wp)
 		if z.wp%int64(al) != 0 || z.wp > z.cap {
 			return errorf("zone %d: write pointer %d not aligned or past capacity %d", i, z.wp, z.cap)
 		}
@@ -217,8 +219,34 @@ func (b *Backend) recover() error {
 	fix := b.db.NewBatch()
 	defer fix.Close()
 	suspect := map[int][][2]int64{}
+	// Durable marks: bytes of each zone known flushed; extents past them
+	// were recorded while their bytes were being flushed, and are checked.
+	dur := map[int]int64{}
+	it, err := b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kDurable}, UpperBound: []byte{kDurable + 1}})
+	if err != nil {
+		return err
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		k := it.Key()
+		val, verr := it.ValueAndErr()
+		if verr != nil {
+			it.Close()
+			return verr
+		}
+		if len(k) != 5 || len(val) != 8 {
+			fix.Delete(slices.Clone(k), nil)
+			continue
+		}
+		if zi := int(binary.BigEndian.Uint32(k[1:])); zi < len(b.zones) {
+			dur[zi] = int64(binary.BigEndian.Uint64(val))
+			b.zones[zi].mark = dur[zi]
+		}
+	}
+	if err := it.Close(); err != nil {
+		return err
+	}
 	// Tails: keep the longest one that starts at the write pointer.
-	it, err := b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kTail}, UpperBound: []byte{kTail + 1}})
+	it, err = b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kTail}, UpperBound: []byte{kTail + 1}})
 	if err != nil {
 		return err
 	}
@@ -281,8 +309,8 @@ func (b *Backend) recover() error {
 				b.cfg.Logf("zoned: container %d block %d: data [%d,+%d) was not durable; dropped", k.cid, k.lid, e.loff, e.n)
 				continue
 			}
-			if b.overSuspect(suspect[e.zone], e) && !b.extentIntact(e) {
-				b.cfg.Logf("zoned: container %d block %d: data [%d,+%d) in zone %d lost its saved tail and fails its CRC; dropped", k.cid, k.lid, e.loff, e.n, e.zone)
+			if (e.zoff+e.n > dur[e.zone] || b.overSuspect(suspect[e.zone], e)) && !b.extentIntact(e) {
+				b.cfg.Logf("zoned: container %d block %d: data [%d,+%d) in zone %d fails its CRC (not durable when recorded); dropped", k.cid, k.lid, e.loff, e.n, e.zone)
 				continue
 			}
 			kept = append(kept, e)
@@ -571,7 +599,12 @@ func (b *Backend) Close() error {
 	b.mu.Unlock()
 	close(b.stop)
 	<-b.done
+	merr := b.saveMarks(pebble.Sync)
 	b.closeFiles()
+	if merr != nil {
+		b.db.Close()
+		return merr
+	}
 	return b.db.Close()
 }
 

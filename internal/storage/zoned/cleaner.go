@@ -21,6 +21,7 @@ func (b *Backend) cleaner() {
 			return
 		case <-b.kick:
 		case <-t.C:
+			b.saveMarks(pebble.NoSync)
 		}
 		b.resetPending()
 		for b.needsCleaning() {
@@ -120,17 +121,21 @@ func (b *Backend) resetPending() {
 }
 
 func (b *Backend) reset(z *zone, tails [][]byte) error {
-	if len(tails) > 0 {
-		batch := b.db.NewBatch()
-		for _, k := range tails {
-			batch.Delete(k, nil)
-		}
-		err := batch.Commit(pebble.Sync)
-		batch.Close()
-		if err != nil {
-			return err
-		}
+	// The zone's tails and durable mark go first: after a crash between
+	// the two steps, an empty zone has nothing stale to take back.
+	batch := b.db.NewBatch()
+	for _, k := range tails {
+		batch.Delete(k, nil)
 	}
+	batch.Delete(durableKey(z.id), nil)
+	err := batch.Commit(pebble.Sync)
+	batch.Close()
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	z.mark = 0
+	b.mu.Unlock()
 	z.amu.Lock()
 	defer z.amu.Unlock()
 	z.mu.Lock()
@@ -150,9 +155,7 @@ func (b *Backend) reset(z *zone, tails [][]byte) error {
 	z.w = nil
 	z.wp, z.curStart, z.curLen, z.err = 0, 0, 0, nil
 	z.cur, z.spare = nil, nil
-	z.smu.Lock()
-	z.syncedWP = 0
-	z.smu.Unlock()
+	z.syncedWP.Store(0)
 	return nil
 }
 
@@ -402,4 +405,26 @@ func (b *Backend) dropCleanerZone() {
 	if z != nil {
 		b.dropZone(z)
 	}
+}
+
+// saveMarks records how far each zone is known flushed, so recovery has
+// only what came after to check.
+func (b *Backend) saveMarks(wo *pebble.WriteOptions) error {
+	batch := b.db.NewBatch()
+	defer batch.Close()
+	b.mu.Lock()
+	for _, z := range b.zones {
+		if z.resetOK || z.state == zEmpty {
+			continue
+		}
+		if s := z.syncedWPLocked(); s > z.mark {
+			batch.Set(durableKey(z.id), u64(s), nil)
+			z.mark = s
+		}
+	}
+	b.mu.Unlock()
+	if batch.Empty() {
+		return nil
+	}
+	return batch.Commit(wo)
 }
