@@ -38,7 +38,8 @@ type Config struct {
 	// the cleaner, or 8 without limits.
 	Streams int
 	// StageBytes is the size of each of a written zone's two staging
-	// buffers; default 1 MiB.
+	// buffers; default 4 MiB (the default chunk: a whole chunk is copied
+	// while the previous one is written).
 	StageBytes int
 	// ReserveZones are empty zones only the cleaner may take, so it can
 	// always move live data; default 2 (1 below 16 zones).
@@ -137,7 +138,7 @@ func New(cfg Config) (*Backend, error) {
 	}
 	cfg.Streams = min(cfg.Streams, max(1, g.zoneLimit(1<<20)-1))
 	if cfg.StageBytes <= 0 {
-		cfg.StageBytes = 1 << 20
+		cfg.StageBytes = 4 << 20
 	}
 	cfg.StageBytes = max(g.align(), cfg.StageBytes&^(g.align()-1))
 	if cfg.CleanerRate == 0 {

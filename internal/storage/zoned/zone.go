@@ -98,7 +98,8 @@ func (z *zone) activate(fs vfs.FS, stage int) error {
 
 // append adds up to len(p) bytes at the zone's end and returns where they
 // went and how many fit (0: the zone is full). If the staging buffer fills,
-// its write is started and, unless it is the last in this call, waited for.
+// its write is started; the call waits only for a write whose buffer it
+// needs back (at most one write per zone is in flight).
 func (z *zone) append(p []byte) (off int64, n int, err error) {
 	z.amu.Lock()
 	z.mu.Lock()
@@ -130,9 +131,10 @@ func (z *zone) append(p []byte) (off int64, n int, err error) {
 	z.mu.Unlock()
 	z.amu.Unlock()
 	if job != nil {
-		if err := z.finishFlush(job); err != nil {
-			return 0, 0, err
-		}
+		// The write goes on while the caller computes its CRC and the
+		// next append fills the other buffer; a failure is sticky (z.err)
+		// and reaches the next append or sync.
+		go z.finishFlush(job)
 	}
 	return off, n, nil
 }
