@@ -367,7 +367,9 @@ func (b *Backend) extentIntact(e extent) bool {
 	return b.zones[e.zone].read(p, e.zoff, b.direct) == nil && crc(p) == e.crc
 }
 
-func (b *Backend) stripe(k bkey) *sync.Mutex {
+func (b *Backend) stripe(k bkey) *sync.Mutex { return &b.stripes[b.stripeIndex(k)] }
+
+func (b *Backend) stripeIndex(k bkey) int {
 	var h maphash.Hash
 	h.SetSeed(b.seed)
 	var buf [16]byte
@@ -376,7 +378,7 @@ func (b *Backend) stripe(k bkey) *sync.Mutex {
 		buf[8+i] = byte(uint64(k.lid) >> (8 * i))
 	}
 	h.Write(buf[:])
-	return &b.stripes[h.Sum64()%uint64(len(b.stripes))]
+	return int(h.Sum64() % uint64(len(b.stripes)))
 }
 
 // subLive drops n live bytes from a zone; a zone left with none is queued

@@ -2,7 +2,6 @@ package zoned
 
 import (
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -235,28 +234,31 @@ func (b *Backend) clean(v *zone) error {
 }
 
 func (b *Backend) moveGroup(v *zone, keys []bkey) (int64, error) {
-	// Lock the stripes in address order (no deadlock with other groups;
-	// blocks' own operations take one stripe).
-	locks := map[uintptr]bool{}
-	var order []int
+	// Lock the blocks' stripes, without waiting: a writer that holds one
+	// may itself be waiting for the cleaner to free a zone. Blocks whose
+	// stripe is busy are left for the next pass.
+	held := map[int]bool{}
+	busy := map[int]bool{}
+	var mine []bkey
 	for _, k := range keys {
-		mu := b.stripe(k)
-		for i := range b.stripes {
-			if &b.stripes[i] == mu && !locks[uintptr(i)] {
-				locks[uintptr(i)] = true
-				order = append(order, i)
+		i := b.stripeIndex(k)
+		if !held[i] && !busy[i] {
+			if b.stripes[i].TryLock() {
+				held[i] = true
+			} else {
+				busy[i] = true
 			}
 		}
-	}
-	sort.Ints(order)
-	for _, i := range order {
-		b.stripes[i].Lock()
+		if held[i] {
+			mine = append(mine, k)
+		}
 	}
 	defer func() {
-		for _, i := range order {
+		for i := range held {
 			b.stripes[i].Unlock()
 		}
 	}()
+	keys = mine
 	type change struct {
 		k   bkey
 		rec record
