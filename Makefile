@@ -59,3 +59,23 @@ simulate:
 .PHONY: test-gray
 test-gray:
 	BASALT_GRAY_TEST=1 $(GO) test -count=1 -v -run '^TestGrayFailures$$' -timeout 8m ./internal/faulttest/
+
+# The zoned backend on a real zonefs: a QEMU guest (software emulation)
+# with zoned null_blk devices formatted by scripts/vm/mkzonefs runs the
+# backend's tests and a 3-datanode `basalt dev --zoned=<mounts>` (put, get,
+# restart, get). Kernel, busybox and binaries are fetched or built into
+# ~/.cache/basalt-vm (BASALT_VM_CACHE), never into the repo; ~2-4 minutes
+# once cached. Results: docs/ZONED.md.
+.PHONY: test-zoned-vm test-zoned
+test-zoned-vm:
+	GO=$(GO) ./scripts/test-zoned-vm.sh
+test-zoned: test-zoned-vm
+
+# Zoned vs posix throughput (1 and 8 streams, medians of 3) on the disk of
+# BENCH_DIR, and the cleaner's write amplification. Results:
+# docs/BENCHMARKS.md, "Zoned backend".
+BENCH_DIR ?= /tmp/basalt-zoned-bench
+.PHONY: bench-zoned
+bench-zoned:
+	mkdir -p $(BENCH_DIR)
+	BASALT_ZONED_BENCH=$(BENCH_DIR) $(GO) test -count=1 -run '^TestBenchmarkBackends$$' -v -timeout 60m ./internal/storage/zoned/

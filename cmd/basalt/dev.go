@@ -23,6 +23,9 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/s3"
+	"github.com/basalt-store/basalt/internal/storage"
+	"github.com/basalt-store/basalt/internal/storage/zoned"
+	"github.com/basalt-store/basalt/internal/vfs"
 	"github.com/basalt-store/basalt/internal/webhdfs"
 )
 
@@ -32,7 +35,7 @@ import (
 const devBasePort = 9862
 
 func devCmd() *cobra.Command {
-	var dataDir, metricsAddr, s3Addr, webhdfsAddr string
+	var dataDir, metricsAddr, s3Addr, webhdfsAddr, zonedSpec string
 	var datanodes, basePort int
 	var insecure bool
 	cmd := &cobra.Command{
@@ -48,7 +51,15 @@ certificate for every component under DATA_DIR/tls (kept across restarts),
 including DATA_DIR/tls/client-cli, which basalt sh, admin and bench find by
 themselves when run from the same directory (else --tls-dir or $` + envTLSDir + `).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr, cmd.Flags().Changed("webhdfs"), datanodes, basePort, insecure)
+			var so storage.Options
+			if zonedSpec != "" {
+				nb, err := devZoned(zonedSpec, datanodes)
+				if err != nil {
+					return usagef("%v", err)
+				}
+				so.NewBackend = nb
+			}
+			return runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr, cmd.Flags().Changed("webhdfs"), datanodes, basePort, insecure, so)
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./basalt-data", "where the cluster keeps its data")
@@ -58,7 +69,30 @@ themselves when run from the same directory (else --tls-dir or $` + envTLSDir + 
 	cmd.Flags().IntVar(&datanodes, "datanodes", 3, "number of datanodes")
 	cmd.Flags().IntVar(&basePort, "base-port", devBasePort, "meta gRPC port; the other ports follow it")
 	cmd.Flags().BoolVar(&insecure, "insecure-no-tls", false, "DANGEROUS: run every port in plaintext with no authentication (only to measure what TLS costs; clients need --insecure-no-tls too)")
+	cmd.Flags().StringVar(&zonedSpec, "zoned", "", "store block data on zoned volumes: --zoned alone emulates a zonefs per datanode (DATA_DIR/dnN/data/basalt/zonefs); --zoned=/mnt/z1,/mnt/z2,/mnt/z3 uses one real zonefs mount per datanode")
+	cmd.Flags().Lookup("zoned").NoOptDefVal = "emulate"
 	return cmd
+}
+
+// devZoned is the backend hook of basalt dev --zoned: an emulated zonefs
+// in each datanode's volume, or the given mounts, one per datanode.
+func devZoned(spec string, datanodes int) (func(fs vfs.FS, dir string) (storage.BlockFiles, error), error) {
+	if spec == "emulate" {
+		return zoned.Emulated(zoned.DevGeometry, nil), nil
+	}
+	mounts := splitList(spec)
+	if len(mounts) != datanodes {
+		return nil, fmt.Errorf("--zoned names %d mounts for %d datanodes", len(mounts), datanodes)
+	}
+	return func(fs vfs.FS, dir string) (storage.BlockFiles, error) {
+		// dir is DATA_DIR/dnN/data/basalt/containers.
+		var n int
+		if _, err := fmt.Sscanf(filepath.Base(filepath.Dir(filepath.Dir(filepath.Dir(dir)))), "dn%d", &n); err != nil || n < 1 || n > len(mounts) {
+			return nil, fmt.Errorf("no zoned mount for volume %s", dir)
+		}
+		root := filepath.Dir(dir)
+		return zoned.New(zoned.Config{Mount: mounts[n-1], MetaDir: filepath.Join(root, "zoned"), MetaFS: fs})
+	}, nil
 }
 
 // devS3Key returns the dev cluster's access key, creating it on first use.
@@ -89,7 +123,7 @@ func devS3Key(ctx context.Context, metaAddr, token string, creds *pki.Credential
 	return id, s.GetSecretAccessKey(), nil
 }
 
-func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool, datanodes, basePort int, insecure bool) error {
+func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool, datanodes, basePort int, insecure bool, so storage.Options) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	reg := prometheus.NewRegistry()
@@ -100,7 +134,7 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 	if insecure {
 		fmt.Println("basalt dev: WARNING: --insecure-no-tls: every port is PLAINTEXT and accepts ANYONE (for measuring what TLS costs only)")
 	}
-	c, err := cluster.Start(sctx, cluster.Config{Dir: dataDir, Datanodes: datanodes, BasePort: basePort, Registerer: reg, Logger: logger, Insecure: insecure})
+	c, err := cluster.Start(sctx, cluster.Config{Dir: dataDir, Datanodes: datanodes, BasePort: basePort, Registerer: reg, Logger: logger, Insecure: insecure, Storage: so})
 	cancel()
 	if err != nil {
 		return err

@@ -24,6 +24,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/meta/scm"
 	"github.com/basalt-store/basalt/internal/storage"
+	"github.com/basalt-store/basalt/internal/storage/zoned"
 )
 
 // serveMetrics serves /metrics and /debug/pprof on addr ("" = off).
@@ -144,6 +145,7 @@ node gets the same --peers list (empty for a single node).`,
 func datanodeCmd() *cobra.Command {
 	var cfg datanode.Config
 	var metas, volumes, logDirs, metricsAddr, logLevel, scrubRate string
+	var volumeList []string
 	var ballast int64
 	var tf tlsFlags
 	cmd := &cobra.Command{
@@ -152,12 +154,13 @@ func datanodeCmd() *cobra.Command {
 		Long: `Run a datanode: it registers with the storage container manager, joins the
 Raft groups of the pipelines it is put in, stores containers on its data
 volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
-		Example: `  basalt datanode --data-dir /var/lib/basalt/dn --volumes /disk1/basalt,/disk2/basalt \
+		Example: `  basalt datanode --data-dir /var/lib/basalt/dn --volumes /disk1/basalt,/disk2/basalt,zoned:/mnt/zonefs0 \
     --raft-log-dirs /disk1/raft,/disk2/raft --location /dc1/rack2 --meta 10.0.0.1:9862 \
     --listen 10.0.0.5:9872 --raft 10.0.0.5:9873 --stream 10.0.0.5:9874 --tls-dir /etc/basalt/dn-tls`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg.MetaAddrs = splitList(metas)
-			cfg.Volumes = splitList(volumes)
+			specs := append(splitList(volumes), volumeList...)
+			cfg.Volumes, cfg.Storage.NewBackend = zoned.Volumes(specs, filepath.Join(cfg.DataDir, "zoned"), cfg.Storage.DirectIO, nil)
 			cfg.LogDirs = splitList(logDirs)
 			cfg.Storage.BallastBytes, cfg.LogBallastBytes = ballast, ballast
 			rate, err := parseSize(scrubRate)
@@ -195,7 +198,8 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.DataDir, "data-dir", "./basalt-datanode", "identity, pipeline list and default volume/log directories")
-	f.StringVar(&volumes, "volumes", "", "data volumes, comma-separated (default DATA_DIR/data)")
+	f.StringVar(&volumes, "volumes", "", "data volumes, comma-separated (default DATA_DIR/data); zoned:<zonefs mount> is a zoned device (SMR or ZNS) through zonefs, its metadata under DATA_DIR/zoned")
+	f.StringArrayVar(&volumeList, "volume", nil, "a data volume (repeatable; as in --volumes), e.g. --volume zoned:/mnt/zonefs0")
 	f.StringVar(&logDirs, "raft-log-dirs", "", "Raft log directories, comma-separated (default DATA_DIR/raft)")
 	f.StringVar(&cfg.Location, "location", "/default-rack", "network location, e.g. /dc1/rack2")
 	f.StringVar(&metas, "meta", "127.0.0.1:9862", "metadata service gRPC address(es), comma-separated")

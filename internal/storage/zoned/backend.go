@@ -1,6 +1,7 @@
 package zoned
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -37,7 +38,8 @@ type Config struct {
 	// the cleaner, or 8 without limits.
 	Streams int
 	// StageBytes is the size of each of a written zone's two staging
-	// buffers; default 1 MiB.
+	// buffers; default 4 MiB (the default chunk: a whole chunk is copied
+	// while the previous one is written).
 	StageBytes int
 	// ReserveZones are empty zones only the cleaner may take, so it can
 	// always move live data; default 2 (1 below 16 zones).
@@ -136,7 +138,7 @@ func New(cfg Config) (*Backend, error) {
 	}
 	cfg.Streams = min(cfg.Streams, max(1, g.zoneLimit(1<<20)-1))
 	if cfg.StageBytes <= 0 {
-		cfg.StageBytes = 1 << 20
+		cfg.StageBytes = 4 << 20
 	}
 	cfg.StageBytes = max(g.align(), cfg.StageBytes&^(g.align()-1))
 	if cfg.CleanerRate == 0 {
@@ -196,7 +198,8 @@ func (b *Backend) recover() error {
 		}
 		z := &zone{id: i, path: p, cap: b.g.ZoneCap, al: al, wp: fi.Size()}
 		z.cond.L = &z.mu
-		z.curStart, z.syncedWP = z.wp, z.wp
+		z.curStart = z.wp
+		z.syncedWP.Store(z.wp)
 		if z.wp%int64(al) != 0 || z.wp > z.cap {
 			return errorf("zone %d: write pointer %d not aligned or past capacity %d", i, z.wp, z.cap)
 		}
@@ -216,8 +219,35 @@ func (b *Backend) recover() error {
 	}
 	fix := b.db.NewBatch()
 	defer fix.Close()
+	suspect := map[int][][2]int64{}
+	// Durable marks: bytes of each zone known flushed; extents past them
+	// were recorded while their bytes were being flushed, and are checked.
+	dur := map[int]int64{}
+	it, err := b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kDurable}, UpperBound: []byte{kDurable + 1}})
+	if err != nil {
+		return err
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		k := it.Key()
+		val, verr := it.ValueAndErr()
+		if verr != nil {
+			it.Close()
+			return verr
+		}
+		if len(k) != 5 || len(val) != 8 {
+			fix.Delete(slices.Clone(k), nil)
+			continue
+		}
+		if zi := int(binary.BigEndian.Uint32(k[1:])); zi < len(b.zones) {
+			dur[zi] = int64(binary.BigEndian.Uint64(val))
+			b.zones[zi].mark = dur[zi]
+		}
+	}
+	if err := it.Close(); err != nil {
+		return err
+	}
 	// Tails: keep the longest one that starts at the write pointer.
-	it, err := b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kTail}, UpperBound: []byte{kTail + 1}})
+	it, err = b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kTail}, UpperBound: []byte{kTail + 1}})
 	if err != nil {
 		return err
 	}
@@ -234,6 +264,12 @@ func (b *Backend) recover() error {
 		}
 		z := b.zones[zi]
 		if start != z.wp || end <= z.end() {
+			if start < z.wp {
+				// The pointer moved past this tail: what is on the device
+				// there must still be what the tail held, which the CRCs
+				// of the extents over it tell.
+				suspect[zi] = append(suspect[zi], [2]int64{start, end})
+			}
 			fix.Delete(slices.Clone(it.Key()), nil)
 			continue
 		}
@@ -274,6 +310,10 @@ func (b *Backend) recover() error {
 				b.cfg.Logf("zoned: container %d block %d: data [%d,+%d) was not durable; dropped", k.cid, k.lid, e.loff, e.n)
 				continue
 			}
+			if (e.zoff+e.n > dur[e.zone] || b.overSuspect(suspect[e.zone], e)) && !b.extentIntact(e) {
+				b.cfg.Logf("zoned: container %d block %d: data [%d,+%d) in zone %d fails its CRC (not durable when recorded); dropped", k.cid, k.lid, e.loff, e.n, e.zone)
+				continue
+			}
 			kept = append(kept, e)
 			size = e.end()
 		}
@@ -312,7 +352,24 @@ func (b *Backend) recover() error {
 	return nil
 }
 
-func (b *Backend) stripe(k bkey) *sync.Mutex {
+func (b *Backend) overSuspect(rs [][2]int64, e extent) bool {
+	for _, r := range rs {
+		if e.zoff < r[1] && e.zoff+e.n > r[0] {
+			return true
+		}
+	}
+	return false
+}
+
+// extentIntact reads an extent and checks its CRC.
+func (b *Backend) extentIntact(e extent) bool {
+	p := make([]byte, e.n)
+	return b.zones[e.zone].read(p, e.zoff, b.direct) == nil && crc(p) == e.crc
+}
+
+func (b *Backend) stripe(k bkey) *sync.Mutex { return &b.stripes[b.stripeIndex(k)] }
+
+func (b *Backend) stripeIndex(k bkey) int {
 	var h maphash.Hash
 	h.SetSeed(b.seed)
 	var buf [16]byte
@@ -321,7 +378,7 @@ func (b *Backend) stripe(k bkey) *sync.Mutex {
 		buf[8+i] = byte(uint64(k.lid) >> (8 * i))
 	}
 	h.Write(buf[:])
-	return &b.stripes[h.Sum64()%uint64(len(b.stripes))]
+	return int(h.Sum64() % uint64(len(b.stripes)))
 }
 
 // subLive drops n live bytes from a zone; a zone left with none is queued
@@ -410,13 +467,17 @@ func (b *Backend) pickZone(cleaner bool) *zone {
 	if idle != nil {
 		return idle
 	}
-	limit := b.cfg.Streams
+	// Writers' streams and the cleaner's zone are counted apart, so the
+	// cleaner never takes a writer's slot nor a writer the cleaner's.
+	active, limit := b.active, b.cfg.Streams
+	if b.cleanZ != nil && b.cleanZ.state == zActive {
+		active--
+	}
 	reserve := b.cfg.ReserveZones
 	if cleaner {
-		limit++
-		reserve = 0
+		active, limit, reserve = 0, 1, 0
 	}
-	if b.active < limit && b.emptyLocked() > reserve {
+	if active < limit && b.emptyLocked() > reserve {
 		for _, z := range b.zones {
 			if z.state == zEmpty && !z.resetOK {
 				return z
@@ -541,7 +602,12 @@ func (b *Backend) Close() error {
 	b.mu.Unlock()
 	close(b.stop)
 	<-b.done
+	merr := b.saveMarks(pebble.Sync)
 	b.closeFiles()
+	if merr != nil {
+		b.db.Close()
+		return merr
+	}
 	return b.db.Close()
 }
 

@@ -2,7 +2,6 @@ package zoned
 
 import (
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -21,6 +20,7 @@ func (b *Backend) cleaner() {
 			return
 		case <-b.kick:
 		case <-t.C:
+			b.saveMarks(pebble.NoSync)
 		}
 		b.resetPending()
 		for b.needsCleaning() {
@@ -89,6 +89,11 @@ func (b *Backend) resetPending() {
 	for _, zi := range cand {
 		b.mu.Lock()
 		z := b.zones[zi]
+		if z == b.cleanZ && z.live == 0 && z.pins == 0 {
+			// Only the cleaner (this goroutine) appends there: let go.
+			b.cleanZ = nil
+			z.users--
+		}
 		if z.live != 0 || z.users != 0 || z.pins != 0 || z.state == zEmpty || z.resetOK || z == b.cleanZ {
 			b.mu.Unlock()
 			continue
@@ -115,17 +120,21 @@ func (b *Backend) resetPending() {
 }
 
 func (b *Backend) reset(z *zone, tails [][]byte) error {
-	if len(tails) > 0 {
-		batch := b.db.NewBatch()
-		for _, k := range tails {
-			batch.Delete(k, nil)
-		}
-		err := batch.Commit(pebble.Sync)
-		batch.Close()
-		if err != nil {
-			return err
-		}
+	// The zone's tails and durable mark go first: after a crash between
+	// the two steps, an empty zone has nothing stale to take back.
+	batch := b.db.NewBatch()
+	for _, k := range tails {
+		batch.Delete(k, nil)
 	}
+	batch.Delete(durableKey(z.id), nil)
+	err := batch.Commit(pebble.Sync)
+	batch.Close()
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	z.mark = 0
+	b.mu.Unlock()
 	z.amu.Lock()
 	defer z.amu.Unlock()
 	z.mu.Lock()
@@ -145,9 +154,7 @@ func (b *Backend) reset(z *zone, tails [][]byte) error {
 	z.w = nil
 	z.wp, z.curStart, z.curLen, z.err = 0, 0, 0, nil
 	z.cur, z.spare = nil, nil
-	z.smu.Lock()
-	z.syncedWP = 0
-	z.smu.Unlock()
+	z.syncedWP.Store(0)
 	return nil
 }
 
@@ -227,28 +234,31 @@ func (b *Backend) clean(v *zone) error {
 }
 
 func (b *Backend) moveGroup(v *zone, keys []bkey) (int64, error) {
-	// Lock the stripes in address order (no deadlock with other groups;
-	// blocks' own operations take one stripe).
-	locks := map[uintptr]bool{}
-	var order []int
+	// Lock the blocks' stripes, without waiting: a writer that holds one
+	// may itself be waiting for the cleaner to free a zone. Blocks whose
+	// stripe is busy are left for the next pass.
+	held := map[int]bool{}
+	busy := map[int]bool{}
+	var mine []bkey
 	for _, k := range keys {
-		mu := b.stripe(k)
-		for i := range b.stripes {
-			if &b.stripes[i] == mu && !locks[uintptr(i)] {
-				locks[uintptr(i)] = true
-				order = append(order, i)
+		i := b.stripeIndex(k)
+		if !held[i] && !busy[i] {
+			if b.stripes[i].TryLock() {
+				held[i] = true
+			} else {
+				busy[i] = true
 			}
 		}
-	}
-	sort.Ints(order)
-	for _, i := range order {
-		b.stripes[i].Lock()
+		if held[i] {
+			mine = append(mine, k)
+		}
 	}
 	defer func() {
-		for _, i := range order {
+		for i := range held {
 			b.stripes[i].Unlock()
 		}
 	}()
+	keys = mine
 	type change struct {
 		k   bkey
 		rec record
@@ -397,4 +407,26 @@ func (b *Backend) dropCleanerZone() {
 	if z != nil {
 		b.dropZone(z)
 	}
+}
+
+// saveMarks records how far each zone is known flushed, so recovery has
+// only what came after to check.
+func (b *Backend) saveMarks(wo *pebble.WriteOptions) error {
+	batch := b.db.NewBatch()
+	defer batch.Close()
+	b.mu.Lock()
+	for _, z := range b.zones {
+		if z.resetOK || z.state == zEmpty {
+			continue
+		}
+		if s := z.syncedWPLocked(); s > z.mark {
+			batch.Set(durableKey(z.id), u64(s), nil)
+			z.mark = s
+		}
+	}
+	b.mu.Unlock()
+	if batch.Empty() {
+		return nil
+	}
+	return batch.Commit(wo)
 }

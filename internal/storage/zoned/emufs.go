@@ -1,6 +1,7 @@
 package zoned
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -50,8 +51,9 @@ type EmuFS struct {
 }
 
 type emuZone struct {
-	wp     int64
-	writer int // open write handles
+	wmu    sync.Mutex // one write, reset or finish at a time, as on the device
+	wp     int64      // under EmuFS.mu
+	writer int        // open write handles, under EmuFS.mu
 }
 
 // Violations counts rule violations of every EmuFS in the process, for a
@@ -178,17 +180,28 @@ func (e *EmuFS) refuse(op, name string) error {
 	return nil
 }
 
-// active counts zones written but not full. Caller holds mu.
+// activeLocked counts zones written but not full. Caller holds mu.
 func (e *EmuFS) activeLocked() (active, open int) {
-	for _, z := range e.zones {
+	for i := range e.zones {
+		z := &e.zones[i]
 		if z.wp > 0 && z.wp < e.g.ZoneCap {
 			active++
-			if z.writer > 0 {
-				open++
-			}
 		}
 	}
-	return
+	return active, e.openLocked()
+}
+
+// openLocked counts zones not full with a handle open for writing (what
+// zonefs's explicit-open mode counts against the device's open limit).
+func (e *EmuFS) openLocked() int {
+	n := 0
+	for i := range e.zones {
+		z := &e.zones[i]
+		if z.wp < e.g.ZoneCap && z.writer > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 func (e *EmuFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
@@ -209,8 +222,8 @@ func (e *EmuFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, err
 	if write {
 		e.mu.Lock()
 		z := &e.zones[i]
-		if z.wp > 0 && z.wp < e.g.ZoneCap && z.writer == 0 && e.g.MaxOpen > 0 {
-			if _, open := e.activeLocked(); open >= e.g.MaxOpen {
+		if z.wp < e.g.ZoneCap && z.writer == 0 && e.g.MaxOpen > 0 {
+			if open := e.openLocked(); open >= e.g.MaxOpen {
 				e.mu.Unlock()
 				return nil, e.violate("open", name, unix.EBUSY, "more than %d open zones", e.g.MaxOpen)
 			}
@@ -218,7 +231,13 @@ func (e *EmuFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, err
 		z.writer++
 		e.mu.Unlock()
 	}
-	f, err := e.FS.OpenFile(name, flag&^(unix.O_DIRECT|os.O_CREATE|os.O_APPEND), 0)
+	// Direct I/O passes through when the underlying FS has it (so the
+	// emulation costs what a device would), else it is only checked.
+	inner := flag &^ (os.O_CREATE | os.O_APPEND)
+	f, err := e.FS.OpenFile(name, inner, 0)
+	if err != nil && inner&unix.O_DIRECT != 0 && errors.Is(err, unix.EINVAL) {
+		f, err = e.FS.OpenFile(name, inner&^unix.O_DIRECT, 0)
+	}
 	if err != nil {
 		if write {
 			e.mu.Lock()
@@ -331,7 +350,8 @@ func (e *EmuFS) GetDiskUsage(p string) (vfs.DiskUsage, error) {
 	defer e.mu.Unlock()
 	total := uint64(e.g.ZoneCap) * uint64(len(e.zones))
 	var used uint64
-	for _, z := range e.zones {
+	for i := range e.zones {
+		z := &e.zones[i]
 		used += uint64(z.wp)
 	}
 	return vfs.DiskUsage{TotalBytes: total, UsedBytes: used, AvailBytes: total - used}, nil
@@ -369,28 +389,33 @@ func (f *emuFile) WriteAt(p []byte, off int64) (int, error) {
 	case !aligned(p, e.g.BlockSize):
 		return 0, e.violate("write", f.name, unix.EINVAL, "buffer address not aligned to %d", bs)
 	}
-	e.mu.Lock()
 	z := &e.zones[f.zone]
-	switch {
-	case off != z.wp:
-		e.mu.Unlock()
-		return 0, e.violate("write", f.name, unix.EINVAL, "write at %d, write pointer %d", off, z.wp)
-	case off+int64(len(p)) > e.g.ZoneCap:
-		e.mu.Unlock()
-		return 0, e.violate("write", f.name, unix.EFBIG, "write [%d,+%d) past capacity %d", off, len(p), e.g.ZoneCap)
-	case z.wp == 0 && len(p) > 0 && e.g.MaxActive > 0:
-		if active, _ := e.activeLocked(); active >= e.g.MaxActive && int64(len(p)) < e.g.ZoneCap {
-			e.mu.Unlock()
-			return 0, e.violate("write", f.name, unix.EIO, "more than %d active zones", e.g.MaxActive)
-		}
+	z.wmu.Lock()
+	defer z.wmu.Unlock()
+	e.mu.Lock()
+	wp := z.wp
+	var active int
+	if wp == 0 && e.g.MaxActive > 0 {
+		active, _ = e.activeLocked()
 	}
-	// The zone lock is held across the write: the device takes one write
-	// at the pointer at a time, and the pointer moves only when it lands.
+	e.mu.Unlock()
+	switch {
+	case off != wp:
+		return 0, e.violate("write", f.name, unix.EINVAL, "write at %d, write pointer %d", off, wp)
+	case off+int64(len(p)) > e.g.ZoneCap:
+		return 0, e.violate("write", f.name, unix.EFBIG, "write [%d,+%d) past capacity %d", off, len(p), e.g.ZoneCap)
+	case wp == 0 && len(p) > 0 && e.g.MaxActive > 0 && active >= e.g.MaxActive && int64(len(p)) < e.g.ZoneCap:
+		return 0, e.violate("write", f.name, unix.EIO, "more than %d active zones", e.g.MaxActive)
+	}
+	// The zone's write lock is held across the write: the device takes
+	// one write at the pointer at a time, and the pointer moves only when
+	// it lands.
 	n, err := f.File.WriteAt(p, off)
 	if n%int(bs) != 0 {
 		// A torn write leaves the pointer at a block boundary.
 		n = n &^ (int(bs) - 1)
 	}
+	e.mu.Lock()
 	z.wp += int64(n)
 	e.mu.Unlock()
 	if n > 0 {
@@ -418,8 +443,9 @@ func (f *emuFile) Truncate(size int64) error {
 	if size != 0 && size != e.g.ZoneCap {
 		return e.violate("truncate", f.name, unix.EPERM, "truncate to %d (only 0 or the capacity %d)", size, e.g.ZoneCap)
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	z := &e.zones[f.zone]
+	z.wmu.Lock()
+	defer z.wmu.Unlock()
 	// A zone reset or finish is immediate on the device: the emulation
 	// makes it durable at once, as zonefs does.
 	if err := f.File.Truncate(size); err != nil {
@@ -428,7 +454,9 @@ func (f *emuFile) Truncate(size int64) error {
 	if err := f.File.Sync(); err != nil {
 		return err
 	}
-	e.zones[f.zone].wp = size
+	e.mu.Lock()
+	z.wp = size
+	e.mu.Unlock()
 	return nil
 }
 

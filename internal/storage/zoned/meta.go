@@ -17,11 +17,22 @@ import (
 //	'c' cid(8)                   a container exists
 //	'b' cid(8) lid(8)            a block's extent list
 //	't' zone(4) start(8) end(8)  a zone's unaligned tail [start,end), saved at Sync
+//	'd' zone(4)                  bytes of the zone known flushed (8, big-endian)
 const (
 	kContainer = 'c'
 	kBlock     = 'b'
 	kTail      = 't'
+	kDurable   = 'd'
 )
+
+func durableKey(zone int) []byte {
+	b := make([]byte, 5)
+	b[0] = kDurable
+	binary.BigEndian.PutUint32(b[1:], uint32(zone))
+	return b
+}
+
+func u64(v int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(v)) }
 
 func containerKey(cid storage.ContainerID) []byte {
 	k := make([]byte, 9)

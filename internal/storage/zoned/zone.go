@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -45,8 +46,8 @@ type zone struct {
 	w vfs.File // O_DIRECT write handle while the zone is being filled
 	r vfs.File // read handle (O_DIRECT when the FS takes it)
 
-	smu      sync.Mutex
-	syncedWP int64
+	smu      sync.Mutex   // serializes fdatasyncs
+	syncedWP atomic.Int64 // zone bytes known flushed to stable media
 
 	// Under Backend.mu.
 	state   zstate
@@ -54,6 +55,7 @@ type zone struct {
 	users   int      // streams appending here
 	pins    int      // open readers
 	tails   [][]byte // keys of tail records saved for this zone
+	mark    int64    // durable mark last saved for this zone
 	resetOK bool     // queued for reset
 }
 
@@ -96,7 +98,8 @@ func (z *zone) activate(fs vfs.FS, stage int) error {
 
 // append adds up to len(p) bytes at the zone's end and returns where they
 // went and how many fit (0: the zone is full). If the staging buffer fills,
-// its write is started and, unless it is the last in this call, waited for.
+// its write is started; the call waits only for a write whose buffer it
+// needs back (at most one write per zone is in flight).
 func (z *zone) append(p []byte) (off int64, n int, err error) {
 	z.amu.Lock()
 	z.mu.Lock()
@@ -128,9 +131,10 @@ func (z *zone) append(p []byte) (off int64, n int, err error) {
 	z.mu.Unlock()
 	z.amu.Unlock()
 	if job != nil {
-		if err := z.finishFlush(job); err != nil {
-			return 0, 0, err
-		}
+		// The write goes on while the caller computes its CRC and the
+		// next append fills the other buffer; a failure is sticky (z.err)
+		// and reaches the next append or sync.
+		go z.finishFlush(job)
 	}
 	return off, n, nil
 }
@@ -210,14 +214,25 @@ type tail struct {
 // what is staged, fdatasyncs the zone and returns the unaligned remainder
 // (nil if need lies before it), which the caller saves in its Pebble batch.
 func (z *zone) sync(need int64) (*tail, error) {
+	t, target, err := z.prepare(need)
+	if err != nil {
+		return nil, err
+	}
+	return t, z.fsync(target)
+}
+
+// prepare is the first half of sync: the whole blocks below need are on
+// the device (written, not yet flushed) when it returns; target is how
+// far the zone must be fdatasynced, t the remainder to save.
+func (z *zone) prepare(need int64) (t *tail, target int64, err error) {
 	z.mu.Lock()
 	if z.err != nil {
 		z.mu.Unlock()
-		return nil, z.err
+		return nil, 0, z.err
 	}
 	if need <= z.syncedWPLocked() {
 		z.mu.Unlock()
-		return nil, nil
+		return nil, 0, nil
 	}
 	z.mu.Unlock()
 	z.amu.Lock()
@@ -226,50 +241,52 @@ func (z *zone) sync(need int64) (*tail, error) {
 	if need > z.curStart {
 		j = z.startFlushLocked()
 	}
-	var t *tail
 	if need > z.curStart && z.curLen > 0 {
 		t = &tail{zone: z.id, start: z.curStart, end: z.end(), data: append([]byte(nil), z.cur[:z.curLen]...)}
 	}
-	target := min(need, z.curStart)
+	target = min(need, z.curStart)
 	z.mu.Unlock()
 	z.amu.Unlock()
 	if j != nil {
 		if err := z.finishFlush(j); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
 	z.mu.Lock()
 	for z.wp < target && z.err == nil {
 		z.cond.Wait()
 	}
-	err := z.err
-	wp := z.wp
+	err = z.err
 	z.mu.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	if target > 0 {
-		z.smu.Lock()
-		defer z.smu.Unlock()
-		if z.syncedWP < target {
-			f := z.w
-			if f == nil {
-				f = z.r
-			}
-			if err := f.SyncData(); err != nil {
-				return nil, errorf("zone %d: fdatasync: %w", z.id, err)
-			}
-			z.syncedWP = wp
-		}
-	}
-	return t, nil
+	return t, target, err
 }
 
-func (z *zone) syncedWPLocked() int64 {
+// fsync makes zone bytes [0, target) durable (one fdatasync shared by the
+// callers that need no more than it covers).
+func (z *zone) fsync(target int64) error {
+	if target <= 0 {
+		return nil
+	}
+	// The read handle serves (fdatasync needs no write access, and it
+	// stays open while the zone holds data).
+	z.mu.Lock()
+	wp := z.wp
+	z.mu.Unlock()
 	z.smu.Lock()
 	defer z.smu.Unlock()
-	return z.syncedWP
+	if z.syncedWP.Load() >= target {
+		return nil
+	}
+	if err := z.r.SyncData(); err != nil {
+		return errorf("zone %d: fdatasync: %w", z.id, err)
+	}
+	if wp > z.syncedWP.Load() {
+		z.syncedWP.Store(wp)
+	}
+	return nil
 }
+
+func (z *zone) syncedWPLocked() int64 { return z.syncedWP.Load() }
 
 // read copies zone bytes [off, off+len(p)) into p: those still in memory
 // from the staging buffers, the rest from the zone file.
