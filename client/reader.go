@@ -380,46 +380,30 @@ func (c *Client) readSpan(ctx context.Context, addr string, id *metapb.BlockID, 
 	if err != nil {
 		return nil, nil, err
 	}
-	first, err := st.Recv()
-	if err != nil {
-		return nil, nil, dnReadErr(err)
-	}
-	bd := first.GetBlock()
-	if bd == nil {
-		return nil, nil, errors.New("first message of ReadBlock carries no BlockData")
-	}
 	data := into
 	if int64(len(data)) != re-rs {
 		data = make([]byte, re-rs)
 	}
-	got := int64(0)
-	take := func(m *datanodepb.ReadBlockResponse) error {
-		if len(m.Data) == 0 {
-			return nil
-		}
-		if int64(m.Offset) != rs+got {
-			return fmt.Errorf("ReadBlock sent data at %d, want %d", m.Offset, rs+got)
-		}
-		if got+int64(len(m.Data)) > int64(len(data)) {
-			return fmt.Errorf("ReadBlock sent more than the %d bytes asked for", len(data))
-		}
-		got += int64(copy(data[got:], m.Data))
-		return nil
+	// Each reply's data is decoded straight into data (readSink).
+	sink := &readSink{base: uint64(rs), dst: data}
+	if err := st.RecvMsg(sink); err != nil {
+		return nil, nil, dnReadErr(err)
 	}
-	if err := take(first); err != nil {
-		return nil, nil, err
+	bd := sink.block
+	if bd == nil {
+		return nil, nil, errors.New("first message of ReadBlock carries no BlockData")
 	}
+	got := int64(sink.n)
 	for {
-		m, err := st.Recv()
+		sink.base, sink.dst = uint64(rs+got), data[got:]
+		err := st.RecvMsg(sink)
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
 			return nil, nil, dnReadErr(err)
 		}
-		if err := take(m); err != nil {
-			return nil, nil, err
-		}
+		got += int64(sink.n)
 	}
 	if got != int64(len(data)) {
 		return nil, nil, fmt.Errorf("ReadBlock returned %d of %d bytes at %d (replica shorter than the key says?)", got, len(data), rs)
