@@ -13,6 +13,12 @@ import (
 // bytes (16 MiB with the defaults: 4 pieces of 4 MiB).
 func (c *Client) readAheadUnit() int64 { return int64(c.cfg.ChunkSize) }
 
+// maxReadAheadBytes bounds the read-ahead buffers of all of a client's
+// readers together (an S3 gateway serving many GETs): each reader may have
+// MaxInflightChunks pieces in flight, but only this many bytes of pieces
+// exist at once across them; readers beyond wait for pieces to drain.
+const maxReadAheadBytes = 256 << 20
+
 // pieceBufs pools read-ahead buffers by size (one size per client config
 // in practice), so a GET does not allocate and clear 4 MiB per piece.
 var pieceBufs sync.Map // int64 -> *sync.Pool
@@ -60,11 +66,18 @@ func (r *KeyReader) WriteRange(w io.Writer, off, n int64) (int64, error) {
 		defer close(queue)
 		for pos := off; pos < end; {
 			pe := min((pos/unit+1)*unit, end)
+			if sem := r.c.readAhead; sem != nil {
+				select {
+				case sem <- struct{}{}:
+				case <-ctx.Done():
+					return
+				}
+			}
 			p := &piece{buf: getPieceBuf(unit), done: make(chan struct{})}
 			select {
 			case queue <- p:
 			case <-ctx.Done():
-				putPieceBuf(p.buf)
+				r.c.releasePiece(p.buf)
 				return
 			}
 			wg.Add(1)
@@ -92,8 +105,17 @@ func (r *KeyReader) WriteRange(w io.Writer, off, n int64) (int64, error) {
 				cancel()
 			}
 		}
-		putPieceBuf(p.buf)
+		r.c.releasePiece(p.buf)
 	}
 	wg.Wait()
 	return total, err
+}
+
+// releasePiece returns a read-ahead piece's buffer and its place in the
+// client-wide bound.
+func (c *Client) releasePiece(b *[]byte) {
+	putPieceBuf(b)
+	if c.readAhead != nil {
+		<-c.readAhead
+	}
 }
