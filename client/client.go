@@ -250,6 +250,9 @@ type Client struct {
 	log  *slog.Logger
 	// streamTLS authenticates V2 streams (nil: plaintext).
 	streamTLS *tls.Config
+	// readAhead bounds the read-ahead pieces of all this client's readers
+	// together (WriteRange; nil: no bound beyond each reader's).
+	readAhead chan struct{}
 
 	leadersMu sync.Mutex
 	leaders   map[uint64]string // pipeline ID → leader address last seen
@@ -289,10 +292,11 @@ func New(cfg Config) (*Client, error) {
 	}
 	c := &Client{
 		cfg: cfg, meta: mc, ns: mc.Namespace, scm: mc.Scm, log: cfg.Logger,
-		dns:     newDNPool(cfg.MaxMsgBytes, dnOpts),
-		leaders: map[uint64]string{},
-		excl:    newSharedExclude(cfg.ExcludeFor),
-		prober:  metaclient.NewProber(metaclient.ProberConfig{ProbeAfter: cfg.ProbeAfter, ProbeTimeout: cfg.ProbeTimeout}),
+		dns:       newDNPool(cfg.MaxMsgBytes, dnOpts),
+		leaders:   map[uint64]string{},
+		excl:      newSharedExclude(cfg.ExcludeFor),
+		readAhead: make(chan struct{}, max(maxReadAheadBytes/cfg.ChunkSize, cfg.MaxInflightChunks, 1)),
+		prober:    metaclient.NewProber(metaclient.ProberConfig{ProbeAfter: cfg.ProbeAfter, ProbeTimeout: cfg.ProbeTimeout}),
 	}
 	if cfg.Credentials != nil && !cfg.Credentials.IsInsecure() {
 		c.streamTLS = cfg.Credentials.ClientTLS(pki.RoleDatanode)

@@ -153,55 +153,14 @@ func (r *KeyReader) Read(p []byte) (int, error) {
 }
 
 // WriteTo implements io.WriterTo: it copies from the current position to
-// the end, with up to Config.MaxInflightChunks chunk reads in flight.
+// the end with read-ahead (see WriteRange).
 func (r *KeyReader) WriteTo(w io.Writer) (int64, error) {
-	type piece struct {
-		buf  []byte
-		err  error
-		done chan struct{}
+	if r.pos >= r.Size() {
+		return 0, nil
 	}
-	size, cs := r.Size(), int64(r.c.cfg.ChunkSize)
-	inflight := r.c.cfg.MaxInflightChunks
-	queue := make(chan *piece, inflight)
-	ctx, cancel := context.WithCancel(r.ctx)
-	defer cancel()
-	go func() {
-		defer close(queue)
-		for off := r.pos; off < size; off += cs {
-			p := &piece{buf: make([]byte, min(cs, size-off)), done: make(chan struct{})}
-			select {
-			case queue <- p:
-			case <-ctx.Done():
-				return
-			}
-			go func(off int64) {
-				defer close(p.done)
-				_, p.err = r.readAt(ctx, p.buf, off)
-			}(off)
-		}
-	}()
-	var total int64
-	for p := range queue {
-		<-p.done
-		if p.err != nil && p.err != io.EOF {
-			cancel()
-			for rest := range queue {
-				<-rest.done
-			}
-			return total, p.err
-		}
-		n, err := w.Write(p.buf)
-		total += int64(n)
-		r.pos += int64(n)
-		if err != nil {
-			cancel()
-			for rest := range queue {
-				<-rest.done
-			}
-			return total, err
-		}
-	}
-	return total, nil
+	n, err := r.WriteRange(w, r.pos, r.Size()-r.pos)
+	r.pos += n
+	return n, err
 }
 
 // ReadAt implements io.ReaderAt.
@@ -329,7 +288,13 @@ func (r *KeyReader) readReplica(ctx context.Context, bi int, l *metapb.BlockLoca
 	for attempt := 0; attempt < 2; attempt++ {
 		bpc := int64(r.raw.BytesPerChecksum)
 		rs, re := alignRange(layout, bpc, int64(l.Length), off, off+int64(len(dst)))
-		data, bd, err := r.c.readSpan(ctx, d.DataAddr, l.Id, tok, rs, re)
+		// When the range wanted is whole checksum windows, the replica's
+		// bytes land in dst itself: no temporary buffer, no extra copy.
+		var into []byte
+		if rs == off && re == off+int64(len(dst)) {
+			into = dst
+		}
+		data, bd, err := r.c.readSpan(ctx, d.DataAddr, l.Id, tok, rs, re, into)
 		if err != nil {
 			return err
 		}
@@ -346,7 +311,9 @@ func (r *KeyReader) readReplica(ctx context.Context, bi int, l *metapb.BlockLoca
 		if err != nil {
 			return err
 		}
-		copy(dst, data[off-rs:])
+		if into == nil {
+			copy(dst, data[off-rs:])
+		}
 		return nil
 	}
 	return fmt.Errorf("block %d/%d: %w even with its chunk layout", l.Id.GetContainerId(), l.Id.GetLocalId(), errRealign)
@@ -398,55 +365,45 @@ func (r *KeyReader) refreshTokens(ctx context.Context, bi int, used []byte) bool
 }
 
 // readSpan reads [rs, re) of a block from one datanode with the block's
-// token; it returns the data and the replica's BlockData.
-func (c *Client) readSpan(ctx context.Context, addr string, id *metapb.BlockID, tok []byte, rs, re int64) ([]byte, *datanodepb.BlockData, error) {
+// token; it returns the data (in into when into is not nil; it must hold
+// re-rs bytes) and the replica's BlockData. The datanode does not verify
+// the bytes (client_verifies): the caller must verify them with
+// verifyRange.
+func (c *Client) readSpan(ctx context.Context, addr string, id *metapb.BlockID, tok []byte, rs, re int64, into []byte) ([]byte, *datanodepb.BlockData, error) {
 	dn, err := c.dns.get(addr)
 	if err != nil {
 		return nil, nil, err
 	}
 	ctx, cancel := context.WithTimeout(blocktoken.WithToken(ctx, tok), c.cfg.RPCTimeout)
 	defer cancel()
-	st, err := dn.ReadBlock(ctx, &datanodepb.ReadBlockRequest{Block: dnBlockID(id), Offset: uint64(rs), Length: uint64(re - rs)})
+	st, err := dn.ReadBlock(ctx, &datanodepb.ReadBlockRequest{Block: dnBlockID(id), Offset: uint64(rs), Length: uint64(re - rs), ClientVerifies: true})
 	if err != nil {
 		return nil, nil, err
 	}
-	first, err := st.Recv()
-	if err != nil {
+	data := into
+	if int64(len(data)) != re-rs {
+		data = make([]byte, re-rs)
+	}
+	// Each reply's data is decoded straight into data (readSink).
+	sink := &readSink{base: uint64(rs), dst: data}
+	if err := st.RecvMsg(sink); err != nil {
 		return nil, nil, dnReadErr(err)
 	}
-	bd := first.GetBlock()
+	bd := sink.block
 	if bd == nil {
 		return nil, nil, errors.New("first message of ReadBlock carries no BlockData")
 	}
-	data := make([]byte, re-rs)
-	got := int64(0)
-	take := func(m *datanodepb.ReadBlockResponse) error {
-		if len(m.Data) == 0 {
-			return nil
-		}
-		if int64(m.Offset) != rs+got {
-			return fmt.Errorf("ReadBlock sent data at %d, want %d", m.Offset, rs+got)
-		}
-		if got+int64(len(m.Data)) > int64(len(data)) {
-			return fmt.Errorf("ReadBlock sent more than the %d bytes asked for", len(data))
-		}
-		got += int64(copy(data[got:], m.Data))
-		return nil
-	}
-	if err := take(first); err != nil {
-		return nil, nil, err
-	}
+	got := int64(sink.n)
 	for {
-		m, err := st.Recv()
+		sink.base, sink.dst = uint64(rs+got), data[got:]
+		err := st.RecvMsg(sink)
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
 			return nil, nil, dnReadErr(err)
 		}
-		if err := take(m); err != nil {
-			return nil, nil, err
-		}
+		got += int64(sink.n)
 	}
 	if got != int64(len(data)) {
 		return nil, nil, fmt.Errorf("ReadBlock returned %d of %d bytes at %d (replica shorter than the key says?)", got, len(data), rs)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -285,6 +286,11 @@ const (
 	sendPiece = 1 << 20
 )
 
+// readBufs holds the aligned read buffers of ReadBlock: a fresh 4 MiB
+// buffer per call cost a 4 MiB clear (memclr was 13% of the datanode's
+// read CPU). A buffer returns here when gRPC has sent it (bufRelease).
+var readBufs = sync.Pool{New: func() any { b := storage.AlignedBuffer(readPiece); return &b }}
+
 func (s *service) ReadBlock(req *datanodepb.ReadBlockRequest, stream datanodepb.Datanode_ReadBlockServer) error {
 	cid := storage.ContainerID(req.GetBlock().GetContainerId())
 	lid := storage.LocalID(req.GetBlock().GetLocalId())
@@ -306,10 +312,22 @@ func (s *service) ReadBlock(req *datanodepb.ReadBlockRequest, stream datanodepb.
 	if err := stream.Send(&datanodepb.ReadBlockResponse{Block: fromBlockData(cid, bd)}); err != nil {
 		return err
 	}
-	buf := storage.AlignedBuffer(readPiece)
+	// A reader that verifies the windows itself (client_verifies) gets the
+	// stored bytes unverified: each byte is checked once, by the client,
+	// from the checksums in the BlockData just sent.
+	read := s.d.store.ReadAt
+	if req.GetClientVerifies() {
+		read = s.d.store.ReadAtUnverified
+	}
 	for n > 0 {
 		k := min(n, readPiece)
-		got, err := s.d.store.ReadAt(cid, lid, buf[:k], off)
+		// Frames go out of buf without a copy (dataFrame), so buf returns
+		// to the pool only when gRPC has written all of them (rel).
+		pb := readBufs.Get().(*[]byte)
+		buf := *pb
+		rel := &bufRelease{buf: pb}
+		rel.refs.Store(1 + int32((k+sendPiece-1)/sendPiece))
+		got, err := read(cid, lid, buf[:k], off)
 		if err != nil {
 			if errors.Is(err, storage.ErrCorruption) && s.d.scrub != nil {
 				// Verify the whole block now: a confirmed fault marks the
@@ -320,10 +338,11 @@ func (s *service) ReadBlock(req *datanodepb.ReadBlockRequest, stream datanodepb.
 		}
 		for p := 0; p < got; p += sendPiece {
 			e := min(p+sendPiece, got)
-			if err := stream.Send(&datanodepb.ReadBlockResponse{Offset: uint64(off) + uint64(p), Data: buf[p:e]}); err != nil {
+			if err := stream.SendMsg(&dataFrame{offset: uint64(off) + uint64(p), data: buf[p:e], rel: rel}); err != nil {
 				return err
 			}
 		}
+		rel.Put(nil)
 		s.d.stats.bytesRead.Add(uint64(got))
 		off += int64(got)
 		n -= int64(got)

@@ -985,12 +985,17 @@ func (x *PutSmallFileResponse) GetIndex() uint64 {
 }
 
 type ReadBlockRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Block         *BlockID               `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"`
-	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
-	Length        uint64                 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"` // 0: to the end of the block
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Block  *BlockID               `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"`
+	Offset uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length uint64                 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"` // 0: to the end of the block
+	// The reader verifies every checksum window from the BlockData it gets
+	// (the client does): the datanode sends the stored bytes without
+	// verifying them again (the scrubber verifies at rest). Such a reader
+	// must ask for whole checksum windows.
+	ClientVerifies bool `protobuf:"varint,260,opt,name=client_verifies,json=clientVerifies,proto3" json:"client_verifies,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReadBlockRequest) Reset() {
@@ -1042,6 +1047,13 @@ func (x *ReadBlockRequest) GetLength() uint64 {
 		return x.Length
 	}
 	return 0
+}
+
+func (x *ReadBlockRequest) GetClientVerifies() bool {
+	if x != nil {
+		return x.ClientVerifies
+	}
+	return false
 }
 
 type ReadBlockResponse struct {
@@ -1915,11 +1927,12 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12&\n" +
 	"\x0fwait_timeout_ms\x18\x04 \x01(\rR\rwaitTimeoutMs\",\n" +
 	"\x14PutSmallFileResponse\x12\x14\n" +
-	"\x05index\x18\x01 \x01(\x04R\x05index\"r\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\"\x9c\x01\n" +
 	"\x10ReadBlockRequest\x12.\n" +
 	"\x05block\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x05block\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06length\x18\x03 \x01(\x04R\x06length\"q\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\x12(\n" +
+	"\x0fclient_verifies\x18\x84\x02 \x01(\bR\x0eclientVerifies\"q\n" +
 	"\x11ReadBlockResponse\x120\n" +
 	"\x05block\x18\x01 \x01(\v2\x1a.basalt.datanode.BlockDataR\x05block\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
