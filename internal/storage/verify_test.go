@@ -63,6 +63,7 @@ func volumeFailed(s *Store) bool {
 // UNHEALTHY durably (after a reopen too), the volume stays healthy and a
 // clean block of another container verifies and reads.
 func TestVerifyBlockFindsFlippedByte(t *testing.T) {
+	posixOnly(t) // edits posix block files; the zoned package tests its own corruption cases
 	vol := t.TempDir()
 	s := openStore(t, Options{Volumes: []string{vol}, DirectIO: DirectOff})
 	mustCreate(t, s, 1)
@@ -121,6 +122,7 @@ func TestVerifyBlockFindsFlippedByte(t *testing.T) {
 
 // TestVerifyBlockTruncatedFile: a block file cut short is corrupt.
 func TestVerifyBlockTruncatedFile(t *testing.T) {
+	posixOnly(t) // edits posix block files; the zoned package tests its own corruption cases
 	vol := t.TempDir()
 	s := openStore(t, Options{Volumes: []string{vol}})
 	mustCreate(t, s, 1)
@@ -140,6 +142,7 @@ func TestVerifyBlockTruncatedFile(t *testing.T) {
 // verification; the volume stays healthy and every other container on it
 // stays readable and writable. (Before, the read failed the volume.)
 func TestMissingBlockFileFailsOnlyThatReplica(t *testing.T) {
+	posixOnly(t) // edits posix block files; the zoned package tests its own corruption cases
 	for _, how := range []string{"read", "verify"} {
 		t.Run(how, func(t *testing.T) {
 			vol := t.TempDir()
