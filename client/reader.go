@@ -270,6 +270,9 @@ func (r *KeyReader) readBlock(ctx context.Context, bi int, l *metapb.BlockLocati
 			if rerr := r.c.reportCorrupt(ctx, rep); rerr != nil {
 				r.c.log.Warn("basalt client: reporting a corrupt replica failed", "datanode", d.Id, "err", rerr)
 			}
+			// The client's own check found it (client_verifies): have the
+			// datanode that holds the replica judge it too.
+			go r.c.askVerify(l.Id, tok, d.DataAddr, off, int64(len(dst)))
 		}
 		errs = append(errs, fmt.Sprintf("datanode %d (%s): %v", d.Id, d.DataAddr, err))
 	}
@@ -409,6 +412,31 @@ func (c *Client) readSpan(ctx context.Context, addr string, id *metapb.BlockID, 
 		return nil, nil, fmt.Errorf("ReadBlock returned %d of %d bytes at %d (replica shorter than the key says?)", got, len(data), rs)
 	}
 	return data, bd, nil
+}
+
+// askVerify has the datanode at addr read [off, off+n) of a block with its
+// own checksum verification (no client_verifies), so a replica this client
+// found corrupt is judged by the datanode that holds it: if the datanode's
+// verified read fails too, it marks the container UNHEALTHY, re-verifies
+// the block and reports it to SCM itself (SCM condemns a replica on its
+// datanode's word, not on a client's, whose memory or network may be what
+// is broken). Best effort, in the background, bounded by RPCTimeout.
+func (c *Client) askVerify(id *metapb.BlockID, tok []byte, addr string, off, n int64) {
+	dn, err := c.dns.get(addr)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(blocktoken.WithToken(context.Background(), tok), c.cfg.RPCTimeout)
+	defer cancel()
+	st, err := dn.ReadBlock(ctx, &datanodepb.ReadBlockRequest{Block: dnBlockID(id), Offset: uint64(off), Length: uint64(n)})
+	if err != nil {
+		return
+	}
+	for {
+		if _, err := st.Recv(); err != nil {
+			return
+		}
+	}
 }
 
 // dnReadErr turns a datanode's CHECKSUM_MISMATCH (it found its copy
