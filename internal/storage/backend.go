@@ -113,7 +113,7 @@ type Posix struct {
 
 // NewPosix returns the posix backend rooted at dir (created if needed).
 func NewPosix(fs vfs.FS, dir string, mode DirectIO) (*Posix, error) {
-	if err := mkdirAllSync(fs, dir); err != nil {
+	if err := vfs.MkdirAllSync(fs, dir); err != nil {
 		return nil, err
 	}
 	p := &Posix{dir: dir, fs: fs, mode: mode}
@@ -367,35 +367,3 @@ func (r *posixReader) Close() error {
 var _ BlockFiles = (*Posix)(nil)
 
 func (p *Posix) String() string { return fmt.Sprintf("posix(%s)", p.dir) }
-
-// mkdirAllSync is MkdirAll whose new directories are durable when it
-// returns: each directory it creates is fsynced into its parent, so a crash
-// cannot leave a store whose containers directory (or the directory of its
-// Pebble DB) vanished while data written under it was synced.
-func mkdirAllSync(fs vfs.FS, dir string) error {
-	dir = filepath.Clean(dir)
-	var missing []string
-	for d := dir; ; d = filepath.Dir(d) {
-		ok, err := vfs.Exists(fs, d)
-		if err != nil {
-			return err
-		}
-		if ok {
-			break
-		}
-		missing = append(missing, d)
-		if filepath.Dir(d) == d {
-			break
-		}
-	}
-	for i := len(missing) - 1; i >= 0; i-- {
-		d := missing[i]
-		if err := fs.MkdirAll(d, 0o755); err != nil {
-			return err
-		}
-		if err := vfs.SyncDir(fs, filepath.Dir(d)); err != nil {
-			return err
-		}
-	}
-	return nil
-}

@@ -319,7 +319,7 @@ func (l quietLogger) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
 
 func (s *Store) openVolume(v *volume) error {
 	root := filepath.Join(v.path, "basalt")
-	if err := mkdirAllSync(v.fs, filepath.Join(root, "meta")); err != nil {
+	if err := vfs.MkdirAllSync(v.fs, filepath.Join(root, "meta")); err != nil {
 		return err
 	}
 	// Before Pebble opens (the volume's, and a backend's own): on a full

@@ -124,7 +124,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		opts.ReserveBytes = DefaultReserve
 	}
 	fs := opts.FS
-	if err := mkdirAllSynced(fs, dir); err != nil {
+	if err := vfs.MkdirAllSync(fs, dir); err != nil {
 		return nil, fmt.Errorf("store: create %s: %w", dir, err)
 	}
 	cur := filepath.Join(dir, dbName)
@@ -186,39 +186,6 @@ func (s *Store) CheckSpace(n int) error {
 			return fmt.Errorf("%w: %w", ErrDiskFull, err)
 		}
 		return fmt.Errorf("store: %w", err)
-	}
-	return nil
-}
-
-// mkdirAllSynced creates dir and any missing parents, syncing the parent
-// of each directory it created, so that the whole path (and a DB created
-// in it) is reachable after a crash.
-func mkdirAllSynced(fs vfs.FS, dir string) error {
-	dir = filepath.Clean(dir)
-	var missing []string
-	for d := dir; ; d = filepath.Dir(d) {
-		ok, err := vfs.Exists(fs, d)
-		if err != nil {
-			return err
-		}
-		if ok {
-			break
-		}
-		missing = append(missing, d)
-		if filepath.Dir(d) == d {
-			break
-		}
-	}
-	if len(missing) == 0 {
-		return nil
-	}
-	if err := fs.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	for i := len(missing) - 1; i >= 0; i-- {
-		if err := vfs.SyncDir(fs, filepath.Dir(missing[i])); err != nil {
-			return err
-		}
 	}
 	return nil
 }

@@ -153,7 +153,7 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.SpaceWait <= 0 {
 		cfg.SpaceWait = 10 * time.Second
 	}
-	if err := mkdirAllSync(cfg.MetaFS, cfg.MetaDir); err != nil {
+	if err := vfs.MkdirAllSync(cfg.MetaFS, cfg.MetaDir); err != nil {
 		return nil, err
 	}
 	b := &Backend{cfg: cfg, g: g, fs: cfg.FS, seed: maphash.MakeSeed(), open: map[bkey]*blockState{},

@@ -75,7 +75,7 @@ func NewEmuFS(fs vfs.FS, root string, g Geometry) (*EmuFS, error) {
 		return nil, err
 	}
 	if !ok {
-		if err := mkdirAllSync(fs, filepath.Join(e.root, "cnv")); err != nil {
+		if err := vfs.MkdirAllSync(fs, filepath.Join(e.root, "cnv")); err != nil {
 			return nil, err
 		}
 		tmp := seq + ".tmp"

@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
-	"path/filepath"
 
 	"github.com/basalt-store/basalt/internal/storage"
-	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // Keys of a zoned volume's Pebble DB (see docs/ZONED.md):
@@ -216,33 +214,6 @@ func (r *record) cut(from, to int64, cut func(zone int, n int64)) (partial []int
 
 func (r record) clone() record {
 	return record{size: r.size, exts: append([]extent(nil), r.exts...)}
-}
-
-func mkdirAllSync(fs vfs.FS, dir string) error {
-	dir = filepath.Clean(dir)
-	var missing []string
-	for d := dir; ; d = filepath.Dir(d) {
-		ok, err := vfs.Exists(fs, d)
-		if err != nil {
-			return err
-		}
-		if ok {
-			break
-		}
-		missing = append(missing, d)
-		if filepath.Dir(d) == d {
-			break
-		}
-	}
-	for i := len(missing) - 1; i >= 0; i-- {
-		if err := fs.MkdirAll(missing[i], 0o755); err != nil {
-			return err
-		}
-		if err := vfs.SyncDir(fs, filepath.Dir(missing[i])); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func pathErr(op, path string, err error) error { return &os.PathError{Op: op, Path: path, Err: err} }
