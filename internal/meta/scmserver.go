@@ -12,6 +12,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/scm"
 	"github.com/basalt-store/basalt/internal/meta/topology"
+	"github.com/basalt-store/basalt/internal/pki"
 )
 
 // scmServer is the Scm gRPC service: datanode and block protocols on the
@@ -157,7 +158,16 @@ func (x *scmServer) ReportCorruptReplica(ctx context.Context, req *metapb.Report
 		}
 		reporter = "client " + host
 	}
-	if err := x.s.scmMgr.ReportCorrupt(ctx, req, reporter); err != nil {
+	// Only the datanode holding the replica, authenticated by its
+	// certificate, condemns it; anyone else's report is a record.
+	byHolder := false
+	if id, err := pki.FromContext(ctx); err == nil && id.Role == pki.RoleDatanode {
+		reporter = "datanode " + clip(id.ID)
+		if d := x.s.scmState.Datanode(req.GetDatanodeId()); d != nil && d.GetUuid() == id.ID {
+			byHolder = true
+		}
+	}
+	if err := x.s.scmMgr.ReportCorrupt(ctx, req, reporter, byHolder); err != nil {
 		return nil, err
 	}
 	x.s.metrics.corrupt.Inc()

@@ -70,3 +70,54 @@ func TestUnhealthyReplicaIsNoLocation(t *testing.T) {
 		}
 	}
 }
+
+// A corruption report condemns a replica only when it comes from the
+// datanode holding it, as its certificate shows: a client's report, or
+// another datanode's, is stored and listed, and the replica stays.
+func TestCorruptReportCondemnsOnlyFromHolder(t *testing.T) {
+	c := newCluster(t, 1, scm.Config{LoopInterval: 20 * time.Millisecond, SafeModeMinDatanodes: 3, PipelineLimit: 1, OpenContainersPerPipeline: 1})
+	cl := c.client()
+	ctx := context.Background()
+	waitFor(t, 5*time.Second, "leader", func() bool { return c.nsLeader() != 0 && c.servers[1].scmGroup.IsLeader() })
+	if _, err := cl.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "vol"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Namespace.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: "vol", Name: "bkt"}); err != nil {
+		t.Fatal(err)
+	}
+	registerDatanodes(t, cl, 3)
+	waitFor(t, 5*time.Second, "containers", func() bool {
+		r, err := cl.Scm.ListContainers(ctx, &metapb.ListContainersRequest{})
+		return err == nil && len(r.Containers) >= 4
+	})
+	o, err := cl.Namespace.OpenKey(ctx, &metapb.OpenKeyRequest{Volume: "vol", Bucket: "bkt", Key: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk := o.Blocks[0]
+	cid, victim, other := blk.Id.ContainerId, blk.Datanodes[0].Id, blk.Datanodes[1].Id
+	report := func(s metapb.ScmClient, lid uint64) {
+		t.Helper()
+		if _, err := s.ReportCorruptReplica(ctx, &metapb.ReportCorruptReplicaRequest{Block: &metapb.BlockID{ContainerId: cid, LocalId: lid},
+			DatanodeId: victim, Reason: "checksum mismatch"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	condemned := func() bool {
+		r, err := cl.Scm.GetContainers(ctx, &metapb.GetContainersRequest{ContainerIds: []uint64{cid}})
+		return err == nil && slices.Contains(r.Containers[0].Container.UnhealthyReplicas, victim)
+	}
+	report(cl.Scm, 1)              // a client
+	report(dnScm(t, cl, other), 2) // another datanode
+	waitFor(t, 5*time.Second, "both reports stored", func() bool {
+		r, err := cl.Scm.ListCorruptReplicas(ctx, &metapb.ListCorruptReplicasRequest{})
+		return err == nil && len(r.Replicas) == 2
+	})
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if condemned() {
+			t.Fatalf("replica %d of container %d condemned on a client's or another datanode's report", victim, cid)
+		}
+	}
+	report(dnScm(t, cl, victim), 3) // the holder itself (its scrubber)
+	waitFor(t, 5*time.Second, "the replica condemned on its datanode's report", condemned)
+}

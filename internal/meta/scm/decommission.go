@@ -205,18 +205,23 @@ func (m *Manager) opTransitionsLocked(now time.Time, blocked map[uint64]bool) []
 	var out []*metapb.SetNodeOpStateOp
 	for id, o := range m.st.OpStates() {
 		d := m.repl.drain[id]
+		// A datanode is let go (DECOMMISSIONED, IN_MAINTENANCE) only
+		// while it is live and this leader has its full report: a dead
+		// one may hold the only copy of what it had not handed over yet.
+		n := m.nodes[id]
+		seen := n != nil && n.state == metapb.NodeState_HEALTHY && n.fullReported
 		switch o.State {
 		case metapb.NodeOpState_ENTERING_MAINTENANCE, metapb.NodeOpState_IN_MAINTENANCE:
 			if o.MaintenanceEndUnixMs != 0 && now.UnixMilli() >= o.MaintenanceEndUnixMs {
 				out = append(out, &metapb.SetNodeOpStateOp{DatanodeId: id, State: metapb.NodeOpState_IN_SERVICE, Expect: []metapb.NodeOpState{o.State}})
 				continue
 			}
-			if o.State == metapb.NodeOpState_ENTERING_MAINTENANCE && d.left == 0 && !blocked[id] {
+			if o.State == metapb.NodeOpState_ENTERING_MAINTENANCE && d.left == 0 && !blocked[id] && seen {
 				out = append(out, &metapb.SetNodeOpStateOp{DatanodeId: id, State: metapb.NodeOpState_IN_MAINTENANCE,
 					MaintenanceEndUnixMs: o.MaintenanceEndUnixMs, Expect: []metapb.NodeOpState{o.State}})
 			}
 		case metapb.NodeOpState_DECOMMISSIONING:
-			if d.containers == 0 && !blocked[id] {
+			if d.containers == 0 && !blocked[id] && seen {
 				out = append(out, &metapb.SetNodeOpStateOp{DatanodeId: id, State: metapb.NodeOpState_DECOMMISSIONED, Expect: []metapb.NodeOpState{o.State}})
 			}
 		}

@@ -342,7 +342,8 @@ func TestReplicaReportsSurviveLeaderChange(t *testing.T) {
 	f.hold(cid, 5, ids[:3]...)
 	f.round(t)
 	report := func(dn, block uint64, reason, who string) error {
-		return e.m.ReportCorrupt(e.ctx, &metapb.ReportCorruptReplicaRequest{Block: &metapb.BlockID{ContainerId: cid, LocalId: block}, DatanodeId: dn, Reason: reason}, who)
+		return e.m.ReportCorrupt(e.ctx, &metapb.ReportCorruptReplicaRequest{Block: &metapb.BlockID{ContainerId: cid, LocalId: block}, DatanodeId: dn, Reason: reason}, who,
+			who == fmt.Sprintf("datanode %d", dn))
 	}
 	if err := report(0, 1, "x", "a"); code(err) != codes.InvalidArgument {
 		t.Fatalf("no datanode: %v", err)
@@ -350,7 +351,7 @@ func TestReplicaReportsSurviveLeaderChange(t *testing.T) {
 	if err := report(ids[3], 1, "x", "a"); code(err) != codes.FailedPrecondition {
 		t.Fatalf("not a replica: %v", err)
 	}
-	if err := e.m.ReportCorrupt(e.ctx, &metapb.ReportCorruptReplicaRequest{Block: &metapb.BlockID{ContainerId: 999, LocalId: 1}, DatanodeId: ids[0]}, "a"); code(err) != codes.NotFound {
+	if err := e.m.ReportCorrupt(e.ctx, &metapb.ReportCorruptReplicaRequest{Block: &metapb.BlockID{ContainerId: 999, LocalId: 1}, DatanodeId: ids[0]}, "a", false); code(err) != codes.NotFound {
 		t.Fatalf("unknown container: %v", err)
 	}
 	huge := strings.Repeat("é", 1<<19) // 1 MiB of two-byte runes
@@ -369,6 +370,15 @@ func TestReplicaReportsSurviveLeaderChange(t *testing.T) {
 	if limited < 40 {
 		t.Fatalf("%d of 100 reports limited, want at least 40", limited)
 	}
+	f.round(t)
+	// Clients' reports are recorded, but condemn nothing: the datanode
+	// re-verifies, and its own report does.
+	if slices.Contains(e.st.Container(cid).UnhealthyReplicas, ids[0]) {
+		t.Fatal("a client's report condemned the replica")
+	}
+	if err := report(ids[0], 16, "scrubber: checksum mismatch", fmt.Sprintf("datanode %d", ids[0])); err != nil {
+		t.Fatal(err)
+	}
 	f.round(t) // ids[0] recorded unhealthy, with its reason
 	rs := e.st.ReplicaReports(cid)
 	var onBad []*metapb.CorruptReplica
@@ -380,7 +390,8 @@ func TestReplicaReportsSurviveLeaderChange(t *testing.T) {
 			onBad = append(onBad, r)
 		}
 	}
-	if len(onBad) != 2+100-limited || onBad[0].Block.LocalId != 0 || onBad[0].Reporter != "scm" || onBad[1].Block.LocalId != 17 || onBad[1].Reporter != "client 10.0.0.1" {
+	if len(onBad) != 3+100-limited || onBad[0].Block.LocalId != 0 || onBad[0].Reporter != "scm" || onBad[1].Block.LocalId != 16 || onBad[1].Reporter != fmt.Sprintf("datanode %d", ids[0]) ||
+		onBad[2].Block.LocalId != 17 || onBad[2].Reporter != "client 10.0.0.1" {
 		t.Fatalf("reports against datanode %d: %v", ids[0], onBad)
 	}
 	if !slices.Contains(e.st.Container(cid).UnhealthyReplicas, ids[0]) {

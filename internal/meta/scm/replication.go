@@ -324,6 +324,19 @@ func (m *Manager) replicaStatusLocked(c *metapb.Container, dn uint64) ReplicaSta
 	return offline()
 }
 
+// verifiedLocked returns the replicas of c among healthy whose datanode
+// has sent this leader a full container report listing c (the healthy
+// ones that are more than a record). Callers hold m.mu.
+func (m *Manager) verifiedLocked(c *metapb.Container, healthy []uint64) []uint64 {
+	var out []uint64
+	for _, r := range healthy {
+		if n := m.nodes[r]; n != nil && n.fullReported && n.containers[c.Id] != nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // newestLocked is the highest committed index (BCSID) a live replica of
 // c not recorded unhealthy reports for it CLOSED. Callers hold m.mu.
 func (m *Manager) newestLocked(c *metapb.Container) uint64 {
@@ -517,13 +530,28 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			continue
 		}
 		cl := Classify(c, func(dn uint64) ReplicaStatus { return m.replicaStatusLocked(c, dn) })
-		// Drain progress of the replicas on datanodes leaving service.
-		for _, r := range slices.Concat(cl.Decom, cl.Maint) {
+		// verified: the healthy replicas this leader has seen, in a full
+		// report of their datanode. A replica on a datanode not heard in
+		// full yet counts as healthy (its grace period: nothing is copied
+		// for it) but is only what the replicated state remembers; after
+		// a failover or a cold start it may be gone. Nothing is removed
+		// (a replica dropped, a datanode told to delete a copy, a datanode
+		// let go) on the strength of unverified replicas.
+		verified := m.verifiedLocked(c, cl.Healthy)
+		// Drain progress of the replicas on datanodes leaving service:
+		// every recorded replica on such a datanode, however it is
+		// classified (one on a dead decommissioning datanode is Bad, and
+		// may be the only copy).
+		for _, r := range c.Replicas {
+			op := m.st.OpState(r).State
+			if !isDecommission(op) && !isMaintenance(op) {
+				continue
+			}
 			d := drain[r]
 			d.containers++
-			enough := len(cl.Healthy) >= cl.Want
-			if slices.Contains(cl.Maint, r) {
-				enough = len(cl.Healthy) >= min(2, cl.Want)
+			enough := len(verified) >= cl.Want
+			if isMaintenance(op) {
+				enough = len(verified) >= min(2, cl.Want)
 			}
 			if !enough {
 				d.left++
@@ -540,7 +568,7 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		if len(c.UnhealthyReplicas) > 0 {
 			counts[HealthUnhealthyReplicas]++
 		}
-		good[c.Id] = len(cl.Healthy)
+		good[c.Id] = len(verified)
 		if cl.Health != HealthHealthy {
 			h := &metapb.ContainerHealth{ContainerId: c.Id, State: c.State, Health: cl.Health, HealthyReplicas: uint32(len(cl.Healthy)),
 				WantReplicas: uint32(cl.Want), Replicas: c.Replicas, Unhealthy: slices.Concat(cl.Bad, cl.Decom, cl.Maint), UsedBytes: c.UsedBytes}
@@ -603,8 +631,8 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			unders = append(unders, under{c: c, cl: cl, mis: true})
 			continue
 		}
-		if len(cl.Healthy) < cl.Want {
-			continue
+		if len(verified) < cl.Want {
+			continue // the count rests on replicas not seen yet: remove nothing
 		}
 		if drop := slices.Concat(cl.Bad, cl.Decom); len(drop) > 0 {
 			ops = append(ops, replOp{what: fmt.Sprintf("replicas %v dropped (replaced)", drop), cid: c.Id,
@@ -612,7 +640,10 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			continue
 		}
 		if len(cl.Healthy) > cl.Want {
-			victim := extraReplica(cl.Healthy, racks)
+			if len(verified) < len(cl.Healthy) {
+				continue // one too many only once every replica was seen
+			}
+			victim := extraReplica(verified, racks)
 			ops = append(ops, replOp{what: fmt.Sprintf("replica on datanode %d dropped (over-replicated)", victim), cid: c.Id,
 				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: []uint64{victim}, Reason: "over-replicated"}}}})
 		}
@@ -941,13 +972,15 @@ func (m *Manager) ContainerHealth(worst int) (*metapb.GetContainerHealthResponse
 	return resp, nil
 }
 
-// ReplicaCorrupt acts on a client's report that datanode dn's replica of
-// container cid failed its checksums on a read: the replica is queued to
-// be recorded unhealthy (through Raft, by Tick), as an UNHEALTHY container
-// report would be, so it is no longer offered as a location and the
-// replication manager replaces it. It is not condemned when that would
-// leave the container without a replica that is not: a client that fails
-// every replica's checksums is more likely wrong itself.
+// ReplicaCorrupt acts on datanode dn's own report that its replica of
+// container cid failed its checksums (its scrubber, or its re-verification
+// of a block a client read found damaged; ReportCorrupt does not call it
+// for a client's report): the replica is queued to be recorded unhealthy
+// (through Raft, by Tick), as an UNHEALTHY container report would be, so
+// it is no longer offered as a location and the replication manager
+// replaces it. It is not condemned when that would leave the container
+// without a replica that is not (the datanode's UNHEALTHY container
+// report still condemns it).
 func (m *Manager) ReplicaCorrupt(cid, dn uint64, reason string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -968,5 +1001,5 @@ func (m *Manager) ReplicaCorrupt(cid, dn uint64, reason string) {
 		m.log.Warn("scm: corrupt replica reported, but it is the container's last one not condemned; kept", "container", cid, "datanode", dn, "reason", reason)
 		return
 	}
-	m.markUnhealthy(cid, dn, "a client read failed its checksums: "+reason)
+	m.markUnhealthy(cid, dn, "its datanode reports it failed its checksums: "+reason)
 }

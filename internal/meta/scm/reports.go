@@ -16,9 +16,17 @@ import (
 // Reports against replicas (a client's read, a datanode's scrubber found
 // a replica failing its checksums) are recorded through Raft
 // (ReplicaReportsOp), so they survive a leader change and a restart, and
-// the replica is queued to be recorded unhealthy (ReplicaCorrupt), which
-// the replication manager repairs. Each reporter is rate-limited here,
-// before anything is proposed; State bounds what is stored.
+// are listed. Only the datanode holding the replica condemns it: its own
+// report (authenticated by its certificate: its scrubber, or its
+// re-verification of a block a read found damaged) queues the replica to
+// be recorded unhealthy (ReplicaCorrupt), which the replication manager
+// repairs, as its UNHEALTHY container report does. A client's report does
+// not: a faulty client (or network path, or a forged report) must not
+// condemn healthy replicas. The datanode re-verifies on its own what a
+// client read found damaged (a read that fails its checksums there makes
+// the block a scrubber "suspect", internal/datanode/scrub.go), and
+// reports what it confirms. Each reporter is rate-limited here, before
+// anything is proposed; State bounds what is stored.
 
 // Rate limit of one reporter: reportBurst at once, then reportRate per
 // second. At most maxReporters are tracked (the map is reset when full:
@@ -54,9 +62,12 @@ func (m *Manager) allowReport(reporter string, now time.Time) bool {
 }
 
 // ReportCorrupt records a report that datanode dn's replica of a block
-// failed its checksums, and has the replica replaced. reporter names who
-// reports it (for the rate limit and the record).
-func (m *Manager) ReportCorrupt(ctx context.Context, req *metapb.ReportCorruptReplicaRequest, reporter string) error {
+// failed its checksums. reporter names who reports it (for the rate limit
+// and the record). byHolder: the caller is datanode dn itself,
+// authenticated by its certificate; only then is the replica condemned
+// (recorded unhealthy, then replaced). A report from anyone else is kept
+// as a record only: the datanode confirms or not.
+func (m *Manager) ReportCorrupt(ctx context.Context, req *metapb.ReportCorruptReplicaRequest, reporter string, byHolder bool) error {
 	cid, lid, dn := req.GetBlock().GetContainerId(), req.GetBlock().GetLocalId(), req.GetDatanodeId()
 	if cid == 0 || dn == 0 {
 		return status.Errorf(codes.InvalidArgument, "report corrupt replica: block and datanode_id are required (got block %v, datanode %d)", req.GetBlock(), dn)
@@ -85,6 +96,11 @@ func (m *Manager) ReportCorrupt(ctx context.Context, req *metapb.ReportCorruptRe
 	}
 	if n, _ := res.(int); n == 0 {
 		m.log.Warn("scm: corrupt replica report not stored (store full, or the replica is gone)", "container", cid, "datanode", dn, "stored", m.st.ReplicaReportCount())
+	}
+	if !byHolder {
+		m.log.Warn("scm: corrupt replica reported by a client; recorded, the replica is condemned only if its datanode confirms it",
+			"container", cid, "datanode", dn, "reporter", reporter)
+		return nil
 	}
 	m.ReplicaCorrupt(cid, dn, fmt.Sprintf("block %d: %s", lid, req.GetReason()))
 	return nil
