@@ -75,7 +75,11 @@ func TestWaitAllFailsWhenAFollowerCannotStore(t *testing.T) {
 			}
 			_, err = leader.PutBlock(ctx, &datanodepb.PutBlockRequest{PipelineId: b.GetPipelineId(), WaitAll: true, WaitTimeoutMs: 10000,
 				Block: &datanodepb.BlockData{Id: id, Length: uint64(len(data)), Chunks: []*datanodepb.ChunkInfo{ci}}})
-			if got := failedOf(err); !slices.Equal(got, []uint64{fid}) {
+			// By now SCM may have heard of the UNHEALTHY replica and closed
+			// the pipeline (a pipeline closes on an unhealthy member), so
+			// another replica may have left it and be named too; the
+			// follower that cannot store must be among those named.
+			if got := failedOf(err); !slices.Contains(got, fid) {
 				t.Fatalf("PutBlock wait_all with follower %d unable to store: %v (failed %v), want REPLICA_FAILED naming %d", fid, err, got, fid)
 			}
 
