@@ -315,7 +315,7 @@ func TestStreamWriteThroughCluster(t *testing.T) {
 	// close_container), then stream a new block into it.
 	e.putBlock(lastBlock, lastBD, true)
 	closed := stream.BlockID{Container: bid(lastBlock).Container, Local: bid(lastBlock).Local + 1000}
-	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), closed, stream.Options{TLS: streamTLS, Token: e.mint(closed)}); !errors.As(err, &se) || se.Code != stream.CodeContainerNotOpen {
+	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), closed, stream.Options{TLS: streamTLS, Token: e.mint(closed, lastBlock.GetPipelineId())}); !errors.As(err, &se) || se.Code != stream.CodeContainerNotOpen {
 		t.Fatalf("closed container: %v", err)
 	}
 	t.Logf("closed container: %v", se)
