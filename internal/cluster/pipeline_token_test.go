@@ -137,10 +137,12 @@ func TestWriteThroughAnotherPipelineRefused(t *testing.T) {
 		bcsid[m] = bd.BCSID
 	}
 
-	// P2: another pipeline sharing a datanode with P1.
+	// P2: another pipeline sharing a datanode with P1; preferably one led
+	// by a shared datanode (then the leader holds c for P1, below).
 	var p2 pipelineOf
 	for _, p := range pipes {
-		if p.id != p1.id && slices.ContainsFunc(p.members, func(m uint64) bool { return slices.Contains(p1.members, m) }) {
+		if p.id != p1.id && slices.ContainsFunc(p.members, func(m uint64) bool { return slices.Contains(p1.members, m) }) &&
+			(p2.id == 0 || slices.Contains(p1.members, p.leader)) {
 			p2 = p
 		}
 	}
@@ -200,6 +202,35 @@ func TestWriteThroughAnotherPipelineRefused(t *testing.T) {
 		_, err := stream.Dial(ctx, route, p2.id, stream.BlockID{Container: cid, Local: lid}, stream.Options{Token: l.GetToken(), TLS: c.ClientCredentials().ClientTLS(pki.RoleDatanode)})
 		if !errors.As(err, &se) || se.Code != stream.CodePermissionDenied {
 			t.Fatalf("stream header via datanode %d of pipeline %d: %v, want permission denied", m, p2.id, err)
+		}
+	}
+
+	// A token that did name P2 (SCM never issues one for a container of
+	// P1; minted here with the cluster's keys) is still refused by a
+	// datanode that holds c for P1, when it leads P2: the container is
+	// P1's there. (Sent only to the members P2 shares with P1: D or E,
+	// which do not hold c, would take it; the token binding is what
+	// stops that.)
+	keys := dnByID(p1.members[0]).TokenKeys()
+	minted, err := keys.Issue(time.Now(), blocktoken.Claims{Block: claims.Block, Modes: blocktoken.Read | blocktoken.Write,
+		ExpiryUnixMs: time.Now().Add(time.Hour).UnixMilli(), Pipeline: p2.id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range p2.members {
+		if !slices.Contains(p1.members, m) {
+			continue
+		}
+		d := dnByID(m)
+		isLeader := d.IsPipelineLeader(p2.id)
+		_, err := rawDN(t, d.Addr()).PutBlock(blocktoken.WithToken(ctx, minted), &datanodepb.PutBlockRequest{PipelineId: p2.id, Block: smallReq(p2.id, cid, lid, data).GetBlock()})
+		switch st, _ := status.FromError(err); {
+		case st.Code() == codes.FailedPrecondition && strings.Contains(st.Message(), fmt.Sprintf("belongs to pipeline %d", p1.id)):
+			t.Logf("P2-naming token via datanode %d (P2 leader %v): refused: %s", m, isLeader, st.Message())
+		case st.Code() == codes.Unavailable && !isLeader:
+			t.Logf("P2-naming token via datanode %d: not P2's leader", m)
+		default:
+			t.Fatalf("PutBlock of P1's container with a P2-naming token via datanode %d (P2 leader %v): %v", m, isLeader, err)
 		}
 	}
 
