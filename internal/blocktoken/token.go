@@ -17,10 +17,15 @@ import (
 
 // Limits and sizes.
 const (
-	Version    = 1
+	// Version is the layout Issue writes: version 2 adds the pipeline.
+	// Decode also reads version 1 tokens (no pipeline: Pipeline 0), which
+	// still grant reads; a write needs a pipeline (CheckPipeline).
+	Version    = 2
+	version1   = 1
 	SecretSize = 32 // bytes of a secret key (HMAC-SHA256's block of entropy)
 	MaxOwner   = 128
-	fixedLen   = 36
+	fixedLen1  = 36
+	fixedLen   = fixedLen1 + 8
 	macLen     = sha256.Size
 	// MaxTokenSize bounds an encoded token; anything longer is refused
 	// before it is parsed.
@@ -75,6 +80,25 @@ type Claims struct {
 	Modes        Mode
 	ExpiryUnixMs int64
 	Owner        string
+	// Pipeline is the pipeline (Raft group) a write token lets its holder
+	// write through: the one SCM allocated the block's container to. 0 in
+	// read tokens and container export tokens (and version 1 tokens).
+	Pipeline uint64
+}
+
+// CheckPipeline refuses (ErrInvalid) a write through pipeline p unless
+// the token names p: a token for a block of a container in pipeline P1
+// must not write through another pipeline P2 the same datanode belongs
+// to, or P2's log would adopt the container and give its blocks P2's
+// (unrelated) indexes as BCSIDs.
+func (c Claims) CheckPipeline(p uint64) error {
+	if c.Pipeline == 0 {
+		return fmt.Errorf("%w: token for block %v names no pipeline; a write needs one (pipeline %d requested)", ErrInvalid, c.Block, p)
+	}
+	if c.Pipeline != p {
+		return fmt.Errorf("%w: token for block %v allows writes through pipeline %d only, request goes through pipeline %d", ErrInvalid, c.Block, c.Pipeline, p)
+	}
+	return nil
 }
 
 // Errors. Every refusal matches ErrInvalid or ErrExpired with errors.Is;
@@ -232,6 +256,7 @@ func (k *keyState) encode(c Claims) ([]byte, error) {
 	b = binary.BigEndian.AppendUint64(b, c.Block.Container)
 	b = binary.BigEndian.AppendUint64(b, c.Block.Local)
 	b = binary.BigEndian.AppendUint64(b, uint64(c.ExpiryUnixMs))
+	b = binary.BigEndian.AppendUint64(b, c.Pipeline)
 	b = append(b, c.Owner...)
 	return k.mac(b, b), nil
 }
@@ -251,14 +276,20 @@ func decode(tok []byte) (Claims, int, error) {
 	if len(tok) > MaxTokenSize {
 		return Claims{}, 0, fmt.Errorf("%w: %d bytes, at most %d", ErrInvalid, len(tok), MaxTokenSize)
 	}
-	if len(tok) < fixedLen+macLen {
-		return Claims{}, 0, fmt.Errorf("%w: %d bytes, at least %d", ErrInvalid, len(tok), fixedLen+macLen)
+	if len(tok) < fixedLen1+macLen {
+		return Claims{}, 0, fmt.Errorf("%w: %d bytes, at least %d", ErrInvalid, len(tok), fixedLen1+macLen)
 	}
-	if tok[0] != Version {
-		return Claims{}, 0, fmt.Errorf("%w: version %d, want %d", ErrInvalid, tok[0], Version)
+	var fixed int
+	switch tok[0] {
+	case version1:
+		fixed = fixedLen1
+	case Version:
+		fixed = fixedLen
+	default:
+		return Claims{}, 0, fmt.Errorf("%w: version %d, want %d or %d", ErrInvalid, tok[0], version1, Version)
 	}
 	n := int(tok[2])
-	if n > MaxOwner || len(tok) != fixedLen+n+macLen || tok[3] != 0 {
+	if n > MaxOwner || len(tok) != fixed+n+macLen || tok[3] != 0 {
 		return Claims{}, 0, fmt.Errorf("%w: %d bytes with an owner of %d (layout damaged)", ErrInvalid, len(tok), n)
 	}
 	be := binary.BigEndian
@@ -267,12 +298,15 @@ func decode(tok []byte) (Claims, int, error) {
 		KeyID:        be.Uint64(tok[4:]),
 		Block:        Block{be.Uint64(tok[12:]), be.Uint64(tok[20:])},
 		ExpiryUnixMs: int64(be.Uint64(tok[28:])),
-		Owner:        string(tok[fixedLen : fixedLen+n]),
+		Owner:        string(tok[fixed : fixed+n]),
+	}
+	if fixed == fixedLen {
+		c.Pipeline = be.Uint64(tok[fixedLen1:])
 	}
 	if c.Modes == 0 || c.Modes&^allModes != 0 {
 		return Claims{}, 0, fmt.Errorf("%w: modes %#x", ErrInvalid, uint8(c.Modes))
 	}
-	return c, fixedLen + n, nil
+	return c, fixed + n, nil
 }
 
 // Verify checks that tok is genuine (a key of s signed it; the MAC is

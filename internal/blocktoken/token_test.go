@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"testing"
 	"time"
@@ -146,6 +147,11 @@ func FuzzDecodeToken(f *testing.F) {
 	f.Add(tok)
 	f.Add([]byte{})
 	f.Add(make([]byte, fixedLen+macLen))
+	f.Add(make([]byte, fixedLen1+macLen))
+	v1 := encodeV1(ks.keys[9], Claims{KeyID: 9, Block: Block{3, 4}, Modes: Read, ExpiryUnixMs: 1 << 50, Owner: "bob"})
+	f.Add(v1)
+	wtok, _ := ks.Issue(time.UnixMilli(0), Claims{Block: Block{3, 4}, Modes: Write, ExpiryUnixMs: 1 << 50, Pipeline: 77})
+	f.Add(wtok)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := Decode(b)
 		if err != nil {
@@ -155,9 +161,9 @@ func FuzzDecodeToken(f *testing.F) {
 		} else if len(c.Owner) > MaxOwner || len(b) > MaxTokenSize {
 			t.Fatalf("decoded %+v from %d bytes", c, len(b))
 		}
-		// Nothing but the genuine token verifies.
+		// Nothing but the genuine tokens (version 2 and 1) verifies.
 		_, verr := ks.Verify(b, Block{3, 4}, Read, time.UnixMilli(1))
-		if verr == nil && !bytes.Equal(b, tok) {
+		if verr == nil && !bytes.Equal(b, tok) && !bytes.Equal(b, v1) {
 			t.Fatalf("forged token %x verified", b)
 		}
 	})
@@ -212,5 +218,89 @@ func TestTokenThroughGRPCMetadata(t *testing.T) {
 	huge := metadata.NewIncomingContext(context.Background(), metadata.Pairs(MetadataKey, string(make([]byte, 1<<20))))
 	if got := FromIncoming(huge); len(got) != MaxTokenSize+1 {
 		t.Fatalf("a 1 MiB value came back as %d bytes, want it cut to %d", len(got), MaxTokenSize+1)
+	}
+}
+
+func TestPipelineClaim(t *testing.T) {
+	now := time.UnixMilli(1_000_000)
+	ks := mustSet(t, testKey(t, 1, 0))
+	blk := Block{Container: 7, Local: 42}
+	exp := now.Add(time.Hour).UnixMilli()
+	tok, err := ks.Issue(now, Claims{Block: blk, Modes: Read | Write, ExpiryUnixMs: exp, Pipeline: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok[0] != Version || len(tok) != fixedLen+macLen {
+		t.Fatalf("version %d, %d bytes", tok[0], len(tok))
+	}
+	c, err := ks.Verify(tok, blk, Write, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Pipeline != 1<<40 {
+		t.Fatalf("pipeline %d", c.Pipeline)
+	}
+	if d, err := Decode(tok); err != nil || d != c {
+		t.Fatalf("Decode = %+v, %v; want %+v", d, err, c)
+	}
+	if err := c.CheckPipeline(1 << 40); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []uint64{0, 1, 1<<40 + 1} {
+		if err := c.CheckPipeline(p); !errors.Is(err, ErrInvalid) {
+			t.Errorf("pipeline %d: %v, want ErrInvalid", p, err)
+		}
+	}
+	// A token without a pipeline grants no write anywhere.
+	tok0, _ := ks.Issue(now, Claims{Block: blk, Modes: Read | Write, ExpiryUnixMs: exp})
+	c0, err := ks.Verify(tok0, blk, Read, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c0.CheckPipeline(0); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("no pipeline: %v", err)
+	}
+	// Flipping any bit of the pipeline is caught by the MAC.
+	for i := fixedLen1; i < fixedLen; i++ {
+		bad := bytes.Clone(tok)
+		bad[i] ^= 1
+		if _, err := ks.Verify(bad, blk, Write, now); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("pipeline byte %d changed: %v", i, err)
+		}
+	}
+}
+
+// encodeV1 writes a version 1 token (no pipeline), as issuers before
+// version 2 did.
+func encodeV1(k *keyState, c Claims) []byte {
+	b := []byte{version1, byte(c.Modes), byte(len(c.Owner)), 0}
+	b = binary.BigEndian.AppendUint64(b, c.KeyID)
+	b = binary.BigEndian.AppendUint64(b, c.Block.Container)
+	b = binary.BigEndian.AppendUint64(b, c.Block.Local)
+	b = binary.BigEndian.AppendUint64(b, uint64(c.ExpiryUnixMs))
+	b = append(b, c.Owner...)
+	return k.mac(b, b)
+}
+
+func TestVersion1TokenReadsOnly(t *testing.T) {
+	now := time.UnixMilli(1_000_000)
+	ks := mustSet(t, testKey(t, 3, 0))
+	blk := Block{Container: 5, Local: 6}
+	tok := encodeV1(ks.keys[3], Claims{KeyID: 3, Block: blk, Modes: Read | Write, ExpiryUnixMs: now.Add(time.Hour).UnixMilli(), Owner: "carol"})
+	c, err := ks.Verify(tok, blk, Read, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Pipeline != 0 || c.Owner != "carol" {
+		t.Fatalf("claims %+v", c)
+	}
+	if err := c.CheckPipeline(1); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("version 1 token allowed a write: %v", err)
+	}
+	// A version 1 header on a version 2 layout (or the reverse) is refused.
+	bad := bytes.Clone(tok)
+	bad[0] = Version
+	if _, err := Decode(bad); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("v1 layout read as v2: %v", err)
 	}
 }

@@ -515,6 +515,7 @@ func (d *Datanode) joinPipeline(p *metapb.Pipeline, members []*metapb.DatanodeDe
 	sm.isLeader = func() bool { return d.IsPipelineLeader(pid) }
 	sm.now = time.Now
 	sm.onUnhealthy = func() { d.reportSoon.Store(true) }
+	sm.owner = func(cid uint64) error { return d.ownerError(cid, pid) }
 	sm.onDeleted = d.ack
 	if _, err := d.host.AddGroup(raft.GroupConfig{ID: p.GetId(), Peers: p.GetDatanodes(), StateMachine: sm}); err != nil && !errors.Is(err, raft.ErrGroupExists) {
 		return err

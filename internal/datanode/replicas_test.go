@@ -68,7 +68,7 @@ func TestWaitAllFailsWhenAFollowerCannotStore(t *testing.T) {
 			// (SCM allocates no more blocks there once it hears the
 			// container is UNHEALTHY; datanodes do not check allocations).
 			id := &datanodepb.BlockID{ContainerId: b.GetId().GetContainerId(), LocalId: b.GetId().GetLocalId() + 1<<20}
-			e.mint(stream.BlockID{Container: id.ContainerId, Local: id.LocalId})
+			e.mint(stream.BlockID{Container: id.ContainerId, Local: id.LocalId}, b.GetPipelineId())
 			ci := chunkOf(0, data)
 			if _, err := leader.WriteChunk(ctx, &datanodepb.WriteChunkRequest{PipelineId: b.GetPipelineId(), Block: id, Chunk: ci, Data: data}); err != nil {
 				t.Fatalf("WriteChunk (the leader stores it): %v", err)

@@ -145,11 +145,14 @@ func (s *service) WriteChunk(ctx context.Context, req *datanodepb.WriteChunkRequ
 	if err := checkChunk(s.d.store, b, c, len(req.GetData())); err != nil {
 		return nil, badRequest("WriteChunk: block", b, err)
 	}
-	if err := s.checkToken(ctx, b.GetContainerId(), b.GetLocalId(), blocktoken.Write); err != nil {
+	if err := s.checkWriteToken(ctx, b.GetContainerId(), b.GetLocalId(), req.GetPipelineId()); err != nil {
 		return nil, err
 	}
 	g, err := s.leaderGroup(req.GetPipelineId())
 	if err != nil {
+		return nil, err
+	}
+	if err := s.checkOwner(b.GetContainerId(), req.GetPipelineId()); err != nil {
 		return nil, err
 	}
 	cid := storage.ContainerID(b.GetContainerId())
@@ -182,11 +185,14 @@ func (s *service) PutBlock(ctx context.Context, req *datanodepb.PutBlockRequest)
 	if err := checkBlock(s.d.store, bd); err != nil {
 		return nil, badRequest("PutBlock: block", bd.GetId(), err)
 	}
-	if err := s.checkToken(ctx, bd.GetId().GetContainerId(), bd.GetId().GetLocalId(), blocktoken.Write); err != nil {
+	if err := s.checkWriteToken(ctx, bd.GetId().GetContainerId(), bd.GetId().GetLocalId(), req.GetPipelineId()); err != nil {
 		return nil, err
 	}
 	g, err := s.leaderGroup(req.GetPipelineId())
 	if err != nil {
+		return nil, err
+	}
+	if err := s.checkOwner(bd.GetId().GetContainerId(), req.GetPipelineId()); err != nil {
 		return nil, err
 	}
 	meta := mustMarshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_PutBlock{
@@ -245,11 +251,14 @@ func (s *service) PutSmallFile(ctx context.Context, req *datanodepb.PutSmallFile
 	if err := checkChunk(s.d.store, bd.GetId(), bd.GetChunks()[0], len(data)); err != nil {
 		return nil, badRequest("PutSmallFile: block", bd.GetId(), err)
 	}
-	if err := s.checkToken(ctx, bd.GetId().GetContainerId(), bd.GetId().GetLocalId(), blocktoken.Write); err != nil {
+	if err := s.checkWriteToken(ctx, bd.GetId().GetContainerId(), bd.GetId().GetLocalId(), req.GetPipelineId()); err != nil {
 		return nil, err
 	}
 	g, err := s.leaderGroup(req.GetPipelineId())
 	if err != nil {
+		return nil, err
+	}
+	if err := s.checkOwner(bd.GetId().GetContainerId(), req.GetPipelineId()); err != nil {
 		return nil, err
 	}
 	cid := storage.ContainerID(bd.GetId().GetContainerId())

@@ -81,6 +81,10 @@ type containerSM struct {
 	// onUnhealthy, if set, is told a container went UNHEALTHY here (the
 	// datanode reports it to SCM in the next heartbeat).
 	onUnhealthy func()
+	// owner, if set, says which other pipeline holds a container on this
+	// datanode (Datanode.ownerError): such a container is never adopted
+	// (see owner.go).
+	owner func(cid uint64) error
 
 	applied atomic.Uint64
 	durable atomic.Uint64
@@ -299,6 +303,11 @@ func (sm *containerSM) ensureContainer(cid storage.ContainerID) error {
 	if why, ok := sm.lacks(uint64(cid)); ok {
 		return fmt.Errorf("datanode: pipeline %d: container %d lacks data on this replica (%s): %w", sm.pipeline, cid, why, storage.ErrContainerNotOpen)
 	}
+	if sm.owner != nil {
+		if err := sm.owner(uint64(cid)); err != nil {
+			return err // errOtherPipeline: neither tracked nor marked here
+		}
+	}
 	if err := sm.track(uint64(cid)); err != nil {
 		return err
 	}
@@ -368,7 +377,9 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	}
 	if err := sm.ensureContainer(cid); err != nil {
 		sm.markLost(cid, lid, err)
-		sm.markUnhealthy(cid, index, fmt.Sprintf("entry %d: %v", index, err))
+		if !errors.Is(err, errOtherPipeline) {
+			sm.markUnhealthy(cid, index, fmt.Sprintf("entry %d: %v", index, err))
+		}
 		return nil
 	}
 	// The leader verified the chunk when the client sent it (service.
@@ -670,6 +681,11 @@ func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeC
 	bd := toBlockData(b)
 	bd.BCSID = index
 	if err := sm.ensureContainer(cid); err != nil {
+		if errors.Is(err, errOtherPipeline) {
+			// Another pipeline's container: this entry fails here and
+			// changes nothing (no BCSID from this log, no UNHEALTHY mark).
+			return fmt.Errorf("datanode: pipeline %d entry %d: %w", sm.pipeline, index, err)
+		}
 		sm.markUnhealthy(cid, index, fmt.Sprintf("entry %d: %v", index, err))
 		return err
 	}

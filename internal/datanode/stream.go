@@ -36,6 +36,9 @@ func (b streamBackend) Open(h *stream.Header) (stream.Sink, error) {
 				Reason: fmt.Sprintf("route names datanode %d, not a member of pipeline %d %v", t.ID, h.Pipeline, members)}
 		}
 	}
+	if err := d.checkStreamOwner(h); err != nil {
+		return nil, err
+	}
 	cid, lid := storage.ContainerID(h.Block.Container), storage.LocalID(h.Block.Local)
 	d.mu.Lock()
 	sm := d.sms[h.Pipeline]

@@ -300,9 +300,15 @@ func TestStreamWriteThroughCluster(t *testing.T) {
 	b := e.block()
 	route, _ := stream.Route(b.GetDatanodes(), clientLoc)
 	var se *stream.Error
-	if _, err := stream.Dial(ctx, route, 987654, bid(b), stream.Options{TLS: streamTLS, Token: b.GetToken()}); !errors.As(err, &se) || se.Code != stream.CodeNotInPipeline || se.Datanode != route[0].ID {
+	// (The namespace's token names the block's pipeline, so it is refused
+	// for any other; a token naming the unknown one reaches the check.)
+	if _, err := stream.Dial(ctx, route, 987654, bid(b), stream.Options{TLS: streamTLS, Token: b.GetToken()}); !errors.As(err, &se) || se.Code != stream.CodePermissionDenied || se.Datanode != route[0].ID {
+		t.Fatalf("unknown pipeline with the block's token: %v", err)
+	}
+	if _, err := stream.Dial(ctx, route, 987654, bid(b), stream.Options{TLS: streamTLS, Token: e.mint(bid(b), 987654)}); !errors.As(err, &se) || se.Code != stream.CodeNotInPipeline || se.Datanode != route[0].ID {
 		t.Fatalf("unknown pipeline: %v", err)
 	}
+	rememberToken(b)
 	bad := append([]stream.Target{route[0]}, stream.Target{ID: 4242, Addr: route[1].Addr})
 	if _, err := stream.Dial(ctx, bad, b.GetPipelineId(), bid(b), stream.Options{TLS: streamTLS, Token: b.GetToken()}); !errors.As(err, &se) || se.Code != stream.CodeBadHeader {
 		t.Fatalf("route through a non-member: %v", err)
@@ -315,7 +321,7 @@ func TestStreamWriteThroughCluster(t *testing.T) {
 	// close_container), then stream a new block into it.
 	e.putBlock(lastBlock, lastBD, true)
 	closed := stream.BlockID{Container: bid(lastBlock).Container, Local: bid(lastBlock).Local + 1000}
-	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), closed, stream.Options{TLS: streamTLS, Token: e.mint(closed)}); !errors.As(err, &se) || se.Code != stream.CodeContainerNotOpen {
+	if _, err := stream.Dial(ctx, route, lastBlock.GetPipelineId(), closed, stream.Options{TLS: streamTLS, Token: e.mint(closed, lastBlock.GetPipelineId())}); !errors.As(err, &se) || se.Code != stream.CodeContainerNotOpen {
 		t.Fatalf("closed container: %v", err)
 	}
 	t.Logf("closed container: %v", se)

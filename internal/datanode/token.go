@@ -61,7 +61,16 @@ func (d *Datanode) TokensRefused() uint64 { return d.tokens.refused.Load() }
 
 // verifyToken checks tok for mode on block (container, local).
 func (d *Datanode) verifyToken(tok []byte, container, local uint64, mode blocktoken.Mode) error {
-	_, err := d.tokens.v.Verify(tok, blocktoken.Block{Container: container, Local: local}, mode, time.Now())
+	return d.verifyTokenVia(tok, container, local, mode, 0)
+}
+
+// verifyTokenVia is verifyToken for a call through pipeline: a write
+// token must name that pipeline (blocktoken.Claims.CheckPipeline).
+func (d *Datanode) verifyTokenVia(tok []byte, container, local uint64, mode blocktoken.Mode, pipeline uint64) error {
+	c, err := d.tokens.v.Verify(tok, blocktoken.Block{Container: container, Local: local}, mode, time.Now())
+	if err == nil && mode&blocktoken.Write != 0 {
+		err = c.CheckPipeline(pipeline)
+	}
 	if err != nil {
 		d.tokens.refused.Add(1)
 		return fmt.Errorf("datanode %d: %v access to block %d/%d refused: %w", d.ident.ID, mode, container, local, err)
@@ -76,6 +85,11 @@ func (s *service) checkToken(ctx context.Context, container, local uint64, mode 
 	return tokenStatus(s.d.verifyToken(blocktoken.FromIncoming(ctx), container, local, mode))
 }
 
+// checkWriteToken is checkToken for a write through pipeline.
+func (s *service) checkWriteToken(ctx context.Context, container, local, pipeline uint64) error {
+	return tokenStatus(s.d.verifyTokenVia(blocktoken.FromIncoming(ctx), container, local, blocktoken.Write, pipeline))
+}
+
 func tokenStatus(err error) error {
 	if err == nil {
 		return nil
@@ -87,9 +101,10 @@ func tokenStatus(err error) error {
 	return dnError(codes.PermissionDenied, kind, err.Error(), nil)
 }
 
-// checkStreamToken checks a V2 stream header's token (write).
+// checkStreamToken checks a V2 stream header's token (write, through
+// the header's pipeline).
 func (d *Datanode) checkStreamToken(h *stream.Header) *stream.Error {
-	if err := d.verifyToken(h.Token, h.Block.Container, h.Block.Local, blocktoken.Write); err != nil {
+	if err := d.verifyTokenVia(h.Token, h.Block.Container, h.Block.Local, blocktoken.Write, h.Pipeline); err != nil {
 		return &stream.Error{Code: stream.CodePermissionDenied, Datanode: d.ident.ID, Reason: err.Error()}
 	}
 	return nil

@@ -45,9 +45,9 @@ func forgetTokens() {
 	testTokens.Unlock()
 }
 
-// mint signs a read+write token for any block with the keys the
-// datanodes hold, records it, and returns it.
-func (e *env) mint(b stream.BlockID) []byte {
+// mint signs a read+write token for any block, writable through
+// pipeline, with the keys the datanodes hold, records it, and returns it.
+func (e *env) mint(b stream.BlockID, pipeline uint64) []byte {
 	e.t.Helper()
 	var ks *blocktoken.KeySet
 	for i := range e.c.Datanodes {
@@ -57,7 +57,7 @@ func (e *env) mint(b stream.BlockID) []byte {
 		}
 	}
 	tok, err := ks.Issue(time.Now(), blocktoken.Claims{Block: blocktoken.Block{Container: b.Container, Local: b.Local},
-		Modes: blocktoken.Read | blocktoken.Write, ExpiryUnixMs: time.Now().Add(time.Hour).UnixMilli()})
+		Modes: blocktoken.Read | blocktoken.Write, ExpiryUnixMs: time.Now().Add(time.Hour).UnixMilli(), Pipeline: pipeline})
 	if err != nil {
 		e.t.Fatal(err)
 	}

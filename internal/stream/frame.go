@@ -31,7 +31,7 @@ const (
 	// maxAddrLen bounds one route entry's address.
 	maxAddrLen = 255
 	// MaxToken bounds the header's block token (package blocktoken's are
-	// at most 196 bytes).
+	// at most 204 bytes).
 	MaxToken = 512
 	// maxHeaderBody bounds what a datanode reads before it has validated
 	// anything.

@@ -225,9 +225,16 @@ const issueWait = 3 * time.Second
 // local replica's signing key and valid for TokenLifetime. The namespace
 // calls it for every block location it returns.
 func (m *Manager) IssueToken(ctx context.Context, id *metapb.BlockID, modes blocktoken.Mode, owner string) ([]byte, error) {
+	return m.IssuePipelineToken(ctx, id, 0, modes, owner)
+}
+
+// IssuePipelineToken is IssueToken for a token that names pipeline (the
+// one the block's container was allocated to): a write token needs one,
+// and datanodes take its writes through that pipeline only.
+func (m *Manager) IssuePipelineToken(ctx context.Context, id *metapb.BlockID, pipeline uint64, modes blocktoken.Mode, owner string) ([]byte, error) {
 	now := m.cfg.Now()
 	c := blocktoken.Claims{Block: blocktoken.Block{Container: id.GetContainerId(), Local: id.GetLocalId()}, Modes: modes,
-		ExpiryUnixMs: now.Add(m.keyCfg().TokenLifetime).UnixMilli(), Owner: owner}
+		ExpiryUnixMs: now.Add(m.keyCfg().TokenLifetime).UnixMilli(), Owner: owner, Pipeline: pipeline}
 	tok, err := m.st.TokenKeys().Issue(now, c)
 	if !errors.Is(err, blocktoken.ErrNoKey) {
 		return tok, err
