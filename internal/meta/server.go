@@ -203,6 +203,9 @@ func New(cfg Config) (*Server, error) {
 	for _, a := range cfg.Admins {
 		s.admins[a] = true
 	}
+	if len(s.admins) == 0 && !cfg.TLS.IsInsecure() {
+		s.log.Warn("meta: no admins configured (basalt meta --admins): nobody may create or delete volumes, manage S3 keys or decommission datanodes")
+	}
 	if _, ok := s.peers[cfg.NodeID]; !ok && len(s.peers) > 0 {
 		return nil, fmt.Errorf("meta: node %d is not among the peers %v", cfg.NodeID, peerIDs(s.peers))
 	}

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/cockroachdb/pebble/v2"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -227,7 +228,7 @@ func (a *Authorizer) DeleteBucket(volume, bucket string) error {
 	if a.trusted {
 		return nil
 	}
-	b, err := a.st.GetBucket(volume, bucket)
+	b, err := a.st.cachedBucket(volume, bucket)
 	if err != nil {
 		return err
 	}
@@ -243,7 +244,7 @@ func (a *Authorizer) DeleteBucket(volume, bucket string) error {
 // bucket checks want on the bucket itself; for an FS bucket it returns
 // the bucket for the path checks.
 func (a *Authorizer) bucket(volume, bucket string, want uint32, what string) (*metapb.Bucket, error) {
-	b, err := a.st.GetBucket(volume, bucket)
+	b, err := a.st.cachedBucket(volume, bucket)
 	if err != nil {
 		return nil, err
 	}
@@ -360,7 +361,7 @@ func (a *Authorizer) Read(volume, bucket, key string) error {
 	if a.trusted {
 		return nil
 	}
-	b, err := a.st.GetBucket(volume, bucket)
+	b, err := a.st.cachedBucket(volume, bucket)
 	if err != nil {
 		return err
 	}
@@ -377,7 +378,7 @@ func (a *Authorizer) Stat(volume, bucket, key string) error {
 	if a.trusted {
 		return nil
 	}
-	b, err := a.st.GetBucket(volume, bucket)
+	b, err := a.st.cachedBucket(volume, bucket)
 	if err != nil {
 		return err
 	}
@@ -394,7 +395,7 @@ func (a *Authorizer) List(volume, bucket, dir string) error {
 	if a.trusted {
 		return nil
 	}
-	b, err := a.st.GetBucket(volume, bucket)
+	b, err := a.st.cachedBucket(volume, bucket)
 	if err != nil {
 		return err
 	}
@@ -411,7 +412,7 @@ func (a *Authorizer) Write(volume, bucket, key, what string) error {
 	if a.trusted {
 		return nil
 	}
-	b, err := a.st.GetBucket(volume, bucket)
+	b, err := a.st.cachedBucket(volume, bucket)
 	if err != nil {
 		return err
 	}
@@ -449,7 +450,7 @@ func (a *Authorizer) SetFileAttrs(req *metapb.SetFileAttrsRequest) error {
 	if req.Bucket == "" {
 		return a.volumeAttrs(req.Volume)
 	}
-	b, err := a.st.GetBucket(req.Volume, req.Bucket)
+	b, err := a.st.cachedBucket(req.Volume, req.Bucket)
 	if err != nil {
 		return err
 	}
@@ -501,4 +502,17 @@ func (a *Authorizer) S3Secret(read bool) error {
 		return denied(a.c, "read S3 secrets (admins and gateways only)")
 	}
 	return denied(a.c, "manage S3 secrets (admins only)")
+}
+
+// cachedBucket is the bucket row through the read path's cache (shared:
+// not to be modified): the check costs no Pebble read for a known bucket.
+func (s *State) cachedBucket(volume, name string) (*metapb.Bucket, error) {
+	var b *metapb.Bucket
+	gen := s.buckets.generation()
+	err := s.view(func(r pebble.Reader) error {
+		var err error
+		b, err = s.buckets.get(r, gen, volume, name)
+		return err
+	})
+	return b, err
 }
