@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/cockroachdb/pebble/v2"
 	"google.golang.org/grpc/codes"
@@ -254,21 +253,20 @@ func (a *Authorizer) bucket(volume, bucket string, want uint32, what string) (*m
 	return b, nil
 }
 
-// entry is an fs entry's owner and mode (files: the WebHDFS attributes
-// in its metadata, then its own attrs).
-func entryOwnerMode(b *metapb.Bucket, fs *metapb.FileStatus) (string, uint32) {
+// entryOwnerMode is an fs entry's owner and mode (files: the WebHDFS
+// attributes in its metadata, then its own attrs).
+func entryOwnerMode(b *metapb.Bucket, e *metapb.FsEntry) (string, uint32) {
 	owner, mode := "", uint32(DefaultFSDirMode)
-	at := fs.GetAttrs()
-	if !fs.GetIsDir() {
+	at := e.GetAttrs()
+	if !e.GetIsDir() {
 		mode = DefaultFileMode
-		at = nil
-		if u := fs.GetFile().GetMeta().GetUser(); u != nil {
+		if u := e.GetFile().GetMeta().GetUser(); u != nil {
 			owner = u["hdfs-owner"]
-			if v, err := strconv.ParseUint(u["hdfs-permission"], 8, 32); err == nil {
+			if v, err := strconv.ParseUint(u["hdfs-permission"], 8, 32); err == nil && v <= MaxPermission {
 				mode = uint32(v)
 			}
 		}
-		at = fs.GetFile().GetAttrs()
+		at = e.GetFile().GetAttrs()
 	}
 	if at.GetOwner() != "" {
 		owner = at.GetOwner()
@@ -280,12 +278,33 @@ func entryOwnerMode(b *metapb.Bucket, fs *metapb.FileStatus) (string, uint32) {
 	return owner, mode
 }
 
+// pathEntries reads the entries of parts' prefixes in one view: entries[i]
+// is parts[:i+1]'s; it stops at the first missing one or after a file.
+func (s *State) pathEntries(b *metapb.Bucket, parts []string) ([]*metapb.FsEntry, error) {
+	var out []*metapb.FsEntry
+	err := s.view(func(r pebble.Reader) error {
+		parent := uint64(0)
+		for _, p := range parts {
+			e := &metapb.FsEntry{}
+			ok, err := get(r, fsKey(b.Id, parent, p), e)
+			if err != nil || !ok {
+				return err
+			}
+			out = append(out, e)
+			if !e.IsDir {
+				return nil
+			}
+			parent = e.DirId
+		}
+		return nil
+	})
+	return out, err
+}
+
 // fsPath checks an FS bucket path: x on the bucket and every directory
-// above the last component, then want on the parent (parentWant) and on
-// the entry itself (entryWant, if it exists). A missing component ends
-// the walk: the rest is checked where it exists (the caller's request
-// fails with NotFound, or creates the rest: then the deepest existing
-// directory needs w, see createPath).
+// above the last component, parentWant on its parent and entryWant on the
+// entry itself. A missing component ends the walk: the request itself
+// reports it.
 func (a *Authorizer) fsPath(b *metapb.Bucket, path string, parentWant, entryWant uint32, what string) error {
 	parts, err := SplitPath(path, true)
 	if err != nil {
@@ -302,17 +321,17 @@ func (a *Authorizer) fsPath(b *metapb.Bucket, path string, parentWant, entryWant
 	if !a.allows(owner, mode, want) {
 		return denied(a.c, "%s: bucket %q (owner %q, mode %o)", what, b.Name, owner, mode)
 	}
-	for i := range parts {
-		fs, err := a.st.GetFileStatus(&metapb.GetFileStatusRequest{Volume: b.Volume, Bucket: b.Name, Path: strings.Join(parts[:i+1], "/")})
-		if err != nil {
-			return nil // missing: the request itself reports it
-		}
-		owner, mode := entryOwnerMode(b, fs)
+	entries, err := a.st.pathEntries(b, parts)
+	if err != nil {
+		return err
+	}
+	for i, e := range entries {
+		owner, mode := entryOwnerMode(b, e)
 		var want uint32
 		switch {
 		case i == len(parts)-1:
 			want = entryWant
-			if fs.IsDir && entryWant != 0 {
+			if e.IsDir && entryWant != 0 {
 				want |= permX
 			}
 		case i == len(parts)-2:
@@ -321,25 +340,28 @@ func (a *Authorizer) fsPath(b *metapb.Bucket, path string, parentWant, entryWant
 			want = permX
 		}
 		if want != 0 && !a.allows(owner, mode, want) {
-			return denied(a.c, "%s: %q (owner %q, mode %o)", what, strings.Join(parts[:i+1], "/"), owner, mode)
+			return denied(a.c, "%s: %q (owner %q, mode %o)", what, joinPath(parts[:i+1]), owner, mode)
 		}
 	}
 	return nil
 }
 
-// createPath checks creating path and any missing parents: x on every
-// existing directory, w on the deepest existing one (when something is
-// created).
+// createPath checks creating, replacing or deleting path (and creating
+// any missing parents): x on every existing directory on the way, w on
+// the deepest existing one.
 func (a *Authorizer) createPath(b *metapb.Bucket, path string, what string) error {
 	parts, err := SplitPath(path, false)
+	if err != nil {
+		return err
+	}
+	entries, err := a.st.pathEntries(b, parts)
 	if err != nil {
 		return err
 	}
 	owner, mode := BucketOwner(b), bucketMode(b)
 	at := ""
 	for i := range parts {
-		fs, err := a.st.GetFileStatus(&metapb.GetFileStatusRequest{Volume: b.Volume, Bucket: b.Name, Path: strings.Join(parts[:i+1], "/")})
-		if err != nil || !fs.IsDir || i == len(parts)-1 {
+		if i >= len(entries) || !entries[i].IsDir || i == len(parts)-1 {
 			// parts[i] is missing (created here), a file (the request
 			// fails), or the target itself: its parent must be writable.
 			if !a.allows(owner, mode, permW|permX) {
@@ -350,8 +372,8 @@ func (a *Authorizer) createPath(b *metapb.Bucket, path string, what string) erro
 		if !a.allows(owner, mode, permX) {
 			return denied(a.c, "%s: %q (owner %q, mode %o)", what, "/"+at, owner, mode)
 		}
-		owner, mode = entryOwnerMode(b, fs)
-		at = strings.Join(parts[:i+1], "/")
+		owner, mode = entryOwnerMode(b, entries[i])
+		at = joinPath(parts[:i+1])
 	}
 	return nil
 }
@@ -462,11 +484,15 @@ func (a *Authorizer) SetFileAttrs(req *metapb.SetFileAttrsRequest) error {
 		if err := a.fsPath(b, req.Path, 0, 0, "change attributes of "+strconv.Quote(req.Path)); err != nil {
 			return err
 		}
-		fs, err := a.st.GetFileStatus(&metapb.GetFileStatusRequest{Volume: req.Volume, Bucket: req.Bucket, Path: req.Path})
+		parts, _ := SplitPath(req.Path, false)
+		entries, err := a.st.pathEntries(b, parts)
 		if err != nil {
 			return err
 		}
-		owner, _ = entryOwnerMode(b, fs)
+		if len(entries) < len(parts) {
+			return nil // missing: the request reports it
+		}
+		owner, _ = entryOwnerMode(b, entries[len(parts)-1])
 	}
 	if owner != a.c.User {
 		return denied(a.c, "change the attributes of %q (its owner is %q)", "/"+req.Volume+"/"+req.Bucket+"/"+req.Path, owner)
