@@ -33,6 +33,10 @@ import (
 //
 // An RPC nobody listed here (added later) is open to clients and meta
 // nodes only: a new datanode-facing RPC must be listed to be reachable.
+//
+// Past the role, a call runs for a user (caller): the namespace's
+// Authorizer checks owners and modes for it, and adminMethods need an
+// admin (Config.Admins). See docs/ARCHITECTURE.md, "Security".
 var (
 	anyRole        = []pki.Role{pki.RoleMeta, pki.RoleDatanode, pki.RoleClient}
 	clientsAndMeta = []pki.Role{pki.RoleClient, pki.RoleMeta}
