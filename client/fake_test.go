@@ -105,7 +105,7 @@ var clientCreds = sync.OnceValue(func() *pki.Credentials { return testCreds(pki.
 func newFakeCluster(t *testing.T, nDN int, blockSize uint64) *fakeCluster {
 	t.Helper()
 	ms, err := meta.New(meta.Config{
-		NodeID: 1, DataDir: filepath.Join(t.TempDir(), "meta"), TLS: testCreds(pki.RoleMeta, "1"),
+		NodeID: 1, DataDir: filepath.Join(t.TempDir(), "meta"), TLS: testCreds(pki.RoleMeta, "1"), Admins: []string{"test"},
 		TickInterval: 10 * time.Millisecond, ElectionTicks: 5,
 		SCM:       scm.Config{LoopInterval: 20 * time.Millisecond, BlockSize: blockSize, SafeModeMinDatanodes: 1},
 		Namespace: namespace.Config{ServiceInterval: 50 * time.Millisecond},

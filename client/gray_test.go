@@ -51,7 +51,7 @@ func startReal(t *testing.T, ctx context.Context, n int) *realCluster {
 		}
 		return c
 	}
-	ms, err := meta.New(meta.Config{TLS: creds(pki.RoleMeta, "1"),
+	ms, err := meta.New(meta.Config{TLS: creds(pki.RoleMeta, "1"), Admins: []string{"gray-test"},
 		NodeID: 1, DataDir: filepath.Join(dir, "meta"), TickInterval: 50 * time.Millisecond,
 		SCM: scm.Config{HeartbeatInterval: 200 * time.Millisecond, StaleInterval: 10 * time.Second, DeadInterval: 30 * time.Second,
 			BlockSize: 4 << 20, ContainerSize: 256 << 20, SafeModeMinDatanodes: 3, LoopInterval: 200 * time.Millisecond},

@@ -35,7 +35,7 @@ import (
 const devBasePort = 9862
 
 func devCmd() *cobra.Command {
-	var dataDir, metricsAddr, s3Addr, webhdfsAddr, zonedSpec string
+	var dataDir, metricsAddr, s3Addr, webhdfsAddr, zonedSpec, admins string
 	var datanodes, basePort int
 	var insecure bool
 	cmd := &cobra.Command{
@@ -59,7 +59,7 @@ themselves when run from the same directory (else --tls-dir or $` + envTLSDir + 
 				}
 				so.NewBackend = nb
 			}
-			return runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr, cmd.Flags().Changed("webhdfs"), datanodes, basePort, insecure, so)
+			return runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr, cmd.Flags().Changed("webhdfs"), datanodes, basePort, insecure, so, splitList(admins))
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./basalt-data", "where the cluster keeps its data")
@@ -68,6 +68,7 @@ themselves when run from the same directory (else --tls-dir or $` + envTLSDir + 
 	cmd.Flags().StringVar(&webhdfsAddr, "webhdfs", fmt.Sprintf("127.0.0.1:%d", webhdfs.DefaultPort), "WebHDFS gateway address (the NameNode's HTTP port); \"\" = off")
 	cmd.Flags().IntVar(&datanodes, "datanodes", 3, "number of datanodes")
 	cmd.Flags().IntVar(&basePort, "base-port", devBasePort, "meta gRPC port; the other ports follow it")
+	cmd.Flags().StringVar(&admins, "admins", os.Getenv("USER"), "administrators besides the CLI's certificate (client-"+cluster.ClientID.ID+"), comma-separated: by default your login name, so that Hadoop clients (WebHDFS user.name) may create volumes")
 	cmd.Flags().BoolVar(&insecure, "insecure-no-tls", false, "DANGEROUS: run every port in plaintext with no authentication (only to measure what TLS costs; clients need --insecure-no-tls too)")
 	cmd.Flags().StringVar(&zonedSpec, "zoned", "", "store block data on zoned volumes: --zoned alone emulates a zonefs per datanode (DATA_DIR/dnN/data/basalt/zonefs); --zoned=/mnt/z1,/mnt/z2,/mnt/z3 uses one real zonefs mount per datanode")
 	cmd.Flags().Lookup("zoned").NoOptDefVal = "emulate"
@@ -123,7 +124,7 @@ func devS3Key(ctx context.Context, metaAddr, token string, creds *pki.Credential
 	return id, s.GetSecretAccessKey(), nil
 }
 
-func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool, datanodes, basePort int, insecure bool, so storage.Options) error {
+func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool, datanodes, basePort int, insecure bool, so storage.Options, admins []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	reg := prometheus.NewRegistry()
@@ -134,7 +135,7 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 	if insecure {
 		fmt.Println("basalt dev: WARNING: --insecure-no-tls: every port is PLAINTEXT and accepts ANYONE (for measuring what TLS costs only)")
 	}
-	c, err := cluster.Start(sctx, cluster.Config{Dir: dataDir, Datanodes: datanodes, BasePort: basePort, Registerer: reg, Logger: logger, Insecure: insecure, Storage: so})
+	c, err := cluster.Start(sctx, cluster.Config{Dir: dataDir, Admins: admins, Datanodes: datanodes, BasePort: basePort, Registerer: reg, Logger: logger, Insecure: insecure, Storage: so})
 	cancel()
 	if err != nil {
 		return err
@@ -157,7 +158,7 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 	if err != nil {
 		return err
 	}
-	s3Creds, err := c.Credentials(pki.Identity{Role: pki.RoleClient, ID: "s3"})
+	s3Creds, err := c.GatewayCredentials("s3")
 	if err != nil {
 		return err
 	}
@@ -172,7 +173,7 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 		// The default port may be taken by another dev cluster on the
 		// machine (scripts that pass only --base-port): then the cluster
 		// runs without the gateway. An address asked for must work.
-		whCreds, err := c.Credentials(pki.Identity{Role: pki.RoleClient, ID: "webhdfs"})
+		whCreds, err := c.GatewayCredentials("webhdfs")
 		if err != nil {
 			return err
 		}

@@ -73,7 +73,7 @@ func parsePeers(s string) (map[uint64]meta.Peer, error) {
 }
 
 func metaCmd() *cobra.Command {
-	var dataDir, raftAddr, grpcAddr, peers, metricsAddr, logLevel, tokenFile string
+	var dataDir, raftAddr, grpcAddr, peers, metricsAddr, logLevel, tokenFile, admins string
 	var id uint64
 	var tf tlsFlags
 	var uploadExpiry time.Duration
@@ -102,7 +102,7 @@ node gets the same --peers list (empty for a single node).`,
 			}
 			reg := newRegistry()
 			ms, err := meta.New(meta.Config{NodeID: id, DataDir: dataDir, RaftAddr: raftAddr, GRPCAddr: grpcAddr, Peers: p, TLS: creds,
-				ServiceTokenFile: tokenFile, Namespace: namespace.Config{UploadExpiry: uploadExpiry}, SCM: scmCfg,
+				ServiceTokenFile: tokenFile, Admins: splitList(admins), Namespace: namespace.Config{UploadExpiry: uploadExpiry}, SCM: scmCfg,
 				BallastBytes: ballast, Registerer: reg, Logger: serverLogger(logLevel)})
 			if err != nil {
 				return err
@@ -131,6 +131,7 @@ node gets the same --peers list (empty for a single node).`,
 	cmd.Flags().StringVar(&tokenFile, "service-token-file", "", "file of the cluster service token S3 gateways and admin tools present (default DATA_DIR/"+meta.ServiceTokenFile+"; if it does not exist the node adopts the token the cluster recorded, made by the first leader, and writes it there)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
+	cmd.Flags().StringVar(&admins, "admins", "", "administrators: users (client certificate IDs, or end users named by a gateway) who may do everything, comma-separated")
 	cmd.Flags().Int64Var(&ballast, "ballast-bytes", storage.DefaultBallast, "emergency ballast kept beside each Pebble store and the Raft log, removed at start on a full disk so the node comes up (0: none)")
 	cmd.Flags().DurationVar(&scmCfg.StaleInterval, "stale-interval", 30*time.Second, "a datanode not heard from for this long is STALE (its pipelines close; it gets no new writes)")
 	cmd.Flags().DurationVar(&scmCfg.DeadInterval, "dead-interval", 90*time.Second, "a datanode not heard from for this long is DEAD (its pipelines close, its replicas are copied elsewhere)")

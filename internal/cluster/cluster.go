@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,7 +32,10 @@ import (
 
 // Config describes the cluster. Zero values take the defaults noted.
 type Config struct {
-	Dir       string
+	Dir string
+	// Admins are administrators besides Admins (the ready client
+	// certificate's user).
+	Admins    []string
 	Datanodes int // default 3
 	// Location of datanode i (0-based); default: the first half of them on
 	// /dc1/rack1, the rest on /dc1/rack2 (two racks, as placement needs).
@@ -126,7 +130,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	ms, err := meta.New(meta.Config{
 		NodeID: 1, DataDir: filepath.Join(cfg.Dir, "meta"), RaftAddr: cfg.addr(1), GRPCAddr: cfg.addr(0),
-		TickInterval: cfg.TickInterval, TLS: metaCreds,
+		TickInterval: cfg.TickInterval, TLS: metaCreds, Admins: append(slices.Clone(Admins), cfg.Admins...),
 		SCM: scm.Config{
 			HeartbeatInterval: cfg.HeartbeatInterval, StaleInterval: 10 * cfg.HeartbeatInterval, DeadInterval: 30 * cfg.HeartbeatInterval,
 			PipelineLimit: cfg.PipelineLimit, BlockSize: cfg.BlockSize, ContainerSize: cfg.ContainerSize,
@@ -304,6 +308,16 @@ func TLSDir(dir string) string { return filepath.Join(dir, "tls") }
 // ClientID is the identity of the cluster's ready client certificate
 // (ClientCredentials; `basalt dev` points the CLI at it).
 var ClientID = pki.Identity{Role: pki.RoleClient, ID: "cli"}
+
+// Admins are the cluster's administrators: the ready client certificate
+// (ClientID) is one, so tools and tests may do everything.
+var Admins = []string{ClientID.ID}
+
+// GatewayCredentials are a gateway's certificate (pki.GatewayPrefix +
+// name): it acts for the end users it names (metaclient.WithUser).
+func (c *Cluster) GatewayCredentials(name string) (*pki.Credentials, error) {
+	return c.Credentials(pki.Identity{Role: pki.RoleClient, ID: pki.GatewayPrefix + name})
+}
 
 // Credentials returns id's credentials from the cluster's CA, issued on
 // first use (pki.Insecure() for an insecure cluster).

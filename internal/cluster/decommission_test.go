@@ -32,7 +32,7 @@ func restartMeta(t *testing.T, c *cluster.Cluster, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms, err := meta.New(meta.Config{TLS: creds,
+	ms, err := meta.New(meta.Config{TLS: creds, Admins: cluster.Admins,
 		NodeID: 1, DataDir: filepath.Join(dir, "meta"), RaftAddr: raftAddr, GRPCAddr: grpcAddr, TickInterval: 50 * time.Millisecond,
 		SCM: scm.Config{HeartbeatInterval: 200 * time.Millisecond, StaleInterval: 2 * time.Second, DeadInterval: 6 * time.Second,
 			SafeModeMinDatanodes: 3, LoopInterval: 200 * time.Millisecond, ContainerSize: 512 << 20, BlockSize: 4 << 20},

@@ -175,7 +175,7 @@ func TestRepairSurvivesMetaRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	ms, err := meta.New(meta.Config{
-		NodeID: 1, DataDir: filepath.Join(dir, "meta"), TLS: metaCreds, RaftAddr: raftAddr, GRPCAddr: grpcAddr, TickInterval: 50 * time.Millisecond,
+		NodeID: 1, DataDir: filepath.Join(dir, "meta"), TLS: metaCreds, Admins: cluster.Admins, RaftAddr: raftAddr, GRPCAddr: grpcAddr, TickInterval: 50 * time.Millisecond,
 		SCM: scm.Config{HeartbeatInterval: 200 * time.Millisecond, StaleInterval: 2 * time.Second, DeadInterval: 6 * time.Second,
 			SafeModeMinDatanodes: 3, LoopInterval: 200 * time.Millisecond, ContainerSize: 512 << 20, BlockSize: 4 << 20},
 	})

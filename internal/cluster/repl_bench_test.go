@@ -66,7 +66,7 @@ func restartMetaWith(t *testing.T, c *cluster.Cluster, dir string, change func(*
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms, err := meta.New(meta.Config{TLS: creds, NodeID: 1, DataDir: filepath.Join(dir, "meta"), RaftAddr: raftAddr, GRPCAddr: grpcAddr, TickInterval: 50 * time.Millisecond, SCM: cfg})
+	ms, err := meta.New(meta.Config{TLS: creds, Admins: cluster.Admins, NodeID: 1, DataDir: filepath.Join(dir, "meta"), RaftAddr: raftAddr, GRPCAddr: grpcAddr, TickInterval: 50 * time.Millisecond, SCM: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -109,7 +109,7 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 		c.Metas = append(c.Metas, &Proc{Name: name, Bin: cfg.Bin, LogPath: filepath.Join(c.Logs, name+".log"),
 			Args: []string{"meta", "--id", fmt.Sprint(i + 1), "--data-dir", filepath.Join(cfg.Dir, "data", name), "--tls-dir", td,
 				"--raft", addr(2 * i), "--grpc", addr(2*i + 1), "--peers", strings.Join(peers, ","), "--log-level", cfg.metaLogLevel(),
-				"--metrics", c.MetaHTTP[i]}})
+				"--metrics", c.MetaHTTP[i], "--admins", "faulttest"}})
 	}
 	base := 2 * numMeta
 	for i := range numDN {

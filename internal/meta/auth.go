@@ -3,11 +3,16 @@ package meta
 import (
 	"context"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/pki"
 )
 
@@ -28,6 +33,10 @@ import (
 //
 // An RPC nobody listed here (added later) is open to clients and meta
 // nodes only: a new datanode-facing RPC must be listed to be reachable.
+//
+// Past the role, a call runs for a user (caller): the namespace's
+// Authorizer checks owners and modes for it, and adminMethods need an
+// admin (Config.Admins). See docs/ARCHITECTURE.md, "Security".
 var (
 	anyRole        = []pki.Role{pki.RoleMeta, pki.RoleDatanode, pki.RoleClient}
 	clientsAndMeta = []pki.Role{pki.RoleClient, pki.RoleMeta}
@@ -50,11 +59,54 @@ var (
 	}
 )
 
+// adminMethods are the SCM RPCs that change the cluster: admins only
+// (the namespace's admin-only RPCs are checked by its Authorizer).
+var adminMethods = map[string]bool{
+	metapb.Scm_SetDatanodeOpState_FullMethodName: true,
+}
+
+// caller is who a call runs for (namespace.Caller): the certificate's
+// user; for a gateway's certificate the end user it names in the
+// on-behalf-of metadata, if any (see metaclient.WithUser). Meta nodes
+// (forwarding) and the users in Config.Admins are admins.
+func (s *Server) caller(ctx context.Context, id pki.Identity) (namespace.Caller, error) {
+	if id.Role == pki.RoleMeta {
+		return namespace.Caller{User: id.String(), Admin: true}, nil
+	}
+	c := namespace.Caller{User: id.ID}
+	if id.IsGateway() {
+		md, _ := metadata.FromIncomingContext(ctx)
+		users := md.Get(metaclient.OnBehalfOfHeader)
+		if len(users) == 0 {
+			c.Gateway = true
+			return c, nil
+		}
+		u := users[0]
+		if len(users) > 1 || u == "" || len(u) > maxUserBytes || !utf8.ValidString(u) || strings.ContainsFunc(u, unicode.IsControl) {
+			return c, status.Errorf(codes.InvalidArgument, "%s: on-behalf-of user %q: want one name of 1 to %d characters", id, clip(u), maxUserBytes)
+		}
+		c.User = u
+		if a := md.Get(metaclient.OnBehalfOfAdminHeader); len(a) > 0 && a[0] == "true" {
+			c.Admin = true
+		}
+	}
+	// Any other caller's on-behalf-of metadata is ignored: it acts as the
+	// certificate's user.
+	if s.admins[c.User] {
+		c.Admin = true
+	}
+	return c, nil
+}
+
+// maxUserBytes bounds an end user's name.
+const maxUserBytes = 128
+
 // authorize checks the caller's certificate against the method (see
-// above). With insecure credentials (benchmarks only) anything goes.
-func (s *Server) authorize(ctx context.Context, method string, req any) error {
+// above) and returns ctx with the call's namespace.Caller. With insecure
+// credentials (benchmarks only) anything goes.
+func (s *Server) authorize(ctx context.Context, method string, req any) (context.Context, error) {
 	if s.cfg.TLS.IsInsecure() {
-		return nil
+		return ctx, nil
 	}
 	roles, ok := methodRoles[method]
 	if !ok {
@@ -62,25 +114,32 @@ func (s *Server) authorize(ctx context.Context, method string, req any) error {
 	}
 	id, err := pki.RequireRole(ctx, methodName(method), roles...)
 	if err != nil {
-		return err
+		return ctx, err
 	}
 	if id.Role != pki.RoleDatanode {
-		return nil
+		c, err := s.caller(ctx, id)
+		if err != nil {
+			return ctx, err
+		}
+		if adminMethods[method] && !c.Admin {
+			return ctx, status.Errorf(codes.PermissionDenied, "meta node %d: %s: %s is not an admin (admins: basalt meta --admins)", s.cfg.NodeID, methodName(method), c)
+		}
+		return namespace.WithCaller(ctx, c), nil
 	}
 	switch r := req.(type) {
 	case *metapb.RegisterDatanodeRequest:
 		if u := r.GetDetails().GetUuid(); u != id.ID {
-			return status.Errorf(codes.PermissionDenied, "meta node %d: RegisterDatanode of datanode %q by %s: a datanode registers only under its certificate's UUID",
+			return ctx, status.Errorf(codes.PermissionDenied, "meta node %d: RegisterDatanode of datanode %q by %s: a datanode registers only under its certificate's UUID",
 				s.cfg.NodeID, clip(u), id)
 		}
 	case *metapb.HeartbeatRequest:
 		// An unknown ID gets "reregister" from the handler, which changes
 		// nothing.
 		if d := s.scmState.Datanode(r.GetDatanodeId()); d != nil && d.GetUuid() != id.ID {
-			return status.Errorf(codes.PermissionDenied, "meta node %d: heartbeat of datanode %d (%s) by %s", s.cfg.NodeID, r.GetDatanodeId(), d.GetUuid(), id)
+			return ctx, status.Errorf(codes.PermissionDenied, "meta node %d: heartbeat of datanode %d (%s) by %s", s.cfg.NodeID, r.GetDatanodeId(), d.GetUuid(), id)
 		}
 	}
-	return nil
+	return ctx, nil
 }
 
 // clip bounds an attacker's string in an error.

@@ -20,7 +20,7 @@ func TestNodeCrashKeepsAcknowledged(t *testing.T) {
 	start := func(fs crashFS) *Server {
 		t.Helper()
 		s, err := New(Config{
-			NodeID: 1, DataDir: "/data/meta", FS: fs, TLS: nodeCreds(1),
+			NodeID: 1, DataDir: "/data/meta", FS: fs, TLS: nodeCreds(1), Admins: testAdmins,
 			TickInterval: 20 * time.Millisecond, ElectionTicks: 10,
 			SCM:       scm.Config{LoopInterval: 20 * time.Millisecond},
 			Namespace: namespace.Config{ServiceInterval: 50 * time.Millisecond},

@@ -22,7 +22,7 @@ import (
 // writes work again.
 func TestDiskFullRefusesProposals(t *testing.T) {
 	ffs := vfs.NewFaultFS(vfs.Default)
-	s, err := New(Config{NodeID: 1, DataDir: filepath.Join(t.TempDir(), "1"), FS: ffs, TLS: nodeCreds(1), Peers: map[uint64]Peer{1: {}},
+	s, err := New(Config{NodeID: 1, DataDir: filepath.Join(t.TempDir(), "1"), FS: ffs, TLS: nodeCreds(1), Admins: testAdmins, Peers: map[uint64]Peer{1: {}},
 		TickInterval: 20 * time.Millisecond, ElectionTicks: 10,
 		Namespace: namespace.Config{ServiceInterval: 50 * time.Millisecond}, Logger: quiet})
 	if err != nil {

@@ -103,6 +103,11 @@ type Config struct {
 	// ServiceTokenFile defaults to DataDir/service-token.
 	ServiceTokenFile string
 
+	// Admins are the users (client certificate IDs, end users named by
+	// gateways) who may do everything: admin RPCs and every namespace
+	// operation (namespace.Authorizer).
+	Admins []string
+
 	// TLS is this node's certificate (basalt://meta/<NodeID>) and the
 	// cluster CA: the gRPC port and the raft transport require a
 	// certificate from that CA of every caller, and RPCs check the
@@ -142,6 +147,7 @@ type Server struct {
 	lis  net.Listener
 	grpc *grpc.Server
 
+	admins  map[string]bool        // Config.Admins
 	token   atomic.Pointer[string] // cluster service token; nil until known
 	metrics *metrics
 	cancel  context.CancelFunc
@@ -192,6 +198,13 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), peers: map[uint64]Peer{}}
 	for id, p := range cfg.Peers {
 		s.peers[id] = p
+	}
+	s.admins = map[string]bool{}
+	for _, a := range cfg.Admins {
+		s.admins[a] = true
+	}
+	if len(s.admins) == 0 && !cfg.TLS.IsInsecure() {
+		s.log.Warn("meta: no admins configured (basalt meta --admins): nobody may create or delete volumes, manage S3 keys or decommission datanodes")
 	}
 	if _, ok := s.peers[cfg.NodeID]; !ok && len(s.peers) > 0 {
 		return nil, fmt.Errorf("meta: node %d is not among the peers %v", cfg.NodeID, peerIDs(s.peers))
@@ -562,7 +575,8 @@ func (b *scmBlocks) Locate(id uint64) (*metapb.Container, []*metapb.DatanodeDeta
 // UNAVAILABLE with a NotLeader detail naming the leader's gRPC address.
 func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	start := time.Now()
-	if err := s.authorize(ctx, info.FullMethod, req); err != nil {
+	ctx, err := s.authorize(ctx, info.FullMethod, req)
+	if err != nil {
 		s.metrics.observe(info.FullMethod, status.Code(err), time.Since(start))
 		return nil, err
 	}

@@ -34,6 +34,10 @@ func testCreds(role pki.Role, id string) *pki.Credentials {
 // nodeCreds are meta node id's credentials.
 func nodeCreds(id uint64) *pki.Credentials { return testCreds(pki.RoleMeta, fmt.Sprint(id)) }
 
+// testAdmins are the test servers' admins: the test client ("test") and
+// the benchmark child ("bench").
+var testAdmins = []string{"test", "bench"}
+
 // clientDial authenticates a test client (role client) to meta nodes.
 func clientDial() []grpc.DialOption {
 	return []grpc.DialOption{testCreds(pki.RoleClient, "test").GRPCDialOption(pki.RoleMeta)}

@@ -491,3 +491,15 @@ func AuthenticateNodeID(role Role, known func(id uint64) bool) func(id uint64, c
 		return nil
 	}
 }
+
+// GatewayPrefix marks a gateway's certificate: a client identity whose ID
+// starts with it (basalt://client/gateway-s3). A gateway authenticates
+// its own end users (S3 signatures, WebHDFS user.name) and the metadata
+// service lets it act for them; so client IDs with this prefix must be
+// issued to gateways only, and a gateway is as trusted as an admin.
+const GatewayPrefix = "gateway-"
+
+// IsGateway reports whether id is a gateway's.
+func (id Identity) IsGateway() bool {
+	return id.Role == RoleClient && strings.HasPrefix(id.ID, GatewayPrefix)
+}

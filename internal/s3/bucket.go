@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
 )
@@ -33,7 +34,11 @@ func (g *Gateway) ensureVolume(ctx context.Context) error {
 	if g.volOK {
 		return nil
 	}
-	_, err := g.cl.CreateVolume(ctx, g.cfg.Volume, "")
+	// In the gateway's own name (a volume is an admin's or a gateway's to
+	// create), writable by every user (1777: each may create buckets, and
+	// only a bucket's owner deletes it).
+	mode := uint32(0o1777)
+	_, err := g.cl.CreateVolumeAttrs(metaclient.WithoutUser(ctx), g.cfg.Volume, &metapb.FileAttrs{Permission: &mode})
 	if err != nil && !errors.Is(err, client.ErrExists) {
 		return err
 	}

@@ -124,6 +124,9 @@ func fromBasalt(err error, bucket, key string) *Error {
 			return errNoSuchBucket(bucket)
 		}
 		return errNoSuchKey(key)
+	case errors.Is(err, client.ErrPermissionDenied):
+		// The namespace manager's own check (namespace.Authorizer).
+		return errAccessDenied("Access Denied: " + msg)
 	case errors.Is(err, client.ErrNotEmpty):
 		return errorf("BucketNotEmpty", 409, "The bucket you tried to delete is not empty: %s", bucket)
 	case errors.Is(err, client.ErrExists):

@@ -21,6 +21,7 @@ import (
 
 	"github.com/basalt-store/basalt/client"
 	"github.com/basalt-store/basalt/internal/guard"
+	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/pki"
 )
@@ -305,6 +306,12 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 		t := time.Now()
 		req.auth, err = g.authenticate(r)
 		req.stages.auth += time.Since(t)
+	}
+	if err == nil {
+		// Every call to the metadata service for this request acts for
+		// the key's user (believed from a gateway certificate only).
+		r = r.WithContext(metaclient.WithUser(r.Context(), req.auth.owner, req.auth.admin))
+		req.r = r
 	}
 	// Routed after authentication: a presigned request's signed x-amz-*
 	// query parameters (a copy source) are its headers by then.

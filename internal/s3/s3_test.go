@@ -81,8 +81,20 @@ func setup(t testing.TB) *env {
 	if _, err := cl.Namespace().CreateS3Secret(ctx, &metapb.CreateS3SecretRequest{AccessKeyId: accessKey, SecretAccessKey: secretKey, Owner: "tester"}); err != nil {
 		t.Fatal(err)
 	}
+	// The gateway has a gateway certificate: the metadata service checks
+	// every call for the access key's owner, as in a deployment.
+	gwCreds, err := c.GatewayCredentials("s3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gcl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: gwCreds, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
+		ServiceToken: c.ServiceToken()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gcl.Close() })
 	reg := prometheus.NewRegistry()
-	gw, err := bs3.New(bs3.Config{Client: cl, Listen: "127.0.0.1:0", Domains: []string{"s3.test"}, Registerer: reg})
+	gw, err := bs3.New(bs3.Config{Client: gcl, Listen: "127.0.0.1:0", Domains: []string{"s3.test"}, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/pki"
 )
 
@@ -304,6 +305,11 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) error {
 	if q.user == "" {
 		q.user = "dr.who" // HDFS's anonymous user
 	}
+	// The metadata service authorizes every call for q.user. Hadoop's
+	// simple authentication does not prove it: as HttpFS with simple
+	// auth, this gateway is trusted to assert users (see
+	// docs/ARCHITECTURE.md, Security).
+	q.ctx = metaclient.WithUser(q.ctx, q.user, false)
 	h, ok := ops[r.Method+" "+q.op]
 	if !ok {
 		if _, known := knownOps[q.op]; known {

@@ -43,7 +43,10 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	c, err := cluster.Start(ctx, cluster.Config{Dir: dir, Datanodes: 3, HeartbeatInterval: 200 * time.Millisecond,
+	// The tests' user alice is an admin (she creates volumes); the gateway
+	// has a gateway certificate, so the metadata service checks every
+	// call for the user.name it names.
+	c, err := cluster.Start(ctx, cluster.Config{Dir: dir, Admins: []string{"alice"}, Datanodes: 3, HeartbeatInterval: 200 * time.Millisecond,
 		TickInterval: 50 * time.Millisecond, BlockSize: 4 << 20, ContainerSize: 512 << 20})
 	cancel()
 	if err != nil {
@@ -53,7 +56,15 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	g, err := webhdfs.New(webhdfs.Config{Client: cl, Listen: "127.0.0.1:0", MaxTransfers: 4, TransferWait: 5 * time.Second})
+	gwCreds, err := c.GatewayCredentials("webhdfs")
+	if err != nil {
+		panic(err)
+	}
+	gcl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: gwCreds, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
+	if err != nil {
+		panic(err)
+	}
+	g, err := webhdfs.New(webhdfs.Config{Client: gcl, Listen: "127.0.0.1:0", MaxTransfers: 4, TransferWait: 5 * time.Second})
 	if err != nil {
 		panic(err)
 	}
@@ -62,6 +73,7 @@ func TestMain(m *testing.M) {
 		hc: &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 	code := m.Run()
 	g.Close()
+	gcl.Close()
 	cl.Close()
 	c.Close()
 	os.RemoveAll(dir)
@@ -100,7 +112,9 @@ func (e *env) do(t *testing.T, method, path, op string, params url.Values, body 
 		params = url.Values{}
 	}
 	params.Set("op", op)
-	params.Set("user.name", "alice")
+	if params.Get("user.name") == "" {
+		params.Set("user.name", "alice")
+	}
 	u := e.url + path + "?" + params.Encode()
 	req, err := http.NewRequest(method, u, body)
 	if err != nil {
@@ -742,4 +756,52 @@ func TestRacingCreatesWithoutOverwrite(t *testing.T) {
 	if !bytes.Equal(got.body, bodies[won]) {
 		t.Fatalf("the file does not hold the winner's bytes (%d bytes)", len(got.body))
 	}
+}
+
+// TestUserPermissions: the gateway acts for user.name and the metadata
+// service checks the POSIX modes: bob cannot create, list or delete in
+// alice's 0700 directory, nor create a volume (admins only); her 0777
+// directory takes his entries, owned by him. Without the checks every
+// refused request here succeeded.
+func TestUserPermissions(t *testing.T) {
+	e := shared
+	as := func(user string, kv ...string) url.Values {
+		v := url.Values{"user.name": {user}}
+		for i := 0; i+1 < len(kv); i += 2 {
+			v.Set(kv[i], kv[i+1])
+		}
+		return v
+	}
+	refused := func(what string, r resp) {
+		t.Helper()
+		if r.code != http.StatusForbidden || !strings.HasSuffix(r.exception(), "AccessControlException") {
+			t.Fatalf("%s: %d %s, want 403 AccessControlException", what, r.code, r.body)
+		}
+	}
+	ok := func(what string, r resp) {
+		t.Helper()
+		if r.code != http.StatusOK && r.code != http.StatusCreated {
+			t.Fatalf("%s: %d %s", what, r.code, r.body)
+		}
+	}
+	ok("alice mkdir the bucket", e.do(t, "PUT", "/pvol/pfsb", "MKDIRS", as("alice", "permission", "755"), nil))
+	ok("alice mkdir private", e.do(t, "PUT", "/pvol/pfsb/private", "MKDIRS", as("alice", "permission", "700"), nil))
+	ok("alice mkdir shared", e.do(t, "PUT", "/pvol/pfsb/shared", "MKDIRS", as("alice", "permission", "777"), nil))
+	ok("alice writes a file", e.create(t, "/pvol/pfsb/private/f", []byte("secret"), as("alice")))
+
+	refused("bob mkdir in private", e.do(t, "PUT", "/pvol/pfsb/private/x", "MKDIRS", as("bob"), nil))
+	refused("bob lists private", e.do(t, "GET", "/pvol/pfsb/private", "LISTSTATUS", as("bob"), nil))
+	refused("bob reads in private", e.do(t, "GET", "/pvol/pfsb/private/f", "OPEN", as("bob"), nil))
+	refused("bob deletes private", e.do(t, "DELETE", "/pvol/pfsb/private", "DELETE", as("bob", "recursive", "true"), nil))
+	refused("bob creates a volume", e.do(t, "PUT", "/bobvol", "MKDIRS", as("bob"), nil))
+	if r := e.create(t, "/pvol/pfsb/private/g", []byte("x"), as("bob")); r.code != http.StatusForbidden {
+		t.Fatalf("bob creates a file in private: %d %s", r.code, r.body)
+	}
+
+	ok("bob mkdir in shared", e.do(t, "PUT", "/pvol/pfsb/shared/bobs", "MKDIRS", as("bob"), nil))
+	st := e.do(t, "GET", "/pvol/pfsb/shared/bobs", "GETFILESTATUS", as("bob"), nil).json(t)
+	if owner := st["FileStatus"].(map[string]any)["owner"]; owner != "bob" {
+		t.Fatalf("bob's directory: owner %v", owner)
+	}
+	ok("alice still reads her file", e.do(t, "GET", "/pvol/pfsb/private/f", "OPEN", as("alice"), nil))
 }

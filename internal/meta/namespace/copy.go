@@ -230,6 +230,13 @@ func (s *Service) CopyKey(ctx context.Context, req *metapb.CopyKeyRequest) (*met
 	if err := checkCopyKey(req); err != nil {
 		return nil, err
 	}
+	az := s.authz(ctx)
+	if err := az.Read(req.Volume, req.SrcBucket, req.SrcKey); err != nil {
+		return nil, err
+	}
+	if err := az.Write(req.Volume, req.Bucket, req.Key, "copy onto"); err != nil {
+		return nil, err
+	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CopyKey{CopyKey: req}})
 	if err != nil {
 		return nil, err

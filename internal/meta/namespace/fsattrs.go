@@ -240,6 +240,9 @@ func (s *Service) SetFileAttrs(ctx context.Context, req *metapb.SetFileAttrsRequ
 	if err := validateAttrs(req.Attrs); err != nil {
 		return nil, err
 	}
+	if err := s.authz(ctx).SetFileAttrs(req); err != nil {
+		return nil, err
+	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_SetFileAttrs{SetFileAttrs: req}})
 	if err != nil {
 		return nil, err

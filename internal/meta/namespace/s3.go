@@ -549,6 +549,9 @@ func (s *Service) SetKeyMeta(ctx context.Context, req *metapb.SetKeyMetaRequest)
 	if err := checkKeyRef(req.Key); err != nil {
 		return nil, err
 	}
+	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "set the metadata of"); err != nil {
+		return nil, err
+	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_SetKeyMeta{SetKeyMeta: req}})
 	if err != nil {
 		return nil, err
@@ -563,6 +566,9 @@ func (s *Service) CreateMultipartUpload(ctx context.Context, req *metapb.CreateM
 	if err := validateMeta(req.Meta); err != nil {
 		return nil, err
 	}
+	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "upload"); err != nil {
+		return nil, err
+	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CreateMultipart{CreateMultipart: &metapb.CreateMultipartUploadOp{Request: req, Nonce: randomToken(12)}}})
 	if err != nil {
 		return nil, err
@@ -572,6 +578,9 @@ func (s *Service) CreateMultipartUpload(ctx context.Context, req *metapb.CreateM
 
 func (s *Service) CompleteMultipartUpload(ctx context.Context, req *metapb.CompleteMultipartUploadRequest) (*metapb.KeyInfo, error) {
 	if err := checkCompleteMultipart(req); err != nil {
+		return nil, err
+	}
+	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "complete an upload of"); err != nil {
 		return nil, err
 	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CompleteMultipart{CompleteMultipart: req}})
@@ -594,6 +603,9 @@ func (s *Service) AbortMultipartUpload(ctx context.Context, req *metapb.AbortMul
 	if err := validateUploadID(req.UploadId); err != nil {
 		return nil, err
 	}
+	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "abort an upload of"); err != nil {
+		return nil, err
+	}
 	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_AbortMultipart{AbortMultipart: req}}); err != nil {
 		return nil, err
 	}
@@ -604,11 +616,17 @@ func (s *Service) ListParts(ctx context.Context, req *metapb.ListPartsRequest) (
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.authz(ctx).List(req.Volume, req.Bucket, ""); err != nil {
+		return nil, err
+	}
 	return s.st.ListParts(req)
 }
 
 func (s *Service) ListMultipartUploads(ctx context.Context, req *metapb.ListMultipartUploadsRequest) (*metapb.ListMultipartUploadsResponse, error) {
 	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.authz(ctx).List(req.Volume, req.Bucket, ""); err != nil {
 		return nil, err
 	}
 	return s.st.ListMultipartUploads(req)
@@ -617,6 +635,9 @@ func (s *Service) ListMultipartUploads(ctx context.Context, req *metapb.ListMult
 // CreateS3Secret stores a new access key. The proposer picks the random
 // parts so that every replica applies the same values.
 func (s *Service) CreateS3Secret(ctx context.Context, req *metapb.CreateS3SecretRequest) (*metapb.S3Secret, error) {
+	if err := s.authz(ctx).S3Secret(false); err != nil {
+		return nil, err
+	}
 	req = proto.Clone(req).(*metapb.CreateS3SecretRequest)
 	if req.AccessKeyId == "" {
 		req.AccessKeyId = "BK" + strings.ToUpper(hex.EncodeToString(randomBytes(9)))
@@ -635,6 +656,9 @@ func (s *Service) CreateS3Secret(ctx context.Context, req *metapb.CreateS3Secret
 }
 
 func (s *Service) GetS3Secret(ctx context.Context, req *metapb.GetS3SecretRequest) (*metapb.S3Secret, error) {
+	if err := s.authz(ctx).S3Secret(true); err != nil {
+		return nil, err
+	}
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
@@ -643,6 +667,9 @@ func (s *Service) GetS3Secret(ctx context.Context, req *metapb.GetS3SecretReques
 
 func (s *Service) DeleteS3Secret(ctx context.Context, req *metapb.DeleteS3SecretRequest) (*metapb.DeleteS3SecretResponse, error) {
 	if err := checkNameBound("access key ID", req.AccessKeyId, MaxAccessKeyIDBytes); err != nil {
+		return nil, err
+	}
+	if err := s.authz(ctx).S3Secret(false); err != nil {
 		return nil, err
 	}
 	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_DeleteS3Secret{DeleteS3Secret: req}}); err != nil {

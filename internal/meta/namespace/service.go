@@ -129,6 +129,10 @@ func (s *Service) CreateVolume(ctx context.Context, req *metapb.CreateVolumeRequ
 	if err := ValidateBucketName("volume", req.Name); err != nil {
 		return nil, err
 	}
+	req = proto.Clone(req).(*metapb.CreateVolumeRequest)
+	if err := s.authz(ctx).CreateVolume(req); err != nil {
+		return nil, err
+	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CreateVolume{CreateVolume: req}})
 	if err != nil {
 		return nil, err
@@ -154,6 +158,9 @@ func (s *Service) DeleteVolume(ctx context.Context, req *metapb.DeleteVolumeRequ
 	if err := checkNameBound("volume", req.Name, 63); err != nil {
 		return nil, err
 	}
+	if err := s.authz(ctx).Admin("delete volume " + req.Name); err != nil {
+		return nil, err
+	}
 	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_DeleteVolume{DeleteVolume: req}}); err != nil {
 		return nil, err
 	}
@@ -165,6 +172,10 @@ func (s *Service) CreateBucket(ctx context.Context, req *metapb.CreateBucketRequ
 		return nil, err
 	}
 	if err := checkCreateBucket(req); err != nil {
+		return nil, err
+	}
+	req = proto.Clone(req).(*metapb.CreateBucketRequest)
+	if err := s.authz(ctx).CreateBucket(req); err != nil {
 		return nil, err
 	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CreateBucket{CreateBucket: req}})
@@ -192,6 +203,9 @@ func (s *Service) DeleteBucket(ctx context.Context, req *metapb.DeleteBucketRequ
 	if err := checkBucketRef(req.Volume, req.Name); err != nil {
 		return nil, err
 	}
+	if err := s.authz(ctx).DeleteBucket(req.Volume, req.Name); err != nil {
+		return nil, err
+	}
 	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_DeleteBucket{DeleteBucket: req}}); err != nil {
 		return nil, err
 	}
@@ -214,6 +228,9 @@ func (s *Service) OpenKey(ctx context.Context, req *metapb.OpenKeyRequest) (*met
 		return nil, err
 	}
 	if err := validateKeyFor(b, req.Key); err != nil {
+		return nil, err
+	}
+	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "write"); err != nil {
 		return nil, err
 	}
 	req = proto.Clone(req).(*metapb.OpenKeyRequest)
@@ -265,6 +282,9 @@ func (s *Service) AllocateBlock(ctx context.Context, req *metapb.AllocateBlockRe
 	if err != nil {
 		return nil, err
 	}
+	if err := s.authz(ctx).Write(row.Volume, row.Bucket, row.Key, "write"); err != nil {
+		return nil, err
+	}
 	alloc, err := s.blocks.AllocateBlocks(ctx, &metapb.AllocateBlocksRequest{Count: 1, Replication: row.Replication, Exclude: req.Exclude, ClientLocation: req.ClientLocation})
 	if err != nil {
 		return nil, err
@@ -283,6 +303,9 @@ func (s *Service) CommitKey(ctx context.Context, req *metapb.CommitKeyRequest) (
 	if err := checkCommitKey(req); err != nil {
 		return nil, err
 	}
+	if err := s.authz(ctx).WriteOpen(req.OpenId, "commit"); err != nil {
+		return nil, err
+	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CommitKey{CommitKey: req}})
 	if err != nil {
 		return nil, err
@@ -293,7 +316,17 @@ func (s *Service) CommitKey(ctx context.Context, req *metapb.CommitKeyRequest) (
 // LookupKey returns the key with each block's offset and its replicas,
 // nearest to client_location first: everything a reader needs.
 func (s *Service) LookupKey(ctx context.Context, req *metapb.LookupKeyRequest) (*metapb.KeyInfo, error) {
-	if err := s.raft.ReadBarrier(ctx); err != nil {
+	err := s.raft.ReadBarrier(ctx)
+	if err != nil {
+		return nil, err
+	}
+	az := s.authz(ctx)
+	if req.NoLocations {
+		err = az.Stat(req.Volume, req.Bucket, req.Key)
+	} else {
+		err = az.Read(req.Volume, req.Bucket, req.Key)
+	}
+	if err != nil {
 		return nil, err
 	}
 	ki, err := s.st.LookupKey(req.Volume, req.Bucket, req.Key)
@@ -324,6 +357,9 @@ func (s *Service) ListKeys(ctx context.Context, req *metapb.ListKeysRequest) (*m
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.authz(ctx).List(req.Volume, req.Bucket, ""); err != nil {
+		return nil, err
+	}
 	return s.st.ListKeys(req)
 }
 
@@ -335,6 +371,13 @@ func (s *Service) RenameKey(ctx context.Context, req *metapb.RenameKeyRequest) (
 		return nil, err
 	}
 	if err := ValidateKey(req.NewKey); err != nil {
+		return nil, err
+	}
+	az := s.authz(ctx)
+	if err := az.Write(req.Volume, req.Bucket, req.Key, "rename"); err != nil {
+		return nil, err
+	}
+	if err := az.Write(req.Volume, req.Bucket, req.NewKey, "rename onto"); err != nil {
 		return nil, err
 	}
 	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_RenameKey{RenameKey: req}}); err != nil {
@@ -350,6 +393,9 @@ func (s *Service) DeleteKey(ctx context.Context, req *metapb.DeleteKeyRequest) (
 	if len(req.Key) > MaxKeyBytes {
 		return nil, invalid("key name %.64q... is %d bytes; at most %d allowed", req.Key, len(req.Key), MaxKeyBytes)
 	}
+	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "delete"); err != nil {
+		return nil, err
+	}
 	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_DeleteKey{DeleteKey: req}}); err != nil {
 		return nil, err
 	}
@@ -363,6 +409,16 @@ func (s *Service) CreateDirectory(ctx context.Context, req *metapb.CreateDirecto
 	if _, err := SplitPath(req.Path, false); err != nil {
 		return nil, err
 	}
+	az := s.authz(ctx)
+	if err := az.Write(req.Volume, req.Bucket, req.Path, "create directory"); err != nil {
+		return nil, err
+	}
+	req = proto.Clone(req).(*metapb.CreateDirectoryRequest)
+	attrs, err := az.OwnAttrs(req.Attrs, "directory "+req.Path)
+	if err != nil {
+		return nil, err
+	}
+	req.Attrs = attrs
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CreateDirectory{CreateDirectory: req}})
 	if err != nil {
 		return nil, err
@@ -374,11 +430,17 @@ func (s *Service) GetFileStatus(ctx context.Context, req *metapb.GetFileStatusRe
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.authz(ctx).Stat(req.Volume, req.Bucket, req.Path); err != nil {
+		return nil, err
+	}
 	return s.st.GetFileStatus(req)
 }
 
 func (s *Service) ListStatus(ctx context.Context, req *metapb.ListStatusRequest) (*metapb.ListStatusResponse, error) {
 	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.authz(ctx).List(req.Volume, req.Bucket, req.Path); err != nil {
 		return nil, err
 	}
 	return s.st.ListStatus(req)
