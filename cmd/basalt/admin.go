@@ -268,6 +268,7 @@ to SCM, when the SCM API carries it ("-" otherwise).`,
 	root.AddCommand(dn, pl, ct)
 	root.AddCommand(adminS3Cmd(f))
 	root.AddCommand(adminCACmd())
+	root.AddCommand(adminCacheCmd(f))
 	return root
 }
 

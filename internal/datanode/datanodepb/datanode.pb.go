@@ -1049,6 +1049,7 @@ type ReadBlockResponse struct {
 	Block         *BlockData             `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"`    // first message only
 	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"` // of data, in the block
 	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	Cached        bool                   `protobuf:"varint,300,opt,name=cached,proto3" json:"cached,omitempty"` // first message only: served from the cache tier
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1102,6 +1103,13 @@ func (x *ReadBlockResponse) GetData() []byte {
 		return x.Data
 	}
 	return nil
+}
+
+func (x *ReadBlockResponse) GetCached() bool {
+	if x != nil {
+		return x.Cached
+	}
+	return false
 }
 
 type GetBlockRequest struct {
@@ -1919,11 +1927,12 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x10ReadBlockRequest\x12.\n" +
 	"\x05block\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x05block\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
-	"\x06length\x18\x03 \x01(\x04R\x06length\"q\n" +
+	"\x06length\x18\x03 \x01(\x04R\x06length\"\x8a\x01\n" +
 	"\x11ReadBlockResponse\x120\n" +
 	"\x05block\x18\x01 \x01(\v2\x1a.basalt.datanode.BlockDataR\x05block\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
-	"\x04data\x18\x03 \x01(\fR\x04data\"A\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x17\n" +
+	"\x06cached\x18\xac\x02 \x01(\bR\x06cached\"A\n" +
 	"\x0fGetBlockRequest\x12.\n" +
 	"\x05block\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x05block\"\r\n" +
 	"\vInfoRequest\"\xf5\x03\n" +

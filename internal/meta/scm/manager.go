@@ -63,6 +63,10 @@ type Config struct {
 	// SecretKeys tunes block token key rotation (secretkeys.go).
 	SecretKeys SecretKeyConfig
 
+	// CacheRescanInterval: how often the cache monitor resolves the cache
+	// directives again (default DefaultCacheRescanInterval; cache_monitor.go).
+	CacheRescanInterval time.Duration
+
 	// Registerer receives the replication manager's gauges (nil: none).
 	Registerer prometheus.Registerer
 
@@ -179,6 +183,8 @@ type Manager struct {
 	metrics *replMetrics
 	// reporters: rate limit of corrupt-replica reports (reports.go).
 	reporters map[string]*bucket
+
+	cacheMon cacheMonitor // cache directives' plan and reports (cache_monitor.go)
 
 	idMu   sync.Mutex // serializes ID range refills
 	idNext uint64
@@ -354,7 +360,9 @@ func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 	}
 	m.deleteAcks(req, n)
 	m.copyFailuresLocked(req, now)
+	m.cacheReportLocked(req)
 	cmds := m.commandsFor(req.DatanodeId, n, now)
+	cmds = m.cacheCommandsLocked(req.DatanodeId, now, cmds)
 	return &metapb.HeartbeatResponse{Commands: cmds, State: n.state, SecretKeys: m.st.SecretKeys()}, nil
 }
 
@@ -584,6 +592,7 @@ func (m *Manager) ListDatanodes() (*metapb.ListDatanodesResponse, error) {
 			}
 		}
 		m.fillOpStatus(ds)
+		ds.Cache = m.cacheStatsOf(d.Id)
 		resp.Datanodes = append(resp.Datanodes, ds)
 	}
 	return resp, nil
@@ -689,7 +698,12 @@ func (m *Manager) Tick(ctx context.Context) error {
 	acked := m.acked
 	reports := m.closedReports()
 	unhealthy := m.unhealthyBatch()
+	since := m.since
 	m.mu.Unlock()
+
+	if !safe {
+		m.cacheRound(now, since, healthy, false)
+	}
 
 	// Block token keys first: a pipeline's first token needs one.
 	if err := m.rotateSecretKeys(ctx); err != nil {
