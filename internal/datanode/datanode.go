@@ -101,6 +101,13 @@ type Config struct {
 	// (default DefaultVolumeCheckTimeout).
 	VolumeCheckInterval time.Duration
 	VolumeCheckTimeout  time.Duration
+
+	// CacheDirs are the cache tier's directories (a DAX-mounted pmem file
+	// system in production; tmpfs or any directory otherwise), each of
+	// CacheBytes. No CacheDirs but CacheBytes > 0: a DRAM cache of that
+	// size. Neither: no cache tier. See cache.go and docs/CACHE.md.
+	CacheDirs  []string
+	CacheBytes int64
 }
 
 // Datanode is one running datanode.
@@ -145,6 +152,8 @@ type Datanode struct {
 	scrub                        *scrubber
 	scrubMetrics                 []prometheus.Collector
 	volChecksOK, volChecksFailed atomic.Uint64
+
+	cache *blockCache // cache tier (cache.go); nil without one
 }
 
 type identity struct {
@@ -237,6 +246,12 @@ func New(cfg Config) (*Datanode, error) {
 		return nil, err
 	}
 	d.store = st
+	// The cache tier is recovered before the first heartbeat, so its
+	// blocks are reported (and served) from the start.
+	if d.cache, err = openCache(cfg.CacheDirs, cfg.CacheBytes, st, d.log); err != nil {
+		st.Close()
+		return nil, err
+	}
 	mc, err := metaclient.New(metaclient.Config{Addrs: cfg.MetaAddrs, DialOptions: []grpc.DialOption{cfg.TLS.GRPCDialOption(pki.RoleMeta)}})
 	if err != nil {
 		st.Close()
@@ -351,6 +366,11 @@ func (d *Datanode) Start(ctx context.Context) error {
 		grpc.NumStreamWorkers(uint32(max(d.cfg.GRPCStreamWorkers, 0))))
 	datanodepb.RegisterDatanodeServer(d.grpc, &service{d: d})
 	d.startStream()
+	if d.cache != nil && d.cfg.Registerer != nil {
+		for _, c := range d.cache.metrics() {
+			d.cfg.Registerer.Register(c)
+		}
+	}
 	if err := d.startScrubber(); err != nil {
 		return err
 	}
@@ -575,6 +595,9 @@ func (d *Datanode) heartbeat(full bool) error {
 		req.Pipelines = append(req.Pipelines, &metapb.PipelineReport{PipelineId: id})
 	}
 	d.mu.Unlock()
+	if d.cache != nil {
+		d.cache.report(req)
+	}
 	sent := d.takeAcks(req)
 	d.takeCopyFailures(req)
 	for _, p := range req.Pipelines {
@@ -619,6 +642,10 @@ func (d *Datanode) execute(cmd *metapb.DatanodeCommand) error {
 		return d.replicateContainer(c.ReplicateContainer)
 	case *metapb.DatanodeCommand_DeleteContainer:
 		return d.deleteContainer(c.DeleteContainer)
+	case *metapb.DatanodeCommand_CacheBlocks:
+		return d.executeCache(c.CacheBlocks.GetBlocks(), nil)
+	case *metapb.DatanodeCommand_UncacheBlocks:
+		return d.executeCache(nil, c.UncacheBlocks.GetBlocks())
 	}
 	return nil
 }
@@ -706,6 +733,14 @@ func (d *Datanode) Close() error {
 			err = d.host.Close()
 		}
 		d.wg.Wait()
+		if d.cache != nil {
+			d.cache.close()
+			if d.cfg.Registerer != nil {
+				for _, c := range d.cache.metrics() {
+					d.cfg.Registerer.Unregister(c)
+				}
+			}
+		}
 		d.closePeerConns()
 		if serr := d.store.Close(); err == nil {
 			err = serr
