@@ -61,7 +61,12 @@ type Config struct {
 	// CacheBytes > 0 gives every datanode a cache tier of that many bytes
 	// in Dir/dnN/cache (docs/CACHE.md); CacheRescanInterval is how often
 	// SCM resolves the cache directives (default SCM's).
+	// CacheDRAM: the cache tier in memory instead (no directory);
+	// CacheRoot: the cache directories under CacheRoot/dnN instead (a
+	// tmpfs or DAX mount).
 	CacheBytes          int64
+	CacheDRAM           bool
+	CacheRoot           string
 	CacheRescanInterval time.Duration
 	Registerer          prometheus.Registerer
 	Logger              *slog.Logger
@@ -186,7 +191,11 @@ func (c *Cluster) newDatanode(i int) (*datanode.Datanode, error) {
 		return nil, err
 	}
 	var cacheDirs []string
-	if c.cfg.CacheBytes > 0 {
+	switch {
+	case c.cfg.CacheBytes <= 0 || c.cfg.CacheDRAM:
+	case c.cfg.CacheRoot != "":
+		cacheDirs = []string{filepath.Join(c.cfg.CacheRoot, fmt.Sprintf("dn%d", i+1))}
+	default:
 		cacheDirs = []string{filepath.Join(dir, "cache")}
 	}
 	return datanode.New(datanode.Config{
