@@ -1,0 +1,182 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/cluster"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+)
+
+// TestCacheReadBenchmark measures reads of uncached against cached blocks
+// in one cluster (docs/BENCHMARKS.md, "Cache"). Off by default:
+//
+//	BASALT_CACHE_BENCH=1 [BASALT_CACHE_BENCH_MB=512] [BASALT_CACHE_ROOT=/dev/shm/x] \
+//	  go test -count=1 -v -run TestCacheReadBenchmark ./internal/cluster/
+//
+// Before every uncached and cached phase the page cache is dropped
+// (echo 3 > /proc/sys/vm/drop_caches, as root), so uncached reads come
+// from the data disk. The cache directories are on tmpfs (/dev/shm) by
+// default, standing in for a DAX-mounted pmem file system.
+func TestCacheReadBenchmark(t *testing.T) {
+	if os.Getenv("BASALT_CACHE_BENCH") == "" {
+		t.Skip("set BASALT_CACHE_BENCH=1 to run")
+	}
+	totalMB := 512
+	if v, err := strconv.Atoi(os.Getenv("BASALT_CACHE_BENCH_MB")); err == nil && v > 0 {
+		totalMB = v
+	}
+	const keyMB, readers = 64, 4
+	nkeys := totalMB / keyMB
+	root := os.Getenv("BASALT_CACHE_ROOT")
+	if root == "" {
+		var err error
+		if root, err = os.MkdirTemp("/dev/shm", "basalt-cache-bench"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer os.RemoveAll(root)
+	ctx := context.Background()
+	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	c, err := cluster.Start(sctx, cluster.Config{Dir: t.TempDir(), Datanodes: 3,
+		HeartbeatInterval: 500 * time.Millisecond, BlockSize: 32 << 20, ContainerSize: 2 << 30,
+		CacheBytes: int64(totalMB+64) << 20, CacheRoot: root, CacheRescanInterval: time.Second})
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl := newClient(t, c, "/dc1/rack1")
+	makeBucket(t, cl, "vol", "bkt")
+	keys := make([]string, nkeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("data/%03d", i)
+		put(t, cl, keys[i], randData(int64(i), keyMB<<20))
+	}
+	drop := func() {
+		if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0); err != nil {
+			t.Logf("drop caches: %v (uncached figures may come from the page cache)", err)
+		}
+	}
+	seq := func() float64 {
+		start := time.Now()
+		var wg sync.WaitGroup
+		for w := range readers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < nkeys; i += readers {
+					r, err := cl.GetKey(ctx, "vol", "bkt", keys[i])
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					io.Copy(io.Discard, onlyReader{r})
+					r.Close()
+				}
+			}()
+		}
+		wg.Wait()
+		return float64(nkeys*keyMB) / time.Since(start).Seconds()
+	}
+	random := func(ops int) (mbps, iops float64) {
+		start := time.Now()
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var bytes int64
+		for w := range readers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(w), 9))
+				rs := map[string]*client.KeyReader{}
+				buf := make([]byte, 1<<20)
+				var n int64
+				for range ops / readers {
+					k := keys[rng.IntN(nkeys)]
+					r := rs[k]
+					if r == nil {
+						var err error
+						if r, err = cl.GetKey(ctx, "vol", "bkt", k); err != nil {
+							t.Error(err)
+							return
+						}
+						rs[k] = r
+					}
+					size := 4<<10 + rng.IntN(1<<20-4<<10)
+					off := rng.Int64N(keyMB<<20 - int64(size))
+					got, err := r.ReadAt(buf[:size], off)
+					if err != nil && err != io.EOF {
+						t.Error(err)
+						return
+					}
+					n += int64(got)
+				}
+				for _, r := range rs {
+					r.Close()
+				}
+				mu.Lock()
+				bytes += n
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		el := time.Since(start).Seconds()
+		return float64(bytes) / (1 << 20) / el, float64(ops) / el
+	}
+	const ops = 400
+	drop()
+	useq := seq()
+	drop()
+	urnd, uiops := random(ops)
+	warmSeq := seq()
+	warmRnd, _ := random(ops)
+	t.Logf("uncached, page cache dropped: sequential %.0f MiB/s, random %.0f MiB/s (%.0f reads/s)", useq, urnd, uiops)
+	t.Logf("uncached, page cache warm:    sequential %.0f MiB/s, random %.0f MiB/s", warmSeq, warmRnd)
+
+	if _, err := cl.Scm().AddCachePool(ctx, &metapb.CachePool{Name: "bench"}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := cl.Scm().AddCacheDirective(ctx, &metapb.CacheDirective{Volume: "vol", Bucket: "bkt", Path: "data/", Prefix: true, Replication: 1, Pool: "bench"}); err != nil {
+		t.Fatal(err)
+	}
+	waitCached(t, c, cl, keys, 1, 10*time.Minute)
+	warm := time.Since(start)
+	t.Logf("warming %d MiB into the cache (directive to every block reported): %v (%.0f MiB/s)", totalMB, warm.Round(time.Millisecond), float64(totalMB)/warm.Seconds())
+	time.Sleep(2 * time.Second) // the SCM leader lists the cached replicas
+	h0 := cacheHits(c)
+	drop()
+	cseq := seq()
+	drop()
+	crnd, ciops := random(ops)
+	t.Logf("cached (tmpfs), page cache dropped: sequential %.0f MiB/s, random %.0f MiB/s (%.0f reads/s); cache hits +%d", cseq, crnd, ciops, cacheHits(c)-h0)
+	t.Logf("ratio cached/uncached: sequential %.2fx, random %.2fx (against a warm page cache: %.2fx, %.2fx)", cseq/useq, crnd/urnd, cseq/warmSeq, crnd/warmRnd)
+
+	// Restart a datanode holding cached blocks: time to recover and report.
+	ri := 0
+	for i := range 3 {
+		if c.Datanode(i).CacheStats().Blocks > c.Datanode(ri).CacheStats().Blocks {
+			ri = i
+		}
+	}
+	before := c.Datanode(ri).CacheStats()
+	rstart := time.Now()
+	rctx, rcancel := context.WithTimeout(ctx, 60*time.Second)
+	if err := c.RestartDatanode(rctx, ri); err != nil {
+		t.Fatal(err)
+	}
+	rcancel()
+	restart := time.Since(rstart)
+	after := c.Datanode(ri).CacheStats()
+	t.Logf("restart of a datanode with %d cached blocks (%d MiB): back serving in %v with %d blocks recovered, %d copied",
+		before.Blocks, before.Used>>20, restart.Round(time.Millisecond), after.Recovered, after.Copied)
+}
