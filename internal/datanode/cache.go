@@ -225,7 +225,7 @@ func (bc *blockCache) recoverOne(i int, k cacheKey) error {
 		if fi.Size() != rec.Block.Length {
 			return fmt.Errorf("cache file is %d bytes, the record says %d", fi.Size(), rec.Block.Length)
 		}
-		e.data, err = unix.Mmap(int(f.Fd()), 0, int(rec.Block.Length), unix.PROT_READ, unix.MAP_SHARED)
+		e.data, err = unix.Mmap(int(f.Fd()), 0, int(rec.Block.Length), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
 		if err != nil {
 			return fmt.Errorf("mmap: %w", err)
 		}
