@@ -283,6 +283,9 @@ func (r *KeyReader) readBlock(ctx context.Context, bi int, l *metapb.BlockLocati
 	for i := 0; i < len(order); i++ {
 		d := order[i]
 		tok := r.token(bi, l)
+		if r.c.shortCircuit(l, d, tok, off, dst) {
+			return nil // a local cached replica, mapped (shortcircuit.go)
+		}
 		err := r.readReplica(ctx, bi, l, d, tok, off, dst)
 		if err == nil {
 			return nil

@@ -32,6 +32,19 @@ func startCache(t *testing.T, dir string, cacheBytes int64) *cluster.Cluster {
 	return c
 }
 
+// grpcClient is a client that reads cached blocks over gRPC (no
+// short-circuit), so the datanodes' hit counters see every read.
+func grpcClient(t *testing.T, c *cluster.Cluster) *client.Client {
+	t.Helper()
+	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: "/dc1/rack1",
+		RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second, NoShortCircuit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
 // cachedOn returns the indexes of the datanodes holding block b cached.
 func cachedOn(c *cluster.Cluster, b client.BlockInfo) []int {
 	var out []int
@@ -105,7 +118,7 @@ func TestCacheDirectives(t *testing.T) {
 	const bound = 30 * time.Second
 	dir := t.TempDir()
 	c := startCache(t, dir, 64<<20)
-	cl := newClient(t, c, "/dc1/rack1")
+	cl := grpcClient(t, c)
 	makeBucket(t, cl, "vol", "bkt")
 	ctx := context.Background()
 	scm := cl.Scm()
@@ -187,7 +200,7 @@ func TestCacheDirectives(t *testing.T) {
 		moved = append(moved, f)
 	}
 	h0 = cacheHits(c)
-	cl2 := newClient(t, c, "/dc1/rack1")
+	cl2 := grpcClient(t, c)
 	r, err := cl2.GetKey(ctx, "vol", "bkt", "tbl/b")
 	if err != nil {
 		t.Fatal(err)
@@ -393,7 +406,7 @@ func TestCacheDRAM(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	cl := newClient(t, c, "/dc1/rack1")
+	cl := grpcClient(t, c)
 	makeBucket(t, cl, "vol", "bkt")
 	data := randData(7, 4<<20)
 	put(t, cl, "d", data)
@@ -425,5 +438,64 @@ func TestCacheDRAM(t *testing.T) {
 		if s := c.Datanode(i).CacheStats(); s.Used > s.Capacity {
 			t.Fatalf("datanode %d over its DRAM limit: %+v", i, s)
 		}
+	}
+}
+
+// TestCacheShortCircuit: a client on the datanodes' host reads a cached
+// block by mapping the cache file the datanode hands over its Unix socket
+// (after checking the block token): right data, no gRPC read; a request
+// with a bad token gets no descriptor.
+func TestCacheShortCircuit(t *testing.T) {
+	dir := t.TempDir()
+	c := startCache(t, dir, 64<<20)
+	cl := newClient(t, c, "/dc1/rack1")
+	makeBucket(t, cl, "vol", "bkt")
+	ctx := context.Background()
+	data := randData(9, 6<<20)
+	put(t, cl, "sc", data)
+	if _, err := cl.Scm().AddCachePool(ctx, &metapb.CachePool{Name: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Scm().AddCacheDirective(ctx, &metapb.CacheDirective{Volume: "vol", Bucket: "bkt", Path: "sc", Replication: 3, Pool: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	waitCached(t, c, cl, []string{"sc"}, 3, 30*time.Second)
+	// Until the SCM leader lists the replicas as cached.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ki, err := cl.Namespace().LookupKey(ctx, &metapb.LookupKeyRequest{Volume: "vol", Bucket: "bkt", Key: "sc"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ki.Locations[0].CachedDatanodes) == 3 && ki.Locations[0].Datanodes[0].ShortCircuitSocket != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("locations: %v", ki.Locations)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	reader := newClient(t, c, "/dc1/rack1")
+	if got := get(t, reader, "sc"); !bytes.Equal(got, data) {
+		t.Fatal("short-circuit read: wrong data")
+	}
+	served := uint64(0)
+	for i := range 3 {
+		served += c.Datanode(i).ShortCircuitServed()
+	}
+	if reader.ShortCircuitReads() == 0 || served == 0 {
+		t.Fatalf("short-circuit reads %d, descriptors served %d: want both > 0", reader.ShortCircuitReads(), served)
+	}
+	t.Logf("short-circuit reads %d, descriptors served %d", reader.ShortCircuitReads(), served)
+	// A forged token gets an error and no descriptor: a client without a
+	// valid token for the block maps nothing (the fallback then reads over
+	// gRPC, which refuses the token too).
+	b := blocksOf(t, cl, "sc")[0]
+	sock := fmt.Sprintf("%s/dn1/short-circuit.sock", dir)
+	if err := client.FetchCacheFileForTest(sock, b.ContainerID, b.LocalID, []byte("forged")); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("forged token: %v, want refused", err)
+	}
+	if err := client.FetchCacheFileForTest(sock, b.ContainerID, b.LocalID, b.Token); err != nil {
+		t.Fatalf("valid token: %v", err)
 	}
 }

@@ -108,6 +108,10 @@ type Config struct {
 	// size. Neither: no cache tier. See cache.go and docs/CACHE.md.
 	CacheDirs  []string
 	CacheBytes int64
+	// ShortCircuitSocket is the Unix socket local readers get cached
+	// blocks' files from (cache_shortcircuit.go; default
+	// DataDir/short-circuit.sock with cache directories; "-": none).
+	ShortCircuitSocket string
 }
 
 // Datanode is one running datanode.
@@ -153,7 +157,8 @@ type Datanode struct {
 	scrubMetrics                 []prometheus.Collector
 	volChecksOK, volChecksFailed atomic.Uint64
 
-	cache *blockCache // cache tier (cache.go); nil without one
+	cache *blockCache   // cache tier (cache.go); nil without one
+	sc    *shortCircuit // short-circuit reads of cached blocks; nil without
 }
 
 type identity struct {
@@ -251,6 +256,9 @@ func New(cfg Config) (*Datanode, error) {
 	if d.cache, err = openCache(cfg.CacheDirs, cfg.CacheBytes, st, d.log); err != nil {
 		st.Close()
 		return nil, err
+	}
+	if d.cache != nil && !d.cache.dram && d.cfg.ShortCircuitSocket == "" {
+		d.cfg.ShortCircuitSocket = filepath.Join(cfg.DataDir, "short-circuit.sock")
 	}
 	mc, err := metaclient.New(metaclient.Config{Addrs: cfg.MetaAddrs, DialOptions: []grpc.DialOption{cfg.TLS.GRPCDialOption(pki.RoleMeta)}})
 	if err != nil {
@@ -366,6 +374,10 @@ func (d *Datanode) Start(ctx context.Context) error {
 		grpc.NumStreamWorkers(uint32(max(d.cfg.GRPCStreamWorkers, 0))))
 	datanodepb.RegisterDatanodeServer(d.grpc, &service{d: d})
 	d.startStream()
+	if err := d.startShortCircuit(); err != nil {
+		// Local readers fall back to gRPC.
+		d.log.Warn("short-circuit reads off", "err", err)
+	}
 	if d.cache != nil && d.cfg.Registerer != nil {
 		for _, c := range d.cache.metrics() {
 			d.cfg.Registerer.Register(c)
@@ -385,7 +397,7 @@ func (d *Datanode) Start(ctx context.Context) error {
 
 func (d *Datanode) details(raftAddr string) *metapb.DatanodeDetails {
 	return &metapb.DatanodeDetails{Id: d.ident.ID, Uuid: d.ident.UUID, Hostname: d.cfg.Hostname,
-		DataAddr: d.Addr(), RaftAddr: raftAddr, Location: d.cfg.Location, StreamAddr: d.StreamAddr()}
+		DataAddr: d.Addr(), RaftAddr: raftAddr, Location: d.cfg.Location, StreamAddr: d.StreamAddr(), ShortCircuitSocket: d.shortCircuitPath()}
 }
 
 func (d *Datanode) register(ctx context.Context, raftAddr string) error {
@@ -718,6 +730,7 @@ func (d *Datanode) Close() error {
 		// Streams first: each discards its partial block while storage is
 		// still open.
 		d.stopStream()
+		d.stopShortCircuit()
 		if d.grpc != nil {
 			d.grpc.Stop()
 		} else {
@@ -766,3 +779,11 @@ func (d *Datanode) ChunksWritten() uint64 { return d.stats.chunksWritten.Load() 
 // SmallFiles counts the blocks this datanode committed from PutSmallFile
 // entries (every replica counts).
 func (d *Datanode) SmallFiles() uint64 { return d.stats.smallFiles.Load() }
+
+// shortCircuitPath is the socket registered with SCM ("" without one).
+func (d *Datanode) shortCircuitPath() string {
+	if d.cache == nil || d.cache.dram || d.cfg.ShortCircuitSocket == "-" {
+		return ""
+	}
+	return d.cfg.ShortCircuitSocket
+}

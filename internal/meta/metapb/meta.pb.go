@@ -534,16 +534,20 @@ func (x *NotLeader) GetLeaderAddr() string {
 }
 
 type DatanodeDetails struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`    // assigned by SCM at first registration
-	Uuid          string                 `protobuf:"bytes,2,opt,name=uuid,proto3" json:"uuid,omitempty"` // chosen and stored by the datanode
-	Hostname      string                 `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
-	DataAddr      string                 `protobuf:"bytes,4,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`       // gRPC address for reads and writes
-	RaftAddr      string                 `protobuf:"bytes,5,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`       // multi-raft transport address (pipeline peers)
-	Location      string                 `protobuf:"bytes,6,opt,name=location,proto3" json:"location,omitempty"`                       // network location, e.g. "/dc1/rack2"
-	StreamAddr    string                 `protobuf:"bytes,7,opt,name=stream_addr,json=streamAddr,proto3" json:"stream_addr,omitempty"` // V2 streaming write address (package stream)
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Id         uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`    // assigned by SCM at first registration
+	Uuid       string                 `protobuf:"bytes,2,opt,name=uuid,proto3" json:"uuid,omitempty"` // chosen and stored by the datanode
+	Hostname   string                 `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	DataAddr   string                 `protobuf:"bytes,4,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`       // gRPC address for reads and writes
+	RaftAddr   string                 `protobuf:"bytes,5,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`       // multi-raft transport address (pipeline peers)
+	Location   string                 `protobuf:"bytes,6,opt,name=location,proto3" json:"location,omitempty"`                       // network location, e.g. "/dc1/rack2"
+	StreamAddr string                 `protobuf:"bytes,7,opt,name=stream_addr,json=streamAddr,proto3" json:"stream_addr,omitempty"` // V2 streaming write address (package stream)
+	// Unix socket of the short-circuit read of cached blocks (docs/CACHE.md):
+	// a client on the same host gets the cache file's descriptor and maps
+	// it. Empty: none.
+	ShortCircuitSocket string `protobuf:"bytes,300,opt,name=short_circuit_socket,json=shortCircuitSocket,proto3" json:"short_circuit_socket,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *DatanodeDetails) Reset() {
@@ -621,6 +625,13 @@ func (x *DatanodeDetails) GetLocation() string {
 func (x *DatanodeDetails) GetStreamAddr() string {
 	if x != nil {
 		return x.StreamAddr
+	}
+	return ""
+}
+
+func (x *DatanodeDetails) GetShortCircuitSocket() string {
+	if x != nil {
+		return x.ShortCircuitSocket
 	}
 	return ""
 }
@@ -8915,7 +8926,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\x04R\bleaderId\x12\x1f\n" +
 	"\vleader_addr\x18\x03 \x01(\tR\n" +
-	"leaderAddr\"\xc8\x01\n" +
+	"leaderAddr\"\xfb\x01\n" +
 	"\x0fDatanodeDetails\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x1a\n" +
@@ -8924,7 +8935,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\traft_addr\x18\x05 \x01(\tR\braftAddr\x12\x1a\n" +
 	"\blocation\x18\x06 \x01(\tR\blocation\x12\x1f\n" +
 	"\vstream_addr\x18\a \x01(\tR\n" +
-	"streamAddr\"\xd2\x01\n" +
+	"streamAddr\x121\n" +
+	"\x14short_circuit_socket\x18\xac\x02 \x01(\tR\x12shortCircuitSocket\"\xd2\x01\n" +
 	"\fVolumeReport\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12%\n" +
 	"\x0ecapacity_bytes\x18\x02 \x01(\x04R\rcapacityBytes\x12\x1d\n" +
