@@ -65,7 +65,8 @@ func TestCacheReadBenchmark(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	cl := newClient(t, c, "/dc1/rack1")
+	cl := grpcClient(t, c)               // cached blocks over gRPC
+	scl := newClient(t, c, "/dc1/rack1") // short-circuit reads of cached blocks
 	makeBucket(t, cl, "vol", "bkt")
 	// Two sets of the same size: hot/ gets a cache directive, cold/ not;
 	// the phases alternate, so both see the same machine load.
@@ -80,7 +81,7 @@ func TestCacheReadBenchmark(t *testing.T) {
 			t.Logf("drop caches: %v (uncached figures may come from the page cache)", err)
 		}
 	}
-	seq := func(keys []string) float64 {
+	seq := func(cl *client.Client, keys []string) float64 {
 		start := time.Now()
 		var wg sync.WaitGroup
 		for w := range readers {
@@ -101,7 +102,7 @@ func TestCacheReadBenchmark(t *testing.T) {
 		wg.Wait()
 		return float64(len(keys)*keyMB) / time.Since(start).Seconds()
 	}
-	random := func(keys []string, ops int) (mbps, iops float64) {
+	random := func(cl *client.Client, keys []string, ops int) (mbps, iops float64) {
 		start := time.Now()
 		var wg sync.WaitGroup
 		var mu sync.Mutex
@@ -159,19 +160,24 @@ func TestCacheReadBenchmark(t *testing.T) {
 	t.Logf("cache replication %d: warming %d MiB into the cache (directive to every block reported): %v (%.0f MiB/s)", repl, totalMB*repl, warm.Round(time.Millisecond), float64(totalMB*repl)/warm.Seconds())
 	time.Sleep(2 * time.Second) // the SCM leader lists the cached replicas
 	const ops = 400
-	var us, cs, ur, cr, ui, ci []float64
+	var us, cs, ss, ur, cr, sr, ui, ci, si []float64
 	h0 := cacheHits(c)
 	for range rounds {
 		drop()
-		us = append(us, seq(cold))
+		us = append(us, seq(cl, cold))
 		drop()
-		cs = append(cs, seq(hot))
+		cs = append(cs, seq(cl, hot))
 		drop()
-		a, b := random(cold, ops)
+		ss = append(ss, seq(scl, hot))
+		drop()
+		a, b := random(cl, cold, ops)
 		ur, ui = append(ur, a), append(ui, b)
 		drop()
-		a, b = random(hot, ops)
+		a, b = random(cl, hot, ops)
 		cr, ci = append(cr, a), append(ci, b)
+		drop()
+		a, b = random(scl, hot, ops)
+		sr, si = append(sr, a), append(si, b)
 	}
 	med := func(x []float64) float64 {
 		if len(x) == 0 {
@@ -181,8 +187,10 @@ func TestCacheReadBenchmark(t *testing.T) {
 		slices.Sort(y)
 		return y[len(y)/2]
 	}
-	t.Logf("sequential MiB/s, %d rounds: uncached %v, cached %v", rounds, fmtF(us), fmtF(cs))
-	t.Logf("random MiB/s (4 KiB-1 MiB), %d rounds: uncached %v, cached %v", rounds, fmtF(ur), fmtF(cr))
+	t.Logf("sequential MiB/s, %d rounds: uncached %v, cached %v, cached short-circuit %v", rounds, fmtF(us), fmtF(cs), fmtF(ss))
+	t.Logf("random MiB/s (4 KiB-1 MiB), %d rounds: uncached %v, cached %v, cached short-circuit %v", rounds, fmtF(ur), fmtF(cr), fmtF(sr))
+	t.Logf("short-circuit medians: sequential %.0f MiB/s (%.1fx uncached), random %.0f MiB/s, %.0f reads/s (%.1fx uncached); short-circuit reads %d",
+		med(ss), med(ss)/med(us), med(sr), med(si), med(sr)/med(ur), scl.ShortCircuitReads())
 	t.Logf("medians: sequential uncached %.0f MiB/s, cached %.0f MiB/s, ratio %.2fx; random uncached %.0f MiB/s (%.0f reads/s), cached %.0f MiB/s (%.0f reads/s), ratio %.2fx; cache hits +%d",
 		med(us), med(cs), med(cs)/med(us), med(ur), med(ui), med(cr), med(ci), med(cr)/med(ur), cacheHits(c)-h0)
 
