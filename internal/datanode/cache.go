@@ -312,7 +312,7 @@ func (bc *blockCache) worker() {
 		case <-bc.stopc:
 			return
 		case k := <-bc.work:
-			if err := bc.cacheOne(k); err != nil {
+			if err := bc.cacheOneSafe(k); err != nil {
 				bc.log.Warn("cache: caching a block failed", "container", k.c, "block", k.l, "err", err)
 			}
 			bc.mu.Lock()
@@ -320,6 +320,16 @@ func (bc *blockCache) worker() {
 			bc.mu.Unlock()
 		}
 	}
+}
+
+// cacheOneSafe is cacheOne with a panic turned into an error.
+func (bc *blockCache) cacheOneSafe(k cacheKey) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic: %v", p)
+		}
+	}()
+	return bc.cacheOne(k)
 }
 
 // reserve picks a directory (or the DRAM budget) with room for n bytes.

@@ -109,6 +109,11 @@ func frame(m proto.Message) []byte {
 // (a client may ask for several blocks on one connection).
 func (d *Datanode) serveShortCircuit(c *net.UnixConn) {
 	defer c.Close()
+	defer func() {
+		if p := recover(); p != nil {
+			d.log.Error("short-circuit request panicked; connection closed", "panic", p)
+		}
+	}()
 	for {
 		c.SetDeadline(time.Now().Add(time.Minute))
 		req := &datanodepb.ShortCircuitRequest{}
