@@ -93,6 +93,10 @@ type blockCache struct {
 	dropped    atomic.Uint64 // blocks that failed verification
 	hitBytes   atomic.Uint64
 	collectors []prometheus.Collector
+	// version counts changes of the cached set; a heartbeat carries the
+	// list only when it changed since the last one sent, or with a full
+	// report (a new SCM leader learns it then).
+	version, reported atomic.Uint64
 }
 
 const maxCacheQueue = 4096
@@ -234,6 +238,7 @@ func (bc *blockCache) recoverOne(i int, k cacheKey) error {
 	}
 	d.used += rec.Block.Length
 	bc.entries[k] = e
+	bc.version.Add(1)
 	bc.recovered.Add(1)
 	return nil
 }
@@ -465,6 +470,7 @@ func (bc *blockCache) cacheOne(k cacheKey) error {
 		return nil // raced with itself; keep the first
 	}
 	bc.entries[k] = e
+	bc.version.Add(1)
 	bc.mu.Unlock()
 	ok = true
 	bc.copied.Add(1)
@@ -509,6 +515,7 @@ func (bc *blockCache) uncache(k cacheKey) {
 	bc.mu.Lock()
 	e := bc.entries[k]
 	delete(bc.entries, k)
+	bc.version.Add(1)
 	bc.mu.Unlock()
 	if e == nil {
 		return
@@ -563,12 +570,18 @@ func (bc *blockCache) serve(e *cacheEntry, cid storage.ContainerID, off, n int64
 	return true, nil
 }
 
-// report fills a heartbeat's cache fields.
-func (bc *blockCache) report(req *metapb.HeartbeatRequest) {
-	req.CacheReport = true
+// report fills a heartbeat's cache fields: the counters always, the
+// cached-block list when it changed or with a full report. sent is
+// called once the heartbeat went through.
+func (bc *blockCache) report(req *metapb.HeartbeatRequest, full bool) (sent func()) {
 	req.Cache = bc.stats()
 	bc.mu.Lock()
 	defer bc.mu.Unlock()
+	v := bc.version.Load()
+	if !full && v == bc.reported.Load() {
+		return func() {}
+	}
+	req.CacheReport = true
 	req.CachedBlocks = make([]*metapb.BlockID, 0, len(bc.entries))
 	for k := range bc.entries {
 		req.CachedBlocks = append(req.CachedBlocks, &metapb.BlockID{ContainerId: k.c, LocalId: k.l})
@@ -577,6 +590,7 @@ func (bc *blockCache) report(req *metapb.HeartbeatRequest) {
 		a, b := req.CachedBlocks[i], req.CachedBlocks[j]
 		return a.ContainerId < b.ContainerId || (a.ContainerId == b.ContainerId && a.LocalId < b.LocalId)
 	})
+	return func() { bc.reported.Store(v) }
 }
 
 func (bc *blockCache) stats() *metapb.CacheStats {

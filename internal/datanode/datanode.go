@@ -607,8 +607,9 @@ func (d *Datanode) heartbeat(full bool) error {
 		req.Pipelines = append(req.Pipelines, &metapb.PipelineReport{PipelineId: id})
 	}
 	d.mu.Unlock()
+	cacheSent := func() {}
 	if d.cache != nil {
-		d.cache.report(req)
+		cacheSent = d.cache.report(req, full)
 	}
 	sent := d.takeAcks(req)
 	d.takeCopyFailures(req)
@@ -624,6 +625,7 @@ func (d *Datanode) heartbeat(full bool) error {
 		return err
 	}
 	d.clearAcks(sent)
+	cacheSent()
 	if resp.GetReregister() {
 		return d.register(ctx, d.host.Addr())
 	}

@@ -285,7 +285,7 @@ func (m *Manager) cacheRound(now, since time.Time, healthy map[uint64]bool, forc
 			files = append(files, fr)
 		}
 	}
-	// Placement: keep what is planned or cached on a healthy replica,
+	// Placement: keep what is cached or planned on a healthy replica,
 	// then add the replicas with the most free cache capacity.
 	for _, k := range order {
 		_, reps := m.st.ContainerReplicas(k.c)
@@ -296,7 +296,9 @@ func (m *Manager) cacheRound(now, since time.Time, healthy map[uint64]bool, forc
 			}
 		}
 		var chosen []uint64
-		for _, dn := range append(slices.Clone(oldPlan[k]), holders[k]...) {
+		// Replicas that hold it cached first (a new leader's first plan
+		// keeps what the datanodes report), then the previous plan.
+		for _, dn := range append(slices.Clone(holders[k]), oldPlan[k]...) {
 			if len(chosen) < want[k] && slices.Contains(cands, dn) && !slices.Contains(chosen, dn) {
 				chosen = append(chosen, dn)
 				capLeft[dn] -= int64(lens[k])
