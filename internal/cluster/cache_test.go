@@ -90,6 +90,30 @@ func waitCached(t *testing.T, c *cluster.Cluster, cl *client.Client, keys []stri
 	}
 }
 
+// waitListed polls until LookupKey lists n cached replicas for every
+// block of key (the SCM leader has the datanodes' reports).
+func waitListed(t *testing.T, cl *client.Client, key string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ki, err := cl.Namespace().LookupKey(context.Background(), &metapb.LookupKeyRequest{Volume: "vol", Bucket: "bkt", Key: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ok := true
+		for _, l := range ki.Locations {
+			ok = ok && len(l.CachedDatanodes) == n
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: locations %v, want %d cached replicas listed", key, ki.Locations, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func cacheHits(c *cluster.Cluster) (hits uint64) {
 	for i := range 3 {
 		if dn := c.Datanode(i); dn != nil {
@@ -417,6 +441,7 @@ func TestCacheDRAM(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCached(t, c, cl, []string{"d"}, 2, 30*time.Second)
+	waitListed(t, cl, "d", 2)
 	h0 := cacheHits(c)
 	if got := get(t, cl, "d"); !bytes.Equal(got, data) {
 		t.Fatal("wrong data")
