@@ -238,9 +238,13 @@ func (s *State) applyCacheDirective(b *pebble.Batch, op *metapb.CacheDirectiveOp
 			ttl = pool.MaxTtlMs
 		}
 	}
-	n.ExpiryUnixMs = 0
-	if ttl > 0 {
-		n.ExpiryUnixMs = now + ttl
+	// The expiry counts from the add, or from a change of TTL or pool; a
+	// change of replication alone keeps it.
+	if d.Id == 0 || d.SetTtl || d.SetPool {
+		n.ExpiryUnixMs = 0
+		if ttl > 0 {
+			n.ExpiryUnixMs = now + ttl
+		}
 	}
 	s.cache.dirs[n.Id] = n
 	s.put(b, key(pfxCacheDir, n.Id), n)

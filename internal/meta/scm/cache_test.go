@@ -41,8 +41,9 @@ func TestCacheDefinitionsPersist(t *testing.T) {
 	if _, err := m.ModifyCachePool(ctx, &metapb.CachePool{Name: "hot", LimitBytes: 2 << 30, SetLimit: true}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.ModifyCacheDirective(ctx, &metapb.CacheDirective{Id: d.Id, Replication: 3, SetReplication: true}); err != nil {
-		t.Fatal(err)
+	clk.Advance(time.Minute)
+	if md, err := m.ModifyCacheDirective(ctx, &metapb.CacheDirective{Id: d.Id, Replication: 3, SetReplication: true}); err != nil || md.ExpiryUnixMs != d.ExpiryUnixMs {
+		t.Fatalf("modify replication: %v %v; want the expiry kept at %d", md, err, d.ExpiryUnixMs)
 	}
 	if _, err := m.ModifyCacheDirective(ctx, &metapb.CacheDirective{Id: d.Id, Replication: 4, SetReplication: true}); code(err) != codes.InvalidArgument {
 		t.Fatalf("modify to replication 4: %v", err)
