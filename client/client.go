@@ -56,6 +56,9 @@ const (
 type Config struct {
 	// MetaAddrs are the gRPC addresses of the metadata service nodes.
 	MetaAddrs []string
+	// NoShortCircuit: never map a local datanode's cache file; read cached
+	// blocks over gRPC too (shortcircuit.go, docs/CACHE.md).
+	NoShortCircuit bool
 	// Location is this client's network location ("/dc1/rack1"); the
 	// services order replicas nearest first from it. "" = unknown.
 	Location string
@@ -247,6 +250,7 @@ type Client struct {
 	ns   metapb.NamespaceClient
 	scm  metapb.ScmClient
 	dns  *dnPool
+	sc   shortCircuits // mapped cache files of local datanodes (shortcircuit.go)
 	log  *slog.Logger
 	// streamTLS authenticates V2 streams (nil: plaintext).
 	streamTLS *tls.Config
@@ -318,6 +322,7 @@ func (c *Client) Config() Config { return c.cfg }
 
 // Close closes every connection. Calls in progress fail.
 func (c *Client) Close() error {
+	c.sc.close()
 	return errors.Join(c.meta.Close(), c.dns.close())
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -219,23 +220,31 @@ func (r *KeyReader) readBlock(ctx context.Context, bi int, l *metapb.BlockLocati
 			Msg: fmt.Sprintf("block %d/%d (container state %s) has no known replicas", l.Id.GetContainerId(), l.Id.GetLocalId(), containerStateName(l.ContainerState))}
 	}
 	order := make([]*metapb.DatanodeDetails, 0, len(l.Datanodes))
-	var later []*metapb.DatanodeDetails
+	var uncached, later []*metapb.DatanodeDetails
 	r.mu.Lock()
 	for _, d := range l.Datanodes {
-		if r.bad[d.Id] {
+		switch {
+		case r.bad[d.Id]:
 			later = append(later, d)
-		} else {
+		case slices.Contains(l.CachedDatanodes, d.Id):
+			// Replicas holding the block in their cache tier first
+			// (docs/CACHE.md), nearest first among them.
 			order = append(order, d)
+		default:
+			uncached = append(uncached, d)
 		}
 	}
 	r.mu.Unlock()
-	order = append(order, later...)
+	order = append(append(order, uncached...), later...)
 	var errs []string
 	corrupt := 0
 	refreshed := false
 	for i := 0; i < len(order); i++ {
 		d := order[i]
 		tok := r.token(bi, l)
+		if r.c.shortCircuit(l, d, tok, off, dst) {
+			return nil // a local cached replica, mapped (shortcircuit.go)
+		}
 		err := r.readReplica(ctx, bi, l, d, tok, off, dst)
 		if err == nil {
 			return nil

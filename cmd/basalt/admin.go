@@ -51,27 +51,28 @@ Examples:
 			sort.Slice(ds, func(i, j int) bool { return ds[i].GetDetails().GetId() < ds[j].GetDetails().GetId() })
 			if f.json {
 				type row struct {
-					ID            uint64 `json:"id"`
-					UUID          string `json:"uuid"`
-					Hostname      string `json:"hostname"`
-					DataAddr      string `json:"data_addr"`
-					RaftAddr      string `json:"raft_addr"`
-					Location      string `json:"location"`
-					State         string `json:"state"`
-					OpState       opJSON `json:"operational"`
-					LastHeartbeat string `json:"last_heartbeat,omitempty"`
-					Capacity      uint64 `json:"capacity_bytes"`
-					Used          uint64 `json:"used_bytes"`
-					Volumes       int    `json:"volumes"`
-					FailedVolumes int    `json:"failed_volumes"`
-					Pipelines     uint32 `json:"pipelines"`
+					ID            uint64             `json:"id"`
+					UUID          string             `json:"uuid"`
+					Hostname      string             `json:"hostname"`
+					DataAddr      string             `json:"data_addr"`
+					RaftAddr      string             `json:"raft_addr"`
+					Location      string             `json:"location"`
+					State         string             `json:"state"`
+					OpState       opJSON             `json:"operational"`
+					LastHeartbeat string             `json:"last_heartbeat,omitempty"`
+					Capacity      uint64             `json:"capacity_bytes"`
+					Used          uint64             `json:"used_bytes"`
+					Volumes       int                `json:"volumes"`
+					FailedVolumes int                `json:"failed_volumes"`
+					Pipelines     uint32             `json:"pipelines"`
+					Cache         *metapb.CacheStats `json:"cache,omitempty"`
 				}
 				out := []row{}
 				for _, d := range ds {
 					capa, used, failed := volumeTotals(d.Volumes)
 					x := d.GetDetails()
 					rw := row{ID: x.Id, UUID: x.Uuid, Hostname: x.Hostname, DataAddr: x.DataAddr, RaftAddr: x.RaftAddr, Location: x.Location,
-						State: stateName(d.State.String()), OpState: opRow(d), Capacity: capa, Used: used, Volumes: len(d.Volumes), FailedVolumes: failed, Pipelines: d.Pipelines}
+						State: stateName(d.State.String()), OpState: opRow(d), Capacity: capa, Used: used, Volumes: len(d.Volumes), FailedVolumes: failed, Pipelines: d.Pipelines, Cache: d.Cache}
 					if d.LastHeartbeatUnixMs > 0 {
 						rw.LastHeartbeat = time.UnixMilli(d.LastHeartbeatUnixMs).UTC().Format(time.RFC3339Nano)
 					}
@@ -79,7 +80,7 @@ Examples:
 				}
 				return printJSON(cmd.OutOrStdout(), out)
 			}
-			t := newTable(cmd.OutOrStdout(), "ID", "STATE", "OP STATE", "HOST", "DATA ADDR", "LOCATION", "CAPACITY", "USED", "USED%", "VOLUMES", "PIPELINES", "LAST HEARTBEAT", "DRAIN")
+			t := newTable(cmd.OutOrStdout(), "ID", "STATE", "OP STATE", "HOST", "DATA ADDR", "LOCATION", "CAPACITY", "USED", "USED%", "VOLUMES", "PIPELINES", "LAST HEARTBEAT", "DRAIN", "CACHE")
 			for _, d := range ds {
 				capa, used, failed := volumeTotals(d.Volumes)
 				pct := "-"
@@ -95,7 +96,7 @@ Examples:
 					hb = time.Since(time.UnixMilli(d.LastHeartbeatUnixMs)).Round(time.Millisecond).String() + " ago"
 				}
 				x := d.GetDetails()
-				t.row(x.Id, stateName(d.State.String()), opStateName(d.OpState), x.Hostname, x.DataAddr, x.Location, fmtBytes(capa), fmtBytes(used), pct, vols, d.Pipelines, hb, drainText(d))
+				t.row(x.Id, stateName(d.State.String()), opStateName(d.OpState), x.Hostname, x.DataAddr, x.Location, fmtBytes(capa), fmtBytes(used), pct, vols, d.Pipelines, hb, drainText(d), cacheText(d.Cache))
 			}
 			return t.flush()
 		}),
@@ -268,6 +269,7 @@ to SCM, when the SCM API carries it ("-" otherwise).`,
 	root.AddCommand(dn, pl, ct)
 	root.AddCommand(adminS3Cmd(f))
 	root.AddCommand(adminCACmd())
+	root.AddCommand(adminCacheCmd(f))
 	return root
 }
 
@@ -326,4 +328,17 @@ func containerRows(cs []*metapb.Container) []containerRow {
 		out = append(out, r)
 	}
 	return out
+}
+
+// cacheText is a datanode's cache tier for tables: used/capacity, blocks,
+// hits and misses (docs/CACHE.md).
+func cacheText(c *metapb.CacheStats) string {
+	if c == nil || c.CapacityBytes == 0 {
+		return "-"
+	}
+	kind := "pmem"
+	if !c.Persistent {
+		kind = "dram"
+	}
+	return fmt.Sprintf("%s/%s %s, %d blocks, %d hits, %d misses", fmtBytes(c.UsedBytes), fmtBytes(c.CapacityBytes), kind, c.Blocks, c.Hits, c.Misses)
 }

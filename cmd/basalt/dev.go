@@ -135,7 +135,8 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 	if insecure {
 		fmt.Println("basalt dev: WARNING: --insecure-no-tls: every port is PLAINTEXT and accepts ANYONE (for measuring what TLS costs only)")
 	}
-	c, err := cluster.Start(sctx, cluster.Config{Dir: dataDir, Admins: admins, Datanodes: datanodes, BasePort: basePort, Registerer: reg, Logger: logger, Insecure: insecure, Storage: so})
+	c, err := cluster.Start(sctx, cluster.Config{Dir: dataDir, Admins: admins, Datanodes: datanodes, BasePort: basePort, Registerer: reg, Logger: logger, Insecure: insecure, Storage: so,
+		CacheBytes: 1 << 30}) // a cache tier under each datanode's directory (docs/CACHE.md)
 	cancel()
 	if err != nil {
 		return err

@@ -145,7 +145,7 @@ node gets the same --peers list (empty for a single node).`,
 
 func datanodeCmd() *cobra.Command {
 	var cfg datanode.Config
-	var metas, volumes, logDirs, metricsAddr, logLevel, scrubRate string
+	var metas, volumes, logDirs, metricsAddr, logLevel, scrubRate, cacheDirs, cacheBytes string
 	var volumeList []string
 	var ballast int64
 	var tf tlsFlags
@@ -169,6 +169,15 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 				return fmt.Errorf("--scrub-rate: %w", err)
 			}
 			cfg.ScrubRate = rate
+			cfg.CacheDirs = splitList(cacheDirs)
+			if cacheBytes != "" {
+				if cfg.CacheBytes, err = parseSize(cacheBytes); err != nil {
+					return fmt.Errorf("--cache-bytes: %w", err)
+				}
+			}
+			if len(cfg.CacheDirs) > 0 && cfg.CacheBytes == 0 {
+				return fmt.Errorf("--cache-dir needs --cache-bytes (the capacity of each cache directory)")
+			}
 			if rate == 0 {
 				cfg.ScrubRate = -1 // disabled
 			}
@@ -215,6 +224,8 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 	f.DurationVar(&cfg.ScrubInterval, "scrub-interval", datanode.DefaultScrubInterval, "time from the start of one scrubber pass over all data to the start of the next")
 	f.DurationVar(&cfg.VolumeCheckInterval, "volume-check-interval", datanode.DefaultVolumeCheckInterval, "how often each data volume's health is checked (probe file created, written, fsynced, read back, removed); a failed check fails the volume")
 	f.DurationVar(&cfg.VolumeCheckTimeout, "volume-check-timeout", datanode.DefaultVolumeCheckTimeout, "a volume health check not done by then fails the volume (a hung disk)")
+	f.StringVar(&cacheDirs, "cache-dir", "", "cache tier directories, comma-separated: a DAX-mounted pmem file system (or tmpfs); cached blocks survive restarts (docs/CACHE.md)")
+	f.StringVar(&cacheBytes, "cache-bytes", "", "capacity of each cache directory (e.g. 4GiB); without --cache-dir, the size of a DRAM cache (locked memory, not persistent)")
 	tf.register(cmd, false, false)
 	return cmd
 }

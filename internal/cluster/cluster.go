@@ -62,8 +62,18 @@ type Config struct {
 	Insecure bool
 	// SecretKeys: block token key rotation (default: SCM's).
 	SecretKeys scm.SecretKeyConfig
-	Registerer prometheus.Registerer
-	Logger     *slog.Logger
+	// CacheBytes > 0 gives every datanode a cache tier of that many bytes
+	// in Dir/dnN/cache (docs/CACHE.md); CacheRescanInterval is how often
+	// SCM resolves the cache directives (default SCM's).
+	// CacheDRAM: the cache tier in memory instead (no directory);
+	// CacheRoot: the cache directories under CacheRoot/dnN instead (a
+	// tmpfs or DAX mount).
+	CacheBytes          int64
+	CacheDRAM           bool
+	CacheRoot           string
+	CacheRescanInterval time.Duration
+	Registerer          prometheus.Registerer
+	Logger              *slog.Logger
 }
 
 // Cluster is a running in-process cluster.
@@ -135,7 +145,8 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			HeartbeatInterval: cfg.HeartbeatInterval, StaleInterval: 10 * cfg.HeartbeatInterval, DeadInterval: 30 * cfg.HeartbeatInterval,
 			PipelineLimit: cfg.PipelineLimit, BlockSize: cfg.BlockSize, ContainerSize: cfg.ContainerSize,
 			SafeModeMinDatanodes: minDN, LoopInterval: min(time.Second, cfg.HeartbeatInterval),
-			SecretKeys: cfg.SecretKeys,
+			SecretKeys:          cfg.SecretKeys,
+			CacheRescanInterval: cfg.CacheRescanInterval,
 		},
 		Namespace:  namespace.Config{},
 		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"role": "meta"}, cfg.Registerer),
@@ -183,11 +194,20 @@ func (c *Cluster) newDatanode(i int) (*datanode.Datanode, error) {
 	if err != nil {
 		return nil, err
 	}
+	var cacheDirs []string
+	switch {
+	case c.cfg.CacheBytes <= 0 || c.cfg.CacheDRAM:
+	case c.cfg.CacheRoot != "":
+		cacheDirs = []string{filepath.Join(c.cfg.CacheRoot, fmt.Sprintf("dn%d", i+1))}
+	default:
+		cacheDirs = []string{filepath.Join(dir, "cache")}
+	}
 	return datanode.New(datanode.Config{
 		DataDir: dir, Location: c.cfg.Location(i), TLS: creds,
 		Hostname: fmt.Sprintf("dn%d", i+1), MetaAddrs: []string{c.MetaAddr()},
 		ListenAddr: c.cfg.addr(10 + 2*i), RaftAddr: c.cfg.addr(11 + 2*i), StreamAddr: c.cfg.addr(40 + i), TickInterval: c.cfg.TickInterval,
-		Storage:    so,
+		Storage:   so,
+		CacheDirs: cacheDirs, CacheBytes: c.cfg.CacheBytes,
 		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"role": "datanode", "datanode": fmt.Sprint(i + 1)}, c.cfg.Registerer),
 		Logger:     c.cfg.Logger.With("role", "datanode", "dn", i+1),
 	})

@@ -101,6 +101,17 @@ type Config struct {
 	// (default DefaultVolumeCheckTimeout).
 	VolumeCheckInterval time.Duration
 	VolumeCheckTimeout  time.Duration
+
+	// CacheDirs are the cache tier's directories (a DAX-mounted pmem file
+	// system in production; tmpfs or any directory otherwise), each of
+	// CacheBytes. No CacheDirs but CacheBytes > 0: a DRAM cache of that
+	// size. Neither: no cache tier. See cache.go and docs/CACHE.md.
+	CacheDirs  []string
+	CacheBytes int64
+	// ShortCircuitSocket is the Unix socket local readers get cached
+	// blocks' files from (cache_shortcircuit.go; default
+	// DataDir/short-circuit.sock with cache directories; "-": none).
+	ShortCircuitSocket string
 }
 
 // Datanode is one running datanode.
@@ -145,6 +156,9 @@ type Datanode struct {
 	scrub                        *scrubber
 	scrubMetrics                 []prometheus.Collector
 	volChecksOK, volChecksFailed atomic.Uint64
+
+	cache *blockCache   // cache tier (cache.go); nil without one
+	sc    *shortCircuit // short-circuit reads of cached blocks; nil without
 }
 
 type identity struct {
@@ -237,6 +251,15 @@ func New(cfg Config) (*Datanode, error) {
 		return nil, err
 	}
 	d.store = st
+	// The cache tier is recovered before the first heartbeat, so its
+	// blocks are reported (and served) from the start.
+	if d.cache, err = openCache(cfg.CacheDirs, cfg.CacheBytes, st, d.log); err != nil {
+		st.Close()
+		return nil, err
+	}
+	if d.cache != nil && !d.cache.dram && d.cfg.ShortCircuitSocket == "" {
+		d.cfg.ShortCircuitSocket = filepath.Join(cfg.DataDir, "short-circuit.sock")
+	}
 	mc, err := metaclient.New(metaclient.Config{Addrs: cfg.MetaAddrs, DialOptions: []grpc.DialOption{cfg.TLS.GRPCDialOption(pki.RoleMeta)}})
 	if err != nil {
 		st.Close()
@@ -351,6 +374,15 @@ func (d *Datanode) Start(ctx context.Context) error {
 		grpc.NumStreamWorkers(uint32(max(d.cfg.GRPCStreamWorkers, 0))))
 	datanodepb.RegisterDatanodeServer(d.grpc, &service{d: d})
 	d.startStream()
+	if err := d.startShortCircuit(); err != nil {
+		// Local readers fall back to gRPC.
+		d.log.Warn("short-circuit reads off", "err", err)
+	}
+	if d.cache != nil && d.cfg.Registerer != nil {
+		for _, c := range d.cache.metrics() {
+			d.cfg.Registerer.Register(c)
+		}
+	}
 	if err := d.startScrubber(); err != nil {
 		return err
 	}
@@ -365,7 +397,7 @@ func (d *Datanode) Start(ctx context.Context) error {
 
 func (d *Datanode) details(raftAddr string) *metapb.DatanodeDetails {
 	return &metapb.DatanodeDetails{Id: d.ident.ID, Uuid: d.ident.UUID, Hostname: d.cfg.Hostname,
-		DataAddr: d.Addr(), RaftAddr: raftAddr, Location: d.cfg.Location, StreamAddr: d.StreamAddr()}
+		DataAddr: d.Addr(), RaftAddr: raftAddr, Location: d.cfg.Location, StreamAddr: d.StreamAddr(), ShortCircuitSocket: d.shortCircuitPath()}
 }
 
 func (d *Datanode) register(ctx context.Context, raftAddr string) error {
@@ -576,6 +608,10 @@ func (d *Datanode) heartbeat(full bool) error {
 		req.Pipelines = append(req.Pipelines, &metapb.PipelineReport{PipelineId: id})
 	}
 	d.mu.Unlock()
+	cacheSent := func() {}
+	if d.cache != nil {
+		cacheSent = d.cache.report(req, full)
+	}
 	sent := d.takeAcks(req)
 	d.takeCopyFailures(req)
 	for _, p := range req.Pipelines {
@@ -590,6 +626,7 @@ func (d *Datanode) heartbeat(full bool) error {
 		return err
 	}
 	d.clearAcks(sent)
+	cacheSent()
 	if resp.GetReregister() {
 		return d.register(ctx, d.host.Addr())
 	}
@@ -623,6 +660,10 @@ func (d *Datanode) execute(cmd *metapb.DatanodeCommand) error {
 		return d.replicateContainer(c.ReplicateContainer)
 	case *metapb.DatanodeCommand_DeleteContainer:
 		return d.deleteContainer(c.DeleteContainer)
+	case *metapb.DatanodeCommand_CacheBlocks:
+		return d.executeCache(c.CacheBlocks.GetBlocks(), nil)
+	case *metapb.DatanodeCommand_UncacheBlocks:
+		return d.executeCache(nil, c.UncacheBlocks.GetBlocks())
 	}
 	return nil
 }
@@ -695,6 +736,7 @@ func (d *Datanode) Close() error {
 		// Streams first: each discards its partial block while storage is
 		// still open.
 		d.stopStream()
+		d.stopShortCircuit()
 		if d.grpc != nil {
 			d.grpc.Stop()
 		} else {
@@ -710,6 +752,14 @@ func (d *Datanode) Close() error {
 			err = d.host.Close()
 		}
 		d.wg.Wait()
+		if d.cache != nil {
+			d.cache.close()
+			if d.cfg.Registerer != nil {
+				for _, c := range d.cache.metrics() {
+					d.cfg.Registerer.Unregister(c)
+				}
+			}
+		}
 		d.closePeerConns()
 		if serr := d.store.Close(); err == nil {
 			err = serr
@@ -735,3 +785,11 @@ func (d *Datanode) ChunksWritten() uint64 { return d.stats.chunksWritten.Load() 
 // SmallFiles counts the blocks this datanode committed from PutSmallFile
 // entries (every replica counts).
 func (d *Datanode) SmallFiles() uint64 { return d.stats.smallFiles.Load() }
+
+// shortCircuitPath is the socket registered with SCM ("" without one).
+func (d *Datanode) shortCircuitPath() string {
+	if d.cache == nil || d.cache.dram || d.cfg.ShortCircuitSocket == "-" {
+		return ""
+	}
+	return d.cfg.ShortCircuitSocket
+}

@@ -306,6 +306,31 @@ func (s *service) ReadBlock(req *datanodepb.ReadBlockRequest, stream datanodepb.
 	if err := s.checkToken(stream.Context(), uint64(cid), uint64(lid), blocktoken.Read); err != nil {
 		return err
 	}
+	if bc := s.d.cache; bc != nil {
+		// The cache tier first (cache.go): served from the mapping, the
+		// data disk untouched.
+		if e := bc.get(uint64(cid), uint64(lid)); e != nil {
+			off, n := int64(req.GetOffset()), int64(req.GetLength())
+			if n == 0 {
+				n = e.bd.Length - off
+			}
+			if off >= 0 && n >= 0 && off+n <= e.bd.Length {
+				done, err := bc.serve(e, cid, off, n, stream)
+				e.mu.RUnlock()
+				if done {
+					return err
+				}
+				// The cached copy fails its checksums: drop it (SCM has it
+				// cached again) and read the disk.
+				bc.dropped.Add(1)
+				go bc.uncache(e.key)
+			} else {
+				e.mu.RUnlock()
+			}
+		} else {
+			bc.misses.Add(1)
+		}
+	}
 	bd, err := s.d.store.GetBlock(cid, lid)
 	if err != nil {
 		return s.toStatus(err)

@@ -287,6 +287,7 @@ func New(cfg Config) (*Server, error) {
 		scmCfg.Registerer = reg
 	}
 	s.scmMgr = scm.NewManager(scmCfg, s.scmState, &scmRaft{s: s})
+	s.scmMgr.SetCacheResolver(nsCacheResolver{s: s})
 	nsCfg := cfg.Namespace
 	if nsCfg.Logger == nil {
 		nsCfg.Logger = s.log

@@ -1061,6 +1061,7 @@ type ReadBlockResponse struct {
 	Block         *BlockData             `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"`    // first message only
 	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"` // of data, in the block
 	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	Cached        bool                   `protobuf:"varint,300,opt,name=cached,proto3" json:"cached,omitempty"` // first message only: served from the cache tier
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1114,6 +1115,13 @@ func (x *ReadBlockResponse) GetData() []byte {
 		return x.Data
 	}
 	return nil
+}
+
+func (x *ReadBlockResponse) GetCached() bool {
+	if x != nil {
+		return x.Cached
+	}
+	return false
 }
 
 type GetBlockRequest struct {
@@ -1868,6 +1876,114 @@ func (x *DeleteBlocksCmd) GetTxId() uint64 {
 	return 0
 }
 
+// Short-circuit read of a cached block over the datanode's Unix socket
+// (docs/CACHE.md). Each message is a 4-byte big-endian length and the
+// message; the response carries the cache file's descriptor (SCM_RIGHTS)
+// when error is empty.
+type ShortCircuitRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Block         *BlockID               `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"`
+	Token         []byte                 `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"` // the block's read token
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShortCircuitRequest) Reset() {
+	*x = ShortCircuitRequest{}
+	mi := &file_datanode_datanode_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShortCircuitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShortCircuitRequest) ProtoMessage() {}
+
+func (x *ShortCircuitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_datanode_datanode_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShortCircuitRequest.ProtoReflect.Descriptor instead.
+func (*ShortCircuitRequest) Descriptor() ([]byte, []int) {
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ShortCircuitRequest) GetBlock() *BlockID {
+	if x != nil {
+		return x.Block
+	}
+	return nil
+}
+
+func (x *ShortCircuitRequest) GetToken() []byte {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+type ShortCircuitResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Block         *BlockData             `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"` // chunk checksums (verified by the datanode)
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShortCircuitResponse) Reset() {
+	*x = ShortCircuitResponse{}
+	mi := &file_datanode_datanode_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShortCircuitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShortCircuitResponse) ProtoMessage() {}
+
+func (x *ShortCircuitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_datanode_datanode_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShortCircuitResponse.ProtoReflect.Descriptor instead.
+func (*ShortCircuitResponse) Descriptor() ([]byte, []int) {
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ShortCircuitResponse) GetBlock() *BlockData {
+	if x != nil {
+		return x.Block
+	}
+	return nil
+}
+
+func (x *ShortCircuitResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_datanode_datanode_proto protoreflect.FileDescriptor
 
 const file_datanode_datanode_proto_rawDesc = "" +
@@ -1932,11 +2048,12 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x05block\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x05block\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
 	"\x06length\x18\x03 \x01(\x04R\x06length\x12(\n" +
-	"\x0fclient_verifies\x18\x84\x02 \x01(\bR\x0eclientVerifies\"q\n" +
+	"\x0fclient_verifies\x18\x84\x02 \x01(\bR\x0eclientVerifies\"\x8a\x01\n" +
 	"\x11ReadBlockResponse\x120\n" +
 	"\x05block\x18\x01 \x01(\v2\x1a.basalt.datanode.BlockDataR\x05block\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
-	"\x04data\x18\x03 \x01(\fR\x04data\"A\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x17\n" +
+	"\x06cached\x18\xac\x02 \x01(\bR\x06cached\"A\n" +
 	"\x0fGetBlockRequest\x12.\n" +
 	"\x05block\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x05block\"\r\n" +
 	"\vInfoRequest\"\xf5\x03\n" +
@@ -2009,7 +2126,13 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x0fDeleteBlocksCmd\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1b\n" +
 	"\tlocal_ids\x18\x02 \x03(\x04R\blocalIds\x12\x13\n" +
-	"\x05tx_id\x18\x03 \x01(\x04R\x04txId*K\n" +
+	"\x05tx_id\x18\x03 \x01(\x04R\x04txId\"[\n" +
+	"\x13ShortCircuitRequest\x12.\n" +
+	"\x05block\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x05block\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\fR\x05token\"^\n" +
+	"\x14ShortCircuitResponse\x120\n" +
+	"\x05block\x18\x01 \x01(\v2\x1a.basalt.datanode.BlockDataR\x05block\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error*K\n" +
 	"\fChecksumType\x12\x11\n" +
 	"\rCHECKSUM_NONE\x10\x00\x12\x13\n" +
 	"\x0fCHECKSUM_CRC32C\x10\x01\x12\x13\n" +
@@ -2038,7 +2161,7 @@ func file_datanode_datanode_proto_rawDescGZIP() []byte {
 }
 
 var file_datanode_datanode_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_datanode_datanode_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_datanode_datanode_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_datanode_datanode_proto_goTypes = []any{
 	(ChecksumType)(0),               // 0: basalt.datanode.ChecksumType
 	(Error_Kind)(0),                 // 1: basalt.datanode.Error.Kind
@@ -2069,6 +2192,8 @@ var file_datanode_datanode_proto_goTypes = []any{
 	(*PutSmallFileCmd)(nil),         // 26: basalt.datanode.PutSmallFileCmd
 	(*CloseContainerCmd)(nil),       // 27: basalt.datanode.CloseContainerCmd
 	(*DeleteBlocksCmd)(nil),         // 28: basalt.datanode.DeleteBlocksCmd
+	(*ShortCircuitRequest)(nil),     // 29: basalt.datanode.ShortCircuitRequest
+	(*ShortCircuitResponse)(nil),    // 30: basalt.datanode.ShortCircuitResponse
 }
 var file_datanode_datanode_proto_depIdxs = []int32{
 	0,  // 0: basalt.datanode.ChecksumData.type:type_name -> basalt.datanode.ChecksumType
@@ -2093,27 +2218,29 @@ var file_datanode_datanode_proto_depIdxs = []int32{
 	4,  // 19: basalt.datanode.WriteChunkCmd.chunk:type_name -> basalt.datanode.ChunkInfo
 	5,  // 20: basalt.datanode.PutBlockCmd.block:type_name -> basalt.datanode.BlockData
 	5,  // 21: basalt.datanode.PutSmallFileCmd.block:type_name -> basalt.datanode.BlockData
-	10, // 22: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
-	12, // 23: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
-	14, // 24: basalt.datanode.Datanode.PutSmallFile:input_type -> basalt.datanode.PutSmallFileRequest
-	16, // 25: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
-	18, // 26: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
-	19, // 27: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
-	8,  // 28: basalt.datanode.Datanode.ApplyStatus:input_type -> basalt.datanode.ApplyStatusRequest
-	6,  // 29: basalt.datanode.Datanode.ExportContainer:input_type -> basalt.datanode.ExportContainerRequest
-	11, // 30: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
-	13, // 31: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
-	15, // 32: basalt.datanode.Datanode.PutSmallFile:output_type -> basalt.datanode.PutSmallFileResponse
-	17, // 33: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
-	5,  // 34: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
-	20, // 35: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
-	9,  // 36: basalt.datanode.Datanode.ApplyStatus:output_type -> basalt.datanode.ApplyStatusResponse
-	7,  // 37: basalt.datanode.Datanode.ExportContainer:output_type -> basalt.datanode.ExportContainerResponse
-	30, // [30:38] is the sub-list for method output_type
-	22, // [22:30] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	2,  // 22: basalt.datanode.ShortCircuitRequest.block:type_name -> basalt.datanode.BlockID
+	5,  // 23: basalt.datanode.ShortCircuitResponse.block:type_name -> basalt.datanode.BlockData
+	10, // 24: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
+	12, // 25: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
+	14, // 26: basalt.datanode.Datanode.PutSmallFile:input_type -> basalt.datanode.PutSmallFileRequest
+	16, // 27: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
+	18, // 28: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
+	19, // 29: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
+	8,  // 30: basalt.datanode.Datanode.ApplyStatus:input_type -> basalt.datanode.ApplyStatusRequest
+	6,  // 31: basalt.datanode.Datanode.ExportContainer:input_type -> basalt.datanode.ExportContainerRequest
+	11, // 32: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
+	13, // 33: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
+	15, // 34: basalt.datanode.Datanode.PutSmallFile:output_type -> basalt.datanode.PutSmallFileResponse
+	17, // 35: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
+	5,  // 36: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
+	20, // 37: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
+	9,  // 38: basalt.datanode.Datanode.ApplyStatus:output_type -> basalt.datanode.ApplyStatusResponse
+	7,  // 39: basalt.datanode.Datanode.ExportContainer:output_type -> basalt.datanode.ExportContainerResponse
+	32, // [32:40] is the sub-list for method output_type
+	24, // [24:32] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_datanode_datanode_proto_init() }
@@ -2134,7 +2261,7 @@ func file_datanode_datanode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_datanode_datanode_proto_rawDesc), len(file_datanode_datanode_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -47,6 +47,8 @@ type ScmCommand struct {
 	//	*ScmCommand_ReplicaReports
 	//	*ScmCommand_SafeModeExited
 	//	*ScmCommand_SecretKeys
+	//	*ScmCommand_CachePool
+	//	*ScmCommand_CacheDirective
 	Op            isScmCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -240,6 +242,24 @@ func (x *ScmCommand) GetSecretKeys() *SecretKeysOp {
 	return nil
 }
 
+func (x *ScmCommand) GetCachePool() *CachePoolOp {
+	if x != nil {
+		if x, ok := x.Op.(*ScmCommand_CachePool); ok {
+			return x.CachePool
+		}
+	}
+	return nil
+}
+
+func (x *ScmCommand) GetCacheDirective() *CacheDirectiveOp {
+	if x != nil {
+		if x, ok := x.Op.(*ScmCommand_CacheDirective); ok {
+			return x.CacheDirective
+		}
+	}
+	return nil
+}
+
 type isScmCommand_Op interface {
 	isScmCommand_Op()
 }
@@ -308,6 +328,14 @@ type ScmCommand_SecretKeys struct {
 	SecretKeys *SecretKeysOp `protobuf:"bytes,180,opt,name=secret_keys,json=secretKeys,proto3,oneof"`
 }
 
+type ScmCommand_CachePool struct {
+	CachePool *CachePoolOp `protobuf:"bytes,300,opt,name=cache_pool,json=cachePool,proto3,oneof"`
+}
+
+type ScmCommand_CacheDirective struct {
+	CacheDirective *CacheDirectiveOp `protobuf:"bytes,301,opt,name=cache_directive,json=cacheDirective,proto3,oneof"`
+}
+
 func (*ScmCommand_RegisterDatanode) isScmCommand_Op() {}
 
 func (*ScmCommand_CreatePipeline) isScmCommand_Op() {}
@@ -339,6 +367,10 @@ func (*ScmCommand_ReplicaReports) isScmCommand_Op() {}
 func (*ScmCommand_SafeModeExited) isScmCommand_Op() {}
 
 func (*ScmCommand_SecretKeys) isScmCommand_Op() {}
+
+func (*ScmCommand_CachePool) isScmCommand_Op() {}
+
+func (*ScmCommand_CacheDirective) isScmCommand_Op() {}
 
 // SetNodeOpStateOp sets a datanode's operational state (decommission,
 // maintenance; stored under "o/"). With expect set, Apply changes nothing
@@ -2374,12 +2406,128 @@ func (x *SecretKeysOp) GetRemove() []uint64 {
 	return nil
 }
 
+// CachePoolOp adds (create), modifies or removes a cache pool (SCM key
+// "cp/<name>"). Removing a pool removes its directives.
+type CachePoolOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pool          *CachePool             `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	Create        bool                   `protobuf:"varint,2,opt,name=create,proto3" json:"create,omitempty"`
+	Remove        bool                   `protobuf:"varint,3,opt,name=remove,proto3" json:"remove,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CachePoolOp) Reset() {
+	*x = CachePoolOp{}
+	mi := &file_meta_command_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CachePoolOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CachePoolOp) ProtoMessage() {}
+
+func (x *CachePoolOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CachePoolOp.ProtoReflect.Descriptor instead.
+func (*CachePoolOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *CachePoolOp) GetPool() *CachePool {
+	if x != nil {
+		return x.Pool
+	}
+	return nil
+}
+
+func (x *CachePoolOp) GetCreate() bool {
+	if x != nil {
+		return x.Create
+	}
+	return false
+}
+
+func (x *CachePoolOp) GetRemove() bool {
+	if x != nil {
+		return x.Remove
+	}
+	return false
+}
+
+// CacheDirectiveOp adds (id 0: Apply assigns the next ID), modifies or
+// removes a cache directive (SCM key "cd/<id>"). Apply re-checks the pool
+// exists and the replication range.
+type CacheDirectiveOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Directive     *CacheDirective        `protobuf:"bytes,1,opt,name=directive,proto3" json:"directive,omitempty"`
+	Remove        bool                   `protobuf:"varint,2,opt,name=remove,proto3" json:"remove,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CacheDirectiveOp) Reset() {
+	*x = CacheDirectiveOp{}
+	mi := &file_meta_command_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CacheDirectiveOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CacheDirectiveOp) ProtoMessage() {}
+
+func (x *CacheDirectiveOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CacheDirectiveOp.ProtoReflect.Descriptor instead.
+func (*CacheDirectiveOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *CacheDirectiveOp) GetDirective() *CacheDirective {
+	if x != nil {
+		return x.Directive
+	}
+	return nil
+}
+
+func (x *CacheDirectiveOp) GetRemove() bool {
+	if x != nil {
+		return x.Remove
+	}
+	return false
+}
+
 var File_meta_command_proto protoreflect.FileDescriptor
 
 const file_meta_command_proto_rawDesc = "" +
 	"\n" +
-	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\"\x9a\n" +
-	"\n" +
+	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\"\xa7\v\n" +
 	"\n" +
 	"ScmCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12Q\n" +
@@ -2400,7 +2548,10 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x0freplica_reports\x18e \x01(\v2 .basalt.meta.v1.ReplicaReportsOpH\x00R\x0ereplicaReports\x12L\n" +
 	"\x10safe_mode_exited\x18f \x01(\v2 .basalt.meta.v1.SafeModeExitedOpH\x00R\x0esafeModeExited\x12@\n" +
 	"\vsecret_keys\x18\xb4\x01 \x01(\v2\x1c.basalt.meta.v1.SecretKeysOpH\x00R\n" +
-	"secretKeysB\x04\n" +
+	"secretKeys\x12=\n" +
+	"\n" +
+	"cache_pool\x18\xac\x02 \x01(\v2\x1b.basalt.meta.v1.CachePoolOpH\x00R\tcachePool\x12L\n" +
+	"\x0fcache_directive\x18\xad\x02 \x01(\v2 .basalt.meta.v1.CacheDirectiveOpH\x00R\x0ecacheDirectiveB\x04\n" +
 	"\x02op\"\xd2\x01\n" +
 	"\x10SetNodeOpStateOp\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
@@ -2539,7 +2690,14 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x10SafeModeExitedOp\"S\n" +
 	"\fSecretKeysOp\x12+\n" +
 	"\x03add\x18\x01 \x01(\v2\x19.basalt.meta.v1.SecretKeyR\x03add\x12\x16\n" +
-	"\x06remove\x18\x02 \x03(\x04R\x06removeB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
+	"\x06remove\x18\x02 \x03(\x04R\x06remove\"l\n" +
+	"\vCachePoolOp\x12-\n" +
+	"\x04pool\x18\x01 \x01(\v2\x19.basalt.meta.v1.CachePoolR\x04pool\x12\x16\n" +
+	"\x06create\x18\x02 \x01(\bR\x06create\x12\x16\n" +
+	"\x06remove\x18\x03 \x01(\bR\x06remove\"h\n" +
+	"\x10CacheDirectiveOp\x12<\n" +
+	"\tdirective\x18\x01 \x01(\v2\x1e.basalt.meta.v1.CacheDirectiveR\tdirective\x12\x16\n" +
+	"\x06remove\x18\x02 \x01(\bR\x06removeB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
 
 var (
 	file_meta_command_proto_rawDescOnce sync.Once
@@ -2553,7 +2711,7 @@ func file_meta_command_proto_rawDescGZIP() []byte {
 	return file_meta_command_proto_rawDescData
 }
 
-var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_meta_command_proto_goTypes = []any{
 	(*ScmCommand)(nil),                     // 0: basalt.meta.v1.ScmCommand
 	(*SetNodeOpStateOp)(nil),               // 1: basalt.meta.v1.SetNodeOpStateOp
@@ -2586,34 +2744,38 @@ var file_meta_command_proto_goTypes = []any{
 	(*NodeOpRow)(nil),                      // 28: basalt.meta.v1.NodeOpRow
 	(*SafeModeExitedOp)(nil),               // 29: basalt.meta.v1.SafeModeExitedOp
 	(*SecretKeysOp)(nil),                   // 30: basalt.meta.v1.SecretKeysOp
-	(*DeleteBlocksRequest)(nil),            // 31: basalt.meta.v1.DeleteBlocksRequest
-	(NodeOpState)(0),                       // 32: basalt.meta.v1.NodeOpState
-	(*CorruptReplica)(nil),                 // 33: basalt.meta.v1.CorruptReplica
-	(*DatanodeDetails)(nil),                // 34: basalt.meta.v1.DatanodeDetails
-	(Replication)(0),                       // 35: basalt.meta.v1.Replication
-	(*CreateVolumeRequest)(nil),            // 36: basalt.meta.v1.CreateVolumeRequest
-	(*DeleteVolumeRequest)(nil),            // 37: basalt.meta.v1.DeleteVolumeRequest
-	(*CreateBucketRequest)(nil),            // 38: basalt.meta.v1.CreateBucketRequest
-	(*DeleteBucketRequest)(nil),            // 39: basalt.meta.v1.DeleteBucketRequest
-	(*CommitKeyRequest)(nil),               // 40: basalt.meta.v1.CommitKeyRequest
-	(*RenameKeyRequest)(nil),               // 41: basalt.meta.v1.RenameKeyRequest
-	(*DeleteKeyRequest)(nil),               // 42: basalt.meta.v1.DeleteKeyRequest
-	(*CreateDirectoryRequest)(nil),         // 43: basalt.meta.v1.CreateDirectoryRequest
-	(*SetKeyMetaRequest)(nil),              // 44: basalt.meta.v1.SetKeyMetaRequest
-	(*CompleteMultipartUploadRequest)(nil), // 45: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 46: basalt.meta.v1.AbortMultipartUploadRequest
-	(*CreateS3SecretRequest)(nil),          // 47: basalt.meta.v1.CreateS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 48: basalt.meta.v1.DeleteS3SecretRequest
-	(*CopyKeyRequest)(nil),                 // 49: basalt.meta.v1.CopyKeyRequest
-	(*SetFileAttrsRequest)(nil),            // 50: basalt.meta.v1.SetFileAttrsRequest
-	(*OpenKeyRequest)(nil),                 // 51: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 52: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 53: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 54: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 55: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 56: basalt.meta.v1.KeyInfo
-	(*FileAttrs)(nil),                      // 57: basalt.meta.v1.FileAttrs
-	(*SecretKey)(nil),                      // 58: basalt.meta.v1.SecretKey
+	(*CachePoolOp)(nil),                    // 31: basalt.meta.v1.CachePoolOp
+	(*CacheDirectiveOp)(nil),               // 32: basalt.meta.v1.CacheDirectiveOp
+	(*DeleteBlocksRequest)(nil),            // 33: basalt.meta.v1.DeleteBlocksRequest
+	(NodeOpState)(0),                       // 34: basalt.meta.v1.NodeOpState
+	(*CorruptReplica)(nil),                 // 35: basalt.meta.v1.CorruptReplica
+	(*DatanodeDetails)(nil),                // 36: basalt.meta.v1.DatanodeDetails
+	(Replication)(0),                       // 37: basalt.meta.v1.Replication
+	(*CreateVolumeRequest)(nil),            // 38: basalt.meta.v1.CreateVolumeRequest
+	(*DeleteVolumeRequest)(nil),            // 39: basalt.meta.v1.DeleteVolumeRequest
+	(*CreateBucketRequest)(nil),            // 40: basalt.meta.v1.CreateBucketRequest
+	(*DeleteBucketRequest)(nil),            // 41: basalt.meta.v1.DeleteBucketRequest
+	(*CommitKeyRequest)(nil),               // 42: basalt.meta.v1.CommitKeyRequest
+	(*RenameKeyRequest)(nil),               // 43: basalt.meta.v1.RenameKeyRequest
+	(*DeleteKeyRequest)(nil),               // 44: basalt.meta.v1.DeleteKeyRequest
+	(*CreateDirectoryRequest)(nil),         // 45: basalt.meta.v1.CreateDirectoryRequest
+	(*SetKeyMetaRequest)(nil),              // 46: basalt.meta.v1.SetKeyMetaRequest
+	(*CompleteMultipartUploadRequest)(nil), // 47: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 48: basalt.meta.v1.AbortMultipartUploadRequest
+	(*CreateS3SecretRequest)(nil),          // 49: basalt.meta.v1.CreateS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 50: basalt.meta.v1.DeleteS3SecretRequest
+	(*CopyKeyRequest)(nil),                 // 51: basalt.meta.v1.CopyKeyRequest
+	(*SetFileAttrsRequest)(nil),            // 52: basalt.meta.v1.SetFileAttrsRequest
+	(*OpenKeyRequest)(nil),                 // 53: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 54: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 55: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 56: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 57: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 58: basalt.meta.v1.KeyInfo
+	(*FileAttrs)(nil),                      // 59: basalt.meta.v1.FileAttrs
+	(*SecretKey)(nil),                      // 60: basalt.meta.v1.SecretKey
+	(*CachePool)(nil),                      // 61: basalt.meta.v1.CachePool
+	(*CacheDirective)(nil),                 // 62: basalt.meta.v1.CacheDirective
 }
 var file_meta_command_proto_depIdxs = []int32{
 	3,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -2623,7 +2785,7 @@ var file_meta_command_proto_depIdxs = []int32{
 	7,  // 4: basalt.meta.v1.ScmCommand.close_containers:type_name -> basalt.meta.v1.CloseContainersOp
 	8,  // 5: basalt.meta.v1.ScmCommand.container_closed:type_name -> basalt.meta.v1.ContainerClosedOp
 	9,  // 6: basalt.meta.v1.ScmCommand.allocate_id_range:type_name -> basalt.meta.v1.AllocateIDRangeOp
-	31, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
+	33, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
 	10, // 8: basalt.meta.v1.ScmCommand.purge_delete_txs:type_name -> basalt.meta.v1.PurgeDeleteTxsOp
 	11, // 9: basalt.meta.v1.ScmCommand.replicas_unhealthy:type_name -> basalt.meta.v1.ReplicasUnhealthyOp
 	12, // 10: basalt.meta.v1.ScmCommand.replica_added:type_name -> basalt.meta.v1.ReplicaAddedOp
@@ -2632,51 +2794,55 @@ var file_meta_command_proto_depIdxs = []int32{
 	2,  // 13: basalt.meta.v1.ScmCommand.replica_reports:type_name -> basalt.meta.v1.ReplicaReportsOp
 	29, // 14: basalt.meta.v1.ScmCommand.safe_mode_exited:type_name -> basalt.meta.v1.SafeModeExitedOp
 	30, // 15: basalt.meta.v1.ScmCommand.secret_keys:type_name -> basalt.meta.v1.SecretKeysOp
-	32, // 16: basalt.meta.v1.SetNodeOpStateOp.state:type_name -> basalt.meta.v1.NodeOpState
-	32, // 17: basalt.meta.v1.SetNodeOpStateOp.expect:type_name -> basalt.meta.v1.NodeOpState
-	33, // 18: basalt.meta.v1.ReplicaReportsOp.reports:type_name -> basalt.meta.v1.CorruptReplica
-	34, // 19: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
-	35, // 20: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
-	14, // 21: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
-	36, // 22: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
-	37, // 23: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
-	38, // 24: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
-	39, // 25: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
-	18, // 26: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
-	19, // 27: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
-	40, // 28: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
-	41, // 29: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
-	42, // 30: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
-	43, // 31: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
-	20, // 32: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
-	22, // 33: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
-	23, // 34: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
-	44, // 35: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
-	21, // 36: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
-	45, // 37: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
-	46, // 38: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
-	47, // 39: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
-	48, // 40: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
-	49, // 41: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
-	17, // 42: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
-	50, // 43: basalt.meta.v1.NsCommand.set_file_attrs:type_name -> basalt.meta.v1.SetFileAttrsRequest
-	51, // 44: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	52, // 45: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	52, // 46: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	53, // 47: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	35, // 48: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	54, // 49: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	55, // 50: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	55, // 51: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	56, // 52: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	57, // 53: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
-	32, // 54: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
-	58, // 55: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
-	56, // [56:56] is the sub-list for method output_type
-	56, // [56:56] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	31, // 16: basalt.meta.v1.ScmCommand.cache_pool:type_name -> basalt.meta.v1.CachePoolOp
+	32, // 17: basalt.meta.v1.ScmCommand.cache_directive:type_name -> basalt.meta.v1.CacheDirectiveOp
+	34, // 18: basalt.meta.v1.SetNodeOpStateOp.state:type_name -> basalt.meta.v1.NodeOpState
+	34, // 19: basalt.meta.v1.SetNodeOpStateOp.expect:type_name -> basalt.meta.v1.NodeOpState
+	35, // 20: basalt.meta.v1.ReplicaReportsOp.reports:type_name -> basalt.meta.v1.CorruptReplica
+	36, // 21: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
+	37, // 22: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
+	14, // 23: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
+	38, // 24: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
+	39, // 25: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
+	40, // 26: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
+	41, // 27: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
+	18, // 28: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
+	19, // 29: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
+	42, // 30: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
+	43, // 31: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
+	44, // 32: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
+	45, // 33: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
+	20, // 34: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
+	22, // 35: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
+	23, // 36: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
+	46, // 37: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
+	21, // 38: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
+	47, // 39: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
+	48, // 40: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
+	49, // 41: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
+	50, // 42: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
+	51, // 43: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
+	17, // 44: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
+	52, // 45: basalt.meta.v1.NsCommand.set_file_attrs:type_name -> basalt.meta.v1.SetFileAttrsRequest
+	53, // 46: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	54, // 47: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	54, // 48: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	55, // 49: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	37, // 50: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	56, // 51: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	57, // 52: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	57, // 53: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	58, // 54: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	59, // 55: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
+	34, // 56: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
+	60, // 57: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
+	61, // 58: basalt.meta.v1.CachePoolOp.pool:type_name -> basalt.meta.v1.CachePool
+	62, // 59: basalt.meta.v1.CacheDirectiveOp.directive:type_name -> basalt.meta.v1.CacheDirective
+	60, // [60:60] is the sub-list for method output_type
+	60, // [60:60] is the sub-list for method input_type
+	60, // [60:60] is the sub-list for extension type_name
+	60, // [60:60] is the sub-list for extension extendee
+	0,  // [0:60] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -2702,6 +2868,8 @@ func file_meta_command_proto_init() {
 		(*ScmCommand_ReplicaReports)(nil),
 		(*ScmCommand_SafeModeExited)(nil),
 		(*ScmCommand_SecretKeys)(nil),
+		(*ScmCommand_CachePool)(nil),
+		(*ScmCommand_CacheDirective)(nil),
 	}
 	file_meta_command_proto_msgTypes[16].OneofWrappers = []any{
 		(*NsCommand_CreateVolume)(nil),
@@ -2733,7 +2901,7 @@ func file_meta_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_command_proto_rawDesc), len(file_meta_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -534,16 +534,20 @@ func (x *NotLeader) GetLeaderAddr() string {
 }
 
 type DatanodeDetails struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`    // assigned by SCM at first registration
-	Uuid          string                 `protobuf:"bytes,2,opt,name=uuid,proto3" json:"uuid,omitempty"` // chosen and stored by the datanode
-	Hostname      string                 `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
-	DataAddr      string                 `protobuf:"bytes,4,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`       // gRPC address for reads and writes
-	RaftAddr      string                 `protobuf:"bytes,5,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`       // multi-raft transport address (pipeline peers)
-	Location      string                 `protobuf:"bytes,6,opt,name=location,proto3" json:"location,omitempty"`                       // network location, e.g. "/dc1/rack2"
-	StreamAddr    string                 `protobuf:"bytes,7,opt,name=stream_addr,json=streamAddr,proto3" json:"stream_addr,omitempty"` // V2 streaming write address (package stream)
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Id         uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`    // assigned by SCM at first registration
+	Uuid       string                 `protobuf:"bytes,2,opt,name=uuid,proto3" json:"uuid,omitempty"` // chosen and stored by the datanode
+	Hostname   string                 `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	DataAddr   string                 `protobuf:"bytes,4,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`       // gRPC address for reads and writes
+	RaftAddr   string                 `protobuf:"bytes,5,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`       // multi-raft transport address (pipeline peers)
+	Location   string                 `protobuf:"bytes,6,opt,name=location,proto3" json:"location,omitempty"`                       // network location, e.g. "/dc1/rack2"
+	StreamAddr string                 `protobuf:"bytes,7,opt,name=stream_addr,json=streamAddr,proto3" json:"stream_addr,omitempty"` // V2 streaming write address (package stream)
+	// Unix socket of the short-circuit read of cached blocks (docs/CACHE.md):
+	// a client on the same host gets the cache file's descriptor and maps
+	// it. Empty: none.
+	ShortCircuitSocket string `protobuf:"bytes,300,opt,name=short_circuit_socket,json=shortCircuitSocket,proto3" json:"short_circuit_socket,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *DatanodeDetails) Reset() {
@@ -621,6 +625,13 @@ func (x *DatanodeDetails) GetLocation() string {
 func (x *DatanodeDetails) GetStreamAddr() string {
 	if x != nil {
 		return x.StreamAddr
+	}
+	return ""
+}
+
+func (x *DatanodeDetails) GetShortCircuitSocket() string {
+	if x != nil {
+		return x.ShortCircuitSocket
 	}
 	return ""
 }
@@ -1102,9 +1113,12 @@ type BlockLocation struct {
 	// Block token (package blocktoken) granting read (LookupKey) or write
 	// (OpenKey, AllocateBlock) on this block; datanodes refuse a data call
 	// without a valid one.
-	Token         []byte `protobuf:"bytes,180,opt,name=token,proto3" json:"token,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Token []byte `protobuf:"bytes,180,opt,name=token,proto3" json:"token,omitempty"`
+	// Datanodes (a subset of datanodes) holding this block in their cache
+	// tier (cache directives, docs/CACHE.md); readers try them first.
+	CachedDatanodes []uint64 `protobuf:"varint,300,rep,packed,name=cached_datanodes,json=cachedDatanodes,proto3" json:"cached_datanodes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *BlockLocation) Reset() {
@@ -1182,6 +1196,13 @@ func (x *BlockLocation) GetDatanodes() []*DatanodeDetails {
 func (x *BlockLocation) GetToken() []byte {
 	if x != nil {
 		return x.Token
+	}
+	return nil
+}
+
+func (x *BlockLocation) GetCachedDatanodes() []uint64 {
+	if x != nil {
+		return x.CachedDatanodes
 	}
 	return nil
 }
@@ -1756,7 +1777,13 @@ type HeartbeatRequest struct {
 	DeleteAcks []*DeleteTxAck `protobuf:"bytes,7,rep,name=delete_acks,json=deleteAcks,proto3" json:"delete_acks,omitempty"`
 	// Container copies (ReplicateContainer) that failed on every source
 	// since the last heartbeat; SCM schedules them elsewhere at once.
-	CopyFailures  []*CopyFailure `protobuf:"bytes,8,rep,name=copy_failures,json=copyFailures,proto3" json:"copy_failures,omitempty"`
+	CopyFailures []*CopyFailure `protobuf:"bytes,8,rep,name=copy_failures,json=copyFailures,proto3" json:"copy_failures,omitempty"`
+	// Cache tier (docs/CACHE.md): with cache_report set, cached_blocks is
+	// every block this datanode holds cached (verified and mapped); at most
+	// 1,000,000 are read.
+	CacheReport   bool        `protobuf:"varint,300,opt,name=cache_report,json=cacheReport,proto3" json:"cache_report,omitempty"`
+	CachedBlocks  []*BlockID  `protobuf:"bytes,301,rep,name=cached_blocks,json=cachedBlocks,proto3" json:"cached_blocks,omitempty"`
+	Cache         *CacheStats `protobuf:"bytes,302,opt,name=cache,proto3" json:"cache,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1847,6 +1874,112 @@ func (x *HeartbeatRequest) GetCopyFailures() []*CopyFailure {
 	return nil
 }
 
+func (x *HeartbeatRequest) GetCacheReport() bool {
+	if x != nil {
+		return x.CacheReport
+	}
+	return false
+}
+
+func (x *HeartbeatRequest) GetCachedBlocks() []*BlockID {
+	if x != nil {
+		return x.CachedBlocks
+	}
+	return nil
+}
+
+func (x *HeartbeatRequest) GetCache() *CacheStats {
+	if x != nil {
+		return x.Cache
+	}
+	return nil
+}
+
+// CacheStats: a datanode's cache tier.
+type CacheStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CapacityBytes uint64                 `protobuf:"varint,1,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	UsedBytes     uint64                 `protobuf:"varint,2,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	Blocks        uint64                 `protobuf:"varint,3,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Hits          uint64                 `protobuf:"varint,4,opt,name=hits,proto3" json:"hits,omitempty"`             // reads served from the cache
+	Misses        uint64                 `protobuf:"varint,5,opt,name=misses,proto3" json:"misses,omitempty"`         // reads of blocks not cached
+	Persistent    bool                   `protobuf:"varint,6,opt,name=persistent,proto3" json:"persistent,omitempty"` // cache directories (pmem); false: DRAM
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CacheStats) Reset() {
+	*x = CacheStats{}
+	mi := &file_meta_meta_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CacheStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CacheStats) ProtoMessage() {}
+
+func (x *CacheStats) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CacheStats.ProtoReflect.Descriptor instead.
+func (*CacheStats) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CacheStats) GetCapacityBytes() uint64 {
+	if x != nil {
+		return x.CapacityBytes
+	}
+	return 0
+}
+
+func (x *CacheStats) GetUsedBytes() uint64 {
+	if x != nil {
+		return x.UsedBytes
+	}
+	return 0
+}
+
+func (x *CacheStats) GetBlocks() uint64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *CacheStats) GetHits() uint64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
+func (x *CacheStats) GetMisses() uint64 {
+	if x != nil {
+		return x.Misses
+	}
+	return 0
+}
+
+func (x *CacheStats) GetPersistent() bool {
+	if x != nil {
+		return x.Persistent
+	}
+	return false
+}
+
 type CopyFailure struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -1857,7 +1990,7 @@ type CopyFailure struct {
 
 func (x *CopyFailure) Reset() {
 	*x = CopyFailure{}
-	mi := &file_meta_meta_proto_msgTypes[19]
+	mi := &file_meta_meta_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1869,7 +2002,7 @@ func (x *CopyFailure) String() string {
 func (*CopyFailure) ProtoMessage() {}
 
 func (x *CopyFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[19]
+	mi := &file_meta_meta_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1882,7 +2015,7 @@ func (x *CopyFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFailure.ProtoReflect.Descriptor instead.
 func (*CopyFailure) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{19}
+	return file_meta_meta_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CopyFailure) GetContainerId() uint64 {
@@ -1910,7 +2043,7 @@ type DeleteTxAck struct {
 
 func (x *DeleteTxAck) Reset() {
 	*x = DeleteTxAck{}
-	mi := &file_meta_meta_proto_msgTypes[20]
+	mi := &file_meta_meta_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1922,7 +2055,7 @@ func (x *DeleteTxAck) String() string {
 func (*DeleteTxAck) ProtoMessage() {}
 
 func (x *DeleteTxAck) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[20]
+	mi := &file_meta_meta_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1935,7 +2068,7 @@ func (x *DeleteTxAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTxAck.ProtoReflect.Descriptor instead.
 func (*DeleteTxAck) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{20}
+	return file_meta_meta_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeleteTxAck) GetTxId() uint64 {
@@ -1974,7 +2107,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_meta_meta_proto_msgTypes[21]
+	mi := &file_meta_meta_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1986,7 +2119,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[21]
+	mi := &file_meta_meta_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1999,7 +2132,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{21}
+	return file_meta_meta_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HeartbeatResponse) GetCommands() []*DatanodeCommand {
@@ -2040,6 +2173,8 @@ type DatanodeCommand struct {
 	//	*DatanodeCommand_DeleteBlocks
 	//	*DatanodeCommand_ReplicateContainer
 	//	*DatanodeCommand_DeleteContainer
+	//	*DatanodeCommand_CacheBlocks
+	//	*DatanodeCommand_UncacheBlocks
 	Command       isDatanodeCommand_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2047,7 +2182,7 @@ type DatanodeCommand struct {
 
 func (x *DatanodeCommand) Reset() {
 	*x = DatanodeCommand{}
-	mi := &file_meta_meta_proto_msgTypes[22]
+	mi := &file_meta_meta_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2059,7 +2194,7 @@ func (x *DatanodeCommand) String() string {
 func (*DatanodeCommand) ProtoMessage() {}
 
 func (x *DatanodeCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[22]
+	mi := &file_meta_meta_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2072,7 +2207,7 @@ func (x *DatanodeCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatanodeCommand.ProtoReflect.Descriptor instead.
 func (*DatanodeCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{22}
+	return file_meta_meta_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DatanodeCommand) GetCommand() isDatanodeCommand_Command {
@@ -2136,6 +2271,24 @@ func (x *DatanodeCommand) GetDeleteContainer() *DeleteContainerCommand {
 	return nil
 }
 
+func (x *DatanodeCommand) GetCacheBlocks() *CacheBlocksCommand {
+	if x != nil {
+		if x, ok := x.Command.(*DatanodeCommand_CacheBlocks); ok {
+			return x.CacheBlocks
+		}
+	}
+	return nil
+}
+
+func (x *DatanodeCommand) GetUncacheBlocks() *UncacheBlocksCommand {
+	if x != nil {
+		if x, ok := x.Command.(*DatanodeCommand_UncacheBlocks); ok {
+			return x.UncacheBlocks
+		}
+	}
+	return nil
+}
+
 type isDatanodeCommand_Command interface {
 	isDatanodeCommand_Command()
 }
@@ -2164,6 +2317,14 @@ type DatanodeCommand_DeleteContainer struct {
 	DeleteContainer *DeleteContainerCommand `protobuf:"bytes,6,opt,name=delete_container,json=deleteContainer,proto3,oneof"`
 }
 
+type DatanodeCommand_CacheBlocks struct {
+	CacheBlocks *CacheBlocksCommand `protobuf:"bytes,300,opt,name=cache_blocks,json=cacheBlocks,proto3,oneof"`
+}
+
+type DatanodeCommand_UncacheBlocks struct {
+	UncacheBlocks *UncacheBlocksCommand `protobuf:"bytes,301,opt,name=uncache_blocks,json=uncacheBlocks,proto3,oneof"`
+}
+
 func (*DatanodeCommand_CreatePipeline) isDatanodeCommand_Command() {}
 
 func (*DatanodeCommand_ClosePipeline) isDatanodeCommand_Command() {}
@@ -2175,6 +2336,101 @@ func (*DatanodeCommand_DeleteBlocks) isDatanodeCommand_Command() {}
 func (*DatanodeCommand_ReplicateContainer) isDatanodeCommand_Command() {}
 
 func (*DatanodeCommand_DeleteContainer) isDatanodeCommand_Command() {}
+
+func (*DatanodeCommand_CacheBlocks) isDatanodeCommand_Command() {}
+
+func (*DatanodeCommand_UncacheBlocks) isDatanodeCommand_Command() {}
+
+// CacheBlocksCommand: copy these blocks into the cache tier (verify every
+// checksum once) and report them in cached_blocks. Repeats are ignored.
+type CacheBlocksCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Blocks        []*BlockID             `protobuf:"bytes,1,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CacheBlocksCommand) Reset() {
+	*x = CacheBlocksCommand{}
+	mi := &file_meta_meta_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CacheBlocksCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CacheBlocksCommand) ProtoMessage() {}
+
+func (x *CacheBlocksCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CacheBlocksCommand.ProtoReflect.Descriptor instead.
+func (*CacheBlocksCommand) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *CacheBlocksCommand) GetBlocks() []*BlockID {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
+// UncacheBlocksCommand: drop these blocks from the cache tier.
+type UncacheBlocksCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Blocks        []*BlockID             `protobuf:"bytes,1,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UncacheBlocksCommand) Reset() {
+	*x = UncacheBlocksCommand{}
+	mi := &file_meta_meta_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UncacheBlocksCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UncacheBlocksCommand) ProtoMessage() {}
+
+func (x *UncacheBlocksCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UncacheBlocksCommand.ProtoReflect.Descriptor instead.
+func (*UncacheBlocksCommand) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *UncacheBlocksCommand) GetBlocks() []*BlockID {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
 
 // ReplicateContainerCommand: copy the CLOSED container from one of the
 // sources (tried in order) and import it, verifying every checksum, then
@@ -2197,7 +2453,7 @@ type ReplicateContainerCommand struct {
 
 func (x *ReplicateContainerCommand) Reset() {
 	*x = ReplicateContainerCommand{}
-	mi := &file_meta_meta_proto_msgTypes[23]
+	mi := &file_meta_meta_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2209,7 +2465,7 @@ func (x *ReplicateContainerCommand) String() string {
 func (*ReplicateContainerCommand) ProtoMessage() {}
 
 func (x *ReplicateContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[23]
+	mi := &file_meta_meta_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2222,7 +2478,7 @@ func (x *ReplicateContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateContainerCommand.ProtoReflect.Descriptor instead.
 func (*ReplicateContainerCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{23}
+	return file_meta_meta_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReplicateContainerCommand) GetContainerId() uint64 {
@@ -2266,7 +2522,7 @@ type DeleteContainerCommand struct {
 
 func (x *DeleteContainerCommand) Reset() {
 	*x = DeleteContainerCommand{}
-	mi := &file_meta_meta_proto_msgTypes[24]
+	mi := &file_meta_meta_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2278,7 +2534,7 @@ func (x *DeleteContainerCommand) String() string {
 func (*DeleteContainerCommand) ProtoMessage() {}
 
 func (x *DeleteContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[24]
+	mi := &file_meta_meta_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2291,7 +2547,7 @@ func (x *DeleteContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContainerCommand.ProtoReflect.Descriptor instead.
 func (*DeleteContainerCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{24}
+	return file_meta_meta_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteContainerCommand) GetContainerId() uint64 {
@@ -2318,7 +2574,7 @@ type CreatePipelineCommand struct {
 
 func (x *CreatePipelineCommand) Reset() {
 	*x = CreatePipelineCommand{}
-	mi := &file_meta_meta_proto_msgTypes[25]
+	mi := &file_meta_meta_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2330,7 +2586,7 @@ func (x *CreatePipelineCommand) String() string {
 func (*CreatePipelineCommand) ProtoMessage() {}
 
 func (x *CreatePipelineCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[25]
+	mi := &file_meta_meta_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2343,7 +2599,7 @@ func (x *CreatePipelineCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePipelineCommand.ProtoReflect.Descriptor instead.
 func (*CreatePipelineCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{25}
+	return file_meta_meta_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CreatePipelineCommand) GetPipeline() *Pipeline {
@@ -2369,7 +2625,7 @@ type ClosePipelineCommand struct {
 
 func (x *ClosePipelineCommand) Reset() {
 	*x = ClosePipelineCommand{}
-	mi := &file_meta_meta_proto_msgTypes[26]
+	mi := &file_meta_meta_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2381,7 +2637,7 @@ func (x *ClosePipelineCommand) String() string {
 func (*ClosePipelineCommand) ProtoMessage() {}
 
 func (x *ClosePipelineCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[26]
+	mi := &file_meta_meta_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2394,7 +2650,7 @@ func (x *ClosePipelineCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosePipelineCommand.ProtoReflect.Descriptor instead.
 func (*ClosePipelineCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{26}
+	return file_meta_meta_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ClosePipelineCommand) GetPipelineId() uint64 {
@@ -2414,7 +2670,7 @@ type CloseContainerCommand struct {
 
 func (x *CloseContainerCommand) Reset() {
 	*x = CloseContainerCommand{}
-	mi := &file_meta_meta_proto_msgTypes[27]
+	mi := &file_meta_meta_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2426,7 +2682,7 @@ func (x *CloseContainerCommand) String() string {
 func (*CloseContainerCommand) ProtoMessage() {}
 
 func (x *CloseContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[27]
+	mi := &file_meta_meta_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2439,7 +2695,7 @@ func (x *CloseContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseContainerCommand.ProtoReflect.Descriptor instead.
 func (*CloseContainerCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{27}
+	return file_meta_meta_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CloseContainerCommand) GetContainerId() uint64 {
@@ -2467,7 +2723,7 @@ type DeleteBlocksCommand struct {
 
 func (x *DeleteBlocksCommand) Reset() {
 	*x = DeleteBlocksCommand{}
-	mi := &file_meta_meta_proto_msgTypes[28]
+	mi := &file_meta_meta_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2479,7 +2735,7 @@ func (x *DeleteBlocksCommand) String() string {
 func (*DeleteBlocksCommand) ProtoMessage() {}
 
 func (x *DeleteBlocksCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[28]
+	mi := &file_meta_meta_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2492,7 +2748,7 @@ func (x *DeleteBlocksCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksCommand.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{28}
+	return file_meta_meta_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteBlocksCommand) GetTxId() uint64 {
@@ -2533,7 +2789,7 @@ type AllocateBlocksRequest struct {
 
 func (x *AllocateBlocksRequest) Reset() {
 	*x = AllocateBlocksRequest{}
-	mi := &file_meta_meta_proto_msgTypes[29]
+	mi := &file_meta_meta_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2545,7 +2801,7 @@ func (x *AllocateBlocksRequest) String() string {
 func (*AllocateBlocksRequest) ProtoMessage() {}
 
 func (x *AllocateBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[29]
+	mi := &file_meta_meta_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2558,7 +2814,7 @@ func (x *AllocateBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlocksRequest.ProtoReflect.Descriptor instead.
 func (*AllocateBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{29}
+	return file_meta_meta_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *AllocateBlocksRequest) GetCount() uint32 {
@@ -2606,7 +2862,7 @@ type AllocateBlocksResponse struct {
 
 func (x *AllocateBlocksResponse) Reset() {
 	*x = AllocateBlocksResponse{}
-	mi := &file_meta_meta_proto_msgTypes[30]
+	mi := &file_meta_meta_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2618,7 +2874,7 @@ func (x *AllocateBlocksResponse) String() string {
 func (*AllocateBlocksResponse) ProtoMessage() {}
 
 func (x *AllocateBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[30]
+	mi := &file_meta_meta_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2631,7 +2887,7 @@ func (x *AllocateBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlocksResponse.ProtoReflect.Descriptor instead.
 func (*AllocateBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{30}
+	return file_meta_meta_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *AllocateBlocksResponse) GetBlocks() []*BlockLocation {
@@ -2657,7 +2913,7 @@ type DeleteBlocksRequest struct {
 
 func (x *DeleteBlocksRequest) Reset() {
 	*x = DeleteBlocksRequest{}
-	mi := &file_meta_meta_proto_msgTypes[31]
+	mi := &file_meta_meta_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2669,7 +2925,7 @@ func (x *DeleteBlocksRequest) String() string {
 func (*DeleteBlocksRequest) ProtoMessage() {}
 
 func (x *DeleteBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[31]
+	mi := &file_meta_meta_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2682,7 +2938,7 @@ func (x *DeleteBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{31}
+	return file_meta_meta_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteBlocksRequest) GetGroups() []*DeleteBlocksGroup {
@@ -2702,7 +2958,7 @@ type DeleteBlocksGroup struct {
 
 func (x *DeleteBlocksGroup) Reset() {
 	*x = DeleteBlocksGroup{}
-	mi := &file_meta_meta_proto_msgTypes[32]
+	mi := &file_meta_meta_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2714,7 +2970,7 @@ func (x *DeleteBlocksGroup) String() string {
 func (*DeleteBlocksGroup) ProtoMessage() {}
 
 func (x *DeleteBlocksGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[32]
+	mi := &file_meta_meta_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2727,7 +2983,7 @@ func (x *DeleteBlocksGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksGroup.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksGroup) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{32}
+	return file_meta_meta_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeleteBlocksGroup) GetContainerId() uint64 {
@@ -2752,7 +3008,7 @@ type DeleteBlocksResponse struct {
 
 func (x *DeleteBlocksResponse) Reset() {
 	*x = DeleteBlocksResponse{}
-	mi := &file_meta_meta_proto_msgTypes[33]
+	mi := &file_meta_meta_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2764,7 +3020,7 @@ func (x *DeleteBlocksResponse) String() string {
 func (*DeleteBlocksResponse) ProtoMessage() {}
 
 func (x *DeleteBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[33]
+	mi := &file_meta_meta_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2777,7 +3033,7 @@ func (x *DeleteBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{33}
+	return file_meta_meta_proto_rawDescGZIP(), []int{36}
 }
 
 type ReportCorruptReplicaRequest struct {
@@ -2791,7 +3047,7 @@ type ReportCorruptReplicaRequest struct {
 
 func (x *ReportCorruptReplicaRequest) Reset() {
 	*x = ReportCorruptReplicaRequest{}
-	mi := &file_meta_meta_proto_msgTypes[34]
+	mi := &file_meta_meta_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2803,7 +3059,7 @@ func (x *ReportCorruptReplicaRequest) String() string {
 func (*ReportCorruptReplicaRequest) ProtoMessage() {}
 
 func (x *ReportCorruptReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[34]
+	mi := &file_meta_meta_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2816,7 +3072,7 @@ func (x *ReportCorruptReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportCorruptReplicaRequest.ProtoReflect.Descriptor instead.
 func (*ReportCorruptReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{34}
+	return file_meta_meta_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReportCorruptReplicaRequest) GetBlock() *BlockID {
@@ -2848,7 +3104,7 @@ type ReportCorruptReplicaResponse struct {
 
 func (x *ReportCorruptReplicaResponse) Reset() {
 	*x = ReportCorruptReplicaResponse{}
-	mi := &file_meta_meta_proto_msgTypes[35]
+	mi := &file_meta_meta_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2860,7 +3116,7 @@ func (x *ReportCorruptReplicaResponse) String() string {
 func (*ReportCorruptReplicaResponse) ProtoMessage() {}
 
 func (x *ReportCorruptReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[35]
+	mi := &file_meta_meta_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2873,7 +3129,7 @@ func (x *ReportCorruptReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportCorruptReplicaResponse.ProtoReflect.Descriptor instead.
 func (*ReportCorruptReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{35}
+	return file_meta_meta_proto_rawDescGZIP(), []int{38}
 }
 
 type ListCorruptReplicasRequest struct {
@@ -2884,7 +3140,7 @@ type ListCorruptReplicasRequest struct {
 
 func (x *ListCorruptReplicasRequest) Reset() {
 	*x = ListCorruptReplicasRequest{}
-	mi := &file_meta_meta_proto_msgTypes[36]
+	mi := &file_meta_meta_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2896,7 +3152,7 @@ func (x *ListCorruptReplicasRequest) String() string {
 func (*ListCorruptReplicasRequest) ProtoMessage() {}
 
 func (x *ListCorruptReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[36]
+	mi := &file_meta_meta_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2909,7 +3165,7 @@ func (x *ListCorruptReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCorruptReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ListCorruptReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{36}
+	return file_meta_meta_proto_rawDescGZIP(), []int{39}
 }
 
 type CorruptReplica struct {
@@ -2928,7 +3184,7 @@ type CorruptReplica struct {
 
 func (x *CorruptReplica) Reset() {
 	*x = CorruptReplica{}
-	mi := &file_meta_meta_proto_msgTypes[37]
+	mi := &file_meta_meta_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2940,7 +3196,7 @@ func (x *CorruptReplica) String() string {
 func (*CorruptReplica) ProtoMessage() {}
 
 func (x *CorruptReplica) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[37]
+	mi := &file_meta_meta_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2953,7 +3209,7 @@ func (x *CorruptReplica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CorruptReplica.ProtoReflect.Descriptor instead.
 func (*CorruptReplica) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{37}
+	return file_meta_meta_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CorruptReplica) GetBlock() *BlockID {
@@ -3007,7 +3263,7 @@ type ListCorruptReplicasResponse struct {
 
 func (x *ListCorruptReplicasResponse) Reset() {
 	*x = ListCorruptReplicasResponse{}
-	mi := &file_meta_meta_proto_msgTypes[38]
+	mi := &file_meta_meta_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3019,7 +3275,7 @@ func (x *ListCorruptReplicasResponse) String() string {
 func (*ListCorruptReplicasResponse) ProtoMessage() {}
 
 func (x *ListCorruptReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[38]
+	mi := &file_meta_meta_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3032,7 +3288,7 @@ func (x *ListCorruptReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCorruptReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListCorruptReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{38}
+	return file_meta_meta_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListCorruptReplicasResponse) GetReplicas() []*CorruptReplica {
@@ -3052,7 +3308,7 @@ type GetContainersRequest struct {
 
 func (x *GetContainersRequest) Reset() {
 	*x = GetContainersRequest{}
-	mi := &file_meta_meta_proto_msgTypes[39]
+	mi := &file_meta_meta_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3064,7 +3320,7 @@ func (x *GetContainersRequest) String() string {
 func (*GetContainersRequest) ProtoMessage() {}
 
 func (x *GetContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[39]
+	mi := &file_meta_meta_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3077,7 +3333,7 @@ func (x *GetContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainersRequest.ProtoReflect.Descriptor instead.
 func (*GetContainersRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{39}
+	return file_meta_meta_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetContainersRequest) GetContainerIds() []uint64 {
@@ -3103,7 +3359,7 @@ type GetContainersResponse struct {
 
 func (x *GetContainersResponse) Reset() {
 	*x = GetContainersResponse{}
-	mi := &file_meta_meta_proto_msgTypes[40]
+	mi := &file_meta_meta_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3115,7 +3371,7 @@ func (x *GetContainersResponse) String() string {
 func (*GetContainersResponse) ProtoMessage() {}
 
 func (x *GetContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[40]
+	mi := &file_meta_meta_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3128,7 +3384,7 @@ func (x *GetContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainersResponse.ProtoReflect.Descriptor instead.
 func (*GetContainersResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{40}
+	return file_meta_meta_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetContainersResponse) GetContainers() []*ContainerWithLocation {
@@ -3150,7 +3406,7 @@ type ContainerWithLocation struct {
 
 func (x *ContainerWithLocation) Reset() {
 	*x = ContainerWithLocation{}
-	mi := &file_meta_meta_proto_msgTypes[41]
+	mi := &file_meta_meta_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3162,7 +3418,7 @@ func (x *ContainerWithLocation) String() string {
 func (*ContainerWithLocation) ProtoMessage() {}
 
 func (x *ContainerWithLocation) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[41]
+	mi := &file_meta_meta_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3175,7 +3431,7 @@ func (x *ContainerWithLocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerWithLocation.ProtoReflect.Descriptor instead.
 func (*ContainerWithLocation) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{41}
+	return file_meta_meta_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ContainerWithLocation) GetContainer() *Container {
@@ -3200,7 +3456,7 @@ type ListDatanodesRequest struct {
 
 func (x *ListDatanodesRequest) Reset() {
 	*x = ListDatanodesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[42]
+	mi := &file_meta_meta_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3212,7 +3468,7 @@ func (x *ListDatanodesRequest) String() string {
 func (*ListDatanodesRequest) ProtoMessage() {}
 
 func (x *ListDatanodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[42]
+	mi := &file_meta_meta_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3225,7 +3481,7 @@ func (x *ListDatanodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDatanodesRequest.ProtoReflect.Descriptor instead.
 func (*ListDatanodesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{42}
+	return file_meta_meta_proto_rawDescGZIP(), []int{45}
 }
 
 type DatanodeStatus struct {
@@ -3241,16 +3497,17 @@ type DatanodeStatus struct {
 	// Drain progress (decommission, maintenance) at the last replication
 	// round: containers with a replica here, those still short of replicas
 	// elsewhere, and their bytes.
-	DrainContainers uint32 `protobuf:"varint,103,opt,name=drain_containers,json=drainContainers,proto3" json:"drain_containers,omitempty"`
-	DrainLeft       uint32 `protobuf:"varint,104,opt,name=drain_left,json=drainLeft,proto3" json:"drain_left,omitempty"`
-	DrainBytesLeft  uint64 `protobuf:"varint,105,opt,name=drain_bytes_left,json=drainBytesLeft,proto3" json:"drain_bytes_left,omitempty"`
+	DrainContainers uint32      `protobuf:"varint,103,opt,name=drain_containers,json=drainContainers,proto3" json:"drain_containers,omitempty"`
+	DrainLeft       uint32      `protobuf:"varint,104,opt,name=drain_left,json=drainLeft,proto3" json:"drain_left,omitempty"`
+	DrainBytesLeft  uint64      `protobuf:"varint,105,opt,name=drain_bytes_left,json=drainBytesLeft,proto3" json:"drain_bytes_left,omitempty"`
+	Cache           *CacheStats `protobuf:"bytes,300,opt,name=cache,proto3" json:"cache,omitempty"` // last reported cache tier
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DatanodeStatus) Reset() {
 	*x = DatanodeStatus{}
-	mi := &file_meta_meta_proto_msgTypes[43]
+	mi := &file_meta_meta_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3262,7 +3519,7 @@ func (x *DatanodeStatus) String() string {
 func (*DatanodeStatus) ProtoMessage() {}
 
 func (x *DatanodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[43]
+	mi := &file_meta_meta_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3275,7 +3532,7 @@ func (x *DatanodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatanodeStatus.ProtoReflect.Descriptor instead.
 func (*DatanodeStatus) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{43}
+	return file_meta_meta_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DatanodeStatus) GetDetails() *DatanodeDetails {
@@ -3355,6 +3612,13 @@ func (x *DatanodeStatus) GetDrainBytesLeft() uint64 {
 	return 0
 }
 
+func (x *DatanodeStatus) GetCache() *CacheStats {
+	if x != nil {
+		return x.Cache
+	}
+	return nil
+}
+
 type ListDatanodesResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Datanodes     []*DatanodeStatus      `protobuf:"bytes,1,rep,name=datanodes,proto3" json:"datanodes,omitempty"`
@@ -3364,7 +3628,7 @@ type ListDatanodesResponse struct {
 
 func (x *ListDatanodesResponse) Reset() {
 	*x = ListDatanodesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[44]
+	mi := &file_meta_meta_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3376,7 +3640,7 @@ func (x *ListDatanodesResponse) String() string {
 func (*ListDatanodesResponse) ProtoMessage() {}
 
 func (x *ListDatanodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[44]
+	mi := &file_meta_meta_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3389,7 +3653,7 @@ func (x *ListDatanodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDatanodesResponse.ProtoReflect.Descriptor instead.
 func (*ListDatanodesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{44}
+	return file_meta_meta_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListDatanodesResponse) GetDatanodes() []*DatanodeStatus {
@@ -3407,7 +3671,7 @@ type ListPipelinesRequest struct {
 
 func (x *ListPipelinesRequest) Reset() {
 	*x = ListPipelinesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[45]
+	mi := &file_meta_meta_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3419,7 +3683,7 @@ func (x *ListPipelinesRequest) String() string {
 func (*ListPipelinesRequest) ProtoMessage() {}
 
 func (x *ListPipelinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[45]
+	mi := &file_meta_meta_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3432,7 +3696,7 @@ func (x *ListPipelinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPipelinesRequest.ProtoReflect.Descriptor instead.
 func (*ListPipelinesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{45}
+	return file_meta_meta_proto_rawDescGZIP(), []int{48}
 }
 
 type ListPipelinesResponse struct {
@@ -3444,7 +3708,7 @@ type ListPipelinesResponse struct {
 
 func (x *ListPipelinesResponse) Reset() {
 	*x = ListPipelinesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[46]
+	mi := &file_meta_meta_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3456,7 +3720,7 @@ func (x *ListPipelinesResponse) String() string {
 func (*ListPipelinesResponse) ProtoMessage() {}
 
 func (x *ListPipelinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[46]
+	mi := &file_meta_meta_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3469,7 +3733,7 @@ func (x *ListPipelinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPipelinesResponse.ProtoReflect.Descriptor instead.
 func (*ListPipelinesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{46}
+	return file_meta_meta_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListPipelinesResponse) GetPipelines() []*Pipeline {
@@ -3489,7 +3753,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_meta_meta_proto_msgTypes[47]
+	mi := &file_meta_meta_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3501,7 +3765,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[47]
+	mi := &file_meta_meta_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3514,7 +3778,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{47}
+	return file_meta_meta_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListContainersRequest) GetStartAfter() uint64 {
@@ -3541,7 +3805,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_meta_meta_proto_msgTypes[48]
+	mi := &file_meta_meta_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3553,7 +3817,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[48]
+	mi := &file_meta_meta_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3566,7 +3830,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{48}
+	return file_meta_meta_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListContainersResponse) GetContainers() []*Container {
@@ -3591,7 +3855,7 @@ type GetSafeModeRequest struct {
 
 func (x *GetSafeModeRequest) Reset() {
 	*x = GetSafeModeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[49]
+	mi := &file_meta_meta_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3603,7 +3867,7 @@ func (x *GetSafeModeRequest) String() string {
 func (*GetSafeModeRequest) ProtoMessage() {}
 
 func (x *GetSafeModeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[49]
+	mi := &file_meta_meta_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3616,7 +3880,7 @@ func (x *GetSafeModeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSafeModeRequest.ProtoReflect.Descriptor instead.
 func (*GetSafeModeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{49}
+	return file_meta_meta_proto_rawDescGZIP(), []int{52}
 }
 
 type GetContainerHealthRequest struct {
@@ -3628,7 +3892,7 @@ type GetContainerHealthRequest struct {
 
 func (x *GetContainerHealthRequest) Reset() {
 	*x = GetContainerHealthRequest{}
-	mi := &file_meta_meta_proto_msgTypes[50]
+	mi := &file_meta_meta_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3640,7 +3904,7 @@ func (x *GetContainerHealthRequest) String() string {
 func (*GetContainerHealthRequest) ProtoMessage() {}
 
 func (x *GetContainerHealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[50]
+	mi := &file_meta_meta_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3653,7 +3917,7 @@ func (x *GetContainerHealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainerHealthRequest.ProtoReflect.Descriptor instead.
 func (*GetContainerHealthRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{50}
+	return file_meta_meta_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GetContainerHealthRequest) GetWorst() uint32 {
@@ -3682,7 +3946,7 @@ type ContainerHealth struct {
 
 func (x *ContainerHealth) Reset() {
 	*x = ContainerHealth{}
-	mi := &file_meta_meta_proto_msgTypes[51]
+	mi := &file_meta_meta_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3694,7 +3958,7 @@ func (x *ContainerHealth) String() string {
 func (*ContainerHealth) ProtoMessage() {}
 
 func (x *ContainerHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[51]
+	mi := &file_meta_meta_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3707,7 +3971,7 @@ func (x *ContainerHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerHealth.ProtoReflect.Descriptor instead.
 func (*ContainerHealth) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{51}
+	return file_meta_meta_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ContainerHealth) GetContainerId() uint64 {
@@ -3786,7 +4050,7 @@ type ReplicationCopy struct {
 
 func (x *ReplicationCopy) Reset() {
 	*x = ReplicationCopy{}
-	mi := &file_meta_meta_proto_msgTypes[52]
+	mi := &file_meta_meta_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3798,7 +4062,7 @@ func (x *ReplicationCopy) String() string {
 func (*ReplicationCopy) ProtoMessage() {}
 
 func (x *ReplicationCopy) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[52]
+	mi := &file_meta_meta_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3811,7 +4075,7 @@ func (x *ReplicationCopy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicationCopy.ProtoReflect.Descriptor instead.
 func (*ReplicationCopy) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{52}
+	return file_meta_meta_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ReplicationCopy) GetContainerId() uint64 {
@@ -3870,7 +4134,7 @@ type GetContainerHealthResponse struct {
 
 func (x *GetContainerHealthResponse) Reset() {
 	*x = GetContainerHealthResponse{}
-	mi := &file_meta_meta_proto_msgTypes[53]
+	mi := &file_meta_meta_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3882,7 +4146,7 @@ func (x *GetContainerHealthResponse) String() string {
 func (*GetContainerHealthResponse) ProtoMessage() {}
 
 func (x *GetContainerHealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[53]
+	mi := &file_meta_meta_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3895,7 +4159,7 @@ func (x *GetContainerHealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainerHealthResponse.ProtoReflect.Descriptor instead.
 func (*GetContainerHealthResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{53}
+	return file_meta_meta_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *GetContainerHealthResponse) GetCounts() map[string]uint64 {
@@ -3979,7 +4243,7 @@ type GetSafeModeResponse struct {
 
 func (x *GetSafeModeResponse) Reset() {
 	*x = GetSafeModeResponse{}
-	mi := &file_meta_meta_proto_msgTypes[54]
+	mi := &file_meta_meta_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3991,7 +4255,7 @@ func (x *GetSafeModeResponse) String() string {
 func (*GetSafeModeResponse) ProtoMessage() {}
 
 func (x *GetSafeModeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[54]
+	mi := &file_meta_meta_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4004,7 +4268,7 @@ func (x *GetSafeModeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSafeModeResponse.ProtoReflect.Descriptor instead.
 func (*GetSafeModeResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{54}
+	return file_meta_meta_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *GetSafeModeResponse) GetInSafeMode() bool {
@@ -4040,7 +4304,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_meta_meta_proto_msgTypes[55]
+	mi := &file_meta_meta_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4052,7 +4316,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[55]
+	mi := &file_meta_meta_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4065,7 +4329,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{55}
+	return file_meta_meta_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *Volume) GetName() string {
@@ -4107,7 +4371,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[56]
+	mi := &file_meta_meta_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4119,7 +4383,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[56]
+	mi := &file_meta_meta_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4132,7 +4396,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{56}
+	return file_meta_meta_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -4165,7 +4429,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[57]
+	mi := &file_meta_meta_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4177,7 +4441,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[57]
+	mi := &file_meta_meta_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4190,7 +4454,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{57}
+	return file_meta_meta_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GetVolumeRequest) GetName() string {
@@ -4211,7 +4475,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[58]
+	mi := &file_meta_meta_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4223,7 +4487,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[58]
+	mi := &file_meta_meta_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4236,7 +4500,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{58}
+	return file_meta_meta_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListVolumesRequest) GetPrefix() string {
@@ -4270,7 +4534,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[59]
+	mi := &file_meta_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4282,7 +4546,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[59]
+	mi := &file_meta_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4295,7 +4559,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{59}
+	return file_meta_meta_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -4321,7 +4585,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[60]
+	mi := &file_meta_meta_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4333,7 +4597,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[60]
+	mi := &file_meta_meta_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4346,7 +4610,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{60}
+	return file_meta_meta_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *DeleteVolumeRequest) GetName() string {
@@ -4364,7 +4628,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_meta_meta_proto_msgTypes[61]
+	mi := &file_meta_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4376,7 +4640,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[61]
+	mi := &file_meta_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4389,7 +4653,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{61}
+	return file_meta_meta_proto_rawDescGZIP(), []int{64}
 }
 
 type Bucket struct {
@@ -4410,7 +4674,7 @@ type Bucket struct {
 
 func (x *Bucket) Reset() {
 	*x = Bucket{}
-	mi := &file_meta_meta_proto_msgTypes[62]
+	mi := &file_meta_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4422,7 +4686,7 @@ func (x *Bucket) String() string {
 func (*Bucket) ProtoMessage() {}
 
 func (x *Bucket) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[62]
+	mi := &file_meta_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4435,7 +4699,7 @@ func (x *Bucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bucket.ProtoReflect.Descriptor instead.
 func (*Bucket) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{62}
+	return file_meta_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *Bucket) GetVolume() string {
@@ -4508,7 +4772,7 @@ type CreateBucketRequest struct {
 
 func (x *CreateBucketRequest) Reset() {
 	*x = CreateBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[63]
+	mi := &file_meta_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4520,7 +4784,7 @@ func (x *CreateBucketRequest) String() string {
 func (*CreateBucketRequest) ProtoMessage() {}
 
 func (x *CreateBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[63]
+	mi := &file_meta_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4533,7 +4797,7 @@ func (x *CreateBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBucketRequest.ProtoReflect.Descriptor instead.
 func (*CreateBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{63}
+	return file_meta_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *CreateBucketRequest) GetVolume() string {
@@ -4588,7 +4852,7 @@ type GetBucketRequest struct {
 
 func (x *GetBucketRequest) Reset() {
 	*x = GetBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[64]
+	mi := &file_meta_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4600,7 +4864,7 @@ func (x *GetBucketRequest) String() string {
 func (*GetBucketRequest) ProtoMessage() {}
 
 func (x *GetBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[64]
+	mi := &file_meta_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4613,7 +4877,7 @@ func (x *GetBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBucketRequest.ProtoReflect.Descriptor instead.
 func (*GetBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{64}
+	return file_meta_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *GetBucketRequest) GetVolume() string {
@@ -4644,7 +4908,7 @@ type ListBucketsRequest struct {
 
 func (x *ListBucketsRequest) Reset() {
 	*x = ListBucketsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[65]
+	mi := &file_meta_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4656,7 +4920,7 @@ func (x *ListBucketsRequest) String() string {
 func (*ListBucketsRequest) ProtoMessage() {}
 
 func (x *ListBucketsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[65]
+	mi := &file_meta_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4669,7 +4933,7 @@ func (x *ListBucketsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBucketsRequest.ProtoReflect.Descriptor instead.
 func (*ListBucketsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{65}
+	return file_meta_meta_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListBucketsRequest) GetVolume() string {
@@ -4717,7 +4981,7 @@ type ListBucketsResponse struct {
 
 func (x *ListBucketsResponse) Reset() {
 	*x = ListBucketsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[66]
+	mi := &file_meta_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4729,7 +4993,7 @@ func (x *ListBucketsResponse) String() string {
 func (*ListBucketsResponse) ProtoMessage() {}
 
 func (x *ListBucketsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[66]
+	mi := &file_meta_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4742,7 +5006,7 @@ func (x *ListBucketsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBucketsResponse.ProtoReflect.Descriptor instead.
 func (*ListBucketsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{66}
+	return file_meta_meta_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListBucketsResponse) GetBuckets() []*Bucket {
@@ -4769,7 +5033,7 @@ type DeleteBucketRequest struct {
 
 func (x *DeleteBucketRequest) Reset() {
 	*x = DeleteBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[67]
+	mi := &file_meta_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4781,7 +5045,7 @@ func (x *DeleteBucketRequest) String() string {
 func (*DeleteBucketRequest) ProtoMessage() {}
 
 func (x *DeleteBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[67]
+	mi := &file_meta_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4794,7 +5058,7 @@ func (x *DeleteBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBucketRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{67}
+	return file_meta_meta_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *DeleteBucketRequest) GetVolume() string {
@@ -4819,7 +5083,7 @@ type DeleteBucketResponse struct {
 
 func (x *DeleteBucketResponse) Reset() {
 	*x = DeleteBucketResponse{}
-	mi := &file_meta_meta_proto_msgTypes[68]
+	mi := &file_meta_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4831,7 +5095,7 @@ func (x *DeleteBucketResponse) String() string {
 func (*DeleteBucketResponse) ProtoMessage() {}
 
 func (x *DeleteBucketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[68]
+	mi := &file_meta_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4844,7 +5108,7 @@ func (x *DeleteBucketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBucketResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBucketResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{68}
+	return file_meta_meta_proto_rawDescGZIP(), []int{71}
 }
 
 // KeyBlock is a block as stored in a key.
@@ -4858,7 +5122,7 @@ type KeyBlock struct {
 
 func (x *KeyBlock) Reset() {
 	*x = KeyBlock{}
-	mi := &file_meta_meta_proto_msgTypes[69]
+	mi := &file_meta_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4870,7 +5134,7 @@ func (x *KeyBlock) String() string {
 func (*KeyBlock) ProtoMessage() {}
 
 func (x *KeyBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[69]
+	mi := &file_meta_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4883,7 +5147,7 @@ func (x *KeyBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyBlock.ProtoReflect.Descriptor instead.
 func (*KeyBlock) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{69}
+	return file_meta_meta_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *KeyBlock) GetId() *BlockID {
@@ -4924,7 +5188,7 @@ type KeyInfo struct {
 
 func (x *KeyInfo) Reset() {
 	*x = KeyInfo{}
-	mi := &file_meta_meta_proto_msgTypes[70]
+	mi := &file_meta_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4936,7 +5200,7 @@ func (x *KeyInfo) String() string {
 func (*KeyInfo) ProtoMessage() {}
 
 func (x *KeyInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[70]
+	mi := &file_meta_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4949,7 +5213,7 @@ func (x *KeyInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyInfo.ProtoReflect.Descriptor instead.
 func (*KeyInfo) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{70}
+	return file_meta_meta_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *KeyInfo) GetVolume() string {
@@ -5074,7 +5338,7 @@ type ObjectMeta struct {
 
 func (x *ObjectMeta) Reset() {
 	*x = ObjectMeta{}
-	mi := &file_meta_meta_proto_msgTypes[71]
+	mi := &file_meta_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5086,7 +5350,7 @@ func (x *ObjectMeta) String() string {
 func (*ObjectMeta) ProtoMessage() {}
 
 func (x *ObjectMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[71]
+	mi := &file_meta_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5099,7 +5363,7 @@ func (x *ObjectMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectMeta.ProtoReflect.Descriptor instead.
 func (*ObjectMeta) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{71}
+	return file_meta_meta_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ObjectMeta) GetEtag() string {
@@ -5196,7 +5460,7 @@ type OpenKeyRequest struct {
 
 func (x *OpenKeyRequest) Reset() {
 	*x = OpenKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[72]
+	mi := &file_meta_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5208,7 +5472,7 @@ func (x *OpenKeyRequest) String() string {
 func (*OpenKeyRequest) ProtoMessage() {}
 
 func (x *OpenKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[72]
+	mi := &file_meta_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5221,7 +5485,7 @@ func (x *OpenKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyRequest.ProtoReflect.Descriptor instead.
 func (*OpenKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{72}
+	return file_meta_meta_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *OpenKeyRequest) GetVolume() string {
@@ -5298,7 +5562,7 @@ type OpenKeyResponse struct {
 
 func (x *OpenKeyResponse) Reset() {
 	*x = OpenKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[73]
+	mi := &file_meta_meta_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5310,7 +5574,7 @@ func (x *OpenKeyResponse) String() string {
 func (*OpenKeyResponse) ProtoMessage() {}
 
 func (x *OpenKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[73]
+	mi := &file_meta_meta_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5323,7 +5587,7 @@ func (x *OpenKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyResponse.ProtoReflect.Descriptor instead.
 func (*OpenKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{73}
+	return file_meta_meta_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *OpenKeyResponse) GetOpenId() uint64 {
@@ -5358,7 +5622,7 @@ type AllocateBlockRequest struct {
 
 func (x *AllocateBlockRequest) Reset() {
 	*x = AllocateBlockRequest{}
-	mi := &file_meta_meta_proto_msgTypes[74]
+	mi := &file_meta_meta_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5370,7 +5634,7 @@ func (x *AllocateBlockRequest) String() string {
 func (*AllocateBlockRequest) ProtoMessage() {}
 
 func (x *AllocateBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[74]
+	mi := &file_meta_meta_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5383,7 +5647,7 @@ func (x *AllocateBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlockRequest.ProtoReflect.Descriptor instead.
 func (*AllocateBlockRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{74}
+	return file_meta_meta_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *AllocateBlockRequest) GetOpenId() uint64 {
@@ -5416,7 +5680,7 @@ type AllocateBlockResponse struct {
 
 func (x *AllocateBlockResponse) Reset() {
 	*x = AllocateBlockResponse{}
-	mi := &file_meta_meta_proto_msgTypes[75]
+	mi := &file_meta_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5428,7 +5692,7 @@ func (x *AllocateBlockResponse) String() string {
 func (*AllocateBlockResponse) ProtoMessage() {}
 
 func (x *AllocateBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[75]
+	mi := &file_meta_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5441,7 +5705,7 @@ func (x *AllocateBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlockResponse.ProtoReflect.Descriptor instead.
 func (*AllocateBlockResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{75}
+	return file_meta_meta_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *AllocateBlockResponse) GetBlock() *BlockLocation {
@@ -5474,7 +5738,7 @@ type CommitKeyRequest struct {
 
 func (x *CommitKeyRequest) Reset() {
 	*x = CommitKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[76]
+	mi := &file_meta_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5486,7 +5750,7 @@ func (x *CommitKeyRequest) String() string {
 func (*CommitKeyRequest) ProtoMessage() {}
 
 func (x *CommitKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[76]
+	mi := &file_meta_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5499,7 +5763,7 @@ func (x *CommitKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitKeyRequest.ProtoReflect.Descriptor instead.
 func (*CommitKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{76}
+	return file_meta_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *CommitKeyRequest) GetOpenId() uint64 {
@@ -5548,7 +5812,7 @@ type PartRef struct {
 
 func (x *PartRef) Reset() {
 	*x = PartRef{}
-	mi := &file_meta_meta_proto_msgTypes[77]
+	mi := &file_meta_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5560,7 +5824,7 @@ func (x *PartRef) String() string {
 func (*PartRef) ProtoMessage() {}
 
 func (x *PartRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[77]
+	mi := &file_meta_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5573,7 +5837,7 @@ func (x *PartRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartRef.ProtoReflect.Descriptor instead.
 func (*PartRef) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{77}
+	return file_meta_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *PartRef) GetUploadId() string {
@@ -5610,7 +5874,7 @@ type LookupKeyRequest struct {
 
 func (x *LookupKeyRequest) Reset() {
 	*x = LookupKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[78]
+	mi := &file_meta_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5622,7 +5886,7 @@ func (x *LookupKeyRequest) String() string {
 func (*LookupKeyRequest) ProtoMessage() {}
 
 func (x *LookupKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[78]
+	mi := &file_meta_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5635,7 +5899,7 @@ func (x *LookupKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupKeyRequest.ProtoReflect.Descriptor instead.
 func (*LookupKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{78}
+	return file_meta_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *LookupKeyRequest) GetVolume() string {
@@ -5689,7 +5953,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_meta_meta_proto_msgTypes[79]
+	mi := &file_meta_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5701,7 +5965,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[79]
+	mi := &file_meta_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5714,7 +5978,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{79}
+	return file_meta_meta_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ListKeysRequest) GetVolume() string {
@@ -5771,7 +6035,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_meta_meta_proto_msgTypes[80]
+	mi := &file_meta_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5783,7 +6047,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[80]
+	mi := &file_meta_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5796,7 +6060,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{80}
+	return file_meta_meta_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeyInfo {
@@ -5842,7 +6106,7 @@ type RenameKeyRequest struct {
 
 func (x *RenameKeyRequest) Reset() {
 	*x = RenameKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[81]
+	mi := &file_meta_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5854,7 +6118,7 @@ func (x *RenameKeyRequest) String() string {
 func (*RenameKeyRequest) ProtoMessage() {}
 
 func (x *RenameKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[81]
+	mi := &file_meta_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5867,7 +6131,7 @@ func (x *RenameKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameKeyRequest.ProtoReflect.Descriptor instead.
 func (*RenameKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{81}
+	return file_meta_meta_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *RenameKeyRequest) GetVolume() string {
@@ -5913,7 +6177,7 @@ type RenameKeyResponse struct {
 
 func (x *RenameKeyResponse) Reset() {
 	*x = RenameKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[82]
+	mi := &file_meta_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5925,7 +6189,7 @@ func (x *RenameKeyResponse) String() string {
 func (*RenameKeyResponse) ProtoMessage() {}
 
 func (x *RenameKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[82]
+	mi := &file_meta_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5938,7 +6202,7 @@ func (x *RenameKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameKeyResponse.ProtoReflect.Descriptor instead.
 func (*RenameKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{82}
+	return file_meta_meta_proto_rawDescGZIP(), []int{85}
 }
 
 type DeleteKeyRequest struct {
@@ -5954,7 +6218,7 @@ type DeleteKeyRequest struct {
 
 func (x *DeleteKeyRequest) Reset() {
 	*x = DeleteKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[83]
+	mi := &file_meta_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5966,7 +6230,7 @@ func (x *DeleteKeyRequest) String() string {
 func (*DeleteKeyRequest) ProtoMessage() {}
 
 func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[83]
+	mi := &file_meta_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5979,7 +6243,7 @@ func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{83}
+	return file_meta_meta_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *DeleteKeyRequest) GetVolume() string {
@@ -6018,7 +6282,7 @@ type DeleteKeyResponse struct {
 
 func (x *DeleteKeyResponse) Reset() {
 	*x = DeleteKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[84]
+	mi := &file_meta_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6030,7 +6294,7 @@ func (x *DeleteKeyResponse) String() string {
 func (*DeleteKeyResponse) ProtoMessage() {}
 
 func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[84]
+	mi := &file_meta_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6043,7 +6307,7 @@ func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{84}
+	return file_meta_meta_proto_rawDescGZIP(), []int{87}
 }
 
 type FileStatus struct {
@@ -6060,7 +6324,7 @@ type FileStatus struct {
 
 func (x *FileStatus) Reset() {
 	*x = FileStatus{}
-	mi := &file_meta_meta_proto_msgTypes[85]
+	mi := &file_meta_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6072,7 +6336,7 @@ func (x *FileStatus) String() string {
 func (*FileStatus) ProtoMessage() {}
 
 func (x *FileStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[85]
+	mi := &file_meta_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6085,7 +6349,7 @@ func (x *FileStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileStatus.ProtoReflect.Descriptor instead.
 func (*FileStatus) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{85}
+	return file_meta_meta_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *FileStatus) GetPath() string {
@@ -6142,7 +6406,7 @@ type CreateDirectoryRequest struct {
 
 func (x *CreateDirectoryRequest) Reset() {
 	*x = CreateDirectoryRequest{}
-	mi := &file_meta_meta_proto_msgTypes[86]
+	mi := &file_meta_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6154,7 +6418,7 @@ func (x *CreateDirectoryRequest) String() string {
 func (*CreateDirectoryRequest) ProtoMessage() {}
 
 func (x *CreateDirectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[86]
+	mi := &file_meta_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6167,7 +6431,7 @@ func (x *CreateDirectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateDirectoryRequest.ProtoReflect.Descriptor instead.
 func (*CreateDirectoryRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{86}
+	return file_meta_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *CreateDirectoryRequest) GetVolume() string {
@@ -6209,7 +6473,7 @@ type GetFileStatusRequest struct {
 
 func (x *GetFileStatusRequest) Reset() {
 	*x = GetFileStatusRequest{}
-	mi := &file_meta_meta_proto_msgTypes[87]
+	mi := &file_meta_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6221,7 +6485,7 @@ func (x *GetFileStatusRequest) String() string {
 func (*GetFileStatusRequest) ProtoMessage() {}
 
 func (x *GetFileStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[87]
+	mi := &file_meta_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6234,7 +6498,7 @@ func (x *GetFileStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetFileStatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{87}
+	return file_meta_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *GetFileStatusRequest) GetVolume() string {
@@ -6271,7 +6535,7 @@ type ListStatusRequest struct {
 
 func (x *ListStatusRequest) Reset() {
 	*x = ListStatusRequest{}
-	mi := &file_meta_meta_proto_msgTypes[88]
+	mi := &file_meta_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6283,7 +6547,7 @@ func (x *ListStatusRequest) String() string {
 func (*ListStatusRequest) ProtoMessage() {}
 
 func (x *ListStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[88]
+	mi := &file_meta_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6296,7 +6560,7 @@ func (x *ListStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStatusRequest.ProtoReflect.Descriptor instead.
 func (*ListStatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{88}
+	return file_meta_meta_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ListStatusRequest) GetVolume() string {
@@ -6344,7 +6608,7 @@ type ListStatusResponse struct {
 
 func (x *ListStatusResponse) Reset() {
 	*x = ListStatusResponse{}
-	mi := &file_meta_meta_proto_msgTypes[89]
+	mi := &file_meta_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6356,7 +6620,7 @@ func (x *ListStatusResponse) String() string {
 func (*ListStatusResponse) ProtoMessage() {}
 
 func (x *ListStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[89]
+	mi := &file_meta_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6369,7 +6633,7 @@ func (x *ListStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStatusResponse.ProtoReflect.Descriptor instead.
 func (*ListStatusResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{89}
+	return file_meta_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *ListStatusResponse) GetEntries() []*FileStatus {
@@ -6400,7 +6664,7 @@ type SetKeyMetaRequest struct {
 
 func (x *SetKeyMetaRequest) Reset() {
 	*x = SetKeyMetaRequest{}
-	mi := &file_meta_meta_proto_msgTypes[90]
+	mi := &file_meta_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6412,7 +6676,7 @@ func (x *SetKeyMetaRequest) String() string {
 func (*SetKeyMetaRequest) ProtoMessage() {}
 
 func (x *SetKeyMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[90]
+	mi := &file_meta_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6425,7 +6689,7 @@ func (x *SetKeyMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetKeyMetaRequest.ProtoReflect.Descriptor instead.
 func (*SetKeyMetaRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{90}
+	return file_meta_meta_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *SetKeyMetaRequest) GetVolume() string {
@@ -6509,7 +6773,7 @@ type CopyKeyRequest struct {
 
 func (x *CopyKeyRequest) Reset() {
 	*x = CopyKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[91]
+	mi := &file_meta_meta_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6521,7 +6785,7 @@ func (x *CopyKeyRequest) String() string {
 func (*CopyKeyRequest) ProtoMessage() {}
 
 func (x *CopyKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[91]
+	mi := &file_meta_meta_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6534,7 +6798,7 @@ func (x *CopyKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyKeyRequest.ProtoReflect.Descriptor instead.
 func (*CopyKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{91}
+	return file_meta_meta_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *CopyKeyRequest) GetVolume() string {
@@ -6636,7 +6900,7 @@ type MultipartUpload struct {
 
 func (x *MultipartUpload) Reset() {
 	*x = MultipartUpload{}
-	mi := &file_meta_meta_proto_msgTypes[92]
+	mi := &file_meta_meta_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6648,7 +6912,7 @@ func (x *MultipartUpload) String() string {
 func (*MultipartUpload) ProtoMessage() {}
 
 func (x *MultipartUpload) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[92]
+	mi := &file_meta_meta_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6661,7 +6925,7 @@ func (x *MultipartUpload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MultipartUpload.ProtoReflect.Descriptor instead.
 func (*MultipartUpload) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{92}
+	return file_meta_meta_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *MultipartUpload) GetVolume() string {
@@ -6726,7 +6990,7 @@ type CreateMultipartUploadRequest struct {
 
 func (x *CreateMultipartUploadRequest) Reset() {
 	*x = CreateMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[93]
+	mi := &file_meta_meta_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6738,7 +7002,7 @@ func (x *CreateMultipartUploadRequest) String() string {
 func (*CreateMultipartUploadRequest) ProtoMessage() {}
 
 func (x *CreateMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[93]
+	mi := &file_meta_meta_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6751,7 +7015,7 @@ func (x *CreateMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*CreateMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{93}
+	return file_meta_meta_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *CreateMultipartUploadRequest) GetVolume() string {
@@ -6799,7 +7063,7 @@ type CompletedPart struct {
 
 func (x *CompletedPart) Reset() {
 	*x = CompletedPart{}
-	mi := &file_meta_meta_proto_msgTypes[94]
+	mi := &file_meta_meta_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6811,7 +7075,7 @@ func (x *CompletedPart) String() string {
 func (*CompletedPart) ProtoMessage() {}
 
 func (x *CompletedPart) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[94]
+	mi := &file_meta_meta_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6824,7 +7088,7 @@ func (x *CompletedPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletedPart.ProtoReflect.Descriptor instead.
 func (*CompletedPart) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{94}
+	return file_meta_meta_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *CompletedPart) GetPartNumber() uint32 {
@@ -6858,7 +7122,7 @@ type CompleteMultipartUploadRequest struct {
 
 func (x *CompleteMultipartUploadRequest) Reset() {
 	*x = CompleteMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[95]
+	mi := &file_meta_meta_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6870,7 +7134,7 @@ func (x *CompleteMultipartUploadRequest) String() string {
 func (*CompleteMultipartUploadRequest) ProtoMessage() {}
 
 func (x *CompleteMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[95]
+	mi := &file_meta_meta_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6883,7 +7147,7 @@ func (x *CompleteMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*CompleteMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{95}
+	return file_meta_meta_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *CompleteMultipartUploadRequest) GetVolume() string {
@@ -6947,7 +7211,7 @@ type AbortMultipartUploadRequest struct {
 
 func (x *AbortMultipartUploadRequest) Reset() {
 	*x = AbortMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[96]
+	mi := &file_meta_meta_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6959,7 +7223,7 @@ func (x *AbortMultipartUploadRequest) String() string {
 func (*AbortMultipartUploadRequest) ProtoMessage() {}
 
 func (x *AbortMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[96]
+	mi := &file_meta_meta_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6972,7 +7236,7 @@ func (x *AbortMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*AbortMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{96}
+	return file_meta_meta_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *AbortMultipartUploadRequest) GetVolume() string {
@@ -7011,7 +7275,7 @@ type AbortMultipartUploadResponse struct {
 
 func (x *AbortMultipartUploadResponse) Reset() {
 	*x = AbortMultipartUploadResponse{}
-	mi := &file_meta_meta_proto_msgTypes[97]
+	mi := &file_meta_meta_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7023,7 +7287,7 @@ func (x *AbortMultipartUploadResponse) String() string {
 func (*AbortMultipartUploadResponse) ProtoMessage() {}
 
 func (x *AbortMultipartUploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[97]
+	mi := &file_meta_meta_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7036,7 +7300,7 @@ func (x *AbortMultipartUploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMultipartUploadResponse.ProtoReflect.Descriptor instead.
 func (*AbortMultipartUploadResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{97}
+	return file_meta_meta_proto_rawDescGZIP(), []int{100}
 }
 
 type PartInfo struct {
@@ -7054,7 +7318,7 @@ type PartInfo struct {
 
 func (x *PartInfo) Reset() {
 	*x = PartInfo{}
-	mi := &file_meta_meta_proto_msgTypes[98]
+	mi := &file_meta_meta_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7066,7 +7330,7 @@ func (x *PartInfo) String() string {
 func (*PartInfo) ProtoMessage() {}
 
 func (x *PartInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[98]
+	mi := &file_meta_meta_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7079,7 +7343,7 @@ func (x *PartInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartInfo.ProtoReflect.Descriptor instead.
 func (*PartInfo) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{98}
+	return file_meta_meta_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *PartInfo) GetPartNumber() uint32 {
@@ -7145,7 +7409,7 @@ type ListPartsRequest struct {
 
 func (x *ListPartsRequest) Reset() {
 	*x = ListPartsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[99]
+	mi := &file_meta_meta_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7157,7 +7421,7 @@ func (x *ListPartsRequest) String() string {
 func (*ListPartsRequest) ProtoMessage() {}
 
 func (x *ListPartsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[99]
+	mi := &file_meta_meta_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7170,7 +7434,7 @@ func (x *ListPartsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartsRequest.ProtoReflect.Descriptor instead.
 func (*ListPartsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{99}
+	return file_meta_meta_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *ListPartsRequest) GetVolume() string {
@@ -7226,7 +7490,7 @@ type ListPartsResponse struct {
 
 func (x *ListPartsResponse) Reset() {
 	*x = ListPartsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[100]
+	mi := &file_meta_meta_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7238,7 +7502,7 @@ func (x *ListPartsResponse) String() string {
 func (*ListPartsResponse) ProtoMessage() {}
 
 func (x *ListPartsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[100]
+	mi := &file_meta_meta_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7251,7 +7515,7 @@ func (x *ListPartsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartsResponse.ProtoReflect.Descriptor instead.
 func (*ListPartsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{100}
+	return file_meta_meta_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *ListPartsResponse) GetUpload() *MultipartUpload {
@@ -7291,7 +7555,7 @@ type ListMultipartUploadsRequest struct {
 
 func (x *ListMultipartUploadsRequest) Reset() {
 	*x = ListMultipartUploadsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[101]
+	mi := &file_meta_meta_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7303,7 +7567,7 @@ func (x *ListMultipartUploadsRequest) String() string {
 func (*ListMultipartUploadsRequest) ProtoMessage() {}
 
 func (x *ListMultipartUploadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[101]
+	mi := &file_meta_meta_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7316,7 +7580,7 @@ func (x *ListMultipartUploadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMultipartUploadsRequest.ProtoReflect.Descriptor instead.
 func (*ListMultipartUploadsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{101}
+	return file_meta_meta_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *ListMultipartUploadsRequest) GetVolume() string {
@@ -7371,7 +7635,7 @@ type ListMultipartUploadsResponse struct {
 
 func (x *ListMultipartUploadsResponse) Reset() {
 	*x = ListMultipartUploadsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[102]
+	mi := &file_meta_meta_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7383,7 +7647,7 @@ func (x *ListMultipartUploadsResponse) String() string {
 func (*ListMultipartUploadsResponse) ProtoMessage() {}
 
 func (x *ListMultipartUploadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[102]
+	mi := &file_meta_meta_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7396,7 +7660,7 @@ func (x *ListMultipartUploadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMultipartUploadsResponse.ProtoReflect.Descriptor instead.
 func (*ListMultipartUploadsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{102}
+	return file_meta_meta_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *ListMultipartUploadsResponse) GetUploads() []*MultipartUpload {
@@ -7426,7 +7690,7 @@ type S3Secret struct {
 
 func (x *S3Secret) Reset() {
 	*x = S3Secret{}
-	mi := &file_meta_meta_proto_msgTypes[103]
+	mi := &file_meta_meta_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7438,7 +7702,7 @@ func (x *S3Secret) String() string {
 func (*S3Secret) ProtoMessage() {}
 
 func (x *S3Secret) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[103]
+	mi := &file_meta_meta_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7451,7 +7715,7 @@ func (x *S3Secret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use S3Secret.ProtoReflect.Descriptor instead.
 func (*S3Secret) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{103}
+	return file_meta_meta_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *S3Secret) GetAccessKeyId() string {
@@ -7505,7 +7769,7 @@ type CreateS3SecretRequest struct {
 
 func (x *CreateS3SecretRequest) Reset() {
 	*x = CreateS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[104]
+	mi := &file_meta_meta_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7517,7 +7781,7 @@ func (x *CreateS3SecretRequest) String() string {
 func (*CreateS3SecretRequest) ProtoMessage() {}
 
 func (x *CreateS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[104]
+	mi := &file_meta_meta_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7530,7 +7794,7 @@ func (x *CreateS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*CreateS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{104}
+	return file_meta_meta_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *CreateS3SecretRequest) GetAccessKeyId() string {
@@ -7570,7 +7834,7 @@ type GetS3SecretRequest struct {
 
 func (x *GetS3SecretRequest) Reset() {
 	*x = GetS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[105]
+	mi := &file_meta_meta_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7582,7 +7846,7 @@ func (x *GetS3SecretRequest) String() string {
 func (*GetS3SecretRequest) ProtoMessage() {}
 
 func (x *GetS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[105]
+	mi := &file_meta_meta_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7595,7 +7859,7 @@ func (x *GetS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*GetS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{105}
+	return file_meta_meta_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *GetS3SecretRequest) GetAccessKeyId() string {
@@ -7614,7 +7878,7 @@ type DeleteS3SecretRequest struct {
 
 func (x *DeleteS3SecretRequest) Reset() {
 	*x = DeleteS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[106]
+	mi := &file_meta_meta_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7626,7 +7890,7 @@ func (x *DeleteS3SecretRequest) String() string {
 func (*DeleteS3SecretRequest) ProtoMessage() {}
 
 func (x *DeleteS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[106]
+	mi := &file_meta_meta_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7639,7 +7903,7 @@ func (x *DeleteS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*DeleteS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{106}
+	return file_meta_meta_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *DeleteS3SecretRequest) GetAccessKeyId() string {
@@ -7657,7 +7921,7 @@ type DeleteS3SecretResponse struct {
 
 func (x *DeleteS3SecretResponse) Reset() {
 	*x = DeleteS3SecretResponse{}
-	mi := &file_meta_meta_proto_msgTypes[107]
+	mi := &file_meta_meta_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7669,7 +7933,7 @@ func (x *DeleteS3SecretResponse) String() string {
 func (*DeleteS3SecretResponse) ProtoMessage() {}
 
 func (x *DeleteS3SecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[107]
+	mi := &file_meta_meta_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7682,7 +7946,7 @@ func (x *DeleteS3SecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteS3SecretResponse.ProtoReflect.Descriptor instead.
 func (*DeleteS3SecretResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{107}
+	return file_meta_meta_proto_rawDescGZIP(), []int{110}
 }
 
 // KeyPrecondition is a condition on the key a write replaces, checked in
@@ -7699,7 +7963,7 @@ type KeyPrecondition struct {
 
 func (x *KeyPrecondition) Reset() {
 	*x = KeyPrecondition{}
-	mi := &file_meta_meta_proto_msgTypes[108]
+	mi := &file_meta_meta_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7711,7 +7975,7 @@ func (x *KeyPrecondition) String() string {
 func (*KeyPrecondition) ProtoMessage() {}
 
 func (x *KeyPrecondition) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[108]
+	mi := &file_meta_meta_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7724,7 +7988,7 @@ func (x *KeyPrecondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyPrecondition.ProtoReflect.Descriptor instead.
 func (*KeyPrecondition) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{108}
+	return file_meta_meta_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *KeyPrecondition) GetExpectAbsent() bool {
@@ -7756,7 +8020,7 @@ type FileAttrs struct {
 
 func (x *FileAttrs) Reset() {
 	*x = FileAttrs{}
-	mi := &file_meta_meta_proto_msgTypes[109]
+	mi := &file_meta_meta_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7768,7 +8032,7 @@ func (x *FileAttrs) String() string {
 func (*FileAttrs) ProtoMessage() {}
 
 func (x *FileAttrs) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[109]
+	mi := &file_meta_meta_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7781,7 +8045,7 @@ func (x *FileAttrs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileAttrs.ProtoReflect.Descriptor instead.
 func (*FileAttrs) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{109}
+	return file_meta_meta_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *FileAttrs) GetOwner() string {
@@ -7833,7 +8097,7 @@ type SetFileAttrsRequest struct {
 
 func (x *SetFileAttrsRequest) Reset() {
 	*x = SetFileAttrsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[110]
+	mi := &file_meta_meta_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7845,7 +8109,7 @@ func (x *SetFileAttrsRequest) String() string {
 func (*SetFileAttrsRequest) ProtoMessage() {}
 
 func (x *SetFileAttrsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[110]
+	mi := &file_meta_meta_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7858,7 +8122,7 @@ func (x *SetFileAttrsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFileAttrsRequest.ProtoReflect.Descriptor instead.
 func (*SetFileAttrsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{110}
+	return file_meta_meta_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *SetFileAttrsRequest) GetVolume() string {
@@ -7898,7 +8162,7 @@ type SetFileAttrsResponse struct {
 
 func (x *SetFileAttrsResponse) Reset() {
 	*x = SetFileAttrsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[111]
+	mi := &file_meta_meta_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7910,7 +8174,7 @@ func (x *SetFileAttrsResponse) String() string {
 func (*SetFileAttrsResponse) ProtoMessage() {}
 
 func (x *SetFileAttrsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[111]
+	mi := &file_meta_meta_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7923,7 +8187,7 @@ func (x *SetFileAttrsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFileAttrsResponse.ProtoReflect.Descriptor instead.
 func (*SetFileAttrsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{111}
+	return file_meta_meta_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *SetFileAttrsResponse) GetAttrs() *FileAttrs {
@@ -7949,7 +8213,7 @@ type SecretKey struct {
 
 func (x *SecretKey) Reset() {
 	*x = SecretKey{}
-	mi := &file_meta_meta_proto_msgTypes[112]
+	mi := &file_meta_meta_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7961,7 +8225,7 @@ func (x *SecretKey) String() string {
 func (*SecretKey) ProtoMessage() {}
 
 func (x *SecretKey) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[112]
+	mi := &file_meta_meta_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7974,7 +8238,7 @@ func (x *SecretKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecretKey.ProtoReflect.Descriptor instead.
 func (*SecretKey) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{112}
+	return file_meta_meta_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *SecretKey) GetId() uint64 {
@@ -8005,6 +8269,664 @@ func (x *SecretKey) GetActivateUnixMs() int64 {
 	return 0
 }
 
+// CachePool groups cache directives under an owner and a byte limit.
+type CachePool struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Name       string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Owner      string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	LimitBytes uint64                 `protobuf:"varint,3,opt,name=limit_bytes,json=limitBytes,proto3" json:"limit_bytes,omitempty"` // 0: no limit
+	MaxTtlMs   int64                  `protobuf:"varint,4,opt,name=max_ttl_ms,json=maxTtlMs,proto3" json:"max_ttl_ms,omitempty"`     // 0: no maximum
+	// Listing only: what the pool's directives need and have cached.
+	BytesNeeded uint64 `protobuf:"varint,10,opt,name=bytes_needed,json=bytesNeeded,proto3" json:"bytes_needed,omitempty"`
+	BytesCached uint64 `protobuf:"varint,11,opt,name=bytes_cached,json=bytesCached,proto3" json:"bytes_cached,omitempty"`
+	Files       uint64 `protobuf:"varint,12,opt,name=files,proto3" json:"files,omitempty"`
+	// Modify: which of owner, limit, max TTL to change.
+	SetOwner      bool `protobuf:"varint,20,opt,name=set_owner,json=setOwner,proto3" json:"set_owner,omitempty"`
+	SetLimit      bool `protobuf:"varint,21,opt,name=set_limit,json=setLimit,proto3" json:"set_limit,omitempty"`
+	SetMaxTtl     bool `protobuf:"varint,22,opt,name=set_max_ttl,json=setMaxTtl,proto3" json:"set_max_ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CachePool) Reset() {
+	*x = CachePool{}
+	mi := &file_meta_meta_proto_msgTypes[116]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CachePool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CachePool) ProtoMessage() {}
+
+func (x *CachePool) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[116]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CachePool.ProtoReflect.Descriptor instead.
+func (*CachePool) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{116}
+}
+
+func (x *CachePool) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CachePool) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *CachePool) GetLimitBytes() uint64 {
+	if x != nil {
+		return x.LimitBytes
+	}
+	return 0
+}
+
+func (x *CachePool) GetMaxTtlMs() int64 {
+	if x != nil {
+		return x.MaxTtlMs
+	}
+	return 0
+}
+
+func (x *CachePool) GetBytesNeeded() uint64 {
+	if x != nil {
+		return x.BytesNeeded
+	}
+	return 0
+}
+
+func (x *CachePool) GetBytesCached() uint64 {
+	if x != nil {
+		return x.BytesCached
+	}
+	return 0
+}
+
+func (x *CachePool) GetFiles() uint64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *CachePool) GetSetOwner() bool {
+	if x != nil {
+		return x.SetOwner
+	}
+	return false
+}
+
+func (x *CachePool) GetSetLimit() bool {
+	if x != nil {
+		return x.SetLimit
+	}
+	return false
+}
+
+func (x *CachePool) GetSetMaxTtl() bool {
+	if x != nil {
+		return x.SetMaxTtl
+	}
+	return false
+}
+
+// CacheDirective caches a path: a key, a key prefix (ends in "/" or
+// prefix = true) or a directory of an fs bucket, on `replication`
+// replicas of each block, until expiry.
+type CacheDirective struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"` // assigned by add
+	Volume        string                 `protobuf:"bytes,2,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket        string                 `protobuf:"bytes,3,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Path          string                 `protobuf:"bytes,4,opt,name=path,proto3" json:"path,omitempty"`                // key or prefix; "" = the whole bucket
+	Prefix        bool                   `protobuf:"varint,5,opt,name=prefix,proto3" json:"prefix,omitempty"`           // every key under path
+	Replication   uint32                 `protobuf:"varint,6,opt,name=replication,proto3" json:"replication,omitempty"` // 1..3
+	Pool          string                 `protobuf:"bytes,7,opt,name=pool,proto3" json:"pool,omitempty"`
+	TtlMs         int64                  `protobuf:"varint,8,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`                        // add/modify: 0 = the pool's max (or never)
+	ExpiryUnixMs  int64                  `protobuf:"varint,9,opt,name=expiry_unix_ms,json=expiryUnixMs,proto3" json:"expiry_unix_ms,omitempty"` // 0: never
+	CreatedUnixMs int64                  `protobuf:"varint,10,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	// Listing only (-stats): bytes needed (block bytes × replication),
+	// bytes cached (reported by datanodes), keys covered, and keys and
+	// blocks fully cached.
+	BytesNeeded uint64 `protobuf:"varint,20,opt,name=bytes_needed,json=bytesNeeded,proto3" json:"bytes_needed,omitempty"`
+	BytesCached uint64 `protobuf:"varint,21,opt,name=bytes_cached,json=bytesCached,proto3" json:"bytes_cached,omitempty"`
+	FilesNeeded uint64 `protobuf:"varint,22,opt,name=files_needed,json=filesNeeded,proto3" json:"files_needed,omitempty"`
+	FilesCached uint64 `protobuf:"varint,23,opt,name=files_cached,json=filesCached,proto3" json:"files_cached,omitempty"`
+	Expired     bool   `protobuf:"varint,24,opt,name=expired,proto3" json:"expired,omitempty"`
+	Note        string `protobuf:"bytes,25,opt,name=note,proto3" json:"note,omitempty"` // e.g. "pool limit reached"
+	// Modify: which fields to change.
+	SetReplication bool `protobuf:"varint,30,opt,name=set_replication,json=setReplication,proto3" json:"set_replication,omitempty"`
+	SetPool        bool `protobuf:"varint,31,opt,name=set_pool,json=setPool,proto3" json:"set_pool,omitempty"`
+	SetTtl         bool `protobuf:"varint,32,opt,name=set_ttl,json=setTtl,proto3" json:"set_ttl,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CacheDirective) Reset() {
+	*x = CacheDirective{}
+	mi := &file_meta_meta_proto_msgTypes[117]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CacheDirective) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CacheDirective) ProtoMessage() {}
+
+func (x *CacheDirective) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[117]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CacheDirective.ProtoReflect.Descriptor instead.
+func (*CacheDirective) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{117}
+}
+
+func (x *CacheDirective) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *CacheDirective) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *CacheDirective) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *CacheDirective) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *CacheDirective) GetPrefix() bool {
+	if x != nil {
+		return x.Prefix
+	}
+	return false
+}
+
+func (x *CacheDirective) GetReplication() uint32 {
+	if x != nil {
+		return x.Replication
+	}
+	return 0
+}
+
+func (x *CacheDirective) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *CacheDirective) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+func (x *CacheDirective) GetExpiryUnixMs() int64 {
+	if x != nil {
+		return x.ExpiryUnixMs
+	}
+	return 0
+}
+
+func (x *CacheDirective) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *CacheDirective) GetBytesNeeded() uint64 {
+	if x != nil {
+		return x.BytesNeeded
+	}
+	return 0
+}
+
+func (x *CacheDirective) GetBytesCached() uint64 {
+	if x != nil {
+		return x.BytesCached
+	}
+	return 0
+}
+
+func (x *CacheDirective) GetFilesNeeded() uint64 {
+	if x != nil {
+		return x.FilesNeeded
+	}
+	return 0
+}
+
+func (x *CacheDirective) GetFilesCached() uint64 {
+	if x != nil {
+		return x.FilesCached
+	}
+	return 0
+}
+
+func (x *CacheDirective) GetExpired() bool {
+	if x != nil {
+		return x.Expired
+	}
+	return false
+}
+
+func (x *CacheDirective) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
+func (x *CacheDirective) GetSetReplication() bool {
+	if x != nil {
+		return x.SetReplication
+	}
+	return false
+}
+
+func (x *CacheDirective) GetSetPool() bool {
+	if x != nil {
+		return x.SetPool
+	}
+	return false
+}
+
+func (x *CacheDirective) GetSetTtl() bool {
+	if x != nil {
+		return x.SetTtl
+	}
+	return false
+}
+
+type RemoveCachePoolRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveCachePoolRequest) Reset() {
+	*x = RemoveCachePoolRequest{}
+	mi := &file_meta_meta_proto_msgTypes[118]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveCachePoolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveCachePoolRequest) ProtoMessage() {}
+
+func (x *RemoveCachePoolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[118]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveCachePoolRequest.ProtoReflect.Descriptor instead.
+func (*RemoveCachePoolRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{118}
+}
+
+func (x *RemoveCachePoolRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RemoveCachePoolResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveCachePoolResponse) Reset() {
+	*x = RemoveCachePoolResponse{}
+	mi := &file_meta_meta_proto_msgTypes[119]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveCachePoolResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveCachePoolResponse) ProtoMessage() {}
+
+func (x *RemoveCachePoolResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[119]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveCachePoolResponse.ProtoReflect.Descriptor instead.
+func (*RemoveCachePoolResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{119}
+}
+
+type ListCachePoolsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCachePoolsRequest) Reset() {
+	*x = ListCachePoolsRequest{}
+	mi := &file_meta_meta_proto_msgTypes[120]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCachePoolsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCachePoolsRequest) ProtoMessage() {}
+
+func (x *ListCachePoolsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[120]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCachePoolsRequest.ProtoReflect.Descriptor instead.
+func (*ListCachePoolsRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{120}
+}
+
+type ListCachePoolsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pools         []*CachePool           `protobuf:"bytes,1,rep,name=pools,proto3" json:"pools,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCachePoolsResponse) Reset() {
+	*x = ListCachePoolsResponse{}
+	mi := &file_meta_meta_proto_msgTypes[121]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCachePoolsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCachePoolsResponse) ProtoMessage() {}
+
+func (x *ListCachePoolsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[121]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCachePoolsResponse.ProtoReflect.Descriptor instead.
+func (*ListCachePoolsResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{121}
+}
+
+func (x *ListCachePoolsResponse) GetPools() []*CachePool {
+	if x != nil {
+		return x.Pools
+	}
+	return nil
+}
+
+type RemoveCacheDirectiveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveCacheDirectiveRequest) Reset() {
+	*x = RemoveCacheDirectiveRequest{}
+	mi := &file_meta_meta_proto_msgTypes[122]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveCacheDirectiveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveCacheDirectiveRequest) ProtoMessage() {}
+
+func (x *RemoveCacheDirectiveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[122]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveCacheDirectiveRequest.ProtoReflect.Descriptor instead.
+func (*RemoveCacheDirectiveRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{122}
+}
+
+func (x *RemoveCacheDirectiveRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+type RemoveCacheDirectiveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveCacheDirectiveResponse) Reset() {
+	*x = RemoveCacheDirectiveResponse{}
+	mi := &file_meta_meta_proto_msgTypes[123]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveCacheDirectiveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveCacheDirectiveResponse) ProtoMessage() {}
+
+func (x *RemoveCacheDirectiveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[123]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveCacheDirectiveResponse.ProtoReflect.Descriptor instead.
+func (*RemoveCacheDirectiveResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{123}
+}
+
+type ListCacheDirectivesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pool          string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"` // "" = every pool
+	Id            uint64                 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`    // 0 = every directive
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCacheDirectivesRequest) Reset() {
+	*x = ListCacheDirectivesRequest{}
+	mi := &file_meta_meta_proto_msgTypes[124]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCacheDirectivesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCacheDirectivesRequest) ProtoMessage() {}
+
+func (x *ListCacheDirectivesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[124]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCacheDirectivesRequest.ProtoReflect.Descriptor instead.
+func (*ListCacheDirectivesRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{124}
+}
+
+func (x *ListCacheDirectivesRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *ListCacheDirectivesRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+type ListCacheDirectivesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Directives    []*CacheDirective      `protobuf:"bytes,1,rep,name=directives,proto3" json:"directives,omitempty"`
+	Stats         bool                   `protobuf:"varint,2,opt,name=stats,proto3" json:"stats,omitempty"` // false: not the SCM leader, no statistics
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCacheDirectivesResponse) Reset() {
+	*x = ListCacheDirectivesResponse{}
+	mi := &file_meta_meta_proto_msgTypes[125]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCacheDirectivesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCacheDirectivesResponse) ProtoMessage() {}
+
+func (x *ListCacheDirectivesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[125]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCacheDirectivesResponse.ProtoReflect.Descriptor instead.
+func (*ListCacheDirectivesResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{125}
+}
+
+func (x *ListCacheDirectivesResponse) GetDirectives() []*CacheDirective {
+	if x != nil {
+		return x.Directives
+	}
+	return nil
+}
+
+func (x *ListCacheDirectivesResponse) GetStats() bool {
+	if x != nil {
+		return x.Stats
+	}
+	return false
+}
+
 var File_meta_meta_proto protoreflect.FileDescriptor
 
 const file_meta_meta_proto_rawDesc = "" +
@@ -8014,7 +8936,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\x04R\bleaderId\x12\x1f\n" +
 	"\vleader_addr\x18\x03 \x01(\tR\n" +
-	"leaderAddr\"\xc8\x01\n" +
+	"leaderAddr\"\xfb\x01\n" +
 	"\x0fDatanodeDetails\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x1a\n" +
@@ -8023,7 +8945,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\traft_addr\x18\x05 \x01(\tR\braftAddr\x12\x1a\n" +
 	"\blocation\x18\x06 \x01(\tR\blocation\x12\x1f\n" +
 	"\vstream_addr\x18\a \x01(\tR\n" +
-	"streamAddr\"\xd2\x01\n" +
+	"streamAddr\x121\n" +
+	"\x14short_circuit_socket\x18\xac\x02 \x01(\tR\x12shortCircuitSocket\"\xd2\x01\n" +
 	"\fVolumeReport\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12%\n" +
 	"\x0ecapacity_bytes\x18\x02 \x01(\x04R\rcapacityBytes\x12\x1d\n" +
@@ -8065,7 +8988,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x12unhealthy_replicas\x18\b \x03(\x04R\x11unhealthyReplicas\"G\n" +
 	"\aBlockID\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x19\n" +
-	"\blocal_id\x18\x02 \x01(\x04R\alocalId\"\xa8\x02\n" +
+	"\blocal_id\x18\x02 \x01(\x04R\alocalId\"\xd4\x02\n" +
 	"\rBlockLocation\x12'\n" +
 	"\x02id\x18\x01 \x01(\v2\x17.basalt.meta.v1.BlockIDR\x02id\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x16\n" +
@@ -8074,7 +8997,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"pipelineId\x12G\n" +
 	"\x0fcontainer_state\x18\x05 \x01(\x0e2\x1e.basalt.meta.v1.ContainerStateR\x0econtainerState\x12=\n" +
 	"\tdatanodes\x18\x06 \x03(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\tdatanodes\x12\x15\n" +
-	"\x05token\x18\xb4\x01 \x01(\fR\x05token\"i\n" +
+	"\x05token\x18\xb4\x01 \x01(\fR\x05token\x12*\n" +
+	"\x10cached_datanodes\x18\xac\x02 \x03(\x04R\x0fcachedDatanodes\"i\n" +
 	"\vExcludeList\x12\x1c\n" +
 	"\tdatanodes\x18\x01 \x03(\x04R\tdatanodes\x12\x1c\n" +
 	"\tpipelines\x18\x02 \x03(\x04R\tpipelines\x12\x1e\n" +
@@ -8122,7 +9046,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"datanodeId\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x12;\n" +
 	"\vsecret_keys\x18\xb4\x01 \x03(\v2\x19.basalt.meta.v1.SecretKeyR\n" +
-	"secretKeys\"\xb7\x03\n" +
+	"secretKeys\"\xcd\x04\n" +
 	"\x10HeartbeatRequest\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x126\n" +
@@ -8136,7 +9060,21 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x11deleted_block_txs\x18\x06 \x03(\x04R\x0fdeletedBlockTxs\x12<\n" +
 	"\vdelete_acks\x18\a \x03(\v2\x1b.basalt.meta.v1.DeleteTxAckR\n" +
 	"deleteAcks\x12@\n" +
-	"\rcopy_failures\x18\b \x03(\v2\x1b.basalt.meta.v1.CopyFailureR\fcopyFailures\"J\n" +
+	"\rcopy_failures\x18\b \x03(\v2\x1b.basalt.meta.v1.CopyFailureR\fcopyFailures\x12\"\n" +
+	"\fcache_report\x18\xac\x02 \x01(\bR\vcacheReport\x12=\n" +
+	"\rcached_blocks\x18\xad\x02 \x03(\v2\x17.basalt.meta.v1.BlockIDR\fcachedBlocks\x121\n" +
+	"\x05cache\x18\xae\x02 \x01(\v2\x1a.basalt.meta.v1.CacheStatsR\x05cache\"\xb6\x01\n" +
+	"\n" +
+	"CacheStats\x12%\n" +
+	"\x0ecapacity_bytes\x18\x01 \x01(\x04R\rcapacityBytes\x12\x1d\n" +
+	"\n" +
+	"used_bytes\x18\x02 \x01(\x04R\tusedBytes\x12\x16\n" +
+	"\x06blocks\x18\x03 \x01(\x04R\x06blocks\x12\x12\n" +
+	"\x04hits\x18\x04 \x01(\x04R\x04hits\x12\x16\n" +
+	"\x06misses\x18\x05 \x01(\x04R\x06misses\x12\x1e\n" +
+	"\n" +
+	"persistent\x18\x06 \x01(\bR\n" +
+	"persistent\"J\n" +
 	"\vCopyFailure\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"t\n" +
@@ -8151,15 +9089,21 @@ const file_meta_meta_proto_rawDesc = "" +
 	"reregister\x18\x03 \x01(\bR\n" +
 	"reregister\x12;\n" +
 	"\vsecret_keys\x18\xb4\x01 \x03(\v2\x19.basalt.meta.v1.SecretKeyR\n" +
-	"secretKeys\"\x8e\x04\n" +
+	"secretKeys\"\xa8\x05\n" +
 	"\x0fDatanodeCommand\x12P\n" +
 	"\x0fcreate_pipeline\x18\x01 \x01(\v2%.basalt.meta.v1.CreatePipelineCommandH\x00R\x0ecreatePipeline\x12M\n" +
 	"\x0eclose_pipeline\x18\x02 \x01(\v2$.basalt.meta.v1.ClosePipelineCommandH\x00R\rclosePipeline\x12P\n" +
 	"\x0fclose_container\x18\x03 \x01(\v2%.basalt.meta.v1.CloseContainerCommandH\x00R\x0ecloseContainer\x12J\n" +
 	"\rdelete_blocks\x18\x04 \x01(\v2#.basalt.meta.v1.DeleteBlocksCommandH\x00R\fdeleteBlocks\x12\\\n" +
 	"\x13replicate_container\x18\x05 \x01(\v2).basalt.meta.v1.ReplicateContainerCommandH\x00R\x12replicateContainer\x12S\n" +
-	"\x10delete_container\x18\x06 \x01(\v2&.basalt.meta.v1.DeleteContainerCommandH\x00R\x0fdeleteContainerB\t\n" +
-	"\acommand\"\xbb\x01\n" +
+	"\x10delete_container\x18\x06 \x01(\v2&.basalt.meta.v1.DeleteContainerCommandH\x00R\x0fdeleteContainer\x12H\n" +
+	"\fcache_blocks\x18\xac\x02 \x01(\v2\".basalt.meta.v1.CacheBlocksCommandH\x00R\vcacheBlocks\x12N\n" +
+	"\x0euncache_blocks\x18\xad\x02 \x01(\v2$.basalt.meta.v1.UncacheBlocksCommandH\x00R\runcacheBlocksB\t\n" +
+	"\acommand\"E\n" +
+	"\x12CacheBlocksCommand\x12/\n" +
+	"\x06blocks\x18\x01 \x03(\v2\x17.basalt.meta.v1.BlockIDR\x06blocks\"G\n" +
+	"\x14UncacheBlocksCommand\x12/\n" +
+	"\x06blocks\x18\x01 \x03(\v2\x17.basalt.meta.v1.BlockIDR\x06blocks\"\xbb\x01\n" +
 	"\x19ReplicateContainerCommand\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x129\n" +
 	"\asources\x18\x02 \x03(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\asources\x12\x15\n" +
@@ -8225,7 +9169,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x15ContainerWithLocation\x127\n" +
 	"\tcontainer\x18\x01 \x01(\v2\x19.basalt.meta.v1.ContainerR\tcontainer\x12=\n" +
 	"\tdatanodes\x18\x02 \x03(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\tdatanodes\"\x16\n" +
-	"\x14ListDatanodesRequest\"\x93\x04\n" +
+	"\x14ListDatanodesRequest\"\xc6\x04\n" +
 	"\x0eDatanodeStatus\x129\n" +
 	"\adetails\x18\x01 \x01(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\adetails\x12/\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x19.basalt.meta.v1.NodeStateR\x05state\x123\n" +
@@ -8238,7 +9182,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x10drain_containers\x18g \x01(\rR\x0fdrainContainers\x12\x1d\n" +
 	"\n" +
 	"drain_left\x18h \x01(\rR\tdrainLeft\x12(\n" +
-	"\x10drain_bytes_left\x18i \x01(\x04R\x0edrainBytesLeft\"U\n" +
+	"\x10drain_bytes_left\x18i \x01(\x04R\x0edrainBytesLeft\x121\n" +
+	"\x05cache\x18\xac\x02 \x01(\v2\x1a.basalt.meta.v1.CacheStatsR\x05cache\"U\n" +
 	"\x15ListDatanodesResponse\x12<\n" +
 	"\tdatanodes\x18\x01 \x03(\v2\x1e.basalt.meta.v1.DatanodeStatusR\tdatanodes\"\x16\n" +
 	"\x14ListPipelinesRequest\"O\n" +
@@ -8610,7 +9555,59 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\fR\x06secret\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x03 \x01(\x03R\rcreatedUnixMs\x12(\n" +
-	"\x10activate_unix_ms\x18\x04 \x01(\x03R\x0eactivateUnixMs*>\n" +
+	"\x10activate_unix_ms\x18\x04 \x01(\x03R\x0eactivateUnixMs\"\xaa\x02\n" +
+	"\tCachePool\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x1f\n" +
+	"\vlimit_bytes\x18\x03 \x01(\x04R\n" +
+	"limitBytes\x12\x1c\n" +
+	"\n" +
+	"max_ttl_ms\x18\x04 \x01(\x03R\bmaxTtlMs\x12!\n" +
+	"\fbytes_needed\x18\n" +
+	" \x01(\x04R\vbytesNeeded\x12!\n" +
+	"\fbytes_cached\x18\v \x01(\x04R\vbytesCached\x12\x14\n" +
+	"\x05files\x18\f \x01(\x04R\x05files\x12\x1b\n" +
+	"\tset_owner\x18\x14 \x01(\bR\bsetOwner\x12\x1b\n" +
+	"\tset_limit\x18\x15 \x01(\bR\bsetLimit\x12\x1e\n" +
+	"\vset_max_ttl\x18\x16 \x01(\bR\tsetMaxTtl\"\xae\x04\n" +
+	"\x0eCacheDirective\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
+	"\x06volume\x18\x02 \x01(\tR\x06volume\x12\x16\n" +
+	"\x06bucket\x18\x03 \x01(\tR\x06bucket\x12\x12\n" +
+	"\x04path\x18\x04 \x01(\tR\x04path\x12\x16\n" +
+	"\x06prefix\x18\x05 \x01(\bR\x06prefix\x12 \n" +
+	"\vreplication\x18\x06 \x01(\rR\vreplication\x12\x12\n" +
+	"\x04pool\x18\a \x01(\tR\x04pool\x12\x15\n" +
+	"\x06ttl_ms\x18\b \x01(\x03R\x05ttlMs\x12$\n" +
+	"\x0eexpiry_unix_ms\x18\t \x01(\x03R\fexpiryUnixMs\x12&\n" +
+	"\x0fcreated_unix_ms\x18\n" +
+	" \x01(\x03R\rcreatedUnixMs\x12!\n" +
+	"\fbytes_needed\x18\x14 \x01(\x04R\vbytesNeeded\x12!\n" +
+	"\fbytes_cached\x18\x15 \x01(\x04R\vbytesCached\x12!\n" +
+	"\ffiles_needed\x18\x16 \x01(\x04R\vfilesNeeded\x12!\n" +
+	"\ffiles_cached\x18\x17 \x01(\x04R\vfilesCached\x12\x18\n" +
+	"\aexpired\x18\x18 \x01(\bR\aexpired\x12\x12\n" +
+	"\x04note\x18\x19 \x01(\tR\x04note\x12'\n" +
+	"\x0fset_replication\x18\x1e \x01(\bR\x0esetReplication\x12\x19\n" +
+	"\bset_pool\x18\x1f \x01(\bR\asetPool\x12\x17\n" +
+	"\aset_ttl\x18  \x01(\bR\x06setTtl\",\n" +
+	"\x16RemoveCachePoolRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x19\n" +
+	"\x17RemoveCachePoolResponse\"\x17\n" +
+	"\x15ListCachePoolsRequest\"I\n" +
+	"\x16ListCachePoolsResponse\x12/\n" +
+	"\x05pools\x18\x01 \x03(\v2\x19.basalt.meta.v1.CachePoolR\x05pools\"-\n" +
+	"\x1bRemoveCacheDirectiveRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\x1e\n" +
+	"\x1cRemoveCacheDirectiveResponse\"@\n" +
+	"\x1aListCacheDirectivesRequest\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id\"s\n" +
+	"\x1bListCacheDirectivesResponse\x12>\n" +
+	"\n" +
+	"directives\x18\x01 \x03(\v2\x1e.basalt.meta.v1.CacheDirectiveR\n" +
+	"directives\x12\x14\n" +
+	"\x05stats\x18\x02 \x01(\bR\x05stats*>\n" +
 	"\vReplication\x12\x1b\n" +
 	"\x17REPLICATION_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03ONE\x10\x01\x12\t\n" +
@@ -8652,8 +9649,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x1cDELETE_TX_STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDELETE_TX_DONE\x10\x01\x12!\n" +
 	"\x1dDELETE_TX_CONTAINER_UNHEALTHY\x10\x02\x12\x1f\n" +
-	"\x1bDELETE_TX_CONTAINER_MISSING\x10\x032\xfd\n" +
-	"\n" +
+	"\x1bDELETE_TX_CONTAINER_MISSING\x10\x032\xe1\x10\n" +
 	"\x03Scm\x12e\n" +
 	"\x10RegisterDatanode\x12'.basalt.meta.v1.RegisterDatanodeRequest\x1a(.basalt.meta.v1.RegisterDatanodeResponse\x12P\n" +
 	"\tHeartbeat\x12 .basalt.meta.v1.HeartbeatRequest\x1a!.basalt.meta.v1.HeartbeatResponse\x12_\n" +
@@ -8668,7 +9664,15 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\vGetSafeMode\x12\".basalt.meta.v1.GetSafeModeRequest\x1a#.basalt.meta.v1.GetSafeModeResponse\x12k\n" +
 	"\x12GetContainerHealth\x12).basalt.meta.v1.GetContainerHealthRequest\x1a*.basalt.meta.v1.GetContainerHealthResponse\x12k\n" +
 	"\x12SetDatanodeOpState\x12).basalt.meta.v1.SetDatanodeOpStateRequest\x1a*.basalt.meta.v1.SetDatanodeOpStateResponse\x12q\n" +
-	"\x14GetContainerReplicas\x12+.basalt.meta.v1.GetContainerReplicasRequest\x1a,.basalt.meta.v1.GetContainerReplicasResponse2\xb3\x13\n" +
+	"\x14GetContainerReplicas\x12+.basalt.meta.v1.GetContainerReplicasRequest\x1a,.basalt.meta.v1.GetContainerReplicasResponse\x12D\n" +
+	"\fAddCachePool\x12\x19.basalt.meta.v1.CachePool\x1a\x19.basalt.meta.v1.CachePool\x12G\n" +
+	"\x0fModifyCachePool\x12\x19.basalt.meta.v1.CachePool\x1a\x19.basalt.meta.v1.CachePool\x12b\n" +
+	"\x0fRemoveCachePool\x12&.basalt.meta.v1.RemoveCachePoolRequest\x1a'.basalt.meta.v1.RemoveCachePoolResponse\x12_\n" +
+	"\x0eListCachePools\x12%.basalt.meta.v1.ListCachePoolsRequest\x1a&.basalt.meta.v1.ListCachePoolsResponse\x12S\n" +
+	"\x11AddCacheDirective\x12\x1e.basalt.meta.v1.CacheDirective\x1a\x1e.basalt.meta.v1.CacheDirective\x12V\n" +
+	"\x14ModifyCacheDirective\x12\x1e.basalt.meta.v1.CacheDirective\x1a\x1e.basalt.meta.v1.CacheDirective\x12q\n" +
+	"\x14RemoveCacheDirective\x12+.basalt.meta.v1.RemoveCacheDirectiveRequest\x1a,.basalt.meta.v1.RemoveCacheDirectiveResponse\x12n\n" +
+	"\x13ListCacheDirectives\x12*.basalt.meta.v1.ListCacheDirectivesRequest\x1a+.basalt.meta.v1.ListCacheDirectivesResponse2\xb3\x13\n" +
 	"\tNamespace\x12K\n" +
 	"\fCreateVolume\x12#.basalt.meta.v1.CreateVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12E\n" +
 	"\tGetVolume\x12 .basalt.meta.v1.GetVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12V\n" +
@@ -8715,7 +9719,7 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 117)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 130)
 var file_meta_meta_proto_goTypes = []any{
 	(Replication)(0),                       // 0: basalt.meta.v1.Replication
 	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
@@ -8744,104 +9748,117 @@ var file_meta_meta_proto_goTypes = []any{
 	(*RegisterDatanodeRequest)(nil),        // 24: basalt.meta.v1.RegisterDatanodeRequest
 	(*RegisterDatanodeResponse)(nil),       // 25: basalt.meta.v1.RegisterDatanodeResponse
 	(*HeartbeatRequest)(nil),               // 26: basalt.meta.v1.HeartbeatRequest
-	(*CopyFailure)(nil),                    // 27: basalt.meta.v1.CopyFailure
-	(*DeleteTxAck)(nil),                    // 28: basalt.meta.v1.DeleteTxAck
-	(*HeartbeatResponse)(nil),              // 29: basalt.meta.v1.HeartbeatResponse
-	(*DatanodeCommand)(nil),                // 30: basalt.meta.v1.DatanodeCommand
-	(*ReplicateContainerCommand)(nil),      // 31: basalt.meta.v1.ReplicateContainerCommand
-	(*DeleteContainerCommand)(nil),         // 32: basalt.meta.v1.DeleteContainerCommand
-	(*CreatePipelineCommand)(nil),          // 33: basalt.meta.v1.CreatePipelineCommand
-	(*ClosePipelineCommand)(nil),           // 34: basalt.meta.v1.ClosePipelineCommand
-	(*CloseContainerCommand)(nil),          // 35: basalt.meta.v1.CloseContainerCommand
-	(*DeleteBlocksCommand)(nil),            // 36: basalt.meta.v1.DeleteBlocksCommand
-	(*AllocateBlocksRequest)(nil),          // 37: basalt.meta.v1.AllocateBlocksRequest
-	(*AllocateBlocksResponse)(nil),         // 38: basalt.meta.v1.AllocateBlocksResponse
-	(*DeleteBlocksRequest)(nil),            // 39: basalt.meta.v1.DeleteBlocksRequest
-	(*DeleteBlocksGroup)(nil),              // 40: basalt.meta.v1.DeleteBlocksGroup
-	(*DeleteBlocksResponse)(nil),           // 41: basalt.meta.v1.DeleteBlocksResponse
-	(*ReportCorruptReplicaRequest)(nil),    // 42: basalt.meta.v1.ReportCorruptReplicaRequest
-	(*ReportCorruptReplicaResponse)(nil),   // 43: basalt.meta.v1.ReportCorruptReplicaResponse
-	(*ListCorruptReplicasRequest)(nil),     // 44: basalt.meta.v1.ListCorruptReplicasRequest
-	(*CorruptReplica)(nil),                 // 45: basalt.meta.v1.CorruptReplica
-	(*ListCorruptReplicasResponse)(nil),    // 46: basalt.meta.v1.ListCorruptReplicasResponse
-	(*GetContainersRequest)(nil),           // 47: basalt.meta.v1.GetContainersRequest
-	(*GetContainersResponse)(nil),          // 48: basalt.meta.v1.GetContainersResponse
-	(*ContainerWithLocation)(nil),          // 49: basalt.meta.v1.ContainerWithLocation
-	(*ListDatanodesRequest)(nil),           // 50: basalt.meta.v1.ListDatanodesRequest
-	(*DatanodeStatus)(nil),                 // 51: basalt.meta.v1.DatanodeStatus
-	(*ListDatanodesResponse)(nil),          // 52: basalt.meta.v1.ListDatanodesResponse
-	(*ListPipelinesRequest)(nil),           // 53: basalt.meta.v1.ListPipelinesRequest
-	(*ListPipelinesResponse)(nil),          // 54: basalt.meta.v1.ListPipelinesResponse
-	(*ListContainersRequest)(nil),          // 55: basalt.meta.v1.ListContainersRequest
-	(*ListContainersResponse)(nil),         // 56: basalt.meta.v1.ListContainersResponse
-	(*GetSafeModeRequest)(nil),             // 57: basalt.meta.v1.GetSafeModeRequest
-	(*GetContainerHealthRequest)(nil),      // 58: basalt.meta.v1.GetContainerHealthRequest
-	(*ContainerHealth)(nil),                // 59: basalt.meta.v1.ContainerHealth
-	(*ReplicationCopy)(nil),                // 60: basalt.meta.v1.ReplicationCopy
-	(*GetContainerHealthResponse)(nil),     // 61: basalt.meta.v1.GetContainerHealthResponse
-	(*GetSafeModeResponse)(nil),            // 62: basalt.meta.v1.GetSafeModeResponse
-	(*Volume)(nil),                         // 63: basalt.meta.v1.Volume
-	(*CreateVolumeRequest)(nil),            // 64: basalt.meta.v1.CreateVolumeRequest
-	(*GetVolumeRequest)(nil),               // 65: basalt.meta.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),             // 66: basalt.meta.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),            // 67: basalt.meta.v1.ListVolumesResponse
-	(*DeleteVolumeRequest)(nil),            // 68: basalt.meta.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),           // 69: basalt.meta.v1.DeleteVolumeResponse
-	(*Bucket)(nil),                         // 70: basalt.meta.v1.Bucket
-	(*CreateBucketRequest)(nil),            // 71: basalt.meta.v1.CreateBucketRequest
-	(*GetBucketRequest)(nil),               // 72: basalt.meta.v1.GetBucketRequest
-	(*ListBucketsRequest)(nil),             // 73: basalt.meta.v1.ListBucketsRequest
-	(*ListBucketsResponse)(nil),            // 74: basalt.meta.v1.ListBucketsResponse
-	(*DeleteBucketRequest)(nil),            // 75: basalt.meta.v1.DeleteBucketRequest
-	(*DeleteBucketResponse)(nil),           // 76: basalt.meta.v1.DeleteBucketResponse
-	(*KeyBlock)(nil),                       // 77: basalt.meta.v1.KeyBlock
-	(*KeyInfo)(nil),                        // 78: basalt.meta.v1.KeyInfo
-	(*ObjectMeta)(nil),                     // 79: basalt.meta.v1.ObjectMeta
-	(*OpenKeyRequest)(nil),                 // 80: basalt.meta.v1.OpenKeyRequest
-	(*OpenKeyResponse)(nil),                // 81: basalt.meta.v1.OpenKeyResponse
-	(*AllocateBlockRequest)(nil),           // 82: basalt.meta.v1.AllocateBlockRequest
-	(*AllocateBlockResponse)(nil),          // 83: basalt.meta.v1.AllocateBlockResponse
-	(*CommitKeyRequest)(nil),               // 84: basalt.meta.v1.CommitKeyRequest
-	(*PartRef)(nil),                        // 85: basalt.meta.v1.PartRef
-	(*LookupKeyRequest)(nil),               // 86: basalt.meta.v1.LookupKeyRequest
-	(*ListKeysRequest)(nil),                // 87: basalt.meta.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),               // 88: basalt.meta.v1.ListKeysResponse
-	(*RenameKeyRequest)(nil),               // 89: basalt.meta.v1.RenameKeyRequest
-	(*RenameKeyResponse)(nil),              // 90: basalt.meta.v1.RenameKeyResponse
-	(*DeleteKeyRequest)(nil),               // 91: basalt.meta.v1.DeleteKeyRequest
-	(*DeleteKeyResponse)(nil),              // 92: basalt.meta.v1.DeleteKeyResponse
-	(*FileStatus)(nil),                     // 93: basalt.meta.v1.FileStatus
-	(*CreateDirectoryRequest)(nil),         // 94: basalt.meta.v1.CreateDirectoryRequest
-	(*GetFileStatusRequest)(nil),           // 95: basalt.meta.v1.GetFileStatusRequest
-	(*ListStatusRequest)(nil),              // 96: basalt.meta.v1.ListStatusRequest
-	(*ListStatusResponse)(nil),             // 97: basalt.meta.v1.ListStatusResponse
-	(*SetKeyMetaRequest)(nil),              // 98: basalt.meta.v1.SetKeyMetaRequest
-	(*CopyKeyRequest)(nil),                 // 99: basalt.meta.v1.CopyKeyRequest
-	(*MultipartUpload)(nil),                // 100: basalt.meta.v1.MultipartUpload
-	(*CreateMultipartUploadRequest)(nil),   // 101: basalt.meta.v1.CreateMultipartUploadRequest
-	(*CompletedPart)(nil),                  // 102: basalt.meta.v1.CompletedPart
-	(*CompleteMultipartUploadRequest)(nil), // 103: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 104: basalt.meta.v1.AbortMultipartUploadRequest
-	(*AbortMultipartUploadResponse)(nil),   // 105: basalt.meta.v1.AbortMultipartUploadResponse
-	(*PartInfo)(nil),                       // 106: basalt.meta.v1.PartInfo
-	(*ListPartsRequest)(nil),               // 107: basalt.meta.v1.ListPartsRequest
-	(*ListPartsResponse)(nil),              // 108: basalt.meta.v1.ListPartsResponse
-	(*ListMultipartUploadsRequest)(nil),    // 109: basalt.meta.v1.ListMultipartUploadsRequest
-	(*ListMultipartUploadsResponse)(nil),   // 110: basalt.meta.v1.ListMultipartUploadsResponse
-	(*S3Secret)(nil),                       // 111: basalt.meta.v1.S3Secret
-	(*CreateS3SecretRequest)(nil),          // 112: basalt.meta.v1.CreateS3SecretRequest
-	(*GetS3SecretRequest)(nil),             // 113: basalt.meta.v1.GetS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 114: basalt.meta.v1.DeleteS3SecretRequest
-	(*DeleteS3SecretResponse)(nil),         // 115: basalt.meta.v1.DeleteS3SecretResponse
-	(*KeyPrecondition)(nil),                // 116: basalt.meta.v1.KeyPrecondition
-	(*FileAttrs)(nil),                      // 117: basalt.meta.v1.FileAttrs
-	(*SetFileAttrsRequest)(nil),            // 118: basalt.meta.v1.SetFileAttrsRequest
-	(*SetFileAttrsResponse)(nil),           // 119: basalt.meta.v1.SetFileAttrsResponse
-	(*SecretKey)(nil),                      // 120: basalt.meta.v1.SecretKey
-	nil,                                    // 121: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	nil,                                    // 122: basalt.meta.v1.ObjectMeta.UserEntry
-	nil,                                    // 123: basalt.meta.v1.ObjectMeta.TagsEntry
-	nil,                                    // 124: basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	(*CacheStats)(nil),                     // 27: basalt.meta.v1.CacheStats
+	(*CopyFailure)(nil),                    // 28: basalt.meta.v1.CopyFailure
+	(*DeleteTxAck)(nil),                    // 29: basalt.meta.v1.DeleteTxAck
+	(*HeartbeatResponse)(nil),              // 30: basalt.meta.v1.HeartbeatResponse
+	(*DatanodeCommand)(nil),                // 31: basalt.meta.v1.DatanodeCommand
+	(*CacheBlocksCommand)(nil),             // 32: basalt.meta.v1.CacheBlocksCommand
+	(*UncacheBlocksCommand)(nil),           // 33: basalt.meta.v1.UncacheBlocksCommand
+	(*ReplicateContainerCommand)(nil),      // 34: basalt.meta.v1.ReplicateContainerCommand
+	(*DeleteContainerCommand)(nil),         // 35: basalt.meta.v1.DeleteContainerCommand
+	(*CreatePipelineCommand)(nil),          // 36: basalt.meta.v1.CreatePipelineCommand
+	(*ClosePipelineCommand)(nil),           // 37: basalt.meta.v1.ClosePipelineCommand
+	(*CloseContainerCommand)(nil),          // 38: basalt.meta.v1.CloseContainerCommand
+	(*DeleteBlocksCommand)(nil),            // 39: basalt.meta.v1.DeleteBlocksCommand
+	(*AllocateBlocksRequest)(nil),          // 40: basalt.meta.v1.AllocateBlocksRequest
+	(*AllocateBlocksResponse)(nil),         // 41: basalt.meta.v1.AllocateBlocksResponse
+	(*DeleteBlocksRequest)(nil),            // 42: basalt.meta.v1.DeleteBlocksRequest
+	(*DeleteBlocksGroup)(nil),              // 43: basalt.meta.v1.DeleteBlocksGroup
+	(*DeleteBlocksResponse)(nil),           // 44: basalt.meta.v1.DeleteBlocksResponse
+	(*ReportCorruptReplicaRequest)(nil),    // 45: basalt.meta.v1.ReportCorruptReplicaRequest
+	(*ReportCorruptReplicaResponse)(nil),   // 46: basalt.meta.v1.ReportCorruptReplicaResponse
+	(*ListCorruptReplicasRequest)(nil),     // 47: basalt.meta.v1.ListCorruptReplicasRequest
+	(*CorruptReplica)(nil),                 // 48: basalt.meta.v1.CorruptReplica
+	(*ListCorruptReplicasResponse)(nil),    // 49: basalt.meta.v1.ListCorruptReplicasResponse
+	(*GetContainersRequest)(nil),           // 50: basalt.meta.v1.GetContainersRequest
+	(*GetContainersResponse)(nil),          // 51: basalt.meta.v1.GetContainersResponse
+	(*ContainerWithLocation)(nil),          // 52: basalt.meta.v1.ContainerWithLocation
+	(*ListDatanodesRequest)(nil),           // 53: basalt.meta.v1.ListDatanodesRequest
+	(*DatanodeStatus)(nil),                 // 54: basalt.meta.v1.DatanodeStatus
+	(*ListDatanodesResponse)(nil),          // 55: basalt.meta.v1.ListDatanodesResponse
+	(*ListPipelinesRequest)(nil),           // 56: basalt.meta.v1.ListPipelinesRequest
+	(*ListPipelinesResponse)(nil),          // 57: basalt.meta.v1.ListPipelinesResponse
+	(*ListContainersRequest)(nil),          // 58: basalt.meta.v1.ListContainersRequest
+	(*ListContainersResponse)(nil),         // 59: basalt.meta.v1.ListContainersResponse
+	(*GetSafeModeRequest)(nil),             // 60: basalt.meta.v1.GetSafeModeRequest
+	(*GetContainerHealthRequest)(nil),      // 61: basalt.meta.v1.GetContainerHealthRequest
+	(*ContainerHealth)(nil),                // 62: basalt.meta.v1.ContainerHealth
+	(*ReplicationCopy)(nil),                // 63: basalt.meta.v1.ReplicationCopy
+	(*GetContainerHealthResponse)(nil),     // 64: basalt.meta.v1.GetContainerHealthResponse
+	(*GetSafeModeResponse)(nil),            // 65: basalt.meta.v1.GetSafeModeResponse
+	(*Volume)(nil),                         // 66: basalt.meta.v1.Volume
+	(*CreateVolumeRequest)(nil),            // 67: basalt.meta.v1.CreateVolumeRequest
+	(*GetVolumeRequest)(nil),               // 68: basalt.meta.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),             // 69: basalt.meta.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),            // 70: basalt.meta.v1.ListVolumesResponse
+	(*DeleteVolumeRequest)(nil),            // 71: basalt.meta.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),           // 72: basalt.meta.v1.DeleteVolumeResponse
+	(*Bucket)(nil),                         // 73: basalt.meta.v1.Bucket
+	(*CreateBucketRequest)(nil),            // 74: basalt.meta.v1.CreateBucketRequest
+	(*GetBucketRequest)(nil),               // 75: basalt.meta.v1.GetBucketRequest
+	(*ListBucketsRequest)(nil),             // 76: basalt.meta.v1.ListBucketsRequest
+	(*ListBucketsResponse)(nil),            // 77: basalt.meta.v1.ListBucketsResponse
+	(*DeleteBucketRequest)(nil),            // 78: basalt.meta.v1.DeleteBucketRequest
+	(*DeleteBucketResponse)(nil),           // 79: basalt.meta.v1.DeleteBucketResponse
+	(*KeyBlock)(nil),                       // 80: basalt.meta.v1.KeyBlock
+	(*KeyInfo)(nil),                        // 81: basalt.meta.v1.KeyInfo
+	(*ObjectMeta)(nil),                     // 82: basalt.meta.v1.ObjectMeta
+	(*OpenKeyRequest)(nil),                 // 83: basalt.meta.v1.OpenKeyRequest
+	(*OpenKeyResponse)(nil),                // 84: basalt.meta.v1.OpenKeyResponse
+	(*AllocateBlockRequest)(nil),           // 85: basalt.meta.v1.AllocateBlockRequest
+	(*AllocateBlockResponse)(nil),          // 86: basalt.meta.v1.AllocateBlockResponse
+	(*CommitKeyRequest)(nil),               // 87: basalt.meta.v1.CommitKeyRequest
+	(*PartRef)(nil),                        // 88: basalt.meta.v1.PartRef
+	(*LookupKeyRequest)(nil),               // 89: basalt.meta.v1.LookupKeyRequest
+	(*ListKeysRequest)(nil),                // 90: basalt.meta.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),               // 91: basalt.meta.v1.ListKeysResponse
+	(*RenameKeyRequest)(nil),               // 92: basalt.meta.v1.RenameKeyRequest
+	(*RenameKeyResponse)(nil),              // 93: basalt.meta.v1.RenameKeyResponse
+	(*DeleteKeyRequest)(nil),               // 94: basalt.meta.v1.DeleteKeyRequest
+	(*DeleteKeyResponse)(nil),              // 95: basalt.meta.v1.DeleteKeyResponse
+	(*FileStatus)(nil),                     // 96: basalt.meta.v1.FileStatus
+	(*CreateDirectoryRequest)(nil),         // 97: basalt.meta.v1.CreateDirectoryRequest
+	(*GetFileStatusRequest)(nil),           // 98: basalt.meta.v1.GetFileStatusRequest
+	(*ListStatusRequest)(nil),              // 99: basalt.meta.v1.ListStatusRequest
+	(*ListStatusResponse)(nil),             // 100: basalt.meta.v1.ListStatusResponse
+	(*SetKeyMetaRequest)(nil),              // 101: basalt.meta.v1.SetKeyMetaRequest
+	(*CopyKeyRequest)(nil),                 // 102: basalt.meta.v1.CopyKeyRequest
+	(*MultipartUpload)(nil),                // 103: basalt.meta.v1.MultipartUpload
+	(*CreateMultipartUploadRequest)(nil),   // 104: basalt.meta.v1.CreateMultipartUploadRequest
+	(*CompletedPart)(nil),                  // 105: basalt.meta.v1.CompletedPart
+	(*CompleteMultipartUploadRequest)(nil), // 106: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 107: basalt.meta.v1.AbortMultipartUploadRequest
+	(*AbortMultipartUploadResponse)(nil),   // 108: basalt.meta.v1.AbortMultipartUploadResponse
+	(*PartInfo)(nil),                       // 109: basalt.meta.v1.PartInfo
+	(*ListPartsRequest)(nil),               // 110: basalt.meta.v1.ListPartsRequest
+	(*ListPartsResponse)(nil),              // 111: basalt.meta.v1.ListPartsResponse
+	(*ListMultipartUploadsRequest)(nil),    // 112: basalt.meta.v1.ListMultipartUploadsRequest
+	(*ListMultipartUploadsResponse)(nil),   // 113: basalt.meta.v1.ListMultipartUploadsResponse
+	(*S3Secret)(nil),                       // 114: basalt.meta.v1.S3Secret
+	(*CreateS3SecretRequest)(nil),          // 115: basalt.meta.v1.CreateS3SecretRequest
+	(*GetS3SecretRequest)(nil),             // 116: basalt.meta.v1.GetS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 117: basalt.meta.v1.DeleteS3SecretRequest
+	(*DeleteS3SecretResponse)(nil),         // 118: basalt.meta.v1.DeleteS3SecretResponse
+	(*KeyPrecondition)(nil),                // 119: basalt.meta.v1.KeyPrecondition
+	(*FileAttrs)(nil),                      // 120: basalt.meta.v1.FileAttrs
+	(*SetFileAttrsRequest)(nil),            // 121: basalt.meta.v1.SetFileAttrsRequest
+	(*SetFileAttrsResponse)(nil),           // 122: basalt.meta.v1.SetFileAttrsResponse
+	(*SecretKey)(nil),                      // 123: basalt.meta.v1.SecretKey
+	(*CachePool)(nil),                      // 124: basalt.meta.v1.CachePool
+	(*CacheDirective)(nil),                 // 125: basalt.meta.v1.CacheDirective
+	(*RemoveCachePoolRequest)(nil),         // 126: basalt.meta.v1.RemoveCachePoolRequest
+	(*RemoveCachePoolResponse)(nil),        // 127: basalt.meta.v1.RemoveCachePoolResponse
+	(*ListCachePoolsRequest)(nil),          // 128: basalt.meta.v1.ListCachePoolsRequest
+	(*ListCachePoolsResponse)(nil),         // 129: basalt.meta.v1.ListCachePoolsResponse
+	(*RemoveCacheDirectiveRequest)(nil),    // 130: basalt.meta.v1.RemoveCacheDirectiveRequest
+	(*RemoveCacheDirectiveResponse)(nil),   // 131: basalt.meta.v1.RemoveCacheDirectiveResponse
+	(*ListCacheDirectivesRequest)(nil),     // 132: basalt.meta.v1.ListCacheDirectivesRequest
+	(*ListCacheDirectivesResponse)(nil),    // 133: basalt.meta.v1.ListCacheDirectivesResponse
+	nil,                                    // 134: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	nil,                                    // 135: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 136: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 137: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
 	4,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
@@ -8853,199 +9870,224 @@ var file_meta_meta_proto_depIdxs = []int32{
 	4,   // 6: basalt.meta.v1.BlockLocation.container_state:type_name -> basalt.meta.v1.ContainerState
 	9,   // 7: basalt.meta.v1.BlockLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
 	2,   // 8: basalt.meta.v1.SetDatanodeOpStateRequest.state:type_name -> basalt.meta.v1.NodeOpState
-	51,  // 9: basalt.meta.v1.SetDatanodeOpStateResponse.datanode:type_name -> basalt.meta.v1.DatanodeStatus
+	54,  // 9: basalt.meta.v1.SetDatanodeOpStateResponse.datanode:type_name -> basalt.meta.v1.DatanodeStatus
 	1,   // 10: basalt.meta.v1.ReplicaInfo.node_state:type_name -> basalt.meta.v1.NodeState
 	2,   // 11: basalt.meta.v1.ReplicaInfo.op_state:type_name -> basalt.meta.v1.NodeOpState
 	4,   // 12: basalt.meta.v1.ReplicaInfo.reported_state:type_name -> basalt.meta.v1.ContainerState
 	14,  // 13: basalt.meta.v1.ContainerReplicas.container:type_name -> basalt.meta.v1.Container
 	21,  // 14: basalt.meta.v1.ContainerReplicas.replicas:type_name -> basalt.meta.v1.ReplicaInfo
-	45,  // 15: basalt.meta.v1.ContainerReplicas.reports:type_name -> basalt.meta.v1.CorruptReplica
+	48,  // 15: basalt.meta.v1.ContainerReplicas.reports:type_name -> basalt.meta.v1.CorruptReplica
 	22,  // 16: basalt.meta.v1.GetContainerReplicasResponse.containers:type_name -> basalt.meta.v1.ContainerReplicas
 	9,   // 17: basalt.meta.v1.RegisterDatanodeRequest.details:type_name -> basalt.meta.v1.DatanodeDetails
 	10,  // 18: basalt.meta.v1.RegisterDatanodeRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
-	120, // 19: basalt.meta.v1.RegisterDatanodeResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
+	123, // 19: basalt.meta.v1.RegisterDatanodeResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
 	10,  // 20: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
 	11,  // 21: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
 	12,  // 22: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
-	28,  // 23: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
-	27,  // 24: basalt.meta.v1.HeartbeatRequest.copy_failures:type_name -> basalt.meta.v1.CopyFailure
-	7,   // 25: basalt.meta.v1.DeleteTxAck.status:type_name -> basalt.meta.v1.DeleteTxStatus
-	30,  // 26: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
-	1,   // 27: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
-	120, // 28: basalt.meta.v1.HeartbeatResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
-	33,  // 29: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
-	34,  // 30: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
-	35,  // 31: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
-	36,  // 32: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
-	31,  // 33: basalt.meta.v1.DatanodeCommand.replicate_container:type_name -> basalt.meta.v1.ReplicateContainerCommand
-	32,  // 34: basalt.meta.v1.DatanodeCommand.delete_container:type_name -> basalt.meta.v1.DeleteContainerCommand
-	9,   // 35: basalt.meta.v1.ReplicateContainerCommand.sources:type_name -> basalt.meta.v1.DatanodeDetails
-	13,  // 36: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
-	9,   // 37: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	0,   // 38: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
-	17,  // 39: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	16,  // 40: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	40,  // 41: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
-	15,  // 42: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
-	15,  // 43: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
-	45,  // 44: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
-	49,  // 45: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
-	14,  // 46: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
-	9,   // 47: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	9,   // 48: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
-	1,   // 49: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
-	10,  // 50: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
-	2,   // 51: basalt.meta.v1.DatanodeStatus.op_state:type_name -> basalt.meta.v1.NodeOpState
-	51,  // 52: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
-	13,  // 53: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
-	14,  // 54: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
-	4,   // 55: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
-	121, // 56: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	59,  // 57: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
-	60,  // 58: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
-	117, // 59: basalt.meta.v1.Volume.attrs:type_name -> basalt.meta.v1.FileAttrs
-	117, // 60: basalt.meta.v1.CreateVolumeRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	63,  // 61: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
-	5,   // 62: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 63: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
-	117, // 64: basalt.meta.v1.Bucket.attrs:type_name -> basalt.meta.v1.FileAttrs
-	5,   // 65: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 66: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
-	117, // 67: basalt.meta.v1.CreateBucketRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	70,  // 68: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
-	15,  // 69: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
-	0,   // 70: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
-	6,   // 71: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	77,  // 72: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	16,  // 73: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
-	79,  // 74: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
-	117, // 75: basalt.meta.v1.KeyInfo.attrs:type_name -> basalt.meta.v1.FileAttrs
-	122, // 76: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
-	123, // 77: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
-	124, // 78: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
-	0,   // 79: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
-	6,   // 80: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	17,  // 81: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	16,  // 82: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	17,  // 83: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	16,  // 84: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
-	77,  // 85: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
-	79,  // 86: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	85,  // 87: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	116, // 88: basalt.meta.v1.CommitKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	78,  // 89: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
-	78,  // 90: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
-	117, // 91: basalt.meta.v1.FileStatus.attrs:type_name -> basalt.meta.v1.FileAttrs
-	117, // 92: basalt.meta.v1.CreateDirectoryRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	93,  // 93: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
-	79,  // 94: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	79,  // 95: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	85,  // 96: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	116, // 97: basalt.meta.v1.CopyKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	79,  // 98: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 99: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
-	79,  // 100: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 101: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
-	102, // 102: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
-	116, // 103: basalt.meta.v1.CompleteMultipartUploadRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	77,  // 104: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	6,   // 105: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	100, // 106: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
-	106, // 107: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
-	100, // 108: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
-	117, // 109: basalt.meta.v1.SetFileAttrsRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	117, // 110: basalt.meta.v1.SetFileAttrsResponse.attrs:type_name -> basalt.meta.v1.FileAttrs
-	24,  // 111: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	26,  // 112: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	37,  // 113: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	39,  // 114: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	47,  // 115: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	42,  // 116: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	44,  // 117: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	50,  // 118: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	53,  // 119: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	55,  // 120: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	57,  // 121: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	58,  // 122: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
-	18,  // 123: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
-	20,  // 124: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
-	64,  // 125: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	65,  // 126: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	66,  // 127: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	68,  // 128: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	71,  // 129: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	72,  // 130: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	73,  // 131: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	75,  // 132: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	80,  // 133: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	82,  // 134: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	84,  // 135: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	86,  // 136: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	87,  // 137: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	89,  // 138: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	91,  // 139: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	94,  // 140: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	95,  // 141: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	96,  // 142: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	98,  // 143: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	99,  // 144: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
-	101, // 145: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	103, // 146: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	104, // 147: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	107, // 148: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	109, // 149: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	112, // 150: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	113, // 151: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	114, // 152: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	118, // 153: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
-	25,  // 154: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	29,  // 155: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	38,  // 156: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	41,  // 157: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	48,  // 158: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	43,  // 159: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	46,  // 160: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	52,  // 161: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	54,  // 162: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	56,  // 163: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	62,  // 164: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	61,  // 165: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
-	19,  // 166: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
-	23,  // 167: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
-	63,  // 168: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	63,  // 169: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	67,  // 170: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	69,  // 171: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	70,  // 172: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	70,  // 173: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	74,  // 174: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	76,  // 175: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	81,  // 176: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	83,  // 177: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	78,  // 178: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	78,  // 179: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	88,  // 180: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	90,  // 181: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	92,  // 182: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	93,  // 183: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	93,  // 184: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	97,  // 185: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	78,  // 186: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	78,  // 187: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
-	100, // 188: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	78,  // 189: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	105, // 190: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	108, // 191: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	110, // 192: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	111, // 193: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	111, // 194: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	115, // 195: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	119, // 196: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
-	154, // [154:197] is the sub-list for method output_type
-	111, // [111:154] is the sub-list for method input_type
-	111, // [111:111] is the sub-list for extension type_name
-	111, // [111:111] is the sub-list for extension extendee
-	0,   // [0:111] is the sub-list for field type_name
+	29,  // 23: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
+	28,  // 24: basalt.meta.v1.HeartbeatRequest.copy_failures:type_name -> basalt.meta.v1.CopyFailure
+	15,  // 25: basalt.meta.v1.HeartbeatRequest.cached_blocks:type_name -> basalt.meta.v1.BlockID
+	27,  // 26: basalt.meta.v1.HeartbeatRequest.cache:type_name -> basalt.meta.v1.CacheStats
+	7,   // 27: basalt.meta.v1.DeleteTxAck.status:type_name -> basalt.meta.v1.DeleteTxStatus
+	31,  // 28: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
+	1,   // 29: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
+	123, // 30: basalt.meta.v1.HeartbeatResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
+	36,  // 31: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
+	37,  // 32: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
+	38,  // 33: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
+	39,  // 34: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
+	34,  // 35: basalt.meta.v1.DatanodeCommand.replicate_container:type_name -> basalt.meta.v1.ReplicateContainerCommand
+	35,  // 36: basalt.meta.v1.DatanodeCommand.delete_container:type_name -> basalt.meta.v1.DeleteContainerCommand
+	32,  // 37: basalt.meta.v1.DatanodeCommand.cache_blocks:type_name -> basalt.meta.v1.CacheBlocksCommand
+	33,  // 38: basalt.meta.v1.DatanodeCommand.uncache_blocks:type_name -> basalt.meta.v1.UncacheBlocksCommand
+	15,  // 39: basalt.meta.v1.CacheBlocksCommand.blocks:type_name -> basalt.meta.v1.BlockID
+	15,  // 40: basalt.meta.v1.UncacheBlocksCommand.blocks:type_name -> basalt.meta.v1.BlockID
+	9,   // 41: basalt.meta.v1.ReplicateContainerCommand.sources:type_name -> basalt.meta.v1.DatanodeDetails
+	13,  // 42: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
+	9,   // 43: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	0,   // 44: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
+	17,  // 45: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	16,  // 46: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	43,  // 47: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
+	15,  // 48: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
+	15,  // 49: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
+	48,  // 50: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
+	52,  // 51: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
+	14,  // 52: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
+	9,   // 53: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	9,   // 54: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
+	1,   // 55: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
+	10,  // 56: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
+	2,   // 57: basalt.meta.v1.DatanodeStatus.op_state:type_name -> basalt.meta.v1.NodeOpState
+	27,  // 58: basalt.meta.v1.DatanodeStatus.cache:type_name -> basalt.meta.v1.CacheStats
+	54,  // 59: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
+	13,  // 60: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
+	14,  // 61: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
+	4,   // 62: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
+	134, // 63: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	62,  // 64: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
+	63,  // 65: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
+	120, // 66: basalt.meta.v1.Volume.attrs:type_name -> basalt.meta.v1.FileAttrs
+	120, // 67: basalt.meta.v1.CreateVolumeRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	66,  // 68: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
+	5,   // 69: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 70: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
+	120, // 71: basalt.meta.v1.Bucket.attrs:type_name -> basalt.meta.v1.FileAttrs
+	5,   // 72: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 73: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
+	120, // 74: basalt.meta.v1.CreateBucketRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	73,  // 75: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
+	15,  // 76: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
+	0,   // 77: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 78: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	80,  // 79: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	16,  // 80: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
+	82,  // 81: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
+	120, // 82: basalt.meta.v1.KeyInfo.attrs:type_name -> basalt.meta.v1.FileAttrs
+	135, // 83: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	136, // 84: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	137, // 85: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	0,   // 86: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 87: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	17,  // 88: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	16,  // 89: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	17,  // 90: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	16,  // 91: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
+	80,  // 92: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
+	82,  // 93: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	88,  // 94: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	119, // 95: basalt.meta.v1.CommitKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	81,  // 96: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
+	81,  // 97: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
+	120, // 98: basalt.meta.v1.FileStatus.attrs:type_name -> basalt.meta.v1.FileAttrs
+	120, // 99: basalt.meta.v1.CreateDirectoryRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	96,  // 100: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
+	82,  // 101: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	82,  // 102: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	88,  // 103: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	119, // 104: basalt.meta.v1.CopyKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	82,  // 105: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 106: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
+	82,  // 107: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 108: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
+	105, // 109: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
+	119, // 110: basalt.meta.v1.CompleteMultipartUploadRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	80,  // 111: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	6,   // 112: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	103, // 113: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
+	109, // 114: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
+	103, // 115: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
+	120, // 116: basalt.meta.v1.SetFileAttrsRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	120, // 117: basalt.meta.v1.SetFileAttrsResponse.attrs:type_name -> basalt.meta.v1.FileAttrs
+	124, // 118: basalt.meta.v1.ListCachePoolsResponse.pools:type_name -> basalt.meta.v1.CachePool
+	125, // 119: basalt.meta.v1.ListCacheDirectivesResponse.directives:type_name -> basalt.meta.v1.CacheDirective
+	24,  // 120: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	26,  // 121: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	40,  // 122: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	42,  // 123: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	50,  // 124: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	45,  // 125: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	47,  // 126: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	53,  // 127: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	56,  // 128: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	58,  // 129: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	60,  // 130: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	61,  // 131: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
+	18,  // 132: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
+	20,  // 133: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
+	124, // 134: basalt.meta.v1.Scm.AddCachePool:input_type -> basalt.meta.v1.CachePool
+	124, // 135: basalt.meta.v1.Scm.ModifyCachePool:input_type -> basalt.meta.v1.CachePool
+	126, // 136: basalt.meta.v1.Scm.RemoveCachePool:input_type -> basalt.meta.v1.RemoveCachePoolRequest
+	128, // 137: basalt.meta.v1.Scm.ListCachePools:input_type -> basalt.meta.v1.ListCachePoolsRequest
+	125, // 138: basalt.meta.v1.Scm.AddCacheDirective:input_type -> basalt.meta.v1.CacheDirective
+	125, // 139: basalt.meta.v1.Scm.ModifyCacheDirective:input_type -> basalt.meta.v1.CacheDirective
+	130, // 140: basalt.meta.v1.Scm.RemoveCacheDirective:input_type -> basalt.meta.v1.RemoveCacheDirectiveRequest
+	132, // 141: basalt.meta.v1.Scm.ListCacheDirectives:input_type -> basalt.meta.v1.ListCacheDirectivesRequest
+	67,  // 142: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	68,  // 143: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	69,  // 144: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	71,  // 145: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	74,  // 146: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	75,  // 147: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	76,  // 148: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	78,  // 149: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	83,  // 150: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	85,  // 151: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	87,  // 152: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	89,  // 153: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	90,  // 154: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	92,  // 155: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	94,  // 156: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	97,  // 157: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	98,  // 158: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	99,  // 159: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	101, // 160: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	102, // 161: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	104, // 162: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	106, // 163: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	107, // 164: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	110, // 165: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	112, // 166: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	115, // 167: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	116, // 168: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	117, // 169: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	121, // 170: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
+	25,  // 171: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	30,  // 172: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	41,  // 173: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	44,  // 174: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	51,  // 175: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	46,  // 176: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	49,  // 177: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	55,  // 178: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	57,  // 179: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	59,  // 180: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	65,  // 181: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	64,  // 182: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
+	19,  // 183: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
+	23,  // 184: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
+	124, // 185: basalt.meta.v1.Scm.AddCachePool:output_type -> basalt.meta.v1.CachePool
+	124, // 186: basalt.meta.v1.Scm.ModifyCachePool:output_type -> basalt.meta.v1.CachePool
+	127, // 187: basalt.meta.v1.Scm.RemoveCachePool:output_type -> basalt.meta.v1.RemoveCachePoolResponse
+	129, // 188: basalt.meta.v1.Scm.ListCachePools:output_type -> basalt.meta.v1.ListCachePoolsResponse
+	125, // 189: basalt.meta.v1.Scm.AddCacheDirective:output_type -> basalt.meta.v1.CacheDirective
+	125, // 190: basalt.meta.v1.Scm.ModifyCacheDirective:output_type -> basalt.meta.v1.CacheDirective
+	131, // 191: basalt.meta.v1.Scm.RemoveCacheDirective:output_type -> basalt.meta.v1.RemoveCacheDirectiveResponse
+	133, // 192: basalt.meta.v1.Scm.ListCacheDirectives:output_type -> basalt.meta.v1.ListCacheDirectivesResponse
+	66,  // 193: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	66,  // 194: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	70,  // 195: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	72,  // 196: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	73,  // 197: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	73,  // 198: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	77,  // 199: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	79,  // 200: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	84,  // 201: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	86,  // 202: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	81,  // 203: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	81,  // 204: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	91,  // 205: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	93,  // 206: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	95,  // 207: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	96,  // 208: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	96,  // 209: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	100, // 210: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	81,  // 211: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	81,  // 212: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	103, // 213: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	81,  // 214: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	108, // 215: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	111, // 216: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	113, // 217: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	114, // 218: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	114, // 219: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	118, // 220: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	122, // 221: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
+	171, // [171:222] is the sub-list for method output_type
+	120, // [120:171] is the sub-list for method input_type
+	120, // [120:120] is the sub-list for extension type_name
+	120, // [120:120] is the sub-list for extension extendee
+	0,   // [0:120] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -9053,22 +10095,24 @@ func file_meta_meta_proto_init() {
 	if File_meta_meta_proto != nil {
 		return
 	}
-	file_meta_meta_proto_msgTypes[22].OneofWrappers = []any{
+	file_meta_meta_proto_msgTypes[23].OneofWrappers = []any{
 		(*DatanodeCommand_CreatePipeline)(nil),
 		(*DatanodeCommand_ClosePipeline)(nil),
 		(*DatanodeCommand_CloseContainer)(nil),
 		(*DatanodeCommand_DeleteBlocks)(nil),
 		(*DatanodeCommand_ReplicateContainer)(nil),
 		(*DatanodeCommand_DeleteContainer)(nil),
+		(*DatanodeCommand_CacheBlocks)(nil),
+		(*DatanodeCommand_UncacheBlocks)(nil),
 	}
-	file_meta_meta_proto_msgTypes[109].OneofWrappers = []any{}
+	file_meta_meta_proto_msgTypes[112].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   117,
+			NumMessages:   130,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -39,6 +39,14 @@ const (
 	Scm_GetContainerHealth_FullMethodName   = "/basalt.meta.v1.Scm/GetContainerHealth"
 	Scm_SetDatanodeOpState_FullMethodName   = "/basalt.meta.v1.Scm/SetDatanodeOpState"
 	Scm_GetContainerReplicas_FullMethodName = "/basalt.meta.v1.Scm/GetContainerReplicas"
+	Scm_AddCachePool_FullMethodName         = "/basalt.meta.v1.Scm/AddCachePool"
+	Scm_ModifyCachePool_FullMethodName      = "/basalt.meta.v1.Scm/ModifyCachePool"
+	Scm_RemoveCachePool_FullMethodName      = "/basalt.meta.v1.Scm/RemoveCachePool"
+	Scm_ListCachePools_FullMethodName       = "/basalt.meta.v1.Scm/ListCachePools"
+	Scm_AddCacheDirective_FullMethodName    = "/basalt.meta.v1.Scm/AddCacheDirective"
+	Scm_ModifyCacheDirective_FullMethodName = "/basalt.meta.v1.Scm/ModifyCacheDirective"
+	Scm_RemoveCacheDirective_FullMethodName = "/basalt.meta.v1.Scm/RemoveCacheDirective"
+	Scm_ListCacheDirectives_FullMethodName  = "/basalt.meta.v1.Scm/ListCacheDirectives"
 )
 
 // ScmClient is the client API for Scm service.
@@ -69,6 +77,16 @@ type ScmClient interface {
 	// them (container_id 0: the containers that have a report or a replica
 	// that does not count).
 	GetContainerReplicas(ctx context.Context, in *GetContainerReplicasRequest, opts ...grpc.CallOption) (*GetContainerReplicasResponse, error)
+	// Centralized cache management (docs/CACHE.md): pools and directives
+	// through Raft; listings with the monitor's statistics.
+	AddCachePool(ctx context.Context, in *CachePool, opts ...grpc.CallOption) (*CachePool, error)
+	ModifyCachePool(ctx context.Context, in *CachePool, opts ...grpc.CallOption) (*CachePool, error)
+	RemoveCachePool(ctx context.Context, in *RemoveCachePoolRequest, opts ...grpc.CallOption) (*RemoveCachePoolResponse, error)
+	ListCachePools(ctx context.Context, in *ListCachePoolsRequest, opts ...grpc.CallOption) (*ListCachePoolsResponse, error)
+	AddCacheDirective(ctx context.Context, in *CacheDirective, opts ...grpc.CallOption) (*CacheDirective, error)
+	ModifyCacheDirective(ctx context.Context, in *CacheDirective, opts ...grpc.CallOption) (*CacheDirective, error)
+	RemoveCacheDirective(ctx context.Context, in *RemoveCacheDirectiveRequest, opts ...grpc.CallOption) (*RemoveCacheDirectiveResponse, error)
+	ListCacheDirectives(ctx context.Context, in *ListCacheDirectivesRequest, opts ...grpc.CallOption) (*ListCacheDirectivesResponse, error)
 }
 
 type scmClient struct {
@@ -219,6 +237,86 @@ func (c *scmClient) GetContainerReplicas(ctx context.Context, in *GetContainerRe
 	return out, nil
 }
 
+func (c *scmClient) AddCachePool(ctx context.Context, in *CachePool, opts ...grpc.CallOption) (*CachePool, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CachePool)
+	err := c.cc.Invoke(ctx, Scm_AddCachePool_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scmClient) ModifyCachePool(ctx context.Context, in *CachePool, opts ...grpc.CallOption) (*CachePool, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CachePool)
+	err := c.cc.Invoke(ctx, Scm_ModifyCachePool_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scmClient) RemoveCachePool(ctx context.Context, in *RemoveCachePoolRequest, opts ...grpc.CallOption) (*RemoveCachePoolResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveCachePoolResponse)
+	err := c.cc.Invoke(ctx, Scm_RemoveCachePool_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scmClient) ListCachePools(ctx context.Context, in *ListCachePoolsRequest, opts ...grpc.CallOption) (*ListCachePoolsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListCachePoolsResponse)
+	err := c.cc.Invoke(ctx, Scm_ListCachePools_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scmClient) AddCacheDirective(ctx context.Context, in *CacheDirective, opts ...grpc.CallOption) (*CacheDirective, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CacheDirective)
+	err := c.cc.Invoke(ctx, Scm_AddCacheDirective_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scmClient) ModifyCacheDirective(ctx context.Context, in *CacheDirective, opts ...grpc.CallOption) (*CacheDirective, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CacheDirective)
+	err := c.cc.Invoke(ctx, Scm_ModifyCacheDirective_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scmClient) RemoveCacheDirective(ctx context.Context, in *RemoveCacheDirectiveRequest, opts ...grpc.CallOption) (*RemoveCacheDirectiveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveCacheDirectiveResponse)
+	err := c.cc.Invoke(ctx, Scm_RemoveCacheDirective_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *scmClient) ListCacheDirectives(ctx context.Context, in *ListCacheDirectivesRequest, opts ...grpc.CallOption) (*ListCacheDirectivesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListCacheDirectivesResponse)
+	err := c.cc.Invoke(ctx, Scm_ListCacheDirectives_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ScmServer is the server API for Scm service.
 // All implementations must embed UnimplementedScmServer
 // for forward compatibility.
@@ -247,6 +345,16 @@ type ScmServer interface {
 	// them (container_id 0: the containers that have a report or a replica
 	// that does not count).
 	GetContainerReplicas(context.Context, *GetContainerReplicasRequest) (*GetContainerReplicasResponse, error)
+	// Centralized cache management (docs/CACHE.md): pools and directives
+	// through Raft; listings with the monitor's statistics.
+	AddCachePool(context.Context, *CachePool) (*CachePool, error)
+	ModifyCachePool(context.Context, *CachePool) (*CachePool, error)
+	RemoveCachePool(context.Context, *RemoveCachePoolRequest) (*RemoveCachePoolResponse, error)
+	ListCachePools(context.Context, *ListCachePoolsRequest) (*ListCachePoolsResponse, error)
+	AddCacheDirective(context.Context, *CacheDirective) (*CacheDirective, error)
+	ModifyCacheDirective(context.Context, *CacheDirective) (*CacheDirective, error)
+	RemoveCacheDirective(context.Context, *RemoveCacheDirectiveRequest) (*RemoveCacheDirectiveResponse, error)
+	ListCacheDirectives(context.Context, *ListCacheDirectivesRequest) (*ListCacheDirectivesResponse, error)
 	mustEmbedUnimplementedScmServer()
 }
 
@@ -298,6 +406,30 @@ func (UnimplementedScmServer) SetDatanodeOpState(context.Context, *SetDatanodeOp
 }
 func (UnimplementedScmServer) GetContainerReplicas(context.Context, *GetContainerReplicasRequest) (*GetContainerReplicasResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetContainerReplicas not implemented")
+}
+func (UnimplementedScmServer) AddCachePool(context.Context, *CachePool) (*CachePool, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method AddCachePool not implemented")
+}
+func (UnimplementedScmServer) ModifyCachePool(context.Context, *CachePool) (*CachePool, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ModifyCachePool not implemented")
+}
+func (UnimplementedScmServer) RemoveCachePool(context.Context, *RemoveCachePoolRequest) (*RemoveCachePoolResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RemoveCachePool not implemented")
+}
+func (UnimplementedScmServer) ListCachePools(context.Context, *ListCachePoolsRequest) (*ListCachePoolsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListCachePools not implemented")
+}
+func (UnimplementedScmServer) AddCacheDirective(context.Context, *CacheDirective) (*CacheDirective, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method AddCacheDirective not implemented")
+}
+func (UnimplementedScmServer) ModifyCacheDirective(context.Context, *CacheDirective) (*CacheDirective, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ModifyCacheDirective not implemented")
+}
+func (UnimplementedScmServer) RemoveCacheDirective(context.Context, *RemoveCacheDirectiveRequest) (*RemoveCacheDirectiveResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RemoveCacheDirective not implemented")
+}
+func (UnimplementedScmServer) ListCacheDirectives(context.Context, *ListCacheDirectivesRequest) (*ListCacheDirectivesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListCacheDirectives not implemented")
 }
 func (UnimplementedScmServer) mustEmbedUnimplementedScmServer() {}
 func (UnimplementedScmServer) testEmbeddedByValue()             {}
@@ -572,6 +704,150 @@ func _Scm_GetContainerReplicas_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scm_AddCachePool_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CachePool)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScmServer).AddCachePool(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scm_AddCachePool_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScmServer).AddCachePool(ctx, req.(*CachePool))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scm_ModifyCachePool_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CachePool)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScmServer).ModifyCachePool(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scm_ModifyCachePool_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScmServer).ModifyCachePool(ctx, req.(*CachePool))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scm_RemoveCachePool_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveCachePoolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScmServer).RemoveCachePool(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scm_RemoveCachePool_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScmServer).RemoveCachePool(ctx, req.(*RemoveCachePoolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scm_ListCachePools_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListCachePoolsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScmServer).ListCachePools(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scm_ListCachePools_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScmServer).ListCachePools(ctx, req.(*ListCachePoolsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scm_AddCacheDirective_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CacheDirective)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScmServer).AddCacheDirective(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scm_AddCacheDirective_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScmServer).AddCacheDirective(ctx, req.(*CacheDirective))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scm_ModifyCacheDirective_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CacheDirective)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScmServer).ModifyCacheDirective(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scm_ModifyCacheDirective_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScmServer).ModifyCacheDirective(ctx, req.(*CacheDirective))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scm_RemoveCacheDirective_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveCacheDirectiveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScmServer).RemoveCacheDirective(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scm_RemoveCacheDirective_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScmServer).RemoveCacheDirective(ctx, req.(*RemoveCacheDirectiveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scm_ListCacheDirectives_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListCacheDirectivesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScmServer).ListCacheDirectives(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scm_ListCacheDirectives_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScmServer).ListCacheDirectives(ctx, req.(*ListCacheDirectivesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Scm_ServiceDesc is the grpc.ServiceDesc for Scm service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -634,6 +910,38 @@ var Scm_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetContainerReplicas",
 			Handler:    _Scm_GetContainerReplicas_Handler,
+		},
+		{
+			MethodName: "AddCachePool",
+			Handler:    _Scm_AddCachePool_Handler,
+		},
+		{
+			MethodName: "ModifyCachePool",
+			Handler:    _Scm_ModifyCachePool_Handler,
+		},
+		{
+			MethodName: "RemoveCachePool",
+			Handler:    _Scm_RemoveCachePool_Handler,
+		},
+		{
+			MethodName: "ListCachePools",
+			Handler:    _Scm_ListCachePools_Handler,
+		},
+		{
+			MethodName: "AddCacheDirective",
+			Handler:    _Scm_AddCacheDirective_Handler,
+		},
+		{
+			MethodName: "ModifyCacheDirective",
+			Handler:    _Scm_ModifyCacheDirective_Handler,
+		},
+		{
+			MethodName: "RemoveCacheDirective",
+			Handler:    _Scm_RemoveCacheDirective_Handler,
+		},
+		{
+			MethodName: "ListCacheDirectives",
+			Handler:    _Scm_ListCacheDirectives_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

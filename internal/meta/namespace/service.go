@@ -344,6 +344,11 @@ func (s *Service) LookupKey(ctx context.Context, req *metapb.LookupKeyRequest) (
 			// Spread readers over equally near replicas.
 			rand.Shuffle(len(loc.Datanodes), func(i, j int) { loc.Datanodes[i], loc.Datanodes[j] = loc.Datanodes[j], loc.Datanodes[i] })
 			topology.SortByDistance(loc.Datanodes, 0, req.ClientLocation, func(d *metapb.DatanodeDetails) uint64 { return d.Id }, func(d *metapb.DatanodeDetails) string { return d.Location })
+			if cb, ok := s.blocks.(interface {
+				CachedOn(*metapb.BlockID) []uint64
+			}); ok {
+				loc.CachedDatanodes = cb.CachedOn(kb.Id) // cache directives (docs/CACHE.md)
+			}
 		}
 		ki.Locations = append(ki.Locations, loc)
 	}

@@ -66,6 +66,10 @@ type Config struct {
 	// SecretKeys tunes block token key rotation (secretkeys.go).
 	SecretKeys SecretKeyConfig
 
+	// CacheRescanInterval: how often the cache monitor resolves the cache
+	// directives again (default DefaultCacheRescanInterval; cache_monitor.go).
+	CacheRescanInterval time.Duration
+
 	// Registerer receives the replication manager's gauges (nil: none).
 	Registerer prometheus.Registerer
 
@@ -182,6 +186,8 @@ type Manager struct {
 	metrics *replMetrics
 	// reporters: rate limit of corrupt-replica reports (reports.go).
 	reporters map[string]*bucket
+
+	cacheMon cacheMonitor // cache directives' plan and reports (cache_monitor.go)
 
 	idMu   sync.Mutex // serializes ID range refills
 	idNext uint64
@@ -366,7 +372,9 @@ func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 	}
 	m.deleteAcks(req, n)
 	m.copyFailuresLocked(req, now)
+	m.cacheReportLocked(req)
 	cmds := m.commandsFor(req.DatanodeId, n, now)
+	cmds = m.cacheCommandsLocked(req.DatanodeId, now, cmds)
 	return &metapb.HeartbeatResponse{Commands: cmds, State: n.state, SecretKeys: m.st.SecretKeys()}, nil
 }
 
@@ -596,6 +604,7 @@ func (m *Manager) ListDatanodes() (*metapb.ListDatanodesResponse, error) {
 			}
 		}
 		m.fillOpStatus(ds)
+		ds.Cache = m.cacheStatsOf(d.Id)
 		resp.Datanodes = append(resp.Datanodes, ds)
 	}
 	return resp, nil
@@ -701,7 +710,12 @@ func (m *Manager) Tick(ctx context.Context) error {
 	acked := m.acked
 	reports := m.closedReports()
 	unhealthy := m.unhealthyBatch()
+	since := m.since
 	m.mu.Unlock()
+
+	if !safe {
+		m.cacheRound(now, since, healthy, false)
+	}
 
 	// Block token keys first: a pipeline's first token needs one.
 	if err := m.rotateSecretKeys(ctx); err != nil {

@@ -86,6 +86,7 @@ type State struct {
 	reports  map[repKey]*metapb.CorruptReplica // reports against replicas
 	safeExit bool                              // a leader left safe mode once
 	keys     secretKeys                        // block token keys (secretkeys.go)
+	cache    cacheDefs                         // cache pools and directives (cache.go)
 }
 
 // setPipeline stores p in the mirror and its indexes (caller holds mu for
@@ -173,6 +174,9 @@ func (s *State) load() error {
 	s.next = counters{dn: 1, pipeline: FirstPipelineID, container: 1, local: 1, tx: 1}
 	return s.st.View(func(r pebble.Reader) error {
 		if err := s.loadExtra(r); err != nil {
+			return err
+		}
+		if err := s.loadCache(r); err != nil {
 			return err
 		}
 		for _, c := range []struct {
@@ -404,6 +408,10 @@ func (s *State) apply(b *pebble.Batch, cmd *metapb.ScmCommand) any {
 		return nil
 	case *metapb.ScmCommand_SecretKeys:
 		return s.applySecretKeys(b, op.SecretKeys)
+	case *metapb.ScmCommand_CachePool:
+		return s.applyCachePool(b, op.CachePool)
+	case *metapb.ScmCommand_CacheDirective:
+		return s.applyCacheDirective(b, op.CacheDirective, now)
 	case *metapb.ScmCommand_PurgeDeleteTxs:
 		for _, id := range op.PurgeDeleteTxs.TxIds {
 			if err := b.Delete(key(pfxDeleteTx, id), nil); err != nil {
