@@ -41,8 +41,11 @@ type Host struct {
 	groups map[uint64]*Group
 	// home remembers on which store a group's state was found at start.
 	home map[uint64]*storeLoop
-	// adding holds the IDs of groups AddGroup is opening (outside mu).
+	// adding holds the IDs of groups AddGroup is opening (outside mu);
+	// addWG counts those opens, so Close closes the log stores only after
+	// them (an open racing Close used Pebble after it closed: a panic).
 	adding map[uint64]bool
+	addWG  sync.WaitGroup
 
 	// seq numbers this incarnation's proposals (and read requests). It
 	// starts at a random point (seqStart), not at 0: entries proposed by
@@ -212,11 +215,16 @@ func (h *Host) Close() error {
 		return nil
 	}
 	close(h.stopc)
+	// Barrier: an AddGroup that saw the host open under mu has counted
+	// itself in addWG by now; later ones see closed and do nothing.
+	h.mu.Lock()
+	h.mu.Unlock()
 	groups := h.groupList()
 	for _, g := range groups {
 		g.stop()
 	}
 	err := h.transport.Close()
+	h.addWG.Wait() // each stops the group it opened (it sees closed)
 	h.wg.Wait()
 	for _, g := range groups {
 		g.applyWG.Wait()
@@ -247,6 +255,10 @@ func (h *Host) AddGroup(cfg GroupConfig) (*Group, error) {
 	// group: loading and bootstrapping sync the log store, and inbound
 	// messages and ticks of every other group need the lock meanwhile.
 	h.mu.Lock()
+	if h.closed.Load() {
+		h.mu.Unlock()
+		return nil, ErrStopped
+	}
 	if _, ok := h.groups[cfg.ID]; ok || h.adding[cfg.ID] {
 		h.mu.Unlock()
 		return nil, fmt.Errorf("raft: group %d: %w", cfg.ID, ErrGroupExists)
@@ -263,7 +275,9 @@ func (h *Host) AddGroup(cfg GroupConfig) (*Group, error) {
 		}
 	}
 	h.adding[cfg.ID] = true
+	h.addWG.Add(1)
 	h.mu.Unlock()
+	defer h.addWG.Done()
 	g, err := h.openGroup(loop, cfg)
 	h.mu.Lock()
 	delete(h.adding, cfg.ID)
