@@ -160,6 +160,12 @@ func TestUserIsolation(t *testing.T) {
 	wantDenied(t, "bob decommissions a datanode", err)
 	_, err = gw.Scm.SetDatanodeOpState(asAlice(ctx), &metapb.SetDatanodeOpStateRequest{DatanodeId: ids[0], State: metapb.NodeOpState_ENTERING_MAINTENANCE})
 	wantDenied(t, "a gateway for alice puts a datanode in maintenance", err)
+	_, err = bob.Scm.AddCachePool(ctx, &metapb.CachePool{Name: "bobs"})
+	wantDenied(t, "bob adds a cache pool", err)
+	_, err = bob.Scm.AddCacheDirective(ctx, &metapb.CacheDirective{})
+	wantDenied(t, "bob adds a cache directive", err)
+	_, err = bob.Scm.RemoveCachePool(ctx, &metapb.RemoveCachePoolRequest{})
+	wantDenied(t, "bob removes a cache pool", err)
 	_, err = admin.Scm.SetDatanodeOpState(ctx, &metapb.SetDatanodeOpStateRequest{DatanodeId: ids[0], State: metapb.NodeOpState_IN_SERVICE})
 	if status.Code(err) == codes.PermissionDenied {
 		t.Fatalf("admin recommissions: %v", err)
