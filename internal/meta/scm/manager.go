@@ -152,6 +152,10 @@ type Manager struct {
 	prop Proposer
 	log  *slog.Logger
 
+	// keyMu serializes key rotation (Tick, and a registration that finds
+	// no key yet), so two proposals never race for the same key ID.
+	keyMu sync.Mutex
+
 	mu       sync.Mutex
 	leading  bool
 	since    time.Time // when this leadership began (as seen by the loop)
@@ -293,6 +297,16 @@ func (m *Manager) Register(ctx context.Context, req *metapb.RegisterDatanodeRequ
 	d.Location = loc
 	if id, ok := m.st.DatanodeByUUID(d.Uuid); ok && d.Id != 0 && d.Id != id {
 		return nil, status.Errorf(codes.FailedPrecondition, "register datanode %s: it claims ID %d but is registered as %d", d.Uuid, d.Id, id)
+	}
+	// The cluster's first block token key signs at once, so a datanode
+	// must hold it before it can be in a pipeline (a client may write to
+	// it as soon as the pipeline is open, before its first heartbeat
+	// brings keys): a registration that finds no key yet records it first,
+	// and the answer carries it.
+	if len(m.st.SecretKeys()) == 0 {
+		if err := m.rotateSecretKeys(ctx); err != nil {
+			return nil, err
+		}
 	}
 	res, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_RegisterDatanode{RegisterDatanode: &metapb.RegisterDatanodeOp{Details: d}}})
 	if err != nil {
