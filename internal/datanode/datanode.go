@@ -693,11 +693,33 @@ func (d *Datanode) closeContainer(cid, pipeline uint64) error {
 // ContainerReports are the container reports a full heartbeat carries.
 func (d *Datanode) ContainerReports() []*metapb.ContainerReport {
 	var out []*metapb.ContainerReport
+	have := map[uint64]bool{}
 	for _, c := range d.store.ListContainers() {
+		have[uint64(c.ID)] = true
 		out = append(out, &metapb.ContainerReport{
 			ContainerId: uint64(c.ID), State: containerState(c.State), UsedBytes: uint64(c.UsedBytes),
 			BlockCount: uint64(c.BlockCount), Bcsid: c.BCSID,
 		})
+	}
+	// A container a pipeline wrote into that this replica lacks and could
+	// not even create (no volume with room: a filled disk) has no storage
+	// record to carry its UNHEALTHY mark; without this report SCM kept
+	// allocating into it for minutes (the fault test's pipeline 1009).
+	d.mu.Lock()
+	sms := make([]*containerSM, 0, len(d.sms))
+	for _, sm := range d.sms {
+		sms = append(sms, sm)
+	}
+	d.mu.Unlock()
+	for _, sm := range sms {
+		sm.mu.Lock()
+		for cid := range sm.sick {
+			if !have[cid] {
+				have[cid] = true
+				out = append(out, &metapb.ContainerReport{ContainerId: cid, State: metapb.ContainerState_CONTAINER_UNHEALTHY})
+			}
+		}
+		sm.mu.Unlock()
 	}
 	return out
 }

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 
+	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/storage"
 	"github.com/basalt-store/basalt/internal/vfs"
 )
@@ -250,5 +252,46 @@ func TestFailedEntryStaysFailedAfterRestart(t *testing.T) {
 				t.Fatal("block 7/1 committed here although its chunk was never stored")
 			}
 		})
+	}
+}
+
+// TestUncreatableContainerReportedUnhealthy: a write into a container this
+// replica does not hold yet, on a volume without room for a new container
+// (a filled disk), fails here; the container cannot be created, so storage
+// has no record to mark UNHEALTHY. The heartbeat's container reports must
+// still name it UNHEALTHY, or SCM keeps the pipeline open and allocating
+// into it (make test-fault seed 587210: pipeline 1009, reported only two
+// minutes later, after the pipeline check had failed).
+func TestUncreatableContainerReportedUnhealthy(t *testing.T) {
+	dir := t.TempDir()
+	st, err := storage.Open(storage.Options{Volumes: []string{filepath.Join(dir, "vol")}, ContainerSize: 1 << 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	sm, err := newContainerSM(1000, st, vfs.Default, dir, &stats{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &replica{t: t, dir: dir, store: st, sm: sm}
+	data := randBytes(3, 1000)
+	e := smallFileEntry(3, 9, 1, data)
+	if err := r.sm.WriteData(e.Index, e.Term, e.Meta, data); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.apply(e); err == nil {
+		t.Fatal("a block into a container no volume has room for was committed")
+	}
+	if _, err := st.Container(9); err == nil {
+		t.Fatal("container 9 exists: the test needs one that cannot be created")
+	}
+	var got *metapb.ContainerReport
+	for _, c := range r.onDatanode().ContainerReports() {
+		if c.ContainerId == 9 {
+			got = c
+		}
+	}
+	if got == nil || got.State != metapb.ContainerState_CONTAINER_UNHEALTHY {
+		t.Fatalf("container 9 (lacking here, not creatable) reported as %v, want UNHEALTHY", got)
 	}
 }

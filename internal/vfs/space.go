@@ -3,6 +3,7 @@ package vfs
 import (
 	"errors"
 	"fmt"
+	iofs "io/fs"
 	"path/filepath"
 	"sync"
 	"time"
@@ -50,7 +51,10 @@ type SpaceOptions struct {
 //     database. OpenSpace, called before the database is opened, removes
 //     it when free space is below Reserve, so the open (WAL replay, flush)
 //     has room and the node comes up with writes refused instead of
-//     hanging; a later refresh recreates it once there is room again.
+//     hanging; so does any refresh that finds less than a quarter of
+//     Reserve free while running (something else filled the disk), so
+//     the database's next WAL write has room; a later refresh recreates
+//     it once there is room again.
 //
 // All methods are safe for concurrent use.
 type Space struct {
@@ -63,6 +67,9 @@ type Space struct {
 	spent   int64     // bytes admitted since
 	checked time.Time // time of the last statfs
 	ballast bool      // the ballast file exists (as far as we know)
+	// removed: the ballast was removed for want of space and is not back;
+	// its room is the database's, so Admit keeps it free as well.
+	removed bool
 }
 
 // OpenSpace starts watching the file system of dir, which must exist. Call
@@ -136,20 +143,29 @@ func (s *Space) admit(n int64, spend bool) error {
 			return err
 		}
 	}
-	if s.avail-s.spent-n < s.opts.Reserve && s.spent > 0 {
+	if s.avail-s.spent-n < s.reserveLocked() && s.spent > 0 {
 		// Decide a refusal on a fresh figure: deletes and compactions
 		// may have freed space since.
 		if err := s.refreshLocked(); err != nil {
 			return err
 		}
 	}
-	if left := s.avail - s.spent - n; left < s.opts.Reserve {
-		return fmt.Errorf("%s: %w: %d bytes free, %d to write, %d reserved for metadata", s.dir, ErrNoSpace, s.avail-s.spent, n, s.opts.Reserve)
+	if left, reserve := s.avail-s.spent-n, s.reserveLocked(); left < reserve {
+		return fmt.Errorf("%s: %w: %d bytes free, %d to write, %d reserved for metadata", s.dir, ErrNoSpace, s.avail-s.spent, n, reserve)
 	}
 	if spend {
 		s.spent += n
 	}
 	return nil
+}
+
+// reserveLocked is the room data must leave: the reserve, and the
+// ballast's room while the ballast is out for want of space.
+func (s *Space) reserveLocked() int64 {
+	if s.removed && s.opts.Ballast > 0 {
+		return s.opts.Reserve + s.opts.Ballast
+	}
+	return s.opts.Reserve
 }
 
 // Low reports (as Check(0)) whether the file system is below its reserve.
@@ -188,6 +204,23 @@ func (s *Space) refreshLocked() error {
 		return nil
 	}
 	s.avail = int64(min(du.AvailBytes, 1<<62))
+	if s.ballast && s.avail < s.opts.Reserve/4 {
+		// Our own data stops at the reserve (Admit), so something else
+		// filled the disk (another process, a runaway log) past three
+		// quarters of the reserve. The database may now hit ENOSPC on its
+		// next WAL write, which Pebble treats as fatal (a datanode marking
+		// a container UNHEALTHY after a refused chunk crashed so): give it
+		// the ballast's room now, not only at the next open. Data stays
+		// refused (Admit keeps the ballast's room free too); the ballast
+		// comes back once there is room for it. The price: if the other
+		// writer eats that room as well, a restart finds no ballast to
+		// remove. Above a quarter of the reserve the ballast is kept for
+		// the open.
+		if err := s.removeBallastLocked(); err != nil {
+			s.opts.Logf("vfs: %s: DISK FULL: %d bytes free, below the reserve of %d; removing the emergency ballast failed: %v", s.dir, s.avail, s.opts.Reserve, err)
+		}
+		return nil
+	}
 	// Twice the reserve beyond the ballast: a ballast recreated at the
 	// edge would be removed again by the next restart.
 	if s.opts.Ballast > 0 && !s.ballast && s.avail >= s.opts.Ballast+2*s.opts.Reserve {
@@ -201,14 +234,15 @@ func (s *Space) refreshLocked() error {
 }
 
 func (s *Space) removeBallastLocked() error {
-	if err := s.fs.Remove(s.opts.BallastPath); err != nil {
+	if err := s.fs.Remove(s.opts.BallastPath); err != nil && !errors.Is(err, iofs.ErrNotExist) {
 		return fmt.Errorf("%s: remove emergency ballast: %w", s.dir, err)
 	}
 	if err := syncDirOf(s.fs, s.opts.BallastPath); err != nil {
 		return fmt.Errorf("%s: remove emergency ballast: %w", s.dir, err)
 	}
 	s.ballast = false
-	s.opts.Logf("vfs: %s: DISK FULL: %d bytes free, below the reserve of %d; removed the emergency ballast %s (%d bytes) so the database can open; writes are refused until space is freed",
+	s.removed = true
+	s.opts.Logf("vfs: %s: DISK FULL: %d bytes free, below the reserve of %d; removed the emergency ballast %s (%d bytes) to keep the database writable; data writes are refused until space is freed",
 		s.dir, s.avail, s.opts.Reserve, s.opts.BallastPath, s.opts.Ballast)
 	if err := s.refreshLocked(); err != nil {
 		return err
@@ -248,6 +282,7 @@ func (s *Space) createBallastLocked() error {
 		return err
 	}
 	s.ballast = true
+	s.removed = false
 	du, err := s.fs.GetDiskUsage(s.dir)
 	if err == nil {
 		s.avail = int64(min(du.AvailBytes, 1<<62))

@@ -156,6 +156,10 @@ type Manager struct {
 	prop Proposer
 	log  *slog.Logger
 
+	// keyMu serializes key rotation (Tick, and a registration that finds
+	// no key yet), so two proposals never race for the same key ID.
+	keyMu sync.Mutex
+
 	mu       sync.Mutex
 	leading  bool
 	since    time.Time // when this leadership began (as seen by the loop)
@@ -299,6 +303,16 @@ func (m *Manager) Register(ctx context.Context, req *metapb.RegisterDatanodeRequ
 	d.Location = loc
 	if id, ok := m.st.DatanodeByUUID(d.Uuid); ok && d.Id != 0 && d.Id != id {
 		return nil, status.Errorf(codes.FailedPrecondition, "register datanode %s: it claims ID %d but is registered as %d", d.Uuid, d.Id, id)
+	}
+	// The cluster's first block token key signs at once, so a datanode
+	// must hold it before it can be in a pipeline (a client may write to
+	// it as soon as the pipeline is open, before its first heartbeat
+	// brings keys): a registration that finds no key yet records it first,
+	// and the answer carries it.
+	if len(m.st.SecretKeys()) == 0 {
+		if err := m.rotateSecretKeys(ctx); err != nil {
+			return nil, err
+		}
 	}
 	res, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_RegisterDatanode{RegisterDatanode: &metapb.RegisterDatanodeOp{Details: d}}})
 	if err != nil {
@@ -956,8 +970,20 @@ func (m *Manager) createPipelines(ctx context.Context, healthy map[uint64]bool) 
 		var op *metapb.CreatePipelineOp
 		racks := map[string]bool{}
 		var cands []Candidate
+		m.mu.Lock()
+		room := map[uint64]bool{}
+		for _, d := range m.st.Datanodes() {
+			_, room[d.Id] = m.roomLocked(d.Id)
+		}
+		m.mu.Unlock()
 		for _, d := range m.st.Datanodes() {
 			if !healthy[d.Id] || !m.inService(d.Id) {
+				continue
+			}
+			// A datanode that reports no room for a container gets no new
+			// pipeline: SCM would create containers there that it cannot
+			// hold (a filled disk: the fault test's pipeline 1012).
+			if !room[d.Id] {
 				continue
 			}
 			racks[d.Location] = true
@@ -1224,23 +1250,30 @@ func (m *Manager) noRoomLocked(p uint64) string {
 		return ""
 	}
 	for _, id := range pl.Datanodes {
-		n := m.nodes[id]
-		if n == nil || len(n.volumes) == 0 {
-			continue
-		}
-		var best uint64
-		known := false
-		for _, v := range n.volumes {
-			if v.AvailableKnown && !v.Failed {
-				known = true
-				best = max(best, v.AvailableBytes)
-			}
-		}
-		if known && best < m.cfg.ContainerSize {
+		if best, ok := m.roomLocked(id); !ok {
 			return fmt.Sprintf("pipeline %d: datanode %d has %d bytes free beyond its reserve", p, id, best)
 		}
 	}
 	return ""
+}
+
+// roomLocked reports whether datanode id last reported a volume with room
+// for a new container (true if it has not reported free space), and the
+// most it reported free. Callers hold m.mu.
+func (m *Manager) roomLocked(id uint64) (uint64, bool) {
+	n := m.nodes[id]
+	if n == nil || len(n.volumes) == 0 {
+		return 0, true
+	}
+	var best uint64
+	known := false
+	for _, v := range n.volumes {
+		if v.AvailableKnown && !v.Failed {
+			known = true
+			best = max(best, v.AvailableBytes)
+		}
+	}
+	return best, !known || best >= m.cfg.ContainerSize
 }
 
 // chargeFor is what an allocated block counts against its container: the

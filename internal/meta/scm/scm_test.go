@@ -593,3 +593,56 @@ func TestNoContainersWithoutRoom(t *testing.T) {
 		t.Fatalf("allocation after space came back: %v", err)
 	}
 }
+
+// TestNoPipelineOnDatanodeWithoutRoom: a datanode that reports no volume
+// with room for a container gets no new pipeline (the fault test's
+// pipeline 1012: built on a datanode whose disk was full, its containers
+// could not be created there, and it stayed OPEN taking no block); once
+// it reports room, it is placed again.
+func TestNoPipelineOnDatanodeWithoutRoom(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 2, SafeModeMinDatanodes: 4, BlockSize: 1 << 20, ContainerSize: 4 << 20})
+	var ids []uint64
+	for i := range 4 {
+		ids = append(ids, e.register(t, fmt.Sprintf("dn%d", i), fmt.Sprintf("/dc1/rack%d", i%2)))
+	}
+	full := ids[0]
+	report := func(id, avail uint64) {
+		if _, err := e.m.Heartbeat(e.ctx, &metapb.HeartbeatRequest{DatanodeId: id, Volumes: []*metapb.VolumeReport{
+			{Path: "/d1", CapacityBytes: 100 << 30, AvailableBytes: avail, AvailableKnown: true}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		report(id, 1<<30)
+	}
+	report(full, 3<<20) // less than a container
+	if err := e.m.Tick(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	three := 0
+	for _, p := range e.st.Pipelines() {
+		if p.State != metapb.PipelineState_PIPELINE_OPEN {
+			continue
+		}
+		if slices.Contains(p.Datanodes, full) {
+			t.Fatalf("pipeline %d %v placed on datanode %d, which has no room for a container", p.Id, p.Datanodes, full)
+		}
+		if p.Replication == metapb.Replication_THREE {
+			three++
+		}
+	}
+	if three == 0 {
+		t.Fatal("no THREE pipeline on the three datanodes with room")
+	}
+	report(full, 1<<30)
+	if err := e.m.Tick(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	placed := false
+	for _, p := range e.st.Pipelines() {
+		placed = placed || (p.State == metapb.PipelineState_PIPELINE_OPEN && slices.Contains(p.Datanodes, full))
+	}
+	if !placed {
+		t.Fatal("datanode with room again got no pipeline")
+	}
+}

@@ -157,6 +157,8 @@ func (s *State) TokenKeys() *blocktoken.KeySet { return s.keys.set.Load() }
 // Rotation (or there is none) and drops keys whose tokens have all
 // expired. Leader only (Tick).
 func (m *Manager) rotateSecretKeys(ctx context.Context) error {
+	m.keyMu.Lock()
+	defer m.keyMu.Unlock()
 	kc := m.keyCfg()
 	now := m.cfg.Now()
 	rows := m.st.SecretKeys()

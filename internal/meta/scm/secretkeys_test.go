@@ -1,7 +1,9 @@
 package scm
 
 import (
+	"fmt"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -112,5 +114,60 @@ func TestSecretKeysOpValidated(t *testing.T) {
 	}
 	if e.st.TokenKeys().Len() != 0 {
 		t.Fatal("a refused key was recorded")
+	}
+}
+
+// TestRegistrationCarriesFirstKey: a datanode that registers before the
+// leader's first Tick recorded a key must still get the key tokens are
+// signed with, in its registration answer. The first key signs at once, so
+// without it a client writing to a fresh pipeline right away was refused
+// ("signed with key 1, which this datanode does not hold (0 keys)") until
+// the datanode's next heartbeat (the gray-failure test's first write).
+// Concurrent registrations record one key, not one each.
+func TestRegistrationCarriesFirstKey(t *testing.T) {
+	e := newEnv(t, Config{})
+	const n = 4
+	resps := make([]*metapb.RegisterDatanodeResponse, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resps[i], errs[i] = e.m.Register(e.ctx, &metapb.RegisterDatanodeRequest{Details: &metapb.DatanodeDetails{
+				Uuid: fmt.Sprintf("dn-%d", i), DataAddr: "h:1", RaftAddr: "h:2", Location: "/r1"}})
+		}()
+	}
+	wg.Wait()
+	if got := e.st.TokenKeys().Len(); got != 1 {
+		t.Fatalf("%d keys recorded by %d concurrent registrations, want 1", got, n)
+	}
+	blk := &metapb.BlockID{ContainerId: 1, LocalId: 1}
+	tok, err := e.m.IssueToken(e.ctx, blk, blocktoken.Write, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range resps {
+		if errs[i] != nil {
+			t.Fatalf("register %d: %v", i, errs[i])
+		}
+		keys := make([]blocktoken.Key, len(r.SecretKeys))
+		for j, k := range r.SecretKeys {
+			keys[j] = blocktoken.Key{ID: k.Id, Secret: k.Secret, ActivateUnixMs: k.ActivateUnixMs}
+		}
+		ks, err := blocktoken.NewKeySet(keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ks.Verify(tok, blocktoken.Block{Container: 1, Local: 1}, blocktoken.Write, e.clk.Now()); err != nil {
+			t.Fatalf("datanode %d cannot verify a token issued right after it registered: %v", r.DatanodeId, err)
+		}
+	}
+	// The leader's Tick finds the key and records no other.
+	if err := e.m.Tick(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.st.TokenKeys().Len(); got != 1 {
+		t.Fatalf("%d keys after the first Tick, want 1", got)
 	}
 }
