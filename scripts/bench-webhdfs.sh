@@ -137,7 +137,7 @@ if [ "$S3A" = 1 ]; then
   # The small-file sets: the first S3A_FILES and SH_FILES of the FILES.
   subset() { # dir n
     mkdir "$dir/$1"
-    (cd "$dir/small" && ls | head -n "$2" | while read -r f; do ln "$f" "../$1/$f"; done)
+    (cd "$dir/small" && ls | awk -v n="$2" 'NR <= n' | while read -r f; do ln "$f" "../$1/$f"; done)
   }
   subset small.s3a "$S3A_FILES"
   subset small.sh "$SH_FILES"
@@ -171,14 +171,14 @@ if [ "$S3A" = 1 ]; then
   same "$dir/small.sh" "$dir/small.sh.get"
   timed "webhdfs -mv of the $FILES-file dir" 0 fsh -mv "$U/cmp/small" "$U/cmp/small2"
   timed "webhdfs RENAME of that dir (curl)" 0 curl -sf -X PUT "$H/cmp/small2?op=RENAME&destination=/bench/fsb/cmp/small3&user.name=bench"
-  n=$(fsh -count "$U/cmp/small3" | awk '{print $2}')
+  n=$(fsh -count "$U/cmp/small3" 2>/dev/null | awk '{print $2}')
   [ "$n" = "$FILES" ] || { echo "renamed directory $U/cmp/small3 holds $n files, want $FILES" >&2; exit 1; }
   echo "  load average: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT"
   timed "s3a -put dir of $S3A_FILES files" "-$S3A_FILES" s3a -put "$dir/small.s3a" "$S/cmp/small"
   timed "s3a -get dir of $S3A_FILES files" "-$S3A_FILES" s3a -get "$S/cmp/small" "$dir/small.s3a.get"
   same "$dir/small.s3a" "$dir/small.s3a.get"
   timed "s3a -mv of the $S3A_FILES-file dir" 0 s3a -mv "$S/cmp/small" "$S/cmp/small2"
-  n=$(s3a -count "$S/cmp/small2" | awk '{print $2}')
+  n=$(s3a -count "$S/cmp/small2" 2>/dev/null | awk '{print $2}')
   [ "$n" = "$S3A_FILES" ] || { echo "renamed directory $S/cmp/small2 holds $n files, want $S3A_FILES" >&2; exit 1; }
   echo "renamed directories counted: $FILES (webhdfs), $S3A_FILES (s3a); every copy read back matched; load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT"
   exit 0
