@@ -174,7 +174,7 @@ if [ "$S3A" = 1 ]; then
   timed "webhdfs -put dir of $FILES files" "-$FILES" fsh -put "$dir/small" "$U/cmp/small"
   # Bounded: on 2026-11-26 FsShell -get of a directory of more than one
   # LISTSTATUS_BATCH page (1,000 entries) never finished (see BENCHMARKS.md).
-  if try_timed "webhdfs -get dir of $FILES files" "-$FILES" timeout "$GET_TIMEOUT" fsh -get "$U/cmp/small" "$dir/small.wh.get"; then
+  if try_timed "webhdfs -get dir of $FILES files" "-$FILES" timeout "$GET_TIMEOUT" java -cp "$CP" org.apache.hadoop.fs.FsShell -get "$U/cmp/small" "$dir/small.wh.get"; then
     same "$dir/small" "$dir/small.wh.get"
   else
     echo "webhdfs -get dir of $FILES files: FAILED or over GET_TIMEOUT=$GET_TIMEOUT s; $(ls "$dir/small.wh.get" 2>/dev/null | wc -l) files copied" | tee -a "$OUT"
