@@ -263,7 +263,22 @@ type request struct {
 	user string
 }
 
-func (q *request) param(name string) string { return q.r.URL.Query().Get(name) }
+// param is a query parameter by name, matched without regard to case as
+// the NameNode does: Hadoop's Java client sends some names in lower case
+// (StartAfterParam.NAME is "startafter" in 3.4.1, where the REST
+// documentation writes startAfter).
+func (q *request) param(name string) string {
+	vs := q.r.URL.Query()
+	if v, ok := vs[name]; ok && len(v) > 0 {
+		return v[0]
+	}
+	for k, v := range vs {
+		if len(v) > 0 && strings.EqualFold(k, name) {
+			return v[0]
+		}
+	}
+	return ""
+}
 
 // ServeHTTP serves WebHDFS under Prefix. A panic in a handler becomes a
 // 500 IOException for that request only.

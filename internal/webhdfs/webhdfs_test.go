@@ -407,7 +407,12 @@ func TestListStatusBatch(t *testing.T) {
 	after := ""
 	pages := 0
 	for {
-		r := e.do(t, "GET", "/vol2/fsb/many", "LISTSTATUS_BATCH", url.Values{"startAfter": {after}}, nil)
+		if pages > 10 {
+			t.Fatalf("batch listing: still paging after %d pages (startafter ignored?)", pages)
+		}
+		// The spelling Hadoop 3.4.1's Java client sends (StartAfterParam.NAME);
+		// the REST documentation writes startAfter.
+		r := e.do(t, "GET", "/vol2/fsb/many", "LISTSTATUS_BATCH", url.Values{"startafter": {after}}, nil)
 		expect(t, "batch", r, 200, "")
 		dl := r.json(t)["DirectoryListing"].(map[string]any)
 		sts := dl["partialListing"].(map[string]any)["FileStatuses"].(map[string]any)["FileStatus"].([]any)
