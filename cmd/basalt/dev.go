@@ -8,6 +8,7 @@ import (
 	_ "net/http/pprof"
 	"os"
 	"os/signal"
+	"os/user"
 	"path/filepath"
 	"syscall"
 	"time"
@@ -68,7 +69,7 @@ themselves when run from the same directory (else --tls-dir or $` + envTLSDir + 
 	cmd.Flags().StringVar(&webhdfsAddr, "webhdfs", fmt.Sprintf("127.0.0.1:%d", webhdfs.DefaultPort), "WebHDFS gateway address (the NameNode's HTTP port); \"\" = off")
 	cmd.Flags().IntVar(&datanodes, "datanodes", 3, "number of datanodes")
 	cmd.Flags().IntVar(&basePort, "base-port", devBasePort, "meta gRPC port; the other ports follow it")
-	cmd.Flags().StringVar(&admins, "admins", os.Getenv("USER"), "administrators besides the CLI's certificate (client-"+cluster.ClientID.ID+"), comma-separated: by default your login name, so that Hadoop clients (WebHDFS user.name) may create volumes")
+	cmd.Flags().StringVar(&admins, "admins", loginName(), "administrators besides the CLI's certificate (client-"+cluster.ClientID.ID+"), comma-separated: by default your login name, so that Hadoop clients (WebHDFS user.name) may create volumes")
 	cmd.Flags().BoolVar(&insecure, "insecure-no-tls", false, "DANGEROUS: run every port in plaintext with no authentication (only to measure what TLS costs; clients need --insecure-no-tls too)")
 	cmd.Flags().StringVar(&zonedSpec, "zoned", "", "store block data on zoned volumes: --zoned alone emulates a zonefs per datanode (DATA_DIR/dnN/data/basalt/zonefs); --zoned=/mnt/z1,/mnt/z2,/mnt/z3 uses one real zonefs mount per datanode")
 	cmd.Flags().Lookup("zoned").NoOptDefVal = "emulate"
@@ -199,4 +200,17 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 	<-ctx.Done()
 	fmt.Println("basalt dev: stopping")
 	return nil
+}
+
+// loginName is the user running basalt dev ($USER, else the OS's name for
+// the process's user: CI and service managers often leave $USER unset,
+// while Hadoop's client still sends the OS user as user.name).
+func loginName() string {
+	if u := os.Getenv("USER"); u != "" {
+		return u
+	}
+	if u, err := user.Current(); err == nil {
+		return u.Username
+	}
+	return ""
 }
