@@ -135,7 +135,7 @@ run() {
 	head -c 20000000 /dev/urandom >/tmp/in.bin
 	dev() { /bin/basalt dev --zoned=/mnt/z1,/mnt/z2,/mnt/z3 --data-dir /tmp/dev --base-port 20000 --s3 127.0.0.1:0 --webhdfs "" --metrics 127.0.0.1:0 >/tmp/dev.log 2>&1 & echo $! >/tmp/dev.pid; }
 	waitdev() { for _ in $(seq 120); do grep -q '^ready' /tmp/dev.log && return 0; sleep 1; done; cat /tmp/dev.log; return 1; }
-	B="/bin/basalt sh --meta 127.0.0.1:20000"
+	B="/bin/basalt sh --meta 127.0.0.1:20000 --tls-dir /tmp/dev/tls/client-cli"
 	dev; waitdev || return 1
 	$B volume create /vol1 && $B bucket create /vol1/bkt1 && $B key put /vol1/bkt1/k1 /tmp/in.bin && $B key get /vol1/bkt1/k1 /tmp/out.bin || return 1
 	cmp /tmp/in.bin /tmp/out.bin || return 1

@@ -443,7 +443,7 @@ func TestCleanerReclaims(t *testing.T) {
 // that wraps ENOSPC (the store's ErrDiskFull), and takes writes again
 // once blocks are deleted.
 func TestOutOfZones(t *testing.T) {
-	v := newVol(t, vfs.Default, t.TempDir(), smallGeo, func(c *Config) { c.SpaceWait = time.Second })
+	v := newVol(t, vfs.Default, t.TempDir(), smallGeo, func(c *Config) { c.SpaceWait = 15 * time.Second }) // generous: the cleaner runs on a loaded machine
 	v.b.CreateContainer(1)
 	var lid storage.LocalID
 	var err error
