@@ -471,6 +471,178 @@ func (DeleteTxStatus) EnumDescriptor() ([]byte, []int) {
 	return file_meta_meta_proto_rawDescGZIP(), []int{7}
 }
 
+// AclType: who an ACL entry is for (Ozone's USER, GROUP, WORLD, ANONYMOUS).
+// WORLD is every authenticated user; ANONYMOUS requests without
+// credentials (S3 anonymous access through a gateway).
+type AclType int32
+
+const (
+	AclType_ACL_USER      AclType = 0
+	AclType_ACL_GROUP     AclType = 1
+	AclType_ACL_WORLD     AclType = 2
+	AclType_ACL_ANONYMOUS AclType = 3
+)
+
+// Enum value maps for AclType.
+var (
+	AclType_name = map[int32]string{
+		0: "ACL_USER",
+		1: "ACL_GROUP",
+		2: "ACL_WORLD",
+		3: "ACL_ANONYMOUS",
+	}
+	AclType_value = map[string]int32{
+		"ACL_USER":      0,
+		"ACL_GROUP":     1,
+		"ACL_WORLD":     2,
+		"ACL_ANONYMOUS": 3,
+	}
+)
+
+func (x AclType) Enum() *AclType {
+	p := new(AclType)
+	*p = x
+	return p
+}
+
+func (x AclType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AclType) Descriptor() protoreflect.EnumDescriptor {
+	return file_meta_meta_proto_enumTypes[8].Descriptor()
+}
+
+func (AclType) Type() protoreflect.EnumType {
+	return &file_meta_meta_proto_enumTypes[8]
+}
+
+func (x AclType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AclType.Descriptor instead.
+func (AclType) EnumDescriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{8}
+}
+
+// AclRight bits, ORed into Acl.rights (Ozone's rights).
+type AclRight int32
+
+const (
+	AclRight_ACL_NONE      AclRight = 0
+	AclRight_ACL_READ      AclRight = 1  // read a key's data, a bucket's or volume's record
+	AclRight_ACL_WRITE     AclRight = 2  // write (overwrite) a key
+	AclRight_ACL_CREATE    AclRight = 4  // create keys in a bucket, buckets in a volume
+	AclRight_ACL_LIST      AclRight = 8  // list a bucket's keys, a volume's buckets
+	AclRight_ACL_DELETE    AclRight = 16 // delete
+	AclRight_ACL_READ_ACL  AclRight = 32 // read the ACL
+	AclRight_ACL_WRITE_ACL AclRight = 64 // change the ACL
+	AclRight_ACL_ALL       AclRight = 127
+)
+
+// Enum value maps for AclRight.
+var (
+	AclRight_name = map[int32]string{
+		0:   "ACL_NONE",
+		1:   "ACL_READ",
+		2:   "ACL_WRITE",
+		4:   "ACL_CREATE",
+		8:   "ACL_LIST",
+		16:  "ACL_DELETE",
+		32:  "ACL_READ_ACL",
+		64:  "ACL_WRITE_ACL",
+		127: "ACL_ALL",
+	}
+	AclRight_value = map[string]int32{
+		"ACL_NONE":      0,
+		"ACL_READ":      1,
+		"ACL_WRITE":     2,
+		"ACL_CREATE":    4,
+		"ACL_LIST":      8,
+		"ACL_DELETE":    16,
+		"ACL_READ_ACL":  32,
+		"ACL_WRITE_ACL": 64,
+		"ACL_ALL":       127,
+	}
+)
+
+func (x AclRight) Enum() *AclRight {
+	p := new(AclRight)
+	*p = x
+	return p
+}
+
+func (x AclRight) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AclRight) Descriptor() protoreflect.EnumDescriptor {
+	return file_meta_meta_proto_enumTypes[9].Descriptor()
+}
+
+func (AclRight) Type() protoreflect.EnumType {
+	return &file_meta_meta_proto_enumTypes[9]
+}
+
+func (x AclRight) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AclRight.Descriptor instead.
+func (AclRight) EnumDescriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{9}
+}
+
+type AclOp int32
+
+const (
+	AclOp_ACL_REPLACE AclOp = 0 // the object's ACL becomes acls
+	AclOp_ACL_ADD     AclOp = 1 // rights in acls are added to the matching entries
+	AclOp_ACL_REMOVE  AclOp = 2 // rights in acls are removed (entries left with none go)
+)
+
+// Enum value maps for AclOp.
+var (
+	AclOp_name = map[int32]string{
+		0: "ACL_REPLACE",
+		1: "ACL_ADD",
+		2: "ACL_REMOVE",
+	}
+	AclOp_value = map[string]int32{
+		"ACL_REPLACE": 0,
+		"ACL_ADD":     1,
+		"ACL_REMOVE":  2,
+	}
+)
+
+func (x AclOp) Enum() *AclOp {
+	p := new(AclOp)
+	*p = x
+	return p
+}
+
+func (x AclOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AclOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_meta_meta_proto_enumTypes[10].Descriptor()
+}
+
+func (AclOp) Type() protoreflect.EnumType {
+	return &file_meta_meta_proto_enumTypes[10]
+}
+
+func (x AclOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AclOp.Descriptor instead.
+func (AclOp) EnumDescriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{10}
+}
+
 // NotLeader is attached to an UNAVAILABLE status by a replica that is not
 // the leader of the group the request needs.
 type NotLeader struct {
@@ -4298,6 +4470,7 @@ type Volume struct {
 	Owner         string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
 	CreatedUnixMs int64                  `protobuf:"varint,3,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
 	Attrs         *FileAttrs             `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"` // Hadoop-style attributes (WebHDFS, sh fs)
+	Acls          []*Acl                 `protobuf:"bytes,300,rep,name=acls,proto3" json:"acls,omitempty"`   // see GetAcl
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4356,6 +4529,13 @@ func (x *Volume) GetCreatedUnixMs() int64 {
 func (x *Volume) GetAttrs() *FileAttrs {
 	if x != nil {
 		return x.Attrs
+	}
+	return nil
+}
+
+func (x *Volume) GetAcls() []*Acl {
+	if x != nil {
+		return x.Acls
 	}
 	return nil
 }
@@ -4666,10 +4846,15 @@ type Bucket struct {
 	CreatedUnixMs int64                  `protobuf:"varint,6,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
 	// S3: the user (access key owner) who created the bucket; "" for
 	// buckets made before owners were recorded (admins only, through S3).
-	Owner         string     `protobuf:"bytes,140,opt,name=owner,proto3" json:"owner,omitempty"`
-	Attrs         *FileAttrs `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Owner string     `protobuf:"bytes,140,opt,name=owner,proto3" json:"owner,omitempty"`
+	Attrs *FileAttrs `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"`
+	Acls  []*Acl     `protobuf:"bytes,300,rep,name=acls,proto3" json:"acls,omitempty"` // see GetAcl
+	// Stored with the bucket; returned only by GetBucketPolicy and
+	// GetPublicAccessBlock (GetBucket leaves them unset).
+	Policy            string             `protobuf:"bytes,301,opt,name=policy,proto3" json:"policy,omitempty"`
+	PublicAccessBlock *PublicAccessBlock `protobuf:"bytes,302,opt,name=public_access_block,json=publicAccessBlock,proto3" json:"public_access_block,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Bucket) Reset() {
@@ -4754,6 +4939,27 @@ func (x *Bucket) GetOwner() string {
 func (x *Bucket) GetAttrs() *FileAttrs {
 	if x != nil {
 		return x.Attrs
+	}
+	return nil
+}
+
+func (x *Bucket) GetAcls() []*Acl {
+	if x != nil {
+		return x.Acls
+	}
+	return nil
+}
+
+func (x *Bucket) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+func (x *Bucket) GetPublicAccessBlock() *PublicAccessBlock {
+	if x != nil {
+		return x.PublicAccessBlock
 	}
 	return nil
 }
@@ -5182,6 +5388,7 @@ type KeyInfo struct {
 	ObjectId      uint64           `protobuf:"varint,12,opt,name=object_id,json=objectId,proto3" json:"object_id,omitempty"` // unique per committed version
 	Meta          *ObjectMeta      `protobuf:"bytes,13,opt,name=meta,proto3" json:"meta,omitempty"`                          // S3 attributes; unset for plain keys
 	Attrs         *FileAttrs       `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"`                       // fs buckets: set by SetFileAttrs
+	Acls          []*Acl           `protobuf:"bytes,300,rep,name=acls,proto3" json:"acls,omitempty"`                         // see GetAcl
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5310,6 +5517,13 @@ func (x *KeyInfo) GetMeta() *ObjectMeta {
 func (x *KeyInfo) GetAttrs() *FileAttrs {
 	if x != nil {
 		return x.Attrs
+	}
+	return nil
+}
+
+func (x *KeyInfo) GetAcls() []*Acl {
+	if x != nil {
+		return x.Acls
 	}
 	return nil
 }
@@ -8927,6 +9141,568 @@ func (x *ListCacheDirectivesResponse) GetStats() bool {
 	return false
 }
 
+type Acl struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          AclType                `protobuf:"varint,1,opt,name=type,proto3,enum=basalt.meta.v1.AclType" json:"type,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`      // user or group; "" for WORLD and ANONYMOUS
+	Rights        uint32                 `protobuf:"varint,3,opt,name=rights,proto3" json:"rights,omitempty"` // AclRight bits
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Acl) Reset() {
+	*x = Acl{}
+	mi := &file_meta_meta_proto_msgTypes[126]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Acl) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Acl) ProtoMessage() {}
+
+func (x *Acl) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[126]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Acl.ProtoReflect.Descriptor instead.
+func (*Acl) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{126}
+}
+
+func (x *Acl) GetType() AclType {
+	if x != nil {
+		return x.Type
+	}
+	return AclType_ACL_USER
+}
+
+func (x *Acl) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Acl) GetRights() uint32 {
+	if x != nil {
+		return x.Rights
+	}
+	return 0
+}
+
+// ObjectRef names a volume (bucket ""), a bucket (key "") or a key (in an
+// fs bucket: a file or directory path).
+type ObjectRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ObjectRef) Reset() {
+	*x = ObjectRef{}
+	mi := &file_meta_meta_proto_msgTypes[127]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ObjectRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ObjectRef) ProtoMessage() {}
+
+func (x *ObjectRef) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[127]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ObjectRef.ProtoReflect.Descriptor instead.
+func (*ObjectRef) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{127}
+}
+
+func (x *ObjectRef) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *ObjectRef) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *ObjectRef) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type GetAclRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ref           *ObjectRef             `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetAclRequest) Reset() {
+	*x = GetAclRequest{}
+	mi := &file_meta_meta_proto_msgTypes[128]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetAclRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetAclRequest) ProtoMessage() {}
+
+func (x *GetAclRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[128]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetAclRequest.ProtoReflect.Descriptor instead.
+func (*GetAclRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{128}
+}
+
+func (x *GetAclRequest) GetRef() *ObjectRef {
+	if x != nil {
+		return x.Ref
+	}
+	return nil
+}
+
+type SetAclRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ref           *ObjectRef             `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	Op            AclOp                  `protobuf:"varint,2,opt,name=op,proto3,enum=basalt.meta.v1.AclOp" json:"op,omitempty"`
+	Acls          []*Acl                 `protobuf:"bytes,3,rep,name=acls,proto3" json:"acls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetAclRequest) Reset() {
+	*x = SetAclRequest{}
+	mi := &file_meta_meta_proto_msgTypes[129]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetAclRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetAclRequest) ProtoMessage() {}
+
+func (x *SetAclRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[129]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetAclRequest.ProtoReflect.Descriptor instead.
+func (*SetAclRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{129}
+}
+
+func (x *SetAclRequest) GetRef() *ObjectRef {
+	if x != nil {
+		return x.Ref
+	}
+	return nil
+}
+
+func (x *SetAclRequest) GetOp() AclOp {
+	if x != nil {
+		return x.Op
+	}
+	return AclOp_ACL_REPLACE
+}
+
+func (x *SetAclRequest) GetAcls() []*Acl {
+	if x != nil {
+		return x.Acls
+	}
+	return nil
+}
+
+type AclList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Owner         string                 `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"` // the object's effective owner
+	Acls          []*Acl                 `protobuf:"bytes,2,rep,name=acls,proto3" json:"acls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AclList) Reset() {
+	*x = AclList{}
+	mi := &file_meta_meta_proto_msgTypes[130]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AclList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AclList) ProtoMessage() {}
+
+func (x *AclList) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[130]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AclList.ProtoReflect.Descriptor instead.
+func (*AclList) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{130}
+}
+
+func (x *AclList) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *AclList) GetAcls() []*Acl {
+	if x != nil {
+		return x.Acls
+	}
+	return nil
+}
+
+type BucketRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BucketRef) Reset() {
+	*x = BucketRef{}
+	mi := &file_meta_meta_proto_msgTypes[131]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BucketRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BucketRef) ProtoMessage() {}
+
+func (x *BucketRef) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[131]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BucketRef.ProtoReflect.Descriptor instead.
+func (*BucketRef) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{131}
+}
+
+func (x *BucketRef) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *BucketRef) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+type BucketPolicy struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Policy        string                 `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"` // JSON; "" = none
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BucketPolicy) Reset() {
+	*x = BucketPolicy{}
+	mi := &file_meta_meta_proto_msgTypes[132]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BucketPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BucketPolicy) ProtoMessage() {}
+
+func (x *BucketPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[132]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BucketPolicy.ProtoReflect.Descriptor instead.
+func (*BucketPolicy) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{132}
+}
+
+func (x *BucketPolicy) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *BucketPolicy) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *BucketPolicy) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+type BucketPolicyStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	IsPublic      bool                   `protobuf:"varint,1,opt,name=is_public,json=isPublic,proto3" json:"is_public,omitempty"` // as S3's PolicyStatus.IsPublic
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BucketPolicyStatus) Reset() {
+	*x = BucketPolicyStatus{}
+	mi := &file_meta_meta_proto_msgTypes[133]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BucketPolicyStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BucketPolicyStatus) ProtoMessage() {}
+
+func (x *BucketPolicyStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[133]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BucketPolicyStatus.ProtoReflect.Descriptor instead.
+func (*BucketPolicyStatus) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{133}
+}
+
+func (x *BucketPolicyStatus) GetIsPublic() bool {
+	if x != nil {
+		return x.IsPublic
+	}
+	return false
+}
+
+type PublicAccessBlock struct {
+	state                 protoimpl.MessageState `protogen:"open.v1"`
+	BlockPublicAcls       bool                   `protobuf:"varint,1,opt,name=block_public_acls,json=blockPublicAcls,proto3" json:"block_public_acls,omitempty"`
+	IgnorePublicAcls      bool                   `protobuf:"varint,2,opt,name=ignore_public_acls,json=ignorePublicAcls,proto3" json:"ignore_public_acls,omitempty"`
+	BlockPublicPolicy     bool                   `protobuf:"varint,3,opt,name=block_public_policy,json=blockPublicPolicy,proto3" json:"block_public_policy,omitempty"`
+	RestrictPublicBuckets bool                   `protobuf:"varint,4,opt,name=restrict_public_buckets,json=restrictPublicBuckets,proto3" json:"restrict_public_buckets,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *PublicAccessBlock) Reset() {
+	*x = PublicAccessBlock{}
+	mi := &file_meta_meta_proto_msgTypes[134]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublicAccessBlock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublicAccessBlock) ProtoMessage() {}
+
+func (x *PublicAccessBlock) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[134]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublicAccessBlock.ProtoReflect.Descriptor instead.
+func (*PublicAccessBlock) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{134}
+}
+
+func (x *PublicAccessBlock) GetBlockPublicAcls() bool {
+	if x != nil {
+		return x.BlockPublicAcls
+	}
+	return false
+}
+
+func (x *PublicAccessBlock) GetIgnorePublicAcls() bool {
+	if x != nil {
+		return x.IgnorePublicAcls
+	}
+	return false
+}
+
+func (x *PublicAccessBlock) GetBlockPublicPolicy() bool {
+	if x != nil {
+		return x.BlockPublicPolicy
+	}
+	return false
+}
+
+func (x *PublicAccessBlock) GetRestrictPublicBuckets() bool {
+	if x != nil {
+		return x.RestrictPublicBuckets
+	}
+	return false
+}
+
+type PublicAccessBlockConfig struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volume        string                 `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket        string                 `protobuf:"bytes,2,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Config        *PublicAccessBlock     `protobuf:"bytes,3,opt,name=config,proto3" json:"config,omitempty"` // unset = none
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublicAccessBlockConfig) Reset() {
+	*x = PublicAccessBlockConfig{}
+	mi := &file_meta_meta_proto_msgTypes[135]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublicAccessBlockConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublicAccessBlockConfig) ProtoMessage() {}
+
+func (x *PublicAccessBlockConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[135]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublicAccessBlockConfig.ProtoReflect.Descriptor instead.
+func (*PublicAccessBlockConfig) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{135}
+}
+
+func (x *PublicAccessBlockConfig) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *PublicAccessBlockConfig) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *PublicAccessBlockConfig) GetConfig() *PublicAccessBlock {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
 var File_meta_meta_proto protoreflect.FileDescriptor
 
 const file_meta_meta_proto_rawDesc = "" +
@@ -9239,12 +10015,13 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\fin_safe_mode\x18\x01 \x01(\bR\n" +
 	"inSafeMode\x12-\n" +
 	"\x12reported_datanodes\x18\x02 \x01(\rR\x11reportedDatanodes\x12-\n" +
-	"\x12required_datanodes\x18\x03 \x01(\rR\x11requiredDatanodes\"\x8c\x01\n" +
+	"\x12required_datanodes\x18\x03 \x01(\rR\x11requiredDatanodes\"\xb6\x01\n" +
 	"\x06Volume\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x03 \x01(\x03R\rcreatedUnixMs\x120\n" +
-	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"q\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\x12(\n" +
+	"\x04acls\x18\xac\x02 \x03(\v2\x13.basalt.meta.v1.AclR\x04acls\"q\n" +
 	"\x13CreateVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x120\n" +
@@ -9261,7 +10038,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\")\n" +
 	"\x13DeleteVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
-	"\x14DeleteVolumeResponse\"\xaa\x02\n" +
+	"\x14DeleteVolumeResponse\"\xc1\x03\n" +
 	"\x06Bucket\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x0e\n" +
@@ -9270,7 +10047,10 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\vreplication\x18\x05 \x01(\x0e2\x1b.basalt.meta.v1.ReplicationR\vreplication\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x06 \x01(\x03R\rcreatedUnixMs\x12\x15\n" +
 	"\x05owner\x18\x8c\x01 \x01(\tR\x05owner\x120\n" +
-	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"\xff\x01\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\x12(\n" +
+	"\x04acls\x18\xac\x02 \x03(\v2\x13.basalt.meta.v1.AclR\x04acls\x12\x17\n" +
+	"\x06policy\x18\xad\x02 \x01(\tR\x06policy\x12R\n" +
+	"\x13public_access_block\x18\xae\x02 \x01(\v2!.basalt.meta.v1.PublicAccessBlockR\x11publicAccessBlock\"\xff\x01\n" +
 	"\x13CreateBucketRequest\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x124\n" +
@@ -9297,7 +10077,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x14DeleteBucketResponse\"K\n" +
 	"\bKeyBlock\x12'\n" +
 	"\x02id\x18\x01 \x01(\v2\x17.basalt.meta.v1.BlockIDR\x02id\x12\x16\n" +
-	"\x06length\x18\x02 \x01(\x04R\x06length\"\xd1\x04\n" +
+	"\x06length\x18\x02 \x01(\x04R\x06length\"\xfb\x04\n" +
 	"\aKeyInfo\x12\x16\n" +
 	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x12\n" +
@@ -9313,7 +10093,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\tlocations\x18\v \x03(\v2\x1d.basalt.meta.v1.BlockLocationR\tlocations\x12\x1b\n" +
 	"\tobject_id\x18\f \x01(\x04R\bobjectId\x12.\n" +
 	"\x04meta\x18\r \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\x120\n" +
-	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"\x97\x05\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\x12(\n" +
+	"\x04acls\x18\xac\x02 \x03(\v2\x13.basalt.meta.v1.AclR\x04acls\"\x97\x05\n" +
 	"\n" +
 	"ObjectMeta\x12\x12\n" +
 	"\x04etag\x18\x01 \x01(\tR\x04etag\x12!\n" +
@@ -9607,7 +10388,42 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\n" +
 	"directives\x18\x01 \x03(\v2\x1e.basalt.meta.v1.CacheDirectiveR\n" +
 	"directives\x12\x14\n" +
-	"\x05stats\x18\x02 \x01(\bR\x05stats*>\n" +
+	"\x05stats\x18\x02 \x01(\bR\x05stats\"^\n" +
+	"\x03Acl\x12+\n" +
+	"\x04type\x18\x01 \x01(\x0e2\x17.basalt.meta.v1.AclTypeR\x04type\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
+	"\x06rights\x18\x03 \x01(\rR\x06rights\"M\n" +
+	"\tObjectRef\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
+	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\"<\n" +
+	"\rGetAclRequest\x12+\n" +
+	"\x03ref\x18\x01 \x01(\v2\x19.basalt.meta.v1.ObjectRefR\x03ref\"\x8c\x01\n" +
+	"\rSetAclRequest\x12+\n" +
+	"\x03ref\x18\x01 \x01(\v2\x19.basalt.meta.v1.ObjectRefR\x03ref\x12%\n" +
+	"\x02op\x18\x02 \x01(\x0e2\x15.basalt.meta.v1.AclOpR\x02op\x12'\n" +
+	"\x04acls\x18\x03 \x03(\v2\x13.basalt.meta.v1.AclR\x04acls\"H\n" +
+	"\aAclList\x12\x14\n" +
+	"\x05owner\x18\x01 \x01(\tR\x05owner\x12'\n" +
+	"\x04acls\x18\x02 \x03(\v2\x13.basalt.meta.v1.AclR\x04acls\";\n" +
+	"\tBucketRef\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
+	"\x06bucket\x18\x02 \x01(\tR\x06bucket\"V\n" +
+	"\fBucketPolicy\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
+	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x16\n" +
+	"\x06policy\x18\x03 \x01(\tR\x06policy\"1\n" +
+	"\x12BucketPolicyStatus\x12\x1b\n" +
+	"\tis_public\x18\x01 \x01(\bR\bisPublic\"\xd5\x01\n" +
+	"\x11PublicAccessBlock\x12*\n" +
+	"\x11block_public_acls\x18\x01 \x01(\bR\x0fblockPublicAcls\x12,\n" +
+	"\x12ignore_public_acls\x18\x02 \x01(\bR\x10ignorePublicAcls\x12.\n" +
+	"\x13block_public_policy\x18\x03 \x01(\bR\x11blockPublicPolicy\x126\n" +
+	"\x17restrict_public_buckets\x18\x04 \x01(\bR\x15restrictPublicBuckets\"\x84\x01\n" +
+	"\x17PublicAccessBlockConfig\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x16\n" +
+	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x129\n" +
+	"\x06config\x18\x03 \x01(\v2!.basalt.meta.v1.PublicAccessBlockR\x06config*>\n" +
 	"\vReplication\x12\x1b\n" +
 	"\x17REPLICATION_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03ONE\x10\x01\x12\t\n" +
@@ -9649,7 +10465,29 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x1cDELETE_TX_STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDELETE_TX_DONE\x10\x01\x12!\n" +
 	"\x1dDELETE_TX_CONTAINER_UNHEALTHY\x10\x02\x12\x1f\n" +
-	"\x1bDELETE_TX_CONTAINER_MISSING\x10\x032\xe1\x10\n" +
+	"\x1bDELETE_TX_CONTAINER_MISSING\x10\x03*H\n" +
+	"\aAclType\x12\f\n" +
+	"\bACL_USER\x10\x00\x12\r\n" +
+	"\tACL_GROUP\x10\x01\x12\r\n" +
+	"\tACL_WORLD\x10\x02\x12\x11\n" +
+	"\rACL_ANONYMOUS\x10\x03*\x95\x01\n" +
+	"\bAclRight\x12\f\n" +
+	"\bACL_NONE\x10\x00\x12\f\n" +
+	"\bACL_READ\x10\x01\x12\r\n" +
+	"\tACL_WRITE\x10\x02\x12\x0e\n" +
+	"\n" +
+	"ACL_CREATE\x10\x04\x12\f\n" +
+	"\bACL_LIST\x10\b\x12\x0e\n" +
+	"\n" +
+	"ACL_DELETE\x10\x10\x12\x10\n" +
+	"\fACL_READ_ACL\x10 \x12\x11\n" +
+	"\rACL_WRITE_ACL\x10@\x12\v\n" +
+	"\aACL_ALL\x10\x7f*5\n" +
+	"\x05AclOp\x12\x0f\n" +
+	"\vACL_REPLACE\x10\x00\x12\v\n" +
+	"\aACL_ADD\x10\x01\x12\x0e\n" +
+	"\n" +
+	"ACL_REMOVE\x10\x022\xe1\x10\n" +
 	"\x03Scm\x12e\n" +
 	"\x10RegisterDatanode\x12'.basalt.meta.v1.RegisterDatanodeRequest\x1a(.basalt.meta.v1.RegisterDatanodeResponse\x12P\n" +
 	"\tHeartbeat\x12 .basalt.meta.v1.HeartbeatRequest\x1a!.basalt.meta.v1.HeartbeatResponse\x12_\n" +
@@ -9672,7 +10510,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x11AddCacheDirective\x12\x1e.basalt.meta.v1.CacheDirective\x1a\x1e.basalt.meta.v1.CacheDirective\x12V\n" +
 	"\x14ModifyCacheDirective\x12\x1e.basalt.meta.v1.CacheDirective\x1a\x1e.basalt.meta.v1.CacheDirective\x12q\n" +
 	"\x14RemoveCacheDirective\x12+.basalt.meta.v1.RemoveCacheDirectiveRequest\x1a,.basalt.meta.v1.RemoveCacheDirectiveResponse\x12n\n" +
-	"\x13ListCacheDirectives\x12*.basalt.meta.v1.ListCacheDirectivesRequest\x1a+.basalt.meta.v1.ListCacheDirectivesResponse2\xb3\x13\n" +
+	"\x13ListCacheDirectives\x12*.basalt.meta.v1.ListCacheDirectivesRequest\x1a+.basalt.meta.v1.ListCacheDirectivesResponse2\xf0\x17\n" +
 	"\tNamespace\x12K\n" +
 	"\fCreateVolume\x12#.basalt.meta.v1.CreateVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12E\n" +
 	"\tGetVolume\x12 .basalt.meta.v1.GetVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12V\n" +
@@ -9704,7 +10542,14 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x0eCreateS3Secret\x12%.basalt.meta.v1.CreateS3SecretRequest\x1a\x18.basalt.meta.v1.S3Secret\x12K\n" +
 	"\vGetS3Secret\x12\".basalt.meta.v1.GetS3SecretRequest\x1a\x18.basalt.meta.v1.S3Secret\x12_\n" +
 	"\x0eDeleteS3Secret\x12%.basalt.meta.v1.DeleteS3SecretRequest\x1a&.basalt.meta.v1.DeleteS3SecretResponse\x12Y\n" +
-	"\fSetFileAttrs\x12#.basalt.meta.v1.SetFileAttrsRequest\x1a$.basalt.meta.v1.SetFileAttrsResponseB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
+	"\fSetFileAttrs\x12#.basalt.meta.v1.SetFileAttrsRequest\x1a$.basalt.meta.v1.SetFileAttrsResponse\x12@\n" +
+	"\x06GetAcl\x12\x1d.basalt.meta.v1.GetAclRequest\x1a\x17.basalt.meta.v1.AclList\x12@\n" +
+	"\x06SetAcl\x12\x1d.basalt.meta.v1.SetAclRequest\x1a\x17.basalt.meta.v1.AclList\x12J\n" +
+	"\x0fGetBucketPolicy\x12\x19.basalt.meta.v1.BucketRef\x1a\x1c.basalt.meta.v1.BucketPolicy\x12M\n" +
+	"\x0fSetBucketPolicy\x12\x1c.basalt.meta.v1.BucketPolicy\x1a\x1c.basalt.meta.v1.BucketPolicy\x12V\n" +
+	"\x15GetBucketPolicyStatus\x12\x19.basalt.meta.v1.BucketRef\x1a\".basalt.meta.v1.BucketPolicyStatus\x12Z\n" +
+	"\x14GetPublicAccessBlock\x12\x19.basalt.meta.v1.BucketRef\x1a'.basalt.meta.v1.PublicAccessBlockConfig\x12h\n" +
+	"\x14SetPublicAccessBlock\x12'.basalt.meta.v1.PublicAccessBlockConfig\x1a'.basalt.meta.v1.PublicAccessBlockConfigB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
 
 var (
 	file_meta_meta_proto_rawDescOnce sync.Once
@@ -9718,8 +10563,8 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 	return file_meta_meta_proto_rawDescData
 }
 
-var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 130)
+var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 140)
 var file_meta_meta_proto_goTypes = []any{
 	(Replication)(0),                       // 0: basalt.meta.v1.Replication
 	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
@@ -9729,136 +10574,149 @@ var file_meta_meta_proto_goTypes = []any{
 	(BucketLayout)(0),                      // 5: basalt.meta.v1.BucketLayout
 	(ChecksumType)(0),                      // 6: basalt.meta.v1.ChecksumType
 	(DeleteTxStatus)(0),                    // 7: basalt.meta.v1.DeleteTxStatus
-	(*NotLeader)(nil),                      // 8: basalt.meta.v1.NotLeader
-	(*DatanodeDetails)(nil),                // 9: basalt.meta.v1.DatanodeDetails
-	(*VolumeReport)(nil),                   // 10: basalt.meta.v1.VolumeReport
-	(*ContainerReport)(nil),                // 11: basalt.meta.v1.ContainerReport
-	(*PipelineReport)(nil),                 // 12: basalt.meta.v1.PipelineReport
-	(*Pipeline)(nil),                       // 13: basalt.meta.v1.Pipeline
-	(*Container)(nil),                      // 14: basalt.meta.v1.Container
-	(*BlockID)(nil),                        // 15: basalt.meta.v1.BlockID
-	(*BlockLocation)(nil),                  // 16: basalt.meta.v1.BlockLocation
-	(*ExcludeList)(nil),                    // 17: basalt.meta.v1.ExcludeList
-	(*SetDatanodeOpStateRequest)(nil),      // 18: basalt.meta.v1.SetDatanodeOpStateRequest
-	(*SetDatanodeOpStateResponse)(nil),     // 19: basalt.meta.v1.SetDatanodeOpStateResponse
-	(*GetContainerReplicasRequest)(nil),    // 20: basalt.meta.v1.GetContainerReplicasRequest
-	(*ReplicaInfo)(nil),                    // 21: basalt.meta.v1.ReplicaInfo
-	(*ContainerReplicas)(nil),              // 22: basalt.meta.v1.ContainerReplicas
-	(*GetContainerReplicasResponse)(nil),   // 23: basalt.meta.v1.GetContainerReplicasResponse
-	(*RegisterDatanodeRequest)(nil),        // 24: basalt.meta.v1.RegisterDatanodeRequest
-	(*RegisterDatanodeResponse)(nil),       // 25: basalt.meta.v1.RegisterDatanodeResponse
-	(*HeartbeatRequest)(nil),               // 26: basalt.meta.v1.HeartbeatRequest
-	(*CacheStats)(nil),                     // 27: basalt.meta.v1.CacheStats
-	(*CopyFailure)(nil),                    // 28: basalt.meta.v1.CopyFailure
-	(*DeleteTxAck)(nil),                    // 29: basalt.meta.v1.DeleteTxAck
-	(*HeartbeatResponse)(nil),              // 30: basalt.meta.v1.HeartbeatResponse
-	(*DatanodeCommand)(nil),                // 31: basalt.meta.v1.DatanodeCommand
-	(*CacheBlocksCommand)(nil),             // 32: basalt.meta.v1.CacheBlocksCommand
-	(*UncacheBlocksCommand)(nil),           // 33: basalt.meta.v1.UncacheBlocksCommand
-	(*ReplicateContainerCommand)(nil),      // 34: basalt.meta.v1.ReplicateContainerCommand
-	(*DeleteContainerCommand)(nil),         // 35: basalt.meta.v1.DeleteContainerCommand
-	(*CreatePipelineCommand)(nil),          // 36: basalt.meta.v1.CreatePipelineCommand
-	(*ClosePipelineCommand)(nil),           // 37: basalt.meta.v1.ClosePipelineCommand
-	(*CloseContainerCommand)(nil),          // 38: basalt.meta.v1.CloseContainerCommand
-	(*DeleteBlocksCommand)(nil),            // 39: basalt.meta.v1.DeleteBlocksCommand
-	(*AllocateBlocksRequest)(nil),          // 40: basalt.meta.v1.AllocateBlocksRequest
-	(*AllocateBlocksResponse)(nil),         // 41: basalt.meta.v1.AllocateBlocksResponse
-	(*DeleteBlocksRequest)(nil),            // 42: basalt.meta.v1.DeleteBlocksRequest
-	(*DeleteBlocksGroup)(nil),              // 43: basalt.meta.v1.DeleteBlocksGroup
-	(*DeleteBlocksResponse)(nil),           // 44: basalt.meta.v1.DeleteBlocksResponse
-	(*ReportCorruptReplicaRequest)(nil),    // 45: basalt.meta.v1.ReportCorruptReplicaRequest
-	(*ReportCorruptReplicaResponse)(nil),   // 46: basalt.meta.v1.ReportCorruptReplicaResponse
-	(*ListCorruptReplicasRequest)(nil),     // 47: basalt.meta.v1.ListCorruptReplicasRequest
-	(*CorruptReplica)(nil),                 // 48: basalt.meta.v1.CorruptReplica
-	(*ListCorruptReplicasResponse)(nil),    // 49: basalt.meta.v1.ListCorruptReplicasResponse
-	(*GetContainersRequest)(nil),           // 50: basalt.meta.v1.GetContainersRequest
-	(*GetContainersResponse)(nil),          // 51: basalt.meta.v1.GetContainersResponse
-	(*ContainerWithLocation)(nil),          // 52: basalt.meta.v1.ContainerWithLocation
-	(*ListDatanodesRequest)(nil),           // 53: basalt.meta.v1.ListDatanodesRequest
-	(*DatanodeStatus)(nil),                 // 54: basalt.meta.v1.DatanodeStatus
-	(*ListDatanodesResponse)(nil),          // 55: basalt.meta.v1.ListDatanodesResponse
-	(*ListPipelinesRequest)(nil),           // 56: basalt.meta.v1.ListPipelinesRequest
-	(*ListPipelinesResponse)(nil),          // 57: basalt.meta.v1.ListPipelinesResponse
-	(*ListContainersRequest)(nil),          // 58: basalt.meta.v1.ListContainersRequest
-	(*ListContainersResponse)(nil),         // 59: basalt.meta.v1.ListContainersResponse
-	(*GetSafeModeRequest)(nil),             // 60: basalt.meta.v1.GetSafeModeRequest
-	(*GetContainerHealthRequest)(nil),      // 61: basalt.meta.v1.GetContainerHealthRequest
-	(*ContainerHealth)(nil),                // 62: basalt.meta.v1.ContainerHealth
-	(*ReplicationCopy)(nil),                // 63: basalt.meta.v1.ReplicationCopy
-	(*GetContainerHealthResponse)(nil),     // 64: basalt.meta.v1.GetContainerHealthResponse
-	(*GetSafeModeResponse)(nil),            // 65: basalt.meta.v1.GetSafeModeResponse
-	(*Volume)(nil),                         // 66: basalt.meta.v1.Volume
-	(*CreateVolumeRequest)(nil),            // 67: basalt.meta.v1.CreateVolumeRequest
-	(*GetVolumeRequest)(nil),               // 68: basalt.meta.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),             // 69: basalt.meta.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),            // 70: basalt.meta.v1.ListVolumesResponse
-	(*DeleteVolumeRequest)(nil),            // 71: basalt.meta.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),           // 72: basalt.meta.v1.DeleteVolumeResponse
-	(*Bucket)(nil),                         // 73: basalt.meta.v1.Bucket
-	(*CreateBucketRequest)(nil),            // 74: basalt.meta.v1.CreateBucketRequest
-	(*GetBucketRequest)(nil),               // 75: basalt.meta.v1.GetBucketRequest
-	(*ListBucketsRequest)(nil),             // 76: basalt.meta.v1.ListBucketsRequest
-	(*ListBucketsResponse)(nil),            // 77: basalt.meta.v1.ListBucketsResponse
-	(*DeleteBucketRequest)(nil),            // 78: basalt.meta.v1.DeleteBucketRequest
-	(*DeleteBucketResponse)(nil),           // 79: basalt.meta.v1.DeleteBucketResponse
-	(*KeyBlock)(nil),                       // 80: basalt.meta.v1.KeyBlock
-	(*KeyInfo)(nil),                        // 81: basalt.meta.v1.KeyInfo
-	(*ObjectMeta)(nil),                     // 82: basalt.meta.v1.ObjectMeta
-	(*OpenKeyRequest)(nil),                 // 83: basalt.meta.v1.OpenKeyRequest
-	(*OpenKeyResponse)(nil),                // 84: basalt.meta.v1.OpenKeyResponse
-	(*AllocateBlockRequest)(nil),           // 85: basalt.meta.v1.AllocateBlockRequest
-	(*AllocateBlockResponse)(nil),          // 86: basalt.meta.v1.AllocateBlockResponse
-	(*CommitKeyRequest)(nil),               // 87: basalt.meta.v1.CommitKeyRequest
-	(*PartRef)(nil),                        // 88: basalt.meta.v1.PartRef
-	(*LookupKeyRequest)(nil),               // 89: basalt.meta.v1.LookupKeyRequest
-	(*ListKeysRequest)(nil),                // 90: basalt.meta.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),               // 91: basalt.meta.v1.ListKeysResponse
-	(*RenameKeyRequest)(nil),               // 92: basalt.meta.v1.RenameKeyRequest
-	(*RenameKeyResponse)(nil),              // 93: basalt.meta.v1.RenameKeyResponse
-	(*DeleteKeyRequest)(nil),               // 94: basalt.meta.v1.DeleteKeyRequest
-	(*DeleteKeyResponse)(nil),              // 95: basalt.meta.v1.DeleteKeyResponse
-	(*FileStatus)(nil),                     // 96: basalt.meta.v1.FileStatus
-	(*CreateDirectoryRequest)(nil),         // 97: basalt.meta.v1.CreateDirectoryRequest
-	(*GetFileStatusRequest)(nil),           // 98: basalt.meta.v1.GetFileStatusRequest
-	(*ListStatusRequest)(nil),              // 99: basalt.meta.v1.ListStatusRequest
-	(*ListStatusResponse)(nil),             // 100: basalt.meta.v1.ListStatusResponse
-	(*SetKeyMetaRequest)(nil),              // 101: basalt.meta.v1.SetKeyMetaRequest
-	(*CopyKeyRequest)(nil),                 // 102: basalt.meta.v1.CopyKeyRequest
-	(*MultipartUpload)(nil),                // 103: basalt.meta.v1.MultipartUpload
-	(*CreateMultipartUploadRequest)(nil),   // 104: basalt.meta.v1.CreateMultipartUploadRequest
-	(*CompletedPart)(nil),                  // 105: basalt.meta.v1.CompletedPart
-	(*CompleteMultipartUploadRequest)(nil), // 106: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 107: basalt.meta.v1.AbortMultipartUploadRequest
-	(*AbortMultipartUploadResponse)(nil),   // 108: basalt.meta.v1.AbortMultipartUploadResponse
-	(*PartInfo)(nil),                       // 109: basalt.meta.v1.PartInfo
-	(*ListPartsRequest)(nil),               // 110: basalt.meta.v1.ListPartsRequest
-	(*ListPartsResponse)(nil),              // 111: basalt.meta.v1.ListPartsResponse
-	(*ListMultipartUploadsRequest)(nil),    // 112: basalt.meta.v1.ListMultipartUploadsRequest
-	(*ListMultipartUploadsResponse)(nil),   // 113: basalt.meta.v1.ListMultipartUploadsResponse
-	(*S3Secret)(nil),                       // 114: basalt.meta.v1.S3Secret
-	(*CreateS3SecretRequest)(nil),          // 115: basalt.meta.v1.CreateS3SecretRequest
-	(*GetS3SecretRequest)(nil),             // 116: basalt.meta.v1.GetS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 117: basalt.meta.v1.DeleteS3SecretRequest
-	(*DeleteS3SecretResponse)(nil),         // 118: basalt.meta.v1.DeleteS3SecretResponse
-	(*KeyPrecondition)(nil),                // 119: basalt.meta.v1.KeyPrecondition
-	(*FileAttrs)(nil),                      // 120: basalt.meta.v1.FileAttrs
-	(*SetFileAttrsRequest)(nil),            // 121: basalt.meta.v1.SetFileAttrsRequest
-	(*SetFileAttrsResponse)(nil),           // 122: basalt.meta.v1.SetFileAttrsResponse
-	(*SecretKey)(nil),                      // 123: basalt.meta.v1.SecretKey
-	(*CachePool)(nil),                      // 124: basalt.meta.v1.CachePool
-	(*CacheDirective)(nil),                 // 125: basalt.meta.v1.CacheDirective
-	(*RemoveCachePoolRequest)(nil),         // 126: basalt.meta.v1.RemoveCachePoolRequest
-	(*RemoveCachePoolResponse)(nil),        // 127: basalt.meta.v1.RemoveCachePoolResponse
-	(*ListCachePoolsRequest)(nil),          // 128: basalt.meta.v1.ListCachePoolsRequest
-	(*ListCachePoolsResponse)(nil),         // 129: basalt.meta.v1.ListCachePoolsResponse
-	(*RemoveCacheDirectiveRequest)(nil),    // 130: basalt.meta.v1.RemoveCacheDirectiveRequest
-	(*RemoveCacheDirectiveResponse)(nil),   // 131: basalt.meta.v1.RemoveCacheDirectiveResponse
-	(*ListCacheDirectivesRequest)(nil),     // 132: basalt.meta.v1.ListCacheDirectivesRequest
-	(*ListCacheDirectivesResponse)(nil),    // 133: basalt.meta.v1.ListCacheDirectivesResponse
-	nil,                                    // 134: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	nil,                                    // 135: basalt.meta.v1.ObjectMeta.UserEntry
-	nil,                                    // 136: basalt.meta.v1.ObjectMeta.TagsEntry
-	nil,                                    // 137: basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	(AclType)(0),                           // 8: basalt.meta.v1.AclType
+	(AclRight)(0),                          // 9: basalt.meta.v1.AclRight
+	(AclOp)(0),                             // 10: basalt.meta.v1.AclOp
+	(*NotLeader)(nil),                      // 11: basalt.meta.v1.NotLeader
+	(*DatanodeDetails)(nil),                // 12: basalt.meta.v1.DatanodeDetails
+	(*VolumeReport)(nil),                   // 13: basalt.meta.v1.VolumeReport
+	(*ContainerReport)(nil),                // 14: basalt.meta.v1.ContainerReport
+	(*PipelineReport)(nil),                 // 15: basalt.meta.v1.PipelineReport
+	(*Pipeline)(nil),                       // 16: basalt.meta.v1.Pipeline
+	(*Container)(nil),                      // 17: basalt.meta.v1.Container
+	(*BlockID)(nil),                        // 18: basalt.meta.v1.BlockID
+	(*BlockLocation)(nil),                  // 19: basalt.meta.v1.BlockLocation
+	(*ExcludeList)(nil),                    // 20: basalt.meta.v1.ExcludeList
+	(*SetDatanodeOpStateRequest)(nil),      // 21: basalt.meta.v1.SetDatanodeOpStateRequest
+	(*SetDatanodeOpStateResponse)(nil),     // 22: basalt.meta.v1.SetDatanodeOpStateResponse
+	(*GetContainerReplicasRequest)(nil),    // 23: basalt.meta.v1.GetContainerReplicasRequest
+	(*ReplicaInfo)(nil),                    // 24: basalt.meta.v1.ReplicaInfo
+	(*ContainerReplicas)(nil),              // 25: basalt.meta.v1.ContainerReplicas
+	(*GetContainerReplicasResponse)(nil),   // 26: basalt.meta.v1.GetContainerReplicasResponse
+	(*RegisterDatanodeRequest)(nil),        // 27: basalt.meta.v1.RegisterDatanodeRequest
+	(*RegisterDatanodeResponse)(nil),       // 28: basalt.meta.v1.RegisterDatanodeResponse
+	(*HeartbeatRequest)(nil),               // 29: basalt.meta.v1.HeartbeatRequest
+	(*CacheStats)(nil),                     // 30: basalt.meta.v1.CacheStats
+	(*CopyFailure)(nil),                    // 31: basalt.meta.v1.CopyFailure
+	(*DeleteTxAck)(nil),                    // 32: basalt.meta.v1.DeleteTxAck
+	(*HeartbeatResponse)(nil),              // 33: basalt.meta.v1.HeartbeatResponse
+	(*DatanodeCommand)(nil),                // 34: basalt.meta.v1.DatanodeCommand
+	(*CacheBlocksCommand)(nil),             // 35: basalt.meta.v1.CacheBlocksCommand
+	(*UncacheBlocksCommand)(nil),           // 36: basalt.meta.v1.UncacheBlocksCommand
+	(*ReplicateContainerCommand)(nil),      // 37: basalt.meta.v1.ReplicateContainerCommand
+	(*DeleteContainerCommand)(nil),         // 38: basalt.meta.v1.DeleteContainerCommand
+	(*CreatePipelineCommand)(nil),          // 39: basalt.meta.v1.CreatePipelineCommand
+	(*ClosePipelineCommand)(nil),           // 40: basalt.meta.v1.ClosePipelineCommand
+	(*CloseContainerCommand)(nil),          // 41: basalt.meta.v1.CloseContainerCommand
+	(*DeleteBlocksCommand)(nil),            // 42: basalt.meta.v1.DeleteBlocksCommand
+	(*AllocateBlocksRequest)(nil),          // 43: basalt.meta.v1.AllocateBlocksRequest
+	(*AllocateBlocksResponse)(nil),         // 44: basalt.meta.v1.AllocateBlocksResponse
+	(*DeleteBlocksRequest)(nil),            // 45: basalt.meta.v1.DeleteBlocksRequest
+	(*DeleteBlocksGroup)(nil),              // 46: basalt.meta.v1.DeleteBlocksGroup
+	(*DeleteBlocksResponse)(nil),           // 47: basalt.meta.v1.DeleteBlocksResponse
+	(*ReportCorruptReplicaRequest)(nil),    // 48: basalt.meta.v1.ReportCorruptReplicaRequest
+	(*ReportCorruptReplicaResponse)(nil),   // 49: basalt.meta.v1.ReportCorruptReplicaResponse
+	(*ListCorruptReplicasRequest)(nil),     // 50: basalt.meta.v1.ListCorruptReplicasRequest
+	(*CorruptReplica)(nil),                 // 51: basalt.meta.v1.CorruptReplica
+	(*ListCorruptReplicasResponse)(nil),    // 52: basalt.meta.v1.ListCorruptReplicasResponse
+	(*GetContainersRequest)(nil),           // 53: basalt.meta.v1.GetContainersRequest
+	(*GetContainersResponse)(nil),          // 54: basalt.meta.v1.GetContainersResponse
+	(*ContainerWithLocation)(nil),          // 55: basalt.meta.v1.ContainerWithLocation
+	(*ListDatanodesRequest)(nil),           // 56: basalt.meta.v1.ListDatanodesRequest
+	(*DatanodeStatus)(nil),                 // 57: basalt.meta.v1.DatanodeStatus
+	(*ListDatanodesResponse)(nil),          // 58: basalt.meta.v1.ListDatanodesResponse
+	(*ListPipelinesRequest)(nil),           // 59: basalt.meta.v1.ListPipelinesRequest
+	(*ListPipelinesResponse)(nil),          // 60: basalt.meta.v1.ListPipelinesResponse
+	(*ListContainersRequest)(nil),          // 61: basalt.meta.v1.ListContainersRequest
+	(*ListContainersResponse)(nil),         // 62: basalt.meta.v1.ListContainersResponse
+	(*GetSafeModeRequest)(nil),             // 63: basalt.meta.v1.GetSafeModeRequest
+	(*GetContainerHealthRequest)(nil),      // 64: basalt.meta.v1.GetContainerHealthRequest
+	(*ContainerHealth)(nil),                // 65: basalt.meta.v1.ContainerHealth
+	(*ReplicationCopy)(nil),                // 66: basalt.meta.v1.ReplicationCopy
+	(*GetContainerHealthResponse)(nil),     // 67: basalt.meta.v1.GetContainerHealthResponse
+	(*GetSafeModeResponse)(nil),            // 68: basalt.meta.v1.GetSafeModeResponse
+	(*Volume)(nil),                         // 69: basalt.meta.v1.Volume
+	(*CreateVolumeRequest)(nil),            // 70: basalt.meta.v1.CreateVolumeRequest
+	(*GetVolumeRequest)(nil),               // 71: basalt.meta.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),             // 72: basalt.meta.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),            // 73: basalt.meta.v1.ListVolumesResponse
+	(*DeleteVolumeRequest)(nil),            // 74: basalt.meta.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),           // 75: basalt.meta.v1.DeleteVolumeResponse
+	(*Bucket)(nil),                         // 76: basalt.meta.v1.Bucket
+	(*CreateBucketRequest)(nil),            // 77: basalt.meta.v1.CreateBucketRequest
+	(*GetBucketRequest)(nil),               // 78: basalt.meta.v1.GetBucketRequest
+	(*ListBucketsRequest)(nil),             // 79: basalt.meta.v1.ListBucketsRequest
+	(*ListBucketsResponse)(nil),            // 80: basalt.meta.v1.ListBucketsResponse
+	(*DeleteBucketRequest)(nil),            // 81: basalt.meta.v1.DeleteBucketRequest
+	(*DeleteBucketResponse)(nil),           // 82: basalt.meta.v1.DeleteBucketResponse
+	(*KeyBlock)(nil),                       // 83: basalt.meta.v1.KeyBlock
+	(*KeyInfo)(nil),                        // 84: basalt.meta.v1.KeyInfo
+	(*ObjectMeta)(nil),                     // 85: basalt.meta.v1.ObjectMeta
+	(*OpenKeyRequest)(nil),                 // 86: basalt.meta.v1.OpenKeyRequest
+	(*OpenKeyResponse)(nil),                // 87: basalt.meta.v1.OpenKeyResponse
+	(*AllocateBlockRequest)(nil),           // 88: basalt.meta.v1.AllocateBlockRequest
+	(*AllocateBlockResponse)(nil),          // 89: basalt.meta.v1.AllocateBlockResponse
+	(*CommitKeyRequest)(nil),               // 90: basalt.meta.v1.CommitKeyRequest
+	(*PartRef)(nil),                        // 91: basalt.meta.v1.PartRef
+	(*LookupKeyRequest)(nil),               // 92: basalt.meta.v1.LookupKeyRequest
+	(*ListKeysRequest)(nil),                // 93: basalt.meta.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),               // 94: basalt.meta.v1.ListKeysResponse
+	(*RenameKeyRequest)(nil),               // 95: basalt.meta.v1.RenameKeyRequest
+	(*RenameKeyResponse)(nil),              // 96: basalt.meta.v1.RenameKeyResponse
+	(*DeleteKeyRequest)(nil),               // 97: basalt.meta.v1.DeleteKeyRequest
+	(*DeleteKeyResponse)(nil),              // 98: basalt.meta.v1.DeleteKeyResponse
+	(*FileStatus)(nil),                     // 99: basalt.meta.v1.FileStatus
+	(*CreateDirectoryRequest)(nil),         // 100: basalt.meta.v1.CreateDirectoryRequest
+	(*GetFileStatusRequest)(nil),           // 101: basalt.meta.v1.GetFileStatusRequest
+	(*ListStatusRequest)(nil),              // 102: basalt.meta.v1.ListStatusRequest
+	(*ListStatusResponse)(nil),             // 103: basalt.meta.v1.ListStatusResponse
+	(*SetKeyMetaRequest)(nil),              // 104: basalt.meta.v1.SetKeyMetaRequest
+	(*CopyKeyRequest)(nil),                 // 105: basalt.meta.v1.CopyKeyRequest
+	(*MultipartUpload)(nil),                // 106: basalt.meta.v1.MultipartUpload
+	(*CreateMultipartUploadRequest)(nil),   // 107: basalt.meta.v1.CreateMultipartUploadRequest
+	(*CompletedPart)(nil),                  // 108: basalt.meta.v1.CompletedPart
+	(*CompleteMultipartUploadRequest)(nil), // 109: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 110: basalt.meta.v1.AbortMultipartUploadRequest
+	(*AbortMultipartUploadResponse)(nil),   // 111: basalt.meta.v1.AbortMultipartUploadResponse
+	(*PartInfo)(nil),                       // 112: basalt.meta.v1.PartInfo
+	(*ListPartsRequest)(nil),               // 113: basalt.meta.v1.ListPartsRequest
+	(*ListPartsResponse)(nil),              // 114: basalt.meta.v1.ListPartsResponse
+	(*ListMultipartUploadsRequest)(nil),    // 115: basalt.meta.v1.ListMultipartUploadsRequest
+	(*ListMultipartUploadsResponse)(nil),   // 116: basalt.meta.v1.ListMultipartUploadsResponse
+	(*S3Secret)(nil),                       // 117: basalt.meta.v1.S3Secret
+	(*CreateS3SecretRequest)(nil),          // 118: basalt.meta.v1.CreateS3SecretRequest
+	(*GetS3SecretRequest)(nil),             // 119: basalt.meta.v1.GetS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 120: basalt.meta.v1.DeleteS3SecretRequest
+	(*DeleteS3SecretResponse)(nil),         // 121: basalt.meta.v1.DeleteS3SecretResponse
+	(*KeyPrecondition)(nil),                // 122: basalt.meta.v1.KeyPrecondition
+	(*FileAttrs)(nil),                      // 123: basalt.meta.v1.FileAttrs
+	(*SetFileAttrsRequest)(nil),            // 124: basalt.meta.v1.SetFileAttrsRequest
+	(*SetFileAttrsResponse)(nil),           // 125: basalt.meta.v1.SetFileAttrsResponse
+	(*SecretKey)(nil),                      // 126: basalt.meta.v1.SecretKey
+	(*CachePool)(nil),                      // 127: basalt.meta.v1.CachePool
+	(*CacheDirective)(nil),                 // 128: basalt.meta.v1.CacheDirective
+	(*RemoveCachePoolRequest)(nil),         // 129: basalt.meta.v1.RemoveCachePoolRequest
+	(*RemoveCachePoolResponse)(nil),        // 130: basalt.meta.v1.RemoveCachePoolResponse
+	(*ListCachePoolsRequest)(nil),          // 131: basalt.meta.v1.ListCachePoolsRequest
+	(*ListCachePoolsResponse)(nil),         // 132: basalt.meta.v1.ListCachePoolsResponse
+	(*RemoveCacheDirectiveRequest)(nil),    // 133: basalt.meta.v1.RemoveCacheDirectiveRequest
+	(*RemoveCacheDirectiveResponse)(nil),   // 134: basalt.meta.v1.RemoveCacheDirectiveResponse
+	(*ListCacheDirectivesRequest)(nil),     // 135: basalt.meta.v1.ListCacheDirectivesRequest
+	(*ListCacheDirectivesResponse)(nil),    // 136: basalt.meta.v1.ListCacheDirectivesResponse
+	(*Acl)(nil),                            // 137: basalt.meta.v1.Acl
+	(*ObjectRef)(nil),                      // 138: basalt.meta.v1.ObjectRef
+	(*GetAclRequest)(nil),                  // 139: basalt.meta.v1.GetAclRequest
+	(*SetAclRequest)(nil),                  // 140: basalt.meta.v1.SetAclRequest
+	(*AclList)(nil),                        // 141: basalt.meta.v1.AclList
+	(*BucketRef)(nil),                      // 142: basalt.meta.v1.BucketRef
+	(*BucketPolicy)(nil),                   // 143: basalt.meta.v1.BucketPolicy
+	(*BucketPolicyStatus)(nil),             // 144: basalt.meta.v1.BucketPolicyStatus
+	(*PublicAccessBlock)(nil),              // 145: basalt.meta.v1.PublicAccessBlock
+	(*PublicAccessBlockConfig)(nil),        // 146: basalt.meta.v1.PublicAccessBlockConfig
+	nil,                                    // 147: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	nil,                                    // 148: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 149: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 150: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
 	4,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
@@ -9866,228 +10724,253 @@ var file_meta_meta_proto_depIdxs = []int32{
 	3,   // 2: basalt.meta.v1.Pipeline.state:type_name -> basalt.meta.v1.PipelineState
 	0,   // 3: basalt.meta.v1.Container.replication:type_name -> basalt.meta.v1.Replication
 	4,   // 4: basalt.meta.v1.Container.state:type_name -> basalt.meta.v1.ContainerState
-	15,  // 5: basalt.meta.v1.BlockLocation.id:type_name -> basalt.meta.v1.BlockID
+	18,  // 5: basalt.meta.v1.BlockLocation.id:type_name -> basalt.meta.v1.BlockID
 	4,   // 6: basalt.meta.v1.BlockLocation.container_state:type_name -> basalt.meta.v1.ContainerState
-	9,   // 7: basalt.meta.v1.BlockLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	12,  // 7: basalt.meta.v1.BlockLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
 	2,   // 8: basalt.meta.v1.SetDatanodeOpStateRequest.state:type_name -> basalt.meta.v1.NodeOpState
-	54,  // 9: basalt.meta.v1.SetDatanodeOpStateResponse.datanode:type_name -> basalt.meta.v1.DatanodeStatus
+	57,  // 9: basalt.meta.v1.SetDatanodeOpStateResponse.datanode:type_name -> basalt.meta.v1.DatanodeStatus
 	1,   // 10: basalt.meta.v1.ReplicaInfo.node_state:type_name -> basalt.meta.v1.NodeState
 	2,   // 11: basalt.meta.v1.ReplicaInfo.op_state:type_name -> basalt.meta.v1.NodeOpState
 	4,   // 12: basalt.meta.v1.ReplicaInfo.reported_state:type_name -> basalt.meta.v1.ContainerState
-	14,  // 13: basalt.meta.v1.ContainerReplicas.container:type_name -> basalt.meta.v1.Container
-	21,  // 14: basalt.meta.v1.ContainerReplicas.replicas:type_name -> basalt.meta.v1.ReplicaInfo
-	48,  // 15: basalt.meta.v1.ContainerReplicas.reports:type_name -> basalt.meta.v1.CorruptReplica
-	22,  // 16: basalt.meta.v1.GetContainerReplicasResponse.containers:type_name -> basalt.meta.v1.ContainerReplicas
-	9,   // 17: basalt.meta.v1.RegisterDatanodeRequest.details:type_name -> basalt.meta.v1.DatanodeDetails
-	10,  // 18: basalt.meta.v1.RegisterDatanodeRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
-	123, // 19: basalt.meta.v1.RegisterDatanodeResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
-	10,  // 20: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
-	11,  // 21: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
-	12,  // 22: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
-	29,  // 23: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
-	28,  // 24: basalt.meta.v1.HeartbeatRequest.copy_failures:type_name -> basalt.meta.v1.CopyFailure
-	15,  // 25: basalt.meta.v1.HeartbeatRequest.cached_blocks:type_name -> basalt.meta.v1.BlockID
-	27,  // 26: basalt.meta.v1.HeartbeatRequest.cache:type_name -> basalt.meta.v1.CacheStats
+	17,  // 13: basalt.meta.v1.ContainerReplicas.container:type_name -> basalt.meta.v1.Container
+	24,  // 14: basalt.meta.v1.ContainerReplicas.replicas:type_name -> basalt.meta.v1.ReplicaInfo
+	51,  // 15: basalt.meta.v1.ContainerReplicas.reports:type_name -> basalt.meta.v1.CorruptReplica
+	25,  // 16: basalt.meta.v1.GetContainerReplicasResponse.containers:type_name -> basalt.meta.v1.ContainerReplicas
+	12,  // 17: basalt.meta.v1.RegisterDatanodeRequest.details:type_name -> basalt.meta.v1.DatanodeDetails
+	13,  // 18: basalt.meta.v1.RegisterDatanodeRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
+	126, // 19: basalt.meta.v1.RegisterDatanodeResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
+	13,  // 20: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
+	14,  // 21: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
+	15,  // 22: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
+	32,  // 23: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
+	31,  // 24: basalt.meta.v1.HeartbeatRequest.copy_failures:type_name -> basalt.meta.v1.CopyFailure
+	18,  // 25: basalt.meta.v1.HeartbeatRequest.cached_blocks:type_name -> basalt.meta.v1.BlockID
+	30,  // 26: basalt.meta.v1.HeartbeatRequest.cache:type_name -> basalt.meta.v1.CacheStats
 	7,   // 27: basalt.meta.v1.DeleteTxAck.status:type_name -> basalt.meta.v1.DeleteTxStatus
-	31,  // 28: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
+	34,  // 28: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
 	1,   // 29: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
-	123, // 30: basalt.meta.v1.HeartbeatResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
-	36,  // 31: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
-	37,  // 32: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
-	38,  // 33: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
-	39,  // 34: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
-	34,  // 35: basalt.meta.v1.DatanodeCommand.replicate_container:type_name -> basalt.meta.v1.ReplicateContainerCommand
-	35,  // 36: basalt.meta.v1.DatanodeCommand.delete_container:type_name -> basalt.meta.v1.DeleteContainerCommand
-	32,  // 37: basalt.meta.v1.DatanodeCommand.cache_blocks:type_name -> basalt.meta.v1.CacheBlocksCommand
-	33,  // 38: basalt.meta.v1.DatanodeCommand.uncache_blocks:type_name -> basalt.meta.v1.UncacheBlocksCommand
-	15,  // 39: basalt.meta.v1.CacheBlocksCommand.blocks:type_name -> basalt.meta.v1.BlockID
-	15,  // 40: basalt.meta.v1.UncacheBlocksCommand.blocks:type_name -> basalt.meta.v1.BlockID
-	9,   // 41: basalt.meta.v1.ReplicateContainerCommand.sources:type_name -> basalt.meta.v1.DatanodeDetails
-	13,  // 42: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
-	9,   // 43: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	126, // 30: basalt.meta.v1.HeartbeatResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
+	39,  // 31: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
+	40,  // 32: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
+	41,  // 33: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
+	42,  // 34: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
+	37,  // 35: basalt.meta.v1.DatanodeCommand.replicate_container:type_name -> basalt.meta.v1.ReplicateContainerCommand
+	38,  // 36: basalt.meta.v1.DatanodeCommand.delete_container:type_name -> basalt.meta.v1.DeleteContainerCommand
+	35,  // 37: basalt.meta.v1.DatanodeCommand.cache_blocks:type_name -> basalt.meta.v1.CacheBlocksCommand
+	36,  // 38: basalt.meta.v1.DatanodeCommand.uncache_blocks:type_name -> basalt.meta.v1.UncacheBlocksCommand
+	18,  // 39: basalt.meta.v1.CacheBlocksCommand.blocks:type_name -> basalt.meta.v1.BlockID
+	18,  // 40: basalt.meta.v1.UncacheBlocksCommand.blocks:type_name -> basalt.meta.v1.BlockID
+	12,  // 41: basalt.meta.v1.ReplicateContainerCommand.sources:type_name -> basalt.meta.v1.DatanodeDetails
+	16,  // 42: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
+	12,  // 43: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
 	0,   // 44: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
-	17,  // 45: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	16,  // 46: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	43,  // 47: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
-	15,  // 48: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
-	15,  // 49: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
-	48,  // 50: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
-	52,  // 51: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
-	14,  // 52: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
-	9,   // 53: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	9,   // 54: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
+	20,  // 45: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	19,  // 46: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	46,  // 47: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
+	18,  // 48: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
+	18,  // 49: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
+	51,  // 50: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
+	55,  // 51: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
+	17,  // 52: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
+	12,  // 53: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	12,  // 54: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
 	1,   // 55: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
-	10,  // 56: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
+	13,  // 56: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
 	2,   // 57: basalt.meta.v1.DatanodeStatus.op_state:type_name -> basalt.meta.v1.NodeOpState
-	27,  // 58: basalt.meta.v1.DatanodeStatus.cache:type_name -> basalt.meta.v1.CacheStats
-	54,  // 59: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
-	13,  // 60: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
-	14,  // 61: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
+	30,  // 58: basalt.meta.v1.DatanodeStatus.cache:type_name -> basalt.meta.v1.CacheStats
+	57,  // 59: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
+	16,  // 60: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
+	17,  // 61: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
 	4,   // 62: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
-	134, // 63: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	62,  // 64: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
-	63,  // 65: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
-	120, // 66: basalt.meta.v1.Volume.attrs:type_name -> basalt.meta.v1.FileAttrs
-	120, // 67: basalt.meta.v1.CreateVolumeRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	66,  // 68: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
-	5,   // 69: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 70: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
-	120, // 71: basalt.meta.v1.Bucket.attrs:type_name -> basalt.meta.v1.FileAttrs
-	5,   // 72: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 73: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
-	120, // 74: basalt.meta.v1.CreateBucketRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	73,  // 75: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
-	15,  // 76: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
-	0,   // 77: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
-	6,   // 78: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	80,  // 79: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	16,  // 80: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
-	82,  // 81: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
-	120, // 82: basalt.meta.v1.KeyInfo.attrs:type_name -> basalt.meta.v1.FileAttrs
-	135, // 83: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
-	136, // 84: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
-	137, // 85: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
-	0,   // 86: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
-	6,   // 87: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	17,  // 88: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	16,  // 89: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	17,  // 90: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	16,  // 91: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
-	80,  // 92: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
-	82,  // 93: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	88,  // 94: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	119, // 95: basalt.meta.v1.CommitKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	81,  // 96: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
-	81,  // 97: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
-	120, // 98: basalt.meta.v1.FileStatus.attrs:type_name -> basalt.meta.v1.FileAttrs
-	120, // 99: basalt.meta.v1.CreateDirectoryRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	96,  // 100: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
-	82,  // 101: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	82,  // 102: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	88,  // 103: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	119, // 104: basalt.meta.v1.CopyKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	82,  // 105: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 106: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
-	82,  // 107: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 108: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
-	105, // 109: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
-	119, // 110: basalt.meta.v1.CompleteMultipartUploadRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	80,  // 111: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	6,   // 112: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	103, // 113: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
-	109, // 114: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
-	103, // 115: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
-	120, // 116: basalt.meta.v1.SetFileAttrsRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	120, // 117: basalt.meta.v1.SetFileAttrsResponse.attrs:type_name -> basalt.meta.v1.FileAttrs
-	124, // 118: basalt.meta.v1.ListCachePoolsResponse.pools:type_name -> basalt.meta.v1.CachePool
-	125, // 119: basalt.meta.v1.ListCacheDirectivesResponse.directives:type_name -> basalt.meta.v1.CacheDirective
-	24,  // 120: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	26,  // 121: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	40,  // 122: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	42,  // 123: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	50,  // 124: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	45,  // 125: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	47,  // 126: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	53,  // 127: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	56,  // 128: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	58,  // 129: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	60,  // 130: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	61,  // 131: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
-	18,  // 132: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
-	20,  // 133: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
-	124, // 134: basalt.meta.v1.Scm.AddCachePool:input_type -> basalt.meta.v1.CachePool
-	124, // 135: basalt.meta.v1.Scm.ModifyCachePool:input_type -> basalt.meta.v1.CachePool
-	126, // 136: basalt.meta.v1.Scm.RemoveCachePool:input_type -> basalt.meta.v1.RemoveCachePoolRequest
-	128, // 137: basalt.meta.v1.Scm.ListCachePools:input_type -> basalt.meta.v1.ListCachePoolsRequest
-	125, // 138: basalt.meta.v1.Scm.AddCacheDirective:input_type -> basalt.meta.v1.CacheDirective
-	125, // 139: basalt.meta.v1.Scm.ModifyCacheDirective:input_type -> basalt.meta.v1.CacheDirective
-	130, // 140: basalt.meta.v1.Scm.RemoveCacheDirective:input_type -> basalt.meta.v1.RemoveCacheDirectiveRequest
-	132, // 141: basalt.meta.v1.Scm.ListCacheDirectives:input_type -> basalt.meta.v1.ListCacheDirectivesRequest
-	67,  // 142: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	68,  // 143: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	69,  // 144: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	71,  // 145: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	74,  // 146: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	75,  // 147: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	76,  // 148: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	78,  // 149: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	83,  // 150: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	85,  // 151: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	87,  // 152: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	89,  // 153: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	90,  // 154: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	92,  // 155: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	94,  // 156: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	97,  // 157: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	98,  // 158: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	99,  // 159: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	101, // 160: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	102, // 161: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
-	104, // 162: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	106, // 163: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	107, // 164: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	110, // 165: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	112, // 166: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	115, // 167: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	116, // 168: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	117, // 169: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	121, // 170: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
-	25,  // 171: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	30,  // 172: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	41,  // 173: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	44,  // 174: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	51,  // 175: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	46,  // 176: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	49,  // 177: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	55,  // 178: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	57,  // 179: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	59,  // 180: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	65,  // 181: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	64,  // 182: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
-	19,  // 183: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
-	23,  // 184: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
-	124, // 185: basalt.meta.v1.Scm.AddCachePool:output_type -> basalt.meta.v1.CachePool
-	124, // 186: basalt.meta.v1.Scm.ModifyCachePool:output_type -> basalt.meta.v1.CachePool
-	127, // 187: basalt.meta.v1.Scm.RemoveCachePool:output_type -> basalt.meta.v1.RemoveCachePoolResponse
-	129, // 188: basalt.meta.v1.Scm.ListCachePools:output_type -> basalt.meta.v1.ListCachePoolsResponse
-	125, // 189: basalt.meta.v1.Scm.AddCacheDirective:output_type -> basalt.meta.v1.CacheDirective
-	125, // 190: basalt.meta.v1.Scm.ModifyCacheDirective:output_type -> basalt.meta.v1.CacheDirective
-	131, // 191: basalt.meta.v1.Scm.RemoveCacheDirective:output_type -> basalt.meta.v1.RemoveCacheDirectiveResponse
-	133, // 192: basalt.meta.v1.Scm.ListCacheDirectives:output_type -> basalt.meta.v1.ListCacheDirectivesResponse
-	66,  // 193: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	66,  // 194: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	70,  // 195: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	72,  // 196: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	73,  // 197: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	73,  // 198: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	77,  // 199: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	79,  // 200: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	84,  // 201: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	86,  // 202: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	81,  // 203: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	81,  // 204: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	91,  // 205: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	93,  // 206: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	95,  // 207: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	96,  // 208: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	96,  // 209: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	100, // 210: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	81,  // 211: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	81,  // 212: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
-	103, // 213: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	81,  // 214: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	108, // 215: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	111, // 216: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	113, // 217: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	114, // 218: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	114, // 219: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	118, // 220: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	122, // 221: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
-	171, // [171:222] is the sub-list for method output_type
-	120, // [120:171] is the sub-list for method input_type
-	120, // [120:120] is the sub-list for extension type_name
-	120, // [120:120] is the sub-list for extension extendee
-	0,   // [0:120] is the sub-list for field type_name
+	147, // 63: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	65,  // 64: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
+	66,  // 65: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
+	123, // 66: basalt.meta.v1.Volume.attrs:type_name -> basalt.meta.v1.FileAttrs
+	137, // 67: basalt.meta.v1.Volume.acls:type_name -> basalt.meta.v1.Acl
+	123, // 68: basalt.meta.v1.CreateVolumeRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	69,  // 69: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
+	5,   // 70: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 71: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
+	123, // 72: basalt.meta.v1.Bucket.attrs:type_name -> basalt.meta.v1.FileAttrs
+	137, // 73: basalt.meta.v1.Bucket.acls:type_name -> basalt.meta.v1.Acl
+	145, // 74: basalt.meta.v1.Bucket.public_access_block:type_name -> basalt.meta.v1.PublicAccessBlock
+	5,   // 75: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 76: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
+	123, // 77: basalt.meta.v1.CreateBucketRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	76,  // 78: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
+	18,  // 79: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
+	0,   // 80: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 81: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	83,  // 82: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	19,  // 83: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
+	85,  // 84: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
+	123, // 85: basalt.meta.v1.KeyInfo.attrs:type_name -> basalt.meta.v1.FileAttrs
+	137, // 86: basalt.meta.v1.KeyInfo.acls:type_name -> basalt.meta.v1.Acl
+	148, // 87: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	149, // 88: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	150, // 89: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	0,   // 90: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 91: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	20,  // 92: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	19,  // 93: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	20,  // 94: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	19,  // 95: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
+	83,  // 96: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
+	85,  // 97: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	91,  // 98: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	122, // 99: basalt.meta.v1.CommitKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	84,  // 100: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
+	84,  // 101: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
+	123, // 102: basalt.meta.v1.FileStatus.attrs:type_name -> basalt.meta.v1.FileAttrs
+	123, // 103: basalt.meta.v1.CreateDirectoryRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	99,  // 104: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
+	85,  // 105: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	85,  // 106: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	91,  // 107: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	122, // 108: basalt.meta.v1.CopyKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	85,  // 109: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 110: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
+	85,  // 111: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 112: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
+	108, // 113: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
+	122, // 114: basalt.meta.v1.CompleteMultipartUploadRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	83,  // 115: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	6,   // 116: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	106, // 117: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
+	112, // 118: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
+	106, // 119: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
+	123, // 120: basalt.meta.v1.SetFileAttrsRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	123, // 121: basalt.meta.v1.SetFileAttrsResponse.attrs:type_name -> basalt.meta.v1.FileAttrs
+	127, // 122: basalt.meta.v1.ListCachePoolsResponse.pools:type_name -> basalt.meta.v1.CachePool
+	128, // 123: basalt.meta.v1.ListCacheDirectivesResponse.directives:type_name -> basalt.meta.v1.CacheDirective
+	8,   // 124: basalt.meta.v1.Acl.type:type_name -> basalt.meta.v1.AclType
+	138, // 125: basalt.meta.v1.GetAclRequest.ref:type_name -> basalt.meta.v1.ObjectRef
+	138, // 126: basalt.meta.v1.SetAclRequest.ref:type_name -> basalt.meta.v1.ObjectRef
+	10,  // 127: basalt.meta.v1.SetAclRequest.op:type_name -> basalt.meta.v1.AclOp
+	137, // 128: basalt.meta.v1.SetAclRequest.acls:type_name -> basalt.meta.v1.Acl
+	137, // 129: basalt.meta.v1.AclList.acls:type_name -> basalt.meta.v1.Acl
+	145, // 130: basalt.meta.v1.PublicAccessBlockConfig.config:type_name -> basalt.meta.v1.PublicAccessBlock
+	27,  // 131: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	29,  // 132: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	43,  // 133: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	45,  // 134: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	53,  // 135: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	48,  // 136: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	50,  // 137: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	56,  // 138: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	59,  // 139: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	61,  // 140: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	63,  // 141: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	64,  // 142: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
+	21,  // 143: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
+	23,  // 144: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
+	127, // 145: basalt.meta.v1.Scm.AddCachePool:input_type -> basalt.meta.v1.CachePool
+	127, // 146: basalt.meta.v1.Scm.ModifyCachePool:input_type -> basalt.meta.v1.CachePool
+	129, // 147: basalt.meta.v1.Scm.RemoveCachePool:input_type -> basalt.meta.v1.RemoveCachePoolRequest
+	131, // 148: basalt.meta.v1.Scm.ListCachePools:input_type -> basalt.meta.v1.ListCachePoolsRequest
+	128, // 149: basalt.meta.v1.Scm.AddCacheDirective:input_type -> basalt.meta.v1.CacheDirective
+	128, // 150: basalt.meta.v1.Scm.ModifyCacheDirective:input_type -> basalt.meta.v1.CacheDirective
+	133, // 151: basalt.meta.v1.Scm.RemoveCacheDirective:input_type -> basalt.meta.v1.RemoveCacheDirectiveRequest
+	135, // 152: basalt.meta.v1.Scm.ListCacheDirectives:input_type -> basalt.meta.v1.ListCacheDirectivesRequest
+	70,  // 153: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	71,  // 154: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	72,  // 155: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	74,  // 156: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	77,  // 157: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	78,  // 158: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	79,  // 159: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	81,  // 160: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	86,  // 161: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	88,  // 162: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	90,  // 163: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	92,  // 164: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	93,  // 165: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	95,  // 166: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	97,  // 167: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	100, // 168: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	101, // 169: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	102, // 170: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	104, // 171: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	105, // 172: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	107, // 173: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	109, // 174: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	110, // 175: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	113, // 176: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	115, // 177: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	118, // 178: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	119, // 179: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	120, // 180: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	124, // 181: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
+	139, // 182: basalt.meta.v1.Namespace.GetAcl:input_type -> basalt.meta.v1.GetAclRequest
+	140, // 183: basalt.meta.v1.Namespace.SetAcl:input_type -> basalt.meta.v1.SetAclRequest
+	142, // 184: basalt.meta.v1.Namespace.GetBucketPolicy:input_type -> basalt.meta.v1.BucketRef
+	143, // 185: basalt.meta.v1.Namespace.SetBucketPolicy:input_type -> basalt.meta.v1.BucketPolicy
+	142, // 186: basalt.meta.v1.Namespace.GetBucketPolicyStatus:input_type -> basalt.meta.v1.BucketRef
+	142, // 187: basalt.meta.v1.Namespace.GetPublicAccessBlock:input_type -> basalt.meta.v1.BucketRef
+	146, // 188: basalt.meta.v1.Namespace.SetPublicAccessBlock:input_type -> basalt.meta.v1.PublicAccessBlockConfig
+	28,  // 189: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	33,  // 190: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	44,  // 191: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	47,  // 192: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	54,  // 193: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	49,  // 194: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	52,  // 195: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	58,  // 196: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	60,  // 197: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	62,  // 198: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	68,  // 199: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	67,  // 200: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
+	22,  // 201: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
+	26,  // 202: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
+	127, // 203: basalt.meta.v1.Scm.AddCachePool:output_type -> basalt.meta.v1.CachePool
+	127, // 204: basalt.meta.v1.Scm.ModifyCachePool:output_type -> basalt.meta.v1.CachePool
+	130, // 205: basalt.meta.v1.Scm.RemoveCachePool:output_type -> basalt.meta.v1.RemoveCachePoolResponse
+	132, // 206: basalt.meta.v1.Scm.ListCachePools:output_type -> basalt.meta.v1.ListCachePoolsResponse
+	128, // 207: basalt.meta.v1.Scm.AddCacheDirective:output_type -> basalt.meta.v1.CacheDirective
+	128, // 208: basalt.meta.v1.Scm.ModifyCacheDirective:output_type -> basalt.meta.v1.CacheDirective
+	134, // 209: basalt.meta.v1.Scm.RemoveCacheDirective:output_type -> basalt.meta.v1.RemoveCacheDirectiveResponse
+	136, // 210: basalt.meta.v1.Scm.ListCacheDirectives:output_type -> basalt.meta.v1.ListCacheDirectivesResponse
+	69,  // 211: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	69,  // 212: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	73,  // 213: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	75,  // 214: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	76,  // 215: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	76,  // 216: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	80,  // 217: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	82,  // 218: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	87,  // 219: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	89,  // 220: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	84,  // 221: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	84,  // 222: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	94,  // 223: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	96,  // 224: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	98,  // 225: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	99,  // 226: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	99,  // 227: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	103, // 228: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	84,  // 229: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	84,  // 230: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	106, // 231: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	84,  // 232: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	111, // 233: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	114, // 234: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	116, // 235: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	117, // 236: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	117, // 237: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	121, // 238: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	125, // 239: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
+	141, // 240: basalt.meta.v1.Namespace.GetAcl:output_type -> basalt.meta.v1.AclList
+	141, // 241: basalt.meta.v1.Namespace.SetAcl:output_type -> basalt.meta.v1.AclList
+	143, // 242: basalt.meta.v1.Namespace.GetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
+	143, // 243: basalt.meta.v1.Namespace.SetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
+	144, // 244: basalt.meta.v1.Namespace.GetBucketPolicyStatus:output_type -> basalt.meta.v1.BucketPolicyStatus
+	146, // 245: basalt.meta.v1.Namespace.GetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
+	146, // 246: basalt.meta.v1.Namespace.SetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
+	189, // [189:247] is the sub-list for method output_type
+	131, // [131:189] is the sub-list for method input_type
+	131, // [131:131] is the sub-list for extension type_name
+	131, // [131:131] is the sub-list for extension extendee
+	0,   // [0:131] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -10111,8 +10994,8 @@ func file_meta_meta_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
-			NumEnums:      8,
-			NumMessages:   130,
+			NumEnums:      11,
+			NumMessages:   140,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

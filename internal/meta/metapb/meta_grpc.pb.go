@@ -978,6 +978,13 @@ const (
 	Namespace_GetS3Secret_FullMethodName             = "/basalt.meta.v1.Namespace/GetS3Secret"
 	Namespace_DeleteS3Secret_FullMethodName          = "/basalt.meta.v1.Namespace/DeleteS3Secret"
 	Namespace_SetFileAttrs_FullMethodName            = "/basalt.meta.v1.Namespace/SetFileAttrs"
+	Namespace_GetAcl_FullMethodName                  = "/basalt.meta.v1.Namespace/GetAcl"
+	Namespace_SetAcl_FullMethodName                  = "/basalt.meta.v1.Namespace/SetAcl"
+	Namespace_GetBucketPolicy_FullMethodName         = "/basalt.meta.v1.Namespace/GetBucketPolicy"
+	Namespace_SetBucketPolicy_FullMethodName         = "/basalt.meta.v1.Namespace/SetBucketPolicy"
+	Namespace_GetBucketPolicyStatus_FullMethodName   = "/basalt.meta.v1.Namespace/GetBucketPolicyStatus"
+	Namespace_GetPublicAccessBlock_FullMethodName    = "/basalt.meta.v1.Namespace/GetPublicAccessBlock"
+	Namespace_SetPublicAccessBlock_FullMethodName    = "/basalt.meta.v1.Namespace/SetPublicAccessBlock"
 )
 
 // NamespaceClient is the client API for Namespace service.
@@ -1029,6 +1036,22 @@ type NamespaceClient interface {
 	// or directory of an fs bucket, of a bucket (path "") or of a volume
 	// (bucket ""), in one Raft apply.
 	SetFileAttrs(ctx context.Context, in *SetFileAttrsRequest, opts ...grpc.CallOption) (*SetFileAttrsResponse, error)
+	// Access control (docs/SECURITY.md). Ozone-style ACLs on volumes,
+	// buckets and keys (fs buckets: files and directories), checked by the
+	// namespace on every operation beside owners and modes. Reading an
+	// object's ACL needs READ_ACL on it (or ownership), changing it
+	// WRITE_ACL (or ownership).
+	GetAcl(ctx context.Context, in *GetAclRequest, opts ...grpc.CallOption) (*AclList, error)
+	SetAcl(ctx context.Context, in *SetAclRequest, opts ...grpc.CallOption) (*AclList, error)
+	// Bucket policies (the S3 IAM JSON subset), validated by the namespace
+	// before they enter the log and evaluated by it on every operation on
+	// the bucket's contents. SetBucketPolicy with an empty policy deletes it.
+	GetBucketPolicy(ctx context.Context, in *BucketRef, opts ...grpc.CallOption) (*BucketPolicy, error)
+	SetBucketPolicy(ctx context.Context, in *BucketPolicy, opts ...grpc.CallOption) (*BucketPolicy, error)
+	GetBucketPolicyStatus(ctx context.Context, in *BucketRef, opts ...grpc.CallOption) (*BucketPolicyStatus, error)
+	// S3 Block Public Access for one bucket; Set with config unset deletes it.
+	GetPublicAccessBlock(ctx context.Context, in *BucketRef, opts ...grpc.CallOption) (*PublicAccessBlockConfig, error)
+	SetPublicAccessBlock(ctx context.Context, in *PublicAccessBlockConfig, opts ...grpc.CallOption) (*PublicAccessBlockConfig, error)
 }
 
 type namespaceClient struct {
@@ -1329,6 +1352,76 @@ func (c *namespaceClient) SetFileAttrs(ctx context.Context, in *SetFileAttrsRequ
 	return out, nil
 }
 
+func (c *namespaceClient) GetAcl(ctx context.Context, in *GetAclRequest, opts ...grpc.CallOption) (*AclList, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AclList)
+	err := c.cc.Invoke(ctx, Namespace_GetAcl_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *namespaceClient) SetAcl(ctx context.Context, in *SetAclRequest, opts ...grpc.CallOption) (*AclList, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AclList)
+	err := c.cc.Invoke(ctx, Namespace_SetAcl_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *namespaceClient) GetBucketPolicy(ctx context.Context, in *BucketRef, opts ...grpc.CallOption) (*BucketPolicy, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BucketPolicy)
+	err := c.cc.Invoke(ctx, Namespace_GetBucketPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *namespaceClient) SetBucketPolicy(ctx context.Context, in *BucketPolicy, opts ...grpc.CallOption) (*BucketPolicy, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BucketPolicy)
+	err := c.cc.Invoke(ctx, Namespace_SetBucketPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *namespaceClient) GetBucketPolicyStatus(ctx context.Context, in *BucketRef, opts ...grpc.CallOption) (*BucketPolicyStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BucketPolicyStatus)
+	err := c.cc.Invoke(ctx, Namespace_GetBucketPolicyStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *namespaceClient) GetPublicAccessBlock(ctx context.Context, in *BucketRef, opts ...grpc.CallOption) (*PublicAccessBlockConfig, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PublicAccessBlockConfig)
+	err := c.cc.Invoke(ctx, Namespace_GetPublicAccessBlock_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *namespaceClient) SetPublicAccessBlock(ctx context.Context, in *PublicAccessBlockConfig, opts ...grpc.CallOption) (*PublicAccessBlockConfig, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PublicAccessBlockConfig)
+	err := c.cc.Invoke(ctx, Namespace_SetPublicAccessBlock_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NamespaceServer is the server API for Namespace service.
 // All implementations must embed UnimplementedNamespaceServer
 // for forward compatibility.
@@ -1378,6 +1471,22 @@ type NamespaceServer interface {
 	// or directory of an fs bucket, of a bucket (path "") or of a volume
 	// (bucket ""), in one Raft apply.
 	SetFileAttrs(context.Context, *SetFileAttrsRequest) (*SetFileAttrsResponse, error)
+	// Access control (docs/SECURITY.md). Ozone-style ACLs on volumes,
+	// buckets and keys (fs buckets: files and directories), checked by the
+	// namespace on every operation beside owners and modes. Reading an
+	// object's ACL needs READ_ACL on it (or ownership), changing it
+	// WRITE_ACL (or ownership).
+	GetAcl(context.Context, *GetAclRequest) (*AclList, error)
+	SetAcl(context.Context, *SetAclRequest) (*AclList, error)
+	// Bucket policies (the S3 IAM JSON subset), validated by the namespace
+	// before they enter the log and evaluated by it on every operation on
+	// the bucket's contents. SetBucketPolicy with an empty policy deletes it.
+	GetBucketPolicy(context.Context, *BucketRef) (*BucketPolicy, error)
+	SetBucketPolicy(context.Context, *BucketPolicy) (*BucketPolicy, error)
+	GetBucketPolicyStatus(context.Context, *BucketRef) (*BucketPolicyStatus, error)
+	// S3 Block Public Access for one bucket; Set with config unset deletes it.
+	GetPublicAccessBlock(context.Context, *BucketRef) (*PublicAccessBlockConfig, error)
+	SetPublicAccessBlock(context.Context, *PublicAccessBlockConfig) (*PublicAccessBlockConfig, error)
 	mustEmbedUnimplementedNamespaceServer()
 }
 
@@ -1474,6 +1583,27 @@ func (UnimplementedNamespaceServer) DeleteS3Secret(context.Context, *DeleteS3Sec
 }
 func (UnimplementedNamespaceServer) SetFileAttrs(context.Context, *SetFileAttrsRequest) (*SetFileAttrsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetFileAttrs not implemented")
+}
+func (UnimplementedNamespaceServer) GetAcl(context.Context, *GetAclRequest) (*AclList, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetAcl not implemented")
+}
+func (UnimplementedNamespaceServer) SetAcl(context.Context, *SetAclRequest) (*AclList, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetAcl not implemented")
+}
+func (UnimplementedNamespaceServer) GetBucketPolicy(context.Context, *BucketRef) (*BucketPolicy, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetBucketPolicy not implemented")
+}
+func (UnimplementedNamespaceServer) SetBucketPolicy(context.Context, *BucketPolicy) (*BucketPolicy, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetBucketPolicy not implemented")
+}
+func (UnimplementedNamespaceServer) GetBucketPolicyStatus(context.Context, *BucketRef) (*BucketPolicyStatus, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetBucketPolicyStatus not implemented")
+}
+func (UnimplementedNamespaceServer) GetPublicAccessBlock(context.Context, *BucketRef) (*PublicAccessBlockConfig, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetPublicAccessBlock not implemented")
+}
+func (UnimplementedNamespaceServer) SetPublicAccessBlock(context.Context, *PublicAccessBlockConfig) (*PublicAccessBlockConfig, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetPublicAccessBlock not implemented")
 }
 func (UnimplementedNamespaceServer) mustEmbedUnimplementedNamespaceServer() {}
 func (UnimplementedNamespaceServer) testEmbeddedByValue()                   {}
@@ -2018,6 +2148,132 @@ func _Namespace_SetFileAttrs_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Namespace_GetAcl_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetAclRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).GetAcl(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_GetAcl_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).GetAcl(ctx, req.(*GetAclRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Namespace_SetAcl_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetAclRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).SetAcl(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_SetAcl_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).SetAcl(ctx, req.(*SetAclRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Namespace_GetBucketPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BucketRef)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).GetBucketPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_GetBucketPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).GetBucketPolicy(ctx, req.(*BucketRef))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Namespace_SetBucketPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BucketPolicy)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).SetBucketPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_SetBucketPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).SetBucketPolicy(ctx, req.(*BucketPolicy))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Namespace_GetBucketPolicyStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BucketRef)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).GetBucketPolicyStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_GetBucketPolicyStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).GetBucketPolicyStatus(ctx, req.(*BucketRef))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Namespace_GetPublicAccessBlock_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BucketRef)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).GetPublicAccessBlock(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_GetPublicAccessBlock_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).GetPublicAccessBlock(ctx, req.(*BucketRef))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Namespace_SetPublicAccessBlock_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PublicAccessBlockConfig)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).SetPublicAccessBlock(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_SetPublicAccessBlock_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).SetPublicAccessBlock(ctx, req.(*PublicAccessBlockConfig))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Namespace_ServiceDesc is the grpc.ServiceDesc for Namespace service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -2140,6 +2396,34 @@ var Namespace_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetFileAttrs",
 			Handler:    _Namespace_SetFileAttrs_Handler,
+		},
+		{
+			MethodName: "GetAcl",
+			Handler:    _Namespace_GetAcl_Handler,
+		},
+		{
+			MethodName: "SetAcl",
+			Handler:    _Namespace_SetAcl_Handler,
+		},
+		{
+			MethodName: "GetBucketPolicy",
+			Handler:    _Namespace_GetBucketPolicy_Handler,
+		},
+		{
+			MethodName: "SetBucketPolicy",
+			Handler:    _Namespace_SetBucketPolicy_Handler,
+		},
+		{
+			MethodName: "GetBucketPolicyStatus",
+			Handler:    _Namespace_GetBucketPolicyStatus_Handler,
+		},
+		{
+			MethodName: "GetPublicAccessBlock",
+			Handler:    _Namespace_GetPublicAccessBlock_Handler,
+		},
+		{
+			MethodName: "SetPublicAccessBlock",
+			Handler:    _Namespace_SetPublicAccessBlock_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
