@@ -36,3 +36,21 @@ func TestOutcomeUnknownFailsTheKey(t *testing.T) {
 		t.Fatalf("meta outcome unknown wrapped as %v", werr)
 	}
 }
+
+// TestTokenRefusalExcludesForTheKeyOnly: a datanode refusing a block's
+// token (expired, or signed by a key it has not received yet) makes the
+// key try a new block, but does not put the pipeline on the client-wide
+// exclude list, where it would be avoided by every key for 10 minutes.
+func TestTokenRefusalExcludesForTheKeyOnly(t *testing.T) {
+	for _, kind := range []datanodepb.Error_Kind{datanodepb.Error_TOKEN_INVALID, datanodepb.Error_TOKEN_EXPIRED} {
+		st, err := status.New(codes.PermissionDenied, "block token refused").WithDetails(&datanodepb.Error{Kind: kind})
+		if err != nil {
+			t.Fatal(err)
+		}
+		blk := &metapb.BlockLocation{Id: &metapb.BlockID{ContainerId: 1, LocalId: 2}, PipelineId: 1000}
+		f := classify(context.Background(), blk, st.Err())
+		if f.fatal || !f.keyOnly || f.pipeline != 1000 {
+			t.Fatalf("%v classified as %+v, want a key-only pipeline exclusion", kind, f)
+		}
+	}
+}

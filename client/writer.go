@@ -338,7 +338,9 @@ func (s *blockSource) failed(ctx context.Context, f *failure) error {
 		}
 	}
 	s.retries++
-	s.c.excl.add(f)
+	if !f.keyOnly {
+		s.c.excl.add(f)
+	}
 	if s.retries > s.c.cfg.MaxBlockRetries {
 		return &Error{Op: s.op, Code: codes.Unavailable, kind: ErrWriteFailed,
 			Msg: fmt.Sprintf("gave up after %d block re-allocations (excluded %s); last failure: %v", s.c.cfg.MaxBlockRetries, &s.exclude, f.err)}
@@ -354,7 +356,10 @@ type failure struct {
 	// notReady: the pipeline is not (yet) known to its datanodes, as
 	// right after SCM created it; it is avoided for this key, but neither
 	// client-wide nor against the retry budget while AllocateWait lasts.
-	notReady  bool
+	notReady bool
+	// keyOnly: avoided for this key but not client-wide (a refused
+	// block token says nothing about the pipeline's health).
+	keyOnly   bool
 	datanodes []uint64
 	pipeline  uint64
 	container uint64
@@ -411,6 +416,14 @@ func classify(ctx context.Context, blk *metapb.BlockLocation, err error) *failur
 		case datanodepb.Error_PIPELINE_NOT_FOUND:
 			f.pipeline = blk.PipelineId
 			f.notReady = true
+		case datanodepb.Error_TOKEN_INVALID, datanodepb.Error_TOKEN_EXPIRED:
+			// The block's token, not the pipeline, is at fault (it
+			// expired during a long write, or the datanode has not yet
+			// received the key that signed it): a new allocation brings
+			// a fresh token. Avoid the pipeline for this key only; other
+			// keys' tokens are fine.
+			f.pipeline = blk.PipelineId
+			f.keyOnly = true
 		default: // NOT_LEADER with no leader, IO_ERROR, CHECKSUM_MISMATCH, ...
 			f.pipeline = blk.PipelineId
 		}
