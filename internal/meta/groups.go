@@ -81,7 +81,9 @@ func LoadGroupsFile(path string) (map[string][]string, error) {
 
 func validName(s string) bool {
 	return s != "" && len(s) <= namespace.MaxAclNameBytes && utf8.ValidString(s) &&
-		!strings.ContainsFunc(s, func(r rune) bool { return unicode.IsControl(r) || unicode.IsSpace(r) || r == ':' || r == ',' || r == ';' || r == '=' })
+		!strings.ContainsFunc(s, func(r rune) bool {
+			return unicode.IsControl(r) || unicode.IsSpace(r) || r == ':' || r == ',' || r == ';' || r == '='
+		})
 }
 
 // requestInfo is what a call says about its request, for bucket policy
