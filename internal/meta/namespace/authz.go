@@ -127,11 +127,23 @@ type Authorizer struct {
 	now     func() time.Time
 	c       Caller
 	trusted bool // no caller in the context, or an admin
+	quiet   bool // deny returns errQuiet (see contents)
 }
 
 func (s *Service) authz(ctx context.Context) *Authorizer {
 	c, ok := CallerOf(ctx)
 	return &Authorizer{st: s.st, pols: &s.pols, now: s.cfg.Now, c: c, trusted: !ok || c.Admin}
+}
+
+// errQuiet stands for a refusal while quiet: the caller tries other
+// grants first and formats the message only if all fail.
+var errQuiet = status.Error(codes.PermissionDenied, "permission denied")
+
+func (a *Authorizer) deny(format string, args ...any) error {
+	if a.quiet {
+		return errQuiet
+	}
+	return denied(a.c, format, args...)
 }
 
 func denied(c Caller, format string, args ...any) error {
@@ -195,14 +207,14 @@ func (a *Authorizer) Admin(what string) error {
 	if a.trusted {
 		return nil
 	}
-	return denied(a.c, "%s (admins only)", what)
+	return a.deny("%s (admins only)", what)
 }
 
 // CreateVolume: admins, or a gateway in its own name. The owner recorded
 // defaults to the caller.
 func (a *Authorizer) CreateVolume(req *metapb.CreateVolumeRequest) error {
 	if !a.trusted && !a.c.Gateway {
-		return denied(a.c, "create volume %q (admins only)", req.Name)
+		return a.deny("create volume %q (admins only)", req.Name)
 	}
 	if req.Owner == "" && req.GetAttrs().GetOwner() == "" && a.c.User != "" {
 		req.Owner = a.c.User
@@ -220,7 +232,7 @@ func (a *Authorizer) volumeAttrs(volume string) error {
 		return err
 	}
 	if !a.isOwner(volumeOwner(v)) {
-		return denied(a.c, "change the attributes of volume %q (its owner is %q)", volume, volumeOwner(v))
+		return a.deny("change the attributes of volume %q (its owner is %q)", volume, volumeOwner(v))
 	}
 	return nil
 }
@@ -229,11 +241,11 @@ func (a *Authorizer) volumeAttrs(volume string) error {
 // (a non-admin may not create a bucket for someone else).
 func (a *Authorizer) CreateBucket(req *metapb.CreateBucketRequest) error {
 	if a.c.Anonymous {
-		return denied(a.c, "create bucket %q (buckets need an owner)", req.Name)
+		return a.deny("create bucket %q (buckets need an owner)", req.Name)
 	}
 	if a.c.User != "" {
 		if !a.trusted && (req.Owner != "" && req.Owner != a.c.User || req.GetAttrs().GetOwner() != "" && req.GetAttrs().GetOwner() != a.c.User) {
-			return denied(a.c, "create bucket %q for %q", req.Name, req.Owner)
+			return a.deny("create bucket %q for %q", req.Name, req.Owner)
 		}
 		if req.Owner == "" {
 			req.Owner = a.c.User
@@ -247,7 +259,7 @@ func (a *Authorizer) CreateBucket(req *metapb.CreateBucketRequest) error {
 		return err
 	}
 	if !a.allows(volumeOwner(v), attrMode(v.GetAttrs(), DefaultVolumeMode), permW|permX) && !a.aclGrants(v.Acls, rightCreate, false) {
-		return denied(a.c, "create a bucket in volume %q (owner %q, mode %o)", req.Volume, volumeOwner(v), attrMode(v.GetAttrs(), DefaultVolumeMode))
+		return a.deny("create a bucket in volume %q (owner %q, mode %o)", req.Volume, volumeOwner(v), attrMode(v.GetAttrs(), DefaultVolumeMode))
 	}
 	return nil
 }
@@ -269,14 +281,14 @@ func (a *Authorizer) DeleteBucket(volume, bucket string) error {
 		if v, err := a.st.GetVolume(volume); err == nil && (a.isOwner(volumeOwner(v)) || a.aclGrants(v.Acls, rightDelete, false)) {
 			return nil
 		}
-		return denied(a.c, "delete bucket %q (its owner is %q)", bucket, BucketOwner(b))
+		return a.deny("delete bucket %q (its owner is %q)", bucket, BucketOwner(b))
 	})
 }
 
 // bucketModes checks want on the bucket's own mode.
 func (a *Authorizer) bucketModes(b *metapb.Bucket, want uint32, what string) (*metapb.Bucket, error) {
 	if !a.allows(BucketOwner(b), bucketMode(b), want) {
-		return nil, denied(a.c, "%s in bucket %q (owner %q, mode %o)", what, b.Name, BucketOwner(b), bucketMode(b))
+		return nil, a.deny("%s in bucket %q (owner %q, mode %o)", what, b.Name, BucketOwner(b), bucketMode(b))
 	}
 	return b, nil
 }
@@ -347,7 +359,7 @@ func (a *Authorizer) fsPath(b *metapb.Bucket, path string, parentWant, entryWant
 		want = permX | entryWant
 	}
 	if !a.allows(owner, mode, want) {
-		return denied(a.c, "%s: bucket %q (owner %q, mode %o)", what, b.Name, owner, mode)
+		return a.deny("%s: bucket %q (owner %q, mode %o)", what, b.Name, owner, mode)
 	}
 	entries, err := a.st.pathEntries(b, parts)
 	if err != nil {
@@ -368,7 +380,7 @@ func (a *Authorizer) fsPath(b *metapb.Bucket, path string, parentWant, entryWant
 			want = permX
 		}
 		if want != 0 && !a.allows(owner, mode, want) {
-			return denied(a.c, "%s: %q (owner %q, mode %o)", what, joinPath(parts[:i+1]), owner, mode)
+			return a.deny("%s: %q (owner %q, mode %o)", what, joinPath(parts[:i+1]), owner, mode)
 		}
 	}
 	return nil
@@ -393,12 +405,12 @@ func (a *Authorizer) createPath(b *metapb.Bucket, path string, what string) erro
 			// parts[i] is missing (created here), a file (the request
 			// fails), or the target itself: its parent must be writable.
 			if !a.allows(owner, mode, permW|permX) {
-				return denied(a.c, "%s: %q (owner %q, mode %o)", what, "/"+at, owner, mode)
+				return a.deny("%s: %q (owner %q, mode %o)", what, "/"+at, owner, mode)
 			}
 			return nil
 		}
 		if !a.allows(owner, mode, permX) {
-			return denied(a.c, "%s: %q (owner %q, mode %o)", what, "/"+at, owner, mode)
+			return a.deny("%s: %q (owner %q, mode %o)", what, "/"+at, owner, mode)
 		}
 		owner, mode = entryOwnerMode(b, entries[i])
 		at = joinPath(parts[:i+1])
@@ -477,7 +489,7 @@ func (a *Authorizer) SetFileAttrs(req *metapb.SetFileAttrsRequest) error {
 		return nil
 	}
 	if o := req.GetAttrs().GetOwner(); o != "" && o != a.c.User {
-		return denied(a.c, "give %q to %q (admins only)", "/"+req.Volume+"/"+req.Bucket+"/"+req.Path, o)
+		return a.deny("give %q to %q (admins only)", "/"+req.Volume+"/"+req.Bucket+"/"+req.Path, o)
 	}
 	if req.Bucket == "" {
 		return a.volumeAttrs(req.Volume)
@@ -505,7 +517,7 @@ func (a *Authorizer) SetFileAttrs(req *metapb.SetFileAttrsRequest) error {
 		owner, _ = entryOwnerMode(b, entries[len(parts)-1])
 	}
 	if !a.isOwner(owner) {
-		return denied(a.c, "change the attributes of %q (its owner is %q)", "/"+req.Volume+"/"+req.Bucket+"/"+req.Path, owner)
+		return a.deny("change the attributes of %q (its owner is %q)", "/"+req.Volume+"/"+req.Bucket+"/"+req.Path, owner)
 	}
 	return nil
 }
@@ -517,7 +529,7 @@ func (a *Authorizer) OwnAttrs(at *metapb.FileAttrs, what string) (*metapb.FileAt
 		return at, nil
 	}
 	if o := at.GetOwner(); o != "" && o != a.c.User {
-		return nil, denied(a.c, "create %s owned by %q", what, o)
+		return nil, a.deny("create %s owned by %q", what, o)
 	}
 	if at.GetOwner() == "" {
 		if at == nil {
@@ -535,9 +547,9 @@ func (a *Authorizer) S3Secret(read bool) error {
 		return nil
 	}
 	if read {
-		return denied(a.c, "read S3 secrets (admins and gateways only)")
+		return a.deny("read S3 secrets (admins and gateways only)")
 	}
-	return denied(a.c, "manage S3 secrets (admins only)")
+	return a.deny("manage S3 secrets (admins only)")
 }
 
 // cachedBucket is the bucket row through the read path's cache (shared:
