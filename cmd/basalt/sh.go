@@ -37,6 +37,8 @@ Examples:
   basalt sh key mv /vol1/b1/k k2
   basalt sh key rm /vol1/b1/k2
   basalt sh fs ls -R /vol1/fsb        (fs buckets; see "basalt sh fs --help")
+  basalt sh bucket addacl /vol1/b1 --acl user:bob:rl,group:etl:r
+  basalt sh key getacl /vol1/b1/k --json
 ` + exitCodesHelp,
 	}
 	f.register(root)
@@ -105,6 +107,7 @@ func shVolumeCmd(f *connFlags) *cobra.Command {
 		}),
 	}
 	cmd.AddCommand(create, info, list, del)
+	cmd.AddCommand(aclCmds(f, depthVolume)...)
 	return cmd
 }
 
@@ -170,6 +173,7 @@ func shBucketCmd(f *connFlags) *cobra.Command {
 		}),
 	}
 	cmd.AddCommand(create, info, list, del)
+	cmd.AddCommand(aclCmds(f, depthBucket)...)
 	return cmd
 }
 
@@ -399,6 +403,7 @@ func shKeyCmd(f *connFlags, progressOn func() bool) *cobra.Command {
 		}),
 	}
 	cmd.AddCommand(put, get, cat, ls, info, rm, mv, cp)
+	cmd.AddCommand(aclCmds(f, depthKey)...)
 	return cmd
 }
 
