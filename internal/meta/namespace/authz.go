@@ -525,6 +525,9 @@ func (a *Authorizer) SetFileAttrs(req *metapb.SetFileAttrsRequest) error {
 // OwnAttrs makes attributes a non-admin gives what it creates name the
 // caller: another owner is refused, none becomes the caller.
 func (a *Authorizer) OwnAttrs(at *metapb.FileAttrs, what string) (*metapb.FileAttrs, error) {
+	if a.c.Anonymous && at.GetOwner() != "" {
+		return nil, a.deny("create %s owned by %q", what, at.GetOwner())
+	}
 	if a.trusted || a.c.User == "" {
 		return at, nil
 	}
