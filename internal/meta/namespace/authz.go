@@ -41,9 +41,15 @@ import (
 // volume is Volume.owner (attrs.owner if set); of a bucket attrs.owner,
 // else Bucket.owner; of an fs entry its attrs' owner, else the bucket's.
 // Without a recorded mode: volumes 0755, OBJECT buckets 0700 (private,
-// as S3), FS buckets and directories 0755, files 0644. There is no group
-// membership service: the group bits grant nothing to anyone but the
-// owner (whose bits come first), only the "other" bits do.
+// as S3), FS buckets and directories 0755, files 0644. The group bits
+// grant nothing to anyone but the owner (whose bits come first), only the
+// "other" bits do: group membership (basalt meta --groups) feeds ACLs
+// and policies only.
+//
+// Beside owners and modes (authz_acl.go, docs/SECURITY.md): a bucket's
+// policy is evaluated first (an explicit Deny refuses even the owner, an
+// Allow grants), then owners and modes, then the ACLs (the bucket's plus
+// the entry's own). Anonymous callers get nothing from modes.
 //
 // The check reads the committed state before proposing: a change of
 // owner or mode racing with a request may let that one request through
