@@ -3,6 +3,7 @@ package namespace
 import (
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -70,6 +71,9 @@ func (a *Authorizer) policyAllows(b *metapb.Bucket, action, key string, extra ma
 		return false, nil // validated when stored; an unreadable one grants nothing
 	}
 	res := "arn:aws:s3:::" + b.Name
+	if b.Layout == metapb.BucketLayout_FS {
+		key = strings.TrimLeft(key, "/") // "/a/b" and "a/b" are one path
+	}
 	if key != "" {
 		res += "/" + key
 	}
