@@ -39,6 +39,8 @@ Examples:
   basalt sh fs ls -R /vol1/fsb        (fs buckets; see "basalt sh fs --help")
   basalt sh bucket addacl /vol1/b1 --acl user:bob:rl,group:etl:r
   basalt sh key getacl /vol1/b1/k --json
+  basalt sh bucket policy set /vol1/b1 policy.json
+  basalt sh bucket public-access-block set /vol1/b1 --block-public-acls
 ` + exitCodesHelp,
 	}
 	f.register(root)
@@ -174,6 +176,7 @@ func shBucketCmd(f *connFlags) *cobra.Command {
 	}
 	cmd.AddCommand(create, info, list, del)
 	cmd.AddCommand(aclCmds(f, depthBucket)...)
+	cmd.AddCommand(bucketPolicyCmds(f)...)
 	return cmd
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -211,4 +212,123 @@ func aclCmds(f *connFlags, depth int) []*cobra.Command {
 		change("addacl", "Add rights to the ACL", metapb.AclOp_ACL_ADD),
 		change("removeacl", "Remove rights from the ACL (entries left with none go)", metapb.AclOp_ACL_REMOVE),
 	}
+}
+
+// bucketPolicyCmds are `basalt sh bucket policy get|set|delete|status` and
+// `basalt sh bucket public-access-block get|set` (docs/SECURITY.md).
+func bucketPolicyCmds(f *connFlags) []*cobra.Command {
+	pol := &cobra.Command{Use: "policy", Short: "Show, set or delete a bucket's policy (the S3 IAM JSON subset)"}
+	pol.AddCommand(&cobra.Command{
+		Use: "get /volume/bucket", Short: "Print the bucket's policy (nothing if none)",
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			return withPath(f, args, depthBucket, func(ctx context.Context, c *client.Client, p objPath) error {
+				doc, err := c.GetBucketPolicy(ctx, p.Volume, p.Bucket)
+				if err != nil {
+					return err
+				}
+				if f.json {
+					return printJSON(cmd.OutOrStdout(), map[string]string{"path": p.String(), "policy": doc})
+				}
+				if doc != "" {
+					_, err = fmt.Fprintln(cmd.OutOrStdout(), doc)
+				}
+				return err
+			})
+		}),
+	}, &cobra.Command{
+		Use: "set /volume/bucket FILE|-", Short: "Set the bucket's policy from a JSON file (- for stdin)",
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			if len(args) != 2 {
+				return usagef("want /volume/bucket and a policy file (- for stdin)")
+			}
+			var r io.Reader = cmd.InOrStdin()
+			if args[1] != "-" {
+				fh, err := os.Open(args[1])
+				if err != nil {
+					return err
+				}
+				defer fh.Close()
+				r = fh
+			}
+			doc, err := io.ReadAll(io.LimitReader(r, 64<<10))
+			if err != nil {
+				return err
+			}
+			return withPath(f, args[:1], depthBucket, func(ctx context.Context, c *client.Client, p objPath) error {
+				if err := c.SetBucketPolicy(ctx, p.Volume, p.Bucket, string(doc)); err != nil {
+					return err
+				}
+				return printDone(f, cmd.OutOrStdout(), "policy set", p)
+			})
+		}),
+	}, &cobra.Command{
+		Use: "delete /volume/bucket", Short: "Delete the bucket's policy",
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			return withPath(f, args, depthBucket, func(ctx context.Context, c *client.Client, p objPath) error {
+				if err := c.SetBucketPolicy(ctx, p.Volume, p.Bucket, ""); err != nil {
+					return err
+				}
+				return printDone(f, cmd.OutOrStdout(), "policy deleted", p)
+			})
+		}),
+	}, &cobra.Command{
+		Use: "status /volume/bucket", Short: "Whether the policy makes the bucket public",
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			return withPath(f, args, depthBucket, func(ctx context.Context, c *client.Client, p objPath) error {
+				public, err := c.GetBucketPolicyStatus(ctx, p.Volume, p.Bucket)
+				if err != nil {
+					return err
+				}
+				if f.json {
+					return printJSON(cmd.OutOrStdout(), map[string]any{"path": p.String(), "is_public": public})
+				}
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s public=%v\n", p, public)
+				return err
+			})
+		}),
+	})
+
+	pab := &cobra.Command{Use: "public-access-block", Short: "Show or set a bucket's Block Public Access settings"}
+	pab.AddCommand(&cobra.Command{
+		Use: "get /volume/bucket", Short: "Show the settings",
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			return withPath(f, args, depthBucket, func(ctx context.Context, c *client.Client, p objPath) error {
+				cfg, err := c.GetPublicAccessBlock(ctx, p.Volume, p.Bucket)
+				if err != nil {
+					return err
+				}
+				return printPAB(f, cmd.OutOrStdout(), p, cfg)
+			})
+		}),
+	})
+	var blockAcls, ignoreAcls, blockPolicy, restrict bool
+	set := &cobra.Command{
+		Use:   "set /volume/bucket [--block-public-acls] [--ignore-public-acls] [--block-public-policy] [--restrict-public-buckets]",
+		Short: "Replace the settings (no flags: remove them)",
+		RunE: runE(func(cmd *cobra.Command, args []string) error {
+			return withPath(f, args, depthBucket, func(ctx context.Context, c *client.Client, p objPath) error {
+				cfg := &metapb.PublicAccessBlock{BlockPublicAcls: blockAcls, IgnorePublicAcls: ignoreAcls, BlockPublicPolicy: blockPolicy, RestrictPublicBuckets: restrict}
+				if err := c.SetPublicAccessBlock(ctx, p.Volume, p.Bucket, cfg); err != nil {
+					return err
+				}
+				return printPAB(f, cmd.OutOrStdout(), p, cfg)
+			})
+		}),
+	}
+	set.Flags().BoolVar(&blockAcls, "block-public-acls", false, "refuse ACLs that grant WORLD or ANONYMOUS")
+	set.Flags().BoolVar(&ignoreAcls, "ignore-public-acls", false, "WORLD and ANONYMOUS ACL entries grant nothing")
+	set.Flags().BoolVar(&blockPolicy, "block-public-policy", false, "refuse a public bucket policy")
+	set.Flags().BoolVar(&restrict, "restrict-public-buckets", false, "a public policy grants only the owner")
+	pab.AddCommand(set)
+	return []*cobra.Command{pol, pab}
+}
+
+func printPAB(f *connFlags, w io.Writer, p objPath, cfg *metapb.PublicAccessBlock) error {
+	if f.json {
+		return printJSON(w, map[string]any{"path": p.String(), "block_public_acls": cfg.GetBlockPublicAcls(), "ignore_public_acls": cfg.GetIgnorePublicAcls(),
+			"block_public_policy": cfg.GetBlockPublicPolicy(), "restrict_public_buckets": cfg.GetRestrictPublicBuckets()})
+	}
+	t := newTable(w, "BUCKET", "BLOCK_PUBLIC_ACLS", "IGNORE_PUBLIC_ACLS", "BLOCK_PUBLIC_POLICY", "RESTRICT_PUBLIC_BUCKETS")
+	t.row(p.String(), cfg.GetBlockPublicAcls(), cfg.GetIgnorePublicAcls(), cfg.GetBlockPublicPolicy(), cfg.GetRestrictPublicBuckets())
+	return t.flush()
 }

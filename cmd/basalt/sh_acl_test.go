@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -91,5 +93,34 @@ func TestShAcl(t *testing.T) {
 	_, stderr, code = run("sh", "key", "getacl", "/aclv/aclb/missing")
 	if code == 0 || !strings.Contains(stderr, "missing") {
 		t.Fatalf("getacl of a missing key: exit %d: %s", code, stderr)
+	}
+
+	// Bucket policy and Block Public Access.
+	pol := filepath.Join(t.TempDir(), "policy.json")
+	os.WriteFile(pol, []byte(`{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":"*","Action":"s3:GetObject","Resource":"arn:aws:s3:::aclb/*"}]}`), 0o644)
+	mustOK("sh", "bucket", "policy", "set", "/aclv/aclb", pol)
+	if out := mustOK("sh", "bucket", "policy", "get", "/aclv/aclb"); !strings.Contains(out, `"Principal":"*"`) {
+		t.Fatalf("policy get: %s", out)
+	}
+	if out := mustOK("sh", "bucket", "policy", "status", "/aclv/aclb", "--json"); !strings.Contains(out, `"is_public": true`) {
+		t.Fatalf("policy status: %s", out)
+	}
+	mustOK("sh", "bucket", "public-access-block", "set", "/aclv/aclb", "--block-public-policy", "--block-public-acls")
+	if _, stderr, code := run("sh", "bucket", "policy", "set", "/aclv/aclb", pol); code == 0 || !strings.Contains(stderr, "BlockPublicPolicy") {
+		t.Fatalf("public policy under BlockPublicPolicy: exit %d: %s", code, stderr)
+	}
+	if _, stderr, code := run("sh", "bucket", "addacl", "/aclv/aclb", "-a", "anonymous::r"); code == 0 || !strings.Contains(stderr, "BlockPublicAcls") {
+		t.Fatalf("public ACL under BlockPublicAcls: exit %d: %s", code, stderr)
+	}
+	if out := mustOK("sh", "bucket", "public-access-block", "get", "/aclv/aclb"); !strings.Contains(out, "true") {
+		t.Fatalf("public-access-block get: %s", out)
+	}
+	os.WriteFile(pol, []byte(`{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":"*","Action":"s3:Fly","Resource":"arn:aws:s3:::aclb/*"}]}`), 0o644)
+	if _, stderr, code := run("sh", "bucket", "policy", "set", "/aclv/aclb", pol); code == 0 || !strings.Contains(stderr, "s3:Fly") {
+		t.Fatalf("invalid policy: exit %d: %s", code, stderr)
+	}
+	mustOK("sh", "bucket", "policy", "delete", "/aclv/aclb")
+	if out := mustOK("sh", "bucket", "policy", "get", "/aclv/aclb"); strings.TrimSpace(out) != "" {
+		t.Fatalf("policy after delete: %q", out)
 	}
 }
