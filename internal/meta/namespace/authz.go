@@ -3,7 +3,9 @@ package namespace
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"google.golang.org/grpc/codes"
@@ -40,9 +42,15 @@ import (
 // volume is Volume.owner (attrs.owner if set); of a bucket attrs.owner,
 // else Bucket.owner; of an fs entry its attrs' owner, else the bucket's.
 // Without a recorded mode: volumes 0755, OBJECT buckets 0700 (private,
-// as S3), FS buckets and directories 0755, files 0644. There is no group
-// membership service: the group bits grant nothing to anyone but the
-// owner (whose bits come first), only the "other" bits do.
+// as S3), FS buckets and directories 0755, files 0644. The owner's bits
+// apply to the owner, the group bits to members of the entry's group
+// (FileAttrs.group, a file's hdfs-group; else the bucket's) by the meta
+// nodes' mapping (basalt meta --groups), the other bits to everyone else.
+//
+// Beside owners and modes (authz_acl.go, docs/SECURITY.md): a bucket's
+// policy is evaluated first (an explicit Deny refuses even the owner, an
+// Allow grants), then owners and modes, then the ACLs (the bucket's plus
+// the entry's own). Anonymous callers get nothing from modes.
 //
 // The check reads the committed state before proposing: a change of
 // owner or mode racing with a request may let that one request through
@@ -55,10 +63,31 @@ type Caller struct {
 	// Gateway: a gateway acting in its own name (no end user): it may read
 	// S3 secrets and create volumes, and is otherwise an ordinary user.
 	Gateway bool
+	// Groups are the user's groups (basalt meta --groups): ACL entries of
+	// type GROUP and policy principals "group:<name>" match them.
+	Groups []string
+	// Anonymous: a gateway acts for an unauthenticated requester (an S3
+	// request without credentials). User is "". Only ACL entries of type
+	// ANONYMOUS and policies granting to "*" give it anything; modes do not.
+	Anonymous bool
+	// Request is what the gateway (or the connection) says about the
+	// request, for bucket policy conditions; nil: nothing known.
+	Request *RequestInfo
+}
+
+// RequestInfo: the request's attributes that policy conditions test
+// (aws:SourceIp, aws:SecureTransport, aws:UserAgent, aws:Referer).
+type RequestInfo struct {
+	SourceIP        string
+	SecureTransport bool
+	UserAgent       string
+	Referer         string
 }
 
 func (c Caller) String() string {
 	switch {
+	case c.Anonymous:
+		return "anonymous user"
 	case c.Admin:
 		return "admin " + strconv.Quote(c.User)
 	case c.Gateway:
@@ -101,13 +130,27 @@ const (
 // Authorizer checks one call's rights against the committed state.
 type Authorizer struct {
 	st      *State
+	pols    *policyCache
+	now     func() time.Time
 	c       Caller
 	trusted bool // no caller in the context, or an admin
+	quiet   bool // deny returns errQuiet (see contents)
 }
 
 func (s *Service) authz(ctx context.Context) *Authorizer {
 	c, ok := CallerOf(ctx)
-	return &Authorizer{st: s.st, c: c, trusted: !ok || c.Admin}
+	return &Authorizer{st: s.st, pols: &s.pols, now: s.cfg.Now, c: c, trusted: !ok || c.Admin}
+}
+
+// errQuiet stands for a refusal while quiet: the caller tries other
+// grants first and formats the message only if all fail.
+var errQuiet = status.Error(codes.PermissionDenied, "permission denied")
+
+func (a *Authorizer) deny(format string, args ...any) error {
+	if a.quiet {
+		return errQuiet
+	}
+	return denied(a.c, format, args...)
 }
 
 func denied(c Caller, format string, args ...any) error {
@@ -122,15 +165,40 @@ func clipArg(s string) string {
 }
 
 // allows reports whether mode grants want to the caller, the entry
-// being owner's.
-func (a *Authorizer) allows(owner string, mode uint32, want uint32) bool {
+// being owner's and group's: the owner's bits for the owner, the group
+// bits for members of group (basalt meta --groups), else the other bits.
+func (a *Authorizer) allows(owner, group string, mode uint32, want uint32) bool {
 	if a.trusted {
 		return true
+	}
+	if a.c.Anonymous {
+		return false // modes are for authenticated users
 	}
 	if owner != "" && owner == a.c.User {
 		return (mode>>6)&want == want
 	}
+	if group != "" && slices.Contains(a.c.Groups, group) {
+		return (mode>>3)&want == want
+	}
 	return mode&want == want
+}
+
+// entryGroup is an fs entry's group (files: WebHDFS's hdfs-group, then
+// their attrs), else the bucket's.
+func entryGroup(b *metapb.Bucket, e *metapb.FsEntry) string {
+	at := e.GetAttrs()
+	g := ""
+	if !e.GetIsDir() {
+		g = e.GetFile().GetMeta().GetUser()["hdfs-group"]
+		at = e.GetFile().GetAttrs()
+	}
+	if at.GetGroup() != "" {
+		g = at.GetGroup()
+	}
+	if g == "" {
+		g = b.GetAttrs().GetGroup()
+	}
+	return g
 }
 
 func attrMode(at *metapb.FileAttrs, def uint32) uint32 {
@@ -168,14 +236,14 @@ func (a *Authorizer) Admin(what string) error {
 	if a.trusted {
 		return nil
 	}
-	return denied(a.c, "%s (admins only)", what)
+	return a.deny("%s (admins only)", what)
 }
 
 // CreateVolume: admins, or a gateway in its own name. The owner recorded
 // defaults to the caller.
 func (a *Authorizer) CreateVolume(req *metapb.CreateVolumeRequest) error {
 	if !a.trusted && !a.c.Gateway {
-		return denied(a.c, "create volume %q (admins only)", req.Name)
+		return a.deny("create volume %q (admins only)", req.Name)
 	}
 	if req.Owner == "" && req.GetAttrs().GetOwner() == "" && a.c.User != "" {
 		req.Owner = a.c.User
@@ -192,8 +260,8 @@ func (a *Authorizer) volumeAttrs(volume string) error {
 	if err != nil {
 		return err
 	}
-	if volumeOwner(v) != a.c.User {
-		return denied(a.c, "change the attributes of volume %q (its owner is %q)", volume, volumeOwner(v))
+	if !a.isOwner(volumeOwner(v)) {
+		return a.deny("change the attributes of volume %q (its owner is %q)", volume, volumeOwner(v))
 	}
 	return nil
 }
@@ -201,9 +269,12 @@ func (a *Authorizer) volumeAttrs(volume string) error {
 // CreateBucket: write on the volume. The owner recorded is the caller's
 // (a non-admin may not create a bucket for someone else).
 func (a *Authorizer) CreateBucket(req *metapb.CreateBucketRequest) error {
+	if a.c.Anonymous {
+		return a.deny("create bucket %q (buckets need an owner)", req.Name)
+	}
 	if a.c.User != "" {
 		if !a.trusted && (req.Owner != "" && req.Owner != a.c.User || req.GetAttrs().GetOwner() != "" && req.GetAttrs().GetOwner() != a.c.User) {
-			return denied(a.c, "create bucket %q for %q", req.Name, req.Owner)
+			return a.deny("create bucket %q for %q", req.Name, req.Owner)
 		}
 		if req.Owner == "" {
 			req.Owner = a.c.User
@@ -216,13 +287,14 @@ func (a *Authorizer) CreateBucket(req *metapb.CreateBucketRequest) error {
 	if err != nil {
 		return err
 	}
-	if !a.allows(volumeOwner(v), attrMode(v.GetAttrs(), DefaultVolumeMode), permW|permX) {
-		return denied(a.c, "create a bucket in volume %q (owner %q, mode %o)", req.Volume, volumeOwner(v), attrMode(v.GetAttrs(), DefaultVolumeMode))
+	if !a.allows(volumeOwner(v), v.GetAttrs().GetGroup(), attrMode(v.GetAttrs(), DefaultVolumeMode), permW|permX) && !a.aclGrants(v.Acls, rightCreate, false) {
+		return a.deny("create a bucket in volume %q (owner %q, mode %o)", req.Volume, volumeOwner(v), attrMode(v.GetAttrs(), DefaultVolumeMode))
 	}
 	return nil
 }
 
-// DeleteBucket: the bucket's owner or the volume's.
+// DeleteBucket: the bucket's owner or the volume's, or DELETE in the
+// bucket's or the volume's ACL; the policy (s3:DeleteBucket) first.
 func (a *Authorizer) DeleteBucket(volume, bucket string) error {
 	if a.trusted {
 		return nil
@@ -231,24 +303,21 @@ func (a *Authorizer) DeleteBucket(volume, bucket string) error {
 	if err != nil {
 		return err
 	}
-	if BucketOwner(b) == a.c.User {
-		return nil
-	}
-	if v, err := a.st.GetVolume(volume); err == nil && volumeOwner(v) == a.c.User {
-		return nil
-	}
-	return denied(a.c, "delete bucket %q (its owner is %q)", bucket, BucketOwner(b))
+	return a.contents(b, contentOp{action: "s3:DeleteBucket", right: rightDelete}, func() error {
+		if a.isOwner(BucketOwner(b)) {
+			return nil
+		}
+		if v, err := a.st.GetVolume(volume); err == nil && (a.isOwner(volumeOwner(v)) || a.aclGrants(v.Acls, rightDelete, false)) {
+			return nil
+		}
+		return a.deny("delete bucket %q (its owner is %q)", bucket, BucketOwner(b))
+	})
 }
 
-// bucket checks want on the bucket itself; for an FS bucket it returns
-// the bucket for the path checks.
-func (a *Authorizer) bucket(volume, bucket string, want uint32, what string) (*metapb.Bucket, error) {
-	b, err := a.st.cachedBucket(volume, bucket)
-	if err != nil {
-		return nil, err
-	}
-	if !a.allows(BucketOwner(b), bucketMode(b), want) {
-		return nil, denied(a.c, "%s in bucket %q (owner %q, mode %o)", what, bucket, BucketOwner(b), bucketMode(b))
+// bucketModes checks want on the bucket's own mode.
+func (a *Authorizer) bucketModes(b *metapb.Bucket, want uint32, what string) (*metapb.Bucket, error) {
+	if !a.allows(BucketOwner(b), b.GetAttrs().GetGroup(), bucketMode(b), want) {
+		return nil, a.deny("%s in bucket %q (owner %q, mode %o)", what, b.Name, BucketOwner(b), bucketMode(b))
 	}
 	return b, nil
 }
@@ -310,7 +379,7 @@ func (a *Authorizer) fsPath(b *metapb.Bucket, path string, parentWant, entryWant
 	if err != nil {
 		return err
 	}
-	owner, mode := BucketOwner(b), bucketMode(b)
+	owner, group, mode := BucketOwner(b), b.GetAttrs().GetGroup(), bucketMode(b)
 	want := uint32(permX)
 	if len(parts) <= 1 {
 		want |= parentWant
@@ -318,8 +387,8 @@ func (a *Authorizer) fsPath(b *metapb.Bucket, path string, parentWant, entryWant
 	if len(parts) == 0 {
 		want = permX | entryWant
 	}
-	if !a.allows(owner, mode, want) {
-		return denied(a.c, "%s: bucket %q (owner %q, mode %o)", what, b.Name, owner, mode)
+	if !a.allows(owner, group, mode, want) {
+		return a.deny("%s: bucket %q (owner %q, mode %o)", what, b.Name, owner, mode)
 	}
 	entries, err := a.st.pathEntries(b, parts)
 	if err != nil {
@@ -327,6 +396,7 @@ func (a *Authorizer) fsPath(b *metapb.Bucket, path string, parentWant, entryWant
 	}
 	for i, e := range entries {
 		owner, mode := entryOwnerMode(b, e)
+		group := entryGroup(b, e)
 		var want uint32
 		switch {
 		case i == len(parts)-1:
@@ -339,8 +409,8 @@ func (a *Authorizer) fsPath(b *metapb.Bucket, path string, parentWant, entryWant
 		default:
 			want = permX
 		}
-		if want != 0 && !a.allows(owner, mode, want) {
-			return denied(a.c, "%s: %q (owner %q, mode %o)", what, joinPath(parts[:i+1]), owner, mode)
+		if want != 0 && !a.allows(owner, group, mode, want) {
+			return a.deny("%s: %q (owner %q, mode %o)", what, joinPath(parts[:i+1]), owner, mode)
 		}
 	}
 	return nil
@@ -358,27 +428,28 @@ func (a *Authorizer) createPath(b *metapb.Bucket, path string, what string) erro
 	if err != nil {
 		return err
 	}
-	owner, mode := BucketOwner(b), bucketMode(b)
+	owner, group, mode := BucketOwner(b), b.GetAttrs().GetGroup(), bucketMode(b)
 	at := ""
 	for i := range parts {
 		if i >= len(entries) || !entries[i].IsDir || i == len(parts)-1 {
 			// parts[i] is missing (created here), a file (the request
 			// fails), or the target itself: its parent must be writable.
-			if !a.allows(owner, mode, permW|permX) {
-				return denied(a.c, "%s: %q (owner %q, mode %o)", what, "/"+at, owner, mode)
+			if !a.allows(owner, group, mode, permW|permX) {
+				return a.deny("%s: %q (owner %q, mode %o)", what, "/"+at, owner, mode)
 			}
 			return nil
 		}
-		if !a.allows(owner, mode, permX) {
-			return denied(a.c, "%s: %q (owner %q, mode %o)", what, "/"+at, owner, mode)
+		if !a.allows(owner, group, mode, permX) {
+			return a.deny("%s: %q (owner %q, mode %o)", what, "/"+at, owner, mode)
 		}
 		owner, mode = entryOwnerMode(b, entries[i])
+		group = entryGroup(b, entries[i])
 		at = joinPath(parts[:i+1])
 	}
 	return nil
 }
 
-// Read checks reading key (lookup) in a bucket.
+// Read checks reading key (lookup) in a bucket: s3:GetObject, r, READ.
 func (a *Authorizer) Read(volume, bucket, key string) error {
 	if a.trusted {
 		return nil
@@ -387,11 +458,14 @@ func (a *Authorizer) Read(volume, bucket, key string) error {
 	if err != nil {
 		return err
 	}
-	if b.Layout != metapb.BucketLayout_FS {
-		_, err = a.bucket(volume, bucket, permR, "read "+strconv.Quote(key))
-		return err
-	}
-	return a.fsPath(b, key, 0, permR, "read "+strconv.Quote(key))
+	what := "read " + strconv.Quote(key)
+	return a.contents(b, contentOp{action: "s3:GetObject", key: key, entry: key, right: rightRead}, func() error {
+		if b.Layout != metapb.BucketLayout_FS {
+			_, err := a.bucketModes(b, permR, what)
+			return err
+		}
+		return a.fsPath(b, key, 0, permR, what)
+	})
 }
 
 // Stat checks a key's or an entry's status (no contents): object buckets
@@ -404,46 +478,25 @@ func (a *Authorizer) Stat(volume, bucket, key string) error {
 	if err != nil {
 		return err
 	}
-	if b.Layout != metapb.BucketLayout_FS {
-		_, err = a.bucket(volume, bucket, permR, "read "+strconv.Quote(key))
-		return err
-	}
-	return a.fsPath(b, key, 0, 0, "stat "+strconv.Quote(key))
+	return a.contents(b, contentOp{action: "s3:GetObject", key: key, entry: key, right: rightRead}, func() error {
+		if b.Layout != metapb.BucketLayout_FS {
+			_, err := a.bucketModes(b, permR, "read "+strconv.Quote(key))
+			return err
+		}
+		return a.fsPath(b, key, 0, 0, "stat "+strconv.Quote(key))
+	})
 }
 
 // List checks listing a bucket (object: r on it) or a directory of an fs
 // bucket (r on it; prefix listings of fs buckets: r on the bucket).
 func (a *Authorizer) List(volume, bucket, dir string) error {
-	if a.trusted {
-		return nil
-	}
-	b, err := a.st.cachedBucket(volume, bucket)
-	if err != nil {
-		return err
-	}
-	if b.Layout != metapb.BucketLayout_FS || dir == "" {
-		_, err = a.bucket(volume, bucket, permR|permX, "list")
-		return err
-	}
-	return a.fsPath(b, dir, 0, permR, "list "+strconv.Quote(dir))
+	return a.ListAs(volume, bucket, dir, "s3:ListBucket", nil)
 }
 
 // Write checks creating, replacing or deleting key: object buckets w on
 // the bucket; fs buckets w on the parent directory.
 func (a *Authorizer) Write(volume, bucket, key, what string) error {
-	if a.trusted {
-		return nil
-	}
-	b, err := a.st.cachedBucket(volume, bucket)
-	if err != nil {
-		return err
-	}
-	what += " " + strconv.Quote(key)
-	if b.Layout != metapb.BucketLayout_FS {
-		_, err = a.bucket(volume, bucket, permW, what)
-		return err
-	}
-	return a.createPath(b, key, what)
+	return a.change(volume, bucket, key, what, "s3:PutObject", false)
 }
 
 // WriteOpen checks a commit or block allocation against the open key's
@@ -467,7 +520,7 @@ func (a *Authorizer) SetFileAttrs(req *metapb.SetFileAttrsRequest) error {
 		return nil
 	}
 	if o := req.GetAttrs().GetOwner(); o != "" && o != a.c.User {
-		return denied(a.c, "give %q to %q (admins only)", "/"+req.Volume+"/"+req.Bucket+"/"+req.Path, o)
+		return a.deny("give %q to %q (admins only)", "/"+req.Volume+"/"+req.Bucket+"/"+req.Path, o)
 	}
 	if req.Bucket == "" {
 		return a.volumeAttrs(req.Volume)
@@ -494,8 +547,8 @@ func (a *Authorizer) SetFileAttrs(req *metapb.SetFileAttrsRequest) error {
 		}
 		owner, _ = entryOwnerMode(b, entries[len(parts)-1])
 	}
-	if owner != a.c.User {
-		return denied(a.c, "change the attributes of %q (its owner is %q)", "/"+req.Volume+"/"+req.Bucket+"/"+req.Path, owner)
+	if !a.isOwner(owner) {
+		return a.deny("change the attributes of %q (its owner is %q)", "/"+req.Volume+"/"+req.Bucket+"/"+req.Path, owner)
 	}
 	return nil
 }
@@ -503,11 +556,14 @@ func (a *Authorizer) SetFileAttrs(req *metapb.SetFileAttrsRequest) error {
 // OwnAttrs makes attributes a non-admin gives what it creates name the
 // caller: another owner is refused, none becomes the caller.
 func (a *Authorizer) OwnAttrs(at *metapb.FileAttrs, what string) (*metapb.FileAttrs, error) {
+	if a.c.Anonymous && at.GetOwner() != "" {
+		return nil, a.deny("create %s owned by %q", what, at.GetOwner())
+	}
 	if a.trusted || a.c.User == "" {
 		return at, nil
 	}
 	if o := at.GetOwner(); o != "" && o != a.c.User {
-		return nil, denied(a.c, "create %s owned by %q", what, o)
+		return nil, a.deny("create %s owned by %q", what, o)
 	}
 	if at.GetOwner() == "" {
 		if at == nil {
@@ -525,9 +581,9 @@ func (a *Authorizer) S3Secret(read bool) error {
 		return nil
 	}
 	if read {
-		return denied(a.c, "read S3 secrets (admins and gateways only)")
+		return a.deny("read S3 secrets (admins and gateways only)")
 	}
-	return denied(a.c, "manage S3 secrets (admins only)")
+	return a.deny("manage S3 secrets (admins only)")
 }
 
 // cachedBucket is the bucket row through the read path's cache (shared:
