@@ -118,6 +118,10 @@ func (g *Gateway) createBucket(req *request) *Error {
 				loc, g.cfg.Region)
 		}
 	}
+	acls, withACL, e := g.aclFromRequest(req, true)
+	if e != nil {
+		return e
+	}
 	ctx := req.r.Context()
 	err := req.meta(func() error {
 		if err := g.ensureVolume(ctx); err != nil {
@@ -136,6 +140,12 @@ func (g *Gateway) createBucket(req *request) *Error {
 	}
 	if err != nil {
 		return fromBasalt(err, req.bucket, "")
+	}
+	if withACL && len(acls) > 0 {
+		// A new bucket is private: only a wider ACL needs setting.
+		if e := g.applyACL(req, "", acls); e != nil {
+			return e
+		}
 	}
 	req.w.Header().Set("Location", "/"+req.bucket)
 	req.w.WriteHeader(http.StatusOK)

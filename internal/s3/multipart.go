@@ -29,6 +29,15 @@ func (g *Gateway) createMultipartUpload(req *request) *Error {
 	if e != nil {
 		return e
 	}
+	// The ACL would have to wait in the upload for Complete, which keeps
+	// none: refused (but private, the default), never dropped.
+	acls, withACL, e := g.aclFromRequest(req, false)
+	if e != nil {
+		return e
+	}
+	if withACL && len(acls) > 0 {
+		return errNotImplemented("an ACL on CreateMultipartUpload (set it with PutObjectAcl after CompleteMultipartUpload)")
+	}
 	var u *metapb.MultipartUpload
 	err := req.meta(func() (err error) {
 		u, err = g.ns.CreateMultipartUpload(req.r.Context(), &metapb.CreateMultipartUploadRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key, Meta: meta})

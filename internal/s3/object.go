@@ -378,6 +378,10 @@ func (g *Gateway) putObject(req *request) *Error {
 	if e != nil {
 		return e
 	}
+	acls, withACL, e := g.aclFromRequest(req, false)
+	if e != nil {
+		return e
+	}
 	if pre != nil {
 		// Decided early too, so that a write bound to fail sends no data.
 		if e := g.precheck(req, pre); e != nil {
@@ -397,6 +401,11 @@ func (g *Gateway) putObject(req *request) *Error {
 			e = errConditionalConflict
 		}
 		return e
+	}
+	if withACL {
+		if e := g.applyACL(req, req.key, acls); e != nil {
+			return e
+		}
 	}
 	h := req.w.Header()
 	h.Set("ETag", etagOf(meta))
@@ -648,6 +657,10 @@ func (g *Gateway) copyObject(req *request) *Error {
 	if e != nil {
 		return e
 	}
+	acls, withACL, e := g.aclFromRequest(req, false)
+	if e != nil {
+		return e
+	}
 	_, _, src, e := g.openSource(req)
 	if e != nil {
 		return e
@@ -724,6 +737,13 @@ func (g *Gateway) copyObject(req *request) *Error {
 	}
 	if err != nil {
 		return fromBasalt(err, req.bucket, req.key)
+	}
+	if withACL {
+		// S3 gives a copy the ACL the request names (else the default):
+		// the source's is never copied.
+		if e := g.applyACL(req, req.key, acls); e != nil {
+			return e
+		}
 	}
 	how := "streamed"
 	if shared {

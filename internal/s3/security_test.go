@@ -545,8 +545,14 @@ func (e *env) testUserIsolation(t *testing.T) {
 	denied("writes", err)
 	_, err = bob.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: b, Key: k})
 	denied("deletes from", err)
-	_, err = bob.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: b, Delete: &types.Delete{Objects: []types.ObjectIdentifier{{Key: k}}}})
-	denied("batch-deletes from", err)
+	// DeleteObjects answers per key, as S3: AccessDenied for each.
+	dout, err := bob.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: b, Delete: &types.Delete{Objects: []types.ObjectIdentifier{{Key: k}}}})
+	if err == nil && (len(dout.Errors) != 1 || aws.ToString(dout.Errors[0].Code) != "AccessDenied" || len(dout.Deleted) != 0) {
+		t.Fatalf("bob batch-deletes from alice's bucket: deleted %d, errors %+v", len(dout.Deleted), dout.Errors)
+	}
+	if err != nil {
+		denied("batch-deletes from", err)
+	}
 	_, err = bob.DeleteBucket(ctx, &s3.DeleteBucketInput{Bucket: b})
 	denied("deletes", err)
 	_, err = bob.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: b, Key: aws.String("mp")})
