@@ -225,11 +225,12 @@ func (e *env) testSubResources(t *testing.T) {
 	e.mkBucket(t, "subres")
 	e.put(t, "subres", "obj", []byte("data"))
 	for _, c := range []struct{ method, path string }{
-		{"GET", "/subres?policyStatus"}, {"GET", "/subres?replication"}, {"GET", "/subres?object-lock"},
+		{"GET", "/subres?lifecycle"}, {"GET", "/subres?replication"}, {"GET", "/subres?object-lock"},
 		{"GET", "/subres?website"}, {"PUT", "/subres?versioning"}, {"GET", "/subres?versions"},
-		{"GET", "/subres?acl"}, {"GET", "/subres?someFutureThing"}, {"GET", "/subres?metadataTable"},
+		{"GET", "/subres?cors"}, {"GET", "/subres?someFutureThing"}, {"GET", "/subres?metadataTable"},
+		{"PUT", "/subres?policy&versioning"}, {"GET", "/subres/obj?acl&tagging"}, {"PUT", "/subres/obj?policy"},
 		{"GET", "/subres/obj?retention"}, {"GET", "/subres/obj?legal-hold"}, {"PUT", "/subres/obj?retention"},
-		{"GET", "/subres/obj?acl"}, {"GET", "/subres/obj?attributes"}, {"POST", "/subres/obj?restore"},
+		{"GET", "/subres/obj?policyStatus"}, {"GET", "/subres/obj?attributes"}, {"POST", "/subres/obj?restore"},
 		{"GET", "/subres/obj?uploads"}, {"DELETE", "/subres?delete"},
 	} {
 		code, body := e.do(t, c.method, c.path, nil, nil)

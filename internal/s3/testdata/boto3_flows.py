@@ -78,7 +78,7 @@ expect_error("PreconditionFailed", s3.put_object, Bucket=bucket, Key="cond", Bod
 assert s3.get_object(Bucket=bucket, Key="cond")["Body"].read() == b"three"
 s3.delete_object(Bucket=bucket, Key="cond")
 # Sub-resources the gateway lacks are refused, not served as a listing.
-expect_error("NotImplemented", s3.get_bucket_policy_status, Bucket=bucket)
+expect_error("NotImplemented", s3.get_bucket_website, Bucket=bucket)
 expect_error("NotImplemented", s3.get_object_retention, Bucket=bucket, Key="dir/a.bin")
 
 # Copy and delete.
