@@ -73,7 +73,7 @@ func parsePeers(s string) (map[uint64]meta.Peer, error) {
 }
 
 func metaCmd() *cobra.Command {
-	var dataDir, raftAddr, grpcAddr, peers, metricsAddr, logLevel, tokenFile, admins string
+	var dataDir, raftAddr, grpcAddr, peers, metricsAddr, logLevel, tokenFile, admins, groupsSpec, groupsFile string
 	var id uint64
 	var tf tlsFlags
 	var uploadExpiry time.Duration
@@ -100,9 +100,22 @@ node gets the same --peers list (empty for a single node).`,
 			if err != nil {
 				return err
 			}
+			groups, err := meta.ParseGroups(groupsSpec)
+			if err != nil {
+				return &usageError{err.Error()}
+			}
+			if groupsFile != "" {
+				more, err := meta.LoadGroupsFile(groupsFile)
+				if err != nil {
+					return err
+				}
+				for u, g := range more {
+					groups[u] = append(groups[u], g...)
+				}
+			}
 			reg := newRegistry()
 			ms, err := meta.New(meta.Config{NodeID: id, DataDir: dataDir, RaftAddr: raftAddr, GRPCAddr: grpcAddr, Peers: p, TLS: creds,
-				ServiceTokenFile: tokenFile, Admins: splitList(admins), Namespace: namespace.Config{UploadExpiry: uploadExpiry}, SCM: scmCfg,
+				ServiceTokenFile: tokenFile, Admins: splitList(admins), Groups: groups, Namespace: namespace.Config{UploadExpiry: uploadExpiry}, SCM: scmCfg,
 				BallastBytes: ballast, Registerer: reg, Logger: serverLogger(logLevel)})
 			if err != nil {
 				return err
@@ -132,6 +145,8 @@ node gets the same --peers list (empty for a single node).`,
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
 	cmd.Flags().StringVar(&admins, "admins", "", "administrators: users (client certificate IDs, or end users named by a gateway) who may do everything, comma-separated")
+	cmd.Flags().StringVar(&groupsSpec, "groups", "", "group membership for ACLs and bucket policies: 'alice=analysts,etl;bob=etl' (every meta node needs the same)")
+	cmd.Flags().StringVar(&groupsFile, "groups-file", "", "file of group membership, one 'user=group,group' a line (# comments); added to --groups")
 	cmd.Flags().Int64Var(&ballast, "ballast-bytes", storage.DefaultBallast, "emergency ballast kept beside each Pebble store and the Raft log, removed at start on a full disk so the node comes up (0: none)")
 	cmd.Flags().DurationVar(&scmCfg.StaleInterval, "stale-interval", 30*time.Second, "a datanode not heard from for this long is STALE (its pipelines close; it gets no new writes)")
 	cmd.Flags().DurationVar(&scmCfg.DeadInterval, "dead-interval", 90*time.Second, "a datanode not heard from for this long is DEAD (its pipelines close, its replicas are copied elsewhere)")

@@ -86,7 +86,14 @@ func (s *Server) caller(ctx context.Context, id pki.Identity) (namespace.Caller,
 	if id.IsGateway() {
 		md, _ := metadata.FromIncomingContext(ctx)
 		users := md.Get(metaclient.OnBehalfOfHeader)
+		if a := md.Get(metaclient.AnonymousHeader); len(a) > 0 && a[0] == "true" {
+			if len(users) > 0 {
+				return c, status.Errorf(codes.InvalidArgument, "%s: a call is anonymous or on behalf of a user, not both", id)
+			}
+			return namespace.Caller{Anonymous: true, Request: requestInfo(ctx, true)}, nil
+		}
 		if len(users) == 0 {
+			c.Request = requestInfo(ctx, true)
 			c.Gateway = true
 			return c, nil
 		}
@@ -104,6 +111,8 @@ func (s *Server) caller(ctx context.Context, id pki.Identity) (namespace.Caller,
 	if s.admins[c.User] {
 		c.Admin = true
 	}
+	c.Groups = s.cfg.Groups[c.User]
+	c.Request = requestInfo(ctx, id.IsGateway())
 	return c, nil
 }
 

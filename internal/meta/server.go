@@ -107,6 +107,9 @@ type Config struct {
 	// gateways) who may do everything: admin RPCs and every namespace
 	// operation (namespace.Authorizer).
 	Admins []string
+	// Groups maps users to their groups, for ACL entries of type GROUP and
+	// policy principals "group:<name>" (ParseGroups; every node the same).
+	Groups map[string][]string
 
 	// TLS is this node's certificate (basalt://meta/<NodeID>) and the
 	// cluster CA: the gRPC port and the raft transport require a

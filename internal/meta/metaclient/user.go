@@ -26,6 +26,7 @@ func WithUser(ctx context.Context, user string, admin bool) context.Context {
 	md = md.Copy()
 	md.Set(OnBehalfOfHeader, user)
 	md.Delete(OnBehalfOfAdminHeader)
+	md.Delete(AnonymousHeader)
 	if admin {
 		md.Set(OnBehalfOfAdminHeader, "true")
 	}
@@ -42,5 +43,68 @@ func WithoutUser(ctx context.Context) context.Context {
 	md = md.Copy()
 	md.Delete(OnBehalfOfHeader)
 	md.Delete(OnBehalfOfAdminHeader)
+	md.Delete(AnonymousHeader)
+	return metadata.NewOutgoingContext(ctx, md)
+}
+
+// Anonymous requests and request attributes. Like the on-behalf-of
+// headers, the metadata service believes these only from a gateway
+// certificate.
+const (
+	// AnonymousHeader ("true") says the gateway acts for an
+	// unauthenticated requester (an anonymous S3 request).
+	AnonymousHeader = "basalt-anonymous"
+	// Request attributes for bucket policy conditions (aws:SourceIp,
+	// aws:SecureTransport, aws:UserAgent, aws:Referer).
+	SourceIPHeader        = "basalt-source-ip"
+	SecureTransportHeader = "basalt-secure-transport"
+	UserAgentHeader       = "basalt-user-agent"
+	RefererHeader         = "basalt-referer"
+)
+
+// MaxRequestInfoBytes bounds each RequestInfo field; the metadata service
+// refuses longer ones.
+const MaxRequestInfoBytes = 1024
+
+// WithAnonymous returns ctx whose outgoing calls act for an anonymous
+// requester: only ACL entries of type ANONYMOUS and bucket policies that
+// grant to "*" allow them anything. It replaces any user ctx named.
+func WithAnonymous(ctx context.Context) context.Context {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	md = md.Copy()
+	md.Delete(OnBehalfOfHeader)
+	md.Delete(OnBehalfOfAdminHeader)
+	md.Set(AnonymousHeader, "true")
+	return metadata.NewOutgoingContext(ctx, md)
+}
+
+// RequestInfo is what a gateway knows of the request it serves, for the
+// conditions of bucket policies.
+type RequestInfo struct {
+	SourceIP        string // the requester's address (IPv4 or IPv6, no port)
+	SecureTransport bool   // the request came over TLS
+	UserAgent       string
+	Referer         string
+}
+
+// WithRequestInfo returns ctx whose outgoing calls carry ri (fields cut
+// to MaxRequestInfoBytes). It replaces any ctx carried before.
+func WithRequestInfo(ctx context.Context, ri RequestInfo) context.Context {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	md = md.Copy()
+	set := func(k, v string) {
+		if len(v) > MaxRequestInfoBytes {
+			v = v[:MaxRequestInfoBytes]
+		}
+		if v == "" {
+			md.Delete(k)
+			return
+		}
+		md.Set(k, v)
+	}
+	set(SourceIPHeader, ri.SourceIP)
+	set(SecureTransportHeader, map[bool]string{true: "true", false: "false"}[ri.SecureTransport])
+	set(UserAgentHeader, ri.UserAgent)
+	set(RefererHeader, ri.Referer)
 	return metadata.NewOutgoingContext(ctx, md)
 }

@@ -1191,6 +1191,9 @@ type NsCommand struct {
 	//	*NsCommand_CopyKey
 	//	*NsCommand_SetServiceToken
 	//	*NsCommand_SetFileAttrs
+	//	*NsCommand_SetAcl
+	//	*NsCommand_SetBucketPolicy
+	//	*NsCommand_SetPublicAccessBlock
 	Op            isNsCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1438,6 +1441,33 @@ func (x *NsCommand) GetSetFileAttrs() *SetFileAttrsRequest {
 	return nil
 }
 
+func (x *NsCommand) GetSetAcl() *SetAclRequest {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_SetAcl); ok {
+			return x.SetAcl
+		}
+	}
+	return nil
+}
+
+func (x *NsCommand) GetSetBucketPolicy() *BucketPolicy {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_SetBucketPolicy); ok {
+			return x.SetBucketPolicy
+		}
+	}
+	return nil
+}
+
+func (x *NsCommand) GetSetPublicAccessBlock() *PublicAccessBlockConfig {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_SetPublicAccessBlock); ok {
+			return x.SetPublicAccessBlock
+		}
+	}
+	return nil
+}
+
 type isNsCommand_Op interface {
 	isNsCommand_Op()
 }
@@ -1530,6 +1560,20 @@ type NsCommand_SetFileAttrs struct {
 	SetFileAttrs *SetFileAttrsRequest `protobuf:"bytes,220,opt,name=set_file_attrs,json=setFileAttrs,proto3,oneof"`
 }
 
+type NsCommand_SetAcl struct {
+	// Access control (docs/SECURITY.md); validated by the proposer and
+	// re-checked in Apply (Block Public Access may change in between).
+	SetAcl *SetAclRequest `protobuf:"bytes,300,opt,name=set_acl,json=setAcl,proto3,oneof"`
+}
+
+type NsCommand_SetBucketPolicy struct {
+	SetBucketPolicy *BucketPolicy `protobuf:"bytes,301,opt,name=set_bucket_policy,json=setBucketPolicy,proto3,oneof"`
+}
+
+type NsCommand_SetPublicAccessBlock struct {
+	SetPublicAccessBlock *PublicAccessBlockConfig `protobuf:"bytes,302,opt,name=set_public_access_block,json=setPublicAccessBlock,proto3,oneof"`
+}
+
 func (*NsCommand_CreateVolume) isNsCommand_Op() {}
 
 func (*NsCommand_DeleteVolume) isNsCommand_Op() {}
@@ -1573,6 +1617,12 @@ func (*NsCommand_CopyKey) isNsCommand_Op() {}
 func (*NsCommand_SetServiceToken) isNsCommand_Op() {}
 
 func (*NsCommand_SetFileAttrs) isNsCommand_Op() {}
+
+func (*NsCommand_SetAcl) isNsCommand_Op() {}
+
+func (*NsCommand_SetBucketPolicy) isNsCommand_Op() {}
+
+func (*NsCommand_SetPublicAccessBlock) isNsCommand_Op() {}
 
 // SetServiceTokenOp records the cluster service token if none is recorded
 // yet (the first proposal wins); its result is the recorded token.
@@ -2175,6 +2225,7 @@ type FsEntry struct {
 	File           *KeyInfo               `protobuf:"bytes,3,opt,name=file,proto3" json:"file,omitempty"`
 	ModifiedUnixMs int64                  `protobuf:"varint,4,opt,name=modified_unix_ms,json=modifiedUnixMs,proto3" json:"modified_unix_ms,omitempty"`
 	Attrs          *FileAttrs             `protobuf:"bytes,220,opt,name=attrs,proto3" json:"attrs,omitempty"` // directories (files: file.attrs)
+	Acls           []*Acl                 `protobuf:"bytes,300,rep,name=acls,proto3" json:"acls,omitempty"`   // directories (files: file.acls)
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -2240,6 +2291,13 @@ func (x *FsEntry) GetModifiedUnixMs() int64 {
 func (x *FsEntry) GetAttrs() *FileAttrs {
 	if x != nil {
 		return x.Attrs
+	}
+	return nil
+}
+
+func (x *FsEntry) GetAcls() []*Acl {
+	if x != nil {
+		return x.Acls
 	}
 	return nil
 }
@@ -2601,7 +2659,7 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x0eDeleteBlocksTx\x12\x13\n" +
 	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x12!\n" +
 	"\fcontainer_id\x18\x02 \x01(\x04R\vcontainerId\x12\x1b\n" +
-	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\xa0\r\n" +
+	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\x8b\x0f\n" +
 	"\tNsCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12J\n" +
 	"\rcreate_volume\x18\x02 \x01(\v2#.basalt.meta.v1.CreateVolumeRequestH\x00R\fcreateVolume\x12J\n" +
@@ -2631,7 +2689,10 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x10delete_s3_secret\x18\x14 \x01(\v2%.basalt.meta.v1.DeleteS3SecretRequestH\x00R\x0edeleteS3Secret\x12;\n" +
 	"\bcopy_key\x18\x15 \x01(\v2\x1e.basalt.meta.v1.CopyKeyRequestH\x00R\acopyKey\x12O\n" +
 	"\x11set_service_token\x18\x16 \x01(\v2!.basalt.meta.v1.SetServiceTokenOpH\x00R\x0fsetServiceToken\x12L\n" +
-	"\x0eset_file_attrs\x18\xdc\x01 \x01(\v2#.basalt.meta.v1.SetFileAttrsRequestH\x00R\fsetFileAttrsB\x04\n" +
+	"\x0eset_file_attrs\x18\xdc\x01 \x01(\v2#.basalt.meta.v1.SetFileAttrsRequestH\x00R\fsetFileAttrs\x129\n" +
+	"\aset_acl\x18\xac\x02 \x01(\v2\x1d.basalt.meta.v1.SetAclRequestH\x00R\x06setAcl\x12K\n" +
+	"\x11set_bucket_policy\x18\xad\x02 \x01(\v2\x1c.basalt.meta.v1.BucketPolicyH\x00R\x0fsetBucketPolicy\x12a\n" +
+	"\x17set_public_access_block\x18\xae\x02 \x01(\v2'.basalt.meta.v1.PublicAccessBlockConfigH\x00R\x14setPublicAccessBlockB\x04\n" +
 	"\x02op\")\n" +
 	"\x11SetServiceTokenOp\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\"|\n" +
@@ -2674,13 +2735,14 @@ const file_meta_command_proto_rawDesc = "" +
 	"\rPendingDirRow\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x1b\n" +
 	"\tbucket_id\x18\x02 \x01(\x04R\bbucketId\x12\x15\n" +
-	"\x06dir_id\x18\x03 \x01(\x04R\x05dirId\"\xc0\x01\n" +
+	"\x06dir_id\x18\x03 \x01(\x04R\x05dirId\"\xea\x01\n" +
 	"\aFsEntry\x12\x15\n" +
 	"\x06is_dir\x18\x01 \x01(\bR\x05isDir\x12\x15\n" +
 	"\x06dir_id\x18\x02 \x01(\x04R\x05dirId\x12+\n" +
 	"\x04file\x18\x03 \x01(\v2\x17.basalt.meta.v1.KeyInfoR\x04file\x12(\n" +
 	"\x10modified_unix_ms\x18\x04 \x01(\x03R\x0emodifiedUnixMs\x120\n" +
-	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"\xba\x01\n" +
+	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\x12(\n" +
+	"\x04acls\x18\xac\x02 \x03(\v2\x13.basalt.meta.v1.AclR\x04acls\"\xba\x01\n" +
 	"\tNodeOpRow\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x121\n" +
@@ -2766,16 +2828,20 @@ var file_meta_command_proto_goTypes = []any{
 	(*DeleteS3SecretRequest)(nil),          // 50: basalt.meta.v1.DeleteS3SecretRequest
 	(*CopyKeyRequest)(nil),                 // 51: basalt.meta.v1.CopyKeyRequest
 	(*SetFileAttrsRequest)(nil),            // 52: basalt.meta.v1.SetFileAttrsRequest
-	(*OpenKeyRequest)(nil),                 // 53: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 54: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 55: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 56: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 57: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 58: basalt.meta.v1.KeyInfo
-	(*FileAttrs)(nil),                      // 59: basalt.meta.v1.FileAttrs
-	(*SecretKey)(nil),                      // 60: basalt.meta.v1.SecretKey
-	(*CachePool)(nil),                      // 61: basalt.meta.v1.CachePool
-	(*CacheDirective)(nil),                 // 62: basalt.meta.v1.CacheDirective
+	(*SetAclRequest)(nil),                  // 53: basalt.meta.v1.SetAclRequest
+	(*BucketPolicy)(nil),                   // 54: basalt.meta.v1.BucketPolicy
+	(*PublicAccessBlockConfig)(nil),        // 55: basalt.meta.v1.PublicAccessBlockConfig
+	(*OpenKeyRequest)(nil),                 // 56: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 57: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 58: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 59: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 60: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 61: basalt.meta.v1.KeyInfo
+	(*FileAttrs)(nil),                      // 62: basalt.meta.v1.FileAttrs
+	(*Acl)(nil),                            // 63: basalt.meta.v1.Acl
+	(*SecretKey)(nil),                      // 64: basalt.meta.v1.SecretKey
+	(*CachePool)(nil),                      // 65: basalt.meta.v1.CachePool
+	(*CacheDirective)(nil),                 // 66: basalt.meta.v1.CacheDirective
 }
 var file_meta_command_proto_depIdxs = []int32{
 	3,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -2824,25 +2890,29 @@ var file_meta_command_proto_depIdxs = []int32{
 	51, // 43: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
 	17, // 44: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
 	52, // 45: basalt.meta.v1.NsCommand.set_file_attrs:type_name -> basalt.meta.v1.SetFileAttrsRequest
-	53, // 46: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	54, // 47: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	54, // 48: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	55, // 49: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	37, // 50: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	56, // 51: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	57, // 52: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	57, // 53: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	58, // 54: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	59, // 55: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
-	34, // 56: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
-	60, // 57: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
-	61, // 58: basalt.meta.v1.CachePoolOp.pool:type_name -> basalt.meta.v1.CachePool
-	62, // 59: basalt.meta.v1.CacheDirectiveOp.directive:type_name -> basalt.meta.v1.CacheDirective
-	60, // [60:60] is the sub-list for method output_type
-	60, // [60:60] is the sub-list for method input_type
-	60, // [60:60] is the sub-list for extension type_name
-	60, // [60:60] is the sub-list for extension extendee
-	0,  // [0:60] is the sub-list for field type_name
+	53, // 46: basalt.meta.v1.NsCommand.set_acl:type_name -> basalt.meta.v1.SetAclRequest
+	54, // 47: basalt.meta.v1.NsCommand.set_bucket_policy:type_name -> basalt.meta.v1.BucketPolicy
+	55, // 48: basalt.meta.v1.NsCommand.set_public_access_block:type_name -> basalt.meta.v1.PublicAccessBlockConfig
+	56, // 49: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	57, // 50: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	57, // 51: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	58, // 52: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	37, // 53: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	59, // 54: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	60, // 55: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	60, // 56: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	61, // 57: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	62, // 58: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
+	63, // 59: basalt.meta.v1.FsEntry.acls:type_name -> basalt.meta.v1.Acl
+	34, // 60: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
+	64, // 61: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
+	65, // 62: basalt.meta.v1.CachePoolOp.pool:type_name -> basalt.meta.v1.CachePool
+	66, // 63: basalt.meta.v1.CacheDirectiveOp.directive:type_name -> basalt.meta.v1.CacheDirective
+	64, // [64:64] is the sub-list for method output_type
+	64, // [64:64] is the sub-list for method input_type
+	64, // [64:64] is the sub-list for extension type_name
+	64, // [64:64] is the sub-list for extension extendee
+	0,  // [0:64] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -2894,6 +2964,9 @@ func file_meta_command_proto_init() {
 		(*NsCommand_CopyKey)(nil),
 		(*NsCommand_SetServiceToken)(nil),
 		(*NsCommand_SetFileAttrs)(nil),
+		(*NsCommand_SetAcl)(nil),
+		(*NsCommand_SetBucketPolicy)(nil),
+		(*NsCommand_SetPublicAccessBlock)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"google.golang.org/grpc/codes"
@@ -55,10 +56,31 @@ type Caller struct {
 	// Gateway: a gateway acting in its own name (no end user): it may read
 	// S3 secrets and create volumes, and is otherwise an ordinary user.
 	Gateway bool
+	// Groups are the user's groups (basalt meta --groups): ACL entries of
+	// type GROUP and policy principals "group:<name>" match them.
+	Groups []string
+	// Anonymous: a gateway acts for an unauthenticated requester (an S3
+	// request without credentials). User is "". Only ACL entries of type
+	// ANONYMOUS and policies granting to "*" give it anything; modes do not.
+	Anonymous bool
+	// Request is what the gateway (or the connection) says about the
+	// request, for bucket policy conditions; nil: nothing known.
+	Request *RequestInfo
+}
+
+// RequestInfo: the request's attributes that policy conditions test
+// (aws:SourceIp, aws:SecureTransport, aws:UserAgent, aws:Referer).
+type RequestInfo struct {
+	SourceIP        string
+	SecureTransport bool
+	UserAgent       string
+	Referer         string
 }
 
 func (c Caller) String() string {
 	switch {
+	case c.Anonymous:
+		return "anonymous user"
 	case c.Admin:
 		return "admin " + strconv.Quote(c.User)
 	case c.Gateway:
@@ -101,13 +123,15 @@ const (
 // Authorizer checks one call's rights against the committed state.
 type Authorizer struct {
 	st      *State
+	pols    *policyCache
+	now     func() time.Time
 	c       Caller
 	trusted bool // no caller in the context, or an admin
 }
 
 func (s *Service) authz(ctx context.Context) *Authorizer {
 	c, ok := CallerOf(ctx)
-	return &Authorizer{st: s.st, c: c, trusted: !ok || c.Admin}
+	return &Authorizer{st: s.st, pols: &s.pols, now: s.cfg.Now, c: c, trusted: !ok || c.Admin}
 }
 
 func denied(c Caller, format string, args ...any) error {
@@ -126,6 +150,9 @@ func clipArg(s string) string {
 func (a *Authorizer) allows(owner string, mode uint32, want uint32) bool {
 	if a.trusted {
 		return true
+	}
+	if a.c.Anonymous {
+		return false // modes are for authenticated users
 	}
 	if owner != "" && owner == a.c.User {
 		return (mode>>6)&want == want
@@ -192,7 +219,7 @@ func (a *Authorizer) volumeAttrs(volume string) error {
 	if err != nil {
 		return err
 	}
-	if volumeOwner(v) != a.c.User {
+	if !a.isOwner(volumeOwner(v)) {
 		return denied(a.c, "change the attributes of volume %q (its owner is %q)", volume, volumeOwner(v))
 	}
 	return nil
@@ -201,6 +228,9 @@ func (a *Authorizer) volumeAttrs(volume string) error {
 // CreateBucket: write on the volume. The owner recorded is the caller's
 // (a non-admin may not create a bucket for someone else).
 func (a *Authorizer) CreateBucket(req *metapb.CreateBucketRequest) error {
+	if a.c.Anonymous {
+		return denied(a.c, "create bucket %q (buckets need an owner)", req.Name)
+	}
 	if a.c.User != "" {
 		if !a.trusted && (req.Owner != "" && req.Owner != a.c.User || req.GetAttrs().GetOwner() != "" && req.GetAttrs().GetOwner() != a.c.User) {
 			return denied(a.c, "create bucket %q for %q", req.Name, req.Owner)
@@ -216,13 +246,14 @@ func (a *Authorizer) CreateBucket(req *metapb.CreateBucketRequest) error {
 	if err != nil {
 		return err
 	}
-	if !a.allows(volumeOwner(v), attrMode(v.GetAttrs(), DefaultVolumeMode), permW|permX) {
+	if !a.allows(volumeOwner(v), attrMode(v.GetAttrs(), DefaultVolumeMode), permW|permX) && !a.aclGrants(v.Acls, rightCreate, false) {
 		return denied(a.c, "create a bucket in volume %q (owner %q, mode %o)", req.Volume, volumeOwner(v), attrMode(v.GetAttrs(), DefaultVolumeMode))
 	}
 	return nil
 }
 
-// DeleteBucket: the bucket's owner or the volume's.
+// DeleteBucket: the bucket's owner or the volume's, or DELETE in the
+// bucket's or the volume's ACL; the policy (s3:DeleteBucket) first.
 func (a *Authorizer) DeleteBucket(volume, bucket string) error {
 	if a.trusted {
 		return nil
@@ -231,24 +262,21 @@ func (a *Authorizer) DeleteBucket(volume, bucket string) error {
 	if err != nil {
 		return err
 	}
-	if BucketOwner(b) == a.c.User {
-		return nil
-	}
-	if v, err := a.st.GetVolume(volume); err == nil && volumeOwner(v) == a.c.User {
-		return nil
-	}
-	return denied(a.c, "delete bucket %q (its owner is %q)", bucket, BucketOwner(b))
+	return a.contents(b, contentOp{action: "s3:DeleteBucket", right: rightDelete}, func() error {
+		if a.isOwner(BucketOwner(b)) {
+			return nil
+		}
+		if v, err := a.st.GetVolume(volume); err == nil && (a.isOwner(volumeOwner(v)) || a.aclGrants(v.Acls, rightDelete, false)) {
+			return nil
+		}
+		return denied(a.c, "delete bucket %q (its owner is %q)", bucket, BucketOwner(b))
+	})
 }
 
-// bucket checks want on the bucket itself; for an FS bucket it returns
-// the bucket for the path checks.
-func (a *Authorizer) bucket(volume, bucket string, want uint32, what string) (*metapb.Bucket, error) {
-	b, err := a.st.cachedBucket(volume, bucket)
-	if err != nil {
-		return nil, err
-	}
+// bucketModes checks want on the bucket's own mode.
+func (a *Authorizer) bucketModes(b *metapb.Bucket, want uint32, what string) (*metapb.Bucket, error) {
 	if !a.allows(BucketOwner(b), bucketMode(b), want) {
-		return nil, denied(a.c, "%s in bucket %q (owner %q, mode %o)", what, bucket, BucketOwner(b), bucketMode(b))
+		return nil, denied(a.c, "%s in bucket %q (owner %q, mode %o)", what, b.Name, BucketOwner(b), bucketMode(b))
 	}
 	return b, nil
 }
@@ -378,7 +406,7 @@ func (a *Authorizer) createPath(b *metapb.Bucket, path string, what string) erro
 	return nil
 }
 
-// Read checks reading key (lookup) in a bucket.
+// Read checks reading key (lookup) in a bucket: s3:GetObject, r, READ.
 func (a *Authorizer) Read(volume, bucket, key string) error {
 	if a.trusted {
 		return nil
@@ -387,11 +415,14 @@ func (a *Authorizer) Read(volume, bucket, key string) error {
 	if err != nil {
 		return err
 	}
-	if b.Layout != metapb.BucketLayout_FS {
-		_, err = a.bucket(volume, bucket, permR, "read "+strconv.Quote(key))
-		return err
-	}
-	return a.fsPath(b, key, 0, permR, "read "+strconv.Quote(key))
+	what := "read " + strconv.Quote(key)
+	return a.contents(b, contentOp{action: "s3:GetObject", key: key, entry: key, right: rightRead}, func() error {
+		if b.Layout != metapb.BucketLayout_FS {
+			_, err := a.bucketModes(b, permR, what)
+			return err
+		}
+		return a.fsPath(b, key, 0, permR, what)
+	})
 }
 
 // Stat checks a key's or an entry's status (no contents): object buckets
@@ -404,46 +435,25 @@ func (a *Authorizer) Stat(volume, bucket, key string) error {
 	if err != nil {
 		return err
 	}
-	if b.Layout != metapb.BucketLayout_FS {
-		_, err = a.bucket(volume, bucket, permR, "read "+strconv.Quote(key))
-		return err
-	}
-	return a.fsPath(b, key, 0, 0, "stat "+strconv.Quote(key))
+	return a.contents(b, contentOp{action: "s3:GetObject", key: key, entry: key, right: rightRead}, func() error {
+		if b.Layout != metapb.BucketLayout_FS {
+			_, err := a.bucketModes(b, permR, "read "+strconv.Quote(key))
+			return err
+		}
+		return a.fsPath(b, key, 0, 0, "stat "+strconv.Quote(key))
+	})
 }
 
 // List checks listing a bucket (object: r on it) or a directory of an fs
 // bucket (r on it; prefix listings of fs buckets: r on the bucket).
 func (a *Authorizer) List(volume, bucket, dir string) error {
-	if a.trusted {
-		return nil
-	}
-	b, err := a.st.cachedBucket(volume, bucket)
-	if err != nil {
-		return err
-	}
-	if b.Layout != metapb.BucketLayout_FS || dir == "" {
-		_, err = a.bucket(volume, bucket, permR|permX, "list")
-		return err
-	}
-	return a.fsPath(b, dir, 0, permR, "list "+strconv.Quote(dir))
+	return a.ListAs(volume, bucket, dir, "s3:ListBucket", nil)
 }
 
 // Write checks creating, replacing or deleting key: object buckets w on
 // the bucket; fs buckets w on the parent directory.
 func (a *Authorizer) Write(volume, bucket, key, what string) error {
-	if a.trusted {
-		return nil
-	}
-	b, err := a.st.cachedBucket(volume, bucket)
-	if err != nil {
-		return err
-	}
-	what += " " + strconv.Quote(key)
-	if b.Layout != metapb.BucketLayout_FS {
-		_, err = a.bucket(volume, bucket, permW, what)
-		return err
-	}
-	return a.createPath(b, key, what)
+	return a.change(volume, bucket, key, what, "s3:PutObject", false)
 }
 
 // WriteOpen checks a commit or block allocation against the open key's
@@ -494,7 +504,7 @@ func (a *Authorizer) SetFileAttrs(req *metapb.SetFileAttrsRequest) error {
 		}
 		owner, _ = entryOwnerMode(b, entries[len(parts)-1])
 	}
-	if owner != a.c.User {
+	if !a.isOwner(owner) {
 		return denied(a.c, "change the attributes of %q (its owner is %q)", "/"+req.Volume+"/"+req.Bucket+"/"+req.Path, owner)
 	}
 	return nil

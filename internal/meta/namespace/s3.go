@@ -398,7 +398,7 @@ func (t *tx) completeMultipart(req *metapb.CompleteMultipartUploadRequest) any {
 	meta.PartsCount = uint32(len(parts))
 	ki := &metapb.KeyInfo{Volume: u.Volume, Bucket: u.Bucket, Name: u.Key, Replication: u.Replication,
 		ChecksumType: parts[0].ChecksumType, BytesPerChecksum: parts[0].BytesPerChecksum,
-		CreatedUnixMs: t.now, ModifiedUnixMs: t.now, Meta: meta}
+		CreatedUnixMs: t.now, ModifiedUnixMs: t.now, Meta: meta, Acls: req.Acls}
 	for _, p := range parts {
 		ki.Blocks = append(ki.Blocks, p.Blocks...)
 		ki.Size += p.Size
@@ -580,6 +580,9 @@ func (s *Service) CompleteMultipartUpload(ctx context.Context, req *metapb.Compl
 	if err := checkCompleteMultipart(req); err != nil {
 		return nil, err
 	}
+	if err := validateAcls(req.Acls, "complete upload of "+req.Key); err != nil {
+		return nil, err
+	}
 	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "complete an upload of"); err != nil {
 		return nil, err
 	}
@@ -603,7 +606,7 @@ func (s *Service) AbortMultipartUpload(ctx context.Context, req *metapb.AbortMul
 	if err := validateUploadID(req.UploadId); err != nil {
 		return nil, err
 	}
-	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "abort an upload of"); err != nil {
+	if err := s.authz(ctx).AbortUpload(req.Volume, req.Bucket, req.Key); err != nil {
 		return nil, err
 	}
 	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_AbortMultipart{AbortMultipart: req}}); err != nil {
@@ -616,7 +619,7 @@ func (s *Service) ListParts(ctx context.Context, req *metapb.ListPartsRequest) (
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
-	if err := s.authz(ctx).List(req.Volume, req.Bucket, ""); err != nil {
+	if err := s.authz(ctx).ListAs(req.Volume, req.Bucket, "", "s3:ListMultipartUploadParts", nil); err != nil {
 		return nil, err
 	}
 	return s.st.ListParts(req)
@@ -626,7 +629,7 @@ func (s *Service) ListMultipartUploads(ctx context.Context, req *metapb.ListMult
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
-	if err := s.authz(ctx).List(req.Volume, req.Bucket, ""); err != nil {
+	if err := s.authz(ctx).ListAs(req.Volume, req.Bucket, "", "s3:ListBucketMultipartUploads", nil); err != nil {
 		return nil, err
 	}
 	return s.st.ListMultipartUploads(req)

@@ -7,8 +7,11 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
@@ -105,7 +108,8 @@ type Service struct {
 	raft   Raft
 	blocks Blocks
 
-	uploadScan uploadScan // leader-only progress of the upload expiry
+	uploadScan uploadScan  // leader-only progress of the upload expiry
+	pols       policyCache // parsed bucket policies (acl.go)
 }
 
 // NewService returns the service over st.
@@ -174,6 +178,12 @@ func (s *Service) CreateBucket(ctx context.Context, req *metapb.CreateBucketRequ
 	if err := checkCreateBucket(req); err != nil {
 		return nil, err
 	}
+	if err := validateAcls(req.Acls, "create bucket "+req.Name); err != nil {
+		return nil, err
+	}
+	if req.GetPublicAccessBlock().GetBlockPublicAcls() && publicAcl(req.Acls) {
+		return nil, status.Errorf(codes.PermissionDenied, "create bucket %q: its Block Public Access settings block public ACLs, and its ACL has WORLD or ANONYMOUS entries", req.Name)
+	}
 	req = proto.Clone(req).(*metapb.CreateBucketRequest)
 	if err := s.authz(ctx).CreateBucket(req); err != nil {
 		return nil, err
@@ -182,21 +192,35 @@ func (s *Service) CreateBucket(ctx context.Context, req *metapb.CreateBucketRequ
 	if err != nil {
 		return nil, err
 	}
-	return r.(*metapb.Bucket), nil
+	b := proto.Clone(r.(*metapb.Bucket)).(*metapb.Bucket)
+	publicBucket(b)
+	return b, nil
 }
 
 func (s *Service) GetBucket(ctx context.Context, req *metapb.GetBucketRequest) (*metapb.Bucket, error) {
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
-	return s.st.GetBucket(req.Volume, req.Name)
+	b, err := s.st.GetBucket(req.Volume, req.Name)
+	if err != nil {
+		return nil, err
+	}
+	publicBucket(b)
+	return b, nil
 }
 
 func (s *Service) ListBuckets(ctx context.Context, req *metapb.ListBucketsRequest) (*metapb.ListBucketsResponse, error) {
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
-	return s.st.ListBuckets(req)
+	r, err := s.st.ListBuckets(req)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range r.Buckets {
+		publicBucket(b)
+	}
+	return r, nil
 }
 
 func (s *Service) DeleteBucket(ctx context.Context, req *metapb.DeleteBucketRequest) (*metapb.DeleteBucketResponse, error) {
@@ -303,6 +327,9 @@ func (s *Service) CommitKey(ctx context.Context, req *metapb.CommitKeyRequest) (
 	if err := checkCommitKey(req); err != nil {
 		return nil, err
 	}
+	if err := validateAcls(req.Acls, "commit"); err != nil {
+		return nil, err
+	}
 	if err := s.authz(ctx).WriteOpen(req.OpenId, "commit"); err != nil {
 		return nil, err
 	}
@@ -362,7 +389,7 @@ func (s *Service) ListKeys(ctx context.Context, req *metapb.ListKeysRequest) (*m
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
-	if err := s.authz(ctx).List(req.Volume, req.Bucket, ""); err != nil {
+	if err := s.authz(ctx).ListAs(req.Volume, req.Bucket, "", "s3:ListBucket", listConditions(req)); err != nil {
 		return nil, err
 	}
 	return s.st.ListKeys(req)
@@ -379,7 +406,7 @@ func (s *Service) RenameKey(ctx context.Context, req *metapb.RenameKeyRequest) (
 		return nil, err
 	}
 	az := s.authz(ctx)
-	if err := az.Write(req.Volume, req.Bucket, req.Key, "rename"); err != nil {
+	if err := az.Delete(req.Volume, req.Bucket, req.Key, "rename"); err != nil {
 		return nil, err
 	}
 	if err := az.Write(req.Volume, req.Bucket, req.NewKey, "rename onto"); err != nil {
@@ -398,7 +425,7 @@ func (s *Service) DeleteKey(ctx context.Context, req *metapb.DeleteKeyRequest) (
 	if len(req.Key) > MaxKeyBytes {
 		return nil, invalid("key name %.64q... is %d bytes; at most %d allowed", req.Key, len(req.Key), MaxKeyBytes)
 	}
-	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "delete"); err != nil {
+	if err := s.authz(ctx).Delete(req.Volume, req.Bucket, req.Key, "delete"); err != nil {
 		return nil, err
 	}
 	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_DeleteKey{DeleteKey: req}}); err != nil {
@@ -546,4 +573,19 @@ func (s *Service) handOverDeleted(ctx context.Context) (more bool, err error) {
 	// a block twice on a datanode is harmless.
 	_, err = s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_PurgeDeleted{PurgeDeleted: &metapb.PurgeDeletedOp{Seqs: seqs}}})
 	return len(rows) == s.cfg.DeleteBatchRows, err
+}
+
+// listConditions are a listing's policy condition keys (those given).
+func listConditions(req *metapb.ListKeysRequest) map[string]string {
+	m := map[string]string{}
+	if req.Prefix != "" {
+		m["s3:prefix"] = req.Prefix
+	}
+	if req.Delimiter != "" {
+		m["s3:delimiter"] = req.Delimiter
+	}
+	if req.PageSize != 0 {
+		m["s3:max-keys"] = strconv.FormatUint(uint64(req.PageSize), 10)
+	}
+	return m
 }

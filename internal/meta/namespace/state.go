@@ -348,6 +348,12 @@ func (t *tx) apply(cmd *metapb.NsCommand) any {
 		return t.copyKey(op.CopyKey)
 	case *metapb.NsCommand_SetFileAttrs:
 		return t.setFileAttrs(op.SetFileAttrs)
+	case *metapb.NsCommand_SetAcl:
+		return t.setAcl(op.SetAcl)
+	case *metapb.NsCommand_SetBucketPolicy:
+		return t.setBucketPolicy(op.SetBucketPolicy)
+	case *metapb.NsCommand_SetPublicAccessBlock:
+		return t.setPublicAccessBlock(op.SetPublicAccessBlock)
 	default:
 		return fmt.Errorf("namespace: unknown command %T", cmd.Op)
 	}
@@ -411,6 +417,12 @@ func (t *tx) createBucket(req *metapb.CreateBucketRequest) any {
 	if err := validateAttrs(req.Attrs); err != nil {
 		return err
 	}
+	if err := validateAcls(req.Acls, "create bucket "+req.Name); err != nil {
+		return err
+	}
+	if req.GetPublicAccessBlock().GetBlockPublicAcls() && publicAcl(req.Acls) {
+		return status.Errorf(codes.PermissionDenied, "create bucket %q: its Block Public Access settings block public ACLs, and its ACL has WORLD or ANONYMOUS entries", req.Name)
+	}
 	if !t.get(volumeKey(req.Volume), &metapb.Volume{}) {
 		return notFound("volume %q not found", req.Volume)
 	}
@@ -418,7 +430,10 @@ func (t *tx) createBucket(req *metapb.CreateBucketRequest) any {
 		return status.Errorf(codes.AlreadyExists, "bucket %q already exists in volume %q", req.Name, req.Volume)
 	}
 	b := &metapb.Bucket{Volume: req.Volume, Name: req.Name, Id: t.s.nextBucket, Layout: layout, Replication: repl, CreatedUnixMs: t.now,
-		Owner: req.Owner, Attrs: req.Attrs}
+		Owner: req.Owner, Attrs: req.Attrs, Acls: req.Acls}
+	if req.PublicAccessBlock != nil && !proto.Equal(req.PublicAccessBlock, &metapb.PublicAccessBlock{}) {
+		b.PublicAccessBlock = req.PublicAccessBlock
+	}
 	t.s.nextBucket++
 	t.put(bucketKey(req.Volume, req.Name), b)
 	t.bucketsChanged = true
@@ -511,6 +526,12 @@ func (t *tx) commitKey(req *metapb.CommitKeyRequest) any {
 	if err := validateMeta(req.Meta); err != nil {
 		return err
 	}
+	if err := validateAcls(req.Acls, "commit key "+row.Key); err != nil {
+		return err
+	}
+	if err := blockedPublicAcl(b, req.Acls, "commit key "+row.Key); err != nil {
+		return err
+	}
 	allocated := map[[2]uint64]bool{}
 	for _, id := range row.Blocks {
 		allocated[[2]uint64{id.ContainerId, id.LocalId}] = true
@@ -531,7 +552,7 @@ func (t *tx) commitKey(req *metapb.CommitKeyRequest) any {
 	ki := &metapb.KeyInfo{
 		Volume: row.Volume, Bucket: row.Bucket, Name: row.Key, Size: size, Replication: row.Replication,
 		ChecksumType: row.ChecksumType, BytesPerChecksum: row.BytesPerChecksum,
-		CreatedUnixMs: t.now, ModifiedUnixMs: t.now, Blocks: req.Blocks, Meta: req.Meta,
+		CreatedUnixMs: t.now, ModifiedUnixMs: t.now, Blocks: req.Blocks, Meta: req.Meta, Acls: req.Acls,
 	}
 	old, err := t.keySlot(b, row.Key, "commit key")
 	if err != nil {
