@@ -118,7 +118,7 @@ func (g *Gateway) createBucket(req *request) *Error {
 				loc, g.cfg.Region)
 		}
 	}
-	acls, withACL, e := g.aclFromRequest(req, true)
+	acls, _, e := g.aclFromRequest(req, true)
 	if e != nil {
 		return e
 	}
@@ -127,7 +127,7 @@ func (g *Gateway) createBucket(req *request) *Error {
 		if err := g.ensureVolume(ctx); err != nil {
 			return err
 		}
-		_, err := g.ns.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: g.cfg.Volume, Name: req.bucket, Owner: req.auth.owner})
+		_, err := g.ns.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: g.cfg.Volume, Name: req.bucket, Owner: req.auth.owner, Acls: acls})
 		return client.FromRPC("create bucket", err)
 	})
 	g.owners.forget(req.bucket)
@@ -140,12 +140,6 @@ func (g *Gateway) createBucket(req *request) *Error {
 	}
 	if err != nil {
 		return fromBasalt(err, req.bucket, "")
-	}
-	if withACL && len(acls) > 0 {
-		// A new bucket is private: only a wider ACL needs setting.
-		if e := g.applyACL(req, "", acls); e != nil {
-			return e
-		}
 	}
 	req.w.Header().Set("Location", "/"+req.bucket)
 	req.w.WriteHeader(http.StatusOK)

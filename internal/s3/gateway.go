@@ -307,6 +307,9 @@ type request struct {
 	key    string
 	auth   *auth
 	op     string
+	// acls is the ACL a write's headers ask for (x-amz-acl,
+	// x-amz-grant-*), committed with the new object.
+	acls   []*metapb.Acl
 	stages stageTimer
 }
 

@@ -49,16 +49,35 @@ func isAnonymous(r *http.Request) bool {
 // requester and carry where the request came from.
 func (g *Gateway) requesterContext(ctx context.Context, r *http.Request, a *auth) context.Context {
 	if a.anonymous {
-		ctx = withAnonymous(ctx)
+		ctx = metaclient.WithAnonymous(ctx)
 	} else {
 		ctx = metaclient.WithUser(ctx, a.owner, a.admin)
 	}
-	return withRequestInfo(ctx, g.clientIP(r), r.TLS != nil, clip(r.Header.Get("User-Agent"), 512), clip(r.Header.Get("Referer"), 1024))
+	return metaclient.WithRequestInfo(ctx, metaclient.RequestInfo{
+		SourceIP:        g.clientIP(r),
+		SecureTransport: r.TLS != nil,
+		UserAgent:       headerText(r.Header.Get("User-Agent")),
+		Referer:         headerText(r.Header.Get("Referer")),
+	})
 }
 
-func clip(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
+// headerText makes a client's header fit gRPC metadata, which takes
+// printable ASCII only (anything else would fail the call): other bytes
+// become '?', and it is cut to the metadata service's limit.
+func headerText(s string) string {
+	if len(s) > metaclient.MaxRequestInfoBytes {
+		s = s[:metaclient.MaxRequestInfoBytes]
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			b := []byte(s)
+			for j := i; j < len(b); j++ {
+				if b[j] < 0x20 || b[j] > 0x7e {
+					b[j] = '?'
+				}
+			}
+			return string(b)
+		}
 	}
 	return s
 }
@@ -125,13 +144,9 @@ func parseProxies(list []string) ([]netip.Prefix, error) {
 }
 
 // anonymousAllowed refuses what an anonymous requester may never do
-// (list the buckets, create one), and everything while the metadata
-// service cannot act for anonymous requesters. The rest the namespace
-// decides from ACLs and bucket policies.
+// (list the buckets, create one). The rest the namespace decides from
+// ACLs and bucket policies.
 func anonymousAllowed(op string) *Error {
-	if !anonymousServed {
-		return errAccessDenied("Access Denied: the request is not signed (anonymous access is not served)")
-	}
 	switch op {
 	case "ListBuckets", "CreateBucket":
 		return errAccessDenied("Access Denied: anonymous requests may not " + op)
