@@ -375,6 +375,10 @@ func (g *Gateway) authenticate(r *http.Request) (*auth, *Error) {
 		if !validPayloadMode(payload) {
 			return nil, errorf("InvalidArgument", 400, "x-amz-content-sha256 must be UNSIGNED-PAYLOAD, STREAMING-UNSIGNED-PAYLOAD-TRAILER, STREAMING-AWS4-HMAC-SHA256-PAYLOAD, STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER or a valid sha256 value.")
 		}
+	case !isAnonymous(r):
+		// Part of a presigned query without X-Amz-Algorithm: a broken
+		// signature, not an anonymous request.
+		return nil, errorf("AuthorizationQueryParametersError", 400, "Query-string authentication version 4 requires the X-Amz-Algorithm, X-Amz-Credential, X-Amz-Signature, X-Amz-Date, X-Amz-SignedHeaders, and X-Amz-Expires parameters.")
 	default:
 		return anonymousAuth(r)
 	}
