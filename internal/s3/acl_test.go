@@ -35,6 +35,7 @@ func TestAccessControl(t *testing.T) {
 	t.Run("BucketACL", e.testBucketACL)
 	t.Run("CannedObjectACL", e.testCannedObjectACL)
 	t.Run("ACLErrors", e.testACLErrors)
+	t.Run("MultipartACL", e.testMultipartACL)
 	t.Run("BucketPolicy", e.testBucketPolicy)
 }
 
@@ -242,9 +243,39 @@ func (e *env) testACLErrors(t *testing.T) {
 	_, err = e.s3.PutBucketAcl(ctx, &s3.PutBucketAclInput{Bucket: b, AccessControlPolicy: &types.AccessControlPolicy{Grants: []types.Grant{
 		{Grantee: &types.Grantee{Type: types.TypeCanonicalUser, ID: aws.String("u")}, Permission: "EVERYTHING"}}}})
 	wantCode(t, err, "MalformedACLError", 400)
-	// An ACL on a multipart upload is refused, not dropped.
-	_, err = e.s3.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: b, Key: aws.String("mp"), ACL: types.ObjectCannedACLPublicRead})
-	wantCode(t, err, "NotImplemented", 501)
+}
+
+// testMultipartACL: the ACL of CreateMultipartUpload is the completed
+// object's.
+func (e *env) testMultipartACL(t *testing.T) {
+	ctx := e.ctx
+	e.mkBucket(t, "acl-mp")
+	b := aws.String("acl-mp")
+	for _, c := range []struct {
+		key    string
+		acl    types.ObjectCannedACL
+		public bool
+	}{{"mp-public", types.ObjectCannedACLPublicRead, true}, {"mp-private", "", false}} {
+		up, err := e.s3.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: b, Key: aws.String(c.key), ACL: c.acl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, body := e.anon(t, "GET", "/acl-mp/"+c.key, "")
+		wantHTTP(t, "anonymous GET before Complete", code, body, 403, "AccessDenied")
+		part, err := e.s3.UploadPart(ctx, &s3.UploadPartInput{Bucket: b, Key: aws.String(c.key), UploadId: up.UploadId, PartNumber: aws.Int32(1),
+			Body: strings.NewReader("multipart " + c.key)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.s3.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{Bucket: b, Key: aws.String(c.key), UploadId: up.UploadId,
+			MultipartUpload: &types.CompletedMultipartUpload{Parts: []types.CompletedPart{{PartNumber: aws.Int32(1), ETag: part.ETag}}}}); err != nil {
+			t.Fatal(err)
+		}
+		code, body = e.anon(t, "GET", "/acl-mp/"+c.key, "")
+		if c.public && (code != 200 || body != "multipart "+c.key) || !c.public && code != 403 {
+			t.Fatalf("anonymous GET of %s (public %v): %d %q", c.key, c.public, code, body)
+		}
+	}
 }
 
 func (e *env) testBucketPolicy(t *testing.T) {

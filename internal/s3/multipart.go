@@ -29,15 +29,13 @@ func (g *Gateway) createMultipartUpload(req *request) *Error {
 	if e != nil {
 		return e
 	}
-	// The ACL would have to wait in the upload for Complete, which keeps
-	// none: refused (but private, the default), never dropped.
-	acls, withACL, e := g.aclFromRequest(req, false)
+	// The ACL waits in the upload (ObjectMeta.upload_acls) for Complete,
+	// which commits it with the object.
+	acls, _, e := g.aclFromRequest(req, false)
 	if e != nil {
 		return e
 	}
-	if withACL && len(acls) > 0 {
-		return errNotImplemented("an ACL on CreateMultipartUpload (set it with PutObjectAcl after CompleteMultipartUpload)")
-	}
+	meta.UploadAcls = acls
 	var u *metapb.MultipartUpload
 	err := req.meta(func() (err error) {
 		u, err = g.ns.CreateMultipartUpload(req.r.Context(), &metapb.CreateMultipartUploadRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key, Meta: meta})
@@ -224,6 +222,14 @@ func (g *Gateway) completeMultipartUpload(req *request) *Error {
 		MinPartSize: uint64(g.cfg.MinPartSize), Parts: parts, Precondition: pre}
 	var ki *metapb.KeyInfo
 	err := req.meta(func() (err error) {
+		// The ACL CreateMultipartUpload asked for, committed with the
+		// object (a new version never keeps the old one's).
+		lp, err := g.ns.ListParts(req.r.Context(), &metapb.ListPartsRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key,
+			UploadId: uploadID, MaxParts: 1})
+		if err != nil {
+			return err
+		}
+		creq.Acls = lp.GetUpload().GetMeta().GetUploadAcls()
 		ki, err = g.ns.CompleteMultipartUpload(req.r.Context(), creq)
 		return err
 	})
