@@ -156,3 +156,47 @@ func TestClientIP(t *testing.T) {
 		t.Fatal("bad proxy accepted")
 	}
 }
+
+// FuzzACLInput: any grant header or AccessControlPolicy document is
+// translated or refused with an S3 error, without a panic, and what is
+// accepted names valid entries (users and groups named, rights within
+// ALL, at most 2 entries per grant).
+func FuzzACLInput(f *testing.F) {
+	f.Add(`id="bob", uri="http://acs.amazonaws.com/groups/global/AllUsers"`, `<AccessControlPolicy><AccessControlList><Grant><Grantee xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" xsi:type="CanonicalUser"><ID>a</ID></Grantee><Permission>READ</Permission></Grant></AccessControlList></AccessControlPolicy>`)
+	f.Add(`uri="urn:basalt:group:staff"`, `<AccessControlPolicy><AccessControlList><Grant><Grantee xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" xsi:type="Group"><URI>http://acs.amazonaws.com/groups/global/AuthenticatedUsers</URI></Grantee><Permission>FULL_CONTROL</Permission></Grant></AccessControlList></AccessControlPolicy>`)
+	f.Add(`emailAddress="x@y"`, `<AccessControlPolicy/>`)
+	check := func(t *testing.T, acls []*metapb.Acl) {
+		for _, a := range acls {
+			if a.Rights == 0 || a.Rights&^aclAllRights != 0 {
+				t.Fatalf("entry with rights %#x", a.Rights)
+			}
+			named := a.Type == metapb.AclType_ACL_USER || a.Type == metapb.AclType_ACL_GROUP
+			if named != (a.Name != "") {
+				t.Fatalf("entry %v with name %q", a.Type, a.Name)
+			}
+		}
+	}
+	f.Fuzz(func(t *testing.T, header, doc string) {
+		for _, bucket := range []bool{true, false} {
+			h := http.Header{}
+			h.Set("X-Amz-Grant-Full-Control", header)
+			acls, _, e := aclFromHeaders(h, bucket, "me", "bo")
+			if e == nil {
+				check(t, acls)
+			} else if e.Status < 400 || e.Status > 501 {
+				t.Fatalf("status %d", e.Status)
+			}
+			var in accessControlPolicyIn
+			if xml.Unmarshal([]byte(doc), &in) != nil {
+				continue
+			}
+			acls, e = policyToACL(&in, bucket)
+			if e == nil {
+				check(t, acls)
+				if len(acls) > 2*maxGrants {
+					t.Fatalf("%d entries", len(acls))
+				}
+			}
+		}
+	})
+}
