@@ -37,6 +37,10 @@ Examples:
   basalt sh key mv /vol1/b1/k k2
   basalt sh key rm /vol1/b1/k2
   basalt sh fs ls -R /vol1/fsb        (fs buckets; see "basalt sh fs --help")
+  basalt sh bucket addacl /vol1/b1 --acl user:bob:rl,group:etl:r
+  basalt sh key getacl /vol1/b1/k --json
+  basalt sh bucket policy set /vol1/b1 policy.json
+  basalt sh bucket public-access-block set /vol1/b1 --block-public-acls
 ` + exitCodesHelp,
 	}
 	f.register(root)
@@ -105,6 +109,7 @@ func shVolumeCmd(f *connFlags) *cobra.Command {
 		}),
 	}
 	cmd.AddCommand(create, info, list, del)
+	cmd.AddCommand(aclCmds(f, depthVolume)...)
 	return cmd
 }
 
@@ -170,6 +175,8 @@ func shBucketCmd(f *connFlags) *cobra.Command {
 		}),
 	}
 	cmd.AddCommand(create, info, list, del)
+	cmd.AddCommand(aclCmds(f, depthBucket)...)
+	cmd.AddCommand(bucketPolicyCmds(f)...)
 	return cmd
 }
 
@@ -399,6 +406,7 @@ func shKeyCmd(f *connFlags, progressOn func() bool) *cobra.Command {
 		}),
 	}
 	cmd.AddCommand(put, get, cat, ls, info, rm, mv, cp)
+	cmd.AddCommand(aclCmds(f, depthKey)...)
 	return cmd
 }
 

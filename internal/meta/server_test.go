@@ -58,7 +58,7 @@ func (c *cluster) newServer(id uint64) *Server {
 		}
 	}
 	s, err := New(Config{
-		NodeID: id, DataDir: filepath.Join(c.dir, fmt.Sprint(id)), Peers: peers, TLS: nodeCreds(id), Admins: testAdmins,
+		NodeID: id, DataDir: filepath.Join(c.dir, fmt.Sprint(id)), Peers: peers, TLS: nodeCreds(id), Admins: testAdmins, Groups: testGroups,
 		TickInterval: 20 * time.Millisecond, ElectionTicks: 10,
 		SCM:       c.scmCfg,
 		Namespace: namespace.Config{ServiceInterval: 50 * time.Millisecond},

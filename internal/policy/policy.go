@@ -52,7 +52,12 @@ type Policy struct {
 	Version    string
 	ID         string
 	Statements []*Statement
+	keys       map[string]bool // condition keys used
 }
+
+// UsesKey reports whether some condition tests key (lower-cased): a
+// caller need not compute the others.
+func (p *Policy) UsesKey(key string) bool { return p.keys[key] }
 
 // Statement is one parsed statement.
 type Statement struct {
@@ -213,6 +218,12 @@ func Parse(doc []byte) (*Policy, error) {
 			sids[ps.Sid] = true
 		}
 		p.Statements = append(p.Statements, ps)
+		for _, c := range ps.Conditions {
+			if p.keys == nil {
+				p.keys = map[string]bool{}
+			}
+			p.keys[c.Key] = true
+		}
 	}
 	return p, nil
 }

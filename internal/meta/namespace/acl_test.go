@@ -386,3 +386,48 @@ func TestAclSurvivesRestart(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkAuthorizeACL: the cost of the checks this file adds, beside
+// BenchmarkAuthorize's owner paths: a grant by the bucket's ACL, by the
+// key's own ACL (one more Pebble read), and by a bucket policy with a
+// condition (evaluated per call; parsed once).
+//
+//	go test -run '^$' -bench 'BenchmarkAuthorize' ./internal/meta/namespace/
+func BenchmarkAuthorizeACL(b *testing.B) {
+	e := authzEnv(b)
+	must := func(err error) {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	_, err := e.s.CreateBucket(e.ctx, &metapb.CreateBucketRequest{Volume: "vol", Name: "pbkt", Owner: "alice"})
+	must(err)
+	e.put(b, "vol", "pbkt", "k", 1)
+	_, err = e.s.SetAcl(e.ctx, &metapb.SetAclRequest{Ref: ref("obkt", ""), Acls: []*metapb.Acl{user("x", rR), {Type: metapb.AclType_ACL_GROUP, Name: "g", Rights: rR}, user("bob", rR)}})
+	must(err)
+	_, err = e.s.SetAcl(e.ctx, &metapb.SetAclRequest{Ref: ref("obkt", "k"), Acls: []*metapb.Acl{user("carol", rR)}})
+	must(err)
+	_, err = e.s.SetBucketPolicy(e.ctx, &metapb.BucketPolicy{Volume: "vol", Bucket: "pbkt", Policy: `{"Version":"2012-10-17","Statement":[
+	 {"Effect":"Deny","Principal":"*","Action":"s3:*","Resource":"arn:aws:s3:::pbkt/*","Condition":{"Bool":{"aws:SecureTransport":"false"}}},
+	 {"Effect":"Allow","Principal":{"AWS":"dave"},"Action":"s3:GetObject","Resource":"arn:aws:s3:::pbkt/*","Condition":{"IpAddress":{"aws:SourceIp":"10.0.0.0/8"}}}]}`})
+	must(err)
+	for _, c := range []struct {
+		name   string
+		c      Caller
+		bucket string
+	}{
+		{"bucket-acl", Caller{User: "bob"}, "obkt"},
+		{"key-acl", Caller{User: "carol"}, "obkt"},
+		{"policy", Caller{User: "dave", Request: &RequestInfo{SourceIP: "10.1.2.3", SecureTransport: true}}, "pbkt"},
+		{"owner-with-policy", Caller{User: "alice", Request: &RequestInfo{SourceIP: "10.1.2.3", SecureTransport: true}}, "pbkt"},
+	} {
+		az := e.s.authz(WithCaller(e.ctx, c.c))
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if err := az.Read("vol", c.bucket, "k"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -41,9 +41,15 @@ import (
 // volume is Volume.owner (attrs.owner if set); of a bucket attrs.owner,
 // else Bucket.owner; of an fs entry its attrs' owner, else the bucket's.
 // Without a recorded mode: volumes 0755, OBJECT buckets 0700 (private,
-// as S3), FS buckets and directories 0755, files 0644. There is no group
-// membership service: the group bits grant nothing to anyone but the
-// owner (whose bits come first), only the "other" bits do.
+// as S3), FS buckets and directories 0755, files 0644. The group bits
+// grant nothing to anyone but the owner (whose bits come first), only the
+// "other" bits do: group membership (basalt meta --groups) feeds ACLs
+// and policies only.
+//
+// Beside owners and modes (authz_acl.go, docs/SECURITY.md): a bucket's
+// policy is evaluated first (an explicit Deny refuses even the owner, an
+// Allow grants), then owners and modes, then the ACLs (the bucket's plus
+// the entry's own). Anonymous callers get nothing from modes.
 //
 // The check reads the committed state before proposing: a change of
 // owner or mode racing with a request may let that one request through
@@ -127,11 +133,23 @@ type Authorizer struct {
 	now     func() time.Time
 	c       Caller
 	trusted bool // no caller in the context, or an admin
+	quiet   bool // deny returns errQuiet (see contents)
 }
 
 func (s *Service) authz(ctx context.Context) *Authorizer {
 	c, ok := CallerOf(ctx)
 	return &Authorizer{st: s.st, pols: &s.pols, now: s.cfg.Now, c: c, trusted: !ok || c.Admin}
+}
+
+// errQuiet stands for a refusal while quiet: the caller tries other
+// grants first and formats the message only if all fail.
+var errQuiet = status.Error(codes.PermissionDenied, "permission denied")
+
+func (a *Authorizer) deny(format string, args ...any) error {
+	if a.quiet {
+		return errQuiet
+	}
+	return denied(a.c, format, args...)
 }
 
 func denied(c Caller, format string, args ...any) error {
@@ -195,14 +213,14 @@ func (a *Authorizer) Admin(what string) error {
 	if a.trusted {
 		return nil
 	}
-	return denied(a.c, "%s (admins only)", what)
+	return a.deny("%s (admins only)", what)
 }
 
 // CreateVolume: admins, or a gateway in its own name. The owner recorded
 // defaults to the caller.
 func (a *Authorizer) CreateVolume(req *metapb.CreateVolumeRequest) error {
 	if !a.trusted && !a.c.Gateway {
-		return denied(a.c, "create volume %q (admins only)", req.Name)
+		return a.deny("create volume %q (admins only)", req.Name)
 	}
 	if req.Owner == "" && req.GetAttrs().GetOwner() == "" && a.c.User != "" {
 		req.Owner = a.c.User
@@ -220,7 +238,7 @@ func (a *Authorizer) volumeAttrs(volume string) error {
 		return err
 	}
 	if !a.isOwner(volumeOwner(v)) {
-		return denied(a.c, "change the attributes of volume %q (its owner is %q)", volume, volumeOwner(v))
+		return a.deny("change the attributes of volume %q (its owner is %q)", volume, volumeOwner(v))
 	}
 	return nil
 }
@@ -229,11 +247,11 @@ func (a *Authorizer) volumeAttrs(volume string) error {
 // (a non-admin may not create a bucket for someone else).
 func (a *Authorizer) CreateBucket(req *metapb.CreateBucketRequest) error {
 	if a.c.Anonymous {
-		return denied(a.c, "create bucket %q (buckets need an owner)", req.Name)
+		return a.deny("create bucket %q (buckets need an owner)", req.Name)
 	}
 	if a.c.User != "" {
 		if !a.trusted && (req.Owner != "" && req.Owner != a.c.User || req.GetAttrs().GetOwner() != "" && req.GetAttrs().GetOwner() != a.c.User) {
-			return denied(a.c, "create bucket %q for %q", req.Name, req.Owner)
+			return a.deny("create bucket %q for %q", req.Name, req.Owner)
 		}
 		if req.Owner == "" {
 			req.Owner = a.c.User
@@ -247,7 +265,7 @@ func (a *Authorizer) CreateBucket(req *metapb.CreateBucketRequest) error {
 		return err
 	}
 	if !a.allows(volumeOwner(v), attrMode(v.GetAttrs(), DefaultVolumeMode), permW|permX) && !a.aclGrants(v.Acls, rightCreate, false) {
-		return denied(a.c, "create a bucket in volume %q (owner %q, mode %o)", req.Volume, volumeOwner(v), attrMode(v.GetAttrs(), DefaultVolumeMode))
+		return a.deny("create a bucket in volume %q (owner %q, mode %o)", req.Volume, volumeOwner(v), attrMode(v.GetAttrs(), DefaultVolumeMode))
 	}
 	return nil
 }
@@ -269,14 +287,14 @@ func (a *Authorizer) DeleteBucket(volume, bucket string) error {
 		if v, err := a.st.GetVolume(volume); err == nil && (a.isOwner(volumeOwner(v)) || a.aclGrants(v.Acls, rightDelete, false)) {
 			return nil
 		}
-		return denied(a.c, "delete bucket %q (its owner is %q)", bucket, BucketOwner(b))
+		return a.deny("delete bucket %q (its owner is %q)", bucket, BucketOwner(b))
 	})
 }
 
 // bucketModes checks want on the bucket's own mode.
 func (a *Authorizer) bucketModes(b *metapb.Bucket, want uint32, what string) (*metapb.Bucket, error) {
 	if !a.allows(BucketOwner(b), bucketMode(b), want) {
-		return nil, denied(a.c, "%s in bucket %q (owner %q, mode %o)", what, b.Name, BucketOwner(b), bucketMode(b))
+		return nil, a.deny("%s in bucket %q (owner %q, mode %o)", what, b.Name, BucketOwner(b), bucketMode(b))
 	}
 	return b, nil
 }
@@ -347,7 +365,7 @@ func (a *Authorizer) fsPath(b *metapb.Bucket, path string, parentWant, entryWant
 		want = permX | entryWant
 	}
 	if !a.allows(owner, mode, want) {
-		return denied(a.c, "%s: bucket %q (owner %q, mode %o)", what, b.Name, owner, mode)
+		return a.deny("%s: bucket %q (owner %q, mode %o)", what, b.Name, owner, mode)
 	}
 	entries, err := a.st.pathEntries(b, parts)
 	if err != nil {
@@ -368,7 +386,7 @@ func (a *Authorizer) fsPath(b *metapb.Bucket, path string, parentWant, entryWant
 			want = permX
 		}
 		if want != 0 && !a.allows(owner, mode, want) {
-			return denied(a.c, "%s: %q (owner %q, mode %o)", what, joinPath(parts[:i+1]), owner, mode)
+			return a.deny("%s: %q (owner %q, mode %o)", what, joinPath(parts[:i+1]), owner, mode)
 		}
 	}
 	return nil
@@ -393,12 +411,12 @@ func (a *Authorizer) createPath(b *metapb.Bucket, path string, what string) erro
 			// parts[i] is missing (created here), a file (the request
 			// fails), or the target itself: its parent must be writable.
 			if !a.allows(owner, mode, permW|permX) {
-				return denied(a.c, "%s: %q (owner %q, mode %o)", what, "/"+at, owner, mode)
+				return a.deny("%s: %q (owner %q, mode %o)", what, "/"+at, owner, mode)
 			}
 			return nil
 		}
 		if !a.allows(owner, mode, permX) {
-			return denied(a.c, "%s: %q (owner %q, mode %o)", what, "/"+at, owner, mode)
+			return a.deny("%s: %q (owner %q, mode %o)", what, "/"+at, owner, mode)
 		}
 		owner, mode = entryOwnerMode(b, entries[i])
 		at = joinPath(parts[:i+1])
@@ -477,7 +495,7 @@ func (a *Authorizer) SetFileAttrs(req *metapb.SetFileAttrsRequest) error {
 		return nil
 	}
 	if o := req.GetAttrs().GetOwner(); o != "" && o != a.c.User {
-		return denied(a.c, "give %q to %q (admins only)", "/"+req.Volume+"/"+req.Bucket+"/"+req.Path, o)
+		return a.deny("give %q to %q (admins only)", "/"+req.Volume+"/"+req.Bucket+"/"+req.Path, o)
 	}
 	if req.Bucket == "" {
 		return a.volumeAttrs(req.Volume)
@@ -505,7 +523,7 @@ func (a *Authorizer) SetFileAttrs(req *metapb.SetFileAttrsRequest) error {
 		owner, _ = entryOwnerMode(b, entries[len(parts)-1])
 	}
 	if !a.isOwner(owner) {
-		return denied(a.c, "change the attributes of %q (its owner is %q)", "/"+req.Volume+"/"+req.Bucket+"/"+req.Path, owner)
+		return a.deny("change the attributes of %q (its owner is %q)", "/"+req.Volume+"/"+req.Bucket+"/"+req.Path, owner)
 	}
 	return nil
 }
@@ -513,11 +531,14 @@ func (a *Authorizer) SetFileAttrs(req *metapb.SetFileAttrsRequest) error {
 // OwnAttrs makes attributes a non-admin gives what it creates name the
 // caller: another owner is refused, none becomes the caller.
 func (a *Authorizer) OwnAttrs(at *metapb.FileAttrs, what string) (*metapb.FileAttrs, error) {
+	if a.c.Anonymous && at.GetOwner() != "" {
+		return nil, a.deny("create %s owned by %q", what, at.GetOwner())
+	}
 	if a.trusted || a.c.User == "" {
 		return at, nil
 	}
 	if o := at.GetOwner(); o != "" && o != a.c.User {
-		return nil, denied(a.c, "create %s owned by %q", what, o)
+		return nil, a.deny("create %s owned by %q", what, o)
 	}
 	if at.GetOwner() == "" {
 		if at == nil {
@@ -535,9 +556,9 @@ func (a *Authorizer) S3Secret(read bool) error {
 		return nil
 	}
 	if read {
-		return denied(a.c, "read S3 secrets (admins and gateways only)")
+		return a.deny("read S3 secrets (admins and gateways only)")
 	}
-	return denied(a.c, "manage S3 secrets (admins only)")
+	return a.deny("manage S3 secrets (admins only)")
 }
 
 // cachedBucket is the bucket row through the read path's cache (shared:

@@ -3,6 +3,7 @@ package namespace
 import (
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -70,15 +71,18 @@ func (a *Authorizer) policyAllows(b *metapb.Bucket, action, key string, extra ma
 		return false, nil // validated when stored; an unreadable one grants nothing
 	}
 	res := "arn:aws:s3:::" + b.Name
+	if b.Layout == metapb.BucketLayout_FS {
+		key = strings.TrimLeft(key, "/") // "/a/b" and "a/b" are one path
+	}
 	if key != "" {
 		res += "/" + key
 	}
-	switch p.Evaluate(&policy.Request{User: a.c.User, Groups: a.c.Groups, Anonymous: a.c.Anonymous, Action: action, Resource: res, Context: a.policyContext(extra)}) {
+	switch p.Evaluate(&policy.Request{User: a.c.User, Groups: a.c.Groups, Anonymous: a.c.Anonymous, Action: action, Resource: res, Context: a.policyContext(p, extra)}) {
 	case policy.Deny:
 		if key != "" {
-			return false, denied(a.c, "%s on %q: explicitly denied by the policy of bucket %q", action, key, b.Name)
+			return false, a.deny("%s on %q: explicitly denied by the policy of bucket %q", action, key, b.Name)
 		}
-		return false, denied(a.c, "%s: explicitly denied by the policy of bucket %q", action, b.Name)
+		return false, a.deny("%s: explicitly denied by the policy of bucket %q", action, b.Name)
 	case policy.Allow:
 		if b.GetPublicAccessBlock().GetRestrictPublicBuckets() && p.IsPublic() && !a.isOwner(BucketOwner(b)) {
 			return false, nil
@@ -88,35 +92,43 @@ func (a *Authorizer) policyAllows(b *metapb.Bucket, action, key string, extra ma
 	return false, nil
 }
 
-// policyContext is the condition keys' values for this call.
-func (a *Authorizer) policyContext(extra map[string]string) map[string]string {
-	m := make(map[string]string, 8+len(extra))
-	now := time.Now()
-	if a.now != nil {
-		now = a.now()
+// policyContext is the values of the condition keys p tests for this
+// call (only those: the others cost nothing).
+func (a *Authorizer) policyContext(p *policy.Policy, extra map[string]string) map[string]string {
+	m := make(map[string]string, 4)
+	set := func(k, v string) {
+		if p.UsesKey(k) {
+			m[k] = v
+		}
 	}
-	m["aws:currenttime"] = now.UTC().Format(time.RFC3339)
-	m["aws:epochtime"] = strconv.FormatInt(now.Unix(), 10)
+	if p.UsesKey("aws:currenttime") || p.UsesKey("aws:epochtime") {
+		now := time.Now()
+		if a.now != nil {
+			now = a.now()
+		}
+		set("aws:currenttime", now.UTC().Format(time.RFC3339))
+		set("aws:epochtime", strconv.FormatInt(now.Unix(), 10))
+	}
 	if a.c.Anonymous {
-		m["aws:principaltype"] = "Anonymous"
+		set("aws:principaltype", "Anonymous")
 	} else {
-		m["aws:principaltype"] = "User"
-		m["aws:username"] = a.c.User
+		set("aws:principaltype", "User")
+		set("aws:username", a.c.User)
 	}
 	if r := a.c.Request; r != nil {
 		if r.SourceIP != "" {
-			m["aws:sourceip"] = r.SourceIP
+			set("aws:sourceip", r.SourceIP)
 		}
-		m["aws:securetransport"] = strconv.FormatBool(r.SecureTransport)
+		set("aws:securetransport", strconv.FormatBool(r.SecureTransport))
 		if r.UserAgent != "" {
-			m["aws:useragent"] = r.UserAgent
+			set("aws:useragent", r.UserAgent)
 		}
 		if r.Referer != "" {
-			m["aws:referer"] = r.Referer
+			set("aws:referer", r.Referer)
 		}
 	}
 	for k, v := range extra {
-		m[k] = v
+		set(k, v)
 	}
 	return m
 }
@@ -141,7 +153,9 @@ func (a *Authorizer) contents(b *metapb.Bucket, o contentOp, modes func() error)
 	if err != nil || ok {
 		return err
 	}
+	a.quiet = true
 	merr := modes()
+	a.quiet = false
 	if merr == nil || status.Code(merr) != codes.PermissionDenied {
 		return merr
 	}
@@ -149,18 +163,20 @@ func (a *Authorizer) contents(b *metapb.Bucket, o contentOp, modes func() error)
 	if a.aclGrants(b.Acls, o.right, ignore) {
 		return nil
 	}
-	if o.entry == "" && !o.create {
-		return merr
+	if o.entry != "" || o.create {
+		acls, exists, err := a.st.entryAcls(b, o.entry)
+		if err != nil {
+			return err
+		}
+		switch {
+		case exists && a.aclGrants(acls, o.right, ignore):
+			return nil
+		case !exists && o.create && a.aclGrants(b.Acls, rightCreate, ignore):
+			return nil
+		}
 	}
-	acls, exists, err := a.st.entryAcls(b, o.entry)
-	if err != nil {
-		return err
-	}
-	switch {
-	case exists && a.aclGrants(acls, o.right, ignore):
-		return nil
-	case !exists && o.create && a.aclGrants(b.Acls, rightCreate, ignore):
-		return nil
+	if merr == errQuiet {
+		merr = modes() // again, for the message
 	}
 	return merr
 }
@@ -333,7 +349,7 @@ func (a *Authorizer) Acl(ref *metapb.ObjectRef, write bool) error {
 		if a.isOwner(volumeOwner(v)) || a.aclGrants(v.Acls, right, false) {
 			return nil
 		}
-		return denied(a.c, "%s volume %q (owner %q)", verb, ref.Volume, volumeOwner(v))
+		return a.deny("%s volume %q (owner %q)", verb, ref.Volume, volumeOwner(v))
 	}
 	b, err := a.st.cachedBucket(ref.Volume, ref.Bucket)
 	if err != nil {
@@ -348,7 +364,7 @@ func (a *Authorizer) Acl(ref *metapb.ObjectRef, write bool) error {
 		if a.isOwner(owner) {
 			return nil
 		}
-		return denied(a.c, "%s %q (owner %q)", verb, refString(ref), owner)
+		return a.deny("%s %q (owner %q)", verb, refString(ref), owner)
 	})
 }
 
@@ -367,7 +383,7 @@ func (a *Authorizer) BucketConfig(volume, bucket, action string) (*metapb.Bucket
 		return nil, err
 	}
 	if !ok {
-		return nil, denied(a.c, "%s on bucket %q (its owner is %q)", action, bucket, BucketOwner(b))
+		return nil, a.deny("%s on bucket %q (its owner is %q)", action, bucket, BucketOwner(b))
 	}
 	return b, nil
 }
