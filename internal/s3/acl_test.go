@@ -276,6 +276,39 @@ func (e *env) testMultipartACL(t *testing.T) {
 			t.Fatalf("anonymous GET of %s (public %v): %d %q", c.key, c.public, code, body)
 		}
 	}
+	// A writer the bucket policy lets put objects and nothing else (no
+	// listing of parts) completes uploads; one with an ACL is refused at
+	// once, not completed without it.
+	carol := e.keyFor(t, "AKIDACLCAROL", "acl-carol", false)
+	if _, err := e.s3.PutBucketPolicy(ctx, &s3.PutBucketPolicyInput{Bucket: b, Policy: aws.String(`{"Version":"2012-10-17","Statement":[{"Effect":"Allow",
+		"Principal":{"AWS":["acl-carol"]},"Action":"s3:PutObject","Resource":"arn:aws:s3:::acl-mp/drop/*"}]}`)}); err != nil {
+		t.Fatal(err)
+	}
+	up, err := carol.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: b, Key: aws.String("drop/f")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	part, err := carol.UploadPart(ctx, &s3.UploadPartInput{Bucket: b, Key: aws.String("drop/f"), UploadId: up.UploadId, PartNumber: aws.Int32(1),
+		Body: strings.NewReader("dropped")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := carol.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{Bucket: b, Key: aws.String("drop/f"), UploadId: up.UploadId,
+		MultipartUpload: &types.CompletedMultipartUpload{Parts: []types.CompletedPart{{PartNumber: aws.Int32(1), ETag: part.ETag}}}}); err != nil {
+		t.Fatalf("PutObject-only writer completing an upload: %v", err)
+	}
+	if got := e.get(t, "acl-mp", "drop/f"); string(got) != "dropped" {
+		t.Fatalf("completed upload: %q", got)
+	}
+	_, err = carol.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: b, Key: aws.String("drop/g"), ACL: types.ObjectCannedACLPublicRead})
+	wantCode(t, err, "AccessDenied", 403)
+	ups, err := e.s3.ListMultipartUploads(ctx, &s3.ListMultipartUploadsInput{Bucket: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ups.Uploads) != 0 {
+		t.Fatalf("uploads left: %+v", ups.Uploads)
+	}
 }
 
 func (e *env) testBucketPolicy(t *testing.T) {

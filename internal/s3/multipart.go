@@ -4,6 +4,7 @@ import (
 	"crypto/md5"
 	"encoding/hex"
 	"encoding/xml"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -36,6 +37,21 @@ func (g *Gateway) createMultipartUpload(req *request) *Error {
 		return e
 	}
 	meta.UploadAcls = acls
+	if len(acls) > 0 {
+		// Complete reads the ACL back with ListParts as the requester:
+		// one who may not list parts (a policy granting s3:PutObject
+		// alone) could not find it then, so such an upload is refused
+		// now rather than completed without its ACL. The namespace
+		// decides the right on the bucket before looking for the upload.
+		err := req.meta(func() error {
+			_, err := g.ns.ListParts(req.r.Context(), &metapb.ListPartsRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key,
+				UploadId: "acl-probe", MaxParts: 1})
+			return err
+		})
+		if err != nil && errors.Is(client.FromRPC("list parts", err), client.ErrPermissionDenied) {
+			return errAccessDenied("Access Denied: an ACL on CreateMultipartUpload needs the right to list the upload's parts (s3:ListMultipartUploadParts); set the ACL with PutObjectAcl after CompleteMultipartUpload")
+		}
+	}
 	var u *metapb.MultipartUpload
 	err := req.meta(func() (err error) {
 		u, err = g.ns.CreateMultipartUpload(req.r.Context(), &metapb.CreateMultipartUploadRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key, Meta: meta})
@@ -224,12 +240,18 @@ func (g *Gateway) completeMultipartUpload(req *request) *Error {
 	err := req.meta(func() (err error) {
 		// The ACL CreateMultipartUpload asked for, committed with the
 		// object (a new version never keeps the old one's).
+		// A requester who may not list the parts (a policy granting
+		// s3:PutObject alone) started the upload without an ACL, as
+		// CreateMultipartUpload refuses one to such requesters (or lost
+		// the right since): it completes private.
 		lp, err := g.ns.ListParts(req.r.Context(), &metapb.ListPartsRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key,
 			UploadId: uploadID, MaxParts: 1})
-		if err != nil {
+		switch {
+		case err == nil:
+			creq.Acls = lp.GetUpload().GetMeta().GetUploadAcls()
+		case !errors.Is(client.FromRPC("list parts", err), client.ErrPermissionDenied):
 			return err
 		}
-		creq.Acls = lp.GetUpload().GetMeta().GetUploadAcls()
 		ki, err = g.ns.CompleteMultipartUpload(req.r.Context(), creq)
 		return err
 	})
