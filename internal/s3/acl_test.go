@@ -455,6 +455,8 @@ func TestHTTPS(t *testing.T) {
 			t.Fatalf("plain HTTP to the HTTPS gateway: %d %s", resp.StatusCode, body)
 		}
 	}
+	// Policy conditions see the transport and the client's address.
+	e.testRequestInfo(t, hc, "https://"+gw.Addr())
 	// A certificate without its key is refused at start.
 	if _, err := bs3.New(bs3.Config{Client: e.gcl, Listen: "127.0.0.1:0", TLSCertFile: certFile}); err == nil {
 		t.Fatal("a certificate without a key was accepted")
@@ -499,4 +501,57 @@ func makeServerCert(t *testing.T, dir string) (caPEM []byte, certFile, keyFile s
 		t.Fatal(err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), certFile, keyFile
+}
+
+// testRequestInfo: aws:SecureTransport and aws:SourceIp reach the
+// namespace's policy evaluation. X-Forwarded-For counts only from a
+// trusted proxy.
+func (e *env) testRequestInfo(t *testing.T, tlsClient *http.Client, tlsURL string) {
+	ctx := e.ctx
+	e.mkBucket(t, "reqinfo")
+	e.put(t, "reqinfo", "tls/a", []byte("secure only"))
+	e.put(t, "reqinfo", "ip/a", []byte("from 10.9.9.9"))
+	policy := `{"Version":"2012-10-17","Statement":[
+	 {"Effect":"Allow","Principal":"*","Action":"s3:GetObject","Resource":"arn:aws:s3:::reqinfo/tls/*","Condition":{"Bool":{"aws:SecureTransport":"true"}}},
+	 {"Effect":"Allow","Principal":"*","Action":"s3:GetObject","Resource":"arn:aws:s3:::reqinfo/ip/*","Condition":{"IpAddress":{"aws:SourceIp":"10.9.9.0/24"}}}]}`
+	if _, err := e.s3.PutBucketPolicy(ctx, &s3.PutBucketPolicyInput{Bucket: aws.String("reqinfo"), Policy: aws.String(policy)}); err != nil {
+		t.Fatal(err)
+	}
+	get := func(c *http.Client, base, path, xff string) (int, string) {
+		t.Helper()
+		r, _ := http.NewRequest("GET", base+path, nil)
+		if xff != "" {
+			r.Header.Set("X-Forwarded-For", xff)
+		}
+		resp, err := c.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	plain := &http.Client{Timeout: 30 * time.Second}
+	if code, body := get(tlsClient, tlsURL, "/reqinfo/tls/a", ""); code != 200 || body != "secure only" {
+		t.Fatalf("anonymous GET over TLS: %d %q", code, body)
+	}
+	code, body := get(plain, e.url, "/reqinfo/tls/a", "")
+	wantHTTP(t, "anonymous GET over plain HTTP of a TLS-only object", code, body, 403, "AccessDenied")
+	// The gateway trusts no proxy: the header is the client's word.
+	code, body = get(plain, e.url, "/reqinfo/ip/a", "10.9.9.9")
+	wantHTTP(t, "X-Forwarded-For to a gateway trusting no proxy", code, body, 403, "AccessDenied")
+	proxied, err := bs3.New(bs3.Config{Client: e.gcl, Listen: "127.0.0.1:0", TrustedProxies: []string{"127.0.0.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go proxied.Serve()
+	t.Cleanup(func() { proxied.Close() })
+	purl := "http://" + proxied.Addr()
+	if code, body := get(plain, purl, "/reqinfo/ip/a", "10.9.9.9"); code != 200 || body != "from 10.9.9.9" {
+		t.Fatalf("anonymous GET through a trusted proxy for 10.9.9.9: %d %q", code, body)
+	}
+	code, body = get(plain, purl, "/reqinfo/ip/a", "10.8.0.1")
+	wantHTTP(t, "anonymous GET through a trusted proxy for another address", code, body, 403, "AccessDenied")
+	code, body = get(plain, purl, "/reqinfo/ip/a", "")
+	wantHTTP(t, "anonymous GET from the proxy itself", code, body, 403, "AccessDenied")
 }
