@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 func mustParse(t *testing.T, doc string) *Policy {
@@ -100,6 +101,31 @@ func TestParseRefuses(t *testing.T) {
 		if !errors.As(err, &pe) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Parse(%.80s): %v, want an error containing %q", c.doc, err, c.want)
 		}
+	}
+}
+
+// TestPatternCostBounded: a policy whose wildcards would cost
+// milliseconds per request is refused; evaluating the largest accepted
+// one stays bounded.
+func TestPatternCostBounded(t *testing.T) {
+	heavy := `"arn:aws:s3:::b/*` + strings.Repeat("a", 900) + `b"`
+	var res []string
+	for range 8 {
+		res = append(res, heavy)
+	}
+	doc := `{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":"*","Action":"s3:GetObject","Resource":[` + strings.Join(res, ",") + `]}]}`
+	if _, err := Parse([]byte(doc)); err == nil || !strings.Contains(err.Error(), "too complex") {
+		t.Fatalf("8 heavy patterns: %v", err)
+	}
+	doc = `{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":"*","Action":"s3:GetObject","Resource":[` + strings.Join(res[:4], ",") + `]}]}`
+	p := mustParse(t, doc)
+	r := req("bob", "s3:GetObject", "arn:aws:s3:::b/"+strings.Repeat("a", 1000), nil)
+	start := time.Now()
+	for range 10 {
+		p.Evaluate(r)
+	}
+	if d := time.Since(start) / 10; d > 50*time.Millisecond {
+		t.Fatalf("an accepted policy costs %v per request", d)
 	}
 }
 

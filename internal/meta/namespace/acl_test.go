@@ -431,3 +431,27 @@ func BenchmarkAuthorizeACL(b *testing.B) {
 		})
 	}
 }
+
+// TestModeGroupBits: with a group mapping the group bits of a mode apply
+// to the entry's group's members (they granted nothing before).
+func TestModeGroupBits(t *testing.T) {
+	e := authzEnv(t)
+	mode := uint32(0o775)
+	_, err := e.s.SetFileAttrs(e.as("alice"), &metapb.SetFileAttrsRequest{Volume: "vol", Bucket: "fbkt", Path: "a/b/c", Attrs: &metapb.FileAttrs{Group: "etl", Permission: &mode}})
+	must(t, err)
+	if _, err := e.s.CreateDirectory(e.as("bob", "etl"), &metapb.CreateDirectoryRequest{Volume: "vol", Bucket: "fbkt", Path: "a/b/c/bobs"}); err != nil {
+		t.Fatalf("bob (etl) creates in a 0775 etl directory: %v", err)
+	}
+	if _, err := e.s.CreateDirectory(e.as("dave", "analysts"), &metapb.CreateDirectoryRequest{Volume: "vol", Bucket: "fbkt", Path: "a/b/c/daves"}); statusCode(err) != codes.PermissionDenied {
+		t.Fatalf("dave (not etl) creates in a 0775 etl directory: %v", err)
+	}
+	// OBJECT bucket: 0750 with group etl lets etl read, not write.
+	mode = 0o750
+	_, err = e.s.SetFileAttrs(e.as("alice"), &metapb.SetFileAttrsRequest{Volume: "vol", Bucket: "obkt", Attrs: &metapb.FileAttrs{Group: "etl", Permission: &mode}})
+	must(t, err)
+	wantReads(t, "carol (etl) in a 0750 etl bucket", e, e.as("carol", "etl"), "obkt", "k", codes.OK, codes.OK)
+	wantReads(t, "dave in a 0750 etl bucket", e, e.as("dave"), "obkt", "k", codes.PermissionDenied, codes.PermissionDenied)
+	if _, err := e.s.OpenKey(e.as("carol", "etl"), &metapb.OpenKeyRequest{Volume: "vol", Bucket: "obkt", Key: "x"}); statusCode(err) != codes.PermissionDenied {
+		t.Fatalf("carol writes with r-x group bits: %v", err)
+	}
+}

@@ -3,6 +3,7 @@ package namespace
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -41,10 +42,10 @@ import (
 // volume is Volume.owner (attrs.owner if set); of a bucket attrs.owner,
 // else Bucket.owner; of an fs entry its attrs' owner, else the bucket's.
 // Without a recorded mode: volumes 0755, OBJECT buckets 0700 (private,
-// as S3), FS buckets and directories 0755, files 0644. The group bits
-// grant nothing to anyone but the owner (whose bits come first), only the
-// "other" bits do: group membership (basalt meta --groups) feeds ACLs
-// and policies only.
+// as S3), FS buckets and directories 0755, files 0644. The owner's bits
+// apply to the owner, the group bits to members of the entry's group
+// (FileAttrs.group, a file's hdfs-group; else the bucket's) by the meta
+// nodes' mapping (basalt meta --groups), the other bits to everyone else.
 //
 // Beside owners and modes (authz_acl.go, docs/SECURITY.md): a bucket's
 // policy is evaluated first (an explicit Deny refuses even the owner, an
@@ -164,8 +165,9 @@ func clipArg(s string) string {
 }
 
 // allows reports whether mode grants want to the caller, the entry
-// being owner's.
-func (a *Authorizer) allows(owner string, mode uint32, want uint32) bool {
+// being owner's and group's: the owner's bits for the owner, the group
+// bits for members of group (basalt meta --groups), else the other bits.
+func (a *Authorizer) allows(owner, group string, mode uint32, want uint32) bool {
 	if a.trusted {
 		return true
 	}
@@ -175,7 +177,28 @@ func (a *Authorizer) allows(owner string, mode uint32, want uint32) bool {
 	if owner != "" && owner == a.c.User {
 		return (mode>>6)&want == want
 	}
+	if group != "" && slices.Contains(a.c.Groups, group) {
+		return (mode>>3)&want == want
+	}
 	return mode&want == want
+}
+
+// entryGroup is an fs entry's group (files: WebHDFS's hdfs-group, then
+// their attrs), else the bucket's.
+func entryGroup(b *metapb.Bucket, e *metapb.FsEntry) string {
+	at := e.GetAttrs()
+	g := ""
+	if !e.GetIsDir() {
+		g = e.GetFile().GetMeta().GetUser()["hdfs-group"]
+		at = e.GetFile().GetAttrs()
+	}
+	if at.GetGroup() != "" {
+		g = at.GetGroup()
+	}
+	if g == "" {
+		g = b.GetAttrs().GetGroup()
+	}
+	return g
 }
 
 func attrMode(at *metapb.FileAttrs, def uint32) uint32 {
@@ -264,7 +287,7 @@ func (a *Authorizer) CreateBucket(req *metapb.CreateBucketRequest) error {
 	if err != nil {
 		return err
 	}
-	if !a.allows(volumeOwner(v), attrMode(v.GetAttrs(), DefaultVolumeMode), permW|permX) && !a.aclGrants(v.Acls, rightCreate, false) {
+	if !a.allows(volumeOwner(v), v.GetAttrs().GetGroup(), attrMode(v.GetAttrs(), DefaultVolumeMode), permW|permX) && !a.aclGrants(v.Acls, rightCreate, false) {
 		return a.deny("create a bucket in volume %q (owner %q, mode %o)", req.Volume, volumeOwner(v), attrMode(v.GetAttrs(), DefaultVolumeMode))
 	}
 	return nil
@@ -293,7 +316,7 @@ func (a *Authorizer) DeleteBucket(volume, bucket string) error {
 
 // bucketModes checks want on the bucket's own mode.
 func (a *Authorizer) bucketModes(b *metapb.Bucket, want uint32, what string) (*metapb.Bucket, error) {
-	if !a.allows(BucketOwner(b), bucketMode(b), want) {
+	if !a.allows(BucketOwner(b), b.GetAttrs().GetGroup(), bucketMode(b), want) {
 		return nil, a.deny("%s in bucket %q (owner %q, mode %o)", what, b.Name, BucketOwner(b), bucketMode(b))
 	}
 	return b, nil
@@ -356,7 +379,7 @@ func (a *Authorizer) fsPath(b *metapb.Bucket, path string, parentWant, entryWant
 	if err != nil {
 		return err
 	}
-	owner, mode := BucketOwner(b), bucketMode(b)
+	owner, group, mode := BucketOwner(b), b.GetAttrs().GetGroup(), bucketMode(b)
 	want := uint32(permX)
 	if len(parts) <= 1 {
 		want |= parentWant
@@ -364,7 +387,7 @@ func (a *Authorizer) fsPath(b *metapb.Bucket, path string, parentWant, entryWant
 	if len(parts) == 0 {
 		want = permX | entryWant
 	}
-	if !a.allows(owner, mode, want) {
+	if !a.allows(owner, group, mode, want) {
 		return a.deny("%s: bucket %q (owner %q, mode %o)", what, b.Name, owner, mode)
 	}
 	entries, err := a.st.pathEntries(b, parts)
@@ -373,6 +396,7 @@ func (a *Authorizer) fsPath(b *metapb.Bucket, path string, parentWant, entryWant
 	}
 	for i, e := range entries {
 		owner, mode := entryOwnerMode(b, e)
+		group := entryGroup(b, e)
 		var want uint32
 		switch {
 		case i == len(parts)-1:
@@ -385,7 +409,7 @@ func (a *Authorizer) fsPath(b *metapb.Bucket, path string, parentWant, entryWant
 		default:
 			want = permX
 		}
-		if want != 0 && !a.allows(owner, mode, want) {
+		if want != 0 && !a.allows(owner, group, mode, want) {
 			return a.deny("%s: %q (owner %q, mode %o)", what, joinPath(parts[:i+1]), owner, mode)
 		}
 	}
@@ -404,21 +428,22 @@ func (a *Authorizer) createPath(b *metapb.Bucket, path string, what string) erro
 	if err != nil {
 		return err
 	}
-	owner, mode := BucketOwner(b), bucketMode(b)
+	owner, group, mode := BucketOwner(b), b.GetAttrs().GetGroup(), bucketMode(b)
 	at := ""
 	for i := range parts {
 		if i >= len(entries) || !entries[i].IsDir || i == len(parts)-1 {
 			// parts[i] is missing (created here), a file (the request
 			// fails), or the target itself: its parent must be writable.
-			if !a.allows(owner, mode, permW|permX) {
+			if !a.allows(owner, group, mode, permW|permX) {
 				return a.deny("%s: %q (owner %q, mode %o)", what, "/"+at, owner, mode)
 			}
 			return nil
 		}
-		if !a.allows(owner, mode, permX) {
+		if !a.allows(owner, group, mode, permX) {
 			return a.deny("%s: %q (owner %q, mode %o)", what, "/"+at, owner, mode)
 		}
 		owner, mode = entryOwnerMode(b, entries[i])
+		group = entryGroup(b, entries[i])
 		at = joinPath(parts[:i+1])
 	}
 	return nil
