@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
 	_ "net/http/pprof"
 	"os"
 	"os/signal"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/basalt-store/basalt/client"
@@ -37,6 +35,7 @@ const devBasePort = 9862
 
 func devCmd() *cobra.Command {
 	var dataDir, metricsAddr, s3Addr, webhdfsAddr, zonedSpec, admins string
+	var s3TLS [2]string
 	var datanodes, basePort int
 	var insecure bool
 	cmd := &cobra.Command{
@@ -60,12 +59,17 @@ themselves when run from the same directory (else --tls-dir or $` + envTLSDir + 
 				}
 				so.NewBackend = nb
 			}
-			return runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr, cmd.Flags().Changed("webhdfs"), datanodes, basePort, insecure, so, splitList(admins))
+			if (s3TLS[0] == "") != (s3TLS[1] == "") {
+				return usagef("--s3-tls-cert and --s3-tls-key go together")
+			}
+			return runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr, cmd.Flags().Changed("webhdfs"), datanodes, basePort, insecure, so, splitList(admins), s3TLS, cmd.Flags().Changed("metrics"))
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./basalt-data", "where the cluster keeps its data")
-	cmd.Flags().StringVar(&metricsAddr, "metrics", "127.0.0.1:9860", "Prometheus /metrics and /debug/pprof address")
+	cmd.Flags().StringVar(&metricsAddr, "metrics", "127.0.0.1:9860", "Prometheus /metrics and /debug/pprof address (\":PORT\" is loopback only)")
 	cmd.Flags().StringVar(&s3Addr, "s3", "127.0.0.1:9878", "S3 gateway address")
+	cmd.Flags().StringVar(&s3TLS[0], "s3-tls-cert", "", "the S3 gateway serves HTTPS with this certificate (PEM) instead of HTTP")
+	cmd.Flags().StringVar(&s3TLS[1], "s3-tls-key", "", "the private key (PEM) of --s3-tls-cert")
 	cmd.Flags().StringVar(&webhdfsAddr, "webhdfs", fmt.Sprintf("127.0.0.1:%d", webhdfs.DefaultPort), "WebHDFS gateway address (the NameNode's HTTP port); \"\" = off")
 	cmd.Flags().IntVar(&datanodes, "datanodes", 3, "number of datanodes")
 	cmd.Flags().IntVar(&basePort, "base-port", devBasePort, "meta gRPC port; the other ports follow it")
@@ -125,7 +129,7 @@ func devS3Key(ctx context.Context, metaAddr, token string, creds *pki.Credential
 	return id, s.GetSecretAccessKey(), nil
 }
 
-func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool, datanodes, basePort int, insecure bool, so storage.Options, admins []string) error {
+func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool, datanodes, basePort int, insecure bool, so storage.Options, admins []string, s3TLS [2]string, metricsAsked bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	reg := prometheus.NewRegistry()
@@ -143,12 +147,16 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 		return err
 	}
 	defer c.Close()
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.Handle("/debug/pprof/", http.DefaultServeMux)
-	srv := &http.Server{Addr: metricsAddr, Handler: mux}
-	go srv.ListenAndServe()
-	defer srv.Close()
+	// As for WebHDFS: the default port may be another dev cluster's.
+	stopDebug, debugAddr, err := serveDebug(metricsAddr, reg)
+	if err != nil && metricsAsked {
+		return err
+	}
+	if err != nil {
+		fmt.Printf("  metrics   not served: %v (pass --metrics ADDR)\n", err)
+	} else {
+		defer stopDebug()
+	}
 	fmt.Printf("  meta      %s   (clients: --meta %s)\n", c.MetaAddr(), c.MetaAddr())
 	for i := 0; i < datanodes; i++ {
 		dn := c.Datanode(i)
@@ -164,13 +172,18 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 	if err != nil {
 		return err
 	}
-	gw, err := s3.New(s3.Config{MetaAddrs: []string{c.MetaAddr()}, ServiceToken: c.ServiceToken(), Listen: s3Addr, Registerer: reg, Credentials: s3Creds})
+	gw, err := s3.New(s3.Config{MetaAddrs: []string{c.MetaAddr()}, ServiceToken: c.ServiceToken(), Listen: s3Addr, Registerer: reg, Credentials: s3Creds,
+		TLSCertFile: s3TLS[0], TLSKeyFile: s3TLS[1]})
 	if err != nil {
 		return err
 	}
 	go gw.Serve()
 	defer gw.Close()
-	fmt.Printf("  s3        http://%s   access key %s  secret %s\n", gw.Addr(), keyID, secret)
+	scheme := "http"
+	if gw.TLS() {
+		scheme = "https"
+	}
+	fmt.Printf("  s3        %s://%s   access key %s  secret %s\n", scheme, gw.Addr(), keyID, secret)
 	if webhdfsAddr != "" {
 		// The default port may be taken by another dev cluster on the
 		// machine (scripts that pass only --base-port): then the cluster
@@ -195,7 +208,9 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 	if d := c.ClientTLSDir(); d != "" {
 		fmt.Printf("  tls       CA and certificates in %s; CLI certificate %s (--tls-dir)\n", cluster.TLSDir(dataDir), d)
 	}
-	fmt.Printf("  metrics   http://%s/metrics\n", metricsAddr)
+	if debugAddr != "" {
+		fmt.Printf("  metrics   http://%s/metrics\n", debugAddr)
+	}
 	fmt.Println("ready. Try: basalt sh volume create /vol1 && basalt sh bucket create /vol1/bucket1 && basalt sh key put /vol1/bucket1/hello README.md")
 	<-ctx.Done()
 	fmt.Println("basalt dev: stopping")

@@ -14,7 +14,7 @@ import (
 // s3Cmd runs an S3 gateway. Gateways keep no state: run as many as needed.
 func s3Cmd() *cobra.Command {
 	var cfg s3.Config
-	var metas, domains, metricsAddr, logLevel, tokenFile string
+	var metas, domains, metricsAddr, logLevel, tokenFile, proxies string
 	var tf tlsFlags
 	cmd := &cobra.Command{
 		Use:   "s3",
@@ -22,12 +22,21 @@ func s3Cmd() *cobra.Command {
 		Long: `Run a stateless S3 REST gateway over the cluster. Buckets are the buckets of
 volume s3v (created on first use). Requests are signed with AWS Signature V4
 using access keys made by 'basalt admin s3 create-key'. Virtual-host-style
-requests work for hosts "<bucket>.<domain>" of the --domain list.`,
-		Example: `  basalt s3 --meta 10.0.0.1:9862 --listen :9878 --domain s3.example.com --metrics :9879 \
-    --service-token-file /etc/basalt/service-token --tls-dir /etc/basalt/s3-tls`,
+requests work for hosts "<bucket>.<domain>" of the --domain list. Unsigned
+requests are anonymous: served only where a bucket's ACL or policy grants
+anonymous access. With --tls-cert and --tls-key the gateway serves HTTPS
+only. /metrics and /debug/pprof (--debug-addr) listen on loopback unless the
+address names a host.`,
+		Example: `  basalt s3 --meta 10.0.0.1:9862 --listen :9878 --domain s3.example.com --debug-addr :9879 \
+    --service-token-file /etc/basalt/service-token --tls-dir /etc/basalt/s3-tls \
+    --tls-cert /etc/basalt/s3-https/cert.pem --tls-key /etc/basalt/s3-https/key.pem`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg.MetaAddrs = splitList(metas)
 			cfg.Domains = splitList(domains)
+			cfg.TrustedProxies = splitList(proxies)
+			if (cfg.TLSCertFile == "") != (cfg.TLSKeyFile == "") {
+				return &usageError{"--tls-cert and --tls-key go together"}
+			}
 			tok, err := readServiceToken(tokenFile)
 			if err != nil {
 				return err
@@ -47,11 +56,21 @@ requests work for hosts "<bucket>.<domain>" of the --domain list.`,
 				return err
 			}
 			defer g.Close()
-			stop := serveMetrics(metricsAddr, reg)
+			stop, debugAddr, err := serveDebug(metricsAddr, reg)
+			if err != nil {
+				return err
+			}
 			defer stop()
 			errc := make(chan error, 1)
 			go func() { errc <- g.Serve() }()
-			fmt.Printf("basalt s3: http://%s (region %s, volume %s)\n", g.Addr(), cfg.Region, cfg.Volume)
+			scheme := "http"
+			if g.TLS() {
+				scheme = "https"
+			}
+			fmt.Printf("basalt s3: %s://%s (region %s, volume %s)\n", scheme, g.Addr(), cfg.Region, cfg.Volume)
+			if debugAddr != "" {
+				fmt.Printf("basalt s3: /metrics and /debug/pprof on http://%s\n", debugAddr)
+			}
 			go func() { waitSignal(); errc <- nil }()
 			return <-errc
 		},
@@ -67,7 +86,10 @@ requests work for hosts "<bucket>.<domain>" of the --domain list.`,
 	cmd.Flags().DurationVar(&cfg.BucketOwnerTTL, "bucket-owner-ttl", s3.DefaultOwnerTTL, "how long a bucket's owner is cached for access checks")
 	cmd.Flags().StringVar(&domains, "domain", "", "comma-separated domains for virtual-host-style requests (<bucket>.<domain>)")
 	cmd.Flags().StringVar(&cfg.Volume, "volume", s3.DefaultVolume, "volume holding the S3 buckets")
-	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
+	cmd.Flags().StringVar(&cfg.TLSCertFile, "tls-cert", "", "serve HTTPS with this certificate (PEM, with its chain); plain HTTP is then not served")
+	cmd.Flags().StringVar(&cfg.TLSKeyFile, "tls-key", "", "the private key (PEM) of --tls-cert")
+	cmd.Flags().StringVar(&proxies, "trusted-proxy", "", "comma-separated addresses or CIDRs of reverse proxies whose X-Forwarded-For names the client (for bucket policies' aws:SourceIp); by default the connection's peer is the client")
+	debugFlags(cmd, &metricsAddr)
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
 	tf.register(cmd, false, false)
 	return cmd

@@ -35,7 +35,10 @@ MKDIRS creates missing volumes and buckets (FS layout).`,
 				return err
 			}
 			defer g.Close()
-			stop := serveMetrics(metricsAddr, newRegistry())
+			stop, _, err := serveDebug(metricsAddr, newRegistry())
+			if err != nil {
+				return err
+			}
 			defer stop()
 			errc := make(chan error, 1)
 			go func() { errc <- g.Serve() }()
@@ -48,7 +51,7 @@ MKDIRS creates missing volumes and buckets (FS layout).`,
 	cmd.Flags().StringVar(&cfg.Listen, "listen", fmt.Sprintf(":%d", webhdfs.DefaultPort), "HTTP listen address")
 	cmd.Flags().IntVar(&cfg.MaxTransfers, "max-transfers", webhdfs.DefaultMaxTransfers, "OPEN and CREATE requests moving data at once (each holds up to a 16 MiB buffer); more wait")
 	cmd.Flags().DurationVar(&cfg.TransferWait, "transfer-wait", webhdfs.DefaultTransferWait, "how long a transfer waits for a slot before RetriableException (503)")
-	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")
+	debugFlags(cmd, &metricsAddr)
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "debug, info, warn or error")
 	tf.register(cmd, false, false)
 	return cmd

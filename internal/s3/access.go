@@ -51,7 +51,23 @@ var opSubResources = map[string][]string{
 	"GetObject":               {"versionId", "partNumber"},
 	"HeadObject":              {"versionId", "partNumber"},
 	"DeleteObject":            {"versionId"},
+	"GetBucketAcl":            {"acl"},
+	"PutBucketAcl":            {"acl"},
+	"GetObjectAcl":            {"acl", "versionId"},
+	"PutObjectAcl":            {"acl", "versionId"},
+	"GetBucketPolicy":         {"policy"},
+	"PutBucketPolicy":         {"policy"},
+	"DeleteBucketPolicy":      {"policy"},
+	"GetBucketPolicyStatus":   {"policyStatus"},
+	"GetPublicAccessBlock":    {"publicAccessBlock"},
+	"PutPublicAccessBlock":    {"publicAccessBlock"},
+	"DeletePublicAccessBlock": {"publicAccessBlock"},
 }
+
+// aclHeaderOps are the operations that take x-amz-acl and x-amz-grant-*
+// (acl.go); elsewhere they are refused.
+var aclHeaderOps = map[string]bool{"CreateBucket": true, "PutObject": true, "CopyObject": true, "CreateMultipartUpload": true,
+	"PutBucketAcl": true, "PutObjectAcl": true}
 
 // ordinaryParams are the query parameters that tune an operation; they
 // may be sent empty ("prefix=").
@@ -107,9 +123,10 @@ func checkVersionID(q url.Values) *Error {
 }
 
 // unsupportedHeaders refuses headers that ask for what the gateway does
-// not do (Object Lock, server-side encryption, ACL grants, storage
-// classes, website redirects): accepting and ignoring them would tell the
-// client its object is protected, encrypted or shared when it is not.
+// not do (Object Lock, server-side encryption, storage classes, website
+// redirects, ACLs on operations that do not set one): accepting and
+// ignoring them would tell the client its object is protected,
+// encrypted or shared when it is not.
 func unsupportedHeaders(op string, h http.Header) *Error {
 	for k, vs := range h {
 		if !isAmzHeader(k) {
@@ -128,12 +145,10 @@ func unsupportedHeaders(op string, h http.Header) *Error {
 			// Nothing is ever retained, so there is nothing to bypass.
 		case strings.HasPrefix(lk, "x-amz-server-side-encryption"), strings.HasPrefix(lk, "x-amz-copy-source-server-side-encryption"):
 			return errNotImplemented("server-side encryption (" + lk + ")")
-		case lk == "x-amz-acl":
-			if v != "private" && !(v == "bucket-owner-full-control" && op != "CreateBucket") {
-				return errNotImplemented("the canned ACL " + v)
+		case lk == "x-amz-acl", strings.HasPrefix(lk, grantHeaderStart):
+			if !aclHeaderOps[op] {
+				return errNotImplemented(lk + " on " + op)
 			}
-		case strings.HasPrefix(lk, "x-amz-grant-"):
-			return errNotImplemented("ACL grants (" + lk + ")")
 		case lk == "x-amz-storage-class":
 			if v != "STANDARD" {
 				return errNotImplemented("storage class " + v)
@@ -249,11 +264,22 @@ func (c *ownerCache) forget(bucket string) {
 // by owner: its owner, or an admin. Buckets made before owners were
 // recorded (owner "") are the admins'.
 func (a *auth) mayAccess(owner string) bool {
-	return a.admin || (owner != "" && owner == a.owner)
+	return !a.anonymous && (a.admin || (owner != "" && owner == a.owner))
 }
 
-// authorizeBucket checks that the caller may act on bucket. A bucket that
-// does not exist passes: the operation itself answers NoSuchBucket.
+// bucketRecordOps read only the bucket's record, which the namespace
+// shows every authenticated user: for anyone but the owner the gateway
+// first checks that the requester may list the bucket (S3 asks for
+// s3:ListBucket on HeadBucket).
+var bucketRecordOps = map[string]bool{"HeadBucket": true, "GetBucketLocation": true, "GetBucketVersioning": true}
+
+// authorizeBucket checks what the gateway checks itself before serving a
+// request for bucket: X-Amz-Expected-Bucket-Owner, and, for anyone but
+// the owner, the right to list a bucket whose record is read. Everything
+// else (owners, ACLs, bucket policies, Block Public Access) the
+// namespace decides on the calls the operation makes, for the requester.
+// A bucket that does not exist passes: the operation itself answers
+// NoSuchBucket.
 func (g *Gateway) authorizeBucket(req *request, bucket string) *Error {
 	if validBucket(bucket) != nil {
 		return nil
@@ -273,8 +299,15 @@ func (g *Gateway) authorizeBucket(req *request, bucket string) *Error {
 	if want := req.r.Header.Get("X-Amz-Expected-Bucket-Owner"); want != "" && want != owner && bucket == req.bucket {
 		return errAccessDenied("Access Denied: the bucket's owner is not the expected bucket owner")
 	}
-	if !req.auth.mayAccess(owner) {
-		return errAccessDenied("Access Denied: bucket " + bucket + " belongs to another user")
+	if req.auth.mayAccess(owner) || !bucketRecordOps[req.op] {
+		return nil
+	}
+	err = req.meta(func() error {
+		_, err := g.ns.ListKeys(req.r.Context(), &metapb.ListKeysRequest{Volume: g.cfg.Volume, Bucket: bucket, PageSize: 1})
+		return err
+	})
+	if err != nil {
+		return fromBasalt(client.FromRPC("list keys", err), bucket, "")
 	}
 	return nil
 }

@@ -22,8 +22,9 @@ import (
 // AWS Signature Version 4 verification
 // (https://docs.aws.amazon.com/AmazonS3/latest/API/sig-v4-authenticating-requests.html):
 // the Authorization header, presigned query parameters, and the seed of
-// chunk-signed payloads (chunked.go). Every request must be signed; there
-// is no anonymous access.
+// chunk-signed payloads (chunked.go). An unsigned request is anonymous
+// (requester.go): served only where an ACL or a bucket policy grants
+// anonymous access.
 
 const (
 	algorithm       = "AWS4-HMAC-SHA256"
@@ -45,8 +46,10 @@ type auth struct {
 	// none is recorded): buckets belong to users.
 	owner string
 	// admin keys act on every user's buckets.
-	admin   bool
-	payload string // x-amz-content-sha256 (UNSIGNED-PAYLOAD for presigned URLs)
+	admin bool
+	// anonymous: an unsigned request (requester.go); owner is "".
+	anonymous bool
+	payload   string // x-amz-content-sha256 (UNSIGNED-PAYLOAD for presigned URLs)
 	// Chunk signing (streaming payloads).
 	signingKey []byte
 	amzDate    string
@@ -372,8 +375,12 @@ func (g *Gateway) authenticate(r *http.Request) (*auth, *Error) {
 		if !validPayloadMode(payload) {
 			return nil, errorf("InvalidArgument", 400, "x-amz-content-sha256 must be UNSIGNED-PAYLOAD, STREAMING-UNSIGNED-PAYLOAD-TRAILER, STREAMING-AWS4-HMAC-SHA256-PAYLOAD, STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER or a valid sha256 value.")
 		}
+	case !isAnonymous(r):
+		// Part of a presigned query without X-Amz-Algorithm: a broken
+		// signature, not an anonymous request.
+		return nil, errorf("AuthorizationQueryParametersError", 400, "Query-string authentication version 4 requires the X-Amz-Algorithm, X-Amz-Credential, X-Amz-Signature, X-Amz-Date, X-Amz-SignedHeaders, and X-Amz-Expires parameters.")
 	default:
-		return nil, errAccessDenied("Access Denied: the request is not signed (anonymous access is not allowed)")
+		return anonymousAuth(r)
 	}
 	if p.service != "s3" {
 		return nil, errorf("AuthorizationHeaderMalformed", 400, "The authorization header is malformed; incorrect service %q. This endpoint belongs to \"s3\".", p.service)

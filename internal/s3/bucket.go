@@ -118,12 +118,16 @@ func (g *Gateway) createBucket(req *request) *Error {
 				loc, g.cfg.Region)
 		}
 	}
+	acls, _, e := g.aclFromRequest(req, true)
+	if e != nil {
+		return e
+	}
 	ctx := req.r.Context()
 	err := req.meta(func() error {
 		if err := g.ensureVolume(ctx); err != nil {
 			return err
 		}
-		_, err := g.ns.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: g.cfg.Volume, Name: req.bucket, Owner: req.auth.owner})
+		_, err := g.ns.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: g.cfg.Volume, Name: req.bucket, Owner: req.auth.owner, Acls: acls})
 		return client.FromRPC("create bucket", err)
 	})
 	g.owners.forget(req.bucket)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/xml"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync"
@@ -21,7 +23,6 @@ import (
 
 	"github.com/basalt-store/basalt/client"
 	"github.com/basalt-store/basalt/internal/guard"
-	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/pki"
 )
@@ -106,6 +107,16 @@ type Config struct {
 	// UploadBufferBytes is the write buffer of the client the gateway makes
 	// (default 16 MiB; ignored when Client is set).
 	UploadBufferBytes int64
+	// TLSCertFile and TLSKeyFile (PEM) make the gateway serve HTTPS only;
+	// TLSConfig does the same with a ready configuration (it wins).
+	// Without either it serves plain HTTP.
+	TLSCertFile, TLSKeyFile string
+	TLSConfig               *tls.Config
+	// TrustedProxies are the addresses (CIDRs or single IPs) of reverse
+	// proxies whose X-Forwarded-For is believed for the client's address
+	// (bucket policies' aws:SourceIp). Empty: the connection's peer is
+	// the client, whatever the header says.
+	TrustedProxies []string
 	// Registerer receives the gateway's metrics (nil: none registered).
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -179,6 +190,8 @@ type Gateway struct {
 	metrics *metrics
 	ln      net.Listener
 	srv     *http.Server
+	tls     bool
+	proxies []netip.Prefix
 	// guarded is the gateway's handler behind its panic guard.
 	guarded http.Handler
 	guard   *guard.Guard
@@ -196,6 +209,21 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{cfg: cfg, cl: cfg.Client, uploads: make(chan struct{}, cfg.MaxUploads)}
+	var err error
+	if g.proxies, err = parseProxies(cfg.TrustedProxies); err != nil {
+		return nil, fmt.Errorf("s3: trusted proxies: %w", err)
+	}
+	tlsCfg := cfg.TLSConfig
+	if tlsCfg == nil && (cfg.TLSCertFile != "" || cfg.TLSKeyFile != "") {
+		if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" {
+			return nil, errors.New("s3: TLS needs both a certificate and a key")
+		}
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("s3: TLS certificate: %w", err)
+		}
+		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
 	if g.cl == nil {
 		cl, err := client.New(client.Config{MetaAddrs: cfg.MetaAddrs, Logger: cfg.Logger, MaxBufferBytes: cfg.UploadBufferBytes,
 			ServiceToken: cfg.ServiceToken, Credentials: cfg.Credentials})
@@ -217,6 +245,13 @@ func New(cfg Config) (*Gateway, error) {
 			return nil, fmt.Errorf("s3: listen on %s: %w", cfg.Listen, err)
 		}
 		g.ln = ln
+		if tlsCfg != nil {
+			c := tlsCfg.Clone()
+			if len(c.NextProtos) == 0 {
+				c.NextProtos = []string{"http/1.1"}
+			}
+			g.ln, g.tls = tls.NewListener(ln, c), true
+		}
 	}
 	g.srv = &http.Server{Handler: g, ReadHeaderTimeout: cfg.ReadHeaderTimeout, MaxHeaderBytes: cfg.MaxHeaderBytes, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)}
@@ -231,8 +266,11 @@ func (g *Gateway) Addr() string {
 	return g.ln.Addr().String()
 }
 
-// Serve serves HTTP on the listener until Close; it returns nil after
-// Close.
+// TLS reports whether the gateway serves HTTPS.
+func (g *Gateway) TLS() bool { return g.tls }
+
+// Serve serves HTTP (HTTPS with a certificate) on the listener until
+// Close; it returns nil after Close.
 func (g *Gateway) Serve() error {
 	if g.ln == nil {
 		return errors.New("s3: no listener (Config.Listen is empty); use the gateway as an http.Handler")
@@ -269,6 +307,9 @@ type request struct {
 	key    string
 	auth   *auth
 	op     string
+	// acls is the ACL a write's headers ask for (x-amz-acl,
+	// x-amz-grant-*), committed with the new object.
+	acls   []*metapb.Acl
 	stages stageTimer
 }
 
@@ -309,13 +350,17 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if err == nil {
 		// Every call to the metadata service for this request acts for
-		// the key's user (believed from a gateway certificate only).
-		r = r.WithContext(metaclient.WithUser(r.Context(), req.auth.owner, req.auth.admin))
+		// the key's user, or for an anonymous requester (believed from a
+		// gateway certificate only), and says where the request came from.
+		r = r.WithContext(g.requesterContext(r.Context(), r, req.auth))
 		req.r = r
 	}
 	// Routed after authentication: a presigned request's signed x-amz-*
 	// query parameters (a copy source) are its headers by then.
 	handler := g.route(req)
+	if err == nil && req.auth.anonymous {
+		err = anonymousAllowed(req.op)
+	}
 	if err == nil && req.bucket != "" && req.op != "CreateBucket" && req.op != "Unsupported" {
 		err = g.authorizeBucket(req, req.bucket)
 	}
@@ -444,13 +489,35 @@ func (g *Gateway) routeOp(req *request, q url.Values, has func(string) bool, set
 	if req.key == "" {
 		switch r.Method {
 		case http.MethodPut:
+			switch {
+			case has("acl"):
+				return set("PutBucketAcl", g.putBucketACL)
+			case has("policy"):
+				return set("PutBucketPolicy", g.putBucketPolicy)
+			case has("publicAccessBlock"):
+				return set("PutPublicAccessBlock", g.putPublicAccessBlock)
+			}
 			return set("CreateBucket", g.createBucket)
 		case http.MethodHead:
 			return set("HeadBucket", g.headBucket)
 		case http.MethodDelete:
+			switch {
+			case has("policy"):
+				return set("DeleteBucketPolicy", g.deleteBucketPolicy)
+			case has("publicAccessBlock"):
+				return set("DeletePublicAccessBlock", g.deletePublicAccessBlock)
+			}
 			return set("DeleteBucket", g.deleteBucket)
 		case http.MethodGet:
 			switch {
+			case has("acl"):
+				return set("GetBucketAcl", g.getBucketACL)
+			case has("policy"):
+				return set("GetBucketPolicy", g.getBucketPolicy)
+			case has("policyStatus"):
+				return set("GetBucketPolicyStatus", g.getBucketPolicyStatus)
+			case has("publicAccessBlock"):
+				return set("GetPublicAccessBlock", g.getPublicAccessBlock)
 			case has("location"):
 				return set("GetBucketLocation", g.getBucketLocation)
 			case has("versioning"):
@@ -477,6 +544,8 @@ func (g *Gateway) routeOp(req *request, q url.Values, has func(string) bool, set
 			return set("UploadPart", g.uploadPart)
 		case has("tagging"):
 			return set("PutObjectTagging", g.putObjectTagging)
+		case has("acl"):
+			return set("PutObjectAcl", g.putObjectACL)
 		case r.Header.Get("X-Amz-Copy-Source") != "":
 			return set("CopyObject", g.copyObject)
 		}
@@ -487,6 +556,8 @@ func (g *Gateway) routeOp(req *request, q url.Values, has func(string) bool, set
 			return set("ListParts", g.listParts)
 		case has("tagging"):
 			return set("GetObjectTagging", g.getObjectTagging)
+		case has("acl"):
+			return set("GetObjectAcl", g.getObjectACL)
 		}
 		return set("GetObject", g.getObject)
 	case http.MethodHead:

@@ -4,6 +4,7 @@ import (
 	"crypto/md5"
 	"encoding/hex"
 	"encoding/xml"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -28,6 +29,28 @@ func (g *Gateway) createMultipartUpload(req *request) *Error {
 	meta, e := metaFromHeaders(req.r.Header)
 	if e != nil {
 		return e
+	}
+	// The ACL waits in the upload (ObjectMeta.upload_acls) for Complete,
+	// which commits it with the object.
+	acls, _, e := g.aclFromRequest(req, false)
+	if e != nil {
+		return e
+	}
+	meta.UploadAcls = acls
+	if len(acls) > 0 {
+		// Complete reads the ACL back with ListParts as the requester:
+		// one who may not list parts (a policy granting s3:PutObject
+		// alone) could not find it then, so such an upload is refused
+		// now rather than completed without its ACL. The namespace
+		// decides the right on the bucket before looking for the upload.
+		err := req.meta(func() error {
+			_, err := g.ns.ListParts(req.r.Context(), &metapb.ListPartsRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key,
+				UploadId: "acl-probe", MaxParts: 1})
+			return err
+		})
+		if err != nil && errors.Is(client.FromRPC("list parts", err), client.ErrPermissionDenied) {
+			return errAccessDenied("Access Denied: an ACL on CreateMultipartUpload needs the right to list the upload's parts (s3:ListMultipartUploadParts); set the ACL with PutObjectAcl after CompleteMultipartUpload")
+		}
 	}
 	var u *metapb.MultipartUpload
 	err := req.meta(func() (err error) {
@@ -215,6 +238,20 @@ func (g *Gateway) completeMultipartUpload(req *request) *Error {
 		MinPartSize: uint64(g.cfg.MinPartSize), Parts: parts, Precondition: pre}
 	var ki *metapb.KeyInfo
 	err := req.meta(func() (err error) {
+		// The ACL CreateMultipartUpload asked for, committed with the
+		// object (a new version never keeps the old one's).
+		// A requester who may not list the parts (a policy granting
+		// s3:PutObject alone) started the upload without an ACL, as
+		// CreateMultipartUpload refuses one to such requesters (or lost
+		// the right since): it completes private.
+		lp, err := g.ns.ListParts(req.r.Context(), &metapb.ListPartsRequest{Volume: g.cfg.Volume, Bucket: req.bucket, Key: req.key,
+			UploadId: uploadID, MaxParts: 1})
+		switch {
+		case err == nil:
+			creq.Acls = lp.GetUpload().GetMeta().GetUploadAcls()
+		case !errors.Is(client.FromRPC("list parts", err), client.ErrPermissionDenied):
+			return err
+		}
 		ki, err = g.ns.CompleteMultipartUpload(req.r.Context(), creq)
 		return err
 	})

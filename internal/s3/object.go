@@ -349,6 +349,7 @@ func (g *Gateway) putData(req *request, key string, r io.Reader, sizeHint int64,
 			meta.Etag = etag()
 			c.Meta = meta
 			c.Precondition = pre
+			c.Acls = req.acls // the new version's own ACL, in its commit
 			return nil
 		},
 	})
@@ -376,6 +377,9 @@ func (g *Gateway) putObject(req *request) *Error {
 	}
 	pre, e := writePrecondition(req.r.Header)
 	if e != nil {
+		return e
+	}
+	if req.acls, _, e = g.aclFromRequest(req, false); e != nil {
 		return e
 	}
 	if pre != nil {
@@ -648,6 +652,11 @@ func (g *Gateway) copyObject(req *request) *Error {
 	if e != nil {
 		return e
 	}
+	acls, withACL, e := g.aclFromRequest(req, false)
+	if e != nil {
+		return e
+	}
+	req.acls = acls // a streamed copy commits with it
 	_, _, src, e := g.openSource(req)
 	if e != nil {
 		return e
@@ -724,6 +733,14 @@ func (g *Gateway) copyObject(req *request) *Error {
 	}
 	if err != nil {
 		return fromBasalt(err, req.bucket, req.key)
+	}
+	if withACL && (self || (shared && len(acls) > 0)) {
+		// S3 gives a copy the ACL the request names (else the default):
+		// the source's is never copied. A shared copy starts private; a
+		// copy onto itself keeps its ACL unless the request names one.
+		if e := g.applyACL(req, req.key, acls); e != nil {
+			return e
+		}
 	}
 	how := "streamed"
 	if shared {

@@ -52,6 +52,7 @@ type env struct {
 	gw      *bs3.Gateway
 	reg     *prometheus.Registry
 	cl      *client.Client
+	gcl     *client.Client // the gateway's (gateway certificate)
 	s3      *s3.Client
 	vhost   *s3.Client
 	url     string
@@ -100,7 +101,7 @@ func setup(t testing.TB) *env {
 	}
 	go gw.Serve()
 	t.Cleanup(func() { gw.Close() })
-	e := &env{cluster: c, gw: gw, reg: reg, cl: cl, url: "http://" + gw.Addr(), ctx: context.Background(), signer: v4.NewSigner()}
+	e := &env{cluster: c, gw: gw, reg: reg, cl: cl, gcl: gcl, url: "http://" + gw.Addr(), ctx: context.Background(), signer: v4.NewSigner()}
 	e.s3 = e.newS3(secretKey, true)
 	e.vhost = e.newS3(secretKey, false)
 	return e

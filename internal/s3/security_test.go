@@ -225,11 +225,12 @@ func (e *env) testSubResources(t *testing.T) {
 	e.mkBucket(t, "subres")
 	e.put(t, "subres", "obj", []byte("data"))
 	for _, c := range []struct{ method, path string }{
-		{"GET", "/subres?policyStatus"}, {"GET", "/subres?replication"}, {"GET", "/subres?object-lock"},
+		{"GET", "/subres?lifecycle"}, {"GET", "/subres?replication"}, {"GET", "/subres?object-lock"},
 		{"GET", "/subres?website"}, {"PUT", "/subres?versioning"}, {"GET", "/subres?versions"},
-		{"GET", "/subres?acl"}, {"GET", "/subres?someFutureThing"}, {"GET", "/subres?metadataTable"},
+		{"GET", "/subres?cors"}, {"GET", "/subres?someFutureThing"}, {"GET", "/subres?metadataTable"},
+		{"PUT", "/subres?policy&versioning"}, {"GET", "/subres/obj?acl&tagging"}, {"PUT", "/subres/obj?policy"},
 		{"GET", "/subres/obj?retention"}, {"GET", "/subres/obj?legal-hold"}, {"PUT", "/subres/obj?retention"},
-		{"GET", "/subres/obj?acl"}, {"GET", "/subres/obj?attributes"}, {"POST", "/subres/obj?restore"},
+		{"GET", "/subres/obj?policyStatus"}, {"GET", "/subres/obj?attributes"}, {"POST", "/subres/obj?restore"},
 		{"GET", "/subres/obj?uploads"}, {"DELETE", "/subres?delete"},
 	} {
 		code, body := e.do(t, c.method, c.path, nil, nil)
@@ -545,8 +546,14 @@ func (e *env) testUserIsolation(t *testing.T) {
 	denied("writes", err)
 	_, err = bob.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: b, Key: k})
 	denied("deletes from", err)
-	_, err = bob.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: b, Delete: &types.Delete{Objects: []types.ObjectIdentifier{{Key: k}}}})
-	denied("batch-deletes from", err)
+	// DeleteObjects answers per key, as S3: AccessDenied for each.
+	dout, err := bob.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: b, Delete: &types.Delete{Objects: []types.ObjectIdentifier{{Key: k}}}})
+	if err == nil && (len(dout.Errors) != 1 || aws.ToString(dout.Errors[0].Code) != "AccessDenied" || len(dout.Deleted) != 0) {
+		t.Fatalf("bob batch-deletes from alice's bucket: deleted %d, errors %+v", len(dout.Deleted), dout.Errors)
+	}
+	if err != nil {
+		denied("batch-deletes from", err)
+	}
 	_, err = bob.DeleteBucket(ctx, &s3.DeleteBucketInput{Bucket: b})
 	denied("deletes", err)
 	_, err = bob.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: b, Key: aws.String("mp")})

@@ -5563,8 +5563,13 @@ type ObjectMeta struct {
 	Tags               map[string]string      `protobuf:"bytes,9,rep,name=tags,proto3" json:"tags,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Flexible checksums the client sent, by algorithm ("CRC32", "CRC32C",
 	// "SHA1", "SHA256", "CRC64NVME"), base64 as S3 returns them.
-	Checksums     map[string]string `protobuf:"bytes,10,rep,name=checksums,proto3" json:"checksums,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	PartsCount    uint32            `protobuf:"varint,11,opt,name=parts_count,json=partsCount,proto3" json:"parts_count,omitempty"` // > 0 for completed multipart uploads
+	Checksums  map[string]string `protobuf:"bytes,10,rep,name=checksums,proto3" json:"checksums,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	PartsCount uint32            `protobuf:"varint,11,opt,name=parts_count,json=partsCount,proto3" json:"parts_count,omitempty"` // > 0 for completed multipart uploads
+	// S3 gateway: the ACL an upload's CreateMultipartUpload asked for
+	// (x-amz-acl, x-amz-grant-*), which the gateway passes to
+	// CompleteMultipartUploadRequest.acls. The namespace does not
+	// interpret it; the completed object's ACL is KeyInfo.acls.
+	UploadAcls    []*Acl `protobuf:"bytes,310,rep,name=upload_acls,json=uploadAcls,proto3" json:"upload_acls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5674,6 +5679,13 @@ func (x *ObjectMeta) GetPartsCount() uint32 {
 		return x.PartsCount
 	}
 	return 0
+}
+
+func (x *ObjectMeta) GetUploadAcls() []*Acl {
+	if x != nil {
+		return x.UploadAcls
+	}
+	return nil
 }
 
 type OpenKeyRequest struct {
@@ -10133,7 +10145,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\tobject_id\x18\f \x01(\x04R\bobjectId\x12.\n" +
 	"\x04meta\x18\r \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\x120\n" +
 	"\x05attrs\x18\xdc\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\x12(\n" +
-	"\x04acls\x18\xac\x02 \x03(\v2\x13.basalt.meta.v1.AclR\x04acls\"\x97\x05\n" +
+	"\x04acls\x18\xac\x02 \x03(\v2\x13.basalt.meta.v1.AclR\x04acls\"\xce\x05\n" +
 	"\n" +
 	"ObjectMeta\x12\x12\n" +
 	"\x04etag\x18\x01 \x01(\tR\x04etag\x12!\n" +
@@ -10148,7 +10160,9 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\tchecksums\x18\n" +
 	" \x03(\v2).basalt.meta.v1.ObjectMeta.ChecksumsEntryR\tchecksums\x12\x1f\n" +
 	"\vparts_count\x18\v \x01(\rR\n" +
-	"partsCount\x1a7\n" +
+	"partsCount\x125\n" +
+	"\vupload_acls\x18\xb6\x02 \x03(\v2\x13.basalt.meta.v1.AclR\n" +
+	"uploadAcls\x1a7\n" +
 	"\tUserEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a7\n" +
@@ -10852,170 +10866,171 @@ var file_meta_meta_proto_depIdxs = []int32{
 	148, // 89: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
 	149, // 90: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
 	150, // 91: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
-	0,   // 92: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
-	6,   // 93: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	20,  // 94: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	19,  // 95: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	20,  // 96: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	19,  // 97: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
-	83,  // 98: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
-	85,  // 99: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	91,  // 100: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	122, // 101: basalt.meta.v1.CommitKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	137, // 102: basalt.meta.v1.CommitKeyRequest.acls:type_name -> basalt.meta.v1.Acl
-	84,  // 103: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
-	84,  // 104: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
-	123, // 105: basalt.meta.v1.FileStatus.attrs:type_name -> basalt.meta.v1.FileAttrs
-	123, // 106: basalt.meta.v1.CreateDirectoryRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	99,  // 107: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
-	85,  // 108: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	85,  // 109: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	91,  // 110: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	122, // 111: basalt.meta.v1.CopyKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	85,  // 112: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 113: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
-	85,  // 114: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 115: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
-	108, // 116: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
-	122, // 117: basalt.meta.v1.CompleteMultipartUploadRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	137, // 118: basalt.meta.v1.CompleteMultipartUploadRequest.acls:type_name -> basalt.meta.v1.Acl
-	83,  // 119: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	6,   // 120: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	106, // 121: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
-	112, // 122: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
-	106, // 123: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
-	123, // 124: basalt.meta.v1.SetFileAttrsRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	123, // 125: basalt.meta.v1.SetFileAttrsResponse.attrs:type_name -> basalt.meta.v1.FileAttrs
-	127, // 126: basalt.meta.v1.ListCachePoolsResponse.pools:type_name -> basalt.meta.v1.CachePool
-	128, // 127: basalt.meta.v1.ListCacheDirectivesResponse.directives:type_name -> basalt.meta.v1.CacheDirective
-	8,   // 128: basalt.meta.v1.Acl.type:type_name -> basalt.meta.v1.AclType
-	138, // 129: basalt.meta.v1.GetAclRequest.ref:type_name -> basalt.meta.v1.ObjectRef
-	138, // 130: basalt.meta.v1.SetAclRequest.ref:type_name -> basalt.meta.v1.ObjectRef
-	10,  // 131: basalt.meta.v1.SetAclRequest.op:type_name -> basalt.meta.v1.AclOp
-	137, // 132: basalt.meta.v1.SetAclRequest.acls:type_name -> basalt.meta.v1.Acl
-	137, // 133: basalt.meta.v1.AclList.acls:type_name -> basalt.meta.v1.Acl
-	145, // 134: basalt.meta.v1.PublicAccessBlockConfig.config:type_name -> basalt.meta.v1.PublicAccessBlock
-	27,  // 135: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	29,  // 136: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	43,  // 137: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	45,  // 138: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	53,  // 139: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	48,  // 140: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	50,  // 141: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	56,  // 142: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	59,  // 143: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	61,  // 144: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	63,  // 145: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	64,  // 146: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
-	21,  // 147: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
-	23,  // 148: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
-	127, // 149: basalt.meta.v1.Scm.AddCachePool:input_type -> basalt.meta.v1.CachePool
-	127, // 150: basalt.meta.v1.Scm.ModifyCachePool:input_type -> basalt.meta.v1.CachePool
-	129, // 151: basalt.meta.v1.Scm.RemoveCachePool:input_type -> basalt.meta.v1.RemoveCachePoolRequest
-	131, // 152: basalt.meta.v1.Scm.ListCachePools:input_type -> basalt.meta.v1.ListCachePoolsRequest
-	128, // 153: basalt.meta.v1.Scm.AddCacheDirective:input_type -> basalt.meta.v1.CacheDirective
-	128, // 154: basalt.meta.v1.Scm.ModifyCacheDirective:input_type -> basalt.meta.v1.CacheDirective
-	133, // 155: basalt.meta.v1.Scm.RemoveCacheDirective:input_type -> basalt.meta.v1.RemoveCacheDirectiveRequest
-	135, // 156: basalt.meta.v1.Scm.ListCacheDirectives:input_type -> basalt.meta.v1.ListCacheDirectivesRequest
-	70,  // 157: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	71,  // 158: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	72,  // 159: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	74,  // 160: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	77,  // 161: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	78,  // 162: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	79,  // 163: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	81,  // 164: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	86,  // 165: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	88,  // 166: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	90,  // 167: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	92,  // 168: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	93,  // 169: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	95,  // 170: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	97,  // 171: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	100, // 172: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	101, // 173: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	102, // 174: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	104, // 175: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	105, // 176: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
-	107, // 177: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	109, // 178: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	110, // 179: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	113, // 180: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	115, // 181: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	118, // 182: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	119, // 183: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	120, // 184: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	124, // 185: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
-	139, // 186: basalt.meta.v1.Namespace.GetAcl:input_type -> basalt.meta.v1.GetAclRequest
-	140, // 187: basalt.meta.v1.Namespace.SetAcl:input_type -> basalt.meta.v1.SetAclRequest
-	142, // 188: basalt.meta.v1.Namespace.GetBucketPolicy:input_type -> basalt.meta.v1.BucketRef
-	143, // 189: basalt.meta.v1.Namespace.SetBucketPolicy:input_type -> basalt.meta.v1.BucketPolicy
-	142, // 190: basalt.meta.v1.Namespace.GetBucketPolicyStatus:input_type -> basalt.meta.v1.BucketRef
-	142, // 191: basalt.meta.v1.Namespace.GetPublicAccessBlock:input_type -> basalt.meta.v1.BucketRef
-	146, // 192: basalt.meta.v1.Namespace.SetPublicAccessBlock:input_type -> basalt.meta.v1.PublicAccessBlockConfig
-	28,  // 193: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	33,  // 194: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	44,  // 195: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	47,  // 196: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	54,  // 197: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	49,  // 198: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	52,  // 199: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	58,  // 200: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	60,  // 201: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	62,  // 202: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	68,  // 203: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	67,  // 204: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
-	22,  // 205: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
-	26,  // 206: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
-	127, // 207: basalt.meta.v1.Scm.AddCachePool:output_type -> basalt.meta.v1.CachePool
-	127, // 208: basalt.meta.v1.Scm.ModifyCachePool:output_type -> basalt.meta.v1.CachePool
-	130, // 209: basalt.meta.v1.Scm.RemoveCachePool:output_type -> basalt.meta.v1.RemoveCachePoolResponse
-	132, // 210: basalt.meta.v1.Scm.ListCachePools:output_type -> basalt.meta.v1.ListCachePoolsResponse
-	128, // 211: basalt.meta.v1.Scm.AddCacheDirective:output_type -> basalt.meta.v1.CacheDirective
-	128, // 212: basalt.meta.v1.Scm.ModifyCacheDirective:output_type -> basalt.meta.v1.CacheDirective
-	134, // 213: basalt.meta.v1.Scm.RemoveCacheDirective:output_type -> basalt.meta.v1.RemoveCacheDirectiveResponse
-	136, // 214: basalt.meta.v1.Scm.ListCacheDirectives:output_type -> basalt.meta.v1.ListCacheDirectivesResponse
-	69,  // 215: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	69,  // 216: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	73,  // 217: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	75,  // 218: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	76,  // 219: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	76,  // 220: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	80,  // 221: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	82,  // 222: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	87,  // 223: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	89,  // 224: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	84,  // 225: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	84,  // 226: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	94,  // 227: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	96,  // 228: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	98,  // 229: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	99,  // 230: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	99,  // 231: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	103, // 232: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	84,  // 233: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	84,  // 234: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
-	106, // 235: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	84,  // 236: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	111, // 237: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	114, // 238: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	116, // 239: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	117, // 240: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	117, // 241: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	121, // 242: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	125, // 243: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
-	141, // 244: basalt.meta.v1.Namespace.GetAcl:output_type -> basalt.meta.v1.AclList
-	141, // 245: basalt.meta.v1.Namespace.SetAcl:output_type -> basalt.meta.v1.AclList
-	143, // 246: basalt.meta.v1.Namespace.GetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
-	143, // 247: basalt.meta.v1.Namespace.SetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
-	144, // 248: basalt.meta.v1.Namespace.GetBucketPolicyStatus:output_type -> basalt.meta.v1.BucketPolicyStatus
-	146, // 249: basalt.meta.v1.Namespace.GetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
-	146, // 250: basalt.meta.v1.Namespace.SetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
-	193, // [193:251] is the sub-list for method output_type
-	135, // [135:193] is the sub-list for method input_type
-	135, // [135:135] is the sub-list for extension type_name
-	135, // [135:135] is the sub-list for extension extendee
-	0,   // [0:135] is the sub-list for field type_name
+	137, // 92: basalt.meta.v1.ObjectMeta.upload_acls:type_name -> basalt.meta.v1.Acl
+	0,   // 93: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 94: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	20,  // 95: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	19,  // 96: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	20,  // 97: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	19,  // 98: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
+	83,  // 99: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
+	85,  // 100: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	91,  // 101: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	122, // 102: basalt.meta.v1.CommitKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	137, // 103: basalt.meta.v1.CommitKeyRequest.acls:type_name -> basalt.meta.v1.Acl
+	84,  // 104: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
+	84,  // 105: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
+	123, // 106: basalt.meta.v1.FileStatus.attrs:type_name -> basalt.meta.v1.FileAttrs
+	123, // 107: basalt.meta.v1.CreateDirectoryRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	99,  // 108: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
+	85,  // 109: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	85,  // 110: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	91,  // 111: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	122, // 112: basalt.meta.v1.CopyKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	85,  // 113: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 114: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
+	85,  // 115: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 116: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
+	108, // 117: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
+	122, // 118: basalt.meta.v1.CompleteMultipartUploadRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	137, // 119: basalt.meta.v1.CompleteMultipartUploadRequest.acls:type_name -> basalt.meta.v1.Acl
+	83,  // 120: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	6,   // 121: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	106, // 122: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
+	112, // 123: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
+	106, // 124: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
+	123, // 125: basalt.meta.v1.SetFileAttrsRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	123, // 126: basalt.meta.v1.SetFileAttrsResponse.attrs:type_name -> basalt.meta.v1.FileAttrs
+	127, // 127: basalt.meta.v1.ListCachePoolsResponse.pools:type_name -> basalt.meta.v1.CachePool
+	128, // 128: basalt.meta.v1.ListCacheDirectivesResponse.directives:type_name -> basalt.meta.v1.CacheDirective
+	8,   // 129: basalt.meta.v1.Acl.type:type_name -> basalt.meta.v1.AclType
+	138, // 130: basalt.meta.v1.GetAclRequest.ref:type_name -> basalt.meta.v1.ObjectRef
+	138, // 131: basalt.meta.v1.SetAclRequest.ref:type_name -> basalt.meta.v1.ObjectRef
+	10,  // 132: basalt.meta.v1.SetAclRequest.op:type_name -> basalt.meta.v1.AclOp
+	137, // 133: basalt.meta.v1.SetAclRequest.acls:type_name -> basalt.meta.v1.Acl
+	137, // 134: basalt.meta.v1.AclList.acls:type_name -> basalt.meta.v1.Acl
+	145, // 135: basalt.meta.v1.PublicAccessBlockConfig.config:type_name -> basalt.meta.v1.PublicAccessBlock
+	27,  // 136: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	29,  // 137: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	43,  // 138: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	45,  // 139: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	53,  // 140: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	48,  // 141: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	50,  // 142: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	56,  // 143: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	59,  // 144: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	61,  // 145: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	63,  // 146: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	64,  // 147: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
+	21,  // 148: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
+	23,  // 149: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
+	127, // 150: basalt.meta.v1.Scm.AddCachePool:input_type -> basalt.meta.v1.CachePool
+	127, // 151: basalt.meta.v1.Scm.ModifyCachePool:input_type -> basalt.meta.v1.CachePool
+	129, // 152: basalt.meta.v1.Scm.RemoveCachePool:input_type -> basalt.meta.v1.RemoveCachePoolRequest
+	131, // 153: basalt.meta.v1.Scm.ListCachePools:input_type -> basalt.meta.v1.ListCachePoolsRequest
+	128, // 154: basalt.meta.v1.Scm.AddCacheDirective:input_type -> basalt.meta.v1.CacheDirective
+	128, // 155: basalt.meta.v1.Scm.ModifyCacheDirective:input_type -> basalt.meta.v1.CacheDirective
+	133, // 156: basalt.meta.v1.Scm.RemoveCacheDirective:input_type -> basalt.meta.v1.RemoveCacheDirectiveRequest
+	135, // 157: basalt.meta.v1.Scm.ListCacheDirectives:input_type -> basalt.meta.v1.ListCacheDirectivesRequest
+	70,  // 158: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	71,  // 159: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	72,  // 160: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	74,  // 161: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	77,  // 162: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	78,  // 163: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	79,  // 164: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	81,  // 165: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	86,  // 166: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	88,  // 167: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	90,  // 168: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	92,  // 169: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	93,  // 170: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	95,  // 171: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	97,  // 172: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	100, // 173: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	101, // 174: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	102, // 175: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	104, // 176: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	105, // 177: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	107, // 178: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	109, // 179: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	110, // 180: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	113, // 181: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	115, // 182: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	118, // 183: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	119, // 184: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	120, // 185: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	124, // 186: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
+	139, // 187: basalt.meta.v1.Namespace.GetAcl:input_type -> basalt.meta.v1.GetAclRequest
+	140, // 188: basalt.meta.v1.Namespace.SetAcl:input_type -> basalt.meta.v1.SetAclRequest
+	142, // 189: basalt.meta.v1.Namespace.GetBucketPolicy:input_type -> basalt.meta.v1.BucketRef
+	143, // 190: basalt.meta.v1.Namespace.SetBucketPolicy:input_type -> basalt.meta.v1.BucketPolicy
+	142, // 191: basalt.meta.v1.Namespace.GetBucketPolicyStatus:input_type -> basalt.meta.v1.BucketRef
+	142, // 192: basalt.meta.v1.Namespace.GetPublicAccessBlock:input_type -> basalt.meta.v1.BucketRef
+	146, // 193: basalt.meta.v1.Namespace.SetPublicAccessBlock:input_type -> basalt.meta.v1.PublicAccessBlockConfig
+	28,  // 194: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	33,  // 195: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	44,  // 196: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	47,  // 197: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	54,  // 198: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	49,  // 199: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	52,  // 200: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	58,  // 201: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	60,  // 202: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	62,  // 203: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	68,  // 204: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	67,  // 205: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
+	22,  // 206: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
+	26,  // 207: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
+	127, // 208: basalt.meta.v1.Scm.AddCachePool:output_type -> basalt.meta.v1.CachePool
+	127, // 209: basalt.meta.v1.Scm.ModifyCachePool:output_type -> basalt.meta.v1.CachePool
+	130, // 210: basalt.meta.v1.Scm.RemoveCachePool:output_type -> basalt.meta.v1.RemoveCachePoolResponse
+	132, // 211: basalt.meta.v1.Scm.ListCachePools:output_type -> basalt.meta.v1.ListCachePoolsResponse
+	128, // 212: basalt.meta.v1.Scm.AddCacheDirective:output_type -> basalt.meta.v1.CacheDirective
+	128, // 213: basalt.meta.v1.Scm.ModifyCacheDirective:output_type -> basalt.meta.v1.CacheDirective
+	134, // 214: basalt.meta.v1.Scm.RemoveCacheDirective:output_type -> basalt.meta.v1.RemoveCacheDirectiveResponse
+	136, // 215: basalt.meta.v1.Scm.ListCacheDirectives:output_type -> basalt.meta.v1.ListCacheDirectivesResponse
+	69,  // 216: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	69,  // 217: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	73,  // 218: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	75,  // 219: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	76,  // 220: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	76,  // 221: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	80,  // 222: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	82,  // 223: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	87,  // 224: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	89,  // 225: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	84,  // 226: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	84,  // 227: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	94,  // 228: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	96,  // 229: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	98,  // 230: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	99,  // 231: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	99,  // 232: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	103, // 233: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	84,  // 234: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	84,  // 235: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	106, // 236: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	84,  // 237: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	111, // 238: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	114, // 239: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	116, // 240: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	117, // 241: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	117, // 242: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	121, // 243: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	125, // 244: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
+	141, // 245: basalt.meta.v1.Namespace.GetAcl:output_type -> basalt.meta.v1.AclList
+	141, // 246: basalt.meta.v1.Namespace.SetAcl:output_type -> basalt.meta.v1.AclList
+	143, // 247: basalt.meta.v1.Namespace.GetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
+	143, // 248: basalt.meta.v1.Namespace.SetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
+	144, // 249: basalt.meta.v1.Namespace.GetBucketPolicyStatus:output_type -> basalt.meta.v1.BucketPolicyStatus
+	146, // 250: basalt.meta.v1.Namespace.GetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
+	146, // 251: basalt.meta.v1.Namespace.SetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
+	194, // [194:252] is the sub-list for method output_type
+	136, // [136:194] is the sub-list for method input_type
+	136, // [136:136] is the sub-list for extension type_name
+	136, // [136:136] is the sub-list for extension extendee
+	0,   // [0:136] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }

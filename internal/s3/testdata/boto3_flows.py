@@ -78,7 +78,7 @@ expect_error("PreconditionFailed", s3.put_object, Bucket=bucket, Key="cond", Bod
 assert s3.get_object(Bucket=bucket, Key="cond")["Body"].read() == b"three"
 s3.delete_object(Bucket=bucket, Key="cond")
 # Sub-resources the gateway lacks are refused, not served as a listing.
-expect_error("NotImplemented", s3.get_bucket_policy_status, Bucket=bucket)
+expect_error("NotImplemented", s3.get_bucket_website, Bucket=bucket)
 expect_error("NotImplemented", s3.get_object_retention, Bucket=bucket, Key="dir/a.bin")
 
 # Copy and delete.
@@ -95,4 +95,56 @@ bad = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                    aws_access_key_id=os.environ["AWS_ACCESS_KEY_ID"], aws_secret_access_key="wrong-secret",
                    config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
 expect_error("SignatureDoesNotMatch", bad.list_buckets)
+
+# Access control: canned ACLs, ACL documents, a bucket policy for
+# anonymous readers, its status, Block Public Access.
+import json
+import urllib.error
+import urllib.request
+
+
+def anon_get(path):
+    try:
+        with urllib.request.urlopen(endpoint + path, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+acl_bucket = "boto3-acl"
+s3.create_bucket(Bucket=acl_bucket)
+s3.put_object(Bucket=acl_bucket, Key="pub.txt", Body=b"public", ACL="public-read")
+s3.put_object(Bucket=acl_bucket, Key="priv.txt", Body=b"private")
+grants = s3.get_object_acl(Bucket=acl_bucket, Key="pub.txt")["Grants"]
+assert any(g["Grantee"].get("URI", "").endswith("/AllUsers") and g["Permission"] == "READ" for g in grants), grants
+assert anon_get(f"/{acl_bucket}/pub.txt") == (200, b"public")
+assert anon_get(f"/{acl_bucket}/priv.txt")[0] == 403
+acl = s3.get_bucket_acl(Bucket=acl_bucket)
+assert [g["Permission"] for g in acl["Grants"]] == ["FULL_CONTROL"], acl["Grants"]
+s3.put_bucket_acl(Bucket=acl_bucket, AccessControlPolicy={"Owner": acl["Owner"], "Grants": acl["Grants"] + [
+    {"Grantee": {"Type": "Group", "URI": "http://acs.amazonaws.com/groups/global/AllUsers"}, "Permission": "READ"}]})
+assert anon_get(f"/{acl_bucket}?list-type=2")[0] == 200
+s3.put_bucket_acl(Bucket=acl_bucket, ACL="private")
+assert anon_get(f"/{acl_bucket}?list-type=2")[0] == 403
+
+expect_error("NoSuchBucketPolicy", s3.get_bucket_policy, Bucket=acl_bucket)
+expect_error("MalformedPolicy", s3.put_bucket_policy, Bucket=acl_bucket, Policy='{"Statement": [')
+assert s3.get_bucket_policy_status(Bucket=acl_bucket)["PolicyStatus"]["IsPublic"] is False
+policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
+                                                  "Resource": f"arn:aws:s3:::{acl_bucket}/priv.txt"}]}
+s3.put_bucket_policy(Bucket=acl_bucket, Policy=json.dumps(policy))
+assert json.loads(s3.get_bucket_policy(Bucket=acl_bucket)["Policy"])["Statement"][0]["Action"] == "s3:GetObject"
+assert s3.get_bucket_policy_status(Bucket=acl_bucket)["PolicyStatus"]["IsPublic"] is True
+assert anon_get(f"/{acl_bucket}/priv.txt") == (200, b"private")
+expect_error("NoSuchPublicAccessBlockConfiguration", s3.get_public_access_block, Bucket=acl_bucket)
+s3.put_public_access_block(Bucket=acl_bucket, PublicAccessBlockConfiguration={
+    "BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True, "RestrictPublicBuckets": True})
+assert s3.get_public_access_block(Bucket=acl_bucket)["PublicAccessBlockConfiguration"]["RestrictPublicBuckets"] is True
+assert anon_get(f"/{acl_bucket}/priv.txt")[0] == 403
+assert anon_get(f"/{acl_bucket}/pub.txt")[0] == 403  # IgnorePublicAcls
+s3.delete_public_access_block(Bucket=acl_bucket)
+s3.delete_bucket_policy(Bucket=acl_bucket)
+assert anon_get(f"/{acl_bucket}/priv.txt")[0] == 403
+s3.delete_objects(Bucket=acl_bucket, Delete={"Objects": [{"Key": "pub.txt"}, {"Key": "priv.txt"}]})
+s3.delete_bucket(Bucket=acl_bucket)
 print("boto3 flows: ok")
