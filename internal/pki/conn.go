@@ -241,10 +241,15 @@ func (c *grpcConn) ConnectionState() tls.ConnectionState {
 // GRPCServerBuffers are the write buffering of a gRPC server that sends
 // bulk data: frames are collected into 1 MiB (from 32 KiB) before they
 // are handed to TLS, so one TLS write makes 64 records and, with the
-// batching, 4 system calls. The buffer is pooled between flushes, so idle
-// connections hold none.
-func GRPCServerBuffers() grpc.ServerOption {
-	return grpc.WriteBufferSize(GRPCWriteBuffer)
+// batching, 4 system calls. The buffer is shared (pooled between
+// flushes), so idle connections hold none.
+func GRPCServerBuffers() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.WriteBufferSize(GRPCWriteBuffer), grpc.SharedWriteBuffer(true)}
+}
+
+// GRPCDialBuffers is GRPCServerBuffers for a client that sends bulk data.
+func GRPCDialBuffers() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithWriteBufferSize(GRPCWriteBuffer), grpc.WithSharedWriteBuffer(true)}
 }
 
 // GRPCWriteBuffer is the write buffer size GRPCServerBuffers sets.

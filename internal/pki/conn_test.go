@@ -306,7 +306,7 @@ func TestGRPCBatchedTLS(t *testing.T) {
 			return nil
 		}}},
 	}
-	s := grpc.NewServer(sc.GRPCServerOption(), GRPCServerBuffers(), grpc.ForceServerCodec(bytesCodec{}))
+	s := grpc.NewServer(append(GRPCServerBuffers(), sc.GRPCServerOption(), grpc.ForceServerCodec(bytesCodec{}))...)
 	s.RegisterService(&desc, nil)
 	go s.Serve(cl)
 	defer s.Stop()
