@@ -166,6 +166,29 @@ func (c *Conn) Write(p []byte) (int, error) {
 	return batchedWrite(c.b, c.Conn, p)
 }
 
+// WriteBuffers writes bufs in one batch (net.Buffers.WriteTo would make
+// each a batch of its own: a packet header in a system call by itself).
+func (c *Conn) WriteBuffers(bufs [][]byte) (int64, error) {
+	if err := c.Conn.Handshake(); err != nil {
+		return 0, err
+	}
+	c.b.begin()
+	var n int64
+	var err error
+	for _, p := range bufs {
+		var m int
+		m, err = c.Conn.Write(p)
+		n += int64(m)
+		if err != nil {
+			break
+		}
+	}
+	if ferr := c.b.end(); err == nil && ferr != nil {
+		return 0, ferr
+	}
+	return n, err
+}
+
 // NetConn is the connection under the batching (as tls.Conn.NetConn).
 func (c *Conn) NetConn() net.Conn { return c.b.Conn }
 

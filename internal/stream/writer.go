@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
+	"github.com/basalt-store/basalt/internal/pki"
 )
 
 // Options configure a Writer. Zero values take the defaults noted.
@@ -156,7 +157,7 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 		return nil, &Error{Code: CodeUnreachable, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot connect: %v", err)}
 	}
 	if opts.TLS != nil {
-		tc := tls.Client(conn, opts.TLS)
+		tc := pki.Client(conn, opts.TLS) // records batched per write
 		conn.SetDeadline(time.Now().Add(opts.Timeout))
 		if err := tc.HandshakeContext(ctx); err != nil {
 			conn.Close()
@@ -343,7 +344,7 @@ func (w *Writer) writePacket(ph *packetHeader, payload []byte) error {
 		w.bufs = w.bufs[:1]
 	}
 	w.conn.SetWriteDeadline(time.Now().Add(w.wait))
-	if _, err := w.bufs.WriteTo(w.conn); err != nil {
+	if _, err := writeBuffers(w.conn, &w.bufs); err != nil {
 		// The chain most likely sent an error ack saying which datanode
 		// failed; the ack reader will have it, or see the connection end.
 		w.timer.Reset(w.wait)
