@@ -17,7 +17,6 @@ import (
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
-	"github.com/basalt-store/basalt/internal/pki"
 )
 
 // maxDNConns bounds the datanode connections one client keeps; far above
@@ -49,8 +48,6 @@ func newDNPool(maxMsg int, extra []grpc.DialOption) *dnPool {
 		experimental.WithBufferPool(dnBufPool),
 		grpc.WithReadBufferSize(0),
 	}
-	// Chunks go out in 1 MiB TLS writes (pki.Conn batches their records).
-	opts = append(opts, pki.GRPCDialBuffers()...)
 	return &dnPool{opts: append(opts, extra...), conns: map[string]*grpc.ClientConn{}}
 }
 

@@ -20,7 +20,7 @@ func (c *Credentials) GRPCServerOption() grpc.ServerOption {
 	if c.IsInsecure() {
 		return grpc.EmptyServerOption{}
 	}
-	return grpc.Creds(BatchedTLS(c.ServerTLS()))
+	return grpc.Creds(credentials.NewTLS(c.ServerTLS()))
 }
 
 // GRPCDialOption makes a gRPC client present its certificate and accept
@@ -30,7 +30,7 @@ func (c *Credentials) GRPCDialOption(roles ...Role) grpc.DialOption {
 	if c.IsInsecure() {
 		return grpc.WithTransportCredentials(insecure.NewCredentials())
 	}
-	return grpc.WithTransportCredentials(BatchedTLS(c.ClientTLS(roles...)))
+	return grpc.WithTransportCredentials(credentials.NewTLS(c.ClientTLS(roles...)))
 }
 
 // ErrNoIdentity: the call did not come over a verified TLS connection.
@@ -65,10 +65,10 @@ func RequireRole(ctx context.Context, method string, roles ...Role) (Identity, e
 	return id, status.Errorf(codes.PermissionDenied, "%s: %s may not call it (roles allowed: %v)", method, id, roles)
 }
 
-// TLSState returns the connection state of a TLS connection (*tls.Conn,
-// *Conn), nil for any other connection.
+// TLSState returns the connection state of a *tls.Conn, nil for any
+// other connection.
 func TLSState(c any) *tls.ConnectionState {
-	if tc, ok := c.(ConnectionStater); ok {
+	if tc, ok := c.(*tls.Conn); ok {
 		cs := tc.ConnectionState()
 		return &cs
 	}

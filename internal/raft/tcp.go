@@ -18,8 +18,6 @@ import (
 
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/basalt-store/basalt/internal/pki"
 )
 
 // TCPConfig configures the TCP transport.
@@ -211,7 +209,7 @@ func (t *TCPTransport) untrack(c net.Conn) {
 // through it: tls.Conn.Close first sends close_notify, which waits for a
 // write in progress on a stuck peer.
 func rawConn(c net.Conn) net.Conn {
-	if tc, ok := c.(interface{ NetConn() net.Conn }); ok { // *pki.Conn, *tls.Conn
+	if tc, ok := c.(*tls.Conn); ok {
 		return tc.NetConn()
 	}
 	return c
@@ -234,7 +232,7 @@ func (t *TCPTransport) secureDialed(ctx context.Context, c net.Conn, id uint64) 
 	if sec == nil {
 		return c, nil
 	}
-	tc := pki.Client(c, sec.Client) // records batched per write
+	tc := tls.Client(c, sec.Client)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		t.m.connsRefused.WithLabelValues("tls").Inc()
 		return nil, fmt.Errorf("TLS handshake: %w", err)
@@ -566,9 +564,9 @@ func (t *TCPTransport) authenticate(raw net.Conn) (c net.Conn, kind byte, from u
 	}
 	raw.SetDeadline(time.Now().Add(max(t.cfg.DialTimeout, 5*time.Second)))
 	c = raw
-	var tc *pki.Conn
+	var tc *tls.Conn
 	if sec := t.cfg.Security; sec != nil {
-		tc = pki.Server(raw, sec.Server)
+		tc = tls.Server(raw, sec.Server)
 		if err := tc.Handshake(); err != nil {
 			t.refused("tls", raw, err)
 			return nil, 0, 0, err

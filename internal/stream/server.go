@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/basalt-store/basalt/internal/guard"
-	"github.com/basalt-store/basalt/internal/pki"
 )
 
 // Sink is where one stream's data goes on a datanode
@@ -345,7 +344,7 @@ func (s *Server) open(raw net.Conn) (*Header, net.Conn, error) {
 	var cs *tls.ConnectionState
 	sec := s.cfg.Security
 	if sec != nil {
-		tc := pki.Server(raw, sec.Server)
+		tc := tls.Server(raw, sec.Server)
 		if err := tc.Handshake(); err != nil {
 			s.refused.Add(1)
 			s.log.Debug("stream: TLS handshake refused", "remote", raw.RemoteAddr(), "err", err)
@@ -411,7 +410,7 @@ func (s *Server) refuse(up net.Conn, e *Error) {
 	switch tc := up.(type) {
 	case *net.TCPConn:
 		tc.CloseWrite()
-	case *pki.Conn:
+	case *tls.Conn:
 		tc.CloseWrite()
 	}
 	up.SetReadDeadline(time.Now().Add(2 * time.Second))
@@ -437,7 +436,7 @@ func (st *stream) connectDown() *Error {
 		tc.SetNoDelay(true)
 	}
 	if sec := s.cfg.Security; sec != nil {
-		tc := pki.Client(c, sec.Client)
+		tc := tls.Client(c, sec.Client)
 		tc.SetDeadline(time.Now().Add(s.cfg.Timeout))
 		err := tc.Handshake()
 		if err == nil {
@@ -648,7 +647,7 @@ func (st *stream) forward(hdr, payload []byte, seq uint64) bool {
 		st.bufs = st.bufs[:1]
 	}
 	st.down.SetWriteDeadline(time.Now().Add(st.s.cfg.Timeout))
-	if _, err := writeBuffers(st.down, &st.bufs); err != nil {
+	if _, err := st.bufs.WriteTo(st.down); err != nil {
 		// The downstream datanode probably sent an error ack before it
 		// closed: give the ack reader a moment to report that instead.
 		select {
@@ -778,19 +777,8 @@ func (st *stream) ackLoop(doneQ <-chan done, downAcks <-chan ack) {
 // tls.Conn.Close first sends close_notify, which waits behind a write in
 // progress to a stalled peer.
 func closeRaw(c net.Conn) error {
-	if tc, ok := c.(interface{ NetConn() net.Conn }); ok { // *pki.Conn, *tls.Conn
+	if tc, ok := c.(*tls.Conn); ok {
 		return tc.NetConn().Close()
 	}
 	return c.Close()
-}
-
-// writeBuffers writes a packet's header and payload: one writev on TCP,
-// one batch of records on TLS (*pki.Conn).
-func writeBuffers(c net.Conn, b *net.Buffers) (int64, error) {
-	if bw, ok := c.(interface {
-		WriteBuffers([][]byte) (int64, error)
-	}); ok {
-		return bw.WriteBuffers(*b)
-	}
-	return b.WriteTo(c)
 }

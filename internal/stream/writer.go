@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
-	"github.com/basalt-store/basalt/internal/pki"
 )
 
 // Options configure a Writer. Zero values take the defaults noted.
@@ -157,7 +156,7 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 		return nil, &Error{Code: CodeUnreachable, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot connect: %v", err)}
 	}
 	if opts.TLS != nil {
-		tc := pki.Client(conn, opts.TLS) // records batched per write
+		tc := tls.Client(conn, opts.TLS)
 		conn.SetDeadline(time.Now().Add(opts.Timeout))
 		if err := tc.HandshakeContext(ctx); err != nil {
 			conn.Close()
@@ -344,7 +343,7 @@ func (w *Writer) writePacket(ph *packetHeader, payload []byte) error {
 		w.bufs = w.bufs[:1]
 	}
 	w.conn.SetWriteDeadline(time.Now().Add(w.wait))
-	if _, err := writeBuffers(w.conn, &w.bufs); err != nil {
+	if _, err := w.bufs.WriteTo(w.conn); err != nil {
 		// The chain most likely sent an error ack saying which datanode
 		// failed; the ack reader will have it, or see the connection end.
 		w.timer.Reset(w.wait)
