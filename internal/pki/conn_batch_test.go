@@ -14,8 +14,8 @@ import (
 //
 // crypto/tls hands every record it seals (at most 16 KiB of data) to the
 // connection under it with a Write of its own: one system call, one TCP
-// send and one wake-up of the reader per 16 KiB. On the bulk data paths
-// that was a quarter of a datanode's CPU. Conn collects the records of one
+// send and one wake-up of the reader per 16 KiB (a datanode profile
+// showed a quarter of its read CPU under those writes). Conn collects the records of one
 // Write of the TLS connection and gives them to the socket in one go (at
 // most batchBytes at a time), so a 1 MiB write costs 4 system calls, not 64.
 //
@@ -24,17 +24,16 @@ import (
 // crypto/tls writes (the handshake, post-handshake messages from Read,
 // close_notify) goes straight through, as without the batching.
 //
-// On this machine it does not pay: the syscalls saved were cheap (on
+// On this machine it does not pay: the system calls saved were cheap (on
 // loopback a send's cost is the kernel copying the data, which batching
-// does not change) and the copy into the batch costs more. A datanode
+// does not change) and the copy into the batch costs more (crypto/tls
+// reuses one record buffer, so records cannot be gathered without it). A datanode
 // serving 1 MiB gRPC messages over TLS used 0.36-0.41 CPU-s per GiB with
 // crypto/tls as it is, 0.39-0.45 batched, 0.50-0.59 batched behind a 1 MiB
 // gRPC write buffer (BenchmarkGRPCServe; docs/BENCHMARKS.md).
 
-// batchBytes is the most a batch holds before it is sent: large enough to
-// cut the system calls by 16, small enough to keep a socket's send buffer
-// moving.
-// (A variable for the benchmarks.)
+// batchBytes is the most a batch holds before it is sent (a variable: the
+// benchmarks try several sizes).
 var batchBytes = 256 << 10
 
 // recordMax is the most one record takes on the wire (16 KiB of data plus
