@@ -440,4 +440,3 @@ func (s *caState) revoke(b *pebble.Batch, op *metapb.RevokeCertificateRequest) (
 	}
 	return added, len(added) > 0
 }
-

@@ -280,11 +280,14 @@ func TestBootstrapTokenRefusals(t *testing.T) {
 		t.Fatalf("GetCaCertificate without a certificate: %v", err)
 	}
 	for name, call := range map[string]func() error{
-		"ListVolumes":          func() error { _, err := anon.Namespace.ListVolumes(ctx, &metapb.ListVolumesRequest{}); return err },
-		"GetSafeMode":          func() error { _, err := anon.Scm.GetSafeMode(ctx, &metapb.GetSafeModeRequest{}); return err },
-		"CreateBootstrapToken": func() error { _, err := anon.Ca.CreateBootstrapToken(ctx, &metapb.CreateBootstrapTokenRequest{}); return err },
-		"RenewCertificate":     func() error { _, err := anon.Ca.RenewCertificate(ctx, &metapb.RenewCertificateRequest{}); return err },
-		"GetRevocations":       func() error { _, err := anon.Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{}); return err },
+		"ListVolumes": func() error { _, err := anon.Namespace.ListVolumes(ctx, &metapb.ListVolumesRequest{}); return err },
+		"GetSafeMode": func() error { _, err := anon.Scm.GetSafeMode(ctx, &metapb.GetSafeModeRequest{}); return err },
+		"CreateBootstrapToken": func() error {
+			_, err := anon.Ca.CreateBootstrapToken(ctx, &metapb.CreateBootstrapTokenRequest{})
+			return err
+		},
+		"RenewCertificate": func() error { _, err := anon.Ca.RenewCertificate(ctx, &metapb.RenewCertificateRequest{}); return err },
+		"GetRevocations":   func() error { _, err := anon.Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{}); return err },
 	} {
 		if err := call(); status.Code(err) != codes.Unauthenticated {
 			t.Errorf("%s without a client certificate: %v, want Unauthenticated", name, err)

@@ -230,4 +230,6 @@ func PoolWithFingerprint(caPEM []byte, hash string) (*x509.CertPool, []byte, err
 }
 
 // SecretHashesEqual compares two stored secret hashes in constant time.
-func SecretHashesEqual(a, b []byte) bool { return len(a) == sha256.Size && subtle.ConstantTimeCompare(a, b) == 1 }
+func SecretHashesEqual(a, b []byte) bool {
+	return len(a) == sha256.Size && subtle.ConstantTimeCompare(a, b) == 1
+}
