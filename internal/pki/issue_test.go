@@ -162,4 +162,3 @@ func TestBootstrapTokenText(t *testing.T) {
 		t.Fatal("oversized CSR accepted")
 	}
 }
-
