@@ -370,6 +370,11 @@ func TestRevokedCertificateRefusedByMeta(t *testing.T) {
 			t.Fatalf("before revocation, %s refused: %v", a, err)
 		}
 	}
+	// A connection made before the revocation.
+	pre := credsClient(t, addrs[:1], x)
+	if _, err := pre.Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{}); err != nil {
+		t.Fatal(err)
+	}
 	r, err := cl.Ca.RevokeCertificate(ctx, &metapb.RevokeCertificateRequest{Serial: strings.ToUpper(pki.SerialString(x.Leaf().SerialNumber))})
 	if err != nil || len(r.GetSerials()) != 1 {
 		t.Fatalf("revoke: %v %v", r, err)
@@ -386,6 +391,10 @@ func TestRevokedCertificateRefusedByMeta(t *testing.T) {
 		if err := accepted(testCreds(pki.RoleClient, "test"), a); err != nil {
 			t.Fatalf("%s refuses an unrevoked certificate: %v", a, err)
 		}
+	}
+	// The connection opened before stays open, but its calls are refused.
+	if _, err := pre.Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a call on a connection opened before the revocation: %v", err)
 	}
 	// The handshake itself fails: a raw TLS connection is refused.
 	conn, err := tls.Dial("tcp", addrs[0], x.ClientTLS(pki.RoleMeta))

@@ -102,3 +102,21 @@ func CallIdentity(ctx context.Context) (id Identity, ok bool, err error) {
 	}
 	return id, true, nil
 }
+
+// RefuseRevoked returns PermissionDenied if the call's peer certificate
+// is in c's revoked set: a connection opened before the revocation stays
+// open, but its calls are refused from then on.
+func (c *Credentials) RefuseRevoked(ctx context.Context, method string) error {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.AuthInfo == nil {
+		return nil
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.PeerCertificates) == 0 {
+		return nil
+	}
+	if cert := ti.State.PeerCertificates[0]; c.IsRevoked(cert) {
+		return status.Errorf(codes.PermissionDenied, "%s: the certificate (serial %s) is revoked", method, SerialString(cert.SerialNumber))
+	}
+	return nil
+}
