@@ -407,3 +407,48 @@ func TestRevokedCertificateRefusedByMeta(t *testing.T) {
 		t.Fatalf("raw TLS with a revoked certificate: %v", err)
 	}
 }
+
+// TestCAStateSurvivesRestart: the CA, tokens and revocations come back
+// from the CA store after a restart, with no CA given to the node.
+func TestCAStateSurvivesRestart(t *testing.T) {
+	importCA := true
+	c := newClusterWith(t, 1, scm.Config{}, func(cfg *Config) {
+		cfg.CAKeySecret = testSealSecret
+		if importCA {
+			cfg.CA = testCA()
+		}
+	})
+	waitCA(t, c)
+	cl := c.client()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	used := newToken(t, cl, &metapb.CreateBootstrapTokenRequest{})
+	x, err := enroll.Bootstrap(ctx, c.addrs(), used, pki.RoleDatanode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Ca.RevokeCertificate(ctx, &metapb.RevokeCertificateRequest{Serial: pki.SerialString(x.Leaf().SerialNumber)}); err != nil {
+		t.Fatal(err)
+	}
+	unused := newToken(t, cl, &metapb.CreateBootstrapTokenRequest{})
+
+	importCA = false
+	c.servers[1].Close()
+	c.servers[1] = c.newServer(1)
+	c.wire()
+	if err := c.servers[1].Start(); err != nil {
+		t.Fatal(err)
+	}
+	if ca, _, err := c.servers[1].ca.state.CA(); ca == nil || err != nil || !ca.Key.Equal(testCA().Key) {
+		t.Fatalf("CA after restart: %v %v", ca != nil, err)
+	}
+	if _, err := credsClient(t, c.addrs(), x).Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{}); err == nil {
+		t.Fatal("a revoked certificate accepted after the restart")
+	}
+	if _, err := enroll.Bootstrap(ctx, c.addrs(), used, pki.RoleDatanode); err == nil || !strings.Contains(err.Error(), "already used") {
+		t.Fatalf("a used token after the restart: %v", err)
+	}
+	if _, err := enroll.Bootstrap(ctx, c.addrs(), unused, pki.RoleDatanode); err != nil {
+		t.Fatalf("an unused token after the restart: %v", err)
+	}
+}

@@ -180,6 +180,9 @@ func (t BootstrapToken) SecretMatches(hash []byte) bool {
 // ParseBootstrapToken parses the text form (the CA hash may be absent
 // when only the ID and secret travel: "bt1.<id>.<secret>").
 func ParseBootstrapToken(s string) (BootstrapToken, error) {
+	if len(s) > 256 {
+		return BootstrapToken{}, fmt.Errorf("pki: bootstrap token of %d bytes: too long", len(s))
+	}
 	parts := strings.Split(strings.TrimSpace(s), ".")
 	if (len(parts) != 4 && len(parts) != 3) || parts[0] != tokenPrefix {
 		return BootstrapToken{}, errors.New("pki: bootstrap token: want bt1.<id>.<secret>.<CA sha256>")
