@@ -98,7 +98,7 @@ node gets the same --peers list (empty for a single node).`,
 					scmCfg.StaleInterval, scmCfg.DeadInterval, scmCfg.MaxCopiesPerTarget, scmCfg.CopyTimeout)
 			}
 			adminList := splitList(admins)
-			creds, ca, err := metaCredentials(&tf, &caf, dataDir, id, len(p), &adminList)
+			creds, ca, tlsDir, err := metaCredentials(&tf, &caf, dataDir, id, len(p), &adminList)
 			if err != nil {
 				return err
 			}
@@ -108,7 +108,7 @@ node gets the same --peers list (empty for a single node).`,
 			}
 			reg := newRegistry()
 			ms, err := meta.New(meta.Config{NodeID: id, DataDir: dataDir, RaftAddr: raftAddr, GRPCAddr: grpcAddr, Peers: p, TLS: creds,
-				CA: ca, CAKeySecret: secret, CertValidity: caf.validity,
+				CA: ca, CAKeySecret: secret, CertValidity: caf.validity, CertRenewed: saveRenewed(tlsDir),
 				ServiceTokenFile: tokenFile, Admins: adminList, Namespace: namespace.Config{UploadExpiry: uploadExpiry}, SCM: scmCfg,
 				BallastBytes: ballast, Registerer: reg, Logger: serverLogger(logLevel)})
 			if err != nil {

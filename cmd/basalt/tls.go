@@ -276,23 +276,21 @@ func (f *metaCAFlags) register(cmd *cobra.Command) {
 // --ca-dir; else, for the first start of a new single-node cluster, a
 // new CA made here (its key goes only into Raft) with this node's
 // certificate and an admin client certificate written to DATA_DIR.
-func metaCredentials(tf *tlsFlags, cf *metaCAFlags, dataDir string, id uint64, peers int, admins *[]string) (*pki.Credentials, *pki.CA, error) {
+func metaCredentials(tf *tlsFlags, cf *metaCAFlags, dataDir string, id uint64, peers int, admins *[]string) (creds *pki.Credentials, ca *pki.CA, dir string, err error) {
 	if tf.insecure {
 		c, err := tf.load(nil)
-		return c, nil, err
+		return c, nil, "", err
 	}
-	var ca *pki.CA
 	if cf.caDir != "" {
-		var err error
 		if ca, err = pki.LoadCA(cf.caDir); err != nil {
-			return nil, nil, err
+			return nil, nil, "", err
 		}
 	}
-	dir := tf.dirOr(filepath.Join(dataDir, "tls"))
+	dir = tf.dirOr(filepath.Join(dataDir, "tls"))
 	self := pki.Identity{Role: pki.RoleMeta, ID: strconv.FormatUint(id, 10)}
 	if hasCert(dir) {
 		c, err := tf.load(func() string { return dir })
-		return c, ca, err
+		return c, ca, dir, err
 	}
 	if ca == nil {
 		if _, err := os.Stat(filepath.Join(dataDir, "raft")); err == nil || peers > 1 {
@@ -300,11 +298,10 @@ func metaCredentials(tf *tlsFlags, cf *metaCAFlags, dataDir string, id uint64, p
 			if err != nil && peers > 1 {
 				err = fmt.Errorf("%w (a new cluster of several meta nodes needs one CA: `basalt admin ca init --dir D`, then --ca-dir D on each node)", err)
 			}
-			return c, nil, err
+			return c, nil, dir, err
 		}
-		var err error
 		if ca, err = pki.NewCA("basalt cluster CA"); err != nil {
-			return nil, nil, err
+			return nil, nil, "", err
 		}
 		admin := "admin"
 		if len(*admins) > 0 {
@@ -314,22 +311,22 @@ func metaCredentials(tf *tlsFlags, cf *metaCAFlags, dataDir string, id uint64, p
 		}
 		ac, err := ca.Issue(pki.Identity{Role: pki.RoleClient, ID: admin}, pki.NodeValidity)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, "", err
 		}
 		adir := filepath.Join(dataDir, "admin-tls")
 		if err := ac.Save(adir); err != nil {
-			return nil, nil, err
+			return nil, nil, "", err
 		}
 		fmt.Printf("basalt meta: new cluster CA (SHA-256 %s), kept in Raft; admin %q's certificate in %s (use --tls-dir %s)\n", ca.Fingerprint(), admin, adir, adir)
 	}
 	c, err := ca.Issue(self, pki.NodeValidity)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, "", err
 	}
 	if err := c.Save(dir); err != nil {
-		return nil, nil, err
+		return nil, nil, "", err
 	}
-	return c, ca, nil
+	return c, ca, dir, nil
 }
 
 // secret reads --ca-key-secret-file (nil: none).
@@ -478,4 +475,17 @@ metadata service before it sends the token. It works once, until --ttl.`,
 	enrollCmd.Flags().StringVar(&out, "out", "", "TLS directory to write")
 	enrollCmd.Flags().StringVar(&erole, "role", "client", "the token's role: client or datanode")
 	return []*cobra.Command{token, revoke, revoked, enrollCmd}
+}
+
+// saveRenewed writes a meta node's renewed certificate to its TLS
+// directory ("" : nowhere).
+func saveRenewed(dir string) func(*pki.Credentials) {
+	return func(c *pki.Credentials) {
+		if dir == "" {
+			return
+		}
+		if err := c.Save(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "basalt meta: saving the renewed certificate:", err)
+		}
+	}
 }

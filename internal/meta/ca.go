@@ -412,3 +412,74 @@ func (c *caService) GetRevocations(ctx context.Context, _ *metapb.GetRevocations
 	serials, v := c.state.Revocations()
 	return &metapb.GetRevocationsResponse{Serials: serials, Version: v}, nil
 }
+
+// caRenewCheckInterval is how often a meta node looks at its own
+// certificate's expiry.
+var caRenewCheckInterval = 30 * time.Second
+
+// renewOwn renews this meta node's own certificate from the recorded CA
+// when less than a third of its life is left (a meta node holds the CA, so
+// it signs locally; the certificate is recorded through Raft when this
+// node can propose, so revoking the identity covers it). The new one is
+// swapped into the credentials every port uses.
+func (c *caService) renewOwn(ctx context.Context) {
+	creds := c.s.cfg.TLS
+	if creds.IsInsecure() {
+		return
+	}
+	t := time.NewTicker(caRenewCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		l := creds.Leaf()
+		if time.Until(l.NotAfter) > l.NotAfter.Sub(l.NotBefore)/3 {
+			continue
+		}
+		if err := c.renewOwnOnce(ctx, creds); err != nil && ctx.Err() == nil {
+			c.s.log.Warn("meta: renewing this node's certificate", "err", err, "not_after", l.NotAfter)
+		}
+	}
+}
+
+func (c *caService) renewOwnOnce(ctx context.Context, creds *pki.Credentials) error {
+	ca, _, err := c.state.CA()
+	if ca == nil {
+		if err == nil {
+			err = errors.New("no cluster CA recorded")
+		}
+		return err
+	}
+	keyPEM, der, err := pki.NewCSR(creds.Identity)
+	if err != nil {
+		return err
+	}
+	csr, _, _, err := pki.ParseCSR(der)
+	if err != nil {
+		return err
+	}
+	certPEM, serial, notAfter, err := ca.SignCSR(csr, creds.Identity, c.validity())
+	if err != nil {
+		return err
+	}
+	if err := creds.Swap(certPEM, keyPEM); err != nil {
+		return err
+	}
+	c.s.log.Info("meta: renewed this node's certificate", "serial", serial, "not_after", notAfter)
+	if c.group.IsLeader() {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := c.propose(pctx, &metapb.CaCommand{Op: &metapb.CaCommand_RecordIssued{RecordIssued: &metapb.CaIssuedCert{
+			Serial: serial, Identity: creds.Identity.String(), NotAfterUnixMs: notAfter.UnixMilli()}}})
+		cancel()
+		if err != nil {
+			c.s.log.Debug("meta: recording this node's renewed certificate", "err", err)
+		}
+	}
+	if c.s.cfg.CertRenewed != nil {
+		c.s.cfg.CertRenewed(creds)
+	}
+	return nil
+}

@@ -123,6 +123,9 @@ type Config struct {
 	CA           *pki.CA
 	CAKeySecret  []byte
 	CertValidity time.Duration
+	// CertRenewed, if set, is called after this node renewed its own
+	// certificate from the cluster CA (to save it where it is loaded from).
+	CertRenewed func(*pki.Credentials)
 
 	SCM       scm.Config
 	Namespace namespace.Config
@@ -400,8 +403,9 @@ func (s *Server) Start() error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.wg.Add(6)
+	s.wg.Add(7)
 	go func() { defer s.wg.Done(); s.ca.establish(ctx) }()
+	go func() { defer s.wg.Done(); s.ca.renewOwn(ctx) }()
 	go func() { defer s.wg.Done(); s.establishToken(ctx) }()
 	go func() { defer s.wg.Done(); _ = s.grpc.Serve(s.lis) }()
 	go func() { defer s.wg.Done(); s.scmMgr.Run(ctx) }()
