@@ -1,11 +1,16 @@
 package pki
 
 import (
+	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 )
 
 // TestSwapKeepsConnections: a renewed certificate swapped into credentials
@@ -160,5 +165,25 @@ func TestBootstrapTokenText(t *testing.T) {
 	}
 	if _, _, _, err := ParseCSR(make([]byte, MaxCSRBytes+1)); err == nil {
 		t.Fatal("oversized CSR accepted")
+	}
+}
+
+// BenchmarkRefuseRevoked is what the meta node adds to every RPC.
+func BenchmarkRefuseRevoked(b *testing.B) {
+	ca, _ := NewCA("bench")
+	c, _ := ca.Issue(Identity{Role: RoleMeta, ID: "1"}, time.Hour)
+	peerCreds, _ := ca.Issue(Identity{Role: RoleClient, ID: "x"}, time.Hour)
+	serials := make([]string, 1000)
+	for i := range serials {
+		serials[i] = SerialString(serial())
+	}
+	c.SetRevoked(serials)
+	ctx := peer.NewContext(context.Background(), &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{
+		PeerCertificates: []*x509.Certificate{peerCreds.Leaf()}}}})
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.RefuseRevoked(ctx, "m"); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
