@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -482,4 +483,19 @@ func (c *caService) renewOwnOnce(ctx context.Context, creds *pki.Credentials) er
 		c.s.cfg.CertRenewed(creds)
 	}
 	return nil
+}
+
+// streamAuth guards streaming RPCs (the metadata service has none today):
+// the port lets TLS clients without a certificate in for the bootstrap
+// calls only, so a stream added later must not be reachable without one.
+func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if !s.cfg.TLS.IsInsecure() {
+		if _, err := pki.RequireRole(ss.Context(), methodName(info.FullMethod), anyRole...); err != nil {
+			return err
+		}
+		if err := s.cfg.TLS.RefuseRevoked(ss.Context(), methodName(info.FullMethod)); err != nil {
+			return err
+		}
+	}
+	return handler(srv, ss)
 }

@@ -516,3 +516,24 @@ func TestBootstrapLatency(t *testing.T) {
 	slices.Sort(lat)
 	t.Logf("bootstrap (3 meta nodes, loopback): median %v, max %v over %d", lat[len(lat)/2], lat[len(lat)-1], len(lat))
 }
+
+type ctxStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s ctxStream) Context() context.Context { return s.ctx }
+
+// TestStreamsNeedACertificate: the port admits TLS clients without a
+// certificate (for the bootstrap calls); a streaming RPC, should one be
+// added, is refused to them.
+func TestStreamsNeedACertificate(t *testing.T) {
+	c := newCACluster(t, 1, nil)
+	s := c.servers[1]
+	called := false
+	err := s.streamAuth(nil, ctxStream{ctx: context.Background()}, &grpc.StreamServerInfo{FullMethod: "/basalt.meta.v1.Namespace/Future"},
+		func(any, grpc.ServerStream) error { called = true; return nil })
+	if status.Code(err) != codes.Unauthenticated || called {
+		t.Fatalf("a cert-less stream: %v (handler called: %v)", err, called)
+	}
+}

@@ -313,7 +313,7 @@ func New(cfg Config) (*Server, error) {
 	// A client certificate is optional at the TLS level only so that a new
 	// node can present a bootstrap token (ca.go); authorize refuses every
 	// other call without one.
-	s.grpc = grpc.NewServer(cfg.TLS.GRPCServerOptionCertOptional(), grpc.ChainUnaryInterceptor(guard.UnaryServerInterceptor(reg, s.log), s.intercept), grpc.ChainStreamInterceptor(guard.StreamServerInterceptor(reg, s.log)), grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes),
+	s.grpc = grpc.NewServer(cfg.TLS.GRPCServerOptionCertOptional(), grpc.ChainUnaryInterceptor(guard.UnaryServerInterceptor(reg, s.log), s.intercept), grpc.ChainStreamInterceptor(guard.StreamServerInterceptor(reg, s.log), s.streamAuth), grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes),
 		grpc.NumStreamWorkers(uint32(max(cfg.GRPCStreamWorkers, 0))))
 	metapb.RegisterNamespaceServer(s.grpc, s.nsSvc)
 	metapb.RegisterScmServer(s.grpc, &scmServer{s: s})
