@@ -265,7 +265,22 @@ func refused(format string, args ...any) error {
 	return status.Errorf(codes.PermissionDenied, "bootstrap token refused: "+format, args...)
 }
 
+// forward reports whether a call should go to the CA group's leader
+// through this node (it is not the leader, and the caller is not a meta
+// node forwarding already): a new node given one meta address need not
+// find the leader itself.
+func (c *caService) forward(ctx context.Context) bool {
+	if c.group.IsLeader() || c.s.fwd == nil {
+		return false
+	}
+	id, ok, _ := pki.CallIdentity(ctx)
+	return !ok || id.Role != pki.RoleMeta
+}
+
 func (c *caService) IssueCertificate(ctx context.Context, req *metapb.IssueCertificateRequest) (*metapb.IssueCertificateResponse, error) {
+	if c.forward(ctx) {
+		return c.s.fwd.Ca.IssueCertificate(ctx, req)
+	}
 	tok, err := pki.ParseBootstrapToken(req.GetToken())
 	if err != nil {
 		return nil, refused("%v", err)
@@ -363,6 +378,9 @@ func (c *caService) CreateBootstrapToken(ctx context.Context, req *metapb.Create
 	if ttl < 0 || ttl > caMaxTokenTTL {
 		return nil, status.Errorf(codes.InvalidArgument, "CreateBootstrapToken: ttl %v: want up to %v", ttl, caMaxTokenTTL)
 	}
+	if c.forward(ctx) {
+		return c.s.fwd.Ca.CreateBootstrapToken(ctx, req) // the caller was checked here: an admin
+	}
 	if !c.group.IsLeader() {
 		return nil, c.notLeader()
 	}
@@ -397,6 +415,9 @@ func (c *caService) RevokeCertificate(ctx context.Context, req *metapb.RevokeCer
 	}
 	if op.Serial == "" && op.Identity == "" {
 		return nil, status.Error(codes.InvalidArgument, "RevokeCertificate: give a serial or an identity")
+	}
+	if c.forward(ctx) {
+		return c.s.fwd.Ca.RevokeCertificate(ctx, op)
 	}
 	if !c.group.IsLeader() {
 		return nil, c.notLeader()

@@ -253,6 +253,20 @@ func TestBootstrapTokenRefusals(t *testing.T) {
 		t.Fatalf("the real token after forged ones: %v", err)
 	}
 
+	// One meta address is enough, leader or not: followers forward the
+	// token calls to the CA group's leader.
+	for _, a := range addrs {
+		one, err := metaclient.New(metaclient.Config{Addrs: []string{a}, CallTimeout: 20 * time.Second, DialOptions: clientDial()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer one.Close()
+		tk := newToken(t, one, &metapb.CreateBootstrapTokenRequest{})
+		if _, err := enroll.Bootstrap(ctx, []string{a}, tk, pki.RoleDatanode); err != nil {
+			t.Fatalf("bootstrap through %s alone: %v", a, err)
+		}
+	}
+
 	// A datanode token does not make a client certificate, and a client
 	// token names its client.
 	if _, err := cl.Ca.CreateBootstrapToken(ctx, &metapb.CreateBootstrapTokenRequest{Role: "client"}); status.Code(err) != codes.InvalidArgument {
