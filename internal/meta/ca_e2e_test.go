@@ -145,6 +145,15 @@ func TestDatanodeJoinsWithBootstrapToken(t *testing.T) {
 	if err := info(victim); err != nil {
 		t.Fatalf("before revocation: %v", err)
 	}
+	// A connection the victim opened before the revocation.
+	pre, err := grpc.NewClient(dn.Addr(), victim.GRPCDialOption(pki.RoleDatanode))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pre.Close()
+	if _, err := datanodepb.NewDatanodeClient(pre).Info(ctx, &datanodepb.InfoRequest{}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := admin.Ca.RevokeCertificate(ctx, &metapb.RevokeCertificateRequest{Serial: pki.SerialString(victim.Leaf().SerialNumber)}); err != nil {
 		t.Fatal(err)
 	}
@@ -154,6 +163,10 @@ func TestDatanodeJoinsWithBootstrapToken(t *testing.T) {
 	})
 	if err := info(c.ClientCredentials()); err != nil {
 		t.Fatalf("an unrevoked client after the revocation: %v", err)
+	}
+	// Calls on the connection opened before are refused too.
+	if _, err := datanodepb.NewDatanodeClient(pre).Info(ctx, &datanodepb.InfoRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a call on a connection opened before the revocation: %v", err)
 	}
 	// Its stream port refuses it at the handshake.
 	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", dn.StreamAddr(), victim.ClientTLS(pki.RoleDatanode))
