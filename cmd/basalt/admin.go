@@ -268,7 +268,7 @@ to SCM, when the SCM API carries it ("-" otherwise).`,
 	ct.AddCommand(ctList, ctInfo, containerHealthCmd(f), containerReplicasCmd(f))
 	root.AddCommand(dn, pl, ct)
 	root.AddCommand(adminS3Cmd(f))
-	root.AddCommand(adminCACmd())
+	root.AddCommand(adminCACmd(f))
 	root.AddCommand(adminCacheCmd(f))
 	return root
 }

@@ -49,7 +49,9 @@ restart. Stop it with Ctrl-C.
 Every internal port is mutual TLS: the first start makes a cluster CA and a
 certificate for every component under DATA_DIR/tls (kept across restarts),
 including DATA_DIR/tls/client-cli, which basalt sh, admin and bench find by
-themselves when run from the same directory (else --tls-dir or $` + envTLSDir + `).`,
+themselves when run from the same directory (else --tls-dir or $` + envTLSDir + `).
+The metadata service also records that CA in Raft, so ` + "`basalt admin ca token create`" + `
+makes bootstrap tokens for more datanodes (basalt datanode --bootstrap-token).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var so storage.Options
 			if zonedSpec != "" {

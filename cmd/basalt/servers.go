@@ -76,6 +76,7 @@ func metaCmd() *cobra.Command {
 	var dataDir, raftAddr, grpcAddr, peers, metricsAddr, logLevel, tokenFile, admins, groupsSpec, groupsFile string
 	var id uint64
 	var tf tlsFlags
+	var caf metaCAFlags
 	var uploadExpiry time.Duration
 	var ballast int64
 	var scmCfg scm.Config
@@ -96,7 +97,12 @@ node gets the same --peers list (empty for a single node).`,
 				return usagef("want 0 < --stale-interval (%v) < --dead-interval (%v), --replication-copies-per-datanode (%d) > 0 and --replication-copy-timeout (%v) > 0",
 					scmCfg.StaleInterval, scmCfg.DeadInterval, scmCfg.MaxCopiesPerTarget, scmCfg.CopyTimeout)
 			}
-			creds, err := tf.load(func() string { return filepath.Join(dataDir, "tls") })
+			adminList := splitList(admins)
+			creds, ca, tlsDir, err := metaCredentials(&tf, &caf, dataDir, id, len(p), &adminList)
+			if err != nil {
+				return err
+			}
+			secret, err := caf.secret()
 			if err != nil {
 				return err
 			}
@@ -115,7 +121,8 @@ node gets the same --peers list (empty for a single node).`,
 			}
 			reg := newRegistry()
 			ms, err := meta.New(meta.Config{NodeID: id, DataDir: dataDir, RaftAddr: raftAddr, GRPCAddr: grpcAddr, Peers: p, TLS: creds,
-				ServiceTokenFile: tokenFile, Admins: splitList(admins), Groups: groups, Namespace: namespace.Config{UploadExpiry: uploadExpiry}, SCM: scmCfg,
+				CA: ca, CAKeySecret: secret, CertValidity: caf.validity, CertRenewed: saveRenewed(tlsDir),
+				ServiceTokenFile: tokenFile, Admins: adminList, Groups: groups, Namespace: namespace.Config{UploadExpiry: uploadExpiry}, SCM: scmCfg,
 				BallastBytes: ballast, Registerer: reg, Logger: serverLogger(logLevel)})
 			if err != nil {
 				return err
@@ -155,6 +162,7 @@ node gets the same --peers list (empty for a single node).`,
 	cmd.Flags().Uint64Var(&scmCfg.CopyBandwidthPerTarget, "replication-bandwidth-per-datanode", 0, "bytes per second one datanode takes in container copies, shared by its copies in flight (0: no cap)")
 	cmd.Flags().DurationVar(&scmCfg.CopyTimeout, "replication-copy-timeout", 10*time.Minute, "a container copy not done by then is given up and scheduled on another datanode")
 	tf.register(cmd, false, false)
+	caf.register(cmd)
 	return cmd
 }
 
@@ -164,6 +172,7 @@ func datanodeCmd() *cobra.Command {
 	var volumeList []string
 	var ballast int64
 	var tf tlsFlags
+	var bootstrapToken string
 	cmd := &cobra.Command{
 		Use:   "datanode",
 		Short: "Run a datanode",
@@ -199,7 +208,8 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 			reg := newRegistry()
 			cfg.Registerer = reg
 			cfg.Logger = serverLogger(logLevel)
-			if cfg.TLS, err = tf.load(func() string { return filepath.Join(cfg.DataDir, "tls") }); err != nil {
+			var tlsDir string
+			if cfg.TLS, tlsDir, err = datanodeCredentials(&tf, cfg.DataDir, bootstrapToken, cfg.MetaAddrs); err != nil {
 				return err
 			}
 			dn, err := datanode.New(cfg)
@@ -214,6 +224,7 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 				return err
 			}
 			defer dn.Close()
+			defer startCertAgent(cfg.TLS, cfg.MetaAddrs, tlsDir, cfg.Logger)()
 			stop := serveMetrics(metricsAddr, reg)
 			defer stop()
 			fmt.Printf("basalt datanode: id %d, data %s, raft %s, location %s\n", dn.ID(), dn.Addr(), dn.RaftAddr(), cfg.Location)
@@ -240,6 +251,7 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 	f.DurationVar(&cfg.VolumeCheckInterval, "volume-check-interval", datanode.DefaultVolumeCheckInterval, "how often each data volume's health is checked (probe file created, written, fsynced, read back, removed); a failed check fails the volume")
 	f.DurationVar(&cfg.VolumeCheckTimeout, "volume-check-timeout", datanode.DefaultVolumeCheckTimeout, "a volume health check not done by then fails the volume (a hung disk)")
 	f.StringVar(&cacheDirs, "cache-dir", "", "cache tier directories, comma-separated: a DAX-mounted pmem file system (or tmpfs); cached blocks survive restarts (docs/CACHE.md)")
+	f.StringVar(&bootstrapToken, "bootstrap-token", "", "one-time token (`basalt admin ca token create`; or $"+envBootstrapToken+"): with no certificate in the TLS directory, get one from the cluster CA and write it there")
 	f.StringVar(&cacheBytes, "cache-bytes", "", "capacity of each cache directory (e.g. 4GiB); without --cache-dir, the size of a DRAM cache (locked memory, not persistent)")
 	tf.register(cmd, false, false)
 	return cmd

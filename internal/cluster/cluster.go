@@ -140,7 +140,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	ms, err := meta.New(meta.Config{
 		NodeID: 1, DataDir: filepath.Join(cfg.Dir, "meta"), RaftAddr: cfg.addr(1), GRPCAddr: cfg.addr(0),
-		TickInterval: cfg.TickInterval, TLS: metaCreds, Admins: append(slices.Clone(Admins), cfg.Admins...),
+		TickInterval: cfg.TickInterval, TLS: metaCreds, CA: c.CA(), Admins: append(slices.Clone(Admins), cfg.Admins...),
 		SCM: scm.Config{
 			HeartbeatInterval: cfg.HeartbeatInterval, StaleInterval: 10 * cfg.HeartbeatInterval, DeadInterval: 30 * cfg.HeartbeatInterval,
 			PipelineLimit: cfg.PipelineLimit, BlockSize: cfg.BlockSize, ContainerSize: cfg.ContainerSize,

@@ -45,7 +45,7 @@ func badDials(t *testing.T, c *Cluster) map[string]grpc.DialOption {
 		t.Fatal(err)
 	}
 	noCert := c.ClientCredentials().ClientTLS()
-	noCert.Certificates = nil
+	noCert.GetClientCertificate = nil // ClientTLS reads the current certificate at each handshake
 	return map[string]grpc.DialOption{
 		"plaintext":             grpc.WithTransportCredentials(insecure.NewCredentials()),
 		"wrong CA":              issue(t, other, pki.RoleClient, "cli").GRPCDialOption(),

@@ -123,6 +123,11 @@ var datanodeOnly = map[string]bool{
 }
 
 func (d *Datanode) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	// A certificate revoked after its connection was made (pki/enroll
+	// keeps the revoked list).
+	if err := d.cfg.TLS.RefuseRevoked(ctx, info.FullMethod); err != nil {
+		return nil, err
+	}
 	if datanodeOnly[info.FullMethod] && !d.cfg.TLS.IsInsecure() {
 		if _, err := pki.RequireRole(ctx, info.FullMethod, pki.RoleDatanode); err != nil {
 			return nil, err
@@ -132,6 +137,9 @@ func (d *Datanode) authUnary(ctx context.Context, req any, info *grpc.UnaryServe
 }
 
 func (d *Datanode) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if err := d.cfg.TLS.RefuseRevoked(ss.Context(), info.FullMethod); err != nil {
+		return err
+	}
 	if datanodeOnly[info.FullMethod] && !d.cfg.TLS.IsInsecure() {
 		if _, err := pki.RequireRole(ss.Context(), info.FullMethod, pki.RoleDatanode); err != nil {
 			return err

@@ -126,6 +126,12 @@ func (s *Server) authorize(ctx context.Context, method string, req any) (context
 	if s.cfg.TLS.IsInsecure() {
 		return ctx, nil
 	}
+	if certlessCall(ctx, method) {
+		return ctx, nil // no certificate: the handler checks a bootstrap token (ca.go)
+	}
+	if err := s.cfg.TLS.RefuseRevoked(ctx, methodName(method)); err != nil {
+		return ctx, err // revoked after this connection was made (ca.go)
+	}
 	roles, ok := methodRoles[method]
 	if !ok {
 		roles = clientsAndMeta

@@ -117,6 +117,18 @@ type Config struct {
 	// caller's role (auth.go). Required; pki.Insecure() turns
 	// authentication off (benchmarks only).
 	TLS *pki.Credentials
+	// CA, CAKeySecret, CertValidity: the cluster CA kept through Raft
+	// (ca.go). CA is recorded by the first CA group leader if the cluster
+	// has none (the operator's CA, or one made for a new cluster);
+	// CAKeySecret, if set, seals its key in the log and the store (every
+	// meta node needs the same); CertValidity is the life of certificates
+	// issued (default pki.NodeValidity).
+	CA           *pki.CA
+	CAKeySecret  []byte
+	CertValidity time.Duration
+	// CertRenewed, if set, is called after this node renewed its own
+	// certificate from the cluster CA (to save it where it is loaded from).
+	CertRenewed func(*pki.Credentials)
 
 	SCM       scm.Config
 	Namespace namespace.Config
@@ -142,6 +154,7 @@ type Server struct {
 	host     *raft.Host
 	nsGroup  *raft.Group
 	scmGroup *raft.Group
+	ca       *caService // the cluster CA (ca.go)
 
 	scmMgr *scm.Manager
 	nsSvc  *namespace.Service
@@ -254,6 +267,9 @@ func New(cfg Config) (*Server, error) {
 	if s.nsState, err = namespace.Open(filepath.Join(cfg.DataDir, "namespace"), sopts); err != nil {
 		return nil, err
 	}
+	if err := s.openCA(sopts); err != nil {
+		return nil, err
+	}
 	// The log directory's entry is durable before anything is logged in it
 	// (DataDir's own entry was synced when the stores created it).
 	if err := cfg.FS.MkdirAll(filepath.Join(cfg.DataDir, "raft"), 0o755); err != nil {
@@ -297,10 +313,14 @@ func New(cfg Config) (*Server, error) {
 	}
 	nsCfg.Tokens = s.scmMgr // block tokens signed with the local SCM replica's keys
 	s.nsSvc = namespace.NewService(nsCfg, s.nsState, &nsRaft{s: s}, &scmBlocks{s: s})
-	s.grpc = grpc.NewServer(cfg.TLS.GRPCServerOption(), grpc.ChainUnaryInterceptor(guard.UnaryServerInterceptor(reg, s.log), s.intercept), grpc.ChainStreamInterceptor(guard.StreamServerInterceptor(reg, s.log)), grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes),
+	// A client certificate is optional at the TLS level only so that a new
+	// node can present a bootstrap token (ca.go); authorize refuses every
+	// other call without one.
+	s.grpc = grpc.NewServer(cfg.TLS.GRPCServerOptionCertOptional(), grpc.ChainUnaryInterceptor(guard.UnaryServerInterceptor(reg, s.log), s.intercept), grpc.ChainStreamInterceptor(guard.StreamServerInterceptor(reg, s.log), s.streamAuth), grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes),
 		grpc.NumStreamWorkers(uint32(max(cfg.GRPCStreamWorkers, 0))))
 	metapb.RegisterNamespaceServer(s.grpc, s.nsSvc)
 	metapb.RegisterScmServer(s.grpc, &scmServer{s: s})
+	metapb.RegisterCaServer(s.grpc, s.ca)
 	ok = true
 	return s, nil
 }
@@ -366,6 +386,9 @@ func (s *Server) Start() error {
 	if s.scmGroup, err = s.host.AddGroup(raft.GroupConfig{ID: ScmGroup, Peers: voters, StateMachine: &raftSM{sm: s.scmState}}); err != nil {
 		return fmt.Errorf("meta: scm group: %w", err)
 	}
+	if err := s.ca.start(voters); err != nil {
+		return err
+	}
 	// Every member, this one too: SCM leadership can move here while a
 	// forwarded call is in flight, and the others' hints then name this
 	// node; without its address the call would wait out its deadline.
@@ -383,7 +406,9 @@ func (s *Server) Start() error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.wg.Add(5)
+	s.wg.Add(7)
+	go func() { defer s.wg.Done(); s.ca.establish(ctx) }()
+	go func() { defer s.wg.Done(); s.ca.renewOwn(ctx) }()
 	go func() { defer s.wg.Done(); s.establishToken(ctx) }()
 	go func() { defer s.wg.Done(); _ = s.grpc.Serve(s.lis) }()
 	go func() { defer s.wg.Done(); s.scmMgr.Run(ctx) }()
@@ -466,6 +491,9 @@ func (s *Server) closeParts() error {
 	}
 	if s.scmState != nil {
 		errs = append(errs, s.scmState.Close())
+	}
+	if s.ca != nil {
+		errs = append(errs, s.ca.state.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -26,12 +26,17 @@ type cluster struct {
 	n       int
 	servers map[uint64]*Server
 	scmCfg  scm.Config
+	tweak   func(*Config) // changes each server's Config (nil: none)
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func newCluster(t *testing.T, n int, scmCfg scm.Config) *cluster {
-	c := &cluster{t: t, dir: t.TempDir(), n: n, servers: map[uint64]*Server{}, scmCfg: scmCfg}
+	return newClusterWith(t, n, scmCfg, nil)
+}
+
+func newClusterWith(t *testing.T, n int, scmCfg scm.Config, tweak func(*Config)) *cluster {
+	c := &cluster{t: t, dir: t.TempDir(), n: n, servers: map[uint64]*Server{}, scmCfg: scmCfg, tweak: tweak}
 	for id := uint64(1); id <= uint64(n); id++ {
 		c.servers[id] = c.newServer(id)
 	}
@@ -57,13 +62,17 @@ func (c *cluster) newServer(id uint64) *Server {
 			peers[p] = Peer{RaftAddr: s.RaftAddr(), GRPCAddr: s.GRPCAddr()}
 		}
 	}
-	s, err := New(Config{
+	cfg := Config{
 		NodeID: id, DataDir: filepath.Join(c.dir, fmt.Sprint(id)), Peers: peers, TLS: nodeCreds(id), Admins: testAdmins, Groups: testGroups,
 		TickInterval: 20 * time.Millisecond, ElectionTicks: 10,
 		SCM:       c.scmCfg,
 		Namespace: namespace.Config{ServiceInterval: 50 * time.Millisecond},
 		Logger:    quiet,
-	})
+	}
+	if c.tweak != nil {
+		c.tweak(&cfg)
+	}
+	s, err := New(cfg)
 	if err != nil {
 		c.t.Fatal(err)
 	}

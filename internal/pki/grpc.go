@@ -74,3 +74,55 @@ func TLSState(c any) *tls.ConnectionState {
 	}
 	return nil
 }
+
+// GRPCServerOptionCertOptional is GRPCServerOption for a server where a
+// client certificate is optional at the TLS level (ServerTLSCertOptional):
+// calls without one have no identity, and RequireRole refuses them, so
+// only handlers that check another credential themselves (a bootstrap
+// token) serve such callers.
+func (c *Credentials) GRPCServerOptionCertOptional() grpc.ServerOption {
+	if c.IsInsecure() {
+		return grpc.EmptyServerOption{}
+	}
+	return grpc.Creds(credentials.NewTLS(c.ServerTLSCertOptional()))
+}
+
+// CallIdentity is the identity of a gRPC call's peer; ok is false when
+// the call came without a verified client certificate (a server made
+// with GRPCServerOptionCertOptional lets such callers in; each handler
+// then decides). err reports a certificate that is present but names no
+// valid identity.
+func CallIdentity(ctx context.Context) (id Identity, ok bool, err error) {
+	id, err = FromContext(ctx)
+	if errors.Is(err, ErrNoIdentity) {
+		return Identity{}, false, nil
+	}
+	if err != nil {
+		return Identity{}, false, err
+	}
+	return id, true, nil
+}
+
+// RefuseRevoked returns PermissionDenied if the call's peer certificate
+// is in c's revoked set: a connection opened before the revocation stays
+// open, but its calls are refused from then on.
+func (c *Credentials) RefuseRevoked(ctx context.Context, method string) error {
+	if c == nil {
+		return nil
+	}
+	if m := c.revoked.Load(); m == nil || len(*m) == 0 {
+		return nil // nothing revoked: no cost on the data path
+	}
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.AuthInfo == nil {
+		return nil
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.PeerCertificates) == 0 {
+		return nil
+	}
+	if cert := ti.State.PeerCertificates[0]; c.IsRevoked(cert) {
+		return status.Errorf(codes.PermissionDenied, "%s: the certificate (serial %s) is revoked", method, SerialString(cert.SerialNumber))
+	}
+	return nil
+}

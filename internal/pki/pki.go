@@ -38,6 +38,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -287,15 +289,28 @@ func (ca *CA) Issue(id Identity, validity time.Duration) (*Credentials, error) {
 
 // Credentials are one holder's certificate and key and the cluster CA it
 // trusts. The zero value is not usable; see Load, CA.Issue and Insecure.
+//
+// The certificate can be replaced while the credentials are in use
+// (Swap, after a renewal): every TLS configuration made from them reads
+// the current one at each handshake, so open connections stay and new
+// ones present the new certificate. Peers whose certificate serial is in
+// the revoked set (SetRevoked) are refused at every handshake, in both
+// directions.
 type Credentials struct {
 	Identity Identity
-	// NotAfter is the certificate's expiry.
+	// NotAfter is the expiry of the certificate the credentials were made
+	// with; Leaf().NotAfter is the current one's.
 	NotAfter time.Time
 
-	cert                   tls.Certificate
-	pool                   *x509.CertPool
-	caPEM, certPEM, keyPEM []byte
-	insecure               bool
+	pool     *x509.CertPool
+	caPEM    []byte
+	insecure bool
+
+	mu      sync.Mutex // certPEM, keyPEM, serializes Swap
+	certPEM []byte
+	keyPEM  []byte
+	cert    atomic.Pointer[tls.Certificate]
+	revoked atomic.Pointer[map[string]bool]
 }
 
 func newCredentials(caPEM, certPEM, keyPEM []byte) (*Credentials, error) {
@@ -303,25 +318,107 @@ func newCredentials(caPEM, certPEM, keyPEM []byte) (*Credentials, error) {
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return nil, errors.New("pki: no CA certificate in the CA file")
 	}
+	c := &Credentials{pool: pool, caPEM: caPEM}
+	cert, id, err := c.parseKeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	c.Identity, c.NotAfter, c.certPEM, c.keyPEM = id, cert.Leaf.NotAfter, certPEM, keyPEM
+	c.cert.Store(cert)
+	return c, nil
+}
+
+// parseKeyPair parses and checks a certificate and its key against the
+// credentials' CA.
+func (c *Credentials) parseKeyPair(certPEM, keyPEM []byte) (*tls.Certificate, Identity, error) {
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("pki: certificate and key: %w", err)
+		return nil, Identity{}, fmt.Errorf("pki: certificate and key: %w", err)
 	}
 	leaf := cert.Leaf
 	if leaf == nil {
 		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
-			return nil, err
+			return nil, Identity{}, err
 		}
 		cert.Leaf = leaf
 	}
 	id, err := IdentityOf(leaf)
 	if err != nil {
-		return nil, err
+		return nil, Identity{}, err
 	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-		return nil, fmt.Errorf("pki: certificate of %s does not verify against the CA file: %w", id, err)
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: c.pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		return nil, Identity{}, fmt.Errorf("pki: certificate of %s does not verify against the CA file: %w", id, err)
 	}
-	return &Credentials{Identity: id, NotAfter: leaf.NotAfter, cert: cert, pool: pool, caPEM: caPEM, certPEM: certPEM, keyPEM: keyPEM}, nil
+	return &cert, id, nil
+}
+
+// New makes credentials from PEM: the CA certificate(s) to trust, a
+// certificate and its key.
+func New(caPEM, certPEM, keyPEM []byte) (*Credentials, error) {
+	return newCredentials(caPEM, certPEM, keyPEM)
+}
+
+// Swap replaces the certificate and key (a renewed certificate): they
+// must name the same identity and verify against the same CA. New
+// handshakes use them; open connections are not touched.
+func (c *Credentials) Swap(certPEM, keyPEM []byte) error {
+	if c.IsInsecure() {
+		return errors.New("pki: insecure credentials have no certificate")
+	}
+	cert, id, err := c.parseKeyPair(certPEM, keyPEM)
+	if err != nil {
+		return err
+	}
+	if id != c.Identity {
+		return fmt.Errorf("pki: the new certificate is %s, these credentials are %s", id, c.Identity)
+	}
+	c.mu.Lock()
+	c.certPEM, c.keyPEM = certPEM, keyPEM
+	c.cert.Store(cert)
+	c.mu.Unlock()
+	return nil
+}
+
+// Leaf is the current certificate (nil for insecure credentials).
+func (c *Credentials) Leaf() *x509.Certificate {
+	if c.IsInsecure() {
+		return nil
+	}
+	return c.cert.Load().Leaf
+}
+
+// CAPEM is the trusted CA certificate(s), PEM-encoded.
+func (c *Credentials) CAPEM() []byte { return c.caPEM }
+
+// SetRevoked replaces the set of revoked certificate serials (SerialString
+// form): a peer presenting one of them is refused at the handshake.
+func (c *Credentials) SetRevoked(serials []string) {
+	m := make(map[string]bool, len(serials))
+	for _, s := range serials {
+		m[s] = true
+	}
+	c.revoked.Store(&m)
+}
+
+// IsRevoked reports whether cert's serial is in the revoked set.
+func (c *Credentials) IsRevoked(cert *x509.Certificate) bool {
+	m := c.revoked.Load()
+	return m != nil && (*m)[SerialString(cert.SerialNumber)]
+}
+
+// SerialString is a certificate serial as Basalt prints and records it:
+// lower-case hexadecimal without leading zeros.
+func SerialString(n *big.Int) string { return n.Text(16) }
+
+// ParseSerial normalizes a serial given in hexadecimal (openssl's
+// upper-case, colon-separated or 0x-prefixed forms too) to SerialString.
+func ParseSerial(s string) (string, error) {
+	t := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(strings.TrimSpace(s), "0x"), ":", ""))
+	n, ok := new(big.Int).SetString(t, 16)
+	if !ok || t == "" || len(t) > 64 || n.Sign() <= 0 {
+		return "", fmt.Errorf("pki: serial %q: want a positive hexadecimal number", s)
+	}
+	return SerialString(n), nil
 }
 
 // Load reads ca.pem, cert.pem and key.pem from a TLS directory.
@@ -360,10 +457,13 @@ func (c *Credentials) Save(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	if err := writeFile(filepath.Join(dir, KeyFile), c.keyPEM, 0o600); err != nil {
+	c.mu.Lock()
+	certPEM, keyPEM := c.certPEM, c.keyPEM
+	c.mu.Unlock()
+	if err := writeFile(filepath.Join(dir, KeyFile), keyPEM, 0o600); err != nil {
 		return err
 	}
-	if err := writeFile(filepath.Join(dir, CertFile), c.certPEM, 0o644); err != nil {
+	if err := writeFile(filepath.Join(dir, CertFile), certPEM, 0o644); err != nil {
 		return err
 	}
 	return writeFile(filepath.Join(dir, CACertFile), c.caPEM, 0o644)
@@ -407,15 +507,34 @@ func (c *Credentials) IsInsecure() bool { return c == nil || c.insecure }
 // role). TLS 1.3 only.
 func (c *Credentials) ServerTLS(roles ...Role) *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{c.cert},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    c.pool,
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return c.cert.Load(), nil },
+		ClientAuth:     tls.RequireAndVerifyClientCert,
+		ClientCAs:      c.pool,
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			_, err := checkPeer(cs, roles)
+			_, err := c.checkPeer(cs, roles)
 			return err
 		},
 	}
+}
+
+// ServerTLSCertOptional is ServerTLS for a server some of whose calls
+// need no client certificate (the metadata service's, where a new node
+// presents a bootstrap token to get its first certificate): a client
+// certificate, if given, must verify as with ServerTLS; without one the
+// connection has no identity (CallIdentity reports none) and every call
+// that needs one is refused by RequireRole.
+func (c *Credentials) ServerTLSCertOptional(roles ...Role) *tls.Config {
+	cfg := c.ServerTLS(roles...)
+	cfg.ClientAuth = tls.VerifyClientCertIfGiven
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return nil
+		}
+		_, err := c.checkPeer(cs, roles)
+		return err
+	}
+	return cfg
 }
 
 // ClientTLS is the configuration of a client that presents its
@@ -424,10 +543,20 @@ func (c *Credentials) ServerTLS(roles ...Role) *tls.Config {
 // (certificates name identities, not addresses): callers that know which
 // node they dial check its identity in the connection state.
 func (c *Credentials) ClientTLS(roles ...Role) *tls.Config {
-	pool := c.pool
+	cfg := ServerVerifyingTLS(c.pool, func(cs tls.ConnectionState) error {
+		_, err := c.checkPeer(cs, roles)
+		return err
+	})
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return c.cert.Load(), nil }
+	return cfg
+}
+
+// ServerVerifyingTLS is a client configuration that presents no
+// certificate and accepts a server whose certificate verifies against
+// pool (without a host name), then runs check (nil: none).
+func ServerVerifyingTLS(pool *x509.CertPool, check func(tls.ConnectionState) error) *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{c.cert},
+		MinVersion: tls.VersionTLS13,
 		// The chain is verified in VerifyConnection, against the cluster
 		// CA and without a host name.
 		InsecureSkipVerify: true,
@@ -446,19 +575,26 @@ func (c *Credentials) ClientTLS(roles ...Role) *tls.Config {
 				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
 				return fmt.Errorf("pki: server certificate: %w", err)
 			}
-			_, err := checkPeer(cs, roles)
-			return err
+			if check != nil {
+				return check(cs)
+			}
+			return nil
 		},
 	}
 }
 
-func checkPeer(cs tls.ConnectionState, roles []Role) (Identity, error) {
+// checkPeer checks a verified peer: one identity, a role among roles,
+// and a serial that is not revoked.
+func (c *Credentials) checkPeer(cs tls.ConnectionState, roles []Role) (Identity, error) {
 	id, err := PeerIdentity(&cs)
 	if err != nil {
 		return Identity{}, err
 	}
 	if len(roles) > 0 && !slices.Contains(roles, id.Role) {
 		return Identity{}, fmt.Errorf("pki: peer %s has role %s, want %v", id, id.Role, roles)
+	}
+	if c.IsRevoked(cs.PeerCertificates[0]) {
+		return Identity{}, fmt.Errorf("pki: the certificate of %s (serial %s) is revoked", id, SerialString(cs.PeerCertificates[0].SerialNumber))
 	}
 	return id, nil
 }

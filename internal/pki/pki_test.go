@@ -89,7 +89,7 @@ func TestMutualTLS(t *testing.T) {
 	stranger := mustIssue(t, other, RoleDatanode, "3f2a")
 
 	noCert := dn.ClientTLS()
-	noCert.Certificates = nil
+	noCert.GetClientCertificate = nil
 
 	cases := []struct {
 		name     string

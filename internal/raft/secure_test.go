@@ -160,7 +160,7 @@ func TestTransportRefusesUnauthenticated(t *testing.T) {
 		t.Fatal(err)
 	}
 	noCert := e.creds[2].ClientTLS(pki.RoleMeta)
-	noCert.Certificates = nil
+	noCert.GetClientCertificate = nil // ClientTLS reads the current certificate at each handshake
 	cases := []struct {
 		name   string
 		cfg    *tls.Config

@@ -147,7 +147,7 @@ func TestStreamRefusesUnauthenticated(t *testing.T) {
 		t.Fatal(err)
 	}
 	noCert := c.issue(t, pki.RoleClient, "app").ClientTLS(pki.RoleDatanode)
-	noCert.Certificates = nil
+	noCert.GetClientCertificate = nil // ClientTLS reads the current certificate at each handshake
 	for _, tc := range []struct {
 		name string
 		cfg  *tls.Config

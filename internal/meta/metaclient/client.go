@@ -102,6 +102,7 @@ type Client struct {
 
 	Namespace metapb.NamespaceClient
 	Scm       metapb.ScmClient
+	Ca        metapb.CaClient // the cluster CA (routed to the CA group's leader)
 }
 
 // New returns a client; connections are made lazily.
@@ -145,6 +146,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	c.Namespace = metapb.NewNamespaceClient(&router{c: c})
 	c.Scm = metapb.NewScmClient(&router{c: c})
+	c.Ca = metapb.NewCaClient(&router{c: c})
 	return c, nil
 }
 
