@@ -84,6 +84,9 @@ func (s *Server) caller(ctx context.Context, id pki.Identity) (namespace.Caller,
 	}
 	c := namespace.Caller{User: id.ID}
 	if id.IsGateway() {
+		if c, ok, err := s.gatewayTokenCaller(ctx); ok {
+			return c, err // a user token (WebHDFS delegation=) names the end user
+		}
 		md, _ := metadata.FromIncomingContext(ctx)
 		users := md.Get(metaclient.OnBehalfOfHeader)
 		if len(users) == 0 {
@@ -116,6 +119,9 @@ const maxUserBytes = 128
 func (s *Server) authorize(ctx context.Context, method string, req any) (context.Context, error) {
 	if s.cfg.TLS.IsInsecure() {
 		return ctx, nil
+	}
+	if ctx, ok, err := s.authorizeByToken(ctx, method); ok {
+		return ctx, err // no client certificate: a user token (usertoken.go)
 	}
 	roles, ok := methodRoles[method]
 	if !ok {

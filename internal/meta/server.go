@@ -117,6 +117,8 @@ type Config struct {
 
 	SCM       scm.Config
 	Namespace namespace.Config
+	// UserTokens tunes user tokens (usertoken.go).
+	UserTokens UserTokenConfig
 
 	// Registerer receives all metrics (the raft host's and the service's).
 	// Nil: a private registry, served by Handler.
@@ -139,6 +141,8 @@ type Server struct {
 	host     *raft.Host
 	nsGroup  *raft.Group
 	scmGroup *raft.Group
+	ut       *utState    // user tokens (usertoken.go)
+	utGroup  *raft.Group // UserTokenGroup
 
 	scmMgr *scm.Manager
 	nsSvc  *namespace.Service
@@ -251,6 +255,9 @@ func New(cfg Config) (*Server, error) {
 	if s.nsState, err = namespace.Open(filepath.Join(cfg.DataDir, "namespace"), sopts); err != nil {
 		return nil, err
 	}
+	if s.ut, err = openUTState(filepath.Join(cfg.DataDir, "usertoken"), sopts); err != nil {
+		return nil, err
+	}
 	// The log directory's entry is durable before anything is logged in it
 	// (DataDir's own entry was synced when the stores created it).
 	if err := cfg.FS.MkdirAll(filepath.Join(cfg.DataDir, "raft"), 0o755); err != nil {
@@ -294,10 +301,11 @@ func New(cfg Config) (*Server, error) {
 	}
 	nsCfg.Tokens = s.scmMgr // block tokens signed with the local SCM replica's keys
 	s.nsSvc = namespace.NewService(nsCfg, s.nsState, &nsRaft{s: s}, &scmBlocks{s: s})
-	s.grpc = grpc.NewServer(cfg.TLS.GRPCServerOption(), grpc.ChainUnaryInterceptor(guard.UnaryServerInterceptor(reg, s.log), s.intercept), grpc.ChainStreamInterceptor(guard.StreamServerInterceptor(reg, s.log)), grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes),
+	s.grpc = grpc.NewServer(s.grpcServerOption(), grpc.ChainUnaryInterceptor(guard.UnaryServerInterceptor(reg, s.log), s.intercept), grpc.ChainStreamInterceptor(guard.StreamServerInterceptor(reg, s.log)), grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes),
 		grpc.NumStreamWorkers(uint32(max(cfg.GRPCStreamWorkers, 0))))
 	metapb.RegisterNamespaceServer(s.grpc, s.nsSvc)
 	metapb.RegisterScmServer(s.grpc, &scmServer{s: s})
+	metapb.RegisterUserTokenServer(s.grpc, &userTokenServer{s: s})
 	ok = true
 	return s, nil
 }
@@ -363,6 +371,9 @@ func (s *Server) Start() error {
 	if s.scmGroup, err = s.host.AddGroup(raft.GroupConfig{ID: ScmGroup, Peers: voters, StateMachine: &raftSM{sm: s.scmState}}); err != nil {
 		return fmt.Errorf("meta: scm group: %w", err)
 	}
+	if s.utGroup, err = s.host.AddGroup(raft.GroupConfig{ID: UserTokenGroup, Peers: voters, StateMachine: &raftSM{sm: s.ut}}); err != nil {
+		return fmt.Errorf("meta: user-token group: %w", err)
+	}
 	// Every member, this one too: SCM leadership can move here while a
 	// forwarded call is in flight, and the others' hints then name this
 	// node; without its address the call would wait out its deadline.
@@ -380,7 +391,8 @@ func (s *Server) Start() error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.wg.Add(5)
+	s.wg.Add(6)
+	go func() { defer s.wg.Done(); s.runUserTokens(ctx) }()
 	go func() { defer s.wg.Done(); s.establishToken(ctx) }()
 	go func() { defer s.wg.Done(); _ = s.grpc.Serve(s.lis) }()
 	go func() { defer s.wg.Done(); s.scmMgr.Run(ctx) }()
@@ -463,6 +475,9 @@ func (s *Server) closeParts() error {
 	}
 	if s.scmState != nil {
 		errs = append(errs, s.scmState.Close())
+	}
+	if s.ut != nil {
+		errs = append(errs, s.ut.Close())
 	}
 	return errors.Join(errs...)
 }
