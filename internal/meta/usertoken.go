@@ -350,7 +350,7 @@ func validNonce(n string) bool {
 func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserTokenRequest) (*metapb.UserTokenResponse, error) {
 	s := u.s
 	cfg := s.cfg.UserTokens.withDefaults()
-	if _, ok := tokenCallerOf(ctx); ok {
+	if _, ok := tokenFromMD(ctx); ok {
 		return nil, status.Error(codes.PermissionDenied, "GetUserToken: a token-authenticated call gets no token (prove an S3 key or present a certificate)")
 	}
 	now := time.Now()
@@ -367,7 +367,7 @@ func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserT
 		if d := now.Sub(time.UnixMilli(req.TimestampUnixMs)); d > cfg.Skew || d < -cfg.Skew {
 			return nil, bad(fmt.Sprintf("the request's time is %v from the server's (at most %v): check the client's clock", d.Round(time.Second), cfg.Skew))
 		}
-		sec, err := s.nsState.GetS3Secret(req.AccessKeyId)
+		sec, err := s.s3Secret(ctx, req.AccessKeyId)
 		if err != nil || sec == nil {
 			return nil, bad("unknown access key or bad signature")
 		}
@@ -420,6 +420,26 @@ func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserT
 	s.log.Info("meta: user token issued", "user", user, "renewer", renewer, "seq", t.Seq, "key", key.Id, "by_access_key", req.AccessKeyId != "")
 	return &metapb.UserTokenResponse{Token: tok, User: user, Renewer: renewer, IssueUnixMs: t.IssueMs, ExpiryUnixMs: t.ExpiryMs,
 		MaxUnixMs: t.MaxMs, KeyId: key.Id, Sequence: t.Seq, Admin: admin}, nil
+}
+
+// s3Secret reads an S3 key from this node's namespace replica: after a
+// read barrier on the namespace leader (where runUserTokens moves the
+// user-token leadership), else waiting a little for a key this replica
+// has not applied yet.
+func (s *Server) s3Secret(ctx context.Context, id string) (*metapb.S3Secret, error) {
+	if s.nsGroup.IsLeader() {
+		if err := (&nsRaft{s: s}).ReadBarrier(ctx); err == nil {
+			return s.nsState.GetS3Secret(id)
+		}
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		sec, err := s.nsState.GetS3Secret(id)
+		if (err == nil && sec != nil) || time.Now().After(deadline) || ctx.Err() != nil {
+			return sec, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // callerName is who a call runs for ("" for none).
@@ -479,6 +499,10 @@ func (s *Server) runUserTokens(ctx context.Context) {
 		if s.utGroup.IsLeader() {
 			if err := s.rotateUserTokenKeys(ctx); err != nil && ctx.Err() == nil {
 				s.log.Debug("meta: rotating user-token keys", "err", err)
+			}
+			// Issuing reads S3 keys: best at the namespace leader.
+			if ns := s.nsGroup.Leader(); ns != 0 && ns != s.cfg.NodeID {
+				s.utGroup.TransferLeader(ns)
 			}
 		}
 		select {
