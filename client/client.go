@@ -364,6 +364,10 @@ func (c *Client) Scm() metapb.ScmClient { return c.scm }
 // this package offers.
 func (c *Client) Namespace() metapb.NamespaceClient { return c.ns }
 
+// UserTokens is the metadata service's user-token API (gateways issuing
+// WebHDFS delegation tokens).
+func (c *Client) UserTokens() metapb.UserTokenClient { return c.meta.UserToken }
+
 // ---------------------------------------------------------------- types
 
 // Replication is a key's or bucket's replication factor.

@@ -146,3 +146,25 @@ func readVLong(b []byte) (int64, []byte, error) {
 	}
 	return v, b[size:], nil
 }
+
+// UserTokenOwner returns the user a user token names, without checking
+// it (only the metadata service can: it verifies the token on every call
+// that carries it). For gateways that must know the user beforehand (the
+// owner of a file a WebHDFS CREATE records).
+func UserTokenOwner(tok string) (string, error) {
+	t, err := DecodeTokenURL(tok)
+	if err != nil {
+		return "", err
+	}
+	// version u8 | flags u8 | user length u8 | renewer length u8 | 5 × 8 | user | renewer
+	const fixed = 4 + 5*8
+	id := t.Identifier
+	if len(id) < fixed || id[0] != 1 || len(id) != fixed+int(id[2])+int(id[3]) || id[2] == 0 {
+		return "", fmt.Errorf("%w: not a Basalt user token", ErrBadToken)
+	}
+	u := id[fixed : fixed+int(id[2])]
+	if !utf8.Valid(u) {
+		return "", fmt.Errorf("%w: invalid user name", ErrBadToken)
+	}
+	return string(u), nil
+}
