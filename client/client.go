@@ -229,8 +229,8 @@ func (c *Config) setDefaults() error {
 	if c.AccessKey != "" && (c.SecretKey == "" || c.CACertFile == "") {
 		return fmt.Errorf("client: access key %s needs its secret key and the cluster CA certificate (CACertFile)", c.AccessKey)
 	}
-	if c.AccessKey != "" && (c.Pipeline == PipelineDefault || c.Pipeline == PipelineAuto) {
-		c.Pipeline = PipelineV1 // streams need a member certificate
+	if c.AccessKey != "" && c.Pipeline == PipelineV2 {
+		return errors.New("client: Pipeline v2 needs a client certificate (the stream port takes members' certificates only); with an access key use auto or v1")
 	}
 	switch c.Pipeline {
 	case PipelineDefault:
@@ -275,6 +275,9 @@ type Client struct {
 	log  *slog.Logger
 	// streamTLS authenticates V2 streams (nil: plaintext).
 	streamTLS *tls.Config
+	// noStreams: the client has no certificate (an access key), so it
+	// writes through V1 only.
+	noStreams bool
 	// readAhead bounds the read-ahead pieces of all this client's readers
 	// together (WriteRange; nil: no bound beyond each reader's).
 	readAhead chan struct{}
@@ -331,6 +334,7 @@ func New(cfg Config) (*Client, error) {
 		excl:      newSharedExclude(cfg.ExcludeFor),
 		readAhead: make(chan struct{}, max(maxReadAheadBytes/cfg.ChunkSize, cfg.MaxInflightChunks, 1)),
 		prober:    metaclient.NewProber(metaclient.ProberConfig{ProbeAfter: cfg.ProbeAfter, ProbeTimeout: cfg.ProbeTimeout}),
+		noStreams: cfg.AccessKey != "",
 	}
 	if cfg.Credentials != nil && !cfg.Credentials.IsInsecure() {
 		c.streamTLS = cfg.Credentials.ClientTLS(pki.RoleDatanode)

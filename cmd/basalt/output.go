@@ -145,17 +145,20 @@ func (f *connFlags) keys() (ak, sk, ca string, ok bool) {
 	if ca == "" {
 		ca = os.Getenv("BASALT_CA_CERT")
 	}
-	ak, sk = f.accessKey, f.secretKey
-	envAK, envSK := os.Getenv("BASALT_ACCESS_KEY"), os.Getenv("BASALT_SECRET_KEY")
-	if f.caCert != "" && envAK == "" {
-		envAK, envSK = client.KeysFromEnv()
+	first := func(vs ...string) string {
+		for _, v := range vs {
+			if v != "" {
+				return v
+			}
+		}
+		return ""
 	}
-	if ak == "" {
-		ak = envAK
+	awsAK, awsSK := "", ""
+	if f.caCert != "" {
+		awsAK, awsSK = os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY")
 	}
-	if sk == "" && (f.accessKey == "" || f.accessKey == envAK) {
-		sk = envSK
-	}
+	ak = first(f.accessKey, os.Getenv("BASALT_ACCESS_KEY"), awsAK)
+	sk = first(f.secretKey, os.Getenv("BASALT_SECRET_KEY"), awsSK)
 	ok = f.accessKey != "" || f.caCert != "" || (os.Getenv("BASALT_ACCESS_KEY") != "" && f.tls.dir == "")
 	return ak, sk, ca, ok
 }
