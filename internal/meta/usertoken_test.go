@@ -322,3 +322,38 @@ func TestTokenURLRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestClientRenewsToken: the Go client renews its token before it
+// expires (the first token keeps working past its first expiry) and gets
+// a new one once renewal cannot extend it (the max date); no call fails
+// meanwhile.
+func TestClientRenewsToken(t *testing.T) {
+	c := newUTCluster(t, 1, UserTokenConfig{Lifetime: 2 * time.Second, MaxLifetime: 5 * time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	waitFor(t, 20*time.Second, "leaders", func() bool { return c.nsLeader() != 0 && c.utLeader() != 0 })
+	ak := s3Key(t, c, "alice")
+	cl := c.keyClient(ak.AccessKeyId, ak.SecretAccessKey)
+	first, err := cl.Token(ctx)
+	mustOK(t, "first token", err)
+	start := time.Now()
+	renewedPastExpiry, replaced := false, false
+	for time.Since(start) < 8*time.Second {
+		_, err := cl.Namespace.ListBuckets(ctx, &metapb.ListBucketsRequest{Volume: "nope"})
+		if status.Code(err) != codes.NotFound {
+			t.Fatalf("after %v: %v, want NotFound (authenticated)", time.Since(start), err)
+		}
+		tok, err := cl.Token(ctx)
+		mustOK(t, "token", err)
+		if tok == first && time.Since(start) > 2500*time.Millisecond {
+			renewedPastExpiry = true
+		}
+		if tok != first {
+			replaced = true
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !renewedPastExpiry || !replaced {
+		t.Fatalf("renewed past the first expiry: %v; replaced after the max date: %v", renewedPastExpiry, replaced)
+	}
+}

@@ -81,6 +81,7 @@ type tokenSource struct {
 	mu                  sync.Mutex
 	tok                 *metapb.UserTokenResponse
 	renewAt, validUntil time.Time
+	maxUntil            time.Time // the token's max date: no renewal goes past it
 }
 
 // renewFraction: a token is renewed once this fraction of its validity
@@ -90,10 +91,13 @@ const renewFraction = 0.75
 func (ts *tokenSource) set(t *metapb.UserTokenResponse, expiryMs int64, now time.Time) {
 	ts.tok = t
 	ts.validUntil = time.UnixMilli(expiryMs)
+	ts.maxUntil = time.UnixMilli(t.MaxUnixMs)
 	ts.renewAt = now.Add(time.Duration(float64(ts.validUntil.Sub(now)) * renewFraction))
 }
 
 // token returns a token valid now, fetching or renewing it as needed.
+// A renewal that fails for another reason than the token (the service is
+// unavailable) keeps the token until it expires.
 func (ts *tokenSource) token(ctx context.Context) (string, error) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
@@ -101,7 +105,9 @@ func (ts *tokenSource) token(ctx context.Context) (string, error) {
 	if ts.tok != nil && now.Before(ts.renewAt) {
 		return ts.tok.Token, nil
 	}
-	if ts.tok != nil && now.Before(ts.validUntil) {
+	// Renew while that extends the token; once it cannot (the max date
+	// is its expiry), get a new one.
+	if ts.tok != nil && now.Before(ts.validUntil) && ts.validUntil.Before(ts.maxUntil) {
 		old := ts.tok.Token
 		rctx := WithUserToken(ctx, old)
 		r, err := ts.c.UserToken.RenewUserToken(rctx, &metapb.RenewUserTokenRequest{Token: old})
