@@ -18,7 +18,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
-// User tokens (docs/SECURITY.md, "User tokens"): a client without a
+// User tokens (docs/ARCHITECTURE.md, "User tokens"): a client without a
 // certificate proves an S3 key to the metadata service once
 // (GetUserToken, signed with the secret, never sending it), gets a token
 // valid for an hour, sends it with every call as gRPC metadata
