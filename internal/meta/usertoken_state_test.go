@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/store"
 )
@@ -133,4 +134,28 @@ func BenchmarkUserTokenSign(b *testing.B) {
 	for range b.N {
 		_ = signUserToken(key, t)
 	}
+}
+
+// FuzzUserTokenDecode: no input makes the token decoders panic, and what
+// decodes re-encodes to the same identifier.
+func FuzzUserTokenDecode(f *testing.F) {
+	key := &metapb.SecretKey{Id: 3, Secret: make([]byte, utSecretSize)}
+	f.Add(signUserToken(key, userToken{User: "alice", Renewer: "bob", Seq: 9, IssueMs: 1, ExpiryMs: 2, MaxMs: 3, Admin: true}))
+	f.Add("AmlkAnB3AUsBUw")
+	f.Add("j4_____________w")
+	f.Add("")
+	f.Fuzz(func(t *testing.T, s string) {
+		parts, err := metaclient.DecodeTokenURL(s)
+		if err != nil {
+			return
+		}
+		_, _ = metaclient.UserTokenOwner(s)
+		ut, err := parseUserToken(parts.Identifier)
+		if err != nil {
+			return
+		}
+		if got := ut.marshal(); string(got) != string(parts.Identifier) {
+			t.Fatalf("identifier %x re-encodes to %x", parts.Identifier, got)
+		}
+	})
 }
