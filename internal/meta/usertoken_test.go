@@ -184,11 +184,12 @@ func getToken(ctx context.Context, cl *metaclient.Client, sec *metapb.S3Secret, 
 }
 
 // TestUserTokenRefusals: a wrong secret, a skewed clock, a replayed
-// signature, a forged or altered token, an expired one and a cancelled
-// one are all refused; a cancelled token stays refused on every node and
-// after a failover, while a good token keeps working there.
+// signature, a forged or altered token and a cancelled one are all
+// refused; a cancelled token stays refused on every node and after a
+// failover, while a good token keeps working there. (Expiry:
+// TestUserTokenExpiry.)
 func TestUserTokenRefusals(t *testing.T) {
-	c := newUTCluster(t, 3, UserTokenConfig{Lifetime: 3 * time.Second, MaxLifetime: 6 * time.Second})
+	c := newUTCluster(t, 3, UserTokenConfig{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	waitFor(t, 20*time.Second, "leaders", func() bool { return c.nsLeader() != 0 && c.utLeader() != 0 })
@@ -240,22 +241,8 @@ func TestUserTokenRefusals(t *testing.T) {
 	wantUnauth(t, "a token of an unknown key", use(forged))
 	wantUnauth(t, "garbage", use("!!!"))
 
-	// Renewal: only by the renewer, extends the expiry, never past the
-	// max date; then it expires.
 	_, err = c.userClient("bob").UserToken.RenewUserToken(ctx, &metapb.RenewUserTokenRequest{Token: r.Token})
 	wantDenied(t, "bob renews alice's token", err)
-	time.Sleep(2 * time.Second)
-	rr, err := cl.UserToken.RenewUserToken(metaclient.WithUserToken(ctx, r.Token), &metapb.RenewUserTokenRequest{Token: r.Token})
-	mustOK(t, "alice renews her token", err)
-	if rr.ExpiryUnixMs <= r.ExpiryUnixMs || rr.ExpiryUnixMs > r.MaxUnixMs {
-		t.Fatalf("renewed expiry %d, want in (%d, %d]", rr.ExpiryUnixMs, r.ExpiryUnixMs, r.MaxUnixMs)
-	}
-	waitFor(t, 10*time.Second, "past the first expiry", func() bool { return time.Now().UnixMilli() > r.ExpiryUnixMs+100 })
-	mustOK(t, "the renewed token past its first expiry", use(r.Token))
-	waitFor(t, 10*time.Second, "past the renewed expiry", func() bool { return time.Now().UnixMilli() > rr.ExpiryUnixMs+100 })
-	wantUnauth(t, "an expired token", use(r.Token))
-	_, err = cl.UserToken.RenewUserToken(ctx, &metapb.RenewUserTokenRequest{Token: r.Token})
-	wantUnauth(t, "renewing an expired token", err)
 
 	// Cancellation: refused by every node, also after a failover.
 	good, err := getToken(ctx, cl, ak, ak.SecretAccessKey, time.Now())
@@ -356,4 +343,41 @@ func TestClientRenewsToken(t *testing.T) {
 	if !renewedPastExpiry || !replaced {
 		t.Fatalf("renewed past the first expiry: %v; replaced after the max date: %v", renewedPastExpiry, replaced)
 	}
+}
+
+// TestUserTokenExpiry: a token expires after its lifetime unless its
+// renewer renews it; renewal extends it, never past its max date.
+func TestUserTokenExpiry(t *testing.T) {
+	c := newUTCluster(t, 1, UserTokenConfig{Lifetime: 4 * time.Second, MaxLifetime: 5 * time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	waitFor(t, 20*time.Second, "leaders", func() bool { return c.nsLeader() != 0 && c.utLeader() != 0 })
+	ak := s3Key(t, c, "alice")
+	cl := c.keyClient("", "")
+	use := func(tok string) error {
+		_, err := cl.Namespace.ListBuckets(metaclient.WithUserToken(ctx, tok), &metapb.ListBucketsRequest{Volume: "nope"})
+		if status.Code(err) == codes.NotFound {
+			return nil
+		}
+		return err
+	}
+	r, err := getToken(ctx, cl, ak, ak.SecretAccessKey, time.Now())
+	mustOK(t, "a token", err)
+	other, err := getToken(ctx, cl, ak, ak.SecretAccessKey, time.Now())
+	mustOK(t, "another token", err)
+	time.Sleep(time.Second)
+	rr, err := cl.UserToken.RenewUserToken(metaclient.WithUserToken(ctx, r.Token), &metapb.RenewUserTokenRequest{Token: r.Token})
+	mustOK(t, "alice renews her token", err)
+	if rr.ExpiryUnixMs <= r.ExpiryUnixMs || rr.ExpiryUnixMs > r.MaxUnixMs {
+		t.Fatalf("renewed expiry %d, want in (%d, %d]", rr.ExpiryUnixMs, r.ExpiryUnixMs, r.MaxUnixMs)
+	}
+	waitFor(t, 10*time.Second, "past the first expiry", func() bool { return time.Now().UnixMilli() > other.ExpiryUnixMs+100 })
+	wantUnauth(t, "the token nobody renewed, past its expiry", use(other.Token))
+	if time.Now().UnixMilli() < rr.ExpiryUnixMs-50 {
+		mustOK(t, "the renewed token past its first expiry", use(r.Token))
+	}
+	waitFor(t, 10*time.Second, "past the renewed expiry", func() bool { return time.Now().UnixMilli() > rr.ExpiryUnixMs+100 })
+	wantUnauth(t, "the renewed token past its max date", use(r.Token))
+	_, err = cl.UserToken.RenewUserToken(ctx, &metapb.RenewUserTokenRequest{Token: r.Token})
+	wantUnauth(t, "renewing an expired token", err)
 }
