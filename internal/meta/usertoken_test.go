@@ -148,6 +148,12 @@ func TestUserTokenAuthenticates(t *testing.T) {
 	_, err = gw.Namespace.ListKeys(metaclient.WithUser(ctx, "alice", false), &metapb.ListKeysRequest{Volume: "vol", Bucket: "abkt"})
 	wantDenied(t, "a token user named gateway-* acts for alice", err)
 
+	// An admin S3 key's token is an admin's.
+	adm, err := c.userClient("test").Namespace.CreateS3Secret(ctx, &metapb.CreateS3SecretRequest{Owner: "dora", Admin: true})
+	mustOK(t, "an admin key", err)
+	_, err = c.keyClient(adm.AccessKeyId, adm.SecretAccessKey).Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "doras"})
+	mustOK(t, "dora (admin key) creates a volume", err)
+
 	// No certificate and no token: refused as before, whatever the call.
 	none := c.keyClient("", "")
 	_, err = none.Namespace.ListVolumes(ctx, &metapb.ListVolumesRequest{})
