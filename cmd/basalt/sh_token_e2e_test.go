@@ -81,6 +81,10 @@ func TestShWithS3KeysOnly(t *testing.T) {
 	if b, err := admin.Namespace().GetBucket(ctx, &metapb.GetBucketRequest{Volume: "avol", Name: "bkt1"}); err != nil || b.Owner != "alice" {
 		t.Fatalf("the bucket made with alice's key: %v, %v (want owner alice)", b, err)
 	}
+	// basalt bench takes the same flags.
+	if out := mustOK("alice", "bench", "write", "--volume", "avol", "--bucket", "bkt1", "-n", "20", "--size", "4KiB", "-t", "2"); !strings.Contains(out, "20") {
+		t.Fatalf("bench write: %s", out)
+	}
 	if _, stderr, code := run("bob", keys["bob"].SecretAccessKey, "sh", "key", "cat", "/avol/bkt1/k"); code == 0 || !strings.Contains(strings.ToLower(stderr), "denied") {
 		t.Fatalf("bob reads alice's key: exit %d: %s", code, stderr)
 	}
