@@ -142,6 +142,7 @@ type Server struct {
 	nsGroup  *raft.Group
 	scmGroup *raft.Group
 	ut       *utState    // user tokens (usertoken.go)
+	utCache  utCache     // tokens whose MAC was checked
 	utGroup  *raft.Group // UserTokenGroup
 
 	scmMgr *scm.Manager

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -180,20 +181,25 @@ func (s *Server) verifyUserToken(tok string, now time.Time) (userToken, error) {
 	refuse := func(format string, a ...any) (userToken, error) {
 		return userToken{}, status.Errorf(codes.Unauthenticated, "meta node %d: user token refused: "+format, append([]any{s.cfg.NodeID}, a...)...)
 	}
-	parts, err := metaclient.DecodeTokenURL(strings.TrimSpace(tok))
-	if err != nil {
-		return refuse("%v", err)
-	}
-	t, err := parseUserToken(parts.Identifier)
-	if err != nil {
-		return refuse("%v", err)
-	}
-	secret := s.ut.key(t.KeyID)
-	if secret == nil {
-		return refuse("key %d is unknown (retired, or the token is forged)", t.KeyID)
-	}
-	if len(parts.Password) != sha256.Size || subtle.ConstantTimeCompare(parts.Password, utMAC(secret, parts.Identifier)) != 1 {
-		return refuse("bad signature (forged or altered)")
+	t, ok := s.utCache.get(tok)
+	if !ok {
+		parts, err := metaclient.DecodeTokenURL(strings.TrimSpace(tok))
+		if err != nil {
+			return refuse("%v", err)
+		}
+		if t, err = parseUserToken(parts.Identifier); err != nil {
+			return refuse("%v", err)
+		}
+		secret := s.ut.key(t.KeyID)
+		if secret == nil {
+			return refuse("key %d is unknown (retired, or the token is forged)", t.KeyID)
+		}
+		if len(parts.Password) != sha256.Size || subtle.ConstantTimeCompare(parts.Password, utMAC(secret, parts.Identifier)) != 1 {
+			return refuse("bad signature (forged or altered)")
+		}
+		s.utCache.put(tok, t)
+	} else if s.ut.key(t.KeyID) == nil {
+		return refuse("key %d is retired", t.KeyID)
 	}
 	ms := now.UnixMilli()
 	if ms >= t.MaxMs {
@@ -207,6 +213,33 @@ func (s *Server) verifyUserToken(tok string, now time.Time) (userToken, error) {
 		return refuse("token %d of %s expired at %s", t.Seq, t.User, time.UnixMilli(exp).UTC().Format(time.RFC3339))
 	}
 	return t, nil
+}
+
+// utCache remembers the tokens whose MAC was checked (by their whole
+// string, MAC included), so a client's calls pay the HMAC once; what can
+// change (the key's retirement, expiry, renewal, cancellation) is checked
+// on every call. Bounded: it starts over when full.
+type utCache struct {
+	mu sync.RWMutex
+	m  map[string]userToken
+}
+
+const utCacheMax = 16384
+
+func (c *utCache) get(tok string) (userToken, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	t, ok := c.m[tok]
+	return t, ok
+}
+
+func (c *utCache) put(tok string, t userToken) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= utCacheMax {
+		c.m = make(map[string]userToken)
+	}
+	c.m[tok] = t
 }
 
 // ---------------------------------------------------------------- authentication
