@@ -411,8 +411,10 @@ func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserT
 		user, admin = sec.Owner, sec.Admin
 		nid := sha256.Sum256([]byte(req.AccessKeyId + "\n" + req.Nonce))
 		op.NonceId = nid[:]
-		// The nonce is kept as long as its timestamp is acceptable.
-		op.NonceUntilUnixMs = req.TimestampUnixMs + cfg.Skew.Milliseconds() + 1
+		// The nonce is kept while its timestamp is acceptable, twice
+		// over: the state's clock is the latest proposer's, which may run
+		// ahead of this node's.
+		op.NonceUntilUnixMs = req.TimestampUnixMs + 2*cfg.Skew.Milliseconds() + 1
 	} else {
 		c, ok := namespace.CallerOf(ctx)
 		if _, err := pki.FromContext(ctx); err != nil || !ok {
