@@ -365,7 +365,7 @@ func (s *Server) utPropose(ctx context.Context, cmd *metapb.UserTokenCommand) (a
 	return v, nil
 }
 
-// maxNonceBytes bounds a GetUserToken nonce (16 to 64 characters).
+// minNonceBytes and maxNonceBytes bound a GetUserToken nonce.
 const minNonceBytes, maxNonceBytes = 16, 64
 
 func validNonce(n string) bool {
