@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -137,6 +138,17 @@ type Config struct {
 	// checked to be meta nodes and datanodes of the cluster. Nil:
 	// plaintext, which the servers of a secured cluster refuse.
 	Credentials *pki.Credentials
+	// AccessKey and SecretKey authenticate a client without Credentials:
+	// it proves the S3 key to the metadata service and gets a user token
+	// (renewed before it expires) that goes with every metadata call;
+	// datanodes take its reads and writes on the block tokens the
+	// metadata service returns. CACertFile is the cluster CA (ca.pem)
+	// the servers' certificates are checked against (required with an
+	// access key). Such a client writes through V1 (the stream port
+	// takes members' certificates only). KeysFromEnv reads the keys from
+	// the environment.
+	AccessKey, SecretKey string
+	CACertFile           string
 	// ServiceToken is the cluster service token, sent to the metadata
 	// service only (never to datanodes). Only callers of the S3 secret
 	// RPCs need it: S3 gateways and admin tools.
@@ -211,6 +223,15 @@ func (c *Config) setDefaults() error {
 	if c.MaxMsgBytes < c.ChunkSize+(1<<20) {
 		return fmt.Errorf("client: MaxMsgBytes %d must exceed ChunkSize %d by at least 1 MiB", c.MaxMsgBytes, c.ChunkSize)
 	}
+	if c.AccessKey != "" && c.Credentials != nil {
+		return errors.New("client: give Credentials (a client certificate) or an access key, not both")
+	}
+	if c.AccessKey != "" && (c.SecretKey == "" || c.CACertFile == "") {
+		return fmt.Errorf("client: access key %s needs its secret key and the cluster CA certificate (CACertFile)", c.AccessKey)
+	}
+	if c.AccessKey != "" && c.Pipeline == PipelineV2 {
+		return errors.New("client: Pipeline v2 needs a client certificate (the stream port takes members' certificates only); with an access key use auto or v1")
+	}
 	switch c.Pipeline {
 	case PipelineDefault:
 		c.Pipeline = PipelineAuto
@@ -254,6 +275,9 @@ type Client struct {
 	log  *slog.Logger
 	// streamTLS authenticates V2 streams (nil: plaintext).
 	streamTLS *tls.Config
+	// noStreams: the client has no certificate (an access key), so it
+	// writes through V1 only.
+	noStreams bool
 	// readAhead bounds the read-ahead pieces of all this client's readers
 	// together (WriteRange; nil: no bound beyond each reader's).
 	readAhead chan struct{}
@@ -288,9 +312,18 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Credentials != nil {
 		metaOpts = append([]grpc.DialOption{cfg.Credentials.GRPCDialOption(pki.RoleMeta)}, cfg.DialOptions...)
 		dnOpts = append([]grpc.DialOption{cfg.Credentials.GRPCDialOption(pki.RoleDatanode)}, cfg.DialOptions...)
+	} else if cfg.AccessKey != "" {
+		mo, err := pki.LoadCAOnlyDialOption(cfg.CACertFile, pki.RoleMeta)
+		if err != nil {
+			return nil, fmt.Errorf("client: %w", err)
+		}
+		do, _ := pki.LoadCAOnlyDialOption(cfg.CACertFile, pki.RoleDatanode)
+		metaOpts = append([]grpc.DialOption{mo}, cfg.DialOptions...)
+		dnOpts = append([]grpc.DialOption{do}, cfg.DialOptions...)
 	}
 	mc, err := metaclient.New(metaclient.Config{Addrs: cfg.MetaAddrs, CallTimeout: cfg.MetaCallTimeout, DialOptions: metaOpts,
-		ServiceToken: cfg.ServiceToken, ProbeAfter: cfg.ProbeAfter, ProbeTimeout: cfg.ProbeTimeout})
+		ServiceToken: cfg.ServiceToken, ProbeAfter: cfg.ProbeAfter, ProbeTimeout: cfg.ProbeTimeout,
+		AccessKey: cfg.AccessKey, SecretKey: cfg.SecretKey})
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
@@ -301,6 +334,7 @@ func New(cfg Config) (*Client, error) {
 		excl:      newSharedExclude(cfg.ExcludeFor),
 		readAhead: make(chan struct{}, max(maxReadAheadBytes/cfg.ChunkSize, cfg.MaxInflightChunks, 1)),
 		prober:    metaclient.NewProber(metaclient.ProberConfig{ProbeAfter: cfg.ProbeAfter, ProbeTimeout: cfg.ProbeTimeout}),
+		noStreams: cfg.AccessKey != "",
 	}
 	if cfg.Credentials != nil && !cfg.Credentials.IsInsecure() {
 		c.streamTLS = cfg.Credentials.ClientTLS(pki.RoleDatanode)
@@ -333,6 +367,10 @@ func (c *Client) Scm() metapb.ScmClient { return c.scm }
 // Namespace returns the raw namespace API for tools that need more than
 // this package offers.
 func (c *Client) Namespace() metapb.NamespaceClient { return c.ns }
+
+// UserTokens is the metadata service's user-token API (gateways issuing
+// WebHDFS delegation tokens).
+func (c *Client) UserTokens() metapb.UserTokenClient { return c.meta.UserToken }
 
 // ---------------------------------------------------------------- types
 
@@ -634,6 +672,15 @@ func (c *Client) ListBuckets(ctx context.Context, volume string, o ListOptions) 
 func (c *Client) DeleteBucket(ctx context.Context, volume, name string) error {
 	_, err := c.ns.DeleteBucket(ctx, &metapb.DeleteBucketRequest{Volume: volume, Name: name})
 	return wrapErr(fmt.Sprintf("delete bucket /%s/%s", volume, name), err)
+}
+
+// KeysFromEnv returns the S3 keys in the environment: BASALT_ACCESS_KEY
+// and BASALT_SECRET_KEY, else AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
+func KeysFromEnv() (accessKey, secretKey string) {
+	if a := os.Getenv("BASALT_ACCESS_KEY"); a != "" {
+		return a, os.Getenv("BASALT_SECRET_KEY")
+	}
+	return os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY")
 }
 
 // LoadCredentials reads a TLS directory (ca.pem, cert.pem, key.pem; see

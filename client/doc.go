@@ -10,8 +10,17 @@
 // Config.Credentials, read with LoadCredentials from a TLS directory
 // (ca.pem, cert.pem, key.pem; `basalt admin ca issue --role client`, or
 // basalt dev's DATA_DIR/tls/client-cli). The client checks that it talks
-// to the cluster's meta nodes and datanodes; the servers refuse clients
-// without such a certificate.
+// to the cluster's meta nodes and datanodes.
+//
+// Or, without a certificate, an S3 key: Config.AccessKey and SecretKey
+// with Config.CACertFile (the cluster CA; KeysFromEnv reads the keys from
+// $BASALT_ACCESS_KEY/$BASALT_SECRET_KEY or the AWS variables). The client
+// proves the key to the metadata service once (a signed GetUserToken; the
+// secret never travels), sends the user token it gets with every metadata
+// call and renews it before it expires; datanodes take its reads and
+// writes on the block tokens the metadata service returns. Such a client
+// writes through V1 (the stream port needs a certificate). Without either,
+// the servers refuse the client.
 //
 // # Writes
 //

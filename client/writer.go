@@ -61,6 +61,9 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	default:
 		return KeyInfo{}, invalidf(op, "pipeline %d: want auto, v1 or v2", o.Pipeline)
 	}
+	if path == PipelineV2 && c.noStreams {
+		return KeyInfo{}, invalidf(op, "pipeline v2 needs a client certificate (streams); this client authenticates with an access key: use auto or v1")
+	}
 	auto := path == PipelineAuto
 	// small: the whole key, known before anything is written, fits in one
 	// chunk: it goes as one PutSmallFile (one call, one pipeline Raft
@@ -110,7 +113,7 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	}
 	// Auto never fails a write for want of streams: datanodes that predate
 	// V2 (no stream address) still take V1. An explicit v2 reports them.
-	if auto && path == PipelineV2 && !streamable(open.Blocks) {
+	if auto && path == PipelineV2 && (c.noStreams || !streamable(open.Blocks)) {
 		path = PipelineV1
 	}
 	blocks := &blockSource{c: c, op: op, openID: open.OpenId, spares: open.Blocks}

@@ -185,7 +185,7 @@ if [ "$S3A" = 1 ]; then
   timed "basalt sh key get $SH_FILES files" "-$SH_FILES" sh_get_dir
   same "$dir/small.sh" "$dir/small.sh.get"
   timed "webhdfs -mv of the $FILES-file dir" 0 fsh -mv "$U/cmp/small" "$U/cmp/small2"
-  timed "webhdfs RENAME of that dir (curl)" 0 curl -sf -X PUT "$H/cmp/small2?op=RENAME&destination=/bench/fsb/cmp/small3&user.name=bench"
+  timed "webhdfs RENAME of that dir (curl)" 0 curl -sf -X PUT "$H/cmp/small2?op=RENAME&destination=/bench/fsb/cmp/small3&user.name=$(id -un)"
   n=$(fsh -count "$U/cmp/small3" 2>/dev/null | awk '{print $2}')
   [ "$n" = "$FILES" ] || { echo "renamed directory $U/cmp/small3 holds $n files, want $FILES" >&2; exit 1; }
   echo "  load average: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT"
@@ -210,7 +210,7 @@ timed "basalt sh key get ${SIZE_MIB} MiB" "$bytes" "${SH[@]}" key get /bench/fsb
 cmp "$dir/big" "$dir/big.sh" && rm "$dir/big.sh"
 timed "webhdfs -put dir of $FILES files" $((FILES * FILE_BYTES)) fsh -put "$dir/small" "$U/wh/small"
 timed "webhdfs -mv of that dir (FsShell)" 0 fsh -mv "$U/wh/small" "$U/wh/small2"
-timed "webhdfs RENAME of that dir (curl)" 0 curl -sf -X PUT "$H/wh/small2?op=RENAME&destination=/bench/fsb/wh/small3&user.name=bench"
+timed "webhdfs RENAME of that dir (curl)" 0 curl -sf -X PUT "$H/wh/small2?op=RENAME&destination=/bench/fsb/wh/small3&user.name=$(id -un)"
 n=$(curl -sf "$H/wh/small3?op=GETCONTENTSUMMARY" | python3 -c "import json,sys; print(json.load(sys.stdin)['ContentSummary']['fileCount'])")
 [ "$n" = "$FILES" ] || { echo "renamed directory holds $n files, want $FILES" >&2; exit 1; }
-timed "webhdfs DELETE of that dir (curl)" 0 curl -sf -X DELETE "$H/wh/small3?op=DELETE&recursive=true&user.name=bench"
+timed "webhdfs DELETE of that dir (curl)" 0 curl -sf -X DELETE "$H/wh/small3?op=DELETE&recursive=true&user.name=$(id -un)"

@@ -396,9 +396,16 @@ func percentileMs(sorted []time.Duration, p float64) float64 {
 	return float64(sorted[min(len(sorted)-1, int(p*float64(len(sorted))))]) / 1e6
 }
 
+// ensureBucket creates what is missing; what exists is used as it is (a
+// user who is not an admin may not create a volume, even an existing one).
 func ensureBucket(ctx context.Context, c *client.Client, vol, bucket string) error {
-	if _, err := c.CreateVolume(ctx, vol, ""); err != nil && !errors.Is(err, client.ErrExists) {
-		return err
+	if _, err := c.BucketInfo(ctx, vol, bucket); err == nil {
+		return nil
+	}
+	if _, err := c.VolumeInfo(ctx, vol); err != nil {
+		if _, err := c.CreateVolume(ctx, vol, ""); err != nil && !errors.Is(err, client.ErrExists) {
+			return err
+		}
 	}
 	if _, err := c.CreateBucket(ctx, vol, bucket, client.BucketOptions{}); err != nil && !errors.Is(err, client.ErrExists) {
 		return err

@@ -209,6 +209,8 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 	fmt.Printf("  token     %s   (basalt admin s3 --service-token-file ...)\n", filepath.Join(dataDir, "meta", meta.ServiceTokenFile))
 	if d := c.ClientTLSDir(); d != "" {
 		fmt.Printf("  tls       CA and certificates in %s; CLI certificate %s (--tls-dir)\n", cluster.TLSDir(dataDir), d)
+		fmt.Printf("  by key    no certificate needed: BASALT_SECRET_KEY=%s basalt sh --access-key %s --ca-cert %s ...\n",
+			secret, keyID, filepath.Join(d, pki.CACertFile))
 	}
 	if debugAddr != "" {
 		fmt.Printf("  metrics   http://%s/metrics\n", debugAddr)

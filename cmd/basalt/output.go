@@ -87,6 +87,8 @@ type connFlags struct {
 	location string
 	json     bool
 	tls      tlsFlags
+	// S3 keys and the CA instead of a client certificate (user tokens).
+	accessKey, secretKey, caCert string
 }
 
 func (f *connFlags) register(cmd *cobra.Command) {
@@ -95,6 +97,9 @@ func (f *connFlags) register(cmd *cobra.Command) {
 	pf.StringVar(&f.location, "location", "", `this client's network location, e.g. "/dc1/rack1" (orders replicas by distance)`)
 	pf.BoolVar(&f.json, "json", false, "print JSON instead of tables")
 	f.tls.register(cmd, true, true)
+	pf.StringVar(&f.accessKey, "access-key", "", "authenticate with this S3 access key instead of a client certificate (a user token from the metadata service; default $BASALT_ACCESS_KEY, with --ca-cert also $AWS_ACCESS_KEY_ID); needs --ca-cert")
+	pf.StringVar(&f.secretKey, "secret-key", "", "the access key's secret (default $BASALT_SECRET_KEY, else $AWS_SECRET_ACCESS_KEY); prefer the environment: flags show in ps")
+	pf.StringVar(&f.caCert, "ca-cert", "", "the cluster CA certificate (ca.pem) to check the servers against when authenticating with an access key (no client certificate); default $BASALT_CA_CERT")
 	// Flag errors are usage errors too.
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		fmt.Fprintln(os.Stderr, "basalt:", err)
@@ -114,11 +119,48 @@ func (f *connFlags) config() (client.Config, error) {
 	if len(addrs) == 0 {
 		return client.Config{}, usagef("--meta: no addresses in %q", f.meta)
 	}
+	if ak, sk, ca, ok := f.keys(); ok {
+		if ak == "" || sk == "" {
+			return client.Config{}, usagef("an access key needs its secret key (--secret-key or $BASALT_SECRET_KEY)")
+		}
+		if ca == "" {
+			return client.Config{}, usagef("--access-key needs --ca-cert (the cluster CA, ca.pem; basalt dev keeps it in DATA_DIR/tls)")
+		}
+		return client.Config{MetaAddrs: addrs, Location: f.location, AccessKey: ak, SecretKey: sk, CACertFile: ca}, nil
+	}
 	creds, err := f.tls.load(nil)
 	if err != nil {
 		return client.Config{}, err
 	}
 	return client.Config{MetaAddrs: addrs, Location: f.location, Credentials: creds}, nil
+}
+
+// keys decides whether the tool authenticates with S3 keys (ok) rather
+// than a certificate: --access-key or --ca-cert given, or
+// $BASALT_ACCESS_KEY set and no --tls-dir. The AWS variables are a
+// fallback only with --ca-cert (many shells have them set for other
+// tools).
+func (f *connFlags) keys() (ak, sk, ca string, ok bool) {
+	ca = f.caCert
+	if ca == "" {
+		ca = os.Getenv("BASALT_CA_CERT")
+	}
+	first := func(vs ...string) string {
+		for _, v := range vs {
+			if v != "" {
+				return v
+			}
+		}
+		return ""
+	}
+	awsAK, awsSK := "", ""
+	if f.caCert != "" {
+		awsAK, awsSK = os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY")
+	}
+	ak = first(f.accessKey, os.Getenv("BASALT_ACCESS_KEY"), awsAK)
+	sk = first(f.secretKey, os.Getenv("BASALT_SECRET_KEY"), awsSK)
+	ok = f.accessKey != "" || f.caCert != "" || (os.Getenv("BASALT_ACCESS_KEY") != "" && f.tls.dir == "")
+	return ak, sk, ca, ok
 }
 
 func (f *connFlags) client(mod func(*client.Config)) (*client.Client, error) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
@@ -122,6 +123,26 @@ var datanodeOnly = map[string]bool{
 	datanodepb.Datanode_ApplyStatus_FullMethodName:     true,
 }
 
+// needCert are the RPCs that carry no block token: a caller without a
+// certificate may not call them (nor datanodeOnly).
+var needCert = map[string]bool{
+	datanodepb.Datanode_Info_FullMethodName: true,
+}
+
+// grpcServerOption: the gRPC port verifies a client certificate if one
+// is presented and also takes TLS connections without one (clients that
+// authenticate to the metadata service with a user token): every data
+// RPC is authorized by its block token (token.go), which only the
+// metadata service issues, so the certificate adds nothing there; the
+// RPCs without a token (needCert, datanodeOnly) still need a
+// certificate, as node-to-node streams and raft do.
+func (d *Datanode) grpcServerOption() grpc.ServerOption {
+	if d.cfg.TLS.IsInsecure() {
+		return d.cfg.TLS.GRPCServerOption()
+	}
+	return grpc.Creds(credentials.NewTLS(d.cfg.TLS.CertOptionalServerTLS()))
+}
+
 func (d *Datanode) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	// A certificate revoked after its connection was made (pki/enroll
 	// keeps the revoked list).
@@ -130,6 +151,11 @@ func (d *Datanode) authUnary(ctx context.Context, req any, info *grpc.UnaryServe
 	}
 	if datanodeOnly[info.FullMethod] && !d.cfg.TLS.IsInsecure() {
 		if _, err := pki.RequireRole(ctx, info.FullMethod, pki.RoleDatanode); err != nil {
+			return nil, err
+		}
+	}
+	if needCert[info.FullMethod] && !d.cfg.TLS.IsInsecure() {
+		if _, err := pki.RequireRole(ctx, info.FullMethod, pki.RoleClient, pki.RoleDatanode, pki.RoleMeta); err != nil {
 			return nil, err
 		}
 	}

@@ -368,7 +368,7 @@ func (d *Datanode) Start(ctx context.Context) error {
 	if err := d.restorePipelines(); err != nil {
 		return err
 	}
-	d.grpc = grpc.NewServer(d.cfg.TLS.GRPCServerOption(),
+	d.grpc = grpc.NewServer(d.grpcServerOption(),
 		grpc.ChainUnaryInterceptor(guard.UnaryServerInterceptor(d.cfg.Registerer, d.log), d.authUnary),
 		grpc.ChainStreamInterceptor(guard.StreamServerInterceptor(d.cfg.Registerer, d.log), d.authStream), grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
 		grpc.NumStreamWorkers(uint32(max(d.cfg.GRPCStreamWorkers, 0))))

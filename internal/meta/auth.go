@@ -84,6 +84,9 @@ func (s *Server) caller(ctx context.Context, id pki.Identity) (namespace.Caller,
 	}
 	c := namespace.Caller{User: id.ID}
 	if id.IsGateway() {
+		if c, ok, err := s.gatewayTokenCaller(ctx); ok {
+			return c, err // a user token (WebHDFS delegation=) names the end user
+		}
 		md, _ := metadata.FromIncomingContext(ctx)
 		users := md.Get(metaclient.OnBehalfOfHeader)
 		if a := md.Get(metaclient.AnonymousHeader); len(a) > 0 && a[0] == "true" {
@@ -128,6 +131,9 @@ func (s *Server) authorize(ctx context.Context, method string, req any) (context
 	}
 	if certlessCall(ctx, method) {
 		return ctx, nil // no certificate: the handler checks a bootstrap token (ca.go)
+	}
+	if ctx, ok, err := s.authorizeByToken(ctx, method); ok {
+		return ctx, err // no client certificate: a user token (usertoken.go)
 	}
 	if err := s.cfg.TLS.RefuseRevoked(ctx, methodName(method)); err != nil {
 		return ctx, err // revoked after this connection was made (ca.go)

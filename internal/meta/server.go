@@ -132,6 +132,8 @@ type Config struct {
 
 	SCM       scm.Config
 	Namespace namespace.Config
+	// UserTokens tunes user tokens (usertoken.go).
+	UserTokens UserTokenConfig
 
 	// Registerer receives all metrics (the raft host's and the service's).
 	// Nil: a private registry, served by Handler.
@@ -154,7 +156,10 @@ type Server struct {
 	host     *raft.Host
 	nsGroup  *raft.Group
 	scmGroup *raft.Group
-	ca       *caService // the cluster CA (ca.go)
+	ca       *caService  // the cluster CA (ca.go)
+	ut       *utState    // user tokens (usertoken.go)
+	utCache  utCache     // tokens whose MAC was checked
+	utGroup  *raft.Group // UserTokenGroup
 
 	scmMgr *scm.Manager
 	nsSvc  *namespace.Service
@@ -270,6 +275,9 @@ func New(cfg Config) (*Server, error) {
 	if err := s.openCA(sopts); err != nil {
 		return nil, err
 	}
+	if s.ut, err = openUTState(filepath.Join(cfg.DataDir, "usertoken"), sopts); err != nil {
+		return nil, err
+	}
 	// The log directory's entry is durable before anything is logged in it
 	// (DataDir's own entry was synced when the stores created it).
 	if err := cfg.FS.MkdirAll(filepath.Join(cfg.DataDir, "raft"), 0o755); err != nil {
@@ -321,6 +329,7 @@ func New(cfg Config) (*Server, error) {
 	metapb.RegisterNamespaceServer(s.grpc, s.nsSvc)
 	metapb.RegisterScmServer(s.grpc, &scmServer{s: s})
 	metapb.RegisterCaServer(s.grpc, s.ca)
+	metapb.RegisterUserTokenServer(s.grpc, &userTokenServer{s: s})
 	ok = true
 	return s, nil
 }
@@ -389,6 +398,9 @@ func (s *Server) Start() error {
 	if err := s.ca.start(voters); err != nil {
 		return err
 	}
+	if s.utGroup, err = s.host.AddGroup(raft.GroupConfig{ID: UserTokenGroup, Peers: voters, StateMachine: &raftSM{sm: s.ut}}); err != nil {
+		return fmt.Errorf("meta: user-token group: %w", err)
+	}
 	// Every member, this one too: SCM leadership can move here while a
 	// forwarded call is in flight, and the others' hints then name this
 	// node; without its address the call would wait out its deadline.
@@ -406,9 +418,10 @@ func (s *Server) Start() error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.wg.Add(7)
+	s.wg.Add(8)
 	go func() { defer s.wg.Done(); s.ca.establish(ctx) }()
 	go func() { defer s.wg.Done(); s.ca.renewOwn(ctx) }()
+	go func() { defer s.wg.Done(); s.runUserTokens(ctx) }()
 	go func() { defer s.wg.Done(); s.establishToken(ctx) }()
 	go func() { defer s.wg.Done(); _ = s.grpc.Serve(s.lis) }()
 	go func() { defer s.wg.Done(); s.scmMgr.Run(ctx) }()
@@ -494,6 +507,9 @@ func (s *Server) closeParts() error {
 	}
 	if s.ca != nil {
 		errs = append(errs, s.ca.state.Close())
+	}
+	if s.ut != nil {
+		errs = append(errs, s.ut.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -75,6 +75,11 @@ func toRemote(p fsPath, err error) *remoteError {
 	if errors.As(err, &re) {
 		return re
 	}
+	if re := delegationErr(err); re != nil {
+		// The metadata service refused the request's delegation token
+		// (token.go): Hadoop's client may fetch a new one.
+		return remote(classInvalidToken, "%s: %v", p, err)
+	}
 	switch {
 	case errors.Is(err, client.ErrNotFound):
 		return remote(classFileNotFound, "%s: %v", p, err)

@@ -261,6 +261,9 @@ type request struct {
 	op   string
 	path fsPath
 	user string
+	// delegation is the request's delegation token ("" for none): the
+	// request runs as its user (token.go).
+	delegation string
 }
 
 // param is a query parameter by name, matched without regard to case as
@@ -325,6 +328,16 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) error {
 	// auth, this gateway is trusted to assert users (see
 	// docs/ARCHITECTURE.md, Security).
 	q.ctx = metaclient.WithUser(q.ctx, q.user, false)
+	if d := q.param("delegation"); d != "" {
+		// The metadata service verifies the token on every call and acts
+		// for its user; the gateway reads the name only to record owners.
+		u, err := metaclient.UserTokenOwner(d)
+		if err != nil {
+			return remote(classInvalidToken, "delegation token: %v", err)
+		}
+		q.user, q.delegation = u, d
+		q.ctx = metaclient.WithUserToken(metaclient.WithUser(q.ctx, u, false), d)
+	}
 	h, ok := ops[r.Method+" "+q.op]
 	if !ok {
 		if _, known := knownOps[q.op]; known {
@@ -332,7 +345,13 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) error {
 		}
 		return badParam("Invalid value for webhdfs parameter \"op\": %q with method %s", q.op, r.Method)
 	}
-	return h(g, q)
+	err = h(g, q)
+	if q.delegation != "" {
+		if re := delegationErr(err); re != nil {
+			return re
+		}
+	}
+	return err
 }
 
 var ops map[string]func(*Gateway, *request) error
@@ -358,6 +377,9 @@ func init() {
 		"PUT SETTIMES":              (*Gateway).setTimes,
 		"PUT SETREPLICATION":        (*Gateway).setReplication,
 		"DELETE DELETE":             (*Gateway).delete,
+		"GET GETDELEGATIONTOKEN":    (*Gateway).getDelegationToken,
+		"PUT RENEWDELEGATIONTOKEN":  (*Gateway).renewDelegationToken,
+		"PUT CANCELDELEGATIONTOKEN": (*Gateway).cancelDelegationToken,
 		"POST APPEND":               (*Gateway).appendOp,
 		"POST CONCAT":               (*Gateway).concat,
 		"POST TRUNCATE":             (*Gateway).truncate,

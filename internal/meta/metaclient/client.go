@@ -41,6 +41,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
@@ -71,6 +72,11 @@ type Config struct {
 	// Bearer <token>": the cluster service token the S3 secret RPCs
 	// require (S3 gateways, admin tools). Other callers leave it empty.
 	ServiceToken string
+	// AccessKey and SecretKey, if set, authenticate the calls with a user
+	// token the client gets by proving the S3 key (usertoken.go): for
+	// callers without a client certificate, over TLS that checks the meta
+	// nodes' certificates (DialOptions).
+	AccessKey, SecretKey string
 }
 
 // AuthorizationHeader is the gRPC metadata key of the service token.
@@ -100,9 +106,12 @@ type Client struct {
 	leader  map[string]string    // service name → leader address
 	suspect map[string]time.Time // address → avoided until
 
+	tokens *tokenSource // nil without Config.AccessKey
+
 	Namespace metapb.NamespaceClient
 	Scm       metapb.ScmClient
 	Ca        metapb.CaClient // the cluster CA (routed to the CA group's leader)
+	UserToken metapb.UserTokenClient
 }
 
 // New returns a client; connections are made lazily.
@@ -147,6 +156,14 @@ func New(cfg Config) (*Client, error) {
 	c.Namespace = metapb.NewNamespaceClient(&router{c: c})
 	c.Scm = metapb.NewScmClient(&router{c: c})
 	c.Ca = metapb.NewCaClient(&router{c: c})
+	c.UserToken = metapb.NewUserTokenClient(&router{c: c})
+	if cfg.AccessKey != "" {
+		if cfg.SecretKey == "" {
+			c.Close()
+			return nil, fmt.Errorf("metaclient: access key %s without a secret key", cfg.AccessKey)
+		}
+		c.tokens = &tokenSource{c: c, accessKey: cfg.AccessKey, secret: cfg.SecretKey}
+	}
 	return c, nil
 }
 
@@ -196,6 +213,32 @@ func (r *router) Invoke(ctx context.Context, method string, args, reply any, opt
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.CallTimeout)
 		defer cancel()
 	}
+	ctx, tok, err := c.withToken(ctx, method)
+	if err != nil {
+		return err
+	}
+	err = r.invoke(ctx, method, args, reply, opts...)
+	if tok != "" && status.Code(err) == codes.Unauthenticated {
+		// The token expired or was cancelled under us: once more with a
+		// new one.
+		c.tokens.invalidate(tok)
+		if ctx, _, err = c.withToken(metadata.NewOutgoingContext(ctx, withoutToken(ctx)), method); err != nil {
+			return err
+		}
+		err = r.invoke(ctx, method, args, reply, opts...)
+	}
+	return err
+}
+
+func withoutToken(ctx context.Context) metadata.MD {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	md = md.Copy()
+	md.Delete(UserTokenHeader)
+	return md
+}
+
+func (r *router) invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	c := r.c
 	svc := serviceOf(method)
 	backoff := c.cfg.Backoff
 	var last error
@@ -375,6 +418,9 @@ var retrySafe = map[string]bool{
 	metapb.Namespace_ListParts_FullMethodName:            true,
 	metapb.Namespace_ListMultipartUploads_FullMethodName: true,
 	metapb.Namespace_GetS3Secret_FullMethodName:          true,
+	// A second token is harmless; a renewal repeated renews again.
+	metapb.UserToken_GetUserToken_FullMethodName:   true,
+	metapb.UserToken_RenewUserToken_FullMethodName: true,
 }
 
 // RetrySafe reports whether method (a full gRPC method name) may be sent

@@ -34,7 +34,7 @@ func WithUser(ctx context.Context, user string, admin bool) context.Context {
 }
 
 // WithoutUser returns ctx whose outgoing calls act in the caller's own
-// name (a gateway's own work, such as creating its volume).
+// name (no end user, no user token) (a gateway's own work, such as creating its volume).
 func WithoutUser(ctx context.Context) context.Context {
 	md, ok := metadata.FromOutgoingContext(ctx)
 	if !ok {
@@ -44,6 +44,7 @@ func WithoutUser(ctx context.Context) context.Context {
 	md.Delete(OnBehalfOfHeader)
 	md.Delete(OnBehalfOfAdminHeader)
 	md.Delete(AnonymousHeader)
+	md.Delete(UserTokenHeader)
 	return metadata.NewOutgoingContext(ctx, md)
 }
 

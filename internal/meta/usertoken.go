@@ -1,0 +1,586 @@
+package meta
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/meta/metaclient"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/namespace"
+	"github.com/basalt-store/basalt/internal/pki"
+	"github.com/basalt-store/basalt/internal/raft"
+)
+
+// User tokens: the S3 access keys authenticate `basalt sh`, `basalt
+// bench`, the Go client and WebHDFS delegation tokens to the metadata
+// service, without a client certificate.
+//
+// A client proves an S3 key once (GetUserToken: HMAC-SHA256 with the
+// secret over the method, access key, a timestamp within ±5 minutes and
+// a nonce; the secret never travels) and gets a token; a client
+// certificate (a gateway's: for its end user) may ask too. The token is
+//
+//	identifier: version u8 | flags u8 (1: admin) | user length u8 |
+//	            renewer length u8 | key ID u64 | sequence u64 |
+//	            issue, expiry, max date (unix ms, i64) | user | renewer
+//	password:   HMAC-SHA256(user-token key, identifier)
+//
+// in Hadoop's Token URL-string form (metaclient.EncodeTokenURL), sent as
+// gRPC metadata basalt-user-token. The keys are the user-token Raft
+// group's own (group 3; utState), generated and rotated by its leader as
+// SCM rotates the block token keys (a new key signs only after an
+// activation delay, old keys verify until every token they signed passed
+// its max date), and never the block token keys.
+//
+// Every meta node verifies a token on its own: the key must be recorded,
+// the MAC equal (constant time), the max date and the expiry (the
+// token's, or a renewal recorded through Raft) not passed, and the
+// sequence number not cancelled (recorded through Raft until the max
+// date). Issuing goes through Raft too: it assigns the sequence number
+// and records the request's nonce, so a replayed signature is refused by
+// every node.
+//
+// The gRPC port accepts TLS connections without a client certificate
+// (the client checks the server's against the cluster CA); on those,
+// only GetUserToken and calls carrying a valid token are served, and a
+// token's caller is an ordinary client user with the token's name: never
+// a gateway, never acting for anyone else. Everything else is refused
+// (Unauthenticated) as before.
+
+// UserTokenGroup is the Raft group of the user-token state.
+const UserTokenGroup uint64 = 4
+
+// UserTokenConfig tunes user tokens. Zero values take the defaults noted.
+type UserTokenConfig struct {
+	// Lifetime: a token is valid this long after it is issued or renewed
+	// (default 1h).
+	Lifetime time.Duration
+	// MaxLifetime: no renewal goes past issue + MaxLifetime (default 7
+	// days, Hadoop's dfs.namenode.delegation.token.max-lifetime).
+	MaxLifetime time.Duration
+	// Skew: a GetUserToken request's timestamp may be this far from the
+	// server's clock (default 5 minutes, as S3's).
+	Skew time.Duration
+	// KeyRotation: a new key is generated when the newest is this old
+	// (default 24h); ActivationDelay: it signs only this long after it is
+	// recorded, so every meta node holds it first (default 10s).
+	KeyRotation     time.Duration
+	ActivationDelay time.Duration
+}
+
+func (c UserTokenConfig) withDefaults() UserTokenConfig {
+	if c.Lifetime <= 0 {
+		c.Lifetime = time.Hour
+	}
+	if c.MaxLifetime <= 0 {
+		c.MaxLifetime = 7 * 24 * time.Hour
+	}
+	c.MaxLifetime = max(c.MaxLifetime, c.Lifetime)
+	if c.Skew <= 0 {
+		c.Skew = 5 * time.Minute
+	}
+	if c.KeyRotation <= 0 {
+		c.KeyRotation = 24 * time.Hour
+	}
+	if c.ActivationDelay <= 0 {
+		c.ActivationDelay = 10 * time.Second
+	}
+	return c
+}
+
+// ---------------------------------------------------------------- token
+
+const (
+	utVersion   = 1
+	utFlagAdmin = 1
+	utFixed     = 4 + 8 + 8 + 3*8
+)
+
+// userToken is a token's identifier.
+type userToken struct {
+	Admin         bool
+	User, Renewer string
+	KeyID, Seq    uint64
+	IssueMs       int64
+	ExpiryMs      int64
+	MaxMs         int64
+}
+
+func (t userToken) marshal() []byte {
+	b := make([]byte, utFixed, utFixed+len(t.User)+len(t.Renewer))
+	b[0] = utVersion
+	if t.Admin {
+		b[1] = utFlagAdmin
+	}
+	b[2], b[3] = byte(len(t.User)), byte(len(t.Renewer))
+	binary.BigEndian.PutUint64(b[4:], t.KeyID)
+	binary.BigEndian.PutUint64(b[12:], t.Seq)
+	binary.BigEndian.PutUint64(b[20:], uint64(t.IssueMs))
+	binary.BigEndian.PutUint64(b[28:], uint64(t.ExpiryMs))
+	binary.BigEndian.PutUint64(b[36:], uint64(t.MaxMs))
+	return append(append(b, t.User...), t.Renewer...)
+}
+
+func parseUserToken(b []byte) (userToken, error) {
+	if len(b) < utFixed || b[0] != utVersion || b[1]&^utFlagAdmin != 0 {
+		return userToken{}, errors.New("not a Basalt user token")
+	}
+	nu, nr := int(b[2]), int(b[3])
+	if len(b) != utFixed+nu+nr {
+		return userToken{}, errors.New("token identifier of the wrong length")
+	}
+	t := userToken{Admin: b[1]&utFlagAdmin != 0,
+		KeyID: binary.BigEndian.Uint64(b[4:]), Seq: binary.BigEndian.Uint64(b[12:]),
+		IssueMs: int64(binary.BigEndian.Uint64(b[20:])), ExpiryMs: int64(binary.BigEndian.Uint64(b[28:])), MaxMs: int64(binary.BigEndian.Uint64(b[36:])),
+		User: string(b[utFixed : utFixed+nu]), Renewer: string(b[utFixed+nu:])}
+	if !validUserName(t.User) || (t.Renewer != "" && !validUserName(t.Renewer)) {
+		return userToken{}, errors.New("token names an invalid user")
+	}
+	return t, nil
+}
+
+func validUserName(u string) bool {
+	return u != "" && len(u) <= maxUserBytes && utf8.ValidString(u) && !strings.ContainsFunc(u, unicode.IsControl)
+}
+
+func utMAC(secret, id []byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write(id)
+	return m.Sum(nil)
+}
+
+// signUserToken signs t with key and returns its URL string.
+func signUserToken(key *metapb.SecretKey, t userToken) string {
+	t.KeyID = key.Id
+	id := t.marshal()
+	return metaclient.EncodeTokenURL(metaclient.TokenParts{Identifier: id, Password: utMAC(key.Secret, id), Kind: metaclient.UserTokenKind})
+}
+
+// verifyUserToken checks a token URL string (see the top of this file)
+// and returns what it names. now is this node's clock.
+func (s *Server) verifyUserToken(tok string, now time.Time) (userToken, error) {
+	refuse := func(format string, a ...any) (userToken, error) {
+		return userToken{}, status.Errorf(codes.Unauthenticated, "meta node %d: user token refused: "+format, append([]any{s.cfg.NodeID}, a...)...)
+	}
+	t, ok := s.utCache.get(tok)
+	if !ok {
+		parts, err := metaclient.DecodeTokenURL(strings.TrimSpace(tok))
+		if err != nil {
+			return refuse("%v", err)
+		}
+		if t, err = parseUserToken(parts.Identifier); err != nil {
+			return refuse("%v", err)
+		}
+		secret := s.ut.key(t.KeyID)
+		if secret == nil {
+			return refuse("key %d is unknown (retired, or the token is forged)", t.KeyID)
+		}
+		if len(parts.Password) != sha256.Size || subtle.ConstantTimeCompare(parts.Password, utMAC(secret, parts.Identifier)) != 1 {
+			return refuse("bad signature (forged or altered)")
+		}
+		s.utCache.put(tok, t)
+	} else if s.ut.key(t.KeyID) == nil {
+		return refuse("key %d is retired", t.KeyID)
+	}
+	ms := now.UnixMilli()
+	if ms >= t.MaxMs {
+		return refuse("token %d of %s passed its max date %s", t.Seq, t.User, time.UnixMilli(t.MaxMs).UTC().Format(time.RFC3339))
+	}
+	cancelled, renewed := s.ut.status(t.Seq)
+	if cancelled {
+		return refuse("token %d of %s was cancelled", t.Seq, t.User)
+	}
+	if exp := max(t.ExpiryMs, renewed); ms >= exp {
+		return refuse("token %d of %s expired at %s", t.Seq, t.User, time.UnixMilli(exp).UTC().Format(time.RFC3339))
+	}
+	return t, nil
+}
+
+// utCache remembers the tokens whose MAC was checked (by their whole
+// string, MAC included), so a client's calls pay the HMAC once; what can
+// change (the key's retirement, expiry, renewal, cancellation) is checked
+// on every call. Bounded: it starts over when full.
+type utCache struct {
+	mu sync.RWMutex
+	m  map[string]userToken
+}
+
+const utCacheMax = 16384
+
+func (c *utCache) get(tok string) (userToken, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	t, ok := c.m[tok]
+	return t, ok
+}
+
+func (c *utCache) put(tok string, t userToken) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= utCacheMax {
+		c.m = make(map[string]userToken)
+	}
+	c.m[tok] = t
+}
+
+// ---------------------------------------------------------------- authentication
+
+// tokenCallerKey marks a call authenticated by a user token.
+type tokenCallerKey struct{}
+
+func tokenCallerOf(ctx context.Context) (userToken, bool) {
+	t, ok := ctx.Value(tokenCallerKey{}).(userToken)
+	return t, ok
+}
+
+func tokenFromMD(ctx context.Context) (string, bool) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	v := md.Get(metaclient.UserTokenHeader)
+	if len(v) == 0 {
+		return "", false
+	}
+	return v[0], true
+}
+
+// authorizeByToken authenticates a call that came without a client
+// certificate: GetUserToken (it carries its own proof) and calls with a
+// valid user token. ok is false when the call has a certificate or no
+// token: the certificate path decides (and refuses a call with neither).
+func (s *Server) authorizeByToken(ctx context.Context, method string) (_ context.Context, ok bool, _ error) {
+	if _, err := pki.FromContext(ctx); err == nil {
+		return ctx, false, nil
+	}
+	if method == metapb.UserToken_GetUserToken_FullMethodName {
+		return ctx, true, nil
+	}
+	tok, has := tokenFromMD(ctx)
+	if !has {
+		return ctx, false, nil
+	}
+	t, err := s.verifyUserToken(tok, time.Now())
+	if err != nil {
+		return ctx, true, err
+	}
+	roles, known := methodRoles[method]
+	if known && !slices.Contains(roles, pki.RoleClient) {
+		return ctx, true, status.Errorf(codes.PermissionDenied, "%s: user %q (token) may not call it (roles allowed: %v)", methodName(method), t.User, roles)
+	}
+	c := namespace.Caller{User: t.User, Admin: t.Admin || s.admins[t.User], Groups: s.cfg.Groups[t.User], Request: requestInfo(ctx, false)}
+	if adminMethods[method] && !c.Admin {
+		return ctx, true, status.Errorf(codes.PermissionDenied, "meta node %d: %s: %s is not an admin (admins: basalt meta --admins)", s.cfg.NodeID, methodName(method), c)
+	}
+	return context.WithValue(namespace.WithCaller(ctx, c), tokenCallerKey{}, t), true, nil
+}
+
+// gatewayTokenCaller is the end user of a gateway's call that carries a
+// user token (a WebHDFS request with delegation=): the token's user,
+// whatever on-behalf-of user the call names. ok is false without a token.
+func (s *Server) gatewayTokenCaller(ctx context.Context) (namespace.Caller, bool, error) {
+	tok, has := tokenFromMD(ctx)
+	if !has {
+		return namespace.Caller{}, false, nil
+	}
+	t, err := s.verifyUserToken(tok, time.Now())
+	if err != nil {
+		return namespace.Caller{}, true, err
+	}
+	return namespace.Caller{User: t.User, Admin: t.Admin || s.admins[t.User], Groups: s.cfg.Groups[t.User], Request: requestInfo(ctx, true)}, true, nil
+}
+
+// ---------------------------------------------------------------- service
+
+type userTokenServer struct {
+	metapb.UnimplementedUserTokenServer
+	s *Server
+}
+
+// utNotLeader is UNAVAILABLE with a NotLeader detail naming the
+// user-token group's leader.
+func (s *Server) utNotLeader(err error) error {
+	nl := &metapb.NotLeader{GroupId: UserTokenGroup}
+	if leader := s.utGroup.Leader(); leader != s.cfg.NodeID {
+		nl.LeaderId = leader
+		if p, ok := s.peer(leader); ok {
+			nl.LeaderAddr = p.GRPCAddr
+		}
+	}
+	msg := "not the user-token group's leader"
+	if err != nil {
+		msg = err.Error()
+	}
+	st, _ := status.New(codes.Unavailable, fmt.Sprintf("meta node %d: %s", s.cfg.NodeID, msg)).WithDetails(nl)
+	return st.Err()
+}
+
+// utPropose proposes cmd to the user-token group and returns Apply's
+// result; raft's "not the leader" errors become utNotLeader.
+func (s *Server) utPropose(ctx context.Context, cmd *metapb.UserTokenCommand) (any, error) {
+	if !s.utGroup.IsLeader() {
+		return nil, s.utNotLeader(nil)
+	}
+	b, err := proto.Marshal(cmd)
+	if err != nil {
+		return nil, err
+	}
+	v, err := propose(ctx, s, s.utGroup, b)
+	var nle *raft.NotLeaderError
+	if errors.As(err, &nle) || errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrProposalDropped) || errors.Is(err, raft.ErrStopped) {
+		return nil, s.utNotLeader(err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if e, ok := v.(error); ok {
+		return nil, e
+	}
+	return v, nil
+}
+
+// minNonceBytes and maxNonceBytes bound a GetUserToken nonce.
+const minNonceBytes, maxNonceBytes = 16, 64
+
+func validNonce(n string) bool {
+	if len(n) < minNonceBytes || len(n) > maxNonceBytes {
+		return false
+	}
+	for _, c := range n {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserTokenRequest) (*metapb.UserTokenResponse, error) {
+	s := u.s
+	cfg := s.cfg.UserTokens.withDefaults()
+	if _, ok := tokenFromMD(ctx); ok {
+		return nil, status.Error(codes.PermissionDenied, "GetUserToken: a token-authenticated call gets no token (prove an S3 key or present a certificate)")
+	}
+	now := time.Now()
+	var user string
+	var admin bool
+	op := &metapb.UserTokenIssueOp{}
+	if req.AccessKeyId != "" {
+		bad := func(why string) error {
+			return status.Errorf(codes.Unauthenticated, "meta node %d: GetUserToken with access key %q refused: %s", s.cfg.NodeID, clip(req.AccessKeyId), why)
+		}
+		if len(req.AccessKeyId) > 128 || !validNonce(req.Nonce) || len(req.Signature) != sha256.Size || len(req.Renewer) > maxUserBytes {
+			return nil, bad("malformed request (nonce of 16 to 64 characters [A-Za-z0-9_-], 32-byte signature)")
+		}
+		if d := now.Sub(time.UnixMilli(req.TimestampUnixMs)); d > cfg.Skew || d < -cfg.Skew {
+			return nil, bad(fmt.Sprintf("the request's time is %v from the server's (at most %v): check the client's clock", d.Round(time.Second), cfg.Skew))
+		}
+		sec, err := s.s3Secret(ctx, req.AccessKeyId)
+		if err != nil || sec == nil {
+			return nil, bad("unknown access key or bad signature")
+		}
+		want := metaclient.SignUserToken(sec.SecretAccessKey, req.AccessKeyId, req.TimestampUnixMs, req.Nonce, req.Renewer)
+		if !hmac.Equal(want, req.Signature) {
+			return nil, bad("unknown access key or bad signature")
+		}
+		user, admin = sec.Owner, sec.Admin
+		nid := sha256.Sum256([]byte(req.AccessKeyId + "\n" + req.Nonce))
+		op.NonceId = nid[:]
+		// The nonce is kept while its timestamp is acceptable, twice
+		// over: the state's clock is the latest proposer's, which may run
+		// ahead of this node's.
+		op.NonceUntilUnixMs = req.TimestampUnixMs + 2*cfg.Skew.Milliseconds() + 1
+	} else {
+		c, ok := namespace.CallerOf(ctx)
+		if _, err := pki.FromContext(ctx); err != nil || !ok {
+			return nil, status.Errorf(codes.Unauthenticated, "meta node %d: GetUserToken needs an S3 key proof (access key, timestamp, nonce, signature) or a client certificate", s.cfg.NodeID)
+		}
+		if c.Gateway || c.User == "" {
+			return nil, status.Errorf(codes.PermissionDenied, "meta node %d: GetUserToken: a gateway gets tokens only for an end user it names", s.cfg.NodeID)
+		}
+		user, admin = c.User, c.Admin && !s.admins[c.User]
+		if id, _ := pki.FromContext(ctx); id.Role == pki.RoleMeta {
+			return nil, status.Errorf(codes.PermissionDenied, "meta node %d: GetUserToken: meta nodes get no user tokens", s.cfg.NodeID)
+		}
+	}
+	if !validUserName(user) {
+		return nil, status.Errorf(codes.InvalidArgument, "meta node %d: GetUserToken: user %q is not a valid token user", s.cfg.NodeID, clip(user))
+	}
+	renewer := req.Renewer
+	if renewer == "" {
+		renewer = user
+	}
+	if !validUserName(renewer) {
+		return nil, status.Errorf(codes.InvalidArgument, "meta node %d: GetUserToken: renewer %q: want 1 to %d characters", s.cfg.NodeID, clip(renewer), maxUserBytes)
+	}
+	key := s.ut.signingKey(now.UnixMilli())
+	if key == nil {
+		if !s.utGroup.IsLeader() {
+			return nil, s.utNotLeader(nil)
+		}
+		return nil, status.Errorf(codes.Unavailable, "meta node %d: no user-token key is active yet (starting); retry", s.cfg.NodeID)
+	}
+	v, err := s.utPropose(ctx, &metapb.UserTokenCommand{NowUnixMs: now.UnixMilli(), Op: &metapb.UserTokenCommand_Issue{Issue: op}})
+	if err != nil {
+		return nil, err
+	}
+	t := userToken{Admin: admin, User: user, Renewer: renewer, Seq: v.(uint64), IssueMs: now.UnixMilli(),
+		ExpiryMs: now.Add(cfg.Lifetime).UnixMilli(), MaxMs: now.Add(cfg.MaxLifetime).UnixMilli()}
+	tok := signUserToken(key, t)
+	s.log.Info("meta: user token issued", "user", user, "renewer", renewer, "seq", t.Seq, "key", key.Id, "by_access_key", req.AccessKeyId != "")
+	return &metapb.UserTokenResponse{Token: tok, User: user, Renewer: renewer, IssueUnixMs: t.IssueMs, ExpiryUnixMs: t.ExpiryMs,
+		MaxUnixMs: t.MaxMs, KeyId: key.Id, Sequence: t.Seq, Admin: admin}, nil
+}
+
+// s3Secret reads an S3 key from this node's namespace replica: after a
+// read barrier on the namespace leader (where runUserTokens moves the
+// user-token leadership), else waiting a little for a key this replica
+// has not applied yet.
+func (s *Server) s3Secret(ctx context.Context, id string) (*metapb.S3Secret, error) {
+	if s.nsGroup.IsLeader() {
+		if err := (&nsRaft{s: s}).ReadBarrier(ctx); err == nil {
+			return s.nsState.GetS3Secret(id)
+		}
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		sec, err := s.nsState.GetS3Secret(id)
+		if (err == nil && sec != nil) || time.Now().After(deadline) || ctx.Err() != nil {
+			return sec, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// callerName is who a call runs for ("" for none).
+func callerName(ctx context.Context) string {
+	if c, ok := namespace.CallerOf(ctx); ok {
+		return c.User
+	}
+	return ""
+}
+
+func (u *userTokenServer) RenewUserToken(ctx context.Context, req *metapb.RenewUserTokenRequest) (*metapb.RenewUserTokenResponse, error) {
+	s := u.s
+	now := time.Now()
+	t, err := s.verifyUserToken(req.Token, now)
+	if err != nil {
+		return nil, err
+	}
+	if who := callerName(ctx); who != t.Renewer {
+		return nil, status.Errorf(codes.PermissionDenied, "meta node %d: RenewUserToken: %q may not renew token %d (its renewer is %q)", s.cfg.NodeID, clip(who), t.Seq, t.Renewer)
+	}
+	exp := min(now.Add(s.cfg.UserTokens.withDefaults().Lifetime).UnixMilli(), t.MaxMs)
+	if _, err := s.utPropose(ctx, &metapb.UserTokenCommand{NowUnixMs: now.UnixMilli(), Op: &metapb.UserTokenCommand_Renew{Renew: &metapb.UserTokenRenewOp{
+		Sequence: t.Seq, ExpiryUnixMs: exp, MaxUnixMs: t.MaxMs}}}); err != nil {
+		return nil, err
+	}
+	return &metapb.RenewUserTokenResponse{ExpiryUnixMs: exp}, nil
+}
+
+func (u *userTokenServer) CancelUserToken(ctx context.Context, req *metapb.CancelUserTokenRequest) (*metapb.CancelUserTokenResponse, error) {
+	s := u.s
+	now := time.Now()
+	t, err := s.verifyUserToken(req.Token, now)
+	if err != nil {
+		return nil, err
+	}
+	c, _ := namespace.CallerOf(ctx)
+	if c.User != t.User && c.User != t.Renewer && !c.Admin {
+		return nil, status.Errorf(codes.PermissionDenied, "meta node %d: CancelUserToken: %q may not cancel token %d of %q (its owner, its renewer or an admin may)", s.cfg.NodeID, clip(c.User), t.Seq, t.User)
+	}
+	if _, err := s.utPropose(ctx, &metapb.UserTokenCommand{NowUnixMs: now.UnixMilli(), Op: &metapb.UserTokenCommand_Cancel{Cancel: &metapb.UserTokenCancelOp{
+		Sequence: t.Seq, MaxUnixMs: t.MaxMs}}}); err != nil {
+		return nil, err
+	}
+	s.log.Info("meta: user token cancelled", "user", t.User, "seq", t.Seq, "by", c.User)
+	return &metapb.CancelUserTokenResponse{}, nil
+}
+
+// ---------------------------------------------------------------- keys
+
+// runUserTokens rotates the user-token keys while this node leads the
+// user-token group (and lets Apply drop expired records), as SCM rotates
+// the block token keys.
+func (s *Server) runUserTokens(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		if s.utGroup.IsLeader() {
+			if err := s.rotateUserTokenKeys(ctx); err != nil && ctx.Err() == nil {
+				s.log.Debug("meta: rotating user-token keys", "err", err)
+			}
+			// Issuing reads S3 keys: best at the namespace leader.
+			if ns := s.nsGroup.Leader(); ns != 0 && ns != s.cfg.NodeID {
+				s.utGroup.TransferLeader(ns)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Server) rotateUserTokenKeys(ctx context.Context) error {
+	cfg := s.cfg.UserTokens.withDefaults()
+	now := time.Now()
+	keys := s.ut.Keys()
+	op := &metapb.UserTokenKeysOp{}
+	var maxID uint64
+	var newest *metapb.SecretKey
+	for _, k := range keys {
+		maxID = max(maxID, k.Id)
+		if newest == nil || k.CreatedUnixMs > newest.CreatedUnixMs {
+			newest = k
+		}
+	}
+	if newest == nil || now.Sub(time.UnixMilli(newest.CreatedUnixMs)) >= cfg.KeyRotation {
+		secret := make([]byte, utSecretSize)
+		if _, err := rand.Read(secret); err != nil {
+			return err
+		}
+		activate := now.Add(cfg.ActivationDelay)
+		if newest == nil {
+			activate = now // the first key: nobody can be waiting for it
+		}
+		op.Add = &metapb.SecretKey{Id: maxID + 1, Secret: secret, CreatedUnixMs: now.UnixMilli(), ActivateUnixMs: activate.UnixMilli()}
+	}
+	// A key is done once a newer one has been signing for longer than a
+	// token can live (its max lifetime), plus the activation delay.
+	retire := now.Add(-cfg.MaxLifetime - cfg.ActivationDelay).UnixMilli()
+	for _, k := range keys {
+		for _, j := range keys {
+			if j.ActivateUnixMs > k.ActivateUnixMs && j.ActivateUnixMs <= retire {
+				op.Remove = append(op.Remove, k.Id)
+				break
+			}
+		}
+	}
+	if op.Add == nil && len(op.Remove) == 0 {
+		// Still advance the state's clock now and then, so expired
+		// nonces and records go.
+		return nil
+	}
+	if _, err := s.utPropose(ctx, &metapb.UserTokenCommand{NowUnixMs: now.UnixMilli(), Op: &metapb.UserTokenCommand_Keys{Keys: op}}); err != nil {
+		return fmt.Errorf("recording user-token keys: %w", err)
+	}
+	if op.Add != nil {
+		s.log.Info("meta: user-token key recorded", "key", op.Add.Id, "activates", time.UnixMilli(op.Add.ActivateUnixMs).UTC(), "dropped", op.Remove)
+	}
+	return nil
+}

@@ -1,0 +1,387 @@
+package meta
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/store"
+)
+
+// utState is the state machine of the user-token Raft group (ID 3; see
+// usertoken.go): the user-token keys, the next sequence number, the
+// nonces of recent GetUserToken requests, and the renewed and cancelled
+// tokens. Every record that expires is dropped by the first Apply whose
+// (monotonic) time is past it, so the state stays as small as the tokens
+// alive. Apply never reads a clock.
+type utState struct {
+	st *store.Store
+
+	mu        sync.RWMutex
+	keys      []*metapb.SecretKey // by ID; replaced, never changed in place
+	next      uint64              // next sequence number
+	now       int64               // the latest command time applied (unix ms)
+	nonces    map[[32]byte]int64  // nonce ID → until
+	renewed   map[uint64]*metapb.UserTokenRecord
+	cancelled map[uint64]*metapb.UserTokenRecord
+}
+
+// Row keys of the user-token store.
+var (
+	utKeyNext      = []byte("s")
+	utKeyNow       = []byte("t")
+	utPfxKey       = []byte("k/")
+	utPfxNonce     = []byte("n/")
+	utPfxRenewed   = []byte("r/")
+	utPfxCancelled = []byte("c/")
+)
+
+// Bounds on the records (Apply refuses beyond them): enough for a large
+// cluster's users, small enough to keep in memory on every meta node.
+const (
+	utMaxNonces  = 200_000
+	utMaxRecords = 1_000_000
+	utMaxKeys    = 64
+	utSecretSize = 32
+)
+
+func utRow(pfx []byte, id uint64) []byte {
+	return append(append([]byte(nil), pfx...), store.U64(id)...)
+}
+
+func openUTState(dir string, opts store.Options) (*utState, error) {
+	st, err := store.Open(dir, opts)
+	if err != nil {
+		return nil, err
+	}
+	s := &utState{st: st}
+	if err := s.load(); err != nil {
+		st.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *utState) load() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keys, s.next, s.now = nil, 1, 0
+	s.nonces = map[[32]byte]int64{}
+	s.renewed = map[uint64]*metapb.UserTokenRecord{}
+	s.cancelled = map[uint64]*metapb.UserTokenRecord{}
+	return s.st.View(func(r pebble.Reader) error {
+		for _, c := range []struct {
+			k   []byte
+			dst *uint64
+		}{{utKeyNext, &s.next}, {utKeyNow, (*uint64)(nil)}} {
+			v, closer, err := r.Get(c.k)
+			if errors.Is(err, pebble.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if len(v) != 8 {
+				closer.Close()
+				return fmt.Errorf("usertoken: row %q of %d bytes", c.k, len(v))
+			}
+			x := binary.BigEndian.Uint64(v)
+			closer.Close()
+			if c.dst != nil {
+				*c.dst = x
+			} else {
+				s.now = int64(x)
+			}
+		}
+		if err := utScan(r, utPfxKey, func(_, v []byte) error {
+			k := &metapb.SecretKey{}
+			if err := proto.Unmarshal(v, k); err != nil {
+				return err
+			}
+			s.keys = append(s.keys, k)
+			return nil
+		}); err != nil {
+			return err
+		}
+		if err := utScan(r, utPfxNonce, func(k, v []byte) error {
+			if len(k) != len(utPfxNonce)+32 || len(v) != 8 {
+				return fmt.Errorf("usertoken: bad nonce row")
+			}
+			s.nonces[[32]byte(k[len(utPfxNonce):])] = int64(binary.BigEndian.Uint64(v))
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, t := range []struct {
+			pfx []byte
+			m   map[uint64]*metapb.UserTokenRecord
+		}{{utPfxRenewed, s.renewed}, {utPfxCancelled, s.cancelled}} {
+			if err := utScan(r, t.pfx, func(k, v []byte) error {
+				rec := &metapb.UserTokenRecord{}
+				if len(k) != len(t.pfx)+8 {
+					return fmt.Errorf("usertoken: bad record row")
+				}
+				if err := proto.Unmarshal(v, rec); err != nil {
+					return err
+				}
+				t.m[binary.BigEndian.Uint64(k[len(t.pfx):])] = rec
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func utScan(r pebble.Reader, pfx []byte, f func(k, v []byte) error) error {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: pfx, UpperBound: store.PrefixEnd(pfx)})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for it.First(); it.Valid(); it.Next() {
+		if err := f(it.Key(), it.Value()); err != nil {
+			return err
+		}
+	}
+	return it.Error()
+}
+
+func (s *utState) Close() error                             { return s.st.Close() }
+func (s *utState) AppliedIndex() uint64                     { return s.st.DurableIndex() }
+func (s *utState) Snapshot() (uint64, io.ReadCloser, error) { return s.st.Snapshot() }
+
+func (s *utState) Restore(index uint64, r io.Reader) error {
+	if err := s.st.Restore(index, r); err != nil {
+		return err
+	}
+	return s.load()
+}
+
+// Apply applies entries in one batch; a result is the sequence number
+// (issue), nil, or a status error.
+func (s *utState) Apply(entries []store.Entry) []any {
+	if len(entries) == 0 {
+		return nil
+	}
+	b := s.st.NewBatch()
+	res := make([]any, len(entries))
+	s.mu.Lock()
+	for i, e := range entries {
+		if e.Cmd == nil {
+			continue
+		}
+		cmd := &metapb.UserTokenCommand{}
+		if err := proto.Unmarshal(e.Cmd, cmd); err != nil {
+			res[i] = fmt.Errorf("usertoken: entry %d: undecodable command: %w", e.Index, err)
+			continue
+		}
+		res[i] = s.apply(b, cmd)
+	}
+	s.mu.Unlock()
+	if err := s.st.Commit(b, entries[len(entries)-1].Index); err != nil {
+		panic(err) // the mirror is ahead of the disk: replay on restart
+	}
+	return res
+}
+
+func (s *utState) set(b *pebble.Batch, k []byte, v []byte) {
+	if err := b.Set(k, v, nil); err != nil {
+		panic(err)
+	}
+}
+
+func (s *utState) del(b *pebble.Batch, k []byte) {
+	if err := b.Delete(k, nil); err != nil {
+		panic(err)
+	}
+}
+
+func (s *utState) setRecord(b *pebble.Batch, k []byte, rec *metapb.UserTokenRecord) {
+	v, err := proto.Marshal(rec)
+	if err != nil {
+		panic(err)
+	}
+	s.set(b, k, v)
+}
+
+// prune advances the state's clock to now (never back: leaders' clocks
+// differ) and drops what expired by then.
+func (s *utState) prune(b *pebble.Batch, now int64) {
+	if now <= s.now {
+		return
+	}
+	s.now = now
+	s.set(b, utKeyNow, store.U64(uint64(now)))
+	for id, until := range s.nonces {
+		if until < now {
+			delete(s.nonces, id)
+			s.del(b, append(slices.Clone(utPfxNonce), id[:]...))
+		}
+	}
+	for _, t := range []struct {
+		pfx []byte
+		m   map[uint64]*metapb.UserTokenRecord
+	}{{utPfxRenewed, s.renewed}, {utPfxCancelled, s.cancelled}} {
+		for seq, rec := range t.m {
+			if rec.MaxUnixMs < now {
+				delete(t.m, seq)
+				s.del(b, utRow(t.pfx, seq))
+			}
+		}
+	}
+}
+
+func (s *utState) apply(b *pebble.Batch, cmd *metapb.UserTokenCommand) any {
+	s.prune(b, cmd.NowUnixMs)
+	switch op := cmd.Op.(type) {
+	case *metapb.UserTokenCommand_Issue:
+		if id := op.Issue.GetNonceId(); len(id) > 0 {
+			if len(id) != 32 {
+				return status.Errorf(codes.InvalidArgument, "usertoken: nonce ID of %d bytes", len(id))
+			}
+			if _, seen := s.nonces[[32]byte(id)]; seen {
+				return status.Error(codes.Unauthenticated, "usertoken: this request was seen before (a replayed signature): sign each request with a new nonce")
+			}
+			if len(s.nonces) >= utMaxNonces {
+				return status.Errorf(codes.ResourceExhausted, "usertoken: %d token requests in the last minutes; retry later", len(s.nonces))
+			}
+			s.nonces[[32]byte(id)] = op.Issue.NonceUntilUnixMs
+			s.set(b, append(slices.Clone(utPfxNonce), id...), store.U64(uint64(op.Issue.NonceUntilUnixMs)))
+		}
+		seq := s.next
+		s.next++
+		s.set(b, utKeyNext, store.U64(s.next))
+		return seq
+	case *metapb.UserTokenCommand_Renew:
+		r := op.Renew
+		if _, ok := s.cancelled[r.Sequence]; ok {
+			return status.Errorf(codes.PermissionDenied, "usertoken: token %d was cancelled", r.Sequence)
+		}
+		if len(s.renewed) >= utMaxRecords {
+			return status.Errorf(codes.ResourceExhausted, "usertoken: %d renewed tokens recorded", len(s.renewed))
+		}
+		if old := s.renewed[r.Sequence]; old != nil && old.ExpiryUnixMs >= r.ExpiryUnixMs {
+			return nil // a later renewal is recorded already
+		}
+		rec := &metapb.UserTokenRecord{ExpiryUnixMs: r.ExpiryUnixMs, MaxUnixMs: r.MaxUnixMs}
+		s.renewed[r.Sequence] = rec
+		s.setRecord(b, utRow(utPfxRenewed, r.Sequence), rec)
+		return nil
+	case *metapb.UserTokenCommand_Cancel:
+		c := op.Cancel
+		if _, ok := s.cancelled[c.Sequence]; ok {
+			return nil
+		}
+		if len(s.cancelled) >= utMaxRecords {
+			return status.Errorf(codes.ResourceExhausted, "usertoken: %d cancelled tokens recorded", len(s.cancelled))
+		}
+		rec := &metapb.UserTokenRecord{MaxUnixMs: c.MaxUnixMs}
+		s.cancelled[c.Sequence] = rec
+		s.setRecord(b, utRow(utPfxCancelled, c.Sequence), rec)
+		if _, ok := s.renewed[c.Sequence]; ok {
+			delete(s.renewed, c.Sequence)
+			s.del(b, utRow(utPfxRenewed, c.Sequence))
+		}
+		return nil
+	case *metapb.UserTokenCommand_Keys:
+		return s.applyKeys(b, op.Keys)
+	}
+	return status.Errorf(codes.InvalidArgument, "usertoken: unknown command %T", cmd.Op)
+}
+
+func (s *utState) applyKeys(b *pebble.Batch, op *metapb.UserTokenKeysOp) any {
+	keys := slices.Clone(s.keys)
+	for _, id := range op.GetRemove() {
+		keys = slices.DeleteFunc(keys, func(k *metapb.SecretKey) bool { return k.Id == id })
+	}
+	if a := op.GetAdd(); a != nil {
+		switch {
+		case a.Id == 0 || len(a.Secret) != utSecretSize:
+			return status.Errorf(codes.InvalidArgument, "usertoken: key %d with a %d-byte secret", a.Id, len(a.Secret))
+		case slices.ContainsFunc(keys, func(k *metapb.SecretKey) bool { return k.Id == a.Id }):
+			return status.Errorf(codes.AlreadyExists, "usertoken: key %d exists", a.Id)
+		case len(keys) >= utMaxKeys:
+			return status.Errorf(codes.ResourceExhausted, "usertoken: %d keys already", len(keys))
+		}
+		keys = append(keys, proto.Clone(a).(*metapb.SecretKey))
+		slices.SortFunc(keys, func(x, y *metapb.SecretKey) int { return cmpUint(x.Id, y.Id) })
+	}
+	for _, id := range op.GetRemove() {
+		s.del(b, utRow(utPfxKey, id))
+	}
+	if a := op.GetAdd(); a != nil {
+		v, err := proto.Marshal(a)
+		if err != nil {
+			panic(err)
+		}
+		s.set(b, utRow(utPfxKey, a.Id), v)
+	}
+	s.keys = keys
+	return nil
+}
+
+func cmpUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Keys returns the recorded keys, by ID (shared: do not modify).
+func (s *utState) Keys() []*metapb.SecretKey {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.keys
+}
+
+// key returns key id's secret, nil if it is not recorded.
+func (s *utState) key(id uint64) []byte {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, k := range s.keys {
+		if k.Id == id {
+			return k.Secret
+		}
+	}
+	return nil
+}
+
+// signingKey is the newest key active at now (unix ms).
+func (s *utState) signingKey(now int64) *metapb.SecretKey {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var best *metapb.SecretKey
+	for _, k := range s.keys {
+		if k.ActivateUnixMs <= now && (best == nil || k.ActivateUnixMs > best.ActivateUnixMs ||
+			(k.ActivateUnixMs == best.ActivateUnixMs && k.Id > best.Id)) {
+			best = k
+		}
+	}
+	return best
+}
+
+// status returns whether token seq is cancelled and its renewed expiry
+// (0: never renewed).
+func (s *utState) status(seq uint64) (cancelled bool, renewedUntil int64) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	_, cancelled = s.cancelled[seq]
+	if r := s.renewed[seq]; r != nil {
+		renewedUntil = r.ExpiryUnixMs
+	}
+	return cancelled, renewedUntil
+}
