@@ -94,7 +94,7 @@ pmem() {
 		echo $pfn >/sys/bus/nd/drivers/nd_pmem/bind || return 1
 		for _ in $(seq 100); do [ -e /dev/pmem0 ] && break; sleep 0.1; done
 		echo "== $pfn bound: /dev/pmem0 queue/dax=$(cat /sys/block/pmem0/queue/dax), $(cat /sys/block/pmem0/size) sectors"
-		/sbin/mkfs-ext4-host -q -F -t ext4 -b 4096 /dev/pmem0 || return 1
+		/sbin/mkfs-ext4-host -q -F -t ext4 -b 4096 -E lazy_itable_init=1,lazy_journal_init=1 /dev/pmem0 || return 1
 	fi
 	[ "$(cat /sys/block/pmem0/queue/dax)" = 1 ] || { echo "/dev/pmem0 has no DAX"; return 1; }
 	mkdir -p $P && mount -t ext4 -o dax /dev/pmem0 $P || return 1
@@ -190,9 +190,11 @@ vm_pack "$R" "$W/initrd.gz"
 
 img=$W/pmem.img
 rm -f "$img"
-truncate -s 1G "$img"
-qemu_args=(-machine pc,nvdimm=on -m 2G,slots=2,maxmem=4G
-	-object memory-backend-file,id=mem1,share=on,mem-path="$img",size=1G -device nvdimm,id=nvdimm1,memdev=mem1)
+# 16 GiB (sparse on the host): basalt dev's datanodes want room for 5 GiB
+# containers on the one file system they share.
+truncate -s 16G "$img"
+qemu_args=(-machine pc,nvdimm=on -m 2G,slots=2,maxmem=20G
+	-object memory-backend-file,id=mem1,share=on,mem-path="$img",size=16G -device nvdimm,id=nvdimm1,memdev=mem1)
 rc=0
 for phase in 1 2; do
 	log "boot $phase (TCG, timeout ${TIMEOUT}s)"

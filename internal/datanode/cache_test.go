@@ -98,7 +98,7 @@ func waitCachedLocal(t *testing.T, bc *blockCache, n int) {
 // allows.
 func TestCacheTierPersistent(t *testing.T) {
 	dir := t.TempDir()
-	st, err := storage.Open(storage.Options{Volumes: []string{filepath.Join(dir, "data")}})
+	st, err := storage.Open(storage.Options{Volumes: []string{filepath.Join(dir, "data")}, ContainerSize: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
