@@ -3,8 +3,11 @@ package datanode
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -233,4 +236,80 @@ func TestCacheTierPersistent(t *testing.T) {
 	if bc.copied.Load() != 2 {
 		t.Fatalf("re-cached %d blocks, want 2", bc.copied.Load())
 	}
+}
+
+// TestCacheRecoveryTime measures start-up recovery of a large cache
+// directory (docs/BENCHMARKS.md, "Cache"): how long openCache takes to
+// find, check and map BASALT_CACHE_RECOVERY_MB of cached 32 MiB blocks
+// (written directly as cache files), how long the first read of a block
+// then takes, and how long the background verification of all of them
+// takes. Off by default:
+//
+//	BASALT_CACHE_RECOVERY_MB=4096 BASALT_CACHE_DIR=/dev/shm \
+//	  go test -count=1 -v -run TestCacheRecoveryTime ./internal/datanode/
+func TestCacheRecoveryTime(t *testing.T) {
+	mb, _ := strconv.Atoi(os.Getenv("BASALT_CACHE_RECOVERY_MB"))
+	if mb <= 0 {
+		t.Skip("set BASALT_CACHE_RECOVERY_MB to run")
+	}
+	const blockSize, chunk = 32 << 20, 1 << 20
+	n := mb / 32
+	cdir := cacheTestDir(t)
+	data := make([]byte, blockSize)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range data {
+		data[i] = byte(r.Uint32())
+	}
+	bd := storage.BlockData{Length: blockSize}
+	for off := 0; off < blockSize; off += chunk {
+		bd.Chunks = append(bd.Chunks, storage.ChunkInfo{Offset: int64(off), Length: chunk, Checksum: storage.DefaultChecksum.Compute(data[off : off+chunk])})
+	}
+	bc := &blockCache{dirs: []*cacheDir{{path: cdir}}}
+	for i := range n {
+		k := cacheKey{uint64(1 + i/16), uint64(1 + i%16)}
+		base := bc.blockPath(0, k)
+		if err := os.MkdirAll(filepath.Dir(base), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(base+".blk", data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		b := bd
+		b.LocalID = storage.LocalID(k.l)
+		rec := cacheRecord{Container: k.c, Block: b}
+		rec.CRC = rec.sum()
+		js, _ := json.Marshal(rec)
+		if err := os.WriteFile(base+".rec", js, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	began := time.Now()
+	bc, err := openCache([]string{cdir}, int64(n)*blockSize, nil, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bc.close()
+	opened := time.Since(began)
+	e := bc.get(1, 1)
+	if e == nil {
+		t.Fatal("block 1/1 not recovered")
+	}
+	buf := make([]byte, 1<<20)
+	ok := e.verified.Load() || verifyMapped(e.bd, e.data, 0, int64(len(buf)))
+	copy(buf, e.data)
+	e.mu.RUnlock()
+	first := time.Since(began)
+	if !ok || !bytes.Equal(buf, data[:len(buf)]) {
+		t.Fatal("the first read of a recovered block is wrong")
+	}
+	for _, e := range bc.entries {
+		for !e.verified.Load() {
+			if time.Since(began) > 10*time.Minute {
+				t.Fatal("background verification not done in 10 minutes")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	t.Logf("%d MiB (%d blocks of 32 MiB): recovered in %v, first 1 MiB read (verified) at %v, every block verified at %v",
+		n*32, bc.recovered.Load(), opened.Round(time.Millisecond), first.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
 }
