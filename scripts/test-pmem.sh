@@ -68,6 +68,9 @@ result=FAIL
 P=/mnt/pmem
 B="/bin/basalt sh --meta 127.0.0.1:20000 --tls-dir $P/dev/tls/client-cli"
 A="/bin/basalt admin --meta 127.0.0.1:20000 --tls-dir $P/dev/tls/client-cli"
+# a put or get again on failure: under TCG on a loaded host a datanode may
+# be abandoned as hung for a while (not what this test is about)
+retry() { for i in 1 2 3; do "$@" && return 0; echo "== retrying ($i): $*"; sleep 5; done; return 1; }
 ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
 dev() {
 	[ -e /tmp/dev.log ] && cat /tmp/dev.log >>/tmp/dev.log.old && rm /tmp/dev.log
@@ -127,9 +130,9 @@ phase1() {
 		echo "== cluster cache tests took $(($(ms) - t0)) ms"
 	fi
 	echo "== basalt dev --data-dir $P/dev --cache-dir $P/cache"
-	head -c 40000000 /dev/urandom >/tmp/in.bin
+	head -c 8000000 /dev/urandom >/tmp/in.bin
 	t0=$(ms); dev; waitdev || return 1; echo "== dev ready in $(($(ms) - t0)) ms"
-	$B volume create /vol1 && $B bucket create /vol1/bkt1 && $B key put /vol1/bkt1/hot/k1 /tmp/in.bin || return 1
+	$B volume create /vol1 && $B bucket create /vol1/bkt1 && retry $B key put /vol1/bkt1/hot/k1 /tmp/in.bin || return 1
 	$A cache pool add pm || return 1
 	t0=$(ms)
 	$A cache directive add /vol1/bkt1/hot/ --pool pm --replication 3 || return 1
@@ -141,7 +144,7 @@ phase1() {
 	echo $n >$P/nblocks
 	waitsum blocks $n 60 || return 1
 	h0=$(cachesum hits)
-	$B key get /vol1/bkt1/hot/k1 /tmp/out.bin && cmp /tmp/in.bin /tmp/out.bin || return 1
+	retry $B key get /vol1/bkt1/hot/k1 /tmp/out.bin && cmp /tmp/in.bin /tmp/out.bin || return 1
 	waitsum hits $((h0 + 1)) 60 || return 1
 	echo "== read back from the cache: hits $h0 -> $(cachesum hits)"
 	$A datanode list
@@ -152,7 +155,7 @@ phase1() {
 	waitsum blocks $n 60 || return 1
 	echo "== restarted: ready after $((t1 - t0)) ms, $n cached blocks reported after $(($(ms) - t0)) ms"
 	h0=$(cachesum hits)
-	$B key get /vol1/bkt1/hot/k1 /tmp/out2.bin && cmp /tmp/in.bin /tmp/out2.bin || return 1
+	retry $B key get /vol1/bkt1/hot/k1 /tmp/out2.bin && cmp /tmp/in.bin /tmp/out2.bin || return 1
 	waitsum hits $((h0 + 1)) 60 || return 1
 	inodes >/tmp/inodes.after
 	cmp $P/inodes.before /tmp/inodes.after || { echo "cache files were rewritten"; return 1; }
@@ -168,7 +171,7 @@ phase2() {
 	waitsum blocks $n 60 || return 1
 	echo "== after a power-off: ready after $((t1 - t0)) ms, $n cached blocks reported after $(($(ms) - t0)) ms"
 	h0=$(cachesum hits)
-	$B key get /vol1/bkt1/hot/k1 /tmp/out3.bin || return 1
+	retry $B key get /vol1/bkt1/hot/k1 /tmp/out3.bin || return 1
 	[ "$(md5sum </tmp/out3.bin)" = "$(cat $P/md5)" ] || { echo "data differs"; return 1; }
 	waitsum hits $((h0 + 1)) 60 || return 1
 	inodes >/tmp/inodes.after
