@@ -17,7 +17,9 @@ import (
 // cache management (docs/CACHE.md), as `hdfs cacheadmin`.
 func adminCacheCmd(f *connFlags) *cobra.Command {
 	root := &cobra.Command{Use: "cache", Short: "Cache pools and directives: pin hot data in the datanodes' cache tier",
-		Long: `Cache pools and directives (docs/CACHE.md).
+		Long: `Cache pools and directives (docs/CACHE.md). Pools are added, modified and
+removed by admins; directives by admins and by users with write on the
+pool (its owner under the default mode 0755; anyone under 0777).
 
 Examples:
   basalt admin cache pool add hot --owner etl --limit 64GiB --max-ttl 168h
