@@ -71,6 +71,17 @@ test-zoned-vm:
 	GO=$(GO) ./scripts/test-zoned-vm.sh
 test-zoned: test-zoned-vm
 
+# The cache tier on real DAX persistent memory: a QEMU guest (software
+# emulation) with an emulated NVDIMM turned into an fsdax namespace and
+# mounted with -o dax runs the cache tier's and the cluster's cache tests
+# there and a `basalt dev --cache-dir` on it (directive, cached read,
+# restart, still cached), then boots again on the same NVDIMM (still
+# cached after a power-off). Not in .ci/run (about 10-20 minutes under
+# TCG). Kernel and binaries in ~/.cache/basalt-vm. Results: docs/CACHE.md.
+.PHONY: test-pmem
+test-pmem:
+	GO=$(GO) ./scripts/test-pmem.sh
+
 # Zoned vs posix throughput (1 and 8 streams, medians of 3) on the disk of
 # BENCH_DIR, and the cleaner's write amplification. Results:
 # docs/BENCHMARKS.md, "Zoned backend".

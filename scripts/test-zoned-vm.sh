@@ -12,7 +12,8 @@
 # package, busybox-static, the static Go binaries, the initramfs) is
 # fetched or built into $BASALT_VM_CACHE (default ~/.cache/basalt-vm),
 # never into the repository. Host packages missing (qemu-system-x86, cpio,
-# xz-utils) are installed with apt-get.
+# xz-utils) are installed with apt-get. Shared plumbing:
+# scripts/vm/guest.sh.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,90 +23,21 @@ TIMEOUT=${VM_TIMEOUT:-900}
 mkdir -p "$CACHE"
 log() { echo "test-zoned-vm: $*" >&2; }
 
-# --- host tools -----------------------------------------------------------
-missing=()
-command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
-command -v cpio >/dev/null || missing+=(cpio)
-command -v xz >/dev/null || missing+=(xz-utils)
-if ((${#missing[@]})); then
-	log "installing ${missing[*]}"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
-
-# --- kernel and busybox packages, through a private apt configuration -----
-# (the host's apt sources and state are left alone; the archive is the one
-# the host's sources name).
-DEBS=$CACHE/debs
-if [ ! -e "$DEBS/.done" ]; then
-	mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
-	[ -n "$mirror" ] || mirror=$(awk '$1 == "deb" {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
-	[ -n "$mirror" ] || { log "no Debian archive in the host's apt sources"; exit 1; }
-	A=$CACHE/apt
-	mkdir -p "$A/lists/partial" "$A/archives/partial" "$DEBS"
-	key=/usr/share/keyrings/debian-archive-keyring.gpg
-	printf 'deb [signed-by=%s] %s bookworm main\ndeb [signed-by=%s] %s bookworm-backports main\n' "$key" "$mirror" "$key" "$mirror" >"$A/sources.list"
-	APT=(-o "Dir::Etc::SourceList=$A/sources.list" -o Dir::Etc::SourceParts=/dev/null -o "Dir::State::Lists=$A/lists"
-		-o "Dir::Cache=$A" -o "Dir::Cache::archives=$A/archives" -o Debug::NoLocking=1 -o APT::Get::List-Cleanup=0)
-	log "fetching package lists (bookworm, bookworm-backports)"
-	apt-get "${APT[@]}" update -qq
-	kpkg=$(apt-cache "${APT[@]}" search --names-only '^linux-image-6\.12\.[0-9]+\+bpo-amd64$|^linux-image-6\.12\.[0-9]+\+deb12-amd64$' | awk '{print $1}' | sort -V | tail -1)
-	[ -n "$kpkg" ] || { log "no 6.12 kernel package found in bookworm-backports"; exit 1; }
-	log "downloading $kpkg and busybox-static"
-	(cd "$DEBS" && apt-get "${APT[@]}" download "$kpkg" busybox-static >/dev/null)
-	touch "$DEBS/.done"
-fi
-
-# --- unpack the kernel, pick the modules ----------------------------------
-K=$CACHE/kernel
-if [ ! -e "$K/.done" ]; then
-	rm -rf "$K" && mkdir -p "$K"
-	for d in "$DEBS"/*.deb; do dpkg-deb -x "$d" "$K"; done
-	touch "$K/.done"
-fi
-vmlinuz=$(ls "$K"/boot/vmlinuz-* | head -1)
-kver=${vmlinuz##*/vmlinuz-}
-moddir=$K/lib/modules/$kver
-log "kernel $kver"
-
-# modules with their dependencies (from each module's modinfo "depends="
-# field; the package has no modules.dep), in load order
-modfile() { # module name -> path (file names may use - for _)
-	find "$moddir/kernel" -name "$1.ko*" -o -name "${1//_/-}.ko*" | head -1
-}
-declare -A seen=()
-order=()
-add_mod() {
-	local name=$1 f dep
-	[ -n "${seen[$name]:-}" ] && return
-	seen[$name]=1
-	f=$(modfile "$name")
-	[ -n "$f" ] || { log "module $name not in $kver (built in?)"; return; }
-	for dep in $(xz -dcf "$f" | tr '\0' '\n' | sed -n 's/^depends=//p' | tr ',' ' '); do add_mod "$dep"; done
-	order+=("$f")
-}
-for name in null_blk zonefs; do add_mod "$name"; done
-[ -n "$(modfile zonefs)" ] && [ -n "$(modfile null_blk)" ] || { log "null_blk or zonefs missing"; exit 1; }
+. "$REPO/scripts/vm/guest.sh" # host tools, kernel, modules, initramfs, QEMU
+vm_host_tools
+vm_kernel
+vm_modules null_blk zonefs
+[ -n "$(vm_modfile zonefs)" ] && [ -n "$(vm_modfile null_blk)" ] || { log "null_blk or zonefs missing"; exit 1; }
 
 # --- static binaries -------------------------------------------------------
 W=$CACHE/work
-rm -rf "$W" && mkdir -p "$W/root"/{bin,lib/modules,proc,sys,dev,tmp,mnt,etc}
+mkdir -p "$W"
+vm_root "$W/root"
 log "building the static test binaries"
 (cd "$REPO" &&
 	CGO_ENABLED=0 $GO test -c -o "$W/root/bin/zoned.test" ./internal/storage/zoned &&
 	CGO_ENABLED=0 $GO build -o "$W/root/bin/basalt" ./cmd/basalt &&
 	CGO_ENABLED=0 $GO build -o "$W/root/bin/mkzonefs" ./scripts/vm/mkzonefs)
-cp "$K/bin/busybox" "$W/root/bin/busybox"
-for m in "${order[@]}"; do
-	b=$(basename "$m")
-	case $b in
-	*.xz) xz -dc "$m" >"$W/root/lib/modules/${b%.xz}" ;;
-	*.zst) zstd -qdc "$m" >"$W/root/lib/modules/${b%.zst}" ;;
-	*) cp "$m" "$W/root/lib/modules/$b" ;;
-	esac
-	b=${b%.xz}
-	echo "${b%.zst}" >>"$W/root/lib/modules/order"
-done
 
 cat >"$W/root/init" <<'INIT'
 #!/bin/busybox sh
@@ -154,16 +86,12 @@ sync
 poweroff -f
 INIT
 chmod +x "$W/root/init"
-(cd "$W/root" && find . | cpio -o -H newc --quiet | gzip -1 >"$W/initrd.gz")
-log "initramfs $(du -h "$W/initrd.gz" | cut -f1); booting (TCG, timeout ${TIMEOUT}s)"
+vm_pack "$W/root" "$W/initrd.gz"
+log "booting (TCG, timeout ${TIMEOUT}s)"
 
 out=$W/console.log
-set +e
-timeout "$TIMEOUT" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 3G -no-reboot -nodefaults -display none \
-	-serial stdio -kernel "$vmlinuz" -initrd "$W/initrd.gz" \
-	-append "console=ttyS0 panic=-1 rdinit=/init quiet" </dev/null | tee "$out"
-rc=${PIPESTATUS[0]}
-set -e
+rc=0
+vm_qemu "$TIMEOUT" "$out" "$W/initrd.gz" -m 3G || rc=$?
 if [ "$rc" -ne 0 ]; then
 	log "qemu exited with $rc"
 	exit 1

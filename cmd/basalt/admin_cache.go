@@ -17,7 +17,9 @@ import (
 // cache management (docs/CACHE.md), as `hdfs cacheadmin`.
 func adminCacheCmd(f *connFlags) *cobra.Command {
 	root := &cobra.Command{Use: "cache", Short: "Cache pools and directives: pin hot data in the datanodes' cache tier",
-		Long: `Cache pools and directives (docs/CACHE.md).
+		Long: `Cache pools and directives (docs/CACHE.md). Pools are added, modified and
+removed by admins; directives by admins and by users with write on the
+pool (its owner under the default mode 0755; anyone under 0777).
 
 Examples:
   basalt admin cache pool add hot --owner etl --limit 64GiB --max-ttl 168h
@@ -67,15 +69,22 @@ func fmtLimit(n uint64) string {
 
 func cachePoolCmd(f *connFlags) *cobra.Command {
 	pc := &cobra.Command{Use: "pool", Short: "Cache pools: owner, byte limit, maximum TTL"}
-	var owner, limit, maxTTL string
+	var owner, group, mode, limit, maxTTL string
 	mk := func(use, short string, modify bool) *cobra.Command {
 		cmd := &cobra.Command{Use: use + " NAME", Short: short,
 			RunE: runE(func(cmd *cobra.Command, args []string) error {
 				if err := exactArgs(args, 1, "pool name"); err != nil {
 					return err
 				}
-				p := &metapb.CachePool{Name: args[0], Owner: owner}
+				p := &metapb.CachePool{Name: args[0], Owner: owner, Group: group}
 				var err error
+				if mode != "" {
+					m, err := strconv.ParseUint(mode, 8, 32)
+					if err != nil || m > 0o777 {
+						return usagef("--mode %q: want octal permission bits such as 0755", mode)
+					}
+					p.Mode = uint32(m)
+				}
 				if p.LimitBytes, err = parseLimit(limit); err != nil {
 					return err
 				}
@@ -84,6 +93,7 @@ func cachePoolCmd(f *connFlags) *cobra.Command {
 				}
 				fl := cmd.Flags()
 				p.SetOwner, p.SetLimit, p.SetMaxTtl = fl.Changed("owner"), fl.Changed("limit"), fl.Changed("max-ttl")
+				p.SetGroup, p.SetMode = fl.Changed("group"), fl.Changed("mode")
 				c, err := f.client(nil)
 				if err != nil {
 					return err
@@ -101,10 +111,12 @@ func cachePoolCmd(f *connFlags) *cobra.Command {
 				if f.json {
 					return printJSON(cmd.OutOrStdout(), poolRow(got))
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "pool %s: owner %s, limit %s, max TTL %s\n", got.Name, dash(got.Owner), fmtLimit(got.LimitBytes), fmtTTL(got.MaxTtlMs))
+				fmt.Fprintf(cmd.OutOrStdout(), "pool %s: owner %s, group %s, mode %04o, limit %s, max TTL %s\n", got.Name, dash(got.Owner), dash(got.Group), scm.PoolMode(got), fmtLimit(got.LimitBytes), fmtTTL(got.MaxTtlMs))
 				return nil
 			})}
-		cmd.Flags().StringVar(&owner, "owner", "", "owner of the pool")
+		cmd.Flags().StringVar(&owner, "owner", "", "owner of the pool (default: you); with write in --mode the owner may add, modify and remove the pool's directives")
+		cmd.Flags().StringVar(&group, "group", "", "group of the pool (recorded; group bits grant nothing yet)")
+		cmd.Flags().StringVar(&mode, "mode", "", "permission bits in octal (default 0755): w lets the owner (owner bits) or anyone (other bits) change directives")
 		cmd.Flags().StringVar(&limit, "limit", "", "byte limit of the pool's directives (bytes × cache replication), e.g. 64GiB; 0: unlimited")
 		cmd.Flags().StringVar(&maxTTL, "max-ttl", "", "longest TTL a directive may have, e.g. 168h; never: no maximum")
 		return cmd
@@ -146,18 +158,18 @@ func cachePoolCmd(f *connFlags) *cobra.Command {
 				}
 				return printJSON(cmd.OutOrStdout(), out)
 			}
-			t := newTable(cmd.OutOrStdout(), "NAME", "OWNER", "LIMIT", "MAX TTL", "BYTES NEEDED", "BYTES CACHED", "FILES")
+			t := newTable(cmd.OutOrStdout(), "NAME", "OWNER", "GROUP", "MODE", "LIMIT", "MAX TTL", "BYTES NEEDED", "BYTES CACHED", "FILES")
 			for _, p := range r.Pools {
-				t.row(p.Name, dash(p.Owner), fmtLimit(p.LimitBytes), fmtTTL(p.MaxTtlMs), fmtBytes(p.BytesNeeded), fmtBytes(p.BytesCached), p.Files)
+				t.row(p.Name, dash(p.Owner), dash(p.Group), fmt.Sprintf("%04o", scm.PoolMode(p)), fmtLimit(p.LimitBytes), fmtTTL(p.MaxTtlMs), fmtBytes(p.BytesNeeded), fmtBytes(p.BytesCached), p.Files)
 			}
 			return t.flush()
 		})}
-	pc.AddCommand(mk("add", "Add a pool", false), mk("modify", "Change a pool's owner, limit or maximum TTL", true), rm, ls)
+	pc.AddCommand(mk("add", "Add a pool", false), mk("modify", "Change a pool's owner, group, mode, limit or maximum TTL", true), rm, ls)
 	return pc
 }
 
 func poolRow(p *metapb.CachePool) map[string]any {
-	return map[string]any{"name": p.Name, "owner": p.Owner, "limit_bytes": p.LimitBytes, "max_ttl_ms": p.MaxTtlMs,
+	return map[string]any{"name": p.Name, "owner": p.Owner, "group": p.Group, "mode": fmt.Sprintf("%04o", scm.PoolMode(p)), "limit_bytes": p.LimitBytes, "max_ttl_ms": p.MaxTtlMs,
 		"bytes_needed": p.BytesNeeded, "bytes_cached": p.BytesCached, "files": p.Files}
 }
 

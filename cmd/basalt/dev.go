@@ -34,7 +34,7 @@ import (
 const devBasePort = 9862
 
 func devCmd() *cobra.Command {
-	var dataDir, metricsAddr, s3Addr, webhdfsAddr, zonedSpec, admins string
+	var dataDir, metricsAddr, s3Addr, webhdfsAddr, zonedSpec, admins, cacheDir, cacheSize string
 	var s3TLS [2]string
 	var datanodes, basePort int
 	var insecure bool
@@ -64,7 +64,11 @@ makes bootstrap tokens for more datanodes (basalt datanode --bootstrap-token).`,
 			if (s3TLS[0] == "") != (s3TLS[1] == "") {
 				return usagef("--s3-tls-cert and --s3-tls-key go together")
 			}
-			return runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr, cmd.Flags().Changed("webhdfs"), datanodes, basePort, insecure, so, splitList(admins), s3TLS, cmd.Flags().Changed("metrics"))
+			cacheBytes, err := parseSize(cacheSize)
+			if err != nil || cacheBytes <= 0 {
+				return usagef("--cache-bytes %q: want a positive size such as 1GiB", cacheSize)
+			}
+			return runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr, cmd.Flags().Changed("webhdfs"), datanodes, basePort, insecure, so, splitList(admins), s3TLS, cmd.Flags().Changed("metrics"), cacheDir, cacheBytes)
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./basalt-data", "where the cluster keeps its data")
@@ -74,6 +78,8 @@ makes bootstrap tokens for more datanodes (basalt datanode --bootstrap-token).`,
 	cmd.Flags().StringVar(&s3TLS[1], "s3-tls-key", "", "the private key (PEM) of --s3-tls-cert")
 	cmd.Flags().StringVar(&webhdfsAddr, "webhdfs", fmt.Sprintf("127.0.0.1:%d", webhdfs.DefaultPort), "WebHDFS gateway address (the NameNode's HTTP port); \"\" = off")
 	cmd.Flags().IntVar(&datanodes, "datanodes", 3, "number of datanodes")
+	cmd.Flags().StringVar(&cacheDir, "cache-dir", "", "the datanodes' cache tiers under DIR/dnN (a DAX-mounted pmem file system; docs/CACHE.md) instead of DATA_DIR/dnN/cache")
+	cmd.Flags().StringVar(&cacheSize, "cache-bytes", "1GiB", "capacity of each datanode's cache tier")
 	cmd.Flags().IntVar(&basePort, "base-port", devBasePort, "meta gRPC port; the other ports follow it")
 	cmd.Flags().StringVar(&admins, "admins", loginName(), "administrators besides the CLI's certificate (client-"+cluster.ClientID.ID+"), comma-separated: by default your login name, so that Hadoop clients (WebHDFS user.name) may create volumes")
 	cmd.Flags().BoolVar(&insecure, "insecure-no-tls", false, "DANGEROUS: run every port in plaintext with no authentication (only to measure what TLS costs; clients need --insecure-no-tls too)")
@@ -131,7 +137,7 @@ func devS3Key(ctx context.Context, metaAddr, token string, creds *pki.Credential
 	return id, s.GetSecretAccessKey(), nil
 }
 
-func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool, datanodes, basePort int, insecure bool, so storage.Options, admins []string, s3TLS [2]string, metricsAsked bool) error {
+func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool, datanodes, basePort int, insecure bool, so storage.Options, admins []string, s3TLS [2]string, metricsAsked bool, cacheDir string, cacheBytes int64) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	reg := prometheus.NewRegistry()
@@ -143,7 +149,7 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 		fmt.Println("basalt dev: WARNING: --insecure-no-tls: every port is PLAINTEXT and accepts ANYONE (for measuring what TLS costs only)")
 	}
 	c, err := cluster.Start(sctx, cluster.Config{Dir: dataDir, Admins: admins, Datanodes: datanodes, BasePort: basePort, Registerer: reg, Logger: logger, Insecure: insecure, Storage: so,
-		CacheBytes: 1 << 30}) // a cache tier under each datanode's directory (docs/CACHE.md)
+		CacheBytes: cacheBytes, CacheRoot: cacheDir}) // a cache tier per datanode (docs/CACHE.md)
 	cancel()
 	if err != nil {
 		return err

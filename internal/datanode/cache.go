@@ -229,7 +229,11 @@ func (bc *blockCache) recoverOne(i int, k cacheKey) error {
 		if fi.Size() != rec.Block.Length {
 			return fmt.Errorf("cache file is %d bytes, the record says %d", fi.Size(), rec.Block.Length)
 		}
-		e.data, err = unix.Mmap(int(f.Fd()), 0, int(rec.Block.Length), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+		// No MAP_POPULATE: populating the page tables costs time in
+		// proportion to the bytes cached (about 0.07-0.55 s per GiB on
+		// tmpfs here) and would hold up the start; a read faults in what it
+		// touches and the background verification the rest.
+		e.data, err = unix.Mmap(int(f.Fd()), 0, int(rec.Block.Length), unix.PROT_READ, unix.MAP_SHARED)
 		if err != nil {
 			return fmt.Errorf("mmap: %w", err)
 		}

@@ -626,10 +626,11 @@ func (d *Datanode) heartbeat(full bool) error {
 		return err
 	}
 	d.clearAcks(sent)
-	cacheSent()
 	if resp.GetReregister() {
+		// SCM recorded nothing: the cached-block list goes again.
 		return d.register(ctx, d.host.Addr())
 	}
+	cacheSent()
 	d.setKeys(resp.GetSecretKeys())
 	for _, cmd := range resp.GetCommands() {
 		if err := d.execute(cmd); err != nil {

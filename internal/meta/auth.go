@@ -63,15 +63,12 @@ var (
 // (the namespace's admin-only RPCs are checked by its Authorizer).
 var adminMethods = map[string]bool{
 	metapb.Scm_SetDatanodeOpState_FullMethodName: true,
-	// Cache pools and directives pin data in the datanodes' cache tiers
-	// (docs/CACHE.md): administrators only, as hdfs cacheadmin is by
-	// default. Listing them stays open.
-	metapb.Scm_AddCachePool_FullMethodName:         true,
-	metapb.Scm_ModifyCachePool_FullMethodName:      true,
-	metapb.Scm_RemoveCachePool_FullMethodName:      true,
-	metapb.Scm_AddCacheDirective_FullMethodName:    true,
-	metapb.Scm_ModifyCacheDirective_FullMethodName: true,
-	metapb.Scm_RemoveCacheDirective_FullMethodName: true,
+	// Cache pools pin data in the datanodes' cache tiers (docs/CACHE.md):
+	// administrators only, as in HDFS. Directives: admins and whoever may
+	// write the pool (checked in cache_server.go). Listing stays open.
+	metapb.Scm_AddCachePool_FullMethodName:    true,
+	metapb.Scm_ModifyCachePool_FullMethodName: true,
+	metapb.Scm_RemoveCachePool_FullMethodName: true,
 }
 
 // caller is who a call runs for (namespace.Caller): the certificate's

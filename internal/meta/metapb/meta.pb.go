@@ -8544,9 +8544,19 @@ type CachePool struct {
 	BytesCached uint64 `protobuf:"varint,11,opt,name=bytes_cached,json=bytesCached,proto3" json:"bytes_cached,omitempty"`
 	Files       uint64 `protobuf:"varint,12,opt,name=files,proto3" json:"files,omitempty"`
 	// Modify: which of owner, limit, max TTL to change.
-	SetOwner      bool `protobuf:"varint,20,opt,name=set_owner,json=setOwner,proto3" json:"set_owner,omitempty"`
-	SetLimit      bool `protobuf:"varint,21,opt,name=set_limit,json=setLimit,proto3" json:"set_limit,omitempty"`
-	SetMaxTtl     bool `protobuf:"varint,22,opt,name=set_max_ttl,json=setMaxTtl,proto3" json:"set_max_ttl,omitempty"`
+	SetOwner  bool `protobuf:"varint,20,opt,name=set_owner,json=setOwner,proto3" json:"set_owner,omitempty"`
+	SetLimit  bool `protobuf:"varint,21,opt,name=set_limit,json=setLimit,proto3" json:"set_limit,omitempty"`
+	SetMaxTtl bool `protobuf:"varint,22,opt,name=set_max_ttl,json=setMaxTtl,proto3" json:"set_max_ttl,omitempty"`
+	// Who may add, modify and remove directives in the pool besides admins
+	// (pool changes stay admin-only), as HDFS cache pools: the owner by the
+	// owner bits of mode, anyone else by the "other" bits (there is no
+	// group membership service yet: group is recorded, its bits grant
+	// nothing). w is what a directive change needs. Mode 0: the default
+	// 0755 (only the owner may change directives).
+	Group         string `protobuf:"bytes,100,opt,name=group,proto3" json:"group,omitempty"`
+	Mode          uint32 `protobuf:"varint,101,opt,name=mode,proto3" json:"mode,omitempty"`
+	SetGroup      bool   `protobuf:"varint,102,opt,name=set_group,json=setGroup,proto3" json:"set_group,omitempty"`
+	SetMode       bool   `protobuf:"varint,103,opt,name=set_mode,json=setMode,proto3" json:"set_mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -8647,6 +8657,34 @@ func (x *CachePool) GetSetLimit() bool {
 func (x *CachePool) GetSetMaxTtl() bool {
 	if x != nil {
 		return x.SetMaxTtl
+	}
+	return false
+}
+
+func (x *CachePool) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *CachePool) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *CachePool) GetSetGroup() bool {
+	if x != nil {
+		return x.SetGroup
+	}
+	return false
+}
+
+func (x *CachePool) GetSetMode() bool {
+	if x != nil {
+		return x.SetMode
 	}
 	return false
 }
@@ -10391,7 +10429,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\fR\x06secret\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x03 \x01(\x03R\rcreatedUnixMs\x12(\n" +
-	"\x10activate_unix_ms\x18\x04 \x01(\x03R\x0eactivateUnixMs\"\xaa\x02\n" +
+	"\x10activate_unix_ms\x18\x04 \x01(\x03R\x0eactivateUnixMs\"\x8c\x03\n" +
 	"\tCachePool\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x1f\n" +
@@ -10405,7 +10443,11 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x05files\x18\f \x01(\x04R\x05files\x12\x1b\n" +
 	"\tset_owner\x18\x14 \x01(\bR\bsetOwner\x12\x1b\n" +
 	"\tset_limit\x18\x15 \x01(\bR\bsetLimit\x12\x1e\n" +
-	"\vset_max_ttl\x18\x16 \x01(\bR\tsetMaxTtl\"\xae\x04\n" +
+	"\vset_max_ttl\x18\x16 \x01(\bR\tsetMaxTtl\x12\x14\n" +
+	"\x05group\x18d \x01(\tR\x05group\x12\x12\n" +
+	"\x04mode\x18e \x01(\rR\x04mode\x12\x1b\n" +
+	"\tset_group\x18f \x01(\bR\bsetGroup\x12\x19\n" +
+	"\bset_mode\x18g \x01(\bR\asetMode\"\xae\x04\n" +
 	"\x0eCacheDirective\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06volume\x18\x02 \x01(\tR\x06volume\x12\x16\n" +

@@ -87,7 +87,37 @@ func ValidateCachePool(p *metapb.CachePool) error {
 	if p.MaxTtlMs < 0 {
 		return status.Errorf(codes.InvalidArgument, "cache pool %s: negative max TTL", p.Name)
 	}
+	if len(p.Group) > maxCacheName {
+		return status.Errorf(codes.InvalidArgument, "cache pool %s: group longer than %d bytes", p.Name, maxCacheName)
+	}
+	if p.Mode > 0o777 {
+		return status.Errorf(codes.InvalidArgument, "cache pool %s: mode %#o, want at most 0777", p.Name, p.Mode)
+	}
 	return nil
+}
+
+// DefaultCachePoolMode is the mode of a pool created without one (HDFS's
+// default): only the owner (and admins) may change its directives.
+const DefaultCachePoolMode = 0o755
+
+// PoolMode is p's mode, the default if none was recorded.
+func PoolMode(p *metapb.CachePool) uint32 {
+	if p.Mode == 0 {
+		return DefaultCachePoolMode
+	}
+	return p.Mode
+}
+
+// CanWritePool reports whether user may add, modify or remove directives
+// in p (admins are not asked): the owner by the owner bits, anyone else by
+// the "other" bits. Group bits grant nothing: there is no group
+// membership service (as in the namespace's Authorizer).
+func CanWritePool(p *metapb.CachePool, user string) bool {
+	m := PoolMode(p)
+	if user != "" && user == p.Owner {
+		return m&0o200 != 0
+	}
+	return m&0o002 != 0
 }
 
 func clipName(s string) string {
@@ -153,7 +183,7 @@ func (s *State) applyCachePool(b *pebble.Batch, op *metapb.CachePoolOp) any {
 		if len(s.cache.pools) >= MaxCachePools {
 			return status.Errorf(codes.ResourceExhausted, "cache pools: at most %d", MaxCachePools)
 		}
-		n := &metapb.CachePool{Name: p.Name, Owner: p.Owner, LimitBytes: p.LimitBytes, MaxTtlMs: p.MaxTtlMs}
+		n := &metapb.CachePool{Name: p.Name, Owner: p.Owner, LimitBytes: p.LimitBytes, MaxTtlMs: p.MaxTtlMs, Group: p.Group, Mode: p.Mode}
 		s.cache.pools[n.Name] = n
 		s.put(b, poolKey(n.Name), n)
 		return proto.Clone(n)
@@ -170,6 +200,12 @@ func (s *State) applyCachePool(b *pebble.Batch, op *metapb.CachePoolOp) any {
 		}
 		if p.SetMaxTtl {
 			n.MaxTtlMs = p.MaxTtlMs
+		}
+		if p.SetGroup {
+			n.Group = p.Group
+		}
+		if p.SetMode {
+			n.Mode = p.Mode
 		}
 		s.cache.pools[n.Name] = n
 		s.put(b, poolKey(n.Name), n)

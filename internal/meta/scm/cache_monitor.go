@@ -201,12 +201,23 @@ func (m *Manager) CachedOn(id *metapb.BlockID) []uint64 {
 }
 
 // cacheRound rescans the directives if due and makes a new plan. healthy:
-// the datanodes this leader considers healthy; since: this leadership.
-func (m *Manager) cacheRound(now, since time.Time, healthy map[uint64]bool, force bool) {
+// the datanodes this leader considers healthy; since: this leadership;
+// allFull: every healthy datanode has sent this leader its cached blocks
+// (a cache report, or a full report, which carries one).
+//
+// A leadership's first plan waits for those reports (up to the dead
+// interval, past which a datanode that did not report is dead anyway):
+// made from the first reporters alone, it would place blocks only on
+// them and tell every later reporter — a datanode that just recovered
+// its cache directory after a restart of the cluster — to uncache what
+// it holds, and to copy it again at the next scan.
+func (m *Manager) cacheRound(now, since time.Time, healthy map[uint64]bool, allFull, force bool) {
 	cm := &m.cacheMon
 	cm.mu.Lock()
 	res := cm.resolver
-	if res == nil || (!force && cm.planSince.Equal(since) && now.Sub(cm.lastScan) < m.cacheRescan()) {
+	first := !cm.planSince.Equal(since)
+	if res == nil || (!force && !first && now.Sub(cm.lastScan) < m.cacheRescan()) ||
+		(first && !allFull && now.Sub(since) < m.cfg.DeadInterval) {
 		cm.mu.Unlock()
 		return
 	}

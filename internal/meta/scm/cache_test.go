@@ -192,3 +192,88 @@ func TestCacheMonitorPlan(t *testing.T) {
 		}
 	}
 }
+
+// TestCacheRestartKeepsReportedCache: after a restart of the meta node
+// (a new SCM process, safe mode already left once, so one datanode's
+// report ends safe mode), the first cache plan waits for every healthy
+// datanode's full report, so blocks the datanodes recovered from their
+// cache directories are kept where they are: no uncache command, no
+// copy. Before, the first plan was made from the first reporter alone,
+// every later reporter was told to uncache its recovered blocks and then
+// to cache them again on the next scan (a full re-warm).
+func TestCacheRestartKeepsReportedCache(t *testing.T) {
+	cfg := Config{SafeModeMinDatanodes: 3, BlockSize: 1 << 20, ContainerSize: 64 << 20, CacheRescanInterval: time.Millisecond}
+	e := newEnv(t, cfg)
+	var ids []uint64
+	for i := range 3 {
+		ids = append(ids, e.register(t, fmt.Sprintf("dn%d", i), fmt.Sprintf("/dc1/rack%d", i%2)))
+	}
+	e.heartbeatAll(t, ids...)
+	e.tick(t) // leaves safe mode (recorded in the state)
+	alloc, err := e.m.AllocateBlocks(e.ctx, &metapb.AllocateBlocksRequest{Count: 4, Replication: metapb.Replication_THREE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []CacheFile
+	var blocks []*metapb.BlockID
+	for i, b := range alloc.Blocks {
+		files = append(files, CacheFile{Key: fmt.Sprintf("p/%d", i), Blocks: []*metapb.KeyBlock{{Id: b.Id, Length: 1 << 20}}})
+		blocks = append(blocks, b.Id)
+	}
+	if _, err := e.m.AddCachePool(e.ctx, &metapb.CachePool{Name: "hot"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.AddCacheDirective(e.ctx, &metapb.CacheDirective{Volume: "v", Bucket: "b", Path: "p/", Prefix: true, Replication: 3, Pool: "hot"}); err != nil {
+		t.Fatal(err)
+	}
+	e.tick(t)
+	if !e.st.SafeModeExited() {
+		t.Fatal("safe mode exit not recorded")
+	}
+
+	// The meta node restarts: a new manager on the same state. Every
+	// datanode recovered all four blocks from its cache directory.
+	e.m = NewManager(cfg, e.st, e.fr)
+	e.m.SetCacheResolver(&fakeResolver{files: map[string][]CacheFile{"/v/b/p/": files}})
+	heartbeat := func(id uint64) []*metapb.DatanodeCommand {
+		r, err := e.m.Heartbeat(e.ctx, &metapb.HeartbeatRequest{DatanodeId: id, FullReport: true, CacheReport: true, CachedBlocks: blocks,
+			Cache: &metapb.CacheStats{CapacityBytes: 100 << 20, UsedBytes: 4 << 20, Blocks: 4}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Commands
+	}
+	check := func(id uint64, cmds []*metapb.DatanodeCommand) {
+		t.Helper()
+		for _, c := range cmds {
+			if n := len(c.GetUncacheBlocks().GetBlocks()); n > 0 {
+				t.Fatalf("datanode %d told to uncache %d recovered blocks", id, n)
+			}
+			if n := len(c.GetCacheBlocks().GetBlocks()); n > 0 {
+				t.Fatalf("datanode %d told to cache %d blocks it reports cached", id, n)
+			}
+		}
+	}
+	check(ids[0], heartbeat(ids[0]))
+	for range 3 {
+		e.clk.Advance(100 * time.Millisecond)
+		e.tick(t) // out of safe mode on one report; the plan waits
+	}
+	for _, id := range ids[1:] {
+		check(id, heartbeat(id))
+	}
+	e.clk.Advance(100 * time.Millisecond)
+	e.tick(t)
+	for _, id := range ids {
+		check(id, heartbeat(id))
+	}
+	for _, b := range blocks {
+		if on := e.m.CachedOn(b); len(on) != 3 {
+			t.Fatalf("CachedOn(%v) = %v, want all three datanodes", b, on)
+		}
+	}
+	ls := e.m.ListCacheDirectives(&metapb.ListCacheDirectivesRequest{})
+	if x := ls.Directives[0]; x.FilesCached != 4 {
+		t.Fatalf("directive stats after the restart: %v, want 4 files cached", x)
+	}
+}

@@ -204,12 +204,15 @@ type nodeSoft struct {
 	// fullReported: a full container report received during this
 	// leadership, so a replica it lacks is missing, not just unreported.
 	fullReported bool
-	fullAt       time.Time // when the last full report came
-	state        metapb.NodeState
-	volumes      []*metapb.VolumeReport
-	containers   map[uint64]*metapb.ContainerReport
-	pipelines    map[uint64]bool
-	leads        map[uint64]bool // pipelines it reported leading
+	// cacheReported: a list of cached blocks received during this
+	// leadership (full reports carry one too).
+	cacheReported bool
+	fullAt        time.Time // when the last full report came
+	state         metapb.NodeState
+	volumes       []*metapb.VolumeReport
+	containers    map[uint64]*metapb.ContainerReport
+	pipelines     map[uint64]bool
+	leads         map[uint64]bool // pipelines it reported leading
 	// sent: command key → when last sent, so a command is repeated only
 	// after CommandRetryInterval. Bounded (maxSent): entries go when the
 	// command is acknowledged (delete txs), when the retry interval has
@@ -387,6 +390,7 @@ func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 	m.deleteAcks(req, n)
 	m.copyFailuresLocked(req, now)
 	m.cacheReportLocked(req)
+	n.cacheReported = n.cacheReported || req.CacheReport
 	cmds := m.commandsFor(req.DatanodeId, n, now)
 	cmds = m.cacheCommandsLocked(req.DatanodeId, now, cmds)
 	return &metapb.HeartbeatResponse{Commands: cmds, State: n.state, SecretKeys: m.st.SecretKeys()}, nil
@@ -692,6 +696,7 @@ func (m *Manager) Tick(ctx context.Context) error {
 	now := m.cfg.Now()
 	var dead, stale []uint64
 	healthy := map[uint64]bool{}
+	allFull := true // every healthy datanode told this leader what it has cached
 	m.pruneSent(now)
 	for id, n := range m.nodes {
 		age := now.Sub(n.lastSeen)
@@ -715,6 +720,7 @@ func (m *Manager) Tick(ctx context.Context) error {
 		}
 		if n.state == metapb.NodeState_HEALTHY {
 			healthy[id] = true
+			allFull = allFull && (n.fullReported || n.cacheReported)
 		}
 	}
 	m.updateSafeMode()
@@ -728,7 +734,7 @@ func (m *Manager) Tick(ctx context.Context) error {
 	m.mu.Unlock()
 
 	if !safe {
-		m.cacheRound(now, since, healthy, false)
+		m.cacheRound(now, since, healthy, allFull, false)
 	}
 
 	// Block token keys first: a pipeline's first token needs one.
