@@ -45,6 +45,11 @@
 //     length and checksums, else ErrChunkMissing naming the range — a hole
 //     is never committed as zeros. A missing chunk record is therefore the
 //     persistent "lost" mark: there is no separate list of lost chunks.
+//   - PutBlockDeferred returns nil: the block is committed as by PutBlock
+//     (its data durable, readable at once) but its record is durable only
+//     after a SyncCommits called after it returns nil. A pipeline's apply
+//     loop commits a batch so and acknowledges nothing before its
+//     SyncCommits: one WAL flush per batch, shared by concurrent batches.
 //   - BlockStream.Close returns nil: what the stream wrote is durable, as
 //     after Sync.
 //   - CreateContainer, state changes, DeleteBlocks, DeleteContainer, Import,

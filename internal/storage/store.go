@@ -204,6 +204,10 @@ type volume struct {
 	mu      sync.Mutex
 	failErr error
 
+	// deferredSeq counts the PutBlockDeferred commits made without a WAL
+	// sync; syncedSeq is the count a completed SyncCommits covered.
+	deferredSeq, syncedSeq atomic.Uint64
+
 	// Under dmu: dirty holds the blocks with written chunks that are not
 	// durable yet; inflight the Sync rounds running (each took its blocks
 	// out of dirty, so rounds never share a block); lastSyncErr the last

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/cockroachdb/pebble/v2"
+
 	"github.com/basalt-store/basalt/internal/vfs"
 )
 
@@ -779,6 +781,60 @@ func (s *Store) verifyLocked(c *container, lid LocalID, ob *openBlock, from, to 
 // starts with the committed one extends the block (its BCSID may not go
 // back); repeating a commit is a no-op.
 func (s *Store) PutBlock(cid ContainerID, bd BlockData) error {
+	return s.putBlock(cid, bd, false)
+}
+
+// PutBlockDeferred commits a block as PutBlock does (same checks; the
+// chunks' data is durable before the record that names it), except that it
+// does not wait for the record to reach disk: the block is committed at
+// once for readers, and durable once a SyncCommits called after this
+// returned has returned. Nothing may be acknowledged in between. A
+// pipeline's apply loop commits a batch of entries this way and makes them
+// durable with one SyncCommits (one WAL flush per volume for the batch, and
+// concurrent batches of pipelines sharing a volume share that flush)
+// before it reports any of them applied: group commit, where PutBlock
+// costs a device flush per block.
+func (s *Store) PutBlockDeferred(cid ContainerID, bd BlockData) error {
+	return s.putBlock(cid, bd, true)
+}
+
+// SyncCommits makes durable every PutBlockDeferred that returned before it
+// was called, on every volume: one Pebble WAL sync per volume that had
+// such a commit since its last sync (the WAL is sequential, so a sync
+// covers every record before it). On error the volume is failed (its
+// containers are reported UNHEALTHY) and the error wraps ErrVolumeFailed.
+func (s *Store) SyncCommits() error {
+	s.mu.RLock()
+	closed := s.closed
+	s.mu.RUnlock()
+	if closed {
+		return cErr("sync commits", ErrClosed, 0, "", nil)
+	}
+	var errs []error
+	for _, v := range s.volumes {
+		// Every commit counted in target had returned from its Pebble
+		// commit; a sync that completed after covering target (this one
+		// or a concurrent caller's) makes them durable.
+		target := v.deferredSeq.Load()
+		if v.syncedSeq.Load() >= target {
+			continue
+		}
+		if err := v.db.LogData(nil, pebble.Sync); err != nil {
+			v.fail(err, s.opts.Logf)
+			errs = append(errs, cErr("sync commits", ErrVolumeFailed, 0, "WAL sync", err).withVolume(v.path))
+			continue
+		}
+		for {
+			done := v.syncedSeq.Load()
+			if done >= target || v.syncedSeq.CompareAndSwap(done, target) {
+				break
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Store) putBlock(cid ContainerID, bd BlockData, deferred bool) error {
 	const op = "put block"
 	lid := bd.LocalID
 	if err := s.validateBlock(cid, &bd); err != nil {
@@ -881,8 +937,16 @@ func (s *Store) PutBlock(cid ContainerID, bd BlockData) error {
 			keep = append(keep, tail)
 		}
 	}
-	if err := b.Commit(s.metaSync()); err != nil {
+	wo := s.metaSync()
+	deferred = deferred && wo.Sync
+	if deferred {
+		wo = pebble.NoSync
+	}
+	if err := b.Commit(wo); err != nil {
 		return s.ioErr(op, c, lid, 0, err)
+	}
+	if deferred {
+		c.vol.deferredSeq.Add(1) // after the commit: see SyncCommits
 	}
 	c.mu.Lock()
 	c.cnt = cnt
