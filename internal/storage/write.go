@@ -204,7 +204,11 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 		release()
 		return s.ioErr(op, c, lid, off, err)
 	}
-	ob.written = slices.Insert(ob.written, i, span{off: off, n: n, sum: sum})
+	sp := span{off: off, n: n, sum: sum}
+	if c.vol.defer_ != nil && n <= s.opts.DeferredMax && sum.Type != ChecksumNone {
+		sp.data = slices.Clone(data) // may be a deferred write (deferred.go)
+	}
+	ob.written = slices.Insert(ob.written, i, sp)
 	ob.hwm = max(ob.hwm, end)
 	s.queue(c, lid, ob)
 	s.checkOpen(c, ob)
@@ -588,7 +592,18 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	early, late := v.db.NewBatch(), v.db.NewBatch()
 	defer early.Close()
 	defer late.Close()
-	for _, d := range todo {
+	// deferred[i]: todo[i]'s unsynced data is all small checksummed
+	// chunks: their bytes go in the early batch and its file is synced
+	// later (deferred.go); the others are synced now.
+	deferred := make([]bool, len(todo))
+	var now []dirtyBlock
+	var nowAt []int
+	for i, d := range todo {
+		deferred[i] = v.defer_ != nil && deferrable(d.ob)
+		if !deferred[i] {
+			now = append(now, d)
+			nowAt = append(nowAt, i)
+		}
 		for _, sp := range d.ob.written {
 			if sp.durable {
 				continue
@@ -598,6 +613,9 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 				b = early
 			}
 			b.Set(makeChunkKey(d.c.id, d.lid, sp.off), encodeChunk(sp.n, sp.sum), nil)
+			if deferred[i] {
+				early.Set(makeDeferredKey(d.c.id, d.lid, sp.off), sp.data, nil)
+			}
 		}
 	}
 	earlyDone := make(chan error, 1)
@@ -607,39 +625,62 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		go func() { earlyDone <- early.Commit(s.metaSync()) }()
 	}
 	errs := make([]error, len(todo))
-	if s.opts.Sync != SyncNone {
-		s.syncData(v, todo, errs)
+	if s.opts.Sync != SyncNone && len(now) > 0 {
+		nowErrs := make([]error, len(now))
+		s.syncData(v, now, nowErrs)
+		for j, i := range nowAt {
+			errs[i] = nowErrs[j]
+		}
 	}
 	earlyErr := <-earlyDone
 	var ok, bad []dirtyBlock
+	var okAt []int
 	for i, d := range todo {
 		if errs[i] != nil {
 			setErr(d, errs[i])
 			bad = append(bad, d)
 		} else {
 			ok = append(ok, d)
+			okAt = append(okAt, i)
 		}
 	}
 	var lateErr error
 	if earlyErr == nil && !late.Empty() {
 		lateErr = late.Commit(s.metaSync())
 	}
-	for _, d := range ok {
+	var handed []deferredChunk
+	for k, d := range ok {
+		def := deferred[okAt[k]] && earlyErr == nil
 		for i := range d.ob.written {
 			sp := &d.ob.written[i]
 			switch {
 			case sp.durable:
 			case sp.sum.Type != ChecksumNone && earlyErr == nil:
 				sp.durable = true
+				if def {
+					handed = append(handed, deferredChunk{c: d.c, lid: d.lid, off: sp.off, dir: d.ob.dirSync})
+					d.c.deferredKeys.Add(1)
+				}
 			case sp.sum.Type == ChecksumNone && earlyErr == nil && lateErr == nil:
 				sp.durable = true
 			}
+			if sp.durable {
+				sp.data = nil
+			}
+		}
+		if def {
+			// The deferred key stands for the directory entry until the
+			// flusher syncs it.
+			d.ob.dirSync = false
 		}
 		if err := cmp.Or(earlyErr, lateErr); err != nil {
 			setErr(d, err)
 			s.forget(d.c, d.ob, func(span) bool { return true })
 		}
 		s.checkOpen(d.c, d.ob)
+	}
+	if len(handed) > 0 {
+		v.addDeferred(handed)
 	}
 	if len(bad) > 0 {
 		// A failed fsync may have dropped the dirty pages: the chunks are
@@ -685,7 +726,9 @@ func (s *Store) syncData(v *volume, blocks []dirtyBlock, errs []error) {
 	}
 	dirs := map[ContainerID]*error{}
 	for _, d := range blocks {
-		if d.ob.dirSync && dirs[d.c.id] == nil {
+		// A container with deferred writes not flushed yet has file
+		// entries that may not be durable, perhaps this block's own.
+		if (d.ob.dirSync || d.c.deferredKeys.Load() > 0) && dirs[d.c.id] == nil {
 			e := new(error)
 			dirs[d.c.id] = e
 			cid := d.c.id
@@ -701,7 +744,7 @@ func (s *Store) syncData(v *volume, blocks []dirtyBlock, errs []error) {
 	}
 	wg.Wait()
 	for i, d := range blocks {
-		if e := dirs[d.c.id]; e != nil && d.ob.dirSync {
+		if e := dirs[d.c.id]; e != nil {
 			if errs[i] == nil {
 				errs[i] = *e
 			}
@@ -891,7 +934,7 @@ func (s *Store) putBlock(cid ContainerID, bd BlockData, deferred bool) error {
 			s.forget(c, ob, func(span) bool { return true })
 			return s.ioErr(op, c, lid, 0, err)
 		}
-		if ob.dirSync {
+		if ob.dirSync || c.deferredKeys.Load() > 0 {
 			if err := c.vol.files.SyncContainer(cid); err != nil {
 				return s.ioErr(op, c, lid, 0, err)
 			}
