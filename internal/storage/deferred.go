@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	pvfs "github.com/cockroachdb/pebble/v2/vfs"
+	"golang.org/x/sys/unix"
 )
 
 // Deferred writes (BlueStore's name for them): a small chunk that is all
@@ -172,6 +174,12 @@ func (s *Store) flushDeferred(v *volume) {
 		}
 	}
 	var firstErr error
+	if ok, err := p.syncFS(); ok {
+		// One syncfs(2) wrote back and flushed every file and directory
+		// of the file system (one call where there were a thousand).
+		firstErr = err
+		files, dirs = nil, nil
+	}
 	var mu sync.Mutex
 	sem := make(chan struct{}, maxSyncParallel)
 	var wg sync.WaitGroup
@@ -305,4 +313,22 @@ func deferrable(ob *openBlock) bool {
 		found = true
 	}
 	return found
+}
+
+// syncFS makes everything written to p's file system durable with one
+// syncfs(2) (data, inodes and directory entries: the journal commit and
+// device flush of every file written before the call), if p's files are
+// the operating system's; ok is false on other file systems (in-memory
+// and crash-test ones), whose callers sync file by file.
+func (p *Posix) syncFS() (ok bool, err error) {
+	d, err := p.fs.OpenDir(p.dir)
+	if err != nil {
+		return false, nil
+	}
+	defer d.Close()
+	fd := d.Fd()
+	if fd == pvfs.InvalidFd {
+		return false, nil
+	}
+	return true, unix.Syncfs(int(fd))
 }

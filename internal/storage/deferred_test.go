@@ -291,3 +291,44 @@ func TestDeferredBlockExtendedSurvivesCrash(t *testing.T) {
 	defer s2.Close()
 	checkBlock(t, s2, 1, 7, data)
 }
+
+// TestDeferredFlushOnDisk: on the operating system's file system the
+// flusher syncs with one syncfs and deletes the deferred keys; the blocks
+// read back after a restart.
+func TestDeferredFlushOnDisk(t *testing.T) {
+	if onBackend() != "posix" {
+		t.Skip("deferred writes are a posix-backend feature")
+	}
+	dir := t.TempDir()
+	s, err := Open(Options{Volumes: []string{dir}, ContainerSize: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustCreate(t, s, 1)
+	for lid := LocalID(1); lid <= 20; lid++ {
+		if err := smallBlock(s, 1, lid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.SyncCommits(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.volumes[0].files.(*Posix).syncFS(); !ok || err != nil {
+		t.Fatalf("syncfs on %s: ok %v, err %v", dir, ok, err)
+	}
+	s.flushDeferred(s.volumes[0])
+	if n := countDeferredKeys(t, s); n != 0 {
+		t.Fatalf("%d deferred keys after a flush", n)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open(Options{Volumes: []string{dir}, ContainerSize: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	for lid := LocalID(1); lid <= 20; lid++ {
+		checkBlock(t, s2, 1, lid, blockBytes(1, lid, 4<<10))
+	}
+}
