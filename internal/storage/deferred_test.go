@@ -332,3 +332,58 @@ func TestDeferredFlushOnDisk(t *testing.T) {
 		checkBlock(t, s2, 1, lid, blockBytes(1, lid, 4<<10))
 	}
 }
+
+// TestSmallBatchSyncs is the regression check of issue 15's small-object
+// path: a batch of 32 one-chunk 4 KiB blocks written by concurrent
+// writers, made durable (Sync) and committed (PutBlockDeferred, one
+// SyncCommits) costs a handful of syncs, not one per block: before group
+// commit and deferred writes it cost 32 block-file syncs, a directory
+// sync and a WAL sync at Sync and 32 WAL syncs to commit.
+func TestSmallBatchSyncs(t *testing.T) {
+	if onBackend() != "posix" {
+		t.Skip("deferred writes are a posix-backend feature")
+	}
+	fs := newCrashFS()
+	s := openOn(t, fs, Options{})
+	defer s.Close()
+	mustCreate(t, s, 1)
+	const batch = 32
+	base := fs.syncCount()
+	var wg sync.WaitGroup
+	errc := make(chan error, batch)
+	for i := range batch {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lid := LocalID(i + 1)
+			data := blockBytes(1, lid, 4<<10)
+			if err := s.WriteChunk(1, lid, 0, data, DefaultChecksum.Compute(data), true); err != nil {
+				errc <- err
+			}
+		}()
+	}
+	wg.Wait()
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range batch {
+		lid := LocalID(i + 1)
+		data := blockBytes(1, lid, 4<<10)
+		if err := s.PutBlockDeferred(1, BlockData{LocalID: lid, Length: 4 << 10, BCSID: uint64(lid),
+			Chunks: []ChunkInfo{{Offset: 0, Length: 4 << 10, Checksum: DefaultChecksum.Compute(data)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.SyncCommits(); err != nil {
+		t.Fatal(err)
+	}
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	if n := fs.syncCount() - base; n > 4 {
+		t.Fatalf("%d syncs for a batch of %d small blocks, want at most 4", n, batch)
+	} else {
+		t.Logf("%d syncs for a batch of %d small blocks", n, batch)
+	}
+}
