@@ -32,7 +32,11 @@
 //     checksums when the chunk is next used after a crash. Chunks without
 //     checksums are recorded only after their data. If Sync fails, the
 //     chunks of the blocks it could not sync are forgotten as if never
-//     written and the error wraps ErrDiskFull or ErrVolumeFailed.
+//     written and the error wraps ErrDiskFull or ErrVolumeFailed. A small
+//     checksummed chunk that is all of its block's unsynced data is a
+//     deferred write (deferred.go): its bytes go in the synced Pebble batch
+//     instead of the file and directory being synced; a background flusher
+//     syncs the file later and Open replays the bytes after a crash.
 //   - WriteChunkDurable returns nil: this chunk is durable (WriteChunk, a
 //     shared Sync round, and a check that no failed round forgot it). A
 //     writer that acknowledges its own chunk uses it: plain Sync reports a
