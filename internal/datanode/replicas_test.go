@@ -11,6 +11,7 @@ import (
 	"github.com/basalt-store/basalt/internal/cluster"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/storage"
 	"github.com/basalt-store/basalt/internal/stream"
 	"github.com/basalt-store/basalt/internal/vfs"
 )
@@ -57,8 +58,11 @@ func TestWaitAllFailsWhenAFollowerCannotStore(t *testing.T) {
 				return nil
 			})
 
-			// PutSmallFile always waits for every replica.
-			data := randBytes(10_000, 1)
+			// PutSmallFile always waits for every replica. Larger than
+			// storage.DefaultDeferredMax: a smaller chunk is durable in
+			// the storage WAL, its block file synced in the background
+			// (a failed fsync there fails the volume, not this write).
+			data := randBytes(storage.DefaultDeferredMax+10_000, 1)
 			_, err := leader.PutSmallFile(ctx, &datanodepb.PutSmallFileRequest{PipelineId: b.GetPipelineId(), Block: smallBlock(b, data), Data: data, WaitTimeoutMs: 10000})
 			if got := failedOf(err); !slices.Equal(got, []uint64{fid}) {
 				t.Fatalf("PutSmallFile with follower %d unable to store: %v (failed %v), want REPLICA_FAILED naming %d", fid, err, got, fid)

@@ -89,6 +89,12 @@ type containerSM struct {
 	applied atomic.Uint64
 	durable atomic.Uint64
 
+	// deferred: the block commits of the Apply batch in progress, made
+	// durable together at its end (apply goroutine only); pos is the
+	// position in the batch of the entry being applied.
+	deferred []deferredCommit
+	pos      int
+
 	persistMu   sync.Mutex // persist: one writer of file, durable only grows
 	lastPersist time.Time
 	// now is the clock that paces persisting (at most every persistEvery);
@@ -124,6 +130,14 @@ type sickRecord struct {
 }
 
 type blockKey struct{ cid, lid uint64 }
+
+// deferredCommit is a block committed by an entry of the Apply batch in
+// progress whose record is not yet durable.
+type deferredCommit struct {
+	pos   int // in the batch
+	index uint64
+	cid   storage.ContainerID
+}
 
 const (
 	persistEvery        = time.Second
@@ -602,12 +616,27 @@ func (sm *containerSM) Apply(ents []raft.Entry) []any {
 		}
 		cmd, err := decodeCommand(e.Meta)
 		if err == nil {
+			sm.pos = i
 			err = sm.apply(e, cmd)
 		}
 		if err != nil {
 			sm.recordFailure(e.Index, err)
 			out[i] = err
 		}
+	}
+	// Block commits were deferred (storage.PutBlockDeferred): one WAL
+	// flush makes the whole batch durable before any entry of it counts
+	// as applied here, and pipelines that share a volume share flushes.
+	if len(sm.deferred) > 0 {
+		if err := sm.store.SyncCommits(); err != nil {
+			for _, d := range sm.deferred {
+				sm.markUnhealthy(d.cid, d.index, fmt.Sprintf("entry %d: block commit not synced: %v", d.index, err))
+				err := fmt.Errorf("datanode: pipeline %d entry %d: block commit not synced: %w", sm.pipeline, d.index, err)
+				sm.recordFailure(d.index, err)
+				out[d.pos] = err
+			}
+		}
+		sm.deferred = sm.deferred[:0]
 	}
 	sm.applied.Store(applied)
 	sm.persistMu.Lock()
@@ -689,7 +718,7 @@ func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeC
 		sm.markUnhealthy(cid, index, fmt.Sprintf("entry %d: %v", index, err))
 		return err
 	}
-	if err := sm.store.PutBlock(cid, bd); err != nil {
+	if err := sm.store.PutBlockDeferred(cid, bd); err != nil {
 		if refusedAlike(err) {
 			return err // refused on every replica: the block fails everywhere
 		}
@@ -703,6 +732,7 @@ func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeC
 		sm.markUnhealthy(cid, index, fmt.Sprintf("entry %d: block %d not committed here: %v", index, bd.LocalID, err))
 		return fmt.Errorf("datanode: pipeline %d entry %d: %w; container %d is UNHEALTHY here: %w", sm.pipeline, index, err, cid, storage.ErrContainerNotOpen)
 	}
+	sm.deferred = append(sm.deferred, deferredCommit{pos: sm.pos, index: index, cid: cid})
 	sm.stats.blocksCommitted.Add(1)
 	if closeContainer {
 		sm.closeContainer(cid)

@@ -28,8 +28,9 @@ type replica struct {
 	store *storage.Store
 	sm    *containerSM
 
-	mu    sync.Mutex
-	syncs []string // block files fsynced, in order
+	mu       sync.Mutex
+	syncs    []string // block files fsynced, in order
+	walSyncs int      // storage WAL syncs (a deferred write's durability)
 }
 
 func openReplica(t *testing.T, dir string) *replica {
@@ -39,6 +40,11 @@ func openReplica(t *testing.T, dir string) *replica {
 		if op == "sync" && strings.HasSuffix(path, ".block") {
 			r.mu.Lock()
 			r.syncs = append(r.syncs, filepath.Base(path))
+			r.mu.Unlock()
+		}
+		if op == "sync" && strings.HasSuffix(path, ".log") {
+			r.mu.Lock()
+			r.walSyncs++
 			r.mu.Unlock()
 		}
 		return nil
@@ -129,12 +135,19 @@ func TestSmallFileLikeWriteChunkPutBlock(t *testing.T) {
 		if len(small.syncs) != 0 {
 			t.Fatalf("%d bytes: WriteData synced %v itself; the batch's SyncData does", n, small.syncs)
 		}
+		wal := small.walSyncs
 		if err := small.sm.SyncData(); err != nil {
 			t.Fatal(err)
 		}
 		// The entry is acknowledged after the batch's SyncData: the chunk
-		// is durable by then (storage's Sync), not only at the commit.
-		if len(small.syncs) != 1 || small.syncs[0] != "42.block" {
+		// is durable by then (storage's Sync), not only at the commit. A
+		// small chunk is a deferred write: durable in the storage WAL, its
+		// block file synced later in the background.
+		if n <= storage.DefaultDeferredMax {
+			if len(small.syncs) != 0 || small.walSyncs == wal {
+				t.Fatalf("%d bytes: block file syncs %v and %d WAL syncs when the data was written, want none and a WAL sync (deferred write)", n, small.syncs, small.walSyncs-wal)
+			}
+		} else if len(small.syncs) != 1 || small.syncs[0] != "42.block" {
 			t.Fatalf("%d bytes: block file syncs when the data was written: %v, want one of 42.block", n, small.syncs)
 		}
 		if err := small.apply(e); err != nil {

@@ -93,7 +93,10 @@ func (n *node) start() error {
 		mode = storage.DirectAuto
 	}
 	st, err := storage.Open(storage.Options{Volumes: []string{"/vol"}, FS: n.fs, DirectIO: mode,
-		ContainerSize: 64 << 20, KeepUncommitted: true, OutOfOrderWrites: true})
+		ContainerSize: 64 << 20, KeepUncommitted: true, OutOfOrderWrites: true,
+		// No deferred writes: their flusher syncs files on a timer of its
+		// own goroutine, which a seed could not replay exactly.
+		DeferredMax: -1})
 	if err != nil {
 		return fmt.Errorf("storage: %w", err)
 	}

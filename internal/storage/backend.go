@@ -195,21 +195,34 @@ func (p *Posix) OpenWriter(cid ContainerID, lid LocalID) (BlockWriter, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &posixWriter{f: f}
-	if !p.noDirect.Load() {
-		d, err := p.fs.OpenFile(name, os.O_WRONLY|unix.O_DIRECT, 0)
-		switch {
-		case err == nil:
-			w.direct = d
-		case errors.Is(err, unix.EINVAL):
-			// tmpfs and some FUSE file systems refuse O_DIRECT.
-			p.noDirect.Store(true)
-		default:
-			f.Close()
-			return nil, err
-		}
+	// The O_DIRECT descriptor is opened at the first write that can use
+	// it: a small block (one 4 KiB chunk) is written through the page
+	// cache and costs one open, not two.
+	return &posixWriter{f: f, p: p, name: name}, nil
+}
+
+// directMin is the smallest write sent through O_DIRECT. Below it the page
+// cache costs less than a second open of the file (the fdatasync that
+// makes the write durable is the same).
+const directMin = 64 << 10
+
+// openDirect opens w's O_DIRECT descriptor if it can be used.
+func (w *posixWriter) openDirect() error {
+	if w.direct != nil || w.p == nil || w.p.noDirect.Load() {
+		return nil
 	}
-	return w, nil
+	d, err := w.p.fs.OpenFile(w.name, os.O_WRONLY|unix.O_DIRECT, 0)
+	switch {
+	case err == nil:
+		w.direct = d
+	case errors.Is(err, unix.EINVAL):
+		// tmpfs and some FUSE file systems refuse O_DIRECT.
+		w.p.noDirect.Store(true)
+	default:
+		return err
+	}
+	w.p = nil // tried: not again
+	return nil
 }
 
 func (p *Posix) OpenReader(cid ContainerID, lid LocalID) (BlockReader, error) {
@@ -259,11 +272,20 @@ func (p *Posix) SyncContainer(cid ContainerID) error { return vfs.SyncDir(p.fs, 
 // after O_DIRECT to persist the file size and flush the device cache.
 type posixWriter struct {
 	f      vfs.File
-	direct vfs.File // nil when O_DIRECT is off or refused
+	direct vfs.File // nil when O_DIRECT is off, refused or not opened yet
+	// p and name open direct at the first large aligned write (p is nil
+	// once that was tried).
+	p    *Posix
+	name string
 }
 
 func (w *posixWriter) WriteAt(p []byte, off int64) (int, error) {
 	done := 0
+	if w.direct == nil && w.p != nil && off%directAlign == 0 && len(p) >= directMin {
+		if err := w.openDirect(); err != nil {
+			return 0, err
+		}
+	}
 	if w.direct != nil && off%directAlign == 0 && len(p) >= directAlign {
 		n := len(p) &^ (directAlign - 1)
 		var err error

@@ -132,3 +132,67 @@ func BenchmarkDurableWrite(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkSmallBatch is a pipeline's Ready batch of small blocks as the
+// datanode stores it: 32 one-chunk 4 KiB blocks written (WriteData), one
+// Sync (SyncData, before the entries are acknowledged), then their commits
+// (Apply). ns/op is per block.
+//   - sync-each: block files synced by Sync, every PutBlock a WAL flush
+//     (the datanode before issue 15's group commit).
+//   - group-commit: block files synced by Sync, PutBlockDeferred for all
+//     and one SyncCommits.
+//   - deferred-writes: the default: Sync puts the blocks' bytes in the
+//     WAL (no file or directory sync), then group commit.
+//
+// go test ./internal/storage -run '^$' -bench BenchmarkSmallBatch -benchtime 2000x
+func BenchmarkSmallBatch(b *testing.B) {
+	const small, batch = 4 << 10, 32
+	tiny := blockBytes(1, 2, small)
+	tinySum := DefaultChecksum.Compute(tiny)
+	for _, v := range []struct {
+		name     string
+		deferMax int64
+		group    bool
+	}{{"sync-each", -1, false}, {"group-commit", -1, true}, {"deferred-writes", 0, true}} {
+		b.Run(v.name, func(b *testing.B) {
+			s, err := Open(Options{Volumes: []string{benchDir(b)}, ContainerSize: 4 << 30, DeferredMax: v.deferMax})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close() })
+			if _, err := s.CreateContainer(1, CreateOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(small)
+			b.ResetTimer()
+			for first := 0; first < b.N; first += batch {
+				n := min(batch, b.N-first)
+				for i := range n {
+					if err := s.WriteChunk(1, LocalID(first+i), 0, tiny, tinySum, false); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := s.Sync(); err != nil {
+					b.Fatal(err)
+				}
+				for i := range n {
+					lid := LocalID(first + i)
+					bd := BlockData{LocalID: lid, Length: small, BCSID: uint64(lid) + 1, Chunks: []ChunkInfo{{0, small, tinySum}}}
+					if v.group {
+						err = s.PutBlockDeferred(1, bd)
+					} else {
+						err = s.PutBlock(1, bd)
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				if v.group {
+					if err := s.SyncCommits(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

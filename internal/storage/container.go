@@ -263,6 +263,8 @@ func (s *Store) DeleteBlocks(cid ContainerID, lids []LocalID) error {
 		cnt.Used -= bd.Length
 		cnt.Blocks--
 		b.Delete(makeKey(cid, kindBlock, uint64(lid)), nil)
+		lo, hi := deferredRange(cid, lid)
+		b.DeleteRange(lo, hi, nil)
 	}
 	cnt.check(cid)
 	b.Set(makeKey(cid, kindContainer, idCounters), cnt.encode(), nil)

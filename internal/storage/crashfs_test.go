@@ -29,6 +29,23 @@ type crashFS struct {
 	// skipSync, if set, makes a file's Sync return nil without syncing:
 	// the machine stops before that flush while later ones completed.
 	skipSync func(name string) bool
+	// walSyncs counts syncs of Pebble WAL files (*.log), syncs all
+	// syncs (files and directories).
+	walSyncs, syncs int64
+}
+
+// syncCount returns how many times a file or directory was synced.
+func (fs *crashFS) syncCount() int64 {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.syncs
+}
+
+// walSyncCount returns how many times a Pebble WAL file was synced.
+func (fs *crashFS) walSyncCount() int64 {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.walSyncs
 }
 
 type cnode struct {
@@ -470,6 +487,10 @@ func (f *cfile) Sync() error {
 	defer f.fs.mu.Unlock()
 	if !f.n.dir && f.fs.skipSync != nil && f.fs.skipSync(f.name) {
 		return nil
+	}
+	f.fs.syncs++
+	if !f.n.dir && strings.HasSuffix(f.name, ".log") {
+		f.fs.walSyncs++
 	}
 	if f.n.dir {
 		f.n.synced = make(map[string]*cnode, len(f.n.children))

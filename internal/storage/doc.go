@@ -32,7 +32,11 @@
 //     checksums when the chunk is next used after a crash. Chunks without
 //     checksums are recorded only after their data. If Sync fails, the
 //     chunks of the blocks it could not sync are forgotten as if never
-//     written and the error wraps ErrDiskFull or ErrVolumeFailed.
+//     written and the error wraps ErrDiskFull or ErrVolumeFailed. A small
+//     checksummed chunk that is all of its block's unsynced data is a
+//     deferred write (deferred.go): its bytes go in the synced Pebble batch
+//     instead of the file and directory being synced; a background flusher
+//     syncs the file later and Open replays the bytes after a crash.
 //   - WriteChunkDurable returns nil: this chunk is durable (WriteChunk, a
 //     shared Sync round, and a check that no failed round forgot it). A
 //     writer that acknowledges its own chunk uses it: plain Sync reports a
@@ -45,6 +49,11 @@
 //     length and checksums, else ErrChunkMissing naming the range — a hole
 //     is never committed as zeros. A missing chunk record is therefore the
 //     persistent "lost" mark: there is no separate list of lost chunks.
+//   - PutBlockDeferred returns nil: the block is committed as by PutBlock
+//     (its data durable, readable at once) but its record is durable only
+//     after a SyncCommits called after it returns nil. A pipeline's apply
+//     loop commits a batch so and acknowledges nothing before its
+//     SyncCommits: one WAL flush per batch, shared by concurrent batches.
 //   - BlockStream.Close returns nil: what the stream wrote is durable, as
 //     after Sync.
 //   - CreateContainer, state changes, DeleteBlocks, DeleteContainer, Import,

@@ -3,6 +3,7 @@ package storage
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
 	"golang.org/x/sys/unix"
@@ -49,11 +50,17 @@ func (s *Store) recoverVolume(v *volume) error {
 		}
 		return c
 	}
+	var defKeys, defVals [][]byte
 	for ok := it.First(); ok; ok = it.Next() {
 		val, err := it.ValueAndErr()
 		if err != nil {
 			it.Close()
 			return err
+		}
+		if _, _, _, okd := parseDeferredKey(it.Key()); okd {
+			defKeys = append(defKeys, slices.Clone(it.Key()))
+			defVals = append(defVals, slices.Clone(val))
+			continue
 		}
 		if cid, lid, off, okc := parseChunkKey(it.Key()); okc {
 			get(cid)
@@ -111,6 +118,11 @@ func (s *Store) recoverVolume(v *volume) error {
 				return err
 			}
 		}
+	}
+	// Deferred writes go back into their files before anything looks at
+	// the files (deferred.go).
+	if err := s.replayDeferred(v, defKeys, defVals); err != nil {
+		return err
 	}
 	for cid, c := range found {
 		if c.rec.MaxSize == 0 {

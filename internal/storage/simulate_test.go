@@ -87,6 +87,14 @@ func simulate(seed uint64, ops int) (st simStats, err error) {
 	}
 	ffs.SetInject(inject)
 	o := Options{FS: ffs, Volumes: []string{crashVol}, ContainerSize: 1 << 30, KeepUncommitted: true, OutOfOrderWrites: true, MaxBlockSize: maxChunks * chunkSize}
+	if seed%2 == 0 {
+		// Even seeds write every chunk as a deferred write (its bytes in
+		// the WAL, the file synced later or replayed at Open); odd seeds
+		// sync block files, which is where ENOSPC flushes are injected.
+		o.DeferredMax = chunkSize
+	} else {
+		o.DeferredMax = -1
+	}
 	s, err := Open(o)
 	if err != nil {
 		return st, err

@@ -140,6 +140,12 @@ type Options struct {
 	MaxOpenBlocks int
 	// Logf reports volume failures and recovery actions; default discard.
 	Logf func(format string, args ...any)
+	// DeferredMax: a checksummed chunk of at most this many bytes that is
+	// all of its block's unsynced data is made durable by Sync in the
+	// volume's Pebble WAL, its file synced later in the background
+	// (deferred writes, deferred.go; posix backend only). 0: default
+	// DefaultDeferredMax; negative: off.
+	DeferredMax int64
 }
 
 // DefaultMetaReserve and DefaultBallast are the default headroom kept for
@@ -174,6 +180,9 @@ func (o *Options) setDefaults() {
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
 	}
+	if o.DeferredMax == 0 {
+		o.DeferredMax = DefaultDeferredMax
+	}
 }
 
 // Store is the container storage of one datanode. All methods are safe for
@@ -203,6 +212,12 @@ type volume struct {
 	probing atomic.Bool // a health check probe is running (health.go)
 	mu      sync.Mutex
 	failErr error
+
+	// deferredSeq counts the PutBlockDeferred commits made without a WAL
+	// sync; syncedSeq is the count a completed SyncCommits covered.
+	deferredSeq, syncedSeq atomic.Uint64
+	// defer_ flushes deferred writes (nil if the volume takes none).
+	defer_ *deferrer
 
 	// Under dmu: dirty holds the blocks with written chunks that are not
 	// durable yet; inflight the Sync rounds running (each took its blocks
@@ -241,6 +256,10 @@ type container struct {
 	pending   int64 // bytes written to blocks beyond their committed length
 	open      map[LocalID]*openBlock
 	importing bool // Import in progress: invisible to other calls
+
+	// deferredKeys counts this container's deferred writes whose files
+	// the flusher has not synced yet (deferred.go).
+	deferredKeys atomic.Int64
 }
 
 // openBlock is the in-memory state of a block with uncommitted writes.
@@ -270,6 +289,9 @@ type span struct {
 	// checked against the record's checksums (the record of a checksummed
 	// chunk may reach disk before its data; see persist).
 	unverified bool
+	// data: a copy of the bytes of a chunk that may be a deferred write,
+	// kept until it is durable (deferred.go).
+	data []byte
 }
 
 func (sp span) end() int64 { return sp.off + sp.n }
@@ -348,7 +370,13 @@ func (s *Store) openVolume(v *volume) error {
 		return err
 	}
 	v.db = db
-	return s.recoverVolume(v)
+	if err := s.recoverVolume(v); err != nil {
+		return err
+	}
+	if s.deferOK(v) {
+		s.startDeferrer(v)
+	}
+	return nil
 }
 
 // reserve is the free space block data never eats into.
@@ -376,6 +404,10 @@ func (s *Store) Close() error {
 		return nil
 	}
 	serr := s.Sync()
+	// Deferred writes made after this stay in the WAL for Open to replay.
+	for _, v := range s.volumes {
+		s.stopDeferrer(v)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {

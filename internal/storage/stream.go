@@ -102,6 +102,7 @@ func (s *Store) dropRecords(c *container, lid LocalID, ob *openBlock) error {
 	for _, sp := range ob.written {
 		if sp.durable {
 			b.Delete(makeChunkKey(c.id, lid, sp.off), nil)
+			b.Delete(makeDeferredKey(c.id, lid, sp.off), nil) // if it was one
 		}
 	}
 	if b.Empty() {

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/cockroachdb/pebble/v2"
+
 	"github.com/basalt-store/basalt/internal/vfs"
 )
 
@@ -202,7 +204,11 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 		release()
 		return s.ioErr(op, c, lid, off, err)
 	}
-	ob.written = slices.Insert(ob.written, i, span{off: off, n: n, sum: sum})
+	sp := span{off: off, n: n, sum: sum}
+	if c.vol.defer_ != nil && n <= s.opts.DeferredMax && sum.Type != ChecksumNone {
+		sp.data = slices.Clone(data) // may be a deferred write (deferred.go)
+	}
+	ob.written = slices.Insert(ob.written, i, sp)
 	ob.hwm = max(ob.hwm, end)
 	s.queue(c, lid, ob)
 	s.checkOpen(c, ob)
@@ -586,7 +592,18 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	early, late := v.db.NewBatch(), v.db.NewBatch()
 	defer early.Close()
 	defer late.Close()
-	for _, d := range todo {
+	// deferred[i]: todo[i]'s unsynced data is all small checksummed
+	// chunks: their bytes go in the early batch and its file is synced
+	// later (deferred.go); the others are synced now.
+	deferred := make([]bool, len(todo))
+	var now []dirtyBlock
+	var nowAt []int
+	for i, d := range todo {
+		deferred[i] = v.defer_ != nil && deferrable(d.ob)
+		if !deferred[i] {
+			now = append(now, d)
+			nowAt = append(nowAt, i)
+		}
 		for _, sp := range d.ob.written {
 			if sp.durable {
 				continue
@@ -596,6 +613,9 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 				b = early
 			}
 			b.Set(makeChunkKey(d.c.id, d.lid, sp.off), encodeChunk(sp.n, sp.sum), nil)
+			if deferred[i] {
+				early.Set(makeDeferredKey(d.c.id, d.lid, sp.off), sp.data, nil)
+			}
 		}
 	}
 	earlyDone := make(chan error, 1)
@@ -605,39 +625,62 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		go func() { earlyDone <- early.Commit(s.metaSync()) }()
 	}
 	errs := make([]error, len(todo))
-	if s.opts.Sync != SyncNone {
-		s.syncData(v, todo, errs)
+	if s.opts.Sync != SyncNone && len(now) > 0 {
+		nowErrs := make([]error, len(now))
+		s.syncData(v, now, nowErrs)
+		for j, i := range nowAt {
+			errs[i] = nowErrs[j]
+		}
 	}
 	earlyErr := <-earlyDone
 	var ok, bad []dirtyBlock
+	var okAt []int
 	for i, d := range todo {
 		if errs[i] != nil {
 			setErr(d, errs[i])
 			bad = append(bad, d)
 		} else {
 			ok = append(ok, d)
+			okAt = append(okAt, i)
 		}
 	}
 	var lateErr error
 	if earlyErr == nil && !late.Empty() {
 		lateErr = late.Commit(s.metaSync())
 	}
-	for _, d := range ok {
+	var handed []deferredChunk
+	for k, d := range ok {
+		def := deferred[okAt[k]] && earlyErr == nil
 		for i := range d.ob.written {
 			sp := &d.ob.written[i]
 			switch {
 			case sp.durable:
 			case sp.sum.Type != ChecksumNone && earlyErr == nil:
 				sp.durable = true
+				if def {
+					handed = append(handed, deferredChunk{c: d.c, lid: d.lid, off: sp.off, dir: d.ob.dirSync})
+					d.c.deferredKeys.Add(1)
+				}
 			case sp.sum.Type == ChecksumNone && earlyErr == nil && lateErr == nil:
 				sp.durable = true
 			}
+			if sp.durable {
+				sp.data = nil
+			}
+		}
+		if def {
+			// The deferred key stands for the directory entry until the
+			// flusher syncs it.
+			d.ob.dirSync = false
 		}
 		if err := cmp.Or(earlyErr, lateErr); err != nil {
 			setErr(d, err)
 			s.forget(d.c, d.ob, func(span) bool { return true })
 		}
 		s.checkOpen(d.c, d.ob)
+	}
+	if len(handed) > 0 {
+		v.addDeferred(handed)
 	}
 	if len(bad) > 0 {
 		// A failed fsync may have dropped the dirty pages: the chunks are
@@ -683,7 +726,9 @@ func (s *Store) syncData(v *volume, blocks []dirtyBlock, errs []error) {
 	}
 	dirs := map[ContainerID]*error{}
 	for _, d := range blocks {
-		if d.ob.dirSync && dirs[d.c.id] == nil {
+		// A container with deferred writes not flushed yet has file
+		// entries that may not be durable, perhaps this block's own.
+		if (d.ob.dirSync || d.c.deferredKeys.Load() > 0) && dirs[d.c.id] == nil {
 			e := new(error)
 			dirs[d.c.id] = e
 			cid := d.c.id
@@ -699,7 +744,7 @@ func (s *Store) syncData(v *volume, blocks []dirtyBlock, errs []error) {
 	}
 	wg.Wait()
 	for i, d := range blocks {
-		if e := dirs[d.c.id]; e != nil && d.ob.dirSync {
+		if e := dirs[d.c.id]; e != nil {
 			if errs[i] == nil {
 				errs[i] = *e
 			}
@@ -779,6 +824,60 @@ func (s *Store) verifyLocked(c *container, lid LocalID, ob *openBlock, from, to 
 // starts with the committed one extends the block (its BCSID may not go
 // back); repeating a commit is a no-op.
 func (s *Store) PutBlock(cid ContainerID, bd BlockData) error {
+	return s.putBlock(cid, bd, false)
+}
+
+// PutBlockDeferred commits a block as PutBlock does (same checks; the
+// chunks' data is durable before the record that names it), except that it
+// does not wait for the record to reach disk: the block is committed at
+// once for readers, and durable once a SyncCommits called after this
+// returned has returned. Nothing may be acknowledged in between. A
+// pipeline's apply loop commits a batch of entries this way and makes them
+// durable with one SyncCommits (one WAL flush per volume for the batch, and
+// concurrent batches of pipelines sharing a volume share that flush)
+// before it reports any of them applied: group commit, where PutBlock
+// costs a device flush per block.
+func (s *Store) PutBlockDeferred(cid ContainerID, bd BlockData) error {
+	return s.putBlock(cid, bd, true)
+}
+
+// SyncCommits makes durable every PutBlockDeferred that returned before it
+// was called, on every volume: one Pebble WAL sync per volume that had
+// such a commit since its last sync (the WAL is sequential, so a sync
+// covers every record before it). On error the volume is failed (its
+// containers are reported UNHEALTHY) and the error wraps ErrVolumeFailed.
+func (s *Store) SyncCommits() error {
+	s.mu.RLock()
+	closed := s.closed
+	s.mu.RUnlock()
+	if closed {
+		return cErr("sync commits", ErrClosed, 0, "", nil)
+	}
+	var errs []error
+	for _, v := range s.volumes {
+		// Every commit counted in target had returned from its Pebble
+		// commit; a sync that completed after covering target (this one
+		// or a concurrent caller's) makes them durable.
+		target := v.deferredSeq.Load()
+		if v.syncedSeq.Load() >= target {
+			continue
+		}
+		if err := v.db.LogData(nil, pebble.Sync); err != nil {
+			v.fail(err, s.opts.Logf)
+			errs = append(errs, cErr("sync commits", ErrVolumeFailed, 0, "WAL sync", err).withVolume(v.path))
+			continue
+		}
+		for {
+			done := v.syncedSeq.Load()
+			if done >= target || v.syncedSeq.CompareAndSwap(done, target) {
+				break
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Store) putBlock(cid ContainerID, bd BlockData, deferred bool) error {
 	const op = "put block"
 	lid := bd.LocalID
 	if err := s.validateBlock(cid, &bd); err != nil {
@@ -835,7 +934,7 @@ func (s *Store) PutBlock(cid ContainerID, bd BlockData) error {
 			s.forget(c, ob, func(span) bool { return true })
 			return s.ioErr(op, c, lid, 0, err)
 		}
-		if ob.dirSync {
+		if ob.dirSync || c.deferredKeys.Load() > 0 {
 			if err := c.vol.files.SyncContainer(cid); err != nil {
 				return s.ioErr(op, c, lid, 0, err)
 			}
@@ -881,8 +980,16 @@ func (s *Store) PutBlock(cid ContainerID, bd BlockData) error {
 			keep = append(keep, tail)
 		}
 	}
-	if err := b.Commit(s.metaSync()); err != nil {
+	wo := s.metaSync()
+	deferred = deferred && wo.Sync
+	if deferred {
+		wo = pebble.NoSync
+	}
+	if err := b.Commit(wo); err != nil {
 		return s.ioErr(op, c, lid, 0, err)
+	}
+	if deferred {
+		c.vol.deferredSeq.Add(1) // after the commit: see SyncCommits
 	}
 	c.mu.Lock()
 	c.cnt = cnt
