@@ -1881,9 +1881,13 @@ func (x *DeleteBlocksCmd) GetTxId() uint64 {
 // message; the response carries the cache file's descriptor (SCM_RIGHTS)
 // when error is empty.
 type ShortCircuitRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Block         *BlockID               `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"`
-	Token         []byte                 `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"` // the block's read token
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Block *BlockID               `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"`
+	Token []byte                 `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"` // the block's read token
+	// block_file: pass the replica's committed block file itself, cached or
+	// not (shortcircuit_block.go); the client verifies every checksum window
+	// it reads from the chunk checksums in the response.
+	BlockFile     bool `protobuf:"varint,100,opt,name=block_file,json=blockFile,proto3" json:"block_file,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1932,10 +1936,25 @@ func (x *ShortCircuitRequest) GetToken() []byte {
 	return nil
 }
 
+func (x *ShortCircuitRequest) GetBlockFile() bool {
+	if x != nil {
+		return x.BlockFile
+	}
+	return false
+}
+
 type ShortCircuitResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Block         *BlockData             `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"` // chunk checksums (verified by the datanode)
-	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Block *BlockData             `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"` // chunk checksums (verified by the datanode)
+	Error string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// datanode_id: the datanode that answered, so a client whose host has a
+	// socket at the same path (another datanode) does not take its file for
+	// this replica's.
+	DatanodeId uint64 `protobuf:"varint,100,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
+	// not_available: the datanode cannot pass this block's file (zoned
+	// backend, block with uncommitted writes, UNHEALTHY container, no such
+	// replica): read it over gRPC. Not a refusal of the token.
+	NotAvailable  bool `protobuf:"varint,101,opt,name=not_available,json=notAvailable,proto3" json:"not_available,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1982,6 +2001,20 @@ func (x *ShortCircuitResponse) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *ShortCircuitResponse) GetDatanodeId() uint64 {
+	if x != nil {
+		return x.DatanodeId
+	}
+	return 0
+}
+
+func (x *ShortCircuitResponse) GetNotAvailable() bool {
+	if x != nil {
+		return x.NotAvailable
+	}
+	return false
 }
 
 var File_datanode_datanode_proto protoreflect.FileDescriptor
@@ -2126,13 +2159,18 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x0fDeleteBlocksCmd\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1b\n" +
 	"\tlocal_ids\x18\x02 \x03(\x04R\blocalIds\x12\x13\n" +
-	"\x05tx_id\x18\x03 \x01(\x04R\x04txId\"[\n" +
+	"\x05tx_id\x18\x03 \x01(\x04R\x04txId\"z\n" +
 	"\x13ShortCircuitRequest\x12.\n" +
 	"\x05block\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x05block\x12\x14\n" +
-	"\x05token\x18\x02 \x01(\fR\x05token\"^\n" +
+	"\x05token\x18\x02 \x01(\fR\x05token\x12\x1d\n" +
+	"\n" +
+	"block_file\x18d \x01(\bR\tblockFile\"\xa4\x01\n" +
 	"\x14ShortCircuitResponse\x120\n" +
 	"\x05block\x18\x01 \x01(\v2\x1a.basalt.datanode.BlockDataR\x05block\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error*K\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1f\n" +
+	"\vdatanode_id\x18d \x01(\x04R\n" +
+	"datanodeId\x12#\n" +
+	"\rnot_available\x18e \x01(\bR\fnotAvailable*K\n" +
 	"\fChecksumType\x12\x11\n" +
 	"\rCHECKSUM_NONE\x10\x00\x12\x13\n" +
 	"\x0fCHECKSUM_CRC32C\x10\x01\x12\x13\n" +
