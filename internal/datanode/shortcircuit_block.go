@@ -54,7 +54,11 @@ func (d *Datanode) shortCircuitBlock(req *datanodepb.ShortCircuitRequest) (*data
 	cid, lid := req.GetBlock().GetContainerId(), req.GetBlock().GetLocalId()
 	if err := d.verifyToken(req.Token, cid, lid, blocktoken.Read); err != nil {
 		st.denied.Add(1)
-		return &datanodepb.ShortCircuitResponse{Error: err.Error()}, nil
+		kind := datanodepb.Error_TOKEN_INVALID
+		if errors.Is(err, blocktoken.ErrExpired) {
+			kind = datanodepb.Error_TOKEN_EXPIRED
+		}
+		return &datanodepb.ShortCircuitResponse{Error: err.Error(), TokenRefused: kind}, nil
 	}
 	f, bd, err := d.store.OpenBlockFile(storage.ContainerID(cid), storage.LocalID(lid))
 	if err != nil {

@@ -1954,7 +1954,10 @@ type ShortCircuitResponse struct {
 	// not_available: the datanode cannot pass this block's file (zoned
 	// backend, block with uncommitted writes, UNHEALTHY container, no such
 	// replica): read it over gRPC. Not a refusal of the token.
-	NotAvailable  bool `protobuf:"varint,101,opt,name=not_available,json=notAvailable,proto3" json:"not_available,omitempty"`
+	NotAvailable bool `protobuf:"varint,101,opt,name=not_available,json=notAvailable,proto3" json:"not_available,omitempty"`
+	// token_refused: TOKEN_EXPIRED (look the key up again) or TOKEN_INVALID
+	// when the block token was refused; UNKNOWN otherwise.
+	TokenRefused  Error_Kind `protobuf:"varint,102,opt,name=token_refused,json=tokenRefused,proto3,enum=basalt.datanode.Error_Kind" json:"token_refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2015,6 +2018,13 @@ func (x *ShortCircuitResponse) GetNotAvailable() bool {
 		return x.NotAvailable
 	}
 	return false
+}
+
+func (x *ShortCircuitResponse) GetTokenRefused() Error_Kind {
+	if x != nil {
+		return x.TokenRefused
+	}
+	return Error_UNKNOWN
 }
 
 var File_datanode_datanode_proto protoreflect.FileDescriptor
@@ -2164,13 +2174,14 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x05block\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x05block\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\fR\x05token\x12\x1d\n" +
 	"\n" +
-	"block_file\x18d \x01(\bR\tblockFile\"\xa4\x01\n" +
+	"block_file\x18d \x01(\bR\tblockFile\"\xe6\x01\n" +
 	"\x14ShortCircuitResponse\x120\n" +
 	"\x05block\x18\x01 \x01(\v2\x1a.basalt.datanode.BlockDataR\x05block\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1f\n" +
 	"\vdatanode_id\x18d \x01(\x04R\n" +
 	"datanodeId\x12#\n" +
-	"\rnot_available\x18e \x01(\bR\fnotAvailable*K\n" +
+	"\rnot_available\x18e \x01(\bR\fnotAvailable\x12@\n" +
+	"\rtoken_refused\x18f \x01(\x0e2\x1b.basalt.datanode.Error.KindR\ftokenRefused*K\n" +
 	"\fChecksumType\x12\x11\n" +
 	"\rCHECKSUM_NONE\x10\x00\x12\x13\n" +
 	"\x0fCHECKSUM_CRC32C\x10\x01\x12\x13\n" +
@@ -2258,27 +2269,28 @@ var file_datanode_datanode_proto_depIdxs = []int32{
 	5,  // 21: basalt.datanode.PutSmallFileCmd.block:type_name -> basalt.datanode.BlockData
 	2,  // 22: basalt.datanode.ShortCircuitRequest.block:type_name -> basalt.datanode.BlockID
 	5,  // 23: basalt.datanode.ShortCircuitResponse.block:type_name -> basalt.datanode.BlockData
-	10, // 24: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
-	12, // 25: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
-	14, // 26: basalt.datanode.Datanode.PutSmallFile:input_type -> basalt.datanode.PutSmallFileRequest
-	16, // 27: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
-	18, // 28: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
-	19, // 29: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
-	8,  // 30: basalt.datanode.Datanode.ApplyStatus:input_type -> basalt.datanode.ApplyStatusRequest
-	6,  // 31: basalt.datanode.Datanode.ExportContainer:input_type -> basalt.datanode.ExportContainerRequest
-	11, // 32: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
-	13, // 33: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
-	15, // 34: basalt.datanode.Datanode.PutSmallFile:output_type -> basalt.datanode.PutSmallFileResponse
-	17, // 35: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
-	5,  // 36: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
-	20, // 37: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
-	9,  // 38: basalt.datanode.Datanode.ApplyStatus:output_type -> basalt.datanode.ApplyStatusResponse
-	7,  // 39: basalt.datanode.Datanode.ExportContainer:output_type -> basalt.datanode.ExportContainerResponse
-	32, // [32:40] is the sub-list for method output_type
-	24, // [24:32] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	1,  // 24: basalt.datanode.ShortCircuitResponse.token_refused:type_name -> basalt.datanode.Error.Kind
+	10, // 25: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
+	12, // 26: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
+	14, // 27: basalt.datanode.Datanode.PutSmallFile:input_type -> basalt.datanode.PutSmallFileRequest
+	16, // 28: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
+	18, // 29: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
+	19, // 30: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
+	8,  // 31: basalt.datanode.Datanode.ApplyStatus:input_type -> basalt.datanode.ApplyStatusRequest
+	6,  // 32: basalt.datanode.Datanode.ExportContainer:input_type -> basalt.datanode.ExportContainerRequest
+	11, // 33: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
+	13, // 34: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
+	15, // 35: basalt.datanode.Datanode.PutSmallFile:output_type -> basalt.datanode.PutSmallFileResponse
+	17, // 36: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
+	5,  // 37: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
+	20, // 38: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
+	9,  // 39: basalt.datanode.Datanode.ApplyStatus:output_type -> basalt.datanode.ApplyStatusResponse
+	7,  // 40: basalt.datanode.Datanode.ExportContainer:output_type -> basalt.datanode.ExportContainerResponse
+	33, // [33:41] is the sub-list for method output_type
+	25, // [25:33] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_datanode_datanode_proto_init() }
