@@ -226,6 +226,7 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 	f.DurationVar(&cfg.VolumeCheckTimeout, "volume-check-timeout", datanode.DefaultVolumeCheckTimeout, "a volume health check not done by then fails the volume (a hung disk)")
 	f.StringVar(&cacheDirs, "cache-dir", "", "cache tier directories, comma-separated: a DAX-mounted pmem file system (or tmpfs); cached blocks survive restarts (docs/CACHE.md)")
 	f.StringVar(&cacheBytes, "cache-bytes", "", "capacity of each cache directory (e.g. 4GiB); without --cache-dir, the size of a DRAM cache (locked memory, not persistent)")
+	f.StringVar(&cfg.ShortCircuitSocket, "short-circuit-socket", "", "Unix socket through which readers on this host get block files (short-circuit local reads; default DATA_DIR/short-circuit.sock; \"-\": none)")
 	tf.register(cmd, false, false)
 	return cmd
 }
