@@ -56,6 +56,8 @@ type KeyReader struct {
 	// a datanode found a token expired (refreshMu serializes lookups).
 	tokens    map[int][]byte
 	refreshMu sync.Mutex
+	// scb: local block files (short-circuit reads, shortcircuit_block.go).
+	scb scBlocks
 
 	// Read and Seek state (not for concurrent use, as with any io.Reader).
 	pos     int64
@@ -97,6 +99,7 @@ func (r *KeyReader) Close() error {
 	r.mu.Lock()
 	r.closed = true
 	r.mu.Unlock()
+	r.scb.close()
 	r.buf = nil
 	return nil
 }
@@ -245,7 +248,10 @@ func (r *KeyReader) readBlock(ctx context.Context, bi int, l *metapb.BlockLocati
 		if r.c.shortCircuit(l, d, tok, off, dst) {
 			return nil // a local cached replica, mapped (shortcircuit.go)
 		}
-		err := r.readReplica(ctx, bi, l, d, tok, off, dst)
+		err := r.readLocal(bi, l, d, tok, off, dst) // shortcircuit_block.go
+		if errors.Is(err, errNoLocal) {
+			err = r.readReplica(ctx, bi, l, d, tok, off, dst)
+		}
 		if err == nil {
 			return nil
 		}

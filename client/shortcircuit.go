@@ -42,6 +42,7 @@ type shortCircuits struct {
 	mu    sync.Mutex
 	maps  map[scKey]*scMap
 	reads atomic.Uint64
+	blk   scBlockCounters // block files (shortcircuit_block.go)
 }
 
 // ShortCircuitReads counts reads this client served by mapping a cached

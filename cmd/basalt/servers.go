@@ -253,6 +253,7 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 	f.StringVar(&cacheDirs, "cache-dir", "", "cache tier directories, comma-separated: a DAX-mounted pmem file system (or tmpfs); cached blocks survive restarts (docs/CACHE.md)")
 	f.StringVar(&bootstrapToken, "bootstrap-token", "", "one-time token (`basalt admin ca token create`; or $"+envBootstrapToken+"): with no certificate in the TLS directory, get one from the cluster CA and write it there")
 	f.StringVar(&cacheBytes, "cache-bytes", "", "capacity of each cache directory (e.g. 4GiB); without --cache-dir, the size of a DRAM cache (locked memory, not persistent)")
+	f.StringVar(&cfg.ShortCircuitSocket, "short-circuit-socket", "", "Unix socket through which readers on this host get block files (short-circuit local reads; default DATA_DIR/short-circuit.sock; \"-\": none)")
 	tf.register(cmd, false, false)
 	return cmd
 }

@@ -72,8 +72,10 @@ type Config struct {
 	CacheDRAM           bool
 	CacheRoot           string
 	CacheRescanInterval time.Duration
-	Registerer          prometheus.Registerer
-	Logger              *slog.Logger
+	// NoShortCircuit: no datanode opens its short-circuit socket.
+	NoShortCircuit bool
+	Registerer     prometheus.Registerer
+	Logger         *slog.Logger
 }
 
 // Cluster is a running in-process cluster.
@@ -202,14 +204,19 @@ func (c *Cluster) newDatanode(i int) (*datanode.Datanode, error) {
 	default:
 		cacheDirs = []string{filepath.Join(dir, "cache")}
 	}
+	sock := ""
+	if c.cfg.NoShortCircuit {
+		sock = "-"
+	}
 	return datanode.New(datanode.Config{
 		DataDir: dir, Location: c.cfg.Location(i), TLS: creds,
 		Hostname: fmt.Sprintf("dn%d", i+1), MetaAddrs: []string{c.MetaAddr()},
 		ListenAddr: c.cfg.addr(10 + 2*i), RaftAddr: c.cfg.addr(11 + 2*i), StreamAddr: c.cfg.addr(40 + i), TickInterval: c.cfg.TickInterval,
 		Storage:   so,
 		CacheDirs: cacheDirs, CacheBytes: c.cfg.CacheBytes,
-		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"role": "datanode", "datanode": fmt.Sprint(i + 1)}, c.cfg.Registerer),
-		Logger:     c.cfg.Logger.With("role", "datanode", "dn", i+1),
+		Registerer:         prometheus.WrapRegistererWith(prometheus.Labels{"role": "datanode", "datanode": fmt.Sprint(i + 1)}, c.cfg.Registerer),
+		Logger:             c.cfg.Logger.With("role", "datanode", "dn", i+1),
+		ShortCircuitSocket: sock,
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
@@ -33,14 +34,16 @@ type shortCircuit struct {
 	lis    *net.UnixListener
 	served atomic.Uint64
 	denied atomic.Uint64
+	// blk: requests for block files (shortcircuit_block.go).
+	blk        scBlockStats
+	collectors []prometheus.Collector
 }
 
 func (d *Datanode) startShortCircuit() error {
-	if d.cache == nil || d.cache.dram || d.cfg.ShortCircuitSocket == "-" {
-		return nil
-	}
+	// The socket serves cache files and, on the posix backend, block
+	// files (shortcircuit_block.go); the default path is set in New.
 	path := d.cfg.ShortCircuitSocket
-	if path == "" {
+	if path == "" || path == "-" {
 		return nil
 	}
 	os.Remove(path) // a socket left by a previous run
@@ -53,6 +56,7 @@ func (d *Datanode) startShortCircuit() error {
 		return err
 	}
 	d.sc = &shortCircuit{lis: lis}
+	d.registerShortCircuitMetrics()
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -71,6 +75,7 @@ func (d *Datanode) stopShortCircuit() {
 	if d.sc != nil {
 		d.sc.lis.Close()
 		os.Remove(d.cfg.ShortCircuitSocket)
+		d.unregisterShortCircuitMetrics()
 	}
 }
 
@@ -120,12 +125,16 @@ func (d *Datanode) serveShortCircuit(c *net.UnixConn) {
 		if err := readFrame(c, req); err != nil {
 			return
 		}
-		resp, f := d.shortCircuitOpen(req)
+		resp, f := d.shortCircuitAnswer(req)
 		var oob []byte
 		if f != nil {
 			oob = unix.UnixRights(int(f.Fd()))
 		}
-		_, _, err := c.WriteMsgUnix(frame(resp), oob, nil)
+		msg := frame(resp)
+		n, _, err := c.WriteMsgUnix(msg, oob, nil)
+		if err == nil && n < len(msg) {
+			_, err = c.Write(msg[n:]) // a large answer (many chunk checksums)
+		}
 		if f != nil {
 			f.Close()
 		}

@@ -109,8 +109,10 @@ type Config struct {
 	CacheDirs  []string
 	CacheBytes int64
 	// ShortCircuitSocket is the Unix socket local readers get cached
-	// blocks' files from (cache_shortcircuit.go; default
-	// DataDir/short-circuit.sock with cache directories; "-": none).
+	// blocks' files and, on the posix backend, any committed block's
+	// file from (cache_shortcircuit.go, shortcircuit_block.go; default
+	// DataDir/short-circuit.sock with cache directories or a posix
+	// volume; "-": none).
 	ShortCircuitSocket string
 }
 
@@ -257,7 +259,7 @@ func New(cfg Config) (*Datanode, error) {
 		st.Close()
 		return nil, err
 	}
-	if d.cache != nil && !d.cache.dram && d.cfg.ShortCircuitSocket == "" {
+	if d.cfg.ShortCircuitSocket == "" && (d.cache != nil && !d.cache.dram || st.PassesBlockFiles()) {
 		d.cfg.ShortCircuitSocket = filepath.Join(cfg.DataDir, "short-circuit.sock")
 	}
 	mc, err := metaclient.New(metaclient.Config{Addrs: cfg.MetaAddrs, DialOptions: []grpc.DialOption{cfg.TLS.GRPCDialOption(pki.RoleMeta)}})
@@ -811,7 +813,7 @@ func (d *Datanode) SmallFiles() uint64 { return d.stats.smallFiles.Load() }
 
 // shortCircuitPath is the socket registered with SCM ("" without one).
 func (d *Datanode) shortCircuitPath() string {
-	if d.cache == nil || d.cache.dram || d.cfg.ShortCircuitSocket == "-" {
+	if d.cfg.ShortCircuitSocket == "-" {
 		return ""
 	}
 	return d.cfg.ShortCircuitSocket

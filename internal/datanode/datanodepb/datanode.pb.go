@@ -1881,9 +1881,13 @@ func (x *DeleteBlocksCmd) GetTxId() uint64 {
 // message; the response carries the cache file's descriptor (SCM_RIGHTS)
 // when error is empty.
 type ShortCircuitRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Block         *BlockID               `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"`
-	Token         []byte                 `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"` // the block's read token
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Block *BlockID               `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"`
+	Token []byte                 `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"` // the block's read token
+	// block_file: pass the replica's committed block file itself, cached or
+	// not (shortcircuit_block.go); the client verifies every checksum window
+	// it reads from the chunk checksums in the response.
+	BlockFile     bool `protobuf:"varint,100,opt,name=block_file,json=blockFile,proto3" json:"block_file,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1932,10 +1936,28 @@ func (x *ShortCircuitRequest) GetToken() []byte {
 	return nil
 }
 
+func (x *ShortCircuitRequest) GetBlockFile() bool {
+	if x != nil {
+		return x.BlockFile
+	}
+	return false
+}
+
 type ShortCircuitResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Block         *BlockData             `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"` // chunk checksums (verified by the datanode)
-	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Block *BlockData             `protobuf:"bytes,1,opt,name=block,proto3" json:"block,omitempty"` // chunk checksums (verified by the datanode)
+	Error string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// datanode_id: the datanode that answered, so a client whose host has a
+	// socket at the same path (another datanode) does not take its file for
+	// this replica's.
+	DatanodeId uint64 `protobuf:"varint,100,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
+	// not_available: the datanode cannot pass this block's file (zoned
+	// backend, block with uncommitted writes, UNHEALTHY container, no such
+	// replica): read it over gRPC. Not a refusal of the token.
+	NotAvailable bool `protobuf:"varint,101,opt,name=not_available,json=notAvailable,proto3" json:"not_available,omitempty"`
+	// token_refused: TOKEN_EXPIRED (look the key up again) or TOKEN_INVALID
+	// when the block token was refused; UNKNOWN otherwise.
+	TokenRefused  Error_Kind `protobuf:"varint,102,opt,name=token_refused,json=tokenRefused,proto3,enum=basalt.datanode.Error_Kind" json:"token_refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1982,6 +2004,27 @@ func (x *ShortCircuitResponse) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *ShortCircuitResponse) GetDatanodeId() uint64 {
+	if x != nil {
+		return x.DatanodeId
+	}
+	return 0
+}
+
+func (x *ShortCircuitResponse) GetNotAvailable() bool {
+	if x != nil {
+		return x.NotAvailable
+	}
+	return false
+}
+
+func (x *ShortCircuitResponse) GetTokenRefused() Error_Kind {
+	if x != nil {
+		return x.TokenRefused
+	}
+	return Error_UNKNOWN
 }
 
 var File_datanode_datanode_proto protoreflect.FileDescriptor
@@ -2126,13 +2169,19 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\x0fDeleteBlocksCmd\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1b\n" +
 	"\tlocal_ids\x18\x02 \x03(\x04R\blocalIds\x12\x13\n" +
-	"\x05tx_id\x18\x03 \x01(\x04R\x04txId\"[\n" +
+	"\x05tx_id\x18\x03 \x01(\x04R\x04txId\"z\n" +
 	"\x13ShortCircuitRequest\x12.\n" +
 	"\x05block\x18\x01 \x01(\v2\x18.basalt.datanode.BlockIDR\x05block\x12\x14\n" +
-	"\x05token\x18\x02 \x01(\fR\x05token\"^\n" +
+	"\x05token\x18\x02 \x01(\fR\x05token\x12\x1d\n" +
+	"\n" +
+	"block_file\x18d \x01(\bR\tblockFile\"\xe6\x01\n" +
 	"\x14ShortCircuitResponse\x120\n" +
 	"\x05block\x18\x01 \x01(\v2\x1a.basalt.datanode.BlockDataR\x05block\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error*K\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1f\n" +
+	"\vdatanode_id\x18d \x01(\x04R\n" +
+	"datanodeId\x12#\n" +
+	"\rnot_available\x18e \x01(\bR\fnotAvailable\x12@\n" +
+	"\rtoken_refused\x18f \x01(\x0e2\x1b.basalt.datanode.Error.KindR\ftokenRefused*K\n" +
 	"\fChecksumType\x12\x11\n" +
 	"\rCHECKSUM_NONE\x10\x00\x12\x13\n" +
 	"\x0fCHECKSUM_CRC32C\x10\x01\x12\x13\n" +
@@ -2220,27 +2269,28 @@ var file_datanode_datanode_proto_depIdxs = []int32{
 	5,  // 21: basalt.datanode.PutSmallFileCmd.block:type_name -> basalt.datanode.BlockData
 	2,  // 22: basalt.datanode.ShortCircuitRequest.block:type_name -> basalt.datanode.BlockID
 	5,  // 23: basalt.datanode.ShortCircuitResponse.block:type_name -> basalt.datanode.BlockData
-	10, // 24: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
-	12, // 25: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
-	14, // 26: basalt.datanode.Datanode.PutSmallFile:input_type -> basalt.datanode.PutSmallFileRequest
-	16, // 27: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
-	18, // 28: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
-	19, // 29: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
-	8,  // 30: basalt.datanode.Datanode.ApplyStatus:input_type -> basalt.datanode.ApplyStatusRequest
-	6,  // 31: basalt.datanode.Datanode.ExportContainer:input_type -> basalt.datanode.ExportContainerRequest
-	11, // 32: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
-	13, // 33: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
-	15, // 34: basalt.datanode.Datanode.PutSmallFile:output_type -> basalt.datanode.PutSmallFileResponse
-	17, // 35: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
-	5,  // 36: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
-	20, // 37: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
-	9,  // 38: basalt.datanode.Datanode.ApplyStatus:output_type -> basalt.datanode.ApplyStatusResponse
-	7,  // 39: basalt.datanode.Datanode.ExportContainer:output_type -> basalt.datanode.ExportContainerResponse
-	32, // [32:40] is the sub-list for method output_type
-	24, // [24:32] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	1,  // 24: basalt.datanode.ShortCircuitResponse.token_refused:type_name -> basalt.datanode.Error.Kind
+	10, // 25: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
+	12, // 26: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
+	14, // 27: basalt.datanode.Datanode.PutSmallFile:input_type -> basalt.datanode.PutSmallFileRequest
+	16, // 28: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
+	18, // 29: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
+	19, // 30: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
+	8,  // 31: basalt.datanode.Datanode.ApplyStatus:input_type -> basalt.datanode.ApplyStatusRequest
+	6,  // 32: basalt.datanode.Datanode.ExportContainer:input_type -> basalt.datanode.ExportContainerRequest
+	11, // 33: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
+	13, // 34: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
+	15, // 35: basalt.datanode.Datanode.PutSmallFile:output_type -> basalt.datanode.PutSmallFileResponse
+	17, // 36: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
+	5,  // 37: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
+	20, // 38: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
+	9,  // 39: basalt.datanode.Datanode.ApplyStatus:output_type -> basalt.datanode.ApplyStatusResponse
+	7,  // 40: basalt.datanode.Datanode.ExportContainer:output_type -> basalt.datanode.ExportContainerResponse
+	33, // [33:41] is the sub-list for method output_type
+	25, // [25:33] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_datanode_datanode_proto_init() }

@@ -1,0 +1,329 @@
+package client
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+)
+
+// Short-circuit reads of any committed block (HDFS-style local reads):
+// when a replica's datanode advertises a Unix socket that exists on this
+// host (the same test as for cached blocks, shortcircuit.go), the reader
+// asks it for the block's file with the block's read token and receives
+// the block's chunk checksums and a read-only descriptor. It then preads
+// the file itself and verifies every checksum window it returns
+// (verifyRange, as for gRPC reads with client_verifies): no TLS, no gRPC,
+// no datanode thread. A window that fails its checksum is a corrupt
+// replica (reported as for gRPC reads; the next replica is read); any
+// other failure, and a datanode that cannot pass the file (not_available),
+// falls back to gRPC on the same replica. Descriptors are kept per block
+// for the reader's lifetime (at most maxSCBlockFiles) and closed by Close.
+
+const (
+	maxSCBlockFiles = 64
+	maxSCAnswer     = 16 << 20 // bounds a datanode's answer
+)
+
+// errNoLocal: the short-circuit read did not serve the range; read it over
+// gRPC.
+var errNoLocal = errors.New("no short-circuit read")
+
+// scBlockFile is one block's file from one replica; f nil: not available
+// from it (read over gRPC).
+type scBlockFile struct {
+	f  *os.File
+	bd *datanodepb.BlockData
+}
+
+// scBlocks are a reader's block files.
+type scBlocks struct {
+	mu     sync.Mutex
+	files  map[scKey]*scBlockFile
+	closed bool
+}
+
+// scBlockCounters are the client's short-circuit block-file counters.
+type scBlockCounters struct {
+	reads, bytes, fallbacks, opened atomic.Uint64
+}
+
+// ShortCircuitStats count a client's short-circuit reads of block files.
+type ShortCircuitStats struct {
+	Reads     uint64 // ranges served from a local block file
+	Bytes     uint64 // bytes served so
+	Fallbacks uint64 // ranges a local file did not serve (not available, I/O error, checksum mismatch): read over gRPC
+	Opened    uint64 // block file descriptors received
+}
+
+// ShortCircuitBlockStats returns the client's short-circuit block-file
+// counters.
+func (c *Client) ShortCircuitBlockStats() ShortCircuitStats {
+	b := &c.sc.blk
+	return ShortCircuitStats{Reads: b.reads.Load(), Bytes: b.bytes.Load(), Fallbacks: b.fallbacks.Load(), Opened: b.opened.Load()}
+}
+
+// readLocal fills dst from block bi at off by reading d's block file, if d
+// runs on this host and passes it. errNoLocal: read over gRPC; a
+// *corruptError: d's copy fails its checksums.
+func (r *KeyReader) readLocal(bi int, l *metapb.BlockLocation, d *metapb.DatanodeDetails, tok []byte, off int64, dst []byte) error {
+	c := r.c
+	if c.cfg.NoShortCircuit || d.ShortCircuitSocket == "" || len(dst) == 0 {
+		return errNoLocal
+	}
+	k := scKey{d.Id, l.Id.GetContainerId(), l.Id.GetLocalId()}
+	bf, err := r.scb.file(k, d, l.Id, tok, &c.sc.blk)
+	if err != nil {
+		// The token refused: as gRPC would refuse it (an expired one is
+		// refreshed by the caller and the replica asked again).
+		return err
+	}
+	if bf == nil || bf.f == nil {
+		return errNoLocal
+	}
+	r.mu.Lock()
+	if r.layout[bi] == nil {
+		r.layout[bi] = bf.bd
+	}
+	r.mu.Unlock()
+	end := off + int64(len(dst))
+	rs, re := alignRange(bf.bd, int64(r.raw.BytesPerChecksum), int64(l.Length), off, end)
+	data := dst
+	if rs != off || re != end {
+		data = make([]byte, re-rs)
+	}
+	n, err := bf.f.ReadAt(data, rs)
+	if err == nil || (err == io.EOF && n == len(data)) {
+		err = verifyRange(bf.bd, rs, data, off, end)
+	} else {
+		err = fmt.Errorf("short-circuit read of %s at %d: %d of %d bytes: %w", bf.f.Name(), rs, n, len(data), err)
+	}
+	if err != nil {
+		c.sc.blk.fallbacks.Add(1)
+		r.scb.drop(k, bf)
+		var ce *corruptError
+		if errors.As(err, &ce) {
+			ce.msg += " (short-circuit read of the local block file)"
+			return err
+		}
+		c.log.Debug("short-circuit read failed; reading over gRPC", "datanode", d.Id, "err", err)
+		return errNoLocal
+	}
+	if &data[0] != &dst[0] {
+		copy(dst, data[off-rs:])
+	}
+	c.sc.blk.reads.Add(1)
+	c.sc.blk.bytes.Add(uint64(len(dst)))
+	return nil
+}
+
+// file returns block k's file from datanode d, asking d's socket the first
+// time. nil: not now (socket failed, reader closed); a file with f nil:
+// never from d for this reader; an error: the token was refused (a gRPC
+// status, as ReadBlock's).
+func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, id *metapb.BlockID, tok []byte, cnt *scBlockCounters) (*scBlockFile, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, nil
+	}
+	if bf := s.files[k]; bf != nil {
+		s.mu.Unlock()
+		return bf, nil
+	}
+	s.mu.Unlock()
+	bf := &scBlockFile{}
+	if _, err := os.Stat(d.ShortCircuitSocket); err == nil { // else: not this host
+		f, bd, notAvail, err := fetchBlockFile(d.ShortCircuitSocket, d.Id, id, tok)
+		var te *scTokenError
+		switch {
+		case err == nil:
+			cnt.opened.Add(1)
+			bf.f, bf.bd = f, bd
+		case errors.As(err, &te):
+			st, serr := status.New(codes.PermissionDenied, te.msg).WithDetails(&datanodepb.Error{Kind: te.kind})
+			if serr != nil {
+				return nil, status.Error(codes.PermissionDenied, te.msg)
+			}
+			return nil, st.Err()
+		case !notAvail:
+			cnt.fallbacks.Add(1)
+			return nil, nil
+		default:
+			cnt.fallbacks.Add(1)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old := s.files[k]; old != nil || s.closed {
+		if bf.f != nil {
+			bf.f.Close()
+		}
+		return old, nil
+	}
+	if s.files == nil {
+		s.files = map[scKey]*scBlockFile{}
+	}
+	if len(s.files) >= maxSCBlockFiles {
+		for ok, o := range s.files {
+			delete(s.files, ok)
+			if o.f != nil {
+				o.f.Close() // a read in flight fails and falls back to gRPC
+			}
+			break
+		}
+	}
+	s.files[k] = bf
+	return bf, nil
+}
+
+// scTokenError: the datanode refused the block token on its socket.
+type scTokenError struct {
+	msg  string
+	kind datanodepb.Error_Kind
+}
+
+func (e *scTokenError) Error() string { return e.msg }
+
+// drop forgets bf (it failed a read): the block is read over gRPC from
+// then on (a not-available entry stays in its place).
+func (s *scBlocks) drop(k scKey, bf *scBlockFile) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.files[k] == bf {
+		s.files[k] = &scBlockFile{}
+	}
+	if bf.f != nil {
+		bf.f.Close()
+	}
+}
+
+func (s *scBlocks) close() {
+	s.mu.Lock()
+	files := s.files
+	s.files, s.closed = nil, true
+	s.mu.Unlock()
+	for _, bf := range files {
+		if bf.f != nil {
+			bf.f.Close()
+		}
+	}
+}
+
+// fetchBlockFile asks datanode dn's socket for a block's file. notAvail:
+// the datanode cannot pass it (or is another datanode than dn); read it
+// over gRPC.
+func fetchBlockFile(sock string, dn uint64, id *metapb.BlockID, tok []byte) (f *os.File, bd *datanodepb.BlockData, notAvail bool, err error) {
+	conn, err := net.DialTimeout("unix", sock, 2*time.Second)
+	if err != nil {
+		return nil, nil, true, err
+	}
+	uc := conn.(*net.UnixConn)
+	defer uc.Close()
+	uc.SetDeadline(time.Now().Add(5 * time.Second))
+	b, _ := proto.Marshal(&datanodepb.ShortCircuitRequest{Block: &datanodepb.BlockID{ContainerId: id.GetContainerId(), LocalId: id.GetLocalId()}, Token: tok, BlockFile: true})
+	if _, err := uc.Write(append(binary.BigEndian.AppendUint32(nil, uint32(len(b))), b...)); err != nil {
+		return nil, nil, false, err
+	}
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, _, _, err := uc.ReadMsgUnix(buf, oob)
+	fd := -1
+	if oobn > 0 {
+		if cms, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
+			for i := range cms {
+				fds, perr := unix.ParseUnixRights(&cms[i])
+				if perr != nil {
+					continue
+				}
+				for _, x := range fds {
+					if fd < 0 {
+						fd = x
+					} else {
+						unix.Close(x)
+					}
+				}
+			}
+		}
+	}
+	if fd >= 0 {
+		f = os.NewFile(uintptr(fd), fmt.Sprintf("block %d/%d of datanode %d", id.GetContainerId(), id.GetLocalId(), dn))
+		defer func() {
+			if err != nil {
+				f.Close()
+				f = nil
+			}
+		}()
+	}
+	if err != nil {
+		return nil, nil, false, err
+	}
+	if n < 4 {
+		return nil, nil, false, io.ErrUnexpectedEOF
+	}
+	ln := int(binary.BigEndian.Uint32(buf[:4]))
+	if ln > maxSCAnswer {
+		return nil, nil, false, fmt.Errorf("short-circuit answer of %d bytes, at most %d", ln, maxSCAnswer)
+	}
+	msg := buf[4:n]
+	if ln > len(msg) {
+		msg = append(make([]byte, 0, ln), msg...)
+		if _, err := io.ReadFull(uc, msg[len(msg):ln]); err != nil {
+			return nil, nil, false, err
+		}
+		msg = msg[:ln]
+	} else if ln < len(msg) {
+		return nil, nil, false, fmt.Errorf("short-circuit answer of %d bytes followed by %d more", ln, len(msg)-ln)
+	}
+	resp := &datanodepb.ShortCircuitResponse{}
+	if err := proto.Unmarshal(msg, resp); err != nil {
+		return nil, nil, false, err
+	}
+	if resp.DatanodeId != dn {
+		return nil, nil, true, fmt.Errorf("socket %s is datanode %d's, not %d's", sock, resp.DatanodeId, dn)
+	}
+	if resp.TokenRefused != datanodepb.Error_UNKNOWN {
+		return nil, nil, false, &scTokenError{msg: resp.Error, kind: resp.TokenRefused}
+	}
+	if resp.Error != "" {
+		return nil, nil, resp.NotAvailable, errors.New(resp.Error)
+	}
+	if f == nil {
+		return nil, nil, false, errors.New("no descriptor passed")
+	}
+	bd = resp.GetBlock()
+	if bd == nil || bd.GetId().GetContainerId() != id.GetContainerId() || bd.GetId().GetLocalId() != id.GetLocalId() {
+		return nil, nil, false, fmt.Errorf("answer describes block %d/%d", bd.GetId().GetContainerId(), bd.GetId().GetLocalId())
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return nil, nil, false, err
+	}
+	if st.Size() < int64(bd.Length) {
+		return nil, nil, false, fmt.Errorf("block file is %d bytes, the block %d", st.Size(), bd.Length)
+	}
+	return f, bd, false, nil
+}
+
+// FetchBlockFileForTest asks datanode dn's short-circuit socket for a
+// block's file with token tok and closes the descriptor it gets (tests).
+func FetchBlockFileForTest(sock string, dn, container, local uint64, tok []byte) error {
+	f, _, _, err := fetchBlockFile(sock, dn, &metapb.BlockID{ContainerId: container, LocalId: local}, tok)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
