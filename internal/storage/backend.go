@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	pvfs "github.com/cockroachdb/pebble/v2/vfs"
 	"golang.org/x/sys/unix"
 
 	"github.com/basalt-store/basalt/internal/vfs"
@@ -109,6 +110,11 @@ type Posix struct {
 	fs       vfs.FS
 	mode     DirectIO
 	noDirect atomic.Bool // set once the file system refused O_DIRECT
+	// syncDir: dir, opened when the backend is created, for syncFS. A
+	// write-back error is reported by syncfs(2) to every descriptor of the
+	// file system opened before it happened; one opened at flush time
+	// would miss the errors of pages written back earlier.
+	syncDir pvfs.File
 }
 
 // NewPosix returns the posix backend rooted at dir (created if needed).
@@ -117,6 +123,13 @@ func NewPosix(fs vfs.FS, dir string, mode DirectIO) (*Posix, error) {
 		return nil, err
 	}
 	p := &Posix{dir: dir, fs: fs, mode: mode}
+	if d, err := fs.OpenDir(dir); err == nil {
+		if d.Fd() != pvfs.InvalidFd {
+			p.syncDir = d
+		} else {
+			d.Close()
+		}
+	}
 	if mode == DirectOff {
 		p.noDirect.Store(true)
 	}

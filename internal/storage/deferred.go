@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	pvfs "github.com/cockroachdb/pebble/v2/vfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -319,16 +318,20 @@ func deferrable(ob *openBlock) bool {
 // syncfs(2) (data, inodes and directory entries: the journal commit and
 // device flush of every file written before the call), if p's files are
 // the operating system's; ok is false on other file systems (in-memory
-// and crash-test ones), whose callers sync file by file.
+// and crash-test ones), whose callers sync file by file. It syncs through
+// the descriptor opened with the backend, so it also reports write-back
+// errors of pages flushed since then by the kernel on its own.
 func (p *Posix) syncFS() (ok bool, err error) {
-	d, err := p.fs.OpenDir(p.dir)
-	if err != nil {
+	if p.syncDir == nil {
 		return false, nil
 	}
-	defer d.Close()
-	fd := d.Fd()
-	if fd == pvfs.InvalidFd {
-		return false, nil
+	return true, unix.Syncfs(int(p.syncDir.Fd()))
+}
+
+// Close releases the descriptor kept for syncFS.
+func (p *Posix) Close() error {
+	if p.syncDir == nil {
+		return nil
 	}
-	return true, unix.Syncfs(int(fd))
+	return p.syncDir.Close()
 }
