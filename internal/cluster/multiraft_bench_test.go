@@ -33,9 +33,10 @@ import (
 //	BASALT_BENCH_MULTIRAFT=1 go test -run TestBenchMultiRaft -v -timeout 30m ./internal/cluster/
 //
 // Every datanode has MR_DISKS (12) modelled disks (vfs.LatencyFS): disk j
-// holds Raft log directory j and data volume j, syncs of one disk run one
-// at a time, each costing a few ms (an HDD) plus the bytes written since
-// the previous sync at the disk's bandwidth; one disk per datanode (chosen
+// holds Raft log directory j and data volume j; a disk flushes one flush at
+// a time (syncs queued behind a running flush share the next; MR_NO_MERGE=1:
+// each its own), each costing a few ms (an HDD) plus the bytes written
+// since the previous flush at the disk's bandwidth; one disk per datanode (chosen
 // at random) is much slower and stalls periodically. A mixed workload of
 // many 4–64 KiB objects and a few multi-MiB ones runs for MR_DURATION
 // against 1 pipeline per datanode and against MR_MANY; the table gives the
@@ -52,10 +53,15 @@ func TestBenchMultiRaft(t *testing.T) {
 		hdd: vfs.DiskProfile{
 			SyncLatency: envDur("MR_SYNC", 4*time.Millisecond), SyncJitter: envDur("MR_JITTER", 4*time.Millisecond),
 			WriteBytesPerSec: int64(envInt("MR_DISK_MBPS", 150)) * 1e6, Capacity: 4 << 40,
+			NoFlushMerge: os.Getenv("MR_NO_MERGE") != "",
 		},
 		slowFactor: envInt("MR_SLOW_FACTOR", 10),
 		stallEvery: envDur("MR_STALL_EVERY", 5*time.Second), stallFor: envDur("MR_STALL_FOR", 400*time.Millisecond),
 	}
+	// The client's retry messages would bury the table (the run counts
+	// failed writes).
+	defer slog.SetDefault(slog.Default())
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
 	runs := envInt("MR_RUNS", 1)
 	many := envInt("MR_MANY", 9)
 	seed := uint64(envInt("MR_SEED", 1))
@@ -330,17 +336,18 @@ func runMultiRaft(t *testing.T, p mrParams, limit int, seed uint64) mrResult {
 		}
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].Wait+all[i].Busy > all[j].Wait+all[j].Busy })
-	var syncs int64
+	var syncs, flushes int64
 	var busy time.Duration
 	shown := 0
 	for _, d := range all {
 		syncs += d.Syncs
+		flushes += d.Flushes
 		if !d.slow {
 			busy += d.Busy
 		}
 	}
-	res.disks = append(res.disks, fmt.Sprintf("all disks: %d syncs (%.1f per write); normal disks busy %.0f%% on average",
-		syncs, float64(syncs)/float64(max(1, len(writes))), 100*busy.Seconds()/wall.Seconds()/float64(len(all)-len(fss))))
+	res.disks = append(res.disks, fmt.Sprintf("all disks: %d syncs (%.1f per write) in %d flushes; normal disks busy %.0f%% on average",
+		syncs, float64(syncs)/float64(max(1, len(writes))), flushes, 100*busy.Seconds()/wall.Seconds()/float64(len(all)-len(fss))))
 	for _, d := range all {
 		if !d.slow {
 			if shown >= 4 {
@@ -353,8 +360,8 @@ func runMultiRaft(t *testing.T, p mrParams, limit int, seed uint64) mrResult {
 		if d.slow {
 			mark = " (slow)"
 		}
-		res.disks = append(res.disks, fmt.Sprintf("%s%s: pipelines %v, %d syncs, busy %v, queued %v, max %v, %d stalled, %d MiB written",
-			rel, mark, groups[d.Root], d.Syncs, d.Busy.Round(time.Millisecond), d.Wait.Round(time.Millisecond), d.Max.Round(time.Millisecond), d.Stalled, d.Written>>20))
+		res.disks = append(res.disks, fmt.Sprintf("%s%s: pipelines %v, %d syncs in %d flushes, busy %v, queued %v, max %v, %d stalled, %d MiB written",
+			rel, mark, groups[d.Root], d.Syncs, d.Flushes, d.Busy.Round(time.Millisecond), d.Wait.Round(time.Millisecond), d.Max.Round(time.Millisecond), d.Stalled, d.Written>>20))
 	}
 	var sl []uint64
 	for id := range slowPipe {

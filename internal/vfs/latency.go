@@ -16,12 +16,15 @@ import (
 
 // LatencyFS wraps an FS and makes the directories under some roots behave
 // like slow disks, for benchmarks (seed 001: Raft logs on HDDs, one of them
-// much slower). Each root is one Disk with a Profile. A sync of a file (or
-// directory) under a root holds that disk like a spindle holds its head:
-// syncs of one disk run one at a time, each taking the profile's sync
-// latency plus jitter, plus the bytes written to the disk since its
-// previous sync at the profile's write bandwidth, plus the rest of a stall
-// if one is under way. Syncs of different disks run in parallel. Reads,
+// much slower). Each root is one Disk with a Profile. A disk flushes its
+// write cache one flush at a time, like a spindle: each flush takes the
+// profile's sync latency plus jitter, plus the bytes written to the disk
+// since the previous flush at the profile's write bandwidth, plus the rest
+// of a stall if one is under way. A sync of a file (or directory) under the
+// root waits for a flush that starts after it was issued; syncs issued
+// while a flush runs share the next one, as the kernel's block layer merges
+// the flushes queued behind a running one (with DiskProfile.NoFlushMerge
+// every sync is a flush of its own). Disks flush in parallel. Reads,
 // writes and syncs outside every root pass through untouched.
 //
 // With NoRealSync the model replaces the underlying sync (the data stays in
@@ -48,6 +51,9 @@ type DiskProfile struct {
 	// NewLatencyFS), syncs of this disk wait for the stall to end (a disk
 	// retrying a sector, a RAID controller flushing its cache).
 	StallEvery, StallFor time.Duration
+	// NoFlushMerge: every sync is a flush of its own, in turn (no merging
+	// of the syncs queued behind a running flush).
+	NoFlushMerge bool
 	// Capacity, if nonzero, is the disk's size as GetDiskUsage reports it
 	// for paths under the root: Capacity minus the bytes written through
 	// this FS, so that stores choosing the emptiest volume spread over
@@ -60,27 +66,37 @@ type Disk struct {
 	Root    string
 	Profile DiskProfile
 
-	start   time.Time
-	spindle sync.Mutex
-	rngMu   sync.Mutex
-	rng     *rand.Rand
-	dirty   sa.Int64 // bytes written since the last sync
-	written sa.Int64 // bytes written in all
+	start time.Time
+	// The flush state: started and done count flushes; a sync issued when
+	// started == k needs flush k+1 (the next to start) to be done.
+	mu       sync.Mutex
+	cond     *sync.Cond
+	flushing bool
+	started  uint64
+	done     uint64
+	rngMu    sync.Mutex
+	rng      *rand.Rand
+	dirty    sa.Int64 // bytes written since the last sync
+	written  sa.Int64 // bytes written in all
 
-	syncs   sa.Int64
-	waitNs  sa.Int64 // time syncs queued for the spindle
-	busyNs  sa.Int64 // time the spindle was held
-	maxNs   sa.Int64 // longest sync, queueing included
-	stalled sa.Int64 // syncs that hit a stall
+	syncs     sa.Int64
+	flushes   sa.Int64
+	waitNs    sa.Int64 // time syncs waited for a flush to start
+	busyNs    sa.Int64 // time the disk was flushing
+	maxNs     sa.Int64 // longest sync, queueing included
+	lastFlush sa.Int64 // the latest flush's duration
+	stalled   sa.Int64 // syncs that hit a stall
 }
 
 // DiskStats is what a Disk did.
 type DiskStats struct {
 	Root string
-	// Syncs issued; Wait is their total time queued behind other syncs of
-	// the disk, Busy the total time the disk was syncing, Max the longest
-	// sync including its wait; Stalled counts syncs that met a stall.
+	// Syncs issued and Flushes done (fewer when syncs merged); Wait is the
+	// syncs' total time queued before their flush started, Busy the total
+	// time the disk was flushing, Max the longest sync including its wait;
+	// Stalled counts flushes that met a stall.
 	Syncs   int64
+	Flushes int64
 	Wait    time.Duration
 	Busy    time.Duration
 	Max     time.Duration
@@ -99,8 +115,9 @@ func NewLatencyFS(fs FS, disks map[string]DiskProfile, seed uint64) *LatencyFS {
 	}
 	sort.Strings(roots)
 	for i, r := range roots {
-		l.disks = append(l.disks, &Disk{Root: filepath.Clean(r), Profile: disks[r], start: now,
-			rng: rand.New(rand.NewPCG(seed, uint64(i)))})
+		d := &Disk{Root: filepath.Clean(r), Profile: disks[r], start: now, rng: rand.New(rand.NewPCG(seed, uint64(i)))}
+		d.cond = sync.NewCond(&d.mu)
+		l.disks = append(l.disks, d)
 	}
 	sort.SliceStable(l.disks, func(i, j int) bool { return len(l.disks[i].Root) > len(l.disks[j].Root) })
 	return l
@@ -126,12 +143,12 @@ func (l *LatencyFS) DiskOf(path string) *Disk {
 
 // Stats returns what the disk did so far.
 func (d *Disk) Stats() DiskStats {
-	return DiskStats{Root: d.Root, Syncs: d.syncs.Load(), Wait: time.Duration(d.waitNs.Load()),
+	return DiskStats{Root: d.Root, Syncs: d.syncs.Load(), Flushes: d.flushes.Load(), Wait: time.Duration(d.waitNs.Load()),
 		Busy: time.Duration(d.busyNs.Load()), Max: time.Duration(d.maxNs.Load()),
 		Stalled: d.stalled.Load(), Written: d.written.Load()}
 }
 
-// serviceTime is how long the sync starting at now holds the spindle.
+// serviceTime is how long the flush starting at now takes.
 func (d *Disk) serviceTime(now time.Time) (time.Duration, bool) {
 	p := d.Profile
 	t := p.SyncLatency
@@ -156,38 +173,84 @@ func (d *Disk) serviceTime(now time.Time) (time.Duration, bool) {
 	return t, stalled
 }
 
-// sync runs real (the wrapped sync, or nil) as one sync of the disk.
+// sync runs real (the wrapped sync, unless NoRealSync) and waits for a
+// flush of the disk that starts after the call.
 func (l *LatencyFS) sync(d *Disk, real func() error) error {
 	if d == nil {
 		return real()
 	}
-	t0 := time.Now()
-	d.spindle.Lock()
-	t1 := time.Now()
-	st, stalled := d.serviceTime(t1)
 	var err error
 	if !l.NoRealSync {
 		err = real()
 	}
-	if rest := st - time.Since(t1); rest > 0 {
-		time.Sleep(rest)
+	t0 := time.Now()
+	var waited time.Duration
+	d.mu.Lock()
+	need := d.started + 1
+	if d.Profile.NoFlushMerge {
+		// Every sync its own flush: take the next number in turn.
+		d.started++
+		need = d.started
+		for d.done < need-1 || d.flushing {
+			d.cond.Wait()
+		}
+		waited = time.Since(t0)
+		d.flushing = true
+		d.mu.Unlock()
+		d.flush()
+		d.mu.Lock()
+		d.flushing = false
+		d.done = need
+		d.cond.Broadcast()
+	} else {
+		for d.done < need {
+			if d.flushing {
+				d.cond.Wait()
+				continue
+			}
+			// Start the next flush; it covers every sync waiting now.
+			waited = time.Since(t0)
+			d.flushing = true
+			d.started++
+			n := d.started
+			d.mu.Unlock()
+			d.flush()
+			d.mu.Lock()
+			d.flushing = false
+			d.done = n
+			d.cond.Broadcast()
+		}
 	}
-	t2 := time.Now()
-	d.spindle.Unlock()
+	d.mu.Unlock()
+	total := time.Since(t0)
+	if waited == 0 {
+		// Merged into a flush another sync started: it waited until that
+		// flush began.
+		waited = max(0, total-time.Duration(d.lastFlush.Load()))
+	}
 	d.syncs.Add(1)
-	if stalled {
-		d.stalled.Add(1)
-	}
-	d.waitNs.Add(int64(t1.Sub(t0)))
-	d.busyNs.Add(int64(t2.Sub(t1)))
-	total := int64(t2.Sub(t0))
+	d.waitNs.Add(int64(waited))
 	for {
 		m := d.maxNs.Load()
-		if total <= m || d.maxNs.CompareAndSwap(m, total) {
+		if int64(total) <= m || d.maxNs.CompareAndSwap(m, int64(total)) {
 			break
 		}
 	}
 	return err
+}
+
+// flush sleeps for one flush's service time.
+func (d *Disk) flush() {
+	t1 := time.Now()
+	st, stalled := d.serviceTime(t1)
+	time.Sleep(st)
+	d.flushes.Add(1)
+	if stalled {
+		d.stalled.Add(1)
+	}
+	el := time.Since(t1)
+	d.lastFlush.Store(int64(el))
+	d.busyNs.Add(int64(el))
 }
 
 func (l *LatencyFS) wrap(f pvfs.File, name string) File {
