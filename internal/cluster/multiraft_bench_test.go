@@ -217,7 +217,9 @@ func runMultiRaft(t *testing.T, p mrParams, limit int, seed uint64) mrResult {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	pipes := waitPipelines(t, c, 90*time.Second)
+	// SCM places up to limit·N/3 pipelines of three, fewer if the racks
+	// or the distinct sets of three do not allow them.
+	pipes := waitPipelines(t, c, limit*p.datanodes/3, 90*time.Second)
 	cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), RPCTimeout: 30 * time.Second, WaitAllTimeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -402,10 +404,10 @@ func containerPipelines(t *testing.T, c *cluster.Cluster) map[uint64]uint64 {
 	}
 }
 
-// waitPipelines waits until SCM has stopped creating pipelines of three
-// (the count unchanged for 5 s) and each open one has a leader; it returns
-// their IDs.
-func waitPipelines(t *testing.T, c *cluster.Cluster, bound time.Duration) []uint64 {
+// waitPipelines waits until SCM has created want pipelines of three (or
+// stopped creating them: the count unchanged for 15 s) and each open one
+// has a leader; it returns their IDs.
+func waitPipelines(t *testing.T, c *cluster.Cluster, want int, bound time.Duration) []uint64 {
 	t.Helper()
 	mc, err := metaclient.New(metaclient.Config{Addrs: []string{c.MetaAddr()}, DialOptions: []grpc.DialOption{c.MetaDialOption()}})
 	if err != nil {
@@ -438,7 +440,10 @@ func waitPipelines(t *testing.T, c *cluster.Cluster, bound time.Duration) []uint
 			slices.Sort(ids)
 			if !slices.Equal(ids, last) || !led {
 				last, stable = ids, time.Now()
-			} else if len(ids) > 0 && time.Since(stable) > 5*time.Second {
+			} else if len(ids) >= want || (len(ids) > 0 && time.Since(stable) > 15*time.Second) {
+				if len(ids) < want {
+					t.Logf("%d pipelines of three, not %d", len(ids), want)
+				}
 				return ids
 			}
 		}
