@@ -294,8 +294,11 @@ func runMultiRaft(t *testing.T, p mrParams, limit int, seed uint64) mrResult {
 
 	pipeOf := containerPipelines(t, c)
 	res := mrResult{limit: limit, pipelines: len(pipes), writes: writes}
-	var under, off, offUnder, via int
+	var under, off, offUnder, via, unknown int
 	for _, w := range writes {
+		if slices.ContainsFunc(w.containers, func(id uint64) bool { return !slices.Contains(pipes, pipeOf[id]) }) {
+			unknown++ // a pipeline created during the run
+		}
 		res.lats = append(res.lats, w.lat)
 		slow := slices.ContainsFunc(w.containers, func(id uint64) bool { return slowPipe[pipeOf[id]] })
 		if slow {
@@ -372,8 +375,8 @@ func runMultiRaft(t *testing.T, p mrParams, limit int, seed uint64) mrResult {
 	slices.Sort(sl)
 	res.disks = append(res.disks, stages(t, append([]*prometheus.Registry{reg}, dnRegs...))...)
 	load, _ := os.ReadFile("/proc/loadavg")
-	res.disks = append(res.disks, fmt.Sprintf("pipelines %v; with a log on a slow disk: %v; %d writes failed; process CPU %.2f cores; loadavg %s",
-		pipes, sl, errs, cpu.Seconds()/wall.Seconds(), strings.TrimSpace(string(load))))
+	res.disks = append(res.disks, fmt.Sprintf("pipelines %v; with a log on a slow disk: %v; %d writes on pipelines created later; %d writes failed; process CPU %.2f cores; loadavg %s",
+		pipes, sl, unknown, errs, cpu.Seconds()/wall.Seconds(), strings.TrimSpace(string(load))))
 	return res
 }
 
