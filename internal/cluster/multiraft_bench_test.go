@@ -48,8 +48,8 @@ func TestBenchMultiRaft(t *testing.T) {
 	p := mrParams{
 		datanodes: envInt("MR_DATANODES", 6), disks: envInt("MR_DISKS", 12),
 		duration: envDur("MR_DURATION", 30*time.Second), warmup: envDur("MR_WARMUP", 3*time.Second),
-		small: envInt("MR_SMALL_WRITERS", 16), smallThink: envDur("MR_SMALL_THINK", 50*time.Millisecond),
-		large: envInt("MR_LARGE_WRITERS", 2), largeMiB: envInt("MR_LARGE_MIB", 8), largeThink: envDur("MR_LARGE_THINK", time.Second),
+		small: envCount("MR_SMALL_WRITERS", 16), smallThink: envDur("MR_SMALL_THINK", 50*time.Millisecond),
+		large: envCount("MR_LARGE_WRITERS", 2), largeMiB: envInt("MR_LARGE_MIB", 8), largeThink: envDur("MR_LARGE_THINK", time.Second),
 		hdd: vfs.DiskProfile{
 			SyncLatency: envDur("MR_SYNC", 4*time.Millisecond), SyncJitter: envDur("MR_JITTER", 4*time.Millisecond),
 			WriteBytesPerSec: int64(envInt("MR_DISK_MBPS", 150)) * 1e6, Capacity: 4 << 40,
@@ -149,6 +149,14 @@ func (r mrResult) row() string {
 
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// envCount is envInt that takes 0 as well.
+func envCount(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v >= 0 {
 		return v
 	}
 	return def
