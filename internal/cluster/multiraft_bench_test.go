@@ -170,7 +170,13 @@ func envDur(name string, def time.Duration) time.Duration {
 }
 
 func runMultiRaft(t *testing.T, p mrParams, limit int, seed uint64) mrResult {
-	dir := t.TempDir()
+	// Removed after each config, not at the end of the test: the log
+	// stores' preallocated WALs alone take GBs per cluster.
+	dir, err := os.MkdirTemp("", "basalt-multiraft-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
 	rng := rand.New(rand.NewPCG(seed, 0))
 	// Each datanode's disks; one of them, at random, is the slow one.
 	fss := make([]*vfs.LatencyFS, p.datanodes)
