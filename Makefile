@@ -90,3 +90,13 @@ BENCH_DIR ?= /tmp/basalt-zoned-bench
 bench-zoned:
 	mkdir -p $(BENCH_DIR)
 	BASALT_ZONED_BENCH=$(BENCH_DIR) $(GO) test -count=1 -run '^TestBenchmarkBackends$$' -v -timeout 60m ./internal/storage/zoned/
+
+# Seed 001 reproduced: 1 pipeline per datanode against many, 6 datanodes ×
+# 12 modelled HDDs (vfs.LatencyFS; one slow, stalling disk per datanode),
+# many 4-64 KiB objects and a few 8 MiB ones; prints the share of writes
+# under 200 ms per config (~2 minutes per run). Knobs: MR_RUNS, MR_DURATION,
+# MR_MANY, MR_CONFIGS and the others in internal/cluster/multiraft_bench_test.go.
+# Results: docs/BENCHMARKS.md, "Multi-raft on slow log disks".
+.PHONY: bench-multiraft
+bench-multiraft:
+	BASALT_BENCH_MULTIRAFT=1 $(GO) test -count=1 -run '^TestBenchMultiRaft$$' -v -timeout 60m ./internal/cluster/

@@ -76,6 +76,10 @@ type Config struct {
 	NoShortCircuit bool
 	Registerer     prometheus.Registerer
 	Logger         *slog.Logger
+	// DatanodeConfig, if set, adjusts datanode i's configuration before
+	// it starts (benchmarks: log directories and volumes on modelled
+	// disks, vfs.LatencyFS).
+	DatanodeConfig func(i int, c *datanode.Config)
 }
 
 // Cluster is a running in-process cluster.
@@ -208,7 +212,7 @@ func (c *Cluster) newDatanode(i int) (*datanode.Datanode, error) {
 	if c.cfg.NoShortCircuit {
 		sock = "-"
 	}
-	return datanode.New(datanode.Config{
+	dc := datanode.Config{
 		DataDir: dir, Location: c.cfg.Location(i), TLS: creds,
 		Hostname: fmt.Sprintf("dn%d", i+1), MetaAddrs: []string{c.MetaAddr()},
 		ListenAddr: c.cfg.addr(10 + 2*i), RaftAddr: c.cfg.addr(11 + 2*i), StreamAddr: c.cfg.addr(40 + i), TickInterval: c.cfg.TickInterval,
@@ -217,7 +221,11 @@ func (c *Cluster) newDatanode(i int) (*datanode.Datanode, error) {
 		Registerer:         prometheus.WrapRegistererWith(prometheus.Labels{"role": "datanode", "datanode": fmt.Sprint(i + 1)}, c.cfg.Registerer),
 		Logger:             c.cfg.Logger.With("role", "datanode", "dn", i+1),
 		ShortCircuitSocket: sock,
-	})
+	}
+	if c.cfg.DatanodeConfig != nil {
+		c.cfg.DatanodeConfig(i, &dc)
+	}
+	return datanode.New(dc)
 }
 
 // ServiceToken is the metadata service's cluster service token (S3

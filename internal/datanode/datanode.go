@@ -803,6 +803,19 @@ func (d *Datanode) IsPipelineLeader(pipeline uint64) bool {
 	return err == nil && g.IsLeader()
 }
 
+// PipelineLogDir is the Raft log directory holding the pipeline's log on
+// this datanode ("" if it is not here), for benchmarks and tests.
+func (d *Datanode) PipelineLogDir(pipeline uint64) string {
+	if d.host == nil {
+		return ""
+	}
+	g, err := d.host.Group(pipeline)
+	if err != nil {
+		return ""
+	}
+	return g.Status().LogDir
+}
+
 // ChunksWritten counts the chunks this datanode stored (every replica
 // counts its own), for tests and Info.
 func (d *Datanode) ChunksWritten() uint64 { return d.stats.chunksWritten.Load() }

@@ -438,7 +438,15 @@ func (sm *containerSM) SyncData() error {
 	if len(sm.unsynced) == 0 {
 		return nil
 	}
-	serr := sm.store.Sync()
+	// Only the volumes of the batch's containers: a slow disk elsewhere
+	// must not hold this pipeline's log (seed 001).
+	cids := make([]storage.ContainerID, 0, 4)
+	for _, u := range sm.unsynced {
+		if !slices.Contains(cids, u.cid) {
+			cids = append(cids, u.cid)
+		}
+	}
+	serr := sm.store.SyncContainers(cids)
 	for _, u := range sm.unsynced {
 		ok, herr := sm.store.HasChunk(u.cid, u.lid, u.off, u.n)
 		if ok && herr == nil {
