@@ -229,7 +229,9 @@ func (s *caState) token(id string) (*metapb.CaToken, error) {
 	return t, err
 }
 
-func (s *caState) AppliedIndex() uint64                     { return s.st.AppliedIndex() }
+// AppliedIndex is the durable applied index (raft.StateMachine): raft
+// compacts its log up to it, so it must not count what a crash can lose.
+func (s *caState) AppliedIndex() uint64                     { return s.st.DurableIndex() }
 func (s *caState) Snapshot() (uint64, io.ReadCloser, error) { return s.st.Snapshot() }
 func (s *caState) Close() error                             { return s.st.Close() }
 

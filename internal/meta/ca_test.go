@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/meta/store"
 	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/pki/enroll"
 )
@@ -549,5 +551,33 @@ func TestStreamsNeedACertificate(t *testing.T) {
 		func(any, grpc.ServerStream) error { called = true; return nil })
 	if status.Code(err) != codes.Unauthenticated || called {
 		t.Fatalf("a cert-less stream: %v (handler called: %v)", err, called)
+	}
+}
+
+// TestCAStateAppliedIndexIsDurable: raft compacts a group's log up to its
+// state machine's AppliedIndex, so the CA state must report only what a
+// WAL sync covered. Reporting the applied-but-unsynced index let a crash
+// lose a revocation or a consumed bootstrap token whose log entries were
+// already compacted away.
+func TestCAStateAppliedIndexIsDurable(t *testing.T) {
+	st, err := openCaState(t.TempDir(), store.Options{SyncInterval: time.Hour}, nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cmd, err := proto.Marshal(&metapb.CaCommand{NowUnixMs: time.Now().UnixMilli(),
+		Op: &metapb.CaCommand_Revoke{Revoke: &metapb.RevokeCertificateRequest{Serial: "0a"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Apply([]store.Entry{{Index: 1, Cmd: cmd}})
+	if got := st.AppliedIndex(); got != 0 {
+		t.Fatalf("AppliedIndex %d before any sync, want 0 (only durable entries count)", got)
+	}
+	if err := st.st.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.AppliedIndex(); got != 1 {
+		t.Fatalf("AppliedIndex %d after a sync, want 1", got)
 	}
 }

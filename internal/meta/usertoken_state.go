@@ -102,7 +102,7 @@ func (s *utState) load() error {
 				s.now = int64(x)
 			}
 		}
-		if err := utScan(r, utPfxKey, func(_, v []byte) error {
+		if err := store.Scan(r, utPfxKey, func(_, v []byte) error {
 			k := &metapb.SecretKey{}
 			if err := proto.Unmarshal(v, k); err != nil {
 				return err
@@ -112,7 +112,7 @@ func (s *utState) load() error {
 		}); err != nil {
 			return err
 		}
-		if err := utScan(r, utPfxNonce, func(k, v []byte) error {
+		if err := store.Scan(r, utPfxNonce, func(k, v []byte) error {
 			if len(k) != len(utPfxNonce)+32 || len(v) != 8 {
 				return fmt.Errorf("usertoken: bad nonce row")
 			}
@@ -125,7 +125,7 @@ func (s *utState) load() error {
 			pfx []byte
 			m   map[uint64]*metapb.UserTokenRecord
 		}{{utPfxRenewed, s.renewed}, {utPfxCancelled, s.cancelled}} {
-			if err := utScan(r, t.pfx, func(k, v []byte) error {
+			if err := store.Scan(r, t.pfx, func(k, v []byte) error {
 				rec := &metapb.UserTokenRecord{}
 				if len(k) != len(t.pfx)+8 {
 					return fmt.Errorf("usertoken: bad record row")
@@ -141,20 +141,6 @@ func (s *utState) load() error {
 		}
 		return nil
 	})
-}
-
-func utScan(r pebble.Reader, pfx []byte, f func(k, v []byte) error) error {
-	it, err := r.NewIter(&pebble.IterOptions{LowerBound: pfx, UpperBound: store.PrefixEnd(pfx)})
-	if err != nil {
-		return err
-	}
-	defer it.Close()
-	for it.First(); it.Valid(); it.Next() {
-		if err := f(it.Key(), it.Value()); err != nil {
-			return err
-		}
-	}
-	return it.Error()
 }
 
 func (s *utState) Close() error                             { return s.st.Close() }

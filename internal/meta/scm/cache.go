@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/store"
 )
 
 // Centralized cache management, replicated part (docs/CACHE.md): cache
@@ -52,7 +53,7 @@ func (s *State) loadCache(r pebble.Reader) error {
 	case !errors.Is(err, pebble.ErrNotFound):
 		return err
 	}
-	if err := scan(r, pfxCachePool, func(_, v []byte) error {
+	if err := store.Scan(r, pfxCachePool, func(_, v []byte) error {
 		p := &metapb.CachePool{}
 		if err := proto.Unmarshal(v, p); err != nil {
 			return err
@@ -62,7 +63,7 @@ func (s *State) loadCache(r pebble.Reader) error {
 	}); err != nil {
 		return err
 	}
-	return scan(r, pfxCacheDir, func(_, v []byte) error {
+	return store.Scan(r, pfxCacheDir, func(_, v []byte) error {
 		d := &metapb.CacheDirective{}
 		if err := proto.Unmarshal(v, d); err != nil {
 			return err

@@ -75,7 +75,7 @@ func (s *State) loadExtra(r pebble.Reader) error {
 	default:
 		return err
 	}
-	if err := scan(r, pfxOpState, func(_, v []byte) error {
+	if err := store.Scan(r, pfxOpState, func(_, v []byte) error {
 		o := &metapb.NodeOpRow{}
 		if err := proto.Unmarshal(v, o); err != nil {
 			return err
@@ -85,7 +85,7 @@ func (s *State) loadExtra(r pebble.Reader) error {
 	}); err != nil {
 		return err
 	}
-	return scan(r, pfxReport, func(_, v []byte) error {
+	return store.Scan(r, pfxReport, func(_, v []byte) error {
 		c := &metapb.CorruptReplica{}
 		if err := proto.Unmarshal(v, c); err != nil {
 			return err

@@ -16,6 +16,7 @@ import (
 
 	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/store"
 )
 
 // Block token keys (package blocktoken). The SCM leader generates them
@@ -69,7 +70,7 @@ type secretKeys struct {
 // loadSecretKeys reads the key rows (caller holds mu for writing).
 func (s *State) loadSecretKeys(r pebble.Reader) error {
 	s.keys.rows = nil
-	if err := scan(r, pfxSecretKey, func(_, v []byte) error {
+	if err := store.Scan(r, pfxSecretKey, func(_, v []byte) error {
 		k := &metapb.SecretKey{}
 		if err := proto.Unmarshal(v, k); err != nil {
 			return err

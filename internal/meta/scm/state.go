@@ -193,7 +193,7 @@ func (s *State) load() error {
 			*c.dst = decodeU64(v)
 			closer.Close()
 		}
-		if err := scan(r, pfxDatanode, func(_, v []byte) error {
+		if err := store.Scan(r, pfxDatanode, func(_, v []byte) error {
 			d := &metapb.DatanodeDetails{}
 			if err := proto.Unmarshal(v, d); err != nil {
 				return err
@@ -204,7 +204,7 @@ func (s *State) load() error {
 		}); err != nil {
 			return err
 		}
-		if err := scan(r, pfxPipeline, func(_, v []byte) error {
+		if err := store.Scan(r, pfxPipeline, func(_, v []byte) error {
 			p := &metapb.Pipeline{}
 			if err := proto.Unmarshal(v, p); err != nil {
 				return err
@@ -214,7 +214,7 @@ func (s *State) load() error {
 		}); err != nil {
 			return err
 		}
-		if err := scan(r, pfxContainer, func(_, v []byte) error {
+		if err := store.Scan(r, pfxContainer, func(_, v []byte) error {
 			c := &metapb.Container{}
 			if err := proto.Unmarshal(v, c); err != nil {
 				return err
@@ -234,20 +234,6 @@ func decodeU64(v []byte) uint64 {
 	}
 	return uint64(v[0])<<56 | uint64(v[1])<<48 | uint64(v[2])<<40 | uint64(v[3])<<32 |
 		uint64(v[4])<<24 | uint64(v[5])<<16 | uint64(v[6])<<8 | uint64(v[7])
-}
-
-func scan(r pebble.Reader, pfx []byte, f func(k, v []byte) error) error {
-	it, err := r.NewIter(&pebble.IterOptions{LowerBound: pfx, UpperBound: store.PrefixEnd(pfx)})
-	if err != nil {
-		return err
-	}
-	defer it.Close()
-	for it.First(); it.Valid(); it.Next() {
-		if err := f(it.Key(), it.Value()); err != nil {
-			return err
-		}
-	}
-	return it.Error()
 }
 
 // AppliedIndex is the durable applied index (raft.StateMachine).

@@ -560,6 +560,22 @@ func U64(v uint64) []byte {
 	return b[:]
 }
 
+// Scan calls f with every key and value under the prefix pfx in r, in
+// key order, stopping at f's first error.
+func Scan(r pebble.Reader, pfx []byte, f func(k, v []byte) error) error {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: pfx, UpperBound: PrefixEnd(pfx)})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for it.First(); it.Valid(); it.Next() {
+		if err := f(it.Key(), it.Value()); err != nil {
+			return err
+		}
+	}
+	return it.Error()
+}
+
 // PrefixEnd returns the smallest key greater than every key with prefix p,
 // or nil if there is none (p is all 0xFF).
 func PrefixEnd(p []byte) []byte {
