@@ -942,7 +942,11 @@ func (m *Manager) replicationCommandsLocked(dn uint64, n *nodeSoft, due func(str
 		if t.target != dn || !due("rc"+strconv.FormatUint(t.cid, 10)) {
 			continue
 		}
-		cmd := &metapb.ReplicateContainerCommand{ContainerId: t.cid, Token: m.containerToken(t.cid),
+		var pid uint64
+		if c := m.st.Container(t.cid); c != nil {
+			pid = c.PipelineId
+		}
+		cmd := &metapb.ReplicateContainerCommand{ContainerId: t.cid, Token: m.containerToken(t.cid), PipelineId: pid,
 			MaxBytesPerSec: m.cfg.CopyBandwidthPerTarget / uint64(max(m.cfg.MaxCopiesPerTarget, 1))}
 		for _, s := range t.sources {
 			if d := m.st.Datanode(s); d != nil {

@@ -387,12 +387,15 @@ func TestReplicationTargetNotOnContainerPipeline(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Then b's replica goes UNHEALTHY: the container needs a copy.
+	var xCmds []*metapb.DatanodeCommand
 	for range 2 {
 		e.hb(t, a, nil, closedRep(cid, 9))
 		e.hb(t, b, nil, &metapb.ContainerReport{ContainerId: cid, State: metapb.ContainerState_CONTAINER_UNHEALTHY, Bcsid: 9})
 		e.hb(t, c, []uint64{pid})
 		e.hb(t, d, nil, closedRep(cid, 9))
-		e.hb(t, x, nil)
+		if cmds := e.hb(t, x, nil).Commands; len(cmds) > 0 {
+			xCmds = cmds
+		}
 		e.tick(t)
 	}
 	h, err := e.m.ContainerHealth(10)
@@ -401,6 +404,11 @@ func TestReplicationTargetNotOnContainerPipeline(t *testing.T) {
 	}
 	if len(h.Copies) != 1 || h.Copies[0].Target != x {
 		t.Fatalf("copies %v: want one to %d, never to %d (it runs the container's pipeline %d)", h.Copies, x, c, pid)
+	}
+	// The command names the container's pipeline: a target running it
+	// refuses the copy.
+	if rc, ok := findCmd(xCmds, (*metapb.DatanodeCommand).GetReplicateContainer); !ok || rc.ContainerId != cid || rc.PipelineId != pid {
+		t.Fatalf("target %d got %v, want a copy of container %d naming pipeline %d", x, rc, cid, pid)
 	}
 	if cmds := e.hb(t, c, []uint64{pid}).Commands; len(cmds) > 0 {
 		if _, ok := findCmd(cmds, (*metapb.DatanodeCommand).GetReplicateContainer); ok {
