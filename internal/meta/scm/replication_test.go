@@ -336,16 +336,20 @@ func TestReplicationWaitsForLaggingPipelineMember(t *testing.T) {
 	}
 	cid := e.closedOn(t, 100, ids[:3]...)
 	pid := e.st.Container(cid).PipelineId
+	var lagCmds []*metapb.DatanodeCommand
 	round := func(lagging []uint64) {
 		t.Helper()
 		e.hb(t, ids[0], nil, closedRep(cid, 9))
 		e.hb(t, ids[1], nil, closedRep(cid, 9))
-		e.hb(t, ids[2], lagging) // still runs the pipeline, has not applied the container's first write
+		// ids[2] still runs the pipeline and has not applied the
+		// container's first write.
+		lagCmds = append(lagCmds, e.hb(t, ids[2], lagging).Commands...)
 		e.hb(t, ids[3], nil)
 		e.tick(t)
 	}
 	for range 2 {
 		round([]uint64{pid})
+		e.clk.Advance(time.Second)
 		h, err := e.m.ContainerHealth(10)
 		if err != nil {
 			t.Fatal(err)
@@ -353,6 +357,10 @@ func TestReplicationWaitsForLaggingPipelineMember(t *testing.T) {
 		if len(h.Copies) != 0 || h.Counts[HealthHealthy] != 1 {
 			t.Fatalf("a copy scheduled while the lagging member %d still runs pipeline %d: %v", ids[2], pid, h)
 		}
+	}
+	// The grace is bounded: SCM tells it to leave the closed pipeline.
+	if cp, ok := findCmd(lagCmds, (*metapb.DatanodeCommand).GetClosePipeline); !ok || cp.PipelineId != pid {
+		t.Fatalf("the lagging member got %v, want ClosePipeline %d", lagCmds, pid)
 	}
 	round(nil) // it left the pipeline: its replica is missing now
 	h, err := e.m.ContainerHealth(10)
