@@ -109,6 +109,14 @@ func (d *Datanode) replicateContainer(cmd *metapb.ReplicateContainerCommand) err
 		return fmt.Errorf("replicate container %d: no source", cid)
 	}
 	r := d.replicator()
+	if err := d.ownsContainer(cid, cmd.GetPipelineId()); err != nil {
+		// An import here would collide with the pipeline's writes
+		// ("import in progress") and leave the replica UNHEALTHY. SCM
+		// hears of it and chooses another target.
+		d.log.Warn("replicate container: refused", "container", cid, "err", err)
+		r.failed(cid, err)
+		return nil
+	}
 	r.mu.Lock()
 	if r.active[cid] {
 		r.mu.Unlock()
@@ -156,6 +164,32 @@ func (d *Datanode) replicateContainer(cmd *metapb.ReplicateContainerCommand) err
 		d.log.Info("replicate container: copied and verified", "container", cid, "from", src, "blocks", rep.BlockCount, "bytes", rep.UsedBytes, "took", time.Since(start).Round(time.Millisecond))
 		d.reportSoon.Store(true)
 	}()
+	return nil
+}
+
+// ownsContainer returns an error if one of this datanode's pipelines may
+// still write into container cid: it runs pid, the pipeline the container
+// was written through (its log may not have created the container here
+// yet), or a pipeline's state machine here holds cid.
+func (d *Datanode) ownsContainer(cid, pid uint64) error {
+	d.mu.Lock()
+	_, runs := d.sms[pid]
+	if _, ok := d.pipelines[pid]; ok {
+		runs = true
+	}
+	sms := make(map[uint64]*containerSM, len(d.sms))
+	for id, sm := range d.sms {
+		sms[id] = sm
+	}
+	d.mu.Unlock()
+	if pid != 0 && runs {
+		return fmt.Errorf("replicate container %d: this datanode still runs its pipeline %d, whose log writes into it", cid, pid)
+	}
+	for id, sm := range sms {
+		if sm.hasContainer(cid) {
+			return fmt.Errorf("replicate container %d: this datanode's pipeline %d holds it", cid, id)
+		}
+	}
 	return nil
 }
 

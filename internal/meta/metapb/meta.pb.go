@@ -2619,8 +2619,12 @@ type ReplicateContainerCommand struct {
 	// Bandwidth cap of this copy into the target, bytes per second (0:
 	// none): SCM's per-target bandwidth shared by its copies in flight.
 	MaxBytesPerSec uint64 `protobuf:"varint,100,opt,name=max_bytes_per_sec,json=maxBytesPerSec,proto3" json:"max_bytes_per_sec,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The pipeline the container was written through: a target that still
+	// runs it refuses the copy (its log may still write into the
+	// container; an import there would fail those writes).
+	PipelineId    uint64 `protobuf:"varint,181,opt,name=pipeline_id,json=pipelineId,proto3" json:"pipeline_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReplicateContainerCommand) Reset() {
@@ -2677,6 +2681,13 @@ func (x *ReplicateContainerCommand) GetToken() []byte {
 func (x *ReplicateContainerCommand) GetMaxBytesPerSec() uint64 {
 	if x != nil {
 		return x.MaxBytesPerSec
+	}
+	return 0
+}
+
+func (x *ReplicateContainerCommand) GetPipelineId() uint64 {
+	if x != nil {
+		return x.PipelineId
 	}
 	return 0
 }
@@ -9966,12 +9977,14 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x12CacheBlocksCommand\x12/\n" +
 	"\x06blocks\x18\x01 \x03(\v2\x17.basalt.meta.v1.BlockIDR\x06blocks\"G\n" +
 	"\x14UncacheBlocksCommand\x12/\n" +
-	"\x06blocks\x18\x01 \x03(\v2\x17.basalt.meta.v1.BlockIDR\x06blocks\"\xbb\x01\n" +
+	"\x06blocks\x18\x01 \x03(\v2\x17.basalt.meta.v1.BlockIDR\x06blocks\"\xdd\x01\n" +
 	"\x19ReplicateContainerCommand\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x129\n" +
 	"\asources\x18\x02 \x03(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\asources\x12\x15\n" +
 	"\x05token\x18\xb4\x01 \x01(\fR\x05token\x12)\n" +
-	"\x11max_bytes_per_sec\x18d \x01(\x04R\x0emaxBytesPerSec\"S\n" +
+	"\x11max_bytes_per_sec\x18d \x01(\x04R\x0emaxBytesPerSec\x12 \n" +
+	"\vpipeline_id\x18\xb5\x01 \x01(\x04R\n" +
+	"pipelineId\"S\n" +
 	"\x16DeleteContainerCommand\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8c\x01\n" +

@@ -314,6 +314,15 @@ func (m *Manager) replicaStatusLocked(c *metapb.Container, dn uint64) ReplicaSta
 	}
 	rep := n.containers[c.Id]
 	switch {
+	case rep == nil && n.pipelines[c.PipelineId] && !m.pipelineOpenLocked(c.PipelineId):
+		// Its datanode still runs the container's closed pipeline: a
+		// replica whose log apply lags (slow disk) creates the container
+		// on its first write, which may still be coming (closedReports
+		// closed the container without it). Not missing until it left
+		// the pipeline (commandsFor tells it to, within
+		// 2*CommandRetryInterval of the close), so no copy is made on the
+		// strength of a replica the log is still writing.
+		return offline()
 	case rep == nil:
 		return ReplicaMissing
 	case rep.State == metapb.ContainerState_CONTAINER_UNHEALTHY:
@@ -322,6 +331,27 @@ func (m *Manager) replicaStatusLocked(c *metapb.Container, dn uint64) ReplicaSta
 		return ReplicaLagging
 	}
 	return offline()
+}
+
+// hostsPipelineLocked reports whether datanode dn (soft state n) may
+// still apply writes to container c through c's pipeline: it reports
+// running the pipeline, or the pipeline is open and dn a member of it
+// (about to create it). Callers hold m.mu.
+func (m *Manager) hostsPipelineLocked(c *metapb.Container, dn uint64, n *nodeSoft) bool {
+	if c.PipelineId == 0 {
+		return false
+	}
+	if n != nil && n.pipelines[c.PipelineId] {
+		return true
+	}
+	p := m.st.Pipeline(c.PipelineId)
+	return p != nil && p.State == metapb.PipelineState_PIPELINE_OPEN && slices.Contains(p.Datanodes, dn)
+}
+
+// pipelineOpenLocked reports whether pipeline id is OPEN. Callers hold m.mu.
+func (m *Manager) pipelineOpenLocked(id uint64) bool {
+	p := m.st.Pipeline(id)
+	return p != nil && p.State == metapb.PipelineState_PIPELINE_OPEN
 }
 
 // verifiedLocked returns the replicas of c among healthy whose datanode
@@ -723,6 +753,12 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			if rep := n.containers[u.c.Id]; rep != nil {
 				continue // holds an old or broken copy: it must delete it first
 			}
+			if m.hostsPipelineLocked(u.c, d.Id, n) {
+				// Its pipeline's log may still write into the container
+				// here: an import would collide with those writes ("import
+				// in progress"), fail them and leave the replica UNHEALTHY.
+				continue
+			}
 			tc := TargetCandidate{ID: d.Id, Rack: d.Location, InFlight: inFlight[d.Id]}
 			for _, v := range n.volumes {
 				if v.AvailableKnown && !v.Failed {
@@ -906,7 +942,11 @@ func (m *Manager) replicationCommandsLocked(dn uint64, n *nodeSoft, due func(str
 		if t.target != dn || !due("rc"+strconv.FormatUint(t.cid, 10)) {
 			continue
 		}
-		cmd := &metapb.ReplicateContainerCommand{ContainerId: t.cid, Token: m.containerToken(t.cid),
+		var pid uint64
+		if c := m.st.Container(t.cid); c != nil {
+			pid = c.PipelineId
+		}
+		cmd := &metapb.ReplicateContainerCommand{ContainerId: t.cid, Token: m.containerToken(t.cid), PipelineId: pid,
 			MaxBytesPerSec: m.cfg.CopyBandwidthPerTarget / uint64(max(m.cfg.MaxCopiesPerTarget, 1))}
 		for _, s := range t.sources {
 			if d := m.st.Datanode(s); d != nil {

@@ -307,3 +307,120 @@ func TestEmptyContainerOfClosedPipelineCloses(t *testing.T) {
 		t.Fatalf("health %v", h)
 	}
 }
+
+// hb sends a full report from dn listing the pipelines it runs.
+func (e *env) hb(t *testing.T, dn uint64, pipelines []uint64, reps ...*metapb.ContainerReport) *metapb.HeartbeatResponse {
+	t.Helper()
+	req := &metapb.HeartbeatRequest{DatanodeId: dn, FullReport: true, Containers: reps}
+	for _, p := range pipelines {
+		req.Pipelines = append(req.Pipelines, &metapb.PipelineReport{PipelineId: p})
+	}
+	r, err := e.m.Heartbeat(e.ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestReplicationWaitsForLaggingPipelineMember: a member of a closed
+// pipeline whose log apply lags (slow disk) has not created the container
+// yet when the others closed it. While it still runs the pipeline (its log
+// may still write into the container) it is not missing: no copy is made
+// (one would be imported while the log writes: "import in progress"). Once
+// it left the pipeline and still lacks the container, the copy is made.
+func TestReplicationWaitsForLaggingPipelineMember(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 1, OpenContainersPerPipeline: 1})
+	var ids []uint64
+	for i := range 4 {
+		ids = append(ids, e.register(t, "dn"+string(rune('a'+i)), "/dc1/r1"))
+	}
+	cid := e.closedOn(t, 100, ids[:3]...)
+	pid := e.st.Container(cid).PipelineId
+	var lagCmds []*metapb.DatanodeCommand
+	round := func(lagging []uint64) {
+		t.Helper()
+		e.hb(t, ids[0], nil, closedRep(cid, 9))
+		e.hb(t, ids[1], nil, closedRep(cid, 9))
+		// ids[2] still runs the pipeline and has not applied the
+		// container's first write.
+		lagCmds = append(lagCmds, e.hb(t, ids[2], lagging).Commands...)
+		e.hb(t, ids[3], nil)
+		e.tick(t)
+	}
+	for range 2 {
+		round([]uint64{pid})
+		e.clk.Advance(time.Second)
+		h, err := e.m.ContainerHealth(10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(h.Copies) != 0 || h.Counts[HealthHealthy] != 1 {
+			t.Fatalf("a copy scheduled while the lagging member %d still runs pipeline %d: %v", ids[2], pid, h)
+		}
+	}
+	// The grace is bounded: SCM tells it to leave the closed pipeline.
+	if cp, ok := findCmd(lagCmds, (*metapb.DatanodeCommand).GetClosePipeline); !ok || cp.PipelineId != pid {
+		t.Fatalf("the lagging member got %v, want ClosePipeline %d", lagCmds, pid)
+	}
+	round(nil) // it left the pipeline: its replica is missing now
+	h, err := e.m.ContainerHealth(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Copies) != 1 || h.Copies[0].Target != ids[3] {
+		t.Fatalf("after the member left the pipeline: %v (want a copy to %d)", h, ids[3])
+	}
+}
+
+// TestReplicationTargetNotOnContainerPipeline: a datanode that still runs
+// the container's pipeline is never a copy target, even once it is no
+// longer a recorded replica: its log may still write into the container,
+// and an import there fails those writes ("import in progress") and
+// leaves the replica UNHEALTHY.
+func TestReplicationTargetNotOnContainerPipeline(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 1, OpenContainersPerPipeline: 1})
+	var ids []uint64
+	for i := range 5 {
+		ids = append(ids, e.register(t, "dn"+string(rune('a'+i)), "/dc1/r1"))
+	}
+	a, b, c, d, x := ids[0], ids[1], ids[2], ids[3], ids[4]
+	cid := e.closedOn(t, 100, a, b, c)
+	pid := e.st.Container(cid).PipelineId
+	// c lagged, a copy went to d, c was dropped; c still runs the pipeline
+	// and has not applied the container yet.
+	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaAdded{ReplicaAdded: &metapb.ReplicaAddedOp{ContainerId: cid, DatanodeId: d}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: cid, DatanodeIds: []uint64{c}, Reason: "test"}}}); err != nil {
+		t.Fatal(err)
+	}
+	// Then b's replica goes UNHEALTHY: the container needs a copy.
+	var xCmds []*metapb.DatanodeCommand
+	for range 2 {
+		e.hb(t, a, nil, closedRep(cid, 9))
+		e.hb(t, b, nil, &metapb.ContainerReport{ContainerId: cid, State: metapb.ContainerState_CONTAINER_UNHEALTHY, Bcsid: 9})
+		e.hb(t, c, []uint64{pid})
+		e.hb(t, d, nil, closedRep(cid, 9))
+		if cmds := e.hb(t, x, nil).Commands; len(cmds) > 0 {
+			xCmds = cmds
+		}
+		e.tick(t)
+	}
+	h, err := e.m.ContainerHealth(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Copies) != 1 || h.Copies[0].Target != x {
+		t.Fatalf("copies %v: want one to %d, never to %d (it runs the container's pipeline %d)", h.Copies, x, c, pid)
+	}
+	// The command names the container's pipeline: a target running it
+	// refuses the copy.
+	if rc, ok := findCmd(xCmds, (*metapb.DatanodeCommand).GetReplicateContainer); !ok || rc.ContainerId != cid || rc.PipelineId != pid {
+		t.Fatalf("target %d got %v, want a copy of container %d naming pipeline %d", x, rc, cid, pid)
+	}
+	if cmds := e.hb(t, c, []uint64{pid}).Commands; len(cmds) > 0 {
+		if _, ok := findCmd(cmds, (*metapb.DatanodeCommand).GetReplicateContainer); ok {
+			t.Fatalf("datanode %d, in the container's pipeline, told to import it: %v", c, cmds)
+		}
+	}
+}
