@@ -469,3 +469,25 @@ func publicBucket(b *metapb.Bucket) {
 	b.Policy = ""
 	b.PublicAccessBlock = nil
 }
+
+// Volume and bucket records are visible to every authenticated user
+// (names, owners, modes), but their ACLs only to whoever may read them
+// (READ_ACL, or the owner): an ACL names users and groups.
+
+// hideBucketAcl clears b's ACL unless the caller may read it.
+func (s *Service) hideBucketAcl(ctx context.Context, b *metapb.Bucket) {
+	if len(b.Acls) > 0 && s.authz(ctx).Acl(&metapb.ObjectRef{Volume: b.Volume, Bucket: b.Name}, false) != nil {
+		b.Acls = nil
+	}
+}
+
+// volumeForCaller is v, or a copy without its ACL if the caller may not
+// read it.
+func (s *Service) volumeForCaller(ctx context.Context, v *metapb.Volume) *metapb.Volume {
+	if len(v.Acls) == 0 || s.authz(ctx).Acl(&metapb.ObjectRef{Volume: v.Name}, false) == nil {
+		return v
+	}
+	v = proto.Clone(v).(*metapb.Volume)
+	v.Acls = nil
+	return v
+}

@@ -455,3 +455,64 @@ func TestModeGroupBits(t *testing.T) {
 		t.Fatalf("carol writes with r-x group bits: %v", err)
 	}
 }
+
+// TestRecordsHideAclsFromOthers: volume and bucket records are readable
+// by every user, but the ACL in them only by whoever may read it (the
+// owner, READ_ACL): GetBucket and ListBuckets used to hand any user, and
+// anonymous requests through a gateway, the names an ACL grants to.
+func TestRecordsHideAclsFromOthers(t *testing.T) {
+	e := authzEnv(t)
+	alice, bob := e.as("alice"), e.as("bob")
+	if err := e.setAcl(t, alice, ref("obkt", ""), metapb.AclOp_ACL_ADD, user("secretpartner", rR)); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := e.s.GetBucket(alice, &metapb.GetBucketRequest{Volume: "vol", Name: "obkt"}); err != nil || len(b.Acls) != 1 {
+		t.Fatalf("owner's GetBucket: acls %v, err %v", b.GetAcls(), err)
+	}
+	if b, err := e.s.GetBucket(bob, &metapb.GetBucketRequest{Volume: "vol", Name: "obkt"}); err != nil || len(b.Acls) != 0 {
+		t.Fatalf("bob's GetBucket shows the ACL: %v, err %v", b.GetAcls(), err)
+	}
+	l, err := e.s.ListBuckets(bob, &metapb.ListBucketsRequest{Volume: "vol"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range l.Buckets {
+		if len(b.Acls) != 0 {
+			t.Fatalf("bob's ListBuckets shows %s's ACL: %v", b.Name, b.Acls)
+		}
+	}
+	if err := e.setAcl(t, alice, ref("obkt", ""), metapb.AclOp_ACL_ADD, user("bob", rRA)); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := e.s.GetBucket(bob, &metapb.GetBucketRequest{Volume: "vol", Name: "obkt"}); err != nil || len(b.Acls) != 2 {
+		t.Fatalf("bob with READ_ACL: acls %v, err %v", b.GetAcls(), err)
+	}
+}
+
+// TestBlockPublicAclsAtComplete: an ACL given when a multipart upload
+// completes (an S3 upload created with x-amz-acl: public-read) is checked
+// against Block Public Access as a CommitKey's is; it used to be stored
+// unchecked, so the object became public in a bucket that blocks that.
+func TestBlockPublicAclsAtComplete(t *testing.T) {
+	e := authzEnv(t)
+	alice := e.as("alice")
+	if _, err := e.s.SetPublicAccessBlock(alice, &metapb.PublicAccessBlockConfig{Volume: "vol", Bucket: "obkt", Config: &metapb.PublicAccessBlock{BlockPublicAcls: true}}); err != nil {
+		t.Fatal(err)
+	}
+	u, err := e.s.CreateMultipartUpload(alice, &metapb.CreateMultipartUploadRequest{Volume: "vol", Bucket: "obkt", Key: "mp"})
+	must(t, err)
+	o, err := e.s.OpenKey(alice, &metapb.OpenKeyRequest{Volume: "vol", Bucket: "obkt", Key: "mp"})
+	must(t, err)
+	etag := "0123456789abcdef0123456789abcdef"
+	_, err = e.s.CommitKey(alice, &metapb.CommitKeyRequest{OpenId: o.OpenId, Blocks: []*metapb.KeyBlock{{Id: o.Blocks[0].Id, Length: 1}},
+		Part: &metapb.PartRef{UploadId: u.UploadId, PartNumber: 1, Etag: etag}})
+	must(t, err)
+	anonR := &metapb.Acl{Type: metapb.AclType_ACL_ANONYMOUS, Rights: rR}
+	complete := func(acls ...*metapb.Acl) error {
+		_, err := e.s.CompleteMultipartUpload(alice, &metapb.CompleteMultipartUploadRequest{Volume: "vol", Bucket: "obkt", Key: "mp", UploadId: u.UploadId,
+			MinPartSize: 1, Parts: []*metapb.CompletedPart{{PartNumber: 1, Etag: etag}}, Acls: acls})
+		return err
+	}
+	wantCode(t, complete(anonR), codes.PermissionDenied, "BlockPublicAcls")
+	must(t, complete(user("bob", rR)))
+}

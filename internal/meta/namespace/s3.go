@@ -390,6 +390,14 @@ func (t *tx) completeMultipart(req *metapb.CompleteMultipartUploadRequest) any {
 	if nblocks > MaxCompletedBlocks {
 		return status.Errorf(codes.ResourceExhausted, "complete upload %q: the parts have %d blocks, an object may have at most %d", req.UploadId, nblocks, MaxCompletedBlocks)
 	}
+	// The new object's ACL is checked here as CommitKey checks it (Block
+	// Public Access applies to an ACL given at Complete too).
+	if err := validateAcls(req.Acls, "complete upload of "+u.Key); err != nil {
+		return err
+	}
+	if err := blockedPublicAcl(b, req.Acls, "complete upload of "+u.Key); err != nil {
+		return err
+	}
 	meta := proto.Clone(u.Meta).(*metapb.ObjectMeta)
 	if meta == nil {
 		meta = &metapb.ObjectMeta{}
@@ -582,6 +590,13 @@ func (s *Service) CompleteMultipartUpload(ctx context.Context, req *metapb.Compl
 	}
 	if err := validateAcls(req.Acls, "complete upload of "+req.Key); err != nil {
 		return nil, err
+	}
+	if len(req.Acls) > 0 {
+		if b, err := s.st.GetBucket(req.Volume, req.Bucket); err == nil {
+			if err := blockedPublicAcl(b, req.Acls, "complete upload of "+req.Key); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "complete an upload of"); err != nil {
 		return nil, err

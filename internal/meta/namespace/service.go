@@ -148,14 +148,25 @@ func (s *Service) GetVolume(ctx context.Context, req *metapb.GetVolumeRequest) (
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
-	return s.st.GetVolume(req.Name)
+	v, err := s.st.GetVolume(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	return s.volumeForCaller(ctx, v), nil
 }
 
 func (s *Service) ListVolumes(ctx context.Context, req *metapb.ListVolumesRequest) (*metapb.ListVolumesResponse, error) {
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
-	return s.st.ListVolumes(req)
+	r, err := s.st.ListVolumes(req)
+	if err != nil {
+		return nil, err
+	}
+	for i, v := range r.Volumes {
+		r.Volumes[i] = s.volumeForCaller(ctx, v)
+	}
+	return r, nil
 }
 
 func (s *Service) DeleteVolume(ctx context.Context, req *metapb.DeleteVolumeRequest) (*metapb.DeleteVolumeResponse, error) {
@@ -206,6 +217,7 @@ func (s *Service) GetBucket(ctx context.Context, req *metapb.GetBucketRequest) (
 		return nil, err
 	}
 	publicBucket(b)
+	s.hideBucketAcl(ctx, b)
 	return b, nil
 }
 
@@ -219,6 +231,7 @@ func (s *Service) ListBuckets(ctx context.Context, req *metapb.ListBucketsReques
 	}
 	for _, b := range r.Buckets {
 		publicBucket(b)
+		s.hideBucketAcl(ctx, b)
 	}
 	return r, nil
 }
