@@ -54,6 +54,10 @@ const (
 // caCertlessMethods may be called without a client certificate: they
 // check their own credential (a bootstrap token) or serve only public
 // data (the CA certificate).
+// certOnlyMethods need a client certificate even from an admin: a user
+// token (an S3 key) may not mint or revoke node identities.
+var certOnlyMethods = map[string]bool{}
+
 var caCertlessMethods = map[string]bool{
 	metapb.Ca_GetCaCertificate_FullMethodName: true,
 	metapb.Ca_IssueCertificate_FullMethodName: true,
@@ -67,6 +71,7 @@ func init() {
 	for _, m := range []string{metapb.Ca_CreateBootstrapToken_FullMethodName, metapb.Ca_RevokeCertificate_FullMethodName} {
 		methodRoles[m] = clientsAndMeta
 		adminMethods[m] = true
+		certOnlyMethods[m] = true
 	}
 }
 

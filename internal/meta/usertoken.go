@@ -282,6 +282,9 @@ func (s *Server) authorizeByToken(ctx context.Context, method string) (_ context
 	if known && !slices.Contains(roles, pki.RoleClient) {
 		return ctx, true, status.Errorf(codes.PermissionDenied, "%s: user %q (token) may not call it (roles allowed: %v)", methodName(method), t.User, roles)
 	}
+	if certOnlyMethods[method] {
+		return ctx, true, status.Errorf(codes.PermissionDenied, "meta node %d: %s needs a client certificate (user %q has a token)", s.cfg.NodeID, methodName(method), t.User)
+	}
 	c := namespace.Caller{User: t.User, Admin: t.Admin || s.admins[t.User], Groups: s.cfg.Groups[t.User], Request: requestInfo(ctx, false)}
 	if adminMethods[method] && !c.Admin {
 		return ctx, true, status.Errorf(codes.PermissionDenied, "meta node %d: %s: %s is not an admin (admins: basalt meta --admins)", s.cfg.NodeID, methodName(method), c)

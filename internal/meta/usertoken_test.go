@@ -153,6 +153,12 @@ func TestUserTokenAuthenticates(t *testing.T) {
 	mustOK(t, "an admin key", err)
 	_, err = c.keyClient(adm.AccessKeyId, adm.SecretAccessKey).Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "doras"})
 	mustOK(t, "dora (admin key) creates a volume", err)
+	// ...but it mints and revokes no node identities: those CA calls need
+	// a certificate (an S3 key must not become a datanode).
+	_, err = c.keyClient(adm.AccessKeyId, adm.SecretAccessKey).Ca.CreateBootstrapToken(ctx, &metapb.CreateBootstrapTokenRequest{})
+	wantDenied(t, "dora (admin key, token) creates a bootstrap token", err)
+	_, err = c.keyClient(adm.AccessKeyId, adm.SecretAccessKey).Ca.RevokeCertificate(ctx, &metapb.RevokeCertificateRequest{Serial: "0a"})
+	wantDenied(t, "dora (admin key, token) revokes a certificate", err)
 
 	// No certificate and no token: refused as before, whatever the call.
 	none := c.keyClient("", "")
