@@ -13,6 +13,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -359,7 +361,7 @@ func (c *caService) RenewCertificate(ctx context.Context, req *metapb.RenewCerti
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "meta node %d: signing: %v", c.s.cfg.NodeID, err)
 	}
-	issued := &metapb.CaIssuedCert{Serial: serial, Identity: id.String(), NotAfterUnixMs: notAfter.UnixMilli()}
+	issued := &metapb.CaIssuedCert{Serial: serial, Identity: id.String(), NotAfterUnixMs: notAfter.UnixMilli(), RenewedFrom: callerSerial(ctx)}
 	if _, err := c.propose(ctx, &metapb.CaCommand{Op: &metapb.CaCommand_RecordIssued{RecordIssued: issued}}); err != nil {
 		return nil, err
 	}
@@ -527,4 +529,18 @@ func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 		}
 	}
 	return handler(srv, ss)
+}
+
+// callerSerial is the serial of the call's client certificate ("" if
+// none).
+func callerSerial(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return ""
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.PeerCertificates) == 0 {
+		return ""
+	}
+	return pki.SerialString(ti.State.PeerCertificates[0].SerialNumber)
 }

@@ -338,6 +338,12 @@ func (s *caState) apply(b *pebble.Batch, cmd *metapb.CaCommand) (res any, change
 		put(b, key(caPfxIssued, c.GetIssued().GetSerial()), c.GetIssued())
 		return nil, false
 	case *metapb.CaCommand_RecordIssued:
+		if from := op.RecordIssued.GetRenewedFrom(); from != "" {
+			if _, closer, err := b.Get(key(caPfxRevoked, from)); err == nil {
+				closer.Close()
+				return status.Errorf(codes.PermissionDenied, "renewal of certificate %s refused: it is revoked", from), false
+			}
+		}
 		put(b, key(caPfxIssued, op.RecordIssued.GetSerial()), op.RecordIssued)
 		return nil, false
 	case *metapb.CaCommand_Revoke:

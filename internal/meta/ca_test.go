@@ -581,3 +581,35 @@ func TestCAStateAppliedIndexIsDurable(t *testing.T) {
 		t.Fatalf("AppliedIndex %d after a sync, want 1", got)
 	}
 }
+
+// TestRenewalOfRevokedCertificateRefusedInApply: a renewal checks the
+// caller's certificate when the call starts; a revocation applied between
+// that check and the renewal's record must still win, or the holder would
+// keep a live successor certificate. The record names the serial renewed
+// from, and the apply refuses it if that serial is revoked by then.
+func TestRenewalOfRevokedCertificateRefusedInApply(t *testing.T) {
+	st, err := openCaState(t.TempDir(), store.Options{}, nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	enc := func(c *metapb.CaCommand) []byte {
+		c.NowUnixMs = time.Now().UnixMilli()
+		b, err := proto.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	res := st.Apply([]store.Entry{
+		{Index: 1, Cmd: enc(&metapb.CaCommand{Op: &metapb.CaCommand_Revoke{Revoke: &metapb.RevokeCertificateRequest{Serial: "0b"}}})},
+		{Index: 2, Cmd: enc(&metapb.CaCommand{Op: &metapb.CaCommand_RecordIssued{RecordIssued: &metapb.CaIssuedCert{Serial: "0c", Identity: "basalt://datanode/x", RenewedFrom: "0b"}}})},
+		{Index: 3, Cmd: enc(&metapb.CaCommand{Op: &metapb.CaCommand_RecordIssued{RecordIssued: &metapb.CaIssuedCert{Serial: "0e", Identity: "basalt://datanode/y", RenewedFrom: "0d"}}})},
+	})
+	if err, _ := res[1].(error); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("renewal from a revoked serial recorded: %v", res[1])
+	}
+	if res[2] != nil {
+		t.Fatalf("renewal from a live serial refused: %v", res[2])
+	}
+}

@@ -1009,8 +1009,12 @@ type CaIssuedCert struct {
 	Serial         string                 `protobuf:"bytes,1,opt,name=serial,proto3" json:"serial,omitempty"`
 	Identity       string                 `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"`
 	NotAfterUnixMs int64                  `protobuf:"varint,3,opt,name=not_after_unix_ms,json=notAfterUnixMs,proto3" json:"not_after_unix_ms,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Set for a renewal: the serial of the certificate the caller renewed
+	// with; the apply refuses the record if that serial is revoked by then
+	// (a revocation racing with a renewal must not leave a live successor).
+	RenewedFrom   string `protobuf:"bytes,4,opt,name=renewed_from,json=renewedFrom,proto3" json:"renewed_from,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CaIssuedCert) Reset() {
@@ -1062,6 +1066,13 @@ func (x *CaIssuedCert) GetNotAfterUnixMs() int64 {
 		return x.NotAfterUnixMs
 	}
 	return 0
+}
+
+func (x *CaIssuedCert) GetRenewedFrom() string {
+	if x != nil {
+		return x.RenewedFrom
+	}
+	return ""
 }
 
 var File_meta_ca_proto protoreflect.FileDescriptor
@@ -1137,11 +1148,12 @@ const file_meta_ca_proto_rawDesc = "" +
 	"\btoken_id\x18\x01 \x01(\tR\atokenId\x12\x1f\n" +
 	"\vsecret_hash\x18\x02 \x01(\fR\n" +
 	"secretHash\x124\n" +
-	"\x06issued\x18\x03 \x01(\v2\x1c.basalt.meta.v1.CaIssuedCertR\x06issued\"m\n" +
+	"\x06issued\x18\x03 \x01(\v2\x1c.basalt.meta.v1.CaIssuedCertR\x06issued\"\x90\x01\n" +
 	"\fCaIssuedCert\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\tR\bidentity\x12)\n" +
-	"\x11not_after_unix_ms\x18\x03 \x01(\x03R\x0enotAfterUnixMs2\xf7\x04\n" +
+	"\x11not_after_unix_ms\x18\x03 \x01(\x03R\x0enotAfterUnixMs\x12!\n" +
+	"\frenewed_from\x18\x04 \x01(\tR\vrenewedFrom2\xf7\x04\n" +
 	"\x02Ca\x12e\n" +
 	"\x10GetCaCertificate\x12'.basalt.meta.v1.GetCaCertificateRequest\x1a(.basalt.meta.v1.GetCaCertificateResponse\x12e\n" +
 	"\x10IssueCertificate\x12'.basalt.meta.v1.IssueCertificateRequest\x1a(.basalt.meta.v1.IssueCertificateResponse\x12e\n" +
