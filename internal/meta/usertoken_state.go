@@ -201,8 +201,16 @@ func (s *utState) setRecord(b *pebble.Batch, k []byte, rec *metapb.UserTokenReco
 	s.set(b, k, v)
 }
 
+// utPruneGraceMs: nonces and renewal/cancellation records are kept this
+// long past their expiry. The state's clock is the latest proposer's,
+// while each node verifies with its own: a node whose clock is behind
+// must still find a cancellation (or a replay's nonce) until it too sees
+// the expiry pass. Clocks further apart than this are a misconfiguration
+// (GetUserToken already refuses requests more than Skew off).
+const utPruneGraceMs = 10 * 60 * 1000
+
 // prune advances the state's clock to now (never back: leaders' clocks
-// differ) and drops what expired by then.
+// differ) and drops what expired by then (with utPruneGraceMs to spare).
 func (s *utState) prune(b *pebble.Batch, now int64) {
 	if now <= s.now {
 		return
@@ -210,7 +218,7 @@ func (s *utState) prune(b *pebble.Batch, now int64) {
 	s.now = now
 	s.set(b, utKeyNow, store.U64(uint64(now)))
 	for id, until := range s.nonces {
-		if until < now {
+		if until+utPruneGraceMs < now {
 			delete(s.nonces, id)
 			s.del(b, append(slices.Clone(utPfxNonce), id[:]...))
 		}
@@ -220,7 +228,7 @@ func (s *utState) prune(b *pebble.Batch, now int64) {
 		m   map[uint64]*metapb.UserTokenRecord
 	}{{utPfxRenewed, s.renewed}, {utPfxCancelled, s.cancelled}} {
 		for seq, rec := range t.m {
-			if rec.MaxUnixMs < now {
+			if rec.MaxUnixMs+utPruneGraceMs < now {
 				delete(t.m, seq)
 				s.del(b, utRow(t.pfx, seq))
 			}

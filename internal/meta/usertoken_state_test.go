@@ -95,9 +95,12 @@ func TestUTStateRecordsAndReloads(t *testing.T) {
 
 	// Time passes: the nonce and the cancellation go, the renewal stays
 	// until its max date; a command stamped earlier does not bring them back.
-	utApply(t, st, 8, utKeyCmd(now+4000, 2, now+4000), utKeyCmd(now, 3, now))
-	if len(st.nonces) != 0 || len(st.cancelled) != 0 || len(st.renewed) != 1 || st.now != now+4000 {
-		t.Fatalf("after 4 s: nonces %d, cancelled %d, renewed %d, clock %d", len(st.nonces), len(st.cancelled), len(st.renewed), st.now-now)
+	// (They are kept utPruneGraceMs past their expiry, for nodes whose
+	// clocks are behind the proposer's.)
+	later := int64(4000 + utPruneGraceMs)
+	utApply(t, st, 8, utKeyCmd(now+later, 2, now+4000), utKeyCmd(now, 3, now))
+	if len(st.nonces) != 0 || len(st.cancelled) != 0 || len(st.renewed) != 1 || st.now != now+later {
+		t.Fatalf("after 4 s + grace: nonces %d, cancelled %d, renewed %d, clock %d", len(st.nonces), len(st.cancelled), len(st.renewed), st.now-now)
 	}
 	if k := st.signingKey(now + 4000); k == nil || k.Id != 2 {
 		t.Fatalf("signing key %v, want 2 (the newest active)", k)
@@ -167,4 +170,26 @@ func FuzzUserTokenDecode(f *testing.F) {
 			t.Fatalf("identifier %x re-encodes to %x", parts.Identifier, got)
 		}
 	})
+}
+
+// TestUTStateKeepsCancellationsPastExpiry: a cancellation is kept
+// utPruneGraceMs past the token's max date by the state's clock (the
+// latest proposer's), so a node whose clock is behind still refuses the
+// cancelled token until its own clock passes that date.
+func TestUTStateKeepsCancellationsPastExpiry(t *testing.T) {
+	st, err := openUTState(t.TempDir(), store.Options{SyncInterval: -1, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := int64(1_800_000_000_000)
+	utApply(t, st, 1, &metapb.UserTokenCommand{NowUnixMs: now, Op: &metapb.UserTokenCommand_Cancel{Cancel: &metapb.UserTokenCancelOp{Sequence: 7, MaxUnixMs: now + 1000}}})
+	utApply(t, st, 2, utKeyCmd(now+1000+60_000, 1, now)) // a proposer a minute ahead
+	if len(st.cancelled) != 1 {
+		t.Fatalf("cancellation dropped a minute after its max date by the proposer's clock")
+	}
+	utApply(t, st, 3, utKeyCmd(now+1000+utPruneGraceMs+1, 2, now))
+	if len(st.cancelled) != 0 {
+		t.Fatalf("cancellation kept past the grace")
+	}
 }
