@@ -846,35 +846,88 @@ func (s *Store) PutBlockDeferred(cid ContainerID, bd BlockData) error {
 // such a commit since its last sync (the WAL is sequential, so a sync
 // covers every record before it). On error the volume is failed (its
 // containers are reported UNHEALTHY) and the error wraps ErrVolumeFailed.
+// A pipeline uses SyncCommitsFor, which waits only for its containers'
+// volumes.
 func (s *Store) SyncCommits() error {
 	s.mu.RLock()
 	closed := s.closed
+	vols := s.volumes
 	s.mu.RUnlock()
 	if closed {
 		return cErr("sync commits", ErrClosed, 0, "", nil)
 	}
 	var errs []error
-	for _, v := range s.volumes {
-		// Every commit counted in target had returned from its Pebble
-		// commit; a sync that completed after covering target (this one
-		// or a concurrent caller's) makes them durable.
-		target := v.deferredSeq.Load()
-		if v.syncedSeq.Load() >= target {
-			continue
-		}
-		if err := v.db.LogData(nil, pebble.Sync); err != nil {
-			v.fail(err, s.opts.Logf)
-			errs = append(errs, cErr("sync commits", ErrVolumeFailed, 0, "WAL sync", err).withVolume(v.path))
-			continue
-		}
-		for {
-			done := v.syncedSeq.Load()
-			if done >= target || v.syncedSeq.CompareAndSwap(done, target) {
-				break
-			}
+	for _, v := range vols {
+		if err := s.syncCommitsVolume(v); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// SyncCommitsFor is SyncCommits limited to the volumes holding the given
+// containers (synced in parallel): a slow or failed disk delays or fails
+// only the batches with a container on it, never a pipeline whose
+// containers are all elsewhere (as SyncContainers for chunks). A container
+// not here (deleted since its commit) has nothing left to make durable and
+// is skipped. A volume failed already reports its failure without being
+// touched. The error names the failed volumes; a caller that must know
+// which containers are affected asks again per container (a call for a
+// volume synced since costs nothing).
+func (s *Store) SyncCommitsFor(ids []ContainerID) error {
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return cErr("sync commits", ErrClosed, 0, "", nil)
+	}
+	var vols []*volume
+	for _, id := range ids {
+		if c := s.containers[id]; c != nil && c.vol != nil && !slices.Contains(vols, c.vol) {
+			vols = append(vols, c.vol)
+		}
+	}
+	s.mu.RUnlock()
+	if len(vols) == 1 {
+		return s.syncCommitsVolume(vols[0])
+	}
+	errs := make([]error, len(vols))
+	var wg sync.WaitGroup
+	for i, v := range vols {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.syncCommitsVolume(v)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// syncCommitsVolume makes v's deferred commits durable (SyncCommits).
+func (s *Store) syncCommitsVolume(v *volume) error {
+	// Every commit counted in target had returned from its Pebble
+	// commit; a sync that completed after covering target (this one or a
+	// concurrent caller's) makes them durable.
+	target := v.deferredSeq.Load()
+	if v.syncedSeq.Load() >= target {
+		return nil
+	}
+	if v.failed.Load() {
+		// A failed disk is not asked again (it may hang): what it did
+		// not sync is lost to this replica.
+		return cErr("sync commits", ErrVolumeFailed, 0, "volume failed", v.err()).withVolume(v.path)
+	}
+	if err := v.db.LogData(nil, pebble.Sync); err != nil {
+		v.fail(err, s.opts.Logf)
+		return cErr("sync commits", ErrVolumeFailed, 0, "WAL sync", err).withVolume(v.path)
+	}
+	for {
+		done := v.syncedSeq.Load()
+		if done >= target || v.syncedSeq.CompareAndSwap(done, target) {
+			break
+		}
+	}
+	return nil
 }
 
 func (s *Store) putBlock(cid ContainerID, bd BlockData, deferred bool) error {
