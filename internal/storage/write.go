@@ -258,7 +258,15 @@ func (s *Store) rewriteLocked(op string, c *container, lid LocalID, ob *openBloc
 		return oErr(op, ErrContainerNotOpen, c.id, lid, off, st.String(), nil)
 	}
 	if ob.written[i].durable {
-		if err := c.vol.db.Delete(makeChunkKey(c.id, lid, off), s.metaSync()); err != nil {
+		// A deferred write's key goes in the same batch: left, a crash
+		// before the flusher deleted it would make Open write the old
+		// bytes over the rewrite (deferred.go).
+		b := c.vol.db.NewBatch()
+		b.Delete(makeChunkKey(c.id, lid, off), nil)
+		b.Delete(makeDeferredKey(c.id, lid, off), nil) // if it was one
+		err := b.Commit(s.metaSync())
+		b.Close()
+		if err != nil {
 			return s.ioErr(op, c, lid, off, err)
 		}
 		ob.written[i].durable = false
@@ -596,6 +604,15 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	// chunks: their bytes go in the early batch and its file is synced
 	// later (deferred.go); the others are synced now.
 	deferred := make([]bool, len(todo))
+	// gens: the generation of each deferred key set below (deferrer.gens);
+	// undos restore the previous ones if the batch fails.
+	type deferSlot struct {
+		c   *container
+		lid LocalID
+		off int64
+	}
+	var gens map[deferSlot]uint64
+	var undos []func()
 	var now []dirtyBlock
 	var nowAt []int
 	for i, d := range todo {
@@ -614,7 +631,14 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 			}
 			b.Set(makeChunkKey(d.c.id, d.lid, sp.off), encodeChunk(sp.n, sp.sum), nil)
 			if deferred[i] {
-				early.Set(makeDeferredKey(d.c.id, d.lid, sp.off), sp.data, nil)
+				k := makeDeferredKey(d.c.id, d.lid, sp.off)
+				gen, undo := v.defer_.setGen(k)
+				if gens == nil {
+					gens = map[deferSlot]uint64{}
+				}
+				gens[deferSlot{d.c, d.lid, sp.off}] = gen
+				undos = append(undos, undo)
+				early.Set(k, sp.data, nil)
 			}
 		}
 	}
@@ -633,6 +657,11 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		}
 	}
 	earlyErr := <-earlyDone
+	if earlyErr != nil {
+		for _, undo := range undos {
+			undo()
+		}
+	}
 	var ok, bad []dirtyBlock
 	var okAt []int
 	for i, d := range todo {
@@ -658,7 +687,7 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 			case sp.sum.Type != ChecksumNone && earlyErr == nil:
 				sp.durable = true
 				if def {
-					handed = append(handed, deferredChunk{c: d.c, lid: d.lid, off: sp.off, dir: d.ob.dirSync})
+					handed = append(handed, deferredChunk{c: d.c, lid: d.lid, off: sp.off, dir: d.ob.dirSync, gen: gens[deferSlot{d.c, d.lid, sp.off}]})
 					d.c.deferredKeys.Add(1)
 				}
 			case sp.sum.Type == ChecksumNone && earlyErr == nil && lateErr == nil:
