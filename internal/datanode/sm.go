@@ -635,11 +635,33 @@ func (sm *containerSM) Apply(ents []raft.Entry) []any {
 	// Block commits were deferred (storage.PutBlockDeferred): one WAL
 	// flush makes the whole batch durable before any entry of it counts
 	// as applied here, and pipelines that share a volume share flushes.
+	// Only the volumes of the batch's containers are flushed: a slow or
+	// failed disk elsewhere on the datanode neither delays nor fails it.
 	if len(sm.deferred) > 0 {
-		if err := sm.store.SyncCommits(); err != nil {
+		var cids []storage.ContainerID
+		for _, d := range sm.deferred {
+			if !slices.Contains(cids, d.cid) {
+				cids = append(cids, d.cid)
+			}
+		}
+		if err := sm.store.SyncCommitsFor(cids); err != nil {
+			// Which containers' volumes failed: asking again per
+			// container costs nothing for a volume synced just now.
+			bad := map[storage.ContainerID]error{}
+			for _, cid := range cids {
+				if len(cids) == 1 {
+					bad[cid] = err
+				} else if cerr := sm.store.SyncCommitsFor([]storage.ContainerID{cid}); cerr != nil {
+					bad[cid] = cerr
+				}
+			}
 			for _, d := range sm.deferred {
-				sm.markUnhealthy(d.cid, d.index, fmt.Sprintf("entry %d: block commit not synced: %v", d.index, err))
-				err := fmt.Errorf("datanode: pipeline %d entry %d: block commit not synced: %w", sm.pipeline, d.index, err)
+				serr, ok := bad[d.cid]
+				if !ok {
+					continue
+				}
+				sm.markUnhealthy(d.cid, d.index, fmt.Sprintf("entry %d: block commit not synced: %v", d.index, serr))
+				err := fmt.Errorf("datanode: pipeline %d entry %d: block commit not synced: %w", sm.pipeline, d.index, serr)
 				sm.recordFailure(d.index, err)
 				out[d.pos] = err
 			}

@@ -94,7 +94,8 @@ type deferredChunk struct {
 	c   *container
 	lid LocalID
 	off int64
-	dir bool // the file may be new: sync its directory entry too
+	dir bool   // the file may be new: sync its directory entry too
+	gen uint64 // the key's generation when it was set (deferrer.gens)
 }
 
 // deferrer is a volume's flusher state.
@@ -107,6 +108,46 @@ type deferrer struct {
 	// flushMu: one flush at a time (the loop's, Close's).
 	flushMu sync.Mutex
 	stopped atomic.Bool // Close ran (twice is a no-op)
+
+	// Under genMu: gens maps a deferred key to the generation of its
+	// latest Set (from lastGen). The flusher deletes a key only if its
+	// generation is still the one it synced the file for: a key deleted
+	// (AbortBlock) and set again by a rewrite at the same offset after
+	// the flusher's sync holds bytes the sync did not cover, and must
+	// stay. The flusher holds genMu across its delete batch's commit, so
+	// a Set's generation is either seen by it or committed after it.
+	genMu   sync.Mutex
+	gens    map[string]uint64
+	lastGen uint64
+
+	// afterSync, if set (tests), runs between a flush's syncs and its
+	// deletions.
+	afterSync atomic.Pointer[func()]
+}
+
+// setGen gives the deferred key k a new generation before its Set is
+// committed; undo restores the previous one if that commit failed.
+func (d *deferrer) setGen(k []byte) (gen uint64, undo func()) {
+	d.genMu.Lock()
+	defer d.genMu.Unlock()
+	if d.gens == nil {
+		d.gens = map[string]uint64{}
+	}
+	d.lastGen++
+	gen = d.lastGen
+	prev, had := d.gens[string(k)]
+	d.gens[string(k)] = gen
+	return gen, func() {
+		d.genMu.Lock()
+		defer d.genMu.Unlock()
+		if d.gens[string(k)] == gen {
+			if had {
+				d.gens[string(k)] = prev
+			} else {
+				delete(d.gens, string(k))
+			}
+		}
+	}
 }
 
 func (s *Store) startDeferrer(v *volume) {
@@ -213,14 +254,26 @@ func (s *Store) flushDeferred(v *volume) {
 		run(func() error { return p.SyncContainer(cid) })
 	}
 	wg.Wait()
+	if f := d.afterSync.Load(); f != nil {
+		(*f)()
+	}
 	if firstErr == nil {
 		b := v.db.NewBatch()
+		d.genMu.Lock()
+		var mine []string
 		s.mu.RLock()
 		for _, dc := range todo {
+			k := makeDeferredKey(dc.c.id, dc.lid, dc.off)
+			if d.gens[string(k)] != dc.gen {
+				// Set again since (a rewrite after an abort): its bytes
+				// may postdate the sync; its own entry deletes it.
+				continue
+			}
+			mine = append(mine, string(k))
 			// A container deleted since took its keys with it; one made
 			// again under the same ID is not this one.
 			if s.containers[dc.c.id] == dc.c {
-				b.Delete(makeDeferredKey(dc.c.id, dc.lid, dc.off), nil)
+				b.Delete(k, nil)
 			}
 		}
 		s.mu.RUnlock()
@@ -228,6 +281,12 @@ func (s *Store) flushDeferred(v *volume) {
 		// the same bytes into the file again.
 		firstErr = b.Commit(pebble.NoSync)
 		b.Close()
+		if firstErr == nil {
+			for _, k := range mine {
+				delete(d.gens, k)
+			}
+		}
+		d.genMu.Unlock()
 	}
 	if firstErr != nil {
 		v.fail(firstErr, s.opts.Logf)

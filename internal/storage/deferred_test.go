@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"bytes"
 	"errors"
 	"math/rand/v2"
 	"sync"
@@ -385,5 +386,134 @@ func TestSmallBatchSyncs(t *testing.T) {
 		t.Fatalf("%d syncs for a batch of %d small blocks, want at most 4", n, batch)
 	} else {
 		t.Logf("%d syncs for a batch of %d small blocks", n, batch)
+	}
+}
+
+// TestDeferredFlushKeepsKeySetAgain: a block aborted and written again at
+// the same offset after the flusher synced the files, but before it
+// deleted the keys, keeps its new deferred key (its bytes are only in the
+// page cache): a power loss then must not lose the acknowledged chunk.
+// The flusher deleted keys by name, so it deleted the new one.
+func TestDeferredFlushKeepsKeySetAgain(t *testing.T) {
+	if onBackend() != "posix" {
+		t.Skip("deferred writes are a posix-backend feature")
+	}
+	fs := newCrashFS()
+	s := openOn(t, fs, Options{})
+	defer s.Close()
+	mustCreate(t, s, 1)
+	d := s.volumes[0].defer_
+	fresh := blockBytes(1, 99, 4<<10) // other bytes for block 1
+	var ran atomic.Bool
+	hookErr := make(chan error, 1)
+	hook := func() {
+		if !ran.CompareAndSwap(false, true) {
+			return
+		}
+		hookErr <- func() error {
+			if err := s.AbortBlock(1, 1); err != nil {
+				return err
+			}
+			sum := DefaultChecksum.Compute(fresh)
+			if err := s.WriteChunk(1, 1, 0, fresh, sum, true); err != nil {
+				return err
+			}
+			if err := s.Sync(); err != nil {
+				return err
+			}
+			if err := s.PutBlockDeferred(1, BlockData{LocalID: 1, Length: int64(len(fresh)), BCSID: 1,
+				Chunks: []ChunkInfo{{Offset: 0, Length: int64(len(fresh)), Checksum: sum}}}); err != nil {
+				return err
+			}
+			return s.SyncCommits()
+		}()
+	}
+	d.afterSync.Store(&hook)
+	data := blockBytes(1, 1, 4<<10)
+	if err := s.WriteChunk(1, 1, 0, data, DefaultChecksum.Compute(data), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	s.flushDeferred(s.volumes[0]) // or the background flusher did
+	select {
+	case err := <-hookErr:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no flush ran")
+	}
+	d.afterSync.Store(nil)
+	if n := countDeferredKeys(t, s); n != 1 {
+		t.Errorf("%d deferred keys after the flush, want 1 (the rewrite's)", n)
+	}
+	// Any later WAL sync makes the flusher's (unsynced) deletions durable.
+	if err := smallBlock(s, 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SyncCommits(); err != nil {
+		t.Fatal(err)
+	}
+	// The rewrite is acknowledged (durable commit); crash before the
+	// flusher synced its file.
+	s2 := openOn(t, fs.Crash(), Options{})
+	defer s2.Close()
+	checkBlock(t, s2, 1, 1, fresh)
+}
+
+// TestDeferredRewriteDropsKey: a chunk that was a durable deferred write,
+// written again without checksums (rewriteLocked), loses its deferred key
+// with its record: left, Open would write the old bytes over the rewrite.
+func TestDeferredRewriteDropsKey(t *testing.T) {
+	if onBackend() != "posix" {
+		t.Skip("deferred writes are a posix-backend feature")
+	}
+	fs := newCrashFS()
+	s := openOn(t, fs, Options{})
+	defer s.Close()
+	mustCreate(t, s, 1)
+	old := blockBytes(1, 1, 4<<10)
+	if err := s.WriteChunk(1, 1, 0, old, DefaultChecksum.Compute(old), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if n := countDeferredKeys(t, s); n != 1 {
+		t.Fatalf("%d deferred keys, want 1", n)
+	}
+	fresh := blockBytes(1, 99, 4<<10)
+	if err := s.WriteChunk(1, 1, 0, fresh, ChecksumData{}, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutBlock(1, BlockData{LocalID: 1, Length: int64(len(fresh)), BCSID: 1,
+		Chunks: []ChunkInfo{{Offset: 0, Length: int64(len(fresh))}}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := countDeferredKeys(t, s); n != 0 {
+		t.Errorf("%d deferred keys after the rewrite, want 0", n)
+	}
+	crashed := fs.Crash()
+	if _, err := crashed.Stat(crashVol + "/basalt/containers/1/1.block"); err != nil {
+		t.Fatalf("before Open: %v", err)
+	}
+	s2 := openOn(t, crashed, Options{Logf: t.Logf})
+	s2.Close()
+	f, err := crashed.Open(crashVol + "/basalt/containers/1/1.block")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := make([]byte, len(fresh))
+	if _, err := f.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, fresh) {
+		t.Fatal("after a crash and Open the block file holds the old bytes, not the rewrite's")
 	}
 }

@@ -53,7 +53,8 @@
 //     (its data durable, readable at once) but its record is durable only
 //     after a SyncCommits called after it returns nil. A pipeline's apply
 //     loop commits a batch so and acknowledges nothing before its
-//     SyncCommits: one WAL flush per batch, shared by concurrent batches.
+//     SyncCommitsFor (its containers' volumes only): one WAL flush per
+//     volume per batch, shared by concurrent batches.
 //   - BlockStream.Close returns nil: what the stream wrote is durable, as
 //     after Sync.
 //   - CreateContainer, state changes, DeleteBlocks, DeleteContainer, Import,

@@ -258,7 +258,15 @@ func (s *Store) rewriteLocked(op string, c *container, lid LocalID, ob *openBloc
 		return oErr(op, ErrContainerNotOpen, c.id, lid, off, st.String(), nil)
 	}
 	if ob.written[i].durable {
-		if err := c.vol.db.Delete(makeChunkKey(c.id, lid, off), s.metaSync()); err != nil {
+		// A deferred write's key goes in the same batch: left, a crash
+		// before the flusher deleted it would make Open write the old
+		// bytes over the rewrite (deferred.go).
+		b := c.vol.db.NewBatch()
+		b.Delete(makeChunkKey(c.id, lid, off), nil)
+		b.Delete(makeDeferredKey(c.id, lid, off), nil) // if it was one
+		err := b.Commit(s.metaSync())
+		b.Close()
+		if err != nil {
 			return s.ioErr(op, c, lid, off, err)
 		}
 		ob.written[i].durable = false
@@ -596,6 +604,15 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	// chunks: their bytes go in the early batch and its file is synced
 	// later (deferred.go); the others are synced now.
 	deferred := make([]bool, len(todo))
+	// gens: the generation of each deferred key set below (deferrer.gens);
+	// undos restore the previous ones if the batch fails.
+	type deferSlot struct {
+		c   *container
+		lid LocalID
+		off int64
+	}
+	var gens map[deferSlot]uint64
+	var undos []func()
 	var now []dirtyBlock
 	var nowAt []int
 	for i, d := range todo {
@@ -614,7 +631,14 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 			}
 			b.Set(makeChunkKey(d.c.id, d.lid, sp.off), encodeChunk(sp.n, sp.sum), nil)
 			if deferred[i] {
-				early.Set(makeDeferredKey(d.c.id, d.lid, sp.off), sp.data, nil)
+				k := makeDeferredKey(d.c.id, d.lid, sp.off)
+				gen, undo := v.defer_.setGen(k)
+				if gens == nil {
+					gens = map[deferSlot]uint64{}
+				}
+				gens[deferSlot{d.c, d.lid, sp.off}] = gen
+				undos = append(undos, undo)
+				early.Set(k, sp.data, nil)
 			}
 		}
 	}
@@ -633,6 +657,11 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		}
 	}
 	earlyErr := <-earlyDone
+	if earlyErr != nil {
+		for _, undo := range undos {
+			undo()
+		}
+	}
 	var ok, bad []dirtyBlock
 	var okAt []int
 	for i, d := range todo {
@@ -658,7 +687,7 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 			case sp.sum.Type != ChecksumNone && earlyErr == nil:
 				sp.durable = true
 				if def {
-					handed = append(handed, deferredChunk{c: d.c, lid: d.lid, off: sp.off, dir: d.ob.dirSync})
+					handed = append(handed, deferredChunk{c: d.c, lid: d.lid, off: sp.off, dir: d.ob.dirSync, gen: gens[deferSlot{d.c, d.lid, sp.off}]})
 					d.c.deferredKeys.Add(1)
 				}
 			case sp.sum.Type == ChecksumNone && earlyErr == nil && lateErr == nil:
@@ -846,35 +875,88 @@ func (s *Store) PutBlockDeferred(cid ContainerID, bd BlockData) error {
 // such a commit since its last sync (the WAL is sequential, so a sync
 // covers every record before it). On error the volume is failed (its
 // containers are reported UNHEALTHY) and the error wraps ErrVolumeFailed.
+// A pipeline uses SyncCommitsFor, which waits only for its containers'
+// volumes.
 func (s *Store) SyncCommits() error {
 	s.mu.RLock()
 	closed := s.closed
+	vols := s.volumes
 	s.mu.RUnlock()
 	if closed {
 		return cErr("sync commits", ErrClosed, 0, "", nil)
 	}
 	var errs []error
-	for _, v := range s.volumes {
-		// Every commit counted in target had returned from its Pebble
-		// commit; a sync that completed after covering target (this one
-		// or a concurrent caller's) makes them durable.
-		target := v.deferredSeq.Load()
-		if v.syncedSeq.Load() >= target {
-			continue
-		}
-		if err := v.db.LogData(nil, pebble.Sync); err != nil {
-			v.fail(err, s.opts.Logf)
-			errs = append(errs, cErr("sync commits", ErrVolumeFailed, 0, "WAL sync", err).withVolume(v.path))
-			continue
-		}
-		for {
-			done := v.syncedSeq.Load()
-			if done >= target || v.syncedSeq.CompareAndSwap(done, target) {
-				break
-			}
+	for _, v := range vols {
+		if err := s.syncCommitsVolume(v); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// SyncCommitsFor is SyncCommits limited to the volumes holding the given
+// containers (synced in parallel): a slow or failed disk delays or fails
+// only the batches with a container on it, never a pipeline whose
+// containers are all elsewhere (as SyncContainers for chunks). A container
+// not here (deleted since its commit) has nothing left to make durable and
+// is skipped. A volume failed already reports its failure without being
+// touched. The error names the failed volumes; a caller that must know
+// which containers are affected asks again per container (a call for a
+// volume synced since costs nothing).
+func (s *Store) SyncCommitsFor(ids []ContainerID) error {
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return cErr("sync commits", ErrClosed, 0, "", nil)
+	}
+	var vols []*volume
+	for _, id := range ids {
+		if c := s.containers[id]; c != nil && c.vol != nil && !slices.Contains(vols, c.vol) {
+			vols = append(vols, c.vol)
+		}
+	}
+	s.mu.RUnlock()
+	if len(vols) == 1 {
+		return s.syncCommitsVolume(vols[0])
+	}
+	errs := make([]error, len(vols))
+	var wg sync.WaitGroup
+	for i, v := range vols {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.syncCommitsVolume(v)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// syncCommitsVolume makes v's deferred commits durable (SyncCommits).
+func (s *Store) syncCommitsVolume(v *volume) error {
+	// Every commit counted in target had returned from its Pebble
+	// commit; a sync that completed after covering target (this one or a
+	// concurrent caller's) makes them durable.
+	target := v.deferredSeq.Load()
+	if v.syncedSeq.Load() >= target {
+		return nil
+	}
+	if v.failed.Load() {
+		// A failed disk is not asked again (it may hang): what it did
+		// not sync is lost to this replica.
+		return cErr("sync commits", ErrVolumeFailed, 0, "volume failed", v.err()).withVolume(v.path)
+	}
+	if err := v.db.LogData(nil, pebble.Sync); err != nil {
+		v.fail(err, s.opts.Logf)
+		return cErr("sync commits", ErrVolumeFailed, 0, "WAL sync", err).withVolume(v.path)
+	}
+	for {
+		done := v.syncedSeq.Load()
+		if done >= target || v.syncedSeq.CompareAndSwap(done, target) {
+			break
+		}
+	}
+	return nil
 }
 
 func (s *Store) putBlock(cid ContainerID, bd BlockData, deferred bool) error {
