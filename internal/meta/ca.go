@@ -478,38 +478,51 @@ func (c *caService) renewOwn(ctx context.Context) {
 }
 
 func (c *caService) renewOwnOnce(ctx context.Context, creds *pki.Credentials) error {
-	ca, _, err := c.state.CA()
-	if ca == nil {
-		if err == nil {
-			err = errors.New("no cluster CA recorded")
-		}
-		return err
-	}
 	keyPEM, der, err := pki.NewCSR(creds.Identity)
 	if err != nil {
 		return err
 	}
-	csr, _, _, err := pki.ParseCSR(der)
-	if err != nil {
-		return err
-	}
-	certPEM, serial, notAfter, err := ca.SignCSR(csr, creds.Identity, c.validity())
-	if err != nil {
-		return err
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var certPEM []byte
+	var serial string
+	var notAfter time.Time
+	if !c.group.IsLeader() && c.s.fwd != nil {
+		// Through the CA group's leader, like any node: it signs and
+		// records the new certificate, so a revocation by identity
+		// covers it.
+		r, err := c.s.fwd.Ca.RenewCertificate(pctx, &metapb.RenewCertificateRequest{CsrDer: der})
+		if err != nil {
+			return err
+		}
+		certPEM, serial, notAfter = r.CertPem, r.Serial, time.UnixMilli(r.NotAfterUnixMs)
+	} else {
+		ca, _, err := c.state.CA()
+		if ca == nil {
+			if err == nil {
+				err = errors.New("no cluster CA recorded")
+			}
+			return err
+		}
+		csr, _, _, err := pki.ParseCSR(der)
+		if err != nil {
+			return err
+		}
+		if certPEM, serial, notAfter, err = ca.SignCSR(csr, creds.Identity, c.validity()); err != nil {
+			return err
+		}
+		// Recorded before it is used: an unrecorded certificate would
+		// escape a revocation by identity.
+		if _, err := c.propose(pctx, &metapb.CaCommand{Op: &metapb.CaCommand_RecordIssued{RecordIssued: &metapb.CaIssuedCert{
+			Serial: serial, Identity: creds.Identity.String(), NotAfterUnixMs: notAfter.UnixMilli(),
+			RenewedFrom: pki.SerialString(creds.Leaf().SerialNumber)}}}); err != nil {
+			return fmt.Errorf("recording the renewed certificate: %w", err)
+		}
 	}
 	if err := creds.Swap(certPEM, keyPEM); err != nil {
 		return err
 	}
 	c.s.log.Info("meta: renewed this node's certificate", "serial", serial, "not_after", notAfter)
-	if c.group.IsLeader() {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := c.propose(pctx, &metapb.CaCommand{Op: &metapb.CaCommand_RecordIssued{RecordIssued: &metapb.CaIssuedCert{
-			Serial: serial, Identity: creds.Identity.String(), NotAfterUnixMs: notAfter.UnixMilli()}}})
-		cancel()
-		if err != nil {
-			c.s.log.Debug("meta: recording this node's renewed certificate", "err", err)
-		}
-	}
 	if c.s.cfg.CertRenewed != nil {
 		c.s.cfg.CertRenewed(creds)
 	}

@@ -212,6 +212,24 @@ func (s *caState) Revocations() ([]string, uint64) {
 }
 
 // token reads a stored token (nil if none).
+// issued is the record of a certificate issued by serial (nil if none).
+func (s *caState) issued(serial string) (*metapb.CaIssuedCert, error) {
+	var ic *metapb.CaIssuedCert
+	err := s.st.View(func(r pebble.Reader) error {
+		v, closer, err := r.Get(key(caPfxIssued, serial))
+		if errors.Is(err, pebble.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		defer closer.Close()
+		ic = &metapb.CaIssuedCert{}
+		return proto.Unmarshal(v, ic)
+	})
+	return ic, err
+}
+
 func (s *caState) token(id string) (*metapb.CaToken, error) {
 	var t *metapb.CaToken
 	err := s.st.View(func(r pebble.Reader) error {

@@ -493,6 +493,19 @@ func TestMetaRenewsItsOwnCertificate(t *testing.T) {
 			t.Fatalf("node %d: certificate still ends in %v", id, left)
 		}
 	}
+	// Every renewed certificate, followers' too, is recorded in the CA
+	// state (so a revocation by identity covers it).
+	for id, s := range c.servers {
+		serial := pki.SerialString(s.cfg.TLS.Leaf().SerialNumber)
+		waitFor(t, 20*time.Second, fmt.Sprintf("node %d's renewed certificate recorded", id), func() bool {
+			for _, o := range c.servers {
+				if ic, err := o.ca.state.issued(serial); err != nil || ic == nil || ic.Identity != fmt.Sprintf("basalt://meta/%d", id) {
+					return false
+				}
+			}
+			return true
+		})
+	}
 	cl := c.client()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
