@@ -214,26 +214,26 @@ func (s *caState) Revocations() ([]string, uint64) {
 // token reads a stored token (nil if none).
 // issued is the record of a certificate issued by serial (nil if none).
 func (s *caState) issued(serial string) (*metapb.CaIssuedCert, error) {
-	var ic *metapb.CaIssuedCert
-	err := s.st.View(func(r pebble.Reader) error {
-		v, closer, err := r.Get(key(caPfxIssued, serial))
-		if errors.Is(err, pebble.ErrNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		defer closer.Close()
-		ic = &metapb.CaIssuedCert{}
-		return proto.Unmarshal(v, ic)
-	})
-	return ic, err
+	ic := &metapb.CaIssuedCert{}
+	if ok, err := s.get(key(caPfxIssued, serial), ic); !ok {
+		return nil, err
+	}
+	return ic, nil
 }
 
 func (s *caState) token(id string) (*metapb.CaToken, error) {
-	var t *metapb.CaToken
-	err := s.st.View(func(r pebble.Reader) error {
-		v, closer, err := r.Get(append(slices.Clone(caPfxToken), id...))
+	t := &metapb.CaToken{}
+	if ok, err := s.get(append(slices.Clone(caPfxToken), id...), t); !ok {
+		return nil, err
+	}
+	return t, nil
+}
+
+// get reads the record at k into m; ok is false if there is none (or on
+// an error).
+func (s *caState) get(k []byte, m proto.Message) (ok bool, err error) {
+	err = s.st.View(func(r pebble.Reader) error {
+		v, closer, err := r.Get(k)
 		if errors.Is(err, pebble.ErrNotFound) {
 			return nil
 		}
@@ -241,10 +241,10 @@ func (s *caState) token(id string) (*metapb.CaToken, error) {
 			return err
 		}
 		defer closer.Close()
-		t = &metapb.CaToken{}
-		return proto.Unmarshal(v, t)
+		ok = true
+		return proto.Unmarshal(v, m)
 	})
-	return t, err
+	return ok && err == nil, err
 }
 
 // AppliedIndex is the durable applied index (raft.StateMachine): raft

@@ -34,8 +34,14 @@ func (s *Store) SyncContainers(ids []ContainerID) error {
 	if all || len(vols) == len(s.volumes) {
 		return s.Sync()
 	}
+	return onVolumes(vols, s.syncVolume)
+}
+
+// onVolumes runs f on each of vols, in parallel (a slow disk delays only
+// its own call), and joins the errors.
+func onVolumes(vols []*volume, f func(*volume) error) error {
 	if len(vols) == 1 {
-		return s.syncVolume(vols[0])
+		return f(vols[0])
 	}
 	errs := make([]error, len(vols))
 	var wg sync.WaitGroup
@@ -43,7 +49,7 @@ func (s *Store) SyncContainers(ids []ContainerID) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = s.syncVolume(v)
+			errs[i] = f(v)
 		}()
 	}
 	wg.Wait()

@@ -916,20 +916,7 @@ func (s *Store) SyncCommitsFor(ids []ContainerID) error {
 		}
 	}
 	s.mu.RUnlock()
-	if len(vols) == 1 {
-		return s.syncCommitsVolume(vols[0])
-	}
-	errs := make([]error, len(vols))
-	var wg sync.WaitGroup
-	for i, v := range vols {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = s.syncCommitsVolume(v)
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return onVolumes(vols, s.syncCommitsVolume)
 }
 
 // syncCommitsVolume makes v's deferred commits durable (SyncCommits).
