@@ -159,6 +159,7 @@ type Server struct {
 	ca       *caService  // the cluster CA (ca.go)
 	ut       *utState    // user tokens (usertoken.go)
 	utCache  utCache     // tokens whose MAC was checked
+	s3Keys   s3KeyCache  // S3 keys as the token check sees them
 	utGroup  *raft.Group // UserTokenGroup
 
 	scmMgr *scm.Manager

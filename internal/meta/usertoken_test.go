@@ -393,3 +393,71 @@ func TestUserTokenExpiry(t *testing.T) {
 	_, err = cl.UserToken.RenewUserToken(ctx, &metapb.RenewUserTokenRequest{Token: r.Token})
 	wantUnauth(t, "renewing an expired token", err)
 }
+
+// TestDeletedS3KeyEndsItsTokens: a token names the S3 key it was issued
+// against; once the key is deleted every node refuses the token and its
+// renewal, and a key re-created under the same ID (without the admin
+// flag) does not bring the old admin token back. Fails on the old code:
+// the token did not name the key and stayed good (and renewable) for up
+// to its 7-day max date.
+func TestDeletedS3KeyEndsItsTokens(t *testing.T) {
+	c := newUTCluster(t, 3, UserTokenConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	waitFor(t, 20*time.Second, "leaders", func() bool { return c.nsLeader() != 0 && c.utLeader() != 0 })
+	admin := c.userClient("test")
+	ak := s3Key(t, c, "alice")
+	cl := c.keyClient("", "")
+	use := func(tok string) error {
+		_, err := cl.Namespace.ListBuckets(metaclient.WithUserToken(ctx, tok), &metapb.ListBucketsRequest{Volume: "nope"})
+		if status.Code(err) == codes.NotFound {
+			return nil // authenticated: the volume just does not exist
+		}
+		return err
+	}
+	r, err := getToken(ctx, cl, ak, ak.SecretAccessKey, time.Now())
+	mustOK(t, "token", err)
+	mustOK(t, "the token works", use(r.Token))
+	_, err = cl.UserToken.RenewUserToken(metaclient.WithUserToken(ctx, r.Token), &metapb.RenewUserTokenRequest{Token: r.Token})
+	mustOK(t, "renewal before the deletion", err)
+
+	_, err = admin.Namespace.DeleteS3Secret(ctx, &metapb.DeleteS3SecretRequest{AccessKeyId: ak.AccessKeyId})
+	mustOK(t, "delete the key", err)
+	for id, s := range c.servers {
+		waitFor(t, 10*time.Second, fmt.Sprintf("node %d refuses the deleted key's token", id), func() bool {
+			_, err := s.verifyUserToken(r.Token, time.Now())
+			return status.Code(err) == codes.Unauthenticated
+		})
+	}
+	wantUnauth(t, "a call with the deleted key's token", use(r.Token))
+	_, err = cl.UserToken.RenewUserToken(metaclient.WithUserToken(ctx, r.Token), &metapb.RenewUserTokenRequest{Token: r.Token})
+	wantUnauth(t, "renewal after the deletion", err)
+
+	// An admin key, deleted and re-created under the same ID without the
+	// admin flag: the admin token stays dead, a new token is no admin's.
+	adm, err := admin.Namespace.CreateS3Secret(ctx, &metapb.CreateS3SecretRequest{AccessKeyId: "ADMINKEY1", Owner: "root", Admin: true})
+	mustOK(t, "admin key", err)
+	ra, err := getToken(ctx, cl, adm, adm.SecretAccessKey, time.Now())
+	mustOK(t, "admin token", err)
+	if !ra.Admin {
+		t.Fatalf("token of an admin key is not an admin's")
+	}
+	mustOK(t, "the admin token works", use(ra.Token))
+	_, err = admin.Namespace.DeleteS3Secret(ctx, &metapb.DeleteS3SecretRequest{AccessKeyId: adm.AccessKeyId})
+	mustOK(t, "delete the admin key", err)
+	plain, err := admin.Namespace.CreateS3Secret(ctx, &metapb.CreateS3SecretRequest{AccessKeyId: "ADMINKEY1", Owner: "root",
+		SecretAccessKey: adm.SecretAccessKey})
+	mustOK(t, "re-create it without the admin flag", err)
+	for id, s := range c.servers {
+		waitFor(t, 10*time.Second, fmt.Sprintf("node %d refuses the old admin token", id), func() bool {
+			_, err := s.verifyUserToken(ra.Token, time.Now())
+			return status.Code(err) == codes.Unauthenticated
+		})
+	}
+	rp, err := getToken(ctx, cl, plain, plain.SecretAccessKey, time.Now())
+	mustOK(t, "token of the re-created key", err)
+	if rp.Admin {
+		t.Fatalf("token of the re-created key (no admin flag) is an admin's")
+	}
+	mustOK(t, "the new token works", use(rp.Token))
+}
