@@ -344,6 +344,7 @@ func (s *Server) raftSecurity() *raft.Security {
 	return &raft.Security{
 		Server: s.cfg.TLS.ServerTLS(pki.RoleMeta), Client: s.cfg.TLS.ClientTLS(pki.RoleMeta),
 		Authenticate: pki.AuthenticateNodeID(pki.RoleMeta, func(id uint64) bool { _, ok := s.peer(id); return ok }),
+		Watch:        s.cfg.TLS.Watch, // a revocation closes the peer's open connections
 	}
 }
 
