@@ -156,11 +156,13 @@ type Server struct {
 	host     *raft.Host
 	nsGroup  *raft.Group
 	scmGroup *raft.Group
-	ca       *caService  // the cluster CA (ca.go)
-	ut       *utState    // user tokens (usertoken.go)
-	utCache  utCache     // tokens whose MAC was checked
-	s3Keys   s3KeyCache  // S3 keys as the token check sees them
-	utGroup  *raft.Group // UserTokenGroup
+	ca       *caService // the cluster CA (ca.go)
+	ut       *utState   // user tokens (usertoken.go)
+	utCache  utCache    // tokens whose MAC was checked
+	s3Keys   s3KeyCache // S3 keys as the token check sees them
+	// GetUserToken attempts by source address and by access key.
+	utBySource, utByKey utLimiter
+	utGroup             *raft.Group // UserTokenGroup
 
 	scmMgr *scm.Manager
 	nsSvc  *namespace.Service

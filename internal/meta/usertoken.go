@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -91,6 +93,13 @@ type UserTokenConfig struct {
 	// recorded, so every meta node holds it first (default 10s).
 	KeyRotation     time.Duration
 	ActivationDelay time.Duration
+	// AttemptsPerSecond and AttemptBurst bound the GetUserToken requests
+	// with an S3 key proof (a caller without a certificate) a meta node
+	// serves per source address and, separately, per access key (token
+	// buckets; defaults 20/s and 100). Beyond them: ResourceExhausted,
+	// before any work (a read barrier, an HMAC) is done.
+	AttemptsPerSecond float64
+	AttemptBurst      int
 }
 
 func (c UserTokenConfig) withDefaults() UserTokenConfig {
@@ -110,7 +119,76 @@ func (c UserTokenConfig) withDefaults() UserTokenConfig {
 	if c.ActivationDelay <= 0 {
 		c.ActivationDelay = 10 * time.Second
 	}
+	if c.AttemptsPerSecond <= 0 {
+		c.AttemptsPerSecond = 20
+	}
+	if c.AttemptBurst <= 0 {
+		c.AttemptBurst = 100
+	}
 	return c
+}
+
+// ---------------------------------------------------------------- attempt limits
+
+// utLimiter is a set of token buckets by name (a source address, an
+// access key), bounded in size: when full, buckets that have refilled
+// (idle callers) go; if none has, new names are refused until one does.
+type utLimiter struct {
+	mu sync.Mutex
+	m  map[string]*utBucket
+}
+
+type utBucket struct {
+	tokens float64
+	last   time.Time
+}
+
+const utLimiterMax = 8192
+
+// allow takes one attempt from name's bucket (rate per second, burst).
+func (l *utLimiter) allow(name string, now time.Time, rate float64, burst int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fill := func(b *utBucket) {
+		b.tokens = min(float64(burst), b.tokens+now.Sub(b.last).Seconds()*rate)
+		b.last = now
+	}
+	b := l.m[name]
+	if b == nil {
+		if l.m == nil {
+			l.m = make(map[string]*utBucket)
+		}
+		if len(l.m) >= utLimiterMax {
+			for k, o := range l.m {
+				if fill(o); o.tokens >= float64(burst) {
+					delete(l.m, k)
+				}
+			}
+			if len(l.m) >= utLimiterMax {
+				return false
+			}
+		}
+		b = &utBucket{tokens: float64(burst), last: now}
+		l.m[name] = b
+	}
+	fill(b)
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// sourceHost is the caller's IP address ("" if unknown).
+func sourceHost(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return ""
+	}
+	if h, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
+		return h
+	}
+	return p.Addr.String()
 }
 
 // ---------------------------------------------------------------- token
@@ -461,13 +539,30 @@ func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserT
 		bad := func(why string) error {
 			return status.Errorf(codes.Unauthenticated, "meta node %d: GetUserToken with access key %q refused: %s", s.cfg.NodeID, clip(req.AccessKeyId), why)
 		}
+		// Only the user-token leader issues: others send the caller there
+		// before doing any work.
+		if !s.utGroup.IsLeader() {
+			return nil, s.utNotLeader(nil)
+		}
+		src := sourceHost(ctx)
+		if !s.utBySource.allow(src, now, cfg.AttemptsPerSecond, cfg.AttemptBurst) {
+			return nil, status.Errorf(codes.ResourceExhausted, "meta node %d: GetUserToken: too many token requests from %s (at most %g/s, bursts of %d); retry later",
+				s.cfg.NodeID, src, cfg.AttemptsPerSecond, cfg.AttemptBurst)
+		}
 		if len(req.AccessKeyId) > 128 || !validNonce(req.Nonce) || len(req.Signature) != sha256.Size || len(req.Renewer) > maxUserBytes {
 			return nil, bad("malformed request (nonce of 16 to 64 characters [A-Za-z0-9_-], 32-byte signature)")
+		}
+		if !s.utByKey.allow(req.AccessKeyId, now, cfg.AttemptsPerSecond, cfg.AttemptBurst) {
+			return nil, status.Errorf(codes.ResourceExhausted, "meta node %d: GetUserToken: too many token requests for access key %q (at most %g/s, bursts of %d); retry later",
+				s.cfg.NodeID, clip(req.AccessKeyId), cfg.AttemptsPerSecond, cfg.AttemptBurst)
 		}
 		if d := now.Sub(time.UnixMilli(req.TimestampUnixMs)); d > cfg.Skew || d < -cfg.Skew {
 			return nil, bad(fmt.Sprintf("the request's time is %v from the server's (at most %v): check the client's clock", d.Round(time.Second), cfg.Skew))
 		}
 		sec, err := s.s3Secret(ctx, req.AccessKeyId)
+		if status.Code(err) == codes.Unavailable {
+			return nil, err // no read barrier: retry
+		}
 		if err != nil || sec == nil {
 			return nil, bad("unknown access key or bad signature")
 		}
@@ -478,7 +573,7 @@ func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserT
 		user, admin = sec.Owner, sec.Admin
 		bindKey, bindCreated = sec.AccessKeyId, sec.CreatedUnixMs
 		nid := sha256.Sum256([]byte(req.AccessKeyId + "\n" + req.Nonce))
-		op.NonceId = nid[:]
+		op.NonceId, op.AccessKeyId = nid[:], req.AccessKeyId
 		// The nonce is kept while its timestamp is acceptable, twice
 		// over: the state's clock is the latest proposer's, which may run
 		// ahead of this node's.
@@ -525,24 +620,19 @@ func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserT
 		MaxUnixMs: t.MaxMs, KeyId: key.Id, Sequence: t.Seq, Admin: admin}, nil
 }
 
-// s3Secret reads an S3 key from this node's namespace replica: after a
-// read barrier on the namespace leader (where runUserTokens moves the
-// user-token leadership), else waiting a little for a key this replica
-// has not applied yet.
+// s3Secret reads an S3 key from this node's namespace replica after a
+// read barrier (raft's read index: on the namespace leader, where
+// runUserTokens moves the user-token leadership, one heartbeat round; on
+// a follower, until it applied what the leader had committed), bounded
+// in time: a key created before the request is found, and no caller
+// waits on a key that does not exist.
 func (s *Server) s3Secret(ctx context.Context, id string) (*metapb.S3Secret, error) {
-	if s.nsGroup.IsLeader() {
-		if err := (&nsRaft{s: s}).ReadBarrier(ctx); err == nil {
-			return s.nsState.GetS3Secret(id)
-		}
+	bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := s.nsGroup.ReadIndex(bctx); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "meta node %d: reading access key %q: %v", s.cfg.NodeID, clip(id), err)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		sec, err := s.nsState.GetS3Secret(id)
-		if (err == nil && sec != nil) || time.Now().After(deadline) || ctx.Err() != nil {
-			return sec, err
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return s.nsState.GetS3Secret(id)
 }
 
 // callerName is who a call runs for ("" for none).
