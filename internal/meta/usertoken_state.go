@@ -88,13 +88,13 @@ var (
 // Bounds on the records (Apply refuses beyond them): enough for a large
 // cluster's users, small enough to keep in memory on every meta node.
 const (
-	utMaxNonces  = 200_000
+	utMaxNonces = 200_000
 	// utMaxNoncesPerKey: one access key's share (its requests of the last
 	// ~20 minutes), so that one key holder cannot use up utMaxNonces.
 	utMaxNoncesPerKey = 5_000
 	utMaxRecords      = 1_000_000
-	utMaxKeys    = 64
-	utSecretSize = 32
+	utMaxKeys         = 64
+	utSecretSize      = 32
 )
 
 func utRow(pfx []byte, id uint64) []byte {
