@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"os/user"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 	"github.com/basalt-store/basalt/client"
 	"github.com/basalt-store/basalt/internal/cluster"
+	"github.com/basalt-store/basalt/internal/datanode"
 	"github.com/basalt-store/basalt/internal/meta"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/pki"
@@ -148,13 +150,18 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 	if insecure {
 		fmt.Println("basalt dev: WARNING: --insecure-no-tls: every port is PLAINTEXT and accepts ANYONE (for measuring what TLS costs only)")
 	}
+	agents := &devCertAgents{}
 	c, err := cluster.Start(sctx, cluster.Config{Dir: dataDir, Admins: admins, Datanodes: datanodes, BasePort: basePort, Registerer: reg, Logger: logger, Insecure: insecure, Storage: so,
-		CacheBytes: cacheBytes, CacheRoot: cacheDir}) // a cache tier per datanode (docs/CACHE.md)
+		CacheBytes: cacheBytes, CacheRoot: cacheDir, // a cache tier per datanode (docs/CACHE.md)
+		DatanodeConfig: agents.hook})
 	cancel()
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	// As `basalt datanode` does: each datanode renews its certificate and
+	// keeps the revoked serials current (stopped before the cluster).
+	defer agents.start(c.MetaAddr(), cluster.TLSDir(dataDir), logger)()
 	// As for WebHDFS: the default port may be another dev cluster's.
 	stopDebug, debugAddr, err := serveDebug(metricsAddr, reg)
 	if err != nil && metricsAsked {
@@ -225,6 +232,43 @@ func runDev(dataDir, metricsAddr, s3Addr, webhdfsAddr string, webhdfsAsked bool,
 	<-ctx.Done()
 	fmt.Println("basalt dev: stopping")
 	return nil
+}
+
+// devCertAgents runs, for each of basalt dev's in-process datanodes, the
+// certificate agent `basalt datanode` runs (pki/enroll.Agent): renewal
+// before expiry (saved in the datanode's TLS directory) and the revoked
+// serials polled from the metadata service, so a long-running dev cluster
+// renews its certificates and its datanodes refuse revoked ones.
+type devCertAgents struct {
+	mu    sync.Mutex
+	creds []*pki.Credentials
+}
+
+// hook is cluster.Config.DatanodeConfig: it notes each datanode's
+// credentials (the very object its servers use).
+func (a *devCertAgents) hook(_ int, dc *datanode.Config) {
+	a.mu.Lock()
+	a.creds = append(a.creds, dc.TLS)
+	a.mu.Unlock()
+}
+
+// start starts an agent per datanode noted; the func stops them.
+func (a *devCertAgents) start(metaAddr, tlsRoot string, log *slog.Logger) func() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	prov := &pki.Provisioner{Dir: tlsRoot}
+	var stops []func()
+	for _, cr := range a.creds {
+		if cr.IsInsecure() {
+			continue
+		}
+		stops = append(stops, startCertAgent(cr, []string{metaAddr}, prov.DirOf(cr.Identity), log))
+	}
+	return func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}
 }
 
 // loginName is the user running basalt dev ($USER, else the OS's name for

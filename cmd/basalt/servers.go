@@ -73,7 +73,7 @@ func parsePeers(s string) (map[uint64]meta.Peer, error) {
 }
 
 func metaCmd() *cobra.Command {
-	var dataDir, raftAddr, grpcAddr, peers, metricsAddr, logLevel, tokenFile, admins, groupsSpec, groupsFile string
+	var dataDir, raftAddr, grpcAddr, peers, metricsAddr, logLevel, tokenFile, admins, groupsSpec, groupsFile, metaBootstrapToken string
 	var id uint64
 	var tf tlsFlags
 	var caf metaCAFlags
@@ -98,7 +98,13 @@ node gets the same --peers list (empty for a single node).`,
 					scmCfg.StaleInterval, scmCfg.DeadInterval, scmCfg.MaxCopiesPerTarget, scmCfg.CopyTimeout)
 			}
 			adminList := splitList(admins)
-			creds, ca, tlsDir, err := metaCredentials(&tf, &caf, dataDir, id, len(p), &adminList)
+			var others []string // the other members' gRPC addresses (a bootstrap token is spent there)
+			for pid, peer := range p {
+				if pid != id && peer.GRPCAddr != "" {
+					others = append(others, peer.GRPCAddr)
+				}
+			}
+			creds, ca, tlsDir, err := metaCredentials(&tf, &caf, dataDir, id, len(p), &adminList, metaBootstrapToken, others)
 			if err != nil {
 				return err
 			}
@@ -143,6 +149,7 @@ node gets the same --peers list (empty for a single node).`,
 		},
 	}
 	cmd.Flags().Uint64Var(&id, "id", 1, "node ID (nonzero, stable)")
+	cmd.Flags().StringVar(&metaBootstrapToken, "bootstrap-token", "", "one-time token for this node (`basalt admin ca token create --role meta --id ID`; or $"+envBootstrapToken+"): with no certificate in the TLS directory, get one from the cluster CA through the other --peers and write it there")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./basalt-meta", "data directory")
 	cmd.Flags().StringVar(&raftAddr, "raft", "127.0.0.1:9863", "Raft transport listen address")
 	cmd.Flags().StringVar(&grpcAddr, "grpc", "127.0.0.1:9862", "gRPC listen address (clients, datanodes)")

@@ -238,6 +238,24 @@ func datanodeCredentials(tf *tlsFlags, dataDir, token string, metas []string) (*
 	return c, dir, nil
 }
 
+// metaBootstrap spends a meta bootstrap token at the other members and
+// checks that the certificate is this node's.
+func metaBootstrap(token string, others []string, self pki.Identity) (*pki.Credentials, error) {
+	if len(others) == 0 {
+		return nil, usagef("--bootstrap-token: a meta node gets its certificate through the other members: give --peers")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := enroll.Bootstrap(ctx, others, token, pki.RoleMeta)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap token: %w", err)
+	}
+	if c.Identity != self {
+		return nil, fmt.Errorf("bootstrap token: it is for %s, this node is %s (make one with --id %s)", c.Identity, self, self.ID)
+	}
+	return c, nil
+}
+
 // startCertAgent renews the certificate before it expires (saving it in
 // dir) and keeps the revoked serials current; the returned func stops it.
 func startCertAgent(creds *pki.Credentials, metas []string, dir string, log *slog.Logger) func() {
@@ -276,7 +294,11 @@ func (f *metaCAFlags) register(cmd *cobra.Command) {
 // --ca-dir; else, for the first start of a new single-node cluster, a
 // new CA made here (its key goes only into Raft) with this node's
 // certificate and an admin client certificate written to DATA_DIR.
-func metaCredentials(tf *tlsFlags, cf *metaCAFlags, dataDir string, id uint64, peers int, admins *[]string) (creds *pki.Credentials, ca *pki.CA, dir string, err error) {
+//
+// With a bootstrap token (--bootstrap-token, role meta, made for this
+// node's ID) and no certificate yet, the certificate comes from the
+// cluster CA through the other members (others: their gRPC addresses).
+func metaCredentials(tf *tlsFlags, cf *metaCAFlags, dataDir string, id uint64, peers int, admins *[]string, token string, others []string) (creds *pki.Credentials, ca *pki.CA, dir string, err error) {
 	if tf.insecure {
 		c, err := tf.load(nil)
 		return c, nil, "", err
@@ -291,6 +313,20 @@ func metaCredentials(tf *tlsFlags, cf *metaCAFlags, dataDir string, id uint64, p
 	if hasCert(dir) {
 		c, err := tf.load(func() string { return dir })
 		return c, ca, dir, err
+	}
+	if token == "" {
+		token = os.Getenv(envBootstrapToken)
+	}
+	if token != "" {
+		c, err := metaBootstrap(token, others, self)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		if err := c.Save(dir); err != nil {
+			return nil, nil, "", err
+		}
+		fmt.Printf("basalt meta: certificate for %s issued against the bootstrap token, saved in %s\n", c.Identity, dir)
+		return c, ca, dir, nil
 	}
 	if ca == nil {
 		if _, err := os.Stat(filepath.Join(dataDir, "raft")); err == nil || peers > 1 {
@@ -365,6 +401,7 @@ func caAdminCmds(f *connFlags) []*cobra.Command {
 from the cluster CA kept by the metadata service, with no files:
 
   basalt datanode --bootstrap-token TOKEN --meta 10.0.0.1:9862 ...
+  basalt meta --id 4 --peers ... --bootstrap-token TOKEN   # made with --role meta --id 4
   basalt admin ca enroll --bootstrap-token TOKEN --out alice-tls   # a client
 
 The token carries the CA's SHA-256, with which the node authenticates the
@@ -390,9 +427,9 @@ metadata service before it sends the token. It works once, until --ttl.`,
 			return nil
 		}),
 	}
-	create.Flags().StringVar(&role, "role", "datanode", "datanode or client")
+	create.Flags().StringVar(&role, "role", "datanode", "datanode, client or meta (a meta token needs a client certificate: admins only)")
 	create.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long the token may be used (at most 168h)")
-	create.Flags().StringVar(&id, "id", "", "the identity's ID: a client's name (required for clients); a datanode's UUID to keep (default: a new one)")
+	create.Flags().StringVar(&id, "id", "", "the identity's ID: a client's name or a meta node's ID (required for both); a datanode's UUID to keep (default: a new one)")
 	token.AddCommand(create)
 
 	revoke := &cobra.Command{

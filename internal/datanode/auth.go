@@ -85,7 +85,8 @@ func (d *Datanode) raftSecurity() *raft.Security {
 	if d.cfg.TLS.IsInsecure() {
 		return nil
 	}
-	return &raft.Security{Server: d.cfg.TLS.ServerTLS(pki.RoleDatanode), Client: d.cfg.TLS.ClientTLS(pki.RoleDatanode), Authenticate: d.isPeer}
+	return &raft.Security{Server: d.cfg.TLS.ServerTLS(pki.RoleDatanode), Client: d.cfg.TLS.ClientTLS(pki.RoleDatanode), Authenticate: d.isPeer,
+		Watch: d.cfg.TLS.Watch}
 }
 
 func (d *Datanode) streamSecurity() *stream.Security {
@@ -95,6 +96,7 @@ func (d *Datanode) streamSecurity() *stream.Security {
 	return &stream.Security{
 		Server: d.cfg.TLS.ServerTLS(pki.RoleClient, pki.RoleDatanode),
 		Client: d.cfg.TLS.ClientTLS(pki.RoleDatanode),
+		Watch:  d.cfg.TLS.Watch, // a revocation closes the opener's open streams
 		Upstream: func(cs *tls.ConnectionState, h *stream.Header) error {
 			pid, err := pki.PeerIdentity(cs)
 			if err == nil && h.Hop > 0 && pid.Role != pki.RoleDatanode {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"google.golang.org/grpc"
@@ -373,12 +374,19 @@ func (c *caService) CreateBootstrapToken(ctx context.Context, req *metapb.Create
 	if role == "" {
 		role = pki.RoleDatanode
 	}
-	if role != pki.RoleDatanode && role != pki.RoleClient {
-		return nil, status.Errorf(codes.InvalidArgument, "CreateBootstrapToken: role %q: want datanode or client", clip(string(role)))
+	if role != pki.RoleDatanode && role != pki.RoleClient && role != pki.RoleMeta {
+		return nil, status.Errorf(codes.InvalidArgument, "CreateBootstrapToken: role %q: want datanode, client or meta", clip(string(role)))
 	}
-	if req.GetIdentityId() != "" || role == pki.RoleClient {
+	if req.GetIdentityId() != "" || role == pki.RoleClient || role == pki.RoleMeta {
 		if err := (pki.Identity{Role: role, ID: req.GetIdentityId()}).Validate(); err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "CreateBootstrapToken: %v (a client token names its client: --id)", err)
+			return nil, status.Errorf(codes.InvalidArgument, "CreateBootstrapToken: %v (a client or meta token names its identity: --id)", err)
+		}
+	}
+	if role == pki.RoleMeta {
+		// A meta node's certificate ID is its raft node ID (a member of
+		// --peers: the raft transport admits no other).
+		if n, err := strconv.ParseUint(req.GetIdentityId(), 10, 64); err != nil || n == 0 || strconv.FormatUint(n, 10) != req.GetIdentityId() {
+			return nil, status.Errorf(codes.InvalidArgument, "CreateBootstrapToken: a meta token names the node's ID (a positive integer), not %q", clip(req.GetIdentityId()))
 		}
 	}
 	ttl := time.Duration(req.GetTtlMs()) * time.Millisecond

@@ -41,9 +41,11 @@ var (
 // RPC, but the state must stay bounded anyway).
 const (
 	maxOpenTokens   = 10000
-	maxRevocations  = 100000
 	tokenKeepUsedMs = 24 * 3600 * 1000 // used or expired tokens are kept a day, then dropped
 )
+
+// maxRevocations bounds the revoked serials (a variable for tests).
+var maxRevocations = 100000
 
 // caState is the CA group's state machine over its own Pebble store.
 type caState struct {
@@ -56,6 +58,9 @@ type caState struct {
 	// onRevoked is called (on the apply goroutine) with every new
 	// revocation list.
 	onRevoked func([]string)
+	// batchRevoked: serials revoked by the Apply call in progress (not
+	// yet in revoked).
+	batchRevoked int
 }
 
 // caLoaded is the recorded CA, parsed. ca is nil if its key is sealed and
@@ -269,6 +274,7 @@ func (s *caState) Apply(entries []store.Entry) []any {
 	b := s.st.NewBatch()
 	res := make([]any, len(entries))
 	changed := false
+	s.batchRevoked = 0
 	for i, e := range entries {
 		if len(e.Cmd) == 0 {
 			continue
@@ -437,23 +443,29 @@ func (s *caState) revoke(b *pebble.Batch, op *metapb.RevokeCertificateRequest) (
 			return err, false
 		}
 	}
+	// All or nothing: the serials not revoked yet are counted against the
+	// limit before any is recorded.
 	var added []string
-	n := len(s.revoked.Load().serials)
 	for _, sn := range serials {
-		k := key(caPfxRevoked, sn)
-		if _, closer, err := b.Get(k); err == nil {
+		if slices.Contains(added, sn) {
+			continue
+		}
+		if _, closer, err := b.Get(key(caPfxRevoked, sn)); err == nil {
 			closer.Close()
 			continue
 		}
-		if n >= maxRevocations {
-			return status.Errorf(codes.ResourceExhausted, "%d serials are revoked already", n), len(added) > 0
-		}
-		if err := b.Set(k, nil, nil); err != nil {
+		added = append(added, sn)
+	}
+	if n := len(s.revoked.Load().serials) + s.batchRevoked; n+len(added) > maxRevocations {
+		return status.Errorf(codes.ResourceExhausted, "%d serials are revoked already; %d more would pass the limit of %d: nothing revoked",
+			n, len(added), maxRevocations), false
+	}
+	for _, sn := range added {
+		if err := b.Set(key(caPfxRevoked, sn), nil, nil); err != nil {
 			panic(err)
 		}
-		added = append(added, sn)
-		n++
 	}
+	s.batchRevoked += len(added)
 	if len(added) > 0 {
 		var v uint64
 		if val, closer, err := b.Get(caKeyVersion); err == nil {

@@ -626,3 +626,85 @@ func TestRenewalOfRevokedCertificateRefusedInApply(t *testing.T) {
 		t.Fatalf("renewal from a live serial refused: %v", res[2])
 	}
 }
+
+// TestRevokeAtTheLimitIsAllOrNothing: revoking an identity whose serials
+// would pass the revocation limit revokes none of them (and says so);
+// the limit counts revocations earlier in the same apply batch. Fails on
+// the old code: it recorded serials up to the limit, then returned an
+// error with part of the set committed.
+func TestRevokeAtTheLimitIsAllOrNothing(t *testing.T) {
+	old := maxRevocations
+	maxRevocations = 3
+	defer func() { maxRevocations = old }()
+	st, err := openCaState(t.TempDir(), store.Options{}, nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	idx := uint64(0)
+	apply := func(ops ...*metapb.CaCommand) []any {
+		var ents []store.Entry
+		for _, c := range ops {
+			c.NowUnixMs = time.Now().UnixMilli()
+			b, err := proto.Marshal(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			idx++
+			ents = append(ents, store.Entry{Index: idx, Cmd: b})
+		}
+		return st.Apply(ents)
+	}
+	revoke := func(r *metapb.RevokeCertificateRequest) *metapb.CaCommand {
+		return &metapb.CaCommand{Op: &metapb.CaCommand_Revoke{Revoke: r}}
+	}
+	for _, sn := range []string{"1a", "1b"} {
+		apply(&metapb.CaCommand{Op: &metapb.CaCommand_RecordIssued{RecordIssued: &metapb.CaIssuedCert{Serial: sn, Identity: "basalt://datanode/x"}}})
+	}
+	apply(revoke(&metapb.RevokeCertificateRequest{Serial: "0f"}), revoke(&metapb.RevokeCertificateRequest{Serial: "0e"}))
+	res := apply(revoke(&metapb.RevokeCertificateRequest{Identity: "basalt://datanode/x"}))
+	if err, _ := res[0].(error); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("revoking 2 serials with room for 1: %v, want ResourceExhausted", res[0])
+	}
+	if serials, _ := st.Revocations(); len(serials) != 2 {
+		t.Fatalf("revoked %v after a refused revocation, want only 0e and 0f", serials)
+	}
+	// The limit counts the batch: the second of two in one batch is refused.
+	res = apply(revoke(&metapb.RevokeCertificateRequest{Serial: "1a"}), revoke(&metapb.RevokeCertificateRequest{Serial: "1b"}))
+	if err, _ := res[1].(error); res[0] == nil || status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("two revocations in one batch with room for one: %v", res)
+	}
+	if serials, _ := st.Revocations(); len(serials) != 3 {
+		t.Fatalf("revoked %v, want 3", serials)
+	}
+}
+
+// TestMetaBootstrapToken: an admin (with a client certificate) makes a
+// meta token for a node ID; spent through the meta nodes it gives that
+// node's certificate (basalt meta --bootstrap-token). A meta token must
+// name a node ID. Fails on the old code: tokens were for datanodes and
+// clients only.
+func TestMetaBootstrapToken(t *testing.T) {
+	c := newCACluster(t, 3, nil)
+	waitCA(t, c)
+	cl := c.client()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, id := range []string{"", "x", "04", "0"} {
+		_, err := cl.Ca.CreateBootstrapToken(ctx, &metapb.CreateBootstrapTokenRequest{Role: "meta", IdentityId: id, TtlMs: time.Hour.Milliseconds()})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("meta token for ID %q: %v, want InvalidArgument", id, err)
+		}
+	}
+	tok := newToken(t, cl, &metapb.CreateBootstrapTokenRequest{Role: "meta", IdentityId: "4", TtlMs: time.Hour.Milliseconds()})
+	creds, err := enroll.Bootstrap(ctx, c.addrs(), tok, pki.RoleMeta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (pki.Identity{Role: pki.RoleMeta, ID: "4"}); creds.Identity != want {
+		t.Fatalf("certificate of %s, want %s", creds.Identity, want)
+	}
+	if _, err := enroll.Bootstrap(ctx, c.addrs(), tok, pki.RoleMeta); err == nil {
+		t.Fatal("a meta token used twice")
+	}
+}

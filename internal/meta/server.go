@@ -156,10 +156,13 @@ type Server struct {
 	host     *raft.Host
 	nsGroup  *raft.Group
 	scmGroup *raft.Group
-	ca       *caService  // the cluster CA (ca.go)
-	ut       *utState    // user tokens (usertoken.go)
-	utCache  utCache     // tokens whose MAC was checked
-	utGroup  *raft.Group // UserTokenGroup
+	ca       *caService // the cluster CA (ca.go)
+	ut       *utState   // user tokens (usertoken.go)
+	utCache  utCache    // tokens whose MAC was checked
+	s3Keys   s3KeyCache // S3 keys as the token check sees them
+	// GetUserToken attempts by source address and by access key.
+	utBySource, utByKey utLimiter
+	utGroup             *raft.Group // UserTokenGroup
 
 	scmMgr *scm.Manager
 	nsSvc  *namespace.Service
@@ -343,6 +346,7 @@ func (s *Server) raftSecurity() *raft.Security {
 	return &raft.Security{
 		Server: s.cfg.TLS.ServerTLS(pki.RoleMeta), Client: s.cfg.TLS.ClientTLS(pki.RoleMeta),
 		Authenticate: pki.AuthenticateNodeID(pki.RoleMeta, func(id uint64) bool { _, ok := s.peer(id); return ok }),
+		Watch:        s.cfg.TLS.Watch, // a revocation closes the peer's open connections
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -37,10 +39,18 @@ import (
 // a nonce; the secret never travels) and gets a token; a client
 // certificate (a gateway's: for its end user) may ask too. The token is
 //
-//	identifier: version u8 | flags u8 (1: admin) | user length u8 |
+//	identifier: version u8 (2) | flags u8 (1: admin) | user length u8 |
 //	            renewer length u8 | key ID u64 | sequence u64 |
-//	            issue, expiry, max date (unix ms, i64) | user | renewer
+//	            issue, expiry, max date (unix ms, i64) | user | renewer |
+//	            access key length u8 | access key creation (unix ms, i64) |
+//	            access key
 //	password:   HMAC-SHA256(user-token key, identifier)
+//
+// A token issued against an S3 key names it (and its creation time): a
+// token is good only while that very key exists with the same owner and
+// admin flag, so deleting the key (or re-creating it without the admin
+// flag) ends every token issued from it, renewals included. A
+// certificate caller's token names no key.
 //
 // in Hadoop's Token URL-string form (metaclient.EncodeTokenURL), sent as
 // gRPC metadata basalt-user-token. The keys are the user-token Raft
@@ -83,6 +93,13 @@ type UserTokenConfig struct {
 	// recorded, so every meta node holds it first (default 10s).
 	KeyRotation     time.Duration
 	ActivationDelay time.Duration
+	// AttemptsPerSecond and AttemptBurst bound the GetUserToken requests
+	// with an S3 key proof (a caller without a certificate) a meta node
+	// serves per source address and, separately, per access key (token
+	// buckets; defaults 20/s and 100). Beyond them: ResourceExhausted,
+	// before any work (a read barrier, an HMAC) is done.
+	AttemptsPerSecond float64
+	AttemptBurst      int
 }
 
 func (c UserTokenConfig) withDefaults() UserTokenConfig {
@@ -102,15 +119,85 @@ func (c UserTokenConfig) withDefaults() UserTokenConfig {
 	if c.ActivationDelay <= 0 {
 		c.ActivationDelay = 10 * time.Second
 	}
+	if c.AttemptsPerSecond <= 0 {
+		c.AttemptsPerSecond = 20
+	}
+	if c.AttemptBurst <= 0 {
+		c.AttemptBurst = 100
+	}
 	return c
+}
+
+// ---------------------------------------------------------------- attempt limits
+
+// utLimiter is a set of token buckets by name (a source address, an
+// access key), bounded in size: when full, buckets that have refilled
+// (idle callers) go; if none has, new names are refused until one does.
+type utLimiter struct {
+	mu sync.Mutex
+	m  map[string]*utBucket
+}
+
+type utBucket struct {
+	tokens float64
+	last   time.Time
+}
+
+const utLimiterMax = 8192
+
+// allow takes one attempt from name's bucket (rate per second, burst).
+func (l *utLimiter) allow(name string, now time.Time, rate float64, burst int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fill := func(b *utBucket) {
+		b.tokens = min(float64(burst), b.tokens+now.Sub(b.last).Seconds()*rate)
+		b.last = now
+	}
+	b := l.m[name]
+	if b == nil {
+		if l.m == nil {
+			l.m = make(map[string]*utBucket)
+		}
+		if len(l.m) >= utLimiterMax {
+			for k, o := range l.m {
+				if fill(o); o.tokens >= float64(burst) {
+					delete(l.m, k)
+				}
+			}
+			if len(l.m) >= utLimiterMax {
+				return false
+			}
+		}
+		b = &utBucket{tokens: float64(burst), last: now}
+		l.m[name] = b
+	}
+	fill(b)
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// sourceHost is the caller's IP address ("" if unknown).
+func sourceHost(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return ""
+	}
+	if h, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
+		return h
+	}
+	return p.Addr.String()
 }
 
 // ---------------------------------------------------------------- token
 
 const (
-	utVersion   = 1
+	utVersion   = 2
 	utFlagAdmin = 1
 	utFixed     = 4 + 8 + 8 + 3*8
+	utBindFixed = 1 + 8
 )
 
 // userToken is a token's identifier.
@@ -121,10 +208,14 @@ type userToken struct {
 	IssueMs       int64
 	ExpiryMs      int64
 	MaxMs         int64
+	// AccessKey is the S3 key the token was issued against ("" for a
+	// certificate caller) and KeyCreatedMs that key's creation time.
+	AccessKey    string
+	KeyCreatedMs int64
 }
 
 func (t userToken) marshal() []byte {
-	b := make([]byte, utFixed, utFixed+len(t.User)+len(t.Renewer))
+	b := make([]byte, utFixed, utFixed+len(t.User)+len(t.Renewer)+utBindFixed+len(t.AccessKey))
 	b[0] = utVersion
 	if t.Admin {
 		b[1] = utFlagAdmin
@@ -135,21 +226,26 @@ func (t userToken) marshal() []byte {
 	binary.BigEndian.PutUint64(b[20:], uint64(t.IssueMs))
 	binary.BigEndian.PutUint64(b[28:], uint64(t.ExpiryMs))
 	binary.BigEndian.PutUint64(b[36:], uint64(t.MaxMs))
-	return append(append(b, t.User...), t.Renewer...)
+	b = append(append(b, t.User...), t.Renewer...)
+	b = append(b, byte(len(t.AccessKey)))
+	b = binary.BigEndian.AppendUint64(b, uint64(t.KeyCreatedMs))
+	return append(b, t.AccessKey...)
 }
 
 func parseUserToken(b []byte) (userToken, error) {
 	if len(b) < utFixed || b[0] != utVersion || b[1]&^utFlagAdmin != 0 {
-		return userToken{}, errors.New("not a Basalt user token")
+		return userToken{}, errors.New("not a Basalt user token (or one of an older format: get a new one)")
 	}
 	nu, nr := int(b[2]), int(b[3])
-	if len(b) != utFixed+nu+nr {
+	end := utFixed + nu + nr
+	if len(b) < end+utBindFixed || len(b) != end+utBindFixed+int(b[end]) {
 		return userToken{}, errors.New("token identifier of the wrong length")
 	}
 	t := userToken{Admin: b[1]&utFlagAdmin != 0,
 		KeyID: binary.BigEndian.Uint64(b[4:]), Seq: binary.BigEndian.Uint64(b[12:]),
 		IssueMs: int64(binary.BigEndian.Uint64(b[20:])), ExpiryMs: int64(binary.BigEndian.Uint64(b[28:])), MaxMs: int64(binary.BigEndian.Uint64(b[36:])),
-		User: string(b[utFixed : utFixed+nu]), Renewer: string(b[utFixed+nu:])}
+		User: string(b[utFixed : utFixed+nu]), Renewer: string(b[utFixed+nu : end]),
+		KeyCreatedMs: int64(binary.BigEndian.Uint64(b[end+1:])), AccessKey: string(b[end+utBindFixed:])}
 	if !validUserName(t.User) || (t.Renewer != "" && !validUserName(t.Renewer)) {
 		return userToken{}, errors.New("token names an invalid user")
 	}
@@ -207,6 +303,12 @@ func (s *Server) verifyUserToken(tok string, now time.Time) (userToken, error) {
 	if cancelled {
 		return refuse("token %d of %s was cancelled", t.Seq, t.User)
 	}
+	if t.AccessKey != "" {
+		k := s.s3Keys.get(s, t.AccessKey)
+		if !k.exists || k.owner != t.User || k.admin != t.Admin || k.createdMs != t.KeyCreatedMs {
+			return refuse("token %d of %s: access key %s was deleted or changed since the token was issued", t.Seq, t.User, clip(t.AccessKey))
+		}
+	}
 	if exp := max(t.ExpiryMs, renewed); ms >= exp {
 		return refuse("token %d of %s expired at %s", t.Seq, t.User, time.UnixMilli(exp).UTC().Format(time.RFC3339))
 	}
@@ -238,6 +340,57 @@ func (c *utCache) put(tok string, t userToken) {
 		c.m = make(map[string]userToken)
 	}
 	c.m[tok] = t
+}
+
+// s3KeyInfo is what a token bound to an S3 key checks of it.
+type s3KeyInfo struct {
+	exists    bool
+	owner     string
+	admin     bool
+	createdMs int64
+}
+
+// s3KeyCache remembers S3 keys as this node's namespace replica holds
+// them, for the token check on every call. It is valid while the
+// namespace state's S3SecretsGen stays (which moves after every applied
+// creation or deletion of a key): a deletion ends every token of the key
+// on a node as soon as the node applied it. Bounded: it starts over when
+// full.
+type s3KeyCache struct {
+	mu  sync.RWMutex
+	gen uint64
+	m   map[string]s3KeyInfo
+}
+
+const s3KeyCacheMax = 16384
+
+func (c *s3KeyCache) get(s *Server, ak string) s3KeyInfo {
+	gen := s.nsState.S3SecretsGen()
+	c.mu.RLock()
+	k, ok := c.m[ak]
+	ok = ok && c.gen == gen
+	c.mu.RUnlock()
+	if ok {
+		return k
+	}
+	// Read after loading gen: a change applied meanwhile moves gen past
+	// it, so what is stored below is not used again.
+	k = s3KeyInfo{}
+	if sec, err := s.nsState.GetS3Secret(ak); err == nil && sec != nil {
+		k = s3KeyInfo{exists: true, owner: sec.Owner, admin: sec.Admin, createdMs: sec.CreatedUnixMs}
+	} else if status.Code(err) != codes.NotFound {
+		return s3KeyInfo{} // unreadable: refuse, do not remember
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gen != gen || c.m == nil || len(c.m) >= s3KeyCacheMax {
+		if c.gen > gen {
+			return k // a newer generation is cached: do not go back
+		}
+		c.m, c.gen = make(map[string]s3KeyInfo), gen
+	}
+	c.m[ak] = k
+	return k
 }
 
 // ---------------------------------------------------------------- authentication
@@ -378,20 +531,38 @@ func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserT
 		return nil, status.Error(codes.PermissionDenied, "GetUserToken: a token-authenticated call gets no token (prove an S3 key or present a certificate)")
 	}
 	now := time.Now()
-	var user string
+	var user, bindKey string
 	var admin bool
+	var bindCreated int64
 	op := &metapb.UserTokenIssueOp{}
 	if req.AccessKeyId != "" {
 		bad := func(why string) error {
 			return status.Errorf(codes.Unauthenticated, "meta node %d: GetUserToken with access key %q refused: %s", s.cfg.NodeID, clip(req.AccessKeyId), why)
 		}
+		// Only the user-token leader issues: others send the caller there
+		// before doing any work.
+		if !s.utGroup.IsLeader() {
+			return nil, s.utNotLeader(nil)
+		}
+		src := sourceHost(ctx)
+		if !s.utBySource.allow(src, now, cfg.AttemptsPerSecond, cfg.AttemptBurst) {
+			return nil, status.Errorf(codes.ResourceExhausted, "meta node %d: GetUserToken: too many token requests from %s (at most %g/s, bursts of %d); retry later",
+				s.cfg.NodeID, src, cfg.AttemptsPerSecond, cfg.AttemptBurst)
+		}
 		if len(req.AccessKeyId) > 128 || !validNonce(req.Nonce) || len(req.Signature) != sha256.Size || len(req.Renewer) > maxUserBytes {
 			return nil, bad("malformed request (nonce of 16 to 64 characters [A-Za-z0-9_-], 32-byte signature)")
+		}
+		if !s.utByKey.allow(req.AccessKeyId, now, cfg.AttemptsPerSecond, cfg.AttemptBurst) {
+			return nil, status.Errorf(codes.ResourceExhausted, "meta node %d: GetUserToken: too many token requests for access key %q (at most %g/s, bursts of %d); retry later",
+				s.cfg.NodeID, clip(req.AccessKeyId), cfg.AttemptsPerSecond, cfg.AttemptBurst)
 		}
 		if d := now.Sub(time.UnixMilli(req.TimestampUnixMs)); d > cfg.Skew || d < -cfg.Skew {
 			return nil, bad(fmt.Sprintf("the request's time is %v from the server's (at most %v): check the client's clock", d.Round(time.Second), cfg.Skew))
 		}
 		sec, err := s.s3Secret(ctx, req.AccessKeyId)
+		if status.Code(err) == codes.Unavailable {
+			return nil, err // no read barrier: retry
+		}
 		if err != nil || sec == nil {
 			return nil, bad("unknown access key or bad signature")
 		}
@@ -400,8 +571,9 @@ func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserT
 			return nil, bad("unknown access key or bad signature")
 		}
 		user, admin = sec.Owner, sec.Admin
+		bindKey, bindCreated = sec.AccessKeyId, sec.CreatedUnixMs
 		nid := sha256.Sum256([]byte(req.AccessKeyId + "\n" + req.Nonce))
-		op.NonceId = nid[:]
+		op.NonceId, op.AccessKeyId = nid[:], req.AccessKeyId
 		// The nonce is kept while its timestamp is acceptable, twice
 		// over: the state's clock is the latest proposer's, which may run
 		// ahead of this node's.
@@ -441,31 +613,26 @@ func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserT
 		return nil, err
 	}
 	t := userToken{Admin: admin, User: user, Renewer: renewer, Seq: v.(uint64), IssueMs: now.UnixMilli(),
-		ExpiryMs: now.Add(cfg.Lifetime).UnixMilli(), MaxMs: now.Add(cfg.MaxLifetime).UnixMilli()}
+		ExpiryMs: now.Add(cfg.Lifetime).UnixMilli(), MaxMs: now.Add(cfg.MaxLifetime).UnixMilli(), AccessKey: bindKey, KeyCreatedMs: bindCreated}
 	tok := signUserToken(key, t)
 	s.log.Info("meta: user token issued", "user", user, "renewer", renewer, "seq", t.Seq, "key", key.Id, "by_access_key", req.AccessKeyId != "")
 	return &metapb.UserTokenResponse{Token: tok, User: user, Renewer: renewer, IssueUnixMs: t.IssueMs, ExpiryUnixMs: t.ExpiryMs,
 		MaxUnixMs: t.MaxMs, KeyId: key.Id, Sequence: t.Seq, Admin: admin}, nil
 }
 
-// s3Secret reads an S3 key from this node's namespace replica: after a
-// read barrier on the namespace leader (where runUserTokens moves the
-// user-token leadership), else waiting a little for a key this replica
-// has not applied yet.
+// s3Secret reads an S3 key from this node's namespace replica after a
+// read barrier (raft's read index: on the namespace leader, where
+// runUserTokens moves the user-token leadership, one heartbeat round; on
+// a follower, until it applied what the leader had committed), bounded
+// in time: a key created before the request is found, and no caller
+// waits on a key that does not exist.
 func (s *Server) s3Secret(ctx context.Context, id string) (*metapb.S3Secret, error) {
-	if s.nsGroup.IsLeader() {
-		if err := (&nsRaft{s: s}).ReadBarrier(ctx); err == nil {
-			return s.nsState.GetS3Secret(id)
-		}
+	bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := s.nsGroup.ReadIndex(bctx); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "meta node %d: reading access key %q: %v", s.cfg.NodeID, clip(id), err)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		sec, err := s.nsState.GetS3Secret(id)
-		if (err == nil && sec != nil) || time.Now().After(deadline) || ctx.Err() != nil {
-			return sec, err
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return s.nsState.GetS3Secret(id)
 }
 
 // callerName is who a call runs for ("" for none).

@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"container/heap"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -22,17 +23,56 @@ import (
 // nonces of recent GetUserToken requests, and the renewed and cancelled
 // tokens. Every record that expires is dropped by the first Apply whose
 // (monotonic) time is past it, so the state stays as small as the tokens
-// alive. Apply never reads a clock.
+// alive; an expiry-ordered heap finds them, so an Apply costs what it
+// drops, not what is kept. Apply never reads a clock.
 type utState struct {
 	st *store.Store
 
 	mu        sync.RWMutex
-	keys      []*metapb.SecretKey // by ID; replaced, never changed in place
-	next      uint64              // next sequence number
-	now       int64               // the latest command time applied (unix ms)
-	nonces    map[[32]byte]int64  // nonce ID → until
+	keys      []*metapb.SecretKey  // by ID; replaced, never changed in place
+	next      uint64               // next sequence number
+	now       int64                // the latest command time applied (unix ms)
+	nonces    map[[32]byte]utNonce // nonce ID → until and access key
+	perKey    map[string]int       // access key → nonces held
 	renewed   map[uint64]*metapb.UserTokenRecord
 	cancelled map[uint64]*metapb.UserTokenRecord
+	expiries  utExpiries // when each nonce and record may go
+}
+
+// utNonce is a recorded GetUserToken nonce.
+type utNonce struct {
+	until int64
+	key   string // the access key it counts against
+}
+
+// utExpiry: the nonce (kind utExpNonce) or record that may be dropped
+// once the state's clock passes at. Entries outlive what they name
+// (a renewal dropped by a cancellation): prune checks before dropping.
+type utExpiry struct {
+	at    int64
+	kind  uint8
+	nonce [32]byte
+	seq   uint64
+}
+
+const (
+	utExpNonce uint8 = iota
+	utExpRenewed
+	utExpCancelled
+)
+
+// utExpiries is a min-heap by at (container/heap).
+type utExpiries []utExpiry
+
+func (h utExpiries) Len() int           { return len(h) }
+func (h utExpiries) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h utExpiries) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *utExpiries) Push(x any)        { *h = append(*h, x.(utExpiry)) }
+func (h *utExpiries) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // Row keys of the user-token store.
@@ -48,10 +88,13 @@ var (
 // Bounds on the records (Apply refuses beyond them): enough for a large
 // cluster's users, small enough to keep in memory on every meta node.
 const (
-	utMaxNonces  = 200_000
-	utMaxRecords = 1_000_000
-	utMaxKeys    = 64
-	utSecretSize = 32
+	utMaxNonces = 200_000
+	// utMaxNoncesPerKey: one access key's share (its requests of the last
+	// ~20 minutes), so that one key holder cannot use up utMaxNonces.
+	utMaxNoncesPerKey = 5_000
+	utMaxRecords      = 1_000_000
+	utMaxKeys         = 64
+	utSecretSize      = 32
 )
 
 func utRow(pfx []byte, id uint64) []byte {
@@ -75,7 +118,9 @@ func (s *utState) load() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.keys, s.next, s.now = nil, 1, 0
-	s.nonces = map[[32]byte]int64{}
+	s.nonces = map[[32]byte]utNonce{}
+	s.perKey = map[string]int{}
+	s.expiries = nil
 	s.renewed = map[uint64]*metapb.UserTokenRecord{}
 	s.cancelled = map[uint64]*metapb.UserTokenRecord{}
 	return s.st.View(func(r pebble.Reader) error {
@@ -113,18 +158,23 @@ func (s *utState) load() error {
 			return err
 		}
 		if err := store.Scan(r, utPfxNonce, func(k, v []byte) error {
-			if len(k) != len(utPfxNonce)+32 || len(v) != 8 {
+			if len(k) != len(utPfxNonce)+32 || len(v) < 8 {
 				return fmt.Errorf("usertoken: bad nonce row")
 			}
-			s.nonces[[32]byte(k[len(utPfxNonce):])] = int64(binary.BigEndian.Uint64(v))
+			n := utNonce{until: int64(binary.BigEndian.Uint64(v)), key: string(v[8:])}
+			id := [32]byte(k[len(utPfxNonce):])
+			s.nonces[id] = n
+			s.perKey[n.key]++
+			s.expiries = append(s.expiries, utExpiry{at: n.until + utPruneGraceMs, kind: utExpNonce, nonce: id})
 			return nil
 		}); err != nil {
 			return err
 		}
 		for _, t := range []struct {
-			pfx []byte
-			m   map[uint64]*metapb.UserTokenRecord
-		}{{utPfxRenewed, s.renewed}, {utPfxCancelled, s.cancelled}} {
+			pfx  []byte
+			m    map[uint64]*metapb.UserTokenRecord
+			kind uint8
+		}{{utPfxRenewed, s.renewed, utExpRenewed}, {utPfxCancelled, s.cancelled, utExpCancelled}} {
 			if err := store.Scan(r, t.pfx, func(k, v []byte) error {
 				rec := &metapb.UserTokenRecord{}
 				if len(k) != len(t.pfx)+8 {
@@ -133,12 +183,15 @@ func (s *utState) load() error {
 				if err := proto.Unmarshal(v, rec); err != nil {
 					return err
 				}
-				t.m[binary.BigEndian.Uint64(k[len(t.pfx):])] = rec
+				seq := binary.BigEndian.Uint64(k[len(t.pfx):])
+				t.m[seq] = rec
+				s.expiries = append(s.expiries, utExpiry{at: rec.MaxUnixMs + utPruneGraceMs, kind: t.kind, seq: seq})
 				return nil
 			}); err != nil {
 				return err
 			}
 		}
+		heap.Init(&s.expiries)
 		return nil
 	})
 }
@@ -217,20 +270,25 @@ func (s *utState) prune(b *pebble.Batch, now int64) {
 	}
 	s.now = now
 	s.set(b, utKeyNow, store.U64(uint64(now)))
-	for id, until := range s.nonces {
-		if until+utPruneGraceMs < now {
-			delete(s.nonces, id)
-			s.del(b, append(slices.Clone(utPfxNonce), id[:]...))
-		}
-	}
-	for _, t := range []struct {
-		pfx []byte
-		m   map[uint64]*metapb.UserTokenRecord
-	}{{utPfxRenewed, s.renewed}, {utPfxCancelled, s.cancelled}} {
-		for seq, rec := range t.m {
-			if rec.MaxUnixMs+utPruneGraceMs < now {
-				delete(t.m, seq)
-				s.del(b, utRow(t.pfx, seq))
+	for len(s.expiries) > 0 && s.expiries[0].at < now {
+		e := heap.Pop(&s.expiries).(utExpiry)
+		switch e.kind {
+		case utExpNonce:
+			if n, ok := s.nonces[e.nonce]; ok && n.until+utPruneGraceMs == e.at {
+				delete(s.nonces, e.nonce)
+				if s.perKey[n.key]--; s.perKey[n.key] <= 0 {
+					delete(s.perKey, n.key)
+				}
+				s.del(b, append(slices.Clone(utPfxNonce), e.nonce[:]...))
+			}
+		case utExpRenewed, utExpCancelled:
+			m, pfx := s.renewed, utPfxRenewed
+			if e.kind == utExpCancelled {
+				m, pfx = s.cancelled, utPfxCancelled
+			}
+			if rec, ok := m[e.seq]; ok && rec.MaxUnixMs+utPruneGraceMs == e.at {
+				delete(m, e.seq)
+				s.del(b, utRow(pfx, e.seq))
 			}
 		}
 	}
@@ -247,11 +305,21 @@ func (s *utState) apply(b *pebble.Batch, cmd *metapb.UserTokenCommand) any {
 			if _, seen := s.nonces[[32]byte(id)]; seen {
 				return status.Error(codes.Unauthenticated, "usertoken: this request was seen before (a replayed signature): sign each request with a new nonce")
 			}
+			ak := op.Issue.GetAccessKeyId()
+			if len(ak) > 255 {
+				return status.Errorf(codes.InvalidArgument, "usertoken: access key of %d bytes", len(ak))
+			}
+			if n := s.perKey[ak]; n >= utMaxNoncesPerKey {
+				return status.Errorf(codes.ResourceExhausted, "usertoken: access key %s made %d token requests in the last minutes; retry later", clip(ak), n)
+			}
 			if len(s.nonces) >= utMaxNonces {
 				return status.Errorf(codes.ResourceExhausted, "usertoken: %d token requests in the last minutes; retry later", len(s.nonces))
 			}
-			s.nonces[[32]byte(id)] = op.Issue.NonceUntilUnixMs
-			s.set(b, append(slices.Clone(utPfxNonce), id...), store.U64(uint64(op.Issue.NonceUntilUnixMs)))
+			n := utNonce{until: op.Issue.NonceUntilUnixMs, key: ak}
+			s.nonces[[32]byte(id)] = n
+			s.perKey[ak]++
+			heap.Push(&s.expiries, utExpiry{at: n.until + utPruneGraceMs, kind: utExpNonce, nonce: [32]byte(id)})
+			s.set(b, append(slices.Clone(utPfxNonce), id...), append(store.U64(uint64(n.until)), ak...))
 		}
 		seq := s.next
 		s.next++
@@ -269,6 +337,9 @@ func (s *utState) apply(b *pebble.Batch, cmd *metapb.UserTokenCommand) any {
 			return nil // a later renewal is recorded already
 		}
 		rec := &metapb.UserTokenRecord{ExpiryUnixMs: r.ExpiryUnixMs, MaxUnixMs: r.MaxUnixMs}
+		if old := s.renewed[r.Sequence]; old == nil || old.MaxUnixMs != rec.MaxUnixMs {
+			heap.Push(&s.expiries, utExpiry{at: rec.MaxUnixMs + utPruneGraceMs, kind: utExpRenewed, seq: r.Sequence})
+		}
 		s.renewed[r.Sequence] = rec
 		s.setRecord(b, utRow(utPfxRenewed, r.Sequence), rec)
 		return nil
@@ -282,6 +353,7 @@ func (s *utState) apply(b *pebble.Batch, cmd *metapb.UserTokenCommand) any {
 		}
 		rec := &metapb.UserTokenRecord{MaxUnixMs: c.MaxUnixMs}
 		s.cancelled[c.Sequence] = rec
+		heap.Push(&s.expiries, utExpiry{at: rec.MaxUnixMs + utPruneGraceMs, kind: utExpCancelled, seq: c.Sequence})
 		s.setRecord(b, utRow(utPfxCancelled, c.Sequence), rec)
 		if _, ok := s.renewed[c.Sequence]; ok {
 			delete(s.renewed, c.Sequence)

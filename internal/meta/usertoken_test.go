@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -392,4 +393,162 @@ func TestUserTokenExpiry(t *testing.T) {
 	wantUnauth(t, "the renewed token past its max date", use(r.Token))
 	_, err = cl.UserToken.RenewUserToken(ctx, &metapb.RenewUserTokenRequest{Token: r.Token})
 	wantUnauth(t, "renewing an expired token", err)
+}
+
+// TestDeletedS3KeyEndsItsTokens: a token names the S3 key it was issued
+// against; once the key is deleted every node refuses the token and its
+// renewal, and a key re-created under the same ID (without the admin
+// flag) does not bring the old admin token back. Fails on the old code:
+// the token did not name the key and stayed good (and renewable) for up
+// to its 7-day max date.
+func TestDeletedS3KeyEndsItsTokens(t *testing.T) {
+	c := newUTCluster(t, 3, UserTokenConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	waitFor(t, 20*time.Second, "leaders", func() bool { return c.nsLeader() != 0 && c.utLeader() != 0 })
+	admin := c.userClient("test")
+	ak := s3Key(t, c, "alice")
+	cl := c.keyClient("", "")
+	use := func(tok string) error {
+		_, err := cl.Namespace.ListBuckets(metaclient.WithUserToken(ctx, tok), &metapb.ListBucketsRequest{Volume: "nope"})
+		if status.Code(err) == codes.NotFound {
+			return nil // authenticated: the volume just does not exist
+		}
+		return err
+	}
+	r, err := getToken(ctx, cl, ak, ak.SecretAccessKey, time.Now())
+	mustOK(t, "token", err)
+	mustOK(t, "the token works", use(r.Token))
+	_, err = cl.UserToken.RenewUserToken(metaclient.WithUserToken(ctx, r.Token), &metapb.RenewUserTokenRequest{Token: r.Token})
+	mustOK(t, "renewal before the deletion", err)
+
+	_, err = admin.Namespace.DeleteS3Secret(ctx, &metapb.DeleteS3SecretRequest{AccessKeyId: ak.AccessKeyId})
+	mustOK(t, "delete the key", err)
+	for id, s := range c.servers {
+		waitFor(t, 10*time.Second, fmt.Sprintf("node %d refuses the deleted key's token", id), func() bool {
+			_, err := s.verifyUserToken(r.Token, time.Now())
+			return status.Code(err) == codes.Unauthenticated
+		})
+	}
+	wantUnauth(t, "a call with the deleted key's token", use(r.Token))
+	_, err = cl.UserToken.RenewUserToken(metaclient.WithUserToken(ctx, r.Token), &metapb.RenewUserTokenRequest{Token: r.Token})
+	wantUnauth(t, "renewal after the deletion", err)
+
+	// An admin key, deleted and re-created under the same ID without the
+	// admin flag: the admin token stays dead, a new token is no admin's.
+	adm, err := admin.Namespace.CreateS3Secret(ctx, &metapb.CreateS3SecretRequest{AccessKeyId: "ADMINKEY1", Owner: "root", Admin: true})
+	mustOK(t, "admin key", err)
+	ra, err := getToken(ctx, cl, adm, adm.SecretAccessKey, time.Now())
+	mustOK(t, "admin token", err)
+	if !ra.Admin {
+		t.Fatalf("token of an admin key is not an admin's")
+	}
+	mustOK(t, "the admin token works", use(ra.Token))
+	_, err = admin.Namespace.DeleteS3Secret(ctx, &metapb.DeleteS3SecretRequest{AccessKeyId: adm.AccessKeyId})
+	mustOK(t, "delete the admin key", err)
+	plain, err := admin.Namespace.CreateS3Secret(ctx, &metapb.CreateS3SecretRequest{AccessKeyId: "ADMINKEY1", Owner: "root",
+		SecretAccessKey: adm.SecretAccessKey})
+	mustOK(t, "re-create it without the admin flag", err)
+	for id, s := range c.servers {
+		waitFor(t, 10*time.Second, fmt.Sprintf("node %d refuses the old admin token", id), func() bool {
+			_, err := s.verifyUserToken(ra.Token, time.Now())
+			return status.Code(err) == codes.Unauthenticated
+		})
+	}
+	rp, err := getToken(ctx, cl, plain, plain.SecretAccessKey, time.Now())
+	mustOK(t, "token of the re-created key", err)
+	if rp.Admin {
+		t.Fatalf("token of the re-created key (no admin flag) is an admin's")
+	}
+	mustOK(t, "the new token works", use(rp.Token))
+}
+
+// TestUTLimiter: a bucket allows its burst, then its rate; names are
+// independent; the map stays bounded (idle names make room, busy ones
+// do not).
+func TestUTLimiter(t *testing.T) {
+	var l utLimiter
+	now := time.Unix(1_800_000_000, 0)
+	for i := range 5 {
+		if !l.allow("10.0.0.1", now, 1, 5) {
+			t.Fatalf("attempt %d of a burst of 5 refused", i+1)
+		}
+	}
+	if l.allow("10.0.0.1", now, 1, 5) {
+		t.Fatal("attempt 6 of a burst of 5 allowed")
+	}
+	if !l.allow("10.0.0.2", now, 1, 5) {
+		t.Fatal("another name refused")
+	}
+	if !l.allow("10.0.0.1", now.Add(1100*time.Millisecond), 1, 5) {
+		t.Fatal("refused after a second at 1/s")
+	}
+	var m utLimiter
+	for i := range utLimiterMax {
+		for range 5 {
+			m.allow(fmt.Sprint(i), now, 1, 5)
+		}
+	}
+	if m.allow("new", now, 1, 5) || len(m.m) > utLimiterMax {
+		t.Fatalf("a new name allowed with %d busy names (%d kept)", utLimiterMax, len(m.m))
+	}
+	if !m.allow("new", now.Add(10*time.Second), 1, 5) || len(m.m) > utLimiterMax {
+		t.Fatalf("a new name refused once the others idled (%d kept)", len(m.m))
+	}
+}
+
+// TestGetUserTokenAttemptsLimited: unauthenticated GetUserToken attempts
+// beyond the limit are refused with ResourceExhausted and a clear reason;
+// an unknown access key is answered at once, on the leader and on a
+// follower (which sends the caller to the leader before any work). Fails
+// on the old code: every attempt cost a read barrier and an HMAC, without
+// limit, and a follower polled up to 2 s for an unknown key.
+func TestGetUserTokenAttemptsLimited(t *testing.T) {
+	c := newUTCluster(t, 3, UserTokenConfig{AttemptsPerSecond: 0.5, AttemptBurst: 5})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	waitFor(t, 20*time.Second, "leaders", func() bool { return c.nsLeader() != 0 && c.utLeader() != 0 })
+	waitFor(t, 20*time.Second, "user-token leadership on the namespace leader", func() bool { return c.utLeader() == c.nsLeader() })
+	ak := s3Key(t, c, "alice")
+	direct := func(id uint64) metapb.UserTokenClient {
+		conn, err := grpc.NewClient(c.servers[id].GRPCAddr(), caOnlyDial(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return metapb.NewUserTokenClient(conn)
+	}
+	leader := c.utLeader()
+	var follower uint64
+	for id := range c.servers {
+		if id != leader {
+			follower = id
+		}
+	}
+	for _, id := range []uint64{follower, leader} {
+		req, _ := metaclient.NewUserTokenRequest("NOSUCHKEY", ak.SecretAccessKey, "", time.Now())
+		start := time.Now()
+		_, err := direct(id).GetUserToken(ctx, req)
+		if took := time.Since(start); took > time.Second || err == nil {
+			t.Fatalf("node %d (leader %d): unknown access key answered in %v: %v", id, leader, took, err)
+		}
+	}
+	cl := direct(leader)
+	var exhausted error
+	for i := range 20 {
+		req, _ := metaclient.NewUserTokenRequest(ak.AccessKeyId, "not the secret", "", time.Now())
+		_, err := cl.GetUserToken(ctx, req)
+		if status.Code(err) == codes.ResourceExhausted {
+			exhausted = err
+			if i < 3 {
+				t.Fatalf("refused after %d attempts, burst is 5", i)
+			}
+			break
+		}
+		wantUnauth(t, "a wrong secret", err)
+	}
+	if exhausted == nil || !strings.Contains(exhausted.Error(), "too many token requests") {
+		t.Fatalf("20 quick attempts with a wrong secret: last %v, want ResourceExhausted (too many token requests)", exhausted)
+	}
+	t.Logf("refused: %v", exhausted)
 }

@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -311,6 +312,9 @@ type Credentials struct {
 	keyPEM  []byte
 	cert    atomic.Pointer[tls.Certificate]
 	revoked atomic.Pointer[map[string]bool]
+
+	watchMu sync.Mutex
+	watched map[string]map[net.Conn]struct{} // peer serial → open connections (Watch)
 }
 
 func newCredentials(caPEM, certPEM, keyPEM []byte) (*Credentials, error) {
@@ -392,12 +396,78 @@ func (c *Credentials) CAPEM() []byte { return c.caPEM }
 
 // SetRevoked replaces the set of revoked certificate serials (SerialString
 // form): a peer presenting one of them is refused at the handshake.
+//
+// Connections registered with Watch whose peer presented one of them are
+// closed: a connection opened before the revocation does not outlive it.
 func (c *Credentials) SetRevoked(serials []string) {
 	m := make(map[string]bool, len(serials))
 	for _, s := range serials {
 		m[s] = true
 	}
 	c.revoked.Store(&m)
+	var doomed []net.Conn
+	c.watchMu.Lock()
+	for serial, conns := range c.watched {
+		if m[serial] {
+			for conn := range conns {
+				doomed = append(doomed, conn)
+			}
+		}
+	}
+	c.watchMu.Unlock()
+	for _, conn := range doomed {
+		conn.Close()
+	}
+}
+
+// Watch registers an authenticated connection (its raw TCP connection,
+// so that closing never waits on a TLS write) under its peer
+// certificate's serial until stop is called: if that serial is revoked
+// (SetRevoked), now or later, the connection is closed. Connections
+// without a peer certificate are not watched. stop must be called when
+// the connection is done with.
+func (c *Credentials) Watch(conn net.Conn, cs *tls.ConnectionState) (stop func()) {
+	if c.IsInsecure() || cs == nil || len(cs.PeerCertificates) == 0 {
+		return func() {}
+	}
+	serial := SerialString(cs.PeerCertificates[0].SerialNumber)
+	c.watchMu.Lock()
+	if c.watched == nil {
+		c.watched = map[string]map[net.Conn]struct{}{}
+	}
+	conns := c.watched[serial]
+	if conns == nil {
+		conns = map[net.Conn]struct{}{}
+		c.watched[serial] = conns
+	}
+	conns[conn] = struct{}{}
+	c.watchMu.Unlock()
+	// After registering: a SetRevoked that ran before saw no entry, but
+	// its set is visible here.
+	if c.IsRevoked(cs.PeerCertificates[0]) {
+		conn.Close()
+	}
+	return func() {
+		c.watchMu.Lock()
+		if conns := c.watched[serial]; conns != nil {
+			delete(conns, conn)
+			if len(conns) == 0 {
+				delete(c.watched, serial)
+			}
+		}
+		c.watchMu.Unlock()
+	}
+}
+
+// Watched is the number of connections Watch tracks now.
+func (c *Credentials) Watched() int {
+	c.watchMu.Lock()
+	defer c.watchMu.Unlock()
+	n := 0
+	for _, conns := range c.watched {
+		n += len(conns)
+	}
+	return n
 }
 
 // IsRevoked reports whether cert's serial is in the revoked set.

@@ -274,3 +274,84 @@ func TestTransportBoundsPendingConnections(t *testing.T) {
 		t.Fatal("the group no longer commits")
 	}
 }
+
+// TestRevokedPeerConnectionsClosed: connections authenticated before a
+// peer's certificate was revoked are closed once the revocation is known
+// (Security.Watch → pki.Credentials.Watch), in both directions, within a
+// bounded time; the remaining members keep committing. Fails on the old
+// code: the revocation was checked only at the handshake, so the open
+// connections of node 3 stayed up.
+func TestRevokedPeerConnectionsClosed(t *testing.T) {
+	ca, err := pki.NewCA("raft test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := map[uint64]*pki.Credentials{}
+	for id := uint64(1); id <= 3; id++ {
+		if creds[id], err = ca.Issue(pki.Identity{Role: pki.RoleMeta, ID: fmt.Sprint(id)}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newTCPClusterWith(t, 3, 20*time.Millisecond, func(id uint64) *Security {
+		s := securityOf(creds)(id)
+		s.Watch = creds[id].Watch
+		return s
+	})
+	for _, h := range c.hosts {
+		if _, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: &kvSM{}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := c.proposeAll(1, []uint64{1, 2, 3}, "first", 30*time.Second); n != 1 {
+		t.Fatal("the cluster did not commit")
+	}
+	// The connections hosts 1 and 2 have with node 3 (the leader's at
+	// least: followers need not talk).
+	ofThree := map[uint64][]net.Conn{}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(ofThree[1])+len(ofThree[2]) == 0 {
+		for _, id := range []uint64{1, 2} {
+			if p := c.hosts[id].transport.(*TCPTransport).peer(3); p != nil {
+				if pc := p.current(); pc != nil {
+					ofThree[id] = append(ofThree[id], rawConn(pc.c))
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("hosts 1 and 2 have no connection with node 3, want some")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	open := func(id uint64) (n int) {
+		tr := c.hosts[id].transport.(*TCPTransport)
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		for _, conn := range ofThree[id] {
+			if _, ok := tr.conns[conn]; ok {
+				n++
+			}
+		}
+		return n
+	}
+	serial := pki.SerialString(creds[3].Leaf().SerialNumber)
+	creds[1].SetRevoked([]string{serial})
+	creds[2].SetRevoked([]string{serial})
+	revoked := time.Now()
+	for open(1)+open(2) > 0 {
+		if time.Since(revoked) > 10*time.Second {
+			t.Fatalf("10 s after the revocation hosts 1 and 2 still have %d and %d connections with node 3", open(1), open(2))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("connections of the revoked node closed %v after the revocation", time.Since(revoked))
+	// Node 3 gets no new connection (refused at the handshake), and the
+	// others still commit.
+	if n := c.proposeAll(1, []uint64{1, 2}, "after", 30*time.Second); n != 1 {
+		t.Fatal("hosts 1 and 2 no longer commit")
+	}
+	for _, id := range []uint64{1, 2} {
+		if p := c.hosts[id].transport.(*TCPTransport).peer(3); p != nil && p.current() != nil {
+			t.Fatalf("host %d has a new connection with the revoked node", id)
+		}
+	}
+}

@@ -71,6 +71,11 @@ type Security struct {
 	// to raft node id (an unknown node is an error too). It is called
 	// once per connection, on both sides.
 	Authenticate func(id uint64, cs *tls.ConnectionState) error
+	// Watch (optional) is told of every authenticated connection (its
+	// raw TCP connection) and may close it later, e.g. when the peer's
+	// certificate is revoked (pki.Credentials.Watch); stop is called when
+	// the transport is done with the connection.
+	Watch func(raw net.Conn, cs *tls.ConnectionState) (stop func())
 }
 
 // TCPTransport keeps one TCP connection per pair of hosts and carries the
@@ -92,8 +97,8 @@ type TCPTransport struct {
 
 	mu      sync.Mutex
 	peers   map[uint64]*peer
-	conns   map[net.Conn]struct{}
-	inbound map[uint64]int // authenticated inbound connections per peer
+	conns   map[net.Conn]func() // open connections → Security.Watch's stop (or nil)
+	inbound map[uint64]int      // authenticated inbound connections per peer
 
 	pending   chan struct{} // a slot per connection not yet authenticated
 	lastWarnd atomic.Int64  // unix nanos of the last refusal logged
@@ -155,7 +160,7 @@ func NewTCPTransport(cfg TCPConfig) (*TCPTransport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raft: transport listen on %s: %w", cfg.ListenAddr, err)
 	}
-	return &TCPTransport{cfg: cfg, ln: ln, log: cfg.Logger, m: m, peers: make(map[uint64]*peer), conns: make(map[net.Conn]struct{}),
+	return &TCPTransport{cfg: cfg, ln: ln, log: cfg.Logger, m: m, peers: make(map[uint64]*peer), conns: make(map[net.Conn]func()),
 		inbound: make(map[uint64]int), pending: make(chan struct{}, cfg.MaxPendingConns), stopc: make(chan struct{})}, nil
 }
 
@@ -193,16 +198,38 @@ func (t *TCPTransport) track(c net.Conn) bool {
 		c.Close()
 		return false
 	}
-	t.conns[c] = struct{}{}
+	t.conns[c] = nil
 	return true
 }
 
 func (t *TCPTransport) untrack(c net.Conn) {
 	c = rawConn(c)
 	t.mu.Lock()
+	stop := t.conns[c]
 	delete(t.conns, c)
 	t.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 	c.Close()
+}
+
+// watch hands an authenticated connection to Security.Watch.
+func (t *TCPTransport) watch(raw net.Conn, cs *tls.ConnectionState) {
+	sec := t.cfg.Security
+	if sec == nil || sec.Watch == nil {
+		return
+	}
+	stop := sec.Watch(raw, cs)
+	t.mu.Lock()
+	if _, ok := t.conns[raw]; ok {
+		t.conns[raw] = stop
+		stop = nil
+	}
+	t.mu.Unlock()
+	if stop != nil { // untracked meanwhile
+		stop()
+	}
 }
 
 // rawConn is the TCP connection under a TLS one. Connections are closed
@@ -242,6 +269,7 @@ func (t *TCPTransport) secureDialed(ctx context.Context, c net.Conn, id uint64) 
 		t.m.connsRefused.WithLabelValues("identity").Inc()
 		return nil, fmt.Errorf("not node %d: %w", id, err)
 	}
+	t.watch(c, &cs)
 	return tc, nil
 }
 
@@ -589,6 +617,7 @@ func (t *TCPTransport) authenticate(raw net.Conn) (c net.Conn, kind byte, from u
 			t.refused("identity", raw, fmt.Errorf("claims node %d: %w", from, err))
 			return nil, 0, 0, err
 		}
+		t.watch(raw, &cs)
 	}
 	raw.SetDeadline(time.Time{})
 	return c, hello[4], from, nil

@@ -296,8 +296,22 @@ func (g *Gateway) authorizeBucket(req *request, bucket string) *Error {
 	if !exists {
 		return nil
 	}
-	if want := req.r.Header.Get("X-Amz-Expected-Bucket-Owner"); want != "" && want != owner && bucket == req.bucket {
-		return errAccessDenied("Access Denied: the bucket's owner is not the expected bucket owner")
+	// X-Amz-Expected-Bucket-Owner: a mismatch is refused. For a
+	// requester who is neither the owner nor an admin (anonymous ones
+	// included) every refusal of this request reads the same plain
+	// "Access Denied", the mismatch's and the namespace's alike, so that
+	// the header cannot be used to probe owner names: as with S3, only a
+	// requester the bucket serves learns whether the owner matched.
+	if want := req.r.Header.Get("X-Amz-Expected-Bucket-Owner"); want != "" && bucket == req.bucket {
+		if !req.auth.mayAccess(owner) {
+			req.plainDenials = true
+		}
+		if want != owner {
+			if req.plainDenials {
+				return errAccessDenied("Access Denied")
+			}
+			return errAccessDenied("Access Denied: the bucket's owner is not the expected bucket owner")
+		}
 	}
 	if req.auth.mayAccess(owner) || !bucketRecordOps[req.op] {
 		return nil

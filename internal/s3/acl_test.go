@@ -37,6 +37,7 @@ func TestAccessControl(t *testing.T) {
 	t.Run("ACLErrors", e.testACLErrors)
 	t.Run("MultipartACL", e.testMultipartACL)
 	t.Run("BucketPolicy", e.testBucketPolicy)
+	t.Run("ExpectedOwnerProbe", e.testExpectedOwnerProbe)
 }
 
 // anon sends an unsigned request.
@@ -554,4 +555,64 @@ func (e *env) testRequestInfo(t *testing.T, tlsClient *http.Client, tlsURL strin
 	wantHTTP(t, "anonymous GET through a trusted proxy for another address", code, body, 403, "AccessDenied")
 	code, body = get(plain, purl, "/reqinfo/ip/a", "")
 	wantHTTP(t, "anonymous GET from the proxy itself", code, body, 403, "AccessDenied")
+}
+
+// testExpectedOwnerProbe: X-Amz-Expected-Bucket-Owner does not tell a
+// requester the bucket does not serve whether its guess of the owner is
+// right: the right and a wrong guess get the same plain Access Denied.
+// A requester the bucket serves (a public-read object) gets it as S3
+// does: served if the owner matches, 403 if not; the owner is told why.
+// Fails on the old code: a wrong guess answered "the bucket's owner is
+// not the expected bucket owner", a right one the namespace's refusal.
+func (e *env) testExpectedOwnerProbe(t *testing.T) {
+	ctx := e.ctx
+	alice := e.keyFor(t, "AKIDPROBEALICE", "probe-alice", false)
+	b := aws.String("probe-private")
+	if _, err := alice.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: b}); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"secret", "public"} {
+		in := &s3.PutObjectInput{Bucket: b, Key: aws.String(k), Body: strings.NewReader(k + " data")}
+		if k == "public" {
+			in.ACL = types.ObjectCannedACLPublicRead
+		}
+		if _, err := alice.PutObject(ctx, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	anon := func(method, path, owner string) (int, string) {
+		t.Helper()
+		r, err := http.NewRequest(method, e.url+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Header.Set("X-Amz-Expected-Bucket-Owner", owner)
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		// The request ID differs per request: compare the rest.
+		s := string(body)
+		if i, j := strings.Index(s, "<RequestId>"), strings.Index(s, "</RequestId>"); i >= 0 && j > i {
+			s = s[:i] + s[j:]
+		}
+		return resp.StatusCode, s
+	}
+	for _, path := range []string{"/probe-private/secret", "/probe-private?list-type=2", "/probe-private?acl"} {
+		rc, rb := anon("GET", path, "probe-alice")
+		wc, wb := anon("GET", path, "probe-mallory")
+		if rc != 403 || wc != 403 || rb != wb {
+			t.Fatalf("anonymous GET %s: right owner %d %q, wrong owner %d %q: want the same 403", path, rc, rb, wc, wb)
+		}
+	}
+	if code, body := anon("GET", "/probe-private/public", "probe-alice"); code != 200 || body != "public data" {
+		t.Fatalf("anonymous GET of a public-read object, right owner: %d %q", code, body)
+	}
+	if code, _ := anon("GET", "/probe-private/public", "probe-mallory"); code != 403 {
+		t.Fatalf("anonymous GET of a public-read object, wrong owner: %d, want 403", code)
+	}
+	_, err := alice.GetObject(ctx, &s3.GetObjectInput{Bucket: b, Key: aws.String("secret"), ExpectedBucketOwner: aws.String("probe-mallory")})
+	wantCode(t, err, "AccessDenied", 403)
 }

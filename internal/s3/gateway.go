@@ -311,6 +311,11 @@ type request struct {
 	// x-amz-grant-*), committed with the new object.
 	acls   []*metapb.Acl
 	stages stageTimer
+	// plainDenials: the requester is anonymous, or names an expected
+	// bucket owner and is neither the owner nor an admin: every
+	// AccessDenied it gets says only "Access Denied" (see
+	// authorizeBucket).
+	plainDenials bool
 }
 
 func requestID() string {
@@ -359,6 +364,9 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	// query parameters (a copy source) are its headers by then.
 	handler := g.route(req)
 	if err == nil && req.auth.anonymous {
+		// An anonymous requester learns nothing from a refusal (the
+		// namespace's name owners and modes).
+		req.plainDenials = true
 		err = anonymousAllowed(req.op)
 	}
 	if err == nil && req.bucket != "" && req.op != "CreateBucket" && req.op != "Unsupported" {
@@ -380,6 +388,9 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 		err = handler(req)
 	}
 	code := "OK"
+	if err != nil && req.plainDenials && err.Code == "AccessDenied" {
+		err = errAccessDenied("Access Denied")
+	}
 	if err != nil {
 		code = err.Code
 		writeError(w, r, err, req.id)

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -249,5 +250,69 @@ func TestStreamLaterHopNeedsDatanode(t *testing.T) {
 	}
 	if a.kind != kindError {
 		t.Fatalf("a client opened hop 1: ack kind %#x", a.kind)
+	}
+}
+
+// TestRevokedOpenerStreamClosed: a stream opened before its opener's
+// certificate was revoked is closed once the datanode learns of the
+// revocation (Security.Watch → pki.Credentials.Watch), not when it ends
+// or idles out. Fails on the old code: the revocation was checked only
+// at the handshake, so the stream stayed open (here for its 30 s
+// timeout).
+func TestRevokedOpenerStreamClosed(t *testing.T) {
+	c := newSecureCluster(t, 0)
+	st, err := storage.Open(storage.Options{Volumes: []string{t.TempDir()}, ContainerSize: 4 << 30, KeepUncommitted: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := c.issue(t, pki.RoleDatanode, "dn-1")
+	sec := c.security(server)
+	sec.Watch = server.Watch
+	srv := NewServer(ServerConfig{ID: 1, Backend: storeBackend{st: st}, Timeout: 30 * time.Second, IdleTimeout: time.Minute, Security: sec})
+	go srv.Serve(lis)
+	defer srv.Close()
+
+	client := c.issue(t, pki.RoleClient, "alice")
+	conn, err := tls.Dial("tcp", lis.Addr().String(), client.ClientTLS(pki.RoleDatanode))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hb, err := encodeHeader(nil, &Header{Pipeline: 1, Block: BlockID{Container: 1, Local: 1}, PacketSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write(hb); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	var ack [ackLen]byte
+	if _, err := io.ReadFull(conn, ack[:]); err != nil {
+		t.Fatalf("no header ack: %v", err)
+	}
+	server.SetRevoked([]string{pki.SerialString(client.Leaf().SerialNumber)})
+	revoked := time.Now()
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = conn.Read(ack[:])
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("the revoked opener's stream is still open 10 s after the revocation")
+	}
+	if err == nil {
+		t.Fatalf("read after the revocation: want the connection closed")
+	}
+	t.Logf("stream of the revoked opener closed %v after the revocation (%v)", time.Since(revoked), err)
+	if n := server.Watched(); n != 0 {
+		deadline := time.Now().Add(5 * time.Second)
+		for server.Watched() != 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n = server.Watched(); n != 0 {
+			t.Fatalf("%d connections still watched after the stream ended", n)
+		}
 	}
 }

@@ -83,6 +83,11 @@ type Security struct {
 	// the certificate the target presented. Both are required.
 	Target func(t Target) error
 	Verify func(t Target, cs *tls.ConnectionState) error
+	// Watch (optional) is told of every accepted, authenticated
+	// connection (its raw TCP connection) and may close it later, e.g.
+	// when the opener's certificate is revoked (pki.Credentials.Watch);
+	// stop is called when the connection ends.
+	Watch func(raw net.Conn, cs *tls.ConnectionState) (stop func())
 }
 
 // Stats are a server's counters since it started.
@@ -103,7 +108,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	lis     []net.Listener
-	conns   map[net.Conn]struct{}
+	conns   map[net.Conn]func() // open connections → Security.Watch's stop (or nil)
 	closing atomic.Bool
 	wg      sync.WaitGroup
 
@@ -136,7 +141,7 @@ func NewServer(cfg ServerConfig) *Server {
 	if cfg.MaxHandshakes <= 0 {
 		cfg.MaxHandshakes = 64
 	}
-	return &Server{cfg: cfg, log: cfg.Logger, conns: map[net.Conn]struct{}{}, handshakes: make(chan struct{}, cfg.MaxHandshakes)}
+	return &Server{cfg: cfg, log: cfg.Logger, conns: map[net.Conn]func(){}, handshakes: make(chan struct{}, cfg.MaxHandshakes)}
 }
 
 // Stats returns the counters.
@@ -178,7 +183,7 @@ func (s *Server) Serve(l net.Listener) error {
 			c.Close()
 			return nil
 		}
-		s.conns[c] = struct{}{}
+		s.conns[c] = nil
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go s.handle(c)
@@ -252,8 +257,12 @@ func (s *Server) handle(up net.Conn) {
 	defer s.wg.Done()
 	defer func() {
 		s.mu.Lock()
+		stop := s.conns[up]
 		delete(s.conns, up)
 		s.mu.Unlock()
+		if stop != nil {
+			stop()
+		}
 		up.Close()
 	}()
 	var st *stream
@@ -352,6 +361,12 @@ func (s *Server) open(raw net.Conn) (*Header, net.Conn, error) {
 		}
 		st := tc.ConnectionState()
 		cs, up = &st, tc
+		if sec.Watch != nil {
+			stop := sec.Watch(raw, cs)
+			s.mu.Lock()
+			s.conns[raw] = stop // handle's deferred clean-up calls it
+			s.mu.Unlock()
+		}
 	}
 	raw.SetWriteDeadline(time.Time{})
 	h, err := readHeader(up)

@@ -156,10 +156,10 @@ func UserTokenOwner(tok string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	// version u8 | flags u8 | user length u8 | renewer length u8 | 5 × 8 | user | renewer
+	// version u8 (2) | flags u8 | user length u8 | renewer length u8 | 5 × 8 | user | renewer | access key binding
 	const fixed = 4 + 5*8
 	id := t.Identifier
-	if len(id) < fixed || id[0] != 1 || len(id) != fixed+int(id[2])+int(id[3]) || id[2] == 0 {
+	if len(id) < fixed || id[0] != 2 || len(id) < fixed+int(id[2])+int(id[3]) || id[2] == 0 {
 		return "", fmt.Errorf("%w: not a Basalt user token", ErrBadToken)
 	}
 	u := id[fixed : fixed+int(id[2])]

@@ -517,8 +517,13 @@ type UserTokenIssueOp struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	NonceId          []byte                 `protobuf:"bytes,1,opt,name=nonce_id,json=nonceId,proto3" json:"nonce_id,omitempty"` // SHA-256 of access key and nonce; empty for certificate callers
 	NonceUntilUnixMs int64                  `protobuf:"varint,2,opt,name=nonce_until_unix_ms,json=nonceUntilUnixMs,proto3" json:"nonce_until_unix_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// access_key_id is the key the nonce is counted against: each key may
+	// hold only so many nonces (utMaxNoncesPerKey), so that one key holder
+	// cannot exhaust token issuance for everyone (row "n/<id>" stores it
+	// after the 8-byte until).
+	AccessKeyId   string `protobuf:"bytes,600,opt,name=access_key_id,json=accessKeyId,proto3" json:"access_key_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UserTokenIssueOp) Reset() {
@@ -563,6 +568,13 @@ func (x *UserTokenIssueOp) GetNonceUntilUnixMs() int64 {
 		return x.NonceUntilUnixMs
 	}
 	return 0
+}
+
+func (x *UserTokenIssueOp) GetAccessKeyId() string {
+	if x != nil {
+		return x.AccessKeyId
+	}
+	return ""
 }
 
 // UserTokenRenewOp records a renewed expiry (row "r/<seq>") until the
@@ -823,10 +835,11 @@ const file_meta_usertoken_proto_rawDesc = "" +
 	"\x05renew\x18\x03 \x01(\v2 .basalt.meta.v1.UserTokenRenewOpH\x00R\x05renew\x12;\n" +
 	"\x06cancel\x18\x04 \x01(\v2!.basalt.meta.v1.UserTokenCancelOpH\x00R\x06cancel\x125\n" +
 	"\x04keys\x18\x05 \x01(\v2\x1f.basalt.meta.v1.UserTokenKeysOpH\x00R\x04keysB\x04\n" +
-	"\x02op\"\\\n" +
+	"\x02op\"\x81\x01\n" +
 	"\x10UserTokenIssueOp\x12\x19\n" +
 	"\bnonce_id\x18\x01 \x01(\fR\anonceId\x12-\n" +
-	"\x13nonce_until_unix_ms\x18\x02 \x01(\x03R\x10nonceUntilUnixMs\"t\n" +
+	"\x13nonce_until_unix_ms\x18\x02 \x01(\x03R\x10nonceUntilUnixMs\x12#\n" +
+	"\raccess_key_id\x18\xd8\x04 \x01(\tR\vaccessKeyId\"t\n" +
 	"\x10UserTokenRenewOp\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12$\n" +
 	"\x0eexpiry_unix_ms\x18\x02 \x01(\x03R\fexpiryUnixMs\x12\x1e\n" +

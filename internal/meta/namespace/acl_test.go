@@ -516,3 +516,29 @@ func TestBlockPublicAclsAtComplete(t *testing.T) {
 	wantCode(t, complete(anonR), codes.PermissionDenied, "BlockPublicAcls")
 	must(t, complete(user("bob", rR)))
 }
+
+// TestIgnorePublicAclsCoversVolumeAcl: a public entry of the volume's ACL
+// (world:delete) does not let others delete a bucket whose Block Public
+// Access ignores public ACLs; a named user's entry still does. Fails on
+// the old code: the volume's ACL was checked without IgnorePublicAcls.
+func TestIgnorePublicAclsCoversVolumeAcl(t *testing.T) {
+	e := authzEnv(t)
+	alice, bob := e.as("alice"), e.as("bob")
+	for _, name := range []string{"guarded", "open"} {
+		if _, err := e.s.CreateBucket(alice, &metapb.CreateBucketRequest{Volume: "vol", Name: name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.s.SetPublicAccessBlock(alice, &metapb.PublicAccessBlockConfig{Volume: "vol", Bucket: "guarded",
+		Config: &metapb.PublicAccessBlock{IgnorePublicAcls: true}}); err != nil {
+		t.Fatal(err)
+	}
+	must(t, e.setAcl(t, alice, ref("", ""), metapb.AclOp_ACL_ADD, &metapb.Acl{Type: metapb.AclType_ACL_WORLD, Rights: rD}))
+	_, err := e.s.DeleteBucket(bob, &metapb.DeleteBucketRequest{Volume: "vol", Name: "guarded"})
+	wantCode(t, err, codes.PermissionDenied, "")
+	_, err = e.s.DeleteBucket(bob, &metapb.DeleteBucketRequest{Volume: "vol", Name: "open"})
+	must(t, err) // no Block Public Access there: the public entry grants
+	must(t, e.setAcl(t, alice, ref("", ""), metapb.AclOp_ACL_ADD, user("bob", rD)))
+	_, err = e.s.DeleteBucket(bob, &metapb.DeleteBucketRequest{Volume: "vol", Name: "guarded"})
+	must(t, err) // a named grant is not public
+}

@@ -307,7 +307,8 @@ func (a *Authorizer) DeleteBucket(volume, bucket string) error {
 		if a.isOwner(BucketOwner(b)) {
 			return nil
 		}
-		if v, err := a.st.GetVolume(volume); err == nil && (a.isOwner(volumeOwner(v)) || a.aclGrants(v.Acls, rightDelete, false)) {
+		if v, err := a.st.GetVolume(volume); err == nil && (a.isOwner(volumeOwner(v)) ||
+			a.aclGrants(v.Acls, rightDelete, b.GetPublicAccessBlock().GetIgnorePublicAcls())) { // inherited public entries are ignored too
 			return nil
 		}
 		return a.deny("delete bucket %q (its owner is %q)", bucket, BucketOwner(b))

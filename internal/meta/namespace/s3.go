@@ -443,6 +443,7 @@ func (t *tx) createS3Secret(req *metapb.CreateS3SecretRequest) any {
 	s := &metapb.S3Secret{AccessKeyId: req.AccessKeyId, SecretAccessKey: req.SecretAccessKey, Owner: req.Owner, CreatedUnixMs: t.now,
 		Admin: req.Admin}
 	t.put(secretKey(req.AccessKeyId), s)
+	t.secretsChanged = true
 	return s
 }
 
@@ -451,10 +452,15 @@ func (t *tx) deleteS3Secret(req *metapb.DeleteS3SecretRequest) any {
 		return notFound("access key %q not found", req.AccessKeyId)
 	}
 	t.del(secretKey(req.AccessKeyId))
+	t.secretsChanged = true
 	return nil
 }
 
 // ---------------------------------------------------------------- reads
+
+// S3SecretsGen changes after every applied creation or deletion of an S3
+// key: what was read from GetS3Secret before it changed may be stale.
+func (s *State) S3SecretsGen() uint64 { return s.s3Gen.Load() }
 
 // GetS3Secret returns an access key's secret.
 func (s *State) GetS3Secret(id string) (*metapb.S3Secret, error) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
 	"google.golang.org/grpc/codes"
@@ -81,6 +82,9 @@ type State struct {
 	// counters, touched only by Apply (and load).
 	nextBucket, nextOpen, nextID uint64
 	buckets                      bucketCache
+	// s3Gen changes after every applied change of an S3 key (and a
+	// restore): caches of S3 keys (the user-token check) compare it.
+	s3Gen atomic.Uint64
 }
 
 // Open opens the namespace state in dir.
@@ -145,6 +149,7 @@ func (s *State) Snapshot() (uint64, io.ReadCloser, error) { return s.st.Snapshot
 func (s *State) Restore(index uint64, r io.Reader) error {
 	s.buckets.invalidate()
 	defer s.buckets.invalidate()
+	defer s.s3Gen.Add(1)
 	if err := s.st.Restore(index, r); err != nil {
 		return err
 	}
@@ -158,6 +163,9 @@ type tx struct {
 	s   *State
 	// bucketsChanged: a bucket row was written; the cache goes.
 	bucketsChanged bool
+	// secretsChanged: an S3 key was created or deleted (s3Gen moves
+	// after the commit).
+	secretsChanged bool
 }
 
 // Apply applies entries in one Pebble batch and returns one result each.
@@ -189,6 +197,9 @@ func (s *State) Apply(entries []store.Entry) []any {
 	if t.bucketsChanged {
 		s.buckets.invalidate()
 		defer s.buckets.invalidate()
+	}
+	if t.secretsChanged {
+		defer s.s3Gen.Add(1)
 	}
 	if err := s.st.Commit(t.b, entries[len(entries)-1].Index); err != nil {
 		panic(err)
