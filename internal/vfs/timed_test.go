@@ -65,3 +65,30 @@ func TestTimedFSReportsFlushesPerRoot(t *testing.T) {
 		}
 	}
 }
+
+func TestLatencyFSSetSlowdown(t *testing.T) {
+	dir := t.TempDir()
+	l := NewLatencyFS(Default, map[string]DiskProfile{dir: {SyncLatency: 5 * time.Millisecond}}, 1)
+	l.NoRealSync = true
+	f, err := l.Create(filepath.Join(dir, "f"), WriteCategory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	took := func() time.Duration {
+		t0 := time.Now()
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		return time.Since(t0)
+	}
+	took()
+	l.Disks()[0].SetSlowdown(10)
+	if d := took(); d < 50*time.Millisecond {
+		t.Fatalf("slowed ×10: sync took %v, want ≥ 50ms", d)
+	}
+	l.Disks()[0].SetSlowdown(1)
+	if d := l.Disks()[0].Stats().Max; d < 50*time.Millisecond {
+		t.Fatalf("max %v", d)
+	}
+}
