@@ -75,9 +75,9 @@ type Config struct {
 	// NoShortCircuit: no datanode opens its short-circuit socket.
 	NoShortCircuit bool
 	// SlowDisk: SCM closing pipelines on slow disks (default SCM's).
-	SlowDisk scm.SlowDiskConfig
-	Registerer     prometheus.Registerer
-	Logger         *slog.Logger
+	SlowDisk   scm.SlowDiskConfig
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
 	// DatanodeConfig, if set, adjusts datanode i's configuration before
 	// it starts (benchmarks: log directories and volumes on modelled
 	// disks, vfs.LatencyFS).
