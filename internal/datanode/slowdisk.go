@@ -295,3 +295,13 @@ func (d *Datanode) unwatchDisks() {
 		}
 	}
 }
+
+// ContainerVolume is the volume holding this datanode's replica of cid
+// ("" if none).
+func (d *Datanode) ContainerVolume(cid uint64) string {
+	r, err := d.store.Container(storage.ContainerID(cid))
+	if err != nil {
+		return ""
+	}
+	return r.Volume
+}
