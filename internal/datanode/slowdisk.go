@@ -44,6 +44,7 @@ type diskWatch struct {
 	volumes    []string
 	slowGauge  *prometheus.GaugeVec
 	medGauge   *prometheus.GaugeVec
+	flushHist  *prometheus.HistogramVec
 	collectors []prometheus.Collector
 	probeMu    sync.Mutex // one probe round at a time
 }
@@ -85,6 +86,11 @@ func (d *Datanode) watchDisks() {
 	w.fs = vfs.NewTimedFS(d.cfg.FS, append(append([]string(nil), w.logDirs...), w.volumes...), func(root string, lat time.Duration) {
 		if det := w.kind[root]; det != nil {
 			det.Observe(root, lat, time.Now())
+			k := "volume"
+			if det == w.logs {
+				k = "log"
+			}
+			w.flushHist.WithLabelValues(k).Observe(lat.Seconds())
 		}
 	})
 	d.cfg.FS = w.fs
@@ -92,8 +98,11 @@ func (d *Datanode) watchDisks() {
 		Help: "1 if the log directory or volume is marked slow (its median flush latency an outlier among its peers)."}, []string{"kind", "path"})
 	w.medGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "basalt_datanode_disk_flush_median_seconds",
 		Help: "Median flush latency of the log directory or volume over the detection window."}, []string{"kind", "path"})
+	w.flushHist = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "basalt_datanode_disk_flush_seconds",
+		Help:    "Flush (fsync) latency under the log directories and the volumes, queueing included.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"kind"})
 	if r := d.cfg.Registerer; r != nil {
-		for _, col := range []prometheus.Collector{w.slowGauge, w.medGauge} {
+		for _, col := range []prometheus.Collector{w.slowGauge, w.medGauge, w.flushHist} {
 			if r.Register(col) == nil {
 				w.collectors = append(w.collectors, col)
 			}
