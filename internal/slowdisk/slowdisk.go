@@ -73,7 +73,7 @@ func (c *Config) setDefaults() {
 type Status struct {
 	Disk    string
 	Samples int           // recent samples at the last evaluation
-	Median  time.Duration // of those (0 if too few)
+	Median  time.Duration // of those at the last evaluation with enough (0: none yet)
 	Peers   time.Duration // the median of all judged disks' medians
 	Limit   time.Duration // above it a disk counts as slow (0: not judged)
 	Slow    bool
@@ -189,7 +189,6 @@ func (d *Detector) evaluate(now time.Time, immediate bool) []Status {
 			}
 		}
 		k.st.Samples = len(lats)
-		k.st.Median = 0
 		if len(lats) >= d.cfg.MinSamples {
 			m := median(lats)
 			medians[n] = m
@@ -199,10 +198,7 @@ func (d *Detector) evaluate(now time.Time, immediate bool) []Status {
 	}
 	var changed []Status
 	if len(all) < d.cfg.MinDisks {
-		for _, n := range d.order {
-			d.disks[n].st.Limit, d.disks[n].st.Peers = 0, 0
-		}
-		return nil
+		return nil // too few to compare: every state and figure holds
 	}
 	peers := median(append([]time.Duration(nil), all...))
 	dev := make([]time.Duration, len(all))
