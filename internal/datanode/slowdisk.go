@@ -110,7 +110,7 @@ func (d *Datanode) watchDisks() {
 	}
 	d.disks = w
 	if c.ProbeAtStart > 0 {
-		w.probe(c.ProbeAtStart, c.StartBound, time.Time{})
+		w.probe(c.ProbeAtStart, c.StartBound, time.Time{}, d.stopc)
 		w.evaluate(d, true)
 	}
 }
@@ -118,7 +118,7 @@ func (d *Datanode) watchDisks() {
 // probe writes and flushes a small file n times on every disk whose last
 // sample is older than idle (zero time: every disk), all disks in
 // parallel. A disk not done within bound is observed with the time so far.
-func (w *diskWatch) probe(n int, bound time.Duration, idle time.Time) {
+func (w *diskWatch) probe(n int, bound time.Duration, idle time.Time, stop <-chan struct{}) {
 	w.probeMu.Lock()
 	defer w.probeMu.Unlock()
 	type job struct {
@@ -165,6 +165,8 @@ func (w *diskWatch) probe(n int, bound time.Duration, idle time.Time) {
 	for left := len(jobs); left > 0; left-- {
 		select {
 		case <-done:
+		case <-stop:
+			return // closing: the probes finish on their own
 		case <-timeout:
 			// The stragglers count with what they took so far (and still
 			// finish, observed, in the background).
@@ -225,7 +227,7 @@ func (d *Datanode) diskLoop() {
 			return
 		case <-t.C:
 		}
-		w.probe(1, w.cfg.Interval, time.Now().Add(-w.cfg.Interval))
+		w.probe(1, w.cfg.Interval, time.Now().Add(-w.cfg.Interval), d.stopc)
 		w.evaluate(d, false)
 	}
 }
