@@ -66,13 +66,15 @@ Examples:
 					FailedVolumes int                `json:"failed_volumes"`
 					Pipelines     uint32             `json:"pipelines"`
 					Cache         *metapb.CacheStats `json:"cache,omitempty"`
+					SlowDisks     []slowDiskJSON     `json:"slow_disks,omitempty"`
 				}
 				out := []row{}
 				for _, d := range ds {
 					capa, used, failed := volumeTotals(d.Volumes)
 					x := d.GetDetails()
 					rw := row{ID: x.Id, UUID: x.Uuid, Hostname: x.Hostname, DataAddr: x.DataAddr, RaftAddr: x.RaftAddr, Location: x.Location,
-						State: stateName(d.State.String()), OpState: opRow(d), Capacity: capa, Used: used, Volumes: len(d.Volumes), FailedVolumes: failed, Pipelines: d.Pipelines, Cache: d.Cache}
+						State: stateName(d.State.String()), OpState: opRow(d), Capacity: capa, Used: used, Volumes: len(d.Volumes), FailedVolumes: failed, Pipelines: d.Pipelines, Cache: d.Cache,
+						SlowDisks: slowDisksJSON(d.SlowDisks)}
 					if d.LastHeartbeatUnixMs > 0 {
 						rw.LastHeartbeat = time.UnixMilli(d.LastHeartbeatUnixMs).UTC().Format(time.RFC3339Nano)
 					}
@@ -98,7 +100,10 @@ Examples:
 				x := d.GetDetails()
 				t.row(x.Id, stateName(d.State.String()), opStateName(d.OpState), x.Hostname, x.DataAddr, x.Location, fmtBytes(capa), fmtBytes(used), pct, vols, d.Pipelines, hb, drainText(d), cacheText(d.Cache))
 			}
-			return t.flush()
+			if err := t.flush(); err != nil {
+				return err
+			}
+			return printSlowDisks(cmd.OutOrStdout(), ds)
 		}),
 	})
 

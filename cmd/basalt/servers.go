@@ -168,6 +168,7 @@ node gets the same --peers list (empty for a single node).`,
 	cmd.Flags().Uint64Var(&scmCfg.MaxCopyBytesPerTarget, "replication-bytes-per-datanode", 0, "bytes of the container copies in flight into one datanode (0: twice the container size; one copy always goes)")
 	cmd.Flags().Uint64Var(&scmCfg.CopyBandwidthPerTarget, "replication-bandwidth-per-datanode", 0, "bytes per second one datanode takes in container copies, shared by its copies in flight (0: no cap)")
 	cmd.Flags().DurationVar(&scmCfg.CopyTimeout, "replication-copy-timeout", 10*time.Minute, "a container copy not done by then is given up and scheduled on another datanode")
+	cmd.Flags().DurationVar(&scmCfg.SlowDisk.CloseInterval, "slow-disk-close-interval", 2*time.Minute, "close (and so replace) at most one pipeline per this interval whose Raft log or open container is on a datanode's slow disk (negative: never)")
 	tf.register(cmd, false, false)
 	caf.register(cmd)
 	return cmd
@@ -244,6 +245,7 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 	f.StringVar(&volumes, "volumes", "", "data volumes, comma-separated (default DATA_DIR/data); zoned:<zonefs mount> is a zoned device (SMR or ZNS) through zonefs, its metadata under DATA_DIR/zoned")
 	f.StringArrayVar(&volumeList, "volume", nil, "a data volume (repeatable; as in --volumes), e.g. --volume zoned:/mnt/zonefs0")
 	f.StringVar(&logDirs, "raft-log-dirs", "", "Raft log directories, comma-separated (default DATA_DIR/raft)")
+	f.BoolVar(&cfg.SlowDisk.Disabled, "no-slow-disk-detection", false, "do not time flushes per log directory and volume, mark slow disks, avoid them for new Raft groups and containers, or report them to SCM")
 	f.StringVar(&cfg.Location, "location", "/default-rack", "network location, e.g. /dc1/rack2")
 	f.StringVar(&metas, "meta", "127.0.0.1:9862", "metadata service gRPC address(es), comma-separated")
 	f.StringVar(&cfg.ListenAddr, "listen", "127.0.0.1:0", "client gRPC listen address")

@@ -74,8 +74,10 @@ type Config struct {
 	CacheRescanInterval time.Duration
 	// NoShortCircuit: no datanode opens its short-circuit socket.
 	NoShortCircuit bool
-	Registerer     prometheus.Registerer
-	Logger         *slog.Logger
+	// SlowDisk: SCM closing pipelines on slow disks (default SCM's).
+	SlowDisk   scm.SlowDiskConfig
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
 	// DatanodeConfig, if set, adjusts datanode i's configuration before
 	// it starts (benchmarks: log directories and volumes on modelled
 	// disks, vfs.LatencyFS).
@@ -153,6 +155,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			SafeModeMinDatanodes: minDN, LoopInterval: min(time.Second, cfg.HeartbeatInterval),
 			SecretKeys:          cfg.SecretKeys,
 			CacheRescanInterval: cfg.CacheRescanInterval,
+			SlowDisk:            cfg.SlowDisk,
 		},
 		Namespace:  namespace.Config{},
 		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"role": "meta"}, cfg.Registerer),

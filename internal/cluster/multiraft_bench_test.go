@@ -21,6 +21,7 @@ import (
 	"github.com/basalt-store/basalt/internal/datanode"
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/scm"
 	"github.com/basalt-store/basalt/internal/vfs"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -79,33 +80,49 @@ func TestBenchMultiRaft(t *testing.T) {
 			limits = append(limits, n)
 		}
 	}
+	// MR_AVOID: slow-disk avoidance off (0, the code before it) and/or on
+	// (1), alternating within each run (default 1).
+	avoids := []bool{true}
+	if v := os.Getenv("MR_AVOID"); v != "" {
+		avoids = nil
+		for _, f := range strings.Split(v, ",") {
+			avoids = append(avoids, f == "1")
+		}
+	}
+	p.closeEvery = envDur("MR_CLOSE_EVERY", 10*time.Second)
 	var results []mrResult
 	for run := range runs {
 		for _, limit := range limits {
-			r := runMultiRaft(t, p, limit, seed+uint64(run))
-			r.run = run + 1
-			results = append(results, r)
-			t.Logf("run %d, %d pipeline(s)/datanode: %s", run+1, limit, r.row())
-			for _, l := range r.disks {
-				t.Logf("    %s", l)
+			for _, avoid := range avoids {
+				r := runMultiRaft(t, p, limit, avoid, seed+uint64(run))
+				r.run = run + 1
+				results = append(results, r)
+				t.Logf("run %d, %s: %s", run+1, r.config(), r.row())
+				for _, l := range r.disks {
+					t.Logf("    %s", l)
+				}
 			}
 		}
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n| config | run | pipelines | writes | p50 | p90 | p99 | max | < 200 ms | < 200 ms, off slow log dirs | writes via a slow log dir |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %d/datanode | %d | %s |\n", r.limit, r.run, r.row())
+		fmt.Fprintf(&b, "| %s | %d | %s |\n", r.config(), r.run, r.row())
 	}
 	if runs > 1 {
 		for _, limit := range limits {
-			var share []float64
-			for _, r := range results {
-				if r.limit == limit {
-					share = append(share, r.under)
+			for _, avoid := range avoids {
+				var share []float64
+				var cfg string
+				for _, r := range results {
+					if r.limit == limit && r.avoid == avoid {
+						share = append(share, r.under)
+						cfg = r.config()
+					}
 				}
+				sort.Float64s(share)
+				fmt.Fprintf(&b, "| %s | median of %d | | | | | | | %.1f%% | | |\n", cfg, runs, 100*share[len(share)/2])
 			}
-			sort.Float64s(share)
-			fmt.Fprintf(&b, "| %d/datanode | median of %d | | | | | | | %.1f%% | | |\n", limit, runs, 100*share[len(share)/2])
 		}
 	}
 	t.Log(b.String())
@@ -119,6 +136,7 @@ type mrParams struct {
 	hdd                    vfs.DiskProfile
 	slowFactor             int
 	stallEvery, stallFor   time.Duration
+	closeEvery             time.Duration // SCM's SlowDisk.CloseInterval with avoidance
 }
 
 type mrWrite struct {
@@ -129,11 +147,19 @@ type mrWrite struct {
 
 type mrResult struct {
 	limit, run, pipelines int
+	avoid                 bool
 	writes                []mrWrite
 	lats                  []time.Duration
 	under, underOff       float64
 	viaSlow               float64
 	disks                 []string
+}
+
+func (r mrResult) config() string {
+	if r.avoid {
+		return fmt.Sprintf("%d/datanode, avoid slow disks", r.limit)
+	}
+	return fmt.Sprintf("%d/datanode", r.limit)
 }
 
 func (r mrResult) row() string {
@@ -169,7 +195,7 @@ func envDur(name string, def time.Duration) time.Duration {
 	return def
 }
 
-func runMultiRaft(t *testing.T, p mrParams, limit int, seed uint64) mrResult {
+func runMultiRaft(t *testing.T, p mrParams, limit int, avoid bool, seed uint64) mrResult {
 	// Removed after each config, not at the end of the test: the log
 	// stores' preallocated WALs alone take GBs per cluster.
 	dir, err := os.MkdirTemp("", "basalt-multiraft-")
@@ -203,6 +229,10 @@ func runMultiRaft(t *testing.T, p mrParams, limit int, seed uint64) mrResult {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	scmSlow := scm.SlowDiskConfig{CloseInterval: -1}
+	if avoid {
+		scmSlow = scm.SlowDiskConfig{CloseInterval: p.closeEvery}
+	}
 	reg := prometheus.NewRegistry()
 	dnRegs := make([]*prometheus.Registry, p.datanodes)
 	for i := range dnRegs {
@@ -215,8 +245,10 @@ func runMultiRaft(t *testing.T, p mrParams, limit int, seed uint64) mrResult {
 		// A slower tick than the default keeps elections quiet on a
 		// loaded machine; it does not enter a write's latency.
 		HeartbeatInterval: time.Second, TickInterval: 200 * time.Millisecond,
+		SlowDisk: scmSlow,
 		DatanodeConfig: func(i int, dc *datanode.Config) {
 			dc.FS = fss[i]
+			dc.SlowDisk.Disabled = !avoid
 			// Its own registry: the datanodes' Raft metrics have other
 			// labels than meta's, which one registry refuses.
 			dc.Registerer = dnRegs[i]
@@ -307,7 +339,7 @@ func runMultiRaft(t *testing.T, p mrParams, limit int, seed uint64) mrResult {
 	}
 
 	pipeOf := containerPipelines(t, c)
-	res := mrResult{limit: limit, pipelines: len(pipes), writes: writes}
+	res := mrResult{limit: limit, avoid: avoid, pipelines: len(pipes), writes: writes}
 	var under, off, offUnder, via, unknown int
 	for _, w := range writes {
 		if slices.ContainsFunc(w.containers, func(id uint64) bool { return !slices.Contains(pipes, pipeOf[id]) }) {
@@ -388,10 +420,46 @@ func runMultiRaft(t *testing.T, p mrParams, limit int, seed uint64) mrResult {
 	}
 	slices.Sort(sl)
 	res.disks = append(res.disks, stages(t, append([]*prometheus.Registry{reg}, dnRegs...))...)
+	// What the datanodes marked slow (the modelled slow disk is right), and
+	// the pipelines SCM closed for a slow disk.
+	var marked []string
+	for i := range p.datanodes {
+		for _, s := range c.Datanode(i).SlowDisks() {
+			ok := "wrong disk"
+			if strings.HasPrefix(s.Path, slowRoot[i]+string(filepath.Separator)) {
+				ok = "the slow one"
+			}
+			rel, _ := filepath.Rel(dir, s.Path)
+			marked = append(marked, fmt.Sprintf("%s %s (%s, median %v, peers %v)", s.Kind, rel, ok,
+				time.Duration(s.MedianFlushUs)*time.Microsecond, time.Duration(s.PeersMedianUs)*time.Microsecond))
+		}
+	}
+	var closedSlow int
+	for _, pl := range listPipelines(t, c) {
+		if strings.Contains(pl.GetCloseReason(), "slow disk") {
+			closedSlow++
+		}
+	}
+	res.disks = append(res.disks, fmt.Sprintf("marked slow at the end: %v; pipelines closed for a slow disk: %d", marked, closedSlow))
 	load, _ := os.ReadFile("/proc/loadavg")
 	res.disks = append(res.disks, fmt.Sprintf("pipelines %v; with a log on a slow disk: %v; %d writes on pipelines created later; %d writes failed; process CPU %.2f cores; loadavg %s",
 		pipes, sl, unknown, errs, cpu.Seconds()/wall.Seconds(), strings.TrimSpace(string(load))))
 	return res
+}
+
+func listPipelines(t *testing.T, c *cluster.Cluster) []*metapb.Pipeline {
+	mc, err := metaclient.New(metaclient.Config{Addrs: []string{c.MetaAddr()}, DialOptions: []grpc.DialOption{c.MetaDialOption()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := mc.Scm.ListPipelines(ctx, &metapb.ListPipelinesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.GetPipelines()
 }
 
 // containerPipelines maps every container to its pipeline.
@@ -496,7 +564,8 @@ func stages(t *testing.T, regs []*prometheus.Registry) []string {
 	for _, mf := range mfs {
 		name := mf.GetName()
 		want := name == "basalt_raft_commit_latency_seconds" || name == "basalt_raft_batch_commit_seconds" ||
-			name == "basalt_raft_loop_iteration_seconds" || name == "basalt_meta_rpc_duration_seconds"
+			name == "basalt_raft_loop_iteration_seconds" || name == "basalt_meta_rpc_duration_seconds" ||
+			name == "basalt_datanode_disk_flush_seconds"
 		if !want || mf.GetType() != dto.MetricType_HISTOGRAM {
 			continue
 		}
@@ -509,6 +578,8 @@ func stages(t *testing.T, regs []*prometheus.Registry) []string {
 					key += " " + l.GetValue()
 				case "role":
 					role = l.GetValue()
+				case "kind":
+					key += " " + l.GetValue()
 				}
 			}
 			if strings.HasPrefix(key, "raft_") {

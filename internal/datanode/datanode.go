@@ -63,6 +63,8 @@ type Config struct {
 	TickInterval time.Duration
 	// Storage options; Volumes, KeepUncommitted are set by the datanode.
 	Storage storage.Options
+	// SlowDisk: slow-disk detection and avoidance (slowdisk.go).
+	SlowDisk SlowDiskConfig
 	// LogBallastBytes is raft.HostConfig.LogBallastBytes: the emergency
 	// ballast beside each Raft log directory (0: none).
 	LogBallastBytes int64
@@ -154,6 +156,8 @@ type Datanode struct {
 	wg         sync.WaitGroup
 	closeOnce  sync.Once
 
+	disks *diskWatch // slow-disk detection (slowdisk.go); nil: off
+
 	// scrub verifies stored blocks in the background (scrub.go).
 	scrub                        *scrubber
 	scrubMetrics                 []prometheus.Collector
@@ -232,8 +236,11 @@ func New(cfg Config) (*Datanode, error) {
 	if err := d.loadIdentity(); err != nil {
 		return nil, err
 	}
+	d.watchDisks() // slowdisk.go: may wrap d.cfg.FS
+	cfg.FS = d.cfg.FS
 	so := cfg.Storage
 	so.Volumes = cfg.Volumes
+	so.AvoidVolume = d.avoidVolume
 	if so.FS == nil {
 		so.FS = cfg.FS
 	}
@@ -359,6 +366,7 @@ func (d *Datanode) Start(ctx context.Context) error {
 		// Chunk data is in the block files, so a log entry is small, but
 		// keep more of the log for followers that fall behind briefly.
 		CompactEvery: 4096, CompactKeep: 1024,
+		AvoidLogDir: d.avoidLogDir,
 	})
 	if err != nil {
 		return err
@@ -394,6 +402,10 @@ func (d *Datanode) Start(ctx context.Context) error {
 		d.grpc.Serve(d.lis)
 	}()
 	go d.heartbeatLoop()
+	if d.disks != nil {
+		d.wg.Add(1)
+		go d.diskLoop()
+	}
 	return nil
 }
 
@@ -621,6 +633,7 @@ func (d *Datanode) heartbeat(full bool) error {
 			p.IsLeader = g.IsLeader()
 		}
 	}
+	d.reportSlowDisks(req)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	resp, err := d.meta.Scm.Heartbeat(ctx, req)
@@ -777,6 +790,7 @@ func (d *Datanode) Close() error {
 			err = d.host.Close()
 		}
 		d.wg.Wait()
+		d.unwatchDisks()
 		if d.cache != nil {
 			d.cache.close()
 			if d.cfg.Registerer != nil {

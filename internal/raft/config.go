@@ -65,6 +65,11 @@ type HostConfig struct {
 	Registerer prometheus.Registerer
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
+	// AvoidLogDir, if set, names log directories (as given in LogDirs) that
+	// get no new group while another one does not (a slow disk,
+	// internal/slowdisk). Groups already on them stay. Called under the
+	// host's lock: it must be cheap and must not call back into the host.
+	AvoidLogDir func(dir string) bool
 }
 
 // DefaultLogReserve is HostConfig.LogReserveBytes's default.

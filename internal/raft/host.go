@@ -267,10 +267,19 @@ func (h *Host) AddGroup(cfg GroupConfig) (*Group, error) {
 	if !existed {
 		// Least-loaded log directory (seed 001: spreading logs over disks
 		// is what removes the multi-second tail).
-		loop = h.loops[0]
-		for _, l := range h.loops[1:] {
-			if l.store.numGroups() < loop.store.numGroups() {
-				loop = l
+		// Directories on a slow disk only if every one is.
+		loop = nil
+		for _, avoid := range []bool{true, false} {
+			for _, l := range h.loops {
+				if avoid && h.cfg.AvoidLogDir != nil && h.cfg.AvoidLogDir(l.store.dir) {
+					continue
+				}
+				if loop == nil || l.store.numGroups() < loop.store.numGroups() {
+					loop = l
+				}
+			}
+			if loop != nil {
+				break
 			}
 		}
 	}

@@ -138,6 +138,10 @@ type Options struct {
 	// MaxOpenBlocks bounds the blocks with uncommitted writes (each holds
 	// file descriptors and per-chunk state); default 1024.
 	MaxOpenBlocks int
+	// AvoidVolume, if set, names volumes (as given in Volumes) that get no
+	// new container while another volume has room (a slow disk,
+	// internal/slowdisk). Must be cheap.
+	AvoidVolume func(path string) bool
 	// Logf reports volume failures and recovery actions; default discard.
 	Logf func(format string, args ...any)
 	// DeferredMax: a checksummed chunk of at most this many bytes that is
@@ -577,6 +581,7 @@ func (s *Store) metaSync() *pebble.WriteOptions {
 func (s *Store) pickVolume(need int64) (*volume, error) {
 	var best *volume
 	var bestFree int64
+	var bestAvoided bool
 	var reasons []string
 	for _, v := range s.volumes {
 		if v.failed.Load() {
@@ -594,14 +599,18 @@ func (s *Store) pickVolume(need int64) (*volume, error) {
 			reasons = append(reasons, fmt.Sprintf("%s: %d bytes free beyond reserve, need %d", v.path, free, need))
 			continue
 		}
-		if best == nil || free > bestFree {
-			best, bestFree = v, free
+		if best == nil || bestAvoided && !s.avoided(v) || free > bestFree && bestAvoided == s.avoided(v) {
+			best, bestFree, bestAvoided = v, free, s.avoided(v)
 		}
 	}
 	if best == nil {
 		return nil, fmt.Errorf("%v", reasons)
 	}
 	return best, nil
+}
+
+func (s *Store) avoided(v *volume) bool {
+	return s.opts.AvoidVolume != nil && s.opts.AvoidVolume(v.path)
 }
 
 // getOpen returns the open state of a block, creating it from the

@@ -86,7 +86,12 @@ type Disk struct {
 	maxNs     sa.Int64 // longest sync, queueing included
 	lastFlush sa.Int64 // the latest flush's duration
 	stalled   sa.Int64 // syncs that hit a stall
+	slowdown  sa.Int64 // SetSlowdown's factor (0, 1: none)
 }
+
+// SetSlowdown multiplies the disk's flush time by factor from now on (a
+// disk that degrades while in use; factor ≤ 1: back to its profile).
+func (d *Disk) SetSlowdown(factor int) { d.slowdown.Store(int64(factor)) }
 
 // DiskStats is what a Disk did.
 type DiskStats struct {
@@ -162,6 +167,9 @@ func (d *Disk) serviceTime(now time.Time) (time.Duration, bool) {
 		t += time.Duration(float64(n) / float64(p.WriteBytesPerSec) * float64(time.Second))
 	} else {
 		d.dirty.Store(0)
+	}
+	if f := d.slowdown.Load(); f > 1 {
+		t *= time.Duration(f)
 	}
 	stalled := false
 	if p.StallEvery > 0 && p.StallFor > 0 {

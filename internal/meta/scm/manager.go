@@ -70,6 +70,9 @@ type Config struct {
 	// directives again (default DefaultCacheRescanInterval; cache_monitor.go).
 	CacheRescanInterval time.Duration
 
+	// SlowDisk: closing pipelines on datanodes' slow disks (slowdisk.go).
+	SlowDisk SlowDiskConfig
+
 	// Registerer receives the replication manager's gauges (nil: none).
 	Registerer prometheus.Registerer
 
@@ -192,6 +195,7 @@ type Manager struct {
 	reporters map[string]*bucket
 
 	cacheMon cacheMonitor // cache directives' plan and reports (cache_monitor.go)
+	slow     slowSoft     // pipelines closed for slow disks (slowdisk.go)
 
 	idMu   sync.Mutex // serializes ID range refills
 	idNext uint64
@@ -220,6 +224,10 @@ type nodeSoft struct {
 	sent map[string]time.Time
 	// delCursor: the last delete tx looked at for this datanode.
 	delCursor uint64
+	// slowDisks: its slow disks, and per pipeline the slow disk it uses
+	// there, from the last heartbeat (slowdisk.go).
+	slowDisks []*metapb.SlowDisk
+	slowPipes map[uint64]string
 }
 
 // maxSent bounds nodeSoft.sent: with the pruning above it holds what was
@@ -387,6 +395,7 @@ func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 			}
 		}
 	}
+	m.slowDisksLocked(n, req)
 	m.deleteAcks(req, n)
 	m.copyFailuresLocked(req, now)
 	m.cacheReportLocked(req)
@@ -617,6 +626,7 @@ func (m *Manager) ListDatanodes() (*metapb.ListDatanodesResponse, error) {
 		if n := m.nodes[d.Id]; n != nil {
 			ds.State = n.state
 			ds.Volumes = n.volumes
+			ds.SlowDisks = n.slowDisks
 			if n.heard {
 				ds.LastHeartbeatUnixMs = n.lastSeen.UnixMilli()
 			}
@@ -775,6 +785,11 @@ func (m *Manager) Tick(ctx context.Context) error {
 			return err
 		}
 		m.log.Info("scm: pipelines closed", "pipelines", toClose, "reason", why)
+	}
+	// 1b. At most one pipeline per SlowDisk.CloseInterval whose log or
+	// open container is on a member's slow disk (slowdisk.go).
+	if err := m.closeSlowDiskPipeline(ctx, now); err != nil {
+		return err
 	}
 	// 2. Close full containers; mark closed the ones every live replica
 	// reported closed.
