@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"sync"
@@ -213,6 +214,15 @@ func TestBenchLookups(t *testing.T) {
 	// META_BENCH_BATCH keys; ops count keys, latency is per call).
 	mode := cmp.Or(os.Getenv("META_BENCH_LOOKUP"), "lookup")
 	b0 := s.nsGroup.ReadBarriers()
+	if p := os.Getenv("META_BENCH_PROFILE"); p != "" { // the measured phase only
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	cpu0 := cpuSelf()
 	r := runChild(t, c.addrs(), mode)
 	report(t, mode+" (1 node, 64 callers)", r, cpuSelf()-cpu0)
