@@ -28,7 +28,7 @@ import (
 
 const (
 	// DefaultLookupsInFlight is the default of Config.LookupsInFlight.
-	DefaultLookupsInFlight = 4
+	DefaultLookupsInFlight = 2
 	// maxLookupBatch is the server's bound (namespace.MaxLookupBatch).
 	maxLookupBatch = 1024
 )
