@@ -119,9 +119,10 @@ func keyInfoOf(k *metapb.KeyInfo) KeyInfo {
 
 func keyPath(volume, bucket, key string) string { return "/" + volume + "/" + bucket + "/" + key }
 
-// lookup is the one metadata call of a read.
+// lookup is the one metadata call of a read. Concurrent lookups share
+// LookupKeys calls (metaclient.Client.Lookup).
 func (c *Client) lookup(ctx context.Context, volume, bucket, key string) (*metapb.KeyInfo, error) {
-	k, err := c.ns.LookupKey(ctx, &metapb.LookupKeyRequest{Volume: volume, Bucket: bucket, Key: key, ClientLocation: c.cfg.Location})
+	k, err := c.meta.Lookup(ctx, &metapb.LookupKeyRequest{Volume: volume, Bucket: bucket, Key: key, ClientLocation: c.cfg.Location})
 	if err != nil {
 		return nil, wrapErr(fmt.Sprintf("lookup key %s", keyPath(volume, bucket, key)), err)
 	}
@@ -140,9 +141,10 @@ func (c *Client) StatKey(ctx context.Context, volume, bucket, key string) (KeyIn
 
 // HeadKey returns a key's metadata without its blocks' replicas: what an
 // S3 HEAD needs, and cheaper than StatKey (no replica lookup or sorting,
-// a smaller response). Like every read it is linearizable.
+// a smaller response). Like every read it is linearizable. Concurrent
+// calls share LookupKeys calls (metaclient.Client.Lookup).
 func (c *Client) HeadKey(ctx context.Context, volume, bucket, key string) (KeyInfo, error) {
-	k, err := c.ns.LookupKey(ctx, &metapb.LookupKeyRequest{Volume: volume, Bucket: bucket, Key: key, NoLocations: true})
+	k, err := c.meta.Lookup(ctx, &metapb.LookupKeyRequest{Volume: volume, Bucket: bucket, Key: key, NoLocations: true})
 	if err != nil {
 		return KeyInfo{}, wrapErr(fmt.Sprintf("head key %s", keyPath(volume, bucket, key)), err)
 	}

@@ -1,12 +1,14 @@
 package meta
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"sync"
@@ -57,6 +59,7 @@ func benchClient() {
 	conc := envInt("META_BENCH_CONC", 64)
 	keys := envInt("META_BENCH_KEYS", 1000000)
 	dur := time.Duration(envInt("META_BENCH_SECS", 10)) * time.Second
+	batch := envInt("META_BENCH_BATCH", 16)
 	creds, err := pki.Load(os.Getenv("META_BENCH_TLS"))
 	if err != nil {
 		panic(err)
@@ -82,9 +85,27 @@ func benchClient() {
 			for i := 0; time.Now().Before(deadline); i++ {
 				t0 := time.Now()
 				var err error
-				if mode == "lookup" {
+				n := 1
+				switch mode {
+				case "lookup": // one LookupKey call per lookup
 					_, err = cl.Namespace.LookupKey(ctx, &metapb.LookupKeyRequest{Volume: "vol", Bucket: "bkt", Key: benchKey(rng.IntN(keys)), ClientLocation: "/dc1/rack0"})
-				} else {
+				case "coalesced": // metaclient.Lookup: concurrent callers share LookupKeys calls
+					_, err = cl.Lookup(ctx, &metapb.LookupKeyRequest{Volume: "vol", Bucket: "bkt", Key: benchKey(rng.IntN(keys)), ClientLocation: "/dc1/rack0"})
+				case "batch": // each caller sends LookupKeys of META_BENCH_BATCH keys
+					req := &metapb.LookupKeysRequest{}
+					for range batch {
+						req.Requests = append(req.Requests, &metapb.LookupKeyRequest{Volume: "vol", Bucket: "bkt", Key: benchKey(rng.IntN(keys)), ClientLocation: "/dc1/rack0"})
+					}
+					var r *metapb.LookupKeysResponse
+					if r, err = cl.Namespace.LookupKeys(ctx, req); err == nil {
+						for _, x := range r.Results {
+							if x.Code != 0 {
+								err = fmt.Errorf("LookupKeys: %s", x.Message)
+							}
+						}
+					}
+					n = batch
+				default:
 					var o *metapb.OpenKeyResponse
 					o, err = cl.Namespace.OpenKey(ctx, &metapb.OpenKeyRequest{Volume: "vol", Bucket: "bkt", Key: fmt.Sprintf("new/%d/%d", w, i)})
 					if err == nil {
@@ -98,7 +119,7 @@ func benchClient() {
 					continue
 				}
 				mine = append(mine, time.Since(t0))
-				ops.Add(1)
+				ops.Add(int64(n))
 			}
 			mu.Lock()
 			lat = append(lat, mine...)
@@ -188,9 +209,24 @@ func TestBenchLookups(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "leader", func() bool { return s.nsGroup.IsLeader() })
+	// META_BENCH_LOOKUP: lookup (LookupKey per lookup, the default),
+	// coalesced (metaclient.Lookup) or batch (LookupKeys of
+	// META_BENCH_BATCH keys; ops count keys, latency is per call).
+	mode := cmp.Or(os.Getenv("META_BENCH_LOOKUP"), "lookup")
+	b0 := s.nsGroup.ReadBarriers()
+	if p := os.Getenv("META_BENCH_PROFILE"); p != "" { // the measured phase only
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	cpu0 := cpuSelf()
-	r := runChild(t, c.addrs(), "lookup")
-	report(t, "lookup (1 node, 64 callers)", r, cpuSelf()-cpu0)
+	r := runChild(t, c.addrs(), mode)
+	report(t, mode+" (1 node, 64 callers)", r, cpuSelf()-cpu0)
+	t.Logf("read barriers: %d (%.1f lookups each)", s.nsGroup.ReadBarriers()-b0, float64(r.Ops)/float64(max(s.nsGroup.ReadBarriers()-b0, 1)))
 }
 
 func TestBenchCreates(t *testing.T) {

@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -86,6 +87,11 @@ type Config struct {
 	// StoreSyncInterval: how often the state machines' Pebble WAL is
 	// synced (default 200ms; see package store).
 	StoreSyncInterval time.Duration
+	// NamespaceCacheBytes is the namespace store's Pebble block cache
+	// (default 256 MiB): every lookup reads a key row, and a row whose
+	// block is not cached costs a pread and a decompression of the data
+	// block (and often of index blocks), several times the lookup itself.
+	NamespaceCacheBytes int64
 	// ProposeTimeout bounds a proposal or read barrier when the caller
 	// gave no deadline (default 10s).
 	ProposeTimeout time.Duration
@@ -272,7 +278,9 @@ func New(cfg Config) (*Server, error) {
 	if s.scmState, err = scm.Open(filepath.Join(cfg.DataDir, "scm"), sopts); err != nil {
 		return nil, err
 	}
-	if s.nsState, err = namespace.Open(filepath.Join(cfg.DataDir, "namespace"), sopts); err != nil {
+	nsOpts := sopts
+	nsOpts.CacheBytes = cmp.Or(cfg.NamespaceCacheBytes, 256<<20)
+	if s.nsState, err = namespace.Open(filepath.Join(cfg.DataDir, "namespace"), nsOpts); err != nil {
 		return nil, err
 	}
 	if err := s.openCA(sopts); err != nil {

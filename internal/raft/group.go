@@ -85,6 +85,7 @@ type Group struct {
 	inflight      int
 	inflightWait  chan struct{} // closed and replaced when inflight drops
 	reads         map[uint64]*readReq
+	rb            readBatcher // ReadIndex calls sharing barriers
 	appliedWaiter []appliedWait
 	// Leader only: applied index each replica reported.
 	followerApplied map[uint64]uint64
@@ -593,7 +594,96 @@ func (g *Group) recordProposalIndexes(ents []*pb.Entry) {
 // ReadIndex returns once this replica has applied everything that was
 // committed when it was called, as confirmed by the leader: reads of the
 // state machine after it are linearizable.
+//
+// Concurrent calls share barriers: a call joins the next barrier to be
+// sent (never one already in flight, which may have been confirmed before
+// the call arrived), and one barrier is in flight at a time, so N reads
+// arriving together cost one ReadIndex (one heartbeat round on a
+// multi-node group) instead of N. ReadBarriers counts the barriers sent.
 func (g *Group) ReadIndex(ctx context.Context) error {
+	if g.host.cfg.Manual {
+		// Deterministic tests drive the host by hand: no runner goroutine.
+		idx, err := g.readIndexOnce(ctx)
+		if err != nil {
+			return err
+		}
+		return g.WaitApplied(ctx, idx)
+	}
+	g.rb.mu.Lock()
+	b := g.rb.next
+	if b == nil {
+		b = &readBatch{done: make(chan struct{})}
+		g.rb.next = b
+	}
+	if !g.rb.running {
+		g.rb.running = true
+		go g.runReadBatches()
+	}
+	g.rb.mu.Unlock()
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		return fmt.Errorf("raft: group %d: read index: %w", g.id, ctx.Err())
+	case <-g.stopc:
+		return ErrStopped
+	}
+	if b.err != nil {
+		return b.err
+	}
+	return g.WaitApplied(ctx, b.index)
+}
+
+// readBatch is one shared read barrier and the calls waiting for it.
+type readBatch struct {
+	done  chan struct{} // closed once index or err is set
+	index uint64
+	err   error
+}
+
+// readBatcher queues the calls of ReadIndex for the next barrier.
+type readBatcher struct {
+	mu      sync.Mutex
+	next    *readBatch // calls waiting for a barrier not yet sent
+	running bool       // runReadBatches is sending barriers
+	sent    atomic.Uint64
+}
+
+// ReadBarriers returns the number of read barriers this replica has sent
+// (ReadIndex calls share them).
+func (g *Group) ReadBarriers() uint64 { return g.rb.sent.Load() }
+
+// runReadBatches sends the queued batch's barrier, one at a time, until
+// no call waits. A barrier that gets no answer (leadership lost; raft
+// drops the request) gives up after two election timeouts, so the calls
+// behind it go on to the next one.
+func (g *Group) runReadBatches() {
+	timeout := 2 * time.Duration(g.host.cfg.ElectionTicks) * g.host.cfg.TickInterval
+	switch {
+	case g.host.cfg.TickInterval <= 0:
+		timeout = 30 * time.Second // ticks driven by the test
+	case timeout < time.Second:
+		timeout = time.Second
+	}
+	for {
+		g.rb.mu.Lock()
+		b := g.rb.next
+		if b == nil {
+			g.rb.running = false
+			g.rb.mu.Unlock()
+			return
+		}
+		g.rb.next = nil
+		g.rb.mu.Unlock()
+		g.rb.sent.Add(1)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		b.index, b.err = g.readIndexOnce(ctx)
+		cancel()
+		close(b.done)
+	}
+}
+
+// readIndexOnce sends one barrier and returns the index it confirmed.
+func (g *Group) readIndexOnce(ctx context.Context) (uint64, error) {
 	var rctx [8]byte
 	key := g.host.seq.Add(1)
 	binary.BigEndian.PutUint64(rctx[:], key)
@@ -609,12 +699,12 @@ func (g *Group) ReadIndex(ctx context.Context) error {
 	g.mu.Lock()
 	if g.isStopped() {
 		g.mu.Unlock()
-		return ErrStopped
+		return 0, ErrStopped
 	}
 	st := g.rn.BasicStatus()
 	if st.Lead == 0 {
 		g.mu.Unlock()
-		return &NotLeaderError{Group: g.id}
+		return 0, &NotLeaderError{Group: g.id}
 	}
 	g.rn.ReadIndex(rctx[:])
 	g.mu.Unlock()
@@ -622,11 +712,11 @@ func (g *Group) ReadIndex(ctx context.Context) error {
 	select {
 	case <-r.done:
 	case <-ctx.Done():
-		return fmt.Errorf("raft: group %d: read index: %w", g.id, ctx.Err())
+		return 0, fmt.Errorf("raft: group %d: read index: %w", g.id, ctx.Err())
 	case <-g.stopc:
-		return ErrStopped
+		return 0, ErrStopped
 	}
-	return g.WaitApplied(ctx, r.index)
+	return r.index, nil
 }
 
 // WaitApplied returns once this replica has applied index.

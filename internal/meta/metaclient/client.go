@@ -77,6 +77,10 @@ type Config struct {
 	// callers without a client certificate, over TLS that checks the meta
 	// nodes' certificates (DialOptions).
 	AccessKey, SecretKey string
+	// LookupsInFlight bounds the LookupKeys batches Lookup keeps in flight
+	// per requester (default DefaultLookupsInFlight); calls beyond them
+	// queue and leave together in the next batch (lookup.go).
+	LookupsInFlight int
 }
 
 // AuthorizationHeader is the gRPC metadata key of the service token.
@@ -107,6 +111,8 @@ type Client struct {
 	suspect map[string]time.Time // address → avoided until
 
 	tokens *tokenSource // nil without Config.AccessKey
+
+	lookups coalescer // Lookup (lookup.go)
 
 	Namespace metapb.NamespaceClient
 	Scm       metapb.ScmClient
@@ -153,6 +159,10 @@ func New(cfg Config) (*Client, error) {
 			c.conns[a] = append(c.conns[a], cc)
 		}
 	}
+	if cfg.LookupsInFlight <= 0 {
+		cfg.LookupsInFlight = DefaultLookupsInFlight
+	}
+	c.lookups.c, c.lookups.maxInflight = c, cfg.LookupsInFlight
 	c.Namespace = metapb.NewNamespaceClient(&router{c: c})
 	c.Scm = metapb.NewScmClient(&router{c: c})
 	c.Ca = metapb.NewCaClient(&router{c: c})
@@ -412,6 +422,7 @@ var retrySafe = map[string]bool{
 	metapb.Namespace_OpenKey_FullMethodName:              true,
 	metapb.Namespace_AllocateBlock_FullMethodName:        true,
 	metapb.Namespace_LookupKey_FullMethodName:            true,
+	metapb.Namespace_LookupKeys_FullMethodName:           true,
 	metapb.Namespace_ListKeys_FullMethodName:             true,
 	metapb.Namespace_GetFileStatus_FullMethodName:        true,
 	metapb.Namespace_ListStatus_FullMethodName:           true,

@@ -985,6 +985,7 @@ const (
 	Namespace_GetBucketPolicyStatus_FullMethodName   = "/basalt.meta.v1.Namespace/GetBucketPolicyStatus"
 	Namespace_GetPublicAccessBlock_FullMethodName    = "/basalt.meta.v1.Namespace/GetPublicAccessBlock"
 	Namespace_SetPublicAccessBlock_FullMethodName    = "/basalt.meta.v1.Namespace/SetPublicAccessBlock"
+	Namespace_LookupKeys_FullMethodName              = "/basalt.meta.v1.Namespace/LookupKeys"
 )
 
 // NamespaceClient is the client API for Namespace service.
@@ -1052,6 +1053,10 @@ type NamespaceClient interface {
 	// S3 Block Public Access for one bucket; Set with config unset deletes it.
 	GetPublicAccessBlock(ctx context.Context, in *BucketRef, opts ...grpc.CallOption) (*PublicAccessBlockConfig, error)
 	SetPublicAccessBlock(ctx context.Context, in *PublicAccessBlockConfig, opts ...grpc.CallOption) (*PublicAccessBlockConfig, error)
+	// LookupKeys is LookupKey for many keys in one call (up to 1024): one
+	// read barrier for all of them, each key authorized and answered on
+	// its own (a refused or missing key fails only its own result).
+	LookupKeys(ctx context.Context, in *LookupKeysRequest, opts ...grpc.CallOption) (*LookupKeysResponse, error)
 }
 
 type namespaceClient struct {
@@ -1422,6 +1427,16 @@ func (c *namespaceClient) SetPublicAccessBlock(ctx context.Context, in *PublicAc
 	return out, nil
 }
 
+func (c *namespaceClient) LookupKeys(ctx context.Context, in *LookupKeysRequest, opts ...grpc.CallOption) (*LookupKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LookupKeysResponse)
+	err := c.cc.Invoke(ctx, Namespace_LookupKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NamespaceServer is the server API for Namespace service.
 // All implementations must embed UnimplementedNamespaceServer
 // for forward compatibility.
@@ -1487,6 +1502,10 @@ type NamespaceServer interface {
 	// S3 Block Public Access for one bucket; Set with config unset deletes it.
 	GetPublicAccessBlock(context.Context, *BucketRef) (*PublicAccessBlockConfig, error)
 	SetPublicAccessBlock(context.Context, *PublicAccessBlockConfig) (*PublicAccessBlockConfig, error)
+	// LookupKeys is LookupKey for many keys in one call (up to 1024): one
+	// read barrier for all of them, each key authorized and answered on
+	// its own (a refused or missing key fails only its own result).
+	LookupKeys(context.Context, *LookupKeysRequest) (*LookupKeysResponse, error)
 	mustEmbedUnimplementedNamespaceServer()
 }
 
@@ -1604,6 +1623,9 @@ func (UnimplementedNamespaceServer) GetPublicAccessBlock(context.Context, *Bucke
 }
 func (UnimplementedNamespaceServer) SetPublicAccessBlock(context.Context, *PublicAccessBlockConfig) (*PublicAccessBlockConfig, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method SetPublicAccessBlock not implemented")
+}
+func (UnimplementedNamespaceServer) LookupKeys(context.Context, *LookupKeysRequest) (*LookupKeysResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method LookupKeys not implemented")
 }
 func (UnimplementedNamespaceServer) mustEmbedUnimplementedNamespaceServer() {}
 func (UnimplementedNamespaceServer) testEmbeddedByValue()                   {}
@@ -2274,6 +2296,24 @@ func _Namespace_SetPublicAccessBlock_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Namespace_LookupKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LookupKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).LookupKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_LookupKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).LookupKeys(ctx, req.(*LookupKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Namespace_ServiceDesc is the grpc.ServiceDesc for Namespace service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -2424,6 +2464,10 @@ var Namespace_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetPublicAccessBlock",
 			Handler:    _Namespace_SetPublicAccessBlock_Handler,
+		},
+		{
+			MethodName: "LookupKeys",
+			Handler:    _Namespace_LookupKeys_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -356,11 +356,50 @@ func (s *Service) CommitKey(ctx context.Context, req *metapb.CommitKeyRequest) (
 // LookupKey returns the key with each block's offset and its replicas,
 // nearest to client_location first: everything a reader needs.
 func (s *Service) LookupKey(ctx context.Context, req *metapb.LookupKeyRequest) (*metapb.KeyInfo, error) {
-	err := s.raft.ReadBarrier(ctx)
-	if err != nil {
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
+	return s.lookupKey(ctx, s.authz(ctx), req)
+}
+
+// MaxLookupBatch bounds the keys of one LookupKeys call.
+const MaxLookupBatch = 1024
+
+// LookupKeys answers many lookups after one read barrier: the barrier
+// starts after the call arrived, so every answer is as linearizable as
+// LookupKey's. Each key is authorized on its own; a key's refusal or
+// absence is its own result, not the call's.
+func (s *Service) LookupKeys(ctx context.Context, req *metapb.LookupKeysRequest) (*metapb.LookupKeysResponse, error) {
+	if n := len(req.Requests); n > MaxLookupBatch {
+		return nil, invalid("LookupKeys of %d keys: at most %d per call", n, MaxLookupBatch)
+	}
+	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
 	az := s.authz(ctx)
+	resp := &metapb.LookupKeysResponse{Results: make([]*metapb.LookupKeyResult, len(req.Requests))}
+	res := make([]metapb.LookupKeyResult, len(req.Requests)) // one allocation for all results
+	for i, r := range req.Requests {
+		out := &res[i]
+		resp.Results[i] = out
+		if r == nil {
+			out.Code, out.Message = uint32(codes.InvalidArgument), "empty lookup request"
+			continue
+		}
+		ki, err := s.lookupKey(ctx, az, r)
+		if err != nil {
+			st, _ := status.FromError(err)
+			out.Code, out.Message = uint32(st.Code()), st.Message()
+			continue
+		}
+		out.Key = ki
+	}
+	return resp, nil
+}
+
+// lookupKey is LookupKey after the read barrier.
+func (s *Service) lookupKey(ctx context.Context, az *Authorizer, req *metapb.LookupKeyRequest) (*metapb.KeyInfo, error) {
+	var err error
 	if req.NoLocations {
 		err = az.Stat(req.Volume, req.Bucket, req.Key)
 	} else {

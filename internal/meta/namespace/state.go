@@ -885,7 +885,9 @@ func (s *State) BulkLoadObjectKeys(bucketID uint64, keys []*metapb.KeyInfo) erro
 			return err
 		}
 	}
-	return s.st.Commit(b, s.st.AppliedIndex())
+	// Not Store.Commit: the rows take no log index (the applied index
+	// must not move, nor may a batch commit at the one already applied).
+	return b.Commit(pebble.Sync)
 }
 
 // setServiceToken records the cluster service token unless one is

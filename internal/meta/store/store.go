@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 
 	"github.com/basalt-store/basalt/internal/vfs"
 )
@@ -193,12 +194,18 @@ func (s *Store) CheckSpace(n int) error {
 func (s *Store) openDB(path string) (*pebble.DB, error) {
 	cache := pebble.NewCache(s.opts.CacheBytes)
 	defer cache.Unref()
-	db, err := pebble.Open(path, &pebble.Options{
+	o := &pebble.Options{
 		FS:           s.fs,
 		Cache:        cache,
 		MemTableSize: 32 << 20,
 		Logger:       quietLogger{},
-	})
+	}
+	// Bloom filters on every level (the others inherit L0's): a point
+	// read (every lookup) skips the tables that lack its key instead of
+	// searching each one's index. Tables written before lack them and
+	// are read as before.
+	o.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
+	db, err := pebble.Open(path, o)
 	if err != nil {
 		return nil, fmt.Errorf("store: open pebble at %s: %w", path, err)
 	}
