@@ -201,7 +201,9 @@ func (s *Store) CloseContainer(cid ContainerID) error {
 			}
 			s.dropOpen(c, lid, ob)
 			var err error
-			if ob.exists {
+			if ob.committed.Inline {
+				// no file (inline.go)
+			} else if ob.exists {
 				err = c.vol.files.Truncate(cid, lid, ob.committed.Length)
 			} else {
 				err = c.vol.files.Remove(cid, lid)
@@ -263,6 +265,9 @@ func (s *Store) DeleteBlocks(cid ContainerID, lids []LocalID) error {
 		cnt.Used -= bd.Length
 		cnt.Blocks--
 		b.Delete(makeKey(cid, kindBlock, uint64(lid)), nil)
+		if bd.Inline {
+			b.Delete(makeInlineKey(cid, lid), nil)
+		}
 		lo, hi := deferredRange(cid, lid)
 		b.DeleteRange(lo, hi, nil)
 	}

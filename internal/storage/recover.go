@@ -51,6 +51,9 @@ func (s *Store) recoverVolume(v *volume) error {
 		return c
 	}
 	var defKeys, defVals [][]byte
+	// Inline blocks (inline.go): records that say inline, and inline keys.
+	inlineRecs := map[ContainerID]map[LocalID]bool{}
+	inlineKeys := map[ContainerID]map[LocalID]bool{}
 	for ok := it.First(); ok; ok = it.Next() {
 		val, err := it.ValueAndErr()
 		if err != nil {
@@ -92,10 +95,23 @@ func (s *Store) recoverVolume(v *volume) error {
 			if err == nil && bd.LocalID != LocalID(id) {
 				err = fmt.Errorf("block record under key %d names block %d", id, bd.LocalID)
 			}
+			if err == nil && bd.Inline {
+				// No file to reconcile.
+				if inlineRecs[cid] == nil {
+					inlineRecs[cid] = map[LocalID]bool{}
+				}
+				inlineRecs[cid][LocalID(id)] = true
+				break
+			}
 			if blocks[cid] == nil {
 				blocks[cid] = map[LocalID]int64{}
 			}
 			blocks[cid][LocalID(id)] = bd.Length
+		case kind == kindInline:
+			if inlineKeys[cid] == nil {
+				inlineKeys[cid] = map[LocalID]bool{}
+			}
+			inlineKeys[cid][LocalID(id)] = true
 		default:
 			err = fmt.Errorf("unknown metadata key %x", it.Key())
 		}
@@ -129,6 +145,9 @@ func (s *Store) recoverVolume(v *volume) error {
 			return fmt.Errorf("volume %s: container %d has keys but no record", v.path, cid)
 		}
 		if err := s.recoverContainer(c, blocks[cid], chunks[cid]); err != nil {
+			return err
+		}
+		if err := s.recoverInline(c, inlineRecs[cid], inlineKeys[cid]); err != nil {
 			return err
 		}
 		if other, dup := s.containers[cid]; dup {
@@ -258,4 +277,30 @@ func (s *Store) recoverContainer(c *container, committed map[LocalID]int64, recs
 		return c.vol.files.SyncContainer(c.id)
 	}
 	return nil
+}
+
+// recoverInline checks a container's inline blocks (inline.go): a record
+// without its data makes the container UNHEALTHY (the two are written in
+// one batch, so only damage does this); data without a record (left by
+// nothing this package does) is deleted.
+func (s *Store) recoverInline(c *container, recs, keys map[LocalID]bool) error {
+	for lid := range recs {
+		if !keys[lid] {
+			if err := s.markUnhealthyLocked(c, fmt.Sprintf("inline block %d: data missing", lid)); err != nil {
+				return err
+			}
+		}
+	}
+	b := c.vol.db.NewBatch()
+	defer b.Close()
+	for lid := range keys {
+		if !recs[lid] {
+			s.opts.Logf("storage: container %d: dropping inline data of block %d without a record", c.id, lid)
+			b.Delete(makeInlineKey(c.id, lid), nil)
+		}
+	}
+	if b.Empty() {
+		return nil
+	}
+	return b.Commit(pebble.Sync)
 }

@@ -74,6 +74,9 @@ type BlockData struct {
 	Length  int64
 	Chunks  []ChunkInfo // sorted, contiguous from offset 0, summing to Length
 	BCSID   uint64      // the Raft log index of the PutBlock that committed it
+	// Inline: the block's data is kept in the volume's metadata store
+	// beside its record, without a file (inline.go). Set by storage.
+	Inline bool
 }
 
 // Hard limits. A store never takes a chunk or block larger than these;
@@ -290,8 +293,13 @@ type span struct {
 	// chunk may reach disk before its data; see persist).
 	unverified bool
 	// data: a copy of the bytes of a chunk that may be a deferred write,
-	// kept until it is durable (deferred.go).
+	// kept until it is durable (deferred.go); for an inline span, until
+	// it is committed.
 	data []byte
+	// inline: the chunk of a small block written by WriteSmallChunk whose
+	// bytes are only in data (and, once durable, in its deferred key):
+	// no block file was created (inline.go).
+	inline bool
 }
 
 func (sp span) end() int64 { return sp.off + sp.n }
