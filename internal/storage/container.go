@@ -265,10 +265,8 @@ func (s *Store) DeleteBlocks(cid ContainerID, lids []LocalID) error {
 		cnt.Used -= bd.Length
 		cnt.Blocks--
 		b.Delete(makeKey(cid, kindBlock, uint64(lid)), nil)
-		if bd.Inline {
-			b.Delete(makeInlineKey(cid, lid), nil)
-		}
-		lo, hi := deferredRange(cid, lid)
+		lo, hi := deferredRange(cid, lid) // an inline block's data too
+
 		b.DeleteRange(lo, hi, nil)
 	}
 	cnt.check(cid)

@@ -10,38 +10,36 @@ import (
 // Inline blocks (BlueStore keeps small objects' data in its key-value
 // store the same way): a small block written by WriteSmallChunk — the one
 // chunk of a block that never grows, such as a PutSmallFile's — gets no
-// block file at all. Its bytes live in the volume's Pebble store:
+// block file at all. Its bytes live in the volume's Pebble store under
+// the chunk's deferred key (deferred.go), made permanent:
 //
 //   - until its Sync, only in memory (the span's data);
-//
-//   - from its Sync until its PutBlock, under its deferred key beside its
-//     chunk record (deferred.go), in the Sync's synced batch; the flusher
-//     is not told about it (there is no file to flush);
-//
-//   - from its PutBlock on, under its inline key
-//
-//     containerID (8) | kindInline (1) | localID (8)
-//
-//     written in the same batch as its block record (version 2, which
-//     says "inline"), the counters and the deletions of its chunk record
-//     and deferred key.
+//   - from its Sync on, under its deferred key beside its chunk record,
+//     in the Sync's synced batch; the flusher is not told about it (there
+//     is no file to flush);
+//   - at its PutBlock, the block record (version 2, which says "inline"),
+//     the counters and the deletion of its chunk record go in one batch;
+//     the deferred key stays (or is set in that batch, if no Sync came
+//     first) and from then on is the block's data.
 //
 // So a small block costs no file create, no fdatasync and no directory
-// sync on any replica: its bytes are made durable by the WAL flushes the
-// pipeline does anyway (Sync, SyncCommits).
+// sync on any replica, and its bytes are written to the WAL once: they are
+// made durable by the WAL flushes the pipeline does anyway (Sync,
+// SyncCommits).
 //
-// A crash between Sync and PutBlock leaves a deferred key, which Open
-// writes into a new block file as for any deferred write: the block is
-// then an ordinary uncommitted block, and the PutBlock the log applies
-// again commits it as a file block. Readers (ReadAt, VerifyBlock, Export,
-// ReadWritten) read inline data through blockReader; OpenBlockFile
+// A crash between Sync and PutBlock leaves a deferred key without an
+// inline record, which Open writes into a new block file as for any
+// deferred write: the block is then an ordinary uncommitted block, and the
+// PutBlock the log applies again commits it as a file block. Open leaves
+// the deferred keys of inline blocks alone, and marks a container whose
+// inline block lost its key UNHEALTHY. Readers (ReadAt, VerifyBlock,
+// Export, ReadWritten) read inline data through blockReader; OpenBlockFile
 // refuses an inline block (ErrNoBlockFile: short-circuit readers fall back
-// to gRPC); DeleteBlocks deletes the inline key with the record;
-// DeleteContainer's range takes it; Export streams it like any block and
-// Import stores it as a file. An inline block cannot be extended, and a
-// second chunk is refused for a block whose first chunk is inline.
-const kindInline = 0x04
-
+// to gRPC); DeleteBlocks deletes the block's deferred keys with its record
+// (as it always did); DeleteContainer's range takes them; Export streams
+// an inline block like any block and Import stores it as a file. An
+// inline block cannot be extended, and a second chunk is refused for a
+// block whose first chunk is inline.
 const blockRecVersionInline = 2
 
 // errInlineFinal refuses a write that would extend an inline block.
@@ -84,17 +82,13 @@ func inlineCommit(ob *openBlock, bd *BlockData) bool {
 	return sp.inline && sp.off == 0 && sp.n == bd.Length && sp.data != nil
 }
 
-func makeInlineKey(cid ContainerID, lid LocalID) []byte {
-	return makeKey(cid, kindInline, uint64(lid))
-}
-
 // blockReader opens committed block bd's data: its file, or its inline
 // bytes.
 func (s *Store) blockReader(c *container, bd *BlockData) (BlockReader, error) {
 	if !bd.Inline {
 		return c.vol.files.OpenReader(c.id, bd.LocalID)
 	}
-	val, closer, err := c.vol.db.Get(makeInlineKey(c.id, bd.LocalID))
+	val, closer, err := c.vol.db.Get(makeDeferredKey(c.id, bd.LocalID, 0))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, errInlineMissing
 	}

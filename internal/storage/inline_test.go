@@ -101,6 +101,9 @@ func TestInlineBlockLifecycle(t *testing.T) {
 	s.Close()
 
 	s = openOn(t, fs.Restart(), Options{})
+	if n := blockFiles(t, s, 1); n != 1 {
+		t.Fatalf("%d block files after a restart, want 1 (the inline block's data stays in its key)", n)
+	}
 	checkBlock(t, s, 1, 1, data)
 	checkBlock(t, s, 1, 2, blockBytes(1, 2, 4<<10))
 	if rep, _ := s.Container(1); rep.State == StateUnhealthy {
@@ -124,7 +127,7 @@ func TestInlineBlockLifecycle(t *testing.T) {
 	if err := s.DeleteBlocks(1, []LocalID{1}); err != nil {
 		t.Fatal(err)
 	}
-	if _, c, err := s.volumes[0].db.Get(makeInlineKey(1, 1)); err == nil {
+	if _, c, err := s.volumes[0].db.Get(makeDeferredKey(1, 1, 0)); err == nil {
 		c.Close()
 		t.Fatal("inline data left after DeleteBlocks")
 	}

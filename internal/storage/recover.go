@@ -60,7 +60,15 @@ func (s *Store) recoverVolume(v *volume) error {
 			it.Close()
 			return err
 		}
-		if _, _, _, okd := parseDeferredKey(it.Key()); okd {
+		if dcid, dlid, doff, okd := parseDeferredKey(it.Key()); okd {
+			// A container's block records sort before its deferred keys.
+			if doff == 0 && inlineRecs[dcid][dlid] {
+				if inlineKeys[dcid] == nil {
+					inlineKeys[dcid] = map[LocalID]bool{}
+				}
+				inlineKeys[dcid][dlid] = true // an inline block's data (inline.go)
+				continue
+			}
 			defKeys = append(defKeys, slices.Clone(it.Key()))
 			defVals = append(defVals, slices.Clone(val))
 			continue
@@ -107,11 +115,7 @@ func (s *Store) recoverVolume(v *volume) error {
 				blocks[cid] = map[LocalID]int64{}
 			}
 			blocks[cid][LocalID(id)] = bd.Length
-		case kind == kindInline:
-			if inlineKeys[cid] == nil {
-				inlineKeys[cid] = map[LocalID]bool{}
-			}
-			inlineKeys[cid][LocalID(id)] = true
+
 		default:
 			err = fmt.Errorf("unknown metadata key %x", it.Key())
 		}
@@ -281,8 +285,7 @@ func (s *Store) recoverContainer(c *container, committed map[LocalID]int64, recs
 
 // recoverInline checks a container's inline blocks (inline.go): a record
 // without its data makes the container UNHEALTHY (the two are written in
-// one batch, so only damage does this); data without a record (left by
-// nothing this package does) is deleted.
+// one batch, so only damage does this).
 func (s *Store) recoverInline(c *container, recs, keys map[LocalID]bool) error {
 	for lid := range recs {
 		if !keys[lid] {
@@ -291,16 +294,5 @@ func (s *Store) recoverInline(c *container, recs, keys map[LocalID]bool) error {
 			}
 		}
 	}
-	b := c.vol.db.NewBatch()
-	defer b.Close()
-	for lid := range keys {
-		if !recs[lid] {
-			s.opts.Logf("storage: container %d: dropping inline data of block %d without a record", c.id, lid)
-			b.Delete(makeInlineKey(c.id, lid), nil)
-		}
-	}
-	if b.Empty() {
-		return nil
-	}
-	return b.Commit(pebble.Sync)
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 	"golang.org/x/sys/unix"
 
 	"github.com/basalt-store/basalt/internal/vfs"
@@ -370,10 +371,16 @@ func (s *Store) openVolume(v *volume) error {
 		return err
 	}
 	v.files = files
-	db, err := pebble.Open(filepath.Join(root, "meta"), &pebble.Options{
+	po := &pebble.Options{
 		FS:     v.fs,
 		Logger: quietLogger{s.opts.Logf},
-	})
+	}
+	// Bloom filters: every new block's first write looks its record up
+	// (getOpen) and finds nothing; without filters each such miss reads
+	// an index block of every table whose key range covers it, and small
+	// blocks' deferred and inline data make many tables (inline.go).
+	po.Levels[0].FilterPolicy = bloom.FilterPolicy(10) // later levels inherit it
+	db, err := pebble.Open(filepath.Join(root, "meta"), po)
 	if err != nil {
 		return err
 	}

@@ -111,5 +111,13 @@ func (s *Store) dropRecords(c *container, lid LocalID, ob *openBlock) error {
 	if b.Empty() {
 		return nil
 	}
-	return b.Commit(s.metaSync())
+	if err := b.Commit(s.metaSync()); err != nil {
+		return err
+	}
+	for _, sp := range ob.written {
+		if sp.durable && sp.inline {
+			c.vol.defer_.dropGen(makeDeferredKey(c.id, lid, sp.off)) // never the flusher's
+		}
+	}
+	return nil
 }

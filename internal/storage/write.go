@@ -1056,11 +1056,11 @@ func (s *Store) putBlock(cid ContainerID, bd BlockData, deferred bool) error {
 	b.Set(makeKey(cid, kindContainer, idCounters), cnt.encode(), nil)
 	var inlineKey []byte
 	if inline {
-		sp := ob.written[0]
-		b.Set(makeInlineKey(cid, lid), sp.data, nil)
-		if sp.durable {
-			inlineKey = makeDeferredKey(cid, lid, 0)
-			b.Delete(inlineKey, nil)
+		// The data stays under its deferred key, for good: set by the
+		// Sync that made the chunk durable, or here (inline.go).
+		inlineKey = makeDeferredKey(cid, lid, 0)
+		if sp := ob.written[0]; !sp.durable {
+			b.Set(inlineKey, sp.data, nil)
 		}
 	}
 	// The committed chunks' records go in the same batch; a chunk that
