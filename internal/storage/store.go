@@ -348,6 +348,12 @@ func (quietLogger) Infof(string, ...any)        {}
 func (l quietLogger) Errorf(f string, a ...any) { l.logf("pebble: "+f, a...) }
 func (l quietLogger) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
 
+// The per-volume Pebble store's block cache and memtable size.
+const (
+	pebbleCacheSize    = 64 << 20
+	pebbleMemTableSize = 16 << 20
+)
+
 func (s *Store) openVolume(v *volume) error {
 	root := filepath.Join(v.path, "basalt")
 	if err := vfs.MkdirAllSync(v.fs, filepath.Join(root, "meta")); err != nil {
@@ -380,6 +386,13 @@ func (s *Store) openVolume(v *volume) error {
 	// an index block of every table whose key range covers it, and small
 	// blocks' deferred and inline data make many tables (inline.go).
 	po.Levels[0].FilterPolicy = bloom.FilterPolicy(10) // later levels inherit it
+	// Pebble's default 8 MiB block cache is evicted by small blocks'
+	// data (inline.go), and every lookup then read index and filter
+	// blocks from the file again; a larger memtable makes fewer tables.
+	cache := pebble.NewCache(pebbleCacheSize)
+	defer cache.Unref() // the DB holds its own reference
+	po.Cache = cache
+	po.MemTableSize = pebbleMemTableSize
 	db, err := pebble.Open(filepath.Join(root, "meta"), po)
 	if err != nil {
 		return err
