@@ -403,7 +403,13 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	// The entry is acknowledged once SyncData (called by the raft host
 	// after the WriteData calls of a batch) has made the chunk durable:
 	// one storage Sync per batch instead of one per chunk.
-	err = sm.store.WriteChunk(cid, lid, int64(c.GetOffset()), data, toChecksum(c.GetChecksum()), verify)
+	if _, small := cmd.GetCmd().(*datanodepb.ContainerCommand_PutSmallFile); small && c.GetOffset() == 0 {
+		// The block's only chunk: small enough, it is kept inline (no
+		// block file; storage/inline.go).
+		err = sm.store.WriteSmallChunk(cid, lid, data, toChecksum(c.GetChecksum()), verify)
+	} else {
+		err = sm.store.WriteChunk(cid, lid, int64(c.GetOffset()), data, toChecksum(c.GetChecksum()), verify)
+	}
 	if err == nil {
 		sm.unsynced = append(sm.unsynced, unsyncedChunk{index: index, cid: cid, lid: lid, off: int64(c.GetOffset()), n: int64(len(data))})
 	}

@@ -53,6 +53,9 @@ func (s *Store) OpenBlockFile(cid ContainerID, lid LocalID) (*os.File, BlockData
 	if err != nil {
 		return nil, BlockData{}, err
 	}
+	if bd.Inline {
+		return nil, BlockData{}, ErrNoBlockFile // no file: its data is in the metadata store (inline.go)
+	}
 	vf, err := p.fs.OpenFile(p.path(cid, lid), os.O_RDONLY, 0)
 	if err != nil {
 		return nil, BlockData{}, err

@@ -201,7 +201,9 @@ func (s *Store) CloseContainer(cid ContainerID) error {
 			}
 			s.dropOpen(c, lid, ob)
 			var err error
-			if ob.exists {
+			if ob.committed.Inline {
+				// no file (inline.go)
+			} else if ob.exists {
 				err = c.vol.files.Truncate(cid, lid, ob.committed.Length)
 			} else {
 				err = c.vol.files.Remove(cid, lid)
@@ -263,7 +265,8 @@ func (s *Store) DeleteBlocks(cid ContainerID, lids []LocalID) error {
 		cnt.Used -= bd.Length
 		cnt.Blocks--
 		b.Delete(makeKey(cid, kindBlock, uint64(lid)), nil)
-		lo, hi := deferredRange(cid, lid)
+		lo, hi := deferredRange(cid, lid) // an inline block's data too
+
 		b.DeleteRange(lo, hi, nil)
 	}
 	cnt.check(cid)

@@ -150,6 +150,14 @@ func (d *deferrer) setGen(k []byte) (gen uint64, undo func()) {
 	}
 }
 
+// dropGen forgets deferred key k's generation: the key was deleted by an
+// inline block's commit, and the flusher never had it (inline.go).
+func (d *deferrer) dropGen(k []byte) {
+	d.genMu.Lock()
+	delete(d.gens, string(k))
+	d.genMu.Unlock()
+}
+
 func (s *Store) startDeferrer(v *volume) {
 	d := &deferrer{kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	v.defer_ = d

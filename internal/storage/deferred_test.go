@@ -55,6 +55,12 @@ func TestDeferredCommitNeedsSyncCommits(t *testing.T) {
 // their SyncCommits returned; power losses at random moments while they
 // run must keep every block acknowledged before the loss, intact.
 func TestAcknowledgedSmallWritesSurviveCrash(t *testing.T) {
+	ackedSmallCrash(t, smallBlock)
+}
+
+// ackedSmallCrash is TestAcknowledgedSmallWritesSurviveCrash with write
+// as the way a small block is stored.
+func ackedSmallCrash(t *testing.T, write func(s *Store, cid ContainerID, lid LocalID) error) {
 	fs := newCrashFS()
 	s := openOn(t, fs, Options{})
 	defer s.Close()
@@ -75,7 +81,7 @@ func TestAcknowledgedSmallWritesSurviveCrash(t *testing.T) {
 			cid := ContainerID(1 + w%2)
 			for !stop.Load() {
 				lid := LocalID(next.Add(1))
-				if err := smallBlock(s, cid, lid); err != nil {
+				if err := write(s, cid, lid); err != nil {
 					errc <- err
 					return
 				}

@@ -62,7 +62,9 @@ func (s *Store) Export(cid ContainerID, w io.Writer) error {
 		}
 		for _, bd := range blocks {
 			n++
-			rec := encodeBlock(&bd)
+			file := bd
+			file.Inline = false // the stream carries the data; Import stores it in a file
+			rec := encodeBlock(&file)
 			if _, err := bw.Write(binary.BigEndian.AppendUint32(nil, uint32(len(rec)))); err != nil {
 				return bErr(op, ErrInvalidArgument, cid, bd.LocalID, "writing stream", err)
 			}

@@ -88,7 +88,7 @@ func (s *Store) readAtOpt(c *container, lid LocalID, p []byte, off int64, commit
 	if len(p) == 0 {
 		return 0, nil
 	}
-	r, err := c.vol.files.OpenReader(cid, lid)
+	r, err := s.blockReader(c, &bd)
 	if err != nil {
 		return 0, s.blockFileErr(op, c, lid, off, err, commitHeld)
 	}
@@ -225,14 +225,21 @@ func (s *Store) ReadWritten(cid ContainerID, lid LocalID, off, length int64, sum
 	if err != nil {
 		return nil, err
 	}
-	held, err := s.holds(c, lid, off, length)
+	held, inl, err := s.holdsInline(c, lid, off, length)
 	if err != nil {
 		return nil, s.ioErr(op, c, lid, off, err)
 	}
 	if !held {
 		return nil, oErr(op, ErrBlockNotFound, cid, lid, off, fmt.Sprintf("range [%d,%d) not written on this replica", off, off+length), nil)
 	}
-	r, err := c.vol.files.OpenReader(cid, lid)
+	var r BlockReader
+	if inl != nil {
+		r, err = inl, nil
+	} else if bd, gerr := s.getBlock(c, lid); gerr == nil && bd.Inline {
+		r, err = s.blockReader(c, &bd)
+	} else {
+		r, err = c.vol.files.OpenReader(cid, lid)
+	}
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, oErr(op, ErrBlockNotFound, cid, lid, off, "no data written", err)
@@ -279,6 +286,13 @@ func (s *Store) HasChunk(cid ContainerID, lid LocalID, off, length int64) (bool,
 // holds reports whether [off, off+n) of block lid is committed or covered
 // by written spans (recovered ones checked against their checksums first).
 func (s *Store) holds(c *container, lid LocalID, off, n int64) (bool, error) {
+	ok, _, err := s.holdsInline(c, lid, off, n)
+	return ok, err
+}
+
+// holdsInline is holds; inl, if not nil, reads the range from an
+// uncommitted inline span (which has no file).
+func (s *Store) holdsInline(c *container, lid LocalID, off, n int64) (held bool, inl BlockReader, err error) {
 	end := off + n
 	c.mu.Lock()
 	ob := c.open[lid]
@@ -288,15 +302,19 @@ func (s *Store) holds(c *container, lid LocalID, off, n int64) (bool, error) {
 		return err == nil && end <= bd.Length
 	}
 	if ob == nil {
-		return committed(), nil
+		return committed(), nil, nil
 	}
 	ob.mu.Lock()
 	defer ob.mu.Unlock()
 	if ob.dead {
-		return committed(), nil
+		return committed(), nil, nil
 	}
 	if err := s.verifyLocked(c, lid, ob, off, end); err != nil {
-		return false, err
+		return false, nil, err
+	}
+	if data, ok := writtenInline(ob, off, n); ok {
+		// A copy: the span's bytes go when it is committed.
+		return true, bytesReader(append(make([]byte, off), data...)), nil
 	}
 	pos := max(off, ob.committed.Length)
 	for _, sp := range ob.written {
@@ -307,11 +325,11 @@ func (s *Store) holds(c *container, lid LocalID, off, n int64) (bool, error) {
 			continue
 		}
 		if sp.off > pos {
-			return false, nil
+			return false, nil, nil
 		}
 		pos = sp.end()
 	}
-	return pos >= end, nil
+	return pos >= end, nil, nil
 }
 
 // readErr classifies a failed read of data that may not be committed:

@@ -156,7 +156,11 @@ func encodeBlock(bd *BlockData) []byte {
 		n += 4*binary.MaxVarintLen64 + 1 + len(c.Checksum.Sums)
 	}
 	b := make([]byte, 0, n)
-	b = append(b, blockRecVersion)
+	if bd.Inline {
+		b = append(b, blockRecVersionInline)
+	} else {
+		b = append(b, blockRecVersion)
+	}
 	b = binary.AppendUvarint(b, uint64(bd.LocalID))
 	b = binary.AppendUvarint(b, uint64(bd.Length))
 	b = binary.AppendUvarint(b, bd.BCSID)
@@ -235,9 +239,10 @@ var (
 
 func decodeBlock(b []byte) (BlockData, error) {
 	var bd BlockData
-	if len(b) == 0 || b[0] != blockRecVersion {
+	if len(b) == 0 || (b[0] != blockRecVersion && b[0] != blockRecVersionInline) {
 		return bd, fmt.Errorf("unknown block record version")
 	}
+	bd.Inline = b[0] == blockRecVersionInline
 	b = b[1:]
 	next := func() (uint64, error) {
 		v, n := binary.Uvarint(b)

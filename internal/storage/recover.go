@@ -51,13 +51,24 @@ func (s *Store) recoverVolume(v *volume) error {
 		return c
 	}
 	var defKeys, defVals [][]byte
+	// Inline blocks (inline.go): records that say inline, and inline keys.
+	inlineRecs := map[ContainerID]map[LocalID]bool{}
+	inlineKeys := map[ContainerID]map[LocalID]bool{}
 	for ok := it.First(); ok; ok = it.Next() {
 		val, err := it.ValueAndErr()
 		if err != nil {
 			it.Close()
 			return err
 		}
-		if _, _, _, okd := parseDeferredKey(it.Key()); okd {
+		if dcid, dlid, doff, okd := parseDeferredKey(it.Key()); okd {
+			// A container's block records sort before its deferred keys.
+			if doff == 0 && inlineRecs[dcid][dlid] {
+				if inlineKeys[dcid] == nil {
+					inlineKeys[dcid] = map[LocalID]bool{}
+				}
+				inlineKeys[dcid][dlid] = true // an inline block's data (inline.go)
+				continue
+			}
 			defKeys = append(defKeys, slices.Clone(it.Key()))
 			defVals = append(defVals, slices.Clone(val))
 			continue
@@ -92,10 +103,19 @@ func (s *Store) recoverVolume(v *volume) error {
 			if err == nil && bd.LocalID != LocalID(id) {
 				err = fmt.Errorf("block record under key %d names block %d", id, bd.LocalID)
 			}
+			if err == nil && bd.Inline {
+				// No file to reconcile.
+				if inlineRecs[cid] == nil {
+					inlineRecs[cid] = map[LocalID]bool{}
+				}
+				inlineRecs[cid][LocalID(id)] = true
+				break
+			}
 			if blocks[cid] == nil {
 				blocks[cid] = map[LocalID]int64{}
 			}
 			blocks[cid][LocalID(id)] = bd.Length
+
 		default:
 			err = fmt.Errorf("unknown metadata key %x", it.Key())
 		}
@@ -129,6 +149,9 @@ func (s *Store) recoverVolume(v *volume) error {
 			return fmt.Errorf("volume %s: container %d has keys but no record", v.path, cid)
 		}
 		if err := s.recoverContainer(c, blocks[cid], chunks[cid]); err != nil {
+			return err
+		}
+		if err := s.recoverInline(c, inlineRecs[cid], inlineKeys[cid]); err != nil {
 			return err
 		}
 		if other, dup := s.containers[cid]; dup {
@@ -256,6 +279,20 @@ func (s *Store) recoverContainer(c *container, committed map[LocalID]int64, recs
 		// were synced before their records were written, unless an older
 		// version wrote them: sync once more, it is one fsync per Open).
 		return c.vol.files.SyncContainer(c.id)
+	}
+	return nil
+}
+
+// recoverInline checks a container's inline blocks (inline.go): a record
+// without its data makes the container UNHEALTHY (the two are written in
+// one batch, so only damage does this).
+func (s *Store) recoverInline(c *container, recs, keys map[LocalID]bool) error {
+	for lid := range recs {
+		if !keys[lid] {
+			if err := s.markUnhealthyLocked(c, fmt.Sprintf("inline block %d: data missing", lid)); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

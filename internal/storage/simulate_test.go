@@ -19,7 +19,9 @@ var simSeed = flag.Uint64("storage.seed", 0, "run TestCrashSimulation for this o
 
 // TestCrashSimulation drives a store on crashFS with a seeded random mix of
 // chunk writes (each acknowledged by WriteChunkDurable, some failed by an
-// ENOSPC flush), commits, aborts, deletes and power losses (some in the
+// ENOSPC flush; on even seeds a third of the blocks are small one-chunk
+// blocks written by WriteSmallChunk, kept inline when committed so),
+// commits, aborts, deletes and power losses (some in the
 // middle of a Sync) that keep a random part of what was not synced,
 // and checks after every crash what the acknowledgements promised:
 //   - every acknowledged PutBlock reads back byte for byte, and nothing
@@ -45,21 +47,26 @@ func TestCrashSimulation(t *testing.T) {
 		total.commits += st.commits
 		total.refused += st.refused
 		total.failed += st.failed
+		total.inline += st.inline
 		if err != nil {
 			t.Fatalf("seed %d: %v (replay: go test ./internal/storage -run TestCrashSimulation -storage.seed=%d)", seed, err, seed)
 		}
 	}
-	t.Logf("%d seeds: %d power losses, %d commits, %d PutBlocks of unacknowledged chunks refused, %d writes failed by ENOSPC at sync", len(seeds), total.crashes, total.commits, total.refused, total.failed)
+	t.Logf("%d seeds: %d power losses, %d commits (%d of inline blocks), %d PutBlocks of unacknowledged chunks refused, %d writes failed by ENOSPC at sync", len(seeds), total.crashes, total.commits, total.inline, total.refused, total.failed)
 	if total.crashes == 0 || total.commits == 0 || total.refused == 0 || total.failed == 0 {
 		t.Fatal("the simulation exercised nothing")
 	}
+	if onBackend() == "posix" && len(seeds) > 1 && total.inline == 0 {
+		t.Fatal("no inline block was committed: the simulation did not exercise them")
+	}
 }
 
-type simStats struct{ crashes, commits, refused, failed int }
+type simStats struct{ crashes, commits, refused, failed, inline int }
 
 type simBlock struct {
-	committed int // chunks acknowledged by PutBlock
-	acked     int // chunks acknowledged by WriteChunkDurable (≥ committed)
+	small     bool // one chunk, written by WriteSmallChunk (inline.go)
+	committed int  // chunks acknowledged by PutBlock
+	acked     int  // chunks acknowledged by WriteChunkDurable (≥ committed)
 	chunks    []ChunkInfo
 	data      []byte
 	bcsid     uint64
@@ -110,8 +117,28 @@ func simulate(seed uint64, ops int) (st simStats, err error) {
 		lid := nextLID
 		nextLID++
 		data := blockBytes(1, lid, maxChunks*chunkSize)
-		blocks[lid] = &simBlock{data: data, chunks: chunked(data, chunkSize)}
+		b := &simBlock{data: data, chunks: chunked(data, chunkSize)}
+		if o.DeferredMax > 0 && r.IntN(3) == 0 {
+			// A small block: kept inline (no file) when it is written
+			// as one chunk by WriteSmallChunk and committed as such.
+			b.small, b.chunks = true, b.chunks[:1]
+		}
+		blocks[lid] = b
 		return lid
+	}
+	// write writes chunk ch of block lid, acknowledged (durable) or not.
+	write := func(lid LocalID, b *simBlock, ch ChunkInfo, durable bool) error {
+		data := b.data[ch.Offset : ch.Offset+ch.Length]
+		if !b.small {
+			if durable {
+				return s.WriteChunkDurable(1, lid, ch.Offset, data, ch.Checksum, true)
+			}
+			return s.WriteChunk(1, lid, ch.Offset, data, ch.Checksum, true)
+		}
+		if err := s.WriteSmallChunk(1, lid, data, ch.Checksum, true); err != nil || !durable {
+			return err
+		}
+		return s.awaitDurable(1, lid, ch.Offset, ch.Length)
 	}
 	pick := func() LocalID {
 		if len(blocks) < nBlocks || r.IntN(8) == 0 {
@@ -136,7 +163,7 @@ func simulate(seed uint64, ops int) (st simStats, err error) {
 		b := blocks[lid]
 		switch k := r.IntN(20); {
 		case k < 9: // write the next chunk
-			if b.acked == maxChunks {
+			if b.acked == len(b.chunks) {
 				continue
 			}
 			ch := b.chunks[b.acked]
@@ -144,7 +171,7 @@ func simulate(seed uint64, ops int) (st simStats, err error) {
 				p := fmt.Sprintf("/%d.block", lid)
 				failPath.Store(&p)
 			}
-			err := s.WriteChunkDurable(1, lid, ch.Offset, b.data[ch.Offset:ch.Offset+ch.Length], ch.Checksum, true)
+			err := write(lid, b, ch, true)
 			failPath.Store(nil)
 			if errors.Is(err, ErrDiskFull) {
 				st.failed++
@@ -155,11 +182,11 @@ func simulate(seed uint64, ops int) (st simStats, err error) {
 			}
 			b.acked++
 		case k < 11: // a write that is never acknowledged (no Sync)
-			if b.acked == maxChunks {
+			if b.acked == len(b.chunks) {
 				continue
 			}
 			ch := b.chunks[b.acked]
-			if err := s.WriteChunk(1, lid, ch.Offset, b.data[ch.Offset:ch.Offset+ch.Length], ch.Checksum, true); err != nil {
+			if err := write(lid, b, ch, false); err != nil {
 				return st, fmt.Errorf("op %d: unsynced write block %d: %w", op, lid, err)
 			}
 			// Not acknowledged: the model does not count it, but the
@@ -176,8 +203,11 @@ func simulate(seed uint64, ops int) (st simStats, err error) {
 			}
 			b.committed, b.bcsid = b.acked, bd.BCSID
 			st.commits++
+			if got, err := s.GetBlock(1, lid); err == nil && got.Inline {
+				st.inline++
+			}
 		case k < 16: // a PutBlock past the acknowledged chunks
-			if b.acked == maxChunks {
+			if b.acked == len(b.chunks) {
 				continue
 			}
 			index++
@@ -208,13 +238,13 @@ func simulate(seed uint64, ops int) (st simStats, err error) {
 			}
 			delete(blocks, lid)
 		default: // power loss
-			if b.acked < maxChunks && r.IntN(2) == 0 {
+			if b.acked < len(b.chunks) && r.IntN(2) == 0 {
 				// ... in the middle of a Sync: the chunk record is on
 				// disk, the block file's flush never happened, and the
 				// write was never acknowledged.
 				fs.skipSync = func(name string) bool { return isBlockData(name, ".block") }
 				ch := b.chunks[b.acked]
-				if err := s.WriteChunkDurable(1, lid, ch.Offset, b.data[ch.Offset:ch.Offset+ch.Length], ch.Checksum, true); err != nil {
+				if err := write(lid, b, ch, true); err != nil {
 					return st, fmt.Errorf("op %d: write block %d before the crash: %w", op, lid, err)
 				}
 			}

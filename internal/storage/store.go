@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 	"golang.org/x/sys/unix"
 
 	"github.com/basalt-store/basalt/internal/vfs"
@@ -74,6 +75,9 @@ type BlockData struct {
 	Length  int64
 	Chunks  []ChunkInfo // sorted, contiguous from offset 0, summing to Length
 	BCSID   uint64      // the Raft log index of the PutBlock that committed it
+	// Inline: the block's data is kept in the volume's metadata store
+	// beside its record, without a file (inline.go). Set by storage.
+	Inline bool
 }
 
 // Hard limits. A store never takes a chunk or block larger than these;
@@ -294,8 +298,13 @@ type span struct {
 	// chunk may reach disk before its data; see persist).
 	unverified bool
 	// data: a copy of the bytes of a chunk that may be a deferred write,
-	// kept until it is durable (deferred.go).
+	// kept until it is durable (deferred.go); for an inline span, until
+	// it is committed.
 	data []byte
+	// inline: the chunk of a small block written by WriteSmallChunk whose
+	// bytes are only in data (and, once durable, in its deferred key):
+	// no block file was created (inline.go).
+	inline bool
 }
 
 func (sp span) end() int64 { return sp.off + sp.n }
@@ -343,6 +352,12 @@ func (quietLogger) Infof(string, ...any)        {}
 func (l quietLogger) Errorf(f string, a ...any) { l.logf("pebble: "+f, a...) }
 func (l quietLogger) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
 
+// The per-volume Pebble store's block cache and memtable size.
+const (
+	pebbleCacheSize    = 64 << 20
+	pebbleMemTableSize = 16 << 20
+)
+
 func (s *Store) openVolume(v *volume) error {
 	root := filepath.Join(v.path, "basalt")
 	if err := vfs.MkdirAllSync(v.fs, filepath.Join(root, "meta")); err != nil {
@@ -366,10 +381,23 @@ func (s *Store) openVolume(v *volume) error {
 		return err
 	}
 	v.files = files
-	db, err := pebble.Open(filepath.Join(root, "meta"), &pebble.Options{
+	po := &pebble.Options{
 		FS:     v.fs,
 		Logger: quietLogger{s.opts.Logf},
-	})
+	}
+	// Bloom filters: every new block's first write looks its record up
+	// (getOpen) and finds nothing; without filters each such miss reads
+	// an index block of every table whose key range covers it, and small
+	// blocks' deferred and inline data make many tables (inline.go).
+	po.Levels[0].FilterPolicy = bloom.FilterPolicy(10) // later levels inherit it
+	// Pebble's default 8 MiB block cache is evicted by small blocks'
+	// data (inline.go), and every lookup then read index and filter
+	// blocks from the file again; a larger memtable makes fewer tables.
+	cache := pebble.NewCache(pebbleCacheSize)
+	defer cache.Unref() // the DB holds its own reference
+	po.Cache = cache
+	po.MemTableSize = pebbleMemTableSize
+	db, err := pebble.Open(filepath.Join(root, "meta"), po)
 	if err != nil {
 		return err
 	}

@@ -74,7 +74,7 @@ func (s *Store) AbortBlock(cid ContainerID, lid LocalID) error {
 		return err
 	}
 	defer ob.mu.Unlock()
-	exists, keep := ob.exists, ob.committed.Length
+	exists, keep, inline := ob.exists, ob.committed.Length, ob.committed.Inline
 	if err := s.dropRecords(c, lid, ob); err != nil {
 		return s.ioErr(op, c, lid, keep, err)
 	}
@@ -87,6 +87,9 @@ func (s *Store) AbortBlock(cid ContainerID, lid LocalID) error {
 			return s.ioErr(op, c, lid, 0, err)
 		}
 		return nil
+	}
+	if inline {
+		return nil // an inline block has no file, and nothing uncommitted
 	}
 	if err := c.vol.files.Truncate(cid, lid, keep); err != nil {
 		return s.ioErr(op, c, lid, keep, err)
@@ -108,5 +111,13 @@ func (s *Store) dropRecords(c *container, lid LocalID, ob *openBlock) error {
 	if b.Empty() {
 		return nil
 	}
-	return b.Commit(s.metaSync())
+	if err := b.Commit(s.metaSync()); err != nil {
+		return err
+	}
+	for _, sp := range ob.written {
+		if sp.durable && sp.inline {
+			c.vol.defer_.dropGen(makeDeferredKey(c.id, lid, sp.off)) // never the flusher's
+		}
+	}
+	return nil
 }

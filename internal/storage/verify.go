@@ -143,7 +143,7 @@ func (s *Store) VerifyBlock(cid ContainerID, lid LocalID, o VerifyOptions) (int6
 		defer readBufPool.Put(p)
 		buf = *p
 	}
-	r, err := c.vol.files.OpenReader(cid, lid)
+	r, err := s.blockReader(c, &bd)
 	if err != nil {
 		return 0, s.blockFileErr(op, c, lid, -1, err, false)
 	}

@@ -103,6 +103,11 @@ func (s *Store) validateBlock(cid ContainerID, bd *BlockData) error {
 // same offset, length and checksums again (a Raft re-delivery) is a no-op
 // whether the chunk is written, durable or committed.
 func (s *Store) WriteChunk(cid ContainerID, lid LocalID, off int64, data []byte, sum ChecksumData, verify bool) error {
+	return s.writeChunk(cid, lid, off, data, sum, verify, false)
+}
+
+// writeChunk is WriteChunk; small: WriteSmallChunk's (inline.go).
+func (s *Store) writeChunk(cid ContainerID, lid LocalID, off int64, data []byte, sum ChecksumData, verify, small bool) error {
 	const op = "write chunk"
 	n := int64(len(data))
 	if err := validateChunk(op, cid, lid, off, n, sum, s.opts.MaxChunkSize, s.opts.MaxBlockSize); err != nil {
@@ -122,7 +127,7 @@ func (s *Store) WriteChunk(cid ContainerID, lid LocalID, off int64, data []byte,
 		return err
 	}
 	defer s.unlockOpen(c, lid, ob)
-	if err := s.writeLocked(op, c, lid, ob, off, data, sum); err != nil {
+	if err := s.writeLocked(op, c, lid, ob, off, data, sum, small); err != nil {
 		return err
 	}
 	if s.opts.Sync == SyncAlways {
@@ -131,9 +136,12 @@ func (s *Store) WriteChunk(cid ContainerID, lid LocalID, off int64, data []byte,
 	return nil
 }
 
-func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock, off int64, data []byte, sum ChecksumData) error {
+func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock, off int64, data []byte, sum ChecksumData, small bool) error {
 	n := int64(len(data))
 	end := off + n
+	if ob.committed.Inline && off >= ob.committed.Length {
+		return oErr(op, ErrChunkOverlap, c.id, lid, off, errInlineFinal, nil)
+	}
 	if off < ob.committed.Length {
 		for _, ch := range ob.committed.Chunks {
 			if ch.Offset == off && ch.Length == n && sum.Type != ChecksumNone && ch.Checksum.equal(sum) {
@@ -164,6 +172,10 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 		}
 		return s.rewriteLocked(op, c, lid, ob, i, data, sum)
 	}
+	if hasInline(ob) {
+		return oErr(op, ErrChunkOverlap, c.id, lid, off, errInlineFinal, nil)
+	}
+	inline := small && s.inlineOK(c, ob, off, n, sum)
 	if !s.opts.OutOfOrderWrites && off != ob.hwm {
 		return oErr(op, ErrChunkOutOfOrder, c.id, lid, off, fmt.Sprintf("expected offset %d", ob.hwm), nil)
 	}
@@ -196,15 +208,17 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 			return s.ioErr(op, c, lid, off, err)
 		}
 	}
-	if err := s.openWriter(c, lid, ob); err != nil {
-		release()
-		return s.ioErr(op, c, lid, off, err)
+	if !inline {
+		if err := s.openWriter(c, lid, ob); err != nil {
+			release()
+			return s.ioErr(op, c, lid, off, err)
+		}
+		if _, err := ob.w.WriteAt(data, off); err != nil {
+			release()
+			return s.ioErr(op, c, lid, off, err)
+		}
 	}
-	if _, err := ob.w.WriteAt(data, off); err != nil {
-		release()
-		return s.ioErr(op, c, lid, off, err)
-	}
-	sp := span{off: off, n: n, sum: sum}
+	sp := span{off: off, n: n, sum: sum, inline: inline}
 	if c.vol.defer_ != nil && n <= s.opts.DeferredMax && sum.Type != ChecksumNone {
 		sp.data = slices.Clone(data) // may be a deferred write (deferred.go)
 	}
@@ -251,6 +265,9 @@ func (s *Store) CheckSpace(cid ContainerID, n int64) error {
 // they may be torn, and a record must only ever name good bytes.
 func (s *Store) rewriteLocked(op string, c *container, lid LocalID, ob *openBlock, i int, data []byte, sum ChecksumData) error {
 	off := ob.written[i].off
+	if ob.written[i].inline {
+		return oErr(op, ErrChunkOverlap, c.id, lid, off, "rewrite of an inline chunk without checksums", nil)
+	}
 	c.mu.Lock()
 	st := c.rec.State
 	c.mu.Unlock()
@@ -686,15 +703,15 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 			case sp.durable:
 			case sp.sum.Type != ChecksumNone && earlyErr == nil:
 				sp.durable = true
-				if def {
+				if def && !sp.inline {
 					handed = append(handed, deferredChunk{c: d.c, lid: d.lid, off: sp.off, dir: d.ob.dirSync, gen: gens[deferSlot{d.c, d.lid, sp.off}]})
 					d.c.deferredKeys.Add(1)
 				}
 			case sp.sum.Type == ChecksumNone && earlyErr == nil && lateErr == nil:
 				sp.durable = true
 			}
-			if sp.durable {
-				sp.data = nil
+			if sp.durable && !sp.inline {
+				sp.data = nil // an inline span's bytes wait for its PutBlock
 			}
 		}
 		if def {
@@ -980,6 +997,9 @@ func (s *Store) putBlock(cid ContainerID, bd BlockData, deferred bool) error {
 	if ob.exists && bd.Length == old.Length && len(old.Chunks) == len(bd.Chunks) {
 		return nil // repeated commit (Raft re-apply)
 	}
+	if old.Inline {
+		return bErr(op, ErrBadBlockData, cid, lid, errInlineFinal, nil)
+	}
 	if ob.exists && bd.BCSID < old.BCSID {
 		return bErr(op, ErrBadBlockData, cid, lid, fmt.Sprintf("BCSID %d goes back from committed %d", bd.BCSID, old.BCSID), nil)
 	}
@@ -989,13 +1009,17 @@ func (s *Store) putBlock(cid ContainerID, bd BlockData, deferred bool) error {
 	if err := matchWritten(op, cid, lid, ob.written, bd.Chunks[len(old.Chunks):]); err != nil {
 		return err
 	}
+	// An inline block's bytes go in the commit's own batch: nothing to
+	// sync first (inline.go).
+	inline := inlineCommit(ob, &bd)
+	bd.Inline = inline
 	var need bool
 	for _, sp := range ob.written {
 		if sp.off < bd.Length && !sp.durable {
 			need = true
 		}
 	}
-	if s.opts.Sync != SyncNone && bd.Length > old.Length && (need || ob.dirSync) {
+	if s.opts.Sync != SyncNone && bd.Length > old.Length && (need || ob.dirSync) && !inline {
 		if err := s.openWriter(c, lid, ob); err != nil {
 			return s.ioErr(op, c, lid, 0, err)
 		}
@@ -1030,6 +1054,15 @@ func (s *Store) putBlock(cid ContainerID, bd BlockData, deferred bool) error {
 	b := c.vol.db.NewBatch()
 	b.Set(makeKey(cid, kindBlock, uint64(lid)), encodeBlock(&bd), nil)
 	b.Set(makeKey(cid, kindContainer, idCounters), cnt.encode(), nil)
+	var inlineKey []byte
+	if inline {
+		// The data stays under its deferred key, for good: set by the
+		// Sync that made the chunk durable, or here (inline.go).
+		inlineKey = makeDeferredKey(cid, lid, 0)
+		if sp := ob.written[0]; !sp.durable {
+			b.Set(inlineKey, sp.data, nil)
+		}
+	}
 	// The committed chunks' records go in the same batch; a chunk that
 	// straddles the new length keeps its tail as a chunk of unknown sums.
 	var keep []span
@@ -1059,6 +1092,9 @@ func (s *Store) putBlock(cid ContainerID, bd BlockData, deferred bool) error {
 	}
 	if deferred {
 		c.vol.deferredSeq.Add(1) // after the commit: see SyncCommits
+	}
+	if inlineKey != nil {
+		c.vol.defer_.dropGen(inlineKey)
 	}
 	c.mu.Lock()
 	c.cnt = cnt
