@@ -597,7 +597,7 @@ func writeXML(req *request, v any) *Error {
 // readXML decodes a bounded request document.
 func readXML(req *request, v any) *Error {
 	a := req.auth
-	b, e := newBody(req.r, a, maxXMLBody)
+	b, e := newBody(req.r, a, maxXMLBody, false)
 	if e != nil {
 		return e
 	}
