@@ -79,18 +79,47 @@ func newChunkedReader(r io.Reader, a *auth, signed, trailer bool) *chunkedReader
 
 var errBadChunk = errorf("IncompleteBody", 400, "The aws-chunked request body is malformed")
 
-func (c *chunkedReader) line() (string, error) {
+// lineBytes returns the next line without its CRLF, valid until the next
+// read (no allocation per chunk).
+func (c *chunkedReader) lineBytes() ([]byte, error) {
 	l, err := c.br.ReadSlice('\n')
 	if err != nil {
 		if errors.Is(err, bufio.ErrBufferFull) {
-			return "", errBadChunk
+			return nil, errBadChunk
 		}
 		if err == io.EOF {
-			return "", errorf("IncompleteBody", 400, "The request body ended before the last aws-chunked chunk")
+			return nil, errorf("IncompleteBody", 400, "The request body ended before the last aws-chunked chunk")
 		}
-		return "", err
+		return nil, err
 	}
-	return strings.TrimRight(string(l), "\r\n"), nil
+	return bytes.TrimRight(l, "\r\n"), nil
+}
+
+func (c *chunkedReader) line() (string, error) {
+	l, err := c.lineBytes()
+	return string(l), err
+}
+
+// parseHexSize parses a chunk size: 1 to 15 hex digits.
+func parseHexSize(b []byte) (int64, bool) {
+	if len(b) == 0 || len(b) > 15 {
+		return 0, false
+	}
+	var n int64
+	for _, ch := range b {
+		switch {
+		case '0' <= ch && ch <= '9':
+			ch -= '0'
+		case 'a' <= ch && ch <= 'f':
+			ch -= 'a' - 10
+		case 'A' <= ch && ch <= 'F':
+			ch -= 'A' - 10
+		default:
+			return 0, false
+		}
+		n = n<<4 | int64(ch)
+	}
+	return n, true
 }
 
 func (c *chunkedReader) verifyChunk() error {
@@ -110,9 +139,9 @@ func (c *chunkedReader) verifyChunk() error {
 // next reads the next chunk header (after the previous chunk's CRLF).
 func (c *chunkedReader) next() error {
 	if c.started {
-		if l, err := c.line(); err != nil {
+		if l, err := c.lineBytes(); err != nil {
 			return err
-		} else if l != "" {
+		} else if len(l) != 0 {
 			return errBadChunk
 		}
 		if err := c.verifyChunk(); err != nil {
@@ -120,21 +149,21 @@ func (c *chunkedReader) next() error {
 		}
 	}
 	c.started = true
-	l, err := c.line()
+	l, err := c.lineBytes()
 	if err != nil {
 		return err
 	}
-	sizeStr, ext, _ := strings.Cut(l, ";")
-	size, err := strconv.ParseInt(strings.TrimSpace(sizeStr), 16, 64)
-	if err != nil || size < 0 {
+	sizeHex, ext, _ := bytes.Cut(l, []byte(";"))
+	size, ok := parseHexSize(bytes.TrimSpace(sizeHex))
+	if !ok {
 		return errBadChunk
 	}
 	if c.a != nil {
-		sig, ok := strings.CutPrefix(ext, "chunk-signature=")
+		sig, ok := bytes.CutPrefix(ext, []byte("chunk-signature="))
 		if !ok {
 			return errorf("SignatureDoesNotMatch", 403, "A chunk has no chunk-signature")
 		}
-		c.chunkSig = sig
+		c.chunkSig = string(sig)
 	}
 	c.left = size
 	if size > 0 {
