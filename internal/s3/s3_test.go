@@ -66,13 +66,17 @@ type env struct {
 
 var sharedEnv *env
 
-func setup(t testing.TB) *env {
+func setup(t testing.TB) *env { return setupWith(t, 4<<20, 512<<20, 0) }
+
+// setupWith starts the cluster with blockSize and containerSize, and gives
+// the gateway's client a write buffer of bufBytes (0: the client's default).
+func setupWith(t testing.TB, blockSize, containerSize uint64, bufBytes int64) *env {
 	t.Helper()
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	c, err := cluster.Start(ctx, cluster.Config{Dir: dir, Datanodes: 3, HeartbeatInterval: 200 * time.Millisecond,
-		TickInterval: 50 * time.Millisecond, BlockSize: 4 << 20, ContainerSize: 512 << 20})
+		TickInterval: 50 * time.Millisecond, BlockSize: blockSize, ContainerSize: containerSize})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +97,7 @@ func setup(t testing.TB) *env {
 		t.Fatal(err)
 	}
 	gcl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: gwCreds, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
-		ServiceToken: c.ServiceToken()})
+		ServiceToken: c.ServiceToken(), MaxBufferBytes: bufBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +184,7 @@ func (e *env) get(t *testing.T, bucket, key string) []byte {
 }
 
 // sign signs a raw request with the SDK's signer at time at.
-func (e *env) sign(t *testing.T, r *http.Request, payloadHash string, at time.Time, secret string) {
+func (e *env) sign(t testing.TB, r *http.Request, payloadHash string, at time.Time, secret string) {
 	t.Helper()
 	r.Header.Set("X-Amz-Content-Sha256", payloadHash)
 	if err := e.signer.SignHTTP(e.ctx, aws.Credentials{AccessKeyID: accessKey, SecretAccessKey: secret}, r, payloadHash, "s3", region, at); err != nil {
