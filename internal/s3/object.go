@@ -333,7 +333,9 @@ func checkPartNumber(q url.Values, m *metapb.ObjectMeta) *Error {
 
 // putData streams a body into key and commits it with meta (ETag and
 // checksum filled in from the data). part, if set, commits it as a part.
-// pre, if set, is decided in the commit's Raft entry.
+// pre, if set, is decided in the commit's Raft entry. When r is a request
+// *body whose CRC32C checksum comes from the write path, the client
+// reports it and it is verified before the commit.
 func (g *Gateway) putData(req *request, key string, r io.Reader, sizeHint int64, meta *metapb.ObjectMeta, part *metapb.PartRef, pre *metapb.KeyPrecondition, etag func() string) (client.KeyInfo, error) {
 	t := time.Now()
 	var committing time.Time
