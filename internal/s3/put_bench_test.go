@@ -55,5 +55,5 @@ func BenchmarkPutLarge(b *testing.B) {
 		put(i + 1)
 	}
 	b.StopTimer()
-	b.ReportMetric((cpuTime() - cpu0).Seconds()/(float64(b.N)*float64(len(data))/(1<<30)), "cpu-s/GiB")
+	b.ReportMetric((cpuTime()-cpu0).Seconds()/(float64(b.N)*float64(len(data))/(1<<30)), "cpu-s/GiB")
 }
