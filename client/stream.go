@@ -108,7 +108,8 @@ type streamWriter struct {
 	seg    []piece        // the segment's data, uncommitted, in order
 	segLen int64
 
-	committed []*metapb.KeyBlock
+	committed  []*metapb.KeyBlock
+	chunkLists [][]*datanodepb.ChunkInfo // per committed block
 }
 
 func newStreamWriter(ctx context.Context, c *Client, op string, blocks *blockSource, blockSize int64, progress func(int64)) *streamWriter {
@@ -321,6 +322,7 @@ func (w *streamWriter) resend() error {
 func (w *streamWriter) endBlock() {
 	if b := w.cur; b != nil && b.length > 0 {
 		w.committed = append(w.committed, &metapb.KeyBlock{Id: b.loc.GetId(), Length: uint64(b.length)})
+		w.chunkLists = append(w.chunkLists, b.chunks)
 	}
 	w.cur = nil
 }

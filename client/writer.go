@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	crcc "github.com/basalt-store/basalt/internal/crc32c"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/storage"
@@ -39,6 +40,12 @@ type PutOptions struct {
 	BeforeCommit func(req *metapb.CommitKeyRequest) error
 	// Pipeline overrides Config.Pipeline for this key.
 	Pipeline Pipeline
+	// DataCRC32C, if set, is called once the data is on every replica,
+	// just before BeforeCommit, with the CRC32C (Castagnoli) of the whole
+	// key, combined from the chunk checksums the write computed anyway:
+	// no second pass over the data. Gateways use it for S3's CRC32C
+	// checksum.
+	DataCRC32C func(crc uint32)
 }
 
 // PutKey writes a key from r, read to EOF, and commits it (replacing any
@@ -118,12 +125,16 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	}
 	blocks := &blockSource{c: c, op: op, openID: open.OpenId, spares: open.Blocks}
 	var committed []*metapb.KeyBlock
+	var chunkLists [][]*datanodepb.ChunkInfo // per committed block, for DataCRC32C
 	done := false
 	if small != nil && int64(len(small)) <= bs {
 		committed, err = c.putSmall(ctx, op, blocks, small)
 		switch {
 		case err == nil:
 			done = true
+			if o.DataCRC32C != nil {
+				o.DataCRC32C(crcc.Checksum(small)) // at most one chunk
+			}
 			if o.Progress != nil {
 				o.Progress(int64(len(small)))
 			}
@@ -140,14 +151,21 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 		if err := w.run(r); err != nil {
 			return KeyInfo{}, err
 		}
-		committed = w.committed
+		committed, chunkLists = w.committed, w.chunkLists
 	default:
 		w := newKeyWriter(ctx, c, op, blocks, bs, o.Progress)
 		defer w.cancel()
 		if err := w.run(r); err != nil {
 			return KeyInfo{}, err
 		}
-		committed = w.committed
+		committed, chunkLists = w.committed, w.chunkLists
+	}
+	if o.DataCRC32C != nil && !done {
+		crc, err := keyCRC32C(committed, chunkLists)
+		if err != nil {
+			return KeyInfo{}, &Error{Op: op, Code: codes.Internal, Msg: err.Error(), kind: ErrPrecondition}
+		}
+		o.DataCRC32C(crc)
 	}
 	commit := &metapb.CommitKeyRequest{OpenId: open.OpenId, Blocks: committed}
 	if o.BeforeCommit != nil {
@@ -165,6 +183,38 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	info := keyInfoOf(ki)
 	info.Pipeline = path.String()
 	return info, nil
+}
+
+// keyCRC32C combines the CRC32C of a key from the chunk lists of its
+// committed blocks (lists[i] holds at least the chunks of blocks[i] up to
+// its committed length, in order from offset 0).
+func keyCRC32C(blocks []*metapb.KeyBlock, lists [][]*datanodepb.ChunkInfo) (uint32, error) {
+	if len(lists) != len(blocks) {
+		return 0, fmt.Errorf("key CRC32C: %d chunk lists for %d blocks", len(lists), len(blocks))
+	}
+	var crc uint32
+	for i, b := range blocks {
+		var off uint64
+		for _, ch := range lists[i] {
+			if off == b.Length {
+				break
+			}
+			ck := ch.GetChecksum()
+			if ch.Offset != off || off+ch.Length > b.Length || ck.GetType() != datanodepb.ChecksumType_CHECKSUM_CRC32C {
+				return 0, fmt.Errorf("key CRC32C: block %v: chunk at %d+%d (checksum %v) does not continue at %d of %d", b.Id, ch.Offset, ch.Length, ck.GetType(), off, b.Length)
+			}
+			c, ok := crcc.Windows(ck.Sums, int64(ck.BytesPerChecksum), int64(ch.Length))
+			if !ok {
+				return 0, fmt.Errorf("key CRC32C: block %v: chunk at %d has %d bytes of sums for %d bytes in windows of %d", b.Id, ch.Offset, len(ck.Sums), ch.Length, ck.BytesPerChecksum)
+			}
+			crc = crcc.Combine(crc, c, int64(ch.Length))
+			off += ch.Length
+		}
+		if off != b.Length {
+			return 0, fmt.Errorf("key CRC32C: block %v: chunks cover %d of %d bytes", b.Id, off, b.Length)
+		}
+	}
+	return crc, nil
 }
 
 // errNoSmallFile: the pipeline's leader does not implement PutSmallFile.
@@ -501,7 +551,8 @@ type keyWriter struct {
 	pendMu  sync.Mutex
 	pending []*chunk // submitted and not committed, in key order
 
-	committed []*metapb.KeyBlock // committer (and recovery) only
+	committed  []*metapb.KeyBlock // committer (and recovery) only
+	chunkLists [][]*datanodepb.ChunkInfo
 }
 
 func newKeyWriter(ctx context.Context, c *Client, op string, blocks *blockSource, blockSize int64, progress func(int64)) *keyWriter {
@@ -735,6 +786,7 @@ func (w *keyWriter) commitLoop(reqs <-chan *flushReq) {
 		if req.final && req.blk.acked > 0 && !req.blk.finalized {
 			req.blk.finalized = true
 			w.committed = append(w.committed, &metapb.KeyBlock{Id: req.blk.loc.Id, Length: uint64(req.blk.acked)})
+			w.chunkLists = append(w.chunkLists, req.infos)
 		}
 		w.pendMu.Lock()
 		if len(w.pending) < len(req.chunks) || (len(req.chunks) > 0 && w.pending[0] != req.chunks[0]) {
@@ -800,6 +852,7 @@ func (w *keyWriter) recover() error {
 		if b != nil && !b.finalized && b.acked > 0 {
 			b.finalized = true
 			w.committed = append(w.committed, &metapb.KeyBlock{Id: b.loc.Id, Length: uint64(b.acked)})
+			w.chunkLists = append(w.chunkLists, b.infos)
 		}
 	}
 	for _, ch := range pending {

@@ -8,6 +8,7 @@ import (
 	"crypto/sha1"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"hash"
@@ -78,18 +79,47 @@ func newChunkedReader(r io.Reader, a *auth, signed, trailer bool) *chunkedReader
 
 var errBadChunk = errorf("IncompleteBody", 400, "The aws-chunked request body is malformed")
 
-func (c *chunkedReader) line() (string, error) {
+// lineBytes returns the next line without its CRLF, valid until the next
+// read (no allocation per chunk).
+func (c *chunkedReader) lineBytes() ([]byte, error) {
 	l, err := c.br.ReadSlice('\n')
 	if err != nil {
 		if errors.Is(err, bufio.ErrBufferFull) {
-			return "", errBadChunk
+			return nil, errBadChunk
 		}
 		if err == io.EOF {
-			return "", errorf("IncompleteBody", 400, "The request body ended before the last aws-chunked chunk")
+			return nil, errorf("IncompleteBody", 400, "The request body ended before the last aws-chunked chunk")
 		}
-		return "", err
+		return nil, err
 	}
-	return strings.TrimRight(string(l), "\r\n"), nil
+	return bytes.TrimRight(l, "\r\n"), nil
+}
+
+func (c *chunkedReader) line() (string, error) {
+	l, err := c.lineBytes()
+	return string(l), err
+}
+
+// parseHexSize parses a chunk size: 1 to 15 hex digits.
+func parseHexSize(b []byte) (int64, bool) {
+	if len(b) == 0 || len(b) > 15 {
+		return 0, false
+	}
+	var n int64
+	for _, ch := range b {
+		switch {
+		case '0' <= ch && ch <= '9':
+			ch -= '0'
+		case 'a' <= ch && ch <= 'f':
+			ch -= 'a' - 10
+		case 'A' <= ch && ch <= 'F':
+			ch -= 'A' - 10
+		default:
+			return 0, false
+		}
+		n = n<<4 | int64(ch)
+	}
+	return n, true
 }
 
 func (c *chunkedReader) verifyChunk() error {
@@ -109,9 +139,9 @@ func (c *chunkedReader) verifyChunk() error {
 // next reads the next chunk header (after the previous chunk's CRLF).
 func (c *chunkedReader) next() error {
 	if c.started {
-		if l, err := c.line(); err != nil {
+		if l, err := c.lineBytes(); err != nil {
 			return err
-		} else if l != "" {
+		} else if len(l) != 0 {
 			return errBadChunk
 		}
 		if err := c.verifyChunk(); err != nil {
@@ -119,21 +149,21 @@ func (c *chunkedReader) next() error {
 		}
 	}
 	c.started = true
-	l, err := c.line()
+	l, err := c.lineBytes()
 	if err != nil {
 		return err
 	}
-	sizeStr, ext, _ := strings.Cut(l, ";")
-	size, err := strconv.ParseInt(strings.TrimSpace(sizeStr), 16, 64)
-	if err != nil || size < 0 {
+	sizeHex, ext, _ := bytes.Cut(l, []byte(";"))
+	size, ok := parseHexSize(bytes.TrimSpace(sizeHex))
+	if !ok {
 		return errBadChunk
 	}
 	if c.a != nil {
-		sig, ok := strings.CutPrefix(ext, "chunk-signature=")
+		sig, ok := bytes.CutPrefix(ext, []byte("chunk-signature="))
 		if !ok {
 			return errorf("SignatureDoesNotMatch", 403, "A chunk has no chunk-signature")
 		}
-		c.chunkSig = sig
+		c.chunkSig = string(sig)
 	}
 	c.left = size
 	if size > 0 {
@@ -239,11 +269,18 @@ type body struct {
 	sha256     hash.Hash
 	wantSHA256 string
 	contentMD5 []byte
-	ckAlg      string // lower-case algorithm, e.g. "crc32"
-	ck         hash.Hash
-	ckWant     string // base64; "" until the trailer brings it
-	want       int64  // declared length, -1 unknown
-	max        int64
+	ckAlg      string    // lower-case algorithm, e.g. "crc32"; "" none
+	ck         hash.Hash // nil when the write path sums it (crcFromWrite)
+	ckWant     string    // base64; "" until the trailer brings it
+	// crcFromWrite: the checksum is CRC32C and the write path reports it
+	// (client.PutOptions.DataCRC32C, combined from the chunk sums it
+	// computes anyway), so the body does not sum the bytes a second time;
+	// verifyWriteCRC checks it before the key is committed.
+	crcFromWrite bool
+	writeCRC     uint32
+	writeCRCSet  bool
+	want         int64 // declared length, -1 unknown
+	max          int64
 
 	n   int64
 	err error // first failure: an *Error, or the client's read error
@@ -361,8 +398,26 @@ func (b *body) close() {
 	}
 }
 
+// crc32cSummed counts body bytes the gateway itself summed with CRC32C
+// for a flexible checksum (tests: a PUT written through the client sums
+// none, its write path does).
+var crc32cSummed atomic.Int64
+
+// CRC32CSummedBytes is the number of request-body bytes the gateway has
+// summed with CRC32C itself, for flexible checksums, since it started.
+func CRC32CSummedBytes() int64 { return crc32cSummed.Load() }
+
+type countedCRC32C struct{ hash.Hash }
+
+func (c countedCRC32C) Write(p []byte) (int, error) {
+	crc32cSummed.Add(int64(len(p)))
+	return c.Hash.Write(p)
+}
+
 // newBody prepares the body of a write request authenticated by a.
-func newBody(r *http.Request, a *auth, maxSize int64) (*body, *Error) {
+// writeCRC says the caller writes the body with client.PutKey and hands
+// its DataCRC32C to setWriteCRC: a CRC32C checksum is then not summed here.
+func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Error) {
 	b := &body{r: r.Body, md5: md5.New(), want: r.ContentLength, max: maxSize}
 	switch a.payload {
 	case streamingSigned, streamingSignedTrailer, streamingUnsignedTrailr:
@@ -394,19 +449,27 @@ func newBody(r *http.Request, a *auth, maxSize int64) (*body, *Error) {
 		b.contentMD5 = d
 	}
 	// A flexible checksum: in a header, or announced in x-amz-trailer.
-	for alg, mk := range checksumAlgos {
+	for alg := range checksumAlgos {
 		if v := r.Header.Get("X-Amz-Checksum-" + alg); v != "" {
-			b.ckAlg, b.ck, b.ckWant = alg, mk(), v
+			b.ckAlg, b.ckWant = alg, v
 			break
 		}
 	}
-	if t := strings.ToLower(r.Header.Get("X-Amz-Trailer")); b.ck == nil && strings.HasPrefix(t, "x-amz-checksum-") {
+	if t := strings.ToLower(r.Header.Get("X-Amz-Trailer")); b.ckAlg == "" && strings.HasPrefix(t, "x-amz-checksum-") {
 		alg := strings.TrimPrefix(t, "x-amz-checksum-")
-		mk, ok := checksumAlgos[alg]
-		if !ok || b.chunked == nil || !b.chunked.trailer {
+		if _, ok := checksumAlgos[alg]; !ok || b.chunked == nil || !b.chunked.trailer {
 			return nil, errInvalidRequest("The value specified in the x-amz-trailer header is not supported: %s", t)
 		}
-		b.ckAlg, b.ck = alg, mk()
+		b.ckAlg = alg
+	}
+	switch {
+	case b.ckAlg == "":
+	case b.ckAlg == "crc32c" && writeCRC:
+		b.crcFromWrite = true
+	case b.ckAlg == "crc32c":
+		b.ck = countedCRC32C{checksumAlgos[b.ckAlg]()}
+	default:
+		b.ck = checksumAlgos[b.ckAlg]()
 	}
 	if b.want >= asyncHashMin {
 		hs := []hash.Hash{b.md5}
@@ -485,7 +548,7 @@ func (b *body) finish() *Error {
 	if b.contentMD5 != nil && !bytes.Equal(b.contentMD5, b.md5.Sum(nil)) {
 		return errorf("BadDigest", 400, "The Content-MD5 you specified did not match what we received.")
 	}
-	if b.ck != nil {
+	if b.ckAlg != "" {
 		want := b.ckWant
 		if want == "" && b.chunked != nil {
 			want = b.chunked.trailers["x-amz-checksum-"+b.ckAlg]
@@ -493,11 +556,43 @@ func (b *body) finish() *Error {
 		if want == "" {
 			return errInvalidRequest("The x-amz-checksum-%s trailer was declared but not sent", b.ckAlg)
 		}
+		b.ckWant = want
+		if b.crcFromWrite {
+			return nil // verifyWriteCRC, once the write path has it
+		}
 		if base64.StdEncoding.EncodeToString(b.ck.Sum(nil)) != want {
-			return errorf("BadDigest", 400, "The %s you specified did not match the calculated checksum.", strings.ToUpper(b.ckAlg))
+			return b.badChecksum()
 		}
 	}
 	return nil
+}
+
+func (b *body) badChecksum() *Error {
+	return errorf("BadDigest", 400, "The %s you specified did not match the calculated checksum.", strings.ToUpper(b.ckAlg))
+}
+
+// setWriteCRC takes the body's CRC32C from the write path
+// (client.PutOptions.DataCRC32C).
+func (b *body) setWriteCRC(crc uint32) { b.writeCRC, b.writeCRCSet = crc, true }
+
+// verifyWriteCRC checks a CRC32C checksum the write path reported against
+// the one the client declared; called after EOF, before the commit. A
+// mismatch fails the body (so bodyOr reports BadDigest) and the upload.
+func (b *body) verifyWriteCRC() error {
+	if !b.crcFromWrite {
+		return nil
+	}
+	if !b.eof || !b.writeCRCSet {
+		return b.fail(errorf("InternalError", 500, "The CRC32C of the body is not known before the commit."))
+	}
+	if b.crc32cValue() != b.ckWant {
+		return b.fail(b.badChecksum())
+	}
+	return nil
+}
+
+func (b *body) crc32cValue() string {
+	return base64.StdEncoding.EncodeToString(binary.BigEndian.AppendUint32(nil, b.writeCRC))
 }
 
 // etag is the hex MD5 of what was read.
@@ -506,8 +601,11 @@ func (b *body) etag() string { return hex.EncodeToString(b.md5.Sum(nil)) }
 // checksum returns the verified flexible checksum (algorithm in upper
 // case as S3 names it, base64 value), or "", "".
 func (b *body) checksum() (string, string) {
-	if b.ck == nil {
+	switch {
+	case b.ckAlg == "":
 		return "", ""
+	case b.crcFromWrite:
+		return strings.ToUpper(b.ckAlg), b.crc32cValue()
 	}
 	return strings.ToUpper(b.ckAlg), base64.StdEncoding.EncodeToString(b.ck.Sum(nil))
 }

@@ -105,7 +105,10 @@ type Config struct {
 	ReadHeaderTimeout time.Duration
 	MaxHeaderBytes    int
 	// UploadBufferBytes is the write buffer of the client the gateway makes
-	// (default 16 MiB; ignored when Client is set).
+	// (default 64 MiB, the native client's; ignored when Client is set). A
+	// V2 write pauses to commit each buffer's worth, so a smaller buffer
+	// costs large PUTs throughput; buffers are pooled and taken as data
+	// arrives.
 	UploadBufferBytes int64
 	// TLSCertFile and TLSKeyFile (PEM) make the gateway serve HTTPS only;
 	// TLSConfig does the same with a ready configuration (it wins).
@@ -164,7 +167,7 @@ func (c *Config) setDefaults() error {
 		c.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
 	if c.UploadBufferBytes == 0 {
-		c.UploadBufferBytes = 16 << 20
+		c.UploadBufferBytes = 64 << 20
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -608,7 +611,7 @@ func writeXML(req *request, v any) *Error {
 // readXML decodes a bounded request document.
 func readXML(req *request, v any) *Error {
 	a := req.auth
-	b, e := newBody(req.r, a, maxXMLBody)
+	b, e := newBody(req.r, a, maxXMLBody, false)
 	if e != nil {
 		return e
 	}

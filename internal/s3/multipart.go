@@ -83,7 +83,7 @@ func (g *Gateway) uploadPart(req *request) *Error {
 	if e != nil {
 		return e
 	}
-	b, e := newBody(req.r, req.auth, MaxObjectSize)
+	b, e := newBody(req.r, req.auth, MaxObjectSize, true)
 	if e != nil {
 		return e
 	}

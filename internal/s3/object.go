@@ -333,14 +333,29 @@ func checkPartNumber(q url.Values, m *metapb.ObjectMeta) *Error {
 
 // putData streams a body into key and commits it with meta (ETag and
 // checksum filled in from the data). part, if set, commits it as a part.
-// pre, if set, is decided in the commit's Raft entry.
+// pre, if set, is decided in the commit's Raft entry. When r is a request
+// *body whose CRC32C checksum comes from the write path, the client
+// reports it and it is verified before the commit.
 func (g *Gateway) putData(req *request, key string, r io.Reader, sizeHint int64, meta *metapb.ObjectMeta, part *metapb.PartRef, pre *metapb.KeyPrecondition, etag func() string) (client.KeyInfo, error) {
 	t := time.Now()
 	var committing time.Time
+	b, _ := r.(*body)
+	var dataCRC func(uint32)
+	if b != nil && b.crcFromWrite {
+		dataCRC = b.setWriteCRC
+	}
 	ki, err := g.cl.PutKey(req.r.Context(), g.cfg.Volume, req.bucket, key, r, client.PutOptions{
-		SizeHint: max(sizeHint, 0),
+		SizeHint:   max(sizeHint, 0),
+		DataCRC32C: dataCRC,
 		BeforeCommit: func(c *metapb.CommitKeyRequest) error {
 			committing = time.Now()
+			if b != nil {
+				// A CRC32C checksum the write path summed: checked here,
+				// so a mismatch leaves the key uncommitted.
+				if err := b.verifyWriteCRC(); err != nil {
+					return err
+				}
+			}
 			if part != nil {
 				part.Etag = etag()
 				c.Part = part
@@ -366,7 +381,7 @@ func (g *Gateway) putObject(req *request) *Error {
 	if e := checkKey(req.key); e != nil {
 		return e
 	}
-	b, e := newBody(req.r, req.auth, MaxObjectSize)
+	b, e := newBody(req.r, req.auth, MaxObjectSize, true)
 	if e != nil {
 		return e
 	}

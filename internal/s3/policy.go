@@ -38,7 +38,7 @@ func (g *Gateway) getBucketPolicy(req *request) *Error {
 }
 
 func (g *Gateway) putBucketPolicy(req *request) *Error {
-	b, e := newBody(req.r, req.auth, maxPolicyBytes)
+	b, e := newBody(req.r, req.auth, maxPolicyBytes, false)
 	if e != nil {
 		return e
 	}

@@ -6,9 +6,12 @@ import (
 	"crypto/hmac"
 	"crypto/md5"
 	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"math/rand"
 	"net"
@@ -35,6 +38,7 @@ import (
 	"github.com/basalt-store/basalt/internal/cluster"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	bs3 "github.com/basalt-store/basalt/internal/s3"
+	"github.com/basalt-store/basalt/internal/stream"
 )
 
 // The official AWS SDK for Go v2 against a gateway on an in-process
@@ -62,13 +66,17 @@ type env struct {
 
 var sharedEnv *env
 
-func setup(t testing.TB) *env {
+func setup(t testing.TB) *env { return setupWith(t, 4<<20, 512<<20, 0) }
+
+// setupWith starts the cluster with blockSize and containerSize, and gives
+// the gateway's client a write buffer of bufBytes (0: the client's default).
+func setupWith(t testing.TB, blockSize, containerSize uint64, bufBytes int64) *env {
 	t.Helper()
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	c, err := cluster.Start(ctx, cluster.Config{Dir: dir, Datanodes: 3, HeartbeatInterval: 200 * time.Millisecond,
-		TickInterval: 50 * time.Millisecond, BlockSize: 4 << 20, ContainerSize: 512 << 20})
+		TickInterval: 50 * time.Millisecond, BlockSize: blockSize, ContainerSize: containerSize})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +97,7 @@ func setup(t testing.TB) *env {
 		t.Fatal(err)
 	}
 	gcl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: gwCreds, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
-		ServiceToken: c.ServiceToken()})
+		ServiceToken: c.ServiceToken(), MaxBufferBytes: bufBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +184,7 @@ func (e *env) get(t *testing.T, bucket, key string) []byte {
 }
 
 // sign signs a raw request with the SDK's signer at time at.
-func (e *env) sign(t *testing.T, r *http.Request, payloadHash string, at time.Time, secret string) {
+func (e *env) sign(t testing.TB, r *http.Request, payloadHash string, at time.Time, secret string) {
 	t.Helper()
 	r.Header.Set("X-Amz-Content-Sha256", payloadHash)
 	if err := e.signer.SignHTTP(e.ctx, aws.Credentials{AccessKeyID: accessKey, SecretAccessKey: secret}, r, payloadHash, "s3", region, at); err != nil {
@@ -535,6 +543,65 @@ func (e *env) testChecksums(t *testing.T) {
 	// Below and above asyncHashMin: digests inline and on their own goroutine.
 	for _, n := range []int{100_000, 3<<20 + 5} {
 		e.testChecksumsSize(t, n)
+	}
+	e.testCRC32COnce(t)
+}
+
+// testCRC32COnce (issue 15): a PUT with a CRC32C checksum sums the body
+// with CRC32C once — the V2 writer's chunk sums, combined into the
+// object's — not also in the gateway; a wrong CRC32C is still refused
+// before the commit. The gateway used to sum every byte three times (its
+// own checksum, the stream's window sums, the stream's packet CRC).
+func (e *env) testCRC32COnce(t *testing.T) {
+	ctx := e.ctx
+	const n = 9<<20 + 321 // V2, three blocks of 4 MiB
+	data := randBytes(5, n)
+	g0, s0 := bs3.CRC32CSummedBytes(), stream.SummedBytes()
+	out, err := e.s3.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String("sums"), Key: aws.String("crc-once"), Body: bytes.NewReader(data),
+		ChecksumAlgorithm: types.ChecksumAlgorithmCrc32c, ContentLength: aws.Int64(n)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := base64.StdEncoding.EncodeToString(binary.BigEndian.AppendUint32(nil, crc32.Checksum(data, crc32.MakeTable(crc32.Castagnoli))))
+	if aws.ToString(out.ChecksumCRC32C) != want {
+		t.Fatalf("PUT answered CRC32C %s, want %s", aws.ToString(out.ChecksumCRC32C), want)
+	}
+	if g, s := bs3.CRC32CSummedBytes()-g0, stream.SummedBytes()-s0; g != 0 || s != n {
+		t.Fatalf("%d bytes PUT: the gateway summed %d bytes with CRC32C and its stream writer %d (want 0 and %d)", n, g, s, n)
+	}
+	if got := e.get(t, "sums", "crc-once"); !bytes.Equal(got, data) {
+		t.Fatal("content differs")
+	}
+	// A wrong CRC32C (header and, unsigned, a trailer): BadDigest, nothing stored.
+	for _, trailer := range []bool{false, true} {
+		key := fmt.Sprint("crc-bad-", trailer)
+		var r *http.Request
+		if trailer {
+			var body bytes.Buffer
+			fmt.Fprintf(&body, "%x\r\n", n)
+			body.Write(data)
+			body.WriteString("\r\n0\r\nx-amz-checksum-crc32c:AAAAAA==\r\n\r\n")
+			r, _ = http.NewRequest("PUT", e.url+"/sums/"+key, &body)
+			r.Header.Set("Content-Encoding", "aws-chunked")
+			r.Header.Set("X-Amz-Decoded-Content-Length", fmt.Sprint(n))
+			r.Header.Set("X-Amz-Trailer", "x-amz-checksum-crc32c")
+			e.sign(t, r, "STREAMING-UNSIGNED-PAYLOAD-TRAILER", time.Now(), secretKey)
+		} else {
+			r, _ = http.NewRequest("PUT", e.url+"/sums/"+key, bytes.NewReader(data))
+			r.Header.Set("X-Amz-Checksum-Crc32c", "AAAAAA==")
+			e.sign(t, r, "UNSIGNED-PAYLOAD", time.Now(), secretKey)
+		}
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || !bytes.Contains(body, []byte("BadDigest")) {
+			t.Fatalf("wrong CRC32C (trailer %v): %d %s", trailer, resp.StatusCode, body)
+		}
+		_, err = e.s3.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String("sums"), Key: aws.String(key)})
+		wantCode(t, err, "", 404)
 	}
 }
 

@@ -53,6 +53,9 @@
 // every datanode of the route discards what it stored for the block
 // (Sink.Abort) and the client retries on another block from its buffer.
 //
+// The Writer sums each payload byte once with CRC32C, for the chunk list's
+// windows, and combines the packet CRC from those (package crc32c).
+//
 // Data path on a datanode: the payload is read from the socket into a
 // pooled 4 KiB-aligned buffer (the one copy), forwarded from that buffer
 // with one writev of header and payload, verified against its CRC and

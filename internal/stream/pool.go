@@ -74,3 +74,11 @@ var copied atomic.Uint64
 // CopiedBytes is the number of payload bytes this package has copied in
 // user space since the process started.
 func CopiedBytes() uint64 { return copied.Load() }
+
+// summed counts payload bytes Writers passed through CRC32C (the chunk
+// list's windows; the packet CRC is combined from them): one per byte sent.
+var summed atomic.Uint64
+
+// SummedBytes is the number of payload bytes Writers have summed with
+// CRC32C since the process started.
+func SummedBytes() uint64 { return summed.Load() }

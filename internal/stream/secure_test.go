@@ -27,7 +27,7 @@ type secureCluster struct {
 	nodes []*node
 }
 
-func newSecureCluster(t *testing.T, k int) *secureCluster {
+func newSecureCluster(t testing.TB, k int) *secureCluster {
 	ca, err := pki.NewCA("stream test CA")
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +39,7 @@ func newSecureCluster(t *testing.T, k int) *secureCluster {
 	return c
 }
 
-func (c *secureCluster) issue(t *testing.T, role pki.Role, id string) *pki.Credentials {
+func (c *secureCluster) issue(t testing.TB, role pki.Role, id string) *pki.Credentials {
 	t.Helper()
 	cr, err := c.ca.Issue(pki.Identity{Role: role, ID: id}, time.Hour)
 	if err != nil {
@@ -79,7 +79,7 @@ func (c *secureCluster) security(cr *pki.Credentials) *Security {
 	}
 }
 
-func (c *secureCluster) start(t *testing.T, id uint64) {
+func (c *secureCluster) start(t testing.TB, id uint64) {
 	st, err := storage.Open(storage.Options{Volumes: []string{t.TempDir()}, ContainerSize: 4 << 30, KeepUncommitted: true})
 	if err != nil {
 		t.Fatal(err)

@@ -53,6 +53,7 @@ func commitAndCheck(t *testing.T, st *storage.Store, b BlockID, length uint64, c
 func TestChainWrite(t *testing.T) {
 	ns, route := chain(t, 3, 5*time.Second)
 	ctx := context.Background()
+	summed0 := SummedBytes()
 	for i, size := range []int{1, 1<<20 - 1, 1<<20 + 1, 5<<20 + 123} {
 		data := payload(size, uint64(i))
 		b := BlockID{1, uint64(10 + i)}
@@ -80,6 +81,11 @@ func TestChainWrite(t *testing.T) {
 	}
 	if s := ns[0].srv.Stats(); s.FirstHop != 4 || s.Downstream != 0 {
 		t.Fatalf("first hop stats %+v", s)
+	}
+	// The Writer sums each byte once: the packet CRC the datanodes verified
+	// is combined from the chunk list's window sums, not computed again.
+	if got, want := SummedBytes()-summed0, uint64(1+1<<20-1+1<<20+1+5<<20+123); got != want {
+		t.Fatalf("the Writer summed %d bytes with CRC32C for %d sent", got, want)
 	}
 	for _, n := range ns[1:] {
 		if s := n.srv.Stats(); s.FirstHop != 0 || s.Downstream != 4 || s.BytesReceived != uint64(1+1<<20-1+1<<20+1+5<<20+123) {

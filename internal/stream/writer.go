@@ -10,6 +10,7 @@ import (
 	"net"
 	"time"
 
+	crcc "github.com/basalt-store/basalt/internal/crc32c"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 )
 
@@ -113,6 +114,7 @@ type Writer struct {
 
 	seq, off uint64
 	chunks   []Chunk
+	shift    crcc.Shift // combines a full window's CRC32C
 	hdr      [packetHeaderLen]byte
 	iov      [2][]byte
 	bufs     net.Buffers // over iov; a field so WriteTo does not allocate
@@ -316,8 +318,8 @@ func (w *Writer) send(payload []byte) error {
 			return w.stall()
 		}
 	}
-	w.addSums(payload)
-	ph := packetHeader{kind: kindData, length: uint32(len(payload)), seq: w.seq, offset: w.off, crc: crc32c(payload)}
+	crc := w.addSums(payload)
+	ph := packetHeader{kind: kindData, length: uint32(len(payload)), seq: w.seq, offset: w.off, crc: crc}
 	end := w.off + uint64(len(payload))
 	w.inflight <- expect{seq: w.seq, end: end}
 	if err := w.writePacket(&ph, payload); err != nil {
@@ -363,18 +365,33 @@ func (w *Writer) writePacket(ph *packetHeader, payload []byte) error {
 }
 
 // addSums extends the chunk list with the CRC32C windows of payload, which
-// starts at w.off, a multiple of PacketSize from the stream's start.
-func (w *Writer) addSums(payload []byte) {
+// starts at w.off, a multiple of PacketSize from the stream's start, and
+// returns the CRC32C of the whole payload for the packet header, combined
+// from the windows' (one pass over the data, not two).
+func (w *Writer) addSums(payload []byte) uint32 {
 	bpc := w.opts.BytesPerChecksum
 	if len(w.chunks) == 0 || w.chunks[len(w.chunks)-1].Length == uint64(w.opts.ChunkSize) {
 		w.chunks = append(w.chunks, Chunk{Offset: w.off, BytesPerChecksum: uint32(bpc),
 			Sums: make([]byte, 0, 4*(w.opts.ChunkSize/bpc))})
 	}
+	if w.shift == 0 {
+		w.shift = crcc.ShiftFor(int64(bpc))
+	}
 	c := &w.chunks[len(w.chunks)-1]
+	var crc uint32
 	for i := 0; i < len(payload); i += bpc {
-		c.Sums = binary.BigEndian.AppendUint32(c.Sums, crc32c(payload[i:min(i+bpc, len(payload))]))
+		win := payload[i:min(i+bpc, len(payload))]
+		s := crcc.Checksum(win)
+		summed.Add(uint64(len(win)))
+		c.Sums = binary.BigEndian.AppendUint32(c.Sums, s)
+		if len(win) == bpc {
+			crc = w.shift.Combine(crc, s)
+		} else {
+			crc = crcc.Combine(crc, s, int64(len(win)))
+		}
 	}
 	c.Length += uint64(len(payload))
+	return crc
 }
 
 // Close sends what is buffered and the CLOSE frame, and waits until every
