@@ -105,10 +105,16 @@ func (r *KeyReader) WriteRange(w io.Writer, off, n int64) (int64, error) {
 			} else {
 				var k int
 				if p.m.bf != nil {
-					k, err = p.m.write(w)
+					var sent bool
+					k, sent, err = p.m.write(w)
 					p.m.bf = nil
-					r.c.sc.blk.reads.Add(1)
-					r.c.sc.blk.bytes.Add(uint64(k))
+					st := &r.c.sc.blk
+					st.reads.Add(1)
+					st.bytes.Add(uint64(k))
+					st.mapped.Add(uint64(k))
+					if sent {
+						st.sent.Add(uint64(k))
+					}
 				} else {
 					k, err = w.Write((*p.buf)[:p.n])
 				}

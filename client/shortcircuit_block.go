@@ -63,7 +63,7 @@ type scBlocks struct {
 
 // scBlockCounters are the client's short-circuit block-file counters.
 type scBlockCounters struct {
-	reads, bytes, fallbacks, opened atomic.Uint64
+	reads, bytes, fallbacks, opened, mapped, sent atomic.Uint64
 }
 
 // ShortCircuitStats count a client's short-circuit reads of block files.
@@ -72,13 +72,18 @@ type ShortCircuitStats struct {
 	Bytes     uint64 // bytes served so
 	Fallbacks uint64 // ranges a local file did not serve (not available, I/O error, checksum mismatch): read over gRPC
 	Opened    uint64 // block file descriptors received
+	// Of Bytes, those WriteRange passed on from a mapped block file
+	// without copying them in user space (the writer got the mapping, or
+	// a FileSender sent them), and of those the ones sent (sendfile).
+	Mapped, Sent uint64
 }
 
 // ShortCircuitBlockStats returns the client's short-circuit block-file
 // counters.
 func (c *Client) ShortCircuitBlockStats() ShortCircuitStats {
 	b := &c.sc.blk
-	return ShortCircuitStats{Reads: b.reads.Load(), Bytes: b.bytes.Load(), Fallbacks: b.fallbacks.Load(), Opened: b.opened.Load()}
+	return ShortCircuitStats{Reads: b.reads.Load(), Bytes: b.bytes.Load(), Fallbacks: b.fallbacks.Load(), Opened: b.opened.Load(),
+		Mapped: b.mapped.Load(), Sent: b.sent.Load()}
 }
 
 // readLocal fills dst from block bi at off by reading d's block file, if d

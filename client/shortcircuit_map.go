@@ -205,23 +205,25 @@ func (r *KeyReader) mapPiece(pos, end int64) (mappedPiece, bool) {
 	return mappedPiece{}, false
 }
 
-// write sends the piece to w: with sendfile to a FileSender, else from
-// the mapping. It releases the piece.
-func (p mappedPiece) write(w io.Writer) (int, error) {
+// write sends the piece to w: with sendfile to a FileSender (sent), else
+// from the mapping. It releases the piece.
+func (p mappedPiece) write(w io.Writer) (n int, sent bool, err error) {
 	defer p.bf.release()
 	if fs, ok := w.(FileSender); ok {
 		p.bf.seekMu.Lock()
 		defer p.bf.seekMu.Unlock()
 		if _, err := p.bf.f.Seek(p.off, io.SeekStart); err != nil {
-			return 0, err
+			return 0, true, err
 		}
-		n, err := fs.SendFile(p.bf.f, p.n)
-		return int(n), err
+		k, err := fs.SendFile(p.bf.f, p.n)
+		if err == nil && k != p.n {
+			err = fmt.Errorf("sent %d of %d bytes of %s", k, p.n, p.bf.f.Name())
+		}
+		return int(k), true, err
 	}
-	var n int
 	var werr error
 	if err := guarded(p.bf.m, func() { n, werr = w.Write(p.bf.m[p.off : p.off+p.n]) }); err != nil {
-		return n, err
+		return n, false, err
 	}
-	return n, werr
+	return n, false, werr
 }

@@ -69,7 +69,7 @@ func TestMappedBlockFileShrunkIsAnError(t *testing.T) {
 	}
 	bf := &scBlockFile{f: f, m: m, bd: bd}
 	bf.refs.Store(2) // the test keeps the mapping
-	if _, err := (mappedPiece{bf: bf, off: 4096, n: 8192}).write(touchWriter{}); !errors.As(err, &fe) {
+	if _, _, err := (mappedPiece{bf: bf, off: 4096, n: 8192}).write(touchWriter{}); !errors.As(err, &fe) {
 		t.Fatalf("writer reading a truncated mapping: %v, want a fault error", err)
 	}
 	// A fault outside the mapping is a bug and still panics.
