@@ -167,6 +167,55 @@ func TestShortCircuitBlockCorrupt(t *testing.T) {
 	}
 }
 
+// TestShortCircuitMappedCorrupt: WriteTo (pieces verified on the mapping
+// before they are written) with a byte flipped in the local replica: the
+// piece that holds it is read again the ordinary way, which finds the
+// replica corrupt and reads another (over gRPC: the others' sockets
+// removed); the bytes are right and none came from the mapping.
+func TestShortCircuitMappedCorrupt(t *testing.T) {
+	c, dir := startSC(t, false)
+	cl := newClient(t, c, "/dc1/rack1")
+	makeBucket(t, cl, "vol", "bkt")
+	data := randData(24, 3<<20)
+	put(t, cl, "k", data)
+	reader := newClient(t, c, "/dc1/rack1")
+	r, err := reader.GetKey(context.Background(), "vol", "bkt", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	b := r.Info().Blocks[0]
+	first := b.Replicas[0].ID
+	for i := range 3 {
+		if c.Datanode(i).ID() != first {
+			if err := os.Remove(filepath.Join(dir, fmt.Sprintf("dn%d", i+1), "short-circuit.sock")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	fi, _ := dnIndex(t, c, 3, first)
+	f, err := os.OpenFile(blockFile(dir, fi, b.ContainerID, b.LocalID), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := []byte{0}
+	if _, err := f.ReadAt(one, 1<<20+5); err != nil {
+		t.Fatal(err)
+	}
+	one[0] ^= 0x40
+	if _, err := f.WriteAt(one, 1<<20+5); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	var buf bytes.Buffer
+	if n, err := r.WriteTo(&buf); err != nil || n != int64(len(data)) || !bytes.Equal(buf.Bytes(), data) {
+		t.Fatalf("WriteTo with a corrupt local replica: %d bytes, %v", n, err)
+	}
+	if st := reader.ShortCircuitBlockStats(); st.Mapped != 0 || st.Bytes != 0 || st.Fallbacks == 0 {
+		t.Fatalf("WriteTo with a corrupt local replica: %+v: want nothing from the mapping, a fallback", st)
+	}
+}
+
 // TestShortCircuitBlockOff: datanodes without the socket register none;
 // clients read over gRPC.
 func TestShortCircuitBlockOff(t *testing.T) {

@@ -298,7 +298,7 @@ func (g *Gateway) readObject(req *request, head bool) *Error {
 	}
 	iw := newIdleWriter(req.w, g.cfg.BodyIdleTimeout)
 	defer iw.stop()
-	if err := writeObjectBody(iw, req.r.TLS == nil, kr, start, length); err != nil {
+	if err := writeObjectBody(iw, kr, start, length); err != nil {
 		// The status is sent; cutting the connection is the only way to
 		// tell the client the body is incomplete.
 		if ctx.Err() == nil {
