@@ -52,6 +52,7 @@ func (r *KeyReader) WriteRange(w io.Writer, off, n int64) (int64, error) {
 	}
 	type piece struct {
 		buf  *[]byte
+		m    mappedPiece // or a verified range of a mapped local block file
 		n    int
 		err  error
 		done chan struct{}
@@ -73,17 +74,22 @@ func (r *KeyReader) WriteRange(w io.Writer, off, n int64) (int64, error) {
 					return
 				}
 			}
-			p := &piece{buf: getPieceBuf(unit), done: make(chan struct{})}
+			p := &piece{done: make(chan struct{})}
 			select {
 			case queue <- p:
 			case <-ctx.Done():
-				r.c.releasePiece(p.buf)
+				r.c.releasePiece(nil)
 				return
 			}
 			wg.Add(1)
 			go func(pos, pe int64) {
 				defer wg.Done()
 				defer close(p.done)
+				if m, ok := r.mapPiece(pos, pe); ok {
+					p.m, p.n = m, int(pe-pos)
+					return
+				}
+				p.buf = getPieceBuf(unit)
 				p.n, p.err = r.readAt(ctx, (*p.buf)[:pe-pos], pos)
 			}(pos, pe)
 			pos = pe
@@ -98,12 +104,28 @@ func (r *KeyReader) WriteRange(w io.Writer, off, n int64) (int64, error) {
 				err = p.err
 			} else {
 				var k int
-				k, err = w.Write((*p.buf)[:p.n])
+				if p.m.bf != nil {
+					var sent bool
+					k, sent, err = p.m.write(w)
+					p.m.bf = nil
+					st := &r.c.sc.blk
+					st.reads.Add(1)
+					st.bytes.Add(uint64(k))
+					st.mapped.Add(uint64(k))
+					if sent {
+						st.sent.Add(uint64(k))
+					}
+				} else {
+					k, err = w.Write((*p.buf)[:p.n])
+				}
 				total += int64(k)
 			}
 			if err != nil {
 				cancel()
 			}
+		}
+		if p.m.bf != nil {
+			p.m.bf.release()
 		}
 		r.c.releasePiece(p.buf)
 	}
@@ -114,7 +136,9 @@ func (r *KeyReader) WriteRange(w io.Writer, off, n int64) (int64, error) {
 // releasePiece returns a read-ahead piece's buffer and its place in the
 // client-wide bound.
 func (c *Client) releasePiece(b *[]byte) {
-	putPieceBuf(b)
+	if b != nil {
+		putPieceBuf(b)
+	}
 	if c.readAhead != nil {
 		<-c.readAhead
 	}

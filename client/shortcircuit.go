@@ -73,7 +73,12 @@ func (c *Client) shortCircuit(l *metapb.BlockLocation, d *metapb.DatanodeDetails
 	if m.data == nil || off < 0 || off+int64(len(dst)) > int64(len(m.data)) {
 		return false
 	}
-	copy(dst, m.data[off:])
+	if err := copyMapped(dst, m.data, off); err != nil {
+		// The cache file shrank or failed to page in (SIGBUS, turned
+		// into an error: shortcircuit_map.go): read over gRPC.
+		c.log.Debug("short-circuit read of a cache file failed; reading over gRPC", "datanode", d.Id, "err", err)
+		return false
+	}
 	c.sc.reads.Add(1)
 	return true
 }

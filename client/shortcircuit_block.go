@@ -43,10 +43,15 @@ const (
 var errNoLocal = errors.New("no short-circuit read")
 
 // scBlockFile is one block's file from one replica; f nil: not available
-// from it (read over gRPC).
+// from it (read over gRPC). m maps its committed bytes (nil: not mapped,
+// read with pread; shortcircuit_map.go). refs counts the table's
+// reference and the reads using it; the last release closes and unmaps.
 type scBlockFile struct {
-	f  *os.File
-	bd *datanodepb.BlockData
+	f      *os.File
+	m      []byte
+	bd     *datanodepb.BlockData
+	refs   atomic.Int64
+	seekMu sync.Mutex // f's offset (FileSender)
 }
 
 // scBlocks are a reader's block files.
@@ -58,7 +63,7 @@ type scBlocks struct {
 
 // scBlockCounters are the client's short-circuit block-file counters.
 type scBlockCounters struct {
-	reads, bytes, fallbacks, opened atomic.Uint64
+	reads, bytes, fallbacks, opened, mapped, sent atomic.Uint64
 }
 
 // ShortCircuitStats count a client's short-circuit reads of block files.
@@ -67,13 +72,18 @@ type ShortCircuitStats struct {
 	Bytes     uint64 // bytes served so
 	Fallbacks uint64 // ranges a local file did not serve (not available, I/O error, checksum mismatch): read over gRPC
 	Opened    uint64 // block file descriptors received
+	// Of Bytes, those WriteRange passed on from a mapped block file
+	// without copying them in user space (the writer got the mapping, or
+	// a FileSender sent them), and of those the ones sent (sendfile).
+	Mapped, Sent uint64
 }
 
 // ShortCircuitBlockStats returns the client's short-circuit block-file
 // counters.
 func (c *Client) ShortCircuitBlockStats() ShortCircuitStats {
 	b := &c.sc.blk
-	return ShortCircuitStats{Reads: b.reads.Load(), Bytes: b.bytes.Load(), Fallbacks: b.fallbacks.Load(), Opened: b.opened.Load()}
+	return ShortCircuitStats{Reads: b.reads.Load(), Bytes: b.bytes.Load(), Fallbacks: b.fallbacks.Load(), Opened: b.opened.Load(),
+		Mapped: b.mapped.Load(), Sent: b.sent.Load()}
 }
 
 // readLocal fills dst from block bi at off by reading d's block file, if d
@@ -91,9 +101,10 @@ func (r *KeyReader) readLocal(bi int, l *metapb.BlockLocation, d *metapb.Datanod
 		// refreshed by the caller and the replica asked again).
 		return err
 	}
-	if bf == nil || bf.f == nil {
+	if bf == nil || bf.f == nil || !bf.acquire() {
 		return errNoLocal
 	}
+	defer bf.release()
 	r.mu.Lock()
 	if r.layout[bi] == nil {
 		r.layout[bi] = bf.bd
@@ -101,15 +112,27 @@ func (r *KeyReader) readLocal(bi int, l *metapb.BlockLocation, d *metapb.Datanod
 	r.mu.Unlock()
 	end := off + int64(len(dst))
 	rs, re := alignRange(bf.bd, int64(r.raw.BytesPerChecksum), int64(l.Length), off, end)
+	mapped := bf.m != nil && re <= int64(len(bf.m))
 	data := dst
-	if rs != off || re != end {
+	if !mapped && (rs != off || re != end) {
 		data = make([]byte, re-rs)
 	}
-	n, err := bf.f.ReadAt(data, rs)
-	if err == nil || (err == io.EOF && n == len(data)) {
-		err = verifyRange(bf.bd, rs, data, off, end)
+	if mapped {
+		// Checked on the mapping, then one copy of just the range wanted
+		// (as pread's copy; no buffer for the whole windows).
+		if err = verifyMapped(bf.bd, bf.m, rs, re, off, end); err == nil {
+			err = copyMapped(dst, bf.m, off)
+		}
 	} else {
-		err = fmt.Errorf("short-circuit read of %s at %d: %d of %d bytes: %w", bf.f.Name(), rs, n, len(data), err)
+		var n int
+		if n, err = bf.f.ReadAt(data, rs); err == io.EOF && n == len(data) {
+			err = nil
+		} else if err != nil {
+			err = fmt.Errorf("short-circuit read of %s at %d: %d of %d bytes: %w", bf.f.Name(), rs, n, len(data), err)
+		}
+		if err == nil {
+			err = verifyRange(bf.bd, rs, data, off, end)
+		}
 	}
 	if err != nil {
 		c.sc.blk.fallbacks.Add(1)
@@ -122,7 +145,7 @@ func (r *KeyReader) readLocal(bi int, l *metapb.BlockLocation, d *metapb.Datanod
 		c.log.Debug("short-circuit read failed; reading over gRPC", "datanode", d.Id, "err", err)
 		return errNoLocal
 	}
-	if &data[0] != &dst[0] {
+	if !mapped && &data[0] != &dst[0] {
 		copy(dst, data[off-rs:])
 	}
 	c.sc.blk.reads.Add(1)
@@ -153,6 +176,8 @@ func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, id *metapb.BlockID, 
 		case err == nil:
 			cnt.opened.Add(1)
 			bf.f, bf.bd = f, bd
+			bf.m = mapBlockFile(f, bd.Length)
+			bf.refs.Store(1)
 		case errors.As(err, &te):
 			st, serr := status.New(codes.PermissionDenied, te.msg).WithDetails(&datanodepb.Error{Kind: te.kind})
 			if serr != nil {
@@ -170,7 +195,7 @@ func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, id *metapb.BlockID, 
 	defer s.mu.Unlock()
 	if old := s.files[k]; old != nil || s.closed {
 		if bf.f != nil {
-			bf.f.Close()
+			bf.release()
 		}
 		return old, nil
 	}
@@ -181,7 +206,7 @@ func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, id *metapb.BlockID, 
 		for ok, o := range s.files {
 			delete(s.files, ok)
 			if o.f != nil {
-				o.f.Close() // a read in flight fails and falls back to gRPC
+				o.release() // closed when reads in flight are done
 			}
 			break
 		}
@@ -205,9 +230,9 @@ func (s *scBlocks) drop(k scKey, bf *scBlockFile) {
 	defer s.mu.Unlock()
 	if s.files[k] == bf {
 		s.files[k] = &scBlockFile{}
-	}
-	if bf.f != nil {
-		bf.f.Close()
+		if bf.f != nil {
+			bf.release() // the table's reference
+		}
 	}
 }
 
@@ -218,7 +243,7 @@ func (s *scBlocks) close() {
 	s.mu.Unlock()
 	for _, bf := range files {
 		if bf.f != nil {
-			bf.f.Close()
+			bf.release()
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -166,6 +167,55 @@ func TestShortCircuitBlockCorrupt(t *testing.T) {
 	}
 }
 
+// TestShortCircuitMappedCorrupt: WriteTo (pieces verified on the mapping
+// before they are written) with a byte flipped in the local replica: the
+// piece that holds it is read again the ordinary way, which finds the
+// replica corrupt and reads another (over gRPC: the others' sockets
+// removed); the bytes are right and none came from the mapping.
+func TestShortCircuitMappedCorrupt(t *testing.T) {
+	c, dir := startSC(t, false)
+	cl := newClient(t, c, "/dc1/rack1")
+	makeBucket(t, cl, "vol", "bkt")
+	data := randData(24, 3<<20)
+	put(t, cl, "k", data)
+	reader := newClient(t, c, "/dc1/rack1")
+	r, err := reader.GetKey(context.Background(), "vol", "bkt", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	b := r.Info().Blocks[0]
+	first := b.Replicas[0].ID
+	for i := range 3 {
+		if c.Datanode(i).ID() != first {
+			if err := os.Remove(filepath.Join(dir, fmt.Sprintf("dn%d", i+1), "short-circuit.sock")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	fi, _ := dnIndex(t, c, 3, first)
+	f, err := os.OpenFile(blockFile(dir, fi, b.ContainerID, b.LocalID), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := []byte{0}
+	if _, err := f.ReadAt(one, 1<<20+5); err != nil {
+		t.Fatal(err)
+	}
+	one[0] ^= 0x40
+	if _, err := f.WriteAt(one, 1<<20+5); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	var buf bytes.Buffer
+	if n, err := r.WriteTo(&buf); err != nil || n != int64(len(data)) || !bytes.Equal(buf.Bytes(), data) {
+		t.Fatalf("WriteTo with a corrupt local replica: %d bytes, %v", n, err)
+	}
+	if st := reader.ShortCircuitBlockStats(); st.Mapped != 0 || st.Bytes != 0 || st.Fallbacks == 0 {
+		t.Fatalf("WriteTo with a corrupt local replica: %+v: want nothing from the mapping, a fallback", st)
+	}
+}
+
 // TestShortCircuitBlockOff: datanodes without the socket register none;
 // clients read over gRPC.
 func TestShortCircuitBlockOff(t *testing.T) {
@@ -194,4 +244,65 @@ func claimsExpired(t *testing.T, tok []byte) blocktoken.Claims {
 	}
 	cl.ExpiryUnixMs = time.Now().Add(-time.Second).UnixMilli()
 	return cl
+}
+
+// sendfileWriter is a client.FileSender that reads what it is asked to
+// send from the file (as sendfile would) into buf.
+type sendfileWriter struct {
+	buf  bytes.Buffer
+	sent int64
+}
+
+func (w *sendfileWriter) Write(p []byte) (int, error) { return w.buf.Write(p) }
+
+func (w *sendfileWriter) SendFile(f *os.File, n int64) (int64, error) {
+	k, err := io.CopyN(&w.buf, f, n)
+	w.sent += k
+	return k, err
+}
+
+// TestShortCircuitMappedWriteRange: WriteRange (WriteTo, the S3 GET path)
+// of a key whose blocks are all local passes every byte on from the
+// mapped block files without a copy in user space (the regression check
+// of the mapped read: Mapped == Bytes), to a plain writer from the
+// mapping and to a FileSender as file ranges (sendfile), also for a range
+// that starts and ends inside checksum windows. ReadAt, which copies into
+// the caller's buffer, is served from the mapping too.
+func TestShortCircuitMappedWriteRange(t *testing.T) {
+	c, _ := startSC(t, false)
+	cl := newClient(t, c, "/dc1/rack1")
+	makeBucket(t, cl, "vol", "bkt")
+	data := randData(23, 10<<20+12345) // three blocks of 4 MiB
+	put(t, cl, "k", data)
+	reader := newClient(t, c, "/dc1/rack1")
+	ctx := context.Background()
+	r, err := reader.GetKey(ctx, "vol", "bkt", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var plain bytes.Buffer
+	if n, err := r.WriteTo(&plain); err != nil || n != int64(len(data)) || !bytes.Equal(plain.Bytes(), data) {
+		t.Fatalf("WriteTo: %d bytes, %v; equal %v", n, err, bytes.Equal(plain.Bytes(), data))
+	}
+	st := reader.ShortCircuitBlockStats()
+	if st.Bytes != uint64(len(data)) || st.Mapped != st.Bytes || st.Sent != 0 || st.Fallbacks != 0 {
+		t.Fatalf("WriteTo to a plain writer: %+v, want all %d bytes passed on from mappings", st, len(data))
+	}
+	sw := &sendfileWriter{}
+	off, n := int64(4<<20-1000), int64(5<<20+77)
+	if k, err := r.WriteRange(sw, off, n); err != nil || k != n || !bytes.Equal(sw.buf.Bytes(), data[off:off+n]) {
+		t.Fatalf("WriteRange to a FileSender: %d bytes, %v", k, err)
+	}
+	st2 := reader.ShortCircuitBlockStats()
+	if st2.Sent-st.Sent != uint64(n) || sw.sent != n || st2.Mapped-st.Mapped != uint64(n) {
+		t.Fatalf("WriteRange to a FileSender: %+v after %+v, the writer sent %d: want all %d bytes sent", st2, st, sw.sent, n)
+	}
+	p := make([]byte, 300_001)
+	if _, err := r.ReadAt(p, 8<<20-77_777); err != nil || !bytes.Equal(p, data[8<<20-77_777:][:len(p)]) {
+		t.Fatalf("ranged read: %v", err)
+	}
+	if st3 := reader.ShortCircuitBlockStats(); st3.Bytes != st2.Bytes+uint64(len(p)) || st3.Mapped != st2.Mapped || st3.Opened != 3 {
+		t.Fatalf("ReadAt: %+v after %+v", st3, st2)
+	}
 }

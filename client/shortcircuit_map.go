@@ -1,0 +1,229 @@
+package client
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"sort"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
+)
+
+// Mapped short-circuit reads. A block file passed by a datanode
+// (shortcircuit_block.go) is also mapped read-only (MAP_SHARED,
+// PROT_READ) over its committed bytes [0, Length): checksum windows are
+// verified on the mapping, ReadAt copies from it (one copy, as pread's),
+// and WriteRange hands the verified mapping to the writer itself (no copy
+// in user space) or, to a FileSender (the S3 gateway on plain HTTP), the
+// file's range to send with sendfile (no copy at all on this side).
+//
+// Why a mapping cannot take the process down. A committed block's bytes
+// are never rewritten or truncated by the datanode (storage truncates a
+// block only down to its committed length, and deletion unlinks the file,
+// which leaves the mapped inode alive), and the client maps only
+// [0, Length) after checking that the file holds at least Length bytes.
+// What remains is what no check can exclude: someone else truncating the
+// file, or the disk failing to page a block in; both raise SIGBUS on the
+// access. Every access to a mapping in user space (checksums, copies,
+// writers given the mapping) runs with debug.SetPanicOnFault, and a fault
+// inside a mapping becomes an error of that read (which falls back to
+// gRPC or fails the WriteRange); the kernel's own accesses (write(2) from
+// the mapping) return EFAULT instead. A mapping is unmapped only when the
+// last read using it is done (reference counts), so closing a reader
+// while a WriteRange of it runs cannot pull it away under an access.
+
+// FileSender is an io.Writer that can also send bytes of a file without
+// passing them through user memory (sendfile). WriteRange gives it ranges
+// of local block files whose checksums it verified: SendFile must write
+// exactly n bytes of f from f's current offset, or fail.
+type FileSender interface {
+	io.Writer
+	SendFile(f *os.File, n int64) (int64, error)
+}
+
+// noMapping: map no block files (tests compare against the pread path).
+var noMapping atomic.Bool
+
+// mapBlockFile maps [0, length) of f read-only; nil when length is 0 or
+// the mapping fails (the file is then read with pread).
+func mapBlockFile(f *os.File, length uint64) []byte {
+	if length == 0 || length > 1<<40 || noMapping.Load() {
+		return nil
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(length), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil
+	}
+	return m
+}
+
+// acquire takes a reference on bf for one read; false: bf is released
+// (its file closed), read otherwise.
+func (bf *scBlockFile) acquire() bool {
+	for {
+		n := bf.refs.Load()
+		if n <= 0 {
+			return false
+		}
+		if bf.refs.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// release drops a reference; the last one closes the file and unmaps it.
+func (bf *scBlockFile) release() {
+	if bf.refs.Add(-1) != 0 {
+		return
+	}
+	if bf.m != nil {
+		unix.Munmap(bf.m)
+		bf.m = nil
+	}
+	if bf.f != nil {
+		bf.f.Close()
+	}
+}
+
+// faultError is a memory fault inside a mapped block file.
+type faultError struct {
+	addr uintptr
+	v    any
+}
+
+func (e *faultError) Error() string {
+	return fmt.Sprintf("fault at %#x reading a mapped block file (file shrunk or disk error): %v", e.addr, e.v)
+}
+
+// guarded runs fn with memory faults turned into panics, and returns a
+// fault inside m as a *faultError. A fault elsewhere (a bug) panics on.
+func guarded(m []byte, fn func()) (err error) {
+	old := debug.SetPanicOnFault(true)
+	defer func() {
+		debug.SetPanicOnFault(old)
+		v := recover()
+		if v == nil {
+			return
+		}
+		if fe, ok := v.(interface{ Addr() uintptr }); ok && len(m) > 0 {
+			base := uintptr(unsafe.Pointer(unsafe.SliceData(m)))
+			if a := fe.Addr(); a >= base && a < base+uintptr(len(m)) {
+				err = &faultError{addr: a, v: v}
+				return
+			}
+		}
+		panic(v)
+	}()
+	fn()
+	return nil
+}
+
+// verifyMapped checks every checksum window of bd overlapping [off, end)
+// on the mapping m, under guarded; rs, re is the range checked (whole
+// windows). The range's page table entries are filled first in one call
+// (MADV_POPULATE_READ): a page fault per 64 KiB costs more than the
+// checksum of those bytes in a VM; an error there (an old kernel, a file
+// shrunk: EFAULT) is left to the guarded access.
+func verifyMapped(bd *datanodepb.BlockData, m []byte, rs, re, off, end int64) error {
+	if ps := int64(os.Getpagesize()); re > rs {
+		_ = unix.Madvise(m[rs&^(ps-1):re], unix.MADV_POPULATE_READ)
+	}
+	var verr error
+	if err := guarded(m, func() { verr = verifyRange(bd, rs, m[rs:re], off, end) }); err != nil {
+		return err
+	}
+	return verr
+}
+
+// copyMapped copies m[from:] into dst under guarded.
+func copyMapped(dst, m []byte, from int64) error {
+	return guarded(m, func() { copy(dst, m[from:]) })
+}
+
+// mappedPiece is [off, off+n) of a block file, verified, for WriteRange:
+// it holds a reference on bf until written.
+type mappedPiece struct {
+	bf  *scBlockFile
+	off int64
+	n   int64
+}
+
+// mapPiece returns key range [pos, end) as a verified range of a mapped
+// local block file, when the range lies in one block, a replica of it
+// (not failed before for this reader, and read before any replica cached
+// elsewhere) is local and mapped, and its checksums match. false: read
+// the range the ordinary way (readAt), which also handles every failure.
+func (r *KeyReader) mapPiece(pos, end int64) (mappedPiece, bool) {
+	c := r.c
+	if c.cfg.NoShortCircuit {
+		return mappedPiece{}, false
+	}
+	locs := r.raw.Locations
+	bi := sort.Search(len(locs), func(i int) bool { return int64(locs[i].Offset+locs[i].Length) > pos })
+	if bi >= len(locs) {
+		return mappedPiece{}, false
+	}
+	l := locs[bi]
+	off := pos - int64(l.Offset)
+	if off+(end-pos) > int64(l.Length) || len(l.CachedDatanodes) > 0 {
+		return mappedPiece{}, false
+	}
+	for _, d := range l.Datanodes {
+		r.mu.Lock()
+		bad := r.bad[d.Id]
+		r.mu.Unlock()
+		if bad || d.ShortCircuitSocket == "" {
+			continue
+		}
+		k := scKey{d.Id, l.Id.GetContainerId(), l.Id.GetLocalId()}
+		bf, err := r.scb.file(k, d, l.Id, r.token(bi, l), &c.sc.blk)
+		if err != nil {
+			return mappedPiece{}, false
+		}
+		if bf == nil || bf.m == nil || !bf.acquire() {
+			continue
+		}
+		r.mu.Lock()
+		if r.layout[bi] == nil {
+			r.layout[bi] = bf.bd
+		}
+		r.mu.Unlock()
+		rs, re := alignRange(bf.bd, int64(r.raw.BytesPerChecksum), int64(l.Length), off, off+(end-pos))
+		if re > int64(len(bf.m)) || verifyMapped(bf.bd, bf.m, rs, re, off, off+(end-pos)) != nil {
+			// readAt reads it again and tells a corrupt replica from
+			// anything else.
+			bf.release()
+			return mappedPiece{}, false
+		}
+		return mappedPiece{bf: bf, off: off, n: end - pos}, true
+	}
+	return mappedPiece{}, false
+}
+
+// write sends the piece to w: with sendfile to a FileSender (sent), else
+// from the mapping. It releases the piece.
+func (p mappedPiece) write(w io.Writer) (n int, sent bool, err error) {
+	defer p.bf.release()
+	if fs, ok := w.(FileSender); ok {
+		p.bf.seekMu.Lock()
+		defer p.bf.seekMu.Unlock()
+		if _, err := p.bf.f.Seek(p.off, io.SeekStart); err != nil {
+			return 0, true, err
+		}
+		k, err := fs.SendFile(p.bf.f, p.n)
+		if err == nil && k != p.n {
+			err = fmt.Errorf("sent %d of %d bytes of %s", k, p.n, p.bf.f.Name())
+		}
+		return int(k), true, err
+	}
+	var werr error
+	if err := guarded(p.bf.m, func() { n, werr = w.Write(p.bf.m[p.off : p.off+p.n]) }); err != nil {
+		return n, false, err
+	}
+	return n, false, werr
+}
