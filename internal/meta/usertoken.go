@@ -305,6 +305,16 @@ func (s *Server) verifyUserToken(tok string, now time.Time) (userToken, error) {
 	}
 	if t.AccessKey != "" {
 		k := s.s3Keys.get(s, t.AccessKey)
+		if !k.exists && ms-t.KeyCreatedMs < utFreshKeyMs && s.nsGroup != nil {
+			// A key created moments ago may not be applied on this node
+			// yet (the token was issued after a read barrier on the
+			// leader): wait for what the leader has committed, briefly.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if s.nsGroup.ReadIndex(ctx) == nil {
+				k = s.s3Keys.get(s, t.AccessKey)
+			}
+			cancel()
+		}
 		if !k.exists || k.owner != t.User || k.admin != t.Admin || k.createdMs != t.KeyCreatedMs {
 			return refuse("token %d of %s: access key %s was deleted or changed since the token was issued", t.Seq, t.User, clip(t.AccessKey))
 		}
@@ -341,6 +351,11 @@ func (c *utCache) put(tok string, t userToken) {
 	}
 	c.m[tok] = t
 }
+
+// utFreshKeyMs: a token whose S3 key is younger than this and not found
+// here may be ahead of this node's namespace replica (see
+// verifyUserToken); an older missing key is a deleted one.
+const utFreshKeyMs = 60_000
 
 // s3KeyInfo is what a token bound to an S3 key checks of it.
 type s3KeyInfo struct {
