@@ -25,9 +25,25 @@ func lookupCluster(t *testing.T, n int) (*cluster, *metaclient.Client, context.C
 	admin := c.client()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	waitFor(t, 20*time.Second, "leader", func() bool { return c.nsLeader() != 0 })
-	registerDatanodes(t, admin, 3)
-	waitFor(t, 20*time.Second, "containers", func() bool {
+	waitFor(t, 60*time.Second, "leader", func() bool { return c.nsLeader() != 0 })
+	ids := registerDatanodes(t, admin, 3)
+	// Keep the datanodes alive: an SCM leader that moves (to the namespace
+	// leader's node) needs their heartbeats to leave safe mode.
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			for _, id := range ids {
+				dnScm(t, admin, id).Heartbeat(ctx, &metapb.HeartbeatRequest{DatanodeId: id})
+			}
+		}
+	}()
+	waitFor(t, 60*time.Second, "containers", func() bool {
 		r, err := admin.Scm.ListContainers(ctx, &metapb.ListContainersRequest{})
 		return err == nil && len(r.Containers) >= 1
 	})
