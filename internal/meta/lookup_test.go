@@ -9,8 +9,11 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
@@ -102,6 +105,21 @@ func TestLookupKeysAuthorizesEachKey(t *testing.T) {
 		}
 		if r.Results[1].Key != nil {
 			t.Fatalf("%s: a refused key came back: %v", who, r.Results[1].Key)
+		}
+		// The missing key's error keeps its reason (a client tells a
+		// missing key from a missing bucket by it).
+		sp := &spb.Status{}
+		if err := proto.Unmarshal(r.Results[2].Status, sp); err != nil {
+			t.Fatalf("%s: status of the missing key: %v", who, err)
+		}
+		reason := ""
+		for _, d := range status.FromProto(sp).Details() {
+			if ei, ok := d.(*errdetails.ErrorInfo); ok {
+				reason = ei.Reason
+			}
+		}
+		if reason != metapb.ReasonNoSuchKey {
+			t.Fatalf("%s: missing key's reason %q, want %q", who, reason, metapb.ReasonNoSuchKey)
 		}
 	}
 	alice := c.userClient("alice")
