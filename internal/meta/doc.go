@@ -41,7 +41,8 @@
 // # Leaders and routing
 //
 // Writes go through the group leader; reads run a ReadIndex barrier on the
-// leader first, so they are linearizable. A follower answers UNAVAILABLE
+// leader first, so they are linearizable (concurrent reads share barriers,
+// and LookupKeys answers many lookups after one). A follower answers UNAVAILABLE
 // with a NotLeader detail carrying the leader's gRPC address; metaclient
 // follows it. The namespace leader allocates blocks by calling SCM
 // in-process when the local SCM replica leads, and over gRPC otherwise; a

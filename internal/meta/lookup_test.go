@@ -9,8 +9,11 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
@@ -25,9 +28,25 @@ func lookupCluster(t *testing.T, n int) (*cluster, *metaclient.Client, context.C
 	admin := c.client()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	waitFor(t, 20*time.Second, "leader", func() bool { return c.nsLeader() != 0 })
-	registerDatanodes(t, admin, 3)
-	waitFor(t, 20*time.Second, "containers", func() bool {
+	waitFor(t, 60*time.Second, "leader", func() bool { return c.nsLeader() != 0 })
+	ids := registerDatanodes(t, admin, 3)
+	// Keep the datanodes alive: an SCM leader that moves (to the namespace
+	// leader's node) needs their heartbeats to leave safe mode.
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			for _, id := range ids {
+				dnScm(t, admin, id).Heartbeat(ctx, &metapb.HeartbeatRequest{DatanodeId: id})
+			}
+		}
+	}()
+	waitFor(t, 60*time.Second, "containers", func() bool {
 		r, err := admin.Scm.ListContainers(ctx, &metapb.ListContainersRequest{})
 		return err == nil && len(r.Containers) >= 1
 	})
@@ -86,6 +105,21 @@ func TestLookupKeysAuthorizesEachKey(t *testing.T) {
 		}
 		if r.Results[1].Key != nil {
 			t.Fatalf("%s: a refused key came back: %v", who, r.Results[1].Key)
+		}
+		// The missing key's error keeps its reason (a client tells a
+		// missing key from a missing bucket by it).
+		sp := &spb.Status{}
+		if err := proto.Unmarshal(r.Results[2].Status, sp); err != nil {
+			t.Fatalf("%s: status of the missing key: %v", who, err)
+		}
+		reason := ""
+		for _, d := range status.FromProto(sp).Details() {
+			if ei, ok := d.(*errdetails.ErrorInfo); ok {
+				reason = ei.Reason
+			}
+		}
+		if reason != metapb.ReasonNoSuchKey {
+			t.Fatalf("%s: missing key's reason %q, want %q", who, reason, metapb.ReasonNoSuchKey)
 		}
 	}
 	alice := c.userClient("alice")

@@ -674,7 +674,6 @@ func (g *Group) runReadBatches() {
 		}
 		g.rb.next = nil
 		g.rb.mu.Unlock()
-		g.rb.sent.Add(1)
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		b.index, b.err = g.readIndexOnce(ctx)
 		cancel()
@@ -684,6 +683,7 @@ func (g *Group) runReadBatches() {
 
 // readIndexOnce sends one barrier and returns the index it confirmed.
 func (g *Group) readIndexOnce(ctx context.Context) (uint64, error) {
+	g.rb.sent.Add(1)
 	var rctx [8]byte
 	key := g.host.seq.Add(1)
 	binary.BigEndian.PutUint64(rctx[:], key)

@@ -7,9 +7,11 @@ import (
 	"sync"
 	"sync/atomic"
 
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
@@ -179,7 +181,7 @@ func (co *coalescer) send(q *lookupQueue, batch []*lookupCall) {
 		case err != nil:
 			call.err = err
 		case resp.Results[i].GetCode() != 0:
-			call.err = status.Error(codes.Code(resp.Results[i].GetCode()), resp.Results[i].GetMessage())
+			call.err = resultErr(resp.Results[i])
 		case resp.Results[i].GetKey() == nil:
 			call.err = status.Error(codes.Internal, "metaclient: LookupKeys returned neither a key nor an error")
 		default:
@@ -187,6 +189,19 @@ func (co *coalescer) send(q *lookupQueue, batch []*lookupCall) {
 		}
 		close(call.done)
 	}
+}
+
+// resultErr is a failed result's error as LookupKey would have returned
+// it: with the status details when the server sent them.
+func resultErr(r *metapb.LookupKeyResult) error {
+	code := codes.Code(r.GetCode())
+	if b := r.GetStatus(); len(b) > 0 {
+		sp := &spb.Status{}
+		if proto.Unmarshal(b, sp) == nil && codes.Code(sp.Code) == code {
+			return status.FromProto(sp).Err()
+		}
+	}
+	return status.Error(code, r.GetMessage())
 }
 
 // mdKey is a canonical form of outgoing metadata: calls with equal keys

@@ -9964,10 +9964,13 @@ func (x *LookupKeysRequest) GetRequests() []*LookupKeyRequest {
 // LookupKeyResult is one key's answer: key when code is 0 (OK), else the
 // gRPC status code and message LookupKey would have returned.
 type LookupKeyResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           *KeyInfo               `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Code          uint32                 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
-	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Key     *KeyInfo               `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Code    uint32                 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Message string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// The whole error as a serialized google.rpc.Status, with its details
+	// (the ErrorInfo reason that tells a missing key from a missing bucket).
+	Status        []byte `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -10021,6 +10024,13 @@ func (x *LookupKeyResult) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *LookupKeyResult) GetStatus() []byte {
+	if x != nil {
+		return x.Status
+	}
+	return nil
 }
 
 type LookupKeysResponse struct {
@@ -10813,11 +10823,12 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x129\n" +
 	"\x06config\x18\x03 \x01(\v2!.basalt.meta.v1.PublicAccessBlockR\x06config\"Q\n" +
 	"\x11LookupKeysRequest\x12<\n" +
-	"\brequests\x18\x01 \x03(\v2 .basalt.meta.v1.LookupKeyRequestR\brequests\"j\n" +
+	"\brequests\x18\x01 \x03(\v2 .basalt.meta.v1.LookupKeyRequestR\brequests\"\x82\x01\n" +
 	"\x0fLookupKeyResult\x12)\n" +
 	"\x03key\x18\x01 \x01(\v2\x17.basalt.meta.v1.KeyInfoR\x03key\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"O\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\fR\x06status\"O\n" +
 	"\x12LookupKeysResponse\x129\n" +
 	"\aresults\x18\x01 \x03(\v2\x1f.basalt.meta.v1.LookupKeyResultR\aresults*>\n" +
 	"\vReplication\x12\x1b\n" +

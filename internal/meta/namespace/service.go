@@ -390,6 +390,9 @@ func (s *Service) LookupKeys(ctx context.Context, req *metapb.LookupKeysRequest)
 		if err != nil {
 			st, _ := status.FromError(err)
 			out.Code, out.Message = uint32(st.Code()), st.Message()
+			if len(st.Details()) > 0 {
+				out.Status, _ = proto.Marshal(st.Proto())
+			}
 			continue
 		}
 		out.Key = ki
