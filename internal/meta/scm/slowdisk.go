@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // SlowDiskConfig: SCM's side of slow-disk avoidance. Datanodes place new
@@ -28,8 +29,9 @@ type SlowDiskConfig struct {
 }
 
 type slowSoft struct {
-	last   time.Time // last close for a slow disk
-	closed uint64    // pipelines closed for slow disks during this leadership
+	last    time.Time          // last close for a slow disk
+	closed  uint64             // pipelines closed for slow disks during this leadership
+	counter prometheus.Counter // basalt_scm_slow_disk_pipeline_closes_total, made at the first close
 }
 
 // slowDisksLocked records a heartbeat's slow disks. Callers hold m.mu.
@@ -115,6 +117,21 @@ func (m *Manager) closeSlowDiskPipeline(ctx context.Context, now time.Time) erro
 	m.mu.Lock()
 	m.slow.last = now
 	m.slow.closed++
+	if m.slow.counter == nil {
+		c := prometheus.NewCounter(prometheus.CounterOpts{Name: "basalt_scm_slow_disk_pipeline_closes_total",
+			Help: "Pipelines SCM closed because a member reported their Raft log or an open container on a slow disk."})
+		if r := m.cfg.Registerer; r != nil {
+			if err := r.Register(c); err != nil {
+				if are, ok := err.(prometheus.AlreadyRegisteredError); ok {
+					c, _ = are.ExistingCollector.(prometheus.Counter)
+				}
+			}
+		}
+		m.slow.counter = c
+	}
+	if m.slow.counter != nil {
+		m.slow.counter.Inc()
+	}
 	m.mu.Unlock()
 	m.log.Warn("scm: pipeline closed for a slow disk; a replacement avoids it", "pipeline", id, "reason", why)
 	return nil

@@ -7,13 +7,16 @@ import (
 	"time"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // Pipelines a member reports on its slow disk are closed one per
 // CloseInterval, oldest first, none younger than MinAge; the datanode's
 // slow disks show in ListDatanodes.
 func TestSlowDiskPipelinesClosedOneAtATime(t *testing.T) {
-	e := newEnv(t, Config{PipelineLimit: 2, SafeModeMinDatanodes: 6,
+	reg := prometheus.NewRegistry()
+	e := newEnv(t, Config{PipelineLimit: 2, SafeModeMinDatanodes: 6, Registerer: reg,
 		SlowDisk: SlowDiskConfig{CloseInterval: 10 * time.Second, MinAge: 5 * time.Second}})
 	var ids []uint64
 	for i := range 6 {
@@ -92,6 +95,12 @@ func TestSlowDiskPipelinesClosedOneAtATime(t *testing.T) {
 	beat()
 	if n := closedSlow(); n != 2 {
 		t.Fatalf("after CloseInterval: %d closed, want 2", n)
+	}
+	if v := testutil.ToFloat64(e.m.slow.counter); v != 2 {
+		t.Fatalf("basalt_scm_slow_disk_pipeline_closes_total %v, want 2", v)
+	}
+	if n, err := testutil.GatherAndCount(reg, "basalt_scm_slow_disk_pipeline_closes_total"); err != nil || n != 1 {
+		t.Fatalf("registered: %d %v", n, err)
 	}
 	r, err := e.m.ListDatanodes()
 	if err != nil {
