@@ -141,6 +141,10 @@ type Datanode struct {
 	pipelines      map[uint64]*metapb.Pipeline
 	sms            map[uint64]*containerSM
 	peerConns      map[string]*grpc.ClientConn // by data address (ApplyStatus)
+	// ApplyStatus asks batched per follower and pipeline
+	// (applystatus_batch.go).
+	statusMu      sync.Mutex
+	statusBatches map[statusKey]*statusBatch
 	// Delete-block transactions to acknowledge in the next heartbeat
 	// (delete.go), and the ones being proposed through a pipeline.
 	acks         map[uint64]deleteAck
@@ -837,6 +841,10 @@ func (d *Datanode) ChunksWritten() uint64 { return d.stats.chunksWritten.Load() 
 // SmallFiles counts the blocks this datanode committed from PutSmallFile
 // entries (every replica counts).
 func (d *Datanode) SmallFiles() uint64 { return d.stats.smallFiles.Load() }
+
+// ApplyStatusCalls counts the ApplyStatus calls this datanode served (a
+// pipeline leader's asks, batched: applystatus_batch.go), for tests.
+func (d *Datanode) ApplyStatusCalls() uint64 { return d.stats.applyStatus.Load() }
 
 // shortCircuitPath is the socket registered with SCM ("" without one).
 func (d *Datanode) shortCircuitPath() string {

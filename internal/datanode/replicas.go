@@ -119,13 +119,15 @@ func (d *Datanode) askApplied(ctx context.Context, id, pipeline, index uint64, c
 			if err != nil {
 				return fmt.Sprintf("cannot ask it: %v", err)
 			}
-			r, err := c.ApplyStatus(ctx, &datanodepb.ApplyStatusRequest{PipelineId: pipeline, Index: index, ContainerId: uint64(cid)})
+			applied, why, err = d.askBatched(ctx, c, id, pipeline, index, cid)
+			if errors.Is(err, errNoBatch) {
+				var r *datanodepb.ApplyStatusResponse
+				if r, err = c.ApplyStatus(ctx, &datanodepb.ApplyStatusRequest{PipelineId: pipeline, Index: index, ContainerId: uint64(cid)}); err == nil {
+					applied, why = r.GetApplied(), failedWhy(r.GetFailed(), r.GetReason())
+				}
+			}
 			if err != nil {
 				return fmt.Sprintf("cannot ask it: %v", err)
-			}
-			applied, why = r.GetApplied(), r.GetReason()
-			if r.GetFailed() && why == "" {
-				why = "failed"
 			}
 		}
 		if why != "" || applied >= index {

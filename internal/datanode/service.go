@@ -420,9 +420,28 @@ func (s *service) Info(ctx context.Context, req *datanodepb.InfoRequest) (*datan
 // ApplyStatus answers a pipeline leader's wait for all replicas (see
 // waitAll).
 func (s *service) ApplyStatus(ctx context.Context, req *datanodepb.ApplyStatusRequest) (*datanodepb.ApplyStatusResponse, error) {
+	s.d.stats.applyStatus.Add(1)
+	if len(req.GetMore()) > maxApplyStatusBatch {
+		return nil, dnError(codes.InvalidArgument, datanodepb.Error_BAD_REQUEST,
+			fmt.Sprintf("ApplyStatus: %d entries > %d", len(req.GetMore()), maxApplyStatusBatch), nil)
+	}
 	applied, why, err := s.d.applyStatus(req.GetPipelineId(), req.GetIndex(), storage.ContainerID(req.GetContainerId()))
 	if err != nil {
 		return nil, dnError(codes.FailedPrecondition, datanodepb.Error_PIPELINE_NOT_FOUND, err.Error(), nil)
 	}
-	return &datanodepb.ApplyStatusResponse{Applied: applied, Failed: why != "", Reason: why}, nil
+	resp := &datanodepb.ApplyStatusResponse{Applied: applied, Failed: why != "", Reason: why}
+	if len(req.GetMore()) > 0 {
+		resp.More = make([]*datanodepb.ApplyStatusResult, len(req.GetMore()))
+		for i, m := range req.GetMore() {
+			// Asked after the first, so the applied index can only be
+			// higher: an entry past it is "not yet" (empty reason), and
+			// the caller asks again, as for the first.
+			_, why, err := s.d.applyStatus(req.GetPipelineId(), m.GetIndex(), storage.ContainerID(m.GetContainerId()))
+			if err != nil {
+				return nil, dnError(codes.FailedPrecondition, datanodepb.Error_PIPELINE_NOT_FOUND, err.Error(), nil)
+			}
+			resp.More[i] = &datanodepb.ApplyStatusResult{Failed: why != "", Reason: why}
+		}
+	}
+	return resp, nil
 }

@@ -155,6 +155,7 @@ type stats struct {
 	bytesWritten    atomic.Uint64
 	blocksCommitted atomic.Uint64
 	smallFiles      atomic.Uint64 // blocks committed by PutSmallFile
+	applyStatus     atomic.Uint64 // ApplyStatus calls served
 	bytesRead       atomic.Uint64
 }
 

@@ -105,6 +105,12 @@ func TestPutSmallFileThroughCluster(t *testing.T) {
 				if got := readAll(t, dn.Addr(), bid(w.b)); !bytes.Equal(got, w.data) {
 					t.Fatalf("%s: datanode %d returned %d bytes, differing from the %d written", when, d.GetId(), len(got), len(w.data))
 				}
+				// A small file's block is kept inline (no block file) on
+				// every replica when it is a deferred write (storage/inline.go).
+				sbd, err := dn.Store().GetBlock(storage.ContainerID(w.b.GetId().GetContainerId()), storage.LocalID(w.b.GetId().GetLocalId()))
+				if wantInline := len(w.data) <= storage.DefaultDeferredMax; err != nil || sbd.Inline != wantInline {
+					t.Fatalf("%s: datanode %d: block of %d bytes inline = %v (%v), want %v", when, d.GetId(), len(w.data), sbd.Inline, err, wantInline)
+				}
 			}
 		}
 	}

@@ -170,7 +170,7 @@ func (x Error_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Error_Kind.Descriptor instead.
 func (Error_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{20, 0}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{22, 0}
 }
 
 type BlockID struct {
@@ -516,10 +516,14 @@ func (x *ExportContainerResponse) GetData() []byte {
 }
 
 type ApplyStatusRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	PipelineId    uint64                 `protobuf:"varint,1,opt,name=pipeline_id,json=pipelineId,proto3" json:"pipeline_id,omitempty"`
-	Index         uint64                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`                                // the entry
-	ContainerId   uint64                 `protobuf:"varint,3,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"` // the container the entry wrote into
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	PipelineId  uint64                 `protobuf:"varint,1,opt,name=pipeline_id,json=pipelineId,proto3" json:"pipeline_id,omitempty"`
+	Index       uint64                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`                                // the entry
+	ContainerId uint64                 `protobuf:"varint,3,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"` // the container the entry wrote into
+	// more: further entries of the same pipeline asked in the same call (a
+	// leader batches the waits of concurrent writes); answered in the
+	// response's more, in the same order. At most 4096.
+	More          []*ApplyStatusEntry `protobuf:"bytes,100,rep,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -575,20 +579,82 @@ func (x *ApplyStatusRequest) GetContainerId() uint64 {
 	return 0
 }
 
+func (x *ApplyStatusRequest) GetMore() []*ApplyStatusEntry {
+	if x != nil {
+		return x.More
+	}
+	return nil
+}
+
+type ApplyStatusEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	ContainerId   uint64                 `protobuf:"varint,2,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyStatusEntry) Reset() {
+	*x = ApplyStatusEntry{}
+	mi := &file_datanode_datanode_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyStatusEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyStatusEntry) ProtoMessage() {}
+
+func (x *ApplyStatusEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_datanode_datanode_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyStatusEntry.ProtoReflect.Descriptor instead.
+func (*ApplyStatusEntry) Descriptor() ([]byte, []int) {
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ApplyStatusEntry) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ApplyStatusEntry) GetContainerId() uint64 {
+	if x != nil {
+		return x.ContainerId
+	}
+	return 0
+}
+
 type ApplyStatusResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Applied uint64                 `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"` // this replica's applied index
 	// failed: the replica did not apply the entry successfully, or the
 	// container is UNHEALTHY (or missing) there; reason says why.
-	Failed        bool   `protobuf:"varint,2,opt,name=failed,proto3" json:"failed,omitempty"`
-	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Failed bool   `protobuf:"varint,2,opt,name=failed,proto3" json:"failed,omitempty"`
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// more answers the request's more (a server that predates it answers
+	// none: the caller then asks one by one).
+	More          []*ApplyStatusResult `protobuf:"bytes,100,rep,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ApplyStatusResponse) Reset() {
 	*x = ApplyStatusResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[7]
+	mi := &file_datanode_datanode_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -600,7 +666,7 @@ func (x *ApplyStatusResponse) String() string {
 func (*ApplyStatusResponse) ProtoMessage() {}
 
 func (x *ApplyStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[7]
+	mi := &file_datanode_datanode_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -613,7 +679,7 @@ func (x *ApplyStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyStatusResponse.ProtoReflect.Descriptor instead.
 func (*ApplyStatusResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{7}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ApplyStatusResponse) GetApplied() uint64 {
@@ -637,6 +703,65 @@ func (x *ApplyStatusResponse) GetReason() string {
 	return ""
 }
 
+func (x *ApplyStatusResponse) GetMore() []*ApplyStatusResult {
+	if x != nil {
+		return x.More
+	}
+	return nil
+}
+
+type ApplyStatusResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Failed        bool                   `protobuf:"varint,1,opt,name=failed,proto3" json:"failed,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyStatusResult) Reset() {
+	*x = ApplyStatusResult{}
+	mi := &file_datanode_datanode_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyStatusResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyStatusResult) ProtoMessage() {}
+
+func (x *ApplyStatusResult) ProtoReflect() protoreflect.Message {
+	mi := &file_datanode_datanode_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyStatusResult.ProtoReflect.Descriptor instead.
+func (*ApplyStatusResult) Descriptor() ([]byte, []int) {
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ApplyStatusResult) GetFailed() bool {
+	if x != nil {
+		return x.Failed
+	}
+	return false
+}
+
+func (x *ApplyStatusResult) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type WriteChunkRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PipelineId    uint64                 `protobuf:"varint,1,opt,name=pipeline_id,json=pipelineId,proto3" json:"pipeline_id,omitempty"`
@@ -649,7 +774,7 @@ type WriteChunkRequest struct {
 
 func (x *WriteChunkRequest) Reset() {
 	*x = WriteChunkRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[8]
+	mi := &file_datanode_datanode_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +786,7 @@ func (x *WriteChunkRequest) String() string {
 func (*WriteChunkRequest) ProtoMessage() {}
 
 func (x *WriteChunkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[8]
+	mi := &file_datanode_datanode_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +799,7 @@ func (x *WriteChunkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteChunkRequest.ProtoReflect.Descriptor instead.
 func (*WriteChunkRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{8}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WriteChunkRequest) GetPipelineId() uint64 {
@@ -714,7 +839,7 @@ type WriteChunkResponse struct {
 
 func (x *WriteChunkResponse) Reset() {
 	*x = WriteChunkResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[9]
+	mi := &file_datanode_datanode_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +851,7 @@ func (x *WriteChunkResponse) String() string {
 func (*WriteChunkResponse) ProtoMessage() {}
 
 func (x *WriteChunkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[9]
+	mi := &file_datanode_datanode_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +864,7 @@ func (x *WriteChunkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteChunkResponse.ProtoReflect.Descriptor instead.
 func (*WriteChunkResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{9}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WriteChunkResponse) GetIndex() uint64 {
@@ -763,7 +888,7 @@ type PutBlockRequest struct {
 
 func (x *PutBlockRequest) Reset() {
 	*x = PutBlockRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[10]
+	mi := &file_datanode_datanode_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -775,7 +900,7 @@ func (x *PutBlockRequest) String() string {
 func (*PutBlockRequest) ProtoMessage() {}
 
 func (x *PutBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[10]
+	mi := &file_datanode_datanode_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -788,7 +913,7 @@ func (x *PutBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlockRequest.ProtoReflect.Descriptor instead.
 func (*PutBlockRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{10}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PutBlockRequest) GetPipelineId() uint64 {
@@ -835,7 +960,7 @@ type PutBlockResponse struct {
 
 func (x *PutBlockResponse) Reset() {
 	*x = PutBlockResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[11]
+	mi := &file_datanode_datanode_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -847,7 +972,7 @@ func (x *PutBlockResponse) String() string {
 func (*PutBlockResponse) ProtoMessage() {}
 
 func (x *PutBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[11]
+	mi := &file_datanode_datanode_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -860,7 +985,7 @@ func (x *PutBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlockResponse.ProtoReflect.Descriptor instead.
 func (*PutBlockResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{11}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PutBlockResponse) GetIndex() uint64 {
@@ -884,7 +1009,7 @@ type PutSmallFileRequest struct {
 
 func (x *PutSmallFileRequest) Reset() {
 	*x = PutSmallFileRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[12]
+	mi := &file_datanode_datanode_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -896,7 +1021,7 @@ func (x *PutSmallFileRequest) String() string {
 func (*PutSmallFileRequest) ProtoMessage() {}
 
 func (x *PutSmallFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[12]
+	mi := &file_datanode_datanode_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -909,7 +1034,7 @@ func (x *PutSmallFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSmallFileRequest.ProtoReflect.Descriptor instead.
 func (*PutSmallFileRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{12}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PutSmallFileRequest) GetPipelineId() uint64 {
@@ -949,7 +1074,7 @@ type PutSmallFileResponse struct {
 
 func (x *PutSmallFileResponse) Reset() {
 	*x = PutSmallFileResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[13]
+	mi := &file_datanode_datanode_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -961,7 +1086,7 @@ func (x *PutSmallFileResponse) String() string {
 func (*PutSmallFileResponse) ProtoMessage() {}
 
 func (x *PutSmallFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[13]
+	mi := &file_datanode_datanode_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -974,7 +1099,7 @@ func (x *PutSmallFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSmallFileResponse.ProtoReflect.Descriptor instead.
 func (*PutSmallFileResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{13}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PutSmallFileResponse) GetIndex() uint64 {
@@ -1000,7 +1125,7 @@ type ReadBlockRequest struct {
 
 func (x *ReadBlockRequest) Reset() {
 	*x = ReadBlockRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[14]
+	mi := &file_datanode_datanode_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1012,7 +1137,7 @@ func (x *ReadBlockRequest) String() string {
 func (*ReadBlockRequest) ProtoMessage() {}
 
 func (x *ReadBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[14]
+	mi := &file_datanode_datanode_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1025,7 +1150,7 @@ func (x *ReadBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlockRequest.ProtoReflect.Descriptor instead.
 func (*ReadBlockRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{14}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReadBlockRequest) GetBlock() *BlockID {
@@ -1068,7 +1193,7 @@ type ReadBlockResponse struct {
 
 func (x *ReadBlockResponse) Reset() {
 	*x = ReadBlockResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[15]
+	mi := &file_datanode_datanode_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1080,7 +1205,7 @@ func (x *ReadBlockResponse) String() string {
 func (*ReadBlockResponse) ProtoMessage() {}
 
 func (x *ReadBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[15]
+	mi := &file_datanode_datanode_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1093,7 +1218,7 @@ func (x *ReadBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBlockResponse.ProtoReflect.Descriptor instead.
 func (*ReadBlockResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{15}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReadBlockResponse) GetBlock() *BlockData {
@@ -1133,7 +1258,7 @@ type GetBlockRequest struct {
 
 func (x *GetBlockRequest) Reset() {
 	*x = GetBlockRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[16]
+	mi := &file_datanode_datanode_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1145,7 +1270,7 @@ func (x *GetBlockRequest) String() string {
 func (*GetBlockRequest) ProtoMessage() {}
 
 func (x *GetBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[16]
+	mi := &file_datanode_datanode_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1158,7 +1283,7 @@ func (x *GetBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBlockRequest.ProtoReflect.Descriptor instead.
 func (*GetBlockRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{16}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetBlockRequest) GetBlock() *BlockID {
@@ -1176,7 +1301,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[17]
+	mi := &file_datanode_datanode_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1313,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[17]
+	mi := &file_datanode_datanode_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1326,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{17}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{19}
 }
 
 type InfoResponse struct {
@@ -1229,7 +1354,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[18]
+	mi := &file_datanode_datanode_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1366,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[18]
+	mi := &file_datanode_datanode_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1379,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{18}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *InfoResponse) GetDatanodeId() uint64 {
@@ -1353,7 +1478,7 @@ type PipelineInfo struct {
 
 func (x *PipelineInfo) Reset() {
 	*x = PipelineInfo{}
-	mi := &file_datanode_datanode_proto_msgTypes[19]
+	mi := &file_datanode_datanode_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +1490,7 @@ func (x *PipelineInfo) String() string {
 func (*PipelineInfo) ProtoMessage() {}
 
 func (x *PipelineInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[19]
+	mi := &file_datanode_datanode_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +1503,7 @@ func (x *PipelineInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PipelineInfo.ProtoReflect.Descriptor instead.
 func (*PipelineInfo) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{19}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PipelineInfo) GetId() uint64 {
@@ -1424,7 +1549,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_datanode_datanode_proto_msgTypes[20]
+	mi := &file_datanode_datanode_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1561,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[20]
+	mi := &file_datanode_datanode_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1574,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{20}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Error) GetKind() Error_Kind {
@@ -1505,7 +1630,7 @@ type ContainerCommand struct {
 
 func (x *ContainerCommand) Reset() {
 	*x = ContainerCommand{}
-	mi := &file_datanode_datanode_proto_msgTypes[21]
+	mi := &file_datanode_datanode_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1517,7 +1642,7 @@ func (x *ContainerCommand) String() string {
 func (*ContainerCommand) ProtoMessage() {}
 
 func (x *ContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[21]
+	mi := &file_datanode_datanode_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1530,7 +1655,7 @@ func (x *ContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerCommand.ProtoReflect.Descriptor instead.
 func (*ContainerCommand) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{21}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ContainerCommand) GetCmd() isContainerCommand_Cmd {
@@ -1629,7 +1754,7 @@ type WriteChunkCmd struct {
 
 func (x *WriteChunkCmd) Reset() {
 	*x = WriteChunkCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[22]
+	mi := &file_datanode_datanode_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1641,7 +1766,7 @@ func (x *WriteChunkCmd) String() string {
 func (*WriteChunkCmd) ProtoMessage() {}
 
 func (x *WriteChunkCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[22]
+	mi := &file_datanode_datanode_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1654,7 +1779,7 @@ func (x *WriteChunkCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteChunkCmd.ProtoReflect.Descriptor instead.
 func (*WriteChunkCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{22}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WriteChunkCmd) GetBlock() *BlockID {
@@ -1681,7 +1806,7 @@ type PutBlockCmd struct {
 
 func (x *PutBlockCmd) Reset() {
 	*x = PutBlockCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[23]
+	mi := &file_datanode_datanode_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1693,7 +1818,7 @@ func (x *PutBlockCmd) String() string {
 func (*PutBlockCmd) ProtoMessage() {}
 
 func (x *PutBlockCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[23]
+	mi := &file_datanode_datanode_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1706,7 +1831,7 @@ func (x *PutBlockCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBlockCmd.ProtoReflect.Descriptor instead.
 func (*PutBlockCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{23}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PutBlockCmd) GetBlock() *BlockData {
@@ -1734,7 +1859,7 @@ type PutSmallFileCmd struct {
 
 func (x *PutSmallFileCmd) Reset() {
 	*x = PutSmallFileCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[24]
+	mi := &file_datanode_datanode_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1746,7 +1871,7 @@ func (x *PutSmallFileCmd) String() string {
 func (*PutSmallFileCmd) ProtoMessage() {}
 
 func (x *PutSmallFileCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[24]
+	mi := &file_datanode_datanode_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1759,7 +1884,7 @@ func (x *PutSmallFileCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSmallFileCmd.ProtoReflect.Descriptor instead.
 func (*PutSmallFileCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{24}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PutSmallFileCmd) GetBlock() *BlockData {
@@ -1778,7 +1903,7 @@ type CloseContainerCmd struct {
 
 func (x *CloseContainerCmd) Reset() {
 	*x = CloseContainerCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[25]
+	mi := &file_datanode_datanode_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1790,7 +1915,7 @@ func (x *CloseContainerCmd) String() string {
 func (*CloseContainerCmd) ProtoMessage() {}
 
 func (x *CloseContainerCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[25]
+	mi := &file_datanode_datanode_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1803,7 +1928,7 @@ func (x *CloseContainerCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseContainerCmd.ProtoReflect.Descriptor instead.
 func (*CloseContainerCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{25}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CloseContainerCmd) GetContainerId() uint64 {
@@ -1827,7 +1952,7 @@ type DeleteBlocksCmd struct {
 
 func (x *DeleteBlocksCmd) Reset() {
 	*x = DeleteBlocksCmd{}
-	mi := &file_datanode_datanode_proto_msgTypes[26]
+	mi := &file_datanode_datanode_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +1964,7 @@ func (x *DeleteBlocksCmd) String() string {
 func (*DeleteBlocksCmd) ProtoMessage() {}
 
 func (x *DeleteBlocksCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[26]
+	mi := &file_datanode_datanode_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +1977,7 @@ func (x *DeleteBlocksCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksCmd.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksCmd) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{26}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DeleteBlocksCmd) GetContainerId() uint64 {
@@ -1894,7 +2019,7 @@ type ShortCircuitRequest struct {
 
 func (x *ShortCircuitRequest) Reset() {
 	*x = ShortCircuitRequest{}
-	mi := &file_datanode_datanode_proto_msgTypes[27]
+	mi := &file_datanode_datanode_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2031,7 @@ func (x *ShortCircuitRequest) String() string {
 func (*ShortCircuitRequest) ProtoMessage() {}
 
 func (x *ShortCircuitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[27]
+	mi := &file_datanode_datanode_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +2044,7 @@ func (x *ShortCircuitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShortCircuitRequest.ProtoReflect.Descriptor instead.
 func (*ShortCircuitRequest) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{27}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ShortCircuitRequest) GetBlock() *BlockID {
@@ -1964,7 +2089,7 @@ type ShortCircuitResponse struct {
 
 func (x *ShortCircuitResponse) Reset() {
 	*x = ShortCircuitResponse{}
-	mi := &file_datanode_datanode_proto_msgTypes[28]
+	mi := &file_datanode_datanode_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1976,7 +2101,7 @@ func (x *ShortCircuitResponse) String() string {
 func (*ShortCircuitResponse) ProtoMessage() {}
 
 func (x *ShortCircuitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_datanode_datanode_proto_msgTypes[28]
+	mi := &file_datanode_datanode_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1989,7 +2114,7 @@ func (x *ShortCircuitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShortCircuitResponse.ProtoReflect.Descriptor instead.
 func (*ShortCircuitResponse) Descriptor() ([]byte, []int) {
-	return file_datanode_datanode_proto_rawDescGZIP(), []int{28}
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ShortCircuitResponse) GetBlock() *BlockData {
@@ -2052,16 +2177,24 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x15\n" +
 	"\x05token\x18\xb4\x01 \x01(\fR\x05token\"-\n" +
 	"\x17ExportContainerResponse\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"n\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\xa5\x01\n" +
 	"\x12ApplyStatusRequest\x12\x1f\n" +
 	"\vpipeline_id\x18\x01 \x01(\x04R\n" +
 	"pipelineId\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12!\n" +
-	"\fcontainer_id\x18\x03 \x01(\x04R\vcontainerId\"_\n" +
+	"\fcontainer_id\x18\x03 \x01(\x04R\vcontainerId\x125\n" +
+	"\x04more\x18d \x03(\v2!.basalt.datanode.ApplyStatusEntryR\x04more\"K\n" +
+	"\x10ApplyStatusEntry\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12!\n" +
+	"\fcontainer_id\x18\x02 \x01(\x04R\vcontainerId\"\x97\x01\n" +
 	"\x13ApplyStatusResponse\x12\x18\n" +
 	"\aapplied\x18\x01 \x01(\x04R\aapplied\x12\x16\n" +
 	"\x06failed\x18\x02 \x01(\bR\x06failed\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xaa\x01\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x126\n" +
+	"\x04more\x18d \x03(\v2\".basalt.datanode.ApplyStatusResultR\x04more\"C\n" +
+	"\x11ApplyStatusResult\x12\x16\n" +
+	"\x06failed\x18\x01 \x01(\bR\x06failed\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xaa\x01\n" +
 	"\x11WriteChunkRequest\x12\x1f\n" +
 	"\vpipeline_id\x18\x01 \x01(\x04R\n" +
 	"pipelineId\x12.\n" +
@@ -2210,7 +2343,7 @@ func file_datanode_datanode_proto_rawDescGZIP() []byte {
 }
 
 var file_datanode_datanode_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_datanode_datanode_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_datanode_datanode_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_datanode_datanode_proto_goTypes = []any{
 	(ChecksumType)(0),               // 0: basalt.datanode.ChecksumType
 	(Error_Kind)(0),                 // 1: basalt.datanode.Error.Kind
@@ -2221,76 +2354,80 @@ var file_datanode_datanode_proto_goTypes = []any{
 	(*ExportContainerRequest)(nil),  // 6: basalt.datanode.ExportContainerRequest
 	(*ExportContainerResponse)(nil), // 7: basalt.datanode.ExportContainerResponse
 	(*ApplyStatusRequest)(nil),      // 8: basalt.datanode.ApplyStatusRequest
-	(*ApplyStatusResponse)(nil),     // 9: basalt.datanode.ApplyStatusResponse
-	(*WriteChunkRequest)(nil),       // 10: basalt.datanode.WriteChunkRequest
-	(*WriteChunkResponse)(nil),      // 11: basalt.datanode.WriteChunkResponse
-	(*PutBlockRequest)(nil),         // 12: basalt.datanode.PutBlockRequest
-	(*PutBlockResponse)(nil),        // 13: basalt.datanode.PutBlockResponse
-	(*PutSmallFileRequest)(nil),     // 14: basalt.datanode.PutSmallFileRequest
-	(*PutSmallFileResponse)(nil),    // 15: basalt.datanode.PutSmallFileResponse
-	(*ReadBlockRequest)(nil),        // 16: basalt.datanode.ReadBlockRequest
-	(*ReadBlockResponse)(nil),       // 17: basalt.datanode.ReadBlockResponse
-	(*GetBlockRequest)(nil),         // 18: basalt.datanode.GetBlockRequest
-	(*InfoRequest)(nil),             // 19: basalt.datanode.InfoRequest
-	(*InfoResponse)(nil),            // 20: basalt.datanode.InfoResponse
-	(*PipelineInfo)(nil),            // 21: basalt.datanode.PipelineInfo
-	(*Error)(nil),                   // 22: basalt.datanode.Error
-	(*ContainerCommand)(nil),        // 23: basalt.datanode.ContainerCommand
-	(*WriteChunkCmd)(nil),           // 24: basalt.datanode.WriteChunkCmd
-	(*PutBlockCmd)(nil),             // 25: basalt.datanode.PutBlockCmd
-	(*PutSmallFileCmd)(nil),         // 26: basalt.datanode.PutSmallFileCmd
-	(*CloseContainerCmd)(nil),       // 27: basalt.datanode.CloseContainerCmd
-	(*DeleteBlocksCmd)(nil),         // 28: basalt.datanode.DeleteBlocksCmd
-	(*ShortCircuitRequest)(nil),     // 29: basalt.datanode.ShortCircuitRequest
-	(*ShortCircuitResponse)(nil),    // 30: basalt.datanode.ShortCircuitResponse
+	(*ApplyStatusEntry)(nil),        // 9: basalt.datanode.ApplyStatusEntry
+	(*ApplyStatusResponse)(nil),     // 10: basalt.datanode.ApplyStatusResponse
+	(*ApplyStatusResult)(nil),       // 11: basalt.datanode.ApplyStatusResult
+	(*WriteChunkRequest)(nil),       // 12: basalt.datanode.WriteChunkRequest
+	(*WriteChunkResponse)(nil),      // 13: basalt.datanode.WriteChunkResponse
+	(*PutBlockRequest)(nil),         // 14: basalt.datanode.PutBlockRequest
+	(*PutBlockResponse)(nil),        // 15: basalt.datanode.PutBlockResponse
+	(*PutSmallFileRequest)(nil),     // 16: basalt.datanode.PutSmallFileRequest
+	(*PutSmallFileResponse)(nil),    // 17: basalt.datanode.PutSmallFileResponse
+	(*ReadBlockRequest)(nil),        // 18: basalt.datanode.ReadBlockRequest
+	(*ReadBlockResponse)(nil),       // 19: basalt.datanode.ReadBlockResponse
+	(*GetBlockRequest)(nil),         // 20: basalt.datanode.GetBlockRequest
+	(*InfoRequest)(nil),             // 21: basalt.datanode.InfoRequest
+	(*InfoResponse)(nil),            // 22: basalt.datanode.InfoResponse
+	(*PipelineInfo)(nil),            // 23: basalt.datanode.PipelineInfo
+	(*Error)(nil),                   // 24: basalt.datanode.Error
+	(*ContainerCommand)(nil),        // 25: basalt.datanode.ContainerCommand
+	(*WriteChunkCmd)(nil),           // 26: basalt.datanode.WriteChunkCmd
+	(*PutBlockCmd)(nil),             // 27: basalt.datanode.PutBlockCmd
+	(*PutSmallFileCmd)(nil),         // 28: basalt.datanode.PutSmallFileCmd
+	(*CloseContainerCmd)(nil),       // 29: basalt.datanode.CloseContainerCmd
+	(*DeleteBlocksCmd)(nil),         // 30: basalt.datanode.DeleteBlocksCmd
+	(*ShortCircuitRequest)(nil),     // 31: basalt.datanode.ShortCircuitRequest
+	(*ShortCircuitResponse)(nil),    // 32: basalt.datanode.ShortCircuitResponse
 }
 var file_datanode_datanode_proto_depIdxs = []int32{
 	0,  // 0: basalt.datanode.ChecksumData.type:type_name -> basalt.datanode.ChecksumType
 	3,  // 1: basalt.datanode.ChunkInfo.checksum:type_name -> basalt.datanode.ChecksumData
 	2,  // 2: basalt.datanode.BlockData.id:type_name -> basalt.datanode.BlockID
 	4,  // 3: basalt.datanode.BlockData.chunks:type_name -> basalt.datanode.ChunkInfo
-	2,  // 4: basalt.datanode.WriteChunkRequest.block:type_name -> basalt.datanode.BlockID
-	4,  // 5: basalt.datanode.WriteChunkRequest.chunk:type_name -> basalt.datanode.ChunkInfo
-	5,  // 6: basalt.datanode.PutBlockRequest.block:type_name -> basalt.datanode.BlockData
-	5,  // 7: basalt.datanode.PutSmallFileRequest.block:type_name -> basalt.datanode.BlockData
-	2,  // 8: basalt.datanode.ReadBlockRequest.block:type_name -> basalt.datanode.BlockID
-	5,  // 9: basalt.datanode.ReadBlockResponse.block:type_name -> basalt.datanode.BlockData
-	2,  // 10: basalt.datanode.GetBlockRequest.block:type_name -> basalt.datanode.BlockID
-	21, // 11: basalt.datanode.InfoResponse.pipelines:type_name -> basalt.datanode.PipelineInfo
-	1,  // 12: basalt.datanode.Error.kind:type_name -> basalt.datanode.Error.Kind
-	24, // 13: basalt.datanode.ContainerCommand.write_chunk:type_name -> basalt.datanode.WriteChunkCmd
-	25, // 14: basalt.datanode.ContainerCommand.put_block:type_name -> basalt.datanode.PutBlockCmd
-	27, // 15: basalt.datanode.ContainerCommand.close_container:type_name -> basalt.datanode.CloseContainerCmd
-	28, // 16: basalt.datanode.ContainerCommand.delete_blocks:type_name -> basalt.datanode.DeleteBlocksCmd
-	26, // 17: basalt.datanode.ContainerCommand.put_small_file:type_name -> basalt.datanode.PutSmallFileCmd
-	2,  // 18: basalt.datanode.WriteChunkCmd.block:type_name -> basalt.datanode.BlockID
-	4,  // 19: basalt.datanode.WriteChunkCmd.chunk:type_name -> basalt.datanode.ChunkInfo
-	5,  // 20: basalt.datanode.PutBlockCmd.block:type_name -> basalt.datanode.BlockData
-	5,  // 21: basalt.datanode.PutSmallFileCmd.block:type_name -> basalt.datanode.BlockData
-	2,  // 22: basalt.datanode.ShortCircuitRequest.block:type_name -> basalt.datanode.BlockID
-	5,  // 23: basalt.datanode.ShortCircuitResponse.block:type_name -> basalt.datanode.BlockData
-	1,  // 24: basalt.datanode.ShortCircuitResponse.token_refused:type_name -> basalt.datanode.Error.Kind
-	10, // 25: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
-	12, // 26: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
-	14, // 27: basalt.datanode.Datanode.PutSmallFile:input_type -> basalt.datanode.PutSmallFileRequest
-	16, // 28: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
-	18, // 29: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
-	19, // 30: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
-	8,  // 31: basalt.datanode.Datanode.ApplyStatus:input_type -> basalt.datanode.ApplyStatusRequest
-	6,  // 32: basalt.datanode.Datanode.ExportContainer:input_type -> basalt.datanode.ExportContainerRequest
-	11, // 33: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
-	13, // 34: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
-	15, // 35: basalt.datanode.Datanode.PutSmallFile:output_type -> basalt.datanode.PutSmallFileResponse
-	17, // 36: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
-	5,  // 37: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
-	20, // 38: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
-	9,  // 39: basalt.datanode.Datanode.ApplyStatus:output_type -> basalt.datanode.ApplyStatusResponse
-	7,  // 40: basalt.datanode.Datanode.ExportContainer:output_type -> basalt.datanode.ExportContainerResponse
-	33, // [33:41] is the sub-list for method output_type
-	25, // [25:33] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	9,  // 4: basalt.datanode.ApplyStatusRequest.more:type_name -> basalt.datanode.ApplyStatusEntry
+	11, // 5: basalt.datanode.ApplyStatusResponse.more:type_name -> basalt.datanode.ApplyStatusResult
+	2,  // 6: basalt.datanode.WriteChunkRequest.block:type_name -> basalt.datanode.BlockID
+	4,  // 7: basalt.datanode.WriteChunkRequest.chunk:type_name -> basalt.datanode.ChunkInfo
+	5,  // 8: basalt.datanode.PutBlockRequest.block:type_name -> basalt.datanode.BlockData
+	5,  // 9: basalt.datanode.PutSmallFileRequest.block:type_name -> basalt.datanode.BlockData
+	2,  // 10: basalt.datanode.ReadBlockRequest.block:type_name -> basalt.datanode.BlockID
+	5,  // 11: basalt.datanode.ReadBlockResponse.block:type_name -> basalt.datanode.BlockData
+	2,  // 12: basalt.datanode.GetBlockRequest.block:type_name -> basalt.datanode.BlockID
+	23, // 13: basalt.datanode.InfoResponse.pipelines:type_name -> basalt.datanode.PipelineInfo
+	1,  // 14: basalt.datanode.Error.kind:type_name -> basalt.datanode.Error.Kind
+	26, // 15: basalt.datanode.ContainerCommand.write_chunk:type_name -> basalt.datanode.WriteChunkCmd
+	27, // 16: basalt.datanode.ContainerCommand.put_block:type_name -> basalt.datanode.PutBlockCmd
+	29, // 17: basalt.datanode.ContainerCommand.close_container:type_name -> basalt.datanode.CloseContainerCmd
+	30, // 18: basalt.datanode.ContainerCommand.delete_blocks:type_name -> basalt.datanode.DeleteBlocksCmd
+	28, // 19: basalt.datanode.ContainerCommand.put_small_file:type_name -> basalt.datanode.PutSmallFileCmd
+	2,  // 20: basalt.datanode.WriteChunkCmd.block:type_name -> basalt.datanode.BlockID
+	4,  // 21: basalt.datanode.WriteChunkCmd.chunk:type_name -> basalt.datanode.ChunkInfo
+	5,  // 22: basalt.datanode.PutBlockCmd.block:type_name -> basalt.datanode.BlockData
+	5,  // 23: basalt.datanode.PutSmallFileCmd.block:type_name -> basalt.datanode.BlockData
+	2,  // 24: basalt.datanode.ShortCircuitRequest.block:type_name -> basalt.datanode.BlockID
+	5,  // 25: basalt.datanode.ShortCircuitResponse.block:type_name -> basalt.datanode.BlockData
+	1,  // 26: basalt.datanode.ShortCircuitResponse.token_refused:type_name -> basalt.datanode.Error.Kind
+	12, // 27: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
+	14, // 28: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
+	16, // 29: basalt.datanode.Datanode.PutSmallFile:input_type -> basalt.datanode.PutSmallFileRequest
+	18, // 30: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
+	20, // 31: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
+	21, // 32: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
+	8,  // 33: basalt.datanode.Datanode.ApplyStatus:input_type -> basalt.datanode.ApplyStatusRequest
+	6,  // 34: basalt.datanode.Datanode.ExportContainer:input_type -> basalt.datanode.ExportContainerRequest
+	13, // 35: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
+	15, // 36: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
+	17, // 37: basalt.datanode.Datanode.PutSmallFile:output_type -> basalt.datanode.PutSmallFileResponse
+	19, // 38: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
+	5,  // 39: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
+	22, // 40: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
+	10, // 41: basalt.datanode.Datanode.ApplyStatus:output_type -> basalt.datanode.ApplyStatusResponse
+	7,  // 42: basalt.datanode.Datanode.ExportContainer:output_type -> basalt.datanode.ExportContainerResponse
+	35, // [35:43] is the sub-list for method output_type
+	27, // [27:35] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_datanode_datanode_proto_init() }
@@ -2298,7 +2435,7 @@ func file_datanode_datanode_proto_init() {
 	if File_datanode_datanode_proto != nil {
 		return
 	}
-	file_datanode_datanode_proto_msgTypes[21].OneofWrappers = []any{
+	file_datanode_datanode_proto_msgTypes[23].OneofWrappers = []any{
 		(*ContainerCommand_WriteChunk)(nil),
 		(*ContainerCommand_PutBlock)(nil),
 		(*ContainerCommand_CloseContainer)(nil),
@@ -2311,7 +2448,7 @@ func file_datanode_datanode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_datanode_datanode_proto_rawDesc), len(file_datanode_datanode_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   29,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
