@@ -265,6 +265,12 @@ type container struct {
 	open      map[LocalID]*openBlock
 	importing bool // Import in progress: invisible to other calls
 
+	// creating is closed when the CreateContainer that reserved this
+	// container returns (nil for imports and recovered containers): a
+	// concurrent create of the same ID waits for it instead of taking
+	// "exists" for "ready" while it is still invisible.
+	creating chan struct{}
+
 	// deferredKeys counts this container's deferred writes whose files
 	// the flusher has not synced yet (deferred.go).
 	deferredKeys atomic.Int64
@@ -549,10 +555,11 @@ func (s *Store) CreateContainer(cid ContainerID, o CreateOptions) (ContainerRepo
 	if o.MaxSize <= 0 {
 		o.MaxSize = s.opts.ContainerSize
 	}
-	c, err := s.reserveID("create", cid)
+	c, err := s.reserveCreate(cid)
 	if err != nil {
 		return ContainerReport{}, err
 	}
+	defer close(c.creating)
 	v, err := s.pickVolume(o.MaxSize)
 	if err != nil {
 		s.dropID(cid)
@@ -591,6 +598,41 @@ func (s *Store) reserveID(op string, cid ContainerID) (*container, error) {
 	c := &container{id: cid, open: map[LocalID]*openBlock{}, importing: true}
 	s.containers[cid] = c
 	return c, nil
+}
+
+// reserveCreate is reserveID for CreateContainer. If another
+// CreateContainer of cid is in progress it waits for that one to finish:
+// then cid exists (ErrContainerExists, and the container is visible) or
+// that create failed and this one tries again. Without the wait, a second
+// writer's create returned "exists" while the first was still syncing its
+// record, and the writer's next call found the container "not found".
+func (s *Store) reserveCreate(cid ContainerID) (*container, error) {
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, cErr("create", ErrClosed, cid, "", nil)
+		}
+		if other, ok := s.containers[cid]; ok {
+			wait := other.creating
+			s.mu.Unlock()
+			if wait == nil {
+				return nil, cErr("create", ErrContainerExists, cid, "", nil)
+			}
+			<-wait
+			s.mu.RLock()
+			now, ok := s.containers[cid]
+			s.mu.RUnlock()
+			if ok && now == other {
+				return nil, cErr("create", ErrContainerExists, cid, "", nil)
+			}
+			continue // it failed (dropped), or was replaced: look again
+		}
+		c := &container{id: cid, open: map[LocalID]*openBlock{}, importing: true, creating: make(chan struct{})}
+		s.containers[cid] = c
+		s.mu.Unlock()
+		return c, nil
+	}
 }
 
 func (s *Store) dropID(cid ContainerID) {
