@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -51,13 +52,23 @@ func (r *KeyReader) WriteRange(w io.Writer, off, n int64) (int64, error) {
 		return 0, nil
 	}
 	type piece struct {
+		pos  int64
 		buf  *[]byte
-		m    mappedPiece // or a verified range of a mapped local block file
+		m    mappedPiece // or a range of a mapped local block file
 		n    int
 		err  error
 		done chan struct{}
 	}
 	unit := r.c.readAheadUnit()
+	// lazy: a mapped piece is verified step by step just before each
+	// step is written (mappedPiece.write), so the writer's copy reads
+	// bytes the checksum just brought into the CPU cache: one pass over
+	// memory fewer than verifying the whole piece ahead (measured:
+	// docs/BENCHMARKS.md, session 7). Writers that do not read the bytes
+	// (io.Discard; a FileSender sends the file) get pieces verified
+	// ahead, in parallel.
+	_, sends := w.(FileSender)
+	lazy := w != io.Discard && !sends
 	inflight := max(r.c.cfg.MaxInflightChunks, 1)
 	queue := make(chan *piece, inflight)
 	ctx, cancel := context.WithCancel(r.ctx)
@@ -74,7 +85,7 @@ func (r *KeyReader) WriteRange(w io.Writer, off, n int64) (int64, error) {
 					return
 				}
 			}
-			p := &piece{done: make(chan struct{})}
+			p := &piece{pos: pos, done: make(chan struct{})}
 			select {
 			case queue <- p:
 			case <-ctx.Done():
@@ -85,7 +96,7 @@ func (r *KeyReader) WriteRange(w io.Writer, off, n int64) (int64, error) {
 			go func(pos, pe int64) {
 				defer wg.Done()
 				defer close(p.done)
-				if m, ok := r.mapPiece(pos, pe); ok {
+				if m, ok := r.mapPiece(pos, pe, lazy); ok {
 					p.m, p.n = m, int(pe-pos)
 					return
 				}
@@ -115,6 +126,15 @@ func (r *KeyReader) WriteRange(w io.Writer, off, n int64) (int64, error) {
 					if sent {
 						st.sent.Add(uint64(k))
 					}
+					if errors.Is(err, errVerifyLater) {
+						// A step failed its checksum (or faulted) before it
+						// was written: the rest of the piece is read the
+						// ordinary way, which reports a corrupt replica and
+						// reads another.
+						var k2 int
+						k2, err = r.writeRest(ctx, w, p.pos+int64(k), p.pos+int64(p.n))
+						k += k2
+					}
 				} else {
 					k, err = w.Write((*p.buf)[:p.n])
 				}
@@ -131,6 +151,18 @@ func (r *KeyReader) WriteRange(w io.Writer, off, n int64) (int64, error) {
 	}
 	wg.Wait()
 	return total, err
+}
+
+// writeRest reads [pos, end) (at most one read-ahead unit) with readAt
+// and writes it to w.
+func (r *KeyReader) writeRest(ctx context.Context, w io.Writer, pos, end int64) (int, error) {
+	b := getPieceBuf(r.c.readAheadUnit())
+	defer putPieceBuf(b)
+	n, err := r.readAt(ctx, (*b)[:end-pos], pos)
+	if err != nil && err != io.EOF {
+		return 0, err
+	}
+	return w.Write((*b)[:n])
 }
 
 // releasePiece returns a read-ahead piece's buffer and its place in the

@@ -1,12 +1,12 @@
 package client
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"runtime/debug"
 	"sort"
-	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -46,13 +46,10 @@ type FileSender interface {
 	SendFile(f *os.File, n int64) (int64, error)
 }
 
-// noMapping: map no block files (tests compare against the pread path).
-var noMapping atomic.Bool
-
 // mapBlockFile maps [0, length) of f read-only; nil when length is 0 or
 // the mapping fails (the file is then read with pread).
 func mapBlockFile(f *os.File, length uint64) []byte {
-	if length == 0 || length > 1<<40 || noMapping.Load() {
+	if length == 0 || length > 1<<40 {
 		return nil
 	}
 	m, err := unix.Mmap(int(f.Fd()), 0, int(length), unix.PROT_READ, unix.MAP_SHARED)
@@ -145,20 +142,32 @@ func copyMapped(dst, m []byte, from int64) error {
 	return guarded(m, func() { copy(dst, m[from:]) })
 }
 
-// mappedPiece is [off, off+n) of a block file, verified, for WriteRange:
-// it holds a reference on bf until written.
+// mappedPiece is [off, off+n) of a block file for WriteRange, verified
+// unless lazy (then write verifies it step by step): it holds a
+// reference on bf until written.
 type mappedPiece struct {
-	bf  *scBlockFile
-	off int64
-	n   int64
+	bf   *scBlockFile
+	bpc  int64 // the key's bytes per checksum
+	blen int64 // the block's length in the key
+	off  int64
+	n    int64
+	lazy bool
 }
+
+// lazyStep is what a lazy piece verifies and writes at a time: a few
+// checksum windows, well inside a core's L2 cache.
+const lazyStep = 256 << 10
+
+// errVerifyLater: a step of a lazy piece failed its checksum or faulted;
+// nothing of it was written.
+var errVerifyLater = errors.New("mapped piece failed verification")
 
 // mapPiece returns key range [pos, end) as a verified range of a mapped
 // local block file, when the range lies in one block, a replica of it
 // (not failed before for this reader, and read before any replica cached
 // elsewhere) is local and mapped, and its checksums match. false: read
 // the range the ordinary way (readAt), which also handles every failure.
-func (r *KeyReader) mapPiece(pos, end int64) (mappedPiece, bool) {
+func (r *KeyReader) mapPiece(pos, end int64, lazy bool) (mappedPiece, bool) {
 	c := r.c
 	if c.cfg.NoShortCircuit {
 		return mappedPiece{}, false
@@ -193,14 +202,15 @@ func (r *KeyReader) mapPiece(pos, end int64) (mappedPiece, bool) {
 			r.layout[bi] = bf.bd
 		}
 		r.mu.Unlock()
-		rs, re := alignRange(bf.bd, int64(r.raw.BytesPerChecksum), int64(l.Length), off, off+(end-pos))
-		if re > int64(len(bf.m)) || verifyMapped(bf.bd, bf.m, rs, re, off, off+(end-pos)) != nil {
+		mp := mappedPiece{bf: bf, bpc: int64(r.raw.BytesPerChecksum), blen: int64(l.Length), off: off, n: end - pos, lazy: lazy}
+		rs, re := alignRange(bf.bd, mp.bpc, mp.blen, off, off+(end-pos))
+		if re > int64(len(bf.m)) || (!lazy && verifyMapped(bf.bd, bf.m, rs, re, off, off+(end-pos)) != nil) {
 			// readAt reads it again and tells a corrupt replica from
 			// anything else.
 			bf.release()
 			return mappedPiece{}, false
 		}
-		return mappedPiece{bf: bf, off: off, n: end - pos}, true
+		return mp, true
 	}
 	return mappedPiece{}, false
 }
@@ -221,9 +231,28 @@ func (p mappedPiece) write(w io.Writer) (n int, sent bool, err error) {
 		}
 		return int(k), true, err
 	}
-	var werr error
-	if err := guarded(p.bf.m, func() { n, werr = w.Write(p.bf.m[p.off : p.off+p.n]) }); err != nil {
-		return n, false, err
+	step := p.n
+	if p.lazy {
+		step = lazyStep
 	}
-	return n, false, werr
+	for a := p.off; a < p.off+p.n; {
+		b := min(a+step, p.off+p.n)
+		if p.lazy {
+			rs, re := alignRange(p.bf.bd, p.bpc, p.blen, a, b)
+			if err := verifyMapped(p.bf.bd, p.bf.m, rs, re, a, b); err != nil {
+				return n, false, fmt.Errorf("%w: %w", errVerifyLater, err)
+			}
+		}
+		var k int
+		var werr error
+		if err := guarded(p.bf.m, func() { k, werr = w.Write(p.bf.m[a:b]) }); err != nil {
+			return n + k, false, err
+		}
+		n += k
+		if werr != nil {
+			return n, false, werr
+		}
+		a = b
+	}
+	return n, false, nil
 }

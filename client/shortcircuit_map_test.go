@@ -178,3 +178,37 @@ func BenchmarkShortCircuitPiece(b *testing.B) {
 		})
 	}
 }
+
+// TestLazyMappedPieceVerifies: a piece verified as it is written stops
+// before the step holding a bad window, having written only the steps
+// before it.
+func TestLazyMappedPieceVerifies(t *testing.T) {
+	data := randBytes(9, 4<<20)
+	f, bd := blockOnDisk(t, data)
+	m := mapBlockFile(f, bd.Length)
+	if m == nil {
+		t.Fatal("not mapped")
+	}
+	bf := &scBlockFile{f: f, m: m, bd: bd}
+	bf.refs.Store(1)
+	bad := int64(3*lazyStep + 100)
+	wf, err := os.OpenFile(f.Name(), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wf.WriteAt([]byte{data[bad] ^ 1}, bad); err != nil {
+		t.Fatal(err)
+	}
+	wf.Close()
+	var got bytesWriter
+	n, _, err := (mappedPiece{bf: bf, bpc: 16 << 10, blen: int64(len(data)), off: lazyStep / 2, n: 2 << 20, lazy: true}).write(&got)
+	// Steps [128K, 384K) and [384K, 640K) are written; [640K, 896K)
+	// holds the bad byte.
+	if !errors.Is(err, errVerifyLater) || n != 2*lazyStep || len(got) != n || string(got) != string(data[lazyStep/2:lazyStep/2+2*lazyStep]) {
+		t.Fatalf("wrote %d bytes, %v; want %d bytes then errVerifyLater", n, err, 2*lazyStep)
+	}
+}
+
+type bytesWriter []byte
+
+func (b *bytesWriter) Write(p []byte) (int, error) { *b = append(*b, p...); return len(p), nil }

@@ -167,11 +167,12 @@ func TestShortCircuitBlockCorrupt(t *testing.T) {
 	}
 }
 
-// TestShortCircuitMappedCorrupt: WriteTo (pieces verified on the mapping
-// before they are written) with a byte flipped in the local replica: the
-// piece that holds it is read again the ordinary way, which finds the
-// replica corrupt and reads another (over gRPC: the others' sockets
-// removed); the bytes are right and none came from the mapping.
+// TestShortCircuitMappedCorrupt: WriteTo, which verifies a mapped piece
+// step by step as it writes it, with a byte flipped in the local replica:
+// the steps before the bad window come from the mapping, the rest of the
+// piece is read the ordinary way, which finds the replica corrupt and
+// reads another (over gRPC: the others' sockets removed); the bytes are
+// right.
 func TestShortCircuitMappedCorrupt(t *testing.T) {
 	c, dir := startSC(t, false)
 	cl := newClient(t, c, "/dc1/rack1")
@@ -211,8 +212,8 @@ func TestShortCircuitMappedCorrupt(t *testing.T) {
 	if n, err := r.WriteTo(&buf); err != nil || n != int64(len(data)) || !bytes.Equal(buf.Bytes(), data) {
 		t.Fatalf("WriteTo with a corrupt local replica: %d bytes, %v", n, err)
 	}
-	if st := reader.ShortCircuitBlockStats(); st.Mapped != 0 || st.Bytes != 0 || st.Fallbacks == 0 {
-		t.Fatalf("WriteTo with a corrupt local replica: %+v: want nothing from the mapping, a fallback", st)
+	if st := reader.ShortCircuitBlockStats(); st.Mapped == 0 || st.Mapped > 1<<20+5 || st.Fallbacks == 0 {
+		t.Fatalf("WriteTo with a corrupt local replica: %+v: want the steps before the bad window mapped, then a fallback", st)
 	}
 }
 

@@ -11,8 +11,9 @@ import (
 // the key are read in parallel ahead of the connection (KeyReader.
 // WriteRange) and each is written to w in one call, straight from the
 // reader's buffer or, for a block on this host, from the mapping of its
-// block file once its checksums are verified there (one copy: the
-// kernel's into the socket).
+// block file, each 256 KiB step written right after its checksums are
+// verified there (one copy: the kernel's into the socket, from bytes the
+// checksum just brought into the cache).
 //
 // sendfile from the block file instead (w as a client.FileSender over
 // net/http's ReadFrom) was measured and not taken: on loopback it cost
