@@ -105,11 +105,14 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 	q.pending = append(q.pending, call)
 	var batch []*lookupCall
 	if q.inflight < co.maxInflight {
-		q.inflight++
-		batch = q.take()
+		if batch = q.take(); len(batch) > 0 {
+			q.inflight++
+		} else {
+			co.release(key, q) // the caller gave up already
+		}
 	}
 	co.mu.Unlock()
-	if batch != nil {
+	if len(batch) > 0 {
 		// Sent from a goroutine that goes on with what queues meanwhile,
 		// so that this caller's own context still bounds its wait.
 		go co.drain(key, q, batch)

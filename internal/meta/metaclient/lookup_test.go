@@ -186,6 +186,28 @@ func TestLookupDropsAbandonedCalls(t *testing.T) {
 	}
 }
 
+// TestLookupCancelledCallerKeepsNoSlot: a call whose context is done
+// before it is made takes no in-flight slot with it.
+func TestLookupCancelledCallerKeepsNoSlot(t *testing.T) {
+	s := &stubNS{}
+	c := startStub(t, s)
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := c.Lookup(done, &metapb.LookupKeyRequest{Key: "k"}); status.Code(err) != codes.Canceled {
+		t.Fatalf("cancelled lookup: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if ki, err := c.Lookup(ctx, &metapb.LookupKeyRequest{Key: "k2"}); err != nil || ki.GetName() != "k2" {
+		t.Fatalf("lookup after a cancelled one: %v %v", ki, err)
+	}
+	waitUntil(t, 10*time.Second, "no queue left", func() bool {
+		c.lookups.mu.Lock()
+		defer c.lookups.mu.Unlock()
+		return len(c.lookups.queues) == 0
+	})
+}
+
 // TestLookupBatchFollowsCallers: a batch's call runs until the latest of
 // its callers' deadlines, and is cancelled once all of them gave up.
 func TestLookupBatchFollowsCallers(t *testing.T) {
