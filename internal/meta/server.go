@@ -330,7 +330,8 @@ func New(cfg Config) (*Server, error) {
 	if nsCfg.Logger == nil {
 		nsCfg.Logger = s.log
 	}
-	nsCfg.Tokens = s.scmMgr // block tokens signed with the local SCM replica's keys
+	nsCfg.Tokens = s.scmMgr       // block tokens signed with the local SCM replica's keys
+	nsCfg.Translate = s.translate // per-key errors of LookupKeys
 	s.nsSvc = namespace.NewService(nsCfg, s.nsState, &nsRaft{s: s}, &scmBlocks{s: s})
 	// A client certificate is optional at the TLS level only so that a new
 	// node can present a bootstrap token (ca.go); authorize refuses every

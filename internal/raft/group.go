@@ -609,29 +609,42 @@ func (g *Group) ReadIndex(ctx context.Context) error {
 		}
 		return g.WaitApplied(ctx, idx)
 	}
-	g.rb.mu.Lock()
-	b := g.rb.next
-	if b == nil {
-		b = &readBatch{done: make(chan struct{})}
-		g.rb.next = b
+	for {
+		g.rb.mu.Lock()
+		b := g.rb.next
+		if b == nil {
+			b = &readBatch{done: make(chan struct{})}
+			g.rb.next = b
+		}
+		if !g.rb.running {
+			g.rb.running = true
+			go g.runReadBatches()
+		}
+		g.rb.mu.Unlock()
+		select {
+		case <-b.done:
+		case <-ctx.Done():
+			return fmt.Errorf("raft: group %d: read index: %w", g.id, ctx.Err())
+		case <-g.stopc:
+			return ErrStopped
+		}
+		if errors.Is(b.err, errBarrierTimeout) {
+			// The barrier got no answer in its time, not this call's
+			// deadline: join the next one while ctx allows (it fails at
+			// once with a NotLeaderError if this replica knows no leader
+			// by then).
+			continue
+		}
+		if b.err != nil {
+			return b.err
+		}
+		return g.WaitApplied(ctx, b.index)
 	}
-	if !g.rb.running {
-		g.rb.running = true
-		go g.runReadBatches()
-	}
-	g.rb.mu.Unlock()
-	select {
-	case <-b.done:
-	case <-ctx.Done():
-		return fmt.Errorf("raft: group %d: read index: %w", g.id, ctx.Err())
-	case <-g.stopc:
-		return ErrStopped
-	}
-	if b.err != nil {
-		return b.err
-	}
-	return g.WaitApplied(ctx, b.index)
 }
+
+// errBarrierTimeout fails the calls of a barrier that got no answer in
+// its time; ReadIndex has them join the next barrier.
+var errBarrierTimeout = errors.New("read barrier got no answer")
 
 // readBatch is one shared read barrier and the calls waiting for it.
 type readBatch struct {
@@ -655,7 +668,7 @@ func (g *Group) ReadBarriers() uint64 { return g.rb.sent.Load() }
 // runReadBatches sends the queued batch's barrier, one at a time, until
 // no call waits. A barrier that gets no answer (leadership lost; raft
 // drops the request) gives up after two election timeouts, so the calls
-// behind it go on to the next one.
+// behind it go on to the next one; its own calls join that one too.
 func (g *Group) runReadBatches() {
 	timeout := 2 * time.Duration(g.host.cfg.ElectionTicks) * g.host.cfg.TickInterval
 	switch {
@@ -676,6 +689,9 @@ func (g *Group) runReadBatches() {
 		g.rb.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		b.index, b.err = g.readIndexOnce(ctx)
+		if b.err != nil && ctx.Err() != nil && !errors.Is(b.err, ErrStopped) {
+			b.err = fmt.Errorf("raft: group %d: %w after %v", g.id, errBarrierTimeout, timeout)
+		}
 		cancel()
 		close(b.done)
 	}

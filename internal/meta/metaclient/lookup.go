@@ -2,10 +2,11 @@ package metaclient
 
 import (
 	"context"
+	"encoding/binary"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
@@ -20,22 +21,35 @@ import (
 // once (a gateway serving HEADs, a reader opening many keys): concurrent
 // calls that act for the same requester (the same outgoing gRPC metadata:
 // on-behalf-of user, anonymity, request attributes, user token) are merged
-// into one LookupKeys call. Batches are pipelined: while up to
-// MaxLookupsInFlight batches are in flight, a call leaves at once in a
-// batch of its own (no waiting, so a lone caller pays no latency); beyond
-// that, calls queue and leave together as soon as a batch returns. The
-// server authorizes every key on its own and runs one read barrier per
-// batch that starts after the batch was sent, so each answer is as
-// linearizable as LookupKey's.
+// into one LookupKeys call. Batches are pipelined: while fewer than
+// Config.LookupsInFlight batches of a requester are in flight, a call
+// leaves at once in a batch of its own (no waiting, so a lone caller pays
+// no latency); beyond that, calls queue (up to maxLookupQueue; past it a
+// call goes alone as a LookupKey) and leave together as soon as a batch
+// returns. Calls whose callers gave up meanwhile are dropped, and a batch
+// runs until the latest of its callers' deadlines, or until all of them
+// gave up. The server authorizes every key on its own and runs one read
+// barrier per batch that starts after the batch was sent, so each answer
+// is as linearizable as LookupKey's. A key the server left unanswered
+// (RetryAlone: its answer would have made the response too big), a key
+// that failed UNAVAILABLE (not the leader, no block token key yet), and
+// the keys of a batch refused RESOURCE_EXHAUSTED are sent again as
+// LookupKey calls, which the client retries as it retries any read.
 
 const (
 	// DefaultLookupsInFlight is the default of Config.LookupsInFlight.
 	DefaultLookupsInFlight = 2
 	// maxLookupBatch is the server's bound (namespace.MaxLookupBatch).
 	maxLookupBatch = 1024
+	// maxLookupQueue bounds the calls queued per requester.
+	maxLookupQueue = 4 * maxLookupBatch
+	// lookupRetryers bounds the LookupKey calls one batch sends again at
+	// once.
+	lookupRetryers = 16
 )
 
 type lookupCall struct {
+	ctx  context.Context // the caller's: its metadata, deadline and cancellation
 	req  *metapb.LookupKeyRequest
 	done chan struct{}
 	ki   *metapb.KeyInfo
@@ -74,7 +88,7 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 	}
 	md, _ := metadata.FromOutgoingContext(ctx)
 	key := mdKey(md)
-	call := &lookupCall{req: req, done: make(chan struct{})}
+	call := &lookupCall{ctx: ctx, req: req, done: make(chan struct{})}
 	co.mu.Lock()
 	if co.queues == nil {
 		co.queues = map[string]*lookupQueue{}
@@ -84,14 +98,21 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 		q = &lookupQueue{md: md.Copy()}
 		co.queues[key] = q
 	}
+	if len(q.pending) >= maxLookupQueue {
+		co.mu.Unlock()
+		return c.Namespace.LookupKey(ctx, req)
+	}
 	q.pending = append(q.pending, call)
 	var batch []*lookupCall
 	if q.inflight < co.maxInflight {
-		q.inflight++
-		batch = q.take()
+		if batch = q.take(); len(batch) > 0 {
+			q.inflight++
+		} else {
+			co.release(key, q) // the caller gave up already
+		}
 	}
 	co.mu.Unlock()
-	if batch != nil {
+	if len(batch) > 0 {
 		// Sent from a goroutine that goes on with what queues meanwhile,
 		// so that this caller's own context still bounds its wait.
 		go co.drain(key, q, batch)
@@ -104,14 +125,24 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 	}
 }
 
-// take removes up to maxLookupBatch pending calls (under co.mu).
+// take removes up to maxLookupBatch pending calls whose callers still wait
+// (under co.mu); the others are dropped.
 func (q *lookupQueue) take() []*lookupCall {
-	n := min(len(q.pending), maxLookupBatch)
-	b := q.pending[:n:n]
-	if n == len(q.pending) {
+	var b []*lookupCall
+	i := 0
+	for ; i < len(q.pending) && len(b) < maxLookupBatch; i++ {
+		call := q.pending[i]
+		if err := call.ctx.Err(); err != nil {
+			call.err = status.FromContextError(err).Err()
+			close(call.done)
+			continue
+		}
+		b = append(b, call)
+	}
+	clear(q.pending[:i])
+	q.pending = q.pending[i:]
+	if len(q.pending) == 0 {
 		q.pending = nil
-	} else {
-		q.pending = q.pending[n:]
 	}
 	return b
 }
@@ -129,28 +160,80 @@ func (co *coalescer) drain(key string, q *lookupQueue, batch []*lookupCall) {
 	for {
 		co.send(q, batch)
 		co.mu.Lock()
-		if len(q.pending) == 0 {
+		if len(q.pending) > 0 {
+			batch = q.take()
+		} else {
+			batch = nil
+		}
+		if len(batch) == 0 {
 			q.inflight--
 			co.release(key, q)
 			co.mu.Unlock()
 			return
 		}
-		batch = q.take()
 		co.mu.Unlock()
 	}
 }
 
-// send makes one LookupKeys call for batch and hands each call its answer.
-// The call runs under the client's CallTimeout, not a caller's context:
-// one caller giving up must not fail the others' lookups.
-func (co *coalescer) send(q *lookupQueue, batch []*lookupCall) {
+// batchContext is the context of one LookupKeys call for batch: q's
+// metadata, the latest of the callers' deadlines (none if one of them has
+// none: the client's CallTimeout then applies), and cancelled once every
+// caller gave up, for one caller giving up must not fail the others.
+func batchContext(q *lookupQueue, batch []*lookupCall) (context.Context, func()) {
 	ctx := metadata.NewOutgoingContext(context.Background(), q.md)
+	var latest time.Time
+	for _, call := range batch {
+		d, ok := call.ctx.Deadline()
+		if !ok {
+			latest = time.Time{}
+			break
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	var cancel context.CancelFunc
+	if latest.IsZero() {
+		ctx, cancel = context.WithCancel(ctx)
+	} else {
+		ctx, cancel = context.WithDeadline(ctx, latest)
+	}
+	live := atomic.Int64{}
+	live.Store(int64(len(batch)))
+	stops := make([]func() bool, len(batch))
+	for i, call := range batch {
+		stops[i] = context.AfterFunc(call.ctx, func() {
+			if live.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
+}
+
+// send looks batch up and hands each call its answer.
+func (co *coalescer) send(q *lookupQueue, batch []*lookupCall) {
+	var again []*lookupCall // calls to send again alone
+	co.sendBatch(q, batch, &again)
+	co.sendAlone(again)
+}
+
+// sendBatch makes one LookupKeys call for batch (a LookupKey for one
+// call), answers the calls it can and adds those to send again alone to
+// again. A batch refused RESOURCE_EXHAUSTED (its answer passed the receive
+// limit) is sent again in halves.
+func (co *coalescer) sendBatch(q *lookupQueue, batch []*lookupCall, again *[]*lookupCall) {
 	if len(batch) == 1 {
-		ki, err := co.c.Namespace.LookupKey(ctx, batch[0].req)
-		batch[0].ki, batch[0].err = ki, err
-		close(batch[0].done)
+		*again = append(*again, batch[0])
 		return
 	}
+	ctx, done := batchContext(q, batch)
+	defer done()
 	co.batches.Add(1)
 	co.keys.Add(uint64(len(batch)))
 	req := &metapb.LookupKeysRequest{Requests: make([]*metapb.LookupKeyRequest, len(batch))}
@@ -158,19 +241,16 @@ func (co *coalescer) send(q *lookupQueue, batch []*lookupCall) {
 		req.Requests[i] = call.req
 	}
 	resp, err := co.c.Namespace.LookupKeys(ctx, req)
-	if status.Code(err) == codes.Unimplemented {
+	switch status.Code(err) {
+	case codes.Unimplemented:
 		// An older server: one LookupKey per call from now on.
 		co.noBatch.Store(true)
-		var wg sync.WaitGroup
-		for _, call := range batch {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				call.ki, call.err = co.c.Namespace.LookupKey(ctx, call.req)
-				close(call.done)
-			}()
-		}
-		wg.Wait()
+		*again = append(*again, batch...)
+		return
+	case codes.ResourceExhausted:
+		h := len(batch) / 2
+		co.sendBatch(q, batch[:h], again)
+		co.sendBatch(q, batch[h:], again)
 		return
 	}
 	if err == nil && len(resp.Results) != len(batch) {
@@ -180,6 +260,11 @@ func (co *coalescer) send(q *lookupQueue, batch []*lookupCall) {
 		switch {
 		case err != nil:
 			call.err = err
+		case resp.Results[i].GetRetryAlone(), codes.Code(resp.Results[i].GetCode()) == codes.Unavailable:
+			// Not answered for its size, or not the leader / not ready:
+			// LookupKey retries that.
+			*again = append(*again, call)
+			continue
 		case resp.Results[i].GetCode() != 0:
 			call.err = resultErr(resp.Results[i])
 		case resp.Results[i].GetKey() == nil:
@@ -189,6 +274,31 @@ func (co *coalescer) send(q *lookupQueue, batch []*lookupCall) {
 		}
 		close(call.done)
 	}
+}
+
+// sendAlone sends each call as a LookupKey under its caller's context, a
+// few at a time.
+func (co *coalescer) sendAlone(calls []*lookupCall) {
+	if len(calls) == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, lookupRetryers)
+	for _, call := range calls {
+		if err := call.ctx.Err(); err != nil {
+			call.err = status.FromContextError(err).Err()
+			close(call.done)
+			continue
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			call.ki, call.err = co.c.Namespace.LookupKey(call.ctx, call.req)
+			close(call.done)
+		}()
+	}
+	wg.Wait()
 }
 
 // resultErr is a failed result's error as LookupKey would have returned
@@ -215,14 +325,17 @@ func mdKey(md metadata.MD) string {
 		ks = append(ks, k)
 	}
 	sort.Strings(ks)
-	var b strings.Builder
+	// Each name and value length-prefixed: a -bin value may hold any byte,
+	// so no separator could tell two requesters apart.
+	var b []byte
 	for _, k := range ks {
-		b.WriteString(k)
+		b = binary.AppendUvarint(b, uint64(len(k)))
+		b = append(b, k...)
+		b = binary.AppendUvarint(b, uint64(len(md[k])))
 		for _, v := range md[k] {
-			b.WriteByte(0)
-			b.WriteString(v)
+			b = binary.AppendUvarint(b, uint64(len(v)))
+			b = append(b, v...)
 		}
-		b.WriteByte(1)
 	}
-	return b.String()
+	return string(b)
 }

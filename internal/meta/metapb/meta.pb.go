@@ -9970,7 +9970,10 @@ type LookupKeyResult struct {
 	Message string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	// The whole error as a serialized google.rpc.Status, with its details
 	// (the ErrorInfo reason that tells a missing key from a missing bucket).
-	Status        []byte `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	Status []byte `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	// The server did not look this key up: the response had reached its
+	// size bound (code RESOURCE_EXHAUSTED). Ask for the key alone (LookupKey).
+	RetryAlone    bool `protobuf:"varint,5,opt,name=retry_alone,json=retryAlone,proto3" json:"retry_alone,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -10031,6 +10034,13 @@ func (x *LookupKeyResult) GetStatus() []byte {
 		return x.Status
 	}
 	return nil
+}
+
+func (x *LookupKeyResult) GetRetryAlone() bool {
+	if x != nil {
+		return x.RetryAlone
+	}
+	return false
 }
 
 type LookupKeysResponse struct {
@@ -10823,12 +10833,14 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x129\n" +
 	"\x06config\x18\x03 \x01(\v2!.basalt.meta.v1.PublicAccessBlockR\x06config\"Q\n" +
 	"\x11LookupKeysRequest\x12<\n" +
-	"\brequests\x18\x01 \x03(\v2 .basalt.meta.v1.LookupKeyRequestR\brequests\"\x82\x01\n" +
+	"\brequests\x18\x01 \x03(\v2 .basalt.meta.v1.LookupKeyRequestR\brequests\"\xa3\x01\n" +
 	"\x0fLookupKeyResult\x12)\n" +
 	"\x03key\x18\x01 \x01(\v2\x17.basalt.meta.v1.KeyInfoR\x03key\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x16\n" +
-	"\x06status\x18\x04 \x01(\fR\x06status\"O\n" +
+	"\x06status\x18\x04 \x01(\fR\x06status\x12\x1f\n" +
+	"\vretry_alone\x18\x05 \x01(\bR\n" +
+	"retryAlone\"O\n" +
 	"\x12LookupKeysResponse\x129\n" +
 	"\aresults\x18\x01 \x03(\v2\x1f.basalt.meta.v1.LookupKeyResultR\aresults*>\n" +
 	"\vReplication\x12\x1b\n" +

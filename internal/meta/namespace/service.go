@@ -65,6 +65,11 @@ type Config struct {
 	// Tokens signs the block token of every location returned (tokens.go;
 	// nil: locations carry none).
 	Tokens TokenIssuer
+
+	// Translate, when set, turns an error of method into the status the
+	// server's interceptor would return for it (the meta server's
+	// translate); LookupKeys applies it to each key's error.
+	Translate func(method string, err error) error
 }
 
 func (c *Config) setDefaults() {
@@ -365,6 +370,13 @@ func (s *Service) LookupKey(ctx context.Context, req *metapb.LookupKeyRequest) (
 // MaxLookupBatch bounds the keys of one LookupKeys call.
 const MaxLookupBatch = 1024
 
+// MaxLookupsBytes bounds the encoded results of one LookupKeys call, well
+// under a client's 4 MiB default receive limit: once the results reach it,
+// the remaining keys are answered RetryAlone (each then goes as a
+// LookupKey of its own), so that one call never builds an answer of
+// 1,024 large keys.
+const MaxLookupsBytes = 3 << 20
+
 // LookupKeys answers many lookups after one read barrier: the barrier
 // starts after the call arrived, so every answer is as linearizable as
 // LookupKey's. Each key is authorized on its own; a key's refusal or
@@ -379,23 +391,37 @@ func (s *Service) LookupKeys(ctx context.Context, req *metapb.LookupKeysRequest)
 	az := s.authz(ctx)
 	resp := &metapb.LookupKeysResponse{Results: make([]*metapb.LookupKeyResult, len(req.Requests))}
 	res := make([]metapb.LookupKeyResult, len(req.Requests)) // one allocation for all results
+	size := 0                                                // encoded bytes of the results so far
 	for i, r := range req.Requests {
 		out := &res[i]
 		resp.Results[i] = out
+		if size >= MaxLookupsBytes {
+			out.Code, out.RetryAlone = uint32(codes.ResourceExhausted), true
+			out.Message = fmt.Sprintf("LookupKeys answer reached %d bytes: look this key up alone", MaxLookupsBytes)
+			continue
+		}
 		if r == nil {
 			out.Code, out.Message = uint32(codes.InvalidArgument), "empty lookup request"
 			continue
 		}
 		ki, err := s.lookupKey(ctx, az, r)
 		if err != nil {
+			if s.cfg.Translate != nil {
+				// As the server's interceptor would have for LookupKey:
+				// not-leader errors become a retryable UNAVAILABLE, raw
+				// errors INTERNAL rather than UNKNOWN.
+				err = s.cfg.Translate(metapb.Namespace_LookupKey_FullMethodName, err)
+			}
 			st, _ := status.FromError(err)
 			out.Code, out.Message = uint32(st.Code()), st.Message()
 			if len(st.Details()) > 0 {
 				out.Status, _ = proto.Marshal(st.Proto())
 			}
+			size += proto.Size(out) + 4
 			continue
 		}
 		out.Key = ki
+		size += proto.Size(out) + 4 // + the field's tag and length
 	}
 	return resp, nil
 }
