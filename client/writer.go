@@ -163,7 +163,7 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	if o.DataCRC32C != nil && !done {
 		crc, err := keyCRC32C(committed, chunkLists)
 		if err != nil {
-			return KeyInfo{}, &Error{Op: op, Code: codes.Internal, Msg: err.Error(), kind: ErrPrecondition}
+			return KeyInfo{}, &Error{Op: op, Code: codes.Internal, Msg: err.Error(), kind: ErrInternal}
 		}
 		o.DataCRC32C(crc)
 	}
