@@ -20,3 +20,17 @@ func TestClientInternalErrorIs500(t *testing.T) {
 		t.Fatalf("client.ErrPrecondition: %d %s, want 400", e.Status, e.Code)
 	}
 }
+
+// TestMaxUploadBytesDefault: the uploads' shared buffer budget defaults to
+// 512 MiB (not MaxUploads × UploadBufferBytes = 2 GiB) and refuses a
+// negative value.
+func TestMaxUploadBytesDefault(t *testing.T) {
+	c := Config{MetaAddrs: []string{"127.0.0.1:1"}}
+	if err := c.setDefaults(); err != nil || c.MaxUploadBytes != 512<<20 {
+		t.Fatalf("default MaxUploadBytes %d (%v), want 512 MiB", c.MaxUploadBytes, err)
+	}
+	c = Config{MetaAddrs: []string{"127.0.0.1:1"}, MaxUploadBytes: -1}
+	if err := c.setDefaults(); err == nil {
+		t.Fatal("negative MaxUploadBytes accepted")
+	}
+}
