@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"sync"
 	"time"
@@ -275,6 +276,10 @@ type Client struct {
 	log  *slog.Logger
 	// streamTLS authenticates V2 streams (nil: plaintext).
 	streamTLS *tls.Config
+	// streamWatch watches a stream's first hop for the revocation of the
+	// datanode's certificate (the credentials' revoked set, when an agent
+	// keeps it; nil without credentials).
+	streamWatch func(net.Conn, *tls.ConnectionState) func()
 	// noStreams: the client has no certificate (an access key), so it
 	// writes through V1 only.
 	noStreams bool
@@ -338,6 +343,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.Credentials != nil && !cfg.Credentials.IsInsecure() {
 		c.streamTLS = cfg.Credentials.ClientTLS(pki.RoleDatanode)
+		c.streamWatch = cfg.Credentials.Watch
 	}
 	c.reportCorrupt = func(ctx context.Context, r CorruptReport) error {
 		c.log.Warn("basalt client: corrupt replica, reporting to SCM",

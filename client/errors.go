@@ -39,6 +39,9 @@ var (
 	// reported as done, nor retried as if it had not happened.
 	ErrOutcomeUnknown   = errors.New("outcome unknown: the write may or may not have been applied")
 	ErrPermissionDenied = errors.New("permission denied")
+	// ErrInternal: the client's own consistency check failed (a bug or a
+	// misbehaving server), not anything the caller asked for.
+	ErrInternal = errors.New("internal error")
 )
 
 // Error is an error from a Basalt service (or the client's own checks)

@@ -120,6 +120,7 @@ func newStreamWriter(ctx context.Context, c *Client, op string, blocks *blockSou
 		opts: stream.Options{
 			PacketSize: streamPacketSize(c.cfg.ChunkSize, c.cfg.BytesPerChecksum), ChunkSize: c.cfg.ChunkSize,
 			BytesPerChecksum: c.cfg.BytesPerChecksum, Timeout: c.cfg.StreamTimeout, TLS: c.streamTLS,
+			Watch: c.streamWatch,
 		},
 	}
 }
@@ -142,7 +143,17 @@ func (w *streamWriter) run(r io.Reader) error {
 		// Only a segment's last piece is short (room or EOF cut it, and
 		// the segment is committed right after), so a segment never needs
 		// more buffers than the pool has.
-		buf, err := w.pool.get(w.ctx, nil)
+		buf, err := w.pool.tryGet()
+		if errors.Is(err, errBudgetFull) && w.segLen > 0 {
+			// No buffer free (the shared budget): commit the segment so
+			// far (its buffers come back); the next one extends the block.
+			if err := w.commit(); err != nil {
+				return err
+			}
+		}
+		if err != nil {
+			buf, err = w.pool.get(w.ctx, nil)
+		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", w.op, err)
 		}

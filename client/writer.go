@@ -46,6 +46,10 @@ type PutOptions struct {
 	// no second pass over the data. Gateways use it for S3's CRC32C
 	// checksum.
 	DataCRC32C func(crc uint32)
+	// BufferBudget, if set, is shared by the write buffers of every PutKey
+	// given it (see BufferBudget): a gateway's bound on its uploads'
+	// memory. The PutKey waits for its reserve before reading data.
+	BufferBudget *BufferBudget
 }
 
 // PutKey writes a key from r, read to EOF, and commits it (replacing any
@@ -148,6 +152,10 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	case done:
 	case path == PipelineV2:
 		w := newStreamWriter(ctx, c, op, blocks, bs, o.Progress)
+		if err := w.pool.admit(ctx, o.BufferBudget); err != nil {
+			return KeyInfo{}, fmt.Errorf("%s: waiting for write buffers: %w", op, err)
+		}
+		defer w.pool.close()
 		if err := w.run(r); err != nil {
 			return KeyInfo{}, err
 		}
@@ -155,6 +163,10 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	default:
 		w := newKeyWriter(ctx, c, op, blocks, bs, o.Progress)
 		defer w.cancel()
+		if err := w.pool.admit(ctx, o.BufferBudget); err != nil {
+			return KeyInfo{}, fmt.Errorf("%s: waiting for write buffers: %w", op, err)
+		}
+		defer w.pool.close()
 		if err := w.run(r); err != nil {
 			return KeyInfo{}, err
 		}
@@ -163,7 +175,7 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	if o.DataCRC32C != nil && !done {
 		crc, err := keyCRC32C(committed, chunkLists)
 		if err != nil {
-			return KeyInfo{}, &Error{Op: op, Code: codes.Internal, Msg: err.Error(), kind: ErrPrecondition}
+			return KeyInfo{}, &Error{Op: op, Code: codes.Internal, Msg: err.Error(), kind: ErrInternal}
 		}
 		o.DataCRC32C(crc)
 	}
@@ -617,7 +629,18 @@ func (w *keyWriter) run(r io.Reader) error {
 		if w.cur != nil && w.cur.written < w.blockSize {
 			room = min(room, w.blockSize-w.cur.written)
 		}
-		buf, err := w.pool.get(w.ctx, w.failCh)
+		buf, err := w.pool.tryGet()
+		if errors.Is(err, errBudgetFull) && len(w.unflush) > 0 && w.cur != nil {
+			// No buffer free (the pool's cap, or the shared budget): have
+			// what is written committed, so that its buffers come back.
+			if err := w.flush(false); err != nil {
+				w.stop()
+				return err
+			}
+		}
+		if err != nil {
+			buf, err = w.pool.get(w.ctx, w.failCh)
+		}
 		if errors.Is(err, errPipelineFailed) {
 			continue
 		}

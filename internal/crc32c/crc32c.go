@@ -32,8 +32,11 @@ func init() {
 }
 
 // multmodp multiplies a and b modulo the polynomial (reflected bit order:
-// the top bit is x^0).
+// the top bit is x^0). Any input terminates: a == 0 gives 0.
 func multmodp(a, b uint32) uint32 {
+	if a == 0 {
+		return 0
+	}
 	m := uint32(1) << 31
 	var p uint32
 	for {
@@ -76,14 +79,27 @@ func Combine(crcA, crcB uint32, lenB int64) uint32 {
 }
 
 // Shift is a precomputed Combine for one length of B, for sums of windows
-// of a fixed size: Shift(n).Combine(a, b) == Combine(a, b, n).
+// of a fixed size: ShiftFor(n).Combine(a, b) == Combine(a, b, n) for every
+// n. The zero Shift is ShiftFor(0) (and of any n <= 0): B is empty, so its
+// Combine returns crcA, as Combine does for lenB <= 0.
 type Shift uint32
 
-// ShiftFor returns the shift for B of n bytes (n > 0).
-func ShiftFor(n int64) Shift { return Shift(x8n(n)) }
+// ShiftFor returns the shift for B of n bytes; n <= 0 gives the zero
+// Shift (an empty B).
+func ShiftFor(n int64) Shift {
+	if n <= 0 {
+		return 0
+	}
+	return Shift(x8n(n)) // never 0: x^(8n) is a unit modulo the polynomial
+}
 
 // Combine returns the CRC32C of A‖B where B has the shift's length.
-func (s Shift) Combine(crcA, crcB uint32) uint32 { return multmodp(uint32(s), crcA) ^ crcB }
+func (s Shift) Combine(crcA, crcB uint32) uint32 {
+	if s == 0 {
+		return crcA // B is empty
+	}
+	return multmodp(uint32(s), crcA) ^ crcB
+}
 
 // Windows returns the CRC32C of data of length total whose consecutive
 // windows of bpc bytes (the last one shorter if total is not a multiple)

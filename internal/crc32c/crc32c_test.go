@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 func TestCombineMatchesDirect(t *testing.T) {
@@ -73,4 +74,73 @@ func BenchmarkWindows(b *testing.B) {
 			Checksum(data)
 		}
 	})
+}
+
+// TestCombineEdgeCases: no input loops forever (multmodp(0, b) did, and so
+// did the zero Shift's Combine), and a shift for an empty B (n <= 0)
+// returns A, as Combine does, whatever B's CRC.
+func TestCombineEdgeCases(t *testing.T) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, b := range []uint32{0, 1, 1 << 31, 0xffffffff, 0x82f63b78} {
+			if p := multmodp(0, b); p != 0 {
+				t.Errorf("multmodp(0, %#x) = %#x, want 0", b, p)
+			}
+			if p := multmodp(b, 0); p != 0 {
+				t.Errorf("multmodp(%#x, 0) = %#x, want 0", b, p)
+			}
+		}
+		a, b := Checksum([]byte("hello")), Checksum([]byte(" world"))
+		for _, n := range []int64{0, -1, -1 << 40} {
+			if got := ShiftFor(n).Combine(a, 0); got != a {
+				t.Errorf("ShiftFor(%d).Combine(a, 0) = %#x, want a = %#x", n, got, a)
+			}
+			if got := ShiftFor(n).Combine(a, b); got != Combine(a, b, n) {
+				t.Errorf("ShiftFor(%d).Combine = %#x, Combine = %#x", n, got, Combine(a, b, n))
+			}
+		}
+		var zero Shift
+		if got := zero.Combine(a, 0); got != a {
+			t.Errorf("zero Shift's Combine(a, 0) = %#x, want %#x", got, a)
+		}
+		if got, want := ShiftFor(6).Combine(a, b), Checksum([]byte("hello world")); got != want {
+			t.Errorf("ShiftFor(6).Combine = %#x, want %#x", got, want)
+		}
+		// Random lengths, empty A and B included, against the direct sum.
+		r := rand.New(rand.NewPCG(3, 4))
+		for i := 0; i < 3000 && !t.Failed(); i++ {
+			la, lb := r.IntN(300), r.IntN(300)
+			if i%7 == 0 {
+				lb = 0
+			}
+			if i%11 == 0 {
+				la = 0
+			}
+			d := make([]byte, la+lb)
+			for j := range d {
+				d[j] = byte(r.Uint32())
+			}
+			ca, cb, want := Checksum(d[:la]), Checksum(d[la:]), Checksum(d)
+			if got := Combine(ca, cb, int64(lb)); got != want {
+				t.Errorf("Combine, |A| %d |B| %d: %#x want %#x", la, lb, got, want)
+			}
+			if got := ShiftFor(int64(lb)).Combine(ca, cb); got != want {
+				t.Errorf("ShiftFor(%d).Combine, |A| %d: %#x want %#x", lb, la, got, want)
+			}
+			bpc := int64(1 + r.IntN(64))
+			var s []byte
+			for o := 0; o < len(d); o += int(bpc) {
+				s = binary.BigEndian.AppendUint32(s, Checksum(d[o:min(o+int(bpc), len(d))]))
+			}
+			if c, ok := Windows(s, bpc, int64(len(d))); !ok || c != want {
+				t.Errorf("Windows, %d bytes, windows of %d: %#x %v, want %#x", len(d), bpc, c, ok, want)
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a CRC combination did not return in 30 s (an endless loop)")
+	}
 }

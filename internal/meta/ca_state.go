@@ -446,10 +446,12 @@ func (s *caState) revoke(b *pebble.Batch, op *metapb.RevokeCertificateRequest) (
 	// All or nothing: the serials not revoked yet are counted against the
 	// limit before any is recorded.
 	var added []string
+	seen := make(map[string]bool, len(serials))
 	for _, sn := range serials {
-		if slices.Contains(added, sn) {
+		if seen[sn] {
 			continue
 		}
+		seen[sn] = true
 		if _, closer, err := b.Get(key(caPfxRevoked, sn)); err == nil {
 			closer.Close()
 			continue

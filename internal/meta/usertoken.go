@@ -18,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -39,18 +40,22 @@ import (
 // a nonce; the secret never travels) and gets a token; a client
 // certificate (a gateway's: for its end user) may ask too. The token is
 //
-//	identifier: version u8 (2) | flags u8 (1: admin) | user length u8 |
-//	            renewer length u8 | key ID u64 | sequence u64 |
-//	            issue, expiry, max date (unix ms, i64) | user | renewer |
-//	            access key length u8 | access key creation (unix ms, i64) |
-//	            access key
+//	identifier: version u8 (2) | flags u8 (1: admin, 2: certificate) |
+//	            user length u8 | renewer length u8 | key ID u64 |
+//	            sequence u64 | issue, expiry, max date (unix ms, i64) |
+//	            user | renewer | binding length u8 |
+//	            access key creation (unix ms, i64; 0 for a certificate) |
+//	            binding (the access key, or the certificate's serial)
 //	password:   HMAC-SHA256(user-token key, identifier)
 //
 // A token issued against an S3 key names it (and its creation time): a
 // token is good only while that very key exists with the same owner and
 // admin flag, so deleting the key (or re-creating it without the admin
 // flag) ends every token issued from it, renewals included. A
-// certificate caller's token names no key.
+// certificate caller's token names the certificate's serial (flag 2): it
+// is good only while that serial is not in the revoked set this node
+// holds (pki.Credentials.SetRevoked), so revoking the certificate ends
+// its tokens too. A token bound to neither is refused.
 //
 // in Hadoop's Token URL-string form (metaclient.EncodeTokenURL), sent as
 // gRPC metadata basalt-user-token. The keys are the user-token Raft
@@ -97,7 +102,13 @@ type UserTokenConfig struct {
 	// with an S3 key proof (a caller without a certificate) a meta node
 	// serves per source address and, separately, per access key (token
 	// buckets; defaults 20/s and 100). Beyond them: ResourceExhausted,
-	// before any work (a read barrier, an HMAC) is done.
+	// before any work (a read barrier, an HMAC) is done. A source is an
+	// IPv4 address or an IPv6 /64. Every request is charged to its
+	// source; an access key's bucket is charged only by failed proofs (a
+	// successful issuance is bounded by utMaxNoncesPerKey), and while it
+	// is empty only the sources without a recent failed proof for that
+	// key are heard: whoever guesses at a key ID does not lock its owner
+	// out.
 	AttemptsPerSecond float64
 	AttemptBurst      int
 }
@@ -147,6 +158,27 @@ const utLimiterMax = 8192
 
 // allow takes one attempt from name's bucket (rate per second, burst).
 func (l *utLimiter) allow(name string, now time.Time, rate float64, burst int) bool {
+	return l.use(name, now, rate, burst, true)
+}
+
+// available reports whether name's bucket holds an attempt, taking none.
+func (l *utLimiter) available(name string, now time.Time, rate float64, burst int) bool {
+	return l.use(name, now, rate, burst, false)
+}
+
+// clean reports whether name has no bucket short of full (no recent
+// charge).
+func (l *utLimiter) clean(name string, now time.Time, rate float64, burst int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.m[name]
+	if b == nil {
+		return true
+	}
+	return min(float64(burst), b.tokens+now.Sub(b.last).Seconds()*rate) >= float64(burst)
+}
+
+func (l *utLimiter) use(name string, now time.Time, rate float64, burst int, take bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	fill := func(b *utBucket) {
@@ -175,20 +207,48 @@ func (l *utLimiter) allow(name string, now time.Time, rate float64, burst int) b
 	if b.tokens < 1 {
 		return false
 	}
-	b.tokens--
+	if take {
+		b.tokens--
+	}
 	return true
 }
 
-// sourceHost is the caller's IP address ("" if unknown).
+// sourceHost is the caller's source for the attempt limits: its IPv4
+// address, or the /64 of its IPv6 address (one host commonly holds a
+// whole /64); "" if unknown.
 func sourceHost(ctx context.Context) string {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
 		return ""
 	}
-	if h, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
+	h, _, err := net.SplitHostPort(p.Addr.String())
+	if err != nil {
+		h = p.Addr.String()
+	}
+	return sourcePrefix(h)
+}
+
+// sourcePrefix is sourceHost's form of the address h.
+func sourcePrefix(h string) string {
+	ip := net.ParseIP(h)
+	if ip == nil || ip.To4() != nil {
 		return h
 	}
-	return p.Addr.String()
+	return (&net.IPNet{IP: ip.Mask(net.CIDRMask(64, 128)), Mask: net.CIDRMask(64, 128)}).String()
+}
+
+// peerCertSerial is the serial (pki.SerialString) of the call's client
+// certificate ("" without one).
+func peerCertSerial(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.AuthInfo == nil {
+		return ""
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.PeerCertificates) == 0 {
+		return ""
+	}
+	return pki.SerialString(ti.State.PeerCertificates[0].SerialNumber)
 }
 
 // ---------------------------------------------------------------- token
@@ -196,6 +256,7 @@ func sourceHost(ctx context.Context) string {
 const (
 	utVersion   = 2
 	utFlagAdmin = 1
+	utFlagCert  = 2
 	utFixed     = 4 + 8 + 8 + 3*8
 	utBindFixed = 1 + 8
 )
@@ -212,13 +273,21 @@ type userToken struct {
 	// certificate caller) and KeyCreatedMs that key's creation time.
 	AccessKey    string
 	KeyCreatedMs int64
+	// CertSerial is the serial (pki.SerialString) of the client
+	// certificate the token was issued to ("" for an S3 key caller).
+	CertSerial string
 }
 
 func (t userToken) marshal() []byte {
-	b := make([]byte, utFixed, utFixed+len(t.User)+len(t.Renewer)+utBindFixed+len(t.AccessKey))
+	bind := t.AccessKey
+	b := make([]byte, utFixed, utFixed+len(t.User)+len(t.Renewer)+utBindFixed+len(bind)+len(t.CertSerial))
 	b[0] = utVersion
 	if t.Admin {
 		b[1] = utFlagAdmin
+	}
+	if t.CertSerial != "" {
+		b[1] |= utFlagCert
+		bind = t.CertSerial
 	}
 	b[2], b[3] = byte(len(t.User)), byte(len(t.Renewer))
 	binary.BigEndian.PutUint64(b[4:], t.KeyID)
@@ -227,13 +296,13 @@ func (t userToken) marshal() []byte {
 	binary.BigEndian.PutUint64(b[28:], uint64(t.ExpiryMs))
 	binary.BigEndian.PutUint64(b[36:], uint64(t.MaxMs))
 	b = append(append(b, t.User...), t.Renewer...)
-	b = append(b, byte(len(t.AccessKey)))
+	b = append(b, byte(len(bind)))
 	b = binary.BigEndian.AppendUint64(b, uint64(t.KeyCreatedMs))
-	return append(b, t.AccessKey...)
+	return append(b, bind...)
 }
 
 func parseUserToken(b []byte) (userToken, error) {
-	if len(b) < utFixed || b[0] != utVersion || b[1]&^utFlagAdmin != 0 {
+	if len(b) < utFixed || b[0] != utVersion || b[1]&^(utFlagAdmin|utFlagCert) != 0 {
 		return userToken{}, errors.New("not a Basalt user token (or one of an older format: get a new one)")
 	}
 	nu, nr := int(b[2]), int(b[3])
@@ -246,6 +315,15 @@ func parseUserToken(b []byte) (userToken, error) {
 		IssueMs: int64(binary.BigEndian.Uint64(b[20:])), ExpiryMs: int64(binary.BigEndian.Uint64(b[28:])), MaxMs: int64(binary.BigEndian.Uint64(b[36:])),
 		User: string(b[utFixed : utFixed+nu]), Renewer: string(b[utFixed+nu : end]),
 		KeyCreatedMs: int64(binary.BigEndian.Uint64(b[end+1:])), AccessKey: string(b[end+utBindFixed:])}
+	if b[1]&utFlagCert != 0 {
+		if t.KeyCreatedMs != 0 {
+			return userToken{}, errors.New("certificate token with an access key creation time")
+		}
+		t.CertSerial, t.AccessKey = t.AccessKey, ""
+	}
+	if t.AccessKey == "" && t.CertSerial == "" {
+		return userToken{}, errors.New("token bound to neither an access key nor a certificate (an older format: get a new one)")
+	}
 	if !validUserName(t.User) || (t.Renewer != "" && !validUserName(t.Renewer)) {
 		return userToken{}, errors.New("token names an invalid user")
 	}
@@ -270,8 +348,9 @@ func signUserToken(key *metapb.SecretKey, t userToken) string {
 }
 
 // verifyUserToken checks a token URL string (see the top of this file)
-// and returns what it names. now is this node's clock.
-func (s *Server) verifyUserToken(tok string, now time.Time) (userToken, error) {
+// and returns what it names. now is this node's clock; ctx is the call's
+// (it bounds the wait for a fresh access key).
+func (s *Server) verifyUserToken(ctx context.Context, tok string, now time.Time) (userToken, error) {
 	refuse := func(format string, a ...any) (userToken, error) {
 		return userToken{}, status.Errorf(codes.Unauthenticated, "meta node %d: user token refused: "+format, append([]any{s.cfg.NodeID}, a...)...)
 	}
@@ -303,14 +382,17 @@ func (s *Server) verifyUserToken(tok string, now time.Time) (userToken, error) {
 	if cancelled {
 		return refuse("token %d of %s was cancelled", t.Seq, t.User)
 	}
+	if t.CertSerial != "" && s.cfg.TLS.IsRevokedSerial(t.CertSerial) {
+		return refuse("token %d of %s: certificate %s was revoked", t.Seq, t.User, t.CertSerial)
+	}
 	if t.AccessKey != "" {
 		k := s.s3Keys.get(s, t.AccessKey)
 		if !k.exists && ms-t.KeyCreatedMs < utFreshKeyMs && s.nsGroup != nil {
 			// A key created moments ago may not be applied on this node
 			// yet (the token was issued after a read barrier on the
 			// leader): wait for what the leader has committed, briefly.
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			if s.nsGroup.ReadIndex(ctx) == nil {
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if s.nsGroup.ReadIndex(rctx) == nil {
 				k = s.s3Keys.get(s, t.AccessKey)
 			}
 			cancel()
@@ -442,7 +524,7 @@ func (s *Server) authorizeByToken(ctx context.Context, method string) (_ context
 	if !has {
 		return ctx, false, nil
 	}
-	t, err := s.verifyUserToken(tok, time.Now())
+	t, err := s.verifyUserToken(ctx, tok, time.Now())
 	if err != nil {
 		return ctx, true, err
 	}
@@ -468,7 +550,7 @@ func (s *Server) gatewayTokenCaller(ctx context.Context) (namespace.Caller, bool
 	if !has {
 		return namespace.Caller{}, false, nil
 	}
-	t, err := s.verifyUserToken(tok, time.Now())
+	t, err := s.verifyUserToken(ctx, tok, time.Now())
 	if err != nil {
 		return namespace.Caller{}, true, err
 	}
@@ -546,7 +628,7 @@ func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserT
 		return nil, status.Error(codes.PermissionDenied, "GetUserToken: a token-authenticated call gets no token (prove an S3 key or present a certificate)")
 	}
 	now := time.Now()
-	var user, bindKey string
+	var user, bindKey, bindSerial string
 	var admin bool
 	var bindCreated int64
 	op := &metapb.UserTokenIssueOp{}
@@ -567,9 +649,20 @@ func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserT
 		if len(req.AccessKeyId) > 128 || !validNonce(req.Nonce) || len(req.Signature) != sha256.Size || len(req.Renewer) > maxUserBytes {
 			return nil, bad("malformed request (nonce of 16 to 64 characters [A-Za-z0-9_-], 32-byte signature)")
 		}
-		if !s.utByKey.allow(req.AccessKeyId, now, cfg.AttemptsPerSecond, cfg.AttemptBurst) {
-			return nil, status.Errorf(codes.ResourceExhausted, "meta node %d: GetUserToken: too many token requests for access key %q (at most %g/s, bursts of %d); retry later",
-				s.cfg.NodeID, clip(req.AccessKeyId), cfg.AttemptsPerSecond, cfg.AttemptBurst)
+		// The key's bucket is charged by failed proofs only (below): a
+		// caller who merely knows the key ID cannot spend the owner's
+		// attempts. While it is empty, the sources with a recent failed
+		// proof for this key are not heard; the others (its owner's) are.
+		keySrc := req.AccessKeyId + "\x00" + src
+		if !s.utByKey.available(keySrc, now, cfg.AttemptsPerSecond, cfg.AttemptBurst) ||
+			!s.utByKey.available(req.AccessKeyId, now, cfg.AttemptsPerSecond, cfg.AttemptBurst) && !s.utByKey.clean(keySrc, now, cfg.AttemptsPerSecond, cfg.AttemptBurst) {
+			return nil, status.Errorf(codes.ResourceExhausted, "meta node %d: GetUserToken: too many failed token requests for access key %q from %s (at most %g/s, bursts of %d); retry later",
+				s.cfg.NodeID, clip(req.AccessKeyId), src, cfg.AttemptsPerSecond, cfg.AttemptBurst)
+		}
+		failed := func() error {
+			s.utByKey.allow(req.AccessKeyId, now, cfg.AttemptsPerSecond, cfg.AttemptBurst)
+			s.utByKey.allow(keySrc, now, cfg.AttemptsPerSecond, cfg.AttemptBurst)
+			return bad("unknown access key or bad signature")
 		}
 		if d := now.Sub(time.UnixMilli(req.TimestampUnixMs)); d > cfg.Skew || d < -cfg.Skew {
 			return nil, bad(fmt.Sprintf("the request's time is %v from the server's (at most %v): check the client's clock", d.Round(time.Second), cfg.Skew))
@@ -579,11 +672,11 @@ func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserT
 			return nil, err // no read barrier: retry
 		}
 		if err != nil || sec == nil {
-			return nil, bad("unknown access key or bad signature")
+			return nil, failed()
 		}
 		want := metaclient.SignUserToken(sec.SecretAccessKey, req.AccessKeyId, req.TimestampUnixMs, req.Nonce, req.Renewer)
 		if !hmac.Equal(want, req.Signature) {
-			return nil, bad("unknown access key or bad signature")
+			return nil, failed()
 		}
 		user, admin = sec.Owner, sec.Admin
 		bindKey, bindCreated = sec.AccessKeyId, sec.CreatedUnixMs
@@ -604,6 +697,11 @@ func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserT
 		user, admin = c.User, c.Admin && !s.admins[c.User]
 		if id, _ := pki.FromContext(ctx); id.Role == pki.RoleMeta {
 			return nil, status.Errorf(codes.PermissionDenied, "meta node %d: GetUserToken: meta nodes get no user tokens", s.cfg.NodeID)
+		}
+		// The token lives only as long as the certificate does not get
+		// revoked (verifyUserToken).
+		if bindSerial = peerCertSerial(ctx); bindSerial == "" || len(bindSerial) > 64 {
+			return nil, status.Errorf(codes.Unauthenticated, "meta node %d: GetUserToken: no verified client certificate", s.cfg.NodeID)
 		}
 	}
 	if !validUserName(user) {
@@ -628,7 +726,7 @@ func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserT
 		return nil, err
 	}
 	t := userToken{Admin: admin, User: user, Renewer: renewer, Seq: v.(uint64), IssueMs: now.UnixMilli(),
-		ExpiryMs: now.Add(cfg.Lifetime).UnixMilli(), MaxMs: now.Add(cfg.MaxLifetime).UnixMilli(), AccessKey: bindKey, KeyCreatedMs: bindCreated}
+		ExpiryMs: now.Add(cfg.Lifetime).UnixMilli(), MaxMs: now.Add(cfg.MaxLifetime).UnixMilli(), AccessKey: bindKey, KeyCreatedMs: bindCreated, CertSerial: bindSerial}
 	tok := signUserToken(key, t)
 	s.log.Info("meta: user token issued", "user", user, "renewer", renewer, "seq", t.Seq, "key", key.Id, "by_access_key", req.AccessKeyId != "")
 	return &metapb.UserTokenResponse{Token: tok, User: user, Renewer: renewer, IssueUnixMs: t.IssueMs, ExpiryUnixMs: t.ExpiryMs,
@@ -661,7 +759,7 @@ func callerName(ctx context.Context) string {
 func (u *userTokenServer) RenewUserToken(ctx context.Context, req *metapb.RenewUserTokenRequest) (*metapb.RenewUserTokenResponse, error) {
 	s := u.s
 	now := time.Now()
-	t, err := s.verifyUserToken(req.Token, now)
+	t, err := s.verifyUserToken(ctx, req.Token, now)
 	if err != nil {
 		return nil, err
 	}
@@ -679,7 +777,7 @@ func (u *userTokenServer) RenewUserToken(ctx context.Context, req *metapb.RenewU
 func (u *userTokenServer) CancelUserToken(ctx context.Context, req *metapb.CancelUserTokenRequest) (*metapb.CancelUserTokenResponse, error) {
 	s := u.s
 	now := time.Now()
-	t, err := s.verifyUserToken(req.Token, now)
+	t, err := s.verifyUserToken(ctx, req.Token, now)
 	if err != nil {
 		return nil, err
 	}

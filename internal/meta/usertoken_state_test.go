@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"path/filepath"
@@ -130,13 +131,13 @@ func benchVerify(b *testing.B, cold bool) {
 	utApply(b, st, 1, utKeyCmd(now.UnixMilli(), 1, now.UnixMilli()))
 	s := &Server{ut: st}
 	tok := signUserToken(st.signingKey(now.UnixMilli()), userToken{User: "alice", Renewer: "alice", Seq: 7, IssueMs: now.UnixMilli(),
-		ExpiryMs: now.Add(time.Hour).UnixMilli(), MaxMs: now.Add(time.Hour).UnixMilli()})
+		ExpiryMs: now.Add(time.Hour).UnixMilli(), MaxMs: now.Add(time.Hour).UnixMilli(), CertSerial: "1f2e"})
 	b.ResetTimer()
 	for range b.N {
 		if cold {
 			s.utCache.m = nil
 		}
-		if _, err := s.verifyUserToken(tok, now); err != nil {
+		if _, err := s.verifyUserToken(context.Background(), tok, now); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -170,7 +171,7 @@ func BenchmarkUserTokenVerifyBound(b *testing.B) {
 		ExpiryMs: now.Add(time.Hour).UnixMilli(), MaxMs: now.Add(time.Hour).UnixMilli(), AccessKey: "AKIDBENCH", KeyCreatedMs: sec.CreatedUnixMs})
 	b.ResetTimer()
 	for range b.N {
-		if _, err := s.verifyUserToken(tok, now); err != nil {
+		if _, err := s.verifyUserToken(context.Background(), tok, now); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -189,7 +190,7 @@ func BenchmarkUserTokenSign(b *testing.B) {
 // decodes re-encodes to the same identifier.
 func FuzzUserTokenDecode(f *testing.F) {
 	key := &metapb.SecretKey{Id: 3, Secret: make([]byte, utSecretSize)}
-	f.Add(signUserToken(key, userToken{User: "alice", Renewer: "bob", Seq: 9, IssueMs: 1, ExpiryMs: 2, MaxMs: 3, Admin: true}))
+	f.Add(signUserToken(key, userToken{User: "alice", Renewer: "bob", Seq: 9, IssueMs: 1, ExpiryMs: 2, MaxMs: 3, Admin: true, CertSerial: "1f2e"}))
 	f.Add("AmlkAnB3AUsBUw")
 	f.Add("j4_____________w")
 	f.Add("")

@@ -269,10 +269,10 @@ func TestUserTokenRefusals(t *testing.T) {
 	wantUnauth(t, "a cancelled token", use(gone.Token))
 	for id, s := range c.servers {
 		waitFor(t, 10*time.Second, fmt.Sprintf("node %d refuses the cancelled token", id), func() bool {
-			_, err := s.verifyUserToken(gone.Token, time.Now())
+			_, err := s.verifyUserToken(context.Background(), gone.Token, time.Now())
 			return status.Code(err) == codes.Unauthenticated
 		})
-		if _, err := s.verifyUserToken(good.Token, time.Now()); err != nil {
+		if _, err := s.verifyUserToken(context.Background(), good.Token, time.Now()); err != nil {
 			t.Fatalf("node %d refuses the good token: %v", id, err)
 		}
 	}
@@ -426,7 +426,7 @@ func TestDeletedS3KeyEndsItsTokens(t *testing.T) {
 	mustOK(t, "delete the key", err)
 	for id, s := range c.servers {
 		waitFor(t, 10*time.Second, fmt.Sprintf("node %d refuses the deleted key's token", id), func() bool {
-			_, err := s.verifyUserToken(r.Token, time.Now())
+			_, err := s.verifyUserToken(context.Background(), r.Token, time.Now())
 			return status.Code(err) == codes.Unauthenticated
 		})
 	}
@@ -451,7 +451,7 @@ func TestDeletedS3KeyEndsItsTokens(t *testing.T) {
 	mustOK(t, "re-create it without the admin flag", err)
 	for id, s := range c.servers {
 		waitFor(t, 10*time.Second, fmt.Sprintf("node %d refuses the old admin token", id), func() bool {
-			_, err := s.verifyUserToken(ra.Token, time.Now())
+			_, err := s.verifyUserToken(context.Background(), ra.Token, time.Now())
 			return status.Code(err) == codes.Unauthenticated
 		})
 	}

@@ -472,8 +472,17 @@ func (c *Credentials) Watched() int {
 
 // IsRevoked reports whether cert's serial is in the revoked set.
 func (c *Credentials) IsRevoked(cert *x509.Certificate) bool {
+	return c.IsRevokedSerial(SerialString(cert.SerialNumber))
+}
+
+// IsRevokedSerial reports whether serial (SerialString form) is in the
+// revoked set (false for nil credentials).
+func (c *Credentials) IsRevokedSerial(serial string) bool {
+	if c == nil {
+		return false
+	}
 	m := c.revoked.Load()
-	return m != nil && (*m)[SerialString(cert.SerialNumber)]
+	return m != nil && (*m)[serial]
 }
 
 // SerialString is a certificate serial as Basalt prints and records it:

@@ -41,6 +41,7 @@ const (
 	DefaultBodyIdleTimeout   = 30 * time.Second
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultMaxHeaderBytes    = 64 << 10
+	DefaultMaxUploadBytes    = 512 << 20
 	// MaxObjectSize is S3's limit for one PUT (and one part).
 	MaxObjectSize = 5 << 30
 	// maxXMLBody bounds request documents (DeleteObjects with 1000 keys of
@@ -88,9 +89,17 @@ type Config struct {
 	MinPartSize int64
 	// MaxUploads bounds the PUT requests (objects, parts, copies) that move
 	// data at once; more wait for a slot, without reading their bodies.
-	// With the client's write buffer (UploadBufferBytes each) it bounds the
-	// gateway's memory whatever the load (default 32).
+	// With MaxUploadBytes it bounds the gateway's memory whatever the
+	// load (default 32).
 	MaxUploads int
+	// MaxUploadBytes is the write buffers all uploads hold together
+	// (default 512 MiB; UploadBufferBytes bounds each one's): buffers are
+	// taken from it as data arrives and given back as it is committed.
+	// Each upload reserves two chunks of it when it starts (waiting for
+	// them if need be); past the budget, an upload commits what it holds
+	// and goes on with those. The first chunk of a key (read to choose its
+	// path, at most 4 MiB) is outside it.
+	MaxUploadBytes int64
 	// UploadWait bounds a PUT's wait for a slot (default 10s); past it the
 	// gateway answers SlowDown (503), which S3 clients retry with backoff.
 	UploadWait time.Duration
@@ -169,6 +178,12 @@ func (c *Config) setDefaults() error {
 	if c.UploadBufferBytes == 0 {
 		c.UploadBufferBytes = 64 << 20
 	}
+	if c.MaxUploadBytes == 0 {
+		c.MaxUploadBytes = DefaultMaxUploadBytes
+	}
+	if c.MaxUploadBytes < 0 {
+		return fmt.Errorf("s3: MaxUploadBytes %d is negative", c.MaxUploadBytes)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -187,6 +202,7 @@ type Gateway struct {
 	cfg     Config
 	cl      *client.Client
 	ownCl   bool
+	budget  *client.BufferBudget // Config.MaxUploadBytes
 	ns      metapb.NamespaceClient
 	secrets *secrets
 	owners  *ownerCache
@@ -211,7 +227,7 @@ func New(cfg Config) (*Gateway, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, cl: cfg.Client, uploads: make(chan struct{}, cfg.MaxUploads)}
+	g := &Gateway{cfg: cfg, cl: cfg.Client, uploads: make(chan struct{}, cfg.MaxUploads), budget: client.NewBufferBudget(cfg.MaxUploadBytes)}
 	var err error
 	if g.proxies, err = parseProxies(cfg.TrustedProxies); err != nil {
 		return nil, fmt.Errorf("s3: trusted proxies: %w", err)

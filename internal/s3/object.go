@@ -345,8 +345,9 @@ func (g *Gateway) putData(req *request, key string, r io.Reader, sizeHint int64,
 		dataCRC = b.setWriteCRC
 	}
 	ki, err := g.cl.PutKey(req.r.Context(), g.cfg.Volume, req.bucket, key, r, client.PutOptions{
-		SizeHint:   max(sizeHint, 0),
-		DataCRC32C: dataCRC,
+		SizeHint:     max(sizeHint, 0),
+		DataCRC32C:   dataCRC,
+		BufferBudget: g.budget,
 		BeforeCommit: func(c *metapb.CommitKeyRequest) error {
 			committing = time.Now()
 			if b != nil {

@@ -79,7 +79,11 @@ func (c *secureCluster) security(cr *pki.Credentials) *Security {
 	}
 }
 
-func (c *secureCluster) start(t testing.TB, id uint64) {
+func (c *secureCluster) start(t testing.TB, id uint64) { c.startWatched(t, id, false) }
+
+// startWatched starts datanode id; with watch, its Security.Watch is its
+// credentials' (returned), as a real datanode's.
+func (c *secureCluster) startWatched(t testing.TB, id uint64, watch bool) *pki.Credentials {
 	st, err := storage.Open(storage.Options{Volumes: []string{t.TempDir()}, ContainerSize: 4 << 30, KeepUncommitted: true})
 	if err != nil {
 		t.Fatal(err)
@@ -90,8 +94,12 @@ func (c *secureCluster) start(t testing.TB, id uint64) {
 	}
 	uuid := fmt.Sprintf("dn-%d", id)
 	cr := c.issue(t, pki.RoleDatanode, uuid)
+	sec := c.security(cr)
+	if watch {
+		sec.Watch = cr.Watch
+	}
 	n := &node{id: id, st: st, lis: lis,
-		srv: NewServer(ServerConfig{ID: id, Backend: storeBackend{st: st}, Timeout: 5 * time.Second, Security: c.security(cr)})}
+		srv: NewServer(ServerConfig{ID: id, Backend: storeBackend{st: st}, Timeout: 5 * time.Second, Security: sec})}
 	go n.srv.Serve(lis)
 	t.Cleanup(func() {
 		n.srv.Close()
@@ -101,6 +109,7 @@ func (c *secureCluster) start(t testing.TB, id uint64) {
 	c.known[id], c.uuid[id] = n.target(), uuid
 	c.nodes = append(c.nodes, n)
 	c.mu.Unlock()
+	return cr
 }
 
 func (c *secureCluster) route() []Target {
@@ -314,5 +323,50 @@ func TestRevokedOpenerStreamClosed(t *testing.T) {
 		if n = server.Watched(); n != 0 {
 			t.Fatalf("%d connections still watched after the stream ended", n)
 		}
+	}
+}
+
+// TestRevokedDownstreamAndFirstHopClosed: the connections a stream dials
+// are watched too: a datanode's connection to the next one closes when
+// the next one's certificate is revoked (Security.Watch), and a Writer's
+// connection to the first datanode when that one's is (Options.Watch); the
+// stream fails instead of running on. Fails on the old code: only
+// accepted connections were watched, so both writes completed.
+func TestRevokedDownstreamAndFirstHopClosed(t *testing.T) {
+	for _, which := range []string{"downstream", "first hop"} {
+		t.Run(which, func(t *testing.T) {
+			c := newSecureCluster(t, 0)
+			dn1 := c.startWatched(t, 1, true)
+			dn2 := c.startWatched(t, 2, true)
+			client := c.issue(t, pki.RoleClient, "app")
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			w, err := Dial(ctx, c.route(), 1, BlockID{1, 1}, Options{TLS: client.ClientTLS(pki.RoleDatanode), Timeout: 5 * time.Second, Watch: client.Watch})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.Write(payload(256<<10, 1)); err != nil {
+				t.Fatal(err)
+			}
+			if which == "downstream" {
+				dn1.SetRevoked([]string{pki.SerialString(dn2.Leaf().SerialNumber)})
+			} else {
+				client.SetRevoked([]string{pki.SerialString(dn1.Leaf().SerialNumber)})
+			}
+			start := time.Now()
+			_, werr := w.Write(payload(256<<10, 2))
+			_, _, err = w.Close()
+			if werr == nil && err == nil {
+				t.Fatalf("the stream completed after the %s datanode's certificate was revoked", which)
+			}
+			t.Logf("stream failed %v after the revocation: %v / %v", time.Since(start), werr, err)
+			deadline := time.Now().Add(10 * time.Second)
+			for (dn1.Watched() != 0 || client.Watched() != 0) && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if n, m := dn1.Watched(), client.Watched(); n != 0 || m != 0 {
+				t.Fatalf("still watched after the stream ended: datanode 1 %d, client %d", n, m)
+			}
+		})
 	}
 }

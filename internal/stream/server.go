@@ -84,9 +84,10 @@ type Security struct {
 	Target func(t Target) error
 	Verify func(t Target, cs *tls.ConnectionState) error
 	// Watch (optional) is told of every accepted, authenticated
-	// connection (its raw TCP connection) and may close it later, e.g.
-	// when the opener's certificate is revoked (pki.Credentials.Watch);
-	// stop is called when the connection ends.
+	// connection and of every connection to the next datanode (its raw
+	// TCP connection) and may close it later, e.g. when the peer's
+	// certificate is revoked (pki.Credentials.Watch); stop is called when
+	// the connection ends.
 	Watch func(raw net.Conn, cs *tls.ConnectionState) (stop func())
 }
 
@@ -212,8 +213,10 @@ type stream struct {
 	h    *Header
 	up   net.Conn
 	down net.Conn // nil at the end of the route
-	next Target
-	sink Sink
+	// downStop ends Security.Watch of the connection down (nil: none).
+	downStop func()
+	next     Target
+	sink     Sink
 
 	once  sync.Once
 	err   *Error
@@ -281,6 +284,7 @@ func (s *Server) handle(up net.Conn) {
 		if st.down != nil {
 			closeRaw(st.down)
 		}
+		st.unwatchDown()
 	}
 	s.refuse(up, s.internalError(pe))
 }
@@ -321,6 +325,7 @@ func (s *Server) serve(up net.Conn, stp **stream) {
 	*stp = st
 	if len(h.Route) > 0 {
 		if e := st.connectDown(); e != nil {
+			st.unwatchDown()
 			s.failed.Add(1)
 			st.abortSink()
 			s.refuse(up, e)
@@ -341,6 +346,15 @@ func (s *Server) serve(up net.Conn, stp **stream) {
 	}
 	if st.down != nil {
 		closeRaw(st.down)
+	}
+	st.unwatchDown()
+}
+
+// unwatchDown ends the watch of the downstream connection, if any.
+func (st *stream) unwatchDown() {
+	if st.downStop != nil {
+		st.downStop()
+		st.downStop = nil
 	}
 }
 
@@ -462,6 +476,12 @@ func (st *stream) connectDown() *Error {
 			c.Close()
 			return &Error{Code: CodeUnreachable, Datanode: st.next.ID, Addr: st.next.Addr,
 				Reason: fmt.Sprintf("datanode %d cannot authenticate it: %v", s.cfg.ID, err)}
+		}
+		if sec.Watch != nil {
+			// The next datanode's certificate revoked: the connection
+			// closes, and the stream fails naming it.
+			cs := tc.ConnectionState()
+			st.downStop = sec.Watch(c, &cs)
 		}
 		c = tc
 	}

@@ -41,6 +41,11 @@ type Options struct {
 	// client's certificate; the datanode's is verified). Nil: plaintext,
 	// which a secured datanode refuses.
 	TLS *tls.Config
+	// Watch (optional, with TLS) is told of the connection to the first
+	// datanode once authenticated (its raw TCP connection) and may close
+	// it later, e.g. when that datanode's certificate is revoked
+	// (pki.Credentials.Watch); stop is called when the Writer ends.
+	Watch func(raw net.Conn, cs *tls.ConnectionState) (stop func())
 	// Token is the block's token (package blocktoken), sent in the header.
 	Token []byte
 }
@@ -126,6 +131,7 @@ type Writer struct {
 	err      error         // why it ended (nil after a clean close); read after ackDone
 	final    uint64        // the close ack's length
 	closed   bool
+	unwatch  func() // Options.Watch's stop
 }
 
 type expect struct {
@@ -139,7 +145,7 @@ type expect struct {
 // OrderRoute). It returns once every datanode of the route has accepted
 // the stream, or an *Error naming the datanode that refused or could not
 // be reached.
-func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, opts Options) (*Writer, error) {
+func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, opts Options) (_ *Writer, rerr error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}
@@ -152,6 +158,12 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 		return nil, err
 	}
 	first := route[0]
+	unwatch := func() {}
+	defer func() {
+		if rerr != nil {
+			unwatch()
+		}
+	}()
 	d := net.Dialer{Timeout: opts.Timeout}
 	conn, err := d.DialContext(ctx, "tcp", first.Addr)
 	if err != nil {
@@ -164,9 +176,13 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 			conn.Close()
 			return nil, &Error{Code: CodeUnreachable, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot connect: TLS: %v", err)}
 		}
+		if opts.Watch != nil {
+			cs := tc.ConnectionState()
+			unwatch = opts.Watch(conn, &cs)
+		}
 		conn = tc
 	}
-	w := &Writer{opts: opts, route: route, block: block, conn: conn, off: opts.Offset,
+	w := &Writer{opts: opts, route: route, block: block, conn: conn, off: opts.Offset, unwatch: unwatch,
 		wait:  ackTimeout(opts.Timeout, len(route)),
 		slots: make(chan struct{}, opts.Window), inflight: make(chan expect, opts.Window+1), ackDone: make(chan struct{})}
 	// Each datanode connects to the next before answering.
@@ -407,6 +423,7 @@ func (w *Writer) Close() (uint64, []Chunk, error) {
 	err := w.close()
 	w.closed = true
 	closeRaw(w.conn)
+	w.unwatch()
 	putBuf(w.buf)
 	if err != nil {
 		return 0, nil, err
@@ -455,6 +472,7 @@ func (w *Writer) Abort() {
 	}
 	w.closed = true
 	closeRaw(w.conn)
+	w.unwatch()
 	<-w.ackDone
 	putBuf(w.buf)
 }
