@@ -546,14 +546,28 @@ func TestAllocationPrefersPipelinesWithALeader(t *testing.T) {
 	}
 	// No leader reported anywhere: the fallback.
 	e.alloc(t, metapb.Replication_THREE)
-	ready := three[1]
-	if _, err := e.m.Heartbeat(e.ctx, &metapb.HeartbeatRequest{DatanodeId: ready.Datanodes[0],
-		Pipelines: []*metapb.PipelineReport{{PipelineId: ready.Id, IsLeader: true}}}); err != nil {
-		t.Fatal(err)
+	ready, half := three[1], three[0]
+	report := func(dn uint64, reps ...*metapb.PipelineReport) {
+		t.Helper()
+		if _, err := e.m.Heartbeat(e.ctx, &metapb.HeartbeatRequest{DatanodeId: dn, Pipelines: reps}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// half: a leader, but one member has not joined yet (a V2 stream
+	// through it would be refused "not in pipeline"): not ready.
+	reported := map[uint64][]*metapb.PipelineReport{}
+	for i, dn := range half.Datanodes[:len(half.Datanodes)-1] {
+		reported[dn] = append(reported[dn], &metapb.PipelineReport{PipelineId: half.Id, IsLeader: i == 0})
+	}
+	for i, dn := range ready.Datanodes {
+		reported[dn] = append(reported[dn], &metapb.PipelineReport{PipelineId: ready.Id, IsLeader: i == 0})
+	}
+	for dn, reps := range reported {
+		report(dn, reps...)
 	}
 	for range 20 {
 		if bl := e.alloc(t, metapb.Replication_THREE); bl.PipelineId != ready.Id {
-			t.Fatalf("block in pipeline %d, want the one with a leader, %d", bl.PipelineId, ready.Id)
+			t.Fatalf("block in pipeline %d, want the one with a leader and every member, %d (not %d, a member missing)", bl.PipelineId, ready.Id, half.Id)
 		}
 	}
 	// Old enough, the others count as ready again.

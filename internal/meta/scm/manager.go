@@ -1239,7 +1239,7 @@ func (m *Manager) pickContainer(ctx context.Context, repl metapb.Replication, ex
 }
 
 // pipelineReadyLocked reports whether pipeline id can take writes as far
-// as this leader knows: a member reported leading it, or it is older than
+// as this leader knows: every member reported it and one leads it, or it is older than
 // pipelineReadyGrace heartbeats (created before this leader heard of its
 // members, or its reports are late). Callers hold m.mu.
 func (m *Manager) pipelineReadyLocked(id uint64) bool {
@@ -1250,12 +1250,18 @@ func (m *Manager) pipelineReadyLocked(id uint64) bool {
 	if m.cfg.Now().UnixMilli()-p.CreatedUnixMs >= (pipelineReadyGrace * m.cfg.HeartbeatInterval).Milliseconds() {
 		return true
 	}
+	// Every member must have joined (a V2 stream opens the pipeline on
+	// each member and a member that has not is refused "not in
+	// pipeline"), and one of them leads it.
+	led := false
 	for _, dn := range p.Datanodes {
-		if n := m.nodes[dn]; n != nil && n.leads[id] {
-			return true
+		n := m.nodes[dn]
+		if n == nil || !n.pipelines[id] {
+			return false
 		}
+		led = led || n.leads[id]
 	}
-	return false
+	return led
 }
 
 // pipelineReadyGrace: heartbeats after which a pipeline counts as ready
