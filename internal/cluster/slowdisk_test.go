@@ -149,6 +149,10 @@ func TestSlowDisksAvoided(t *testing.T) {
 	if victim == 0 {
 		t.Fatal("datanode 2 is in no pipeline")
 	}
+	old := map[uint64]bool{}
+	for _, p := range allPipelines(t, mc) {
+		old[p.GetId()] = true
+	}
 	fss[1].Disks()[vdisk].SetSlowdown(300)
 	waitFor(t, 60*time.Second, fmt.Sprintf("pipeline %d closed for datanode 2's slow disk %d", victim, vdisk), func() bool {
 		for _, p := range allPipelines(t, mc) {
@@ -161,12 +165,10 @@ func TestSlowDisksAvoided(t *testing.T) {
 		}
 		return false
 	})
-	// Writes go on; the pipelines created from now on keep their logs off
-	// the slow disk.
-	old := map[uint64]bool{}
-	for _, p := range allPipelines(t, mc) {
-		old[p.GetId()] = true
-	}
+	// Writes go on; the pipelines created from now on (SCM may create the
+	// replacement in the tick that closes the victim, before the wait
+	// above returns: the snapshot is taken before the disk degrades) keep
+	// their logs off the slow disk.
 	waitFor(t, 60*time.Second, "a replacement pipeline with datanode 2", func() bool {
 		for _, p := range openPipelines(t, mc) {
 			if !old[p.GetId()] && slices.Contains(p.GetDatanodes(), c.Datanode(1).ID()) && c.Datanode(1).PipelineLogDir(p.GetId()) != "" {
