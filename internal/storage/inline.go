@@ -3,6 +3,7 @@ package storage
 import (
 	"errors"
 	"io/fs"
+	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -80,6 +81,28 @@ func inlineCommit(ob *openBlock, bd *BlockData) bool {
 	}
 	sp := ob.written[0]
 	return sp.inline && sp.off == 0 && sp.n == bd.Length && sp.data != nil
+}
+
+// smallCommitOK reports whether bd may commit ob: true unless ob's
+// uncommitted data holds a small chunk (WriteSmallChunk) and bd is not
+// exactly that one chunk, at offset 0, of its length, with its checksums
+// (when both sides have them). A PutBlock of another shape racing a
+// PutSmallFile would otherwise commit a file block over an inline span.
+// Caller holds ob.mu.
+func smallCommitOK(ob *openBlock, bd *BlockData) bool {
+	i := slices.IndexFunc(ob.written, func(sp span) bool { return sp.small })
+	if i < 0 {
+		return true
+	}
+	sp := ob.written[i]
+	if ob.exists || len(ob.written) != 1 || len(bd.Chunks) != 1 {
+		return false
+	}
+	ch := bd.Chunks[0]
+	if ch.Offset != 0 || ch.Length != sp.n || bd.Length != sp.n {
+		return false
+	}
+	return sp.sum.Type == ChecksumNone || ch.Checksum.Type == ChecksumNone || sp.sum.equal(ch.Checksum)
 }
 
 // blockReader opens committed block bd's data: its file, or its inline
