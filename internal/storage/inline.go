@@ -62,15 +62,11 @@ func (s *Store) inlineOK(c *container, ob *openBlock, off, n int64, sum Checksum
 		n <= s.opts.DeferredMax && sum.Type != ChecksumNone
 }
 
-// hasInline reports whether ob's uncommitted data is an inline span.
+// hasSmall reports whether ob's uncommitted data holds a chunk written by
+// WriteSmallChunk (inline or not): its block takes no other chunk.
 // Caller holds ob.mu.
-func hasInline(ob *openBlock) bool {
-	for _, sp := range ob.written {
-		if sp.inline {
-			return true
-		}
-	}
-	return false
+func hasSmall(ob *openBlock) bool {
+	return slices.ContainsFunc(ob.written, func(sp span) bool { return sp.small })
 }
 
 // inlineCommit reports whether bd (a PutBlock of ob) commits ob's inline

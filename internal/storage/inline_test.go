@@ -349,3 +349,29 @@ func TestDeleteContainerDropsInlineGens(t *testing.T) {
 		t.Fatalf("%d generations left after DeleteContainer, want 0", n)
 	}
 }
+
+// TestSmallChunkTakesNoSecondChunk: a block whose chunk was written by
+// WriteSmallChunk takes no other chunk, whether the chunk is inline or
+// (deferred writes off) has a file: every replica refuses alike. Before,
+// only an inline chunk refused it, so replicas with other volume
+// settings diverged (and then disagreed on the small chunk's commit).
+func TestSmallChunkTakesNoSecondChunk(t *testing.T) {
+	skipUnlessPosix(t)
+	for _, deferMax := range []int64{0, -1} {
+		s := openOn(t, newCrashFS(), Options{DeferredMax: deferMax})
+		mustCreate(t, s, 1)
+		data := blockBytes(1, 1, 4<<10)
+		sum := DefaultChecksum.Compute(data)
+		if err := s.WriteSmallChunk(1, 1, data, sum, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.WriteChunk(1, 1, 4096, data, sum, true); !errors.Is(err, ErrChunkOverlap) {
+			t.Errorf("deferMax=%d: second chunk: %v, want ErrChunkOverlap", deferMax, err)
+		}
+		if err := s.PutBlock(1, BlockData{LocalID: 1, Length: 4096, BCSID: 1,
+			Chunks: []ChunkInfo{{Offset: 0, Length: 4096, Checksum: sum}}}); err != nil {
+			t.Errorf("deferMax=%d: commit of the small chunk: %v", deferMax, err)
+		}
+		s.Close()
+	}
+}

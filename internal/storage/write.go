@@ -172,7 +172,9 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 		}
 		return s.rewriteLocked(op, c, lid, ob, i, data, sum)
 	}
-	if hasInline(ob) {
+	if hasSmall(ob) {
+		// Refused by the small flag, not by whether the chunk is inline
+		// here: alike on every replica, whatever its volume's settings.
 		return oErr(op, ErrChunkOverlap, c.id, lid, off, errInlineFinal, nil)
 	}
 	inline := small && s.inlineOK(c, ob, off, n, sum)
