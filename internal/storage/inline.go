@@ -39,8 +39,10 @@ import (
 // to gRPC); DeleteBlocks deletes the block's deferred keys with its record
 // (as it always did); DeleteContainer's range takes them; Export streams
 // an inline block like any block and Import stores it as a file. An
-// inline block cannot be extended, and a second chunk is refused for a
-// block whose first chunk is inline.
+// inline block cannot be extended; a block whose chunk was written by
+// WriteSmallChunk (inline here or not: every replica alike) takes no
+// other chunk and is committed only with exactly that chunk
+// (smallCommitOK).
 const blockRecVersionInline = 2
 
 // errInlineFinal refuses a write that would extend an inline block.
