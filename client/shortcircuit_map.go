@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"hash"
@@ -247,13 +248,13 @@ type SyncWriter interface {
 
 // writesInPlace reports whether w may be given a mapping (SyncWriter).
 // Besides SyncWriters: files, TCP and Unix sockets (write(2): a fault is
-// EFAULT), io.Discard (reads nothing), and hashes (stdlib hashes read p
-// in Write).
+// EFAULT), io.Discard (reads nothing), hashes (stdlib hashes read p in
+// Write) and bytes.Buffers (copy p in Write).
 func writesInPlace(w io.Writer) bool {
 	switch w := w.(type) {
 	case SyncWriter:
 		return w.WritesInCallingGoroutine()
-	case *os.File, *net.TCPConn, *net.UnixConn, hash.Hash:
+	case *os.File, *net.TCPConn, *net.UnixConn, hash.Hash, *bytes.Buffer:
 		return true
 	}
 	return w == io.Discard

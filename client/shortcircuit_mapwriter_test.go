@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"io"
@@ -83,7 +84,7 @@ func TestWritesInPlace(t *testing.T) {
 		w    io.Writer
 		want bool
 	}{{"discard", io.Discard, true}, {"file", os.Stderr, true}, {"tcp", tc, true}, {"sha256", sha256.New(), true},
-		{"sync writer", syncTouchWriter{}, true}, {"pipe", pw, false}, {"net.Pipe", a, false}, {"touch", touchWriter{}, false}} {
+		{"sync writer", syncTouchWriter{}, true}, {"bytes.Buffer", new(bytes.Buffer), true}, {"pipe", pw, false}, {"net.Pipe", a, false}, {"touch", touchWriter{}, false}} {
 		if got := writesInPlace(c.w); got != c.want {
 			t.Errorf("%s: writesInPlace = %v, want %v", c.name, got, c.want)
 		}
