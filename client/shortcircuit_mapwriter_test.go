@@ -104,3 +104,41 @@ func TestMapBlockFileChecksSize(t *testing.T) {
 		_ = unix.Munmap(m)
 	}
 }
+
+// TestMappedPieceToTCPFromTruncatedFile: a TCP connection is given the
+// mapping itself; the kernel's copy from a truncated mapping is an error
+// (EFAULT), not a signal.
+func TestMappedPieceToTCPFromTruncatedFile(t *testing.T) {
+	data := randBytes(7, 1<<20)
+	f, bd := blockOnDisk(t, data)
+	m := mapBlockFile(f, bd.Length)
+	if m == nil {
+		t.Fatal("not mapped")
+	}
+	bf := &scBlockFile{f: f, m: m, bd: bd}
+	bf.refs.Store(2)
+	defer func() { _ = unix.Munmap(m) }()
+	if err := os.Truncate(f.Name(), 0); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			io.Copy(io.Discard, c)
+			c.Close()
+		}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Minute))
+	if _, _, copied, err := (mappedPiece{bf: bf, off: 0, n: 1 << 20}).write(c); err == nil || copied {
+		t.Fatalf("TCP write from a truncated mapping: copied %v, err %v; want the mapping given and an error", copied, err)
+	}
+}
