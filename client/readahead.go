@@ -116,13 +116,17 @@ func (r *KeyReader) WriteRange(w io.Writer, off, n int64) (int64, error) {
 			} else {
 				var k int
 				if p.m.bf != nil {
-					var sent bool
-					k, sent, err = p.m.write(w)
+					var sent, copied bool
+					k, sent, copied, err = p.m.write(w)
 					p.m.bf = nil
 					st := &r.c.sc.blk
 					st.reads.Add(1)
 					st.bytes.Add(uint64(k))
-					st.mapped.Add(uint64(k))
+					if copied {
+						st.copied.Add(uint64(k))
+					} else {
+						st.mapped.Add(uint64(k))
+					}
 					if sent {
 						st.sent.Add(uint64(k))
 					}

@@ -63,7 +63,7 @@ type scBlocks struct {
 
 // scBlockCounters are the client's short-circuit block-file counters.
 type scBlockCounters struct {
-	reads, bytes, fallbacks, opened, mapped, sent atomic.Uint64
+	reads, bytes, fallbacks, opened, mapped, sent, copied atomic.Uint64
 }
 
 // ShortCircuitStats count a client's short-circuit reads of block files.
@@ -76,6 +76,9 @@ type ShortCircuitStats struct {
 	// without copying them in user space (the writer got the mapping, or
 	// a FileSender sent them), and of those the ones sent (sendfile).
 	Mapped, Sent uint64
+	// Of Bytes, those WriteRange copied out of a mapped block file into a
+	// buffer before writing them (the writer is not a SyncWriter).
+	Copied uint64
 }
 
 // ShortCircuitBlockStats returns the client's short-circuit block-file
@@ -83,7 +86,7 @@ type ShortCircuitStats struct {
 func (c *Client) ShortCircuitBlockStats() ShortCircuitStats {
 	b := &c.sc.blk
 	return ShortCircuitStats{Reads: b.reads.Load(), Bytes: b.bytes.Load(), Fallbacks: b.fallbacks.Load(), Opened: b.opened.Load(),
-		Mapped: b.mapped.Load(), Sent: b.sent.Load()}
+		Mapped: b.mapped.Load(), Sent: b.sent.Load(), Copied: b.copied.Load()}
 }
 
 // readLocal fills dst from block bi at off by reading d's block file, if d

@@ -1,12 +1,16 @@
 package client
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
+	"net"
 	"os"
 	"runtime/debug"
 	"sort"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -19,7 +23,8 @@ import (
 // PROT_READ) over its committed bytes [0, Length): checksum windows are
 // verified on the mapping, ReadAt copies from it (one copy, as pread's),
 // and WriteRange hands the verified mapping to the writer itself (no copy
-// in user space) or, to a FileSender (the S3 gateway on plain HTTP), the
+// in user space; only to a SyncWriter, else it copies each step out of
+// the mapping first) or, to a FileSender (the S3 gateway on plain HTTP), the
 // file's range to send with sendfile (no copy at all on this side).
 //
 // Why a mapping cannot take the process down. A committed block's bytes
@@ -46,10 +51,15 @@ type FileSender interface {
 	SendFile(f *os.File, n int64) (int64, error)
 }
 
-// mapBlockFile maps [0, length) of f read-only; nil when length is 0 or
-// the mapping fails (the file is then read with pread).
+// mapBlockFile maps [0, length) of f read-only after checking (fstat)
+// that f holds at least length bytes; nil when length is 0, the file is
+// shorter or the mapping fails (the file is then read with pread).
 func mapBlockFile(f *os.File, length uint64) []byte {
 	if length == 0 || length > 1<<40 {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Size < int64(length) {
 		return nil
 	}
 	m, err := unix.Mmap(int(f.Fd()), 0, int(length), unix.PROT_READ, unix.MAP_SHARED)
@@ -194,7 +204,12 @@ func (r *KeyReader) mapPiece(pos, end int64, lazy bool) (mappedPiece, bool) {
 		if err != nil {
 			return mappedPiece{}, false
 		}
-		if bf == nil || bf.m == nil || !bf.acquire() {
+		// acquire before looking at bf.m: the last release sets it nil.
+		if bf == nil || !bf.acquire() {
+			continue
+		}
+		if bf.m == nil {
+			bf.release()
 			continue
 		}
 		r.mu.Lock()
@@ -215,24 +230,66 @@ func (r *KeyReader) mapPiece(pos, end int64, lazy bool) (mappedPiece, bool) {
 	return mappedPiece{}, false
 }
 
+// SyncWriter is an io.Writer that reads the bytes given to Write only in
+// the calling goroutine or in the kernel (as write(2) does), and never
+// after Write returns; WritesInCallingGoroutine says whether that holds
+// for this writer now (an HTTP response writer: on HTTP/1.1, not on
+// HTTP/2). WriteRange hands such a writer the mapping of a local block
+// file itself. A fault on a mapping (the file truncated under it, a disk
+// error) becomes an error only in the goroutine that set
+// debug.SetPanicOnFault: in any other it kills the process, and writers
+// such as io.PipeWriter or HTTP/2's ResponseWriter pass the slice to
+// another goroutine. So every other writer gets each verified step
+// copied out of the mapping (under the guard) into a buffer first.
+type SyncWriter interface {
+	io.Writer
+	WritesInCallingGoroutine() bool
+}
+
+// writesInPlace reports whether w may be given a mapping (SyncWriter).
+// Besides SyncWriters: files, TCP and Unix sockets (write(2): a fault is
+// EFAULT), io.Discard (reads nothing), hashes (stdlib hashes read p in
+// Write) and bytes.Buffers (copy p in Write).
+func writesInPlace(w io.Writer) bool {
+	switch w := w.(type) {
+	case SyncWriter:
+		return w.WritesInCallingGoroutine()
+	case *os.File, *net.TCPConn, *net.UnixConn, hash.Hash, *bytes.Buffer:
+		return true
+	}
+	return w == io.Discard
+}
+
+// stepBufs are the buffers a step of a mapped piece is copied into for a
+// writer not given the mapping.
+var stepBufs = sync.Pool{New: func() any { b := make([]byte, lazyStep); return &b }}
+
 // write sends the piece to w: with sendfile to a FileSender (sent), else
-// from the mapping. It releases the piece.
-func (p mappedPiece) write(w io.Writer) (n int, sent bool, err error) {
+// from the mapping, or, for a writer that may read it in another
+// goroutine (!writesInPlace), from a copy of each step (copied). It
+// releases the piece.
+func (p mappedPiece) write(w io.Writer) (n int, sent, copied bool, err error) {
 	defer p.bf.release()
 	if fs, ok := w.(FileSender); ok {
 		p.bf.seekMu.Lock()
 		defer p.bf.seekMu.Unlock()
 		if _, err := p.bf.f.Seek(p.off, io.SeekStart); err != nil {
-			return 0, true, err
+			return 0, true, false, err
 		}
 		k, err := fs.SendFile(p.bf.f, p.n)
 		if err == nil && k != p.n {
 			err = fmt.Errorf("sent %d of %d bytes of %s", k, p.n, p.bf.f.Name())
 		}
-		return int(k), true, err
+		return int(k), true, false, err
+	}
+	copied = !writesInPlace(w)
+	var buf *[]byte
+	if copied {
+		buf = stepBufs.Get().(*[]byte)
+		defer stepBufs.Put(buf)
 	}
 	step := p.n
-	if p.lazy {
+	if p.lazy || copied {
 		step = lazyStep
 	}
 	for a := p.off; a < p.off+p.n; {
@@ -240,19 +297,25 @@ func (p mappedPiece) write(w io.Writer) (n int, sent bool, err error) {
 		if p.lazy {
 			rs, re := alignRange(p.bf.bd, p.bpc, p.blen, a, b)
 			if err := verifyMapped(p.bf.bd, p.bf.m, rs, re, a, b); err != nil {
-				return n, false, fmt.Errorf("%w: %w", errVerifyLater, err)
+				return n, false, copied, fmt.Errorf("%w: %w", errVerifyLater, err)
 			}
 		}
 		var k int
 		var werr error
-		if err := guarded(p.bf.m, func() { k, werr = w.Write(p.bf.m[a:b]) }); err != nil {
-			return n + k, false, err
+		if copied {
+			dst := (*buf)[:b-a]
+			if err := copyMapped(dst, p.bf.m, a); err != nil {
+				return n, false, copied, err
+			}
+			k, werr = w.Write(dst)
+		} else if err := guarded(p.bf.m, func() { k, werr = w.Write(p.bf.m[a:b]) }); err != nil {
+			return n + k, false, copied, err
 		}
 		n += k
 		if werr != nil {
-			return n, false, werr
+			return n, false, copied, werr
 		}
 		a = b
 	}
-	return n, false, nil
+	return n, false, copied, nil
 }

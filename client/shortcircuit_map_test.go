@@ -69,8 +69,12 @@ func TestMappedBlockFileShrunkIsAnError(t *testing.T) {
 	}
 	bf := &scBlockFile{f: f, m: m, bd: bd}
 	bf.refs.Store(2) // the test keeps the mapping
-	if _, _, err := (mappedPiece{bf: bf, off: 4096, n: 8192}).write(touchWriter{}); !errors.As(err, &fe) {
-		t.Fatalf("writer reading a truncated mapping: %v, want a fault error", err)
+	bf.refs.Add(1)
+	if _, _, copied, err := (mappedPiece{bf: bf, off: 4096, n: 8192}).write(syncTouchWriter{}); !errors.As(err, &fe) || copied {
+		t.Fatalf("writer given a truncated mapping: %v (copied %v), want a fault error", err, copied)
+	}
+	if _, _, copied, err := (mappedPiece{bf: bf, off: 4096, n: 8192}).write(touchWriter{}); !errors.As(err, &fe) || !copied {
+		t.Fatalf("copy for a writer from a truncated mapping: %v (copied %v), want a fault error", err, copied)
 	}
 	// A fault outside the mapping is a bug and still panics.
 	func() {
@@ -86,6 +90,12 @@ func TestMappedBlockFileShrunkIsAnError(t *testing.T) {
 
 // touchWriter reads every byte it is given (as a hash or TLS would).
 type touchWriter struct{}
+
+// syncTouchWriter is a touchWriter that says it reads in the calling
+// goroutine: it is given the mapping itself.
+type syncTouchWriter struct{ touchWriter }
+
+func (syncTouchWriter) WritesInCallingGoroutine() bool { return true }
 
 var touched byte
 
@@ -201,7 +211,7 @@ func TestLazyMappedPieceVerifies(t *testing.T) {
 	}
 	wf.Close()
 	var got bytesWriter
-	n, _, err := (mappedPiece{bf: bf, bpc: 16 << 10, blen: int64(len(data)), off: lazyStep / 2, n: 2 << 20, lazy: true}).write(&got)
+	n, _, _, err := (mappedPiece{bf: bf, bpc: 16 << 10, blen: int64(len(data)), off: lazyStep / 2, n: 2 << 20, lazy: true}).write(&got)
 	// Steps [128K, 384K) and [384K, 640K) are written; [640K, 896K)
 	// holds the bad byte.
 	if !errors.Is(err, errVerifyLater) || n != 2*lazyStep || len(got) != n || string(got) != string(data[lazyStep/2:lazyStep/2+2*lazyStep]) {

@@ -54,7 +54,7 @@ type statusKey struct{ peer, pipeline uint64 }
 // pipeline successfully, in a batch with the other asks pending for that
 // follower and pipeline. It returns the follower's applied index (as of
 // the call) and why the entry failed there ("" if not, or not yet).
-func (d *Datanode) askBatched(ctx context.Context, c datanodepb.DatanodeClient, peer, pipeline, index uint64, cid storage.ContainerID) (uint64, string, error) {
+func (d *Datanode) askBatched(ctx context.Context, peer, pipeline, index uint64, cid storage.ContainerID) (uint64, string, error) {
 	key := statusKey{peer, pipeline}
 	d.statusMu.Lock()
 	if d.statusBatches == nil {
@@ -73,7 +73,7 @@ func (d *Datanode) askBatched(ctx context.Context, c datanodepb.DatanodeClient, 
 	b.running = true
 	b.mu.Unlock()
 	if start {
-		go d.runStatusBatch(key, b, c)
+		go d.runStatusBatch(key, b)
 	}
 	select {
 	case r := <-a.done:
@@ -84,8 +84,10 @@ func (d *Datanode) askBatched(ctx context.Context, c datanodepb.DatanodeClient, 
 }
 
 // runStatusBatch sends the queued asks of b, one call at a time, until
-// none is left.
-func (d *Datanode) runStatusBatch(key statusKey, b *statusBatch, c datanodepb.DatanodeClient) {
+// none is left. The peer's client is looked up per call (peerClient): a
+// runner lives as long as asks keep coming, and the peer's address may
+// change meanwhile.
+func (d *Datanode) runStatusBatch(key statusKey, b *statusBatch) {
 	for {
 		b.mu.Lock()
 		q := b.queue
@@ -115,9 +117,13 @@ func (d *Datanode) runStatusBatch(key statusKey, b *statusBatch, c datanodepb.Da
 				req.More[i] = &datanodepb.ApplyStatusEntry{Index: a.index, ContainerId: uint64(a.cid)}
 			}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), applyStatusTimeout)
-		r, err := c.ApplyStatus(ctx, req)
-		cancel()
+		var r *datanodepb.ApplyStatusResponse
+		c, err := d.peerClient(key.peer)
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), applyStatusTimeout)
+			r, err = c.ApplyStatus(ctx, req)
+			cancel()
+		}
 		for i, a := range q {
 			var ans statusAnswer
 			switch {

@@ -8,6 +8,8 @@ import (
 
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/pki"
+	"google.golang.org/grpc"
 )
 
 // TestApplyStatusBatched: concurrent PutSmallFiles cost the pipeline
@@ -78,6 +80,66 @@ func TestApplyStatusBatched(t *testing.T) {
 			if got := readAll(t, dn.Addr(), bid(b)); string(got) != string(datas[i]) {
 				t.Fatalf("block %d on datanode %d reads back wrong", i, d.GetId())
 			}
+		}
+	}
+}
+
+// TestApplyStatusBatchFailedLaterEntry: in a batched ApplyStatus call, a
+// failed entry after the first (in more) is reported failed, with its
+// reason, while the first is not.
+func TestApplyStatusBatchFailedLaterEntry(t *testing.T) {
+	e := startEnv(t)
+	b := e.block()
+	data := randBytes(4096, 7)
+	deadline := time.Now().Add(30 * time.Second)
+	for put := false; !put; {
+		if time.Now().After(deadline) {
+			t.Fatal("no pipeline leader took the write")
+		}
+		for j := range e.c.Datanodes {
+			dn := e.c.Datanode(j)
+			if dn == nil || !dn.IsPipelineLeader(b.GetPipelineId()) {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+			_, err := dnClient(t, dn.Addr()).PutSmallFile(ctx, &datanodepb.PutSmallFileRequest{
+				PipelineId: b.GetPipelineId(), Block: smallBlock(b, data), Data: data, WaitTimeoutMs: 20000})
+			cancel()
+			if err == nil {
+				put = true
+				break
+			}
+			if dnKind(err) != datanodepb.Error_NOT_LEADER {
+				t.Fatalf("PutSmallFile: %v", err)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cid := b.GetId().GetContainerId()
+	// ApplyStatus is for datanodes only: ask as one.
+	creds, err := e.c.CA().Issue(pki.Identity{Role: pki.RoleDatanode, ID: "dn-asker"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range b.GetDatanodes() {
+		_, dn := e.byID(d.GetId())
+		cc, err := grpc.NewClient(dn.Addr(), creds.GRPCDialOption(pki.RoleDatanode))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		r, err := datanodepb.NewDatanodeClient(cc).ApplyStatus(ctx, &datanodepb.ApplyStatusRequest{PipelineId: b.GetPipelineId(), Index: 1, ContainerId: cid,
+			More: []*datanodepb.ApplyStatusEntry{{Index: 1, ContainerId: cid}, {Index: 1, ContainerId: cid + 1000}}})
+		cancel()
+		if err != nil {
+			t.Fatalf("datanode %d: ApplyStatus: %v", d.GetId(), err)
+		}
+		if r.GetFailed() || len(r.GetMore()) != 2 || r.GetMore()[0].GetFailed() {
+			t.Fatalf("datanode %d: %v: want the first two entries not failed", d.GetId(), r)
+		}
+		if m := r.GetMore()[1]; !m.GetFailed() || m.GetReason() == "" {
+			t.Fatalf("datanode %d: entry for a container it lacks: %v, want failed with a reason", d.GetId(), m)
 		}
 	}
 }

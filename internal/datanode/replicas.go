@@ -119,7 +119,7 @@ func (d *Datanode) askApplied(ctx context.Context, id, pipeline, index uint64, c
 			if err != nil {
 				return fmt.Sprintf("cannot ask it: %v", err)
 			}
-			applied, why, err = d.askBatched(ctx, c, id, pipeline, index, cid)
+			applied, why, err = d.askBatched(ctx, id, pipeline, index, cid)
 			if errors.Is(err, errNoBatch) {
 				var r *datanodepb.ApplyStatusResponse
 				if r, err = c.ApplyStatus(ctx, &datanodepb.ApplyStatusRequest{PipelineId: pipeline, Index: index, ContainerId: uint64(cid)}); err == nil {

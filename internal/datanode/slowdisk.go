@@ -47,7 +47,16 @@ type diskWatch struct {
 	flushHist  *prometheus.HistogramVec
 	collectors []prometheus.Collector
 	probeMu    sync.Mutex // one probe round at a time
+	// probing: per root, the start of its probe still running (a hung
+	// disk's outlives its round); guarded by busyMu. A root is probed by
+	// one goroutine at a time, so a hung disk holds one goroutine and one
+	// descriptor, not one more per round.
+	busyMu  sync.Mutex
+	probing map[string]time.Time
 }
+
+// probeFile is the file a probe writes and flushes under root.
+func probeFile(root string) string { return filepath.Join(root, ".basalt-disk-probe") }
 
 // watchDisks wraps d.cfg.FS to time flushes and probes each disk once (in
 // New, before storage and Raft place anything). Nothing with one log
@@ -136,16 +145,40 @@ func (w *diskWatch) probe(n int, bound time.Duration, idle time.Time, stop <-cha
 			jobs = append(jobs, job{p, w.vols})
 		}
 	}
+	start := time.Now()
+	// A root whose earlier probe still runs is not probed again: it is
+	// observed with the time that probe has taken so far.
+	w.busyMu.Lock()
+	if w.probing == nil {
+		w.probing = map[string]time.Time{}
+	}
+	free := jobs[:0]
+	for _, j := range jobs {
+		if since, busy := w.probing[j.root]; busy {
+			for range n {
+				j.det.Observe(j.root, start.Sub(since), start)
+			}
+			continue
+		}
+		w.probing[j.root] = start
+		free = append(free, j)
+	}
+	jobs = free
+	w.busyMu.Unlock()
 	buf := make([]byte, 4096)
 	done := make(chan struct{}, len(jobs))
-	start := time.Now()
 	for _, j := range jobs {
 		go func() {
-			defer func() { done <- struct{}{} }()
+			defer func() {
+				w.busyMu.Lock()
+				delete(w.probing, j.root)
+				w.busyMu.Unlock()
+				done <- struct{}{}
+			}()
 			if err := w.fs.MkdirAll(j.root, 0o755); err != nil {
 				return
 			}
-			name := filepath.Join(j.root, ".basalt-disk-probe")
+			name := probeFile(j.root)
 			f, err := w.fs.OpenFile(name, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 			if err != nil {
 				return
@@ -299,7 +332,18 @@ func (w *diskWatch) String() string {
 	return fmt.Sprintf("slow-disk watch over %d log dirs, %d volumes", len(w.logDirs), len(w.volumes))
 }
 
+// removeProbeFiles removes the probe files (Close). A probe still running
+// on a hung disk keeps its descriptor to the unlinked file.
+func (w *diskWatch) removeProbeFiles() {
+	for root := range w.kind {
+		_ = w.fs.Remove(probeFile(root))
+	}
+}
+
 func (d *Datanode) unwatchDisks() {
+	if d.disks != nil {
+		d.disks.removeProbeFiles()
+	}
 	if d.disks != nil && d.cfg.Registerer != nil {
 		for _, c := range d.disks.collectors {
 			d.cfg.Registerer.Unregister(c)

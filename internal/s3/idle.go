@@ -67,7 +67,18 @@ type idleWriter struct {
 	idle  time.Duration
 	moved time.Time
 	off   bool
+	// inPlace: the response is net/http's HTTP/1.x writer, whose Write
+	// copies p into its buffers or write(2)s it, in the handler's
+	// goroutine (client.SyncWriter). HTTP/2's passes p to the
+	// connection's goroutines: not in place.
+	inPlace bool
 }
+
+// WritesInCallingGoroutine implements client.SyncWriter: WriteRange may
+// write a mapped local block file's bytes to an HTTP/1.x response
+// without copying them first (a fault on the mapping stays in the
+// guarded goroutine).
+func (iw *idleWriter) WritesInCallingGoroutine() bool { return iw.inPlace }
 
 func newIdleWriter(w http.ResponseWriter, idle time.Duration) *idleWriter {
 	return &idleWriter{w: w, rc: http.NewResponseController(w), idle: idle, off: idle <= 0}

@@ -297,6 +297,7 @@ func (g *Gateway) readObject(req *request, head bool) *Error {
 		panic(http.ErrAbortHandler)
 	}
 	iw := newIdleWriter(req.w, g.cfg.BodyIdleTimeout)
+	iw.inPlace = req.r.ProtoMajor == 1
 	defer iw.stop()
 	if err := writeObjectBody(iw, kr, start, length); err != nil {
 		// The status is sent; cutting the connection is the only way to

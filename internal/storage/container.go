@@ -347,6 +347,14 @@ func (s *Store) DeleteContainer(cid ContainerID, force bool) error {
 	for lid, ob := range blocks {
 		ob.mu.Lock()
 		if !ob.dead {
+			// An uncommitted inline span's key (set by its Sync) goes
+			// with the range below; the flusher never had it, so its
+			// generation would stay in deferrer.gens for good.
+			for _, sp := range ob.written {
+				if sp.inline && c.vol.defer_ != nil {
+					c.vol.defer_.dropGen(makeDeferredKey(cid, lid, sp.off))
+				}
+			}
 			s.dropOpen(c, lid, ob)
 		}
 		ob.mu.Unlock()

@@ -3,6 +3,7 @@ package storage
 import (
 	"errors"
 	"io/fs"
+	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -38,8 +39,10 @@ import (
 // to gRPC); DeleteBlocks deletes the block's deferred keys with its record
 // (as it always did); DeleteContainer's range takes them; Export streams
 // an inline block like any block and Import stores it as a file. An
-// inline block cannot be extended, and a second chunk is refused for a
-// block whose first chunk is inline.
+// inline block cannot be extended; a block whose chunk was written by
+// WriteSmallChunk (inline here or not: every replica alike) takes no
+// other chunk and is committed only with exactly that chunk
+// (smallCommitOK).
 const blockRecVersionInline = 2
 
 // errInlineFinal refuses a write that would extend an inline block.
@@ -61,15 +64,11 @@ func (s *Store) inlineOK(c *container, ob *openBlock, off, n int64, sum Checksum
 		n <= s.opts.DeferredMax && sum.Type != ChecksumNone
 }
 
-// hasInline reports whether ob's uncommitted data is an inline span.
+// hasSmall reports whether ob's uncommitted data holds a chunk written by
+// WriteSmallChunk (inline or not): its block takes no other chunk.
 // Caller holds ob.mu.
-func hasInline(ob *openBlock) bool {
-	for _, sp := range ob.written {
-		if sp.inline {
-			return true
-		}
-	}
-	return false
+func hasSmall(ob *openBlock) bool {
+	return slices.ContainsFunc(ob.written, func(sp span) bool { return sp.small })
 }
 
 // inlineCommit reports whether bd (a PutBlock of ob) commits ob's inline
@@ -80,6 +79,28 @@ func inlineCommit(ob *openBlock, bd *BlockData) bool {
 	}
 	sp := ob.written[0]
 	return sp.inline && sp.off == 0 && sp.n == bd.Length && sp.data != nil
+}
+
+// smallCommitOK reports whether bd may commit ob: true unless ob's
+// uncommitted data holds a small chunk (WriteSmallChunk) and bd is not
+// exactly that one chunk, at offset 0, of its length, with its checksums
+// (when both sides have them). A PutBlock of another shape racing a
+// PutSmallFile would otherwise commit a file block over an inline span.
+// Caller holds ob.mu.
+func smallCommitOK(ob *openBlock, bd *BlockData) bool {
+	i := slices.IndexFunc(ob.written, func(sp span) bool { return sp.small })
+	if i < 0 {
+		return true
+	}
+	sp := ob.written[i]
+	if ob.exists || len(ob.written) != 1 || len(bd.Chunks) != 1 {
+		return false
+	}
+	ch := bd.Chunks[0]
+	if ch.Offset != 0 || ch.Length != sp.n || bd.Length != sp.n {
+		return false
+	}
+	return sp.sum.Type == ChecksumNone || ch.Checksum.Type == ChecksumNone || sp.sum.equal(ch.Checksum)
 }
 
 // blockReader opens committed block bd's data: its file, or its inline

@@ -262,3 +262,116 @@ func TestInlineBatchSyncs(t *testing.T) {
 	}
 	t.Logf("%d syncs, 0 block files for a batch of %d inline blocks", n, batch)
 }
+
+// TestInlineSpanRefusesOtherCommitShapes: a PutBlock that is not exactly
+// a small chunk's commit (shorter, two chunks without checksums, other
+// checksums) is refused with ErrBadBlockData — before the fix it
+// committed a FILE block over an inline span (no file after a Sync: the
+// first read failed and the container went UNHEALTHY; without a Sync an
+// empty file: zeros). The refusal does not depend on the chunk being
+// inline: a volume with deferred writes off (DeferredMax < 0, the chunk
+// has a file) refuses alike, as every replica must. The exact commit then
+// still succeeds and reads the data back.
+func TestInlineSpanRefusesOtherCommitShapes(t *testing.T) {
+	skipUnlessPosix(t)
+	data := blockBytes(1, 1, 4<<10)
+	sum := DefaultChecksum.Compute(data)
+	half := DefaultChecksum.Compute(data[:2048])
+	shapes := map[string]BlockData{
+		"short":        {LocalID: 1, Length: 2048, Chunks: []ChunkInfo{{Offset: 0, Length: 2048}}},
+		"two-no-sums":  {LocalID: 1, Length: 4096, Chunks: []ChunkInfo{{Offset: 0, Length: 2048}, {Offset: 2048, Length: 2048}}},
+		"short-summed": {LocalID: 1, Length: 2048, Chunks: []ChunkInfo{{Offset: 0, Length: 2048, Checksum: half}}},
+		"other-sums":   {LocalID: 1, Length: 4096, Chunks: []ChunkInfo{{Offset: 0, Length: 4096, Checksum: DefaultChecksum.Compute(make([]byte, 4096))}}},
+	}
+	for _, deferMax := range []int64{0, -1} {
+		for _, synced := range []bool{true, false} {
+			for name, bd := range shapes {
+				s := openOn(t, newCrashFS(), Options{DeferredMax: deferMax})
+				mustCreate(t, s, 1)
+				if err := s.WriteSmallChunk(1, 1, data, sum, true); err != nil {
+					t.Fatal(err)
+				}
+				if synced {
+					if err := s.Sync(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				bd.BCSID = 1
+				if err := s.PutBlock(1, bd); !errors.Is(err, ErrBadBlockData) {
+					t.Errorf("deferMax=%d synced=%v %s: PutBlock = %v, want ErrBadBlockData", deferMax, synced, name, err)
+				}
+				if err := s.PutBlock(1, BlockData{LocalID: 1, Length: 4096, BCSID: 2,
+					Chunks: []ChunkInfo{{Offset: 0, Length: 4096, Checksum: sum}}}); err != nil {
+					t.Fatalf("deferMax=%d synced=%v %s: exact commit after the refusal: %v", deferMax, synced, name, err)
+				}
+				buf := make([]byte, 4096)
+				if _, err := s.ReadAt(1, 1, buf, 0); err != nil || !bytes.Equal(buf, data) {
+					t.Errorf("deferMax=%d synced=%v %s: read after commit: err=%v equal=%v", deferMax, synced, name, err, bytes.Equal(buf, data))
+				}
+				if rep, _ := s.Container(1); rep.State == StateUnhealthy {
+					t.Errorf("deferMax=%d synced=%v %s: container UNHEALTHY", deferMax, synced, name)
+				}
+				s.Close()
+			}
+		}
+	}
+}
+
+// TestDeleteContainerDropsInlineGens: deleting a container whose inline
+// block was synced but not committed forgets the deferred key's
+// generation (the flusher never had the key, so nothing else would:
+// before, deferrer.gens kept one entry per such block for good).
+func TestDeleteContainerDropsInlineGens(t *testing.T) {
+	skipUnlessPosix(t)
+	s := openOn(t, newCrashFS(), Options{})
+	defer s.Close()
+	mustCreate(t, s, 1)
+	data := blockBytes(1, 1, 4<<10)
+	if err := s.WriteSmallChunk(1, 1, data, DefaultChecksum.Compute(data), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	d := s.volumes[0].defer_
+	gens := func() int {
+		d.genMu.Lock()
+		defer d.genMu.Unlock()
+		return len(d.gens)
+	}
+	if n := gens(); n != 1 {
+		t.Fatalf("%d generations after the inline chunk's Sync, want 1", n)
+	}
+	if err := s.DeleteContainer(1, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := gens(); n != 0 {
+		t.Fatalf("%d generations left after DeleteContainer, want 0", n)
+	}
+}
+
+// TestSmallChunkTakesNoSecondChunk: a block whose chunk was written by
+// WriteSmallChunk takes no other chunk, whether the chunk is inline or
+// (deferred writes off) has a file: every replica refuses alike. Before,
+// only an inline chunk refused it, so replicas with other volume
+// settings diverged (and then disagreed on the small chunk's commit).
+func TestSmallChunkTakesNoSecondChunk(t *testing.T) {
+	skipUnlessPosix(t)
+	for _, deferMax := range []int64{0, -1} {
+		s := openOn(t, newCrashFS(), Options{DeferredMax: deferMax})
+		mustCreate(t, s, 1)
+		data := blockBytes(1, 1, 4<<10)
+		sum := DefaultChecksum.Compute(data)
+		if err := s.WriteSmallChunk(1, 1, data, sum, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.WriteChunk(1, 1, 4096, data, sum, true); !errors.Is(err, ErrChunkOverlap) {
+			t.Errorf("deferMax=%d: second chunk: %v, want ErrChunkOverlap", deferMax, err)
+		}
+		if err := s.PutBlock(1, BlockData{LocalID: 1, Length: 4096, BCSID: 1,
+			Chunks: []ChunkInfo{{Offset: 0, Length: 4096, Checksum: sum}}}); err != nil {
+			t.Errorf("deferMax=%d: commit of the small chunk: %v", deferMax, err)
+		}
+		s.Close()
+	}
+}

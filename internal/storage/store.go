@@ -311,6 +311,10 @@ type span struct {
 	// bytes are only in data (and, once durable, in its deferred key):
 	// no block file was created (inline.go).
 	inline bool
+	// small: written by WriteSmallChunk (inline or not). Its block may
+	// only be committed with exactly this chunk (smallCommitOK): a flag
+	// set alike on every replica, whatever its volume's configuration.
+	small bool
 }
 
 func (sp span) end() int64 { return sp.off + sp.n }

@@ -172,7 +172,9 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 		}
 		return s.rewriteLocked(op, c, lid, ob, i, data, sum)
 	}
-	if hasInline(ob) {
+	if hasSmall(ob) {
+		// Refused by the small flag, not by whether the chunk is inline
+		// here: alike on every replica, whatever its volume's settings.
 		return oErr(op, ErrChunkOverlap, c.id, lid, off, errInlineFinal, nil)
 	}
 	inline := small && s.inlineOK(c, ob, off, n, sum)
@@ -218,7 +220,7 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 			return s.ioErr(op, c, lid, off, err)
 		}
 	}
-	sp := span{off: off, n: n, sum: sum, inline: inline}
+	sp := span{off: off, n: n, sum: sum, inline: inline, small: small && off == 0}
 	if c.vol.defer_ != nil && n <= s.opts.DeferredMax && sum.Type != ChecksumNone {
 		sp.data = slices.Clone(data) // may be a deferred write (deferred.go)
 	}
@@ -1002,6 +1004,12 @@ func (s *Store) putBlock(cid ContainerID, bd BlockData, deferred bool) error {
 	}
 	if ob.exists && bd.BCSID < old.BCSID {
 		return bErr(op, ErrBadBlockData, cid, lid, fmt.Sprintf("BCSID %d goes back from committed %d", bd.BCSID, old.BCSID), nil)
+	}
+	if !smallCommitOK(ob, &bd) {
+		// Any other shape would commit a file block over an inline span
+		// (no file holds its bytes). Refused by the span's small flag, not
+		// by whether it is inline here, so every replica refuses alike.
+		return bErr(op, ErrBadBlockData, cid, lid, "commit differs from the block's small chunk", nil)
 	}
 	if err := s.verifyLocked(c, lid, ob, old.Length, bd.Length); err != nil {
 		return s.ioErr(op, c, lid, old.Length, err)

@@ -88,7 +88,11 @@ func (g *Gateway) open(q *request) error {
 	w.WriteHeader(http.StatusOK)
 	var copied int64
 	if off+n == size {
-		copied, err = rd.WriteTo(w) // parallel chunk reads to the end
+		var body io.Writer = w
+		if q.r.ProtoMajor == 1 {
+			body = http1Body{w} // mapped local blocks written without a copy
+		}
+		copied, err = rd.WriteTo(body) // parallel chunk reads to the end
 	} else {
 		buf := make([]byte, 4<<20)
 		copied, err = io.CopyBuffer(w, io.LimitReader(onlyReader{rd}, n), buf)
@@ -101,6 +105,15 @@ func (g *Gateway) open(q *request) error {
 	}
 	return nil
 }
+
+// http1Body is net/http's HTTP/1.x response writer, whose Write copies p
+// into its buffers or write(2)s it in the calling goroutine: a
+// client.SyncWriter, given mapped block files themselves (HTTP/2's is
+// not: it hands p to the connection's goroutines).
+type http1Body struct{ w io.Writer }
+
+func (b http1Body) Write(p []byte) (int, error)  { return b.w.Write(p) }
+func (http1Body) WritesInCallingGoroutine() bool { return true }
 
 // onlyReader hides KeyReader's WriteTo from io.Copy (which would copy to
 // the end, past the requested length).

@@ -3,6 +3,7 @@ package scm
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -23,15 +24,33 @@ type SlowDiskConfig struct {
 	// MinAge: a pipeline younger than this is not closed for a slow disk
 	// (default CloseInterval), so a replacement is not churned at once.
 	MinAge time.Duration
-	// MinOpen: only while at least this many pipelines are open (default 2),
-	// so writes always have somewhere to go.
+	// MinOpen: only while at least this many pipelines of the pipeline's
+	// replication type are open (default 2, at least 2), so writes of
+	// every type always have somewhere to go: the last open pipeline of a
+	// type is never closed for a slow disk.
 	MinOpen int
 }
 
+// slowSoft is the leader's in-memory state of slow-disk closes: the rate
+// limit (last) and the back-off (by) are per SCM leader, not replicated,
+// so a new leader may close one pipeline at once.
 type slowSoft struct {
 	last    time.Time          // last close for a slow disk
 	closed  uint64             // pipelines closed for slow disks during this leadership
 	counter prometheus.Counter // basalt_scm_slow_disk_pipeline_closes_total, made at the first close
+	// by: per datanode, slow disk and member set, when a pipeline was
+	// last closed for it. A pipeline created after that close, on the same
+	// members, that the datanode reports on the same disk is the
+	// replacement landing where the old one was: closing it would help no
+	// more than the first close did, and would repeat every interval; it
+	// is left open. Entries go when the datanode stops reporting the disk.
+	by map[slowKey]time.Time
+}
+
+type slowKey struct {
+	dn      uint64
+	disk    string
+	members string // SetKey of the pipeline's members
 }
 
 // slowDisksLocked records a heartbeat's slow disks. Callers hold m.mu.
@@ -62,25 +81,33 @@ func (c SlowDiskConfig) withDefaults() SlowDiskConfig {
 }
 
 // slowDiskVictim picks the oldest open pipeline a healthy member reports on
-// a slow disk, if the rate limit and the other bounds allow one.
-func (m *Manager) slowDiskVictim(now time.Time) (uint64, string) {
+// a slow disk, if the rate limit and the other bounds allow one, with the
+// member and disk it is closed for.
+func (m *Manager) slowDiskVictim(now time.Time) (uint64, string, slowKey) {
 	c := m.cfg.SlowDisk.withDefaults()
 	if c.CloseInterval < 0 {
-		return 0, ""
+		return 0, "", slowKey{}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.slow.last.IsZero() && now.Sub(m.slow.last) < c.CloseInterval {
-		return 0, ""
+		return 0, "", slowKey{}
 	}
 	var open []*metapb.Pipeline
+	perType := map[metapb.Replication]int{}
 	for _, p := range m.st.Pipelines() {
 		if p.State == metapb.PipelineState_PIPELINE_OPEN {
 			open = append(open, p)
+			perType[p.Replication]++
 		}
 	}
-	if len(open) < c.MinOpen {
-		return 0, ""
+	minOpen := max(c.MinOpen, 2)
+	// Forget back-offs whose datanode no longer reports the disk slow.
+	for k := range m.slow.by {
+		n := m.nodes[k.dn]
+		if n == nil || !slices.Contains(slices.Collect(maps.Values(n.slowPipes)), k.disk) {
+			delete(m.slow.by, k)
+		}
 	}
 	slices.SortFunc(open, func(a, b *metapb.Pipeline) int {
 		if a.CreatedUnixMs != b.CreatedUnixMs {
@@ -89,25 +116,32 @@ func (m *Manager) slowDiskVictim(now time.Time) (uint64, string) {
 		return int(a.Id - b.Id)
 	})
 	for _, p := range open {
-		if now.Sub(time.UnixMilli(p.CreatedUnixMs)) < c.MinAge {
+		if now.Sub(time.UnixMilli(p.CreatedUnixMs)) < c.MinAge || perType[p.Replication] < minOpen {
 			continue
 		}
+		members := SetKey(p.Datanodes)
 		for _, dn := range p.Datanodes {
 			n := m.nodes[dn]
 			if n == nil || n.state != metapb.NodeState_HEALTHY {
 				continue
 			}
-			if disk := n.slowPipes[p.Id]; disk != "" {
-				return p.Id, fmt.Sprintf("slow disk on datanode %d: %s", dn, disk)
+			disk := n.slowPipes[p.Id]
+			if disk == "" {
+				continue
 			}
+			k := slowKey{dn, disk, members}
+			if at, ok := m.slow.by[k]; ok && p.CreatedUnixMs >= at.UnixMilli() {
+				continue // the replacement of a pipeline closed for this disk, on it again
+			}
+			return p.Id, fmt.Sprintf("slow disk on datanode %d: %s", dn, disk), k
 		}
 	}
-	return 0, ""
+	return 0, "", slowKey{}
 }
 
 // closeSlowDiskPipeline closes at most one pipeline on a slow disk (Tick).
 func (m *Manager) closeSlowDiskPipeline(ctx context.Context, now time.Time) error {
-	id, why := m.slowDiskVictim(now)
+	id, why, k := m.slowDiskVictim(now)
 	if id == 0 {
 		return nil
 	}
@@ -117,6 +151,10 @@ func (m *Manager) closeSlowDiskPipeline(ctx context.Context, now time.Time) erro
 	m.mu.Lock()
 	m.slow.last = now
 	m.slow.closed++
+	if m.slow.by == nil {
+		m.slow.by = map[slowKey]time.Time{}
+	}
+	m.slow.by[k] = now
 	if m.slow.counter == nil {
 		c := prometheus.NewCounter(prometheus.CounterOpts{Name: "basalt_scm_slow_disk_pipeline_closes_total",
 			Help: "Pipelines SCM closed because a member reported their Raft log or an open container on a slow disk."})
