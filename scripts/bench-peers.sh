@@ -20,7 +20,7 @@ set -euo pipefail
 ROUNDS=${ROUNDS:-3}; DUR=${DUR:-20s}; PORT=${PORT:-28100}
 SYSTEMS=${SYSTEMS:-"basalt minio"}
 WORKLOADS=${WORKLOADS:-"put1 put3 get3 small stat"}
-: "${WARP:?WARP=path to a warp binary}"
+: "${WARP:=}"; [ -n "${SUMMARY_ONLY:-}" ] || : "${WARP:?WARP=path to a warp binary}"
 OUT=${OUT:-$(mktemp -d /tmp/bench-peers.XXXXXX)}; mkdir -p "$OUT"
 echo "results in $OUT" >&2
 
@@ -78,7 +78,9 @@ run_warp() { # system round workload
 	cp "$OUT/cpu-$sys-$r" "$OUT/cpu-$sys-$w-$r" 2>/dev/null || true
 }
 
-for r in $(seq "$ROUNDS"); do
+# SUMMARY_ONLY=1 OUT=dir: print the table of an earlier run again.
+[ -n "${SUMMARY_ONLY:-}" ] && ROUNDS_RUN=0 || ROUNDS_RUN=$ROUNDS
+for r in $(seq "$ROUNDS_RUN"); do
 	for sys in $SYSTEMS; do
 		dir=$OUT/data-$sys-$r
 		rm -rf "$dir"; mkdir -p "$dir"
@@ -125,12 +127,11 @@ def cpu_between(f, t0, t1):
         return pts[-1][1] if pts else None
     a, b = at(t0), at(t1)
     return None if a is None or b is None else b - a
-def op_stats(d):
-    # warp v1.4's --json: {"by_op_type": {"PUT": {"throughput": {...}, "requests_by_client": ...}}}
-    for k in ("PUT", "GET", "STAT"):
-        op = (d.get("by_op_type") or {}).get(k)
-        if op: return op
-    return None
+def op_stats(d, w):
+    # warp v1.4's --json: {"by_op_type": {"GET": {"throughput": {...}, "requests_by_client": ...}}};
+    # a GET run may also list its upload phase as PUT.
+    want = {"get3": "GET", "stat": "STAT"}.get(w, "PUT")
+    return (d.get("by_op_type") or {}).get(want)
 names = {"put1": "PUT 128 MiB, 1 client", "put3": "PUT 128 MiB, 3 clients", "get3": "GET 128 MiB, 3 clients",
          "small": "PUT 4 KiB, 32 clients", "stat": "STAT (HEAD) 4 KiB, 64 clients"}
 print("| workload | system | median | server CPU (median) | p99 ms (median) | runs | errors |")
@@ -143,7 +144,7 @@ for w in workloads:
                 d = json.load(open(os.path.join(out, f"{s}-{w}-{r}.json")))
             except Exception:
                 continue
-            op = op_stats(d)
+            op = op_stats(d, w)
             if not op: continue
             t = op["throughput"]
             secs = t["measure_duration_millis"] / 1000.0
