@@ -358,7 +358,8 @@ func (w *streamWriter) drop() {
 // classifyStream decides what a failure of a V2 segment implicates. A
 // stream error names the datanode that refused, stalled, died or could
 // not be reached: exclude it (every pipeline with it is then avoided). A
-// refusal about the pipeline or the container excludes those, as in V1.
+// refusal about the pipeline or the container excludes those, as in V1;
+// "not in pipeline" is V1's PIPELINE_NOT_FOUND (not ready yet).
 // PutBlock's errors are V1's (classify).
 func classifyStream(ctx context.Context, b *streamBlock, err error) *failure {
 	var f *failure
@@ -392,9 +393,18 @@ func classifyStream(ctx context.Context, b *streamBlock, err error) *failure {
 			// exclude it, or every container on it costs a retry.
 			f.datanodes = []uint64{se.Datanode}
 		}
-	case stream.CodeNotInPipeline, stream.CodeBadHeader, stream.CodeBlockCommitted:
-		// The pipeline is closed or its members disagree with SCM's
-		// view: another pipeline will do.
+	case stream.CodeNotInPipeline:
+		// A member does not know the pipeline: closed, or (right after
+		// SCM created it) not joined yet, as V1's PIPELINE_NOT_FOUND.
+		// Not ready: avoided by this key, not client-wide nor against
+		// the retry budget while AllocateWait lasts, so that the only
+		// pipeline of a small cluster is asked again after a short wait
+		// rather than given up on.
+		f.pipeline = b.loc.GetPipelineId()
+		f.notReady = true
+	case stream.CodeBadHeader, stream.CodeBlockCommitted:
+		// The pipeline's members disagree with SCM's view: another
+		// pipeline will do.
 		f.pipeline = b.loc.GetPipelineId()
 	default: // unreachable, timeout, connection lost, checksum, I/O, shutdown, busy, protocol
 		if se.Datanode != 0 {

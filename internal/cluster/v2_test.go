@@ -5,16 +5,21 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	pvfs "github.com/cockroachdb/pebble/v2/vfs"
 	"google.golang.org/grpc"
 
 	"github.com/basalt-store/basalt/client"
 	"github.com/basalt-store/basalt/internal/cluster"
+	"github.com/basalt-store/basalt/internal/datanode"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
+	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // V2 (streaming) writes through the public client against a real
@@ -271,5 +276,85 @@ func TestV2DatanodeKilledMidStream(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// slowJoinFS delays this datanode's first read under its pipelines
+// directory (joining its first pipeline) by delay: the member joins its
+// pipeline after the other two have elected a leader, as one that hears
+// of it a heartbeat later does.
+type slowJoinFS struct {
+	vfs.FS
+	dir   string
+	delay time.Duration
+	once  sync.Once
+}
+
+func (f *slowJoinFS) Open(name string, opts ...pvfs.OpenOption) (pvfs.File, error) {
+	if strings.HasPrefix(name, f.dir) {
+		f.once.Do(func() { time.Sleep(f.delay) })
+	}
+	return f.FS.Open(name, opts...)
+}
+
+// TestV2FreshClusterConcurrentWrites: right after a cluster starts, SCM
+// may hand out its only THREE pipeline before every member has joined it
+// (here the third member joins 2 s late). Twelve concurrent V2 writes
+// issued at once must all succeed: a stream refused "not in pipeline" is
+// a pipeline not ready yet, retried after a short wait as V1 does with
+// PIPELINE_NOT_FOUND, not a reason to exclude the only pipeline of a
+// 3-datanode cluster. The old client failed them.
+func TestV2FreshClusterConcurrentWrites(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), Datanodes: 3,
+		HeartbeatInterval: time.Second, TickInterval: 50 * time.Millisecond,
+		BlockSize: v2Block, ContainerSize: 512 << 20,
+		DatanodeConfig: func(i int, dc *datanode.Config) {
+			if i == 2 {
+				fs := dc.FS
+				if fs == nil {
+					fs = vfs.Default
+				}
+				dc.FS = &slowJoinFS{FS: fs, dir: filepath.Join(dc.DataDir, "pipelines") + string(filepath.Separator), delay: 2 * time.Second}
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl := v2Client(t, c, "/dc1/rack1", nil)
+	makeBucket(t, cl, "vol", "bkt")
+	const n = 12
+	datas := make([][]byte, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		datas[i] = randData(int64(500+i), 64<<10+i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			wctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+			defer cancel()
+			ki, err := cl.PutKey(wctx, "vol", "bkt", fmt.Sprintf("fresh%d", i), onlyReader{bytes.NewReader(datas[i])}, client.PutOptions{Pipeline: client.PipelineV2})
+			if err == nil && ki.Pipeline != "v2" {
+				err = fmt.Errorf("written through %q, want v2", ki.Pipeline)
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("write %d: %v", i, err)
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	for i := range n {
+		if got := get(t, cl, fmt.Sprintf("fresh%d", i)); !bytes.Equal(got, datas[i]) {
+			t.Fatalf("fresh%d: read back %d bytes, differing", i, len(got))
+		}
 	}
 }

@@ -129,10 +129,11 @@ type Datanode struct {
 	lis   net.Listener
 	stats stats
 
-	streamLis     net.Listener
-	streamSrv     *stream.Server
-	streamMetrics []prometheus.Collector
-	ident         identity
+	streamLis      net.Listener
+	streamSrv      *stream.Server
+	streamMetrics  []prometheus.Collector
+	streamJoinWait time.Duration // awaitPipeline's bound (stream.go)
+	ident          identity
 
 	mu             sync.Mutex
 	peers          map[uint64]*metapb.DatanodeDetails // by datanode ID
@@ -140,6 +141,8 @@ type Datanode struct {
 	peersRefreshed time.Time                          // under refreshMu: the last refresh for a peer (auth.go)
 	pipelines      map[uint64]*metapb.Pipeline
 	sms            map[uint64]*containerSM
+	pipeJoined     chan struct{}               // closed (and replaced) when a pipeline is joined (stream.go)
+	pipesLeft      leftPipelines               // pipelines this datanode left (stream.go)
 	peerConns      map[string]*grpc.ClientConn // by data address (ApplyStatus)
 	// ApplyStatus asks batched per follower and pipeline
 	// (applystatus_batch.go).
@@ -236,7 +239,7 @@ func New(cfg Config) (*Datanode, error) {
 	}
 	d := &Datanode{cfg: cfg, log: cfg.Logger, peers: map[uint64]*metapb.DatanodeDetails{},
 		pipelines: map[uint64]*metapb.Pipeline{}, sms: map[uint64]*containerSM{}, peerConns: map[string]*grpc.ClientConn{},
-		acks: map[uint64]deleteAck{}, proposingDel: map[uint64]bool{}, stopc: make(chan struct{})}
+		acks: map[uint64]deleteAck{}, proposingDel: map[uint64]bool{}, stopc: make(chan struct{}), pipeJoined: make(chan struct{})}
 	if err := d.loadIdentity(); err != nil {
 		return nil, err
 	}
@@ -574,6 +577,7 @@ func (d *Datanode) joinPipeline(p *metapb.Pipeline, members []*metapb.DatanodeDe
 	defer d.mu.Unlock()
 	d.sms[p.GetId()] = sm
 	d.pipelines[p.GetId()] = p
+	d.pipelineJoinedLocked(p.GetId())
 	return d.savePipelinesLocked()
 }
 
@@ -582,6 +586,7 @@ func (d *Datanode) leavePipeline(id uint64) error {
 	sm, ok := d.sms[id]
 	delete(d.sms, id)
 	delete(d.pipelines, id)
+	d.pipesLeft.add(id)
 	err := d.savePipelinesLocked()
 	d.mu.Unlock()
 	if !ok {

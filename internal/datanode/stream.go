@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -23,13 +24,10 @@ func (b streamBackend) Open(h *stream.Header) (stream.Sink, error) {
 	if err := d.checkStreamToken(h); err != nil {
 		return nil, err
 	}
-	if _, err := d.host.Group(h.Pipeline); err != nil {
-		return nil, &stream.Error{Code: stream.CodeNotInPipeline, Datanode: id,
-			Reason: fmt.Sprintf("datanode %d is not in pipeline %d (unknown or closed)", id, h.Pipeline)}
+	members, err := d.awaitPipeline(h.Pipeline)
+	if err != nil {
+		return nil, err
 	}
-	d.mu.Lock()
-	members := d.pipelines[h.Pipeline].GetDatanodes()
-	d.mu.Unlock()
 	for _, t := range h.Route {
 		if !slices.Contains(members, t.ID) {
 			return nil, &stream.Error{Code: stream.CodeBadHeader, Datanode: id,
@@ -81,6 +79,97 @@ func (b streamBackend) Open(h *stream.Header) (stream.Sink, error) {
 	return streamSink{id: id, BlockStream: d.store.OpenStream(cid, lid, int64(h.Offset))}, nil
 }
 
+// maxStreamJoinWait bounds how long a stream waits for this datanode to
+// join a pipeline it has not heard of (awaitPipeline).
+const maxStreamJoinWait = 3 * time.Second
+
+// awaitPipeline returns the members of pipeline id once this datanode is
+// in it. SCM tells a pipeline's members at their next heartbeat, and may
+// hand out a new pipeline before each has joined (the only pipeline of a
+// small cluster): a stream for a pipeline this datanode never knew waits
+// for it to be joined, at most two heartbeat intervals and
+// maxStreamJoinWait, or until the datanode closes. One it left (closed)
+// is refused at once. The refusal is CodeNotInPipeline, which the client
+// takes as V1's PIPELINE_NOT_FOUND: not ready yet, ask again shortly.
+func (d *Datanode) awaitPipeline(pid uint64) ([]uint64, error) {
+	id := d.ident.ID
+	var timeout <-chan time.Time
+	start := time.Now()
+	for {
+		d.mu.Lock()
+		p, in := d.pipelines[pid]
+		left, joined := d.pipesLeft.has(pid), d.pipeJoined
+		d.mu.Unlock()
+		if in {
+			if _, err := d.host.Group(pid); err != nil {
+				return nil, &stream.Error{Code: stream.CodeNotInPipeline, Datanode: id,
+					Reason: fmt.Sprintf("datanode %d is leaving pipeline %d: %v", id, pid, err)}
+			}
+			return p.GetDatanodes(), nil
+		}
+		if left {
+			return nil, &stream.Error{Code: stream.CodeNotInPipeline, Datanode: id,
+				Reason: fmt.Sprintf("datanode %d is not in pipeline %d (closed)", id, pid)}
+		}
+		if timeout == nil {
+			t := time.NewTimer(d.streamJoinWait)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-joined:
+		case <-timeout:
+			return nil, &stream.Error{Code: stream.CodeNotInPipeline, Datanode: id,
+				Reason: fmt.Sprintf("datanode %d is not in pipeline %d (unknown; not joined after %v)", id, pid, time.Since(start).Round(time.Millisecond))}
+		case <-d.stopc:
+			return nil, &stream.Error{Code: stream.CodeNotInPipeline, Datanode: id,
+				Reason: fmt.Sprintf("datanode %d is not in pipeline %d (unknown; datanode closing)", id, pid)}
+		}
+	}
+}
+
+// pipelineJoinedLocked wakes the streams waiting for a pipeline (d.mu held).
+func (d *Datanode) pipelineJoinedLocked(pid uint64) {
+	d.pipesLeft.remove(pid)
+	close(d.pipeJoined)
+	d.pipeJoined = make(chan struct{})
+}
+
+// leftPipelines remembers the newest maxLeftPipelines pipelines a
+// datanode left, so that a stream for one is refused at once rather
+// than waited for (awaitPipeline). Guarded by Datanode.mu.
+type leftPipelines struct {
+	set   map[uint64]bool
+	order []uint64
+}
+
+const maxLeftPipelines = 4096
+
+func (l *leftPipelines) has(pid uint64) bool { return l.set[pid] }
+
+func (l *leftPipelines) add(pid uint64) {
+	if l.set == nil {
+		l.set = map[uint64]bool{}
+	}
+	if l.set[pid] {
+		return
+	}
+	if len(l.order) >= maxLeftPipelines {
+		delete(l.set, l.order[0])
+		l.order = l.order[1:]
+	}
+	l.set[pid] = true
+	l.order = append(l.order, pid)
+}
+
+func (l *leftPipelines) remove(pid uint64) {
+	if !l.set[pid] {
+		return
+	}
+	delete(l.set, pid)
+	l.order = slices.DeleteFunc(l.order, func(x uint64) bool { return x == pid })
+}
+
 // streamSink turns storage errors into stream errors with a code.
 type streamSink struct {
 	id uint64
@@ -115,6 +204,10 @@ func streamError(id uint64, err error) *stream.Error {
 
 // startStream serves V2 streams on the listener New opened.
 func (d *Datanode) startStream() {
+	d.streamJoinWait = maxStreamJoinWait
+	if d.hbInterval > 0 {
+		d.streamJoinWait = min(2*d.hbInterval, maxStreamJoinWait)
+	}
 	d.streamSrv = stream.NewServer(stream.ServerConfig{ID: d.ident.ID, Backend: streamBackend{d}, Logger: d.log.With("part", "stream"), Guard: guard.New(d.cfg.Registerer, d.log.With("part", "stream")),
 		Security: d.streamSecurity()})
 	d.streamMetrics = streamCollectors(d.streamSrv)
