@@ -35,3 +35,16 @@ func TestCreateContainerAvoidsVolume(t *testing.T) {
 		t.Fatalf("every volume avoided: %v", err)
 	}
 }
+
+// The volumes' Pebble stores share one block cache, bounded whatever the
+// number of volumes.
+func TestSharedCacheSize(t *testing.T) {
+	for _, c := range []struct {
+		volumes int
+		want    int64
+	}{{1, 64 << 20}, {2, 96 << 20}, {4, 160 << 20}, {24, 512 << 20}, {0, 64 << 20}} {
+		if got := sharedCacheSize(c.volumes); got != c.want {
+			t.Errorf("%d volumes: cache %d, want %d", c.volumes, got, c.want)
+		}
+	}
+}
