@@ -2,8 +2,6 @@ package stream
 
 import (
 	"context"
-	"os"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -125,16 +123,6 @@ func BenchmarkSecurePacketPath(b *testing.B) {
 	finish()
 	b.StopTimer()
 	b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Millisecond)/(float64(b.N)/1024), "cpu-ms/GiB")
-}
-
-func init() {
-	// A/B switches for the TLS record batching (see tlsconn.go).
-	if v, err := strconv.Atoi(os.Getenv("STREAM_TLS_WBATCH")); err == nil {
-		tlsWriteBatch = v
-	}
-	if v, err := strconv.Atoi(os.Getenv("STREAM_TLS_RBUF")); err == nil {
-		tlsReadBuffer = v
-	}
 }
 
 // BenchmarkPlainPacketPath is BenchmarkSecurePacketPath without TLS: the

@@ -213,8 +213,6 @@ type stream struct {
 	h    *Header
 	up   net.Conn
 	down net.Conn // nil at the end of the route
-	// downRC is the TCP connection under down when it is TLS.
-	downRC *recordConn
 	// downStop ends Security.Watch of the connection down (nil: none).
 	downStop func()
 	next     Target
@@ -369,7 +367,7 @@ func (s *Server) open(raw net.Conn) (*Header, net.Conn, error) {
 	var cs *tls.ConnectionState
 	sec := s.cfg.Security
 	if sec != nil {
-		tc := tls.Server(newRecordConn(raw, true), sec.Server)
+		tc := tls.Server(raw, sec.Server)
 		if err := tc.Handshake(); err != nil {
 			s.refused.Add(1)
 			s.log.Debug("stream: TLS handshake refused", "remote", raw.RemoteAddr(), "err", err)
@@ -467,8 +465,7 @@ func (st *stream) connectDown() *Error {
 		tc.SetNoDelay(true)
 	}
 	if sec := s.cfg.Security; sec != nil {
-		st.downRC = newRecordConn(c, false)
-		tc := tls.Client(st.downRC, sec.Client)
+		tc := tls.Client(c, sec.Client)
 		tc.SetDeadline(time.Now().Add(s.cfg.Timeout))
 		err := tc.Handshake()
 		if err == nil {
@@ -685,7 +682,7 @@ func (st *stream) forward(hdr, payload []byte, seq uint64) bool {
 		st.bufs = st.bufs[:1]
 	}
 	st.down.SetWriteDeadline(time.Now().Add(st.s.cfg.Timeout))
-	if err := writePacket(st.down, st.downRC, &st.bufs); err != nil {
+	if _, err := st.bufs.WriteTo(st.down); err != nil {
 		// The downstream datanode probably sent an error ack before it
 		// closed: give the ack reader a moment to report that instead.
 		select {

@@ -112,7 +112,6 @@ type Writer struct {
 	route []Target
 	block BlockID
 	conn  net.Conn
-	rc    *recordConn   // the TCP connection under conn when it is TLS
 	wait  time.Duration // for an ack
 
 	buf *[]byte // a partial packet
@@ -170,10 +169,8 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 	if err != nil {
 		return nil, &Error{Code: CodeUnreachable, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot connect: %v", err)}
 	}
-	var rc *recordConn // under conn when it is TLS
 	if opts.TLS != nil {
-		rc = newRecordConn(conn, false)
-		tc := tls.Client(rc, opts.TLS)
+		tc := tls.Client(conn, opts.TLS)
 		conn.SetDeadline(time.Now().Add(opts.Timeout))
 		if err := tc.HandshakeContext(ctx); err != nil {
 			conn.Close()
@@ -185,7 +182,7 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 		}
 		conn = tc
 	}
-	w := &Writer{opts: opts, route: route, block: block, conn: conn, rc: rc, off: opts.Offset, unwatch: unwatch,
+	w := &Writer{opts: opts, route: route, block: block, conn: conn, off: opts.Offset, unwatch: unwatch,
 		wait:  ackTimeout(opts.Timeout, len(route)),
 		slots: make(chan struct{}, opts.Window), inflight: make(chan expect, opts.Window+1), ackDone: make(chan struct{})}
 	// Each datanode connects to the next before answering.
@@ -364,7 +361,7 @@ func (w *Writer) writePacket(ph *packetHeader, payload []byte) error {
 		w.bufs = w.bufs[:1]
 	}
 	w.conn.SetWriteDeadline(time.Now().Add(w.wait))
-	if err := writePacket(w.conn, w.rc, &w.bufs); err != nil {
+	if _, err := w.bufs.WriteTo(w.conn); err != nil {
 		// The chain most likely sent an error ack saying which datanode
 		// failed; the ack reader will have it, or see the connection end.
 		w.timer.Reset(w.wait)
