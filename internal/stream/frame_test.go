@@ -160,6 +160,24 @@ func TestBufferPoolAligned(t *testing.T) {
 	}
 }
 
+// TestBufferPoolReusesLatest: the free list hands out the buffer returned
+// last (still in cache), not the one that waited longest.
+func TestBufferPoolReusesLatest(t *testing.T) {
+	const n = 2 << 20
+	a, b, c := getBuf(n), getBuf(n), getBuf(n)
+	putBuf(a)
+	putBuf(b)
+	putBuf(c)
+	for i, want := range []*[]byte{c, b, a} {
+		if got := getBuf(n); got != want {
+			t.Fatalf("getBuf #%d after returning a, b, c: buffer %p, want %p (a %p b %p c %p)", i, got, want, a, b, c)
+		}
+	}
+	putBuf(a)
+	putBuf(b)
+	putBuf(c)
+}
+
 // TestFrameBitFlips: a single flipped bit anywhere in a header, packet
 // header or ack is refused, never acted upon. Version 1 frames carried no
 // checksum: a flipped length, offset or sequence bit was taken as sent.

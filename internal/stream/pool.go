@@ -18,20 +18,29 @@ const minClassShift = 16
 // 64 KiB … 16 MiB: 9 classes. Each class keeps up to freeBytes of
 // buffers in a bounded free list in front of its sync.Pool: a sync.Pool is
 // emptied by every other GC, and a datanode streaming at disk speed would
-// then allocate (and zero) a fresh megabyte per packet.
+// then allocate (and zero) a fresh megabyte per packet. The free list is a
+// stack: the buffer returned last, whose lines the CRC and the write just
+// read, is the one handed out next, so the copy of the next packet into it
+// (crypto/tls copies each decrypted record out of its own buffer) writes
+// to cache rather than to memory. A queue handed out the coldest buffer.
 const (
 	numClasses = 9
 	freeBytes  = 64 << 20
 )
 
+type freeList struct {
+	mu   sync.Mutex
+	bufs []*[]byte
+}
+
 var (
 	pools [numClasses]sync.Pool
-	free  [numClasses]chan *[]byte
+	free  [numClasses]freeList
 )
 
 func init() {
 	for c := range free {
-		free[c] = make(chan *[]byte, max(1, freeBytes>>(c+minClassShift)))
+		free[c].bufs = make([]*[]byte, 0, max(1, freeBytes>>(c+minClassShift)))
 	}
 }
 
@@ -45,11 +54,16 @@ func classOf(n int) int {
 // getBuf returns a buffer of at least n bytes (n ≤ MaxPacketSize).
 func getBuf(n int) *[]byte {
 	c := classOf(n)
-	select {
-	case b := <-free[c]:
+	f := &free[c]
+	f.mu.Lock()
+	if k := len(f.bufs); k > 0 {
+		b := f.bufs[k-1]
+		f.bufs[k-1] = nil
+		f.bufs = f.bufs[:k-1]
+		f.mu.Unlock()
 		return b
-	default:
 	}
+	f.mu.Unlock()
 	if b, ok := pools[c].Get().(*[]byte); ok {
 		return b
 	}
@@ -59,11 +73,15 @@ func getBuf(n int) *[]byte {
 
 func putBuf(b *[]byte) {
 	c := classOf(cap(*b))
-	select {
-	case free[c] <- b:
-	default:
-		pools[c].Put(b)
+	f := &free[c]
+	f.mu.Lock()
+	if len(f.bufs) < cap(f.bufs) {
+		f.bufs = append(f.bufs, b)
+		f.mu.Unlock()
+		return
 	}
+	f.mu.Unlock()
+	pools[c].Put(b)
 }
 
 // copied counts payload bytes this package copied in user space (the
