@@ -230,6 +230,12 @@ func (s *Service) CopyKey(ctx context.Context, req *metapb.CopyKeyRequest) (*met
 	if err := checkCopyKey(req); err != nil {
 		return nil, err
 	}
+	// Authorize and validate against current state: this node's state can
+	// lag what is committed (a leader elected a moment ago), and a stale
+	// one refuses what exists or grants what a newer ACL or policy denies.
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
 	az := s.authz(ctx)
 	if err := az.Read(req.Volume, req.SrcBucket, req.SrcKey); err != nil {
 		return nil, err

@@ -563,6 +563,12 @@ func (s *Service) SetKeyMeta(ctx context.Context, req *metapb.SetKeyMetaRequest)
 	if err := checkKeyRef(req.Key); err != nil {
 		return nil, err
 	}
+	// Authorize and validate against current state: this node's state can
+	// lag what is committed (a leader elected a moment ago), and a stale
+	// one refuses what exists or grants what a newer ACL or policy denies.
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
 	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "set the metadata of"); err != nil {
 		return nil, err
 	}
@@ -578,6 +584,12 @@ func (s *Service) CreateMultipartUpload(ctx context.Context, req *metapb.CreateM
 		return nil, err
 	}
 	if err := validateMeta(req.Meta); err != nil {
+		return nil, err
+	}
+	// Authorize and validate against current state: this node's state can
+	// lag what is committed (a leader elected a moment ago), and a stale
+	// one refuses what exists or grants what a newer ACL or policy denies.
+	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "upload"); err != nil {
@@ -604,6 +616,12 @@ func (s *Service) CompleteMultipartUpload(ctx context.Context, req *metapb.Compl
 			}
 		}
 	}
+	// Authorize and validate against current state: this node's state can
+	// lag what is committed (a leader elected a moment ago), and a stale
+	// one refuses what exists or grants what a newer ACL or policy denies.
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
 	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "complete an upload of"); err != nil {
 		return nil, err
 	}
@@ -625,6 +643,12 @@ func (s *Service) AbortMultipartUpload(ctx context.Context, req *metapb.AbortMul
 		return nil, err
 	}
 	if err := validateUploadID(req.UploadId); err != nil {
+		return nil, err
+	}
+	// Authorize and validate against current state: this node's state can
+	// lag what is committed (a leader elected a moment ago), and a stale
+	// one refuses what exists or grants what a newer ACL or policy denies.
+	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.authz(ctx).AbortUpload(req.Volume, req.Bucket, req.Key); err != nil {

@@ -201,6 +201,12 @@ func (s *Service) CreateBucket(ctx context.Context, req *metapb.CreateBucketRequ
 		return nil, status.Errorf(codes.PermissionDenied, "create bucket %q: its Block Public Access settings block public ACLs, and its ACL has WORLD or ANONYMOUS entries", req.Name)
 	}
 	req = proto.Clone(req).(*metapb.CreateBucketRequest)
+	// Authorize and validate against current state: this node's state can
+	// lag what is committed (a leader elected a moment ago), and a stale
+	// one refuses what exists or grants what a newer ACL or policy denies.
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
 	if err := s.authz(ctx).CreateBucket(req); err != nil {
 		return nil, err
 	}
@@ -243,6 +249,12 @@ func (s *Service) ListBuckets(ctx context.Context, req *metapb.ListBucketsReques
 
 func (s *Service) DeleteBucket(ctx context.Context, req *metapb.DeleteBucketRequest) (*metapb.DeleteBucketResponse, error) {
 	if err := checkBucketRef(req.Volume, req.Name); err != nil {
+		return nil, err
+	}
+	// Authorize and validate against current state: this node's state can
+	// lag what is committed (a leader elected a moment ago), and a stale
+	// one refuses what exists or grants what a newer ACL or policy denies.
+	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.authz(ctx).DeleteBucket(req.Volume, req.Name); err != nil {
@@ -348,8 +360,19 @@ func (s *Service) CommitKey(ctx context.Context, req *metapb.CommitKeyRequest) (
 	if err := validateAcls(req.Acls, "commit"); err != nil {
 		return nil, err
 	}
+	// The write was authorized at OpenKey against current state (after a
+	// read barrier); a stale state here can at worst let through the
+	// commit of that already authorized write, or miss an open key
+	// committed a moment ago (a leader elected since): then check again
+	// after a barrier. (The small-object path commits many keys: no
+	// barrier when none is needed.)
 	if err := s.authz(ctx).WriteOpen(req.OpenId, "commit"); err != nil {
-		return nil, err
+		if berr := s.raft.ReadBarrier(ctx); berr != nil {
+			return nil, berr
+		}
+		if err := s.authz(ctx).WriteOpen(req.OpenId, "commit"); err != nil {
+			return nil, err
+		}
 	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CommitKey{CommitKey: req}})
 	if err != nil {
@@ -486,6 +509,12 @@ func (s *Service) RenameKey(ctx context.Context, req *metapb.RenameKeyRequest) (
 	if err := ValidateKey(req.NewKey); err != nil {
 		return nil, err
 	}
+	// Authorize and validate against current state: this node's state can
+	// lag what is committed (a leader elected a moment ago), and a stale
+	// one refuses what exists or grants what a newer ACL or policy denies.
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
 	az := s.authz(ctx)
 	if err := az.Delete(req.Volume, req.Bucket, req.Key, "rename"); err != nil {
 		return nil, err
@@ -506,6 +535,12 @@ func (s *Service) DeleteKey(ctx context.Context, req *metapb.DeleteKeyRequest) (
 	if len(req.Key) > MaxKeyBytes {
 		return nil, invalid("key name %.64q... is %d bytes; at most %d allowed", req.Key, len(req.Key), MaxKeyBytes)
 	}
+	// Authorize and validate against current state: this node's state can
+	// lag what is committed (a leader elected a moment ago), and a stale
+	// one refuses what exists or grants what a newer ACL or policy denies.
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
 	if err := s.authz(ctx).Delete(req.Volume, req.Bucket, req.Key, "delete"); err != nil {
 		return nil, err
 	}
@@ -520,6 +555,12 @@ func (s *Service) CreateDirectory(ctx context.Context, req *metapb.CreateDirecto
 		return nil, err
 	}
 	if _, err := SplitPath(req.Path, false); err != nil {
+		return nil, err
+	}
+	// Authorize and validate against current state: this node's state can
+	// lag what is committed (a leader elected a moment ago), and a stale
+	// one refuses what exists or grants what a newer ACL or policy denies.
+	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
 	az := s.authz(ctx)
