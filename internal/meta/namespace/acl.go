@@ -347,10 +347,7 @@ func (s *Service) SetAcl(ctx context.Context, req *metapb.SetAclRequest) (*metap
 	if err := validateAcls(req.Acls, "set ACL of "+refString(req.Ref)); err != nil {
 		return nil, err
 	}
-	// Authorize and validate against current state: this node's state can
-	// lag what is committed (a leader elected a moment ago), and a stale
-	// one refuses what exists or grants what a newer ACL or policy denies.
-	if err := s.raft.ReadBarrier(ctx); err != nil {
+	if err := s.current(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.authz(ctx).Acl(req.Ref, true); err != nil {
@@ -408,10 +405,7 @@ func (s *Service) SetBucketPolicy(ctx context.Context, req *metapb.BucketPolicy)
 			return nil, status.Errorf(codes.PermissionDenied, "bucket %q blocks public policies (Block Public Access: BlockPublicPolicy); this policy grants access to everyone", req.Bucket)
 		}
 	}
-	// Authorize and validate against current state: this node's state can
-	// lag what is committed (a leader elected a moment ago), and a stale
-	// one refuses what exists or grants what a newer ACL or policy denies.
-	if err := s.raft.ReadBarrier(ctx); err != nil {
+	if err := s.current(ctx); err != nil {
 		return nil, err
 	}
 	if _, err := s.authz(ctx).BucketConfig(req.Volume, req.Bucket, action); err != nil {
@@ -466,10 +460,7 @@ func (s *Service) SetPublicAccessBlock(ctx context.Context, req *metapb.PublicAc
 	if err := checkBucketRef(req.Volume, req.Bucket); err != nil {
 		return nil, err
 	}
-	// Authorize and validate against current state: this node's state can
-	// lag what is committed (a leader elected a moment ago), and a stale
-	// one refuses what exists or grants what a newer ACL or policy denies.
-	if err := s.raft.ReadBarrier(ctx); err != nil {
+	if err := s.current(ctx); err != nil {
 		return nil, err
 	}
 	if _, err := s.authz(ctx).BucketConfig(req.Volume, req.Bucket, "s3:PutBucketPublicAccessBlock"); err != nil {

@@ -230,10 +230,7 @@ func (s *Service) CopyKey(ctx context.Context, req *metapb.CopyKeyRequest) (*met
 	if err := checkCopyKey(req); err != nil {
 		return nil, err
 	}
-	// Authorize and validate against current state: this node's state can
-	// lag what is committed (a leader elected a moment ago), and a stale
-	// one refuses what exists or grants what a newer ACL or policy denies.
-	if err := s.raft.ReadBarrier(ctx); err != nil {
+	if err := s.current(ctx); err != nil {
 		return nil, err
 	}
 	az := s.authz(ctx)

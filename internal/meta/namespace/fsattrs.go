@@ -240,10 +240,7 @@ func (s *Service) SetFileAttrs(ctx context.Context, req *metapb.SetFileAttrsRequ
 	if err := validateAttrs(req.Attrs); err != nil {
 		return nil, err
 	}
-	// Authorize and validate against current state: this node's state can
-	// lag what is committed (a leader elected a moment ago), and a stale
-	// one refuses what exists or grants what a newer ACL or policy denies.
-	if err := s.raft.ReadBarrier(ctx); err != nil {
+	if err := s.current(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.authz(ctx).SetFileAttrs(req); err != nil {

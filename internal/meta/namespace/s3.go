@@ -563,10 +563,7 @@ func (s *Service) SetKeyMeta(ctx context.Context, req *metapb.SetKeyMetaRequest)
 	if err := checkKeyRef(req.Key); err != nil {
 		return nil, err
 	}
-	// Authorize and validate against current state: this node's state can
-	// lag what is committed (a leader elected a moment ago), and a stale
-	// one refuses what exists or grants what a newer ACL or policy denies.
-	if err := s.raft.ReadBarrier(ctx); err != nil {
+	if err := s.current(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "set the metadata of"); err != nil {
@@ -586,10 +583,7 @@ func (s *Service) CreateMultipartUpload(ctx context.Context, req *metapb.CreateM
 	if err := validateMeta(req.Meta); err != nil {
 		return nil, err
 	}
-	// Authorize and validate against current state: this node's state can
-	// lag what is committed (a leader elected a moment ago), and a stale
-	// one refuses what exists or grants what a newer ACL or policy denies.
-	if err := s.raft.ReadBarrier(ctx); err != nil {
+	if err := s.current(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "upload"); err != nil {
@@ -616,10 +610,7 @@ func (s *Service) CompleteMultipartUpload(ctx context.Context, req *metapb.Compl
 			}
 		}
 	}
-	// Authorize and validate against current state: this node's state can
-	// lag what is committed (a leader elected a moment ago), and a stale
-	// one refuses what exists or grants what a newer ACL or policy denies.
-	if err := s.raft.ReadBarrier(ctx); err != nil {
+	if err := s.current(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.authz(ctx).Write(req.Volume, req.Bucket, req.Key, "complete an upload of"); err != nil {
@@ -645,10 +636,7 @@ func (s *Service) AbortMultipartUpload(ctx context.Context, req *metapb.AbortMul
 	if err := validateUploadID(req.UploadId); err != nil {
 		return nil, err
 	}
-	// Authorize and validate against current state: this node's state can
-	// lag what is committed (a leader elected a moment ago), and a stale
-	// one refuses what exists or grants what a newer ACL or policy denies.
-	if err := s.raft.ReadBarrier(ctx); err != nil {
+	if err := s.current(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.authz(ctx).AbortUpload(req.Volume, req.Bucket, req.Key); err != nil {

@@ -123,6 +123,12 @@ func NewService(cfg Config, st *State, r Raft, b Blocks) *Service {
 	return &Service{cfg: cfg, st: st, raft: r, blocks: b}
 }
 
+// current is the read barrier a write takes before it authorizes and
+// validates: this node's applied state can lag what is committed (a
+// leader elected a moment ago), and a stale one refuses what exists or
+// grants what a newer ACL or policy denies.
+func (s *Service) current(ctx context.Context) error { return s.raft.ReadBarrier(ctx) }
+
 func (s *Service) propose(ctx context.Context, cmd *metapb.NsCommand) (any, error) {
 	cmd.NowUnixMs = s.cfg.Now().UnixMilli()
 	b, err := proto.Marshal(cmd)
@@ -201,10 +207,7 @@ func (s *Service) CreateBucket(ctx context.Context, req *metapb.CreateBucketRequ
 		return nil, status.Errorf(codes.PermissionDenied, "create bucket %q: its Block Public Access settings block public ACLs, and its ACL has WORLD or ANONYMOUS entries", req.Name)
 	}
 	req = proto.Clone(req).(*metapb.CreateBucketRequest)
-	// Authorize and validate against current state: this node's state can
-	// lag what is committed (a leader elected a moment ago), and a stale
-	// one refuses what exists or grants what a newer ACL or policy denies.
-	if err := s.raft.ReadBarrier(ctx); err != nil {
+	if err := s.current(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.authz(ctx).CreateBucket(req); err != nil {
@@ -251,10 +254,7 @@ func (s *Service) DeleteBucket(ctx context.Context, req *metapb.DeleteBucketRequ
 	if err := checkBucketRef(req.Volume, req.Name); err != nil {
 		return nil, err
 	}
-	// Authorize and validate against current state: this node's state can
-	// lag what is committed (a leader elected a moment ago), and a stale
-	// one refuses what exists or grants what a newer ACL or policy denies.
-	if err := s.raft.ReadBarrier(ctx); err != nil {
+	if err := s.current(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.authz(ctx).DeleteBucket(req.Volume, req.Name); err != nil {
@@ -367,7 +367,7 @@ func (s *Service) CommitKey(ctx context.Context, req *metapb.CommitKeyRequest) (
 	// after a barrier. (The small-object path commits many keys: no
 	// barrier when none is needed.)
 	if err := s.authz(ctx).WriteOpen(req.OpenId, "commit"); err != nil {
-		if berr := s.raft.ReadBarrier(ctx); berr != nil {
+		if berr := s.current(ctx); berr != nil {
 			return nil, berr
 		}
 		if err := s.authz(ctx).WriteOpen(req.OpenId, "commit"); err != nil {
@@ -509,10 +509,7 @@ func (s *Service) RenameKey(ctx context.Context, req *metapb.RenameKeyRequest) (
 	if err := ValidateKey(req.NewKey); err != nil {
 		return nil, err
 	}
-	// Authorize and validate against current state: this node's state can
-	// lag what is committed (a leader elected a moment ago), and a stale
-	// one refuses what exists or grants what a newer ACL or policy denies.
-	if err := s.raft.ReadBarrier(ctx); err != nil {
+	if err := s.current(ctx); err != nil {
 		return nil, err
 	}
 	az := s.authz(ctx)
@@ -535,10 +532,7 @@ func (s *Service) DeleteKey(ctx context.Context, req *metapb.DeleteKeyRequest) (
 	if len(req.Key) > MaxKeyBytes {
 		return nil, invalid("key name %.64q... is %d bytes; at most %d allowed", req.Key, len(req.Key), MaxKeyBytes)
 	}
-	// Authorize and validate against current state: this node's state can
-	// lag what is committed (a leader elected a moment ago), and a stale
-	// one refuses what exists or grants what a newer ACL or policy denies.
-	if err := s.raft.ReadBarrier(ctx); err != nil {
+	if err := s.current(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.authz(ctx).Delete(req.Volume, req.Bucket, req.Key, "delete"); err != nil {
@@ -557,10 +551,7 @@ func (s *Service) CreateDirectory(ctx context.Context, req *metapb.CreateDirecto
 	if _, err := SplitPath(req.Path, false); err != nil {
 		return nil, err
 	}
-	// Authorize and validate against current state: this node's state can
-	// lag what is committed (a leader elected a moment ago), and a stale
-	// one refuses what exists or grants what a newer ACL or policy denies.
-	if err := s.raft.ReadBarrier(ctx); err != nil {
+	if err := s.current(ctx); err != nil {
 		return nil, err
 	}
 	az := s.authz(ctx)
