@@ -353,21 +353,24 @@ func (d *Datanode) Store() *storage.Store { return d.store }
 // ctx ends), starts the Raft host with the pipelines it was in, and serves.
 func (d *Datanode) Start(ctx context.Context) error {
 	raftAddr := d.cfg.RaftAddr
+	var raftLn net.Listener
 	if d.ident.ID == 0 {
 		// First start: SCM assigns the ID the Raft host needs, and wants the
-		// Raft address at registration; pick the port now.
-		if l, err := net.Listen("tcp", raftAddr); err == nil {
-			raftAddr = l.Addr().String()
-			l.Close()
-		} else {
+		// Raft address at registration; bind the port now and keep it bound
+		// for the Raft host (closing it and listening again later would let
+		// another process take a kernel-picked port in between).
+		l, err := net.Listen("tcp", raftAddr)
+		if err != nil {
 			return fmt.Errorf("datanode: raft address %s: %w", raftAddr, err)
 		}
+		raftAddr, raftLn = l.Addr().String(), l
 		if err := d.register(ctx, raftAddr); err != nil {
+			l.Close()
 			return err
 		}
 	}
 	h, err := raft.NewHost(raft.HostConfig{
-		ID: d.ident.ID, LogDirs: d.cfg.LogDirs, ListenAddr: raftAddr, Resolve: d.resolveRaft, Security: d.raftSecurity(),
+		ID: d.ident.ID, LogDirs: d.cfg.LogDirs, ListenAddr: raftAddr, Listener: raftLn, Resolve: d.resolveRaft, Security: d.raftSecurity(),
 		TickInterval: d.cfg.TickInterval, FS: d.cfg.FS, Registerer: d.cfg.Registerer, Logger: d.log,
 		LogBallastBytes: d.cfg.LogBallastBytes,
 		// Chunk data is in the block files, so a log entry is small, but
@@ -376,6 +379,9 @@ func (d *Datanode) Start(ctx context.Context) error {
 		AvoidLogDir: d.avoidLogDir,
 	})
 	if err != nil {
+		if raftLn != nil {
+			raftLn.Close()
+		}
 		return err
 	}
 	d.host = h

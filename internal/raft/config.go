@@ -2,6 +2,7 @@ package raft
 
 import (
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -20,6 +21,11 @@ type HostConfig struct {
 	// ListenAddr is the TCP address the transport listens on
 	// ("127.0.0.1:0" picks a port; see Host.Addr). Ignored if Transport is set.
 	ListenAddr string
+	// Listener, if set, is the TCP transport's listener, already bound
+	// (ListenAddr is then ignored): a caller that had to learn its port
+	// before starting the host keeps it bound instead of closing it and
+	// listening again, when another process may have taken it.
+	Listener net.Listener
 	// Resolve maps a peer host ID to its transport address. Required with
 	// the TCP transport; called again on every reconnect, so addresses may
 	// change.

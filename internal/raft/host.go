@@ -142,7 +142,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 		// A frame holds at most one message past maxBatchBytes, and one
 		// message at most one proposal past maxHydratedBytes.
 		maxFrame := cfg.MaxProposalBytes + maxBatchBytes + maxHydratedBytes + 1<<20
-		t, err := NewTCPTransport(TCPConfig{ID: cfg.ID, ListenAddr: cfg.ListenAddr, Resolve: cfg.Resolve, Security: cfg.Security, Logger: h.log, Metrics: h.metrics, MaxFrameBytes: maxFrame})
+		t, err := NewTCPTransport(TCPConfig{ID: cfg.ID, ListenAddr: cfg.ListenAddr, Listener: cfg.Listener, Resolve: cfg.Resolve, Security: cfg.Security, Logger: h.log, Metrics: h.metrics, MaxFrameBytes: maxFrame})
 		if err != nil {
 			h.closeStores()
 			return nil, err

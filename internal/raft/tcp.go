@@ -24,8 +24,10 @@ import (
 type TCPConfig struct {
 	ID         uint64
 	ListenAddr string
-	Resolve    func(id uint64) (string, error)
-	Logger     *slog.Logger
+	// Listener, if set, is used instead of listening on ListenAddr.
+	Listener net.Listener
+	Resolve  func(id uint64) (string, error)
+	Logger   *slog.Logger
 	// QueueSize bounds the messages waiting for one peer (default 4096).
 	QueueSize int
 	// MaxFrameBytes bounds one inbound frame (default 128 MiB); a larger
@@ -156,9 +158,12 @@ func NewTCPTransport(cfg TCPConfig) (*TCPTransport, error) {
 	if m == nil {
 		m = newMetrics(cfg.ID, nil)
 	}
-	ln, err := net.Listen("tcp", cfg.ListenAddr)
-	if err != nil {
-		return nil, fmt.Errorf("raft: transport listen on %s: %w", cfg.ListenAddr, err)
+	ln := cfg.Listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", cfg.ListenAddr); err != nil {
+			return nil, fmt.Errorf("raft: transport listen on %s: %w", cfg.ListenAddr, err)
+		}
 	}
 	return &TCPTransport{cfg: cfg, ln: ln, log: cfg.Logger, m: m, peers: make(map[uint64]*peer), conns: make(map[net.Conn]func()),
 		inbound: make(map[uint64]int), pending: make(chan struct{}, cfg.MaxPendingConns), stopc: make(chan struct{})}, nil
