@@ -16,8 +16,11 @@ const (
 	// cluster run one version). Version 2 added a CRC32C to every frame:
 	// the header's trailer, the packet header's last word (where version 1
 	// had a magic number) and the ack's second word. Version 3 added the
-	// block token after the route.
-	Version = 3
+	// block token after the route. Version 4: a secured stream switches
+	// from TLS to records of its own after the header ack (record.go); a
+	// version 3 peer would read them as TLS garbage, so it is refused at
+	// the header instead.
+	Version = 4
 
 	headerPrefixLen = 8  // magic, version, hop, body length
 	headerFixedLen  = 38 // body bytes before the route

@@ -142,6 +142,16 @@ func NewServer(cfg ServerConfig) *Server {
 	if cfg.MaxHandshakes <= 0 {
 		cfg.MaxHandshakes = 64
 	}
+	if sec := cfg.Security; sec != nil && sec.Server != nil {
+		// No TLS 1.3 session tickets: a ticket is a post-handshake message
+		// that could arrive at the opener after the switch to records
+		// (see switchToRecords), and a resumed session would skip the
+		// certificate checks.
+		c := *sec
+		c.Server = sec.Server.Clone()
+		c.Server.SessionTicketsDisabled = true
+		cfg.Security = &c
+	}
 	return &Server{cfg: cfg, log: cfg.Logger, conns: map[net.Conn]func(){}, handshakes: make(chan struct{}, cfg.MaxHandshakes)}
 }
 
@@ -223,6 +233,7 @@ type stream struct {
 	abort chan struct{}
 
 	hb   [packetHeaderLen]byte
+	fbuf *[]byte     // a secured downstream's payload records are sealed into this
 	iov  [2][]byte   // header + payload, one writev downstream
 	bufs net.Buffers // over iov; a field so WriteTo does not allocate
 }
@@ -332,11 +343,27 @@ func (s *Server) serve(up net.Conn, stp **stream) {
 			return
 		}
 	}
+	// A secured connection switches to records (record.go) once the
+	// header ack, the last frame through TLS, is sent.
+	var rc *recordConn
+	if tc, ok := up.(*tls.Conn); ok {
+		var err error
+		if rc, err = switchToRecords(tc, false); err != nil {
+			s.failed.Add(1)
+			st.abortSink()
+			s.refuse(up, &Error{Code: CodeProtocol, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, err)})
+			st.releaseDown()
+			return
+		}
+	}
 	var b [ackLen]byte
 	up.SetWriteDeadline(time.Now().Add(s.cfg.Timeout))
 	if _, err := up.Write((&ack{kind: kindHeaderAck, value: h.Offset}).encode(b[:0])); err != nil {
 		st.fail(st.upErr(err, "sending the header ack"))
 	} else {
+		if rc != nil {
+			up, st.up = rc, rc
+		}
 		st.run()
 	}
 	if st.err != nil {
@@ -344,10 +371,20 @@ func (s *Server) serve(up net.Conn, stp **stream) {
 		st.abortSink()
 		s.refuse(up, st.err)
 	}
+	st.releaseDown()
+}
+
+// releaseDown closes the downstream connection, if any, once the stream's
+// loops ended.
+func (st *stream) releaseDown() {
 	if st.down != nil {
 		closeRaw(st.down)
 	}
 	st.unwatchDown()
+	if st.fbuf != nil {
+		putBuf(st.fbuf)
+		st.fbuf = nil
+	}
 }
 
 // unwatchDown ends the watch of the downstream connection, if any.
@@ -436,14 +473,21 @@ func (s *Server) refuse(up net.Conn, e *Error) {
 	if _, err := up.Write(errorAck(e).encode(nil)); err != nil {
 		return
 	}
+	drain := io.Reader(up)
 	switch tc := up.(type) {
 	case *net.TCPConn:
 		tc.CloseWrite()
 	case *tls.Conn:
 		tc.CloseWrite()
+	case *recordConn:
+		// The peer's records are discarded unopened.
+		if raw, ok := tc.Conn.(*net.TCPConn); ok {
+			raw.CloseWrite()
+		}
+		drain = tc.Conn
 	}
 	up.SetReadDeadline(time.Now().Add(2 * time.Second))
-	io.Copy(io.Discard, io.LimitReader(up, 64<<20))
+	io.Copy(io.Discard, io.LimitReader(drain, 64<<20))
 }
 
 // ackTimeout is how long a datanode with k hops below it waits for an ack.
@@ -512,6 +556,16 @@ func (st *stream) connectDown() *Error {
 		c.Close()
 		return &Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr,
 			Reason: fmt.Sprintf("answered the header with ack kind %#x value %d, want header ack at %d", a.kind, a.value, h.Offset)}
+	}
+	if tc, ok := c.(*tls.Conn); ok {
+		rc, err := switchToRecords(tc, true)
+		if err != nil {
+			c.Close()
+			return &Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr,
+				Reason: fmt.Sprintf("datanode %d cannot switch its connection to records: %v", s.cfg.ID, err)}
+		}
+		c = rc
+		st.fbuf = getBuf(int(h.PacketSize))
 	}
 	c.SetDeadline(time.Time{})
 	st.down = c
@@ -649,7 +703,7 @@ func (st *stream) readLoop(writeQ chan<- packet) {
 		bp := getBuf(int(ph.length))
 		buf := (*bp)[:ph.length]
 		st.up.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
-		if _, err := io.ReadFull(st.up, buf); err != nil {
+		if err := readPayload(st.up, buf); err != nil {
 			putBuf(bp)
 			st.fail(st.upErr(err, fmt.Sprintf("receiving packet %d", seq)))
 			return
@@ -676,13 +730,21 @@ func (st *stream) forward(hdr, payload []byte, seq uint64) bool {
 	if st.down == nil {
 		return true
 	}
-	st.iov[0], st.iov[1] = hdr, payload
-	st.bufs = st.iov[:]
-	if payload == nil {
-		st.bufs = st.bufs[:1]
-	}
 	st.down.SetWriteDeadline(time.Now().Add(st.s.cfg.Timeout))
-	if _, err := st.bufs.WriteTo(st.down); err != nil {
+	var err error
+	if rc, ok := st.down.(*recordConn); ok {
+		// Sealed from the receive buffer into fbuf: the plaintext stays
+		// for the disk.
+		err = rc.writePacket(hdr, payload, *st.fbuf)
+	} else {
+		st.iov[0], st.iov[1] = hdr, payload
+		st.bufs = st.iov[:]
+		if payload == nil {
+			st.bufs = st.bufs[:1]
+		}
+		_, err = st.bufs.WriteTo(st.down)
+	}
+	if err != nil {
 		// The downstream datanode probably sent an error ack before it
 		// closed: give the ack reader a moment to report that instead.
 		select {
@@ -812,8 +874,11 @@ func (st *stream) ackLoop(doneQ <-chan done, downAcks <-chan ack) {
 // tls.Conn.Close first sends close_notify, which waits behind a write in
 // progress to a stalled peer.
 func closeRaw(c net.Conn) error {
-	if tc, ok := c.(*tls.Conn); ok {
+	switch tc := c.(type) {
+	case *tls.Conn:
 		return tc.NetConn().Close()
+	case *recordConn:
+		return tc.Conn.Close()
 	}
 	return c.Close()
 }

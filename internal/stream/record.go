@@ -1,0 +1,349 @@
+package stream
+
+import (
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"sync"
+	"time"
+)
+
+// The record layer of a secured stream (see doc.go, "Records"). The
+// connection is authenticated by a mutual TLS 1.3 handshake and carries
+// the stream header and its ack through crypto/tls; then both ends switch
+// to records of their own, sealed with keys exported from the TLS
+// session, so that a payload is opened and sealed in the packet buffer it
+// lives in (crypto/tls copies every 16 KiB record out of, and into, its
+// own buffers, and writes each with a syscall of its own).
+
+const (
+	recHeaderLen = 8  // kind u8 | 0 u8 | 0 u16 | sealed length u32
+	tagLen       = 16 // AES-GCM tag
+	nonceLen     = 12
+
+	recControl = 1 // a packet header, an ack: read through Read
+	recPayload = 2 // a packet's payload: read through readPayload
+
+	// maxControl bounds a control record's plaintext (an error ack is at
+	// most ackLen+maxReason bytes); longer writes are split.
+	maxControl = 2048
+	// maxKeyBytes bounds what one key seals: far inside AES-GCM's limits
+	// (RFC 8446 §5.5 allows 2^24.5 full TLS records, ~2^38.5 bytes, per
+	// key) and far beyond one block's stream. Past it the connection dies.
+	maxKeyBytes = 1 << 36
+
+	// Exporter labels (RFC 8446 §7.5), one per direction: the two
+	// directions never share a key, so their counters may coincide.
+	labelOpenerToAcceptor = "EXPORTER-basalt-stream-v4 opener to acceptor"
+	labelAcceptorToOpener = "EXPORTER-basalt-stream-v4 acceptor to opener"
+)
+
+// errRecord wraps every refused record: damaged, forged, replayed, out of
+// order, of the wrong kind or size. The connection is closed with it.
+var errRecord = errors.New("stream record refused")
+
+// aeadState is one direction's key and counter. The 96-bit nonce is four
+// zero bytes and the record's 64-bit sequence number: each record of a
+// direction has its own, and the receiver expects them in order, so a
+// replayed, dropped or reordered record fails authentication.
+type aeadState struct {
+	aead  cipher.AEAD
+	seq   uint64
+	bytes uint64
+	nonce [nonceLen]byte
+}
+
+func newAEADState(key []byte) (*aeadState, error) {
+	b, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, err
+	}
+	g, err := cipher.NewGCM(b)
+	if err != nil {
+		return nil, err
+	}
+	return &aeadState{aead: g}, nil
+}
+
+// next returns the nonce of the next record of n bytes, or an error once
+// the key has done its work (the connection must then end: a nonce is
+// never used twice).
+func (s *aeadState) next(n int) ([]byte, error) {
+	if s.seq == math.MaxUint64 || s.bytes+uint64(n) > maxKeyBytes {
+		return nil, fmt.Errorf("%w: key exhausted after %d records, %d bytes", errRecord, s.seq, s.bytes)
+	}
+	binary.BigEndian.PutUint64(s.nonce[4:], s.seq)
+	s.seq++
+	s.bytes += uint64(n)
+	return s.nonce[:], nil
+}
+
+func putRecHeader(b []byte, kind byte, sealed int) {
+	b[0], b[1], b[2], b[3] = kind, 0, 0, 0
+	binary.BigEndian.PutUint32(b[4:], uint32(sealed))
+}
+
+// recordConn is a stream connection after the switch: the raw TCP
+// connection (deadlines, Close) carrying sealed records. One goroutine
+// reads (Read, readPayload) and one writes (Write, writePacket) at a
+// time; writes are serialized anyway.
+type recordConn struct {
+	net.Conn // raw TCP: the TLS connection's, after the switch
+
+	r io.Reader // = Conn; a field for the decoder's tests
+	w io.Writer // = Conn
+
+	wmu  sync.Mutex
+	out  *aeadState
+	werr error // sticky: a record half written leaves the stream unusable
+	wctl []byte
+	whdr [2*recHeaderLen + packetHeaderLen + tagLen]byte
+	iov  [2][]byte
+	bufs net.Buffers
+
+	in   *aeadState
+	rerr error // sticky
+	rh   [recHeaderLen]byte
+	rctl []byte // control plaintext, opened in place
+	pend []byte // its unread part
+}
+
+// newRecordConn returns a record connection over raw sealing with send
+// and opening with recv.
+func newRecordConn(raw net.Conn, send, recv []byte) (*recordConn, error) {
+	out, err := newAEADState(send)
+	if err != nil {
+		return nil, err
+	}
+	in, err := newAEADState(recv)
+	if err != nil {
+		return nil, err
+	}
+	return &recordConn{Conn: raw, r: raw, w: raw, out: out, in: in,
+		wctl: make([]byte, 0, recHeaderLen+maxControl+tagLen), rctl: make([]byte, maxControl+tagLen)}, nil
+}
+
+// switchToRecords turns tc, through which the stream header and its ack
+// passed, into a record connection. The acceptor calls it after reading
+// the header and before sending the ack; the opener after reading the ack.
+// Neither peer sends anything between those points (the opener waits for
+// the ack, the acceptor for the first packet), so nothing may be waiting
+// in tc: if it holds input, that input would be lost to the records, and
+// the switch is refused. The session must be TLS 1.3 (its exporter is
+// bound to the whole handshake transcript).
+func switchToRecords(tc *tls.Conn, opener bool) (*recordConn, error) {
+	cs := tc.ConnectionState()
+	if !cs.HandshakeComplete || cs.Version != tls.VersionTLS13 {
+		return nil, fmt.Errorf("stream: records need a completed TLS 1.3 session, have version %#04x", cs.Version)
+	}
+	if err := tlsDrained(tc); err != nil {
+		return nil, err
+	}
+	keyLen := 32
+	if cs.CipherSuite == tls.TLS_AES_128_GCM_SHA256 {
+		keyLen = 16 // as strong as the session's own records
+	}
+	oa, err := cs.ExportKeyingMaterial(labelOpenerToAcceptor, nil, keyLen)
+	if err != nil {
+		return nil, fmt.Errorf("stream: exporting record keys: %w", err)
+	}
+	ao, err := cs.ExportKeyingMaterial(labelAcceptorToOpener, nil, keyLen)
+	if err != nil {
+		return nil, fmt.Errorf("stream: exporting record keys: %w", err)
+	}
+	send, recv := ao, oa
+	if opener {
+		send, recv = oa, ao
+	}
+	return newRecordConn(tc.NetConn(), send, recv)
+}
+
+// tlsDrained checks that tc holds no input: a read that must not block
+// (deadline in the past) returns only a timeout. It consumes post-handshake
+// messages (a session ticket) that arrived, and fails if any application
+// data or alert did. It restores no deadline: callers set their own.
+func tlsDrained(tc *tls.Conn) error {
+	tc.SetReadDeadline(time.Unix(1, 0))
+	var b [1]byte
+	n, err := tc.Read(b[:])
+	tc.SetReadDeadline(time.Time{})
+	switch {
+	case n > 0:
+		return fmt.Errorf("stream: %w: TLS connection holds data past the stream header exchange", errRecord)
+	case err == nil:
+		return fmt.Errorf("stream: %w: TLS connection not drained", errRecord)
+	case isTimeout(err):
+		return nil
+	}
+	return fmt.Errorf("stream: TLS connection failed at the switch to records: %w", err)
+}
+
+// Write seals p as control records (split at maxControl) and writes them.
+func (c *recordConn) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	done := 0
+	for done < len(p) {
+		if c.werr != nil {
+			return done, c.werr
+		}
+		k := min(len(p)-done, maxControl)
+		nonce, err := c.out.next(k)
+		if err != nil {
+			c.werr = err
+			return done, err
+		}
+		b := c.wctl[:recHeaderLen]
+		putRecHeader(b, recControl, k+tagLen)
+		b = c.out.aead.Seal(b, nonce, p[done:done+k], b[:recHeaderLen])
+		if _, err := c.w.Write(b); err != nil {
+			c.werr = err
+			return done, err
+		}
+		done += k
+	}
+	return done, nil
+}
+
+// writePacket writes a packet: its header as a control record and its
+// payload (if any) as a payload record sealed into dst (capacity ≥
+// len(payload)+tagLen; it may be payload itself), with one writev.
+func (c *recordConn) writePacket(hdr []byte, payload, dst []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.werr != nil {
+		return c.werr
+	}
+	if len(hdr) != packetHeaderLen || cap(dst) < len(payload)+tagLen {
+		return fmt.Errorf("stream: writePacket: header of %d bytes, %d bytes of room for %d", len(hdr), cap(dst), len(payload)+tagLen)
+	}
+	nonce, err := c.out.next(len(hdr))
+	if err != nil {
+		c.werr = err
+		return err
+	}
+	h := c.whdr[:recHeaderLen]
+	putRecHeader(h, recControl, packetHeaderLen+tagLen)
+	h = c.out.aead.Seal(h, nonce, hdr, h[:recHeaderLen])
+	c.iov[0] = h
+	c.bufs = c.iov[:1]
+	if payload != nil {
+		if nonce, err = c.out.next(len(payload)); err != nil {
+			c.werr = err
+			return err
+		}
+		ph := c.whdr[len(h) : len(h)+recHeaderLen]
+		putRecHeader(ph, recPayload, len(payload)+tagLen)
+		c.iov[0] = c.whdr[:len(h)+recHeaderLen]
+		c.iov[1] = c.out.aead.Seal(dst[:0], nonce, payload, ph)
+		c.bufs = c.iov[:]
+	}
+	if _, err := c.bufs.WriteTo(c.w); err != nil {
+		c.werr = err
+		return err
+	}
+	return nil
+}
+
+// Read returns the plaintext of control records. A payload record where
+// a control record is due is refused.
+func (c *recordConn) Read(p []byte) (int, error) {
+	if len(c.pend) == 0 {
+		if c.rerr != nil {
+			return 0, c.rerr
+		}
+		n, err := c.readRecHeader(recControl, 1, maxControl)
+		if err != nil {
+			return 0, err
+		}
+		rec := c.rctl[:n+tagLen]
+		if err := c.readOpen(rec); err != nil {
+			return 0, err
+		}
+		c.pend = rec[:n]
+	}
+	n := copy(p, c.pend)
+	c.pend = c.pend[n:]
+	return n, nil
+}
+
+// readPayload reads the payload record of a packet whose header said it
+// carries len(buf) bytes and opens it in place: buf's capacity must hold
+// the tag too (getBuf's do).
+func (c *recordConn) readPayload(buf []byte) error {
+	if c.rerr != nil {
+		return c.rerr
+	}
+	if len(c.pend) != 0 {
+		return c.refuse(fmt.Errorf("%w: %d bytes of a control record unread before a payload", errRecord, len(c.pend)))
+	}
+	if cap(buf) < len(buf)+tagLen {
+		return fmt.Errorf("stream: payload buffer of %d bytes has no room for the tag", cap(buf))
+	}
+	if _, err := c.readRecHeader(recPayload, len(buf), len(buf)); err != nil {
+		return err
+	}
+	return c.readOpen(buf[:len(buf)+tagLen])
+}
+
+// readRecHeader reads a record header and checks its kind and that its
+// plaintext length is within [lo, hi] before anything is read for it.
+func (c *recordConn) readRecHeader(kind byte, lo, hi int) (int, error) {
+	if _, err := io.ReadFull(c.r, c.rh[:]); err != nil {
+		c.rerr = err
+		return 0, err
+	}
+	k, sealed := c.rh[0], int64(binary.BigEndian.Uint32(c.rh[4:]))
+	switch {
+	case c.rh[1] != 0 || c.rh[2] != 0 || c.rh[3] != 0:
+		return 0, c.refuse(fmt.Errorf("%w: reserved bytes %x of a record header are not zero", errRecord, c.rh[1:4]))
+	case k != kind:
+		return 0, c.refuse(fmt.Errorf("%w: record kind %d, want %d", errRecord, k, kind))
+	case sealed-tagLen < int64(lo) || sealed-tagLen > int64(hi):
+		return 0, c.refuse(fmt.Errorf("%w: record of kind %d with %d sealed bytes, want %d..%d plus the tag", errRecord, k, sealed, lo, hi))
+	}
+	return int(sealed - tagLen), nil
+}
+
+// readOpen reads the sealed body of the record whose header is in c.rh
+// into rec and opens it in place.
+func (c *recordConn) readOpen(rec []byte) error {
+	if _, err := io.ReadFull(c.r, rec); err != nil {
+		c.rerr = err
+		return err
+	}
+	nonce, err := c.in.next(len(rec) - tagLen)
+	if err != nil {
+		return c.refuse(err)
+	}
+	if _, err := c.in.aead.Open(rec[:0], nonce, rec, c.rh[:]); err != nil {
+		return c.refuse(fmt.Errorf("%w: record %d of kind %d (%d bytes) fails authentication (damaged, forged, replayed or out of order)", errRecord, c.in.seq-1, c.rh[0], len(rec)))
+	}
+	return nil
+}
+
+// refuse makes err sticky and closes the connection: after a refused
+// record nothing more of it can be trusted.
+func (c *recordConn) refuse(err error) error {
+	c.rerr = err
+	if c.Conn != nil {
+		c.Conn.Close()
+	}
+	return err
+}
+
+// readPayload reads a packet's payload of len(buf) bytes from c: in place
+// from a record connection, straight from the socket otherwise.
+func readPayload(c net.Conn, buf []byte) error {
+	if rc, ok := c.(*recordConn); ok {
+		return rc.readPayload(buf)
+	}
+	_, err := io.ReadFull(c, buf)
+	return err
+}
