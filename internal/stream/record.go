@@ -42,6 +42,10 @@ const (
 	// directions never share a key, so their counters may coincide.
 	labelOpenerToAcceptor = "EXPORTER-basalt-stream-v4 opener to acceptor"
 	labelAcceptorToOpener = "EXPORTER-basalt-stream-v4 acceptor to opener"
+	// labelPayload: the stream's payload key, exported from the session
+	// of the client and the first datanode, which sends it on down the
+	// route in the header (through TLS).
+	labelPayload = "EXPORTER-basalt-stream-v4 payload"
 )
 
 // errRecord wraps every refused record: damaged, forged, replayed, out of
@@ -107,6 +111,15 @@ type recordConn struct {
 	iov  [2][]byte
 	bufs net.Buffers
 
+	// pay seals (the client) or opens (every datanode) payload records.
+	// Its key is the stream's, the same on every hop: a datanode forwards
+	// a payload record as it arrived and opens it in place for its disk,
+	// so a payload is sealed once and opened once per datanode. Every hop
+	// sees the same payload records in the same order, so the counters
+	// agree down the route.
+	pay *aeadState
+	pad [recHeaderLen + packetHeaderLen]byte // a payload record's additional data
+
 	in   *aeadState
 	rerr error // sticky
 	rh   [recHeaderLen]byte
@@ -114,9 +127,10 @@ type recordConn struct {
 	pend []byte // its unread part
 }
 
-// newRecordConn returns a record connection over raw sealing with send
-// and opening with recv.
-func newRecordConn(raw net.Conn, send, recv []byte) (*recordConn, error) {
+// newRecordConn returns a record connection over raw sealing control
+// records with send, opening them with recv, and sealing or opening
+// payload records with pay.
+func newRecordConn(raw net.Conn, send, recv, pay []byte) (*recordConn, error) {
 	out, err := newAEADState(send)
 	if err != nil {
 		return nil, err
@@ -125,7 +139,11 @@ func newRecordConn(raw net.Conn, send, recv []byte) (*recordConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &recordConn{Conn: raw, r: raw, w: raw, out: out, in: in,
+	ps, err := newAEADState(pay)
+	if err != nil {
+		return nil, err
+	}
+	return &recordConn{Conn: raw, r: raw, w: raw, out: out, in: in, pay: ps,
 		wctl: make([]byte, 0, recHeaderLen+maxControl+tagLen), rctl: make([]byte, maxControl+tagLen)}, nil
 }
 
@@ -137,17 +155,14 @@ func newRecordConn(raw net.Conn, send, recv []byte) (*recordConn, error) {
 // in tc: if it holds input, that input would be lost to the records, and
 // the switch is refused. The session must be TLS 1.3 (its exporter is
 // bound to the whole handshake transcript).
-func switchToRecords(tc *tls.Conn, opener bool) (*recordConn, error) {
+func switchToRecords(tc *tls.Conn, opener bool, payKey []byte) (*recordConn, error) {
 	cs := tc.ConnectionState()
-	if !cs.HandshakeComplete || cs.Version != tls.VersionTLS13 {
-		return nil, fmt.Errorf("stream: records need a completed TLS 1.3 session, have version %#04x", cs.Version)
+	keyLen, err := recordKeyLen(&cs)
+	if err != nil {
+		return nil, err
 	}
 	if err := tlsDrained(tc); err != nil {
 		return nil, err
-	}
-	keyLen := 32
-	if cs.CipherSuite == tls.TLS_AES_128_GCM_SHA256 {
-		keyLen = 16 // as strong as the session's own records
 	}
 	oa, err := cs.ExportKeyingMaterial(labelOpenerToAcceptor, nil, keyLen)
 	if err != nil {
@@ -161,7 +176,33 @@ func switchToRecords(tc *tls.Conn, opener bool) (*recordConn, error) {
 	if opener {
 		send, recv = oa, ao
 	}
-	return newRecordConn(tc.NetConn(), send, recv)
+	return newRecordConn(tc.NetConn(), send, recv, payKey)
+}
+
+// recordKeyLen is the AES key size for records of session cs: 128 bits
+// if the session itself uses AES-128-GCM, else 256. Only TLS 1.3.
+func recordKeyLen(cs *tls.ConnectionState) (int, error) {
+	if !cs.HandshakeComplete || cs.Version != tls.VersionTLS13 {
+		return 0, fmt.Errorf("stream: records need a completed TLS 1.3 session, have version %#04x", cs.Version)
+	}
+	if cs.CipherSuite == tls.TLS_AES_128_GCM_SHA256 {
+		return 16, nil // as strong as the session's own records
+	}
+	return 32, nil
+}
+
+// payloadKey exports a stream's payload key from the session of its
+// client and first datanode.
+func payloadKey(cs *tls.ConnectionState) ([]byte, error) {
+	n, err := recordKeyLen(cs)
+	if err != nil {
+		return nil, err
+	}
+	k, err := cs.ExportKeyingMaterial(labelPayload, nil, n)
+	if err != nil {
+		return nil, fmt.Errorf("stream: exporting the payload key: %w", err)
+	}
+	return k, nil
 }
 
 // tlsDrained checks that tc holds no input: a read that must not block
@@ -234,16 +275,46 @@ func (c *recordConn) writePacket(hdr []byte, payload, dst []byte) error {
 	c.iov[0] = h
 	c.bufs = c.iov[:1]
 	if payload != nil {
-		if nonce, err = c.out.next(len(payload)); err != nil {
+		if nonce, err = c.pay.next(len(payload)); err != nil {
 			c.werr = err
 			return err
 		}
 		ph := c.whdr[len(h) : len(h)+recHeaderLen]
 		putRecHeader(ph, recPayload, len(payload)+tagLen)
+		copy(c.pad[:], ph)
+		copy(c.pad[recHeaderLen:], hdr)
 		c.iov[0] = c.whdr[:len(h)+recHeaderLen]
-		c.iov[1] = c.out.aead.Seal(dst[:0], nonce, payload, ph)
+		c.iov[1] = c.pay.aead.Seal(dst[:0], nonce, payload, c.pad[:])
 		c.bufs = c.iov[:]
 	}
+	if _, err := c.bufs.WriteTo(c.w); err != nil {
+		c.werr = err
+		return err
+	}
+	return nil
+}
+
+// forwardPacket writes a packet whose payload record, sealed with the
+// stream's payload key, arrived from upstream: its header as a control
+// record of this connection, the payload record as it is (sealed holds
+// the payload's ciphertext and tag), with one writev.
+func (c *recordConn) forwardPacket(hdr []byte, sealed []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.werr != nil {
+		return c.werr
+	}
+	nonce, err := c.out.next(len(hdr))
+	if err != nil {
+		c.werr = err
+		return err
+	}
+	h := c.whdr[:recHeaderLen]
+	putRecHeader(h, recControl, packetHeaderLen+tagLen)
+	h = c.out.aead.Seal(h, nonce, hdr, h[:recHeaderLen])
+	putRecHeader(c.whdr[len(h):len(h)+recHeaderLen], recPayload, len(sealed))
+	c.iov[0], c.iov[1] = c.whdr[:len(h)+recHeaderLen], sealed
+	c.bufs = c.iov[:]
 	if _, err := c.bufs.WriteTo(c.w); err != nil {
 		c.werr = err
 		return err
@@ -273,10 +344,19 @@ func (c *recordConn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// readPayload reads the payload record of a packet whose header said it
-// carries len(buf) bytes and opens it in place: buf's capacity must hold
-// the tag too (getBuf's do).
-func (c *recordConn) readPayload(buf []byte) error {
+// readPayload reads the payload record of a packet whose header (hdr,
+// as received) said it carries len(buf) bytes and opens it in place:
+// buf's capacity must hold the tag too (getBuf's do).
+func (c *recordConn) readPayload(hdr, buf []byte) error {
+	if err := c.readSealed(buf); err != nil {
+		return err
+	}
+	return c.openPayload(hdr, buf)
+}
+
+// readSealed reads the payload record of a packet of len(buf) bytes into
+// buf[:len(buf)+tagLen], unopened (for forwarding before openPayload).
+func (c *recordConn) readSealed(buf []byte) error {
 	if c.rerr != nil {
 		return c.rerr
 	}
@@ -289,7 +369,29 @@ func (c *recordConn) readPayload(buf []byte) error {
 	if _, err := c.readRecHeader(recPayload, len(buf), len(buf)); err != nil {
 		return err
 	}
-	return c.readOpen(buf[:len(buf)+tagLen])
+	if _, err := io.ReadFull(c.r, buf[:len(buf)+tagLen]); err != nil {
+		c.rerr = err
+		return err
+	}
+	copy(c.pad[:], c.rh[:])
+	return nil
+}
+
+// openPayload opens the payload record readSealed read into buf, in
+// place, bound to its packet header hdr.
+func (c *recordConn) openPayload(hdr, buf []byte) error {
+	if len(hdr) != packetHeaderLen {
+		return fmt.Errorf("stream: openPayload: header of %d bytes", len(hdr))
+	}
+	copy(c.pad[recHeaderLen:], hdr)
+	nonce, err := c.pay.next(len(buf))
+	if err != nil {
+		return c.refuse(err)
+	}
+	if _, err := c.pay.aead.Open(buf[:0], nonce, buf[:len(buf)+tagLen], c.pad[:]); err != nil {
+		return c.refuse(fmt.Errorf("%w: payload record %d (%d bytes) fails authentication (damaged, forged, replayed or out of order)", errRecord, c.pay.seq-1, len(buf)))
+	}
+	return nil
 }
 
 // readRecHeader reads a record header and checks its kind and that its
@@ -338,11 +440,12 @@ func (c *recordConn) refuse(err error) error {
 	return err
 }
 
-// readPayload reads a packet's payload of len(buf) bytes from c: in place
-// from a record connection, straight from the socket otherwise.
-func readPayload(c net.Conn, buf []byte) error {
+// readPayload reads a packet's payload of len(buf) bytes from c: opened
+// in place from a record connection (hdr is the packet's header), straight
+// from the socket otherwise.
+func readPayload(c net.Conn, hdr, buf []byte) error {
 	if rc, ok := c.(*recordConn); ok {
-		return rc.readPayload(buf)
+		return rc.readPayload(hdr, buf)
 	}
 	_, err := io.ReadFull(c, buf)
 	return err

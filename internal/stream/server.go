@@ -233,7 +233,6 @@ type stream struct {
 	abort chan struct{}
 
 	hb   [packetHeaderLen]byte
-	fbuf *[]byte     // a secured downstream's payload records are sealed into this
 	iov  [2][]byte   // header + payload, one writev downstream
 	bufs net.Buffers // over iov; a field so WriteTo does not allocate
 }
@@ -348,7 +347,7 @@ func (s *Server) serve(up net.Conn, stp **stream) {
 	var rc *recordConn
 	if tc, ok := up.(*tls.Conn); ok {
 		var err error
-		if rc, err = switchToRecords(tc, false); err != nil {
+		if rc, err = switchToRecords(tc, false, h.payloadKey); err != nil {
 			s.failed.Add(1)
 			st.abortSink()
 			s.refuse(up, &Error{Code: CodeProtocol, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, err)})
@@ -381,10 +380,6 @@ func (st *stream) releaseDown() {
 		closeRaw(st.down)
 	}
 	st.unwatchDown()
-	if st.fbuf != nil {
-		putBuf(st.fbuf)
-		st.fbuf = nil
-	}
 }
 
 // unwatchDown ends the watch of the downstream connection, if any.
@@ -439,11 +434,27 @@ func (s *Server) open(raw net.Conn) (*Header, net.Conn, error) {
 			}
 			rerr = sec.Target(t)
 		}
+		// The stream's payload key (record.go): exported from this
+		// session when the client opened it, else from the header.
+		switch {
+		case rerr != nil:
+		case h.Hop == 0 && len(h.payloadKey) != 0:
+			rerr = fmt.Errorf("a client's header may not carry a payload key")
+		case h.Hop == 0:
+			h.payloadKey, rerr = payloadKey(cs)
+		case len(h.payloadKey) == 0:
+			rerr = fmt.Errorf("hop %d header carries no payload key", h.Hop)
+		}
 		if rerr != nil {
 			s.refused.Add(1)
 			s.refuse(up, &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, rerr)})
 			return nil, nil, rerr
 		}
+	} else if len(h.payloadKey) != 0 {
+		err := fmt.Errorf("datanode %d: a payload key on a plaintext stream", s.cfg.ID)
+		s.failed.Add(1)
+		s.refuse(up, &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: err.Error()})
+		return nil, nil, err
 	}
 	return h, up, nil
 }
@@ -558,14 +569,13 @@ func (st *stream) connectDown() *Error {
 			Reason: fmt.Sprintf("answered the header with ack kind %#x value %d, want header ack at %d", a.kind, a.value, h.Offset)}
 	}
 	if tc, ok := c.(*tls.Conn); ok {
-		rc, err := switchToRecords(tc, true)
+		rc, err := switchToRecords(tc, true, h.payloadKey)
 		if err != nil {
 			c.Close()
 			return &Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr,
 				Reason: fmt.Sprintf("datanode %d cannot switch its connection to records: %v", s.cfg.ID, err)}
 		}
 		c = rc
-		st.fbuf = getBuf(int(h.PacketSize))
 	}
 	c.SetDeadline(time.Time{})
 	st.down = c
@@ -616,6 +626,16 @@ func (st *stream) upErr(err error, doing string) *Error {
 		return &Error{Code: CodeTimeout, Reason: fmt.Sprintf("datanode %d: upstream stalled %s of block %v: %v", s.cfg.ID, doing, st.h.Block, err)}
 	}
 	return &Error{Code: CodeConnLost, Reason: fmt.Sprintf("datanode %d: upstream connection lost %s of block %v: %v", s.cfg.ID, doing, st.h.Block, err)}
+}
+
+// recordErr describes a failure reading a record from upstream: a
+// refused record is a protocol error of this datanode's upstream link.
+func (st *stream) recordErr(err error, doing string) *Error {
+	if errors.Is(err, errRecord) && !st.s.closing.Load() {
+		return &Error{Code: CodeProtocol, Datanode: st.s.cfg.ID,
+			Reason: fmt.Sprintf("datanode %d: %s of block %v: %v", st.s.cfg.ID, doing, st.h.Block, err)}
+	}
+	return st.upErr(err, doing)
 }
 
 // downErr describes a failure of the downstream connection: it names the
@@ -703,15 +723,34 @@ func (st *stream) readLoop(writeQ chan<- packet) {
 		bp := getBuf(int(ph.length))
 		buf := (*bp)[:ph.length]
 		st.up.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
-		if err := readPayload(st.up, buf); err != nil {
-			putBuf(bp)
-			st.fail(st.upErr(err, fmt.Sprintf("receiving packet %d", seq)))
-			return
-		}
-		s.bytes.Add(uint64(ph.length))
-		if !st.forward(st.hb[:], buf, seq) {
-			putBuf(bp)
-			return
+		if rc, ok := st.up.(*recordConn); ok {
+			// Forwarded sealed as it came, then opened in place for the
+			// disk: the payload key is the stream's, on every hop.
+			err := rc.readSealed(buf)
+			if err == nil {
+				s.bytes.Add(uint64(ph.length))
+				if !st.forward(st.hb[:], buf[:len(buf)+tagLen], seq) {
+					putBuf(bp)
+					return
+				}
+				err = rc.openPayload(st.hb[:], buf)
+			}
+			if err != nil {
+				putBuf(bp)
+				st.fail(st.recordErr(err, fmt.Sprintf("receiving packet %d", seq)))
+				return
+			}
+		} else {
+			if err := readPayload(st.up, nil, buf); err != nil {
+				putBuf(bp)
+				st.fail(st.upErr(err, fmt.Sprintf("receiving packet %d", seq)))
+				return
+			}
+			s.bytes.Add(uint64(ph.length))
+			if !st.forward(st.hb[:], buf, seq) {
+				putBuf(bp)
+				return
+			}
 		}
 		select {
 		case writeQ <- packet{seq: seq, off: off, crc: ph.crc, buf: bp, n: int(ph.length)}:
@@ -733,9 +772,8 @@ func (st *stream) forward(hdr, payload []byte, seq uint64) bool {
 	st.down.SetWriteDeadline(time.Now().Add(st.s.cfg.Timeout))
 	var err error
 	if rc, ok := st.down.(*recordConn); ok {
-		// Sealed from the receive buffer into fbuf: the plaintext stays
-		// for the disk.
-		err = rc.writePacket(hdr, payload, *st.fbuf)
+		// payload is the sealed record (ciphertext and tag) as received.
+		err = rc.forwardPacket(hdr, payload)
 	} else {
 		st.iov[0], st.iov[1] = hdr, payload
 		st.bufs = st.iov[:]

@@ -214,7 +214,12 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 	if tc, ok := conn.(*tls.Conn); ok {
 		// The header ack was the last frame through TLS: records from here
 		// (record.go).
-		rc, err := switchToRecords(tc, true)
+		cs := tc.ConnectionState()
+		pk, err := payloadKey(&cs)
+		var rc *recordConn
+		if err == nil {
+			rc, err = switchToRecords(tc, true, pk)
+		}
 		if err != nil {
 			conn.Close()
 			return nil, &Error{Code: CodeProtocol, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot switch the connection to records: %v", err)}
