@@ -49,7 +49,8 @@ const (
 )
 
 // errRecord wraps every refused record: damaged, forged, replayed, out of
-// order, of the wrong kind or size. The connection is closed with it.
+// order, of the wrong kind or size. The stream fails with it and its
+// connection is closed.
 var errRecord = errors.New("stream record refused")
 
 // aeadState is one direction's key and counter. The 96-bit nonce is four
@@ -430,13 +431,12 @@ func (c *recordConn) readOpen(rec []byte) error {
 	return nil
 }
 
-// refuse makes err sticky and closes the connection: after a refused
-// record nothing more of it can be trusted.
+// refuse makes err sticky: after a refused record nothing more can be
+// read from the connection. Its owner fails the stream, sends at most an
+// error ack (the other direction, under its own key, is intact) and
+// closes the connection.
 func (c *recordConn) refuse(err error) error {
 	c.rerr = err
-	if c.Conn != nil {
-		c.Conn.Close()
-	}
 	return err
 }
 
