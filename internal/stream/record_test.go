@@ -102,9 +102,12 @@ func testPacketHeader(seq uint64, n int) []byte {
 // buffer.
 func TestRecordRoundTrip(t *testing.T) {
 	ctc, stc := tlsPair(t, nil)
-	if cs := ctc.ConnectionState(); cs.Version != tls.VersionTLS13 {
+	cs := ctc.ConnectionState()
+	if cs.Version != tls.VersionTLS13 {
 		t.Fatalf("version %#x", cs.Version)
 	}
+	n, _ := recordKeyLen(&cs)
+	t.Logf("session %s: records with %d-bit AES-GCM keys", tls.CipherSuiteName(cs.CipherSuite), 8*n)
 	rc, rs := switchPair(t, ctc, stc)
 	seal := getBuf(1 << 20)
 	defer putBuf(seal)
