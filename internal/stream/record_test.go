@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"io"
 	"math"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -468,5 +470,36 @@ func TestSecureChainTamperedOnWire(t *testing.T) {
 				t.Fatal("payload seen on the wire in the clear")
 			}
 		})
+	}
+}
+
+// TestOldVersionRefusedClearly: a version 3 opener (which would keep
+// talking TLS after the header ack) gets an error ack naming the versions,
+// through TLS, instead of records it cannot read.
+func TestOldVersionRefusedClearly(t *testing.T) {
+	c := newSecureCluster(t, 1)
+	client := c.issue(t, pki.RoleClient, "app").ClientTLS(pki.RoleDatanode)
+	raw, err := net.DialTimeout("tcp", c.nodes[0].target().Addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	raw.SetDeadline(time.Now().Add(10 * time.Second))
+	tc := tls.Client(raw, client)
+	hb := mustHeader(t, &Header{Pipeline: 1, Block: BlockID{1, 5}, PacketSize: 1 << 20})
+	hb[4] = 3
+	hb = hb[:len(hb)-1-headerCRCLen] // a version 3 header has no payload key length
+	binary.BigEndian.PutUint16(hb[6:], uint16(len(hb)-headerPrefixLen))
+	hb = binary.BigEndian.AppendUint32(hb, crc32c(hb))
+	if _, err := tc.Write(hb); err != nil {
+		t.Fatal(err)
+	}
+	var a ack
+	var ab [ackLen]byte
+	if err := readAck(tc, &ab, &a); err != nil {
+		t.Fatal(err)
+	}
+	if a.kind != kindError || a.code != CodeBadHeader || !strings.Contains(a.reason, "version 3, this datanode speaks 4") {
+		t.Fatalf("version 3 header answered with kind %#x code %v %q", a.kind, a.code, a.reason)
 	}
 }
