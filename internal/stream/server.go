@@ -845,7 +845,7 @@ func (st *stream) downAckLoop(downAcks chan<- ack) {
 			if st.aborted() {
 				return
 			}
-			if errors.Is(err, errBadAck) {
+			if errors.Is(err, errBadAck) || errors.Is(err, errRecord) {
 				st.fail(&Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr, Reason: err.Error()})
 			} else {
 				st.fail(st.downErr(err, "waiting for acks"))

@@ -251,7 +251,7 @@ func (w *Writer) readAcks() {
 	for {
 		var a ack
 		if err := readAck(w.conn, &b, &a); err != nil {
-			if errors.Is(err, errBadAck) {
+			if errors.Is(err, errBadAck) || errors.Is(err, errRecord) {
 				w.err = &Error{Code: CodeProtocol, Datanode: w.route[0].ID, Addr: w.route[0].Addr, Reason: err.Error()}
 			} else {
 				w.err = w.connErr(err, "waiting for acks")
