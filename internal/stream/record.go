@@ -106,7 +106,8 @@ type recordConn struct {
 
 	wmu  sync.Mutex
 	out  *aeadState
-	werr error // sticky: a record half written leaves the stream unusable
+	werr error              // sticky: a record half written leaves the stream unusable
+	wad  [recHeaderLen]byte // a control record's additional data (never dst's memory)
 	wctl []byte
 	whdr [2*recHeaderLen + packetHeaderLen + tagLen]byte
 	iov  [2][]byte
@@ -118,8 +119,9 @@ type recordConn struct {
 	// so a payload is sealed once and opened once per datanode. Every hop
 	// sees the same payload records in the same order, so the counters
 	// agree down the route.
-	pay *aeadState
-	pad [recHeaderLen + packetHeaderLen]byte // a payload record's additional data
+	pay  *aeadState
+	wpad [recHeaderLen + packetHeaderLen]byte // additional data of a payload record sealed
+	rpad [recHeaderLen + packetHeaderLen]byte // and of one opened
 
 	in   *aeadState
 	rerr error // sticky
@@ -226,6 +228,18 @@ func tlsDrained(tc *tls.Conn) error {
 	return fmt.Errorf("stream: TLS connection failed at the switch to records: %w", err)
 }
 
+// sealControl appends p sealed as a control record (header and sealed
+// body) to dst.
+func (c *recordConn) sealControl(dst, p []byte) ([]byte, error) {
+	nonce, err := c.out.next(len(p))
+	if err != nil {
+		return nil, err
+	}
+	putRecHeader(c.wad[:], recControl, len(p)+tagLen)
+	dst = append(dst, c.wad[:]...)
+	return c.out.aead.Seal(dst, nonce, p, c.wad[:]), nil
+}
+
 // Write seals p as control records (split at maxControl) and writes them.
 func (c *recordConn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
@@ -236,14 +250,11 @@ func (c *recordConn) Write(p []byte) (int, error) {
 			return done, c.werr
 		}
 		k := min(len(p)-done, maxControl)
-		nonce, err := c.out.next(k)
+		b, err := c.sealControl(c.wctl[:0], p[done:done+k])
 		if err != nil {
 			c.werr = err
 			return done, err
 		}
-		b := c.wctl[:recHeaderLen]
-		putRecHeader(b, recControl, k+tagLen)
-		b = c.out.aead.Seal(b, nonce, p[done:done+k], b[:recHeaderLen])
 		if _, err := c.w.Write(b); err != nil {
 			c.werr = err
 			return done, err
@@ -265,27 +276,25 @@ func (c *recordConn) writePacket(hdr []byte, payload, dst []byte) error {
 	if len(hdr) != packetHeaderLen || cap(dst) < len(payload)+tagLen {
 		return fmt.Errorf("stream: writePacket: header of %d bytes, %d bytes of room for %d", len(hdr), cap(dst), len(payload)+tagLen)
 	}
-	nonce, err := c.out.next(len(hdr))
+	h, err := c.sealControl(c.whdr[:0], hdr)
 	if err != nil {
 		c.werr = err
 		return err
 	}
-	h := c.whdr[:recHeaderLen]
-	putRecHeader(h, recControl, packetHeaderLen+tagLen)
-	h = c.out.aead.Seal(h, nonce, hdr, h[:recHeaderLen])
 	c.iov[0] = h
 	c.bufs = c.iov[:1]
 	if payload != nil {
-		if nonce, err = c.pay.next(len(payload)); err != nil {
+		nonce, err := c.pay.next(len(payload))
+		if err != nil {
 			c.werr = err
 			return err
 		}
 		ph := c.whdr[len(h) : len(h)+recHeaderLen]
 		putRecHeader(ph, recPayload, len(payload)+tagLen)
-		copy(c.pad[:], ph)
-		copy(c.pad[recHeaderLen:], hdr)
+		copy(c.wpad[:], ph)
+		copy(c.wpad[recHeaderLen:], hdr)
 		c.iov[0] = c.whdr[:len(h)+recHeaderLen]
-		c.iov[1] = c.pay.aead.Seal(dst[:0], nonce, payload, c.pad[:])
+		c.iov[1] = c.pay.aead.Seal(dst[:0], nonce, payload, c.wpad[:])
 		c.bufs = c.iov[:]
 	}
 	if _, err := c.bufs.WriteTo(c.w); err != nil {
@@ -305,14 +314,11 @@ func (c *recordConn) forwardPacket(hdr []byte, sealed []byte) error {
 	if c.werr != nil {
 		return c.werr
 	}
-	nonce, err := c.out.next(len(hdr))
+	h, err := c.sealControl(c.whdr[:0], hdr)
 	if err != nil {
 		c.werr = err
 		return err
 	}
-	h := c.whdr[:recHeaderLen]
-	putRecHeader(h, recControl, packetHeaderLen+tagLen)
-	h = c.out.aead.Seal(h, nonce, hdr, h[:recHeaderLen])
 	putRecHeader(c.whdr[len(h):len(h)+recHeaderLen], recPayload, len(sealed))
 	c.iov[0], c.iov[1] = c.whdr[:len(h)+recHeaderLen], sealed
 	c.bufs = c.iov[:]
@@ -374,7 +380,7 @@ func (c *recordConn) readSealed(buf []byte) error {
 		c.rerr = err
 		return err
 	}
-	copy(c.pad[:], c.rh[:])
+	copy(c.rpad[:], c.rh[:])
 	return nil
 }
 
@@ -384,12 +390,12 @@ func (c *recordConn) openPayload(hdr, buf []byte) error {
 	if len(hdr) != packetHeaderLen {
 		return fmt.Errorf("stream: openPayload: header of %d bytes", len(hdr))
 	}
-	copy(c.pad[recHeaderLen:], hdr)
+	copy(c.rpad[recHeaderLen:], hdr)
 	nonce, err := c.pay.next(len(buf))
 	if err != nil {
 		return c.refuse(err)
 	}
-	if _, err := c.pay.aead.Open(buf[:0], nonce, buf[:len(buf)+tagLen], c.pad[:]); err != nil {
+	if _, err := c.pay.aead.Open(buf[:0], nonce, buf[:len(buf)+tagLen], c.rpad[:]); err != nil {
 		return c.refuse(fmt.Errorf("%w: payload record %d (%d bytes) fails authentication (damaged, forged, replayed or out of order)", errRecord, c.pay.seq-1, len(buf)))
 	}
 	return nil

@@ -503,3 +503,34 @@ func TestOldVersionRefusedClearly(t *testing.T) {
 		t.Fatalf("version 3 header answered with kind %#x code %v %q", a.kind, a.code, a.reason)
 	}
 }
+
+// TestServerRefusesBytesPastHeader: an opener that sends bytes after the
+// header before the ack (here in the same TLS record, so crypto/tls has
+// them buffered when the datanode switches) is refused through TLS; the
+// datanode never reads them as records, and the stream stores nothing.
+func TestServerRefusesBytesPastHeader(t *testing.T) {
+	c := newSecureCluster(t, 1)
+	client := c.issue(t, pki.RoleClient, "app").ClientTLS(pki.RoleDatanode)
+	raw, err := net.DialTimeout("tcp", c.nodes[0].target().Addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	raw.SetDeadline(time.Now().Add(10 * time.Second))
+	tc := tls.Client(raw, client)
+	hb := mustHeader(t, &Header{Pipeline: 1, Block: BlockID{1, 6}, PacketSize: 1 << 20})
+	if _, err := tc.Write(append(hb, "early bytes"...)); err != nil {
+		t.Fatal(err)
+	}
+	var a ack
+	var ab [ackLen]byte
+	if err := readAck(tc, &ab, &a); err != nil {
+		t.Fatal(err)
+	}
+	if a.kind != kindError || a.code != CodeProtocol || !strings.Contains(a.reason, "past the stream header") {
+		t.Fatalf("early bytes answered with kind %#x code %v %q", a.kind, a.code, a.reason)
+	}
+	if s := c.nodes[0].srv.Stats(); s.Failed == 0 {
+		t.Fatalf("stats %+v: the refused stream is not counted as failed", s)
+	}
+}
