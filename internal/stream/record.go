@@ -307,21 +307,32 @@ func (c *recordConn) writePacket(hdr []byte, payload, dst []byte) error {
 // forwardPacket writes a packet whose payload record, sealed with the
 // stream's payload key, arrived from upstream: its header as a control
 // record of this connection, the payload record as it is (sealed holds
-// the payload's ciphertext and tag), with one writev.
+// the payload's ciphertext and tag), with one writev. A packet without
+// a payload (sealed nil: the CLOSE) is its header's control record only,
+// as writePacket sends it: a stray payload record header would be left
+// unread in the next datanode's socket, whose close then sends a reset
+// that can destroy its close ack in flight.
 func (c *recordConn) forwardPacket(hdr []byte, sealed []byte) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.werr != nil {
 		return c.werr
 	}
+	if len(hdr) != packetHeaderLen || (sealed != nil && len(sealed) < tagLen) {
+		return fmt.Errorf("stream: forwardPacket: header of %d bytes, sealed payload of %d", len(hdr), len(sealed))
+	}
 	h, err := c.sealControl(c.whdr[:0], hdr)
 	if err != nil {
 		c.werr = err
 		return err
 	}
-	putRecHeader(c.whdr[len(h):len(h)+recHeaderLen], recPayload, len(sealed))
-	c.iov[0], c.iov[1] = c.whdr[:len(h)+recHeaderLen], sealed
-	c.bufs = c.iov[:]
+	c.iov[0] = h
+	c.bufs = c.iov[:1]
+	if sealed != nil {
+		putRecHeader(c.whdr[len(h):len(h)+recHeaderLen], recPayload, len(sealed))
+		c.iov[0], c.iov[1] = c.whdr[:len(h)+recHeaderLen], sealed
+		c.bufs = c.iov[:]
+	}
 	if _, err := c.bufs.WriteTo(c.w); err != nil {
 		c.werr = err
 		return err

@@ -534,3 +534,66 @@ func TestServerRefusesBytesPastHeader(t *testing.T) {
 		t.Fatalf("stats %+v: the refused stream is not counted as failed", s)
 	}
 }
+
+// TestRecordForwardCloseLeavesNothing: a datanode forwards a data packet
+// (its payload record as it arrived) and the CLOSE (header only); after
+// the close record the next datanode's socket holds nothing more: the
+// connection below reads EOF. Before the fix forwardPacket sent a payload
+// record header after the CLOSE too (8 bytes never read: closing with
+// them unread makes Linux send a reset instead of a FIN).
+func TestRecordForwardCloseLeavesNothing(t *testing.T) {
+	ctc, stc := tlsPair(t, nil)
+	rc, rs := switchPair(t, ctc, stc)
+	// The payload record as the upstream hop received it, sealed by a
+	// sender with the stream's payload key (the client's, on the route).
+	up, err := newRecordConn(nil, make([]byte, 16), make([]byte, 16), payloadKeyOf(t, ctc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wire bytes.Buffer
+	up.w = &wire
+	p := payload(5000, 4)
+	hdr := testPacketHeader(0, len(p))
+	if err := up.writePacket(hdr, p, make([]byte, 0, len(p)+tagLen)); err != nil {
+		t.Fatal(err)
+	}
+	sealed := wire.Bytes()[recHeaderLen+packetHeaderLen+tagLen+recHeaderLen:]
+	if len(sealed) != len(p)+tagLen {
+		t.Fatalf("sealed payload record of %d bytes", len(sealed))
+	}
+	var close [packetHeaderLen]byte
+	(&packetHeader{kind: kindClose, seq: 1, offset: uint64(len(p))}).encode(&close)
+	go func() {
+		rc.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		if err := rc.forwardPacket(hdr, sealed); err != nil {
+			t.Error(err)
+		}
+		if err := rc.forwardPacket(close[:], nil); err != nil {
+			t.Error(err)
+		}
+		rc.Conn.(*net.TCPConn).CloseWrite()
+	}()
+	rs.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := readPacket(rs, len(p))
+	if err != nil || !bytes.Equal(got, p) {
+		t.Fatalf("forwarded packet: %v (payload equal %v)", err, bytes.Equal(got, p))
+	}
+	var hb [packetHeaderLen]byte
+	if _, err := io.ReadFull(rs, hb[:]); err != nil || hb != close {
+		t.Fatalf("forwarded close: %v, header %x", err, hb)
+	}
+	rest, err := io.ReadAll(rs.Conn)
+	if err != nil || len(rest) != 0 {
+		t.Fatalf("after the close record the connection holds %d more bytes (%x), err %v; want EOF", len(rest), rest, err)
+	}
+}
+
+func payloadKeyOf(t *testing.T, tc *tls.Conn) []byte {
+	t.Helper()
+	cs := tc.ConnectionState()
+	k, err := payloadKey(&cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
