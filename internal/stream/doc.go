@@ -61,8 +61,12 @@
 // mutual TLS 1.3 handshake, the header and the header ack go through
 // crypto/tls. The acceptor checks that crypto/tls holds no input past the
 // header and derives its keys before it sends the ack; the opener does the
-// same after reading it; neither sends anything in between, so the switch
-// is a lockstep. From then on the raw TCP connection carries records:
+// same after reading it; the opener sends nothing in between, so the
+// switch is a lockstep. crypto/tls reads through a tlsFramer, which hands
+// it one TLS record at a time, so it never holds what the acceptor sends
+// as records right behind the ack (an error ack, if the stream fails at
+// once): those bytes wait in the socket for the opener's records. From
+// then on the raw TCP connection carries records:
 //
 //	kind u8 (1 control, 2 payload) | 0 u8 | 0 u16 | sealed length u32 | AES-GCM ciphertext and tag
 //

@@ -11,7 +11,6 @@ import (
 	"math"
 	"net"
 	"sync"
-	"time"
 )
 
 // The record layer of a secured stream (see doc.go, "Records"). The
@@ -153,18 +152,25 @@ func newRecordConn(raw net.Conn, send, recv, pay []byte) (*recordConn, error) {
 // switchToRecords turns tc, through which the stream header and its ack
 // passed, into a record connection. The acceptor calls it after reading
 // the header and before sending the ack; the opener after reading the ack.
-// Neither peer sends anything between those points (the opener waits for
-// the ack, the acceptor for the first packet), so nothing may be waiting
-// in tc: if it holds input, that input would be lost to the records, and
-// the switch is refused. The session must be TLS 1.3 (its exporter is
-// bound to the whole handshake transcript).
+// tc must run over a tlsFramer (framedTLS), so that crypto/tls never read
+// past the TLS record it last needed: whatever the peer sent after the
+// exchange (the acceptor switches right after sending the ack and may
+// send an error ack as a record at once) is still in the socket, for the
+// records. crypto/tls must hold no input itself (plaintext past the
+// exchange, or an unprocessed record): if it does, that input would be
+// lost to the records, and the switch is refused. The session must be
+// TLS 1.3 (its exporter is bound to the whole handshake transcript).
 func switchToRecords(tc *tls.Conn, opener bool, payKey []byte) (*recordConn, error) {
 	cs := tc.ConnectionState()
 	keyLen, err := recordKeyLen(&cs)
 	if err != nil {
 		return nil, err
 	}
-	if err := tlsDrained(tc); err != nil {
+	f, ok := tc.NetConn().(*tlsFramer)
+	if !ok {
+		return nil, fmt.Errorf("stream: records need a framed TLS connection")
+	}
+	if err := tlsDrained(tc, f); err != nil {
 		return nil, err
 	}
 	oa, err := cs.ExportKeyingMaterial(labelOpenerToAcceptor, nil, keyLen)
@@ -179,7 +185,59 @@ func switchToRecords(tc *tls.Conn, opener bool, payKey []byte) (*recordConn, err
 	if opener {
 		send, recv = oa, ao
 	}
-	return newRecordConn(tc.NetConn(), send, recv, payKey)
+	return newRecordConn(f.Conn, send, recv, payKey)
+}
+
+// tlsFramer is the connection under a secured stream's tls.Conn: it hands
+// crypto/tls the bytes of one TLS record at a time (its 5-byte header,
+// then at most the length the header announced), so crypto/tls, which
+// reads ahead as far as one read returns, never holds bytes past the
+// record it is reading. The handshake costs a few more reads; after the
+// switch to records the raw connection is read directly.
+type tlsFramer struct {
+	net.Conn
+	hdr   [5]byte
+	hgot  int  // header bytes of the current TLS record passed on
+	left  int  // its body bytes still to pass on (hgot == 5)
+	probe bool // tlsDrained's read: time out at once, read nothing
+}
+
+// framedTLS returns raw framed for a tls.Conn.
+func framedTLS(raw net.Conn) *tlsFramer { return &tlsFramer{Conn: raw} }
+
+// errProbe is a tlsFramer's answer during tlsDrained's read: a timeout
+// (which crypto/tls does not make sticky), without touching the socket.
+var errProbe = probeError{}
+
+type probeError struct{}
+
+func (probeError) Error() string   { return "stream: TLS input probe" }
+func (probeError) Timeout() bool   { return true }
+func (probeError) Temporary() bool { return true }
+
+func (f *tlsFramer) Read(p []byte) (int, error) {
+	if f.probe {
+		return 0, errProbe
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if f.hgot < len(f.hdr) {
+		n, err := f.Conn.Read(p[:min(len(p), len(f.hdr)-f.hgot)])
+		copy(f.hdr[f.hgot:], p[:n])
+		if f.hgot += n; f.hgot == len(f.hdr) {
+			f.left = int(binary.BigEndian.Uint16(f.hdr[3:]))
+			if f.left == 0 {
+				f.hgot = 0
+			}
+		}
+		return n, err
+	}
+	n, err := f.Conn.Read(p[:min(len(p), f.left)])
+	if f.left -= n; f.left == 0 {
+		f.hgot = 0
+	}
+	return n, err
 }
 
 // recordKeyLen is the AES key size for records of session cs: 128 bits
@@ -208,21 +266,25 @@ func payloadKey(cs *tls.ConnectionState) ([]byte, error) {
 	return k, nil
 }
 
-// tlsDrained checks that tc holds no input: a read that must not block
-// (deadline in the past) returns only a timeout. It consumes post-handshake
+// tlsDrained checks that tc, over f, holds no input: f is at a TLS record
+// boundary, and a read of tc that may not touch the socket (f answers it
+// with a timeout) returns only that timeout. It consumes post-handshake
 // messages (a session ticket) that arrived, and fails if any application
-// data or alert did. It restores no deadline: callers set their own.
-func tlsDrained(tc *tls.Conn) error {
-	tc.SetReadDeadline(time.Unix(1, 0))
+// data or alert did.
+func tlsDrained(tc *tls.Conn, f *tlsFramer) error {
+	if f.hgot != 0 {
+		return fmt.Errorf("stream: %w: TLS connection holds part of a record past the stream header exchange", errRecord)
+	}
+	f.probe = true
 	var b [1]byte
 	n, err := tc.Read(b[:])
-	tc.SetReadDeadline(time.Time{})
+	f.probe = false
 	switch {
 	case n > 0:
 		return fmt.Errorf("stream: %w: TLS connection holds data past the stream header exchange", errRecord)
 	case err == nil:
 		return fmt.Errorf("stream: %w: TLS connection not drained", errRecord)
-	case isTimeout(err):
+	case errors.Is(err, errProbe) && f.hgot == 0:
 		return nil
 	}
 	return fmt.Errorf("stream: TLS connection failed at the switch to records: %w", err)

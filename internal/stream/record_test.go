@@ -45,7 +45,7 @@ func tlsPair(t *testing.T, cfg func(client, server *tls.Config)) (client, server
 			return
 		}
 		raw.SetDeadline(time.Now().Add(10 * time.Second))
-		tc := tls.Server(raw, sc)
+		tc := tls.Server(framedTLS(raw), sc)
 		ch <- res{tc, tc.Handshake()}
 	}()
 	raw, err := net.DialTimeout("tcp", lis.Addr().String(), 5*time.Second)
@@ -53,7 +53,7 @@ func tlsPair(t *testing.T, cfg func(client, server *tls.Config)) (client, server
 		t.Fatal(err)
 	}
 	raw.SetDeadline(time.Now().Add(10 * time.Second))
-	client = tls.Client(raw, cc)
+	client = tls.Client(framedTLS(raw), cc)
 	cerr := client.Handshake()
 	r := <-ch
 	if r.c != nil {
@@ -354,6 +354,28 @@ func TestRecordSwitchRefusesBufferedTLS(t *testing.T) {
 	if _, err := switchToRecords(stc, false, make([]byte, 16)); err != nil {
 		t.Fatalf("switch after an exact read: %v", err)
 	}
+
+	// More TLS past the exchange, in a record of its own: crypto/tls
+	// has not read it (tlsFramer), so the switch succeeds, and the
+	// record layer refuses it as a record.
+	ctc, stc = tlsPair(t, nil)
+	if _, err := ctc.Write([]byte("header")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(stc, b[:]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctc.Write([]byte("and more")); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := switchToRecords(stc, false, make([]byte, 16))
+	if err != nil {
+		t.Fatalf("switch with a TLS record unread in the socket: %v", err)
+	}
+	rs.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := rs.Read(b[:]); !errors.Is(err, errRecord) {
+		t.Fatalf("a TLS record read as a stream record: %v, want refused", err)
+	}
 }
 
 // TestRecordSwitchNeedsTLS13: a TLS 1.2 session (whose exporter is not
@@ -596,4 +618,141 @@ func payloadKeyOf(t *testing.T, tc *tls.Conn) []byte {
 		t.Fatal(err)
 	}
 	return k
+}
+
+// holdConn collects what is written while hold is set and sends it with
+// one write on flush: a TLS record and the records behind it arrive in
+// one segment, as they can from a datanode that fails right after its
+// header ack.
+type holdConn struct {
+	net.Conn
+	hold bool
+	buf  []byte
+}
+
+func (h *holdConn) Write(p []byte) (int, error) {
+	if h.hold {
+		h.buf = append(h.buf, p...)
+		return len(p), nil
+	}
+	return h.Conn.Write(p)
+}
+
+func (h *holdConn) flush() error {
+	h.hold = false
+	_, err := h.Conn.Write(h.buf)
+	return err
+}
+
+// TestRecordSwitchAfterAckWithRecordBehind: the acceptor sends the header
+// ack through TLS and, right behind it in the same segment, an error ack
+// as a record. The opener's crypto/tls reads only the ack's TLS record
+// (tlsFramer), the switch succeeds, and the error ack is read as the
+// record it is. Before tlsFramer, crypto/tls read both and the switch was
+// refused: Dial blamed datanode 1 with a protocol error instead.
+func TestRecordSwitchAfterAckWithRecordBehind(t *testing.T) {
+	ctc, stc := tlsPair(t, nil)
+	ctc.SetDeadline(time.Now().Add(10 * time.Second))
+	stc.SetDeadline(time.Now().Add(10 * time.Second))
+	// The acceptor's writes, held and then sent in one segment.
+	f := stc.NetConn().(*tlsFramer)
+	hc := &holdConn{Conn: f.Conn, hold: true}
+	f.Conn = hc
+	var b [ackLen]byte
+	if _, err := stc.Write((&ack{kind: kindHeaderAck, value: 7}).encode(b[:0])); err != nil {
+		t.Fatal(err)
+	}
+	pk := payloadKeyOf(t, stc)
+	rs, err := switchToRecords(stc, false, pk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Error{Code: CodeIO, Datanode: 2, Reason: "datanode 2: disk gone"}
+	if _, err := rs.Write(errorAck(want).encode(nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := hc.flush(); err != nil {
+		t.Fatal(err)
+	}
+	var a ack
+	if err := readAck(ctc, &b, &a); err != nil || a.kind != kindHeaderAck || a.value != 7 {
+		t.Fatalf("header ack: %v, kind %#x value %d", err, a.kind, a.value)
+	}
+	rc, err := switchToRecords(ctc, true, pk)
+	if err != nil {
+		t.Fatalf("switch with a record behind the ack: %v", err)
+	}
+	if err := readAck(rc, &b, &a); err != nil || a.kind != kindError || a.code != want.Code || a.dn != 2 || a.reason != want.Reason {
+		t.Fatalf("error ack behind the header ack: %v, kind %#x code %v datanode %d %q", err, a.kind, a.code, a.dn, a.reason)
+	}
+}
+
+// TestDialReportsErrorBehindAck: a first datanode that sends its header
+// ack and at once (same segment) an error ack naming datanode 2: the
+// client reports datanode 2's error, not a protocol error of datanode 1.
+func TestDialReportsErrorBehindAck(t *testing.T) {
+	c := newSecureCluster(t, 0)
+	client := c.issue(t, pki.RoleClient, "app").ClientTLS(pki.RoleDatanode)
+	sc := c.issue(t, pki.RoleDatanode, "dn-1").ServerTLS(pki.RoleClient, pki.RoleDatanode)
+	sc.SessionTicketsDisabled = true
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	want := &Error{Code: CodeIO, Datanode: 2, Reason: "datanode 2: disk gone"}
+	served := make(chan error, 1)
+	go func() {
+		served <- func() error {
+			raw, err := lis.Accept()
+			if err != nil {
+				return err
+			}
+			defer raw.Close()
+			raw.SetDeadline(time.Now().Add(10 * time.Second))
+			hc := &holdConn{Conn: raw}
+			tc := tls.Server(framedTLS(hc), sc)
+			if err := tc.Handshake(); err != nil {
+				return err
+			}
+			h, err := readHeader(tc)
+			if err != nil {
+				return err
+			}
+			cs := tc.ConnectionState()
+			pk, err := payloadKey(&cs)
+			if err != nil {
+				return err
+			}
+			rs, err := switchToRecords(tc, false, pk)
+			if err != nil {
+				return err
+			}
+			hc.hold = true
+			var b [ackLen]byte
+			if _, err := tc.Write((&ack{kind: kindHeaderAck, value: h.Offset}).encode(b[:0])); err != nil {
+				return err
+			}
+			if _, err := rs.Write(errorAck(want).encode(nil)); err != nil {
+				return err
+			}
+			if err := hc.flush(); err != nil {
+				return err
+			}
+			raw.(*net.TCPConn).CloseWrite()
+			io.Copy(io.Discard, raw)
+			return nil
+		}()
+	}()
+	route := []Target{{ID: 1, Addr: lis.Addr().String()}, {ID: 2, Addr: "127.0.0.1:1"}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, _, err = writeBlock(ctx, route, BlockID{1, 9}, payload(1000, 1), client)
+	var se *Error
+	if !errors.As(err, &se) || se.Code != want.Code || se.Datanode != 2 || !strings.Contains(se.Reason, "disk gone") {
+		t.Fatalf("stream whose first datanode reported datanode 2's error behind the header ack: %v, want %v", err, want)
+	}
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
 }

@@ -399,7 +399,7 @@ func (s *Server) open(raw net.Conn) (*Header, net.Conn, error) {
 	var cs *tls.ConnectionState
 	sec := s.cfg.Security
 	if sec != nil {
-		tc := tls.Server(raw, sec.Server)
+		tc := tls.Server(framedTLS(raw), sec.Server)
 		if err := tc.Handshake(); err != nil {
 			s.refused.Add(1)
 			s.log.Debug("stream: TLS handshake refused", "remote", raw.RemoteAddr(), "err", err)
@@ -520,7 +520,7 @@ func (st *stream) connectDown() *Error {
 		tc.SetNoDelay(true)
 	}
 	if sec := s.cfg.Security; sec != nil {
-		tc := tls.Client(c, sec.Client)
+		tc := tls.Client(framedTLS(c), sec.Client)
 		tc.SetDeadline(time.Now().Add(s.cfg.Timeout))
 		err := tc.Handshake()
 		if err == nil {

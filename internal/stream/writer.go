@@ -173,7 +173,7 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 		return nil, &Error{Code: CodeUnreachable, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot connect: %v", err)}
 	}
 	if opts.TLS != nil {
-		tc := tls.Client(conn, opts.TLS)
+		tc := tls.Client(framedTLS(conn), opts.TLS)
 		conn.SetDeadline(time.Now().Add(opts.Timeout))
 		if err := tc.HandshakeContext(ctx); err != nil {
 			conn.Close()
