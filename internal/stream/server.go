@@ -264,8 +264,10 @@ func (s *Server) internalError(pe *guard.PanicError) *Error {
 }
 
 // handle serves one connection. A panic anywhere in it fails this stream
-// only: the upstream gets a CodeInternal error and the stream's data is
-// discarded; the datanode serves on.
+// only: the upstream gets a CodeInternal error (through the connection as
+// the opener then reads it: plain, TLS or records; on a secured one
+// before the handshake, nothing) and the stream's data is discarded; the
+// datanode serves on.
 func (s *Server) handle(up net.Conn) {
 	defer s.wg.Done()
 	defer func() {
@@ -279,7 +281,11 @@ func (s *Server) handle(up net.Conn) {
 		up.Close()
 	}()
 	var st *stream
-	err := s.cfg.Guard.Run(guardWhere, func() error { s.serve(up, &st); return nil })
+	var live net.Conn // what the opener reads acks from
+	if s.cfg.Security == nil {
+		live = up
+	}
+	err := s.cfg.Guard.Run(guardWhere, func() error { s.serve(up, &st, &live); return nil })
 	var pe *guard.PanicError
 	if !errors.As(err, &pe) {
 		return
@@ -296,19 +302,23 @@ func (s *Server) handle(up net.Conn) {
 		}
 		st.unwatchDown()
 	}
-	s.refuse(up, s.internalError(pe))
+	if live != nil {
+		s.refuse(live, s.internalError(pe))
+	}
 }
 
 // serve runs a stream on up; *stp is set once the stream exists, so that
-// handle can discard its data if serve panics.
-func (s *Server) serve(up net.Conn, stp **stream) {
+// handle can discard its data if serve panics, and *live is the
+// connection the opener reads acks from (the TLS connection once
+// authenticated, the record connection once the header ack is sent).
+func (s *Server) serve(up net.Conn, stp **stream, live *net.Conn) {
 	select {
 	case s.handshakes <- struct{}{}:
 	default:
 		s.refused.Add(1)
 		return
 	}
-	h, up, err := s.open(up)
+	h, up, err := s.open(up, live)
 	<-s.handshakes
 	if err != nil {
 		return
@@ -361,7 +371,7 @@ func (s *Server) serve(up net.Conn, stp **stream) {
 		st.fail(st.upErr(err, "sending the header ack"))
 	} else {
 		if rc != nil {
-			up, st.up = rc, rc
+			up, st.up, *live = rc, rc, rc
 		}
 		st.run()
 	}
@@ -393,7 +403,8 @@ func (st *stream) unwatchDown() {
 // open authenticates a new connection and reads its header: the opener's
 // certificate (when secured) must allow it to open this stream, and the
 // route may name only datanodes the cluster knows, at their addresses.
-func (s *Server) open(raw net.Conn) (*Header, net.Conn, error) {
+// *live is set to the TLS connection once authenticated.
+func (s *Server) open(raw net.Conn, live *net.Conn) (*Header, net.Conn, error) {
 	raw.SetDeadline(time.Now().Add(s.cfg.Timeout))
 	up := raw
 	var cs *tls.ConnectionState
@@ -406,7 +417,7 @@ func (s *Server) open(raw net.Conn) (*Header, net.Conn, error) {
 			return nil, nil, err
 		}
 		st := tc.ConnectionState()
-		cs, up = &st, tc
+		cs, up, *live = &st, tc, tc
 		if sec.Watch != nil {
 			stop := sec.Watch(raw, cs)
 			s.mu.Lock()
