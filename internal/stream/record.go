@@ -403,12 +403,13 @@ func (c *recordConn) forwardPacket(hdr []byte, sealed []byte) error {
 }
 
 // Read returns the plaintext of control records. A payload record where
-// a control record is due is refused.
+// a control record is due is refused. After a failure it returns only
+// that failure (not what was left of the last control record).
 func (c *recordConn) Read(p []byte) (int, error) {
+	if c.rerr != nil {
+		return 0, c.rerr
+	}
 	if len(c.pend) == 0 {
-		if c.rerr != nil {
-			return 0, c.rerr
-		}
 		n, err := c.readRecHeader(recControl, 1, maxControl)
 		if err != nil {
 			return 0, err
