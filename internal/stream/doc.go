@@ -21,6 +21,7 @@
 //	pipeline u64 | container u64 | local u64 | start offset u64
 //	packet size u32 | route length u16 | route: {datanode u64, addr len u16, addr}…
 //	token length u16 | block token (at most MaxToken bytes)
+//	payload key length u8 (0, 16 or 32) | payload key (hop > 0 of a secured stream only)
 //	CRC32C of everything above u32
 //
 // The route is what remains after the receiver. A datanode checks the
@@ -55,6 +56,30 @@
 //
 // The Writer sums each payload byte once with CRC32C, for the chunk list's
 // windows, and combines the packet CRC from those (package crc32c).
+//
+// Records (protocol version 4, record.go). On a secured stream port the
+// mutual TLS 1.3 handshake, the header and the header ack go through
+// crypto/tls. The acceptor checks that crypto/tls holds no input past the
+// header and derives its keys before it sends the ack; the opener does the
+// same after reading it; the opener sends nothing in between, so the
+// switch is a lockstep. crypto/tls reads through a tlsFramer, which hands
+// it one TLS record at a time, so it never holds what the acceptor sends
+// as records right behind the ack (an error ack, if the stream fails at
+// once): those bytes wait in the socket for the opener's records. From
+// then on the raw TCP connection carries records:
+//
+//	kind u8 (1 control, 2 payload) | 0 u8 | 0 u16 | sealed length u32 | AES-GCM ciphertext and tag
+//
+// with the 8 record-header bytes as additional data. Control records
+// (packet headers, acks; at most 2 KiB) are sealed with a key per
+// direction exported from the TLS session (ExportKeyingMaterial); payload
+// records with the stream's payload key, exported from the session of the
+// client and the first datanode and sent down the route in the header's
+// last field (through TLS), with the packet's 32-byte header as further
+// additional data. Nonces are a per-key counter. The client seals a
+// payload once; a datanode forwards the record as it arrived (one writev
+// with the re-sealed packet header) and opens it in place in its aligned
+// buffer. Any refused record fails the stream.
 //
 // Data path on a datanode: the payload is read from the socket into a
 // pooled 4 KiB-aligned buffer (the one copy), forwarded from that buffer

@@ -16,8 +16,11 @@ const (
 	// cluster run one version). Version 2 added a CRC32C to every frame:
 	// the header's trailer, the packet header's last word (where version 1
 	// had a magic number) and the ack's second word. Version 3 added the
-	// block token after the route.
-	Version = 3
+	// block token after the route. Version 4: a secured stream switches
+	// from TLS to records of its own after the header ack (record.go); a
+	// version 3 peer would read them as TLS garbage, so it is refused at
+	// the header instead.
+	Version = 4
 
 	headerPrefixLen = 8  // magic, version, hop, body length
 	headerFixedLen  = 38 // body bytes before the route
@@ -35,7 +38,7 @@ const (
 	MaxToken = 512
 	// maxHeaderBody bounds what a datanode reads before it has validated
 	// anything.
-	maxHeaderBody = headerFixedLen + MaxRoute*(10+maxAddrLen) + 2 + MaxToken
+	maxHeaderBody = headerFixedLen + MaxRoute*(10+maxAddrLen) + 2 + MaxToken + 1 + 32
 	// MaxPacketSize bounds one packet's payload, and so the buffer a
 	// datanode must hold per packet in flight.
 	MaxPacketSize = 16 << 20
@@ -95,6 +98,11 @@ type Header struct {
 	// Token is the block token (package blocktoken) the client got with
 	// the block's location; every datanode of the route checks it.
 	Token []byte
+	// payloadKey is a secured stream's payload key (record.go): the first
+	// datanode exports it from its TLS session with the client and sends
+	// it down the route, through TLS, in the header of every later hop.
+	// Empty from a client and on plaintext streams.
+	payloadKey []byte
 }
 
 // encodeHeader appends the header frame to dst.
@@ -105,7 +113,10 @@ func encodeHeader(dst []byte, h *Header) ([]byte, error) {
 	if len(h.Token) > MaxToken {
 		return nil, fmt.Errorf("stream: block token of %d bytes > %d", len(h.Token), MaxToken)
 	}
-	body := headerFixedLen + 2 + len(h.Token)
+	if k := len(h.payloadKey); k != 0 && k != 16 && k != 32 {
+		return nil, fmt.Errorf("stream: payload key of %d bytes", k)
+	}
+	body := headerFixedLen + 2 + len(h.Token) + 1 + len(h.payloadKey)
 	for _, t := range h.Route {
 		if len(t.Addr) == 0 || len(t.Addr) > maxAddrLen {
 			return nil, fmt.Errorf("stream: route hop datanode %d has address %q (want 1..%d bytes)", t.ID, t.Addr, maxAddrLen)
@@ -129,6 +140,8 @@ func encodeHeader(dst []byte, h *Header) ([]byte, error) {
 	}
 	dst = binary.BigEndian.AppendUint16(dst, uint16(len(h.Token)))
 	dst = append(dst, h.Token...)
+	dst = append(dst, byte(len(h.payloadKey)))
+	dst = append(dst, h.payloadKey...)
 	return binary.BigEndian.AppendUint32(dst, crc32c(dst[start:])), nil
 }
 
@@ -216,8 +229,20 @@ func decodeHeaderBody(b []byte) (*Header, error) {
 		h.Token = append([]byte(nil), p[:tl]...)
 	}
 	p = p[tl:]
+	if len(p) < 1 {
+		return nil, fmt.Errorf("%w: payload key length missing after the block token", errBadHeader)
+	}
+	kl := int(p[0])
+	p = p[1:]
+	if (kl != 0 && kl != 16 && kl != 32) || kl > len(p) {
+		return nil, fmt.Errorf("%w: payload key of %d bytes (0, 16 or 32), %d left", errBadHeader, kl, len(p))
+	}
+	if kl > 0 {
+		h.payloadKey = append([]byte(nil), p[:kl]...)
+	}
+	p = p[kl:]
 	if len(p) != 0 {
-		return nil, fmt.Errorf("%w: %d trailing bytes after the block token", errBadHeader, len(p))
+		return nil, fmt.Errorf("%w: %d trailing bytes after the payload key", errBadHeader, len(p))
 	}
 	return h, nil
 }

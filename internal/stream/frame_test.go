@@ -65,24 +65,41 @@ func TestBadHeaders(t *testing.T) {
 		{"block 0", enc(Header{Pipeline: 1, Block: BlockID{0, 9}, PacketSize: 1}), "block 0/9"},
 		{"packet size", enc(Header{Pipeline: 1, Block: BlockID{1, 9}, PacketSize: MaxPacketSize + 1}), "packet size"},
 		{"route truncated", mut(func(b []byte) []byte {
-			// The token length (2 bytes) and the address's last byte.
-			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8-3))
-			return b[:len(b)-3]
+			// The token length (2 bytes), the payload key length (1) and
+			// the address's last byte.
+			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8-4))
+			return b[:len(b)-4]
 		}), "route entry 0"},
 		{"token length missing", mut(func(b []byte) []byte {
-			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8-2))
-			return b[:len(b)-2]
+			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8-3))
+			return b[:len(b)-3]
 		}), "token length missing"},
 		{"token truncated", mut(func(b []byte) []byte {
+			b = b[:len(b)-1] // no payload key length
 			binary.BigEndian.PutUint16(b[len(b)-2:], 5)
 			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8+4))
 			return append(b, 1, 2, 3, 4)
 		}), "block token of 5 bytes"},
 		{"token too long", mut(func(b []byte) []byte {
+			b = b[:len(b)-1]
 			binary.BigEndian.PutUint16(b[len(b)-2:], MaxToken+1)
 			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8+MaxToken+1))
 			return append(b, make([]byte, MaxToken+1)...)
 		}), "block token of 513 bytes"},
+		{"payload key length missing", mut(func(b []byte) []byte {
+			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8-1))
+			return b[:len(b)-1]
+		}), "payload key length missing"},
+		{"payload key size", mut(func(b []byte) []byte {
+			b[len(b)-1] = 7
+			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8+7))
+			return append(b, make([]byte, 7)...)
+		}), "payload key of 7 bytes"},
+		{"payload key truncated", mut(func(b []byte) []byte {
+			b[len(b)-1] = 16
+			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8+15))
+			return append(b, make([]byte, 15)...)
+		}), "payload key of 16 bytes"},
 		{"trailing", mut(func(b []byte) []byte {
 			binary.BigEndian.PutUint16(b[6:], uint16(len(b)-8+2))
 			return append(b, 0, 0)

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/basalt-store/basalt/internal/pki"
 )
 
 // panicSink panics on Write while armed: a bug in the storage layer.
@@ -111,5 +113,33 @@ func TestPanicInBackendOpen(t *testing.T) {
 	waitFor(t, 5*time.Second, "closed stream counted done", func() bool { return srv.Stats().Active == 0 })
 	if s := srv.Stats(); s.Active != 0 || s.Failed != 1 || srv.cfg.Guard.Recovered(guardWhere) != 1 {
 		t.Fatalf("stats %+v, recovered %d", s, srv.cfg.Guard.Recovered(guardWhere))
+	}
+}
+
+// TestPanicInBackendOpenSecured: on a secured stream port the internal
+// error of a recovered panic reaches the client through TLS, the way it
+// awaits the header ack. Before the fix it was written in plaintext on
+// the raw socket under TLS: the client's TLS failed on it instead.
+func TestPanicInBackendOpenSecured(t *testing.T) {
+	c := newSecureCluster(t, 0)
+	client := c.issue(t, pki.RoleClient, "app").ClientTLS(pki.RoleDatanode)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(ServerConfig{ID: 5, Backend: panicBackend{}, Timeout: 5 * time.Second,
+		Security: c.security(c.issue(t, pki.RoleDatanode, "dn-5"))})
+	go srv.Serve(lis)
+	defer srv.Close()
+	route := []Target{{ID: 5, Addr: lis.Addr().String()}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err = Dial(ctx, route, 1, BlockID{1, 13}, Options{TLS: client, Timeout: 5 * time.Second})
+	var se *Error
+	if !errors.As(err, &se) || se.Code != CodeInternal || se.Datanode != 5 {
+		t.Fatalf("dial into a panicking backend over TLS: %v, want an internal error of datanode 5", err)
+	}
+	if _, _, err := writeBlock(ctx, route, BlockID{1, 14}, []byte("x"), client); err != nil {
+		t.Fatalf("stream after the panic: %v", err)
 	}
 }

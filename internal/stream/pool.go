@@ -26,6 +26,11 @@ const minClassShift = 16
 const (
 	numClasses = 9
 	freeBytes  = 64 << 20
+	// bufSlack is capacity past every buffer's class size: room for the
+	// AEAD tag of a secured stream's payload record (tagLen), which is
+	// read and opened in place behind the payload. A whole page, so that
+	// the buffer stays a multiple of the O_DIRECT alignment.
+	bufSlack = 4096
 )
 
 type freeList struct {
@@ -51,7 +56,8 @@ func classOf(n int) int {
 	return bits.Len(uint(n-1)) - minClassShift
 }
 
-// getBuf returns a buffer of at least n bytes (n ≤ MaxPacketSize).
+// getBuf returns a buffer of at least n bytes (n ≤ MaxPacketSize), with
+// capacity for at least bufSlack bytes more.
 func getBuf(n int) *[]byte {
 	c := classOf(n)
 	f := &free[c]
@@ -67,12 +73,13 @@ func getBuf(n int) *[]byte {
 	if b, ok := pools[c].Get().(*[]byte); ok {
 		return b
 	}
-	b := storage.AlignedBuffer(1 << (c + minClassShift))
+	size := 1 << (c + minClassShift)
+	b := storage.AlignedBuffer(size + bufSlack)[:size]
 	return &b
 }
 
 func putBuf(b *[]byte) {
-	c := classOf(cap(*b))
+	c := classOf(cap(*b) - bufSlack)
 	f := &free[c]
 	f.mu.Lock()
 	if len(f.bufs) < cap(f.bufs) {

@@ -142,6 +142,16 @@ func NewServer(cfg ServerConfig) *Server {
 	if cfg.MaxHandshakes <= 0 {
 		cfg.MaxHandshakes = 64
 	}
+	if sec := cfg.Security; sec != nil && sec.Server != nil {
+		// No TLS 1.3 session tickets: a ticket is a post-handshake message
+		// that could arrive at the opener after the switch to records
+		// (see switchToRecords), and a resumed session would skip the
+		// certificate checks.
+		c := *sec
+		c.Server = sec.Server.Clone()
+		c.Server.SessionTicketsDisabled = true
+		cfg.Security = &c
+	}
 	return &Server{cfg: cfg, log: cfg.Logger, conns: map[net.Conn]func(){}, handshakes: make(chan struct{}, cfg.MaxHandshakes)}
 }
 
@@ -254,8 +264,10 @@ func (s *Server) internalError(pe *guard.PanicError) *Error {
 }
 
 // handle serves one connection. A panic anywhere in it fails this stream
-// only: the upstream gets a CodeInternal error and the stream's data is
-// discarded; the datanode serves on.
+// only: the upstream gets a CodeInternal error (through the connection as
+// the opener then reads it: plain, TLS or records; on a secured one
+// before the handshake, nothing) and the stream's data is discarded; the
+// datanode serves on.
 func (s *Server) handle(up net.Conn) {
 	defer s.wg.Done()
 	defer func() {
@@ -269,7 +281,11 @@ func (s *Server) handle(up net.Conn) {
 		up.Close()
 	}()
 	var st *stream
-	err := s.cfg.Guard.Run(guardWhere, func() error { s.serve(up, &st); return nil })
+	var live net.Conn // what the opener reads acks from
+	if s.cfg.Security == nil {
+		live = up
+	}
+	err := s.cfg.Guard.Run(guardWhere, func() error { s.serve(up, &st, &live); return nil })
 	var pe *guard.PanicError
 	if !errors.As(err, &pe) {
 		return
@@ -286,19 +302,23 @@ func (s *Server) handle(up net.Conn) {
 		}
 		st.unwatchDown()
 	}
-	s.refuse(up, s.internalError(pe))
+	if live != nil {
+		s.refuse(live, s.internalError(pe))
+	}
 }
 
 // serve runs a stream on up; *stp is set once the stream exists, so that
-// handle can discard its data if serve panics.
-func (s *Server) serve(up net.Conn, stp **stream) {
+// handle can discard its data if serve panics, and *live is the
+// connection the opener reads acks from (the TLS connection once
+// authenticated, the record connection once the header ack is sent).
+func (s *Server) serve(up net.Conn, stp **stream, live *net.Conn) {
 	select {
 	case s.handshakes <- struct{}{}:
 	default:
 		s.refused.Add(1)
 		return
 	}
-	h, up, err := s.open(up)
+	h, up, err := s.open(up, live)
 	<-s.handshakes
 	if err != nil {
 		return
@@ -332,11 +352,27 @@ func (s *Server) serve(up net.Conn, stp **stream) {
 			return
 		}
 	}
+	// A secured connection switches to records (record.go) once the
+	// header ack, the last frame through TLS, is sent.
+	var rc *recordConn
+	if tc, ok := up.(*tls.Conn); ok {
+		var err error
+		if rc, err = switchToRecords(tc, false, h.payloadKey); err != nil {
+			s.failed.Add(1)
+			st.abortSink()
+			s.refuse(up, &Error{Code: CodeProtocol, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, err)})
+			st.releaseDown()
+			return
+		}
+	}
 	var b [ackLen]byte
 	up.SetWriteDeadline(time.Now().Add(s.cfg.Timeout))
 	if _, err := up.Write((&ack{kind: kindHeaderAck, value: h.Offset}).encode(b[:0])); err != nil {
 		st.fail(st.upErr(err, "sending the header ack"))
 	} else {
+		if rc != nil {
+			up, st.up, *live = rc, rc, rc
+		}
 		st.run()
 	}
 	if st.err != nil {
@@ -344,6 +380,12 @@ func (s *Server) serve(up net.Conn, stp **stream) {
 		st.abortSink()
 		s.refuse(up, st.err)
 	}
+	st.releaseDown()
+}
+
+// releaseDown closes the downstream connection, if any, once the stream's
+// loops ended.
+func (st *stream) releaseDown() {
 	if st.down != nil {
 		closeRaw(st.down)
 	}
@@ -361,20 +403,21 @@ func (st *stream) unwatchDown() {
 // open authenticates a new connection and reads its header: the opener's
 // certificate (when secured) must allow it to open this stream, and the
 // route may name only datanodes the cluster knows, at their addresses.
-func (s *Server) open(raw net.Conn) (*Header, net.Conn, error) {
+// *live is set to the TLS connection once authenticated.
+func (s *Server) open(raw net.Conn, live *net.Conn) (*Header, net.Conn, error) {
 	raw.SetDeadline(time.Now().Add(s.cfg.Timeout))
 	up := raw
 	var cs *tls.ConnectionState
 	sec := s.cfg.Security
 	if sec != nil {
-		tc := tls.Server(raw, sec.Server)
+		tc := tls.Server(framedTLS(raw), sec.Server)
 		if err := tc.Handshake(); err != nil {
 			s.refused.Add(1)
 			s.log.Debug("stream: TLS handshake refused", "remote", raw.RemoteAddr(), "err", err)
 			return nil, nil, err
 		}
 		st := tc.ConnectionState()
-		cs, up = &st, tc
+		cs, up, *live = &st, tc, tc
 		if sec.Watch != nil {
 			stop := sec.Watch(raw, cs)
 			s.mu.Lock()
@@ -402,11 +445,27 @@ func (s *Server) open(raw net.Conn) (*Header, net.Conn, error) {
 			}
 			rerr = sec.Target(t)
 		}
+		// The stream's payload key (record.go): exported from this
+		// session when the client opened it, else from the header.
+		switch {
+		case rerr != nil:
+		case h.Hop == 0 && len(h.payloadKey) != 0:
+			rerr = fmt.Errorf("a client's header may not carry a payload key")
+		case h.Hop == 0:
+			h.payloadKey, rerr = payloadKey(cs)
+		case len(h.payloadKey) == 0:
+			rerr = fmt.Errorf("hop %d header carries no payload key", h.Hop)
+		}
 		if rerr != nil {
 			s.refused.Add(1)
 			s.refuse(up, &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, rerr)})
 			return nil, nil, rerr
 		}
+	} else if len(h.payloadKey) != 0 {
+		err := fmt.Errorf("datanode %d: a payload key on a plaintext stream", s.cfg.ID)
+		s.failed.Add(1)
+		s.refuse(up, &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: err.Error()})
+		return nil, nil, err
 	}
 	return h, up, nil
 }
@@ -436,14 +495,21 @@ func (s *Server) refuse(up net.Conn, e *Error) {
 	if _, err := up.Write(errorAck(e).encode(nil)); err != nil {
 		return
 	}
+	drain := io.Reader(up)
 	switch tc := up.(type) {
 	case *net.TCPConn:
 		tc.CloseWrite()
 	case *tls.Conn:
 		tc.CloseWrite()
+	case *recordConn:
+		// The peer's records are discarded unopened.
+		if raw, ok := tc.Conn.(*net.TCPConn); ok {
+			raw.CloseWrite()
+		}
+		drain = tc.Conn
 	}
 	up.SetReadDeadline(time.Now().Add(2 * time.Second))
-	io.Copy(io.Discard, io.LimitReader(up, 64<<20))
+	io.Copy(io.Discard, io.LimitReader(drain, 64<<20))
 }
 
 // ackTimeout is how long a datanode with k hops below it waits for an ack.
@@ -465,7 +531,7 @@ func (st *stream) connectDown() *Error {
 		tc.SetNoDelay(true)
 	}
 	if sec := s.cfg.Security; sec != nil {
-		tc := tls.Client(c, sec.Client)
+		tc := tls.Client(framedTLS(c), sec.Client)
 		tc.SetDeadline(time.Now().Add(s.cfg.Timeout))
 		err := tc.Handshake()
 		if err == nil {
@@ -512,6 +578,15 @@ func (st *stream) connectDown() *Error {
 		c.Close()
 		return &Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr,
 			Reason: fmt.Sprintf("answered the header with ack kind %#x value %d, want header ack at %d", a.kind, a.value, h.Offset)}
+	}
+	if tc, ok := c.(*tls.Conn); ok {
+		rc, err := switchToRecords(tc, true, h.payloadKey)
+		if err != nil {
+			c.Close()
+			return &Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr,
+				Reason: fmt.Sprintf("datanode %d cannot switch its connection to records: %v", s.cfg.ID, err)}
+		}
+		c = rc
 	}
 	c.SetDeadline(time.Time{})
 	st.down = c
@@ -562,6 +637,16 @@ func (st *stream) upErr(err error, doing string) *Error {
 		return &Error{Code: CodeTimeout, Reason: fmt.Sprintf("datanode %d: upstream stalled %s of block %v: %v", s.cfg.ID, doing, st.h.Block, err)}
 	}
 	return &Error{Code: CodeConnLost, Reason: fmt.Sprintf("datanode %d: upstream connection lost %s of block %v: %v", s.cfg.ID, doing, st.h.Block, err)}
+}
+
+// recordErr describes a failure reading a record from upstream: a
+// refused record is a protocol error of this datanode's upstream link.
+func (st *stream) recordErr(err error, doing string) *Error {
+	if errors.Is(err, errRecord) && !st.s.closing.Load() {
+		return &Error{Code: CodeProtocol, Datanode: st.s.cfg.ID,
+			Reason: fmt.Sprintf("datanode %d: %s of block %v: %v", st.s.cfg.ID, doing, st.h.Block, err)}
+	}
+	return st.upErr(err, doing)
 }
 
 // downErr describes a failure of the downstream connection: it names the
@@ -649,15 +734,34 @@ func (st *stream) readLoop(writeQ chan<- packet) {
 		bp := getBuf(int(ph.length))
 		buf := (*bp)[:ph.length]
 		st.up.SetReadDeadline(time.Now().Add(s.cfg.Timeout))
-		if _, err := io.ReadFull(st.up, buf); err != nil {
-			putBuf(bp)
-			st.fail(st.upErr(err, fmt.Sprintf("receiving packet %d", seq)))
-			return
-		}
-		s.bytes.Add(uint64(ph.length))
-		if !st.forward(st.hb[:], buf, seq) {
-			putBuf(bp)
-			return
+		if rc, ok := st.up.(*recordConn); ok {
+			// Forwarded sealed as it came, then opened in place for the
+			// disk: the payload key is the stream's, on every hop.
+			err := rc.readSealed(buf)
+			if err == nil {
+				s.bytes.Add(uint64(ph.length))
+				if !st.forward(st.hb[:], buf[:len(buf)+tagLen], seq) {
+					putBuf(bp)
+					return
+				}
+				err = rc.openPayload(st.hb[:], buf)
+			}
+			if err != nil {
+				putBuf(bp)
+				st.fail(st.recordErr(err, fmt.Sprintf("receiving packet %d", seq)))
+				return
+			}
+		} else {
+			if err := readPayload(st.up, nil, buf); err != nil {
+				putBuf(bp)
+				st.fail(st.upErr(err, fmt.Sprintf("receiving packet %d", seq)))
+				return
+			}
+			s.bytes.Add(uint64(ph.length))
+			if !st.forward(st.hb[:], buf, seq) {
+				putBuf(bp)
+				return
+			}
 		}
 		select {
 		case writeQ <- packet{seq: seq, off: off, crc: ph.crc, buf: bp, n: int(ph.length)}:
@@ -676,13 +780,20 @@ func (st *stream) forward(hdr, payload []byte, seq uint64) bool {
 	if st.down == nil {
 		return true
 	}
-	st.iov[0], st.iov[1] = hdr, payload
-	st.bufs = st.iov[:]
-	if payload == nil {
-		st.bufs = st.bufs[:1]
-	}
 	st.down.SetWriteDeadline(time.Now().Add(st.s.cfg.Timeout))
-	if _, err := st.bufs.WriteTo(st.down); err != nil {
+	var err error
+	if rc, ok := st.down.(*recordConn); ok {
+		// payload is the sealed record (ciphertext and tag) as received.
+		err = rc.forwardPacket(hdr, payload)
+	} else {
+		st.iov[0], st.iov[1] = hdr, payload
+		st.bufs = st.iov[:]
+		if payload == nil {
+			st.bufs = st.bufs[:1]
+		}
+		_, err = st.bufs.WriteTo(st.down)
+	}
+	if err != nil {
 		// The downstream datanode probably sent an error ack before it
 		// closed: give the ack reader a moment to report that instead.
 		select {
@@ -745,7 +856,7 @@ func (st *stream) downAckLoop(downAcks chan<- ack) {
 			if st.aborted() {
 				return
 			}
-			if errors.Is(err, errBadAck) {
+			if errors.Is(err, errBadAck) || errors.Is(err, errRecord) {
 				st.fail(&Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr, Reason: err.Error()})
 			} else {
 				st.fail(st.downErr(err, "waiting for acks"))
@@ -812,8 +923,11 @@ func (st *stream) ackLoop(doneQ <-chan done, downAcks <-chan ack) {
 // tls.Conn.Close first sends close_notify, which waits behind a write in
 // progress to a stalled peer.
 func closeRaw(c net.Conn) error {
-	if tc, ok := c.(*tls.Conn); ok {
+	switch tc := c.(type) {
+	case *tls.Conn:
 		return tc.NetConn().Close()
+	case *recordConn:
+		return tc.Conn.Close()
 	}
 	return c.Close()
 }

@@ -116,6 +116,9 @@ type Writer struct {
 
 	buf *[]byte // a partial packet
 	n   int
+	// sealBuf receives each payload record of a secured stream: the
+	// caller's bytes are sealed from where they are, never in place.
+	sealBuf *[]byte
 
 	seq, off uint64
 	chunks   []Chunk
@@ -170,7 +173,7 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 		return nil, &Error{Code: CodeUnreachable, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot connect: %v", err)}
 	}
 	if opts.TLS != nil {
-		tc := tls.Client(conn, opts.TLS)
+		tc := tls.Client(framedTLS(conn), opts.TLS)
 		conn.SetDeadline(time.Now().Add(opts.Timeout))
 		if err := tc.HandshakeContext(ctx); err != nil {
 			conn.Close()
@@ -208,7 +211,23 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 		return nil, &Error{Code: CodeProtocol, Datanode: first.ID, Addr: first.Addr,
 			Reason: fmt.Sprintf("answered the header with ack kind %#x value %d", a.kind, a.value)}
 	}
-	conn.SetDeadline(time.Time{})
+	if tc, ok := conn.(*tls.Conn); ok {
+		// The header ack was the last frame through TLS: records from here
+		// (record.go).
+		cs := tc.ConnectionState()
+		pk, err := payloadKey(&cs)
+		var rc *recordConn
+		if err == nil {
+			rc, err = switchToRecords(tc, true, pk)
+		}
+		if err != nil {
+			conn.Close()
+			return nil, &Error{Code: CodeProtocol, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot switch the connection to records: %v", err)}
+		}
+		w.conn = rc
+		w.sealBuf = getBuf(opts.PacketSize)
+	}
+	w.conn.SetDeadline(time.Time{})
 	w.buf = getBuf(opts.PacketSize)
 	w.timer = time.NewTimer(time.Hour)
 	w.timer.Stop()
@@ -232,7 +251,7 @@ func (w *Writer) readAcks() {
 	for {
 		var a ack
 		if err := readAck(w.conn, &b, &a); err != nil {
-			if errors.Is(err, errBadAck) {
+			if errors.Is(err, errBadAck) || errors.Is(err, errRecord) {
 				w.err = &Error{Code: CodeProtocol, Datanode: w.route[0].ID, Addr: w.route[0].Addr, Reason: err.Error()}
 			} else {
 				w.err = w.connErr(err, "waiting for acks")
@@ -355,13 +374,19 @@ func (w *Writer) stall() error {
 
 func (w *Writer) writePacket(ph *packetHeader, payload []byte) error {
 	ph.encode(&w.hdr)
-	w.iov[0], w.iov[1] = w.hdr[:], payload
-	w.bufs = w.iov[:]
-	if payload == nil {
-		w.bufs = w.bufs[:1]
-	}
 	w.conn.SetWriteDeadline(time.Now().Add(w.wait))
-	if _, err := w.bufs.WriteTo(w.conn); err != nil {
+	var err error
+	if rc, ok := w.conn.(*recordConn); ok {
+		err = rc.writePacket(w.hdr[:], payload, *w.sealBuf)
+	} else {
+		w.iov[0], w.iov[1] = w.hdr[:], payload
+		w.bufs = w.iov[:]
+		if payload == nil {
+			w.bufs = w.bufs[:1]
+		}
+		_, err = w.bufs.WriteTo(w.conn)
+	}
+	if err != nil {
 		// The chain most likely sent an error ack saying which datanode
 		// failed; the ack reader will have it, or see the connection end.
 		w.timer.Reset(w.wait)
@@ -424,7 +449,7 @@ func (w *Writer) Close() (uint64, []Chunk, error) {
 	w.closed = true
 	closeRaw(w.conn)
 	w.unwatch()
-	putBuf(w.buf)
+	w.putBufs()
 	if err != nil {
 		return 0, nil, err
 	}
@@ -474,7 +499,14 @@ func (w *Writer) Abort() {
 	closeRaw(w.conn)
 	w.unwatch()
 	<-w.ackDone
+	w.putBufs()
+}
+
+func (w *Writer) putBufs() {
 	putBuf(w.buf)
+	if w.sealBuf != nil {
+		putBuf(w.sealBuf)
+	}
 }
 
 // Offset is where the next byte written goes in the block (bytes sent so
