@@ -116,10 +116,10 @@ func setObjectHeaders(h http.Header, ki *client.KeyInfo) {
 		ct = "binary/octet-stream"
 	}
 	h.Set("Content-Type", ct)
-	for name, v := range map[string]string{"Content-Encoding": m.GetContentEncoding(), "Content-Disposition": m.GetContentDisposition(),
-		"Content-Language": m.GetContentLanguage(), "Cache-Control": m.GetCacheControl(), "Expires": m.GetExpires()} {
-		if v != "" {
-			h.Set(name, v)
+	for _, f := range [...]struct{ name, v string }{{"Content-Encoding", m.GetContentEncoding()}, {"Content-Disposition", m.GetContentDisposition()},
+		{"Content-Language", m.GetContentLanguage()}, {"Cache-Control", m.GetCacheControl()}, {"Expires", m.GetExpires()}} {
+		if f.v != "" {
+			h.Set(f.name, f.v)
 		}
 	}
 	for k, v := range m.GetUser() {
