@@ -3,7 +3,7 @@ package metaclient
 import (
 	"context"
 	"encoding/binary"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,6 +64,7 @@ type lookupCall struct {
 
 // lookupQueue holds the calls of one requester.
 type lookupQueue struct {
+	key      string // its key in coalescer.queues (mdKey of md)
 	md       metadata.MD
 	inflight int
 	pending  []*lookupCall
@@ -92,17 +93,22 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 	if co.noBatch.Load() {
 		return c.Namespace.LookupKey(ctx, req)
 	}
-	md, _ := metadata.FromOutgoingContext(ctx)
-	key := mdKey(md)
+	md, _ := metadata.FromOutgoingContext(ctx) // a copy: md is ours
+	var kbuf [512]byte
+	kb := appendMDKey(kbuf[:0], md)
 	call := &lookupCall{ctx: ctx, req: req, done: make(chan struct{})}
 	co.mu.Lock()
 	if co.queues == nil {
 		co.queues = map[string]*lookupQueue{}
 	}
-	q := co.queues[key]
+	q := co.queues[string(kb)] // (no allocation for the lookup)
+	key := ""
 	if q == nil {
-		q = &lookupQueue{md: md.Copy()}
+		key = string(kb)
+		q = &lookupQueue{md: md, key: key}
 		co.queues[key] = q
+	} else {
+		key = q.key
 	}
 	if len(q.pending) >= maxLookupQueue {
 		co.mu.Unlock()
@@ -322,18 +328,22 @@ func resultErr(r *metapb.LookupKeyResult) error {
 
 // mdKey is a canonical form of outgoing metadata: calls with equal keys
 // act for the same requester and may share a batch.
-func mdKey(md metadata.MD) string {
+func mdKey(md metadata.MD) string { return string(appendMDKey(nil, md)) }
+
+// appendMDKey appends mdKey(md) to b, without allocating for a small md
+// when b has room (the coalescer looks its queue up with it per call).
+func appendMDKey(b []byte, md metadata.MD) []byte {
 	if len(md) == 0 {
-		return ""
+		return b
 	}
-	ks := make([]string, 0, len(md))
+	var arr [16]string
+	ks := arr[:0]
 	for k := range md {
 		ks = append(ks, k)
 	}
-	sort.Strings(ks)
+	slices.Sort(ks)
 	// Each name and value length-prefixed: a -bin value may hold any byte,
 	// so no separator could tell two requesters apart.
-	var b []byte
 	for _, k := range ks {
 		b = binary.AppendUvarint(b, uint64(len(k)))
 		b = append(b, k...)
@@ -343,5 +353,5 @@ func mdKey(md metadata.MD) string {
 			b = append(b, v...)
 		}
 	}
-	return string(b)
+	return b
 }

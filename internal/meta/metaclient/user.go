@@ -106,6 +106,8 @@ func WithRequestInfo(ctx context.Context, ri RequestInfo) context.Context {
 }
 
 func setRequestInfo(md metadata.MD, ri RequestInfo) {
+	vals := make([]string, 4) // the four values share one array
+	i := 0
 	set := func(k, v string) {
 		if len(v) > MaxRequestInfoBytes {
 			v = v[:MaxRequestInfoBytes]
@@ -114,7 +116,9 @@ func setRequestInfo(md metadata.MD, ri RequestInfo) {
 			md.Delete(k)
 			return
 		}
-		md.Set(k, v)
+		vals[i] = v
+		md[k] = vals[i : i+1 : i+1] // k is lower case, as md.Set would make it
+		i++
 	}
 	secure := "false"
 	if ri.SecureTransport {
