@@ -21,12 +21,13 @@ import (
 // once (a gateway serving HEADs, a reader opening many keys): concurrent
 // calls that act for the same requester (the same outgoing gRPC metadata:
 // on-behalf-of user, anonymity, request attributes, user token) are merged
-// into one LookupKeys call. Batches are pipelined: while fewer than
-// Config.LookupsInFlight batches of a requester are in flight, a call
-// leaves at once in a batch of its own (no waiting, so a lone caller pays
-// no latency); beyond that, calls queue (up to maxLookupQueue; past it a
-// call goes alone as a LookupKey) and leave together as soon as a batch
-// returns. Calls whose callers gave up meanwhile are dropped, and a batch
+// into one LookupKeys call. Batches are pipelined: with no batch of a
+// requester in flight, a call leaves at once in a batch of its own (no
+// waiting, so a lone caller pays no latency); while fewer than
+// Config.LookupsInFlight are, the queued calls leave as a batch once
+// minPipelinedBatch of them wait; otherwise calls queue (up to
+// maxLookupQueue; past it a call goes alone as a LookupKey) and leave
+// together as soon as a batch returns. Calls whose callers gave up meanwhile are dropped, and a batch
 // runs until the latest of its callers' deadlines, or until all of them
 // gave up. The server authorizes every key on its own and runs one read
 // barrier per batch that starts after the batch was sent, so each answer
@@ -38,13 +39,13 @@ import (
 
 const (
 	// DefaultLookupsInFlight is the default of Config.LookupsInFlight.
-	// One: the calls that queue while a batch is out leave together when
-	// it returns, so batches are twice as large as with two in flight
-	// (31.8 against 15.8 keys per call with 64 callers), which cost the
-	// metadata service 14–15 instead of 17.5 µs of CPU per lookup, and
-	// gave more lookups per second at a lower p50 and p99 (docs/
-	// BENCHMARKS.md, session 8). A lone caller still leaves at once.
-	DefaultLookupsInFlight = 1
+	DefaultLookupsInFlight = 2
+	// minPipelinedBatch is the number of queued calls that sends a batch
+	// while another is in flight. Without it, the calls that come while
+	// one batch is out left in calls of one or two and cost the metadata
+	// service ~18 µs of CPU per lookup against ~16 with batches of 32
+	// (docs/BENCHMARKS.md, session 8).
+	minPipelinedBatch = 16
 	// maxLookupBatch is the server's bound (namespace.MaxLookupBatch).
 	maxLookupBatch = 1024
 	// maxLookupQueue bounds the calls queued per requester.
@@ -116,7 +117,10 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 	}
 	q.pending = append(q.pending, call)
 	var batch []*lookupCall
-	if q.inflight < co.maxInflight {
+	// A batch leaves at once when none is in flight; a further one (up to
+	// maxInflight) only once minPipelinedBatch calls wait, so that
+	// pipelining does not send keys in calls of one or two.
+	if q.inflight == 0 || q.inflight < co.maxInflight && len(q.pending) >= minPipelinedBatch {
 		if batch = q.take(); len(batch) > 0 {
 			q.inflight++
 		} else {
