@@ -84,9 +84,10 @@ func (s *Server) caller(ctx context.Context, id pki.Identity) (namespace.Caller,
 		if c, ok, err := s.gatewayTokenCaller(ctx); ok {
 			return c, err // a user token (WebHDFS delegation=) names the end user
 		}
-		md, _ := metadata.FromIncomingContext(ctx)
-		users := md.Get(metaclient.OnBehalfOfHeader)
-		if a := md.Get(metaclient.AnonymousHeader); len(a) > 0 && a[0] == "true" {
+		// One header at a time: FromIncomingContext would copy all of
+		// them on every call (issue 15: CPU per lookup).
+		users := metadata.ValueFromIncomingContext(ctx, metaclient.OnBehalfOfHeader)
+		if a := metadata.ValueFromIncomingContext(ctx, metaclient.AnonymousHeader); len(a) > 0 && a[0] == "true" {
 			if len(users) > 0 {
 				return c, status.Errorf(codes.InvalidArgument, "%s: a call is anonymous or on behalf of a user, not both", id)
 			}
@@ -102,7 +103,7 @@ func (s *Server) caller(ctx context.Context, id pki.Identity) (namespace.Caller,
 			return c, status.Errorf(codes.InvalidArgument, "%s: on-behalf-of user %q: want one name of 1 to %d characters", id, clip(u), maxUserBytes)
 		}
 		c.User = u
-		if a := md.Get(metaclient.OnBehalfOfAdminHeader); len(a) > 0 && a[0] == "true" {
+		if a := metadata.ValueFromIncomingContext(ctx, metaclient.OnBehalfOfAdminHeader); len(a) > 0 && a[0] == "true" {
 			c.Admin = true
 		}
 	}

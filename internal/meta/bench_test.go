@@ -64,7 +64,9 @@ func benchClient() {
 	if err != nil {
 		panic(err)
 	}
-	cl, err := metaclient.New(metaclient.Config{Addrs: addrs, ConnsPerAddr: 4, DialOptions: []grpc.DialOption{creds.GRPCDialOption(pki.RoleMeta)}})
+	// META_BENCH_INFLIGHT: the coalescer's LookupsInFlight (default metaclient.DefaultLookupsInFlight).
+	cl, err := metaclient.New(metaclient.Config{Addrs: addrs, ConnsPerAddr: 4, DialOptions: []grpc.DialOption{creds.GRPCDialOption(pki.RoleMeta)},
+		LookupsInFlight: envInt("META_BENCH_INFLIGHT", 0)})
 	if err != nil {
 		panic(err)
 	}

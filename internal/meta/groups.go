@@ -91,9 +91,8 @@ func validName(s string) bool {
 // from anyone else the connection's own address over TLS.
 func requestInfo(ctx context.Context, gateway bool) *namespace.RequestInfo {
 	if gateway {
-		md, _ := metadata.FromIncomingContext(ctx)
 		first := func(k string) string {
-			v := md.Get(k)
+			v := metadata.ValueFromIncomingContext(ctx, k)
 			if len(v) == 0 || len(v[0]) > metaclient.MaxRequestInfoBytes || !utf8.ValidString(v[0]) {
 				return ""
 			}

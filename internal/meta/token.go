@@ -166,8 +166,7 @@ func (s *Server) checkServiceToken(ctx context.Context, method string) error {
 	if !serviceTokenMethods[method] {
 		return nil
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get(metaclient.AuthorizationHeader)
+	vals := metadata.ValueFromIncomingContext(ctx, metaclient.AuthorizationHeader)
 	if len(vals) == 0 {
 		where := "the token the meta nodes were given"
 		if s.cfg.ServiceTokenFile != "" {

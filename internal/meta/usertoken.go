@@ -501,8 +501,7 @@ func tokenCallerOf(ctx context.Context) (userToken, bool) {
 }
 
 func tokenFromMD(ctx context.Context) (string, bool) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	v := md.Get(metaclient.UserTokenHeader)
+	v := metadata.ValueFromIncomingContext(ctx, metaclient.UserTokenHeader)
 	if len(v) == 0 {
 		return "", false
 	}

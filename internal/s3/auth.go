@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/textproto"
 	"net/url"
 	"sort"
 	"strconv"
@@ -128,23 +130,66 @@ type secrets struct {
 	m  map[string]secretEntry
 	// derived SigV4 signing keys (four HMACs each) by secret and scope; a
 	// key is valid for one day, so a client's requests share one.
-	derived map[string][]byte
+	derived map[derivedID]*derivedKey
+}
+
+type derivedID struct{ secret, date, region, service string }
+
+// derivedKey is a signing key with its HMAC pads, so that verifying a
+// request's signature costs two SHA-256 sums and no allocation.
+type derivedKey struct {
+	key        []byte
+	ipad, opad [sha256.BlockSize]byte
+}
+
+func newDerivedKey(k []byte) *derivedKey {
+	d := &derivedKey{key: k}
+	// A signing key is 32 bytes, shorter than the block: the pads are
+	// the key zero-padded, XOR 0x36 and 0x5c (RFC 2104).
+	copy(d.ipad[:], k)
+	copy(d.opad[:], k)
+	for i := range d.ipad {
+		d.ipad[i] ^= 0x36
+		d.opad[i] ^= 0x5c
+	}
+	return d
+}
+
+// signatureOf is the hex SigV4 signature of a request whose canonical
+// request hashes to canonHash: HMAC-SHA256 of the string to sign
+// (stringToSign), built in buf (a caller's stack buffer) and written to
+// dst.
+func (d *derivedKey) signatureOf(dst *[64]byte, buf []byte, amzDate, scope string, canonHash *[32]byte) {
+	buf = append(buf[:0], d.ipad[:]...)
+	buf = append(buf, algorithm...)
+	buf = append(buf, '\n')
+	buf = append(buf, amzDate...)
+	buf = append(buf, '\n')
+	buf = append(buf, scope...)
+	buf = append(buf, '\n')
+	buf = hex.AppendEncode(buf, canonHash[:])
+	inner := sha256.Sum256(buf)
+	var outer [sha256.BlockSize + sha256.Size]byte
+	copy(outer[:], d.opad[:])
+	copy(outer[sha256.BlockSize:], inner[:])
+	mac := sha256.Sum256(outer[:])
+	hex.Encode(dst[:], mac[:])
 }
 
 // signingKey returns the SigV4 signing key of secret for the scope,
 // derived once per scope.
-func (s *secrets) signingKey(secret, date, region, service string) []byte {
-	id := secret + "\x00" + date + "\x00" + region + "\x00" + service
+func (s *secrets) signingKey(secret, date, region, service string) *derivedKey {
+	id := derivedID{secret, date, region, service}
 	s.mu.Lock()
 	k, ok := s.derived[id]
 	s.mu.Unlock()
 	if ok {
 		return k
 	}
-	k = signingKey(secret, date, region, service)
+	k = newDerivedKey(signingKey(secret, date, region, service))
 	s.mu.Lock()
 	if s.derived == nil || len(s.derived) >= maxCachedSecrets {
-		s.derived = map[string][]byte{}
+		s.derived = map[derivedID]*derivedKey{}
 	}
 	s.derived[id] = k
 	s.mu.Unlock()
@@ -281,29 +326,70 @@ func headerValue(r *http.Request, name string) string {
 	return strings.Join(out, ",")
 }
 
-func canonicalRequest(r *http.Request, uri string, signed []string, payload string) string {
-	var b strings.Builder
-	b.WriteString(r.Method)
-	b.WriteByte('\n')
-	b.WriteString(uri)
-	b.WriteByte('\n')
-	b.WriteString(canonicalQuery(r.URL.RawQuery))
-	b.WriteByte('\n')
-	for _, h := range signed {
-		b.WriteString(h)
-		b.WriteByte(':')
-		b.WriteString(headerValue(r, h))
-		b.WriteByte('\n')
+// appendCanonicalRequest appends the canonical request to b.
+func appendCanonicalRequest(b []byte, r *http.Request, uri string, signed []string, payload string) []byte {
+	b = append(b, r.Method...)
+	b = append(b, '\n')
+	b = append(b, uri...)
+	b = append(b, '\n')
+	if r.URL.RawQuery != "" {
+		b = append(b, canonicalQuery(r.URL.RawQuery)...)
 	}
-	b.WriteByte('\n')
-	b.WriteString(strings.Join(signed, ";"))
-	b.WriteByte('\n')
-	b.WriteString(payload)
-	return b.String()
+	b = append(b, '\n')
+	for _, h := range signed {
+		b = append(b, h...)
+		b = append(b, ':')
+		b = appendHeaderValue(b, r, h)
+		b = append(b, '\n')
+	}
+	b = append(b, '\n')
+	for i, h := range signed {
+		if i > 0 {
+			b = append(b, ';')
+		}
+		b = append(b, h...)
+	}
+	b = append(b, '\n')
+	b = append(b, payload...)
+	return b
 }
 
-func stringToSign(amzDate, scope, canonical string) string {
-	return algorithm + "\n" + amzDate + "\n" + scope + "\n" + sha256Hex([]byte(canonical))
+// appendHeaderValue appends headerValue(r, name); a single value that
+// needs no whitespace folding (the usual case) is appended as it is.
+func appendHeaderValue(b []byte, r *http.Request, name string) []byte {
+	var v string
+	switch name {
+	case "host":
+		v = r.Host
+	case "transfer-encoding", "content-length":
+		return append(b, headerValue(r, name)...)
+	default:
+		vals := r.Header[textproto.CanonicalMIMEHeaderKey(name)]
+		if len(vals) != 1 {
+			return append(b, headerValue(r, name)...)
+		}
+		v = vals[0]
+	}
+	if !plainValue(v) {
+		return append(b, headerValue(r, name)...)
+	}
+	return append(b, v...)
+}
+
+// plainValue reports whether strings.Join(strings.Fields(v), " ") == v:
+// no leading, trailing or repeated ASCII space, and no other white space.
+func plainValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c == ' ':
+			if i == 0 || i == len(v)-1 || v[i+1] == ' ' {
+				return false
+			}
+		case c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r' || c >= 0x80:
+			return false // (non-ASCII: strings.Fields knows Unicode spaces)
+		}
+	}
+	return true
 }
 
 // authenticate verifies the request's signature (header or presigned).
@@ -414,12 +500,19 @@ func (g *Gateway) authenticate(r *http.Request) (*auth, *Error) {
 	// Clients encode the path the SigV4 way; try the path as sent first
 	// and then the canonical re-encoding of the decoded path, so keys with
 	// characters clients escape differently still verify.
-	ok := false
-	for _, uri := range []string{r.URL.EscapedPath(), uriEncode(r.URL.Path, true)} {
-		want := hex.EncodeToString(hmacSHA256(key, stringToSign(amzDate, scope, canonicalRequest(r, uri, p.signedHeaders, payload))))
-		if hmac.Equal([]byte(want), []byte(p.signature)) {
-			ok = true
-			break
+	// Both the canonical request and the string to sign are built in
+	// stack buffers (issue 15: CPU per HEAD).
+	var cbuf, sbuf [512]byte
+	var want [64]byte
+	verify := func(uri string) bool {
+		h := sha256.Sum256(appendCanonicalRequest(cbuf[:0], r, uri, p.signedHeaders, payload))
+		key.signatureOf(&want, sbuf[:0], amzDate, scope, &h)
+		return len(p.signature) == len(want) && subtle.ConstantTimeCompare(want[:], []byte(p.signature)) == 1
+	}
+	ok := verify(r.URL.EscapedPath())
+	if !ok {
+		if uri := uriEncode(r.URL.Path, true); uri != r.URL.EscapedPath() {
+			ok = verify(uri)
 		}
 	}
 	if !ok {
@@ -435,7 +528,7 @@ func (g *Gateway) authenticate(r *http.Request) (*auth, *Error) {
 		owner = p.accessKey
 	}
 	return &auth{accessKey: p.accessKey, owner: owner, admin: sec.Admin, payload: payload,
-		signingKey: key, amzDate: amzDate, scope: scope, seedSig: p.signature}, nil
+		signingKey: key.key, amzDate: amzDate, scope: scope, seedSig: p.signature}, nil
 }
 
 // unsignedAmzHeaders refuses a request carrying an x-amz-* header its

@@ -108,18 +108,22 @@ func etagOf(m *metapb.ObjectMeta) string { return `"` + m.GetEtag() + `"` }
 // setObjectHeaders sets the headers GET and HEAD return.
 func setObjectHeaders(h http.Header, ki *client.KeyInfo) {
 	m := ki.Meta
-	h.Set("ETag", etagOf(m))
-	h.Set("Last-Modified", ki.Modified.UTC().Format(http.TimeFormat))
-	h.Set("Accept-Ranges", "bytes")
 	ct := m.GetContentType()
 	if ct == "" {
 		ct = "binary/octet-stream"
 	}
-	h.Set("Content-Type", ct)
-	for name, v := range map[string]string{"Content-Encoding": m.GetContentEncoding(), "Content-Disposition": m.GetContentDisposition(),
-		"Content-Language": m.GetContentLanguage(), "Cache-Control": m.GetCacheControl(), "Expires": m.GetExpires()} {
-		if v != "" {
-			h.Set(name, v)
+	// As h.Set with the keys in canonical form, the four values in one
+	// array (issue 15: allocations per HEAD).
+	vals := [...]string{etagOf(m), ki.Modified.UTC().Format(http.TimeFormat), "bytes", ct}
+	vs := vals[:]
+	h["Etag"] = vs[0:1:1]
+	h["Last-Modified"] = vs[1:2:2]
+	h["Accept-Ranges"] = vs[2:3:3]
+	h["Content-Type"] = vs[3:4:4]
+	for _, f := range [...]struct{ name, v string }{{"Content-Encoding", m.GetContentEncoding()}, {"Content-Disposition", m.GetContentDisposition()},
+		{"Content-Language", m.GetContentLanguage()}, {"Cache-Control", m.GetCacheControl()}, {"Expires", m.GetExpires()}} {
+		if f.v != "" {
+			h.Set(f.name, f.v)
 		}
 	}
 	for k, v := range m.GetUser() {
@@ -217,6 +221,12 @@ func (g *Gateway) headObject(req *request) *Error { return g.readObject(req, tru
 
 // readObject serves GET and HEAD: one metadata call (the reader's lookup),
 // then the data streams from the datanodes to the socket.
+// responseOverrides are GET's and HEAD's response-* query parameters and
+// the headers they set.
+var responseOverrides = [...]struct{ param, header string }{{"response-content-type", "Content-Type"}, {"response-content-language", "Content-Language"},
+	{"response-expires", "Expires"}, {"response-cache-control", "Cache-Control"}, {"response-content-disposition", "Content-Disposition"},
+	{"response-content-encoding", "Content-Encoding"}}
+
 func (g *Gateway) readObject(req *request, head bool) *Error {
 	if e := checkKey(req.key); e != nil {
 		return e
@@ -241,7 +251,8 @@ func (g *Gateway) readObject(req *request, head bool) *Error {
 	if kr != nil {
 		defer kr.Close()
 	}
-	if e := checkPartNumber(req.r.URL.Query(), ki.Meta); e != nil {
+	q := req.r.URL.Query()
+	if e := checkPartNumber(q, ki.Meta); e != nil {
 		return e
 	}
 	h := req.w.Header()
@@ -268,12 +279,9 @@ func (g *Gateway) readObject(req *request, head bool) *Error {
 		}
 	}
 	setObjectHeaders(h, &ki)
-	q := req.r.URL.Query()
-	for param, header := range map[string]string{"response-content-type": "Content-Type", "response-content-language": "Content-Language",
-		"response-expires": "Expires", "response-cache-control": "Cache-Control", "response-content-disposition": "Content-Disposition",
-		"response-content-encoding": "Content-Encoding"} {
-		if v := q.Get(param); v != "" {
-			h.Set(header, v)
+	for _, o := range responseOverrides {
+		if v := q.Get(o.param); v != "" {
+			h.Set(o.header, v)
 		}
 	}
 	if !ranged && strings.EqualFold(req.r.Header.Get("X-Amz-Checksum-Mode"), "ENABLED") {

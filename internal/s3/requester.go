@@ -48,12 +48,7 @@ func isAnonymous(r *http.Request) bool {
 // requesterContext is ctx whose metadata calls act for the request's
 // requester and carry where the request came from.
 func (g *Gateway) requesterContext(ctx context.Context, r *http.Request, a *auth) context.Context {
-	if a.anonymous {
-		ctx = metaclient.WithAnonymous(ctx)
-	} else {
-		ctx = metaclient.WithUser(ctx, a.owner, a.admin)
-	}
-	return metaclient.WithRequestInfo(ctx, metaclient.RequestInfo{
+	return metaclient.WithRequester(ctx, a.anonymous, a.owner, a.admin, metaclient.RequestInfo{
 		SourceIP:        g.clientIP(r),
 		SecureTransport: r.TLS != nil,
 		UserAgent:       headerText(r.Header.Get("User-Agent")),

@@ -89,10 +89,16 @@ const AuthorizationHeader = "authorization"
 // bearer attaches the service token to each call. The meta service speaks
 // plain gRPC, so it does not require transport security: the token
 // protects the secrets from callers that lack it, not from a wiretap.
-type bearer string
+// bearer's map is built once and shared by every call: gRPC only reads
+// what GetRequestMetadata returns.
+type bearer struct{ md map[string]string }
+
+func newBearer(token string) bearer {
+	return bearer{md: map[string]string{AuthorizationHeader: "Bearer " + token}}
+}
 
 func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{AuthorizationHeader: "Bearer " + string(b)}, nil
+	return b.md, nil
 }
 
 func (b bearer) RequireTransportSecurity() bool { return false }
@@ -144,7 +150,7 @@ func New(cfg Config) (*Client, error) {
 		prober: NewProber(ProberConfig{ProbeAfter: cfg.ProbeAfter, ProbeTimeout: cfg.ProbeTimeout})}
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...)
 	if cfg.ServiceToken != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(bearer(cfg.ServiceToken)))
+		opts = append(opts, grpc.WithPerRPCCredentials(newBearer(cfg.ServiceToken)))
 	}
 	for _, a := range cfg.Addrs {
 		if _, dup := c.conns[a]; dup {

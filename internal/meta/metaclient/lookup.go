@@ -3,7 +3,7 @@ package metaclient
 import (
 	"context"
 	"encoding/binary"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,12 +21,13 @@ import (
 // once (a gateway serving HEADs, a reader opening many keys): concurrent
 // calls that act for the same requester (the same outgoing gRPC metadata:
 // on-behalf-of user, anonymity, request attributes, user token) are merged
-// into one LookupKeys call. Batches are pipelined: while fewer than
-// Config.LookupsInFlight batches of a requester are in flight, a call
-// leaves at once in a batch of its own (no waiting, so a lone caller pays
-// no latency); beyond that, calls queue (up to maxLookupQueue; past it a
-// call goes alone as a LookupKey) and leave together as soon as a batch
-// returns. Calls whose callers gave up meanwhile are dropped, and a batch
+// into one LookupKeys call. Batches are pipelined: with no batch of a
+// requester in flight, a call leaves at once in a batch of its own (no
+// waiting, so a lone caller pays no latency); while fewer than
+// Config.LookupsInFlight are, the queued calls leave as a batch once
+// minPipelinedBatch of them wait; otherwise calls queue (up to
+// maxLookupQueue; past it a call goes alone as a LookupKey) and leave
+// together as soon as a batch returns. Calls whose callers gave up meanwhile are dropped, and a batch
 // runs until the latest of its callers' deadlines, or until all of them
 // gave up. The server authorizes every key on its own and runs one read
 // barrier per batch that starts after the batch was sent, so each answer
@@ -39,6 +40,12 @@ import (
 const (
 	// DefaultLookupsInFlight is the default of Config.LookupsInFlight.
 	DefaultLookupsInFlight = 2
+	// minPipelinedBatch is the number of queued calls that sends a batch
+	// while another is in flight. Without it, the calls that come while
+	// one batch is out left in calls of one or two and cost the metadata
+	// service ~18 µs of CPU per lookup against ~16 with batches of 32
+	// (docs/BENCHMARKS.md, session 8).
+	minPipelinedBatch = 16
 	// maxLookupBatch is the server's bound (namespace.MaxLookupBatch).
 	maxLookupBatch = 1024
 	// maxLookupQueue bounds the calls queued per requester.
@@ -58,6 +65,7 @@ type lookupCall struct {
 
 // lookupQueue holds the calls of one requester.
 type lookupQueue struct {
+	key      string // its key in coalescer.queues (mdKey of md)
 	md       metadata.MD
 	inflight int
 	pending  []*lookupCall
@@ -86,17 +94,22 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 	if co.noBatch.Load() {
 		return c.Namespace.LookupKey(ctx, req)
 	}
-	md, _ := metadata.FromOutgoingContext(ctx)
-	key := mdKey(md)
+	md, _ := metadata.FromOutgoingContext(ctx) // a copy: md is ours
+	var kbuf [512]byte
+	kb := appendMDKey(kbuf[:0], md)
 	call := &lookupCall{ctx: ctx, req: req, done: make(chan struct{})}
 	co.mu.Lock()
 	if co.queues == nil {
 		co.queues = map[string]*lookupQueue{}
 	}
-	q := co.queues[key]
+	q := co.queues[string(kb)] // (no allocation for the lookup)
+	key := ""
 	if q == nil {
-		q = &lookupQueue{md: md.Copy()}
+		key = string(kb)
+		q = &lookupQueue{md: md, key: key}
 		co.queues[key] = q
+	} else {
+		key = q.key
 	}
 	if len(q.pending) >= maxLookupQueue {
 		co.mu.Unlock()
@@ -104,7 +117,10 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 	}
 	q.pending = append(q.pending, call)
 	var batch []*lookupCall
-	if q.inflight < co.maxInflight {
+	// A batch leaves at once when none is in flight; a further one (up to
+	// maxInflight) only once minPipelinedBatch calls wait, so that
+	// pipelining does not send keys in calls of one or two.
+	if q.inflight == 0 || q.inflight < co.maxInflight && len(q.pending) >= minPipelinedBatch {
 		if batch = q.take(); len(batch) > 0 {
 			q.inflight++
 		} else {
@@ -316,18 +332,22 @@ func resultErr(r *metapb.LookupKeyResult) error {
 
 // mdKey is a canonical form of outgoing metadata: calls with equal keys
 // act for the same requester and may share a batch.
-func mdKey(md metadata.MD) string {
+func mdKey(md metadata.MD) string { return string(appendMDKey(nil, md)) }
+
+// appendMDKey appends mdKey(md) to b, without allocating for a small md
+// when b has room (the coalescer looks its queue up with it per call).
+func appendMDKey(b []byte, md metadata.MD) []byte {
 	if len(md) == 0 {
-		return ""
+		return b
 	}
-	ks := make([]string, 0, len(md))
+	var arr [16]string
+	ks := arr[:0]
 	for k := range md {
 		ks = append(ks, k)
 	}
-	sort.Strings(ks)
+	slices.Sort(ks)
 	// Each name and value length-prefixed: a -bin value may hold any byte,
 	// so no separator could tell two requesters apart.
-	var b []byte
 	for _, k := range ks {
 		b = binary.AppendUvarint(b, uint64(len(k)))
 		b = append(b, k...)
@@ -337,5 +357,5 @@ func mdKey(md metadata.MD) string {
 			b = append(b, v...)
 		}
 	}
-	return string(b)
+	return b
 }

@@ -20,13 +20,14 @@ import (
 type bucketCache struct {
 	gen atomic.Uint64
 	mu  sync.RWMutex
-	m   map[string]*metapb.Bucket
+	m   map[bucketRef]*metapb.Bucket
 }
 
 // maxCachedBuckets bounds the cache; past it the cache starts over.
 const maxCachedBuckets = 100_000
 
-func bucketCacheKey(volume, name string) string { return volume + "\x00" + name }
+// bucketRef keys the cache (a struct: no string built per lookup).
+type bucketRef struct{ volume, name string }
 
 // generation is read before opening the view the row will be read from.
 func (c *bucketCache) generation() uint64 { return c.gen.Load() }
@@ -41,7 +42,7 @@ func (c *bucketCache) invalidate() {
 // get returns the bucket from the cache or from r, caching it if gen is
 // still current.
 func (c *bucketCache) get(r pebble.Reader, gen uint64, volume, name string) (*metapb.Bucket, error) {
-	k := bucketCacheKey(volume, name)
+	k := bucketRef{volume, name}
 	c.mu.RLock()
 	b := c.m[k]
 	c.mu.RUnlock()
@@ -55,7 +56,7 @@ func (c *bucketCache) get(r pebble.Reader, gen uint64, volume, name string) (*me
 	c.mu.Lock()
 	if c.gen.Load() == gen {
 		if c.m == nil || len(c.m) >= maxCachedBuckets {
-			c.m = map[string]*metapb.Bucket{}
+			c.m = map[bucketRef]*metapb.Bucket{}
 		}
 		c.m[k] = b
 	}

@@ -35,7 +35,7 @@ func TestBucketCacheFollowsBucketChanges(t *testing.T) {
 	if ki, err := look(); err != nil || ki.Size != 10 {
 		t.Fatalf("lookup: %v %v", ki, err)
 	}
-	if e.st.buckets.m[bucketCacheKey("vol", "bkt")].GetId() != id1 {
+	if e.st.buckets.m[bucketRef{"vol", "bkt"}].GetId() != id1 {
 		t.Fatal("a lookup did not cache its bucket")
 	}
 	if _, err := e.s.DeleteKey(ctx, &metapb.DeleteKeyRequest{Volume: "vol", Bucket: "bkt", Key: "k"}); err != nil {

@@ -153,7 +153,16 @@ func listOwnedBuckets(r pebble.Reader, req *metapb.ListBucketsRequest, resp *met
 
 // LookupKey returns a committed key (without locations).
 func (s *State) LookupKey(volume, bucket, key string) (*metapb.KeyInfo, error) {
+	ki, _, err := s.lookupKeySized(volume, bucket, key)
+	return ki, err
+}
+
+// lookupKeySized is LookupKey that also returns the key's encoded size
+// (the stored record's length for an object bucket's key, which is what
+// proto.Size would compute, without a pass over the message).
+func (s *State) lookupKeySized(volume, bucket, key string) (*metapb.KeyInfo, int, error) {
 	var ki *metapb.KeyInfo
+	size := -1
 	gen := s.buckets.generation()
 	err := s.view(func(r pebble.Reader) error {
 		b, err := s.buckets.get(r, gen, volume, bucket)
@@ -182,13 +191,17 @@ func (s *State) LookupKey(volume, bucket, key string) (*metapb.KeyInfo, error) {
 			return err
 		}
 		ki = &metapb.KeyInfo{}
-		ok, err := get(r, objKey(b.Id, key), ki)
+		ok, n, err := getSized(r, objKey(b.Id, key), ki)
 		if err == nil && !ok {
 			err = noSuchKey(bucket, key)
 		}
+		size = n
 		return err
 	})
-	return ki, err
+	if err == nil && size < 0 {
+		size = proto.Size(ki)
+	}
+	return ki, size, err
 }
 
 // ListKeys lists an object bucket's keys S3-style: keys with the prefix,

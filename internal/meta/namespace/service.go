@@ -387,7 +387,8 @@ func (s *Service) LookupKey(ctx context.Context, req *metapb.LookupKeyRequest) (
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
-	return s.lookupKey(ctx, s.authz(ctx), req)
+	ki, _, err := s.lookupKey(ctx, s.authz(ctx), req)
+	return ki, err
 }
 
 // MaxLookupBatch bounds the keys of one LookupKeys call.
@@ -427,7 +428,7 @@ func (s *Service) LookupKeys(ctx context.Context, req *metapb.LookupKeysRequest)
 			out.Code, out.Message = uint32(codes.InvalidArgument), "empty lookup request"
 			continue
 		}
-		ki, err := s.lookupKey(ctx, az, r)
+		ki, kiSize, err := s.lookupKey(ctx, az, r)
 		if err != nil {
 			if s.cfg.Translate != nil {
 				// As the server's interceptor would have for LookupKey:
@@ -444,25 +445,27 @@ func (s *Service) LookupKeys(ctx context.Context, req *metapb.LookupKeysRequest)
 			continue
 		}
 		out.Key = ki
-		size += proto.Size(out) + 4 // + the field's tag and length
+		// kiSize is the key's encoded size (without a pass over it); + the
+		// key field's and the result's tags and lengths.
+		size += kiSize + 8
 	}
 	return resp, nil
 }
 
-// lookupKey is LookupKey after the read barrier.
-func (s *Service) lookupKey(ctx context.Context, az *Authorizer, req *metapb.LookupKeyRequest) (*metapb.KeyInfo, error) {
-	var err error
+// lookupKey is LookupKey after the read barrier; size is the answer's
+// encoded size.
+func (s *Service) lookupKey(ctx context.Context, az *Authorizer, req *metapb.LookupKeyRequest) (ki *metapb.KeyInfo, size int, err error) {
 	if req.NoLocations {
 		err = az.Stat(req.Volume, req.Bucket, req.Key)
 	} else {
 		err = az.Read(req.Volume, req.Bucket, req.Key)
 	}
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	ki, err := s.st.LookupKey(req.Volume, req.Bucket, req.Key)
+	ki, size, err = s.st.lookupKeySized(req.Volume, req.Bucket, req.Key)
 	if err != nil || req.NoLocations {
-		return ki, err
+		return ki, size, err
 	}
 	var off uint64
 	for _, kb := range ki.Blocks {
@@ -484,9 +487,12 @@ func (s *Service) lookupKey(ctx context.Context, az *Authorizer, req *metapb.Loo
 		ki.Locations = append(ki.Locations, loc)
 	}
 	if err := s.attachTokens(ctx, ki.Locations, readModes); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return ki, nil
+	for _, loc := range ki.Locations {
+		size += proto.Size(loc) + 4 // + the field's tag and length
+	}
+	return ki, size, nil
 }
 
 func (s *Service) ListKeys(ctx context.Context, req *metapb.ListKeysRequest) (*metapb.ListKeysResponse, error) {

@@ -242,6 +242,20 @@ func get(r pebble.Reader, k []byte, m proto.Message) (bool, error) {
 	return true, proto.Unmarshal(v, m)
 }
 
+// getSized is get that also returns the value's length (the read path's
+// LookupKeys counts its answer's bytes with it).
+func getSized(r pebble.Reader, k []byte, m proto.Message) (bool, int, error) {
+	v, closer, err := r.Get(k)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, 0, nil
+	}
+	if err != nil {
+		return false, 0, err
+	}
+	defer closer.Close()
+	return true, len(v), proto.Unmarshal(v, m)
+}
+
 func (t *tx) get(k []byte, m proto.Message) bool {
 	ok, err := get(t.b, k, m)
 	if err != nil {
