@@ -33,7 +33,7 @@ func blockOnDisk(t testing.TB, data []byte) (*os.File, *datanodepb.BlockData) {
 		ce := min(cs+chunk, len(data))
 		var sums []byte
 		for ws := cs; ws < ce; ws += w {
-			sums = binary.BigEndian.AppendUint32(sums, crc32.Checksum(data[ws:min(ws+w, ce)], castagnoli))
+			sums = binary.BigEndian.AppendUint32(sums, crc32.Checksum(data[ws:min(ws+w, ce)], crc32.MakeTable(crc32.Castagnoli)))
 		}
 		bd.Chunks = append(bd.Chunks, &datanodepb.ChunkInfo{Offset: uint64(cs), Length: uint64(ce - cs),
 			Checksum: &datanodepb.ChecksumData{Type: datanodepb.ChecksumType_CHECKSUM_CRC32C, BytesPerChecksum: w, Sums: sums}})

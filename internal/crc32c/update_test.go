@@ -137,3 +137,34 @@ func BenchmarkStdlib(b *testing.B) {
 }
 
 func BenchmarkChecksum(b *testing.B) { benchSizes(b, Checksum) }
+
+func TestHashMatchesStdlib(t *testing.T) {
+	p := randomBytes(100000, 11)
+	h, w := New(), crc32.New(castagnoli)
+	for i := 0; i < len(p); {
+		n := min(len(p)-i, 1+i%7919)
+		h.Write(p[i : i+n])
+		w.Write(p[i : i+n])
+		i += n
+	}
+	if h.Sum32() != w.Sum32() || string(h.Sum([]byte("x"))) != string(w.Sum([]byte("x"))) {
+		t.Fatalf("New() sums %#x, hash/crc32 %#x", h.Sum32(), w.Sum32())
+	}
+	h.Reset()
+	if h.Sum32() != 0 || h.Size() != 4 || h.BlockSize() != 1 {
+		t.Fatal("Reset/Size/BlockSize")
+	}
+}
+
+// TestFallbackMatchesStdlib runs Update with the folding loop switched off
+// (the path of CPUs without AVX-512 VPCLMULQDQ).
+func TestFallbackMatchesStdlib(t *testing.T) {
+	defer func(h bool) { hasFold = h }(hasFold)
+	hasFold = false
+	p := randomBytes(70000, 12)
+	for _, n := range []int{0, 1, 255, 256, 4096, 70000} {
+		if got, want := Update(5, p[:n]), crc32.Update(5, castagnoli, p[:n]); got != want {
+			t.Fatalf("len %d: %#x, want %#x", n, got, want)
+		}
+	}
+}
