@@ -200,7 +200,7 @@ func (r *KeyReader) mapPiece(pos, end int64, lazy bool) (mappedPiece, bool) {
 			continue
 		}
 		k := scKey{d.Id, l.Id.GetContainerId(), l.Id.GetLocalId()}
-		bf, err := r.scb.file(k, d, l.Id, r.token(bi, l), &c.sc.blk)
+		bf, err := r.scb.file(k, d, l, r.token(bi, l), &c.sc)
 		if err != nil {
 			return mappedPiece{}, false
 		}
