@@ -236,6 +236,9 @@ func (r *KeyReader) readBlock(ctx context.Context, bi int, l *metapb.BlockLocati
 		}
 	}
 	r.mu.Unlock()
+	if !r.c.cfg.NoShortCircuit {
+		r.c.sc.cachedFirst(l, uncached) // shortcircuit_cache.go
+	}
 	order = append(append(order, uncached...), later...)
 	var errs []string
 	corrupt := 0

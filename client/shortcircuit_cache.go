@@ -166,6 +166,31 @@ func (s *scCache) removeLocked(e *scEntry) {
 	e.bf.release()
 }
 
+// has reports whether k is cached.
+func (s *scCache) has(k scKey) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.entries[k] != nil
+}
+
+// cachedFirst moves the replicas of l whose block file this client has
+// cached to the front of ds (in place, otherwise stable): they run on this
+// host, so they are among the nearest anyway, and where several datanodes
+// share the host (basalt dev) readers then keep using one file per block.
+func (sc *shortCircuits) cachedFirst(l *metapb.BlockLocation, ds []*metapb.DatanodeDetails) {
+	if len(ds) < 2 {
+		return
+	}
+	j := 0
+	for i, d := range ds {
+		if d.ShortCircuitSocket != "" && sc.cache.has(scKey{d.Id, l.Id.GetContainerId(), l.Id.GetLocalId()}) {
+			copy(ds[j+1:i+1], ds[j:i])
+			ds[j] = d
+			j++
+		}
+	}
+}
+
 // invalidate drops k's entry if it is bf.
 func (s *scCache) invalidate(k scKey, bf *scBlockFile) {
 	s.mu.Lock()

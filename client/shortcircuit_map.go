@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"sync"
 	"unsafe"
@@ -192,7 +193,9 @@ func (r *KeyReader) mapPiece(pos, end int64, lazy bool) (mappedPiece, bool) {
 	if off+(end-pos) > int64(l.Length) || len(l.CachedDatanodes) > 0 {
 		return mappedPiece{}, false
 	}
-	for _, d := range l.Datanodes {
+	ds := slices.Clone(l.Datanodes)
+	c.sc.cachedFirst(l, ds)
+	for _, d := range ds {
 		r.mu.Lock()
 		bad := r.bad[d.Id]
 		r.mu.Unlock()
