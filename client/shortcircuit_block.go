@@ -49,11 +49,14 @@ var errNoLocal = errors.New("no short-circuit read")
 // read with pread; shortcircuit_map.go). refs counts the table's
 // reference and the reads using it; the last release closes and unmaps.
 type scBlockFile struct {
-	f      *os.File
-	m      []byte
-	bd     *datanodepb.BlockData
-	refs   atomic.Int64
-	seekMu sync.Mutex // f's offset (FileSender)
+	f    *os.File
+	m    []byte
+	bd   *datanodepb.BlockData
+	refs atomic.Int64
+	// populated: a bit per popUnit of m whose page tables were filled
+	// (shortcircuit_map.go, verify).
+	populated []atomic.Uint64
+	seekMu    sync.Mutex // f's offset (FileSender)
 }
 
 // scBlocks are a reader's block files.
@@ -128,7 +131,7 @@ func (r *KeyReader) readLocal(bi int, l *metapb.BlockLocation, d *metapb.Datanod
 	if mapped {
 		// Checked on the mapping, then one copy of just the range wanted
 		// (as pread's copy; no buffer for the whole windows).
-		if err = verifyMapped(bf.bd, bf.m, rs, re, off, end); err == nil {
+		if err = bf.verify(rs, re, off, end); err == nil {
 			err = copyMapped(dst, bf.m, off)
 		}
 	} else {

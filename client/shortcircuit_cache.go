@@ -3,6 +3,7 @@ package client
 import (
 	"container/list"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -277,6 +278,9 @@ func (sc *shortCircuits) fetchShared(k scKey, d *metapb.DatanodeDetails, l *meta
 	}
 	sc.blk.opened.Add(1)
 	bf = &scBlockFile{f: f, bd: bd, m: mapBlockFile(f, bd.Length)}
+	if len(bf.m) > 0 {
+		bf.populated = make([]atomic.Uint64, (len(bf.m)/popUnit+64)/64)
+	}
 	bf.refs.Store(1)
 	sc.cache.insert(k, bf)
 	return bf, true, false, nil
