@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"slices"
 	"sort"
@@ -18,11 +17,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-store/basalt/internal/blocktoken"
+	"github.com/basalt-store/basalt/internal/crc32c"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // errRealign: the range read from a replica did not cover whole checksum
 // windows of the range wanted (the block's chunk layout was not known when
@@ -238,6 +236,9 @@ func (r *KeyReader) readBlock(ctx context.Context, bi int, l *metapb.BlockLocati
 		}
 	}
 	r.mu.Unlock()
+	if !r.c.cfg.NoShortCircuit {
+		r.c.sc.cachedFirst(l, uncached) // shortcircuit_cache.go
+	}
 	order = append(append(order, uncached...), later...)
 	var errs []string
 	corrupt := 0
@@ -542,7 +543,7 @@ func verifyRange(bd *datanodepb.BlockData, rs int64, data []byte, ns, ne int64) 
 			p := data[ws-rs : we-rs]
 			ok := false
 			if size == 4 {
-				ok = binary.BigEndian.Uint32(want) == crc32.Checksum(p, castagnoli)
+				ok = binary.BigEndian.Uint32(want) == crc32c.Checksum(p)
 			} else {
 				s := sha256.Sum256(p)
 				ok = string(s[:]) == string(want)

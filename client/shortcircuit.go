@@ -43,6 +43,7 @@ type shortCircuits struct {
 	maps  map[scKey]*scMap
 	reads atomic.Uint64
 	blk   scBlockCounters // block files (shortcircuit_block.go)
+	cache scCache         // the client's block files (shortcircuit_cache.go)
 }
 
 // ShortCircuitReads counts reads this client served by mapping a cached
@@ -128,6 +129,7 @@ func (m *scMap) unmap() {
 }
 
 func (s *shortCircuits) close() {
+	s.cache.close()
 	s.mu.Lock()
 	maps := s.maps
 	s.maps = nil

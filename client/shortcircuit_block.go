@@ -30,8 +30,10 @@ import (
 // no datanode thread. A window that fails its checksum is a corrupt
 // replica (reported as for gRPC reads; the next replica is read); any
 // other failure, and a datanode that cannot pass the file (not_available),
-// falls back to gRPC on the same replica. Descriptors are kept per block
-// for the reader's lifetime (at most maxSCBlockFiles) and closed by Close.
+// falls back to gRPC on the same replica. Descriptors and mappings come
+// from the client-wide cache (shortcircuit_cache.go); a reader holds a
+// reference on each block's file it uses (at most maxSCBlockFiles) until
+// Close.
 
 const (
 	maxSCBlockFiles = 64
@@ -47,17 +49,23 @@ var errNoLocal = errors.New("no short-circuit read")
 // read with pread; shortcircuit_map.go). refs counts the table's
 // reference and the reads using it; the last release closes and unmaps.
 type scBlockFile struct {
-	f      *os.File
-	m      []byte
-	bd     *datanodepb.BlockData
-	refs   atomic.Int64
-	seekMu sync.Mutex // f's offset (FileSender)
+	f    *os.File
+	m    []byte
+	bd   *datanodepb.BlockData
+	refs atomic.Int64
+	// populated: a bit per popUnit of m whose page tables were filled
+	// (shortcircuit_map.go, verify).
+	populated []atomic.Uint64
+	seekMu    sync.Mutex // f's offset (FileSender)
 }
 
 // scBlocks are a reader's block files.
 type scBlocks struct {
-	mu     sync.Mutex
-	files  map[scKey]*scBlockFile
+	mu    sync.Mutex
+	files map[scKey]*scBlockFile
+	// fresh: the files this reader fetched from the datanode itself (not
+	// found in the client's cache).
+	fresh  map[scKey]bool
 	closed bool
 }
 
@@ -98,7 +106,7 @@ func (r *KeyReader) readLocal(bi int, l *metapb.BlockLocation, d *metapb.Datanod
 		return errNoLocal
 	}
 	k := scKey{d.Id, l.Id.GetContainerId(), l.Id.GetLocalId()}
-	bf, err := r.scb.file(k, d, l.Id, tok, &c.sc.blk)
+	bf, err := r.scb.file(k, d, l, tok, &c.sc)
 	if err != nil {
 		// The token refused: as gRPC would refuse it (an expired one is
 		// refreshed by the caller and the replica asked again).
@@ -123,7 +131,7 @@ func (r *KeyReader) readLocal(bi int, l *metapb.BlockLocation, d *metapb.Datanod
 	if mapped {
 		// Checked on the mapping, then one copy of just the range wanted
 		// (as pread's copy; no buffer for the whole windows).
-		if err = verifyMapped(bf.bd, bf.m, rs, re, off, end); err == nil {
+		if err = bf.verify(rs, re, off, end); err == nil {
 			err = copyMapped(dst, bf.m, off)
 		}
 	} else {
@@ -139,9 +147,10 @@ func (r *KeyReader) readLocal(bi int, l *metapb.BlockLocation, d *metapb.Datanod
 	}
 	if err != nil {
 		c.sc.blk.fallbacks.Add(1)
-		r.scb.drop(k, bf)
+		fresh := r.scb.drop(k, bf)
+		c.sc.cache.invalidate(k, bf)
 		var ce *corruptError
-		if errors.As(err, &ce) {
+		if errors.As(err, &ce) && fresh {
 			ce.msg += " (short-circuit read of the local block file)"
 			return err
 		}
@@ -160,7 +169,7 @@ func (r *KeyReader) readLocal(bi int, l *metapb.BlockLocation, d *metapb.Datanod
 // time. nil: not now (socket failed, reader closed); a file with f nil:
 // never from d for this reader; an error: the token was refused (a gRPC
 // status, as ReadBlock's).
-func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, id *metapb.BlockID, tok []byte, cnt *scBlockCounters) (*scBlockFile, error) {
+func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, l *metapb.BlockLocation, tok []byte, sc *shortCircuits) (*scBlockFile, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -171,16 +180,13 @@ func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, id *metapb.BlockID, 
 		return bf, nil
 	}
 	s.mu.Unlock()
-	bf := &scBlockFile{}
+	bf, fresh := &scBlockFile{}, false
 	if _, err := os.Stat(d.ShortCircuitSocket); err == nil { // else: not this host
-		f, bd, notAvail, err := fetchBlockFile(d.ShortCircuitSocket, d.Id, id, tok)
+		got, fr, notAvail, err := sc.fetchShared(k, d, l, tok)
 		var te *scTokenError
 		switch {
 		case err == nil:
-			cnt.opened.Add(1)
-			bf.f, bf.bd = f, bd
-			bf.m = mapBlockFile(f, bd.Length)
-			bf.refs.Store(1)
+			bf, fresh = got, fr
 		case errors.As(err, &te):
 			st, serr := status.New(codes.PermissionDenied, te.msg).WithDetails(&datanodepb.Error{Kind: te.kind})
 			if serr != nil {
@@ -188,10 +194,10 @@ func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, id *metapb.BlockID, 
 			}
 			return nil, st.Err()
 		case !notAvail:
-			cnt.fallbacks.Add(1)
+			sc.blk.fallbacks.Add(1)
 			return nil, nil
 		default:
-			cnt.fallbacks.Add(1)
+			sc.blk.fallbacks.Add(1)
 		}
 	}
 	s.mu.Lock()
@@ -203,11 +209,12 @@ func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, id *metapb.BlockID, 
 		return old, nil
 	}
 	if s.files == nil {
-		s.files = map[scKey]*scBlockFile{}
+		s.files, s.fresh = map[scKey]*scBlockFile{}, map[scKey]bool{}
 	}
 	if len(s.files) >= maxSCBlockFiles {
 		for ok, o := range s.files {
 			delete(s.files, ok)
+			delete(s.fresh, ok)
 			if o.f != nil {
 				o.release() // closed when reads in flight are done
 			}
@@ -215,6 +222,9 @@ func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, id *metapb.BlockID, 
 		}
 	}
 	s.files[k] = bf
+	if fresh {
+		s.fresh[k] = true
+	}
 	return bf, nil
 }
 
@@ -227,16 +237,20 @@ type scTokenError struct {
 func (e *scTokenError) Error() string { return e.msg }
 
 // drop forgets bf (it failed a read): the block is read over gRPC from
-// then on (a not-available entry stays in its place).
-func (s *scBlocks) drop(k scKey, bf *scBlockFile) {
+// then on (a not-available entry stays in its place). fresh: this reader
+// fetched bf from the datanode itself.
+func (s *scBlocks) drop(k scKey, bf *scBlockFile) (fresh bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	fresh = s.fresh[k]
+	delete(s.fresh, k)
 	if s.files[k] == bf {
 		s.files[k] = &scBlockFile{}
 		if bf.f != nil {
 			bf.release() // the table's reference
 		}
 	}
+	return fresh
 }
 
 func (s *scBlocks) close() {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -33,7 +34,7 @@ func blockOnDisk(t testing.TB, data []byte) (*os.File, *datanodepb.BlockData) {
 		ce := min(cs+chunk, len(data))
 		var sums []byte
 		for ws := cs; ws < ce; ws += w {
-			sums = binary.BigEndian.AppendUint32(sums, crc32.Checksum(data[ws:min(ws+w, ce)], castagnoli))
+			sums = binary.BigEndian.AppendUint32(sums, crc32.Checksum(data[ws:min(ws+w, ce)], crc32.MakeTable(crc32.Castagnoli)))
 		}
 		bd.Chunks = append(bd.Chunks, &datanodepb.ChunkInfo{Offset: uint64(cs), Length: uint64(ce - cs),
 			Checksum: &datanodepb.ChecksumData{Type: datanodepb.ChecksumType_CHECKSUM_CRC32C, BytesPerChecksum: w, Sums: sums}})
@@ -222,3 +223,42 @@ func TestLazyMappedPieceVerifies(t *testing.T) {
 type bytesWriter []byte
 
 func (b *bytesWriter) Write(p []byte) (int, error) { *b = append(*b, p...); return len(p), nil }
+
+// TestVerifyPopulatesOnce: a cached mapping fills its page tables once per
+// unit (the bits), and still verifies every window on every read: a byte
+// changed after the first read is caught by the second.
+func TestVerifyPopulatesOnce(t *testing.T) {
+	data := randBytes(10, 3<<20+5000)
+	f, bd := blockOnDisk(t, data)
+	m := mapBlockFile(f, bd.Length)
+	if m == nil {
+		t.Fatal("not mapped")
+	}
+	bf := &scBlockFile{f: f, m: m, bd: bd, populated: make([]atomic.Uint64, 1)}
+	bf.refs.Store(1)
+	defer bf.release()
+	n := int64(len(data))
+	if err := bf.verify(popUnit+16<<10, 3*popUnit, popUnit+16<<10, 3*popUnit); err != nil {
+		t.Fatal(err)
+	}
+	if got := bf.populated[0].Load(); got != 0b110 {
+		t.Fatalf("populated %b after verifying units 1 and 2, want 110", got)
+	}
+	if err := bf.verify(0, n, 0, n); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := bf.populated[0].Load(), uint64(1)<<((n-1)/popUnit+1)-1; got != want {
+		t.Fatalf("populated %b after verifying all, want %b", got, want)
+	}
+	wf, err := os.OpenFile(f.Name(), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wf.WriteAt([]byte{data[2*popUnit+7] ^ 1}, 2*popUnit+7); err != nil {
+		t.Fatal(err)
+	}
+	wf.Close()
+	if err := bf.verify(0, n, 0, n); err == nil {
+		t.Fatal("a byte changed after the page tables were filled passed verification")
+	}
+}

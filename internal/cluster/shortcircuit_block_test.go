@@ -20,7 +20,7 @@ import (
 // in-process datanodes all run on the test's host, so a client reads their
 // block files itself.
 
-func startSC(t *testing.T, off bool) (*cluster.Cluster, string) {
+func startSC(t testing.TB, off bool) (*cluster.Cluster, string) {
 	t.Helper()
 	// A short directory: a Unix socket's path has at most 107 bytes.
 	dir, err := os.MkdirTemp("", "scb")

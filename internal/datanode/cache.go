@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/basalt-store/basalt/internal/crc32c"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/storage"
@@ -49,12 +49,10 @@ type cacheRecord struct {
 	CRC       uint32            `json:"crc"` // CRC32C of the record with CRC 0
 }
 
-var castagnoliTab = crc32.MakeTable(crc32.Castagnoli)
-
 func (r cacheRecord) sum() uint32 {
 	r.CRC = 0
 	b, _ := json.Marshal(r)
-	return crc32.Checksum(b, castagnoliTab)
+	return crc32c.Checksum(b)
 }
 
 type cacheKey struct{ c, l uint64 }

@@ -20,6 +20,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/basalt-store/basalt/internal/crc32c"
 )
 
 // Request bodies stream from the socket to the datanodes: nothing here
@@ -39,7 +41,7 @@ var crc64NVME = crc64.MakeTable(0x9a6c9329ac4bc9b5)
 // checksumAlgos are S3's flexible checksum algorithms by header suffix.
 var checksumAlgos = map[string]func() hash.Hash{
 	"crc32":     func() hash.Hash { return crc32.NewIEEE() },
-	"crc32c":    func() hash.Hash { return crc32.New(crc32.MakeTable(crc32.Castagnoli)) },
+	"crc32c":    func() hash.Hash { return crc32c.New() },
 	"crc64nvme": func() hash.Hash { return crc64.New(crc64NVME) },
 	"sha1":      sha1.New,
 	"sha256":    sha256.New,

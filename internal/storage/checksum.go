@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+
+	"github.com/basalt-store/basalt/internal/crc32c"
 )
 
 // ChecksumType names the checksum algorithm of a chunk.
@@ -89,7 +91,7 @@ func (c Checksum) Compute(data []byte) ChecksumData {
 func appendSum(dst []byte, t ChecksumType, p []byte) []byte {
 	switch t {
 	case ChecksumCRC32C:
-		return binary.BigEndian.AppendUint32(dst, crc32.Checksum(p, castagnoli))
+		return binary.BigEndian.AppendUint32(dst, crc32c.Checksum(p))
 	case ChecksumSHA256:
 		s := sha256.Sum256(p)
 		return append(dst, s[:]...)
@@ -158,7 +160,7 @@ func (d ChecksumData) verifyRange(data []byte, firstWin int) int64 {
 		want := d.Sums[i*sz : (i+1)*sz]
 		switch d.Type {
 		case ChecksumCRC32C:
-			if binary.BigEndian.Uint32(want) != crc32.Checksum(p, castagnoli) {
+			if binary.BigEndian.Uint32(want) != crc32c.Checksum(p) {
 				return int64(off)
 			}
 		case ChecksumSHA256:

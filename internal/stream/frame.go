@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+
+	fastcrc "github.com/basalt-store/basalt/internal/crc32c"
 )
 
 // Wire constants. Every integer is big-endian.
@@ -63,7 +65,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // crc32c is the checksum of payloads and frames (hardware accelerated on
 // amd64/arm64).
-func crc32c(p []byte) uint32 { return crc32.Checksum(p, castagnoli) }
+func crc32c(p []byte) uint32 { return fastcrc.Checksum(p) }
 
 // Every frame carries a CRC32C of itself: TCP's 16-bit checksum lets
 // damaged segments through often enough at our volumes, and a flipped bit

@@ -1,0 +1,245 @@
+package cluster_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/basalt-store/basalt/client"
+)
+
+// The client-wide cache of local block files (client/shortcircuit_cache.go).
+
+// scReadAll reads key k with a new reader of cl: WriteTo (the mapped path)
+// or ReadAt (copies from the mapping).
+func scReadAll(t *testing.T, cl *client.Client, k string, n int, writeTo bool) []byte {
+	t.Helper()
+	r, err := cl.GetKey(context.Background(), "vol", "bkt", k)
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	defer r.Close()
+	if writeTo {
+		var b bytes.Buffer
+		if _, err := r.WriteTo(&b); err != nil {
+			t.Error(err)
+		}
+		return b.Bytes()
+	}
+	p := make([]byte, n)
+	if _, err := r.ReadAt(p, 0); err != nil && err != io.EOF {
+		t.Error(err)
+	}
+	return p
+}
+
+// blockMappings counts the mappings of block files under dir in this
+// process.
+func blockMappings(t *testing.T, dir string) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, dir) && strings.Contains(l, ".block") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestShortCircuitCacheReuse: readers of one client after the first get
+// the block files from the client's cache (the datanodes pass each file
+// once), also many readers at once (run with -race); the data is right;
+// closing the client unmaps every file. Without the cache each reader
+// fetched and mapped every block again.
+func TestShortCircuitCacheReuse(t *testing.T) {
+	c, dir := startSC(t, false)
+	cl := newClient(t, c, "/dc1/rack1")
+	makeBucket(t, cl, "vol", "bkt")
+	data := randData(31, 10<<20+4321) // three blocks of 4 MiB
+	put(t, cl, "k", data)
+	reader, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(),
+		Location: "/dc1/rack1", RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	served0, _, _ := scServed(c)
+	for i := range 4 {
+		if got := scReadAll(t, reader, "k", len(data), i%2 == 0); !bytes.Equal(got, data) {
+			t.Fatalf("read %d: wrong data", i)
+		}
+	}
+	var wg sync.WaitGroup
+	for i := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if got := scReadAll(t, reader, "k", len(data), i%2 == 0); !bytes.Equal(got, data) {
+				t.Errorf("concurrent read %d: wrong data", i)
+			}
+		}()
+	}
+	wg.Wait()
+	st, cs := reader.ShortCircuitBlockStats(), reader.ShortCircuitCacheStats()
+	served, _, _ := scServed(c)
+	if st.Opened != 3 || served-served0 != 3 || cs.Files != 3 || cs.Hits < 27 || st.Fallbacks != 0 || st.Bytes != 10*uint64(len(data)) {
+		t.Fatalf("10 readers: client %+v, cache %+v, datanodes passed %d files: want 3 files passed once, every byte from them",
+			st, cs, served-served0)
+	}
+	if n := blockMappings(t, dir); n != 3 {
+		t.Fatalf("%d block files mapped with 3 cached, want 3", n)
+	}
+	reader.Close()
+	if n := blockMappings(t, dir); n != 0 {
+		t.Fatalf("%d block files still mapped after Close", n)
+	}
+}
+
+// TestShortCircuitCacheBounds: the cache keeps at most its number of
+// files and mapped bytes (least recently used go first), and drops files
+// unused for its idle time; what it drops is unmapped (no reader holds
+// it).
+func TestShortCircuitCacheBounds(t *testing.T) {
+	c, dir := startSC(t, false)
+	cl := newClient(t, c, "/dc1/rack1")
+	makeBucket(t, cl, "vol", "bkt")
+	data := randData(32, 12<<20) // three blocks of 4 MiB
+	put(t, cl, "k", data)
+
+	byCount := newClient(t, c, "/dc1/rack1")
+	byCount.SetShortCircuitCacheLimitsForTest(2, 0, time.Hour)
+	if got := scReadAll(t, byCount, "k", len(data), true); !bytes.Equal(got, data) {
+		t.Fatal("wrong data")
+	}
+	if cs := byCount.ShortCircuitCacheStats(); cs.Files != 2 || cs.Evicted != 1 || cs.MappedBytes != 8<<20 {
+		t.Fatalf("at most 2 files: %+v", cs)
+	}
+	if n := blockMappings(t, dir); n != 2 {
+		t.Fatalf("%d block files mapped, want the 2 cached", n)
+	}
+	byCount.Close()
+
+	byBytes := newClient(t, c, "/dc1/rack1")
+	byBytes.SetShortCircuitCacheLimitsForTest(100, 9<<20, time.Hour)
+	if got := scReadAll(t, byBytes, "k", len(data), false); !bytes.Equal(got, data) {
+		t.Fatal("wrong data")
+	}
+	if cs := byBytes.ShortCircuitCacheStats(); cs.Files != 2 || cs.MappedBytes > 9<<20 {
+		t.Fatalf("at most 9 MiB mapped: %+v", cs)
+	}
+	byBytes.Close()
+
+	idle := newClient(t, c, "/dc1/rack1")
+	idle.SetShortCircuitCacheLimitsForTest(0, 0, 300*time.Millisecond)
+	if got := scReadAll(t, idle, "k", len(data), true); !bytes.Equal(got, data) {
+		t.Fatal("wrong data")
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for idle.ShortCircuitCacheStats().Files != 0 || blockMappings(t, dir) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("idle files not dropped: %+v, %d mapped", idle.ShortCircuitCacheStats(), blockMappings(t, dir))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// And the next reader fetches them again.
+	if got := scReadAll(t, idle, "k", len(data), true); !bytes.Equal(got, data) {
+		t.Fatal("wrong data after expiry")
+	}
+	if st := idle.ShortCircuitBlockStats(); st.Opened != 6 {
+		t.Fatalf("after expiry: %+v, want the 3 files fetched again", st)
+	}
+}
+
+// TestShortCircuitCacheStaleFile: a cached block file the datanode no
+// longer has (unlinked: its block deleted, or its file replaced, as an
+// imported or re-replicated container does) is not used again: the next
+// reader fetches the current file. And a cached mapping whose bytes no
+// longer match their checksums is dropped and the range read correctly
+// elsewhere, without the cache's stale mapping being taken for proof of
+// a corrupt replica.
+func TestShortCircuitCacheStaleFile(t *testing.T) {
+	c, dir := startSC(t, false)
+	cl := newClient(t, c, "/dc1/rack1")
+	makeBucket(t, cl, "vol", "bkt")
+	data := randData(33, 3<<20) // one block
+	put(t, cl, "k", data)
+	reader := newClient(t, c, "/dc1/rack1")
+	if got := scReadAll(t, reader, "k", len(data), true); !bytes.Equal(got, data) {
+		t.Fatal("wrong data")
+	}
+	r, err := reader.GetKey(context.Background(), "vol", "bkt", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := r.Info().Blocks[0]
+	r.Close()
+	// Replace the files (same bytes, new inodes): the old ones are
+	// unlinked.
+	for i := range 3 {
+		path := blockFile(dir, i, b.ContainerID, b.LocalID)
+		old, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path+".new", old, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".new", path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := reader.ShortCircuitBlockStats()
+	if got := scReadAll(t, reader, "k", len(data), false); !bytes.Equal(got, data) {
+		t.Fatal("wrong data after the file was replaced")
+	}
+	st, cs := reader.ShortCircuitBlockStats(), reader.ShortCircuitCacheStats()
+	if st.Opened != before.Opened+1 || cs.Invalidated != 1 || cs.Files != 1 {
+		t.Fatalf("after the file was replaced: %+v, cache %+v: want the unlinked file dropped and the new one fetched", st, cs)
+	}
+
+	// Flip a byte of the cached file in place.
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := ""
+	for i := range 3 {
+		if p := blockFile(dir, i, b.ContainerID, b.LocalID); strings.Contains(string(maps), p+"\n") {
+			path = p
+		}
+	}
+	if path == "" {
+		t.Fatal("no block file mapped")
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := []byte{0}
+	if _, err := f.ReadAt(one, 1<<20+9); err != nil {
+		t.Fatal(err)
+	}
+	one[0] ^= 0x20
+	if _, err := f.WriteAt(one, 1<<20+9); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	for i, writeTo := range []bool{true, false} {
+		if got := scReadAll(t, reader, "k", len(data), writeTo); !bytes.Equal(got, data) {
+			t.Fatalf("read %d with a damaged cached file: wrong data", i)
+		}
+	}
+	if cs := reader.ShortCircuitCacheStats(); cs.Invalidated < 2 {
+		t.Fatalf("damaged cached file: cache %+v, want it dropped", cs)
+	}
+}
