@@ -648,7 +648,7 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 			if sp.sum.Type != ChecksumNone {
 				b = early
 			}
-			b.Set(makeChunkKey(d.c.id, d.lid, sp.off), encodeChunk(sp.n, sp.sum), nil)
+			b.Set(makeChunkKey(d.c.id, d.lid, sp.off), encodeChunkRec(sp.n, sp.sum, sp.small), nil)
 			if deferred[i] {
 				k := makeDeferredKey(d.c.id, d.lid, sp.off)
 				gen, undo := v.defer_.setGen(k)
