@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
@@ -422,23 +421,6 @@ func (s *Store) openVolume(v *volume) error {
 	// blocks from the file again; a larger memtable makes fewer tables.
 	po.Cache = s.pcache // shared by the volumes; the DB holds its own reference
 	po.MemTableSize = pebbleMemTableSize
-	// Value separation (issue 15): inline blocks' and deferred writes'
-	// bytes (values of at least valueSepMin) go to blob files when a
-	// memtable is flushed, and compactions move only the references:
-	// before, every compaction rewrote the inline data it passed (11% of
-	// a small-PUT profile). It needs the FormatValueSeparation format
-	// (a volume opened once with it cannot be opened by a Pebble older
-	// than v2.1).
-	po.FormatMajorVersion = pebble.FormatValueSeparation
-	po.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy {
-		return pebble.ValueSeparationPolicy{
-			Enabled:               true,
-			MinimumSize:           valueSepMin,
-			MaxBlobReferenceDepth: 10,
-			RewriteMinimumAge:     5 * time.Minute,
-			TargetGarbageRatio:    0.2,
-		}
-	}
 	db, err := pebble.Open(filepath.Join(root, "meta"), po)
 	if err != nil {
 		return err
@@ -452,11 +434,6 @@ func (s *Store) openVolume(v *volume) error {
 	}
 	return nil
 }
-
-// valueSepMin is the smallest Pebble value kept in a blob file (value
-// separation): block records and chunk records stay in the tables, the
-// bytes of inline blocks and deferred writes (≥ 512 B) move out.
-const valueSepMin = 512
 
 // reserve is the free space block data never eats into.
 func (s *Store) reserve() int64 {
