@@ -104,6 +104,7 @@ func (s *Store) recoverVolume(v *volume) error {
 			if err == nil && bd.LocalID != LocalID(id) {
 				err = fmt.Errorf("block record under key %d names block %d", id, bd.LocalID)
 			}
+			c.noteBlock(LocalID(id))
 			if err == nil && bd.Inline {
 				// No file to reconcile.
 				if inlineRecs[cid] == nil {

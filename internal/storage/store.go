@@ -277,6 +277,25 @@ type container struct {
 	// deferredKeys counts this container's deferred writes whose files
 	// the flusher has not synced yet (deferred.go).
 	deferredKeys atomic.Int64
+
+	// maxBlock is at least the largest local ID of any block record this
+	// container has had: raised before a record is written (Open's scan,
+	// putBlock, Import), never lowered. SCM hands out local IDs in
+	// increasing order, so a new block's first write usually finds its
+	// ID above it and skips the record lookup (getOpen), a Pebble miss
+	// that cost 4% of a small-PUT profile.
+	maxBlock atomic.Uint64
+}
+
+// noteBlock raises c.maxBlock to lid; called before lid's record is
+// written.
+func (c *container) noteBlock(lid LocalID) {
+	for {
+		cur := c.maxBlock.Load()
+		if uint64(lid) <= cur || c.maxBlock.CompareAndSwap(cur, uint64(lid)) {
+			return
+		}
+	}
 }
 
 // openBlock is the in-memory state of a block with uncommitted writes.
@@ -710,11 +729,15 @@ func (s *Store) getOpen(op string, c *container, lid LocalID) (*openBlock, error
 	if ob != nil {
 		return ob, nil
 	}
-	// Every new block's first write lands here and finds nothing: the
-	// miss builds no error (lookupBlock).
-	bd, found, err := s.lookupBlock(c, lid)
-	if err != nil {
-		return nil, err
+	// Every new block's first write lands here and finds nothing: above
+	// maxBlock no record can exist, and a miss builds no error.
+	var bd BlockData
+	var found bool
+	if uint64(lid) <= c.maxBlock.Load() {
+		var err error
+		if bd, found, err = s.lookupBlock(c, lid); err != nil {
+			return nil, err
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -1059,6 +1059,7 @@ func (s *Store) putBlock(cid ContainerID, bd BlockData, deferred bool) error {
 	}
 	cnt.BCSID = max(cnt.BCSID, bd.BCSID)
 	cnt.check(cid)
+	c.noteBlock(lid)
 	b := c.vol.db.NewBatch()
 	b.Set(makeKey(cid, kindBlock, uint64(lid)), encodeBlock(&bd), nil)
 	b.Set(makeKey(cid, kindContainer, idCounters), cnt.encode(), nil)
