@@ -231,7 +231,7 @@ func (s *service) waitAll(ctx context.Context, g *raft.Group, index uint64, cid 
 	if err := g.WaitAppliedAll(wctx, index); err != nil {
 		return s.toStatus(err)
 	}
-	return s.toStatus(s.d.checkReplicas(wctx, g.ID(), g.Status().Voters, index, cid))
+	return s.toStatus(s.d.checkReplicas(wctx, g.ID(), g.Voters(), index, cid))
 }
 
 // PutSmallFile writes and commits a whole one-chunk block with one

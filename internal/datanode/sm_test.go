@@ -306,3 +306,43 @@ func TestSmallFileMalformed(t *testing.T) {
 		t.Fatal("two-chunk small file committed")
 	}
 }
+
+// TestApplyUsesTheEntrysOwnCommand: Apply takes the command WriteData
+// decoded only for the same entry (index and term). Here index 6 was
+// written in term 1 (block 1) and replaced by a leader of term 2 whose
+// entry 6 commits block 2 (its data came with entry 9): block 2 is
+// committed at 6, block 1 is not, and nothing stays kept afterwards.
+func TestApplyUsesTheEntrysOwnCommand(t *testing.T) {
+	r := openReplica(t, t.TempDir())
+	defer r.store.Close()
+	a, b := randBytes(1, 4096), randBytes(2, 4096)
+	old := smallFileEntry(6, 5, 1, a)
+	if err := r.sm.WriteData(old.Index, old.Term, old.Meta, a); err != nil {
+		t.Fatal(err)
+	}
+	carrier := smallFileEntry(9, 5, 2, b)
+	carrier.Term = 2
+	if err := r.sm.WriteData(carrier.Index, carrier.Term, carrier.Meta, b); err != nil {
+		t.Fatal(err)
+	}
+	replaced := smallFileEntry(6, 5, 2, b)
+	replaced.Term = 2
+	if err := r.apply(replaced); err != nil {
+		t.Fatal(err)
+	}
+	if bd, got := r.read(5, 2); bd.BCSID != 6 || !bytes.Equal(got, b) {
+		t.Fatalf("block 2: BCSID %d, data equal %v; want committed at 6", bd.BCSID, bytes.Equal(got, b))
+	}
+	if _, err := r.store.GetBlock(5, 1); !errors.Is(err, storage.ErrBlockNotFound) {
+		t.Fatalf("block 1 of the replaced entry: %v, want not found", err)
+	}
+	if err := r.apply(carrier); err != nil {
+		t.Fatal(err)
+	}
+	r.sm.decMu.Lock()
+	n := len(r.sm.decoded)
+	r.sm.decMu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d decoded commands kept after their entries applied", n)
+	}
+}

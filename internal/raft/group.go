@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -912,6 +913,17 @@ func (g *Group) Status() Status {
 		g.pmu.Unlock()
 	}
 	return s
+}
+
+// Voters returns the group's voters, sorted, as of its last applied
+// configuration (what Status().Voters says, without Status's copy of
+// every follower's progress: the write path asks on every request).
+func (g *Group) Voters() []uint64 {
+	g.pmu.Lock()
+	v := slices.Clone(g.voters)
+	g.pmu.Unlock()
+	slices.Sort(v)
+	return v
 }
 
 func roleName(s etcdraft.StateType) string {

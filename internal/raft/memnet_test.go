@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -228,12 +229,23 @@ func TestSnapshotInstallOnNewMember(t *testing.T) {
 	if len(st.Voters) != 4 {
 		t.Fatalf("voters = %v", st.Voters)
 	}
+	// Voters (the write path's cheap form) says what Status says, on the
+	// leader and on the member that joined by snapshot.
+	if v := c.group(lead, 1).Voters(); !slices.Equal(v, st.Voters) {
+		t.Fatalf("Voters() = %v, Status().Voters = %v", v, st.Voters)
+	}
+	if v := c.group(4, 1).Voters(); !slices.Equal(v, []uint64{1, 2, 3, 4}) {
+		t.Fatalf("new member's Voters() = %v", v)
+	}
 	// And remove it again.
 	if err := c.group(c.waitLeader(1, 1, 2, 3), 1).RemoveMember(ctx, 4); err != nil {
 		t.Fatal(err)
 	}
 	if st := c.group(c.waitLeader(1, 1, 2, 3), 1).Status(); len(st.Voters) != 3 {
 		t.Fatalf("voters after remove = %v", st.Voters)
+	}
+	if g := c.group(c.waitLeader(1, 1, 2, 3), 1); !slices.Equal(g.Voters(), g.Status().Voters) {
+		t.Fatalf("after remove: Voters() = %v, Status().Voters = %v", g.Voters(), g.Status().Voters)
 	}
 }
 

@@ -191,6 +191,7 @@ func (s *Store) Import(r io.Reader) (ContainerReport, error) {
 		got.Blocks++
 		got.Used += bd.Length
 		got.BCSID = max(got.BCSID, bd.BCSID)
+		c.noteBlock(bd.LocalID)
 		batch.Set(makeKey(cid, kindBlock, uint64(bd.LocalID)), raw, nil)
 	}
 	sum := hr.h.Sum(nil)

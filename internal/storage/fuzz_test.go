@@ -59,8 +59,9 @@ func FuzzDecodeChunk(f *testing.F) {
 	f.Add(encodeChunk(3000, DefaultChecksum.Compute(data)))
 	f.Add(encodeChunk(3000, Checksum{ChecksumSHA256, 512}.Compute(data)))
 	f.Add(encodeChunk(1, ChecksumData{}))
+	f.Add(encodeChunkRec(3000, DefaultChecksum.Compute(data), true))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		n, sum, err := decodeChunk(b)
+		n, sum, small, err := decodeChunkRec(b)
 		if err != nil {
 			return
 		}
@@ -70,8 +71,8 @@ func FuzzDecodeChunk(f *testing.F) {
 		if err := ValidateChunk(0, n, sum); err != nil {
 			t.Fatalf("decoded chunk fails validation: %v", err)
 		}
-		n2, sum2, err := decodeChunk(encodeChunk(n, sum))
-		if err != nil || n2 != n || !sum2.equal(sum) {
+		n2, sum2, small2, err := decodeChunkRec(encodeChunkRec(n, sum, small))
+		if err != nil || n2 != n || !sum2.equal(sum) || small2 != small {
 			t.Fatalf("round trip: %d %+v -> %d %+v, %v", n, sum, n2, sum2, err)
 		}
 		sum.Verify(make([]byte, min(n, 1<<16)))

@@ -42,7 +42,9 @@ import (
 // inline block cannot be extended; a block whose chunk was written by
 // WriteSmallChunk (inline here or not: every replica alike) takes no
 // other chunk and is committed only with exactly that chunk
-// (smallCommitOK).
+// (smallCommitOK). The chunk record says so too (chunkRecVersionSmall,
+// in the Sync's batch), so a replica that restarts between the Sync and
+// the commit keeps refusing what its peers refuse.
 const blockRecVersionInline = 2
 
 // errInlineFinal refuses a write that would extend an inline block.

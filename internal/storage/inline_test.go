@@ -375,3 +375,54 @@ func TestSmallChunkTakesNoSecondChunk(t *testing.T) {
 		s.Close()
 	}
 }
+
+// TestSmallFlagSurvivesRestart: a replica that restarts between a small
+// chunk's Sync and its commit still knows the chunk was written by
+// WriteSmallChunk (the chunk record, synced in the same batch, says so):
+// it refuses a PutBlock of another shape and a second chunk, as the
+// replicas that did not restart do, and commits the exact shape. Before,
+// the recovered span lost the flag and this replica alone accepted them.
+func TestSmallFlagSurvivesRestart(t *testing.T) {
+	skipUnlessPosix(t)
+	data := blockBytes(1, 1, 4<<10)
+	sum := DefaultChecksum.Compute(data)
+	half := DefaultChecksum.Compute(data[:2048])
+	shapes := map[string]BlockData{
+		"short":        {LocalID: 1, Length: 2048, Chunks: []ChunkInfo{{Offset: 0, Length: 2048}}},
+		"two-no-sums":  {LocalID: 1, Length: 4096, Chunks: []ChunkInfo{{Offset: 0, Length: 2048}, {Offset: 2048, Length: 2048}}},
+		"short-summed": {LocalID: 1, Length: 2048, Chunks: []ChunkInfo{{Offset: 0, Length: 2048, Checksum: half}}},
+		"other-sums":   {LocalID: 1, Length: 4096, Chunks: []ChunkInfo{{Offset: 0, Length: 4096, Checksum: DefaultChecksum.Compute(make([]byte, 4096))}}},
+	}
+	for _, deferMax := range []int64{0, -1} {
+		for name, bd := range shapes {
+			o := Options{DeferredMax: deferMax, KeepUncommitted: true}
+			fs := newCrashFS()
+			s := openOn(t, fs, o)
+			mustCreate(t, s, 1)
+			if err := s.WriteSmallChunk(1, 1, data, sum, true); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			s2 := openOn(t, fs.Crash(), o)
+			if ok, err := s2.HasChunk(1, 1, 0, 4096); !ok || err != nil {
+				t.Fatalf("deferMax=%d: synced small chunk not held after a restart: %v, %v", deferMax, ok, err)
+			}
+			if err := s2.WriteChunk(1, 1, 4096, data, sum, true); !errors.Is(err, ErrChunkOverlap) {
+				t.Errorf("deferMax=%d %s: second chunk after a restart: %v, want ErrChunkOverlap", deferMax, name, err)
+			}
+			bd.BCSID = 1
+			if err := s2.PutBlock(1, bd); !errors.Is(err, ErrBadBlockData) {
+				t.Errorf("deferMax=%d %s: PutBlock after a restart = %v, want ErrBadBlockData", deferMax, name, err)
+			}
+			if err := s2.PutBlock(1, BlockData{LocalID: 1, Length: 4096, BCSID: 2,
+				Chunks: []ChunkInfo{{Offset: 0, Length: 4096, Checksum: sum}}}); err != nil {
+				t.Fatalf("deferMax=%d %s: exact commit after a restart: %v", deferMax, name, err)
+			}
+			checkBlock(t, s2, 1, 1, data)
+			s2.Close()
+			s.Close()
+		}
+	}
+}

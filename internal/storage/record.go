@@ -27,6 +27,11 @@ const (
 	idCounters      = 1
 	blockRecVersion = 1
 	chunkRecVersion = 1
+	// chunkRecVersionSmall: the same record for the chunk of a block
+	// written by WriteSmallChunk (span.small), so a replica that restarts
+	// before the block's commit still refuses other commit shapes
+	// (smallCommitOK) and further chunks, as its peers do.
+	chunkRecVersionSmall = 2
 	// maxChunksPerBlock bounds the metadata of one block (and the memory a
 	// decoder allocates for a hostile record).
 	maxChunksPerBlock = 1 << 16
@@ -185,9 +190,19 @@ func encodeBlock(bd *BlockData) []byte {
 // It is written only after the chunk's data was synced, so its presence
 // means "these bytes are on disk with these checksums" and its absence
 // means the chunk is not on this replica (a hole PutBlock refuses).
-func encodeChunk(n int64, sum ChecksumData) []byte {
+//
+// The version says whether the chunk is a small block's (version 2,
+// encodeChunkRec with small) or any other (version 1).
+func encodeChunk(n int64, sum ChecksumData) []byte { return encodeChunkRec(n, sum, false) }
+
+// encodeChunkRec is encodeChunk that records span.small.
+func encodeChunkRec(n int64, sum ChecksumData, small bool) []byte {
 	b := make([]byte, 0, 1+3*binary.MaxVarintLen64+1+len(sum.Sums))
-	b = append(b, chunkRecVersion)
+	if small {
+		b = append(b, chunkRecVersionSmall)
+	} else {
+		b = append(b, chunkRecVersion)
+	}
 	b = binary.AppendUvarint(b, uint64(n))
 	b = append(b, byte(sum.Type))
 	b = binary.AppendUvarint(b, uint64(sum.BytesPerChecksum))
@@ -198,10 +213,22 @@ func encodeChunk(n int64, sum ChecksumData) []byte {
 // decodeChunk decodes a chunk record and checks it describes a chunk of at
 // most MaxChunkSize bytes whose checksums cover it exactly.
 func decodeChunk(b []byte) (n int64, sum ChecksumData, err error) {
-	if len(b) == 0 || b[0] != chunkRecVersion {
-		return 0, sum, fmt.Errorf("unknown chunk record version")
+	n, sum, _, err = decodeChunkRec(b)
+	return n, sum, err
+}
+
+// decodeChunkRec is decodeChunk that also reports whether the record is
+// a small block's chunk (encodeChunkRec).
+func decodeChunkRec(b []byte) (n int64, sum ChecksumData, small bool, err error) {
+	if len(b) == 0 || (b[0] != chunkRecVersion && b[0] != chunkRecVersionSmall) {
+		return 0, sum, false, fmt.Errorf("unknown chunk record version")
 	}
-	b = b[1:]
+	small = b[0] == chunkRecVersionSmall
+	n, sum, err = decodeChunkBody(b[1:])
+	return n, sum, small, err
+}
+
+func decodeChunkBody(b []byte) (n int64, sum ChecksumData, err error) {
 	ln, k := binary.Uvarint(b)
 	if k <= 0 || len(b) < k+1 {
 		return 0, sum, errShortChunk

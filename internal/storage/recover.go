@@ -32,6 +32,7 @@ import (
 type recChunk struct {
 	off, n int64
 	sum    ChecksumData
+	small  bool // written by WriteSmallChunk (chunkRecVersionSmall)
 }
 
 func (s *Store) recoverVolume(v *volume) error {
@@ -75,7 +76,7 @@ func (s *Store) recoverVolume(v *volume) error {
 		}
 		if cid, lid, off, okc := parseChunkKey(it.Key()); okc {
 			get(cid)
-			n, sum, err := decodeChunk(val)
+			n, sum, small, err := decodeChunkRec(val)
 			if err != nil {
 				it.Close()
 				return fmt.Errorf("volume %s container %d block %d chunk at %d: %w", v.path, cid, lid, off, err)
@@ -83,7 +84,7 @@ func (s *Store) recoverVolume(v *volume) error {
 			if chunks[cid] == nil {
 				chunks[cid] = map[LocalID][]recChunk{}
 			}
-			chunks[cid][lid] = append(chunks[cid][lid], recChunk{off, n, sum})
+			chunks[cid][lid] = append(chunks[cid][lid], recChunk{off, n, sum, small && off == 0})
 			continue
 		}
 		cid, kind, id, okk := parseKey(it.Key())
@@ -103,6 +104,7 @@ func (s *Store) recoverVolume(v *volume) error {
 			if err == nil && bd.LocalID != LocalID(id) {
 				err = fmt.Errorf("block record under key %d names block %d", id, bd.LocalID)
 			}
+			c.noteBlock(LocalID(id))
 			if err == nil && bd.Inline {
 				// No file to reconcile.
 				if inlineRecs[cid] == nil {
@@ -218,7 +220,7 @@ func (s *Store) recoverContainer(c *container, committed map[LocalID]int64, recs
 				default:
 					// A checksummed chunk's record may have reached
 					// disk before its bytes: checked before first use.
-					spans = append(spans, span{off: r.off, n: r.n, sum: r.sum, durable: true, unverified: r.sum.Type != ChecksumNone})
+					spans = append(spans, span{off: r.off, n: r.n, sum: r.sum, durable: true, unverified: r.sum.Type != ChecksumNone, small: r.small})
 					pos = r.off + r.n
 				}
 			}

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -224,8 +225,13 @@ type volume struct {
 	failErr error
 
 	// deferredSeq counts the PutBlockDeferred commits made without a WAL
-	// sync; syncedSeq is the count a completed SyncCommits covered.
+	// sync; syncedSeq is the count a completed WAL sync covered (a
+	// SyncCommits', or a Sync round's synced batch: noteWALSynced).
 	deferredSeq, syncedSeq atomic.Uint64
+	// syncWake is closed (and cleared) when syncedSeq moves: SyncCommits
+	// callers lingering for a Sync round's WAL sync wait on it.
+	syncWakeMu sync.Mutex
+	syncWake   chan struct{}
 	// defer_ flushes deferred writes (nil if the volume takes none).
 	defer_ *deferrer
 
@@ -276,6 +282,25 @@ type container struct {
 	// deferredKeys counts this container's deferred writes whose files
 	// the flusher has not synced yet (deferred.go).
 	deferredKeys atomic.Int64
+
+	// maxBlock is at least the largest local ID of any block record this
+	// container has had: raised before a record is written (Open's scan,
+	// putBlock, Import), never lowered. SCM hands out local IDs in
+	// increasing order, so a new block's first write usually finds its
+	// ID above it and skips the record lookup (getOpen), a Pebble miss
+	// that cost 4% of a small-PUT profile.
+	maxBlock atomic.Uint64
+}
+
+// noteBlock raises c.maxBlock to lid; called before lid's record is
+// written.
+func (c *container) noteBlock(lid LocalID) {
+	for {
+		cur := c.maxBlock.Load()
+		if uint64(lid) <= cur || c.maxBlock.CompareAndSwap(cur, uint64(lid)) {
+			return
+		}
+	}
 }
 
 // openBlock is the in-memory state of a block with uncommitted writes.
@@ -709,9 +734,15 @@ func (s *Store) getOpen(op string, c *container, lid LocalID) (*openBlock, error
 	if ob != nil {
 		return ob, nil
 	}
-	bd, err := s.getBlock(c, lid)
-	if err != nil && !errors.Is(err, ErrBlockNotFound) {
-		return nil, err
+	// Every new block's first write lands here and finds nothing: above
+	// maxBlock no record can exist, and a miss builds no error.
+	var bd BlockData
+	var found bool
+	if uint64(lid) <= c.maxBlock.Load() {
+		var err error
+		if bd, found, err = s.lookupBlock(c, lid); err != nil {
+			return nil, err
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -722,7 +753,7 @@ func (s *Store) getOpen(op string, c *container, lid LocalID) (*openBlock, error
 		s.openBlocks.Add(-1)
 		return nil, bErr(op, ErrTooManyOpenBlocks, c.id, lid, fmt.Sprintf("limit %d", s.opts.MaxOpenBlocks), nil)
 	}
-	ob = &openBlock{committed: bd, hwm: bd.Length, dirSync: err != nil, exists: err == nil}
+	ob = &openBlock{committed: bd, hwm: bd.Length, dirSync: !found, exists: found}
 	c.open[lid] = ob
 	return ob, nil
 }
@@ -778,19 +809,33 @@ func (s *Store) GetBlock(cid ContainerID, lid LocalID) (BlockData, error) {
 }
 
 func (s *Store) getBlock(c *container, lid LocalID) (BlockData, error) {
-	val, closer, err := c.vol.db.Get(makeKey(c.id, kindBlock, uint64(lid)))
+	bd, found, err := s.lookupBlock(c, lid)
+	if err == nil && !found {
+		err = bErr("get block", ErrBlockNotFound, c.id, lid, "", nil)
+	}
+	return bd, err
+}
+
+// lookupBlock is getBlock with a missing block reported by found, not by
+// an error.
+func (s *Store) lookupBlock(c *container, lid LocalID) (bd BlockData, found bool, err error) {
+	var key [keyLen]byte
+	binary.BigEndian.PutUint64(key[:], uint64(c.id))
+	key[8] = kindBlock
+	binary.BigEndian.PutUint64(key[9:], uint64(lid))
+	val, closer, err := c.vol.db.Get(key[:])
 	if errors.Is(err, pebble.ErrNotFound) {
-		return BlockData{}, bErr("get block", ErrBlockNotFound, c.id, lid, "", nil)
+		return BlockData{}, false, nil
 	}
 	if err != nil {
-		return BlockData{}, s.ioErr("get block", c, lid, 0, err)
+		return BlockData{}, false, s.ioErr("get block", c, lid, 0, err)
 	}
 	defer closer.Close()
-	bd, err := decodeBlock(val)
+	bd, err = decodeBlock(val)
 	if err != nil {
-		return BlockData{}, bErr("get block", ErrCorruption, c.id, lid, "metadata: "+err.Error(), nil)
+		return BlockData{}, false, bErr("get block", ErrCorruption, c.id, lid, "metadata: "+err.Error(), nil)
 	}
-	return bd, nil
+	return bd, true, nil
 }
 
 // ListBlocks returns the committed blocks of a container with local IDs in
