@@ -3,7 +3,6 @@ package storage
 import (
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/basalt-store/basalt/internal/vfs"
 )
@@ -98,80 +97,5 @@ func TestCommittedBlocksFoundAfterReopen(t *testing.T) {
 	for _, lid := range []LocalID{20, 5} {
 		writeBlock(t, s2, 1, lid, blockBytes(1, lid, 4<<10), 4<<10, DefaultChecksum, 100+uint64(lid))
 		checkBlock(t, s2, 1, lid, blockBytes(1, lid, 4<<10))
-	}
-}
-
-// TestSyncCommitsRidesSyncRound: block commits waiting in SyncCommits are
-// made durable by the next Sync round's synced WAL batch of the same
-// volume (a pipeline's chunk sync, the next Raft Ready's), without a WAL
-// sync of their own: one sync for both where there were two. Idle (no
-// round comes), SyncCommits syncs itself after syncCommitsLinger.
-func TestSyncCommitsRidesSyncRound(t *testing.T) {
-	skipUnlessPosix(t)
-	fs := newCrashFS()
-	s := openOn(t, fs, Options{KeepUncommitted: true})
-	defer s.Close()
-	mustCreate(t, s, 1)
-	put := func(lid LocalID) {
-		t.Helper()
-		data := blockBytes(1, lid, 4<<10)
-		sum := DefaultChecksum.Compute(data)
-		if err := s.WriteSmallChunk(1, lid, data, sum, true); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Sync(); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.PutBlockDeferred(1, BlockData{LocalID: lid, Length: 4 << 10, BCSID: uint64(lid),
-			Chunks: []ChunkInfo{{Offset: 0, Length: 4 << 10, Checksum: sum}}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	put(1)
-	// SyncCommits first, the round 200 µs later (well within the linger,
-	// long after a WAL sync of its own on this in-memory file system
-	// would have finished). A slow scheduler can still make the round
-	// late: a few tries, one must show it.
-	var n int64
-	for try := 0; try < 20; try++ {
-		lid := LocalID(10 + 2*try)
-		put(lid)
-		base := fs.syncCount()
-		done := make(chan error, 1)
-		go func() { done <- s.SyncCommits() }()
-		time.Sleep(200 * time.Microsecond)
-		d := blockBytes(1, lid+1, 4<<10)
-		if err := s.WriteSmallChunk(1, lid+1, d, DefaultChecksum.Compute(d), true); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Sync(); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		if n = fs.syncCount() - base; n == 1 {
-			break
-		}
-	}
-	if n != 1 {
-		t.Fatalf("%d syncs for a SyncCommits and a Sync round begun while it waited; want 1 (the round's)", n)
-	}
-	// Idle: nothing else syncs, SyncCommits does (once).
-	put(50)
-	base := fs.syncCount()
-	if err := s.SyncCommits(); err != nil {
-		t.Fatal(err)
-	}
-	if n := fs.syncCount() - base; n != 1 {
-		t.Fatalf("idle SyncCommits: %d syncs, want 1", n)
-	}
-	// And what it covered survives a crash.
-	s2 := openOn(t, fs.Crash(), Options{KeepUncommitted: true})
-	defer s2.Close()
-	for _, lid := range []LocalID{1, 50} {
-		if bd, err := s2.GetBlock(1, lid); err != nil || bd.BCSID != uint64(lid) {
-			t.Fatalf("block %d after a crash: %+v, %v", lid, bd, err)
-		}
 	}
 }

@@ -225,13 +225,8 @@ type volume struct {
 	failErr error
 
 	// deferredSeq counts the PutBlockDeferred commits made without a WAL
-	// sync; syncedSeq is the count a completed WAL sync covered (a
-	// SyncCommits', or a Sync round's synced batch: noteWALSynced).
+	// sync; syncedSeq is the count a completed SyncCommits covered.
 	deferredSeq, syncedSeq atomic.Uint64
-	// syncWake is closed (and cleared) when syncedSeq moves: SyncCommits
-	// callers lingering for a Sync round's WAL sync wait on it.
-	syncWakeMu sync.Mutex
-	syncWake   chan struct{}
 	// defer_ flushes deferred writes (nil if the volume takes none).
 	defer_ *deferrer
 

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sort"
 	"sync"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -663,14 +662,9 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		}
 	}
 	earlyDone := make(chan error, 1)
-	var covers uint64
 	if early.Empty() {
 		earlyDone <- nil
 	} else {
-		// A synced WAL write covers every deferred block commit that
-		// returned before it began: SyncCommits callers waiting for
-		// those need no WAL sync of their own (noteWALSynced).
-		covers = v.deferredSeq.Load()
 		go func() { earlyDone <- early.Commit(s.metaSync()) }()
 	}
 	errs := make([]error, len(todo))
@@ -682,13 +676,6 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		}
 	}
 	earlyErr := <-earlyDone
-	if earlyErr == nil && covers > 0 && s.metaSync() == pebble.Sync && !v.failed.Load() &&
-		!slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
-		// Noted once the round is over, and only if nothing in it
-		// failed: SyncCommits keeps reporting a failing volume's commits
-		// it had not covered before.
-		v.noteWALSynced(covers)
-	}
 	if earlyErr != nil {
 		for _, undo := range undos {
 			undo()
@@ -951,19 +938,11 @@ func (s *Store) SyncCommitsFor(ids []ContainerID) error {
 	return onVolumes(vols, s.syncCommitsVolume)
 }
 
-// syncCommitsLinger is how long SyncCommits waits for a Sync round of
-// the same volume (the pipelines' chunk syncs: under load, one per
-// Raft Ready with data) to cover its commits before it syncs the WAL
-// itself. Under load that halves a volume's WAL syncs (issue 15: they
-// were the largest item of a small-PUT profile); idle, it adds at most
-// this much to a commit.
-const syncCommitsLinger = time.Millisecond
-
 // syncCommitsVolume makes v's deferred commits durable (SyncCommits).
 func (s *Store) syncCommitsVolume(v *volume) error {
 	// Every commit counted in target had returned from its Pebble
-	// commit; a sync that completed after covering target (this one, a
-	// concurrent caller's or a Sync round's) makes them durable.
+	// commit; a sync that completed after covering target (this one or a
+	// concurrent caller's) makes them durable.
 	target := v.deferredSeq.Load()
 	if v.syncedSeq.Load() >= target {
 		return nil
@@ -973,60 +952,17 @@ func (s *Store) syncCommitsVolume(v *volume) error {
 		// not sync is lost to this replica.
 		return cErr("sync commits", ErrVolumeFailed, 0, "volume failed", v.err()).withVolume(v.path)
 	}
-	if s.opts.Sync != SyncNone && v.lingerForSync(target, syncCommitsLinger) {
-		return nil
-	}
 	if err := v.db.LogData(nil, pebble.Sync); err != nil {
 		v.fail(err, s.opts.Logf)
 		return cErr("sync commits", ErrVolumeFailed, 0, "WAL sync", err).withVolume(v.path)
 	}
-	v.noteWALSynced(target)
-	return nil
-}
-
-// noteWALSynced records that a synced WAL write of v that began when
-// deferredSeq was target has completed: every deferred commit counted by
-// then is durable. It wakes lingering SyncCommits callers.
-func (v *volume) noteWALSynced(target uint64) {
 	for {
 		done := v.syncedSeq.Load()
 		if done >= target || v.syncedSeq.CompareAndSwap(done, target) {
 			break
 		}
 	}
-	v.syncWakeMu.Lock()
-	if v.syncWake != nil {
-		close(v.syncWake)
-		v.syncWake = nil
-	}
-	v.syncWakeMu.Unlock()
-}
-
-// lingerForSync waits at most d for syncedSeq to reach target, and
-// reports whether it did.
-func (v *volume) lingerForSync(target uint64, d time.Duration) bool {
-	var t *time.Timer
-	for {
-		v.syncWakeMu.Lock()
-		if v.syncedSeq.Load() >= target {
-			v.syncWakeMu.Unlock()
-			return true
-		}
-		if v.syncWake == nil {
-			v.syncWake = make(chan struct{})
-		}
-		ch := v.syncWake
-		v.syncWakeMu.Unlock()
-		if t == nil {
-			t = time.NewTimer(d)
-			defer t.Stop()
-		}
-		select {
-		case <-ch:
-		case <-t.C:
-			return v.syncedSeq.Load() >= target
-		}
-	}
+	return nil
 }
 
 func (s *Store) putBlock(cid ContainerID, bd BlockData, deferred bool) error {
