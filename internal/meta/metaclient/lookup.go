@@ -44,11 +44,12 @@ const (
 	// DefaultLookupsInFlight is the default of Config.LookupsInFlight.
 	DefaultLookupsInFlight = 2
 	// minPipelinedBatch is the number of queued calls that sends a batch
-	// while another is in flight. Without it, the calls that come while
-	// one batch is out left in calls of one or two and cost the metadata
-	// service ~18 µs of CPU per lookup against ~16 with batches of 32
-	// (docs/BENCHMARKS.md, session 8).
-	minPipelinedBatch = 16
+	// while another is in flight. 1: at once, into the free slot. Waiting
+	// for 16 was tried (session 8): it saved ~3% of the metadata service's
+	// CPU per lookup (17.75 -> 17.15 µs, within noise) but cost ~2 ms of
+	// p99 and ~10% of throughput (docs/BENCHMARKS.md), so it is not used;
+	// pipelinedWait bounds the wait should this be raised again.
+	minPipelinedBatch = 1
 	// pipelinedWait bounds how long a call waits for minPipelinedBatch
 	// while a slot is free: a batch in flight may take up to its callers'
 	// latest deadline (a read barrier stalled by a leader change), and a
