@@ -25,27 +25,36 @@ import (
 // requester in flight, a call leaves at once in a batch of its own (no
 // waiting, so a lone caller pays no latency); while fewer than
 // Config.LookupsInFlight are, the queued calls leave as a batch once
-// minPipelinedBatch of them wait; otherwise calls queue (up to
+// minPipelinedBatch of them wait or the oldest of them waited
+// pipelinedWait, whichever comes first; otherwise calls queue (up to
 // maxLookupQueue; past it a call goes alone as a LookupKey) and leave
-// together as soon as a batch returns. Calls whose callers gave up meanwhile are dropped, and a batch
-// runs until the latest of its callers' deadlines, or until all of them
-// gave up. The server authorizes every key on its own and runs one read
+// together as soon as a batch returns. Calls whose callers gave up
+// meanwhile are dropped, and a batch runs until the latest of its callers'
+// deadlines, or until all of them gave up. The server authorizes every key on its own and runs one read
 // barrier per batch that starts after the batch was sent, so each answer
 // is as linearizable as LookupKey's. A key the server left unanswered
 // (RetryAlone: its answer would have made the response too big), a key
 // that failed UNAVAILABLE (not the leader, no block token key yet), and
 // the keys of a batch refused RESOURCE_EXHAUSTED are sent again as
-// LookupKey calls, which the client retries as it retries any read.
+// LookupKey calls, which the client retries as it retries any read; those
+// retries run outside the in-flight slots, so that no call waits behind
+// them.
 
 const (
 	// DefaultLookupsInFlight is the default of Config.LookupsInFlight.
 	DefaultLookupsInFlight = 2
 	// minPipelinedBatch is the number of queued calls that sends a batch
-	// while another is in flight. Without it, the calls that come while
-	// one batch is out left in calls of one or two and cost the metadata
-	// service ~18 µs of CPU per lookup against ~16 with batches of 32
-	// (docs/BENCHMARKS.md, session 8).
-	minPipelinedBatch = 16
+	// while another is in flight. 1: at once, into the free slot. Waiting
+	// for 16 was tried (session 8): it saved ~3% of the metadata service's
+	// CPU per lookup (17.75 -> 17.15 µs, within noise) but cost ~2 ms of
+	// p99 and ~10% of throughput (docs/BENCHMARKS.md), so it is not used;
+	// pipelinedWait bounds the wait should this be raised again.
+	minPipelinedBatch = 1
+	// pipelinedWait bounds how long a call waits for minPipelinedBatch
+	// while a slot is free: a batch in flight may take up to its callers'
+	// latest deadline (a read barrier stalled by a leader change), and a
+	// lone call must not wait for it.
+	pipelinedWait = time.Millisecond
 	// maxLookupBatch is the server's bound (namespace.MaxLookupBatch).
 	maxLookupBatch = 1024
 	// maxLookupQueue bounds the calls queued per requester.
@@ -69,6 +78,9 @@ type lookupQueue struct {
 	md       metadata.MD
 	inflight int
 	pending  []*lookupCall
+	since    time.Time   // when the oldest pending call was queued
+	timer    *time.Timer // flushes pending into a free slot (see arm)
+	armed    bool        // timer is set
 }
 
 type coalescer struct {
@@ -115,17 +127,23 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 		co.mu.Unlock()
 		return c.Namespace.LookupKey(ctx, req)
 	}
+	if len(q.pending) == 0 {
+		q.since = time.Now()
+	}
 	q.pending = append(q.pending, call)
 	var batch []*lookupCall
 	// A batch leaves at once when none is in flight; a further one (up to
-	// maxInflight) only once minPipelinedBatch calls wait, so that
-	// pipelining does not send keys in calls of one or two.
+	// maxInflight) once minPipelinedBatch calls wait, so that pipelining
+	// does not send keys in calls of one or two, or once the oldest
+	// waited pipelinedWait (arm).
 	if q.inflight == 0 || q.inflight < co.maxInflight && len(q.pending) >= minPipelinedBatch {
 		if batch = q.take(); len(batch) > 0 {
 			q.inflight++
 		} else {
 			co.release(key, q) // the caller gave up already
 		}
+	} else if q.inflight < co.maxInflight {
+		co.arm(key, q, pipelinedWait)
 	}
 	co.mu.Unlock()
 	if len(batch) > 0 {
@@ -163,6 +181,41 @@ func (q *lookupQueue) take() []*lookupCall {
 	return b
 }
 
+// arm sets q's timer to fire after d (under co.mu), unless it is set.
+func (co *coalescer) arm(key string, q *lookupQueue, d time.Duration) {
+	if q.armed {
+		return
+	}
+	q.armed = true
+	if q.timer == nil {
+		q.timer = time.AfterFunc(d, func() { co.flush(key, q) })
+	} else {
+		q.timer.Reset(d)
+	}
+}
+
+// flush sends q's pending calls as a batch once the oldest waited
+// pipelinedWait, if a slot is free: it is q's timer's function.
+func (co *coalescer) flush(key string, q *lookupQueue) {
+	co.mu.Lock()
+	q.armed = false
+	var batch []*lookupCall
+	if len(q.pending) > 0 && q.inflight < co.maxInflight {
+		if wait := pipelinedWait - time.Since(q.since); wait > 0 {
+			// The calls it was set for left; newer ones wait.
+			co.arm(key, q, wait)
+		} else if batch = q.take(); len(batch) > 0 {
+			q.inflight++
+		} else {
+			co.release(key, q)
+		}
+	}
+	co.mu.Unlock()
+	if len(batch) > 0 {
+		go co.drain(key, q, batch)
+	}
+}
+
 // release drops an idle queue (under co.mu), so that requesters come and
 // go without the map growing.
 func (co *coalescer) release(key string, q *lookupQueue) {
@@ -186,6 +239,13 @@ func (co *coalescer) drain(key string, q *lookupQueue, batch []*lookupCall) {
 			co.release(key, q)
 			co.mu.Unlock()
 			return
+		}
+		if len(q.pending) > 0 {
+			// More than a batch waited: the rest may take a free slot.
+			q.since = time.Now()
+			if q.inflight < co.maxInflight {
+				co.arm(key, q, pipelinedWait)
+			}
 		}
 		co.mu.Unlock()
 	}
@@ -232,11 +292,21 @@ func batchContext(q *lookupQueue, batch []*lookupCall) (context.Context, func())
 	}
 }
 
-// send looks batch up and hands each call its answer.
+// send looks batch up and hands each call its answer, or the calls to
+// send again alone to a goroutine of their own: their LookupKey retries
+// may take up to their callers' deadlines, and the slot must not wait for
+// them. A batch of one is a LookupKey that keeps the slot (else lone calls
+// would never queue, and no batch would form).
 func (co *coalescer) send(q *lookupQueue, batch []*lookupCall) {
+	if len(batch) == 1 {
+		co.sendAlone(batch)
+		return
+	}
 	var again []*lookupCall // calls to send again alone
 	co.sendBatch(q, batch, &again)
-	co.sendAlone(again)
+	if len(again) > 0 {
+		go co.sendAlone(again)
+	}
 }
 
 // sendBatch makes one LookupKeys call for batch (a LookupKey for one

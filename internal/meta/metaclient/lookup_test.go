@@ -29,7 +29,8 @@ type stubNS struct {
 	batched   atomic.Int64 // keys of LookupKeys calls
 	batches   atomic.Int64
 	batchHook func(ctx context.Context, r *metapb.LookupKeysRequest) (*metapb.LookupKeysResponse, error)
-	failOnce  sync.Map // key → true: its first LookupKey fails UNAVAILABLE
+	failOnce  sync.Map      // key → true: its first LookupKey fails UNAVAILABLE
+	slow      chan struct{} // if set, a LookupKey of "slow" waits for it
 }
 
 func (s *stubNS) LookupKey(ctx context.Context, r *metapb.LookupKeyRequest) (*metapb.KeyInfo, error) {
@@ -37,6 +38,13 @@ func (s *stubNS) LookupKey(ctx context.Context, r *metapb.LookupKeyRequest) (*me
 	if r.Key == "gate" {
 		select {
 		case <-s.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if r.Key == "slow" && s.slow != nil {
+		select {
+		case <-s.slow:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -66,6 +74,13 @@ func answerAll(r *metapb.LookupKeysRequest) *metapb.LookupKeysResponse {
 
 func startStub(t *testing.T, s *stubNS) *Client {
 	t.Helper()
+	return startStubN(t, s, 1)
+}
+
+// startStubN is startStub with inflight LookupKeys batches in flight per
+// requester (0: the default).
+func startStubN(t *testing.T, s *stubNS, inflight int) *Client {
+	t.Helper()
 	if s.gate == nil {
 		s.gate = make(chan struct{})
 	}
@@ -77,7 +92,7 @@ func startStub(t *testing.T, s *stubNS) *Client {
 	metapb.RegisterNamespaceServer(srv, s)
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
-	c, err := New(Config{Addrs: []string{lis.Addr().String()}, CallTimeout: 10 * time.Second, LookupsInFlight: 1, Backoff: 10 * time.Millisecond})
+	c, err := New(Config{Addrs: []string{lis.Addr().String()}, CallTimeout: 10 * time.Second, LookupsInFlight: inflight, Backoff: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,5 +370,83 @@ func TestLookupMdKeyUnambiguous(t *testing.T) {
 	}
 	if mdKey(metadata.MD{"a": {"1"}, "b": {"2"}}) != mdKey(metadata.MD{"b": {"2"}, "a": {"1"}}) {
 		t.Fatalf("equal metadata, different keys")
+	}
+}
+
+// TestLookupLoneCallPassesHeldBatch: with the default LookupsInFlight, a
+// lone call made while its requester's batch is held (a read barrier
+// stalled by a leader change) leaves in the second slot within
+// pipelinedWait instead of waiting for minPipelinedBatch calls, that is
+// for the held batch to return.
+func TestLookupLoneCallPassesHeldBatch(t *testing.T) {
+	s := &stubNS{}
+	c := startStubN(t, s, 0)
+	errc := holdSlot(t, c, s)
+	defer func() {
+		close(s.gate)
+		if err := <-errc; err != nil {
+			t.Errorf("gate: %v", err)
+		}
+	}()
+	for i := range 3 { // and again once the timer fired before
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		start := time.Now()
+		k := fmt.Sprint("lone", i)
+		ki, err := c.Lookup(ctx, &metapb.LookupKeyRequest{Key: k})
+		cancel()
+		if err != nil || ki.GetName() != k {
+			t.Fatalf("lone lookup behind a held batch after %v: %v %v", time.Since(start), ki, err)
+		}
+	}
+}
+
+// TestLookupRetriesKeepNoSlot: a key of a batch sent again alone (here
+// RetryAlone, its LookupKey held) does not keep its batch's slot: a later
+// call does not wait for it, even with one batch in flight.
+func TestLookupRetriesKeepNoSlot(t *testing.T) {
+	s := &stubNS{slow: make(chan struct{})}
+	s.batchHook = func(ctx context.Context, r *metapb.LookupKeysRequest) (*metapb.LookupKeysResponse, error) {
+		resp := answerAll(r)
+		for i, q := range r.Requests {
+			if q.Key == "slow" {
+				resp.Results[i] = &metapb.LookupKeyResult{Code: uint32(codes.ResourceExhausted), RetryAlone: true, Message: "too big"}
+			}
+		}
+		return resp, nil
+	}
+	c := startStub(t, s)
+	errc := holdSlot(t, c, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var bad atomic.Int64
+	for _, k := range []string{"slow", "k"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if ki, err := c.Lookup(ctx, &metapb.LookupKeyRequest{Key: k}); err != nil || ki.GetName() != k {
+				bad.Add(1)
+				t.Logf("%s: %v %v", k, ki, err)
+			}
+		}()
+	}
+	waitUntil(t, 10*time.Second, "calls to queue", func() bool { return queued(c) == 2 })
+	close(s.gate)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	// The batch of "slow" and "k" went; "slow" is now a held LookupKey.
+	waitUntil(t, 10*time.Second, "the retry of slow", func() bool { return s.single.Load() == 2 })
+	lctx, lcancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	start := time.Now()
+	ki, err := c.Lookup(lctx, &metapb.LookupKeyRequest{Key: "x"})
+	lcancel()
+	close(s.slow)
+	wg.Wait()
+	if err != nil || ki.GetName() != "x" {
+		t.Fatalf("a lookup behind a held retry after %v: %v %v", time.Since(start), ki, err)
+	}
+	if bad.Load() > 0 {
+		t.Fatalf("%d lookups of the batch failed", bad.Load())
 	}
 }
