@@ -1,6 +1,6 @@
 // Castagnoli CRC folding with AVX-512 VPCLMULQDQ: four 64-byte
 // accumulators 256 bytes apart, folded into one, then to 16 bytes, which
-// the Go caller reduces to the CRC with hash/crc32 (update_amd64.go).
+// are stored; the Go caller takes their CRC (raw16 in update_amd64.go).
 //
 // Fold constants for a distance of D bits, reflected and shifted left by
 // one: low = x^(D+32) mod P, high = x^(D-32) mod P (x^k mod P values,
@@ -73,7 +73,7 @@ fold4:
 	VPTERNLOGD $0x96, Z4, Z5, Z1
 
 	CMPQ CX, $64
-	JB   remain64
+	JB   lanes
 
 loop64:
 	VMOVDQU64  (SI), Z11
@@ -85,7 +85,7 @@ loop64:
 	CMPQ       CX, $64
 	JAE        loop64
 
-remain64:
+lanes:
 	// Fold the four 128-bit lanes of Z1 into X1, as above with the
 	// 128-bit distance, then any whole 16-byte blocks left.
 	VMOVDQU       k128<>+0(SB), X0
@@ -116,8 +116,9 @@ loop16:
 	JAE        loop16
 
 done:
-	// X1 is congruent to the input (initial CRC merged): its raw CRC is
-	// the input's. The caller finishes with hash/crc32.
+	// Each fold keeps the accumulator congruent, modulo P, to the input
+	// read so far (initial CRC merged) at the same end position, so the
+	// raw CRC of these 16 bytes is that of the input.
 	MOVQ    acc+32(FP), DI
 	VMOVDQU X1, (DI)
 	VZEROUPPER
