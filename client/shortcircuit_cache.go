@@ -18,8 +18,11 @@ import (
 // file of a datanode on this host for the next readers of the same client:
 //
 //   - Keyed by datanode and block ID; an entry is used only for a location
-//     whose committed length is the entry's (a block whose length changed
-//     is fetched again), and only while its file is still linked (fstat:
+//     whose committed length is at most the entry's (reads never go past
+//     the location's length; a replica longer than a location, e.g. one
+//     that took more writes of an open key, serves it, and a longer
+//     location fetches the file again), and only while its file is still
+//     linked (fstat:
 //     a block deleted or replaced by the datanode, e.g. its container
 //     deleted and imported again, has st_nlink 0 and is fetched again).
 //     Committed bytes are never rewritten in place, and every read still
@@ -32,8 +35,14 @@ import (
 //     release.
 //   - Bounded: at most scCacheFiles entries and scCacheBytes mapped bytes
 //     (least recently used evicted first), and entries unused for
-//     scCacheIdle are dropped (a timer, so an idle client lets go of the
-//     files of deleted blocks, whose disk space the open descriptor keeps).
+//     scCacheIdle are dropped. A timer every scCacheTick also drops the
+//     entries whose file is no longer linked (fstat st_nlink 0): the open
+//     descriptor keeps a deleted block's disk space, and a nearly full
+//     datanode deleting and writing blocks would otherwise wait up to the
+//     idle time for it. The same tick forgets which parts of each mapping
+//     had their page tables filled (scBlockFile.populated), so a hot entry
+//     whose pages the kernel reclaimed fills them again in one call
+//     instead of a page fault per page.
 //   - A verification failure on an entry another reader fetched drops the
 //     entry and reads over gRPC (which checks the replica itself), instead
 //     of reporting the replica corrupt on the word of an old mapping.
@@ -48,6 +57,7 @@ const (
 	scCacheFiles = 512
 	scCacheBytes = 64 << 30 // mapped (address space; the pages are the page cache's)
 	scCacheIdle  = 60 * time.Second
+	scCacheTick  = 5 * time.Second // at most; idle/2 when shorter
 )
 
 type scEntry struct {
@@ -73,7 +83,8 @@ type scCache struct {
 	hits, misses, evicted, invalidated uint64
 }
 
-func (s *scCache) limits() (int, int64, time.Duration) {
+// limitsLocked returns the bounds (s.mu held).
+func (s *scCache) limitsLocked() (int, int64, time.Duration) {
 	files, bytes, idle := s.maxFiles, s.maxBytes, s.idle
 	if files <= 0 {
 		files = scCacheFiles
@@ -85,6 +96,12 @@ func (s *scCache) limits() (int, int64, time.Duration) {
 		idle = scCacheIdle
 	}
 	return files, bytes, idle
+}
+
+// tickLocked is the expiry timer's period (s.mu held).
+func (s *scCache) tickLocked() time.Duration {
+	_, _, idle := s.limitsLocked()
+	return min(idle/2, scCacheTick)
 }
 
 func (s *scCache) clock() time.Time {
@@ -119,12 +136,14 @@ func (s *scCache) lookup(k scKey, want uint64) *scBlockFile {
 	return e.bf
 }
 
-// valid: bf describes a block of committed length want (0: any) and its
-// file is still linked.
+// valid: bf describes a block of committed length at least want (the
+// location's; reads stay below it) and its file is still linked.
 func (bf *scBlockFile) valid(want uint64) bool {
-	if want != 0 && bf.bd.GetLength() != want {
-		return false
-	}
+	return bf.bd.GetLength() >= want && bf.linked()
+}
+
+// linked: bf's file is still linked (not deleted or replaced).
+func (bf *scBlockFile) linked() bool {
 	var st unix.Stat_t
 	return unix.Fstat(int(bf.f.Fd()), &st) == nil && st.Nlink > 0
 }
@@ -133,10 +152,10 @@ func (bf *scBlockFile) valid(want uint64) bool {
 // reference; an entry already there for k wins (bf is returned to the
 // caller as is, uncached, and dropped at its release).
 func (s *scCache) insert(k scKey, bf *scBlockFile) {
-	files, maxBytes, idle := s.limits()
 	size := int64(len(bf.m))
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	files, maxBytes, _ := s.limitsLocked()
 	s.misses++
 	if s.closed || s.entries[k] != nil || size > maxBytes {
 		return
@@ -154,7 +173,7 @@ func (s *scCache) insert(k scKey, bf *scBlockFile) {
 		s.evicted++
 	}
 	if s.timer == nil {
-		s.timer = time.AfterFunc(idle/2, s.expire)
+		s.timer = time.AfterFunc(s.tickLocked(), s.expire)
 	}
 }
 
@@ -202,12 +221,12 @@ func (s *scCache) invalidate(k scKey, bf *scBlockFile) {
 	}
 }
 
-// expire drops the entries unused for the idle time and runs again while
-// any remain.
+// expire (the timer, every tickLocked) drops the entries unused for the
+// idle time and those whose file is no longer linked, clears the others'
+// populated bits, and runs again while any entries remain.
 func (s *scCache) expire() {
-	_, _, idle := s.limits()
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	_, _, idle := s.limitsLocked()
 	now := s.clock()
 	for el := s.lru.Back(); el != nil; {
 		e := el.Value.(*scEntry)
@@ -218,11 +237,43 @@ func (s *scCache) expire() {
 		s.removeLocked(e)
 		s.evicted++
 	}
+	// fstat outside the lock, each file held by a reference (so its
+	// descriptor cannot be closed and reused meanwhile).
+	type held struct {
+		k  scKey
+		bf *scBlockFile
+	}
+	live := make([]held, 0, len(s.entries))
+	for k, e := range s.entries {
+		if e.bf.acquire() {
+			live = append(live, held{k, e.bf})
+		}
+	}
+	s.mu.Unlock()
+	for _, h := range live {
+		if !h.bf.linked() {
+			s.invalidate(h.k, h.bf)
+		} else {
+			for i := range h.bf.populated {
+				h.bf.populated[i].Store(0)
+			}
+		}
+		h.bf.release()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed || len(s.entries) == 0 {
+		if s.timer != nil {
+			s.timer.Stop()
+		}
 		s.timer = nil
 		return
 	}
-	s.timer.Reset(idle / 2)
+	if s.timer != nil {
+		s.timer.Reset(s.tickLocked())
+	} else {
+		s.timer = time.AfterFunc(s.tickLocked(), s.expire)
+	}
 }
 
 func (s *scCache) close() {

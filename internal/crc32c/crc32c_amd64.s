@@ -1,18 +1,18 @@
-// Castagnoli CRC folding with AVX-512 VPCLMULQDQ. The final reduction
-// (remain64 onwards) and the 64-byte fold constants are from
-// github.com/klauspost/crc32 v1.3.0 (castagnoliCLMULAvx512, BSD licence,
-// Copyright 2011 The Go Authors); the main loop here folds four 64-byte
-// accumulators 256 bytes apart (that package folds one, which is bound by
-// VPCLMULQDQ's latency and so no faster than the SSE 4.2 CRC32 loop).
+// Castagnoli CRC folding with AVX-512 VPCLMULQDQ: four 64-byte
+// accumulators 256 bytes apart, folded into one, then to 16 bytes, which
+// are stored; the Go caller takes their CRC (raw16 in update_amd64.go).
 //
 // Fold constants for a distance of D bits, reflected and shifted left by
-// one: low = x^(D+32) mod P, high = x^(D-32) mod P (see constants_test.go).
+// one: low = x^(D+32) mod P, high = x^(D-32) mod P (x^k mod P values,
+// recomputed from the polynomial in TestFoldConstants).
 
 #include "textflag.h"
 
-// func foldAVX512(crc uint32, p []byte) uint32
+// func foldAVX512Acc(crc uint32, p []byte, acc *[16]byte)
 // crc is the non-inverted CRC state; len(p) >= 256 and a multiple of 16.
-TEXT ·foldAVX512(SB), NOSPLIT, $0-36
+// Stores in acc 16 bytes whose raw CRC (initial value 0) is that of p
+// from crc.
+TEXT ·foldAVX512Acc(SB), NOSPLIT, $0-40
 	MOVL crc+0(FP), AX
 	MOVQ p_base+8(FP), SI
 	MOVQ p_len+16(FP), CX
@@ -73,7 +73,7 @@ fold4:
 	VPTERNLOGD $0x96, Z4, Z5, Z1
 
 	CMPQ CX, $64
-	JB   remain64
+	JB   lanes
 
 loop64:
 	VMOVDQU64  (SI), Z11
@@ -85,76 +85,43 @@ loop64:
 	CMPQ       CX, $64
 	JAE        loop64
 
-remain64:
-	// Fold the four 128-bit lanes of Z1 into X1.
-	VEXTRACTF32X4 $1, Z1, X2
-	VEXTRACTF32X4 $2, Z1, X3
-	VEXTRACTF32X4 $3, Z1, X4
-	VZEROUPPER // legacy SSE from here on
-
-	MOVOU k128<>+0(SB), X0
-
-	MOVOA     X1, X5
-	PCLMULQDQ $0, X0, X1
-	PCLMULQDQ $0x11, X0, X5
-	PXOR      X5, X1
-	PXOR      X2, X1
-
-	MOVOA     X1, X5
-	PCLMULQDQ $0, X0, X1
-	PCLMULQDQ $0x11, X0, X5
-	PXOR      X5, X1
-	PXOR      X3, X1
-
-	MOVOA     X1, X5
-	PCLMULQDQ $0, X0, X1
-	PCLMULQDQ $0x11, X0, X5
-	PXOR      X5, X1
-	PXOR      X4, X1
+lanes:
+	// Fold the four 128-bit lanes of Z1 into X1, as above with the
+	// 128-bit distance, then any whole 16-byte blocks left.
+	VMOVDQU       k128<>+0(SB), X0
+	VEXTRACTI32X4 $1, Z1, X2
+	VEXTRACTI32X4 $2, Z1, X3
+	VEXTRACTI32X4 $3, Z1, X4
+	VPCLMULQDQ    $0x11, X0, X1, X5
+	VPCLMULQDQ    $0, X0, X1, X1
+	VPTERNLOGD    $0x96, X2, X5, X1
+	VPCLMULQDQ    $0x11, X0, X1, X5
+	VPCLMULQDQ    $0, X0, X1, X1
+	VPTERNLOGD    $0x96, X3, X5, X1
+	VPCLMULQDQ    $0x11, X0, X1, X5
+	VPCLMULQDQ    $0, X0, X1, X1
+	VPTERNLOGD    $0x96, X4, X5, X1
 
 	CMPQ CX, $16
-	JB   finish
+	JB   done
 
-remain16:
-	MOVOU     (SI), X10
-	MOVOA     X1, X5
-	PCLMULQDQ $0, X0, X1
-	PCLMULQDQ $0x11, X0, X5
-	PXOR      X5, X1
-	PXOR      X10, X1
-	SUBQ      $16, CX
-	ADDQ      $16, SI
-	CMPQ      CX, $16
-	JAE       remain16
+loop16:
+	VMOVDQU    (SI), X11
+	VPCLMULQDQ $0x11, X0, X1, X5
+	VPCLMULQDQ $0, X0, X1, X1
+	VPTERNLOGD $0x96, X11, X5, X1
+	ADDQ       $16, SI
+	SUBQ       $16, CX
+	CMPQ       CX, $16
+	JAE        loop16
 
-finish:
-	// Reduce the 128 bits in X1 to the 32-bit CRC (Barrett).
-	PCMPEQB   X3, X3
-	PCLMULQDQ $1, X1, X0
-	PSRLDQ    $8, X1
-	PXOR      X0, X1
-
-	MOVOA X1, X2
-	MOVQ  k64<>+0(SB), X0
-
-	PSRLQ $32, X3 // 32-bit mask
-
-	PSRLDQ    $4, X2
-	PAND      X3, X1
-	PCLMULQDQ $0, X0, X1
-	PXOR      X2, X1
-
-	MOVOU barrett<>+0(SB), X0
-
-	MOVOA     X1, X2
-	PAND      X3, X1
-	PCLMULQDQ $0x10, X0, X1
-	PAND      X3, X1
-	PCLMULQDQ $0, X0, X1
-	PXOR      X2, X1
-
-	PEXTRD $1, X1, AX
-	MOVL   AX, ret+32(FP)
+done:
+	// Each fold keeps the accumulator congruent, modulo P, to the input
+	// read so far (initial CRC merged) at the same end position, so the
+	// raw CRC of these 16 bytes is that of the input.
+	MOVQ    acc+32(FP), DI
+	VMOVDQU X1, (DI)
+	VZEROUPPER
 	RET
 
 // Fold by 2048 bits (256 bytes), for each of the four 128-bit lanes.
@@ -183,12 +150,3 @@ GLOBL k512<>(SB), RODATA, $64
 DATA k128<>+0(SB)/8, $0xf20c0dfe
 DATA k128<>+8(SB)/8, $0x14cd00bd6
 GLOBL k128<>(SB), RODATA, $16
-
-// Reduce 64 bits to 32 (x^64).
-DATA k64<>+0(SB)/8, $0xdd45aab8
-GLOBL k64<>(SB), RODATA, $8
-
-// Barrett reduction: the polynomial and mu.
-DATA barrett<>+0(SB)/8, $0x105ec76f0
-DATA barrett<>+8(SB)/8, $0xdea713f1
-GLOBL barrett<>(SB), RODATA, $16
