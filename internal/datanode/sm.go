@@ -129,6 +129,9 @@ type containerSM struct {
 	// maxDecoded; Apply drops what it has passed.
 	decMu   sync.Mutex
 	decoded map[uint64]decodedCmd
+	// decSwept: the applied index of the last sweep of decoded (a sweep
+	// walks the map; at most one per maxDecoded/4 applied entries).
+	decSwept uint64
 }
 
 type decodedCmd struct {
@@ -162,7 +165,13 @@ func (sm *containerSM) takeDecoded(e raft.Entry) (*datanodepb.ContainerCommand, 
 	if ok {
 		delete(sm.decoded, e.Index)
 	}
-	if len(sm.decoded) > 0 && len(sm.decoded) >= maxDecoded/2 {
+	if len(sm.decoded) >= maxDecoded/2 && e.Index >= sm.decSwept+maxDecoded/4 {
+		// Many kept: drop those at or below e (their entries were
+		// replaced or skipped by a snapshot). Not on every Apply: a
+		// follower whose applies run 2,048+ entries behind its writes
+		// keeps that many legitimately, and walking them per entry would
+		// cost O(n) each.
+		sm.decSwept = e.Index
 		for i := range sm.decoded {
 			if i <= e.Index {
 				delete(sm.decoded, i)

@@ -314,6 +314,17 @@ func decodeApp(b []byte, from, to uint64, alias bool) (*pb.Message, []byte, erro
 	nums := make([]uint64, 2*n)
 	types := make([]pb.EntryType, n)
 	var slab []byte
+	if !alias {
+		// One copy buffer for this message's entries, sized exactly: a
+		// frame carries the messages of every group bound for the peer,
+		// and a buffer sized by the rest of the frame would be allocated
+		// (and kept alive by the entries' data) once per message.
+		total, ok := appDataBytes(b, n)
+		if !ok {
+			return nil, nil, fmt.Errorf("truncated MsgApp")
+		}
+		slab = make([]byte, 0, total)
+	}
 	for i := uint64(0); i < n; i++ {
 		term, index, et, l, pad := uv(), uv(), uv(), uv(), uv()
 		if err != nil {
@@ -337,11 +348,10 @@ func decodeApp(b []byte, from, to uint64, alias bool) (*pb.Message, []byte, erro
 			if alias {
 				d = b[:l:l]
 			} else {
-				// One copy buffer for the message's entries, sized by
-				// what is left of the frame (a frame read into a reused
-				// buffer is below aliasFrame).
+				// The copy buffer sized by appDataBytes (a frame read
+				// into a reused buffer is below aliasFrame).
 				if cap(slab)-len(slab) < int(l) {
-					slab = make([]byte, 0, max(int(l), len(b)))
+					return nil, nil, fmt.Errorf("MsgApp entry %d: %d bytes past the message's data", i, l)
 				}
 				at := len(slab)
 				slab = append(slab, b[:l]...)
@@ -355,6 +365,30 @@ func decodeApp(b []byte, from, to uint64, alias bool) (*pb.Message, []byte, erro
 		m.Entries = append(m.Entries, e)
 	}
 	return m, b, nil
+}
+
+// appDataBytes adds up the data lengths of the n entries of a MsgApp
+// whose entries start at b (the decoder's checks come after: it only
+// reads varints and bounds each step by what is left). ok is false if b
+// ends first.
+func appDataBytes(b []byte, n uint64) (total int, ok bool) {
+	for i := uint64(0); i < n; i++ {
+		var f [5]uint64 // term, index, type, length, padding
+		for j := range f {
+			v, k := binary.Uvarint(b)
+			if k <= 0 {
+				return 0, false
+			}
+			f[j], b = v, b[k:]
+		}
+		l, pad := f[3], f[4]
+		if pad > uint64(len(b)) || l > uint64(len(b))-pad {
+			return 0, false
+		}
+		b = b[pad+l:]
+		total += int(l)
+	}
+	return total, true
 }
 
 // alignedBuf returns n bytes starting at a frameAlign boundary.
