@@ -21,16 +21,16 @@ import (
 // once (a gateway serving HEADs, a reader opening many keys): concurrent
 // calls that act for the same requester (the same outgoing gRPC metadata:
 // on-behalf-of user, anonymity, request attributes, user token) are merged
-// into one LookupKeys call. Batches are pipelined: with no batch of a
-// requester in flight, a call leaves at once in a batch of its own (no
-// waiting, so a lone caller pays no latency); while fewer than
-// Config.LookupsInFlight are, the queued calls leave as a batch once
-// minPipelinedBatch of them wait or the oldest of them waited
-// pipelinedWait, whichever comes first; otherwise calls queue (up to
-// maxLookupQueue; past it a call goes alone as a LookupKey) and leave
-// together as soon as a batch returns. Calls whose callers gave up
-// meanwhile are dropped, and a batch runs until the latest of its callers'
-// deadlines, or until all of them gave up. The server authorizes every key on its own and runs one read
+// into one LookupKeys call. Batches are pipelined: while fewer than
+// Config.LookupsInFlight batches of a requester are in flight, a call
+// leaves at once in a batch of its own (no waiting, so a lone caller pays
+// no latency); beyond that, calls queue (up to maxLookupQueue; past it a
+// call goes alone as a LookupKey) and leave together as soon as a batch
+// returns. (Holding a second batch until 16 calls wait was measured in
+// session 8: ~3% less metadata CPU within noise, ~2 ms more p99, ~10% less
+// throughput; not done.) Calls whose callers gave up meanwhile are
+// dropped, and a batch runs until the latest of its callers' deadlines,
+// or until all of them gave up. The server authorizes every key on its own and runs one read
 // barrier per batch that starts after the batch was sent, so each answer
 // is as linearizable as LookupKey's. A key the server left unanswered
 // (RetryAlone: its answer would have made the response too big), a key
@@ -43,18 +43,6 @@ import (
 const (
 	// DefaultLookupsInFlight is the default of Config.LookupsInFlight.
 	DefaultLookupsInFlight = 2
-	// minPipelinedBatch is the number of queued calls that sends a batch
-	// while another is in flight. 1: at once, into the free slot. Waiting
-	// for 16 was tried (session 8): it saved ~3% of the metadata service's
-	// CPU per lookup (17.75 -> 17.15 µs, within noise) but cost ~2 ms of
-	// p99 and ~10% of throughput (docs/BENCHMARKS.md), so it is not used;
-	// pipelinedWait bounds the wait should this be raised again.
-	minPipelinedBatch = 1
-	// pipelinedWait bounds how long a call waits for minPipelinedBatch
-	// while a slot is free: a batch in flight may take up to its callers'
-	// latest deadline (a read barrier stalled by a leader change), and a
-	// lone call must not wait for it.
-	pipelinedWait = time.Millisecond
 	// maxLookupBatch is the server's bound (namespace.MaxLookupBatch).
 	maxLookupBatch = 1024
 	// maxLookupQueue bounds the calls queued per requester.
@@ -78,9 +66,6 @@ type lookupQueue struct {
 	md       metadata.MD
 	inflight int
 	pending  []*lookupCall
-	since    time.Time   // when the oldest pending call was queued
-	timer    *time.Timer // flushes pending into a free slot (see arm)
-	armed    bool        // timer is set
 }
 
 type coalescer struct {
@@ -127,23 +112,14 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 		co.mu.Unlock()
 		return c.Namespace.LookupKey(ctx, req)
 	}
-	if len(q.pending) == 0 {
-		q.since = time.Now()
-	}
 	q.pending = append(q.pending, call)
 	var batch []*lookupCall
-	// A batch leaves at once when none is in flight; a further one (up to
-	// maxInflight) once minPipelinedBatch calls wait, so that pipelining
-	// does not send keys in calls of one or two, or once the oldest
-	// waited pipelinedWait (arm).
-	if q.inflight == 0 || q.inflight < co.maxInflight && len(q.pending) >= minPipelinedBatch {
+	if q.inflight < co.maxInflight {
 		if batch = q.take(); len(batch) > 0 {
 			q.inflight++
 		} else {
 			co.release(key, q) // the caller gave up already
 		}
-	} else if q.inflight < co.maxInflight {
-		co.arm(key, q, pipelinedWait)
 	}
 	co.mu.Unlock()
 	if len(batch) > 0 {
@@ -181,41 +157,6 @@ func (q *lookupQueue) take() []*lookupCall {
 	return b
 }
 
-// arm sets q's timer to fire after d (under co.mu), unless it is set.
-func (co *coalescer) arm(key string, q *lookupQueue, d time.Duration) {
-	if q.armed {
-		return
-	}
-	q.armed = true
-	if q.timer == nil {
-		q.timer = time.AfterFunc(d, func() { co.flush(key, q) })
-	} else {
-		q.timer.Reset(d)
-	}
-}
-
-// flush sends q's pending calls as a batch once the oldest waited
-// pipelinedWait, if a slot is free: it is q's timer's function.
-func (co *coalescer) flush(key string, q *lookupQueue) {
-	co.mu.Lock()
-	q.armed = false
-	var batch []*lookupCall
-	if len(q.pending) > 0 && q.inflight < co.maxInflight {
-		if wait := pipelinedWait - time.Since(q.since); wait > 0 {
-			// The calls it was set for left; newer ones wait.
-			co.arm(key, q, wait)
-		} else if batch = q.take(); len(batch) > 0 {
-			q.inflight++
-		} else {
-			co.release(key, q)
-		}
-	}
-	co.mu.Unlock()
-	if len(batch) > 0 {
-		go co.drain(key, q, batch)
-	}
-}
-
 // release drops an idle queue (under co.mu), so that requesters come and
 // go without the map growing.
 func (co *coalescer) release(key string, q *lookupQueue) {
@@ -239,13 +180,6 @@ func (co *coalescer) drain(key string, q *lookupQueue, batch []*lookupCall) {
 			co.release(key, q)
 			co.mu.Unlock()
 			return
-		}
-		if len(q.pending) > 0 {
-			// More than a batch waited: the rest may take a free slot.
-			q.since = time.Now()
-			if q.inflight < co.maxInflight {
-				co.arm(key, q, pipelinedWait)
-			}
 		}
 		co.mu.Unlock()
 	}

@@ -375,9 +375,8 @@ func TestLookupMdKeyUnambiguous(t *testing.T) {
 
 // TestLookupLoneCallPassesHeldBatch: with the default LookupsInFlight, a
 // lone call made while its requester's batch is held (a read barrier
-// stalled by a leader change) leaves in the second slot within
-// pipelinedWait instead of waiting for minPipelinedBatch calls, that is
-// for the held batch to return.
+// stalled by a leader change) leaves in the second slot at once instead
+// of waiting for the held batch to return.
 func TestLookupLoneCallPassesHeldBatch(t *testing.T) {
 	s := &stubNS{}
 	c := startStubN(t, s, 0)
