@@ -637,6 +637,20 @@ func (s *Store) reserveID(op string, cid ContainerID) (*container, error) {
 	return c, nil
 }
 
+// visibleVol is the container's volume, or nil while it is being created
+// or imported: CreateContainer and Import set the volume without c.mu
+// while the container is already in the store's map (invisible), and clear
+// importing under c.mu afterwards, so reading importing under c.mu first
+// orders the read of the volume after its write.
+func (c *container) visibleVol() *volume {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.importing {
+		return nil
+	}
+	return c.vol
+}
+
 // reserveCreate is reserveID for CreateContainer. If another
 // CreateContainer of cid is in progress it waits for that one to finish:
 // then cid exists (ErrContainerExists, and the container is visible) or

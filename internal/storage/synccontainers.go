@@ -21,13 +21,16 @@ func (s *Store) SyncContainers(ids []ContainerID) error {
 	var vols []*volume
 	all := false
 	for _, id := range ids {
-		c := s.containers[id]
-		if c == nil || c.vol == nil {
+		var v *volume
+		if c := s.containers[id]; c != nil {
+			v = c.visibleVol()
+		}
+		if v == nil {
 			all = true
 			break
 		}
-		if !slices.Contains(vols, c.vol) {
-			vols = append(vols, c.vol)
+		if !slices.Contains(vols, v) {
+			vols = append(vols, v)
 		}
 	}
 	s.mu.RUnlock()

@@ -242,7 +242,11 @@ func (s *Store) CheckSpace(cid ContainerID, n int64) error {
 	vols := s.volumes
 	s.mu.RUnlock()
 	if c != nil {
-		vols = []*volume{c.vol}
+		// A container still being created or imported: ask every
+		// volume, as for one not here yet.
+		if v := c.visibleVol(); v != nil {
+			vols = []*volume{v}
+		}
 	}
 	var last error
 	for _, v := range vols {
