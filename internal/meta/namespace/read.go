@@ -190,19 +190,49 @@ func (s *State) lookupKeySized(volume, bucket, key string) (*metapb.KeyInfo, int
 		if err := ValidateKey(key); err != nil {
 			return err
 		}
-		ki = &metapb.KeyInfo{}
-		ok, n, err := getSized(r, objKey(b.Id, key), ki)
+		cached, n, ok, err := s.readKey(r, b.Id, key)
 		if err == nil && !ok {
 			err = noSuchKey(bucket, key)
 		}
-		size = n
-		return err
+		if err != nil {
+			return err
+		}
+		ki, size = copyKeyInfo(cached), n
+		return nil
 	})
 	if err == nil && size < 0 {
 		size = proto.Size(ki)
 	}
 	return ki, size, err
 }
+
+// readKey reads an object bucket's key record through the lookup cache
+// (lookupcache.go), with the stored record's length. The record is
+// shared: callers must not modify it (copyKeyInfo makes one they may).
+func (s *State) readKey(r pebble.Reader, bucketID uint64, key string) (*metapb.KeyInfo, int, bool, error) {
+	k := objKey(bucketID, key)
+	e, gen := s.lookups.get(k)
+	if e != nil {
+		return e.ki, e.size, true, nil
+	}
+	ki := &metapb.KeyInfo{}
+	ok, n, err := getSized(r, k, ki)
+	if err != nil || !ok {
+		return nil, 0, ok, err
+	}
+	s.lookups.put(k, gen, ki, n)
+	return ki, n, true, nil
+}
+
+// SetLookupCacheBytes bounds the decoded-record cache (0: the default,
+// DefaultLookupCacheBytes; negative: no cache). Call it before serving.
+func (s *State) SetLookupCacheBytes(n int64) {
+	s.lookups.end(s.lookups.beginAll())
+	s.lookups.setMax(n)
+}
+
+// LookupCacheStats returns the decoded-record cache's counters.
+func (s *State) LookupCacheStats() LookupCacheStats { return s.lookups.stats() }
 
 // ListKeys lists an object bucket's keys S3-style: keys with the prefix,
 // rolled up into common prefixes at the first delimiter after the prefix,
