@@ -103,7 +103,7 @@ func (c *lookupCache) shardOfString(k string) int {
 // message (its strings and sub-messages take about twice the encoded
 // bytes, plus the structs) and the entry itself.
 func entryCost(key []byte, size int) int64 {
-	return int64(len(key) + 2*size + 400)
+	return int64(2*len(key) + 2*size + 520)
 }
 
 // get returns the cached record of k and the shard generation to pass to
