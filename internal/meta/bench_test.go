@@ -58,6 +58,9 @@ func benchClient() {
 	mode := os.Getenv("META_BENCH_MODE")
 	conc := envInt("META_BENCH_CONC", 64)
 	keys := envInt("META_BENCH_KEYS", 1000000)
+	if hot := envInt("META_BENCH_HOT", 0); hot > 0 {
+		keys = hot // see TestBenchLookups
+	}
 	dur := time.Duration(envInt("META_BENCH_SECS", 10)) * time.Second
 	batch := envInt("META_BENCH_BATCH", 16)
 	creds, err := pki.Load(os.Getenv("META_BENCH_TLS"))
@@ -205,6 +208,15 @@ func TestBenchLookups(t *testing.T) {
 		}
 	}
 	t.Logf("loaded %d keys in %v", nkeys, time.Since(load))
+	// META_BENCH_HOT=N: the callers look up only the first N keys (a
+	// working set), each read once here first (warm caches).
+	if hot := envInt("META_BENCH_HOT", 0); hot > 0 {
+		for i := range hot {
+			if _, err := s.nsState.LookupKey("vol", "bkt", benchKey(i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	c.servers[1] = s
 	c.wire()
 	if err := s.Start(); err != nil {
