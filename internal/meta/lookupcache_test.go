@@ -61,8 +61,8 @@ func TestLookupCacheAcrossLeaderChange(t *testing.T) {
 	put("k", 1)
 	put("gone", 2)
 	caughtUp()
-	for id, s := range c.servers { // every replica caches both records
-		for range 2 {
+	for id, s := range c.servers { // every replica caches both records (on the second miss)
+		for range 3 {
 			if ki, err := s.nsState.LookupKey("vol", "bkt", "k"); err != nil || ki.Size != 1 {
 				t.Fatalf("node %d: %v %v", id, ki, err)
 			}

@@ -10,12 +10,12 @@ import (
 // lookupAllocsBound bounds the heap allocations per key of a LookupKeys
 // batch in the namespace service (read barrier, authorization, Pebble
 // get, decoding; no gRPC): session 7's code took 9.2 per key, session
-// 8's 8.2 (issue 15: server CPU per lookup); session 9's 2.2 with the
+// 8's 8.2 (issue 15: server CPU per lookup); session 9's 1.2 with the
 // records in the lookup cache. lookupMissAllocsBound bounds a lookup the
-// cache does not serve (turned off: every lookup misses).
+// cache does not serve (turned off: every lookup misses; 8.2).
 const (
-	lookupAllocsBound     = 3
-	lookupMissAllocsBound = 10
+	lookupAllocsBound     = 2
+	lookupMissAllocsBound = 9
 )
 
 // TestLookupAllocs is the regression check of a lookup's own cost: a

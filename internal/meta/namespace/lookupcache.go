@@ -40,8 +40,13 @@ import (
 //
 // Bounded in bytes: each of lookupShards shards holds at most its share
 // of maxBytes (an estimate of the decoded record's heap, entryCost), and
-// evicts with a CLOCK-like rule (an entry hit since the last pass gets a
-// second chance). A shard's lock is taken shared on a hit.
+// evicts with CLOCK (a hand goes round the shard's slots; an entry hit
+// since the hand last passed gets a second chance). A shard's lock is
+// taken shared on a hit. Admission: a record is kept only on its key's
+// second miss since the shard's doorkeeper (a bitset of key hashes) was
+// last cleared, so a working set larger than the cache (uniform lookups
+// over many keys) does not churn the cache (an insert and an eviction, and
+// garbage for the collector, per miss) for entries that are rarely hit.
 type lookupCache struct {
 	off      bool
 	maxShard int64 // bytes per shard
@@ -58,21 +63,40 @@ const lookupShards = 64
 const DefaultLookupCacheBytes = 128 << 20
 
 type lcShard struct {
-	mu      sync.RWMutex
-	gen     atomic.Uint64 // odd while a change of this shard's keys commits
-	m       map[string]*lcEntry
-	bytes   int64
+	mu    sync.RWMutex
+	gen   atomic.Uint64 // odd while a change of this shard's keys commits
+	m     map[string]*lcEntry
+	bytes int64
+	// CLOCK: slots holds the entries (nil: free, listed in free); hand is
+	// the next slot the eviction looks at.
+	slots []*lcEntry
+	free  []int
+	hand  int
+	// door: hashes of keys missed since it was last cleared (admission);
+	// doorN counts the bits set.
+	door    [doorWords]atomic.Uint64
+	doorN   atomic.Int64
 	hits    atomic.Uint64
 	misses  atomic.Uint64
 	evicted atomic.Uint64
 	_       [64]byte // keep shards' hot words on their own cache lines
 }
 
+// doorWords sizes a shard's doorkeeper (64 Ki bits, 8 KiB); it is cleared
+// once doorClear keys were noted, when about 1 in 9 of its bits are set
+// (its false positives admit that share of first misses).
+const (
+	doorWords = 1 << 10
+	doorClear = doorWords * 64 / 8
+)
+
 type lcEntry struct {
+	key  string
 	ki   *metapb.KeyInfo // shared, never modified
 	size int             // the stored record's length
 	cost int64
-	ref  atomic.Bool // hit since the last eviction pass
+	slot int
+	ref  atomic.Bool // hit since the hand last passed
 }
 
 func newLookupCache(maxBytes int64) *lookupCache {
@@ -93,6 +117,24 @@ func (c *lookupCache) setMax(maxBytes int64) {
 
 func (c *lookupCache) shardOf(k []byte) int {
 	return int(maphash.Bytes(c.seed, k) & (lookupShards - 1))
+}
+
+// admit notes a miss of k in its shard's doorkeeper and reports whether
+// k had missed before since the doorkeeper was cleared.
+func (c *lookupCache) admit(sh *lcShard, k []byte) bool {
+	h := maphash.Bytes(c.seed, k) >> 6 // the low bits chose the shard
+	w, bit := &sh.door[(h>>6)%doorWords], uint64(1)<<(h&63)
+	if w.Load()&bit != 0 {
+		return true
+	}
+	w.Or(bit)
+	if sh.doorN.Add(1) == doorClear {
+		for i := range sh.door {
+			sh.door[i].Store(0)
+		}
+		sh.doorN.Store(0)
+	}
+	return false
 }
 
 func (c *lookupCache) shardOfString(k string) int {
@@ -130,47 +172,73 @@ func (c *lookupCache) get(k []byte) (e *lcEntry, gen uint64) {
 }
 
 // put caches ki, read from Pebble at k after get returned gen, unless a
-// change of the shard began since (or was under way then).
-func (c *lookupCache) put(k []byte, gen uint64, ki *metapb.KeyInfo, size int) {
+// change of the shard began since (or was under way then), or k is not
+// admitted yet. It reports whether ki is now cached (shared).
+func (c *lookupCache) put(k []byte, gen uint64, ki *metapb.KeyInfo, size int) bool {
 	if c.off || gen&1 != 0 {
-		return
+		return false
 	}
 	cost := entryCost(k, size)
 	if cost > c.maxShard/4 {
-		return // a huge record would empty the shard
+		return false // a huge record would empty the shard
 	}
 	sh := &c.shards[c.shardOf(k)]
+	if !c.admit(sh, k) {
+		return false
+	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.gen.Load() != gen {
-		return
+		return false
 	}
 	if sh.m == nil {
 		sh.m = map[string]*lcEntry{}
 	}
 	if old := sh.m[string(k)]; old != nil {
-		sh.bytes -= old.cost
-		delete(sh.m, string(k))
+		sh.remove(old)
 	}
 	for sh.bytes+cost > c.maxShard && len(sh.m) > 0 {
 		sh.evictOne()
 	}
-	sh.m[string(k)] = &lcEntry{ki: ki, size: size, cost: cost}
+	e := &lcEntry{key: string(k), ki: ki, size: size, cost: cost}
+	if n := len(sh.free); n > 0 {
+		e.slot = sh.free[n-1]
+		sh.free = sh.free[:n-1]
+		sh.slots[e.slot] = e
+	} else {
+		e.slot = len(sh.slots)
+		sh.slots = append(sh.slots, e)
+	}
+	sh.m[e.key] = e
 	sh.bytes += cost
+	return true
 }
 
-// evictOne drops one entry, preferring one not hit since the last pass
-// (map iteration starts at a random entry).
+// remove drops e (the shard's lock held).
+func (sh *lcShard) remove(e *lcEntry) {
+	delete(sh.m, e.key)
+	sh.slots[e.slot] = nil
+	sh.free = append(sh.free, e.slot)
+	sh.bytes -= e.cost
+}
+
+// evictOne drops the first entry at or after the hand not hit since the
+// hand last passed it (the shard holds at least one entry).
 func (sh *lcShard) evictOne() {
-	spared := 0
-	for k, e := range sh.m {
-		if e.ref.Load() && spared < 8 {
-			e.ref.Store(false)
-			spared++
+	for {
+		if sh.hand >= len(sh.slots) {
+			sh.hand = 0
+		}
+		e := sh.slots[sh.hand]
+		sh.hand++
+		if e == nil {
 			continue
 		}
-		delete(sh.m, k)
-		sh.bytes -= e.cost
+		if e.ref.Load() {
+			e.ref.Store(false)
+			continue
+		}
+		sh.remove(e)
 		sh.evicted.Add(1)
 		return
 	}
@@ -194,8 +262,7 @@ func (c *lookupCache) begin(keys []string) uint64 {
 		for _, k := range keys {
 			if c.shardOfString(k) == i {
 				if e := sh.m[k]; e != nil {
-					sh.bytes -= e.cost
-					delete(sh.m, k)
+					sh.remove(e)
 				}
 			}
 		}
@@ -211,7 +278,7 @@ func (c *lookupCache) beginAll() uint64 {
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		sh.gen.Add(1)
-		sh.m = nil
+		sh.m, sh.slots, sh.free, sh.hand = nil, nil, nil, 0
 		sh.bytes = 0
 		sh.mu.Unlock()
 	}

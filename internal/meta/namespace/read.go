@@ -1,6 +1,7 @@
 package namespace
 
 import (
+	"encoding/binary"
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -190,14 +191,17 @@ func (s *State) lookupKeySized(volume, bucket, key string) (*metapb.KeyInfo, int
 		if err := ValidateKey(key); err != nil {
 			return err
 		}
-		cached, n, ok, err := s.readKey(r, b.Id, key)
+		rec, n, ok, shared, err := s.readOwnKey(r, b.Id, key)
 		if err == nil && !ok {
 			err = noSuchKey(bucket, key)
 		}
 		if err != nil {
 			return err
 		}
-		ki, size = copyKeyInfo(cached), n
+		ki, size = rec, n
+		if shared {
+			ki = copyKeyInfo(rec)
+		}
 		return nil
 	})
 	if err == nil && size < 0 {
@@ -207,21 +211,29 @@ func (s *State) lookupKeySized(volume, bucket, key string) (*metapb.KeyInfo, int
 }
 
 // readKey reads an object bucket's key record through the lookup cache
-// (lookupcache.go), with the stored record's length. The record is
-// shared: callers must not modify it (copyKeyInfo makes one they may).
+// (lookupcache.go), with the stored record's length. The record may be
+// shared: callers must not modify it (copyKeyInfo makes one they may);
+// readOwnKey tells whether it is.
 func (s *State) readKey(r pebble.Reader, bucketID uint64, key string) (*metapb.KeyInfo, int, bool, error) {
-	k := objKey(bucketID, key)
-	e, gen := s.lookups.get(k)
+	ki, n, ok, _, err := s.readOwnKey(r, bucketID, key)
+	return ki, n, ok, err
+}
+
+// readOwnKey is readKey that also reports whether the record is shared.
+func (s *State) readOwnKey(r pebble.Reader, bucketID uint64, key string) (ki *metapb.KeyInfo, n int, ok, shared bool, err error) {
+	var buf [128]byte // the probe's key on the stack: a hit allocates nothing here
+	probe := append(binary.BigEndian.AppendUint64(append(buf[:0], pfxKey...), bucketID), key...)
+	e, gen := s.lookups.get(probe)
 	if e != nil {
-		return e.ki, e.size, true, nil
+		return e.ki, e.size, true, true, nil
 	}
-	ki := &metapb.KeyInfo{}
-	ok, n, err := getSized(r, k, ki)
+	k := objKey(bucketID, key)
+	ki = &metapb.KeyInfo{}
+	ok, n, err = getSized(r, k, ki)
 	if err != nil || !ok {
-		return nil, 0, ok, err
+		return nil, 0, ok, false, err
 	}
-	s.lookups.put(k, gen, ki, n)
-	return ki, n, true, nil
+	return ki, n, true, s.lookups.put(k, gen, ki, n), nil
 }
 
 // SetLookupCacheBytes bounds the decoded-record cache (0: the default,
