@@ -42,9 +42,9 @@ import (
 // of maxBytes (an estimate of the decoded record's heap, entryCost), and
 // evicts with CLOCK (a hand goes round the shard's slots; an entry hit
 // since the hand last passed gets a second chance). A shard's lock is
-// taken shared on a hit. Admission: a record is kept only on its key's
-// second miss since the shard's doorkeeper (a bitset of key hashes) was
-// last cleared, so a working set larger than the cache (uniform lookups
+// taken shared on a hit. Admission: once a shard is full, a record is
+// kept only on its key's second miss since the shard's doorkeeper (a
+// bitset of key hashes) was last cleared, so a working set larger than the cache (uniform lookups
 // over many keys) does not churn the cache (an insert and an eviction, and
 // garbage for the collector, per miss) for entries that are rarely hit.
 type lookupCache struct {
@@ -76,6 +76,7 @@ type lcShard struct {
 	// doorN counts the bits set.
 	door    [doorWords]atomic.Uint64
 	doorN   atomic.Int64
+	full    atomic.Bool // the shard is (nearly) at its bound: admission applies
 	hits    atomic.Uint64
 	misses  atomic.Uint64
 	evicted atomic.Uint64
@@ -183,7 +184,7 @@ func (c *lookupCache) put(k []byte, gen uint64, ki *metapb.KeyInfo, size int) bo
 		return false // a huge record would empty the shard
 	}
 	sh := &c.shards[c.shardOf(k)]
-	if !c.admit(sh, k) {
+	if sh.full.Load() && !c.admit(sh, k) {
 		return false
 	}
 	sh.mu.Lock()
@@ -211,6 +212,9 @@ func (c *lookupCache) put(k []byte, gen uint64, ki *metapb.KeyInfo, size int) bo
 	}
 	sh.m[e.key] = e
 	sh.bytes += cost
+	if !sh.full.Load() && sh.bytes > c.maxShard-c.maxShard/16 {
+		sh.full.Store(true)
+	}
 	return true
 }
 
@@ -280,6 +284,7 @@ func (c *lookupCache) beginAll() uint64 {
 		sh.gen.Add(1)
 		sh.m, sh.slots, sh.free, sh.hand = nil, nil, nil, 0
 		sh.bytes = 0
+		sh.full.Store(false)
 		sh.mu.Unlock()
 	}
 	return ^uint64(0)

@@ -391,3 +391,36 @@ func BenchmarkLookupCacheParallel(b *testing.B) {
 		})
 	}
 }
+
+// TestLookupCacheAdmission: a shard with room keeps a record on its
+// first miss; a full one only on the key's second miss, so keys read once
+// do not push out the ones read again.
+func TestLookupCacheAdmission(t *testing.T) {
+	c := newLookupCache(lookupShards * 64 << 10) // 64 KiB per shard
+	ki := &metapb.KeyInfo{Name: "k"}
+	miss := func(k []byte) bool {
+		e, gen := c.get(k)
+		return e == nil && c.put(k, gen, ki, 100)
+	}
+	if !miss([]byte("first")) {
+		t.Fatal("a cache with room did not keep a record on its first miss")
+	}
+	sh := &c.shards[c.shardOf([]byte("once"))]
+	for i := 0; !sh.full.Load(); i++ { // fill once's shard (and others)
+		if i > 1_000_000 {
+			t.Fatal("a shard never got full")
+		}
+		k := fmt.Appendf(nil, "fill-%d", i)
+		miss(k)
+		miss(k)
+	}
+	if miss([]byte("once")) {
+		t.Fatal("a full shard kept a record on its key's first miss")
+	}
+	if !miss([]byte("once")) {
+		t.Fatal("a full shard did not keep a record on its key's second miss")
+	}
+	if e, _ := c.get([]byte("once")); e == nil {
+		t.Fatal("the admitted record is not cached")
+	}
+}
