@@ -181,7 +181,10 @@ func TestBenchLookups(t *testing.T) {
 		t.Skip("set META_BENCH=1")
 	}
 	nkeys := envInt("META_BENCH_KEYS", 1000000)
-	c := newCluster(t, 1, scm.Config{LoopInterval: 50 * time.Millisecond})
+	// META_BENCH_LOOKUP_CACHE: Config.LookupCacheBytes (0: the default).
+	c := newClusterWith(t, 1, scm.Config{LoopInterval: 50 * time.Millisecond}, func(cfg *Config) {
+		cfg.LookupCacheBytes = int64(envInt("META_BENCH_LOOKUP_CACHE", 0))
+	})
 	cl := c.client()
 	ctx := context.Background()
 	registerDatanodes(t, cl, 3)
