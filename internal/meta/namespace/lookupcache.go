@@ -84,11 +84,17 @@ type lcShard struct {
 }
 
 // doorWords sizes a shard's doorkeeper (64 Ki bits, 8 KiB); it is cleared
-// once doorClear keys were noted, when about 1 in 9 of its bits are set
-// (its false positives admit that share of first misses).
+// once doorClear keys were noted (65,536 over the 64 shards), when about
+// 1 in 64 of its bits are set (its false positives admit that share of
+// first misses). A key is admitted when it misses again within that
+// window of misses (with lookups spread evenly over 1M keys, about 1 in
+// 12 misses; a window 8x as long admitted about 4 in 10 and measured the
+// same CPU per lookup, docs/BENCHMARKS.md session 9: what such lookups
+// cost beyond the uncached path is the probe and the collector's work on
+// a full cache, not the inserts).
 const (
 	doorWords = 1 << 10
-	doorClear = doorWords * 64 / 8
+	doorClear = doorWords * 64 / 64
 )
 
 type lcEntry struct {
