@@ -51,6 +51,13 @@ func (m *metrics) lookupCache(reg prometheus.Registerer, stats func() namespace.
 		counter("lookup_cache_evictions_total", "Records evicted from the decoded-record cache to stay in its bound.", func(s namespace.LookupCacheStats) uint64 { return s.Evictions }),
 		gauge("lookup_cache_bytes", "Estimated heap held by the decoded-record cache.", func(s namespace.LookupCacheStats) float64 { return float64(s.Bytes) }),
 		gauge("lookup_cache_entries", "Records in the decoded-record cache.", func(s namespace.LookupCacheStats) float64 { return float64(s.Entries) }),
+		counter("lookup_cache_skipped_total", "Key lookups that bypassed the decoded-record cache (its hit ratio was low).", func(s namespace.LookupCacheStats) uint64 { return s.Skipped }),
+		gauge("lookup_cache_bypassing", "1 while the decoded-record cache bypasses itself (keeps only a sample of keys).", func(s namespace.LookupCacheStats) float64 {
+			if s.Bypassing {
+				return 1
+			}
+			return 0
+		}),
 		gauge("lookup_cache_max_bytes", "Bound of the decoded-record cache (0: off).", func(s namespace.LookupCacheStats) float64 { return float64(s.MaxBytes) }),
 	)
 }

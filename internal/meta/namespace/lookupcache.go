@@ -47,12 +47,48 @@ import (
 // bitset of key hashes) was last cleared, so a working set larger than the cache (uniform lookups
 // over many keys) does not churn the cache (an insert and an eviction, and
 // garbage for the collector, per miss) for entries that are rarely hit.
+//
+// Adaptive bypass. A full cache that is rarely hit costs more than it
+// saves (each miss probes a map in cold memory, and the collector marks
+// the whole cache), so the cache watches its hit ratio over windows of
+// lookups (winLookups, counted per shard and added up every shardFlush
+// lookups) and, when a full cache hits less than bypassLowPct of
+// lookups, bypasses itself: it keeps only keys of one sampled hash class
+// (1 in bypassDiv) within 1/bypassDiv of its bound, and every other
+// lookup skips it (no probe, no insert: its generation is odd, so put
+// keeps nothing). The sampled keys in the small cache estimate the hit
+// ratio the whole cache would have (spatial sampling, as SHARDS); when it
+// reaches bypassHighPct the cache serves every key again. If the sampled
+// class gets far less than its share of lookups (a few hot keys of other
+// classes), the class moves on each window, so every key is sampled in
+// turn. The bypass only drops entries and skips inserts; it never changes
+// what an entry holds or when one may be inserted (the generations
+// below), so it cannot make a lookup stale.
 type lookupCache struct {
 	off      bool
 	maxShard int64 // bytes per shard
 	seed     maphash.Seed
-	shards   [lookupShards]lcShard
+
+	bypass  atomic.Bool
+	class   atomic.Uint64 // the sampled hash class while bypassing
+	win     atomic.Uint64 // window: lookups | probes<<winBits | hits<<2*winBits
+	evalMu  sync.Mutex
+	changes atomic.Uint64 // switches between serving and bypassing
+
+	shards [lookupShards]lcShard
 }
+
+// The adaptive bypass's constants (see lookupCache).
+const (
+	bypassDiv     = 16 // 1 in bypassDiv hash classes sampled; the bound shrinks as much
+	winLookups    = 1 << 15
+	shardFlush    = 512
+	bypassLowPct  = 35 // a full cache hitting less bypasses itself
+	bypassHighPct = 50 // the sampled estimate serves again at this
+	minProbes     = 256
+	winBits       = 21
+	winMask       = 1<<winBits - 1
+)
 
 // lookupShards is a power of two and at most 64 (a change set is a
 // uint64 mask of shards).
@@ -80,7 +116,9 @@ type lcShard struct {
 	hits    atomic.Uint64
 	misses  atomic.Uint64
 	evicted atomic.Uint64
-	_       [64]byte // keep shards' hot words on their own cache lines
+	skipped atomic.Uint64 // lookups that bypassed the cache
+	win     atomic.Uint64 // this shard's part of the window, as lookupCache.win
+	_       [64]byte      // keep shards' hot words on their own cache lines
 }
 
 // doorWords sizes a shard's doorkeeper (64 Ki bits, 8 KiB); it is cleared
@@ -157,25 +195,124 @@ func entryCost(key []byte, size int) int64 {
 
 // get returns the cached record of k and the shard generation to pass to
 // put after reading Pebble on a miss. The generation is loaded before the
-// caller's Pebble read, as put requires.
+// caller's Pebble read, as put requires. A lookup that bypasses the cache
+// gets an odd generation: put keeps nothing for it.
 func (c *lookupCache) get(k []byte) (e *lcEntry, gen uint64) {
 	if c.off {
 		return nil, 1
 	}
-	sh := &c.shards[c.shardOf(k)]
+	h := maphash.Bytes(c.seed, k)
+	sh := &c.shards[h&(lookupShards-1)]
+	if c.bypass.Load() && !c.sampled(h) {
+		sh.skipped.Add(1)
+		c.count(sh, 1)
+		return nil, 1
+	}
 	gen = sh.gen.Load()
 	sh.mu.RLock()
 	e = sh.m[string(k)]
 	sh.mu.RUnlock()
 	if e == nil {
 		sh.misses.Add(1)
+		c.count(sh, 1|1<<winBits)
 		return nil, gen
 	}
 	sh.hits.Add(1)
+	c.count(sh, 1|1<<winBits|1<<(2*winBits))
 	if !e.ref.Load() {
 		e.ref.Store(true)
 	}
 	return e, gen
+}
+
+// sampled reports whether a key of hash h is kept while bypassing.
+func (c *lookupCache) sampled(h uint64) bool {
+	return h>>60 == c.class.Load() // the low bits choose the shard and the doorkeeper bit
+}
+
+// limit is a shard's bound now.
+func (c *lookupCache) limit() int64 {
+	if c.bypass.Load() {
+		return c.maxShard / bypassDiv
+	}
+	return c.maxShard
+}
+
+// count adds a lookup (d: 1, plus a probe, plus a hit) to sh's part of
+// the window, and sh's part to the window every shardFlush lookups.
+func (c *lookupCache) count(sh *lcShard, d uint64) {
+	if sh.win.Add(d)&winMask != shardFlush {
+		return
+	}
+	v := sh.win.Swap(0)
+	n := c.win.Add(v)
+	if n&winMask >= winLookups && (n-v)&winMask < winLookups { // this flush closed the window
+		c.evaluate(c.win.Swap(0))
+	}
+}
+
+// evaluate decides from a window's counts whether the cache serves every
+// key or bypasses itself.
+func (c *lookupCache) evaluate(v uint64) {
+	c.evalMu.Lock()
+	defer c.evalMu.Unlock()
+	lookups, probes, hits := v&winMask, v>>winBits&winMask, v>>(2*winBits)&winMask
+	if !c.bypass.Load() {
+		if probes >= minProbes && hits*100 < probes*bypassLowPct && c.fullShards() >= lookupShards/2 {
+			c.setBypass(true)
+		}
+		return
+	}
+	switch {
+	case probes >= minProbes && hits*100 >= probes*bypassHighPct:
+		c.setBypass(false)
+	case probes < lookups/(4*bypassDiv): // the sampled class is rarely looked up: sample another
+		c.class.Store((c.class.Load() + 1) % bypassDiv)
+	}
+}
+
+func (c *lookupCache) fullShards() int {
+	n := 0
+	for i := range c.shards {
+		if c.shards[i].full.Load() {
+			n++
+		}
+	}
+	return n
+}
+
+// setBypass switches the cache between serving every key and bypassing
+// itself; on the way in each shard keeps only the sampled keys' entries,
+// within the smaller bound, in a new map (the old one's memory, which
+// does not shrink, goes to the collector).
+func (c *lookupCache) setBypass(on bool) {
+	c.bypass.Store(on)
+	c.changes.Add(1)
+	lim := c.limit()
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		if on {
+			var kept []*lcEntry
+			for _, e := range sh.slots {
+				if e != nil && c.sampled(maphash.String(c.seed, e.key)) {
+					kept = append(kept, e)
+				}
+			}
+			sh.m = make(map[string]*lcEntry, len(kept))
+			sh.slots, sh.free, sh.hand, sh.bytes = kept, nil, 0, 0
+			for j, e := range kept {
+				e.slot = j
+				sh.m[e.key] = e
+				sh.bytes += e.cost
+			}
+			for sh.bytes > lim && len(sh.m) > 0 {
+				sh.evictOne()
+			}
+		}
+		sh.full.Store(sh.bytes > lim-lim/16)
+		sh.mu.Unlock()
+	}
 }
 
 // put caches ki, read from Pebble at k after get returned gen, unless a
@@ -186,10 +323,11 @@ func (c *lookupCache) put(k []byte, gen uint64, ki *metapb.KeyInfo, size int) bo
 		return false
 	}
 	cost := entryCost(k, size)
-	if cost > c.maxShard/4 {
+	if cost > c.limit()/4 {
 		return false // a huge record would empty the shard
 	}
-	sh := &c.shards[c.shardOf(k)]
+	h := maphash.Bytes(c.seed, k)
+	sh := &c.shards[h&(lookupShards-1)]
 	if sh.full.Load() && !c.admit(sh, k) {
 		return false
 	}
@@ -198,13 +336,17 @@ func (c *lookupCache) put(k []byte, gen uint64, ki *metapb.KeyInfo, size int) bo
 	if sh.gen.Load() != gen {
 		return false
 	}
+	if c.bypass.Load() && !c.sampled(h) {
+		return false // the cache began bypassing since get
+	}
+	lim := c.limit()
 	if sh.m == nil {
 		sh.m = map[string]*lcEntry{}
 	}
 	if old := sh.m[string(k)]; old != nil {
 		sh.remove(old)
 	}
-	for sh.bytes+cost > c.maxShard && len(sh.m) > 0 {
+	for sh.bytes+cost > lim && len(sh.m) > 0 {
 		sh.evictOne()
 	}
 	e := &lcEntry{key: string(k), ki: ki, size: size, cost: cost}
@@ -218,7 +360,7 @@ func (c *lookupCache) put(k []byte, gen uint64, ki *metapb.KeyInfo, size int) bo
 	}
 	sh.m[e.key] = e
 	sh.bytes += cost
-	if !sh.full.Load() && sh.bytes > c.maxShard-c.maxShard/16 {
+	if !sh.full.Load() && sh.bytes > lim-lim/16 {
 		sh.full.Store(true)
 	}
 	return true
@@ -312,13 +454,16 @@ func (c *lookupCache) end(mask uint64) {
 // LookupCacheStats are the decoded-record cache's counters.
 type LookupCacheStats struct {
 	Hits, Misses, Evictions uint64
+	Skipped                 uint64 // lookups that bypassed the cache
 	Entries                 int
 	Bytes                   int64 // estimated heap of the entries
 	MaxBytes                int64
+	Bypassing               bool   // the cache keeps only sampled keys (its hit ratio was low)
+	ModeChanges             uint64 // switches between serving every key and bypassing
 }
 
 func (c *lookupCache) stats() LookupCacheStats {
-	st := LookupCacheStats{}
+	st := LookupCacheStats{Bypassing: c.bypass.Load(), ModeChanges: c.changes.Load()}
 	if !c.off {
 		st.MaxBytes = c.maxShard * lookupShards
 	}
@@ -327,6 +472,7 @@ func (c *lookupCache) stats() LookupCacheStats {
 		st.Hits += sh.hits.Load()
 		st.Misses += sh.misses.Load()
 		st.Evictions += sh.evicted.Load()
+		st.Skipped += sh.skipped.Load()
 		sh.mu.RLock()
 		st.Entries += len(sh.m)
 		st.Bytes += sh.bytes

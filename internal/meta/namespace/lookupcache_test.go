@@ -424,3 +424,87 @@ func TestLookupCacheAdmission(t *testing.T) {
 		t.Fatal("the admitted record is not cached")
 	}
 }
+
+// TestLookupCacheAdaptiveBypass looks up keys spread evenly over 45x
+// what the cache holds: once full and rarely hit, the cache bypasses
+// itself (a small sample of keys, most lookups skip the probe). A hot set
+// that fits then turns it back on and is served from it; so does a hot
+// set of three keys (the sampled class moves until it holds one of them).
+func TestLookupCacheAdaptiveBypass(t *testing.T) {
+	const limit = lookupShards * 256 << 10 // 16 MiB: ~22,000 entries of cost ~740; bypassed, ~22 per shard
+	c := newLookupCache(limit)
+	ki := &metapb.KeyInfo{Name: "k"}
+	lookup := func(k []byte) {
+		if e, gen := c.get(k); e == nil {
+			c.put(k, gen, ki, 100)
+		}
+	}
+	key := func(i uint64) []byte { return fmt.Appendf(nil, "key-%08d", i) }
+	rnd := uint64(1)
+	next := func(n uint64) uint64 { // xorshift: the same sequence every run
+		rnd ^= rnd << 13
+		rnd ^= rnd >> 7
+		rnd ^= rnd << 17
+		return rnd % n
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	run := func(what string, keys uint64, until func(LookupCacheStats) bool) LookupCacheStats {
+		t.Helper()
+		for n := 0; ; n++ {
+			lookup(key(next(keys)))
+			if n%1024 == 0 {
+				if st := c.stats(); until(st) {
+					t.Logf("%s: after %d lookups %+v", what, n, st)
+					return st
+				}
+				if n > 4_000_000 || time.Now().After(deadline) {
+					t.Fatalf("%s: not reached after %d lookups: %+v", what, n, c.stats())
+				}
+			}
+		}
+	}
+	uniform := func(st LookupCacheStats) bool { return st.Bypassing }
+	st := run("uniform over 1M keys", 1_000_000, uniform)
+	// Stay uniform for a while: it remains bypassed, small, and most
+	// lookups skip the probe.
+	before := st
+	for range 200_000 {
+		lookup(key(next(1_000_000)))
+	}
+	st = c.stats()
+	t.Logf("uniform, bypassed: %+v", st)
+	if !st.Bypassing || st.ModeChanges != before.ModeChanges {
+		t.Fatalf("the uniform workload left the bypass: %+v", st)
+	}
+	if st.Bytes > limit/bypassDiv {
+		t.Fatalf("bypassed cache holds %d bytes, more than 1/%d of %d", st.Bytes, bypassDiv, limit)
+	}
+	if skipped := st.Skipped - before.Skipped; skipped < 200_000*3/4 {
+		t.Fatalf("only %d of 200,000 uniform lookups skipped the cache", skipped)
+	}
+
+	hot := func(st LookupCacheStats) bool { return !st.Bypassing }
+	run("hot set of 500 keys", 500, hot)
+	// Served: a hot key hits.
+	for range 3 {
+		for i := range uint64(500) {
+			lookup(key(i))
+		}
+	}
+	st = c.stats()
+	for i := range uint64(500) {
+		if e, _ := c.get(key(i)); e == nil {
+			t.Fatalf("hot key %d not cached after the cache turned back on: %+v", i, st)
+		}
+	}
+
+	run("uniform again", 1_000_000, uniform)
+	run("hot set of 3 keys", 3, hot)
+	for i := range uint64(3) {
+		lookup(key(i))
+		lookup(key(i))
+		if e, _ := c.get(key(i)); e == nil {
+			t.Fatalf("hot key %d not cached: %+v", i, c.stats())
+		}
+	}
+}
