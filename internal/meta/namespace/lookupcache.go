@@ -258,7 +258,7 @@ func (c *lookupCache) evaluate(v uint64) {
 	defer c.evalMu.Unlock()
 	lookups, probes, hits := v&winMask, v>>winBits&winMask, v>>(2*winBits)&winMask
 	if !c.bypass.Load() {
-		if probes >= minProbes && hits*100 < probes*bypassLowPct && c.fullShards() >= lookupShards/2 {
+		if probes >= minProbes && hits*100 < probes*bypassLowPct && c.bytes() >= c.maxShard*lookupShards/2 {
 			c.setBypass(true)
 		}
 		return
@@ -271,12 +271,14 @@ func (c *lookupCache) evaluate(v uint64) {
 	}
 }
 
-func (c *lookupCache) fullShards() int {
-	n := 0
+// bytes is the estimated heap of all entries.
+func (c *lookupCache) bytes() int64 {
+	var n int64
 	for i := range c.shards {
-		if c.shards[i].full.Load() {
-			n++
-		}
+		sh := &c.shards[i]
+		sh.mu.RLock()
+		n += sh.bytes
+		sh.mu.RUnlock()
 	}
 	return n
 }
