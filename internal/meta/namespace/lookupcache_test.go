@@ -508,3 +508,82 @@ func TestLookupCacheAdaptiveBypass(t *testing.T) {
 		}
 	}
 }
+
+// TestLookupCacheBypassConcurrent switches the cache between serving and
+// bypassing (readers alternate uniform and hot phases) while a writer
+// changes one hot key the way Apply does (begin, commit, end): no reader
+// sees a version older than one committed before its lookup began. Run
+// with -race.
+func TestLookupCacheBypassConcurrent(t *testing.T) {
+	c := newLookupCache(lookupShards * 64 << 10)
+	var store sync.Map // Pebble key -> *metapb.KeyInfo (committed state)
+	hotKey := []byte("key-hot")
+	var committed atomic.Uint64
+	store.Store(string(hotKey), &metapb.KeyInfo{Size: 0})
+	read := func(k []byte) *metapb.KeyInfo {
+		e, gen := c.get(k)
+		if e != nil {
+			return e.ki
+		}
+		v, ok := store.Load(string(k))
+		if !ok {
+			ki := &metapb.KeyInfo{Size: 1 << 40}
+			store.LoadOrStore(string(k), ki)
+			v, _ = store.Load(string(k))
+		}
+		c.put(k, gen, v.(*metapb.KeyInfo), 100)
+		return v.(*metapb.KeyInfo)
+	}
+	stop := make(chan struct{})
+	errs := make(chan error, 8)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rnd := uint64(g + 1)
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				rnd ^= rnd << 13
+				rnd ^= rnd >> 7
+				rnd ^= rnd << 17
+				if !c.bypass.Load() { // drive it to the other mode
+					read(fmt.Appendf(nil, "key-%d", rnd%1_000_000))
+				} else {
+					read(fmt.Appendf(nil, "key-%d", rnd%200))
+				}
+				if n%16 == 0 {
+					want := committed.Load()
+					if got := read(hotKey).Size; got < want {
+						errs <- fmt.Errorf("stale: version %d after %d committed", got, want)
+						return
+					}
+				}
+			}
+		}()
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for v := uint64(1); c.changes.Load() < 4 && time.Now().Before(deadline) && len(errs) == 0; v++ {
+		mask := c.begin([]string{string(hotKey)})
+		store.Store(string(hotKey), &metapb.KeyInfo{Size: v})
+		c.end(mask)
+		committed.Store(v)
+		time.Sleep(50 * time.Microsecond)
+	}
+	close(stop)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	st := c.stats()
+	t.Logf("%+v", st)
+	if st.ModeChanges < 4 || st.Hits == 0 {
+		t.Fatalf("the cache did not switch both ways, or never hit: %+v", st)
+	}
+}
