@@ -244,6 +244,7 @@ func TestBenchLookups(t *testing.T) {
 	r := runChild(t, c.addrs(), mode)
 	report(t, mode+" (1 node, 64 callers)", r, cpuSelf()-cpu0)
 	t.Logf("read barriers: %d (%.1f lookups each)", s.nsGroup.ReadBarriers()-b0, float64(r.Ops)/float64(max(s.nsGroup.ReadBarriers()-b0, 1)))
+	t.Logf("lookup cache: %+v", s.nsState.LookupCacheStats())
 }
 
 func TestBenchCreates(t *testing.T) {

@@ -52,28 +52,41 @@ import (
 // saves (each miss probes a map in cold memory, and the collector marks
 // the whole cache), so the cache watches its hit ratio over windows of
 // lookups (winLookups, counted per shard and added up every shardFlush
-// lookups) and, when a full cache hits less than bypassLowPct of
-// lookups, bypasses itself: it keeps only keys of one sampled hash class
-// (1 in bypassDiv) within 1/bypassDiv of its bound, and every other
-// lookup skips it (no probe, no insert: its generation is odd, so put
-// keeps nothing). The sampled keys in the small cache estimate the hit
-// ratio the whole cache would have (spatial sampling, as SHARDS); when it
-// reaches bypassHighPct the cache serves every key again. If the sampled
-// class gets far less than its share of lookups (a few hot keys of other
-// classes), the class moves on each window, so every key is sampled in
-// turn. The bypass only drops entries and skips inserts; it never changes
-// what an entry holds or when one may be inserted (the generations
-// below), so it cannot make a lookup stale.
+// lookups). When a cache at least 1/bypassFill full hits less than
+// bypassLowPct of a window, it bypasses itself: only keys of one sampled
+// hash class (1 in bypassDiv) are probed and inserted, every other
+// lookup skips the cache (no probe; its generation is odd, so put keeps
+// nothing). For a window the other entries stay: a working set read
+// once and then again and again looks like uniform lookups at first, and
+// if the sampled keys hit in that window the cache serves every key again
+// with its entries intact. While the sampled keys are hardly ever read
+// again (under 1% hits: each read for the first time, which no cache
+// would hit, e.g. the first pass over a working set) or their hit ratio
+// more than doubles from one window to the next, it holds for up to
+// maxHeld windows. Otherwise it shrinks: each shard keeps only
+// the sampled keys, within 1/bypassDiv of its bound (the rest is freed,
+// so the collector no longer marks it). The sampled keys' hit ratio in
+// that small cache estimates the one the whole cache would have (spatial
+// sampling, as SHARDS); when it reaches bypassHighPct the cache serves
+// every key again. If the sampled class gets far less than its share of
+// lookups (a few hot keys of other classes), the class moves on each
+// window, so every key is sampled in turn. The bypass only skips probes,
+// refuses inserts and drops entries; it never changes what an entry holds
+// or when one may be inserted (the generations above), so it cannot make
+// a lookup stale.
 type lookupCache struct {
 	off      bool
 	maxShard int64 // bytes per shard
 	seed     maphash.Seed
 
-	bypass  atomic.Bool
-	class   atomic.Uint64 // the sampled hash class while bypassing
-	win     atomic.Uint64 // window: lookups | probes<<winBits | hits<<2*winBits
-	evalMu  sync.Mutex
-	changes atomic.Uint64 // switches between serving and bypassing
+	bypass               atomic.Bool
+	shrunk               atomic.Bool   // bypassing, and the unsampled entries are gone
+	class                atomic.Uint64 // the sampled hash class while bypassing
+	win                  atomic.Uint64 // window: lookups | probes<<winBits | hits<<2*winBits
+	evalMu               sync.Mutex
+	held                 int           // windows bypassed before shrinking (evalMu)
+	prevHits, prevProbes uint64        // the last window's (evalMu)
+	changes              atomic.Uint64 // switches between serving and bypassing
 
 	shards [lookupShards]lcShard
 }
@@ -81,6 +94,8 @@ type lookupCache struct {
 // The adaptive bypass's constants (see lookupCache).
 const (
 	bypassDiv     = 16 // 1 in bypassDiv hash classes sampled; the bound shrinks as much
+	bypassFill    = 4  // bypass only a cache at least 1/bypassFill full
+	maxHeld       = 8  // windows a bypassed cache keeps its entries while its sampled keys are not read again
 	winLookups    = 1 << 15
 	shardFlush    = 512
 	bypassLowPct  = 35 // a full cache hitting less bypasses itself
@@ -232,7 +247,7 @@ func (c *lookupCache) sampled(h uint64) bool {
 
 // limit is a shard's bound now.
 func (c *lookupCache) limit() int64 {
-	if c.bypass.Load() {
+	if c.shrunk.Load() {
 		return c.maxShard / bypassDiv
 	}
 	return c.maxShard
@@ -252,20 +267,43 @@ func (c *lookupCache) count(sh *lcShard, d uint64) {
 }
 
 // evaluate decides from a window's counts whether the cache serves every
-// key or bypasses itself.
+// key or bypasses itself. On the way to bypassing it first keeps its
+// entries for one window (only the sampled class is probed and filled):
+// if the sampled keys hit then, it serves again with every entry still
+// there (a working set read once, then again and again, looks like
+// uniform lookups at first); otherwise it shrinks.
 func (c *lookupCache) evaluate(v uint64) {
 	c.evalMu.Lock()
 	defer c.evalMu.Unlock()
 	lookups, probes, hits := v&winMask, v>>winBits&winMask, v>>(2*winBits)&winMask
 	if !c.bypass.Load() {
-		if probes >= minProbes && hits*100 < probes*bypassLowPct && c.bytes() >= c.maxShard*lookupShards/2 {
-			c.setBypass(true)
+		if probes >= minProbes && hits*100 < probes*bypassLowPct && c.bytes() >= c.maxShard*lookupShards/bypassFill {
+			c.held, c.prevHits, c.prevProbes = 0, hits, probes
+			c.bypass.Store(true)
+			c.changes.Add(1)
 		}
 		return
 	}
 	switch {
 	case probes >= minProbes && hits*100 >= probes*bypassHighPct:
-		c.setBypass(false)
+		c.bypass.Store(false)
+		c.changes.Add(1)
+		if c.shrunk.Load() {
+			c.shrunk.Store(false)
+			c.resize()
+		}
+	case !c.shrunk.Load():
+		// Keys read for the first time hit in no cache: while the sampled
+		// keys are hardly ever read again (under 1%), or their hit ratio
+		// more than doubled since the last window (a working set is being
+		// read again), hold a while longer.
+		rising := hits*c.prevProbes > 2*c.prevHits*probes
+		c.prevHits, c.prevProbes = hits, probes
+		if c.held++; (hits*100 < probes || rising) && c.held < maxHeld {
+			return
+		}
+		c.shrunk.Store(true)
+		c.resize()
 	case probes < lookups/(4*bypassDiv): // the sampled class is rarely looked up: sample another
 		c.class.Store((c.class.Load() + 1) % bypassDiv)
 	}
@@ -283,18 +321,16 @@ func (c *lookupCache) bytes() int64 {
 	return n
 }
 
-// setBypass switches the cache between serving every key and bypassing
-// itself; on the way in each shard keeps only the sampled keys' entries,
-// within the smaller bound, in a new map (the old one's memory, which
-// does not shrink, goes to the collector).
-func (c *lookupCache) setBypass(on bool) {
-	c.bypass.Store(on)
-	c.changes.Add(1)
+// resize applies the bound limit returns now to every shard; when the
+// cache shrinks, each shard keeps only the sampled keys' entries, in a new
+// map (the old one's memory, which does not shrink, goes to the
+// collector).
+func (c *lookupCache) resize() {
 	lim := c.limit()
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
-		if on {
+		if c.shrunk.Load() {
 			var kept []*lcEntry
 			for _, e := range sh.slots {
 				if e != nil && c.sampled(maphash.String(c.seed, e.key)) {
@@ -460,12 +496,13 @@ type LookupCacheStats struct {
 	Entries                 int
 	Bytes                   int64 // estimated heap of the entries
 	MaxBytes                int64
-	Bypassing               bool   // the cache keeps only sampled keys (its hit ratio was low)
+	Bypassing               bool   // only sampled keys are probed and kept (the hit ratio was low)
+	Shrunk                  bool   // bypassing, and the cache holds only sampled keys within 1/16 of its bound
 	ModeChanges             uint64 // switches between serving every key and bypassing
 }
 
 func (c *lookupCache) stats() LookupCacheStats {
-	st := LookupCacheStats{Bypassing: c.bypass.Load(), ModeChanges: c.changes.Load()}
+	st := LookupCacheStats{Bypassing: c.bypass.Load(), Shrunk: c.shrunk.Load(), ModeChanges: c.changes.Load()}
 	if !c.off {
 		st.MaxBytes = c.maxShard * lookupShards
 	}

@@ -587,3 +587,41 @@ func TestLookupCacheBypassConcurrent(t *testing.T) {
 		t.Fatalf("the cache did not switch both ways, or never hit: %+v", st)
 	}
 }
+
+// TestLookupCacheBypassKeepsWorkingSet reads a working set that fits once
+// (which looks like uniform lookups: the cache starts bypassing), then
+// over and over: the sampled keys hit, and the cache serves again with
+// the entries read before the bypass still there (it had not shrunk).
+func TestLookupCacheBypassKeepsWorkingSet(t *testing.T) {
+	const limit = lookupShards * 1 << 20 // 64 MiB: ~90,000 entries of cost ~740
+	c := newLookupCache(limit)
+	ki := &metapb.KeyInfo{Name: "k"}
+	lookup := func(k []byte) {
+		if e, gen := c.get(k); e == nil {
+			c.put(k, gen, ki, 100)
+		}
+	}
+	key := func(i int) []byte { return fmt.Appendf(nil, "key-%08d", i) }
+	const set = 60_000
+	for i := range set {
+		lookup(key(i))
+	}
+	st := c.stats()
+	t.Logf("after reading %d keys once: %+v", set, st)
+	if !st.Bypassing || st.Shrunk {
+		t.Fatalf("reading %d keys once: want bypassing and not shrunk, got %+v", set, st)
+	}
+	held := st.Entries
+	deadline := time.Now().Add(20 * time.Second)
+	for i := 0; c.bypass.Load(); i++ {
+		lookup(key(i % set))
+		if time.Now().After(deadline) || i > 2_000_000 {
+			t.Fatalf("the working set never turned the cache back on: %+v", c.stats())
+		}
+	}
+	st = c.stats()
+	t.Logf("serving again: %+v", st)
+	if st.ModeChanges != 2 || st.Entries < held {
+		t.Fatalf("the cache shrank before serving again (%d entries held when it began bypassing): %+v", held, st)
+	}
+}
