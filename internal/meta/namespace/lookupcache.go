@@ -53,7 +53,10 @@ import (
 // the whole cache), so the cache watches its hit ratio over windows of
 // lookups (winLookups, counted per shard and added up every shardFlush
 // lookups). When a cache at least 1/bypassFill full hits less than
-// bypassLowPct of a window, it bypasses itself: only keys of one sampled
+// bypassLowPct of a window (but some: under 1% the keys are being read
+// for the first time, as in a first pass over a working set, and that
+// shows only that a cache nearly full holds the wrong keys), it bypasses
+// itself: only keys of one sampled
 // hash class (1 in bypassDiv) are probed and inserted, every other
 // lookup skips the cache (no probe; its generation is odd, so put keeps
 // nothing). For a window the other entries stay: a working set read
@@ -96,8 +99,8 @@ const (
 	bypassDiv     = 16 // 1 in bypassDiv hash classes sampled; the bound shrinks as much
 	bypassFill    = 4  // bypass only a cache at least 1/bypassFill full
 	maxHeld       = 8  // windows a bypassed cache keeps its entries while its sampled keys are not read again
-	winLookups    = 1 << 15
-	shardFlush    = 512
+	winLookups    = 1 << 14
+	shardFlush    = 128
 	bypassLowPct  = 35 // a full cache hitting less bypasses itself
 	bypassHighPct = 50 // the sampled estimate serves again at this
 	minProbes     = 256
@@ -277,7 +280,10 @@ func (c *lookupCache) evaluate(v uint64) {
 	defer c.evalMu.Unlock()
 	lookups, probes, hits := v&winMask, v>>winBits&winMask, v>>(2*winBits)&winMask
 	if !c.bypass.Load() {
-		if probes >= minProbes && hits*100 < probes*bypassLowPct && c.bytes() >= c.maxShard*lookupShards/bypassFill {
+		// Keys read for the first time (under 1% hits) hit in no cache:
+		// no sign yet that the working set does not fit, unless it is full.
+		if b := c.bytes(); probes >= minProbes && hits*100 < probes*bypassLowPct &&
+			(b >= c.maxShard*lookupShards/bypassFill && hits*100 >= probes || b >= c.maxShard*lookupShards*7/8) {
 			c.held, c.prevHits, c.prevProbes = 0, hits, probes
 			c.bypass.Store(true)
 			c.changes.Add(1)

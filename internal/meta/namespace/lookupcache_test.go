@@ -588,12 +588,14 @@ func TestLookupCacheBypassConcurrent(t *testing.T) {
 	}
 }
 
-// TestLookupCacheBypassKeepsWorkingSet reads a working set that fits once
-// (which looks like uniform lookups: the cache starts bypassing), then
-// over and over: the sampled keys hit, and the cache serves again with
-// the entries read before the bypass still there (it had not shrunk).
+// TestLookupCacheBypassKeepsWorkingSet reads a working set once: while
+// the cache has room, keys read for the first time do not make it bypass
+// itself; once it is nearly full it does (they look like uniform lookups).
+// Then the set is read over and over: the sampled keys hit, and the cache
+// serves again with the entries read before the bypass still there (it
+// had not shrunk).
 func TestLookupCacheBypassKeepsWorkingSet(t *testing.T) {
-	const limit = lookupShards * 1 << 20 // 64 MiB: ~90,000 entries of cost ~740
+	const limit = lookupShards * 1 << 20 // 64 MiB: ~90,000 entries of cost ~744
 	c := newLookupCache(limit)
 	ki := &metapb.KeyInfo{Name: "k"}
 	lookup := func(k []byte) {
@@ -602,14 +604,23 @@ func TestLookupCacheBypassKeepsWorkingSet(t *testing.T) {
 		}
 	}
 	key := func(i int) []byte { return fmt.Appendf(nil, "key-%08d", i) }
-	const set = 60_000
-	for i := range set {
-		lookup(key(i))
+	set := 0
+	for ; set < 60_000; set++ {
+		lookup(key(set))
+	}
+	if st := c.stats(); st.Bypassing {
+		t.Fatalf("reading %d keys once into a cache with room for more made it bypass itself: %+v", set, st)
+	}
+	for ; !c.bypass.Load(); set++ {
+		if set > 200_000 {
+			t.Fatalf("a cache nearly full of keys read once never bypassed itself: %+v", c.stats())
+		}
+		lookup(key(set))
 	}
 	st := c.stats()
 	t.Logf("after reading %d keys once: %+v", set, st)
-	if !st.Bypassing || st.Shrunk {
-		t.Fatalf("reading %d keys once: want bypassing and not shrunk, got %+v", set, st)
+	if st.Shrunk || st.Evictions > 0 {
+		t.Fatalf("want bypassing, not shrunk, nothing evicted: %+v", st)
 	}
 	held := st.Entries
 	deadline := time.Now().Add(20 * time.Second)
