@@ -97,10 +97,10 @@ type lookupCache struct {
 // The adaptive bypass's constants (see lookupCache).
 const (
 	bypassDiv     = 16 // 1 in bypassDiv hash classes sampled; the bound shrinks as much
-	bypassFill    = 4  // bypass only a cache at least 1/bypassFill full
+	bypassFill    = 8  // bypass only a cache at least 1/bypassFill full
 	maxHeld       = 8  // windows a bypassed cache keeps its entries while its sampled keys are not read again
-	winLookups    = 1 << 14
-	shardFlush    = 128
+	winLookups    = 1 << 13
+	shardFlush    = 64
 	bypassLowPct  = 35 // a full cache hitting less bypasses itself
 	bypassHighPct = 50 // the sampled estimate serves again at this
 	minProbes     = 256
