@@ -205,10 +205,21 @@ func (c *lookupCache) shardOfString(k string) int {
 }
 
 // entryCost estimates the heap an entry holds: the map key, the decoded
-// message (its strings and sub-messages take about twice the encoded
-// bytes, plus the structs) and the entry itself.
-func entryCost(key []byte, size int) int64 {
-	return int64(2*len(key) + 2*size + 520)
+// message (its strings take about twice the encoded bytes, plus the
+// structs) and the entry itself, plus what decoding adds per repeated
+// part beyond its encoded bytes: a block (KeyBlock and BlockID structs
+// and the slice's pointer, ~15 bytes encoded), a location, an ACL entry
+// and a map entry of the S3 attributes (map buckets) each take far more
+// heap than their bytes on the wire (measured: a record with 64 blocks
+// held 3.5 times what 2x its size counted).
+func entryCost(key []byte, size int, ki *metapb.KeyInfo) int64 {
+	n := int64(2*len(key) + 2*size + 520)
+	n += 120*int64(len(ki.GetBlocks())) + 80*int64(len(ki.GetAcls()))
+	n += 200 * int64(len(ki.GetLocations()))
+	if m := ki.GetMeta(); m != nil {
+		n += 200 + 64*int64(len(m.GetUser())+len(m.GetTags())+len(m.GetChecksums())) + 80*int64(len(m.GetUploadAcls()))
+	}
+	return n
 }
 
 // get returns the cached record of k and the shard generation to pass to
@@ -366,7 +377,7 @@ func (c *lookupCache) put(k []byte, gen uint64, ki *metapb.KeyInfo, size int) bo
 	if c.off || gen&1 != 0 {
 		return false
 	}
-	cost := entryCost(k, size)
+	cost := entryCost(k, size, ki)
 	if cost > c.limit()/4 {
 		return false // a huge record would empty the shard
 	}
