@@ -455,9 +455,21 @@ func (sh *lcShard) evictOne() {
 // shards' generations turn odd and their entries go. The caller commits,
 // then calls end with the mask returned.
 func (c *lookupCache) begin(keys []string) uint64 {
+	// Each key is hashed once (a batch of many keys cost shards x keys
+	// hashes under the shard locks); the shards of up to 64 keys are
+	// kept on the stack.
+	var small [64]uint8
+	var shardOf []uint8
+	if len(keys) <= len(small) {
+		shardOf = small[:len(keys)]
+	} else {
+		shardOf = make([]uint8, len(keys))
+	}
 	var mask uint64
-	for _, k := range keys {
-		mask |= 1 << c.shardOfString(k)
+	for j, k := range keys {
+		i := c.shardOfString(k)
+		shardOf[j] = uint8(i)
+		mask |= 1 << i
 	}
 	for i := range lookupShards {
 		if mask&(1<<i) == 0 {
@@ -466,8 +478,8 @@ func (c *lookupCache) begin(keys []string) uint64 {
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		sh.gen.Add(1)
-		for _, k := range keys {
-			if c.shardOfString(k) == i {
+		for j, k := range keys {
+			if int(shardOf[j]) == i {
 				if e := sh.m[k]; e != nil {
 					sh.remove(e)
 				}
