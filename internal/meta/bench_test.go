@@ -58,6 +58,9 @@ func benchClient() {
 	mode := os.Getenv("META_BENCH_MODE")
 	conc := envInt("META_BENCH_CONC", 64)
 	keys := envInt("META_BENCH_KEYS", 1000000)
+	if hot := envInt("META_BENCH_HOT", 0); hot > 0 {
+		keys = hot // see TestBenchLookups
+	}
 	dur := time.Duration(envInt("META_BENCH_SECS", 10)) * time.Second
 	batch := envInt("META_BENCH_BATCH", 16)
 	creds, err := pki.Load(os.Getenv("META_BENCH_TLS"))
@@ -178,7 +181,10 @@ func TestBenchLookups(t *testing.T) {
 		t.Skip("set META_BENCH=1")
 	}
 	nkeys := envInt("META_BENCH_KEYS", 1000000)
-	c := newCluster(t, 1, scm.Config{LoopInterval: 50 * time.Millisecond})
+	// META_BENCH_LOOKUP_CACHE: Config.LookupCacheBytes (0: the default).
+	c := newClusterWith(t, 1, scm.Config{LoopInterval: 50 * time.Millisecond}, func(cfg *Config) {
+		cfg.LookupCacheBytes = int64(envInt("META_BENCH_LOOKUP_CACHE", 0))
+	})
 	cl := c.client()
 	ctx := context.Background()
 	registerDatanodes(t, cl, 3)
@@ -205,6 +211,15 @@ func TestBenchLookups(t *testing.T) {
 		}
 	}
 	t.Logf("loaded %d keys in %v", nkeys, time.Since(load))
+	// META_BENCH_HOT=N: the callers look up only the first N keys (a
+	// working set), each read once here first (warm caches).
+	if hot := envInt("META_BENCH_HOT", 0); hot > 0 {
+		for i := range hot {
+			if _, err := s.nsState.LookupKey("vol", "bkt", benchKey(i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	c.servers[1] = s
 	c.wire()
 	if err := s.Start(); err != nil {
@@ -229,6 +244,7 @@ func TestBenchLookups(t *testing.T) {
 	r := runChild(t, c.addrs(), mode)
 	report(t, mode+" (1 node, 64 callers)", r, cpuSelf()-cpu0)
 	t.Logf("read barriers: %d (%.1f lookups each)", s.nsGroup.ReadBarriers()-b0, float64(r.Ops)/float64(max(s.nsGroup.ReadBarriers()-b0, 1)))
+	t.Logf("lookup cache: %+v", s.nsState.LookupCacheStats())
 }
 
 func TestBenchCreates(t *testing.T) {

@@ -92,6 +92,10 @@ type Config struct {
 	// block is not cached costs a pread and a decompression of the data
 	// block (and often of index blocks), several times the lookup itself.
 	NamespaceCacheBytes int64
+	// LookupCacheBytes bounds the namespace's cache of decoded key records
+	// (the lookup path's Pebble read and decoding; default 128 MiB,
+	// namespace.DefaultLookupCacheBytes; negative: no cache).
+	LookupCacheBytes int64
 	// ProposeTimeout bounds a proposal or read barrier when the caller
 	// gave no deadline (default 10s).
 	ProposeTimeout time.Duration
@@ -283,6 +287,8 @@ func New(cfg Config) (*Server, error) {
 	if s.nsState, err = namespace.Open(filepath.Join(cfg.DataDir, "namespace"), nsOpts); err != nil {
 		return nil, err
 	}
+	s.nsState.SetLookupCacheBytes(cfg.LookupCacheBytes)
+	s.metrics.lookupCache(reg, s.nsState.LookupCacheStats)
 	if err := s.openCA(sopts); err != nil {
 		return nil, err
 	}

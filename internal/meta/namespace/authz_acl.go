@@ -191,9 +191,8 @@ func (s *State) entryAcls(b *metapb.Bucket, key string) ([]*metapb.Acl, bool, er
 	exists := false
 	err := s.view(func(r pebble.Reader) error {
 		if b.Layout != metapb.BucketLayout_FS {
-			ki := &metapb.KeyInfo{}
-			ok, err := get(r, objKey(b.Id, key), ki)
-			acls, exists = ki.Acls, ok
+			ki, _, ok, err := s.readKey(r, b.Id, key)
+			acls, exists = ki.GetAcls(), ok
 			return err
 		}
 		parts, err := SplitPath(key, true)

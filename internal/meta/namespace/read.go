@@ -1,6 +1,7 @@
 package namespace
 
 import (
+	"encoding/binary"
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -190,19 +191,60 @@ func (s *State) lookupKeySized(volume, bucket, key string) (*metapb.KeyInfo, int
 		if err := ValidateKey(key); err != nil {
 			return err
 		}
-		ki = &metapb.KeyInfo{}
-		ok, n, err := getSized(r, objKey(b.Id, key), ki)
+		rec, n, ok, shared, err := s.readOwnKey(r, b.Id, key)
 		if err == nil && !ok {
 			err = noSuchKey(bucket, key)
 		}
-		size = n
-		return err
+		if err != nil {
+			return err
+		}
+		ki, size = rec, n
+		if shared {
+			ki = copyKeyInfo(rec)
+		}
+		return nil
 	})
 	if err == nil && size < 0 {
 		size = proto.Size(ki)
 	}
 	return ki, size, err
 }
+
+// readKey reads an object bucket's key record through the lookup cache
+// (lookupcache.go), with the stored record's length. The record may be
+// shared: callers must not modify it (copyKeyInfo makes one they may);
+// readOwnKey tells whether it is.
+func (s *State) readKey(r pebble.Reader, bucketID uint64, key string) (*metapb.KeyInfo, int, bool, error) {
+	ki, n, ok, _, err := s.readOwnKey(r, bucketID, key)
+	return ki, n, ok, err
+}
+
+// readOwnKey is readKey that also reports whether the record is shared.
+func (s *State) readOwnKey(r pebble.Reader, bucketID uint64, key string) (ki *metapb.KeyInfo, n int, ok, shared bool, err error) {
+	var buf [128]byte // the probe's key on the stack: a hit allocates nothing here
+	probe := append(binary.BigEndian.AppendUint64(append(buf[:0], pfxKey...), bucketID), key...)
+	e, gen := s.lookups.get(probe)
+	if e != nil {
+		return e.ki, e.size, true, true, nil
+	}
+	k := objKey(bucketID, key)
+	ki = &metapb.KeyInfo{}
+	ok, n, err = getSized(r, k, ki)
+	if err != nil || !ok {
+		return nil, 0, ok, false, err
+	}
+	return ki, n, true, s.lookups.put(k, gen, ki, n), nil
+}
+
+// SetLookupCacheBytes bounds the decoded-record cache (0: the default,
+// DefaultLookupCacheBytes; negative: no cache). Call it before serving.
+func (s *State) SetLookupCacheBytes(n int64) {
+	s.lookups.end(s.lookups.beginAll())
+	s.lookups.setMax(n)
+}
+
+// LookupCacheStats returns the decoded-record cache's counters.
+func (s *State) LookupCacheStats() LookupCacheStats { return s.lookups.stats() }
 
 // ListKeys lists an object bucket's keys S3-style: keys with the prefix,
 // rolled up into common prefixes at the first delimiter after the prefix,

@@ -82,6 +82,9 @@ type State struct {
 	// counters, touched only by Apply (and load).
 	nextBucket, nextOpen, nextID uint64
 	buckets                      bucketCache
+	// lookups caches decoded key records for the read path
+	// (lookupcache.go); Apply keeps it exact.
+	lookups *lookupCache
 	// s3Gen changes after every applied change of an S3 key (and a
 	// restore): caches of S3 keys (the user-token check) compare it.
 	s3Gen atomic.Uint64
@@ -93,7 +96,7 @@ func Open(dir string, opts store.Options) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &State{st: st}
+	s := &State{st: st, lookups: newLookupCache(0)}
 	if err := s.load(); err != nil {
 		st.Close()
 		return nil, err
@@ -147,6 +150,7 @@ func (s *State) Snapshot() (uint64, io.ReadCloser, error) { return s.st.Snapshot
 
 // Restore replaces the state (raft.StateMachine).
 func (s *State) Restore(index uint64, r io.Reader) error {
+	defer s.lookups.end(s.lookups.beginAll())
 	s.buckets.invalidate()
 	defer s.buckets.invalidate()
 	defer s.s3Gen.Add(1)
@@ -166,6 +170,9 @@ type tx struct {
 	// secretsChanged: an S3 key was created or deleted (s3Gen moves
 	// after the commit).
 	secretsChanged bool
+	// keysChanged: the Pebble keys of key records written or deleted
+	// (the lookup cache drops them around the commit).
+	keysChanged []string
 }
 
 // Apply applies entries in one Pebble batch and returns one result each.
@@ -201,6 +208,11 @@ func (s *State) Apply(entries []store.Entry) []any {
 	if t.secretsChanged {
 		defer s.s3Gen.Add(1)
 	}
+	if len(t.keysChanged) > 0 {
+		// Before the commit: no reader may keep what it reads while the
+		// batch commits (lookupcache.go).
+		defer s.lookups.end(s.lookups.begin(t.keysChanged))
+	}
 	if err := s.st.Commit(t.b, entries[len(entries)-1].Index); err != nil {
 		panic(err)
 	}
@@ -213,7 +225,16 @@ func (s *State) putU64(b *pebble.Batch, k []byte, v uint64) {
 	}
 }
 
+// noteKey records a write of a key record for the lookup cache. Every
+// write of the k/ table goes through put or del.
+func (t *tx) noteKey(k []byte) {
+	if bytes.HasPrefix(k, pfxKey) {
+		t.keysChanged = append(t.keysChanged, string(k))
+	}
+}
+
 func (t *tx) put(k []byte, m proto.Message) {
+	t.noteKey(k)
 	v, err := proto.Marshal(m)
 	if err != nil {
 		panic(err)
@@ -224,6 +245,7 @@ func (t *tx) put(k []byte, m proto.Message) {
 }
 
 func (t *tx) del(k []byte) {
+	t.noteKey(k)
 	if err := t.b.Delete(k, nil); err != nil {
 		panic(err)
 	}
@@ -889,6 +911,7 @@ func (t *tx) reclaimDir(op *metapb.ReclaimDirOp) any {
 // benchmark setup on a stopped single-node service (a million keys through
 // Raft would take minutes on a small machine); never on a live replica.
 func (s *State) BulkLoadObjectKeys(bucketID uint64, keys []*metapb.KeyInfo) error {
+	defer s.lookups.end(s.lookups.beginAll())
 	b := s.st.NewBatch()
 	for _, k := range keys {
 		v, err := proto.Marshal(k)
