@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 
 	"github.com/basalt-store/basalt/internal/crc32c"
+	md5simd "github.com/minio/md5-simd"
 )
 
 // Request bodies stream from the socket to the datanodes: nothing here
@@ -267,6 +268,10 @@ type body struct {
 	r       io.Reader
 	chunked *chunkedReader
 	md5     hash.Hash
+	// laneMD5: md5 runs in md5-simd's shared lanes (large bodies), fed
+	// straight from Read; closed by close. md5Sum is its sum, taken at EOF.
+	laneMD5 md5simd.Hasher
+	md5Sum  []byte
 	// Verification, each optional.
 	sha256     hash.Hash
 	wantSHA256 string
@@ -287,15 +292,19 @@ type body struct {
 	n   int64
 	err error // first failure: an *Error, or the client's read error
 	eof bool
-	// async, for large bodies, runs the digests above on another
-	// goroutine; nil: they run inline in Read.
+	// async, for large bodies, runs the payload SHA-256 and flexible
+	// checksum (when there are any) on goroutines of their own; nil: they
+	// run inline in Read.
 	async *hasher
 }
 
 // Large bodies are hashed off the request goroutine: MD5 (the ETag) runs
-// at ~600 MB/s on one core here, slower than receiving and forwarding, so
-// inline it would cap a single upload's throughput. Each large upload
-// holds hashBufs*hashBufSize more memory; MaxUploads bounds the total.
+// at ~800 MB/s on one core here, slower than receiving and forwarding, so
+// inline it would cap a single upload's throughput. MD5 runs in
+// md5-simd's lanes (md5lanes.go), which take their own copy; a payload
+// SHA-256 or flexible checksum other than the write path's CRC32C goes
+// through a hasher. Each large upload holds hashBufs*hashBufSize more
+// memory for that; MaxUploads bounds the total.
 const (
 	asyncHashMin = 1 << 20
 	hashBufSize  = 256 << 10
@@ -398,6 +407,10 @@ func (b *body) close() {
 	if b.async != nil {
 		b.async.wait()
 	}
+	if b.laneMD5 != nil {
+		b.laneMD5.Close()
+		b.laneMD5 = nil
+	}
 }
 
 // crc32cSummed counts body bytes the gateway itself summed with CRC32C
@@ -474,13 +487,17 @@ func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Er
 		b.ck = checksumAlgos[b.ckAlg]()
 	}
 	if b.want >= asyncHashMin {
-		hs := []hash.Hash{b.md5}
+		b.laneMD5 = newLaneMD5()
+		b.md5 = b.laneMD5
+		var hs []hash.Hash
 		for _, h := range []hash.Hash{b.sha256, b.ck} {
 			if h != nil {
 				hs = append(hs, h)
 			}
 		}
-		b.async = newHasher(hs)
+		if len(hs) > 0 {
+			b.async = newHasher(hs)
+		}
 	}
 	return b, nil
 }
@@ -500,8 +517,11 @@ func (b *body) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	n, err := b.r.Read(p)
-	if b.async != nil {
-		b.async.write(p[:n])
+	if b.laneMD5 != nil {
+		b.laneMD5.Write(p[:n]) // copies into the lanes' buffers
+		if b.async != nil {
+			b.async.write(p[:n])
+		}
 	} else {
 		b.md5.Write(p[:n])
 		if b.sha256 != nil {
@@ -547,7 +567,8 @@ func (b *body) finish() *Error {
 	if b.sha256 != nil && hex.EncodeToString(b.sha256.Sum(nil)) != strings.ToLower(b.wantSHA256) {
 		return errorf("XAmzContentSHA256Mismatch", 400, "The provided 'x-amz-content-sha256' header does not match what was computed.")
 	}
-	if b.contentMD5 != nil && !bytes.Equal(b.contentMD5, b.md5.Sum(nil)) {
+	b.md5Sum = b.md5.Sum(nil)
+	if b.contentMD5 != nil && !bytes.Equal(b.contentMD5, b.md5Sum) {
 		return errorf("BadDigest", 400, "The Content-MD5 you specified did not match what we received.")
 	}
 	if b.ckAlg != "" {
@@ -598,7 +619,12 @@ func (b *body) crc32cValue() string {
 }
 
 // etag is the hex MD5 of what was read.
-func (b *body) etag() string { return hex.EncodeToString(b.md5.Sum(nil)) }
+func (b *body) etag() string {
+	if b.md5Sum != nil {
+		return hex.EncodeToString(b.md5Sum)
+	}
+	return hex.EncodeToString(b.md5.Sum(nil))
+}
 
 // checksum returns the verified flexible checksum (algorithm in upper
 // case as S3 names it, base64 value), or "", "".
