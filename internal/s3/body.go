@@ -22,7 +22,6 @@ import (
 	"sync/atomic"
 
 	"github.com/basalt-store/basalt/internal/crc32c"
-	md5simd "github.com/minio/md5-simd"
 )
 
 // Request bodies stream from the socket to the datanodes: nothing here
@@ -269,8 +268,8 @@ type body struct {
 	chunked *chunkedReader
 	md5     hash.Hash
 	// laneMD5: md5 runs in md5-simd's shared lanes (large bodies), fed
-	// straight from Read; closed by close. md5Sum is its sum, taken at EOF.
-	laneMD5 md5simd.Hasher
+	// by the hasher; closed by close. md5Sum is its sum, taken at EOF.
+	laneMD5 *laneMD5
 	md5Sum  []byte
 	// Verification, each optional.
 	sha256     hash.Hash
@@ -292,19 +291,17 @@ type body struct {
 	n   int64
 	err error // first failure: an *Error, or the client's read error
 	eof bool
-	// async, for large bodies, runs the payload SHA-256 and flexible
-	// checksum (when there are any) on goroutines of their own; nil: they
-	// run inline in Read.
+	// async, for large bodies, runs the digests above on another
+	// goroutine; nil: they run inline in Read.
 	async *hasher
 }
 
 // Large bodies are hashed off the request goroutine: MD5 (the ETag) runs
 // at ~800 MB/s on one core here, slower than receiving and forwarding, so
-// inline it would cap a single upload's throughput. MD5 runs in
-// md5-simd's lanes (md5lanes.go), which take their own copy; a payload
-// SHA-256 or flexible checksum other than the write path's CRC32C goes
-// through a hasher. Each large upload holds hashBufs*hashBufSize more
-// memory for that; MaxUploads bounds the total.
+// inline it would cap a single upload's throughput; it runs in md5-simd's
+// lanes shared by the bodies read at the same time (md5lanes.go). Each
+// large upload holds hashBufs*hashBufSize more memory; MaxUploads bounds
+// the total.
 const (
 	asyncHashMin = 1 << 20
 	hashBufSize  = 256 << 10
@@ -487,16 +484,20 @@ func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Er
 		b.ck = checksumAlgos[b.ckAlg]()
 	}
 	if b.want >= asyncHashMin {
-		b.laneMD5 = newLaneMD5()
-		b.md5 = b.laneMD5
-		var hs []hash.Hash
+		if etagLanes {
+			b.laneMD5 = newLaneMD5()
+			b.md5 = b.laneMD5
+		}
+		hs := []hash.Hash{b.md5}
 		for _, h := range []hash.Hash{b.sha256, b.ck} {
 			if h != nil {
 				hs = append(hs, h)
 			}
 		}
-		if len(hs) > 0 {
-			b.async = newHasher(hs)
+		b.async = newHasher(hs)
+		if b.laneMD5 != nil {
+			md5Work := b.async.work[0]
+			b.laneMD5.backlog = func() int { return len(md5Work) }
 		}
 	}
 	return b, nil
@@ -517,11 +518,8 @@ func (b *body) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	n, err := b.r.Read(p)
-	if b.laneMD5 != nil {
-		b.laneMD5.Write(p[:n]) // copies into the lanes' buffers
-		if b.async != nil {
-			b.async.write(p[:n])
-		}
+	if b.async != nil {
+		b.async.write(p[:n])
 	} else {
 		b.md5.Write(p[:n])
 		if b.sha256 != nil {
@@ -558,6 +556,9 @@ func (b *body) Read(p []byte) (int, error) {
 
 // finish runs the whole-body checks at EOF.
 func (b *body) finish() *Error {
+	if b.laneMD5 != nil {
+		b.laneMD5.final.Store(true)
+	}
 	if b.async != nil {
 		b.async.wait()
 	}

@@ -2,6 +2,8 @@ package s3
 
 import (
 	"sync"
+	"sync/atomic"
+	"time"
 
 	md5simd "github.com/minio/md5-simd"
 )
@@ -14,22 +16,132 @@ import (
 // 16 MiB parts at a time per client from minio-go), and several clients
 // write at once. md5-simd hashes up to 16 independent bodies side by side
 // in the lanes of AVX-512 registers (8 with AVX2) on one goroutine: on
-// this machine's CPU one body still hashes at ~800 MB/s, four at
-// ~2.3 GB/s and twelve at ~6 GB/s per core (BenchmarkETagLanes). Without
-// AVX2 it falls back to crypto/md5.
+// this machine's CPU one body hashes at ~800 MB/s, four at ~2.3 GB/s and
+// twelve at ~6 GB/s per core (BenchmarkETagLanes). Without AVX2 it falls
+// back to crypto/md5.
 //
-// Writes copy the bytes into the server's own 32 KiB buffers and return
-// (the hashing runs on the server goroutine), so the body hands them over
-// from the read path without a copy of its own; a write blocks only when
-// all buffers are in use, which bounds the memory (16 lanes × 4 × 32 KiB).
+// md5-simd only shares a pass between bodies whose blocks are queued at
+// the same moment, and a body whose bytes arrive from the network at
+// 50–100 MB/s hands over a buffer every few ms: left alone, nearly every
+// pass would carry one body (scalar, plus the server's overhead). So the
+// bodies' hashing goroutines meet at laneGate before handing a buffer
+// over: a buffer waits until every large body being read has one ready
+// (at most 16), or laneWait passed, or its body has more waiting behind
+// it (hashing is behind; no reason to wait). Only the hashing goroutine
+// waits: the body's reads go on into its other hash buffers.
 var (
 	md5LanesOnce sync.Once
 	md5Lanes     md5simd.Server
+	lanes        laneGate
 )
 
+// etagLanes: large bodies' MD5 in the shared lanes (false: crypto/md5 on
+// the body's hasher goroutine, as before; benchmarks compare the two).
+var etagLanes = true
+
+// laneWait bounds how long a body's buffer waits for others' to share a
+// pass. A body at 100 MB/s fills its other three 256 KiB buffers in ~7 ms,
+// so the wait does not hold up its reads.
+const laneWait = 3 * time.Millisecond
+
+// laneGate releases the waiting hashing goroutines together.
+type laneGate struct {
+	mu      sync.Mutex
+	active  int // large bodies being hashed
+	waiting int
+	release chan struct{} // closed when the waiting ones go
+	passes  atomic.Int64  // released batches (tests)
+	alone   atomic.Int64  // buffers handed over without company (tests)
+}
+
+func (g *laneGate) join() {
+	g.mu.Lock()
+	g.active++
+	if g.release == nil {
+		g.release = make(chan struct{})
+	}
+	g.mu.Unlock()
+}
+
+func (g *laneGate) leave() {
+	g.mu.Lock()
+	g.active--
+	if g.waiting > 0 && g.waiting >= min(g.active, md5simd.Lanes) {
+		g.openLocked()
+	}
+	g.mu.Unlock()
+}
+
+func (g *laneGate) openLocked() {
+	close(g.release)
+	g.release = make(chan struct{})
+	g.waiting = 0
+	g.passes.Add(1)
+}
+
+// wait returns when the caller's buffer may go: the others are ready, or
+// laneWait passed. t is the caller's own timer (stopped).
+func (g *laneGate) wait(t *time.Timer) {
+	g.mu.Lock()
+	if g.active <= 1 {
+		g.mu.Unlock()
+		g.alone.Add(1)
+		return
+	}
+	g.waiting++
+	if g.waiting >= min(g.active, md5simd.Lanes) {
+		g.openLocked()
+		g.mu.Unlock()
+		return
+	}
+	ch := g.release
+	g.mu.Unlock()
+	t.Reset(laneWait)
+	select {
+	case <-ch:
+		t.Stop()
+	case <-t.C:
+		g.mu.Lock()
+		if g.release == ch {
+			g.openLocked()
+		}
+		g.mu.Unlock()
+	}
+}
+
+// laneMD5 is a body's MD5 in the shared lanes. Its Write is called by the
+// body's hasher goroutine with one hash buffer at a time.
+type laneMD5 struct {
+	md5simd.Hasher
+	timer *time.Timer
+	// final: the body reached its end; its last buffer goes at once.
+	final atomic.Bool
+	// backlog reports buffers queued behind the current one.
+	backlog func() int
+}
+
 // newLaneMD5 returns an MD5 hash that runs in the shared lanes. Close it
-// once done (after Sum), or its lane stays taken.
-func newLaneMD5() md5simd.Hasher {
+// once done (after Sum), or its lane and place at the gate stay taken.
+func newLaneMD5() *laneMD5 {
 	md5LanesOnce.Do(func() { md5Lanes = md5simd.NewServer() })
-	return md5Lanes.NewHash()
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	lanes.join()
+	return &laneMD5{Hasher: md5Lanes.NewHash(), timer: t}
+}
+
+func (l *laneMD5) Write(p []byte) (int, error) {
+	if !l.final.Load() && (l.backlog == nil || l.backlog() == 0) {
+		lanes.wait(l.timer)
+	}
+	return l.Hasher.Write(p)
+}
+
+// Close frees the lane and the place at the gate; idempotent.
+func (l *laneMD5) Close() {
+	if l.Hasher != nil {
+		l.Hasher.Close()
+		l.Hasher = nil
+		lanes.leave()
+	}
 }
