@@ -298,7 +298,6 @@ type body struct {
 	// by the hasher; closed by close. md5Sum is its sum, taken at EOF.
 	laneMD5 *laneMD5
 	md5Sum  []byte
-	large   bool // counted in largeBodies until close
 	// Verification, each optional.
 	sha256     hash.Hash
 	wantSHA256 string
@@ -436,10 +435,6 @@ func (b *body) close() {
 		b.laneMD5.Close()
 		b.laneMD5 = nil
 	}
-	if b.large {
-		largeBodies.Add(-1)
-		b.large = false
-	}
 }
 
 // crc32cSummed counts body bytes the gateway itself summed with CRC32C
@@ -516,12 +511,7 @@ func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Er
 		b.ck = checksumAlgos[b.ckAlg]()
 	}
 	if b.want >= asyncHashMin {
-		b.large = true
-		// A body read while no other large one is uses crypto/md5 on its
-		// hasher goroutine: alone it gains nothing from the lanes and
-		// would pay the hand-over to their goroutine (a single-stream PUT
-		// measured slower that way).
-		if others := largeBodies.Add(1) - 1; etagLanes && others > 0 {
+		if etagLanes {
 			b.laneMD5 = newLaneMD5()
 			b.md5 = b.laneMD5
 		}

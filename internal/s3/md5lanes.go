@@ -39,10 +39,6 @@ var (
 // the body's hasher goroutine, as before; benchmarks compare the two).
 var etagLanes = true
 
-// largeBodies counts the large bodies being read (lanes or not): a body
-// takes the lanes only when another is being read too.
-var largeBodies atomic.Int64
-
 // laneWait bounds how long a body's buffer waits for others' to share a
 // pass. A body at 100 MB/s fills its other three 256 KiB buffers in ~7 ms,
 // so the wait does not hold up its reads.

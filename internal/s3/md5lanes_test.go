@@ -22,11 +22,6 @@ import (
 // close, and a wrong Content-MD5 on a large body still fails at EOF with
 // BadDigest.
 func TestLaneMD5ETags(t *testing.T) {
-	// A body alone hashes with crypto/md5; one read beside another takes
-	// the lanes. The companion stays open through the test, so every
-	// body below has company.
-	companion := largeCompanion(t)
-	defer companion.close()
 	rng := rand.New(rand.NewPCG(1, 2))
 	sizes := []int{asyncHashMin, asyncHashMin + 1, asyncHashMin + 63, asyncHashMin + 64, 32<<10*40 + 17, 3<<20 + 5, 4 << 20}
 	var wg sync.WaitGroup
@@ -107,21 +102,6 @@ func TestLaneMD5ETags(t *testing.T) {
 	}
 }
 
-// largeCompanion opens a large body, alone (so on crypto/md5, outside
-// the gate), that makes the bodies opened while it is open take the lanes.
-func largeCompanion(t testing.TB) *body {
-	r, a := plainRequest(make([]byte, asyncHashMin))
-	alone := largeBodies.Load() == 0
-	b, e := newBody(r, a, MaxObjectSize, true)
-	if e != nil {
-		t.Fatal(e)
-	}
-	if alone && b.laneMD5 != nil {
-		t.Fatal("a large body read alone took the lanes")
-	}
-	return b
-}
-
 // BenchmarkETagLanes: MD5 of n 16 MiB bodies at once, in the lanes and
 // with crypto/md5 (one goroutine per body, as before). Run with -cpu 1 to
 // see the CPU per byte.
@@ -196,8 +176,6 @@ func BenchmarkETagPaced(b *testing.B) {
 				old := etagLanes
 				etagLanes = useLanes
 				defer func() { etagLanes = old }()
-				companion := largeCompanion(b) // as a steady stream of parts has
-				defer companion.close()
 				b.SetBytes(int64(bodies * len(data)))
 				var ru0, ru1 syscall.Rusage
 				syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
