@@ -1,6 +1,8 @@
 package s3
 
 import (
+	"crypto/md5"
+	"hash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,7 +30,8 @@ import (
 // over: a buffer waits until every large body being read has one ready
 // (at most 16), or laneWait passed, or its body has more waiting behind
 // it (hashing is behind; no reason to wait). Only the hashing goroutine
-// waits: the body's reads go on into its other hash buffers.
+// waits: the body's reads go on into its other hash buffers. A body that
+// is alone at its first buffer uses crypto/md5 instead (laneMD5).
 var (
 	md5LanesOnce sync.Once
 	md5Lanes     md5simd.Server
@@ -109,39 +112,87 @@ func (g *laneGate) wait(t *time.Timer) {
 	}
 }
 
-// laneMD5 is a body's MD5 in the shared lanes. Its Write is called by the
-// body's hasher goroutine with one hash buffer at a time.
+// laneMD5 is a body's MD5, in the shared lanes or, for a body read
+// alone, crypto/md5. Its Write is called by the body's hasher goroutine
+// with one hash buffer at a time; Sum after the hasher is done.
+//
+// Which one is decided at the first buffer (256 KiB in, a few ms after
+// the body started), not when the body opens: the parts of one upload
+// start within a few ms of each other, and the first of them would see
+// none of the others. A body alone gains nothing from the lanes and pays
+// the hand-over to their goroutine.
 type laneMD5 struct {
-	md5simd.Hasher
+	lane  md5simd.Hasher // in the lanes
+	alone hash.Hash      // crypto/md5: no other large body at the first buffer
 	timer *time.Timer
 	// final: the body reached its end; its last buffer goes at once.
 	final atomic.Bool
 	// backlog reports buffers queued behind the current one.
 	backlog func() int
+	counted bool // in largeBodies until Close
 }
 
-// newLaneMD5 returns an MD5 hash that runs in the shared lanes. Close it
-// once done (after Sum), or its lane and place at the gate stay taken.
+// newLaneMD5 returns a body's MD5 (a large body: counted in largeBodies).
+// Close it once done (after Sum), or its lane and place at the gate stay
+// taken.
 func newLaneMD5() *laneMD5 {
+	largeBodies.Add(1)
+	return &laneMD5{counted: true}
+}
+
+// largeBodies counts the large bodies being read, in the lanes or not.
+var largeBodies atomic.Int64
+
+func (l *laneMD5) decide() {
+	if l.lane != nil || l.alone != nil {
+		return
+	}
+	if !etagLanes || largeBodies.Load() <= 1 {
+		l.alone = md5.New()
+		return
+	}
 	md5LanesOnce.Do(func() { md5Lanes = md5simd.NewServer() })
-	t := time.NewTimer(time.Hour)
-	t.Stop()
+	l.timer = time.NewTimer(time.Hour)
+	l.timer.Stop()
 	lanes.join()
-	return &laneMD5{Hasher: md5Lanes.NewHash(), timer: t}
+	l.lane = md5Lanes.NewHash()
 }
 
 func (l *laneMD5) Write(p []byte) (int, error) {
+	l.decide()
+	if l.alone != nil {
+		return l.alone.Write(p)
+	}
 	if !l.final.Load() && (l.backlog == nil || l.backlog() == 0) {
 		lanes.wait(l.timer)
 	}
-	return l.Hasher.Write(p)
+	return l.lane.Write(p)
 }
+
+func (l *laneMD5) Sum(b []byte) []byte {
+	l.decide()
+	if l.alone != nil {
+		return l.alone.Sum(b)
+	}
+	return l.lane.Sum(b)
+}
+
+func (l *laneMD5) Reset()         { panic("laneMD5: Reset is not used") }
+func (l *laneMD5) Size() int      { return md5.Size }
+func (l *laneMD5) BlockSize() int { return md5.BlockSize }
+
+// inLanes reports whether the body's MD5 runs in the lanes (tests).
+func (l *laneMD5) inLanes() bool { return l.lane != nil }
 
 // Close frees the lane and the place at the gate; idempotent.
 func (l *laneMD5) Close() {
-	if l.Hasher != nil {
-		l.Hasher.Close()
-		l.Hasher = nil
+	if l.lane != nil {
+		l.lane.Close()
+		l.lane = nil
 		lanes.leave()
+	}
+	if l.counted {
+		l.counted = false
+		largeBodies.Add(-1)
 	}
 }
