@@ -130,6 +130,7 @@ type laneMD5 struct {
 	// backlog reports buffers queued behind the current one.
 	backlog func() int
 	counted bool // in largeBodies until Close
+	closed  bool // after Close a late Sum takes no lane
 }
 
 // newLaneMD5 returns a body's MD5 (a large body: counted in largeBodies).
@@ -147,7 +148,7 @@ func (l *laneMD5) decide() {
 	if l.lane != nil || l.alone != nil {
 		return
 	}
-	if !etagLanes || largeBodies.Load() <= 1 {
+	if l.closed || !etagLanes || largeBodies.Load() <= 1 {
 		l.alone = md5.New()
 		return
 	}
@@ -186,6 +187,7 @@ func (l *laneMD5) inLanes() bool { return l.lane != nil }
 
 // Close frees the lane and the place at the gate; idempotent.
 func (l *laneMD5) Close() {
+	l.closed = true
 	if l.lane != nil {
 		l.lane.Close()
 		l.lane = nil
