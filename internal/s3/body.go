@@ -294,10 +294,8 @@ type body struct {
 	r       io.Reader
 	chunked *chunkedReader
 	md5     hash.Hash
-	// laneMD5: md5 runs in md5-simd's shared lanes (large bodies), fed
-	// by the hasher; closed by close. md5Sum is its sum, taken at EOF.
-	laneMD5 *laneMD5
-	md5Sum  []byte
+	// md5Sum is md5's sum, taken at EOF.
+	md5Sum []byte
 	// Verification, each optional.
 	sha256     hash.Hash
 	wantSHA256 string
@@ -325,10 +323,8 @@ type body struct {
 
 // Large bodies are hashed off the request goroutine: MD5 (the ETag) runs
 // at ~800 MB/s on one core here, slower than receiving and forwarding, so
-// inline it would cap a single upload's throughput; it runs in md5-simd's
-// lanes shared by the bodies read at the same time (md5lanes.go). Each
-// large upload holds hashBufs*hashBufSize more memory; MaxUploads bounds
-// the total.
+// inline it would cap a single upload's throughput. Each large upload
+// holds hashBufs*hashBufSize more memory; MaxUploads bounds the total.
 const (
 	asyncHashMin = 1 << 20
 	hashBufSize  = 256 << 10
@@ -431,10 +427,6 @@ func (b *body) close() {
 	if b.async != nil {
 		b.async.wait()
 	}
-	if b.laneMD5 != nil {
-		b.laneMD5.Close()
-		b.laneMD5 = nil
-	}
 }
 
 // crc32cSummed counts body bytes the gateway itself summed with CRC32C
@@ -511,10 +503,6 @@ func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Er
 		b.ck = checksumAlgos[b.ckAlg]()
 	}
 	if b.want >= asyncHashMin {
-		if etagLanes {
-			b.laneMD5 = newLaneMD5()
-			b.md5 = b.laneMD5
-		}
 		hs := []hash.Hash{b.md5}
 		for _, h := range []hash.Hash{b.sha256, b.ck} {
 			if h != nil {
@@ -522,10 +510,6 @@ func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Er
 			}
 		}
 		b.async = newHasher(hs)
-		if b.laneMD5 != nil {
-			md5Work := b.async.work[0]
-			b.laneMD5.backlog = func() int { return len(md5Work) }
-		}
 	}
 	return b, nil
 }
@@ -583,9 +567,6 @@ func (b *body) Read(p []byte) (int, error) {
 
 // finish runs the whole-body checks at EOF.
 func (b *body) finish() *Error {
-	if b.laneMD5 != nil {
-		b.laneMD5.final.Store(true)
-	}
 	if b.async != nil {
 		b.async.wait()
 	}
