@@ -290,13 +290,22 @@ func hasACLHeaders(h http.Header) bool {
 	if h.Get("X-Amz-Acl") != "" {
 		return true
 	}
-	for k := range grantHeaders {
+	for _, k := range grantHeaderKeys {
 		if h.Get(k) != "" {
 			return true
 		}
 	}
 	return false
 }
+
+// grantHeaderKeys are grantHeaders' names in canonical form, so that
+// looking them up on every write allocates nothing.
+var grantHeaderKeys = func() (ks []string) {
+	for k := range grantHeaders {
+		ks = append(ks, http.CanonicalHeaderKey(k))
+	}
+	return ks
+}()
 
 // ---------------------------------------------------------------- XML
 

@@ -54,6 +54,7 @@ type auth struct {
 	payload   string // x-amz-content-sha256 (UNSIGNED-PAYLOAD for presigned URLs)
 	// Chunk signing (streaming payloads).
 	signingKey []byte
+	key        *derivedKey // signingKey with its HMAC pads; nil: derived on first use
 	amzDate    string
 	scope      string
 	seedSig    string
@@ -168,6 +169,30 @@ func (d *derivedKey) signatureOf(dst *[64]byte, buf []byte, amzDate, scope strin
 	buf = append(buf, scope...)
 	buf = append(buf, '\n')
 	buf = hex.AppendEncode(buf, canonHash[:])
+	inner := sha256.Sum256(buf)
+	var outer [sha256.BlockSize + sha256.Size]byte
+	copy(outer[:], d.opad[:])
+	copy(outer[sha256.BlockSize:], inner[:])
+	mac := sha256.Sum256(outer[:])
+	hex.Encode(dst[:], mac[:])
+}
+
+// chunkSignature is the hex signature of an aws-chunked chunk whose data
+// hashes to chunkHash, chained from prev: HMAC-SHA256 of
+// "AWS4-HMAC-SHA256-PAYLOAD\n" date, scope, prev, the empty string's hash
+// and the chunk's, built in buf (a caller's stack buffer), written to dst.
+func (d *derivedKey) chunkSignature(dst *[64]byte, buf []byte, amzDate, scope string, prev *[64]byte, chunkHash *[32]byte) {
+	buf = append(buf[:0], d.ipad[:]...)
+	buf = append(buf, "AWS4-HMAC-SHA256-PAYLOAD\n"...)
+	buf = append(buf, amzDate...)
+	buf = append(buf, '\n')
+	buf = append(buf, scope...)
+	buf = append(buf, '\n')
+	buf = append(buf, prev[:]...)
+	buf = append(buf, '\n')
+	buf = append(buf, emptySHA256...)
+	buf = append(buf, '\n')
+	buf = hex.AppendEncode(buf, chunkHash[:])
 	inner := sha256.Sum256(buf)
 	var outer [sha256.BlockSize + sha256.Size]byte
 	copy(outer[:], d.opad[:])
@@ -528,7 +553,7 @@ func (g *Gateway) authenticate(r *http.Request) (*auth, *Error) {
 		owner = p.accessKey
 	}
 	return &auth{accessKey: p.accessKey, owner: owner, admin: sec.Admin, payload: payload,
-		signingKey: key.key, amzDate: amzDate, scope: scope, seedSig: p.signature}, nil
+		signingKey: key.key, key: key, amzDate: amzDate, scope: scope, seedSig: p.signature}, nil
 }
 
 // unsignedAmzHeaders refuses a request carrying an x-amz-* header its

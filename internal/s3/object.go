@@ -46,19 +46,24 @@ func metaFromHeaders(h http.Header) (*metapb.ObjectMeta, *Error) {
 		ContentLanguage: h.Get("Content-Language"), CacheControl: h.Get("Cache-Control"), Expires: h.Get("Expires"),
 	}
 	// aws-chunked is how the body travelled, not how it is stored.
-	var enc []string
-	for _, e := range strings.Split(h.Get("Content-Encoding"), ",") {
-		if e = strings.TrimSpace(e); e != "" && !strings.EqualFold(e, "aws-chunked") {
-			enc = append(enc, e)
+	if ce := h.Get("Content-Encoding"); ce != "" {
+		var enc []string
+		for _, e := range strings.Split(ce, ",") {
+			if e = strings.TrimSpace(e); e != "" && !strings.EqualFold(e, "aws-chunked") {
+				enc = append(enc, e)
+			}
 		}
+		m.ContentEncoding = strings.Join(enc, ",")
 	}
-	m.ContentEncoding = strings.Join(enc, ",")
 	size := 0
+	const metaPrefix = "x-amz-meta-"
 	for k, vs := range h {
-		name, ok := strings.CutPrefix(strings.ToLower(k), "x-amz-meta-")
-		if !ok {
+		// Only user metadata headers are lowered (the others would each
+		// cost an allocation).
+		if len(k) < len(metaPrefix) || !strings.EqualFold(k[:len(metaPrefix)], metaPrefix) {
 			continue
 		}
+		name := strings.ToLower(k[len(metaPrefix):])
 		if m.User == nil {
 			m.User = map[string]string{}
 		}
