@@ -30,8 +30,16 @@ import (
 // the entry is acknowledged there, and goes straight into the block file;
 // the log holds only the command. Applying a WriteChunk does nothing more.
 // PutBlock: applying it commits the block in storage with BCSID = the
-// entry's index, durably (storage syncs on commit). So once a PutBlock is
-// applied on all replicas, the block is on three disks.
+// entry's index, without a sync of its own (storage.PutBlockDeferred):
+// the commit is made durable by the Raft log, as the meta namespace's
+// applies are. The entry is in this replica's log, fsynced, before the
+// replica acknowledged it; the persisted applied index (below) passes it
+// only after persist synced its commit; the host never truncates the log
+// past that index; and a restart applies every entry after it again. So
+// once a PutBlock is applied on all replicas, the block is on three
+// disks: its data synced by WriteData's Sync round (or its own PutBlock
+// sync for a chunk not synced yet), its commit in the fsynced log of each
+// replica until its record is synced.
 // PutSmallFile: both in one entry. Its data is the block's only chunk and
 // goes through WriteData exactly like a WriteChunk's; applying it commits
 // the block exactly like a PutBlock. A replica therefore holds the same
@@ -43,7 +51,28 @@ import (
 // after it are applied again after a restart (every command is idempotent:
 // PutBlock of a committed block is a no-op, close and delete repeat
 // harmlessly). The persisted index never goes backwards (persist refuses
-// to), and a snapshot at or below it is ignored.
+// to), and a snapshot at or below it is ignored. Before it writes the
+// index, persist syncs the block commits applied since the last persist
+// (one WAL flush per volume they touched, shared with every other flush
+// of that volume); if that fails, the index stays where it was and the
+// containers are marked UNHEALTHY (see persist). Every other storage
+// change of an entry (container creation, close, delete, UNHEALTHY
+// marks) is synced when it is made, which also makes every commit before
+// it on that volume durable (Pebble's WAL is sequential).
+//
+// Applied, then, means "its apply ran here", not "its effects are on
+// disk here": ApplyStatus and the leader's wait for all replicas count an
+// entry applied on a replica once its apply ran (the applied index in
+// memory), and its durability on that replica comes from the replica's
+// own fsynced log entry plus replay. After a crash, storage holds, per
+// volume, the commits up to some point at or after the persisted index;
+// the rest are applied again from the log before the replica reports
+// them applied. Until then a read of such a block finds no record
+// (ErrBlockNotFound) or a shorter block (out of range), and the client
+// reads another replica. A snapshot carries the in-memory applied index:
+// on the replica that takes it, every entry above the persisted index is
+// still in its log; a replica that restores one marks every container it
+// does not hold whole UNHEALTHY, including any whose commits were lost.
 //
 // The state machine knows which containers are this pipeline's (a second
 // small file, written before a container is created): a pipeline snapshot
@@ -89,13 +118,15 @@ type containerSM struct {
 	applied atomic.Uint64
 	durable atomic.Uint64
 
-	// deferred: the block commits of the Apply batch in progress, made
-	// durable together at its end (apply goroutine only); pos is the
-	// position in the batch of the entry being applied.
-	deferred []deferredCommit
-	pos      int
-
-	persistMu   sync.Mutex // persist: one writer of file, durable only grows
+	persistMu sync.Mutex // persist: one writer of file, durable only grows
+	// unsynced (under persistMu): the containers with block commits
+	// applied (storage.PutBlockDeferred) since the last persist that
+	// synced them, with the lowest and highest entry index of those
+	// commits. persist syncs their volumes before it writes the index.
+	unsyncedCommits map[storage.ContainerID]commitSpan
+	// syncCommits, if set (tests), is called by persist before it syncs
+	// the commits of cids.
+	syncCommits func(cids []storage.ContainerID)
 	lastPersist time.Time
 	// now is the clock that paces persisting (at most every persistEvery);
 	// nil (the simulator's state machines) paces by entries instead
@@ -193,13 +224,9 @@ type sickRecord struct {
 
 type blockKey struct{ cid, lid uint64 }
 
-// deferredCommit is a block committed by an entry of the Apply batch in
-// progress whose record is not yet durable.
-type deferredCommit struct {
-	pos   int // in the batch
-	index uint64
-	cid   storage.ContainerID
-}
+// commitSpan is the lowest and highest entry index of the block commits
+// into one container that no persist has synced yet.
+type commitSpan struct{ lo, hi uint64 }
 
 const (
 	persistEvery        = time.Second
@@ -696,7 +723,6 @@ func (sm *containerSM) Apply(ents []raft.Entry) []any {
 		}
 		cmd, err := sm.takeDecoded(e)
 		if err == nil {
-			sm.pos = i
 			err = sm.apply(e, cmd)
 		}
 		if err != nil {
@@ -704,42 +730,10 @@ func (sm *containerSM) Apply(ents []raft.Entry) []any {
 			out[i] = err
 		}
 	}
-	// Block commits were deferred (storage.PutBlockDeferred): one WAL
-	// flush makes the whole batch durable before any entry of it counts
-	// as applied here, and pipelines that share a volume share flushes.
-	// Only the volumes of the batch's containers are flushed: a slow or
-	// failed disk elsewhere on the datanode neither delays nor fails it.
-	if len(sm.deferred) > 0 {
-		var cids []storage.ContainerID
-		for _, d := range sm.deferred {
-			if !slices.Contains(cids, d.cid) {
-				cids = append(cids, d.cid)
-			}
-		}
-		if err := sm.store.SyncCommitsFor(cids); err != nil {
-			// Which containers' volumes failed: asking again per
-			// container costs nothing for a volume synced just now.
-			bad := map[storage.ContainerID]error{}
-			for _, cid := range cids {
-				if len(cids) == 1 {
-					bad[cid] = err
-				} else if cerr := sm.store.SyncCommitsFor([]storage.ContainerID{cid}); cerr != nil {
-					bad[cid] = cerr
-				}
-			}
-			for _, d := range sm.deferred {
-				serr, ok := bad[d.cid]
-				if !ok {
-					continue
-				}
-				sm.markUnhealthy(d.cid, d.index, fmt.Sprintf("entry %d: block commit not synced: %v", d.index, serr))
-				err := fmt.Errorf("datanode: pipeline %d entry %d: block commit not synced: %w", sm.pipeline, d.index, serr)
-				sm.recordFailure(d.index, err)
-				out[d.pos] = err
-			}
-		}
-		sm.deferred = sm.deferred[:0]
-	}
+	// Block commits were not synced (storage.PutBlockDeferred): the
+	// entry in this replica's own fsynced Raft log makes them durable, as
+	// the persisted applied index stays below them until persist has
+	// synced them, and a restart applies them again (see containerSM).
 	sm.applied.Store(applied)
 	sm.persistMu.Lock()
 	var due bool
@@ -806,7 +800,8 @@ func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) err
 }
 
 // commitBlock applies a PutBlock (or the commit half of a PutSmallFile)
-// at log index: the block is committed with BCSID = index, durably.
+// at log index: the block is committed with BCSID = index, made durable
+// by the next persist (noteCommit).
 func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeContainer bool) error {
 	cid := storage.ContainerID(b.GetId().GetContainerId())
 	bd := toBlockData(b)
@@ -834,7 +829,7 @@ func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeC
 		sm.markUnhealthy(cid, index, fmt.Sprintf("entry %d: block %d not committed here: %v", index, bd.LocalID, err))
 		return fmt.Errorf("datanode: pipeline %d entry %d: %w; container %d is UNHEALTHY here: %w", sm.pipeline, index, err, cid, storage.ErrContainerNotOpen)
 	}
-	sm.deferred = append(sm.deferred, deferredCommit{pos: sm.pos, index: index, cid: cid})
+	sm.noteCommit(cid, index)
 	sm.stats.blocksCommitted.Add(1)
 	if closeContainer {
 		sm.closeContainer(cid)
@@ -864,10 +859,44 @@ func (sm *containerSM) closeContainer(cid storage.ContainerID) error {
 	return err
 }
 
-// persist writes the applied index durably. Storage made every applied
-// PutBlock durable already, so the index only needs to be as durable as
-// what it covers. It never writes a lower index than one already durable
-// (Close and the apply goroutine may both call it).
+// noteCommit records that entry index committed a block into cid without
+// a sync: the next persist syncs cid's volume before its index passes it.
+func (sm *containerSM) noteCommit(cid storage.ContainerID, index uint64) {
+	sm.persistMu.Lock()
+	defer sm.persistMu.Unlock()
+	if sm.unsyncedCommits == nil {
+		sm.unsyncedCommits = map[storage.ContainerID]commitSpan{}
+	}
+	sp, ok := sm.unsyncedCommits[cid]
+	if !ok {
+		sp.lo = index
+	}
+	sp.hi = max(sp.hi, index)
+	sm.unsyncedCommits[cid] = sp
+}
+
+// persist writes the applied index durably, after making durable what the
+// entries up to it changed in storage: the block commits that Apply did
+// not sync (storage.PutBlockDeferred) are synced first, one WAL flush per
+// volume of the containers they went into (storage.SyncCommitsFor; a
+// flush another pipeline or a data Sync round made since covers them at
+// no cost). Every other storage change an entry makes (container
+// creation, close, delete, UNHEALTHY marks) is synced by storage when it
+// is made, and the small files (container list, unhealthy list) are
+// written atomically and synced. So the index never passes an entry
+// whose effects a crash could lose: the host truncates the log only up to
+// it (AppliedIndex), and a restart applies every entry after it again.
+//
+// If the sync fails, the index does not move (the entries stay in the log
+// and are applied again after a restart) and the containers on the
+// failed volumes are marked UNHEALTHY here (durably recorded in sickFile,
+// reported to SCM, and every entry into them fails ApplyStatus from then
+// on); once that record is durable, their commits no longer hold the
+// index back: the replica knows it lacks them, as for any lost data.
+//
+// It never writes a lower index than one already durable (Close and the
+// apply goroutine may both call it). The caller has applied every entry
+// up to index (their commits were noted before the applied index moved).
 func (sm *containerSM) persist(index uint64) {
 	sm.persistMu.Lock()
 	defer sm.persistMu.Unlock()
@@ -892,6 +921,9 @@ func (sm *containerSM) persist(index uint64) {
 		}
 		return
 	}
+	if !sm.syncCommitsLocked(index) {
+		return
+	}
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], index)
 	if err := vfs.WriteFileAtomic(sm.fs, sm.file, b[:]); err != nil {
@@ -899,6 +931,59 @@ func (sm *containerSM) persist(index uint64) {
 		return
 	}
 	sm.durable.Store(index)
+}
+
+// syncCommitsLocked makes the unsynced block commits durable before the
+// applied index moves to index (persist); it reports whether it may. A
+// container whose commits cannot be synced is marked UNHEALTHY and the
+// index stays; a container whose commits all lie above index stays
+// listed. Caller holds persistMu.
+func (sm *containerSM) syncCommitsLocked(index uint64) bool {
+	if len(sm.unsyncedCommits) == 0 {
+		return true
+	}
+	cids := slices.Sorted(maps.Keys(sm.unsyncedCommits))
+	if sm.syncCommits != nil {
+		sm.syncCommits(cids)
+	}
+	err := sm.store.SyncCommitsFor(cids)
+	if err == nil {
+		for _, cid := range cids {
+			// Commits noted after the sync started (an Apply running
+			// beside Close's persist) are above index: kept for the next.
+			if sp := sm.unsyncedCommits[cid]; sp.hi <= index {
+				delete(sm.unsyncedCommits, cid)
+			}
+		}
+		return true
+	}
+	// Which containers' volumes failed: asking again per container costs
+	// nothing for a volume synced just now.
+	for _, cid := range cids {
+		cerr := err
+		if len(cids) > 1 {
+			if cerr = sm.store.SyncCommitsFor([]storage.ContainerID{cid}); cerr == nil {
+				continue
+			}
+		}
+		sp := sm.unsyncedCommits[cid]
+		sm.log.Error("block commits not synced; applied index held back", "pipeline", sm.pipeline, "container", cid, "entries", fmt.Sprintf("%d..%d", sp.lo, sp.hi), "err", cerr)
+		sm.markUnhealthy(cid, sp.lo, fmt.Sprintf("entries %d..%d: block commits not synced: %v", sp.lo, sp.hi, cerr))
+		if _, ok := sm.lacks(uint64(cid)); ok && sm.sickRecorded() {
+			// The loss is durable in sickFile: it no longer needs the
+			// log to be found again.
+			delete(sm.unsyncedCommits, cid)
+		}
+	}
+	return false
+}
+
+// sickRecorded reports whether every loss recorded in memory is durable in
+// sickFile.
+func (sm *containerSM) sickRecorded() bool {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	return sm.sickPending == 0
 }
 
 func (sm *containerSM) AppliedIndex() uint64 { return sm.durable.Load() }
