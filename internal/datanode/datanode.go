@@ -234,7 +234,7 @@ func New(cfg Config) (*Datanode, error) {
 	if cfg.TLS.IsInsecure() {
 		cfg.Logger.Error("datanode: AUTHENTICATION IS OFF: gRPC, raft and stream ports accept anyone in plaintext (insecure mode, for benchmarks only)", "dir", cfg.DataDir)
 	}
-	if err := cfg.FS.MkdirAll(filepath.Join(cfg.DataDir, "pipelines"), 0o755); err != nil {
+	if err := vfs.MkdirAllSync(cfg.FS, filepath.Join(cfg.DataDir, "pipelines")); err != nil {
 		return nil, err
 	}
 	d := &Datanode{cfg: cfg, log: cfg.Logger, peers: map[uint64]*metapb.DatanodeDetails{},

@@ -124,10 +124,7 @@ type containerSM struct {
 	// synced them, with the lowest and highest entry index of those
 	// commits. persist syncs their volumes before it writes the index.
 	unsyncedCommits map[storage.ContainerID]commitSpan
-	// syncCommits, if set (tests), is called by persist before it syncs
-	// the commits of cids.
-	syncCommits func(cids []storage.ContainerID)
-	lastPersist time.Time
+	lastPersist     time.Time
 	// now is the clock that paces persisting (at most every persistEvery);
 	// nil (the simulator's state machines) paces by entries instead
 	// (every persistEveryEntries), so a seed replays exactly.
@@ -262,7 +259,9 @@ func NewContainerStateMachine(pipelineID uint64, store *storage.Store, fs vfs.FS
 }
 
 func newContainerSM(pipeline uint64, store *storage.Store, fs vfs.FS, dir string, st *stats, log *slog.Logger) (*containerSM, error) {
-	if err := fs.MkdirAll(dir, 0o755); err != nil {
+	// Durably: a crash must not take the directory, and the applied
+	// index and unhealthy list in it, away after they were synced.
+	if err := vfs.MkdirAllSync(fs, dir); err != nil {
 		return nil, err
 	}
 	sm := &containerSM{pipeline: pipeline, store: store, fs: fs,
@@ -943,9 +942,6 @@ func (sm *containerSM) syncCommitsLocked(index uint64) bool {
 		return true
 	}
 	cids := slices.Sorted(maps.Keys(sm.unsyncedCommits))
-	if sm.syncCommits != nil {
-		sm.syncCommits(cids)
-	}
 	err := sm.store.SyncCommitsFor(cids)
 	if err == nil {
 		for _, cid := range cids {
