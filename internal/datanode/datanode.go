@@ -598,9 +598,14 @@ func (d *Datanode) leavePipeline(id uint64) error {
 	if !ok {
 		return err
 	}
+	// The pipeline's log goes with the group, and with it what made the
+	// block commits applied since the last persist durable (sm.go): sync
+	// them first, and again once the group stopped applying.
+	sm.persist(sm.applied.Load())
 	if rerr := d.host.RemoveGroup(id); rerr != nil && !errors.Is(rerr, raft.ErrGroupNotFound) {
 		return rerr
 	}
+	sm.persist(sm.applied.Load())
 	sm.removeFiles()
 	return err
 }
