@@ -6,6 +6,7 @@
 package datanode
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -590,24 +591,42 @@ func (d *Datanode) joinPipeline(p *metapb.Pipeline, members []*metapb.DatanodeDe
 func (d *Datanode) leavePipeline(id uint64) error {
 	d.mu.Lock()
 	sm, ok := d.sms[id]
-	delete(d.sms, id)
-	delete(d.pipelines, id)
 	d.pipesLeft.add(id)
-	err := d.savePipelinesLocked()
-	d.mu.Unlock()
 	if !ok {
+		delete(d.pipelines, id)
+		err := d.savePipelinesLocked()
+		d.mu.Unlock()
 		return err
 	}
-	// The pipeline's log goes with the group, and with it what made the
-	// block commits applied since the last persist durable (sm.go): sync
-	// them first, and again once the group stopped applying.
-	sm.persist(sm.applied.Load())
+	d.mu.Unlock()
+	// The pipeline's log goes with the group, and with it what makes the
+	// block commits applied since the last persist durable (sm.go). So:
+	// stop applying, sync those commits (persist) and only then forget the
+	// pipeline durably and drop its log. If the sync fails, the pipeline
+	// stays: listed in the pipelines file, its log and files kept (the
+	// containers are marked UNHEALTHY by persist); a restart rejoins it
+	// and applies its entries again, and a repeated close tries again.
+	if err := d.host.StopGroup(id); err != nil && !errors.Is(err, raft.ErrGroupNotFound) {
+		return err
+	}
+	if err := cmp.Or(sm.persist(sm.applied.Load()), sm.leavable()); err != nil {
+		d.log.Error("cannot leave pipeline: its applied block commits are not durable; log kept", "pipeline", id, "err", err)
+		return err
+	}
+	d.mu.Lock()
+	delete(d.sms, id)
+	delete(d.pipelines, id)
+	err := d.savePipelinesLocked()
+	d.mu.Unlock()
+	if err != nil {
+		// Still listed on disk: a restart rejoins it (from its kept log).
+		return err
+	}
 	if rerr := d.host.RemoveGroup(id); rerr != nil && !errors.Is(rerr, raft.ErrGroupNotFound) {
 		return rerr
 	}
-	sm.persist(sm.applied.Load())
 	sm.removeFiles()
-	return err
+	return nil
 }
 
 func (d *Datanode) heartbeatLoop() {

@@ -124,7 +124,14 @@ type containerSM struct {
 	// synced them, with the lowest and highest entry index of those
 	// commits. persist syncs their volumes before it writes the index.
 	unsyncedCommits map[storage.ContainerID]commitSpan
-	lastPersist     time.Time
+	// commitsLost (under persistMu): some block commits could not be
+	// synced since this state machine opened. The containers are marked
+	// UNHEALTHY and, once that is recorded, the index moves on; but the
+	// pipeline's log must stay until a restart (leavePipeline refuses):
+	// a failed volume may come back with the container as it was, and
+	// only the log and sickFile say what it lacks.
+	commitsLost bool
+	lastPersist time.Time
 	// now is the clock that paces persisting (at most every persistEvery);
 	// nil (the simulator's state machines) paces by entries instead
 	// (every persistEveryEntries), so a seed replays exactly.
@@ -896,9 +903,30 @@ func (sm *containerSM) noteCommit(cid storage.ContainerID, index uint64) {
 // It never writes a lower index than one already durable (Close and the
 // apply goroutine may both call it). The caller has applied every entry
 // up to index (their commits were noted before the applied index moved).
-func (sm *containerSM) persist(index uint64) {
+// It returns an error if the durable index is below index afterwards
+// (leaving a pipeline must not drop its log then).
+func (sm *containerSM) persist(index uint64) error {
 	sm.persistMu.Lock()
 	defer sm.persistMu.Unlock()
+	sm.persistLocked(index)
+	if d := sm.durable.Load(); d < index {
+		return fmt.Errorf("datanode: pipeline %d: applied index %d not persisted (durable %d)", sm.pipeline, index, d)
+	}
+	return nil
+}
+
+// leavable reports why the pipeline's log and files may not be dropped
+// yet (nil: they may): some block commits could not be synced.
+func (sm *containerSM) leavable() error {
+	sm.persistMu.Lock()
+	defer sm.persistMu.Unlock()
+	if sm.commitsLost {
+		return fmt.Errorf("datanode: pipeline %d: block commits could not be synced; its log and files are kept until a restart", sm.pipeline)
+	}
+	return nil
+}
+
+func (sm *containerSM) persistLocked(index uint64) {
 	if sm.now != nil {
 		sm.lastPersist = sm.now()
 	}
@@ -953,6 +981,7 @@ func (sm *containerSM) syncCommitsLocked(index uint64) bool {
 		}
 		return true
 	}
+	sm.commitsLost = true
 	// Which containers' volumes failed: asking again per container costs
 	// nothing for a volume synced just now.
 	for _, cid := range cids {

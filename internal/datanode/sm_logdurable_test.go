@@ -3,9 +3,11 @@ package datanode
 import (
 	"bytes"
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -343,9 +345,15 @@ func TestPersistSyncFailureHoldsIndex(t *testing.T) {
 	if err := r.store.SyncContainers([]storage.ContainerID{2}); !errors.Is(err, storage.ErrVolumeFailed) {
 		t.Fatalf("sync on the failing disk: %v, want ErrVolumeFailed", err)
 	}
-	r.sm.persist(4)
+	if err := r.sm.persist(4); err == nil {
+		t.Fatal("persist whose commits could not be synced reported no error")
+	}
 	if got := r.sm.AppliedIndex(); got != 0 {
 		t.Fatalf("AppliedIndex %d after a persist whose commits could not be synced, want 0", got)
+	}
+	// What a restart would read: the index file a power loss leaves.
+	if got := diskAppliedIndex(t, fs.Crash(), r.sm.file); got != 0 {
+		t.Fatalf("index file on disk says %d after a persist whose commits could not be synced, want nothing (0)", got)
 	}
 	if _, ok := r.sm.lacks(1); !ok {
 		t.Fatal("container 1 not recorded UNHEALTHY after its commits could not be synced")
@@ -363,4 +371,21 @@ func TestPersistSyncFailureHoldsIndex(t *testing.T) {
 	if got := r.sm.AppliedIndex(); got != 4 {
 		t.Fatalf("AppliedIndex %d after the loss was recorded, want 4", got)
 	}
+	if got := diskAppliedIndex(t, fs.Crash(), r.sm.file); got != 4 {
+		t.Fatalf("index file on disk says %d after the loss was recorded, want 4", got)
+	}
+}
+
+// diskAppliedIndex reads the persisted applied index in file on img (0
+// if there is none).
+func diskAppliedIndex(t *testing.T, img *vfs.MemFS, file string) uint64 {
+	t.Helper()
+	b, err := vfs.ReadFile(img, file)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0
+	}
+	if err != nil || len(b) != 8 {
+		t.Fatalf("applied index file %s: %d bytes, %v", file, len(b), err)
+	}
+	return binary.BigEndian.Uint64(b)
 }
