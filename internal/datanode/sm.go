@@ -117,6 +117,9 @@ type containerSM struct {
 
 	applied atomic.Uint64
 	durable atomic.Uint64
+	// applyMu is held by Apply for a whole batch, so that applied covers
+	// every entry whose effects storage shows (Datanode.persistOwners).
+	applyMu sync.Mutex
 
 	persistMu sync.Mutex // persist: one writer of file, durable only grows
 	// unsynced (under persistMu): the containers with block commits
@@ -714,6 +717,8 @@ func (sm *containerSM) ReadData(index, term uint64, meta []byte) ([]byte, error)
 // leader's wait for all replicas); the entries after it still apply, so
 // one bad entry never wedges the pipeline.
 func (sm *containerSM) Apply(ents []raft.Entry) []any {
+	sm.applyMu.Lock()
+	defer sm.applyMu.Unlock()
 	out := make([]any, len(ents))
 	applied := sm.applied.Load()
 	for i, e := range ents {
@@ -763,6 +768,9 @@ func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) err
 		// only says why not.
 		blk, ch := c.WriteChunk.GetBlock(), c.WriteChunk.GetChunk()
 		ok, err := sm.store.HasChunk(storage.ContainerID(blk.GetContainerId()), storage.LocalID(blk.GetLocalId()), int64(ch.GetOffset()), int64(ch.GetLength()))
+		if err == nil && !ok && sm.appliedBefore(storage.ContainerID(blk.GetContainerId()), e.Index) {
+			return nil // replayed after its block was committed and deleted
+		}
 		if err == nil && !ok {
 			err = fmt.Errorf("chunk [%d, +%d) not stored on this replica: %w", ch.GetOffset(), ch.GetLength(), storage.ErrChunkMissing)
 			if lost := sm.lostCause(blk.GetContainerId(), blk.GetLocalId()); lost != nil {
@@ -812,6 +820,16 @@ func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeC
 	cid := storage.ContainerID(b.GetId().GetContainerId())
 	bd := toBlockData(b)
 	bd.BCSID = index
+	if sm.appliedBefore(cid, index) {
+		// A replay after a restart: this commit is durable already, and
+		// what later entries did to the block (a delete) or the container
+		// (a close) may be too; committing again would fail or undo them.
+		// The close half of the entry is synced on its own: do it again.
+		if closeContainer {
+			return sm.closeContainer(cid)
+		}
+		return nil
+	}
 	if err := sm.ensureContainer(cid); err != nil {
 		if errors.Is(err, errOtherPipeline) {
 			// Another pipeline's container: this entry fails here and
@@ -841,6 +859,22 @@ func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeC
 		sm.closeContainer(cid)
 	}
 	return nil
+}
+
+// appliedBefore reports whether the entry at index, which writes into
+// cid, was applied here before a restart and its effects are durable: the
+// container's highest commit index (BCSID, in the counters every commit
+// batch writes, and DeleteBlocks rewrites) is at or past it. Entries are
+// applied in log order, so outside a replay a container's BCSID is always
+// below the entry being applied (a container imported from a replica
+// further along holds the entry's effects too). The storage WAL is
+// sequential, so a durable BCSID at or past index means this entry's
+// commit is durable, and what the block lacks now a later entry removed.
+// A commit that failed here marked the container UNHEALTHY, in memory at
+// once, so no later commit could raise its BCSID past the failed entry.
+func (sm *containerSM) appliedBefore(cid storage.ContainerID, index uint64) bool {
+	rep, err := sm.store.Container(cid)
+	return err == nil && rep.BCSID >= index
 }
 
 func (sm *containerSM) closeContainer(cid storage.ContainerID) error {
