@@ -33,7 +33,9 @@ import (
 // entry's index, without a sync of its own (storage.PutBlockDeferred):
 // the commit is made durable by the Raft log, as the meta namespace's
 // applies are. The entry is in this replica's log, fsynced, before the
-// replica acknowledged it; the persisted applied index (below) passes it
+// replica acknowledged it; the raft host hands it to Apply only once a
+// commit index at or past it is synced in that log too (so a replica that
+// restarts without its peers replays it); the persisted applied index (below) passes it
 // only after persist synced its commit; the host never truncates the log
 // past that index; and a restart applies every entry after it again. So
 // once a PutBlock is applied on all replicas, the block is on three
@@ -50,7 +52,10 @@ import (
 // persistEvery; the host truncates the log only up to it, and entries
 // after it are applied again after a restart (every command is idempotent:
 // PutBlock of a committed block is a no-op, close and delete repeat
-// harmlessly). The persisted index never goes backwards (persist refuses
+// harmlessly; a PutBlock, PutSmallFile or WriteChunk replayed into a
+// container whose BCSID is at or past it changes nothing, see
+// appliedBefore; a deleted container is never replayed into, see
+// Datanode.persistOwners). The persisted index never goes backwards (persist refuses
 // to), and a snapshot at or below it is ignored. Before it writes the
 // index, persist syncs the block commits applied since the last persist
 // (one WAL flush per volume they touched, shared with every other flush
