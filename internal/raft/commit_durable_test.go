@@ -1,8 +1,14 @@
 package raft
 
 import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/cryptotest"
+	"time"
 
 	bvfs "github.com/basalt-store/basalt/internal/vfs"
 )
@@ -113,5 +119,108 @@ func TestLoneReplicaReplaysApplied(t *testing.T) {
 		f, last, g.log.hs.GetCommit(), sm.kvSM.AppliedIndex(), target)
 	if sm.kvSM.AppliedIndex() < target {
 		t.Errorf("lone replica cannot replay entry %d it had applied: its log holds it but its commit index (%d) was not synced", target, g.log.hs.GetCommit())
+	}
+}
+
+// syncCheckSM records any entry handed to Apply above the commit index
+// synced in its group's log.
+type syncCheckSM struct {
+	kvSM
+	g   atomic.Pointer[Group]
+	bad atomic.Uint64 // an index applied ahead of the synced commit
+}
+
+func (s *syncCheckSM) Apply(ents []Entry) []any {
+	if g := s.g.Load(); g != nil && len(ents) > 0 {
+		g.log.mu.Lock()
+		synced := g.log.syncedCommit
+		g.log.mu.Unlock()
+		if last := ents[len(ents)-1].Index; last > synced {
+			s.bad.CompareAndSwap(0, last)
+		}
+	}
+	return s.kvSM.Apply(ents)
+}
+
+// TestApplyWaitsForSyncedCommit: with the store loops running (not Manual),
+// no replica hands an entry to its state machine before a commit index at
+// or past it is synced in its log, both when proposals come one at a time
+// (followers learn each commit from an empty append: the entries wait
+// for the loop's own sync) and in bursts (they ride on the next append's
+// fsync). Every entry still reaches every replica. Fails if committed
+// entries go to Apply as etcd raft hands them out.
+func TestApplyWaitsForSyncedCommit(t *testing.T) {
+	net := NewMemNetwork(7)
+	sms := map[uint64]*syncCheckSM{}
+	hosts := map[uint64]*Host{}
+	for id := uint64(1); id <= 3; id++ {
+		h, err := NewHost(HostConfig{ID: id, LogDirs: []string{"/log"}, FS: bvfs.NewMem(bvfs.MemOptions{}), Transport: net.Transport(id),
+			TickInterval: 2 * time.Millisecond, ElectionTicks: 10, HeartbeatTicks: 1, CompactEvery: 1 << 20, CompactKeep: 8, Logger: testLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		hosts[id] = h
+		sms[id] = &syncCheckSM{}
+		g, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: sms[id]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sms[id].g.Store(g)
+	}
+	var lead *Group
+	for deadline := time.Now().Add(20 * time.Second); lead == nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no leader")
+		}
+		for _, h := range hosts {
+			if g, _ := h.Group(1); g.IsLeader() {
+				lead = g
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var want []string
+	for i := range 20 { // one at a time
+		v := fmt.Sprintf("one-%d", i)
+		if _, err := lead.Propose(ctx, []byte(v), nil); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, v)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 200)
+	for i := range 200 { // bursts
+		v := fmt.Sprintf("burst-%d", i)
+		want = append(want, v)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := lead.Propose(ctx, []byte(v), nil); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	slices.Sort(want)
+	for id, sm := range sms {
+		var got []string
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			got = slices.Sorted(slices.Values(sm.values()))
+			if slices.Equal(got, want) || time.Now().After(deadline) {
+				break
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("host %d applied %d values, want %d", id, len(got), len(want))
+		}
+		if b := sm.bad.Load(); b != 0 {
+			t.Errorf("host %d: entry %d handed to Apply above the commit index synced in its log", id, b)
+		}
 	}
 }
