@@ -161,7 +161,6 @@ func (s *logStore) load(id uint64) (*groupLog, error) {
 			Vote:   proto.Uint64(binary.BigEndian.Uint64(v[8:])),
 			Commit: proto.Uint64(binary.BigEndian.Uint64(v[16:])),
 		}
-		g.syncedCommit = g.hs.GetCommit()
 		closer.Close()
 	} else if !errors.Is(err, pebble.ErrNotFound) {
 		return nil, err
@@ -233,16 +232,12 @@ type groupLog struct {
 	store *logStore
 	id    uint64
 
-	mu sync.Mutex
-	hs *pb.HardState
-	cs *pb.ConfState
-	// syncedCommit is the highest commit index of hs known to be on disk
-	// (loaded, or saved by a synced batch). Only the store loop uses it:
-	// no entry above it goes to the state machine (see storeLoop.process).
-	syncedCommit uint64
-	truncIndex   uint64 // entries <= truncIndex are gone
-	truncTerm    uint64
-	last         uint64
+	mu         sync.Mutex
+	hs         *pb.HardState
+	cs         *pb.ConfState
+	truncIndex uint64 // entries <= truncIndex are gone
+	truncTerm  uint64
+	last       uint64
 	// tail caches the newest entries (metadata only, so small) so that
 	// Term lookups and resends rarely touch Pebble.
 	tail      []*pb.Entry

@@ -211,31 +211,7 @@ func (l *storeLoop) process(work []*readyWork) {
 		}
 		w.g.recordProposalIndexes(w.rd.Entries)
 		mustSync = mustSync || w.rd.MustSync
-		// etcd raft's MustSync ignores the commit index, but the entries
-		// this Ready hands to the state machine must not be above a commit
-		// index that is durable here: state machines make what Apply did
-		// durable through replay from this log (the datanode's block
-		// commits, the meta namespace), and replay after a restart goes
-		// only up to the saved commit index. A replica that applied an
-		// entry (and so counted for wait-for-all) with its commit unsynced
-		// could not apply it again if it restarted without its peers. It
-		// shares the append's fsync when the batch carries entries too; a
-		// follower learning the commit from an empty append, and a leader
-		// whose commit moves with no new proposal in the batch, pay one
-		// (measured: about 0.9 more log fsyncs per small object over all
-		// groups, docs/BENCHMARKS.md session 9; holding such entries for
-		// the next batch's fsync instead was no cheaper there).
-		if n := len(w.rd.CommittedEntries); n > 0 && w.rd.CommittedEntries[n-1].GetIndex() > w.g.log.syncedCommit {
-			mustSync = true
-		}
 		nents += len(w.rd.Entries)
-	}
-	if mustSync && b.Empty() {
-		// Committed entries whose commit index an earlier, unsynced batch
-		// saved: a record to sync the log with.
-		if err := b.LogData([]byte{0}, nil); err != nil {
-			panic(err)
-		}
 	}
 	if !b.Empty() {
 		opt := pebble.NoSync
@@ -249,14 +225,6 @@ func (l *storeLoop) process(work []*readyWork) {
 			panic("raft: log store commit failed: " + err.Error())
 		}
 		h.metrics.observeBatch(len(work), nents, mustSync, time.Since(syncStart))
-		if mustSync {
-			// The sync covers every earlier unsynced batch too (one WAL).
-			for _, w := range work {
-				w.g.log.mu.Lock()
-				w.g.log.syncedCommit = w.g.log.hs.GetCommit()
-				w.g.log.mu.Unlock()
-			}
-		}
 	}
 	b.Close()
 

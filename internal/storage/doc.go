@@ -52,10 +52,9 @@
 //   - PutBlockDeferred returns nil: the block is committed as by PutBlock
 //     (its data durable, readable at once) but its record is durable only
 //     after a SyncCommits called after it returns nil. A pipeline's apply
-//     commits so and leaves the record to its Raft log: the datanode's
-//     persist of its applied index calls SyncCommitsFor (its containers'
-//     volumes only) before the index passes the commits, one WAL flush per
-//     volume, shared with every other flush of that volume.
+//     loop commits a batch so and acknowledges nothing before its
+//     SyncCommitsFor (its containers' volumes only): one WAL flush per
+//     volume per batch, shared by concurrent batches.
 //   - BlockStream.Close returns nil: what the stream wrote is durable, as
 //     after Sync.
 //   - CreateContainer, state changes, DeleteBlocks, DeleteContainer, Import,

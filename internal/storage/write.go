@@ -879,13 +879,12 @@ func (s *Store) PutBlock(cid ContainerID, bd BlockData) error {
 // chunks' data is durable before the record that names it), except that it
 // does not wait for the record to reach disk: the block is committed at
 // once for readers, and durable once a SyncCommits called after this
-// returned has returned. A caller relies on something else to survive a
-// crash in between: the datanode's container state machine commits
-// applied entries this way, with the entries in its fsynced Raft log, and
-// calls SyncCommitsFor before its persisted applied index (up to which the
-// log may be truncated) passes them: one WAL flush per volume for many
-// entries, shared by the pipelines on that volume and with its data Sync
-// rounds, where PutBlock costs a device flush per block.
+// returned has returned. Nothing may be acknowledged in between. A
+// pipeline's apply loop commits a batch of entries this way and makes them
+// durable with one SyncCommits (one WAL flush per volume for the batch, and
+// concurrent batches of pipelines sharing a volume share that flush)
+// before it reports any of them applied: group commit, where PutBlock
+// costs a device flush per block.
 func (s *Store) PutBlockDeferred(cid ContainerID, bd BlockData) error {
 	return s.putBlock(cid, bd, true)
 }
