@@ -6,7 +6,6 @@
 package datanode
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -599,18 +598,18 @@ func (d *Datanode) leavePipeline(id uint64) error {
 		return err
 	}
 	d.mu.Unlock()
-	// The pipeline's log goes with the group, and with it what makes the
-	// block commits applied since the last persist durable (sm.go). So:
-	// stop applying, sync those commits (persist) and only then forget the
-	// pipeline durably and drop its log. If the sync fails, the pipeline
-	// stays: listed in the pipelines file, its log and files kept (the
-	// containers are marked UNHEALTHY by persist); a restart rejoins it
-	// and applies its entries again, and a repeated close tries again.
+	// Stop applying first (no Apply runs beside the removal of the
+	// pipeline's log and files), persist the applied index and check it
+	// (a loss recorded only in memory is saved to the unhealthy list
+	// first, see persist), and only then forget the pipeline durably and
+	// drop its log. If that fails, the pipeline stays: listed in the
+	// pipelines file, its log and files kept; a restart rejoins it, and a
+	// repeated close tries again.
 	if err := d.host.StopGroup(id); err != nil && !errors.Is(err, raft.ErrGroupNotFound) {
 		return err
 	}
-	if err := cmp.Or(sm.persist(sm.applied.Load()), sm.leavable()); err != nil {
-		d.log.Error("cannot leave pipeline: its applied block commits are not durable; log kept", "pipeline", id, "err", err)
+	if err := sm.persist(sm.applied.Load()); err != nil {
+		d.log.Error("cannot leave pipeline: its applied index is not durable; log kept", "pipeline", id, "err", err)
 		return err
 	}
 	d.mu.Lock()

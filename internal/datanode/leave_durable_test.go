@@ -57,13 +57,13 @@ func blocksThere(d *Datanode, cid uint64, blocks map[uint64][]byte) (missing []u
 }
 
 // TestLeavePipelineKeepsCommits: leaving a pipeline drops its Raft log,
-// which is what makes the block commits applied since the last persist
-// durable. A power loss at any file operation of the leave (every sync,
-// rename, remove) leaves either the pipeline still listed, so a restart
-// rejoins it and applies its entries again from its log, or every block
-// it committed durable in storage. Fails with the pipeline dropped from
-// the pipelines file before its commits are synced (a crash in between
-// loses the last commits with no log to replay them from).
+// so nothing may be left for a replay from it: a power loss at any file
+// operation of the leave (every sync, rename, remove) leaves either the
+// pipeline still listed, so a restart rejoins it, or every block it
+// committed durable in storage, with no log to replay them from (the
+// image after the leave). Fails if Apply does not make its block commits
+// durable before it returns (the leave's images after the pipelines file
+// is saved then lack the commits applied since the last persist).
 func TestLeavePipelineKeepsCommits(t *testing.T) {
 	fs := vfs.NewMem(vfs.MemOptions{})
 	d := openMemDatanode(t, fs)
@@ -72,7 +72,7 @@ func TestLeavePipelineKeepsCommits(t *testing.T) {
 		d.Close()
 		t.Fatal(err)
 	}
-	blocks := putUntilUnsynced(t, d, pid, cid)
+	blocks := putUntilUnpersisted(t, d, pid, cid)
 
 	var (
 		mu      sync.Mutex
@@ -109,7 +109,7 @@ func TestLeavePipelineKeepsCommits(t *testing.T) {
 		t.Fatalf("after a clean leave and restart, blocks %v are missing", missing)
 	}
 
-	sawUnsynced := false
+	sawReplay, sawDropped := false, false
 	for i, img := range images {
 		d2 := openMemDatanode(t, img)
 		d2.mu.Lock()
@@ -119,18 +119,19 @@ func TestLeavePipelineKeepsCommits(t *testing.T) {
 		if listed {
 			// Rejoined: its log replays what storage lacks.
 			for deadline := time.Now().Add(20 * time.Second); len(missing) > 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-				sawUnsynced = true
+				sawReplay = true
 				missing = blocksThere(d2, cid, blocks)
 			}
 		}
 		d2.Close()
+		sawDropped = sawDropped || !listed
 		if len(missing) > 0 {
 			t.Fatalf("power loss before %q (image %d, pipeline listed: %v): blocks %v lost", ops[i], i, listed, missing)
 		}
 	}
-	t.Logf("%d crash images; some relied on replay from the kept log: %v", len(images), sawUnsynced)
-	if !sawUnsynced {
-		t.Error("no crash image needed the replay: the leave had nothing unsynced to lose")
+	t.Logf("%d crash images; some showed blocks only after the rejoin: %v", len(images), sawReplay)
+	if !sawDropped {
+		t.Error("no crash image without the pipeline: nothing checked that the commits outlive its log")
 	}
 	if !strings.Contains(strings.Join(ops, ","), "rename") {
 		t.Fatalf("no rename among the leave's operations: %v", ops)
@@ -143,19 +144,20 @@ func openAndClose(t *testing.T, fs vfs.FS) *Datanode {
 	return d
 }
 
-// TestLeavePipelineSyncFailureKeepsLog: if the block commits applied since
-// the last persist cannot be synced when the datanode leaves a pipeline,
-// the leave fails and keeps everything that lets a restart find them
-// again: the pipeline stays in the pipelines file, its Raft log and its
-// files stay, and the container is marked UNHEALTHY (recorded in the
-// pipeline's unhealthy list). The old leave dropped the pipeline and its
-// log and deleted that list regardless.
-func TestLeavePipelineSyncFailureKeepsLog(t *testing.T) {
+// TestLeavePipelinePersistFailureKeepsLog: if the applied index cannot be
+// persisted when the datanode leaves a pipeline (its file cannot be
+// written), the leave fails and keeps everything: the pipeline stays in
+// the pipelines file, its Raft log and its files stay, and the state
+// machine applies nothing more; once the index can be written a repeated
+// leave succeeds. The old leave dropped the pipeline and its log
+// regardless of the index.
+func TestLeavePipelinePersistFailureKeepsLog(t *testing.T) {
 	fs := vfs.NewMem(vfs.MemOptions{})
-	var fail atomic.Bool
+	var failFile atomic.Value // a path prefix whose syncs fail, or ""
+	failFile.Store("")
 	fs.SetInject(func(op, path string) error {
-		if fail.Load() && op == "sync" && strings.HasPrefix(path, "/dn/data/") && strings.HasSuffix(path, ".block") {
-			return errors.New("injected: disk gone")
+		if f := failFile.Load().(string); f != "" && op == "sync" && strings.HasPrefix(path, f) {
+			return errors.New("injected: disk full")
 		}
 		return nil
 	})
@@ -165,54 +167,48 @@ func TestLeavePipelineSyncFailureKeepsLog(t *testing.T) {
 	if err := d.joinPipeline(&metapb.Pipeline{Id: pid, Datanodes: []uint64{d.ID()}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	putUntilUnsynced(t, d, pid, cid)
+	blocks := putUntilUnpersisted(t, d, pid, cid)
 	d.mu.Lock()
 	sm := d.sms[pid]
 	d.mu.Unlock()
-	// The volume fails under another writer (Pebble takes a failed WAL
-	// sync as fatal) before the leave syncs the commits.
-	if _, err := d.store.CreateContainer(99, storage.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.store.WriteChunk(99, 1, 0, randBytes(9, 1<<20), storage.ChecksumData{}, false); err != nil {
-		t.Fatal(err)
-	}
-	fail.Store(true)
-	if err := d.store.SyncContainers([]storage.ContainerID{99}); !errors.Is(err, storage.ErrVolumeFailed) {
-		t.Fatalf("sync on the failing disk: %v, want ErrVolumeFailed", err)
-	}
+	failFile.Store(sm.file)
 	if err := d.leavePipeline(pid); err == nil {
-		t.Fatal("leaving a pipeline whose commits could not be synced succeeded")
-	}
-	if _, ok := sm.lacks(cid); !ok {
-		t.Fatalf("container %d not recorded UNHEALTHY after its commits could not be synced", cid)
+		t.Fatal("leaving a pipeline whose applied index could not be persisted succeeded")
 	}
 	img := fs.Crash()
 	b, err := vfs.ReadFile(img, d.pipelinesFile())
 	if err != nil || !strings.Contains(strings.Join(strings.Fields(string(b)), ""), `"id":"7"`) {
 		t.Fatalf("pipelines file after the failed leave: %q, %v; want pipeline %d still listed", b, err, pid)
 	}
-	if b, err := vfs.ReadFile(img, sm.sickFile); err != nil || !strings.Contains(string(b), "not synced") {
-		t.Fatalf("unhealthy list after the failed leave: %q, %v", b, err)
-	}
 	if !slices.Contains(d.host.StoredGroups(), pid) {
 		t.Fatalf("pipeline %d's Raft log dropped by the failed leave (stored groups %v)", pid, d.host.StoredGroups())
 	}
-	// The loss is recorded now, so persist moves the index on; a repeated
-	// close still keeps the log and the list until a restart.
-	if err := d.leavePipeline(pid); err == nil {
-		t.Fatal("second leave after the failed sync succeeded")
+	d.mu.Lock()
+	_, kept := d.sms[pid]
+	d.mu.Unlock()
+	if !kept {
+		t.Fatal("failed leave forgot the pipeline's state machine")
 	}
-	if b, err := vfs.ReadFile(fs.Crash(), sm.sickFile); err != nil || !strings.Contains(string(b), "not synced") {
-		t.Fatalf("unhealthy list after the second leave: %q, %v", b, err)
+	if missing := blocksThere(d, cid, blocks); len(missing) > 0 {
+		t.Fatalf("blocks %v gone after the failed leave", missing)
+	}
+	failFile.Store("")
+	if err := d.leavePipeline(pid); err != nil {
+		t.Fatalf("repeated leave once the index can be written: %v", err)
+	}
+	if slices.Contains(d.host.StoredGroups(), pid) {
+		t.Fatalf("pipeline %d's Raft log kept after the leave", pid)
+	}
+	if missing := blocksThere(openAndClose(t, fs.Crash()), cid, blocks); len(missing) > 0 {
+		t.Fatalf("blocks %v lost after the leave and a power loss", missing)
 	}
 }
 
-// putUntilUnsynced puts small blocks into cid through pipeline pid (a
-// single-replica group this datanode leads) until at least one commit is
-// left for a persist to sync: an apply's own persist may have synced
-// them all on a slow machine. It returns the blocks put.
-func putUntilUnsynced(t *testing.T, d *Datanode, pid, cid uint64) map[uint64][]byte {
+// putUntilUnpersisted puts small blocks into cid through pipeline pid (a
+// single-replica group this datanode leads) until at least one applied
+// entry is above the persisted applied index: an apply's own persist may
+// have covered them all on a slow machine. It returns the blocks put.
+func putUntilUnpersisted(t *testing.T, d *Datanode, pid, cid uint64) map[uint64][]byte {
 	t.Helper()
 	g, err := d.host.Group(pid)
 	if err != nil {
@@ -228,15 +224,11 @@ func putUntilUnsynced(t *testing.T, d *Datanode, pid, cid uint64) map[uint64][]b
 	d.mu.Lock()
 	sm := d.sms[pid]
 	d.mu.Unlock()
-	unsynced := func() bool {
-		sm.persistMu.Lock()
-		defer sm.persistMu.Unlock()
-		return len(sm.unsyncedCommits) > 0
-	}
+	unsynced := func() bool { return sm.durable.Load() < sm.applied.Load() }
 	blocks := map[uint64][]byte{}
 	for i := 0; i < 6 || !unsynced(); i++ {
 		if i == 100 {
-			t.Fatal("every commit synced by the apply's own persists")
+			t.Fatal("every entry covered by the apply's own persists")
 		}
 		lid := uint64(100 + i)
 		data := randBytes(lid, 4096)

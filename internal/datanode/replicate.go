@@ -296,8 +296,7 @@ func (d *Datanode) deleteContainer(cmd *metapb.DeleteContainerCommand) error {
 // them: replay starts above it. The durable index never goes backwards.
 // The pipeline's apply waits until unlock is called (the container is
 // gone), so applied covers every entry storage shows the effects of. If
-// the index cannot be persisted (its commits cannot be synced), the
-// delete is refused; SCM asks again.
+// the index cannot be persisted, the delete is refused; SCM asks again.
 func (d *Datanode) persistOwners(cid storage.ContainerID) (unlock func(), err error) {
 	d.mu.Lock()
 	var sms []*containerSM

@@ -30,18 +30,13 @@ import (
 // the entry is acknowledged there, and goes straight into the block file;
 // the log holds only the command. Applying a WriteChunk does nothing more.
 // PutBlock: applying it commits the block in storage with BCSID = the
-// entry's index, without a sync of its own (storage.PutBlockDeferred):
-// the commit is made durable by the Raft log, as the meta namespace's
-// applies are. The entry is in this replica's log, fsynced, before the
-// replica acknowledged it; the raft host hands it to Apply only once a
-// commit index at or past it is synced in that log too (so a replica that
-// restarts without its peers replays it); the persisted applied index (below) passes it
-// only after persist synced its commit; the host never truncates the log
-// past that index; and a restart applies every entry after it again. So
-// once a PutBlock is applied on all replicas, the block is on three
-// disks: its data synced by WriteData's Sync round (or its own PutBlock
-// sync for a chunk not synced yet), its commit in the fsynced log of each
-// replica until its record is synced.
+// entry's index, durably: the batch's commits are written without a sync
+// each (storage.PutBlockDeferred) and made durable together by one WAL
+// flush per volume (storage.SyncCommitsFor) before any entry of the batch
+// counts as applied here. So once a PutBlock is applied on all replicas,
+// the block is on three disks, and a crash right after Apply returns loses
+// none of the batch's commits. If that flush fails, the entries fail and
+// their containers are marked UNHEALTHY here.
 // PutSmallFile: both in one entry. Its data is the block's only chunk and
 // goes through WriteData exactly like a WriteChunk's; applying it commits
 // the block exactly like a PutBlock. A replica therefore holds the same
@@ -55,29 +50,13 @@ import (
 // harmlessly; a PutBlock, PutSmallFile or WriteChunk replayed into a
 // container whose BCSID is at or past it changes nothing, see
 // appliedBefore; a deleted container is never replayed into, see
-// Datanode.persistOwners). The persisted index never goes backwards (persist refuses
-// to), and a snapshot at or below it is ignored. Before it writes the
-// index, persist syncs the block commits applied since the last persist
-// (one WAL flush per volume they touched, shared with every other flush
-// of that volume); if that fails, the index stays where it was and the
-// containers are marked UNHEALTHY (see persist). Every other storage
-// change of an entry (container creation, close, delete, UNHEALTHY
-// marks) is synced when it is made, which also makes every commit before
-// it on that volume durable (Pebble's WAL is sequential).
-//
-// Applied, then, means "its apply ran here", not "its effects are on
-// disk here": ApplyStatus and the leader's wait for all replicas count an
-// entry applied on a replica once its apply ran (the applied index in
-// memory), and its durability on that replica comes from the replica's
-// own fsynced log entry plus replay. After a crash, storage holds, per
-// volume, the commits up to some point at or after the persisted index;
-// the rest are applied again from the log before the replica reports
-// them applied. Until then a read of such a block finds no record
-// (ErrBlockNotFound) or a shorter block (out of range), and the client
-// reads another replica. A snapshot carries the in-memory applied index:
-// on the replica that takes it, every entry above the persisted index is
-// still in its log; a replica that restores one marks every container it
-// does not hold whole UNHEALTHY, including any whose commits were lost.
+// Datanode.persistOwners). The persisted index never goes backwards
+// (persist refuses to), and a snapshot at or below it is ignored. Every
+// storage change of an applied entry is durable before the applied index
+// (in memory) passes it: block commits by Apply's batch flush, every
+// other change (container creation, close, delete, UNHEALTHY marks) when
+// it is made. The persisted index therefore only bounds replay; it never
+// covers an effect a crash could lose.
 //
 // The state machine knows which containers are this pipeline's (a second
 // small file, written before a container is created): a pipeline snapshot
@@ -126,19 +105,13 @@ type containerSM struct {
 	// every entry whose effects storage shows (Datanode.persistOwners).
 	applyMu sync.Mutex
 
-	persistMu sync.Mutex // persist: one writer of file, durable only grows
-	// unsynced (under persistMu): the containers with block commits
-	// applied (storage.PutBlockDeferred) since the last persist that
-	// synced them, with the lowest and highest entry index of those
-	// commits. persist syncs their volumes before it writes the index.
-	unsyncedCommits map[storage.ContainerID]commitSpan
-	// commitsLost (under persistMu): some block commits could not be
-	// synced since this state machine opened. The containers are marked
-	// UNHEALTHY and, once that is recorded, the index moves on; but the
-	// pipeline's log must stay until a restart (leavePipeline refuses):
-	// a failed volume may come back with the container as it was, and
-	// only the log and sickFile say what it lacks.
-	commitsLost bool
+	// deferred: the block commits of the Apply batch in progress, made
+	// durable together at its end (apply goroutine only); pos is the
+	// position in the batch of the entry being applied.
+	deferred []deferredCommit
+	pos      int
+
+	persistMu   sync.Mutex // persist: one writer of file, durable only grows
 	lastPersist time.Time
 	// now is the clock that paces persisting (at most every persistEvery);
 	// nil (the simulator's state machines) paces by entries instead
@@ -236,9 +209,13 @@ type sickRecord struct {
 
 type blockKey struct{ cid, lid uint64 }
 
-// commitSpan is the lowest and highest entry index of the block commits
-// into one container that no persist has synced yet.
-type commitSpan struct{ lo, hi uint64 }
+// deferredCommit is a block committed by an entry of the Apply batch in
+// progress whose record is not yet durable.
+type deferredCommit struct {
+	pos   int // in the batch
+	index uint64
+	cid   storage.ContainerID
+}
 
 const (
 	persistEvery        = time.Second
@@ -739,6 +716,7 @@ func (sm *containerSM) Apply(ents []raft.Entry) []any {
 		}
 		cmd, err := sm.takeDecoded(e)
 		if err == nil {
+			sm.pos = i
 			err = sm.apply(e, cmd)
 		}
 		if err != nil {
@@ -746,10 +724,42 @@ func (sm *containerSM) Apply(ents []raft.Entry) []any {
 			out[i] = err
 		}
 	}
-	// Block commits were not synced (storage.PutBlockDeferred): the
-	// entry in this replica's own fsynced Raft log makes them durable, as
-	// the persisted applied index stays below them until persist has
-	// synced them, and a restart applies them again (see containerSM).
+	// Block commits were deferred (storage.PutBlockDeferred): one WAL
+	// flush makes the whole batch durable before any entry of it counts
+	// as applied here, and pipelines that share a volume share flushes.
+	// Only the volumes of the batch's containers are flushed: a slow or
+	// failed disk elsewhere on the datanode neither delays nor fails it.
+	if len(sm.deferred) > 0 {
+		var cids []storage.ContainerID
+		for _, d := range sm.deferred {
+			if !slices.Contains(cids, d.cid) {
+				cids = append(cids, d.cid)
+			}
+		}
+		if err := sm.store.SyncCommitsFor(cids); err != nil {
+			// Which containers' volumes failed: asking again per
+			// container costs nothing for a volume synced just now.
+			bad := map[storage.ContainerID]error{}
+			for _, cid := range cids {
+				if len(cids) == 1 {
+					bad[cid] = err
+				} else if cerr := sm.store.SyncCommitsFor([]storage.ContainerID{cid}); cerr != nil {
+					bad[cid] = cerr
+				}
+			}
+			for _, d := range sm.deferred {
+				serr, ok := bad[d.cid]
+				if !ok {
+					continue
+				}
+				sm.markUnhealthy(d.cid, d.index, fmt.Sprintf("entry %d: block commit not synced: %v", d.index, serr))
+				err := fmt.Errorf("datanode: pipeline %d entry %d: block commit not synced: %w", sm.pipeline, d.index, serr)
+				sm.recordFailure(d.index, err)
+				out[d.pos] = err
+			}
+		}
+		sm.deferred = sm.deferred[:0]
+	}
 	sm.applied.Store(applied)
 	sm.persistMu.Lock()
 	var due bool
@@ -819,8 +829,8 @@ func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) err
 }
 
 // commitBlock applies a PutBlock (or the commit half of a PutSmallFile)
-// at log index: the block is committed with BCSID = index, made durable
-// by the next persist (noteCommit).
+// at log index: the block is committed with BCSID = index, durably once
+// Apply's batch flush returns.
 func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeContainer bool) error {
 	cid := storage.ContainerID(b.GetId().GetContainerId())
 	bd := toBlockData(b)
@@ -858,7 +868,7 @@ func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeC
 		sm.markUnhealthy(cid, index, fmt.Sprintf("entry %d: block %d not committed here: %v", index, bd.LocalID, err))
 		return fmt.Errorf("datanode: pipeline %d entry %d: %w; container %d is UNHEALTHY here: %w", sm.pipeline, index, err, cid, storage.ErrContainerNotOpen)
 	}
-	sm.noteCommit(cid, index)
+	sm.deferred = append(sm.deferred, deferredCommit{pos: sm.pos, index: index, cid: cid})
 	sm.stats.blocksCommitted.Add(1)
 	if closeContainer {
 		sm.closeContainer(cid)
@@ -904,63 +914,23 @@ func (sm *containerSM) closeContainer(cid storage.ContainerID) error {
 	return err
 }
 
-// noteCommit records that entry index committed a block into cid without
-// a sync: the next persist syncs cid's volume before its index passes it.
-func (sm *containerSM) noteCommit(cid storage.ContainerID, index uint64) {
-	sm.persistMu.Lock()
-	defer sm.persistMu.Unlock()
-	if sm.unsyncedCommits == nil {
-		sm.unsyncedCommits = map[storage.ContainerID]commitSpan{}
-	}
-	sp, ok := sm.unsyncedCommits[cid]
-	if !ok {
-		sp.lo = index
-	}
-	sp.hi = max(sp.hi, index)
-	sm.unsyncedCommits[cid] = sp
-}
-
-// persist writes the applied index durably, after making durable what the
-// entries up to it changed in storage: the block commits that Apply did
-// not sync (storage.PutBlockDeferred) are synced first, one WAL flush per
-// volume of the containers they went into (storage.SyncCommitsFor; a
-// flush another pipeline or a data Sync round made since covers them at
-// no cost). Every other storage change an entry makes (container
-// creation, close, delete, UNHEALTHY marks) is synced by storage when it
-// is made, and the small files (container list, unhealthy list) are
-// written atomically and synced. So the index never passes an entry
-// whose effects a crash could lose: the host truncates the log only up to
-// it (AppliedIndex), and a restart applies every entry after it again.
-//
-// If the sync fails, the index does not move (the entries stay in the log
-// and are applied again after a restart) and the containers on the
-// failed volumes are marked UNHEALTHY here (durably recorded in sickFile,
-// reported to SCM, and every entry into them fails ApplyStatus from then
-// on); once that record is durable, their commits no longer hold the
-// index back: the replica knows it lacks them, as for any lost data.
-//
-// It never writes a lower index than one already durable (Close and the
-// apply goroutine may both call it). The caller has applied every entry
-// up to index (their commits were noted before the applied index moved).
-// It returns an error if the durable index is below index afterwards
-// (leaving a pipeline must not drop its log then).
+// persist writes the applied index durably. Apply made every applied
+// entry's storage changes durable already (block commits by its batch
+// flush, everything else when it was made), so the index only needs to
+// be as durable as what it covers: it bounds replay, and the host
+// truncates the log only up to it (AppliedIndex). A loss recorded only in
+// memory (sickPending) is saved first, or the index stays below the
+// entry that found it. It never writes a lower index than one already
+// durable (Close, the apply goroutine, leaving a pipeline and deleting a
+// container may all call it). It returns an error if the durable index
+// is below index afterwards (leaving a pipeline or deleting a container
+// must not go on then).
 func (sm *containerSM) persist(index uint64) error {
 	sm.persistMu.Lock()
 	defer sm.persistMu.Unlock()
 	sm.persistLocked(index)
 	if d := sm.durable.Load(); d < index {
 		return fmt.Errorf("datanode: pipeline %d: applied index %d not persisted (durable %d)", sm.pipeline, index, d)
-	}
-	return nil
-}
-
-// leavable reports why the pipeline's log and files may not be dropped
-// yet (nil: they may): some block commits could not be synced.
-func (sm *containerSM) leavable() error {
-	sm.persistMu.Lock()
-	defer sm.persistMu.Unlock()
-	if sm.commitsLost {
-		return fmt.Errorf("datanode: pipeline %d: block commits could not be synced; its log and files are kept until a restart", sm.pipeline)
 	}
 	return nil
 }
@@ -987,9 +957,6 @@ func (sm *containerSM) persistLocked(index uint64) {
 		}
 		return
 	}
-	if !sm.syncCommitsLocked(index) {
-		return
-	}
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], index)
 	if err := vfs.WriteFileAtomic(sm.fs, sm.file, b[:]); err != nil {
@@ -997,57 +964,6 @@ func (sm *containerSM) persistLocked(index uint64) {
 		return
 	}
 	sm.durable.Store(index)
-}
-
-// syncCommitsLocked makes the unsynced block commits durable before the
-// applied index moves to index (persist); it reports whether it may. A
-// container whose commits cannot be synced is marked UNHEALTHY and the
-// index stays; a container whose commits all lie above index stays
-// listed. Caller holds persistMu.
-func (sm *containerSM) syncCommitsLocked(index uint64) bool {
-	if len(sm.unsyncedCommits) == 0 {
-		return true
-	}
-	cids := slices.Sorted(maps.Keys(sm.unsyncedCommits))
-	err := sm.store.SyncCommitsFor(cids)
-	if err == nil {
-		for _, cid := range cids {
-			// Commits noted after the sync started (an Apply running
-			// beside Close's persist) are above index: kept for the next.
-			if sp := sm.unsyncedCommits[cid]; sp.hi <= index {
-				delete(sm.unsyncedCommits, cid)
-			}
-		}
-		return true
-	}
-	sm.commitsLost = true
-	// Which containers' volumes failed: asking again per container costs
-	// nothing for a volume synced just now.
-	for _, cid := range cids {
-		cerr := err
-		if len(cids) > 1 {
-			if cerr = sm.store.SyncCommitsFor([]storage.ContainerID{cid}); cerr == nil {
-				continue
-			}
-		}
-		sp := sm.unsyncedCommits[cid]
-		sm.log.Error("block commits not synced; applied index held back", "pipeline", sm.pipeline, "container", cid, "entries", fmt.Sprintf("%d..%d", sp.lo, sp.hi), "err", cerr)
-		sm.markUnhealthy(cid, sp.lo, fmt.Sprintf("entries %d..%d: block commits not synced: %v", sp.lo, sp.hi, cerr))
-		if _, ok := sm.lacks(uint64(cid)); ok && sm.sickRecorded() {
-			// The loss is durable in sickFile: it no longer needs the
-			// log to be found again.
-			delete(sm.unsyncedCommits, cid)
-		}
-	}
-	return false
-}
-
-// sickRecorded reports whether every loss recorded in memory is durable in
-// sickFile.
-func (sm *containerSM) sickRecorded() bool {
-	sm.mu.Lock()
-	defer sm.mu.Unlock()
-	return sm.sickPending == 0
 }
 
 func (sm *containerSM) AppliedIndex() uint64 { return sm.durable.Load() }

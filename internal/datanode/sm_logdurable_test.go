@@ -10,7 +10,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -130,32 +129,19 @@ func writeChunkEntry(index uint64, cid, lid, off uint64, data []byte) raft.Entry
 	return raft.Entry{Index: index, Term: 1, Kind: raft.EntryNormal, Meta: meta, HasData: true}
 }
 
-// TestCommitsDurableThroughLog: Apply commits blocks without a WAL sync of
-// its own; persist syncs them before it writes the applied index. A crash
-// at any WAL sync during persist, or after Apply and before the next
-// persist, leaves every block committed at or below the persisted index
-// intact with no replay, and every other block committed once the
-// entries above the index are applied again. With persist writing the
-// index before syncing (or Apply's commits unsynced and persist not
-// syncing them), the image taken at persist's WAL sync holds an index
-// above blocks that are gone.
-func TestCommitsDurableThroughLog(t *testing.T) {
+// TestCommitsDurableAtApply: Apply makes its batch's block commits
+// durable before it returns (one storage WAL flush for the batch). A
+// power loss right after Apply returns, before any persist of the applied
+// index, leaves every block the batch committed intact with no replay,
+// and applying the entries above the persisted index again (as the host
+// does after a restart) changes nothing. Fails if Apply leaves its
+// commits unsynced (the crash image lacks them).
+func TestCommitsDurableAtApply(t *testing.T) {
 	fs := vfs.NewMem(vfs.MemOptions{})
-	var (
-		mu       sync.Mutex
-		capture  bool
-		images   []*vfs.MemFS
-		walSyncs atomic.Int64
-	)
+	var walSyncs atomic.Int64
 	fs.SetInject(func(op, path string) error {
 		if op == "sync" && strings.HasPrefix(path, "/vol/") && strings.HasSuffix(path, ".log") {
 			walSyncs.Add(1)
-			mu.Lock()
-			if capture {
-				// What a power loss just before this WAL sync leaves.
-				images = append(images, fs.Crash())
-			}
-			mu.Unlock()
 		}
 		return nil
 	})
@@ -228,7 +214,7 @@ func TestCommitsDurableThroughLog(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The first half applies: no WAL sync (the commits wait for persist).
+	// The first half applies: one WAL flush makes its commits durable.
 	var first, second []raft.Entry
 	for _, e := range ents {
 		if e.Index <= firstHalf {
@@ -243,68 +229,57 @@ func TestCommitsDurableThroughLog(t *testing.T) {
 			t.Fatalf("apply entry %d: %v", first[i].Index, err)
 		}
 	}
-	if n := walSyncs.Load() - before; n != 0 {
-		t.Fatalf("Apply of %d entries synced the storage WAL %d times; its commits are durable through the log", len(first), n)
+	if n := walSyncs.Load() - before; n < 1 {
+		t.Fatalf("Apply of %d entries synced the storage WAL %d times; want its commits synced", len(first), n)
 	}
 	if got := r.sm.AppliedIndex(); got != 0 {
 		t.Fatalf("AppliedIndex %d before any persist", got)
 	}
-	// A crash now: nothing of the commits is durable, the index is 0,
-	// the replay commits everything again.
-	if i, missing := checkCrashImage(t, fs.Crash(), firstBlocks); i != 0 || missing != 13 {
-		t.Fatalf("crash after Apply, before persist: index %d, %d blocks missing before the replay; want 0 and 13 (no commit synced)", i, missing)
+	// A crash now: the index is 0, yet every commit is there without a
+	// replay, and the replay changes nothing.
+	if i, missing := checkCrashImage(t, fs.Crash(), firstBlocks); i != 0 || missing != 0 {
+		t.Fatalf("crash right after Apply, before persist: index %d, %d blocks missing before the replay; want 0 and 0 (Apply synced its commits)", i, missing)
 	}
 
-	mu.Lock()
-	capture = true
-	mu.Unlock()
-	r.sm.persist(firstHalf)
-	mu.Lock()
-	capture = false
-	taken := images
-	mu.Unlock()
-	if len(taken) == 0 {
-		t.Fatal("persist of unsynced commits synced no storage WAL")
+	if err := r.sm.persist(firstHalf); err != nil {
+		t.Fatal(err)
 	}
 	if got := r.sm.AppliedIndex(); got != firstHalf {
 		t.Fatalf("AppliedIndex %d after persist(%d)", got, firstHalf)
 	}
-	for _, img := range taken {
-		// Before persist's sync: the old index (0), whatever the commits.
-		checkCrashImage(t, img, firstBlocks)
-	}
 
-	// The second half applies; a crash before its persist keeps the
-	// first half's blocks with no replay and recommits the rest.
+	// The second half applies (block 7 extended); a crash before its
+	// persist keeps every block with no replay.
 	before = walSyncs.Load()
 	for i, res := range r.sm.Apply(second) {
 		if err, ok := res.(error); ok {
 			t.Fatalf("apply entry %d: %v", second[i].Index, err)
 		}
 	}
-	if n := walSyncs.Load() - before; n != 0 {
-		t.Fatalf("Apply of %d entries synced the storage WAL %d times", len(second), n)
+	if n := walSyncs.Load() - before; n < 1 {
+		t.Fatalf("Apply of %d entries synced the storage WAL %d times; want its commits synced", len(second), n)
 	}
 	if got := r.sm.AppliedIndex(); got != firstHalf {
-		t.Fatalf("AppliedIndex %d before the second persist, want %d: the log would be truncated past unsynced commits", got, firstHalf)
+		t.Fatalf("AppliedIndex %d before the second persist, want %d", got, firstHalf)
 	}
-	i, missing := checkCrashImage(t, fs.Crash(), blocks)
-	if i != firstHalf || missing != len(blocks)-12 {
-		// 6 small files, and block 7 shorter than its second commit.
-		t.Fatalf("crash before the second persist: index %d, %d blocks missing or short; want %d and %d", i, missing, firstHalf, len(blocks)-12)
+	if i, missing := checkCrashImage(t, fs.Crash(), blocks); i != firstHalf || missing != 0 {
+		t.Fatalf("crash right after the second Apply: index %d, %d blocks missing or short; want %d and 0", i, missing, firstHalf)
 	}
-	r.sm.persist(idx)
+	if err := r.sm.persist(idx); err != nil {
+		t.Fatal(err)
+	}
 	if i, missing := checkCrashImage(t, fs.Crash(), blocks); i != idx || missing != 0 {
 		t.Fatalf("crash after the second persist: index %d, %d blocks missing; want %d and 0", i, missing, idx)
 	}
 }
 
-// TestPersistSyncFailureHoldsIndex: when persist cannot sync the commits
-// (the volume failed), the applied index does not move, and the container
-// is marked UNHEALTHY here, durably (sickFile) and visibly (ApplyStatus
-// fails its entries). Once that record is durable the commits no longer
-// hold the index: the next persist moves it.
-func TestPersistSyncFailureHoldsIndex(t *testing.T) {
+// TestApplySyncFailureMarksUnhealthy: when Apply cannot make its block
+// commits durable (the volume failed after the data was synced and
+// acknowledged), the entries fail, and the container is marked UNHEALTHY
+// here, durably (sickFile) and visibly (ApplyStatus fails its entries),
+// before any entry of the batch counts as applied. The applied index then
+// moves past them (the loss is recorded) and a crash image holds it.
+func TestApplySyncFailureMarksUnhealthy(t *testing.T) {
 	fs := vfs.NewMem(vfs.MemOptions{})
 	var fail atomic.Bool
 	fs.SetInject(func(op, path string) error {
@@ -327,13 +302,8 @@ func TestPersistSyncFailureHoldsIndex(t *testing.T) {
 	if err := r.sm.SyncData(); err != nil {
 		t.Fatal(err)
 	}
-	for i, res := range r.sm.Apply(ents) {
-		if err, ok := res.(error); ok {
-			t.Fatalf("apply entry %d: %v", ents[i].Index, err)
-		}
-	}
 	// The volume fails under another writer (a block file's sync; Pebble
-	// takes a failed WAL sync as fatal) before the commits were synced.
+	// takes a failed WAL sync as fatal) before the entries are applied.
 	if _, err := r.store.CreateContainer(2, storage.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -345,31 +315,24 @@ func TestPersistSyncFailureHoldsIndex(t *testing.T) {
 	if err := r.store.SyncContainers([]storage.ContainerID{2}); !errors.Is(err, storage.ErrVolumeFailed) {
 		t.Fatalf("sync on the failing disk: %v, want ErrVolumeFailed", err)
 	}
-	if err := r.sm.persist(4); err == nil {
-		t.Fatal("persist whose commits could not be synced reported no error")
-	}
-	if got := r.sm.AppliedIndex(); got != 0 {
-		t.Fatalf("AppliedIndex %d after a persist whose commits could not be synced, want 0", got)
-	}
-	// What a restart would read: the index file a power loss leaves.
-	if got := diskAppliedIndex(t, fs.Crash(), r.sm.file); got != 0 {
-		t.Fatalf("index file on disk says %d after a persist whose commits could not be synced, want nothing (0)", got)
+	for i, res := range r.sm.Apply(ents) {
+		if _, ok := res.(error); !ok {
+			t.Fatalf("apply entry %d on a failed volume: %v, want an error", ents[i].Index, res)
+		}
 	}
 	if _, ok := r.sm.lacks(1); !ok {
-		t.Fatal("container 1 not recorded UNHEALTHY after its commits could not be synced")
+		t.Fatal("container 1 not recorded UNHEALTHY after its commits could not be made durable")
 	}
 	d := &Datanode{store: r.store, sms: map[uint64]*containerSM{r.sm.pipeline: r.sm}}
-	if _, why, err := d.applyStatus(r.sm.pipeline, 3, 1); err != nil || !strings.Contains(why, "lacks data") {
-		t.Fatalf("ApplyStatus of entry 3 into container 1: %q, %v; want it failed (container lacks data)", why, err)
+	if _, why, err := d.applyStatus(r.sm.pipeline, 3, 1); err != nil || why == "" {
+		t.Fatalf("ApplyStatus of entry 3 into container 1: %q, %v; want it failed", why, err)
 	}
 	b, err := vfs.ReadFile(fs.Crash(), r.sm.sickFile)
-	if err != nil || !strings.Contains(string(b), "not synced") {
-		t.Fatalf("durable unhealthy list after the failed persist: %q, %v", b, err)
+	if err != nil || !strings.Contains(string(b), "entry 1") {
+		t.Fatalf("durable unhealthy list after the failed apply: %q, %v", b, err)
 	}
-	// Recorded durably: the next persist moves the index.
-	r.sm.persist(4)
-	if got := r.sm.AppliedIndex(); got != 4 {
-		t.Fatalf("AppliedIndex %d after the loss was recorded, want 4", got)
+	if err := r.sm.persist(4); err != nil {
+		t.Fatal(err)
 	}
 	if got := diskAppliedIndex(t, fs.Crash(), r.sm.file); got != 4 {
 		t.Fatalf("index file on disk says %d after the loss was recorded, want 4", got)
