@@ -41,12 +41,12 @@ func rvApply(t *testing.T, sm *containerSM, ents ...raft.Entry) {
 	}
 }
 
-// rvReplay: entry 1 puts a small file into container 1 (not synced by its
-// apply); entry 2 deletes the block ("delblocks") or closes the container
-// ("close", "delcontainer", which SCM then deletes through the datanode).
-// Those later changes are synced when made, so after a power loss storage
-// holds them and the commit before them, while the persisted applied
-// index is still 0: the restart applies both entries again. Replaying
+// rvReplay: entry 1 puts a small file into container 1; entry 2 deletes
+// the block ("delblocks") or closes the container ("close",
+// "delcontainer", which SCM then deletes through the datanode). Both are
+// durable once applied, so after a power loss storage holds them, while
+// the persisted applied index (written at most once a second) is still 0:
+// the restart applies both entries again. Replaying
 // them must succeed and change nothing: no UNHEALTHY mark, no container
 // created afresh, no failure recorded for an entry that committed.
 func rvReplay(t *testing.T, mode string) {
