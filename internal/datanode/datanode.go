@@ -234,7 +234,7 @@ func New(cfg Config) (*Datanode, error) {
 	if cfg.TLS.IsInsecure() {
 		cfg.Logger.Error("datanode: AUTHENTICATION IS OFF: gRPC, raft and stream ports accept anyone in plaintext (insecure mode, for benchmarks only)", "dir", cfg.DataDir)
 	}
-	if err := cfg.FS.MkdirAll(filepath.Join(cfg.DataDir, "pipelines"), 0o755); err != nil {
+	if err := vfs.MkdirAllSync(cfg.FS, filepath.Join(cfg.DataDir, "pipelines")); err != nil {
 		return nil, err
 	}
 	d := &Datanode{cfg: cfg, log: cfg.Logger, peers: map[uint64]*metapb.DatanodeDetails{},
@@ -590,19 +590,42 @@ func (d *Datanode) joinPipeline(p *metapb.Pipeline, members []*metapb.DatanodeDe
 func (d *Datanode) leavePipeline(id uint64) error {
 	d.mu.Lock()
 	sm, ok := d.sms[id]
+	d.pipesLeft.add(id)
+	if !ok {
+		delete(d.pipelines, id)
+		err := d.savePipelinesLocked()
+		d.mu.Unlock()
+		return err
+	}
+	d.mu.Unlock()
+	// Stop applying first (no Apply runs beside the removal of the
+	// pipeline's log and files), persist the applied index and check it
+	// (a loss recorded only in memory is saved to the unhealthy list
+	// first, see persist), and only then forget the pipeline durably and
+	// drop its log. If that fails, the pipeline stays: listed in the
+	// pipelines file, its log and files kept; a restart rejoins it, and a
+	// repeated close tries again.
+	if err := d.host.StopGroup(id); err != nil && !errors.Is(err, raft.ErrGroupNotFound) {
+		return err
+	}
+	if err := sm.persist(sm.applied.Load()); err != nil {
+		d.log.Error("cannot leave pipeline: its applied index is not durable; log kept", "pipeline", id, "err", err)
+		return err
+	}
+	d.mu.Lock()
 	delete(d.sms, id)
 	delete(d.pipelines, id)
-	d.pipesLeft.add(id)
 	err := d.savePipelinesLocked()
 	d.mu.Unlock()
-	if !ok {
+	if err != nil {
+		// Still listed on disk: a restart rejoins it (from its kept log).
 		return err
 	}
 	if rerr := d.host.RemoveGroup(id); rerr != nil && !errors.Is(rerr, raft.ErrGroupNotFound) {
 		return rerr
 	}
 	sm.removeFiles()
-	return err
+	return nil
 }
 
 func (d *Datanode) heartbeatLoop() {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -268,7 +270,12 @@ func (r *exportReader) Read(p []byte) (int, error) {
 // deleteContainer removes a replica SCM no longer lists.
 func (d *Datanode) deleteContainer(cmd *metapb.DeleteContainerCommand) error {
 	cid := storage.ContainerID(cmd.GetContainerId())
-	err := d.store.DeleteContainer(cid, false)
+	unlock, err := d.persistOwners(cid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	err = d.store.DeleteContainer(cid, false)
 	if errors.Is(err, storage.ErrContainerNotFound) {
 		return nil
 	}
@@ -278,6 +285,42 @@ func (d *Datanode) deleteContainer(cmd *metapb.DeleteContainerCommand) error {
 	d.log.Info("container replica deleted", "container", cid, "reason", cmd.GetReason())
 	d.reportSoon.Store(true)
 	return nil
+}
+
+// persistOwners persists the applied index of the pipeline that wrote
+// cid, before cid is deleted: a restart must never apply again an entry
+// that wrote into it (a PutBlock replayed into a deleted container would
+// create it afresh, without its data, and mark it UNHEALTHY). Every such
+// entry was applied before the container was closed, and a container is
+// deleted only closed, so the applied index, once durable, is past all of
+// them: replay starts above it. The durable index never goes backwards.
+// The pipeline's apply waits until unlock is called (the container is
+// gone), so applied covers every entry storage shows the effects of. If
+// the index cannot be persisted, the delete is refused; SCM asks again.
+func (d *Datanode) persistOwners(cid storage.ContainerID) (unlock func(), err error) {
+	d.mu.Lock()
+	var sms []*containerSM
+	for _, id := range slices.Sorted(maps.Keys(d.sms)) {
+		if sm := d.sms[id]; sm.hasContainer(uint64(cid)) {
+			sms = append(sms, sm)
+		}
+	}
+	d.mu.Unlock()
+	var locked []*containerSM
+	unlock = func() {
+		for _, sm := range locked {
+			sm.applyMu.Unlock()
+		}
+	}
+	for _, sm := range sms {
+		sm.applyMu.Lock()
+		locked = append(locked, sm)
+		if err := sm.persist(sm.applied.Load()); err != nil {
+			unlock()
+			return nil, fmt.Errorf("datanode: container %d not deleted: %w", cid, err)
+		}
+	}
+	return unlock, nil
 }
 
 // ExportContainer streams a CLOSED container (see storage.Export).

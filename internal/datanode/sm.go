@@ -30,8 +30,13 @@ import (
 // the entry is acknowledged there, and goes straight into the block file;
 // the log holds only the command. Applying a WriteChunk does nothing more.
 // PutBlock: applying it commits the block in storage with BCSID = the
-// entry's index, durably (storage syncs on commit). So once a PutBlock is
-// applied on all replicas, the block is on three disks.
+// entry's index, durably: the batch's commits are written without a sync
+// each (storage.PutBlockDeferred) and made durable together by one WAL
+// flush per volume (storage.SyncCommitsFor) before any entry of the batch
+// counts as applied here. So once a PutBlock is applied on all replicas,
+// the block is on three disks, and a crash right after Apply returns loses
+// none of the batch's commits. If that flush fails, the entries fail and
+// their containers are marked UNHEALTHY here.
 // PutSmallFile: both in one entry. Its data is the block's only chunk and
 // goes through WriteData exactly like a WriteChunk's; applying it commits
 // the block exactly like a PutBlock. A replica therefore holds the same
@@ -42,8 +47,16 @@ import (
 // persistEvery; the host truncates the log only up to it, and entries
 // after it are applied again after a restart (every command is idempotent:
 // PutBlock of a committed block is a no-op, close and delete repeat
-// harmlessly). The persisted index never goes backwards (persist refuses
-// to), and a snapshot at or below it is ignored.
+// harmlessly; a PutBlock, PutSmallFile or WriteChunk replayed into a
+// container whose BCSID is at or past it changes nothing, see
+// appliedBefore; a deleted container is never replayed into, see
+// Datanode.persistOwners). The persisted index never goes backwards
+// (persist refuses to), and a snapshot at or below it is ignored. Every
+// storage change of an applied entry is durable before the applied index
+// (in memory) passes it: block commits by Apply's batch flush, every
+// other change (container creation, close, delete, UNHEALTHY marks) when
+// it is made. The persisted index therefore only bounds replay; it never
+// covers an effect a crash could lose.
 //
 // The state machine knows which containers are this pipeline's (a second
 // small file, written before a container is created): a pipeline snapshot
@@ -88,6 +101,9 @@ type containerSM struct {
 
 	applied atomic.Uint64
 	durable atomic.Uint64
+	// applyMu is held by Apply for a whole batch, so that applied covers
+	// every entry whose effects storage shows (Datanode.persistOwners).
+	applyMu sync.Mutex
 
 	// deferred: the block commits of the Apply batch in progress, made
 	// durable together at its end (apply goroutine only); pos is the
@@ -235,7 +251,9 @@ func NewContainerStateMachine(pipelineID uint64, store *storage.Store, fs vfs.FS
 }
 
 func newContainerSM(pipeline uint64, store *storage.Store, fs vfs.FS, dir string, st *stats, log *slog.Logger) (*containerSM, error) {
-	if err := fs.MkdirAll(dir, 0o755); err != nil {
+	// Durably: a crash must not take the directory, and the applied
+	// index and unhealthy list in it, away after they were synced.
+	if err := vfs.MkdirAllSync(fs, dir); err != nil {
 		return nil, err
 	}
 	sm := &containerSM{pipeline: pipeline, store: store, fs: fs,
@@ -681,6 +699,8 @@ func (sm *containerSM) ReadData(index, term uint64, meta []byte) ([]byte, error)
 // leader's wait for all replicas); the entries after it still apply, so
 // one bad entry never wedges the pipeline.
 func (sm *containerSM) Apply(ents []raft.Entry) []any {
+	sm.applyMu.Lock()
+	defer sm.applyMu.Unlock()
 	out := make([]any, len(ents))
 	applied := sm.applied.Load()
 	for i, e := range ents {
@@ -763,6 +783,9 @@ func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) err
 		// only says why not.
 		blk, ch := c.WriteChunk.GetBlock(), c.WriteChunk.GetChunk()
 		ok, err := sm.store.HasChunk(storage.ContainerID(blk.GetContainerId()), storage.LocalID(blk.GetLocalId()), int64(ch.GetOffset()), int64(ch.GetLength()))
+		if err == nil && !ok && sm.appliedBefore(storage.ContainerID(blk.GetContainerId()), e.Index) {
+			return nil // replayed after its block was committed and deleted
+		}
 		if err == nil && !ok {
 			err = fmt.Errorf("chunk [%d, +%d) not stored on this replica: %w", ch.GetOffset(), ch.GetLength(), storage.ErrChunkMissing)
 			if lost := sm.lostCause(blk.GetContainerId(), blk.GetLocalId()); lost != nil {
@@ -806,11 +829,22 @@ func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) err
 }
 
 // commitBlock applies a PutBlock (or the commit half of a PutSmallFile)
-// at log index: the block is committed with BCSID = index, durably.
+// at log index: the block is committed with BCSID = index, durably once
+// Apply's batch flush returns.
 func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeContainer bool) error {
 	cid := storage.ContainerID(b.GetId().GetContainerId())
 	bd := toBlockData(b)
 	bd.BCSID = index
+	if sm.appliedBefore(cid, index) {
+		// A replay after a restart: this commit is durable already, and
+		// what later entries did to the block (a delete) or the container
+		// (a close) may be too; committing again would fail or undo them.
+		// The close half of the entry is synced on its own: do it again.
+		if closeContainer {
+			return sm.closeContainer(cid)
+		}
+		return nil
+	}
 	if err := sm.ensureContainer(cid); err != nil {
 		if errors.Is(err, errOtherPipeline) {
 			// Another pipeline's container: this entry fails here and
@@ -842,6 +876,22 @@ func (sm *containerSM) commitBlock(index uint64, b *datanodepb.BlockData, closeC
 	return nil
 }
 
+// appliedBefore reports whether the entry at index, which writes into
+// cid, was applied here before a restart and its effects are durable: the
+// container's highest commit index (BCSID, in the counters every commit
+// batch writes, and DeleteBlocks rewrites) is at or past it. Entries are
+// applied in log order, so outside a replay a container's BCSID is always
+// below the entry being applied (a container imported from a replica
+// further along holds the entry's effects too). The storage WAL is
+// sequential, so a durable BCSID at or past index means this entry's
+// commit is durable, and what the block lacks now a later entry removed.
+// A commit that failed here marked the container UNHEALTHY, in memory at
+// once, so no later commit could raise its BCSID past the failed entry.
+func (sm *containerSM) appliedBefore(cid storage.ContainerID, index uint64) bool {
+	rep, err := sm.store.Container(cid)
+	return err == nil && rep.BCSID >= index
+}
+
 func (sm *containerSM) closeContainer(cid storage.ContainerID) error {
 	if why, ok := sm.lacks(uint64(cid)); ok {
 		// Closed, it would be reported as a whole replica.
@@ -864,13 +914,28 @@ func (sm *containerSM) closeContainer(cid storage.ContainerID) error {
 	return err
 }
 
-// persist writes the applied index durably. Storage made every applied
-// PutBlock durable already, so the index only needs to be as durable as
-// what it covers. It never writes a lower index than one already durable
-// (Close and the apply goroutine may both call it).
-func (sm *containerSM) persist(index uint64) {
+// persist writes the applied index durably. Apply made every applied
+// entry's storage changes durable already (block commits by its batch
+// flush, everything else when it was made), so the index only needs to
+// be as durable as what it covers: it bounds replay, and the host
+// truncates the log only up to it (AppliedIndex). A loss recorded only in
+// memory (sickPending) is saved first, or the index stays below the
+// entry that found it. It never writes a lower index than one already
+// durable (Close, the apply goroutine, leaving a pipeline and deleting a
+// container may all call it). It returns an error if the durable index
+// is below index afterwards (leaving a pipeline or deleting a container
+// must not go on then).
+func (sm *containerSM) persist(index uint64) error {
 	sm.persistMu.Lock()
 	defer sm.persistMu.Unlock()
+	sm.persistLocked(index)
+	if d := sm.durable.Load(); d < index {
+		return fmt.Errorf("datanode: pipeline %d: applied index %d not persisted (durable %d)", sm.pipeline, index, d)
+	}
+	return nil
+}
+
+func (sm *containerSM) persistLocked(index uint64) {
 	if sm.now != nil {
 		sm.lastPersist = sm.now()
 	}

@@ -414,6 +414,23 @@ func (h *Host) RemoveGroup(id uint64) error {
 	return err
 }
 
+// StopGroup stops group id without removing it: once it returns, the
+// group applies nothing more and takes no messages, and its log stays on
+// disk (RemoveGroup drops it later, or a restart opens it again). A
+// state machine that makes its applied effects durable through replay
+// from this log syncs them between StopGroup and RemoveGroup.
+func (h *Host) StopGroup(id uint64) error {
+	h.mu.Lock()
+	g, ok := h.groups[id]
+	h.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("raft: group %d on host %d: %w", id, h.id, ErrGroupNotFound)
+	}
+	g.stop()
+	g.applyWG.Wait()
+	return nil
+}
+
 // Tick advances every group's logical clock by one tick, in group ID
 // order. Called by the host's ticker, or by the caller when TickInterval
 // is negative or the host is Manual.

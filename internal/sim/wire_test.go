@@ -73,6 +73,14 @@ func TestNodeCrash(t *testing.T) {
 				if a := kv.DurableIndex(); a < kvApplied {
 					t.Errorf("seed %d: metadata store applied index went back %d -> %d", seed, kvApplied, a)
 				}
+				// Every block applied before the crash is there at once,
+				// with no entry applied again: Apply made its commit
+				// durable before it returned, whatever the persisted index.
+				for _, b := range committed {
+					if bd, err := st.GetBlock(storage.ContainerID(b.cid), storage.LocalID(b.lid)); err != nil || bd.Length != int64(len(b.data)) {
+						t.Errorf("seed %d: block %d/%d applied before the crash (persisted applied index %d) lost in it: %v", seed, b.cid, b.lid, sm.AppliedIndex(), err)
+					}
+				}
 				index = max(sm.AppliedIndex(), index) + 1
 			}
 			// One block: its chunks, then its PutBlock.
