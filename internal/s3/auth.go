@@ -169,6 +169,12 @@ func (d *derivedKey) signatureOf(dst *[64]byte, buf []byte, amzDate, scope strin
 	buf = append(buf, scope...)
 	buf = append(buf, '\n')
 	buf = hex.AppendEncode(buf, canonHash[:])
+	d.finish(dst, buf)
+}
+
+// finish writes the hex HMAC of a message to dst, given buf = the key's
+// inner pad followed by the message.
+func (d *derivedKey) finish(dst *[64]byte, buf []byte) {
 	inner := sha256.Sum256(buf)
 	var outer [sha256.BlockSize + sha256.Size]byte
 	copy(outer[:], d.opad[:])
@@ -193,12 +199,7 @@ func (d *derivedKey) chunkSignature(dst *[64]byte, buf []byte, amzDate, scope st
 	buf = append(buf, emptySHA256...)
 	buf = append(buf, '\n')
 	buf = hex.AppendEncode(buf, chunkHash[:])
-	inner := sha256.Sum256(buf)
-	var outer [sha256.BlockSize + sha256.Size]byte
-	copy(outer[:], d.opad[:])
-	copy(outer[sha256.BlockSize:], inner[:])
-	mac := sha256.Sum256(outer[:])
-	hex.Encode(dst[:], mac[:])
+	d.finish(dst, buf)
 }
 
 // signingKey returns the SigV4 signing key of secret for the scope,
