@@ -294,8 +294,6 @@ type body struct {
 	r       io.Reader
 	chunked *chunkedReader
 	md5     hash.Hash
-	// md5Sum is md5's sum, taken at EOF.
-	md5Sum []byte
 	// Verification, each optional.
 	sha256     hash.Hash
 	wantSHA256 string
@@ -576,8 +574,7 @@ func (b *body) finish() *Error {
 	if b.sha256 != nil && hex.EncodeToString(b.sha256.Sum(nil)) != strings.ToLower(b.wantSHA256) {
 		return errorf("XAmzContentSHA256Mismatch", 400, "The provided 'x-amz-content-sha256' header does not match what was computed.")
 	}
-	b.md5Sum = b.md5.Sum(nil)
-	if b.contentMD5 != nil && !bytes.Equal(b.contentMD5, b.md5Sum) {
+	if b.contentMD5 != nil && !bytes.Equal(b.contentMD5, b.md5.Sum(nil)) {
 		return errorf("BadDigest", 400, "The Content-MD5 you specified did not match what we received.")
 	}
 	if b.ckAlg != "" {
@@ -628,12 +625,7 @@ func (b *body) crc32cValue() string {
 }
 
 // etag is the hex MD5 of what was read.
-func (b *body) etag() string {
-	if b.md5Sum != nil {
-		return hex.EncodeToString(b.md5Sum)
-	}
-	return hex.EncodeToString(b.md5.Sum(nil))
-}
+func (b *body) etag() string { return hex.EncodeToString(b.md5.Sum(nil)) }
 
 // checksum returns the verified flexible checksum (algorithm in upper
 // case as S3 names it, base64 value), or "", "".
