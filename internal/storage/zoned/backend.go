@@ -418,7 +418,21 @@ func (b *Backend) allocZone(cleaner bool) (*zone, error) {
 		if b.closed {
 			return nil, errorf("closed")
 		}
-		z := b.pickZone(cleaner)
+		z, busy := b.pickZone(cleaner)
+		if z == nil && busy {
+			// A fresh zone must wait until a zone that is full for the
+			// backend but still being written to the device closes: the
+			// device counts it open until its write pointer reaches the end.
+			if deadline.IsZero() {
+				deadline = time.Now().Add(b.cfg.SpaceWait)
+			} else if time.Now().After(deadline) {
+				return nil, fmt.Errorf("zoned: every zone the device may keep open is still being written after %v: %w", b.cfg.SpaceWait, unix.EBUSY)
+			}
+			t := time.AfterFunc(5*time.Millisecond, func() { b.mu.Lock(); b.cond.Broadcast(); b.mu.Unlock() })
+			b.cond.Wait()
+			t.Stop()
+			continue
+		}
 		if z != nil {
 			if z.state == zEmpty {
 				z.state = zActive
@@ -451,7 +465,11 @@ func (b *Backend) allocZone(cleaner bool) (*zone, error) {
 	}
 }
 
-func (b *Backend) pickZone(cleaner bool) *zone {
+// busy: no zone is returned because a fresh one would exceed the device's
+// open-zone limit while zones the backend counts full are still being
+// written to the device (their staged tail not yet at the write pointer):
+// the caller waits for those writes rather than failing.
+func (b *Backend) pickZone(cleaner bool) (z *zone, busy bool) {
 	var idle, shared *zone
 	for _, z := range b.zones {
 		if z.state != zActive || z == b.cleanZ || z.resetOK || b.roomLocked(z) == 0 {
@@ -465,7 +483,7 @@ func (b *Backend) pickZone(cleaner bool) *zone {
 		}
 	}
 	if idle != nil {
-		return idle
+		return idle, false
 	}
 	// Writers' streams and the cleaner's zone are counted apart, so the
 	// cleaner never takes a writer's slot nor a writer the cleaner's.
@@ -478,16 +496,48 @@ func (b *Backend) pickZone(cleaner bool) *zone {
 		active, limit, reserve = 0, 1, 0
 	}
 	if active < limit && b.emptyLocked() > reserve {
+		// What the device counts open: zones with a write handle whose
+		// write pointer is short of the end. A zone that just became full
+		// for the backend stays open on the device until its last staged
+		// bytes are written, so it still takes one of the writers' slots
+		// (or, for the cleaner, one of the device's).
+		open, openLimit := b.writingLocked(b.cleanZ), b.cfg.Streams
+		if cleaner {
+			open, openLimit = b.writingLocked(nil), b.g.zoneLimit(1<<20)
+		}
+		if open >= openLimit {
+			if shared != nil && !cleaner {
+				return shared, false
+			}
+			return nil, true
+		}
 		for _, z := range b.zones {
 			if z.state == zEmpty && !z.resetOK {
-				return z
+				return z, false
 			}
 		}
 	}
 	if cleaner {
-		return nil
+		return nil, false
 	}
-	return shared
+	return shared, false
+}
+
+// writingLocked counts zones other than except that the device counts
+// open: a write handle, and the write pointer short of the capacity.
+func (b *Backend) writingLocked(except *zone) int {
+	n := 0
+	for _, z := range b.zones {
+		if z == except {
+			continue
+		}
+		z.mu.Lock()
+		if z.w != nil && z.wp < z.cap {
+			n++
+		}
+		z.mu.Unlock()
+	}
+	return n
 }
 
 func (b *Backend) roomLocked(z *zone) int64 {
@@ -553,6 +603,9 @@ func (b *Backend) dropZone(z *zone) {
 		z.release()
 		z.mu.Unlock()
 		z.amu.Unlock()
+		b.mu.Lock()
+		b.cond.Broadcast() // a writer may wait for this zone's handle (pickZone)
+		b.mu.Unlock()
 	}
 }
 
