@@ -105,7 +105,6 @@ type lcShard struct {
 	chunks  [][]byte
 	fill    []int
 	head    int
-	scratch []byte // reclaim's copy of a chunk's entries hit since written
 	hits    atomic.Uint64
 	misses  atomic.Uint64
 	evicted atomic.Uint64
@@ -126,8 +125,9 @@ func (c *lookupCache) setMax(maxBytes int64) {
 	}
 	c.off = maxBytes < 0
 	c.maxShard = min(maxBytes/lookupShards, lcMaxChunk*(lcMaxChunks-1))
-	// 8 chunks or more per shard, so a reclaim drops at most an eighth.
-	ch := min(max(int(c.maxShard/8), lcMinChunk), lcMaxChunk) &^ 7
+	// 16 chunks per shard (up to 1 MiB each), so a reclaim drops at most
+	// a sixteenth, and the bound is used to within a chunk.
+	ch := min(max(int(c.maxShard/16), lcMinChunk), lcMaxChunk) &^ 7
 	if int64(ch) > c.maxShard/2 {
 		ch = int(c.maxShard/2) &^ 7 // a tiny bound: two chunks
 	}
@@ -260,17 +260,20 @@ func (sh *lcShard) room(c *lookupCache, n int) bool {
 }
 
 // reclaim empties chunk i for reuse (the lock held): its live entries
-// leave the index, but those hit since written are written again at its
-// start, their reference bits cleared.
+// leave the index, but those hit since written move to its start (in
+// place, in order: an entry moves to where entries before it were), their
+// reference bits cleared.
 func (sh *lcShard) reclaim(c *lookupCache, i int) {
-	ch := sh.chunks[i]
-	keep := sh.scratch[:0]
+	ch, w := sh.chunks[i], 0
 	for off := 0; off < sh.fill[i]; {
 		key, _, size := entryAt(ch, off)
 		h := maphash.Bytes(c.seed, key)
 		if loc, ok := sh.idx[h]; ok && loc == uint32(i)<<lcOffBits|uint32(off) {
 			if lcRef(ch, off).Load() != 0 {
-				keep = append(keep, ch[off:off+size]...)
+				copy(ch[w:], ch[off:off+size])
+				clear(ch[w : w+4])
+				sh.idx[h] = uint32(i)<<lcOffBits | uint32(w)
+				w += size
 			} else {
 				delete(sh.idx, h)
 				sh.evicted.Add(1)
@@ -278,19 +281,7 @@ func (sh *lcShard) reclaim(c *lookupCache, i int) {
 		}
 		off += size
 	}
-	// keep is at most the chunk's own entries: it fits from offset 0.
-	copy(ch, keep)
-	for off := 0; off < len(keep); {
-		key, _, size := entryAt(ch, off)
-		clear(ch[off : off+4])
-		sh.idx[maphash.Bytes(c.seed, key)] = uint32(i)<<lcOffBits | uint32(off)
-		off += size
-	}
-	sh.fill[i] = len(keep)
-	if cap(keep) > c.chunk/4 {
-		keep = nil // a chunk's worth kept: do not hold a chunk's worth of scratch
-	}
-	sh.scratch = keep[:0:cap(keep)]
+	sh.fill[i] = w
 }
 
 // begin starts a change of keys (Pebble keys of key records): their
@@ -338,7 +329,7 @@ func (c *lookupCache) beginAll() uint64 {
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		sh.gen.Add(1)
-		sh.idx, sh.chunks, sh.fill, sh.head, sh.scratch = nil, nil, nil, 0, nil
+		sh.idx, sh.chunks, sh.fill, sh.head = nil, nil, nil, 0
 		sh.mu.Unlock()
 	}
 	return ^uint64(0)

@@ -235,14 +235,14 @@ func (s *State) readKey(r pebble.Reader, b *metapb.Bucket, key string) (ki *meta
 	return ki, len(v), true, nil
 }
 
-// SetLookupCacheBytes bounds the decoded-record cache (0: the default,
+// SetLookupCacheBytes bounds the lookup cache (0: the default,
 // DefaultLookupCacheBytes; negative: no cache). Call it before serving.
 func (s *State) SetLookupCacheBytes(n int64) {
 	s.lookups.end(s.lookups.beginAll())
 	s.lookups.setMax(n)
 }
 
-// LookupCacheStats returns the decoded-record cache's counters.
+// LookupCacheStats returns the lookup cache's counters.
 func (s *State) LookupCacheStats() LookupCacheStats { return s.lookups.stats() }
 
 // ListKeys lists an object bucket's keys S3-style: keys with the prefix,
