@@ -134,10 +134,6 @@ func (c *lookupCache) setMax(maxBytes int64) {
 	c.chunk = ch
 }
 
-func (c *lookupCache) shardOfString(k string) int {
-	return int(maphash.String(c.seed, k) & (lookupShards - 1))
-}
-
 func lcSize(klen, vlen int) int { return (lcHeader + klen + vlen + 3) &^ 3 }
 
 func lcRef(ch []byte, off int) *atomic.Uint32 {
