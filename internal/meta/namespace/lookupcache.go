@@ -26,9 +26,13 @@ import (
 // head; when the shard is at its bound the oldest chunk is reclaimed) and
 // an index map[uint64]uint32 from the key's hash to the record's place.
 // Neither holds a pointer, so a full cache costs the garbage collector
-// nothing to mark. An entry costs its key and value, a 12-byte header
+// nothing to mark. An entry costs its key and value, a 10-byte header
 // and its share of the index (lcIndexCost); the bound (maxBytes) counts
-// the chunks allocated plus that share of the index. Hashes collide, so
+// the chunks allocated plus the index at its high-water mark (a Go map
+// never shrinks: an index grown by many small records keeps its size when
+// fewer large ones replace them, until it is rebuilt smaller, see
+// compact). When the index grows into the chunks' share (records turn
+// smaller), the oldest chunk is released. Hashes collide, so
 // the key is stored beside the value and compared on a hit; a colliding
 // key replaces the other's entry (a cache may drop entries).
 //
@@ -90,21 +94,28 @@ const (
 	lcMaxChunk  = 1 << lcOffBits // a chunk's offsets fit lcOffBits
 	lcMinChunk  = 4 << 10
 	lcMaxChunks = 1 << (32 - lcOffBits)
-	// lcIndexCost is an entry's share of the index: a map[uint64]uint32
-	// slot is 16 bytes in groups of 8 with a control word (17 bytes), at
-	// a load between 7/16 and 7/8 after growth (19-39 bytes per entry).
-	lcIndexCost = 32
+	// lcIndexCost is an entry's share of the index at its high-water
+	// mark: a map[uint64]uint32 slot is 16 bytes in groups of 8 with a
+	// control word (17 bytes), at a load between 7/16 and 7/8 after
+	// growth (19-39 bytes per entry). Measured (Go 1.26, maps of 500 to
+	// 40,000 entries, the sizes of a shard's index): 24.6-37.0 B.
+	lcIndexCost = 36
 )
 
 type lcShard struct {
 	mu  sync.RWMutex
 	gen atomic.Uint64 // odd while a change of this shard's keys commits
 	idx map[uint64]uint32
-	// chunks is the ring; head is the chunk being filled, fill[i] the
-	// end of chunk i's entries.
-	chunks  [][]byte
-	fill    []int
-	head    int
+	// chunks is the ring (a released chunk is nil); head is the chunk
+	// being filled, fill[i] the end of chunk i's entries; nalloc counts
+	// the chunks allocated.
+	chunks [][]byte
+	fill   []int
+	head   int
+	nalloc int
+	// peak is len(idx)'s high-water mark since idx was made: the map
+	// holds the memory of that many entries.
+	peak    int
 	hits    atomic.Uint64
 	misses  atomic.Uint64
 	evicted atomic.Uint64
@@ -229,6 +240,26 @@ func (c *lookupCache) put(k []byte, gen uint64, v []byte) {
 	copy(ch[off+lcHeader+len(k):], v)
 	sh.fill[sh.head] = off + n
 	sh.idx[h] = uint32(sh.head)<<lcOffBits | uint32(off)
+	sh.peak = max(sh.peak, len(sh.idx))
+}
+
+// bytes is what the shard counts against its bound with extra more
+// entries in its index: the chunks allocated and the index at its
+// high-water mark.
+func (sh *lcShard) bytes(c *lookupCache, extra int) int64 {
+	return int64(sh.nalloc*c.chunk) + int64(max(sh.peak, len(sh.idx)+extra))*lcIndexCost
+}
+
+// next is the chunk after i in the ring (skipping released ones), i if
+// it is the only one.
+func (sh *lcShard) next(i int) int {
+	for range len(sh.chunks) {
+		i = (i + 1) % len(sh.chunks)
+		if sh.chunks[i] != nil {
+			break
+		}
+	}
+	return i
 }
 
 // room makes room for an entry of n bytes at the head chunk's end within
@@ -238,21 +269,78 @@ func (c *lookupCache) put(k []byte, gen uint64, v []byte) {
 // round over the ring drops them.
 func (sh *lcShard) room(c *lookupCache, n int) bool {
 	for range 2*len(sh.chunks) + 2 {
-		if len(sh.chunks) > 0 && sh.fill[sh.head]+n <= c.chunk &&
-			int64(len(sh.chunks)*c.chunk)+int64(len(sh.idx)+1)*lcIndexCost <= c.maxShard {
-			return true
-		}
-		if len(sh.chunks) == 0 || sh.head == len(sh.chunks)-1 &&
-			int64((len(sh.chunks)+1)*c.chunk)+int64(len(sh.idx)+1)*lcIndexCost <= c.maxShard {
-			sh.chunks = append(sh.chunks, make([]byte, c.chunk))
-			sh.fill = append(sh.fill, 0)
-			sh.head = len(sh.chunks) - 1
+		over := sh.bytes(c, 1) - c.maxShard
+		if over > 0 && sh.nalloc > 1 {
+			// The index grew into the chunks' share (smaller records
+			// than before): release the oldest chunk.
+			sh.release(c, sh.next(sh.head))
 			continue
 		}
-		sh.head = (sh.head + 1) % len(sh.chunks)
+		if sh.nalloc > 0 && sh.fill[sh.head]+n <= c.chunk && over <= 0 {
+			return true
+		}
+		if over+int64(c.chunk) <= 0 {
+			// A new chunk, in a released one's place if any.
+			i := len(sh.chunks)
+			for j, ch := range sh.chunks {
+				if ch == nil {
+					i = j
+					break
+				}
+			}
+			if i == len(sh.chunks) {
+				if i == lcMaxChunks {
+					return false
+				}
+				sh.chunks = append(sh.chunks, nil)
+				sh.fill = append(sh.fill, 0)
+			}
+			sh.chunks[i], sh.fill[i] = make([]byte, c.chunk), 0
+			sh.nalloc++
+			sh.head = i
+			continue
+		}
+		if sh.nalloc == 0 {
+			return false
+		}
+		sh.head = sh.next(sh.head)
 		sh.reclaim(c, sh.head)
 	}
 	return false
+}
+
+// release drops chunk i and its entries (the lock held).
+func (sh *lcShard) release(c *lookupCache, i int) {
+	ch := sh.chunks[i]
+	for off := 0; off < sh.fill[i]; {
+		key, _, size := entryAt(ch, off)
+		h := maphash.Bytes(c.seed, key)
+		if loc, ok := sh.idx[h]; ok && loc == uint32(i)<<lcOffBits|uint32(off) {
+			delete(sh.idx, h)
+			sh.evicted.Add(1)
+		}
+		off += size
+	}
+	sh.chunks[i], sh.fill[i] = nil, 0
+	sh.nalloc--
+	if sh.head == i {
+		sh.head = sh.next(i)
+	}
+	sh.compact()
+}
+
+// compact rebuilds the index into a map of its size when it holds less
+// than half its high-water mark (a Go map keeps the memory of its peak),
+// so that the chunks can use the memory it gives back.
+func (sh *lcShard) compact() {
+	if sh.peak < 256 || len(sh.idx) >= sh.peak/2 {
+		return
+	}
+	m := make(map[uint64]uint32, len(sh.idx))
+	for h, loc := range sh.idx {
+		m[h] = loc
+	}
+	sh.idx, sh.peak = m, len(m)
 }
 
 // reclaim empties chunk i for reuse (the lock held): its live entries
@@ -278,6 +366,7 @@ func (sh *lcShard) reclaim(c *lookupCache, i int) {
 		off += size
 	}
 	sh.fill[i] = w
+	sh.compact()
 }
 
 // begin starts a change of keys (Pebble keys of key records): their
@@ -325,7 +414,7 @@ func (c *lookupCache) beginAll() uint64 {
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		sh.gen.Add(1)
-		sh.idx, sh.chunks, sh.fill, sh.head = nil, nil, nil, 0
+		sh.idx, sh.chunks, sh.fill, sh.head, sh.nalloc, sh.peak = nil, nil, nil, 0, 0, 0
 		sh.mu.Unlock()
 	}
 	return ^uint64(0)
@@ -348,7 +437,7 @@ func (c *lookupCache) end(mask uint64) {
 type LookupCacheStats struct {
 	Hits, Misses, Evictions uint64
 	Entries                 int
-	Bytes                   int64 // the arena's chunks plus the index's estimate
+	Bytes                   int64 // the arena's chunks plus the index's estimate at its high-water mark
 	MaxBytes                int64
 }
 
@@ -364,7 +453,7 @@ func (c *lookupCache) stats() LookupCacheStats {
 		st.Evictions += sh.evicted.Load()
 		sh.mu.RLock()
 		st.Entries += len(sh.idx)
-		st.Bytes += int64(len(sh.chunks)*c.chunk) + int64(len(sh.idx))*lcIndexCost
+		st.Bytes += sh.bytes(c, 0)
 		sh.mu.RUnlock()
 	}
 	return st
