@@ -40,7 +40,8 @@ import (
 // entries leave the index, except those hit since they were written
 // (a reference bit in the header, set on a hit), which are copied to the
 // chunk's start once more with the bit cleared (a second chance, as
-// CLOCK's). Every miss is admitted.
+// CLOCK's), up to half the chunk: one insert reclaims at most one chunk
+// (the shard's lock is exclusive meanwhile). Every miss is admitted.
 //
 // Consistency. The cache holds only what readers read from committed
 // Pebble state, and Apply keeps it exact with a generation per shard:
@@ -116,6 +117,7 @@ type lcShard struct {
 	// peak is len(idx)'s high-water mark since idx was made: the map
 	// holds the memory of that many entries.
 	peak    int
+	work    int64 // bytes of chunks reclaim and release scanned (for tests)
 	hits    atomic.Uint64
 	misses  atomic.Uint64
 	evicted atomic.Uint64
@@ -264,11 +266,12 @@ func (sh *lcShard) next(i int) int {
 
 // room makes room for an entry of n bytes at the head chunk's end within
 // the bound (the lock held): it moves the head on (a new chunk while the
-// bound allows, else the next one reclaimed) until the entry fits. Each
-// reclaim clears the reference bits of the entries it keeps, so a second
-// round over the ring drops them.
+// bound allows, else the next one reclaimed) until the entry fits. The
+// work is bounded (the lock is exclusive): at most one reclaim, which
+// frees at least half the chunk, and a release or two.
 func (sh *lcShard) room(c *lookupCache, n int) bool {
-	for range 2*len(sh.chunks) + 2 {
+	reclaimed := false
+	for range 4 {
 		over := sh.bytes(c, 1) - c.maxShard
 		if over > 0 && sh.nalloc > 1 {
 			// The index grew into the chunks' share (smaller records
@@ -300,11 +303,12 @@ func (sh *lcShard) room(c *lookupCache, n int) bool {
 			sh.head = i
 			continue
 		}
-		if sh.nalloc == 0 {
+		if sh.nalloc == 0 || reclaimed {
 			return false
 		}
 		sh.head = sh.next(sh.head)
-		sh.reclaim(c, sh.head)
+		sh.reclaim(c, sh.head, min(c.chunk/2, c.chunk-n))
+		reclaimed = true
 	}
 	return false
 }
@@ -312,6 +316,7 @@ func (sh *lcShard) room(c *lookupCache, n int) bool {
 // release drops chunk i and its entries (the lock held).
 func (sh *lcShard) release(c *lookupCache, i int) {
 	ch := sh.chunks[i]
+	sh.work += int64(sh.fill[i])
 	for off := 0; off < sh.fill[i]; {
 		key, _, size := entryAt(ch, off)
 		h := maphash.Bytes(c.seed, key)
@@ -346,14 +351,18 @@ func (sh *lcShard) compact() {
 // reclaim empties chunk i for reuse (the lock held): its live entries
 // leave the index, but those hit since written move to its start (in
 // place, in order: an entry moves to where entries before it were), their
-// reference bits cleared.
-func (sh *lcShard) reclaim(c *lookupCache, i int) {
+// reference bits cleared, up to keep bytes (so a reclaim always frees
+// room: when every entry was hit, the later ones go). An entry kept
+// moves once per round of the ring and is dropped the next unless hit
+// again.
+func (sh *lcShard) reclaim(c *lookupCache, i, keep int) {
 	ch, w := sh.chunks[i], 0
+	sh.work += int64(sh.fill[i])
 	for off := 0; off < sh.fill[i]; {
 		key, _, size := entryAt(ch, off)
 		h := maphash.Bytes(c.seed, key)
 		if loc, ok := sh.idx[h]; ok && loc == uint32(i)<<lcOffBits|uint32(off) {
-			if lcRef(ch, off).Load() != 0 {
+			if lcRef(ch, off).Load() != 0 && w+size <= keep {
 				copy(ch[w:], ch[off:off+size])
 				clear(ch[w : w+4])
 				sh.idx[h] = uint32(i)<<lcOffBits | uint32(w)
