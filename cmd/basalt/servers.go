@@ -155,7 +155,7 @@ node gets the same --peers list (empty for a single node).`,
 	cmd.Flags().StringVar(&raftAddr, "raft", "127.0.0.1:9863", "Raft transport listen address")
 	cmd.Flags().StringVar(&grpcAddr, "grpc", "127.0.0.1:9862", "gRPC listen address (clients, datanodes)")
 	cmd.Flags().StringVar(&peers, "peers", "", "all members: ID=RAFT_ADDR/GRPC_ADDR,... (empty: single node)")
-	cmd.Flags().Int64Var(&lookupCache, "lookup-cache-bytes", namespace.DefaultLookupCacheBytes, "bound of the cache of decoded key records for lookups (negative: none)")
+	cmd.Flags().Int64Var(&lookupCache, "lookup-cache-bytes", namespace.DefaultLookupCacheBytes, "bound of the cache of key records for lookups (negative: none)")
 	cmd.Flags().DurationVar(&uploadExpiry, "upload-expiry", namespace.DefaultUploadExpiry, "abort incomplete S3 multipart uploads older than this (negative: never)")
 	cmd.Flags().StringVar(&tokenFile, "service-token-file", "", "file of the cluster service token S3 gateways and admin tools present (default DATA_DIR/"+meta.ServiceTokenFile+"; if it does not exist the node adopts the token the cluster recorded, made by the first leader, and writes it there)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics", "", "serve /metrics and /debug/pprof on this address")

@@ -34,7 +34,7 @@ func (m *metrics) observe(method string, c codes.Code, d time.Duration) {
 	m.rpc.WithLabelValues(method, c.String()).Observe(d.Seconds())
 }
 
-// lookupCache exports the namespace's decoded-record cache counters,
+// lookupCache exports the namespace's lookup cache counters,
 // read when scraped.
 func (m *metrics) lookupCache(reg prometheus.Registerer, stats func() namespace.LookupCacheStats) {
 	counter := func(name, help string, f func(namespace.LookupCacheStats) uint64) prometheus.Collector {
@@ -46,18 +46,11 @@ func (m *metrics) lookupCache(reg prometheus.Registerer, stats func() namespace.
 			func() float64 { return f(stats()) })
 	}
 	reg.MustRegister(
-		counter("lookup_cache_hits_total", "Key lookups answered from the decoded-record cache.", func(s namespace.LookupCacheStats) uint64 { return s.Hits }),
+		counter("lookup_cache_hits_total", "Key lookups answered from the lookup cache.", func(s namespace.LookupCacheStats) uint64 { return s.Hits }),
 		counter("lookup_cache_misses_total", "Key lookups that read Pebble (then cached the record).", func(s namespace.LookupCacheStats) uint64 { return s.Misses }),
-		counter("lookup_cache_evictions_total", "Records evicted from the decoded-record cache to stay in its bound.", func(s namespace.LookupCacheStats) uint64 { return s.Evictions }),
-		gauge("lookup_cache_bytes", "Estimated heap held by the decoded-record cache.", func(s namespace.LookupCacheStats) float64 { return float64(s.Bytes) }),
-		gauge("lookup_cache_entries", "Records in the decoded-record cache.", func(s namespace.LookupCacheStats) float64 { return float64(s.Entries) }),
-		counter("lookup_cache_skipped_total", "Key lookups that bypassed the decoded-record cache (its hit ratio was low).", func(s namespace.LookupCacheStats) uint64 { return s.Skipped }),
-		gauge("lookup_cache_bypassing", "1 while the decoded-record cache bypasses itself (keeps only a sample of keys).", func(s namespace.LookupCacheStats) float64 {
-			if s.Bypassing {
-				return 1
-			}
-			return 0
-		}),
-		gauge("lookup_cache_max_bytes", "Bound of the decoded-record cache (0: off).", func(s namespace.LookupCacheStats) float64 { return float64(s.MaxBytes) }),
+		counter("lookup_cache_evictions_total", "Records evicted from the lookup cache to stay in its bound.", func(s namespace.LookupCacheStats) uint64 { return s.Evictions }),
+		gauge("lookup_cache_bytes", "Memory held by the lookup cache (its arena plus an estimate of its index).", func(s namespace.LookupCacheStats) float64 { return float64(s.Bytes) }),
+		gauge("lookup_cache_entries", "Records in the lookup cache.", func(s namespace.LookupCacheStats) float64 { return float64(s.Entries) }),
+		gauge("lookup_cache_max_bytes", "Bound of the lookup cache (0: off).", func(s namespace.LookupCacheStats) float64 { return float64(s.MaxBytes) }),
 	)
 }

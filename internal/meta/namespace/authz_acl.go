@@ -191,7 +191,7 @@ func (s *State) entryAcls(b *metapb.Bucket, key string) ([]*metapb.Acl, bool, er
 	exists := false
 	err := s.view(func(r pebble.Reader) error {
 		if b.Layout != metapb.BucketLayout_FS {
-			ki, _, ok, err := s.readKey(r, b.Id, key)
+			ki, _, ok, err := s.readKey(r, b, key)
 			acls, exists = ki.GetAcls(), ok
 			return err
 		}

@@ -1,16 +1,47 @@
 package namespace
 
 import (
+	"bytes"
+	"encoding/binary"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
+	"unsafe"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
-// lookupCache keeps decoded key records of object buckets for the read
-// path (LookupKey, LookupKeys, a key's own ACL in authorization): a hit
-// costs a map lookup instead of a Pebble Get and a KeyInfo unmarshal.
+// lookupCache keeps the encoded key records of object buckets (the bytes
+// Pebble holds) for the read path (LookupKey, LookupKeys, a key's own ACL
+// in authorization): a hit costs a map probe and a decode (decodeRecord:
+// one allocation for a plain record) instead of a Pebble Get and an
+// unmarshal.
+//
+// Memory. Each of lookupShards shards keeps its records in an arena of
+// equal []byte chunks used as a ring (a log: records are appended at the
+// head; when the shard is at its bound the oldest chunk is reclaimed) and
+// an index map[uint64]uint32 from the key's hash to the record's place.
+// Neither holds a pointer, so a full cache costs the garbage collector
+// nothing to mark. An entry costs its key and value, a 10-byte header
+// and its share of the index (lcIndexCost); the bound (maxBytes) counts
+// the chunks allocated plus the index at its high-water mark (a Go map
+// never shrinks: an index grown by many small records keeps its size when
+// fewer large ones replace them, until it is rebuilt smaller, see
+// compact). When the index grows into the chunks' share (records turn
+// smaller), the oldest chunk is released. Hashes collide, so
+// the key is stored beside the value and compared on a hit; a colliding
+// key replaces the other's entry (a cache may drop entries).
+//
+// Eviction: when the head moves on to a chunk that is in use, its
+// entries leave the index, except those hit since they were written
+// (a reference bit in the header, set on a hit), which are copied to the
+// chunk's start once more with the bit cleared (a second chance, as
+// CLOCK's), up to half the chunk: one insert reclaims at most one chunk
+// (the shard's lock is exclusive meanwhile). Every miss is admitted.
 //
 // Consistency. The cache holds only what readers read from committed
 // Pebble state, and Apply keeps it exact with a generation per shard:
@@ -33,133 +64,64 @@ import (
 // the same way (all shards odd during the change). Leader changes need
 // nothing: every replica fills its cache only from its own committed
 // state, which Apply maintains on followers exactly as on the leader.
+// Eviction only drops entries or moves a live entry's bytes unchanged
+// (under the shard's lock), so it cannot make a lookup stale.
 //
-// Cached records are shared between readers and never modified; a lookup
-// hands out a shallow copy (copyKeyInfo) whose own fields the service may
-// set (Locations).
-//
-// Bounded in bytes: each of lookupShards shards holds at most its share
-// of maxBytes (an estimate of the decoded record's heap, entryCost), and
-// evicts with CLOCK (a hand goes round the shard's slots; an entry hit
-// since the hand last passed gets a second chance). A shard's lock is
-// taken shared on a hit. Admission: once a shard is full, a record is
-// kept only on its key's second miss since the shard's doorkeeper (a
-// bitset of key hashes) was last cleared, so a working set larger than the cache (uniform lookups
-// over many keys) does not churn the cache (an insert and an eviction, and
-// garbage for the collector, per miss) for entries that are rarely hit.
-//
-// Adaptive bypass. A full cache that is rarely hit costs more than it
-// saves (each miss probes a map in cold memory, and the collector marks
-// the whole cache), so the cache watches its hit ratio over windows of
-// lookups (winLookups, counted per shard and added up every shardFlush
-// lookups). When a cache at least 1/bypassFill full hits less than
-// bypassLowPct of a window (but some: under 1% the keys are being read
-// for the first time, as in a first pass over a working set, and that
-// shows only that a cache nearly full holds the wrong keys), it bypasses
-// itself: only keys of one sampled
-// hash class (1 in bypassDiv) are probed and inserted, every other
-// lookup skips the cache (no probe; its generation is odd, so put keeps
-// nothing). For a window the other entries stay: a working set read
-// once and then again and again looks like uniform lookups at first, and
-// if the sampled keys hit in that window the cache serves every key again
-// with its entries intact. While the sampled keys are hardly ever read
-// again (under 1% hits: each read for the first time, which no cache
-// would hit, e.g. the first pass over a working set) or their hit ratio
-// more than doubles from one window to the next, it holds for up to
-// maxHeld windows. Otherwise it shrinks: each shard keeps only
-// the sampled keys, within 1/bypassDiv of its bound (the rest is freed,
-// so the collector no longer marks it). The sampled keys' hit ratio in
-// that small cache estimates the one the whole cache would have (spatial
-// sampling, as SHARDS); when it reaches bypassHighPct the cache serves
-// every key again. If the sampled class gets far less than its share of
-// lookups (a few hot keys of other classes), the class moves on each
-// window, so every key is sampled in turn. The bypass only skips probes,
-// refuses inserts and drops entries; it never changes what an entry holds
-// or when one may be inserted (the generations above), so it cannot make
-// a lookup stale.
+// Every hit decodes a new record, which the caller owns and may modify.
 type lookupCache struct {
 	off      bool
 	maxShard int64 // bytes per shard
+	chunk    int   // bytes per arena chunk; the largest entry kept
 	seed     maphash.Seed
-
-	bypass               atomic.Bool
-	shrunk               atomic.Bool   // bypassing, and the unsampled entries are gone
-	class                atomic.Uint64 // the sampled hash class while bypassing
-	win                  atomic.Uint64 // window: lookups | probes<<winBits | hits<<2*winBits
-	evalMu               sync.Mutex
-	held                 int           // windows bypassed before shrinking (evalMu)
-	prevHits, prevProbes uint64        // the last window's (evalMu)
-	changes              atomic.Uint64 // switches between serving and bypassing
 
 	shards [lookupShards]lcShard
 }
-
-// The adaptive bypass's constants (see lookupCache).
-const (
-	bypassDiv     = 16 // 1 in bypassDiv hash classes sampled; the bound shrinks as much
-	bypassFill    = 8  // bypass only a cache at least 1/bypassFill full
-	maxHeld       = 8  // windows a bypassed cache keeps its entries while its sampled keys are not read again
-	winLookups    = 1 << 13
-	shardFlush    = 64
-	bypassLowPct  = 35 // a full cache hitting less bypasses itself
-	bypassHighPct = 50 // the sampled estimate serves again at this
-	minProbes     = 256
-	winBits       = 21
-	winMask       = 1<<winBits - 1
-)
 
 // lookupShards is a power of two and at most 64 (a change set is a
 // uint64 mask of shards).
 const lookupShards = 64
 
-// DefaultLookupCacheBytes is the default bound of the decoded-record
-// cache of one meta node.
+// DefaultLookupCacheBytes is the default bound of the lookup cache of
+// one meta node.
 const DefaultLookupCacheBytes = 128 << 20
 
+// The arena's layout. An entry at a 4-aligned offset of a chunk: ref
+// (uint32, 1 if hit since written, set atomically under the read lock),
+// key length (uint16), value length (uint32, unaligned), key, value,
+// padding to 4. A place in the index is chunk<<lcOffBits | offset.
+const (
+	lcHeader    = 10
+	lcOffBits   = 20
+	lcMaxChunk  = 1 << lcOffBits // a chunk's offsets fit lcOffBits
+	lcMinChunk  = 4 << 10
+	lcMaxChunks = 1 << (32 - lcOffBits)
+	// lcIndexCost is an entry's share of the index at its high-water
+	// mark: a map[uint64]uint32 slot is 16 bytes in groups of 8 with a
+	// control word (17 bytes), at a load between 7/16 and 7/8 after
+	// growth (19-39 bytes per entry). Measured (Go 1.26, maps of 500 to
+	// 40,000 entries, the sizes of a shard's index): 24.6-37.0 B.
+	lcIndexCost = 36
+)
+
 type lcShard struct {
-	mu    sync.RWMutex
-	gen   atomic.Uint64 // odd while a change of this shard's keys commits
-	m     map[string]*lcEntry
-	bytes int64
-	// CLOCK: slots holds the entries (nil: free, listed in free); hand is
-	// the next slot the eviction looks at.
-	slots []*lcEntry
-	free  []int
-	hand  int
-	// door: hashes of keys missed since it was last cleared (admission);
-	// doorN counts the bits set.
-	door    [doorWords]atomic.Uint64
-	doorN   atomic.Int64
-	full    atomic.Bool // the shard is (nearly) at its bound: admission applies
+	mu  sync.RWMutex
+	gen atomic.Uint64 // odd while a change of this shard's keys commits
+	idx map[uint64]uint32
+	// chunks is the ring (a released chunk is nil); head is the chunk
+	// being filled, fill[i] the end of chunk i's entries; nalloc counts
+	// the chunks allocated.
+	chunks [][]byte
+	fill   []int
+	head   int
+	nalloc int
+	// peak is len(idx)'s high-water mark since idx was made: the map
+	// holds the memory of that many entries.
+	peak    int
+	work    int64 // bytes of chunks reclaim and release scanned (for tests)
 	hits    atomic.Uint64
 	misses  atomic.Uint64
 	evicted atomic.Uint64
-	skipped atomic.Uint64 // lookups that bypassed the cache
-	win     atomic.Uint64 // this shard's part of the window, as lookupCache.win
-	_       [64]byte      // keep shards' hot words on their own cache lines
-}
-
-// doorWords sizes a shard's doorkeeper (64 Ki bits, 8 KiB); it is cleared
-// once doorClear keys were noted (65,536 over the 64 shards), when about
-// 1 in 64 of its bits are set (its false positives admit that share of
-// first misses). A key is admitted when it misses again within that
-// window of misses (with lookups spread evenly over 1M keys, about 1 in
-// 12 misses; a window 8x as long admitted about 4 in 10 and measured the
-// same CPU per lookup, docs/BENCHMARKS.md session 9: what such lookups
-// cost beyond the uncached path is the probe and the collector's work on
-// a full cache, not the inserts).
-const (
-	doorWords = 1 << 10
-	doorClear = doorWords * 64 / 64
-)
-
-type lcEntry struct {
-	key  string
-	ki   *metapb.KeyInfo // shared, never modified
-	size int             // the stored record's length
-	cost int64
-	slot int
-	ref  atomic.Bool // hit since the hand last passed
+	_       [64]byte // keep shards' hot words on their own cache lines
 }
 
 func newLookupCache(maxBytes int64) *lookupCache {
@@ -169,286 +131,251 @@ func newLookupCache(maxBytes int64) *lookupCache {
 }
 
 // setMax sets the bound (0: the default; negative: no cache). Call it
-// before the cache serves.
+// before the cache serves (and holds anything).
 func (c *lookupCache) setMax(maxBytes int64) {
 	if maxBytes == 0 {
 		maxBytes = DefaultLookupCacheBytes
 	}
 	c.off = maxBytes < 0
-	c.maxShard = maxBytes / lookupShards
-}
-
-func (c *lookupCache) shardOf(k []byte) int {
-	return int(maphash.Bytes(c.seed, k) & (lookupShards - 1))
-}
-
-// admit notes a miss of k in its shard's doorkeeper and reports whether
-// k had missed before since the doorkeeper was cleared.
-func (c *lookupCache) admit(sh *lcShard, k []byte) bool {
-	h := maphash.Bytes(c.seed, k) >> 6 // the low bits chose the shard
-	w, bit := &sh.door[(h>>6)%doorWords], uint64(1)<<(h&63)
-	if w.Load()&bit != 0 {
-		return true
+	c.maxShard = min(maxBytes/lookupShards, lcMaxChunk*(lcMaxChunks-1))
+	// 16 chunks per shard (up to 1 MiB each), so a reclaim drops at most
+	// a sixteenth, and the bound is used to within a chunk.
+	ch := min(max(int(c.maxShard/16), lcMinChunk), lcMaxChunk) &^ 7
+	if int64(ch) > c.maxShard/2 {
+		ch = int(c.maxShard/2) &^ 7 // a tiny bound: two chunks
 	}
-	w.Or(bit)
-	if sh.doorN.Add(1) == doorClear {
-		for i := range sh.door {
-			sh.door[i].Store(0)
+	c.chunk = ch
+}
+
+func lcSize(klen, vlen int) int { return (lcHeader + klen + vlen + 3) &^ 3 }
+
+func lcRef(ch []byte, off int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&ch[off]))
+}
+
+// entryAt returns the key and value of the entry at off in ch.
+func entryAt(ch []byte, off int) (key, val []byte, size int) {
+	kl := int(binary.LittleEndian.Uint16(ch[off+4:]))
+	vl := int(binary.LittleEndian.Uint32(ch[off+6:]))
+	k := off + lcHeader
+	return ch[k : k+kl], ch[k+kl : k+kl+vl], lcSize(kl, vl)
+}
+
+// recordNames are strings a record read at a key likely holds (its
+// volume, bucket and name): a decoded record's equal strings are these,
+// not copies.
+type recordNames struct{ volume, bucket, name string }
+
+// get returns the record cached for k, decoded (the caller owns it), with
+// its encoded length, or nil and the shard generation to pass to put
+// after reading Pebble. The generation is loaded before the caller's
+// Pebble read, as put requires.
+func (c *lookupCache) get(k []byte, names recordNames) (ki *metapb.KeyInfo, size int, gen uint64) {
+	if c.off {
+		return nil, 0, 1
+	}
+	h := maphash.Bytes(c.seed, k)
+	sh := &c.shards[h&(lookupShards-1)]
+	gen = sh.gen.Load()
+	var rich []byte
+	sh.mu.RLock()
+	if loc, ok := sh.idx[h]; ok {
+		ch, off := sh.chunks[loc>>lcOffBits], int(loc&(lcMaxChunk-1))
+		if key, val, _ := entryAt(ch, off); string(key) == string(k) {
+			size = len(val)
+			// A plain record is decoded here (its strings copied), any
+			// other unmarshalled after the lock (a copy of its bytes).
+			if nb, ok := scanRecord(val); ok {
+				ki = decodePlain(val, nb, names)
+			} else {
+				rich = bytes.Clone(val)
+			}
+			if r := lcRef(ch, off); r.Load() == 0 {
+				r.Store(1)
+			}
 		}
-		sh.doorN.Store(0)
+	}
+	sh.mu.RUnlock()
+	if rich != nil {
+		ki = &metapb.KeyInfo{}
+		if proto.Unmarshal(rich, ki) != nil { // it did when it was read: not reached
+			ki = nil
+		}
+	}
+	if ki == nil {
+		sh.misses.Add(1)
+		return nil, 0, gen
+	}
+	sh.hits.Add(1)
+	return ki, size, gen
+}
+
+// put caches v, the record read from Pebble at k after get returned gen,
+// unless a change of the shard began since (or was under way then). It
+// copies v (the caller may release it).
+func (c *lookupCache) put(k []byte, gen uint64, v []byte) {
+	if c.off || gen&1 != 0 || len(v) == 0 || len(k) > 0xffff {
+		return
+	}
+	n := lcSize(len(k), len(v))
+	if n > c.chunk {
+		return // a huge record would crowd out many
+	}
+	h := maphash.Bytes(c.seed, k)
+	sh := &c.shards[h&(lookupShards-1)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.gen.Load() != gen {
+		return
+	}
+	if sh.idx == nil {
+		sh.idx = map[uint64]uint32{}
+	}
+	if !sh.room(c, n) {
+		return
+	}
+	ch, off := sh.chunks[sh.head], sh.fill[sh.head]
+	clear(ch[off : off+4])
+	binary.LittleEndian.PutUint16(ch[off+4:], uint16(len(k)))
+	binary.LittleEndian.PutUint32(ch[off+6:], uint32(len(v)))
+	copy(ch[off+lcHeader:], k)
+	copy(ch[off+lcHeader+len(k):], v)
+	sh.fill[sh.head] = off + n
+	sh.idx[h] = uint32(sh.head)<<lcOffBits | uint32(off)
+	sh.peak = max(sh.peak, len(sh.idx))
+}
+
+// bytes is what the shard counts against its bound with extra more
+// entries in its index: the chunks allocated and the index at its
+// high-water mark.
+func (sh *lcShard) bytes(c *lookupCache, extra int) int64 {
+	return int64(sh.nalloc*c.chunk) + int64(max(sh.peak, len(sh.idx)+extra))*lcIndexCost
+}
+
+// next is the chunk after i in the ring (skipping released ones), i if
+// it is the only one.
+func (sh *lcShard) next(i int) int {
+	for range len(sh.chunks) {
+		i = (i + 1) % len(sh.chunks)
+		if sh.chunks[i] != nil {
+			break
+		}
+	}
+	return i
+}
+
+// room makes room for an entry of n bytes at the head chunk's end within
+// the bound (the lock held): it moves the head on (a new chunk while the
+// bound allows, else the next one reclaimed) until the entry fits. The
+// work is bounded (the lock is exclusive): at most one reclaim, which
+// frees at least half the chunk, and a release or two.
+func (sh *lcShard) room(c *lookupCache, n int) bool {
+	reclaimed := false
+	for range 4 {
+		over := sh.bytes(c, 1) - c.maxShard
+		if over > 0 && sh.nalloc > 1 {
+			// The index grew into the chunks' share (smaller records
+			// than before): release the oldest chunk.
+			sh.release(c, sh.next(sh.head))
+			continue
+		}
+		if sh.nalloc > 0 && sh.fill[sh.head]+n <= c.chunk && over <= 0 {
+			return true
+		}
+		if over+int64(c.chunk) <= 0 {
+			// A new chunk, in a released one's place if any.
+			i := len(sh.chunks)
+			for j, ch := range sh.chunks {
+				if ch == nil {
+					i = j
+					break
+				}
+			}
+			if i == len(sh.chunks) {
+				if i == lcMaxChunks {
+					return false
+				}
+				sh.chunks = append(sh.chunks, nil)
+				sh.fill = append(sh.fill, 0)
+			}
+			sh.chunks[i], sh.fill[i] = make([]byte, c.chunk), 0
+			sh.nalloc++
+			sh.head = i
+			continue
+		}
+		if sh.nalloc == 0 || reclaimed {
+			return false
+		}
+		sh.head = sh.next(sh.head)
+		sh.reclaim(c, sh.head, min(c.chunk/2, c.chunk-n))
+		reclaimed = true
 	}
 	return false
 }
 
-func (c *lookupCache) shardOfString(k string) int {
-	return int(maphash.String(c.seed, k) & (lookupShards - 1))
+// release drops chunk i and its entries (the lock held).
+func (sh *lcShard) release(c *lookupCache, i int) {
+	ch := sh.chunks[i]
+	sh.work += int64(sh.fill[i])
+	for off := 0; off < sh.fill[i]; {
+		key, _, size := entryAt(ch, off)
+		h := maphash.Bytes(c.seed, key)
+		if loc, ok := sh.idx[h]; ok && loc == uint32(i)<<lcOffBits|uint32(off) {
+			delete(sh.idx, h)
+			sh.evicted.Add(1)
+		}
+		off += size
+	}
+	sh.chunks[i], sh.fill[i] = nil, 0
+	sh.nalloc--
+	if sh.head == i {
+		sh.head = sh.next(i)
+	}
+	sh.compact()
 }
 
-// entryCost estimates the heap an entry holds: the map key, the decoded
-// message (its strings take about twice the encoded bytes, plus the
-// structs) and the entry itself, plus what decoding adds per repeated
-// part beyond its encoded bytes: a block (KeyBlock and BlockID structs
-// and the slice's pointer, ~15 bytes encoded), a location, an ACL entry
-// and a map entry of the S3 attributes (map buckets) each take far more
-// heap than their bytes on the wire (measured: a record with 64 blocks
-// held 3.5 times what 2x its size counted).
-func entryCost(key []byte, size int, ki *metapb.KeyInfo) int64 {
-	n := int64(2*len(key) + 2*size + 520)
-	n += 120*int64(len(ki.GetBlocks())) + 80*int64(len(ki.GetAcls()))
-	n += 200 * int64(len(ki.GetLocations()))
-	if m := ki.GetMeta(); m != nil {
-		n += 200 + 64*int64(len(m.GetUser())+len(m.GetTags())+len(m.GetChecksums())) + 80*int64(len(m.GetUploadAcls()))
-	}
-	return n
-}
-
-// get returns the cached record of k and the shard generation to pass to
-// put after reading Pebble on a miss. The generation is loaded before the
-// caller's Pebble read, as put requires. A lookup that bypasses the cache
-// gets an odd generation: put keeps nothing for it.
-func (c *lookupCache) get(k []byte) (e *lcEntry, gen uint64) {
-	if c.off {
-		return nil, 1
-	}
-	h := maphash.Bytes(c.seed, k)
-	sh := &c.shards[h&(lookupShards-1)]
-	if c.bypass.Load() && !c.sampled(h) {
-		sh.skipped.Add(1)
-		c.count(sh, 1)
-		return nil, 1
-	}
-	gen = sh.gen.Load()
-	sh.mu.RLock()
-	e = sh.m[string(k)]
-	sh.mu.RUnlock()
-	if e == nil {
-		sh.misses.Add(1)
-		c.count(sh, 1|1<<winBits)
-		return nil, gen
-	}
-	sh.hits.Add(1)
-	c.count(sh, 1|1<<winBits|1<<(2*winBits))
-	if !e.ref.Load() {
-		e.ref.Store(true)
-	}
-	return e, gen
-}
-
-// sampled reports whether a key of hash h is kept while bypassing.
-func (c *lookupCache) sampled(h uint64) bool {
-	return h>>60 == c.class.Load() // the low bits choose the shard and the doorkeeper bit
-}
-
-// limit is a shard's bound now.
-func (c *lookupCache) limit() int64 {
-	if c.shrunk.Load() {
-		return c.maxShard / bypassDiv
-	}
-	return c.maxShard
-}
-
-// count adds a lookup (d: 1, plus a probe, plus a hit) to sh's part of
-// the window, and sh's part to the window every shardFlush lookups.
-func (c *lookupCache) count(sh *lcShard, d uint64) {
-	if sh.win.Add(d)&winMask != shardFlush {
+// compact rebuilds the index into a map of its size when it holds less
+// than half its high-water mark (a Go map keeps the memory of its peak),
+// so that the chunks can use the memory it gives back.
+func (sh *lcShard) compact() {
+	if sh.peak < 256 || len(sh.idx) >= sh.peak/2 {
 		return
 	}
-	v := sh.win.Swap(0)
-	n := c.win.Add(v)
-	if n&winMask >= winLookups && (n-v)&winMask < winLookups { // this flush closed the window
-		c.evaluate(c.win.Swap(0))
+	m := make(map[uint64]uint32, len(sh.idx))
+	for h, loc := range sh.idx {
+		m[h] = loc
 	}
+	sh.idx, sh.peak = m, len(m)
 }
 
-// evaluate decides from a window's counts whether the cache serves every
-// key or bypasses itself. On the way to bypassing it first keeps its
-// entries for one window (only the sampled class is probed and filled):
-// if the sampled keys hit then, it serves again with every entry still
-// there (a working set read once, then again and again, looks like
-// uniform lookups at first); otherwise it shrinks.
-func (c *lookupCache) evaluate(v uint64) {
-	c.evalMu.Lock()
-	defer c.evalMu.Unlock()
-	lookups, probes, hits := v&winMask, v>>winBits&winMask, v>>(2*winBits)&winMask
-	if !c.bypass.Load() {
-		// Keys read for the first time (under 1% hits) hit in no cache:
-		// no sign yet that the working set does not fit, unless it is full.
-		if b := c.bytes(); probes >= minProbes && hits*100 < probes*bypassLowPct &&
-			(b >= c.maxShard*lookupShards/bypassFill && hits*100 >= probes || b >= c.maxShard*lookupShards*7/8) {
-			c.held, c.prevHits, c.prevProbes = 0, hits, probes
-			c.bypass.Store(true)
-			c.changes.Add(1)
-		}
-		return
-	}
-	switch {
-	case probes >= minProbes && hits*100 >= probes*bypassHighPct:
-		c.bypass.Store(false)
-		c.changes.Add(1)
-		if c.shrunk.Load() {
-			c.shrunk.Store(false)
-			c.resize()
-		}
-	case !c.shrunk.Load():
-		// Keys read for the first time hit in no cache: while the sampled
-		// keys are hardly ever read again (under 1%), or their hit ratio
-		// more than doubled since the last window (a working set is being
-		// read again), hold a while longer.
-		rising := hits*c.prevProbes > 2*c.prevHits*probes
-		c.prevHits, c.prevProbes = hits, probes
-		if c.held++; (hits*100 < probes || rising) && c.held < maxHeld {
-			return
-		}
-		c.shrunk.Store(true)
-		c.resize()
-	case probes < lookups/(4*bypassDiv): // the sampled class is rarely looked up: sample another
-		c.class.Store((c.class.Load() + 1) % bypassDiv)
-	}
-}
-
-// bytes is the estimated heap of all entries.
-func (c *lookupCache) bytes() int64 {
-	var n int64
-	for i := range c.shards {
-		sh := &c.shards[i]
-		sh.mu.RLock()
-		n += sh.bytes
-		sh.mu.RUnlock()
-	}
-	return n
-}
-
-// resize applies the bound limit returns now to every shard; when the
-// cache shrinks, each shard keeps only the sampled keys' entries, in a new
-// map (the old one's memory, which does not shrink, goes to the
-// collector).
-func (c *lookupCache) resize() {
-	lim := c.limit()
-	for i := range c.shards {
-		sh := &c.shards[i]
-		sh.mu.Lock()
-		if c.shrunk.Load() {
-			var kept []*lcEntry
-			for _, e := range sh.slots {
-				if e != nil && c.sampled(maphash.String(c.seed, e.key)) {
-					kept = append(kept, e)
-				}
-			}
-			sh.m = make(map[string]*lcEntry, len(kept))
-			sh.slots, sh.free, sh.hand, sh.bytes = kept, nil, 0, 0
-			for j, e := range kept {
-				e.slot = j
-				sh.m[e.key] = e
-				sh.bytes += e.cost
-			}
-			for sh.bytes > lim && len(sh.m) > 0 {
-				sh.evictOne()
+// reclaim empties chunk i for reuse (the lock held): its live entries
+// leave the index, but those hit since written move to its start (in
+// place, in order: an entry moves to where entries before it were), their
+// reference bits cleared, up to keep bytes (so a reclaim always frees
+// room: when every entry was hit, the later ones go). An entry kept
+// moves once per round of the ring and is dropped the next unless hit
+// again.
+func (sh *lcShard) reclaim(c *lookupCache, i, keep int) {
+	ch, w := sh.chunks[i], 0
+	sh.work += int64(sh.fill[i])
+	for off := 0; off < sh.fill[i]; {
+		key, _, size := entryAt(ch, off)
+		h := maphash.Bytes(c.seed, key)
+		if loc, ok := sh.idx[h]; ok && loc == uint32(i)<<lcOffBits|uint32(off) {
+			if lcRef(ch, off).Load() != 0 && w+size <= keep {
+				copy(ch[w:], ch[off:off+size])
+				clear(ch[w : w+4])
+				sh.idx[h] = uint32(i)<<lcOffBits | uint32(w)
+				w += size
+			} else {
+				delete(sh.idx, h)
+				sh.evicted.Add(1)
 			}
 		}
-		sh.full.Store(sh.bytes > lim-lim/16)
-		sh.mu.Unlock()
+		off += size
 	}
-}
-
-// put caches ki, read from Pebble at k after get returned gen, unless a
-// change of the shard began since (or was under way then), or k is not
-// admitted yet. It reports whether ki is now cached (shared).
-func (c *lookupCache) put(k []byte, gen uint64, ki *metapb.KeyInfo, size int) bool {
-	if c.off || gen&1 != 0 {
-		return false
-	}
-	cost := entryCost(k, size, ki)
-	if cost > c.limit()/4 {
-		return false // a huge record would empty the shard
-	}
-	h := maphash.Bytes(c.seed, k)
-	sh := &c.shards[h&(lookupShards-1)]
-	if sh.full.Load() && !c.admit(sh, k) {
-		return false
-	}
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if sh.gen.Load() != gen {
-		return false
-	}
-	if c.bypass.Load() && !c.sampled(h) {
-		return false // the cache began bypassing since get
-	}
-	lim := c.limit()
-	if sh.m == nil {
-		sh.m = map[string]*lcEntry{}
-	}
-	if old := sh.m[string(k)]; old != nil {
-		sh.remove(old)
-	}
-	for sh.bytes+cost > lim && len(sh.m) > 0 {
-		sh.evictOne()
-	}
-	e := &lcEntry{key: string(k), ki: ki, size: size, cost: cost}
-	if n := len(sh.free); n > 0 {
-		e.slot = sh.free[n-1]
-		sh.free = sh.free[:n-1]
-		sh.slots[e.slot] = e
-	} else {
-		e.slot = len(sh.slots)
-		sh.slots = append(sh.slots, e)
-	}
-	sh.m[e.key] = e
-	sh.bytes += cost
-	if !sh.full.Load() && sh.bytes > lim-lim/16 {
-		sh.full.Store(true)
-	}
-	return true
-}
-
-// remove drops e (the shard's lock held).
-func (sh *lcShard) remove(e *lcEntry) {
-	delete(sh.m, e.key)
-	sh.slots[e.slot] = nil
-	sh.free = append(sh.free, e.slot)
-	sh.bytes -= e.cost
-}
-
-// evictOne drops the first entry at or after the hand not hit since the
-// hand last passed it (the shard holds at least one entry).
-func (sh *lcShard) evictOne() {
-	for {
-		if sh.hand >= len(sh.slots) {
-			sh.hand = 0
-		}
-		e := sh.slots[sh.hand]
-		sh.hand++
-		if e == nil {
-			continue
-		}
-		if e.ref.Load() {
-			e.ref.Store(false)
-			continue
-		}
-		sh.remove(e)
-		sh.evicted.Add(1)
-		return
-	}
+	sh.fill[i] = w
+	sh.compact()
 }
 
 // begin starts a change of keys (Pebble keys of key records): their
@@ -456,33 +383,32 @@ func (sh *lcShard) evictOne() {
 // then calls end with the mask returned.
 func (c *lookupCache) begin(keys []string) uint64 {
 	// Each key is hashed once (a batch of many keys cost shards x keys
-	// hashes under the shard locks); the shards of up to 64 keys are
+	// hashes under the shard locks); the hashes of up to 64 keys are
 	// kept on the stack.
-	var small [64]uint8
-	var shardOf []uint8
+	var small [64]uint64
+	var hs []uint64
 	if len(keys) <= len(small) {
-		shardOf = small[:len(keys)]
+		hs = small[:len(keys)]
 	} else {
-		shardOf = make([]uint8, len(keys))
+		hs = make([]uint64, len(keys))
 	}
 	var mask uint64
 	for j, k := range keys {
-		i := c.shardOfString(k)
-		shardOf[j] = uint8(i)
-		mask |= 1 << i
+		h := maphash.String(c.seed, k)
+		hs[j] = h
+		mask |= 1 << (h & (lookupShards - 1))
 	}
-	for i := range lookupShards {
+	for i := range uint64(lookupShards) {
 		if mask&(1<<i) == 0 {
 			continue
 		}
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		sh.gen.Add(1)
-		for j, k := range keys {
-			if int(shardOf[j]) == i {
-				if e := sh.m[k]; e != nil {
-					sh.remove(e)
-				}
+		for _, h := range hs {
+			if h&(lookupShards-1) == i {
+				// A colliding key's entry goes too: harmless.
+				delete(sh.idx, h)
 			}
 		}
 		sh.mu.Unlock()
@@ -491,15 +417,13 @@ func (c *lookupCache) begin(keys []string) uint64 {
 }
 
 // beginAll starts a change of any key (restore, bulk load): every shard
-// turns odd and empties.
+// turns odd and empties (its memory is freed).
 func (c *lookupCache) beginAll() uint64 {
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		sh.gen.Add(1)
-		sh.m, sh.slots, sh.free, sh.hand = nil, nil, nil, 0
-		sh.bytes = 0
-		sh.full.Store(false)
+		sh.idx, sh.chunks, sh.fill, sh.head, sh.nalloc, sh.peak = nil, nil, nil, 0, 0, 0
 		sh.mu.Unlock()
 	}
 	return ^uint64(0)
@@ -518,20 +442,16 @@ func (c *lookupCache) end(mask uint64) {
 	}
 }
 
-// LookupCacheStats are the decoded-record cache's counters.
+// LookupCacheStats are the lookup cache's counters.
 type LookupCacheStats struct {
 	Hits, Misses, Evictions uint64
-	Skipped                 uint64 // lookups that bypassed the cache
 	Entries                 int
-	Bytes                   int64 // estimated heap of the entries
+	Bytes                   int64 // the arena's chunks plus the index's estimate at its high-water mark
 	MaxBytes                int64
-	Bypassing               bool   // only sampled keys are probed and kept (the hit ratio was low)
-	Shrunk                  bool   // bypassing, and the cache holds only sampled keys within 1/16 of its bound
-	ModeChanges             uint64 // switches between serving every key and bypassing
 }
 
 func (c *lookupCache) stats() LookupCacheStats {
-	st := LookupCacheStats{Bypassing: c.bypass.Load(), Shrunk: c.shrunk.Load(), ModeChanges: c.changes.Load()}
+	var st LookupCacheStats
 	if !c.off {
 		st.MaxBytes = c.maxShard * lookupShards
 	}
@@ -540,32 +460,221 @@ func (c *lookupCache) stats() LookupCacheStats {
 		st.Hits += sh.hits.Load()
 		st.Misses += sh.misses.Load()
 		st.Evictions += sh.evicted.Load()
-		st.Skipped += sh.skipped.Load()
 		sh.mu.RLock()
-		st.Entries += len(sh.m)
-		st.Bytes += sh.bytes
+		st.Entries += len(sh.idx)
+		st.Bytes += sh.bytes(c, 0)
 		sh.mu.RUnlock()
 	}
 	return st
 }
 
-// copyKeyInfo is a shallow copy of a cached record for one answer: the
-// caller may set its fields (the service appends Locations) but not
-// modify what they point to. TestCopyKeyInfoCopiesEveryField keeps it
-// complete when KeyInfo gains a field.
-func copyKeyInfo(src *metapb.KeyInfo) *metapb.KeyInfo {
-	ki := &metapb.KeyInfo{
-		Volume: src.Volume, Bucket: src.Bucket, Name: src.Name, Size: src.Size,
-		Replication: src.Replication, ChecksumType: src.ChecksumType, BytesPerChecksum: src.BytesPerChecksum,
-		CreatedUnixMs: src.CreatedUnixMs, ModifiedUnixMs: src.ModifiedUnixMs,
-		Blocks: src.Blocks[:len(src.Blocks):len(src.Blocks)], ObjectId: src.ObjectId, Meta: src.Meta, Attrs: src.Attrs,
-		Acls: src.Acls[:len(src.Acls):len(src.Acls)],
+// recordOne is a decoded record of at most one block in one allocation.
+type recordOne struct {
+	ki  metapb.KeyInfo
+	kb  metapb.KeyBlock
+	id  metapb.BlockID
+	ptr [1]*metapb.KeyBlock
+}
+
+// recordBlock is one block of a decoded record of several.
+type recordBlock struct {
+	kb metapb.KeyBlock
+	id metapb.BlockID
+}
+
+// decodeRecord decodes a stored KeyInfo in b as proto.Unmarshal does
+// (TestDecodeRecordMatchesUnmarshal and FuzzDecodeRecord), keeping no part
+// of b. A record of the fields lookups of plain keys carry (names, sizes,
+// times, blocks of ids and lengths) is decoded by decodePlain in one
+// allocation for one block, plus one per string not in names; any other
+// field (S3 attributes, ACLs, locations, file attributes, unknown
+// fields), or an encoding decodePlain does not expect, goes through
+// proto.Unmarshal.
+func decodeRecord(b []byte, names recordNames) (*metapb.KeyInfo, error) {
+	nb, ok := scanRecord(b)
+	if !ok {
+		ki := &metapb.KeyInfo{}
+		return ki, proto.Unmarshal(b, ki)
 	}
-	if len(src.Locations) > 0 {
-		ki.Locations = src.Locations[:len(src.Locations):len(src.Locations)]
+	return decodePlain(b, nb, names), nil
+}
+
+// str is v as a string: known if equal.
+func str(v []byte, known string) string {
+	if string(v) == known {
+		return known
 	}
-	if u := src.ProtoReflect().GetUnknown(); len(u) > 0 {
-		ki.ProtoReflect().SetUnknown(u)
+	return string(v)
+}
+
+// decodePlain decodes b, which scanRecord accepted (nb blocks).
+func decodePlain(b []byte, nb int, names recordNames) *metapb.KeyInfo {
+	var ki *metapb.KeyInfo
+	var one *recordOne
+	var blocks []recordBlock
+	if nb <= 1 {
+		one = &recordOne{}
+		ki = &one.ki
+		if nb == 1 {
+			one.ptr[0] = &one.kb
+			ki.Blocks = one.ptr[:]
+		}
+	} else {
+		ki = &metapb.KeyInfo{}
+		blocks = make([]recordBlock, nb)
+		ki.Blocks = make([]*metapb.KeyBlock, nb)
+		for i := range blocks {
+			ki.Blocks[i] = &blocks[i].kb
+		}
+	}
+	j := 0
+	for p := 0; p < len(b); {
+		num, typ, n := protowire.ConsumeTag(b[p:])
+		p += n
+		if typ == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(b[p:])
+			p += n
+			switch num {
+			case 1:
+				ki.Volume = str(v, names.volume)
+			case 2:
+				ki.Bucket = str(v, names.bucket)
+			case 3:
+				ki.Name = str(v, names.name)
+			case 10:
+				kb := ki.Blocks[j]
+				j++
+				for q := 0; q < len(v); {
+					_, bt, n := protowire.ConsumeTag(v[q:])
+					q += n
+					if bt == protowire.BytesType {
+						w, n := protowire.ConsumeBytes(v[q:])
+						q += n
+						var id *metapb.BlockID
+						if one != nil {
+							id = &one.id
+						} else {
+							id = &blocks[j-1].id
+						}
+						kb.Id = id
+						for r := 0; r < len(w); {
+							in, _, n := protowire.ConsumeTag(w[r:])
+							r += n
+							x, n := protowire.ConsumeVarint(w[r:])
+							r += n
+							if in == 1 {
+								id.ContainerId = x
+							} else {
+								id.LocalId = x
+							}
+						}
+						continue
+					}
+					x, n := protowire.ConsumeVarint(v[q:])
+					q += n
+					kb.Length = x // field 2
+				}
+			}
+			continue
+		}
+		x, n := protowire.ConsumeVarint(b[p:])
+		p += n
+		switch num {
+		case 4:
+			ki.Size = x
+		case 5:
+			ki.Replication = metapb.Replication(int32(x))
+		case 6:
+			ki.ChecksumType = metapb.ChecksumType(int32(x))
+		case 7:
+			ki.BytesPerChecksum = uint32(x)
+		case 8:
+			ki.CreatedUnixMs = int64(x)
+		case 9:
+			ki.ModifiedUnixMs = int64(x)
+		case 12:
+			ki.ObjectId = x
+		}
 	}
 	return ki
+}
+
+// scanRecord checks that b holds only what decodeRecord decodes itself,
+// each field once at most within a block, and counts the blocks.
+func scanRecord(b []byte) (blocks int, ok bool) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return 0, false
+		}
+		b = b[n:]
+		switch {
+		case typ == protowire.BytesType && (num == 1 || num == 2 || num == 3 || num == 10):
+			v, n := protowire.ConsumeBytes(b)
+			// Strings must be UTF-8 (proto.Unmarshal's error otherwise).
+			if n < 0 || num == 10 && !scanBlock(v) || num != 10 && !utf8.Valid(v) {
+				return 0, false
+			}
+			if num == 10 {
+				blocks++
+			}
+			b = b[n:]
+		case typ == protowire.VarintType && (num >= 4 && num <= 9 || num == 12):
+			_, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return 0, false
+			}
+			b = b[n:]
+		default:
+			return 0, false
+		}
+	}
+	return blocks, true
+}
+
+// scanBlock checks a KeyBlock: an id (container and local id, varints)
+// and a length, each at most once.
+func scanBlock(b []byte) bool {
+	var seen [3]bool
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return false
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.BytesType && !seen[1]:
+			seen[1] = true
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 || !scanID(v) {
+				return false
+			}
+			b = b[n:]
+		case num == 2 && typ == protowire.VarintType:
+			_, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return false
+			}
+			b = b[n:]
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func scanID(b []byte) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || typ != protowire.VarintType || num != 1 && num != 2 {
+			return false
+		}
+		b = b[n:]
+		_, n = protowire.ConsumeVarint(b)
+		if n < 0 {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
 }

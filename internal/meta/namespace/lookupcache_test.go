@@ -12,7 +12,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
@@ -273,13 +272,9 @@ func TestLookupCacheBounded(t *testing.T) {
 	fill := func(from, n int) {
 		for i := from; i < from+n; i++ {
 			v := rec(i)
-			ki := &metapb.KeyInfo{}
-			must(t, proto.Unmarshal(v, ki))
-			k := objKey(7, ki.Name)
-			for range 2 { // a key is admitted on its second miss
-				if e, gen := c.get(k); e == nil {
-					c.put(k, gen, ki, len(v))
-				}
+			k := objKey(7, fmt.Sprintf("data/part-%03d/key-%08d", i%100, i))
+			if ki, _, gen := c.get(k, recordNames{}); ki == nil {
+				c.put(k, gen, v)
 			}
 		}
 	}
@@ -298,52 +293,9 @@ func TestLookupCacheBounded(t *testing.T) {
 		t.Fatalf("cache over its bound or never evicted: %+v", st)
 	}
 	if held := int64(after) - int64(before); held > limit*3/2 {
-		t.Fatalf("the cache holds %d bytes of heap for a bound of %d: entryCost underestimates", held, limit)
+		t.Fatalf("the cache holds %d bytes of heap for a bound of %d", held, limit)
 	}
 	runtime.KeepAlive(c)
-}
-
-// TestCopyKeyInfoCopiesEveryField sets every field of a KeyInfo and
-// checks copyKeyInfo's copy equals it, so a field added to KeyInfo
-// cannot go missing from cached answers.
-func TestCopyKeyInfoCopiesEveryField(t *testing.T) {
-	src := &metapb.KeyInfo{}
-	m := src.ProtoReflect()
-	fields := m.Descriptor().Fields()
-	for i := range fields.Len() {
-		fd := fields.Get(i)
-		switch {
-		case fd.IsList():
-			l := m.Mutable(fd).List()
-			l.Append(l.NewElement())
-		case fd.Message() != nil:
-			m.Mutable(fd)
-		case fd.Kind() == protoreflect.StringKind:
-			m.Set(fd, protoreflect.ValueOfString("s"))
-		case fd.Kind() == protoreflect.EnumKind:
-			m.Set(fd, protoreflect.ValueOfEnum(1))
-		case fd.Kind() == protoreflect.Uint64Kind:
-			m.Set(fd, protoreflect.ValueOfUint64(3))
-		case fd.Kind() == protoreflect.Uint32Kind:
-			m.Set(fd, protoreflect.ValueOfUint32(4))
-		case fd.Kind() == protoreflect.Int64Kind:
-			m.Set(fd, protoreflect.ValueOfInt64(5))
-		default:
-			t.Fatalf("field %s of kind %v: extend this test", fd.Name(), fd.Kind())
-		}
-		if !m.Has(fd) {
-			t.Fatalf("field %s not set", fd.Name())
-		}
-	}
-	m.SetUnknown(protoreflect.RawFields{0xf8, 0x7f, 0x01}) // field 2047, varint 1
-	got := copyKeyInfo(src)
-	if !proto.Equal(got, src) || !bytes.Equal(got.ProtoReflect().GetUnknown(), src.ProtoReflect().GetUnknown()) {
-		t.Fatalf("copy differs:\n got %v\nwant %v", got, src)
-	}
-	got.Locations = append(got.Locations, &metapb.BlockLocation{})
-	if len(src.Locations) != 1 {
-		t.Fatal("appending to the copy's Locations changed the cached record")
-	}
 }
 
 // BenchmarkLookupCacheParallel: LookupKey of cached keys from 64
@@ -389,250 +341,5 @@ func BenchmarkLookupCacheParallel(b *testing.B) {
 				}
 			})
 		})
-	}
-}
-
-// TestLookupCacheAdmission: a shard with room keeps a record on its
-// first miss; a full one only on the key's second miss, so keys read once
-// do not push out the ones read again.
-func TestLookupCacheAdmission(t *testing.T) {
-	c := newLookupCache(lookupShards * 64 << 10) // 64 KiB per shard
-	ki := &metapb.KeyInfo{Name: "k"}
-	miss := func(k []byte) bool {
-		e, gen := c.get(k)
-		return e == nil && c.put(k, gen, ki, 100)
-	}
-	if !miss([]byte("first")) {
-		t.Fatal("a cache with room did not keep a record on its first miss")
-	}
-	sh := &c.shards[c.shardOf([]byte("once"))]
-	for i := 0; !sh.full.Load(); i++ { // fill once's shard (and others)
-		if i > 1_000_000 {
-			t.Fatal("a shard never got full")
-		}
-		k := fmt.Appendf(nil, "fill-%d", i)
-		miss(k)
-		miss(k)
-	}
-	if miss([]byte("once")) {
-		t.Fatal("a full shard kept a record on its key's first miss")
-	}
-	if !miss([]byte("once")) {
-		t.Fatal("a full shard did not keep a record on its key's second miss")
-	}
-	if e, _ := c.get([]byte("once")); e == nil {
-		t.Fatal("the admitted record is not cached")
-	}
-}
-
-// TestLookupCacheAdaptiveBypass looks up keys spread evenly over 45x
-// what the cache holds: once full and rarely hit, the cache bypasses
-// itself (a small sample of keys, most lookups skip the probe). A hot set
-// that fits then turns it back on and is served from it; so does a hot
-// set of three keys (the sampled class moves until it holds one of them).
-func TestLookupCacheAdaptiveBypass(t *testing.T) {
-	const limit = lookupShards * 256 << 10 // 16 MiB: ~22,000 entries of cost ~740; bypassed, ~22 per shard
-	c := newLookupCache(limit)
-	ki := &metapb.KeyInfo{Name: "k"}
-	lookup := func(k []byte) {
-		if e, gen := c.get(k); e == nil {
-			c.put(k, gen, ki, 100)
-		}
-	}
-	key := func(i uint64) []byte { return fmt.Appendf(nil, "key-%08d", i) }
-	rnd := uint64(1)
-	next := func(n uint64) uint64 { // xorshift: the same sequence every run
-		rnd ^= rnd << 13
-		rnd ^= rnd >> 7
-		rnd ^= rnd << 17
-		return rnd % n
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	run := func(what string, keys uint64, until func(LookupCacheStats) bool) LookupCacheStats {
-		t.Helper()
-		for n := 0; ; n++ {
-			lookup(key(next(keys)))
-			if n%1024 == 0 {
-				if st := c.stats(); until(st) {
-					t.Logf("%s: after %d lookups %+v", what, n, st)
-					return st
-				}
-				if n > 4_000_000 || time.Now().After(deadline) {
-					t.Fatalf("%s: not reached after %d lookups: %+v", what, n, c.stats())
-				}
-			}
-		}
-	}
-	uniform := func(st LookupCacheStats) bool { return st.Bypassing }
-	st := run("uniform over 1M keys", 1_000_000, uniform)
-	// Stay uniform for a while: it remains bypassed, small, and most
-	// lookups skip the probe.
-	before := st
-	for range 200_000 {
-		lookup(key(next(1_000_000)))
-	}
-	st = c.stats()
-	t.Logf("uniform, bypassed: %+v", st)
-	if !st.Bypassing || st.ModeChanges != before.ModeChanges {
-		t.Fatalf("the uniform workload left the bypass: %+v", st)
-	}
-	if st.Bytes > limit/bypassDiv {
-		t.Fatalf("bypassed cache holds %d bytes, more than 1/%d of %d", st.Bytes, bypassDiv, limit)
-	}
-	if skipped := st.Skipped - before.Skipped; skipped < 200_000*3/4 {
-		t.Fatalf("only %d of 200,000 uniform lookups skipped the cache", skipped)
-	}
-
-	hot := func(st LookupCacheStats) bool { return !st.Bypassing }
-	run("hot set of 500 keys", 500, hot)
-	// Served: a hot key hits.
-	for range 3 {
-		for i := range uint64(500) {
-			lookup(key(i))
-		}
-	}
-	st = c.stats()
-	for i := range uint64(500) {
-		if e, _ := c.get(key(i)); e == nil {
-			t.Fatalf("hot key %d not cached after the cache turned back on: %+v", i, st)
-		}
-	}
-
-	run("uniform again", 1_000_000, uniform)
-	run("hot set of 3 keys", 3, hot)
-	for i := range uint64(3) {
-		lookup(key(i))
-		lookup(key(i))
-		if e, _ := c.get(key(i)); e == nil {
-			t.Fatalf("hot key %d not cached: %+v", i, c.stats())
-		}
-	}
-}
-
-// TestLookupCacheBypassConcurrent switches the cache between serving and
-// bypassing (readers alternate uniform and hot phases) while a writer
-// changes one hot key the way Apply does (begin, commit, end): no reader
-// sees a version older than one committed before its lookup began. Run
-// with -race.
-func TestLookupCacheBypassConcurrent(t *testing.T) {
-	c := newLookupCache(lookupShards * 64 << 10)
-	var store sync.Map // Pebble key -> *metapb.KeyInfo (committed state)
-	hotKey := []byte("key-hot")
-	var committed atomic.Uint64
-	store.Store(string(hotKey), &metapb.KeyInfo{Size: 0})
-	read := func(k []byte) *metapb.KeyInfo {
-		e, gen := c.get(k)
-		if e != nil {
-			return e.ki
-		}
-		v, ok := store.Load(string(k))
-		if !ok {
-			ki := &metapb.KeyInfo{Size: 1 << 40}
-			store.LoadOrStore(string(k), ki)
-			v, _ = store.Load(string(k))
-		}
-		c.put(k, gen, v.(*metapb.KeyInfo), 100)
-		return v.(*metapb.KeyInfo)
-	}
-	stop := make(chan struct{})
-	errs := make(chan error, 8)
-	var wg sync.WaitGroup
-	for g := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rnd := uint64(g + 1)
-			for n := 0; ; n++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				rnd ^= rnd << 13
-				rnd ^= rnd >> 7
-				rnd ^= rnd << 17
-				if !c.bypass.Load() { // drive it to the other mode
-					read(fmt.Appendf(nil, "key-%d", rnd%1_000_000))
-				} else {
-					read(fmt.Appendf(nil, "key-%d", rnd%200))
-				}
-				if n%16 == 0 {
-					want := committed.Load()
-					if got := read(hotKey).Size; got < want {
-						errs <- fmt.Errorf("stale: version %d after %d committed", got, want)
-						return
-					}
-				}
-			}
-		}()
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for v := uint64(1); c.changes.Load() < 4 && time.Now().Before(deadline) && len(errs) == 0; v++ {
-		mask := c.begin([]string{string(hotKey)})
-		store.Store(string(hotKey), &metapb.KeyInfo{Size: v})
-		c.end(mask)
-		committed.Store(v)
-		time.Sleep(50 * time.Microsecond)
-	}
-	close(stop)
-	wg.Wait()
-	select {
-	case err := <-errs:
-		t.Fatal(err)
-	default:
-	}
-	st := c.stats()
-	t.Logf("%+v", st)
-	if st.ModeChanges < 4 || st.Hits == 0 {
-		t.Fatalf("the cache did not switch both ways, or never hit: %+v", st)
-	}
-}
-
-// TestLookupCacheBypassKeepsWorkingSet reads a working set once: while
-// the cache has room, keys read for the first time do not make it bypass
-// itself; once it is nearly full it does (they look like uniform lookups).
-// Then the set is read over and over: the sampled keys hit, and the cache
-// serves again with the entries read before the bypass still there (it
-// had not shrunk).
-func TestLookupCacheBypassKeepsWorkingSet(t *testing.T) {
-	const limit = lookupShards * 1 << 20 // 64 MiB: ~90,000 entries of cost ~744
-	c := newLookupCache(limit)
-	ki := &metapb.KeyInfo{Name: "k"}
-	lookup := func(k []byte) {
-		if e, gen := c.get(k); e == nil {
-			c.put(k, gen, ki, 100)
-		}
-	}
-	key := func(i int) []byte { return fmt.Appendf(nil, "key-%08d", i) }
-	set := 0
-	for ; set < 60_000; set++ {
-		lookup(key(set))
-	}
-	if st := c.stats(); st.Bypassing {
-		t.Fatalf("reading %d keys once into a cache with room for more made it bypass itself: %+v", set, st)
-	}
-	for ; !c.bypass.Load(); set++ {
-		if set > 200_000 {
-			t.Fatalf("a cache nearly full of keys read once never bypassed itself: %+v", c.stats())
-		}
-		lookup(key(set))
-	}
-	st := c.stats()
-	t.Logf("after reading %d keys once: %+v", set, st)
-	if st.Shrunk || st.Evictions > 0 {
-		t.Fatalf("want bypassing, not shrunk, nothing evicted: %+v", st)
-	}
-	held := st.Entries
-	deadline := time.Now().Add(20 * time.Second)
-	for i := 0; c.bypass.Load(); i++ {
-		lookup(key(i % set))
-		if time.Now().After(deadline) || i > 2_000_000 {
-			t.Fatalf("the working set never turned the cache back on: %+v", c.stats())
-		}
-	}
-	st = c.stats()
-	t.Logf("serving again: %+v", st)
-	if st.ModeChanges != 2 || st.Entries < held {
-		t.Fatalf("the cache shrank before serving again (%d entries held when it began bypassing): %+v", held, st)
 	}
 }

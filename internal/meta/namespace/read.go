@@ -2,6 +2,7 @@ package namespace
 
 import (
 	"encoding/binary"
+	"errors"
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -191,7 +192,7 @@ func (s *State) lookupKeySized(volume, bucket, key string) (*metapb.KeyInfo, int
 		if err := ValidateKey(key); err != nil {
 			return err
 		}
-		rec, n, ok, shared, err := s.readOwnKey(r, b.Id, key)
+		rec, n, ok, err := s.readKey(r, b, key)
 		if err == nil && !ok {
 			err = noSuchKey(bucket, key)
 		}
@@ -199,9 +200,6 @@ func (s *State) lookupKeySized(volume, bucket, key string) (*metapb.KeyInfo, int
 			return err
 		}
 		ki, size = rec, n
-		if shared {
-			ki = copyKeyInfo(rec)
-		}
 		return nil
 	})
 	if err == nil && size < 0 {
@@ -211,39 +209,40 @@ func (s *State) lookupKeySized(volume, bucket, key string) (*metapb.KeyInfo, int
 }
 
 // readKey reads an object bucket's key record through the lookup cache
-// (lookupcache.go), with the stored record's length. The record may be
-// shared: callers must not modify it (copyKeyInfo makes one they may);
-// readOwnKey tells whether it is.
-func (s *State) readKey(r pebble.Reader, bucketID uint64, key string) (*metapb.KeyInfo, int, bool, error) {
-	ki, n, ok, _, err := s.readOwnKey(r, bucketID, key)
-	return ki, n, ok, err
-}
-
-// readOwnKey is readKey that also reports whether the record is shared.
-func (s *State) readOwnKey(r pebble.Reader, bucketID uint64, key string) (ki *metapb.KeyInfo, n int, ok, shared bool, err error) {
+// (lookupcache.go), with the stored record's length. The record is the
+// caller's: every call decodes a new one.
+func (s *State) readKey(r pebble.Reader, b *metapb.Bucket, key string) (ki *metapb.KeyInfo, n int, ok bool, err error) {
 	var buf [128]byte // the probe's key on the stack: a hit allocates nothing here
-	probe := append(binary.BigEndian.AppendUint64(append(buf[:0], pfxKey...), bucketID), key...)
-	e, gen := s.lookups.get(probe)
-	if e != nil {
-		return e.ki, e.size, true, true, nil
+	probe := append(binary.BigEndian.AppendUint64(append(buf[:0], pfxKey...), b.Id), key...)
+	names := recordNames{b.Volume, b.Name, key}
+	ki, n, gen := s.lookups.get(probe, names)
+	if ki != nil {
+		return ki, n, true, nil
 	}
-	k := objKey(bucketID, key)
-	ki = &metapb.KeyInfo{}
-	ok, n, err = getSized(r, k, ki)
-	if err != nil || !ok {
-		return nil, 0, ok, false, err
+	k := objKey(b.Id, key) // not probe: a Get of it would move buf to the heap
+	v, closer, err := r.Get(k)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, 0, false, nil
 	}
-	return ki, n, true, s.lookups.put(k, gen, ki, n), nil
+	if err != nil {
+		return nil, 0, false, err
+	}
+	defer closer.Close()
+	if ki, err = decodeRecord(v, names); err != nil {
+		return nil, 0, false, err
+	}
+	s.lookups.put(k, gen, v)
+	return ki, len(v), true, nil
 }
 
-// SetLookupCacheBytes bounds the decoded-record cache (0: the default,
+// SetLookupCacheBytes bounds the lookup cache (0: the default,
 // DefaultLookupCacheBytes; negative: no cache). Call it before serving.
 func (s *State) SetLookupCacheBytes(n int64) {
 	s.lookups.end(s.lookups.beginAll())
 	s.lookups.setMax(n)
 }
 
-// LookupCacheStats returns the decoded-record cache's counters.
+// LookupCacheStats returns the lookup cache's counters.
 func (s *State) LookupCacheStats() LookupCacheStats { return s.lookups.stats() }
 
 // ListKeys lists an object bucket's keys S3-style: keys with the prefix,

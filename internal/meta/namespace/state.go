@@ -82,7 +82,7 @@ type State struct {
 	// counters, touched only by Apply (and load).
 	nextBucket, nextOpen, nextID uint64
 	buckets                      bucketCache
-	// lookups caches decoded key records for the read path
+	// lookups caches encoded key records for the read path
 	// (lookupcache.go); Apply keeps it exact.
 	lookups *lookupCache
 	// s3Gen changes after every applied change of an S3 key (and a
