@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -254,8 +255,15 @@ func (c *Client) putSmall(ctx context.Context, op string, blocks *blockSource, d
 			PipelineId: loc.PipelineId, WaitTimeoutMs: uint32(wait / time.Millisecond), Data: data,
 			Block: &datanodepb.BlockData{Id: dnBlockID(loc.Id), Length: n, Chunks: []*datanodepb.ChunkInfo{chunk}},
 		}
-		_, err = c.callLeader(ctx, loc, wait+c.cfg.RPCTimeout, func(ctx context.Context, dn datanodepb.DatanodeClient) error {
-			_, err := dn.PutSmallFile(ctx, req)
+		_, err = c.callLeaderAt(ctx, loc, wait+c.cfg.RPCTimeout, func(ctx context.Context, addr string, cc *grpc.ClientConn) error {
+			if c.cfg.SmallFilesInFlight > 0 {
+				file := &datanodepb.SmallFile{Block: req.Block, Data: data, Token: loc.Token}
+				err := c.putSmallBatched(ctx, addr, cc, loc.PipelineId, req.WaitTimeoutMs, file)
+				if !errors.Is(err, errNoSmallBatch) {
+					return err
+				}
+			}
+			_, err := datanodepb.NewDatanodeClient(cc).PutSmallFile(ctx, req)
 			return err
 		})
 		if err == nil {
