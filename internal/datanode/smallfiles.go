@@ -69,29 +69,34 @@ func (s *service) PutSmallFiles(ctx context.Context, req *datanodepb.PutSmallFil
 		s.d.stats.smallBatches.Add(1)
 		s.d.stats.smallBatchFiles.Add(uint64(len(valid)))
 	}
+	if len(valid) == 0 {
+		return &datanodepb.PutSmallFilesResponse{Results: results}, nil
+	}
+	// One pipeline: every valid file has the same group.
+	g := valid[0].g
+	metas, datas := make([][]byte, len(valid)), make([][]byte, len(valid))
+	for j, v := range valid {
+		metas[j], datas[j] = v.meta, files[v.i].GetData()
+	}
+	res, errs := g.ProposeMany(ctx, metas, datas)
 	var wg sync.WaitGroup
-	for _, v := range valid {
+	for j, v := range valid {
+		if errs[j] != nil {
+			results[v.i] = smallFileResult(0, s.toStatus(errs[j]))
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[v.i] = s.putSmallEntry(ctx, v.g, v.cid, v.meta, files[v.i].GetData(), req.GetWaitTimeoutMs())
+			if err := s.waitAll(ctx, g, res[j].Index, v.cid, req.GetWaitTimeoutMs()); err != nil {
+				results[v.i] = smallFileResult(0, err)
+				return
+			}
+			results[v.i] = &datanodepb.SmallFileResult{Index: res[j].Index}
 		}()
 	}
 	wg.Wait()
 	return &datanodepb.PutSmallFilesResponse{Results: results}, nil
-}
-
-// putSmallEntry proposes one checked small file and waits for every
-// replica to apply it, as PutSmallFile does.
-func (s *service) putSmallEntry(ctx context.Context, g *raft.Group, cid storage.ContainerID, meta, data []byte, waitMs uint32) *datanodepb.SmallFileResult {
-	res, err := g.Propose(ctx, meta, data)
-	if err != nil {
-		return smallFileResult(0, s.toStatus(err))
-	}
-	if err := s.waitAll(ctx, g, res.Index, cid, waitMs); err != nil {
-		return smallFileResult(0, err)
-	}
-	return &datanodepb.SmallFileResult{Index: res.Index}
 }
 
 // smallFileResult is one file's answer: its index, or the status its own

@@ -360,6 +360,115 @@ func (g *Group) Propose(ctx context.Context, meta, data []byte) (Result, error) 
 	}
 }
 
+// ProposeMany proposes several entries at once, each as Propose would
+// (metas[i] with datas[i]), and waits for all of them: errs[i] is entry
+// i's outcome, with Propose's meaning. The entries are handed to raft
+// together under one lock with one wake-up of the store loop, so they
+// land in the same Ready (one log append and fsync, one data Sync round,
+// the same appends to the followers) instead of racing the loop one by
+// one. Each entry keeps its own index, term and apply.
+func (g *Group) ProposeMany(ctx context.Context, metas, datas [][]byte) ([]Result, []error) {
+	n := len(metas)
+	res, errs := make([]Result, n), make([]error, n)
+	ps := make([]*proposal, n)
+	payloads := make([][]byte, n)
+	held := 0
+	for i := range metas {
+		size, err := g.checkProposal(metas[i], datas[i])
+		switch {
+		case err != nil:
+		case held == 0:
+			err = g.acquire(ctx, size)
+		case !g.tryAcquire(size):
+			// Waiting here could wait for this call's own entries,
+			// not yet submitted: over the budget, fail as ProposeAsync.
+			err = fmt.Errorf("raft: group %d: %d proposal bytes in flight, limit %d: %w", g.id, g.inflightBytes(), g.host.cfg.MaxInflightBytes, ErrProposalDropped)
+		}
+		if err == nil && ctx.Err() != nil {
+			g.pmu.Lock()
+			g.releaseLocked(size)
+			g.pmu.Unlock()
+			err = fmt.Errorf("raft: group %d: proposal not submitted: %w", g.id, ctx.Err())
+		}
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		held++
+		p := &proposal{size: size, done: make(chan struct{}), seq: g.host.seq.Add(1)}
+		if datas[i] != nil {
+			payloads[i] = encodeLocal(proposalID{g.host.id, p.seq}, metas[i], len(datas[i]))
+		} else {
+			payloads[i] = encodeProposal(proposalID{g.host.id, p.seq}, metas[i], nil, false)
+		}
+		ps[i] = p
+	}
+	start := time.Now()
+	submitted := 0
+	var release []int
+	g.mu.Lock()
+	var gerr error
+	if g.isStopped() {
+		gerr = g.stoppedError()
+	} else if st := g.rn.BasicStatus(); st.RaftState != etcdraft.StateLeader {
+		gerr = &NotLeaderError{Group: g.id, Leader: st.Lead}
+	}
+	for i, p := range ps {
+		if p == nil {
+			continue
+		}
+		if gerr != nil {
+			errs[i], ps[i] = gerr, nil
+			release = append(release, p.size)
+			continue
+		}
+		if datas[i] != nil {
+			g.localMu.Lock()
+			g.local[p.seq] = localData{data: datas[i], epoch: g.readies}
+			g.localMu.Unlock()
+		}
+		if perr := g.rn.Propose(payloads[i]); perr != nil {
+			errs[i], ps[i] = fmt.Errorf("raft: group %d: %v: %w", g.id, perr, ErrProposalDropped), nil
+			g.dropLocal(p.seq)
+			release = append(release, p.size)
+			continue
+		}
+		p.epoch = g.readies
+		g.pmu.Lock()
+		g.pending[p.seq] = p
+		g.unseen = append(g.unseen, p)
+		g.pmu.Unlock()
+		submitted++
+	}
+	g.mu.Unlock()
+	if len(release) > 0 {
+		g.pmu.Lock()
+		for _, size := range release {
+			g.releaseLocked(size)
+		}
+		g.pmu.Unlock()
+	}
+	if submitted > 0 {
+		g.host.metrics.proposals.WithLabelValues(g.label()).Add(float64(submitted))
+		g.loop.notify(g)
+	}
+	for i, p := range ps {
+		if p == nil {
+			continue
+		}
+		select {
+		case <-p.done:
+			if p.err == nil {
+				g.host.metrics.commitLatency.Observe(time.Since(start).Seconds())
+			}
+			res[i], errs[i] = p.res, p.err
+		case <-ctx.Done():
+			errs[i] = fmt.Errorf("raft: group %d: stopped waiting for a proposal already in the log: %w (%w)", g.id, ErrOutcomeUnknown, ctx.Err())
+		}
+	}
+	return res, errs
+}
+
 // ProposeAsync is Propose without blocking: done is called once with the
 // outcome (from the apply goroutine, or from Host.Poll in manual mode, or
 // when the group stops). When ProposeAsync returns an error, done is never
