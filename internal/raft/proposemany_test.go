@@ -1,0 +1,104 @@
+package raft
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+// bigBatches counts the leader's log-store batches of more than 16 entries.
+func bigBatches(h *Host) uint64 {
+	var m dto.Metric
+	if err := h.metrics.batchEntries.Write(&m); err != nil {
+		return 0
+	}
+	small := uint64(0)
+	for _, b := range m.GetHistogram().GetBucket() {
+		if b.GetUpperBound() == 16 {
+			small = b.GetCumulativeCount()
+		}
+	}
+	return m.GetHistogram().GetSampleCount() - small
+}
+
+// TestProposeManyOneBatch: ProposeMany's entries (with data kept out of
+// the log) each commit at their own index on every replica, with their own
+// data, and reach the leader's log store in one batch (one append, one
+// fsync) rather than one per entry; an entry that cannot be proposed
+// (too large) fails alone.
+func TestProposeManyOneBatch(t *testing.T) {
+	c := newTCPCluster(t, 3, 20*time.Millisecond)
+	sms := map[uint64]*dataSM{}
+	for id, h := range c.hosts {
+		sms[id] = &dataSM{dir: filepath.Join(c.dir, fmt.Sprint(id), "data")}
+		os.MkdirAll(sms[id].dir, 0o755)
+		if _, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: sms[id]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all := []uint64{1, 2, 3}
+	var lead *Group
+	deadline := time.Now().Add(30 * time.Second)
+	for lead == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("no leader")
+		}
+		lead = c.leaderOf(1, all)
+		time.Sleep(10 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// Settle: an entry alone first.
+	if _, err := lead.Propose(ctx, []byte("first"), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	const n = 32
+	metas, datas := make([][]byte, n), make([][]byte, n)
+	for i := range n {
+		metas[i] = fmt.Appendf(nil, "m%d", i)
+		datas[i] = bytes.Repeat([]byte{byte(i)}, 1000+i)
+	}
+	datas[5] = make([]byte, lead.host.cfg.MaxProposalBytes+1)
+	before := bigBatches(lead.host)
+	res, errs := lead.ProposeMany(ctx, metas, datas)
+	if bigBatches(lead.host) != before+1 {
+		t.Errorf("the leader wrote %d batches of more than 16 entries for %d entries proposed together, want 1", bigBatches(lead.host)-before, n-1)
+	}
+	seen := map[uint64]bool{}
+	for i := range n {
+		if i == 5 {
+			if errs[i] == nil {
+				t.Fatalf("entry %d of %d bytes: accepted", i, len(datas[i]))
+			}
+			continue
+		}
+		if errs[i] != nil || res[i].Index == 0 || seen[res[i].Index] {
+			t.Fatalf("entry %d: %+v, %v", i, res[i], errs[i])
+		}
+		seen[res[i].Index] = true
+	}
+	if err := lead.WaitAppliedAll(ctx, res[n-1].Index); err != nil {
+		t.Fatal(err)
+	}
+	for id, sm := range sms {
+		for i := range n {
+			if i == 5 {
+				continue
+			}
+			files, _ := filepath.Glob(filepath.Join(sm.dir, fmt.Sprintf("%d-*", res[i].Index)))
+			if len(files) != 1 {
+				t.Fatalf("host %d: entry %d: data files %v", id, i, files)
+			}
+			got, err := os.ReadFile(files[0])
+			if err != nil || !bytes.Equal(got, datas[i]) {
+				t.Fatalf("host %d: entry %d's data: %d bytes, %v", id, i, len(got), err)
+			}
+		}
+	}
+}
