@@ -67,6 +67,9 @@ func (s *Sim) startBlock() {
 		meta, _ := proto.Marshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_PutSmallFile{PutSmallFile: &datanodepb.PutSmallFileCmd{Block: bd}}})
 		s.proposeCommit(op, n, meta, op.data)
 		s.deadline(op)
+		if r.IntN(2) == 0 {
+			s.smallBatch(n, 1+r.IntN(4))
+		}
 		return
 	}
 	op.pending = len(op.chunks)
@@ -86,6 +89,34 @@ func (s *Sim) startBlock() {
 		}
 	}
 	s.deadline(op)
+}
+
+// smallBatch writes k more small files through leader n in the same step,
+// proposed back to back as a datanode's PutSmallFiles proposes a batch
+// (raft.Group.ProposeMany): consecutive entries of one Ready, one log
+// append and one data Sync round, each committing its own block. A crash
+// can take the batch at any point of its write, sync and apply.
+func (s *Sim) smallBatch(n *node, k int) {
+	r := s.work
+	for range k {
+		s.nextLID++
+		op := &blockOp{cid: s.openCids[r.IntN(len(s.openCids))], lid: s.nextLID, call: s.clk.now, small: true,
+			leader: n.id, epoch: n.epoch}
+		s.blocks = append(s.blocks, op)
+		s.rep.BlocksTried++
+		s.rep.SmallBatched++
+		op.data = make([]byte, 1+r.IntN(12<<10))
+		for j := range op.data {
+			op.data[j] = byte(r.Uint32())
+		}
+		sum := storage.DefaultChecksum.Compute(op.data)
+		op.chunks = []*datanodepb.ChunkInfo{{Offset: 0, Length: uint64(len(op.data)),
+			Checksum: &datanodepb.ChecksumData{Type: datanodepb.ChecksumType(sum.Type), BytesPerChecksum: sum.BytesPerChecksum, Sums: sum.Sums}}}
+		bd := &datanodepb.BlockData{Id: &datanodepb.BlockID{ContainerId: op.cid, LocalId: op.lid}, Length: uint64(len(op.data)), Chunks: op.chunks}
+		meta, _ := proto.Marshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_PutSmallFile{PutSmallFile: &datanodepb.PutSmallFileCmd{Block: bd}}})
+		s.proposeCommit(op, n, meta, op.data)
+		s.deadline(op)
+	}
 }
 
 func (s *Sim) deadline(op *blockOp) {
