@@ -119,7 +119,10 @@ func (c *Client) putSmallBatched(ctx context.Context, addr string, cc grpc.Clien
 		}
 		return smallFileErr(call.res)
 	case <-ctx.Done():
-		return ctx.Err()
+		// As a gRPC call would fail (DeadlineExceeded or Canceled): the
+		// file may still be committed, the same unknown outcome as a
+		// PutSmallFile call given up.
+		return status.FromContextError(ctx.Err()).Err()
 	}
 }
 
