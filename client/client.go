@@ -31,7 +31,7 @@ const (
 	// and the data goes to a new block (Ozone's watch timeout).
 	DefaultWaitAllTimeout = 3 * time.Second
 	// DefaultSmallFilesInFlight is the default of Config.SmallFilesInFlight.
-	DefaultSmallFilesInFlight = 2
+	DefaultSmallFilesInFlight = 1
 	DefaultAllocateWait       = 15 * time.Second
 	DefaultRPCTimeout         = 60 * time.Second
 	DefaultMaxBlockRetries    = 5
@@ -91,7 +91,7 @@ type Config struct {
 	WaitAllTimeout time.Duration
 	// SmallFilesInFlight: small keys (one chunk) written at once to the
 	// same pipeline leader are coalesced into PutSmallFiles calls, at most
-	// this many in flight per datanode and pipeline (default 2); a lone
+	// this many in flight per datanode and pipeline (default 1); a lone
 	// key still leaves at once. Negative: no coalescing (one PutSmallFile
 	// call per key).
 	SmallFilesInFlight int

@@ -67,9 +67,7 @@ func (s *Sim) startBlock() {
 		meta, _ := proto.Marshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_PutSmallFile{PutSmallFile: &datanodepb.PutSmallFileCmd{Block: bd}}})
 		s.proposeCommit(op, n, meta, op.data)
 		s.deadline(op)
-		if r.IntN(2) == 0 {
-			s.smallBatch(n, 1+r.IntN(4))
-		}
+		s.smallBatch(n, r.IntN(5))
 		return
 	}
 	op.pending = len(op.chunks)
