@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -117,4 +119,17 @@ func smallFileResult(index uint64, err error) *datanodepb.SmallFileResult {
 		}
 	}
 	return r
+}
+
+// smallFileCollectors count the PutSmallFiles calls this datanode led and
+// the files they proposed (files per call: how well writers coalesce).
+func (d *Datanode) smallFileCollectors() []prometheus.Collector {
+	counter := func(name, help string, f func() uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "datanode", Name: name, Help: help},
+			func() float64 { return float64(f()) })
+	}
+	return []prometheus.Collector{
+		counter("small_file_batches_total", "PutSmallFiles calls that proposed at least one file.", d.stats.smallBatches.Load),
+		counter("small_file_batch_files_total", "Files proposed by PutSmallFiles calls.", d.stats.smallBatchFiles.Load),
+	}
 }
