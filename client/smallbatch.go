@@ -24,10 +24,10 @@ import (
 // returns. Each file carries its own block token and gets its own answer
 // (the datanode checks and proposes each on its own), so a file's failure
 // reaches only its writer, as the PutSmallFile error it would have got.
-// A call runs until the latest deadline of its writers; a writer that gave
-// up before its file was sent is dropped from the batch, one that gives up
-// later stops waiting (its outcome is unknown, as when a PutSmallFile call
-// is cancelled). A datanode without PutSmallFiles (Unimplemented) is
+// A call runs until the latest deadline of its writers or until all of
+// them gave up; a writer that gave up before its file was sent is dropped
+// from the batch, one that gives up later stops waiting (its outcome is
+// unknown, as when a PutSmallFile call is cancelled). A datanode without PutSmallFiles (Unimplemented) is
 // remembered and its files go as PutSmallFile calls again.
 
 const (
@@ -188,9 +188,23 @@ func (c *Client) sendSmallBatch(addr string, cc grpc.ClientConnInterface, pipeli
 		req.Files[i] = call.file
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	// Once every writer of the batch gave up (a hung datanode the prober
+	// saw, deadlines), so does the call: the queue's slot is free again.
+	returned := make(chan struct{})
+	go func() {
+		for _, call := range live {
+			select {
+			case <-call.ctx.Done():
+			case <-returned:
+				return
+			}
+		}
+		cancel()
+	}()
 	c.small.calls.Add(1)
 	c.small.files.Add(uint64(len(live)))
 	resp, err := datanodepb.NewDatanodeClient(cc).PutSmallFiles(ctx, req)
+	close(returned)
 	cancel()
 	switch {
 	case err != nil && status.Code(err) == codes.Unimplemented:
