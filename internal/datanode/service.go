@@ -62,6 +62,10 @@ func (s *service) toStatus(err error) error {
 		}
 		return dnError(codes.DeadlineExceeded, datanodepb.Error_REPLICAS_LAG, err.Error(), &datanodepb.Error{Lagging: ids})
 	case errors.Is(err, raft.ErrProposalDropped):
+		// raft dropped it (no leader known, a leadership transfer, an entry
+		// replaced by a new leader's). Never a full inflight budget:
+		// Propose and ProposeMany wait for budget, and a wait the context
+		// ends is a context error (DeadlineExceeded below), not an election.
 		return dnError(codes.Unavailable, datanodepb.Error_NOT_LEADER, err.Error(), nil)
 	case errors.Is(err, raft.ErrStopped), errors.Is(err, raft.ErrGroupNotFound):
 		return dnError(codes.Unavailable, datanodepb.Error_PIPELINE_NOT_FOUND, err.Error(), nil)

@@ -367,43 +367,86 @@ func (g *Group) Propose(ctx context.Context, meta, data []byte) (Result, error) 
 // land in the same Ready (one log append and fsync, one data Sync round,
 // the same appends to the followers) instead of racing the loop one by
 // one. Each entry keeps its own index, term and apply.
+//
+// Like Propose, an entry waits (bounded by ctx) for the inflight budget it
+// needs. When an entry does not fit, the batch's earlier entries, which
+// hold budget, are handed to raft first: their commits free budget, so the
+// wait cannot be for entries of this call that nobody would submit (an
+// entry larger than what is free waits for them to apply, as one Propose
+// after another would). Nothing is locked while it waits. An entry still
+// without budget when ctx ends fails with ctx's error, never as dropped.
 func (g *Group) ProposeMany(ctx context.Context, metas, datas [][]byte) ([]Result, []error) {
 	n := len(metas)
 	res, errs := make([]Result, n), make([]error, n)
 	ps := make([]*proposal, n)
-	payloads := make([][]byte, n)
-	held := 0
+	start := time.Now()
+	// chunk: entries holding budget, not yet handed to raft.
+	chunk := make([]int, 0, n)
 	for i := range metas {
 		size, err := g.checkProposal(metas[i], datas[i])
-		switch {
-		case err != nil:
-		case held == 0:
-			err = g.acquire(ctx, size)
-		case !g.tryAcquire(size):
-			// Waiting here could wait for this call's own entries,
-			// not yet submitted: over the budget, fail as ProposeAsync.
-			err = fmt.Errorf("raft: group %d: %d proposal bytes in flight, limit %d: %w", g.id, g.inflightBytes(), g.host.cfg.MaxInflightBytes, ErrProposalDropped)
-		}
-		if err == nil && ctx.Err() != nil {
-			g.pmu.Lock()
-			g.releaseLocked(size)
-			g.pmu.Unlock()
-			err = fmt.Errorf("raft: group %d: proposal not submitted: %w", g.id, ctx.Err())
-		}
 		if err != nil {
 			errs[i] = err
 			continue
 		}
-		held++
-		p := &proposal{size: size, done: make(chan struct{}), seq: g.host.seq.Add(1)}
-		if datas[i] != nil {
-			payloads[i] = encodeLocal(proposalID{g.host.id, p.seq}, metas[i], len(datas[i]))
-		} else {
-			payloads[i] = encodeProposal(proposalID{g.host.id, p.seq}, metas[i], nil, false)
+		if !g.tryAcquire(size) {
+			g.submitMany(chunk, ps, metas, datas, errs)
+			chunk = chunk[:0]
+			if err := g.acquire(ctx, size); err != nil {
+				errs[i] = err
+				continue
+			}
 		}
-		ps[i] = p
+		if err := ctx.Err(); err != nil {
+			g.pmu.Lock()
+			g.releaseLocked(size)
+			g.pmu.Unlock()
+			errs[i] = fmt.Errorf("raft: group %d: proposal not submitted: %w", g.id, err)
+			continue
+		}
+		ps[i] = &proposal{size: size, done: make(chan struct{}), seq: g.host.seq.Add(1)}
+		chunk = append(chunk, i)
 	}
-	start := time.Now()
+	g.submitMany(chunk, ps, metas, datas, errs)
+	for i, p := range ps {
+		if p == nil {
+			continue
+		}
+		select {
+		case <-p.done:
+			if p.err == nil {
+				g.host.metrics.commitLatency.Observe(time.Since(start).Seconds())
+			}
+			res[i], errs[i] = p.res, p.err
+		case <-ctx.Done():
+			select {
+			case <-p.done: // done before ctx ended (as while a later entry waited for budget)
+				res[i], errs[i] = p.res, p.err
+				continue
+			default:
+			}
+			errs[i] = fmt.Errorf("raft: group %d: stopped waiting for a proposal already in the log: %w (%w)", g.id, ErrOutcomeUnknown, ctx.Err())
+		}
+	}
+	return res, errs
+}
+
+// submitMany hands ProposeMany's entries idx (each ps[i] holding its
+// inflight bytes) to raft under one lock and wakes the store loop once. An
+// entry that does not enter the log gets its error in errs, its ps[i]
+// cleared and its bytes released.
+func (g *Group) submitMany(idx []int, ps []*proposal, metas, datas [][]byte, errs []error) {
+	if len(idx) == 0 {
+		return
+	}
+	payloads := make([][]byte, len(idx))
+	for j, i := range idx {
+		p := ps[i]
+		if datas[i] != nil {
+			payloads[j] = encodeLocal(proposalID{g.host.id, p.seq}, metas[i], len(datas[i]))
+		} else {
+			payloads[j] = encodeProposal(proposalID{g.host.id, p.seq}, metas[i], nil, false)
+		}
+	}
 	submitted := 0
 	var release []int
 	g.mu.Lock()
@@ -413,10 +456,8 @@ func (g *Group) ProposeMany(ctx context.Context, metas, datas [][]byte) ([]Resul
 	} else if st := g.rn.BasicStatus(); st.RaftState != etcdraft.StateLeader {
 		gerr = &NotLeaderError{Group: g.id, Leader: st.Lead}
 	}
-	for i, p := range ps {
-		if p == nil {
-			continue
-		}
+	for j, i := range idx {
+		p := ps[i]
 		if gerr != nil {
 			errs[i], ps[i] = gerr, nil
 			release = append(release, p.size)
@@ -427,12 +468,14 @@ func (g *Group) ProposeMany(ctx context.Context, metas, datas [][]byte) ([]Resul
 			g.local[p.seq] = localData{data: datas[i], epoch: g.readies}
 			g.localMu.Unlock()
 		}
-		if perr := g.rn.Propose(payloads[i]); perr != nil {
+		if perr := g.rn.Propose(payloads[j]); perr != nil {
 			errs[i], ps[i] = fmt.Errorf("raft: group %d: %v: %w", g.id, perr, ErrProposalDropped), nil
 			g.dropLocal(p.seq)
 			release = append(release, p.size)
 			continue
 		}
+		// Under mu (lock order mu → pmu): nothing can finish or fail the
+		// proposal before it is pending.
 		p.epoch = g.readies
 		g.pmu.Lock()
 		g.pending[p.seq] = p
@@ -452,21 +495,6 @@ func (g *Group) ProposeMany(ctx context.Context, metas, datas [][]byte) ([]Resul
 		g.host.metrics.proposals.WithLabelValues(g.label()).Add(float64(submitted))
 		g.loop.notify(g)
 	}
-	for i, p := range ps {
-		if p == nil {
-			continue
-		}
-		select {
-		case <-p.done:
-			if p.err == nil {
-				g.host.metrics.commitLatency.Observe(time.Since(start).Seconds())
-			}
-			res[i], errs[i] = p.res, p.err
-		case <-ctx.Done():
-			errs[i] = fmt.Errorf("raft: group %d: stopped waiting for a proposal already in the log: %w (%w)", g.id, ErrOutcomeUnknown, ctx.Err())
-		}
-	}
-	return res, errs
 }
 
 // ProposeAsync is Propose without blocking: done is called once with the

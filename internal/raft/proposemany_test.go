@@ -3,6 +3,7 @@ package raft
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -101,4 +102,83 @@ func TestProposeManyOneBatch(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestProposeManyWaitsForBudget: with the leader's inflight budget
+// smaller than a batch, ProposeMany's entries wait for budget as Propose's
+// would instead of failing as dropped (which the datanode reports as
+// NOT_LEADER): four 1,500-byte entries under a 4,000-byte budget, then an
+// entry larger than what the batch's own earlier entries leave free, then
+// one larger than the whole budget. An entry still without budget when the
+// context ends fails with the context's error, not as dropped.
+func TestProposeManyWaitsForBudget(t *testing.T) {
+	c := newTCPCluster(t, 3, 20*time.Millisecond)
+	for id, h := range c.hosts {
+		if _, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: &dataSM{dir: filepath.Join(c.dir, fmt.Sprint(id), "data")}}); err != nil {
+			t.Fatal(err)
+		}
+		os.MkdirAll(filepath.Join(c.dir, fmt.Sprint(id), "data"), 0o755)
+	}
+	all := []uint64{1, 2, 3}
+	var lead *Group
+	deadline := time.Now().Add(30 * time.Second)
+	for lead == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("no leader")
+		}
+		lead = c.leaderOf(1, all)
+		time.Sleep(10 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := lead.Propose(ctx, []byte("first"), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	// Only this goroutine proposes to the leader: no concurrent reader.
+	lead.host.cfg.MaxInflightBytes = 4000
+	propose := func(ctx context.Context, sizes ...int) []error {
+		metas, datas := make([][]byte, len(sizes)), make([][]byte, len(sizes))
+		for i, sz := range sizes {
+			metas[i] = fmt.Appendf(nil, "m%d", i)
+			datas[i] = bytes.Repeat([]byte{byte(i + 1)}, sz-len(metas[i]))
+		}
+		res, errs := lead.ProposeMany(ctx, metas, datas)
+		seen := map[uint64]bool{}
+		for i, err := range errs {
+			if err == nil && (res[i].Index == 0 || seen[res[i].Index]) {
+				t.Fatalf("entry %d: index %d", i, res[i].Index)
+			}
+			seen[res[i].Index] = true
+		}
+		return errs
+	}
+	for _, sizes := range [][]int{
+		{1500, 1500, 1500, 1500}, // the reviewer's case
+		{1500, 1500, 3500},       // more than the batch's own entries leave free
+		{1500, 5000, 1500},       // more than the whole budget: waits for none in flight
+	} {
+		for i, err := range propose(ctx, sizes...) {
+			if err != nil {
+				t.Fatalf("sizes %v: entry %d: %v", sizes, i, err)
+			}
+		}
+	}
+	// Budget held elsewhere (as by proposals of other callers) and never
+	// freed in time: the entry that does not fit fails with the context's
+	// error; the one that fits commits.
+	if err := lead.acquire(ctx, 2000); err != nil {
+		t.Fatal(err)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 2*time.Second)
+	defer cancelShort()
+	errs := propose(short, 1500, 2500)
+	if errs[0] != nil {
+		t.Errorf("entry 0, within the budget: %v", errs[0])
+	}
+	if errs[1] == nil || errors.Is(errs[1], ErrProposalDropped) || !errors.Is(errs[1], context.DeadlineExceeded) {
+		t.Errorf("entry 1, over the budget until the context ended: %v, want a context error, not dropped", errs[1])
+	}
+	lead.pmu.Lock()
+	lead.releaseLocked(2000)
+	lead.pmu.Unlock()
 }
