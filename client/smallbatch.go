@@ -27,7 +27,11 @@ import (
 // A call runs until the latest deadline of its writers or until all of
 // them gave up; a writer that gave up before its file was sent is dropped
 // from the batch, one that gives up later stops waiting (its outcome is
-// unknown, as when a PutSmallFile call is cancelled). A datanode without PutSmallFiles (Unimplemented) is
+// unknown, as when a PutSmallFile call is cancelled). A file's data is its
+// writer's pooled buffer: the coalescer holds a reference to it until the
+// file is dropped or its call returned, so a writer that gave up may
+// release its own at once without the buffer being recycled under a call
+// still marshalling it. A datanode without PutSmallFiles (Unimplemented) is
 // remembered and its files go as PutSmallFile calls again.
 
 const (
@@ -68,6 +72,10 @@ type smallCall struct {
 	done chan struct{}
 	res  *datanodepb.SmallFileResult
 	err  error // the call failed as a whole (transport, Unimplemented, ...)
+	// buf, if not nil, holds file.Data: referenced while queued or in a
+	// call (the writer may give up, return and release its own
+	// reference before the call has marshalled the file).
+	buf *buffer
 }
 
 // SmallFileBatches reports the PutSmallFiles calls this client sent and the
@@ -78,14 +86,19 @@ func (c *Client) SmallFileBatches() (calls, files uint64) {
 
 // putSmallBatched sends file (its block token inside) to the leader at
 // addr through the coalescer and returns the file's own outcome, or
-// errNoSmallBatch when the datanode predates PutSmallFiles.
-func (c *Client) putSmallBatched(ctx context.Context, addr string, cc grpc.ClientConnInterface, pipeline uint64, waitMs uint32, file *datanodepb.SmallFile) error {
+// errNoSmallBatch when the datanode predates PutSmallFiles. buf, if not
+// nil, is the pooled buffer holding file's data: the coalescer keeps a
+// reference to it until no call can read the data any more, so the writer
+// may release its own as soon as this returns.
+func (c *Client) putSmallBatched(ctx context.Context, addr string, cc grpc.ClientConnInterface, pipeline uint64, waitMs uint32, file *datanodepb.SmallFile, buf *buffer) error {
 	key := smallKey{addr, pipeline}
 	s := &c.small
-	call := &smallCall{ctx: ctx, file: file, done: make(chan struct{})}
+	call := &smallCall{ctx: ctx, file: file, done: make(chan struct{}), buf: buf}
+	call.hold() // before another goroutine can see the call
 	s.mu.Lock()
 	if s.noBatch[addr] {
 		s.mu.Unlock()
+		call.unhold()
 		return errNoSmallBatch
 	}
 	if s.queues == nil {
@@ -103,6 +116,7 @@ func (c *Client) putSmallBatched(ctx context.Context, addr string, cc grpc.Clien
 		batch = []*smallCall{call}
 	case len(q.pending) >= maxSmallQueue:
 		s.mu.Unlock()
+		call.unhold()
 		return errNoSmallBatch // the queue is full: this file goes alone
 	default:
 		q.pending = append(q.pending, call)
@@ -169,6 +183,7 @@ func (c *Client) sendSmallBatch(addr string, cc grpc.ClientConnInterface, pipeli
 		if err := call.ctx.Err(); err != nil {
 			call.err = err
 			close(call.done)
+			call.unhold()
 			continue
 		}
 		d, ok := call.ctx.Deadline()
@@ -226,6 +241,21 @@ func (c *Client) sendSmallBatch(addr string, cc grpc.ClientConnInterface, pipeli
 			call.res = resp.GetResults()[i]
 		}
 		close(call.done)
+		call.unhold() // the call returned: nothing reads the data any more
+	}
+}
+
+// hold and unhold take and drop the coalescer's reference to the file's
+// buffer.
+func (call *smallCall) hold() {
+	if call.buf != nil {
+		call.buf.ref()
+	}
+}
+
+func (call *smallCall) unhold() {
+	if call.buf != nil {
+		call.buf.unref()
 	}
 }
 
