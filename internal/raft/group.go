@@ -430,6 +430,34 @@ func (g *Group) ProposeMany(ctx context.Context, metas, datas [][]byte) ([]Resul
 	return res, errs
 }
 
+// ProposeManyAsync is ProposeMany without blocking, as ProposeAsync is
+// Propose's: the entries that can be proposed are handed to raft together
+// (one lock, one wake-up of the store loop, so one Ready), and done(i, ...)
+// is called once with entry i's outcome, as ProposeAsync's done. errs[i]
+// non-nil says entry i was not proposed (done is never called for it);
+// over the inflight budget an entry fails at once (ErrProposalDropped).
+// The deterministic simulator proposes batches of small files with it.
+func (g *Group) ProposeManyAsync(metas, datas [][]byte, done func(i int, res Result, err error)) []error {
+	n := len(metas)
+	errs := make([]error, n)
+	ps := make([]*proposal, n)
+	idx := make([]int, 0, n)
+	for i := range metas {
+		size, err := g.checkProposal(metas[i], datas[i])
+		if err == nil && !g.tryAcquire(size) {
+			err = fmt.Errorf("raft: group %d: %d proposal bytes in flight, limit %d: %w", g.id, g.inflightBytes(), g.host.cfg.MaxInflightBytes, ErrProposalDropped)
+		}
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		ps[i] = &proposal{size: size, seq: g.host.seq.Add(1), cb: func(res Result, err error) { done(i, res, err) }}
+		idx = append(idx, i)
+	}
+	g.submitMany(idx, ps, metas, datas, errs)
+	return errs
+}
+
 // submitMany hands ProposeMany's entries idx (each ps[i] holding its
 // inflight bytes) to raft under one lock and wakes the store loop once. An
 // entry that does not enter the log gets its error in errs, its ps[i]

@@ -182,3 +182,73 @@ func TestProposeManyWaitsForBudget(t *testing.T) {
 	lead.releaseLocked(2000)
 	lead.pmu.Unlock()
 }
+
+// TestProposeManyAsyncOneBatch: ProposeManyAsync (the simulator's way to
+// propose a batch of small files) hands its entries to raft together as
+// ProposeMany does: one log-store batch, each entry its own index, done
+// called once per proposed entry; an entry that cannot be proposed gets
+// its error at once and no callback.
+func TestProposeManyAsyncOneBatch(t *testing.T) {
+	c := newTCPCluster(t, 3, 20*time.Millisecond)
+	for id, h := range c.hosts {
+		dir := filepath.Join(c.dir, fmt.Sprint(id), "data")
+		os.MkdirAll(dir, 0o755)
+		if _, err := h.AddGroup(GroupConfig{ID: 1, Peers: []uint64{1, 2, 3}, StateMachine: &dataSM{dir: dir}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var lead *Group
+	deadline := time.Now().Add(30 * time.Second)
+	for lead == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("no leader")
+		}
+		lead = c.leaderOf(1, []uint64{1, 2, 3})
+		time.Sleep(10 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := lead.Propose(ctx, []byte("first"), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	const n = 24
+	metas, datas := make([][]byte, n), make([][]byte, n)
+	for i := range n {
+		metas[i] = fmt.Appendf(nil, "m%d", i)
+		datas[i] = bytes.Repeat([]byte{byte(i)}, 500+i)
+	}
+	datas[3] = make([]byte, lead.host.cfg.MaxProposalBytes+1)
+	type outcome struct {
+		i   int
+		res Result
+		err error
+	}
+	outc := make(chan outcome, 2*n)
+	before := bigBatches(lead.host)
+	errs := lead.ProposeManyAsync(metas, datas, func(i int, res Result, err error) { outc <- outcome{i, res, err} })
+	for i, err := range errs {
+		if (i == 3) != (err != nil) {
+			t.Fatalf("entry %d: %v", i, err)
+		}
+	}
+	seen, indexes := map[int]bool{}, map[uint64]bool{}
+	for range n - 1 {
+		select {
+		case o := <-outc:
+			if o.err != nil || seen[o.i] || o.i == 3 || o.res.Index == 0 || indexes[o.res.Index] {
+				t.Fatalf("callback for entry %d: %+v, %v (seen %v)", o.i, o.res, o.err, seen[o.i])
+			}
+			seen[o.i], indexes[o.res.Index] = true, true
+		case <-ctx.Done():
+			t.Fatalf("%d callbacks of %d", len(seen), n-1)
+		}
+	}
+	select {
+	case o := <-outc:
+		t.Fatalf("an extra callback: entry %d", o.i)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if got := bigBatches(lead.host) - before; got != 1 {
+		t.Errorf("the leader wrote %d batches of more than 16 entries for %d entries proposed together, want 1", got, n-1)
+	}
+}
