@@ -29,11 +29,13 @@ const (
 	// PutBlock / PutSmallFile: a slow or stopped follower delays a write
 	// by at most this, then the pipeline and the laggards are excluded
 	// and the data goes to a new block (Ozone's watch timeout).
-	DefaultWaitAllTimeout  = 3 * time.Second
-	DefaultAllocateWait    = 15 * time.Second
-	DefaultRPCTimeout      = 60 * time.Second
-	DefaultMaxBlockRetries = 5
-	DefaultMaxMsgBytes     = 64 << 20
+	DefaultWaitAllTimeout = 3 * time.Second
+	// DefaultSmallFilesInFlight is the default of Config.SmallFilesInFlight.
+	DefaultSmallFilesInFlight = 1
+	DefaultAllocateWait       = 15 * time.Second
+	DefaultRPCTimeout         = 60 * time.Second
+	DefaultMaxBlockRetries    = 5
+	DefaultMaxMsgBytes        = 64 << 20
 	// DefaultStreamThreshold is where auto switches from V1 to V2: seed
 	// 000 keeps writes smaller than a chunk on V1, where one request does
 	// what a stream needs a dial, a close and a sync on every datanode for.
@@ -87,6 +89,12 @@ type Config struct {
 	// (default 3s); past it the datanode answers REPLICAS_LAG and the
 	// client moves the data to another pipeline.
 	WaitAllTimeout time.Duration
+	// SmallFilesInFlight: small keys (one chunk) written at once to the
+	// same pipeline leader are coalesced into PutSmallFiles calls, at most
+	// this many in flight per datanode and pipeline (default 1); a lone
+	// key still leaves at once. Negative: no coalescing (one PutSmallFile
+	// call per key).
+	SmallFilesInFlight int
 	// AllocateWait bounds how long a write waits for the service to have
 	// somewhere to put a block (no open pipeline yet after a start or a
 	// failover, SCM in safe mode), retrying with jittered backoff
@@ -200,6 +208,9 @@ func (c *Config) setDefaults() error {
 	if c.WaitAllTimeout == 0 {
 		c.WaitAllTimeout = DefaultWaitAllTimeout
 	}
+	if c.SmallFilesInFlight == 0 {
+		c.SmallFilesInFlight = DefaultSmallFilesInFlight
+	}
 	if c.RPCTimeout == 0 {
 		c.RPCTimeout = DefaultRPCTimeout
 	}
@@ -289,6 +300,8 @@ type Client struct {
 
 	leadersMu sync.Mutex
 	leaders   map[uint64]string // pipeline ID → leader address last seen
+
+	small smallFiles // PutSmallFiles coalescing (smallbatch.go)
 
 	excl   *sharedExclude     // client-wide exclude list
 	prober *metaclient.Prober // hung datanodes

@@ -155,6 +155,15 @@ const (
 // the address that gave them.
 func (c *Client) callLeader(ctx context.Context, blk *metapb.BlockLocation, timeout time.Duration,
 	call func(ctx context.Context, dn datanodepb.DatanodeClient) error) (string, error) {
+	return c.callLeaderAt(ctx, blk, timeout, func(ctx context.Context, _ string, cc *grpc.ClientConn) error {
+		return call(ctx, datanodepb.NewDatanodeClient(cc))
+	})
+}
+
+// callLeaderAt is callLeader for a call that needs the member's address
+// and connection (the small-file coalescer queues per address).
+func (c *Client) callLeaderAt(ctx context.Context, blk *metapb.BlockLocation, timeout time.Duration,
+	call func(ctx context.Context, addr string, cc *grpc.ClientConn) error) (string, error) {
 	members := blk.Datanodes
 	if len(members) == 0 {
 		return "", &leaderError{pipeline: blk.PipelineId, last: fmt.Errorf("block %d/%d has no datanodes", blk.GetId().GetContainerId(), blk.GetId().GetLocalId())}
@@ -203,7 +212,7 @@ func (c *Client) callLeader(ctx context.Context, blk *metapb.BlockLocation, time
 		if err == nil {
 			cctx, cancel := context.WithTimeout(ctx, timeout)
 			wctx, done := c.prober.Watch(cctx, cc)
-			err = call(blocktoken.WithToken(wctx, blk.Token), datanodepb.NewDatanodeClient(cc))
+			err = call(blocktoken.WithToken(wctx, blk.Token), addr, cc)
 			hung = done()
 			cancel()
 		}

@@ -73,8 +73,12 @@ type fakeCluster struct {
 	// noSmallFile makes the datanodes answer PutSmallFile Unimplemented,
 	// like datanodes that predate it.
 	noSmallFile bool
-	// smallFiles counts PutSmallFile calls that committed.
+	// smallFiles counts PutSmallFile calls that committed (alone or in
+	// a PutSmallFiles).
 	smallFiles int
+	// smallBatches counts PutSmallFiles calls (each file of one acts as
+	// its own PutSmallFile: hooks, counts and errors).
+	smallBatches int
 	// committed counts bytes committed by PutBlock on all replicas.
 	committed map[bkey]uint64
 }
@@ -321,6 +325,31 @@ func (dn *fakeDN) PutBlock(ctx context.Context, req *datanodepb.PutBlockRequest)
 	dn.fc.committed[k] = req.Block.Length
 	dn.fc.mu.Unlock()
 	return &datanodepb.PutBlockResponse{Index: 2}, nil
+}
+
+func (dn *fakeDN) PutSmallFiles(ctx context.Context, req *datanodepb.PutSmallFilesRequest) (*datanodepb.PutSmallFilesResponse, error) {
+	if dn.fc.noSmallFile {
+		return dn.UnimplementedDatanodeServer.PutSmallFiles(ctx, req)
+	}
+	dn.fc.mu.Lock()
+	dn.fc.smallBatches++
+	dn.fc.mu.Unlock()
+	resp := &datanodepb.PutSmallFilesResponse{}
+	for _, f := range req.GetFiles() {
+		r, err := dn.PutSmallFile(ctx, &datanodepb.PutSmallFileRequest{PipelineId: req.GetPipelineId(), Block: f.GetBlock(), Data: f.GetData(), WaitTimeoutMs: req.GetWaitTimeoutMs()})
+		res := &datanodepb.SmallFileResult{Index: r.GetIndex()}
+		if err != nil {
+			st := status.Convert(err)
+			res = &datanodepb.SmallFileResult{Code: uint32(st.Code()), Message: st.Message()}
+			for _, d := range st.Details() {
+				if e, ok := d.(*datanodepb.Error); ok {
+					res.Error = e
+				}
+			}
+		}
+		resp.Results = append(resp.Results, res)
+	}
+	return resp, nil
 }
 
 func (dn *fakeDN) PutSmallFile(ctx context.Context, req *datanodepb.PutSmallFileRequest) (*datanodepb.PutSmallFileResponse, error) {

@@ -56,7 +56,8 @@ func TestSmallKeysUsePutSmallFile(t *testing.T) {
 // TestSmallFileRetries: a PutSmallFile failure is handled like a failed
 // WriteChunk/PutBlock: the container, or the lagging replica and its
 // pipeline, are excluded and the key goes to a new block; fatal errors
-// and spent retries fail the put without a key.
+// and spent retries fail the put without a key. The files go through the
+// coalescer (PutSmallFiles, an answer per file).
 func TestSmallFileRetries(t *testing.T) {
 	fc := newFakeCluster(t, 6, tBlock)
 	c := testClient(t, fc, nil)
@@ -136,6 +137,14 @@ func TestSmallFileRetries(t *testing.T) {
 	}
 	if _, err := c.StatKey(context.Background(), "vol", "bkt", "bad"); err == nil {
 		t.Fatal("failed small put left a key")
+	}
+	// All of it went through the coalescer's PutSmallFiles (one file
+	// each): its per-file errors are classified as PutSmallFile's.
+	fc.mu.Lock()
+	batches := fc.smallBatches
+	fc.mu.Unlock()
+	if batches < 4 {
+		t.Fatalf("%d PutSmallFiles calls, want one per attempt (4) and any NOT_LEADER redirects", batches)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -80,6 +81,7 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	// chunk: it goes as one PutSmallFile (one call, one pipeline Raft
 	// entry) instead of WriteChunk + PutBlock.
 	var small []byte
+	var smallBuf *buffer // small's pooled buffer
 	if auto {
 		pr, short, err := c.peek(ctx, r)
 		if err != nil {
@@ -92,7 +94,7 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 			path = PipelineV1
 			o.SizeHint = int64(len(pr.data))
 			if len(pr.data) > 0 && len(pr.data) <= c.cfg.ChunkSize {
-				small = pr.data
+				small, smallBuf = pr.data, pr.buf
 			}
 		}
 	}
@@ -132,7 +134,7 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	var chunkLists [][]*datanodepb.ChunkInfo // per committed block, for DataCRC32C
 	done := false
 	if small != nil && int64(len(small)) <= bs {
-		committed, err = c.putSmall(ctx, op, blocks, small)
+		committed, err = c.putSmall(ctx, op, blocks, small, smallBuf)
 		switch {
 		case err == nil:
 			done = true
@@ -237,8 +239,10 @@ var errNoSmallFile = errors.New("datanode does not implement PutSmallFile")
 // Raft entry and answers once every replica has it. Failures are handled
 // like the other paths' (classify, exclude, next block, bounded retries).
 // It returns errNoSmallFile, with the block given back to blocks, if the
-// datanode predates PutSmallFile.
-func (c *Client) putSmall(ctx context.Context, op string, blocks *blockSource, data []byte) ([]*metapb.KeyBlock, error) {
+// datanode predates PutSmallFile. buf, if not nil, is data's pooled
+// buffer: the coalescer holds a reference to it while a PutSmallFiles call
+// may still read data, after this writer gave up and released its own.
+func (c *Client) putSmall(ctx context.Context, op string, blocks *blockSource, data []byte, buf *buffer) ([]*metapb.KeyBlock, error) {
 	cks := storage.Checksum{Type: storage.ChecksumCRC32C, BytesPerChecksum: c.cfg.BytesPerChecksum}
 	sums := cks.Compute(data)
 	n := uint64(len(data))
@@ -254,8 +258,15 @@ func (c *Client) putSmall(ctx context.Context, op string, blocks *blockSource, d
 			PipelineId: loc.PipelineId, WaitTimeoutMs: uint32(wait / time.Millisecond), Data: data,
 			Block: &datanodepb.BlockData{Id: dnBlockID(loc.Id), Length: n, Chunks: []*datanodepb.ChunkInfo{chunk}},
 		}
-		_, err = c.callLeader(ctx, loc, wait+c.cfg.RPCTimeout, func(ctx context.Context, dn datanodepb.DatanodeClient) error {
-			_, err := dn.PutSmallFile(ctx, req)
+		_, err = c.callLeaderAt(ctx, loc, wait+c.cfg.RPCTimeout, func(ctx context.Context, addr string, cc *grpc.ClientConn) error {
+			if c.cfg.SmallFilesInFlight > 0 {
+				file := &datanodepb.SmallFile{Block: req.Block, Data: data, Token: loc.Token}
+				err := c.putSmallBatched(ctx, addr, cc, loc.PipelineId, req.WaitTimeoutMs, file, buf)
+				if !errors.Is(err, errNoSmallBatch) {
+					return err
+				}
+			}
+			_, err := datanodepb.NewDatanodeClient(cc).PutSmallFile(ctx, req)
 			return err
 		})
 		if err == nil {

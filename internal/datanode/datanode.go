@@ -876,6 +876,12 @@ func (d *Datanode) ChunksWritten() uint64 { return d.stats.chunksWritten.Load() 
 // entries (every replica counts).
 func (d *Datanode) SmallFiles() uint64 { return d.stats.smallFiles.Load() }
 
+// SmallFileBatches counts the PutSmallFiles calls this datanode led that
+// proposed at least one file, and the files they proposed (tests, Info).
+func (d *Datanode) SmallFileBatches() (calls, files uint64) {
+	return d.stats.smallBatches.Load(), d.stats.smallBatchFiles.Load()
+}
+
 // ApplyStatusCalls counts the ApplyStatus calls this datanode served (a
 // pipeline leader's asks, batched: applystatus_batch.go), for tests.
 func (d *Datanode) ApplyStatusCalls() uint64 { return d.stats.applyStatus.Load() }

@@ -62,6 +62,10 @@ func (s *service) toStatus(err error) error {
 		}
 		return dnError(codes.DeadlineExceeded, datanodepb.Error_REPLICAS_LAG, err.Error(), &datanodepb.Error{Lagging: ids})
 	case errors.Is(err, raft.ErrProposalDropped):
+		// raft dropped it (no leader known, a leadership transfer, an entry
+		// replaced by a new leader's). Never a full inflight budget:
+		// Propose and ProposeMany wait for budget, and a wait the context
+		// ends is a context error (DeadlineExceeded below), not an election.
 		return dnError(codes.Unavailable, datanodepb.Error_NOT_LEADER, err.Error(), nil)
 	case errors.Is(err, raft.ErrStopped), errors.Is(err, raft.ErrGroupNotFound):
 		return dnError(codes.Unavailable, datanodepb.Error_PIPELINE_NOT_FOUND, err.Error(), nil)
@@ -239,46 +243,11 @@ func (s *service) waitAll(ctx context.Context, g *raft.Group, index uint64, cid 
 // is acknowledged there, and the entry's apply commits the block (see
 // containerSM). It returns once every replica applied it.
 func (s *service) PutSmallFile(ctx context.Context, req *datanodepb.PutSmallFileRequest) (*datanodepb.PutSmallFileResponse, error) {
-	bd, data := req.GetBlock(), req.GetData()
-	if bd.GetId() == nil || len(data) == 0 || bd.GetLength() != uint64(len(data)) || len(bd.GetChunks()) != 1 ||
-		bd.GetChunks()[0].GetOffset() != 0 || bd.GetChunks()[0].GetLength() != uint64(len(data)) {
-		return nil, dnError(codes.InvalidArgument, datanodepb.Error_BAD_REQUEST,
-			fmt.Sprintf("PutSmallFile: block %v with %d bytes of data: a block id, a length equal to the data's and exactly one chunk [0, length) are required", bd.GetId(), len(data)), nil)
-	}
-	if err := checkBlock(s.d.store, bd); err != nil {
-		return nil, badRequest("PutSmallFile: block", bd.GetId(), err)
-	}
-	if err := checkChunk(s.d.store, bd.GetId(), bd.GetChunks()[0], len(data)); err != nil {
-		return nil, badRequest("PutSmallFile: block", bd.GetId(), err)
-	}
-	if err := s.checkWriteToken(ctx, bd.GetId().GetContainerId(), bd.GetId().GetLocalId(), req.GetPipelineId()); err != nil {
-		return nil, err
-	}
-	g, err := s.leaderGroup(req.GetPipelineId())
+	g, cid, meta, err := s.checkSmall(blocktoken.FromIncoming(ctx), req.GetPipelineId(), req.GetBlock(), req.GetData())
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkOwner(bd.GetId().GetContainerId(), req.GetPipelineId()); err != nil {
-		return nil, err
-	}
-	cid := storage.ContainerID(bd.GetId().GetContainerId())
-	if err := s.checkWritable(cid, int64(len(data))); err != nil {
-		return nil, err
-	}
-	if err := s.checkSpace(g, cid, len(data)); err != nil {
-		return nil, err
-	}
-	c := bd.GetChunks()[0]
-	sum := toChecksum(c.GetChecksum())
-	if sum.Type != storage.ChecksumNone {
-		if bad := sum.Verify(data); bad >= 0 {
-			return nil, dnError(codes.DataLoss, datanodepb.Error_CHECKSUM_MISMATCH,
-				fmt.Sprintf("container %d block %d: small file fails its checksum at +%d", cid, bd.GetId().GetLocalId(), bad), nil)
-		}
-	}
-	meta := mustMarshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_PutSmallFile{
-		PutSmallFile: &datanodepb.PutSmallFileCmd{Block: bd}}})
-	res, err := g.Propose(ctx, meta, data)
+	res, err := g.Propose(ctx, meta, req.GetData())
 	if err != nil {
 		return nil, s.toStatus(err)
 	}
@@ -286,6 +255,54 @@ func (s *service) PutSmallFile(ctx context.Context, req *datanodepb.PutSmallFile
 		return nil, err
 	}
 	return &datanodepb.PutSmallFileResponse{Index: res.Index}, nil
+}
+
+// checkSmall checks one small file (a PutSmallFile's, or one of a
+// PutSmallFiles batch) before anything goes into the log: the request's
+// shape, its block token, this datanode leading the pipeline, the
+// container's owner, state and room, and the data's checksum. It returns
+// the pipeline's group, the container and the entry's metadata, or the
+// status the file fails with.
+func (s *service) checkSmall(tok []byte, pipeline uint64, bd *datanodepb.BlockData, data []byte) (*raft.Group, storage.ContainerID, []byte, error) {
+	if bd.GetId() == nil || len(data) == 0 || bd.GetLength() != uint64(len(data)) || len(bd.GetChunks()) != 1 ||
+		bd.GetChunks()[0].GetOffset() != 0 || bd.GetChunks()[0].GetLength() != uint64(len(data)) {
+		return nil, 0, nil, dnError(codes.InvalidArgument, datanodepb.Error_BAD_REQUEST,
+			fmt.Sprintf("PutSmallFile: block %v with %d bytes of data: a block id, a length equal to the data's and exactly one chunk [0, length) are required", bd.GetId(), len(data)), nil)
+	}
+	if err := checkBlock(s.d.store, bd); err != nil {
+		return nil, 0, nil, badRequest("PutSmallFile: block", bd.GetId(), err)
+	}
+	if err := checkChunk(s.d.store, bd.GetId(), bd.GetChunks()[0], len(data)); err != nil {
+		return nil, 0, nil, badRequest("PutSmallFile: block", bd.GetId(), err)
+	}
+	if err := tokenStatus(s.d.verifyTokenVia(tok, bd.GetId().GetContainerId(), bd.GetId().GetLocalId(), blocktoken.Write, pipeline)); err != nil {
+		return nil, 0, nil, err
+	}
+	g, err := s.leaderGroup(pipeline)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	if err := s.checkOwner(bd.GetId().GetContainerId(), pipeline); err != nil {
+		return nil, 0, nil, err
+	}
+	cid := storage.ContainerID(bd.GetId().GetContainerId())
+	if err := s.checkWritable(cid, int64(len(data))); err != nil {
+		return nil, 0, nil, err
+	}
+	if err := s.checkSpace(g, cid, len(data)); err != nil {
+		return nil, 0, nil, err
+	}
+	c := bd.GetChunks()[0]
+	sum := toChecksum(c.GetChecksum())
+	if sum.Type != storage.ChecksumNone {
+		if bad := sum.Verify(data); bad >= 0 {
+			return nil, 0, nil, dnError(codes.DataLoss, datanodepb.Error_CHECKSUM_MISMATCH,
+				fmt.Sprintf("container %d block %d: small file fails its checksum at +%d", cid, bd.GetId().GetLocalId(), bad), nil)
+		}
+	}
+	meta := mustMarshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_PutSmallFile{
+		PutSmallFile: &datanodepb.PutSmallFileCmd{Block: bd}}})
+	return g, cid, meta, nil
 }
 
 // readPiece is what one storage read fetches; sendPiece what one message

@@ -234,6 +234,8 @@ type stats struct {
 	blocksCommitted atomic.Uint64
 	smallFiles      atomic.Uint64 // blocks committed by PutSmallFile
 	applyStatus     atomic.Uint64 // ApplyStatus calls served
+	smallBatches    atomic.Uint64 // PutSmallFiles calls with a file to propose
+	smallBatchFiles atomic.Uint64 // files those calls proposed
 	bytesRead       atomic.Uint64
 }
 

@@ -210,7 +210,8 @@ func (d *Datanode) startStream() {
 	}
 	d.streamSrv = stream.NewServer(stream.ServerConfig{ID: d.ident.ID, Backend: streamBackend{d}, Logger: d.log.With("part", "stream"), Guard: guard.New(d.cfg.Registerer, d.log.With("part", "stream")),
 		Security: d.streamSecurity()})
-	d.streamMetrics = streamCollectors(d.streamSrv)
+	// (The small-file batch counters share the stream metrics' life.)
+	d.streamMetrics = append(streamCollectors(d.streamSrv), d.smallFileCollectors()...)
 	if d.cfg.Registerer != nil {
 		for _, c := range d.streamMetrics {
 			// Another datanode with the same labels on this registry

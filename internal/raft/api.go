@@ -217,6 +217,8 @@ func (e *LagError) Unwrap() error { return ErrReplicasLag }
 var _ interface {
 	Propose(ctx context.Context, meta, data []byte) (Result, error)
 	ProposeAsync(meta, data []byte, done func(Result, error)) error
+	ProposeMany(ctx context.Context, metas, datas [][]byte) ([]Result, []error)
+	ProposeManyAsync(metas, datas [][]byte, done func(i int, res Result, err error)) []error
 	AppliedAll(index uint64) (ok bool, laggards map[uint64]uint64)
 	Stopped() bool
 	ReadIndex(ctx context.Context) error

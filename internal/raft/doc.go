@@ -136,7 +136,9 @@
 //     sends of resend data, and queued snapshot sends. It returns whether
 //     it did anything: call it until false to quiesce.
 //   - Group.ProposeAsync proposes without blocking; its callback runs in
-//     Poll (or in Host.Close with ErrOutcomeUnknown). Group.AppliedAll is
+//     Poll (or in Host.Close with ErrOutcomeUnknown); so do
+//     Group.ProposeManyAsync's (ProposeMany's submission, one callback per
+//     entry). Group.AppliedAll is
 //     the non-blocking WaitAppliedAll. The blocking calls (Propose,
 //     ReadIndex, WaitApplied, WaitAppliedAll, AddMember) need another
 //     goroutine to call Poll meanwhile.

@@ -360,6 +360,171 @@ func (g *Group) Propose(ctx context.Context, meta, data []byte) (Result, error) 
 	}
 }
 
+// ProposeMany proposes several entries at once, each as Propose would
+// (metas[i] with datas[i]), and waits for all of them: errs[i] is entry
+// i's outcome, with Propose's meaning. The entries are handed to raft
+// together under one lock with one wake-up of the store loop, so they
+// land in the same Ready (one log append and fsync, one data Sync round,
+// the same appends to the followers) instead of racing the loop one by
+// one. Each entry keeps its own index, term and apply.
+//
+// Like Propose, an entry waits (bounded by ctx) for the inflight budget it
+// needs. When an entry does not fit, the batch's earlier entries, which
+// hold budget, are handed to raft first: their commits free budget, so the
+// wait cannot be for entries of this call that nobody would submit (an
+// entry larger than what is free waits for them to apply, as one Propose
+// after another would). Nothing is locked while it waits. An entry still
+// without budget when ctx ends fails with ctx's error, never as dropped.
+func (g *Group) ProposeMany(ctx context.Context, metas, datas [][]byte) ([]Result, []error) {
+	n := len(metas)
+	res, errs := make([]Result, n), make([]error, n)
+	ps := make([]*proposal, n)
+	start := time.Now()
+	// chunk: entries holding budget, not yet handed to raft.
+	chunk := make([]int, 0, n)
+	for i := range metas {
+		size, err := g.checkProposal(metas[i], datas[i])
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		if !g.tryAcquire(size) {
+			g.submitMany(chunk, ps, metas, datas, errs)
+			chunk = chunk[:0]
+			if err := g.acquire(ctx, size); err != nil {
+				errs[i] = err
+				continue
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			g.pmu.Lock()
+			g.releaseLocked(size)
+			g.pmu.Unlock()
+			errs[i] = fmt.Errorf("raft: group %d: proposal not submitted: %w", g.id, err)
+			continue
+		}
+		ps[i] = &proposal{size: size, done: make(chan struct{}), seq: g.host.seq.Add(1)}
+		chunk = append(chunk, i)
+	}
+	g.submitMany(chunk, ps, metas, datas, errs)
+	for i, p := range ps {
+		if p == nil {
+			continue
+		}
+		select {
+		case <-p.done:
+			if p.err == nil {
+				g.host.metrics.commitLatency.Observe(time.Since(start).Seconds())
+			}
+			res[i], errs[i] = p.res, p.err
+		case <-ctx.Done():
+			select {
+			case <-p.done: // done before ctx ended (as while a later entry waited for budget)
+				res[i], errs[i] = p.res, p.err
+				continue
+			default:
+			}
+			errs[i] = fmt.Errorf("raft: group %d: stopped waiting for a proposal already in the log: %w (%w)", g.id, ErrOutcomeUnknown, ctx.Err())
+		}
+	}
+	return res, errs
+}
+
+// ProposeManyAsync is ProposeMany without blocking, as ProposeAsync is
+// Propose's: the entries that can be proposed are handed to raft together
+// (one lock, one wake-up of the store loop, so one Ready), and done(i, ...)
+// is called once with entry i's outcome, as ProposeAsync's done. errs[i]
+// non-nil says entry i was not proposed (done is never called for it);
+// over the inflight budget an entry fails at once (ErrProposalDropped).
+// The deterministic simulator proposes batches of small files with it.
+func (g *Group) ProposeManyAsync(metas, datas [][]byte, done func(i int, res Result, err error)) []error {
+	n := len(metas)
+	errs := make([]error, n)
+	ps := make([]*proposal, n)
+	idx := make([]int, 0, n)
+	for i := range metas {
+		size, err := g.checkProposal(metas[i], datas[i])
+		if err == nil && !g.tryAcquire(size) {
+			err = fmt.Errorf("raft: group %d: %d proposal bytes in flight, limit %d: %w", g.id, g.inflightBytes(), g.host.cfg.MaxInflightBytes, ErrProposalDropped)
+		}
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		ps[i] = &proposal{size: size, seq: g.host.seq.Add(1), cb: func(res Result, err error) { done(i, res, err) }}
+		idx = append(idx, i)
+	}
+	g.submitMany(idx, ps, metas, datas, errs)
+	return errs
+}
+
+// submitMany hands ProposeMany's entries idx (each ps[i] holding its
+// inflight bytes) to raft under one lock and wakes the store loop once. An
+// entry that does not enter the log gets its error in errs, its ps[i]
+// cleared and its bytes released.
+func (g *Group) submitMany(idx []int, ps []*proposal, metas, datas [][]byte, errs []error) {
+	if len(idx) == 0 {
+		return
+	}
+	payloads := make([][]byte, len(idx))
+	for j, i := range idx {
+		p := ps[i]
+		if datas[i] != nil {
+			payloads[j] = encodeLocal(proposalID{g.host.id, p.seq}, metas[i], len(datas[i]))
+		} else {
+			payloads[j] = encodeProposal(proposalID{g.host.id, p.seq}, metas[i], nil, false)
+		}
+	}
+	submitted := 0
+	var release []int
+	g.mu.Lock()
+	var gerr error
+	if g.isStopped() {
+		gerr = g.stoppedError()
+	} else if st := g.rn.BasicStatus(); st.RaftState != etcdraft.StateLeader {
+		gerr = &NotLeaderError{Group: g.id, Leader: st.Lead}
+	}
+	for j, i := range idx {
+		p := ps[i]
+		if gerr != nil {
+			errs[i], ps[i] = gerr, nil
+			release = append(release, p.size)
+			continue
+		}
+		if datas[i] != nil {
+			g.localMu.Lock()
+			g.local[p.seq] = localData{data: datas[i], epoch: g.readies}
+			g.localMu.Unlock()
+		}
+		if perr := g.rn.Propose(payloads[j]); perr != nil {
+			errs[i], ps[i] = fmt.Errorf("raft: group %d: %v: %w", g.id, perr, ErrProposalDropped), nil
+			g.dropLocal(p.seq)
+			release = append(release, p.size)
+			continue
+		}
+		// Under mu (lock order mu → pmu): nothing can finish or fail the
+		// proposal before it is pending.
+		p.epoch = g.readies
+		g.pmu.Lock()
+		g.pending[p.seq] = p
+		g.unseen = append(g.unseen, p)
+		g.pmu.Unlock()
+		submitted++
+	}
+	g.mu.Unlock()
+	if len(release) > 0 {
+		g.pmu.Lock()
+		for _, size := range release {
+			g.releaseLocked(size)
+		}
+		g.pmu.Unlock()
+	}
+	if submitted > 0 {
+		g.host.metrics.proposals.WithLabelValues(g.label()).Add(float64(submitted))
+		g.loop.notify(g)
+	}
+}
+
 // ProposeAsync is Propose without blocking: done is called once with the
 // outcome (from the apply goroutine, or from Host.Poll in manual mode, or
 // when the group stops). When ProposeAsync returns an error, done is never

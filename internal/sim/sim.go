@@ -35,6 +35,7 @@ type Report struct {
 
 	BlocksTried, BlocksAcked, BlocksFailed int
 	SmallAcked                             int // of BlocksAcked, written with PutSmallFile
+	SmallBatched                           int // of BlocksTried, small files proposed in a batch (smallBatch)
 	KVOps, KVAcked, KVUnknown, KVFailed    int
 	Crashes, Partitions, DiskFaults        int
 	NetSent, NetDropped, NetDuplicated     int
@@ -52,8 +53,8 @@ type Report struct {
 }
 
 func (r *Report) String() string {
-	return fmt.Sprintf("seed %d: %d nodes, %v simulated, %d events; blocks %d tried %d acked (%d small) %d failed (%d replicas reported UNHEALTHY); kv %d ops %d acked %d unknown %d failed; %d crashes %d partitions %d disk faults; net %d sent %d dropped %d duplicated; trace %016x",
-		r.Seed, r.Nodes, r.SimTime, r.Events, r.BlocksTried, r.BlocksAcked, r.SmallAcked, r.BlocksFailed, r.UnhealthyReplicas,
+	return fmt.Sprintf("seed %d: %d nodes, %v simulated, %d events; blocks %d tried (%d in small batches) %d acked (%d small) %d failed (%d replicas reported UNHEALTHY); kv %d ops %d acked %d unknown %d failed; %d crashes %d partitions %d disk faults; net %d sent %d dropped %d duplicated; trace %016x",
+		r.Seed, r.Nodes, r.SimTime, r.Events, r.BlocksTried, r.SmallBatched, r.BlocksAcked, r.SmallAcked, r.BlocksFailed, r.UnhealthyReplicas,
 		r.KVOps, r.KVAcked, r.KVUnknown, r.KVFailed, r.Crashes, r.Partitions, r.DiskFaults,
 		r.NetSent, r.NetDropped, r.NetDuplicated, r.Trace) + fmt.Sprintf("; %d node panics %q", r.Panics, r.PanicMsgs)
 }

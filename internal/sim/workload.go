@@ -65,8 +65,7 @@ func (s *Sim) startBlock() {
 		op.small = true
 		bd := &datanodepb.BlockData{Id: blk, Length: uint64(len(op.data)), Chunks: op.chunks}
 		meta, _ := proto.Marshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_PutSmallFile{PutSmallFile: &datanodepb.PutSmallFileCmd{Block: bd}}})
-		s.proposeCommit(op, n, meta, op.data)
-		s.deadline(op)
+		s.smallBatch(n, op, meta, r.IntN(5))
 		return
 	}
 	op.pending = len(op.chunks)
@@ -86,6 +85,46 @@ func (s *Sim) startBlock() {
 		}
 	}
 	s.deadline(op)
+}
+
+// smallBatch proposes the small file op (its entry meta) and k more
+// small files through leader n in one raft.Group.ProposeManyAsync, as a
+// datanode's PutSmallFiles proposes a batch (ProposeMany, which shares its
+// submission): consecutive entries of one Ready, one log append and one
+// data Sync round, each committing its own block. A crash can take the
+// batch at any point of its write, sync and apply.
+func (s *Sim) smallBatch(n *node, first *blockOp, firstMeta []byte, k int) {
+	r := s.work
+	ops := []*blockOp{first}
+	metas, datas := [][]byte{firstMeta}, [][]byte{first.data}
+	for range k {
+		s.nextLID++
+		op := &blockOp{cid: s.openCids[r.IntN(len(s.openCids))], lid: s.nextLID, call: s.clk.now, small: true,
+			leader: n.id, epoch: n.epoch}
+		s.blocks = append(s.blocks, op)
+		s.rep.BlocksTried++
+		s.rep.SmallBatched++
+		op.data = make([]byte, 1+r.IntN(12<<10))
+		for j := range op.data {
+			op.data[j] = byte(r.Uint32())
+		}
+		sum := storage.DefaultChecksum.Compute(op.data)
+		op.chunks = []*datanodepb.ChunkInfo{{Offset: 0, Length: uint64(len(op.data)),
+			Checksum: &datanodepb.ChecksumData{Type: datanodepb.ChecksumType(sum.Type), BytesPerChecksum: sum.BytesPerChecksum, Sums: sum.Sums}}}
+		bd := &datanodepb.BlockData{Id: &datanodepb.BlockID{ContainerId: op.cid, LocalId: op.lid}, Length: uint64(len(op.data)), Chunks: op.chunks}
+		meta, _ := proto.Marshal(&datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_PutSmallFile{PutSmallFile: &datanodepb.PutSmallFileCmd{Block: bd}}})
+		ops = append(ops, op)
+		metas, datas = append(metas, meta), append(datas, op.data)
+	}
+	errs := n.dnG.ProposeManyAsync(metas, datas, func(i int, res raft.Result, err error) {
+		s.committed(ops[i], res, err)
+	})
+	for i, op := range ops {
+		if errs[i] != nil {
+			s.finishBlock(op, fmt.Sprintf("PutBlock: %v", errs[i]))
+		}
+		s.deadline(op)
+	}
 }
 
 func (s *Sim) deadline(op *blockOp) {
@@ -122,20 +161,24 @@ func (s *Sim) chunkDone(op *blockOp, i int, err error) {
 // proposeCommit proposes the entry that commits op's block (a PutBlock,
 // or a PutSmallFile with its data) and then waits for all replicas.
 func (s *Sim) proposeCommit(op *blockOp, n *node, meta, data []byte) {
-	err := n.dnG.ProposeAsync(meta, data, func(res raft.Result, err error) {
-		if err == nil {
-			err, _ = res.Value.(error)
-		}
-		if err != nil {
-			s.finishBlock(op, fmt.Sprintf("PutBlock: %v", err))
-			return
-		}
-		op.index = res.Index
-		s.waitAll(op, s.clk.now+waitAllTimeout)
-	})
+	err := n.dnG.ProposeAsync(meta, data, func(res raft.Result, err error) { s.committed(op, res, err) })
 	if err != nil {
 		s.finishBlock(op, fmt.Sprintf("PutBlock: %v", err))
 	}
+}
+
+// committed takes the outcome of op's commit entry: on success, wait for
+// all replicas.
+func (s *Sim) committed(op *blockOp, res raft.Result, err error) {
+	if err == nil {
+		err, _ = res.Value.(error)
+	}
+	if err != nil {
+		s.finishBlock(op, fmt.Sprintf("PutBlock: %v", err))
+		return
+	}
+	op.index = res.Index
+	s.waitAll(op, s.clk.now+waitAllTimeout)
 }
 
 // waitAll is the datanode's wait_all: raft says every replica applied the

@@ -2152,6 +2152,243 @@ func (x *ShortCircuitResponse) GetTokenRefused() Error_Kind {
 	return Error_UNKNOWN
 }
 
+type PutSmallFilesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PipelineId    uint64                 `protobuf:"varint,1500,opt,name=pipeline_id,json=pipelineId,proto3" json:"pipeline_id,omitempty"`
+	WaitTimeoutMs uint32                 `protobuf:"varint,1501,opt,name=wait_timeout_ms,json=waitTimeoutMs,proto3" json:"wait_timeout_ms,omitempty"` // default 30000, for every file
+	Files         []*SmallFile           `protobuf:"bytes,1502,rep,name=files,proto3" json:"files,omitempty"`                                         // at most 1024, 16 MiB of data in all
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutSmallFilesRequest) Reset() {
+	*x = PutSmallFilesRequest{}
+	mi := &file_datanode_datanode_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutSmallFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutSmallFilesRequest) ProtoMessage() {}
+
+func (x *PutSmallFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_datanode_datanode_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutSmallFilesRequest.ProtoReflect.Descriptor instead.
+func (*PutSmallFilesRequest) Descriptor() ([]byte, []int) {
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *PutSmallFilesRequest) GetPipelineId() uint64 {
+	if x != nil {
+		return x.PipelineId
+	}
+	return 0
+}
+
+func (x *PutSmallFilesRequest) GetWaitTimeoutMs() uint32 {
+	if x != nil {
+		return x.WaitTimeoutMs
+	}
+	return 0
+}
+
+func (x *PutSmallFilesRequest) GetFiles() []*SmallFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+// SmallFile is one file of a PutSmallFiles: what a PutSmallFileRequest
+// carries, plus the block token its call would have carried.
+type SmallFile struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Block         *BlockData             `protobuf:"bytes,1500,opt,name=block,proto3" json:"block,omitempty"`
+	Data          []byte                 `protobuf:"bytes,1501,opt,name=data,proto3" json:"data,omitempty"`
+	Token         []byte                 `protobuf:"bytes,1502,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SmallFile) Reset() {
+	*x = SmallFile{}
+	mi := &file_datanode_datanode_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SmallFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SmallFile) ProtoMessage() {}
+
+func (x *SmallFile) ProtoReflect() protoreflect.Message {
+	mi := &file_datanode_datanode_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SmallFile.ProtoReflect.Descriptor instead.
+func (*SmallFile) Descriptor() ([]byte, []int) {
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *SmallFile) GetBlock() *BlockData {
+	if x != nil {
+		return x.Block
+	}
+	return nil
+}
+
+func (x *SmallFile) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *SmallFile) GetToken() []byte {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+type PutSmallFilesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*SmallFileResult     `protobuf:"bytes,1500,rep,name=results,proto3" json:"results,omitempty"` // one per file, in order
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutSmallFilesResponse) Reset() {
+	*x = PutSmallFilesResponse{}
+	mi := &file_datanode_datanode_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutSmallFilesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutSmallFilesResponse) ProtoMessage() {}
+
+func (x *PutSmallFilesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_datanode_datanode_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutSmallFilesResponse.ProtoReflect.Descriptor instead.
+func (*PutSmallFilesResponse) Descriptor() ([]byte, []int) {
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *PutSmallFilesResponse) GetResults() []*SmallFileResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// SmallFileResult: index when the file was committed on every replica
+// (code 0), or the gRPC status code, message and Error detail the file's
+// own PutSmallFile would have failed with.
+type SmallFileResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint64                 `protobuf:"varint,1500,opt,name=index,proto3" json:"index,omitempty"`
+	Code          uint32                 `protobuf:"varint,1501,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,1502,opt,name=message,proto3" json:"message,omitempty"`
+	Error         *Error                 `protobuf:"bytes,1503,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SmallFileResult) Reset() {
+	*x = SmallFileResult{}
+	mi := &file_datanode_datanode_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SmallFileResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SmallFileResult) ProtoMessage() {}
+
+func (x *SmallFileResult) ProtoReflect() protoreflect.Message {
+	mi := &file_datanode_datanode_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SmallFileResult.ProtoReflect.Descriptor instead.
+func (*SmallFileResult) Descriptor() ([]byte, []int) {
+	return file_datanode_datanode_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *SmallFileResult) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *SmallFileResult) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *SmallFileResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *SmallFileResult) GetError() *Error {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
 var File_datanode_datanode_proto protoreflect.FileDescriptor
 
 const file_datanode_datanode_proto_rawDesc = "" +
@@ -2314,11 +2551,27 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\vdatanode_id\x18d \x01(\x04R\n" +
 	"datanodeId\x12#\n" +
 	"\rnot_available\x18e \x01(\bR\fnotAvailable\x12@\n" +
-	"\rtoken_refused\x18f \x01(\x0e2\x1b.basalt.datanode.Error.KindR\ftokenRefused*K\n" +
+	"\rtoken_refused\x18f \x01(\x0e2\x1b.basalt.datanode.Error.KindR\ftokenRefused\"\x94\x01\n" +
+	"\x14PutSmallFilesRequest\x12 \n" +
+	"\vpipeline_id\x18\xdc\v \x01(\x04R\n" +
+	"pipelineId\x12'\n" +
+	"\x0fwait_timeout_ms\x18\xdd\v \x01(\rR\rwaitTimeoutMs\x121\n" +
+	"\x05files\x18\xde\v \x03(\v2\x1a.basalt.datanode.SmallFileR\x05files\"j\n" +
+	"\tSmallFile\x121\n" +
+	"\x05block\x18\xdc\v \x01(\v2\x1a.basalt.datanode.BlockDataR\x05block\x12\x13\n" +
+	"\x04data\x18\xdd\v \x01(\fR\x04data\x12\x15\n" +
+	"\x05token\x18\xde\v \x01(\fR\x05token\"T\n" +
+	"\x15PutSmallFilesResponse\x12;\n" +
+	"\aresults\x18\xdc\v \x03(\v2 .basalt.datanode.SmallFileResultR\aresults\"\x87\x01\n" +
+	"\x0fSmallFileResult\x12\x15\n" +
+	"\x05index\x18\xdc\v \x01(\x04R\x05index\x12\x13\n" +
+	"\x04code\x18\xdd\v \x01(\rR\x04code\x12\x19\n" +
+	"\amessage\x18\xde\v \x01(\tR\amessage\x12-\n" +
+	"\x05error\x18\xdf\v \x01(\v2\x16.basalt.datanode.ErrorR\x05error*K\n" +
 	"\fChecksumType\x12\x11\n" +
 	"\rCHECKSUM_NONE\x10\x00\x12\x13\n" +
 	"\x0fCHECKSUM_CRC32C\x10\x01\x12\x13\n" +
-	"\x0fCHECKSUM_SHA256\x10\x022\xb6\x05\n" +
+	"\x0fCHECKSUM_SHA256\x10\x022\x96\x06\n" +
 	"\bDatanode\x12U\n" +
 	"\n" +
 	"WriteChunk\x12\".basalt.datanode.WriteChunkRequest\x1a#.basalt.datanode.WriteChunkResponse\x12O\n" +
@@ -2328,7 +2581,8 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\bGetBlock\x12 .basalt.datanode.GetBlockRequest\x1a\x1a.basalt.datanode.BlockData\x12C\n" +
 	"\x04Info\x12\x1c.basalt.datanode.InfoRequest\x1a\x1d.basalt.datanode.InfoResponse\x12X\n" +
 	"\vApplyStatus\x12#.basalt.datanode.ApplyStatusRequest\x1a$.basalt.datanode.ApplyStatusResponse\x12f\n" +
-	"\x0fExportContainer\x12'.basalt.datanode.ExportContainerRequest\x1a(.basalt.datanode.ExportContainerResponse0\x01B=Z;github.com/basalt-store/basalt/internal/datanode/datanodepbb\x06proto3"
+	"\x0fExportContainer\x12'.basalt.datanode.ExportContainerRequest\x1a(.basalt.datanode.ExportContainerResponse0\x01\x12^\n" +
+	"\rPutSmallFiles\x12%.basalt.datanode.PutSmallFilesRequest\x1a&.basalt.datanode.PutSmallFilesResponseB=Z;github.com/basalt-store/basalt/internal/datanode/datanodepbb\x06proto3"
 
 var (
 	file_datanode_datanode_proto_rawDescOnce sync.Once
@@ -2343,7 +2597,7 @@ func file_datanode_datanode_proto_rawDescGZIP() []byte {
 }
 
 var file_datanode_datanode_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_datanode_datanode_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_datanode_datanode_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_datanode_datanode_proto_goTypes = []any{
 	(ChecksumType)(0),               // 0: basalt.datanode.ChecksumType
 	(Error_Kind)(0),                 // 1: basalt.datanode.Error.Kind
@@ -2378,6 +2632,10 @@ var file_datanode_datanode_proto_goTypes = []any{
 	(*DeleteBlocksCmd)(nil),         // 30: basalt.datanode.DeleteBlocksCmd
 	(*ShortCircuitRequest)(nil),     // 31: basalt.datanode.ShortCircuitRequest
 	(*ShortCircuitResponse)(nil),    // 32: basalt.datanode.ShortCircuitResponse
+	(*PutSmallFilesRequest)(nil),    // 33: basalt.datanode.PutSmallFilesRequest
+	(*SmallFile)(nil),               // 34: basalt.datanode.SmallFile
+	(*PutSmallFilesResponse)(nil),   // 35: basalt.datanode.PutSmallFilesResponse
+	(*SmallFileResult)(nil),         // 36: basalt.datanode.SmallFileResult
 }
 var file_datanode_datanode_proto_depIdxs = []int32{
 	0,  // 0: basalt.datanode.ChecksumData.type:type_name -> basalt.datanode.ChecksumType
@@ -2407,27 +2665,33 @@ var file_datanode_datanode_proto_depIdxs = []int32{
 	2,  // 24: basalt.datanode.ShortCircuitRequest.block:type_name -> basalt.datanode.BlockID
 	5,  // 25: basalt.datanode.ShortCircuitResponse.block:type_name -> basalt.datanode.BlockData
 	1,  // 26: basalt.datanode.ShortCircuitResponse.token_refused:type_name -> basalt.datanode.Error.Kind
-	12, // 27: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
-	14, // 28: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
-	16, // 29: basalt.datanode.Datanode.PutSmallFile:input_type -> basalt.datanode.PutSmallFileRequest
-	18, // 30: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
-	20, // 31: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
-	21, // 32: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
-	8,  // 33: basalt.datanode.Datanode.ApplyStatus:input_type -> basalt.datanode.ApplyStatusRequest
-	6,  // 34: basalt.datanode.Datanode.ExportContainer:input_type -> basalt.datanode.ExportContainerRequest
-	13, // 35: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
-	15, // 36: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
-	17, // 37: basalt.datanode.Datanode.PutSmallFile:output_type -> basalt.datanode.PutSmallFileResponse
-	19, // 38: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
-	5,  // 39: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
-	22, // 40: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
-	10, // 41: basalt.datanode.Datanode.ApplyStatus:output_type -> basalt.datanode.ApplyStatusResponse
-	7,  // 42: basalt.datanode.Datanode.ExportContainer:output_type -> basalt.datanode.ExportContainerResponse
-	35, // [35:43] is the sub-list for method output_type
-	27, // [27:35] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	34, // 27: basalt.datanode.PutSmallFilesRequest.files:type_name -> basalt.datanode.SmallFile
+	5,  // 28: basalt.datanode.SmallFile.block:type_name -> basalt.datanode.BlockData
+	36, // 29: basalt.datanode.PutSmallFilesResponse.results:type_name -> basalt.datanode.SmallFileResult
+	24, // 30: basalt.datanode.SmallFileResult.error:type_name -> basalt.datanode.Error
+	12, // 31: basalt.datanode.Datanode.WriteChunk:input_type -> basalt.datanode.WriteChunkRequest
+	14, // 32: basalt.datanode.Datanode.PutBlock:input_type -> basalt.datanode.PutBlockRequest
+	16, // 33: basalt.datanode.Datanode.PutSmallFile:input_type -> basalt.datanode.PutSmallFileRequest
+	18, // 34: basalt.datanode.Datanode.ReadBlock:input_type -> basalt.datanode.ReadBlockRequest
+	20, // 35: basalt.datanode.Datanode.GetBlock:input_type -> basalt.datanode.GetBlockRequest
+	21, // 36: basalt.datanode.Datanode.Info:input_type -> basalt.datanode.InfoRequest
+	8,  // 37: basalt.datanode.Datanode.ApplyStatus:input_type -> basalt.datanode.ApplyStatusRequest
+	6,  // 38: basalt.datanode.Datanode.ExportContainer:input_type -> basalt.datanode.ExportContainerRequest
+	33, // 39: basalt.datanode.Datanode.PutSmallFiles:input_type -> basalt.datanode.PutSmallFilesRequest
+	13, // 40: basalt.datanode.Datanode.WriteChunk:output_type -> basalt.datanode.WriteChunkResponse
+	15, // 41: basalt.datanode.Datanode.PutBlock:output_type -> basalt.datanode.PutBlockResponse
+	17, // 42: basalt.datanode.Datanode.PutSmallFile:output_type -> basalt.datanode.PutSmallFileResponse
+	19, // 43: basalt.datanode.Datanode.ReadBlock:output_type -> basalt.datanode.ReadBlockResponse
+	5,  // 44: basalt.datanode.Datanode.GetBlock:output_type -> basalt.datanode.BlockData
+	22, // 45: basalt.datanode.Datanode.Info:output_type -> basalt.datanode.InfoResponse
+	10, // 46: basalt.datanode.Datanode.ApplyStatus:output_type -> basalt.datanode.ApplyStatusResponse
+	7,  // 47: basalt.datanode.Datanode.ExportContainer:output_type -> basalt.datanode.ExportContainerResponse
+	35, // 48: basalt.datanode.Datanode.PutSmallFiles:output_type -> basalt.datanode.PutSmallFilesResponse
+	40, // [40:49] is the sub-list for method output_type
+	31, // [31:40] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_datanode_datanode_proto_init() }
@@ -2448,7 +2712,7 @@ func file_datanode_datanode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_datanode_datanode_proto_rawDesc), len(file_datanode_datanode_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   31,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,7 @@ const (
 	Datanode_Info_FullMethodName            = "/basalt.datanode.Datanode/Info"
 	Datanode_ApplyStatus_FullMethodName     = "/basalt.datanode.Datanode/ApplyStatus"
 	Datanode_ExportContainer_FullMethodName = "/basalt.datanode.Datanode/ExportContainer"
+	Datanode_PutSmallFiles_FullMethodName   = "/basalt.datanode.Datanode/PutSmallFiles"
 )
 
 // DatanodeClient is the client API for Datanode service.
@@ -70,6 +71,15 @@ type DatanodeClient interface {
 	// another datanode to import as a new replica (SCM's replication
 	// manager sends that datanode a ReplicateContainer command).
 	ExportContainer(ctx context.Context, in *ExportContainerRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportContainerResponse], error)
+	// Several PutSmallFiles of one pipeline in one call (the client's
+	// coalescer sends the calls that arrive while one is in flight). Each
+	// file is checked on its own (its own block token, request and
+	// checksum) before anything is proposed; the valid ones are proposed
+	// together, each as its own log entry exactly as a PutSmallFile's, and
+	// each file gets its own answer: one file's failure does not fail the
+	// others. The call itself fails only when no file could be looked at
+	// (a bad batch).
+	PutSmallFiles(ctx context.Context, in *PutSmallFilesRequest, opts ...grpc.CallOption) (*PutSmallFilesResponse, error)
 }
 
 type datanodeClient struct {
@@ -178,6 +188,16 @@ func (c *datanodeClient) ExportContainer(ctx context.Context, in *ExportContaine
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Datanode_ExportContainerClient = grpc.ServerStreamingClient[ExportContainerResponse]
 
+func (c *datanodeClient) PutSmallFiles(ctx context.Context, in *PutSmallFilesRequest, opts ...grpc.CallOption) (*PutSmallFilesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PutSmallFilesResponse)
+	err := c.cc.Invoke(ctx, Datanode_PutSmallFiles_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DatanodeServer is the server API for Datanode service.
 // All implementations must embed UnimplementedDatanodeServer
 // for forward compatibility.
@@ -215,6 +235,15 @@ type DatanodeServer interface {
 	// another datanode to import as a new replica (SCM's replication
 	// manager sends that datanode a ReplicateContainer command).
 	ExportContainer(*ExportContainerRequest, grpc.ServerStreamingServer[ExportContainerResponse]) error
+	// Several PutSmallFiles of one pipeline in one call (the client's
+	// coalescer sends the calls that arrive while one is in flight). Each
+	// file is checked on its own (its own block token, request and
+	// checksum) before anything is proposed; the valid ones are proposed
+	// together, each as its own log entry exactly as a PutSmallFile's, and
+	// each file gets its own answer: one file's failure does not fail the
+	// others. The call itself fails only when no file could be looked at
+	// (a bad batch).
+	PutSmallFiles(context.Context, *PutSmallFilesRequest) (*PutSmallFilesResponse, error)
 	mustEmbedUnimplementedDatanodeServer()
 }
 
@@ -248,6 +277,9 @@ func (UnimplementedDatanodeServer) ApplyStatus(context.Context, *ApplyStatusRequ
 }
 func (UnimplementedDatanodeServer) ExportContainer(*ExportContainerRequest, grpc.ServerStreamingServer[ExportContainerResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method ExportContainer not implemented")
+}
+func (UnimplementedDatanodeServer) PutSmallFiles(context.Context, *PutSmallFilesRequest) (*PutSmallFilesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method PutSmallFiles not implemented")
 }
 func (UnimplementedDatanodeServer) mustEmbedUnimplementedDatanodeServer() {}
 func (UnimplementedDatanodeServer) testEmbeddedByValue()                  {}
@@ -400,6 +432,24 @@ func _Datanode_ExportContainer_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Datanode_ExportContainerServer = grpc.ServerStreamingServer[ExportContainerResponse]
 
+func _Datanode_PutSmallFiles_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutSmallFilesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DatanodeServer).PutSmallFiles(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Datanode_PutSmallFiles_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DatanodeServer).PutSmallFiles(ctx, req.(*PutSmallFilesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Datanode_ServiceDesc is the grpc.ServiceDesc for Datanode service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -430,6 +480,10 @@ var Datanode_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ApplyStatus",
 			Handler:    _Datanode_ApplyStatus_Handler,
+		},
+		{
+			MethodName: "PutSmallFiles",
+			Handler:    _Datanode_PutSmallFiles_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
