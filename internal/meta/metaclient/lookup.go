@@ -185,15 +185,22 @@ func (co *coalescer) drain(key string, q *lookupQueue, batch []*lookupCall) {
 	}
 }
 
-// batchContext is the context of one LookupKeys call for batch: q's
-// metadata, the latest of the callers' deadlines (none if one of them has
-// none: the client's CallTimeout then applies), and cancelled once every
-// caller gave up, for one caller giving up must not fail the others.
+// batchContext is the context of one LookupKeys call for batch (see
+// mergedContext).
 func batchContext(q *lookupQueue, batch []*lookupCall) (context.Context, func()) {
-	ctx := metadata.NewOutgoingContext(context.Background(), q.md)
+	return mergedContext(q.md, len(batch), func(i int) context.Context { return batch[i].ctx })
+}
+
+// mergedContext is the context of one batch call for n callers (ctxOf):
+// metadata md, the latest of the callers' deadlines (none if one of them
+// has none: the client's CallTimeout then applies), and cancelled once
+// every caller gave up, for one caller giving up must not fail the
+// others.
+func mergedContext(md metadata.MD, n int, ctxOf func(int) context.Context) (context.Context, func()) {
+	ctx := metadata.NewOutgoingContext(context.Background(), md)
 	var latest time.Time
-	for _, call := range batch {
-		d, ok := call.ctx.Deadline()
+	for i := range n {
+		d, ok := ctxOf(i).Deadline()
 		if !ok {
 			latest = time.Time{}
 			break
@@ -209,10 +216,10 @@ func batchContext(q *lookupQueue, batch []*lookupCall) (context.Context, func())
 		ctx, cancel = context.WithDeadline(ctx, latest)
 	}
 	live := atomic.Int64{}
-	live.Store(int64(len(batch)))
-	stops := make([]func() bool, len(batch))
-	for i, call := range batch {
-		stops[i] = context.AfterFunc(call.ctx, func() {
+	live.Store(int64(n))
+	stops := make([]func() bool, n)
+	for i := range n {
+		stops[i] = context.AfterFunc(ctxOf(i), func() {
 			if live.Add(-1) == 0 {
 				cancel()
 			}

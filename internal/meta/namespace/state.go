@@ -401,6 +401,10 @@ func (t *tx) apply(cmd *metapb.NsCommand) any {
 		return t.setBucketPolicy(op.SetBucketPolicy)
 	case *metapb.NsCommand_SetPublicAccessBlock:
 		return t.setPublicAccessBlock(op.SetPublicAccessBlock)
+	case *metapb.NsCommand_OpenKeys:
+		return t.openKeys(op.OpenKeys)
+	case *metapb.NsCommand_CommitKeys:
+		return t.commitKeys(op.CommitKeys)
 	default:
 		return fmt.Errorf("namespace: unknown command %T", cmd.Op)
 	}
