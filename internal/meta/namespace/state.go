@@ -541,7 +541,9 @@ func (t *tx) openKey(op *metapb.OpenKeyOp) any {
 		CreatedUnixMs: t.now,
 	}
 	for _, bl := range op.Blocks {
-		row.Blocks = append(row.Blocks, bl.Id)
+		if bl.GetId() != nil { // (the proposer's blocks all have one)
+			row.Blocks = append(row.Blocks, bl.Id)
+		}
 	}
 	t.s.nextOpen++
 	t.put(u64Key(pfxOpen, row.OpenId), row)
