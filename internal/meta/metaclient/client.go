@@ -83,7 +83,7 @@ type Config struct {
 	LookupsInFlight int
 	// WritesInFlight bounds the OpenKeys and the CommitKeys batches
 	// OpenKeyCoalesced and CommitKeyCoalesced keep in flight per requester
-	// (default DefaultWritesInFlight; write.go).
+	// (default DefaultWritesInFlight, 1; write.go).
 	WritesInFlight int
 }
 
