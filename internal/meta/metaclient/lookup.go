@@ -187,34 +187,35 @@ func (co *coalescer) drain(key string, q *lookupQueue, batch []*lookupCall) {
 
 // batchContext is the context of one LookupKeys call for batch (see
 // mergedContext).
-func batchContext(q *lookupQueue, batch []*lookupCall) (context.Context, func()) {
-	return mergedContext(q.md, len(batch), func(i int) context.Context { return batch[i].ctx })
+func batchContext(q *lookupQueue, batch []*lookupCall, callTimeout time.Duration) (context.Context, func()) {
+	return mergedContext(q.md, len(batch), func(i int) context.Context { return batch[i].ctx }, callTimeout)
 }
 
 // mergedContext is the context of one batch call for n callers (ctxOf):
-// metadata md, the latest of the callers' deadlines (none if one of them
-// has none: the client's CallTimeout then applies), and cancelled once
-// every caller gave up, for one caller giving up must not fail the
-// others.
-func mergedContext(md metadata.MD, n int, ctxOf func(int) context.Context) (context.Context, func()) {
+// metadata md, the latest of the callers' deadlines, counting now +
+// callTimeout for a caller without one (what a single call of its own
+// would get from the router), and cancelled once every caller gave up,
+// for one caller giving up must not fail the others. A caller without a
+// deadline must not cut the batch short for the others: the batch runs
+// as long as the longest of its callers' single calls would. The batch's
+// context can still expire while a caller's own context is live (a
+// caller without a deadline outlives now + callTimeout): the senders
+// report that to such a caller as the single call reports a server's
+// timeout, not as a deadline of its own (see writeCoalescer.expired).
+func mergedContext(md metadata.MD, n int, ctxOf func(int) context.Context, callTimeout time.Duration) (context.Context, func()) {
 	ctx := metadata.NewOutgoingContext(context.Background(), md)
+	now := time.Now()
 	var latest time.Time
 	for i := range n {
 		d, ok := ctxOf(i).Deadline()
 		if !ok {
-			latest = time.Time{}
-			break
+			d = now.Add(callTimeout)
 		}
 		if d.After(latest) {
 			latest = d
 		}
 	}
-	var cancel context.CancelFunc
-	if latest.IsZero() {
-		ctx, cancel = context.WithCancel(ctx)
-	} else {
-		ctx, cancel = context.WithDeadline(ctx, latest)
-	}
+	ctx, cancel := context.WithDeadline(ctx, latest)
 	live := atomic.Int64{}
 	live.Store(int64(n))
 	stops := make([]func() bool, n)
@@ -259,7 +260,7 @@ func (co *coalescer) sendBatch(q *lookupQueue, batch []*lookupCall, again *[]*lo
 		*again = append(*again, batch[0])
 		return
 	}
-	ctx, done := batchContext(q, batch)
+	ctx, done := batchContext(q, batch, co.c.cfg.CallTimeout)
 	defer done()
 	co.batches.Add(1)
 	co.keys.Add(uint64(len(batch)))
@@ -285,6 +286,11 @@ func (co *coalescer) sendBatch(q *lookupQueue, batch []*lookupCall, again *[]*lo
 	}
 	for i, call := range batch {
 		switch {
+		case err != nil && ctx.Err() != nil && call.ctx.Err() == nil:
+			// The batch's deadline passed (now + CallTimeout for a caller
+			// without one) while this caller still waits: a timeout of
+			// the service, not of the caller (see mergedContext).
+			call.err = status.Errorf(codes.Unavailable, "metaclient: LookupKeys: the batch's deadline passed before an answer: %v", err)
 		case err != nil:
 			call.err = err
 		case resp.Results[i].GetRetryAlone(), codes.Code(resp.Results[i].GetCode()) == codes.Unavailable:

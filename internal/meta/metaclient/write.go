@@ -4,7 +4,9 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -23,8 +25,11 @@ import (
 // while fewer than Config.WritesInFlight (default 1) batches of a
 // requester are in flight, a call leaves at once (a lone call as a plain
 // OpenKey or CommitKey); beyond that, calls queue and leave together as
-// soon as a batch returns. A batch runs until the latest of its callers' deadlines,
-// or until all of them gave up.
+// soon as a batch returns. A batch runs until the latest of its callers' deadlines
+// (now + CallTimeout for a caller without one), or until all of them gave
+// up; if that passes while a caller still waits (one without a deadline),
+// the caller's commit is of unknown outcome and its open UNAVAILABLE, as
+// for a service's timeout of a single call.
 //
 // Errors are those of OpenKey and CommitKey: a key's own refusal comes
 // back to its caller only; an error of the whole call (no leader after
@@ -80,6 +85,12 @@ type writeCoalescer[Q proto.Message, R any] struct {
 	// (again: send this call alone) or an error of the whole call.
 	one  func(ctx context.Context, req Q) (R, error)
 	many func(ctx context.Context, reqs []Q) (resps []R, errs []error, again []bool, err error)
+	// expired is a caller's error when the batch's context expired (err)
+	// while the caller's own context is live: a commit's outcome is
+	// unknown (the caller settles it, client/retry.go), an open is a
+	// retryable UNAVAILABLE (nothing of it is used).
+	expired     func(err error) error
+	callTimeout time.Duration // Config.CallTimeout
 
 	mu      sync.Mutex
 	queues  map[string]*writeQueue[Q, R]
@@ -111,6 +122,16 @@ func (c *Client) CommitKeyCoalesced(ctx context.Context, req *metapb.CommitKeyRe
 
 func (c *Client) initWrites(inflight int) {
 	c.opens.maxInflight, c.commits.maxInflight = inflight, inflight
+	c.opens.callTimeout, c.commits.callTimeout = c.cfg.CallTimeout, c.cfg.CallTimeout
+	c.opens.expired = func(err error) error {
+		return status.Errorf(codes.Unavailable, "metaclient: OpenKeys: the batch's deadline passed before an answer (nothing of this open is used; open again): %v", err)
+	}
+	c.commits.expired = func(err error) error {
+		st, _ := status.Newf(codes.Unknown, "metaclient: %s: outcome unknown, the call may or may not have been applied (the batch's deadline passed before an answer): %v",
+			metapb.Namespace_CommitKeys_FullMethodName, err).
+			WithDetails(&errdetails.ErrorInfo{Reason: metapb.ReasonOutcomeUnknown, Domain: metapb.ReasonDomain})
+		return st.Err()
+	}
 	c.opens.one = func(ctx context.Context, req *metapb.OpenKeyRequest) (*metapb.OpenKeyResponse, error) {
 		return c.Namespace.OpenKey(ctx, req)
 	}
@@ -282,7 +303,7 @@ func (co *writeCoalescer[Q, R]) send(q *writeQueue[Q, R], batch []*writeCall[Q, 
 		close(call.done)
 		return
 	}
-	ctx, done := mergedContext(q.md, len(batch), func(i int) context.Context { return batch[i].ctx })
+	ctx, done := mergedContext(q.md, len(batch), func(i int) context.Context { return batch[i].ctx }, co.callTimeout)
 	defer done()
 	co.batches.Add(1)
 	co.keys.Add(uint64(len(batch)))
@@ -301,6 +322,12 @@ func (co *writeCoalescer[Q, R]) send(q *writeQueue[Q, R], batch []*writeCall[Q, 
 	var alone []*writeCall[Q, R]
 	for i, call := range batch {
 		switch {
+		case err != nil && ctx.Err() != nil && call.ctx.Err() == nil:
+			// The batch's deadline passed (now + CallTimeout for a caller
+			// without one) while this caller still waits: for it, a
+			// timeout of the service, reported as the single call
+			// reports one (see mergedContext).
+			call.err = co.expired(err)
 		case err != nil:
 			call.err = err
 		case again != nil && again[i]:

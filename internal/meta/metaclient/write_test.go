@@ -2,6 +2,7 @@ package metaclient
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -33,6 +34,8 @@ type writeStub struct {
 	commitsHook           func(*metapb.CommitKeysRequest) (*metapb.CommitKeysResponse, error)
 	failOnce              sync.Map      // key → its first open in a batch fails UNAVAILABLE
 	cgate                 chan struct{} // a CommitKey of open ID 1000 waits for it
+	opensDelay            time.Duration // an OpenKeys call takes this long (ignoring its context)
+	callTimeout           time.Duration // the client's CallTimeout (10 s if zero)
 }
 
 func (s *writeStub) OpenKey(ctx context.Context, r *metapb.OpenKeyRequest) (*metapb.OpenKeyResponse, error) {
@@ -52,6 +55,7 @@ func (s *writeStub) OpenKeys(ctx context.Context, r *metapb.OpenKeysRequest) (*m
 		return nil, status.Error(codes.Unimplemented, "stub: no OpenKeys")
 	}
 	s.openBatches.Add(1)
+	time.Sleep(s.opensDelay)
 	resp := &metapb.OpenKeysResponse{}
 	for _, q := range r.Requests {
 		res := &metapb.OpenKeyResult{Open: &metapb.OpenKeyResponse{OpenId: uint64(len(q.Key))}}
@@ -103,7 +107,11 @@ func startWriteStub(t *testing.T, s *writeStub) *Client {
 	metapb.RegisterNamespaceServer(srv, s)
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
-	c, err := New(Config{Addrs: []string{lis.Addr().String()}, CallTimeout: 10 * time.Second, WritesInFlight: 1, Backoff: 10 * time.Millisecond})
+	ct := s.callTimeout
+	if ct == 0 {
+		ct = 10 * time.Second
+	}
+	c, err := New(Config{Addrs: []string{lis.Addr().String()}, CallTimeout: ct, WritesInFlight: 1, Backoff: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,4 +324,126 @@ func reasonOf(err error) string {
 		}
 	}
 	return ""
+}
+
+// TestBatchDeadlineIsTheLatestCallers: a caller without a deadline does
+// not cut its batch short for the others (the batch runs until the latest
+// of the callers' deadlines, now + CallTimeout for one without), and when
+// the batch's deadline passes while a caller still waits, that caller
+// gets what the single call gives for a service's timeout: a commit of
+// unknown outcome (the client settles it), a retryable UNAVAILABLE open;
+// never a deadline that looks like its own.
+func TestBatchDeadlineIsTheLatestCallers(t *testing.T) {
+	s := &writeStub{callTimeout: 300 * time.Millisecond, opensDelay: time.Second}
+	c := startWriteStub(t, s)
+	var applied atomic.Int64
+	s.commitsHook = func(r *metapb.CommitKeysRequest) (*metapb.CommitKeysResponse, error) {
+		time.Sleep(time.Second) // a slow entry; it applies whatever the caller's context
+		applied.Add(int64(len(r.Requests)))
+		resp := &metapb.CommitKeysResponse{}
+		for _, q := range r.Requests {
+			resp.Results = append(resp.Results, &metapb.CommitKeyResult{Key: &metapb.KeyInfo{Name: fmt.Sprint(q.OpenId)}})
+		}
+		return resp, nil
+	}
+	long, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// commits holds the commit slot with a gated commit, queues one commit
+	// per context and returns their errors once the batch answered.
+	commits := func(ctxs ...context.Context) []error {
+		s.cgate = make(chan struct{})
+		singles, before := s.commits.Load(), s.commitBs.Load()
+		gate := make(chan error, 1)
+		go func() {
+			_, err := c.CommitKeyCoalesced(long, &metapb.CommitKeyRequest{OpenId: 1000})
+			gate <- err
+		}()
+		waitUntil(t, 10*time.Second, "the gate commit", func() bool { return s.commits.Load() == singles+1 })
+		errs := make([]error, len(ctxs))
+		var wg sync.WaitGroup
+		for i, ctx := range ctxs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, errs[i] = c.CommitKeyCoalesced(ctx, &metapb.CommitKeyRequest{OpenId: uint64(i + 1)})
+			}()
+		}
+		waitUntil(t, 10*time.Second, "commits to queue", func() bool {
+			c.commits.mu.Lock()
+			defer c.commits.mu.Unlock()
+			n := 0
+			for _, q := range c.commits.queues {
+				n += len(q.pending)
+			}
+			return n == len(ctxs)
+		})
+		close(s.cgate)
+		if err := <-gate; err != nil {
+			t.Fatalf("gate commit: %v", err)
+		}
+		wg.Wait()
+		if got := s.commitBs.Load() - before; got != 1 {
+			t.Fatalf("%d CommitKeys calls, want 1", got)
+		}
+		return errs
+	}
+
+	// A (no deadline) and B (5 s): the batch lives until B's deadline and
+	// both commits succeed; a lone CommitKey with B's deadline would.
+	b, bcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer bcancel()
+	errs := commits(context.Background(), b)
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("caller %c (batch with a 5 s caller, CallTimeout 300 ms, a 1 s CommitKeys): %v (own context: %v)", 'A'+i, err, []error{nil, b.Err()}[i])
+		}
+	}
+
+	// Two callers without a deadline: the batch's deadline (now +
+	// CallTimeout) passes while they wait; the stub applies the commits
+	// anyway, so each must learn that its outcome is unknown.
+	before := applied.Load()
+	errs = commits(context.Background(), context.Background())
+	for i, err := range errs {
+		if status.Code(err) != codes.Unknown || reasonOf(err) != metapb.ReasonOutcomeUnknown || errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("caller %d without a deadline, batch past CallTimeout: %v, want outcome unknown", i, err)
+		}
+	}
+	waitUntil(t, 10*time.Second, "the stub to apply", func() bool { return applied.Load() == before+2 })
+
+	// Opens: the same expiry is a retryable UNAVAILABLE.
+	gate := make(chan error, 1)
+	go func() {
+		_, err := c.OpenKeyCoalesced(long, &metapb.OpenKeyRequest{Key: "gate", SizeHint: 1})
+		gate <- err
+	}()
+	waitUntil(t, 10*time.Second, "the gate open", func() bool { return s.opens.Load() == 1 })
+	oerrs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range oerrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, oerrs[i] = c.OpenKeyCoalesced(context.Background(), &metapb.OpenKeyRequest{Key: fmt.Sprint(i), SizeHint: 4096})
+		}()
+	}
+	waitUntil(t, 10*time.Second, "opens to queue", func() bool {
+		c.opens.mu.Lock()
+		defer c.opens.mu.Unlock()
+		n := 0
+		for _, q := range c.opens.queues {
+			n += len(q.pending)
+		}
+		return n == len(oerrs)
+	})
+	close(s.gate)
+	if err := <-gate; err != nil {
+		t.Fatalf("gate open: %v", err)
+	}
+	wg.Wait()
+	for i, err := range oerrs {
+		if status.Code(err) != codes.Unavailable || errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("open %d without a deadline, batch past CallTimeout: %v, want UNAVAILABLE", i, err)
+		}
+	}
 }
