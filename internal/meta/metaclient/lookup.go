@@ -3,6 +3,7 @@ package metaclient
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -131,7 +132,7 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 	case <-call.done:
 		return call.ki, call.err
 	case <-ctx.Done():
-		return nil, status.FromContextError(ctx.Err()).Err()
+		return nil, ctxError(metapb.Namespace_LookupKey_FullMethodName, ctx.Err())
 	}
 }
 
@@ -143,7 +144,7 @@ func (q *lookupQueue) take() []*lookupCall {
 	for ; i < len(q.pending) && len(b) < maxLookupBatch; i++ {
 		call := q.pending[i]
 		if err := call.ctx.Err(); err != nil {
-			call.err = status.FromContextError(err).Err()
+			call.err = ctxError(metapb.Namespace_LookupKey_FullMethodName, err)
 			close(call.done)
 			continue
 		}
@@ -189,6 +190,15 @@ func (co *coalescer) drain(key string, q *lookupQueue, batch []*lookupCall) {
 // mergedContext).
 func batchContext(q *lookupQueue, batch []*lookupCall, callTimeout time.Duration) (context.Context, func()) {
 	return mergedContext(q.md, len(batch), func(i int) context.Context { return batch[i].ctx }, callTimeout)
+}
+
+// ctxError is a caller's own deadline or cancellation (err, its
+// context's error) as the router returns it for a single call:
+// errors.Is(err, context.DeadlineExceeded or Canceled) holds, so that the
+// client tells it from a service's timeout, and status.Code still gives
+// the code.
+func ctxError(method string, err error) error {
+	return fmt.Errorf("metaclient: %s: %w: %w", method, err, status.FromContextError(err).Err())
 }
 
 // mergedContext is the context of one batch call for n callers (ctxOf):
@@ -319,7 +329,7 @@ func (co *coalescer) sendAlone(calls []*lookupCall) {
 	sem := make(chan struct{}, lookupRetryers)
 	for _, call := range calls {
 		if err := call.ctx.Err(); err != nil {
-			call.err = status.FromContextError(err).Err()
+			call.err = ctxError(metapb.Namespace_LookupKey_FullMethodName, err)
 			close(call.done)
 			continue
 		}

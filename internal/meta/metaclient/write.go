@@ -91,6 +91,7 @@ type writeCoalescer[Q proto.Message, R any] struct {
 	// retryable UNAVAILABLE (nothing of it is used).
 	expired     func(err error) error
 	callTimeout time.Duration // Config.CallTimeout
+	method      string        // the single call's full method name (errors)
 
 	mu      sync.Mutex
 	queues  map[string]*writeQueue[Q, R]
@@ -123,6 +124,7 @@ func (c *Client) CommitKeyCoalesced(ctx context.Context, req *metapb.CommitKeyRe
 func (c *Client) initWrites(inflight int) {
 	c.opens.maxInflight, c.commits.maxInflight = inflight, inflight
 	c.opens.callTimeout, c.commits.callTimeout = c.cfg.CallTimeout, c.cfg.CallTimeout
+	c.opens.method, c.commits.method = metapb.Namespace_OpenKey_FullMethodName, metapb.Namespace_CommitKey_FullMethodName
 	c.opens.expired = func(err error) error {
 		return status.Errorf(codes.Unavailable, "metaclient: OpenKeys: the batch's deadline passed before an answer (nothing of this open is used; open again): %v", err)
 	}
@@ -240,7 +242,7 @@ func (co *writeCoalescer[Q, R]) call(ctx context.Context, req Q) (R, error) {
 	case <-call.done:
 		return call.resp, call.err
 	case <-ctx.Done():
-		return zero, status.FromContextError(ctx.Err()).Err()
+		return zero, ctxError(co.method, ctx.Err())
 	}
 }
 
@@ -252,7 +254,7 @@ func (co *writeCoalescer[Q, R]) take(q *writeQueue[Q, R]) []*writeCall[Q, R] {
 	for ; i < len(q.pending) && len(b) < maxWriteBatch; i++ {
 		call := q.pending[i]
 		if err := call.ctx.Err(); err != nil {
-			call.err = status.FromContextError(err).Err()
+			call.err = ctxError(co.method, err)
 			close(call.done)
 			continue
 		}

@@ -447,3 +447,58 @@ func TestBatchDeadlineIsTheLatestCallers(t *testing.T) {
 		}
 	}
 }
+
+// TestCoalescedCallerContextErrors: a caller's own deadline or
+// cancellation while its call waits in the queue comes back as the
+// router returns it for a single call: errors.Is matches the context's
+// error (the client tells it from a service's timeout by that), and
+// status.Code still gives the code.
+func TestCoalescedCallerContextErrors(t *testing.T) {
+	s := &writeStub{}
+	c := startWriteStub(t, s)
+	s.cgate = make(chan struct{})
+	long, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	gates := make(chan error, 2)
+	go func() {
+		_, err := c.OpenKeyCoalesced(long, &metapb.OpenKeyRequest{Key: "gate", SizeHint: 1})
+		gates <- err
+	}()
+	go func() {
+		_, err := c.CommitKeyCoalesced(long, &metapb.CommitKeyRequest{OpenId: 1000})
+		gates <- err
+	}()
+	waitUntil(t, 10*time.Second, "the gate calls", func() bool { return s.opens.Load() == 1 && s.commits.Load() == 1 })
+	for _, tc := range []struct {
+		name string
+		want error
+		code codes.Code
+		ctx  func() (context.Context, context.CancelFunc)
+	}{
+		{"deadline", context.DeadlineExceeded, codes.DeadlineExceeded, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 200*time.Millisecond)
+		}},
+		{"cancel", context.Canceled, codes.Canceled, func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(200*time.Millisecond, cancel)
+			return ctx, cancel
+		}},
+	} {
+		ctx, cancel := tc.ctx()
+		_, oerr := c.OpenKeyCoalesced(ctx, &metapb.OpenKeyRequest{Key: "x", SizeHint: 4096})
+		_, cerr := c.CommitKeyCoalesced(ctx, &metapb.CommitKeyRequest{OpenId: 1})
+		cancel()
+		for what, err := range map[string]error{"open": oerr, "commit": cerr} {
+			if !errors.Is(err, tc.want) || status.Code(err) != tc.code {
+				t.Errorf("%s queued until its caller's %s: %v (code %v), want errors.Is %v and code %v", what, tc.name, err, status.Code(err), tc.want, tc.code)
+			}
+		}
+	}
+	close(s.gate)
+	close(s.cgate)
+	for range 2 {
+		if err := <-gates; err != nil {
+			t.Fatalf("gate: %v", err)
+		}
+	}
+}
