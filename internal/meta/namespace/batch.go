@@ -3,6 +3,7 @@ package namespace
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -50,11 +51,26 @@ func (s *Service) batchResult(method string, err error) (code uint32, msg string
 }
 
 // openGroup is the opens that one AllocateBlocks call can serve: the same
-// replication, client location and exclude list.
+// replication, client location and exclude list, and the same charge
+// class (chargeClass of the size hint), so that SCM charges each block
+// against its container what a single OpenKey of that key would.
 type openGroup struct {
 	req      *metapb.OpenKeyRequest // the first (replication, location, exclude)
 	idx      []int
-	expected uint64 // the largest size hint (0: some key gave none)
+	expected uint64 // the keys' charge class, sent as ExpectedBytes
+}
+
+// chargeClass is a size hint rounded as SCM rounds ExpectedBytes when it
+// charges a block (scm.chargeFor: up to 4 KiB, whole blocks for 0 or a
+// hint of a block or more): keys of one class are charged alike, so one
+// AllocateBlocks call with the class as ExpectedBytes charges each key's
+// block as OpenKey with its own hint would (for a block size that is a
+// multiple of 4 KiB, as SCM's are).
+func chargeClass(hint uint64) uint64 {
+	if hint > math.MaxUint64-4095 {
+		return hint
+	}
+	return (hint + 4095) &^ 4095
 }
 
 // OpenKeys opens many keys: one read barrier, each key validated and
@@ -120,19 +136,15 @@ func (s *Service) OpenKeys(ctx context.Context, req *metapb.OpenKeysRequest) (*m
 			continue
 		}
 		ex, _ := proto.MarshalOptions{Deterministic: true}.Marshal(r.Exclude)
-		k := fmt.Sprintf("%d\x00%d\x00%s\x00%s", r.Replication, len(r.ClientLocation), r.ClientLocation, ex)
+		class := chargeClass(r.SizeHint)
+		k := fmt.Sprintf("%d\x00%d\x00%d\x00%s\x00%s", r.Replication, class, len(r.ClientLocation), r.ClientLocation, ex)
 		g := byKey[k]
 		if g == nil || len(g.idx) == allocChunk {
-			g = &openGroup{req: r, expected: r.SizeHint}
+			g = &openGroup{req: r, expected: class}
 			byKey[k] = g
 			groups = append(groups, g)
 		}
 		g.idx = append(g.idx, i)
-		if r.SizeHint == 0 || g.expected == 0 {
-			g.expected = 0 // one key of unknown size: charge whole blocks
-		} else {
-			g.expected = max(g.expected, r.SizeHint)
-		}
 	}
 	for _, g := range groups {
 		alloc, err := s.blocks.AllocateBlocks(ctx, &metapb.AllocateBlocksRequest{Count: uint32(len(g.idx)), Replication: g.req.Replication,

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -38,18 +39,83 @@ func (r *recordingRaft) proposals() int {
 	return len(r.cmds)
 }
 
-// countingBlocks counts AllocateBlocks calls.
+// countingBlocks counts AllocateBlocks calls and keeps the ExpectedBytes
+// each block was allocated with (what SCM charges it by).
 type countingBlocks struct {
 	*fakeBlocks
-	mu    sync.Mutex
-	calls int
+	mu       sync.Mutex
+	calls    int
+	expected map[uint64]uint64 // block local ID → ExpectedBytes of its allocation
 }
 
 func (c *countingBlocks) AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocksRequest) (*metapb.AllocateBlocksResponse, error) {
 	c.mu.Lock()
 	c.calls++
 	c.mu.Unlock()
-	return c.fakeBlocks.AllocateBlocks(ctx, req)
+	resp, err := c.fakeBlocks.AllocateBlocks(ctx, req)
+	if err == nil {
+		c.mu.Lock()
+		if c.expected == nil {
+			c.expected = map[uint64]uint64{}
+		}
+		for _, b := range resp.Blocks {
+			c.expected[b.GetId().GetLocalId()] = req.ExpectedBytes
+		}
+		c.mu.Unlock()
+	}
+	return resp, err
+}
+
+// charged is what SCM charges a block allocated with ExpectedBytes
+// expected (scm.chargeFor, unexported there).
+func charged(expected, blockSize uint64) uint64 {
+	if expected == 0 || expected >= blockSize {
+		return blockSize
+	}
+	return (expected + 4095) &^ 4095
+}
+
+// chargesOf returns the charge of each block of an open key.
+func (c *countingBlocks) chargesOf(o *metapb.OpenKeyResponse) []uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []uint64
+	for _, b := range o.GetBlocks() {
+		out = append(out, charged(c.expected[b.GetId().GetLocalId()], o.GetBlockSize()))
+	}
+	return out
+}
+
+// TestOpenKeysChargePerKey: each block a batch opens is charged against
+// its container what a single OpenKey of that key charges, whatever the
+// other keys of the batch hint (before: one ExpectedBytes per group, the
+// largest hint or a whole block if any key gave none, so 4 KiB keys
+// batched with a 1 MiB key were each charged 1 MiB).
+func TestOpenKeysChargePerKey(t *testing.T) {
+	e, _, cb := batchEnv(t)
+	alice := WithCaller(e.ctx, Caller{User: "alice"})
+	hints := []uint64{4096, 1 << 20, 0, 5000, 4096, 100, 300 << 10, 1 << 20}
+	var reqs []*metapb.OpenKeyRequest
+	for i, h := range hints {
+		reqs = append(reqs, &metapb.OpenKeyRequest{Volume: "vol", Bucket: "abkt", Key: fmt.Sprintf("k%d", i), SizeHint: h})
+	}
+	ro, err := e.s.OpenKeys(alice, &metapb.OpenKeysRequest{Requests: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range ro.Results {
+		if r.Code != 0 {
+			t.Fatalf("key %d: %s", i, r.Message)
+		}
+		single, err := e.s.OpenKey(alice, proto.Clone(reqs[i]).(*metapb.OpenKeyRequest))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, want := cb.chargesOf(r.Open), cb.chargesOf(single)
+		if !slices.Equal(got, want) {
+			t.Errorf("key %d (hint %d): blocks charged %v in the batch, %v by a single OpenKey", i, hints[i], got, want)
+		}
+	}
 }
 
 // batchEnv: volume "vol" of alice with her bucket "abkt" and bob's
