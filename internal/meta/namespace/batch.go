@@ -34,6 +34,19 @@ const (
 	// allocChunk is the most blocks one AllocateBlocks call asks for
 	// (scm.MaxBlocksPerRequest).
 	allocChunk = 64
+	// MaxOpenKeysBlocks bounds the blocks one OpenKeys call allocates and
+	// answers: each key's first block, and more up front for keys whose
+	// size hint asks for them (as OpenKey) while they fit, in the order of
+	// the request; a key beyond gets its first block only (and allocates
+	// the rest with AllocateBlock as it writes, as any key bigger than its
+	// open's blocks). Decided before anything is proposed.
+	MaxOpenKeysBlocks = 2 * MaxWriteBatch
+	// maxOpenKeysAnswerBytes bounds the estimated encoded OpenKeys answer
+	// (half a client's 4 MiB receive limit) the same way: a block counts
+	// its location's size plus openTokenAllowance for the token attached
+	// after the apply.
+	maxOpenKeysAnswerBytes = 2 << 20
+	openTokenAllowance     = 1 << 10
 )
 
 // batchResult fills a per-key error as the server's interceptor would
@@ -160,21 +173,7 @@ func (s *Service) OpenKeys(ctx context.Context, req *metapb.OpenKeysRequest) (*m
 			blocks[i], blockSize[i] = alloc.Blocks[j:j+1:j+1], alloc.BlockSize
 		}
 	}
-	// More blocks up front for a key whose size hint asks for them (as
-	// OpenKey; rare among the small keys that come in batches).
-	for i, r := range reqs {
-		if r == nil {
-			continue
-		}
-		if m := r.SizeHint / max(blockSize[i], 1); m > 0 {
-			more, err := s.blocks.AllocateBlocks(ctx, &metapb.AllocateBlocksRequest{Count: uint32(min(m, MaxOpenBlocks-1)), Replication: r.Replication, Exclude: r.Exclude, ClientLocation: r.ClientLocation})
-			if err != nil {
-				errs[i], reqs[i] = err, nil
-				continue
-			}
-			blocks[i] = append(blocks[i], more.Blocks...)
-		}
-	}
+	s.allocMore(ctx, reqs, blocks, blockSize, errs)
 
 	op := &metapb.OpenKeysOp{}
 	var at []int // op.Opens[j] is the key at[j]
@@ -216,6 +215,74 @@ func (s *Service) OpenKeys(ctx context.Context, req *metapb.OpenKeysRequest) (*m
 		resp.Results[i] = out
 	}
 	return resp, nil
+}
+
+// moreGroup is the extra blocks one AllocateBlocks call serves: keys of
+// the same replication, client location and exclude list.
+type moreGroup struct {
+	req    *metapb.OpenKeyRequest
+	idx    []int
+	counts []int
+	total  int
+}
+
+// allocMore gives the keys whose size hint asks for more than their first
+// block more blocks up front, as OpenKey does (at most MaxOpenBlocks per
+// key, charged as whole blocks), within the call's bounds
+// (MaxOpenKeysBlocks, maxOpenKeysAnswerBytes; keys served in request
+// order), with one AllocateBlocks call per group of keys that share a
+// replication, location and exclude list (up to allocChunk blocks each).
+// A key whose extra blocks could not be allocated fails, as its OpenKey
+// would.
+func (s *Service) allocMore(ctx context.Context, reqs []*metapb.OpenKeyRequest, blocks [][]*metapb.BlockLocation, blockSize []uint64, errs []error) {
+	total, size := 0, 0
+	for i, r := range reqs {
+		if r != nil {
+			total += len(blocks[i])
+			for _, b := range blocks[i] {
+				size += proto.Size(b) + openTokenAllowance
+			}
+		}
+	}
+	var groups []*moreGroup
+	byKey := map[string]*moreGroup{}
+	for i, r := range reqs {
+		if r == nil || len(blocks[i]) == 0 {
+			continue
+		}
+		m := int(min(r.SizeHint/max(blockSize[i], 1), MaxOpenBlocks-1))
+		per := proto.Size(blocks[i][0]) + openTokenAllowance
+		m = min(m, MaxOpenKeysBlocks-total, (maxOpenKeysAnswerBytes-size)/per)
+		if m <= 0 {
+			continue
+		}
+		total, size = total+m, size+m*per
+		ex, _ := proto.MarshalOptions{Deterministic: true}.Marshal(r.Exclude)
+		k := fmt.Sprintf("%d\x00%d\x00%s\x00%s", r.Replication, len(r.ClientLocation), r.ClientLocation, ex)
+		g := byKey[k]
+		if g == nil || g.total+m > allocChunk {
+			g = &moreGroup{req: r}
+			byKey[k] = g
+			groups = append(groups, g)
+		}
+		g.idx, g.counts, g.total = append(g.idx, i), append(g.counts, m), g.total+m
+	}
+	for _, g := range groups {
+		more, err := s.blocks.AllocateBlocks(ctx, &metapb.AllocateBlocksRequest{Count: uint32(g.total), Replication: g.req.Replication,
+			Exclude: g.req.Exclude, ClientLocation: g.req.ClientLocation})
+		if err == nil && len(more.Blocks) != g.total {
+			err = status.Errorf(codes.Internal, "namespace: SCM allocated %d blocks for %d", len(more.Blocks), g.total)
+		}
+		off := 0
+		for j, i := range g.idx {
+			if err != nil {
+				errs[i], reqs[i] = err, nil
+				continue
+			}
+			blocks[i] = append(blocks[i], more.Blocks[off:off+g.counts[j]]...)
+			off += g.counts[j]
+		}
+	}
 }
 
 // applyErr is an op's failed apply result as an error.

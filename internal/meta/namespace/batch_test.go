@@ -456,3 +456,49 @@ func FuzzApplyWriteBatch(f *testing.F) {
 		}
 	})
 }
+
+// TestOpenKeysBlocksBounded: a full OpenKeys call of keys whose size
+// hints each ask for the most blocks up front allocates and answers at
+// most MaxOpenKeysBlocks blocks, with a bounded number of SCM calls and an
+// answer well under a client's 4 MiB receive limit; the keys first in the
+// request get their blocks up front as OpenKey would, the others their
+// first block only, and every key opens.
+func TestOpenKeysBlocksBounded(t *testing.T) {
+	e, _, cb := batchEnv(t)
+	alice := WithCaller(e.ctx, Caller{User: "alice"})
+	req := &metapb.OpenKeysRequest{}
+	for i := range MaxWriteBatch {
+		req.Requests = append(req.Requests, &metapb.OpenKeyRequest{Volume: "vol", Bucket: "abkt", Key: fmt.Sprintf("big%d", i), SizeHint: 64 << 20})
+	}
+	allocs := cb.calls
+	resp, err := e.s.OpenKeys(alice, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for i, r := range resp.Results {
+		if r.Code != 0 {
+			t.Fatalf("key %d: %s", i, r.Message)
+		}
+		n := len(r.Open.Blocks)
+		total += n
+		if n < 1 || n > MaxOpenBlocks {
+			t.Fatalf("key %d: %d blocks", i, n)
+		}
+		if i == 0 && n != MaxOpenBlocks {
+			t.Fatalf("the first key got %d blocks up front, want %d as OpenKey gives", n, MaxOpenBlocks)
+		}
+	}
+	if total > MaxOpenKeysBlocks {
+		t.Fatalf("one OpenKeys call allocated %d blocks, bound %d", total, MaxOpenKeysBlocks)
+	}
+	// First blocks: MaxWriteBatch/allocChunk calls; extras: at most
+	// (MaxOpenKeysBlocks-MaxWriteBatch)/allocChunk, plus one per group
+	// left partly filled by a key's blocks not fitting.
+	if n, most := cb.calls-allocs, MaxWriteBatch/allocChunk+2*(MaxOpenKeysBlocks-MaxWriteBatch)/allocChunk; n > most {
+		t.Fatalf("%d AllocateBlocks calls for one OpenKeys call, want at most %d", n, most)
+	}
+	if sz := proto.Size(resp); sz > maxOpenKeysAnswerBytes {
+		t.Fatalf("OpenKeys answer of %d bytes, bound %d", sz, maxOpenKeysAnswerBytes)
+	}
+}
