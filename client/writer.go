@@ -111,7 +111,7 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 			openReq.Exclude = ex.proto()
 		}
 		var err error
-		open, err = c.ns.OpenKey(ctx, openReq)
+		open, err = c.meta.OpenKeyCoalesced(ctx, openReq)
 		return err
 	})
 	if err != nil {
@@ -187,7 +187,7 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 			return KeyInfo{}, fmt.Errorf("%s: %w", op, err)
 		}
 	}
-	ki, err := c.ns.CommitKey(ctx, commit)
+	ki, err := c.meta.CommitKeyCoalesced(ctx, commit)
 	if err != nil && ctx.Err() == nil && errors.Is(wrapErr(op, err), ErrOutcomeUnknown) {
 		ki, err = c.settleCommit(ctx, op, volume, bucket, key, commit, err)
 	}

@@ -42,7 +42,9 @@
 //
 // Writes go through the group leader; reads run a ReadIndex barrier on the
 // leader first, so they are linearizable (concurrent reads share barriers,
-// and LookupKeys answers many lookups after one). A follower answers UNAVAILABLE
+// and LookupKeys answers many lookups after one; OpenKeys and CommitKeys
+// carry many keys' opens or commits in one Raft entry, each key validated,
+// authorized and applied on its own). A follower answers UNAVAILABLE
 // with a NotLeader detail carrying the leader's gRPC address; metaclient
 // follows it. The namespace leader allocates blocks by calling SCM
 // in-process when the local SCM replica leads, and over gRPC otherwise; a

@@ -81,6 +81,10 @@ type Config struct {
 	// per requester (default DefaultLookupsInFlight); calls beyond them
 	// queue and leave together in the next batch (lookup.go).
 	LookupsInFlight int
+	// WritesInFlight bounds the OpenKeys and the CommitKeys batches
+	// OpenKeyCoalesced and CommitKeyCoalesced keep in flight per requester
+	// (default DefaultWritesInFlight, 1; write.go).
+	WritesInFlight int
 }
 
 // AuthorizationHeader is the gRPC metadata key of the service token.
@@ -119,6 +123,9 @@ type Client struct {
 	tokens *tokenSource // nil without Config.AccessKey
 
 	lookups coalescer // Lookup (lookup.go)
+	// OpenKeyCoalesced, CommitKeyCoalesced (write.go)
+	opens   writeCoalescer[*metapb.OpenKeyRequest, *metapb.OpenKeyResponse]
+	commits writeCoalescer[*metapb.CommitKeyRequest, *metapb.KeyInfo]
 
 	Namespace metapb.NamespaceClient
 	Scm       metapb.ScmClient
@@ -169,6 +176,10 @@ func New(cfg Config) (*Client, error) {
 		cfg.LookupsInFlight = DefaultLookupsInFlight
 	}
 	c.lookups.c, c.lookups.maxInflight = c, cfg.LookupsInFlight
+	if cfg.WritesInFlight <= 0 {
+		cfg.WritesInFlight = DefaultWritesInFlight
+	}
+	c.initWrites(cfg.WritesInFlight)
 	c.Namespace = metapb.NewNamespaceClient(&router{c: c})
 	c.Scm = metapb.NewScmClient(&router{c: c})
 	c.Ca = metapb.NewCaClient(&router{c: c})
@@ -426,6 +437,7 @@ var retrySafe = map[string]bool{
 	metapb.Namespace_GetBucket_FullMethodName:            true,
 	metapb.Namespace_ListBuckets_FullMethodName:          true,
 	metapb.Namespace_OpenKey_FullMethodName:              true,
+	metapb.Namespace_OpenKeys_FullMethodName:             true,
 	metapb.Namespace_AllocateBlock_FullMethodName:        true,
 	metapb.Namespace_LookupKey_FullMethodName:            true,
 	metapb.Namespace_LookupKeys_FullMethodName:           true,

@@ -3,6 +3,7 @@ package metaclient
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -131,7 +132,7 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 	case <-call.done:
 		return call.ki, call.err
 	case <-ctx.Done():
-		return nil, status.FromContextError(ctx.Err()).Err()
+		return nil, ctxError(metapb.Namespace_LookupKey_FullMethodName, ctx.Err())
 	}
 }
 
@@ -143,7 +144,7 @@ func (q *lookupQueue) take() []*lookupCall {
 	for ; i < len(q.pending) && len(b) < maxLookupBatch; i++ {
 		call := q.pending[i]
 		if err := call.ctx.Err(); err != nil {
-			call.err = status.FromContextError(err).Err()
+			call.err = ctxError(metapb.Namespace_LookupKey_FullMethodName, err)
 			close(call.done)
 			continue
 		}
@@ -185,34 +186,51 @@ func (co *coalescer) drain(key string, q *lookupQueue, batch []*lookupCall) {
 	}
 }
 
-// batchContext is the context of one LookupKeys call for batch: q's
-// metadata, the latest of the callers' deadlines (none if one of them has
-// none: the client's CallTimeout then applies), and cancelled once every
-// caller gave up, for one caller giving up must not fail the others.
-func batchContext(q *lookupQueue, batch []*lookupCall) (context.Context, func()) {
-	ctx := metadata.NewOutgoingContext(context.Background(), q.md)
+// batchContext is the context of one LookupKeys call for batch (see
+// mergedContext).
+func batchContext(q *lookupQueue, batch []*lookupCall, callTimeout time.Duration) (context.Context, func()) {
+	return mergedContext(q.md, len(batch), func(i int) context.Context { return batch[i].ctx }, callTimeout)
+}
+
+// ctxError is a caller's own deadline or cancellation (err, its
+// context's error) as the router returns it for a single call:
+// errors.Is(err, context.DeadlineExceeded or Canceled) holds, so that the
+// client tells it from a service's timeout, and status.Code still gives
+// the code.
+func ctxError(method string, err error) error {
+	return fmt.Errorf("metaclient: %s: %w: %w", method, err, status.FromContextError(err).Err())
+}
+
+// mergedContext is the context of one batch call for n callers (ctxOf):
+// metadata md, the latest of the callers' deadlines, counting now +
+// callTimeout for a caller without one (what a single call of its own
+// would get from the router), and cancelled once every caller gave up,
+// for one caller giving up must not fail the others. A caller without a
+// deadline must not cut the batch short for the others: the batch runs
+// as long as the longest of its callers' single calls would. The batch's
+// context can still expire while a caller's own context is live (a
+// caller without a deadline outlives now + callTimeout): the senders
+// report that to such a caller as the single call reports a server's
+// timeout, not as a deadline of its own (see writeCoalescer.expired).
+func mergedContext(md metadata.MD, n int, ctxOf func(int) context.Context, callTimeout time.Duration) (context.Context, func()) {
+	ctx := metadata.NewOutgoingContext(context.Background(), md)
+	now := time.Now()
 	var latest time.Time
-	for _, call := range batch {
-		d, ok := call.ctx.Deadline()
+	for i := range n {
+		d, ok := ctxOf(i).Deadline()
 		if !ok {
-			latest = time.Time{}
-			break
+			d = now.Add(callTimeout)
 		}
 		if d.After(latest) {
 			latest = d
 		}
 	}
-	var cancel context.CancelFunc
-	if latest.IsZero() {
-		ctx, cancel = context.WithCancel(ctx)
-	} else {
-		ctx, cancel = context.WithDeadline(ctx, latest)
-	}
+	ctx, cancel := context.WithDeadline(ctx, latest)
 	live := atomic.Int64{}
-	live.Store(int64(len(batch)))
-	stops := make([]func() bool, len(batch))
-	for i, call := range batch {
-		stops[i] = context.AfterFunc(call.ctx, func() {
+	live.Store(int64(n))
+	stops := make([]func() bool, n)
+	for i := range n {
+		stops[i] = context.AfterFunc(ctxOf(i), func() {
 			if live.Add(-1) == 0 {
 				cancel()
 			}
@@ -252,7 +270,7 @@ func (co *coalescer) sendBatch(q *lookupQueue, batch []*lookupCall, again *[]*lo
 		*again = append(*again, batch[0])
 		return
 	}
-	ctx, done := batchContext(q, batch)
+	ctx, done := batchContext(q, batch, co.c.cfg.CallTimeout)
 	defer done()
 	co.batches.Add(1)
 	co.keys.Add(uint64(len(batch)))
@@ -278,6 +296,11 @@ func (co *coalescer) sendBatch(q *lookupQueue, batch []*lookupCall, again *[]*lo
 	}
 	for i, call := range batch {
 		switch {
+		case err != nil && ctx.Err() != nil && call.ctx.Err() == nil:
+			// The batch's deadline passed (now + CallTimeout for a caller
+			// without one) while this caller still waits: a timeout of
+			// the service, not of the caller (see mergedContext).
+			call.err = status.Errorf(codes.Unavailable, "metaclient: LookupKeys: the batch's deadline passed before an answer: %v", err)
 		case err != nil:
 			call.err = err
 		case resp.Results[i].GetRetryAlone(), codes.Code(resp.Results[i].GetCode()) == codes.Unavailable:
@@ -306,7 +329,7 @@ func (co *coalescer) sendAlone(calls []*lookupCall) {
 	sem := make(chan struct{}, lookupRetryers)
 	for _, call := range calls {
 		if err := call.ctx.Err(); err != nil {
-			call.err = status.FromContextError(err).Err()
+			call.err = ctxError(metapb.Namespace_LookupKey_FullMethodName, err)
 			close(call.done)
 			continue
 		}

@@ -1194,6 +1194,8 @@ type NsCommand struct {
 	//	*NsCommand_SetAcl
 	//	*NsCommand_SetBucketPolicy
 	//	*NsCommand_SetPublicAccessBlock
+	//	*NsCommand_OpenKeys
+	//	*NsCommand_CommitKeys
 	Op            isNsCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1468,6 +1470,24 @@ func (x *NsCommand) GetSetPublicAccessBlock() *PublicAccessBlockConfig {
 	return nil
 }
 
+func (x *NsCommand) GetOpenKeys() *OpenKeysOp {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_OpenKeys); ok {
+			return x.OpenKeys
+		}
+	}
+	return nil
+}
+
+func (x *NsCommand) GetCommitKeys() *CommitKeysOp {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_CommitKeys); ok {
+			return x.CommitKeys
+		}
+	}
+	return nil
+}
+
 type isNsCommand_Op interface {
 	isNsCommand_Op()
 }
@@ -1574,6 +1594,16 @@ type NsCommand_SetPublicAccessBlock struct {
 	SetPublicAccessBlock *PublicAccessBlockConfig `protobuf:"bytes,302,opt,name=set_public_access_block,json=setPublicAccessBlock,proto3,oneof"`
 }
 
+type NsCommand_OpenKeys struct {
+	// Batched writes (OpenKeys, CommitKeys): each op applied in order
+	// with its own result, as if proposed alone.
+	OpenKeys *OpenKeysOp `protobuf:"bytes,1400,opt,name=open_keys,json=openKeys,proto3,oneof"`
+}
+
+type NsCommand_CommitKeys struct {
+	CommitKeys *CommitKeysOp `protobuf:"bytes,1401,opt,name=commit_keys,json=commitKeys,proto3,oneof"`
+}
+
 func (*NsCommand_CreateVolume) isNsCommand_Op() {}
 
 func (*NsCommand_DeleteVolume) isNsCommand_Op() {}
@@ -1623,6 +1653,10 @@ func (*NsCommand_SetAcl) isNsCommand_Op() {}
 func (*NsCommand_SetBucketPolicy) isNsCommand_Op() {}
 
 func (*NsCommand_SetPublicAccessBlock) isNsCommand_Op() {}
+
+func (*NsCommand_OpenKeys) isNsCommand_Op() {}
+
+func (*NsCommand_CommitKeys) isNsCommand_Op() {}
 
 // SetServiceTokenOp records the cluster service token if none is recorded
 // yet (the first proposal wins); its result is the recorded token.
@@ -2581,6 +2615,96 @@ func (x *CacheDirectiveOp) GetRemove() bool {
 	return false
 }
 
+// OpenKeysOp: the opens of one OpenKeys call (at most 256).
+type OpenKeysOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Opens         []*OpenKeyOp           `protobuf:"bytes,1400,rep,name=opens,proto3" json:"opens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenKeysOp) Reset() {
+	*x = OpenKeysOp{}
+	mi := &file_meta_command_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenKeysOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenKeysOp) ProtoMessage() {}
+
+func (x *OpenKeysOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenKeysOp.ProtoReflect.Descriptor instead.
+func (*OpenKeysOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *OpenKeysOp) GetOpens() []*OpenKeyOp {
+	if x != nil {
+		return x.Opens
+	}
+	return nil
+}
+
+// CommitKeysOp: the commits of one CommitKeys call (at most 256).
+type CommitKeysOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Commits       []*CommitKeyRequest    `protobuf:"bytes,1400,rep,name=commits,proto3" json:"commits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitKeysOp) Reset() {
+	*x = CommitKeysOp{}
+	mi := &file_meta_command_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitKeysOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitKeysOp) ProtoMessage() {}
+
+func (x *CommitKeysOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitKeysOp.ProtoReflect.Descriptor instead.
+func (*CommitKeysOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *CommitKeysOp) GetCommits() []*CommitKeyRequest {
+	if x != nil {
+		return x.Commits
+	}
+	return nil
+}
+
 var File_meta_command_proto protoreflect.FileDescriptor
 
 const file_meta_command_proto_rawDesc = "" +
@@ -2659,7 +2783,7 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x0eDeleteBlocksTx\x12\x13\n" +
 	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x12!\n" +
 	"\fcontainer_id\x18\x02 \x01(\x04R\vcontainerId\x12\x1b\n" +
-	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\x8b\x0f\n" +
+	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\x89\x10\n" +
 	"\tNsCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12J\n" +
 	"\rcreate_volume\x18\x02 \x01(\v2#.basalt.meta.v1.CreateVolumeRequestH\x00R\fcreateVolume\x12J\n" +
@@ -2692,7 +2816,12 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x0eset_file_attrs\x18\xdc\x01 \x01(\v2#.basalt.meta.v1.SetFileAttrsRequestH\x00R\fsetFileAttrs\x129\n" +
 	"\aset_acl\x18\xac\x02 \x01(\v2\x1d.basalt.meta.v1.SetAclRequestH\x00R\x06setAcl\x12K\n" +
 	"\x11set_bucket_policy\x18\xad\x02 \x01(\v2\x1c.basalt.meta.v1.BucketPolicyH\x00R\x0fsetBucketPolicy\x12a\n" +
-	"\x17set_public_access_block\x18\xae\x02 \x01(\v2'.basalt.meta.v1.PublicAccessBlockConfigH\x00R\x14setPublicAccessBlockB\x04\n" +
+	"\x17set_public_access_block\x18\xae\x02 \x01(\v2'.basalt.meta.v1.PublicAccessBlockConfigH\x00R\x14setPublicAccessBlock\x12:\n" +
+	"\topen_keys\x18\xf8\n" +
+	" \x01(\v2\x1a.basalt.meta.v1.OpenKeysOpH\x00R\bopenKeys\x12@\n" +
+	"\vcommit_keys\x18\xf9\n" +
+	" \x01(\v2\x1c.basalt.meta.v1.CommitKeysOpH\x00R\n" +
+	"commitKeysB\x04\n" +
 	"\x02op\")\n" +
 	"\x11SetServiceTokenOp\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\"|\n" +
@@ -2759,7 +2888,14 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x06remove\x18\x03 \x01(\bR\x06remove\"h\n" +
 	"\x10CacheDirectiveOp\x12<\n" +
 	"\tdirective\x18\x01 \x01(\v2\x1e.basalt.meta.v1.CacheDirectiveR\tdirective\x12\x16\n" +
-	"\x06remove\x18\x02 \x01(\bR\x06removeB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
+	"\x06remove\x18\x02 \x01(\bR\x06remove\">\n" +
+	"\n" +
+	"OpenKeysOp\x120\n" +
+	"\x05opens\x18\xf8\n" +
+	" \x03(\v2\x19.basalt.meta.v1.OpenKeyOpR\x05opens\"K\n" +
+	"\fCommitKeysOp\x12;\n" +
+	"\acommits\x18\xf8\n" +
+	" \x03(\v2 .basalt.meta.v1.CommitKeyRequestR\acommitsB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
 
 var (
 	file_meta_command_proto_rawDescOnce sync.Once
@@ -2773,7 +2909,7 @@ func file_meta_command_proto_rawDescGZIP() []byte {
 	return file_meta_command_proto_rawDescData
 }
 
-var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_meta_command_proto_goTypes = []any{
 	(*ScmCommand)(nil),                     // 0: basalt.meta.v1.ScmCommand
 	(*SetNodeOpStateOp)(nil),               // 1: basalt.meta.v1.SetNodeOpStateOp
@@ -2808,40 +2944,42 @@ var file_meta_command_proto_goTypes = []any{
 	(*SecretKeysOp)(nil),                   // 30: basalt.meta.v1.SecretKeysOp
 	(*CachePoolOp)(nil),                    // 31: basalt.meta.v1.CachePoolOp
 	(*CacheDirectiveOp)(nil),               // 32: basalt.meta.v1.CacheDirectiveOp
-	(*DeleteBlocksRequest)(nil),            // 33: basalt.meta.v1.DeleteBlocksRequest
-	(NodeOpState)(0),                       // 34: basalt.meta.v1.NodeOpState
-	(*CorruptReplica)(nil),                 // 35: basalt.meta.v1.CorruptReplica
-	(*DatanodeDetails)(nil),                // 36: basalt.meta.v1.DatanodeDetails
-	(Replication)(0),                       // 37: basalt.meta.v1.Replication
-	(*CreateVolumeRequest)(nil),            // 38: basalt.meta.v1.CreateVolumeRequest
-	(*DeleteVolumeRequest)(nil),            // 39: basalt.meta.v1.DeleteVolumeRequest
-	(*CreateBucketRequest)(nil),            // 40: basalt.meta.v1.CreateBucketRequest
-	(*DeleteBucketRequest)(nil),            // 41: basalt.meta.v1.DeleteBucketRequest
-	(*CommitKeyRequest)(nil),               // 42: basalt.meta.v1.CommitKeyRequest
-	(*RenameKeyRequest)(nil),               // 43: basalt.meta.v1.RenameKeyRequest
-	(*DeleteKeyRequest)(nil),               // 44: basalt.meta.v1.DeleteKeyRequest
-	(*CreateDirectoryRequest)(nil),         // 45: basalt.meta.v1.CreateDirectoryRequest
-	(*SetKeyMetaRequest)(nil),              // 46: basalt.meta.v1.SetKeyMetaRequest
-	(*CompleteMultipartUploadRequest)(nil), // 47: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 48: basalt.meta.v1.AbortMultipartUploadRequest
-	(*CreateS3SecretRequest)(nil),          // 49: basalt.meta.v1.CreateS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 50: basalt.meta.v1.DeleteS3SecretRequest
-	(*CopyKeyRequest)(nil),                 // 51: basalt.meta.v1.CopyKeyRequest
-	(*SetFileAttrsRequest)(nil),            // 52: basalt.meta.v1.SetFileAttrsRequest
-	(*SetAclRequest)(nil),                  // 53: basalt.meta.v1.SetAclRequest
-	(*BucketPolicy)(nil),                   // 54: basalt.meta.v1.BucketPolicy
-	(*PublicAccessBlockConfig)(nil),        // 55: basalt.meta.v1.PublicAccessBlockConfig
-	(*OpenKeyRequest)(nil),                 // 56: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 57: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 58: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 59: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 60: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 61: basalt.meta.v1.KeyInfo
-	(*FileAttrs)(nil),                      // 62: basalt.meta.v1.FileAttrs
-	(*Acl)(nil),                            // 63: basalt.meta.v1.Acl
-	(*SecretKey)(nil),                      // 64: basalt.meta.v1.SecretKey
-	(*CachePool)(nil),                      // 65: basalt.meta.v1.CachePool
-	(*CacheDirective)(nil),                 // 66: basalt.meta.v1.CacheDirective
+	(*OpenKeysOp)(nil),                     // 33: basalt.meta.v1.OpenKeysOp
+	(*CommitKeysOp)(nil),                   // 34: basalt.meta.v1.CommitKeysOp
+	(*DeleteBlocksRequest)(nil),            // 35: basalt.meta.v1.DeleteBlocksRequest
+	(NodeOpState)(0),                       // 36: basalt.meta.v1.NodeOpState
+	(*CorruptReplica)(nil),                 // 37: basalt.meta.v1.CorruptReplica
+	(*DatanodeDetails)(nil),                // 38: basalt.meta.v1.DatanodeDetails
+	(Replication)(0),                       // 39: basalt.meta.v1.Replication
+	(*CreateVolumeRequest)(nil),            // 40: basalt.meta.v1.CreateVolumeRequest
+	(*DeleteVolumeRequest)(nil),            // 41: basalt.meta.v1.DeleteVolumeRequest
+	(*CreateBucketRequest)(nil),            // 42: basalt.meta.v1.CreateBucketRequest
+	(*DeleteBucketRequest)(nil),            // 43: basalt.meta.v1.DeleteBucketRequest
+	(*CommitKeyRequest)(nil),               // 44: basalt.meta.v1.CommitKeyRequest
+	(*RenameKeyRequest)(nil),               // 45: basalt.meta.v1.RenameKeyRequest
+	(*DeleteKeyRequest)(nil),               // 46: basalt.meta.v1.DeleteKeyRequest
+	(*CreateDirectoryRequest)(nil),         // 47: basalt.meta.v1.CreateDirectoryRequest
+	(*SetKeyMetaRequest)(nil),              // 48: basalt.meta.v1.SetKeyMetaRequest
+	(*CompleteMultipartUploadRequest)(nil), // 49: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 50: basalt.meta.v1.AbortMultipartUploadRequest
+	(*CreateS3SecretRequest)(nil),          // 51: basalt.meta.v1.CreateS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 52: basalt.meta.v1.DeleteS3SecretRequest
+	(*CopyKeyRequest)(nil),                 // 53: basalt.meta.v1.CopyKeyRequest
+	(*SetFileAttrsRequest)(nil),            // 54: basalt.meta.v1.SetFileAttrsRequest
+	(*SetAclRequest)(nil),                  // 55: basalt.meta.v1.SetAclRequest
+	(*BucketPolicy)(nil),                   // 56: basalt.meta.v1.BucketPolicy
+	(*PublicAccessBlockConfig)(nil),        // 57: basalt.meta.v1.PublicAccessBlockConfig
+	(*OpenKeyRequest)(nil),                 // 58: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 59: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 60: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 61: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 62: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 63: basalt.meta.v1.KeyInfo
+	(*FileAttrs)(nil),                      // 64: basalt.meta.v1.FileAttrs
+	(*Acl)(nil),                            // 65: basalt.meta.v1.Acl
+	(*SecretKey)(nil),                      // 66: basalt.meta.v1.SecretKey
+	(*CachePool)(nil),                      // 67: basalt.meta.v1.CachePool
+	(*CacheDirective)(nil),                 // 68: basalt.meta.v1.CacheDirective
 }
 var file_meta_command_proto_depIdxs = []int32{
 	3,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -2851,7 +2989,7 @@ var file_meta_command_proto_depIdxs = []int32{
 	7,  // 4: basalt.meta.v1.ScmCommand.close_containers:type_name -> basalt.meta.v1.CloseContainersOp
 	8,  // 5: basalt.meta.v1.ScmCommand.container_closed:type_name -> basalt.meta.v1.ContainerClosedOp
 	9,  // 6: basalt.meta.v1.ScmCommand.allocate_id_range:type_name -> basalt.meta.v1.AllocateIDRangeOp
-	33, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
+	35, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
 	10, // 8: basalt.meta.v1.ScmCommand.purge_delete_txs:type_name -> basalt.meta.v1.PurgeDeleteTxsOp
 	11, // 9: basalt.meta.v1.ScmCommand.replicas_unhealthy:type_name -> basalt.meta.v1.ReplicasUnhealthyOp
 	12, // 10: basalt.meta.v1.ScmCommand.replica_added:type_name -> basalt.meta.v1.ReplicaAddedOp
@@ -2862,57 +3000,61 @@ var file_meta_command_proto_depIdxs = []int32{
 	30, // 15: basalt.meta.v1.ScmCommand.secret_keys:type_name -> basalt.meta.v1.SecretKeysOp
 	31, // 16: basalt.meta.v1.ScmCommand.cache_pool:type_name -> basalt.meta.v1.CachePoolOp
 	32, // 17: basalt.meta.v1.ScmCommand.cache_directive:type_name -> basalt.meta.v1.CacheDirectiveOp
-	34, // 18: basalt.meta.v1.SetNodeOpStateOp.state:type_name -> basalt.meta.v1.NodeOpState
-	34, // 19: basalt.meta.v1.SetNodeOpStateOp.expect:type_name -> basalt.meta.v1.NodeOpState
-	35, // 20: basalt.meta.v1.ReplicaReportsOp.reports:type_name -> basalt.meta.v1.CorruptReplica
-	36, // 21: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
-	37, // 22: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
+	36, // 18: basalt.meta.v1.SetNodeOpStateOp.state:type_name -> basalt.meta.v1.NodeOpState
+	36, // 19: basalt.meta.v1.SetNodeOpStateOp.expect:type_name -> basalt.meta.v1.NodeOpState
+	37, // 20: basalt.meta.v1.ReplicaReportsOp.reports:type_name -> basalt.meta.v1.CorruptReplica
+	38, // 21: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
+	39, // 22: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
 	14, // 23: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
-	38, // 24: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
-	39, // 25: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
-	40, // 26: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
-	41, // 27: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
+	40, // 24: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
+	41, // 25: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
+	42, // 26: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
+	43, // 27: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
 	18, // 28: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
 	19, // 29: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
-	42, // 30: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
-	43, // 31: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
-	44, // 32: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
-	45, // 33: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
+	44, // 30: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
+	45, // 31: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
+	46, // 32: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
+	47, // 33: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
 	20, // 34: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
 	22, // 35: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
 	23, // 36: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
-	46, // 37: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
+	48, // 37: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
 	21, // 38: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
-	47, // 39: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
-	48, // 40: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
-	49, // 41: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
-	50, // 42: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
-	51, // 43: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
+	49, // 39: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
+	50, // 40: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
+	51, // 41: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
+	52, // 42: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
+	53, // 43: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
 	17, // 44: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
-	52, // 45: basalt.meta.v1.NsCommand.set_file_attrs:type_name -> basalt.meta.v1.SetFileAttrsRequest
-	53, // 46: basalt.meta.v1.NsCommand.set_acl:type_name -> basalt.meta.v1.SetAclRequest
-	54, // 47: basalt.meta.v1.NsCommand.set_bucket_policy:type_name -> basalt.meta.v1.BucketPolicy
-	55, // 48: basalt.meta.v1.NsCommand.set_public_access_block:type_name -> basalt.meta.v1.PublicAccessBlockConfig
-	56, // 49: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	57, // 50: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	57, // 51: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	58, // 52: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	37, // 53: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	59, // 54: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	60, // 55: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	60, // 56: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	61, // 57: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	62, // 58: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
-	63, // 59: basalt.meta.v1.FsEntry.acls:type_name -> basalt.meta.v1.Acl
-	34, // 60: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
-	64, // 61: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
-	65, // 62: basalt.meta.v1.CachePoolOp.pool:type_name -> basalt.meta.v1.CachePool
-	66, // 63: basalt.meta.v1.CacheDirectiveOp.directive:type_name -> basalt.meta.v1.CacheDirective
-	64, // [64:64] is the sub-list for method output_type
-	64, // [64:64] is the sub-list for method input_type
-	64, // [64:64] is the sub-list for extension type_name
-	64, // [64:64] is the sub-list for extension extendee
-	0,  // [0:64] is the sub-list for field type_name
+	54, // 45: basalt.meta.v1.NsCommand.set_file_attrs:type_name -> basalt.meta.v1.SetFileAttrsRequest
+	55, // 46: basalt.meta.v1.NsCommand.set_acl:type_name -> basalt.meta.v1.SetAclRequest
+	56, // 47: basalt.meta.v1.NsCommand.set_bucket_policy:type_name -> basalt.meta.v1.BucketPolicy
+	57, // 48: basalt.meta.v1.NsCommand.set_public_access_block:type_name -> basalt.meta.v1.PublicAccessBlockConfig
+	33, // 49: basalt.meta.v1.NsCommand.open_keys:type_name -> basalt.meta.v1.OpenKeysOp
+	34, // 50: basalt.meta.v1.NsCommand.commit_keys:type_name -> basalt.meta.v1.CommitKeysOp
+	58, // 51: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	59, // 52: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	59, // 53: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	60, // 54: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	39, // 55: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	61, // 56: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	62, // 57: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	62, // 58: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	63, // 59: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	64, // 60: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
+	65, // 61: basalt.meta.v1.FsEntry.acls:type_name -> basalt.meta.v1.Acl
+	36, // 62: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
+	66, // 63: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
+	67, // 64: basalt.meta.v1.CachePoolOp.pool:type_name -> basalt.meta.v1.CachePool
+	68, // 65: basalt.meta.v1.CacheDirectiveOp.directive:type_name -> basalt.meta.v1.CacheDirective
+	18, // 66: basalt.meta.v1.OpenKeysOp.opens:type_name -> basalt.meta.v1.OpenKeyOp
+	44, // 67: basalt.meta.v1.CommitKeysOp.commits:type_name -> basalt.meta.v1.CommitKeyRequest
+	68, // [68:68] is the sub-list for method output_type
+	68, // [68:68] is the sub-list for method input_type
+	68, // [68:68] is the sub-list for extension type_name
+	68, // [68:68] is the sub-list for extension extendee
+	0,  // [0:68] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -2967,6 +3109,8 @@ func file_meta_command_proto_init() {
 		(*NsCommand_SetAcl)(nil),
 		(*NsCommand_SetBucketPolicy)(nil),
 		(*NsCommand_SetPublicAccessBlock)(nil),
+		(*NsCommand_OpenKeys)(nil),
+		(*NsCommand_CommitKeys)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2974,7 +3118,7 @@ func file_meta_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_command_proto_rawDesc), len(file_meta_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   33,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

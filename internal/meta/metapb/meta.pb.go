@@ -10087,6 +10087,322 @@ func (x *LookupKeysResponse) GetResults() []*LookupKeyResult {
 	return nil
 }
 
+type OpenKeysRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Requests      []*OpenKeyRequest      `protobuf:"bytes,1400,rep,name=requests,proto3" json:"requests,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenKeysRequest) Reset() {
+	*x = OpenKeysRequest{}
+	mi := &file_meta_meta_proto_msgTypes[140]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenKeysRequest) ProtoMessage() {}
+
+func (x *OpenKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[140]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenKeysRequest.ProtoReflect.Descriptor instead.
+func (*OpenKeysRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{140}
+}
+
+func (x *OpenKeysRequest) GetRequests() []*OpenKeyRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+// OpenKeyResult is one key's answer: open when code is 0 (OK), else the
+// gRPC status code, message and serialized google.rpc.Status OpenKey
+// would have returned.
+type OpenKeyResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Open          *OpenKeyResponse       `protobuf:"bytes,1400,opt,name=open,proto3" json:"open,omitempty"`
+	Code          uint32                 `protobuf:"varint,1401,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,1402,opt,name=message,proto3" json:"message,omitempty"`
+	Status        []byte                 `protobuf:"bytes,1403,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenKeyResult) Reset() {
+	*x = OpenKeyResult{}
+	mi := &file_meta_meta_proto_msgTypes[141]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenKeyResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenKeyResult) ProtoMessage() {}
+
+func (x *OpenKeyResult) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[141]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenKeyResult.ProtoReflect.Descriptor instead.
+func (*OpenKeyResult) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{141}
+}
+
+func (x *OpenKeyResult) GetOpen() *OpenKeyResponse {
+	if x != nil {
+		return x.Open
+	}
+	return nil
+}
+
+func (x *OpenKeyResult) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *OpenKeyResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *OpenKeyResult) GetStatus() []byte {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+type OpenKeysResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*OpenKeyResult       `protobuf:"bytes,1400,rep,name=results,proto3" json:"results,omitempty"` // in the order of the requests
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenKeysResponse) Reset() {
+	*x = OpenKeysResponse{}
+	mi := &file_meta_meta_proto_msgTypes[142]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenKeysResponse) ProtoMessage() {}
+
+func (x *OpenKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[142]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenKeysResponse.ProtoReflect.Descriptor instead.
+func (*OpenKeysResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{142}
+}
+
+func (x *OpenKeysResponse) GetResults() []*OpenKeyResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type CommitKeysRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Requests      []*CommitKeyRequest    `protobuf:"bytes,1400,rep,name=requests,proto3" json:"requests,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitKeysRequest) Reset() {
+	*x = CommitKeysRequest{}
+	mi := &file_meta_meta_proto_msgTypes[143]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitKeysRequest) ProtoMessage() {}
+
+func (x *CommitKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[143]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitKeysRequest.ProtoReflect.Descriptor instead.
+func (*CommitKeysRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{143}
+}
+
+func (x *CommitKeysRequest) GetRequests() []*CommitKeyRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+// CommitKeyResult is one key's answer, as OpenKeyResult.
+type CommitKeyResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           *KeyInfo               `protobuf:"bytes,1400,opt,name=key,proto3" json:"key,omitempty"`
+	Code          uint32                 `protobuf:"varint,1401,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,1402,opt,name=message,proto3" json:"message,omitempty"`
+	Status        []byte                 `protobuf:"bytes,1403,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitKeyResult) Reset() {
+	*x = CommitKeyResult{}
+	mi := &file_meta_meta_proto_msgTypes[144]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitKeyResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitKeyResult) ProtoMessage() {}
+
+func (x *CommitKeyResult) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[144]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitKeyResult.ProtoReflect.Descriptor instead.
+func (*CommitKeyResult) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{144}
+}
+
+func (x *CommitKeyResult) GetKey() *KeyInfo {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *CommitKeyResult) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *CommitKeyResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *CommitKeyResult) GetStatus() []byte {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+type CommitKeysResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*CommitKeyResult     `protobuf:"bytes,1400,rep,name=results,proto3" json:"results,omitempty"` // in the order of the requests
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitKeysResponse) Reset() {
+	*x = CommitKeysResponse{}
+	mi := &file_meta_meta_proto_msgTypes[145]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitKeysResponse) ProtoMessage() {}
+
+func (x *CommitKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[145]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitKeysResponse.ProtoReflect.Descriptor instead.
+func (*CommitKeysResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{145}
+}
+
+func (x *CommitKeysResponse) GetResults() []*CommitKeyResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 var File_meta_meta_proto protoreflect.FileDescriptor
 
 const file_meta_meta_proto_rawDesc = "" +
@@ -10842,7 +11158,37 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\vretry_alone\x18\x05 \x01(\bR\n" +
 	"retryAlone\"O\n" +
 	"\x12LookupKeysResponse\x129\n" +
-	"\aresults\x18\x01 \x03(\v2\x1f.basalt.meta.v1.LookupKeyResultR\aresults*>\n" +
+	"\aresults\x18\x01 \x03(\v2\x1f.basalt.meta.v1.LookupKeyResultR\aresults\"N\n" +
+	"\x0fOpenKeysRequest\x12;\n" +
+	"\brequests\x18\xf8\n" +
+	" \x03(\v2\x1e.basalt.meta.v1.OpenKeyRequestR\brequests\"\x8e\x01\n" +
+	"\rOpenKeyResult\x124\n" +
+	"\x04open\x18\xf8\n" +
+	" \x01(\v2\x1f.basalt.meta.v1.OpenKeyResponseR\x04open\x12\x13\n" +
+	"\x04code\x18\xf9\n" +
+	" \x01(\rR\x04code\x12\x19\n" +
+	"\amessage\x18\xfa\n" +
+	" \x01(\tR\amessage\x12\x17\n" +
+	"\x06status\x18\xfb\n" +
+	" \x01(\fR\x06status\"L\n" +
+	"\x10OpenKeysResponse\x128\n" +
+	"\aresults\x18\xf8\n" +
+	" \x03(\v2\x1d.basalt.meta.v1.OpenKeyResultR\aresults\"R\n" +
+	"\x11CommitKeysRequest\x12=\n" +
+	"\brequests\x18\xf8\n" +
+	" \x03(\v2 .basalt.meta.v1.CommitKeyRequestR\brequests\"\x86\x01\n" +
+	"\x0fCommitKeyResult\x12*\n" +
+	"\x03key\x18\xf8\n" +
+	" \x01(\v2\x17.basalt.meta.v1.KeyInfoR\x03key\x12\x13\n" +
+	"\x04code\x18\xf9\n" +
+	" \x01(\rR\x04code\x12\x19\n" +
+	"\amessage\x18\xfa\n" +
+	" \x01(\tR\amessage\x12\x17\n" +
+	"\x06status\x18\xfb\n" +
+	" \x01(\fR\x06status\"P\n" +
+	"\x12CommitKeysResponse\x12:\n" +
+	"\aresults\x18\xf8\n" +
+	" \x03(\v2\x1f.basalt.meta.v1.CommitKeyResultR\aresults*>\n" +
 	"\vReplication\x12\x1b\n" +
 	"\x17REPLICATION_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03ONE\x10\x01\x12\t\n" +
@@ -10929,7 +11275,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x11AddCacheDirective\x12\x1e.basalt.meta.v1.CacheDirective\x1a\x1e.basalt.meta.v1.CacheDirective\x12V\n" +
 	"\x14ModifyCacheDirective\x12\x1e.basalt.meta.v1.CacheDirective\x1a\x1e.basalt.meta.v1.CacheDirective\x12q\n" +
 	"\x14RemoveCacheDirective\x12+.basalt.meta.v1.RemoveCacheDirectiveRequest\x1a,.basalt.meta.v1.RemoveCacheDirectiveResponse\x12n\n" +
-	"\x13ListCacheDirectives\x12*.basalt.meta.v1.ListCacheDirectivesRequest\x1a+.basalt.meta.v1.ListCacheDirectivesResponse2\xc5\x18\n" +
+	"\x13ListCacheDirectives\x12*.basalt.meta.v1.ListCacheDirectivesRequest\x1a+.basalt.meta.v1.ListCacheDirectivesResponse2\xe9\x19\n" +
 	"\tNamespace\x12K\n" +
 	"\fCreateVolume\x12#.basalt.meta.v1.CreateVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12E\n" +
 	"\tGetVolume\x12 .basalt.meta.v1.GetVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12V\n" +
@@ -10970,7 +11316,10 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x14GetPublicAccessBlock\x12\x19.basalt.meta.v1.BucketRef\x1a'.basalt.meta.v1.PublicAccessBlockConfig\x12h\n" +
 	"\x14SetPublicAccessBlock\x12'.basalt.meta.v1.PublicAccessBlockConfig\x1a'.basalt.meta.v1.PublicAccessBlockConfig\x12S\n" +
 	"\n" +
-	"LookupKeys\x12!.basalt.meta.v1.LookupKeysRequest\x1a\".basalt.meta.v1.LookupKeysResponseB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
+	"LookupKeys\x12!.basalt.meta.v1.LookupKeysRequest\x1a\".basalt.meta.v1.LookupKeysResponse\x12M\n" +
+	"\bOpenKeys\x12\x1f.basalt.meta.v1.OpenKeysRequest\x1a .basalt.meta.v1.OpenKeysResponse\x12S\n" +
+	"\n" +
+	"CommitKeys\x12!.basalt.meta.v1.CommitKeysRequest\x1a\".basalt.meta.v1.CommitKeysResponseB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
 
 var (
 	file_meta_meta_proto_rawDescOnce sync.Once
@@ -10985,7 +11334,7 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 144)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 150)
 var file_meta_meta_proto_goTypes = []any{
 	(Replication)(0),                       // 0: basalt.meta.v1.Replication
 	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
@@ -11138,10 +11487,16 @@ var file_meta_meta_proto_goTypes = []any{
 	(*LookupKeysRequest)(nil),              // 148: basalt.meta.v1.LookupKeysRequest
 	(*LookupKeyResult)(nil),                // 149: basalt.meta.v1.LookupKeyResult
 	(*LookupKeysResponse)(nil),             // 150: basalt.meta.v1.LookupKeysResponse
-	nil,                                    // 151: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	nil,                                    // 152: basalt.meta.v1.ObjectMeta.UserEntry
-	nil,                                    // 153: basalt.meta.v1.ObjectMeta.TagsEntry
-	nil,                                    // 154: basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	(*OpenKeysRequest)(nil),                // 151: basalt.meta.v1.OpenKeysRequest
+	(*OpenKeyResult)(nil),                  // 152: basalt.meta.v1.OpenKeyResult
+	(*OpenKeysResponse)(nil),               // 153: basalt.meta.v1.OpenKeysResponse
+	(*CommitKeysRequest)(nil),              // 154: basalt.meta.v1.CommitKeysRequest
+	(*CommitKeyResult)(nil),                // 155: basalt.meta.v1.CommitKeyResult
+	(*CommitKeysResponse)(nil),             // 156: basalt.meta.v1.CommitKeysResponse
+	nil,                                    // 157: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	nil,                                    // 158: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 159: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 160: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
 	4,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
@@ -11209,7 +11564,7 @@ var file_meta_meta_proto_depIdxs = []int32{
 	16,  // 62: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
 	17,  // 63: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
 	4,   // 64: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
-	151, // 65: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	157, // 65: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
 	66,  // 66: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
 	67,  // 67: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
 	124, // 68: basalt.meta.v1.Volume.attrs:type_name -> basalt.meta.v1.FileAttrs
@@ -11235,9 +11590,9 @@ var file_meta_meta_proto_depIdxs = []int32{
 	86,  // 88: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
 	124, // 89: basalt.meta.v1.KeyInfo.attrs:type_name -> basalt.meta.v1.FileAttrs
 	138, // 90: basalt.meta.v1.KeyInfo.acls:type_name -> basalt.meta.v1.Acl
-	152, // 91: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
-	153, // 92: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
-	154, // 93: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	158, // 91: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	159, // 92: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	160, // 93: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
 	138, // 94: basalt.meta.v1.ObjectMeta.upload_acls:type_name -> basalt.meta.v1.Acl
 	0,   // 95: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
 	6,   // 96: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
@@ -11285,129 +11640,139 @@ var file_meta_meta_proto_depIdxs = []int32{
 	93,  // 138: basalt.meta.v1.LookupKeysRequest.requests:type_name -> basalt.meta.v1.LookupKeyRequest
 	85,  // 139: basalt.meta.v1.LookupKeyResult.key:type_name -> basalt.meta.v1.KeyInfo
 	149, // 140: basalt.meta.v1.LookupKeysResponse.results:type_name -> basalt.meta.v1.LookupKeyResult
-	27,  // 141: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	29,  // 142: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	44,  // 143: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	46,  // 144: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	54,  // 145: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	49,  // 146: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	51,  // 147: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	57,  // 148: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	60,  // 149: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	62,  // 150: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	64,  // 151: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	65,  // 152: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
-	21,  // 153: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
-	23,  // 154: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
-	128, // 155: basalt.meta.v1.Scm.AddCachePool:input_type -> basalt.meta.v1.CachePool
-	128, // 156: basalt.meta.v1.Scm.ModifyCachePool:input_type -> basalt.meta.v1.CachePool
-	130, // 157: basalt.meta.v1.Scm.RemoveCachePool:input_type -> basalt.meta.v1.RemoveCachePoolRequest
-	132, // 158: basalt.meta.v1.Scm.ListCachePools:input_type -> basalt.meta.v1.ListCachePoolsRequest
-	129, // 159: basalt.meta.v1.Scm.AddCacheDirective:input_type -> basalt.meta.v1.CacheDirective
-	129, // 160: basalt.meta.v1.Scm.ModifyCacheDirective:input_type -> basalt.meta.v1.CacheDirective
-	134, // 161: basalt.meta.v1.Scm.RemoveCacheDirective:input_type -> basalt.meta.v1.RemoveCacheDirectiveRequest
-	136, // 162: basalt.meta.v1.Scm.ListCacheDirectives:input_type -> basalt.meta.v1.ListCacheDirectivesRequest
-	71,  // 163: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	72,  // 164: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	73,  // 165: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	75,  // 166: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	78,  // 167: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	79,  // 168: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	80,  // 169: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	82,  // 170: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	87,  // 171: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	89,  // 172: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	91,  // 173: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	93,  // 174: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	94,  // 175: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	96,  // 176: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	98,  // 177: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	101, // 178: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	102, // 179: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	103, // 180: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	105, // 181: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	106, // 182: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
-	108, // 183: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	110, // 184: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	111, // 185: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	114, // 186: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	116, // 187: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	119, // 188: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	120, // 189: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	121, // 190: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	125, // 191: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
-	140, // 192: basalt.meta.v1.Namespace.GetAcl:input_type -> basalt.meta.v1.GetAclRequest
-	141, // 193: basalt.meta.v1.Namespace.SetAcl:input_type -> basalt.meta.v1.SetAclRequest
-	143, // 194: basalt.meta.v1.Namespace.GetBucketPolicy:input_type -> basalt.meta.v1.BucketRef
-	144, // 195: basalt.meta.v1.Namespace.SetBucketPolicy:input_type -> basalt.meta.v1.BucketPolicy
-	143, // 196: basalt.meta.v1.Namespace.GetBucketPolicyStatus:input_type -> basalt.meta.v1.BucketRef
-	143, // 197: basalt.meta.v1.Namespace.GetPublicAccessBlock:input_type -> basalt.meta.v1.BucketRef
-	147, // 198: basalt.meta.v1.Namespace.SetPublicAccessBlock:input_type -> basalt.meta.v1.PublicAccessBlockConfig
-	148, // 199: basalt.meta.v1.Namespace.LookupKeys:input_type -> basalt.meta.v1.LookupKeysRequest
-	28,  // 200: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	34,  // 201: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	45,  // 202: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	48,  // 203: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	55,  // 204: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	50,  // 205: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	53,  // 206: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	59,  // 207: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	61,  // 208: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	63,  // 209: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	69,  // 210: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	68,  // 211: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
-	22,  // 212: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
-	26,  // 213: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
-	128, // 214: basalt.meta.v1.Scm.AddCachePool:output_type -> basalt.meta.v1.CachePool
-	128, // 215: basalt.meta.v1.Scm.ModifyCachePool:output_type -> basalt.meta.v1.CachePool
-	131, // 216: basalt.meta.v1.Scm.RemoveCachePool:output_type -> basalt.meta.v1.RemoveCachePoolResponse
-	133, // 217: basalt.meta.v1.Scm.ListCachePools:output_type -> basalt.meta.v1.ListCachePoolsResponse
-	129, // 218: basalt.meta.v1.Scm.AddCacheDirective:output_type -> basalt.meta.v1.CacheDirective
-	129, // 219: basalt.meta.v1.Scm.ModifyCacheDirective:output_type -> basalt.meta.v1.CacheDirective
-	135, // 220: basalt.meta.v1.Scm.RemoveCacheDirective:output_type -> basalt.meta.v1.RemoveCacheDirectiveResponse
-	137, // 221: basalt.meta.v1.Scm.ListCacheDirectives:output_type -> basalt.meta.v1.ListCacheDirectivesResponse
-	70,  // 222: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	70,  // 223: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	74,  // 224: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	76,  // 225: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	77,  // 226: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	77,  // 227: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	81,  // 228: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	83,  // 229: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	88,  // 230: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	90,  // 231: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	85,  // 232: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	85,  // 233: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	95,  // 234: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	97,  // 235: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	99,  // 236: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	100, // 237: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	100, // 238: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	104, // 239: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	85,  // 240: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	85,  // 241: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
-	107, // 242: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	85,  // 243: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	112, // 244: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	115, // 245: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	117, // 246: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	118, // 247: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	118, // 248: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	122, // 249: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	126, // 250: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
-	142, // 251: basalt.meta.v1.Namespace.GetAcl:output_type -> basalt.meta.v1.AclList
-	142, // 252: basalt.meta.v1.Namespace.SetAcl:output_type -> basalt.meta.v1.AclList
-	144, // 253: basalt.meta.v1.Namespace.GetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
-	144, // 254: basalt.meta.v1.Namespace.SetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
-	145, // 255: basalt.meta.v1.Namespace.GetBucketPolicyStatus:output_type -> basalt.meta.v1.BucketPolicyStatus
-	147, // 256: basalt.meta.v1.Namespace.GetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
-	147, // 257: basalt.meta.v1.Namespace.SetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
-	150, // 258: basalt.meta.v1.Namespace.LookupKeys:output_type -> basalt.meta.v1.LookupKeysResponse
-	200, // [200:259] is the sub-list for method output_type
-	141, // [141:200] is the sub-list for method input_type
-	141, // [141:141] is the sub-list for extension type_name
-	141, // [141:141] is the sub-list for extension extendee
-	0,   // [0:141] is the sub-list for field type_name
+	87,  // 141: basalt.meta.v1.OpenKeysRequest.requests:type_name -> basalt.meta.v1.OpenKeyRequest
+	88,  // 142: basalt.meta.v1.OpenKeyResult.open:type_name -> basalt.meta.v1.OpenKeyResponse
+	152, // 143: basalt.meta.v1.OpenKeysResponse.results:type_name -> basalt.meta.v1.OpenKeyResult
+	91,  // 144: basalt.meta.v1.CommitKeysRequest.requests:type_name -> basalt.meta.v1.CommitKeyRequest
+	85,  // 145: basalt.meta.v1.CommitKeyResult.key:type_name -> basalt.meta.v1.KeyInfo
+	155, // 146: basalt.meta.v1.CommitKeysResponse.results:type_name -> basalt.meta.v1.CommitKeyResult
+	27,  // 147: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	29,  // 148: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	44,  // 149: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	46,  // 150: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	54,  // 151: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	49,  // 152: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	51,  // 153: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	57,  // 154: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	60,  // 155: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	62,  // 156: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	64,  // 157: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	65,  // 158: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
+	21,  // 159: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
+	23,  // 160: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
+	128, // 161: basalt.meta.v1.Scm.AddCachePool:input_type -> basalt.meta.v1.CachePool
+	128, // 162: basalt.meta.v1.Scm.ModifyCachePool:input_type -> basalt.meta.v1.CachePool
+	130, // 163: basalt.meta.v1.Scm.RemoveCachePool:input_type -> basalt.meta.v1.RemoveCachePoolRequest
+	132, // 164: basalt.meta.v1.Scm.ListCachePools:input_type -> basalt.meta.v1.ListCachePoolsRequest
+	129, // 165: basalt.meta.v1.Scm.AddCacheDirective:input_type -> basalt.meta.v1.CacheDirective
+	129, // 166: basalt.meta.v1.Scm.ModifyCacheDirective:input_type -> basalt.meta.v1.CacheDirective
+	134, // 167: basalt.meta.v1.Scm.RemoveCacheDirective:input_type -> basalt.meta.v1.RemoveCacheDirectiveRequest
+	136, // 168: basalt.meta.v1.Scm.ListCacheDirectives:input_type -> basalt.meta.v1.ListCacheDirectivesRequest
+	71,  // 169: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	72,  // 170: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	73,  // 171: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	75,  // 172: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	78,  // 173: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	79,  // 174: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	80,  // 175: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	82,  // 176: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	87,  // 177: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	89,  // 178: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	91,  // 179: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	93,  // 180: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	94,  // 181: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	96,  // 182: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	98,  // 183: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	101, // 184: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	102, // 185: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	103, // 186: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	105, // 187: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	106, // 188: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	108, // 189: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	110, // 190: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	111, // 191: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	114, // 192: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	116, // 193: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	119, // 194: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	120, // 195: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	121, // 196: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	125, // 197: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
+	140, // 198: basalt.meta.v1.Namespace.GetAcl:input_type -> basalt.meta.v1.GetAclRequest
+	141, // 199: basalt.meta.v1.Namespace.SetAcl:input_type -> basalt.meta.v1.SetAclRequest
+	143, // 200: basalt.meta.v1.Namespace.GetBucketPolicy:input_type -> basalt.meta.v1.BucketRef
+	144, // 201: basalt.meta.v1.Namespace.SetBucketPolicy:input_type -> basalt.meta.v1.BucketPolicy
+	143, // 202: basalt.meta.v1.Namespace.GetBucketPolicyStatus:input_type -> basalt.meta.v1.BucketRef
+	143, // 203: basalt.meta.v1.Namespace.GetPublicAccessBlock:input_type -> basalt.meta.v1.BucketRef
+	147, // 204: basalt.meta.v1.Namespace.SetPublicAccessBlock:input_type -> basalt.meta.v1.PublicAccessBlockConfig
+	148, // 205: basalt.meta.v1.Namespace.LookupKeys:input_type -> basalt.meta.v1.LookupKeysRequest
+	151, // 206: basalt.meta.v1.Namespace.OpenKeys:input_type -> basalt.meta.v1.OpenKeysRequest
+	154, // 207: basalt.meta.v1.Namespace.CommitKeys:input_type -> basalt.meta.v1.CommitKeysRequest
+	28,  // 208: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	34,  // 209: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	45,  // 210: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	48,  // 211: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	55,  // 212: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	50,  // 213: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	53,  // 214: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	59,  // 215: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	61,  // 216: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	63,  // 217: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	69,  // 218: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	68,  // 219: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
+	22,  // 220: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
+	26,  // 221: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
+	128, // 222: basalt.meta.v1.Scm.AddCachePool:output_type -> basalt.meta.v1.CachePool
+	128, // 223: basalt.meta.v1.Scm.ModifyCachePool:output_type -> basalt.meta.v1.CachePool
+	131, // 224: basalt.meta.v1.Scm.RemoveCachePool:output_type -> basalt.meta.v1.RemoveCachePoolResponse
+	133, // 225: basalt.meta.v1.Scm.ListCachePools:output_type -> basalt.meta.v1.ListCachePoolsResponse
+	129, // 226: basalt.meta.v1.Scm.AddCacheDirective:output_type -> basalt.meta.v1.CacheDirective
+	129, // 227: basalt.meta.v1.Scm.ModifyCacheDirective:output_type -> basalt.meta.v1.CacheDirective
+	135, // 228: basalt.meta.v1.Scm.RemoveCacheDirective:output_type -> basalt.meta.v1.RemoveCacheDirectiveResponse
+	137, // 229: basalt.meta.v1.Scm.ListCacheDirectives:output_type -> basalt.meta.v1.ListCacheDirectivesResponse
+	70,  // 230: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	70,  // 231: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	74,  // 232: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	76,  // 233: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	77,  // 234: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	77,  // 235: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	81,  // 236: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	83,  // 237: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	88,  // 238: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	90,  // 239: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	85,  // 240: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	85,  // 241: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	95,  // 242: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	97,  // 243: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	99,  // 244: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	100, // 245: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	100, // 246: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	104, // 247: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	85,  // 248: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	85,  // 249: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	107, // 250: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	85,  // 251: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	112, // 252: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	115, // 253: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	117, // 254: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	118, // 255: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	118, // 256: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	122, // 257: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	126, // 258: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
+	142, // 259: basalt.meta.v1.Namespace.GetAcl:output_type -> basalt.meta.v1.AclList
+	142, // 260: basalt.meta.v1.Namespace.SetAcl:output_type -> basalt.meta.v1.AclList
+	144, // 261: basalt.meta.v1.Namespace.GetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
+	144, // 262: basalt.meta.v1.Namespace.SetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
+	145, // 263: basalt.meta.v1.Namespace.GetBucketPolicyStatus:output_type -> basalt.meta.v1.BucketPolicyStatus
+	147, // 264: basalt.meta.v1.Namespace.GetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
+	147, // 265: basalt.meta.v1.Namespace.SetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
+	150, // 266: basalt.meta.v1.Namespace.LookupKeys:output_type -> basalt.meta.v1.LookupKeysResponse
+	153, // 267: basalt.meta.v1.Namespace.OpenKeys:output_type -> basalt.meta.v1.OpenKeysResponse
+	156, // 268: basalt.meta.v1.Namespace.CommitKeys:output_type -> basalt.meta.v1.CommitKeysResponse
+	208, // [208:269] is the sub-list for method output_type
+	147, // [147:208] is the sub-list for method input_type
+	147, // [147:147] is the sub-list for extension type_name
+	147, // [147:147] is the sub-list for extension extendee
+	0,   // [0:147] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -11432,7 +11797,7 @@ func file_meta_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   144,
+			NumMessages:   150,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -986,6 +986,8 @@ const (
 	Namespace_GetPublicAccessBlock_FullMethodName    = "/basalt.meta.v1.Namespace/GetPublicAccessBlock"
 	Namespace_SetPublicAccessBlock_FullMethodName    = "/basalt.meta.v1.Namespace/SetPublicAccessBlock"
 	Namespace_LookupKeys_FullMethodName              = "/basalt.meta.v1.Namespace/LookupKeys"
+	Namespace_OpenKeys_FullMethodName                = "/basalt.meta.v1.Namespace/OpenKeys"
+	Namespace_CommitKeys_FullMethodName              = "/basalt.meta.v1.Namespace/CommitKeys"
 )
 
 // NamespaceClient is the client API for Namespace service.
@@ -1057,6 +1059,17 @@ type NamespaceClient interface {
 	// read barrier for all of them, each key authorized and answered on
 	// its own (a refused or missing key fails only its own result).
 	LookupKeys(ctx context.Context, in *LookupKeysRequest, opts ...grpc.CallOption) (*LookupKeysResponse, error)
+	// OpenKeys is OpenKey for many keys in one call (up to 256): one read
+	// barrier, each key validated and authorized on its own, blocks
+	// allocated in as few SCM calls as the requests allow, and one Raft
+	// entry for all the opens. A key's refusal fails only its own result.
+	OpenKeys(ctx context.Context, in *OpenKeysRequest, opts ...grpc.CallOption) (*OpenKeysResponse, error)
+	// CommitKeys is CommitKey for many open keys in one call (up to 256),
+	// one Raft entry for all of them, applied one after the other: a
+	// missing open key, a stale block list or a failed precondition fails
+	// only its own result. An error of the whole call (the entry's outcome
+	// unknown) is every key's.
+	CommitKeys(ctx context.Context, in *CommitKeysRequest, opts ...grpc.CallOption) (*CommitKeysResponse, error)
 }
 
 type namespaceClient struct {
@@ -1437,6 +1450,26 @@ func (c *namespaceClient) LookupKeys(ctx context.Context, in *LookupKeysRequest,
 	return out, nil
 }
 
+func (c *namespaceClient) OpenKeys(ctx context.Context, in *OpenKeysRequest, opts ...grpc.CallOption) (*OpenKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OpenKeysResponse)
+	err := c.cc.Invoke(ctx, Namespace_OpenKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *namespaceClient) CommitKeys(ctx context.Context, in *CommitKeysRequest, opts ...grpc.CallOption) (*CommitKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CommitKeysResponse)
+	err := c.cc.Invoke(ctx, Namespace_CommitKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NamespaceServer is the server API for Namespace service.
 // All implementations must embed UnimplementedNamespaceServer
 // for forward compatibility.
@@ -1506,6 +1539,17 @@ type NamespaceServer interface {
 	// read barrier for all of them, each key authorized and answered on
 	// its own (a refused or missing key fails only its own result).
 	LookupKeys(context.Context, *LookupKeysRequest) (*LookupKeysResponse, error)
+	// OpenKeys is OpenKey for many keys in one call (up to 256): one read
+	// barrier, each key validated and authorized on its own, blocks
+	// allocated in as few SCM calls as the requests allow, and one Raft
+	// entry for all the opens. A key's refusal fails only its own result.
+	OpenKeys(context.Context, *OpenKeysRequest) (*OpenKeysResponse, error)
+	// CommitKeys is CommitKey for many open keys in one call (up to 256),
+	// one Raft entry for all of them, applied one after the other: a
+	// missing open key, a stale block list or a failed precondition fails
+	// only its own result. An error of the whole call (the entry's outcome
+	// unknown) is every key's.
+	CommitKeys(context.Context, *CommitKeysRequest) (*CommitKeysResponse, error)
 	mustEmbedUnimplementedNamespaceServer()
 }
 
@@ -1626,6 +1670,12 @@ func (UnimplementedNamespaceServer) SetPublicAccessBlock(context.Context, *Publi
 }
 func (UnimplementedNamespaceServer) LookupKeys(context.Context, *LookupKeysRequest) (*LookupKeysResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method LookupKeys not implemented")
+}
+func (UnimplementedNamespaceServer) OpenKeys(context.Context, *OpenKeysRequest) (*OpenKeysResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method OpenKeys not implemented")
+}
+func (UnimplementedNamespaceServer) CommitKeys(context.Context, *CommitKeysRequest) (*CommitKeysResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CommitKeys not implemented")
 }
 func (UnimplementedNamespaceServer) mustEmbedUnimplementedNamespaceServer() {}
 func (UnimplementedNamespaceServer) testEmbeddedByValue()                   {}
@@ -2314,6 +2364,42 @@ func _Namespace_LookupKeys_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Namespace_OpenKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OpenKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).OpenKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_OpenKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).OpenKeys(ctx, req.(*OpenKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Namespace_CommitKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CommitKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).CommitKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_CommitKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).CommitKeys(ctx, req.(*CommitKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Namespace_ServiceDesc is the grpc.ServiceDesc for Namespace service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -2468,6 +2554,14 @@ var Namespace_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "LookupKeys",
 			Handler:    _Namespace_LookupKeys_Handler,
+		},
+		{
+			MethodName: "OpenKeys",
+			Handler:    _Namespace_OpenKeys_Handler,
+		},
+		{
+			MethodName: "CommitKeys",
+			Handler:    _Namespace_CommitKeys_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -401,6 +401,10 @@ func (t *tx) apply(cmd *metapb.NsCommand) any {
 		return t.setBucketPolicy(op.SetBucketPolicy)
 	case *metapb.NsCommand_SetPublicAccessBlock:
 		return t.setPublicAccessBlock(op.SetPublicAccessBlock)
+	case *metapb.NsCommand_OpenKeys:
+		return t.openKeys(op.OpenKeys)
+	case *metapb.NsCommand_CommitKeys:
+		return t.commitKeys(op.CommitKeys)
 	default:
 		return fmt.Errorf("namespace: unknown command %T", cmd.Op)
 	}
@@ -537,7 +541,9 @@ func (t *tx) openKey(op *metapb.OpenKeyOp) any {
 		CreatedUnixMs: t.now,
 	}
 	for _, bl := range op.Blocks {
-		row.Blocks = append(row.Blocks, bl.Id)
+		if bl.GetId() != nil { // (the proposer's blocks all have one)
+			row.Blocks = append(row.Blocks, bl.Id)
+		}
 	}
 	t.s.nextOpen++
 	t.put(u64Key(pfxOpen, row.OpenId), row)
