@@ -294,6 +294,9 @@ type body struct {
 	r       io.Reader
 	chunked *chunkedReader
 	md5     hash.Hash
+	// laneMD5 is md5 for large bodies: the shared AVX-512 lanes or
+	// crypto/md5 (md5lanes.go); done at EOF or failure, closed by close.
+	laneMD5 *laneMD5
 	// Verification, each optional.
 	sha256     hash.Hash
 	wantSHA256 string
@@ -425,6 +428,9 @@ func (b *body) close() {
 	if b.async != nil {
 		b.async.wait()
 	}
+	if b.laneMD5 != nil {
+		b.laneMD5.Close()
+	}
 }
 
 // crc32cSummed counts body bytes the gateway itself summed with CRC32C
@@ -501,6 +507,8 @@ func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Er
 		b.ck = checksumAlgos[b.ckAlg]()
 	}
 	if b.want >= asyncHashMin {
+		b.laneMD5 = newLaneMD5()
+		b.md5 = b.laneMD5
 		hs := []hash.Hash{b.md5}
 		for _, h := range []hash.Hash{b.sha256, b.ck} {
 			if h != nil {
@@ -508,11 +516,16 @@ func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Er
 			}
 		}
 		b.async = newHasher(hs)
+		md5Work := b.async.work[0]
+		b.laneMD5.backlog = func() int { return len(md5Work) }
 	}
 	return b, nil
 }
 
 func (b *body) fail(e error) error {
+	if b.laneMD5 != nil {
+		b.laneMD5.done() // no longer read: not waited for at the lanes' gate
+	}
 	if b.err == nil {
 		b.err = e
 	}
@@ -565,6 +578,9 @@ func (b *body) Read(p []byte) (int, error) {
 
 // finish runs the whole-body checks at EOF.
 func (b *body) finish() *Error {
+	if b.laneMD5 != nil {
+		b.laneMD5.done() // its last buffers go at once
+	}
 	if b.async != nil {
 		b.async.wait()
 	}
