@@ -584,6 +584,9 @@ func (b *body) finish() *Error {
 	if b.async != nil {
 		b.async.wait()
 	}
+	if b.laneMD5 != nil {
+		b.laneMD5.Sum(nil) // the sum is kept; the lane is freed before the commit
+	}
 	if b.want >= 0 && b.n != b.want {
 		return errorf("IncompleteBody", 400, "You did not provide the number of bytes specified by the Content-Length HTTP header (%d of %d)", b.n, b.want)
 	}

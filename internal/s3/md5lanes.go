@@ -44,10 +44,11 @@ import (
 //     (more buffers queued) does not wait at all.
 //
 // A body takes the lanes only when, at its first buffer, at least
-// laneMinBodies large bodies are being read: md5-simd runs a pass of fewer
+// laneMinBodies large bodies are being read (md5-simd runs a pass of fewer
 // than 3 bodies scalar, so a body alone or in a pair gains nothing from
-// the lanes and would pay the hand-over; it uses crypto/md5 on its own
-// hashing goroutine, as before.
+// the lanes and would pay the hand-over) and the body arrived no faster
+// than laneFastest (a lane is slower than crypto/md5 on its own core);
+// otherwise it uses crypto/md5 on its own hashing goroutine, as before.
 var lanePool laneServers
 
 // etagLanes: large bodies' MD5 may use the shared lanes (false: always
@@ -63,6 +64,15 @@ const (
 	// this (slower than ~32 MB/s) is not waited for.
 	laneSlowest = 8 * time.Millisecond
 )
+
+// laneFastest: a body whose first buffer arrived faster than this takes
+// crypto/md5 (a variable for tests). In a pass of 3 or more bodies each
+// lane hashes at ~400 MB/s here, half of crypto/md5's speed, so a body
+// read faster than that (hashing behind its reads) would be held back by
+// the lanes: one read flat out beside three paced at 40 MB/s took 17%
+// longer in them (BenchmarkETagFastBesideSlow). Parts over the network
+// (40–80 MB/s each under warp) stay well below.
+var laneFastest = 256e6 // bytes per second
 
 // laneServerBodies is how many bodies one md5-simd server takes before it
 // is retired (a variable for tests). Each leaves a dead entry in its
@@ -263,6 +273,7 @@ type laneMD5 struct {
 	backlog func() int
 	counted bool // in largeBodies
 	closed  bool
+	start   int64 // ns, when the body opened
 	// Under srv.gate.mu: the buffer rhythm and whether it is waiting.
 	last, interval, next int64 // ns
 	waiting              bool
@@ -276,7 +287,7 @@ var largeBodies atomic.Int64
 // Close once finished.
 func newLaneMD5() *laneMD5 {
 	largeBodies.Add(1)
-	return &laneMD5{counted: true}
+	return &laneMD5{counted: true, start: time.Now().UnixNano()}
 }
 
 // done marks the end of the body's reading: no longer counted or waited for.
@@ -307,7 +318,10 @@ func (l *laneMD5) observe(now int64) {
 	l.next = now + l.interval
 }
 
-func (l *laneMD5) decide() {
+// decide picks the lanes or crypto/md5 at the body's first buffer, of
+// size first: the lanes when at least laneMinBodies large bodies are being
+// read and this one arrived no faster than laneFastest.
+func (l *laneMD5) decide(first int) {
 	if l.lane != nil || l.alone != nil {
 		return
 	}
@@ -315,7 +329,11 @@ func (l *laneMD5) decide() {
 	if l.final.Load() { // read to its end already, but it is being hashed
 		n++
 	}
-	if l.closed || l.sum != nil || l.force == 2 || (l.force == 0 && (!etagLanes || n < laneMinBodies)) {
+	fast := false
+	if el := time.Now().UnixNano() - l.start; l.start > 0 && float64(first)*1e9 > laneFastest*float64(max(el, 1)) {
+		fast = true
+	}
+	if l.closed || l.sum != nil || l.force == 2 || (l.force == 0 && (!etagLanes || n < laneMinBodies || fast)) {
 		l.alone = md5.New()
 		return
 	}
@@ -325,7 +343,7 @@ func (l *laneMD5) decide() {
 }
 
 func (l *laneMD5) Write(p []byte) (int, error) {
-	l.decide()
+	l.decide(len(p))
 	if l.alone != nil {
 		return l.alone.Write(p)
 	}
@@ -375,5 +393,8 @@ func (l *laneMD5) Close() {
 		largeBodies.Add(-1)
 	}
 	l.final.Store(true)
+	if l.lane != nil && l.sum == nil { // a later Sum still returns what was hashed
+		l.sum = l.lane.Sum(nil)
+	}
 	l.freeLane()
 }

@@ -71,6 +71,8 @@ func baseGoroutines() int {
 // Content-MD5 on a large body in the lanes fails at EOF with BadDigest, and
 // a body read with fewer than laneMinBodies large bodies uses crypto/md5.
 func TestLaneMD5ETags(t *testing.T) {
+	defer func(f float64) { laneFastest = f }(laneFastest)
+	laneFastest = 1e15 // bodies here come from memory
 	base := baseGoroutines()
 	closeCompanions := largeCompanions(t, laneMinBodies-1)
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -546,4 +548,43 @@ func BenchmarkETagFastBesideSlow(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestLaneFastBodyTakesCryptoMD5: beside enough other large bodies, a body
+// arriving at network pace takes the lanes, but one read flat out (faster
+// than laneFastest) hashes with crypto/md5, which a lane would hold back.
+func TestLaneFastBodyTakesCryptoMD5(t *testing.T) {
+	base := baseGoroutines()
+	closeCompanions := largeCompanions(t, laneMinBodies-1)
+	defer closeCompanions()
+	data := bytes.Repeat([]byte("pace"), 2<<20/4)
+	tick := time.NewTicker(time.Millisecond) // 64 KiB per ms: ≤ 64 MB/s
+	defer tick.Stop()
+	r, a := plainRequest(data)
+	r.Body = io.NopCloser(&pacedReader{data: data, step: 64 << 10, tick: tick})
+	paced := readBody(t, r, a, make([]byte, 1<<20))
+	if !paced.laneMD5.inLanes() {
+		t.Errorf("a body at ≤ 64 MB/s beside %d others did not take the lanes", laneMinBodies-1)
+	}
+	sum := md5.Sum(data)
+	if paced.etag() != hex.EncodeToString(sum[:]) {
+		t.Errorf("paced body ETag %s", paced.etag())
+	}
+	// Flat out from memory: a few tries, a loaded machine can stall one.
+	crypto := 0
+	for range 5 {
+		r, a := plainRequest(data)
+		b := readBody(t, r, a, make([]byte, 1<<20))
+		if !b.laneMD5.inLanes() {
+			crypto++
+		}
+		if b.etag() != hex.EncodeToString(sum[:]) {
+			t.Errorf("fast body ETag %s", b.etag())
+		}
+	}
+	if crypto == 0 {
+		t.Errorf("5 bodies read flat out all took the lanes")
+	}
+	closeCompanions()
+	waitLanesIdle(t, base)
 }
