@@ -43,10 +43,9 @@ import (
 //     go on into its other buffers, and a body whose hashing is behind
 //     (more buffers queued) does not wait at all.
 //
-// A body takes the lanes only when, at its first buffer, at least
-// laneMinBodies large bodies are being read (md5-simd runs a pass of fewer
-// than 3 bodies scalar, so a body alone or in a pair gains nothing from
-// the lanes and would pay the hand-over) and the body arrived no faster
+// A body takes the lanes only when, at its first buffer, another large
+// body is being read (alone, a body gains nothing from the lanes and would
+// pay the hand-over to their goroutine) and the body arrived no faster
 // than laneFastest (a lane is slower than crypto/md5 on its own core);
 // otherwise it uses crypto/md5 on its own hashing goroutine, as before.
 var lanePool laneServers
@@ -57,12 +56,17 @@ var etagLanes = true
 
 const (
 	// laneMinBodies large bodies being read make a body take the lanes.
-	laneMinBodies = 3
+	// 2, not 3 (md5-simd runs passes of fewer than 3 bodies scalar): a
+	// body that starts beside one other is usually joined by more (the
+	// next parts of a wave), and bodies whose hashing is behind queue
+	// blocks side by side; session 9 measured a body alone at its first
+	// buffer as the right test (not alone when opened, not always).
+	laneMinBodies = 2
 	// laneWait bounds a buffer's wait at the gate.
 	laneWait = 500 * time.Microsecond
 	// laneSlowest: a body handing over 256 KiB buffers less often than
-	// this (slower than ~32 MB/s) is not waited for.
-	laneSlowest = 8 * time.Millisecond
+	// this (slower than ~13 MB/s) is not waited for.
+	laneSlowest = 20 * time.Millisecond
 )
 
 // laneFastest: a body whose first buffer arrived faster than this takes
@@ -155,6 +159,11 @@ type laneGate struct {
 	timeout atomic.Int64  // batches released by laneWait (tests)
 }
 
+// laneBuffers counts buffers handed to the lanes since start (metrics):
+// without waiting (its body's hashing behind its reads, or nobody else
+// due), released with company, or by laneWait.
+var laneBuffers struct{ behind, alone, together, timeout atomic.Int64 }
+
 func (g *laneGate) join(l *laneMD5) {
 	g.mu.Lock()
 	g.members = append(g.members, l)
@@ -220,6 +229,7 @@ func (g *laneGate) wait(l *laneMD5) {
 	l.observe(now)
 	if g.dueLocked(now) == 0 {
 		g.alone.Add(1)
+		laneBuffers.alone.Add(1)
 		if g.waiting > 0 {
 			g.openLocked()
 		}
@@ -231,6 +241,7 @@ func (g *laneGate) wait(l *laneMD5) {
 	if g.waiting >= md5simd.Lanes {
 		g.openLocked()
 		g.mu.Unlock()
+		laneBuffers.together.Add(1)
 		return
 	}
 	ch := g.release
@@ -243,6 +254,7 @@ func (g *laneGate) wait(l *laneMD5) {
 	select {
 	case <-ch:
 		l.timer.Stop()
+		laneBuffers.together.Add(1)
 	case <-l.timer.C:
 		g.mu.Lock()
 		if g.release == ch {
@@ -250,6 +262,7 @@ func (g *laneGate) wait(l *laneMD5) {
 			g.openLocked()
 		}
 		g.mu.Unlock()
+		laneBuffers.timeout.Add(1)
 	}
 }
 
@@ -279,6 +292,11 @@ type laneMD5 struct {
 	waiting              bool
 }
 
+// How large bodies' MD5s were run, since start (metrics, tests): in the
+// lanes; crypto/md5 because fewer than laneMinBodies were being read; or
+// because the body arrived faster than laneFastest.
+var laneChoice struct{ lanes, few, fast atomic.Int64 }
+
 // largeBodies counts the large bodies being read: from newLaneMD5 to EOF,
 // failure or Close (not while the upload commits).
 var largeBodies atomic.Int64
@@ -299,7 +317,11 @@ func (l *laneMD5) done() {
 	}
 	if s := l.srvA.Load(); s != nil {
 		s.gate.mu.Lock()
-		s.gate.kickLocked(time.Now().UnixNano())
+		if l.waiting { // its buffer waits: let it go now, the body has ended
+			s.gate.openLocked()
+		} else {
+			s.gate.kickLocked(time.Now().UnixNano())
+		}
 		s.gate.mu.Unlock()
 	}
 }
@@ -334,9 +356,15 @@ func (l *laneMD5) decide(first int) {
 		fast = true
 	}
 	if l.closed || l.sum != nil || l.force == 2 || (l.force == 0 && (!etagLanes || n < laneMinBodies || fast)) {
+		if n < laneMinBodies {
+			laneChoice.few.Add(1)
+		} else {
+			laneChoice.fast.Add(1)
+		}
 		l.alone = md5.New()
 		return
 	}
+	laneChoice.lanes.Add(1)
 	l.srv, l.lane = lanePool.take()
 	l.srv.gate.join(l)
 	l.srvA.Store(l.srv)
@@ -351,6 +379,7 @@ func (l *laneMD5) Write(p []byte) (int, error) {
 		l.srv.gate.wait(l)
 	} else {
 		l.srv.gate.alone.Add(1)
+		laneBuffers.behind.Add(1)
 	}
 	return l.lane.Write(p)
 }

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	md5simd "github.com/minio/md5-simd"
 )
 
 // largeCompanions opens n large bodies that are never read: they count as
@@ -587,4 +589,39 @@ func TestLaneFastBodyTakesCryptoMD5(t *testing.T) {
 	}
 	closeCompanions()
 	waitLanesIdle(t, base)
+}
+
+// BenchmarkLaneServerBodies: what dead hashers cost an md5-simd v1.1.2
+// server (upstream #27): a 4 MiB body hashed alone through a server that
+// has already taken `dead` closed hashers, per 32 KiB pass. laneServerBodies
+// bounds dead at 64.
+//
+//	go test -run '^$' -bench LaneServerBodies ./internal/s3/
+func BenchmarkLaneServerBodies(b *testing.B) {
+	buf := bytes.Repeat([]byte("0123456789abcdef"), hashBufSize/16)
+	const total = 4 << 20
+	for _, dead := range []int{0, 64, 256, 2048} {
+		b.Run(fmt.Sprintf("dead=%d", dead), func(b *testing.B) {
+			srv := md5simd.NewServer()
+			defer srv.Close()
+			for range dead {
+				h := srv.NewHash()
+				h.Write(buf[:64])
+				h.Sum(nil)
+				h.Close()
+			}
+			b.SetBytes(total)
+			b.ResetTimer()
+			for range b.N {
+				h := srv.NewHash()
+				for n := 0; n < total; n += len(buf) {
+					h.Write(buf)
+				}
+				h.Sum(nil)
+				h.Close()
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*total/(32<<10)), "ns/pass")
+		})
+	}
 }
