@@ -39,7 +39,7 @@ import (
 //     within laneWait, judged from the interval between their last
 //     buffers — never for one that has ended, failed, paused (a commit, a
 //     stalled client) or is slower than laneSlowest, and never longer than
-//     laneWait (0.5 ms). Only the hashing goroutine waits; the body's reads
+//     laneWait (2 ms). Only the hashing goroutine waits; the body's reads
 //     go on into its other buffers, and a body whose hashing is behind
 //     (more buffers queued) does not wait at all.
 //
@@ -62,8 +62,15 @@ const (
 	// blocks side by side; session 9 measured a body alone at its first
 	// buffer as the right test (not alone when opened, not always).
 	laneMinBodies = 2
-	// laneWait bounds a buffer's wait at the gate.
-	laneWait = 500 * time.Microsecond
+	// laneWait bounds a buffer's wait at the gate, and only bodies due
+	// within it are waited for. 0.5 ms was measured first: bodies at
+	// 40–80 MB/s hand over a buffer every 3–6 ms, so few were due that
+	// soon, and 4 paced bodies cost more CPU in the lanes than with
+	// crypto/md5 (BenchmarkETagPaced 1.86–1.96 cpu-s/GiB vs 1.80); with
+	// 2 ms 1.42–1.47. The wait costs the body nothing while its hashing
+	// keeps up (its reads go on into 3 more buffers, ~13 ms at 80 MB/s),
+	// and a body that reached its end or is behind does not wait.
+	laneWait = 2 * time.Millisecond
 	// laneSlowest: a body handing over 256 KiB buffers less often than
 	// this (slower than ~13 MB/s) is not waited for.
 	laneSlowest = 20 * time.Millisecond
@@ -80,10 +87,11 @@ var laneFastest = 256e6 // bytes per second
 
 // laneServerBodies is how many bodies one md5-simd server takes before it
 // is retired (a variable for tests). Each leaves a dead entry in its
-// server's maps that every pass walks (~0.2 µs each); 64 keep that under
-// ~15 µs per pass of up to 16 × 32 KiB (BenchmarkLaneServerBodies), while
-// a retirement — after which bodies on the old and the new server cannot
-// share a pass — comes every 8 of warp's 128 MiB objects.
+// server's maps that every pass walks: a lone body's 32 KiB pass took
+// 47–75 µs with 0–256 dead entries and 175 µs with 2,048
+// (BenchmarkLaneServerBodies, loaded machine), so 64 cost a few µs per
+// pass, while a retirement — after which bodies on the old and the new
+// server cannot share a pass — comes every 8 of warp's 128 MiB objects.
 var laneServerBodies = 64
 
 // laneServers hands out lane hashers from the current server and retires

@@ -63,7 +63,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}
 		for how, c := range map[string]*atomic.Int64{"behind": &laneBuffers.behind, "alone": &laneBuffers.alone, "together": &laneBuffers.together, "timeout": &laneBuffers.timeout} {
 			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "basalt_s3_md5_lane_buffers_total", Help: "Buffers handed to the MD5 lanes: behind (its body's hashing is behind its reads: no wait), alone (nobody else due), together (released with the others due), timeout (after the 0.5 ms bound).",
+				Name: "basalt_s3_md5_lane_buffers_total", Help: "Buffers handed to the MD5 lanes: behind (its body's hashing is behind its reads: no wait), alone (nobody else due), together (released with the others due), timeout (after the 2 ms bound).",
 				ConstLabels: prometheus.Labels{"how": how},
 			}, func() float64 { return float64(c.Load()) }))
 		}
