@@ -235,7 +235,9 @@ func (g *laneGate) wait(l *laneMD5) {
 	now := time.Now().UnixNano()
 	g.mu.Lock()
 	l.observe(now)
+	l.waiting = true // not due itself: it is here
 	if g.dueLocked(now) == 0 {
+		l.waiting = false
 		g.alone.Add(1)
 		laneBuffers.alone.Add(1)
 		if g.waiting > 0 {
@@ -245,7 +247,6 @@ func (g *laneGate) wait(l *laneMD5) {
 		return
 	}
 	g.waiting++
-	l.waiting = true
 	if g.waiting >= md5simd.Lanes {
 		g.openLocked()
 		g.mu.Unlock()
