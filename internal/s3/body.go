@@ -425,6 +425,12 @@ func (h *hasher) wait() {
 
 // close releases what the body holds; safe after any outcome.
 func (b *body) close() {
+	if b.laneMD5 != nil {
+		// No longer read (e.g. the commit failed with the body unread to
+		// its end): not counted as large nor waited for at the gate, so
+		// its own last buffers go at once.
+		b.laneMD5.done()
+	}
 	if b.async != nil {
 		b.async.wait()
 	}
