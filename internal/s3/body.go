@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/basalt-store/basalt/internal/crc32c"
 )
@@ -343,6 +344,8 @@ type hasher struct {
 	done sync.WaitGroup
 	cur  *hashBuf
 	shut bool
+	// sent, if set, is told of each buffer handed over (its length).
+	sent func(n int)
 }
 
 // hashBuf is a copy of body bytes that every digest goroutine reads; the
@@ -378,6 +381,9 @@ func newHasher(hs []hash.Hash) *hasher {
 }
 
 func (h *hasher) send(b *hashBuf) {
+	if h.sent != nil {
+		h.sent(len(*b.b))
+	}
 	b.left.Store(int32(len(h.work)))
 	for _, ch := range h.work {
 		ch <- b
@@ -523,7 +529,10 @@ func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Er
 		}
 		b.async = newHasher(hs)
 		md5Work := b.async.work[0]
-		b.laneMD5.backlog = func() int { return len(md5Work) }
+		l := b.laneMD5
+		l.backlog = func() int { return len(md5Work) }
+		l.watched = true
+		b.async.sent = func(n int) { l.sent(time.Now().UnixNano(), n) }
 	}
 	return b, nil
 }

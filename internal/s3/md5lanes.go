@@ -43,11 +43,19 @@ import (
 //     go on into its other buffers, and a body whose hashing is behind
 //     (more buffers queued) does not wait at all.
 //
-// A body takes the lanes only when, at its first buffer, another large
-// body is being read (alone, a body gains nothing from the lanes and would
-// pay the hand-over to their goroutine) and the body arrived no faster
-// than laneFastest (a lane is slower than crypto/md5 on its own core);
-// otherwise it uses crypto/md5 on its own hashing goroutine, as before.
+// A body takes the lanes only when, at its laneDecideAt-th buffer, another
+// large body is being read (alone, a body gains nothing from the lanes and
+// would pay the hand-over to their goroutine) and the body arrives no
+// faster than laneFastest (a lane is slower than crypto/md5 on its own
+// core); otherwise it uses crypto/md5 on its own hashing goroutine, as
+// before. The rate is measured from the first buffer on, not from the
+// body's opening: a real client's first buffer always comes late (the
+// Expect: 100-continue round trip, TCP slow start), and a client sending
+// at 1 GB/s after it would otherwise be judged slow and held to a lane's
+// speed. md5-simd's state cannot move to crypto/md5 once started, so the
+// hashing goroutine holds the first buffer un-hashed until the decision;
+// the body's reads go on into its other buffers meanwhile (hashBufs >
+// laneDecideAt), so the wait never holds up a read.
 var lanePool laneServers
 
 // etagLanes: large bodies' MD5 may use the shared lanes (false: always
@@ -84,6 +92,11 @@ const (
 // longer in them (BenchmarkETagFastBesideSlow). Parts over the network
 // (40–80 MB/s each under warp) stay well below.
 var laneFastest = 256e6 // bytes per second
+
+// laneDecideAt: a body's MD5 is placed when this many of its buffers were
+// handed over (or the body ended), from the rate of those after the first.
+// Must be below hashBufs, so that holding the first never blocks a read.
+const laneDecideAt = 3
 
 // laneServerBodies is how many bodies one md5-simd server takes before it
 // is retired (a variable for tests). Each leaves a dead entry in its
@@ -286,8 +299,19 @@ type laneMD5 struct {
 	alone hash.Hash // crypto/md5
 	sum   []byte
 	timer *time.Timer
-	// force: 1 the lanes, 2 crypto/md5, 0 decide at the first buffer.
-	force int
+	// force: 1 the lanes, 2 crypto/md5, 0 decide at laneDecideAt buffers.
+	force   int
+	decided bool // counted in laneChoice
+	// The buffers handed to the hashing goroutine, recorded by sent on the
+	// body's goroutine until ready is closed (at laneDecideAt buffers or
+	// done); read by the hashing goroutine only after that.
+	watched   bool          // sent is called for every buffer (a body's hasher)
+	ready     chan struct{} // closed when the body's rate is known or it ended
+	readyShut bool
+	sentN     int
+	sentBytes int64 // bytes in the buffers after the first
+	sent1     int64 // ns, the first buffer handed over
+	sentLast  int64 // ns, the latest
 	// final: the body reached its end (or failed); it is not waited for
 	// and its buffers go at once.
 	final atomic.Bool
@@ -295,16 +319,18 @@ type laneMD5 struct {
 	backlog func() int
 	counted bool // in largeBodies
 	closed  bool
-	start   int64 // ns, when the body opened
 	// Under srv.gate.mu: the buffer rhythm and whether it is waiting.
 	last, interval, next int64 // ns
 	waiting              bool
 }
 
 // How large bodies' MD5s were run, since start (metrics, tests): in the
-// lanes; crypto/md5 because fewer than laneMinBodies were being read; or
-// because the body arrived faster than laneFastest.
-var laneChoice struct{ lanes, few, fast atomic.Int64 }
+// lanes; crypto/md5 because fewer than laneMinBodies were being read,
+// because the body arrived faster than laneFastest, because the lanes are
+// off (etagLanes false or forced), or because the body ended or failed
+// before its rate was known (ended; also a body that failed before any
+// buffer was hashed).
+var laneChoice struct{ lanes, few, fast, off, ended atomic.Int64 }
 
 // largeBodies counts the large bodies being read: from newLaneMD5 to EOF,
 // failure or Close (not while the upload commits).
@@ -314,11 +340,38 @@ var largeBodies atomic.Int64
 // Close once finished.
 func newLaneMD5() *laneMD5 {
 	largeBodies.Add(1)
-	return &laneMD5{counted: true, start: time.Now().UnixNano()}
+	return &laneMD5{counted: true, ready: make(chan struct{})}
 }
 
-// done marks the end of the body's reading: no longer counted or waited for.
+// sent records a buffer of n bytes handed to the hashing goroutine at now
+// (ns), on the body's goroutine.
+func (l *laneMD5) sent(now int64, n int) {
+	if l.readyShut {
+		return
+	}
+	l.sentN++
+	if l.sentN == 1 {
+		l.sent1 = now
+	} else {
+		l.sentBytes += int64(n)
+	}
+	l.sentLast = now
+	if l.sentN >= laneDecideAt {
+		l.shutReady()
+	}
+}
+
+func (l *laneMD5) shutReady() {
+	if !l.readyShut && l.ready != nil {
+		l.readyShut = true
+		close(l.ready)
+	}
+}
+
+// done marks the end of the body's reading: no longer counted or waited
+// for. Call it on the body's goroutine (before the hasher's wait).
 func (l *laneMD5) done() {
+	l.shutReady()
 	l.final.Store(true)
 	if l.counted {
 		l.counted = false
@@ -349,38 +402,52 @@ func (l *laneMD5) observe(now int64) {
 	l.next = now + l.interval
 }
 
-// decide picks the lanes or crypto/md5 at the body's first buffer, of
-// size first: the lanes when at least laneMinBodies large bodies are being
-// read and this one arrived no faster than laneFastest.
-func (l *laneMD5) decide(first int) {
-	if l.lane != nil || l.alone != nil {
+// decide picks the lanes or crypto/md5 at the body's laneDecideAt-th
+// buffer (or its end): the lanes when at least laneMinBodies large bodies
+// are being read and its buffers after the first arrived no faster than
+// laneFastest.
+func (l *laneMD5) decide() {
+	if l.decided {
 		return
 	}
+	l.decided = true
 	n := largeBodies.Load()
 	if l.final.Load() { // read to its end already, but it is being hashed
 		n++
 	}
-	fast := false
-	if el := time.Now().UnixNano() - l.start; l.start > 0 && float64(first)*1e9 > laneFastest*float64(max(el, 1)) {
-		fast = true
+	var how *atomic.Int64
+	switch {
+	case l.force == 1:
+	case l.force == 2 || !etagLanes:
+		how = &laneChoice.off
+	case l.closed || l.sum != nil || l.sentN < 2:
+		how = &laneChoice.ended
+	case n < laneMinBodies:
+		how = &laneChoice.few
+	case float64(l.sentBytes)*1e9 > laneFastest*float64(max(l.sentLast-l.sent1, 1)):
+		how = &laneChoice.fast
 	}
-	if l.closed || l.sum != nil || l.force == 2 || (l.force == 0 && (!etagLanes || n < laneMinBodies || fast)) {
-		if n < laneMinBodies {
-			laneChoice.few.Add(1)
-		} else {
-			laneChoice.fast.Add(1)
-		}
+	if how != nil {
+		how.Add(1)
 		l.alone = md5.New()
 		return
 	}
 	laneChoice.lanes.Add(1)
+	if l.sentN >= 2 { // the gate's first guess of its rhythm
+		l.interval = (l.sentLast - l.sent1) / int64(l.sentN-1)
+	}
 	l.srv, l.lane = lanePool.take()
 	l.srv.gate.join(l)
 	l.srvA.Store(l.srv)
 }
 
 func (l *laneMD5) Write(p []byte) (int, error) {
-	l.decide(len(p))
+	if !l.decided {
+		if l.watched && l.force == 0 {
+			<-l.ready // the first buffer waits un-hashed for the body's rate
+		}
+		l.decide()
+	}
 	if l.alone != nil {
 		return l.alone.Write(p)
 	}
@@ -395,7 +462,9 @@ func (l *laneMD5) Write(p []byte) (int, error) {
 
 func (l *laneMD5) Sum(b []byte) []byte {
 	if l.sum == nil {
-		if l.lane == nil && l.alone == nil { // nothing written: no lane for it
+		if !l.decided { // nothing written: no lane for it
+			l.decided = true
+			laneChoice.ended.Add(1)
 			l.alone = md5.New()
 		}
 		if l.alone != nil {
@@ -425,6 +494,10 @@ func (l *laneMD5) freeLane() {
 
 // Close frees the lane and the count; idempotent.
 func (l *laneMD5) Close() {
+	if !l.decided { // failed before its MD5 started
+		l.decided = true
+		laneChoice.ended.Add(1)
+	}
 	l.closed = true
 	if l.counted {
 		l.counted = false

@@ -574,38 +574,31 @@ func TestLaneFastBodyTakesCryptoMD5(t *testing.T) {
 	if paced.etag() != hex.EncodeToString(sum[:]) {
 		t.Errorf("paced body ETag %s", paced.etag())
 	}
-	// A first buffer handed over right after the body opened (flat out
-	// from memory: the copy itself is not timed, so this holds under the
-	// race detector too); a few tries, a loaded machine can stall one.
-	crypto := 0
+	// Buffers handed over back to back after the first (flat out from
+	// memory: the times are given, so this holds under the race detector
+	// too): crypto/md5; the same buffers 10 ms apart (~26 MB/s): the lanes.
 	buf := data[:hashBufSize]
-	want := md5.Sum(buf)
-	for range 5 {
+	want := md5.Sum(append(append(append([]byte(nil), buf...), buf...), buf...))
+	for _, c := range []struct {
+		gap   time.Duration
+		lanes bool
+	}{{time.Microsecond, false}, {10 * time.Millisecond, true}} {
 		l := newLaneMD5()
-		l.Write(buf)
-		if !l.inLanes() {
-			crypto++
+		now := time.Now().UnixNano()
+		for i := range 3 {
+			l.sent(now+int64(i)*int64(c.gap), len(buf))
+		}
+		for range 3 {
+			l.Write(buf)
+		}
+		if l.inLanes() != c.lanes {
+			t.Errorf("buffers %v apart: in the lanes %v, want %v", c.gap, l.inLanes(), c.lanes)
 		}
 		if got := l.Sum(nil); !bytes.Equal(got, want[:]) {
-			t.Errorf("fast body MD5 %x, want %x", got, want)
+			t.Errorf("buffers %v apart: MD5 %x, want %x", c.gap, got, want)
 		}
 		l.Close()
 	}
-	if crypto == 0 {
-		t.Errorf("5 bodies handing over their first 256 KiB at once all took the lanes")
-	}
-	// The same at network pace (opened 10 ms before its first buffer):
-	// the lanes.
-	l := newLaneMD5()
-	l.start -= int64(10 * time.Millisecond)
-	l.Write(buf)
-	if !l.inLanes() {
-		t.Errorf("a body at ~26 MB/s did not take the lanes")
-	}
-	if got := l.Sum(nil); !bytes.Equal(got, want[:]) {
-		t.Errorf("paced body MD5 %x, want %x", got, want)
-	}
-	l.Close()
 	closeCompanions()
 	waitLanesIdle(t, base)
 }
@@ -643,4 +636,66 @@ func BenchmarkLaneServerBodies(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*total/(32<<10)), "ns/pass")
 		})
 	}
+}
+
+// slowStartReader serves data from memory after a pause before its first
+// byte, as a real client does (the Expect: 100-continue round trip, TCP
+// slow start) before sending flat out.
+type slowStartReader struct {
+	data  []byte
+	pause time.Duration
+}
+
+func (s *slowStartReader) Read(b []byte) (int, error) {
+	if s.pause > 0 {
+		time.Sleep(s.pause)
+		s.pause = 0
+	}
+	if len(s.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(b, s.data)
+	s.data = s.data[n:]
+	return n, nil
+}
+
+// TestLaneFastAfterSlowStart (the review's case): a body whose first
+// buffer comes late and the rest flat out is judged by the rhythm after
+// its first buffer and takes crypto/md5; a body paced throughout still
+// takes the lanes. laneFastest is lowered so that a read from memory is
+// far above it under the race detector and on a loaded machine too, and
+// the pause is long enough that a rate from the body's opening would be
+// below it (the rule before the review: it took the lanes).
+func TestLaneFastAfterSlowStart(t *testing.T) {
+	defer func(f float64) { laneFastest = f }(laneFastest)
+	laneFastest = 50e6
+	base := baseGoroutines()
+	closeCompanions := largeCompanions(t, laneMinBodies-1)
+	defer closeCompanions()
+	data := bytes.Repeat([]byte("late"), 4<<20/4)
+	sum := md5.Sum(data)
+	crypto := 0
+	for range 3 { // a loaded machine can stall a read now and then
+		r, a := plainRequest(data)
+		r.Body = io.NopCloser(&slowStartReader{data: data, pause: 30 * time.Millisecond})
+		b := readBody(t, r, a, make([]byte, 64<<10))
+		if b.etag() != hex.EncodeToString(sum[:]) {
+			t.Errorf("late-start body ETag %s", b.etag())
+		}
+		if !b.laneMD5.inLanes() {
+			crypto++
+		}
+	}
+	if crypto == 0 {
+		t.Errorf("3 bodies read flat out after a 30 ms start all took the lanes")
+	}
+	tick := time.NewTicker(5 * time.Millisecond) // 64 KiB per 5 ms: ≤ 13 MB/s
+	defer tick.Stop()
+	r, a := plainRequest(data[:1<<20])
+	r.Body = io.NopCloser(&pacedReader{data: data[:1<<20], step: 64 << 10, tick: tick})
+	if b := readBody(t, r, a, make([]byte, 64<<10)); !b.laneMD5.inLanes() {
+		t.Errorf("a body paced at ≤ 13 MB/s throughout did not take the lanes")
+	}
+	closeCompanions()
+	waitLanesIdle(t, base)
 }
