@@ -174,10 +174,17 @@ type laneGate struct {
 	mu      sync.Mutex
 	members []*laneMD5 // bodies of this server with a lane, until Sum/Close
 	waiting int
-	release chan struct{} // closed when the waiting ones go
-	passes  atomic.Int64  // released batches (tests)
-	alone   atomic.Int64  // buffers handed over without waiting (tests)
-	timeout atomic.Int64  // batches released by laneWait (tests)
+	release *laneRelease // the waiting ones' release
+	passes  atomic.Int64 // released batches (tests)
+	alone   atomic.Int64 // buffers handed over without waiting (tests)
+	timeout atomic.Int64 // batches released by laneWait (tests)
+}
+
+// laneRelease is closed when the buffers waiting at a gate go; timedOut
+// (set before ch is closed) says laneWait released them.
+type laneRelease struct {
+	ch       chan struct{}
+	timedOut bool
 }
 
 // laneBuffers counts buffers handed to the lanes since start (metrics):
@@ -189,7 +196,7 @@ func (g *laneGate) join(l *laneMD5) {
 	g.mu.Lock()
 	g.members = append(g.members, l)
 	if g.release == nil {
-		g.release = make(chan struct{})
+		g.release = &laneRelease{ch: make(chan struct{})}
 	}
 	g.mu.Unlock()
 }
@@ -212,13 +219,14 @@ func (g *laneGate) leave(l *laneMD5) {
 // kickLocked lets the waiting ones go when nobody else is due.
 func (g *laneGate) kickLocked(now int64) {
 	if g.waiting > 0 && (g.waiting >= md5simd.Lanes || g.dueLocked(now) == 0) {
-		g.openLocked()
+		g.openLocked(false)
 	}
 }
 
-func (g *laneGate) openLocked() {
-	close(g.release)
-	g.release = make(chan struct{})
+func (g *laneGate) openLocked(timedOut bool) {
+	g.release.timedOut = timedOut
+	close(g.release.ch)
+	g.release = &laneRelease{ch: make(chan struct{})}
 	g.waiting = 0
 	for _, m := range g.members {
 		m.waiting = false
@@ -254,19 +262,19 @@ func (g *laneGate) wait(l *laneMD5) {
 		g.alone.Add(1)
 		laneBuffers.alone.Add(1)
 		if g.waiting > 0 {
-			g.openLocked()
+			g.openLocked(false)
 		}
 		g.mu.Unlock()
 		return
 	}
 	g.waiting++
 	if g.waiting >= md5simd.Lanes {
-		g.openLocked()
+		g.openLocked(false)
 		g.mu.Unlock()
 		laneBuffers.together.Add(1)
 		return
 	}
-	ch := g.release
+	rel := g.release
 	g.mu.Unlock()
 	if l.timer == nil {
 		l.timer = time.NewTimer(laneWait)
@@ -274,17 +282,21 @@ func (g *laneGate) wait(l *laneMD5) {
 		l.timer.Reset(laneWait)
 	}
 	select {
-	case <-ch:
+	case <-rel.ch:
 		l.timer.Stop()
-		laneBuffers.together.Add(1)
 	case <-l.timer.C:
 		g.mu.Lock()
-		if g.release == ch {
+		if g.release == rel { // not released by another meanwhile
 			g.timeout.Add(1)
-			g.openLocked()
+			g.openLocked(true)
 		}
 		g.mu.Unlock()
+	}
+	// Counted by what released the batch, whichever goroutine did it.
+	if rel.timedOut {
 		laneBuffers.timeout.Add(1)
+	} else {
+		laneBuffers.together.Add(1)
 	}
 }
 
@@ -380,7 +392,7 @@ func (l *laneMD5) done() {
 	if s := l.srvA.Load(); s != nil {
 		s.gate.mu.Lock()
 		if l.waiting { // its buffer waits: let it go now, the body has ended
-			s.gate.openLocked()
+			s.gate.openLocked(false)
 		} else {
 			s.gate.kickLocked(time.Now().UnixNano())
 		}

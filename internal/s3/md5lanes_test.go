@@ -699,3 +699,52 @@ func TestLaneFastAfterSlowStart(t *testing.T) {
 	closeCompanions()
 	waitLanesIdle(t, base)
 }
+
+// TestLaneGateCountsByRelease: buffers released by another body's
+// timeout count as timeout, not together (metrics), and buffers released
+// by a companion's arrival count as together.
+func TestLaneGateCountsByRelease(t *testing.T) {
+	var g laneGate
+	a, b, due := &laneMD5{}, &laneMD5{}, &laneMD5{}
+	for _, l := range []*laneMD5{a, b, due} {
+		g.join(l)
+	}
+	waitFor := func(n int) {
+		for {
+			g.mu.Lock()
+			w := g.waiting
+			g.mu.Unlock()
+			if w == n {
+				return
+			}
+			runtime.Gosched()
+		}
+	}
+	setDue := func() { // due keeps being due within laneWait, never arrives
+		g.mu.Lock()
+		due.last, due.interval = time.Now().UnixNano(), int64(time.Millisecond)
+		due.next = due.last + int64(100*time.Microsecond)
+		g.mu.Unlock()
+	}
+	// a and b wait for due, which never comes: the first timer releases
+	// both, and both count as timeout.
+	setDue()
+	t0, to0 := laneBuffers.together.Load(), laneBuffers.timeout.Load()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); g.wait(a) }()
+	waitFor(1)
+	// b comes 1 ms later, so a's timer fires first and releases b too
+	// (if the machine stalls past a's timeout, b waits on its own and
+	// times out: also 2).
+	time.Sleep(time.Millisecond)
+	setDue()
+	g.wait(b)
+	wg.Wait()
+	if got, want := laneBuffers.timeout.Load()-to0, int64(2); got != want {
+		t.Errorf("a batch released by a timeout: %d buffers counted timeout, want %d (together %d)", got, want, laneBuffers.together.Load()-t0)
+	}
+	if got := laneBuffers.together.Load() - t0; got != 0 {
+		t.Errorf("a batch released by a timeout: %d buffers counted together", got)
+	}
+}
