@@ -57,6 +57,7 @@ func BenchmarkETagLateFastBesideSlow(b *testing.B) {
 			time.Sleep(20 * time.Millisecond) // the slow one is reading
 			buf := make([]byte, 4<<20)
 			b.SetBytes(int64(len(fast)))
+			inLanes := 0
 			b.ResetTimer()
 			for range b.N {
 				r, a := plainRequest(fast)
@@ -65,8 +66,12 @@ func BenchmarkETagLateFastBesideSlow(b *testing.B) {
 				if bd.etag() == "" {
 					b.Fatal("no ETag")
 				}
+				if bd.laneMD5.inLanes() {
+					inLanes++
+				}
 			}
 			b.StopTimer()
+			b.ReportMetric(float64(inLanes)/float64(b.N), "in-lanes")
 			close(stop)
 			wg.Wait()
 		})
