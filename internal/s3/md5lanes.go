@@ -445,7 +445,7 @@ func (l *laneMD5) decide() {
 		return
 	}
 	laneChoice.lanes.Add(1)
-	if l.sentN >= 2 { // the gate's first guess of its rhythm
+	if l.force == 0 && l.sentN >= 2 { // the gate's first guess of its rhythm (forced: sent may still be writing)
 		l.interval = (l.sentLast - l.sent1) / int64(l.sentN-1)
 	}
 	l.srv, l.lane = lanePool.take()
@@ -455,7 +455,7 @@ func (l *laneMD5) decide() {
 
 func (l *laneMD5) Write(p []byte) (int, error) {
 	if !l.decided {
-		if l.watched && l.force == 0 {
+		if l.watched && l.force == 0 && etagLanes {
 			<-l.ready // the first buffer waits un-hashed for the body's rate
 		}
 		l.decide()
