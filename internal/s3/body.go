@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/basalt-store/basalt/internal/crc32c"
 )
@@ -294,6 +295,9 @@ type body struct {
 	r       io.Reader
 	chunked *chunkedReader
 	md5     hash.Hash
+	// laneMD5 is md5 for large bodies: the shared AVX-512 lanes or
+	// crypto/md5 (md5lanes.go); done at EOF or failure, closed by close.
+	laneMD5 *laneMD5
 	// Verification, each optional.
 	sha256     hash.Hash
 	wantSHA256 string
@@ -340,6 +344,8 @@ type hasher struct {
 	done sync.WaitGroup
 	cur  *hashBuf
 	shut bool
+	// sent, if set, is told of each buffer handed over (its length).
+	sent func(n int)
 }
 
 // hashBuf is a copy of body bytes that every digest goroutine reads; the
@@ -375,6 +381,9 @@ func newHasher(hs []hash.Hash) *hasher {
 }
 
 func (h *hasher) send(b *hashBuf) {
+	if h.sent != nil {
+		h.sent(len(*b.b))
+	}
 	b.left.Store(int32(len(h.work)))
 	for _, ch := range h.work {
 		ch <- b
@@ -422,8 +431,17 @@ func (h *hasher) wait() {
 
 // close releases what the body holds; safe after any outcome.
 func (b *body) close() {
+	if b.laneMD5 != nil {
+		// No longer read (e.g. the commit failed with the body unread to
+		// its end): not counted as large nor waited for at the gate, so
+		// its own last buffers go at once.
+		b.laneMD5.done()
+	}
 	if b.async != nil {
 		b.async.wait()
+	}
+	if b.laneMD5 != nil {
+		b.laneMD5.Close()
 	}
 }
 
@@ -501,6 +519,8 @@ func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Er
 		b.ck = checksumAlgos[b.ckAlg]()
 	}
 	if b.want >= asyncHashMin {
+		b.laneMD5 = newLaneMD5()
+		b.md5 = b.laneMD5
 		hs := []hash.Hash{b.md5}
 		for _, h := range []hash.Hash{b.sha256, b.ck} {
 			if h != nil {
@@ -508,11 +528,19 @@ func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Er
 			}
 		}
 		b.async = newHasher(hs)
+		md5Work := b.async.work[0]
+		l := b.laneMD5
+		l.backlog = func() int { return len(md5Work) }
+		l.watched = true
+		b.async.sent = func(n int) { l.sent(time.Now().UnixNano(), n) }
 	}
 	return b, nil
 }
 
 func (b *body) fail(e error) error {
+	if b.laneMD5 != nil {
+		b.laneMD5.done() // no longer read: not waited for at the lanes' gate
+	}
 	if b.err == nil {
 		b.err = e
 	}
@@ -565,8 +593,14 @@ func (b *body) Read(p []byte) (int, error) {
 
 // finish runs the whole-body checks at EOF.
 func (b *body) finish() *Error {
+	if b.laneMD5 != nil {
+		b.laneMD5.done() // its last buffers go at once
+	}
 	if b.async != nil {
 		b.async.wait()
+	}
+	if b.laneMD5 != nil {
+		b.laneMD5.Sum(nil) // the sum is kept; the lane is freed before the commit
 	}
 	if b.want >= 0 && b.n != b.want {
 		return errorf("IncompleteBody", 400, "You did not provide the number of bytes specified by the Content-Length HTTP header (%d of %d)", b.n, b.want)

@@ -1,6 +1,7 @@
 package s3
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,6 +54,25 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.duration, m.stages, m.uploadsInFlight, m.uploadsWaiting, m.copied)
+		// The ETag MD5 lanes (md5lanes.go): process-wide.
+		for how, c := range map[string]*atomic.Int64{"lanes": &laneChoice.lanes, "few": &laneChoice.few, "fast": &laneChoice.fast, "off": &laneChoice.off, "ended": &laneChoice.ended} {
+			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "basalt_s3_md5_bodies_total", Help: "Large bodies' ETag MD5 by where it ran: lanes (shared AVX-512), few (crypto/md5: no other large body being read), fast (crypto/md5: the body arrived faster than a lane hashes), off (crypto/md5: lanes switched off), ended (crypto/md5 or none: the body ended or failed before its rate was known).",
+				ConstLabels: prometheus.Labels{"how": how},
+			}, func() float64 { return float64(c.Load()) }))
+		}
+		for how, c := range map[string]*atomic.Int64{"behind": &laneBuffers.behind, "alone": &laneBuffers.alone, "together": &laneBuffers.together, "timeout": &laneBuffers.timeout} {
+			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "basalt_s3_md5_lane_buffers_total", Help: "Buffers handed to the MD5 lanes: behind (its body's hashing is behind its reads: no wait), alone (nobody else due), together (released with the others due), timeout (released by the 2 ms bound, whichever buffer's timer fired).",
+				ConstLabels: prometheus.Labels{"how": how},
+			}, func() float64 { return float64(c.Load()) }))
+		}
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "basalt_s3_md5_lane_servers", Help: "md5-simd servers not yet closed (each takes at most 64 bodies, then retires).",
+		}, func() float64 { return float64(lanePool.servers.Load()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "basalt_s3_md5_lane_hashers", Help: "Open lane hashers (bodies hashing in the lanes).",
+			}, func() float64 { return float64(lanePool.hashers.Load()) }))
 	}
 	return m
 }
