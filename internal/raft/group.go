@@ -468,47 +468,23 @@ func (g *Group) submitMany(idx []int, ps []*proposal, metas, datas [][]byte, err
 	}
 	payloads := make([][]byte, len(idx))
 	for j, i := range idx {
-		p := ps[i]
-		if datas[i] != nil {
-			payloads[j] = encodeLocal(proposalID{g.host.id, p.seq}, metas[i], len(datas[i]))
-		} else {
-			payloads[j] = encodeProposal(proposalID{g.host.id, p.seq}, metas[i], nil, false)
-		}
+		payloads[j] = g.payload(ps[i], metas[i], datas[i])
 	}
 	submitted := 0
 	var release []int
 	g.mu.Lock()
-	var gerr error
-	if g.isStopped() {
-		gerr = g.stoppedError()
-	} else if st := g.rn.BasicStatus(); st.RaftState != etcdraft.StateLeader {
-		gerr = &NotLeaderError{Group: g.id, Leader: st.Lead}
-	}
+	gerr := g.admitLocked()
 	for j, i := range idx {
 		p := ps[i]
-		if gerr != nil {
-			errs[i], ps[i] = gerr, nil
+		err := gerr
+		if err == nil {
+			err = g.enterLocked(p, payloads[j], datas[i])
+		}
+		if err != nil {
+			errs[i], ps[i] = err, nil
 			release = append(release, p.size)
 			continue
 		}
-		if datas[i] != nil {
-			g.localMu.Lock()
-			g.local[p.seq] = localData{data: datas[i], epoch: g.readies}
-			g.localMu.Unlock()
-		}
-		if perr := g.rn.Propose(payloads[j]); perr != nil {
-			errs[i], ps[i] = fmt.Errorf("raft: group %d: %v: %w", g.id, perr, ErrProposalDropped), nil
-			g.dropLocal(p.seq)
-			release = append(release, p.size)
-			continue
-		}
-		// Under mu (lock order mu → pmu): nothing can finish or fail the
-		// proposal before it is pending.
-		p.epoch = g.readies
-		g.pmu.Lock()
-		g.pending[p.seq] = p
-		g.unseen = append(g.unseen, p)
-		g.pmu.Unlock()
 		submitted++
 	}
 	g.mu.Unlock()
@@ -556,37 +532,11 @@ func (g *Group) checkProposal(meta, data []byte) (int, error) {
 // log and its inflight bytes (reserved by the caller) are released.
 func (g *Group) submit(p *proposal, meta, data []byte) error {
 	p.seq = g.host.seq.Add(1)
-	var payload []byte
-	if data != nil {
-		payload = encodeLocal(proposalID{g.host.id, p.seq}, meta, len(data))
-	} else {
-		payload = encodeProposal(proposalID{g.host.id, p.seq}, meta, nil, false)
-	}
+	payload := g.payload(p, meta, data)
 	g.mu.Lock()
-	var err error
-	if g.isStopped() {
-		err = g.stoppedError()
-	} else if st := g.rn.BasicStatus(); st.RaftState != etcdraft.StateLeader {
-		err = &NotLeaderError{Group: g.id, Leader: st.Lead}
-	} else {
-		if data != nil {
-			// Before raft sees the entry: the next Ready may carry it.
-			g.localMu.Lock()
-			g.local[p.seq] = localData{data: data, epoch: g.readies}
-			g.localMu.Unlock()
-		}
-		if perr := g.rn.Propose(payload); perr != nil {
-			err = fmt.Errorf("raft: group %d: %v: %w", g.id, perr, ErrProposalDropped)
-			g.dropLocal(p.seq)
-		} else {
-			// Under mu (lock order mu → pmu): nothing can finish or fail
-			// the proposal before it is pending.
-			p.epoch = g.readies
-			g.pmu.Lock()
-			g.pending[p.seq] = p
-			g.unseen = append(g.unseen, p)
-			g.pmu.Unlock()
-		}
+	err := g.admitLocked()
+	if err == nil {
+		err = g.enterLocked(p, payload, data)
 	}
 	g.mu.Unlock()
 	if err != nil {
@@ -597,6 +547,50 @@ func (g *Group) submit(p *proposal, meta, data []byte) error {
 	}
 	g.host.metrics.proposals.WithLabelValues(g.label()).Inc()
 	g.loop.notify(g)
+	return nil
+}
+
+// payload is what the log carries for p: meta and, with data, only its
+// length (the data itself stays local until the Ready writes it).
+func (g *Group) payload(p *proposal, meta, data []byte) []byte {
+	if data != nil {
+		return encodeLocal(proposalID{g.host.id, p.seq}, meta, len(data))
+	}
+	return encodeProposal(proposalID{g.host.id, p.seq}, meta, nil, false)
+}
+
+// admitLocked says whether this group takes proposals now (running, and
+// the leader). Caller holds mu.
+func (g *Group) admitLocked() error {
+	if g.isStopped() {
+		return g.stoppedError()
+	}
+	if st := g.rn.BasicStatus(); st.RaftState != etcdraft.StateLeader {
+		return &NotLeaderError{Group: g.id, Leader: st.Lead}
+	}
+	return nil
+}
+
+// enterLocked proposes p's payload to raft and makes p pending; on error
+// p did not enter the log (its inflight bytes are the caller's to
+// release). Caller holds mu (lock order mu → pmu: nothing can finish or
+// fail the proposal before it is pending).
+func (g *Group) enterLocked(p *proposal, payload, data []byte) error {
+	if data != nil {
+		// Before raft sees the entry: the next Ready may carry it.
+		g.localMu.Lock()
+		g.local[p.seq] = localData{data: data, epoch: g.readies}
+		g.localMu.Unlock()
+	}
+	if perr := g.rn.Propose(payload); perr != nil {
+		g.dropLocal(p.seq)
+		return fmt.Errorf("raft: group %d: %v: %w", g.id, perr, ErrProposalDropped)
+	}
+	p.epoch = g.readies
+	g.pmu.Lock()
+	g.pending[p.seq] = p
+	g.unseen = append(g.unseen, p)
+	g.pmu.Unlock()
 	return nil
 }
 
