@@ -82,6 +82,8 @@ type State struct {
 	// counters, touched only by Apply (and load).
 	nextBucket, nextOpen, nextID uint64
 	buckets                      bucketCache
+	// applied caches rows Apply reads (applycache.go); Apply's own.
+	applied applyCache
 	// lookups caches encoded key records for the read path
 	// (lookupcache.go); Apply keeps it exact.
 	lookups *lookupCache
@@ -154,6 +156,7 @@ func (s *State) Restore(index uint64, r io.Reader) error {
 	s.buckets.invalidate()
 	defer s.buckets.invalidate()
 	defer s.s3Gen.Add(1)
+	s.applied.reset()
 	if err := s.st.Restore(index, r); err != nil {
 		return err
 	}
@@ -181,6 +184,14 @@ func (s *State) Apply(entries []store.Entry) []any {
 		return nil
 	}
 	t := &tx{b: s.st.NewBatch(), s: s}
+	// Apply panics only where the process cannot go on; should one be
+	// recovered, the cache must not keep writes the batch lost.
+	committed := false
+	defer func() {
+		if !committed {
+			s.applied.reset()
+		}
+	}()
 	res := make([]any, len(entries))
 	for i, e := range entries {
 		if e.Cmd == nil {
@@ -216,6 +227,7 @@ func (s *State) Apply(entries []store.Entry) []any {
 	if err := s.st.Commit(t.b, entries[len(entries)-1].Index); err != nil {
 		panic(err)
 	}
+	committed = true
 	return res
 }
 
@@ -242,6 +254,7 @@ func (t *tx) put(k []byte, m proto.Message) {
 	if err := t.b.Set(k, v, nil); err != nil {
 		panic(err)
 	}
+	t.s.applied.set(k, v)
 }
 
 func (t *tx) del(k []byte) {
@@ -249,6 +262,7 @@ func (t *tx) del(k []byte) {
 	if err := t.b.Delete(k, nil); err != nil {
 		panic(err)
 	}
+	t.s.applied.del(k)
 }
 
 // get reads k into m; false if absent.
@@ -278,12 +292,27 @@ func getSized(r pebble.Reader, k []byte, m proto.Message) (bool, int, error) {
 	return true, len(v), proto.Unmarshal(v, m)
 }
 
+// get reads k into m through the apply cache (applycache.go), which
+// holds exactly what the batch would return; false if absent.
 func (t *tx) get(k []byte, m proto.Message) bool {
-	ok, err := get(t.b, k, m)
-	if err != nil {
+	v, ok := t.s.applied.get(k)
+	if !ok {
+		var closer io.Closer
+		var err error
+		v, closer, err = t.b.Get(k)
+		if errors.Is(err, pebble.ErrNotFound) {
+			return false
+		}
+		if err != nil {
+			panic(err)
+		}
+		defer closer.Close()
+		t.s.applied.fill(k, v)
+	}
+	if err := proto.Unmarshal(v, m); err != nil {
 		panic(err)
 	}
-	return ok
+	return true
 }
 
 // hasPrefix reports whether any key starts with pfx.
@@ -918,6 +947,7 @@ func (t *tx) reclaimDir(op *metapb.ReclaimDirOp) any {
 // Raft would take minutes on a small machine); never on a live replica.
 func (s *State) BulkLoadObjectKeys(bucketID uint64, keys []*metapb.KeyInfo) error {
 	defer s.lookups.end(s.lookups.beginAll())
+	s.applied.reset()
 	b := s.st.NewBatch()
 	for _, k := range keys {
 		v, err := proto.Marshal(k)

@@ -1,0 +1,97 @@
+package namespace
+
+import (
+	"bytes"
+	"slices"
+)
+
+// applyCache keeps, for Apply alone, the encoded values of the rows every
+// small PUT reads while it applies: its bucket's row (b/, read by OpenKey
+// and CommitKey) and its open-key row (o/, written by OpenKey, read and
+// deleted by CommitKey). A hit costs a map lookup instead of a Pebble
+// point read through the batch, the memtables and the levels.
+//
+// Apply runs on one goroutine and is the only writer of the namespace
+// rows, so the cache can be exact: every write of a cached table goes
+// through tx.put or tx.del, which update the cache as they add the write
+// to the batch (and the batch's reads see the batch, so both agree within
+// one Apply too); a restore or a bulk load drops it. A hit returns the
+// same bytes Pebble would, and the caller decodes them into a fresh
+// message, so no caller shares or changes a cached row. Readers never see
+// it (they have their own caches, bucketcache.go and lookupcache.go).
+//
+// Only rows found are cached (a miss still reads Pebble). Bucket rows are
+// cached when written or read; open-key rows only when written (one is
+// read once, by its commit). Each table is bounded: past its bound it
+// starts over.
+type applyCache struct {
+	buckets map[string][]byte
+	opens   map[string][]byte
+	// hits counts the reads served (tests); off turns the cache off
+	// (tests: a replay without it must give the same results and rows).
+	hits uint64
+	off  bool
+}
+
+const (
+	maxApplyCachedBuckets = 10_000
+	// maxApplyCachedOpens is a few seconds of small PUTs' open keys (an
+	// open key is deleted from the cache when it commits or expires).
+	maxApplyCachedOpens = 64 << 10
+)
+
+// table returns the map that caches k, nil if k's table is not cached.
+func (c *applyCache) table(k []byte) *map[string][]byte {
+	switch {
+	case c.off:
+		return nil
+	case bytes.HasPrefix(k, pfxOpen):
+		return &c.opens
+	case bytes.HasPrefix(k, pfxBucket):
+		return &c.buckets
+	}
+	return nil
+}
+
+func (c *applyCache) get(k []byte) ([]byte, bool) {
+	if t := c.table(k); t != nil {
+		v, ok := (*t)[string(k)]
+		if ok {
+			c.hits++
+		}
+		return v, ok
+	}
+	return nil, false
+}
+
+// set records that k now holds v (v is not changed afterwards).
+func (c *applyCache) set(k, v []byte) {
+	t := c.table(k)
+	if t == nil {
+		return
+	}
+	bound := maxApplyCachedBuckets
+	if &c.opens == t {
+		bound = maxApplyCachedOpens
+	}
+	if *t == nil || len(*t) >= bound {
+		*t = make(map[string][]byte)
+	}
+	(*t)[string(k)] = v
+}
+
+// fill caches a bucket row read from Pebble (v is Pebble's, so copied).
+func (c *applyCache) fill(k, v []byte) {
+	if bytes.HasPrefix(k, pfxBucket) {
+		c.set(k, slices.Clone(v))
+	}
+}
+
+func (c *applyCache) del(k []byte) {
+	if t := c.table(k); t != nil {
+		delete(*t, string(k))
+	}
+}
+
+// reset drops everything (restore, bulk load).
+func (c *applyCache) reset() { c.buckets, c.opens = nil, nil }
