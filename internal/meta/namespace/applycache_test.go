@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/store"
 )
@@ -168,4 +170,80 @@ func TestApplyCacheRestore(t *testing.T) {
 	b.put(t, "vol", "bkt", "new", 4)
 	b.wantSize(t, "bkt", "new", 4, "after restore")
 	b.wantMissing(t, "bkt", "k", "after restore")
+}
+
+// TestOpenEntriesCarryIDs: the log entries of OpenKey, OpenKeys and
+// AllocateBlock record the blocks' IDs, not their locations (the
+// replicas' addresses), nor what only steered the allocation (size hint,
+// client location, exclude list); the keys still commit with their blocks.
+func TestOpenEntriesCarryIDs(t *testing.T) {
+	e, rr, _ := batchEnv(t)
+	alice := WithCaller(e.ctx, Caller{User: "alice"})
+	req := &metapb.OpenKeyRequest{Volume: "vol", Bucket: "abkt", Key: "one", SizeHint: 3 << 20, ClientLocation: "/dc1/r1",
+		Exclude: &metapb.ExcludeList{Datanodes: []uint64{99}}}
+	o, err := e.s.OpenKey(alice, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.Blocks) < 2 || len(o.Blocks[0].Datanodes) == 0 {
+		t.Fatalf("open answered %d blocks (first with %d datanodes), want several with locations", len(o.Blocks), len(o.Blocks[0].Datanodes))
+	}
+	ab, err := e.s.AllocateBlock(alice, &metapb.AllocateBlockRequest{OpenId: o.OpenId})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req2 := proto.Clone(req).(*metapb.OpenKeyRequest)
+	req2.Key = "two"
+	ro, err := e.s.OpenKeys(alice, &metapb.OpenKeysRequest{Requests: []*metapb.OpenKeyRequest{req2}})
+	if err != nil || ro.Results[0].Open == nil {
+		t.Fatalf("OpenKeys: %v %v", err, ro)
+	}
+	n := 0
+	checkOpen := func(op *metapb.OpenKeyOp) {
+		n++
+		r := op.Request
+		if r.SizeHint != 0 || r.ClientLocation != "" || r.Exclude != nil || r.Volume != "vol" || r.Replication == metapb.Replication_REPLICATION_UNSPECIFIED {
+			t.Fatalf("open entry's request: %v", r)
+		}
+		for _, b := range op.Blocks {
+			if b.Id == nil || !proto.Equal(b, &metapb.BlockLocation{Id: b.Id}) {
+				t.Fatalf("open entry's block: %v, want its ID only", b)
+			}
+		}
+	}
+	rr.mu.Lock()
+	for _, c := range rr.cmds {
+		cmd := &metapb.NsCommand{}
+		if err := proto.Unmarshal(c, cmd); err != nil {
+			t.Fatal(err)
+		}
+		switch op := cmd.Op.(type) {
+		case *metapb.NsCommand_OpenKey:
+			checkOpen(op.OpenKey)
+		case *metapb.NsCommand_OpenKeys:
+			for _, o := range op.OpenKeys.Opens {
+				checkOpen(o)
+			}
+		case *metapb.NsCommand_AddBlock:
+			n++
+			if !proto.Equal(op.AddBlock.Block, &metapb.BlockLocation{Id: ab.Block.Id}) {
+				t.Fatalf("AddBlock entry's block: %v, want its ID only", op.AddBlock.Block)
+			}
+		}
+	}
+	rr.mu.Unlock()
+	if n < 4 {
+		t.Fatalf("%d open and add-block entries seen, want 4", n)
+	}
+	var kb []*metapb.KeyBlock
+	for _, b := range append(o.Blocks, ab.Block) {
+		kb = append(kb, &metapb.KeyBlock{Id: b.Id, Length: 1})
+	}
+	if _, err := e.s.CommitKey(alice, &metapb.CommitKeyRequest{OpenId: o.OpenId, Blocks: kb}); err != nil {
+		t.Fatal(err)
+	}
+	o2 := ro.Results[0].Open
+	if _, err := e.s.CommitKey(alice, &metapb.CommitKeyRequest{OpenId: o2.OpenId, Blocks: []*metapb.KeyBlock{{Id: o2.Blocks[0].Id, Length: 1}}}); err != nil {
+		t.Fatal(err)
+	}
 }

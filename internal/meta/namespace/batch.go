@@ -115,7 +115,7 @@ func (s *Service) OpenKeys(ctx context.Context, req *metapb.OpenKeysRequest) (*m
 		if errs[i] != nil {
 			continue
 		}
-		b, err := s.st.GetBucket(r.Volume, r.Bucket)
+		b, err := s.st.cachedBucket(r.Volume, r.Bucket) // (read only)
 		if err == nil {
 			err = validateKeyFor(b, r.Key)
 		}
@@ -179,7 +179,7 @@ func (s *Service) OpenKeys(ctx context.Context, req *metapb.OpenKeysRequest) (*m
 	var at []int // op.Opens[j] is the key at[j]
 	for i, r := range reqs {
 		if r != nil {
-			op.Opens = append(op.Opens, &metapb.OpenKeyOp{Request: r, Blocks: blocks[i]})
+			op.Opens = append(op.Opens, logOpen(r, blocks[i]))
 			at = append(at, i)
 		}
 	}

@@ -277,7 +277,7 @@ func (s *Service) OpenKey(ctx context.Context, req *metapb.OpenKeyRequest) (*met
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}
-	b, err := s.st.GetBucket(req.Volume, req.Bucket)
+	b, err := s.st.cachedBucket(req.Volume, req.Bucket) // (read only)
 	if err != nil {
 		return nil, err
 	}
@@ -311,7 +311,7 @@ func (s *Service) OpenKey(ctx context.Context, req *metapb.OpenKeyRequest) (*met
 		}
 		alloc.Blocks = append(alloc.Blocks, more.Blocks...)
 	}
-	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_OpenKey{OpenKey: &metapb.OpenKeyOp{Request: req, Blocks: alloc.Blocks}}})
+	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_OpenKey{OpenKey: logOpen(req, alloc.Blocks)}})
 	if err != nil {
 		return nil, err
 	}
@@ -319,6 +319,22 @@ func (s *Service) OpenKey(ctx context.Context, req *metapb.OpenKeyRequest) (*met
 		return nil, err
 	}
 	return &metapb.OpenKeyResponse{OpenId: r.(uint64), Blocks: alloc.Blocks, BlockSize: alloc.BlockSize}, nil
+}
+
+// logOpen is the OpenKeyOp an entry records: the request's fields and
+// the blocks' IDs, all that Apply reads of them. The blocks' locations
+// (every replica's addresses, about 0.5 KiB a block) go to the caller,
+// not into the state, so the log does not carry them; nor the size hint,
+// exclude list and client location, which only steered the allocation.
+// (Apply of an older entry with them gives the same rows.)
+func logOpen(req *metapb.OpenKeyRequest, blocks []*metapb.BlockLocation) *metapb.OpenKeyOp {
+	op := &metapb.OpenKeyOp{Request: &metapb.OpenKeyRequest{Volume: req.Volume, Bucket: req.Bucket, Key: req.Key,
+		Replication: req.Replication, ChecksumType: req.ChecksumType, BytesPerChecksum: req.BytesPerChecksum}}
+	op.Blocks = make([]*metapb.BlockLocation, len(blocks))
+	for i, b := range blocks {
+		op.Blocks[i] = &metapb.BlockLocation{Id: b.Id}
+	}
+	return op
 }
 
 // AllocateBlock adds a block to an open key.
@@ -344,7 +360,7 @@ func (s *Service) AllocateBlock(ctx context.Context, req *metapb.AllocateBlockRe
 		return nil, err
 	}
 	blk := alloc.Blocks[0]
-	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_AddBlock{AddBlock: &metapb.AddBlockOp{OpenId: req.OpenId, Block: blk}}}); err != nil {
+	if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_AddBlock{AddBlock: &metapb.AddBlockOp{OpenId: req.OpenId, Block: &metapb.BlockLocation{Id: blk.Id}}}}); err != nil {
 		return nil, err
 	}
 	if err := s.attachTokens(ctx, alloc.Blocks[:1], writeModes); err != nil {
