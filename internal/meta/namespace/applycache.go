@@ -3,6 +3,8 @@ package namespace
 import (
 	"bytes"
 	"slices"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
 // applyCache keeps, for Apply alone, the encoded values of the rows every
@@ -27,6 +29,9 @@ import (
 type applyCache struct {
 	buckets map[string][]byte
 	opens   map[string][]byte
+	// decoded holds bucket rows decoded, for the callers that only read
+	// them (tx.bucketRO): dropped with the row's entry in buckets.
+	decoded map[bucketRef]*metapb.Bucket
 	// hits counts the reads served (tests); off turns the cache off
 	// (tests: a replay without it must give the same results and rows).
 	hits uint64
@@ -76,8 +81,48 @@ func (c *applyCache) set(k, v []byte) {
 	}
 	if *t == nil || len(*t) >= bound {
 		*t = make(map[string][]byte)
+		if t == &c.buckets {
+			c.decoded = nil
+		}
 	}
 	(*t)[string(k)] = v
+	if t == &c.buckets {
+		c.dropDecoded(k)
+	}
+}
+
+// dropDecoded drops the decoded row of bucket key k.
+func (c *applyCache) dropDecoded(k []byte) {
+	if len(c.decoded) == 0 {
+		return
+	}
+	vol, name, ok := bytes.Cut(k[len(pfxBucket):], []byte{0})
+	if !ok {
+		c.decoded = nil // (no such bucket key is written)
+		return
+	}
+	delete(c.decoded, bucketRef{string(vol), string(name)})
+}
+
+// bucket returns the decoded row of a bucket, nil if not cached.
+func (c *applyCache) bucket(volume, name string) *metapb.Bucket {
+	b := c.decoded[bucketRef{volume, name}]
+	if b != nil {
+		c.hits++
+	}
+	return b
+}
+
+// keepBucket caches b, just read by tx.bucket (so its row is in buckets
+// or was read from the batch).
+func (c *applyCache) keepBucket(volume, name string, b *metapb.Bucket) {
+	if c.off {
+		return
+	}
+	if c.decoded == nil || len(c.decoded) >= maxApplyCachedBuckets {
+		c.decoded = make(map[bucketRef]*metapb.Bucket)
+	}
+	c.decoded[bucketRef{volume, name}] = b
 }
 
 // fill caches a bucket row read from Pebble (v is Pebble's, so copied).
@@ -90,8 +135,11 @@ func (c *applyCache) fill(k, v []byte) {
 func (c *applyCache) del(k []byte) {
 	if t := c.table(k); t != nil {
 		delete(*t, string(k))
+		if t == &c.buckets {
+			c.dropDecoded(k)
+		}
 	}
 }
 
 // reset drops everything (restore, bulk load).
-func (c *applyCache) reset() { c.buckets, c.opens = nil, nil }
+func (c *applyCache) reset() { c.buckets, c.opens, c.decoded = nil, nil, nil }

@@ -349,6 +349,19 @@ func (t *tx) bucket(volume, name string) (*metapb.Bucket, error) {
 	return bk, nil
 }
 
+// bucketRO is bucket for callers that do not change the row: it may be
+// the apply cache's decoded row, shared (applycache.go).
+func (t *tx) bucketRO(volume, name string) (*metapb.Bucket, error) {
+	if b := t.s.applied.bucket(volume, name); b != nil {
+		return b, nil
+	}
+	b, err := t.bucket(volume, name)
+	if err == nil {
+		t.s.applied.keepBucket(volume, name, b)
+	}
+	return b, err
+}
+
 func keyBlockIDs(k *metapb.KeyInfo) []*metapb.BlockID {
 	out := make([]*metapb.BlockID, len(k.Blocks))
 	for i, b := range k.Blocks {
@@ -553,7 +566,7 @@ func (t *tx) deleteBucket(req *metapb.DeleteBucketRequest) any {
 
 func (t *tx) openKey(op *metapb.OpenKeyOp) any {
 	req := op.Request
-	b, err := t.bucket(req.Volume, req.Bucket)
+	b, err := t.bucketRO(req.Volume, req.Bucket)
 	if err != nil {
 		return err
 	}
@@ -592,7 +605,7 @@ func (t *tx) commitKey(req *metapb.CommitKeyRequest) any {
 	if !t.get(u64Key(pfxOpen, req.OpenId), row) {
 		return notFound("open key %d not found (expired or already committed)", req.OpenId)
 	}
-	b, err := t.bucket(row.Volume, row.Bucket)
+	b, err := t.bucketRO(row.Volume, row.Bucket)
 	if err != nil {
 		return err
 	}
@@ -608,11 +621,13 @@ func (t *tx) commitKey(req *metapb.CommitKeyRequest) any {
 	if err := validateMeta(req.Meta); err != nil {
 		return err
 	}
-	if err := validateAcls(req.Acls, "commit key "+row.Key); err != nil {
-		return err
-	}
-	if err := blockedPublicAcl(b, req.Acls, "commit key "+row.Key); err != nil {
-		return err
+	if len(req.Acls) > 0 { // (no message built for the common case)
+		if err := validateAcls(req.Acls, "commit key "+row.Key); err != nil {
+			return err
+		}
+		if err := blockedPublicAcl(b, req.Acls, "commit key "+row.Key); err != nil {
+			return err
+		}
 	}
 	allocated := map[[2]uint64]bool{}
 	for _, id := range row.Blocks {
@@ -655,7 +670,9 @@ func (t *tx) commitKey(req *metapb.CommitKeyRequest) any {
 			unused = append(unused, id)
 		}
 	}
-	t.release(unused, "allocated but not committed: "+row.Key)
+	if len(unused) > 0 {
+		t.release(unused, "allocated but not committed: "+row.Key)
+	}
 	t.del(u64Key(pfxOpen, req.OpenId))
 	return ki
 }
