@@ -281,6 +281,17 @@ func (s *Store) setApplied(index uint64) {
 	s.applied.Store(index)
 }
 
+// Metrics returns the DB's Pebble metrics (WAL bytes, flushes,
+// compactions), nil once closed.
+func (s *Store) Metrics() *pebble.Metrics {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed.Load() {
+		return nil
+	}
+	return s.db.Metrics()
+}
+
 // NewBatch returns an indexed batch (reads see its own writes) for one
 // Apply call. Only the apply goroutine writes.
 func (s *Store) NewBatch() *pebble.Batch {
