@@ -3,10 +3,12 @@ package meta
 import (
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 
 	"github.com/basalt-store/basalt/internal/meta/namespace"
+	"github.com/basalt-store/basalt/internal/meta/store"
 )
 
 type metrics struct {
@@ -52,5 +54,32 @@ func (m *metrics) lookupCache(reg prometheus.Registerer, stats func() namespace.
 		gauge("lookup_cache_bytes", "Memory held by the lookup cache (its arena plus an estimate of its index).", func(s namespace.LookupCacheStats) float64 { return float64(s.Bytes) }),
 		gauge("lookup_cache_entries", "Records in the lookup cache.", func(s namespace.LookupCacheStats) float64 { return float64(s.Entries) }),
 		gauge("lookup_cache_max_bytes", "Bound of the lookup cache (0: off).", func(s namespace.LookupCacheStats) float64 { return float64(s.MaxBytes) }),
+	)
+}
+
+// storeStats exports a state store's Pebble write volume (the WAL, the
+// memtable flushes, the compactions), read when scraped, so that a
+// benchmark can divide it by the objects written.
+func (m *metrics) storeStats(reg prometheus.Registerer, name string, st *store.Store) {
+	counter := func(metric, help string, f func(*pebble.Metrics) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "meta", Name: metric, Help: help,
+			ConstLabels: prometheus.Labels{"store": name}},
+			func() float64 {
+				if pm := st.Metrics(); pm != nil {
+					return float64(f(pm))
+				}
+				return 0
+			})
+	}
+	reg.MustRegister(
+		counter("store_wal_bytes_total", "Bytes written to the state store's Pebble WAL.", func(pm *pebble.Metrics) uint64 { return pm.WAL.BytesWritten }),
+		counter("store_flushed_bytes_total", "Bytes of tables the state store's Pebble wrote flushing memtables.", func(pm *pebble.Metrics) uint64 {
+			t := pm.Total()
+			return t.TableBytesFlushed
+		}),
+		counter("store_compacted_bytes_total", "Bytes of tables the state store's Pebble wrote compacting.", func(pm *pebble.Metrics) uint64 {
+			t := pm.Total()
+			return t.TableBytesCompacted
+		}),
 	)
 }

@@ -289,6 +289,8 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.nsState.SetLookupCacheBytes(cfg.LookupCacheBytes)
 	s.metrics.lookupCache(reg, s.nsState.LookupCacheStats)
+	s.metrics.storeStats(reg, "namespace", s.nsState.Store())
+	s.metrics.storeStats(reg, "scm", s.scmState.Store())
 	if err := s.openCA(sopts); err != nil {
 		return nil, err
 	}
