@@ -73,13 +73,19 @@ func (m *metrics) storeStats(reg prometheus.Registerer, name string, st *store.S
 	}
 	reg.MustRegister(
 		counter("store_wal_bytes_total", "Bytes written to the state store's Pebble WAL.", func(pm *pebble.Metrics) uint64 { return pm.WAL.BytesWritten }),
-		counter("store_flushed_bytes_total", "Bytes of tables the state store's Pebble wrote flushing memtables.", func(pm *pebble.Metrics) uint64 {
-			t := pm.Total()
-			return t.TableBytesFlushed
+		// (summed over the levels: Metrics.Total adds the WAL's bytes to
+		// the flushed ones)
+		counter("store_flushed_bytes_total", "Bytes of tables the state store's Pebble wrote flushing memtables.", func(pm *pebble.Metrics) (n uint64) {
+			for i := range pm.Levels {
+				n += pm.Levels[i].TableBytesFlushed
+			}
+			return n
 		}),
-		counter("store_compacted_bytes_total", "Bytes of tables the state store's Pebble wrote compacting.", func(pm *pebble.Metrics) uint64 {
-			t := pm.Total()
-			return t.TableBytesCompacted
+		counter("store_compacted_bytes_total", "Bytes of tables the state store's Pebble wrote compacting.", func(pm *pebble.Metrics) (n uint64) {
+			for i := range pm.Levels {
+				n += pm.Levels[i].TableBytesCompacted
+			}
+			return n
 		}),
 	)
 }

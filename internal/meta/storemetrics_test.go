@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,5 +46,12 @@ func TestStoreMetrics(t *testing.T) {
 	}
 	if after := wal(); after <= before {
 		t.Fatalf("namespace store WAL bytes %v after a write, %v before", after, before)
+	}
+	// Nothing was flushed yet (a 32 MiB memtable): the flushed bytes are
+	// tables' bytes, not the WAL's.
+	rec := httptest.NewRecorder()
+	c.servers[1].Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if want := `basalt_meta_store_flushed_bytes_total{store="namespace"} 0`; !strings.Contains(rec.Body.String(), want) {
+		t.Fatalf("metrics lack %s:\n%s", want, rec.Body.String())
 	}
 }
