@@ -413,7 +413,8 @@ func slicesClone(in [][]byte) [][]byte {
 
 // FuzzApplyWriteBatch: whatever OpenKeysOp or CommitKeysOp an entry
 // carries (decoded from arbitrary bytes), apply returns results and
-// never panics, and applying it twice on two replicas gives one state.
+// never panics, and applying it twice on two replicas (one with the apply
+// cache, one without) gives one state.
 func FuzzApplyWriteBatch(f *testing.F) {
 	seed := func(m proto.Message) { b, _ := proto.Marshal(m); f.Add(b, true); f.Add(b, false) }
 	seed(&metapb.OpenKeysOp{Opens: []*metapb.OpenKeyOp{{Request: &metapb.OpenKeyRequest{Volume: "vol", Bucket: "abkt", Key: "a"}, Blocks: []*metapb.BlockLocation{{Id: &metapb.BlockID{ContainerId: 7, LocalId: 1}}}}, nil, {}}})
@@ -437,22 +438,27 @@ func FuzzApplyWriteBatch(f *testing.F) {
 		if err != nil {
 			return
 		}
-		var dumps []string
-		for range 2 {
+		var dumps, results []string
+		for i := range 2 {
 			st, err := Open(t.TempDir(), store.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
+			st.applied.off = i == 1 // and with the apply cache as without
 			setup, _ := proto.Marshal(&metapb.NsCommand{Op: &metapb.NsCommand_CreateVolume{CreateVolume: &metapb.CreateVolumeRequest{Name: "vol"}}})
 			setup2, _ := proto.Marshal(&metapb.NsCommand{Op: &metapb.NsCommand_CreateBucket{CreateBucket: &metapb.CreateBucketRequest{Volume: "vol", Name: "abkt"}}})
 			setup3, _ := proto.Marshal(&metapb.NsCommand{Op: &metapb.NsCommand_OpenKeys{OpenKeys: &metapb.OpenKeysOp{Opens: []*metapb.OpenKeyOp{{Request: &metapb.OpenKeyRequest{Volume: "vol", Bucket: "abkt", Key: "a"}, Blocks: []*metapb.BlockLocation{{Id: &metapb.BlockID{ContainerId: 7, LocalId: 1}}}}}}}})
 			st.Apply([]store.Entry{{Index: 1, Cmd: setup}, {Index: 2, Cmd: setup2}, {Index: 3, Cmd: setup3}})
-			st.Apply([]store.Entry{{Index: 4, Cmd: enc}})
+			r := st.Apply([]store.Entry{{Index: 4, Cmd: enc}})
 			dumps = append(dumps, dump(t, st))
+			results = append(results, resultString(r[0]))
 			st.Close()
 		}
 		if dumps[0] != dumps[1] {
 			t.Fatal("two replicas applied one entry into different states")
+		}
+		if results[0] != results[1] {
+			t.Fatalf("two replicas applied one entry with different results:\n%s\n----\n%s", results[0], results[1])
 		}
 	})
 }
