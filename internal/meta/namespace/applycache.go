@@ -24,11 +24,15 @@ import (
 //
 // Only rows found are cached (a miss still reads Pebble). Bucket rows are
 // cached when written or read; open-key rows only when written (one is
-// read once, by its commit). Each table is bounded: past its bound it
-// starts over.
+// read once, by its commit). Each table is bounded in bytes (and bucket
+// rows in count): past its bound it starts over; a row over a sixteenth
+// of its table's bound is not cached.
 type applyCache struct {
 	buckets map[string][]byte
 	opens   map[string][]byte
+	// bbytes and obytes are the bytes buckets and opens hold (keys,
+	// values and a map entry's overhead), each kept within its bound.
+	bbytes, obytes int
 	// decoded holds bucket rows decoded, for the callers that only read
 	// them (tx.bucketRO): dropped with the row's entry in buckets.
 	decoded map[bucketRef]*metapb.Bucket
@@ -40,10 +44,31 @@ type applyCache struct {
 
 const (
 	maxApplyCachedBuckets = 10_000
-	// maxApplyCachedOpens is a few seconds of small PUTs' open keys (an
-	// open key is deleted from the cache when it commits or expires).
-	maxApplyCachedOpens = 64 << 10
+	// maxApplyCachedBucketBytes bounds the encoded bucket rows (a row
+	// with a large policy is tens of KiB); their decoded copies are only
+	// kept while the row is (dropDecoded), at most one per row.
+	maxApplyCachedBucketBytes = 16 << 20
+	// maxApplyCachedOpenBytes is a few seconds of small PUTs' open keys
+	// (an open key is deleted from the cache when it commits or
+	// expires); bytes, not rows: a row grows with its key's name and
+	// blocks (AddBlock), so a count would bound nothing.
+	maxApplyCachedOpenBytes = 32 << 20
+	// applyCacheEntryOverhead is a map entry's own cost beyond its key
+	// and value bytes (the string and slice headers, the bucket slot).
+	applyCacheEntryOverhead = 64
 )
+
+func applyCacheEntryBytes(k string, v []byte) int {
+	return len(k) + cap(v) + applyCacheEntryOverhead
+}
+
+// counter returns the byte count and bound of table t.
+func (c *applyCache) counter(t *map[string][]byte) (*int, int) {
+	if t == &c.opens {
+		return &c.obytes, maxApplyCachedOpenBytes
+	}
+	return &c.bbytes, maxApplyCachedBucketBytes
+}
 
 // table returns the map that caches k, nil if k's table is not cached.
 func (c *applyCache) table(k []byte) *map[string][]byte {
@@ -75,17 +100,26 @@ func (c *applyCache) set(k, v []byte) {
 	if t == nil {
 		return
 	}
-	bound := maxApplyCachedBuckets
-	if &c.opens == t {
-		bound = maxApplyCachedOpens
+	n, bound := c.counter(t)
+	ks := string(k)
+	if old, ok := (*t)[ks]; ok {
+		*n -= applyCacheEntryBytes(ks, old)
 	}
-	if *t == nil || len(*t) >= bound {
-		*t = make(map[string][]byte)
+	add := applyCacheEntryBytes(ks, v)
+	if add > bound/16 {
+		// A row this large would crowd out the rest: not cached (a
+		// read finds it in Pebble).
+		c.del(k)
+		return
+	}
+	if *t == nil || *n+add > bound || (t == &c.buckets && len(*t) >= maxApplyCachedBuckets) {
+		*t, *n = make(map[string][]byte), 0
 		if t == &c.buckets {
 			c.decoded = nil
 		}
 	}
-	(*t)[string(k)] = v
+	(*t)[ks] = v
+	*n += add
 	if t == &c.buckets {
 		c.dropDecoded(k)
 	}
@@ -134,7 +168,12 @@ func (c *applyCache) fill(k, v []byte) {
 
 func (c *applyCache) del(k []byte) {
 	if t := c.table(k); t != nil {
-		delete(*t, string(k))
+		ks := string(k)
+		if old, ok := (*t)[ks]; ok {
+			n, _ := c.counter(t)
+			*n -= applyCacheEntryBytes(ks, old)
+			delete(*t, ks)
+		}
 		if t == &c.buckets {
 			c.dropDecoded(k)
 		}
@@ -142,4 +181,7 @@ func (c *applyCache) del(k []byte) {
 }
 
 // reset drops everything (restore, bulk load).
-func (c *applyCache) reset() { c.buckets, c.opens, c.decoded = nil, nil, nil }
+func (c *applyCache) reset() {
+	c.buckets, c.opens, c.decoded = nil, nil, nil
+	c.bbytes, c.obytes = 0, 0
+}

@@ -2,6 +2,7 @@ package namespace
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -245,5 +246,66 @@ func TestOpenEntriesCarryIDs(t *testing.T) {
 	o2 := ro.Results[0].Open
 	if _, err := e.s.CommitKey(alice, &metapb.CommitKeyRequest{OpenId: o2.OpenId, Blocks: []*metapb.KeyBlock{{Id: o2.Blocks[0].Id, Length: 1}}}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The apply cache is bounded in bytes, not rows: open-key rows with long
+// names and many blocks (a review measured 90 MiB of heap for 64 Ki rows
+// of 1 KiB names under a count bound) stay within their table's bound,
+// the count stays exact through overwrites and deletes, and a row too
+// large to share the table is not cached at all.
+func TestApplyCacheBoundedBytes(t *testing.T) {
+	var c applyCache
+	sum := func() int {
+		n := 0
+		for k, v := range c.opens {
+			n += applyCacheEntryBytes(k, v)
+		}
+		return n
+	}
+	name := strings.Repeat("n", 1024)
+	val := make([]byte, 1500)
+	peak := 0
+	for i := range 200_000 {
+		k := append(append([]byte(nil), pfxOpen...), fmt.Sprintf("%s/%d", name, i)...)
+		c.set(k, val)
+		if i%3 == 0 { // overwritten (AddBlock) and sometimes deleted (commit)
+			c.set(k, make([]byte, 2000))
+		}
+		if i%5 == 0 {
+			c.del(k)
+		}
+		if c.obytes > maxApplyCachedOpenBytes {
+			t.Fatalf("after %d rows: %d bytes cached, bound %d", i, c.obytes, maxApplyCachedOpenBytes)
+		}
+		peak = max(peak, c.obytes)
+		if i%9973 == 0 {
+			if got := sum(); got != c.obytes {
+				t.Fatalf("after %d rows: counted %d bytes, the table holds %d", i, c.obytes, got)
+			}
+		}
+	}
+	if peak < maxApplyCachedOpenBytes/2 {
+		t.Fatalf("peak %d bytes: the table never filled (bound %d)", peak, maxApplyCachedOpenBytes)
+	}
+	big := append(append([]byte(nil), pfxOpen...), "big"...)
+	c.set(big, make([]byte, maxApplyCachedOpenBytes/8))
+	if _, ok := c.get(big); ok {
+		t.Fatal("a row of an eighth of the bound was cached")
+	}
+	if got := sum(); got != c.obytes {
+		t.Fatalf("counted %d bytes, the table holds %d", c.obytes, got)
+	}
+	// A bucket row that grows past the bound replaces its cached copy by
+	// nothing (a stale smaller row must not stay).
+	bk := append(append([]byte(nil), pfxBucket...), "v\x00b"...)
+	c.set(bk, []byte("small"))
+	c.set(bk, make([]byte, maxApplyCachedBucketBytes/8))
+	if v, ok := c.get(bk); ok {
+		t.Fatalf("bucket row: stale or oversized copy cached (%d bytes)", len(v))
+	}
+	c.reset()
+	if c.obytes != 0 || c.bbytes != 0 {
+		t.Fatalf("reset left %d/%d bytes counted", c.obytes, c.bbytes)
 	}
 }
