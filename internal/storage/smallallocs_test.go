@@ -99,3 +99,39 @@ func TestCommittedBlocksFoundAfterReopen(t *testing.T) {
 		checkBlock(t, s2, 1, lid, blockBytes(1, lid, 4<<10))
 	}
 }
+
+// TestHasChunkInlineNoCopy: asking whether an uncommitted inline chunk is
+// held (the datanode's SyncData does it for every small file on every
+// replica) copies none of its bytes; ReadWritten still returns them.
+func TestHasChunkInlineNoCopy(t *testing.T) {
+	skipUnlessPosix(t)
+	s, err := Open(Options{Volumes: []string{t.TempDir()}, FS: vfs.Default, ContainerSize: 1 << 30, KeepUncommitted: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	mustCreate(t, s, 1)
+	data := blockBytes(1, 1, 4<<10)
+	sum := DefaultChecksum.Compute(data)
+	if err := s.WriteSmallChunk(1, 1, data, sum, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	var ok bool
+	allocs := testing.AllocsPerRun(100, func() {
+		if ok, err = s.HasChunk(1, 1, 0, 4<<10); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if !ok {
+		t.Fatal("HasChunk: the written inline chunk is not held")
+	}
+	if allocs > 0 {
+		t.Errorf("HasChunk of an uncommitted inline chunk: %.1f allocations, want none", allocs)
+	}
+	if got, err := s.ReadWritten(1, 1, 0, 4<<10, sum); err != nil || string(got) != string(data) {
+		t.Fatalf("ReadWritten of the inline chunk: %v", err)
+	}
+}
