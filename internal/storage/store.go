@@ -424,7 +424,13 @@ const (
 	valueSepGarbage    = 0.20
 )
 
+// valueSeparation is off only in a benchmark that compares both.
+var valueSeparation = true
+
 func separateValues(po *pebble.Options) {
+	if !valueSeparation {
+		return
+	}
 	po.FormatMajorVersion = pebble.FormatValueSeparation
 	po.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy {
 		return pebble.ValueSeparationPolicy{
