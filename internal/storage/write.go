@@ -587,6 +587,25 @@ func nonDurable(ob *openBlock) bool {
 // in a row. A chunk without checksums (the V2 stream) cannot be checked, so
 // its record is committed only after its data and directory entry are
 // durable.
+// earlySize is about the byte size of persist's early batch for todo:
+// each unsynced span's record, and the data of those deferred.
+func earlySize(v *volume, todo []dirtyBlock) int {
+	n := 0
+	for _, d := range todo {
+		def := v.defer_ != nil && deferrable(d.ob)
+		for _, sp := range d.ob.written {
+			if sp.durable {
+				continue
+			}
+			n += 64
+			if def {
+				n += 64 + len(sp.data)
+			}
+		}
+	}
+	return n
+}
+
 func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	var firstErr error
 	setErr := func(d dirtyBlock, err error) {
@@ -620,7 +639,10 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		return nil
 	}
 	// Records of checksummed chunks (early) and of the others (after data).
-	early, late := v.db.NewBatch(), v.db.NewBatch()
+	// The early batch is sized for its deferred data up front: grown by
+	// doubling from a small pooled batch, a batch of small files' bytes
+	// allocated about twice their size on every replica.
+	early, late := v.db.NewBatchWithSize(earlySize(v, todo)), v.db.NewBatch()
 	defer early.Close()
 	defer late.Close()
 	// deferred[i]: todo[i]'s unsynced data is all small checksummed
