@@ -103,11 +103,13 @@ func (s *Store) validateBlock(cid ContainerID, bd *BlockData) error {
 // same offset, length and checksums again (a Raft re-delivery) is a no-op
 // whether the chunk is written, durable or committed.
 func (s *Store) WriteChunk(cid ContainerID, lid LocalID, off int64, data []byte, sum ChecksumData, verify bool) error {
-	return s.writeChunk(cid, lid, off, data, sum, verify, false)
+	return s.writeChunk(cid, lid, off, data, sum, verify, false, false)
 }
 
 // writeChunk is WriteChunk; small: WriteSmallChunk's (inline.go).
-func (s *Store) writeChunk(cid ContainerID, lid LocalID, off int64, data []byte, sum ChecksumData, verify, small bool) error {
+// writeChunk writes a chunk; shared: data is never modified by the caller
+// again, and may be kept instead of a copy (WriteSmallChunkShared).
+func (s *Store) writeChunk(cid ContainerID, lid LocalID, off int64, data []byte, sum ChecksumData, verify, small, shared bool) error {
 	const op = "write chunk"
 	n := int64(len(data))
 	if err := validateChunk(op, cid, lid, off, n, sum, s.opts.MaxChunkSize, s.opts.MaxBlockSize); err != nil {
@@ -127,7 +129,7 @@ func (s *Store) writeChunk(cid ContainerID, lid LocalID, off int64, data []byte,
 		return err
 	}
 	defer s.unlockOpen(c, lid, ob)
-	if err := s.writeLocked(op, c, lid, ob, off, data, sum, small); err != nil {
+	if err := s.writeLocked(op, c, lid, ob, off, data, sum, small, shared); err != nil {
 		return err
 	}
 	if s.opts.Sync == SyncAlways {
@@ -136,7 +138,7 @@ func (s *Store) writeChunk(cid ContainerID, lid LocalID, off int64, data []byte,
 	return nil
 }
 
-func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock, off int64, data []byte, sum ChecksumData, small bool) error {
+func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock, off int64, data []byte, sum ChecksumData, small, shared bool) error {
 	n := int64(len(data))
 	end := off + n
 	if ob.committed.Inline && off >= ob.committed.Length {
@@ -222,7 +224,13 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 	}
 	sp := span{off: off, n: n, sum: sum, inline: inline, small: small && off == 0}
 	if c.vol.defer_ != nil && n <= s.opts.DeferredMax && sum.Type != ChecksumNone {
-		sp.data = slices.Clone(data) // may be a deferred write (deferred.go)
+		// May be a deferred write (deferred.go) or inline data (inline.go);
+		// only read from here on.
+		if shared {
+			sp.data = data[:n:n]
+		} else {
+			sp.data = slices.Clone(data)
+		}
 	}
 	ob.written = slices.Insert(ob.written, i, sp)
 	ob.hwm = max(ob.hwm, end)
