@@ -106,9 +106,9 @@ func (s *Store) WriteChunk(cid ContainerID, lid LocalID, off int64, data []byte,
 	return s.writeChunk(cid, lid, off, data, sum, verify, false, false)
 }
 
-// writeChunk is WriteChunk; small: WriteSmallChunk's (inline.go).
-// writeChunk writes a chunk; shared: data is never modified by the caller
-// again, and may be kept instead of a copy (WriteSmallChunkShared).
+// writeChunk is WriteChunk; small: WriteSmallChunk's (inline.go); shared:
+// the caller never modifies data again, so it may be kept instead of a
+// copy (WriteSmallChunkShared).
 func (s *Store) writeChunk(cid ContainerID, lid LocalID, off int64, data []byte, sum ChecksumData, verify, small, shared bool) error {
 	const op = "write chunk"
 	n := int64(len(data))
@@ -583,18 +583,6 @@ func nonDurable(ob *openBlock) bool {
 	return false
 }
 
-// persist makes the non-durable spans of blocks durable. Callers hold every
-// ob.mu.
-//
-// Order: the data of a chunk must be on disk before anything can commit it.
-// For a chunk with checksums the record may become durable first, because
-// its checksums tell good bytes from missing ones: after a crash such a
-// record is checked against the bytes before the chunk is used (verify), so
-// the fdatasyncs, the directory syncs and the Pebble commit of checksummed
-// chunks run at the same time and a Sync costs one device flush, not three
-// in a row. A chunk without checksums (the V2 stream) cannot be checked, so
-// its record is committed only after its data and directory entry are
-// durable.
 // earlySize is about the byte size of persist's early batch for todo:
 // each unsynced span's record, and the data of those deferred.
 func earlySize(v *volume, todo []dirtyBlock) int {
@@ -614,6 +602,18 @@ func earlySize(v *volume, todo []dirtyBlock) int {
 	return n
 }
 
+// persist makes the non-durable spans of blocks durable. Callers hold every
+// ob.mu.
+//
+// Order: the data of a chunk must be on disk before anything can commit it.
+// For a chunk with checksums the record may become durable first, because
+// its checksums tell good bytes from missing ones: after a crash such a
+// record is checked against the bytes before the chunk is used (verify), so
+// the fdatasyncs, the directory syncs and the Pebble commit of checksummed
+// chunks run at the same time and a Sync costs one device flush, not three
+// in a row. A chunk without checksums (the V2 stream) cannot be checked, so
+// its record is committed only after its data and directory entry are
+// durable.
 func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	var firstErr error
 	setErr := func(d dirtyBlock, err error) {
