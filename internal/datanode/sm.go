@@ -491,8 +491,10 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 	// one storage Sync per batch instead of one per chunk.
 	if _, small := cmd.GetCmd().(*datanodepb.ContainerCommand_PutSmallFile); small && c.GetOffset() == 0 {
 		// The block's only chunk: small enough, it is kept inline (no
-		// block file; storage/inline.go).
-		err = sm.store.WriteSmallChunk(cid, lid, data, toChecksum(c.GetChecksum()), verify)
+		// block file; storage/inline.go). Raft never modifies an entry's
+		// data (DataStateMachine.WriteData), so storage keeps it without
+		// a copy until the commit.
+		err = sm.store.WriteSmallChunkShared(cid, lid, data, toChecksum(c.GetChecksum()), verify)
 	} else {
 		err = sm.store.WriteChunk(cid, lid, int64(c.GetOffset()), data, toChecksum(c.GetChecksum()), verify)
 	}

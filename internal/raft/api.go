@@ -78,7 +78,10 @@ type DataStateMachine interface {
 	// WriteData durably stores (or arranges to store before returning) the
 	// data of the entry at index/term. It may be called again for the same
 	// index with a different term if an uncommitted entry is overwritten by a
-	// new leader; the newest call wins.
+	// new leader; the newest call wins. data is read-only: neither raft
+	// (which may keep it for resends) nor the state machine (which may
+	// keep a reference instead of a copy) modifies it, and a proposer
+	// hands its data over with Propose.
 	WriteData(index, term uint64, meta, data []byte) error
 	// ReadData returns the data of the entry at index/term, written earlier
 	// by WriteData with that metadata. If the data is gone for good (for

@@ -317,8 +317,10 @@ func (g *Group) assertf(ok bool, format string, args ...any) bool {
 
 // Propose replicates (meta, data) and returns once the entry is applied on
 // this host, with the state machine's result. data may be nil; for a
-// DataStateMachine non-nil data is kept out of the log. Only the leader
-// accepts proposals (*NotLeaderError otherwise).
+// DataStateMachine non-nil data is kept out of the log. data is handed
+// over: raft and the state machine keep references to it, so the caller
+// must never modify it afterwards. Only the leader accepts proposals
+// (*NotLeaderError otherwise).
 //
 // Errors that say the proposal never entered the log (ErrNotLeader,
 // ErrStopped, ErrProposalDropped, ErrTooLarge) are safe to retry. Once it

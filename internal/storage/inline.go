@@ -56,7 +56,15 @@ const errInlineFinal = "block is a small block kept inline; it cannot grow"
 // chunk of at most Options.DeferredMax bytes is kept inline (no block
 // file); otherwise it is WriteChunk.
 func (s *Store) WriteSmallChunk(cid ContainerID, lid LocalID, data []byte, sum ChecksumData, verify bool) error {
-	return s.writeChunk(cid, lid, 0, data, sum, verify, true)
+	return s.writeChunk(cid, lid, 0, data, sum, verify, true, false)
+}
+
+// WriteSmallChunkShared is WriteSmallChunk for data the caller never
+// modifies again (a Raft entry's data, which raft also keeps for resends):
+// the store may keep a reference to it until the block is committed
+// instead of a copy. Storage itself only reads it.
+func (s *Store) WriteSmallChunkShared(cid ContainerID, lid LocalID, data []byte, sum ChecksumData, verify bool) error {
+	return s.writeChunk(cid, lid, 0, data, sum, verify, true, true)
 }
 
 // inlineOK reports whether a chunk written by WriteSmallChunk may be kept

@@ -225,7 +225,7 @@ func (s *Store) ReadWritten(cid ContainerID, lid LocalID, off, length int64, sum
 	if err != nil {
 		return nil, err
 	}
-	held, inl, err := s.holdsInline(c, lid, off, length)
+	held, inl, err := s.holdsInline(c, lid, off, length, true)
 	if err != nil {
 		return nil, s.ioErr(op, c, lid, off, err)
 	}
@@ -286,13 +286,14 @@ func (s *Store) HasChunk(cid ContainerID, lid LocalID, off, length int64) (bool,
 // holds reports whether [off, off+n) of block lid is committed or covered
 // by written spans (recovered ones checked against their checksums first).
 func (s *Store) holds(c *container, lid LocalID, off, n int64) (bool, error) {
-	ok, _, err := s.holdsInline(c, lid, off, n)
+	ok, _, err := s.holdsInline(c, lid, off, n, false)
 	return ok, err
 }
 
-// holdsInline is holds; inl, if not nil, reads the range from an
-// uncommitted inline span (which has no file).
-func (s *Store) holdsInline(c *container, lid LocalID, off, n int64) (held bool, inl BlockReader, err error) {
+// holdsInline is holds; with reader, inl, if not nil, reads the range from
+// an uncommitted inline span (which has no file). Without reader no copy
+// is made (holds runs per small file on every replica: SyncData's check).
+func (s *Store) holdsInline(c *container, lid LocalID, off, n int64, reader bool) (held bool, inl BlockReader, err error) {
 	end := off + n
 	c.mu.Lock()
 	ob := c.open[lid]
@@ -313,6 +314,9 @@ func (s *Store) holdsInline(c *container, lid LocalID, off, n int64) (held bool,
 		return false, nil, err
 	}
 	if data, ok := writtenInline(ob, off, n); ok {
+		if !reader {
+			return true, nil, nil
+		}
 		// A copy: the span's bytes go when it is committed.
 		return true, bytesReader(append(make([]byte, off), data...)), nil
 	}

@@ -103,11 +103,13 @@ func (s *Store) validateBlock(cid ContainerID, bd *BlockData) error {
 // same offset, length and checksums again (a Raft re-delivery) is a no-op
 // whether the chunk is written, durable or committed.
 func (s *Store) WriteChunk(cid ContainerID, lid LocalID, off int64, data []byte, sum ChecksumData, verify bool) error {
-	return s.writeChunk(cid, lid, off, data, sum, verify, false)
+	return s.writeChunk(cid, lid, off, data, sum, verify, false, false)
 }
 
-// writeChunk is WriteChunk; small: WriteSmallChunk's (inline.go).
-func (s *Store) writeChunk(cid ContainerID, lid LocalID, off int64, data []byte, sum ChecksumData, verify, small bool) error {
+// writeChunk is WriteChunk; small: WriteSmallChunk's (inline.go); shared:
+// the caller never modifies data again, so it may be kept instead of a
+// copy (WriteSmallChunkShared).
+func (s *Store) writeChunk(cid ContainerID, lid LocalID, off int64, data []byte, sum ChecksumData, verify, small, shared bool) error {
 	const op = "write chunk"
 	n := int64(len(data))
 	if err := validateChunk(op, cid, lid, off, n, sum, s.opts.MaxChunkSize, s.opts.MaxBlockSize); err != nil {
@@ -127,7 +129,7 @@ func (s *Store) writeChunk(cid ContainerID, lid LocalID, off int64, data []byte,
 		return err
 	}
 	defer s.unlockOpen(c, lid, ob)
-	if err := s.writeLocked(op, c, lid, ob, off, data, sum, small); err != nil {
+	if err := s.writeLocked(op, c, lid, ob, off, data, sum, small, shared); err != nil {
 		return err
 	}
 	if s.opts.Sync == SyncAlways {
@@ -136,7 +138,7 @@ func (s *Store) writeChunk(cid ContainerID, lid LocalID, off int64, data []byte,
 	return nil
 }
 
-func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock, off int64, data []byte, sum ChecksumData, small bool) error {
+func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock, off int64, data []byte, sum ChecksumData, small, shared bool) error {
 	n := int64(len(data))
 	end := off + n
 	if ob.committed.Inline && off >= ob.committed.Length {
@@ -222,7 +224,13 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 	}
 	sp := span{off: off, n: n, sum: sum, inline: inline, small: small && off == 0}
 	if c.vol.defer_ != nil && n <= s.opts.DeferredMax && sum.Type != ChecksumNone {
-		sp.data = slices.Clone(data) // may be a deferred write (deferred.go)
+		// May be a deferred write (deferred.go) or inline data (inline.go);
+		// only read from here on.
+		if shared {
+			sp.data = data[:n:n]
+		} else {
+			sp.data = slices.Clone(data)
+		}
 	}
 	ob.written = slices.Insert(ob.written, i, sp)
 	ob.hwm = max(ob.hwm, end)
@@ -575,6 +583,25 @@ func nonDurable(ob *openBlock) bool {
 	return false
 }
 
+// earlySize is about the byte size of persist's early batch for todo:
+// each unsynced span's record, and the data of those deferred.
+func earlySize(v *volume, todo []dirtyBlock) int {
+	n := 0
+	for _, d := range todo {
+		def := v.defer_ != nil && deferrable(d.ob)
+		for _, sp := range d.ob.written {
+			if sp.durable {
+				continue
+			}
+			n += 64
+			if def {
+				n += 64 + len(sp.data)
+			}
+		}
+	}
+	return n
+}
+
 // persist makes the non-durable spans of blocks durable. Callers hold every
 // ob.mu.
 //
@@ -620,7 +647,10 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		return nil
 	}
 	// Records of checksummed chunks (early) and of the others (after data).
-	early, late := v.db.NewBatch(), v.db.NewBatch()
+	// The early batch is sized for its deferred data up front: grown by
+	// doubling from a small pooled batch, a batch of small files' bytes
+	// allocated about twice their size on every replica.
+	early, late := v.db.NewBatchWithSize(earlySize(v, todo)), v.db.NewBatch()
 	defer early.Close()
 	defer late.Close()
 	// deferred[i]: todo[i]'s unsynced data is all small checksummed
