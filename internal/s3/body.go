@@ -20,7 +20,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/basalt-store/basalt/internal/crc32c"
 )
@@ -295,8 +294,8 @@ type body struct {
 	r       io.Reader
 	chunked *chunkedReader
 	md5     hash.Hash
-	// laneMD5 is md5 for large bodies: the shared AVX-512 lanes or
-	// crypto/md5 (md5lanes.go); done at EOF or failure, closed by close.
+	// laneMD5 is md5 for large bodies: hashed in the shared AVX-512
+	// lanes or alone (md5lanes.go); done at EOF or failure, closed by close.
 	laneMD5 *laneMD5
 	// Verification, each optional.
 	sha256     hash.Hash
@@ -344,8 +343,6 @@ type hasher struct {
 	done sync.WaitGroup
 	cur  *hashBuf
 	shut bool
-	// sent, if set, is told of each buffer handed over (its length).
-	sent func(n int)
 }
 
 // hashBuf is a copy of body bytes that every digest goroutine reads; the
@@ -381,9 +378,6 @@ func newHasher(hs []hash.Hash) *hasher {
 }
 
 func (h *hasher) send(b *hashBuf) {
-	if h.sent != nil {
-		h.sent(len(*b.b))
-	}
 	b.left.Store(int32(len(h.work)))
 	for _, ch := range h.work {
 		ch <- b
@@ -528,11 +522,6 @@ func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Er
 			}
 		}
 		b.async = newHasher(hs)
-		md5Work := b.async.work[0]
-		l := b.laneMD5
-		l.backlog = func() int { return len(md5Work) }
-		l.watched = true
-		b.async.sent = func(n int) { l.sent(time.Now().UnixNano(), n) }
 	}
 	return b, nil
 }
