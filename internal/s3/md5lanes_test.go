@@ -542,12 +542,21 @@ func cpuNow() time.Duration {
 func BenchmarkETagPaced(b *testing.B) {
 	data := bytes.Repeat([]byte("0123456789abcdef"), 16<<20/16)
 	for _, bodies := range []int{4, 12} {
-		for _, useLanes := range []bool{false, true} {
-			b.Run(fmt.Sprintf("bodies=%d/lanes=%v", bodies, useLanes), func(b *testing.B) {
-				old := etagLanes
-				etagLanes = useLanes
-				defer func() { etagLanes = old }()
+		for _, linger := range []time.Duration{-1, 0, 250 * time.Microsecond, time.Millisecond} {
+			useLanes := linger >= 0
+			name := fmt.Sprintf("bodies=%d/lanes=false", bodies)
+			if useLanes {
+				name = fmt.Sprintf("bodies=%d/lanes=true/linger=%v", bodies, linger)
+			}
+			b.Run(name, func(b *testing.B) {
+				old, oldLinger := etagLanes, laneLinger
+				etagLanes, laneLinger = useLanes, max(linger, 0)
+				defer func() { etagLanes, laneLinger = old, oldLinger }()
 				b.SetBytes(int64(bodies * len(data)))
+				var bytes0 [md5x.MaxLanes + 1]int64
+				for i := range bytes0 {
+					bytes0[i] = laneStats.bytes[i].Load()
+				}
 				cpu0 := cpuNow()
 				for range b.N {
 					var wg sync.WaitGroup
@@ -566,6 +575,13 @@ func BenchmarkETagPaced(b *testing.B) {
 				}
 				cpu := cpuNow() - cpu0
 				b.ReportMetric(cpu.Seconds()/(float64(b.N*bodies*len(data))/(1<<30)), "cpu-s/GiB")
+				var sum, weighted float64
+				for i := range bytes0 {
+					n := float64(laneStats.bytes[i].Load() - bytes0[i])
+					sum += n
+					weighted += n * float64(i)
+				}
+				b.ReportMetric(weighted/max(sum, 1), "lanes/byte")
 			})
 		}
 	}
