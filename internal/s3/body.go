@@ -522,6 +522,8 @@ func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Er
 			}
 		}
 		b.async = newHasher(hs)
+		md5Work := b.async.work[0]
+		b.laneMD5.backlog = func() int { return len(md5Work) }
 	}
 	return b, nil
 }

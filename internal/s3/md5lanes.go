@@ -42,7 +42,10 @@ import (
 //     queue while a pass runs) and from laneLinger: a new batch of fewer
 //     buffers than there are bodies being read waits at most laneLinger
 //     for company, unless a buffer in it is its body's last (the body
-//     ended: its commit waits for the sum).
+//     ended: its commit waits for the sum) or its body's hashing is
+//     behind its reads (more of its buffers queued: a body read faster
+//     than buffers come from the others would be held to one buffer per
+//     laneLinger; session 10's BenchmarkETagFastBesideSlow).
 //
 // Reading never waits on hashing beyond the body's hashBufs buffers, as
 // before: only the hashing goroutine waits. No goroutine or timer is
@@ -77,10 +80,13 @@ type laneSched struct {
 
 // laneJob is one buffer of a body in hand: whole blocks left to hash.
 type laneJob struct {
-	st      *md5x.State
-	p       []byte
-	at      int64 // ns, queued
-	fresh   bool  // no block hashed yet
+	st    *md5x.State
+	p     []byte
+	at    int64 // ns, queued
+	fresh bool  // no block hashed yet
+	// behind: more of the body's buffers were queued behind this one
+	// (its hashing is behind its reads): it does not wait for company.
+	behind  bool
 	final   *atomic.Bool
 	wake    chan bool // capacity 1: false done, true lead
 	inLanes int64     // bytes of this body hashed beside others (tests)
@@ -198,7 +204,7 @@ func (s *laneSched) linger(act []*laneJob) bool {
 	}
 	oldest := act[0].at
 	for _, j := range act {
-		if !j.fresh || j.final.Load() {
+		if !j.fresh || j.behind || j.final.Load() {
 			return false
 		}
 		oldest = min(oldest, j.at)
@@ -259,6 +265,9 @@ type laneMD5 struct {
 	// wait for company.
 	final   atomic.Bool
 	reading bool // counted in readingBodies (the body's goroutine)
+	// backlog reports the body's buffers queued behind the one being
+	// hashed (nil: none known).
+	backlog func() int
 	sum     []byte
 }
 
@@ -291,6 +300,7 @@ func (l *laneMD5) Write(p []byte) (int, error) {
 	if full > 0 {
 		if etagLanes && md5x.HasLanes() {
 			l.job.p = p[:full]
+			l.job.behind = l.backlog != nil && l.backlog() > 0
 			lanes.hash(&l.job)
 		} else {
 			l.d.St.Blocks(p[:full])

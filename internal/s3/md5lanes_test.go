@@ -678,3 +678,31 @@ func (s *slowStartReader) Read(b []byte) (int, error) {
 	s.data = s.data[n:]
 	return n, nil
 }
+
+// TestLaneFastBodyNotHeldByLinger (session 10's review case for the
+// lanes): a body read flat out beside another being read does not wait
+// for company at each buffer (it would be held to one buffer per
+// laneLinger); only buffers of a body whose hashing keeps up linger.
+func TestLaneFastBodyNotHeldByLinger(t *testing.T) {
+	if !md5x.HasLanes() {
+		t.Skip("no AVX-512: bodies hash on their own goroutines")
+	}
+	defer func(d time.Duration) { laneLinger = d }(laneLinger)
+	laneLinger = 20 * time.Millisecond
+	closeCompanions := largeCompanions(t, 1)
+	defer closeCompanions()
+	data := bytes.Repeat([]byte("fast-body-bytes!"), 8<<20/16) // 32 buffers
+	lingers0 := laneStats.lingerTimeout.Load() + laneStats.lingerCompany.Load()
+	start := time.Now()
+	r, a := plainRequest(data)
+	b := readBody(t, r, a, make([]byte, 1<<20))
+	d := time.Since(start)
+	lingers := laneStats.lingerTimeout.Load() + laneStats.lingerCompany.Load() - lingers0
+	if want := md5.Sum(data); b.etag() != hex.EncodeToString(want[:]) {
+		t.Fatalf("ETag %s, want %x", b.etag(), want)
+	}
+	t.Logf("8 MiB read flat out in %v, %d lingers of ≤ %v", d, lingers, laneLinger)
+	if lingers > 6 {
+		t.Errorf("a body read flat out lingered at %d of its 32 buffers", lingers)
+	}
+}
