@@ -43,9 +43,9 @@ import (
 //     buffers than there are bodies being read waits at most laneLinger
 //     for company, unless a buffer in it is its body's last (the body
 //     ended: its commit waits for the sum) or its body's hashing is
-//     behind its reads (more of its buffers queued: a body read faster
-//     than buffers come from the others would be held to one buffer per
-//     laneLinger; session 10's BenchmarkETagFastBesideSlow).
+//     behind its reads (laneBehind of its buffers queued: a body read
+//     faster than buffers come from the others would be held to one
+//     buffer per laneLinger; session 10's BenchmarkETagFastBesideSlow).
 //
 // Reading never waits on hashing beyond the body's hashBufs buffers, as
 // before: only the hashing goroutine waits. No goroutine or timer is
@@ -66,6 +66,13 @@ const laneChunk = 16 << 10
 // (a variable for tests and benchmarks). See BENCHMARKS.md, session 11.
 var laneLinger = 1 * time.Millisecond
 
+// laneBehind: a body with this many buffers queued behind the one being
+// hashed is behind its reads and does not linger. 1, not 2: letting a
+// body with one buffer queued linger held a body read flat out beside a
+// paced one to 454 MB/s against 652 with no lanes
+// (BenchmarkETagFastBesideSlow, load 6; with 1: 764 against 791).
+const laneBehind = 1
+
 // laneSched hands buffers to the lanes (see lanes).
 type laneSched struct {
 	mu      sync.Mutex
@@ -84,8 +91,9 @@ type laneJob struct {
 	p     []byte
 	at    int64 // ns, queued
 	fresh bool  // no block hashed yet
-	// behind: more of the body's buffers were queued behind this one
-	// (its hashing is behind its reads): it does not wait for company.
+	// behind: laneBehind or more of the body's buffers were queued
+	// behind this one (its hashing is behind its reads): it does not
+	// wait for company.
 	behind  bool
 	final   *atomic.Bool
 	wake    chan bool // capacity 1: false done, true lead
@@ -300,7 +308,7 @@ func (l *laneMD5) Write(p []byte) (int, error) {
 	if full > 0 {
 		if etagLanes && md5x.HasLanes() {
 			l.job.p = p[:full]
-			l.job.behind = l.backlog != nil && l.backlog() > 0
+			l.job.behind = l.backlog != nil && l.backlog() >= laneBehind
 			lanes.hash(&l.job)
 		} else {
 			l.d.St.Blocks(p[:full])

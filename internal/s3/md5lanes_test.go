@@ -624,7 +624,7 @@ func BenchmarkETagPaced(b *testing.B) {
 func BenchmarkETagFastBesideSlow(b *testing.B) {
 	fast := bytes.Repeat([]byte("fast-body-bytes!"), 64<<20/16)
 	slowData := bytes.Repeat([]byte("slow-body-bytes!"), 256<<20/16)
-	for _, slow := range []int{1, 3} {
+	for _, slow := range []int{0, 1, 3} {
 		for _, useLanes := range []bool{false, true} {
 			b.Run(fmt.Sprintf("slow=%d/lanes=%v", slow, useLanes), func(b *testing.B) {
 				old := etagLanes
@@ -670,6 +670,7 @@ func BenchmarkETagFastBesideSlow(b *testing.B) {
 				time.Sleep(20 * time.Millisecond) // the slow ones are reading
 				buf := make([]byte, 4<<20)
 				b.SetBytes(int64(len(fast)))
+				l0 := laneStats.lingerCompany.Load() + laneStats.lingerTimeout.Load()
 				b.ResetTimer()
 				for range b.N {
 					r, a := plainRequest(fast)
@@ -679,6 +680,7 @@ func BenchmarkETagFastBesideSlow(b *testing.B) {
 					}
 				}
 				b.StopTimer()
+				b.ReportMetric(float64(laneStats.lingerCompany.Load()+laneStats.lingerTimeout.Load()-l0)/float64(b.N), "lingers/op")
 				close(stop)
 				wg.Wait()
 			})
