@@ -343,6 +343,9 @@ type hasher struct {
 	done sync.WaitGroup
 	cur  *hashBuf
 	shut bool
+	// full counts the times write found no free buffer (the body's
+	// reading waited for its hashing).
+	full atomic.Int64
 }
 
 // hashBuf is a copy of body bytes that every digest goroutine reads; the
@@ -387,7 +390,12 @@ func (h *hasher) send(b *hashBuf) {
 func (h *hasher) write(p []byte) {
 	for len(p) > 0 {
 		if h.cur == nil {
-			h.cur = <-h.free
+			select {
+			case h.cur = <-h.free:
+			default: // every buffer is waiting for a digest: the read waits
+				h.full.Add(1)
+				h.cur = <-h.free
+			}
 		}
 		b := *h.cur.b
 		n := copy(b[len(b):cap(b)], p)
@@ -522,8 +530,7 @@ func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Er
 			}
 		}
 		b.async = newHasher(hs)
-		md5Work := b.async.work[0]
-		b.laneMD5.backlog = func() int { return len(md5Work) }
+		b.laneMD5.readWaits = &b.async.full
 	}
 	return b, nil
 }

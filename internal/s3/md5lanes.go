@@ -42,10 +42,10 @@ import (
 //     queue while a pass runs) and from laneLinger: a new batch of fewer
 //     buffers than there are bodies being read waits at most laneLinger
 //     for company, unless a buffer in it is its body's last (the body
-//     ended: its commit waits for the sum) or its body's hashing is
-//     behind its reads (laneBehind of its buffers queued: a body read
-//     faster than buffers come from the others would be held to one
-//     buffer per laneLinger; session 10's BenchmarkETagFastBesideSlow).
+//     ended: its commit waits for the sum) or its body's reading had to
+//     wait for its hashing lately (laneBehindKeep: a body read faster
+//     than buffers come from the others would be held to one buffer per
+//     laneLinger; session 10's BenchmarkETagFastBesideSlow).
 //
 // Reading never waits on hashing beyond the body's hashBufs buffers, as
 // before: only the hashing goroutine waits. No goroutine or timer is
@@ -66,19 +66,16 @@ const laneChunk = 16 << 10
 // (a variable for tests and benchmarks). See BENCHMARKS.md, session 11.
 var laneLinger = 1 * time.Millisecond
 
-// laneBehind: a body with this many buffers queued behind the one being
-// hashed is behind its reads and does not linger. 1, not 2: letting a
-// body with one buffer queued linger held a body read flat out beside a
-// paced one to 454 MB/s against 652 with no lanes
-// (BenchmarkETagFastBesideSlow, load 6; with 1: 764 against 791).
-const laneBehind = 1
-
-// laneBehindKeep: a body found behind stays so for this many buffers. A
-// body read faster than it is hashed finds its queue empty now and then
-// when the machine is loaded (its reader was not scheduled), and a
-// linger then costs it up to laneLinger of hashing: 40 such lingers per
-// 64 MiB held a fast body beside a paced one to ~480 MB/s against ~610
-// with no lanes at load 6 (BenchmarkETagFastBesideSlow).
+// laneBehindKeep: a body whose reading waited for its hashing (all its
+// hashBufs buffers were waiting for digests) counts as behind for this
+// many buffers and does not linger: it is read faster than it is hashed,
+// and a linger costs it up to laneLinger of hashing. The test is the
+// reader's wait, not the hash queue: on a loaded machine paced bodies
+// often find a buffer queued (their hashing goroutine was not scheduled),
+// and taking that as behind left 75% of the bytes of warp's put3 hashed
+// alone; a body read flat out beside a paced one was held to ~480 MB/s
+// against ~610 with no lanes (load 6, BenchmarkETagFastBesideSlow) when
+// its queue alone was looked at, buffer by buffer.
 const laneBehindKeep = 8
 
 // laneSched hands buffers to the lanes (see lanes).
@@ -99,9 +96,8 @@ type laneJob struct {
 	p     []byte
 	at    int64 // ns, queued
 	fresh bool  // no block hashed yet
-	// behind: laneBehind or more of the body's buffers were queued
-	// behind this one or one of its last laneBehindKeep (its hashing is
-	// behind its reads): it does not wait for company.
+	// behind: the body's reading waited for its hashing within its last
+	// laneBehindKeep buffers: it does not wait for company.
 	behind  bool
 	final   *atomic.Bool
 	wake    chan bool // capacity 1: false done, true lead
@@ -281,11 +277,13 @@ type laneMD5 struct {
 	// wait for company.
 	final   atomic.Bool
 	reading bool // counted in readingBodies (the body's goroutine)
-	// backlog reports the body's buffers queued behind the one being
-	// hashed (nil: none known).
-	backlog    func() int
-	behindLeft int // buffers it still counts as behind (laneBehindKeep)
-	sum        []byte
+	// readWaits counts the times the body's reading waited for a free
+	// hash buffer (nil: not known); readWaitsSeen is its value at the
+	// previous buffer.
+	readWaits     *atomic.Int64
+	readWaitsSeen int64
+	behindLeft    int // buffers it still counts as behind (laneBehindKeep)
+	sum           []byte
 }
 
 // newLaneMD5 returns a large body's MD5. Call done at EOF or failure and
@@ -317,7 +315,8 @@ func (l *laneMD5) Write(p []byte) (int, error) {
 	if full > 0 {
 		if etagLanes && md5x.HasLanes() {
 			l.job.p = p[:full]
-			if l.backlog != nil && l.backlog() >= laneBehind {
+			if w := l.readWaits; w != nil && w.Load() != l.readWaitsSeen {
+				l.readWaitsSeen = w.Load()
 				l.behindLeft = laneBehindKeep
 			} else if l.behindLeft > 0 {
 				l.behindLeft--
