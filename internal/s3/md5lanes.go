@@ -1,6 +1,7 @@
 package s3
 
 import (
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,11 @@ import (
 //     goroutine whose buffer is still in hand (or queued), so that its own
 //     body's next buffer is not held up by others' work; the others are
 //     told when theirs is done.
+//   - A buffer alone while other bodies are being read first yields its
+//     goroutine once (runtime.Gosched): on a busy machine the other
+//     bodies' hashing goroutines are often runnable but not yet run, and
+//     then hand their buffers over to the same pass (warp put3 at load
+//     7-10: bytes hashed alone ~45% -> see BENCHMARKS.md session 11).
 //   - Batching comes from bodies whose hashing is behind (their buffers
 //     queue while a pass runs) and from laneLinger: a new batch of fewer
 //     buffers than there are bodies being read waits at most laneLinger
@@ -77,6 +83,10 @@ var laneLinger = 1 * time.Millisecond
 // against ~610 with no lanes (load 6, BenchmarkETagFastBesideSlow) when
 // its queue alone was looked at, buffer by buffer.
 const laneBehindKeep = 8
+
+// laneYield: a buffer alone yields its goroutine once before it is
+// hashed, while other bodies are being read (a variable for benchmarks).
+var laneYield = true
 
 // laneSched hands buffers to the lanes (see lanes).
 type laneSched struct {
@@ -151,6 +161,7 @@ func (s *laneSched) hash(j *laneJob) {
 func (s *laneSched) lead(own *laneJob) {
 	act := make([]*laneJob, 1, md5x.MaxLanes)
 	act[0] = own
+	yielded := false
 	for {
 		s.mu.Lock()
 		for len(act) < md5x.MaxLanes && len(s.pending) > 0 {
@@ -163,6 +174,14 @@ func (s *laneSched) lead(own *laneJob) {
 		}
 		s.mu.Unlock()
 		if s.linger(act) {
+			continue
+		}
+		if laneYield && !yielded && len(act) == 1 && act[0].fresh && readingBodies.Load() > 1 {
+			// Alone with others being read: let runnable hashing
+			// goroutines (on a busy machine, not yet run) hand theirs
+			// over first.
+			yielded = true
+			runtime.Gosched()
 			continue
 		}
 		s.step(act)
