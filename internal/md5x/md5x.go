@@ -27,6 +27,8 @@ import (
 // BlockSize is MD5's block size: States advance by whole blocks.
 const BlockSize = 64
 
+var zeroBlock [BlockSize]byte
+
 // Size is an MD5 sum's length.
 const Size = md5.Size
 
@@ -74,6 +76,40 @@ func (s *State) Blocks(p []byte) {
 	scalarPool.Put(h)
 }
 
+// Scalar advances States on the scalar path without the shared pool (a
+// caller that hashes many blocks keeps one: no allocation per call, also
+// under the race detector, whose sync.Pool drops entries). Not safe for
+// concurrent use.
+type Scalar struct{ s *scalar }
+
+// NewScalar returns a Scalar.
+func NewScalar() *Scalar { return &Scalar{s: newScalar()} }
+
+// Blocks advances st over p (a multiple of BlockSize).
+func (x *Scalar) Blocks(st *State, p []byte) {
+	if len(p)%BlockSize != 0 {
+		panic("md5x: Blocks of a partial block")
+	}
+	if len(p) > 0 {
+		x.s.run(st, p)
+	}
+}
+
+// Load takes st into x, to be advanced by Write and given back by Store
+// (a state advanced in steps moves in and out once, not at every step).
+func (x *Scalar) Load(st *State) { x.s.load(st) }
+
+// Write advances the loaded state over p (a multiple of BlockSize).
+func (x *Scalar) Write(p []byte) {
+	if len(p)%BlockSize != 0 {
+		panic("md5x: Write of a partial block")
+	}
+	x.s.h.Write(p)
+}
+
+// Store gives the loaded state back into st.
+func (x *Scalar) Store(st *State) { x.s.store(st) }
+
 // scalar is crypto/md5 with its state moved in and out through its
 // binary form ("md5\x01", a b c d, a 64-byte buffer, the length).
 type scalar struct {
@@ -81,22 +117,33 @@ type scalar struct {
 	buf []byte
 }
 
-var scalarPool = sync.Pool{New: func() any {
+func newScalar() *scalar {
 	return &scalar{h: md5.New(), buf: make([]byte, 0, 4+16+BlockSize+8)}
-}}
+}
+
+var scalarPool = sync.Pool{New: func() any { return newScalar() }}
 
 func (h *scalar) run(s *State, p []byte) {
+	h.load(s)
+	h.h.Write(p)
+	h.store(s)
+}
+
+func (h *scalar) load(s *State) {
 	b := append(h.buf[:0], "md5\x01"...)
 	for _, v := range s.S {
 		b = binary.BigEndian.AppendUint32(b, v)
 	}
-	b = append(b, make([]byte, BlockSize)...)
+	b = append(b, zeroBlock[:]...)
 	b = binary.BigEndian.AppendUint64(b, s.Len)
 	if err := h.h.(encoding.BinaryUnmarshaler).UnmarshalBinary(b); err != nil {
 		panic("md5x: crypto/md5 state: " + err.Error())
 	}
-	h.h.Write(p)
-	b, err := h.h.(encoding.BinaryAppender).AppendBinary(b[:0])
+	h.buf = b
+}
+
+func (h *scalar) store(s *State) {
+	b, err := h.h.(encoding.BinaryAppender).AppendBinary(h.buf[:0])
 	if err != nil || len(b) != 4+16+BlockSize+8 {
 		panic("md5x: crypto/md5 state")
 	}

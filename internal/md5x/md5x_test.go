@@ -88,7 +88,17 @@ func lanesRun(t *testing.T, r *rand.Rand, msgs [][]byte, off []int) {
 		}
 		if len(ready) == 1 && r.IntN(2) == 0 {
 			i := ready[0]
-			st[i].Blocks(msgs[i][pos[i] : pos[i]+blocks*BlockSize])
+			p := msgs[i][pos[i] : pos[i]+blocks*BlockSize]
+			if blocks > 1 && r.IntN(2) == 0 { // loaded once, advanced in two steps
+				x := NewScalar()
+				x.Load(&st[i])
+				h := (blocks / 2) * BlockSize
+				x.Write(p[:h])
+				x.Write(p[h:])
+				x.Store(&st[i])
+			} else {
+				st[i].Blocks(p)
+			}
 			pos[i] += blocks * BlockSize
 			continue
 		}

@@ -102,10 +102,13 @@ type laneSched struct {
 
 // laneJob is one buffer of a body in hand: whole blocks left to hash.
 type laneJob struct {
-	st    *md5x.State
-	p     []byte
-	at    int64 // ns, queued
-	fresh bool  // no block hashed yet
+	st *md5x.State
+	sc *md5x.Scalar // the body's scalar path
+	// inScalar: the state is loaded in sc (hashed alone), not in st.
+	inScalar bool
+	p        []byte
+	at       int64 // ns, queued
+	fresh    bool  // no block hashed yet
 	// behind: the body's reading waited for its hashing within its last
 	// laneBehindKeep buffers: it does not wait for company.
 	behind  bool
@@ -267,8 +270,25 @@ func (s *laneSched) step(act []*laneJob) {
 		n = min(n, len(j.p))
 	}
 	if len(act) == 1 {
-		act[0].st.Blocks(act[0].p[:n])
+		// Alone: the state stays in the body's crypto/md5 between steps
+		// and goes back at the buffer's end or into the lanes.
+		j := act[0]
+		if !j.inScalar {
+			j.sc.Load(j.st)
+			j.inScalar = true
+		}
+		j.sc.Write(j.p[:n])
+		if n == len(j.p) {
+			j.sc.Store(j.st)
+			j.inScalar = false
+		}
 	} else {
+		for _, j := range act {
+			if j.inScalar {
+				j.sc.Store(j.st)
+				j.inScalar = false
+			}
+		}
 		var sts [md5x.MaxLanes]*md5x.State
 		var ds [md5x.MaxLanes][]byte
 		for i, j := range act {
@@ -310,7 +330,7 @@ type laneMD5 struct {
 func newLaneMD5() *laneMD5 {
 	l := &laneMD5{reading: true}
 	l.d.Reset()
-	l.job = laneJob{st: &l.d.St, final: &l.final, wake: make(chan bool, 1)}
+	l.job = laneJob{st: &l.d.St, sc: md5x.NewScalar(), final: &l.final, wake: make(chan bool, 1)}
 	readingBodies.Add(1)
 	laneStats.bodies.Add(1)
 	return l
@@ -343,7 +363,7 @@ func (l *laneMD5) Write(p []byte) (int, error) {
 			l.job.behind = l.behindLeft > 0
 			lanes.hash(&l.job)
 		} else {
-			l.d.St.Blocks(p[:full])
+			l.job.sc.Blocks(&l.d.St, p[:full])
 			laneStats.bytes[1].Add(int64(full))
 		}
 	}
