@@ -322,10 +322,10 @@ func TestLaneStateBounded(t *testing.T) {
 	if maxPending > side {
 		t.Errorf("%d buffers queued at once, want ≤ %d (one per body)", maxPending, side)
 	}
-	if after > 3*before+20*time.Millisecond {
+	if after > 3*before+50*time.Millisecond {
 		t.Errorf("a 4 MiB body's MD5 took %v after %d bodies, %v before: state grows", after, bodies, before)
 	}
-	if alone*2 > total-total0 {
+	if alone*4 > 3*(total-total0) { // most share passes (about 10% alone here when quiet)
 		t.Errorf("%d of %d bytes of %d bodies read %d at a time hashed alone", alone, total-total0, bodies, side)
 	}
 	waitLanesIdle(t, base)
