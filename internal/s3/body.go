@@ -20,7 +20,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/basalt-store/basalt/internal/crc32c"
 )
@@ -295,8 +294,8 @@ type body struct {
 	r       io.Reader
 	chunked *chunkedReader
 	md5     hash.Hash
-	// laneMD5 is md5 for large bodies: the shared AVX-512 lanes or
-	// crypto/md5 (md5lanes.go); done at EOF or failure, closed by close.
+	// laneMD5 is md5 for large bodies: hashed in the shared AVX-512
+	// lanes or alone (md5lanes.go); done at EOF or failure, closed by close.
 	laneMD5 *laneMD5
 	// Verification, each optional.
 	sha256     hash.Hash
@@ -344,8 +343,9 @@ type hasher struct {
 	done sync.WaitGroup
 	cur  *hashBuf
 	shut bool
-	// sent, if set, is told of each buffer handed over (its length).
-	sent func(n int)
+	// full counts the times write found no free buffer (the body's
+	// reading waited for its hashing).
+	full atomic.Int64
 }
 
 // hashBuf is a copy of body bytes that every digest goroutine reads; the
@@ -381,9 +381,6 @@ func newHasher(hs []hash.Hash) *hasher {
 }
 
 func (h *hasher) send(b *hashBuf) {
-	if h.sent != nil {
-		h.sent(len(*b.b))
-	}
 	b.left.Store(int32(len(h.work)))
 	for _, ch := range h.work {
 		ch <- b
@@ -393,7 +390,12 @@ func (h *hasher) send(b *hashBuf) {
 func (h *hasher) write(p []byte) {
 	for len(p) > 0 {
 		if h.cur == nil {
-			h.cur = <-h.free
+			select {
+			case h.cur = <-h.free:
+			default: // every buffer is waiting for a digest: the read waits
+				h.full.Add(1)
+				h.cur = <-h.free
+			}
 		}
 		b := *h.cur.b
 		n := copy(b[len(b):cap(b)], p)
@@ -528,11 +530,7 @@ func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Er
 			}
 		}
 		b.async = newHasher(hs)
-		md5Work := b.async.work[0]
-		l := b.laneMD5
-		l.backlog = func() int { return len(md5Work) }
-		l.watched = true
-		b.async.sent = func(n int) { l.sent(time.Now().UnixNano(), n) }
+		b.laneMD5.readWaits = &b.async.full
 	}
 	return b, nil
 }

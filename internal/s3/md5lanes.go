@@ -1,523 +1,390 @@
 package s3
 
 import (
-	"crypto/md5"
-	"hash"
+	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	md5simd "github.com/minio/md5-simd"
+	"github.com/basalt-store/basalt/internal/md5x"
 )
 
 // The ETag of a large body is its MD5, which S3 clients compare, so it
-// must be computed; at ~800 MB/s per core it is the gateway's largest
-// cost per byte (about 1.2 CPU-s per GiB). MD5 is serial within one body,
-// but the gateway usually hashes several bodies at once: warp and the AWS
-// SDKs send a large object as parts uploaded in parallel (four 16 MiB
-// parts at a time per client from minio-go), and several clients write at
-// once. md5-simd hashes up to 16 bodies side by side in the lanes of
-// AVX-512 registers (8 with AVX2) on one goroutine (crypto/md5 without
-// AVX2): one body at ~800 MB/s, four at ~2.3 GB/s and twelve at ~6 GB/s
-// per core here (BenchmarkETagLanes).
+// must be computed; at ~850 MB/s per core with crypto/md5 it is the
+// gateway's largest cost per byte. MD5 is serial within one body, but the
+// gateway usually hashes several bodies at once: warp and the AWS SDKs
+// send a large object as parts uploaded in parallel (four 16 MiB parts at
+// a time per client from minio-go), and several clients write at once.
+// internal/md5x advances up to 16 MD5 states side by side in the lanes of
+// AVX-512 registers, and a pass costs about the same with 1 lane occupied
+// as with 16 (MD5's steps are one latency chain): 0.75 GB/s with one
+// lane, 3 GB/s with 4, ~10 GB/s with 16 per core here (BenchmarkMD5x).
 //
-// Two things make it safe to keep in a long-running gateway:
+// Its state is plain data ([4]uint32 and a length), so a body's MD5 can
+// enter or leave the lanes at any 64-byte boundary: there is no choice to
+// commit to, no rate to guess. Each large body's hashing goroutine hands
+// its 256 KiB buffers, one at a time, to laneSched.hash, which hashes them
+// in passes with whatever other bodies' buffers are ready at that moment:
 //
-//   - md5-simd v1.1.2 (the newest release) never forgets a closed hasher:
-//     its server deletes the wrong map key on close (minio/md5-simd#27),
-//     so every body leaves a map entry and a closed channel that each pass
-//     walks. A server here therefore takes at most laneServerBodies bodies
-//     and is then retired: a fresh one takes new bodies, and the old one is
-//     closed (its goroutine ends, its maps go) once its last hasher is
-//     closed. No server ever holds more than laneServerBodies dead
-//     entries (TestLaneServersBounded).
-//   - md5-simd only shares a pass between bodies whose blocks are queued
-//     at the same moment, and bodies arriving from the network hand over a
-//     256 KiB buffer every few ms; so the hashing goroutines meet at their
-//     server's gate (laneGate) before handing a buffer over. The gate only
-//     waits for bodies that are hashing now — whose next buffer is due
-//     within laneWait, judged from the interval between their last
-//     buffers — never for one that has ended, failed, paused (a commit, a
-//     stalled client) or is slower than laneSlowest, and never longer than
-//     laneWait (2 ms). Only the hashing goroutine waits; the body's reads
-//     go on into its other buffers, and a body whose hashing is behind
-//     (more buffers queued) does not wait at all.
+//   - One goroutine at a time leads: the first to arrive when nobody
+//     leads. It takes up to 16 queued buffers and advances them all by
+//     the same number of blocks (at most laneChunk bytes, at most the
+//     shortest one's rest), then takes what was queued meanwhile, and so
+//     on. A buffer alone goes on the scalar path (crypto/md5, its state
+//     imported and exported), on its own hashing goroutine with no
+//     hand-over and no wait; a second body's buffer joins it in the lanes
+//     at the next laneChunk boundary.
+//   - When the leader's own buffer is done it hands the lead to a
+//     goroutine whose buffer is still in hand (or queued), so that its own
+//     body's next buffer is not held up by others' work; the others are
+//     told when theirs is done.
+//   - A buffer alone while other bodies are being read first yields its
+//     goroutine once (runtime.Gosched): on a busy machine the other
+//     bodies' hashing goroutines are often runnable but not yet run, and
+//     then hand their buffers over to the same pass (warp put3 at load
+//     7-10: bytes hashed alone ~45% -> see BENCHMARKS.md session 11).
+//   - Batching comes from bodies whose hashing is behind (their buffers
+//     queue while a pass runs) and from laneLinger: a new batch of fewer
+//     buffers than there are bodies being read waits at most laneLinger
+//     for company, unless a buffer in it is its body's last (the body
+//     ended: its commit waits for the sum) or its body's reading had to
+//     wait for its hashing lately (laneBehindKeep: a body read faster
+//     than buffers come from the others would be held to one buffer per
+//     laneLinger; session 10's BenchmarkETagFastBesideSlow).
 //
-// A body takes the lanes only when, at its laneDecideAt-th buffer, another
-// large body is being read (alone, a body gains nothing from the lanes and
-// would pay the hand-over to their goroutine) and the body arrives no
-// faster than laneFastest (a lane is slower than crypto/md5 on its own
-// core); otherwise it uses crypto/md5 on its own hashing goroutine, as
-// before. The rate is measured from the first buffer on, not from the
-// body's opening: a real client's first buffer always comes late (the
-// Expect: 100-continue round trip, TCP slow start), and a client sending
-// at 1 GB/s after it would otherwise be judged slow and held to a lane's
-// speed. md5-simd's state cannot move to crypto/md5 once started, so the
-// hashing goroutine holds the first buffer un-hashed until the decision;
-// the body's reads go on into its other buffers meanwhile (hashBufs >
-// laneDecideAt), so the wait never holds up a read.
-var lanePool laneServers
+// Reading never waits on hashing beyond the body's hashBufs buffers, as
+// before: only the hashing goroutine waits. No goroutine or timer is
+// started per body; a closed body leaves nothing (TestLaneStateBounded).
+var lanes laneSched
 
 // etagLanes: large bodies' MD5 may use the shared lanes (false: always
-// crypto/md5; benchmarks compare the two).
+// the scalar path on the body's own hashing goroutine; benchmarks compare
+// the two). Without AVX-512 (or BASALT_MD5X=scalar) the lanes are off.
 var etagLanes = true
 
-const (
-	// laneMinBodies large bodies being read make a body take the lanes.
-	// 2, not 3 (md5-simd runs passes of fewer than 3 bodies scalar): a
-	// body that starts beside one other is usually joined by more (the
-	// next parts of a wave), and bodies whose hashing is behind queue
-	// blocks side by side; session 9 measured a body alone at its first
-	// buffer as the right test (not alone when opened, not always).
-	laneMinBodies = 2
-	// laneWait bounds a buffer's wait at the gate, and only bodies due
-	// within it are waited for. 0.5 ms was measured first: bodies at
-	// 40–80 MB/s hand over a buffer every 3–6 ms, so few were due that
-	// soon, and 4 paced bodies cost more CPU in the lanes than with
-	// crypto/md5 (BenchmarkETagPaced 1.86–1.96 cpu-s/GiB vs 1.80); with
-	// 2 ms 1.42–1.47. The wait costs the body nothing while its hashing
-	// keeps up (its reads go on into 3 more buffers, ~13 ms at 80 MB/s),
-	// and a body that reached its end or is behind does not wait.
-	laneWait = 2 * time.Millisecond
-	// laneSlowest: a body handing over 256 KiB buffers less often than
-	// this (slower than ~13 MB/s) is not waited for.
-	laneSlowest = 20 * time.Millisecond
-)
+// laneChunk is the most one pass advances its buffers by: a buffer
+// arriving meanwhile joins the lanes within one pass (~30 µs for 16
+// lanes, ~20 µs for one buffer alone).
+const laneChunk = 16 << 10
 
-// laneFastest: a body whose first buffer arrived faster than this takes
-// crypto/md5 (a variable for tests). In a pass of 3 or more bodies each
-// lane hashes at ~400 MB/s here, half of crypto/md5's speed, so a body
-// read faster than that (hashing behind its reads) would be held back by
-// the lanes: one read flat out beside three paced at 40 MB/s took 17%
-// longer in them (BenchmarkETagFastBesideSlow). Parts over the network
-// (40–80 MB/s each under warp) stay well below.
-var laneFastest = 256e6 // bytes per second
+// laneLinger bounds how long a new batch waits for other bodies' buffers
+// (a variable for tests and benchmarks). See BENCHMARKS.md, session 11.
+var laneLinger = 1 * time.Millisecond
 
-// laneDecideAt: a body's MD5 is placed when this many of its buffers were
-// handed over (or the body ended), from the rate of those after the first.
-// Must be below hashBufs, so that holding the first never blocks a read.
-const laneDecideAt = 3
+// laneBehindKeep: a body whose reading waited for its hashing (all its
+// hashBufs buffers were waiting for digests) counts as behind for this
+// many buffers and does not linger: it is read faster than it is hashed,
+// and a linger costs it up to laneLinger of hashing. The test is the
+// reader's wait, not the hash queue: on a loaded machine paced bodies
+// often find a buffer queued (their hashing goroutine was not scheduled),
+// and taking that as behind left 75% of the bytes of warp's put3 hashed
+// alone; a body read flat out beside a paced one was held to ~480 MB/s
+// against ~610 with no lanes (load 6, BenchmarkETagFastBesideSlow) when
+// its queue alone was looked at, buffer by buffer.
+const laneBehindKeep = 8
 
-// laneServerBodies is how many bodies one md5-simd server takes before it
-// is retired (a variable for tests). Each leaves a dead entry in its
-// server's maps that every pass walks: a lone body's 32 KiB pass took
-// 47–75 µs with 0–256 dead entries and 175 µs with 2,048
-// (BenchmarkLaneServerBodies, loaded machine), so 64 cost a few µs per
-// pass, while a retirement — after which bodies on the old and the new
-// server cannot share a pass — comes every 8 of warp's 128 MiB objects.
-var laneServerBodies = 64
+// laneYield: a buffer alone yields its goroutine once before it is
+// hashed, while other bodies are being read (a variable for benchmarks).
+var laneYield = true
 
-// laneServers hands out lane hashers from the current server and retires
-// servers.
-type laneServers struct {
-	mu  sync.Mutex
-	cur *laneServer
-	// Live state, for tests and metrics.
-	servers atomic.Int64 // servers not yet closed
-	hashers atomic.Int64 // lane hashers not yet closed
-	retired atomic.Int64 // servers closed since start
-}
-
-// laneServer is one md5-simd server and its gate.
-type laneServer struct {
-	srv     md5simd.Server
-	uses    int  // bodies it took (under laneServers.mu)
-	live    int  // of them not yet closed
-	retired bool // takes no more bodies
-	gate    laneGate
-}
-
-// take returns a hasher from the current server, starting a fresh server
-// when the current one has taken laneServerBodies bodies.
-func (p *laneServers) take() (*laneServer, md5simd.Hasher) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cur != nil && p.cur.uses >= laneServerBodies {
-		p.retireLocked(p.cur)
-		p.cur = nil
-	}
-	if p.cur == nil {
-		p.cur = &laneServer{srv: md5simd.NewServer()}
-		p.servers.Add(1)
-	}
-	s := p.cur
-	s.uses++
-	s.live++
-	p.hashers.Add(1)
-	return s, s.srv.NewHash()
-}
-
-func (p *laneServers) retireLocked(s *laneServer) {
-	s.retired = true
-	if s.live == 0 {
-		s.srv.Close()
-		p.servers.Add(-1)
-		p.retired.Add(1)
-	}
-}
-
-// release closes a hasher taken from s; a retired server is closed with
-// its last hasher.
-func (p *laneServers) release(s *laneServer, h md5simd.Hasher) {
-	h.Close()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	s.live--
-	p.hashers.Add(-1)
-	if s.retired {
-		p.retireLocked(s)
-	}
-}
-
-// laneGate releases the waiting hashing goroutines of one server together.
-type laneGate struct {
+// laneSched hands buffers to the lanes (see lanes).
+type laneSched struct {
 	mu      sync.Mutex
-	members []*laneMD5 // bodies of this server with a lane, until Sum/Close
-	waiting int
-	release *laneRelease // the waiting ones' release
-	passes  atomic.Int64 // released batches (tests)
-	alone   atomic.Int64 // buffers handed over without waiting (tests)
-	timeout atomic.Int64 // batches released by laneWait (tests)
+	pending []*laneJob // queued buffers, not yet in a pass
+	leading bool
+	// arrive wakes a lingering leader: a buffer was queued or a body
+	// stopped reading (capacity 1; a stale signal only makes it look
+	// again).
+	arrive chan struct{}
+	timer  *time.Timer // the leader's linger timer (one leader at a time)
 }
 
-// laneRelease is closed when the buffers waiting at a gate go; timedOut
-// (set before ch is closed) says laneWait released them.
-type laneRelease struct {
-	ch       chan struct{}
-	timedOut bool
+// laneJob is one buffer of a body in hand: whole blocks left to hash.
+type laneJob struct {
+	st *md5x.State
+	sc *md5x.Scalar // the body's scalar path
+	// inScalar: the state is loaded in sc (hashed alone), not in st.
+	inScalar bool
+	p        []byte
+	at       int64 // ns, queued
+	fresh    bool  // no block hashed yet
+	// behind: the body's reading waited for its hashing within its last
+	// laneBehindKeep buffers: it does not wait for company.
+	behind  bool
+	final   *atomic.Bool
+	wake    chan bool // capacity 1: false done, true lead
+	inLanes int64     // bytes of this body hashed beside others (tests)
 }
 
-// laneBuffers counts buffers handed to the lanes since start (metrics):
-// without waiting (its body's hashing behind its reads, or nobody else
-// due), released with company, or by laneWait.
-var laneBuffers struct{ behind, alone, together, timeout atomic.Int64 }
+// laneStats, since start (metrics, tests).
+var laneStats struct {
+	bodies atomic.Int64 // large bodies hashed through laneSched
+	// bytes[n]: bytes hashed in passes of n occupied lanes (1: scalar).
+	bytes [md5x.MaxLanes + 1]atomic.Int64
+	// lingers that ended with company (a buffer arrived) or at laneLinger.
+	lingerCompany, lingerTimeout atomic.Int64
+	handovers                    atomic.Int64 // leads handed to another goroutine
+}
 
-func (g *laneGate) join(l *laneMD5) {
-	g.mu.Lock()
-	g.members = append(g.members, l)
-	if g.release == nil {
-		g.release = &laneRelease{ch: make(chan struct{})}
+// readingBodies counts the large bodies being read: from newLaneMD5 to
+// EOF, failure or Close (not while the upload commits).
+var readingBodies atomic.Int64
+
+func (s *laneSched) poke() {
+	select {
+	case s.arrive <- struct{}{}:
+	default:
 	}
-	g.mu.Unlock()
 }
 
-func (g *laneGate) leave(l *laneMD5) {
-	g.mu.Lock()
-	for i, m := range g.members {
-		if m == l {
-			last := len(g.members) - 1
-			g.members[i] = g.members[last]
-			g.members[last] = nil
-			g.members = g.members[:last]
-			break
+// hash advances j's state over j.p and returns when it is done.
+func (s *laneSched) hash(j *laneJob) {
+	j.at = time.Now().UnixNano()
+	j.fresh = true
+	s.mu.Lock()
+	if s.arrive == nil {
+		s.arrive = make(chan struct{}, 1)
+	}
+	if s.leading {
+		s.pending = append(s.pending, j)
+		s.mu.Unlock()
+		s.poke()
+		if !<-j.wake {
+			return
 		}
+	} else {
+		s.leading = true
+		s.mu.Unlock()
 	}
-	g.kickLocked(time.Now().UnixNano())
-	g.mu.Unlock()
+	s.lead(j)
 }
 
-// kickLocked lets the waiting ones go when nobody else is due.
-func (g *laneGate) kickLocked(now int64) {
-	if g.waiting > 0 && (g.waiting >= md5simd.Lanes || g.dueLocked(now) == 0) {
-		g.openLocked(false)
-	}
-}
-
-func (g *laneGate) openLocked(timedOut bool) {
-	g.release.timedOut = timedOut
-	close(g.release.ch)
-	g.release = &laneRelease{ch: make(chan struct{})}
-	g.waiting = 0
-	for _, m := range g.members {
-		m.waiting = false
-	}
-	g.passes.Add(1)
-}
-
-// dueLocked counts the members not waiting whose next buffer is due
-// within laneWait: still reading (not at EOF), at least laneSlowest's
-// rate, and not overdue by more than laneWait (paused or stalled).
-func (g *laneGate) dueLocked(now int64) int {
-	n := 0
-	for _, m := range g.members {
-		if m.waiting || m.final.Load() || m.interval <= 0 || m.interval > int64(laneSlowest) {
+// lead runs passes until own is done, then hands the lead over or ends it.
+func (s *laneSched) lead(own *laneJob) {
+	act := make([]*laneJob, 1, md5x.MaxLanes)
+	act[0] = own
+	yielded := false
+	for {
+		s.mu.Lock()
+		for len(act) < md5x.MaxLanes && len(s.pending) > 0 {
+			act = append(act, s.pending[0])
+			s.pending[0] = nil
+			s.pending = s.pending[1:]
+		}
+		if len(s.pending) == 0 {
+			s.pending = nil // let the backing array go
+		}
+		s.mu.Unlock()
+		if s.linger(act) {
 			continue
 		}
-		if m.next <= now+int64(laneWait) && m.next >= now-int64(laneWait) {
-			n++
+		if laneYield && !yielded && len(act) == 1 && act[0].fresh && readingBodies.Load() > 1 {
+			// Alone with others being read: let runnable hashing
+			// goroutines (on a busy machine, not yet run) hand theirs
+			// over first.
+			yielded = true
+			runtime.Gosched()
+			continue
 		}
+		s.step(act)
+		ownDone := false
+		k := 0
+		for _, j := range act {
+			switch {
+			case len(j.p) > 0:
+				act[k] = j
+				k++
+			case j == own:
+				ownDone = true
+			default:
+				j.wake <- false
+			}
+		}
+		clear(act[k:])
+		act = act[:k]
+		if !ownDone {
+			continue
+		}
+		s.mu.Lock()
+		if len(act) == 0 && len(s.pending) == 0 {
+			s.leading = false
+			s.mu.Unlock()
+			return
+		}
+		var next *laneJob
+		if len(act) > 0 {
+			next = act[0]
+			s.pending = slices.Concat(act[1:], s.pending)
+		} else {
+			next = s.pending[0]
+			s.pending = slices.Clone(s.pending[1:])
+		}
+		s.mu.Unlock()
+		laneStats.handovers.Add(1)
+		next.wake <- true
+		return
 	}
-	return n
 }
 
-// wait returns when l's buffer may go: no other member is due within
-// laneWait, all due ones arrived, or laneWait passed.
-func (g *laneGate) wait(l *laneMD5) {
-	now := time.Now().UnixNano()
-	g.mu.Lock()
-	l.observe(now)
-	l.waiting = true // not due itself: it is here
-	if g.dueLocked(now) == 0 {
-		l.waiting = false
-		g.alone.Add(1)
-		laneBuffers.alone.Add(1)
-		if g.waiting > 0 {
-			g.openLocked(false)
+// linger waits for company when act is a new batch (nothing hashed yet)
+// of fewer buffers than bodies being read, none its body's last, and
+// laneLinger since the oldest was queued has not passed. It reports
+// whether it waited (the caller takes the queued buffers and looks again).
+func (s *laneSched) linger(act []*laneJob) bool {
+	d := laneLinger
+	if d <= 0 || len(act) >= md5x.MaxLanes || int64(len(act)) >= readingBodies.Load() {
+		return false
+	}
+	oldest := act[0].at
+	for _, j := range act {
+		if !j.fresh || j.behind || j.final.Load() {
+			return false
 		}
-		g.mu.Unlock()
-		return
+		oldest = min(oldest, j.at)
 	}
-	g.waiting++
-	if g.waiting >= md5simd.Lanes {
-		g.openLocked(false)
-		g.mu.Unlock()
-		laneBuffers.together.Add(1)
-		return
+	left := time.Duration(oldest + int64(d) - time.Now().UnixNano())
+	if left <= 0 {
+		return false
 	}
-	rel := g.release
-	g.mu.Unlock()
-	if l.timer == nil {
-		l.timer = time.NewTimer(laneWait)
+	if s.timer == nil {
+		s.timer = time.NewTimer(left)
 	} else {
-		l.timer.Reset(laneWait)
+		s.timer.Reset(left)
 	}
 	select {
-	case <-rel.ch:
-		l.timer.Stop()
-	case <-l.timer.C:
-		g.mu.Lock()
-		if g.release == rel { // not released by another meanwhile
-			g.timeout.Add(1)
-			g.openLocked(true)
+	case <-s.arrive:
+		s.timer.Stop()
+		laneStats.lingerCompany.Add(1)
+	case <-s.timer.C:
+		laneStats.lingerTimeout.Add(1)
+	}
+	return true
+}
+
+// step advances every buffer in act by the same number of bytes: one
+// kernel pass, or the scalar path for a buffer alone.
+func (s *laneSched) step(act []*laneJob) {
+	n := laneChunk
+	for _, j := range act {
+		n = min(n, len(j.p))
+	}
+	if len(act) == 1 {
+		// Alone: the state stays in the body's crypto/md5 between steps
+		// and goes back at the buffer's end or into the lanes.
+		j := act[0]
+		if !j.inScalar {
+			j.sc.Load(j.st)
+			j.inScalar = true
 		}
-		g.mu.Unlock()
-	}
-	// Counted by what released the batch, whichever goroutine did it.
-	if rel.timedOut {
-		laneBuffers.timeout.Add(1)
+		j.sc.Write(j.p[:n])
+		if n == len(j.p) {
+			j.sc.Store(j.st)
+			j.inScalar = false
+		}
 	} else {
-		laneBuffers.together.Add(1)
+		for _, j := range act {
+			if j.inScalar {
+				j.sc.Store(j.st)
+				j.inScalar = false
+			}
+		}
+		var sts [md5x.MaxLanes]*md5x.State
+		var ds [md5x.MaxLanes][]byte
+		for i, j := range act {
+			sts[i], ds[i] = j.st, j.p[:n]
+			j.inLanes += int64(n)
+		}
+		md5x.Lanes(sts[:len(act)], ds[:len(act)])
 	}
+	for _, j := range act {
+		j.p = j.p[n:]
+		j.fresh = false
+	}
+	laneStats.bytes[len(act)].Add(int64(n * len(act)))
 }
 
-// laneMD5 is a large body's MD5: in the shared lanes or crypto/md5 (see
-// lanePool). Write is called by the body's hashing goroutine, one hash
-// buffer at a time; Sum once that goroutine is done. Close (idempotent)
-// frees the lane; Sum frees it too, and a later Sum returns the same sum.
+// laneMD5 is a large body's MD5 (a hash.Hash): Write is called by the
+// body's hashing goroutine, one hash buffer at a time, and hashes the
+// buffer's whole blocks through lanes; Sum once that goroutine is done.
+// Close (idempotent) ends the body's count; Sum after it returns the sum
+// of what was hashed.
 type laneMD5 struct {
-	srv   *laneServer
-	srvA  atomic.Pointer[laneServer] // srv, for done on the request goroutine
-	lane  md5simd.Hasher
-	alone hash.Hash // crypto/md5
-	sum   []byte
-	timer *time.Timer
-	// force: 1 the lanes, 2 crypto/md5, 0 decide at laneDecideAt buffers.
-	force   int
-	decided bool // counted in laneChoice
-	// The buffers handed to the hashing goroutine, recorded by sent on the
-	// body's goroutine until ready is closed (at laneDecideAt buffers or
-	// done); read by the hashing goroutine only after that.
-	watched   bool          // sent is called for every buffer (a body's hasher)
-	ready     chan struct{} // closed when the body's rate is known or it ended
-	readyShut bool
-	sentN     int
-	sentBytes int64 // bytes in the buffers after the first
-	sent1     int64 // ns, the first buffer handed over
-	sentLast  int64 // ns, the latest
-	// final: the body reached its end (or failed); it is not waited for
-	// and its buffers go at once.
-	final atomic.Bool
-	// backlog reports buffers queued behind the current one.
-	backlog func() int
-	counted bool // in largeBodies
-	closed  bool
-	// Under srv.gate.mu: the buffer rhythm and whether it is waiting.
-	last, interval, next int64 // ns
-	waiting              bool
+	d   md5x.Digest
+	job laneJob
+	// final: the body reached its end (or failed); its buffers do not
+	// wait for company.
+	final   atomic.Bool
+	reading bool // counted in readingBodies (the body's goroutine)
+	// readWaits counts the times the body's reading waited for a free
+	// hash buffer (nil: not known); readWaitsSeen is its value at the
+	// previous buffer.
+	readWaits     *atomic.Int64
+	readWaitsSeen int64
+	behindLeft    int // buffers it still counts as behind (laneBehindKeep)
+	sum           []byte
 }
-
-// How large bodies' MD5s were run, since start (metrics, tests): in the
-// lanes; crypto/md5 because fewer than laneMinBodies were being read,
-// because the body arrived faster than laneFastest, because the lanes are
-// off (etagLanes false or forced), or because the body ended or failed
-// before its rate was known (ended; also a body that failed before any
-// buffer was hashed).
-var laneChoice struct{ lanes, few, fast, off, ended atomic.Int64 }
-
-// largeBodies counts the large bodies being read: from newLaneMD5 to EOF,
-// failure or Close (not while the upload commits).
-var largeBodies atomic.Int64
 
 // newLaneMD5 returns a large body's MD5. Call done at EOF or failure and
 // Close once finished.
 func newLaneMD5() *laneMD5 {
-	largeBodies.Add(1)
-	return &laneMD5{counted: true, ready: make(chan struct{})}
+	l := &laneMD5{reading: true}
+	l.d.Reset()
+	l.job = laneJob{st: &l.d.St, sc: md5x.NewScalar(), final: &l.final, wake: make(chan bool, 1)}
+	readingBodies.Add(1)
+	laneStats.bodies.Add(1)
+	return l
 }
 
-// sent records a buffer of n bytes handed to the hashing goroutine at now
-// (ns), on the body's goroutine.
-func (l *laneMD5) sent(now int64, n int) {
-	if l.readyShut {
-		return
-	}
-	l.sentN++
-	if l.sentN == 1 {
-		l.sent1 = now
-	} else {
-		l.sentBytes += int64(n)
-	}
-	l.sentLast = now
-	if l.sentN >= laneDecideAt {
-		l.shutReady()
-	}
-}
-
-func (l *laneMD5) shutReady() {
-	if !l.readyShut && l.ready != nil {
-		l.readyShut = true
-		close(l.ready)
-	}
-}
-
-// done marks the end of the body's reading: no longer counted or waited
-// for. Call it on the body's goroutine (before the hasher's wait).
+// done marks the end of the body's reading: no longer counted nor waited
+// for. Call it on the body's goroutine.
 func (l *laneMD5) done() {
-	l.shutReady()
 	l.final.Store(true)
-	if l.counted {
-		l.counted = false
-		largeBodies.Add(-1)
+	if l.reading {
+		l.reading = false
+		readingBodies.Add(-1)
+		lanes.poke()
 	}
-	if s := l.srvA.Load(); s != nil {
-		s.gate.mu.Lock()
-		if l.waiting { // its buffer waits: let it go now, the body has ended
-			s.gate.openLocked(false)
-		} else {
-			s.gate.kickLocked(time.Now().UnixNano())
-		}
-		s.gate.mu.Unlock()
-	}
-}
-
-// observe records a buffer's arrival at now (under the gate's lock).
-func (l *laneMD5) observe(now int64) {
-	if l.last > 0 {
-		iv := now - l.last
-		if l.interval == 0 {
-			l.interval = iv
-		} else {
-			l.interval = (3*l.interval + iv) / 4
-		}
-	}
-	l.last = now
-	l.next = now + l.interval
-}
-
-// decide picks the lanes or crypto/md5 at the body's laneDecideAt-th
-// buffer (or its end): the lanes when at least laneMinBodies large bodies
-// are being read and its buffers after the first arrived no faster than
-// laneFastest.
-func (l *laneMD5) decide() {
-	if l.decided {
-		return
-	}
-	l.decided = true
-	n := largeBodies.Load()
-	if l.final.Load() { // read to its end already, but it is being hashed
-		n++
-	}
-	var how *atomic.Int64
-	switch {
-	case l.force == 1:
-	case l.force == 2 || !etagLanes:
-		how = &laneChoice.off
-	case l.closed || l.sum != nil || l.sentN < 2:
-		how = &laneChoice.ended
-	case n < laneMinBodies:
-		how = &laneChoice.few
-	case float64(l.sentBytes)*1e9 > laneFastest*float64(max(l.sentLast-l.sent1, 1)):
-		how = &laneChoice.fast
-	}
-	if how != nil {
-		how.Add(1)
-		l.alone = md5.New()
-		return
-	}
-	laneChoice.lanes.Add(1)
-	if l.force == 0 && l.sentN >= 2 { // the gate's first guess of its rhythm (forced: sent may still be writing)
-		l.interval = (l.sentLast - l.sent1) / int64(l.sentN-1)
-	}
-	l.srv, l.lane = lanePool.take()
-	l.srv.gate.join(l)
-	l.srvA.Store(l.srv)
 }
 
 func (l *laneMD5) Write(p []byte) (int, error) {
-	if !l.decided {
-		if l.watched && l.force == 0 && etagLanes {
-			<-l.ready // the first buffer waits un-hashed for the body's rate
+	n := len(p)
+	p = l.d.Fill(p)
+	full := len(p) &^ (md5x.BlockSize - 1)
+	if full > 0 {
+		if etagLanes && md5x.HasLanes() {
+			l.job.p = p[:full]
+			if w := l.readWaits; w != nil && w.Load() != l.readWaitsSeen {
+				l.readWaitsSeen = w.Load()
+				l.behindLeft = laneBehindKeep
+			} else if l.behindLeft > 0 {
+				l.behindLeft--
+			}
+			l.job.behind = l.behindLeft > 0
+			lanes.hash(&l.job)
+		} else {
+			l.job.sc.Blocks(&l.d.St, p[:full])
+			laneStats.bytes[1].Add(int64(full))
 		}
-		l.decide()
 	}
-	if l.alone != nil {
-		return l.alone.Write(p)
-	}
-	if !l.final.Load() && (l.backlog == nil || l.backlog() == 0) {
-		l.srv.gate.wait(l)
-	} else {
-		l.srv.gate.alone.Add(1)
-		laneBuffers.behind.Add(1)
-	}
-	return l.lane.Write(p)
+	l.d.Keep(p[full:])
+	return n, nil
 }
 
 func (l *laneMD5) Sum(b []byte) []byte {
 	if l.sum == nil {
-		if !l.decided { // nothing written: no lane for it
-			l.decided = true
-			laneChoice.ended.Add(1)
-			l.alone = md5.New()
-		}
-		if l.alone != nil {
-			l.sum = l.alone.Sum(nil)
-		} else {
-			l.sum = l.lane.Sum(nil)
-			l.freeLane()
-		}
+		l.sum = l.d.Sum(nil)
 	}
 	return append(b, l.sum...)
 }
 
 func (l *laneMD5) Reset()         { panic("laneMD5: Reset is not used") }
-func (l *laneMD5) Size() int      { return md5.Size }
-func (l *laneMD5) BlockSize() int { return md5.BlockSize }
+func (l *laneMD5) Size() int      { return md5x.Size }
+func (l *laneMD5) BlockSize() int { return md5x.BlockSize }
 
-// inLanes reports whether the body's MD5 ran in the lanes (tests).
-func (l *laneMD5) inLanes() bool { return l.srv != nil }
+// inLanes reports whether some of the body was hashed beside another
+// body in a kernel pass (tests).
+func (l *laneMD5) inLanes() bool { return l.job.inLanes > 0 }
 
-func (l *laneMD5) freeLane() {
-	if l.lane != nil {
-		l.srv.gate.leave(l)
-		lanePool.release(l.srv, l.lane)
-		l.lane = nil
-	}
-}
-
-// Close frees the lane and the count; idempotent.
-func (l *laneMD5) Close() {
-	if !l.decided { // failed before its MD5 started
-		l.decided = true
-		laneChoice.ended.Add(1)
-	}
-	l.closed = true
-	if l.counted {
-		l.counted = false
-		largeBodies.Add(-1)
-	}
-	l.final.Store(true)
-	if l.lane != nil && l.sum == nil { // a later Sum still returns what was hashed
-		l.sum = l.lane.Sum(nil)
-	}
-	l.freeLane()
-}
+// Close ends the body's count; idempotent.
+func (l *laneMD5) Close() { l.done() }

@@ -15,12 +15,12 @@ import (
 	"testing"
 	"time"
 
-	md5simd "github.com/minio/md5-simd"
+	"github.com/basalt-store/basalt/internal/md5x"
 )
 
 // largeCompanions opens n large bodies that are never read: they count as
-// large bodies being read (so bodies opened beside them take the lanes)
-// without a place at any gate.
+// large bodies being read (so buffers of bodies beside them linger for
+// company) without ever bringing any.
 func largeCompanions(t testing.TB, n int) func() {
 	var bs []*body
 	for range n {
@@ -38,162 +38,220 @@ func largeCompanions(t testing.TB, n int) func() {
 	}
 }
 
-// waitLanesIdle waits until no lane hasher, no large body and no server
-// beyond the current one is left, and the goroutine count is back to at
-// most base (servers' goroutines end shortly after their Close).
+// waitLanesIdle waits until nobody leads, nothing is queued, no large
+// body is counted as being read and the goroutine count is back to at
+// most base.
 func waitLanesIdle(t testing.TB, base int) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		h, s, lb, g := lanePool.hashers.Load(), lanePool.servers.Load(), largeBodies.Load(), runtime.NumGoroutine()
-		if h == 0 && s <= 1 && lb == 0 && g <= base {
+		lanes.mu.Lock()
+		leading, pending := lanes.leading, len(lanes.pending)
+		lanes.mu.Unlock()
+		rb, g := readingBodies.Load(), runtime.NumGoroutine()
+		if !leading && pending == 0 && rb == 0 && g <= base {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("lanes not idle: %d hashers, %d servers open, %d large bodies counted, %d goroutines (was %d)", h, s, lb, g, base)
+			t.Fatalf("lanes not idle: leading %v, %d buffers queued, %d large bodies reading, %d goroutines (was %d)", leading, pending, rb, g, base)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
-// baseGoroutines is the goroutine count with the current lane server
-// started (its goroutine lives until the server is retired).
-func baseGoroutines() int {
-	l := &laneMD5{force: 1}
-	l.Write(make([]byte, 64))
-	l.Sum(nil)
-	l.Close()
-	runtime.GC()
-	return runtime.NumGoroutine() + 1 // the retiring of the current server may start a fresh one
+// laneModes runs f with the lanes on (if the CPU has AVX-512) and with
+// md5x forced to its scalar path: the same scheduling, scalar passes.
+func laneModes(t *testing.T, f func(t *testing.T, kernel bool)) {
+	for _, scalar := range []bool{false, true} {
+		name := "kernel"
+		if scalar {
+			name = "scalar"
+		}
+		t.Run(name, func(t *testing.T) {
+			if !scalar && !md5x.HasLanes() {
+				t.Skip("no AVX-512")
+			}
+			old := md5x.SetScalar(scalar)
+			defer md5x.SetScalar(old)
+			f(t, !scalar)
+		})
+	}
 }
 
-// TestLaneMD5ETags: large bodies hashed side by side in the lanes each get
-// their own MD5 as ETag (lengths around block and buffer boundaries, odd
-// read sizes, plain and aws-chunked), every lane is freed, a wrong
-// Content-MD5 on a large body in the lanes fails at EOF with BadDigest, and
-// a body read with fewer than laneMinBodies large bodies uses crypto/md5.
+// TestLaneMD5ETags: large bodies hashed side by side each get their own
+// MD5 as ETag (lengths around block and buffer boundaries, odd read
+// sizes, plain and aws-chunked) and share kernel passes; a wrong
+// Content-MD5 fails at EOF with BadDigest; a body read alone is hashed
+// alone with no wait. Runs with the kernel and forced scalar.
 func TestLaneMD5ETags(t *testing.T) {
-	defer func(f float64) { laneFastest = f }(laneFastest)
-	laneFastest = 1e15 // bodies here come from memory
-	base := baseGoroutines()
-	closeCompanions := largeCompanions(t, laneMinBodies-1)
-	rng := rand.New(rand.NewPCG(1, 2))
-	sizes := []int{asyncHashMin, asyncHashMin + 1, asyncHashMin + 63, asyncHashMin + 64, asyncHashMin + 65,
-		32<<10*40 + 17, hashBufSize*5 - 1, hashBufSize * 5, hashBufSize*5 + 1, 3<<20 + 5, 4 << 20}
-	var wg sync.WaitGroup
-	errs := make(chan error, 8*len(sizes))
-	for round := range 4 {
+	defer func(d time.Duration) { laneLinger = d }(laneLinger)
+	laneLinger = 5 * time.Millisecond // generous under -race and load
+	laneModes(t, func(t *testing.T, kernel bool) {
+		base := runtime.NumGoroutine()
+		closeCompanions := largeCompanions(t, 1)
+		rng := rand.New(rand.NewPCG(1, 2))
+		sizes := []int{asyncHashMin, asyncHashMin + 1, asyncHashMin + 63, asyncHashMin + 64, asyncHashMin + 65,
+			laneChunk*70 + 17, hashBufSize*5 - 1, hashBufSize * 5, hashBufSize*5 + 1, 3<<20 + 5, 4 << 20}
+		var wg sync.WaitGroup
+		errs := make(chan error, 8*len(sizes))
+		var inLanes atomic32
+		all := make([][]byte, len(sizes)) // made before the bodies start, so they overlap
 		for i, n := range sizes {
-			data := make([]byte, n)
-			for j := range data {
-				data[j] = byte(rng.Uint32())
+			all[i] = make([]byte, n)
+			for j := range all[i] {
+				all[i][j] = byte(rng.Uint32())
 			}
-			readSize := 1 + rng.IntN(300<<10)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var r, a = plainRequest(data)
-				if (i+round)%2 == 1 {
-					r, a = chunkedRequest(data)
-				}
-				b, e := newBody(r, a, MaxObjectSize, true)
-				if e != nil {
-					errs <- e
-					return
-				}
-				defer b.close()
-				buf := make([]byte, readSize)
-				for {
-					_, err := b.Read(buf)
-					if err == io.EOF {
-						break
+		}
+		for round := range 4 {
+			for i, n := range sizes {
+				data := all[i]
+				readSize := 1 + rng.IntN(300<<10)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var r, a = plainRequest(data)
+					if (i+round)%2 == 1 {
+						r, a = chunkedRequest(data)
 					}
-					if err != nil {
-						errs <- err
+					// A pause every 256 KiB: the bodies' hashing keeps up
+					// with their reads, so their buffers linger for company.
+					r.Body = io.NopCloser(&gentleReader{r: r.Body, every: hashBufSize, pause: time.Millisecond})
+					b, e := newBody(r, a, MaxObjectSize, true)
+					if e != nil {
+						errs <- e
 						return
 					}
-				}
-				sum := md5.Sum(data)
-				if b.etag() != hex.EncodeToString(sum[:]) || b.etag() != hex.EncodeToString(sum[:]) {
-					errs <- fmt.Errorf("%d bytes read by %d: ETag %s, want %x", n, readSize, b.etag(), sum)
-				}
-				if !b.laneMD5.inLanes() {
-					errs <- fmt.Errorf("a %d-byte body read beside others was not hashed in the lanes", n)
-				}
-			}()
+					defer b.close()
+					buf := make([]byte, readSize)
+					for {
+						_, err := b.Read(buf)
+						if err == io.EOF {
+							break
+						}
+						if err != nil {
+							errs <- err
+							return
+						}
+					}
+					sum := md5.Sum(data)
+					if b.etag() != hex.EncodeToString(sum[:]) || b.etag() != hex.EncodeToString(sum[:]) {
+						errs <- fmt.Errorf("%d bytes read by %d: ETag %s, want %x", n, readSize, b.etag(), sum)
+					}
+					if b.laneMD5.inLanes() {
+						inLanes.add()
+					}
+				}()
+			}
+			wg.Wait()
 		}
-		wg.Wait()
-	}
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		// 11 bodies at a time: most share passes. With the scalar path
+		// forced, each body hashes on its own goroutine.
+		t.Logf("%d of %d bodies shared a pass; lingers %d company, %d timeout; bytes alone %d", inLanes.load(), 4*len(sizes), laneStats.lingerCompany.Load(), laneStats.lingerTimeout.Load(), laneStats.bytes[1].Load())
+		if got := inLanes.load(); kernel && got < 4*len(sizes)/4 || !kernel && got != 0 {
+			t.Errorf("%d of %d bodies read side by side shared a pass (kernel %v)", got, 4*len(sizes), kernel)
+		}
 
-	// A wrong Content-MD5 on a large body in the lanes: BadDigest at EOF.
-	data := bytes.Repeat([]byte("lanes"), 300<<10)
-	r, a := plainRequest(data)
-	bad := md5.Sum(append([]byte{1}, data...))
-	r.Header.Set("Content-Md5", base64.StdEncoding.EncodeToString(bad[:]))
-	b, e := newBody(r, a, MaxObjectSize, true)
-	if e != nil {
-		t.Fatal(e)
-	}
-	_, err := io.Copy(io.Discard, b)
-	var se *Error
-	if !errors.As(err, &se) || se.Code != "BadDigest" || !b.laneMD5.inLanes() {
-		t.Fatalf("a large body with a wrong Content-MD5: %v (lanes %v), want BadDigest", err, b.laneMD5.inLanes())
-	}
-	b.close()
-	// And the right one passes; its ETag after close is the same.
-	good := md5.Sum(data)
-	r, a = plainRequest(data)
-	r.Header.Set("Content-Md5", base64.StdEncoding.EncodeToString(good[:]))
-	b2, e := newBody(r, a, MaxObjectSize, true)
-	if e != nil {
-		t.Fatal(e)
-	}
-	if _, err := io.Copy(io.Discard, b2); err != nil || b2.etag() != hex.EncodeToString(good[:]) || !b2.laneMD5.inLanes() {
-		t.Fatalf("a large body with its Content-MD5: %v, ETag %s", err, b2.etag())
-	}
-	b2.close()
-	if b2.etag() != hex.EncodeToString(good[:]) {
-		t.Fatalf("ETag after close %s", b2.etag())
-	}
+		// A wrong Content-MD5 on a large body: BadDigest at EOF.
+		data := bytes.Repeat([]byte("lanes"), 300<<10)
+		r, a := plainRequest(data)
+		bad := md5.Sum(append([]byte{1}, data...))
+		r.Header.Set("Content-Md5", base64.StdEncoding.EncodeToString(bad[:]))
+		b, e := newBody(r, a, MaxObjectSize, true)
+		if e != nil {
+			t.Fatal(e)
+		}
+		_, err := io.Copy(io.Discard, b)
+		var se *Error
+		if !errors.As(err, &se) || se.Code != "BadDigest" {
+			t.Fatalf("a large body with a wrong Content-MD5: %v, want BadDigest", err)
+		}
+		b.close()
+		// And the right one passes; its ETag after close is the same.
+		good := md5.Sum(data)
+		r, a = plainRequest(data)
+		r.Header.Set("Content-Md5", base64.StdEncoding.EncodeToString(good[:]))
+		b2, e := newBody(r, a, MaxObjectSize, true)
+		if e != nil {
+			t.Fatal(e)
+		}
+		if _, err := io.Copy(io.Discard, b2); err != nil || b2.etag() != hex.EncodeToString(good[:]) {
+			t.Fatalf("a large body with its Content-MD5: %v, ETag %s", err, b2.etag())
+		}
+		b2.close()
+		if b2.etag() != hex.EncodeToString(good[:]) {
+			t.Fatalf("ETag after close %s", b2.etag())
+		}
 
-	// With fewer than laneMinBodies large bodies being read: crypto/md5,
-	// the same ETag.
-	closeCompanions()
-	r, a = plainRequest(data)
-	b3, e := newBody(r, a, MaxObjectSize, true)
-	if e != nil {
-		t.Fatal(e)
-	}
-	if _, err := io.Copy(io.Discard, b3); err != nil || b3.laneMD5.inLanes() || b3.etag() != hex.EncodeToString(good[:]) {
-		t.Fatalf("a body read alone: %v, lanes %v, ETag %s", err, b3.laneMD5.inLanes(), b3.etag())
-	}
-	b3.close()
-	waitLanesIdle(t, base)
+		// A body read alone: hashed alone (scalar), no linger.
+		closeCompanions()
+		lingers := laneStats.lingerCompany.Load() + laneStats.lingerTimeout.Load()
+		r, a = plainRequest(data)
+		b3, e := newBody(r, a, MaxObjectSize, true)
+		if e != nil {
+			t.Fatal(e)
+		}
+		if _, err := io.Copy(io.Discard, b3); err != nil || b3.laneMD5.inLanes() || b3.etag() != hex.EncodeToString(good[:]) {
+			t.Fatalf("a body read alone: %v, lanes %v, ETag %s", err, b3.laneMD5.inLanes(), b3.etag())
+		}
+		b3.close()
+		if l := laneStats.lingerCompany.Load() + laneStats.lingerTimeout.Load(); l != lingers {
+			t.Errorf("a body read alone lingered %d times", l-lingers)
+		}
+		waitLanesIdle(t, base)
+	})
 }
 
-// TestLaneServersBounded: thousands of bodies through the lanes leave no
-// state behind. md5-simd v1.1.2 keeps every closed hasher in its server's
-// maps and walks them all on every pass (upstream #27): without retiring
-// servers, a 4 MiB body's MD5 took several times longer after a few
-// thousand bodies. Here every server takes at most laneServerBodies
-// bodies, retired servers are closed and their goroutines end, and a
-// body's MD5 takes as long after 6,000 bodies as before.
-func TestLaneServersBounded(t *testing.T) {
+// gentleReader pauses each time every bytes went through.
+type gentleReader struct {
+	r     io.Reader
+	every int
+	pause time.Duration
+	n     int
+}
+
+func (g *gentleReader) Read(p []byte) (int, error) {
+	if g.n >= g.every {
+		g.n = 0
+		time.Sleep(g.pause)
+	}
+	n, err := g.r.Read(p[:min(len(p), g.every-g.n)])
+	g.n += n
+	return n, err
+}
+
+type atomic32 struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (a *atomic32) add() { a.mu.Lock(); a.n++; a.mu.Unlock() }
+func (a *atomic32) load() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.n
+}
+
+// TestLaneStateBounded: thousands of bodies through the lanes, some
+// abandoned without a Sum, leave nothing behind: no queued buffer, no
+// leader, no count, no goroutine, and a body's MD5 takes as long after
+// them as before (session 10's md5-simd kept every closed hasher and
+// walked them all on every pass).
+func TestLaneStateBounded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("hashes 6,000 bodies")
 	}
-	base := baseGoroutines()
+	base := runtime.NumGoroutine()
 	probe := bytes.Repeat([]byte("probe-md5"), 4<<20/9)
 	want := md5.Sum(probe)
 	timeProbe := func() time.Duration {
 		best := time.Hour
 		for range 5 {
 			start := time.Now()
-			l := &laneMD5{force: 1}
+			l := newLaneMD5()
 			for p := probe; len(p) > 0; p = p[min(len(p), hashBufSize):] {
 				l.Write(p[:min(len(p), hashBufSize)])
 			}
@@ -206,15 +264,19 @@ func TestLaneServersBounded(t *testing.T) {
 		return best
 	}
 	before := timeProbe()
-	retired0 := lanePool.retired.Load()
+	shared0 := laneStats.bytes[1].Load()
+	var total0 int64
+	for i := range laneStats.bytes {
+		total0 += laneStats.bytes[i].Load()
+	}
 
 	const bodies, side = 6000, 4
-	data := make([]byte, 3*32<<10+100) // a few of md5-simd's 32 KiB blocks
+	data := make([]byte, 3*laneChunk+100)
 	for i := range data {
 		data[i] = byte(i * 7)
 	}
 	wantSmall := md5.Sum(data)
-	var maxServers, maxHashers int64
+	var maxPending int
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	work := make(chan int)
@@ -223,17 +285,20 @@ func TestLaneServersBounded(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				l := &laneMD5{force: 1}
+				l := newLaneMD5()
 				l.Write(data[:len(data)/2])
 				l.Write(data[len(data)/2:])
 				if i%10 == 9 { // abandoned without a Sum, as a failed body is
 					l.Close()
 					continue
 				}
+				l.done()
 				sum := l.Sum(nil)
+				lanes.mu.Lock()
+				p := len(lanes.pending)
+				lanes.mu.Unlock()
 				mu.Lock()
-				maxServers = max(maxServers, lanePool.servers.Load())
-				maxHashers = max(maxHashers, lanePool.hashers.Load())
+				maxPending = max(maxPending, p)
 				mu.Unlock()
 				l.Close()
 				if !bytes.Equal(sum, wantSmall[:]) {
@@ -248,28 +313,30 @@ func TestLaneServersBounded(t *testing.T) {
 	close(work)
 	wg.Wait()
 	after := timeProbe()
-	retired := lanePool.retired.Load() - retired0
-	t.Logf("4 MiB probe: %v before, %v after %d bodies; %d servers retired; at most %d servers and %d hashers open", before, after, bodies, retired, maxServers, maxHashers)
-	if want := int64(bodies / laneServerBodies); retired < want-1 {
-		t.Errorf("%d servers retired for %d bodies, want ≥ %d", retired, bodies, want-1)
+	var total int64
+	for i := range laneStats.bytes {
+		total += laneStats.bytes[i].Load()
 	}
-	// Open at once: the current server and retired ones still holding
-	// one of the side bodies.
-	if maxServers > side+1 || maxHashers > side {
-		t.Errorf("at most %d servers and %d hashers open at once, want ≤ %d and ≤ %d", maxServers, maxHashers, side+1, side)
+	alone := laneStats.bytes[1].Load() - shared0
+	t.Logf("4 MiB probe: %v before, %v after %d bodies; %d of %d bytes hashed alone; at most %d buffers queued", before, after, bodies, alone, total-total0, maxPending)
+	if maxPending > side {
+		t.Errorf("%d buffers queued at once, want ≤ %d (one per body)", maxPending, side)
 	}
-	if after > 3*before+20*time.Millisecond {
-		t.Errorf("a 4 MiB body's MD5 took %v after %d bodies, %v before: the servers' state grows", after, bodies, before)
+	if after > 3*before+50*time.Millisecond {
+		t.Errorf("a 4 MiB body's MD5 took %v after %d bodies, %v before: state grows", after, bodies, before)
+	}
+	if alone*4 > 3*(total-total0) { // most share passes (about 10% alone here when quiet)
+		t.Errorf("%d of %d bytes of %d bodies read %d at a time hashed alone", alone, total-total0, bodies, side)
 	}
 	waitLanesIdle(t, base)
 }
 
-// TestLaneBodiesAbandoned: bodies in the lanes that end early — the client
+// TestLaneBodiesAbandoned: large bodies that end early — the client
 // disconnects mid-way, or sends fewer bytes than declared — fail as
-// before, and leave no hasher, count or goroutine behind.
+// before, and leave no queued buffer, count or goroutine behind.
 func TestLaneBodiesAbandoned(t *testing.T) {
-	base := baseGoroutines()
-	closeCompanions := largeCompanions(t, laneMinBodies-1)
+	base := runtime.NumGoroutine()
+	closeCompanions := largeCompanions(t, 1)
 	data := bytes.Repeat([]byte("abandon!"), 3<<20/8)
 	var wg sync.WaitGroup
 	errs := make(chan error, 80)
@@ -291,16 +358,12 @@ func TestLaneBodiesAbandoned(t *testing.T) {
 				return
 			}
 			defer b.close()
-			b.laneMD5.force = 1 // in the lanes even if it fails before its first buffer is hashed
 			_, err := io.Copy(io.Discard, b)
 			var se *Error
 			if !errors.As(err, &se) || se.Code != wantCode {
 				errs <- fmt.Errorf("body cut at %d: %v, want %s", cut, err, wantCode)
 			}
 			b.close() // as the handler's deferred close; the hashing is done after it
-			if !b.laneMD5.inLanes() {
-				errs <- fmt.Errorf("body cut at %d not in the lanes", cut)
-			}
 		}()
 	}
 	wg.Wait()
@@ -316,77 +379,130 @@ type errReader struct{ err error }
 
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
-// TestLaneGateWaitsOnlyForHashing: a buffer at the gate waits only for
-// bodies whose next buffer is due within laneWait; never for one that
-// ended, paused (overdue), or is slower than laneSlowest, and never
-// longer than laneWait.
-func TestLaneGateWaitsOnlyForHashing(t *testing.T) {
-	var g laneGate
-	self := &laneMD5{}
-	other := &laneMD5{}
-	g.join(self)
-	g.join(other)
-	now := time.Now().UnixNano()
-	timeWait := func() time.Duration {
-		self.last, self.interval = 0, 0
+// TestLaneStateMovesMidBuffer: a body's buffer hashed alone (scalar)
+// moves into the lanes when a second body's buffer arrives, in the
+// middle of its buffer; when its buffer is done first, its goroutine
+// hands the lead to the other, which goes on alone. Both sums are right.
+func TestLaneStateMovesMidBuffer(t *testing.T) {
+	laneModes(t, func(t *testing.T, kernel bool) {
+		if !kernel {
+			t.Skip("forced scalar: no lanes to move into")
+		}
+		defer func(d time.Duration) { laneLinger = d }(laneLinger)
+		laneLinger = 0
+		rng := rand.New(rand.NewPCG(7, 8))
+		a := make([]byte, 8<<20)
+		b := make([]byte, 16<<20)
+		for i := range a {
+			a[i] = byte(rng.Uint32())
+		}
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		la, lb := newLaneMD5(), newLaneMD5()
+		defer la.Close()
+		defer lb.Close()
+		alone0 := laneStats.bytes[1].Load()
+		hand0 := laneStats.handovers.Load()
+		done := make(chan struct{})
+		go func() {
+			la.Write(a)
+			close(done)
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			lanes.mu.Lock()
+			leading := lanes.leading
+			lanes.mu.Unlock()
+			if leading && laneStats.bytes[1].Load() > alone0 { // a hashes alone
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the first body never hashed alone")
+			}
+			runtime.Gosched()
+		}
+		lb.Write(b)
+		<-done
+		if wa, wb := md5.Sum(a), md5.Sum(b); !bytes.Equal(la.Sum(nil), wa[:]) || !bytes.Equal(lb.Sum(nil), wb[:]) {
+			t.Fatalf("sums wrong after moving between the paths")
+		}
+		alone := laneStats.bytes[1].Load() - alone0
+		t.Logf("a: %d of %d bytes beside b; b: %d of %d; %d bytes alone; handovers %d", la.job.inLanes, len(a), lb.job.inLanes, len(b), alone, laneStats.handovers.Load()-hand0)
+		if la.job.inLanes == 0 || la.job.inLanes == int64(len(a)) {
+			t.Errorf("a: %d of %d bytes in the lanes, want some alone and some beside b", la.job.inLanes, len(a))
+		}
+		if lb.job.inLanes != la.job.inLanes || alone < int64(len(b)-len(a)) {
+			t.Errorf("b: %d bytes beside a (a %d), %d alone", lb.job.inLanes, la.job.inLanes, alone)
+		}
+		if laneStats.handovers.Load() == hand0 {
+			t.Errorf("a's goroutine finished first but handed no lead over")
+		}
+	})
+	waitLanesIdle(t, runtime.NumGoroutine())
+}
+
+// TestLaneLingerBounded: a new batch waits for company only while another
+// body is being read, at most laneLinger, and not at all for a body's
+// last buffer; a second body's buffer ends the wait at once.
+func TestLaneLingerBounded(t *testing.T) {
+	if !md5x.HasLanes() {
+		t.Skip("no AVX-512: bodies hash on their own goroutines")
+	}
+	defer func(d time.Duration) { laneLinger = d }(laneLinger)
+	laneLinger = 50 * time.Millisecond // long, so the cases are told apart under load
+	buf := bytes.Repeat([]byte("linger!!"), hashBufSize/8)
+	want := md5.Sum(buf)
+	timeWrite := func(l *laneMD5) time.Duration {
 		start := time.Now()
-		g.wait(self)
-		return time.Since(start)
-	}
-	cases := []struct {
-		name                 string
-		last, interval, next int64
-		final                bool
-		waits                bool
-	}{
-		{"due within laneWait", now, int64(time.Millisecond), now + int64(100*time.Microsecond), false, true},
-		{"ended", now, int64(time.Millisecond), now + int64(100*time.Microsecond), true, false},
-		{"paused (overdue)", now, int64(time.Millisecond), now - int64(50*time.Millisecond), false, false},
-		{"slower than laneSlowest", now, int64(2 * laneSlowest), now + int64(100*time.Microsecond), false, false},
-		{"due later than laneWait", now, int64(5 * time.Millisecond), now + int64(4*time.Millisecond), false, false},
-		{"rate not known yet", now, 0, now, false, false},
-	}
-	for _, c := range cases {
-		other.last, other.interval, other.next = c.last, c.interval, c.next
-		// Re-base the due time on the clock at the wait.
-		shift := time.Now().UnixNano() - now
-		other.next += shift
-		other.final.Store(c.final)
-		timeouts := g.timeout.Load()
-		d := timeWait()
-		waited := g.timeout.Load() > timeouts
-		if waited != c.waits {
-			t.Errorf("%s: waited %v (timed out %v), want a wait %v", c.name, d, waited, c.waits)
+		l.Write(buf)
+		d := time.Since(start)
+		if !bytes.Equal(l.Sum(nil), want[:]) {
+			t.Fatal("wrong sum")
 		}
-		if d > 100*time.Millisecond {
-			t.Errorf("%s: the wait took %v, bound %v", c.name, d, laneWait)
-		}
+		return d
 	}
-	// A due body that arrives releases the waiting one before laneWait.
-	other.final.Store(false)
-	other.last, other.interval = time.Now().UnixNano(), int64(time.Millisecond)
-	other.next = other.last + int64(200*time.Microsecond)
+	la, lb := newLaneMD5(), newLaneMD5() // two bodies being read
+	defer la.Close()
+	defer lb.Close()
+	to := laneStats.lingerTimeout.Load()
+	if d := timeWrite(la); d < laneLinger || d > laneLinger+5*time.Second || laneStats.lingerTimeout.Load() != to+1 {
+		t.Errorf("a buffer beside a body being read took %v (%d timeouts), want a wait of about %v", d, laneStats.lingerTimeout.Load()-to, laneLinger)
+	}
+	// Its body's last buffer: no wait.
+	lc := newLaneMD5()
+	lc.done()
+	if d := timeWrite(lc); d >= laneLinger {
+		t.Errorf("a body's last buffer waited %v", d)
+	}
+	lc.Close()
+	la.Close()
+	// Company: a second body's buffer releases the first (lb and ld are
+	// the bodies being read).
+	ld := newLaneMD5()
+	defer ld.Close()
+	var d1 time.Duration
 	done := make(chan struct{})
-	go func() { g.wait(self); close(done) }()
-	for {
-		g.mu.Lock()
-		w := g.waiting
-		g.mu.Unlock()
-		if w == 1 {
-			break
-		}
-		runtime.Gosched()
-	}
-	timeouts := g.timeout.Load()
-	g.wait(other)
+	go func() { d1 = timeWrite(ld); close(done) }()
+	time.Sleep(laneLinger / 5)
+	d2 := timeWrite(lb)
 	<-done
-	if g.timeout.Load() != timeouts {
-		t.Errorf("the waiting buffer was released by the timeout, not by its companion's arrival")
+	if d1 >= laneLinger || d2 >= laneLinger {
+		t.Errorf("with company the buffers took %v and %v, want < %v", d1, d2, laneLinger)
 	}
+	la.Close()
+	lb.Close()
+	ld.Close()
+	// Nobody else reading: no wait.
+	le := newLaneMD5()
+	if d := timeWrite(le); d >= laneLinger {
+		t.Errorf("a body read alone waited %v", d)
+	}
+	le.Close()
 }
 
 // BenchmarkETagLanes: MD5 of n 16 MiB bodies at once, in the lanes and
-// with crypto/md5 (one goroutine per body). Run with -cpu 1 to see the CPU
+// on the scalar path (one goroutine per body). Run with -cpu 1 to see the CPU
 // per byte.
 //
 //	go test -run '^$' -bench ETagLanes -cpu 1 ./internal/s3/
@@ -396,14 +512,14 @@ func BenchmarkETagLanes(b *testing.B) {
 	for _, streams := range []int{1, 4, 12} {
 		for _, lanes := range []bool{false, true} {
 			b.Run(fmt.Sprintf("bodies=%d/lanes=%v", streams, lanes), func(b *testing.B) {
+				old := etagLanes
+				etagLanes = lanes
+				defer func() { etagLanes = old }()
 				b.SetBytes(int64(streams * total))
 				for range b.N {
 					var wg sync.WaitGroup
 					for range streams {
-						h := &laneMD5{force: 2}
-						if lanes {
-							h.force = 1
-						}
+						h := newLaneMD5()
 						wg.Add(1)
 						go func() {
 							defer wg.Done()
@@ -454,12 +570,21 @@ func cpuNow() time.Duration {
 func BenchmarkETagPaced(b *testing.B) {
 	data := bytes.Repeat([]byte("0123456789abcdef"), 16<<20/16)
 	for _, bodies := range []int{4, 12} {
-		for _, useLanes := range []bool{false, true} {
-			b.Run(fmt.Sprintf("bodies=%d/lanes=%v", bodies, useLanes), func(b *testing.B) {
-				old := etagLanes
-				etagLanes = useLanes
-				defer func() { etagLanes = old }()
+		for _, linger := range []time.Duration{-1, 0, 250 * time.Microsecond, time.Millisecond} {
+			useLanes := linger >= 0
+			name := fmt.Sprintf("bodies=%d/lanes=false", bodies)
+			if useLanes {
+				name = fmt.Sprintf("bodies=%d/lanes=true/linger=%v", bodies, linger)
+			}
+			b.Run(name, func(b *testing.B) {
+				old, oldLinger := etagLanes, laneLinger
+				etagLanes, laneLinger = useLanes, max(linger, 0)
+				defer func() { etagLanes, laneLinger = old, oldLinger }()
 				b.SetBytes(int64(bodies * len(data)))
+				var bytes0 [md5x.MaxLanes + 1]int64
+				for i := range bytes0 {
+					bytes0[i] = laneStats.bytes[i].Load()
+				}
 				cpu0 := cpuNow()
 				for range b.N {
 					var wg sync.WaitGroup
@@ -478,6 +603,13 @@ func BenchmarkETagPaced(b *testing.B) {
 				}
 				cpu := cpuNow() - cpu0
 				b.ReportMetric(cpu.Seconds()/(float64(b.N*bodies*len(data))/(1<<30)), "cpu-s/GiB")
+				var sum, weighted float64
+				for i := range bytes0 {
+					n := float64(laneStats.bytes[i].Load() - bytes0[i])
+					sum += n
+					weighted += n * float64(i)
+				}
+				b.ReportMetric(weighted/max(sum, 1), "lanes/byte")
 			})
 		}
 	}
@@ -492,7 +624,7 @@ func BenchmarkETagPaced(b *testing.B) {
 func BenchmarkETagFastBesideSlow(b *testing.B) {
 	fast := bytes.Repeat([]byte("fast-body-bytes!"), 64<<20/16)
 	slowData := bytes.Repeat([]byte("slow-body-bytes!"), 256<<20/16)
-	for _, slow := range []int{1, 3} {
+	for _, slow := range []int{0, 1, 3} {
 		for _, useLanes := range []bool{false, true} {
 			b.Run(fmt.Sprintf("slow=%d/lanes=%v", slow, useLanes), func(b *testing.B) {
 				old := etagLanes
@@ -538,6 +670,7 @@ func BenchmarkETagFastBesideSlow(b *testing.B) {
 				time.Sleep(20 * time.Millisecond) // the slow ones are reading
 				buf := make([]byte, 4<<20)
 				b.SetBytes(int64(len(fast)))
+				l0 := laneStats.lingerCompany.Load() + laneStats.lingerTimeout.Load()
 				b.ResetTimer()
 				for range b.N {
 					r, a := plainRequest(fast)
@@ -547,94 +680,11 @@ func BenchmarkETagFastBesideSlow(b *testing.B) {
 					}
 				}
 				b.StopTimer()
+				b.ReportMetric(float64(laneStats.lingerCompany.Load()+laneStats.lingerTimeout.Load()-l0)/float64(b.N), "lingers/op")
 				close(stop)
 				wg.Wait()
 			})
 		}
-	}
-}
-
-// TestLaneFastBodyTakesCryptoMD5: beside enough other large bodies, a body
-// arriving at network pace takes the lanes, but one read flat out (faster
-// than laneFastest) hashes with crypto/md5, which a lane would hold back.
-func TestLaneFastBodyTakesCryptoMD5(t *testing.T) {
-	base := baseGoroutines()
-	closeCompanions := largeCompanions(t, laneMinBodies-1)
-	defer closeCompanions()
-	data := bytes.Repeat([]byte("pace"), 2<<20/4)
-	tick := time.NewTicker(time.Millisecond) // 64 KiB per ms: ≤ 64 MB/s
-	defer tick.Stop()
-	r, a := plainRequest(data)
-	r.Body = io.NopCloser(&pacedReader{data: data, step: 64 << 10, tick: tick})
-	paced := readBody(t, r, a, make([]byte, 1<<20))
-	if !paced.laneMD5.inLanes() {
-		t.Errorf("a body at ≤ 64 MB/s beside %d others did not take the lanes", laneMinBodies-1)
-	}
-	sum := md5.Sum(data)
-	if paced.etag() != hex.EncodeToString(sum[:]) {
-		t.Errorf("paced body ETag %s", paced.etag())
-	}
-	// Buffers handed over back to back after the first (flat out from
-	// memory: the times are given, so this holds under the race detector
-	// too): crypto/md5; the same buffers 10 ms apart (~26 MB/s): the lanes.
-	buf := data[:hashBufSize]
-	want := md5.Sum(append(append(append([]byte(nil), buf...), buf...), buf...))
-	for _, c := range []struct {
-		gap   time.Duration
-		lanes bool
-	}{{time.Microsecond, false}, {10 * time.Millisecond, true}} {
-		l := newLaneMD5()
-		now := time.Now().UnixNano()
-		for i := range 3 {
-			l.sent(now+int64(i)*int64(c.gap), len(buf))
-		}
-		for range 3 {
-			l.Write(buf)
-		}
-		if l.inLanes() != c.lanes {
-			t.Errorf("buffers %v apart: in the lanes %v, want %v", c.gap, l.inLanes(), c.lanes)
-		}
-		if got := l.Sum(nil); !bytes.Equal(got, want[:]) {
-			t.Errorf("buffers %v apart: MD5 %x, want %x", c.gap, got, want)
-		}
-		l.Close()
-	}
-	closeCompanions()
-	waitLanesIdle(t, base)
-}
-
-// BenchmarkLaneServerBodies: what dead hashers cost an md5-simd v1.1.2
-// server (upstream #27): a 4 MiB body hashed alone through a server that
-// has already taken `dead` closed hashers, per 32 KiB pass. laneServerBodies
-// bounds dead at 64.
-//
-//	go test -run '^$' -bench LaneServerBodies ./internal/s3/
-func BenchmarkLaneServerBodies(b *testing.B) {
-	buf := bytes.Repeat([]byte("0123456789abcdef"), hashBufSize/16)
-	const total = 4 << 20
-	for _, dead := range []int{0, 64, 256, 2048} {
-		b.Run(fmt.Sprintf("dead=%d", dead), func(b *testing.B) {
-			srv := md5simd.NewServer()
-			defer srv.Close()
-			for range dead {
-				h := srv.NewHash()
-				h.Write(buf[:64])
-				h.Sum(nil)
-				h.Close()
-			}
-			b.SetBytes(total)
-			b.ResetTimer()
-			for range b.N {
-				h := srv.NewHash()
-				for n := 0; n < total; n += len(buf) {
-					h.Write(buf)
-				}
-				h.Sum(nil)
-				h.Close()
-			}
-			b.StopTimer()
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*total/(32<<10)), "ns/pass")
-		})
 	}
 }
 
@@ -659,92 +709,30 @@ func (s *slowStartReader) Read(b []byte) (int, error) {
 	return n, nil
 }
 
-// TestLaneFastAfterSlowStart (the review's case): a body whose first
-// buffer comes late and the rest flat out is judged by the rhythm after
-// its first buffer and takes crypto/md5; a body paced throughout still
-// takes the lanes. laneFastest is lowered so that a read from memory is
-// far above it under the race detector and on a loaded machine too, and
-// the pause is long enough that a rate from the body's opening would be
-// below it (the rule before the review: it took the lanes).
-func TestLaneFastAfterSlowStart(t *testing.T) {
-	defer func(f float64) { laneFastest = f }(laneFastest)
-	laneFastest = 50e6
-	base := baseGoroutines()
-	closeCompanions := largeCompanions(t, laneMinBodies-1)
+// TestLaneFastBodyNotHeldByLinger (session 10's review case for the
+// lanes): a body read flat out beside another being read does not wait
+// for company at each buffer (it would be held to one buffer per
+// laneLinger); only buffers of a body whose hashing keeps up linger.
+func TestLaneFastBodyNotHeldByLinger(t *testing.T) {
+	if !md5x.HasLanes() {
+		t.Skip("no AVX-512: bodies hash on their own goroutines")
+	}
+	defer func(d time.Duration) { laneLinger = d }(laneLinger)
+	laneLinger = 20 * time.Millisecond
+	closeCompanions := largeCompanions(t, 1)
 	defer closeCompanions()
-	data := bytes.Repeat([]byte("late"), 4<<20/4)
-	sum := md5.Sum(data)
-	crypto := 0
-	for range 3 { // a loaded machine can stall a read now and then
-		r, a := plainRequest(data)
-		r.Body = io.NopCloser(&slowStartReader{data: data, pause: 30 * time.Millisecond})
-		b := readBody(t, r, a, make([]byte, 64<<10))
-		if b.etag() != hex.EncodeToString(sum[:]) {
-			t.Errorf("late-start body ETag %s", b.etag())
-		}
-		if !b.laneMD5.inLanes() {
-			crypto++
-		}
+	data := bytes.Repeat([]byte("fast-body-bytes!"), 8<<20/16) // 32 buffers
+	lingers0 := laneStats.lingerTimeout.Load() + laneStats.lingerCompany.Load()
+	start := time.Now()
+	r, a := plainRequest(data)
+	b := readBody(t, r, a, make([]byte, 1<<20))
+	d := time.Since(start)
+	lingers := laneStats.lingerTimeout.Load() + laneStats.lingerCompany.Load() - lingers0
+	if want := md5.Sum(data); b.etag() != hex.EncodeToString(want[:]) {
+		t.Fatalf("ETag %s, want %x", b.etag(), want)
 	}
-	if crypto == 0 {
-		t.Errorf("3 bodies read flat out after a 30 ms start all took the lanes")
-	}
-	tick := time.NewTicker(5 * time.Millisecond) // 64 KiB per 5 ms: ≤ 13 MB/s
-	defer tick.Stop()
-	r, a := plainRequest(data[:1<<20])
-	r.Body = io.NopCloser(&pacedReader{data: data[:1<<20], step: 64 << 10, tick: tick})
-	if b := readBody(t, r, a, make([]byte, 64<<10)); !b.laneMD5.inLanes() {
-		t.Errorf("a body paced at ≤ 13 MB/s throughout did not take the lanes")
-	}
-	closeCompanions()
-	waitLanesIdle(t, base)
-}
-
-// TestLaneGateCountsByRelease: buffers released by another body's
-// timeout count as timeout, not together (metrics), and buffers released
-// by a companion's arrival count as together.
-func TestLaneGateCountsByRelease(t *testing.T) {
-	var g laneGate
-	a, b, due := &laneMD5{}, &laneMD5{}, &laneMD5{}
-	for _, l := range []*laneMD5{a, b, due} {
-		g.join(l)
-	}
-	waitFor := func(n int) {
-		for {
-			g.mu.Lock()
-			w := g.waiting
-			g.mu.Unlock()
-			if w == n {
-				return
-			}
-			runtime.Gosched()
-		}
-	}
-	setDue := func() { // due keeps being due within laneWait, never arrives
-		g.mu.Lock()
-		due.last, due.interval = time.Now().UnixNano(), int64(time.Millisecond)
-		due.next = due.last + int64(100*time.Microsecond)
-		g.mu.Unlock()
-	}
-	// a and b wait for due, which never comes: the first timer releases
-	// both, and both count as timeout.
-	setDue()
-	t0, to0 := laneBuffers.together.Load(), laneBuffers.timeout.Load()
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); g.wait(a) }()
-	waitFor(1)
-	// b comes 1 ms later, so a's timer fires first and releases b too
-	// (if the machine stalls past a's timeout, b waits on its own and
-	// times out: also 2).
-	time.Sleep(time.Millisecond)
-	setDue()
-	g.wait(b)
-	wg.Wait()
-	if got, want := laneBuffers.timeout.Load()-to0, int64(2); got != want {
-		t.Errorf("a batch released by a timeout: %d buffers counted timeout, want %d (together %d)", got, want, laneBuffers.together.Load()-t0)
-	}
-	if got := laneBuffers.together.Load() - t0; got != 0 {
-		t.Errorf("a batch released by a timeout: %d buffers counted together", got)
+	t.Logf("8 MiB read flat out in %v, %d lingers of ≤ %v", d, lingers, laneLinger)
+	if lingers > 6 {
+		t.Errorf("a body read flat out lingered at %d of its 32 buffers", lingers)
 	}
 }

@@ -1,9 +1,11 @@
 package s3
 
 import (
+	"strconv"
 	"sync/atomic"
 	"time"
 
+	"github.com/basalt-store/basalt/internal/md5x"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -55,24 +57,25 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.requests, m.duration, m.stages, m.uploadsInFlight, m.uploadsWaiting, m.copied)
 		// The ETag MD5 lanes (md5lanes.go): process-wide.
-		for how, c := range map[string]*atomic.Int64{"lanes": &laneChoice.lanes, "few": &laneChoice.few, "fast": &laneChoice.fast, "off": &laneChoice.off, "ended": &laneChoice.ended} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "basalt_s3_md5_bodies_total", Help: "Large bodies whose ETag MD5 was hashed through the lanes scheduler (alone or beside others).",
+		}, func() float64 { return float64(laneStats.bodies.Load()) }))
+		for n := 1; n <= md5x.MaxLanes; n++ {
+			c := &laneStats.bytes[n]
 			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "basalt_s3_md5_bodies_total", Help: "Large bodies' ETag MD5 by where it ran: lanes (shared AVX-512), few (crypto/md5: no other large body being read), fast (crypto/md5: the body arrived faster than a lane hashes), off (crypto/md5: lanes switched off), ended (crypto/md5 or none: the body ended or failed before its rate was known).",
-				ConstLabels: prometheus.Labels{"how": how},
+				Name: "basalt_s3_md5_bytes_total", Help: "Large bodies' bytes hashed for the ETag, by occupied lanes of the pass that hashed them (1: alone, on the scalar path).",
+				ConstLabels: prometheus.Labels{"lanes": strconv.Itoa(n)},
 			}, func() float64 { return float64(c.Load()) }))
 		}
-		for how, c := range map[string]*atomic.Int64{"behind": &laneBuffers.behind, "alone": &laneBuffers.alone, "together": &laneBuffers.together, "timeout": &laneBuffers.timeout} {
+		for end, c := range map[string]*atomic.Int64{"company": &laneStats.lingerCompany, "timeout": &laneStats.lingerTimeout} {
 			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "basalt_s3_md5_lane_buffers_total", Help: "Buffers handed to the MD5 lanes: behind (its body's hashing is behind its reads: no wait), alone (nobody else due), together (released with the others due), timeout (released by the 2 ms bound, whichever buffer's timer fired).",
-				ConstLabels: prometheus.Labels{"how": how},
+				Name: "basalt_s3_md5_lingers_total", Help: "Waits of a new MD5 batch for other bodies' buffers, by how they ended: company (a buffer arrived or a body stopped reading) or timeout (the linger bound).",
+				ConstLabels: prometheus.Labels{"end": end},
 			}, func() float64 { return float64(c.Load()) }))
 		}
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "basalt_s3_md5_lane_servers", Help: "md5-simd servers not yet closed (each takes at most 64 bodies, then retires).",
-		}, func() float64 { return float64(lanePool.servers.Load()) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-				Name: "basalt_s3_md5_lane_hashers", Help: "Open lane hashers (bodies hashing in the lanes).",
-			}, func() float64 { return float64(lanePool.hashers.Load()) }))
+			Name: "basalt_s3_md5_reading_bodies", Help: "Large bodies being read (their MD5 may share the lanes).",
+		}, func() float64 { return float64(readingBodies.Load()) }))
 	}
 	return m
 }
