@@ -159,3 +159,42 @@ func TestHasChunkInlineNoCopy(t *testing.T) {
 		t.Fatalf("ReadWritten of the inline chunk: %v", err)
 	}
 }
+
+// TestSharedDataDoesNotPinFrames: a follower's small-file data is a piece
+// of a received frame; kept by reference for a block that is never
+// committed (its entry dropped by a new leader) it held the whole frame.
+// 32 such pieces of 1 MiB frames must not keep 32 MiB alive.
+func TestSharedDataDoesNotPinFrames(t *testing.T) {
+	skipUnlessPosix(t)
+	s := openStore(t, Options{Volumes: []string{t.TempDir()}})
+	mustCreate(t, s, 1)
+	const frames, frameSize, size = 32, 1 << 20, 4 << 10
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	base := heap()
+	for i := 0; i < frames; i++ {
+		frame := make([]byte, frameSize)
+		data := frame[frameSize/2 : frameSize/2+size]
+		copy(data, blockBytes(1, LocalID(i+1), size))
+		if err := s.WriteSmallChunkShared(1, LocalID(i+1), data, DefaultChecksum.Compute(data), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	grown := int64(heap()) - int64(base)
+	t.Logf("heap grew by %d B for %d uncommitted small blocks written from %d B frames", grown, frames, frameSize)
+	if grown > frames*frameSize/4 {
+		t.Fatalf("heap grew by %d B: the uncommitted blocks' data pins their frames", grown)
+	}
+	// Whole allocations are still kept by reference (no copy).
+	data := blockBytes(1, 1000, size)
+	if !shareable(data) || shareable(make([]byte, size, 2*size)) {
+		t.Fatal("shareable: wrong answer")
+	}
+}

@@ -401,28 +401,47 @@ const (
 )
 
 // Value separation (Pebble's blob files): small blocks' data lives in the
-// volume's store (inline.go, deferred.go) as values of up to
-// Options.DeferredMax bytes, permanent for inline blocks. Without
-// separation every compaction rewrites those values level after level
-// (measured on `basalt dev` with 4 KiB PUTs: compactions wrote 165 MB per
-// 147 MB taken in, beside the flushes' 135 MB). With it, a flush writes
-// each value of at least valueSepMinSize bytes once into a blob file, and
-// compactions move only the keys and a reference; records (block, chunk,
-// container) stay in the sstables, so point lookups of records never read
-// a blob file. Blob files whose values are mostly deleted (deleted blocks,
-// deferred keys of file blocks removed by the flusher) are rewritten once
-// valueSepGarbage of their bytes are garbage and they are older than
-// valueSepRewriteAge.
+// volume's store under deferred keys (inline.go, deferred.go) as values
+// of up to Options.DeferredMax bytes, permanent for inline blocks.
+// Without separation every compaction rewrites those values level after
+// level (measured on `basalt dev` with 4 KiB PUTs: compactions wrote 165
+// MB per 147 MB taken in, beside the flushes' 135 MB). With it, a flush
+// writes each deferred key's value of at least valueSepMinSize bytes once
+// into a blob file, and compactions move only the key and a reference.
+// Only deferred keys are separated (valueSepSpans): records (container,
+// block, chunk; a block record of many chunks passes 1 KiB) always stay
+// in the sstables, so point lookups of records never read a blob file.
+// Inline and deferred data share the key kind, so a blob file holds both:
+// deferred data is garbage once the flusher has written it to its block
+// file, inline data once its block is deleted.
 //
-// The store's format is ratcheted to FormatValueSeparation at Open: a
-// volume opened by this build cannot be opened by a build with an older
-// Pebble format.
+// Space: Pebble rewrites blob files (one at a time, the file with the
+// most garbage first) only while the garbage of ALL the volume's blob
+// files together exceeds valueSepGarbage of their bytes, only files older
+// than valueSepRewriteAge, and only when its compaction picker runs
+// (after a flush or a compaction: a store that takes no writes at all
+// reclaims nothing until it does). A compaction whose output would
+// reference more than valueSepMaxDepth overlapping blob files rewrites
+// the values it moves into a new blob file. A deleted value becomes
+// garbage once a compaction drops its key (the tombstone reached the key's
+// level: as for values kept in sstables, whose space also comes back only
+// then). So deleted small blocks' bytes come back once such garbage is
+// more than 5% of the blob bytes, files at least a minute old, at the next
+// flush or compaction; up to 5% of the blob bytes (plus files younger than
+// a minute) stay garbage.
+//
+// The store's format is ratcheted to FormatValueSeparation (format 24) at
+// Open: a build with an older Pebble that does not know that format
+// cannot open the volume; builds with this Pebble open it with or without
+// value separation (the values in blob files are read either way).
 const (
-	valueSepMinSize    = 1 << 10
-	valueSepMaxDepth   = 10
-	valueSepRewriteAge = 5 * time.Minute
-	valueSepGarbage    = 0.20
+	valueSepMinSize  = 1 << 10
+	valueSepMaxDepth = 10
+	valueSepGarbage  = 0.05
 )
+
+// valueSepRewriteAge is a variable only for tests.
+var valueSepRewriteAge = time.Minute
 
 // valueSeparation is off only in a benchmark that compares both.
 var valueSeparation = true
@@ -440,6 +459,40 @@ func separateValues(po *pebble.Options) {
 			RewriteMinimumAge:     valueSepRewriteAge,
 			TargetGarbageRatio:    valueSepGarbage,
 		}
+	}
+	po.Experimental.SpanPolicyFunc = valueSepSpans
+}
+
+// valueSepSpans is the volume store's SpanPolicyFunc: values may be
+// separated only in a container's deferred keys (containerID | kindDeferred
+// | ...); every other key of the container (container, block and chunk
+// records) keeps its value in the sstable. An sstable written by a flush
+// or compaction ends at each such boundary it crosses, so a container's
+// records and its deferred keys are in different tables.
+func valueSepSpans(start []byte) (pebble.SpanPolicy, []byte, error) {
+	inPlace := pebble.SpanPolicy{ValueStoragePolicy: pebble.ValueStorageLowReadLatency}
+	var p [8]byte
+	copy(p[:], start) // a shorter key sorts before its zero-padded form
+	cid := binary.BigEndian.Uint64(p[:])
+	kind := byte(0)
+	if len(start) > 8 {
+		kind = start[8]
+	}
+	end := func(cid uint64, kind byte) []byte {
+		k := make([]byte, 9)
+		binary.BigEndian.PutUint64(k, cid)
+		k[8] = kind
+		return k
+	}
+	switch {
+	case kind < kindDeferred:
+		return inPlace, end(cid, kindDeferred), nil
+	case kind == kindDeferred:
+		return pebble.SpanPolicy{}, end(cid, kindDeferred+1), nil
+	case cid == ^uint64(0):
+		return inPlace, nil, nil
+	default:
+		return inPlace, end(cid+1, kindDeferred), nil
 	}
 }
 

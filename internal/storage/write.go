@@ -106,6 +106,23 @@ func (s *Store) WriteChunk(cid ContainerID, lid LocalID, off int64, data []byte,
 	return s.writeChunk(cid, lid, off, data, sum, verify, false, false)
 }
 
+// shareable reports whether data, handed over by WriteSmallChunkShared,
+// is kept by reference: only if its capacity ends close to its length; a
+// piece of a larger buffer whose capacity runs on (up to the buffer's
+// end) is copied, so a block that is never committed cannot keep that
+// buffer alive until it is deleted or the store restarts. Go cannot tell
+// where an allocation starts, so a piece cut to its own length still
+// passes: raft cuts each entry's data so (cap == len), and a follower's
+// entry from a frame of 256 KiB or more (raft/frame.go aliasFrame; smaller
+// frames are copied into one buffer per message) keeps that frame alive
+// while its block stays uncommitted. Only an entry that a new leader
+// drops leaves such a block behind (until DeleteBlocks, the container's
+// deletion or a restart): at most one frame (MaxFrameBytes) per dropped
+// entry, a leader change's worth.
+func shareable(data []byte) bool {
+	return cap(data)-len(data) <= len(data)/8+64
+}
+
 // writeChunk is WriteChunk; small: WriteSmallChunk's (inline.go); shared:
 // the caller never modifies data again, so it may be kept instead of a
 // copy (WriteSmallChunkShared).
@@ -226,7 +243,7 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 	if c.vol.defer_ != nil && n <= s.opts.DeferredMax && sum.Type != ChecksumNone {
 		// May be a deferred write (deferred.go) or inline data (inline.go);
 		// only read from here on.
-		if shared {
+		if shared && shareable(data) {
 			sp.data = data[:n:n]
 		} else {
 			sp.data = slices.Clone(data)
