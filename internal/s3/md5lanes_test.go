@@ -46,7 +46,7 @@ func waitLanesIdle(t testing.TB, base int) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		lanes.mu.Lock()
-		leading, pending := lanes.leading, len(lanes.pending)
+		leading, pending := lanes.leaders > 0, len(lanes.pending)
 		lanes.mu.Unlock()
 		rb, g := readingBodies.Load(), runtime.NumGoroutine()
 		if !leading && pending == 0 && rb == 0 && g <= base {
@@ -412,7 +412,7 @@ func TestLaneStateMovesMidBuffer(t *testing.T) {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			lanes.mu.Lock()
-			leading := lanes.leading
+			leading := lanes.leaders > 0
 			lanes.mu.Unlock()
 			if leading && laneStats.bytes[1].Load() > alone0 { // a hashes alone
 				break
