@@ -144,7 +144,7 @@ type laneJob struct {
 
 // laneStats, since start (metrics, tests).
 var laneStats struct {
-	bodies atomic.Int64 // large bodies hashed through laneSched
+	bodies atomic.Int64 // large bodies (laneMD5s made), lanes on or off
 	// bytes[n]: bytes hashed in passes of n occupied lanes (1: scalar).
 	bytes [md5x.MaxLanes + 1]atomic.Int64
 	// lingers that ended with company (a buffer arrived) or at laneLinger.

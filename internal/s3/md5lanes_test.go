@@ -2,6 +2,7 @@ package s3
 
 import (
 	"bytes"
+	"context"
 	"crypto/md5"
 	"encoding/base64"
 	"encoding/hex"
@@ -9,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"runtime"
 	"sync"
 	"syscall"
@@ -59,21 +62,32 @@ func waitLanesIdle(t testing.TB, base int) {
 	}
 }
 
-// laneModes runs f with the lanes on (if the CPU has AVX-512) and with
-// md5x forced to its scalar path: the same scheduling, scalar passes.
-func laneModes(t *testing.T, f func(t *testing.T, kernel bool)) {
-	for _, scalar := range []bool{false, true} {
-		name := "kernel"
-		if scalar {
-			name = "scalar"
-		}
-		t.Run(name, func(t *testing.T) {
-			if !scalar && !md5x.HasLanes() {
+// schedAlways makes large bodies go through the scheduler also without
+// AVX-512 (md5x.Lanes' scalar fallback hashes the passes) until the test
+// ends.
+func schedAlways(t testing.TB) {
+	old := laneSchedAlways
+	laneSchedAlways = true
+	t.Cleanup(func() { laneSchedAlways = old })
+}
+
+// laneModes runs f with the lanes on (if the CPU has AVX-512), through
+// the scheduler with md5x forced to its scalar path (the same
+// scheduling, passes hashed by md5x.Lanes' scalar fallback: runs on any
+// CPU), and with md5x forced scalar and no scheduler (each body on its
+// own hashing goroutine). sched: bodies go through the scheduler.
+func laneModes(t *testing.T, f func(t *testing.T, sched bool)) {
+	for _, mode := range []string{"kernel", "sched-scalar", "scalar"} {
+		t.Run(mode, func(t *testing.T) {
+			if mode == "kernel" && !md5x.HasLanes() {
 				t.Skip("no AVX-512")
 			}
-			old := md5x.SetScalar(scalar)
+			old := md5x.SetScalar(mode != "kernel")
 			defer md5x.SetScalar(old)
-			f(t, !scalar)
+			if mode == "sched-scalar" {
+				schedAlways(t)
+			}
+			f(t, mode != "scalar")
 		})
 	}
 }
@@ -82,11 +96,12 @@ func laneModes(t *testing.T, f func(t *testing.T, kernel bool)) {
 // MD5 as ETag (lengths around block and buffer boundaries, odd read
 // sizes, plain and aws-chunked) and share kernel passes; a wrong
 // Content-MD5 fails at EOF with BadDigest; a body read alone is hashed
-// alone with no wait. Runs with the kernel and forced scalar.
+// alone with no wait. Runs with the kernel, through the scheduler with
+// forced scalar, and forced scalar without it.
 func TestLaneMD5ETags(t *testing.T) {
 	defer func(d time.Duration) { laneLinger = d }(laneLinger)
 	laneLinger = 5 * time.Millisecond // generous under -race and load
-	laneModes(t, func(t *testing.T, kernel bool) {
+	laneModes(t, func(t *testing.T, sched bool) {
 		base := runtime.NumGoroutine()
 		closeCompanions := largeCompanions(t, 1)
 		rng := rand.New(rand.NewPCG(1, 2))
@@ -149,10 +164,10 @@ func TestLaneMD5ETags(t *testing.T) {
 			t.Error(err)
 		}
 		// 11 bodies at a time: most share passes. With the scalar path
-		// forced, each body hashes on its own goroutine.
+		// forced and no scheduler, each body hashes on its own goroutine.
 		t.Logf("%d of %d bodies shared a pass; lingers %d company, %d timeout; bytes alone %d", inLanes.load(), 4*len(sizes), laneStats.lingerCompany.Load(), laneStats.lingerTimeout.Load(), laneStats.bytes[1].Load())
-		if got := inLanes.load(); kernel && got < 4*len(sizes)/4 || !kernel && got != 0 {
-			t.Errorf("%d of %d bodies read side by side shared a pass (kernel %v)", got, 4*len(sizes), kernel)
+		if got := inLanes.load(); sched && got < 4*len(sizes)/4 || !sched && got != 0 {
+			t.Errorf("%d of %d bodies read side by side shared a pass (scheduler %v)", got, 4*len(sizes), sched)
 		}
 
 		// A wrong Content-MD5 on a large body: BadDigest at EOF.
@@ -384,9 +399,9 @@ func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 // middle of its buffer; when its buffer is done first, its goroutine
 // hands the lead to the other, which goes on alone. Both sums are right.
 func TestLaneStateMovesMidBuffer(t *testing.T) {
-	laneModes(t, func(t *testing.T, kernel bool) {
-		if !kernel {
-			t.Skip("forced scalar: no lanes to move into")
+	laneModes(t, func(t *testing.T, sched bool) {
+		if !sched {
+			t.Skip("no scheduler: no lanes to move into")
 		}
 		defer func(d time.Duration) { laneLinger = d }(laneLinger)
 		laneLinger = 0
@@ -447,7 +462,7 @@ func TestLaneStateMovesMidBuffer(t *testing.T) {
 // last buffer; a second body's buffer ends the wait at once.
 func TestLaneLingerBounded(t *testing.T) {
 	if !md5x.HasLanes() {
-		t.Skip("no AVX-512: bodies hash on their own goroutines")
+		schedAlways(t) // the scheduler over md5x.Lanes' scalar fallback
 	}
 	defer func(d time.Duration) { laneLinger = d }(laneLinger)
 	laneLinger = 50 * time.Millisecond // long, so the cases are told apart under load
@@ -719,7 +734,7 @@ func (s *slowStartReader) Read(b []byte) (int, error) {
 // laneLinger); only buffers of a body whose hashing keeps up linger.
 func TestLaneFastBodyNotHeldByLinger(t *testing.T) {
 	if !md5x.HasLanes() {
-		t.Skip("no AVX-512: bodies hash on their own goroutines")
+		schedAlways(t) // the scheduler over md5x.Lanes' scalar fallback
 	}
 	defer func(d time.Duration) { laneLinger = d }(laneLinger)
 	laneLinger = 20 * time.Millisecond
@@ -738,5 +753,101 @@ func TestLaneFastBodyNotHeldByLinger(t *testing.T) {
 	t.Logf("8 MiB read flat out in %v, %d lingers of ≤ %v", d, lingers, laneLinger)
 	if lingers > 6 {
 		t.Errorf("a body read flat out lingered at %d of its 32 buffers", lingers)
+	}
+}
+
+// TestLaneBehindBodiesLeadApart (review of session 11): two bodies read
+// flat out (each one's reading waits for its hashing) hash on two cores,
+// each leading its own passes, not both in one 2-lane pass on one
+// goroutine (~22% slower than crypto/md5 on two cores); a third body
+// beside them shares passes again. Kernel and sched-scalar.
+func TestLaneBehindBodiesLeadApart(t *testing.T) {
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("one core: one leader")
+	}
+	laneModes(t, func(t *testing.T, sched bool) {
+		if !sched {
+			t.Skip("no scheduler")
+		}
+		data := bytes.Repeat([]byte("flat-out-bodies!"), 16<<20/16)
+		want := md5.Sum(data)
+		run := func(n int) (alone, total, extra int64) {
+			var b0 [md5x.MaxLanes + 1]int64
+			for i := range b0 {
+				b0[i] = laneStats.bytes[i].Load()
+			}
+			x0 := laneStats.extraLeads.Load()
+			var wg sync.WaitGroup
+			errs := make(chan error, n)
+			for range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r, a := plainRequest(data)
+					if b := readBody(t, r, a, make([]byte, 1<<20)); b.etag() != hex.EncodeToString(want[:]) {
+						errs <- fmt.Errorf("ETag %s, want %x", b.etag(), want)
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			for i := range b0 {
+				d := laneStats.bytes[i].Load() - b0[i]
+				total += d
+				if i == 1 {
+					alone += d
+				}
+			}
+			return alone, total, laneStats.extraLeads.Load() - x0
+		}
+		alone, total, extra := run(2)
+		t.Logf("2 bodies flat out: %d of %d bytes alone, %d extra leads", alone, total, extra)
+		if extra == 0 || alone < total/2 {
+			t.Errorf("2 bodies flat out: %d of %d bytes hashed alone, %d extra leads: want most alone, each on its own leader", alone, total, extra)
+		}
+		alone, total, extra = run(4)
+		t.Logf("4 bodies flat out: %d of %d bytes alone, %d extra leads", alone, total, extra)
+		if alone > total/2 {
+			t.Errorf("4 bodies flat out: %d of %d bytes hashed alone: want most shared", alone, total)
+		}
+		waitLanesIdle(t, runtime.NumGoroutine())
+	})
+}
+
+// TestLaneArriveFirstUse (review of session 11): the scheduler's first
+// use in a process — one body ends (done pokes the lingering leader)
+// while another hands over its first buffer — is race-free. lanes.arrive
+// was made lazily under the lock in hash and read without it in poke;
+// run under -race, the child process (a fresh lanes) reported it. The
+// child runs three times, each a fresh process.
+func TestLaneArriveFirstUse(t *testing.T) {
+	if os.Getenv("BASALT_LANE_FIRST_USE") == "1" {
+		schedAlways(t)
+		la, lb := newLaneMD5(), newLaneMD5()
+		buf := bytes.Repeat([]byte("first-use"), hashBufSize/9)
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); la.done() }()
+		go func() { defer wg.Done(); lb.Write(buf) }()
+		wg.Wait()
+		lb.Close()
+		la.Close()
+		if want := md5.Sum(buf); !bytes.Equal(lb.Sum(nil), want[:]) {
+			t.Fatalf("first-use sum wrong")
+		}
+		return
+	}
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestLaneArriveFirstUse$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "BASALT_LANE_FIRST_USE=1")
+		out, err := cmd.CombinedOutput()
+		cancel()
+		if err != nil || !bytes.Contains(out, []byte("--- PASS: TestLaneArriveFirstUse")) {
+			t.Fatalf("child %d: %v\n%s", i, err, out)
+		}
 	}
 }
