@@ -41,7 +41,7 @@ func largeCompanions(t testing.TB, n int) func() {
 	}
 }
 
-// waitLanesIdle waits until nobody leads, nothing is queued, no large
+// waitLanesIdle waits until nobody leads, nothing is queued or in hand, no large
 // body is counted as being read and the goroutine count is back to at
 // most base.
 func waitLanesIdle(t testing.TB, base int) {
@@ -49,14 +49,14 @@ func waitLanesIdle(t testing.TB, base int) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		lanes.mu.Lock()
-		leading, pending := lanes.leaders > 0, len(lanes.pending)
+		leading, pending, inHand := lanes.leaders > 0, len(lanes.pending), lanes.inHand
 		lanes.mu.Unlock()
 		rb, g := readingBodies.Load(), runtime.NumGoroutine()
-		if !leading && pending == 0 && rb == 0 && g <= base {
+		if !leading && pending == 0 && inHand == 0 && rb == 0 && g <= base {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("lanes not idle: leading %v, %d buffers queued, %d large bodies reading, %d goroutines (was %d)", leading, pending, rb, g, base)
+			t.Fatalf("lanes not idle: leading %v, %d buffers queued, %d in hand, %d large bodies reading, %d goroutines (was %d)", leading, pending, inHand, rb, g, base)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
