@@ -27,8 +27,7 @@ import (
 // its 256 KiB buffers, one at a time, to laneSched.hash, which hashes them
 // in passes with whatever other bodies' buffers are ready at that moment:
 //
-//   - One goroutine at a time leads: the first to arrive when nobody
-//     leads. It takes up to 16 queued buffers and advances them all by
+//   - A goroutine leads: the first to arrive when nobody leads. It takes up to 16 queued buffers and advances them all by
 //     the same number of blocks (at most laneChunk bytes, at most the
 //     shortest one's rest), then takes what was queued meanwhile, and so
 //     on. A buffer alone goes on the scalar path (crypto/md5, its state
@@ -52,11 +51,33 @@ import (
 //     wait for its hashing lately (laneBehindKeep: a body read faster
 //     than buffers come from the others would be held to one buffer per
 //     laneLinger; session 10's BenchmarkETagFastBesideSlow).
+//   - More than one goroutine leads when there are spare cores and the
+//     pass would be thin: a buffer whose body is behind (its reading
+//     waited for its hashing) leads its own passes, on its own goroutine,
+//     when a leader already runs, fewer than GOMAXPROCS lead, and fewer
+//     than laneThin other buffers are in hand (queued or in passes). One
+//     leader hashes on one core: two bodies read flat out were ~22%
+//     slower in one 2-lane pass than on two cores with crypto/md5
+//     (BenchmarkETagLanes bodies=2, -cpu 2, review of session 11); three
+//     or more share a pass as before, and paced bodies (never behind)
+//     batch as before. Leaders take from the same queue; only one
+//     lingers at a time.
 //
 // Reading never waits on hashing beyond the body's hashBufs buffers, as
 // before: only the hashing goroutine waits. No goroutine or timer is
 // started per body; a closed body leaves nothing (TestLaneStateBounded).
-var lanes laneSched
+var lanes = laneSched{arrive: make(chan struct{}, 1)}
+
+// laneSchedAlways (tests): large bodies go through the scheduler even
+// without the AVX-512 kernel (md5x.Lanes then hashes each lane on the
+// scalar path), so the scheduling is tested on any CPU.
+var laneSchedAlways bool
+
+// laneThin: a behind body's buffer leads its own passes (on a spare
+// core) when fewer than this many other buffers are in hand: joining
+// would make a pass of at most laneThin lanes on one core, which two
+// cores hash as fast or faster on the scalar path (see lanes).
+const laneThin = 2
 
 // etagLanes: large bodies' MD5 may use the shared lanes (false: always
 // the scalar path on the body's own hashing goroutine; benchmarks compare
@@ -92,12 +113,16 @@ var laneYield = true
 type laneSched struct {
 	mu      sync.Mutex
 	pending []*laneJob // queued buffers, not yet in a pass
-	leading bool
+	leaders int        // goroutines leading (at most GOMAXPROCS)
+	inHand  int        // buffers in hash: queued or in a pass
+	// lingering: a leader waits for company (one at a time: it owns
+	// arrive and timer).
+	lingering bool
 	// arrive wakes a lingering leader: a buffer was queued or a body
 	// stopped reading (capacity 1; a stale signal only makes it look
-	// again).
+	// again). Made with lanes: poke reads it without the lock.
 	arrive chan struct{}
-	timer  *time.Timer // the leader's linger timer (one leader at a time)
+	timer  *time.Timer // the lingering leader's timer
 }
 
 // laneJob is one buffer of a body in hand: whole blocks left to hash.
@@ -119,12 +144,15 @@ type laneJob struct {
 
 // laneStats, since start (metrics, tests).
 var laneStats struct {
-	bodies atomic.Int64 // large bodies hashed through laneSched
+	bodies atomic.Int64 // large bodies (laneMD5s made), lanes on or off
 	// bytes[n]: bytes hashed in passes of n occupied lanes (1: scalar).
 	bytes [md5x.MaxLanes + 1]atomic.Int64
 	// lingers that ended with company (a buffer arrived) or at laneLinger.
 	lingerCompany, lingerTimeout atomic.Int64
 	handovers                    atomic.Int64 // leads handed to another goroutine
+	// extraLeads: buffers of behind bodies that led their own passes
+	// beside another leader (spare cores).
+	extraLeads atomic.Int64
 }
 
 // readingBodies counts the large bodies being read: from newLaneMD5 to
@@ -143,10 +171,10 @@ func (s *laneSched) hash(j *laneJob) {
 	j.at = time.Now().UnixNano()
 	j.fresh = true
 	s.mu.Lock()
-	if s.arrive == nil {
-		s.arrive = make(chan struct{}, 1)
-	}
-	if s.leading {
+	others := s.inHand
+	s.inHand++
+	extra := s.leaders > 0 && j.behind && others < laneThin && s.leaders < runtime.GOMAXPROCS(0)
+	if s.leaders > 0 && !extra {
 		s.pending = append(s.pending, j)
 		s.mu.Unlock()
 		s.poke()
@@ -154,8 +182,11 @@ func (s *laneSched) hash(j *laneJob) {
 			return
 		}
 	} else {
-		s.leading = true
+		s.leaders++
 		s.mu.Unlock()
+		if extra {
+			laneStats.extraLeads.Add(1)
+		}
 	}
 	s.lead(j)
 }
@@ -189,16 +220,27 @@ func (s *laneSched) lead(own *laneJob) {
 		}
 		s.step(act)
 		ownDone := false
-		k := 0
+		k, finished := len(act), 0
 		for _, j := range act {
-			switch {
-			case len(j.p) > 0:
-				act[k] = j
-				k++
-			case j == own:
-				ownDone = true
-			default:
-				j.wake <- false
+			if len(j.p) == 0 {
+				finished++
+			}
+		}
+		if finished > 0 {
+			s.mu.Lock()
+			s.inHand -= finished
+			s.mu.Unlock()
+			k = 0
+			for _, j := range act {
+				switch {
+				case len(j.p) > 0:
+					act[k] = j
+					k++
+				case j == own:
+					ownDone = true
+				default:
+					j.wake <- false
+				}
 			}
 		}
 		clear(act[k:])
@@ -208,7 +250,7 @@ func (s *laneSched) lead(own *laneJob) {
 		}
 		s.mu.Lock()
 		if len(act) == 0 && len(s.pending) == 0 {
-			s.leading = false
+			s.leaders--
 			s.mu.Unlock()
 			return
 		}
@@ -247,6 +289,18 @@ func (s *laneSched) linger(act []*laneJob) bool {
 	if left <= 0 {
 		return false
 	}
+	s.mu.Lock()
+	if s.lingering {
+		s.mu.Unlock()
+		return false
+	}
+	s.lingering = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.lingering = false
+		s.mu.Unlock()
+	}()
 	if s.timer == nil {
 		s.timer = time.NewTimer(left)
 	} else {
@@ -352,7 +406,7 @@ func (l *laneMD5) Write(p []byte) (int, error) {
 	p = l.d.Fill(p)
 	full := len(p) &^ (md5x.BlockSize - 1)
 	if full > 0 {
-		if etagLanes && md5x.HasLanes() {
+		if etagLanes && (md5x.HasLanes() || laneSchedAlways) {
 			l.job.p = p[:full]
 			if w := l.readWaits; w != nil && w.Load() != l.readWaitsSeen {
 				l.readWaitsSeen = w.Load()

@@ -58,7 +58,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reg.MustRegister(m.requests, m.duration, m.stages, m.uploadsInFlight, m.uploadsWaiting, m.copied)
 		// The ETag MD5 lanes (md5lanes.go): process-wide.
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "basalt_s3_md5_bodies_total", Help: "Large bodies whose ETag MD5 was hashed through the lanes scheduler (alone or beside others).",
+			Name: "basalt_s3_md5_bodies_total", Help: "Large bodies whose ETag MD5 was hashed on their hashing goroutine (every large body: through the lanes scheduler, or on the scalar path when the lanes are off or the CPU has no AVX-512).",
 		}, func() float64 { return float64(laneStats.bodies.Load()) }))
 		for n := 1; n <= md5x.MaxLanes; n++ {
 			c := &laneStats.bytes[n]
@@ -73,6 +73,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 				ConstLabels: prometheus.Labels{"end": end},
 			}, func() float64 { return float64(c.Load()) }))
 		}
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "basalt_s3_md5_extra_leads_total", Help: "Buffers of bodies whose reading waited for their hashing that led their own MD5 passes beside another leader (a spare core, a thin pass).",
+		}, func() float64 { return float64(laneStats.extraLeads.Load()) }))
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "basalt_s3_md5_reading_bodies", Help: "Large bodies being read (their MD5 may share the lanes).",
 		}, func() float64 { return float64(readingBodies.Load()) }))
