@@ -6,9 +6,30 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/scm"
 )
+
+// openKeyWhenPipeline opens a key, waiting (bounded) while SCM has no
+// open pipeline to allocate from: an UNHEALTHY report closes the
+// replica's pipeline, and the SCM loop (slow on a loaded machine) opens
+// the next one. Any other error fails the test.
+func openKeyWhenPipeline(t *testing.T, ctx context.Context, cl metapb.NamespaceClient, req *metapb.OpenKeyRequest) *metapb.OpenKeyResponse {
+	t.Helper()
+	var o *metapb.OpenKeyResponse
+	var err error
+	waitFor(t, 20*time.Second, "an open pipeline to allocate from", func() bool {
+		o, err = cl.OpenKey(ctx, req)
+		return status.Code(err) != codes.FailedPrecondition
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
 
 // A replica a datanode reports UNHEALTHY is recorded (through Raft), its
 // container gets no more blocks, and neither LookupKey nor GetContainers
@@ -29,10 +50,7 @@ func TestUnhealthyReplicaIsNoLocation(t *testing.T) {
 		r, err := cl.Scm.ListContainers(ctx, &metapb.ListContainersRequest{})
 		return err == nil && len(r.Containers) >= 4
 	})
-	o, err := cl.Namespace.OpenKey(ctx, &metapb.OpenKeyRequest{Volume: "vol", Bucket: "bkt", Key: "k"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	o := openKeyWhenPipeline(t, ctx, cl.Namespace, &metapb.OpenKeyRequest{Volume: "vol", Bucket: "bkt", Key: "k"})
 	blk := o.Blocks[0]
 	if _, err := cl.Namespace.CommitKey(ctx, &metapb.CommitKeyRequest{OpenId: o.OpenId, Blocks: []*metapb.KeyBlock{{Id: blk.Id, Length: 42}}}); err != nil {
 		t.Fatal(err)
@@ -61,10 +79,7 @@ func TestUnhealthyReplicaIsNoLocation(t *testing.T) {
 		t.Fatalf("LookupKey: %v, %v; want the 2 healthy replicas", ki, err)
 	}
 	for range 10 {
-		o, err := cl.Namespace.OpenKey(ctx, &metapb.OpenKeyRequest{Volume: "vol", Bucket: "bkt", Key: "k2"})
-		if err != nil {
-			t.Fatal(err)
-		}
+		o := openKeyWhenPipeline(t, ctx, cl.Namespace, &metapb.OpenKeyRequest{Volume: "vol", Bucket: "bkt", Key: "k2"})
 		if o.Blocks[0].Id.ContainerId == cid {
 			t.Fatalf("block allocated in container %d after its replica %d reported UNHEALTHY", cid, bad)
 		}
@@ -90,10 +105,7 @@ func TestCorruptReportCondemnsOnlyFromHolder(t *testing.T) {
 		r, err := cl.Scm.ListContainers(ctx, &metapb.ListContainersRequest{})
 		return err == nil && len(r.Containers) >= 4
 	})
-	o, err := cl.Namespace.OpenKey(ctx, &metapb.OpenKeyRequest{Volume: "vol", Bucket: "bkt", Key: "k"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	o := openKeyWhenPipeline(t, ctx, cl.Namespace, &metapb.OpenKeyRequest{Volume: "vol", Bucket: "bkt", Key: "k"})
 	blk := o.Blocks[0]
 	cid, victim, other := blk.Id.ContainerId, blk.Datanodes[0].Id, blk.Datanodes[1].Id
 	report := func(s metapb.ScmClient, lid uint64) {
