@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"sync"
 	"testing"
 	"time"
 )
@@ -24,36 +23,7 @@ func BenchmarkETagLateFastBesideSlow(b *testing.B) {
 			old := etagLanes
 			etagLanes = useLanes
 			defer func() { etagLanes = old }()
-			stop := make(chan struct{})
-			var wg sync.WaitGroup
-			wg.Add(1)
-			go func() { // the paced body, through the whole benchmark
-				defer wg.Done()
-				for {
-					t := time.NewTicker(1600 * time.Microsecond)
-					r, a := plainRequest(slowData)
-					r.Body = io.NopCloser(&pacedReader{data: slowData, step: 64 << 10, tick: t})
-					bd, e := newBody(r, a, MaxObjectSize, true)
-					if e != nil {
-						panic(e)
-					}
-					buf := make([]byte, 256<<10)
-					for {
-						select {
-						case <-stop:
-							bd.close()
-							t.Stop()
-							return
-						default:
-						}
-						if _, err := bd.Read(buf); err != nil {
-							break
-						}
-					}
-					bd.close()
-					t.Stop()
-				}
-			}()
+			stopSlow := startPacedBodies(1, slowData)
 			time.Sleep(20 * time.Millisecond) // the slow one is reading
 			buf := make([]byte, 4<<20)
 			b.SetBytes(int64(len(fast)))
@@ -72,8 +42,7 @@ func BenchmarkETagLateFastBesideSlow(b *testing.B) {
 			}
 			b.StopTimer()
 			b.ReportMetric(float64(inLanes)/float64(b.N), "in-lanes")
-			close(stop)
-			wg.Wait()
+			stopSlow()
 		})
 	}
 }
