@@ -158,7 +158,11 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			SlowDisk:            cfg.SlowDisk,
 		},
 		Namespace:  namespace.Config{},
-		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"role": "meta"}, cfg.Registerer),
+		// datanode="" gives the meta service's metrics the label names the
+		// datanodes' have: a name both export (basalt_raft_*: the meta raft
+		// host and each datanode's) must have one label set in a registry, or
+		// the second registration fails and its series are never exported.
+		Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"role": "meta", "datanode": ""}, cfg.Registerer),
 		Logger:     cfg.Logger.With("role", "meta"),
 	})
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -226,16 +225,7 @@ func (s *service) PutBlock(ctx context.Context, req *datanodepb.PutBlockRequest)
 // there: ApplyStatus. See docs/ARCHITECTURE.md for the raft hook that
 // would carry the failure with the applied index instead.
 func (s *service) waitAll(ctx context.Context, g *raft.Group, index uint64, cid storage.ContainerID, timeoutMs uint32) error {
-	timeout := time.Duration(timeoutMs) * time.Millisecond
-	if timeout <= 0 {
-		timeout = 30 * time.Second
-	}
-	wctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	if err := g.WaitAppliedAll(wctx, index); err != nil {
-		return s.toStatus(err)
-	}
-	return s.toStatus(s.d.checkReplicas(wctx, g.ID(), g.Voters(), index, cid))
+	return s.waitAllTimed(ctx, g, index, cid, timeoutMs, nil)
 }
 
 // PutSmallFile writes and commits a whole one-chunk block with one

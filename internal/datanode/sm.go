@@ -1,6 +1,8 @@
 package datanode
 
 import (
+	"github.com/prometheus/client_golang/prometheus"
+
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -236,7 +238,10 @@ type stats struct {
 	applyStatus     atomic.Uint64 // ApplyStatus calls served
 	smallBatches    atomic.Uint64 // PutSmallFiles calls with a file to propose
 	smallBatchFiles atomic.Uint64 // files those calls proposed
-	bytesRead       atomic.Uint64
+	// smallStage times a PutSmallFiles call's stages on the leader (set
+	// with the small-file collectors; nil before).
+	smallStage atomic.Pointer[prometheus.HistogramVec]
+	bytesRead  atomic.Uint64
 }
 
 // NewContainerStateMachine is the state machine of one pipeline's Raft

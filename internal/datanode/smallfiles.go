@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -80,7 +81,13 @@ func (s *service) PutSmallFiles(ctx context.Context, req *datanodepb.PutSmallFil
 	for j, v := range valid {
 		metas[j], datas[j] = v.meta, files[v.i].GetData()
 	}
+	start := time.Now()
 	res, errs := g.ProposeMany(ctx, metas, datas)
+	proposed := time.Now()
+	stage := s.d.stats.smallStage.Load()
+	if stage != nil {
+		stage.WithLabelValues("applied_local").Observe(proposed.Sub(start).Seconds())
+	}
 	var wg sync.WaitGroup
 	for j, v := range valid {
 		if errs[j] != nil {
@@ -90,7 +97,7 @@ func (s *service) PutSmallFiles(ctx context.Context, req *datanodepb.PutSmallFil
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := s.waitAll(ctx, g, res[j].Index, v.cid, req.GetWaitTimeoutMs()); err != nil {
+			if err := s.waitAllTimed(ctx, g, res[j].Index, v.cid, req.GetWaitTimeoutMs(), stage); err != nil {
 				results[v.i] = smallFileResult(0, err)
 				return
 			}
@@ -98,6 +105,9 @@ func (s *service) PutSmallFiles(ctx context.Context, req *datanodepb.PutSmallFil
 		}()
 	}
 	wg.Wait()
+	if stage != nil {
+		stage.WithLabelValues("total").Observe(time.Since(start).Seconds())
+	}
 	return &datanodepb.PutSmallFilesResponse{Results: results}, nil
 }
 
@@ -128,8 +138,34 @@ func (d *Datanode) smallFileCollectors() []prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "datanode", Name: name, Help: help},
 			func() float64 { return float64(f()) })
 	}
+	stage := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "basalt", Subsystem: "datanode", Name: "small_batch_stage_seconds",
+		Help:    "Stages of a PutSmallFiles call on the pipeline leader: applied_local (ProposeMany until every file applied here), applied_all (per file, then until every voter reported applying it), apply_status (per file, then the replicas' ApplyStatus answers), total (the call).",
+		Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16)}, []string{"stage"})
+	d.stats.smallStage.Store(stage)
 	return []prometheus.Collector{
+		stage,
 		counter("small_file_batches_total", "PutSmallFiles calls that proposed at least one file.", d.stats.smallBatches.Load),
 		counter("small_file_batch_files_total", "Files proposed by PutSmallFiles calls.", d.stats.smallBatchFiles.Load),
 	}
+}
+
+// waitAllTimed is waitAll observing its two stages in stage (if not nil).
+func (s *service) waitAllTimed(ctx context.Context, g *raft.Group, index uint64, cid storage.ContainerID, timeoutMs uint32, stage *prometheus.HistogramVec) error {
+	timeout := time.Duration(timeoutMs) * time.Millisecond
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t0 := time.Now()
+	if err := g.WaitAppliedAll(wctx, index); err != nil {
+		return s.toStatus(err)
+	}
+	t1 := time.Now()
+	err := s.d.checkReplicas(wctx, g.ID(), g.Voters(), index, cid)
+	if stage != nil {
+		stage.WithLabelValues("applied_all").Observe(t1.Sub(t0).Seconds())
+		stage.WithLabelValues("apply_status").Observe(time.Since(t1).Seconds())
+	}
+	return s.toStatus(err)
 }

@@ -1497,7 +1497,9 @@ func (g *Group) applyEntries(ents []*pb.Entry) {
 	if len(batch) == 0 {
 		return
 	}
+	as := time.Now()
 	results := g.sm.Apply(batch)
+	g.host.metrics.applySeconds.Observe(time.Since(as).Seconds())
 	last := batch[len(batch)-1].Index
 	g.host.metrics.applied.WithLabelValues(g.label()).Add(float64(len(batch)))
 

@@ -20,6 +20,7 @@ type storeLoop struct {
 
 	mu      sync.Mutex
 	pending map[uint64]*Group
+	since   time.Time // when pending became non-empty
 	signal  chan struct{}
 	drops   chan dropReq
 }
@@ -35,6 +36,9 @@ const maxGroupsPerBatch = 512
 
 func (l *storeLoop) notify(g *Group) {
 	l.mu.Lock()
+	if len(l.pending) == 0 {
+		l.since = time.Now()
+	}
 	l.pending[g.id] = g
 	l.mu.Unlock()
 	select {
@@ -47,6 +51,9 @@ func (l *storeLoop) notify(g *Group) {
 func (l *storeLoop) take() []*Group {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if len(l.pending) > 0 && !l.since.IsZero() {
+		l.host.metrics.loopQueueSeconds.Observe(time.Since(l.since).Seconds())
+	}
 	out := make([]*Group, 0, min(len(l.pending), maxGroupsPerBatch))
 	for _, id := range sortedKeys(l.pending) {
 		out = append(out, l.pending[id])
@@ -173,7 +180,9 @@ func (l *storeLoop) process(work []*readyWork) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			ws := time.Now()
 			w.ents, errs[i] = w.g.writeData(w.rd.Entries)
+			h.metrics.dataWriteSeconds.Observe(time.Since(ws).Seconds())
 		}()
 	}
 	wg.Wait()

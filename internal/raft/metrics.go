@@ -25,6 +25,9 @@ type metrics struct {
 	entries             prometheus.Counter
 	syncSeconds         prometheus.Histogram
 	loopSeconds         prometheus.Histogram
+	loopQueueSeconds    prometheus.Histogram
+	dataWriteSeconds    prometheus.Histogram
+	applySeconds        prometheus.Histogram
 	peerBytesSent       *prometheus.CounterVec
 	peerMsgsSent        *prometheus.CounterVec
 	peerBytesRecv       *prometheus.CounterVec
@@ -78,6 +81,9 @@ func newMetrics(host uint64, reg prometheus.Registerer) *metrics {
 	m.entries = counter("entries_written_total", "Entries written to log stores.")
 	m.syncSeconds = hist("batch_commit_seconds", "Time to commit (and fsync) one log-store batch.", prometheus.ExponentialBuckets(0.00005, 2, 18))
 	m.loopSeconds = hist("loop_iteration_seconds", "Time of one store-loop iteration (WriteData, persist, send).", prometheus.ExponentialBuckets(0.00005, 2, 18))
+	m.loopQueueSeconds = hist("loop_queue_seconds", "Time from a store loop being woken (its first pending group) to the iteration that takes the work.", prometheus.ExponentialBuckets(0.00001, 2, 20))
+	m.dataWriteSeconds = hist("data_write_seconds", "Time of one group's WriteData calls and SyncData for one Ready (before the log batch).", prometheus.ExponentialBuckets(0.00001, 2, 20))
+	m.applySeconds = hist("apply_seconds", "Time of one StateMachine.Apply call (a run of committed entries).", prometheus.ExponentialBuckets(0.00001, 2, 20))
 	m.peerBytesSent = counterVec("peer_sent_bytes_total", "Bytes sent to a peer host.", "peer")
 	m.peerMsgsSent = counterVec("peer_sent_messages_total", "Messages sent to a peer host.", "peer")
 	m.peerBytesRecv = counterVec("peer_received_bytes_total", "Bytes received from a peer host.", "peer")
