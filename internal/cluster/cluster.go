@@ -157,7 +157,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			CacheRescanInterval: cfg.CacheRescanInterval,
 			SlowDisk:            cfg.SlowDisk,
 		},
-		Namespace:  namespace.Config{},
+		Namespace: namespace.Config{},
 		// datanode="" gives the meta service's metrics the label names the
 		// datanodes' have: a name both export (basalt_raft_*: the meta raft
 		// host and each datanode's) must have one label set in a registry, or
