@@ -454,6 +454,23 @@ func dataChunk(index uint64, cmd *datanodepb.ContainerCommand) (*datanodepb.Bloc
 // marks the container UNHEALTHY at once: it is reported so to SCM and
 // takes no more writes here.
 func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
+	_, err := sm.writeData(index, term, meta, data, false)
+	return err
+}
+
+// WriteDataLogged is WriteData that lets raft keep the data of a small
+// file in its log entry (raft.DataLogger): when storage holds the chunk
+// inline and only in memory (storage.SmallChunkPending), the log entry's
+// fsync makes the data durable, so SyncData skips it (one volume flush
+// less per replica and batch before the append is acknowledged). The
+// entry's apply then writes the bytes with the block record and
+// SyncCommitsFor makes both durable; after a restart that lost the memory
+// copy, the apply stores the chunk again from the log (Entry.Data).
+func (sm *containerSM) WriteDataLogged(index, term uint64, meta, data []byte) (bool, error) {
+	return sm.writeData(index, term, meta, data, true)
+}
+
+func (sm *containerSM) writeData(index, term uint64, meta, data []byte, logOK bool) (inLog bool, _ error) {
 	cmd, err := decodeCommand(meta)
 	var blk *datanodepb.BlockID
 	var c *datanodepb.ChunkInfo
@@ -468,7 +485,7 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 		// damaged or foreign log holds such an entry. Its apply fails on
 		// every replica.
 		sm.log.Warn("entry with data that no replica can store", "pipeline", sm.pipeline, "index", index, "err", err)
-		return nil
+		return false, nil
 	}
 	cid := storage.ContainerID(blk.GetContainerId())
 	lid := storage.LocalID(blk.GetLocalId())
@@ -478,14 +495,14 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 		if ok, _ := sm.store.HasChunk(cid, lid, int64(c.GetOffset()), int64(c.GetLength())); !ok {
 			sm.markLost(cid, lid, fmt.Errorf("entry %d: the leader no longer had the data", index))
 		}
-		return nil
+		return false, nil
 	}
 	if err := sm.ensureContainer(cid); err != nil {
 		sm.markLost(cid, lid, err)
 		if !errors.Is(err, errOtherPipeline) {
 			sm.markUnhealthy(cid, index, fmt.Sprintf("entry %d: %v", index, err))
 		}
-		return nil
+		return false, nil
 	}
 	// The leader verified the chunk when the client sent it (service.
 	// WriteChunk, PutSmallFile) and hands WriteData those same bytes;
@@ -504,18 +521,22 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 		err = sm.store.WriteChunk(cid, lid, int64(c.GetOffset()), data, toChecksum(c.GetChecksum()), verify)
 	}
 	if err == nil {
-		sm.unsynced = append(sm.unsynced, unsyncedChunk{index: index, cid: cid, lid: lid, off: int64(c.GetOffset()), n: int64(len(data))})
+		if _, small := cmd.GetCmd().(*datanodepb.ContainerCommand_PutSmallFile); small && logOK && sm.store.SmallChunkPending(cid, lid) {
+			inLog = true // durable with the log entry, see WriteDataLogged
+		} else {
+			sm.unsynced = append(sm.unsynced, unsyncedChunk{index: index, cid: cid, lid: lid, off: int64(c.GetOffset()), n: int64(len(data))})
+		}
 	}
 	if err != nil {
 		sm.markLost(cid, lid, err)
 		if !refusedAlike(err) {
 			sm.markUnhealthy(cid, index, fmt.Sprintf("entry %d: chunk at %d of block %d not stored: %v", index, c.GetOffset(), lid, err))
 		}
-		return nil
+		return false, nil
 	}
 	sm.stats.chunksWritten.Add(1)
 	sm.stats.bytesWritten.Add(uint64(len(data)))
-	return nil
+	return inLog, nil
 }
 
 // unsyncedChunk is a chunk WriteData wrote that SyncData has yet to make
@@ -809,7 +830,11 @@ func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) err
 		return sm.commitBlock(e.Index, c.PutBlock.GetBlock(), c.PutBlock.GetCloseContainer())
 	case *datanodepb.ContainerCommand_PutSmallFile:
 		// WriteData put the chunk in the block file before this entry was
-		// acknowledged here; committing it is a PutBlock.
+		// acknowledged here, or kept it in memory with its bytes in the log
+		// entry (WriteDataLogged); committing it is a PutBlock.
+		if e.Data != nil {
+			sm.restoreLogged(e, c.PutSmallFile.GetBlock())
+		}
 		if err := sm.commitBlock(e.Index, c.PutSmallFile.GetBlock(), false); err != nil {
 			return err
 		}
@@ -835,6 +860,35 @@ func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) err
 	default:
 		return fmt.Errorf("datanode: unknown container command at %d", e.Index)
 	}
+}
+
+// restoreLogged stores again, from the log entry, the chunk of a
+// PutSmallFile whose data the log kept (WriteDataLogged) when this replica
+// no longer holds it: a restart between the entry's append (durable with
+// the data in the log) and its apply lost the memory copy. A chunk this
+// replica holds, one recorded lost here (its entry fails as before) and an
+// entry applied before the restart are left alone.
+func (sm *containerSM) restoreLogged(e raft.Entry, b *datanodepb.BlockData) {
+	cid := storage.ContainerID(b.GetId().GetContainerId())
+	lid := storage.LocalID(b.GetId().GetLocalId())
+	chunks := b.GetChunks()
+	if len(chunks) != 1 || chunks[0].GetOffset() != 0 || uint64(len(e.Data)) != chunks[0].GetLength() {
+		return
+	}
+	if ok, err := sm.store.HasChunk(cid, lid, 0, int64(len(e.Data))); err == nil && ok {
+		return
+	}
+	if sm.lostCause(uint64(cid), uint64(lid)) != nil || sm.appliedBefore(cid, e.Index) {
+		return
+	}
+	if err := sm.ensureContainer(cid); err != nil {
+		return // commitBlock fails the entry and says why
+	}
+	if err := sm.store.WriteSmallChunkShared(cid, lid, e.Data, toChecksum(chunks[0].GetChecksum()), true); err != nil {
+		sm.markLost(cid, lid, fmt.Errorf("entry %d: chunk not stored again from the log: %w", e.Index, err))
+		return
+	}
+	sm.log.Info("small file stored again from the log", "pipeline", sm.pipeline, "index", e.Index, "container", cid, "block", lid)
 }
 
 // commitBlock applies a PutBlock (or the commit half of a PutSmallFile)

@@ -24,6 +24,11 @@ type Entry struct {
 	Meta []byte
 	// HasData reports whether the proposal carried data (kept out of the log).
 	HasData bool
+	// Data is the entry's data when the log holds it (DataLogger kept it
+	// there), nil otherwise. Read-only. A state machine that lost what
+	// WriteData stored for such an entry (a restart before the apply made
+	// it durable) stores it again from here.
+	Data []byte
 }
 
 // EntryKind classifies an Entry.
@@ -104,6 +109,19 @@ type DataStateMachine interface {
 // the group, like a WriteData error.
 type DataSyncer interface {
 	SyncData() error
+}
+
+// DataLogger is an optional interface of a DataStateMachine that may keep
+// some entries' data in the log itself (small data: the log's fsync then
+// makes it durable, so it needs no flush of its own before the entry is
+// acknowledged). The host calls WriteDataLogged instead of WriteData; when
+// it returns inLog, the log stores the entry with its data, SyncData need
+// not cover it (the state machine must not count on SyncData for it), and
+// Apply gets the data again in Entry.Data whenever the entry comes from
+// the log: the state machine makes it durable when it applies the entry
+// and, after a restart that lost it, writes it again from Entry.Data.
+type DataLogger interface {
+	WriteDataLogged(index, term uint64, meta, data []byte) (inLog bool, err error)
 }
 
 // Result is what a successful proposal returns.

@@ -1456,6 +1456,9 @@ func (g *Group) applyEntries(ents []*pb.Entry) {
 			id = d.id
 			ent.Meta = d.meta
 			ent.HasData = d.format != fmtPlain
+			if d.format == fmtData {
+				ent.Data = d.data
+			}
 		case pb.EntryConfChange, pb.EntryConfChangeV2:
 			ent.Kind = EntryConfChange
 			var cc pb.ConfChangeI
@@ -1657,6 +1660,7 @@ func (g *Group) receiveSnapshot(m *pb.Message, body io.Reader) error {
 // the entries as the log stores them (data elided).
 func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 	var out []*pb.Entry
+	needSync := false
 	for i, e := range ents {
 		if !isNormalWithPayload(e) || (e.GetData()[0] != fmtData && e.GetData()[0] != fmtLost && e.GetData()[0] != fmtLocal) {
 			if out != nil {
@@ -1680,8 +1684,17 @@ func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 				return nil, fmt.Errorf("raft: group %d: invariant violated: entry %d: data of local proposal %d (host %d) missing", g.id, e.GetIndex(), d.id.seq, d.id.host)
 			}
 		}
-		if err := g.dsm.WriteData(e.GetIndex(), e.GetTerm(), d.meta, data); err != nil {
+		inLog := false
+		if dl, ok := g.dsm.(DataLogger); ok && data != nil {
+			inLog, err = dl.WriteDataLogged(e.GetIndex(), e.GetTerm(), d.meta, data)
+		} else {
+			err = g.dsm.WriteData(e.GetIndex(), e.GetTerm(), d.meta, data)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("raft: group %d: WriteData(index %d): %w", g.id, e.GetIndex(), err)
+		}
+		if !inLog {
+			needSync = true
 		}
 		if data != nil {
 			g.cache.put(e.GetIndex(), e.GetTerm(), data)
@@ -1696,9 +1709,16 @@ func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 		// Never mutate raft's entry: the same object may sit in an
 		// outbound MsgApp.
 		typ := e.GetType()
-		out = append(out, &pb.Entry{Index: proto.Uint64(e.GetIndex()), Term: proto.Uint64(e.GetTerm()), Type: &typ, Data: elide(e.GetData(), d)})
+		switch {
+		case inLog && d.format == fmtData:
+			out = append(out, e) // the log keeps it as it came
+		case inLog:
+			out = append(out, &pb.Entry{Index: proto.Uint64(e.GetIndex()), Term: proto.Uint64(e.GetTerm()), Type: &typ, Data: encodeProposal(d.id, d.meta, data, true)})
+		default:
+			out = append(out, &pb.Entry{Index: proto.Uint64(e.GetIndex()), Term: proto.Uint64(e.GetTerm()), Type: &typ, Data: elide(e.GetData(), d)})
+		}
 	}
-	if out != nil {
+	if needSync {
 		if ds, ok := g.dsm.(DataSyncer); ok {
 			if err := ds.SyncData(); err != nil {
 				return nil, fmt.Errorf("raft: group %d: SyncData: %w", g.id, err)

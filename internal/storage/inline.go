@@ -169,3 +169,30 @@ func writtenInline(ob *openBlock, off, n int64) ([]byte, bool) {
 	}
 	return nil, false
 }
+
+// SmallChunkPending reports whether block lid's chunk written by
+// WriteSmallChunk is kept inline and only in memory: not yet synced, no
+// file. Its block's commit (PutBlock, or PutBlockDeferred and
+// SyncCommitsFor) then writes the bytes with the block record, so the
+// chunk needs no Sync of its own if the caller keeps them durable
+// elsewhere until that commit (the datanode: in the Raft log entry) and
+// writes them again after a restart that lost them.
+func (s *Store) SmallChunkPending(cid ContainerID, lid LocalID) bool {
+	c, err := s.container("small chunk pending", cid)
+	if err != nil {
+		return false
+	}
+	c.mu.Lock()
+	ob := c.open[lid]
+	c.mu.Unlock()
+	if ob == nil {
+		return false
+	}
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	if ob.dead || ob.exists || len(ob.written) != 1 {
+		return false
+	}
+	sp := ob.written[0]
+	return sp.inline && sp.small && !sp.durable && sp.data != nil && sp.off == 0
+}
