@@ -376,6 +376,15 @@ func (r *recDSM) WriteData(index, term uint64, meta, data []byte) error {
 	return r.dsm.WriteData(index, term, meta, data)
 }
 
+// WriteDataLogged passes raft.DataLogger through: small files' data stays
+// in the log, so crashes between the append and the apply are simulated.
+func (r *recDSM) WriteDataLogged(index, term uint64, meta, data []byte) (bool, error) {
+	if dl, ok := r.dsm.(raft.DataLogger); ok {
+		return dl.WriteDataLogged(index, term, meta, data)
+	}
+	return false, r.dsm.WriteData(index, term, meta, data)
+}
+
 // SyncData passes the host's batch flush through (raft.DataSyncer).
 func (r *recDSM) SyncData() error {
 	if ds, ok := r.dsm.(raft.DataSyncer); ok {
