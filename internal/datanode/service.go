@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -431,6 +432,20 @@ func (s *service) ApplyStatus(ctx context.Context, req *datanodepb.ApplyStatusRe
 	if len(req.GetMore()) > maxApplyStatusBatch {
 		return nil, dnError(codes.InvalidArgument, datanodepb.Error_BAD_REQUEST,
 			fmt.Sprintf("ApplyStatus: %d entries > %d", len(req.GetMore()), maxApplyStatusBatch), nil)
+	}
+	if w := req.GetWaitMs(); w > 0 {
+		// Asked beside the leader's wait for the applied reports: wait
+		// (bounded) for this replica's apply of the highest entry asked,
+		// then answer as usual; a wait that ends early answers "not yet".
+		high := req.GetIndex()
+		for _, m := range req.GetMore() {
+			high = max(high, m.GetIndex())
+		}
+		if g, err := s.d.host.Group(req.GetPipelineId()); err == nil {
+			wctx, cancel := context.WithTimeout(ctx, time.Duration(min(w, maxApplyStatusWaitMs))*time.Millisecond)
+			g.WaitApplied(wctx, high)
+			cancel()
+		}
 	}
 	applied, why, err := s.d.applyStatus(req.GetPipelineId(), req.GetIndex(), storage.ContainerID(req.GetContainerId()))
 	if err != nil {

@@ -3,6 +3,7 @@ package datanode
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -88,10 +89,30 @@ func (s *service) PutSmallFiles(ctx context.Context, req *datanodepb.PutSmallFil
 	if stage != nil {
 		stage.WithLabelValues("applied_local").Observe(proposed.Sub(start).Seconds())
 	}
-	var wg sync.WaitGroup
+	var ok []int // positions in valid of the files proposed
 	for j, v := range valid {
 		if errs[j] != nil {
 			results[v.i] = smallFileResult(0, s.toStatus(errs[j]))
+			continue
+		}
+		ok = append(ok, j)
+	}
+	// Every replica's answer for the whole batch at once (waitAllMany);
+	// a file it cannot settle waits on its own, as before.
+	idxs, cids := make([]uint64, len(ok)), make([]storage.ContainerID, len(ok))
+	for k, j := range ok {
+		idxs[k], cids[k] = res[j].Index, valid[j].cid
+	}
+	settled := s.waitAllMany(ctx, g, idxs, cids, req.GetWaitTimeoutMs(), stage)
+	var wg sync.WaitGroup
+	for k, j := range ok {
+		v := valid[j]
+		if settled != nil && settled[k].done {
+			if settled[k].err != nil {
+				results[v.i] = smallFileResult(0, settled[k].err)
+			} else {
+				results[v.i] = &datanodepb.SmallFileResult{Index: res[j].Index}
+			}
 			continue
 		}
 		wg.Add(1)
@@ -168,4 +189,135 @@ func (s *service) waitAllTimed(ctx context.Context, g *raft.Group, index uint64,
 		stage.WithLabelValues("apply_status").Observe(time.Since(t1).Seconds())
 	}
 	return s.toStatus(err)
+}
+
+// maxApplyStatusWaitMs bounds ApplyStatusRequest.wait_ms on the replica.
+const maxApplyStatusWaitMs = 30_000
+
+// fileSettled is one file's outcome from waitAllMany: done with err (nil:
+// every replica applied it successfully), or not done (asked on its own).
+type fileSettled struct {
+	done bool
+	err  error
+}
+
+// waitAllMany is waitAll for the files of one PutSmallFiles batch (entries
+// idxs into containers cids, all applied here already), with the same
+// promise per file: every voter applied it, and none failed it. Instead of
+// asking the followers (ApplyStatus) only after raft reported that every
+// voter applied, it asks each follower once for the whole batch, beside
+// that wait, with wait_ms: the follower answers right after its apply. A
+// file is settled only when raft reported every voter past it AND every
+// follower's answer covers it (applied at or past it); any other file (a
+// follower that could not be asked, predates wait_ms, or answered early;
+// raft's wait failed) is left not done, for the caller's per-file waitAll.
+func (s *service) waitAllMany(ctx context.Context, g *raft.Group, idxs []uint64, cids []storage.ContainerID, timeoutMs uint32, stage *prometheus.HistogramVec) []fileSettled {
+	if len(idxs) == 0 {
+		return nil
+	}
+	timeout := time.Duration(timeoutMs) * time.Millisecond
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	high := slices.Max(idxs)
+	voters := g.Voters()
+	type answer struct {
+		id      uint64
+		applied uint64
+		why     []string // per file; "" = fine (if applied covers it)
+		err     error
+	}
+	ch := make(chan answer, len(voters))
+	t0 := time.Now()
+	asked := 0
+	for _, v := range voters {
+		asked++
+		go func() {
+			a := answer{id: v, why: make([]string, len(idxs))}
+			if v == s.d.ident.ID {
+				for k := range idxs {
+					var err error
+					a.applied, a.why[k], err = s.d.applyStatus(g.ID(), idxs[k], cids[k])
+					if err != nil {
+						a.err = err
+						break
+					}
+				}
+				ch <- a
+				return
+			}
+			c, err := s.d.peerClient(v)
+			if err != nil {
+				a.err = err
+				ch <- a
+				return
+			}
+			req := &datanodepb.ApplyStatusRequest{PipelineId: g.ID(), Index: idxs[0], ContainerId: uint64(cids[0]),
+				WaitMs: uint32(min(timeout.Milliseconds(), maxApplyStatusWaitMs))}
+			for k := 1; k < len(idxs); k++ {
+				req.More = append(req.More, &datanodepb.ApplyStatusEntry{Index: idxs[k], ContainerId: uint64(cids[k])})
+			}
+			r, err := c.ApplyStatus(wctx, req)
+			switch {
+			case err != nil:
+				a.err = err
+			case len(r.GetMore()) != len(idxs)-1:
+				a.err = errNoBatch
+			default:
+				a.applied = r.GetApplied()
+				a.why[0] = failedWhy(r.GetFailed(), r.GetReason())
+				for k, m := range r.GetMore() {
+					a.why[k+1] = failedWhy(m.GetFailed(), m.GetReason())
+				}
+			}
+			ch <- a
+		}()
+	}
+	rerr := g.WaitAppliedAll(wctx, high)
+	t1 := time.Now()
+	out := make([]fileSettled, len(idxs))
+	if rerr != nil {
+		// The wait's own error for every file raft has not seen applied
+		// everywhere (the laggards named as for the highest); the others
+		// are asked on their own.
+		cancel()
+		for k := range idxs {
+			if ok, _ := g.AppliedAll(idxs[k]); !ok {
+				out[k] = fileSettled{done: true, err: s.toStatus(rerr)}
+			}
+		}
+		return out
+	}
+	answers := make([]answer, 0, asked)
+	for range asked {
+		answers = append(answers, <-ch)
+	}
+	if stage != nil {
+		stage.WithLabelValues("applied_all").Observe(t1.Sub(t0).Seconds())
+		stage.WithLabelValues("apply_status").Observe(time.Since(t1).Seconds())
+	}
+	for k := range idxs {
+		failed := map[uint64]string{}
+		done := true
+		for _, a := range answers {
+			switch {
+			case a.err != nil:
+				done = false
+			case a.why[k] != "":
+				failed[a.id] = a.why[k]
+			case a.applied < idxs[k]:
+				done = false // "not yet": asked again on its own
+			}
+		}
+		if !done {
+			continue
+		}
+		out[k].done = true
+		if len(failed) > 0 {
+			out[k].err = s.toStatus(&replicaFailedError{pipeline: g.ID(), index: idxs[k], failed: failed})
+		}
+	}
+	return out
 }

@@ -523,7 +523,14 @@ type ApplyStatusRequest struct {
 	// more: further entries of the same pipeline asked in the same call (a
 	// leader batches the waits of concurrent writes); answered in the
 	// response's more, in the same order. At most 4096.
-	More          []*ApplyStatusEntry `protobuf:"bytes,100,rep,name=more,proto3" json:"more,omitempty"`
+	More []*ApplyStatusEntry `protobuf:"bytes,100,rep,name=more,proto3" json:"more,omitempty"`
+	// wait_ms: if > 0, the replica first waits (at most this long, at most
+	// 30 s) until it applied the highest index asked, then answers. A leader
+	// asks this way beside its wait for every replica's applied report, so
+	// the answer follows the apply by one hop instead of a round trip after
+	// the report. A replica that predates it answers at once (applied may
+	// then be below the index: "not yet", asked again).
+	WaitMs        uint32 `protobuf:"varint,1800,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -584,6 +591,13 @@ func (x *ApplyStatusRequest) GetMore() []*ApplyStatusEntry {
 		return x.More
 	}
 	return nil
+}
+
+func (x *ApplyStatusRequest) GetWaitMs() uint32 {
+	if x != nil {
+		return x.WaitMs
+	}
+	return 0
 }
 
 type ApplyStatusEntry struct {
@@ -2414,13 +2428,14 @@ const file_datanode_datanode_proto_rawDesc = "" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x15\n" +
 	"\x05token\x18\xb4\x01 \x01(\fR\x05token\"-\n" +
 	"\x17ExportContainerResponse\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"\xa5\x01\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\xbf\x01\n" +
 	"\x12ApplyStatusRequest\x12\x1f\n" +
 	"\vpipeline_id\x18\x01 \x01(\x04R\n" +
 	"pipelineId\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12!\n" +
 	"\fcontainer_id\x18\x03 \x01(\x04R\vcontainerId\x125\n" +
-	"\x04more\x18d \x03(\v2!.basalt.datanode.ApplyStatusEntryR\x04more\"K\n" +
+	"\x04more\x18d \x03(\v2!.basalt.datanode.ApplyStatusEntryR\x04more\x12\x18\n" +
+	"\await_ms\x18\x88\x0e \x01(\rR\x06waitMs\"K\n" +
 	"\x10ApplyStatusEntry\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12!\n" +
 	"\fcontainer_id\x18\x02 \x01(\x04R\vcontainerId\"\x97\x01\n" +
