@@ -160,7 +160,7 @@ func (d *Datanode) smallFileCollectors() []prometheus.Collector {
 			func() float64 { return float64(f()) })
 	}
 	stage := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "basalt", Subsystem: "datanode", Name: "small_batch_stage_seconds",
-		Help:    "Stages of a PutSmallFiles call on the pipeline leader: applied_local (ProposeMany until every file applied here), applied_all (per file, then until every voter reported applying it), apply_status (per file, then the replicas' ApplyStatus answers), total (the call).",
+		Help:    "Stages of a PutSmallFiles call on the pipeline leader: applied_local (ProposeMany until every file applied here), applied_all (then until every voter reported applying the batch; per file for a file waited for on its own), apply_status (then until the replicas' ApplyStatus answers were in), total (the call).",
 		Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16)}, []string{"stage"})
 	d.stats.smallStage.Store(stage)
 	return []prometheus.Collector{
@@ -231,9 +231,7 @@ func (s *service) waitAllMany(ctx context.Context, g *raft.Group, idxs []uint64,
 	}
 	ch := make(chan answer, len(voters))
 	t0 := time.Now()
-	asked := 0
 	for _, v := range voters {
-		asked++
 		go func() {
 			a := answer{id: v, why: make([]string, len(idxs))}
 			if v == s.d.ident.ID {
@@ -290,8 +288,8 @@ func (s *service) waitAllMany(ctx context.Context, g *raft.Group, idxs []uint64,
 		}
 		return out
 	}
-	answers := make([]answer, 0, asked)
-	for range asked {
+	answers := make([]answer, 0, len(voters))
+	for range voters {
 		answers = append(answers, <-ch)
 	}
 	if stage != nil {
