@@ -107,9 +107,23 @@ type streamWriter struct {
 	w      *stream.Writer // open on cur; nil between segments
 	seg    []piece        // the segment's data, uncommitted, in order
 	segLen int64
+	// dial, while not nil, delivers the stream being opened on cur: the
+	// segment's data is read on meanwhile (into its buffers, bounded as
+	// always by the pool and the segment) and sent once it opens, so the
+	// connection and handshake of every hop (tens of ms each on a busy
+	// host) overlap the reading instead of stopping it.
+	dial chan dialed
+	// sent is how many of seg's pieces went to w.
+	sent int
 
 	committed  []*metapb.KeyBlock
 	chunkLists [][]*datanodepb.ChunkInfo // per committed block
+}
+
+// dialed is the outcome of a stream.Dial run beside the reading.
+type dialed struct {
+	w   *stream.Writer
+	err error
 }
 
 func newStreamWriter(ctx context.Context, c *Client, op string, blocks *blockSource, blockSize int64, progress func(int64)) *streamWriter {
@@ -186,31 +200,69 @@ func (w *streamWriter) run(r io.Reader) error {
 	}
 }
 
-// write adds p to the segment and sends it; on a failure it moves the
-// segment to a new block.
+// write adds p to the segment and sends what the open stream has not yet
+// had; while the stream is still being opened it returns at once (the
+// caller reads on). On a failure it moves the segment to a new block.
 func (w *streamWriter) write(p piece) error {
 	w.seg = append(w.seg, p)
 	w.segLen += int64(len(p.data))
-	err := w.send(p)
-	if err != nil {
+	if err := w.push(false); err != nil {
 		return w.recover(err)
 	}
 	return nil
 }
 
-// send writes p to the open stream, opening one (on a new block if the
-// current one is full) first.
-func (w *streamWriter) send(p piece) error {
+// push sends the segment's unsent pieces to the stream, starting to open
+// one (on a new block if the current one is full) if there is none. With
+// wait it waits for a stream being opened; without, it returns nil while
+// the stream is not open yet.
+func (w *streamWriter) push(wait bool) error {
 	if w.w == nil {
-		if err := w.open(); err != nil {
+		if w.dial == nil {
+			if err := w.open(); err != nil {
+				return err
+			}
+		}
+		var d dialed
+		if wait {
+			d = <-w.dial
+		} else {
+			select {
+			case d = <-w.dial:
+			default:
+				return nil
+			}
+		}
+		w.dial = nil
+		if d.err != nil {
+			return d.err
+		}
+		w.w = d.w
+	}
+	for w.sent < len(w.seg) {
+		if _, err := w.w.Write(w.seg[w.sent].data); err != nil {
 			return err
 		}
+		w.sent++
 	}
-	_, err := w.w.Write(p.data)
-	return err
+	return nil
 }
 
-// open starts a stream on the current block at its committed length.
+// settleDial waits for a stream being opened, if any, and aborts it (its
+// datanodes discard the block's partial data, as for any stream aborted).
+func (w *streamWriter) settleDial() {
+	if w.dial == nil {
+		return
+	}
+	d := <-w.dial
+	w.dial = nil
+	if d.w != nil {
+		d.w.Abort()
+	}
+}
+
+// open starts opening a stream on the current block at its committed
+// length, on a goroutine of its own; push takes it from w.dial.
 func (w *streamWriter) open() error {
 	if w.cur == nil || w.cur.length == w.blockSize {
 		w.endBlock()
@@ -237,11 +289,13 @@ func (w *streamWriter) open() error {
 		h(StreamInfo{ContainerID: b.loc.GetId().GetContainerId(), LocalID: b.loc.GetId().GetLocalId(),
 			PipelineID: b.loc.GetPipelineId(), Offset: opts.Offset, Route: ids})
 	}
-	sw, err := stream.Dial(w.ctx, b.route, b.loc.GetPipelineId(), streamBlockID(b.loc), opts)
-	if err != nil {
-		return err
-	}
-	w.w = sw
+	ch := make(chan dialed, 1)
+	w.dial, w.sent = ch, 0
+	ctx, route, pipeline, id := w.ctx, b.route, b.loc.GetPipelineId(), streamBlockID(b.loc)
+	go func() {
+		sw, err := stream.Dial(ctx, route, pipeline, id, opts)
+		ch <- dialed{w: sw, err: err}
+	}()
 	return nil
 }
 
@@ -250,7 +304,10 @@ func (w *streamWriter) open() error {
 // Raft leader, waiting for every replica; then its buffers are free.
 func (w *streamWriter) commit() error {
 	for {
-		err := w.commitOnce()
+		err := w.push(true)
+		if err == nil {
+			err = w.commitOnce()
+		}
 		if err == nil {
 			w.releaseSeg()
 			return nil
@@ -305,6 +362,7 @@ func (w *streamWriter) recover(cause error) error {
 			w.w.Abort()
 			w.w = nil
 		}
+		w.settleDial()
 		f := classifyStream(w.ctx, w.cur, cause)
 		if err := w.blocks.failed(w.ctx, f); err != nil {
 			return err
@@ -320,12 +378,8 @@ func (w *streamWriter) recover(cause error) error {
 
 // resend writes the segment to a new stream on a new block.
 func (w *streamWriter) resend() error {
-	for _, p := range w.seg {
-		if err := w.send(p); err != nil {
-			return err
-		}
-	}
-	return nil
+	w.sent = 0
+	return w.push(true)
 }
 
 // endBlock lists the current block in the key at its committed length;
@@ -348,6 +402,7 @@ func (w *streamWriter) releaseSeg() {
 // drop undoes what an unfinished write holds: the stream (its datanodes
 // discard the partial block) and the buffers.
 func (w *streamWriter) drop() {
+	w.settleDial()
 	if w.w != nil {
 		w.w.Abort()
 		w.w = nil

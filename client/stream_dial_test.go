@@ -1,0 +1,161 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/basalt-store/basalt/internal/cluster"
+)
+
+// countingReader yields data in reads of at most 256 KiB and counts what
+// it delivered.
+type countingReader struct {
+	data []byte
+	off  atomic.Int64
+}
+
+func (r *countingReader) Read(p []byte) (int, error) {
+	off := r.off.Load()
+	if off == int64(len(r.data)) {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), 256<<10)], r.data[off:])
+	r.off.Add(int64(n))
+	return n, nil
+}
+
+// TestV2ReadsWhileStreamOpens: a V2 write reads its segment on while its
+// stream is being opened (the connection and handshakes of every hop),
+// instead of stopping its reader until the chain answered. The first
+// hop's connection watch (run inside stream.Dial, after the TLS
+// handshake) holds the first stream open until the reader has delivered
+// the whole segment, bounded by 10 s: with a write that opened the stream
+// before reading on, the reader stays at the first chunk and the test
+// fails on the bound. A second key's first dial is made to fail after the
+// reader ran ahead: the segment is written again on a new stream and
+// reads back intact. Real cluster (5 datanodes, TLS, records).
+func TestV2ReadsWhileStreamOpens(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), Datanodes: 5,
+		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
+		BlockSize: 16 << 20, ContainerSize: 512 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.WaitWritable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := New(Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: "/dc1/rack1",
+		ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
+		StreamTimeout: 15 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if cl.streamTLS == nil {
+		t.Fatal("the cluster's streams are not secured: the watch this test hooks is not called")
+	}
+	if _, err := cl.CreateVolume(ctx, "vol", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.CreateBucket(ctx, "vol", "bkt", BucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	const size = 6<<20 + 12345 // one segment (8 MiB buffer), one block
+	rnd := rand.New(rand.NewPCG(5, 6))
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(rnd.Uint32())
+	}
+
+	var (
+		mu     sync.Mutex
+		cur    *countingReader
+		dials  int
+		sawAt  []int64 // bytes read when each held dial was let go
+		breakN = -1    // this dial's connection is closed in the watch
+	)
+	orig := cl.streamWatch
+	cl.streamWatch = func(raw net.Conn, cs *tls.ConnectionState) func() {
+		mu.Lock()
+		r, n := cur, dials
+		dials++
+		brk := n == breakN
+		mu.Unlock()
+		if r != nil && (n == 0 || brk) {
+			deadline := time.Now().Add(10 * time.Second)
+			for r.off.Load() < int64(len(r.data)) && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			mu.Lock()
+			sawAt = append(sawAt, r.off.Load())
+			mu.Unlock()
+		}
+		if brk {
+			raw.Close() // the header cannot be sent: the dial fails
+		}
+		if orig != nil {
+			return orig(raw, cs)
+		}
+		return func() {}
+	}
+
+	put := func(key string) {
+		t.Helper()
+		r := &countingReader{data: data}
+		mu.Lock()
+		cur = r
+		mu.Unlock()
+		ki, err := cl.PutKey(ctx, "vol", "bkt", key, r, PutOptions{Pipeline: PipelineV2})
+		if err != nil {
+			t.Fatalf("put %s: %v", key, err)
+		}
+		if ki.Pipeline != "v2" || ki.Size != size {
+			t.Fatalf("put %s: pipeline %q size %d", key, ki.Pipeline, ki.Size)
+		}
+		kr, err := cl.GetKey(ctx, "vol", "bkt", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(kr)
+		kr.Close()
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s read back %d bytes (err %v), differing", key, len(got), err)
+		}
+	}
+
+	start := time.Now()
+	put("held")
+	mu.Lock()
+	at := append([]int64(nil), sawAt...)
+	mu.Unlock()
+	if len(at) != 1 || at[0] != size {
+		t.Fatalf("the reader had delivered %v of %d bytes when the first stream opened: the write did not read on while it opened", at, size)
+	}
+	t.Logf("held dial: whole segment read before the stream opened (%v)", time.Since(start))
+
+	// The first dial of the next key fails after the reader ran ahead.
+	mu.Lock()
+	breakN, sawAt = dials, nil
+	mu.Unlock()
+	put("broken")
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sawAt) != 1 || sawAt[0] != size {
+		t.Fatalf("broken dial: reader at %v of %d bytes when it failed", sawAt, size)
+	}
+	if dials < breakN+2 {
+		t.Fatalf("%d dials: the failed stream was not opened again", dials)
+	}
+}
