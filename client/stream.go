@@ -107,23 +107,61 @@ type streamWriter struct {
 	w      *stream.Writer // open on cur; nil between segments
 	seg    []piece        // the segment's data, uncommitted, in order
 	segLen int64
-	// dial, while not nil, delivers the stream being opened on cur: the
-	// segment's data is read on meanwhile (into its buffers, bounded as
-	// always by the pool and the segment) and sent once it opens, so the
+	// snd, while not nil, is the segment's sender: a goroutine that opens
+	// the stream on cur and writes the segment's pieces to it as they are
+	// read. The reading goes on meanwhile (into the segment's buffers,
+	// bounded as always by the pool and the segment), so neither the
 	// connection and handshake of every hop (tens of ms each on a busy
-	// host) overlap the reading instead of stopping it.
-	dial chan dialed
-	// sent is how many of seg's pieces went to w.
-	sent int
+	// host) nor sealing and writing to the first hop stop it. commit
+	// waits for the sender to have written everything, then closes w.
+	snd *sender
 
 	committed  []*metapb.KeyBlock
 	chunkLists [][]*datanodepb.ChunkInfo // per committed block
 }
 
-// dialed is the outcome of a stream.Dial run beside the reading.
-type dialed struct {
-	w   *stream.Writer
-	err error
+// sender opens one stream and writes a segment's pieces to it, in order,
+// on a goroutine of its own (streamWriter.snd).
+type sender struct {
+	pieces chan []byte    // closed by finish: nothing more to write
+	stop   chan struct{}  // closed by halt: stop between pieces
+	done   chan struct{}  // closed when the goroutine ended
+	w      *stream.Writer // set before done; nil if the stream did not open
+	err    error          // set before done: why it ended early
+}
+
+func (s *sender) run(dial func() (*stream.Writer, error)) {
+	defer close(s.done)
+	sw, err := dial()
+	if err != nil {
+		s.err = err
+		return
+	}
+	s.w = sw
+	for {
+		select {
+		case <-s.stop:
+			return
+		case b, ok := <-s.pieces:
+			if !ok {
+				return
+			}
+			if _, err := sw.Write(b); err != nil {
+				s.err = err
+				return
+			}
+		}
+	}
+}
+
+// queue hands b to the sender, or returns why it ended early.
+func (s *sender) queue(b []byte) error {
+	select {
+	case s.pieces <- b:
+		return nil
+	case <-s.done:
+		return s.err
+	}
 }
 
 func newStreamWriter(ctx context.Context, c *Client, op string, blocks *blockSource, blockSize int64, progress func(int64)) *streamWriter {
@@ -206,63 +244,54 @@ func (w *streamWriter) run(r io.Reader) error {
 func (w *streamWriter) write(p piece) error {
 	w.seg = append(w.seg, p)
 	w.segLen += int64(len(p.data))
-	if err := w.push(false); err != nil {
+	var err error
+	if w.snd == nil {
+		err = w.open() // queues the whole segment, p included
+	} else {
+		err = w.snd.queue(p.data)
+	}
+	if err != nil {
 		return w.recover(err)
 	}
 	return nil
 }
 
-// push sends the segment's unsent pieces to the stream, starting to open
-// one (on a new block if the current one is full) if there is none. With
-// wait it waits for a stream being opened; without, it returns nil while
-// the stream is not open yet.
-func (w *streamWriter) push(wait bool) error {
-	if w.w == nil {
-		if w.dial == nil {
-			if err := w.open(); err != nil {
-				return err
-			}
-		}
-		var d dialed
-		if wait {
-			d = <-w.dial
-		} else {
-			select {
-			case d = <-w.dial:
-			default:
-				return nil
-			}
-		}
-		w.dial = nil
-		if d.err != nil {
-			return d.err
-		}
-		w.w = d.w
+// finish waits until the sender wrote every piece queued and hands its
+// stream to w.w (for Close, or for recover to abort it).
+func (w *streamWriter) finish() error {
+	s := w.snd
+	w.snd = nil
+	close(s.pieces)
+	<-s.done
+	w.w = s.w
+	if s.err == nil && s.w == nil {
+		s.err = errors.New("stream: sender ended without a stream")
 	}
-	for w.sent < len(w.seg) {
-		if _, err := w.w.Write(w.seg[w.sent].data); err != nil {
-			return err
-		}
-		w.sent++
-	}
-	return nil
+	return s.err
 }
 
-// settleDial waits for a stream being opened, if any, and aborts it (its
-// datanodes discard the block's partial data, as for any stream aborted).
-func (w *streamWriter) settleDial() {
-	if w.dial == nil {
+// halt stops the sender, if any, between pieces (a write under way ends
+// first: acked, failed or timed out) and hands its stream, if it opened,
+// to w.w for the caller to abort.
+func (w *streamWriter) halt() {
+	s := w.snd
+	if s == nil {
 		return
 	}
-	d := <-w.dial
-	w.dial = nil
-	if d.w != nil {
-		d.w.Abort()
+	w.snd = nil
+	close(s.stop)
+	<-s.done
+	if s.w != nil {
+		if w.w != nil {
+			w.w.Abort()
+		}
+		w.w = s.w
 	}
 }
 
-// open starts opening a stream on the current block at its committed
-// length, on a goroutine of its own; push takes it from w.dial.
+// open starts a sender: it opens a stream on the current block at its
+// committed length and writes the segment's pieces (all those read so
+// far are queued now).
 func (w *streamWriter) open() error {
 	if w.cur == nil || w.cur.length == w.blockSize {
 		w.endBlock()
@@ -289,13 +318,15 @@ func (w *streamWriter) open() error {
 		h(StreamInfo{ContainerID: b.loc.GetId().GetContainerId(), LocalID: b.loc.GetId().GetLocalId(),
 			PipelineID: b.loc.GetPipelineId(), Offset: opts.Offset, Route: ids})
 	}
-	ch := make(chan dialed, 1)
-	w.dial, w.sent = ch, 0
+	// A segment holds at most the pool's buffers, one piece each, so
+	// queueing never waits for the sender.
+	s := &sender{pieces: make(chan []byte, max(cap(w.pool.slots), len(w.seg))+1), stop: make(chan struct{}), done: make(chan struct{})}
+	for _, p := range w.seg {
+		s.pieces <- p.data
+	}
+	w.snd = s
 	ctx, route, pipeline, id := w.ctx, b.route, b.loc.GetPipelineId(), streamBlockID(b.loc)
-	go func() {
-		sw, err := stream.Dial(ctx, route, pipeline, id, opts)
-		ch <- dialed{w: sw, err: err}
-	}()
+	go s.run(func() (*stream.Writer, error) { return stream.Dial(ctx, route, pipeline, id, opts) })
 	return nil
 }
 
@@ -304,7 +335,10 @@ func (w *streamWriter) open() error {
 // Raft leader, waiting for every replica; then its buffers are free.
 func (w *streamWriter) commit() error {
 	for {
-		err := w.push(true)
+		var err error
+		if w.snd != nil {
+			err = w.finish()
+		}
 		if err == nil {
 			err = w.commitOnce()
 		}
@@ -358,11 +392,11 @@ func (w *streamWriter) commitOnce() error {
 // open on the new block: the caller goes on adding to it or commits it.
 func (w *streamWriter) recover(cause error) error {
 	for {
+		w.halt()
 		if w.w != nil {
 			w.w.Abort()
 			w.w = nil
 		}
-		w.settleDial()
 		f := classifyStream(w.ctx, w.cur, cause)
 		if err := w.blocks.failed(w.ctx, f); err != nil {
 			return err
@@ -378,8 +412,7 @@ func (w *streamWriter) recover(cause error) error {
 
 // resend writes the segment to a new stream on a new block.
 func (w *streamWriter) resend() error {
-	w.sent = 0
-	return w.push(true)
+	return w.open()
 }
 
 // endBlock lists the current block in the key at its committed length;
@@ -402,7 +435,7 @@ func (w *streamWriter) releaseSeg() {
 // drop undoes what an unfinished write holds: the stream (its datanodes
 // discard the partial block) and the buffers.
 func (w *streamWriter) drop() {
-	w.settleDial()
+	w.halt()
 	if w.w != nil {
 		w.w.Abort()
 		w.w = nil
