@@ -7,10 +7,13 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/basalt-store/basalt/internal/cluster"
 )
@@ -157,5 +160,99 @@ func TestV2ReadsWhileStreamOpens(t *testing.T) {
 	}
 	if dials < breakN+2 {
 		t.Fatalf("%d dials: the failed stream was not opened again", dials)
+	}
+}
+
+// TestV2OpensKeyWhileFirstChunkIsRead: with a size hint that says V2,
+// PutKey (auto) opens the key while it reads the first chunk (which it
+// reads to choose the path) instead of after: the reader's first Read
+// waits, bounded by 10 s, for an OpenKey answered to this client. Before,
+// the key was opened only once that chunk was read, and the test fails on
+// the bound. A body shorter than its hint still goes through (opened
+// again, V1 small file) and reads back intact.
+func TestV2OpensKeyWhileFirstChunkIsRead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), Datanodes: 3,
+		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
+		BlockSize: 16 << 20, ContainerSize: 512 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.WaitWritable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var opens atomic.Int64
+	count := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if err == nil && strings.Contains(method, "OpenKey") {
+			opens.Add(1)
+		}
+		return err
+	})
+	cl, err := New(Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: "/dc1/rack1",
+		ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
+		DialOptions: []grpc.DialOption{count}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := cl.CreateVolume(ctx, "vol", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.CreateBucket(ctx, "vol", "bkt", BucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rnd := rand.New(rand.NewPCG(7, 8))
+	for _, tc := range []struct {
+		name      string
+		size      int
+		hint      int64
+		wantEarly bool
+		pipeline  string
+	}{
+		{"long", 6<<20 + 777, 6<<20 + 777, true, "v2"},
+		{"short-body", 1000, 6 << 20, true, "v1"},
+		{"small-hint", 6 << 20, 1000, false, "v2"},
+	} {
+		data := make([]byte, tc.size)
+		for i := range data {
+			data[i] = byte(rnd.Uint32())
+		}
+		before := opens.Load()
+		var waited time.Duration
+		first := true
+		r := readerFunc(func(p []byte) (int, error) {
+			if first {
+				first = false
+				start := time.Now()
+				for opens.Load() == before && time.Since(start) < 10*time.Second && tc.wantEarly {
+					time.Sleep(2 * time.Millisecond)
+				}
+				waited = time.Since(start)
+			}
+			return 0, io.EOF
+		})
+		cr := &countingReader{data: data}
+		ki, err := cl.PutKey(ctx, "vol", "bkt", tc.name, io.MultiReader(r, cr), PutOptions{SizeHint: tc.hint})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if ki.Pipeline != tc.pipeline || ki.Size != uint64(tc.size) {
+			t.Fatalf("%s: pipeline %q size %d, want %q %d", tc.name, ki.Pipeline, ki.Size, tc.pipeline, tc.size)
+		}
+		if tc.wantEarly && waited >= 10*time.Second {
+			t.Fatalf("%s: no OpenKey while the first chunk was read (waited %v)", tc.name, waited)
+		}
+		kr, err := cl.GetKey(ctx, "vol", "bkt", tc.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(kr)
+		kr.Close()
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s: read back %d bytes (err %v), differing", tc.name, len(got), err)
+		}
 	}
 }
