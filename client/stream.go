@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
@@ -128,6 +129,10 @@ type sender struct {
 	done   chan struct{}  // closed when the goroutine ended
 	w      *stream.Writer // set before done; nil if the stream did not open
 	err    error          // set before done: why it ended early
+
+	mu     sync.Mutex
+	live   *stream.Writer // = w once open, for halt to interrupt
+	halted bool
 }
 
 func (s *sender) run(dial func() (*stream.Writer, error)) {
@@ -138,6 +143,13 @@ func (s *sender) run(dial func() (*stream.Writer, error)) {
 		return
 	}
 	s.w = sw
+	s.mu.Lock()
+	s.live = sw
+	stopped := s.halted
+	s.mu.Unlock()
+	if stopped {
+		return
+	}
 	for {
 		select {
 		case <-s.stop:
@@ -280,6 +292,14 @@ func (w *streamWriter) halt() {
 	}
 	w.snd = nil
 	close(s.stop)
+	// The stream is to be aborted: a write waiting for acks (a stalled
+	// chain) ends now rather than at its timeout.
+	s.mu.Lock()
+	s.halted = true
+	if s.live != nil {
+		s.live.Interrupt()
+	}
+	s.mu.Unlock()
 	<-s.done
 	if s.w != nil {
 		if w.w != nil {
