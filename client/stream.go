@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
@@ -107,9 +108,72 @@ type streamWriter struct {
 	w      *stream.Writer // open on cur; nil between segments
 	seg    []piece        // the segment's data, uncommitted, in order
 	segLen int64
+	// snd, while not nil, is the segment's sender: a goroutine that opens
+	// the stream on cur and writes the segment's pieces to it as they are
+	// read. The reading goes on meanwhile (into the segment's buffers,
+	// bounded as always by the pool and the segment), so neither the
+	// connection and handshake of every hop (tens of ms each on a busy
+	// host) nor sealing and writing to the first hop stop it. commit
+	// waits for the sender to have written everything, then closes w.
+	snd *sender
 
 	committed  []*metapb.KeyBlock
 	chunkLists [][]*datanodepb.ChunkInfo // per committed block
+}
+
+// sender opens one stream and writes a segment's pieces to it, in order,
+// on a goroutine of its own (streamWriter.snd).
+type sender struct {
+	pieces chan []byte    // closed by finish: nothing more to write
+	stop   chan struct{}  // closed by halt: stop between pieces
+	done   chan struct{}  // closed when the goroutine ended
+	w      *stream.Writer // set before done; nil if the stream did not open
+	err    error          // set before done: why it ended early
+
+	mu     sync.Mutex
+	live   *stream.Writer // = w once open, for halt to interrupt
+	halted bool
+}
+
+func (s *sender) run(dial func() (*stream.Writer, error)) {
+	defer close(s.done)
+	sw, err := dial()
+	if err != nil {
+		s.err = err
+		return
+	}
+	s.w = sw
+	s.mu.Lock()
+	s.live = sw
+	stopped := s.halted
+	s.mu.Unlock()
+	if stopped {
+		return
+	}
+	for {
+		select {
+		case <-s.stop:
+			return
+		case b, ok := <-s.pieces:
+			if !ok {
+				return
+			}
+			if _, err := sw.Write(b); err != nil {
+				s.err = err
+				return
+			}
+		}
+	}
+}
+
+// queue hands b to the sender, or returns why it ended early.
+func (s *sender) queue(b []byte) error {
+	select {
+	case s.pieces <- b:
+		return nil
+	case <-s.done:
+		return s.err
+	}
 }
 
 func newStreamWriter(ctx context.Context, c *Client, op string, blocks *blockSource, blockSize int64, progress func(int64)) *streamWriter {
@@ -186,31 +250,68 @@ func (w *streamWriter) run(r io.Reader) error {
 	}
 }
 
-// write adds p to the segment and sends it; on a failure it moves the
-// segment to a new block.
+// write adds p to the segment and sends what the open stream has not yet
+// had; while the stream is still being opened it returns at once (the
+// caller reads on). On a failure it moves the segment to a new block.
 func (w *streamWriter) write(p piece) error {
 	w.seg = append(w.seg, p)
 	w.segLen += int64(len(p.data))
-	err := w.send(p)
+	var err error
+	if w.snd == nil {
+		err = w.open() // queues the whole segment, p included
+	} else {
+		err = w.snd.queue(p.data)
+	}
 	if err != nil {
 		return w.recover(err)
 	}
 	return nil
 }
 
-// send writes p to the open stream, opening one (on a new block if the
-// current one is full) first.
-func (w *streamWriter) send(p piece) error {
-	if w.w == nil {
-		if err := w.open(); err != nil {
-			return err
-		}
+// finish waits until the sender wrote every piece queued and hands its
+// stream to w.w (for Close, or for recover to abort it).
+func (w *streamWriter) finish() error {
+	s := w.snd
+	w.snd = nil
+	close(s.pieces)
+	<-s.done
+	w.w = s.w
+	if s.err == nil && s.w == nil {
+		s.err = errors.New("stream: sender ended without a stream")
 	}
-	_, err := w.w.Write(p.data)
-	return err
+	return s.err
 }
 
-// open starts a stream on the current block at its committed length.
+// halt stops the sender, if any, between pieces (a write under way ends
+// first: acked, failed or timed out) and hands its stream, if it opened,
+// to w.w for the caller to abort.
+func (w *streamWriter) halt() {
+	s := w.snd
+	if s == nil {
+		return
+	}
+	w.snd = nil
+	close(s.stop)
+	// The stream is to be aborted: a write waiting for acks (a stalled
+	// chain) ends now rather than at its timeout.
+	s.mu.Lock()
+	s.halted = true
+	if s.live != nil {
+		s.live.Interrupt()
+	}
+	s.mu.Unlock()
+	<-s.done
+	if s.w != nil {
+		if w.w != nil {
+			w.w.Abort()
+		}
+		w.w = s.w
+	}
+}
+
+// open starts a sender: it opens a stream on the current block at its
+// committed length and writes the segment's pieces (all those read so
+// far are queued now).
 func (w *streamWriter) open() error {
 	if w.cur == nil || w.cur.length == w.blockSize {
 		w.endBlock()
@@ -237,11 +338,15 @@ func (w *streamWriter) open() error {
 		h(StreamInfo{ContainerID: b.loc.GetId().GetContainerId(), LocalID: b.loc.GetId().GetLocalId(),
 			PipelineID: b.loc.GetPipelineId(), Offset: opts.Offset, Route: ids})
 	}
-	sw, err := stream.Dial(w.ctx, b.route, b.loc.GetPipelineId(), streamBlockID(b.loc), opts)
-	if err != nil {
-		return err
+	// A segment holds at most the pool's buffers, one piece each, so
+	// queueing never waits for the sender.
+	s := &sender{pieces: make(chan []byte, max(cap(w.pool.slots), len(w.seg))+1), stop: make(chan struct{}), done: make(chan struct{})}
+	for _, p := range w.seg {
+		s.pieces <- p.data
 	}
-	w.w = sw
+	w.snd = s
+	ctx, route, pipeline, id := w.ctx, b.route, b.loc.GetPipelineId(), streamBlockID(b.loc)
+	go s.run(func() (*stream.Writer, error) { return stream.Dial(ctx, route, pipeline, id, opts) })
 	return nil
 }
 
@@ -250,7 +355,13 @@ func (w *streamWriter) open() error {
 // Raft leader, waiting for every replica; then its buffers are free.
 func (w *streamWriter) commit() error {
 	for {
-		err := w.commitOnce()
+		var err error
+		if w.snd != nil {
+			err = w.finish()
+		}
+		if err == nil {
+			err = w.commitOnce()
+		}
 		if err == nil {
 			w.releaseSeg()
 			return nil
@@ -301,6 +412,7 @@ func (w *streamWriter) commitOnce() error {
 // open on the new block: the caller goes on adding to it or commits it.
 func (w *streamWriter) recover(cause error) error {
 	for {
+		w.halt()
 		if w.w != nil {
 			w.w.Abort()
 			w.w = nil
@@ -320,12 +432,7 @@ func (w *streamWriter) recover(cause error) error {
 
 // resend writes the segment to a new stream on a new block.
 func (w *streamWriter) resend() error {
-	for _, p := range w.seg {
-		if err := w.send(p); err != nil {
-			return err
-		}
-	}
-	return nil
+	return w.open()
 }
 
 // endBlock lists the current block in the key at its committed length;
@@ -348,6 +455,7 @@ func (w *streamWriter) releaseSeg() {
 // drop undoes what an unfinished write holds: the stream (its datanodes
 // discard the partial block) and the buffers.
 func (w *streamWriter) drop() {
+	w.halt()
 	if w.w != nil {
 		w.w.Abort()
 		w.w = nil

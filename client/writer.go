@@ -82,6 +82,43 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	// entry) instead of WriteChunk + PutBlock.
 	var small []byte
 	var smallBuf *buffer // small's pooled buffer
+	newOpenReq := func() *metapb.OpenKeyRequest {
+		return &metapb.OpenKeyRequest{
+			Volume: volume, Bucket: bucket, Key: key, SizeHint: uint64(o.SizeHint),
+			Replication: o.Replication.pb(), ChecksumType: metapb.ChecksumType_CRC32C,
+			BytesPerChecksum: uint32(c.cfg.BytesPerChecksum), ClientLocation: c.cfg.Location,
+		}
+	}
+	openKey := func(req *metapb.OpenKeyRequest) (*metapb.OpenKeyResponse, error) {
+		var open *metapb.OpenKeyResponse
+		err := c.allocating(ctx, op, func(level int) error {
+			req.Exclude = nil
+			if level == 0 {
+				ex := c.excl.snapshot()
+				req.Exclude = ex.proto()
+			}
+			var err error
+			open, err = c.meta.OpenKeyCoalesced(ctx, req)
+			return err
+		})
+		return open, err
+	}
+	type opened struct {
+		open *metapb.OpenKeyResponse
+		err  error
+	}
+	var early chan opened
+	if auto && o.SizeHint >= c.cfg.StreamThreshold {
+		// The size hint says V2: the key is opened while the first chunk
+		// is read (peek), not after. Should the body end short after
+		// all, this open is left to expire and the key opened again.
+		early = make(chan opened, 1)
+		req := newOpenReq()
+		go func() {
+			open, err := openKey(req)
+			early <- opened{open, err}
+		}()
+	}
 	if auto {
 		pr, short, err := c.peek(ctx, r)
 		if err != nil {
@@ -98,24 +135,23 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 			}
 		}
 	}
-	openReq := &metapb.OpenKeyRequest{
-		Volume: volume, Bucket: bucket, Key: key, SizeHint: uint64(o.SizeHint),
-		Replication: o.Replication.pb(), ChecksumType: metapb.ChecksumType_CRC32C,
-		BytesPerChecksum: uint32(c.cfg.BytesPerChecksum), ClientLocation: c.cfg.Location,
-	}
 	var open *metapb.OpenKeyResponse
-	err := c.allocating(ctx, op, func(level int) error {
-		openReq.Exclude = nil
-		if level == 0 {
-			ex := c.excl.snapshot()
-			openReq.Exclude = ex.proto()
+	var err error
+	if early != nil {
+		// Long after all (path V2, SizeHint unchanged): the same request
+		// as the one below would be, so its answer, error included, stands.
+		e := <-early
+		if path == PipelineV2 {
+			if e.err != nil {
+				return KeyInfo{}, e.err
+			}
+			open = e.open
 		}
-		var err error
-		open, err = c.meta.OpenKeyCoalesced(ctx, openReq)
-		return err
-	})
-	if err != nil {
-		return KeyInfo{}, err
+	}
+	if open == nil {
+		if open, err = openKey(newOpenReq()); err != nil {
+			return KeyInfo{}, err
+		}
 	}
 	bs := int64(open.BlockSize)
 	if c.cfg.BlockSize > 0 && (bs == 0 || c.cfg.BlockSize < bs) {

@@ -295,3 +295,53 @@ func TestWriterAbort(t *testing.T) {
 		t.Fatal("write after abort succeeded")
 	}
 }
+
+// TestInterruptEndsBlockedWrite: a Write waiting for a window slot on a
+// stalled chain (its last datanode's disk hangs; timeouts of 30 s) ends
+// within a second of Interrupt from another goroutine, with an error,
+// and Abort then returns; without Interrupt it would wait for the stall
+// timeout.
+func TestInterruptEndsBlockedWrite(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	const timeout = 30 * time.Second
+	n1 := startNode(t, 1, timeout, nil)
+	n2 := startNode(t, 2, timeout, func(s Sink) Sink { return &stallSink{Sink: s, after: 1, release: release} })
+	w, err := Dial(context.Background(), []Target{n1.target(), n2.target()}, 1, BlockID{1, 1}, Options{Window: 2, Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := payload(1<<20, 3)
+	errc := make(chan error, 1)
+	go func() {
+		var werr error
+		for i := 0; i < 16 && werr == nil; i++ {
+			_, werr = w.Write(data)
+		}
+		errc <- werr
+	}()
+	// The writer blocks once the window is full of unacked packets.
+	select {
+	case err := <-errc:
+		t.Fatalf("writes ended before the interrupt: %v", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	start := time.Now()
+	w.Interrupt()
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("write after Interrupt succeeded")
+		}
+		t.Logf("write ended %v after Interrupt: %v", time.Since(start), err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("write still blocked 10 s after Interrupt")
+	}
+	done := make(chan struct{})
+	go func() { w.Abort(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Abort blocked after Interrupt")
+	}
+}

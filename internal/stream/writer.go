@@ -502,6 +502,12 @@ func (w *Writer) Abort() {
 	w.putBufs()
 }
 
+// Interrupt ends the stream's connection, so that a Write or Close under
+// way on another goroutine returns (with an error) instead of waiting for
+// acks up to its timeout. Safe to call concurrently with Write and Close;
+// the owner still calls Abort once they returned.
+func (w *Writer) Interrupt() { closeRaw(w.conn) }
+
 func (w *Writer) putBufs() {
 	putBuf(w.buf)
 	if w.sealBuf != nil {

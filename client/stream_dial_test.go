@@ -1,0 +1,258 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/basalt-store/basalt/internal/cluster"
+)
+
+// countingReader yields data in reads of at most 256 KiB and counts what
+// it delivered.
+type countingReader struct {
+	data []byte
+	off  atomic.Int64
+}
+
+func (r *countingReader) Read(p []byte) (int, error) {
+	off := r.off.Load()
+	if off == int64(len(r.data)) {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), 256<<10)], r.data[off:])
+	r.off.Add(int64(n))
+	return n, nil
+}
+
+// TestV2ReadsWhileStreamOpens: a V2 write reads its segment on while its
+// stream is being opened (the connection and handshakes of every hop),
+// instead of stopping its reader until the chain answered. The first
+// hop's connection watch (run inside stream.Dial, after the TLS
+// handshake) holds the first stream open until the reader has delivered
+// the whole segment, bounded by 10 s: with a write that opened the stream
+// before reading on, the reader stays at the first chunk and the test
+// fails on the bound. A second key's first dial is made to fail after the
+// reader ran ahead: the segment is written again on a new stream and
+// reads back intact. Real cluster (5 datanodes, TLS, records).
+func TestV2ReadsWhileStreamOpens(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), Datanodes: 5,
+		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
+		BlockSize: 16 << 20, ContainerSize: 512 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.WaitWritable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := New(Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: "/dc1/rack1",
+		ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
+		StreamTimeout: 15 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if cl.streamTLS == nil {
+		t.Fatal("the cluster's streams are not secured: the watch this test hooks is not called")
+	}
+	if _, err := cl.CreateVolume(ctx, "vol", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.CreateBucket(ctx, "vol", "bkt", BucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	const size = 6<<20 + 12345 // one segment (8 MiB buffer), one block
+	rnd := rand.New(rand.NewPCG(5, 6))
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(rnd.Uint32())
+	}
+
+	var (
+		mu     sync.Mutex
+		cur    *countingReader
+		dials  int
+		sawAt  []int64 // bytes read when each held dial was let go
+		breakN = -1    // this dial's connection is closed in the watch
+	)
+	orig := cl.streamWatch
+	cl.streamWatch = func(raw net.Conn, cs *tls.ConnectionState) func() {
+		mu.Lock()
+		r, n := cur, dials
+		dials++
+		brk := n == breakN
+		mu.Unlock()
+		if r != nil && (n == 0 || brk) {
+			deadline := time.Now().Add(10 * time.Second)
+			for r.off.Load() < int64(len(r.data)) && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			mu.Lock()
+			sawAt = append(sawAt, r.off.Load())
+			mu.Unlock()
+		}
+		if brk {
+			raw.Close() // the header cannot be sent: the dial fails
+		}
+		if orig != nil {
+			return orig(raw, cs)
+		}
+		return func() {}
+	}
+
+	put := func(key string) {
+		t.Helper()
+		r := &countingReader{data: data}
+		mu.Lock()
+		cur = r
+		mu.Unlock()
+		ki, err := cl.PutKey(ctx, "vol", "bkt", key, r, PutOptions{Pipeline: PipelineV2})
+		if err != nil {
+			t.Fatalf("put %s: %v", key, err)
+		}
+		if ki.Pipeline != "v2" || ki.Size != size {
+			t.Fatalf("put %s: pipeline %q size %d", key, ki.Pipeline, ki.Size)
+		}
+		kr, err := cl.GetKey(ctx, "vol", "bkt", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(kr)
+		kr.Close()
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s read back %d bytes (err %v), differing", key, len(got), err)
+		}
+	}
+
+	start := time.Now()
+	put("held")
+	mu.Lock()
+	at := append([]int64(nil), sawAt...)
+	mu.Unlock()
+	if len(at) != 1 || at[0] != size {
+		t.Fatalf("the reader had delivered %v of %d bytes when the first stream opened: the write did not read on while it opened", at, size)
+	}
+	t.Logf("held dial: whole segment read before the stream opened (%v)", time.Since(start))
+
+	// The first dial of the next key fails after the reader ran ahead.
+	mu.Lock()
+	breakN, sawAt = dials, nil
+	mu.Unlock()
+	put("broken")
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sawAt) != 1 || sawAt[0] != size {
+		t.Fatalf("broken dial: reader at %v of %d bytes when it failed", sawAt, size)
+	}
+	if dials < breakN+2 {
+		t.Fatalf("%d dials: the failed stream was not opened again", dials)
+	}
+}
+
+// TestV2OpensKeyWhileFirstChunkIsRead: with a size hint that says V2,
+// PutKey (auto) opens the key while it reads the first chunk (which it
+// reads to choose the path) instead of after: the reader's first Read
+// waits, bounded by 10 s, for an OpenKey answered to this client. Before,
+// the key was opened only once that chunk was read, and the test fails on
+// the bound. A body shorter than its hint still goes through (opened
+// again, V1 small file) and reads back intact.
+func TestV2OpensKeyWhileFirstChunkIsRead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), Datanodes: 3,
+		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
+		BlockSize: 16 << 20, ContainerSize: 512 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.WaitWritable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var opens atomic.Int64
+	count := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if err == nil && strings.Contains(method, "OpenKey") {
+			opens.Add(1)
+		}
+		return err
+	})
+	cl, err := New(Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: "/dc1/rack1",
+		ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
+		DialOptions: []grpc.DialOption{count}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := cl.CreateVolume(ctx, "vol", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.CreateBucket(ctx, "vol", "bkt", BucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rnd := rand.New(rand.NewPCG(7, 8))
+	for _, tc := range []struct {
+		name      string
+		size      int
+		hint      int64
+		wantEarly bool
+		pipeline  string
+	}{
+		{"long", 6<<20 + 777, 6<<20 + 777, true, "v2"},
+		{"short-body", 1000, 6 << 20, true, "v1"},
+		{"small-hint", 6 << 20, 1000, false, "v2"},
+	} {
+		data := make([]byte, tc.size)
+		for i := range data {
+			data[i] = byte(rnd.Uint32())
+		}
+		before := opens.Load()
+		var waited time.Duration
+		first := true
+		r := readerFunc(func(p []byte) (int, error) {
+			if first {
+				first = false
+				start := time.Now()
+				for opens.Load() == before && time.Since(start) < 10*time.Second && tc.wantEarly {
+					time.Sleep(2 * time.Millisecond)
+				}
+				waited = time.Since(start)
+			}
+			return 0, io.EOF
+		})
+		cr := &countingReader{data: data}
+		ki, err := cl.PutKey(ctx, "vol", "bkt", tc.name, io.MultiReader(r, cr), PutOptions{SizeHint: tc.hint})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if ki.Pipeline != tc.pipeline || ki.Size != uint64(tc.size) {
+			t.Fatalf("%s: pipeline %q size %d, want %q %d", tc.name, ki.Pipeline, ki.Size, tc.pipeline, tc.size)
+		}
+		if tc.wantEarly && waited >= 10*time.Second {
+			t.Fatalf("%s: no OpenKey while the first chunk was read (waited %v)", tc.name, waited)
+		}
+		kr, err := cl.GetKey(ctx, "vol", "bkt", tc.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(kr)
+		kr.Close()
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s: read back %d bytes (err %v), differing", tc.name, len(got), err)
+		}
+	}
+}
