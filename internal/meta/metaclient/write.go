@@ -324,11 +324,15 @@ func (co *writeCoalescer[Q, R]) send(q *writeQueue[Q, R], batch []*writeCall[Q, 
 	var alone []*writeCall[Q, R]
 	for i, call := range batch {
 		switch {
-		case err != nil && ctx.Err() != nil && call.ctx.Err() == nil:
+		case err != nil && call.ctx.Err() == nil && (ctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded):
 			// The batch's deadline passed (now + CallTimeout for a caller
 			// without one) while this caller still waits: for it, a
 			// timeout of the service, reported as the single call
-			// reports one (see mergedContext).
+			// reports one (see mergedContext). The server may see the
+			// deadline first (it gets the remaining time with the call)
+			// and end the call DEADLINE_EXCEEDED an instant before ctx
+			// is done here: the same expiry (the batch's deadline is the
+			// latest of its callers', and this caller's is still ahead).
 			call.err = co.expired(err)
 		case err != nil:
 			call.err = err
