@@ -221,9 +221,8 @@ func (w *streamWriter) run(r io.Reader) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", w.op, err)
 		}
-		n, rerr := io.ReadFull(r, buf.data[:min(int64(len(buf.data)), w.room())])
-		eof := rerr == io.EOF || rerr == io.ErrUnexpectedEOF
-		if rerr != nil && !eof {
+		n, eof, rerr := readFull(r, buf.data[:min(int64(len(buf.data)), w.room())])
+		if rerr != nil {
 			buf.unref()
 			return fmt.Errorf("%s: reading the data at offset %d: %w", w.op, read, rerr)
 		}

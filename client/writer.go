@@ -339,27 +339,44 @@ func (c *Client) peek(ctx context.Context, r io.Reader, first func()) (pr *prefi
 		return nil, false, err
 	}
 	head := min(len(buf.data), c.cfg.ChunkSize)
-	n, err := io.ReadFull(r, buf.data[:head])
-	if err == nil {
+	n, eof, err := readFull(r, buf.data[:head])
+	if err == nil && !eof {
 		if first != nil && head < len(buf.data) {
 			first()
 		}
 		var m int
-		m, err = io.ReadFull(r, buf.data[head:])
+		m, eof, err = readFull(r, buf.data[head:])
 		n += m
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF // ended after the first chunk: short
-		}
 	}
 	switch {
-	case err == io.EOF || err == io.ErrUnexpectedEOF:
-		// Do not read r again: the key is complete.
-		return &prefixReader{buf: buf, data: buf.data[:n], r: eofReader{}}, true, nil
 	case err != nil:
 		buf.unref()
 		return nil, false, fmt.Errorf("reading the data at offset %d: %w", n, err)
+	case eof:
+		// Do not read r again: the key is complete.
+		return &prefixReader{buf: buf, data: buf.data[:n], r: eofReader{}}, true, nil
 	}
 	return &prefixReader{buf: buf, data: buf.data[:n], r: r}, false, nil
+}
+
+// readFull reads into b until b is full or r ends; eof says r returned
+// io.EOF (n may then be short of len(b)). Any other error of r is
+// returned as such, io.ErrUnexpectedEOF included: io.ReadFull turns a
+// short last read into that error too, so with it a reader's own
+// (net/http's body of a truncated upload) looked like the end of the
+// data, and a truncated key was committed.
+func readFull(r io.Reader, b []byte) (n int, eof bool, err error) {
+	for n < len(b) {
+		m, err := r.Read(b[n:])
+		n += m
+		if err == io.EOF {
+			return n, true, nil
+		}
+		if err != nil {
+			return n, false, err
+		}
+	}
+	return n, false, nil
 }
 
 // prefixReader yields data, then r. It returns its buffer to the pool as
@@ -718,11 +735,9 @@ func (w *keyWriter) run(r io.Reader) error {
 			w.stop()
 			return fmt.Errorf("%s: %w", w.op, err)
 		}
-		n, rerr := io.ReadFull(r, buf.data[:room])
-		switch {
-		case rerr == io.EOF || rerr == io.ErrUnexpectedEOF:
-			eof = true
-		case rerr != nil:
+		n, end, rerr := readFull(r, buf.data[:room])
+		eof = end
+		if rerr != nil {
 			buf.unref()
 			w.stop()
 			return fmt.Errorf("%s: reading the data at offset %d: %w", w.op, read, rerr)
