@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/basalt-store/basalt/internal/cluster"
+	"github.com/basalt-store/basalt/internal/stream"
 )
 
 // countingReader yields data in reads of at most 256 KiB and counts what
@@ -293,4 +294,67 @@ func TestV2OpensKeyWhileFirstChunkIsRead(t *testing.T) {
 			t.Fatalf("%s: lookup: %v, want not found", name, err)
 		}
 	}
+}
+
+// TestV2HaltCancelsDial: a body that fails while its segment's stream is
+// still being opened ends the put at once: halt cancels the dial's
+// context. The dial is held (streamDial) until its context ends, bounded
+// by 10 s, then dials for real; the reader fails once the dial began.
+// Before, PutKey waited for the dial (here the 10 s bound; in real life
+// up to the dial's deadlines).
+func TestV2HaltCancelsDial(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), Datanodes: 3,
+		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
+		BlockSize: 16 << 20, ContainerSize: 512 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.WaitWritable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := New(Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: "/dc1/rack1",
+		ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := cl.CreateVolume(ctx, "vol", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.CreateBucket(ctx, "vol", "bkt", BucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dialing := make(chan struct{}, 1)
+	orig := streamDial
+	defer func() { streamDial = orig }()
+	streamDial = func(ctx context.Context, route []stream.Target, pipeline uint64, block stream.BlockID, opts stream.Options) (*stream.Writer, error) {
+		dialing <- struct{}{}
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second):
+		}
+		return orig(ctx, route, pipeline, block, opts)
+	}
+	boom := errors.New("client went away")
+	r := io.MultiReader(bytes.NewReader(make([]byte, 1<<20)), readerFunc(func([]byte) (int, error) {
+		select {
+		case <-dialing:
+		case <-time.After(10 * time.Second):
+			t.Error("no dial began within 10 s")
+		}
+		return 0, boom
+	}))
+	start := time.Now()
+	_, err = cl.PutKey(ctx, "vol", "bkt", "k", r, PutOptions{Pipeline: PipelineV2})
+	took := time.Since(start)
+	if !errors.Is(err, boom) {
+		t.Fatalf("put: %v, want the reader's error", err)
+	}
+	if took > 5*time.Second {
+		t.Fatalf("put returned after %v: it waited for the held dial", took)
+	}
+	t.Logf("put failed after %v: %v", took, err)
 }
