@@ -133,11 +133,15 @@ type sender struct {
 	mu     sync.Mutex
 	live   *stream.Writer // = w once open, for halt to interrupt
 	halted bool
+	// cancel ends the dial's context: halt interrupts a dial under way
+	// (connection, handshakes, the header's exchange along the chain).
+	cancel context.CancelFunc
 }
 
 func (s *sender) run(dial func() (*stream.Writer, error)) {
 	defer close(s.done)
 	sw, err := dial()
+	s.cancel() // Dial uses its context only until it returns
 	if err != nil {
 		s.err = err
 		return
@@ -165,6 +169,9 @@ func (s *sender) run(dial func() (*stream.Writer, error)) {
 		}
 	}
 }
+
+// streamDial is stream.Dial; tests hold it.
+var streamDial = stream.Dial
 
 // queue hands b to the sender, or returns why it ended early.
 func (s *sender) queue(b []byte) error {
@@ -221,9 +228,8 @@ func (w *streamWriter) run(r io.Reader) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", w.op, err)
 		}
-		n, rerr := io.ReadFull(r, buf.data[:min(int64(len(buf.data)), w.room())])
-		eof := rerr == io.EOF || rerr == io.ErrUnexpectedEOF
-		if rerr != nil && !eof {
+		n, eof, rerr := readFull(r, buf.data[:min(int64(len(buf.data)), w.room())])
+		if rerr != nil {
 			buf.unref()
 			return fmt.Errorf("%s: reading the data at offset %d: %w", w.op, read, rerr)
 		}
@@ -282,9 +288,13 @@ func (w *streamWriter) finish() error {
 	return s.err
 }
 
-// halt stops the sender, if any, between pieces (a write under way ends
-// first: acked, failed or timed out) and hands its stream, if it opened,
-// to w.w for the caller to abort.
+// halt stops the sender, if any: a dial under way is cancelled, a Write
+// under way is interrupted (Writer.Interrupt: one waiting for acks or
+// window returns at once; one that only fills the packet buffer completes,
+// the stream is aborted after), and the sender stops between pieces. It
+// hands the stream, if it opened, to w.w for the caller to abort. Only
+// drop (the body's read failed, or the put ended otherwise) halts a live
+// sender; recover halts one that already ended.
 func (w *streamWriter) halt() {
 	s := w.snd
 	if s == nil {
@@ -296,6 +306,7 @@ func (w *streamWriter) halt() {
 	// chain) ends now rather than at its timeout.
 	s.mu.Lock()
 	s.halted = true
+	s.cancel()
 	if s.live != nil {
 		s.live.Interrupt()
 	}
@@ -340,13 +351,14 @@ func (w *streamWriter) open() error {
 	}
 	// A segment holds at most the pool's buffers, one piece each, so
 	// queueing never waits for the sender.
-	s := &sender{pieces: make(chan []byte, max(cap(w.pool.slots), len(w.seg))+1), stop: make(chan struct{}), done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(w.ctx)
+	s := &sender{pieces: make(chan []byte, max(cap(w.pool.slots), len(w.seg))+1), stop: make(chan struct{}), done: make(chan struct{}), cancel: cancel}
 	for _, p := range w.seg {
 		s.pieces <- p.data
 	}
 	w.snd = s
-	ctx, route, pipeline, id := w.ctx, b.route, b.loc.GetPipelineId(), streamBlockID(b.loc)
-	go s.run(func() (*stream.Writer, error) { return stream.Dial(ctx, route, pipeline, id, opts) })
+	route, pipeline, id := b.route, b.loc.GetPipelineId(), streamBlockID(b.loc)
+	go s.run(func() (*stream.Writer, error) { return streamDial(ctx, route, pipeline, id, opts) })
 	return nil
 }
 

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -16,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/basalt-store/basalt/internal/cluster"
+	"github.com/basalt-store/basalt/internal/stream"
 )
 
 // countingReader yields data in reads of at most 256 KiB and counts what
@@ -164,12 +167,16 @@ func TestV2ReadsWhileStreamOpens(t *testing.T) {
 }
 
 // TestV2OpensKeyWhileFirstChunkIsRead: with a size hint that says V2,
-// PutKey (auto) opens the key while it reads the first chunk (which it
-// reads to choose the path) instead of after: the reader's first Read
-// waits, bounded by 10 s, for an OpenKey answered to this client. Before,
-// the key was opened only once that chunk was read, and the test fails on
-// the bound. A body shorter than its hint still goes through (opened
-// again, V1 small file) and reads back intact.
+// PutKey (auto) opens the key once it has read the first chunk, while it
+// reads the rest of the peek (which it reads to choose the path): the
+// reader's Read after the first chunk waits, bounded by 10 s, for an
+// OpenKey answered to this client. Every put opens its key exactly once:
+// a body that ends after the first chunk but short of the threshold goes
+// through V1 with the early open (the code before opened again and left
+// the first open behind). A body that fails within the first chunk opens
+// nothing: its failing Read waits up to 3 s for an OpenKey, which the code
+// that opened before the first Read granted (5 such puts with a 1 GiB hint
+// left 5 open keys and 80 blocks).
 func TestV2OpensKeyWhileFirstChunkIsRead(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -204,6 +211,10 @@ func TestV2OpensKeyWhileFirstChunkIsRead(t *testing.T) {
 	if _, err := cl.CreateBucket(ctx, "vol", "bkt", BucketOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// ChunkSize 1 MiB, StreamThreshold 4 MiB (the default): the early
+	// open starts once the first 1 MiB has been read, while the rest of
+	// the peek is read; the reader below holds its next Read until then.
+	const chunk = 1 << 20
 	rnd := rand.New(rand.NewPCG(7, 8))
 	for _, tc := range []struct {
 		name      string
@@ -213,7 +224,10 @@ func TestV2OpensKeyWhileFirstChunkIsRead(t *testing.T) {
 		pipeline  string
 	}{
 		{"long", 6<<20 + 777, 6<<20 + 777, true, "v2"},
-		{"short-body", 1000, 6 << 20, true, "v1"},
+		// Ends after the first chunk, before the threshold: V1 with the
+		// early open (the old code opened a second time and orphaned it).
+		{"short-body", 2<<20 + 5, 6 << 20, true, "v1"},
+		{"tiny-body", 1000, 6 << 20, false, "v1"},
 		{"small-hint", 6 << 20, 1000, false, "v2"},
 	} {
 		data := make([]byte, tc.size)
@@ -234,8 +248,9 @@ func TestV2OpensKeyWhileFirstChunkIsRead(t *testing.T) {
 			}
 			return 0, io.EOF
 		})
-		cr := &countingReader{data: data}
-		ki, err := cl.PutKey(ctx, "vol", "bkt", tc.name, io.MultiReader(r, cr), PutOptions{SizeHint: tc.hint})
+		head := min(chunk, tc.size)
+		cr := &countingReader{data: data[head:]}
+		ki, err := cl.PutKey(ctx, "vol", "bkt", tc.name, io.MultiReader(bytes.NewReader(data[:head]), r, cr), PutOptions{SizeHint: tc.hint})
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -243,7 +258,10 @@ func TestV2OpensKeyWhileFirstChunkIsRead(t *testing.T) {
 			t.Fatalf("%s: pipeline %q size %d, want %q %d", tc.name, ki.Pipeline, ki.Size, tc.pipeline, tc.size)
 		}
 		if tc.wantEarly && waited >= 10*time.Second {
-			t.Fatalf("%s: no OpenKey while the first chunk was read (waited %v)", tc.name, waited)
+			t.Fatalf("%s: no OpenKey while the peek was read (waited %v)", tc.name, waited)
+		}
+		if n := opens.Load() - before; n != 1 {
+			t.Fatalf("%s: %d OpenKeys, want 1 (none orphaned)", tc.name, n)
 		}
 		kr, err := cl.GetKey(ctx, "vol", "bkt", tc.name)
 		if err != nil {
@@ -255,4 +273,88 @@ func TestV2OpensKeyWhileFirstChunkIsRead(t *testing.T) {
 			t.Fatalf("%s: read back %d bytes (err %v), differing", tc.name, len(got), err)
 		}
 	}
+	boom := errors.New("client went away")
+	for _, at := range []int{0, chunk / 2} {
+		before := opens.Load()
+		r := readerFunc(func(p []byte) (int, error) {
+			for start := time.Now(); opens.Load() == before && time.Since(start) < 3*time.Second; {
+				time.Sleep(2 * time.Millisecond)
+			}
+			return 0, boom
+		})
+		name := fmt.Sprintf("failed-at-%d", at)
+		_, err := cl.PutKey(ctx, "vol", "bkt", name, io.MultiReader(bytes.NewReader(make([]byte, at)), r), PutOptions{SizeHint: 1 << 30})
+		if !errors.Is(err, boom) {
+			t.Fatalf("%s: %v, want the reader's error", name, err)
+		}
+		if n := opens.Load() - before; n != 0 {
+			t.Fatalf("%s: %d OpenKeys granted for a body that failed within its first chunk, want 0", name, n)
+		}
+		if _, err := cl.StatKey(ctx, "vol", "bkt", name); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("%s: lookup: %v, want not found", name, err)
+		}
+	}
+}
+
+// TestV2HaltCancelsDial: a body that fails while its segment's stream is
+// still being opened ends the put at once: halt cancels the dial's
+// context. The dial is held (streamDial) until its context ends, bounded
+// by 10 s, then dials for real; the reader fails once the dial began.
+// Before, PutKey waited for the dial (here the 10 s bound; in real life
+// up to the dial's deadlines).
+func TestV2HaltCancelsDial(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), Datanodes: 3,
+		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
+		BlockSize: 16 << 20, ContainerSize: 512 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.WaitWritable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := New(Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: "/dc1/rack1",
+		ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := cl.CreateVolume(ctx, "vol", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.CreateBucket(ctx, "vol", "bkt", BucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dialing := make(chan struct{}, 1)
+	orig := streamDial
+	defer func() { streamDial = orig }()
+	streamDial = func(ctx context.Context, route []stream.Target, pipeline uint64, block stream.BlockID, opts stream.Options) (*stream.Writer, error) {
+		dialing <- struct{}{}
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second):
+		}
+		return orig(ctx, route, pipeline, block, opts)
+	}
+	boom := errors.New("client went away")
+	r := io.MultiReader(bytes.NewReader(make([]byte, 1<<20)), readerFunc(func([]byte) (int, error) {
+		select {
+		case <-dialing:
+		case <-time.After(10 * time.Second):
+			t.Error("no dial began within 10 s")
+		}
+		return 0, boom
+	}))
+	start := time.Now()
+	_, err = cl.PutKey(ctx, "vol", "bkt", "k", r, PutOptions{Pipeline: PipelineV2})
+	took := time.Since(start)
+	if !errors.Is(err, boom) {
+		t.Fatalf("put: %v, want the reader's error", err)
+	}
+	if took > 5*time.Second {
+		t.Fatalf("put returned after %v: it waited for the held dial", took)
+	}
+	t.Logf("put failed after %v: %v", took, err)
 }

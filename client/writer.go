@@ -89,7 +89,7 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 			BytesPerChecksum: uint32(c.cfg.BytesPerChecksum), ClientLocation: c.cfg.Location,
 		}
 	}
-	openKey := func(req *metapb.OpenKeyRequest) (*metapb.OpenKeyResponse, error) {
+	openKey := func(ctx context.Context, req *metapb.OpenKeyRequest) (*metapb.OpenKeyResponse, error) {
 		var open *metapb.OpenKeyResponse
 		err := c.allocating(ctx, op, func(level int) error {
 			req.Exclude = nil
@@ -108,19 +108,28 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 		err  error
 	}
 	var early chan opened
+	var first func() // for peek: starts the early open
 	if auto && o.SizeHint >= c.cfg.StreamThreshold {
-		// The size hint says V2: the key is opened while the first chunk
-		// is read (peek), not after. Should the body end short after
-		// all, this open is left to expire and the key opened again.
-		early = make(chan opened, 1)
-		req := newOpenReq()
-		go func() {
-			open, err := openKey(req)
-			early <- opened{open, err}
-		}()
+		// The size hint says V2: the key is opened while the rest of the
+		// peek is read, once its first chunk has been read (not before:
+		// nothing can give an open key and its blocks back, so a body
+		// that fails at once must not have opened one). A body that
+		// then ends short uses this open for V1 all the same; one that
+		// fails cancels it (an open granted by then expires, as one
+		// does when a body fails later).
+		openCtx, cancelOpen := context.WithCancel(ctx)
+		defer cancelOpen()
+		first = func() {
+			early = make(chan opened, 1)
+			req := newOpenReq()
+			go func() {
+				open, err := openKey(openCtx, req)
+				early <- opened{open, err}
+			}()
+		}
 	}
 	if auto {
-		pr, short, err := c.peek(ctx, r)
+		pr, short, err := c.peek(ctx, r, first)
 		if err != nil {
 			return KeyInfo{}, fmt.Errorf("%s: %w", op, err)
 		}
@@ -129,7 +138,9 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 		path = PipelineV2
 		if short {
 			path = PipelineV1
-			o.SizeHint = int64(len(pr.data))
+			if early == nil {
+				o.SizeHint = int64(len(pr.data))
+			}
 			if len(pr.data) > 0 && len(pr.data) <= c.cfg.ChunkSize {
 				small, smallBuf = pr.data, pr.buf
 			}
@@ -138,20 +149,16 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	var open *metapb.OpenKeyResponse
 	var err error
 	if early != nil {
-		// Long after all (path V2, SizeHint unchanged): the same request
-		// as the one below would be, so its answer, error included, stands.
+		// The same request as the one below would be (a short body
+		// keeps the hint it opened with), so its answer, error
+		// included, stands.
 		e := <-early
-		if path == PipelineV2 {
-			if e.err != nil {
-				return KeyInfo{}, e.err
-			}
-			open = e.open
+		if e.err != nil {
+			return KeyInfo{}, e.err
 		}
-	}
-	if open == nil {
-		if open, err = openKey(newOpenReq()); err != nil {
-			return KeyInfo{}, err
-		}
+		open = e.open
+	} else if open, err = openKey(ctx, newOpenReq()); err != nil {
+		return KeyInfo{}, err
 	}
 	bs := int64(open.BlockSize)
 	if c.cfg.BlockSize > 0 && (bs == 0 || c.cfg.BlockSize < bs) {
@@ -322,21 +329,54 @@ func (c *Client) putSmall(ctx context.Context, op string, blocks *blockSource, d
 // peek reads up to StreamThreshold bytes of r into a pooled buffer and
 // returns a reader that yields them and then the rest of r; short says r
 // ended before the threshold (so the whole key is in the buffer).
-func (c *Client) peek(ctx context.Context, r io.Reader) (pr *prefixReader, short bool, err error) {
+//
+// first, if not nil, is called once the first chunk (ChunkSize bytes, or
+// all of them if StreamThreshold is smaller) has been read whole and more
+// is to be read; not on a failure or a body that ends within it.
+func (c *Client) peek(ctx context.Context, r io.Reader, first func()) (pr *prefixReader, short bool, err error) {
 	buf, err := newBufPool(int(c.cfg.StreamThreshold), 1).get(ctx, nil)
 	if err != nil {
 		return nil, false, err
 	}
-	n, err := io.ReadFull(r, buf.data)
+	head := min(len(buf.data), c.cfg.ChunkSize)
+	n, eof, err := readFull(r, buf.data[:head])
+	if err == nil && !eof {
+		if first != nil && head < len(buf.data) {
+			first()
+		}
+		var m int
+		m, eof, err = readFull(r, buf.data[head:])
+		n += m
+	}
 	switch {
-	case err == io.EOF || err == io.ErrUnexpectedEOF:
-		// Do not read r again: the key is complete.
-		return &prefixReader{buf: buf, data: buf.data[:n], r: eofReader{}}, true, nil
 	case err != nil:
 		buf.unref()
 		return nil, false, fmt.Errorf("reading the data at offset %d: %w", n, err)
+	case eof:
+		// Do not read r again: the key is complete.
+		return &prefixReader{buf: buf, data: buf.data[:n], r: eofReader{}}, true, nil
 	}
 	return &prefixReader{buf: buf, data: buf.data[:n], r: r}, false, nil
+}
+
+// readFull reads into b until b is full or r ends; eof says r returned
+// io.EOF (n may then be short of len(b)). Any other error of r is
+// returned as such, io.ErrUnexpectedEOF included: io.ReadFull turns a
+// short last read into that error too, so with it a reader's own
+// (net/http's body of a truncated upload) looked like the end of the
+// data, and a truncated key was committed.
+func readFull(r io.Reader, b []byte) (n int, eof bool, err error) {
+	for n < len(b) {
+		m, err := r.Read(b[n:])
+		n += m
+		if err == io.EOF {
+			return n, true, nil
+		}
+		if err != nil {
+			return n, false, err
+		}
+	}
+	return n, false, nil
 }
 
 // prefixReader yields data, then r. It returns its buffer to the pool as
@@ -695,11 +735,9 @@ func (w *keyWriter) run(r io.Reader) error {
 			w.stop()
 			return fmt.Errorf("%s: %w", w.op, err)
 		}
-		n, rerr := io.ReadFull(r, buf.data[:room])
-		switch {
-		case rerr == io.EOF || rerr == io.ErrUnexpectedEOF:
-			eof = true
-		case rerr != nil:
+		n, end, rerr := readFull(r, buf.data[:room])
+		eof = end
+		if rerr != nil {
 			buf.unref()
 			w.stop()
 			return fmt.Errorf("%s: reading the data at offset %d: %w", w.op, read, rerr)

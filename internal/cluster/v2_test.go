@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -189,10 +190,17 @@ func TestV2RouteStartsAtNearest(t *testing.T) {
 }
 
 // TestV2DatanodeKilledMidStream stops the datanode at each position of the
-// route of the block being streamed, part-way through its first segment.
-// The stream fails naming it; the client excludes it, resends the segment
-// to a block elsewhere, and the key completes and reads back intact, with
-// no block on the stopped datanode.
+// route of the block being streamed, part-way through its first segment,
+// once that stream is open and data went through it: the reader, at 2 MiB,
+// waits (bounded) until every hop of the route has received at least one
+// 1 MiB chunk, then stops the datanode and reads on. The stream fails
+// naming it — on a Write, an ack or the Close, never on opening: the
+// client's logged failure must not be "opening the stream" nor
+// "downstream unreachable" (with the sender dialing beside the reader, a
+// kill at a fixed offset came before the dial returned: both were seen);
+// here it is "connection lost ... waiting for acks" —; the client excludes it, resends the segment to a
+// block elsewhere, and the key completes and reads back intact, with no
+// block on the stopped datanode.
 func TestV2DatanodeKilledMidStream(t *testing.T) {
 	for pos, name := range []string{"first", "middle", "last"} {
 		t.Run(name, func(t *testing.T) {
@@ -200,18 +208,27 @@ func TestV2DatanodeKilledMidStream(t *testing.T) {
 			defer c.Close()
 			var mu sync.Mutex
 			var routes [][]uint64
-			cl := v2Client(t, c, "/dc1/rack1", func(s client.StreamInfo) {
-				mu.Lock()
-				routes = append(routes, s.Route)
-				mu.Unlock()
-			})
+			logs := &lockedBuffer{}
+			cl, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: "/dc1/rack1",
+				ChunkSize: v2Chunk, MaxBufferBytes: v2Buffer, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
+				StreamTimeout: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(logs, nil)),
+				OnStream: func(s client.StreamInfo) {
+					mu.Lock()
+					routes = append(routes, s.Route)
+					mu.Unlock()
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
 			makeBucket(t, cl, "vol", "bkt")
 			data := randData(int64(50+pos), 2*v2Block+3<<20)
 			var victim uint64
 			var nBefore int
-			// Part-way through the first 8 MiB segment: the stream is
-			// open and has data in flight and data still to send.
-			kr := &killingReader{r: bytes.NewReader(data), at: 5 << 20, kill: func() {
+			// Part-way through the first 8 MiB segment, once its stream
+			// is open and has carried data: more is in flight or still
+			// to send, so the failure is the stream's, not its opening's.
+			kr := &killingReader{r: bytes.NewReader(data), at: 2 << 20, kill: func() {
 				mu.Lock()
 				route := routes[len(routes)-1]
 				nBefore = len(routes)
@@ -220,10 +237,25 @@ func TestV2DatanodeKilledMidStream(t *testing.T) {
 					t.Errorf("route %v has %d datanodes, want 3", route, len(route))
 					return
 				}
+				var got []uint64
+				for start := time.Now(); ; time.Sleep(5 * time.Millisecond) {
+					m := streamCounters(t, c)
+					got = got[:0]
+					for _, id := range route {
+						got = append(got, m[id].GetStreamBytesReceived())
+					}
+					if slices.Min(got) >= v2Chunk {
+						break
+					}
+					if time.Since(start) > 20*time.Second {
+						t.Errorf("route %v: bytes received %v after 20s, want a chunk on every hop", route, got)
+						return
+					}
+				}
 				victim = route[pos]
 				for i := range c.Datanodes {
 					if dn := c.Datanode(i); dn != nil && dn.ID() == victim {
-						t.Logf("stopping datanode %d, %s in route %v", victim, name, route)
+						t.Logf("stopping datanode %d, %s in route %v; bytes received by the route so far %v", victim, name, route, got)
 						// Stop it before the writer sends more (the reader
 						// runs on the writer's goroutine); bounded in case
 						// Close hangs, which the write must survive too.
@@ -256,6 +288,17 @@ func TestV2DatanodeKilledMidStream(t *testing.T) {
 			mu.Lock()
 			later := slices.Clone(routes[nBefore:])
 			mu.Unlock()
+			var failure string
+			for _, l := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(l, "write failed") {
+					failure = l
+					break
+				}
+			}
+			t.Logf("the client's failure: %s", failure)
+			if failure == "" || strings.Contains(failure, "opening the stream") || strings.Contains(failure, "unreachable") {
+				t.Fatalf("want the open stream to fail (Write, ack or Close), got the failure %q", failure)
+			}
 			if len(later) == 0 {
 				t.Fatal("no stream opened after the datanode stopped: the failed segment was not resent")
 			}
@@ -277,6 +320,24 @@ func TestV2DatanodeKilledMidStream(t *testing.T) {
 			}
 		})
 	}
+}
+
+// lockedBuffer is an io.Writer for a client's Logger, read by the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // slowJoinFS delays this datanode's first read under its pipelines

@@ -345,3 +345,50 @@ func TestInterruptEndsBlockedWrite(t *testing.T) {
 		t.Fatal("Abort blocked after Interrupt")
 	}
 }
+
+// TestDialEndsWithContext: a Dial waiting for the header's answer (here a
+// first hop that accepted the connection and never answers, as a hung
+// datanode or a slow chain behind it) returns as soon as its context
+// ends, not at its deadline (Timeout per hop plus the ack wait: over 20 s
+// here). The client's halt cancels the dial of a segment whose body
+// failed through this.
+func TestDialEndsWithContext(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var conns []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never answered
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	start := time.Now()
+	w, err := Dial(ctx, []Target{{ID: 9, Addr: ln.Addr().String()}}, 1, BlockID{1, 1}, Options{Timeout: 10 * time.Second})
+	took := time.Since(start)
+	if err == nil {
+		w.Abort()
+		t.Fatal("Dial to a first hop that never answers succeeded")
+	}
+	if took > 5*time.Second {
+		t.Fatalf("Dial returned %v after its context ended (at 200ms): %v", took, err)
+	}
+	t.Logf("Dial returned after %v: %v", took, err)
+}

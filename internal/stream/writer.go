@@ -194,10 +194,19 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 		dl = cd
 	}
 	conn.SetDeadline(dl)
+	// The dial and handshake above end with ctx themselves; so does the
+	// header's exchange (each hop connects to the next before answering):
+	// ctx's end moves the deadline to the past.
+	hc := conn
+	stop := context.AfterFunc(ctx, func() { hc.SetDeadline(time.Unix(1, 0)) })
 	var a ack
 	var ab [ackLen]byte
 	if _, err = conn.Write(hb); err == nil {
 		err = readAck(conn, &ab, &a)
+	}
+	if !stop() {
+		conn.Close()
+		return nil, &Error{Code: CodeConnLost, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("opening the stream: %v", context.Cause(ctx))}
 	}
 	switch {
 	case err != nil:
@@ -503,9 +512,11 @@ func (w *Writer) Abort() {
 }
 
 // Interrupt ends the stream's connection, so that a Write or Close under
-// way on another goroutine returns (with an error) instead of waiting for
-// acks up to its timeout. Safe to call concurrently with Write and Close;
-// the owner still calls Abort once they returned.
+// way on another goroutine that waits for acks (or for room in the
+// window) returns with an error instead of waiting up to its timeout. A
+// Write that only copies into the packet buffer may still succeed after
+// Interrupt; the next send, or Close, fails. Safe to call concurrently
+// with Write and Close; the owner still calls Abort once they returned.
 func (w *Writer) Interrupt() { closeRaw(w.conn) }
 
 func (w *Writer) putBufs() {

@@ -623,6 +623,43 @@ func TestCreateAborted(t *testing.T) {
 	}
 }
 
+// TestCreateTruncatedUpload: a CREATE whose body ends (connection closed)
+// before its Content-Length fails and creates no file, also when what
+// arrived fits in the client's first read. net/http's body then returns
+// io.ErrUnexpectedEOF, which PutKey used to take for the end of the data;
+// the gateway was safe anyway, because net/http cancels the request's
+// context on that read error (connReader.handleReadErrorLocked) before
+// the body returns it, so the OpenKey or commit failed. This test passes
+// on the old client too: it guards the gateway's behaviour, and
+// client.TestPutKeyReaderUnexpectedEOF the client's. The next CREATE
+// through the only transfer slot waits for the aborted handler.
+func TestCreateTruncatedUpload(t *testing.T) {
+	g, err := webhdfs.New(webhdfs.Config{Client: shared.cl, Listen: "127.0.0.1:0", MaxTransfers: 1, TransferWait: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve()
+	defer g.Close()
+	e := &env{url: "http://" + g.Addr() + webhdfs.Prefix, cl: shared.cl, hc: shared.hc}
+	for _, tc := range []struct {
+		name     string
+		sent, cl int
+	}{{"small", 1000, 2000}, {"large-hint", 1000, 64 << 20}, {"two-mib", 2 << 20, 3 << 20}} {
+		c, err := net.Dial("tcp", g.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "PUT %s/vol6/fsb/trunc-%s?op=CREATE&data=true&overwrite=true&user.name=alice HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n",
+			webhdfs.Prefix, tc.name, g.Addr(), tc.cl)
+		c.Write(randBytes(tc.sent, 4))
+		c.Close()
+		expect(t, "next create", e.create(t, "/vol6/fsb/after-"+tc.name, []byte("x"), nil), 201, "")
+		if r := e.do(t, "GET", "/vol6/fsb/trunc-"+tc.name, "GETFILESTATUS", nil, nil); r.code != 404 {
+			t.Errorf("%s: %d of %d bytes sent, connection closed: file status %d %s, want 404", tc.name, tc.sent, tc.cl, r.code, r.body)
+		}
+	}
+}
+
 // Owners, groups, permissions and times on directories, buckets and
 // volumes: MKDIRS and CREATE record the caller (user.name) and the
 // permission given; SETOWNER, SETPERMISSION and SETTIMES change them;
