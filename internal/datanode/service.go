@@ -441,7 +441,10 @@ func (s *service) ApplyStatus(ctx context.Context, req *datanodepb.ApplyStatusRe
 		for _, m := range req.GetMore() {
 			high = max(high, m.GetIndex())
 		}
-		if g, err := s.d.host.Group(req.GetPipelineId()); err == nil {
+		// An index far past this replica's log is not waited for (answered
+		// at once, "not yet" for it): a follower a little behind the
+		// leader's log waits, a bogus or far-ahead index holds nothing.
+		if g, err := s.d.host.Group(req.GetPipelineId()); err == nil && high <= g.LastIndex()+maxApplyStatusAhead {
 			wctx, cancel := context.WithTimeout(ctx, time.Duration(min(w, maxApplyStatusWaitMs))*time.Millisecond)
 			g.WaitApplied(wctx, high)
 			cancel()

@@ -194,6 +194,12 @@ func (s *service) waitAllTimed(ctx context.Context, g *raft.Group, index uint64,
 // maxApplyStatusWaitMs bounds ApplyStatusRequest.wait_ms on the replica.
 const maxApplyStatusWaitMs = 30_000
 
+// maxApplyStatusAhead: ApplyStatus waits (wait_ms) only for an index at
+// most this many entries past the replica's last log index (the leader
+// asks right after its own apply, so a follower may not have the entries
+// yet); past that it answers at once.
+const maxApplyStatusAhead = 4096
+
 // fileSettled is one file's outcome from waitAllMany: done with err (nil:
 // every replica applied it successfully), or not done (asked on its own).
 type fileSettled struct {
