@@ -429,6 +429,9 @@ func (s *service) Info(ctx context.Context, req *datanodepb.InfoRequest) (*datan
 // waitAll).
 func (s *service) ApplyStatus(ctx context.Context, req *datanodepb.ApplyStatusRequest) (*datanodepb.ApplyStatusResponse, error) {
 	s.d.stats.applyStatus.Add(1)
+	if h := s.d.applyStatusHook.Load(); h != nil {
+		(*h)(ctx)
+	}
 	if len(req.GetMore()) > maxApplyStatusBatch {
 		return nil, dnError(codes.InvalidArgument, datanodepb.Error_BAD_REQUEST,
 			fmt.Sprintf("ApplyStatus: %d entries > %d", len(req.GetMore()), maxApplyStatusBatch), nil)
