@@ -1,6 +1,10 @@
 package datanode
 
-import "context"
+import (
+	"context"
+
+	"github.com/basalt-store/basalt/internal/raft"
+)
 
 // SetApplyStatusHook runs f at the start of every ApplyStatus call d
 // serves (nil: none).
@@ -10,4 +14,13 @@ func (d *Datanode) SetApplyStatusHook(f func(context.Context)) {
 		return
 	}
 	d.applyStatusHook.Store(&f)
+}
+
+// PipelineStatus is the raft status of d's replica of pipeline.
+func (d *Datanode) PipelineStatus(pipeline uint64) (raft.Status, error) {
+	g, err := d.host.Group(pipeline)
+	if err != nil {
+		return raft.Status{}, err
+	}
+	return g.Status(), nil
 }
