@@ -1709,7 +1709,7 @@ func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 			}
 		}
 		inLog := false
-		if dl, ok := g.dsm.(DataLogger); ok && data != nil {
+		if dl, ok := g.dsm.(DataLogger); ok && data != nil && g.logHasRoom(len(data)) {
 			inLog, err = dl.WriteDataLogged(e.GetIndex(), e.GetTerm(), d.meta, data)
 		} else {
 			err = g.dsm.WriteData(e.GetIndex(), e.GetTerm(), d.meta, data)
