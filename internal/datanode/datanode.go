@@ -172,6 +172,10 @@ type Datanode struct {
 
 	cache *blockCache   // cache tier (cache.go); nil without one
 	sc    *shortCircuit // short-circuit reads of cached blocks; nil without
+
+	// applyStatusHook, tests only: runs at the start of every ApplyStatus
+	// call this datanode serves (e.g. to make a follower stop answering).
+	applyStatusHook atomic.Pointer[func(context.Context)]
 }
 
 type identity struct {

@@ -429,6 +429,9 @@ func (s *service) Info(ctx context.Context, req *datanodepb.InfoRequest) (*datan
 // waitAll).
 func (s *service) ApplyStatus(ctx context.Context, req *datanodepb.ApplyStatusRequest) (*datanodepb.ApplyStatusResponse, error) {
 	s.d.stats.applyStatus.Add(1)
+	if h := s.d.applyStatusHook.Load(); h != nil {
+		(*h)(ctx)
+	}
 	if len(req.GetMore()) > maxApplyStatusBatch {
 		return nil, dnError(codes.InvalidArgument, datanodepb.Error_BAD_REQUEST,
 			fmt.Sprintf("ApplyStatus: %d entries > %d", len(req.GetMore()), maxApplyStatusBatch), nil)
@@ -441,7 +444,10 @@ func (s *service) ApplyStatus(ctx context.Context, req *datanodepb.ApplyStatusRe
 		for _, m := range req.GetMore() {
 			high = max(high, m.GetIndex())
 		}
-		if g, err := s.d.host.Group(req.GetPipelineId()); err == nil {
+		// An index far past this replica's log is not waited for (answered
+		// at once, "not yet" for it): a follower a little behind the
+		// leader's log waits, a bogus or far-ahead index holds nothing.
+		if g, err := s.d.host.Group(req.GetPipelineId()); err == nil && high <= g.LastIndex()+maxApplyStatusAhead {
 			wctx, cancel := context.WithTimeout(ctx, time.Duration(min(w, maxApplyStatusWaitMs))*time.Millisecond)
 			g.WaitApplied(wctx, high)
 			cancel()

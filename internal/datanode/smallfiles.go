@@ -103,7 +103,16 @@ func (s *service) PutSmallFiles(ctx context.Context, req *datanodepb.PutSmallFil
 	for k, j := range ok {
 		idxs[k], cids[k] = res[j].Index, valid[j].cid
 	}
-	settled := s.waitAllMany(ctx, g, idxs, cids, req.GetWaitTimeoutMs(), stage)
+	// One timeout for the whole wait (waitAllMany, then the files it left
+	// to wait on their own): a follower that stops answering must not make
+	// the client wait twice WaitTimeoutMs.
+	timeout := time.Duration(req.GetWaitTimeoutMs()) * time.Millisecond
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	settled := s.waitAllMany(wctx, g, idxs, cids, req.GetWaitTimeoutMs(), stage)
 	var wg sync.WaitGroup
 	for k, j := range ok {
 		v := valid[j]
@@ -118,7 +127,7 @@ func (s *service) PutSmallFiles(ctx context.Context, req *datanodepb.PutSmallFil
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := s.waitAllTimed(ctx, g, res[j].Index, v.cid, req.GetWaitTimeoutMs(), stage); err != nil {
+			if err := s.waitAllTimed(wctx, g, res[j].Index, v.cid, req.GetWaitTimeoutMs(), stage); err != nil {
 				results[v.i] = smallFileResult(0, err)
 				return
 			}
@@ -193,6 +202,12 @@ func (s *service) waitAllTimed(ctx context.Context, g *raft.Group, index uint64,
 
 // maxApplyStatusWaitMs bounds ApplyStatusRequest.wait_ms on the replica.
 const maxApplyStatusWaitMs = 30_000
+
+// maxApplyStatusAhead: ApplyStatus waits (wait_ms) only for an index at
+// most this many entries past the replica's last log index (the leader
+// asks right after its own apply, so a follower may not have the entries
+// yet); past that it answers at once.
+const maxApplyStatusAhead = 4096
 
 // fileSettled is one file's outcome from waitAllMany: done with err (nil:
 // every replica applied it successfully), or not done (asked on its own).

@@ -270,6 +270,7 @@ func (g *Group) stop() {
 	clear(g.local)
 	g.localMu.Unlock()
 	g.pmu.Lock()
+	g.appliedWaiter = nil                       // each returns ErrStopped (stopc)
 	for _, seq := range sortedKeys(g.pending) { // deterministic callback order
 		g.finish(seq, Result{}, fmt.Errorf("raft: group %d stopped with the proposal in its log: %w", g.id, ErrOutcomeUnknown))
 	}
@@ -914,10 +915,33 @@ func (g *Group) WaitApplied(ctx context.Context, index uint64) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
+		g.dropAppliedWaiter(done)
 		return fmt.Errorf("raft: group %d: waiting to apply %d (applied %d): %w", g.id, index, g.applied.Load(), ctx.Err())
 	case <-g.stopc:
+		g.dropAppliedWaiter(done)
 		return ErrStopped
 	}
+}
+
+// dropAppliedWaiter removes the waiter of a WaitApplied that gave up, so
+// the list holds only the callers still waiting (an index never reached
+// must not leave its waiter behind for good).
+func (g *Group) dropAppliedWaiter(done chan struct{}) {
+	g.pmu.Lock()
+	defer g.pmu.Unlock()
+	for i, w := range g.appliedWaiter {
+		if w.done == done {
+			g.appliedWaiter = slices.Delete(g.appliedWaiter, i, i+1)
+			return
+		}
+	}
+}
+
+// LastIndex is the index of the last entry in this replica's log (not
+// necessarily durable or committed yet).
+func (g *Group) LastIndex() uint64 {
+	last, _ := g.log.LastIndex()
+	return last
 }
 
 // AppliedAll is the non-blocking form of WaitAppliedAll: it reports
@@ -1685,7 +1709,7 @@ func (g *Group) writeData(ents []*pb.Entry) ([]*pb.Entry, error) {
 			}
 		}
 		inLog := false
-		if dl, ok := g.dsm.(DataLogger); ok && data != nil {
+		if dl, ok := g.dsm.(DataLogger); ok && data != nil && g.logHasRoom(len(data)) {
 			inLog, err = dl.WriteDataLogged(e.GetIndex(), e.GetTerm(), d.meta, data)
 		} else {
 			err = g.dsm.WriteData(e.GetIndex(), e.GetTerm(), d.meta, data)

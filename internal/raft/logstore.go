@@ -90,6 +90,20 @@ func (g *Group) CheckLogSpace(n int) error {
 	return nil
 }
 
+// logHasRoom reports whether n more bytes of entry data may go into this
+// group's log: false once its disk is below the reserve. Then a
+// DataLogger's data goes to the state machine's storage as for any entry
+// (WriteData, SyncData before the append, the log keeping it elided), so a
+// replica whose log disk is nearly full (a follower: only the leader
+// checks CheckLogSpace before proposing) logs no more than before
+// DataLogger.
+func (g *Group) logHasRoom(n int) bool {
+	if g.loop == nil || g.loop.store.space == nil {
+		return true
+	}
+	return g.loop.store.space.Check(int64(n)) == nil
+}
+
 // openLogStore opens a log store without a reserve or ballast.
 func openLogStore(dir string, fs vfs.FS) (*logStore, error) {
 	return openLogStoreSpace(dir, fs, bvfs.SpaceOptions{})

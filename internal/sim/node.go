@@ -376,8 +376,10 @@ func (r *recDSM) WriteData(index, term uint64, meta, data []byte) error {
 	return r.dsm.WriteData(index, term, meta, data)
 }
 
-// WriteDataLogged passes raft.DataLogger through: small files' data stays
-// in the log, so crashes between the append and the apply are simulated.
+// WriteDataLogged passes raft.DataLogger through. The simulated storage
+// has DeferredMax -1 (no chunk kept inline), so it always answers "not in
+// the log": the simulator does not run small files' data in the log (see
+// docs/ARCHITECTURE.md, "Deterministic simulation").
 func (r *recDSM) WriteDataLogged(index, term uint64, meta, data []byte) (bool, error) {
 	if dl, ok := r.dsm.(raft.DataLogger); ok {
 		return dl.WriteDataLogged(index, term, meta, data)
