@@ -247,6 +247,7 @@ volumes and serves reads, V1 writes (gRPC) and V2 streams.`,
 	f.StringVar(&volumes, "volumes", "", "data volumes, comma-separated (default DATA_DIR/data); zoned:<zonefs mount> is a zoned device (SMR or ZNS) through zonefs, its metadata under DATA_DIR/zoned")
 	f.StringArrayVar(&volumeList, "volume", nil, "a data volume (repeatable; as in --volumes), e.g. --volume zoned:/mnt/zonefs0")
 	f.StringVar(&logDirs, "raft-log-dirs", "", "Raft log directories, comma-separated (default DATA_DIR/raft)")
+	f.BoolVar(&cfg.SmallDataInLog, "small-data-in-log", false, "keep small files' data in their Raft log entries (the log fsync makes them durable; no volume flush before the append ack); costs log disk space, may help where volume flushes are slow")
 	f.BoolVar(&cfg.SlowDisk.Disabled, "no-slow-disk-detection", false, "do not time flushes per log directory and volume, mark slow disks, avoid them for new Raft groups and containers, or report them to SCM")
 	f.StringVar(&cfg.Location, "location", "/default-rack", "network location, e.g. /dc1/rack2")
 	f.StringVar(&metas, "meta", "127.0.0.1:9862", "metadata service gRPC address(es), comma-separated")

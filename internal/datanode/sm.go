@@ -81,6 +81,7 @@ import (
 // restart marks it UNHEALTHY in storage again.
 type containerSM struct {
 	pipeline  uint64
+	dataInLog bool            // Config.SmallDataInLog: WriteDataLogged may keep data in the log
 	unsynced  []unsyncedChunk // written by WriteData, not yet made durable by SyncData
 	store     *storage.Store
 	fs        vfs.FS
@@ -466,8 +467,10 @@ func (sm *containerSM) WriteData(index, term uint64, meta, data []byte) error {
 // entry's apply then writes the bytes with the block record and
 // SyncCommitsFor makes both durable; after a restart that lost the memory
 // copy, the apply stores the chunk again from the log (Entry.Data).
+//
+// Only with Config.SmallDataInLog; otherwise it is WriteData.
 func (sm *containerSM) WriteDataLogged(index, term uint64, meta, data []byte) (bool, error) {
-	return sm.writeData(index, term, meta, data, true)
+	return sm.writeData(index, term, meta, data, sm.dataInLog)
 }
 
 func (sm *containerSM) writeData(index, term uint64, meta, data []byte, logOK bool) (inLog bool, _ error) {

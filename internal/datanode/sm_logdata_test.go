@@ -31,6 +31,7 @@ func TestLoggedSmallFileComesBackFromLog(t *testing.T) {
 		return nil
 	})
 	r := openMemReplica(t, fs)
+	r.sm.dataInLog = true // Config.SmallDataInLog
 
 	var ents []raft.Entry
 	var blocks []logBlock

@@ -39,6 +39,7 @@ func TestLoggedSmallFilesSurvivePowerCutBeforeApply(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			dc.FS = fss[i]
+			dc.SmallDataInLog = true
 			dirs[i] = dc.DataDir
 		}
 	})
