@@ -45,28 +45,8 @@ func (r *pacedReader) Read(p []byte) (int, error) {
 func BenchmarkV2PutPaced(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Config{Dir: b.TempDir(), Datanodes: 3,
-		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
-		BlockSize: 256 << 20, ContainerSize: 4 << 30})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.WaitWritable(ctx); err != nil {
-		b.Fatal(err)
-	}
-	cl, err := New(Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: "/dc1/rack1",
-		RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cl.Close()
-	if _, err := cl.CreateVolume(ctx, "vol", ""); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := cl.CreateBucket(ctx, "vol", "bkt", BucketOptions{}); err != nil {
-		b.Fatal(err)
-	}
+	cl := startBucket(b, ctx, cluster.Config{Datanodes: 3, BlockSize: 256 << 20, ContainerSize: 4 << 30},
+		Config{RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
 	const size = 16 << 20
 	chunk := make([]byte, 256<<10)
 	for i := range chunk {

@@ -51,31 +51,11 @@ func (r *countingReader) Read(p []byte) (int, error) {
 func TestV2ReadsWhileStreamOpens(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), Datanodes: 5,
-		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
-		BlockSize: 16 << 20, ContainerSize: 512 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.WaitWritable(ctx); err != nil {
-		t.Fatal(err)
-	}
-	cl, err := New(Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: "/dc1/rack1",
-		ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
-		StreamTimeout: 15 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := startBucket(t, ctx, cluster.Config{Datanodes: 5, BlockSize: 16 << 20, ContainerSize: 512 << 20},
+		Config{ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
+			StreamTimeout: 15 * time.Second})
 	if cl.streamTLS == nil {
 		t.Fatal("the cluster's streams are not secured: the watch this test hooks is not called")
-	}
-	if _, err := cl.CreateVolume(ctx, "vol", ""); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cl.CreateBucket(ctx, "vol", "bkt", BucketOptions{}); err != nil {
-		t.Fatal(err)
 	}
 
 	const size = 6<<20 + 12345 // one segment (8 MiB buffer), one block
@@ -180,16 +160,6 @@ func TestV2ReadsWhileStreamOpens(t *testing.T) {
 func TestV2OpensKeyWhileFirstChunkIsRead(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), Datanodes: 3,
-		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
-		BlockSize: 16 << 20, ContainerSize: 512 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.WaitWritable(ctx); err != nil {
-		t.Fatal(err)
-	}
 	var opens atomic.Int64
 	count := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		err := invoker(ctx, method, req, reply, cc, opts...)
@@ -198,19 +168,9 @@ func TestV2OpensKeyWhileFirstChunkIsRead(t *testing.T) {
 		}
 		return err
 	})
-	cl, err := New(Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: "/dc1/rack1",
-		ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
-		DialOptions: []grpc.DialOption{count}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	if _, err := cl.CreateVolume(ctx, "vol", ""); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cl.CreateBucket(ctx, "vol", "bkt", BucketOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	cl := startBucket(t, ctx, cluster.Config{Datanodes: 3, BlockSize: 16 << 20, ContainerSize: 512 << 20},
+		Config{ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
+			DialOptions: []grpc.DialOption{count}})
 	// ChunkSize 1 MiB, StreamThreshold 4 MiB (the default): the early
 	// open starts once the first 1 MiB has been read, while the rest of
 	// the peek is read; the reader below holds its next Read until then.
@@ -305,28 +265,8 @@ func TestV2OpensKeyWhileFirstChunkIsRead(t *testing.T) {
 func TestV2HaltCancelsDial(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), Datanodes: 3,
-		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
-		BlockSize: 16 << 20, ContainerSize: 512 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.WaitWritable(ctx); err != nil {
-		t.Fatal(err)
-	}
-	cl, err := New(Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: "/dc1/rack1",
-		ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	if _, err := cl.CreateVolume(ctx, "vol", ""); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cl.CreateBucket(ctx, "vol", "bkt", BucketOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	cl := startBucket(t, ctx, cluster.Config{Datanodes: 3, BlockSize: 16 << 20, ContainerSize: 512 << 20},
+		Config{ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
 	dialing := make(chan struct{}, 1)
 	orig := streamDial
 	defer func() { streamDial = orig }()
@@ -348,7 +288,7 @@ func TestV2HaltCancelsDial(t *testing.T) {
 		return 0, boom
 	}))
 	start := time.Now()
-	_, err = cl.PutKey(ctx, "vol", "bkt", "k", r, PutOptions{Pipeline: PipelineV2})
+	_, err := cl.PutKey(ctx, "vol", "bkt", "k", r, PutOptions{Pipeline: PipelineV2})
 	took := time.Since(start)
 	if !errors.Is(err, boom) {
 		t.Fatalf("put: %v, want the reader's error", err)
@@ -357,4 +297,36 @@ func TestV2HaltCancelsDial(t *testing.T) {
 		t.Fatalf("put returned after %v: it waited for the held dial", took)
 	}
 	t.Logf("put failed after %v: %v", took, err)
+}
+
+// startBucket starts a real cluster (cc: Datanodes, BlockSize,
+// ContainerSize; Dir and short heartbeat/tick intervals are filled in),
+// waits until it is writable, and returns a client (cfg with the
+// cluster's address and credentials, location /dc1/rack1) with volume
+// "vol" and bucket "bkt" made. Both are closed when the test ends.
+func startBucket(tb testing.TB, ctx context.Context, cc cluster.Config, cfg Config) *Client {
+	tb.Helper()
+	cc.Dir = tb.TempDir()
+	cc.HeartbeatInterval, cc.TickInterval = 200*time.Millisecond, 50*time.Millisecond
+	c, err := cluster.Start(ctx, cc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { c.Close() })
+	if err := c.WaitWritable(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	cfg.MetaAddrs, cfg.Credentials, cfg.Location = []string{c.MetaAddr()}, c.ClientCredentials(), "/dc1/rack1"
+	cl, err := New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { cl.Close() })
+	if _, err := cl.CreateVolume(ctx, "vol", ""); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := cl.CreateBucket(ctx, "vol", "bkt", BucketOptions{}); err != nil {
+		tb.Fatal(err)
+	}
+	return cl
 }

@@ -21,28 +21,8 @@ import (
 func TestPutKeyReaderUnexpectedEOF(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Config{Dir: t.TempDir(), Datanodes: 3,
-		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
-		BlockSize: 16 << 20, ContainerSize: 512 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.WaitWritable(ctx); err != nil {
-		t.Fatal(err)
-	}
-	cl, err := New(Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: c.ClientCredentials(), Location: "/dc1/rack1",
-		ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	if _, err := cl.CreateVolume(ctx, "vol", ""); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cl.CreateBucket(ctx, "vol", "bkt", BucketOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	cl := startBucket(t, ctx, cluster.Config{Datanodes: 3, BlockSize: 16 << 20, ContainerSize: 512 << 20},
+		Config{ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
 	for _, tc := range []struct {
 		at       int
 		hint     int64
