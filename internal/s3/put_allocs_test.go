@@ -33,6 +33,9 @@ func TestPutAllocs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster")
 	}
+	if raceEnabled {
+		t.Skip("allocation counts do not hold under the race detector (it allocates: 2,136-2,160 against 2,000)")
+	}
 	e := setup(t)
 	e.mkBucket(t, "allocs")
 	data := bytes.Repeat([]byte("y"), 4096)

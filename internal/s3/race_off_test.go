@@ -1,0 +1,5 @@
+//go:build !race
+
+package s3_test
+
+const raceEnabled = false
