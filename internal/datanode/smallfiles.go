@@ -106,10 +106,7 @@ func (s *service) PutSmallFiles(ctx context.Context, req *datanodepb.PutSmallFil
 	// One timeout for the whole wait (waitAllMany, then the files it left
 	// to wait on their own): a follower that stops answering must not make
 	// the client wait twice WaitTimeoutMs.
-	timeout := time.Duration(req.GetWaitTimeoutMs()) * time.Millisecond
-	if timeout <= 0 {
-		timeout = 30 * time.Second
-	}
+	timeout := waitTimeout(req.GetWaitTimeoutMs())
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	settled := s.waitAllMany(wctx, g, idxs, cids, req.GetWaitTimeoutMs(), stage)
@@ -181,10 +178,7 @@ func (d *Datanode) smallFileCollectors() []prometheus.Collector {
 
 // waitAllTimed is waitAll observing its two stages in stage (if not nil).
 func (s *service) waitAllTimed(ctx context.Context, g *raft.Group, index uint64, cid storage.ContainerID, timeoutMs uint32, stage *prometheus.HistogramVec) error {
-	timeout := time.Duration(timeoutMs) * time.Millisecond
-	if timeout <= 0 {
-		timeout = 30 * time.Second
-	}
+	timeout := waitTimeout(timeoutMs)
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	t0 := time.Now()
@@ -230,10 +224,7 @@ func (s *service) waitAllMany(ctx context.Context, g *raft.Group, idxs []uint64,
 	if len(idxs) == 0 {
 		return nil
 	}
-	timeout := time.Duration(timeoutMs) * time.Millisecond
-	if timeout <= 0 {
-		timeout = 30 * time.Second
-	}
+	timeout := waitTimeout(timeoutMs)
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	high := slices.Max(idxs)
@@ -333,4 +324,13 @@ func (s *service) waitAllMany(ctx context.Context, g *raft.Group, idxs []uint64,
 		}
 	}
 	return out
+}
+
+// waitTimeout is a PutSmallFiles wait's timeout: WaitTimeoutMs, or 30 s
+// when it is 0.
+func waitTimeout(ms uint32) time.Duration {
+	if ms == 0 {
+		return 30 * time.Second
+	}
+	return time.Duration(ms) * time.Millisecond
 }
