@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/basalt-store/basalt/internal/crc32c"
 )
@@ -320,6 +321,26 @@ type body struct {
 	// async, for large bodies, runs the digests above on another
 	// goroutine; nil: they run inline in Read.
 	async *hasher
+	// Timeline (stage metrics data_body, data_hashwait, data_tail): time
+	// blocked reading the request from its connection, time the reading
+	// waited for the digests, and when the body ended.
+	sock  timedReader
+	eofAt time.Time
+}
+
+// timedReader is the request's own body, timed: how long its reads block
+// is how long the upload waited for the client (its sending, the network)
+// rather than for the gateway or the datanodes.
+type timedReader struct {
+	r io.Reader
+	d time.Duration
+}
+
+func (t *timedReader) Read(p []byte) (int, error) {
+	s := time.Now()
+	n, err := t.r.Read(p)
+	t.d += time.Since(s)
+	return n, err
 }
 
 // Large bodies are hashed off the request goroutine: MD5 (the ETag) runs
@@ -346,6 +367,8 @@ type hasher struct {
 	// full counts the times write found no free buffer (the body's
 	// reading waited for its hashing).
 	full atomic.Int64
+	// waited is how long write waited for a free buffer in all.
+	waited time.Duration
 }
 
 // hashBuf is a copy of body bytes that every digest goroutine reads; the
@@ -394,7 +417,9 @@ func (h *hasher) write(p []byte) {
 			case h.cur = <-h.free:
 			default: // every buffer is waiting for a digest: the read waits
 				h.full.Add(1)
+				t := time.Now()
 				h.cur = <-h.free
+				h.waited += time.Since(t)
 			}
 		}
 		b := *h.cur.b
@@ -428,6 +453,20 @@ func (h *hasher) wait() {
 	}
 	for range hashBufs {
 		hashBufPool.Put((<-h.free).b)
+	}
+}
+
+// timeline adds the body's share of the data stage to s: blocked on the
+// client's sending, waiting for the digests, and from the body's end to
+// the commit (closing the streams: every replica synced, and the block
+// committed) when committing is set.
+func (b *body) timeline(s *stageTimer, committing time.Time) {
+	s.body += b.sock.d
+	if b.async != nil {
+		s.hashWait += b.async.waited
+	}
+	if !b.eofAt.IsZero() && committing.After(b.eofAt) {
+		s.tail += committing.Sub(b.eofAt)
 	}
 }
 
@@ -467,10 +506,12 @@ func (c countedCRC32C) Write(p []byte) (int, error) {
 // writeCRC says the caller writes the body with client.PutKey and hands
 // its DataCRC32C to setWriteCRC: a CRC32C checksum is then not summed here.
 func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Error) {
-	b := &body{r: r.Body, md5: md5.New(), want: r.ContentLength, max: maxSize}
+	b := &body{md5: md5.New(), want: r.ContentLength, max: maxSize}
+	b.sock.r = r.Body
+	b.r = &b.sock
 	switch a.payload {
 	case streamingSigned, streamingSignedTrailer, streamingUnsignedTrailr:
-		b.chunked = newChunkedReader(r.Body, a, a.payload != streamingUnsignedTrailr, a.payload != streamingSigned)
+		b.chunked = newChunkedReader(&b.sock, a, a.payload != streamingUnsignedTrailr, a.payload != streamingSigned)
 		b.r = b.chunked
 		b.want = -1
 		if d := r.Header.Get("X-Amz-Decoded-Content-Length"); d != "" {
@@ -576,6 +617,7 @@ func (b *body) Read(p []byte) (int, error) {
 			return n, b.fail(e)
 		}
 		b.eof = true
+		b.eofAt = time.Now()
 		return n, io.EOF
 	}
 	if err != nil {

@@ -16,6 +16,11 @@ import (
 type stageTimer struct {
 	start            time.Time
 	auth, meta, data time.Duration
+	// Parts of data for request bodies (body.timeline): blocked reading
+	// the body from the client, reading waiting for the digests (ETag
+	// MD5, checksums), and from the body's end to the commit (the
+	// streams' close with every replica synced, PutBlock).
+	body, hashWait, tail time.Duration
 }
 
 type metrics struct {
@@ -95,5 +100,10 @@ func (m *metrics) observe(op, code string, s *stageTimer) {
 	}
 	if s.data > 0 {
 		m.stages.WithLabelValues(op, "data").Observe(s.data.Seconds())
+	}
+	if s.body > 0 {
+		m.stages.WithLabelValues(op, "data_body").Observe(s.body.Seconds())
+		m.stages.WithLabelValues(op, "data_hashwait").Observe(s.hashWait.Seconds())
+		m.stages.WithLabelValues(op, "data_tail").Observe(s.tail.Seconds())
 	}
 }

@@ -383,6 +383,9 @@ func (g *Gateway) putData(req *request, key string, r io.Reader, sizeHint int64,
 			return nil
 		},
 	})
+	if b != nil {
+		b.timeline(&req.stages, committing)
+	}
 	if committing.IsZero() {
 		req.stages.data += time.Since(t)
 	} else {
