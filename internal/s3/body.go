@@ -326,6 +326,11 @@ type body struct {
 	// waited for the digests, and when the body ended.
 	sock  timedReader
 	eofAt time.Time
+	// late: the digests of a large body are checked by settle, before the
+	// commit, rather than at EOF (putData): the last buffers' hashing
+	// overlaps the streams' close instead of holding up the body's end.
+	// settled: settle ran.
+	late, settled bool
 }
 
 // timedReader is the request's own body, timed: how long its reads block
@@ -430,6 +435,16 @@ func (h *hasher) write(p []byte) {
 			h.send(h.cur)
 			h.cur = nil
 		}
+	}
+}
+
+// flush hands the partly filled buffer to the digests (the body ended).
+// It never blocks: a buffer in hand was taken from free, so the digests'
+// channels have room for it.
+func (h *hasher) flush() {
+	if h.cur != nil && len(*h.cur.b) > 0 && !h.shut {
+		h.send(h.cur)
+		h.cur = nil
 	}
 }
 
@@ -612,6 +627,18 @@ func (b *body) Read(p []byte) (int, error) {
 	if b.want >= 0 && b.n > b.want {
 		return n, b.fail(errorf("IncompleteBody", 400, "The body is longer than the declared length %d", b.want))
 	}
+	if err == io.EOF && b.late && b.async != nil {
+		// The digests finish beside the write path's close; settle checks
+		// them before the commit. The length is known now.
+		if b.want >= 0 && b.n != b.want {
+			return n, b.fail(errShort(b.n, b.want))
+		}
+		b.laneMD5.done() // its last buffers go at once
+		b.async.flush()
+		b.eof = true
+		b.eofAt = time.Now()
+		return n, io.EOF
+	}
 	if err == io.EOF {
 		if e := b.finish(); e != nil {
 			return n, b.fail(e)
@@ -643,7 +670,7 @@ func (b *body) finish() *Error {
 		b.laneMD5.Sum(nil) // the sum is kept; the lane is freed before the commit
 	}
 	if b.want >= 0 && b.n != b.want {
-		return errorf("IncompleteBody", 400, "You did not provide the number of bytes specified by the Content-Length HTTP header (%d of %d)", b.n, b.want)
+		return errShort(b.n, b.want)
 	}
 	if b.sha256 != nil && hex.EncodeToString(b.sha256.Sum(nil)) != strings.ToLower(b.wantSHA256) {
 		return errorf("XAmzContentSHA256Mismatch", 400, "The provided 'x-amz-content-sha256' header does not match what was computed.")
@@ -666,6 +693,30 @@ func (b *body) finish() *Error {
 		if base64.StdEncoding.EncodeToString(b.ck.Sum(nil)) != want {
 			return b.badChecksum()
 		}
+	}
+	return nil
+}
+
+func errShort(n, want int64) *Error {
+	return errorf("IncompleteBody", 400, "You did not provide the number of bytes specified by the Content-Length HTTP header (%d of %d)", n, want)
+}
+
+// settle runs the whole-body checks of a late body (see late) once its
+// hashing is done; putData calls it before the commit, so a bad digest
+// leaves the key uncommitted. A body that is not late was checked at EOF.
+func (b *body) settle() error {
+	if !b.late || b.async == nil || b.settled {
+		return b.err
+	}
+	if b.err != nil {
+		return b.err
+	}
+	if !b.eof {
+		return b.fail(errorf("InternalError", 500, "The body was committed before its end."))
+	}
+	b.settled = true
+	if e := b.finish(); e != nil {
+		return b.fail(e)
 	}
 	return nil
 }

@@ -358,11 +358,21 @@ func (g *Gateway) putData(req *request, key string, r io.Reader, sizeHint int64,
 	if b != nil && b.crcFromWrite {
 		dataCRC = b.setWriteCRC
 	}
+	if b != nil {
+		b.late = true // its digests are checked in BeforeCommit
+	}
 	ki, err := g.cl.PutKey(req.r.Context(), g.cfg.Volume, req.bucket, key, r, client.PutOptions{
 		SizeHint:     max(sizeHint, 0),
 		DataCRC32C:   dataCRC,
 		BufferBudget: g.budget,
 		BeforeCommit: func(c *metapb.CommitKeyRequest) error {
+			if b != nil {
+				// Late digests: checked here, so a mismatch leaves the
+				// key uncommitted (the wait counts in data_tail).
+				if err := b.settle(); err != nil {
+					return err
+				}
+			}
 			committing = time.Now()
 			if b != nil {
 				// A CRC32C checksum the write path summed: checked here,
