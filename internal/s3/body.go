@@ -355,8 +355,15 @@ func (t *timedReader) Read(p []byte) (int, error) {
 const (
 	asyncHashMin = 1 << 20
 	hashBufSize  = 256 << 10
-	hashBufs     = 4
 )
+
+// hashBufs is how many buffers a large body's digests may lag behind its
+// reading (a variable for benchmarks): 16 (4 MiB a body, 128 MiB at
+// MaxUploads 32). With 4, twelve paced bodies' reading waited for their
+// hashing (BenchmarkETagPaced bodies=12: 300-340 MB/s against 480-500
+// with 16, at the same ~1.0 CPU-s/GiB), and warp's parts spent a third
+// of their time there (stage data_hashwait; BENCHMARKS.md, session 13).
+var hashBufs = 16
 
 var hashBufPool = sync.Pool{New: func() any { b := make([]byte, 0, hashBufSize); return &b }}
 
@@ -364,6 +371,7 @@ var hashBufPool = sync.Pool{New: func() any { b := make([]byte, 0, hashBufSize);
 // goroutines. write blocks when hashBufs buffers are waiting (backpressure
 // instead of unbounded memory); wait returns once every byte is hashed.
 type hasher struct {
+	n    int // buffers (hashBufs when made)
 	free chan *hashBuf
 	work []chan *hashBuf // one per digest
 	done sync.WaitGroup
@@ -386,12 +394,12 @@ type hashBuf struct {
 // newHasher starts one goroutine per digest, so MD5 (the slowest) and a
 // flexible checksum or payload SHA-256 run side by side.
 func newHasher(hs []hash.Hash) *hasher {
-	h := &hasher{free: make(chan *hashBuf, hashBufs)}
-	for range hashBufs {
+	h := &hasher{n: hashBufs, free: make(chan *hashBuf, hashBufs)}
+	for range h.n {
 		h.free <- &hashBuf{b: hashBufPool.Get().(*[]byte)}
 	}
 	for _, d := range hs {
-		ch := make(chan *hashBuf, hashBufs)
+		ch := make(chan *hashBuf, h.n)
 		h.work = append(h.work, ch)
 		h.done.Add(1)
 		go func() {
@@ -466,7 +474,7 @@ func (h *hasher) wait() {
 	if h.cur != nil {
 		hashBufPool.Put(h.cur.b)
 	}
-	for range hashBufs {
+	for range h.n {
 		hashBufPool.Put((<-h.free).b)
 	}
 }

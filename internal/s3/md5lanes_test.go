@@ -593,46 +593,48 @@ func BenchmarkETagPaced(b *testing.B) {
 	data := bytes.Repeat([]byte("0123456789abcdef"), 16<<20/16)
 	for _, bodies := range []int{4, 12} {
 		for _, linger := range []time.Duration{-1, 0, 250 * time.Microsecond, time.Millisecond} {
-			useLanes := linger >= 0
-			name := fmt.Sprintf("bodies=%d/lanes=false", bodies)
-			if useLanes {
-				name = fmt.Sprintf("bodies=%d/lanes=true/linger=%v", bodies, linger)
-			}
-			b.Run(name, func(b *testing.B) {
-				old, oldLinger := etagLanes, laneLinger
-				etagLanes, laneLinger = useLanes, max(linger, 0)
-				defer func() { etagLanes, laneLinger = old, oldLinger }()
-				b.SetBytes(int64(bodies * len(data)))
-				var bytes0 [md5x.MaxLanes + 1]int64
-				for i := range bytes0 {
-					bytes0[i] = laneStats.bytes[i].Load()
+			for _, bufs := range []int{4, 16} {
+				useLanes := linger >= 0
+				name := fmt.Sprintf("bodies=%d/lanes=false/bufs=%d", bodies, bufs)
+				if useLanes {
+					name = fmt.Sprintf("bodies=%d/lanes=true/linger=%v/bufs=%d", bodies, linger, bufs)
 				}
-				cpu0 := cpuNow()
-				for range b.N {
-					var wg sync.WaitGroup
-					for range bodies {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							t := time.NewTicker(time.Duration(800+rand.IntN(800)) * time.Microsecond)
-							defer t.Stop()
-							r, a := plainRequest(data)
-							r.Body = io.NopCloser(&pacedReader{data: data, step: 64 << 10, tick: t})
-							readBody(b, r, a, make([]byte, 4<<20))
-						}()
+				b.Run(name, func(b *testing.B) {
+					old, oldLinger, oldBufs := etagLanes, laneLinger, hashBufs
+					etagLanes, laneLinger, hashBufs = useLanes, max(linger, 0), bufs
+					defer func() { etagLanes, laneLinger, hashBufs = old, oldLinger, oldBufs }()
+					b.SetBytes(int64(bodies * len(data)))
+					var bytes0 [md5x.MaxLanes + 1]int64
+					for i := range bytes0 {
+						bytes0[i] = laneStats.bytes[i].Load()
 					}
-					wg.Wait()
-				}
-				cpu := cpuNow() - cpu0
-				b.ReportMetric(cpu.Seconds()/(float64(b.N*bodies*len(data))/(1<<30)), "cpu-s/GiB")
-				var sum, weighted float64
-				for i := range bytes0 {
-					n := float64(laneStats.bytes[i].Load() - bytes0[i])
-					sum += n
-					weighted += n * float64(i)
-				}
-				b.ReportMetric(weighted/max(sum, 1), "lanes/byte")
-			})
+					cpu0 := cpuNow()
+					for range b.N {
+						var wg sync.WaitGroup
+						for range bodies {
+							wg.Add(1)
+							go func() {
+								defer wg.Done()
+								t := time.NewTicker(time.Duration(800+rand.IntN(800)) * time.Microsecond)
+								defer t.Stop()
+								r, a := plainRequest(data)
+								r.Body = io.NopCloser(&pacedReader{data: data, step: 64 << 10, tick: t})
+								readBody(b, r, a, make([]byte, 4<<20))
+							}()
+						}
+						wg.Wait()
+					}
+					cpu := cpuNow() - cpu0
+					b.ReportMetric(cpu.Seconds()/(float64(b.N*bodies*len(data))/(1<<30)), "cpu-s/GiB")
+					var sum, weighted float64
+					for i := range bytes0 {
+						n := float64(laneStats.bytes[i].Load() - bytes0[i])
+						sum += n
+						weighted += n * float64(i)
+					}
+					b.ReportMetric(weighted/max(sum, 1), "lanes/byte")
+				})
+			}
 		}
 	}
 }
