@@ -330,3 +330,78 @@ func startBucket(tb testing.TB, ctx context.Context, cc cluster.Config, cfg Conf
 	}
 	return cl
 }
+
+// gatedReader yields data; at gate bytes it waits (bounded by 10 s) until
+// open says so, and records whether it had to give up.
+type gatedReader struct {
+	data     []byte
+	off      int
+	gate     int
+	open     func() bool
+	timedOut bool
+}
+
+func (r *gatedReader) Read(p []byte) (int, error) {
+	if r.off == len(r.data) {
+		return 0, io.EOF
+	}
+	if r.off == r.gate {
+		deadline := time.Now().Add(10 * time.Second)
+		for !r.open() {
+			if time.Now().After(deadline) {
+				r.timedOut = true
+				break
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		r.gate = -1
+	}
+	end := len(r.data)
+	if r.gate > r.off {
+		end = min(end, r.gate)
+	}
+	n := copy(p, r.data[r.off:end])
+	r.off += n
+	return n, nil
+}
+
+// TestV2SendsPacketsAsRead (session 13): a V2 write hands each stream
+// packet to its sender as soon as it is read, not once its whole chunk
+// (4 MiB) is: the reader stops after 1.5 MiB of the 4 MiB chunk until the
+// stream has sent a packet. Writing chunk by chunk, nothing is sent until
+// the chunk is full, and the reader gives up after its 10 s bound (the
+// test fails). The key reads back intact.
+func TestV2SendsPacketsAsRead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cl := startBucket(t, ctx, cluster.Config{Datanodes: 3, BlockSize: 16 << 20, ContainerSize: 512 << 20},
+		Config{ChunkSize: 4 << 20, MaxBufferBytes: 16 << 20, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
+			StreamTimeout: 15 * time.Second})
+	const size = 6<<20 + 777
+	rnd := rand.New(rand.NewPCG(7, 8))
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(rnd.Uint32())
+	}
+	s0 := stream.SummedBytes()
+	r := &gatedReader{data: data, gate: 3 << 19, open: func() bool { return stream.SummedBytes()-s0 >= 1<<20 }}
+	ki, err := cl.PutKey(ctx, "vol", "bkt", "packets", r, PutOptions{Pipeline: PipelineV2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.timedOut {
+		t.Fatal("nothing was sent while the reader waited inside the first chunk: the stream waits for whole chunks")
+	}
+	if ki.Pipeline != "v2" || ki.Size != size {
+		t.Fatalf("put: %+v", ki)
+	}
+	rd, err := cl.GetKey(ctx, "vol", "bkt", "packets")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	got, err := io.ReadAll(rd)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back: %v (%d bytes, equal %v)", err, len(got), bytes.Equal(got, data))
+	}
+}
