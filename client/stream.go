@@ -196,16 +196,6 @@ func newStreamWriter(ctx context.Context, c *Client, op string, blocks *blockSou
 	}
 }
 
-// step is how much of a buffer is read before it is handed to the
-// sender: one stream packet (a divisor of the chunk, so whole packets go
-// to the Writer straight from the buffer, with no copy).
-func (w *streamWriter) step() int { return w.opts.PacketSize }
-
-// piecesPerBuf is the most pieces one buffer is cut into.
-func (w *streamWriter) piecesPerBuf() int {
-	return (w.c.cfg.ChunkSize + w.step() - 1) / w.step()
-}
-
 // room is how many more bytes the current segment may take: it ends at
 // segMax or at the end of its block (the next block's, when the current
 // one is full).
@@ -221,7 +211,7 @@ func (w *streamWriter) run(r io.Reader) error {
 	defer w.drop()
 	var read int64
 	for {
-		// Only a segment's last buffer is short (room or EOF cut it, and
+		// Only a segment's last piece is short (room or EOF cut it, and
 		// the segment is committed right after), so a segment never needs
 		// more buffers than the pool has.
 		buf, err := w.pool.tryGet()
@@ -238,36 +228,22 @@ func (w *streamWriter) run(r io.Reader) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", w.op, err)
 		}
-		// The buffer is read a packet at a time, each packet handed to
-		// the sender as soon as it is read (a piece holding a reference
-		// to the buffer): the stream starts after one packet rather than
-		// a whole chunk, and at the body's end at most a packet is left
-		// to send before the close (session 13: with 4 MiB chunks and
-		// warp's 16 MiB parts, a quarter of a part waited at each end).
-		lim := int(min(int64(len(buf.data)), w.room()))
-		var eof bool
-		for off := 0; off < lim && !eof; {
-			n, e, rerr := readFull(r, buf.data[off:min(off+w.step(), lim)])
-			if rerr != nil {
-				buf.unref()
-				return fmt.Errorf("%s: reading the data at offset %d: %w", w.op, read+int64(n), rerr)
-			}
-			eof = e
-			if n == 0 {
-				continue
-			}
-			buf.ref()
+		n, eof, rerr := readFull(r, buf.data[:min(int64(len(buf.data)), w.room())])
+		if rerr != nil {
+			buf.unref()
+			return fmt.Errorf("%s: reading the data at offset %d: %w", w.op, read, rerr)
+		}
+		if n == 0 {
+			buf.unref()
+		} else {
 			read += int64(n)
-			if err := w.write(piece{buf: buf, data: buf.data[off : off+n]}); err != nil {
-				buf.unref()
+			if err := w.write(piece{buf: buf, data: buf.data[:n]}); err != nil {
 				return err
 			}
-			off += n
 			if w.progress != nil {
 				w.progress(read)
 			}
 		}
-		buf.unref() // the pieces hold it
 		if w.segLen > 0 && (eof || w.room() == 0) {
 			if err := w.commit(); err != nil {
 				return err
@@ -373,10 +349,10 @@ func (w *streamWriter) open() error {
 		h(StreamInfo{ContainerID: b.loc.GetId().GetContainerId(), LocalID: b.loc.GetId().GetLocalId(),
 			PipelineID: b.loc.GetPipelineId(), Offset: opts.Offset, Route: ids})
 	}
-	// A segment holds at most the pool's buffers, piecesPerBuf pieces
-	// each, so queueing never waits for the sender.
+	// A segment holds at most the pool's buffers, one piece each, so
+	// queueing never waits for the sender.
 	ctx, cancel := context.WithCancel(w.ctx)
-	s := &sender{pieces: make(chan []byte, max(cap(w.pool.slots)*w.piecesPerBuf(), len(w.seg))+1), stop: make(chan struct{}), done: make(chan struct{}), cancel: cancel}
+	s := &sender{pieces: make(chan []byte, max(cap(w.pool.slots), len(w.seg))+1), stop: make(chan struct{}), done: make(chan struct{}), cancel: cancel}
 	for _, p := range w.seg {
 		s.pieces <- p.data
 	}
