@@ -1,14 +1,17 @@
 package s3
 
 import (
+	"bytes"
 	"crypto/md5"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"testing"
+	"time"
 )
 
 // TestLateDigests: a large body written through putData (late) ends at
@@ -107,3 +110,61 @@ type requestT struct {
 }
 
 func (r *requestT) md5(d []byte) { r.r.Set("Content-Md5", base64.StdEncoding.EncodeToString(d)) }
+
+// gatedHash is a digest whose Write waits until gate is closed.
+type gatedHash struct {
+	hash.Hash
+	gate chan struct{}
+}
+
+func (g gatedHash) Write(p []byte) (int, error) { <-g.gate; return g.Hash.Write(p) }
+
+// TestHasherSlack: a large body's reading runs up to 4 MiB (16 buffers)
+// ahead of a digest that does not keep up before it waits (with 4 buffers,
+// warp's parts spent a third of their time waiting for MD5; BENCHMARKS.md,
+// session 13), and then waits rather than holding more memory.
+func TestHasherSlack(t *testing.T) {
+	g := gatedHash{Hash: md5.New(), gate: make(chan struct{})}
+	h := newHasher([]hash.Hash{g})
+	p := make([]byte, hashBufSize)
+	wrote := make(chan int, 64)
+	go func() {
+		for i := range 17 {
+			h.write(p)
+			wrote <- i + 1
+		}
+		// The 17th buffer's bytes are in hand (h.cur): sent at wait.
+	}()
+	// 16 full buffers are handed over without waiting for the digest
+	// (the 16th is sent when full; the 17th write needs a 17th buffer).
+	deadline := time.After(10 * time.Second)
+	for n := 0; n < 16; {
+		select {
+		case n = <-wrote:
+		case <-deadline:
+			t.Fatalf("the reading waited for the digest after %d of 16 buffers", n)
+		}
+	}
+	select {
+	case n := <-wrote:
+		t.Fatalf("%d buffers written with the digest stalled: more than hashBufs in memory", n)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if h.full.Load() != 1 {
+		t.Fatalf("waits counted: %d, want 1", h.full.Load())
+	}
+	close(g.gate)
+	select {
+	case <-wrote:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reading did not resume once the digest caught up")
+	}
+	h.wait()
+	want := md5.New()
+	for range 17 {
+		want.Write(p)
+	}
+	if !bytes.Equal(g.Sum(nil), want.Sum(nil)) {
+		t.Fatal("digest differs")
+	}
+}
