@@ -29,7 +29,9 @@ import (
 // holds more than a bufio buffer. Every check that needs the whole body
 // (payload SHA-256, Content-MD5, flexible checksums, chunk and trailer
 // signatures, length) fails the read at the latest at EOF, before the key
-// is committed, so a bad upload never becomes visible.
+// is committed, so a bad upload never becomes visible; a large body's
+// digests written through putData fail its BeforeCommit instead (late,
+// settle), still before the commit.
 
 const (
 	maxChunkHeader = 4096 // one aws-chunked size line or trailer line
