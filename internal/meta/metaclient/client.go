@@ -126,6 +126,8 @@ type Client struct {
 	// OpenKeyCoalesced, CommitKeyCoalesced (write.go)
 	opens   writeCoalescer[*metapb.OpenKeyRequest, *metapb.OpenKeyResponse]
 	commits writeCoalescer[*metapb.CommitKeyRequest, *metapb.KeyInfo]
+	// TakeReserved (reserve.go)
+	reserves reservePools
 
 	Namespace metapb.NamespaceClient
 	Scm       metapb.ScmClient
@@ -432,12 +434,14 @@ var retrySafe = map[string]bool{
 	metapb.Scm_ListContainers_FullMethodName:       true,
 	metapb.Scm_GetSafeMode_FullMethodName:          true,
 
-	metapb.Namespace_GetVolume_FullMethodName:            true,
-	metapb.Namespace_ListVolumes_FullMethodName:          true,
-	metapb.Namespace_GetBucket_FullMethodName:            true,
-	metapb.Namespace_ListBuckets_FullMethodName:          true,
-	metapb.Namespace_OpenKey_FullMethodName:              true,
-	metapb.Namespace_OpenKeys_FullMethodName:             true,
+	metapb.Namespace_GetVolume_FullMethodName:   true,
+	metapb.Namespace_ListVolumes_FullMethodName: true,
+	metapb.Namespace_GetBucket_FullMethodName:   true,
+	metapb.Namespace_ListBuckets_FullMethodName: true,
+	metapb.Namespace_OpenKey_FullMethodName:     true,
+	metapb.Namespace_OpenKeys_FullMethodName:    true,
+	// An extra reservation expires unused, as an extra open key.
+	metapb.Namespace_ReserveBlocks_FullMethodName:        true,
 	metapb.Namespace_AllocateBlock_FullMethodName:        true,
 	metapb.Namespace_LookupKey_FullMethodName:            true,
 	metapb.Namespace_LookupKeys_FullMethodName:           true,

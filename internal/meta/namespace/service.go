@@ -43,8 +43,11 @@ type Blocks interface {
 
 // Config holds the namespace tunables. Zero values take the defaults noted.
 type Config struct {
-	OpenKeyExpiry   time.Duration // uncommitted keys older than this are reclaimed (default 24h)
-	ServiceInterval time.Duration // background services period (default 1s)
+	OpenKeyExpiry time.Duration // uncommitted keys older than this are reclaimed (default 24h)
+	// ReservationExpiry: block reservations (reserve.go) older than this
+	// are reclaimed (default DefaultReservationExpiry).
+	ReservationExpiry time.Duration
+	ServiceInterval   time.Duration // background services period (default 1s)
 	// Batch limits of the background services.
 	DeleteBatchRows int // deleted rows handed to SCM per batch (default 1000)
 	// DeleteBatchesPerRound bounds the batches one round hands over (default
@@ -75,6 +78,9 @@ type Config struct {
 func (c *Config) setDefaults() {
 	if c.OpenKeyExpiry == 0 {
 		c.OpenKeyExpiry = 24 * time.Hour
+	}
+	if c.ReservationExpiry == 0 {
+		c.ReservationExpiry = DefaultReservationExpiry
 	}
 	if c.UploadExpiry == 0 {
 		c.UploadExpiry = DefaultUploadExpiry
@@ -352,7 +358,7 @@ func (s *Service) AllocateBlock(ctx context.Context, req *metapb.AllocateBlockRe
 	if err != nil {
 		return nil, err
 	}
-	if err := s.authz(ctx).Write(row.Volume, row.Bucket, row.Key, "write"); err != nil {
+	if err := s.authz(ctx).WriteRow(row, "write"); err != nil {
 		return nil, err
 	}
 	alloc, err := s.blocks.AllocateBlocks(ctx, &metapb.AllocateBlocksRequest{Count: 1, Replication: row.Replication, Exclude: req.Exclude, ClientLocation: req.ClientLocation})
@@ -382,11 +388,11 @@ func (s *Service) CommitKey(ctx context.Context, req *metapb.CommitKeyRequest) (
 	// committed a moment ago (a leader elected since): then check again
 	// after a barrier. (The small-object path commits many keys: no
 	// barrier when none is needed.)
-	if err := s.authz(ctx).WriteOpen(req.OpenId, "commit"); err != nil {
+	if err := s.authz(ctx).WriteCommit(req, "commit"); err != nil {
 		if berr := s.current(ctx); berr != nil {
 			return nil, berr
 		}
-		if err := s.authz(ctx).WriteOpen(req.OpenId, "commit"); err != nil {
+		if err := s.authz(ctx).WriteCommit(req, "commit"); err != nil {
 			return nil, err
 		}
 	}
@@ -638,13 +644,12 @@ func (s *Service) Run(ctx context.Context) {
 // and multipart uploads, reclaim deleted directories, hand deleted blocks
 // to SCM.
 func (s *Service) RunOnce(ctx context.Context) error {
-	cutoff := s.cfg.Now().Add(-s.cfg.OpenKeyExpiry).UnixMilli()
-	ids, err := s.st.ExpiredOpenKeys(cutoff, s.cfg.ExpireBatch)
+	exp, err := s.expiredOpens()
 	if err != nil {
 		return err
 	}
-	if len(ids) > 0 {
-		if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_ExpireOpenKeys{ExpireOpenKeys: &metapb.ExpireOpenKeysOp{OpenIds: ids, OlderThanUnixMs: cutoff}}}); err != nil {
+	if len(exp.OpenIds) > 0 {
+		if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_ExpireOpenKeys{ExpireOpenKeys: exp}}); err != nil {
 			return err
 		}
 	}
