@@ -434,14 +434,12 @@ var retrySafe = map[string]bool{
 	metapb.Scm_ListContainers_FullMethodName:       true,
 	metapb.Scm_GetSafeMode_FullMethodName:          true,
 
-	metapb.Namespace_GetVolume_FullMethodName:   true,
-	metapb.Namespace_ListVolumes_FullMethodName: true,
-	metapb.Namespace_GetBucket_FullMethodName:   true,
-	metapb.Namespace_ListBuckets_FullMethodName: true,
-	metapb.Namespace_OpenKey_FullMethodName:     true,
-	metapb.Namespace_OpenKeys_FullMethodName:    true,
-	// An extra reservation expires unused, as an extra open key.
-	metapb.Namespace_ReserveBlocks_FullMethodName:        true,
+	metapb.Namespace_GetVolume_FullMethodName:            true,
+	metapb.Namespace_ListVolumes_FullMethodName:          true,
+	metapb.Namespace_GetBucket_FullMethodName:            true,
+	metapb.Namespace_ListBuckets_FullMethodName:          true,
+	metapb.Namespace_OpenKey_FullMethodName:              true,
+	metapb.Namespace_OpenKeys_FullMethodName:             true,
 	metapb.Namespace_AllocateBlock_FullMethodName:        true,
 	metapb.Namespace_LookupKey_FullMethodName:            true,
 	metapb.Namespace_LookupKeys_FullMethodName:           true,
@@ -454,6 +452,8 @@ var retrySafe = map[string]bool{
 	// A second token is harmless; a renewal repeated renews again.
 	metapb.UserToken_GetUserToken_FullMethodName:   true,
 	metapb.UserToken_RenewUserToken_FullMethodName: true,
+	// An extra reservation expires unused, as an extra open key.
+	metapb.Namespace_ReserveBlocks_FullMethodName: true,
 }
 
 // RetrySafe reports whether method (a full gRPC method name) may be sent

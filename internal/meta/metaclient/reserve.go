@@ -63,6 +63,7 @@ type reservePool struct {
 	refill  chan struct{}
 	refused time.Time // refills refused until then
 	used    time.Time
+	waiting int // callers waiting for the refill
 }
 
 type reservePools struct {
@@ -71,12 +72,13 @@ type reservePools struct {
 	absent atomic.Bool // the server has no ReserveBlocks
 	calls  atomic.Uint64
 	blocks atomic.Uint64
+	taken  atomic.Uint64
 }
 
-// ReserveStats returns the ReserveBlocks calls made and the blocks they
-// reserved.
-func (c *Client) ReserveStats() (calls, blocks uint64) {
-	return c.reserves.calls.Load(), c.reserves.blocks.Load()
+// ReserveStats returns the ReserveBlocks calls made, the blocks they
+// reserved and the blocks TakeReserved handed out.
+func (c *Client) ReserveStats() (calls, blocks, taken uint64) {
+	return c.reserves.calls.Load(), c.reserves.blocks.Load(), c.reserves.taken.Load()
 }
 
 // TakeReserved takes a reserved block of req's bucket (req.Count is the
@@ -92,7 +94,9 @@ func (c *Client) TakeReserved(ctx context.Context, req *metapb.ReserveBlocksRequ
 	kb := appendMDKey(kbuf[:0], md)
 	kb = fmt.Appendf(kb, "\x01%s\x00%s\x00%d\x00%d\x00%d\x00%d\x00%s", req.Volume, req.Bucket, req.Replication,
 		req.ExpectedBytes, req.ChecksumType, req.BytesPerChecksum, req.ClientLocation)
-	for {
+	// A few times at most: refills that leave nothing to take (other
+	// callers took it all) send this key the usual way.
+	for try := 0; try < 3; try++ {
 		rp.mu.Lock()
 		if rp.pools == nil {
 			rp.pools = map[string]*reservePool{}
@@ -122,22 +126,32 @@ func (c *Client) TakeReserved(ctx context.Context, req *metapb.ReserveBlocksRequ
 			c.startRefill(p, int(req.Count))
 		}
 		wait := p.refill
+		if r == nil {
+			p.waiting++
+		}
 		rp.mu.Unlock()
 		if r != nil {
+			rp.taken.Add(1)
 			return r, nil
 		}
+		var err error
 		select {
 		case <-wait:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			err = ctx.Err()
 		}
 		rp.mu.Lock()
+		p.waiting--
 		failed := len(p.blocks) == 0 && p.refill == nil
 		rp.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
 		if failed || rp.absent.Load() {
 			return nil, nil
 		}
 	}
+	return nil, nil
 }
 
 // startRefill sends one ReserveBlocks for p in the background (under
@@ -151,10 +165,12 @@ func (c *Client) startRefill(p *reservePool, most int) {
 		p.batch = max(p.batch/2, minReserve)
 	}
 	p.batch = max(min(p.batch, most), 1)
+	// Enough for the callers already waiting, too.
+	count := min(max(p.batch, p.waiting+1), most)
 	done := make(chan struct{})
 	p.refill = done
 	q := p.req
-	req := &metapb.ReserveBlocksRequest{Volume: q.Volume, Bucket: q.Bucket, Count: uint32(p.batch), Replication: q.Replication,
+	req := &metapb.ReserveBlocksRequest{Volume: q.Volume, Bucket: q.Bucket, Count: uint32(count), Replication: q.Replication,
 		ChecksumType: q.ChecksumType, BytesPerChecksum: q.BytesPerChecksum, ClientLocation: q.ClientLocation,
 		Exclude: q.Exclude, ExpectedBytes: q.ExpectedBytes}
 	go func() {
@@ -182,9 +198,13 @@ func (c *Client) startRefill(p *reservePool, most int) {
 			return // (the waiting callers open their keys the usual way)
 		}
 		now := time.Now()
+		// At most reserveMaxAge, and half the time the server gives (its
+		// clock may be ahead).
 		exp := now.Add(reserveMaxAge)
-		if srv := time.UnixMilli(resp.ExpiresUnixMs).Add(-30 * time.Second); resp.ExpiresUnixMs != 0 && srv.Before(exp) {
-			exp = srv // (clocks apart: the earlier)
+		if resp.ExpiresUnixMs != 0 {
+			if srv := now.Add(time.UnixMilli(resp.ExpiresUnixMs).Sub(now) / 2); srv.Before(exp) {
+				exp = srv
+			}
 		}
 		if now.After(p.expires) {
 			p.blocks = nil
