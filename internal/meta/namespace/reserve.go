@@ -161,7 +161,8 @@ func (t *tx) reserveBlocks(op *metapb.ReserveBlocksOp) any {
 }
 
 // commitName is the name a commit gives the key of row: the request's
-// for a reserved row (which has none), else the row's. The request's
+// for a reserved row (which has none), else the row's (a part of a
+// multipart upload: the upload's key). The request's
 // volume and bucket, when given, must be the row's. It sets row.Key to
 // it (row is the apply's own decoded copy).
 func commitName(row *metapb.OpenKeyRow, b *metapb.Bucket, req *metapb.CommitKeyRequest) error {
@@ -173,9 +174,6 @@ func commitName(row *metapb.OpenKeyRow, b *metapb.Bucket, req *metapb.CommitKeyR
 			return invalid("commit key %q: open key %d is %q", req.Key, row.OpenId, row.Key)
 		}
 		return nil
-	}
-	if req.Part != nil {
-		return invalid("commit key: open key %d is a block reservation, not a key of a multipart upload", row.OpenId)
 	}
 	if req.Key == "" {
 		return invalid("commit key: open key %d is a block reservation: the commit must name the key", row.OpenId)
