@@ -41,7 +41,7 @@ const (
 	// its keys the usual way before it asks again.
 	reserveRefusedFor = 30 * time.Second
 	// maxReservePools bounds the pools kept; beyond, idle ones go.
-	maxReservePools = 4096
+	maxReservePools = 1024
 )
 
 // Reserved is one reserved block: an open key without a name, to be
