@@ -43,11 +43,8 @@ type Blocks interface {
 
 // Config holds the namespace tunables. Zero values take the defaults noted.
 type Config struct {
-	OpenKeyExpiry time.Duration // uncommitted keys older than this are reclaimed (default 24h)
-	// ReservationExpiry: block reservations (reserve.go) older than this
-	// are reclaimed (default DefaultReservationExpiry).
-	ReservationExpiry time.Duration
-	ServiceInterval   time.Duration // background services period (default 1s)
+	OpenKeyExpiry   time.Duration // uncommitted keys older than this are reclaimed (default 24h)
+	ServiceInterval time.Duration // background services period (default 1s)
 	// Batch limits of the background services.
 	DeleteBatchRows int // deleted rows handed to SCM per batch (default 1000)
 	// DeleteBatchesPerRound bounds the batches one round hands over (default
@@ -64,6 +61,10 @@ type Config struct {
 	// aborted and their parts' blocks reclaimed, as S3's lifecycle rule
 	// AbortIncompleteMultipartUpload (default 7 days; negative: never).
 	UploadExpiry time.Duration
+
+	// ReservationExpiry: block reservations (reserve.go) older than this
+	// are reclaimed (default DefaultReservationExpiry).
+	ReservationExpiry time.Duration
 
 	// Tokens signs the block token of every location returned (tokens.go;
 	// nil: locations carry none).
