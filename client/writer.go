@@ -148,6 +148,7 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 	}
 	var open *metapb.OpenKeyResponse
 	var err error
+	reserved := false // open is a reserved block (reserve.go)
 	if early != nil {
 		// The same request as the one below would be (a short body
 		// keeps the hint it opened with), so its answer, error
@@ -157,8 +158,17 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 			return KeyInfo{}, e.err
 		}
 		open = e.open
-	} else if open, err = openKey(ctx, newOpenReq()); err != nil {
-		return KeyInfo{}, err
+	} else if small != nil && c.cfg.ReserveBlocks > 0 {
+		open, err = c.takeReserved(ctx, volume, bucket, o.Replication, len(small))
+		if err != nil {
+			return KeyInfo{}, wrapErr(op, err)
+		}
+		reserved = open != nil
+	}
+	if open == nil {
+		if open, err = openKey(ctx, newOpenReq()); err != nil {
+			return KeyInfo{}, err
+		}
 	}
 	bs := int64(open.BlockSize)
 	if c.cfg.BlockSize > 0 && (bs == 0 || c.cfg.BlockSize < bs) {
@@ -225,6 +235,9 @@ func (c *Client) PutKey(ctx context.Context, volume, bucket, key string, r io.Re
 		o.DataCRC32C(crc)
 	}
 	commit := &metapb.CommitKeyRequest{OpenId: open.OpenId, Blocks: committed}
+	if reserved {
+		commit.Key, commit.Volume, commit.Bucket = key, volume, bucket
+	}
 	if o.BeforeCommit != nil {
 		if err := o.BeforeCommit(commit); err != nil {
 			return KeyInfo{}, fmt.Errorf("%s: %w", op, err)

@@ -82,6 +82,9 @@ type Config struct {
 	// it starts (benchmarks: log directories and volumes on modelled
 	// disks, vfs.LatencyFS).
 	DatanodeConfig func(i int, c *datanode.Config)
+	// Namespace is the meta node's namespace configuration (tests: short
+	// expiries and service intervals).
+	Namespace namespace.Config
 }
 
 // Cluster is a running in-process cluster.
@@ -157,7 +160,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			CacheRescanInterval: cfg.CacheRescanInterval,
 			SlowDisk:            cfg.SlowDisk,
 		},
-		Namespace: namespace.Config{},
+		Namespace: cfg.Namespace,
 		// datanode="" gives the meta service's metrics the label names the
 		// datanodes' have: a name both export (basalt_raft_*: the meta raft
 		// host and each datanode's) must have one label set in a registry, or

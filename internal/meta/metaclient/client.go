@@ -126,6 +126,8 @@ type Client struct {
 	// OpenKeyCoalesced, CommitKeyCoalesced (write.go)
 	opens   writeCoalescer[*metapb.OpenKeyRequest, *metapb.OpenKeyResponse]
 	commits writeCoalescer[*metapb.CommitKeyRequest, *metapb.KeyInfo]
+	// TakeReserved (reserve.go)
+	reserves reservePools
 
 	Namespace metapb.NamespaceClient
 	Scm       metapb.ScmClient
@@ -450,6 +452,8 @@ var retrySafe = map[string]bool{
 	// A second token is harmless; a renewal repeated renews again.
 	metapb.UserToken_GetUserToken_FullMethodName:   true,
 	metapb.UserToken_RenewUserToken_FullMethodName: true,
+	// An extra reservation expires unused, as an extra open key.
+	metapb.Namespace_ReserveBlocks_FullMethodName: true,
 }
 
 // RetrySafe reports whether method (a full gRPC method name) may be sent

@@ -1196,6 +1196,7 @@ type NsCommand struct {
 	//	*NsCommand_SetPublicAccessBlock
 	//	*NsCommand_OpenKeys
 	//	*NsCommand_CommitKeys
+	//	*NsCommand_ReserveBlocks
 	Op            isNsCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1488,6 +1489,15 @@ func (x *NsCommand) GetCommitKeys() *CommitKeysOp {
 	return nil
 }
 
+func (x *NsCommand) GetReserveBlocks() *ReserveBlocksOp {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_ReserveBlocks); ok {
+			return x.ReserveBlocks
+		}
+	}
+	return nil
+}
+
 type isNsCommand_Op interface {
 	isNsCommand_Op()
 }
@@ -1604,6 +1614,11 @@ type NsCommand_CommitKeys struct {
 	CommitKeys *CommitKeysOp `protobuf:"bytes,1401,opt,name=commit_keys,json=commitKeys,proto3,oneof"`
 }
 
+type NsCommand_ReserveBlocks struct {
+	// ReserveBlocks (issue 15): one open key without a name per block.
+	ReserveBlocks *ReserveBlocksOp `protobuf:"bytes,2000,opt,name=reserve_blocks,json=reserveBlocks,proto3,oneof"`
+}
+
 func (*NsCommand_CreateVolume) isNsCommand_Op() {}
 
 func (*NsCommand_DeleteVolume) isNsCommand_Op() {}
@@ -1657,6 +1672,8 @@ func (*NsCommand_SetPublicAccessBlock) isNsCommand_Op() {}
 func (*NsCommand_OpenKeys) isNsCommand_Op() {}
 
 func (*NsCommand_CommitKeys) isNsCommand_Op() {}
+
+func (*NsCommand_ReserveBlocks) isNsCommand_Op() {}
 
 // SetServiceTokenOp records the cluster service token if none is recorded
 // yet (the first proposal wins); its result is the recorded token.
@@ -1812,8 +1829,11 @@ type ExpireOpenKeysOp struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	OpenIds         []uint64               `protobuf:"varint,1,rep,packed,name=open_ids,json=openIds,proto3" json:"open_ids,omitempty"`
 	OlderThanUnixMs int64                  `protobuf:"varint,2,opt,name=older_than_unix_ms,json=olderThanUnixMs,proto3" json:"older_than_unix_ms,omitempty"` // re-checked in Apply
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Reserved open keys (ReserveBlocks) older than this expire too
+	// (re-checked in Apply; 0: as the others).
+	ReservedOlderThanUnixMs int64 `protobuf:"varint,2000,opt,name=reserved_older_than_unix_ms,json=reservedOlderThanUnixMs,proto3" json:"reserved_older_than_unix_ms,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *ExpireOpenKeysOp) Reset() {
@@ -1856,6 +1876,13 @@ func (x *ExpireOpenKeysOp) GetOpenIds() []uint64 {
 func (x *ExpireOpenKeysOp) GetOlderThanUnixMs() int64 {
 	if x != nil {
 		return x.OlderThanUnixMs
+	}
+	return 0
+}
+
+func (x *ExpireOpenKeysOp) GetReservedOlderThanUnixMs() int64 {
+	if x != nil {
+		return x.ReservedOlderThanUnixMs
 	}
 	return 0
 }
@@ -2024,8 +2051,12 @@ type OpenKeyRow struct {
 	BytesPerChecksum uint32                 `protobuf:"varint,8,opt,name=bytes_per_checksum,json=bytesPerChecksum,proto3" json:"bytes_per_checksum,omitempty"`
 	Blocks           []*BlockID             `protobuf:"bytes,9,rep,name=blocks,proto3" json:"blocks,omitempty"` // every block allocated to it
 	CreatedUnixMs    int64                  `protobuf:"varint,10,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Reserved by ReserveBlocks: no key yet (the commit names it), for the
+	// caller reserved_by only.
+	Reserved      bool   `protobuf:"varint,2000,opt,name=reserved,proto3" json:"reserved,omitempty"`
+	ReservedBy    string `protobuf:"bytes,2001,opt,name=reserved_by,json=reservedBy,proto3" json:"reserved_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *OpenKeyRow) Reset() {
@@ -2126,6 +2157,20 @@ func (x *OpenKeyRow) GetCreatedUnixMs() int64 {
 		return x.CreatedUnixMs
 	}
 	return 0
+}
+
+func (x *OpenKeyRow) GetReserved() bool {
+	if x != nil {
+		return x.Reserved
+	}
+	return false
+}
+
+func (x *OpenKeyRow) GetReservedBy() string {
+	if x != nil {
+		return x.ReservedBy
+	}
+	return ""
 }
 
 // DeletedRow: blocks waiting to be handed to SCM (key "x/").
@@ -2705,6 +2750,101 @@ func (x *CommitKeysOp) GetCommits() []*CommitKeyRequest {
 	return nil
 }
 
+// ReserveBlocksOp records blocks reserved for a bucket (issue 15): one
+// reserved open key per block, with consecutive open IDs; its result is
+// the first ID.
+type ReserveBlocksOp struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Volume           string                 `protobuf:"bytes,2000,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket           string                 `protobuf:"bytes,2001,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Replication      Replication            `protobuf:"varint,2002,opt,name=replication,proto3,enum=basalt.meta.v1.Replication" json:"replication,omitempty"`
+	ChecksumType     ChecksumType           `protobuf:"varint,2003,opt,name=checksum_type,json=checksumType,proto3,enum=basalt.meta.v1.ChecksumType" json:"checksum_type,omitempty"`
+	BytesPerChecksum uint32                 `protobuf:"varint,2004,opt,name=bytes_per_checksum,json=bytesPerChecksum,proto3" json:"bytes_per_checksum,omitempty"`
+	ReservedBy       string                 `protobuf:"bytes,2005,opt,name=reserved_by,json=reservedBy,proto3" json:"reserved_by,omitempty"`
+	Blocks           []*BlockID             `protobuf:"bytes,2006,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ReserveBlocksOp) Reset() {
+	*x = ReserveBlocksOp{}
+	mi := &file_meta_command_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveBlocksOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveBlocksOp) ProtoMessage() {}
+
+func (x *ReserveBlocksOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveBlocksOp.ProtoReflect.Descriptor instead.
+func (*ReserveBlocksOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ReserveBlocksOp) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *ReserveBlocksOp) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *ReserveBlocksOp) GetReplication() Replication {
+	if x != nil {
+		return x.Replication
+	}
+	return Replication_REPLICATION_UNSPECIFIED
+}
+
+func (x *ReserveBlocksOp) GetChecksumType() ChecksumType {
+	if x != nil {
+		return x.ChecksumType
+	}
+	return ChecksumType_CHECKSUM_TYPE_UNSPECIFIED
+}
+
+func (x *ReserveBlocksOp) GetBytesPerChecksum() uint32 {
+	if x != nil {
+		return x.BytesPerChecksum
+	}
+	return 0
+}
+
+func (x *ReserveBlocksOp) GetReservedBy() string {
+	if x != nil {
+		return x.ReservedBy
+	}
+	return ""
+}
+
+func (x *ReserveBlocksOp) GetBlocks() []*BlockID {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
 var File_meta_command_proto protoreflect.FileDescriptor
 
 const file_meta_command_proto_rawDesc = "" +
@@ -2783,7 +2923,7 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x0eDeleteBlocksTx\x12\x13\n" +
 	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x12!\n" +
 	"\fcontainer_id\x18\x02 \x01(\x04R\vcontainerId\x12\x1b\n" +
-	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\x89\x10\n" +
+	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\xd4\x10\n" +
 	"\tNsCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12J\n" +
 	"\rcreate_volume\x18\x02 \x01(\v2#.basalt.meta.v1.CreateVolumeRequestH\x00R\fcreateVolume\x12J\n" +
@@ -2821,7 +2961,8 @@ const file_meta_command_proto_rawDesc = "" +
 	" \x01(\v2\x1a.basalt.meta.v1.OpenKeysOpH\x00R\bopenKeys\x12@\n" +
 	"\vcommit_keys\x18\xf9\n" +
 	" \x01(\v2\x1c.basalt.meta.v1.CommitKeysOpH\x00R\n" +
-	"commitKeysB\x04\n" +
+	"commitKeys\x12I\n" +
+	"\x0ereserve_blocks\x18\xd0\x0f \x01(\v2\x1f.basalt.meta.v1.ReserveBlocksOpH\x00R\rreserveBlocksB\x04\n" +
 	"\x02op\")\n" +
 	"\x11SetServiceTokenOp\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\"|\n" +
@@ -2831,10 +2972,11 @@ const file_meta_command_proto_rawDesc = "" +
 	"\n" +
 	"AddBlockOp\x12\x17\n" +
 	"\aopen_id\x18\x01 \x01(\x04R\x06openId\x123\n" +
-	"\x05block\x18\x02 \x01(\v2\x1d.basalt.meta.v1.BlockLocationR\x05block\"Z\n" +
+	"\x05block\x18\x02 \x01(\v2\x1d.basalt.meta.v1.BlockLocationR\x05block\"\x99\x01\n" +
 	"\x10ExpireOpenKeysOp\x12\x19\n" +
 	"\bopen_ids\x18\x01 \x03(\x04R\aopenIds\x12+\n" +
-	"\x12older_than_unix_ms\x18\x02 \x01(\x03R\x0folderThanUnixMs\"w\n" +
+	"\x12older_than_unix_ms\x18\x02 \x01(\x03R\x0folderThanUnixMs\x12=\n" +
+	"\x1breserved_older_than_unix_ms\x18\xd0\x0f \x01(\x03R\x17reservedOlderThanUnixMs\"w\n" +
 	"\x17CreateMultipartUploadOp\x12F\n" +
 	"\arequest\x18\x01 \x01(\v2,.basalt.meta.v1.CreateMultipartUploadRequestR\arequest\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\tR\x05nonce\"$\n" +
@@ -2842,7 +2984,7 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x04seqs\x18\x01 \x03(\x04R\x04seqs\"C\n" +
 	"\fReclaimDirOp\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12!\n" +
-	"\fmax_children\x18\x02 \x01(\rR\vmaxChildren\"\x8d\x03\n" +
+	"\fmax_children\x18\x02 \x01(\rR\vmaxChildren\"\xcc\x03\n" +
 	"\n" +
 	"OpenKeyRow\x12\x17\n" +
 	"\aopen_id\x18\x01 \x01(\x04R\x06openId\x12\x1b\n" +
@@ -2855,7 +2997,10 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x12bytes_per_checksum\x18\b \x01(\rR\x10bytesPerChecksum\x12/\n" +
 	"\x06blocks\x18\t \x03(\v2\x17.basalt.meta.v1.BlockIDR\x06blocks\x12&\n" +
 	"\x0fcreated_unix_ms\x18\n" +
-	" \x01(\x03R\rcreatedUnixMs\"g\n" +
+	" \x01(\x03R\rcreatedUnixMs\x12\x1b\n" +
+	"\breserved\x18\xd0\x0f \x01(\bR\breserved\x12 \n" +
+	"\vreserved_by\x18\xd1\x0f \x01(\tR\n" +
+	"reservedBy\"g\n" +
 	"\n" +
 	"DeletedRow\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12/\n" +
@@ -2895,7 +3040,16 @@ const file_meta_command_proto_rawDesc = "" +
 	" \x03(\v2\x19.basalt.meta.v1.OpenKeyOpR\x05opens\"K\n" +
 	"\fCommitKeysOp\x12;\n" +
 	"\acommits\x18\xf8\n" +
-	" \x03(\v2 .basalt.meta.v1.CommitKeyRequestR\acommitsB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
+	" \x03(\v2 .basalt.meta.v1.CommitKeyRequestR\acommits\"\xca\x02\n" +
+	"\x0fReserveBlocksOp\x12\x17\n" +
+	"\x06volume\x18\xd0\x0f \x01(\tR\x06volume\x12\x17\n" +
+	"\x06bucket\x18\xd1\x0f \x01(\tR\x06bucket\x12>\n" +
+	"\vreplication\x18\xd2\x0f \x01(\x0e2\x1b.basalt.meta.v1.ReplicationR\vreplication\x12B\n" +
+	"\rchecksum_type\x18\xd3\x0f \x01(\x0e2\x1c.basalt.meta.v1.ChecksumTypeR\fchecksumType\x12-\n" +
+	"\x12bytes_per_checksum\x18\xd4\x0f \x01(\rR\x10bytesPerChecksum\x12 \n" +
+	"\vreserved_by\x18\xd5\x0f \x01(\tR\n" +
+	"reservedBy\x120\n" +
+	"\x06blocks\x18\xd6\x0f \x03(\v2\x17.basalt.meta.v1.BlockIDR\x06blocksB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
 
 var (
 	file_meta_command_proto_rawDescOnce sync.Once
@@ -2909,7 +3063,7 @@ func file_meta_command_proto_rawDescGZIP() []byte {
 	return file_meta_command_proto_rawDescData
 }
 
-var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_meta_command_proto_goTypes = []any{
 	(*ScmCommand)(nil),                     // 0: basalt.meta.v1.ScmCommand
 	(*SetNodeOpStateOp)(nil),               // 1: basalt.meta.v1.SetNodeOpStateOp
@@ -2946,40 +3100,41 @@ var file_meta_command_proto_goTypes = []any{
 	(*CacheDirectiveOp)(nil),               // 32: basalt.meta.v1.CacheDirectiveOp
 	(*OpenKeysOp)(nil),                     // 33: basalt.meta.v1.OpenKeysOp
 	(*CommitKeysOp)(nil),                   // 34: basalt.meta.v1.CommitKeysOp
-	(*DeleteBlocksRequest)(nil),            // 35: basalt.meta.v1.DeleteBlocksRequest
-	(NodeOpState)(0),                       // 36: basalt.meta.v1.NodeOpState
-	(*CorruptReplica)(nil),                 // 37: basalt.meta.v1.CorruptReplica
-	(*DatanodeDetails)(nil),                // 38: basalt.meta.v1.DatanodeDetails
-	(Replication)(0),                       // 39: basalt.meta.v1.Replication
-	(*CreateVolumeRequest)(nil),            // 40: basalt.meta.v1.CreateVolumeRequest
-	(*DeleteVolumeRequest)(nil),            // 41: basalt.meta.v1.DeleteVolumeRequest
-	(*CreateBucketRequest)(nil),            // 42: basalt.meta.v1.CreateBucketRequest
-	(*DeleteBucketRequest)(nil),            // 43: basalt.meta.v1.DeleteBucketRequest
-	(*CommitKeyRequest)(nil),               // 44: basalt.meta.v1.CommitKeyRequest
-	(*RenameKeyRequest)(nil),               // 45: basalt.meta.v1.RenameKeyRequest
-	(*DeleteKeyRequest)(nil),               // 46: basalt.meta.v1.DeleteKeyRequest
-	(*CreateDirectoryRequest)(nil),         // 47: basalt.meta.v1.CreateDirectoryRequest
-	(*SetKeyMetaRequest)(nil),              // 48: basalt.meta.v1.SetKeyMetaRequest
-	(*CompleteMultipartUploadRequest)(nil), // 49: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 50: basalt.meta.v1.AbortMultipartUploadRequest
-	(*CreateS3SecretRequest)(nil),          // 51: basalt.meta.v1.CreateS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 52: basalt.meta.v1.DeleteS3SecretRequest
-	(*CopyKeyRequest)(nil),                 // 53: basalt.meta.v1.CopyKeyRequest
-	(*SetFileAttrsRequest)(nil),            // 54: basalt.meta.v1.SetFileAttrsRequest
-	(*SetAclRequest)(nil),                  // 55: basalt.meta.v1.SetAclRequest
-	(*BucketPolicy)(nil),                   // 56: basalt.meta.v1.BucketPolicy
-	(*PublicAccessBlockConfig)(nil),        // 57: basalt.meta.v1.PublicAccessBlockConfig
-	(*OpenKeyRequest)(nil),                 // 58: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 59: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 60: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 61: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 62: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 63: basalt.meta.v1.KeyInfo
-	(*FileAttrs)(nil),                      // 64: basalt.meta.v1.FileAttrs
-	(*Acl)(nil),                            // 65: basalt.meta.v1.Acl
-	(*SecretKey)(nil),                      // 66: basalt.meta.v1.SecretKey
-	(*CachePool)(nil),                      // 67: basalt.meta.v1.CachePool
-	(*CacheDirective)(nil),                 // 68: basalt.meta.v1.CacheDirective
+	(*ReserveBlocksOp)(nil),                // 35: basalt.meta.v1.ReserveBlocksOp
+	(*DeleteBlocksRequest)(nil),            // 36: basalt.meta.v1.DeleteBlocksRequest
+	(NodeOpState)(0),                       // 37: basalt.meta.v1.NodeOpState
+	(*CorruptReplica)(nil),                 // 38: basalt.meta.v1.CorruptReplica
+	(*DatanodeDetails)(nil),                // 39: basalt.meta.v1.DatanodeDetails
+	(Replication)(0),                       // 40: basalt.meta.v1.Replication
+	(*CreateVolumeRequest)(nil),            // 41: basalt.meta.v1.CreateVolumeRequest
+	(*DeleteVolumeRequest)(nil),            // 42: basalt.meta.v1.DeleteVolumeRequest
+	(*CreateBucketRequest)(nil),            // 43: basalt.meta.v1.CreateBucketRequest
+	(*DeleteBucketRequest)(nil),            // 44: basalt.meta.v1.DeleteBucketRequest
+	(*CommitKeyRequest)(nil),               // 45: basalt.meta.v1.CommitKeyRequest
+	(*RenameKeyRequest)(nil),               // 46: basalt.meta.v1.RenameKeyRequest
+	(*DeleteKeyRequest)(nil),               // 47: basalt.meta.v1.DeleteKeyRequest
+	(*CreateDirectoryRequest)(nil),         // 48: basalt.meta.v1.CreateDirectoryRequest
+	(*SetKeyMetaRequest)(nil),              // 49: basalt.meta.v1.SetKeyMetaRequest
+	(*CompleteMultipartUploadRequest)(nil), // 50: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 51: basalt.meta.v1.AbortMultipartUploadRequest
+	(*CreateS3SecretRequest)(nil),          // 52: basalt.meta.v1.CreateS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 53: basalt.meta.v1.DeleteS3SecretRequest
+	(*CopyKeyRequest)(nil),                 // 54: basalt.meta.v1.CopyKeyRequest
+	(*SetFileAttrsRequest)(nil),            // 55: basalt.meta.v1.SetFileAttrsRequest
+	(*SetAclRequest)(nil),                  // 56: basalt.meta.v1.SetAclRequest
+	(*BucketPolicy)(nil),                   // 57: basalt.meta.v1.BucketPolicy
+	(*PublicAccessBlockConfig)(nil),        // 58: basalt.meta.v1.PublicAccessBlockConfig
+	(*OpenKeyRequest)(nil),                 // 59: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 60: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 61: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 62: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 63: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 64: basalt.meta.v1.KeyInfo
+	(*FileAttrs)(nil),                      // 65: basalt.meta.v1.FileAttrs
+	(*Acl)(nil),                            // 66: basalt.meta.v1.Acl
+	(*SecretKey)(nil),                      // 67: basalt.meta.v1.SecretKey
+	(*CachePool)(nil),                      // 68: basalt.meta.v1.CachePool
+	(*CacheDirective)(nil),                 // 69: basalt.meta.v1.CacheDirective
 }
 var file_meta_command_proto_depIdxs = []int32{
 	3,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -2989,7 +3144,7 @@ var file_meta_command_proto_depIdxs = []int32{
 	7,  // 4: basalt.meta.v1.ScmCommand.close_containers:type_name -> basalt.meta.v1.CloseContainersOp
 	8,  // 5: basalt.meta.v1.ScmCommand.container_closed:type_name -> basalt.meta.v1.ContainerClosedOp
 	9,  // 6: basalt.meta.v1.ScmCommand.allocate_id_range:type_name -> basalt.meta.v1.AllocateIDRangeOp
-	35, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
+	36, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
 	10, // 8: basalt.meta.v1.ScmCommand.purge_delete_txs:type_name -> basalt.meta.v1.PurgeDeleteTxsOp
 	11, // 9: basalt.meta.v1.ScmCommand.replicas_unhealthy:type_name -> basalt.meta.v1.ReplicasUnhealthyOp
 	12, // 10: basalt.meta.v1.ScmCommand.replica_added:type_name -> basalt.meta.v1.ReplicaAddedOp
@@ -3000,61 +3155,65 @@ var file_meta_command_proto_depIdxs = []int32{
 	30, // 15: basalt.meta.v1.ScmCommand.secret_keys:type_name -> basalt.meta.v1.SecretKeysOp
 	31, // 16: basalt.meta.v1.ScmCommand.cache_pool:type_name -> basalt.meta.v1.CachePoolOp
 	32, // 17: basalt.meta.v1.ScmCommand.cache_directive:type_name -> basalt.meta.v1.CacheDirectiveOp
-	36, // 18: basalt.meta.v1.SetNodeOpStateOp.state:type_name -> basalt.meta.v1.NodeOpState
-	36, // 19: basalt.meta.v1.SetNodeOpStateOp.expect:type_name -> basalt.meta.v1.NodeOpState
-	37, // 20: basalt.meta.v1.ReplicaReportsOp.reports:type_name -> basalt.meta.v1.CorruptReplica
-	38, // 21: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
-	39, // 22: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
+	37, // 18: basalt.meta.v1.SetNodeOpStateOp.state:type_name -> basalt.meta.v1.NodeOpState
+	37, // 19: basalt.meta.v1.SetNodeOpStateOp.expect:type_name -> basalt.meta.v1.NodeOpState
+	38, // 20: basalt.meta.v1.ReplicaReportsOp.reports:type_name -> basalt.meta.v1.CorruptReplica
+	39, // 21: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
+	40, // 22: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
 	14, // 23: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
-	40, // 24: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
-	41, // 25: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
-	42, // 26: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
-	43, // 27: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
+	41, // 24: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
+	42, // 25: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
+	43, // 26: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
+	44, // 27: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
 	18, // 28: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
 	19, // 29: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
-	44, // 30: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
-	45, // 31: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
-	46, // 32: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
-	47, // 33: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
+	45, // 30: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
+	46, // 31: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
+	47, // 32: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
+	48, // 33: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
 	20, // 34: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
 	22, // 35: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
 	23, // 36: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
-	48, // 37: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
+	49, // 37: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
 	21, // 38: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
-	49, // 39: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
-	50, // 40: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
-	51, // 41: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
-	52, // 42: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
-	53, // 43: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
+	50, // 39: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
+	51, // 40: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
+	52, // 41: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
+	53, // 42: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
+	54, // 43: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
 	17, // 44: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
-	54, // 45: basalt.meta.v1.NsCommand.set_file_attrs:type_name -> basalt.meta.v1.SetFileAttrsRequest
-	55, // 46: basalt.meta.v1.NsCommand.set_acl:type_name -> basalt.meta.v1.SetAclRequest
-	56, // 47: basalt.meta.v1.NsCommand.set_bucket_policy:type_name -> basalt.meta.v1.BucketPolicy
-	57, // 48: basalt.meta.v1.NsCommand.set_public_access_block:type_name -> basalt.meta.v1.PublicAccessBlockConfig
+	55, // 45: basalt.meta.v1.NsCommand.set_file_attrs:type_name -> basalt.meta.v1.SetFileAttrsRequest
+	56, // 46: basalt.meta.v1.NsCommand.set_acl:type_name -> basalt.meta.v1.SetAclRequest
+	57, // 47: basalt.meta.v1.NsCommand.set_bucket_policy:type_name -> basalt.meta.v1.BucketPolicy
+	58, // 48: basalt.meta.v1.NsCommand.set_public_access_block:type_name -> basalt.meta.v1.PublicAccessBlockConfig
 	33, // 49: basalt.meta.v1.NsCommand.open_keys:type_name -> basalt.meta.v1.OpenKeysOp
 	34, // 50: basalt.meta.v1.NsCommand.commit_keys:type_name -> basalt.meta.v1.CommitKeysOp
-	58, // 51: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	59, // 52: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	59, // 53: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	60, // 54: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	39, // 55: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	61, // 56: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	62, // 57: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	62, // 58: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	63, // 59: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	64, // 60: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
-	65, // 61: basalt.meta.v1.FsEntry.acls:type_name -> basalt.meta.v1.Acl
-	36, // 62: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
-	66, // 63: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
-	67, // 64: basalt.meta.v1.CachePoolOp.pool:type_name -> basalt.meta.v1.CachePool
-	68, // 65: basalt.meta.v1.CacheDirectiveOp.directive:type_name -> basalt.meta.v1.CacheDirective
-	18, // 66: basalt.meta.v1.OpenKeysOp.opens:type_name -> basalt.meta.v1.OpenKeyOp
-	44, // 67: basalt.meta.v1.CommitKeysOp.commits:type_name -> basalt.meta.v1.CommitKeyRequest
-	68, // [68:68] is the sub-list for method output_type
-	68, // [68:68] is the sub-list for method input_type
-	68, // [68:68] is the sub-list for extension type_name
-	68, // [68:68] is the sub-list for extension extendee
-	0,  // [0:68] is the sub-list for field type_name
+	35, // 51: basalt.meta.v1.NsCommand.reserve_blocks:type_name -> basalt.meta.v1.ReserveBlocksOp
+	59, // 52: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	60, // 53: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	60, // 54: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	61, // 55: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	40, // 56: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	62, // 57: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	63, // 58: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	63, // 59: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	64, // 60: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	65, // 61: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
+	66, // 62: basalt.meta.v1.FsEntry.acls:type_name -> basalt.meta.v1.Acl
+	37, // 63: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
+	67, // 64: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
+	68, // 65: basalt.meta.v1.CachePoolOp.pool:type_name -> basalt.meta.v1.CachePool
+	69, // 66: basalt.meta.v1.CacheDirectiveOp.directive:type_name -> basalt.meta.v1.CacheDirective
+	18, // 67: basalt.meta.v1.OpenKeysOp.opens:type_name -> basalt.meta.v1.OpenKeyOp
+	45, // 68: basalt.meta.v1.CommitKeysOp.commits:type_name -> basalt.meta.v1.CommitKeyRequest
+	40, // 69: basalt.meta.v1.ReserveBlocksOp.replication:type_name -> basalt.meta.v1.Replication
+	62, // 70: basalt.meta.v1.ReserveBlocksOp.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	63, // 71: basalt.meta.v1.ReserveBlocksOp.blocks:type_name -> basalt.meta.v1.BlockID
+	72, // [72:72] is the sub-list for method output_type
+	72, // [72:72] is the sub-list for method input_type
+	72, // [72:72] is the sub-list for extension type_name
+	72, // [72:72] is the sub-list for extension extendee
+	0,  // [0:72] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -3111,6 +3270,7 @@ func file_meta_command_proto_init() {
 		(*NsCommand_SetPublicAccessBlock)(nil),
 		(*NsCommand_OpenKeys)(nil),
 		(*NsCommand_CommitKeys)(nil),
+		(*NsCommand_ReserveBlocks)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3118,7 +3278,7 @@ func file_meta_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_command_proto_rawDesc), len(file_meta_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   35,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -6106,7 +6106,15 @@ type CommitKeyRequest struct {
 	Precondition *KeyPrecondition `protobuf:"bytes,140,opt,name=precondition,proto3" json:"precondition,omitempty"`
 	// The new version's own ACL (S3's x-amz-acl); a committed version
 	// replaces the old one's ACL, as an S3 PUT does.
-	Acls          []*Acl `protobuf:"bytes,303,rep,name=acls,proto3" json:"acls,omitempty"`
+	Acls []*Acl `protobuf:"bytes,303,rep,name=acls,proto3" json:"acls,omitempty"`
+	// The key's name, for an open key reserved by ReserveBlocks (it has
+	// none): the commit is checked and authorized against it. For an open
+	// key with a name, empty or that name.
+	Key string `protobuf:"bytes,2000,opt,name=key,proto3" json:"key,omitempty"`
+	// Set: the volume and bucket the caller means; the commit is refused
+	// unless the open key is of that bucket.
+	Volume        string `protobuf:"bytes,2001,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket        string `protobuf:"bytes,2002,opt,name=bucket,proto3" json:"bucket,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6181,6 +6189,27 @@ func (x *CommitKeyRequest) GetAcls() []*Acl {
 		return x.Acls
 	}
 	return nil
+}
+
+func (x *CommitKeyRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CommitKeyRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *CommitKeyRequest) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
 }
 
 type PartRef struct {
@@ -10403,6 +10432,232 @@ func (x *CommitKeysResponse) GetResults() []*CommitKeyResult {
 	return nil
 }
 
+// ReserveBlocksRequest reserves count blocks of one bucket (issue 15).
+type ReserveBlocksRequest struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Volume           string                 `protobuf:"bytes,2000,opt,name=volume,proto3" json:"volume,omitempty"`
+	Bucket           string                 `protobuf:"bytes,2001,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Count            uint32                 `protobuf:"varint,2002,opt,name=count,proto3" json:"count,omitempty"`                                                                    // 1..64
+	Replication      Replication            `protobuf:"varint,2003,opt,name=replication,proto3,enum=basalt.meta.v1.Replication" json:"replication,omitempty"`                        // default: the bucket's
+	ChecksumType     ChecksumType           `protobuf:"varint,2004,opt,name=checksum_type,json=checksumType,proto3,enum=basalt.meta.v1.ChecksumType" json:"checksum_type,omitempty"` // default CRC32C
+	BytesPerChecksum uint32                 `protobuf:"varint,2005,opt,name=bytes_per_checksum,json=bytesPerChecksum,proto3" json:"bytes_per_checksum,omitempty"`                    // default 64 KiB
+	ClientLocation   string                 `protobuf:"bytes,2006,opt,name=client_location,json=clientLocation,proto3" json:"client_location,omitempty"`
+	Exclude          *ExcludeList           `protobuf:"bytes,2007,opt,name=exclude,proto3" json:"exclude,omitempty"`
+	// The bytes each block is expected to hold (SCM charges it against the
+	// container as an OpenKey's size hint).
+	ExpectedBytes uint64 `protobuf:"varint,2008,opt,name=expected_bytes,json=expectedBytes,proto3" json:"expected_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveBlocksRequest) Reset() {
+	*x = ReserveBlocksRequest{}
+	mi := &file_meta_meta_proto_msgTypes[146]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveBlocksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveBlocksRequest) ProtoMessage() {}
+
+func (x *ReserveBlocksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[146]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveBlocksRequest.ProtoReflect.Descriptor instead.
+func (*ReserveBlocksRequest) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{146}
+}
+
+func (x *ReserveBlocksRequest) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *ReserveBlocksRequest) GetBucket() string {
+	if x != nil {
+		return x.Bucket
+	}
+	return ""
+}
+
+func (x *ReserveBlocksRequest) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ReserveBlocksRequest) GetReplication() Replication {
+	if x != nil {
+		return x.Replication
+	}
+	return Replication_REPLICATION_UNSPECIFIED
+}
+
+func (x *ReserveBlocksRequest) GetChecksumType() ChecksumType {
+	if x != nil {
+		return x.ChecksumType
+	}
+	return ChecksumType_CHECKSUM_TYPE_UNSPECIFIED
+}
+
+func (x *ReserveBlocksRequest) GetBytesPerChecksum() uint32 {
+	if x != nil {
+		return x.BytesPerChecksum
+	}
+	return 0
+}
+
+func (x *ReserveBlocksRequest) GetClientLocation() string {
+	if x != nil {
+		return x.ClientLocation
+	}
+	return ""
+}
+
+func (x *ReserveBlocksRequest) GetExclude() *ExcludeList {
+	if x != nil {
+		return x.Exclude
+	}
+	return nil
+}
+
+func (x *ReserveBlocksRequest) GetExpectedBytes() uint64 {
+	if x != nil {
+		return x.ExpectedBytes
+	}
+	return 0
+}
+
+// ReservedBlock is one reserved block: an open key of its own.
+type ReservedBlock struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OpenId        uint64                 `protobuf:"varint,2000,opt,name=open_id,json=openId,proto3" json:"open_id,omitempty"`
+	Block         *BlockLocation         `protobuf:"bytes,2001,opt,name=block,proto3" json:"block,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReservedBlock) Reset() {
+	*x = ReservedBlock{}
+	mi := &file_meta_meta_proto_msgTypes[147]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReservedBlock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReservedBlock) ProtoMessage() {}
+
+func (x *ReservedBlock) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[147]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReservedBlock.ProtoReflect.Descriptor instead.
+func (*ReservedBlock) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{147}
+}
+
+func (x *ReservedBlock) GetOpenId() uint64 {
+	if x != nil {
+		return x.OpenId
+	}
+	return 0
+}
+
+func (x *ReservedBlock) GetBlock() *BlockLocation {
+	if x != nil {
+		return x.Block
+	}
+	return nil
+}
+
+type ReserveBlocksResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Blocks    []*ReservedBlock       `protobuf:"bytes,2000,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	BlockSize uint64                 `protobuf:"varint,2001,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// When the reservations expire (server clock): a commit after that is
+	// NOT_FOUND, as for an expired open key.
+	ExpiresUnixMs int64 `protobuf:"varint,2002,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveBlocksResponse) Reset() {
+	*x = ReserveBlocksResponse{}
+	mi := &file_meta_meta_proto_msgTypes[148]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveBlocksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveBlocksResponse) ProtoMessage() {}
+
+func (x *ReserveBlocksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[148]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveBlocksResponse.ProtoReflect.Descriptor instead.
+func (*ReserveBlocksResponse) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{148}
+}
+
+func (x *ReserveBlocksResponse) GetBlocks() []*ReservedBlock {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
+func (x *ReserveBlocksResponse) GetBlockSize() uint64 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
+func (x *ReserveBlocksResponse) GetExpiresUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresUnixMs
+	}
+	return 0
+}
+
 var File_meta_meta_proto protoreflect.FileDescriptor
 
 const file_meta_meta_proto_rawDesc = "" +
@@ -10857,14 +11112,17 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\aexclude\x18\x02 \x01(\v2\x1b.basalt.meta.v1.ExcludeListR\aexclude\x12'\n" +
 	"\x0fclient_location\x18\x03 \x01(\tR\x0eclientLocation\"L\n" +
 	"\x15AllocateBlockResponse\x123\n" +
-	"\x05block\x18\x01 \x01(\v2\x1d.basalt.meta.v1.BlockLocationR\x05block\"\xaa\x02\n" +
+	"\x05block\x18\x01 \x01(\v2\x1d.basalt.meta.v1.BlockLocationR\x05block\"\xef\x02\n" +
 	"\x10CommitKeyRequest\x12\x17\n" +
 	"\aopen_id\x18\x01 \x01(\x04R\x06openId\x120\n" +
 	"\x06blocks\x18\x02 \x03(\v2\x18.basalt.meta.v1.KeyBlockR\x06blocks\x12.\n" +
 	"\x04meta\x18\x03 \x01(\v2\x1a.basalt.meta.v1.ObjectMetaR\x04meta\x12+\n" +
 	"\x04part\x18\x04 \x01(\v2\x17.basalt.meta.v1.PartRefR\x04part\x12D\n" +
 	"\fprecondition\x18\x8c\x01 \x01(\v2\x1f.basalt.meta.v1.KeyPreconditionR\fprecondition\x12(\n" +
-	"\x04acls\x18\xaf\x02 \x03(\v2\x13.basalt.meta.v1.AclR\x04acls\"[\n" +
+	"\x04acls\x18\xaf\x02 \x03(\v2\x13.basalt.meta.v1.AclR\x04acls\x12\x11\n" +
+	"\x03key\x18\xd0\x0f \x01(\tR\x03key\x12\x17\n" +
+	"\x06volume\x18\xd1\x0f \x01(\tR\x06volume\x12\x17\n" +
+	"\x06bucket\x18\xd2\x0f \x01(\tR\x06bucket\"[\n" +
 	"\aPartRef\x12\x1b\n" +
 	"\tupload_id\x18\x01 \x01(\tR\buploadId\x12\x1f\n" +
 	"\vpart_number\x18\x02 \x01(\rR\n" +
@@ -11188,7 +11446,25 @@ const file_meta_meta_proto_rawDesc = "" +
 	" \x01(\fR\x06status\"P\n" +
 	"\x12CommitKeysResponse\x12:\n" +
 	"\aresults\x18\xf8\n" +
-	" \x03(\v2\x1f.basalt.meta.v1.CommitKeyResultR\aresults*>\n" +
+	" \x03(\v2\x1f.basalt.meta.v1.CommitKeyResultR\aresults\"\x9c\x03\n" +
+	"\x14ReserveBlocksRequest\x12\x17\n" +
+	"\x06volume\x18\xd0\x0f \x01(\tR\x06volume\x12\x17\n" +
+	"\x06bucket\x18\xd1\x0f \x01(\tR\x06bucket\x12\x15\n" +
+	"\x05count\x18\xd2\x0f \x01(\rR\x05count\x12>\n" +
+	"\vreplication\x18\xd3\x0f \x01(\x0e2\x1b.basalt.meta.v1.ReplicationR\vreplication\x12B\n" +
+	"\rchecksum_type\x18\xd4\x0f \x01(\x0e2\x1c.basalt.meta.v1.ChecksumTypeR\fchecksumType\x12-\n" +
+	"\x12bytes_per_checksum\x18\xd5\x0f \x01(\rR\x10bytesPerChecksum\x12(\n" +
+	"\x0fclient_location\x18\xd6\x0f \x01(\tR\x0eclientLocation\x126\n" +
+	"\aexclude\x18\xd7\x0f \x01(\v2\x1b.basalt.meta.v1.ExcludeListR\aexclude\x12&\n" +
+	"\x0eexpected_bytes\x18\xd8\x0f \x01(\x04R\rexpectedBytes\"_\n" +
+	"\rReservedBlock\x12\x18\n" +
+	"\aopen_id\x18\xd0\x0f \x01(\x04R\x06openId\x124\n" +
+	"\x05block\x18\xd1\x0f \x01(\v2\x1d.basalt.meta.v1.BlockLocationR\x05block\"\x98\x01\n" +
+	"\x15ReserveBlocksResponse\x126\n" +
+	"\x06blocks\x18\xd0\x0f \x03(\v2\x1d.basalt.meta.v1.ReservedBlockR\x06blocks\x12\x1e\n" +
+	"\n" +
+	"block_size\x18\xd1\x0f \x01(\x04R\tblockSize\x12'\n" +
+	"\x0fexpires_unix_ms\x18\xd2\x0f \x01(\x03R\rexpiresUnixMs*>\n" +
 	"\vReplication\x12\x1b\n" +
 	"\x17REPLICATION_UNSPECIFIED\x10\x00\x12\a\n" +
 	"\x03ONE\x10\x01\x12\t\n" +
@@ -11275,7 +11551,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x11AddCacheDirective\x12\x1e.basalt.meta.v1.CacheDirective\x1a\x1e.basalt.meta.v1.CacheDirective\x12V\n" +
 	"\x14ModifyCacheDirective\x12\x1e.basalt.meta.v1.CacheDirective\x1a\x1e.basalt.meta.v1.CacheDirective\x12q\n" +
 	"\x14RemoveCacheDirective\x12+.basalt.meta.v1.RemoveCacheDirectiveRequest\x1a,.basalt.meta.v1.RemoveCacheDirectiveResponse\x12n\n" +
-	"\x13ListCacheDirectives\x12*.basalt.meta.v1.ListCacheDirectivesRequest\x1a+.basalt.meta.v1.ListCacheDirectivesResponse2\xe9\x19\n" +
+	"\x13ListCacheDirectives\x12*.basalt.meta.v1.ListCacheDirectivesRequest\x1a+.basalt.meta.v1.ListCacheDirectivesResponse2\xc7\x1a\n" +
 	"\tNamespace\x12K\n" +
 	"\fCreateVolume\x12#.basalt.meta.v1.CreateVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12E\n" +
 	"\tGetVolume\x12 .basalt.meta.v1.GetVolumeRequest\x1a\x16.basalt.meta.v1.Volume\x12V\n" +
@@ -11319,7 +11595,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"LookupKeys\x12!.basalt.meta.v1.LookupKeysRequest\x1a\".basalt.meta.v1.LookupKeysResponse\x12M\n" +
 	"\bOpenKeys\x12\x1f.basalt.meta.v1.OpenKeysRequest\x1a .basalt.meta.v1.OpenKeysResponse\x12S\n" +
 	"\n" +
-	"CommitKeys\x12!.basalt.meta.v1.CommitKeysRequest\x1a\".basalt.meta.v1.CommitKeysResponseB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
+	"CommitKeys\x12!.basalt.meta.v1.CommitKeysRequest\x1a\".basalt.meta.v1.CommitKeysResponse\x12\\\n" +
+	"\rReserveBlocks\x12$.basalt.meta.v1.ReserveBlocksRequest\x1a%.basalt.meta.v1.ReserveBlocksResponseB5Z3github.com/basalt-store/basalt/internal/meta/metapbb\x06proto3"
 
 var (
 	file_meta_meta_proto_rawDescOnce sync.Once
@@ -11334,7 +11611,7 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 150)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 153)
 var file_meta_meta_proto_goTypes = []any{
 	(Replication)(0),                       // 0: basalt.meta.v1.Replication
 	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
@@ -11493,10 +11770,13 @@ var file_meta_meta_proto_goTypes = []any{
 	(*CommitKeysRequest)(nil),              // 154: basalt.meta.v1.CommitKeysRequest
 	(*CommitKeyResult)(nil),                // 155: basalt.meta.v1.CommitKeyResult
 	(*CommitKeysResponse)(nil),             // 156: basalt.meta.v1.CommitKeysResponse
-	nil,                                    // 157: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	nil,                                    // 158: basalt.meta.v1.ObjectMeta.UserEntry
-	nil,                                    // 159: basalt.meta.v1.ObjectMeta.TagsEntry
-	nil,                                    // 160: basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	(*ReserveBlocksRequest)(nil),           // 157: basalt.meta.v1.ReserveBlocksRequest
+	(*ReservedBlock)(nil),                  // 158: basalt.meta.v1.ReservedBlock
+	(*ReserveBlocksResponse)(nil),          // 159: basalt.meta.v1.ReserveBlocksResponse
+	nil,                                    // 160: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	nil,                                    // 161: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 162: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 163: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
 	4,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
@@ -11564,7 +11844,7 @@ var file_meta_meta_proto_depIdxs = []int32{
 	16,  // 62: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
 	17,  // 63: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
 	4,   // 64: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
-	157, // 65: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	160, // 65: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
 	66,  // 66: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
 	67,  // 67: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
 	124, // 68: basalt.meta.v1.Volume.attrs:type_name -> basalt.meta.v1.FileAttrs
@@ -11590,9 +11870,9 @@ var file_meta_meta_proto_depIdxs = []int32{
 	86,  // 88: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
 	124, // 89: basalt.meta.v1.KeyInfo.attrs:type_name -> basalt.meta.v1.FileAttrs
 	138, // 90: basalt.meta.v1.KeyInfo.acls:type_name -> basalt.meta.v1.Acl
-	158, // 91: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
-	159, // 92: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
-	160, // 93: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	161, // 91: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	162, // 92: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	163, // 93: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
 	138, // 94: basalt.meta.v1.ObjectMeta.upload_acls:type_name -> basalt.meta.v1.Acl
 	0,   // 95: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
 	6,   // 96: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
@@ -11646,133 +11926,140 @@ var file_meta_meta_proto_depIdxs = []int32{
 	91,  // 144: basalt.meta.v1.CommitKeysRequest.requests:type_name -> basalt.meta.v1.CommitKeyRequest
 	85,  // 145: basalt.meta.v1.CommitKeyResult.key:type_name -> basalt.meta.v1.KeyInfo
 	155, // 146: basalt.meta.v1.CommitKeysResponse.results:type_name -> basalt.meta.v1.CommitKeyResult
-	27,  // 147: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	29,  // 148: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	44,  // 149: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	46,  // 150: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	54,  // 151: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	49,  // 152: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	51,  // 153: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	57,  // 154: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	60,  // 155: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	62,  // 156: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	64,  // 157: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	65,  // 158: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
-	21,  // 159: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
-	23,  // 160: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
-	128, // 161: basalt.meta.v1.Scm.AddCachePool:input_type -> basalt.meta.v1.CachePool
-	128, // 162: basalt.meta.v1.Scm.ModifyCachePool:input_type -> basalt.meta.v1.CachePool
-	130, // 163: basalt.meta.v1.Scm.RemoveCachePool:input_type -> basalt.meta.v1.RemoveCachePoolRequest
-	132, // 164: basalt.meta.v1.Scm.ListCachePools:input_type -> basalt.meta.v1.ListCachePoolsRequest
-	129, // 165: basalt.meta.v1.Scm.AddCacheDirective:input_type -> basalt.meta.v1.CacheDirective
-	129, // 166: basalt.meta.v1.Scm.ModifyCacheDirective:input_type -> basalt.meta.v1.CacheDirective
-	134, // 167: basalt.meta.v1.Scm.RemoveCacheDirective:input_type -> basalt.meta.v1.RemoveCacheDirectiveRequest
-	136, // 168: basalt.meta.v1.Scm.ListCacheDirectives:input_type -> basalt.meta.v1.ListCacheDirectivesRequest
-	71,  // 169: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	72,  // 170: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	73,  // 171: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	75,  // 172: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	78,  // 173: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	79,  // 174: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	80,  // 175: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	82,  // 176: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	87,  // 177: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	89,  // 178: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	91,  // 179: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	93,  // 180: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	94,  // 181: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	96,  // 182: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	98,  // 183: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	101, // 184: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	102, // 185: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	103, // 186: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	105, // 187: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	106, // 188: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
-	108, // 189: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	110, // 190: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	111, // 191: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	114, // 192: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	116, // 193: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	119, // 194: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	120, // 195: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	121, // 196: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	125, // 197: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
-	140, // 198: basalt.meta.v1.Namespace.GetAcl:input_type -> basalt.meta.v1.GetAclRequest
-	141, // 199: basalt.meta.v1.Namespace.SetAcl:input_type -> basalt.meta.v1.SetAclRequest
-	143, // 200: basalt.meta.v1.Namespace.GetBucketPolicy:input_type -> basalt.meta.v1.BucketRef
-	144, // 201: basalt.meta.v1.Namespace.SetBucketPolicy:input_type -> basalt.meta.v1.BucketPolicy
-	143, // 202: basalt.meta.v1.Namespace.GetBucketPolicyStatus:input_type -> basalt.meta.v1.BucketRef
-	143, // 203: basalt.meta.v1.Namespace.GetPublicAccessBlock:input_type -> basalt.meta.v1.BucketRef
-	147, // 204: basalt.meta.v1.Namespace.SetPublicAccessBlock:input_type -> basalt.meta.v1.PublicAccessBlockConfig
-	148, // 205: basalt.meta.v1.Namespace.LookupKeys:input_type -> basalt.meta.v1.LookupKeysRequest
-	151, // 206: basalt.meta.v1.Namespace.OpenKeys:input_type -> basalt.meta.v1.OpenKeysRequest
-	154, // 207: basalt.meta.v1.Namespace.CommitKeys:input_type -> basalt.meta.v1.CommitKeysRequest
-	28,  // 208: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	34,  // 209: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	45,  // 210: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	48,  // 211: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	55,  // 212: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	50,  // 213: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	53,  // 214: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	59,  // 215: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	61,  // 216: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	63,  // 217: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	69,  // 218: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	68,  // 219: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
-	22,  // 220: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
-	26,  // 221: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
-	128, // 222: basalt.meta.v1.Scm.AddCachePool:output_type -> basalt.meta.v1.CachePool
-	128, // 223: basalt.meta.v1.Scm.ModifyCachePool:output_type -> basalt.meta.v1.CachePool
-	131, // 224: basalt.meta.v1.Scm.RemoveCachePool:output_type -> basalt.meta.v1.RemoveCachePoolResponse
-	133, // 225: basalt.meta.v1.Scm.ListCachePools:output_type -> basalt.meta.v1.ListCachePoolsResponse
-	129, // 226: basalt.meta.v1.Scm.AddCacheDirective:output_type -> basalt.meta.v1.CacheDirective
-	129, // 227: basalt.meta.v1.Scm.ModifyCacheDirective:output_type -> basalt.meta.v1.CacheDirective
-	135, // 228: basalt.meta.v1.Scm.RemoveCacheDirective:output_type -> basalt.meta.v1.RemoveCacheDirectiveResponse
-	137, // 229: basalt.meta.v1.Scm.ListCacheDirectives:output_type -> basalt.meta.v1.ListCacheDirectivesResponse
-	70,  // 230: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	70,  // 231: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	74,  // 232: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	76,  // 233: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	77,  // 234: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	77,  // 235: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	81,  // 236: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	83,  // 237: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	88,  // 238: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	90,  // 239: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	85,  // 240: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	85,  // 241: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	95,  // 242: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	97,  // 243: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	99,  // 244: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	100, // 245: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	100, // 246: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	104, // 247: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	85,  // 248: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	85,  // 249: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
-	107, // 250: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	85,  // 251: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	112, // 252: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	115, // 253: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	117, // 254: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	118, // 255: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	118, // 256: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	122, // 257: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	126, // 258: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
-	142, // 259: basalt.meta.v1.Namespace.GetAcl:output_type -> basalt.meta.v1.AclList
-	142, // 260: basalt.meta.v1.Namespace.SetAcl:output_type -> basalt.meta.v1.AclList
-	144, // 261: basalt.meta.v1.Namespace.GetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
-	144, // 262: basalt.meta.v1.Namespace.SetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
-	145, // 263: basalt.meta.v1.Namespace.GetBucketPolicyStatus:output_type -> basalt.meta.v1.BucketPolicyStatus
-	147, // 264: basalt.meta.v1.Namespace.GetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
-	147, // 265: basalt.meta.v1.Namespace.SetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
-	150, // 266: basalt.meta.v1.Namespace.LookupKeys:output_type -> basalt.meta.v1.LookupKeysResponse
-	153, // 267: basalt.meta.v1.Namespace.OpenKeys:output_type -> basalt.meta.v1.OpenKeysResponse
-	156, // 268: basalt.meta.v1.Namespace.CommitKeys:output_type -> basalt.meta.v1.CommitKeysResponse
-	208, // [208:269] is the sub-list for method output_type
-	147, // [147:208] is the sub-list for method input_type
-	147, // [147:147] is the sub-list for extension type_name
-	147, // [147:147] is the sub-list for extension extendee
-	0,   // [0:147] is the sub-list for field type_name
+	0,   // 147: basalt.meta.v1.ReserveBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 148: basalt.meta.v1.ReserveBlocksRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	20,  // 149: basalt.meta.v1.ReserveBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	19,  // 150: basalt.meta.v1.ReservedBlock.block:type_name -> basalt.meta.v1.BlockLocation
+	158, // 151: basalt.meta.v1.ReserveBlocksResponse.blocks:type_name -> basalt.meta.v1.ReservedBlock
+	27,  // 152: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	29,  // 153: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	44,  // 154: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	46,  // 155: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	54,  // 156: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	49,  // 157: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	51,  // 158: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	57,  // 159: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	60,  // 160: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	62,  // 161: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	64,  // 162: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	65,  // 163: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
+	21,  // 164: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
+	23,  // 165: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
+	128, // 166: basalt.meta.v1.Scm.AddCachePool:input_type -> basalt.meta.v1.CachePool
+	128, // 167: basalt.meta.v1.Scm.ModifyCachePool:input_type -> basalt.meta.v1.CachePool
+	130, // 168: basalt.meta.v1.Scm.RemoveCachePool:input_type -> basalt.meta.v1.RemoveCachePoolRequest
+	132, // 169: basalt.meta.v1.Scm.ListCachePools:input_type -> basalt.meta.v1.ListCachePoolsRequest
+	129, // 170: basalt.meta.v1.Scm.AddCacheDirective:input_type -> basalt.meta.v1.CacheDirective
+	129, // 171: basalt.meta.v1.Scm.ModifyCacheDirective:input_type -> basalt.meta.v1.CacheDirective
+	134, // 172: basalt.meta.v1.Scm.RemoveCacheDirective:input_type -> basalt.meta.v1.RemoveCacheDirectiveRequest
+	136, // 173: basalt.meta.v1.Scm.ListCacheDirectives:input_type -> basalt.meta.v1.ListCacheDirectivesRequest
+	71,  // 174: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	72,  // 175: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	73,  // 176: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	75,  // 177: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	78,  // 178: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	79,  // 179: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	80,  // 180: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	82,  // 181: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	87,  // 182: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	89,  // 183: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	91,  // 184: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	93,  // 185: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	94,  // 186: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	96,  // 187: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	98,  // 188: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	101, // 189: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	102, // 190: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	103, // 191: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	105, // 192: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	106, // 193: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	108, // 194: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	110, // 195: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	111, // 196: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	114, // 197: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	116, // 198: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	119, // 199: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	120, // 200: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	121, // 201: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	125, // 202: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
+	140, // 203: basalt.meta.v1.Namespace.GetAcl:input_type -> basalt.meta.v1.GetAclRequest
+	141, // 204: basalt.meta.v1.Namespace.SetAcl:input_type -> basalt.meta.v1.SetAclRequest
+	143, // 205: basalt.meta.v1.Namespace.GetBucketPolicy:input_type -> basalt.meta.v1.BucketRef
+	144, // 206: basalt.meta.v1.Namespace.SetBucketPolicy:input_type -> basalt.meta.v1.BucketPolicy
+	143, // 207: basalt.meta.v1.Namespace.GetBucketPolicyStatus:input_type -> basalt.meta.v1.BucketRef
+	143, // 208: basalt.meta.v1.Namespace.GetPublicAccessBlock:input_type -> basalt.meta.v1.BucketRef
+	147, // 209: basalt.meta.v1.Namespace.SetPublicAccessBlock:input_type -> basalt.meta.v1.PublicAccessBlockConfig
+	148, // 210: basalt.meta.v1.Namespace.LookupKeys:input_type -> basalt.meta.v1.LookupKeysRequest
+	151, // 211: basalt.meta.v1.Namespace.OpenKeys:input_type -> basalt.meta.v1.OpenKeysRequest
+	154, // 212: basalt.meta.v1.Namespace.CommitKeys:input_type -> basalt.meta.v1.CommitKeysRequest
+	157, // 213: basalt.meta.v1.Namespace.ReserveBlocks:input_type -> basalt.meta.v1.ReserveBlocksRequest
+	28,  // 214: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	34,  // 215: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	45,  // 216: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	48,  // 217: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	55,  // 218: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	50,  // 219: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	53,  // 220: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	59,  // 221: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	61,  // 222: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	63,  // 223: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	69,  // 224: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	68,  // 225: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
+	22,  // 226: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
+	26,  // 227: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
+	128, // 228: basalt.meta.v1.Scm.AddCachePool:output_type -> basalt.meta.v1.CachePool
+	128, // 229: basalt.meta.v1.Scm.ModifyCachePool:output_type -> basalt.meta.v1.CachePool
+	131, // 230: basalt.meta.v1.Scm.RemoveCachePool:output_type -> basalt.meta.v1.RemoveCachePoolResponse
+	133, // 231: basalt.meta.v1.Scm.ListCachePools:output_type -> basalt.meta.v1.ListCachePoolsResponse
+	129, // 232: basalt.meta.v1.Scm.AddCacheDirective:output_type -> basalt.meta.v1.CacheDirective
+	129, // 233: basalt.meta.v1.Scm.ModifyCacheDirective:output_type -> basalt.meta.v1.CacheDirective
+	135, // 234: basalt.meta.v1.Scm.RemoveCacheDirective:output_type -> basalt.meta.v1.RemoveCacheDirectiveResponse
+	137, // 235: basalt.meta.v1.Scm.ListCacheDirectives:output_type -> basalt.meta.v1.ListCacheDirectivesResponse
+	70,  // 236: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	70,  // 237: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	74,  // 238: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	76,  // 239: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	77,  // 240: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	77,  // 241: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	81,  // 242: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	83,  // 243: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	88,  // 244: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	90,  // 245: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	85,  // 246: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	85,  // 247: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	95,  // 248: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	97,  // 249: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	99,  // 250: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	100, // 251: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	100, // 252: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	104, // 253: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	85,  // 254: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	85,  // 255: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	107, // 256: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	85,  // 257: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	112, // 258: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	115, // 259: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	117, // 260: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	118, // 261: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	118, // 262: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	122, // 263: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	126, // 264: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
+	142, // 265: basalt.meta.v1.Namespace.GetAcl:output_type -> basalt.meta.v1.AclList
+	142, // 266: basalt.meta.v1.Namespace.SetAcl:output_type -> basalt.meta.v1.AclList
+	144, // 267: basalt.meta.v1.Namespace.GetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
+	144, // 268: basalt.meta.v1.Namespace.SetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
+	145, // 269: basalt.meta.v1.Namespace.GetBucketPolicyStatus:output_type -> basalt.meta.v1.BucketPolicyStatus
+	147, // 270: basalt.meta.v1.Namespace.GetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
+	147, // 271: basalt.meta.v1.Namespace.SetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
+	150, // 272: basalt.meta.v1.Namespace.LookupKeys:output_type -> basalt.meta.v1.LookupKeysResponse
+	153, // 273: basalt.meta.v1.Namespace.OpenKeys:output_type -> basalt.meta.v1.OpenKeysResponse
+	156, // 274: basalt.meta.v1.Namespace.CommitKeys:output_type -> basalt.meta.v1.CommitKeysResponse
+	159, // 275: basalt.meta.v1.Namespace.ReserveBlocks:output_type -> basalt.meta.v1.ReserveBlocksResponse
+	214, // [214:276] is the sub-list for method output_type
+	152, // [152:214] is the sub-list for method input_type
+	152, // [152:152] is the sub-list for extension type_name
+	152, // [152:152] is the sub-list for extension extendee
+	0,   // [0:152] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -11797,7 +12084,7 @@ func file_meta_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   150,
+			NumMessages:   153,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

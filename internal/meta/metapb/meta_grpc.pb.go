@@ -988,6 +988,7 @@ const (
 	Namespace_LookupKeys_FullMethodName              = "/basalt.meta.v1.Namespace/LookupKeys"
 	Namespace_OpenKeys_FullMethodName                = "/basalt.meta.v1.Namespace/OpenKeys"
 	Namespace_CommitKeys_FullMethodName              = "/basalt.meta.v1.Namespace/CommitKeys"
+	Namespace_ReserveBlocks_FullMethodName           = "/basalt.meta.v1.Namespace/ReserveBlocks"
 )
 
 // NamespaceClient is the client API for Namespace service.
@@ -1070,6 +1071,13 @@ type NamespaceClient interface {
 	// only its own result. An error of the whole call (the entry's outcome
 	// unknown) is every key's.
 	CommitKeys(ctx context.Context, in *CommitKeysRequest, opts ...grpc.CallOption) (*CommitKeysResponse, error)
+	// ReserveBlocks (issue 15): reserves blocks of a bucket for the caller
+	// ahead of need, each an open key without a name (one Raft entry for
+	// all of them). A small PUT then writes one and commits it with ONE
+	// CommitKey that names the key (CommitKeyRequest.key): no OpenKey
+	// round. Reservations not committed expire as open keys do, sooner
+	// (their blocks are reclaimed).
+	ReserveBlocks(ctx context.Context, in *ReserveBlocksRequest, opts ...grpc.CallOption) (*ReserveBlocksResponse, error)
 }
 
 type namespaceClient struct {
@@ -1470,6 +1478,16 @@ func (c *namespaceClient) CommitKeys(ctx context.Context, in *CommitKeysRequest,
 	return out, nil
 }
 
+func (c *namespaceClient) ReserveBlocks(ctx context.Context, in *ReserveBlocksRequest, opts ...grpc.CallOption) (*ReserveBlocksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReserveBlocksResponse)
+	err := c.cc.Invoke(ctx, Namespace_ReserveBlocks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NamespaceServer is the server API for Namespace service.
 // All implementations must embed UnimplementedNamespaceServer
 // for forward compatibility.
@@ -1550,6 +1568,13 @@ type NamespaceServer interface {
 	// only its own result. An error of the whole call (the entry's outcome
 	// unknown) is every key's.
 	CommitKeys(context.Context, *CommitKeysRequest) (*CommitKeysResponse, error)
+	// ReserveBlocks (issue 15): reserves blocks of a bucket for the caller
+	// ahead of need, each an open key without a name (one Raft entry for
+	// all of them). A small PUT then writes one and commits it with ONE
+	// CommitKey that names the key (CommitKeyRequest.key): no OpenKey
+	// round. Reservations not committed expire as open keys do, sooner
+	// (their blocks are reclaimed).
+	ReserveBlocks(context.Context, *ReserveBlocksRequest) (*ReserveBlocksResponse, error)
 	mustEmbedUnimplementedNamespaceServer()
 }
 
@@ -1676,6 +1701,9 @@ func (UnimplementedNamespaceServer) OpenKeys(context.Context, *OpenKeysRequest) 
 }
 func (UnimplementedNamespaceServer) CommitKeys(context.Context, *CommitKeysRequest) (*CommitKeysResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CommitKeys not implemented")
+}
+func (UnimplementedNamespaceServer) ReserveBlocks(context.Context, *ReserveBlocksRequest) (*ReserveBlocksResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReserveBlocks not implemented")
 }
 func (UnimplementedNamespaceServer) mustEmbedUnimplementedNamespaceServer() {}
 func (UnimplementedNamespaceServer) testEmbeddedByValue()                   {}
@@ -2400,6 +2428,24 @@ func _Namespace_CommitKeys_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Namespace_ReserveBlocks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReserveBlocksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NamespaceServer).ReserveBlocks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Namespace_ReserveBlocks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NamespaceServer).ReserveBlocks(ctx, req.(*ReserveBlocksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Namespace_ServiceDesc is the grpc.ServiceDesc for Namespace service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -2562,6 +2608,10 @@ var Namespace_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CommitKeys",
 			Handler:    _Namespace_CommitKeys_Handler,
+		},
+		{
+			MethodName: "ReserveBlocks",
+			Handler:    _Namespace_ReserveBlocks_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -325,7 +325,7 @@ func (s *Service) CommitKeys(ctx context.Context, req *metapb.CommitKeysRequest)
 			errs[i] = err
 			continue
 		}
-		if err := az.WriteOpen(r.OpenId, "commit"); err != nil {
+		if err := az.WriteCommit(r, "commit"); err != nil {
 			again = append(again, i)
 		}
 	}
@@ -335,7 +335,7 @@ func (s *Service) CommitKeys(ctx context.Context, req *metapb.CommitKeysRequest)
 		}
 		az = s.authz(ctx)
 		for _, i := range again {
-			errs[i] = az.WriteOpen(req.Requests[i].OpenId, "commit")
+			errs[i] = az.WriteCommit(req.Requests[i], "commit")
 		}
 	}
 	op := &metapb.CommitKeysOp{}

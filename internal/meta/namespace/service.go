@@ -62,6 +62,10 @@ type Config struct {
 	// AbortIncompleteMultipartUpload (default 7 days; negative: never).
 	UploadExpiry time.Duration
 
+	// ReservationExpiry: block reservations (reserve.go) older than this
+	// are reclaimed (default DefaultReservationExpiry).
+	ReservationExpiry time.Duration
+
 	// Tokens signs the block token of every location returned (tokens.go;
 	// nil: locations carry none).
 	Tokens TokenIssuer
@@ -75,6 +79,9 @@ type Config struct {
 func (c *Config) setDefaults() {
 	if c.OpenKeyExpiry == 0 {
 		c.OpenKeyExpiry = 24 * time.Hour
+	}
+	if c.ReservationExpiry == 0 {
+		c.ReservationExpiry = DefaultReservationExpiry
 	}
 	if c.UploadExpiry == 0 {
 		c.UploadExpiry = DefaultUploadExpiry
@@ -352,7 +359,7 @@ func (s *Service) AllocateBlock(ctx context.Context, req *metapb.AllocateBlockRe
 	if err != nil {
 		return nil, err
 	}
-	if err := s.authz(ctx).Write(row.Volume, row.Bucket, row.Key, "write"); err != nil {
+	if err := s.authz(ctx).WriteRow(row, "write"); err != nil {
 		return nil, err
 	}
 	alloc, err := s.blocks.AllocateBlocks(ctx, &metapb.AllocateBlocksRequest{Count: 1, Replication: row.Replication, Exclude: req.Exclude, ClientLocation: req.ClientLocation})
@@ -382,11 +389,11 @@ func (s *Service) CommitKey(ctx context.Context, req *metapb.CommitKeyRequest) (
 	// committed a moment ago (a leader elected since): then check again
 	// after a barrier. (The small-object path commits many keys: no
 	// barrier when none is needed.)
-	if err := s.authz(ctx).WriteOpen(req.OpenId, "commit"); err != nil {
+	if err := s.authz(ctx).WriteCommit(req, "commit"); err != nil {
 		if berr := s.current(ctx); berr != nil {
 			return nil, berr
 		}
-		if err := s.authz(ctx).WriteOpen(req.OpenId, "commit"); err != nil {
+		if err := s.authz(ctx).WriteCommit(req, "commit"); err != nil {
 			return nil, err
 		}
 	}
@@ -638,13 +645,12 @@ func (s *Service) Run(ctx context.Context) {
 // and multipart uploads, reclaim deleted directories, hand deleted blocks
 // to SCM.
 func (s *Service) RunOnce(ctx context.Context) error {
-	cutoff := s.cfg.Now().Add(-s.cfg.OpenKeyExpiry).UnixMilli()
-	ids, err := s.st.ExpiredOpenKeys(cutoff, s.cfg.ExpireBatch)
+	exp, err := s.expiredOpens()
 	if err != nil {
 		return err
 	}
-	if len(ids) > 0 {
-		if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_ExpireOpenKeys{ExpireOpenKeys: &metapb.ExpireOpenKeysOp{OpenIds: ids, OlderThanUnixMs: cutoff}}}); err != nil {
+	if len(exp.OpenIds) > 0 {
+		if _, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_ExpireOpenKeys{ExpireOpenKeys: exp}}); err != nil {
 			return err
 		}
 	}

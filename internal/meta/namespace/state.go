@@ -407,7 +407,7 @@ func (t *tx) apply(cmd *metapb.NsCommand) any {
 		n := 0
 		for _, id := range op.ExpireOpenKeys.OpenIds {
 			row := &metapb.OpenKeyRow{}
-			if t.get(u64Key(pfxOpen, id), row) && row.CreatedUnixMs < op.ExpireOpenKeys.OlderThanUnixMs {
+			if t.get(u64Key(pfxOpen, id), row) && row.CreatedUnixMs < expireCutoff(row, op.ExpireOpenKeys) {
 				t.del(u64Key(pfxOpen, id))
 				t.release(row.Blocks, fmt.Sprintf("open key %d expired", id))
 				n++
@@ -447,6 +447,8 @@ func (t *tx) apply(cmd *metapb.NsCommand) any {
 		return t.openKeys(op.OpenKeys)
 	case *metapb.NsCommand_CommitKeys:
 		return t.commitKeys(op.CommitKeys)
+	case *metapb.NsCommand_ReserveBlocks:
+		return t.reserveBlocks(op.ReserveBlocks)
 	default:
 		return fmt.Errorf("namespace: unknown command %T", cmd.Op)
 	}
@@ -611,6 +613,9 @@ func (t *tx) commitKey(req *metapb.CommitKeyRequest) any {
 	}
 	if b.Id != row.BucketId {
 		return notFound("bucket %q in volume %q was deleted while key %q was open", row.Bucket, row.Volume, row.Key)
+	}
+	if err := commitName(row, b, req); err != nil {
+		return err
 	}
 	if len(req.Blocks) > MaxBlocksPerKey {
 		return invalid("commit key %q: %d blocks, at most %d", row.Key, len(req.Blocks), MaxBlocksPerKey)

@@ -1,0 +1,299 @@
+package namespace
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+)
+
+// Block reservations (issue 15): a small PUT without an OpenKey round.
+//
+// A writer of many small keys (a gateway) reserves blocks of a bucket
+// ahead of need with ReserveBlocks: one SCM allocation and ONE Raft entry
+// (ReserveBlocksOp) for up to MaxReserveBlocks blocks, each recorded as an
+// open key of its own without a name (OpenKeyRow.reserved, with the
+// caller's identity in reserved_by), the bucket-level checks of a write
+// to that bucket by that caller made first, and write tokens issued for
+// the blocks. The writer keeps them in a pool; a small PUT takes one,
+// writes its data to the block, and commits with one CommitKey (or in a
+// CommitKeys batch) that names the key (CommitKeyRequest.key, and the
+// bucket it means): before the log, the caller must be the reserver and
+// may write that key (the key-level checks OpenKey makes); in the apply,
+// the commit is that of an ordinary open key of that name (the open row
+// goes, so a reserved block commits once only; a row of another bucket
+// is refused). Everything else of an open key holds: AllocateBlock adds
+// blocks to it after a failed write, and a reservation never committed
+// expires as an open key does (ExpireOpenKeysOp, its blocks released to
+// the deleted table and handed to SCM), after ReservationExpiry rather
+// than OpenKeyExpiry: a writer that crashes loses nothing committed and
+// leaks nothing beyond the expiry.
+//
+// Ozone's OM preallocates blocks for a key at open (OpenKey with a size
+// hint, as Basalt does); a reservation goes one step further and
+// preallocates before the key is known.
+
+const (
+	// MaxReserveBlocks bounds one ReserveBlocks call (one AllocateBlocks
+	// call's worth, allocChunk).
+	MaxReserveBlocks = allocChunk
+	// DefaultReservationExpiry is Config.ReservationExpiry's default:
+	// well within a block token's lifetime (1 h), well beyond a writer's
+	// use of its pool (metaclient keeps a reservation at most a minute).
+	DefaultReservationExpiry = 10 * time.Minute
+	// reserveScanRows bounds the open rows one expiry round reads
+	// looking for expired reservations.
+	reserveScanRows = 10000
+)
+
+// reserverOf is who a reservation is for: the caller of ctx ("" for a
+// trusted in-process call without one).
+func reserverOf(ctx context.Context) string {
+	c, ok := CallerOf(ctx)
+	switch {
+	case !ok:
+		return ""
+	case c.Anonymous:
+		return "anonymous:"
+	case c.Gateway:
+		return "gateway:" + c.User
+	default:
+		return "user:" + c.User
+	}
+}
+
+// ReserveBlocks reserves req.Count blocks of an object bucket for the
+// caller (see above).
+func (s *Service) ReserveBlocks(ctx context.Context, req *metapb.ReserveBlocksRequest) (*metapb.ReserveBlocksResponse, error) {
+	if req.Count == 0 || req.Count > MaxReserveBlocks {
+		return nil, invalid("reserve blocks: count %d, want 1..%d", req.Count, MaxReserveBlocks)
+	}
+	if err := checkExclude(req.Exclude); err != nil {
+		return nil, err
+	}
+	if len(req.ClientLocation) > maxLocationBytes {
+		return nil, invalid("reserve blocks: client location is %d bytes, at most %d", len(req.ClientLocation), maxLocationBytes)
+	}
+	if err := s.raft.ReadBarrier(ctx); err != nil {
+		return nil, err
+	}
+	b, err := s.st.cachedBucket(req.Volume, req.Bucket) // (read only)
+	if err != nil {
+		return nil, err
+	}
+	if b.Layout != metapb.BucketLayout_OBJECT {
+		return nil, status.Errorf(codes.FailedPrecondition, "reserve blocks: bucket %q is not an object bucket (open its keys one by one)", req.Bucket)
+	}
+	if err := s.authz(ctx).Write(req.Volume, req.Bucket, "", "reserve blocks to write"); err != nil {
+		return nil, err
+	}
+	op := &metapb.ReserveBlocksOp{Volume: req.Volume, Bucket: req.Bucket, Replication: req.Replication,
+		ChecksumType: req.ChecksumType, BytesPerChecksum: req.BytesPerChecksum, ReservedBy: reserverOf(ctx)}
+	if op.Replication == metapb.Replication_REPLICATION_UNSPECIFIED {
+		op.Replication = b.Replication
+	}
+	if op.ChecksumType == metapb.ChecksumType_CHECKSUM_TYPE_UNSPECIFIED {
+		op.ChecksumType = metapb.ChecksumType_CRC32C
+	}
+	if op.BytesPerChecksum == 0 {
+		op.BytesPerChecksum = s.cfg.DefaultBytesPerChecksum
+	}
+	alloc, err := s.blocks.AllocateBlocks(ctx, &metapb.AllocateBlocksRequest{Count: req.Count, Replication: op.Replication,
+		Exclude: req.Exclude, ClientLocation: req.ClientLocation, ExpectedBytes: chargeClass(req.ExpectedBytes)})
+	if err != nil {
+		return nil, err
+	}
+	if len(alloc.Blocks) != int(req.Count) {
+		return nil, status.Errorf(codes.Internal, "namespace: SCM allocated %d blocks for %d", len(alloc.Blocks), req.Count)
+	}
+	for _, bl := range alloc.Blocks {
+		op.Blocks = append(op.Blocks, bl.Id)
+	}
+	now := s.cfg.Now()
+	res, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_ReserveBlocks{ReserveBlocks: op}})
+	if err != nil {
+		return nil, err
+	}
+	first, ok := res.(uint64)
+	if !ok {
+		return nil, applyErr(res)
+	}
+	if err := s.attachTokens(ctx, alloc.Blocks, writeModes); err != nil {
+		return nil, err
+	}
+	resp := &metapb.ReserveBlocksResponse{BlockSize: alloc.BlockSize, ExpiresUnixMs: now.Add(s.cfg.ReservationExpiry).UnixMilli()}
+	for i, bl := range alloc.Blocks {
+		resp.Blocks = append(resp.Blocks, &metapb.ReservedBlock{OpenId: first + uint64(i), Block: bl})
+	}
+	return resp, nil
+}
+
+// reserveBlocks applies a ReserveBlocksOp: a reserved open key per block.
+func (t *tx) reserveBlocks(op *metapb.ReserveBlocksOp) any {
+	if n := len(op.Blocks); n == 0 || n > MaxReserveBlocks {
+		return invalid("reserve blocks: %d blocks, want 1..%d", n, MaxReserveBlocks)
+	}
+	b, err := t.bucketRO(op.Volume, op.Bucket)
+	if err != nil {
+		return err
+	}
+	if b.Layout != metapb.BucketLayout_OBJECT {
+		return status.Errorf(codes.FailedPrecondition, "reserve blocks: bucket %q is not an object bucket", op.Bucket)
+	}
+	first := t.s.nextOpen
+	for _, id := range op.Blocks {
+		if id == nil {
+			continue // (the proposer's blocks all have one)
+		}
+		row := &metapb.OpenKeyRow{
+			OpenId: t.s.nextOpen, BucketId: b.Id, Volume: op.Volume, Bucket: op.Bucket,
+			Replication: op.Replication, ChecksumType: op.ChecksumType, BytesPerChecksum: op.BytesPerChecksum,
+			Blocks: []*metapb.BlockID{id}, CreatedUnixMs: t.now, Reserved: true, ReservedBy: op.ReservedBy,
+		}
+		t.s.nextOpen++
+		t.put(u64Key(pfxOpen, row.OpenId), row)
+	}
+	return first
+}
+
+// commitName is the name a commit gives the key of row: the request's
+// for a reserved row (which has none), else the row's (a part of a
+// multipart upload: the upload's key). The request's
+// volume and bucket, when given, must be the row's. It sets row.Key to
+// it (row is the apply's own decoded copy).
+func commitName(row *metapb.OpenKeyRow, b *metapb.Bucket, req *metapb.CommitKeyRequest) error {
+	if (req.Volume != "" || req.Bucket != "") && (req.Volume != row.Volume || req.Bucket != row.Bucket) {
+		return status.Errorf(codes.PermissionDenied, "commit key: open key %d is of bucket %s/%s, not %s/%s", row.OpenId, row.Volume, row.Bucket, req.Volume, req.Bucket)
+	}
+	if !row.Reserved {
+		if req.Key != "" && req.Key != row.Key {
+			return invalid("commit key %q: open key %d is %q", req.Key, row.OpenId, row.Key)
+		}
+		return nil
+	}
+	if req.Key == "" {
+		return invalid("commit key: open key %d is a block reservation: the commit must name the key", row.OpenId)
+	}
+	if err := validateKeyFor(b, req.Key); err != nil {
+		return err
+	}
+	row.Key = req.Key
+	return nil
+}
+
+// WriteCommit checks a commit before the log: the open key's own bucket
+// and key (the key the request names for a reserved one), and that a
+// reservation is the caller's.
+func (a *Authorizer) WriteCommit(req *metapb.CommitKeyRequest, what string) error {
+	if a.trusted {
+		return nil
+	}
+	row, err := a.st.OpenKey(req.OpenId)
+	if err != nil {
+		return err
+	}
+	if err := a.reserver(row); err != nil {
+		return err
+	}
+	if (req.Volume != "" || req.Bucket != "") && (req.Volume != row.Volume || req.Bucket != row.Bucket) {
+		return a.deny("%s: open key %d is of bucket %s/%s, not %s/%s", what, row.OpenId, row.Volume, row.Bucket, req.Volume, req.Bucket)
+	}
+	key := row.Key
+	if row.Reserved {
+		if err := ValidateKey(req.Key); err != nil {
+			return err
+		}
+		key = req.Key
+	}
+	return a.Write(row.Volume, row.Bucket, key, what)
+}
+
+// WriteRow checks a block allocation for the open key row.
+func (a *Authorizer) WriteRow(row *metapb.OpenKeyRow, what string) error {
+	if a.trusted {
+		return nil
+	}
+	if err := a.reserver(row); err != nil {
+		return err
+	}
+	return a.Write(row.Volume, row.Bucket, row.Key, what)
+}
+
+// reserver refuses a reserved row to anyone but its reserver.
+func (a *Authorizer) reserver(row *metapb.OpenKeyRow) error {
+	if !row.Reserved || a.trusted {
+		return nil
+	}
+	by := "user:" + a.c.User
+	switch {
+	case a.c.Anonymous:
+		by = "anonymous:"
+	case a.c.Gateway:
+		by = "gateway:" + a.c.User
+	}
+	if row.ReservedBy != by {
+		return a.deny("use block reservation %d of %s/%s (it is another requester's)", row.OpenId, row.Volume, row.Bucket)
+	}
+	return nil
+}
+
+// expireCutoff is the creation time before which op expires row.
+func expireCutoff(row *metapb.OpenKeyRow, op *metapb.ExpireOpenKeysOp) int64 {
+	if row.Reserved && op.ReservedOlderThanUnixMs > op.OlderThanUnixMs {
+		return op.ReservedOlderThanUnixMs
+	}
+	return op.OlderThanUnixMs
+}
+
+// ExpiredReservations returns up to limit reserved open keys created
+// before olderThan, reading at most maxRows open rows: open IDs grow
+// with time, so the scan stops at the first row (of any kind) created
+// after it.
+func (s *State) ExpiredReservations(olderThanUnixMs int64, maxRows, limit int) ([]uint64, error) {
+	var ids []uint64
+	err := s.scanRows(pfxOpen, maxRows, func(v []byte) (bool, error) {
+		row := &metapb.OpenKeyRow{}
+		if err := proto.Unmarshal(v, row); err != nil {
+			return false, err
+		}
+		if row.CreatedUnixMs >= olderThanUnixMs || len(ids) == limit {
+			return false, nil
+		}
+		if row.Reserved {
+			ids = append(ids, row.OpenId)
+		}
+		return true, nil
+	})
+	return ids, err
+}
+
+// expiredOpens is the open keys one expiry round expires: those older
+// than the open key expiry and the reservations older than theirs.
+func (s *Service) expiredOpens() (*metapb.ExpireOpenKeysOp, error) {
+	now := s.cfg.Now()
+	op := &metapb.ExpireOpenKeysOp{OlderThanUnixMs: now.Add(-s.cfg.OpenKeyExpiry).UnixMilli(),
+		ReservedOlderThanUnixMs: now.Add(-s.cfg.ReservationExpiry).UnixMilli()}
+	ids, err := s.st.ExpiredOpenKeys(op.OlderThanUnixMs, s.cfg.ExpireBatch)
+	if err != nil {
+		return nil, err
+	}
+	rids, err := s.st.ExpiredReservations(op.ReservedOlderThanUnixMs, reserveScanRows, s.cfg.ExpireBatch)
+	if err != nil {
+		return nil, err
+	}
+	seen := make(map[uint64]bool, len(ids))
+	for _, id := range ids {
+		seen[id] = true
+	}
+	op.OpenIds = ids
+	for _, id := range rids {
+		if !seen[id] {
+			op.OpenIds = append(op.OpenIds, id)
+		}
+	}
+	return op, nil
+}
