@@ -144,6 +144,9 @@ type Config struct {
 	Namespace namespace.Config
 	// UserTokens tunes user tokens (usertoken.go).
 	UserTokens UserTokenConfig
+	// TestSupportedLayout, if nonzero, makes this node support only layout
+	// versions up to it, as an older binary (tests; upgrade.go).
+	TestSupportedLayout uint32
 
 	// Registerer receives all metrics (the raft host's and the service's).
 	// Nil: a private registry, served by Handler.
@@ -350,6 +353,7 @@ func New(cfg Config) (*Server, error) {
 	metapb.RegisterScmServer(s.grpc, &scmServer{s: s})
 	metapb.RegisterCaServer(s.grpc, s.ca)
 	metapb.RegisterUserTokenServer(s.grpc, &userTokenServer{s: s})
+	s.setupUpgrade(reg)
 	ok = true
 	return s, nil
 }
@@ -439,7 +443,8 @@ func (s *Server) Start() error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.wg.Add(8)
+	s.wg.Add(9)
+	go func() { defer s.wg.Done(); s.runUpgrade(ctx) }()
 	go func() { defer s.wg.Done(); s.ca.establish(ctx) }()
 	go func() { defer s.wg.Done(); s.ca.renewOwn(ctx) }()
 	go func() { defer s.wg.Done(); s.runUserTokens(ctx) }()
@@ -593,10 +598,16 @@ func propose(ctx context.Context, s *Server, g *raft.Group, cmd []byte) (any, er
 type nsRaft struct{ s *Server }
 
 func (r *nsRaft) Propose(ctx context.Context, cmd []byte) (any, error) {
+	if err := r.s.haltedErr(); err != nil {
+		return nil, err
+	}
 	return propose(ctx, r.s, r.s.nsGroup, cmd)
 }
 
 func (r *nsRaft) ReadBarrier(ctx context.Context) error {
+	if err := r.s.haltedErr(); err != nil {
+		return err
+	}
 	g := r.s.nsGroup
 	if !g.IsLeader() {
 		return &raft.NotLeaderError{Group: NamespaceGroup, Leader: g.Leader()}

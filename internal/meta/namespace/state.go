@@ -90,6 +90,8 @@ type State struct {
 	// s3Gen changes after every applied change of an S3 key (and a
 	// restore): caches of S3 keys (the user-token check) compare it.
 	s3Gen atomic.Uint64
+	// layout: versions and the apply halt (layout.go).
+	layout layoutState
 }
 
 // Open opens the namespace state in dir.
@@ -109,6 +111,9 @@ func Open(dir string, opts store.Options) (*State, error) {
 func (s *State) load() error {
 	s.nextBucket, s.nextOpen, s.nextID = 1, 1, 1
 	return s.st.View(func(r pebble.Reader) error {
+		if err := s.loadLayout(r); err != nil {
+			return err
+		}
 		for _, c := range []struct {
 			k   []byte
 			dst *uint64
@@ -152,6 +157,10 @@ func (s *State) Snapshot() (uint64, io.ReadCloser, error) { return s.st.Snapshot
 
 // Restore replaces the state (raft.StateMachine).
 func (s *State) Restore(index uint64, r io.Reader) error {
+	if h := s.Halted(); h != nil {
+		// Its state may hold what this binary cannot read (layout.go).
+		return fmt.Errorf("%w at entry %d: %s; a snapshot is not installed", ErrHalted, h.Index, h.Reason)
+	}
 	defer s.lookups.end(s.lookups.beginAll())
 	s.buckets.invalidate()
 	defer s.buckets.invalidate()
@@ -176,12 +185,17 @@ type tx struct {
 	// keysChanged: the Pebble keys of key records written or deleted
 	// (the lookup cache drops them around the commit).
 	keysChanged []string
+	// layoutChanged: the finalized layout version written (layout.go).
+	layoutChanged uint32
 }
 
 // Apply applies entries in one Pebble batch and returns one result each.
 func (s *State) Apply(entries []store.Entry) []any {
 	if len(entries) == 0 {
 		return nil
+	}
+	if s.Halted() != nil {
+		return haltedResults(entries)
 	}
 	t := &tx{b: s.st.NewBatch(), s: s}
 	// Apply panics only where the process cannot go on; should one be
@@ -197,10 +211,13 @@ func (s *State) Apply(entries []store.Entry) []any {
 		if e.Cmd == nil {
 			continue
 		}
-		cmd := &metapb.NsCommand{}
-		if err := proto.Unmarshal(e.Cmd, cmd); err != nil {
-			res[i] = fmt.Errorf("namespace: entry %d: undecodable command: %w", e.Index, err)
-			continue
+		cmd, h := s.decodeEntry(e)
+		if h != nil {
+			// Never past an entry this binary cannot apply (layout.go).
+			s.halt(*h)
+			copy(res[i:], haltedResults(entries[i:]))
+			entries = entries[:i]
+			break
 		}
 		t.now = cmd.NowUnixMs
 		// A failed command must leave no partial writes: apply it to a
@@ -224,10 +241,18 @@ func (s *State) Apply(entries []store.Entry) []any {
 		// batch commits (lookupcache.go).
 		defer s.lookups.end(s.lookups.begin(t.keysChanged))
 	}
+	if len(entries) == 0 {
+		t.b.Close()
+		committed = true
+		return res
+	}
 	if err := s.st.Commit(t.b, entries[len(entries)-1].Index); err != nil {
 		panic(err)
 	}
 	committed = true
+	if t.layoutChanged != 0 {
+		s.layout.finalized.Store(t.layoutChanged)
+	}
 	return res
 }
 
@@ -447,6 +472,8 @@ func (t *tx) apply(cmd *metapb.NsCommand) any {
 		return t.openKeys(op.OpenKeys)
 	case *metapb.NsCommand_CommitKeys:
 		return t.commitKeys(op.CommitKeys)
+	case *metapb.NsCommand_Layout:
+		return t.applyLayout(op.Layout)
 	default:
 		return fmt.Errorf("namespace: unknown command %T", cmd.Op)
 	}

@@ -1,0 +1,298 @@
+package namespace
+
+// Upgrades: layout versions and the apply halt (docs/ARCHITECTURE.md,
+// "Upgrades"; Ozone's layout versions and "finalize upgrade").
+//
+// Every command a meta binary can apply belongs to a layout version: the
+// ops of the first versioned binary are layout 1; an op added later is
+// registered in layoutFeatures with the version that introduced it. The
+// cluster's finalized version is replicated (the m/layout row, written by
+// a LayoutOp); the leader refuses, before the log, a command whose op needs
+// a version above it, so no replica meets a command it may not know until
+// every member reported that it supports it and an operator finalized.
+//
+// Should a replica still meet an entry it cannot apply deterministically
+// (a command of a newer binary that reached the log without the gate, an
+// entry that does not decode, a finalized version above its own), it does
+// not record an error and go on, as the others applied it: it halts. Its
+// durable applied index stays before that entry (Apply commits what came
+// before and nothing after), every later Apply and Restore is refused, and
+// the server refuses reads and leadership on it. Raft keeps the entries
+// (it never truncates past the state machine's applied index), so the
+// replica, restarted with a binary that knows the command, resumes from
+// that index.
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/store"
+)
+
+// LayoutFeature is a command (an NsCommand op) introduced at a layout
+// version above 1.
+type LayoutFeature struct {
+	Name        string
+	Version     uint32
+	Op          protoreflect.FieldNumber // NsCommand's oneof field number
+	Description string
+}
+
+// layoutFeatures: registering an op as a layout feature is one line here,
+// e.g.
+//
+//	{Name: "small-file-reservation", Version: 2, Op: 2101, Description: "ReserveSmallFiles"},
+var layoutFeatures = []LayoutFeature{}
+
+// MaxLayoutVersion bounds a layout version anywhere it is read.
+const MaxLayoutVersion = 1 << 16
+
+var (
+	featuresMu    sync.RWMutex
+	extraFeatures []LayoutFeature // RegisterLayoutFeature (tests)
+)
+
+// RegisterLayoutFeature adds a feature to this process's binary (tests:
+// a test-only feature; production features go in layoutFeatures) and
+// returns its removal. Register before the servers start.
+func RegisterLayoutFeature(f LayoutFeature) (unregister func()) {
+	featuresMu.Lock()
+	extraFeatures = append(extraFeatures, f)
+	featuresMu.Unlock()
+	return func() {
+		featuresMu.Lock()
+		extraFeatures = slices.DeleteFunc(extraFeatures, func(g LayoutFeature) bool { return g == f })
+		featuresMu.Unlock()
+	}
+}
+
+// LayoutFeatures returns this binary's layout features by version.
+func LayoutFeatures() []LayoutFeature {
+	featuresMu.RLock()
+	out := append(slices.Clone(layoutFeatures), extraFeatures...)
+	featuresMu.RUnlock()
+	slices.SortStableFunc(out, func(a, b LayoutFeature) int { return int(a.Version) - int(b.Version) })
+	return out
+}
+
+// SoftwareLayoutVersion is the highest layout version this binary
+// supports: 1, or its newest feature's.
+func SoftwareLayoutVersion() uint32 {
+	v := uint32(1)
+	for _, f := range LayoutFeatures() {
+		v = max(v, f.Version)
+	}
+	return v
+}
+
+// opLayout is the layout version an op needs (1 for the original ops).
+func opLayout(op protoreflect.FieldNumber) (uint32, string) {
+	featuresMu.RLock()
+	defer featuresMu.RUnlock()
+	for _, fs := range [][]LayoutFeature{layoutFeatures, extraFeatures} {
+		for _, f := range fs {
+			if f.Op == op {
+				return f.Version, f.Name
+			}
+		}
+	}
+	return 1, ""
+}
+
+var nsOpOneof = (&metapb.NsCommand{}).ProtoReflect().Descriptor().Oneofs().ByName("op")
+
+// opNumber is the field number of cmd's op, 0 if none.
+func opNumber(cmd *metapb.NsCommand) protoreflect.FieldNumber {
+	if fd := cmd.ProtoReflect().WhichOneof(nsOpOneof); fd != nil {
+		return fd.Number()
+	}
+	return 0
+}
+
+// ErrHalted is the result of every entry a halted replica does not apply.
+var ErrHalted = errors.New("namespace: this replica halted: it cannot apply the namespace log (see basalt admin upgrade status)")
+
+// Halt describes why a replica stopped applying.
+type Halt struct {
+	Index  uint64 // the first entry not applied
+	Op     int32  // its op's field number, 0 if unknown or undecodable
+	Reason string
+}
+
+// layoutState is the State's part of upgrades.
+type layoutState struct {
+	// supported is the version this replica supports: the binary's, or
+	// lower through SetSupportedLayout (tests: an older binary).
+	supported atomic.Uint32
+	// finalized mirrors the m/layout row (0: none, i.e. layout 1).
+	finalized atomic.Uint32
+	halt      atomic.Pointer[Halt]
+	// onHalt is called once, on the apply goroutine, when the replica halts.
+	onHalt func(Halt)
+}
+
+var keyLayout = []byte("m/layout")
+
+// SetSupportedLayout makes this replica support only layouts up to v: ops
+// of features above it are unknown to it, as to an older binary (a test
+// hook). Call before the state applies anything.
+func (s *State) SetSupportedLayout(v uint32) { s.layout.supported.Store(v) }
+
+// SupportedLayout is the highest layout version this replica applies.
+func (s *State) SupportedLayout() uint32 {
+	if v := s.layout.supported.Load(); v != 0 {
+		return v
+	}
+	return SoftwareLayoutVersion()
+}
+
+// FinalizedLayout is the cluster's finalized layout version as this
+// replica's state has it (1 when none is recorded: a cluster created
+// before layout versions).
+func (s *State) FinalizedLayout() uint32 { return max(1, s.layout.finalized.Load()) }
+
+// LayoutRecorded reports whether a finalized version is recorded.
+func (s *State) LayoutRecorded() bool { return s.layout.finalized.Load() != 0 }
+
+// Halted returns why this replica stopped applying, or nil.
+func (s *State) Halted() *Halt { return s.layout.halt.Load() }
+
+// OnHalt sets a function called once when the replica halts (on the
+// apply goroutine; it must not block).
+func (s *State) OnHalt(f func(Halt)) { s.layout.onHalt = f }
+
+// Empty reports whether the namespace has never held anything: no volume,
+// no counter moved. (A fresh cluster's first leader records its layout.)
+func (s *State) Empty() bool {
+	if s.nextBucket != 1 || s.nextOpen != 1 || s.nextID != 1 {
+		return false
+	}
+	var has bool
+	err := s.st.View(func(r pebble.Reader) error {
+		var err error
+		has, _, err = hasPrefix(r, pfxVolume)
+		return err
+	})
+	return err == nil && !has
+}
+
+func (s *State) loadLayout(r pebble.Reader) error {
+	row := &metapb.LayoutOp{}
+	ok, err := get(r, keyLayout, row)
+	if err != nil {
+		return err
+	}
+	v := uint32(0)
+	if ok {
+		v = max(1, row.Version)
+	}
+	s.layout.finalized.Store(v)
+	if v > s.SupportedLayout() {
+		s.halt(Halt{Index: s.st.DurableIndex() + 1, Reason: fmt.Sprintf("the cluster's finalized layout version %d is above this binary's %d: upgrade this replica's binary", v, s.SupportedLayout())})
+	}
+	return nil
+}
+
+func (s *State) halt(h Halt) {
+	if s.layout.halt.CompareAndSwap(nil, &h) && s.layout.onHalt != nil {
+		s.layout.onHalt(h)
+	}
+}
+
+// decodeEntry decodes a committed entry's command, or says why this
+// replica cannot apply it (then it must halt there).
+func (s *State) decodeEntry(e store.Entry) (*metapb.NsCommand, *Halt) {
+	cmd := &metapb.NsCommand{}
+	if err := proto.Unmarshal(e.Cmd, cmd); err != nil {
+		return nil, &Halt{Index: e.Index, Reason: fmt.Sprintf("entry %d does not decode (%v): a newer binary's command or a damaged log: upgrade this replica's binary", e.Index, err)}
+	}
+	if u := cmd.ProtoReflect().GetUnknown(); len(u) > 0 {
+		// A field this binary does not know: an op (an unknown oneof
+		// member decodes as Op == nil) or a new field of the command.
+		num, _, n := protowire.ConsumeTag(u)
+		op := int32(0)
+		if n > 0 {
+			op = int32(num)
+		}
+		return nil, &Halt{Index: e.Index, Op: op, Reason: fmt.Sprintf("entry %d holds op %d, unknown to this binary (layout %d): upgrade this replica's binary", e.Index, op, s.SupportedLayout())}
+	}
+	num := opNumber(cmd)
+	if v, name := opLayout(num); v > s.SupportedLayout() {
+		return nil, &Halt{Index: e.Index, Op: int32(num), Reason: fmt.Sprintf("entry %d holds op %d (%s, layout %d), unknown to this binary (layout %d): upgrade this replica's binary", e.Index, num, name, v, s.SupportedLayout())}
+	}
+	if l, ok := cmd.Op.(*metapb.NsCommand_Layout); ok && l.Layout.Version > s.SupportedLayout() {
+		return nil, &Halt{Index: e.Index, Op: int32(num), Reason: fmt.Sprintf("entry %d finalizes layout %d, above this binary's %d: upgrade this replica's binary", e.Index, l.Layout.Version, s.SupportedLayout())}
+	}
+	return cmd, nil
+}
+
+// CheckLayout refuses, before the log, a command whose op needs a layout
+// above the finalized one.
+func (s *State) CheckLayout(cmd *metapb.NsCommand) error {
+	num := opNumber(cmd)
+	v, name := opLayout(num)
+	if fin := s.FinalizedLayout(); v > fin {
+		st, _ := status.Newf(codes.FailedPrecondition, "namespace: %s (op %d) needs layout version %d; the cluster is finalized at %d: not available until every meta replica runs a binary with it and `basalt admin upgrade finalize` ran", name, num, v, fin).
+			WithDetails(&errdetails.ErrorInfo{Reason: metapb.ReasonLayoutNotFinalized, Domain: metapb.ReasonDomain})
+		return st.Err()
+	}
+	return nil
+}
+
+// applyLayout applies a LayoutOp; its result is the finalized version.
+func (t *tx) applyLayout(op *metapb.LayoutOp) any {
+	row := &metapb.LayoutOp{}
+	have := t.get(keyLayout, row)
+	cur := uint32(1)
+	if have {
+		cur = max(1, row.Version)
+	}
+	if op.Version == 0 || op.Version > MaxLayoutVersion || len(op.Replicas) > 64 {
+		return invalid("layout %d with %d replicas: want 1..%d and at most 64", op.Version, len(op.Replicas), MaxLayoutVersion)
+	}
+	if op.Init && (have || !t.empty()) {
+		// Only a cluster that never held anything starts at a version
+		// above 1; one made by an older binary stays at 1 until finalized.
+		return cur
+	}
+	if have && op.Version <= cur {
+		return cur
+	}
+	t.put(keyLayout, op)
+	t.layoutChanged = op.Version
+	return op.Version
+}
+
+// empty is Empty as this batch sees it.
+func (t *tx) empty() bool {
+	if t.s.nextBucket != 1 || t.s.nextOpen != 1 || t.s.nextID != 1 {
+		return false
+	}
+	has, _, err := hasPrefix(t.b, pfxVolume)
+	if err != nil {
+		panic(err)
+	}
+	return !has
+}
+
+func haltedResults(entries []store.Entry) []any {
+	res := make([]any, len(entries))
+	for i, e := range entries {
+		if e.Cmd != nil {
+			res[i] = ErrHalted
+		}
+	}
+	return res
+}
