@@ -60,11 +60,11 @@ func (s *Server) setupUpgrade(reg prometheus.Registerer) {
 		return 0
 	}), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "basalt", Subsystem: "meta", Name: "layout_version",
-		Help: "Layout versions: software (this binary supports) and finalized (the cluster's, as this replica applied it).",
+		Help:        "Layout versions: software (this binary supports) and finalized (the cluster's, as this replica applied it).",
 		ConstLabels: prometheus.Labels{"kind": "software"},
 	}, func() float64 { return float64(s.nsState.SupportedLayout()) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "basalt", Subsystem: "meta", Name: "layout_version",
-		Help: "Layout versions: software (this binary supports) and finalized (the cluster's, as this replica applied it).",
+		Help:        "Layout versions: software (this binary supports) and finalized (the cluster's, as this replica applied it).",
 		ConstLabels: prometheus.Labels{"kind": "finalized"},
 	}, func() float64 { return float64(s.nsState.FinalizedLayout()) }))
 	metapb.RegisterUpgradeServer(s.grpc, &upgradeServer{s: s})

@@ -99,8 +99,8 @@ type writeCoalescer[Q proto.Message, R any] struct {
 	// batchAfter: single calls until then (unix ns), after a batch call
 	// was refused as needing a layout not finalized (layout.go).
 	batchAfter atomic.Int64
-	batches atomic.Uint64
-	keys    atomic.Uint64
+	batches    atomic.Uint64
+	keys       atomic.Uint64
 }
 
 // WriteStats returns the OpenKeys and CommitKeys calls the coalescer made

@@ -1,0 +1,160 @@
+package namespace
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/store"
+)
+
+func mustCmd(t *testing.T, m *metapb.NsCommand) []byte {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestApplyHaltsOnUnknownOp: an entry with an op this binary does not
+// know stops the apply at that index (the entries before it applied, the
+// durable index before it, everything after refused), where the old code
+// recorded an error for it and applied the rest: the replica drifted.
+func TestApplyHaltsOnUnknownOp(t *testing.T) {
+	dir := t.TempDir()
+	st, err := Open(dir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var halts []Halt
+	st.OnHalt(func(h Halt) { halts = append(halts, h) })
+	vol := func(name string) []byte {
+		return mustCmd(t, &metapb.NsCommand{Op: &metapb.NsCommand_CreateVolume{CreateVolume: &metapb.CreateVolumeRequest{Name: name}}})
+	}
+	// An op of a newer binary: field 2999 (a message), unknown here.
+	unknown := protowire.AppendTag(mustCmd(t, &metapb.NsCommand{NowUnixMs: 1}), 2999, protowire.BytesType)
+	unknown = protowire.AppendBytes(unknown, []byte{0x08, 0x01})
+	res := st.Apply([]store.Entry{{Index: 1, Cmd: vol("vol1")}, {Index: 2}, {Index: 3, Cmd: unknown}, {Index: 4, Cmd: vol("vol2")}})
+	if res[0] == nil || res[1] != nil || !errors.Is(res[2].(error), ErrHalted) || !errors.Is(res[3].(error), ErrHalted) {
+		t.Fatalf("results %v", res)
+	}
+	if _, ok := res[0].(*metapb.Volume); !ok {
+		t.Fatalf("entry 1 result %v, want the volume", res[0])
+	}
+	h := st.Halted()
+	if h == nil || h.Index != 3 || h.Op != 2999 || len(halts) != 1 {
+		t.Fatalf("halt %+v (reported %v), want index 3 op 2999 once", h, halts)
+	}
+	if got := st.Store().AppliedIndex(); got != 2 {
+		t.Fatalf("applied index %d, want 2 (before the unknown entry)", got)
+	}
+	if _, err := st.GetVolume("vol2"); err == nil {
+		t.Fatal("an entry after the halt was applied")
+	}
+	if _, err := st.GetVolume("vol1"); err != nil {
+		t.Fatalf("the entry before the halt: %v", err)
+	}
+	// Later batches and snapshots are refused; nothing is reported again.
+	if r := st.Apply([]store.Entry{{Index: 5, Cmd: vol("vol3")}}); !errors.Is(r[0].(error), ErrHalted) {
+		t.Fatalf("after the halt: %v", r)
+	}
+	if err := st.Restore(9, bytes.NewReader(nil)); !errors.Is(err, ErrHalted) {
+		t.Fatalf("restore while halted: %v", err)
+	}
+	if len(halts) != 1 || st.Store().AppliedIndex() != 2 {
+		t.Fatalf("halts %d, applied %d", len(halts), st.Store().AppliedIndex())
+	}
+	if err := st.Store().Sync(); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	// Restarted (a binary that knows the op would apply it; this one
+	// halts there again, from the same index).
+	st, err = Open(dir, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if st.AppliedIndex() != 2 || st.Halted() != nil {
+		t.Fatalf("reopened at %d halted %v", st.AppliedIndex(), st.Halted())
+	}
+	st.Apply([]store.Entry{{Index: 3, Cmd: unknown}})
+	if h := st.Halted(); h == nil || h.Index != 3 {
+		t.Fatalf("replay: halt %+v", h)
+	}
+}
+
+// TestApplyHaltsOnUndecodable: a committed entry that does not decode (a
+// truncated varint, a length past the end) halts the replica with op 0,
+// bounded: no panic, no allocation from the damaged length.
+func TestApplyHaltsOnUndecodable(t *testing.T) {
+	for _, bad := range [][]byte{
+		{0x08},                         // field 1 varint, no value
+		{0x12, 0xff, 0xff, 0xff, 0x0f}, // field 2 bytes, 4 GiB length, nothing after
+		{0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, // tag overflow
+	} {
+		st := newNS(t).st
+		res := st.Apply([]store.Entry{{Index: 1, Cmd: bad}})
+		if !errors.Is(res[0].(error), ErrHalted) {
+			t.Fatalf("%x: result %v", bad, res[0])
+		}
+		if h := st.Halted(); h == nil || h.Index != 1 || h.Op != 0 {
+			t.Fatalf("%x: halt %+v", bad, h)
+		}
+	}
+}
+
+// TestLayoutGate: an op registered at a layout above the finalized one is
+// refused before the log; a replica supporting less halts on it; the
+// finalize never goes back.
+func TestLayoutGate(t *testing.T) {
+	defer RegisterLayoutFeature(LayoutFeature{Name: "test-create-bucket", Version: 2, Op: 4})()
+	if SoftwareLayoutVersion() != 2 {
+		t.Fatalf("software version %d", SoftwareLayoutVersion())
+	}
+	st := newNS(t).st
+	bucket := &metapb.NsCommand{Op: &metapb.NsCommand_CreateBucket{CreateBucket: &metapb.CreateBucketRequest{Volume: "vol", Name: "bkt"}}}
+	if err := st.CheckLayout(bucket); err == nil {
+		t.Fatal("op of layout 2 allowed at layout 1")
+	}
+	if err := st.CheckLayout(&metapb.NsCommand{Op: &metapb.NsCommand_CreateVolume{CreateVolume: &metapb.CreateVolumeRequest{Name: "vol"}}}); err != nil {
+		t.Fatal(err)
+	}
+	lay := func(v uint32, init bool) []byte {
+		return mustCmd(t, &metapb.NsCommand{Op: &metapb.NsCommand_Layout{Layout: &metapb.LayoutOp{Version: v, Init: init}}})
+	}
+	// Not empty: init records nothing (a cluster made by an older binary).
+	st.Apply([]store.Entry{{Index: 1, Cmd: mustCmd(t, &metapb.NsCommand{Op: &metapb.NsCommand_CreateVolume{CreateVolume: &metapb.CreateVolumeRequest{Name: "vol"}}})}})
+	st.Apply([]store.Entry{{Index: 2, Cmd: lay(2, true)}})
+	if st.LayoutRecorded() || st.FinalizedLayout() != 1 {
+		t.Fatalf("init on a used namespace: recorded %v at %d", st.LayoutRecorded(), st.FinalizedLayout())
+	}
+	st.Apply([]store.Entry{{Index: 3, Cmd: lay(2, false)}})
+	if st.FinalizedLayout() != 2 || st.CheckLayout(bucket) != nil {
+		t.Fatalf("finalized %d", st.FinalizedLayout())
+	}
+	if r := st.Apply([]store.Entry{{Index: 4, Cmd: lay(1, false)}}); r[0] != uint32(2) || st.FinalizedLayout() != 2 {
+		t.Fatalf("finalize went back: %v %d", r[0], st.FinalizedLayout())
+	}
+	if r := st.Apply([]store.Entry{{Index: 5, Cmd: lay(MaxLayoutVersion+1, false)}}); r[0] == nil {
+		t.Fatal("a layout above the bound was recorded")
+	}
+	// A replica that supports layout 1 only halts on the op.
+	old := newNS(t).st
+	old.SetSupportedLayout(1)
+	old.Apply([]store.Entry{{Index: 1, Cmd: mustCmd(t, bucket)}})
+	if h := old.Halted(); h == nil || h.Op != 4 {
+		t.Fatalf("old replica: halt %+v", h)
+	}
+	// A fresh namespace records the version at init.
+	fresh := newNS(t).st
+	fresh.Apply([]store.Entry{{Index: 1, Cmd: lay(2, true)}})
+	if !fresh.LayoutRecorded() || fresh.FinalizedLayout() != 2 {
+		t.Fatalf("fresh init: %d", fresh.FinalizedLayout())
+	}
+}
