@@ -1,0 +1,289 @@
+package meta
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/meta/metaclient"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/namespace"
+	"github.com/basalt-store/basalt/internal/meta/scm"
+)
+
+// oldReplicaCluster is a 3-replica meta cluster whose node 3 runs "an
+// older binary" (supports layout 1 only) while old is set.
+func oldReplicaCluster(t *testing.T, old *atomic.Bool) *cluster {
+	c := newClusterWith(t, 3, scm.Config{}, func(cfg *Config) {
+		if cfg.NodeID == 3 && old.Load() {
+			cfg.TestSupportedLayout = 1
+		}
+	})
+	waitFor(t, 20*time.Second, "leader", func() bool { return c.nsLeader() != 0 })
+	return c
+}
+
+// upgradeNode restarts node id with the (now) current binary.
+func (c *cluster) restartNode(id uint64) {
+	c.servers[id].Close()
+	c.servers[id] = c.newServer(id)
+	c.wire()
+	if err := c.servers[id].Start(); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func singleAddr(t *testing.T, addr string) *metaclient.Client {
+	cl, err := metaclient.New(metaclient.Config{Addrs: []string{addr}, CallTimeout: 5 * time.Second, MaxAttempts: 1, DialOptions: clientDial()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// TestLayoutFinalize: with a test feature at layout 2 (CreateBucket) and
+// one replica supporting layout 1, the op is refused before the log, and
+// finalize is refused, until that replica is upgraded; then finalize
+// passes and the op works.
+func TestLayoutFinalize(t *testing.T) {
+	defer namespace.RegisterLayoutFeature(namespace.LayoutFeature{Name: "test-create-bucket", Version: 2, Op: 4, Description: "test only"})()
+	var old atomic.Bool
+	old.Store(true)
+	c := oldReplicaCluster(t, &old)
+	cl := c.client()
+	ctx := context.Background()
+	// The new cluster recorded the version every member supports: 1.
+	waitFor(t, 20*time.Second, "the fresh cluster's layout", func() bool {
+		for _, s := range c.servers {
+			if !s.nsState.LayoutRecorded() {
+				return false
+			}
+		}
+		return true
+	})
+	for id, s := range c.servers {
+		if v := s.nsState.FinalizedLayout(); v != 1 {
+			t.Fatalf("node %d: finalized %d, want 1 (node 3 supports only 1)", id, v)
+		}
+	}
+	if _, err := cl.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "vol"}); err != nil {
+		t.Fatal(err)
+	}
+	before := c.servers[c.nsLeader()].nsGroup.Status().Commit
+	_, err := cl.Namespace.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: "vol", Name: "gated"})
+	if status.Code(err) != codes.FailedPrecondition || !metaclient.LayoutNotFinalized(err) || !strings.Contains(err.Error(), "finalize") {
+		t.Fatalf("gated op before finalize: %v", err)
+	}
+	if after := c.servers[c.nsLeader()].nsGroup.Status().Commit; after != before {
+		t.Fatalf("the refused op reached the log: commit %d -> %d", before, after)
+	}
+	st, err := cl.Upgrade.GetLayoutStatus(ctx, &metapb.GetLayoutStatusRequest{All: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.FinalizedVersion != 1 || len(st.Replicas) != 3 || st.Replicas[2].SoftwareVersion != 1 || st.Replicas[0].SoftwareVersion != 2 {
+		t.Fatalf("status %v", st)
+	}
+	if len(st.Features) != 1 || st.Features[0].Finalized {
+		t.Fatalf("features %v", st.Features)
+	}
+	_, err = cl.Upgrade.FinalizeLayout(ctx, &metapb.FinalizeLayoutRequest{Version: 2})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "node 3 supports layout 1") {
+		t.Fatalf("finalize with node 3 at layout 1: %v", err)
+	}
+	// Upgrade node 3's "binary".
+	old.Store(false)
+	c.restartNode(3)
+	waitFor(t, 30*time.Second, "finalize after the upgrade", func() bool {
+		r, err := cl.Upgrade.FinalizeLayout(ctx, &metapb.FinalizeLayoutRequest{})
+		return err == nil && r.FinalizedVersion == 2
+	})
+	waitFor(t, 20*time.Second, "every replica at layout 2", func() bool {
+		for _, s := range c.servers {
+			if s.nsState.FinalizedLayout() != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	if _, err := cl.Namespace.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: "vol", Name: "gated"}); err != nil {
+		t.Fatalf("gated op after finalize: %v", err)
+	}
+	// A finalize never goes back.
+	if r, err := cl.Upgrade.FinalizeLayout(ctx, &metapb.FinalizeLayoutRequest{Version: 1}); err != nil || r.FinalizedVersion != 2 {
+		t.Fatalf("finalize 1 after 2: %v %v", r, err)
+	}
+}
+
+// TestUnknownOpHaltsReplica: an entry whose op one replica does not know
+// (proposed past the gate, as every op added before layout versions was)
+// halts that replica at that index, visibly, while the others apply it;
+// the halted replica refuses reads and leadership; restarted with a binary
+// that knows the op it resumes from that index and ends with the same
+// Pebble contents as the others. The old code recorded an error for the
+// entry on that replica and went on: its state drifted (the bucket
+// missing there only).
+func TestUnknownOpHaltsReplica(t *testing.T) {
+	defer namespace.RegisterLayoutFeature(namespace.LayoutFeature{Name: "test-create-bucket", Version: 2, Op: 4, Description: "test only"})()
+	var old atomic.Bool
+	old.Store(true)
+	c := oldReplicaCluster(t, &old)
+	cl := c.client()
+	ctx := context.Background()
+	if _, err := cl.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "vol"}); err != nil {
+		t.Fatal(err)
+	}
+	// Propose through a leader other than node 3.
+	waitFor(t, 20*time.Second, "a leader other than node 3", func() bool {
+		if l := c.nsLeader(); l == 3 {
+			c.servers[3].nsGroup.TransferLeader(1)
+			time.Sleep(100 * time.Millisecond)
+		}
+		l := c.nsLeader()
+		return l != 0 && l != 3
+	})
+	leader := c.servers[c.nsLeader()]
+	cmd, _ := proto.Marshal(&metapb.NsCommand{NowUnixMs: time.Now().UnixMilli(), Op: &metapb.NsCommand_CreateBucket{CreateBucket: &metapb.CreateBucketRequest{Volume: "vol", Name: "newop"}}})
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	res, err := leader.nsGroup.Propose(pctx, cmd, nil)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	haltAt := res.Index
+	// More writes after it, applied by nodes 1 and 2 only.
+	if _, err := cl.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "after"}); err != nil {
+		t.Fatal(err)
+	}
+	s3 := c.servers[3]
+	waitFor(t, 20*time.Second, "node 3 halted", func() bool { return s3.nsState.Halted() != nil })
+	h := s3.nsState.Halted()
+	if h.Index != haltAt || h.Op != 4 || !strings.Contains(h.Reason, "upgrade this replica's binary") {
+		t.Fatalf("halt %+v, want index %d op 4", h, haltAt)
+	}
+	for _, id := range []uint64{1, 2} {
+		s := c.servers[id]
+		waitFor(t, 20*time.Second, "nodes 1 and 2 to apply", func() bool { _, err := s.nsState.GetVolume("after"); return err == nil })
+		if s.nsState.Halted() != nil {
+			t.Fatalf("node %d halted", id)
+		}
+		if _, err := s.nsState.GetBucket("vol", "newop"); err != nil {
+			t.Fatalf("node %d: %v", id, err)
+		}
+	}
+	if _, err := s3.nsState.GetBucket("vol", "newop"); err == nil {
+		t.Fatal("node 3 applied the op it does not know")
+	}
+	if _, err := s3.nsState.GetVolume("after"); err == nil {
+		t.Fatal("node 3 applied past its halt")
+	}
+	if a := s3.nsState.Store().AppliedIndex(); a >= haltAt {
+		t.Fatalf("node 3 applied index %d, halt at %d", a, haltAt)
+	}
+	// Visible: reads refused there, its status and metric say why; the
+	// rest of the process (SCM) still answers.
+	one := singleAddr(t, s3.GRPCAddr())
+	_, err = one.Namespace.GetVolume(ctx, &metapb.GetVolumeRequest{Name: "vol"})
+	if !hasReason(err, metapb.ReasonReplicaHalted) {
+		t.Fatalf("read on the halted replica: %v", err)
+	}
+	ls, err := one.Upgrade.GetLayoutStatus(ctx, &metapb.GetLayoutStatusRequest{All: true})
+	if err != nil || ls.Self.HaltedIndex != haltAt || len(ls.Replicas) != 3 || ls.Replicas[2].HaltedIndex != haltAt || ls.Replicas[0].HaltedIndex != 0 {
+		t.Fatalf("layout status on node 3: %v %v", ls, err)
+	}
+	if g := gaugeValue(t, s3, "basalt_meta_namespace_apply_halted_index"); g != float64(haltAt) {
+		t.Fatalf("halted gauge %v", g)
+	}
+	if _, err := one.Scm.GetSafeMode(ctx, &metapb.GetSafeModeRequest{}); err != nil && status.Code(err) != codes.Unavailable {
+		t.Fatalf("SCM on the halted node: %v", err)
+	}
+	// A client still reads through the others.
+	if _, err := cl.Namespace.GetBucket(ctx, &metapb.GetBucketRequest{Volume: "vol", Name: "newop"}); err != nil {
+		t.Fatal(err)
+	}
+	// Elected, the halted replica hands leadership over.
+	_ = s3.nsGroup.Campaign()
+	waitFor(t, 20*time.Second, "a leader other than the halted node", func() bool { l := c.nsLeader(); return l != 0 && l != 3 })
+	// Upgrade node 3: it resumes from the halt index.
+	old.Store(false)
+	c.restartNode(3)
+	s3 = c.servers[3]
+	if _, err := cl.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "last"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "identical replicas", func() bool {
+		var sums []string
+		var idx []uint64
+		for id := uint64(1); id <= 3; id++ {
+			s := c.servers[id]
+			if s.nsState.Halted() != nil {
+				t.Fatalf("node %d halted after the upgrade", id)
+			}
+			idx = append(idx, s.nsState.Store().AppliedIndex())
+			sums = append(sums, pebbleSum(t, s))
+		}
+		return idx[0] == idx[1] && idx[1] == idx[2] && sums[0] == sums[1] && sums[1] == sums[2]
+	})
+	if _, err := s3.nsState.GetBucket("vol", "newop"); err != nil {
+		t.Fatalf("upgraded node 3: %v", err)
+	}
+}
+
+func hasReason(err error, reason string) bool {
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
+
+// pebbleSum hashes every namespace row of s (not the store's own applied
+// index row).
+func pebbleSum(t *testing.T, s *Server) string {
+	h := sha256.New()
+	err := s.nsState.Store().View(func(r pebble.Reader) error {
+		it, err := r.NewIter(&pebble.IterOptions{LowerBound: []byte{0x01}})
+		if err != nil {
+			return err
+		}
+		defer it.Close()
+		for ok := it.First(); ok; ok = it.Next() {
+			h.Write(it.Key())
+			h.Write([]byte{0})
+			h.Write(it.Value())
+			h.Write([]byte{0})
+		}
+		return it.Error()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func gaugeValue(t *testing.T, s *Server, name string) float64 {
+	mfs, err := s.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
