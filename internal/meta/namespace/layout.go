@@ -176,16 +176,28 @@ func (s *State) OnHalt(f func(Halt)) { s.layout.onHalt = f }
 // Empty reports whether the namespace has never held anything: no volume,
 // no counter moved. (A fresh cluster's first leader records its layout.)
 func (s *State) Empty() bool {
-	if s.nextBucket != 1 || s.nextOpen != 1 || s.nextID != 1 {
-		return false
-	}
-	var has bool
+	// From Pebble, not the counters Apply owns: called off the apply
+	// goroutine.
+	empty := true
 	err := s.st.View(func(r pebble.Reader) error {
-		var err error
-		has, _, err = hasPrefix(r, pfxVolume)
+		for _, k := range [][]byte{keyNextBkt, keyNextOpn, keyNextID} {
+			v, closer, err := r.Get(k)
+			if errors.Is(err, pebble.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if len(v) != 8 || decodeU64(v) != 1 {
+				empty = false
+			}
+			closer.Close()
+		}
+		has, _, err := hasPrefix(r, pfxVolume)
+		empty = empty && !has
 		return err
 	})
-	return err == nil && !has
+	return err == nil && empty
 }
 
 func (s *State) loadLayout(r pebble.Reader) error {

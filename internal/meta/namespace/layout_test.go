@@ -153,6 +153,9 @@ func TestLayoutGate(t *testing.T) {
 	}
 	// A fresh namespace records the version at init.
 	fresh := newNS(t).st
+	if !fresh.Empty() || st.Empty() {
+		t.Fatalf("Empty: fresh %v, used %v", fresh.Empty(), st.Empty())
+	}
 	fresh.Apply([]store.Entry{{Index: 1, Cmd: lay(2, true)}})
 	if !fresh.LayoutRecorded() || fresh.FinalizedLayout() != 2 {
 		t.Fatalf("fresh init: %d", fresh.FinalizedLayout())
