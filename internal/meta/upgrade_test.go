@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -286,4 +288,51 @@ func gaugeValue(t *testing.T, s *Server, name string) float64 {
 	}
 	t.Fatalf("no metric %s", name)
 	return 0
+}
+
+// TestBatchWritesFallBackBeforeFinalize: binaries with OpenKeys and
+// CommitKeys as layout-2 features on a cluster finalized at 1 refuse the
+// batch calls before the log (LAYOUT_NOT_FINALIZED) and metaclient's
+// coalescers fall back to single calls: every small write succeeds.
+// After finalize the batch calls work.
+func TestBatchWritesFallBackBeforeFinalize(t *testing.T) {
+	c, admin, ctx := lookupCluster(t, 1)
+	defer namespace.RegisterLayoutFeature(namespace.LayoutFeature{Name: "test-open-keys", Version: 2, Op: 1400})()
+	defer namespace.RegisterLayoutFeature(namespace.LayoutFeature{Name: "test-commit-keys", Version: 2, Op: 1401})()
+	if v := c.servers[1].nsState.FinalizedLayout(); v != 1 {
+		t.Fatalf("finalized %d", v)
+	}
+	mustOK(t, "bucket", func() error {
+		_, err := admin.Namespace.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: "vol", Name: "fallback"})
+		return err
+	}())
+	_, err := admin.Namespace.OpenKeys(ctx, &metapb.OpenKeysRequest{Requests: []*metapb.OpenKeyRequest{{Volume: "vol", Bucket: "fallback", Key: "x"}}})
+	if !metaclient.LayoutNotFinalized(err) {
+		t.Fatalf("OpenKeys before finalize: %v", err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 32)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, errs[i] = smallPut(ctx, admin, "fallback", fmt.Sprintf("k%02d", i), 100)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("small write %d before finalize: %v", i, err)
+		}
+	}
+	r, err := admin.Namespace.ListKeys(ctx, &metapb.ListKeysRequest{Volume: "vol", Bucket: "fallback"})
+	if err != nil || len(r.Keys) != len(errs) {
+		t.Fatalf("keys %d, %v", len(r.GetKeys()), err)
+	}
+	if f, err := admin.Upgrade.FinalizeLayout(ctx, &metapb.FinalizeLayoutRequest{}); err != nil || f.FinalizedVersion != 2 {
+		t.Fatalf("finalize: %v %v", f, err)
+	}
+	if _, err := admin.Namespace.OpenKeys(ctx, &metapb.OpenKeysRequest{Requests: []*metapb.OpenKeyRequest{{Volume: "vol", Bucket: "fallback", Key: "x"}}}); err != nil {
+		t.Fatalf("OpenKeys after finalize: %v", err)
+	}
 }
