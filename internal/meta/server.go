@@ -601,7 +601,13 @@ func (r *nsRaft) Propose(ctx context.Context, cmd []byte) (any, error) {
 	if err := r.s.haltedErr(); err != nil {
 		return nil, err
 	}
-	return propose(ctx, r.s, r.s.nsGroup, cmd)
+	res, err := propose(ctx, r.s, r.s.nsGroup, cmd)
+	if errors.Is(err, namespace.ErrHalted) {
+		// This replica halted at or before the entry, which the others
+		// may well have applied (upgrade.go).
+		err = fmt.Errorf("%w: %w", raft.ErrOutcomeUnknown, err)
+	}
+	return res, err
 }
 
 func (r *nsRaft) ReadBarrier(ctx context.Context) error {

@@ -216,8 +216,13 @@ func TestUnknownOpHaltsReplica(t *testing.T) {
 	if _, err := cl.Namespace.GetBucket(ctx, &metapb.GetBucketRequest{Volume: "vol", Name: "newop"}); err != nil {
 		t.Fatal(err)
 	}
-	// Elected, the halted replica hands leadership over.
-	_ = s3.nsGroup.Campaign()
+	// Made leader, the halted replica hands leadership over.
+	c.servers[c.nsLeader()].nsGroup.TransferLeader(3)
+	led := false
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end) && !led; time.Sleep(5 * time.Millisecond) {
+		led = c.nsLeader() == 3
+	}
+	t.Logf("node 3 became leader while halted: %v", led)
 	waitFor(t, 20*time.Second, "a leader other than the halted node", func() bool { l := c.nsLeader(); return l != 0 && l != 3 })
 	// Upgrade node 3: it resumes from the halt index.
 	old.Store(false)
