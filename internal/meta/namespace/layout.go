@@ -60,9 +60,30 @@ var layoutFeatures = []LayoutFeature{}
 const MaxLayoutVersion = 1 << 16
 
 var (
-	featuresMu    sync.RWMutex
+	featuresMu    sync.Mutex
 	extraFeatures []LayoutFeature // RegisterLayoutFeature (tests)
+	// features is the table the apply path reads (no lock, no allocation).
+	features atomic.Pointer[featureTable]
 )
+
+type featureTable struct {
+	all      []LayoutFeature // by version
+	byOp     map[protoreflect.FieldNumber]LayoutFeature
+	software uint32
+}
+
+func init() { rebuildFeatures() }
+
+// rebuildFeatures publishes the table; featuresMu held or at init.
+func rebuildFeatures() {
+	t := &featureTable{all: append(slices.Clone(layoutFeatures), extraFeatures...), byOp: map[protoreflect.FieldNumber]LayoutFeature{}, software: 1}
+	slices.SortStableFunc(t.all, func(a, b LayoutFeature) int { return int(a.Version) - int(b.Version) })
+	for _, f := range t.all {
+		t.byOp[f.Op] = f
+		t.software = max(t.software, f.Version)
+	}
+	features.Store(t)
+}
 
 // RegisterLayoutFeature adds a feature to this process's binary (tests:
 // a test-only feature; production features go in layoutFeatures) and
@@ -70,43 +91,27 @@ var (
 func RegisterLayoutFeature(f LayoutFeature) (unregister func()) {
 	featuresMu.Lock()
 	extraFeatures = append(extraFeatures, f)
+	rebuildFeatures()
 	featuresMu.Unlock()
 	return func() {
 		featuresMu.Lock()
 		extraFeatures = slices.DeleteFunc(extraFeatures, func(g LayoutFeature) bool { return g == f })
+		rebuildFeatures()
 		featuresMu.Unlock()
 	}
 }
 
 // LayoutFeatures returns this binary's layout features by version.
-func LayoutFeatures() []LayoutFeature {
-	featuresMu.RLock()
-	out := append(slices.Clone(layoutFeatures), extraFeatures...)
-	featuresMu.RUnlock()
-	slices.SortStableFunc(out, func(a, b LayoutFeature) int { return int(a.Version) - int(b.Version) })
-	return out
-}
+func LayoutFeatures() []LayoutFeature { return slices.Clone(features.Load().all) }
 
 // SoftwareLayoutVersion is the highest layout version this binary
 // supports: 1, or its newest feature's.
-func SoftwareLayoutVersion() uint32 {
-	v := uint32(1)
-	for _, f := range LayoutFeatures() {
-		v = max(v, f.Version)
-	}
-	return v
-}
+func SoftwareLayoutVersion() uint32 { return features.Load().software }
 
 // opLayout is the layout version an op needs (1 for the original ops).
 func opLayout(op protoreflect.FieldNumber) (uint32, string) {
-	featuresMu.RLock()
-	defer featuresMu.RUnlock()
-	for _, fs := range [][]LayoutFeature{layoutFeatures, extraFeatures} {
-		for _, f := range fs {
-			if f.Op == op {
-				return f.Version, f.Name
-			}
-		}
+	if f, ok := features.Load().byOp[op]; ok {
+		return f.Version, f.Name
 	}
 	return 1, ""
 }
@@ -240,12 +245,14 @@ func (s *State) decodeEntry(e store.Entry) (*metapb.NsCommand, *Halt) {
 		}
 		return nil, &Halt{Index: e.Index, Op: op, Reason: fmt.Sprintf("entry %d holds op %d, unknown to this binary (layout %d): upgrade this replica's binary", e.Index, op, s.SupportedLayout())}
 	}
-	num := opNumber(cmd)
-	if v, name := opLayout(num); v > s.SupportedLayout() {
-		return nil, &Halt{Index: e.Index, Op: int32(num), Reason: fmt.Sprintf("entry %d holds op %d (%s, layout %d), unknown to this binary (layout %d): upgrade this replica's binary", e.Index, num, name, v, s.SupportedLayout())}
+	if len(features.Load().byOp) > 0 {
+		num := opNumber(cmd)
+		if v, name := opLayout(num); v > s.SupportedLayout() {
+			return nil, &Halt{Index: e.Index, Op: int32(num), Reason: fmt.Sprintf("entry %d holds op %d (%s, layout %d), unknown to this binary (layout %d): upgrade this replica's binary", e.Index, num, name, v, s.SupportedLayout())}
+		}
 	}
 	if l, ok := cmd.Op.(*metapb.NsCommand_Layout); ok && l.Layout.Version > s.SupportedLayout() {
-		return nil, &Halt{Index: e.Index, Op: int32(num), Reason: fmt.Sprintf("entry %d finalizes layout %d, above this binary's %d: upgrade this replica's binary", e.Index, l.Layout.Version, s.SupportedLayout())}
+		return nil, &Halt{Index: e.Index, Op: 2100, Reason: fmt.Sprintf("entry %d finalizes layout %d, above this binary's %d: upgrade this replica's binary", e.Index, l.Layout.Version, s.SupportedLayout())}
 	}
 	return cmd, nil
 }
