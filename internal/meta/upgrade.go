@@ -34,6 +34,8 @@ import (
 
 func init() {
 	adminMethods[metapb.Upgrade_FinalizeLayout_FullMethodName] = true
+	// Status fans out to every member: operators (and meta nodes) only.
+	adminMethods[metapb.Upgrade_GetLayoutStatus_FullMethodName] = true
 }
 
 // setupUpgrade wires the namespace state's halt to the log and metrics and
