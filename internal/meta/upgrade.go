@@ -89,7 +89,7 @@ func (s *Server) runUpgrade(ctx context.Context) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	next := 0
-	lastInit := time.Time{}
+	lastInit, used := time.Time{}, false
 	for {
 		select {
 		case <-ctx.Done():
@@ -117,7 +117,10 @@ func (s *Server) runUpgrade(ctx context.Context) {
 			}
 			continue
 		}
-		if !s.nsState.LayoutRecorded() && s.nsState.Empty() && time.Since(lastInit) > 2*time.Second {
+		if !used && !s.nsState.LayoutRecorded() && time.Since(lastInit) > 2*time.Second {
+			if used = !s.nsState.Empty(); used {
+				continue // a namespace never empties again
+			}
 			lastInit = time.Now()
 			if err := s.initLayout(ctx); err != nil && ctx.Err() == nil {
 				s.log.Debug("meta: recording the new cluster's layout version", "err", err)
