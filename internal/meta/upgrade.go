@@ -150,7 +150,9 @@ func (s *Server) proposeLayout(ctx context.Context, op *metapb.LayoutOp) (uint32
 	if err != nil {
 		return 0, err
 	}
-	res, err := propose(ctx, s, s.nsGroup, cmd)
+	// Through nsRaft: refused on a halted replica, and ErrHalted is
+	// outcome-unknown (the others may have applied it).
+	res, err := (&nsRaft{s}).Propose(ctx, cmd)
 	if err != nil {
 		return 0, err
 	}

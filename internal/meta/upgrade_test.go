@@ -148,24 +148,7 @@ func TestUnknownOpHaltsReplica(t *testing.T) {
 	if _, err := cl.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "vol"}); err != nil {
 		t.Fatal(err)
 	}
-	// Propose through a leader other than node 3.
-	waitFor(t, 20*time.Second, "a leader other than node 3", func() bool {
-		if l := c.nsLeader(); l == 3 {
-			c.servers[3].nsGroup.TransferLeader(1)
-			time.Sleep(100 * time.Millisecond)
-		}
-		l := c.nsLeader()
-		return l != 0 && l != 3
-	})
-	leader := c.servers[c.nsLeader()]
-	cmd, _ := proto.Marshal(&metapb.NsCommand{NowUnixMs: time.Now().UnixMilli(), Op: &metapb.NsCommand_CreateBucket{CreateBucket: &metapb.CreateBucketRequest{Volume: "vol", Name: "newop"}}})
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	res, err := leader.nsGroup.Propose(pctx, cmd, nil)
-	cancel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	haltAt := res.Index
+	haltAt := proposeUnknownToNode3(t, c)
 	// More writes after it, applied by nodes 1 and 2 only.
 	if _, err := cl.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "after"}); err != nil {
 		t.Fatal(err)
@@ -198,7 +181,7 @@ func TestUnknownOpHaltsReplica(t *testing.T) {
 	// Visible: reads refused there, its status and metric say why; the
 	// rest of the process (SCM) still answers.
 	one := singleAddr(t, s3.GRPCAddr())
-	_, err = one.Namespace.GetVolume(ctx, &metapb.GetVolumeRequest{Name: "vol"})
+	_, err := one.Namespace.GetVolume(ctx, &metapb.GetVolumeRequest{Name: "vol"})
 	if !hasReason(err, metapb.ReasonReplicaHalted) {
 		t.Fatalf("read on the halted replica: %v", err)
 	}
@@ -217,12 +200,20 @@ func TestUnknownOpHaltsReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Made leader, the halted replica hands leadership over.
-	c.servers[c.nsLeader()].nsGroup.TransferLeader(3)
-	led := false
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end) && !led; time.Sleep(5 * time.Millisecond) {
-		led = c.nsLeader() == 3
+	// (Retried: the transfer may not take; node 3 must have led once for
+	// the hand-over below to mean anything.)
+	led, last := false, time.Now().Add(-time.Second)
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end) && !led; time.Sleep(2 * time.Millisecond) {
+		if l := c.nsLeader(); l == 3 {
+			led = true
+		} else if l != 0 && time.Since(last) > 500*time.Millisecond {
+			c.servers[l].nsGroup.TransferLeader(3)
+			last = time.Now()
+		}
 	}
-	t.Logf("node 3 became leader while halted: %v", led)
+	if !led {
+		t.Fatal("node 3 never became leader: the hand-over is not tested")
+	}
 	waitFor(t, 20*time.Second, "a leader other than the halted node", func() bool { l := c.nsLeader(); return l != 0 && l != 3 })
 	// Upgrade node 3: it resumes from the halt index.
 	old.Store(false)
@@ -247,6 +238,32 @@ func TestUnknownOpHaltsReplica(t *testing.T) {
 	if _, err := s3.nsState.GetBucket("vol", "newop"); err != nil {
 		t.Fatalf("upgraded node 3: %v", err)
 	}
+}
+
+// proposeUnknownToNode3 proposes, through a leader other than node 3, a
+// CreateBucket of volume "vol" bypassing the layout gate (node 3 does not
+// know the op: it halts there) and returns the entry's index.
+func proposeUnknownToNode3(t *testing.T, c *cluster) uint64 {
+	t.Helper()
+	ctx := context.Background()
+	// Propose through a leader other than node 3.
+	waitFor(t, 20*time.Second, "a leader other than node 3", func() bool {
+		if l := c.nsLeader(); l == 3 {
+			c.servers[3].nsGroup.TransferLeader(1)
+			time.Sleep(100 * time.Millisecond)
+		}
+		l := c.nsLeader()
+		return l != 0 && l != 3
+	})
+	leader := c.servers[c.nsLeader()]
+	cmd, _ := proto.Marshal(&metapb.NsCommand{NowUnixMs: time.Now().UnixMilli(), Op: &metapb.NsCommand_CreateBucket{CreateBucket: &metapb.CreateBucketRequest{Volume: "vol", Name: "newop"}}})
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	res, err := leader.nsGroup.Propose(pctx, cmd, nil)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Index
 }
 
 func hasReason(err error, reason string) bool {
@@ -341,5 +358,57 @@ func TestBatchWritesFallBackBeforeFinalize(t *testing.T) {
 	}
 	if _, err := admin.Namespace.OpenKeys(ctx, &metapb.OpenKeysRequest{Requests: []*metapb.OpenKeyRequest{{Volume: "vol", Bucket: "fallback", Key: "x"}}}); err != nil {
 		t.Fatalf("OpenKeys after finalize: %v", err)
+	}
+}
+
+// TestHaltedReplicaRefusesS3Keys: raft's read index passes on a halted
+// replica (raft's applied index moves on past the halt, its state does
+// not), so an access key deleted after the halt still resolved there
+// (s3Secret, the user-token check's key cache). Both refuse on a halted
+// replica now, and so does proposeLayout (it went to the log directly,
+// without the halt check and the outcome-unknown mapping).
+func TestHaltedReplicaRefusesS3Keys(t *testing.T) {
+	defer namespace.RegisterLayoutFeature(namespace.LayoutFeature{Name: "test-create-bucket", Version: 2, Op: 4, Description: "test only"})()
+	var old atomic.Bool
+	old.Store(true)
+	c := oldReplicaCluster(t, &old)
+	ctx := context.Background()
+	waitFor(t, 20*time.Second, "the service token", func() bool { return c.servers[1].ServiceToken() != "" })
+	cl, err := metaclient.New(metaclient.Config{Addrs: c.addrs(), ServiceToken: c.servers[1].ServiceToken(), CallTimeout: 20 * time.Second, DialOptions: clientDial()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := cl.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "vol"}); err != nil {
+		t.Fatal(err)
+	}
+	const ak = "AKIDREVOKED"
+	if _, err := cl.Namespace.CreateS3Secret(ctx, &metapb.CreateS3SecretRequest{AccessKeyId: ak}); err != nil {
+		t.Fatal(err)
+	}
+	s3 := c.servers[3]
+	waitFor(t, 20*time.Second, "node 3 has the key", func() bool { return s3.s3Keys.get(s3, ak).exists })
+	haltAt := proposeUnknownToNode3(t, c)
+	waitFor(t, 20*time.Second, "node 3 halted", func() bool { return s3.nsState.Halted() != nil })
+	if _, err := cl.Namespace.DeleteS3Secret(ctx, &metapb.DeleteS3SecretRequest{AccessKeyId: ak}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []uint64{1, 2} {
+		s := c.servers[id]
+		waitFor(t, 20*time.Second, "the deletion applied", func() bool { return !s.s3Keys.get(s, ak).exists })
+	}
+	// Raft's read index on node 3 passes past the halt: what made the
+	// stale key visible.
+	waitFor(t, 20*time.Second, "node 3's raft applied index past the halt", func() bool { return s3.nsGroup.Status().Applied > haltAt })
+	if k := s3.s3Keys.get(s3, ak); k.exists {
+		t.Fatal("the halted replica's token check still sees the deleted key")
+	}
+	sec, err := s3.s3Secret(ctx, ak)
+	if !hasReason(err, metapb.ReasonReplicaHalted) {
+		t.Fatalf("s3Secret on the halted replica: %v, %v", sec, err)
+	}
+	_, err = s3.proposeLayout(ctx, &metapb.LayoutOp{Version: 1})
+	if !hasReason(err, metapb.ReasonReplicaHalted) {
+		t.Fatalf("proposeLayout on the halted replica: %v", err)
 	}
 }
