@@ -146,6 +146,12 @@ func (s *Server) initLayout(ctx context.Context) error {
 }
 
 func (s *Server) proposeLayout(ctx context.Context, op *metapb.LayoutOp) (uint32, error) {
+	if err := namespace.CheckLayoutOp(op); err != nil {
+		return 0, err // before the log: above this binary it would halt every replica
+	}
+	if op.Version > s.nsState.SupportedLayout() {
+		return 0, status.Errorf(codes.FailedPrecondition, "meta node %d: layout %d is above this binary's (%d)", s.cfg.NodeID, op.Version, s.nsState.SupportedLayout())
+	}
 	cmd, err := proto.Marshal(&metapb.NsCommand{NowUnixMs: time.Now().UnixMilli(), Op: &metapb.NsCommand_Layout{Layout: op}})
 	if err != nil {
 		return 0, err

@@ -23,13 +23,18 @@ package namespace
 // that index.
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	iofs "io/fs"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
 
+	"github.com/basalt-store/basalt/internal/vfs"
 	"github.com/cockroachdb/pebble/v2"
+	pvfs "github.com/cockroachdb/pebble/v2/vfs"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -146,6 +151,68 @@ type layoutState struct {
 	halt      atomic.Pointer[Halt]
 	// onHalt is called once, on the apply goroutine, when the replica halts.
 	onHalt func(Halt)
+	// fresh: this replica applied its log from the first entry with a
+	// layout-aware binary and met no command that uses the namespace
+	// (the file freshFile exists).
+	fresh     atomic.Bool
+	freshPath string
+	fs        vfs.FS
+}
+
+// freshFile marks a namespace replica created by a layout-aware binary
+// that never applied a command using the namespace. A replica created by
+// an older binary never has it (its applied index is past 0 when a newer
+// binary first opens it), nor does one that installed a snapshot. It is a
+// file beside the Pebble, not a row: it says something about this
+// replica's history, not about the replicated state.
+const freshFile = "layout-fresh"
+
+// openFresh creates freshFile in a brand-new replica (nothing applied)
+// and loads it.
+func (s *State) openFresh(dir string, fs vfs.FS) error {
+	if fs == nil {
+		fs = vfs.Default
+	}
+	s.layout.fs, s.layout.freshPath = fs, filepath.Join(dir, freshFile)
+	if s.st.AppliedIndex() == 0 {
+		f, err := fs.Create(s.layout.freshPath, pvfs.WriteCategoryUnspecified)
+		if err != nil {
+			return fmt.Errorf("namespace: create %s: %w", s.layout.freshPath, err)
+		}
+		err = errors.Join(f.Sync(), f.Close(), vfs.SyncDir(fs, dir))
+		if err != nil {
+			return fmt.Errorf("namespace: create %s: %w", s.layout.freshPath, err)
+		}
+	}
+	ok, err := vfs.Exists(fs, s.layout.freshPath)
+	if err != nil {
+		return fmt.Errorf("namespace: %w", err)
+	}
+	s.layout.fresh.Store(ok)
+	return nil
+}
+
+// clearFresh removes freshFile (durably: before the command that uses
+// the namespace commits).
+func (s *State) clearFresh() error {
+	if !s.layout.fresh.Load() {
+		return nil
+	}
+	s.layout.fresh.Store(false)
+	if err := s.layout.fs.Remove(s.layout.freshPath); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+		return fmt.Errorf("namespace: remove %s: %w", s.layout.freshPath, err)
+	}
+	return vfs.SyncDir(s.layout.fs, filepath.Dir(s.layout.freshPath))
+}
+
+// usesNamespace: every command but the two a new cluster's first leaders
+// propose on their own (the service token, the layout record).
+func usesNamespace(cmd *metapb.NsCommand) bool {
+	switch cmd.Op.(type) {
+	case *metapb.NsCommand_SetServiceToken, *metapb.NsCommand_Layout:
+		return false
+	}
+	return true
 }
 
 var keyLayout = []byte("m/layout")
@@ -178,31 +245,52 @@ func (s *State) Halted() *Halt { return s.layout.halt.Load() }
 // apply goroutine; it must not block).
 func (s *State) OnHalt(f func(Halt)) { s.layout.onHalt = f }
 
-// Empty reports whether the namespace has never held anything: no volume,
-// no counter moved. (A fresh cluster's first leader records its layout.)
+// Empty reports whether this replica can tell that the cluster was never
+// used: it applied the whole log itself with a layout-aware binary
+// (freshFile) and its state holds nothing but what a new cluster's
+// leaders write on their own. A cluster an older binary created and used
+// (S3 keys, volumes since deleted...) is never empty. (A fresh cluster's
+// first leader records its layout.)
 func (s *State) Empty() bool {
+	if !s.layout.fresh.Load() {
+		return false
+	}
 	// From Pebble, not the counters Apply owns: called off the apply
 	// goroutine.
-	empty := true
-	err := s.st.View(func(r pebble.Reader) error {
-		for _, k := range [][]byte{keyNextBkt, keyNextOpn, keyNextID} {
-			v, closer, err := r.Get(k)
-			if errors.Is(err, pebble.ErrNotFound) {
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			if len(v) != 8 || decodeU64(v) != 1 {
-				empty = false
-			}
-			closer.Close()
-		}
-		has, _, err := hasPrefix(r, pfxVolume)
-		empty = empty && !has
+	empty := false
+	err := s.st.View(func(r pebble.Reader) (err error) {
+		empty, err = onlyNewClusterRows(r, nil)
 		return err
 	})
 	return err == nil && empty
+}
+
+// onlyNewClusterRows reports whether r holds no row but the store's
+// applied index, the service token, the layout record and the counters at
+// their initial value (counter, if set, overrides the counter rows).
+func onlyNewClusterRows(r pebble.Reader, counter func([]byte) uint64) (bool, error) {
+	it, err := r.NewIter(nil)
+	if err != nil {
+		return false, err
+	}
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		k := it.Key()
+		switch {
+		case len(k) > 0 && k[0] == 0: // the store's own rows
+		case bytes.Equal(k, keyToken), bytes.Equal(k, keyLayout):
+		case bytes.Equal(k, keyNextBkt), bytes.Equal(k, keyNextOpn), bytes.Equal(k, keyNextID):
+			if counter != nil {
+				continue
+			}
+			if v := it.Value(); len(v) != 8 || decodeU64(v) != 1 {
+				return false, nil
+			}
+		default:
+			return false, nil
+		}
+	}
+	return true, it.Error()
 }
 
 func (s *State) loadLayout(r pebble.Reader) error {
@@ -270,6 +358,15 @@ func (s *State) CheckLayout(cmd *metapb.NsCommand) error {
 	return nil
 }
 
+// CheckLayoutOp refuses a LayoutOp out of range (the leader, before the
+// log; and applyLayout).
+func CheckLayoutOp(op *metapb.LayoutOp) error {
+	if op.Version == 0 || op.Version > MaxLayoutVersion || len(op.Replicas) > 64 {
+		return invalid("layout %d with %d replicas: want 1..%d and at most 64", op.Version, len(op.Replicas), MaxLayoutVersion)
+	}
+	return nil
+}
+
 // applyLayout applies a LayoutOp; its result is the finalized version.
 func (t *tx) applyLayout(op *metapb.LayoutOp) any {
 	row := &metapb.LayoutOp{}
@@ -278,8 +375,12 @@ func (t *tx) applyLayout(op *metapb.LayoutOp) any {
 	if have {
 		cur = max(1, row.Version)
 	}
-	if op.Version == 0 || op.Version > MaxLayoutVersion || len(op.Replicas) > 64 {
-		return invalid("layout %d with %d replicas: want 1..%d and at most 64", op.Version, len(op.Replicas), MaxLayoutVersion)
+	if err := CheckLayoutOp(op); err != nil {
+		// (Reached with version 0 or too many replicas: every replica
+		// records the same error. A version above this binary's halts in
+		// decodeEntry first, on every replica that does not know it: the
+		// leader refuses it before the log.)
+		return err
 	}
 	if op.Init && (have || !t.empty()) {
 		// Only a cluster that never held anything starts at a version
@@ -294,16 +395,20 @@ func (t *tx) applyLayout(op *metapb.LayoutOp) any {
 	return op.Version
 }
 
-// empty is Empty as this batch sees it.
+// empty is what applyLayout may check of Empty deterministically (the
+// replicated state only: freshFile is this replica's, and a replica that
+// installed a snapshot lacks it): no row but those a new cluster's leaders
+// write on their own. (An Init reaches the log only from a leader whose
+// own replica applied the whole log and met no command using it.)
 func (t *tx) empty() bool {
 	if t.s.nextBucket != 1 || t.s.nextOpen != 1 || t.s.nextID != 1 {
 		return false
 	}
-	has, _, err := hasPrefix(t.b, pfxVolume)
+	ok, err := onlyNewClusterRows(t.b, func([]byte) uint64 { return 1 })
 	if err != nil {
 		panic(err)
 	}
-	return !has
+	return ok
 }
 
 func haltedResults(entries []store.Entry) []any {

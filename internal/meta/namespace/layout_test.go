@@ -3,6 +3,9 @@ package namespace
 import (
 	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -141,8 +144,28 @@ func TestLayoutGate(t *testing.T) {
 	if r := st.Apply([]store.Entry{{Index: 4, Cmd: lay(1, false)}}); r[0] != uint32(2) || st.FinalizedLayout() != 2 {
 		t.Fatalf("finalize went back: %v %d", r[0], st.FinalizedLayout())
 	}
-	if r := st.Apply([]store.Entry{{Index: 5, Cmd: lay(MaxLayoutVersion+1, false)}}); r[0] == nil {
-		t.Fatal("a layout above the bound was recorded")
+	// Out of range: refused before the log (CheckLayoutOp, proposeLayout)
+	// and, where a replica can tell deterministically (version 0, too
+	// many replicas), an error on every replica, no halt.
+	many := &metapb.LayoutOp{Version: 2, Replicas: make([]*metapb.ReplicaLayout, 65)}
+	for i := range many.Replicas {
+		many.Replicas[i] = &metapb.ReplicaLayout{NodeId: uint64(i + 1)}
+	}
+	for i, op := range []*metapb.LayoutOp{{Version: 0}, many, {Version: MaxLayoutVersion + 1}} {
+		if CheckLayoutOp(op) == nil {
+			t.Fatalf("CheckLayoutOp %d allowed %v", i, op.Version)
+		}
+	}
+	for i, cmd := range [][]byte{lay(0, false), mustCmd(t, &metapb.NsCommand{Op: &metapb.NsCommand_Layout{Layout: many}})} {
+		r := st.Apply([]store.Entry{{Index: uint64(5 + i), Cmd: cmd}})
+		if err, _ := r[0].(error); err == nil || !strings.Contains(err.Error(), "want 1..") || st.Halted() != nil || st.FinalizedLayout() != 2 {
+			t.Fatalf("out-of-range layout %d: %v, halted %v", i, r[0], st.Halted())
+		}
+	}
+	// Above this binary (and any bound): not decidable by a replica (a
+	// newer binary may know it): it halts there.
+	if r := st.Apply([]store.Entry{{Index: 7, Cmd: lay(MaxLayoutVersion+1, false)}}); !errors.Is(r[0].(error), ErrHalted) || st.FinalizedLayout() != 2 {
+		t.Fatalf("a layout above the bound: %v", r[0])
 	}
 	// A replica that supports layout 1 only halts on the op.
 	old := newNS(t).st
@@ -191,4 +214,89 @@ func BenchmarkDecodeEntry(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestUsedClusterNeverLooksEmpty: a namespace an older binary created and
+// used (service token, an S3 key, a volume created then deleted) looked
+// empty (only the counters and volume rows were checked), and Init
+// finalized it without an operator. Now "empty" needs this replica's own
+// record that it applied the whole log (freshFile, never written by an
+// older binary) with nothing that uses the namespace, and applyLayout
+// refuses Init on a state holding any row a new cluster does not have.
+func TestUsedClusterNeverLooksEmpty(t *testing.T) {
+	defer RegisterLayoutFeature(LayoutFeature{Name: "test-create-bucket", Version: 2, Op: 4})()
+	init2 := mustCmd(t, &metapb.NsCommand{Op: &metapb.NsCommand_Layout{Layout: &metapb.LayoutOp{Version: 2, Init: true}}})
+	token := mustCmd(t, &metapb.NsCommand{Op: &metapb.NsCommand_SetServiceToken{SetServiceToken: &metapb.SetServiceTokenOp{Token: "tok-0123456789abcdef"}}})
+	used := [][]byte{
+		token,
+		mustCmd(t, &metapb.NsCommand{Op: &metapb.NsCommand_CreateS3Secret{CreateS3Secret: &metapb.CreateS3SecretRequest{AccessKeyId: "AKIDOLD", SecretAccessKey: "secret-0123456789abcdef", Owner: "u"}}}),
+		mustCmd(t, &metapb.NsCommand{Op: &metapb.NsCommand_CreateVolume{CreateVolume: &metapb.CreateVolumeRequest{Name: "vol"}}}),
+		mustCmd(t, &metapb.NsCommand{Op: &metapb.NsCommand_DeleteVolume{DeleteVolume: &metapb.DeleteVolumeRequest{Name: "vol"}}}),
+	}
+	apply := func(st *State, from uint64, cmds ...[]byte) []any {
+		var es []store.Entry
+		for i, c := range cmds {
+			es = append(es, store.Entry{Index: from + uint64(i), Cmd: c})
+		}
+		return st.Apply(es)
+	}
+	// An older binary's replica: opened by this binary for the first
+	// time with entries applied (simulated: the marker removed, as the
+	// older binary never wrote it).
+	dir := t.TempDir()
+	st, err := Open(dir, store.Options{SyncInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range apply(st, 1, used...) {
+		if err, ok := r.(error); ok {
+			t.Fatalf("entry %d: %v", i+1, err)
+		}
+	}
+	st.Close()
+	if err := os.Remove(filepath.Join(dir, freshFile)); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	st, err = Open(dir, store.Options{SyncInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if st.Empty() {
+		t.Fatal("Empty() on a used old cluster")
+	}
+	// Should an Init reach the log all the same, no replica records it.
+	if r := apply(st, 5, init2); r[0] != uint32(1) || st.LayoutRecorded() {
+		t.Fatalf("Init on a used old cluster: %v, recorded %v", r[0], st.LayoutRecorded())
+	}
+	// A layout-aware replica that applied such a log from the start is
+	// not empty either (the commands cleared its marker), also after a
+	// restart.
+	dir2 := t.TempDir()
+	st2, err := Open(dir2, store.Options{SyncInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply(st2, 1, used[0], used[2], used[3]) // no row left but the token
+	if st2.Empty() {
+		t.Fatal("Empty() after a volume was created and deleted")
+	}
+	st2.Close()
+	if st2, err = Open(dir2, store.Options{SyncInterval: -1}); err != nil {
+		t.Fatal(err)
+	}
+	defer st2.Close()
+	if st2.Empty() {
+		t.Fatal("Empty() after a restart")
+	}
+	// A new cluster: the service token alone keeps it empty, and Init
+	// records the version.
+	fresh := newNS(t).st
+	apply(fresh, 1, token)
+	if !fresh.Empty() {
+		t.Fatal("a new cluster with its service token is not empty")
+	}
+	if r := apply(fresh, 2, init2); r[0] != uint32(2) || !fresh.LayoutRecorded() {
+		t.Fatalf("Init on a new cluster: %v", r[0])
+	}
 }

@@ -101,6 +101,10 @@ func Open(dir string, opts store.Options) (*State, error) {
 		return nil, err
 	}
 	s := &State{st: st, lookups: newLookupCache(0)}
+	if err := s.openFresh(dir, opts.FS); err != nil {
+		st.Close()
+		return nil, err
+	}
 	if err := s.load(); err != nil {
 		st.Close()
 		return nil, err
@@ -161,6 +165,10 @@ func (s *State) Restore(index uint64, r io.Reader) error {
 		// Its state may hold what this binary cannot read (layout.go).
 		return fmt.Errorf("%w at entry %d: %s; a snapshot is not installed", ErrHalted, h.Index, h.Reason)
 	}
+	// This replica no longer applied the whole log itself (layout.go).
+	if err := s.clearFresh(); err != nil {
+		return err
+	}
 	defer s.lookups.end(s.lookups.beginAll())
 	s.buckets.invalidate()
 	defer s.buckets.invalidate()
@@ -218,6 +226,12 @@ func (s *State) Apply(entries []store.Entry) []any {
 			copy(res[i:], haltedResults(entries[i:]))
 			entries = entries[:i]
 			break
+		}
+		if s.layout.fresh.Load() && usesNamespace(cmd) {
+			// Before the commit: a crash in between leaves it cleared.
+			if err := s.clearFresh(); err != nil {
+				panic(err)
+			}
 		}
 		t.now = cmd.NowUnixMs
 		// A failed command must leave no partial writes: apply it to a
