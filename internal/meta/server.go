@@ -287,7 +287,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	nsOpts := sopts
 	nsOpts.CacheBytes = cmp.Or(cfg.NamespaceCacheBytes, 256<<20)
-	if s.nsState, err = namespace.Open(filepath.Join(cfg.DataDir, "namespace"), nsOpts); err != nil {
+	if s.nsState, err = namespace.OpenSupporting(filepath.Join(cfg.DataDir, "namespace"), nsOpts, cfg.TestSupportedLayout); err != nil {
 		return nil, err
 	}
 	s.nsState.SetLookupCacheBytes(cfg.LookupCacheBytes)

@@ -41,9 +41,6 @@ func init() {
 // setupUpgrade wires the namespace state's halt to the log and metrics and
 // registers the Upgrade service. Called by New.
 func (s *Server) setupUpgrade(reg prometheus.Registerer) {
-	if v := s.cfg.TestSupportedLayout; v != 0 {
-		s.nsState.SetSupportedLayout(v)
-	}
 	report := func(h namespace.Halt) {
 		s.log.Error("meta: namespace apply HALTED: this replica cannot apply a committed entry; upgrade this replica's binary and restart it (it resumes from that entry)",
 			"index", h.Index, "op", h.Op, "reason", h.Reason)

@@ -128,6 +128,19 @@ func TestLayoutFinalize(t *testing.T) {
 	if r, err := cl.Upgrade.FinalizeLayout(ctx, &metapb.FinalizeLayoutRequest{Version: 1}); err != nil || r.FinalizedVersion != 2 {
 		t.Fatalf("finalize 1 after 2: %v %v", r, err)
 	}
+	// Rolled back to the older binary, node 3 halts at load (the test
+	// hook now applies from the load on; it was set after it before, so
+	// this path was not reached through the server), and refuses reads.
+	old.Store(true)
+	c.restartNode(3)
+	h := c.servers[3].nsState.Halted()
+	if h == nil || !strings.Contains(h.Reason, "finalized layout version 2 is above this binary's 1") {
+		t.Fatalf("node 3 rolled back to layout 1 after finalize 2: halt %+v", h)
+	}
+	_, err = singleAddr(t, c.servers[3].GRPCAddr()).Namespace.GetVolume(ctx, &metapb.GetVolumeRequest{Name: "vol"})
+	if !hasReason(err, metapb.ReasonReplicaHalted) {
+		t.Fatalf("read on the rolled-back replica: %v", err)
+	}
 }
 
 // TestUnknownOpHaltsReplica: an entry whose op one replica does not know

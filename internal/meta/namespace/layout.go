@@ -24,6 +24,7 @@ package namespace
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	iofs "io/fs"
@@ -156,6 +157,8 @@ type layoutState struct {
 	// (the file freshFile exists).
 	fresh     atomic.Bool
 	freshPath string
+	// clearHalt: load found a halt row an older binary wrote.
+	clearHalt bool
 	fs        vfs.FS
 }
 
@@ -304,8 +307,92 @@ func (s *State) loadLayout(r pebble.Reader) error {
 		v = max(1, row.Version)
 	}
 	s.layout.finalized.Store(v)
+	if s.layout.clearHalt, err = s.loadHalt(r); err != nil {
+		return err
+	}
 	if v > s.SupportedLayout() {
 		s.halt(Halt{Index: s.st.DurableIndex() + 1, Reason: fmt.Sprintf("the cluster's finalized layout version %d is above this binary's %d: upgrade this replica's binary", v, s.SupportedLayout())})
+	}
+	return nil
+}
+
+// keyHalt records this replica's halt (persistHalt): a restart with the
+// same binary halts at load, before applying past it or installing a
+// snapshot. It is this replica's row, not a replicated one: a halted
+// replica never sends snapshots (it never leads), and a binary that
+// supports a higher layout removes it at load and tries the entry again.
+var keyHalt = []byte("m/halt")
+
+const maxHaltReason = 1024
+
+// encodeHalt: index, op, the supported layout when it halted, reason.
+func encodeHalt(h Halt, supported uint32) []byte {
+	r := h.Reason
+	if len(r) > maxHaltReason {
+		r = r[:maxHaltReason]
+	}
+	b := binary.BigEndian.AppendUint64(nil, h.Index)
+	b = binary.BigEndian.AppendUint32(b, uint32(h.Op))
+	b = binary.BigEndian.AppendUint32(b, supported)
+	return append(b, r...)
+}
+
+func decodeHalt(b []byte) (Halt, uint32, bool) {
+	if len(b) < 16 || len(b) > 16+maxHaltReason {
+		return Halt{}, 0, false
+	}
+	return Halt{Index: binary.BigEndian.Uint64(b), Op: int32(binary.BigEndian.Uint32(b[8:])), Reason: string(b[16:])},
+		binary.BigEndian.Uint32(b[12:]), true
+}
+
+// persistHalt writes the halt durably (on the apply goroutine, after the
+// entries before it committed). Should it fail, the replica halts in
+// memory only: restarted, it replays to the same entry and halts again
+// (what a lost write costs: a snapshot past it is not refused then).
+func (s *State) persistHalt(h Halt) {
+	b := s.st.NewBatch()
+	if err := b.Set(keyHalt, encodeHalt(h, s.SupportedLayout()), nil); err != nil {
+		b.Close()
+		return
+	}
+	if err := s.st.CommitSide(b); err != nil {
+		b.Close()
+	}
+}
+
+// loadHalt: a halt recorded by a binary supporting no more than this one
+// stands (before anything applies); one recorded by an older binary is
+// removed: this one may know the entry.
+func (s *State) loadHalt(r pebble.Reader) (clear bool, err error) {
+	v, closer, err := r.Get(keyHalt)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer closer.Close()
+	h, sup, ok := decodeHalt(v)
+	if !ok {
+		return false, fmt.Errorf("namespace: the halt row (%d bytes) does not decode", len(v))
+	}
+	if sup < s.SupportedLayout() {
+		return true, nil
+	}
+	s.halt(h)
+	return false, nil
+}
+
+// clearHalt removes a halt row an older binary wrote.
+func (s *State) clearHalt() error {
+	b := s.st.NewBatch()
+	if err := b.Delete(keyHalt, nil); err != nil {
+		b.Close()
+		return err
+	}
+	if err := s.st.CommitSide(b); err != nil {
+		b.Close()
+		return err
 	}
 	return nil
 }

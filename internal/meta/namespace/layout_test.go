@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -76,19 +77,18 @@ func TestApplyHaltsOnUnknownOp(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.Close()
-	// Restarted (a binary that knows the op would apply it; this one
-	// halts there again, from the same index).
+	// Restarted with the same binary: halted at the same index from the
+	// load on (the halt is recorded; TestHaltPersists).
 	st, err = Open(dir, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	if st.AppliedIndex() != 2 || st.Halted() != nil {
-		t.Fatalf("reopened at %d halted %v", st.AppliedIndex(), st.Halted())
+	if h := st.Halted(); st.AppliedIndex() != 2 || h == nil || h.Index != 3 || h.Op != 2999 {
+		t.Fatalf("reopened at %d halted %+v", st.AppliedIndex(), h)
 	}
-	st.Apply([]store.Entry{{Index: 3, Cmd: unknown}})
-	if h := st.Halted(); h == nil || h.Index != 3 {
-		t.Fatalf("replay: halt %+v", h)
+	if r := st.Apply([]store.Entry{{Index: 3, Cmd: unknown}}); !errors.Is(r[0].(error), ErrHalted) || st.AppliedIndex() != 2 {
+		t.Fatalf("replay: %v", r[0])
 	}
 }
 
@@ -298,5 +298,98 @@ func TestUsedClusterNeverLooksEmpty(t *testing.T) {
 	}
 	if r := apply(fresh, 2, init2); r[0] != uint32(2) || !fresh.LayoutRecorded() {
 		t.Fatalf("Init on a new cluster: %v", r[0])
+	}
+}
+
+// TestHaltPersists: the halt is recorded with the replica: restarted with
+// the same binary it is halted at load, before applying anything, and
+// refuses a snapshot past the halt (before, it was halted in memory only:
+// a snapshot installed first carried it past an op it does not know).
+// A binary that supports a higher layout removes the record and applies
+// the entry.
+func TestHaltPersists(t *testing.T) {
+	defer RegisterLayoutFeature(LayoutFeature{Name: "test-create-bucket", Version: 2, Op: 4})()
+	opts := store.Options{SyncInterval: -1}
+	cmds := [][]byte{
+		mustCmd(t, &metapb.NsCommand{Op: &metapb.NsCommand_CreateVolume{CreateVolume: &metapb.CreateVolumeRequest{Name: "vol"}}}),
+		mustCmd(t, &metapb.NsCommand{Op: &metapb.NsCommand_CreateBucket{CreateBucket: &metapb.CreateBucketRequest{Volume: "vol", Name: "new"}}}),
+		mustCmd(t, &metapb.NsCommand{Op: &metapb.NsCommand_CreateVolume{CreateVolume: &metapb.CreateVolumeRequest{Name: "after"}}}),
+	}
+	entries := func(from int) []store.Entry {
+		var es []store.Entry
+		for i := from; i <= len(cmds); i++ {
+			es = append(es, store.Entry{Index: uint64(i), Cmd: cmds[i-1]})
+		}
+		return es
+	}
+	// A replica that knows the op: the snapshot source, at index 3.
+	src, err := Open(t.TempDir(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	src.Apply(entries(1))
+	snap := func() []byte {
+		_, rc, err := src.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rc.Close()
+		var buf bytes.Buffer
+		if _, err := buf.ReadFrom(rc); err != nil {
+			t.Fatal(err)
+		}
+		return buf.Bytes()
+	}()
+	dir := t.TempDir()
+	old, err := OpenSupporting(dir, opts, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Apply(entries(1))
+	if h := old.Halted(); h == nil || h.Index != 2 {
+		t.Fatalf("halt %+v", h)
+	}
+	old.Close()
+	// Restarted with the same binary: halted before anything applies.
+	old, err = OpenSupporting(dir, opts, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := old.Halted()
+	if h == nil || h.Index != 2 || h.Op != 4 || !strings.Contains(h.Reason, "upgrade this replica's binary") {
+		t.Fatalf("reopened with the same binary: halt %+v", h)
+	}
+	if err := old.Restore(3, bytes.NewReader(snap)); !errors.Is(err, ErrHalted) {
+		t.Fatalf("snapshot past the halt: %v", err)
+	}
+	if old.Store().AppliedIndex() != 1 {
+		t.Fatalf("applied %d", old.Store().AppliedIndex())
+	}
+	if r := old.Apply(entries(2)); !errors.Is(r[0].(error), ErrHalted) {
+		t.Fatalf("entry 2 after the restart: %v", r[0])
+	}
+	old.Close()
+	// Upgraded: the record goes, the entry applies.
+	st, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if st.Halted() != nil {
+		t.Fatalf("upgraded replica halted: %+v", st.Halted())
+	}
+	st.Apply(entries(2))
+	if _, err := st.GetBucket("vol", "new"); err != nil || st.Store().AppliedIndex() != 3 {
+		t.Fatalf("upgraded replica: %v, applied %d", err, st.Store().AppliedIndex())
+	}
+	if err := st.Store().View(func(r pebble.Reader) error {
+		if _, c, err := r.Get(keyHalt); err == nil {
+			c.Close()
+			return errors.New("the halt row stayed")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

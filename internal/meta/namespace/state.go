@@ -95,12 +95,18 @@ type State struct {
 }
 
 // Open opens the namespace state in dir.
-func Open(dir string, opts store.Options) (*State, error) {
+func Open(dir string, opts store.Options) (*State, error) { return OpenSupporting(dir, opts, 0) }
+
+// OpenSupporting is Open for a replica that supports layouts up to
+// supported only (0: this binary's; SetSupportedLayout; tests: an older
+// binary, from the load on).
+func OpenSupporting(dir string, opts store.Options, supported uint32) (*State, error) {
 	st, err := store.Open(dir, opts)
 	if err != nil {
 		return nil, err
 	}
 	s := &State{st: st, lookups: newLookupCache(0)}
+	s.layout.supported.Store(supported)
 	if err := s.openFresh(dir, opts.FS); err != nil {
 		st.Close()
 		return nil, err
@@ -113,6 +119,17 @@ func Open(dir string, opts store.Options) (*State, error) {
 }
 
 func (s *State) load() error {
+	if err := s.loadRows(); err != nil {
+		return err
+	}
+	if s.layout.clearHalt {
+		s.layout.clearHalt = false
+		return s.clearHalt() // an older binary's halt (layout.go)
+	}
+	return nil
+}
+
+func (s *State) loadRows() error {
 	s.nextBucket, s.nextOpen, s.nextID = 1, 1, 1
 	return s.st.View(func(r pebble.Reader) error {
 		if err := s.loadLayout(r); err != nil {
@@ -225,6 +242,7 @@ func (s *State) Apply(entries []store.Entry) []any {
 			s.halt(*h)
 			copy(res[i:], haltedResults(entries[i:]))
 			entries = entries[:i]
+			defer s.persistHalt(*h) // after what came before commits
 			break
 		}
 		if s.layout.fresh.Load() && usesNamespace(cmd) {
