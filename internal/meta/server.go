@@ -620,7 +620,12 @@ func (r *nsRaft) ReadBarrier(ctx context.Context) error {
 	}
 	ctx, cancel := r.s.withTimeout(ctx)
 	defer cancel()
-	return g.ReadIndex(ctx)
+	if err := g.ReadIndex(ctx); err != nil {
+		return err
+	}
+	// Raft's read index passes a replica that halted meanwhile (its
+	// applied index moves on, the state does not: upgrade.go).
+	return r.s.haltedErr()
 }
 
 func (r *nsRaft) IsLeader() bool { return r.s.nsGroup != nil && r.s.nsGroup.IsLeader() }
