@@ -118,8 +118,11 @@ func TestLayoutFinalize(t *testing.T) {
 	// Upgrade node 3's "binary".
 	old.Store(false)
 	c.restartNode(3)
-	waitFor(t, 30*time.Second, "finalize after the upgrade", func() bool {
+	waitFor(t, 60*time.Second, "finalize after the upgrade", func() bool {
 		r, err := cl.Upgrade.FinalizeLayout(ctx, &metapb.FinalizeLayoutRequest{})
+		if err != nil {
+			t.Logf("finalize: %v", err)
+		}
 		return err == nil && r.FinalizedVersion == 2
 	})
 	waitFor(t, 20*time.Second, "every replica at layout 2", func() bool {
