@@ -118,6 +118,7 @@ func TestLayoutFinalize(t *testing.T) {
 	// Upgrade node 3's "binary".
 	old.Store(false)
 	c.restartNode(3)
+	cl = c.client() // node 3 listens on a new address
 	waitFor(t, 60*time.Second, "finalize after the upgrade", func() bool {
 		r, err := cl.Upgrade.FinalizeLayout(ctx, &metapb.FinalizeLayoutRequest{})
 		if err != nil {
@@ -243,6 +244,7 @@ func TestUnknownOpHaltsReplica(t *testing.T) {
 	// Upgrade node 3: it resumes from the halt index.
 	old.Store(false)
 	c.restartNode(3)
+	cl = c.client() // node 3 listens on a new address
 	s3 = c.servers[3]
 	if _, err := cl.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "last"}); err != nil {
 		t.Fatal(err)
