@@ -275,6 +275,7 @@ to SCM, when the SCM API carries it ("-" otherwise).`,
 	root.AddCommand(adminS3Cmd(f))
 	root.AddCommand(adminCACmd(f))
 	root.AddCommand(adminCacheCmd(f))
+	root.AddCommand(adminUpgradeCmd(f))
 	return root
 }
 

@@ -144,6 +144,9 @@ type Config struct {
 	Namespace namespace.Config
 	// UserTokens tunes user tokens (usertoken.go).
 	UserTokens UserTokenConfig
+	// TestSupportedLayout, if nonzero, makes this node support only layout
+	// versions up to it, as an older binary (tests; upgrade.go).
+	TestSupportedLayout uint32
 
 	// Registerer receives all metrics (the raft host's and the service's).
 	// Nil: a private registry, served by Handler.
@@ -284,7 +287,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	nsOpts := sopts
 	nsOpts.CacheBytes = cmp.Or(cfg.NamespaceCacheBytes, 256<<20)
-	if s.nsState, err = namespace.Open(filepath.Join(cfg.DataDir, "namespace"), nsOpts); err != nil {
+	if s.nsState, err = namespace.OpenSupporting(filepath.Join(cfg.DataDir, "namespace"), nsOpts, cfg.TestSupportedLayout); err != nil {
 		return nil, err
 	}
 	s.nsState.SetLookupCacheBytes(cfg.LookupCacheBytes)
@@ -350,6 +353,7 @@ func New(cfg Config) (*Server, error) {
 	metapb.RegisterScmServer(s.grpc, &scmServer{s: s})
 	metapb.RegisterCaServer(s.grpc, s.ca)
 	metapb.RegisterUserTokenServer(s.grpc, &userTokenServer{s: s})
+	s.setupUpgrade(reg)
 	ok = true
 	return s, nil
 }
@@ -439,7 +443,8 @@ func (s *Server) Start() error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.wg.Add(8)
+	s.wg.Add(9)
+	go func() { defer s.wg.Done(); s.runUpgrade(ctx) }()
 	go func() { defer s.wg.Done(); s.ca.establish(ctx) }()
 	go func() { defer s.wg.Done(); s.ca.renewOwn(ctx) }()
 	go func() { defer s.wg.Done(); s.runUserTokens(ctx) }()
@@ -593,17 +598,34 @@ func propose(ctx context.Context, s *Server, g *raft.Group, cmd []byte) (any, er
 type nsRaft struct{ s *Server }
 
 func (r *nsRaft) Propose(ctx context.Context, cmd []byte) (any, error) {
-	return propose(ctx, r.s, r.s.nsGroup, cmd)
+	if err := r.s.haltedErr(); err != nil {
+		return nil, err
+	}
+	res, err := propose(ctx, r.s, r.s.nsGroup, cmd)
+	if errors.Is(err, namespace.ErrHalted) {
+		// This replica halted at or before the entry, which the others
+		// may well have applied (upgrade.go).
+		err = fmt.Errorf("%w: %w", raft.ErrOutcomeUnknown, err)
+	}
+	return res, err
 }
 
 func (r *nsRaft) ReadBarrier(ctx context.Context) error {
+	if err := r.s.haltedErr(); err != nil {
+		return err
+	}
 	g := r.s.nsGroup
 	if !g.IsLeader() {
 		return &raft.NotLeaderError{Group: NamespaceGroup, Leader: g.Leader()}
 	}
 	ctx, cancel := r.s.withTimeout(ctx)
 	defer cancel()
-	return g.ReadIndex(ctx)
+	if err := g.ReadIndex(ctx); err != nil {
+		return err
+	}
+	// Raft's read index passes a replica that halted meanwhile (its
+	// applied index moves on, the state does not: upgrade.go).
+	return r.s.haltedErr()
 }
 
 func (r *nsRaft) IsLeader() bool { return r.s.nsGroup != nil && r.s.nsGroup.IsLeader() }

@@ -137,7 +137,7 @@ func (s *Server) establishToken(ctx context.Context) {
 			if mine != "" {
 				cmd, _ := proto.Marshal(&metapb.NsCommand{Op: &metapb.NsCommand_SetServiceToken{SetServiceToken: &metapb.SetServiceTokenOp{Token: mine}}})
 				pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				_, err := propose(pctx, s, s.nsGroup, cmd)
+				_, err := (&nsRaft{s}).Propose(pctx, cmd) // halted: refused; ErrHalted: outcome unknown
 				cancel()
 				if err != nil && ctx.Err() == nil {
 					s.log.Debug("meta: proposing the service token", "err", err)

@@ -462,6 +462,11 @@ type s3KeyCache struct {
 const s3KeyCacheMax = 16384
 
 func (c *s3KeyCache) get(s *Server, ak string) s3KeyInfo {
+	if s.nsState.Halted() != nil {
+		// A halted replica's keys stop at its halt: a key deleted after
+		// it would still resolve here (upgrade.go). Refuse.
+		return s3KeyInfo{}
+	}
 	gen := s.nsState.S3SecretsGen()
 	c.mu.RLock()
 	k, ok := c.m[ak]
@@ -741,8 +746,16 @@ func (u *userTokenServer) GetUserToken(ctx context.Context, req *metapb.GetUserT
 func (s *Server) s3Secret(ctx context.Context, id string) (*metapb.S3Secret, error) {
 	bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	if err := s.haltedErr(); err != nil {
+		// Raft's read index passes on a halted replica (its applied
+		// index moves on; its state does not): refuse (upgrade.go).
+		return nil, err
+	}
 	if err := s.nsGroup.ReadIndex(bctx); err != nil {
 		return nil, status.Errorf(codes.Unavailable, "meta node %d: reading access key %q: %v", s.cfg.NodeID, clip(id), err)
+	}
+	if err := s.haltedErr(); err != nil {
+		return nil, err // halted while waiting
 	}
 	return s.nsState.GetS3Secret(id)
 }

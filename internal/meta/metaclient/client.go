@@ -133,6 +133,7 @@ type Client struct {
 	Scm       metapb.ScmClient
 	Ca        metapb.CaClient // the cluster CA (routed to the CA group's leader)
 	UserToken metapb.UserTokenClient
+	Upgrade   metapb.UpgradeClient // layout versions (routed to the namespace leader)
 }
 
 // New returns a client; connections are made lazily.
@@ -186,6 +187,7 @@ func New(cfg Config) (*Client, error) {
 	c.Scm = metapb.NewScmClient(&router{c: c})
 	c.Ca = metapb.NewCaClient(&router{c: c})
 	c.UserToken = metapb.NewUserTokenClient(&router{c: c})
+	c.Upgrade = metapb.NewUpgradeClient(&router{c: c})
 	if cfg.AccessKey != "" {
 		if cfg.SecretKey == "" {
 			c.Close()
@@ -324,7 +326,8 @@ func (r *router) invoke(ctx context.Context, method string, args, reply any, opt
 			case *metapb.NotLeader:
 				hint, notApplied = d.LeaderAddr, true
 			case *errdetails.ErrorInfo:
-				notApplied = notApplied || d.Reason == metapb.ReasonNotApplied
+				// A halted replica refuses before its log (layout.go).
+				notApplied = notApplied || d.Reason == metapb.ReasonNotApplied || d.Reason == metapb.ReasonReplicaHalted
 			}
 		}
 		if !notApplied && !retrySafe[method] && !neverSent(st) {

@@ -96,8 +96,11 @@ type writeCoalescer[Q proto.Message, R any] struct {
 	mu      sync.Mutex
 	queues  map[string]*writeQueue[Q, R]
 	noBatch atomic.Bool
-	batches atomic.Uint64
-	keys    atomic.Uint64
+	// batchAfter: single calls until then (unix ns), after a batch call
+	// was refused as needing a layout not finalized (layout.go).
+	batchAfter atomic.Int64
+	batches    atomic.Uint64
+	keys       atomic.Uint64
 }
 
 // WriteStats returns the OpenKeys and CommitKeys calls the coalescer made
@@ -205,7 +208,7 @@ func batchErr(code uint32, msg string, st []byte) error {
 func (co *writeCoalescer[Q, R]) call(ctx context.Context, req Q) (R, error) {
 	var zero R
 	size := proto.Size(req)
-	if co.noBatch.Load() || size > maxCoalescedBytes {
+	if co.noBatch.Load() || size > maxCoalescedBytes || time.Now().UnixNano() < co.batchAfter.Load() {
 		return co.one(ctx, req)
 	}
 	md, _ := metadata.FromOutgoingContext(ctx)
@@ -318,6 +321,13 @@ func (co *writeCoalescer[Q, R]) send(q *writeQueue[Q, R], batch []*writeCall[Q, 
 		// An older server: nothing was applied; one call per key from
 		// now on.
 		co.noBatch.Store(true)
+		go co.sendAlone(batch)
+		return
+	}
+	if LayoutNotFinalized(err) {
+		// Refused before the log: the batch call is not available until
+		// the cluster's upgrade is finalized; one call per key meanwhile.
+		co.batchAfter.Store(time.Now().Add(layoutRetryAfter).UnixNano())
 		go co.sendAlone(batch)
 		return
 	}

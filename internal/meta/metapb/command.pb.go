@@ -1197,6 +1197,7 @@ type NsCommand struct {
 	//	*NsCommand_OpenKeys
 	//	*NsCommand_CommitKeys
 	//	*NsCommand_ReserveBlocks
+	//	*NsCommand_Layout
 	Op            isNsCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1498,6 +1499,15 @@ func (x *NsCommand) GetReserveBlocks() *ReserveBlocksOp {
 	return nil
 }
 
+func (x *NsCommand) GetLayout() *LayoutOp {
+	if x != nil {
+		if x, ok := x.Op.(*NsCommand_Layout); ok {
+			return x.Layout
+		}
+	}
+	return nil
+}
+
 type isNsCommand_Op interface {
 	isNsCommand_Op()
 }
@@ -1619,6 +1629,12 @@ type NsCommand_ReserveBlocks struct {
 	ReserveBlocks *ReserveBlocksOp `protobuf:"bytes,2000,opt,name=reserve_blocks,json=reserveBlocks,proto3,oneof"`
 }
 
+type NsCommand_Layout struct {
+	// The finalized layout version (upgrade.proto, docs/ARCHITECTURE.md
+	// "Upgrades").
+	Layout *LayoutOp `protobuf:"bytes,2100,opt,name=layout,proto3,oneof"`
+}
+
 func (*NsCommand_CreateVolume) isNsCommand_Op() {}
 
 func (*NsCommand_DeleteVolume) isNsCommand_Op() {}
@@ -1674,6 +1690,8 @@ func (*NsCommand_OpenKeys) isNsCommand_Op() {}
 func (*NsCommand_CommitKeys) isNsCommand_Op() {}
 
 func (*NsCommand_ReserveBlocks) isNsCommand_Op() {}
+
+func (*NsCommand_Layout) isNsCommand_Op() {}
 
 // SetServiceTokenOp records the cluster service token if none is recorded
 // yet (the first proposal wins); its result is the recorded token.
@@ -2849,7 +2867,7 @@ var File_meta_command_proto protoreflect.FileDescriptor
 
 const file_meta_command_proto_rawDesc = "" +
 	"\n" +
-	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\"\xa7\v\n" +
+	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\x1a\x12meta/upgrade.proto\"\xa7\v\n" +
 	"\n" +
 	"ScmCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12Q\n" +
@@ -2923,7 +2941,7 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x0eDeleteBlocksTx\x12\x13\n" +
 	"\x05tx_id\x18\x01 \x01(\x04R\x04txId\x12!\n" +
 	"\fcontainer_id\x18\x02 \x01(\x04R\vcontainerId\x12\x1b\n" +
-	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\xd4\x10\n" +
+	"\tlocal_ids\x18\x03 \x03(\x04R\blocalIds\"\x89\x11\n" +
 	"\tNsCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12J\n" +
 	"\rcreate_volume\x18\x02 \x01(\v2#.basalt.meta.v1.CreateVolumeRequestH\x00R\fcreateVolume\x12J\n" +
@@ -2962,7 +2980,8 @@ const file_meta_command_proto_rawDesc = "" +
 	"\vcommit_keys\x18\xf9\n" +
 	" \x01(\v2\x1c.basalt.meta.v1.CommitKeysOpH\x00R\n" +
 	"commitKeys\x12I\n" +
-	"\x0ereserve_blocks\x18\xd0\x0f \x01(\v2\x1f.basalt.meta.v1.ReserveBlocksOpH\x00R\rreserveBlocksB\x04\n" +
+	"\x0ereserve_blocks\x18\xd0\x0f \x01(\v2\x1f.basalt.meta.v1.ReserveBlocksOpH\x00R\rreserveBlocks\x123\n" +
+	"\x06layout\x18\xb4\x10 \x01(\v2\x18.basalt.meta.v1.LayoutOpH\x00R\x06layoutB\x04\n" +
 	"\x02op\")\n" +
 	"\x11SetServiceTokenOp\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\"|\n" +
@@ -3124,17 +3143,18 @@ var file_meta_command_proto_goTypes = []any{
 	(*SetAclRequest)(nil),                  // 56: basalt.meta.v1.SetAclRequest
 	(*BucketPolicy)(nil),                   // 57: basalt.meta.v1.BucketPolicy
 	(*PublicAccessBlockConfig)(nil),        // 58: basalt.meta.v1.PublicAccessBlockConfig
-	(*OpenKeyRequest)(nil),                 // 59: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 60: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 61: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 62: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 63: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 64: basalt.meta.v1.KeyInfo
-	(*FileAttrs)(nil),                      // 65: basalt.meta.v1.FileAttrs
-	(*Acl)(nil),                            // 66: basalt.meta.v1.Acl
-	(*SecretKey)(nil),                      // 67: basalt.meta.v1.SecretKey
-	(*CachePool)(nil),                      // 68: basalt.meta.v1.CachePool
-	(*CacheDirective)(nil),                 // 69: basalt.meta.v1.CacheDirective
+	(*LayoutOp)(nil),                       // 59: basalt.meta.v1.LayoutOp
+	(*OpenKeyRequest)(nil),                 // 60: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 61: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 62: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 63: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 64: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 65: basalt.meta.v1.KeyInfo
+	(*FileAttrs)(nil),                      // 66: basalt.meta.v1.FileAttrs
+	(*Acl)(nil),                            // 67: basalt.meta.v1.Acl
+	(*SecretKey)(nil),                      // 68: basalt.meta.v1.SecretKey
+	(*CachePool)(nil),                      // 69: basalt.meta.v1.CachePool
+	(*CacheDirective)(nil),                 // 70: basalt.meta.v1.CacheDirective
 }
 var file_meta_command_proto_depIdxs = []int32{
 	3,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -3189,31 +3209,32 @@ var file_meta_command_proto_depIdxs = []int32{
 	33, // 49: basalt.meta.v1.NsCommand.open_keys:type_name -> basalt.meta.v1.OpenKeysOp
 	34, // 50: basalt.meta.v1.NsCommand.commit_keys:type_name -> basalt.meta.v1.CommitKeysOp
 	35, // 51: basalt.meta.v1.NsCommand.reserve_blocks:type_name -> basalt.meta.v1.ReserveBlocksOp
-	59, // 52: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	60, // 53: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	60, // 54: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	61, // 55: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	40, // 56: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	62, // 57: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	63, // 58: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	63, // 59: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	64, // 60: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	65, // 61: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
-	66, // 62: basalt.meta.v1.FsEntry.acls:type_name -> basalt.meta.v1.Acl
-	37, // 63: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
-	67, // 64: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
-	68, // 65: basalt.meta.v1.CachePoolOp.pool:type_name -> basalt.meta.v1.CachePool
-	69, // 66: basalt.meta.v1.CacheDirectiveOp.directive:type_name -> basalt.meta.v1.CacheDirective
-	18, // 67: basalt.meta.v1.OpenKeysOp.opens:type_name -> basalt.meta.v1.OpenKeyOp
-	45, // 68: basalt.meta.v1.CommitKeysOp.commits:type_name -> basalt.meta.v1.CommitKeyRequest
-	40, // 69: basalt.meta.v1.ReserveBlocksOp.replication:type_name -> basalt.meta.v1.Replication
-	62, // 70: basalt.meta.v1.ReserveBlocksOp.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	63, // 71: basalt.meta.v1.ReserveBlocksOp.blocks:type_name -> basalt.meta.v1.BlockID
-	72, // [72:72] is the sub-list for method output_type
-	72, // [72:72] is the sub-list for method input_type
-	72, // [72:72] is the sub-list for extension type_name
-	72, // [72:72] is the sub-list for extension extendee
-	0,  // [0:72] is the sub-list for field type_name
+	59, // 52: basalt.meta.v1.NsCommand.layout:type_name -> basalt.meta.v1.LayoutOp
+	60, // 53: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	61, // 54: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	61, // 55: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	62, // 56: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	40, // 57: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	63, // 58: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	64, // 59: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	64, // 60: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	65, // 61: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	66, // 62: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
+	67, // 63: basalt.meta.v1.FsEntry.acls:type_name -> basalt.meta.v1.Acl
+	37, // 64: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
+	68, // 65: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
+	69, // 66: basalt.meta.v1.CachePoolOp.pool:type_name -> basalt.meta.v1.CachePool
+	70, // 67: basalt.meta.v1.CacheDirectiveOp.directive:type_name -> basalt.meta.v1.CacheDirective
+	18, // 68: basalt.meta.v1.OpenKeysOp.opens:type_name -> basalt.meta.v1.OpenKeyOp
+	45, // 69: basalt.meta.v1.CommitKeysOp.commits:type_name -> basalt.meta.v1.CommitKeyRequest
+	40, // 70: basalt.meta.v1.ReserveBlocksOp.replication:type_name -> basalt.meta.v1.Replication
+	63, // 71: basalt.meta.v1.ReserveBlocksOp.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	64, // 72: basalt.meta.v1.ReserveBlocksOp.blocks:type_name -> basalt.meta.v1.BlockID
+	73, // [73:73] is the sub-list for method output_type
+	73, // [73:73] is the sub-list for method input_type
+	73, // [73:73] is the sub-list for extension type_name
+	73, // [73:73] is the sub-list for extension extendee
+	0,  // [0:73] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -3222,6 +3243,7 @@ func file_meta_command_proto_init() {
 		return
 	}
 	file_meta_meta_proto_init()
+	file_meta_upgrade_proto_init()
 	file_meta_command_proto_msgTypes[0].OneofWrappers = []any{
 		(*ScmCommand_RegisterDatanode)(nil),
 		(*ScmCommand_CreatePipeline)(nil),
@@ -3271,6 +3293,7 @@ func file_meta_command_proto_init() {
 		(*NsCommand_OpenKeys)(nil),
 		(*NsCommand_CommitKeys)(nil),
 		(*NsCommand_ReserveBlocks)(nil),
+		(*NsCommand_Layout)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

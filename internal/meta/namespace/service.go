@@ -137,6 +137,9 @@ func NewService(cfg Config, st *State, r Raft, b Blocks) *Service {
 func (s *Service) current(ctx context.Context) error { return s.raft.ReadBarrier(ctx) }
 
 func (s *Service) propose(ctx context.Context, cmd *metapb.NsCommand) (any, error) {
+	if err := s.st.CheckLayout(cmd); err != nil {
+		return nil, err // before the log (layout.go)
+	}
 	cmd.NowUnixMs = s.cfg.Now().UnixMilli()
 	b, err := proto.Marshal(cmd)
 	if err != nil {

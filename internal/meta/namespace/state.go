@@ -90,15 +90,27 @@ type State struct {
 	// s3Gen changes after every applied change of an S3 key (and a
 	// restore): caches of S3 keys (the user-token check) compare it.
 	s3Gen atomic.Uint64
+	// layout: versions and the apply halt (layout.go).
+	layout layoutState
 }
 
 // Open opens the namespace state in dir.
-func Open(dir string, opts store.Options) (*State, error) {
+func Open(dir string, opts store.Options) (*State, error) { return OpenSupporting(dir, opts, 0) }
+
+// OpenSupporting is Open for a replica that supports layouts up to
+// supported only (0: this binary's; SetSupportedLayout; tests: an older
+// binary, from the load on).
+func OpenSupporting(dir string, opts store.Options, supported uint32) (*State, error) {
 	st, err := store.Open(dir, opts)
 	if err != nil {
 		return nil, err
 	}
 	s := &State{st: st, lookups: newLookupCache(0)}
+	s.layout.supported.Store(supported)
+	if err := s.openFresh(dir, opts.FS); err != nil {
+		st.Close()
+		return nil, err
+	}
 	if err := s.load(); err != nil {
 		st.Close()
 		return nil, err
@@ -107,8 +119,22 @@ func Open(dir string, opts store.Options) (*State, error) {
 }
 
 func (s *State) load() error {
+	if err := s.loadRows(); err != nil {
+		return err
+	}
+	if s.layout.clearHalt {
+		s.layout.clearHalt = false
+		return s.clearHalt() // an older binary's halt (layout.go)
+	}
+	return nil
+}
+
+func (s *State) loadRows() error {
 	s.nextBucket, s.nextOpen, s.nextID = 1, 1, 1
 	return s.st.View(func(r pebble.Reader) error {
+		if err := s.loadLayout(r); err != nil {
+			return err
+		}
 		for _, c := range []struct {
 			k   []byte
 			dst *uint64
@@ -152,6 +178,14 @@ func (s *State) Snapshot() (uint64, io.ReadCloser, error) { return s.st.Snapshot
 
 // Restore replaces the state (raft.StateMachine).
 func (s *State) Restore(index uint64, r io.Reader) error {
+	if h := s.Halted(); h != nil {
+		// Its state may hold what this binary cannot read (layout.go).
+		return fmt.Errorf("%w at entry %d: %s; a snapshot is not installed", ErrHalted, h.Index, h.Reason)
+	}
+	// This replica no longer applied the whole log itself (layout.go).
+	if err := s.clearFresh(); err != nil {
+		return err
+	}
 	defer s.lookups.end(s.lookups.beginAll())
 	s.buckets.invalidate()
 	defer s.buckets.invalidate()
@@ -176,12 +210,17 @@ type tx struct {
 	// keysChanged: the Pebble keys of key records written or deleted
 	// (the lookup cache drops them around the commit).
 	keysChanged []string
+	// layoutChanged: the finalized layout version written (layout.go).
+	layoutChanged uint32
 }
 
 // Apply applies entries in one Pebble batch and returns one result each.
 func (s *State) Apply(entries []store.Entry) []any {
 	if len(entries) == 0 {
 		return nil
+	}
+	if s.Halted() != nil {
+		return haltedResults(entries)
 	}
 	t := &tx{b: s.st.NewBatch(), s: s}
 	// Apply panics only where the process cannot go on; should one be
@@ -197,10 +236,20 @@ func (s *State) Apply(entries []store.Entry) []any {
 		if e.Cmd == nil {
 			continue
 		}
-		cmd := &metapb.NsCommand{}
-		if err := proto.Unmarshal(e.Cmd, cmd); err != nil {
-			res[i] = fmt.Errorf("namespace: entry %d: undecodable command: %w", e.Index, err)
-			continue
+		cmd, h := s.decodeEntry(e)
+		if h != nil {
+			// Never past an entry this binary cannot apply (layout.go).
+			s.halt(*h)
+			copy(res[i:], haltedResults(entries[i:]))
+			entries = entries[:i]
+			defer s.persistHalt(*h) // after what came before commits
+			break
+		}
+		if s.layout.fresh.Load() && usesNamespace(cmd) {
+			// Before the commit: a crash in between leaves it cleared.
+			if err := s.clearFresh(); err != nil {
+				panic(err)
+			}
 		}
 		t.now = cmd.NowUnixMs
 		// A failed command must leave no partial writes: apply it to a
@@ -224,10 +273,18 @@ func (s *State) Apply(entries []store.Entry) []any {
 		// batch commits (lookupcache.go).
 		defer s.lookups.end(s.lookups.begin(t.keysChanged))
 	}
+	if len(entries) == 0 {
+		t.b.Close()
+		committed = true
+		return res
+	}
 	if err := s.st.Commit(t.b, entries[len(entries)-1].Index); err != nil {
 		panic(err)
 	}
 	committed = true
+	if t.layoutChanged != 0 {
+		s.layout.finalized.Store(t.layoutChanged)
+	}
 	return res
 }
 
@@ -449,6 +506,8 @@ func (t *tx) apply(cmd *metapb.NsCommand) any {
 		return t.commitKeys(op.CommitKeys)
 	case *metapb.NsCommand_ReserveBlocks:
 		return t.reserveBlocks(op.ReserveBlocks)
+	case *metapb.NsCommand_Layout:
+		return t.applyLayout(op.Layout)
 	default:
 		return fmt.Errorf("namespace: unknown command %T", cmd.Op)
 	}

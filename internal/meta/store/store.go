@@ -327,6 +327,21 @@ func (s *Store) Commit(b *pebble.Batch, index uint64) error {
 	return b.Close()
 }
 
+// CommitSide commits b synchronously without moving the applied index:
+// rows a state machine keeps about its replica beside the replicated ones
+// (the namespace's apply halt). Everything committed before is durable
+// with it.
+func (s *Store) CommitSide(b *pebble.Batch) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	idx := s.applied.Load()
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("store: commit %s: %w", s.dir, err)
+	}
+	s.durable.Store(idx)
+	return b.Close()
+}
+
 // View runs f with a consistent reader of the committed state (a Pebble
 // snapshot is not needed for point reads; f gets the DB itself).
 func (s *Store) View(f func(r pebble.Reader) error) error {
