@@ -69,14 +69,8 @@ func reserverOf(ctx context.Context) string {
 // ReserveBlocks reserves req.Count blocks of an object bucket for the
 // caller (see above).
 func (s *Service) ReserveBlocks(ctx context.Context, req *metapb.ReserveBlocksRequest) (*metapb.ReserveBlocksResponse, error) {
-	if req.Count == 0 || req.Count > MaxReserveBlocks {
-		return nil, invalid("reserve blocks: count %d, want 1..%d", req.Count, MaxReserveBlocks)
-	}
-	if err := checkExclude(req.Exclude); err != nil {
+	if err := checkReserveBlocks(req); err != nil {
 		return nil, err
-	}
-	if len(req.ClientLocation) > maxLocationBytes {
-		return nil, invalid("reserve blocks: client location is %d bytes, at most %d", len(req.ClientLocation), maxLocationBytes)
 	}
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
