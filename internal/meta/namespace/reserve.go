@@ -179,16 +179,13 @@ func commitName(row *metapb.OpenKeyRow, b *metapb.Bucket, req *metapb.CommitKeyR
 	return nil
 }
 
-// WriteCommit checks a commit before the log: the open key's own bucket
-// and key (the key the request names for a reserved one), and that a
-// reservation is the caller's.
-func (a *Authorizer) WriteCommit(req *metapb.CommitKeyRequest, what string) error {
+// writeCommitRow checks a commit before the log (after
+// Service.checkCommitRow's checks): the open key's own bucket and key
+// (the key the request names for a reserved one), and that a reservation
+// is the caller's.
+func (a *Authorizer) writeCommitRow(row *metapb.OpenKeyRow, req *metapb.CommitKeyRequest, what string) error {
 	if a.trusted {
 		return nil
-	}
-	row, err := a.st.OpenKey(req.OpenId)
-	if err != nil {
-		return err
 	}
 	if err := a.reserver(row); err != nil {
 		return err
@@ -198,12 +195,52 @@ func (a *Authorizer) WriteCommit(req *metapb.CommitKeyRequest, what string) erro
 	}
 	key := row.Key
 	if row.Reserved {
-		if err := ValidateKey(req.Key); err != nil {
-			return err
-		}
 		key = req.Key
 	}
 	return a.Write(row.Volume, row.Bucket, key, what)
+}
+
+// checkCommitRow checks a commit before the log against its open key
+// (read from this replica's state), for every caller, trusted ones too:
+// what Apply's commitName refuses (another bucket, a reservation
+// committed without a name or with one invalid in its bucket's layout,
+// an ordinary open key renamed), then the caller's rights (az).
+func (s *Service) checkCommitRow(az *Authorizer, req *metapb.CommitKeyRequest, what string) error {
+	row, err := s.st.OpenKey(req.OpenId)
+	if err != nil {
+		return err
+	}
+	if (req.Volume != "" || req.Bucket != "") && (req.Volume != row.Volume || req.Bucket != row.Bucket) {
+		return status.Errorf(codes.PermissionDenied, "%s: open key %d is of bucket %s/%s, not %s/%s", what, row.OpenId, row.Volume, row.Bucket, req.Volume, req.Bucket)
+	}
+	if !row.Reserved {
+		if req.Key != "" && req.Key != row.Key {
+			return invalid("%s %q: open key %d is %q", what, req.Key, row.OpenId, row.Key)
+		}
+	} else {
+		if req.Key == "" {
+			return invalid("%s: open key %d is a block reservation: the commit must name the key", what, row.OpenId)
+		}
+		b, err := s.st.cachedBucket(row.Volume, row.Bucket) // (read only)
+		if err != nil {
+			return err
+		}
+		if err := validateKeyFor(b, req.Key); err != nil {
+			return err
+		}
+	}
+	return az.writeCommitRow(row, req, what)
+}
+
+// reservedHere reports whether open key id is a reservation on this
+// replica's state. A reservation's commit is authorized on the key only
+// then (OpenKey authorized an ordinary open key's), so it is checked
+// after a read barrier, as OpenKey is. (A reservation this replica has
+// not applied yet is not found here: its check fails, and is made again
+// after a barrier.)
+func (s *Service) reservedHere(id uint64) bool {
+	row, err := s.st.OpenKey(id)
+	return err == nil && row.Reserved
 }
 
 // WriteRow checks a block allocation for the open key row.

@@ -1,8 +1,10 @@
 package namespace
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -55,5 +57,113 @@ func TestReserveBlocksValidatedAsOpenKey(t *testing.T) {
 		if after := e.s.raft.(*fakeRaft).idx; after != before {
 			t.Fatalf("%s: the refused ReserveBlocks entered the log (%d -> %d)", c.name, before, after)
 		}
+	}
+}
+
+// The key, volume and bucket a commit names are bounded and checked
+// against the open key before the log, for every caller: a user (alice,
+// the reserver), and a trusted in-process caller (an admin's commit is
+// trusted too) (review 13, findings 2 and 10).
+func TestCommitNamesCheckedBeforeLog(t *testing.T) {
+	e := reserveEnv(t)
+	if _, err := e.s.CreateBucket(e.ctx, &metapb.CreateBucketRequest{Volume: "vol1", Name: "bk2", Owner: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	alice := WithCaller(e.ctx, Caller{User: "alice"})
+	root := WithCaller(e.ctx, Caller{User: "root", Admin: true})
+	for _, ctx := range []context.Context{alice, root, e.ctx} {
+		c, _ := CallerOf(ctx)
+		r, err := e.s.ReserveBlocks(ctx, &metapb.ReserveBlocksRequest{Volume: "vol1", Bucket: "bk1", Count: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rb := r.Blocks[0]
+		open, err := e.s.OpenKey(ctx, &metapb.OpenKeyRequest{Volume: "vol1", Bucket: "bk1", Key: "k"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, bad := range []struct {
+			name string
+			req  *metapb.CommitKeyRequest
+			code codes.Code
+		}{
+			{"open key renamed to 1 MiB", &metapb.CommitKeyRequest{OpenId: open.OpenId, Key: strings.Repeat("k", 1<<20)}, codes.InvalidArgument},
+			{"open key renamed", &metapb.CommitKeyRequest{OpenId: open.OpenId, Key: "other"}, codes.InvalidArgument},
+			{"open key of another bucket", &metapb.CommitKeyRequest{OpenId: open.OpenId, Volume: "vol1", Bucket: "bk2"}, codes.PermissionDenied},
+			{"bucket name of 1 MiB", &metapb.CommitKeyRequest{OpenId: open.OpenId, Volume: "vol1", Bucket: strings.Repeat("b", 1<<20)}, codes.InvalidArgument},
+			{"reservation without a name", &metapb.CommitKeyRequest{OpenId: rb.OpenId}, codes.InvalidArgument},
+			{"reservation with a NUL in its name", &metapb.CommitKeyRequest{OpenId: rb.OpenId, Key: "a\x00b"}, codes.InvalidArgument},
+			{"reservation into another bucket", &metapb.CommitKeyRequest{OpenId: rb.OpenId, Key: "x", Volume: "vol1", Bucket: "bk2"}, codes.PermissionDenied},
+		} {
+			before := e.s.raft.(*fakeRaft).idx
+			_, err := e.s.CommitKey(ctx, bad.req)
+			if status.Code(err) != bad.code {
+				t.Fatalf("%v: %s: %v, want %v", c, bad.name, err, bad.code)
+			}
+			if len(err.Error()) > 4096 {
+				t.Fatalf("%v: %s: error of %d bytes", c, bad.name, len(err.Error()))
+			}
+			_, berr := e.s.CommitKeys(ctx, &metapb.CommitKeysRequest{Requests: []*metapb.CommitKeyRequest{bad.req}})
+			if after := e.s.raft.(*fakeRaft).idx; after != before {
+				t.Fatalf("%v: %s: refused commit entered the log (%d -> %d; batch: %v)", c, bad.name, before, after, berr)
+			}
+		}
+		// Both still commit as they should.
+		if _, err := e.s.CommitKey(ctx, &metapb.CommitKeyRequest{OpenId: rb.OpenId, Key: "named", Volume: "vol1", Bucket: "bk1",
+			Blocks: []*metapb.KeyBlock{{Id: rb.Block.Id, Length: 1}}}); err != nil {
+			t.Fatalf("%v: commit of the reservation: %v", c, err)
+		}
+		if _, err := e.s.CommitKey(ctx, &metapb.CommitKeyRequest{OpenId: open.OpenId, Key: "k",
+			Blocks: []*metapb.KeyBlock{{Id: open.Blocks[0].Id, Length: 1}}}); err != nil {
+			t.Fatalf("%v: commit of the open key: %v", c, err)
+		}
+	}
+}
+
+// barrierRaft counts read barriers.
+type barrierRaft struct {
+	*fakeRaft
+	barriers int
+}
+
+func (b *barrierRaft) ReadBarrier(context.Context) error { b.barriers++; return nil }
+
+// A reservation's commit, where its key is authorized, is checked after
+// a read barrier (as OpenKey is); an ordinary open key's commit takes
+// none (review 13, finding 3).
+func TestReservedCommitAfterBarrier(t *testing.T) {
+	e := reserveEnv(t)
+	br := &barrierRaft{fakeRaft: e.s.raft.(*fakeRaft)}
+	e.s = NewService(Config{Now: func() time.Time { return e.now }, OpenKeyExpiry: time.Hour}, e.st, br, e.fb)
+	alice := WithCaller(e.ctx, Caller{User: "alice"})
+	r, err := e.s.ReserveBlocks(alice, &metapb.ReserveBlocksRequest{Volume: "vol1", Bucket: "bk1", Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, err := e.s.OpenKey(alice, &metapb.OpenKeyRequest{Volume: "vol1", Bucket: "bk1", Key: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := br.barriers
+	if _, err := e.s.CommitKey(alice, &metapb.CommitKeyRequest{OpenId: open.OpenId, Blocks: []*metapb.KeyBlock{{Id: open.Blocks[0].Id}}}); err != nil {
+		t.Fatal(err)
+	}
+	if br.barriers != n {
+		t.Fatalf("commit of an ordinary open key took %d read barriers", br.barriers-n)
+	}
+	if _, err := e.s.CommitKey(alice, &metapb.CommitKeyRequest{OpenId: r.Blocks[0].OpenId, Key: "a",
+		Blocks: []*metapb.KeyBlock{{Id: r.Blocks[0].Block.Id}}}); err != nil {
+		t.Fatal(err)
+	}
+	if br.barriers != n+1 {
+		t.Fatalf("commit of a reservation took %d read barriers, want 1 before its check", br.barriers-n)
+	}
+	res, err := e.s.CommitKeys(alice, &metapb.CommitKeysRequest{Requests: []*metapb.CommitKeyRequest{{OpenId: r.Blocks[1].OpenId, Key: "b",
+		Blocks: []*metapb.KeyBlock{{Id: r.Blocks[1].Block.Id}}}}})
+	if err != nil || res.Results[0].Code != 0 {
+		t.Fatalf("CommitKeys of a reservation: %v %v", res, err)
+	}
+	if br.barriers != n+2 {
+		t.Fatalf("CommitKeys of a reservation took %d read barriers, want 1", br.barriers-n-1)
 	}
 }
