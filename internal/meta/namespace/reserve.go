@@ -2,13 +2,17 @@ package namespace
 
 import (
 	"context"
+	"sync"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/store"
 )
 
 // Block reservations (issue 15): a small PUT without an OpenKey round.
@@ -46,9 +50,17 @@ const (
 	// use of its pool (metaclient keeps a reservation at most a minute).
 	DefaultReservationExpiry = 10 * time.Minute
 	// reserveScanRows bounds the open rows one expiry round reads
-	// looking for expired reservations.
+	// looking for expired reservations (the next round goes on from
+	// there).
 	reserveScanRows = 10000
 )
+
+// reserveScan is the leader-only progress of the reservations' expiry.
+type reserveScan struct {
+	mu   sync.Mutex
+	next uint64 // the open ID the next round starts at
+	rows int    // reserveScanRows (tests set fewer)
+}
 
 // reserverOf is who a reservation is for: the caller of ctx ("" for a
 // trusted in-process call without one).
@@ -281,25 +293,39 @@ func expireCutoff(row *metapb.OpenKeyRow, op *metapb.ExpireOpenKeysOp) int64 {
 }
 
 // ExpiredReservations returns up to limit reserved open keys created
-// before olderThan, reading at most maxRows open rows: open IDs grow
-// with time, so the scan stops at the first row (of any kind) created
-// after it.
-func (s *State) ExpiredReservations(olderThanUnixMs int64, maxRows, limit int) ([]uint64, error) {
-	var ids []uint64
-	err := s.scanRows(pfxOpen, maxRows, func(v []byte) (bool, error) {
-		row := &metapb.OpenKeyRow{}
-		if err := proto.Unmarshal(v, row); err != nil {
-			return false, err
+// before olderThan, reading at most maxRows open rows from open ID from:
+// open IDs grow with time, so the scan stops at the first row (of any
+// kind) created after it. next is the open ID to resume from (0: the walk
+// is complete, start again from the first).
+func (s *State) ExpiredReservations(olderThanUnixMs int64, from uint64, maxRows, limit int) (ids []uint64, next uint64, err error) {
+	err = s.view(func(r pebble.Reader) error {
+		it, err := r.NewIter(&pebble.IterOptions{LowerBound: u64Key(pfxOpen, from), UpperBound: store.PrefixEnd(pfxOpen)})
+		if err != nil {
+			return err
 		}
-		if row.CreatedUnixMs >= olderThanUnixMs || len(ids) == limit {
-			return false, nil
+		defer it.Close()
+		n := 0
+		for it.First(); it.Valid(); it.Next() {
+			row := &metapb.OpenKeyRow{}
+			if err := proto.Unmarshal(it.Value(), row); err != nil {
+				return err
+			}
+			if row.CreatedUnixMs >= olderThanUnixMs {
+				break // (the rest are younger)
+			}
+			if n == maxRows || len(ids) == limit {
+				next = row.OpenId
+				return it.Error()
+			}
+			n++
+			if row.Reserved {
+				ids = append(ids, row.OpenId)
+			}
 		}
-		if row.Reserved {
-			ids = append(ids, row.OpenId)
-		}
-		return true, nil
+		next = 0
+		return it.Error()
 	})
-	return ids, err
+	return ids, next, err
 }
 
 // expiredOpens is the open keys one expiry round expires: those older
@@ -312,7 +338,14 @@ func (s *Service) expiredOpens() (*metapb.ExpireOpenKeysOp, error) {
 	if err != nil {
 		return nil, err
 	}
-	rids, err := s.st.ExpiredReservations(op.ReservedOlderThanUnixMs, reserveScanRows, s.cfg.ExpireBatch)
+	// Resumed where the last round stopped, so that reservations behind
+	// more than reserveScanRows older open keys are reached too.
+	s.reserveScan.mu.Lock()
+	rids, next, err := s.st.ExpiredReservations(op.ReservedOlderThanUnixMs, s.reserveScan.next, s.reserveScan.rows, s.cfg.ExpireBatch)
+	if err == nil {
+		s.reserveScan.next = next
+	}
+	s.reserveScan.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}

@@ -167,3 +167,35 @@ func TestReservedCommitAfterBarrier(t *testing.T) {
 		t.Fatalf("CommitKeys of a reservation took %d read barriers, want 1", br.barriers-n-1)
 	}
 }
+
+// A reservation behind more than one round's scan of older open keys
+// expires all the same: each round goes on where the last stopped
+// (review 13, finding 6).
+func TestReservationExpiresBehindOpenKeys(t *testing.T) {
+	e := reserveEnv(t)
+	e.s = NewService(Config{Now: func() time.Time { return e.now }, OpenKeyExpiry: time.Hour, ReservationExpiry: 10 * time.Minute},
+		e.st, e.s.raft, e.fb)
+	e.s.reserveScan.rows = 8
+	for i := 0; i < 30; i++ {
+		if _, err := e.s.OpenKey(e.ctx, &metapb.OpenKeyRequest{Volume: "vol1", Bucket: "bk1", Key: "k"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := e.s.ReserveBlocks(e.ctx, &metapb.ReserveBlocksRequest{Volume: "vol1", Bucket: "bk1", Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb := r.Blocks[0]
+	e.now = e.now.Add(20 * time.Minute)  // the open keys live (1 h), the reservation expired
+	for round := 0; round < 5; round++ { // 31 rows, 8 a round: 4 rounds
+		if err := e.s.RunOnce(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.st.OpenKey(rb.OpenId); status.Code(err) != codes.NotFound {
+		t.Fatalf("reservation 20 min old (expiry 10 min) behind 30 open keys, after 5 rounds of 8 rows: %v, want NOT_FOUND", err)
+	}
+	if !e.fb.deleted[rb.Block.Id.LocalId] {
+		t.Fatal("the expired reservation's block was not handed to SCM")
+	}
+}

@@ -120,14 +120,15 @@ type Service struct {
 	raft   Raft
 	blocks Blocks
 
-	uploadScan uploadScan  // leader-only progress of the upload expiry
-	pols       policyCache // parsed bucket policies (acl.go)
+	uploadScan  uploadScan  // leader-only progress of the upload expiry
+	reserveScan reserveScan // leader-only progress of the reservations' expiry
+	pols        policyCache // parsed bucket policies (acl.go)
 }
 
 // NewService returns the service over st.
 func NewService(cfg Config, st *State, r Raft, b Blocks) *Service {
 	cfg.setDefaults()
-	return &Service{cfg: cfg, st: st, raft: r, blocks: b}
+	return &Service{cfg: cfg, st: st, raft: r, blocks: b, reserveScan: reserveScan{rows: reserveScanRows}}
 }
 
 // current is the read barrier a write takes before it authorizes and
