@@ -131,11 +131,18 @@ func (s *Service) ReserveBlocks(ctx context.Context, req *metapb.ReserveBlocksRe
 	if err := s.attachTokens(ctx, alloc.Blocks, writeModes); err != nil {
 		return nil, err
 	}
-	resp := &metapb.ReserveBlocksResponse{BlockSize: alloc.BlockSize, ExpiresUnixMs: now.Add(s.cfg.ReservationExpiry).UnixMilli()}
+	resp := &metapb.ReserveBlocksResponse{BlockSize: alloc.BlockSize, ExpiresUnixMs: now.Add(s.reservationLife()).UnixMilli()}
 	for i, bl := range alloc.Blocks {
 		resp.Blocks = append(resp.Blocks, &metapb.ReservedBlock{OpenId: first + uint64(i), Block: bl})
 	}
 	return resp, nil
+}
+
+// reservationLife is how long a reservation lives: the expiry expires
+// a reserved open key at the earlier of its two cutoffs (expireCutoff),
+// so at the shorter of ReservationExpiry and OpenKeyExpiry.
+func (s *Service) reservationLife() time.Duration {
+	return min(s.cfg.ReservationExpiry, s.cfg.OpenKeyExpiry)
 }
 
 // reserveBlocks applies a ReserveBlocksOp: a reserved open key per block.

@@ -199,3 +199,31 @@ func TestReservationExpiresBehindOpenKeys(t *testing.T) {
 		t.Fatal("the expired reservation's block was not handed to SCM")
 	}
 }
+
+// The expiry ReserveBlocks promises is the one enforced: with an open
+// key expiry shorter than the reservations', that one (review 13,
+// finding 7).
+func TestReservationExpiryPromised(t *testing.T) {
+	e := reserveEnv(t)
+	e.s = NewService(Config{Now: func() time.Time { return e.now }, OpenKeyExpiry: 5 * time.Minute, ReservationExpiry: 10 * time.Minute},
+		e.st, e.s.raft, e.fb)
+	r, err := e.s.ReserveBlocks(e.ctx, &metapb.ReserveBlocksRequest{Volume: "vol1", Bucket: "bk1", Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	promised := time.UnixMilli(r.ExpiresUnixMs)
+	e.now = promised.Add(-time.Second)
+	if err := e.s.RunOnce(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.OpenKey(r.Blocks[0].OpenId); err != nil {
+		t.Fatalf("reservation gone before its promised expiry %v: %v", promised, err)
+	}
+	e.now = promised.Add(time.Second)
+	if err := e.s.RunOnce(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.OpenKey(r.Blocks[0].OpenId); status.Code(err) != codes.NotFound {
+		t.Fatalf("reservation kept past its promised expiry: %v", err)
+	}
+}
