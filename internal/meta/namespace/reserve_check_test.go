@@ -227,3 +227,37 @@ func TestReservationExpiryPromised(t *testing.T) {
 		t.Fatalf("reservation kept past its promised expiry: %v", err)
 	}
 }
+
+// A reservation is the requester's, not the request's: the commit of a
+// reserved block is checked with the committing request's own
+// attributes (policy conditions on the source IP), whatever request the
+// reservation was made with. (metaclient pools by requester: review 13,
+// finding 4.)
+func TestReservedCommitChecksItsRequest(t *testing.T) {
+	e := reserveEnv(t)
+	alice := WithCaller(e.ctx, Caller{User: "alice"})
+	from := func(ip string) context.Context {
+		return WithCaller(e.ctx, Caller{User: "alice", Request: &RequestInfo{SourceIP: ip}})
+	}
+	if _, err := e.s.SetBucketPolicy(alice, &metapb.BucketPolicy{Volume: "vol1", Bucket: "bk1", Policy: `{"Version":"2012-10-17","Statement":[{"Effect":"Deny","Principal":"*","Action":"s3:PutObject","Resource":"arn:aws:s3:::bk1/*","Condition":{"IpAddress":{"aws:SourceIp":"10.66.0.0/16"}}}]}`}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := e.s.ReserveBlocks(from("10.1.1.1"), &metapb.ReserveBlocksRequest{Volume: "vol1", Bucket: "bk1", Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := func(i int, key string) *metapb.CommitKeyRequest {
+		return &metapb.CommitKeyRequest{OpenId: r.Blocks[i].OpenId, Key: key, Volume: "vol1", Bucket: "bk1",
+			Blocks: []*metapb.KeyBlock{{Id: r.Blocks[i].Block.Id, Length: 1}}}
+	}
+	if _, err := e.s.CommitKey(from("10.66.1.1"), req(0, "a")); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("commit from a denied source IP of a block reserved from another: %v, want PERMISSION_DENIED", err)
+	}
+	res, err := e.s.CommitKeys(from("10.66.1.1"), &metapb.CommitKeysRequest{Requests: []*metapb.CommitKeyRequest{req(0, "a")}})
+	if err != nil || res.Results[0].Code != uint32(codes.PermissionDenied) {
+		t.Fatalf("CommitKeys from a denied source IP: %v %v, want PERMISSION_DENIED", res, err)
+	}
+	if _, err := e.s.CommitKey(from("10.1.1.2"), req(0, "a")); err != nil {
+		t.Fatalf("commit from an allowed source IP: %v", err)
+	}
+}
