@@ -244,6 +244,19 @@ func TestReservationOfAnotherUser(t *testing.T) {
 	if _, err := cl.ns.CommitKey(metaclient.WithoutUser(ctx), req); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("the gateway commits alice's reservation: %v, want PERMISSION_DENIED", err)
 	}
+	// Alice herself (not an admin: checked before the log, review 13
+	// finding 10): a name is needed, and her own bucket.
+	if _, err := cl.CreateBucket(alice, "vol", "bkt2", BucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	noName := &metapb.CommitKeyRequest{OpenId: b.OpenId, Volume: "vol", Bucket: "bkt", Blocks: req.Blocks}
+	if _, err := cl.ns.CommitKey(alice, noName); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("alice commits her reservation without a key: %v, want INVALID_ARGUMENT", err)
+	}
+	other := &metapb.CommitKeyRequest{OpenId: b.OpenId, Key: "k", Volume: "vol", Bucket: "bkt2", Blocks: req.Blocks}
+	if _, err := cl.ns.CommitKey(alice, other); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("alice commits her reservation of bkt into bkt2: %v, want PERMISSION_DENIED", err)
+	}
 	if _, err := cl.ns.CommitKey(alice, req); err != nil {
 		t.Fatalf("alice commits her reservation: %v", err)
 	}

@@ -3,6 +3,7 @@ package metaclient
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,8 +17,11 @@ import (
 
 // Block reservation pools (issue 15; namespace/reserve.go). A writer of
 // small keys takes a reserved block from the pool of its requester (the
-// outgoing metadata, as the coalescers), bucket, replication and size
-// class instead of opening each key: the key is then committed with one
+// identity in the outgoing metadata: the end user, anonymous, or the
+// caller itself, but not the request's attributes for policy conditions,
+// source IP and the like, which the commit carries and the service
+// checks with each request's own), bucket, replication and size class
+// instead of opening each key: the key is then committed with one
 // CommitKey naming it, so a small PUT makes one meta round instead of
 // two. A pool refills itself in the background when it runs low, with
 // one ReserveBlocks call (one Raft entry for all its blocks) under the
@@ -25,10 +29,18 @@ import (
 // (from minReserve to the caller's count) and shrinking it while it is
 // not, so that a writer of one key reserves little it will not use.
 //
+// A pooled block on anything the caller's exclude list names (a failed
+// datanode, pipeline or container) is dropped, not handed out.
+//
 // TakeReserved answers nil, with no error, whenever the caller should
-// open the key the usual way: a server without ReserveBlocks (never
-// asked again), a bucket the server refused to reserve (for
-// reserveRefusedFor), or a refill that failed.
+// open the key the usual way: a server without ReserveBlocks (asked
+// again after reserveAbsentFor: a rolling upgrade), a bucket or a
+// cluster the server refused to reserve for (FailedPrecondition, also a
+// cluster whose layout does not have reservations yet; PermissionDenied
+// and the like: for reserveRefusedFor), or a refill that failed (then
+// the pool's refills back off, from reserveBackoffMin to
+// reserveRefusedFor, so that a failover does not make every PUT wait on
+// a failing ReserveBlocks first).
 
 const (
 	// minReserve is the first batch of a pool.
@@ -36,12 +48,23 @@ const (
 	// reserveMaxAge: a reservation older than this is not handed out
 	// (the server's expiry is minutes; one left unused expires there).
 	reserveMaxAge = time.Minute
-	// reserveRefusedFor: how long a pool whose reservation the server
-	// refused (an fs bucket, no right to write the whole bucket) sends
-	// its keys the usual way before it asks again.
-	reserveRefusedFor = 30 * time.Second
 	// maxReservePools bounds the pools kept; beyond, idle ones go.
 	maxReservePools = 1024
+)
+
+// (Variables for the tests.)
+var (
+	// reserveRefusedFor: how long a pool whose reservation the server
+	// refused (an fs bucket, no right to write the whole bucket, a
+	// cluster whose layout does not have reservations yet) sends its
+	// keys the usual way before it asks again.
+	reserveRefusedFor = 30 * time.Second
+	// reserveAbsentFor: how long a client whose server answered
+	// Unimplemented opens its keys the usual way before it asks again.
+	reserveAbsentFor = time.Minute
+	// reserveBackoffMin is the first back-off after a failed refill
+	// (doubling per failure up to reserveRefusedFor).
+	reserveBackoffMin = time.Second
 )
 
 // Reserved is one reserved block: an open key without a name, to be
@@ -61,7 +84,8 @@ type reservePool struct {
 	expires time.Time // when its blocks stop being handed out
 	batch   int       // the next refill's count
 	refill  chan struct{}
-	refused time.Time // refills refused until then
+	refused time.Time     // refills refused (or backed off) until then
+	backoff time.Duration // the next back-off after a failed refill
 	used    time.Time
 	waiting int // callers waiting for the refill
 }
@@ -69,7 +93,7 @@ type reservePool struct {
 type reservePools struct {
 	mu     sync.Mutex
 	pools  map[string]*reservePool
-	absent atomic.Bool // the server has no ReserveBlocks
+	absent atomic.Int64 // the server has no ReserveBlocks: until then (unix ns)
 	calls  atomic.Uint64
 	blocks atomic.Uint64
 	taken  atomic.Uint64
@@ -86,12 +110,12 @@ func (c *Client) ReserveStats() (calls, blocks, taken uint64) {
 // for a refill when the pool is empty. See above for a nil answer.
 func (c *Client) TakeReserved(ctx context.Context, req *metapb.ReserveBlocksRequest) (*Reserved, error) {
 	rp := &c.reserves
-	if rp.absent.Load() || req.Count == 0 {
+	if rp.absentNow() || req.Count == 0 {
 		return nil, nil
 	}
 	md, _ := metadata.FromOutgoingContext(ctx)
 	var kbuf [512]byte
-	kb := appendMDKey(kbuf[:0], md)
+	kb := appendIdentityKey(kbuf[:0], md)
 	kb = fmt.Appendf(kb, "\x01%s\x00%s\x00%d\x00%d\x00%d\x00%d\x00%s", req.Volume, req.Bucket, req.Replication,
 		req.ExpectedBytes, req.ChecksumType, req.BytesPerChecksum, req.ClientLocation)
 	// A few times at most: refills that leave nothing to take (other
@@ -110,19 +134,22 @@ func (c *Client) TakeReserved(ctx context.Context, req *metapb.ReserveBlocksRequ
 			rp.pools[p.key] = p
 		}
 		now := time.Now()
-		p.used, p.req = now, req // (the latest exclude list)
-		if now.Before(p.refused) {
-			rp.mu.Unlock()
-			return nil, nil
-		}
+		p.used, p.req, p.md = now, req, md // (the latest exclude list and request attributes)
 		if now.After(p.expires) {
 			p.blocks = nil // (they expire on the server)
 		}
 		var r *Reserved
-		if n := len(p.blocks); n > 0 {
+		for r == nil && len(p.blocks) > 0 {
 			r, p.blocks = p.blocks[0], p.blocks[1:]
+			if excludes(req.Exclude, r.Block) {
+				r = nil // (it expires on the server)
+			}
 		}
-		if len(p.blocks) <= p.batch/2 && p.refill == nil {
+		if r == nil && now.Before(p.refused) {
+			rp.mu.Unlock()
+			return nil, nil
+		}
+		if len(p.blocks) <= p.batch/2 && p.refill == nil && !now.Before(p.refused) {
 			c.startRefill(p, int(req.Count))
 		}
 		wait := p.refill
@@ -147,7 +174,7 @@ func (c *Client) TakeReserved(ctx context.Context, req *metapb.ReserveBlocksRequ
 		if err != nil {
 			return nil, err
 		}
-		if failed || rp.absent.Load() {
+		if failed || rp.absentNow() {
 			return nil, nil
 		}
 	}
@@ -173,11 +200,12 @@ func (c *Client) startRefill(p *reservePool, most int) {
 	req := &metapb.ReserveBlocksRequest{Volume: q.Volume, Bucket: q.Bucket, Count: uint32(count), Replication: q.Replication,
 		ChecksumType: q.ChecksumType, BytesPerChecksum: q.BytesPerChecksum, ClientLocation: q.ClientLocation,
 		Exclude: q.Exclude, ExpectedBytes: q.ExpectedBytes}
+	md := p.md
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CallTimeout)
 		defer cancel()
-		if len(p.md) > 0 {
-			ctx = metadata.NewOutgoingContext(ctx, p.md)
+		if len(md) > 0 {
+			ctx = metadata.NewOutgoingContext(ctx, md)
 		}
 		resp, err := c.Namespace.ReserveBlocks(ctx, req)
 		rp := &c.reserves
@@ -188,14 +216,19 @@ func (c *Client) startRefill(p *reservePool, most int) {
 		p.refill = nil
 		switch code := status.Code(err); {
 		case err == nil:
+			p.backoff = 0
 		case code == codes.Unimplemented:
-			rp.absent.Store(true)
+			rp.absent.Store(time.Now().Add(reserveAbsentFor).UnixNano())
 			return
 		case code == codes.FailedPrecondition || code == codes.PermissionDenied || code == codes.NotFound || code == codes.InvalidArgument:
 			p.refused = time.Now().Add(reserveRefusedFor)
 			return
 		default:
-			return // (the waiting callers open their keys the usual way)
+			// (The waiting callers open their keys the usual way, and
+			// so do the next ones for a while.)
+			p.backoff = min(max(2*p.backoff, reserveBackoffMin), reserveRefusedFor)
+			p.refused = time.Now().Add(p.backoff)
+			return
 		}
 		now := time.Now()
 		// At most reserveMaxAge, and half the time the server gives (its
@@ -236,4 +269,45 @@ func (rp *reservePools) evict() {
 			delete(rp.pools, k)
 		}
 	}
+}
+
+// absentNow reports whether the server answered ReserveBlocks
+// Unimplemented less than reserveAbsentFor ago.
+func (rp *reservePools) absentNow() bool {
+	until := rp.absent.Load()
+	return until != 0 && time.Now().UnixNano() < until
+}
+
+// appendIdentityKey is appendMDKey of md without the request attributes
+// (source IP, TLS, user agent, referer): a pool is a requester's, not a
+// request's.
+func appendIdentityKey(b []byte, md metadata.MD) []byte {
+	for _, k := range requestInfoHeaders {
+		if _, ok := md[k]; ok {
+			md = md.Copy()
+			for _, k := range requestInfoHeaders {
+				delete(md, k)
+			}
+			break
+		}
+	}
+	return appendMDKey(b, md)
+}
+
+var requestInfoHeaders = [...]string{SourceIPHeader, SecureTransportHeader, UserAgentHeader, RefererHeader}
+
+// excludes reports whether blk is on anything ex names.
+func excludes(ex *metapb.ExcludeList, blk *metapb.BlockLocation) bool {
+	if ex == nil {
+		return false
+	}
+	if slices.Contains(ex.Pipelines, blk.GetPipelineId()) || slices.Contains(ex.Containers, blk.GetId().GetContainerId()) {
+		return true
+	}
+	for _, d := range blk.GetDatanodes() {
+		if slices.Contains(ex.Datanodes, d.GetId()) {
+			return true
+		}
+	}
+	return false
 }

@@ -316,6 +316,20 @@ func (s *Service) CommitKeys(ctx context.Context, req *metapb.CommitKeysRequest)
 		return nil, invalid("CommitKeys request of %d bytes: at most %d", sz, MaxWriteBatchBytes)
 	}
 	errs := make([]error, n)
+	// Reservations' keys are authorized here only: after one barrier
+	// first, as OpenKey's (CommitKey).
+	fresh := false
+	for _, r := range req.Requests {
+		if r != nil && s.reservedHere(r.OpenId) {
+			fresh = true
+			break
+		}
+	}
+	if fresh {
+		if err := s.current(ctx); err != nil {
+			return nil, err
+		}
+	}
 	az := s.authz(ctx)
 	var again []int // refused on this replica's state: check after a barrier
 	for i, r := range req.Requests {
@@ -331,8 +345,12 @@ func (s *Service) CommitKeys(ctx context.Context, req *metapb.CommitKeysRequest)
 			errs[i] = err
 			continue
 		}
-		if err := az.WriteCommit(r, "commit"); err != nil {
-			again = append(again, i)
+		if err := s.checkCommitRow(az, r, "commit"); err != nil {
+			if fresh {
+				errs[i] = err
+			} else {
+				again = append(again, i)
+			}
 		}
 	}
 	if len(again) > 0 {
@@ -341,7 +359,7 @@ func (s *Service) CommitKeys(ctx context.Context, req *metapb.CommitKeysRequest)
 		}
 		az = s.authz(ctx)
 		for _, i := range again {
-			errs[i] = az.WriteCommit(req.Requests[i], "commit")
+			errs[i] = s.checkCommitRow(az, req.Requests[i], "commit")
 		}
 	}
 	op := &metapb.CommitKeysOp{}

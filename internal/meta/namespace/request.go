@@ -1,6 +1,8 @@
 package namespace
 
 import (
+	"strconv"
+
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
@@ -87,23 +89,48 @@ func checkOpenKey(req *metapb.OpenKeyRequest) error {
 	if err := ValidateKey(req.Key); err != nil {
 		return err
 	}
-	switch req.Replication {
+	return checkWriteParams("open key", req.Key, req.Replication, req.ChecksumType, req.BytesPerChecksum,
+		req.ClientLocation, req.Exclude)
+}
+
+// checkWriteParams checks what a new open key is written with: OpenKey's
+// and ReserveBlocks' requests (what and key name the request in errors).
+func checkWriteParams(what, key string, repl metapb.Replication, ct metapb.ChecksumType, bpc uint32, loc string, ex *metapb.ExcludeList) error {
+	label := func() string { // (on an error only)
+		if key == "" {
+			return what
+		}
+		return what + " " + strconv.Quote(key)
+	}
+	switch repl {
 	case metapb.Replication_REPLICATION_UNSPECIFIED, metapb.Replication_ONE, metapb.Replication_THREE:
 	default:
-		return invalid("open key %q: replication %v, want ONE or THREE", req.Key, req.Replication)
+		return invalid("%s: replication %v, want ONE or THREE", label(), repl)
 	}
-	switch req.ChecksumType {
+	switch ct {
 	case metapb.ChecksumType_CHECKSUM_TYPE_UNSPECIFIED, metapb.ChecksumType_CHECKSUM_NONE, metapb.ChecksumType_CRC32C:
 	default:
-		return invalid("open key %q: checksum type %v, want CHECKSUM_NONE or CRC32C", req.Key, req.ChecksumType)
+		return invalid("%s: checksum type %v, want CHECKSUM_NONE or CRC32C", label(), ct)
 	}
-	if b := req.BytesPerChecksum; b != 0 && (b < MinBytesPerChecksum || b > MaxBytesPerChecksum) {
-		return invalid("open key %q: bytes per checksum %d outside [%d, %d]", req.Key, b, MinBytesPerChecksum, MaxBytesPerChecksum)
+	if bpc != 0 && (bpc < MinBytesPerChecksum || bpc > MaxBytesPerChecksum) {
+		return invalid("%s: bytes per checksum %d outside [%d, %d]", label(), bpc, MinBytesPerChecksum, MaxBytesPerChecksum)
 	}
-	if len(req.ClientLocation) > maxLocationBytes {
-		return invalid("open key %q: client location is %d bytes, at most %d", req.Key, len(req.ClientLocation), maxLocationBytes)
+	if len(loc) > maxLocationBytes {
+		return invalid("%s: client location is %d bytes, at most %d", label(), len(loc), maxLocationBytes)
 	}
-	return checkExclude(req.Exclude)
+	return checkExclude(ex)
+}
+
+// checkReserveBlocks checks a ReserveBlocks request as OpenKey's is
+// checked (all but the key, which the commit names).
+func checkReserveBlocks(req *metapb.ReserveBlocksRequest) error {
+	if req.Count == 0 || req.Count > MaxReserveBlocks {
+		return invalid("reserve blocks: count %d, want 1..%d", req.Count, MaxReserveBlocks)
+	}
+	if err := checkBucketRef(req.Volume, req.Bucket); err != nil {
+		return err
+	}
+	return checkWriteParams("reserve blocks", "", req.Replication, req.ChecksumType, req.BytesPerChecksum, req.ClientLocation, req.Exclude)
 }
 
 func checkExclude(ex *metapb.ExcludeList) error {
@@ -129,6 +156,18 @@ func checkCommitKey(req *metapb.CommitKeyRequest) error {
 	}
 	if err := checkPartRef(req.Part); err != nil {
 		return err
+	}
+	// The key, volume and bucket a commit names (a reserved open key's;
+	// checked against the open key itself in Service.checkCommitRow).
+	if req.Volume != "" || req.Bucket != "" {
+		if err := checkBucketRef(req.Volume, req.Bucket); err != nil {
+			return err
+		}
+	}
+	if req.Key != "" {
+		if err := ValidateKey(req.Key); err != nil {
+			return err
+		}
 	}
 	if err := checkPreconditionBounds(req.Precondition); err != nil {
 		return err
@@ -176,6 +215,18 @@ func checkCopyKey(req *metapb.CopyKeyRequest) error {
 	}
 	if err := checkPartRef(req.Part); err != nil {
 		return err
+	}
+	// The key, volume and bucket a commit names (a reserved open key's;
+	// checked against the open key itself in Service.checkCommitRow).
+	if req.Volume != "" || req.Bucket != "" {
+		if err := checkBucketRef(req.Volume, req.Bucket); err != nil {
+			return err
+		}
+	}
+	if req.Key != "" {
+		if err := ValidateKey(req.Key); err != nil {
+			return err
+		}
 	}
 	if err := checkPreconditionBounds(req.Precondition); err != nil {
 		return err

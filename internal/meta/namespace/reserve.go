@@ -2,13 +2,17 @@ package namespace
 
 import (
 	"context"
+	"sync"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/store"
 )
 
 // Block reservations (issue 15): a small PUT without an OpenKey round.
@@ -46,9 +50,17 @@ const (
 	// use of its pool (metaclient keeps a reservation at most a minute).
 	DefaultReservationExpiry = 10 * time.Minute
 	// reserveScanRows bounds the open rows one expiry round reads
-	// looking for expired reservations.
+	// looking for expired reservations (the next round goes on from
+	// there).
 	reserveScanRows = 10000
 )
+
+// reserveScan is the leader-only progress of the reservations' expiry.
+type reserveScan struct {
+	mu   sync.Mutex
+	next uint64 // the open ID the next round starts at
+	rows int    // reserveScanRows (tests set fewer)
+}
 
 // reserverOf is who a reservation is for: the caller of ctx ("" for a
 // trusted in-process call without one).
@@ -69,14 +81,8 @@ func reserverOf(ctx context.Context) string {
 // ReserveBlocks reserves req.Count blocks of an object bucket for the
 // caller (see above).
 func (s *Service) ReserveBlocks(ctx context.Context, req *metapb.ReserveBlocksRequest) (*metapb.ReserveBlocksResponse, error) {
-	if req.Count == 0 || req.Count > MaxReserveBlocks {
-		return nil, invalid("reserve blocks: count %d, want 1..%d", req.Count, MaxReserveBlocks)
-	}
-	if err := checkExclude(req.Exclude); err != nil {
+	if err := checkReserveBlocks(req); err != nil {
 		return nil, err
-	}
-	if len(req.ClientLocation) > maxLocationBytes {
-		return nil, invalid("reserve blocks: client location is %d bytes, at most %d", len(req.ClientLocation), maxLocationBytes)
 	}
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
@@ -125,11 +131,18 @@ func (s *Service) ReserveBlocks(ctx context.Context, req *metapb.ReserveBlocksRe
 	if err := s.attachTokens(ctx, alloc.Blocks, writeModes); err != nil {
 		return nil, err
 	}
-	resp := &metapb.ReserveBlocksResponse{BlockSize: alloc.BlockSize, ExpiresUnixMs: now.Add(s.cfg.ReservationExpiry).UnixMilli()}
+	resp := &metapb.ReserveBlocksResponse{BlockSize: alloc.BlockSize, ExpiresUnixMs: now.Add(s.reservationLife()).UnixMilli()}
 	for i, bl := range alloc.Blocks {
 		resp.Blocks = append(resp.Blocks, &metapb.ReservedBlock{OpenId: first + uint64(i), Block: bl})
 	}
 	return resp, nil
+}
+
+// reservationLife is how long a reservation lives: the expiry expires
+// a reserved open key at the earlier of its two cutoffs (expireCutoff),
+// so at the shorter of ReservationExpiry and OpenKeyExpiry.
+func (s *Service) reservationLife() time.Duration {
+	return min(s.cfg.ReservationExpiry, s.cfg.OpenKeyExpiry)
 }
 
 // reserveBlocks applies a ReserveBlocksOp: a reserved open key per block.
@@ -185,16 +198,13 @@ func commitName(row *metapb.OpenKeyRow, b *metapb.Bucket, req *metapb.CommitKeyR
 	return nil
 }
 
-// WriteCommit checks a commit before the log: the open key's own bucket
-// and key (the key the request names for a reserved one), and that a
-// reservation is the caller's.
-func (a *Authorizer) WriteCommit(req *metapb.CommitKeyRequest, what string) error {
+// writeCommitRow checks a commit before the log (after
+// Service.checkCommitRow's checks): the open key's own bucket and key
+// (the key the request names for a reserved one), and that a reservation
+// is the caller's.
+func (a *Authorizer) writeCommitRow(row *metapb.OpenKeyRow, req *metapb.CommitKeyRequest, what string) error {
 	if a.trusted {
 		return nil
-	}
-	row, err := a.st.OpenKey(req.OpenId)
-	if err != nil {
-		return err
 	}
 	if err := a.reserver(row); err != nil {
 		return err
@@ -204,12 +214,52 @@ func (a *Authorizer) WriteCommit(req *metapb.CommitKeyRequest, what string) erro
 	}
 	key := row.Key
 	if row.Reserved {
-		if err := ValidateKey(req.Key); err != nil {
-			return err
-		}
 		key = req.Key
 	}
 	return a.Write(row.Volume, row.Bucket, key, what)
+}
+
+// checkCommitRow checks a commit before the log against its open key
+// (read from this replica's state), for every caller, trusted ones too:
+// what Apply's commitName refuses (another bucket, a reservation
+// committed without a name or with one invalid in its bucket's layout,
+// an ordinary open key renamed), then the caller's rights (az).
+func (s *Service) checkCommitRow(az *Authorizer, req *metapb.CommitKeyRequest, what string) error {
+	row, err := s.st.OpenKey(req.OpenId)
+	if err != nil {
+		return err
+	}
+	if (req.Volume != "" || req.Bucket != "") && (req.Volume != row.Volume || req.Bucket != row.Bucket) {
+		return status.Errorf(codes.PermissionDenied, "%s: open key %d is of bucket %s/%s, not %s/%s", what, row.OpenId, row.Volume, row.Bucket, req.Volume, req.Bucket)
+	}
+	if !row.Reserved {
+		if req.Key != "" && req.Key != row.Key {
+			return invalid("%s %q: open key %d is %q", what, req.Key, row.OpenId, row.Key)
+		}
+	} else {
+		if req.Key == "" {
+			return invalid("%s: open key %d is a block reservation: the commit must name the key", what, row.OpenId)
+		}
+		b, err := s.st.cachedBucket(row.Volume, row.Bucket) // (read only)
+		if err != nil {
+			return err
+		}
+		if err := validateKeyFor(b, req.Key); err != nil {
+			return err
+		}
+	}
+	return az.writeCommitRow(row, req, what)
+}
+
+// reservedHere reports whether open key id is a reservation on this
+// replica's state. A reservation's commit is authorized on the key only
+// then (OpenKey authorized an ordinary open key's), so it is checked
+// after a read barrier, as OpenKey is. (A reservation this replica has
+// not applied yet is not found here: its check fails, and is made again
+// after a barrier.)
+func (s *Service) reservedHere(id uint64) bool {
+	row, err := s.st.OpenKey(id)
+	return err == nil && row.Reserved
 }
 
 // WriteRow checks a block allocation for the open key row.
@@ -250,25 +300,39 @@ func expireCutoff(row *metapb.OpenKeyRow, op *metapb.ExpireOpenKeysOp) int64 {
 }
 
 // ExpiredReservations returns up to limit reserved open keys created
-// before olderThan, reading at most maxRows open rows: open IDs grow
-// with time, so the scan stops at the first row (of any kind) created
-// after it.
-func (s *State) ExpiredReservations(olderThanUnixMs int64, maxRows, limit int) ([]uint64, error) {
-	var ids []uint64
-	err := s.scanRows(pfxOpen, maxRows, func(v []byte) (bool, error) {
-		row := &metapb.OpenKeyRow{}
-		if err := proto.Unmarshal(v, row); err != nil {
-			return false, err
+// before olderThan, reading at most maxRows open rows from open ID from:
+// open IDs grow with time, so the scan stops at the first row (of any
+// kind) created after it. next is the open ID to resume from (0: the walk
+// is complete, start again from the first).
+func (s *State) ExpiredReservations(olderThanUnixMs int64, from uint64, maxRows, limit int) (ids []uint64, next uint64, err error) {
+	err = s.view(func(r pebble.Reader) error {
+		it, err := r.NewIter(&pebble.IterOptions{LowerBound: u64Key(pfxOpen, from), UpperBound: store.PrefixEnd(pfxOpen)})
+		if err != nil {
+			return err
 		}
-		if row.CreatedUnixMs >= olderThanUnixMs || len(ids) == limit {
-			return false, nil
+		defer it.Close()
+		n := 0
+		for it.First(); it.Valid(); it.Next() {
+			row := &metapb.OpenKeyRow{}
+			if err := proto.Unmarshal(it.Value(), row); err != nil {
+				return err
+			}
+			if row.CreatedUnixMs >= olderThanUnixMs {
+				break // (the rest are younger)
+			}
+			if n == maxRows || len(ids) == limit {
+				next = row.OpenId
+				return it.Error()
+			}
+			n++
+			if row.Reserved {
+				ids = append(ids, row.OpenId)
+			}
 		}
-		if row.Reserved {
-			ids = append(ids, row.OpenId)
-		}
-		return true, nil
+		next = 0
+		return it.Error()
 	})
-	return ids, err
+	return ids, next, err
 }
 
 // expiredOpens is the open keys one expiry round expires: those older
@@ -281,7 +345,14 @@ func (s *Service) expiredOpens() (*metapb.ExpireOpenKeysOp, error) {
 	if err != nil {
 		return nil, err
 	}
-	rids, err := s.st.ExpiredReservations(op.ReservedOlderThanUnixMs, reserveScanRows, s.cfg.ExpireBatch)
+	// Resumed where the last round stopped, so that reservations behind
+	// more than reserveScanRows older open keys are reached too.
+	s.reserveScan.mu.Lock()
+	rids, next, err := s.st.ExpiredReservations(op.ReservedOlderThanUnixMs, s.reserveScan.next, s.reserveScan.rows, s.cfg.ExpireBatch)
+	if err == nil {
+		s.reserveScan.next = next
+	}
+	s.reserveScan.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}

@@ -120,14 +120,15 @@ type Service struct {
 	raft   Raft
 	blocks Blocks
 
-	uploadScan uploadScan  // leader-only progress of the upload expiry
-	pols       policyCache // parsed bucket policies (acl.go)
+	uploadScan  uploadScan  // leader-only progress of the upload expiry
+	reserveScan reserveScan // leader-only progress of the reservations' expiry
+	pols        policyCache // parsed bucket policies (acl.go)
 }
 
 // NewService returns the service over st.
 func NewService(cfg Config, st *State, r Raft, b Blocks) *Service {
 	cfg.setDefaults()
-	return &Service{cfg: cfg, st: st, raft: r, blocks: b}
+	return &Service{cfg: cfg, st: st, raft: r, blocks: b, reserveScan: reserveScan{rows: reserveScanRows}}
 }
 
 // current is the read barrier a write takes before it authorizes and
@@ -386,17 +387,27 @@ func (s *Service) CommitKey(ctx context.Context, req *metapb.CommitKeyRequest) (
 	if err := validateAcls(req.Acls, "commit"); err != nil {
 		return nil, err
 	}
-	// The write was authorized at OpenKey against current state (after a
-	// read barrier); a stale state here can at worst let through the
-	// commit of that already authorized write, or miss an open key
-	// committed a moment ago (a leader elected since): then check again
-	// after a barrier. (The small-object path commits many keys: no
-	// barrier when none is needed.)
-	if err := s.authz(ctx).WriteCommit(req, "commit"); err != nil {
+	// An ordinary open key's write was authorized at OpenKey against
+	// current state (after a read barrier); a stale state here can at
+	// worst let through the commit of that already authorized write, or
+	// miss an open key committed a moment ago (a leader elected since):
+	// then check again after a barrier. (The small-object path commits
+	// many keys: no barrier when none is needed.) A reservation's key is
+	// authorized here only: after a barrier first, as OpenKey's.
+	fresh := s.reservedHere(req.OpenId)
+	if fresh {
+		if err := s.current(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.checkCommitRow(s.authz(ctx), req, "commit"); err != nil {
+		if fresh {
+			return nil, err
+		}
 		if berr := s.current(ctx); berr != nil {
 			return nil, berr
 		}
-		if err := s.authz(ctx).WriteCommit(req, "commit"); err != nil {
+		if err := s.checkCommitRow(s.authz(ctx), req, "commit"); err != nil {
 			return nil, err
 		}
 	}
