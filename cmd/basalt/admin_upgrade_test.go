@@ -3,15 +3,19 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/basalt-store/basalt/internal/meta/namespace"
 )
 
 // TestAdminUpgrade runs the real binary: `admin upgrade status` (table
 // and --json) and `admin upgrade finalize` on a fresh cluster, which
-// records the layout its members support (1: no feature above it yet).
+// records the layout its members support (this binary's: block
+// reservations are layout 2).
 func TestAdminUpgrade(t *testing.T) {
 	_, bin, c := binaryAndCluster(t)
 	run := func(args ...string) string {
@@ -43,13 +47,15 @@ func TestAdminUpgrade(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if st.Finalized != 1 || len(st.Replicas) == 0 || st.Replicas[0].Software != 1 || st.Replicas[0].State != "applying" || len(st.Waiting) != 0 {
-		t.Fatalf("status %+v", st)
+	// A fresh cluster is finalized at its binary's layout.
+	v := namespace.SoftwareLayoutVersion()
+	if st.Finalized != v || len(st.Replicas) == 0 || st.Replicas[0].Software != v || st.Replicas[0].State != "applying" || len(st.Waiting) != 0 {
+		t.Fatalf("status %+v (binary's layout %d)", st, v)
 	}
-	if out := run("admin", "upgrade", "status"); !strings.Contains(out, "finalized layout version: 1") || !strings.Contains(out, "applying") {
+	if out := run("admin", "upgrade", "status"); !strings.Contains(out, fmt.Sprintf("finalized layout version: %d", v)) || !strings.Contains(out, "applying") {
 		t.Fatalf("status table:\n%s", out)
 	}
-	if out := run("admin", "upgrade", "finalize"); !strings.Contains(out, "finalized at layout version 1") {
+	if out := run("admin", "upgrade", "finalize"); !strings.Contains(out, fmt.Sprintf("finalized at layout version %d", v)) {
 		t.Fatalf("finalize: %s", out)
 	}
 }

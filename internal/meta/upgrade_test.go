@@ -106,8 +106,23 @@ func TestLayoutFinalize(t *testing.T) {
 	if st.FinalizedVersion != 1 || len(st.Replicas) != 3 || st.Replicas[2].SoftwareVersion != 1 || st.Replicas[0].SoftwareVersion != 2 {
 		t.Fatalf("status %v", st)
 	}
-	if len(st.Features) != 1 || st.Features[0].Finalized {
+	// The test feature and every real one at layout 2 (block
+	// reservations) wait for the finalize.
+	var testFeature bool
+	for _, f := range st.Features {
+		testFeature = testFeature || f.Name == "test-create-bucket"
+		if f.Finalized {
+			t.Fatalf("features %v", st.Features)
+		}
+	}
+	if !testFeature {
 		t.Fatalf("features %v", st.Features)
+	}
+	// Block reservations (layout 2) are refused first, before the bucket
+	// is even looked up or a block allocated; clients fall back to OpenKey
+	// (metaclient TestReserveFallbackRetriedLater).
+	if _, err := cl.Namespace.ReserveBlocks(ctx, &metapb.ReserveBlocksRequest{Volume: "vol", Bucket: "resv", Count: 1}); !metaclient.LayoutNotFinalized(err) {
+		t.Fatalf("ReserveBlocks before finalize: %v", err)
 	}
 	_, err = cl.Upgrade.FinalizeLayout(ctx, &metapb.FinalizeLayoutRequest{Version: 2})
 	// (Refused by the leader after asking the members, or by node 3
@@ -342,16 +357,19 @@ func gaugeValue(t *testing.T, s *Server, name string) float64 {
 }
 
 // TestBatchWritesFallBackBeforeFinalize: binaries with OpenKeys and
-// CommitKeys as layout-2 features on a cluster finalized at 1 refuse the
+// CommitKeys as features one layout above the cluster's refuse the
 // batch calls before the log (LAYOUT_NOT_FINALIZED) and metaclient's
 // coalescers fall back to single calls: every small write succeeds.
 // After finalize the batch calls work.
 func TestBatchWritesFallBackBeforeFinalize(t *testing.T) {
 	c, admin, ctx := lookupCluster(t, 1)
-	defer namespace.RegisterLayoutFeature(namespace.LayoutFeature{Name: "test-open-keys", Version: 2, Op: 1400})()
-	defer namespace.RegisterLayoutFeature(namespace.LayoutFeature{Name: "test-commit-keys", Version: 2, Op: 1401})()
-	if v := c.servers[1].nsState.FinalizedLayout(); v != 1 {
-		t.Fatalf("finalized %d", v)
+	// The fresh cluster is finalized at this binary's layout; the test
+	// features come one above it.
+	base := namespace.SoftwareLayoutVersion()
+	defer namespace.RegisterLayoutFeature(namespace.LayoutFeature{Name: "test-open-keys", Version: base + 1, Op: 1400})()
+	defer namespace.RegisterLayoutFeature(namespace.LayoutFeature{Name: "test-commit-keys", Version: base + 1, Op: 1401})()
+	if v := c.servers[1].nsState.FinalizedLayout(); v != base {
+		t.Fatalf("finalized %d, want %d", v, base)
 	}
 	mustOK(t, "bucket", func() error {
 		_, err := admin.Namespace.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: "vol", Name: "fallback"})
@@ -380,7 +398,7 @@ func TestBatchWritesFallBackBeforeFinalize(t *testing.T) {
 	if err != nil || len(r.Keys) != len(errs) {
 		t.Fatalf("keys %d, %v", len(r.GetKeys()), err)
 	}
-	if f, err := admin.Upgrade.FinalizeLayout(ctx, &metapb.FinalizeLayoutRequest{}); err != nil || f.FinalizedVersion != 2 {
+	if f, err := admin.Upgrade.FinalizeLayout(ctx, &metapb.FinalizeLayoutRequest{}); err != nil || f.FinalizedVersion != base+1 {
 		t.Fatalf("finalize: %v %v", f, err)
 	}
 	if _, err := admin.Namespace.OpenKeys(ctx, &metapb.OpenKeysRequest{Requests: []*metapb.OpenKeyRequest{{Volume: "vol", Bucket: "fallback", Key: "x"}}}); err != nil {

@@ -59,8 +59,10 @@ type LayoutFeature struct {
 // layoutFeatures: registering an op as a layout feature is one line here,
 // e.g.
 //
-//	{Name: "small-file-reservation", Version: 2, Op: 2101, Description: "ReserveSmallFiles"},
-var layoutFeatures = []LayoutFeature{}
+//	{Name: "block-reservations", Version: 2, Op: 2000, Description: "ReserveBlocks ..."},
+var layoutFeatures = []LayoutFeature{
+	{Name: "block-reservations", Version: 2, Op: 2000, Description: "ReserveBlocks: blocks reserved ahead of need, committed by a CommitKey naming the key (issue 15)"},
+}
 
 // MaxLayoutVersion bounds a layout version anywhere it is read.
 const MaxLayoutVersion = 1 << 16

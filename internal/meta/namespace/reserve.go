@@ -84,6 +84,11 @@ func (s *Service) ReserveBlocks(ctx context.Context, req *metapb.ReserveBlocksRe
 	if err := checkReserveBlocks(req); err != nil {
 		return nil, err
 	}
+	// Before any allocation: a cluster not finalized at the reservations'
+	// layout refuses them (the client falls back to OpenKey).
+	if err := s.st.CheckLayout(&metapb.NsCommand{Op: &metapb.NsCommand_ReserveBlocks{}}); err != nil {
+		return nil, err
+	}
 	if err := s.raft.ReadBarrier(ctx); err != nil {
 		return nil, err
 	}

@@ -12,10 +12,12 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
-// reserveEnv: a bucket vol1/bk1 that alice may write (she owns it).
+// reserveEnv: a bucket vol1/bk1 that alice may write (she owns it), on a
+// namespace finalized at this binary's layout (reservations need layout 2).
 func reserveEnv(t *testing.T) *nsEnv {
 	t.Helper()
 	e := newNS(t)
+	e.finalizeLayout(t)
 	if _, err := e.s.CreateVolume(e.ctx, &metapb.CreateVolumeRequest{Name: "vol1", Owner: "alice"}); err != nil {
 		t.Fatal(err)
 	}
@@ -259,5 +261,18 @@ func TestReservedCommitChecksItsRequest(t *testing.T) {
 	}
 	if _, err := e.s.CommitKey(from("10.1.1.2"), req(0, "a")); err != nil {
 		t.Fatalf("commit from an allowed source IP: %v", err)
+	}
+}
+
+// finalizeLayout finalizes e's namespace at this binary's layout through
+// e.s's Raft, as `basalt admin upgrade finalize` would.
+func (e *nsEnv) finalizeLayout(t *testing.T) {
+	t.Helper()
+	cmd := mustCmd(t, &metapb.NsCommand{Op: &metapb.NsCommand_Layout{Layout: &metapb.LayoutOp{Version: SoftwareLayoutVersion()}}})
+	if _, err := e.s.raft.Propose(e.ctx, cmd); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.st.FinalizedLayout(); got != SoftwareLayoutVersion() {
+		t.Fatalf("finalized at %d, want %d", got, SoftwareLayoutVersion())
 	}
 }

@@ -18,6 +18,7 @@ func TestReservationExpiresBeforeOpenKeys(t *testing.T) {
 	e := newNS(t)
 	e.s = NewService(Config{Now: func() time.Time { return e.now }, OpenKeyExpiry: time.Hour, ReservationExpiry: 10 * time.Minute},
 		e.st, &fakeRaft{st: e.st}, e.fb)
+	e.finalizeLayout(t)
 	ctx := e.ctx
 	e.s.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "vol1"})
 	if _, err := e.s.CreateBucket(ctx, &metapb.CreateBucketRequest{Volume: "vol1", Name: "bk1"}); err != nil {
