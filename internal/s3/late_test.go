@@ -145,10 +145,17 @@ func TestHasherSlack(t *testing.T) {
 			t.Fatalf("the reading waited for the digest after %d of 16 buffers", n)
 		}
 	}
+	// The 17th write waits for a free buffer (counted in full, before it
+	// blocks): polled with a deadline, not assumed after a fixed sleep.
+	for end := time.Now().Add(10 * time.Second); h.full.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the 17th write did not wait for a free buffer")
+		}
+	}
 	select {
 	case n := <-wrote:
 		t.Fatalf("%d buffers written with the digest stalled: more than hashBufs in memory", n)
-	case <-time.After(50 * time.Millisecond):
+	default:
 	}
 	if h.full.Load() != 1 {
 		t.Fatalf("waits counted: %d, want 1", h.full.Load())
