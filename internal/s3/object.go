@@ -396,6 +396,13 @@ func (g *Gateway) putData(req *request, key string, r io.Reader, sizeHint int64,
 			return nil
 		},
 	})
+	if err != nil && b != nil && b.late && b.eof && !b.settled {
+		// The write path failed after the body's end, before
+		// BeforeCommit: its digests are still checked, so a bad one is
+		// the client's BadDigest (400, as when checked at EOF), not the
+		// write path's retryable error (bodyOr prefers the body's).
+		b.settle()
+	}
 	if b != nil {
 		b.timeline(&req.stages, committing)
 	}
