@@ -507,6 +507,18 @@ func (h *hasher) wait() {
 	h.made = 0
 }
 
+// deepen lets a body written through putData (holding an upload slot)
+// lag its digests by hashBufs buffers; its MD5 counts as behind for twice
+// as many after a wait (laneBehindKeep). Call it before the first Read.
+func (b *body) deepen() {
+	if b.async != nil {
+		b.async.deepen()
+	}
+	if b.laneMD5 != nil {
+		b.laneMD5.behindKeep = 2 * hashBufs
+	}
+}
+
 // timeline adds the body's share of the data stage to s: blocked on the
 // client's sending, waiting for the digests, and from the body's end to
 // the commit (closing the streams: every replica synced, and the block

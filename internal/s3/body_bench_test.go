@@ -49,9 +49,7 @@ func readBody(t testing.TB, r *http.Request, a *auth, buf []byte) *body {
 		t.Fatal(e)
 	}
 	defer b.close()
-	if b.async != nil {
-		b.async.deepen() // as putData's bodies
-	}
+	b.deepen() // as putData's bodies
 	for {
 		_, err := io.ReadFull(b, buf)
 		if err == io.EOF || err == io.ErrUnexpectedEOF {

@@ -102,8 +102,13 @@ var laneLinger = 1 * time.Millisecond
 // and taking that as behind left 75% of the bytes of warp's put3 hashed
 // alone; a body read flat out beside a paced one was held to ~480 MB/s
 // against ~610 with no lanes (load 6, BenchmarkETagFastBesideSlow) when
-// its queue alone was looked at, buffer by buffer.
-const laneBehindKeep = 8
+// its queue alone was looked at, buffer by buffer. It is twice the
+// body's hash buffers (behindKeep): a body with hashBufs (16) buffers
+// whose reading paused (not scheduled on a loaded machine) refills its
+// free buffers without waiting for up to 16 of them, and lost "behind"
+// after 8 (TestLaneBehindBodiesLeadApart failed 9/10 under -race; review
+// of session 13).
+const laneBehindKeep = 2 * shallowHashBufs
 
 // laneYield: a buffer alone yields its goroutine once before it is
 // hashed, while other bodies are being read (a variable for benchmarks).
@@ -375,8 +380,11 @@ type laneMD5 struct {
 	// previous buffer.
 	readWaits     *atomic.Int64
 	readWaitsSeen int64
-	behindLeft    int // buffers it still counts as behind (laneBehindKeep)
-	sum           []byte
+	behindLeft    int // buffers it still counts as behind (behindKeep)
+	// behindKeep: buffers it counts as behind after a wait (twice its
+	// hash buffers; 0: laneBehindKeep). Set before its first buffer.
+	behindKeep int
+	sum        []byte
 }
 
 // newLaneMD5 returns a large body's MD5. Call done at EOF or failure and
@@ -410,7 +418,7 @@ func (l *laneMD5) Write(p []byte) (int, error) {
 			l.job.p = p[:full]
 			if w := l.readWaits; w != nil && w.Load() != l.readWaitsSeen {
 				l.readWaitsSeen = w.Load()
-				l.behindLeft = laneBehindKeep
+				l.behindLeft = max(l.behindKeep, laneBehindKeep)
 			} else if l.behindLeft > 0 {
 				l.behindLeft--
 			}

@@ -360,9 +360,7 @@ func (g *Gateway) putData(req *request, key string, r io.Reader, sizeHint int64,
 	}
 	if b != nil {
 		b.late = true // its digests are checked in BeforeCommit
-		if b.async != nil {
-			b.async.deepen() // it holds an upload slot (hashBufs)
-		}
+		b.deepen()    // it holds an upload slot (hashBufs)
 	}
 	ki, err := g.cl.PutKey(req.r.Context(), g.cfg.Volume, req.bucket, key, r, client.PutOptions{
 		SizeHint:     max(sizeHint, 0),
