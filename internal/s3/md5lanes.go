@@ -152,6 +152,8 @@ var laneStats struct {
 	bodies atomic.Int64 // large bodies (laneMD5s made), lanes on or off
 	// bytes[n]: bytes hashed in passes of n occupied lanes (1: scalar).
 	bytes [md5x.MaxLanes + 1]atomic.Int64
+	// behindBytes[n]: those of them of behind bodies' buffers.
+	behindBytes [md5x.MaxLanes + 1]atomic.Int64
 	// lingers that ended with company (a buffer arrived) or at laneLinger.
 	lingerCompany, lingerTimeout atomic.Int64
 	handovers                    atomic.Int64 // leads handed to another goroutine
@@ -356,11 +358,18 @@ func (s *laneSched) step(act []*laneJob) {
 		}
 		md5x.Lanes(sts[:len(act)], ds[:len(act)])
 	}
+	behind := 0
 	for _, j := range act {
 		j.p = j.p[n:]
 		j.fresh = false
+		if j.behind {
+			behind++
+		}
 	}
 	laneStats.bytes[len(act)].Add(int64(n * len(act)))
+	if behind > 0 {
+		laneStats.behindBytes[len(act)].Add(int64(n * behind))
+	}
 }
 
 // laneMD5 is a large body's MD5 (a hash.Hash): Write is called by the
