@@ -352,20 +352,30 @@ func (t *timedReader) Read(p []byte) (int, error) {
 
 // Large bodies are hashed off the request goroutine: MD5 (the ETag) runs
 // at ~800 MB/s on one core here, slower than receiving and forwarding, so
-// inline it would cap a single upload's throughput. Each large upload
-// holds hashBufs*hashBufSize more memory; MaxUploads bounds the total.
+// inline it would cap a single upload's throughput. A large upload holds
+// up to hashBufs*hashBufSize more memory; MaxUploads bounds the total.
 const (
 	asyncHashMin = 1 << 20
 	hashBufSize  = 256 << 10
 )
 
-// hashBufs is how many buffers a large body's digests may lag behind its
-// reading (a variable for benchmarks): 16 (4 MiB a body, 128 MiB at
-// MaxUploads 32). With 4, twelve paced bodies' reading waited for their
+// hashBufs is how many buffers a large body written through putData
+// (holding an upload slot) may have its digests lag behind its reading (a
+// variable for benchmarks): 16 (4 MiB a body, 128 MiB at MaxUploads 32).
+// Other bodies (XML, policies: no upload slot) keep shallowHashBufs, and
+// every hasher takes its buffers from the pool as bytes arrive, so a
+// stalled body holds none it has not filled (review of session 13). With 4, twelve paced bodies' reading waited for their
 // hashing (BenchmarkETagPaced bodies=12: 300-340 MB/s against 480-500
 // with 16, at the same ~1.0 CPU-s/GiB), and warp's parts spent a third
 // of their time there (stage data_hashwait; BENCHMARKS.md, session 13).
 var hashBufs = 16
+
+// shallowHashBufs is the lag of bodies not written through putData.
+const shallowHashBufs = 4
+
+// hashBufsHeld counts the hash buffers taken from the pool and not yet
+// returned, by every hasher (tests).
+var hashBufsHeld atomic.Int64
 
 var hashBufPool = sync.Pool{New: func() any { b := make([]byte, 0, hashBufSize); return &b }}
 
@@ -373,8 +383,9 @@ var hashBufPool = sync.Pool{New: func() any { b := make([]byte, 0, hashBufSize);
 // goroutines. write blocks when hashBufs buffers are waiting (backpressure
 // instead of unbounded memory); wait returns once every byte is hashed.
 type hasher struct {
-	n    int // buffers (hashBufs when made)
-	free chan *hashBuf
+	n    int             // most buffers it may hold (deepen raises it to hashBufs)
+	made int             // buffers taken from the pool so far (at most n)
+	free chan *hashBuf   // capacity hashBufs
 	work []chan *hashBuf // one per digest
 	done sync.WaitGroup
 	cur  *hashBuf
@@ -395,13 +406,12 @@ type hashBuf struct {
 
 // newHasher starts one goroutine per digest, so MD5 (the slowest) and a
 // flexible checksum or payload SHA-256 run side by side.
-func newHasher(hs []hash.Hash) *hasher {
-	h := &hasher{n: hashBufs, free: make(chan *hashBuf, hashBufs)}
-	for range h.n {
-		h.free <- &hashBuf{b: hashBufPool.Get().(*[]byte)}
-	}
+// Its buffers are taken as bytes arrive, up to n (at most hashBufs).
+func newHasher(hs []hash.Hash, n int) *hasher {
+	n = min(n, hashBufs)
+	h := &hasher{n: n, free: make(chan *hashBuf, hashBufs)}
 	for _, d := range hs {
-		ch := make(chan *hashBuf, h.n)
+		ch := make(chan *hashBuf, hashBufs)
 		h.work = append(h.work, ch)
 		h.done.Add(1)
 		go func() {
@@ -418,6 +428,10 @@ func newHasher(hs []hash.Hash) *hasher {
 	return h
 }
 
+// deepen lets the digests lag by hashBufs buffers (a body written through
+// putData, which holds an upload slot). Call it before the first write.
+func (h *hasher) deepen() { h.n = hashBufs }
+
 func (h *hasher) send(b *hashBuf) {
 	b.left.Store(int32(len(h.work)))
 	for _, ch := range h.work {
@@ -430,7 +444,14 @@ func (h *hasher) write(p []byte) {
 		if h.cur == nil {
 			select {
 			case h.cur = <-h.free:
-			default: // every buffer is waiting for a digest: the read waits
+			default:
+				if h.made < h.n { // a buffer more, as bytes arrive
+					h.made++
+					hashBufsHeld.Add(1)
+					h.cur = &hashBuf{b: hashBufPool.Get().(*[]byte)}
+					break
+				}
+				// Every buffer is waiting for a digest: the read waits.
 				h.full.Add(1)
 				t := time.Now()
 				h.cur = <-h.free
@@ -473,11 +494,28 @@ func (h *hasher) wait() {
 		close(ch)
 	}
 	h.done.Wait()
-	if h.cur != nil {
+	if h.cur != nil { // taken and left empty: not in free
 		hashBufPool.Put(h.cur.b)
+		h.cur = nil
+		h.made--
+		hashBufsHeld.Add(-1)
 	}
-	for range h.n {
+	for range h.made {
 		hashBufPool.Put((<-h.free).b)
+		hashBufsHeld.Add(-1)
+	}
+	h.made = 0
+}
+
+// deepen lets a body written through putData (holding an upload slot)
+// lag its digests by hashBufs buffers; its MD5 counts as behind for twice
+// as many after a wait (laneBehindKeep). Call it before the first Read.
+func (b *body) deepen() {
+	if b.async != nil {
+		b.async.deepen()
+	}
+	if b.laneMD5 != nil {
+		b.laneMD5.behindKeep = 2 * hashBufs
 	}
 }
 
@@ -595,7 +633,7 @@ func newBody(r *http.Request, a *auth, maxSize int64, writeCRC bool) (*body, *Er
 				hs = append(hs, h)
 			}
 		}
-		b.async = newHasher(hs)
+		b.async = newHasher(hs, shallowHashBufs) // putData deepens it
 		b.laneMD5.readWaits = &b.async.full
 	}
 	return b, nil

@@ -49,6 +49,7 @@ func readBody(t testing.TB, r *http.Request, a *auth, buf []byte) *body {
 		t.Fatal(e)
 	}
 	defer b.close()
+	b.deepen() // as putData's bodies
 	for {
 		_, err := io.ReadFull(b, buf)
 		if err == io.EOF || err == io.ErrUnexpectedEOF {

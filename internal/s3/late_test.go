@@ -125,7 +125,7 @@ func (g gatedHash) Write(p []byte) (int, error) { <-g.gate; return g.Hash.Write(
 // session 13), and then waits rather than holding more memory.
 func TestHasherSlack(t *testing.T) {
 	g := gatedHash{Hash: md5.New(), gate: make(chan struct{})}
-	h := newHasher([]hash.Hash{g})
+	h := newHasher([]hash.Hash{g}, hashBufs)
 	p := make([]byte, hashBufSize)
 	wrote := make(chan int, 64)
 	go func() {
@@ -145,10 +145,17 @@ func TestHasherSlack(t *testing.T) {
 			t.Fatalf("the reading waited for the digest after %d of 16 buffers", n)
 		}
 	}
+	// The 17th write waits for a free buffer (counted in full, before it
+	// blocks): polled with a deadline, not assumed after a fixed sleep.
+	for end := time.Now().Add(10 * time.Second); h.full.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the 17th write did not wait for a free buffer")
+		}
+	}
 	select {
 	case n := <-wrote:
 		t.Fatalf("%d buffers written with the digest stalled: more than hashBufs in memory", n)
-	case <-time.After(50 * time.Millisecond):
+	default:
 	}
 	if h.full.Load() != 1 {
 		t.Fatalf("waits counted: %d, want 1", h.full.Load())
@@ -166,5 +173,75 @@ func TestHasherSlack(t *testing.T) {
 	}
 	if !bytes.Equal(g.Sum(nil), want.Sum(nil)) {
 		t.Fatal("digest differs")
+	}
+}
+
+// stallReader returns its data, then blocks until stop is closed.
+type stallReader struct {
+	data []byte
+	stop chan struct{}
+}
+
+func (s *stallReader) Read(p []byte) (int, error) {
+	if len(s.data) == 0 {
+		<-s.stop
+		return 0, io.ErrUnexpectedEOF
+	}
+	n := copy(p, s.data)
+	s.data = s.data[n:]
+	return n, nil
+}
+
+// TestStalledXMLBodiesBounded (review of session 13): bodies not written
+// through putData (XML documents: no upload slot bounds them) take no hash
+// buffer before their bytes arrive, and at most shallowHashBufs as they
+// do; with the 16 taken at newBody, 64 stalled 2 MiB documents held
+// 256 MiB. A body written through putData (deepened) may lag by hashBufs.
+func TestStalledXMLBodiesBounded(t *testing.T) {
+	const n = 64
+	held0 := hashBufsHeld.Load()
+	stop := make(chan struct{}) // never closed: the bodies stay stalled
+	var bodies []*body
+	defer func() {
+		for _, b := range bodies {
+			b.close()
+		}
+	}()
+	newXML := func(sent int) *body {
+		r, a := plainRequest(nil)
+		r.ContentLength = maxXMLBody - 1
+		r.Body = io.NopCloser(&stallReader{data: make([]byte, sent), stop: stop})
+		b, e := newBody(r, a, maxXMLBody, false)
+		if e != nil {
+			t.Fatal(e)
+		}
+		if b.async == nil {
+			t.Fatal("a 2 MiB body is not hashed on its own goroutines")
+		}
+		bodies = append(bodies, b)
+		return b
+	}
+	for range n {
+		newXML(0)
+	}
+	if held := hashBufsHeld.Load() - held0; held != 0 {
+		t.Fatalf("%d stalled XML bodies (no byte read) hold %d hash buffers (%d MiB), want 0", n, held, held*hashBufSize>>20)
+	}
+	// Each sends 1.5 MiB (6 buffers) and stalls: at most shallowHashBufs each.
+	for range n {
+		b := newXML(3 * hashBufs * hashBufSize / 32)
+		if _, err := io.ReadFull(b, make([]byte, 3*hashBufs*hashBufSize/32)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if held := hashBufsHeld.Load() - held0; held > n*shallowHashBufs {
+		t.Fatalf("%d XML bodies that sent 1.5 MiB hold %d hash buffers, want ≤ %d", n, held, n*shallowHashBufs)
+	}
+	for _, b := range bodies {
+		b.close()
+	}
+	bodies = nil
+	if held := hashBufsHeld.Load() - held0; held != 0 {
+		t.Fatalf("closed bodies hold %d hash buffers", held)
 	}
 }

@@ -102,8 +102,13 @@ var laneLinger = 1 * time.Millisecond
 // and taking that as behind left 75% of the bytes of warp's put3 hashed
 // alone; a body read flat out beside a paced one was held to ~480 MB/s
 // against ~610 with no lanes (load 6, BenchmarkETagFastBesideSlow) when
-// its queue alone was looked at, buffer by buffer.
-const laneBehindKeep = 8
+// its queue alone was looked at, buffer by buffer. It is twice the
+// body's hash buffers (behindKeep): a body with hashBufs (16) buffers
+// whose reading paused (not scheduled on a loaded machine) refills its
+// free buffers without waiting for up to 16 of them, and lost "behind"
+// after 8 (TestLaneBehindBodiesLeadApart failed 9/10 under -race; review
+// of session 13).
+const laneBehindKeep = 2 * shallowHashBufs
 
 // laneYield: a buffer alone yields its goroutine once before it is
 // hashed, while other bodies are being read (a variable for benchmarks).
@@ -147,6 +152,8 @@ var laneStats struct {
 	bodies atomic.Int64 // large bodies (laneMD5s made), lanes on or off
 	// bytes[n]: bytes hashed in passes of n occupied lanes (1: scalar).
 	bytes [md5x.MaxLanes + 1]atomic.Int64
+	// behindBytes[n]: those of them of behind bodies' buffers.
+	behindBytes [md5x.MaxLanes + 1]atomic.Int64
 	// lingers that ended with company (a buffer arrived) or at laneLinger.
 	lingerCompany, lingerTimeout atomic.Int64
 	handovers                    atomic.Int64 // leads handed to another goroutine
@@ -351,11 +358,18 @@ func (s *laneSched) step(act []*laneJob) {
 		}
 		md5x.Lanes(sts[:len(act)], ds[:len(act)])
 	}
+	behind := 0
 	for _, j := range act {
 		j.p = j.p[n:]
 		j.fresh = false
+		if j.behind {
+			behind++
+		}
 	}
 	laneStats.bytes[len(act)].Add(int64(n * len(act)))
+	if behind > 0 {
+		laneStats.behindBytes[len(act)].Add(int64(n * behind))
+	}
 }
 
 // laneMD5 is a large body's MD5 (a hash.Hash): Write is called by the
@@ -375,8 +389,11 @@ type laneMD5 struct {
 	// previous buffer.
 	readWaits     *atomic.Int64
 	readWaitsSeen int64
-	behindLeft    int // buffers it still counts as behind (laneBehindKeep)
-	sum           []byte
+	behindLeft    int // buffers it still counts as behind (behindKeep)
+	// behindKeep: buffers it counts as behind after a wait (twice its
+	// hash buffers; 0: laneBehindKeep). Set before its first buffer.
+	behindKeep int
+	sum        []byte
 }
 
 // newLaneMD5 returns a large body's MD5. Call done at EOF or failure and
@@ -410,7 +427,7 @@ func (l *laneMD5) Write(p []byte) (int, error) {
 			l.job.p = p[:full]
 			if w := l.readWaits; w != nil && w.Load() != l.readWaitsSeen {
 				l.readWaitsSeen = w.Load()
-				l.behindLeft = laneBehindKeep
+				l.behindLeft = max(l.behindKeep, laneBehindKeep)
 			} else if l.behindLeft > 0 {
 				l.behindLeft--
 			}

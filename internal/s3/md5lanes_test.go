@@ -782,10 +782,11 @@ func TestLaneBehindBodiesLeadApart(t *testing.T) {
 		}
 		data := bytes.Repeat([]byte("flat-out-bodies!"), 16<<20/16)
 		want := md5.Sum(data)
-		run := func(n int) (alone, total, extra int64) {
-			var b0 [md5x.MaxLanes + 1]int64
+		run := func(n int) (alone, total, extra, behindAlone, behind int64) {
+			var b0, bb0 [md5x.MaxLanes + 1]int64
 			for i := range b0 {
 				b0[i] = laneStats.bytes[i].Load()
+				bb0[i] = laneStats.behindBytes[i].Load()
 			}
 			x0 := laneStats.extraLeads.Load()
 			var wg sync.WaitGroup
@@ -807,20 +808,42 @@ func TestLaneBehindBodiesLeadApart(t *testing.T) {
 			}
 			for i := range b0 {
 				d := laneStats.bytes[i].Load() - b0[i]
+				bd := laneStats.behindBytes[i].Load() - bb0[i]
 				total += d
+				behind += bd
 				if i == 1 {
 					alone += d
+					behindAlone += bd
 				}
 			}
-			return alone, total, laneStats.extraLeads.Load() - x0
+			return alone, total, laneStats.extraLeads.Load() - x0, behindAlone, behind
 		}
-		alone, total, extra := run(2)
-		t.Logf("2 bodies flat out: %d of %d bytes alone, %d extra leads", alone, total, extra)
-		if extra == 0 || alone < total/2 {
-			t.Errorf("2 bodies flat out: %d of %d bytes hashed alone, %d extra leads: want most alone, each on its own leader", alone, total, extra)
+		// The premise is the bodies' buffers that are behind (their
+		// reading waited for their hashing lately), not all their bytes:
+		// a body's first hashBufs buffers (a quarter of these 16 MiB) are
+		// read before any wait, and on a loaded machine (or under -race)
+		// a reader may not outrun its hashing for a while; those share
+		// passes as paced bodies do, rightly (review of session 13).
+		// On this shared 2-core machine (under -race above all) a run's
+		// readers may not outrun their hashing (under a quarter of the
+		// bytes behind) or a leader may not get its core; such a run is
+		// run again, up to three in all. A scheduler that does not lead
+		// behind bodies apart fails all three (their passes are shared).
+		var alone, total, extra, behindAlone, behind int64
+		leadApart := func() bool { return behind >= total/4 && extra > 0 && behindAlone >= behind/2 }
+		for try := 0; try < 3 && (try == 0 || !leadApart()); try++ {
+			alone, total, extra, behindAlone, behind = run(2)
+			t.Logf("2 bodies flat out: %d of %d bytes alone, %d extra leads; behind: %d of %d alone", alone, total, extra, behindAlone, behind)
 		}
-		alone, total, extra = run(4)
-		t.Logf("4 bodies flat out: %d of %d bytes alone, %d extra leads", alone, total, extra)
+		if !leadApart() {
+			t.Errorf("2 bodies flat out: %d of %d behind bytes hashed alone (of %d), %d extra leads: want a quarter or more behind, most of it alone, each on its own leader", behindAlone, behind, total, extra)
+		}
+		// Likewise up to three runs: on a loaded machine a body's
+		// buffers sometimes find the others' not yet in hand.
+		for try := 0; try < 3 && (try == 0 || alone > total/2); try++ {
+			alone, total, extra, _, _ = run(4)
+			t.Logf("4 bodies flat out: %d of %d bytes alone, %d extra leads", alone, total, extra)
+		}
 		if alone > total/2 {
 			t.Errorf("4 bodies flat out: %d of %d bytes hashed alone: want most shared", alone, total)
 		}

@@ -101,7 +101,10 @@ func (m *metrics) observe(op, code string, s *stageTimer) {
 	if s.data > 0 {
 		m.stages.WithLabelValues(op, "data").Observe(s.data.Seconds())
 	}
-	if s.body > 0 {
+	// The body's sub-stages of successful requests only: a failed one
+	// (BadDigest at settle, a refused commit, a disconnect) has no tail,
+	// and these histograms carry no code label.
+	if s.body > 0 && code == "OK" {
 		m.stages.WithLabelValues(op, "data_body").Observe(s.body.Seconds())
 		m.stages.WithLabelValues(op, "data_hashwait").Observe(s.hashWait.Seconds())
 		m.stages.WithLabelValues(op, "data_tail").Observe(s.tail.Seconds())

@@ -360,6 +360,7 @@ func (g *Gateway) putData(req *request, key string, r io.Reader, sizeHint int64,
 	}
 	if b != nil {
 		b.late = true // its digests are checked in BeforeCommit
+		b.deepen()    // it holds an upload slot (hashBufs)
 	}
 	ki, err := g.cl.PutKey(req.r.Context(), g.cfg.Volume, req.bucket, key, r, client.PutOptions{
 		SizeHint:     max(sizeHint, 0),
@@ -393,6 +394,13 @@ func (g *Gateway) putData(req *request, key string, r io.Reader, sizeHint int64,
 			return nil
 		},
 	})
+	if err != nil && b != nil && b.late && b.eof && !b.settled {
+		// The write path failed after the body's end, before
+		// BeforeCommit: its digests are still checked, so a bad one is
+		// the client's BadDigest (400, as when checked at EOF), not the
+		// write path's retryable error (bodyOr prefers the body's).
+		b.settle()
+	}
 	if b != nil {
 		b.timeline(&req.stages, committing)
 	}

@@ -1069,18 +1069,37 @@ func (e *env) testMetrics(t *testing.T) {
 	}
 	mfs, _ := e.reg.Gather()
 	stages := map[string]bool{}
+	// Observations of the body's sub-stages by op and stage.
+	sub := map[[2]string]uint64{}
 	for _, mf := range mfs {
 		if mf.GetName() == "basalt_s3_stage_duration_seconds" {
 			for _, m := range mf.Metric {
+				var op, stage string
 				for _, l := range m.Label {
-					if l.GetName() == "stage" {
-						stages[l.GetValue()] = true
+					switch l.GetName() {
+					case "stage":
+						stage = l.GetValue()
+					case "op":
+						op = l.GetValue()
 					}
 				}
+				stages[stage] = true
+				sub[[2]string{op, stage}] += m.GetHistogram().GetSampleCount()
 			}
 		}
 	}
 	if !stages["auth"] || !stages["meta"] || !stages["data"] {
 		t.Fatalf("stages recorded: %v", stages)
+	}
+	// data_body/data_hashwait/data_tail: recorded for every successful
+	// PutObject and UploadPart with a body, never for failed ones (the
+	// Checksums and Disconnect cases above failed some).
+	for _, op := range []string{"PutObject", "UploadPart"} {
+		ok := uint64(testutil.ToFloat64(e.counter(op, "OK")))
+		for _, st := range []string{"data_body", "data_hashwait", "data_tail"} {
+			if n := sub[[2]string{op, st}]; n == 0 || n > ok {
+				t.Errorf("%s %s: %d observations, %d successful requests: want 1..%d", op, st, n, ok, ok)
+			}
+		}
 	}
 }
