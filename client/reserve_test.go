@@ -104,15 +104,18 @@ func TestReservedSmallPuts(t *testing.T) {
 	}
 	calls, blocks, taken := cl.meta.ReserveStats()
 	t.Logf("ReserveBlocks calls %d, blocks %d, taken %d", calls, blocks, taken)
-	if taken != workers*each {
+	// A caller whose refills all went to others opens its key the usual
+	// way (metaclient reserveTries): on a loaded machine (make test) 3
+	// of 128 did with 3 tries. At most one per worker.
+	if taken < workers*each-workers {
 		t.Fatalf("%d of %d small PUTs used a reserved block", taken, workers*each)
 	}
 	if calls == 0 || calls > workers*each/4 {
 		t.Fatalf("%d ReserveBlocks calls for %d keys", calls, workers*each)
 	}
 	_, openKeys, _, _ := cl.meta.WriteStats()
-	if openKeys != 0 {
-		t.Fatalf("%d keys opened in OpenKeys batches", openKeys)
+	if openKeys > workers*each-taken {
+		t.Fatalf("%d keys opened in OpenKeys batches, %d PUTs without a reserved block", openKeys, workers*each-taken)
 	}
 	for i := range workers * each {
 		if got := readKey(t, ctx, cl, "vol", "bkt", fmt.Sprintf("k%03d", i)); !bytes.Equal(got, data(i)) {

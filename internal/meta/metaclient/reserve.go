@@ -50,6 +50,9 @@ const (
 	reserveMaxAge = time.Minute
 	// maxReservePools bounds the pools kept; beyond, idle ones go.
 	maxReservePools = 1024
+	// reserveTries: refills a caller waits for before it opens its key
+	// the usual way.
+	reserveTries = 6
 )
 
 // (Variables for the tests.)
@@ -119,8 +122,9 @@ func (c *Client) TakeReserved(ctx context.Context, req *metapb.ReserveBlocksRequ
 	kb = fmt.Appendf(kb, "\x01%s\x00%s\x00%d\x00%d\x00%d\x00%d\x00%s", req.Volume, req.Bucket, req.Replication,
 		req.ExpectedBytes, req.ChecksumType, req.BytesPerChecksum, req.ClientLocation)
 	// A few times at most: refills that leave nothing to take (other
-	// callers took it all) send this key the usual way.
-	for try := 0; try < 3; try++ {
+	// callers took it all) send this key the usual way. (Each refill is
+	// sized for the callers waiting, so a burst is served within a few.)
+	for try := 0; try < reserveTries; try++ {
 		rp.mu.Lock()
 		if rp.pools == nil {
 			rp.pools = map[string]*reservePool{}
