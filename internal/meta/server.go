@@ -157,6 +157,7 @@ type Config struct {
 // Server is one node of the metadata service: the namespace group and the
 // SCM group on one raft host, and the gRPC API.
 type Server struct {
+	layoutInitMu sync.Mutex // awaitLayout: one layout init at a time
 	cfg Config
 	log *slog.Logger
 	reg *prometheus.Registry // nil when cfg.Registerer was given
@@ -343,6 +344,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	nsCfg.Tokens = s.scmMgr       // block tokens signed with the local SCM replica's keys
 	nsCfg.Translate = s.translate // per-key errors of LookupKeys
+	nsCfg.AwaitLayout = s.awaitLayout
 	s.nsSvc = namespace.NewService(nsCfg, s.nsState, &nsRaft{s: s}, &scmBlocks{s: s})
 	// A client certificate is optional at the TLS level only so that a new
 	// node can present a bootstrap token (ca.go); authorize refuses every

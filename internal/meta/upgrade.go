@@ -126,6 +126,28 @@ func (s *Server) runUpgrade(ctx context.Context) {
 	}
 }
 
+// awaitLayout records a fresh cluster's layout before its first write
+// (namespace.Config.AwaitLayout): the leader asks the members and
+// proposes the LayoutOp, waiting at most 5 s; should that fail (a member
+// not answering), the write goes on and the cluster stays at layout 1
+// until `basalt admin upgrade finalize`. One at a time; on a follower,
+// nothing (writes are proposed by the leader).
+func (s *Server) awaitLayout(ctx context.Context) {
+	if !s.nsGroup.IsLeader() {
+		return
+	}
+	s.layoutInitMu.Lock()
+	defer s.layoutInitMu.Unlock()
+	if s.nsState.LayoutRecorded() || !s.nsState.Empty() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := s.initLayout(ctx); err != nil && ctx.Err() == nil {
+		s.log.Warn("meta: recording the new cluster's layout version before its first write", "err", err)
+	}
+}
+
 // initLayout records a fresh cluster's layout version: the lowest every
 // member supports (a member that does not answer, or an older binary
 // without the Upgrade service, leaves it unrecorded, i.e. layout 1).

@@ -366,6 +366,14 @@ func TestBatchWritesFallBackBeforeFinalize(t *testing.T) {
 	// The fresh cluster is finalized at this binary's layout; the test
 	// features come one above it.
 	base := namespace.SoftwareLayoutVersion()
+	waitFor(t, 20*time.Second, "the fresh cluster's layout", func() bool {
+		for _, s := range c.servers {
+			if !s.nsState.LayoutRecorded() {
+				return false
+			}
+		}
+		return true
+	})
 	defer namespace.RegisterLayoutFeature(namespace.LayoutFeature{Name: "test-open-keys", Version: base + 1, Op: 1400})()
 	defer namespace.RegisterLayoutFeature(namespace.LayoutFeature{Name: "test-commit-keys", Version: base + 1, Op: 1401})()
 	if v := c.servers[1].nsState.FinalizedLayout(); v != base {

@@ -224,6 +224,13 @@ func (c *Client) startRefill(p *reservePool, most int) {
 		case code == codes.Unimplemented:
 			rp.absent.Store(time.Now().Add(reserveAbsentFor).UnixNano())
 			return
+		case LayoutNotFinalized(err):
+			// A cluster not finalized at the reservations' layout: also
+			// a fresh cluster for the moment before its first leader
+			// records its layout, so ask again soon, backing off.
+			p.backoff = min(max(2*p.backoff, reserveBackoffMin), reserveRefusedFor)
+			p.refused = time.Now().Add(p.backoff)
+			return
 		case code == codes.FailedPrecondition || code == codes.PermissionDenied || code == codes.NotFound || code == codes.InvalidArgument:
 			p.refused = time.Now().Add(reserveRefusedFor)
 			return

@@ -91,6 +91,7 @@ func chargeClass(hint uint64) uint64 {
 // replication, location and exclude list allocated by one SCM call, and
 // one Raft entry for all the opens.
 func (s *Service) OpenKeys(ctx context.Context, req *metapb.OpenKeysRequest) (*metapb.OpenKeysResponse, error) {
+	s.awaitLayout(ctx)
 	if err := s.st.CheckLayout(&metapb.NsCommand{Op: &metapb.NsCommand_OpenKeys{}}); err != nil {
 		return nil, err // before any allocation (layout.go)
 	}
@@ -305,6 +306,7 @@ func applyErr(r any) error {
 // leader) is every key's: the client settles each as it settles a
 // CommitKey.
 func (s *Service) CommitKeys(ctx context.Context, req *metapb.CommitKeysRequest) (*metapb.CommitKeysResponse, error) {
+	s.awaitLayout(ctx)
 	if err := s.st.CheckLayout(&metapb.NsCommand{Op: &metapb.NsCommand_CommitKeys{}}); err != nil {
 		return nil, err // before any allocation (layout.go)
 	}

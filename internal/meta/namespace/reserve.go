@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/store"
 )
@@ -86,6 +87,7 @@ func (s *Service) ReserveBlocks(ctx context.Context, req *metapb.ReserveBlocksRe
 	}
 	// Before any allocation: a cluster not finalized at the reservations'
 	// layout refuses them (the client falls back to OpenKey).
+	s.awaitLayout(ctx)
 	if err := s.st.CheckLayout(&metapb.NsCommand{Op: &metapb.NsCommand_ReserveBlocks{}}); err != nil {
 		return nil, err
 	}
@@ -139,6 +141,12 @@ func (s *Service) ReserveBlocks(ctx context.Context, req *metapb.ReserveBlocksRe
 	resp := &metapb.ReserveBlocksResponse{BlockSize: alloc.BlockSize, ExpiresUnixMs: now.Add(s.reservationLife()).UnixMilli()}
 	for i, bl := range alloc.Blocks {
 		resp.Blocks = append(resp.Blocks, &metapb.ReservedBlock{OpenId: first + uint64(i), Block: bl})
+		// The promise is also no longer than the blocks' write tokens:
+		// a pooled block whose token expired would be refused by its
+		// datanodes (TestKeyRotationUnderWriteLoad).
+		if c, err := blocktoken.Decode(bl.GetToken()); err == nil && c.ExpiryUnixMs > 0 && c.ExpiryUnixMs < resp.ExpiresUnixMs {
+			resp.ExpiresUnixMs = c.ExpiryUnixMs
+		}
 	}
 	return resp, nil
 }

@@ -74,6 +74,11 @@ type Config struct {
 	// server's interceptor would return for it (the meta server's
 	// translate); LookupKeys applies it to each key's error.
 	Translate func(method string, err error) error
+	// AwaitLayout (the meta server) records a fresh cluster's layout
+	// version; the first write of a fresh namespace whose layout is not
+	// recorded yet waits for it (awaitLayout), so that no early write
+	// makes the new cluster look used and leaves it at layout 1.
+	AwaitLayout func(ctx context.Context)
 }
 
 func (c *Config) setDefaults() {
@@ -137,7 +142,15 @@ func NewService(cfg Config, st *State, r Raft, b Blocks) *Service {
 // grants what a newer ACL or policy denies.
 func (s *Service) current(ctx context.Context) error { return s.raft.ReadBarrier(ctx) }
 
+// awaitLayout: see Config.AwaitLayout (one atomic load once recorded).
+func (s *Service) awaitLayout(ctx context.Context) {
+	if s.cfg.AwaitLayout != nil && !s.st.LayoutRecorded() && s.st.layout.fresh.Load() {
+		s.cfg.AwaitLayout(ctx)
+	}
+}
+
 func (s *Service) propose(ctx context.Context, cmd *metapb.NsCommand) (any, error) {
+	s.awaitLayout(ctx)
 	if err := s.st.CheckLayout(cmd); err != nil {
 		return nil, err // before the log (layout.go)
 	}
