@@ -157,10 +157,11 @@ type Config struct {
 // Server is one node of the metadata service: the namespace group and the
 // SCM group on one raft host, and the gRPC API.
 type Server struct {
-	layoutInitMu sync.Mutex // awaitLayout: one layout init at a time
 	cfg Config
 	log *slog.Logger
 	reg *prometheus.Registry // nil when cfg.Registerer was given
+
+	layoutInitMu sync.Mutex // awaitLayout: one layout init at a time
 
 	peersMu sync.RWMutex
 	peers   map[uint64]Peer
