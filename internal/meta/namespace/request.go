@@ -216,18 +216,6 @@ func checkCopyKey(req *metapb.CopyKeyRequest) error {
 	if err := checkPartRef(req.Part); err != nil {
 		return err
 	}
-	// The key, volume and bucket a commit names (a reserved open key's;
-	// checked against the open key itself in Service.checkCommitRow).
-	if req.Volume != "" || req.Bucket != "" {
-		if err := checkBucketRef(req.Volume, req.Bucket); err != nil {
-			return err
-		}
-	}
-	if req.Key != "" {
-		if err := ValidateKey(req.Key); err != nil {
-			return err
-		}
-	}
 	if err := checkPreconditionBounds(req.Precondition); err != nil {
 		return err
 	}
