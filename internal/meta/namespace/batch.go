@@ -91,9 +91,8 @@ func chargeClass(hint uint64) uint64 {
 // replication, location and exclude list allocated by one SCM call, and
 // one Raft entry for all the opens.
 func (s *Service) OpenKeys(ctx context.Context, req *metapb.OpenKeysRequest) (*metapb.OpenKeysResponse, error) {
-	s.awaitLayout(ctx)
-	if err := s.st.CheckLayout(&metapb.NsCommand{Op: &metapb.NsCommand_OpenKeys{}}); err != nil {
-		return nil, err // before any allocation (layout.go)
+	if err := s.checkLayout(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_OpenKeys{}}); err != nil {
+		return nil, err
 	}
 	n := len(req.Requests)
 	if n > MaxWriteBatch {
@@ -306,9 +305,8 @@ func applyErr(r any) error {
 // leader) is every key's: the client settles each as it settles a
 // CommitKey.
 func (s *Service) CommitKeys(ctx context.Context, req *metapb.CommitKeysRequest) (*metapb.CommitKeysResponse, error) {
-	s.awaitLayout(ctx)
-	if err := s.st.CheckLayout(&metapb.NsCommand{Op: &metapb.NsCommand_CommitKeys{}}); err != nil {
-		return nil, err // before any allocation (layout.go)
+	if err := s.checkLayout(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CommitKeys{}}); err != nil {
+		return nil, err
 	}
 	n := len(req.Requests)
 	if n > MaxWriteBatch {

@@ -87,8 +87,7 @@ func (s *Service) ReserveBlocks(ctx context.Context, req *metapb.ReserveBlocksRe
 	}
 	// Before any allocation: a cluster not finalized at the reservations'
 	// layout refuses them (the client falls back to OpenKey).
-	s.awaitLayout(ctx)
-	if err := s.st.CheckLayout(&metapb.NsCommand{Op: &metapb.NsCommand_ReserveBlocks{}}); err != nil {
+	if err := s.checkLayout(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_ReserveBlocks{}}); err != nil {
 		return nil, err
 	}
 	if err := s.raft.ReadBarrier(ctx); err != nil {

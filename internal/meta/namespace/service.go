@@ -76,7 +76,7 @@ type Config struct {
 	Translate func(method string, err error) error
 	// AwaitLayout (the meta server) records a fresh cluster's layout
 	// version; the first write of a fresh namespace whose layout is not
-	// recorded yet waits for it (awaitLayout), so that no early write
+	// recorded yet waits for it (checkLayout), so that no early write
 	// makes the new cluster look used and leaves it at layout 1.
 	AwaitLayout func(ctx context.Context)
 }
@@ -142,17 +142,20 @@ func NewService(cfg Config, st *State, r Raft, b Blocks) *Service {
 // grants what a newer ACL or policy denies.
 func (s *Service) current(ctx context.Context) error { return s.raft.ReadBarrier(ctx) }
 
-// awaitLayout: see Config.AwaitLayout (one atomic load once recorded).
-func (s *Service) awaitLayout(ctx context.Context) {
+// checkLayout refuses, before the log and before any allocation, a
+// command whose op needs a layout above the finalized one (layout.go).
+// On a fresh namespace whose layout is not recorded yet it first waits
+// for the record (Config.AwaitLayout; one atomic load once recorded).
+func (s *Service) checkLayout(ctx context.Context, cmd *metapb.NsCommand) error {
 	if s.cfg.AwaitLayout != nil && !s.st.LayoutRecorded() && s.st.layout.fresh.Load() {
 		s.cfg.AwaitLayout(ctx)
 	}
+	return s.st.CheckLayout(cmd)
 }
 
 func (s *Service) propose(ctx context.Context, cmd *metapb.NsCommand) (any, error) {
-	s.awaitLayout(ctx)
-	if err := s.st.CheckLayout(cmd); err != nil {
-		return nil, err // before the log (layout.go)
+	if err := s.checkLayout(ctx, cmd); err != nil {
+		return nil, err
 	}
 	cmd.NowUnixMs = s.cfg.Now().UnixMilli()
 	b, err := proto.Marshal(cmd)
