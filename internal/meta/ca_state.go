@@ -297,9 +297,7 @@ func (s *caState) Apply(entries []store.Entry) []any {
 		cmd := &metapb.CaCommand{}
 		if h := s.halt.Decode(e, cmd); h != nil {
 			// Never past an entry this binary cannot apply (applyhalt).
-			s.halt.Stop(*h)
-			copy(res[i:], applyhalt.Results(entries[i:]))
-			entries = entries[:i]
+			entries = s.halt.Cut(h, entries, i, res)
 			defer s.halt.Persist(*h) // after what came before commits
 			break
 		}

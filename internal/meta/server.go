@@ -606,13 +606,19 @@ func propose(ctx context.Context, s *Server, g *raft.Group, cmd []byte) (any, er
 type nsRaft struct{ s *Server }
 
 func (r *nsRaft) Propose(ctx context.Context, cmd []byte) (any, error) {
-	if err := r.s.haltedErr(); err != nil {
-		return nil, err
+	return proposeUnlessHalted(ctx, r.s, r.s.nsGroup, cmd, r.s.haltedErr(), namespace.ErrHalted)
+}
+
+// proposeUnlessHalted proposes cmd unless halted (the group's halt on
+// this replica) refuses it. A result of errHalted is outcome-unknown:
+// this replica halted at or before the entry, which the others may well
+// have applied (upgrade.go).
+func proposeUnlessHalted(ctx context.Context, s *Server, g *raft.Group, cmd []byte, halted, errHalted error) (any, error) {
+	if halted != nil {
+		return nil, halted
 	}
-	res, err := propose(ctx, r.s, r.s.nsGroup, cmd)
-	if errors.Is(err, namespace.ErrHalted) {
-		// This replica halted at or before the entry, which the others
-		// may well have applied (upgrade.go).
+	res, err := propose(ctx, s, g, cmd)
+	if errors.Is(err, errHalted) {
 		err = fmt.Errorf("%w: %w", raft.ErrOutcomeUnknown, err)
 	}
 	return res, err
@@ -645,15 +651,7 @@ func (r *nsRaft) IsLeader() bool { return r.s.nsGroup != nil && r.s.nsGroup.IsLe
 type scmRaft struct{ s *Server }
 
 func (r *scmRaft) Propose(ctx context.Context, cmd []byte) (any, error) {
-	if err := r.s.scmHaltedErr(); err != nil {
-		return nil, err
-	}
-	res, err := propose(ctx, r.s, r.s.scmGroup, cmd)
-	if errors.Is(err, applyhalt.ErrHalted) {
-		// The others may have applied it (applyhalt).
-		err = fmt.Errorf("%w: %w", raft.ErrOutcomeUnknown, err)
-	}
-	return res, err
+	return proposeUnlessHalted(ctx, r.s, r.s.scmGroup, cmd, r.s.scmHaltedErr(), applyhalt.ErrHalted)
 }
 
 // scmHaltedErr refuses SCM reads and proposals on a replica whose SCM

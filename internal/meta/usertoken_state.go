@@ -239,9 +239,7 @@ func (s *utState) Apply(entries []store.Entry) []any {
 		cmd := &metapb.UserTokenCommand{}
 		if h := s.halt.Decode(e, cmd); h != nil {
 			// Never past an entry this binary cannot apply (applyhalt).
-			s.halt.Stop(*h)
-			copy(res[i:], applyhalt.Results(entries[i:]))
-			entries = entries[:i]
+			entries = s.halt.Cut(h, entries, i, res)
 			defer s.halt.Persist(*h) // after what came before commits
 			break
 		}

@@ -126,6 +126,15 @@ func (g *Group) Decode(e store.Entry, m proto.Message) *Halt {
 	return nil
 }
 
+// Cut halts the replica at entries[i], whose Decode answered h: the
+// results of entries[i:] are ErrHalted. It returns the entries to commit
+// (those before i); the caller commits them, then calls Persist.
+func (g *Group) Cut(h *Halt, entries []store.Entry, i int, res []any) []store.Entry {
+	g.Stop(*h)
+	copy(res[i:], Results(entries[i:]))
+	return entries[:i]
+}
+
 // Results is the result of entries a halted replica does not apply.
 func Results(entries []store.Entry) []any {
 	res := make([]any, len(entries))
