@@ -229,6 +229,12 @@ func TestGroupsHaltOnUnknownOp(t *testing.T) {
 	if _, err := s3.verifyUserToken(ctx, "x", time.Now()); !hasReason(err, metapb.ReasonReplicaHalted) {
 		t.Fatalf("user-token check on the halted replica: %v", err)
 	}
+	// A certificate revoked after node 3's CA halted is refused by node
+	// 3's TLS all the same (the list comes from another replica).
+	if _, err := c.client().Ca.RevokeCertificate(ctx, &metapb.RevokeCertificateRequest{Serial: "c0ffee"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "node 3 to refuse the serial revoked after its CA halted", func() bool { return s3.cfg.TLS.IsRevokedSerial("c0ffee") })
 	// Made SCM leader, the halted replica hands leadership over.
 	led, last := false, time.Now().Add(-time.Second)
 	for end := time.Now().Add(30 * time.Second); time.Now().Before(end) && !led; time.Sleep(2 * time.Millisecond) {

@@ -173,7 +173,7 @@ func (s *Server) haltedErr() error {
 func (s *Server) runUpgrade(ctx context.Context) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
-	next := 0
+	next, ticks := 0, 0
 	lastInit, used := time.Time{}, false
 	for {
 		select {
@@ -185,6 +185,9 @@ func (s *Server) runUpgrade(ctx context.Context) {
 			if g := hg.group(); hg.halt.Halted() != nil && g.IsLeader() {
 				s.handOver(g, hg.name, &next)
 			}
+		}
+		if ticks++; s.ca.state.halt.Halted() != nil && ticks%8 == 1 {
+			s.pullRevocations(ctx)
 		}
 		g := s.nsGroup
 		if !g.IsLeader() {
@@ -206,6 +209,29 @@ func (s *Server) runUpgrade(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// pullRevocations: while the CA group is halted here, its revocations
+// stop at the halt, so this node's TLS takes the revocation list from
+// another replica too (every 2 s): a certificate revoked after the halt
+// must not pass this node. (A halted replica's own GetRevocations refuses
+// with ReasonReplicaHalted: the client asks another.)
+func (s *Server) pullRevocations(ctx context.Context) {
+	if s.fwd == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	r, err := s.fwd.Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{})
+	if err != nil {
+		s.log.Warn("meta: CA replica halted: the revocation list could not be fetched from another replica", "err", err)
+		return
+	}
+	local, _ := s.ca.state.Revocations()
+	if len(r.Serials) > maxRevocations {
+		r.Serials = r.Serials[:maxRevocations]
+	}
+	s.cfg.TLS.SetRevoked(append(slices.Clone(local), r.Serials...))
 }
 
 // awaitLayout records a fresh cluster's layout before its first write
