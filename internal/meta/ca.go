@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-store/basalt/internal/meta/applyhalt"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/store"
 	"github.com/basalt-store/basalt/internal/pki"
@@ -191,15 +192,12 @@ func (c *caService) checkTrusted(der []byte, ca *pki.CA, err error) {
 func (c *caService) halted() error { return c.s.groupHaltedErr("ca", c.state.halt) }
 
 func (c *caService) propose(ctx context.Context, cmd *metapb.CaCommand) (any, error) {
-	if err := c.halted(); err != nil {
-		return nil, err
-	}
 	cmd.NowUnixMs = time.Now().UnixMilli()
 	b, err := proto.Marshal(cmd)
 	if err != nil {
 		return nil, err
 	}
-	v, err := propose(ctx, c.s, c.group, b)
+	v, err := proposeUnlessHalted(ctx, c.s, c.group, b, c.halted(), applyhalt.ErrHalted)
 	if err != nil {
 		return nil, c.raftErr(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-store/basalt/internal/meta/applyhalt"
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
@@ -607,7 +608,7 @@ func (s *Server) utPropose(ctx context.Context, cmd *metapb.UserTokenCommand) (a
 	if err != nil {
 		return nil, err
 	}
-	v, err := propose(ctx, s, s.utGroup, b)
+	v, err := proposeUnlessHalted(ctx, s, s.utGroup, b, nil, applyhalt.ErrHalted)
 	var nle *raft.NotLeaderError
 	if errors.As(err, &nle) || errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrProposalDropped) || errors.Is(err, raft.ErrStopped) {
 		return nil, s.utNotLeader(err)
