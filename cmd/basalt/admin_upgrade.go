@@ -34,7 +34,8 @@ newer layout until every member supports it and an operator finalized:
   2. basalt admin upgrade finalize   # refused while a member lacks the version
 
 A replica that meets a log entry its binary cannot apply halts there (it is
-shown HALTED with the entry and why): upgrade its binary and restart it; it
+shown HALTED with the entry and why; the SCM, CA and user-token groups halt
+alike, shown as GROUP HALTED): upgrade its binary and restart it; it
 resumes from that entry.`}
 	status := &cobra.Command{
 		Use: "status", Short: "Each meta replica's supported layout version and apply state, the finalized version, features waiting",
@@ -82,6 +83,13 @@ resumes from that entry.`}
 	return root
 }
 
+type groupHalt struct {
+	Group  string `json:"group"`
+	Index  uint64 `json:"index"`
+	Op     int32  `json:"op,omitempty"`
+	Reason string `json:"reason"`
+}
+
 func printLayoutStatus(cmd *cobra.Command, f *connFlags, r *metapb.GetLayoutStatusResponse) error {
 	type replica struct {
 		Node         uint64 `json:"node"`
@@ -92,7 +100,9 @@ func printLayoutStatus(cmd *cobra.Command, f *connFlags, r *metapb.GetLayoutStat
 		State        string `json:"state"`
 		HaltedIndex  uint64 `json:"halted_index,omitempty"`
 		HaltedReason string `json:"halted_reason,omitempty"`
-		Error        string `json:"error,omitempty"`
+		// Other groups (scm, ca, usertoken) halted on the replica.
+		GroupHalts []groupHalt `json:"group_halts,omitempty"`
+		Error      string      `json:"error,omitempty"`
 	}
 	type feature struct {
 		Name        string `json:"name"`
@@ -113,9 +123,15 @@ func printLayoutStatus(cmd *cobra.Command, f *connFlags, r *metapb.GetLayoutStat
 			st = "unknown"
 		case p.HaltedIndex != 0:
 			st = "HALTED"
+		case len(p.GroupHalts) > 0:
+			st = "GROUP HALTED"
 		}
-		out.Replicas = append(out.Replicas, replica{Node: p.NodeId, Addr: p.Addr, Software: p.SoftwareVersion, Finalized: p.FinalizedVersion,
-			Applied: p.AppliedIndex, State: st, HaltedIndex: p.HaltedIndex, HaltedReason: p.HaltedReason, Error: p.Error})
+		rep := replica{Node: p.NodeId, Addr: p.Addr, Software: p.SoftwareVersion, Finalized: p.FinalizedVersion,
+			Applied: p.AppliedIndex, State: st, HaltedIndex: p.HaltedIndex, HaltedReason: p.HaltedReason, Error: p.Error}
+		for _, h := range p.GroupHalts {
+			rep.GroupHalts = append(rep.GroupHalts, groupHalt{Group: h.Group, Index: h.Index, Op: h.Op, Reason: h.Reason})
+		}
+		out.Replicas = append(out.Replicas, rep)
 	}
 	for _, ft := range r.Features {
 		out.Features = append(out.Features, feature{Name: ft.Name, Version: ft.Version, Description: ft.Description, Finalized: ft.Finalized})
@@ -133,6 +149,12 @@ func printLayoutStatus(cmd *cobra.Command, f *connFlags, r *metapb.GetLayoutStat
 		detail := p.Error
 		if p.HaltedIndex != 0 {
 			detail = fmt.Sprintf("halted at entry %d: %s", p.HaltedIndex, p.HaltedReason)
+		}
+		for _, h := range p.GroupHalts {
+			if detail != "" {
+				detail += "; "
+			}
+			detail += fmt.Sprintf("%s halted at entry %d: %s", h.Group, h.Index, h.Reason)
 		}
 		t.row(p.Node, p.Addr, p.Software, p.Finalized, p.Applied, p.State, detail)
 	}

@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
 )
 
@@ -57,5 +60,37 @@ func TestAdminUpgrade(t *testing.T) {
 	}
 	if out := run("admin", "upgrade", "finalize"); !strings.Contains(out, fmt.Sprintf("finalized at layout version %d", v)) {
 		t.Fatalf("finalize: %s", out)
+	}
+}
+
+// TestUpgradeStatusGroupHalts: a replica whose SCM, CA or user-token
+// group halted is shown GROUP HALTED with each halt, in the table and in
+// --json.
+func TestUpgradeStatusGroupHalts(t *testing.T) {
+	r := &metapb.GetLayoutStatusResponse{FinalizedVersion: 2, Replicas: []*metapb.ReplicaLayout{
+		{NodeId: 1, SoftwareVersion: 2, FinalizedVersion: 2, AppliedIndex: 40},
+		{NodeId: 3, SoftwareVersion: 2, FinalizedVersion: 2, AppliedIndex: 39, GroupHalts: []*metapb.GroupHalt{
+			{Group: "scm", Index: 17, Op: 10, Reason: "scm entry 17 holds op or field 10, unknown to this binary"}}},
+	}}
+	for _, js := range []bool{false, true} {
+		cmd := &cobra.Command{}
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		if err := printLayoutStatus(cmd, &connFlags{json: js}, r); err != nil {
+			t.Fatal(err)
+		}
+		s := out.String()
+		want := []string{"GROUP HALTED", "scm halted at entry 17: scm entry 17 holds op or field 10"}
+		if js {
+			want = []string{`"state": "GROUP HALTED"`, `"group": "scm"`, `"index": 17`, `"op": 10`}
+		}
+		for _, w := range want {
+			if !strings.Contains(s, w) {
+				t.Fatalf("json %v: no %q in\n%s", js, w, s)
+			}
+		}
+		if strings.Count(s, "GROUP HALTED") != 1 {
+			t.Fatalf("json %v: node 1 shown halted too:\n%s", js, s)
+		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-store/basalt/internal/meta/applyhalt"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/store"
 	"github.com/basalt-store/basalt/internal/pki"
@@ -101,7 +102,7 @@ func (s *Server) openCA(sopts store.Options) error {
 	if len(s.cfg.CAKeySecret) > 0 {
 		seal = sealKey(s.cfg.CAKeySecret)
 	}
-	st, err := openCaState(filepath.Join(s.cfg.DataDir, "ca"), sopts, seal, s.log)
+	st, err := openCaState(filepath.Join(s.cfg.DataDir, "ca"), sopts, seal, s.log, s.cfg.TestHiddenOps[CaGroup]...)
 	if err != nil {
 		return err
 	}
@@ -186,13 +187,17 @@ func (c *caService) checkTrusted(der []byte, ca *pki.CA, err error) {
 	}
 }
 
+// halted refuses CA reads and proposals on a replica whose CA apply
+// halted (upgrade.go).
+func (c *caService) halted() error { return c.s.groupHaltedErr("ca", c.state.halt) }
+
 func (c *caService) propose(ctx context.Context, cmd *metapb.CaCommand) (any, error) {
 	cmd.NowUnixMs = time.Now().UnixMilli()
 	b, err := proto.Marshal(cmd)
 	if err != nil {
 		return nil, err
 	}
-	v, err := propose(ctx, c.s, c.group, b)
+	v, err := proposeUnlessHalted(ctx, c.s, c.group, b, c.halted(), applyhalt.ErrHalted)
 	if err != nil {
 		return nil, c.raftErr(err)
 	}
@@ -232,6 +237,9 @@ func (c *caService) notLeader() error {
 
 // issuer is the CA, if this node leads the CA group and can use the key.
 func (c *caService) issuer() (*pki.CA, error) {
+	if err := c.halted(); err != nil {
+		return nil, err
+	}
 	if !c.group.IsLeader() {
 		return nil, c.notLeader()
 	}
@@ -265,6 +273,9 @@ func (c *caService) validity() time.Duration {
 }
 
 func (c *caService) GetCaCertificate(ctx context.Context, _ *metapb.GetCaCertificateRequest) (*metapb.GetCaCertificateResponse, error) {
+	if err := c.halted(); err != nil {
+		return nil, err
+	}
 	resp := &metapb.GetCaCertificateResponse{CaPem: c.bundle()}
 	if _, der, _ := c.state.CA(); der != nil {
 		resp.Fingerprint = pki.Fingerprint(der)
@@ -449,6 +460,9 @@ func (c *caService) RevokeCertificate(ctx context.Context, req *metapb.RevokeCer
 }
 
 func (c *caService) GetRevocations(ctx context.Context, _ *metapb.GetRevocationsRequest) (*metapb.GetRevocationsResponse, error) {
+	if err := c.halted(); err != nil {
+		return nil, err
+	}
 	serials, v := c.state.Revocations()
 	return &metapb.GetRevocationsResponse{Serials: serials, Version: v}, nil
 }

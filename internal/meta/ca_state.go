@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-store/basalt/internal/meta/applyhalt"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/store"
 	"github.com/basalt-store/basalt/internal/pki"
@@ -61,6 +62,8 @@ type caState struct {
 	// batchRevoked: serials revoked by the Apply call in progress (not
 	// yet in revoked).
 	batchRevoked int
+	// halt: the apply halt (applyhalt).
+	halt *applyhalt.Group
 }
 
 // caLoaded is the recorded CA, parsed. ca is nil if its key is sealed and
@@ -76,12 +79,18 @@ type revocations struct {
 	version uint64
 }
 
-func openCaState(dir string, opts store.Options, seal []byte, log *slog.Logger) (*caState, error) {
+// openCaState opens the CA state in dir; hidden are CaCommand ops it
+// treats as unknown (tests: an older binary; applyhalt).
+func openCaState(dir string, opts store.Options, seal []byte, log *slog.Logger, hidden ...int32) (*caState, error) {
 	st, err := store.Open(dir, opts)
 	if err != nil {
 		return nil, err
 	}
-	s := &caState{st: st, seal: seal, log: log}
+	s := &caState{st: st, seal: seal, log: log, halt: applyhalt.New("CA", st, &metapb.CaCommand{}, hidden)}
+	if err := s.halt.Load(); err != nil {
+		st.Close()
+		return nil, err
+	}
 	if err := s.load(); err != nil {
 		st.Close()
 		return nil, err
@@ -259,6 +268,9 @@ func (s *caState) Snapshot() (uint64, io.ReadCloser, error) { return s.st.Snapsh
 func (s *caState) Close() error                             { return s.st.Close() }
 
 func (s *caState) Restore(index uint64, r io.Reader) error {
+	if err := s.halt.CheckRestore(); err != nil {
+		return err
+	}
 	if err := s.st.Restore(index, r); err != nil {
 		return err
 	}
@@ -271,6 +283,9 @@ func (s *caState) Apply(entries []store.Entry) []any {
 	if len(entries) == 0 {
 		return nil
 	}
+	if s.halt.Halted() != nil {
+		return applyhalt.Results(entries)
+	}
 	b := s.st.NewBatch()
 	res := make([]any, len(entries))
 	changed := false
@@ -280,13 +295,19 @@ func (s *caState) Apply(entries []store.Entry) []any {
 			continue
 		}
 		cmd := &metapb.CaCommand{}
-		if err := proto.Unmarshal(e.Cmd, cmd); err != nil {
-			res[i] = fmt.Errorf("meta: CA entry %d: undecodable command: %w", e.Index, err)
-			continue
+		if h := s.halt.Decode(e, cmd); h != nil {
+			// Never past an entry this binary cannot apply (applyhalt).
+			entries = s.halt.Cut(h, entries, i, res)
+			defer s.halt.Persist(*h) // after what came before commits
+			break
 		}
 		var ch bool
 		res[i], ch = s.apply(b, cmd)
 		changed = changed || ch
+	}
+	if len(entries) == 0 {
+		b.Close()
+		return res
 	}
 	if err := s.st.Commit(b, entries[len(entries)-1].Index); err != nil {
 		panic(err) // as the other groups: replay the log on restart

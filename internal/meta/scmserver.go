@@ -23,6 +23,9 @@ type scmServer struct {
 }
 
 func (x *scmServer) leader() error {
+	if err := x.s.scmHaltedErr(); err != nil {
+		return err
+	}
 	if !x.s.scmGroup.IsLeader() {
 		return scm.ErrNotLeader
 	}
@@ -89,7 +92,11 @@ func (x *scmServer) barrier(ctx context.Context) error {
 	}
 	ctx, cancel := x.s.withTimeout(ctx)
 	defer cancel()
-	return x.s.scmGroup.ReadIndex(ctx)
+	if err := x.s.scmGroup.ReadIndex(ctx); err != nil {
+		return err
+	}
+	// Raft's read index passes a replica that halted meanwhile.
+	return x.s.scmHaltedErr()
 }
 
 func (x *scmServer) ListDatanodes(ctx context.Context, _ *metapb.ListDatanodesRequest) (*metapb.ListDatanodesResponse, error) {

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-store/basalt/internal/guard"
+	"github.com/basalt-store/basalt/internal/meta/applyhalt"
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
@@ -147,6 +148,10 @@ type Config struct {
 	// TestSupportedLayout, if nonzero, makes this node support only layout
 	// versions up to it, as an older binary (tests; upgrade.go).
 	TestSupportedLayout uint32
+	// TestHiddenOps: by group (ScmGroup, CaGroup, UserTokenGroup), ops
+	// (field numbers of the group's command message) this node treats as
+	// unknown, as an older binary (tests; applyhalt).
+	TestHiddenOps map[uint64][]int32
 
 	// Registerer receives all metrics (the raft host's and the service's).
 	// Nil: a private registry, served by Handler.
@@ -284,7 +289,7 @@ func New(cfg Config) (*Server, error) {
 	s.cfg.DiskReserveBytes = cfg.DiskReserveBytes
 	sopts := store.Options{SyncInterval: cfg.StoreSyncInterval, FS: cfg.FS, Logger: s.log,
 		ReserveBytes: cfg.DiskReserveBytes, BallastBytes: cfg.BallastBytes}
-	if s.scmState, err = scm.Open(filepath.Join(cfg.DataDir, "scm"), sopts); err != nil {
+	if s.scmState, err = scm.OpenHiding(filepath.Join(cfg.DataDir, "scm"), sopts, cfg.TestHiddenOps[ScmGroup]); err != nil {
 		return nil, err
 	}
 	nsOpts := sopts
@@ -299,7 +304,7 @@ func New(cfg Config) (*Server, error) {
 	if err := s.openCA(sopts); err != nil {
 		return nil, err
 	}
-	if s.ut, err = openUTState(filepath.Join(cfg.DataDir, "usertoken"), sopts); err != nil {
+	if s.ut, err = openUTState(filepath.Join(cfg.DataDir, "usertoken"), sopts, cfg.TestHiddenOps[UserTokenGroup]...); err != nil {
 		return nil, err
 	}
 	// The log directory's entry is durable before anything is logged in it
@@ -601,13 +606,19 @@ func propose(ctx context.Context, s *Server, g *raft.Group, cmd []byte) (any, er
 type nsRaft struct{ s *Server }
 
 func (r *nsRaft) Propose(ctx context.Context, cmd []byte) (any, error) {
-	if err := r.s.haltedErr(); err != nil {
-		return nil, err
+	return proposeUnlessHalted(ctx, r.s, r.s.nsGroup, cmd, r.s.haltedErr(), namespace.ErrHalted)
+}
+
+// proposeUnlessHalted proposes cmd unless halted (the group's halt on
+// this replica) refuses it. A result of errHalted is outcome-unknown:
+// this replica halted at or before the entry, which the others may well
+// have applied (upgrade.go).
+func proposeUnlessHalted(ctx context.Context, s *Server, g *raft.Group, cmd []byte, halted, errHalted error) (any, error) {
+	if halted != nil {
+		return nil, halted
 	}
-	res, err := propose(ctx, r.s, r.s.nsGroup, cmd)
-	if errors.Is(err, namespace.ErrHalted) {
-		// This replica halted at or before the entry, which the others
-		// may well have applied (upgrade.go).
+	res, err := propose(ctx, s, g, cmd)
+	if errors.Is(err, errHalted) {
 		err = fmt.Errorf("%w: %w", raft.ErrOutcomeUnknown, err)
 	}
 	return res, err
@@ -615,6 +626,10 @@ func (r *nsRaft) Propose(ctx context.Context, cmd []byte) (any, error) {
 
 func (r *nsRaft) ReadBarrier(ctx context.Context) error {
 	if err := r.s.haltedErr(); err != nil {
+		return err
+	}
+	// Lookups answer with SCM's block locations from this replica.
+	if err := r.s.scmHaltedErr(); err != nil {
 		return err
 	}
 	g := r.s.nsGroup
@@ -636,8 +651,12 @@ func (r *nsRaft) IsLeader() bool { return r.s.nsGroup != nil && r.s.nsGroup.IsLe
 type scmRaft struct{ s *Server }
 
 func (r *scmRaft) Propose(ctx context.Context, cmd []byte) (any, error) {
-	return propose(ctx, r.s, r.s.scmGroup, cmd)
+	return proposeUnlessHalted(ctx, r.s, r.s.scmGroup, cmd, r.s.scmHaltedErr(), applyhalt.ErrHalted)
 }
+
+// scmHaltedErr refuses SCM reads and proposals on a replica whose SCM
+// apply halted (upgrade.go).
+func (s *Server) scmHaltedErr() error { return s.groupHaltedErr("scm", s.scmState.Halt()) }
 
 func (r *scmRaft) IsLeader() bool { return r.s.scmGroup != nil && r.s.scmGroup.IsLeader() }
 

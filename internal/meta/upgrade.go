@@ -11,6 +11,13 @@ package meta
 // the halt index, so it can neither serve reads nor see its proposals
 // applied; it transfers leadership to another member, again whenever it
 // is elected). The rest of the process (SCM, CA, user tokens) stays up.
+//
+// The other groups (SCM, CA, user tokens) halt alike (applyhalt): a
+// halted group refuses its reads and proposals on this replica
+// (ReasonReplicaHalted) and gives up its leadership; while any group of
+// a replica is halted, the replica gives up the namespace's leadership
+// too (SCM and user-token leadership follow the namespace leader, and
+// must not follow it to a replica that cannot lead them).
 
 import (
 	"context"
@@ -26,6 +33,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-store/basalt/internal/meta/applyhalt"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/pki"
@@ -66,7 +74,87 @@ func (s *Server) setupUpgrade(reg prometheus.Registerer) {
 		Help:        "Layout versions: software (this binary supports) and finalized (the cluster's, as this replica applied it).",
 		ConstLabels: prometheus.Labels{"kind": "finalized"},
 	}, func() float64 { return float64(s.nsState.FinalizedLayout()) }))
+	for _, g := range s.haltGroups() {
+		report := func(h applyhalt.Halt) {
+			s.log.Error("meta: "+g.name+" apply HALTED: this replica cannot apply a committed entry; upgrade this replica's binary and restart it (it resumes from that entry)",
+				"group", g.name, "index", h.Index, "op", h.Op, "reason", h.Reason)
+		}
+		g.halt.OnHalt(report)
+		if h := g.halt.Halted(); h != nil {
+			report(*h)
+		}
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "basalt", Subsystem: "meta", Name: "apply_halted_index",
+			Help:        "The log entry of the group (scm, ca, usertoken) this replica stopped applying at (a command its binary cannot apply: upgrade it); 0 while it applies. The namespace's: basalt_meta_namespace_apply_halted_index.",
+			ConstLabels: prometheus.Labels{"group": g.name},
+		}, func() float64 {
+			if h := g.halt.Halted(); h != nil {
+				return float64(h.Index)
+			}
+			return 0
+		}))
+	}
 	metapb.RegisterUpgradeServer(s.grpc, &upgradeServer{s: s})
+}
+
+// haltGroup is a group other than the namespace whose apply can halt.
+type haltGroup struct {
+	id    uint64
+	name  string
+	halt  *applyhalt.Group
+	group func() *raft.Group // set by Start
+}
+
+// haltGroups: SCM, CA, user tokens.
+func (s *Server) haltGroups() []haltGroup {
+	return []haltGroup{
+		{ScmGroup, "scm", s.scmState.Halt(), func() *raft.Group { return s.scmGroup }},
+		{CaGroup, "ca", s.ca.state.halt, func() *raft.Group { return s.ca.group }},
+		{UserTokenGroup, "usertoken", s.ut.halt, func() *raft.Group { return s.utGroup }},
+	}
+}
+
+// groupHaltedErr refuses a read or proposal of a halted group (SCM, CA,
+// user tokens) on this replica: UNAVAILABLE, ReasonReplicaHalted (a
+// client tries another replica).
+func (s *Server) groupHaltedErr(name string, g *applyhalt.Group) error {
+	h := g.Halted()
+	if h == nil {
+		return nil
+	}
+	st, _ := status.Newf(codes.Unavailable, "meta node %d: %s replica halted at entry %d (%s); another replica can answer", s.cfg.NodeID, name, h.Index, h.Reason).
+		WithDetails(&errdetails.ErrorInfo{Reason: metapb.ReasonReplicaHalted, Domain: metapb.ReasonDomain})
+	return st.Err()
+}
+
+// anyHalted: some group of this replica halted.
+func (s *Server) anyHalted() bool {
+	if s.nsState.Halted() != nil {
+		return true
+	}
+	for _, g := range s.haltGroups() {
+		if g.halt.Halted() != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// handOver transfers g's leadership to another voter (round robin over
+// *next: one of them may be halted too).
+func (s *Server) handOver(g *raft.Group, name string, next *int) {
+	var others []uint64
+	for _, v := range g.Voters() {
+		if v != s.cfg.NodeID {
+			others = append(others, v)
+		}
+	}
+	if len(others) > 0 {
+		to := others[*next%len(others)]
+		*next++
+		s.log.Warn("meta: "+name+" replica halted: transferring leadership", "to", to)
+		g.TransferLeader(to)
+	}
 }
 
 // haltedErr refuses a namespace read or proposal on a halted replica.
@@ -85,7 +173,7 @@ func (s *Server) haltedErr() error {
 func (s *Server) runUpgrade(ctx context.Context) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
-	next := 0
+	next, ticks := 0, 0
 	lastInit, used := time.Time{}, false
 	for {
 		select {
@@ -93,25 +181,22 @@ func (s *Server) runUpgrade(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		for _, hg := range s.haltGroups() {
+			if g := hg.group(); hg.halt.Halted() != nil && g.IsLeader() {
+				s.handOver(g, hg.name, &next)
+			}
+		}
+		if ticks++; s.ca.state.halt.Halted() != nil && ticks%8 == 1 {
+			s.pullRevocations(ctx)
+		}
 		g := s.nsGroup
 		if !g.IsLeader() {
 			continue
 		}
-		if s.nsState.Halted() != nil {
-			// Hand leadership to another member (round robin: one of them
-			// may be halted too).
-			var others []uint64
-			for _, v := range g.Voters() {
-				if v != s.cfg.NodeID {
-					others = append(others, v)
-				}
-			}
-			if len(others) > 0 {
-				to := others[next%len(others)]
-				next++
-				s.log.Warn("meta: namespace replica halted: transferring leadership", "to", to)
-				g.TransferLeader(to)
-			}
+		if s.anyHalted() {
+			// Hand leadership to another member (the SCM and user-token
+			// leaders follow the namespace's).
+			s.handOver(g, "namespace", &next)
 			continue
 		}
 		if !used && !s.nsState.LayoutRecorded() && time.Since(lastInit) > 2*time.Second {
@@ -124,6 +209,29 @@ func (s *Server) runUpgrade(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// pullRevocations: while the CA group is halted here, its revocations
+// stop at the halt, so this node's TLS takes the revocation list from
+// another replica too (every 2 s): a certificate revoked after the halt
+// must not pass this node. (A halted replica's own GetRevocations refuses
+// with ReasonReplicaHalted: the client asks another.)
+func (s *Server) pullRevocations(ctx context.Context) {
+	if s.fwd == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	r, err := s.fwd.Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{})
+	if err != nil {
+		s.log.Warn("meta: CA replica halted: the revocation list could not be fetched from another replica", "err", err)
+		return
+	}
+	local, _ := s.ca.state.Revocations()
+	if len(r.Serials) > maxRevocations {
+		r.Serials = r.Serials[:maxRevocations]
+	}
+	s.cfg.TLS.SetRevoked(append(slices.Clone(local), r.Serials...))
 }
 
 // awaitLayout records a fresh cluster's layout before its first write
@@ -192,6 +300,11 @@ func (s *Server) selfLayout() *metapb.ReplicaLayout {
 	if h := s.nsState.Halted(); h != nil {
 		r.HaltedIndex, r.HaltedReason = h.Index, h.Reason
 	}
+	for _, g := range s.haltGroups() {
+		if h := g.halt.Halted(); h != nil {
+			r.GroupHalts = append(r.GroupHalts, &metapb.GroupHalt{Group: g.name, Index: h.Index, Op: h.Op, Reason: h.Reason})
+		}
+	}
 	return r
 }
 
@@ -247,6 +360,17 @@ func (s *Server) askLayout(ctx context.Context, id uint64) *metapb.ReplicaLayout
 	r.Addr = p.GRPCAddr
 	if len(r.HaltedReason) > 1024 {
 		r.HaltedReason = r.HaltedReason[:1024]
+	}
+	if len(r.GroupHalts) > 8 {
+		r.GroupHalts = r.GroupHalts[:8]
+	}
+	for _, h := range r.GroupHalts {
+		if len(h.Group) > 32 {
+			h.Group = h.Group[:32]
+		}
+		if len(h.Reason) > 1024 {
+			h.Reason = h.Reason[:1024]
+		}
 	}
 	r.Error = ""
 	return r

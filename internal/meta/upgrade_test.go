@@ -2,8 +2,6 @@ package meta
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"strings"
 	"sync"
@@ -11,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -320,27 +317,7 @@ func hasReason(err error, reason string) bool {
 
 // pebbleSum hashes every namespace row of s (not the store's own applied
 // index row).
-func pebbleSum(t *testing.T, s *Server) string {
-	h := sha256.New()
-	err := s.nsState.Store().View(func(r pebble.Reader) error {
-		it, err := r.NewIter(&pebble.IterOptions{LowerBound: []byte{0x01}})
-		if err != nil {
-			return err
-		}
-		defer it.Close()
-		for ok := it.First(); ok; ok = it.Next() {
-			h.Write(it.Key())
-			h.Write([]byte{0})
-			h.Write(it.Value())
-			h.Write([]byte{0})
-		}
-		return it.Error()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
+func pebbleSum(t *testing.T, s *Server) string { return storeSum(t, s.nsState.Store()) }
 
 func gaugeValue(t *testing.T, s *Server, name string) float64 {
 	mfs, err := s.reg.Gather()

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-store/basalt/internal/meta/applyhalt"
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
@@ -354,6 +355,10 @@ func (s *Server) verifyUserToken(ctx context.Context, tok string, now time.Time)
 	refuse := func(format string, a ...any) (userToken, error) {
 		return userToken{}, status.Errorf(codes.Unauthenticated, "meta node %d: user token refused: "+format, append([]any{s.cfg.NodeID}, a...)...)
 	}
+	// A halted replica may miss a cancellation or a key retirement.
+	if err := s.utHaltedErr(); err != nil {
+		return userToken{}, err
+	}
 	t, ok := s.utCache.get(tok)
 	if !ok {
 		parts, err := metaclient.DecodeTokenURL(strings.TrimSpace(tok))
@@ -586,9 +591,16 @@ func (s *Server) utNotLeader(err error) error {
 	return st.Err()
 }
 
+// utHaltedErr refuses user-token reads and proposals on a replica whose
+// user-token apply halted (upgrade.go).
+func (s *Server) utHaltedErr() error { return s.groupHaltedErr("usertoken", s.ut.halt) }
+
 // utPropose proposes cmd to the user-token group and returns Apply's
 // result; raft's "not the leader" errors become utNotLeader.
 func (s *Server) utPropose(ctx context.Context, cmd *metapb.UserTokenCommand) (any, error) {
+	if err := s.utHaltedErr(); err != nil {
+		return nil, err
+	}
 	if !s.utGroup.IsLeader() {
 		return nil, s.utNotLeader(nil)
 	}
@@ -596,7 +608,7 @@ func (s *Server) utPropose(ctx context.Context, cmd *metapb.UserTokenCommand) (a
 	if err != nil {
 		return nil, err
 	}
-	v, err := propose(ctx, s, s.utGroup, b)
+	v, err := proposeUnlessHalted(ctx, s, s.utGroup, b, nil, applyhalt.ErrHalted)
 	var nle *raft.NotLeaderError
 	if errors.As(err, &nle) || errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrProposalDropped) || errors.Is(err, raft.ErrStopped) {
 		return nil, s.utNotLeader(err)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-store/basalt/internal/meta/applyhalt"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/store"
 )
@@ -37,6 +38,8 @@ type utState struct {
 	renewed   map[uint64]*metapb.UserTokenRecord
 	cancelled map[uint64]*metapb.UserTokenRecord
 	expiries  utExpiries // when each nonce and record may go
+
+	halt *applyhalt.Group // the apply halt (applyhalt)
 }
 
 // utNonce is a recorded GetUserToken nonce.
@@ -101,12 +104,19 @@ func utRow(pfx []byte, id uint64) []byte {
 	return append(append([]byte(nil), pfx...), store.U64(id)...)
 }
 
-func openUTState(dir string, opts store.Options) (*utState, error) {
+// openUTState opens the user-token state in dir; hidden are
+// UserTokenCommand ops it treats as unknown (tests: an older binary;
+// applyhalt).
+func openUTState(dir string, opts store.Options, hidden ...int32) (*utState, error) {
 	st, err := store.Open(dir, opts)
 	if err != nil {
 		return nil, err
 	}
-	s := &utState{st: st}
+	s := &utState{st: st, halt: applyhalt.New("usertoken", st, &metapb.UserTokenCommand{}, hidden)}
+	if err := s.halt.Load(); err != nil {
+		st.Close()
+		return nil, err
+	}
 	if err := s.load(); err != nil {
 		st.Close()
 		return nil, err
@@ -201,6 +211,9 @@ func (s *utState) AppliedIndex() uint64                     { return s.st.Durabl
 func (s *utState) Snapshot() (uint64, io.ReadCloser, error) { return s.st.Snapshot() }
 
 func (s *utState) Restore(index uint64, r io.Reader) error {
+	if err := s.halt.CheckRestore(); err != nil {
+		return err
+	}
 	if err := s.st.Restore(index, r); err != nil {
 		return err
 	}
@@ -213,6 +226,9 @@ func (s *utState) Apply(entries []store.Entry) []any {
 	if len(entries) == 0 {
 		return nil
 	}
+	if s.halt.Halted() != nil {
+		return applyhalt.Results(entries)
+	}
 	b := s.st.NewBatch()
 	res := make([]any, len(entries))
 	s.mu.Lock()
@@ -221,13 +237,19 @@ func (s *utState) Apply(entries []store.Entry) []any {
 			continue
 		}
 		cmd := &metapb.UserTokenCommand{}
-		if err := proto.Unmarshal(e.Cmd, cmd); err != nil {
-			res[i] = fmt.Errorf("usertoken: entry %d: undecodable command: %w", e.Index, err)
-			continue
+		if h := s.halt.Decode(e, cmd); h != nil {
+			// Never past an entry this binary cannot apply (applyhalt).
+			entries = s.halt.Cut(h, entries, i, res)
+			defer s.halt.Persist(*h) // after what came before commits
+			break
 		}
 		res[i] = s.apply(b, cmd)
 	}
 	s.mu.Unlock()
+	if len(entries) == 0 {
+		b.Close()
+		return res
+	}
 	if err := s.st.Commit(b, entries[len(entries)-1].Index); err != nil {
 		panic(err) // the mirror is ahead of the disk: replay on restart
 	}

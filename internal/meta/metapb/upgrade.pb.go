@@ -108,7 +108,11 @@ type ReplicaLayout struct {
 	FinalizedVersion uint32 `protobuf:"varint,6,opt,name=finalized_version,json=finalizedVersion,proto3" json:"finalized_version,omitempty"`
 	Addr             string `protobuf:"bytes,7,opt,name=addr,proto3" json:"addr,omitempty"`
 	// The replica could not be asked (set by the caller that asked).
-	Error         string `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
+	// The other groups of the meta service (scm, ca, usertoken) whose
+	// apply halted on this replica, as the namespace's can (halted_index):
+	// an entry its binary cannot apply (internal/meta/applyhalt).
+	GroupHalts    []*GroupHalt `protobuf:"bytes,9,rep,name=group_halts,json=groupHalts,proto3" json:"group_halts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -199,6 +203,82 @@ func (x *ReplicaLayout) GetError() string {
 	return ""
 }
 
+func (x *ReplicaLayout) GetGroupHalts() []*GroupHalt {
+	if x != nil {
+		return x.GroupHalts
+	}
+	return nil
+}
+
+// GroupHalt is one group's apply halt on a replica.
+type GroupHalt struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`  // "scm", "ca", "usertoken"
+	Index         uint64                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"` // the first entry not applied
+	Op            int32                  `protobuf:"varint,3,opt,name=op,proto3" json:"op,omitempty"`       // its op's field number, 0 if undecodable
+	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupHalt) Reset() {
+	*x = GroupHalt{}
+	mi := &file_meta_upgrade_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupHalt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupHalt) ProtoMessage() {}
+
+func (x *GroupHalt) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_upgrade_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupHalt.ProtoReflect.Descriptor instead.
+func (*GroupHalt) Descriptor() ([]byte, []int) {
+	return file_meta_upgrade_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *GroupHalt) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupHalt) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *GroupHalt) GetOp() int32 {
+	if x != nil {
+		return x.Op
+	}
+	return 0
+}
+
+func (x *GroupHalt) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type LayoutFeature struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -211,7 +291,7 @@ type LayoutFeature struct {
 
 func (x *LayoutFeature) Reset() {
 	*x = LayoutFeature{}
-	mi := &file_meta_upgrade_proto_msgTypes[2]
+	mi := &file_meta_upgrade_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -223,7 +303,7 @@ func (x *LayoutFeature) String() string {
 func (*LayoutFeature) ProtoMessage() {}
 
 func (x *LayoutFeature) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_upgrade_proto_msgTypes[2]
+	mi := &file_meta_upgrade_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -236,7 +316,7 @@ func (x *LayoutFeature) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayoutFeature.ProtoReflect.Descriptor instead.
 func (*LayoutFeature) Descriptor() ([]byte, []int) {
-	return file_meta_upgrade_proto_rawDescGZIP(), []int{2}
+	return file_meta_upgrade_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *LayoutFeature) GetName() string {
@@ -277,7 +357,7 @@ type GetLayoutStatusRequest struct {
 
 func (x *GetLayoutStatusRequest) Reset() {
 	*x = GetLayoutStatusRequest{}
-	mi := &file_meta_upgrade_proto_msgTypes[3]
+	mi := &file_meta_upgrade_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +369,7 @@ func (x *GetLayoutStatusRequest) String() string {
 func (*GetLayoutStatusRequest) ProtoMessage() {}
 
 func (x *GetLayoutStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_upgrade_proto_msgTypes[3]
+	mi := &file_meta_upgrade_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +382,7 @@ func (x *GetLayoutStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLayoutStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetLayoutStatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_upgrade_proto_rawDescGZIP(), []int{3}
+	return file_meta_upgrade_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetLayoutStatusRequest) GetAll() bool {
@@ -324,7 +404,7 @@ type GetLayoutStatusResponse struct {
 
 func (x *GetLayoutStatusResponse) Reset() {
 	*x = GetLayoutStatusResponse{}
-	mi := &file_meta_upgrade_proto_msgTypes[4]
+	mi := &file_meta_upgrade_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -336,7 +416,7 @@ func (x *GetLayoutStatusResponse) String() string {
 func (*GetLayoutStatusResponse) ProtoMessage() {}
 
 func (x *GetLayoutStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_upgrade_proto_msgTypes[4]
+	mi := &file_meta_upgrade_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -349,7 +429,7 @@ func (x *GetLayoutStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLayoutStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetLayoutStatusResponse) Descriptor() ([]byte, []int) {
-	return file_meta_upgrade_proto_rawDescGZIP(), []int{4}
+	return file_meta_upgrade_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetLayoutStatusResponse) GetSelf() *ReplicaLayout {
@@ -390,7 +470,7 @@ type FinalizeLayoutRequest struct {
 
 func (x *FinalizeLayoutRequest) Reset() {
 	*x = FinalizeLayoutRequest{}
-	mi := &file_meta_upgrade_proto_msgTypes[5]
+	mi := &file_meta_upgrade_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -402,7 +482,7 @@ func (x *FinalizeLayoutRequest) String() string {
 func (*FinalizeLayoutRequest) ProtoMessage() {}
 
 func (x *FinalizeLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_upgrade_proto_msgTypes[5]
+	mi := &file_meta_upgrade_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -415,7 +495,7 @@ func (x *FinalizeLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinalizeLayoutRequest.ProtoReflect.Descriptor instead.
 func (*FinalizeLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_meta_upgrade_proto_rawDescGZIP(), []int{5}
+	return file_meta_upgrade_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *FinalizeLayoutRequest) GetVersion() uint32 {
@@ -435,7 +515,7 @@ type FinalizeLayoutResponse struct {
 
 func (x *FinalizeLayoutResponse) Reset() {
 	*x = FinalizeLayoutResponse{}
-	mi := &file_meta_upgrade_proto_msgTypes[6]
+	mi := &file_meta_upgrade_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -447,7 +527,7 @@ func (x *FinalizeLayoutResponse) String() string {
 func (*FinalizeLayoutResponse) ProtoMessage() {}
 
 func (x *FinalizeLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_upgrade_proto_msgTypes[6]
+	mi := &file_meta_upgrade_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -460,7 +540,7 @@ func (x *FinalizeLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinalizeLayoutResponse.ProtoReflect.Descriptor instead.
 func (*FinalizeLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_meta_upgrade_proto_rawDescGZIP(), []int{6}
+	return file_meta_upgrade_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *FinalizeLayoutResponse) GetFinalizedVersion() uint32 {
@@ -485,7 +565,7 @@ const file_meta_upgrade_proto_rawDesc = "" +
 	"\bLayoutOp\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x12\n" +
 	"\x04init\x18\x02 \x01(\bR\x04init\x129\n" +
-	"\breplicas\x18\x03 \x03(\v2\x1d.basalt.meta.v1.ReplicaLayoutR\breplicas\"\x97\x02\n" +
+	"\breplicas\x18\x03 \x03(\v2\x1d.basalt.meta.v1.ReplicaLayoutR\breplicas\"\xd3\x02\n" +
 	"\rReplicaLayout\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12)\n" +
 	"\x10software_version\x18\x02 \x01(\rR\x0fsoftwareVersion\x12!\n" +
@@ -494,7 +574,14 @@ const file_meta_upgrade_proto_rawDesc = "" +
 	"\rapplied_index\x18\x05 \x01(\x04R\fappliedIndex\x12+\n" +
 	"\x11finalized_version\x18\x06 \x01(\rR\x10finalizedVersion\x12\x12\n" +
 	"\x04addr\x18\a \x01(\tR\x04addr\x12\x14\n" +
-	"\x05error\x18\b \x01(\tR\x05error\"}\n" +
+	"\x05error\x18\b \x01(\tR\x05error\x12:\n" +
+	"\vgroup_halts\x18\t \x03(\v2\x19.basalt.meta.v1.GroupHaltR\n" +
+	"groupHalts\"_\n" +
+	"\tGroupHalt\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x0e\n" +
+	"\x02op\x18\x03 \x01(\x05R\x02op\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"}\n" +
 	"\rLayoutFeature\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\rR\aversion\x12 \n" +
@@ -528,31 +615,33 @@ func file_meta_upgrade_proto_rawDescGZIP() []byte {
 	return file_meta_upgrade_proto_rawDescData
 }
 
-var file_meta_upgrade_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_meta_upgrade_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_meta_upgrade_proto_goTypes = []any{
 	(*LayoutOp)(nil),                // 0: basalt.meta.v1.LayoutOp
 	(*ReplicaLayout)(nil),           // 1: basalt.meta.v1.ReplicaLayout
-	(*LayoutFeature)(nil),           // 2: basalt.meta.v1.LayoutFeature
-	(*GetLayoutStatusRequest)(nil),  // 3: basalt.meta.v1.GetLayoutStatusRequest
-	(*GetLayoutStatusResponse)(nil), // 4: basalt.meta.v1.GetLayoutStatusResponse
-	(*FinalizeLayoutRequest)(nil),   // 5: basalt.meta.v1.FinalizeLayoutRequest
-	(*FinalizeLayoutResponse)(nil),  // 6: basalt.meta.v1.FinalizeLayoutResponse
+	(*GroupHalt)(nil),               // 2: basalt.meta.v1.GroupHalt
+	(*LayoutFeature)(nil),           // 3: basalt.meta.v1.LayoutFeature
+	(*GetLayoutStatusRequest)(nil),  // 4: basalt.meta.v1.GetLayoutStatusRequest
+	(*GetLayoutStatusResponse)(nil), // 5: basalt.meta.v1.GetLayoutStatusResponse
+	(*FinalizeLayoutRequest)(nil),   // 6: basalt.meta.v1.FinalizeLayoutRequest
+	(*FinalizeLayoutResponse)(nil),  // 7: basalt.meta.v1.FinalizeLayoutResponse
 }
 var file_meta_upgrade_proto_depIdxs = []int32{
 	1, // 0: basalt.meta.v1.LayoutOp.replicas:type_name -> basalt.meta.v1.ReplicaLayout
-	1, // 1: basalt.meta.v1.GetLayoutStatusResponse.self:type_name -> basalt.meta.v1.ReplicaLayout
-	1, // 2: basalt.meta.v1.GetLayoutStatusResponse.replicas:type_name -> basalt.meta.v1.ReplicaLayout
-	2, // 3: basalt.meta.v1.GetLayoutStatusResponse.features:type_name -> basalt.meta.v1.LayoutFeature
-	1, // 4: basalt.meta.v1.FinalizeLayoutResponse.replicas:type_name -> basalt.meta.v1.ReplicaLayout
-	3, // 5: basalt.meta.v1.Upgrade.GetLayoutStatus:input_type -> basalt.meta.v1.GetLayoutStatusRequest
-	5, // 6: basalt.meta.v1.Upgrade.FinalizeLayout:input_type -> basalt.meta.v1.FinalizeLayoutRequest
-	4, // 7: basalt.meta.v1.Upgrade.GetLayoutStatus:output_type -> basalt.meta.v1.GetLayoutStatusResponse
-	6, // 8: basalt.meta.v1.Upgrade.FinalizeLayout:output_type -> basalt.meta.v1.FinalizeLayoutResponse
-	7, // [7:9] is the sub-list for method output_type
-	5, // [5:7] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	2, // 1: basalt.meta.v1.ReplicaLayout.group_halts:type_name -> basalt.meta.v1.GroupHalt
+	1, // 2: basalt.meta.v1.GetLayoutStatusResponse.self:type_name -> basalt.meta.v1.ReplicaLayout
+	1, // 3: basalt.meta.v1.GetLayoutStatusResponse.replicas:type_name -> basalt.meta.v1.ReplicaLayout
+	3, // 4: basalt.meta.v1.GetLayoutStatusResponse.features:type_name -> basalt.meta.v1.LayoutFeature
+	1, // 5: basalt.meta.v1.FinalizeLayoutResponse.replicas:type_name -> basalt.meta.v1.ReplicaLayout
+	4, // 6: basalt.meta.v1.Upgrade.GetLayoutStatus:input_type -> basalt.meta.v1.GetLayoutStatusRequest
+	6, // 7: basalt.meta.v1.Upgrade.FinalizeLayout:input_type -> basalt.meta.v1.FinalizeLayoutRequest
+	5, // 8: basalt.meta.v1.Upgrade.GetLayoutStatus:output_type -> basalt.meta.v1.GetLayoutStatusResponse
+	7, // 9: basalt.meta.v1.Upgrade.FinalizeLayout:output_type -> basalt.meta.v1.FinalizeLayoutResponse
+	8, // [8:10] is the sub-list for method output_type
+	6, // [6:8] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_meta_upgrade_proto_init() }
@@ -566,7 +655,7 @@ func file_meta_upgrade_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_upgrade_proto_rawDesc), len(file_meta_upgrade_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-store/basalt/internal/meta/applyhalt"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/store"
 )
@@ -87,6 +88,10 @@ type State struct {
 	safeExit bool                              // a leader left safe mode once
 	keys     secretKeys                        // block token keys (secretkeys.go)
 	cache    cacheDefs                         // cache pools and directives (cache.go)
+
+	// halt: the apply halt (applyhalt): set, this replica applies nothing
+	// more.
+	halt *applyhalt.Group
 }
 
 // setPipeline stores p in the mirror and its indexes (caller holds mu for
@@ -142,18 +147,29 @@ type counters struct {
 }
 
 // Open opens the SCM state in dir.
-func Open(dir string, opts store.Options) (*State, error) {
+func Open(dir string, opts store.Options) (*State, error) { return OpenHiding(dir, opts, nil) }
+
+// OpenHiding is Open for a replica that treats the ops hidden (ScmCommand
+// field numbers) as unknown, as a binary without them (tests).
+func OpenHiding(dir string, opts store.Options, hidden []int32) (*State, error) {
 	st, err := store.Open(dir, opts)
 	if err != nil {
 		return nil, err
 	}
-	s := &State{st: st}
+	s := &State{st: st, halt: applyhalt.New("scm", st, &metapb.ScmCommand{}, hidden)}
+	if err := s.halt.Load(); err != nil {
+		st.Close()
+		return nil, err
+	}
 	if err := s.load(); err != nil {
 		st.Close()
 		return nil, err
 	}
 	return s, nil
 }
+
+// Halt is the apply halt of this replica (applyhalt).
+func (s *State) Halt() *applyhalt.Group { return s.halt }
 
 // Close closes the store.
 func (s *State) Close() error { return s.st.Close() }
@@ -244,6 +260,9 @@ func (s *State) Snapshot() (uint64, io.ReadCloser, error) { return s.st.Snapshot
 
 // Restore replaces the state and reloads the in-memory mirror.
 func (s *State) Restore(index uint64, r io.Reader) error {
+	if err := s.halt.CheckRestore(); err != nil {
+		return err
+	}
 	if err := s.st.Restore(index, r); err != nil {
 		return err
 	}
@@ -256,6 +275,9 @@ func (s *State) Apply(entries []store.Entry) []any {
 	if len(entries) == 0 {
 		return nil
 	}
+	if s.halt.Halted() != nil {
+		return applyhalt.Results(entries)
+	}
 	b := s.st.NewBatch()
 	res := make([]any, len(entries))
 	s.mu.Lock()
@@ -264,13 +286,19 @@ func (s *State) Apply(entries []store.Entry) []any {
 			continue
 		}
 		cmd := &metapb.ScmCommand{}
-		if err := proto.Unmarshal(e.Cmd, cmd); err != nil {
-			res[i] = fmt.Errorf("scm: entry %d: undecodable command: %w", e.Index, err)
-			continue
+		if h := s.halt.Decode(e, cmd); h != nil {
+			// Never past an entry this binary cannot apply (applyhalt).
+			entries = s.halt.Cut(h, entries, i, res)
+			defer s.halt.Persist(*h) // after what came before commits
+			break
 		}
 		res[i] = s.apply(b, cmd)
 	}
 	s.mu.Unlock()
+	if len(entries) == 0 {
+		b.Close()
+		return res
+	}
 	if err := s.st.Commit(b, entries[len(entries)-1].Index); err != nil {
 		// The in-memory mirror is ahead of the disk now; the only safe
 		// thing is to stop and replay the log on restart.

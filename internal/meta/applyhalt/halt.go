@@ -1,0 +1,232 @@
+// Package applyhalt is the apply halt of the meta service's Raft groups
+// other than the namespace (SCM, CA, user tokens): the rule of
+// namespace/layout.go for them (docs/ARCHITECTURE.md, "Upgrades").
+//
+// A replica that meets a committed entry it cannot apply
+// deterministically (an entry that does not decode, an op or a top-level
+// field of the group's command message its binary does not know) does
+// not record an error and go on while newer replicas applied it: it
+// halts. The state machine commits what came before the entry and
+// nothing after; every later Apply is refused (Results), and so is every
+// Restore (CheckRestore: the state past the halt may hold what this
+// binary cannot read). The halt is written durably beside the group's
+// rows (the m/halt row; Persist): a restart with the same binary halts
+// again at load, before applying anything. A binary whose command
+// message differs (its schema fingerprint: the fields it knows) removes
+// the row at load and tries the entry again: restarted with a binary
+// that knows the op, the replica resumes from the halt index (Raft keeps
+// the entries: it never compacts past the state machine's applied
+// index). The server refuses reads and proposals of a halted group and
+// gives up its leadership (internal/meta/upgrade.go).
+package applyhalt
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/basalt-store/basalt/internal/meta/store"
+)
+
+// ErrHalted is the result of every entry a halted replica does not apply.
+var ErrHalted = errors.New("meta: this replica halted: it cannot apply its group's log (see basalt admin upgrade status)")
+
+// Halt describes why a replica stopped applying.
+type Halt struct {
+	Index  uint64 // the first entry not applied
+	Op     int32  // its op's field number, 0 if unknown or undecodable
+	Reason string
+}
+
+// Key is the halt row in each group's store: this replica's row, not a
+// replicated one (a halted replica never leads, so never sends a
+// snapshot holding it).
+var Key = []byte("m/halt")
+
+const maxReason = 1024
+
+// Group is one state machine's halt. Decode, Stop and Persist run on the
+// apply goroutine; Halted anywhere.
+type Group struct {
+	name   string // in reasons and errors: "scm", "CA", "usertoken"
+	st     *store.Store
+	desc   protoreflect.MessageDescriptor
+	hidden []protoreflect.FieldNumber // ops treated as unknown (tests)
+	schema uint64                     // fingerprint of the fields known
+	halt   atomic.Pointer[Halt]
+	onHalt atomic.Pointer[func(Halt)]
+}
+
+// New returns the halt of the group whose commands are messages like cmd,
+// stored in st. hidden are ops (field numbers of cmd) this replica treats
+// as unknown, as a binary without them would (a test hook; nil in
+// production). Call Load before the first Apply.
+func New(name string, st *store.Store, cmd proto.Message, hidden []int32) *Group {
+	g := &Group{name: name, st: st, desc: cmd.ProtoReflect().Descriptor()}
+	for _, n := range hidden {
+		g.hidden = append(g.hidden, protoreflect.FieldNumber(n))
+	}
+	h := fnv.New64a()
+	fields := g.desc.Fields()
+	for i := range fields.Len() {
+		if n := fields.Get(i).Number(); !slices.Contains(g.hidden, n) {
+			h.Write(binary.BigEndian.AppendUint32(nil, uint32(n)))
+		}
+	}
+	g.schema = h.Sum64()
+	return g
+}
+
+// OnHalt sets a function called once when the replica halts (on the apply
+// goroutine or in Load; it must not block).
+func (g *Group) OnHalt(f func(Halt)) { g.onHalt.Store(&f) }
+
+// Halted returns why this replica stopped applying, or nil.
+func (g *Group) Halted() *Halt { return g.halt.Load() }
+
+// Stop halts the replica (in memory; Persist writes it).
+func (g *Group) Stop(h Halt) {
+	if g.halt.CompareAndSwap(nil, &h) {
+		if f := g.onHalt.Load(); f != nil {
+			(*f)(h)
+		}
+	}
+}
+
+// Decode decodes a committed entry's command into m, or says why this
+// replica cannot apply it (then it must halt there). An empty command
+// (no op, no unknown field) decodes: every binary sees it alike.
+func (g *Group) Decode(e store.Entry, m proto.Message) *Halt {
+	if err := proto.Unmarshal(e.Cmd, m); err != nil {
+		return &Halt{Index: e.Index, Reason: fmt.Sprintf("%s entry %d does not decode (%v): a newer binary's command or a damaged log: upgrade this replica's binary", g.name, e.Index, err)}
+	}
+	r := m.ProtoReflect()
+	if u := r.GetUnknown(); len(u) > 0 {
+		// A field this binary does not know: an op (an unknown oneof
+		// member decodes as no op) or a new field of the command.
+		op := int32(0)
+		if num, _, n := protowire.ConsumeTag(u); n > 0 {
+			op = int32(num)
+		}
+		return &Halt{Index: e.Index, Op: op, Reason: fmt.Sprintf("%s entry %d holds op or field %d, unknown to this binary: upgrade this replica's binary", g.name, e.Index, op)}
+	}
+	for _, n := range g.hidden {
+		if fd := g.desc.Fields().ByNumber(n); fd != nil && r.Has(fd) {
+			return &Halt{Index: e.Index, Op: int32(n), Reason: fmt.Sprintf("%s entry %d holds op or field %d, unknown to this binary: upgrade this replica's binary", g.name, e.Index, n)}
+		}
+	}
+	return nil
+}
+
+// Cut halts the replica at entries[i], whose Decode answered h: the
+// results of entries[i:] are ErrHalted. It returns the entries to commit
+// (those before i); the caller commits them, then calls Persist.
+func (g *Group) Cut(h *Halt, entries []store.Entry, i int, res []any) []store.Entry {
+	g.Stop(*h)
+	copy(res[i:], Results(entries[i:]))
+	return entries[:i]
+}
+
+// Results is the result of entries a halted replica does not apply.
+func Results(entries []store.Entry) []any {
+	res := make([]any, len(entries))
+	for i, e := range entries {
+		if e.Cmd != nil {
+			res[i] = ErrHalted
+		}
+	}
+	return res
+}
+
+// CheckRestore refuses a snapshot on a halted replica.
+func (g *Group) CheckRestore() error {
+	if h := g.Halted(); h != nil {
+		return fmt.Errorf("%w: %s at entry %d: %s; a snapshot is not installed", ErrHalted, g.name, h.Index, h.Reason)
+	}
+	return nil
+}
+
+// encode: index, op, schema, reason.
+func (g *Group) encode(h Halt) []byte {
+	r := h.Reason
+	if len(r) > maxReason {
+		r = r[:maxReason]
+	}
+	b := binary.BigEndian.AppendUint64(nil, h.Index)
+	b = binary.BigEndian.AppendUint32(b, uint32(h.Op))
+	b = binary.BigEndian.AppendUint64(b, g.schema)
+	return append(b, r...)
+}
+
+func decode(b []byte) (Halt, uint64, bool) {
+	if len(b) < 20 || len(b) > 20+maxReason {
+		return Halt{}, 0, false
+	}
+	return Halt{Index: binary.BigEndian.Uint64(b), Op: int32(binary.BigEndian.Uint32(b[8:])), Reason: string(b[20:])},
+		binary.BigEndian.Uint64(b[12:]), true
+}
+
+// Persist writes the halt durably (on the apply goroutine, after the
+// entries before it committed). Should it fail, the replica halts in
+// memory only: restarted, it replays to the same entry and halts again.
+func (g *Group) Persist(h Halt) {
+	b := g.st.NewBatch()
+	if err := b.Set(Key, g.encode(h), nil); err != nil {
+		b.Close()
+		return
+	}
+	if err := g.st.CommitSide(b); err != nil {
+		b.Close()
+	}
+}
+
+// Load reads the halt row (at open and after a restore): a halt recorded
+// by a binary knowing the same command fields stands; one recorded by
+// another binary is removed: this one may know the entry (if not, it
+// halts there again).
+func (g *Group) Load() error {
+	var h Halt
+	var schema uint64
+	found := false
+	err := g.st.View(func(r pebble.Reader) error {
+		v, closer, err := r.Get(Key)
+		if errors.Is(err, pebble.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		defer closer.Close()
+		var ok bool
+		if h, schema, ok = decode(v); !ok {
+			return fmt.Errorf("%s: the halt row (%d bytes) does not decode", g.name, len(v))
+		}
+		found = true
+		return nil
+	})
+	if err != nil || !found {
+		return err
+	}
+	if schema == g.schema {
+		g.Stop(h)
+		return nil
+	}
+	b := g.st.NewBatch()
+	if err := b.Delete(Key, nil); err != nil {
+		b.Close()
+		return err
+	}
+	if err := g.st.CommitSide(b); err != nil {
+		b.Close()
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,390 @@
+package meta
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/meta/applyhalt"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/meta/store"
+	"github.com/basalt-store/basalt/internal/raft"
+)
+
+// haltCase is one of the groups besides the namespace whose apply halts
+// (applyhalt), with an op node 3 "does not know" (op) and a harmless
+// command (probe).
+type haltCase struct {
+	id    uint64
+	name  string
+	op    int32
+	group func(*Server) *raft.Group
+	halt  func(*Server) *applyhalt.Group
+	store func(*Server) *store.Store
+	cmd   func() proto.Message // the op node 3 does not know
+	probe func() proto.Message // a command every replica knows
+}
+
+func haltCases() []haltCase {
+	now := time.Now().UnixMilli()
+	return []haltCase{
+		{ScmGroup, "scm", 10, func(s *Server) *raft.Group { return s.scmGroup }, func(s *Server) *applyhalt.Group { return s.scmState.Halt() },
+			func(s *Server) *store.Store { return s.scmState.Store() },
+			func() proto.Message {
+				return &metapb.ScmCommand{NowUnixMs: now, Op: &metapb.ScmCommand_PurgeDeleteTxs{PurgeDeleteTxs: &metapb.PurgeDeleteTxsOp{TxIds: []uint64{7}}}}
+			},
+			func() proto.Message {
+				return &metapb.ScmCommand{NowUnixMs: now, Op: &metapb.ScmCommand_AllocateIdRange{AllocateIdRange: &metapb.AllocateIDRangeOp{Count: 5}}}
+			}},
+		{CaGroup, "ca", 11, func(s *Server) *raft.Group { return s.ca.group }, func(s *Server) *applyhalt.Group { return s.ca.state.halt },
+			func(s *Server) *store.Store { return s.ca.state.st },
+			func() proto.Message {
+				return &metapb.CaCommand{NowUnixMs: now, Op: &metapb.CaCommand_AddToken{AddToken: &metapb.CaAddTokenOp{TokenId: "newop", SecretHash: []byte("h"), Role: "datanode", ExpiresUnixMs: now + 3600_000}}}
+			},
+			func() proto.Message {
+				return &metapb.CaCommand{NowUnixMs: now, Op: &metapb.CaCommand_RecordIssued{RecordIssued: &metapb.CaIssuedCert{Serial: "probe", Identity: "basalt://datanode/x"}}}
+			}},
+		{UserTokenGroup, "usertoken", 4, func(s *Server) *raft.Group { return s.utGroup }, func(s *Server) *applyhalt.Group { return s.ut.halt },
+			func(s *Server) *store.Store { return s.ut.st },
+			func() proto.Message {
+				return &metapb.UserTokenCommand{NowUnixMs: now, Op: &metapb.UserTokenCommand_Cancel{Cancel: &metapb.UserTokenCancelOp{Sequence: 99, MaxUnixMs: now + 3600_000}}}
+			},
+			func() proto.Message {
+				return &metapb.UserTokenCommand{NowUnixMs: now, Op: &metapb.UserTokenCommand_Renew{Renew: &metapb.UserTokenRenewOp{Sequence: 98, ExpiryUnixMs: now + 600_000, MaxUnixMs: now + 3600_000}}}
+			}},
+	}
+}
+
+// proposeOn proposes m to the group through its current leader and
+// returns the entry's index.
+func proposeOn(t *testing.T, c *cluster, hc haltCase, m proto.Message) uint64 {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var idx uint64
+	waitFor(t, 30*time.Second, hc.name+" proposal through a leader other than node 3", func() bool {
+		for id, s := range c.servers {
+			g := hc.group(s)
+			if !g.IsLeader() {
+				continue
+			}
+			if id == 3 {
+				g.TransferLeader(1)
+				time.Sleep(100 * time.Millisecond)
+				return false
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			res, err := g.Propose(ctx, b, nil)
+			cancel()
+			if err != nil {
+				t.Fatalf("%s proposal: %v", hc.name, err)
+			}
+			idx = res.Index
+			return true
+		}
+		time.Sleep(20 * time.Millisecond)
+		return false
+	})
+	return idx
+}
+
+// storeSum hashes every row of a group's store but the store's own
+// (the applied index).
+func storeSum(t *testing.T, st *store.Store) string {
+	h := sha256.New()
+	err := st.View(func(r pebble.Reader) error {
+		it, err := r.NewIter(&pebble.IterOptions{LowerBound: []byte{0x01}})
+		if err != nil {
+			return err
+		}
+		defer it.Close()
+		for ok := it.First(); ok; ok = it.Next() {
+			h.Write(it.Key())
+			h.Write([]byte{0})
+			h.Write(it.Value())
+			h.Write([]byte{0})
+		}
+		return it.Error()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func groupGauge(t *testing.T, s *Server, group string) float64 {
+	mfs, err := s.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "basalt_meta_apply_halted_index" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "group" && l.GetValue() == group {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no basalt_meta_apply_halted_index{group=%q}", group)
+	return 0
+}
+
+// TestGroupsHaltOnUnknownOp: an entry of the SCM, CA or user-token group
+// whose op one replica does not know halts that replica's group at that
+// index, visibly (log, gauge, upgrade status, REPLICA_HALTED on its
+// reads), while the others apply it and go on; the halt survives a
+// restart with the same binary; restarted with a binary that knows the
+// op, the replica resumes from that index and ends with the same rows as
+// the others. The old code recorded an "unknown command" error for the
+// entry on that replica and went on: its state drifted (the token, the
+// cancellation, the purge missing there only).
+func TestGroupsHaltOnUnknownOp(t *testing.T) {
+	cases := haltCases()
+	hidden := map[uint64][]int32{}
+	for _, hc := range cases {
+		hidden[hc.id] = []int32{hc.op}
+	}
+	var old atomic.Bool
+	old.Store(true)
+	c := newClusterWith(t, 3, scm.Config{}, func(cfg *Config) {
+		if cfg.NodeID == 3 && old.Load() {
+			cfg.TestHiddenOps = hidden
+		}
+	})
+	ctx := context.Background()
+	haltAt := map[string]uint64{}
+	probeAt := map[string]uint64{}
+	for _, hc := range cases {
+		haltAt[hc.name] = proposeOn(t, c, hc, hc.cmd())
+		probeAt[hc.name] = proposeOn(t, c, hc, hc.probe())
+	}
+	s3 := c.servers[3]
+	for _, hc := range cases {
+		waitFor(t, 20*time.Second, "node 3's "+hc.name+" halted", func() bool { return hc.halt(s3).Halted() != nil })
+		h := hc.halt(s3).Halted()
+		if h.Index != haltAt[hc.name] || h.Op != hc.op || !strings.Contains(h.Reason, "upgrade this replica's binary") {
+			t.Fatalf("%s: halt %+v, want index %d op %d", hc.name, h, haltAt[hc.name], hc.op)
+		}
+		for _, id := range []uint64{1, 2} {
+			s := c.servers[id]
+			waitFor(t, 20*time.Second, hc.name+" applied on nodes 1 and 2", func() bool { return hc.store(s).AppliedIndex() >= probeAt[hc.name] })
+			if hc.halt(s).Halted() != nil {
+				t.Fatalf("node %d's %s halted", id, hc.name)
+			}
+		}
+		if a := hc.store(s3).AppliedIndex(); a >= haltAt[hc.name] {
+			t.Fatalf("node 3's %s applied index %d, halt at %d", hc.name, a, haltAt[hc.name])
+		}
+		if g := groupGauge(t, s3, hc.name); g != float64(haltAt[hc.name]) {
+			t.Fatalf("%s halted gauge %v", hc.name, g)
+		}
+		if g := groupGauge(t, c.servers[1], hc.name); g != 0 {
+			t.Fatalf("node 1's %s halted gauge %v", hc.name, g)
+		}
+	}
+	// The ops' effects, on nodes 1 and 2 only.
+	if tok, _ := c.servers[1].ca.state.token("newop"); tok == nil {
+		t.Fatal("node 1 lacks the CA token")
+	}
+	if tok, _ := s3.ca.state.token("newop"); tok != nil {
+		t.Fatal("node 3 applied the CA op it does not know")
+	}
+	if cancelled, _ := s3.ut.status(99); cancelled {
+		t.Fatal("node 3 applied the user-token op it does not know")
+	}
+	// Visible: upgrade status, and refusals of reads from the halted
+	// groups (a client goes to another replica).
+	one := singleAddr(t, s3.GRPCAddr())
+	ls, err := one.Upgrade.GetLayoutStatus(ctx, &metapb.GetLayoutStatusRequest{All: true})
+	if err != nil || len(ls.Self.GroupHalts) != 3 || len(ls.Replicas) != 3 || len(ls.Replicas[2].GroupHalts) != 3 || len(ls.Replicas[0].GroupHalts) != 0 {
+		t.Fatalf("layout status on node 3: %v %v", ls, err)
+	}
+	for _, gh := range ls.Self.GroupHalts {
+		if gh.Index != haltAt[gh.Group] {
+			t.Fatalf("status %v, halts at %v", gh, haltAt)
+		}
+	}
+	if _, err := one.Scm.ListPipelines(ctx, &metapb.ListPipelinesRequest{}); !hasReason(err, metapb.ReasonReplicaHalted) {
+		t.Fatalf("SCM read on the halted replica: %v", err)
+	}
+	if _, err := one.Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{}); !hasReason(err, metapb.ReasonReplicaHalted) {
+		t.Fatalf("CA read on the halted replica: %v", err)
+	}
+	if _, err := s3.verifyUserToken(ctx, "x", time.Now()); !hasReason(err, metapb.ReasonReplicaHalted) {
+		t.Fatalf("user-token check on the halted replica: %v", err)
+	}
+	// A certificate revoked after node 3's CA halted is refused by node
+	// 3's TLS all the same (the list comes from another replica).
+	if _, err := c.client().Ca.RevokeCertificate(ctx, &metapb.RevokeCertificateRequest{Serial: "c0ffee"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "node 3 to refuse the serial revoked after its CA halted", func() bool { return s3.cfg.TLS.IsRevokedSerial("c0ffee") })
+	// Made SCM leader, the halted replica hands leadership over.
+	led, last := false, time.Now().Add(-time.Second)
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end) && !led; time.Sleep(2 * time.Millisecond) {
+		if s3.scmGroup.IsLeader() {
+			led = true
+		} else if l := s3.scmGroup.Leader(); l != 0 && time.Since(last) > 500*time.Millisecond {
+			c.servers[l].scmGroup.TransferLeader(3)
+			last = time.Now()
+		}
+	}
+	if !led {
+		t.Fatal("node 3 never became SCM leader: the hand-over is not tested")
+	}
+	waitFor(t, 20*time.Second, "an SCM leader other than the halted node", func() bool {
+		l := c.servers[1].scmGroup.Leader()
+		return l != 0 && l != 3 && !s3.scmGroup.IsLeader()
+	})
+	// Restarted with the same binary: halted at load, nothing applied.
+	c.restartNode(3)
+	s3 = c.servers[3]
+	for _, hc := range cases {
+		h := hc.halt(s3).Halted()
+		if h == nil || h.Index != haltAt[hc.name] {
+			t.Fatalf("%s after a restart with the same binary: halt %+v, want at %d", hc.name, h, haltAt[hc.name])
+		}
+	}
+	time.Sleep(time.Second)
+	for _, hc := range cases {
+		if a := hc.store(s3).AppliedIndex(); a >= haltAt[hc.name] {
+			t.Fatalf("restarted node 3's %s applied index %d, halt at %d", hc.name, a, haltAt[hc.name])
+		}
+	}
+	// Upgraded: it resumes from the halt index and converges.
+	old.Store(false)
+	c.restartNode(3)
+	s3 = c.servers[3]
+	for _, hc := range cases {
+		last := proposeOn(t, c, hc, hc.probe())
+		waitFor(t, 30*time.Second, hc.name+": identical replicas", func() bool {
+			var sums []string
+			for id := uint64(1); id <= 3; id++ {
+				s := c.servers[id]
+				if hc.halt(s).Halted() != nil {
+					t.Fatalf("node %d's %s halted after the upgrade", id, hc.name)
+				}
+				if hc.store(s).AppliedIndex() < last {
+					return false
+				}
+				sums = append(sums, storeSum(t, hc.store(s)))
+			}
+			return sums[0] == sums[1] && sums[1] == sums[2]
+		})
+	}
+	if tok, _ := s3.ca.state.token("newop"); tok == nil {
+		t.Fatal("upgraded node 3 lacks the CA token")
+	}
+	if cancelled, _ := s3.ut.status(99); !cancelled {
+		t.Fatal("upgraded node 3 lacks the cancellation")
+	}
+}
+
+// haltSM is what the test below needs of each group's state machine.
+type haltSM interface {
+	stateMachine
+	Close() error
+}
+
+// TestGroupsHaltOnUndecodableEntry: in each group's state machine, an
+// entry that does not decode, or holds a top-level field the binary does
+// not know, halts the replica: what came before commits, nothing after
+// applies, a snapshot is refused, and the halt survives a reopen with the
+// same binary; a binary whose command message differs clears it and
+// tries the entry again. The old code recorded an error and went on.
+func TestGroupsHaltOnUndecodableEntry(t *testing.T) {
+	opts := store.Options{SyncInterval: -1, Logger: quiet}
+	type opener func(dir string, hidden ...int32) (haltSM, *applyhalt.Group)
+	openers := map[string]opener{
+		"scm": func(dir string, hidden ...int32) (haltSM, *applyhalt.Group) {
+			s, err := scm.OpenHiding(dir, opts, hidden)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s, s.Halt()
+		},
+		"ca": func(dir string, hidden ...int32) (haltSM, *applyhalt.Group) {
+			s, err := openCaState(dir, opts, nil, quiet, hidden...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s, s.halt
+		},
+		"usertoken": func(dir string, hidden ...int32) (haltSM, *applyhalt.Group) {
+			s, err := openUTState(dir, opts, hidden...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s, s.halt
+		},
+	}
+	for _, hc := range haltCases() {
+		open := openers[hc.name]
+		good, err := proto.Marshal(hc.probe())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, bad := range []struct {
+			what string
+			cmd  []byte
+			op   int32
+		}{
+			{"undecodable", []byte{0x0a, 0xff}, 0}, // field 1, length 255, 0 bytes
+			{"unknown field", protowire.AppendVarint(protowire.AppendTag(good, 999, protowire.VarintType), 1), 999},
+		} {
+			t.Run(hc.name+"/"+bad.what, func(t *testing.T) {
+				dir := t.TempDir()
+				sm, h := open(dir)
+				res := sm.Apply([]store.Entry{{Index: 1, Cmd: good}, {Index: 2, Cmd: bad.cmd}, {Index: 3, Cmd: good}})
+				if e, _ := res[0].(error); errors.Is(e, applyhalt.ErrHalted) || !errors.Is(res[1].(error), applyhalt.ErrHalted) || !errors.Is(res[2].(error), applyhalt.ErrHalted) {
+					t.Fatalf("results %v", res)
+				}
+				if got := h.Halted(); got == nil || got.Index != 2 || got.Op != bad.op {
+					t.Fatalf("halt %+v", got)
+				}
+				if a := sm.AppliedIndex(); a != 1 {
+					t.Fatalf("durable applied index %d, want 1", a)
+				}
+				if res := sm.Apply([]store.Entry{{Index: 2, Cmd: good}}); !errors.Is(res[0].(error), applyhalt.ErrHalted) {
+					t.Fatalf("apply after the halt: %v", res)
+				}
+				if err := sm.Restore(5, strings.NewReader("")); !errors.Is(err, applyhalt.ErrHalted) {
+					t.Fatalf("restore on a halted replica: %v", err)
+				}
+				sm.Close()
+				sm, h = open(dir)
+				if got := h.Halted(); got == nil || got.Index != 2 || sm.AppliedIndex() != 1 {
+					t.Fatalf("reopened: halt %+v, applied %d", got, sm.AppliedIndex())
+				}
+				sm.Close()
+				// Another binary (here: one that does not know the probe's
+				// op) tries the entry again, and halts on it again.
+				sm, h = open(dir, hc.op)
+				if got := h.Halted(); got != nil {
+					t.Fatalf("a binary with another command message kept the halt: %+v", got)
+				}
+				sm.Apply([]store.Entry{{Index: 2, Cmd: bad.cmd}})
+				if got := h.Halted(); got == nil || got.Index != 2 || sm.AppliedIndex() != 1 {
+					t.Fatalf("tried again: halt %+v, applied %d", got, sm.AppliedIndex())
+				}
+				sm.Close()
+			})
+		}
+	}
+}
