@@ -198,12 +198,6 @@ func (s streamSink) Write(p []byte) (int, error) {
 // and the Raft append instead of preceding them, and an acknowledged
 // PutBlock still means every replica holds the data durably.
 func (s streamSink) Close() error {
-	if syncAtStreamClose {
-		if err := s.BlockStream.Close(); err != nil {
-			return streamError(s.id, err)
-		}
-		return nil
-	}
 	d, bs := s.d, s.BlockStream
 	// Streams end before the datanode waits for wg (Close: stopStream
 	// first), so this Add never races the Wait.
@@ -216,10 +210,6 @@ func (s streamSink) Close() error {
 	}()
 	return nil
 }
-
-// syncAtStreamClose: the close ack waits for the local sync (the
-// behaviour before session 14); tests hold it.
-var syncAtStreamClose = false
 
 func streamError(id uint64, err error) *stream.Error {
 	code := stream.CodeIO
