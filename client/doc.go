@@ -53,7 +53,7 @@
 // Config.Location first (stream.Route), opens a stream to the first
 // (stream.Dial; each datanode forwards to the next), sends the data from
 // the same bounded buffer pool as V1, closes the stream (every datanode
-// wrote everything and started its sync) and commits with one PutBlock (wait_all) through the pipeline's
+// synced) and commits with one PutBlock (wait_all) through the pipeline's
 // leader, found as in V1. A block longer than the buffer pool is written in
 // segments of the pool's size, each a stream extending the block from its
 // committed length and a PutBlock: uncommitted data must stay in the

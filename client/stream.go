@@ -78,10 +78,8 @@ type streamBlock struct {
 //
 //	read a chunk into a pooled buffer → stream.Writer.Write (the chain
 //	acks it, bounded by the stream's window) → … → at the segment's end
-//	Close (every datanode wrote everything; each syncs in the background)
-//	→ PutBlock wait_all through the pipeline's leader (each replica's
-//	apply commits only once its copy is durable) → release the segment's
-//	buffers.
+//	Close (every datanode synced) → PutBlock wait_all through the
+//	pipeline's leader → release the segment's buffers.
 //
 // A segment is what the buffer pool holds (Config.MaxBufferBytes, whole
 // chunks) or the rest of the block, whichever is smaller: until PutBlock
@@ -364,8 +362,8 @@ func (w *streamWriter) open() error {
 	return nil
 }
 
-// commit ends the segment: Close (every datanode of the route wrote it
-// and started syncing it), then PutBlock with the block's whole chunk list through the pipeline's
+// commit ends the segment: Close (every datanode of the route synced it),
+// then PutBlock with the block's whole chunk list through the pipeline's
 // Raft leader, waiting for every replica; then its buffers are free.
 func (w *streamWriter) commit() error {
 	for {

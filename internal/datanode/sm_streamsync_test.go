@@ -3,10 +3,6 @@ package datanode
 import (
 	"bytes"
 	"errors"
-	"io"
-	"log/slog"
-	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/basalt-store/basalt/internal/raft"
@@ -14,10 +10,13 @@ import (
 	"github.com/basalt-store/basalt/internal/vfs"
 )
 
-// A V2 stream's close is acknowledged before this replica synced the
-// block (streamSink.Close only starts the sync): these tests check that a
-// replica still never counts for a commit whose data it does not durably
-// hold, on the crashable in-memory disk.
+// A replica must never count for a commit whose data it does not durably
+// hold, whenever its stream's data was synced: these tests apply a
+// streamed block's PutBlock on a replica whose copy was written but not
+// synced (a close that did not sync, or a crash before it did), on the
+// crashable in-memory disk. (Session 14 measured a close that only starts
+// the sync, see docs/BENCHMARKS.md; it was not kept, but the commit path
+// it relied on is what these tests hold.)
 
 // streamBlockOn writes data as a stream does (packets into the block
 // file, no checksums, nothing synced) to container cid, block lid.
@@ -56,9 +55,9 @@ func readBlock(t *testing.T, st *storage.Store, cid storage.ContainerID, lid sto
 	return got, err
 }
 
-// TestStreamCommitSyncsUnsyncedData: the close started no sync here yet
-// (the worst case of streamSink.Close's background sync), then the
-// PutBlock applies. The apply must make the block's data durable before it
+// TestStreamCommitSyncsUnsyncedData: the stream's data is written here but
+// not synced (no close, or one that did not sync), then the PutBlock
+// applies. The apply must make the block's data durable before it
 // commits: a power loss right after Apply returns leaves the block intact,
 // byte for byte, without any replay. Fails if the commit does not sync the
 // stream's data first (the crash image then has the block's record
@@ -80,9 +79,9 @@ func TestStreamCommitSyncsUnsyncedData(t *testing.T) {
 	}
 }
 
-// TestStreamCrashBeforeCommitFailsReplica: a power loss after the close
-// was acknowledged (data written, not synced) and before the PutBlock
-// applied: after the restart this replica does not hold the data, so the
+// TestStreamCrashBeforeCommitFailsReplica: a power loss after the stream's
+// data was written and before it was synced, the PutBlock not yet applied
+// here (a quorum may have committed it): after the restart this replica does not hold the data, so the
 // replayed PutBlock fails here, visibly (the entry's failure is recorded
 // for ApplyStatus and the container is UNHEALTHY), instead of committing
 // a block whose bytes are gone.
@@ -111,76 +110,5 @@ func TestStreamCrashBeforeCommitFailsReplica(t *testing.T) {
 	}
 	if rep, err := r2.store.Container(3); err != nil || rep.State != storage.StateUnhealthy {
 		t.Fatalf("container after the failed commit: %+v, %v; want UNHEALTHY", rep, err)
-	}
-}
-
-// TestStreamSinkCloseSyncsInBackground: streamSink.Close returns at once
-// and syncs the block in the background; once that sync is done, a power
-// loss before the PutBlock applied loses nothing (the replay commits the
-// block here). Fails if Close starts no sync at all (the replayed
-// PutBlock then finds the data gone).
-func TestStreamSinkCloseSyncsInBackground(t *testing.T) {
-	fs := vfs.NewMem(vfs.MemOptions{})
-	r := openMemReplica(t, fs)
-	data := randBytes(9, 1<<20)
-	bs := streamBlockOn(t, r, 3, 13, data)
-	d := &Datanode{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	if err := (streamSink{id: 1, d: d, BlockStream: bs}).Close(); err != nil {
-		t.Fatal(err)
-	}
-	d.wg.Wait() // the background sync
-	img := fs.Crash()
-	r.store.Close()
-
-	r2 := openMemReplica(t, img)
-	defer r2.store.Close()
-	e := streamPutBlock(1, 3, 13, data)
-	if err, ok := r2.sm.Apply([]raft.Entry{e})[0].(error); ok {
-		t.Fatalf("PutBlock after a crash that followed the close's sync: %v", err)
-	}
-	if got, err := readBlock(t, r2.store, 3, 13, len(data)); err != nil || !bytes.Equal(got, data) {
-		t.Fatalf("block after the commit: %v, intact %v", err, bytes.Equal(got, data))
-	}
-}
-
-// TestStreamCloseSyncFailureFailsCommit: the close's background sync
-// fails (the block file's fsync errs): the PutBlock that follows must not
-// commit the block here; it fails on this replica and marks the container
-// UNHEALTHY, so wait_all names this replica and the client writes the
-// block elsewhere.
-func TestStreamCloseSyncFailureFailsCommit(t *testing.T) {
-	fs := vfs.NewMem(vfs.MemOptions{})
-	var failSync atomic.Bool
-	var failed atomic.Int64
-	fs.SetInject(func(op, path string) error {
-		if op == "sync" && failSync.Load() && strings.HasSuffix(path, ".block") {
-			failed.Add(1)
-			return errors.New("injected: block file fsync fails")
-		}
-		return nil
-	})
-	r := openMemReplica(t, fs)
-	defer r.store.Close()
-	data := randBytes(10, 1<<20)
-	bs := streamBlockOn(t, r, 3, 14, data)
-	failSync.Store(true)
-	d := &Datanode{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	if err := (streamSink{id: 1, d: d, BlockStream: bs}).Close(); err != nil {
-		t.Fatal(err)
-	}
-	d.wg.Wait()
-	if failed.Load() == 0 {
-		t.Fatal("the close started no sync of the block file")
-	}
-	e := streamPutBlock(1, 3, 14, data)
-	err, _ := r.sm.Apply([]raft.Entry{e})[0].(error)
-	if err == nil {
-		t.Fatal("PutBlock committed a block whose sync failed on this replica")
-	}
-	if _, ok := r.sm.failure(1); !ok {
-		t.Fatal("the failed entry is not recorded: ApplyStatus would count this replica")
-	}
-	if rep, cerr := r.store.Container(3); cerr == nil && rep.State != storage.StateUnhealthy {
-		t.Fatalf("container after the failed commit: %+v; want UNHEALTHY (err %v)", rep, err)
 	}
 }

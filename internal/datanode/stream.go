@@ -76,7 +76,7 @@ func (b streamBackend) Open(h *stream.Header) (stream.Sink, error) {
 	case err != nil && !errors.Is(err, storage.ErrBlockNotFound):
 		return nil, streamError(id, err)
 	}
-	return streamSink{id: id, d: d, BlockStream: d.store.OpenStream(cid, lid, int64(h.Offset))}, nil
+	return streamSink{id: id, BlockStream: d.store.OpenStream(cid, lid, int64(h.Offset))}, nil
 }
 
 // maxStreamJoinWait bounds how long a stream waits for this datanode to
@@ -173,7 +173,6 @@ func (l *leftPipelines) remove(pid uint64) {
 // streamSink turns storage errors into stream errors with a code.
 type streamSink struct {
 	id uint64
-	d  *Datanode
 	*storage.BlockStream
 }
 
@@ -185,29 +184,10 @@ func (s streamSink) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// Close ends the stream cleanly: every packet is written here (the
-// stream server calls it after the last one), and the data is kept for
-// the PutBlock that commits it. The close ack does not wait for this
-// datanode's sync: the sync starts now, in the background, and the
-// PutBlock's apply on this replica cannot commit the block before it
-// (storage syncs a block's written, not yet durable chunks before it
-// commits them, and waits for a sync under way on the block's lock; a
-// sync that failed dropped the chunks, so the commit fails here with
-// ErrChunkMissing, the container goes UNHEALTHY here and wait_all names
-// this replica). So the sync overlaps the client's PutBlock round trip
-// and the Raft append instead of preceding them, and an acknowledged
-// PutBlock still means every replica holds the data durably.
 func (s streamSink) Close() error {
-	d, bs := s.d, s.BlockStream
-	// Streams end before the datanode waits for wg (Close: stopStream
-	// first), so this Add never races the Wait.
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
-		if err := bs.Close(); err != nil {
-			d.log.Warn("stream: syncing a closed stream's block failed; its PutBlock fails here", "err", err)
-		}
-	}()
+	if err := s.BlockStream.Close(); err != nil {
+		return streamError(s.id, err)
+	}
 	return nil
 }
 

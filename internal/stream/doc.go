@@ -48,9 +48,8 @@
 //
 // A datanode acks packet i only after its own write of i completed and
 // the next hop acked i, so a client's ack means the packet is on every
-// disk of the route (not yet synced: a Sink syncs at or after close; the
-// datanode's makes the block durable before the PutBlock that commits it
-// counts on that replica). An error ends the stream: it travels up unchanged, naming the datanode that failed (refused, could
+// disk of the route (synced only at close). An error ends the stream: it
+// travels up unchanged, naming the datanode that failed (refused, could
 // not be reached, stalled past the timeout, or dropped its connection);
 // every datanode of the route discards what it stored for the block
 // (Sink.Abort) and the client retries on another block from its buffer.

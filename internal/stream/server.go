@@ -16,9 +16,8 @@ import (
 )
 
 // Sink is where one stream's data goes on a datanode
-// (storage.BlockStream): sequential writes, Close ends the stream cleanly
-// (it syncs, or starts the sync the block's commit waits for: the
-// datanode's), Abort discards everything the stream wrote.
+// (storage.BlockStream): sequential writes, Close syncs, Abort discards
+// everything the stream wrote.
 type Sink interface {
 	Write(p []byte) (int, error)
 	Close() error
@@ -715,10 +714,9 @@ func (st *stream) readLoop(writeQ chan<- packet) {
 			return
 		}
 		if ph.kind == kindClose {
-			// Forward the close before closing the sink (which syncs,
-			// or starts syncing): the datanodes close in parallel, and
-			// each still acks only after its own sink's Close and its
-			// downstream's close ack.
+			// Forward the close before syncing: the datanodes sync in
+			// parallel, and each still acks only after its own sync and
+			// its downstream's close ack.
 			if !st.forward(st.hb[:], nil, seq) {
 				return
 			}

@@ -445,9 +445,7 @@ func (w *Writer) addSums(payload []byte) uint32 {
 }
 
 // Close sends what is buffered and the CLOSE frame, and waits until every
-// datanode of the route wrote the whole block and closed its Sink (a
-// datanode's Sink starts its sync then; its apply of the PutBlock commits
-// the block only once that copy is durable). It returns the block's length
+// datanode of the route synced the block. It returns the block's length
 // (Offset + bytes written) and the chunk list for PutBlock (spans from
 // Offset). The block is not committed: the caller sends PutBlock
 // (wait_all) through the pipeline's Raft group. On error the stream is
@@ -482,9 +480,8 @@ func (w *Writer) close() error {
 	if err := w.writePacket(&ph, nil); err != nil {
 		return err
 	}
-	// A datanode may sync before it acks the close (those before
-	// session 14 do); allow for a slow fsync of a whole block on top of
-	// the stall timeout.
+	// Every datanode syncs before it acks the close; allow for a slow
+	// fsync of a whole block on top of the stall timeout.
 	w.timer.Reset(w.wait)
 	select {
 	case <-w.ackDone:
