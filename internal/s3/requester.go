@@ -36,7 +36,7 @@ func isAnonymous(r *http.Request) bool {
 	if r.Header.Get("Authorization") != "" {
 		return false
 	}
-	q := r.URL.Query()
+	q := query(r)
 	for _, k := range []string{"X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Signature"} {
 		if q.Has(k) {
 			return false
@@ -89,8 +89,14 @@ func (g *Gateway) clientIP(r *http.Request) string {
 	if err != nil {
 		return host
 	}
+	is4 := peer.Is4()
 	peer = peer.Unmap()
 	if !g.trusted(peer) {
+		if is4 {
+			// A parsed IPv4 address is written as its String (ParseAddr
+			// takes no leading zeros): no need to format it again.
+			return host
+		}
 		return peer.String()
 	}
 	hops := strings.Split(strings.Join(r.Header.Values("X-Forwarded-For"), ","), ",")
