@@ -218,6 +218,10 @@ type Gateway struct {
 	volOK   bool
 
 	uploads chan struct{} // one slot per PUT moving data
+
+	// requesters caches the metadata calls' gRPC metadata by requester
+	// (see requesterContext).
+	requesters requesterCache
 }
 
 // New makes a gateway and opens its listener (so Addr is known before
@@ -480,8 +484,10 @@ func (g *Gateway) releaseUpload() {
 // "<bucket>.<domain>" of a configured domain, path style otherwise.
 func (g *Gateway) address(r *http.Request) (bucket, key string, err *Error) {
 	host := strings.ToLower(r.Host)
-	if h, _, e := net.SplitHostPort(host); e == nil {
-		host = h
+	if strings.IndexByte(host, ':') >= 0 { // (SplitHostPort's error allocates)
+		if h, _, e := net.SplitHostPort(host); e == nil {
+			host = h
+		}
 	}
 	path := r.URL.Path
 	for _, d := range g.cfg.Domains {
