@@ -29,6 +29,9 @@ func TestHeadAllocs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster")
 	}
+	if raceEnabled {
+		t.Skip("allocation counts do not hold under the race detector (it allocates: 305 against 292)")
+	}
 	e := setup(t)
 	e.mkBucket(t, "allocs")
 	e.put(t, "allocs", "dir/object-1", bytes.Repeat([]byte("x"), 4096))
