@@ -82,6 +82,9 @@ var ordinaryParams = map[string]bool{
 // ("?foo", "?foo="), which only sub-resources are. "" if none. Other
 // unknown parameters with values are ignored, as S3 ignores them.
 func unservedSubResource(op, rawQuery string) string {
+	if rawQuery == "" {
+		return ""
+	}
 	var found []string
 	for _, part := range strings.Split(rawQuery, "&") {
 		if part == "" {
@@ -132,6 +135,12 @@ func unsupportedHeaders(op string, h http.Header) *Error {
 		if !isAmzHeader(k) {
 			continue
 		}
+		// Most x-amz-* headers (the date, the payload hash, metadata) are
+		// none of those below: found without lower-casing their names
+		// (issue 15: allocations per request).
+		if !refusableAmzHeader(k) {
+			continue
+		}
 		lk := strings.ToLower(k)
 		v := strings.TrimSpace(strings.Join(vs, ","))
 		switch {
@@ -158,6 +167,19 @@ func unsupportedHeaders(op string, h http.Header) *Error {
 		}
 	}
 	return nil
+}
+
+// refusableAmzHeader tells, in any case, the x-amz-* names
+// unsupportedHeaders looks at (the prefixes and names of its cases).
+func refusableAmzHeader(k string) bool {
+	for _, p := range [...]string{"x-amz-object-lock-", "x-amz-bucket-object-lock-enabled", "x-amz-bypass-governance-retention",
+		"x-amz-server-side-encryption", "x-amz-copy-source-server-side-encryption", "x-amz-acl", grantHeaderStart,
+		"x-amz-storage-class", "x-amz-website-redirect-location"} {
+		if len(k) >= len(p) && strings.EqualFold(k[:len(p)], p) {
+			return true
+		}
+	}
+	return false
 }
 
 // writePrecondition reads the conditional headers of a write (PutObject,

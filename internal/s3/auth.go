@@ -63,16 +63,30 @@ type auth struct {
 // sigParams are the parts of a signature, from the header or the query.
 type sigParams struct {
 	accessKey, date, region, service string
-	signedHeaders                    []string
-	signature                        string
+	// scope is "date/region/service/aws4_request", the credential after
+	// the access key.
+	scope         string
+	signedHeaders []string
+	signature     string
 }
 
+// parseCredential reads "AK/date/region/service/aws4_request": exactly
+// five parts separated by "/", the first not empty (cut without a slice
+// of parts: issue 15, allocations per request).
 func parseCredential(cred string) (sigParams, bool) {
-	parts := strings.Split(cred, "/")
-	if len(parts) != 5 || parts[4] != "aws4_request" || parts[0] == "" {
+	var parts [5]string
+	rest := cred
+	for i := range 4 {
+		var ok bool
+		if parts[i], rest, ok = strings.Cut(rest, "/"); !ok {
+			return sigParams{}, false
+		}
+	}
+	parts[4] = rest
+	if parts[4] != "aws4_request" || parts[0] == "" {
 		return sigParams{}, false
 	}
-	return sigParams{accessKey: parts[0], date: parts[1], region: parts[2], service: parts[3]}, true
+	return sigParams{accessKey: parts[0], date: parts[1], region: parts[2], service: parts[3], scope: cred[len(parts[0])+1:]}, true
 }
 
 // parseAuthorization reads
@@ -90,7 +104,9 @@ func parseAuthorization(h string) (sigParams, *Error) {
 	}
 	var p sigParams
 	var haveCred, haveSig, haveHeaders bool
-	for _, f := range strings.Split(rest, ",") {
+	for rest != "" {
+		var f string
+		f, rest, _ = strings.Cut(rest, ",")
 		k, v, ok := strings.Cut(strings.TrimSpace(f), "=")
 		if !ok {
 			continue
@@ -390,7 +406,7 @@ func appendHeaderValue(b []byte, r *http.Request, name string) []byte {
 	case "transfer-encoding", "content-length":
 		return append(b, headerValue(r, name)...)
 	default:
-		vals := r.Header[textproto.CanonicalMIMEHeaderKey(name)]
+		vals := headerValues(r.Header, name)
 		if len(vals) != 1 {
 			return append(b, headerValue(r, name)...)
 		}
@@ -400,6 +416,45 @@ func appendHeaderValue(b []byte, r *http.Request, name string) []byte {
 		return append(b, headerValue(r, name)...)
 	}
 	return append(b, v...)
+}
+
+// headerValues is h.Values(name) for a signed header's name (lower case
+// as signed), canonicalised in a stack buffer rather than by
+// textproto.CanonicalMIMEHeaderKey, which allocates for every name not
+// already canonical, as x-amz-date (issue 15: allocations per request).
+func headerValues(h http.Header, name string) []string {
+	var buf [64]byte
+	if len(name) > len(buf) {
+		return h[textproto.CanonicalMIMEHeaderKey(name)]
+	}
+	b := buf[:len(name)]
+	upper := true
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !validHeaderNameByte(c) {
+			// As CanonicalMIMEHeaderKey: a name with other bytes is
+			// looked up as it is.
+			return h[textproto.CanonicalMIMEHeaderKey(name)]
+		}
+		if upper && 'a' <= c && c <= 'z' {
+			c -= 'a' - 'A'
+		} else if !upper && 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b[i] = c
+		upper = c == '-'
+	}
+	return h[string(b)] // (no allocation for the lookup)
+}
+
+// validHeaderNameByte tells the bytes textproto accepts in a header
+// name it canonicalises (RFC 7230 token characters).
+func validHeaderNameByte(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
 // plainValue reports whether strings.Join(strings.Fields(v), " ") == v:
@@ -420,7 +475,7 @@ func plainValue(v string) bool {
 
 // authenticate verifies the request's signature (header or presigned).
 func (g *Gateway) authenticate(r *http.Request) (*auth, *Error) {
-	q := r.URL.Query()
+	q := query(r)
 	var p sigParams
 	var amzDate, payload string
 	presigned := q.Get("X-Amz-Algorithm") != ""
@@ -522,7 +577,7 @@ func (g *Gateway) authenticate(r *http.Request) (*auth, *Error) {
 		return nil, errorf("InvalidAccessKeyId", 403, "The AWS Access Key Id you provided does not exist in our records: %s", p.accessKey)
 	}
 	key := g.secrets.signingKey(sec.SecretAccessKey, p.date, p.region, p.service)
-	scope := p.date + "/" + p.region + "/" + p.service + "/aws4_request"
+	scope := p.scope // p.date + "/" + p.region + "/" + p.service + "/aws4_request"
 	// Clients encode the path the SigV4 way; try the path as sent first
 	// and then the canonical re-encoding of the decoded path, so keys with
 	// characters clients escape differently still verify.
@@ -612,8 +667,14 @@ func validPayloadMode(p string) bool {
 	if len(p) != 64 {
 		return false
 	}
-	_, err := hex.DecodeString(p)
-	return err == nil
+	for i := 0; i < len(p); i++ { // hex, as hex.DecodeString accepts it, without its copy
+		switch c := p[i]; {
+		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 func containsFold(ss []string, s string) bool {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
 	"encoding/xml"
 	"errors"
 	"fmt"
@@ -219,6 +218,10 @@ type Gateway struct {
 	volOK   bool
 
 	uploads chan struct{} // one slot per PUT moving data
+
+	// requesters caches the metadata calls' gRPC metadata by requester
+	// (see requesterContext).
+	requesters requesterCache
 }
 
 // New makes a gateway and opens its listener (so Addr is known before
@@ -340,7 +343,24 @@ type request struct {
 func requestID() string {
 	var b [8]byte
 	rand.Read(b[:])
-	return strings.ToUpper(hex.EncodeToString(b[:]))
+	// Upper-case hex in one allocation (was hex, then strings.ToUpper:
+	// two; issue 15: CPU per HEAD).
+	const digits = "0123456789ABCDEF"
+	var out [16]byte
+	for i, c := range b {
+		out[2*i], out[2*i+1] = digits[c>>4], digits[c&0xf]
+	}
+	return string(out[:])
+}
+
+// query is r's query parameters, or nil when it has none: most requests
+// (GET, HEAD, PUT of an object) have none, and parsing an empty query
+// still allocates a map. The nil map reads as empty; it is never written.
+func query(r *http.Request) url.Values {
+	if r.URL.RawQuery == "" {
+		return nil
+	}
+	return r.URL.Query()
 }
 
 // ServeHTTP serves one S3 request. A panic while serving it (a bug) is
@@ -363,8 +383,12 @@ func (g *Gateway) panicked(w http.ResponseWriter, r *http.Request, pe *guard.Pan
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	req := &request{w: w, r: r, id: requestID()}
 	req.stages.start = time.Now()
-	w.Header().Set("Server", "Basalt")
-	w.Header().Set("x-amz-request-id", req.id)
+	// As Header.Set with the keys in canonical form (no canonicalisation,
+	// which allocates for x-amz-request-id), the values in one array.
+	hv := &[2]string{"Basalt", req.id}
+	h := w.Header()
+	h["Server"] = hv[0:1:1]
+	h["X-Amz-Request-Id"] = hv[1:2:2]
 	var err *Error
 	req.bucket, req.key, err = g.address(r)
 	if err == nil {
@@ -460,8 +484,10 @@ func (g *Gateway) releaseUpload() {
 // "<bucket>.<domain>" of a configured domain, path style otherwise.
 func (g *Gateway) address(r *http.Request) (bucket, key string, err *Error) {
 	host := strings.ToLower(r.Host)
-	if h, _, e := net.SplitHostPort(host); e == nil {
-		host = h
+	if strings.IndexByte(host, ':') >= 0 { // (SplitHostPort's error allocates)
+		if h, _, e := net.SplitHostPort(host); e == nil {
+			host = h
+		}
 	}
 	path := r.URL.Path
 	for _, d := range g.cfg.Domains {
@@ -482,7 +508,7 @@ type handlerFunc func(*request) *Error
 // the gateway does not implement, or a version other than "null".
 func (g *Gateway) route(req *request) handlerFunc {
 	r := req.r
-	q := r.URL.Query()
+	q := query(r)
 	has := func(k string) bool { _, ok := q[k]; return ok }
 	set := func(op string, h handlerFunc) handlerFunc { req.op = op; return h }
 	unsupported := func(what string) handlerFunc {

@@ -16,9 +16,11 @@ import (
 // the metadata call through the client's coalescer and gRPC, and the
 // metadata service's side of the lookup (its gRPC server, authorization,
 // the Pebble get), as in `basalt dev`. Session 7's code took 383 per
-// HEAD; session 8's 299. The bound keeps the gain (issue 15: server
-// CPU per HEAD) with room for noise from the cluster's background work.
-const headAllocsBound = 320
+// HEAD; session 8's 299; session 14's 277 (298 at its start). The bound
+// keeps the gain (issue 15: server CPU per HEAD) with room for noise from
+// the cluster's background work; TestHeadGatewayWorkAllocs bounds the
+// gateway's own share exactly.
+const headAllocsBound = 292
 
 // TestHeadAllocs is the regression check of the HEAD path's cost: a
 // signed HEAD of a 4 KiB object, served in process (no HTTP client or
@@ -26,6 +28,9 @@ const headAllocsBound = 320
 func TestHeadAllocs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster")
+	}
+	if raceEnabled {
+		t.Skip("allocation counts do not hold under the race detector (it allocates: 305 against 292)")
 	}
 	e := setup(t)
 	e.mkBucket(t, "allocs")

@@ -2,6 +2,7 @@ package s3
 
 import (
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -34,6 +35,58 @@ type metrics struct {
 	// were copied: "shared" (the copy holds the source's blocks, nothing
 	// moved) or "streamed" (read and written through the gateway).
 	copied *prometheus.CounterVec
+
+	// The series of each operation, resolved on first use and kept:
+	// WithLabelValues hashes the labels and looks them up under a lock on
+	// every call, four to seven times per request (issue 15).
+	opsMu sync.RWMutex
+	ops   map[string]*opSeries
+}
+
+// opSeries are one operation's series, each resolved on its first use
+// (so that /metrics shows only series that were observed, as with
+// WithLabelValues per request). Racing resolutions get the same child.
+type opSeries struct {
+	ok                               atomic.Pointer[prometheus.Counter]
+	duration, auth, meta, data       atomic.Pointer[prometheus.Observer]
+	dataBody, dataHashWait, dataTail atomic.Pointer[prometheus.Observer]
+}
+
+// lazyObserver is *p, resolved from vec for op (and stage, unless "")
+// on first use.
+func lazyObserver(p *atomic.Pointer[prometheus.Observer], vec *prometheus.HistogramVec, op, stage string) prometheus.Observer {
+	if o := p.Load(); o != nil {
+		return *o
+	}
+	var o prometheus.Observer
+	if stage == "" {
+		o = vec.WithLabelValues(op)
+	} else {
+		o = vec.WithLabelValues(op, stage)
+	}
+	p.Store(&o)
+	return o
+}
+
+// series returns op's series (ops are the gateway's own operation names:
+// a bounded set).
+func (m *metrics) series(op string) *opSeries {
+	m.opsMu.RLock()
+	s := m.ops[op]
+	m.opsMu.RUnlock()
+	if s != nil {
+		return s
+	}
+	m.opsMu.Lock()
+	defer m.opsMu.Unlock()
+	if s = m.ops[op]; s == nil {
+		if m.ops == nil {
+			m.ops = map[string]*opSeries{}
+		}
+		s = &opSeries{}
+		m.ops[op] = s
+	}
+	return s
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -92,21 +145,32 @@ func (m *metrics) observe(op, code string, s *stageTimer) {
 	if op == "" {
 		op = "Unknown"
 	}
-	m.requests.WithLabelValues(op, code).Inc()
-	m.duration.WithLabelValues(op).Observe(time.Since(s.start).Seconds())
-	m.stages.WithLabelValues(op, "auth").Observe(s.auth.Seconds())
+	ser := m.series(op)
+	if code == "OK" {
+		c := ser.ok.Load()
+		if c == nil {
+			cc := m.requests.WithLabelValues(op, code)
+			ser.ok.Store(&cc)
+			c = &cc
+		}
+		(*c).Inc()
+	} else {
+		m.requests.WithLabelValues(op, code).Inc()
+	}
+	lazyObserver(&ser.duration, m.duration, op, "").Observe(time.Since(s.start).Seconds())
+	lazyObserver(&ser.auth, m.stages, op, "auth").Observe(s.auth.Seconds())
 	if s.meta > 0 {
-		m.stages.WithLabelValues(op, "meta").Observe(s.meta.Seconds())
+		lazyObserver(&ser.meta, m.stages, op, "meta").Observe(s.meta.Seconds())
 	}
 	if s.data > 0 {
-		m.stages.WithLabelValues(op, "data").Observe(s.data.Seconds())
+		lazyObserver(&ser.data, m.stages, op, "data").Observe(s.data.Seconds())
 	}
 	// The body's sub-stages of successful requests only: a failed one
 	// (BadDigest at settle, a refused commit, a disconnect) has no tail,
 	// and these histograms carry no code label.
 	if s.body > 0 && code == "OK" {
-		m.stages.WithLabelValues(op, "data_body").Observe(s.body.Seconds())
-		m.stages.WithLabelValues(op, "data_hashwait").Observe(s.hashWait.Seconds())
-		m.stages.WithLabelValues(op, "data_tail").Observe(s.tail.Seconds())
+		lazyObserver(&ser.dataBody, m.stages, op, "data_body").Observe(s.body.Seconds())
+		lazyObserver(&ser.dataHashWait, m.stages, op, "data_hashwait").Observe(s.hashWait.Seconds())
+		lazyObserver(&ser.dataTail, m.stages, op, "data_tail").Observe(s.tail.Seconds())
 	}
 }

@@ -256,7 +256,7 @@ func (g *Gateway) readObject(req *request, head bool) *Error {
 	if kr != nil {
 		defer kr.Close()
 	}
-	q := req.r.URL.Query()
+	q := query(req.r)
 	if e := checkPartNumber(q, ki.Meta); e != nil {
 		return e
 	}

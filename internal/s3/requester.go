@@ -6,6 +6,9 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
+
+	"google.golang.org/grpc/metadata"
 
 	"github.com/basalt-store/basalt/internal/meta/metaclient"
 )
@@ -36,7 +39,7 @@ func isAnonymous(r *http.Request) bool {
 	if r.Header.Get("Authorization") != "" {
 		return false
 	}
-	q := r.URL.Query()
+	q := query(r)
 	for _, k := range []string{"X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Signature"} {
 		if q.Has(k) {
 			return false
@@ -46,14 +49,59 @@ func isAnonymous(r *http.Request) bool {
 }
 
 // requesterContext is ctx whose metadata calls act for the request's
-// requester and carry where the request came from.
+// requester and carry where the request came from
+// (metaclient.WithRequester). The gRPC metadata of a requester (user,
+// admin, anonymity, source address, TLS, User-Agent, Referer) is built
+// once and shared by its requests (issue 15: CPU per S3 HEAD): a client
+// sends many requests from one address with one User-Agent.
 func (g *Gateway) requesterContext(ctx context.Context, r *http.Request, a *auth) context.Context {
-	return metaclient.WithRequester(ctx, a.anonymous, a.owner, a.admin, metaclient.RequestInfo{
+	k := requesterKey{anonymous: a.anonymous, owner: a.owner, admin: a.admin, ri: metaclient.RequestInfo{
 		SourceIP:        g.clientIP(r),
 		SecureTransport: r.TLS != nil,
 		UserAgent:       headerText(r.Header.Get("User-Agent")),
 		Referer:         headerText(r.Header.Get("Referer")),
-	})
+	}}
+	if _, ok := metadata.FromOutgoingContext(ctx); ok {
+		// Metadata of the caller's own to merge with: not cached.
+		return metaclient.WithRequester(ctx, k.anonymous, k.owner, k.admin, k.ri)
+	}
+	return metadata.NewOutgoingContext(ctx, g.requesters.get(k))
+}
+
+// requesterKey is what a request's gRPC metadata is made of.
+type requesterKey struct {
+	anonymous, admin bool
+	owner            string
+	ri               metaclient.RequestInfo
+}
+
+// requesterCache holds the gRPC metadata of recent requesters. A cached
+// MD is shared by concurrent calls and never written to: gRPC and
+// metaclient read outgoing metadata only through copies
+// (metadata.FromOutgoingContext).
+type requesterCache struct {
+	mu sync.RWMutex
+	m  map[requesterKey]metadata.MD
+}
+
+// maxCachedRequesters bounds the cache; past it the cache starts over.
+const maxCachedRequesters = 1024
+
+func (c *requesterCache) get(k requesterKey) metadata.MD {
+	c.mu.RLock()
+	md, ok := c.m[k]
+	c.mu.RUnlock()
+	if ok {
+		return md
+	}
+	md, _ = metadata.FromOutgoingContext(metaclient.WithRequester(context.Background(), k.anonymous, k.owner, k.admin, k.ri))
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= maxCachedRequesters {
+		c.m = make(map[requesterKey]metadata.MD)
+	}
+	c.m[k] = md
+	c.mu.Unlock()
+	return md
 }
 
 // headerText makes a client's header fit gRPC metadata, which takes
@@ -89,8 +137,14 @@ func (g *Gateway) clientIP(r *http.Request) string {
 	if err != nil {
 		return host
 	}
+	is4 := peer.Is4()
 	peer = peer.Unmap()
 	if !g.trusted(peer) {
+		if is4 {
+			// A parsed IPv4 address is written as its String (ParseAddr
+			// takes no leading zeros): no need to format it again.
+			return host
+		}
 		return peer.String()
 	}
 	hops := strings.Split(strings.Join(r.Header.Values("X-Forwarded-For"), ","), ",")

@@ -325,6 +325,19 @@ func (co *coalescer) sendAlone(calls []*lookupCall) {
 	if len(calls) == 0 {
 		return
 	}
+	if len(calls) == 1 {
+		// A batch of one (a lone caller, the usual case at low
+		// concurrency): sent from this goroutine, without a semaphore and
+		// a goroutine of its own (issue 15: CPU per S3 HEAD).
+		call := calls[0]
+		if err := call.ctx.Err(); err != nil {
+			call.err = ctxError(metapb.Namespace_LookupKey_FullMethodName, err)
+		} else {
+			call.ki, call.err = co.c.Namespace.LookupKey(call.ctx, call.req)
+		}
+		close(call.done)
+		return
+	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, lookupRetryers)
 	for _, call := range calls {
