@@ -296,30 +296,20 @@ func applyErr(r any) error {
 	return status.Errorf(codes.Internal, "namespace: unexpected apply result %T", r)
 }
 
-// CommitKeys commits many open keys in one Raft entry. Each key is
-// checked and authorized on its own (as CommitKey: against the open key,
-// with a read barrier only when some key is refused or missing on this
-// replica's state); the apply then commits each in order, and a missing
-// open key, a stale block list or a failed precondition fails only its
-// own key. An error of the whole call (the entry's outcome unknown, no
-// leader) is every key's: the client settles each as it settles a
-// CommitKey.
-func (s *Service) CommitKeys(ctx context.Context, req *metapb.CommitKeysRequest) (*metapb.CommitKeysResponse, error) {
-	if err := s.checkLayout(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CommitKeys{}}); err != nil {
-		return nil, err
-	}
-	n := len(req.Requests)
-	if n > MaxWriteBatch {
-		return nil, invalid("CommitKeys of %d keys: at most %d per call", n, MaxWriteBatch)
-	}
-	if sz := proto.Size(req); sz > MaxWriteBatchBytes {
-		return nil, invalid("CommitKeys request of %d bytes: at most %d", sz, MaxWriteBatchBytes)
-	}
-	errs := make([]error, n)
-	// Reservations' keys are authorized here only: after one barrier
-	// first, as OpenKey's (CommitKey).
+// checkCommits checks and authorizes commit requests (CommitKey,
+// CommitKeys) before the log: each request's error, nil for those that
+// pass, or an error of the whole call (a failed barrier). An ordinary
+// open key's write was authorized at OpenKey against current state (after
+// a read barrier); a stale state here can at worst let through the commit
+// of that already authorized write, or miss an open key committed a
+// moment ago (a leader elected since): then it is checked again after a
+// barrier. (The small-object path commits many keys: no barrier when none
+// is needed.) A reservation's key is authorized here only: after a
+// barrier first, as OpenKey's.
+func (s *Service) checkCommits(ctx context.Context, reqs []*metapb.CommitKeyRequest) ([]error, error) {
+	errs := make([]error, len(reqs))
 	fresh := false
-	for _, r := range req.Requests {
+	for _, r := range reqs {
 		if r != nil && s.reservedHere(r.OpenId) {
 			fresh = true
 			break
@@ -332,7 +322,7 @@ func (s *Service) CommitKeys(ctx context.Context, req *metapb.CommitKeysRequest)
 	}
 	az := s.authz(ctx)
 	var again []int // refused on this replica's state: check after a barrier
-	for i, r := range req.Requests {
+	for i, r := range reqs {
 		if r == nil {
 			errs[i] = invalid("CommitKeys: request %d is empty", i)
 			continue
@@ -359,8 +349,34 @@ func (s *Service) CommitKeys(ctx context.Context, req *metapb.CommitKeysRequest)
 		}
 		az = s.authz(ctx)
 		for _, i := range again {
-			errs[i] = s.checkCommitRow(az, req.Requests[i], "commit")
+			errs[i] = s.checkCommitRow(az, reqs[i], "commit")
 		}
+	}
+	return errs, nil
+}
+
+// CommitKeys commits many open keys in one Raft entry. Each key is
+// checked and authorized on its own (as CommitKey: against the open key,
+// with a read barrier only when some key is refused or missing on this
+// replica's state); the apply then commits each in order, and a missing
+// open key, a stale block list or a failed precondition fails only its
+// own key. An error of the whole call (the entry's outcome unknown, no
+// leader) is every key's: the client settles each as it settles a
+// CommitKey.
+func (s *Service) CommitKeys(ctx context.Context, req *metapb.CommitKeysRequest) (*metapb.CommitKeysResponse, error) {
+	if err := s.checkLayout(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CommitKeys{}}); err != nil {
+		return nil, err
+	}
+	n := len(req.Requests)
+	if n > MaxWriteBatch {
+		return nil, invalid("CommitKeys of %d keys: at most %d per call", n, MaxWriteBatch)
+	}
+	if sz := proto.Size(req); sz > MaxWriteBatchBytes {
+		return nil, invalid("CommitKeys request of %d bytes: at most %d", sz, MaxWriteBatchBytes)
+	}
+	errs, err := s.checkCommits(ctx, req.Requests)
+	if err != nil {
+		return nil, err
 	}
 	op := &metapb.CommitKeysOp{}
 	var at []int

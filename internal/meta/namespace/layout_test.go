@@ -14,6 +14,7 @@ import (
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/store"
+	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 func mustCmd(t *testing.T, m *metapb.NsCommand) []byte {
@@ -390,6 +391,67 @@ func TestHaltPersists(t *testing.T) {
 		}
 		return nil
 	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestApplyRuntimeErrorHalts: a runtime error in one command's apply (a
+// bug the leader's validation let through, met the same way on every
+// replica) neither takes the process down nor skips the command: the
+// replica halts before the first entry of that Apply call, with nothing
+// of the call committed (the batch may hold part of the failing command)
+// and every entry of it answered ErrHalted, in memory only: reopened,
+// the same entries apply.
+func TestApplyRuntimeErrorHalts(t *testing.T) {
+	fs := vfs.NewMem(vfs.MemOptions{})
+	st, err := Open("/ns", store.Options{FS: fs, ReserveBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vol := func(name string) []byte {
+		return mustCmd(t, &metapb.NsCommand{Op: &metapb.NsCommand_CreateVolume{CreateVolume: &metapb.CreateVolumeRequest{Name: name}}})
+	}
+	st.Apply([]store.Entry{{Index: 1, Cmd: vol("vol0")}})
+	testApplyHook = func(cmd *metapb.NsCommand) {
+		if cmd.GetCreateVolume().GetName() == "bad" {
+			var m map[string]int
+			m["x"] = 1 // a runtime error
+		}
+	}
+	defer func() { testApplyHook = nil }()
+	res := st.Apply([]store.Entry{{Index: 2, Cmd: vol("vol1")}, {Index: 3, Cmd: vol("bad")}, {Index: 4, Cmd: vol("vol2")}})
+	for i, r := range res {
+		if err, _ := r.(error); !errors.Is(err, ErrHalted) {
+			t.Fatalf("result %d: %v, want ErrHalted", i, r)
+		}
+	}
+	h := st.Halted()
+	if h == nil || h.Index != 2 || !strings.Contains(h.Reason, "entry 3") {
+		t.Fatalf("halt %+v, want before entry 2 naming entry 3", h)
+	}
+	if got := st.Store().AppliedIndex(); got != 1 {
+		t.Fatalf("applied index %d, want 1", got)
+	}
+	if _, err := st.GetVolume("vol1"); err == nil {
+		t.Fatal("vol1 of the halted call is visible")
+	}
+	if r := st.Apply([]store.Entry{{Index: 2, Cmd: vol("vol1")}}); !errors.Is(r[0].(error), ErrHalted) {
+		t.Fatalf("a halted replica applied: %v", r[0])
+	}
+	st.Close()
+	// Reopened (the bug fixed): the halt was not persisted, the entries
+	// apply.
+	testApplyHook = nil
+	st, err = Open("/ns", store.Options{FS: fs, ReserveBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if h := st.Halted(); h != nil {
+		t.Fatalf("reopened halted: %+v", h)
+	}
+	st.Apply([]store.Entry{{Index: 2, Cmd: vol("vol1")}, {Index: 3, Cmd: vol("bad")}})
+	if _, err := st.GetVolume("bad"); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -234,6 +234,9 @@ func partBlockIDs(p *metapb.PartInfo) []*metapb.BlockID {
 
 func (t *tx) createMultipart(op *metapb.CreateMultipartUploadOp) any {
 	req := op.Request
+	if req == nil {
+		return invalid("multipart upload: no request")
+	}
 	b, err := t.bucket(req.Volume, req.Bucket)
 	if err != nil {
 		return err

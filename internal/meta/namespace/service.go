@@ -397,35 +397,12 @@ func (s *Service) AllocateBlock(ctx context.Context, req *metapb.AllocateBlockRe
 }
 
 func (s *Service) CommitKey(ctx context.Context, req *metapb.CommitKeyRequest) (*metapb.KeyInfo, error) {
-	if err := checkCommitKey(req); err != nil {
+	errs, err := s.checkCommits(ctx, []*metapb.CommitKeyRequest{req})
+	if err != nil {
 		return nil, err
 	}
-	if err := validateAcls(req.Acls, "commit"); err != nil {
-		return nil, err
-	}
-	// An ordinary open key's write was authorized at OpenKey against
-	// current state (after a read barrier); a stale state here can at
-	// worst let through the commit of that already authorized write, or
-	// miss an open key committed a moment ago (a leader elected since):
-	// then check again after a barrier. (The small-object path commits
-	// many keys: no barrier when none is needed.) A reservation's key is
-	// authorized here only: after a barrier first, as OpenKey's.
-	fresh := s.reservedHere(req.OpenId)
-	if fresh {
-		if err := s.current(ctx); err != nil {
-			return nil, err
-		}
-	}
-	if err := s.checkCommitRow(s.authz(ctx), req, "commit"); err != nil {
-		if fresh {
-			return nil, err
-		}
-		if berr := s.current(ctx); berr != nil {
-			return nil, berr
-		}
-		if err := s.checkCommitRow(s.authz(ctx), req, "commit"); err != nil {
-			return nil, err
-		}
+	if errs[0] != nil {
+		return nil, errs[0]
 	}
 	r, err := s.propose(ctx, &metapb.NsCommand{Op: &metapb.NsCommand_CommitKey{CommitKey: req}})
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
 	"sync/atomic"
 
@@ -256,7 +257,23 @@ func (s *State) Apply(entries []store.Entry) []any {
 		// nested view by recording the batch length and truncating... Pebble
 		// batches cannot be truncated, so every op validates fully before
 		// its first write.
-		res[i] = t.apply(cmd)
+		var ph *Halt
+		res[i], ph = t.applyGuarded(cmd, e.Index, entries[0].Index)
+		if ph != nil {
+			// A runtime error in an op's apply (a bug the leader's
+			// validation let through): every replica meets it the same
+			// way, so none may crash-loop on it or skip it. The batch may
+			// hold part of that op, so nothing of this call commits; the
+			// replica halts before its first entry, in memory only (a
+			// restart with the same binary replays to it and halts again;
+			// one with the bug fixed applies it).
+			t.b.Close()
+			committed = true // (s.applied reset below; nothing of the batch commits)
+			s.applied.reset()
+			s.buckets.invalidate()
+			s.halt(*ph)
+			return haltedResults(entries)
+		}
 	}
 	s.putU64(t.b, keyNextBkt, s.nextBucket)
 	s.putU64(t.b, keyNextOpn, s.nextOpen)
@@ -287,6 +304,31 @@ func (s *State) Apply(entries []store.Entry) []any {
 	}
 	return res
 }
+
+// applyGuarded applies cmd (entry index, in the call that starts at
+// first), turning a runtime error (a nil message, an index out of range:
+// what the command's content causes, the same on every replica) into a
+// halt before first. Other panics (I/O failures: the process cannot go on)
+// go on up.
+func (t *tx) applyGuarded(cmd *metapb.NsCommand, index, first uint64) (res any, h *Halt) {
+	defer func() {
+		if r := recover(); r != nil {
+			re, ok := r.(runtime.Error)
+			if !ok {
+				panic(r)
+			}
+			h = &Halt{Index: first, Op: int32(opNumber(cmd)), Reason: fmt.Sprintf("entry %d (op %d) failed in apply: %v (a bug: this binary cannot apply it; report it, and run a fixed binary)", index, opNumber(cmd), re)}
+			res = nil
+		}
+	}()
+	if testApplyHook != nil {
+		testApplyHook(cmd)
+	}
+	return t.apply(cmd), nil
+}
+
+// testApplyHook, when set (tests), runs before each command's apply.
+var testApplyHook func(*metapb.NsCommand)
 
 func (s *State) putU64(b *pebble.Batch, k []byte, v uint64) {
 	if err := b.Set(k, store.U64(v), nil); err != nil {
@@ -627,6 +669,9 @@ func (t *tx) deleteBucket(req *metapb.DeleteBucketRequest) any {
 
 func (t *tx) openKey(op *metapb.OpenKeyOp) any {
 	req := op.Request
+	if req == nil {
+		return invalid("open key: no request")
+	}
 	b, err := t.bucketRO(req.Volume, req.Bucket)
 	if err != nil {
 		return err
