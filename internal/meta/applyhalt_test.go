@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -65,9 +66,13 @@ func haltCases() []haltCase {
 	}
 }
 
-// proposeOn proposes m to the group through its current leader and
-// returns the entry's index.
-func proposeOn(t *testing.T, c *cluster, hc haltCase, m proto.Message) uint64 {
+// proposeOn proposes m to the group through its current leader, moving
+// the leadership to node 1 while an old node leads (avoid; node 3 if
+// none), and returns the entry's index.
+func proposeOn(t *testing.T, c *cluster, hc haltCase, m proto.Message, avoid ...uint64) uint64 {
+	if len(avoid) == 0 {
+		avoid = []uint64{3}
+	}
 	t.Helper()
 	b, err := proto.Marshal(m)
 	if err != nil {
@@ -80,7 +85,7 @@ func proposeOn(t *testing.T, c *cluster, hc haltCase, m proto.Message) uint64 {
 			if !g.IsLeader() {
 				continue
 			}
-			if id == 3 {
+			if slices.Contains(avoid, id) {
 				g.TransferLeader(1)
 				time.Sleep(100 * time.Millisecond)
 				return false
@@ -386,5 +391,46 @@ func TestGroupsHaltOnUndecodableEntry(t *testing.T) {
 				sm.Close()
 			})
 		}
+	}
+}
+
+// TestCaHaltKeepsNamespace: a CA halt on the two live replicas of three
+// (the third, which knew the op, stopped) leaves the namespace led where
+// it is and writable. Before, any group's halt made a replica hand the
+// namespace's leadership over every 250 ms, to the other halted replica
+// or the dead one: the namespace flapped although it was healthy (review
+// drift 1).
+func TestCaHaltKeepsNamespace(t *testing.T) {
+	hc := haltCases()[1]
+	if hc.name != "ca" {
+		t.Fatal("haltCases changed")
+	}
+	c := newClusterWith(t, 3, scm.Config{}, func(cfg *Config) {
+		if cfg.NodeID != 1 {
+			cfg.TestHiddenOps = map[uint64][]int32{CaGroup: {hc.op}}
+		}
+	})
+	at := proposeOn(t, c, hc, hc.cmd(), 2, 3)
+	for _, id := range []uint64{2, 3} {
+		s := c.servers[id]
+		waitFor(t, 20*time.Second, "CA halted on the old replicas", func() bool { h := hc.halt(s).Halted(); return h != nil && h.Index == at })
+	}
+	waitFor(t, 20*time.Second, "node 1 applied the CA op", func() bool { return hc.store(c.servers[1]).AppliedIndex() >= at })
+	c.servers[1].Close()
+	delete(c.servers, 1)
+	waitFor(t, 20*time.Second, "a namespace leader among the live replicas", func() bool { return c.nsLeader() != 0 })
+	// Led and stable: the same leader for 3 s (hand-overs came every
+	// 250 ms).
+	lead := c.nsLeader()
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if l := c.nsLeader(); l != lead {
+			t.Fatalf("namespace leadership moved from %d to %d (a CA halt must not move it)", lead, l)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl := singleAddr(t, c.servers[lead].GRPCAddr())
+	if _, err := cl.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "after-ca-halt", Owner: "alice"}); err != nil {
+		t.Fatalf("namespace write with the CA halted on every live replica: %v", err)
 	}
 }

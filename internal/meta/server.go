@@ -167,6 +167,7 @@ type Server struct {
 	reg *prometheus.Registry // nil when cfg.Registerer was given
 
 	layoutInitMu sync.Mutex // awaitLayout: one layout init at a time
+	lastKeepLog  time.Time  // handOver (runUpgrade's goroutine): last "keeping leadership" warning
 
 	peersMu sync.RWMutex
 	peers   map[uint64]Peer
@@ -476,7 +477,9 @@ func (s *Server) colocate(ctx context.Context) {
 			return
 		case <-t.C:
 			ns := s.nsGroup.Leader()
-			if s.scmGroup.IsLeader() && ns != 0 && ns != s.cfg.NodeID {
+			// Not to a namespace leader whose SCM replica halted: it
+			// would hand the leadership back (upgrade.go).
+			if s.scmGroup.IsLeader() && ns != 0 && ns != s.cfg.NodeID && !s.peerHaltedIn(ctx, ns, "scm") {
 				s.scmGroup.TransferLeader(ns)
 			}
 		}
