@@ -153,7 +153,7 @@ func (s *Server) handOver(ctx context.Context, g *raft.Group, name string, also 
 	if to == 0 {
 		if time.Since(s.lastKeepLog) > 10*time.Second {
 			s.lastKeepLog = time.Now()
-			s.log.Warn("meta: "+name+" replica halted, but no other replica can lead the group (all halted or unreachable): keeping its leadership")
+			s.log.Warn("meta: " + name + " replica halted, but no other replica can lead the group (all halted or unreachable): keeping its leadership")
 		}
 		return
 	}
