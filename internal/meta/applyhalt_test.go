@@ -434,3 +434,59 @@ func TestCaHaltKeepsNamespace(t *testing.T) {
 		t.Fatalf("namespace write with the CA halted on every live replica: %v", err)
 	}
 }
+
+// TestCaHaltReadsRevocationsPastHalt: a CA replica halted on an op it
+// does not know still hands its TLS set the revocations committed after
+// the halt (by serial, and by identity: certificates recorded before the
+// halt and past it), read from the entries it does not apply, in the
+// call that halts and in later ones; its state stays at the halt. Before,
+// only a list pulled from another replica reached the TLS set (nothing
+// when none answered: review drift 3).
+func TestCaHaltReadsRevocationsPastHalt(t *testing.T) {
+	hc := haltCases()[1]
+	st, err := openCaState(t.TempDir(), store.Options{SyncInterval: -1, Logger: quiet}, nil, quiet, hc.op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var tlsSet atomic.Pointer[[]string]
+	st.onRevoked = func(s []string) { tlsSet.Store(&s) }
+	cmd := func(c *metapb.CaCommand) []byte {
+		b, err := proto.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	issued := func(serial, id string) []byte {
+		return cmd(&metapb.CaCommand{Op: &metapb.CaCommand_RecordIssued{RecordIssued: &metapb.CaIssuedCert{Serial: serial, Identity: id}}})
+	}
+	revoke := func(serial, id string) []byte {
+		return cmd(&metapb.CaCommand{Op: &metapb.CaCommand_Revoke{Revoke: &metapb.RevokeCertificateRequest{Serial: serial, Identity: id}}})
+	}
+	unknown, _ := proto.Marshal(hc.cmd())
+	st.Apply([]store.Entry{{Index: 1, Cmd: issued("a1", "basalt://datanode/x")}, {Index: 2, Cmd: unknown}, {Index: 3, Cmd: revoke("c0ffee", "")}, {Index: 4, Cmd: issued("b2", "basalt://datanode/y")}})
+	if h := st.halt.Halted(); h == nil || h.Index != 2 {
+		t.Fatalf("halt %+v", h)
+	}
+	has := func(sn string) bool { p := tlsSet.Load(); return p != nil && slices.Contains(*p, sn) }
+	if !has("c0ffee") {
+		t.Fatalf("TLS set %v lacks the serial revoked in the halting call", tlsSet.Load())
+	}
+	st.Apply([]store.Entry{{Index: 5, Cmd: revoke("", "basalt://datanode/x")}, {Index: 6, Cmd: revoke("", "basalt://datanode/y")}})
+	for _, sn := range []string{"c0ffee", "a1", "b2"} {
+		if !has(sn) {
+			t.Fatalf("TLS set %v lacks %s", *tlsSet.Load(), sn)
+		}
+	}
+	if local, _ := st.Revocations(); len(local) != 0 {
+		t.Fatalf("the halted state applied revocations: %v", local)
+	}
+	// The pulled list joins, and does not drop the scanned ones.
+	st.setPulled([]string{"dd"})
+	for _, sn := range []string{"c0ffee", "a1", "b2", "dd"} {
+		if !has(sn) {
+			t.Fatalf("TLS set %v lacks %s", *tlsSet.Load(), sn)
+		}
+	}
+}

@@ -452,8 +452,9 @@ func (s *Server) Start() error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.wg.Add(9)
+	s.wg.Add(10)
 	go func() { defer s.wg.Done(); s.runUpgrade(ctx) }()
+	go func() { defer s.wg.Done(); s.runRevocationPull(ctx) }()
 	go func() { defer s.wg.Done(); s.ca.establish(ctx) }()
 	go func() { defer s.wg.Done(); s.ca.renewOwn(ctx) }()
 	go func() { defer s.wg.Done(); s.runUserTokens(ctx) }()

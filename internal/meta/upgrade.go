@@ -198,7 +198,6 @@ func (s *Server) haltedErr() error {
 func (s *Server) runUpgrade(ctx context.Context) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
-	ticks := 0
 	lastInit, used := time.Time{}, false
 	for {
 		select {
@@ -210,9 +209,6 @@ func (s *Server) runUpgrade(ctx context.Context) {
 			if g := hg.group(); hg.halt.Halted() != nil && g.IsLeader() {
 				s.handOver(ctx, g, hg.name)
 			}
-		}
-		if ticks++; s.ca.state.halt.Halted() != nil && ticks%8 == 1 {
-			s.pullRevocations(ctx)
 		}
 		g := s.nsGroup
 		if !g.IsLeader() {
@@ -242,11 +238,33 @@ func (s *Server) runUpgrade(ctx context.Context) {
 	}
 }
 
-// pullRevocations: while the CA group is halted here, its revocations
-// stop at the halt, so this node's TLS takes the revocation list from
-// another replica too (every 2 s): a certificate revoked after the halt
-// must not pass this node. (A halted replica's own GetRevocations refuses
-// with ReasonReplicaHalted: the client asks another.)
+// runRevocationPull: while the CA group is halted here, its applied
+// revocations stop at the halt. The committed entries past it are read
+// for their revocations (caState.scanPastHalt); an op this binary does
+// not know cannot be, so the node also takes the revocation list from
+// another replica, at once when the group halts (a poll every 100 ms)
+// and every 2 s after. Its own goroutine: a slow peer delays no
+// hand-over. (A halted replica's own GetRevocations refuses with
+// ReasonReplicaHalted: the client asks another.)
+func (s *Server) runRevocationPull(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	var last time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if s.ca.state.halt.Halted() == nil || time.Since(last) < 2*time.Second {
+			continue
+		}
+		last = time.Now()
+		s.pullRevocations(ctx)
+	}
+}
+
+// pullRevocations takes the revocation list from another replica.
 func (s *Server) pullRevocations(ctx context.Context) {
 	if s.fwd == nil {
 		return
@@ -255,14 +273,10 @@ func (s *Server) pullRevocations(ctx context.Context) {
 	defer cancel()
 	r, err := s.fwd.Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{})
 	if err != nil {
-		s.log.Warn("meta: CA replica halted: the revocation list could not be fetched from another replica", "err", err)
+		s.log.Warn("meta: CA replica halted: the revocation list could not be fetched from another replica (revocations by ops this binary knows are read from the local log)", "err", err)
 		return
 	}
-	local, _ := s.ca.state.Revocations()
-	if len(r.Serials) > maxRevocations {
-		r.Serials = r.Serials[:maxRevocations]
-	}
-	s.cfg.TLS.SetRevoked(append(slices.Clone(local), r.Serials...))
+	s.ca.state.setPulled(r.Serials)
 }
 
 // awaitLayout records a fresh cluster's layout before its first write
