@@ -240,22 +240,24 @@ func TestGroupsHaltOnUnknownOp(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 20*time.Second, "node 3 to refuse the serial revoked after its CA halted", func() bool { return s3.cfg.TLS.IsRevokedSerial("c0ffee") })
-	// Made SCM leader, the halted replica hands leadership over.
+	// Made CA leader, the halted replica hands leadership over. (The CA
+	// group: its leadership follows nothing else, so only the hand-over
+	// moves it; SCM's would move by colocate anyway.)
 	led, last := false, time.Now().Add(-time.Second)
 	for end := time.Now().Add(30 * time.Second); time.Now().Before(end) && !led; time.Sleep(2 * time.Millisecond) {
-		if s3.scmGroup.IsLeader() {
+		if s3.ca.group.IsLeader() {
 			led = true
-		} else if l := s3.scmGroup.Leader(); l != 0 && time.Since(last) > 500*time.Millisecond {
-			c.servers[l].scmGroup.TransferLeader(3)
+		} else if l := s3.ca.group.Leader(); l != 0 && time.Since(last) > 500*time.Millisecond {
+			c.servers[l].ca.group.TransferLeader(3)
 			last = time.Now()
 		}
 	}
 	if !led {
-		t.Fatal("node 3 never became SCM leader: the hand-over is not tested")
+		t.Fatal("node 3 never became CA leader: the hand-over is not tested")
 	}
-	waitFor(t, 20*time.Second, "an SCM leader other than the halted node", func() bool {
-		l := c.servers[1].scmGroup.Leader()
-		return l != 0 && l != 3 && !s3.scmGroup.IsLeader()
+	waitFor(t, 20*time.Second, "a CA leader other than the halted node", func() bool {
+		l := c.servers[1].ca.group.Leader()
+		return l != 0 && l != 3 && !s3.ca.group.IsLeader()
 	})
 	// Restarted with the same binary: halted at load, nothing applied.
 	c.restartNode(3)
