@@ -393,6 +393,7 @@ func (s *caState) Apply(entries []store.Entry) []any {
 	}
 	b := s.st.NewBatch()
 	res := make([]any, len(entries))
+	var halted *applyhalt.Halt
 	changed := false
 	var past []store.Entry // entries past a halt in this call
 	s.batchRevoked = 0
@@ -405,7 +406,7 @@ func (s *caState) Apply(entries []store.Entry) []any {
 			// Never past an entry this binary cannot apply (applyhalt).
 			past = entries[i+1:]
 			entries = s.halt.Cut(h, entries, i, res)
-			defer s.halt.Persist(*h) // after what came before commits
+			halted = h // persisted once what came before committed
 			break
 		}
 		var ch bool
@@ -414,11 +415,17 @@ func (s *caState) Apply(entries []store.Entry) []any {
 	}
 	if len(entries) == 0 {
 		b.Close()
+		if halted != nil {
+			s.halt.Persist(*halted)
+		}
 		s.scanPastHalt(past)
 		return res
 	}
 	if err := s.st.Commit(b, entries[len(entries)-1].Index); err != nil {
 		panic(err) // as the other groups: replay the log on restart
+	}
+	if halted != nil {
+		s.halt.Persist(*halted)
 	}
 	if changed {
 		if err := s.load(); err != nil {

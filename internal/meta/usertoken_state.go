@@ -231,6 +231,7 @@ func (s *utState) Apply(entries []store.Entry) []any {
 	}
 	b := s.st.NewBatch()
 	res := make([]any, len(entries))
+	var halted *applyhalt.Halt
 	s.mu.Lock()
 	for i, e := range entries {
 		if e.Cmd == nil {
@@ -240,7 +241,7 @@ func (s *utState) Apply(entries []store.Entry) []any {
 		if h := s.halt.Decode(e, cmd); h != nil {
 			// Never past an entry this binary cannot apply (applyhalt).
 			entries = s.halt.Cut(h, entries, i, res)
-			defer s.halt.Persist(*h) // after what came before commits
+			halted = h // persisted once what came before committed
 			break
 		}
 		res[i] = s.apply(b, cmd)
@@ -248,10 +249,16 @@ func (s *utState) Apply(entries []store.Entry) []any {
 	s.mu.Unlock()
 	if len(entries) == 0 {
 		b.Close()
+		if halted != nil {
+			s.halt.Persist(*halted)
+		}
 		return res
 	}
 	if err := s.st.Commit(b, entries[len(entries)-1].Index); err != nil {
 		panic(err) // the mirror is ahead of the disk: replay on restart
+	}
+	if halted != nil {
+		s.halt.Persist(*halted)
 	}
 	return res
 }

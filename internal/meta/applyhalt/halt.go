@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"slices"
 	"sync/atomic"
 
@@ -174,17 +175,21 @@ func decode(b []byte) (Halt, uint64, bool) {
 		binary.BigEndian.Uint64(b[12:]), true
 }
 
-// Persist writes the halt durably (on the apply goroutine, after the
-// entries before it committed). Should it fail, the replica halts in
-// memory only: restarted, it replays to the same entry and halts again.
+// Persist writes the halt durably (on the apply goroutine, only after
+// the entries before it committed: never for entries that did not).
+// Should it fail, the replica halts in memory only (restarted, it
+// replays to the same entry and halts again); the failure is logged as
+// an ERROR.
 func (g *Group) Persist(h Halt) {
 	b := g.st.NewBatch()
-	if err := b.Set(Key, g.encode(h), nil); err != nil {
-		b.Close()
-		return
+	err := b.Set(Key, g.encode(h), nil)
+	if err == nil {
+		err = g.st.CommitSide(b)
 	}
-	if err := g.st.CommitSide(b); err != nil {
+	if err != nil {
 		b.Close()
+		slog.Error("meta: "+g.name+" apply halted, but the halt could not be recorded (it holds in memory; a restart replays to the entry and halts again)",
+			"group", g.name, "index", h.Index, "err", err)
 	}
 }
 

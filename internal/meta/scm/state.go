@@ -280,6 +280,7 @@ func (s *State) Apply(entries []store.Entry) []any {
 	}
 	b := s.st.NewBatch()
 	res := make([]any, len(entries))
+	var halted *applyhalt.Halt
 	s.mu.Lock()
 	for i, e := range entries {
 		if e.Cmd == nil {
@@ -289,7 +290,7 @@ func (s *State) Apply(entries []store.Entry) []any {
 		if h := s.halt.Decode(e, cmd); h != nil {
 			// Never past an entry this binary cannot apply (applyhalt).
 			entries = s.halt.Cut(h, entries, i, res)
-			defer s.halt.Persist(*h) // after what came before commits
+			halted = h // persisted once what came before committed
 			break
 		}
 		res[i] = s.apply(b, cmd)
@@ -297,12 +298,18 @@ func (s *State) Apply(entries []store.Entry) []any {
 	s.mu.Unlock()
 	if len(entries) == 0 {
 		b.Close()
+		if halted != nil {
+			s.halt.Persist(*halted)
+		}
 		return res
 	}
 	if err := s.st.Commit(b, entries[len(entries)-1].Index); err != nil {
 		// The in-memory mirror is ahead of the disk now; the only safe
 		// thing is to stop and replay the log on restart.
 		panic(err)
+	}
+	if halted != nil {
+		s.halt.Persist(*halted)
 	}
 	return res
 }
