@@ -492,3 +492,25 @@ func TestCaHaltReadsRevocationsPastHalt(t *testing.T) {
 		}
 	}
 }
+
+// TestScmHaltInProcess: the in-process SCM paths of a replica whose SCM
+// group halted refuse too (review drift 4): the manager does not lead
+// (it would hand out blocks from its stale ranges and containers without
+// a proposal), and the namespace's block allocation and deletion answer
+// REPLICA_HALTED.
+func TestScmHaltInProcess(t *testing.T) {
+	c := newCluster(t, 1, scm.Config{})
+	s := c.servers[1]
+	waitFor(t, 20*time.Second, "SCM leader", func() bool { return s.scmGroup.IsLeader() && (&scmRaft{s}).IsLeader() })
+	s.scmState.Halt().Stop(applyhalt.Halt{Index: 99, Reason: "test"})
+	if (&scmRaft{s}).IsLeader() {
+		t.Fatal("the SCM manager leads on a halted replica")
+	}
+	ctx := context.Background()
+	if _, err := (&scmBlocks{s}).AllocateBlocks(ctx, &metapb.AllocateBlocksRequest{Count: 1}); !hasReason(err, metapb.ReasonReplicaHalted) {
+		t.Fatalf("AllocateBlocks on a halted SCM replica: %v", err)
+	}
+	if err := (&scmBlocks{s}).DeleteBlocks(ctx, &metapb.DeleteBlocksRequest{}); !hasReason(err, metapb.ReasonReplicaHalted) {
+		t.Fatalf("DeleteBlocks on a halted SCM replica: %v", err)
+	}
+}

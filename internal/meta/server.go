@@ -662,12 +662,20 @@ func (r *scmRaft) Propose(ctx context.Context, cmd []byte) (any, error) {
 // apply halted (upgrade.go).
 func (s *Server) scmHaltedErr() error { return s.groupHaltedErr("scm", s.scmState.Halt()) }
 
-func (r *scmRaft) IsLeader() bool { return r.s.scmGroup != nil && r.s.scmGroup.IsLeader() }
+// IsLeader: the SCM manager leads only where the group leads and its
+// replica is not halted (a halted leader hands leadership over; until
+// then its manager answers ErrNotLeader and proposes nothing).
+func (r *scmRaft) IsLeader() bool {
+	return r.s.scmGroup != nil && r.s.scmGroup.IsLeader() && r.s.scmState.Halt().Halted() == nil
+}
 
 // scmBlocks is SCM as the namespace service sees it.
 type scmBlocks struct{ s *Server }
 
 func (b *scmBlocks) AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocksRequest) (*metapb.AllocateBlocksResponse, error) {
+	if err := b.s.scmHaltedErr(); err != nil {
+		return nil, err // the local SCM state stops at the halt (review drift 4)
+	}
 	if b.s.scmGroup.IsLeader() || b.s.fwd == nil {
 		return b.s.scmMgr.AllocateBlocks(ctx, req)
 	}
@@ -675,6 +683,9 @@ func (b *scmBlocks) AllocateBlocks(ctx context.Context, req *metapb.AllocateBloc
 }
 
 func (b *scmBlocks) DeleteBlocks(ctx context.Context, req *metapb.DeleteBlocksRequest) error {
+	if err := b.s.scmHaltedErr(); err != nil {
+		return err // the local SCM state stops at the halt (review drift 4)
+	}
 	if b.s.scmGroup.IsLeader() || b.s.fwd == nil {
 		return b.s.scmMgr.DeleteBlocks(ctx, req)
 	}
