@@ -315,11 +315,14 @@ type haltSM interface {
 // applies, a snapshot is refused, and the halt survives a reopen with the
 // same binary; a binary whose command message differs clears it and
 // tries the entry again. The old code recorded an error and went on.
-func TestGroupsHaltOnUndecodableEntry(t *testing.T) {
+type haltOpener func(dir string, hidden ...int32) (haltSM, *applyhalt.Group)
+
+// haltOpeners open each group's state machine (by haltCase name).
+func haltOpeners(t *testing.T) map[string]haltOpener {
 	opts := store.Options{SyncInterval: -1, Logger: quiet}
-	type opener func(dir string, hidden ...int32) (haltSM, *applyhalt.Group)
-	openers := map[string]opener{
+	return map[string]haltOpener{
 		"scm": func(dir string, hidden ...int32) (haltSM, *applyhalt.Group) {
+			t.Helper()
 			s, err := scm.OpenHiding(dir, opts, hidden)
 			if err != nil {
 				t.Fatal(err)
@@ -341,6 +344,10 @@ func TestGroupsHaltOnUndecodableEntry(t *testing.T) {
 			return s, s.halt
 		},
 	}
+}
+
+func TestGroupsHaltOnUndecodableEntry(t *testing.T) {
+	openers := haltOpeners(t)
 	for _, hc := range haltCases() {
 		open := openers[hc.name]
 		good, err := proto.Marshal(hc.probe())
@@ -512,5 +519,63 @@ func TestScmHaltInProcess(t *testing.T) {
 	}
 	if err := (&scmBlocks{s}).DeleteBlocks(ctx, &metapb.DeleteBlocksRequest{}); !hasReason(err, metapb.ReasonReplicaHalted) {
 		t.Fatalf("DeleteBlocks on a halted SCM replica: %v", err)
+	}
+}
+
+// TestGroupsHaltRowNotInherited: a halt row is this replica's only
+// (review drift 5). A snapshot taken on a halted replica holds it (a
+// checkpoint of the whole store): the replica that restores it is not
+// halted, not even after a reopen. A row not at the entry after the
+// applied index (stale) is dropped at load. Before, the restored row
+// halted the receiver at its next restart, at an entry it could apply.
+func TestGroupsHaltRowNotInherited(t *testing.T) {
+	openers := haltOpeners(t)
+	for _, hc := range haltCases() {
+		t.Run(hc.name, func(t *testing.T) {
+			open := openers[hc.name]
+			good, err := proto.Marshal(hc.probe())
+			if err != nil {
+				t.Fatal(err)
+			}
+			bad, err := proto.Marshal(hc.cmd())
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A replica halted at 2 (it does not know the op).
+			src := t.TempDir()
+			sm, h := open(src, hc.op)
+			sm.Apply([]store.Entry{{Index: 1, Cmd: good}, {Index: 2, Cmd: bad}})
+			if got := h.Halted(); got == nil || got.Index != 2 {
+				t.Fatalf("halt %+v", got)
+			}
+			idx, rc, err := sm.Snapshot()
+			if err != nil {
+				t.Fatal(err)
+			}
+			dst := t.TempDir()
+			sm2, h2 := open(dst, hc.op)
+			if err := sm2.Restore(idx, rc); err != nil {
+				t.Fatal(err)
+			}
+			rc.Close()
+			sm.Close()
+			sm2.Close()
+			sm2, h2 = open(dst, hc.op)
+			if got := h2.Halted(); got != nil {
+				t.Fatalf("the replica that restored a halted replica's snapshot halts at reopen: %+v", got)
+			}
+			sm2.Close()
+			// A stale row (at or below the applied index).
+			dir := t.TempDir()
+			sm3, h3 := open(dir)
+			sm3.Apply([]store.Entry{{Index: 1, Cmd: good}, {Index: 2, Cmd: good}, {Index: 3, Cmd: good}})
+			h3.Persist(applyhalt.Halt{Index: 2, Reason: "stale"})
+			sm3.Close()
+			sm3, h3 = open(dir)
+			defer sm3.Close()
+			if got := h3.Halted(); got != nil {
+				t.Fatalf("halted at load on a stale row (applied %d): %+v", sm3.AppliedIndex(), got)
+			}
+		})
 	}
 }

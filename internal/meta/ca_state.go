@@ -378,6 +378,9 @@ func (s *caState) Restore(index uint64, r io.Reader) error {
 	if err := s.st.Restore(index, r); err != nil {
 		return err
 	}
+	if err := s.halt.Drop(); err != nil { // the sender's row, if any (applyhalt.Key)
+		return err
+	}
 	return s.load()
 }
 

@@ -48,8 +48,10 @@ type Halt struct {
 }
 
 // Key is the halt row in each group's store: this replica's row, not a
-// replicated one (a halted replica never leads, so never sends a
-// snapshot holding it).
+// replicated one. A snapshot is a checkpoint of the whole store, so one
+// sent by a replica that halted while it led (it hands leadership over
+// within 250 ms) can hold it: Drop removes it after a Restore, and Load
+// ignores (and removes) a row not at the entry after the applied index.
 var Key = []byte("m/halt")
 
 const maxReason = 1024
@@ -193,10 +195,11 @@ func (g *Group) Persist(h Halt) {
 	}
 }
 
-// Load reads the halt row (at open and after a restore): a halt recorded
-// by a binary knowing the same command fields stands; one recorded by
-// another binary is removed: this one may know the entry (if not, it
-// halts there again).
+// Load reads the halt row (at open): a halt recorded by a binary knowing
+// the same command fields, at the entry after the applied index, stands;
+// one recorded by another binary is removed: this one may know the entry
+// (if not, it halts there again). So is one at another index (stale:
+// received in a snapshot, or written ahead of the state), logged.
 func (g *Group) Load() error {
 	var h Halt
 	var schema uint64
@@ -221,9 +224,19 @@ func (g *Group) Load() error {
 		return err
 	}
 	if schema == g.schema {
-		g.Stop(h)
-		return nil
+		if h.Index == g.st.AppliedIndex()+1 {
+			g.Stop(h)
+			return nil
+		}
+		slog.Error("meta: "+g.name+" halt row ignored: not at the entry after the applied index (another replica's, from a snapshot, or ahead of the state); the entries apply again",
+			"group", g.name, "index", h.Index, "applied", g.st.AppliedIndex())
 	}
+	return g.Drop()
+}
+
+// Drop removes the halt row (after a Restore: the row, if any, is the
+// sender's, not this replica's).
+func (g *Group) Drop() error {
 	b := g.st.NewBatch()
 	if err := b.Delete(Key, nil); err != nil {
 		b.Close()
