@@ -79,7 +79,7 @@ func (s *Server) setupUpgrade(reg prometheus.Registerer) {
 	}, func() float64 { return float64(s.nsState.FinalizedLayout()) }))
 	for _, g := range s.haltGroups() {
 		report := func(h applyhalt.Halt) {
-			s.log.Error("meta: "+g.name+" apply HALTED: this replica cannot apply a committed entry; upgrade this replica's binary and restart it (it resumes from that entry)",
+			s.log.Error("meta: "+g.name+" apply HALTED: this replica cannot apply a committed entry; if the reason names an op or field unknown to this binary, upgrade it and restart it (it resumes from that entry); an entry that does not decode under a current binary is damaged, and an upgrade does not cure it (docs/ARCHITECTURE.md, Upgrades)",
 				"group", g.name, "index", h.Index, "op", h.Op, "reason", h.Reason)
 		}
 		g.halt.OnHalt(report)

@@ -109,7 +109,7 @@ func (g *Group) Stop(h Halt) {
 // (no op, no unknown field) decodes: every binary sees it alike.
 func (g *Group) Decode(e store.Entry, m proto.Message) *Halt {
 	if err := proto.Unmarshal(e.Cmd, m); err != nil {
-		return &Halt{Index: e.Index, Reason: fmt.Sprintf("%s entry %d does not decode (%v): a newer binary's command or a damaged log: upgrade this replica's binary", g.name, e.Index, err)}
+		return &Halt{Index: e.Index, Reason: fmt.Sprintf("%s entry %d does not decode (%v): a newer binary's command (upgrade this replica's binary) or a damaged entry (a binary with the same command fields halts again: see docs/ARCHITECTURE.md, Upgrades)", g.name, e.Index, err)}
 	}
 	r := m.ProtoReflect()
 	if u := r.GetUnknown(); len(u) > 0 {
