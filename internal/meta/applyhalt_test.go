@@ -579,3 +579,96 @@ func TestGroupsHaltRowNotInherited(t *testing.T) {
 		})
 	}
 }
+
+// TestGroupsApplyRuntimeErrorHalts: a runtime error in one command's
+// apply (a bug the leader's validation let through, met the same way on
+// every replica) neither takes the process down nor skips the command,
+// in the SCM, CA and user-token groups (applyhalt.Guard, as the
+// namespace's applyGuarded): the replica halts before the first entry of
+// that Apply call, nothing of the call is committed (the store is as
+// before it; the user-token mirror drops what the call had applied) and
+// every entry of it is answered ErrHalted; the halt is in memory only:
+// reopened with the bug fixed, the same entries apply. Without the guard
+// the runtime error panics through Apply (raft does not recover it).
+func TestGroupsApplyRuntimeErrorHalts(t *testing.T) {
+	openers := haltOpeners(t)
+	for _, hc := range haltCases() {
+		t.Run(hc.name, func(t *testing.T) {
+			open := openers[hc.name]
+			good, _ := proto.Marshal(hc.probe())
+			badMsg := hc.cmd()
+			bad, _ := proto.Marshal(badMsg)
+			dir := t.TempDir()
+			sm, h := open(dir)
+			sm.Apply([]store.Entry{{Index: 1, Cmd: good}})
+			st := hc.storeOf(sm)
+			before := storeSum(t, st)
+			applyhalt.TestApplyHook = func(group string, cmd proto.Message) {
+				if strings.EqualFold(group, hc.name) && proto.Equal(cmd, badMsg) {
+					var m map[string]int
+					m["x"] = 1 // a runtime error
+				}
+			}
+			defer func() { applyhalt.TestApplyHook = nil }()
+			call := []store.Entry{{Index: 2, Cmd: good}, {Index: 3, Cmd: bad}, {Index: 4, Cmd: good}}
+			if hc.name == "usertoken" { // a renewal only the halted call holds
+				now := time.Now().UnixMilli()
+				call[0].Cmd, _ = proto.Marshal(&metapb.UserTokenCommand{NowUnixMs: now, Op: &metapb.UserTokenCommand_Renew{Renew: &metapb.UserTokenRenewOp{Sequence: 97, ExpiryUnixMs: now + 600_000, MaxUnixMs: now + 3600_000}}})
+			}
+			res := sm.Apply(call)
+			for i, r := range res {
+				if err, _ := r.(error); !errors.Is(err, applyhalt.ErrHalted) {
+					t.Fatalf("result %d: %v, want ErrHalted", i, r)
+				}
+			}
+			got := h.Halted()
+			if got == nil || got.Index != 2 || got.Op != hc.op || !strings.Contains(got.Reason, "entry 3") {
+				t.Fatalf("halt %+v, want before entry 2, op %d, naming entry 3", got, hc.op)
+			}
+			if a := st.AppliedIndex(); a != 1 {
+				t.Fatalf("applied index %d, want 1", a)
+			}
+			if after := storeSum(t, st); after != before {
+				t.Fatal("the halted call changed the store")
+			}
+			if ut, ok := sm.(*utState); ok {
+				if _, renewed := ut.status(97); renewed != 0 {
+					t.Fatal("the user-token mirror holds the renewal of the halted call")
+				}
+			}
+			if r := sm.Apply([]store.Entry{{Index: 2, Cmd: good}}); !errors.Is(r[0].(error), applyhalt.ErrHalted) {
+				t.Fatalf("a halted replica applied: %v", r[0])
+			}
+			sm.Close()
+			// Reopened with the bug fixed: not halted (in memory only),
+			// the entries apply.
+			applyhalt.TestApplyHook = nil
+			sm, h = open(dir)
+			defer sm.Close()
+			if got := h.Halted(); got != nil {
+				t.Fatalf("reopened halted: %+v", got)
+			}
+			for i, r := range sm.Apply(call) {
+				if err, _ := r.(error); errors.Is(err, applyhalt.ErrHalted) {
+					t.Fatalf("reopened, result %d: %v", i, r)
+				}
+			}
+			if a := hc.storeOf(sm).AppliedIndex(); a != 4 {
+				t.Fatalf("reopened, applied index %d, want 4", a)
+			}
+		})
+	}
+}
+
+// storeOf is the store of one of the group's state machines.
+func (hc haltCase) storeOf(sm haltSM) *store.Store {
+	switch s := sm.(type) {
+	case *scm.State:
+		return s.Store()
+	case *caState:
+		return s.st
+	case *utState:
+		return s.st
+	}
+	panic("unknown state machine")
+}

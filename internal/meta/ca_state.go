@@ -413,7 +413,18 @@ func (s *caState) Apply(entries []store.Entry) []any {
 			break
 		}
 		var ch bool
-		res[i], ch = s.apply(b, cmd)
+		r, ph := s.halt.Guard(e, entries[0].Index, cmd, func() any { var r any; r, ch = s.apply(b, cmd); return r })
+		if ph != nil {
+			// A runtime error in this command's apply (applyhalt.Guard):
+			// nothing of this call commits (the views change only after a
+			// commit); its revocations still reach the TLS set.
+			b.Close()
+			s.batchRevoked = 0
+			s.halt.Stop(*ph)
+			s.scanPastHalt(entries)
+			return applyhalt.Results(entries)
+		}
+		res[i] = r
 		changed = changed || ch
 	}
 	if len(entries) == 0 {

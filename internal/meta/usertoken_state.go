@@ -127,6 +127,11 @@ func openUTState(dir string, opts store.Options, hidden ...int32) (*utState, err
 func (s *utState) load() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.loadLocked()
+}
+
+// loadLocked is load with s.mu held.
+func (s *utState) loadLocked() error {
 	s.keys, s.next, s.now = nil, 1, 0
 	s.nonces = map[[32]byte]utNonce{}
 	s.perKey = map[string]int{}
@@ -247,7 +252,21 @@ func (s *utState) Apply(entries []store.Entry) []any {
 			halted = h // persisted once what came before committed
 			break
 		}
-		res[i] = s.apply(b, cmd)
+		r, ph := s.halt.Guard(e, entries[0].Index, cmd, func() any { return s.apply(b, cmd) })
+		if ph != nil {
+			// A runtime error in this command's apply (applyhalt.Guard):
+			// nothing of this call commits, and the mirror, which may hold
+			// part of it, is rebuilt from the store.
+			b.Close()
+			s.halt.Stop(*ph)
+			err := s.loadLocked()
+			s.mu.Unlock()
+			if err != nil {
+				panic(err)
+			}
+			return applyhalt.Results(entries)
+		}
+		res[i] = r
 	}
 	s.mu.Unlock()
 	if len(entries) == 0 {

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sync/atomic"
 
@@ -136,6 +137,52 @@ func (g *Group) Cut(h *Halt, entries []store.Entry, i int, res []any) []store.En
 	g.Stop(*h)
 	copy(res[i:], Results(entries[i:]))
 	return entries[:i]
+}
+
+// Guard runs apply, one command's apply (cmd, decoded from entry e of
+// the Apply call whose first entry is first), turning a runtime error
+// (a nil message, an index out of range: what the command's content
+// causes, the same on every replica) into a halt before first, instead
+// of a panic that takes every replica down in a crash loop (the rule of
+// namespace.State.Apply's applyGuarded). The caller must then discard
+// the call's batch (it may hold part of the command), rebuild any
+// in-memory state from the store, Stop with the halt (in memory only: a
+// restart with the same binary replays to it and halts again, a fixed
+// binary applies it) and answer every entry of the call with Results.
+// Other panics (a failed Pebble write: the process cannot go on) go on
+// up.
+func (g *Group) Guard(e store.Entry, first uint64, cmd proto.Message, apply func() any) (res any, h *Halt) {
+	defer func() {
+		if r := recover(); r != nil {
+			re, ok := r.(runtime.Error)
+			if !ok {
+				panic(r)
+			}
+			op := opOf(cmd)
+			h = &Halt{Index: first, Op: op, Reason: fmt.Sprintf("%s entry %d (op %d) failed in apply: %v (a bug: this binary cannot apply it; report it, and run a fixed binary)", g.name, e.Index, op, re)}
+			res = nil
+		}
+	}()
+	if TestApplyHook != nil {
+		TestApplyHook(g.name, cmd)
+	}
+	return apply(), nil
+}
+
+// TestApplyHook, when set (tests only), runs in Guard before each
+// command's apply, with the group's name ("scm", "CA", "usertoken").
+var TestApplyHook func(group string, cmd proto.Message)
+
+// opOf is the field number of cmd's op (its set oneof member), 0 if none.
+func opOf(cmd proto.Message) int32 {
+	r := cmd.ProtoReflect()
+	ods := r.Descriptor().Oneofs()
+	for i := range ods.Len() {
+		if fd := r.WhichOneof(ods.Get(i)); fd != nil {
+			return int32(fd.Number())
+		}
+	}
+	return 0
 }
 
 // Results is the result of entries a halted replica does not apply.

@@ -180,6 +180,11 @@ func (s *State) Store() *store.Store { return s.st }
 func (s *State) load() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.loadLocked()
+}
+
+// loadLocked is load with s.mu held.
+func (s *State) loadLocked() error {
 	s.datanodes = map[uint64]*metapb.DatanodeDetails{}
 	s.byUUID = map[string]uint64{}
 	s.pipelines = map[uint64]*metapb.Pipeline{}
@@ -296,7 +301,21 @@ func (s *State) Apply(entries []store.Entry) []any {
 			halted = h // persisted once what came before committed
 			break
 		}
-		res[i] = s.apply(b, cmd)
+		r, ph := s.halt.Guard(e, entries[0].Index, cmd, func() any { return s.apply(b, cmd) })
+		if ph != nil {
+			// A runtime error in this command's apply (applyhalt.Guard):
+			// nothing of this call commits, and the mirror, which may hold
+			// part of it, is rebuilt from the store.
+			b.Close()
+			s.halt.Stop(*ph)
+			err := s.loadLocked()
+			s.mu.Unlock()
+			if err != nil {
+				panic(err)
+			}
+			return applyhalt.Results(entries)
+		}
+		res[i] = r
 	}
 	s.mu.Unlock()
 	if len(entries) == 0 {
