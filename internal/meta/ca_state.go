@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -64,6 +65,16 @@ type caState struct {
 	batchRevoked int
 	// halt: the apply halt (applyhalt).
 	halt *applyhalt.Group
+	// While halted, the TLS set (onRevoked) takes the revocations this
+	// replica does not apply too: those of the committed entries past
+	// the halt (scanned, not applied: scanPastHalt) and the list pulled
+	// from another replica (setPulled; for ops this binary does not
+	// know). pastMu guards them and serializes onRevoked.
+	pastMu     sync.Mutex
+	pastHalt   map[string]bool     // serials revoked past the halt
+	pastIssued map[string][]string // identity → serials issued past the halt
+	pastN      int                 // serials in pastIssued
+	pulled     []string
 }
 
 // caLoaded is the recorded CA, parsed. ca is nil if its key is sealed and
@@ -138,10 +149,103 @@ func (s *caState) load() error {
 		s.ca.Store(nil)
 	}
 	s.revoked.Store(rev)
-	if s.onRevoked != nil {
-		s.onRevoked(rev.serials)
-	}
+	s.publishRevoked()
 	return nil
+}
+
+// publishRevoked hands the TLS set (onRevoked) the applied revocations,
+// plus, while halted, those past the halt and the pulled ones.
+func (s *caState) publishRevoked() {
+	if s.onRevoked == nil {
+		return
+	}
+	s.pastMu.Lock()
+	defer s.pastMu.Unlock()
+	serials := s.revoked.Load().serials
+	if len(s.pastHalt) > 0 || len(s.pulled) > 0 {
+		serials = slices.Clone(serials)
+		for sn := range s.pastHalt {
+			serials = append(serials, sn)
+		}
+		serials = append(serials, s.pulled...)
+	}
+	s.onRevoked(serials)
+}
+
+// setPulled records the revocation list taken from another replica
+// while this one is halted (upgrade.go: pullRevocations).
+func (s *caState) setPulled(serials []string) {
+	if len(serials) > maxRevocations {
+		serials = serials[:maxRevocations]
+	}
+	s.pastMu.Lock()
+	s.pulled = serials
+	s.pastMu.Unlock()
+	s.publishRevoked()
+}
+
+// scanPastHalt reads the committed entries a halted replica does not
+// apply for their revocations, for the TLS set only (the state stays at
+// the halt): a certificate revoked after the halt is refused here as it
+// would be had the replica applied its log (review drift 3). Revoke ops
+// by serial, and by identity (the certificates this replica recorded,
+// and those recorded past the halt). Entries this binary cannot decode
+// are skipped (the pulled list covers them). Bounded by maxRevocations.
+func (s *caState) scanPastHalt(entries []store.Entry) {
+	changed := false
+	for _, e := range entries {
+		if len(e.Cmd) == 0 {
+			continue
+		}
+		cmd := &metapb.CaCommand{}
+		if s.halt.Decode(e, cmd) != nil {
+			continue
+		}
+		switch op := cmd.Op.(type) {
+		case *metapb.CaCommand_RecordIssued:
+			if id := op.RecordIssued.GetIdentity(); id != "" && s.pastN < maxRevocations {
+				if s.pastIssued == nil {
+					s.pastIssued = map[string][]string{}
+				}
+				s.pastIssued[id] = append(s.pastIssued[id], op.RecordIssued.GetSerial())
+				s.pastN++
+			}
+		case *metapb.CaCommand_Revoke:
+			serials := s.pastIssued[op.Revoke.GetIdentity()]
+			if sn := op.Revoke.GetSerial(); sn != "" {
+				serials = append(slices.Clone(serials), sn)
+			}
+			if want := op.Revoke.GetIdentity(); want != "" {
+				_ = s.st.View(func(r pebble.Reader) error {
+					it, err := r.NewIter(&pebble.IterOptions{LowerBound: caPfxIssued, UpperBound: store.PrefixEnd(caPfxIssued)})
+					if err != nil {
+						return err
+					}
+					for it.First(); it.Valid(); it.Next() {
+						ic := &metapb.CaIssuedCert{}
+						if proto.Unmarshal(it.Value(), ic) == nil && ic.GetIdentity() == want {
+							serials = append(serials, ic.GetSerial())
+						}
+					}
+					return it.Close()
+				})
+			}
+			s.pastMu.Lock()
+			for _, sn := range serials {
+				if sn != "" && !s.pastHalt[sn] && len(s.pastHalt) < maxRevocations {
+					if s.pastHalt == nil {
+						s.pastHalt = map[string]bool{}
+					}
+					s.pastHalt[sn] = true
+					changed = true
+				}
+			}
+			s.pastMu.Unlock()
+		}
+	}
+	if changed {
+		s.publishRevoked()
+	}
 }
 
 func beU64(b []byte) uint64 {
@@ -274,6 +378,9 @@ func (s *caState) Restore(index uint64, r io.Reader) error {
 	if err := s.st.Restore(index, r); err != nil {
 		return err
 	}
+	if err := s.halt.Drop(); err != nil { // the sender's row, if any (applyhalt.Key)
+		return err
+	}
 	return s.load()
 }
 
@@ -284,11 +391,14 @@ func (s *caState) Apply(entries []store.Entry) []any {
 		return nil
 	}
 	if s.halt.Halted() != nil {
+		s.scanPastHalt(entries)
 		return applyhalt.Results(entries)
 	}
 	b := s.st.NewBatch()
 	res := make([]any, len(entries))
+	var halted *applyhalt.Halt
 	changed := false
+	var past []store.Entry // entries past a halt in this call
 	s.batchRevoked = 0
 	for i, e := range entries {
 		if len(e.Cmd) == 0 {
@@ -297,26 +407,46 @@ func (s *caState) Apply(entries []store.Entry) []any {
 		cmd := &metapb.CaCommand{}
 		if h := s.halt.Decode(e, cmd); h != nil {
 			// Never past an entry this binary cannot apply (applyhalt).
+			past = entries[i+1:]
 			entries = s.halt.Cut(h, entries, i, res)
-			defer s.halt.Persist(*h) // after what came before commits
+			halted = h // persisted once what came before committed
 			break
 		}
 		var ch bool
-		res[i], ch = s.apply(b, cmd)
+		r, ph := s.halt.Guard(e, entries[0].Index, cmd, func() any { var r any; r, ch = s.apply(b, cmd); return r })
+		if ph != nil {
+			// A runtime error in this command's apply (applyhalt.Guard):
+			// nothing of this call commits (the views change only after a
+			// commit); its revocations still reach the TLS set.
+			b.Close()
+			s.batchRevoked = 0
+			s.halt.Stop(*ph)
+			s.scanPastHalt(entries)
+			return applyhalt.Results(entries)
+		}
+		res[i] = r
 		changed = changed || ch
 	}
 	if len(entries) == 0 {
 		b.Close()
+		if halted != nil {
+			s.halt.Persist(*halted)
+		}
+		s.scanPastHalt(past)
 		return res
 	}
 	if err := s.st.Commit(b, entries[len(entries)-1].Index); err != nil {
 		panic(err) // as the other groups: replay the log on restart
+	}
+	if halted != nil {
+		s.halt.Persist(*halted)
 	}
 	if changed {
 		if err := s.load(); err != nil {
 			panic(err)
 		}
 	}
+	s.scanPastHalt(past)
 	return res
 }
 

@@ -147,7 +147,7 @@ func (x *scmServer) ListCacheDirectives(ctx context.Context, req *metapb.ListCac
 // monitor knows them (nil on other nodes). The namespace lists them on
 // LookupKey's locations.
 func (b *scmBlocks) CachedOn(id *metapb.BlockID) []uint64 {
-	if !b.s.scmGroup.IsLeader() {
+	if !(&scmRaft{b.s}).IsLeader() {
 		return nil
 	}
 	return b.s.scmMgr.CachedOn(id)

@@ -167,6 +167,7 @@ type Server struct {
 	reg *prometheus.Registry // nil when cfg.Registerer was given
 
 	layoutInitMu sync.Mutex // awaitLayout: one layout init at a time
+	lastKeepLog  time.Time  // handOver (runUpgrade's goroutine): last "keeping leadership" warning
 
 	peersMu sync.RWMutex
 	peers   map[uint64]Peer
@@ -451,8 +452,9 @@ func (s *Server) Start() error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.wg.Add(9)
+	s.wg.Add(10)
 	go func() { defer s.wg.Done(); s.runUpgrade(ctx) }()
+	go func() { defer s.wg.Done(); s.runRevocationPull(ctx) }()
 	go func() { defer s.wg.Done(); s.ca.establish(ctx) }()
 	go func() { defer s.wg.Done(); s.ca.renewOwn(ctx) }()
 	go func() { defer s.wg.Done(); s.runUserTokens(ctx) }()
@@ -476,7 +478,9 @@ func (s *Server) colocate(ctx context.Context) {
 			return
 		case <-t.C:
 			ns := s.nsGroup.Leader()
-			if s.scmGroup.IsLeader() && ns != 0 && ns != s.cfg.NodeID {
+			// Not to a namespace leader whose SCM replica halted: it
+			// would hand the leadership back (upgrade.go).
+			if s.scmGroup.IsLeader() && ns != 0 && ns != s.cfg.NodeID && !s.peerHaltedIn(ctx, ns, "scm") {
 				s.scmGroup.TransferLeader(ns)
 			}
 		}
@@ -658,12 +662,20 @@ func (r *scmRaft) Propose(ctx context.Context, cmd []byte) (any, error) {
 // apply halted (upgrade.go).
 func (s *Server) scmHaltedErr() error { return s.groupHaltedErr("scm", s.scmState.Halt()) }
 
-func (r *scmRaft) IsLeader() bool { return r.s.scmGroup != nil && r.s.scmGroup.IsLeader() }
+// IsLeader: the SCM manager leads only where the group leads and its
+// replica is not halted (a halted leader hands leadership over; until
+// then its manager answers ErrNotLeader and proposes nothing).
+func (r *scmRaft) IsLeader() bool {
+	return r.s.scmGroup != nil && r.s.scmGroup.IsLeader() && r.s.scmState.Halt().Halted() == nil
+}
 
 // scmBlocks is SCM as the namespace service sees it.
 type scmBlocks struct{ s *Server }
 
 func (b *scmBlocks) AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocksRequest) (*metapb.AllocateBlocksResponse, error) {
+	if err := b.s.scmHaltedErr(); err != nil {
+		return nil, err // the local SCM state stops at the halt (review drift 4)
+	}
 	if b.s.scmGroup.IsLeader() || b.s.fwd == nil {
 		return b.s.scmMgr.AllocateBlocks(ctx, req)
 	}
@@ -671,6 +683,9 @@ func (b *scmBlocks) AllocateBlocks(ctx context.Context, req *metapb.AllocateBloc
 }
 
 func (b *scmBlocks) DeleteBlocks(ctx context.Context, req *metapb.DeleteBlocksRequest) error {
+	if err := b.s.scmHaltedErr(); err != nil {
+		return err // the local SCM state stops at the halt (review drift 4)
+	}
 	if b.s.scmGroup.IsLeader() || b.s.fwd == nil {
 		return b.s.scmMgr.DeleteBlocks(ctx, req)
 	}

@@ -14,10 +14,13 @@ package meta
 //
 // The other groups (SCM, CA, user tokens) halt alike (applyhalt): a
 // halted group refuses its reads and proposals on this replica
-// (ReasonReplicaHalted) and gives up its leadership; while any group of
-// a replica is halted, the replica gives up the namespace's leadership
-// too (SCM and user-token leadership follow the namespace leader, and
-// must not follow it to a replica that cannot lead them).
+// (ReasonReplicaHalted) and gives up its leadership to a replica that
+// can lead the group (none: it keeps it). While its SCM group is halted,
+// a replica also gives up the namespace's leadership, to a replica
+// halted in neither (namespace reads attach SCM state from the local
+// replica); a CA or user-token halt leaves the namespace alone. The SCM
+// and user-token leaders follow the namespace leader, but not to a
+// replica halted in their group (colocate, runUserTokens).
 
 import (
 	"context"
@@ -76,7 +79,7 @@ func (s *Server) setupUpgrade(reg prometheus.Registerer) {
 	}, func() float64 { return float64(s.nsState.FinalizedLayout()) }))
 	for _, g := range s.haltGroups() {
 		report := func(h applyhalt.Halt) {
-			s.log.Error("meta: "+g.name+" apply HALTED: this replica cannot apply a committed entry; upgrade this replica's binary and restart it (it resumes from that entry)",
+			s.log.Error("meta: "+g.name+" apply HALTED: this replica cannot apply a committed entry; if the reason names an op or field unknown to this binary, upgrade it and restart it (it resumes from that entry); an entry that does not decode under a current binary is damaged, and an upgrade does not cure it (docs/ARCHITECTURE.md, Upgrades)",
 				"group", g.name, "index", h.Index, "op", h.Op, "reason", h.Reason)
 		}
 		g.halt.OnHalt(report)
@@ -127,34 +130,56 @@ func (s *Server) groupHaltedErr(name string, g *applyhalt.Group) error {
 	return st.Err()
 }
 
-// anyHalted: some group of this replica halted.
-func (s *Server) anyHalted() bool {
-	if s.nsState.Halted() != nil {
-		return true
-	}
-	for _, g := range s.haltGroups() {
-		if g.halt.Halted() != nil {
-			return true
+// handOver transfers g's leadership to a voter that can lead it: one
+// that answers its layout status and is halted neither in the group
+// (name) nor in the others listed in also. If there is none (every live
+// replica halted too), this replica keeps the leadership: a transfer to
+// a halted or dead replica would only come back, and etcd raft drops
+// proposals while a transfer is pending (review drift 1).
+func (s *Server) handOver(ctx context.Context, g *raft.Group, name string, also ...string) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	var to uint64
+	for _, r := range s.memberLayouts(ctx) {
+		if r.NodeId == s.cfg.NodeID || r.Error != "" || !slices.Contains(g.Voters(), r.NodeId) || layoutHalted(r, name) {
+			continue
 		}
+		if slices.ContainsFunc(also, func(n string) bool { return layoutHalted(r, n) }) {
+			continue
+		}
+		to = r.NodeId
+		break
 	}
-	return false
+	if to == 0 {
+		if time.Since(s.lastKeepLog) > 10*time.Second {
+			s.lastKeepLog = time.Now()
+			s.log.Warn("meta: " + name + " replica halted, but no other replica can lead the group (all halted or unreachable): keeping its leadership")
+		}
+		return
+	}
+	s.log.Warn("meta: "+name+" replica halted: transferring leadership", "to", to)
+	g.TransferLeader(to)
 }
 
-// handOver transfers g's leadership to another voter (round robin over
-// *next: one of them may be halted too).
-func (s *Server) handOver(g *raft.Group, name string, next *int) {
-	var others []uint64
-	for _, v := range g.Voters() {
-		if v != s.cfg.NodeID {
-			others = append(others, v)
-		}
+// layoutHalted: the replica r is halted in group name ("namespace",
+// "scm", "ca", "usertoken").
+func layoutHalted(r *metapb.ReplicaLayout, name string) bool {
+	if name == "namespace" {
+		return r.HaltedIndex != 0 || r.HaltedReason != ""
 	}
-	if len(others) > 0 {
-		to := others[*next%len(others)]
-		*next++
-		s.log.Warn("meta: "+name+" replica halted: transferring leadership", "to", to)
-		g.TransferLeader(to)
-	}
+	return slices.ContainsFunc(r.GroupHalts, func(h *metapb.GroupHalt) bool { return h.Group == name })
+}
+
+// peerHaltedIn: replica id says it is halted in group name. Asked before
+// colocating a group's leadership on it (the SCM and user-token leaders
+// follow the namespace leader, but not to a replica that cannot lead
+// them); a replica that does not answer counts as not halted (raft
+// decides).
+func (s *Server) peerHaltedIn(ctx context.Context, id uint64, name string) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	r := s.askLayout(ctx, id)
+	return r.Error == "" && layoutHalted(r, name)
 }
 
 // haltedErr refuses a namespace read or proposal on a halted replica.
@@ -173,7 +198,6 @@ func (s *Server) haltedErr() error {
 func (s *Server) runUpgrade(ctx context.Context) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
-	next, ticks := 0, 0
 	lastInit, used := time.Time{}, false
 	for {
 		select {
@@ -183,20 +207,23 @@ func (s *Server) runUpgrade(ctx context.Context) {
 		}
 		for _, hg := range s.haltGroups() {
 			if g := hg.group(); hg.halt.Halted() != nil && g.IsLeader() {
-				s.handOver(g, hg.name, &next)
+				s.handOver(ctx, g, hg.name)
 			}
-		}
-		if ticks++; s.ca.state.halt.Halted() != nil && ticks%8 == 1 {
-			s.pullRevocations(ctx)
 		}
 		g := s.nsGroup
 		if !g.IsLeader() {
 			continue
 		}
-		if s.anyHalted() {
-			// Hand leadership to another member (the SCM and user-token
-			// leaders follow the namespace's).
-			s.handOver(g, "namespace", &next)
+		if s.nsState.Halted() != nil {
+			s.handOver(ctx, g, "namespace")
+			continue
+		}
+		if s.scmState.Halt().Halted() != nil {
+			// Namespace reads attach SCM state from this replica (the read
+			// barrier refuses while SCM is halted): the namespace goes to
+			// a replica that can serve both, if there is one. A CA or
+			// user-token halt leaves the namespace where it is.
+			s.handOver(ctx, g, "namespace", "scm")
 			continue
 		}
 		if !used && !s.nsState.LayoutRecorded() && time.Since(lastInit) > 2*time.Second {
@@ -211,11 +238,33 @@ func (s *Server) runUpgrade(ctx context.Context) {
 	}
 }
 
-// pullRevocations: while the CA group is halted here, its revocations
-// stop at the halt, so this node's TLS takes the revocation list from
-// another replica too (every 2 s): a certificate revoked after the halt
-// must not pass this node. (A halted replica's own GetRevocations refuses
-// with ReasonReplicaHalted: the client asks another.)
+// runRevocationPull: while the CA group is halted here, its applied
+// revocations stop at the halt. The committed entries past it are read
+// for their revocations (caState.scanPastHalt); an op this binary does
+// not know cannot be, so the node also takes the revocation list from
+// another replica, at once when the group halts (a poll every 100 ms)
+// and every 2 s after. Its own goroutine: a slow peer delays no
+// hand-over. (A halted replica's own GetRevocations refuses with
+// ReasonReplicaHalted: the client asks another.)
+func (s *Server) runRevocationPull(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	var last time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if s.ca.state.halt.Halted() == nil || time.Since(last) < 2*time.Second {
+			continue
+		}
+		last = time.Now()
+		s.pullRevocations(ctx)
+	}
+}
+
+// pullRevocations takes the revocation list from another replica.
 func (s *Server) pullRevocations(ctx context.Context) {
 	if s.fwd == nil {
 		return
@@ -224,14 +273,10 @@ func (s *Server) pullRevocations(ctx context.Context) {
 	defer cancel()
 	r, err := s.fwd.Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{})
 	if err != nil {
-		s.log.Warn("meta: CA replica halted: the revocation list could not be fetched from another replica", "err", err)
+		s.log.Warn("meta: CA replica halted: the revocation list could not be fetched from another replica (revocations by ops this binary knows are read from the local log)", "err", err)
 		return
 	}
-	local, _ := s.ca.state.Revocations()
-	if len(r.Serials) > maxRevocations {
-		r.Serials = r.Serials[:maxRevocations]
-	}
-	s.cfg.TLS.SetRevoked(append(slices.Clone(local), r.Serials...))
+	s.ca.state.setPulled(r.Serials)
 }
 
 // awaitLayout records a fresh cluster's layout before its first write

@@ -831,7 +831,9 @@ func (s *Server) runUserTokens(ctx context.Context) {
 				s.log.Debug("meta: rotating user-token keys", "err", err)
 			}
 			// Issuing reads S3 keys: best at the namespace leader.
-			if ns := s.nsGroup.Leader(); ns != 0 && ns != s.cfg.NodeID {
+			// Not to a namespace leader whose user-token replica halted:
+			// it would hand the leadership back (upgrade.go).
+			if ns := s.nsGroup.Leader(); ns != 0 && ns != s.cfg.NodeID && !s.peerHaltedIn(ctx, ns, "usertoken") {
 				s.utGroup.TransferLeader(ns)
 			}
 		}

@@ -25,6 +25,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
+	"runtime"
 	"slices"
 	"sync/atomic"
 
@@ -47,8 +49,10 @@ type Halt struct {
 }
 
 // Key is the halt row in each group's store: this replica's row, not a
-// replicated one (a halted replica never leads, so never sends a
-// snapshot holding it).
+// replicated one. A snapshot is a checkpoint of the whole store, so one
+// sent by a replica that halted while it led (it hands leadership over
+// within 250 ms) can hold it: Drop removes it after a Restore, and Load
+// ignores (and removes) a row not at the entry after the applied index.
 var Key = []byte("m/halt")
 
 const maxReason = 1024
@@ -106,7 +110,7 @@ func (g *Group) Stop(h Halt) {
 // (no op, no unknown field) decodes: every binary sees it alike.
 func (g *Group) Decode(e store.Entry, m proto.Message) *Halt {
 	if err := proto.Unmarshal(e.Cmd, m); err != nil {
-		return &Halt{Index: e.Index, Reason: fmt.Sprintf("%s entry %d does not decode (%v): a newer binary's command or a damaged log: upgrade this replica's binary", g.name, e.Index, err)}
+		return &Halt{Index: e.Index, Reason: fmt.Sprintf("%s entry %d does not decode (%v): a newer binary's command (upgrade this replica's binary) or a damaged entry (a binary with the same command fields halts again: see docs/ARCHITECTURE.md, Upgrades)", g.name, e.Index, err)}
 	}
 	r := m.ProtoReflect()
 	if u := r.GetUnknown(); len(u) > 0 {
@@ -133,6 +137,52 @@ func (g *Group) Cut(h *Halt, entries []store.Entry, i int, res []any) []store.En
 	g.Stop(*h)
 	copy(res[i:], Results(entries[i:]))
 	return entries[:i]
+}
+
+// Guard runs apply, one command's apply (cmd, decoded from entry e of
+// the Apply call whose first entry is first), turning a runtime error
+// (a nil message, an index out of range: what the command's content
+// causes, the same on every replica) into a halt before first, instead
+// of a panic that takes every replica down in a crash loop (the rule of
+// namespace.State.Apply's applyGuarded). The caller must then discard
+// the call's batch (it may hold part of the command), rebuild any
+// in-memory state from the store, Stop with the halt (in memory only: a
+// restart with the same binary replays to it and halts again, a fixed
+// binary applies it) and answer every entry of the call with Results.
+// Other panics (a failed Pebble write: the process cannot go on) go on
+// up.
+func (g *Group) Guard(e store.Entry, first uint64, cmd proto.Message, apply func() any) (res any, h *Halt) {
+	defer func() {
+		if r := recover(); r != nil {
+			re, ok := r.(runtime.Error)
+			if !ok {
+				panic(r)
+			}
+			op := opOf(cmd)
+			h = &Halt{Index: first, Op: op, Reason: fmt.Sprintf("%s entry %d (op %d) failed in apply: %v (a bug: this binary cannot apply it; report it, and run a fixed binary)", g.name, e.Index, op, re)}
+			res = nil
+		}
+	}()
+	if TestApplyHook != nil {
+		TestApplyHook(g.name, cmd)
+	}
+	return apply(), nil
+}
+
+// TestApplyHook, when set (tests only), runs in Guard before each
+// command's apply, with the group's name ("scm", "CA", "usertoken").
+var TestApplyHook func(group string, cmd proto.Message)
+
+// opOf is the field number of cmd's op (its set oneof member), 0 if none.
+func opOf(cmd proto.Message) int32 {
+	r := cmd.ProtoReflect()
+	ods := r.Descriptor().Oneofs()
+	for i := range ods.Len() {
+		if fd := r.WhichOneof(ods.Get(i)); fd != nil {
+			return int32(fd.Number())
+		}
+	}
+	return 0
 }
 
 // Results is the result of entries a halted replica does not apply.
@@ -174,24 +224,29 @@ func decode(b []byte) (Halt, uint64, bool) {
 		binary.BigEndian.Uint64(b[12:]), true
 }
 
-// Persist writes the halt durably (on the apply goroutine, after the
-// entries before it committed). Should it fail, the replica halts in
-// memory only: restarted, it replays to the same entry and halts again.
+// Persist writes the halt durably (on the apply goroutine, only after
+// the entries before it committed: never for entries that did not).
+// Should it fail, the replica halts in memory only (restarted, it
+// replays to the same entry and halts again); the failure is logged as
+// an ERROR.
 func (g *Group) Persist(h Halt) {
 	b := g.st.NewBatch()
-	if err := b.Set(Key, g.encode(h), nil); err != nil {
-		b.Close()
-		return
+	err := b.Set(Key, g.encode(h), nil)
+	if err == nil {
+		err = g.st.CommitSide(b)
 	}
-	if err := g.st.CommitSide(b); err != nil {
+	if err != nil {
 		b.Close()
+		slog.Error("meta: "+g.name+" apply halted, but the halt could not be recorded (it holds in memory; a restart replays to the entry and halts again)",
+			"group", g.name, "index", h.Index, "err", err)
 	}
 }
 
-// Load reads the halt row (at open and after a restore): a halt recorded
-// by a binary knowing the same command fields stands; one recorded by
-// another binary is removed: this one may know the entry (if not, it
-// halts there again).
+// Load reads the halt row (at open): a halt recorded by a binary knowing
+// the same command fields, at the entry after the applied index, stands;
+// one recorded by another binary is removed: this one may know the entry
+// (if not, it halts there again). So is one at another index (stale:
+// received in a snapshot, or written ahead of the state), logged.
 func (g *Group) Load() error {
 	var h Halt
 	var schema uint64
@@ -216,9 +271,19 @@ func (g *Group) Load() error {
 		return err
 	}
 	if schema == g.schema {
-		g.Stop(h)
-		return nil
+		if h.Index == g.st.AppliedIndex()+1 {
+			g.Stop(h)
+			return nil
+		}
+		slog.Error("meta: "+g.name+" halt row ignored: not at the entry after the applied index (another replica's, from a snapshot, or ahead of the state); the entries apply again",
+			"group", g.name, "index", h.Index, "applied", g.st.AppliedIndex())
 	}
+	return g.Drop()
+}
+
+// Drop removes the halt row (after a Restore: the row, if any, is the
+// sender's, not this replica's).
+func (g *Group) Drop() error {
 	b := g.st.NewBatch()
 	if err := b.Delete(Key, nil); err != nil {
 		b.Close()

@@ -180,6 +180,11 @@ func (s *State) Store() *store.Store { return s.st }
 func (s *State) load() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.loadLocked()
+}
+
+// loadLocked is load with s.mu held.
+func (s *State) loadLocked() error {
 	s.datanodes = map[uint64]*metapb.DatanodeDetails{}
 	s.byUUID = map[string]uint64{}
 	s.pipelines = map[uint64]*metapb.Pipeline{}
@@ -266,6 +271,9 @@ func (s *State) Restore(index uint64, r io.Reader) error {
 	if err := s.st.Restore(index, r); err != nil {
 		return err
 	}
+	if err := s.halt.Drop(); err != nil { // the sender's row, if any (applyhalt.Key)
+		return err
+	}
 	return s.load()
 }
 
@@ -280,6 +288,7 @@ func (s *State) Apply(entries []store.Entry) []any {
 	}
 	b := s.st.NewBatch()
 	res := make([]any, len(entries))
+	var halted *applyhalt.Halt
 	s.mu.Lock()
 	for i, e := range entries {
 		if e.Cmd == nil {
@@ -289,20 +298,40 @@ func (s *State) Apply(entries []store.Entry) []any {
 		if h := s.halt.Decode(e, cmd); h != nil {
 			// Never past an entry this binary cannot apply (applyhalt).
 			entries = s.halt.Cut(h, entries, i, res)
-			defer s.halt.Persist(*h) // after what came before commits
+			halted = h // persisted once what came before committed
 			break
 		}
-		res[i] = s.apply(b, cmd)
+		r, ph := s.halt.Guard(e, entries[0].Index, cmd, func() any { return s.apply(b, cmd) })
+		if ph != nil {
+			// A runtime error in this command's apply (applyhalt.Guard):
+			// nothing of this call commits, and the mirror, which may hold
+			// part of it, is rebuilt from the store.
+			b.Close()
+			s.halt.Stop(*ph)
+			err := s.loadLocked()
+			s.mu.Unlock()
+			if err != nil {
+				panic(err)
+			}
+			return applyhalt.Results(entries)
+		}
+		res[i] = r
 	}
 	s.mu.Unlock()
 	if len(entries) == 0 {
 		b.Close()
+		if halted != nil {
+			s.halt.Persist(*halted)
+		}
 		return res
 	}
 	if err := s.st.Commit(b, entries[len(entries)-1].Index); err != nil {
 		// The in-memory mirror is ahead of the disk now; the only safe
 		// thing is to stop and replay the log on restart.
 		panic(err)
+	}
+	if halted != nil {
+		s.halt.Persist(*halted)
 	}
 	return res
 }
