@@ -321,8 +321,9 @@ func (s *State) loadLayout(r pebble.Reader) error {
 // keyHalt records this replica's halt (persistHalt): a restart with the
 // same binary halts at load, before applying past it or installing a
 // snapshot. It is this replica's row, not a replicated one: a halted
-// replica never sends snapshots (it never leads), and a binary that
-// supports a higher layout removes it at load and tries the entry again.
+// replica hands leadership over, but may lead for a moment and send a
+// snapshot holding it, so Restore removes it; and a binary that supports
+// a higher layout removes it at load and tries the entry again.
 var keyHalt = []byte("m/halt")
 
 const maxHaltReason = 1024

@@ -455,3 +455,44 @@ func TestApplyRuntimeErrorHalts(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestHaltRowNotInheritedBySnapshot: a snapshot of a halted replica's
+// state carries its m/halt row; the replica that installs it does not
+// halt, then or after a restart (review of session 14).
+func TestHaltRowNotInheritedBySnapshot(t *testing.T) {
+	a := newNS(t).st
+	unknown := protowire.AppendTag(mustCmd(t, &metapb.NsCommand{NowUnixMs: 1}), 2999, protowire.BytesType)
+	unknown = protowire.AppendBytes(unknown, []byte{0x08, 0x01})
+	a.Apply([]store.Entry{{Index: 1, Cmd: mustCmd(t, &metapb.NsCommand{Op: &metapb.NsCommand_CreateVolume{CreateVolume: &metapb.CreateVolumeRequest{Name: "vol"}}})}, {Index: 2, Cmd: unknown}})
+	if a.Halted() == nil {
+		t.Fatal("a did not halt")
+	}
+	idx, rc, err := a.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	fs := vfs.NewMem(vfs.MemOptions{})
+	b, err := Open("/ns", store.Options{FS: fs, ReserveBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Restore(idx, rc); err != nil {
+		t.Fatal(err)
+	}
+	if h := b.Halted(); h != nil {
+		t.Fatalf("b halted by a's snapshot: %+v", h)
+	}
+	b.Close()
+	b, err = Open("/ns", store.Options{FS: fs, ReserveBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if h := b.Halted(); h != nil {
+		t.Fatalf("b halted after a restart: %+v", h)
+	}
+	if _, err := b.GetVolume("vol"); err != nil {
+		t.Fatal(err)
+	}
+}

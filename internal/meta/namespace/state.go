@@ -195,6 +195,12 @@ func (s *State) Restore(index uint64, r io.Reader) error {
 	if err := s.st.Restore(index, r); err != nil {
 		return err
 	}
+	// The m/halt row is a replica's own: one the sender's state carried
+	// (a halted replica can lead for a moment before it hands over) is
+	// not this replica's, which applied nothing it could not.
+	if err := s.clearHalt(); err != nil {
+		return err
+	}
 	return s.load()
 }
 
