@@ -237,21 +237,14 @@ func (s *service) waitAllMany(ctx context.Context, g *raft.Group, idxs []uint64,
 	}
 	ch := make(chan answer, len(voters))
 	t0 := time.Now()
+	self := false
 	for _, v := range voters {
+		if v == s.d.ident.ID {
+			self = true // answered below, on this goroutine
+			continue
+		}
 		go func() {
 			a := answer{id: v, why: make([]string, len(idxs))}
-			if v == s.d.ident.ID {
-				for k := range idxs {
-					var err error
-					a.applied, a.why[k], err = s.d.applyStatus(g.ID(), idxs[k], cids[k])
-					if err != nil {
-						a.err = err
-						break
-					}
-				}
-				ch <- a
-				return
-			}
 			c, err := s.d.peerClient(v)
 			if err != nil {
 				a.err = err
@@ -278,6 +271,20 @@ func (s *service) waitAllMany(ctx context.Context, g *raft.Group, idxs []uint64,
 			}
 			ch <- a
 		}()
+	}
+	if self {
+		// This replica applied every file already (applied_local): its
+		// own answer needs no goroutine of its own.
+		a := answer{id: s.d.ident.ID, why: make([]string, len(idxs))}
+		for k := range idxs {
+			var err error
+			a.applied, a.why[k], err = s.d.applyStatus(g.ID(), idxs[k], cids[k])
+			if err != nil {
+				a.err = err
+				break
+			}
+		}
+		ch <- a
 	}
 	rerr := g.WaitAppliedAll(wctx, high)
 	t1 := time.Now()
