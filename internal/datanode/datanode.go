@@ -163,13 +163,14 @@ type Datanode struct {
 	recentAcks   []deleteAck // the newest maxRecentAcks, for DeleteAck
 	proposingDel map[uint64]bool
 
-	repl       replicator // container copies in and out (replicate.go)
-	tokens     tokenCheck // block token keys from SCM (token.go)
-	hbInterval time.Duration
-	reportSoon atomic.Bool // a container changed state: full report next
-	stopc      chan struct{}
-	wg         sync.WaitGroup
-	closeOnce  sync.Once
+	repl        replicator // container copies in and out (replicate.go)
+	tokens      tokenCheck // block token keys from SCM (token.go)
+	hbInterval  time.Duration
+	reportSoon  atomic.Bool // a container changed state: full report next
+	stopc       chan struct{}
+	wg          sync.WaitGroup
+	closeOnce   sync.Once
+	statusCalls callPool // the followers' batched ApplyStatus calls (smallfiles.go)
 
 	disks *diskWatch // slow-disk detection (slowdisk.go); nil: off
 

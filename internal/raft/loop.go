@@ -165,24 +165,43 @@ func (l *storeLoop) process(work []*readyWork) {
 	}
 
 	// Data kept out of the log goes to the state machines first, groups in
-	// parallel (they usually write to different files).
+	// parallel (they usually write to different files). The last group
+	// with data runs on this goroutine, the others each on their own: with
+	// one such group (the usual case) no goroutine starts per Ready, and
+	// none grows a fresh stack through the state machine's write (a new
+	// goroutine's stack copied up several times per batch was ~0.7% of a
+	// small-PUT server's CPU).
 	var wg sync.WaitGroup
 	errs := make([]error, len(work))
+	last := -1
 	for i, w := range work {
 		if w.g.dsm == nil || len(w.rd.Entries) == 0 {
 			w.ents = w.rd.Entries
+			continue
+		}
+		last = i
+	}
+	for i, w := range work {
+		if w.g.dsm == nil || len(w.rd.Entries) == 0 {
 			continue
 		}
 		if h.cfg.Manual {
 			w.ents, errs[i] = w.g.writeData(w.rd.Entries)
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		write := func() {
 			ws := time.Now()
 			w.ents, errs[i] = w.g.writeData(w.rd.Entries)
 			h.metrics.dataWriteSeconds.Observe(time.Since(ws).Seconds())
+		}
+		if i == last {
+			write()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			write()
 		}()
 	}
 	wg.Wait()

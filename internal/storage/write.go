@@ -712,14 +712,22 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 			}
 		}
 	}
+	// The early commit runs beside the data syncs of the others; with no
+	// data to sync now (a batch of small files, all deferred) it runs on
+	// this goroutine: a goroutine per Sync grew a fresh stack through
+	// Pebble's commit every time.
+	syncNow := s.opts.Sync != SyncNone && len(now) > 0
 	earlyDone := make(chan error, 1)
-	if early.Empty() {
+	switch {
+	case early.Empty():
 		earlyDone <- nil
-	} else {
+	case !syncNow:
+		earlyDone <- early.Commit(s.metaSync())
+	default:
 		go func() { earlyDone <- early.Commit(s.metaSync()) }()
 	}
 	errs := make([]error, len(todo))
-	if s.opts.Sync != SyncNone && len(now) > 0 {
+	if syncNow {
 		nowErrs := make([]error, len(now))
 		s.syncData(v, now, nowErrs)
 		for j, i := range nowAt {
