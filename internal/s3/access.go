@@ -172,6 +172,13 @@ func unsupportedHeaders(op string, h http.Header) *Error {
 // refusableAmzHeader tells, in any case, the x-amz-* names
 // unsupportedHeaders looks at (the prefixes and names of its cases).
 func refusableAmzHeader(k string) bool {
+	for i := 0; i < len(k); i++ {
+		if k[i] >= 0x80 {
+			// strings.ToLower folds some non-ASCII letters to ASCII
+			// (the Kelvin sign to k): let the full check decide.
+			return true
+		}
+	}
 	for _, p := range [...]string{"x-amz-object-lock-", "x-amz-bucket-object-lock-enabled", "x-amz-bypass-governance-retention",
 		"x-amz-server-side-encryption", "x-amz-copy-source-server-side-encryption", "x-amz-acl", grantHeaderStart,
 		"x-amz-storage-class", "x-amz-website-redirect-location"} {

@@ -2,6 +2,7 @@ package s3
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/hex"
 	"math/rand/v2"
 	"net/http"
@@ -198,6 +199,10 @@ func TestRequesterContextCached(t *testing.T) {
 		r.Header.Set("User-Agent", ua)
 		return r
 	}
+	withReferer := mk("10.1.2.3:5555", "ua-1")
+	withReferer.Header.Set("Referer", "https://example.test/page")
+	overTLS := mk("10.1.2.3:5555", "ua-1")
+	overTLS.TLS = &tls.ConnectionState{}
 	cases := []struct {
 		r *http.Request
 		a *auth
@@ -209,12 +214,14 @@ func TestRequesterContextCached(t *testing.T) {
 		{mk("10.1.2.3:5555", "ua-1"), &auth{owner: "alice", admin: true}},
 		{mk("10.1.2.3:5555", "ua-1"), &auth{owner: "bob"}},
 		{mk("[::1]:5555", "ua-1"), &auth{anonymous: true}},
+		{withReferer, &auth{owner: "alice"}}, // differs only in its Referer
+		{overTLS, &auth{owner: "alice"}},     // only in its transport
 	}
 	for round := range 2 { // the second round from the cache
 		for i, c := range cases {
 			got, _ := metadata.FromOutgoingContext(g.requesterContext(context.Background(), c.r, c.a))
 			want, _ := metadata.FromOutgoingContext(metaclient.WithRequester(context.Background(), c.a.anonymous, c.a.owner, c.a.admin, metaclient.RequestInfo{
-				SourceIP: g.clientIP(c.r), UserAgent: c.r.Header.Get("User-Agent")}))
+				SourceIP: g.clientIP(c.r), UserAgent: c.r.Header.Get("User-Agent"), Referer: c.r.Header.Get("Referer"), SecureTransport: c.r.TLS != nil}))
 			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("round %d case %d: metadata %v, want %v", round, i, got, want)
 			}
@@ -228,5 +235,17 @@ func TestRequesterContextCached(t *testing.T) {
 	got, _ := metadata.FromOutgoingContext(g.requesterContext(ctx, cases[0].r, cases[0].a))
 	if got.Get("x-caller") == nil || got.Get(metaclient.OnBehalfOfHeader)[0] != "alice" {
 		t.Fatalf("caller's metadata lost: %v", got)
+	}
+}
+
+// TestRefusedHeaderNonASCII: a header name strings.ToLower folds to a
+// refused x-amz-* name (the Kelvin sign for k, from a presigned query
+// parameter) is still refused, as before the ASCII-only pre-check
+// (review of session 14).
+func TestRefusedHeaderNonASCII(t *testing.T) {
+	h := http.Header{}
+	h["X-Amz-Object-Loc\u212a-Mode"] = []string{"GOVERNANCE"}
+	if err := unsupportedHeaders("PutObject", h); err == nil {
+		t.Fatal("x-amz-object-loc\u212a-mode accepted")
 	}
 }

@@ -94,6 +94,11 @@ func (c *requesterCache) get(k requesterKey) metadata.MD {
 	if ok {
 		return md
 	}
+	// The key's strings may be cuts of a request's header values (up to
+	// the header limit each): keep copies, so that an entry holds the
+	// ~1 KiB it uses, not the whole header (review of session 14).
+	k.owner = strings.Clone(k.owner)
+	k.ri.SourceIP, k.ri.UserAgent, k.ri.Referer = strings.Clone(k.ri.SourceIP), strings.Clone(k.ri.UserAgent), strings.Clone(k.ri.Referer)
 	md, _ = metadata.FromOutgoingContext(metaclient.WithRequester(context.Background(), k.anonymous, k.owner, k.admin, k.ri))
 	c.mu.Lock()
 	if c.m == nil || len(c.m) >= maxCachedRequesters {
