@@ -345,7 +345,8 @@ func waitTimeout(ms uint32) time.Duration {
 // callPool runs functions on long-lived goroutines: a follower's batched
 // ApplyStatus call (a gRPC client call) on a goroutine started for it grew
 // that goroutine's fresh stack every time (runtime.copystack, ~0.8% of a
-// small-PUT server's CPU, issue 15); a pool goroutine keeps its stack.
+// small-PUT server's CPU, issue 15); a pool goroutine keeps a grown stack
+// until the garbage collector shrinks it while idle.
 // When no pool goroutine is idle the function gets a goroutine of its own,
 // so a call never waits for another to end.
 type callPool struct {

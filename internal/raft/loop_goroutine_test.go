@@ -87,8 +87,9 @@ func TestWriteDataOnStoreLoop(t *testing.T) {
 		s.mu.Lock()
 		on, off := s.onLoop, s.elsewise
 		s.mu.Unlock()
-		if on != 32 || off != 0 {
-			t.Errorf("host %d: WriteData %d times on the store loop, %d on other goroutines; want 32 and 0", id, on, off)
+		// (At least 32: a leader change resends entries.)
+		if on < 32 || off != 0 {
+			t.Errorf("host %d: WriteData %d times on the store loop, %d on other goroutines; want at least 32 and 0", id, on, off)
 		}
 	}
 }
