@@ -83,6 +83,7 @@ type Group struct {
 	pmu           sync.Mutex
 	pending       map[uint64]*proposal // by seq
 	byIndex       map[uint64]uint64    // log index → seq, once known
+	appliedTerm   uint64               // the term of the last entry applied (pmu)
 	inflight      int
 	inflightWait  chan struct{} // closed and replaced when inflight drops
 	reads         map[uint64]*readReq
@@ -122,6 +123,7 @@ type proposal struct {
 	seq   uint64
 	size  int
 	index uint64
+	term  uint64              // the term of its entry, with index
 	done  chan struct{}       // closed when finished (Propose)
 	cb    func(Result, error) // or called through deliver (ProposeAsync)
 	res   Result
@@ -726,6 +728,26 @@ func (g *Group) deliver() {
 	}
 }
 
+// dropOutlived fails the proposals of ours that can never commit once an
+// entry of term has committed at index k: those at k or above with an
+// older term. Every entry of such a proposal's log up to its index had
+// that older term, so no log holding the committed entry at k holds it
+// (log matching), and every later leader holds the committed entry.
+// Without this, a proposal whose entry a new leader's shorter log cut away
+// (and no later entry ever reached its index: a quiet group) waited for
+// its caller's whole deadline and then answered outcome-unknown. pmu held;
+// runs once per term change.
+func (g *Group) dropOutlived(k, term uint64) {
+	for idx, seq := range g.byIndex {
+		if idx < k {
+			continue
+		}
+		if p := g.pending[seq]; p != nil && p.term < term {
+			g.finish(seq, Result{}, fmt.Errorf("raft: group %d: entry %d (term %d) outlived by entry %d of term %d committed by a new leader: %w", g.id, idx, p.term, k, term, ErrProposalDropped))
+		}
+	}
+}
+
 // recordProposalIndexes learns the log index of this host's proposals as
 // they are appended, so a proposal overwritten by another leader's entry
 // fails promptly instead of waiting for its context.
@@ -748,7 +770,7 @@ func (g *Group) recordProposalIndexes(ents []*pb.Entry) {
 		}
 		seq := binary.BigEndian.Uint64(d[9:])
 		if p, ok := g.pending[seq]; ok {
-			p.index = e.GetIndex()
+			p.index, p.term = e.GetIndex(), e.GetTerm()
 			g.byIndex[e.GetIndex()] = seq
 		}
 	}
@@ -1532,6 +1554,11 @@ func (g *Group) applyEntries(ents []*pb.Entry) {
 
 	g.pmu.Lock()
 	for i, ent := range batch {
+		if ent.Term > g.appliedTerm {
+			// The first committed entry of a newer term.
+			g.appliedTerm = ent.Term
+			g.dropOutlived(ent.Index, ent.Term)
+		}
 		// A proposal of ours that was at this index but lost it to another
 		// leader's entry will never apply.
 		if seq, ok := g.byIndex[ent.Index]; ok && (ids[i].host != g.host.id || ids[i].seq != seq) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand"
+	"strings"
 	"sync"
 	"testing"
 	"testing/cryptotest"
@@ -543,5 +544,70 @@ func (m *manualTrio) lead() {
 	m.quiesce(1, 2, 3)
 	if !m.g(1).IsLeader() {
 		m.t.Fatal("host 1 did not become the leader")
+	}
+}
+
+// TestProposalsOutlivedByNewLeaderFail: a stale leader appends three
+// proposals nobody else has; the new leader's log is shorter (its empty
+// entry replaces the first, nothing ever reaches the other two indexes:
+// a quiet group). Once the new leader's entry commits, the other two can
+// never commit either, and they fail promptly with ErrProposalDropped.
+// The old code left them pending until their callers gave up, then
+// answered outcome-unknown (CI, session 14: one of 200 groups in
+// TestTCPManyGroupsSurviveHostLoss waited its whole 60 s).
+func TestProposalsOutlivedByNewLeaderFail(t *testing.T) {
+	m := newManualTrio(t, 11, nil, 0, 0)
+	net, quiesce, g := m.net, m.quiesce, m.g
+	m.lead()
+	net.mute = 1
+	var got []error
+	for i := range 3 {
+		if err := g(1).ProposeAsync([]byte(fmt.Sprintf("doomed-%d", i)), nil, func(_ Result, err error) { got = append(got, err) }); err != nil {
+			t.Fatalf("ProposeAsync on the leader: %v", err)
+		}
+	}
+	quiesce(1) // appended to host 1's log only
+	g(1).pmu.Lock()
+	known := len(g(1).byIndex)
+	g(1).pmu.Unlock()
+	if known != 3 {
+		t.Fatalf("%d of 3 proposals appended on host 1", known)
+	}
+	var lead uint64
+	for round := 0; round < 200 && lead == 0; round++ {
+		for _, id := range []uint64{2, 3} {
+			net.hosts[id].Tick()
+		}
+		quiesce(2, 3)
+		for _, id := range []uint64{2, 3} {
+			if g(id).IsLeader() {
+				lead = id
+			}
+		}
+	}
+	if lead == 0 {
+		t.Fatal("no new leader among hosts 2 and 3")
+	}
+	net.mute = 0
+	net.q = append(net.held, net.q...)
+	net.held = nil
+	for round := 0; round < 20 && len(got) < 3; round++ {
+		for id := uint64(1); id <= 3; id++ {
+			net.hosts[id].Tick()
+		}
+		quiesce(1, 2, 3)
+	}
+	if len(got) != 3 {
+		t.Fatalf("%d of 3 proposals answered (%v): the others still wait", len(got), got)
+	}
+	for i, err := range got {
+		if !errors.Is(err, ErrProposalDropped) {
+			t.Fatalf("proposal %d: %v, want ErrProposalDropped", i, err)
+		}
+	}
+	for _, v := range g(1).sm.(*kvSM).values() {
+		if strings.HasPrefix(v, "doomed") {
+			t.Fatalf("host 1 applied %q", v)
+		}
 	}
 }
