@@ -847,7 +847,7 @@ func (sm *containerSM) applyGuarded(e raft.Entry, cmd *datanodepb.ContainerComma
 // entry whose data this replica lacks: SCM sees it in the next heartbeat,
 // closes the container and re-replicates it, or reports it MISSING when
 // every replica met the same bug), unless it is another pipeline's
-// container (never touched from this log). The entry fails (its waiter
+// container (never touched from this log) or the command names none. The entry fails (its waiter
 // gets the error, ApplyStatus reports it), the apply goes on with the
 // next entries, so every replica does the same and stays in step. One
 // ERROR line (with the stack, to fix the bug) and
@@ -859,8 +859,8 @@ func (sm *containerSM) applyPanicked(e raft.Entry, cmd *datanodepb.ContainerComm
 	sm.log.Error("datanode: committed entry failed in apply (a bug: report it); its container is marked UNHEALTHY here and the pipeline goes on",
 		"pipeline", sm.pipeline, "index", e.Index, "command", kind, "container", cid, "panic", re.Error(), "stack", string(debug.Stack()))
 	err := fmt.Errorf("datanode: pipeline %d entry %d (%s, container %d) failed in apply: %v: %w", sm.pipeline, e.Index, kind, cid, re, storage.ErrContainerNotOpen)
-	if kind == "none" {
-		return err // names no container
+	if cid == 0 {
+		return err // names no container (0 is never one: SCM's "all")
 	}
 	if sm.owner != nil {
 		if oerr := sm.owner(uint64(cid)); oerr != nil {
