@@ -847,10 +847,10 @@ func (sm *containerSM) applyGuarded(e raft.Entry, cmd *datanodepb.ContainerComma
 // entry whose data this replica lacks: SCM sees it in the next heartbeat,
 // closes the container and re-replicates it, or reports it MISSING when
 // every replica met the same bug), unless it is another pipeline's
-// container (never touched from this log) or the command names none. The entry fails (its waiter
-// gets the error, ApplyStatus reports it), the apply goes on with the
-// next entries, so every replica does the same and stays in step. One
-// ERROR line (with the stack, to fix the bug) and
+// container (never touched from this log) or the command names none.
+// The entry fails (its waiter gets the error, ApplyStatus reports it),
+// the apply goes on with the next entries, so every replica does the
+// same and stays in step. One ERROR line (with the stack, to fix the bug) and
 // basalt_datanode_apply_panics_total count it.
 func (sm *containerSM) applyPanicked(e raft.Entry, cmd *datanodepb.ContainerCommand, re runtime.Error) error {
 	sm.stats.applyPanics.Add(1)
