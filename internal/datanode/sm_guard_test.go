@@ -10,6 +10,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/raft"
 	"github.com/basalt-store/basalt/internal/storage"
@@ -170,6 +173,21 @@ func TestApplyRuntimeErrorFailsEntry(t *testing.T) {
 	t.Logf("every replica: %s", states[0])
 }
 
+// TestApplyPanicsMetric: basalt_datanode_apply_panics_total reads the
+// counter the guard adds to (the datanode's stats, shared by its
+// pipelines' state machines).
+func TestApplyPanicsMetric(t *testing.T) {
+	d := &Datanode{}
+	d.stats.applyPanics.Add(3)
+	c := d.applyCollectors()[0]
+	if got := testutil.ToFloat64(c); got != 3 {
+		t.Errorf("apply_panics_total = %v, want 3", got)
+	}
+	if !strings.Contains(c.(interface{ Desc() *prometheus.Desc }).Desc().String(), "basalt_datanode_apply_panics_total") {
+		t.Errorf("metric name: %v", c.(interface{ Desc() *prometheus.Desc }).Desc())
+	}
+}
+
 // TestApplyOtherPanicGoesUp: a panic that is not a runtime error (what
 // the code panics on when the process cannot go on) is not swallowed by
 // the guard.
@@ -233,4 +251,32 @@ func BenchmarkApplyGuard(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestApplyRuntimeErrorOtherPipeline: an entry that fails in apply but
+// names a container another pipeline of this datanode holds leaves that
+// container alone (never marked from this log); the entry still fails.
+func TestApplyRuntimeErrorOtherPipeline(t *testing.T) {
+	_, st, sm := guardReplica(t, io.Discard)
+	defer st.Close()
+	if _, err := st.CreateContainer(2, storage.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sm.owner = func(cid uint64) error {
+		if cid == 2 {
+			return errOtherPipeline
+		}
+		return nil
+	}
+	e := rvCmd(2, &datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_CloseContainer{CloseContainer: &datanodepb.CloseContainerCmd{ContainerId: 2}}})
+	res := sm.Apply([]raft.Entry{e})
+	if err, _ := res[0].(error); err == nil || !strings.Contains(err.Error(), "failed in apply") {
+		t.Errorf("result: %v, want the apply failure", res[0])
+	}
+	if c, err := st.Container(2); err != nil || c.State != storage.StateOpen {
+		t.Errorf("other pipeline's container 2: %+v %v, want OPEN, untouched", c, err)
+	}
+	if _, ok := sm.lacks(2); ok {
+		t.Error("other pipeline's container 2 recorded as lacking here")
+	}
 }
