@@ -12,6 +12,8 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -101,6 +103,9 @@ type containerSM struct {
 	// datanode (Datanode.ownerError): such a container is never adopted
 	// (see owner.go).
 	owner func(cid uint64) error
+	// applyHook, if set (tests only), runs before each command's apply,
+	// inside its guard (applyGuarded).
+	applyHook func(raft.Entry, *datanodepb.ContainerCommand)
 
 	applied atomic.Uint64
 	durable atomic.Uint64
@@ -243,6 +248,9 @@ type stats struct {
 	// with the small-file collectors; nil before).
 	smallStage atomic.Pointer[prometheus.HistogramVec]
 	bytesRead  atomic.Uint64
+	// applyPanics: committed entries whose apply met a runtime error
+	// (applyGuarded): a bug, each one left its container UNHEALTHY.
+	applyPanics atomic.Uint64
 }
 
 // NewContainerStateMachine is the state machine of one pipeline's Raft
@@ -750,7 +758,7 @@ func (sm *containerSM) Apply(ents []raft.Entry) []any {
 		cmd, err := sm.takeDecoded(e)
 		if err == nil {
 			sm.pos = i
-			err = sm.apply(e, cmd)
+			err = sm.applyGuarded(e, cmd)
 		}
 		if err != nil {
 			sm.recordFailure(e.Index, err)
@@ -806,6 +814,103 @@ func (sm *containerSM) Apply(ents []raft.Entry) []any {
 		sm.persist(applied)
 	}
 	return out
+}
+
+// applyGuarded is apply, turning a runtime error (a nil message, an index
+// out of range: what the committed command's content causes, so every
+// replica of the pipeline meets it the same way, and again at every
+// restart when the entry replays) into a failure of that entry alone,
+// instead of a panic that takes every datanode of the pipeline down in a
+// crash loop. See applyPanicked for what the replica then does. Other
+// panics (an I/O failure the code chose to panic on: the process cannot
+// go on) go on up.
+func (sm *containerSM) applyGuarded(e raft.Entry, cmd *datanodepb.ContainerCommand) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			re, ok := r.(runtime.Error)
+			if !ok {
+				panic(r)
+			}
+			err = sm.applyPanicked(e, cmd, re)
+		}
+	}()
+	if sm.applyHook != nil {
+		sm.applyHook(e, cmd)
+	}
+	return sm.apply(e, cmd)
+}
+
+// applyPanicked handles entry e, whose apply met the runtime error re.
+// The command may have changed part of its container here before it
+// failed, so this replica can no longer vouch for that container: it is
+// marked UNHEALTHY with the reason, durably (markUnhealthy, as for an
+// entry whose data this replica lacks: SCM sees it in the next heartbeat,
+// closes the container and re-replicates it, or reports it MISSING when
+// every replica met the same bug), unless it is another pipeline's
+// container (never touched from this log) or the command names none.
+// The entry fails (its waiter gets the error, ApplyStatus reports it),
+// the apply goes on with the next entries, so every replica does the
+// same and stays in step. One ERROR line (with the stack, to fix the bug) and
+// basalt_datanode_apply_panics_total count it.
+func (sm *containerSM) applyPanicked(e raft.Entry, cmd *datanodepb.ContainerCommand, re runtime.Error) error {
+	sm.stats.applyPanics.Add(1)
+	kind := commandKind(cmd)
+	cid := storage.ContainerID(commandContainer(cmd))
+	sm.log.Error("datanode: committed entry failed in apply (a bug: report it); its container is marked UNHEALTHY here and the pipeline goes on",
+		"pipeline", sm.pipeline, "index", e.Index, "command", kind, "container", cid, "panic", re.Error(), "stack", string(debug.Stack()))
+	err := fmt.Errorf("datanode: pipeline %d entry %d (%s, container %d) failed in apply: %v: %w", sm.pipeline, e.Index, kind, cid, re, storage.ErrContainerNotOpen)
+	if cid == 0 {
+		return err // names no container (0 is never one: SCM's "all")
+	}
+	if sm.owner != nil {
+		if oerr := sm.owner(uint64(cid)); oerr != nil {
+			return fmt.Errorf("%w (%v)", err, oerr)
+		}
+	}
+	sm.markUnhealthy(cid, e.Index, fmt.Sprintf("entry %d (%s) failed in apply: %v", e.Index, kind, re))
+	return err
+}
+
+// applyCollectors count the committed entries whose apply met a runtime
+// error (applyGuarded), on every pipeline of d.
+func (d *Datanode) applyCollectors() []prometheus.Collector {
+	return []prometheus.Collector{prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "datanode", Name: "apply_panics_total",
+		Help: "Committed pipeline entries whose apply met a runtime error (a bug): each failed, and left its container UNHEALTHY on this datanode, instead of crashing it."},
+		func() float64 { return float64(d.stats.applyPanics.Load()) })}
+}
+
+// commandKind names cmd's command type (logs, errors).
+func commandKind(cmd *datanodepb.ContainerCommand) string {
+	switch cmd.GetCmd().(type) {
+	case *datanodepb.ContainerCommand_WriteChunk:
+		return "WriteChunk"
+	case *datanodepb.ContainerCommand_PutBlock:
+		return "PutBlock"
+	case *datanodepb.ContainerCommand_PutSmallFile:
+		return "PutSmallFile"
+	case *datanodepb.ContainerCommand_CloseContainer:
+		return "CloseContainer"
+	case *datanodepb.ContainerCommand_DeleteBlocks:
+		return "DeleteBlocks"
+	}
+	return "none"
+}
+
+// commandContainer is the container cmd writes into (0 if none).
+func commandContainer(cmd *datanodepb.ContainerCommand) uint64 {
+	switch c := cmd.GetCmd().(type) {
+	case *datanodepb.ContainerCommand_WriteChunk:
+		return c.WriteChunk.GetBlock().GetContainerId()
+	case *datanodepb.ContainerCommand_PutBlock:
+		return c.PutBlock.GetBlock().GetId().GetContainerId()
+	case *datanodepb.ContainerCommand_PutSmallFile:
+		return c.PutSmallFile.GetBlock().GetId().GetContainerId()
+	case *datanodepb.ContainerCommand_CloseContainer:
+		return c.CloseContainer.GetContainerId()
+	case *datanodepb.ContainerCommand_DeleteBlocks:
+		return c.DeleteBlocks.GetContainerId()
+	}
+	return 0
 }
 
 func (sm *containerSM) apply(e raft.Entry, cmd *datanodepb.ContainerCommand) error {

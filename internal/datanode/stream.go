@@ -210,8 +210,9 @@ func (d *Datanode) startStream() {
 	}
 	d.streamSrv = stream.NewServer(stream.ServerConfig{ID: d.ident.ID, Backend: streamBackend{d}, Logger: d.log.With("part", "stream"), Guard: guard.New(d.cfg.Registerer, d.log.With("part", "stream")),
 		Security: d.streamSecurity()})
-	// (The small-file batch counters share the stream metrics' life.)
-	d.streamMetrics = append(streamCollectors(d.streamSrv), d.smallFileCollectors()...)
+	// (The small-file batch counters and the apply guard's counter share
+	// the stream metrics' life.)
+	d.streamMetrics = append(append(streamCollectors(d.streamSrv), d.smallFileCollectors()...), d.applyCollectors()...)
 	if d.cfg.Registerer != nil {
 		for _, c := range d.streamMetrics {
 			// Another datanode with the same labels on this registry
