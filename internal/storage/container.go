@@ -193,27 +193,9 @@ func (s *Store) CloseContainer(cid ContainerID) error {
 		return cErr(op, ErrContainerNotOpen, cid, st.String(), nil)
 	}
 	for lid, ob := range blocks {
-		ob.mu.Lock()
-		if !ob.dead {
-			if err := s.dropRecords(c, lid, ob); err != nil {
-				ob.mu.Unlock()
-				return s.ioErr(op, c, lid, 0, err)
-			}
-			s.dropOpen(c, lid, ob)
-			var err error
-			if ob.committed.Inline {
-				// no file (inline.go)
-			} else if ob.exists {
-				err = c.vol.files.Truncate(cid, lid, ob.committed.Length)
-			} else {
-				err = c.vol.files.Remove(cid, lid)
-			}
-			if err != nil {
-				ob.mu.Unlock()
-				return s.ioErr(op, c, lid, 0, err)
-			}
+		if err := s.discardUncommitted(op, c, lid, ob); err != nil {
+			return err
 		}
-		ob.mu.Unlock()
 	}
 	if err := c.vol.files.SyncContainer(cid); err != nil {
 		return s.ioErr(op, c, 0, 0, err)
@@ -225,6 +207,37 @@ func (s *Store) CloseContainer(cid ContainerID) error {
 	c.mu.Unlock()
 	if err := c.vol.db.Set(makeKey(cid, kindContainer, idRecord), rec.encode(), s.metaSync()); err != nil {
 		return s.ioErr(op, c, 0, 0, err)
+	}
+	return nil
+}
+
+// discardUncommitted drops what block lid of c holds beyond its committed
+// length (CloseContainer): its chunk records, its open state, and its
+// file's tail (or the file, for a block never committed). The block lock
+// is released by a defer: a panic in here that a caller's guard recovers
+// (the datanode's apply guard, a request handler's) must not leave every
+// later request on the block waiting for it.
+func (s *Store) discardUncommitted(op string, c *container, lid LocalID, ob *openBlock) error {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	if ob.dead {
+		return nil
+	}
+	s.testPoint("discard uncommitted: block locked")
+	if err := s.dropRecords(c, lid, ob); err != nil {
+		return s.ioErr(op, c, lid, 0, err)
+	}
+	s.dropOpen(c, lid, ob)
+	var err error
+	if ob.committed.Inline {
+		// no file (inline.go)
+	} else if ob.exists {
+		err = c.vol.files.Truncate(c.id, lid, ob.committed.Length)
+	} else {
+		err = c.vol.files.Remove(c.id, lid)
+	}
+	if err != nil {
+		return s.ioErr(op, c, lid, 0, err)
 	}
 	return nil
 }
@@ -251,6 +264,7 @@ func (s *Store) DeleteBlocks(cid ContainerID, lids []LocalID) error {
 		return cErr(op, ErrContainerNotOpen, cid, st.String(), nil)
 	}
 	b := c.vol.db.NewBatch()
+	defer b.Close()
 	seen := map[LocalID]bool{}
 	for _, lid := range lids {
 		if seen[lid] {
@@ -259,7 +273,6 @@ func (s *Store) DeleteBlocks(cid ContainerID, lids []LocalID) error {
 		seen[lid] = true
 		bd, err := s.getBlock(c, lid)
 		if err != nil {
-			b.Close()
 			return err
 		}
 		cnt.Used -= bd.Length
@@ -287,15 +300,9 @@ func (s *Store) DeleteBlocks(cid ContainerID, lids []LocalID) error {
 	// before the files go is cleaned up by Open.
 	for lid := range seen {
 		if ob := open[lid]; ob != nil {
-			ob.mu.Lock()
-			if !ob.dead {
-				if err := s.dropRecords(c, lid, ob); err != nil {
-					ob.mu.Unlock()
-					return s.ioErr(op, c, lid, 0, err)
-				}
-				s.dropOpen(c, lid, ob)
+			if err := s.dropOpenBlock(op, c, lid, ob); err != nil {
+				return err
 			}
-			ob.mu.Unlock()
 		}
 		if err := c.vol.files.Remove(cid, lid); err != nil {
 			return s.ioErr(op, c, lid, 0, err)
@@ -304,6 +311,23 @@ func (s *Store) DeleteBlocks(cid ContainerID, lids []LocalID) error {
 	if err := c.vol.files.SyncContainer(cid); err != nil {
 		return s.ioErr(op, c, 0, 0, err)
 	}
+	return nil
+}
+
+// dropOpenBlock drops the open state of block lid of c, deleted
+// (DeleteBlocks), and its chunk records. The block lock is released by a
+// defer (see discardUncommitted).
+func (s *Store) dropOpenBlock(op string, c *container, lid LocalID, ob *openBlock) error {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	if ob.dead {
+		return nil
+	}
+	s.testPoint("drop open block: block locked")
+	if err := s.dropRecords(c, lid, ob); err != nil {
+		return s.ioErr(op, c, lid, 0, err)
+	}
+	s.dropOpen(c, lid, ob)
 	return nil
 }
 
@@ -345,19 +369,7 @@ func (s *Store) DeleteContainer(cid ContainerID, force bool) error {
 	}
 	c.mu.Unlock()
 	for lid, ob := range blocks {
-		ob.mu.Lock()
-		if !ob.dead {
-			// An uncommitted inline span's key (set by its Sync) goes
-			// with the range below; the flusher never had it, so its
-			// generation would stay in deferrer.gens for good.
-			for _, sp := range ob.written {
-				if sp.inline && c.vol.defer_ != nil {
-					c.vol.defer_.dropGen(makeDeferredKey(cid, lid, sp.off))
-				}
-			}
-			s.dropOpen(c, lid, ob)
-		}
-		ob.mu.Unlock()
+		s.forgetOpenBlock(c, lid, ob)
 	}
 	if c.vol.failed.Load() {
 		return nil // nothing more can be done on a dead disk
@@ -370,4 +382,24 @@ func (s *Store) DeleteContainer(cid ContainerID, force bool) error {
 		return s.ioErr(op, c, 0, 0, err)
 	}
 	return nil
+}
+
+// forgetOpenBlock drops the open state of block lid of c, whose container
+// is being deleted (its records go with the container's range). The
+// block lock is released by a defer (see discardUncommitted).
+func (s *Store) forgetOpenBlock(c *container, lid LocalID, ob *openBlock) {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	if ob.dead {
+		return
+	}
+	// An uncommitted inline span's key (set by its Sync) goes with the
+	// container's range; the flusher never had it, so its generation
+	// would stay in deferrer.gens for good.
+	for _, sp := range ob.written {
+		if sp.inline && c.vol.defer_ != nil {
+			c.vol.defer_.dropGen(makeDeferredKey(c.id, lid, sp.off))
+		}
+	}
+	s.dropOpen(c, lid, ob)
 }

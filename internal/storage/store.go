@@ -209,6 +209,18 @@ type Store struct {
 	openBlocks atomic.Int64 // blocks with uncommitted writes, all containers
 
 	pcache *pebble.Cache // while Open runs: the volumes' shared block cache
+
+	// testHook, if set (tests only), runs at the points testPoint names,
+	// some while a lock is held: a panic there checks the lock is
+	// released on the way out.
+	testHook func(point string)
+}
+
+// testPoint runs the test hook, if any, at point.
+func (s *Store) testPoint(point string) {
+	if s.testHook != nil {
+		s.testHook(point)
+	}
 }
 
 type volume struct {

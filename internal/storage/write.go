@@ -211,18 +211,24 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 		c.mu.Unlock()
 		return oErr(op, ErrContainerFull, c.id, lid, off, fmt.Sprintf("%d used + %d pending + %d > limit %d", c.cnt.Used, c.pending, grow, c.rec.MaxSize), nil)
 	}
-	c.pending += grow // reserve; released below on failure
+	c.pending += grow // reserve; released on the way out unless the write is kept
 	c.mu.Unlock()
-	release := func() {
-		c.mu.Lock()
-		c.pending -= grow
-		c.mu.Unlock()
-	}
+	kept := false
+	defer func() {
+		// Also on a panic a caller's guard recovers (the datanode's
+		// WriteData guard): a reservation left behind would count
+		// against the container for good.
+		if !kept {
+			c.mu.Lock()
+			c.pending -= grow
+			c.mu.Unlock()
+		}
+	}()
+	s.testPoint("write: space reserved")
 
 	if grow > 0 {
 		// A cached figure, not a statfs per chunk (see vfs.Space).
 		if err := c.vol.space.Admit(grow); err != nil {
-			release()
 			if errors.Is(err, vfs.ErrNoSpace) {
 				return oErr(op, ErrDiskFull, c.id, lid, off, "", err).withVolume(c.vol.path)
 			}
@@ -231,11 +237,9 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 	}
 	if !inline {
 		if err := s.openWriter(c, lid, ob); err != nil {
-			release()
 			return s.ioErr(op, c, lid, off, err)
 		}
 		if _, err := ob.w.WriteAt(data, off); err != nil {
-			release()
 			return s.ioErr(op, c, lid, off, err)
 		}
 	}
@@ -250,6 +254,7 @@ func (s *Store) writeLocked(op string, c *container, lid LocalID, ob *openBlock,
 		}
 	}
 	ob.written = slices.Insert(ob.written, i, sp)
+	kept = true
 	ob.hwm = max(ob.hwm, end)
 	s.queue(c, lid, ob)
 	s.checkOpen(c, ob)
