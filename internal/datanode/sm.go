@@ -106,6 +106,12 @@ type containerSM struct {
 	// applyHook, if set (tests only), runs before each command's apply,
 	// inside its guard (applyGuarded).
 	applyHook func(raft.Entry, *datanodepb.ContainerCommand)
+	// writeHook, readHook and restoreHook, if set (tests only), run
+	// inside the guards of WriteData (after the command is decoded),
+	// ReadData and Restore (see dataGuard).
+	writeHook   func(index uint64, cmd *datanodepb.ContainerCommand)
+	readHook    func(index uint64)
+	restoreHook func(index uint64)
 
 	applied atomic.Uint64
 	durable atomic.Uint64
@@ -184,29 +190,34 @@ func (sm *containerSM) keepDecoded(index, term uint64, cmd *datanodepb.Container
 // e.Meta. Commands kept for entries at or below e (replaced, or skipped
 // by a snapshot) are dropped on the way.
 func (sm *containerSM) takeDecoded(e raft.Entry) (*datanodepb.ContainerCommand, error) {
-	sm.decMu.Lock()
-	d, ok := sm.decoded[e.Index]
-	if ok {
-		delete(sm.decoded, e.Index)
+	if d, ok := sm.takeKept(e.Index); ok && d.term == e.Term {
+		return d.cmd, nil
 	}
-	if len(sm.decoded) >= maxDecoded/2 && e.Index >= sm.decSwept+maxDecoded/4 {
+	return decodeCommand(e.Meta)
+}
+
+// takeKept removes and returns the command kept for index, if any.
+func (sm *containerSM) takeKept(index uint64) (decodedCmd, bool) {
+	sm.decMu.Lock()
+	defer sm.decMu.Unlock() // panic-safe: Apply's guard recovers (applyGuarded)
+	d, ok := sm.decoded[index]
+	if ok {
+		delete(sm.decoded, index)
+	}
+	if len(sm.decoded) >= maxDecoded/2 && index >= sm.decSwept+maxDecoded/4 {
 		// Many kept: drop those at or below e (their entries were
 		// replaced or skipped by a snapshot). Not on every Apply: a
 		// follower whose applies run 2,048+ entries behind its writes
 		// keeps that many legitimately, and walking them per entry would
 		// cost O(n) each.
-		sm.decSwept = e.Index
+		sm.decSwept = index
 		for i := range sm.decoded {
-			if i <= e.Index {
+			if i <= index {
 				delete(sm.decoded, i)
 			}
 		}
 	}
-	sm.decMu.Unlock()
-	if ok && d.term == e.Term {
-		return d.cmd, nil
-	}
-	return decodeCommand(e.Meta)
+	return d, ok
 }
 
 // sickRecord is the content of sickFile.
@@ -251,6 +262,13 @@ type stats struct {
 	// applyPanics: committed entries whose apply met a runtime error
 	// (applyGuarded): a bug, each one left its container UNHEALTHY.
 	applyPanics atomic.Uint64
+	// writePanics, readPanics, restorePanics: the same in WriteData (the
+	// chunk counts as lost here, its container UNHEALTHY), ReadData (the
+	// entry goes out without its data) and Restore (the snapshot is
+	// refused); see dataGuard.
+	writePanics   atomic.Uint64
+	readPanics    atomic.Uint64
+	restorePanics atomic.Uint64
 }
 
 // NewContainerStateMachine is the state machine of one pipeline's Raft
@@ -481,8 +499,68 @@ func (sm *containerSM) WriteDataLogged(index, term uint64, meta, data []byte) (b
 	return sm.writeData(index, term, meta, data, sm.dataInLog)
 }
 
-func (sm *containerSM) writeData(index, term uint64, meta, data []byte, logOK bool) (inLog bool, _ error) {
-	cmd, err := decodeCommand(meta)
+// writeData is WriteData (WriteDataLogged), guarded: a runtime error in
+// it (a bug; every replica of the pipeline would meet it alike, and again
+// at every restart when the entry is written again) counts as this
+// replica's loss of the chunk, as a failed write does (writePanicked),
+// instead of taking the datanode down in a crash loop.
+func (sm *containerSM) writeData(index, term uint64, meta, data []byte, logOK bool) (inLog bool, err error) {
+	var cmd *datanodepb.ContainerCommand
+	defer func() {
+		if r := recover(); r != nil {
+			inLog, err = false, nil
+			sm.writePanicked(index, cmd, runtimeError(r))
+		}
+	}()
+	cmd, err = decodeCommand(meta)
+	if err == nil && sm.writeHook != nil {
+		sm.writeHook(index, cmd)
+	}
+	return sm.storeData(index, term, cmd, err, data, logOK)
+}
+
+// runtimeError returns r, a recovered runtime error, or panics with r
+// again: a panic that is not a runtime error (an I/O failure the code
+// chose to panic on: the process cannot go on) is never swallowed.
+func runtimeError(r any) runtime.Error {
+	re, ok := r.(runtime.Error)
+	if !ok {
+		panic(r)
+	}
+	return re
+}
+
+// writePanicked handles the data of entry index (cmd, nil if its decode
+// panicked), whose WriteData met the runtime error re. The chunk may be
+// stored here in part, or not at all: it counts as lost (markLost, so
+// the PutBlock or PutSmallFile that needs it fails here and says why)
+// and its container is marked UNHEALTHY here, durably (as for a failed
+// write: SCM sees it, closes it and re-replicates it from the replicas
+// that hold it, or reports it MISSING when every replica met the bug),
+// unless it is another pipeline's container or the command names none.
+// WriteData still returns nil: an error would stop the group here for
+// good. One ERROR line with the stack and
+// basalt_datanode_apply_panics_total{stage="write_data"} count it.
+func (sm *containerSM) writePanicked(index uint64, cmd *datanodepb.ContainerCommand, re runtime.Error) {
+	sm.stats.writePanics.Add(1)
+	kind := commandKind(cmd)
+	cid := storage.ContainerID(commandContainer(cmd))
+	blk, _, _ := dataChunk(index, cmd)
+	lid := storage.LocalID(blk.GetLocalId())
+	sm.log.Error("datanode: entry's data failed in WriteData (a bug: report it); the chunk counts as lost, its container is marked UNHEALTHY here and the pipeline goes on",
+		"pipeline", sm.pipeline, "index", index, "command", kind, "container", cid, "block", lid, "panic", re.Error(), "stack", string(debug.Stack()))
+	if cid == 0 {
+		return // names no container: its apply fails on every replica
+	}
+	sm.markLost(cid, lid, fmt.Errorf("entry %d: WriteData failed: %v", index, re))
+	if sm.owner != nil && sm.owner(uint64(cid)) != nil {
+		return // another pipeline's container: never marked from this log
+	}
+	sm.markUnhealthy(cid, index, fmt.Sprintf("entry %d (%s): chunk of block %d not stored: WriteData failed: %v", index, kind, lid, re))
+}
+
+// storeData is writeData after the decode (err: the decode's).
+func (sm *containerSM) storeData(index, term uint64, cmd *datanodepb.ContainerCommand, err error, data []byte, logOK bool) (inLog bool, _ error) {
 	var blk *datanodepb.BlockID
 	var c *datanodepb.ChunkInfo
 	if err == nil {
@@ -640,24 +718,29 @@ func (sm *containerSM) markLost(cid storage.ContainerID, lid storage.LocalID, er
 // heartbeat reports it to SCM, and the container takes no more writes
 // here.
 func (sm *containerSM) markUnhealthy(cid storage.ContainerID, index uint64, why string) {
-	sm.mu.Lock()
-	if _, ok := sm.sick[uint64(cid)]; !ok || sm.sickPending != 0 {
-		if !ok {
-			sm.sick[uint64(cid)] = why
-		}
-		if err := sm.saveSickLocked(); err != nil {
-			sm.log.Error("cannot record container UNHEALTHY; applied index held below the entry", "pipeline", sm.pipeline, "container", cid, "index", index, "err", err)
-			if sm.sickPending == 0 || index < sm.sickPending {
-				sm.sickPending = index
-			}
-		} else {
-			sm.sickPending = 0
-		}
-	}
-	sm.mu.Unlock()
+	sm.recordSick(cid, index, why)
 	sm.markStorage(cid, why, true)
 	if sm.onUnhealthy != nil {
 		sm.onUnhealthy()
+	}
+}
+
+// recordSick records cid in sickFile (markUnhealthy).
+func (sm *containerSM) recordSick(cid storage.ContainerID, index uint64, why string) {
+	sm.mu.Lock()
+	defer sm.mu.Unlock() // panic-safe: the guards recover (applyGuarded, writeData)
+	if _, ok := sm.sick[uint64(cid)]; ok && sm.sickPending == 0 {
+		return
+	} else if !ok {
+		sm.sick[uint64(cid)] = why
+	}
+	if err := sm.saveSickLocked(); err != nil {
+		sm.log.Error("cannot record container UNHEALTHY; applied index held below the entry", "pipeline", sm.pipeline, "container", cid, "index", index, "err", err)
+		if sm.sickPending == 0 || index < sm.sickPending {
+			sm.sickPending = index
+		}
+	} else {
+		sm.sickPending = 0
 	}
 }
 
@@ -676,6 +759,22 @@ func (sm *containerSM) markStorage(cid storage.ContainerID, why string, create b
 	if err != nil && !errors.Is(err, storage.ErrVolumeFailed) {
 		sm.log.Error("cannot mark container UNHEALTHY in storage", "pipeline", sm.pipeline, "container", cid, "why", why, "err", err)
 	}
+}
+
+// savePending saves a loss recorded only in memory (sickPending) and
+// returns index, or, if that fails, the highest index that may be
+// persisted (below the entry that found the loss).
+func (sm *containerSM) savePending(index uint64) uint64 {
+	sm.mu.Lock()
+	defer sm.mu.Unlock() // panic-safe: Restore's guard recovers
+	if sm.sickPending != 0 {
+		if err := sm.saveSickLocked(); err == nil {
+			sm.sickPending = 0
+		} else if index >= sm.sickPending {
+			index = sm.sickPending - 1
+		}
+	}
+	return index
 }
 
 // saveSickLocked writes sickFile. Caller holds mu.
@@ -714,7 +813,29 @@ func (sm *containerSM) lostCause(cid, lid uint64) error {
 // without its data and the follower records the loss, instead of the
 // leader retrying the read forever and the pipeline never moving past the
 // entry.
-func (sm *containerSM) ReadData(index, term uint64, meta []byte) ([]byte, error) {
+//
+// A runtime error in it (a bug) is reported so too (the follower records
+// the chunk lost, and the leader keeps serving), logged as ERROR with the
+// stack and counted (basalt_datanode_apply_panics_total{stage="read_data"}):
+// it never takes the leader's datanode down. Nothing is marked here: a
+// read changes nothing.
+func (sm *containerSM) ReadData(index, term uint64, meta []byte) (data []byte, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			re := runtimeError(r)
+			sm.stats.readPanics.Add(1)
+			sm.log.Error("datanode: ReadData failed (a bug: report it); the entry goes out without its data",
+				"pipeline", sm.pipeline, "index", index, "panic", re.Error(), "stack", string(debug.Stack()))
+			data, err = nil, fmt.Errorf("%w: entry %d: ReadData failed: %v", raft.ErrDataLost, index, re)
+		}
+	}()
+	if sm.readHook != nil {
+		sm.readHook(index)
+	}
+	return sm.readData(index, meta)
+}
+
+func (sm *containerSM) readData(index uint64, meta []byte) ([]byte, error) {
 	cmd, err := decodeCommand(meta)
 	if err != nil {
 		return nil, fmt.Errorf("%w: entry %d: %v", raft.ErrDataLost, index, err)
@@ -755,12 +876,8 @@ func (sm *containerSM) Apply(ents []raft.Entry) []any {
 		if e.Kind != raft.EntryNormal {
 			continue
 		}
-		cmd, err := sm.takeDecoded(e)
-		if err == nil {
-			sm.pos = i
-			err = sm.applyGuarded(e, cmd)
-		}
-		if err != nil {
+		sm.pos = i
+		if err := sm.applyGuarded(e, nil); err != nil {
 			sm.recordFailure(e.Index, err)
 			out[i] = err
 		}
@@ -824,16 +941,20 @@ func (sm *containerSM) Apply(ents []raft.Entry) []any {
 // crash loop. See applyPanicked for what the replica then does. Other
 // panics (an I/O failure the code chose to panic on: the process cannot
 // go on) go on up.
+//
+// cmd is e's command; nil: taken from WriteData or decoded here, inside
+// the guard.
 func (sm *containerSM) applyGuarded(e raft.Entry, cmd *datanodepb.ContainerCommand) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			re, ok := r.(runtime.Error)
-			if !ok {
-				panic(r)
-			}
-			err = sm.applyPanicked(e, cmd, re)
+			err = sm.applyPanicked(e, cmd, runtimeError(r))
 		}
 	}()
+	if cmd == nil {
+		if cmd, err = sm.takeDecoded(e); err != nil {
+			return err
+		}
+	}
 	if sm.applyHook != nil {
 		sm.applyHook(e, cmd)
 	}
@@ -873,10 +994,22 @@ func (sm *containerSM) applyPanicked(e raft.Entry, cmd *datanodepb.ContainerComm
 
 // applyCollectors count the committed entries whose apply met a runtime
 // error (applyGuarded), on every pipeline of d.
+// Its stage label says where: apply (the entry failed, its container
+// UNHEALTHY here), write_data (the entry's chunk counts as lost here, its
+// container UNHEALTHY), read_data (a resend went out without its data),
+// restore (a snapshot install was refused).
 func (d *Datanode) applyCollectors() []prometheus.Collector {
-	return []prometheus.Collector{prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "datanode", Name: "apply_panics_total",
-		Help: "Committed pipeline entries whose apply met a runtime error (a bug): each failed, and left its container UNHEALTHY on this datanode, instead of crashing it."},
-		func() float64 { return float64(d.stats.applyPanics.Load()) })}
+	var cs []prometheus.Collector
+	for _, s := range []struct {
+		stage string
+		n     *atomic.Uint64
+	}{{"apply", &d.stats.applyPanics}, {"write_data", &d.stats.writePanics}, {"read_data", &d.stats.readPanics}, {"restore", &d.stats.restorePanics}} {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "datanode", Name: "apply_panics_total",
+			Help:        "Pipeline entries whose apply (or data write, data read, snapshot install) met a runtime error (a bug), by stage; each was failed instead of crashing the datanode (apply, write_data: the container is UNHEALTHY here).",
+			ConstLabels: prometheus.Labels{"stage": s.stage}},
+			func() float64 { return float64(s.n.Load()) }))
+	}
+	return cs
 }
 
 // commandKind names cmd's command type (logs, errors).
@@ -1113,15 +1246,7 @@ func (sm *containerSM) persistLocked(index uint64) {
 	// A loss recorded only in memory: record it now, or keep the entry
 	// that found it above the persisted index, so a restart finds it again.
 	asked := index
-	sm.mu.Lock()
-	if sm.sickPending != 0 {
-		if err := sm.saveSickLocked(); err == nil {
-			sm.sickPending = 0
-		} else if index >= sm.sickPending {
-			index = sm.sickPending - 1
-		}
-	}
-	sm.mu.Unlock()
+	index = sm.savePending(index)
 	if d := sm.durable.Load(); index <= d {
 		if asked < d {
 			sm.log.Error("applied index would go backwards; not persisted", "pipeline", sm.pipeline, "index", asked, "durable", d)
@@ -1177,7 +1302,28 @@ func (sm *containerSM) Snapshot() (uint64, io.ReadCloser, error) {
 // an entry this replica applied, after all its writes: it is whole. No
 // other pipeline's container is touched. A snapshot at or below the
 // applied index is ignored: the applied index never goes backwards.
-func (sm *containerSM) Restore(index uint64, r io.Reader) error {
+//
+// A runtime error in it (a bug) refuses the snapshot instead of taking
+// the datanode down: the error goes back to raft (the snapshot is not
+// acknowledged; the leader sends it again later), one ERROR line with the
+// stack and basalt_datanode_apply_panics_total{stage="restore"} count it,
+// and the state stays as before, or with more containers recorded as
+// lacking (never fewer): the applied index does not move, so this
+// replica applies nothing past what it holds.
+func (sm *containerSM) Restore(index uint64, r io.Reader) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			re := runtimeError(p)
+			sm.stats.restorePanics.Add(1)
+			sm.log.Error("datanode: snapshot install failed (a bug: report it); the snapshot is refused",
+				"pipeline", sm.pipeline, "snapshot", index, "panic", re.Error(), "stack", string(debug.Stack()))
+			err = fmt.Errorf("datanode: pipeline %d: snapshot at %d failed to install: %v", sm.pipeline, index, re)
+		}
+	}()
+	return sm.restore(index, r)
+}
+
+func (sm *containerSM) restore(index uint64, r io.Reader) error {
 	var snap smSnapshot
 	if err := json.NewDecoder(io.LimitReader(r, maxSnapshotBytes)).Decode(&snap); err != nil {
 		return fmt.Errorf("datanode: pipeline %d: bad snapshot: %w", sm.pipeline, err)
@@ -1197,36 +1343,10 @@ func (sm *containerSM) Restore(index uint64, r io.Reader) error {
 			return err
 		}
 	}
-	why := fmt.Sprintf("pipeline %d caught up by snapshot at %d", sm.pipeline, index)
-	sm.mu.Lock()
-	var mark []uint64 // here and not CLOSED
-	added := map[uint64]bool{}
-	for _, cid := range sm.containerListLocked() {
-		rep, err := sm.store.Container(storage.ContainerID(cid))
-		if err == nil && rep.State == storage.StateClosed {
-			continue
-		}
-		if err == nil {
-			mark = append(mark, cid)
-		}
-		if _, ok := sm.sick[cid]; !ok {
-			sm.sick[cid] = why
-			added[cid] = true
-		}
-	}
-	prevRestored := sm.restored
-	sm.restored = index
-	if err := sm.saveSickLocked(); err != nil {
-		// Nothing changed: the old state stays, the snapshot is refused.
-		for cid := range added {
-			delete(sm.sick, cid)
-		}
-		sm.restored = prevRestored
-		sm.mu.Unlock()
+	mark, err := sm.recordRestore(index)
+	if err != nil {
 		return err
 	}
-	sm.sickPending = 0
-	sm.mu.Unlock()
 	for _, cid := range mark {
 		if why, ok := sm.lacks(cid); ok {
 			// An absent one is not created here: it may be a container
@@ -1242,6 +1362,52 @@ func (sm *containerSM) Restore(index uint64, r io.Reader) error {
 	sm.applied.Store(index)
 	sm.persist(index)
 	return nil
+}
+
+// recordRestore records in sickFile, durably, every container of this
+// pipeline not CLOSED here, with index as the highest snapshot restored,
+// and returns those that exist here (to mark in storage). If it fails (or
+// panics: the lock is released and the memory state rolled back), nothing
+// changed in memory.
+func (sm *containerSM) recordRestore(index uint64) (mark []uint64, _ error) {
+	why := fmt.Sprintf("pipeline %d caught up by snapshot at %d", sm.pipeline, index)
+	sm.mu.Lock()
+	added := map[uint64]bool{}
+	prevRestored := sm.restored
+	done := false
+	defer func() {
+		if !done {
+			// Nothing changed: the old state stays, the snapshot is refused.
+			for cid := range added {
+				delete(sm.sick, cid)
+			}
+			sm.restored = prevRestored
+		}
+		sm.mu.Unlock()
+	}()
+	for _, cid := range sm.containerListLocked() {
+		rep, err := sm.store.Container(storage.ContainerID(cid))
+		if err == nil && rep.State == storage.StateClosed {
+			continue
+		}
+		if err == nil {
+			mark = append(mark, cid)
+		}
+		if _, ok := sm.sick[cid]; !ok {
+			sm.sick[cid] = why
+			added[cid] = true
+		}
+	}
+	sm.restored = index
+	if sm.restoreHook != nil {
+		sm.restoreHook(index) // tests: a panic while mu is held
+	}
+	if err := sm.saveSickLocked(); err != nil {
+		return nil, err
+	}
+	sm.sickPending = 0
+	done = true
+	return mark, nil
 }
 
 // maxSnapshotBytes bounds what Restore reads: an index and a list of

@@ -1,0 +1,249 @@
+package datanode
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
+	"github.com/basalt-store/basalt/internal/raft"
+	"github.com/basalt-store/basalt/internal/storage"
+)
+
+// The guards of WriteData, ReadData and Restore (a runtime error there is
+// a bug every replica would meet alike: without a guard it takes the
+// datanode down, and again at every restart). Without the guards these
+// tests panic.
+
+// injectRuntimeError hits a runtime error (an index out of range).
+func injectRuntimeError(i uint64) {
+	var none []int
+	_ = none[i]
+}
+
+// errorLines returns the ERROR lines of logs.
+func errorLines(logs string) []string {
+	var out []string
+	for l := range strings.SplitSeq(logs, "\n") {
+		if strings.Contains(l, "level=ERROR") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// TestWriteDataRuntimeErrorLosesChunk: WriteData of a follower (it
+// verifies) meets a runtime error for entry 2 (a WriteChunk into
+// container 2). The datanode goes on: WriteData returns nil (an error
+// would stop the group for good), the chunk counts as lost here, container
+// 2 goes UNHEALTHY here, durably, the PutBlock that needs the chunk fails
+// with the cause, one ERROR line names the entry and the panic, the
+// counter counts it, and the entries into container 3 write and apply.
+func TestWriteDataRuntimeErrorLosesChunk(t *testing.T) {
+	var logs lockedBuf
+	_, st, sm := guardReplica(t, &logs)
+	defer st.Close()
+	sm.applyHook = nil
+	sm.writeHook = func(index uint64, _ *datanodepb.ContainerCommand) {
+		if index == 2 {
+			injectRuntimeError(index)
+		}
+	}
+	d2, d3 := randBytes(41, 4096), randBytes(42, 3000)
+	ents := []raft.Entry{
+		rvCmd(1, &datanodepb.ContainerCommand{Cmd: &datanodepb.ContainerCommand_CloseContainer{CloseContainer: &datanodepb.CloseContainerCmd{ContainerId: 9}}}),
+		writeChunkEntry(2, 2, 20, 0, d2), // hits the runtime error
+		putBlockEntry(3, 2, 20, d2),      // needs its chunk
+		smallFileEntry(4, 3, 30, d3),
+	}
+	for _, w := range []struct {
+		i int
+		d []byte
+	}{{1, d2}, {3, d3}} {
+		if err := sm.WriteData(ents[w.i].Index, ents[w.i].Term, ents[w.i].Meta, w.d); err != nil {
+			t.Fatalf("WriteData(%d): %v, want nil (the group goes on)", ents[w.i].Index, err)
+		}
+	}
+	if err := sm.SyncData(); err != nil {
+		t.Fatal(err)
+	}
+	if n := sm.stats.writePanics.Load(); n != 1 {
+		t.Errorf("write panics counted: %d, want 1", n)
+	}
+	if c, err := st.Container(2); err != nil || c.State != storage.StateUnhealthy {
+		t.Errorf("container 2 after WriteData's panic: %+v %v, want UNHEALTHY", c, err)
+	}
+	if why, ok := sm.lacks(2); !ok || !strings.Contains(why, "WriteData failed") {
+		t.Errorf("container 2 not recorded as lacking: %v %q", ok, why)
+	}
+	res := sm.Apply(ents)
+	if err, _ := res[2].(error); err == nil || !errors.Is(err, storage.ErrContainerNotOpen) {
+		t.Errorf("PutBlock needing the lost chunk: %v, want it failed", res[2])
+	}
+	if res[3] != nil {
+		t.Errorf("small file into container 3: %v", res[3])
+	}
+	got := make([]byte, len(d3))
+	if _, err := st.ReadAt(3, 30, got, 0); err != nil || !bytes.Equal(got, d3) {
+		t.Errorf("block 3/30: %v", err)
+	}
+	if got := sm.applied.Load(); got != 4 {
+		t.Errorf("applied index %d, want 4", got)
+	}
+	el := errorLines(logs.String())
+	if len(el) != 1 || !strings.Contains(el[0], "index=2") || !strings.Contains(el[0], "command=WriteChunk") ||
+		!strings.Contains(el[0], "index out of range") || !strings.Contains(el[0], "stack=") {
+		t.Errorf("ERROR lines: %q, want one naming entry 2, WriteChunk, the panic and the stack", el)
+	}
+}
+
+// TestWriteDataOtherPanicGoesUp: a panic in WriteData that is not a
+// runtime error is not swallowed.
+func TestWriteDataOtherPanicGoesUp(t *testing.T) {
+	_, st, sm := guardReplica(t, io.Discard)
+	defer st.Close()
+	boom := errors.New("volume write failed")
+	sm.writeHook = func(uint64, *datanodepb.ContainerCommand) { panic(boom) }
+	e := smallFileEntry(1, 1, 10, randBytes(43, 100))
+	defer func() {
+		if r := recover(); r != boom {
+			t.Errorf("recovered %v, want the panic to go up", r)
+		}
+		if n := sm.stats.writePanics.Load(); n != 0 {
+			t.Errorf("write panics counted: %d", n)
+		}
+	}()
+	sm.WriteData(e.Index, e.Term, e.Meta, randBytes(43, 100))
+	t.Error("WriteData returned")
+}
+
+// TestReadDataRuntimeErrorIsDataLost: a leader's ReadData (a resend)
+// that meets a runtime error answers raft.ErrDataLost (the entry goes out
+// without its data, the follower records the loss) instead of taking the
+// leader's datanode down; nothing is marked here (a read changes
+// nothing); one ERROR line and the counter.
+func TestReadDataRuntimeErrorIsDataLost(t *testing.T) {
+	var logs lockedBuf
+	_, st, sm := guardReplica(t, &logs)
+	defer st.Close()
+	d := randBytes(44, 4096)
+	e := writeChunkEntry(1, 1, 10, 0, d)
+	if err := sm.WriteData(e.Index, e.Term, e.Meta, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := sm.SyncData(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := sm.ReadData(e.Index, e.Term, e.Meta); err != nil || !bytes.Equal(got, d) {
+		t.Fatalf("ReadData before: %v", err)
+	}
+	sm.readHook = injectRuntimeError
+	got, err := sm.ReadData(e.Index, e.Term, e.Meta)
+	if got != nil || !errors.Is(err, raft.ErrDataLost) || !strings.Contains(err.Error(), "index out of range") {
+		t.Errorf("ReadData: %d bytes, %v; want raft.ErrDataLost naming the panic", len(got), err)
+	}
+	if n := sm.stats.readPanics.Load(); n != 1 {
+		t.Errorf("read panics counted: %d, want 1", n)
+	}
+	if c, err := st.Container(1); err != nil || c.State != storage.StateOpen {
+		t.Errorf("container 1: %+v %v, want OPEN (a read marks nothing)", c, err)
+	}
+	if el := errorLines(logs.String()); len(el) != 1 || !strings.Contains(el[0], "index=1") {
+		t.Errorf("ERROR lines: %q", el)
+	}
+}
+
+// TestRestoreRuntimeErrorRefused: a snapshot install that meets a runtime
+// error while it holds the state machine's lock (recordRestore) is
+// refused: Restore returns an error, the applied index and the lacking
+// list stay as they were, the lock is released (the next Restore and
+// Apply complete; a lock left held would hang them), and the snapshot,
+// sent again, installs.
+func TestRestoreRuntimeErrorRefused(t *testing.T) {
+	var logs lockedBuf
+	_, st, sm := guardReplica(t, &logs)
+	defer st.Close()
+	sm.applyHook = nil
+	d := randBytes(45, 3000)
+	e := smallFileEntry(1, 1, 10, d)
+	if err := sm.WriteData(e.Index, e.Term, e.Meta, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := sm.SyncData(); err != nil {
+		t.Fatal(err)
+	}
+	rvApply(t, sm, e)
+	snap, err := json.Marshal(smSnapshot{Index: 10, Pipeline: 1000, Containers: []uint64{1, 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm.restoreHook = injectRuntimeError
+	err = sm.Restore(10, bytes.NewReader(snap))
+	if err == nil || !strings.Contains(err.Error(), "index out of range") {
+		t.Errorf("Restore: %v, want the failure", err)
+	}
+	if n := sm.stats.restorePanics.Load(); n != 1 {
+		t.Errorf("restore panics counted: %d, want 1", n)
+	}
+	if el := errorLines(logs.String()); len(el) != 1 || !strings.Contains(el[0], "snapshot=10") {
+		t.Errorf("ERROR lines: %q", el)
+	}
+	sm.restoreHook = nil
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if got := sm.applied.Load(); got != 1 {
+			t.Errorf("applied index after the refused snapshot: %d, want 1", got)
+		}
+		if _, ok := sm.lacks(1); ok {
+			t.Error("container 1 recorded as lacking by the refused snapshot")
+		}
+		if got := sm.restoredIndex(); got != 0 {
+			t.Errorf("restored index after the refused snapshot: %d, want 0", got)
+		}
+		if err := sm.Restore(10, bytes.NewReader(snap)); err != nil {
+			t.Errorf("Restore sent again: %v", err)
+		}
+		if _, ok := sm.lacks(1); !ok {
+			t.Error("container 1 not recorded as lacking after the snapshot")
+		}
+		if got := sm.applied.Load(); got != 10 {
+			t.Errorf("applied index after the snapshot: %d, want 10", got)
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the state machine's lock stayed held after the recovered panic")
+	}
+}
+
+// TestDataGuardMetrics: basalt_datanode_apply_panics_total has one series
+// per stage, each reading its counter.
+func TestDataGuardMetrics(t *testing.T) {
+	d := &Datanode{}
+	d.stats.applyPanics.Add(1)
+	d.stats.writePanics.Add(2)
+	d.stats.readPanics.Add(3)
+	d.stats.restorePanics.Add(4)
+	cs := d.applyCollectors()
+	if len(cs) != 4 {
+		t.Fatalf("%d collectors, want 4", len(cs))
+	}
+	for i, stage := range []string{"apply", "write_data", "read_data", "restore"} {
+		desc := cs[i].(interface{ Desc() *prometheus.Desc }).Desc().String()
+		if !strings.Contains(desc, "basalt_datanode_apply_panics_total") || !strings.Contains(desc, `stage="`+stage+`"`) {
+			t.Errorf("collector %d: %s, want stage %s", i, desc, stage)
+		}
+		if got := testutil.ToFloat64(cs[i]); got != float64(i+1) {
+			t.Errorf("stage %s = %v, want %d", stage, got, i+1)
+		}
+	}
+}
