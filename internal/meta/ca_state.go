@@ -395,52 +395,28 @@ func (s *caState) Apply(entries []store.Entry) []any {
 		return applyhalt.Results(entries)
 	}
 	b := s.st.NewBatch()
-	res := make([]any, len(entries))
-	var halted *applyhalt.Halt
 	changed := false
-	var past []store.Entry // entries past a halt in this call
 	s.batchRevoked = 0
-	for i, e := range entries {
-		if len(e.Cmd) == 0 {
-			continue
-		}
-		cmd := &metapb.CaCommand{}
-		if h := s.halt.Decode(e, cmd); h != nil {
-			// Never past an entry this binary cannot apply (applyhalt).
-			past = entries[i+1:]
-			entries = s.halt.Cut(h, entries, i, res)
-			halted = h // persisted once what came before committed
-			break
-		}
-		var ch bool
-		r, ph := s.halt.Guard(e, entries[0].Index, cmd, func() any { var r any; r, ch = s.apply(b, cmd); return r })
-		if ph != nil {
-			// A runtime error in this command's apply (applyhalt.Guard):
-			// nothing of this call commits (the views change only after a
-			// commit); its revocations still reach the TLS set.
-			b.Close()
-			s.batchRevoked = 0
-			s.halt.Stop(*ph)
-			s.scanPastHalt(entries)
-			return applyhalt.Results(entries)
-		}
-		res[i] = r
-		changed = changed || ch
-	}
-	if len(entries) == 0 {
+	res, commit, halted, panicked := applyhalt.Run(s.halt, entries, true, func() *metapb.CaCommand { return &metapb.CaCommand{} },
+		func(cmd *metapb.CaCommand) any {
+			r, ch := s.apply(b, cmd)
+			changed = changed || ch
+			return r
+		})
+	if panicked {
+		// A runtime error in a command's apply (applyhalt.Guard): nothing
+		// of this call commits (the views change only after a commit);
+		// its revocations still reach the TLS set.
 		b.Close()
-		if halted != nil {
-			s.halt.Persist(*halted)
-		}
-		s.scanPastHalt(past)
+		s.batchRevoked = 0
+		s.scanPastHalt(entries)
 		return res
 	}
-	if err := s.st.Commit(b, entries[len(entries)-1].Index); err != nil {
-		panic(err) // as the other groups: replay the log on restart
-	}
+	var past []store.Entry // entries past a halt in this call
 	if halted != nil {
-		s.halt.Persist(*halted)
+		past = entries[len(commit)+1:]
 	}
+	s.halt.Finish(b, commit, halted) // a failed commit panics, as the other groups: replay the log on restart
 	if changed {
 		if err := s.load(); err != nil {
 			panic(err)

@@ -231,58 +231,10 @@ func (s *utState) Restore(index uint64, r io.Reader) error {
 // Apply applies entries in one batch; a result is the sequence number
 // (issue), nil, or a status error.
 func (s *utState) Apply(entries []store.Entry) []any {
-	if len(entries) == 0 {
-		return nil
-	}
-	if s.halt.Halted() != nil {
-		return applyhalt.Results(entries)
-	}
-	b := s.st.NewBatch()
-	res := make([]any, len(entries))
-	var halted *applyhalt.Halt
-	s.mu.Lock()
-	for i, e := range entries {
-		if e.Cmd == nil {
-			continue
-		}
-		cmd := &metapb.UserTokenCommand{}
-		if h := s.halt.Decode(e, cmd); h != nil {
-			// Never past an entry this binary cannot apply (applyhalt).
-			entries = s.halt.Cut(h, entries, i, res)
-			halted = h // persisted once what came before committed
-			break
-		}
-		r, ph := s.halt.Guard(e, entries[0].Index, cmd, func() any { return s.apply(b, cmd) })
-		if ph != nil {
-			// A runtime error in this command's apply (applyhalt.Guard):
-			// nothing of this call commits, and the mirror, which may hold
-			// part of it, is rebuilt from the store.
-			b.Close()
-			s.halt.Stop(*ph)
-			err := s.loadLocked()
-			s.mu.Unlock()
-			if err != nil {
-				panic(err)
-			}
-			return applyhalt.Results(entries)
-		}
-		res[i] = r
-	}
-	s.mu.Unlock()
-	if len(entries) == 0 {
-		b.Close()
-		if halted != nil {
-			s.halt.Persist(*halted)
-		}
-		return res
-	}
-	if err := s.st.Commit(b, entries[len(entries)-1].Index); err != nil {
-		panic(err) // the mirror is ahead of the disk: replay on restart
-	}
-	if halted != nil {
-		s.halt.Persist(*halted)
-	}
-	return res
+	// One batch under s.mu; the halt rule and the apply guard of
+	// applyhalt; a failed commit panics (the mirror would be ahead of the
+	// disk: replay the log on restart).
+	return applyhalt.ApplyMirrored(s.halt, entries, &s.mu, func() *metapb.UserTokenCommand { return &metapb.UserTokenCommand{} }, s.apply, s.loadLocked)
 }
 
 func (s *utState) set(b *pebble.Batch, k []byte, v []byte) {

@@ -28,6 +28,7 @@ import (
 	"log/slog"
 	"runtime"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -167,6 +168,90 @@ func (g *Group) Guard(e store.Entry, first uint64, cmd proto.Message, apply func
 		TestApplyHook(g.name, cmd)
 	}
 	return apply(), nil
+}
+
+// Run is the loop every group's Apply shares (SCM, CA, user tokens): it
+// decodes each entry of the call with a command (into newCmd(); an entry
+// without one, or, with skipEmpty, an empty one, is skipped with a nil
+// result) and applies it under Guard with apply, in order. It returns:
+//
+//   - res, one result per entry;
+//   - commit, the entries the caller's batch now holds: all of them, or
+//     those before an entry this replica cannot apply (Decode), where the
+//     replica halts (Cut: the results from that entry on are ErrHalted);
+//   - halted, that halt (nil if none): the caller commits its batch of
+//     commit (Finish), and only then persists it;
+//   - panicked: a command's apply met a runtime error (Guard). The
+//     replica is stopped (in memory) and res is Results of every entry
+//     of the call: the caller discards its batch, rebuilds any in-memory
+//     state from the store, and returns res.
+func Run[C proto.Message](g *Group, entries []store.Entry, skipEmpty bool, newCmd func() C, apply func(C) any) (res []any, commit []store.Entry, halted *Halt, panicked bool) {
+	res = make([]any, len(entries))
+	for i, e := range entries {
+		if e.Cmd == nil || (skipEmpty && len(e.Cmd) == 0) {
+			continue
+		}
+		cmd := newCmd()
+		if h := g.Decode(e, cmd); h != nil {
+			// Never past an entry this binary cannot apply.
+			return res, g.Cut(h, entries, i, res), h, false
+		}
+		r, ph := g.Guard(e, entries[0].Index, cmd, func() any { return apply(cmd) })
+		if ph != nil {
+			g.Stop(*ph)
+			return Results(entries), nil, nil, true
+		}
+		res[i] = r
+	}
+	return res, entries, nil, false
+}
+
+// ApplyMirrored is the whole Apply of a group that keeps an in-memory
+// mirror of its store, guarded by mu (SCM, user tokens): entries apply in
+// order into one batch of the group's store under mu (Run, with apply),
+// and the batch commits (Finish). A halted replica applies nothing
+// (Results). When a command's apply meets a runtime error (Guard),
+// nothing of the call commits, and the mirror, which may hold part of
+// it, is rebuilt from the store by reload (under mu; its failure
+// panics).
+func ApplyMirrored[C proto.Message](g *Group, entries []store.Entry, mu sync.Locker, newCmd func() C, apply func(*pebble.Batch, C) any, reload func() error) []any {
+	if len(entries) == 0 {
+		return nil
+	}
+	if g.Halted() != nil {
+		return Results(entries)
+	}
+	b := g.st.NewBatch()
+	mu.Lock()
+	res, commit, halted, panicked := Run(g, entries, false, newCmd, func(cmd C) any { return apply(b, cmd) })
+	if panicked {
+		b.Close()
+		err := reload()
+		mu.Unlock()
+		if err != nil {
+			panic(err)
+		}
+		return res
+	}
+	mu.Unlock()
+	g.Finish(b, commit, halted)
+	return res
+}
+
+// Finish commits b, the batch of Run's commit entries, at the last one's
+// index (an empty commit: b is closed, nothing committed), then persists
+// halted, if not nil. A failed commit panics: the caller's in-memory
+// state is ahead of the disk, and the only safe thing is to stop and
+// replay the log on restart.
+func (g *Group) Finish(b *pebble.Batch, commit []store.Entry, halted *Halt) {
+	if len(commit) == 0 {
+		b.Close()
+	} else if err := g.st.Commit(b, commit[len(commit)-1].Index); err != nil {
+		panic(err)
+	}
+	if halted != nil {
+		g.Persist(*halted)
+	}
 }
 
 // TestApplyHook, when set (tests only), runs in Guard before each

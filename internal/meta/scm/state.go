@@ -280,60 +280,10 @@ func (s *State) Restore(index uint64, r io.Reader) error {
 // Apply applies entries in order, in one Pebble batch, and returns one
 // result per entry: a value or an error (a gRPC status for user errors).
 func (s *State) Apply(entries []store.Entry) []any {
-	if len(entries) == 0 {
-		return nil
-	}
-	if s.halt.Halted() != nil {
-		return applyhalt.Results(entries)
-	}
-	b := s.st.NewBatch()
-	res := make([]any, len(entries))
-	var halted *applyhalt.Halt
-	s.mu.Lock()
-	for i, e := range entries {
-		if e.Cmd == nil {
-			continue
-		}
-		cmd := &metapb.ScmCommand{}
-		if h := s.halt.Decode(e, cmd); h != nil {
-			// Never past an entry this binary cannot apply (applyhalt).
-			entries = s.halt.Cut(h, entries, i, res)
-			halted = h // persisted once what came before committed
-			break
-		}
-		r, ph := s.halt.Guard(e, entries[0].Index, cmd, func() any { return s.apply(b, cmd) })
-		if ph != nil {
-			// A runtime error in this command's apply (applyhalt.Guard):
-			// nothing of this call commits, and the mirror, which may hold
-			// part of it, is rebuilt from the store.
-			b.Close()
-			s.halt.Stop(*ph)
-			err := s.loadLocked()
-			s.mu.Unlock()
-			if err != nil {
-				panic(err)
-			}
-			return applyhalt.Results(entries)
-		}
-		res[i] = r
-	}
-	s.mu.Unlock()
-	if len(entries) == 0 {
-		b.Close()
-		if halted != nil {
-			s.halt.Persist(*halted)
-		}
-		return res
-	}
-	if err := s.st.Commit(b, entries[len(entries)-1].Index); err != nil {
-		// The in-memory mirror is ahead of the disk now; the only safe
-		// thing is to stop and replay the log on restart.
-		panic(err)
-	}
-	if halted != nil {
-		s.halt.Persist(*halted)
-	}
-	return res
+	// One batch under s.mu; the halt rule and the apply guard of
+	// applyhalt; a failed commit panics (the mirror would be ahead of the
+	// disk: replay the log on restart).
+	return applyhalt.ApplyMirrored(s.halt, entries, &s.mu, func() *metapb.ScmCommand { return &metapb.ScmCommand{} }, s.apply, s.loadLocked)
 }
 
 func (s *State) put(b *pebble.Batch, k []byte, m proto.Message) {
