@@ -110,6 +110,7 @@ type containerSM struct {
 	// inside the guards of WriteData (after the command is decoded),
 	// ReadData and Restore (see dataGuard).
 	writeHook   func(index uint64, cmd *datanodepb.ContainerCommand)
+	syncHook    func()
 	readHook    func(index uint64)
 	restoreHook func(index uint64)
 
@@ -267,6 +268,7 @@ type stats struct {
 	// entry goes out without its data) and Restore (the snapshot is
 	// refused); see dataGuard.
 	writePanics   atomic.Uint64
+	syncPanics    atomic.Uint64 // SyncData: the batch's chunks count as lost
 	readPanics    atomic.Uint64
 	restorePanics atomic.Uint64
 }
@@ -643,10 +645,42 @@ type unsyncedChunk struct {
 // forgot it) is this replica's loss, recorded as WriteData records a
 // failed write, so the entries that need it fail when applied and the
 // container goes UNHEALTHY. It returns nil so the group carries on.
-func (sm *containerSM) SyncData() error {
+//
+// A runtime error in it (a bug; every replica would meet it alike) is
+// guarded like WriteData's: every chunk of the batch not yet checked
+// counts as lost here and its container is marked UNHEALTHY (none of them
+// can be vouched for durable), it still returns nil, and one ERROR line
+// and basalt_datanode_apply_panics_total{stage="sync_data"} count it.
+func (sm *containerSM) SyncData() (err error) {
 	if len(sm.unsynced) == 0 {
 		return nil
 	}
+	defer func() {
+		if r := recover(); r != nil {
+			sm.syncPanicked(runtimeError(r))
+			err = nil
+		}
+	}()
+	if sm.syncHook != nil {
+		sm.syncHook()
+	}
+	return sm.syncData()
+}
+
+// syncPanicked handles the batch whose SyncData met the runtime error re
+// (see SyncData).
+func (sm *containerSM) syncPanicked(re runtime.Error) {
+	sm.stats.syncPanics.Add(1)
+	sm.log.Error("datanode: SyncData failed (a bug: report it); the batch's chunks count as lost, their containers are marked UNHEALTHY here and the pipeline goes on",
+		"pipeline", sm.pipeline, "chunks", len(sm.unsynced), "panic", re.Error(), "stack", string(debug.Stack()))
+	for _, u := range sm.unsynced {
+		sm.markLost(u.cid, u.lid, fmt.Errorf("entry %d: SyncData failed: %v", u.index, re))
+		sm.markUnhealthy(u.cid, u.index, fmt.Sprintf("entry %d: chunk at %d of block %d not made durable: SyncData failed: %v", u.index, u.off, u.lid, re))
+	}
+	sm.unsynced = sm.unsynced[:0]
+}
+
+func (sm *containerSM) syncData() error {
 	// Only the volumes of the batch's containers: a slow disk elsewhere
 	// must not hold this pipeline's log (seed 001).
 	cids := make([]storage.ContainerID, 0, 4)
@@ -996,16 +1030,17 @@ func (sm *containerSM) applyPanicked(e raft.Entry, cmd *datanodepb.ContainerComm
 // error (applyGuarded), on every pipeline of d.
 // Its stage label says where: apply (the entry failed, its container
 // UNHEALTHY here), write_data (the entry's chunk counts as lost here, its
-// container UNHEALTHY), read_data (a resend went out without its data),
+// container UNHEALTHY), sync_data (the same for every chunk of the
+// batch), read_data (a resend went out without its data),
 // restore (a snapshot install was refused).
 func (d *Datanode) applyCollectors() []prometheus.Collector {
 	var cs []prometheus.Collector
 	for _, s := range []struct {
 		stage string
 		n     *atomic.Uint64
-	}{{"apply", &d.stats.applyPanics}, {"write_data", &d.stats.writePanics}, {"read_data", &d.stats.readPanics}, {"restore", &d.stats.restorePanics}} {
+	}{{"apply", &d.stats.applyPanics}, {"write_data", &d.stats.writePanics}, {"sync_data", &d.stats.syncPanics}, {"read_data", &d.stats.readPanics}, {"restore", &d.stats.restorePanics}} {
 		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "datanode", Name: "apply_panics_total",
-			Help:        "Pipeline entries whose apply (or data write, data read, snapshot install) met a runtime error (a bug), by stage; each was failed instead of crashing the datanode (apply, write_data: the container is UNHEALTHY here).",
+			Help:        "Pipeline entries whose apply (or data write, data sync, data read, snapshot install) met a runtime error (a bug), by stage; each was failed instead of crashing the datanode (apply, write_data, sync_data: the container is UNHEALTHY here).",
 			ConstLabels: prometheus.Labels{"stage": s.stage}},
 			func() float64 { return float64(s.n.Load()) }))
 	}

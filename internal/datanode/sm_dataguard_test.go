@@ -124,6 +124,64 @@ func TestWriteDataOtherPanicGoesUp(t *testing.T) {
 	t.Error("WriteData returned")
 }
 
+// TestSyncDataRuntimeErrorLosesBatch: SyncData meets a runtime error with
+// the chunks of a batch (containers 1 and 2) written and not yet checked:
+// it returns nil (the group goes on), both chunks count as lost and both
+// containers go UNHEALTHY here, the PutBlocks that need them fail, the
+// counter counts it, and the next batch, into container 3, syncs and
+// applies.
+func TestSyncDataRuntimeErrorLosesBatch(t *testing.T) {
+	var logs lockedBuf
+	_, st, sm := guardReplica(t, &logs)
+	defer st.Close()
+	sm.applyHook = nil
+	d1, d2, d3 := randBytes(46, 4096), randBytes(47, 4096), randBytes(48, 3000)
+	w1, w2 := writeChunkEntry(1, 1, 10, 0, d1), writeChunkEntry(2, 2, 20, 0, d2)
+	for _, w := range []struct {
+		e raft.Entry
+		d []byte
+	}{{w1, d1}, {w2, d2}} {
+		if err := sm.WriteData(w.e.Index, w.e.Term, w.e.Meta, w.d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sm.syncHook = func() { injectRuntimeError(3) }
+	if err := sm.SyncData(); err != nil {
+		t.Fatalf("SyncData: %v, want nil (the group goes on)", err)
+	}
+	sm.syncHook = nil
+	if n := sm.stats.syncPanics.Load(); n != 1 {
+		t.Errorf("sync panics counted: %d, want 1", n)
+	}
+	for _, cid := range []uint64{1, 2} {
+		if c, err := st.Container(storage.ContainerID(cid)); err != nil || c.State != storage.StateUnhealthy {
+			t.Errorf("container %d: %+v %v, want UNHEALTHY", cid, c, err)
+		}
+		if why, ok := sm.lacks(cid); !ok || !strings.Contains(why, "SyncData failed") {
+			t.Errorf("container %d not recorded as lacking: %v %q", cid, ok, why)
+		}
+	}
+	w3 := smallFileEntry(5, 3, 30, d3)
+	if err := sm.WriteData(w3.Index, w3.Term, w3.Meta, d3); err != nil {
+		t.Fatal(err)
+	}
+	if err := sm.SyncData(); err != nil {
+		t.Fatal(err)
+	}
+	res := sm.Apply([]raft.Entry{w1, w2, putBlockEntry(3, 1, 10, d1), putBlockEntry(4, 2, 20, d2), w3})
+	for i := 2; i <= 3; i++ {
+		if res[i] == nil {
+			t.Errorf("PutBlock %d of a lost chunk succeeded", i+1)
+		}
+	}
+	if res[4] != nil {
+		t.Errorf("small file into container 3: %v", res[4])
+	}
+	if el := errorLines(logs.String()); len(el) != 1 || !strings.Contains(el[0], "SyncData failed") || !strings.Contains(el[0], "chunks=2") {
+		t.Errorf("ERROR lines: %q", el)
+	}
+}
+
 // TestReadDataRuntimeErrorIsDataLost: a leader's ReadData (a resend)
 // that meets a runtime error answers raft.ErrDataLost (the entry goes out
 // without its data, the follower records the loss) instead of taking the
@@ -231,13 +289,14 @@ func TestDataGuardMetrics(t *testing.T) {
 	d := &Datanode{}
 	d.stats.applyPanics.Add(1)
 	d.stats.writePanics.Add(2)
-	d.stats.readPanics.Add(3)
-	d.stats.restorePanics.Add(4)
+	d.stats.syncPanics.Add(3)
+	d.stats.readPanics.Add(4)
+	d.stats.restorePanics.Add(5)
 	cs := d.applyCollectors()
-	if len(cs) != 4 {
-		t.Fatalf("%d collectors, want 4", len(cs))
+	if len(cs) != 5 {
+		t.Fatalf("%d collectors, want 5", len(cs))
 	}
-	for i, stage := range []string{"apply", "write_data", "read_data", "restore"} {
+	for i, stage := range []string{"apply", "write_data", "sync_data", "read_data", "restore"} {
 		desc := cs[i].(interface{ Desc() *prometheus.Desc }).Desc().String()
 		if !strings.Contains(desc, "basalt_datanode_apply_panics_total") || !strings.Contains(desc, `stage="`+stage+`"`) {
 			t.Errorf("collector %d: %s, want stage %s", i, desc, stage)
