@@ -54,7 +54,7 @@ func (pc *pooledConn) close() {
 // PoolStats are a ConnPool's counters.
 type PoolStats struct {
 	Dials  uint64 // connections opened by Dials with this pool
-	Reuses uint64 // streams opened on a pooled connection
+	Reuses uint64 // streams opened (or refused) on a pooled connection
 	Stale  uint64 // pooled connections found closed by the datanode (then a new one was dialed)
 	Idle   int    // connections in the pool now
 }

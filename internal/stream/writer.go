@@ -179,9 +179,7 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 		if pc := p.get(key); pc != nil {
 			w, stale, err := dialOn(ctx, pc, route, block, hb, opts)
 			if !stale {
-				if err == nil {
-					p.reuses.Add(1)
-				}
+				p.reuses.Add(1)
 				return w, err
 			}
 			// The datanode closed the idle connection before reading the
