@@ -175,6 +175,18 @@ func (p *ConnPool) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
+	p.closeIdle()
+	return nil
+}
+
+// CloseIdle closes every idle connection; the pool stays open.
+func (p *ConnPool) CloseIdle() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closeIdle()
+}
+
+func (p *ConnPool) closeIdle() {
 	if p.sweep != nil {
 		p.sweep.Stop()
 		p.sweep = nil
@@ -186,5 +198,4 @@ func (p *ConnPool) Close() error {
 		delete(p.conns, key)
 	}
 	p.n = 0
-	return nil
 }

@@ -123,9 +123,9 @@ type recordConn struct {
 	// sees the same payload records in the same order, so the counters
 	// agree down the route.
 	pay    *aeadState
-	payKey []byte // pay's key: the next stream's must differ
-	wpad [recHeaderLen + packetHeaderLen]byte // additional data of a payload record sealed
-	rpad [recHeaderLen + packetHeaderLen]byte // and of one opened
+	payKey []byte                               // pay's key: the next stream's must differ
+	wpad   [recHeaderLen + packetHeaderLen]byte // additional data of a payload record sealed
+	rpad   [recHeaderLen + packetHeaderLen]byte // and of one opened
 
 	in   *aeadState
 	rerr error // sticky
