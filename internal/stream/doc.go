@@ -101,7 +101,8 @@
 // their own key: no (key, nonce) pair is ever used twice. A hop waits for
 // a next header at most ServerConfig.ReuseIdle + hop·Timeout (longer than
 // the hop above it, which then closes its connection down; clients pool
-// for less, DefaultPoolIdle). Any failure of a stream (an error ack, a
+// for less, DefaultPoolIdle), and at most ServerConfig.MaxIdle
+// connections wait at once (one beyond is closed). Any failure of a stream (an error ack, a
 // refused header or record, a lost connection, an abort) closes its
 // connections on every hop: a connection in an unknown state is never
 // reused. A pooled connection the datanode closed before it read the

@@ -390,3 +390,34 @@ func TestPayloadKeysPerStream(t *testing.T) {
 		t.Fatalf("next key: %v, counter %d", err, rc.pay.seq)
 	}
 }
+
+// TestReuseMaxIdle: a datanode keeps at most MaxIdle connections waiting
+// for a next header; one beyond is closed after its stream, and the
+// client's next stream on it finds it closed and dials anew.
+func TestReuseMaxIdle(t *testing.T) {
+	c := newSecureCluster(t, 0)
+	c.tweak = func(cfg *ServerConfig) { cfg.MaxIdle = 1 }
+	c.start(t, 1)
+	cfg := c.issue(t, pki.RoleClient, "app").ClientTLS(pki.RoleDatanode)
+	p1, p2 := NewConnPool(0, 0), NewConnPool(0, 0)
+	defer p1.Close()
+	defer p2.Close()
+	for i, p := range []*ConnPool{p1, p2, p2} {
+		if _, _, _, _, err := poolWrite(t, c.route(), BlockID{1, uint64(70 + i)}, payload(10<<10, 70), cfg, p, nil); err != nil {
+			t.Fatal(err)
+		}
+		if i == 1 {
+			waitFor(t, 10*time.Second, "the datanode to close the connection beyond MaxIdle", func() bool {
+				c.nodes[0].srv.mu.Lock()
+				defer c.nodes[0].srv.mu.Unlock()
+				return len(c.nodes[0].srv.conns) == 1
+			})
+		}
+	}
+	if ps := p2.Stats(); ps.Dials != 2 || ps.Stale != 1 {
+		t.Fatalf("pool %+v: want the connection beyond MaxIdle found closed and a new one dialed", ps)
+	}
+	if st := c.nodes[0].srv.Stats(); st.Accepted != 3 || st.Failed != 0 {
+		t.Fatalf("datanode %+v", st)
+	}
+}

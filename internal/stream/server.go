@@ -71,6 +71,9 @@ type ServerConfig struct {
 	// above it, which keeps its connection down only while it waits
 	// itself. Clients pool for less (DefaultPoolIdle).
 	ReuseIdle time.Duration
+	// MaxIdle bounds the connections waiting for a next header (default
+	// 256); a connection whose stream closed cleanly beyond it is closed.
+	MaxIdle int
 }
 
 // Security is the stream port's authentication. Every connection is
@@ -125,6 +128,7 @@ type Server struct {
 
 	handshakes chan struct{} // a slot per connection not yet through its header
 
+	idle                                         atomic.Int64 // connections waiting for a next header
 	firstHop, downstream, bytes, failed, refused atomic.Uint64
 	accepted, reused, downDials                  atomic.Uint64
 	active                                       atomic.Int64
@@ -149,6 +153,9 @@ func NewServer(cfg ServerConfig) *Server {
 	}
 	if cfg.Guard == nil {
 		cfg.Guard = guard.New(nil, cfg.Logger)
+	}
+	if cfg.MaxIdle <= 0 {
+		cfg.MaxIdle = 256
 	}
 	if cfg.ReuseIdle <= 0 {
 		cfg.ReuseIdle = 60 * time.Second
@@ -371,7 +378,12 @@ func (s *Server) serve(up net.Conn, uc *upConn, live *net.Conn) {
 		}
 		uc.seq++
 		up = *live
+		if s.idle.Add(1) > int64(s.cfg.MaxIdle) {
+			s.idle.Add(-1)
+			return
+		}
 		h, err = s.nextHeader(uc, up)
+		s.idle.Add(-1)
 	}
 }
 
