@@ -17,6 +17,7 @@ import (
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/storage"
+	"github.com/basalt-store/basalt/internal/stream"
 )
 
 // Defaults and limits of Config.
@@ -303,6 +304,10 @@ type Client struct {
 	// datanode's certificate (the credentials' revoked set, when an agent
 	// keeps it; nil without credentials).
 	streamWatch func(net.Conn, *tls.ConnectionState) func()
+	// streamPool keeps V2 stream connections between blocks of the same
+	// route (stream.ConnPool): a clean close hands the connection back,
+	// the next block's stream on that route takes it.
+	streamPool *stream.ConnPool
 	// noStreams: the client has no certificate (an access key), so it
 	// writes through V1 only.
 	noStreams bool
@@ -359,12 +364,13 @@ func New(cfg Config) (*Client, error) {
 	}
 	c := &Client{
 		cfg: cfg, meta: mc, ns: mc.Namespace, scm: mc.Scm, log: cfg.Logger,
-		dns:       newDNPool(cfg.MaxMsgBytes, dnOpts),
-		leaders:   map[uint64]string{},
-		excl:      newSharedExclude(cfg.ExcludeFor),
-		readAhead: make(chan struct{}, max(maxReadAheadBytes/cfg.ChunkSize, cfg.MaxInflightChunks, 1)),
-		prober:    metaclient.NewProber(metaclient.ProberConfig{ProbeAfter: cfg.ProbeAfter, ProbeTimeout: cfg.ProbeTimeout}),
-		noStreams: cfg.AccessKey != "",
+		dns:        newDNPool(cfg.MaxMsgBytes, dnOpts),
+		leaders:    map[uint64]string{},
+		excl:       newSharedExclude(cfg.ExcludeFor),
+		readAhead:  make(chan struct{}, max(maxReadAheadBytes/cfg.ChunkSize, cfg.MaxInflightChunks, 1)),
+		prober:     metaclient.NewProber(metaclient.ProberConfig{ProbeAfter: cfg.ProbeAfter, ProbeTimeout: cfg.ProbeTimeout}),
+		noStreams:  cfg.AccessKey != "",
+		streamPool: stream.NewConnPool(0, 0),
 	}
 	if cfg.Credentials != nil && !cfg.Credentials.IsInsecure() {
 		c.streamTLS = cfg.Credentials.ClientTLS(pki.RoleDatanode)
@@ -388,8 +394,15 @@ func (c *Client) Config() Config { return c.cfg }
 // Close closes every connection. Calls in progress fail.
 func (c *Client) Close() error {
 	c.sc.close()
+	if c.streamPool != nil {
+		c.streamPool.Close()
+	}
 	return errors.Join(c.meta.Close(), c.dns.close())
 }
+
+// StreamPoolStats returns the counters of the client's pool of V2 stream
+// connections.
+func (c *Client) StreamPoolStats() stream.PoolStats { return c.streamPool.Stats() }
 
 // Scm returns the SCM admin API (datanodes, pipelines, containers) for
 // operator tools.

@@ -191,7 +191,7 @@ func newStreamWriter(ctx context.Context, c *Client, op string, blocks *blockSou
 		opts: stream.Options{
 			PacketSize: streamPacketSize(c.cfg.ChunkSize, c.cfg.BytesPerChecksum), ChunkSize: c.cfg.ChunkSize,
 			BytesPerChecksum: c.cfg.BytesPerChecksum, Timeout: c.cfg.StreamTimeout, TLS: c.streamTLS,
-			Watch: c.streamWatch,
+			Watch: c.streamWatch, Pool: c.streamPool,
 		},
 	}
 }

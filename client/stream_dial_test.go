@@ -132,6 +132,9 @@ func TestV2ReadsWhileStreamOpens(t *testing.T) {
 	t.Logf("held dial: whole segment read before the stream opened (%v)", time.Since(start))
 
 	// The first dial of the next key fails after the reader ran ahead.
+	// (Its stream would otherwise reuse the first key's connection, kept
+	// by the client's pool, and dial nothing.)
+	cl.streamPool.CloseIdle()
 	mu.Lock()
 	breakN, sawAt = dials, nil
 	mu.Unlock()

@@ -250,6 +250,9 @@ func streamCollectors(s *stream.Server) []prometheus.Collector {
 		counter("downstream_total", "V2 streams accepted from another datanode.", func(st stream.Stats) uint64 { return st.Downstream }),
 		counter("received_bytes_total", "Payload bytes received on V2 streams.", func(st stream.Stats) uint64 { return st.BytesReceived }),
 		counter("failed_total", "V2 streams that ended in an error (their data discarded).", func(st stream.Stats) uint64 { return st.Failed }),
+		counter("connections_total", "Connections accepted on the V2 stream port.", func(st stream.Stats) uint64 { return st.Accepted }),
+		counter("reused_total", "V2 streams opened on a connection that carried a stream before.", func(st stream.Stats) uint64 { return st.Reused }),
+		counter("down_dials_total", "Connections this datanode opened to the next datanode of a V2 route.", func(st stream.Stats) uint64 { return st.DownDials }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "basalt", Subsystem: "datanode_stream", Name: "active", Help: "V2 streams open now."},
 			func() float64 { return float64(s.Stats().Active) }),
 	}

@@ -7,8 +7,9 @@
 // through the pipeline's Raft group, carrying the chunk list and checksums
 // the Writer computed.
 //
-// The protocol has its own TCP port (DatanodeDetails.stream_addr) and one
-// connection per stream. Integers are big-endian. Every frame carries a
+// The protocol has its own TCP port (DatanodeDetails.stream_addr); a
+// connection carries one stream at a time, and after a clean close the
+// next stream of the same route (see "Reuse"). Integers are big-endian. Every frame carries a
 // CRC32C of itself (header, packet header, ack; payloads have their own),
 // and every length is checked against its limit (MaxRoute, the address
 // limit, the header's packet size, MaxPacketSize, the reason limit)
@@ -17,7 +18,7 @@
 //
 // Header, client → first datanode, and each datanode → the next:
 //
-//	magic u32 "BSTR" | version u8 (2) | hop u8 | body length u16
+//	magic u32 "BSTR" | version u8 (5) | hop u8 | body length u16
 //	pipeline u64 | container u64 | local u64 | start offset u64
 //	packet size u32 | route length u16 | route: {datanode u64, addr len u16, addr}…
 //	token length u16 | block token (at most MaxToken bytes)
@@ -57,7 +58,7 @@
 // The Writer sums each payload byte once with CRC32C, for the chunk list's
 // windows, and combines the packet CRC from those (package crc32c).
 //
-// Records (protocol version 4, record.go). On a secured stream port the
+// Records (protocol version 4, and 5 with Reuse below; record.go). On a secured stream port the
 // mutual TLS 1.3 handshake, the header and the header ack go through
 // crypto/tls. The acceptor checks that crypto/tls holds no input past the
 // header and derives its keys before it sends the ack; the opener does the
@@ -74,12 +75,39 @@
 // (packet headers, acks; at most 2 KiB) are sealed with a key per
 // direction exported from the TLS session (ExportKeyingMaterial); payload
 // records with the stream's payload key, exported from the session of the
-// client and the first datanode and sent down the route in the header's
-// last field (through TLS), with the packet's 32-byte header as further
-// additional data. Nonces are a per-key counter. The client seals a
+// client and the first datanode with the stream's number on the
+// connection (0, 1, …) as the context, and sent down the route in the
+// header's last field (through TLS, or control records when reused),
+// with the packet's 32-byte header as further additional data. Nonces are a per-key counter. The client seals a
 // payload once; a datanode forwards the record as it arrived (one writev
 // with the re-sealed packet header) and opens it in place in its aligned
 // buffer. Any refused record fails the stream.
+//
+// Reuse (protocol version 5, connpool.go). After a clean close (the
+// client's Writer got the close ack; every hop acked its downstream's close
+// ack and wrote its own; nothing failed; nothing unread) the connection
+// stays open: the client's Writer hands it to its ConnPool (keyed by the
+// whole route and the TLS configuration; bounded in number and idle time),
+// and the next Dial for that route sends its header on it, as control
+// records on a secured connection (their counters go on; plaintext as a
+// frame), and reads the header ack the same way. Each hop checks a next
+// header as it checks a first (the same hop, the opener's certificate, the
+// route's entries, the block token in its Backend) and derives the
+// stream's payload key (hop 0: exported with the stream's number; later
+// hops: from the header, refused if equal to the last one's), then keeps
+// its connection to the next datanode if the route below is the same
+// (the header goes down as control records) or closes it and dials the
+// new next hop. The payload records of each stream start at nonce 0 under
+// their own key: no (key, nonce) pair is ever used twice. A hop waits for
+// a next header at most ServerConfig.ReuseIdle + hop·Timeout (longer than
+// the hop above it, which then closes its connection down; clients pool
+// for less, DefaultPoolIdle), and at most ServerConfig.MaxIdle
+// connections wait at once (one beyond is closed). Any failure of a stream (an error ack, a
+// refused header or record, a lost connection, an abort) closes its
+// connections on every hop: a connection in an unknown state is never
+// reused. A pooled connection the datanode closed before it read the
+// header (no byte came back, no timeout) is dropped and Dial connects
+// anew.
 //
 // Data path on a datanode: the payload is read from the socket into a
 // pooled 4 KiB-aligned buffer (the one copy), forwarded from that buffer

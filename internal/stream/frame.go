@@ -21,8 +21,11 @@ const (
 	// block token after the route. Version 4: a secured stream switches
 	// from TLS to records of its own after the header ack (record.go); a
 	// version 3 peer would read them as TLS garbage, so it is refused at
-	// the header instead.
-	Version = 4
+	// the header instead. Version 5: a connection carries one stream
+	// after another (doc.go, "Reuse"): each next header and its ack go as
+	// control records, each stream's payload key is exported with its
+	// number on the connection, and the exporter labels say v5.
+	Version = 5
 
 	headerPrefixLen = 8  // magic, version, hop, body length
 	headerFixedLen  = 38 // body bytes before the route

@@ -79,46 +79,65 @@ func sealAck(b []byte) {
 
 // sealConn seals a whole client connection: the header, then each packet
 // header in turn (skipping its payload as its length says), and with
-// payloads, each payload's CRC too.
+// payloads, each payload's CRC too; after a CLOSE, the next stream's
+// header (a reused connection) and its packets the same way.
 func sealConn(b []byte, payloads bool) {
-	off := sealHeader(b)
-	if off == 0 {
-		return
-	}
-	for off+packetHeaderLen <= len(b) {
-		p := b[off : off+packetHeaderLen]
-		n := 0
-		if p[0] == kindData {
-			n = int(binary.BigEndian.Uint32(p[4:]))
-		}
-		end := off + packetHeaderLen + n
-		if payloads && end <= len(b) {
-			binary.BigEndian.PutUint32(p[24:], crc32c(b[off+packetHeaderLen:end]))
-		}
-		sealPacket(p)
-		if n > len(b) {
+	off := 0
+	for {
+		n := sealHeader(b[off:])
+		if n == 0 {
 			return
 		}
-		off = end
+		off += n
+		for off+packetHeaderLen <= len(b) {
+			p := b[off : off+packetHeaderLen]
+			n := 0
+			if p[0] == kindData {
+				n = int(binary.BigEndian.Uint32(p[4:]))
+			}
+			end := off + packetHeaderLen + n
+			if payloads && end <= len(b) {
+				binary.BigEndian.PutUint32(p[24:], crc32c(b[off+packetHeaderLen:end]))
+			}
+			sealPacket(p)
+			if n > len(b) {
+				return
+			}
+			off = end
+			if p[0] == kindClose {
+				break
+			}
+		}
+		if off+packetHeaderLen > len(b) {
+			return
+		}
 	}
 }
 
-// sentPayload is the payload a connection's data packets carry, in order,
-// up to the first packet that is not a whole data packet: whatever a
-// server stores from the connection must be a prefix of it.
-func sentPayload(b []byte) []byte {
-	if len(b) < headerPrefixLen {
-		return nil
-	}
-	off := headerPrefixLen + int(binary.BigEndian.Uint16(b[6:])) + headerCRCLen
-	var out []byte
-	for off+packetHeaderLen <= len(b) && b[off] == kindData {
-		n := int(binary.BigEndian.Uint32(b[off+4:]))
-		if n > len(b)-off-packetHeaderLen {
+// sentPayloads is the payload each stream's data packets carry on a
+// connection, in order, up to the first packet that is not a whole data
+// packet; after a whole CLOSE packet the next stream's header follows
+// (a reused connection). Whatever a server stores from the connection's
+// stream i must be a prefix of element i.
+func sentPayloads(b []byte) [][]byte {
+	var out [][]byte
+	off := 0
+	for off+headerPrefixLen <= len(b) {
+		off += headerPrefixLen + int(binary.BigEndian.Uint16(b[off+6:])) + headerCRCLen
+		var sent []byte
+		for off+packetHeaderLen <= len(b) && b[off] == kindData {
+			n := int(binary.BigEndian.Uint32(b[off+4:]))
+			if n > len(b)-off-packetHeaderLen {
+				break
+			}
+			sent = append(sent, b[off+packetHeaderLen:off+packetHeaderLen+n]...)
+			off += packetHeaderLen + n
+		}
+		out = append(out, sent)
+		if off+packetHeaderLen > len(b) || b[off] != kindClose {
 			break
 		}
-		out = append(out, b[off+packetHeaderLen:off+packetHeaderLen+n]...)
-		off += packetHeaderLen + n
+		off += packetHeaderLen
 	}
 	return out
 }
@@ -148,6 +167,75 @@ func FuzzReadHeader(f *testing.F) {
 			return
 		}
 		if len(h.Route) > MaxRoute || h.PacketSize == 0 || h.PacketSize > MaxPacketSize || h.Hop > MaxRoute {
+			t.Fatalf("accepted an out-of-bounds header %+v", h)
+		}
+		enc, err := encodeHeader(nil, h)
+		if err != nil {
+			t.Fatalf("accepted header %+v does not encode: %v", h, err)
+		}
+		if !bytes.Equal(enc, data[:len(enc)]) {
+			t.Fatalf("accepted %x, re-encodes as %x", data[:len(enc)], enc)
+		}
+	})
+}
+
+// FuzzNextHeader: the header of the next stream on a reused secured
+// connection comes as control records (sealed with the connection's keys,
+// counters going on from the last stream's). readHeader over the record
+// decoder refuses with errBadHeader, a refused record or the input's end;
+// what it accepts is what was sealed and re-encodes to it. With mode bit
+// 1 the header's CRC is fixed first; bit 2 feeds the bytes as the raw
+// wire (records the fuzzer forges); the rest sets how the sender splits
+// the header into control records. Records of an earlier stream go first,
+// so the counters are mid-connection.
+func FuzzNextHeader(f *testing.F) {
+	for _, mode := range []uint8{1, 1 | 4<<2, 1 | 63<<2} {
+		f.Add(mode, mustHeader(f, &Header{Pipeline: 7, Block: BlockID{3, 9}, PacketSize: 1 << 20, Token: []byte("tok")}))
+		f.Add(mode, mustHeader(f, &Header{Hop: 1, Pipeline: 1, Block: BlockID{1, 1}, Offset: 4 << 20, PacketSize: MaxPacketSize,
+			Route: []Target{{ID: 2, Addr: "127.0.0.1:9855"}, {ID: 3, Addr: "[::1]:1"}}, Token: bytes.Repeat([]byte{9}, MaxToken),
+			payloadKey: bytes.Repeat([]byte{5}, 32)}))
+	}
+	f.Add(uint8(2), []byte{1, 0, 0, 0, 0, 0, 0, 40})
+	f.Fuzz(func(t *testing.T, mode uint8, data []byte) {
+		snd, wire, rcv := memRecords(t)
+		// An earlier stream's close ack, then its CLOSE the other way:
+		// the receiver's counter is past 0.
+		earlier := packetBytes(kindClose, 3, 99, nil)
+		if _, err := snd.Write(earlier); err != nil {
+			t.Fatal(err)
+		}
+		if mode&1 != 0 {
+			data = bytes.Clone(data)
+			sealHeader(data)
+		}
+		if mode&2 != 0 {
+			wire.Write(data)
+		} else {
+			split := max(1, int(mode>>2)*37)
+			for p := data; len(p) > 0; {
+				k := min(split, len(p))
+				if _, err := snd.Write(p[:k]); err != nil {
+					t.Fatal(err)
+				}
+				p = p[k:]
+			}
+		}
+		r := rcv(wire.Bytes())
+		var got [packetHeaderLen]byte
+		if _, err := io.ReadFull(r, got[:]); err != nil || !bytes.Equal(got[:], earlier) {
+			t.Fatalf("the earlier stream's record: %v", err)
+		}
+		h, err := readHeader(r)
+		if err != nil {
+			if !errors.Is(err, errBadHeader) && !errors.Is(err, errRecord) && !isConnErr(err) {
+				t.Fatalf("error neither a bad header, a refused record nor a short read: %v", err)
+			}
+			return
+		}
+		if mode&2 != 0 {
+			t.Fatalf("a header from forged records accepted: %+v", h)
+		}
+		if len(h.Route) > MaxRoute || h.PacketSize == 0 || h.PacketSize > MaxPacketSize || h.Hop > MaxRoute || len(h.Token) > MaxToken {
 			t.Fatalf("accepted an out-of-bounds header %+v", h)
 		}
 		enc, err := encodeHeader(nil, h)
@@ -245,11 +333,12 @@ func (m *memSink) Close() error { m.mu.Lock(); m.closed = true; m.mu.Unlock(); r
 func (m *memSink) Abort() error { m.mu.Lock(); m.abortd = true; m.mu.Unlock(); return nil }
 
 // memBackend admits streams at the end of a route only (so that fuzzed
-// routes never make the server dial out) and remembers the last sink.
+// routes never make the server dial out) and remembers the sinks (and
+// headers) it opened, in order.
 type memBackend struct {
-	mu   sync.Mutex
-	last *memSink
-	hdr  *Header
+	mu    sync.Mutex
+	sinks []*memSink
+	hdrs  []*Header
 }
 
 func (b *memBackend) Open(h *Header) (Sink, error) {
@@ -258,24 +347,31 @@ func (b *memBackend) Open(h *Header) (Sink, error) {
 	}
 	s := &memSink{}
 	b.mu.Lock()
-	b.last, b.hdr = s, h
+	b.sinks, b.hdrs = append(b.sinks, s), append(b.hdrs, h)
 	b.mu.Unlock()
 	return s, nil
 }
 
 // FuzzServerConn feeds a whole client connection to a stream server:
-// header, packets, close, in any order and any state of damage. The
-// server must answer with well-formed acks and end the stream; the data
+// header, packets, close, in any order and any state of damage, and after
+// a close the next stream's header and packets (a reused connection). The
+// server must answer with well-formed acks and end each stream; the data
 // it acknowledges is exactly what it stored; data it stored for a stream
-// that failed is discarded; a close ack means the sink was synced.
+// that failed is discarded; a close ack means the sink was synced; no
+// stream follows one that failed.
 func FuzzServerConn(f *testing.F) {
 	hdr := mustHeader(f, &Header{Pipeline: 1, Block: BlockID{1, 2}, Offset: 100, PacketSize: 64})
 	p0, p1 := bytes.Repeat([]byte{'a'}, 64), []byte("tail")
 	good := append(append(append(append([]byte(nil), hdr...), packetBytes(kindData, 0, 100, p0)...), packetBytes(kindData, 1, 164, p1)...), packetBytes(kindClose, 2, 168, nil)...)
 	bad := append([]byte(nil), good...)
 	bad[len(hdr)+packetHeaderLen+5] ^= 1 // payload damaged: checksum mismatch
+	hdr2 := mustHeader(f, &Header{Pipeline: 1, Block: BlockID{1, 3}, PacketSize: 64})
+	second := append(append(append([]byte(nil), hdr2...), packetBytes(kindData, 0, 0, p1)...), packetBytes(kindClose, 1, 4, nil)...)
 	for _, seal := range []uint8{0, 1, 3} {
 		f.Add(seal, good)
+		f.Add(seal, append(append([]byte(nil), good...), second...))
+		f.Add(seal, append(append(append([]byte(nil), good...), second...), bad...))
+		f.Add(seal, append(append([]byte(nil), good...), mustHeader(f, &Header{Pipeline: 1, Block: BlockID{1, 4}, PacketSize: 64, Route: []Target{{ID: 9, Addr: "x:1"}}})...))
 		f.Add(seal, append(append([]byte(nil), hdr...), packetBytes(kindClose, 0, 100, nil)...))
 		f.Add(seal, bad)
 		f.Add(seal, append(append([]byte(nil), hdr...), packetBytes(kindData, 0, 100, make([]byte, 65))...)) // over the packet size
@@ -297,7 +393,7 @@ func FuzzServerConn(f *testing.F) {
 			sealConn(data, seal&2 != 0)
 		}
 		be.mu.Lock()
-		be.last, be.hdr = nil, nil
+		be.sinks, be.hdrs = nil, nil
 		be.mu.Unlock()
 		c, err := net.Dial("tcp", lis.Addr().String())
 		if err != nil {
@@ -329,40 +425,62 @@ func FuzzServerConn(f *testing.F) {
 			}
 		}
 		be.mu.Lock()
-		s, h := be.last, be.hdr
+		sinks, hdrs := be.sinks, be.hdrs
 		be.mu.Unlock()
-		if s == nil {
-			for _, a := range acks {
-				if a.kind != kindError {
-					t.Fatalf("ack %+v for a stream the backend never opened", a)
-				}
-			}
-			return
-		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if sent := sentPayload(data); !bytes.HasPrefix(sent, s.data) {
-			t.Fatalf("stored %q, but the client sent %q", s.data, sent)
-		}
+		// The acks of stream i: those after the close ack of stream i-1.
+		var groups [][]ack
 		for i, a := range acks {
-			switch a.kind {
-			case kindHeaderAck:
-				if i != 0 || a.value != h.Offset {
-					t.Fatalf("header ack %+v at %d", a, i)
+			if i == 0 || acks[i-1].kind == kindCloseAck {
+				groups = append(groups, nil)
+			}
+			groups[len(groups)-1] = append(groups[len(groups)-1], a)
+		}
+		if len(groups) > len(sinks)+1 || len(sinks) > len(groups) {
+			t.Fatalf("%d streams opened, acks for %d", len(sinks), len(groups))
+		}
+		sent := sentPayloads(data)
+		for i, g := range groups {
+			if i == len(sinks) {
+				// A stream the backend never opened: refused.
+				for _, a := range g {
+					if a.kind != kindError {
+						t.Fatalf("ack %+v for a stream the backend never opened", a)
+					}
 				}
-			case kindDataAck:
-				if a.value < h.Offset || a.value-h.Offset > uint64(len(s.data)) {
-					t.Fatalf("data ack up to %d, but %d bytes from %d stored", a.value, len(s.data), h.Offset)
-				}
-			case kindCloseAck:
-				if !s.closed || s.abortd || a.value != h.Offset+uint64(len(s.data)) {
-					t.Fatalf("close ack at %d with sink closed %v aborted %v holding %d bytes from %d", a.value, s.closed, s.abortd, len(s.data), h.Offset)
-				}
-			case kindError:
-				if !s.abortd {
-					t.Fatalf("stream failed (%s: %s) but its data was kept", a.code, a.reason)
+				continue
+			}
+			if i < len(groups)-1 && g[len(g)-1].kind != kindCloseAck {
+				t.Fatalf("stream %d ended with ack %+v, yet another followed", i, g[len(g)-1])
+			}
+			s, h := sinks[i], hdrs[i]
+			s.mu.Lock()
+			if i >= len(sent) || !bytes.HasPrefix(sent[i], s.data) {
+				t.Fatalf("stream %d stored %q, but the client sent %q", i, s.data, sent)
+			}
+			for j, a := range g {
+				switch a.kind {
+				case kindHeaderAck:
+					if j != 0 || a.value != h.Offset {
+						t.Fatalf("stream %d: header ack %+v at %d", i, a, j)
+					}
+				case kindDataAck:
+					if a.value < h.Offset || a.value-h.Offset > uint64(len(s.data)) {
+						t.Fatalf("stream %d: data ack up to %d, but %d bytes from %d stored", i, a.value, len(s.data), h.Offset)
+					}
+				case kindCloseAck:
+					if !s.closed || s.abortd || a.value != h.Offset+uint64(len(s.data)) {
+						t.Fatalf("stream %d: close ack at %d with sink closed %v aborted %v holding %d bytes from %d", i, a.value, s.closed, s.abortd, len(s.data), h.Offset)
+					}
+				case kindError:
+					if !s.abortd {
+						t.Fatalf("stream %d failed (%s: %s) but its data was kept", i, a.code, a.reason)
+					}
 				}
 			}
+			s.mu.Unlock()
+		}
+		if len(sinks) > len(groups) {
+			t.Fatalf("stream %d opened without an ack", len(groups))
 		}
 	})
 }

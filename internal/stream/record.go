@@ -3,6 +3,7 @@ package stream
 import (
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/subtle"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -39,12 +40,15 @@ const (
 
 	// Exporter labels (RFC 8446 §7.5), one per direction: the two
 	// directions never share a key, so their counters may coincide.
-	labelOpenerToAcceptor = "EXPORTER-basalt-stream-v4 opener to acceptor"
-	labelAcceptorToOpener = "EXPORTER-basalt-stream-v4 acceptor to opener"
-	// labelPayload: the stream's payload key, exported from the session
-	// of the client and the first datanode, which sends it on down the
-	// route in the header (through TLS).
-	labelPayload = "EXPORTER-basalt-stream-v4 payload"
+	labelOpenerToAcceptor = "EXPORTER-basalt-stream-v5 opener to acceptor"
+	labelAcceptorToOpener = "EXPORTER-basalt-stream-v5 acceptor to opener"
+	// labelPayload: a stream's payload key, exported from the session of
+	// the client and the first datanode with the stream's number on that
+	// connection (0, 1, … : a reused connection carries one stream after
+	// another) as the context, so every stream has a key of its own; the
+	// first datanode sends it on down the route in the header (through
+	// TLS, or as a control record on a reused connection).
+	labelPayload = "EXPORTER-basalt-stream-v5 payload"
 )
 
 // errRecord wraps every refused record: damaged, forged, replayed, out of
@@ -118,9 +122,10 @@ type recordConn struct {
 	// so a payload is sealed once and opened once per datanode. Every hop
 	// sees the same payload records in the same order, so the counters
 	// agree down the route.
-	pay  *aeadState
-	wpad [recHeaderLen + packetHeaderLen]byte // additional data of a payload record sealed
-	rpad [recHeaderLen + packetHeaderLen]byte // and of one opened
+	pay    *aeadState
+	payKey []byte                               // pay's key: the next stream's must differ
+	wpad   [recHeaderLen + packetHeaderLen]byte // additional data of a payload record sealed
+	rpad   [recHeaderLen + packetHeaderLen]byte // and of one opened
 
 	in   *aeadState
 	rerr error // sticky
@@ -145,7 +150,7 @@ func newRecordConn(raw net.Conn, send, recv, pay []byte) (*recordConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &recordConn{Conn: raw, r: raw, w: raw, out: out, in: in, pay: ps,
+	return &recordConn{Conn: raw, r: raw, w: raw, out: out, in: in, pay: ps, payKey: append([]byte(nil), pay...),
 		wctl: make([]byte, 0, recHeaderLen+maxControl+tagLen), rctl: make([]byte, maxControl+tagLen)}, nil
 }
 
@@ -252,18 +257,44 @@ func recordKeyLen(cs *tls.ConnectionState) (int, error) {
 	return 32, nil
 }
 
-// payloadKey exports a stream's payload key from the session of its
-// client and first datanode.
-func payloadKey(cs *tls.ConnectionState) ([]byte, error) {
+// payloadKey exports the payload key of stream number seq (0 for the
+// first) of the connection of a client and its first datanode, session cs.
+func payloadKey(cs *tls.ConnectionState, seq uint64) ([]byte, error) {
 	n, err := recordKeyLen(cs)
 	if err != nil {
 		return nil, err
 	}
-	k, err := cs.ExportKeyingMaterial(labelPayload, nil, n)
+	var ctx [8]byte
+	binary.BigEndian.PutUint64(ctx[:], seq)
+	k, err := cs.ExportKeyingMaterial(labelPayload, ctx[:], n)
 	if err != nil {
 		return nil, fmt.Errorf("stream: exporting the payload key: %w", err)
 	}
 	return k, nil
+}
+
+// setPayloadKey starts the payload records of the next stream on a reused
+// connection: a key of its own (never the last one's), its counter from 0.
+// Both ends call it after the header exchange, between streams, when no
+// payload record is in flight.
+func (c *recordConn) setPayloadKey(key []byte) error {
+	if c.pay != nil && c.payKey != nil && subtle.ConstantTimeCompare(c.payKey, key) == 1 {
+		return fmt.Errorf("%w: the next stream's payload key is the last one's", errRecord)
+	}
+	ps, err := newAEADState(key)
+	if err != nil {
+		return err
+	}
+	c.pay, c.payKey = ps, append([]byte(nil), key...)
+	return nil
+}
+
+// reusable reports whether c is between two streams in a clean state:
+// nothing failed, nothing unread.
+func (c *recordConn) reusable() bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.werr == nil && c.rerr == nil && len(c.pend) == 0
 }
 
 // tlsDrained checks that tc, over f, holds no input: f is at a TLS record

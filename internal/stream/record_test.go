@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -71,11 +72,11 @@ func tlsPair(t *testing.T, cfg func(client, server *tls.Config)) (client, server
 func switchPair(t *testing.T, client, server *tls.Conn) (*recordConn, *recordConn) {
 	t.Helper()
 	ccs, scs := client.ConnectionState(), server.ConnectionState()
-	ck, err := payloadKey(&ccs)
+	ck, err := payloadKey(&ccs, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sk, err := payloadKey(&scs)
+	sk, err := payloadKey(&scs, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,7 +390,7 @@ func TestRecordSwitchNeedsTLS13(t *testing.T) {
 		t.Fatal("switched a TLS 1.2 session")
 	}
 	cs := stc.ConnectionState()
-	if _, err := payloadKey(&cs); err == nil {
+	if _, err := payloadKey(&cs, 0); err == nil {
 		t.Fatal("exported a payload key from a TLS 1.2 session")
 	}
 }
@@ -496,33 +497,41 @@ func TestSecureChainTamperedOnWire(t *testing.T) {
 }
 
 // TestOldVersionRefusedClearly: a version 3 opener (which would keep
-// talking TLS after the header ack) gets an error ack naming the versions,
-// through TLS, instead of records it cannot read.
+// talking TLS after the header ack) and a version 4 one (which would never
+// send a second header on the connection, and keys its payload without the
+// stream's number) get an error ack naming the versions, through TLS,
+// instead of records they cannot read.
 func TestOldVersionRefusedClearly(t *testing.T) {
 	c := newSecureCluster(t, 1)
 	client := c.issue(t, pki.RoleClient, "app").ClientTLS(pki.RoleDatanode)
-	raw, err := net.DialTimeout("tcp", c.nodes[0].target().Addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
-	raw.SetDeadline(time.Now().Add(10 * time.Second))
-	tc := tls.Client(raw, client)
-	hb := mustHeader(t, &Header{Pipeline: 1, Block: BlockID{1, 5}, PacketSize: 1 << 20})
-	hb[4] = 3
-	hb = hb[:len(hb)-1-headerCRCLen] // a version 3 header has no payload key length
-	binary.BigEndian.PutUint16(hb[6:], uint16(len(hb)-headerPrefixLen))
-	hb = binary.BigEndian.AppendUint32(hb, crc32c(hb))
-	if _, err := tc.Write(hb); err != nil {
-		t.Fatal(err)
-	}
-	var a ack
-	var ab [ackLen]byte
-	if err := readAck(tc, &ab, &a); err != nil {
-		t.Fatal(err)
-	}
-	if a.kind != kindError || a.code != CodeBadHeader || !strings.Contains(a.reason, "version 3, this datanode speaks 4") {
-		t.Fatalf("version 3 header answered with kind %#x code %v %q", a.kind, a.code, a.reason)
+	for _, v := range []byte{3, 4} {
+		raw, err := net.DialTimeout("tcp", c.nodes[0].target().Addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		raw.SetDeadline(time.Now().Add(10 * time.Second))
+		tc := tls.Client(raw, client)
+		hb := mustHeader(t, &Header{Pipeline: 1, Block: BlockID{1, 5}, PacketSize: 1 << 20})
+		hb[4] = v
+		if v == 3 {
+			hb = hb[:len(hb)-1-headerCRCLen] // a version 3 header has no payload key length
+			binary.BigEndian.PutUint16(hb[6:], uint16(len(hb)-headerPrefixLen))
+		} else {
+			hb = hb[:len(hb)-headerCRCLen]
+		}
+		hb = binary.BigEndian.AppendUint32(hb, crc32c(hb))
+		if _, err := tc.Write(hb); err != nil {
+			t.Fatal(err)
+		}
+		var a ack
+		var ab [ackLen]byte
+		if err := readAck(tc, &ab, &a); err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("version %d, this datanode speaks 5", v); a.kind != kindError || a.code != CodeBadHeader || !strings.Contains(a.reason, want) {
+			t.Fatalf("version %d header answered with kind %#x code %v %q", v, a.kind, a.code, a.reason)
+		}
 	}
 }
 
@@ -613,7 +622,7 @@ func TestRecordForwardCloseLeavesNothing(t *testing.T) {
 func payloadKeyOf(t *testing.T, tc *tls.Conn) []byte {
 	t.Helper()
 	cs := tc.ConnectionState()
-	k, err := payloadKey(&cs)
+	k, err := payloadKey(&cs, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -720,7 +729,7 @@ func TestDialReportsErrorBehindAck(t *testing.T) {
 				return err
 			}
 			cs := tc.ConnectionState()
-			pk, err := payloadKey(&cs)
+			pk, err := payloadKey(&cs, 0)
 			if err != nil {
 				return err
 			}

@@ -25,6 +25,8 @@ type secureCluster struct {
 	known map[uint64]Target
 	uuid  map[uint64]string
 	nodes []*node
+	// tweak (optional) edits each server's configuration before it starts.
+	tweak func(*ServerConfig)
 }
 
 func newSecureCluster(t testing.TB, k int) *secureCluster {
@@ -98,8 +100,11 @@ func (c *secureCluster) startWatched(t testing.TB, id uint64, watch bool) *pki.C
 	if watch {
 		sec.Watch = cr.Watch
 	}
-	n := &node{id: id, st: st, lis: lis,
-		srv: NewServer(ServerConfig{ID: id, Backend: storeBackend{st: st}, Timeout: 5 * time.Second, Security: sec})}
+	cfg := ServerConfig{ID: id, Backend: storeBackend{st: st}, Timeout: 5 * time.Second, Security: sec}
+	if c.tweak != nil {
+		c.tweak(&cfg)
+	}
+	n := &node{id: id, st: st, lis: lis, srv: NewServer(cfg)}
 	go n.srv.Serve(lis)
 	t.Cleanup(func() {
 		n.srv.Close()

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,6 +65,15 @@ type ServerConfig struct {
 	// the TLS handshake and the header (default 64); more are closed at
 	// once.
 	MaxHandshakes int
+	// ReuseIdle bounds the wait for the next stream's header on a
+	// connection whose stream closed cleanly (default 60s); a datanode at
+	// hop k waits ReuseIdle + k·Timeout, so each waits longer than the one
+	// above it, which keeps its connection down only while it waits
+	// itself. Clients pool for less (DefaultPoolIdle).
+	ReuseIdle time.Duration
+	// MaxIdle bounds the connections waiting for a next header (default
+	// 256); a connection whose stream closed cleanly beyond it is closed.
+	MaxIdle int
 }
 
 // Security is the stream port's authentication. Every connection is
@@ -98,6 +108,9 @@ type Stats struct {
 	BytesReceived uint64 // payload bytes received
 	Failed        uint64 // streams that ended in an error
 	Refused       uint64 // connections refused: TLS, identity, route or too many handshakes
+	Accepted      uint64 // connections accepted
+	Reused        uint64 // streams opened on a connection that carried one before
+	DownDials     uint64 // connections opened to a next datanode
 	Active        int64  // streams open now
 }
 
@@ -115,7 +128,9 @@ type Server struct {
 
 	handshakes chan struct{} // a slot per connection not yet through its header
 
+	idle                                         atomic.Int64 // connections waiting for a next header
 	firstHop, downstream, bytes, failed, refused atomic.Uint64
+	accepted, reused, downDials                  atomic.Uint64
 	active                                       atomic.Int64
 }
 
@@ -139,6 +154,12 @@ func NewServer(cfg ServerConfig) *Server {
 	if cfg.Guard == nil {
 		cfg.Guard = guard.New(nil, cfg.Logger)
 	}
+	if cfg.MaxIdle <= 0 {
+		cfg.MaxIdle = 256
+	}
+	if cfg.ReuseIdle <= 0 {
+		cfg.ReuseIdle = 60 * time.Second
+	}
 	if cfg.MaxHandshakes <= 0 {
 		cfg.MaxHandshakes = 64
 	}
@@ -158,7 +179,8 @@ func NewServer(cfg ServerConfig) *Server {
 // Stats returns the counters.
 func (s *Server) Stats() Stats {
 	return Stats{FirstHop: s.firstHop.Load(), Downstream: s.downstream.Load(), BytesReceived: s.bytes.Load(),
-		Failed: s.failed.Load(), Refused: s.refused.Load(), Active: s.active.Load()}
+		Failed: s.failed.Load(), Refused: s.refused.Load(), Accepted: s.accepted.Load(), Reused: s.reused.Load(),
+		DownDials: s.downDials.Load(), Active: s.active.Load()}
 }
 
 // Serve accepts streams on l until Close. It returns nil after Close.
@@ -195,6 +217,7 @@ func (s *Server) Serve(l net.Listener) error {
 			return nil
 		}
 		s.conns[c] = nil
+		s.accepted.Add(1)
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go s.handle(c)
@@ -222,11 +245,9 @@ type stream struct {
 	s    *Server
 	h    *Header
 	up   net.Conn
-	down net.Conn // nil at the end of the route
-	// downStop ends Security.Watch of the connection down (nil: none).
-	downStop func()
-	next     Target
-	sink     Sink
+	down net.Conn // nil at the end of the route; owned by the upConn
+	next Target
+	sink Sink
 
 	once  sync.Once
 	err   *Error
@@ -235,6 +256,36 @@ type stream struct {
 	hb   [packetHeaderLen]byte
 	iov  [2][]byte   // header + payload, one writev downstream
 	bufs net.Buffers // over iov; a field so WriteTo does not allocate
+}
+
+// upConn is one accepted connection across the streams it carries (doc.go,
+// "Reuse"), and the connection to the next datanode it keeps while the
+// next stream's route stays the same.
+type upConn struct {
+	// cs is the authenticated session (nil: plaintext): the opener is
+	// checked against every header, and a client's stream number seq
+	// keys that stream's payload.
+	cs  *tls.ConnectionState
+	hop uint8  // every header on the connection has the first's hop
+	seq uint64 // streams opened on it so far
+	st  *stream
+
+	down      net.Conn // a record connection (or plaintext) between streams
+	downStop  func()   // Security.Watch's stop for down
+	downRoute []Target // the route down carries: the next datanode first
+}
+
+// closeDown closes the connection to the next datanode, if any.
+func (uc *upConn) closeDown() {
+	if uc.down != nil {
+		closeRaw(uc.down)
+		uc.down = nil
+	}
+	if uc.downStop != nil {
+		uc.downStop()
+		uc.downStop = nil
+	}
+	uc.downRoute = nil
 }
 
 // packet is a received packet on its way to the disk; done its way to the
@@ -280,89 +331,114 @@ func (s *Server) handle(up net.Conn) {
 		}
 		up.Close()
 	}()
-	var st *stream
+	uc := &upConn{}
 	var live net.Conn // what the opener reads acks from
 	if s.cfg.Security == nil {
 		live = up
 	}
-	err := s.cfg.Guard.Run(guardWhere, func() error { s.serve(up, &st, &live); return nil })
+	err := s.cfg.Guard.Run(guardWhere, func() error { s.serve(up, uc, &live); return nil })
 	var pe *guard.PanicError
 	if !errors.As(err, &pe) {
+		uc.closeDown()
 		return
 	}
 	s.failed.Add(1)
-	if st != nil {
+	if st := uc.st; st != nil {
 		s.cfg.Guard.Run(guardWhere, func() error {
 			st.fail(s.internalError(pe))
 			st.abortSink()
 			return nil
 		})
-		if st.down != nil {
-			closeRaw(st.down)
-		}
-		st.unwatchDown()
 	}
+	uc.closeDown()
 	if live != nil {
 		s.refuse(live, s.internalError(pe))
 	}
 }
 
-// serve runs a stream on up; *stp is set once the stream exists, so that
-// handle can discard its data if serve panics, and *live is the
-// connection the opener reads acks from (the TLS connection once
-// authenticated, the record connection once the header ack is sent).
-func (s *Server) serve(up net.Conn, stp **stream, live *net.Conn) {
+// serve runs the streams of connection up, one after another: the first
+// header comes through TLS (or plaintext), each next one, after a clean
+// close, as control records (see doc.go, "Reuse"). uc.st is set once a
+// stream exists, so that handle can discard its data if serve panics, and
+// *live is the connection the opener reads acks from (the TLS connection
+// once authenticated, the record connection once the header ack is sent).
+func (s *Server) serve(up net.Conn, uc *upConn, live *net.Conn) {
 	select {
 	case s.handshakes <- struct{}{}:
 	default:
 		s.refused.Add(1)
 		return
 	}
-	h, up, err := s.open(up, live)
+	h, up, err := s.open(up, uc, live)
 	<-s.handshakes
-	if err != nil {
-		return
+	for err == nil {
+		uc.st = nil
+		if !s.runStream(uc, h, up, live) {
+			return
+		}
+		uc.seq++
+		up = *live
+		if s.idle.Add(1) > int64(s.cfg.MaxIdle) {
+			s.idle.Add(-1)
+			return
+		}
+		h, err = s.nextHeader(uc, up)
+		s.idle.Add(-1)
 	}
+}
+
+// runStream runs one stream whose header h arrived on up; it reports
+// whether the stream closed cleanly (every hop synced and acked its
+// close), so that the connection may carry the next.
+func (s *Server) runStream(uc *upConn, h *Header, up net.Conn, live *net.Conn) bool {
 	if h.Hop == 0 {
 		s.firstHop.Add(1)
 	} else {
 		s.downstream.Add(1)
 	}
+	if uc.seq > 0 {
+		s.reused.Add(1)
+	}
 	if n := s.active.Add(1); n > int64(s.cfg.MaxStreams) {
 		s.active.Add(-1)
 		s.failed.Add(1)
 		s.refuse(up, &Error{Code: CodeBusy, Datanode: s.cfg.ID, Reason: fmt.Sprintf("%d streams open, limit %d", n-1, s.cfg.MaxStreams)})
-		return
+		return false
 	}
 	defer s.active.Add(-1)
 	sink, err := s.cfg.Backend.Open(h)
 	if err != nil {
 		s.failed.Add(1)
 		s.refuse(up, s.asError(err, CodeIO))
-		return
+		return false
 	}
 	st := &stream{s: s, h: h, up: up, sink: sink, abort: make(chan struct{})}
-	*stp = st
-	if len(h.Route) > 0 {
-		if e := st.connectDown(); e != nil {
-			st.unwatchDown()
-			s.failed.Add(1)
-			st.abortSink()
-			s.refuse(up, e)
-			return
-		}
+	uc.st = st
+	if e := st.downFor(uc); e != nil {
+		uc.closeDown()
+		s.failed.Add(1)
+		st.abortSink()
+		s.refuse(up, e)
+		return false
 	}
 	// A secured connection switches to records (record.go) once the
-	// header ack, the last frame through TLS, is sent.
+	// header ack, the last frame through TLS, is sent; a reused one keys
+	// the stream's payload records.
 	var rc *recordConn
-	if tc, ok := up.(*tls.Conn); ok {
-		var err error
-		if rc, err = switchToRecords(tc, false, h.payloadKey); err != nil {
+	switch c := up.(type) {
+	case *tls.Conn:
+		if rc, err = switchToRecords(c, false, h.payloadKey); err != nil {
 			s.failed.Add(1)
 			st.abortSink()
 			s.refuse(up, &Error{Code: CodeProtocol, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, err)})
-			st.releaseDown()
-			return
+			return false
+		}
+	case *recordConn:
+		if err := c.setPayloadKey(h.payloadKey); err != nil {
+			s.failed.Add(1)
+			st.abortSink()
+			s.refuse(up, &Error{Code: CodeProtocol, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, err)})
+			return false
 		}
 	}
 	var b [ackLen]byte
@@ -379,35 +455,52 @@ func (s *Server) serve(up net.Conn, stp **stream, live *net.Conn) {
 		s.failed.Add(1)
 		st.abortSink()
 		s.refuse(up, st.err)
+		return false
 	}
-	st.releaseDown()
+	if rc, ok := (*live).(*recordConn); ok && !rc.reusable() {
+		return false
+	}
+	if d, ok := uc.down.(*recordConn); ok && !d.reusable() {
+		uc.closeDown()
+	}
+	return true
 }
 
-// releaseDown closes the downstream connection, if any, once the stream's
-// loops ended.
-func (st *stream) releaseDown() {
-	if st.down != nil {
-		closeRaw(st.down)
+// nextHeader waits (ReuseIdle, longer further down the route) for the
+// next stream's header on a connection whose last stream closed cleanly,
+// and checks it as open checks a first one. Any error ends the
+// connection.
+func (s *Server) nextHeader(uc *upConn, up net.Conn) (*Header, error) {
+	up.SetReadDeadline(time.Now().Add(s.cfg.ReuseIdle + time.Duration(uc.hop)*s.cfg.Timeout))
+	h, err := readHeader(up)
+	if err != nil {
+		if errors.Is(err, errBadHeader) || errors.Is(err, errRecord) {
+			s.failed.Add(1)
+			s.refuse(up, &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: err.Error()})
+		}
+		return nil, err // or the opener closed the idle connection
 	}
-	st.unwatchDown()
-}
-
-// unwatchDown ends the watch of the downstream connection, if any.
-func (st *stream) unwatchDown() {
-	if st.downStop != nil {
-		st.downStop()
-		st.downStop = nil
+	up.SetDeadline(time.Now().Add(s.cfg.Timeout))
+	if h.Hop != uc.hop {
+		err = fmt.Errorf("hop %d header on a connection of hop %d", h.Hop, uc.hop)
+	} else {
+		err = s.checkHeader(uc, h)
 	}
+	if err != nil {
+		s.refused.Add(1)
+		s.refuse(up, &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, err)})
+		return nil, err
+	}
+	return h, nil
 }
 
 // open authenticates a new connection and reads its header: the opener's
 // certificate (when secured) must allow it to open this stream, and the
 // route may name only datanodes the cluster knows, at their addresses.
 // *live is set to the TLS connection once authenticated.
-func (s *Server) open(raw net.Conn, live *net.Conn) (*Header, net.Conn, error) {
+func (s *Server) open(raw net.Conn, uc *upConn, live *net.Conn) (*Header, net.Conn, error) {
 	raw.SetDeadline(time.Now().Add(s.cfg.Timeout))
 	up := raw
-	var cs *tls.ConnectionState
 	sec := s.cfg.Security
 	if sec != nil {
 		tc := tls.Server(framedTLS(raw), sec.Server)
@@ -417,9 +510,9 @@ func (s *Server) open(raw net.Conn, live *net.Conn) (*Header, net.Conn, error) {
 			return nil, nil, err
 		}
 		st := tc.ConnectionState()
-		cs, up, *live = &st, tc, tc
+		uc.cs, up, *live = &st, tc, tc
 		if sec.Watch != nil {
-			stop := sec.Watch(raw, cs)
+			stop := sec.Watch(raw, uc.cs)
 			s.mu.Lock()
 			s.conns[raw] = stop // handle's deferred clean-up calls it
 			s.mu.Unlock()
@@ -434,40 +527,52 @@ func (s *Server) open(raw net.Conn, live *net.Conn) (*Header, net.Conn, error) {
 		}
 		return nil, nil, err // or the peer went away before sending a header: nothing to say
 	}
-	if sec != nil {
-		var rerr error
-		if sec.Upstream != nil {
-			rerr = sec.Upstream(cs, h)
-		}
-		for _, t := range h.Route {
-			if rerr != nil {
-				break
-			}
-			rerr = sec.Target(t)
-		}
-		// The stream's payload key (record.go): exported from this
-		// session when the client opened it, else from the header.
-		switch {
-		case rerr != nil:
-		case h.Hop == 0 && len(h.payloadKey) != 0:
-			rerr = fmt.Errorf("a client's header may not carry a payload key")
-		case h.Hop == 0:
-			h.payloadKey, rerr = payloadKey(cs)
-		case len(h.payloadKey) == 0:
-			rerr = fmt.Errorf("hop %d header carries no payload key", h.Hop)
-		}
-		if rerr != nil {
+	uc.hop = h.Hop
+	if err := s.checkHeader(uc, h); err != nil {
+		if sec != nil {
 			s.refused.Add(1)
-			s.refuse(up, &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, rerr)})
-			return nil, nil, rerr
+		} else {
+			s.failed.Add(1)
 		}
-	} else if len(h.payloadKey) != 0 {
-		err := fmt.Errorf("datanode %d: a payload key on a plaintext stream", s.cfg.ID)
-		s.failed.Add(1)
-		s.refuse(up, &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: err.Error()})
+		s.refuse(up, &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, err)})
 		return nil, nil, err
 	}
 	return h, up, nil
+}
+
+// checkHeader checks header h, the stream number uc.seq of connection uc,
+// against its opener and the cluster, and sets its payload key.
+func (s *Server) checkHeader(uc *upConn, h *Header) error {
+	sec := s.cfg.Security
+	if sec == nil {
+		if len(h.payloadKey) != 0 {
+			return fmt.Errorf("a payload key on a plaintext stream")
+		}
+		return nil
+	}
+	if sec.Upstream != nil {
+		if err := sec.Upstream(uc.cs, h); err != nil {
+			return err
+		}
+	}
+	for _, t := range h.Route {
+		if err := sec.Target(t); err != nil {
+			return err
+		}
+	}
+	// The stream's payload key (record.go): exported from this session
+	// (with the stream's number on it) when a client opened it, else from
+	// the header.
+	var err error
+	switch {
+	case h.Hop == 0 && len(h.payloadKey) != 0:
+		return fmt.Errorf("a client's header may not carry a payload key")
+	case h.Hop == 0:
+		h.payloadKey, err = payloadKey(uc.cs, uc.seq)
+	case len(h.payloadKey) == 0:
+		err = fmt.Errorf("hop %d header carries no payload key", h.Hop)
+	}
+	return err
 }
 
 // asError names this datanode in a backend's refusal.
@@ -517,19 +622,51 @@ func ackTimeout(base time.Duration, k int) time.Duration {
 	return base + time.Duration(max(k-1, 0))*base/2
 }
 
-func (st *stream) connectDown() *Error {
-	s, h := st.s, st.h
+// downFor gives the stream its connection to the next datanode: the one
+// the last stream of this connection used, if the route below is the
+// same (the next header goes as control records), else a new one.
+func (st *stream) downFor(uc *upConn) *Error {
+	h := st.h
+	if len(h.Route) == 0 {
+		uc.closeDown()
+		return nil
+	}
 	st.next = h.Route[0]
+	if uc.down != nil && slices.Equal(uc.downRoute, h.Route) {
+		if e := st.sendHeaderDown(uc.down); e != nil {
+			return e
+		}
+		st.down = uc.down
+		return nil
+	}
+	uc.closeDown()
+	c, stop, e := st.dialDown()
+	if e != nil {
+		return e
+	}
+	uc.down, uc.downStop = c, stop
+	if e := st.sendHeaderDown(c); e != nil {
+		return e
+	}
+	uc.down, uc.downRoute = st.down, slices.Clone(h.Route)
+	return nil
+}
+
+// dialDown connects to the next datanode and authenticates it.
+func (st *stream) dialDown() (net.Conn, func(), *Error) {
+	s := st.s
+	s.downDials.Add(1)
 	d := net.Dialer{Timeout: s.cfg.Timeout}
 	c, err := d.Dial("tcp", st.next.Addr)
 	if err != nil {
-		return &Error{Code: CodeUnreachable, Datanode: st.next.ID, Addr: st.next.Addr,
+		return nil, nil, &Error{Code: CodeUnreachable, Datanode: st.next.ID, Addr: st.next.Addr,
 			Reason: fmt.Sprintf("datanode %d cannot connect to it: %v", s.cfg.ID, err)}
 	}
 	if tc, ok := c.(*net.TCPConn); ok {
 		// Packets are large; acks are tiny and must not wait for Nagle.
 		tc.SetNoDelay(true)
 	}
+	var stop func()
 	if sec := s.cfg.Security; sec != nil {
 		tc := tls.Client(framedTLS(c), sec.Client)
 		tc.SetDeadline(time.Now().Add(s.cfg.Timeout))
@@ -540,23 +677,31 @@ func (st *stream) connectDown() *Error {
 		}
 		if err != nil {
 			c.Close()
-			return &Error{Code: CodeUnreachable, Datanode: st.next.ID, Addr: st.next.Addr,
+			return nil, nil, &Error{Code: CodeUnreachable, Datanode: st.next.ID, Addr: st.next.Addr,
 				Reason: fmt.Sprintf("datanode %d cannot authenticate it: %v", s.cfg.ID, err)}
 		}
 		if sec.Watch != nil {
 			// The next datanode's certificate revoked: the connection
 			// closes, and the stream fails naming it.
 			cs := tc.ConnectionState()
-			st.downStop = sec.Watch(c, &cs)
+			stop = sec.Watch(c, &cs)
 		}
 		c = tc
 	}
+	return c, stop, nil
+}
+
+// sendHeaderDown sends the stream's header to the next datanode on c (a
+// new TLS or plaintext connection, or a record connection between
+// streams) and waits for its ack; then st.down is the connection the
+// stream's packets go down (records, on a secured one).
+func (st *stream) sendHeaderDown(c net.Conn) *Error {
+	s, h := st.s, st.h
 	fwd := *h
 	fwd.Hop++
 	fwd.Route = h.Route[1:]
 	b, err := encodeHeader(nil, &fwd)
 	if err != nil {
-		c.Close()
 		return &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: err.Error()}
 	}
 	// The next datanode connects further down before it answers.
@@ -567,26 +712,27 @@ func (st *stream) connectDown() *Error {
 		err = readAck(c, &ab, &a)
 	}
 	if err != nil {
-		c.Close()
 		return st.downErr(err, "opening the stream")
 	}
 	if a.kind == kindError {
-		c.Close()
 		return ackError(&a, h.Route)
 	}
 	if a.kind != kindHeaderAck || a.value != h.Offset {
-		c.Close()
 		return &Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr,
 			Reason: fmt.Sprintf("answered the header with ack kind %#x value %d, want header ack at %d", a.kind, a.value, h.Offset)}
 	}
-	if tc, ok := c.(*tls.Conn); ok {
+	switch tc := c.(type) {
+	case *tls.Conn:
 		rc, err := switchToRecords(tc, true, h.payloadKey)
 		if err != nil {
-			c.Close()
 			return &Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr,
 				Reason: fmt.Sprintf("datanode %d cannot switch its connection to records: %v", s.cfg.ID, err)}
 		}
 		c = rc
+	case *recordConn:
+		if err := tc.setPayloadKey(h.payloadKey); err != nil {
+			return &Error{Code: CodeProtocol, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, err)}
+		}
 	}
 	c.SetDeadline(time.Time{})
 	st.down = c

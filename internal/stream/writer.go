@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 
 	crcc "github.com/basalt-store/basalt/internal/crc32c"
@@ -48,6 +49,9 @@ type Options struct {
 	Watch func(raw net.Conn, cs *tls.ConnectionState) (stop func())
 	// Token is the block's token (package blocktoken), sent in the header.
 	Token []byte
+	// Pool (optional) keeps the connection after a clean close for the
+	// next stream of the same route, and gives Dial one if it has it.
+	Pool *ConnPool
 }
 
 func (o *Options) setDefaults() error {
@@ -134,7 +138,15 @@ type Writer struct {
 	err      error         // why it ended (nil after a clean close); read after ackDone
 	final    uint64        // the close ack's length
 	closed   bool
-	unwatch  func() // Options.Watch's stop
+	// pc is the connection and what its next stream needs; after a clean
+	// close it goes back to Options.Pool.
+	pc *pooledConn
+	// imu orders Interrupt against Close handing the connection to the
+	// pool: once released, Interrupt leaves it alone; once interrupted,
+	// it is never pooled.
+	imu         sync.Mutex
+	released    bool
+	interrupted bool
 }
 
 type expect struct {
@@ -147,8 +159,9 @@ type expect struct {
 // datanode first (the order the client wants the data to travel; see
 // OrderRoute). It returns once every datanode of the route has accepted
 // the stream, or an *Error naming the datanode that refused or could not
-// be reached.
-func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, opts Options) (_ *Writer, rerr error) {
+// be reached. With Options.Pool it takes an idle connection of the same
+// route from the pool if there is one (see ConnPool).
+func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, opts Options) (*Writer, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}
@@ -160,18 +173,39 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 	if err != nil {
 		return nil, err
 	}
-	first := route[0]
-	unwatch := func() {}
-	defer func() {
-		if rerr != nil {
-			unwatch()
+	var key string
+	if p := opts.Pool; p != nil {
+		key = poolKey(route, opts.TLS)
+		if pc := p.get(key); pc != nil {
+			w, stale, err := dialOn(ctx, pc, route, block, hb, opts)
+			if !stale {
+				p.reuses.Add(1)
+				return w, err
+			}
+			// The datanode closed the idle connection before reading the
+			// header (it stopped, say): nothing of this stream reached it.
+			p.stale.Add(1)
 		}
-	}()
+		p.dials.Add(1)
+	}
+	pc, err := connect(ctx, route[0], opts)
+	if err != nil {
+		return nil, err
+	}
+	pc.key = key
+	w, _, err := dialOn(ctx, pc, route, block, hb, opts)
+	return w, err
+}
+
+// connect opens a new connection to the first datanode and authenticates
+// it.
+func connect(ctx context.Context, first Target, opts Options) (*pooledConn, error) {
 	d := net.Dialer{Timeout: opts.Timeout}
 	conn, err := d.DialContext(ctx, "tcp", first.Addr)
 	if err != nil {
 		return nil, &Error{Code: CodeUnreachable, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot connect: %v", err)}
 	}
+	pc := &pooledConn{conn: conn}
 	if opts.TLS != nil {
 		tc := tls.Client(framedTLS(conn), opts.TLS)
 		conn.SetDeadline(time.Now().Add(opts.Timeout))
@@ -179,13 +213,29 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 			conn.Close()
 			return nil, &Error{Code: CodeUnreachable, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot connect: TLS: %v", err)}
 		}
+		cs := tc.ConnectionState()
 		if opts.Watch != nil {
-			cs := tc.ConnectionState()
-			unwatch = opts.Watch(conn, &cs)
+			pc.unwatch = opts.Watch(conn, &cs)
 		}
-		conn = tc
+		pc.conn, pc.cs = tc, &cs
 	}
-	w := &Writer{opts: opts, route: route, block: block, conn: conn, off: opts.Offset, unwatch: unwatch,
+	return pc, nil
+}
+
+// dialOn opens the stream on pc: a new connection (its header and ack go
+// through TLS, then records) or a pooled one (a record connection, or
+// plaintext, between streams). stale: pc was pooled and the datanode had
+// closed it before it read the header (no byte came back); pc is closed.
+// On any error pc is closed.
+func dialOn(ctx context.Context, pc *pooledConn, route []Target, block BlockID, hb []byte, opts Options) (_ *Writer, stale bool, rerr error) {
+	first := route[0]
+	defer func() {
+		if rerr != nil {
+			pc.close()
+		}
+	}()
+	conn := pc.conn
+	w := &Writer{opts: opts, route: route, block: block, conn: conn, off: opts.Offset, pc: pc,
 		wait:  ackTimeout(opts.Timeout, len(route)),
 		slots: make(chan struct{}, opts.Window), inflight: make(chan expect, opts.Window+1), ackDone: make(chan struct{})}
 	// Each datanode connects to the next before answering.
@@ -201,47 +251,70 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 	stop := context.AfterFunc(ctx, func() { hc.SetDeadline(time.Unix(1, 0)) })
 	var a ack
 	var ab [ackLen]byte
-	if _, err = conn.Write(hb); err == nil {
-		err = readAck(conn, &ab, &a)
+	var got bool // a byte of the answer arrived
+	_, err := conn.Write(hb)
+	if err == nil {
+		err = readAck(countReads{conn, &got}, &ab, &a)
 	}
 	if !stop() {
-		conn.Close()
-		return nil, &Error{Code: CodeConnLost, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("opening the stream: %v", context.Cause(ctx))}
+		return nil, false, &Error{Code: CodeConnLost, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("opening the stream: %v", context.Cause(ctx))}
 	}
 	switch {
 	case err != nil:
-		conn.Close()
-		return nil, w.connErr(err, "opening the stream")
+		return nil, pc.seq > 0 && !got && !isTimeout(err), w.connErr(err, "opening the stream")
 	case a.kind == kindError:
-		conn.Close()
-		return nil, ackError(&a, route)
+		return nil, false, ackError(&a, route)
 	case a.kind != kindHeaderAck || a.value != opts.Offset:
-		conn.Close()
-		return nil, &Error{Code: CodeProtocol, Datanode: first.ID, Addr: first.Addr,
+		return nil, false, &Error{Code: CodeProtocol, Datanode: first.ID, Addr: first.Addr,
 			Reason: fmt.Sprintf("answered the header with ack kind %#x value %d", a.kind, a.value)}
 	}
-	if tc, ok := conn.(*tls.Conn); ok {
+	switch c := conn.(type) {
+	case *tls.Conn:
 		// The header ack was the last frame through TLS: records from here
 		// (record.go).
-		cs := tc.ConnectionState()
-		pk, err := payloadKey(&cs)
+		pk, err := payloadKey(pc.cs, 0)
 		var rc *recordConn
 		if err == nil {
-			rc, err = switchToRecords(tc, true, pk)
+			rc, err = switchToRecords(c, true, pk)
 		}
 		if err != nil {
-			conn.Close()
-			return nil, &Error{Code: CodeProtocol, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot switch the connection to records: %v", err)}
+			return nil, false, &Error{Code: CodeProtocol, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot switch the connection to records: %v", err)}
 		}
-		w.conn = rc
+		w.conn, pc.conn = rc, rc
+	case *recordConn:
+		// The next stream on a reused connection: a payload key of its own.
+		pk, err := payloadKey(pc.cs, pc.seq)
+		if err == nil {
+			err = c.setPayloadKey(pk)
+		}
+		if err != nil {
+			return nil, false, &Error{Code: CodeProtocol, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot key the stream: %v", err)}
+		}
+	}
+	if _, ok := w.conn.(*recordConn); ok {
 		w.sealBuf = getBuf(opts.PacketSize)
 	}
+	pc.seq++
 	w.conn.SetDeadline(time.Time{})
 	w.buf = getBuf(opts.PacketSize)
 	w.timer = time.NewTimer(time.Hour)
 	w.timer.Stop()
 	go w.readAcks()
-	return w, nil
+	return w, false, nil
+}
+
+// countReads notes whether a read returned any byte.
+type countReads struct {
+	r   io.Reader
+	got *bool
+}
+
+func (c countReads) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 {
+		*c.got = true
+	}
+	return n, err
 }
 
 // connErr describes a failure of the connection to the first datanode.
@@ -456,13 +529,31 @@ func (w *Writer) Close() (uint64, []Chunk, error) {
 	}
 	err := w.close()
 	w.closed = true
-	closeRaw(w.conn)
-	w.unwatch()
+	w.release(err == nil)
 	w.putBufs()
 	if err != nil {
 		return 0, nil, err
 	}
 	return w.off, w.chunks, nil
+}
+
+// release ends the Writer's use of its connection: back to the pool after
+// a clean close (the ack reader ended on the close ack, nothing is
+// unread), closed otherwise.
+func (w *Writer) release(clean bool) {
+	w.imu.Lock()
+	defer w.imu.Unlock()
+	if w.released {
+		return
+	}
+	w.released = true
+	if clean && !w.interrupted && w.opts.Pool != nil {
+		if rc, ok := w.conn.(*recordConn); !ok || rc.reusable() {
+			w.opts.Pool.put(w.pc)
+			return
+		}
+	}
+	w.pc.close()
 }
 
 func (w *Writer) close() error {
@@ -505,8 +596,8 @@ func (w *Writer) Abort() {
 		return
 	}
 	w.closed = true
-	closeRaw(w.conn)
-	w.unwatch()
+	w.Interrupt()
+	w.release(false)
 	<-w.ackDone
 	w.putBufs()
 }
@@ -517,7 +608,14 @@ func (w *Writer) Abort() {
 // Write that only copies into the packet buffer may still succeed after
 // Interrupt; the next send, or Close, fails. Safe to call concurrently
 // with Write and Close; the owner still calls Abort once they returned.
-func (w *Writer) Interrupt() { closeRaw(w.conn) }
+func (w *Writer) Interrupt() {
+	w.imu.Lock()
+	defer w.imu.Unlock()
+	if !w.released {
+		w.interrupted = true
+		closeRaw(w.conn)
+	}
+}
 
 func (w *Writer) putBufs() {
 	putBuf(w.buf)
