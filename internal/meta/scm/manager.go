@@ -1136,10 +1136,7 @@ func (m *Manager) AllocateBlocks(ctx context.Context, req *metapb.AllocateBlocks
 			return nil, err
 		}
 		c, dns := m.st.ContainerReplicas(c.Id)
-		dns = slices.Clone(dns)
-		m.mu.Lock()
-		m.rng.Shuffle(len(dns), func(i, j int) { dns[i], dns[j] = dns[j], dns[i] })
-		m.mu.Unlock()
+		dns = writeRoute(c.PipelineId, dns)
 		topology.SortByDistance(dns, 0, req.ClientLocation, func(d *metapb.DatanodeDetails) uint64 { return d.Id }, func(d *metapb.DatanodeDetails) string { return d.Location })
 		resp.Blocks = append(resp.Blocks, &metapb.BlockLocation{
 			Id:             &metapb.BlockID{ContainerId: c.Id, LocalId: first + uint64(i)},
@@ -1361,4 +1358,26 @@ func checkDeleteBlocks(req *metapb.DeleteBlocksRequest) error {
 		}
 	}
 	return nil
+}
+
+// writeRoute is the order a pipeline's blocks are written in (the V2
+// chain's route; the V1 leader is the pipeline's Raft leader either way):
+// the replicas by datanode ID, rotated by the pipeline's ID. The same
+// pipeline gets the same route on every allocation, so a client's stream
+// connections are reused from block to block (internal/stream, protocol
+// v5: a connection is reused only for the same route), and different
+// pipelines start at different datanodes. A chain loads its hops evenly
+// but for the last, which forwards nothing; the rotation spreads that
+// role over pipelines rather than over allocations. SortByDistance then
+// moves the replicas nearest the client first, stably.
+func writeRoute(pipeline uint64, dns []*metapb.DatanodeDetails) []*metapb.DatanodeDetails {
+	out := slices.Clone(dns)
+	slices.SortFunc(out, func(a, b *metapb.DatanodeDetails) int { return cmp.Compare(a.Id, b.Id) })
+	if n := len(out); n > 1 {
+		k := int(pipeline % uint64(n))
+		slices.Reverse(out[:k])
+		slices.Reverse(out[k:])
+		slices.Reverse(out)
+	}
+	return out
 }
