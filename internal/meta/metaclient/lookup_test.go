@@ -79,7 +79,7 @@ func startStub(t *testing.T, s *stubNS) *Client {
 
 // startStubN is startStub with inflight LookupKeys batches in flight per
 // requester (0: the default).
-func startStubN(t *testing.T, s *stubNS, inflight int) *Client {
+func startStubN(t testing.TB, s *stubNS, inflight int) *Client {
 	t.Helper()
 	if s.gate == nil {
 		s.gate = make(chan struct{})
@@ -448,4 +448,31 @@ func TestLookupRetriesKeepNoSlot(t *testing.T) {
 	if bad.Load() > 0 {
 		t.Fatalf("%d lookups of the batch failed", bad.Load())
 	}
+}
+
+// BenchmarkLookupConcurrent: 64 callers looking keys up in a loop, as a
+// gateway's handlers under warp stat's 64 clients, against the stub on
+// loopback with the default LookupsInFlight: reports the RPCs per lookup
+// and the share of lookups that went alone as LookupKey calls (issue 15).
+//
+//	go test -run '^$' -bench LookupConcurrent ./internal/meta/metaclient/
+func BenchmarkLookupConcurrent(b *testing.B) {
+	s := &stubNS{}
+	c := startStubN(b, s, 0)
+	b.SetParallelism(32) // 64 callers on two cores
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		for pb.Next() {
+			if ki, err := c.Lookup(ctx, &metapb.LookupKeyRequest{Key: "k"}); err != nil || ki.GetName() != "k" {
+				b.Errorf("lookup: %v %v", ki, err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	single, batches := s.single.Load(), s.batches.Load()
+	b.ReportMetric(float64(single+batches)/float64(b.N), "rpcs/op")
+	b.ReportMetric(float64(single)/float64(b.N), "alone/op")
 }
