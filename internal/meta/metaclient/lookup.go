@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -116,18 +115,7 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 	}
 	q.pending = append(q.pending, call)
 	var batch []*lookupCall
-	gather := false
-	switch {
-	case q.inflight >= co.maxInflight:
-	case q.inflight > 0:
-		// Another batch of this requester is out, so others are calling
-		// too: the slot is taken now, its batch when the sending
-		// goroutine has let the goroutines already runnable run (see
-		// gather), so that the calls they are about to make join it
-		// instead of each leaving alone in the next free slot.
-		q.inflight++
-		gather = true
-	default:
+	if q.inflight < co.maxInflight {
 		if batch = q.take(); len(batch) > 0 {
 			q.inflight++
 		} else {
@@ -135,9 +123,7 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 		}
 	}
 	co.mu.Unlock()
-	if gather {
-		go co.gather(key, q)
-	} else if len(batch) > 0 {
+	if len(batch) > 0 {
 		// Sent from a goroutine that goes on with what queues meanwhile,
 		// so that this caller's own context still bounds its wait.
 		go co.drain(key, q, batch)
@@ -178,34 +164,6 @@ func (co *coalescer) release(key string, q *lookupQueue) {
 	if q.inflight == 0 && len(q.pending) == 0 {
 		delete(co.queues, key)
 	}
-}
-
-// gather takes the batch of a slot Lookup took while another batch of q
-// was in flight, after one runtime.Gosched: the goroutines that were
-// runnable then (a gateway's request handlers woken by the sockets, about
-// to look their keys up) run first and queue their calls, which then
-// leave in this batch rather than as lone LookupKey calls, each costing
-// the client and the server a whole RPC (issue 15: under 64 S3 clients,
-// 8% of HEADs went alone and cost as much as all the batches together).
-// The wait is one pass of the scheduler's run queues, not a timer: on an
-// idle machine the batch leaves at once, and a lone caller (no batch in
-// flight) never comes here.
-func (co *coalescer) gather(key string, q *lookupQueue) {
-	runtime.Gosched()
-	co.mu.Lock()
-	var batch []*lookupCall
-	if len(q.pending) > 0 {
-		batch = q.take()
-	}
-	if len(batch) == 0 {
-		// Taken meanwhile by a batch that returned, or given up.
-		q.inflight--
-		co.release(key, q)
-		co.mu.Unlock()
-		return
-	}
-	co.mu.Unlock()
-	co.drain(key, q, batch)
 }
 
 // drain sends batches until the queue is empty.
