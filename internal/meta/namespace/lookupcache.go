@@ -486,10 +486,13 @@ type recordBlock struct {
 // (TestDecodeRecordMatchesUnmarshal and FuzzDecodeRecord), keeping no part
 // of b. A record of the fields lookups of plain keys carry (names, sizes,
 // times, blocks of ids and lengths) is decoded by decodePlain in one
-// allocation for one block, plus one per string not in names; any other
-// field (S3 attributes, ACLs, locations, file attributes, unknown
-// fields), or an encoding decodePlain does not expect, goes through
-// proto.Unmarshal.
+// allocation for one block, plus one per string not in names; an S3
+// object's attributes (ObjectMeta without upload_acls) by
+// decodeObjectMeta, in two more (the message and one copy of its
+// strings) plus a map for each of user, tags, checksums present (5 for a
+// small PUT's record, proto.Unmarshal 18); any other field (ACLs,
+// locations, file attributes, unknown fields), or an encoding decodePlain
+// does not expect, goes through proto.Unmarshal.
 func decodeRecord(b []byte, names recordNames) (*metapb.KeyInfo, error) {
 	nb, ok := scanRecord(b)
 	if !ok {
@@ -535,6 +538,8 @@ func decodePlain(b []byte, nb int, names recordNames) *metapb.KeyInfo {
 			v, n := protowire.ConsumeBytes(b[p:])
 			p += n
 			switch num {
+			case 13:
+				ki.Meta = decodeObjectMeta(v)
 			case 1:
 				ki.Volume = str(v, names.volume)
 			case 2:
@@ -602,6 +607,7 @@ func decodePlain(b []byte, nb int, names recordNames) *metapb.KeyInfo {
 // scanRecord checks that b holds only what decodeRecord decodes itself,
 // each field once at most within a block, and counts the blocks.
 func scanRecord(b []byte) (blocks int, ok bool) {
+	meta := false
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -619,6 +625,15 @@ func scanRecord(b []byte) (blocks int, ok bool) {
 				blocks++
 			}
 			b = b[n:]
+		case typ == protowire.BytesType && num == 13 && !meta:
+			// An S3 object's attributes (ObjectMeta), once: a second
+			// would be merged into the first.
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 || !scanObjectMeta(v) {
+				return 0, false
+			}
+			meta = true
+			b = b[n:]
 		case typ == protowire.VarintType && (num >= 4 && num <= 9 || num == 12):
 			_, n := protowire.ConsumeVarint(b)
 			if n < 0 {
@@ -630,6 +645,126 @@ func scanRecord(b []byte) (blocks int, ok bool) {
 		}
 	}
 	return blocks, true
+}
+
+// scanObjectMeta checks an ObjectMeta for decodeObjectMeta: its strings
+// (fields 1-7) valid UTF-8, its maps' entries (user, tags, checksums:
+// fields 8-10) of a UTF-8 key and value each at most once, parts_count
+// (11) a varint; any other field (upload_acls, unknown fields) or wire
+// type is left to proto.Unmarshal.
+func scanObjectMeta(b []byte) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return false
+		}
+		b = b[n:]
+		switch {
+		case typ == protowire.BytesType && num >= 1 && num <= 10:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 || num <= 7 && !utf8.Valid(v) || num >= 8 && !scanMapEntry(v) {
+				return false
+			}
+			b = b[n:]
+		case typ == protowire.VarintType && num == 11:
+			_, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return false
+			}
+			b = b[n:]
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// scanMapEntry checks a map<string, string> entry: a key (1) and a value
+// (2), each UTF-8 and at most once (either may be absent: "").
+func scanMapEntry(b []byte) bool {
+	var seen [3]bool
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || typ != protowire.BytesType || (num != 1 && num != 2) || seen[num] {
+			return false
+		}
+		seen[num] = true
+		b = b[n:]
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 || !utf8.Valid(v) {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
+}
+
+// decodeObjectMeta decodes b, which scanObjectMeta accepted, as
+// proto.Unmarshal does (map entries in order: a repeated key's last value
+// wins), with one copy of b for all its strings (each a substring of it)
+// instead of proto.Unmarshal's string, and reflect.New'd key and value,
+// per field and entry (issue 15: an S3 HEAD's lookup decoded its record
+// through proto.Unmarshal, 11 of the ~84 allocations of a HEAD).
+func decodeObjectMeta(b []byte) *metapb.ObjectMeta {
+	m := &metapb.ObjectMeta{}
+	s := string(b) // (b is the arena's: the strings must not alias it)
+	p := 0
+	sub := func(v []byte, at int) string { return s[at : at+len(v)] }
+	for p < len(b) {
+		num, typ, n := protowire.ConsumeTag(b[p:])
+		p += n
+		if typ == protowire.VarintType {
+			x, n := protowire.ConsumeVarint(b[p:])
+			p += n
+			m.PartsCount = uint32(x) // field 11
+			continue
+		}
+		v, n := protowire.ConsumeBytes(b[p:])
+		at := p + n - len(v) // v's offset in b (and s)
+		p += n
+		switch num {
+		case 1:
+			m.Etag = sub(v, at)
+		case 2:
+			m.ContentType = sub(v, at)
+		case 3:
+			m.ContentEncoding = sub(v, at)
+		case 4:
+			m.ContentDisposition = sub(v, at)
+		case 5:
+			m.ContentLanguage = sub(v, at)
+		case 6:
+			m.CacheControl = sub(v, at)
+		case 7:
+			m.Expires = sub(v, at)
+		case 8, 9, 10:
+			var key, val string
+			for q := 0; q < len(v); {
+				en, _, n := protowire.ConsumeTag(v[q:])
+				q += n
+				w, n := protowire.ConsumeBytes(v[q:])
+				wat := at + q + n - len(w)
+				q += n
+				if en == 1 {
+					key = sub(w, wat)
+				} else {
+					val = sub(w, wat)
+				}
+			}
+			mp := &m.User
+			switch num {
+			case 9:
+				mp = &m.Tags
+			case 10:
+				mp = &m.Checksums
+			}
+			if *mp == nil {
+				*mp = make(map[string]string, 1)
+			}
+			(*mp)[key] = val
+		}
+	}
+	return m
 }
 
 // scanBlock checks a KeyBlock: an id (container and local id, varints)
