@@ -92,9 +92,17 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 	if co.noBatch.Load() {
 		return c.Namespace.LookupKey(ctx, req)
 	}
-	md, _ := metadata.FromOutgoingContext(ctx) // a copy: md is ours
+	var md metadata.MD
 	var kbuf [512]byte
-	kb := appendMDKey(kbuf[:0], md)
+	var kb []byte
+	if rc, ok := ctx.(*requesterCtx); ok {
+		// The metadata is exactly the Requester's (ctx was made by
+		// Requester.Context and nothing derived from it since): no copy.
+		md, kb = rc.r.md, rc.r.key
+	} else {
+		md, _ = metadata.FromOutgoingContext(ctx) // a copy: md is ours
+		kb = appendMDKey(kbuf[:0], md)
+	}
 	call := &lookupCall{ctx: ctx, req: req, done: make(chan struct{})}
 	co.mu.Lock()
 	if co.queues == nil {
@@ -368,6 +376,40 @@ func resultErr(r *metapb.LookupKeyResult) error {
 		}
 	}
 	return status.Error(code, r.GetMessage())
+}
+
+// Requester is the outgoing metadata of one requester, prepared for many
+// calls: Lookup finds its coalescing queue by the key computed here
+// instead of copying the metadata out of each call's context (a map and
+// a slice per name: issue 15, allocations per S3 HEAD).
+type Requester struct {
+	md  metadata.MD // read-only, shared by every call (gRPC only reads it)
+	key []byte      // appendMDKey(nil, md)
+}
+
+// NewRequester prepares md (copied, names lower-cased as
+// metadata.FromOutgoingContext gives them).
+func NewRequester(md metadata.MD) *Requester {
+	md, _ = metadata.FromOutgoingContext(metadata.NewOutgoingContext(context.Background(), md))
+	return &Requester{md: md, key: appendMDKey(nil, md)}
+}
+
+// MD returns the requester's metadata, which the caller must not modify.
+func (r *Requester) MD() metadata.MD { return r.md }
+
+// Context returns parent with the requester's metadata as its outgoing
+// metadata (replacing parent's, as metadata.NewOutgoingContext does).
+func (r *Requester) Context(parent context.Context) context.Context {
+	return &requesterCtx{Context: metadata.NewOutgoingContext(parent, r.md), r: r}
+}
+
+// requesterCtx is a Requester's context. Lookup trusts r only when the
+// context it is given is a requesterCtx itself: a context derived from
+// it (a deadline, other metadata appended or set) is not one, and its
+// metadata is read the ordinary way.
+type requesterCtx struct {
+	context.Context // metadata.NewOutgoingContext(parent, r.md)
+	r               *Requester
 }
 
 // mdKey is a canonical form of outgoing metadata: calls with equal keys
