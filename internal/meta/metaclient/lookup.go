@@ -90,19 +90,10 @@ func (c *Client) LookupStats() (batches, keys uint64) {
 func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*metapb.KeyInfo, error) {
 	co := &c.lookups
 	if co.noBatch.Load() {
-		return c.Namespace.LookupKey(ctx, req)
+		return c.Namespace.LookupKey(ctx, req, lookupCallOpt)
 	}
-	var md metadata.MD
 	var kbuf [512]byte
-	var kb []byte
-	if rc, ok := ctx.(*requesterCtx); ok {
-		// The metadata is exactly the Requester's (ctx was made by
-		// Requester.Context and nothing derived from it since): no copy.
-		md, kb = rc.r.md, rc.r.key
-	} else {
-		md, _ = metadata.FromOutgoingContext(ctx) // a copy: md is ours
-		kb = appendMDKey(kbuf[:0], md)
-	}
+	md, kb := outgoingKey(ctx, kbuf[:0])
 	call := &lookupCall{ctx: ctx, req: req, done: make(chan struct{})}
 	co.mu.Lock()
 	if co.queues == nil {
@@ -119,7 +110,7 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 	}
 	if len(q.pending) >= maxLookupQueue {
 		co.mu.Unlock()
-		return c.Namespace.LookupKey(ctx, req)
+		return c.Namespace.LookupKey(ctx, req, lookupCallOpt)
 	}
 	q.pending = append(q.pending, call)
 	var batch []*lookupCall
@@ -286,7 +277,7 @@ func (co *coalescer) sendBatch(q *lookupQueue, batch []*lookupCall, again *[]*lo
 	for i, call := range batch {
 		req.Requests[i] = call.req
 	}
-	resp, err := co.c.Namespace.LookupKeys(ctx, req)
+	resp, err := co.c.Namespace.LookupKeys(ctx, req, lookupCallOpt)
 	switch status.Code(err) {
 	case codes.Unimplemented:
 		// An older server: one LookupKey per call from now on.
@@ -341,7 +332,7 @@ func (co *coalescer) sendAlone(calls []*lookupCall) {
 		if err := call.ctx.Err(); err != nil {
 			call.err = ctxError(metapb.Namespace_LookupKey_FullMethodName, err)
 		} else {
-			call.ki, call.err = co.c.Namespace.LookupKey(call.ctx, call.req)
+			call.ki, call.err = co.c.Namespace.LookupKey(call.ctx, call.req, lookupCallOpt)
 		}
 		close(call.done)
 		return
@@ -358,7 +349,7 @@ func (co *coalescer) sendAlone(calls []*lookupCall) {
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			call.ki, call.err = co.c.Namespace.LookupKey(call.ctx, call.req)
+			call.ki, call.err = co.c.Namespace.LookupKey(call.ctx, call.req, lookupCallOpt)
 			close(call.done)
 		}()
 	}
@@ -410,6 +401,18 @@ func (r *Requester) Context(parent context.Context) context.Context {
 type requesterCtx struct {
 	context.Context // metadata.NewOutgoingContext(parent, r.md)
 	r               *Requester
+}
+
+// outgoingKey returns ctx's outgoing metadata (not to be modified) and
+// its key (appendMDKey, appended to b): a Requester's own, without a
+// copy, when ctx was made by Requester.Context and nothing derived from
+// it since; else a copy of the metadata, and its key computed.
+func outgoingKey(ctx context.Context, b []byte) (metadata.MD, []byte) {
+	if rc, ok := ctx.(*requesterCtx); ok {
+		return rc.r.md, rc.r.key
+	}
+	md, _ := metadata.FromOutgoingContext(ctx)
+	return md, appendMDKey(b, md)
 }
 
 // mdKey is a canonical form of outgoing metadata: calls with equal keys
