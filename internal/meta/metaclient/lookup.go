@@ -385,9 +385,6 @@ func NewRequester(md metadata.MD) *Requester {
 	return &Requester{md: md, key: appendMDKey(nil, md)}
 }
 
-// MD returns the requester's metadata, which the caller must not modify.
-func (r *Requester) MD() metadata.MD { return r.md }
-
 // Context returns parent with the requester's metadata as its outgoing
 // metadata (replacing parent's, as metadata.NewOutgoingContext does).
 func (r *Requester) Context(parent context.Context) context.Context {
