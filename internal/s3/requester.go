@@ -65,7 +65,7 @@ func (g *Gateway) requesterContext(ctx context.Context, r *http.Request, a *auth
 		// Metadata of the caller's own to merge with: not cached.
 		return metaclient.WithRequester(ctx, k.anonymous, k.owner, k.admin, k.ri)
 	}
-	return metadata.NewOutgoingContext(ctx, g.requesters.get(k))
+	return g.requesters.get(k).Context(ctx)
 }
 
 // requesterKey is what a request's gRPC metadata is made of.
@@ -75,38 +75,41 @@ type requesterKey struct {
 	ri               metaclient.RequestInfo
 }
 
-// requesterCache holds the gRPC metadata of recent requesters. A cached
-// MD is shared by concurrent calls and never written to: gRPC and
-// metaclient read outgoing metadata only through copies
-// (metadata.FromOutgoingContext).
+// requesterCache holds the gRPC metadata of recent requesters, prepared
+// for the metadata client (metaclient.Requester: its lookups find their
+// coalescing queue without copying the metadata). A cached MD is shared
+// by concurrent calls and never written to: gRPC reads outgoing metadata
+// in place or through copies, metaclient through copies or in place
+// from a Requester's own context.
 type requesterCache struct {
 	mu sync.RWMutex
-	m  map[requesterKey]metadata.MD
+	m  map[requesterKey]*metaclient.Requester
 }
 
 // maxCachedRequesters bounds the cache; past it the cache starts over.
 const maxCachedRequesters = 1024
 
-func (c *requesterCache) get(k requesterKey) metadata.MD {
+func (c *requesterCache) get(k requesterKey) *metaclient.Requester {
 	c.mu.RLock()
-	md, ok := c.m[k]
+	rq, ok := c.m[k]
 	c.mu.RUnlock()
 	if ok {
-		return md
+		return rq
 	}
 	// The key's strings may be cuts of a request's header values (up to
 	// the header limit each): keep copies, so that an entry holds the
 	// ~1 KiB it uses, not the whole header (review of session 14).
 	k.owner = strings.Clone(k.owner)
 	k.ri.SourceIP, k.ri.UserAgent, k.ri.Referer = strings.Clone(k.ri.SourceIP), strings.Clone(k.ri.UserAgent), strings.Clone(k.ri.Referer)
-	md, _ = metadata.FromOutgoingContext(metaclient.WithRequester(context.Background(), k.anonymous, k.owner, k.admin, k.ri))
+	md, _ := metadata.FromOutgoingContext(metaclient.WithRequester(context.Background(), k.anonymous, k.owner, k.admin, k.ri))
+	rq = metaclient.NewRequester(md)
 	c.mu.Lock()
 	if c.m == nil || len(c.m) >= maxCachedRequesters {
-		c.m = make(map[requesterKey]metadata.MD)
+		c.m = make(map[requesterKey]*metaclient.Requester)
 	}
-	c.m[k] = md
+	c.m[k] = rq
 	c.mu.Unlock()
-	return md
+	return rq
 }
 
 // headerText makes a client's header fit gRPC metadata, which takes

@@ -90,11 +90,10 @@ func (c *Client) LookupStats() (batches, keys uint64) {
 func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*metapb.KeyInfo, error) {
 	co := &c.lookups
 	if co.noBatch.Load() {
-		return c.Namespace.LookupKey(ctx, req)
+		return c.Namespace.LookupKey(ctx, req, lookupCallOpt)
 	}
-	md, _ := metadata.FromOutgoingContext(ctx) // a copy: md is ours
 	var kbuf [512]byte
-	kb := appendMDKey(kbuf[:0], md)
+	md, kb := outgoingKey(ctx, kbuf[:0])
 	call := &lookupCall{ctx: ctx, req: req, done: make(chan struct{})}
 	co.mu.Lock()
 	if co.queues == nil {
@@ -111,7 +110,7 @@ func (c *Client) Lookup(ctx context.Context, req *metapb.LookupKeyRequest) (*met
 	}
 	if len(q.pending) >= maxLookupQueue {
 		co.mu.Unlock()
-		return c.Namespace.LookupKey(ctx, req)
+		return c.Namespace.LookupKey(ctx, req, lookupCallOpt)
 	}
 	q.pending = append(q.pending, call)
 	var batch []*lookupCall
@@ -278,7 +277,7 @@ func (co *coalescer) sendBatch(q *lookupQueue, batch []*lookupCall, again *[]*lo
 	for i, call := range batch {
 		req.Requests[i] = call.req
 	}
-	resp, err := co.c.Namespace.LookupKeys(ctx, req)
+	resp, err := co.c.Namespace.LookupKeys(ctx, req, lookupCallOpt)
 	switch status.Code(err) {
 	case codes.Unimplemented:
 		// An older server: one LookupKey per call from now on.
@@ -333,7 +332,7 @@ func (co *coalescer) sendAlone(calls []*lookupCall) {
 		if err := call.ctx.Err(); err != nil {
 			call.err = ctxError(metapb.Namespace_LookupKey_FullMethodName, err)
 		} else {
-			call.ki, call.err = co.c.Namespace.LookupKey(call.ctx, call.req)
+			call.ki, call.err = co.c.Namespace.LookupKey(call.ctx, call.req, lookupCallOpt)
 		}
 		close(call.done)
 		return
@@ -350,7 +349,7 @@ func (co *coalescer) sendAlone(calls []*lookupCall) {
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			call.ki, call.err = co.c.Namespace.LookupKey(call.ctx, call.req)
+			call.ki, call.err = co.c.Namespace.LookupKey(call.ctx, call.req, lookupCallOpt)
 			close(call.done)
 		}()
 	}
@@ -368,6 +367,49 @@ func resultErr(r *metapb.LookupKeyResult) error {
 		}
 	}
 	return status.Error(code, r.GetMessage())
+}
+
+// Requester is the outgoing metadata of one requester, prepared for many
+// calls: Lookup finds its coalescing queue by the key computed here
+// instead of copying the metadata out of each call's context (a map and
+// a slice per name: issue 15, allocations per S3 HEAD).
+type Requester struct {
+	md  metadata.MD // read-only, shared by every call (gRPC only reads it)
+	key []byte      // appendMDKey(nil, md)
+}
+
+// NewRequester prepares md (copied, names lower-cased as
+// metadata.FromOutgoingContext gives them).
+func NewRequester(md metadata.MD) *Requester {
+	md, _ = metadata.FromOutgoingContext(metadata.NewOutgoingContext(context.Background(), md))
+	return &Requester{md: md, key: appendMDKey(nil, md)}
+}
+
+// Context returns parent with the requester's metadata as its outgoing
+// metadata (replacing parent's, as metadata.NewOutgoingContext does).
+func (r *Requester) Context(parent context.Context) context.Context {
+	return &requesterCtx{Context: metadata.NewOutgoingContext(parent, r.md), r: r}
+}
+
+// requesterCtx is a Requester's context. Lookup trusts r only when the
+// context it is given is a requesterCtx itself: a context derived from
+// it (a deadline, other metadata appended or set) is not one, and its
+// metadata is read the ordinary way.
+type requesterCtx struct {
+	context.Context // metadata.NewOutgoingContext(parent, r.md)
+	r               *Requester
+}
+
+// outgoingKey returns ctx's outgoing metadata (not to be modified) and
+// its key (appendMDKey, appended to b): a Requester's own, without a
+// copy, when ctx was made by Requester.Context and nothing derived from
+// it since; else a copy of the metadata, and its key computed.
+func outgoingKey(ctx context.Context, b []byte) (metadata.MD, []byte) {
+	if rc, ok := ctx.(*requesterCtx); ok {
+		return rc.r.md, rc.r.key
+	}
+	md, _ := metadata.FromOutgoingContext(ctx)
+	return md, appendMDKey(b, md)
 }
 
 // mdKey is a canonical form of outgoing metadata: calls with equal keys

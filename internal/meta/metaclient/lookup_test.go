@@ -31,10 +31,14 @@ type stubNS struct {
 	batchHook func(ctx context.Context, r *metapb.LookupKeysRequest) (*metapb.LookupKeysResponse, error)
 	failOnce  sync.Map      // key → true: its first LookupKey fails UNAVAILABLE
 	slow      chan struct{} // if set, a LookupKey of "slow" waits for it
+	mds       sync.Map      // key → the incoming metadata of its LookupKey
 }
 
 func (s *stubNS) LookupKey(ctx context.Context, r *metapb.LookupKeyRequest) (*metapb.KeyInfo, error) {
 	s.single.Add(1)
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		s.mds.Store(r.Key, md)
+	}
 	if r.Key == "gate" {
 		select {
 		case <-s.gate:
@@ -79,7 +83,7 @@ func startStub(t *testing.T, s *stubNS) *Client {
 
 // startStubN is startStub with inflight LookupKeys batches in flight per
 // requester (0: the default).
-func startStubN(t *testing.T, s *stubNS, inflight int) *Client {
+func startStubN(t testing.TB, s *stubNS, inflight int) *Client {
 	t.Helper()
 	if s.gate == nil {
 		s.gate = make(chan struct{})
@@ -447,5 +451,107 @@ func TestLookupRetriesKeepNoSlot(t *testing.T) {
 	}
 	if bad.Load() > 0 {
 		t.Fatalf("%d lookups of the batch failed", bad.Load())
+	}
+}
+
+// BenchmarkLookupConcurrent: 64 callers looking keys up in a loop, as a
+// gateway's handlers under warp stat's 64 clients, against the stub on
+// loopback with the default LookupsInFlight: reports the RPCs per lookup
+// and the share of lookups that went alone as LookupKey calls (issue 15).
+//
+//	go test -run '^$' -bench LookupConcurrent ./internal/meta/metaclient/
+func BenchmarkLookupConcurrent(b *testing.B) {
+	s := &stubNS{}
+	c := startStubN(b, s, 0)
+	b.SetParallelism(32) // 64 callers on two cores
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		for pb.Next() {
+			if ki, err := c.Lookup(ctx, &metapb.LookupKeyRequest{Key: "k"}); err != nil || ki.GetName() != "k" {
+				b.Errorf("lookup: %v %v", ki, err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	single, batches := s.single.Load(), s.batches.Load()
+	b.ReportMetric(float64(single+batches)/float64(b.N), "rpcs/op")
+	b.ReportMetric(float64(single)/float64(b.N), "alone/op")
+}
+
+// TestLookupRequesterContext: calls made with a Requester's context
+// (metadata not copied per call) share the queue of calls made with the
+// same metadata set the ordinary way, and a context derived from a
+// Requester's that changes the metadata (here appends to it) is not
+// taken for the Requester's: its call carries its own metadata and does
+// not queue behind the Requester's held batch.
+func TestLookupRequesterContext(t *testing.T) {
+	var batchMD []metadata.MD
+	var batchKeys [][]string
+	var mu sync.Mutex
+	s := &stubNS{}
+	s.batchHook = func(ctx context.Context, r *metapb.LookupKeysRequest) (*metapb.LookupKeysResponse, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		var ks []string
+		for _, q := range r.Requests {
+			ks = append(ks, q.Key)
+		}
+		mu.Lock()
+		batchMD, batchKeys = append(batchMD, md), append(batchKeys, ks)
+		mu.Unlock()
+		return answerAll(r), nil
+	}
+	c := startStub(t, s) // one batch in flight per requester
+	mdA := metadata.MD{"x-who": {"alice"}, "X-Mixed": {"v"}}
+	rq := NewRequester(mdA)
+	if got, want := string(rq.key), mdKey(metadata.Pairs("x-who", "alice", "x-mixed", "v")); got != want {
+		t.Fatalf("requester key %q, want %q", got, want)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ctxA := rq.Context(ctx)
+	if md, _ := metadata.FromOutgoingContext(ctxA); md.Get("x-who")[0] != "alice" || md.Get("x-mixed")[0] != "v" {
+		t.Fatalf("requester context's metadata %v", md)
+	}
+	gate := make(chan error, 1)
+	go func() {
+		_, err := c.Lookup(ctxA, &metapb.LookupKeyRequest{Key: "gate"})
+		gate <- err
+	}()
+	waitUntil(t, 10*time.Second, "the gate lookup", func() bool { return s.single.Load() == 1 })
+	done := make(chan error, 3)
+	look := func(ctx context.Context, k string) {
+		ki, err := c.Lookup(ctx, &metapb.LookupKeyRequest{Key: k})
+		if err == nil && ki.GetName() != k {
+			err = fmt.Errorf("%s: answer %v", k, ki)
+		}
+		done <- err
+	}
+	go look(ctxA, "k1")
+	go look(metadata.NewOutgoingContext(ctx, mdA), "k3") // the same requester, set the ordinary way
+	waitUntil(t, 10*time.Second, "k1 and k3 to queue", func() bool { return queued(c) == 2 })
+	// Derived with more metadata: another requester, not held by the gate.
+	look(metadata.AppendToOutgoingContext(ctxA, "x-extra", "1"), "k2")
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if md, ok := s.mds.Load("k2"); !ok || md.(metadata.MD).Get("x-extra") == nil || md.(metadata.MD).Get("x-who")[0] != "alice" {
+		t.Fatalf("k2 went with metadata %v", md)
+	}
+	close(s.gate)
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-gate; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(batchKeys) != 1 || len(batchKeys[0]) != 2 || batchMD[0].Get("x-who")[0] != "alice" || batchMD[0].Get("x-extra") != nil {
+		t.Fatalf("batches %v with metadata %v, want k1 and k3 in one as alice", batchKeys, batchMD)
 	}
 }

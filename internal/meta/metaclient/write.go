@@ -211,9 +211,8 @@ func (co *writeCoalescer[Q, R]) call(ctx context.Context, req Q) (R, error) {
 	if co.noBatch.Load() || size > maxCoalescedBytes || time.Now().UnixNano() < co.batchAfter.Load() {
 		return co.one(ctx, req)
 	}
-	md, _ := metadata.FromOutgoingContext(ctx)
 	var kbuf [512]byte
-	kb := appendMDKey(kbuf[:0], md)
+	md, kb := outgoingKey(ctx, kbuf[:0]) // (a Requester's: no copy)
 	call := &writeCall[Q, R]{ctx: ctx, req: req, size: size, done: make(chan struct{})}
 	co.mu.Lock()
 	if co.queues == nil {

@@ -6,20 +6,19 @@ import (
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
-	"unicode/utf8"
 	"unsafe"
 
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-store/basalt/internal/meta/keyrec"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
 // lookupCache keeps the encoded key records of object buckets (the bytes
 // Pebble holds) for the read path (LookupKey, LookupKeys, a key's own ACL
-// in authorization): a hit costs a map probe and a decode (decodeRecord:
-// one allocation for a plain record) instead of a Pebble Get and an
-// unmarshal.
+// in authorization): a hit costs a map probe and a decode (decodeRecord,
+// keyrec.Decode: one allocation for a plain record, five for a small S3
+// object's) instead of a Pebble Get and an unmarshal.
 //
 // Memory. Each of lookupShards shards keeps its records in an arena of
 // equal []byte chunks used as a ring (a log: records are appended at the
@@ -468,213 +467,19 @@ func (c *lookupCache) stats() LookupCacheStats {
 	return st
 }
 
-// recordOne is a decoded record of at most one block in one allocation.
-type recordOne struct {
-	ki  metapb.KeyInfo
-	kb  metapb.KeyBlock
-	id  metapb.BlockID
-	ptr [1]*metapb.KeyBlock
-}
-
-// recordBlock is one block of a decoded record of several.
-type recordBlock struct {
-	kb metapb.KeyBlock
-	id metapb.BlockID
-}
-
-// decodeRecord decodes a stored KeyInfo in b as proto.Unmarshal does
-// (TestDecodeRecordMatchesUnmarshal and FuzzDecodeRecord), keeping no part
-// of b. A record of the fields lookups of plain keys carry (names, sizes,
-// times, blocks of ids and lengths) is decoded by decodePlain in one
-// allocation for one block, plus one per string not in names; any other
-// field (S3 attributes, ACLs, locations, file attributes, unknown
-// fields), or an encoding decodePlain does not expect, goes through
-// proto.Unmarshal.
+// decodeRecord is keyrec.Decode (kept here for the cache's tests).
 func decodeRecord(b []byte, names recordNames) (*metapb.KeyInfo, error) {
-	nb, ok := scanRecord(b)
-	if !ok {
-		ki := &metapb.KeyInfo{}
-		return ki, proto.Unmarshal(b, ki)
-	}
-	return decodePlain(b, nb, names), nil
+	return keyrec.Decode(b, names.keyrec())
 }
 
-// str is v as a string: known if equal.
-func str(v []byte, known string) string {
-	if string(v) == known {
-		return known
-	}
-	return string(v)
-}
+// scanRecord is keyrec.Scan.
+func scanRecord(b []byte) (blocks int, ok bool) { return keyrec.Scan(b) }
 
-// decodePlain decodes b, which scanRecord accepted (nb blocks).
+// decodePlain is keyrec.DecodePlain.
 func decodePlain(b []byte, nb int, names recordNames) *metapb.KeyInfo {
-	var ki *metapb.KeyInfo
-	var one *recordOne
-	var blocks []recordBlock
-	if nb <= 1 {
-		one = &recordOne{}
-		ki = &one.ki
-		if nb == 1 {
-			one.ptr[0] = &one.kb
-			ki.Blocks = one.ptr[:]
-		}
-	} else {
-		ki = &metapb.KeyInfo{}
-		blocks = make([]recordBlock, nb)
-		ki.Blocks = make([]*metapb.KeyBlock, nb)
-		for i := range blocks {
-			ki.Blocks[i] = &blocks[i].kb
-		}
-	}
-	j := 0
-	for p := 0; p < len(b); {
-		num, typ, n := protowire.ConsumeTag(b[p:])
-		p += n
-		if typ == protowire.BytesType {
-			v, n := protowire.ConsumeBytes(b[p:])
-			p += n
-			switch num {
-			case 1:
-				ki.Volume = str(v, names.volume)
-			case 2:
-				ki.Bucket = str(v, names.bucket)
-			case 3:
-				ki.Name = str(v, names.name)
-			case 10:
-				kb := ki.Blocks[j]
-				j++
-				for q := 0; q < len(v); {
-					_, bt, n := protowire.ConsumeTag(v[q:])
-					q += n
-					if bt == protowire.BytesType {
-						w, n := protowire.ConsumeBytes(v[q:])
-						q += n
-						var id *metapb.BlockID
-						if one != nil {
-							id = &one.id
-						} else {
-							id = &blocks[j-1].id
-						}
-						kb.Id = id
-						for r := 0; r < len(w); {
-							in, _, n := protowire.ConsumeTag(w[r:])
-							r += n
-							x, n := protowire.ConsumeVarint(w[r:])
-							r += n
-							if in == 1 {
-								id.ContainerId = x
-							} else {
-								id.LocalId = x
-							}
-						}
-						continue
-					}
-					x, n := protowire.ConsumeVarint(v[q:])
-					q += n
-					kb.Length = x // field 2
-				}
-			}
-			continue
-		}
-		x, n := protowire.ConsumeVarint(b[p:])
-		p += n
-		switch num {
-		case 4:
-			ki.Size = x
-		case 5:
-			ki.Replication = metapb.Replication(int32(x))
-		case 6:
-			ki.ChecksumType = metapb.ChecksumType(int32(x))
-		case 7:
-			ki.BytesPerChecksum = uint32(x)
-		case 8:
-			ki.CreatedUnixMs = int64(x)
-		case 9:
-			ki.ModifiedUnixMs = int64(x)
-		case 12:
-			ki.ObjectId = x
-		}
-	}
-	return ki
+	return keyrec.DecodePlain(b, nb, names.keyrec())
 }
 
-// scanRecord checks that b holds only what decodeRecord decodes itself,
-// each field once at most within a block, and counts the blocks.
-func scanRecord(b []byte) (blocks int, ok bool) {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return 0, false
-		}
-		b = b[n:]
-		switch {
-		case typ == protowire.BytesType && (num == 1 || num == 2 || num == 3 || num == 10):
-			v, n := protowire.ConsumeBytes(b)
-			// Strings must be UTF-8 (proto.Unmarshal's error otherwise).
-			if n < 0 || num == 10 && !scanBlock(v) || num != 10 && !utf8.Valid(v) {
-				return 0, false
-			}
-			if num == 10 {
-				blocks++
-			}
-			b = b[n:]
-		case typ == protowire.VarintType && (num >= 4 && num <= 9 || num == 12):
-			_, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return 0, false
-			}
-			b = b[n:]
-		default:
-			return 0, false
-		}
-	}
-	return blocks, true
-}
-
-// scanBlock checks a KeyBlock: an id (container and local id, varints)
-// and a length, each at most once.
-func scanBlock(b []byte) bool {
-	var seen [3]bool
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return false
-		}
-		b = b[n:]
-		switch {
-		case num == 1 && typ == protowire.BytesType && !seen[1]:
-			seen[1] = true
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 || !scanID(v) {
-				return false
-			}
-			b = b[n:]
-		case num == 2 && typ == protowire.VarintType:
-			_, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return false
-			}
-			b = b[n:]
-		default:
-			return false
-		}
-	}
-	return true
-}
-
-func scanID(b []byte) bool {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || typ != protowire.VarintType || num != 1 && num != 2 {
-			return false
-		}
-		b = b[n:]
-		_, n = protowire.ConsumeVarint(b)
-		if n < 0 {
-			return false
-		}
-		b = b[n:]
-	}
-	return true
+func (n recordNames) keyrec() keyrec.Names {
+	return keyrec.Names{Volume: n.volume, Bucket: n.bucket, Name: n.name}
 }
