@@ -182,6 +182,73 @@ func TestSyncDataRuntimeErrorLosesBatch(t *testing.T) {
 	}
 }
 
+// TestSyncDataRuntimeErrorInStorageRound: the runtime error is raised
+// inside storage's sync round (blocks locked, round registered), which
+// SyncData's guard recovers. The round is finished on the way out
+// (storage's syncRound), so the datanode does not go on with a wedged
+// round: the batch's container goes UNHEALTHY as for any SyncData panic,
+// and the next batch, into another container on the same volume, syncs
+// and applies (it hung for good when the round stayed registered with its
+// blocks locked, and with it the host's raft loop).
+func TestSyncDataRuntimeErrorInStorageRound(t *testing.T) {
+	var logs lockedBuf
+	_, st, sm := guardReplica(t, &logs)
+	sm.applyHook = nil
+	d1, d2 := randBytes(46, 4096), randBytes(47, 4096)
+	w1 := writeChunkEntry(1, 1, 10, 0, d1)
+	if err := sm.WriteData(w1.Index, w1.Term, w1.Meta, d1); err != nil {
+		t.Fatal(err)
+	}
+	st.SetTestHook(func(p string) {
+		if p == "sync round: blocks locked" {
+			st.SetTestHook(nil)
+			injectRuntimeError(3)
+		}
+	})
+	if err := sm.SyncData(); err != nil {
+		t.Fatalf("SyncData: %v, want nil (the group goes on)", err)
+	}
+	if n := sm.stats.syncPanics.Load(); n != 1 {
+		t.Errorf("sync panics counted: %d, want 1", n)
+	}
+	if c, err := st.Container(1); err != nil || c.State != storage.StateUnhealthy {
+		t.Errorf("container 1: %+v %v, want UNHEALTHY", c, err)
+	}
+	w2 := writeChunkEntry(2, 2, 20, 0, d2) // another container, same volume
+	type outcome struct {
+		werr, serr error
+		res        []any
+	}
+	done := make(chan outcome, 1) // not t.Error in the goroutine: it may outlive the test
+	go func() {
+		var o outcome
+		o.werr = sm.WriteData(w2.Index, w2.Term, w2.Meta, d2)
+		o.serr = sm.SyncData()
+		o.res = sm.Apply([]raft.Entry{w1, w2, putBlockEntry(3, 1, 10, d1), putBlockEntry(4, 2, 20, d2)})
+		done <- o
+	}()
+	select {
+	case o := <-done:
+		if o.werr != nil || o.serr != nil {
+			t.Errorf("next batch: WriteData %v, SyncData %v", o.werr, o.serr)
+		}
+		res := o.res
+		if res[2] == nil {
+			t.Error("PutBlock of the chunk whose sync round panicked succeeded")
+		}
+		if res[3] != nil {
+			t.Errorf("PutBlock into container 2 after the panicked round: %v", res[3])
+		}
+	case <-time.After(5 * time.Second):
+		// The store is left open: Close would wait for the locks.
+		t.Fatal("the next batch (another container, same volume) did not sync and apply in 5 s: the panicked round wedged the volume")
+	}
+	if sm.stats.syncPanics.Load() != 1 {
+		t.Errorf("sync panics counted: %d, want 1", sm.stats.syncPanics.Load())
+	}
+	st.Close()
+}
+
 // TestReadDataRuntimeErrorIsDataLost: a leader's ReadData (a resend)
 // that meets a runtime error answers raft.ErrDataLost (the entry goes out
 // without its data, the follower records the loss) instead of taking the

@@ -16,31 +16,38 @@ import (
 // is on it (seed 001: with Sync, one slow volume stalled every pipeline of
 // the datanode). An unknown container makes it a full Sync.
 func (s *Store) SyncContainers(ids []ContainerID) error {
-	s.mu.RLock()
-	if s.closed {
-		s.mu.RUnlock()
-		return cErr("sync", ErrClosed, 0, "", nil)
+	vols, all, err := s.volumesOf(ids)
+	if err != nil {
+		return err
 	}
-	var vols []*volume
-	all := false
+	if all || len(vols) == len(s.volumes) {
+		return s.Sync()
+	}
+	return onVolumes(vols, s.syncVolume)
+}
+
+// volumesOf returns the volumes holding containers ids, or all if one is
+// unknown (or being imported). It releases s.mu by defer: a caller's guard
+// may recover a panic from SyncContainers (the datanode's SyncData).
+func (s *Store) volumesOf(ids []ContainerID) (vols []*volume, all bool, err error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return nil, false, cErr("sync", ErrClosed, 0, "", nil)
+	}
 	for _, id := range ids {
 		var v *volume
 		if c := s.containers[id]; c != nil {
 			v = c.visibleVol()
 		}
 		if v == nil {
-			all = true
-			break
+			return nil, true, nil
 		}
 		if !slices.Contains(vols, v) {
 			vols = append(vols, v)
 		}
 	}
-	s.mu.RUnlock()
-	if all || len(vols) == len(s.volumes) {
-		return s.Sync()
-	}
-	return onVolumes(vols, s.syncVolume)
+	return vols, false, nil
 }
 
 // onVolumes runs f on each of vols, in parallel (a slow disk delays only
