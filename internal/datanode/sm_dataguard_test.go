@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -285,6 +286,47 @@ func TestReadDataRuntimeErrorIsDataLost(t *testing.T) {
 	}
 }
 
+// TestReadDataRuntimeErrorLogRateLimited: a ReadData bug met on every
+// read (each resend reads each entry it carries, for each lagging
+// follower) logs its ERROR line with the stack at most once a minute per
+// pipeline; the counter counts every one, and the next line, a minute
+// on, says how many were not logged.
+func TestReadDataRuntimeErrorLogRateLimited(t *testing.T) {
+	var logs lockedBuf
+	_, st, sm := guardReplica(t, &logs)
+	defer st.Close()
+	d := randBytes(44, 4096)
+	e := writeChunkEntry(1, 1, 10, 0, d)
+	if err := sm.WriteData(e.Index, e.Term, e.Meta, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := sm.SyncData(); err != nil {
+		t.Fatal(err)
+	}
+	sm.readHook = injectRuntimeError
+	for range 3 {
+		if _, err := sm.ReadData(e.Index, e.Term, e.Meta); !errors.Is(err, raft.ErrDataLost) {
+			t.Fatalf("ReadData: %v, want raft.ErrDataLost", err)
+		}
+	}
+	if n := sm.stats.readPanics.Load(); n != 3 {
+		t.Errorf("read panics counted: %d, want 3", n)
+	}
+	if el := errorLines(logs.String()); len(el) != 1 || !strings.Contains(el[0], "stack=") || !strings.Contains(el[0], "not_logged_since_last=0") {
+		t.Fatalf("ERROR lines after 3 failed reads within a minute: %q, want 1 with the stack", el)
+	}
+	sm.readPanicLog.at.Add(-int64(rateLogEvery)) // a minute on
+	if _, err := sm.ReadData(e.Index, e.Term, e.Meta); !errors.Is(err, raft.ErrDataLost) {
+		t.Fatalf("ReadData: %v, want raft.ErrDataLost", err)
+	}
+	if n := sm.stats.readPanics.Load(); n != 4 {
+		t.Errorf("read panics counted: %d, want 4", n)
+	}
+	if el := errorLines(logs.String()); len(el) != 2 || !strings.Contains(el[1], "not_logged_since_last=2") {
+		t.Errorf("ERROR lines a minute on: %q, want a second one naming the 2 not logged", el)
+	}
+}
+
 // TestRestoreRuntimeErrorRefused: a snapshot install that meets a runtime
 // error while it holds the state machine's lock (recordRestore) is
 // refused: Restore returns an error, the applied index and the lacking
@@ -321,30 +363,36 @@ func TestRestoreRuntimeErrorRefused(t *testing.T) {
 		t.Errorf("ERROR lines: %q", el)
 	}
 	sm.restoreHook = nil
-	done := make(chan struct{})
+	// The checks run on a goroutine (a lock left held would hang them) and
+	// report on a channel: a t.Errorf there could outlive a timed-out test.
+	done := make(chan []string, 1)
 	go func() {
-		defer close(done)
+		var errs []string
 		if got := sm.applied.Load(); got != 1 {
-			t.Errorf("applied index after the refused snapshot: %d, want 1", got)
+			errs = append(errs, fmt.Sprintf("applied index after the refused snapshot: %d, want 1", got))
 		}
 		if _, ok := sm.lacks(1); ok {
-			t.Error("container 1 recorded as lacking by the refused snapshot")
+			errs = append(errs, "container 1 recorded as lacking by the refused snapshot")
 		}
 		if got := sm.restoredIndex(); got != 0 {
-			t.Errorf("restored index after the refused snapshot: %d, want 0", got)
+			errs = append(errs, fmt.Sprintf("restored index after the refused snapshot: %d, want 0", got))
 		}
 		if err := sm.Restore(10, bytes.NewReader(snap)); err != nil {
-			t.Errorf("Restore sent again: %v", err)
+			errs = append(errs, fmt.Sprintf("Restore sent again: %v", err))
 		}
 		if _, ok := sm.lacks(1); !ok {
-			t.Error("container 1 not recorded as lacking after the snapshot")
+			errs = append(errs, "container 1 not recorded as lacking after the snapshot")
 		}
 		if got := sm.applied.Load(); got != 10 {
-			t.Errorf("applied index after the snapshot: %d, want 10", got)
+			errs = append(errs, fmt.Sprintf("applied index after the snapshot: %d, want 10", got))
 		}
+		done <- errs
 	}()
 	select {
-	case <-done:
+	case errs := <-done:
+		for _, e := range errs {
+			t.Error(e)
+		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the state machine's lock stayed held after the recovered panic")
 	}
