@@ -109,7 +109,10 @@ type containerSM struct {
 	// writeHook, readHook and restoreHook, if set (tests only), run
 	// inside the guards of WriteData (after the command is decoded),
 	// ReadData and Restore (see dataGuard).
-	writeHook   func(index uint64, cmd *datanodepb.ContainerCommand)
+	writeHook func(index uint64, cmd *datanodepb.ContainerCommand)
+	// storedHook, if set (tests only), runs in WriteData's guard right
+	// after storage stored the chunk, before it is listed for SyncData.
+	storedHook  func(index uint64)
 	syncHook    func()
 	readHook    func(index uint64)
 	restoreHook func(index uint64)
@@ -612,6 +615,9 @@ func (sm *containerSM) storeData(index, term uint64, cmd *datanodepb.ContainerCo
 		err = sm.store.WriteSmallChunkShared(cid, lid, data, toChecksum(c.GetChecksum()), verify)
 	} else {
 		err = sm.store.WriteChunk(cid, lid, int64(c.GetOffset()), data, toChecksum(c.GetChecksum()), verify)
+	}
+	if err == nil && sm.storedHook != nil {
+		sm.storedHook(index)
 	}
 	if err == nil {
 		if _, small := cmd.GetCmd().(*datanodepb.ContainerCommand_PutSmallFile); small && logOK && sm.store.SmallChunkPending(cid, lid) {

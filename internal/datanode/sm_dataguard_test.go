@@ -105,6 +105,68 @@ func TestWriteDataRuntimeErrorLosesChunk(t *testing.T) {
 	}
 }
 
+// TestWriteDataRuntimeErrorAfterStore: the runtime error is raised after
+// storage stored the chunk (it holds the span, which is not listed for
+// SyncData). The container still goes UNHEALTHY and lacking, the PutBlock
+// that needs the chunk fails although storage holds its bytes, the next
+// batch into another container of the volume syncs (storage's dirty span
+// is flushed with it, nothing waits on it) and applies.
+func TestWriteDataRuntimeErrorAfterStore(t *testing.T) {
+	var logs lockedBuf
+	_, st, sm := guardReplica(t, &logs)
+	sm.applyHook = nil
+	sm.storedHook = func(index uint64) {
+		if index == 1 {
+			injectRuntimeError(index)
+		}
+	}
+	d1, d3 := randBytes(51, 4096), randBytes(52, 3000)
+	ents := []raft.Entry{writeChunkEntry(1, 2, 20, 0, d1), putBlockEntry(2, 2, 20, d1), smallFileEntry(3, 3, 30, d3)}
+	type outcome struct {
+		errs []error
+		res  []any
+	}
+	done := make(chan outcome, 1) // not t.Error in the goroutine: it may outlive the test
+	go func() {
+		var o outcome
+		o.errs = append(o.errs, sm.WriteData(ents[0].Index, ents[0].Term, ents[0].Meta, d1))
+		o.errs = append(o.errs, sm.WriteData(ents[2].Index, ents[2].Term, ents[2].Meta, d3))
+		o.errs = append(o.errs, sm.SyncData())
+		o.res = sm.Apply(ents)
+		done <- o
+	}()
+	var o outcome
+	select {
+	case o = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("WriteData, SyncData and Apply after a panic past the storage write did not return in 5 s")
+	}
+	defer st.Close()
+	for i, err := range o.errs {
+		if err != nil {
+			t.Errorf("call %d: %v, want nil (the group goes on)", i, err)
+		}
+	}
+	if n := sm.stats.writePanics.Load(); n != 1 {
+		t.Errorf("write panics counted: %d, want 1", n)
+	}
+	if ok, _ := st.HasChunk(2, 20, 0, int64(len(d1))); !ok {
+		t.Error("storage does not hold the chunk: the panic was not after the write")
+	}
+	if c, err := st.Container(2); err != nil || c.State != storage.StateUnhealthy {
+		t.Errorf("container 2: %+v %v, want UNHEALTHY", c, err)
+	}
+	if why, ok := sm.lacks(2); !ok || !strings.Contains(why, "WriteData failed") {
+		t.Errorf("container 2 not recorded as lacking: %v %q", ok, why)
+	}
+	if err, _ := o.res[1].(error); !errors.Is(err, storage.ErrContainerNotOpen) {
+		t.Errorf("PutBlock of the chunk whose WriteData panicked: %v, want it failed", o.res[1])
+	}
+	if o.res[2] != nil {
+		t.Errorf("small file into container 3: %v", o.res[2])
+	}
+}
+
 // TestWriteDataOtherPanicGoesUp: a panic in WriteData that is not a
 // runtime error is not swallowed.
 func TestWriteDataOtherPanicGoesUp(t *testing.T) {
