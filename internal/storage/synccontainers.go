@@ -16,7 +16,7 @@ import (
 // is on it (seed 001: with Sync, one slow volume stalled every pipeline of
 // the datanode). An unknown container makes it a full Sync.
 func (s *Store) SyncContainers(ids []ContainerID) error {
-	vols, all, err := s.volumesOf(ids)
+	vols, all, err := s.volumesOf(ids, make([]*volume, 0, 4))
 	if err != nil {
 		return err
 	}
@@ -26,10 +26,11 @@ func (s *Store) SyncContainers(ids []ContainerID) error {
 	return onVolumes(vols, s.syncVolume)
 }
 
-// volumesOf returns the volumes holding containers ids, or all if one is
-// unknown (or being imported). It releases s.mu by defer: a caller's guard
-// may recover a panic from SyncContainers (the datanode's SyncData).
-func (s *Store) volumesOf(ids []ContainerID) (vols []*volume, all bool, err error) {
+// volumesOf appends to vols the volumes holding containers ids, or
+// reports all if one is unknown (or being imported). It releases s.mu by
+// defer: a caller's guard may recover a panic from SyncContainers (the
+// datanode's SyncData).
+func (s *Store) volumesOf(ids []ContainerID, vols []*volume) (_ []*volume, all bool, err error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {

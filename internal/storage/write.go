@@ -508,6 +508,9 @@ func (s *Store) Sync() error {
 	if closed {
 		return cErr("sync", ErrClosed, 0, "", nil)
 	}
+	if len(s.volumes) == 1 {
+		return s.syncVolume(s.volumes[0]) // no method value to allocate
+	}
 	return onVolumes(s.volumes, s.syncVolume)
 }
 
@@ -691,18 +694,20 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	// the batches close: wait for an early commit still running on its
 	// goroutine (closing the batch under it would race), and undo the
 	// deferred keys' generations if not done yet. Set at every return.
+	earlyDone := make(chan error, 1)
 	var (
-		earlyDone   chan error
+		earlyAsync  bool // the early commit runs on its own goroutine
 		earlyWaited bool
 		undone      bool
 		returned    bool
-		undos       []func()
+		undoBuf     [4]func() // up to 4 deferred keys without an allocation
 	)
+	undos := undoBuf[:0]
 	defer func() {
 		if returned {
 			return
 		}
-		if earlyDone != nil && !earlyWaited {
+		if earlyAsync && !earlyWaited {
 			<-earlyDone
 		}
 		if !undone {
@@ -757,13 +762,13 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	// this goroutine: a goroutine per Sync grew a fresh stack through
 	// Pebble's commit every time.
 	syncNow := s.opts.Sync != SyncNone && len(now) > 0
-	earlyDone = make(chan error, 1)
 	switch {
 	case early.Empty():
 		earlyDone <- nil
 	case !syncNow:
 		earlyDone <- early.Commit(s.metaSync())
 	default:
+		earlyAsync = true
 		go func() { earlyDone <- early.Commit(s.metaSync()) }()
 	}
 	errs := make([]error, len(todo))
