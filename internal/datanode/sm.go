@@ -109,10 +109,15 @@ type containerSM struct {
 	// writeHook, readHook and restoreHook, if set (tests only), run
 	// inside the guards of WriteData (after the command is decoded),
 	// ReadData and Restore (see dataGuard).
-	writeHook   func(index uint64, cmd *datanodepb.ContainerCommand)
+	writeHook func(index uint64, cmd *datanodepb.ContainerCommand)
+	// storedHook, if set (tests only), runs in WriteData's guard right
+	// after storage stored the chunk, before it is listed for SyncData.
+	storedHook  func(index uint64)
 	syncHook    func()
 	readHook    func(index uint64)
 	restoreHook func(index uint64)
+	// readPanicLog limits ReadData's ERROR lines (see ReadData).
+	readPanicLog rateLog
 
 	applied atomic.Uint64
 	durable atomic.Uint64
@@ -611,6 +616,9 @@ func (sm *containerSM) storeData(index, term uint64, cmd *datanodepb.ContainerCo
 	} else {
 		err = sm.store.WriteChunk(cid, lid, int64(c.GetOffset()), data, toChecksum(c.GetChecksum()), verify)
 	}
+	if err == nil && sm.storedHook != nil {
+		sm.storedHook(index)
+	}
 	if err == nil {
 		if _, small := cmd.GetCmd().(*datanodepb.ContainerCommand_PutSmallFile); small && logOK && sm.store.SmallChunkPending(cid, lid) {
 			inLog = true // durable with the log entry, see WriteDataLogged
@@ -647,10 +655,17 @@ type unsyncedChunk struct {
 // container goes UNHEALTHY. It returns nil so the group carries on.
 //
 // A runtime error in it (a bug; every replica would meet it alike) is
-// guarded like WriteData's: every chunk of the batch not yet checked
+// guarded like WriteData's: every chunk of the batch, checked or not,
 // counts as lost here and its container is marked UNHEALTHY (none of them
 // can be vouched for durable), it still returns nil, and one ERROR line
 // and basalt_datanode_apply_panics_total{stage="sync_data"} count it.
+// This covers a runtime error inside storage's sync round too: storage
+// finishes the round on the way out (blocks unlocked, the round
+// unregistered, its unsynced chunks forgotten; storage.syncRound), so the
+// volume's later rounds, and the host's raft loop that waits for them, go
+// on. (A panic on a goroutine of storage's own, such as a parallel fsync
+// or the deferred-write flusher, is not recovered: the process stops as
+// before.)
 func (sm *containerSM) SyncData() (err error) {
 	if len(sm.unsynced) == 0 {
 		return nil
@@ -849,17 +864,22 @@ func (sm *containerSM) lostCause(cid, lid uint64) error {
 // entry.
 //
 // A runtime error in it (a bug) is reported so too (the follower records
-// the chunk lost, and the leader keeps serving), logged as ERROR with the
-// stack and counted (basalt_datanode_apply_panics_total{stage="read_data"}):
-// it never takes the leader's datanode down. Nothing is marked here: a
-// read changes nothing.
+// the chunk lost, and the leader keeps serving) and counted, every one
+// (basalt_datanode_apply_panics_total{stage="read_data"}): it never takes
+// the leader's datanode down. Nothing is marked here: a read changes
+// nothing. It is logged as ERROR with the stack at most once a minute per
+// pipeline (the line says how many were not logged since the last): a
+// resend reads each entry it carries, for each lagging follower, so a bug
+// met on every read would flood the log with stacks.
 func (sm *containerSM) ReadData(index, term uint64, meta []byte) (data []byte, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			re := runtimeError(r)
 			sm.stats.readPanics.Add(1)
-			sm.log.Error("datanode: ReadData failed (a bug: report it); the entry goes out without its data",
-				"pipeline", sm.pipeline, "index", index, "panic", re.Error(), "stack", string(debug.Stack()))
+			if ok, quiet := sm.readPanicLog.allow(time.Now()); ok {
+				sm.log.Error("datanode: ReadData failed (a bug: report it); the entry goes out without its data",
+					"pipeline", sm.pipeline, "index", index, "panic", re.Error(), "not_logged_since_last", quiet, "stack", string(debug.Stack()))
+			}
 			data, err = nil, fmt.Errorf("%w: entry %d: ReadData failed: %v", raft.ErrDataLost, index, re)
 		}
 	}()
@@ -867,6 +887,26 @@ func (sm *containerSM) ReadData(index, term uint64, meta []byte) (data []byte, e
 		sm.readHook(index)
 	}
 	return sm.readData(index, meta)
+}
+
+// rateLog lets one log line through per rateLogEvery and counts the
+// others; safe for concurrent use.
+type rateLog struct {
+	at    atomic.Int64  // UnixNano of the last line let through; 0: none yet
+	quiet atomic.Uint64 // lines held back since
+}
+
+const rateLogEvery = time.Minute
+
+// allow reports whether a line may be logged at now, and if so how many
+// were held back since the last one.
+func (l *rateLog) allow(now time.Time) (ok bool, quiet uint64) {
+	last, t := l.at.Load(), now.UnixNano()
+	if (last == 0 || t-last >= int64(rateLogEvery)) && l.at.CompareAndSwap(last, t) {
+		return true, l.quiet.Swap(0)
+	}
+	l.quiet.Add(1)
+	return false, 0
 }
 
 func (sm *containerSM) readData(index uint64, meta []byte) ([]byte, error) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -104,6 +105,68 @@ func TestWriteDataRuntimeErrorLosesChunk(t *testing.T) {
 	}
 }
 
+// TestWriteDataRuntimeErrorAfterStore: the runtime error is raised after
+// storage stored the chunk (it holds the span, which is not listed for
+// SyncData). The container still goes UNHEALTHY and lacking, the PutBlock
+// that needs the chunk fails although storage holds its bytes, the next
+// batch into another container of the volume syncs (storage's dirty span
+// is flushed with it, nothing waits on it) and applies.
+func TestWriteDataRuntimeErrorAfterStore(t *testing.T) {
+	var logs lockedBuf
+	_, st, sm := guardReplica(t, &logs)
+	sm.applyHook = nil
+	sm.storedHook = func(index uint64) {
+		if index == 1 {
+			injectRuntimeError(index)
+		}
+	}
+	d1, d3 := randBytes(51, 4096), randBytes(52, 3000)
+	ents := []raft.Entry{writeChunkEntry(1, 2, 20, 0, d1), putBlockEntry(2, 2, 20, d1), smallFileEntry(3, 3, 30, d3)}
+	type outcome struct {
+		errs []error
+		res  []any
+	}
+	done := make(chan outcome, 1) // not t.Error in the goroutine: it may outlive the test
+	go func() {
+		var o outcome
+		o.errs = append(o.errs, sm.WriteData(ents[0].Index, ents[0].Term, ents[0].Meta, d1))
+		o.errs = append(o.errs, sm.WriteData(ents[2].Index, ents[2].Term, ents[2].Meta, d3))
+		o.errs = append(o.errs, sm.SyncData())
+		o.res = sm.Apply(ents)
+		done <- o
+	}()
+	var o outcome
+	select {
+	case o = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("WriteData, SyncData and Apply after a panic past the storage write did not return in 5 s")
+	}
+	defer st.Close()
+	for i, err := range o.errs {
+		if err != nil {
+			t.Errorf("call %d: %v, want nil (the group goes on)", i, err)
+		}
+	}
+	if n := sm.stats.writePanics.Load(); n != 1 {
+		t.Errorf("write panics counted: %d, want 1", n)
+	}
+	if ok, _ := st.HasChunk(2, 20, 0, int64(len(d1))); !ok {
+		t.Error("storage does not hold the chunk: the panic was not after the write")
+	}
+	if c, err := st.Container(2); err != nil || c.State != storage.StateUnhealthy {
+		t.Errorf("container 2: %+v %v, want UNHEALTHY", c, err)
+	}
+	if why, ok := sm.lacks(2); !ok || !strings.Contains(why, "WriteData failed") {
+		t.Errorf("container 2 not recorded as lacking: %v %q", ok, why)
+	}
+	if err, _ := o.res[1].(error); !errors.Is(err, storage.ErrContainerNotOpen) {
+		t.Errorf("PutBlock of the chunk whose WriteData panicked: %v, want it failed", o.res[1])
+	}
+	if o.res[2] != nil {
+		t.Errorf("small file into container 3: %v", o.res[2])
+	}
+}
+
 // TestWriteDataOtherPanicGoesUp: a panic in WriteData that is not a
 // runtime error is not swallowed.
 func TestWriteDataOtherPanicGoesUp(t *testing.T) {
@@ -182,6 +245,73 @@ func TestSyncDataRuntimeErrorLosesBatch(t *testing.T) {
 	}
 }
 
+// TestSyncDataRuntimeErrorInStorageRound: the runtime error is raised
+// inside storage's sync round (blocks locked, round registered), which
+// SyncData's guard recovers. The round is finished on the way out
+// (storage's syncRound), so the datanode does not go on with a wedged
+// round: the batch's container goes UNHEALTHY as for any SyncData panic,
+// and the next batch, into another container on the same volume, syncs
+// and applies (it hung for good when the round stayed registered with its
+// blocks locked, and with it the host's raft loop).
+func TestSyncDataRuntimeErrorInStorageRound(t *testing.T) {
+	var logs lockedBuf
+	_, st, sm := guardReplica(t, &logs)
+	sm.applyHook = nil
+	d1, d2 := randBytes(46, 4096), randBytes(47, 4096)
+	w1 := writeChunkEntry(1, 1, 10, 0, d1)
+	if err := sm.WriteData(w1.Index, w1.Term, w1.Meta, d1); err != nil {
+		t.Fatal(err)
+	}
+	st.SetTestHook(func(p string) {
+		if p == "sync round: blocks locked" {
+			st.SetTestHook(nil)
+			injectRuntimeError(3)
+		}
+	})
+	if err := sm.SyncData(); err != nil {
+		t.Fatalf("SyncData: %v, want nil (the group goes on)", err)
+	}
+	if n := sm.stats.syncPanics.Load(); n != 1 {
+		t.Errorf("sync panics counted: %d, want 1", n)
+	}
+	if c, err := st.Container(1); err != nil || c.State != storage.StateUnhealthy {
+		t.Errorf("container 1: %+v %v, want UNHEALTHY", c, err)
+	}
+	w2 := writeChunkEntry(2, 2, 20, 0, d2) // another container, same volume
+	type outcome struct {
+		werr, serr error
+		res        []any
+	}
+	done := make(chan outcome, 1) // not t.Error in the goroutine: it may outlive the test
+	go func() {
+		var o outcome
+		o.werr = sm.WriteData(w2.Index, w2.Term, w2.Meta, d2)
+		o.serr = sm.SyncData()
+		o.res = sm.Apply([]raft.Entry{w1, w2, putBlockEntry(3, 1, 10, d1), putBlockEntry(4, 2, 20, d2)})
+		done <- o
+	}()
+	select {
+	case o := <-done:
+		if o.werr != nil || o.serr != nil {
+			t.Errorf("next batch: WriteData %v, SyncData %v", o.werr, o.serr)
+		}
+		res := o.res
+		if res[2] == nil {
+			t.Error("PutBlock of the chunk whose sync round panicked succeeded")
+		}
+		if res[3] != nil {
+			t.Errorf("PutBlock into container 2 after the panicked round: %v", res[3])
+		}
+	case <-time.After(5 * time.Second):
+		// The store is left open: Close would wait for the locks.
+		t.Fatal("the next batch (another container, same volume) did not sync and apply in 5 s: the panicked round wedged the volume")
+	}
+	if sm.stats.syncPanics.Load() != 1 {
+		t.Errorf("sync panics counted: %d, want 1", sm.stats.syncPanics.Load())
+	}
+	st.Close()
+}
+
 // TestReadDataRuntimeErrorIsDataLost: a leader's ReadData (a resend)
 // that meets a runtime error answers raft.ErrDataLost (the entry goes out
 // without its data, the follower records the loss) instead of taking the
@@ -215,6 +345,47 @@ func TestReadDataRuntimeErrorIsDataLost(t *testing.T) {
 	}
 	if el := errorLines(logs.String()); len(el) != 1 || !strings.Contains(el[0], "index=1") {
 		t.Errorf("ERROR lines: %q", el)
+	}
+}
+
+// TestReadDataRuntimeErrorLogRateLimited: a ReadData bug met on every
+// read (each resend reads each entry it carries, for each lagging
+// follower) logs its ERROR line with the stack at most once a minute per
+// pipeline; the counter counts every one, and the next line, a minute
+// on, says how many were not logged.
+func TestReadDataRuntimeErrorLogRateLimited(t *testing.T) {
+	var logs lockedBuf
+	_, st, sm := guardReplica(t, &logs)
+	defer st.Close()
+	d := randBytes(44, 4096)
+	e := writeChunkEntry(1, 1, 10, 0, d)
+	if err := sm.WriteData(e.Index, e.Term, e.Meta, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := sm.SyncData(); err != nil {
+		t.Fatal(err)
+	}
+	sm.readHook = injectRuntimeError
+	for range 3 {
+		if _, err := sm.ReadData(e.Index, e.Term, e.Meta); !errors.Is(err, raft.ErrDataLost) {
+			t.Fatalf("ReadData: %v, want raft.ErrDataLost", err)
+		}
+	}
+	if n := sm.stats.readPanics.Load(); n != 3 {
+		t.Errorf("read panics counted: %d, want 3", n)
+	}
+	if el := errorLines(logs.String()); len(el) != 1 || !strings.Contains(el[0], "stack=") || !strings.Contains(el[0], "not_logged_since_last=0") {
+		t.Fatalf("ERROR lines after 3 failed reads within a minute: %q, want 1 with the stack", el)
+	}
+	sm.readPanicLog.at.Add(-int64(rateLogEvery)) // a minute on
+	if _, err := sm.ReadData(e.Index, e.Term, e.Meta); !errors.Is(err, raft.ErrDataLost) {
+		t.Fatalf("ReadData: %v, want raft.ErrDataLost", err)
+	}
+	if n := sm.stats.readPanics.Load(); n != 4 {
+		t.Errorf("read panics counted: %d, want 4", n)
+	}
+	if el := errorLines(logs.String()); len(el) != 2 || !strings.Contains(el[1], "not_logged_since_last=2") {
+		t.Errorf("ERROR lines a minute on: %q, want a second one naming the 2 not logged", el)
 	}
 }
 
@@ -254,30 +425,36 @@ func TestRestoreRuntimeErrorRefused(t *testing.T) {
 		t.Errorf("ERROR lines: %q", el)
 	}
 	sm.restoreHook = nil
-	done := make(chan struct{})
+	// The checks run on a goroutine (a lock left held would hang them) and
+	// report on a channel: a t.Errorf there could outlive a timed-out test.
+	done := make(chan []string, 1)
 	go func() {
-		defer close(done)
+		var errs []string
 		if got := sm.applied.Load(); got != 1 {
-			t.Errorf("applied index after the refused snapshot: %d, want 1", got)
+			errs = append(errs, fmt.Sprintf("applied index after the refused snapshot: %d, want 1", got))
 		}
 		if _, ok := sm.lacks(1); ok {
-			t.Error("container 1 recorded as lacking by the refused snapshot")
+			errs = append(errs, "container 1 recorded as lacking by the refused snapshot")
 		}
 		if got := sm.restoredIndex(); got != 0 {
-			t.Errorf("restored index after the refused snapshot: %d, want 0", got)
+			errs = append(errs, fmt.Sprintf("restored index after the refused snapshot: %d, want 0", got))
 		}
 		if err := sm.Restore(10, bytes.NewReader(snap)); err != nil {
-			t.Errorf("Restore sent again: %v", err)
+			errs = append(errs, fmt.Sprintf("Restore sent again: %v", err))
 		}
 		if _, ok := sm.lacks(1); !ok {
-			t.Error("container 1 not recorded as lacking after the snapshot")
+			errs = append(errs, "container 1 not recorded as lacking after the snapshot")
 		}
 		if got := sm.applied.Load(); got != 10 {
-			t.Errorf("applied index after the snapshot: %d, want 10", got)
+			errs = append(errs, fmt.Sprintf("applied index after the snapshot: %d, want 10", got))
 		}
+		done <- errs
 	}()
 	select {
-	case <-done:
+	case errs := <-done:
+		for _, e := range errs {
+			t.Error(e)
+		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the state machine's lock stayed held after the recovered panic")
 	}

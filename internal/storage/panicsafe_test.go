@@ -1,9 +1,13 @@
 package storage
 
 import (
+	"path/filepath"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // Panic safety of storage's locks: a runtime error inside a call that
@@ -140,4 +144,169 @@ func TestPanicInWriteReleasesReservation(t *testing.T) {
 			t.Errorf("write again: %v", err)
 		}
 	})
+}
+
+// TestPanicInSyncRoundFinishesRound: a sync round panics with its blocks
+// locked and the round registered (the datanode's SyncData guard recovers
+// such a panic from SyncContainers). The round still finishes: the block
+// is unlocked, the next SyncContainers does not wait for the dead round,
+// the chunk it did not make durable is forgotten (not reported held), and
+// written again it syncs and is held.
+func TestPanicInSyncRoundFinishesRound(t *testing.T) {
+	s := openLeaky(t)
+	mustCreate(t, s, 1)
+	data := blockBytes(1, 7, 4096)
+	if err := s.WriteChunk(1, 7, 0, data, DefaultChecksum.Compute(data), true); err != nil {
+		t.Fatal(err)
+	}
+	panicAt(s, "sync round: blocks locked")
+	recoverRuntime(t, func() { s.SyncContainers([]ContainerID{1}) })
+	within(t, "HasChunk on the block", func() {
+		if ok, err := s.HasChunk(1, 7, 0, 4096); ok || err != nil {
+			t.Errorf("HasChunk after the panicked round = %v, %v; want false (forgotten), nil", ok, err)
+		}
+	})
+	within(t, "the next SyncContainers", func() {
+		if err := s.SyncContainers([]ContainerID{1}); err != nil {
+			t.Errorf("next SyncContainers: %v", err)
+		}
+	})
+	within(t, "the chunk written again and synced", func() {
+		if err := s.WriteChunk(1, 7, 0, data, DefaultChecksum.Compute(data), true); err != nil {
+			t.Errorf("write again: %v", err)
+		}
+		if err := s.SyncContainers([]ContainerID{1}); err != nil {
+			t.Errorf("sync again: %v", err)
+		}
+		if ok, err := s.HasChunk(1, 7, 0, 4096); !ok || err != nil {
+			t.Errorf("HasChunk after the rewrite = %v, %v; want true", ok, err)
+		}
+	})
+}
+
+// TestPanicInPersistUndoesAndWaits: persist panics after its early commit
+// started on its own goroutine (a block too large to defer is synced now)
+// with a small deferred chunk in the same round. The panic waits for the
+// early commit before the batch closes (run with -race), undoes the
+// deferred key's generation (the flusher never gets the key), and the
+// round finishes: both blocks can be written again and synced.
+func TestPanicInPersistUndoesAndWaits(t *testing.T) {
+	s := openLeaky(t)
+	mustCreate(t, s, 1)
+	v := s.containers[1].vol
+	if v.defer_ == nil {
+		t.Skip("no deferred writes on this volume's file system")
+	}
+	small := blockBytes(1, 7, 4096)
+	big := blockBytes(1, 8, int(s.opts.DeferredMax)+4096)
+	write := func() {
+		t.Helper()
+		if err := s.WriteChunk(1, 7, 0, small, DefaultChecksum.Compute(small), true); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.WriteChunk(1, 8, 0, big, DefaultChecksum.Compute(big), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write()
+	panicAt(s, "persist: early commit started")
+	recoverRuntime(t, func() { s.SyncContainers([]ContainerID{1}) })
+	v.defer_.genMu.Lock()
+	gens := len(v.defer_.gens)
+	v.defer_.genMu.Unlock()
+	if gens != 0 {
+		t.Errorf("deferred generations left after the panicked persist: %d, want 0 (undone)", gens)
+	}
+	for _, lid := range []LocalID{7, 8} {
+		if ok, err := s.HasChunk(1, lid, 0, 4096); ok || err != nil {
+			t.Errorf("block %d: HasChunk after the panicked round = %v, %v; want false (forgotten), nil", lid, ok, err)
+		}
+	}
+	within(t, "the chunks written again and synced", func() {
+		write()
+		if err := s.SyncContainers([]ContainerID{1}); err != nil {
+			t.Errorf("sync again: %v", err)
+		}
+	})
+	for _, lid := range []LocalID{7, 8} {
+		if ok, err := s.HasChunk(1, lid, 0, 4096); !ok || err != nil {
+			t.Errorf("block %d: HasChunk after the rewrite = %v, %v; want true", lid, ok, err)
+		}
+	}
+}
+
+// TestPanicInSyncRoundOfOneOfTwoVolumes: with two volumes the rounds run
+// on goroutines of their own; a runtime error in one is raised again on
+// the caller's goroutine (as with one volume, where the round runs on
+// it), still a runtime error, after the other volume's round returned;
+// the process is not taken down, and the next sync of both completes.
+func TestPanicInSyncRoundOfOneOfTwoVolumes(t *testing.T) {
+	root := t.TempDir()
+	a, b := filepath.Join(root, "a"), filepath.Join(root, "b")
+	fs := vfs.NewLatencyFS(vfs.Default, map[string]vfs.DiskProfile{a: {Capacity: 1 << 40}, b: {Capacity: 1 << 40}}, 1)
+	s, err := Open(Options{Volumes: []string{a, b}, FS: fs, ContainerSize: 1 << 30, KeepUncommitted: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			s.Close()
+		}
+	})
+	// Containers go to the volume with the most room: a block written
+	// into the first one sends the next to the other volume.
+	on := map[string]ContainerID{}
+	for cid := ContainerID(1); len(on) < 2 && cid < 6; cid++ {
+		r, err := s.CreateContainer(cid, CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := on[r.Volume]; !ok {
+			on[r.Volume] = cid
+		}
+		p := blockBytes(cid, 100, 1<<20)
+		if err := s.WriteChunk(cid, 100, 0, p, DefaultChecksum.Compute(p), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if len(on) < 2 {
+		t.Fatalf("containers not on both volumes: %v", on)
+	}
+	ids := []ContainerID{on[a], on[b]}
+	for _, cid := range ids {
+		data := blockBytes(cid, 7, 4096)
+		if err := s.WriteChunk(cid, 7, 0, data, DefaultChecksum.Compute(data), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var once sync.Once
+	s.testHook = func(p string) {
+		if p == "sync round: blocks locked" {
+			hit := false
+			once.Do(func() { hit = true })
+			if hit {
+				var m map[int]int
+				m[0] = 1 // runtime error, in one of the two rounds
+			}
+		}
+	}
+	recoverRuntime(t, func() { s.SyncContainers(ids) })
+	s.testHook = nil
+	within(t, "the next SyncContainers of both volumes", func() {
+		if err := s.SyncContainers(ids); err != nil {
+			t.Errorf("next SyncContainers: %v", err)
+		}
+	})
+	held := 0
+	for _, cid := range ids {
+		if ok, _ := s.HasChunk(cid, 7, 0, 4096); ok {
+			held++
+		}
+	}
+	if held != 1 {
+		t.Errorf("chunks held after one of two rounds panicked: %d, want 1", held)
+	}
 }

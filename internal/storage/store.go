@@ -216,6 +216,11 @@ type Store struct {
 	testHook func(point string)
 }
 
+// SetTestHook sets the hook run at the store's test points (see
+// testPoint's callers; for other packages' tests, such as the datanode's
+// guard tests, only). Set it while no call runs on the store.
+func (s *Store) SetTestHook(f func(point string)) { s.testHook = f }
+
 // testPoint runs the test hook, if any, at point.
 func (s *Store) testPoint(point string) {
 	if s.testHook != nil {

@@ -509,19 +509,9 @@ func (s *Store) Sync() error {
 		return cErr("sync", ErrClosed, 0, "", nil)
 	}
 	if len(s.volumes) == 1 {
-		return s.syncVolume(s.volumes[0])
+		return s.syncVolume(s.volumes[0]) // no method value to allocate
 	}
-	errs := make([]error, len(s.volumes))
-	var wg sync.WaitGroup
-	for i, v := range s.volumes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = s.syncVolume(v)
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return onVolumes(s.volumes, s.syncVolume)
 }
 
 type dirtyBlock struct {
@@ -548,6 +538,48 @@ func (s *Store) syncVolume(v *volume) error {
 	v.inflight[r] = struct{}{}
 	v.dmu.Unlock()
 
+	s.syncRound(v, r, list)
+	// Chunks written before this call may be in rounds still running.
+	err := r.err
+	for _, e := range earlier {
+		<-e.done
+		if err == nil {
+			err = e.err
+		}
+	}
+	return err
+}
+
+// syncRound runs round r over list: it locks each live block, persists
+// them, and finishes the round (blocks unlocked, r out of v.inflight,
+// r.done closed) by defer, so that a panic inside the round, which a
+// caller's guard may recover (the datanode's SyncData guard does), leaves
+// no block locked and no later round of the volume waiting for r. After a
+// panic r fails (ErrChunkMissing), and the blocks' non-durable spans
+// are forgotten as after a failed fsync: nothing is acknowledged as
+// durable that the round did not make so, and a re-delivery writes the
+// chunks again.
+func (s *Store) syncRound(v *volume, r *round, list []dirtyBlock) {
+	var live []dirtyBlock // the blocks locked so far
+	finished := false
+	defer func() {
+		if !finished {
+			r.err = cErr("sync", ErrChunkMissing, 0, "a sync round panicked: its unsynced chunks are forgotten", nil).withVolume(v.path)
+			for _, d := range live {
+				s.forget(d.c, d.ob, func(span) bool { return true })
+			}
+		}
+		for _, d := range live {
+			d.ob.mu.Unlock()
+		}
+		v.dmu.Lock()
+		delete(v.inflight, r)
+		if r.err != nil {
+			v.lastSyncErr = r.err
+		}
+		v.dmu.Unlock()
+		close(r.done)
+	}()
 	// One lock order (container, block) within a round. Rounds hold
 	// disjoint blocks (a block is queued again only under its lock, which
 	// its round holds until done), and no other path holds two block
@@ -556,7 +588,7 @@ func (s *Store) syncVolume(v *volume) error {
 	slices.SortFunc(list, func(a, b dirtyBlock) int {
 		return cmp.Or(cmp.Compare(a.c.id, b.c.id), cmp.Compare(a.lid, b.lid))
 	})
-	live := list[:0]
+	live = list[:0]
 	for _, d := range list {
 		d.ob.mu.Lock()
 		if d.ob.dead {
@@ -567,27 +599,10 @@ func (s *Store) syncVolume(v *volume) error {
 		live = append(live, d)
 	}
 	if len(live) > 0 {
+		s.testPoint("sync round: blocks locked")
 		r.err = s.persist("sync", v, live)
 	}
-	for _, d := range live {
-		d.ob.mu.Unlock()
-	}
-	v.dmu.Lock()
-	delete(v.inflight, r)
-	if r.err != nil {
-		v.lastSyncErr = r.err
-	}
-	v.dmu.Unlock()
-	close(r.done)
-	// Chunks written before this call may be in rounds still running.
-	err := r.err
-	for _, e := range earlier {
-		<-e.done
-		if err == nil {
-			err = e.err
-		}
-	}
-	return err
+	finished = true
 }
 
 // flushLocked makes one block's written chunks durable now (SyncAlways,
@@ -675,6 +690,32 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	early, late := v.db.NewBatchWithSize(earlySize(v, todo)), v.db.NewBatch()
 	defer early.Close()
 	defer late.Close()
+	// On a panic (a caller's guard may recover it, see syncRound), before
+	// the batches close: wait for an early commit still running on its
+	// goroutine (closing the batch under it would race), and undo the
+	// deferred keys' generations if not done yet. Set at every return.
+	earlyDone := make(chan error, 1)
+	var (
+		earlyAsync  bool // the early commit runs on its own goroutine
+		earlyWaited bool
+		undone      bool
+		returned    bool
+		undoBuf     [4]func() // up to 4 deferred keys without an allocation
+	)
+	undos := undoBuf[:0]
+	defer func() {
+		if returned {
+			return
+		}
+		if earlyAsync && !earlyWaited {
+			<-earlyDone
+		}
+		if !undone {
+			for _, undo := range undos {
+				undo()
+			}
+		}
+	}()
 	// deferred[i]: todo[i]'s unsynced data is all small checksummed
 	// chunks: their bytes go in the early batch and its file is synced
 	// later (deferred.go); the others are synced now.
@@ -687,7 +728,6 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		off int64
 	}
 	var gens map[deferSlot]uint64
-	var undos []func()
 	var now []dirtyBlock
 	var nowAt []int
 	for i, d := range todo {
@@ -722,13 +762,13 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	// this goroutine: a goroutine per Sync grew a fresh stack through
 	// Pebble's commit every time.
 	syncNow := s.opts.Sync != SyncNone && len(now) > 0
-	earlyDone := make(chan error, 1)
 	switch {
 	case early.Empty():
 		earlyDone <- nil
 	case !syncNow:
 		earlyDone <- early.Commit(s.metaSync())
 	default:
+		earlyAsync = true
 		go func() { earlyDone <- early.Commit(s.metaSync()) }()
 	}
 	errs := make([]error, len(todo))
@@ -739,8 +779,11 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 			errs[i] = nowErrs[j]
 		}
 	}
+	s.testPoint("persist: early commit started")
 	earlyErr := <-earlyDone
+	earlyWaited = true
 	if earlyErr != nil {
+		undone = true
 		for _, undo := range undos {
 			undo()
 		}
@@ -814,6 +857,7 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		}
 		del.Close()
 	}
+	returned = true
 	return firstErr
 }
 
@@ -823,6 +867,9 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 func (s *Store) syncData(v *volume, blocks []dirtyBlock, errs []error) {
 	sem := make(chan struct{}, maxSyncParallel)
 	var wg sync.WaitGroup
+	// On a panic too: the syncs use the blocks' writers, which the
+	// caller's blocks' locks guard (see syncRound).
+	defer wg.Wait()
 	run := func(f func()) {
 		if len(blocks) == 1 {
 			f()
