@@ -112,6 +112,7 @@ type Stats struct {
 	Reused        uint64 // streams opened on a connection that carried one before
 	DownDials     uint64 // connections opened to a next datanode
 	Active        int64  // streams open now
+	Idle          int64  // connections waiting for a next header now
 }
 
 // Server accepts streams on its own TCP port, stores each through its
@@ -180,7 +181,7 @@ func NewServer(cfg ServerConfig) *Server {
 func (s *Server) Stats() Stats {
 	return Stats{FirstHop: s.firstHop.Load(), Downstream: s.downstream.Load(), BytesReceived: s.bytes.Load(),
 		Failed: s.failed.Load(), Refused: s.refused.Load(), Accepted: s.accepted.Load(), Reused: s.reused.Load(),
-		DownDials: s.downDials.Load(), Active: s.active.Load()}
+		DownDials: s.downDials.Load(), Active: s.active.Load(), Idle: s.idle.Load()}
 }
 
 // Serve accepts streams on l until Close. It returns nil after Close.
@@ -372,20 +373,35 @@ func (s *Server) serve(up net.Conn, uc *upConn, live *net.Conn) {
 	h, up, err := s.open(up, uc, live)
 	<-s.handshakes
 	for err == nil {
+		ok := s.runStream(uc, h, up, live)
+		// The stream is over: cleanly (every hop acked its close, a promise
+		// that its data is durable) or failed and discarded. Either way
+		// nothing that follows may abort it (handle aborts uc.st after a
+		// panic).
 		uc.st = nil
-		if !s.runStream(uc, h, up, live) {
+		if !ok {
 			return
 		}
 		uc.seq++
 		up = *live
-		if s.idle.Add(1) > int64(s.cfg.MaxIdle) {
-			s.idle.Add(-1)
-			return
-		}
-		h, err = s.nextHeader(uc, up)
-		s.idle.Add(-1)
+		h, err = s.waitNext(uc, up)
 	}
 }
+
+// waitNext takes one of the MaxIdle slots while it waits for the next
+// header on up; the slot is given back however the wait ends, a panic
+// included.
+func (s *Server) waitNext(uc *upConn, up net.Conn) (*Header, error) {
+	defer s.idle.Add(-1)
+	if s.idle.Add(1) > int64(s.cfg.MaxIdle) {
+		return nil, errTooManyIdle
+	}
+	return s.nextHeader(uc, up)
+}
+
+// errTooManyIdle ends a connection whose stream closed cleanly while
+// MaxIdle others wait for their next header.
+var errTooManyIdle = errors.New("stream: too many idle connections")
 
 // runStream runs one stream whose header h arrived on up; it reports
 // whether the stream closed cleanly (every hop synced and acked its
