@@ -325,7 +325,7 @@ func TestReuseRouteChange(t *testing.T) {
 		t.Fatalf("pool %+v: want a connection per route", ps)
 	}
 	// Route a's connection, for a stream of route b.
-	ka, kb := poolKey(a, cfg), poolKey(b, cfg)
+	ka, kb := keyFor(a, cfg), keyFor(b, cfg)
 	p.mu.Lock()
 	pc := p.conns[ka][0]
 	pc.key = kb
