@@ -4,8 +4,19 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"sync/atomic"
 	"time"
 )
+
+// testHookKept (tests only) is called with a kept connection that
+// checkIdle found open, right before a header is written into it.
+var testHookKept atomic.Pointer[func(net.Conn)]
+
+func hookKept(c net.Conn) {
+	if f := testHookKept.Load(); f != nil {
+		(*f)(c)
+	}
+}
 
 // errPeerSentData: a connection between two streams, on which the peer
 // owes nothing, holds input: it cannot carry a next stream.

@@ -692,6 +692,7 @@ func (st *stream) downFor(uc *upConn) *Error {
 			err = checkIdle(uc.down)
 		}
 		if err == nil {
+			hookKept(uc.down)
 			e, unsent := st.sendHeaderDown(uc.down)
 			if e == nil {
 				st.down = uc.down

@@ -186,6 +186,7 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 				pc.close()
 				continue
 			}
+			hookKept(pc.conn)
 			w, unsent, err := dialOn(ctx, pc, route, block, hb, opts)
 			if !unsent {
 				// Opened, refused, or failed after the header went out:
