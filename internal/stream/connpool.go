@@ -40,8 +40,8 @@ type pooledConn struct {
 	// cs is the session with the first datanode: the payload key of the
 	// connection's stream number seq is exported from it.
 	cs      *tls.ConnectionState
-	seq     uint64 // streams the connection carried so far
-	unwatch func() // Options.Watch's stop
+	seq     uint64    // streams the connection carried so far
+	unwatch func()    // Options.Watch's stop
 	since   time.Time // handed back
 	born    time.Time // connected
 }
