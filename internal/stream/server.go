@@ -508,7 +508,7 @@ func (s *Server) runStream(uc *upConn, h *Header, up net.Conn, live *net.Conn) b
 // connection.
 func (s *Server) nextHeader(uc *upConn, up net.Conn) (*Header, error) {
 	dl := time.Now().Add(s.cfg.ReuseIdle + time.Duration(uc.hop)*s.cfg.Timeout)
-	if uc.expires.Before(dl) {
+	if !uc.expires.IsZero() && uc.expires.Before(dl) {
 		dl = uc.expires
 	}
 	up.SetReadDeadline(dl)
