@@ -2,6 +2,7 @@ package stream
 
 import (
 	"context"
+	"net"
 	"syscall"
 	"testing"
 	"time"
@@ -162,4 +163,31 @@ func BenchmarkPlainPacketPath(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Millisecond)/(float64(b.N)/1024), "cpu-ms/GiB")
+}
+
+// BenchmarkCheckIdle: the peek at a kept connection before each next
+// header (client and every forwarding hop, once per block).
+func BenchmarkCheckIdle(b *testing.B) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lis.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, _ := lis.Accept()
+		acc <- c
+	}()
+	c, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	peer := <-acc
+	defer peer.Close()
+	for b.Loop() {
+		if err := checkIdle(c); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

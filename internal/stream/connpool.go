@@ -19,11 +19,12 @@ import (
 // beyond its size, and all of them at Close. A connection is used by one
 // stream at a time.
 type ConnPool struct {
-	max  int
-	idle time.Duration
+	max    int
+	idle   time.Duration
+	maxAge time.Duration // since the handshake (DefaultPoolMaxAge)
 
 	mu     sync.Mutex
-	conns  map[string][]*pooledConn // newest last
+	conns  map[poolKey][]*pooledConn // newest last
 	n      int
 	closed bool
 	sweep  *time.Timer // armed while the pool holds connections
@@ -34,14 +35,21 @@ type ConnPool struct {
 // pooledConn is a stream connection between streams, and what the next
 // stream on it needs.
 type pooledConn struct {
-	key  string
+	key  poolKey
 	conn net.Conn // *recordConn (secured) or the TCP connection
 	// cs is the session with the first datanode: the payload key of the
 	// connection's stream number seq is exported from it.
 	cs      *tls.ConnectionState
-	seq     uint64 // streams the connection carried so far
-	unwatch func() // Options.Watch's stop
-	since   time.Time
+	seq     uint64    // streams the connection carried so far
+	unwatch func()    // Options.Watch's stop
+	since   time.Time // handed back
+	born    time.Time // connected
+}
+
+// usable reports whether pc may carry another stream: idle less than
+// idle, younger than maxAge, and the datanode's certificate unexpired.
+func (pc *pooledConn) usable(now time.Time, idle, maxAge time.Duration) bool {
+	return now.Sub(pc.since) < idle && now.Before(expiry(pc.born, maxAge, pc.cs))
 }
 
 func (pc *pooledConn) close() {
@@ -55,15 +63,25 @@ func (pc *pooledConn) close() {
 type PoolStats struct {
 	Dials  uint64 // connections opened by Dials with this pool
 	Reuses uint64 // streams opened (or refused) on a pooled connection
-	Stale  uint64 // pooled connections found closed by the datanode (then a new one was dialed)
+	Stale  uint64 // pooled connections found closed by the datanode before the header was sent (then a new one was dialed)
 	Idle   int    // connections in the pool now
 }
 
 // DefaultPoolIdle is how long a pooled connection may wait for its next
-// stream; datanodes wait longer (ServerConfig.ReuseIdle), so the client
-// ends an idle connection first and never sends a header into one its
-// datanode is closing.
+// stream; datanodes wait longer (ServerConfig.ReuseIdle), so an idle
+// connection is normally ended by the client first. A datanode also
+// closes one earlier: beyond its MaxIdle, at its MaxConnAge or the
+// client certificate's NotAfter, or when it restarts. Dial peeks at the
+// connection before writing the header (checkIdle) and dials anew if the
+// datanode closed it; a close that crosses the header on the wire fails
+// that stream.
 const DefaultPoolIdle = 20 * time.Second
+
+// DefaultPoolMaxAge bounds how long after its handshake a pooled
+// connection may carry streams (datanodes allow longer,
+// ServerConfig.MaxConnAge); none is used past the datanode's certificate
+// NotAfter either.
+const DefaultPoolMaxAge = 10 * time.Minute
 
 // NewConnPool returns a pool of at most max idle connections (default 64),
 // each closed after idle (default DefaultPoolIdle) without a stream.
@@ -74,7 +92,7 @@ func NewConnPool(max int, idle time.Duration) *ConnPool {
 	if idle <= 0 {
 		idle = DefaultPoolIdle
 	}
-	return &ConnPool{max: max, idle: idle, conns: map[string][]*pooledConn{}}
+	return &ConnPool{max: max, idle: idle, maxAge: DefaultPoolMaxAge, conns: map[poolKey][]*pooledConn{}}
 }
 
 // Stats returns the counters.
@@ -87,18 +105,24 @@ func (p *ConnPool) Stats() PoolStats {
 
 // poolKey names what a connection can carry: the first hop, the rest of
 // the route (each datanode keeps its connection to the next) and the TLS
-// configuration (the client's identity) it was opened with.
-func poolKey(route []Target, cfg *tls.Config) string {
+// configuration (the client's identity) it was opened with. The key
+// holds the configuration itself, so it stays alive (and its address
+// unique) while a connection opened with it is pooled.
+type poolKey struct {
+	cfg   *tls.Config
+	route string
+}
+
+func keyFor(route []Target, cfg *tls.Config) poolKey {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%p", cfg)
 	for _, t := range route {
-		fmt.Fprintf(&b, "|%d@%s", t.ID, t.Addr)
+		fmt.Fprintf(&b, "%d@%s|", t.ID, t.Addr)
 	}
-	return b.String()
+	return poolKey{cfg: cfg, route: b.String()}
 }
 
 // get takes the newest idle connection for key, or nil.
-func (p *ConnPool) get(key string) *pooledConn {
+func (p *ConnPool) get(key poolKey) *pooledConn {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	l := p.conns[key]
@@ -107,7 +131,7 @@ func (p *ConnPool) get(key string) *pooledConn {
 		l[len(l)-1] = nil
 		l = l[:len(l)-1]
 		p.n--
-		if time.Since(pc.since) < p.idle {
+		if pc.usable(time.Now(), p.idle, p.maxAge) {
 			p.set(key, l)
 			return pc
 		}
@@ -117,7 +141,7 @@ func (p *ConnPool) get(key string) *pooledConn {
 	return nil
 }
 
-func (p *ConnPool) set(key string, l []*pooledConn) {
+func (p *ConnPool) set(key poolKey, l []*pooledConn) {
 	if len(l) == 0 {
 		delete(p.conns, key)
 	} else {
@@ -142,8 +166,8 @@ func (p *ConnPool) put(pc *pooledConn) {
 	}
 }
 
-// expire closes the connections idle past the bound; it runs while the
-// pool holds any.
+// expire closes the connections idle past the bound (or past their age);
+// it runs while the pool holds any.
 func (p *ConnPool) expire() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -154,7 +178,7 @@ func (p *ConnPool) expire() {
 	for key, l := range p.conns {
 		keep := l[:0]
 		for _, pc := range l {
-			if time.Since(pc.since) >= p.idle {
+			if !pc.usable(time.Now(), p.idle, p.maxAge) {
 				pc.close()
 				p.n--
 			} else {

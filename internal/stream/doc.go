@@ -102,12 +102,31 @@
 // a next header at most ServerConfig.ReuseIdle + hop·Timeout (longer than
 // the hop above it, which then closes its connection down; clients pool
 // for less, DefaultPoolIdle), and at most ServerConfig.MaxIdle
-// connections wait at once (one beyond is closed). Any failure of a stream (an error ack, a
-// refused header or record, a lost connection, an abort) closes its
-// connections on every hop: a connection in an unknown state is never
-// reused. A pooled connection the datanode closed before it read the
-// header (no byte came back, no timeout) is dropped and Dial connects
-// anew.
+// connections wait at once (one beyond is closed). A connection carries
+// streams for at most MaxConnAge after its handshake (datanode, 15 min;
+// the pool: DefaultPoolMaxAge, 10 min; a hop reuses its connection down a
+// margin less) and never past its peer's certificate's NotAfter. Any
+// failure of a stream (an error ack, a refused header or record, a lost
+// connection, an abort) closes its connections on every hop: a connection
+// in an unknown state is never reused.
+//
+// A peer may close a kept connection at any time (its idle or age bound,
+// beyond its MaxIdle, on restart); the bounds above only make the closer
+// end usually the one that decides. So the client (Dial) and every hop
+// (for its connection down) peek at a kept connection, without blocking,
+// right before writing a header into it: closed (or holding input) -> it
+// is dropped and a new connection carries the header; nothing of the
+// stream reached the peer. If the header's write itself fails, the peer
+// cannot have read it whole, and the header is sent once on a new
+// connection. Any failure after the header was written is the stream's
+// (the peer may have opened the stream; a second stream of the same
+// block on it could abort the first's file): the client's Writer fails
+// with it, or a hop fails the stream naming the next datanode, and the
+// client retries with a new block as for any failed stream. A close that
+// crosses the header on the wire therefore still fails that one stream.
+// A recovered panic while waiting for or checking a next header ends the
+// connection only: the stream before it, acked, is no longer the
+// connection's and keeps its data.
 //
 // Data path on a datanode: the payload is read from the socket into a
 // pooled 4 KiB-aligned buffer (the one copy), forwarded from that buffer

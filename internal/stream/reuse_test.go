@@ -257,6 +257,24 @@ func TestReuseChecksTokenEveryHop(t *testing.T) {
 	if ps := p.Stats(); ps.Dials != 2 || ps.Reuses != 2 || ps.Idle != 0 {
 		t.Fatalf("pool after the refusal: %+v", ps)
 	}
+	// And the middle one (review nit 7).
+	deny[3].Store(false)
+	if err := write(44, tokenFor(BlockID{1, 44})); err != nil {
+		t.Fatal(err)
+	}
+	deny[2].Store(true)
+	err = write(45, tokenFor(BlockID{1, 45}))
+	if !errors.As(err, &se) || se.Code != CodeBadHeader || se.Datanode != 2 {
+		t.Fatalf("refusal on the middle hop of a reused chain: %v", err)
+	}
+	for _, n := range c.nodes {
+		if hasData(t, n, BlockID{1, 45}) {
+			t.Fatalf("datanode %d stored data of a stream the middle hop refused", n.id)
+		}
+	}
+	if ps := p.Stats(); ps.Dials != 3 || ps.Reuses != 3 || ps.Idle != 0 {
+		t.Fatalf("pool after the refusal: %+v", ps)
+	}
 }
 
 // TestReuseIdleTimeout: a datanode closes a connection no next header came
@@ -325,7 +343,7 @@ func TestReuseRouteChange(t *testing.T) {
 		t.Fatalf("pool %+v: want a connection per route", ps)
 	}
 	// Route a's connection, for a stream of route b.
-	ka, kb := poolKey(a, cfg), poolKey(b, cfg)
+	ka, kb := keyFor(a, cfg), keyFor(b, cfg)
 	p.mu.Lock()
 	pc := p.conns[ka][0]
 	pc.key = kb

@@ -74,6 +74,14 @@ type ServerConfig struct {
 	// MaxIdle bounds the connections waiting for a next header (default
 	// 256); a connection whose stream closed cleanly beyond it is closed.
 	MaxIdle int
+	// MaxConnAge bounds how long a connection may carry streams after its
+	// handshake (default 15 min; clients pool for less, DefaultPoolMaxAge);
+	// no stream starts on it past its peer certificate's NotAfter either.
+	// An accepted connection is closed then instead of waiting for a next
+	// header; a connection to the next datanode is not reused past
+	// MaxConnAge less a margin (the next datanode closes its end at
+	// MaxConnAge) or past the next datanode's NotAfter.
+	MaxConnAge time.Duration
 }
 
 // Security is the stream port's authentication. Every connection is
@@ -111,7 +119,9 @@ type Stats struct {
 	Accepted      uint64 // connections accepted
 	Reused        uint64 // streams opened on a connection that carried one before
 	DownDials     uint64 // connections opened to a next datanode
+	DownStale     uint64 // kept connections to a next datanode found closed or expired before a header (then dialed anew)
 	Active        int64  // streams open now
+	Idle          int64  // connections waiting for a next header now
 }
 
 // Server accepts streams on its own TCP port, stores each through its
@@ -130,7 +140,7 @@ type Server struct {
 
 	idle                                         atomic.Int64 // connections waiting for a next header
 	firstHop, downstream, bytes, failed, refused atomic.Uint64
-	accepted, reused, downDials                  atomic.Uint64
+	accepted, reused, downDials, downStale       atomic.Uint64
 	active                                       atomic.Int64
 }
 
@@ -160,6 +170,9 @@ func NewServer(cfg ServerConfig) *Server {
 	if cfg.ReuseIdle <= 0 {
 		cfg.ReuseIdle = 60 * time.Second
 	}
+	if cfg.MaxConnAge <= 0 {
+		cfg.MaxConnAge = 15 * time.Minute
+	}
 	if cfg.MaxHandshakes <= 0 {
 		cfg.MaxHandshakes = 64
 	}
@@ -180,7 +193,7 @@ func NewServer(cfg ServerConfig) *Server {
 func (s *Server) Stats() Stats {
 	return Stats{FirstHop: s.firstHop.Load(), Downstream: s.downstream.Load(), BytesReceived: s.bytes.Load(),
 		Failed: s.failed.Load(), Refused: s.refused.Load(), Accepted: s.accepted.Load(), Reused: s.reused.Load(),
-		DownDials: s.downDials.Load(), Active: s.active.Load()}
+		DownDials: s.downDials.Load(), DownStale: s.downStale.Load(), Active: s.active.Load(), Idle: s.idle.Load()}
 }
 
 // Serve accepts streams on l until Close. It returns nil after Close.
@@ -269,10 +282,14 @@ type upConn struct {
 	hop uint8  // every header on the connection has the first's hop
 	seq uint64 // streams opened on it so far
 	st  *stream
+	// expires: no stream starts on the connection from then (MaxConnAge
+	// after the handshake, or the opener's certificate's NotAfter).
+	expires time.Time
 
-	down      net.Conn // a record connection (or plaintext) between streams
-	downStop  func()   // Security.Watch's stop for down
-	downRoute []Target // the route down carries: the next datanode first
+	down        net.Conn  // a record connection (or plaintext) between streams
+	downStop    func()    // Security.Watch's stop for down
+	downRoute   []Target  // the route down carries: the next datanode first
+	downExpires time.Time // down carries no header from then
 }
 
 // closeDown closes the connection to the next datanode, if any.
@@ -286,6 +303,7 @@ func (uc *upConn) closeDown() {
 		uc.downStop = nil
 	}
 	uc.downRoute = nil
+	uc.downExpires = time.Time{}
 }
 
 // packet is a received packet on its way to the disk; done its way to the
@@ -372,20 +390,38 @@ func (s *Server) serve(up net.Conn, uc *upConn, live *net.Conn) {
 	h, up, err := s.open(up, uc, live)
 	<-s.handshakes
 	for err == nil {
+		ok := s.runStream(uc, h, up, live)
+		// The stream is over: cleanly (every hop acked its close, a promise
+		// that its data is durable) or failed and discarded. Either way
+		// nothing that follows may abort it (handle aborts uc.st after a
+		// panic).
 		uc.st = nil
-		if !s.runStream(uc, h, up, live) {
+		if !ok {
 			return
 		}
 		uc.seq++
 		up = *live
-		if s.idle.Add(1) > int64(s.cfg.MaxIdle) {
-			s.idle.Add(-1)
-			return
+		if !time.Now().Before(uc.expires) {
+			return // too old, or the opener's certificate expired
 		}
-		h, err = s.nextHeader(uc, up)
-		s.idle.Add(-1)
+		h, err = s.waitNext(uc, up)
 	}
 }
+
+// waitNext takes one of the MaxIdle slots while it waits for the next
+// header on up; the slot is given back however the wait ends, a panic
+// included.
+func (s *Server) waitNext(uc *upConn, up net.Conn) (*Header, error) {
+	defer s.idle.Add(-1)
+	if s.idle.Add(1) > int64(s.cfg.MaxIdle) {
+		return nil, errTooManyIdle
+	}
+	return s.nextHeader(uc, up)
+}
+
+// errTooManyIdle ends a connection whose stream closed cleanly while
+// MaxIdle others wait for their next header.
+var errTooManyIdle = errors.New("stream: too many idle connections")
 
 // runStream runs one stream whose header h arrived on up; it reports
 // whether the stream closed cleanly (every hop synced and acked its
@@ -471,8 +507,25 @@ func (s *Server) runStream(uc *upConn, h *Header, up net.Conn, live *net.Conn) b
 // and checks it as open checks a first one. Any error ends the
 // connection.
 func (s *Server) nextHeader(uc *upConn, up net.Conn) (*Header, error) {
-	up.SetReadDeadline(time.Now().Add(s.cfg.ReuseIdle + time.Duration(uc.hop)*s.cfg.Timeout))
-	h, err := readHeader(up)
+	dl := time.Now().Add(s.cfg.ReuseIdle + time.Duration(uc.hop)*s.cfg.Timeout)
+	if !uc.expires.IsZero() && uc.expires.Before(dl) {
+		dl = uc.expires
+	}
+	up.SetReadDeadline(dl)
+	// Once the header's first byte is in, the rest gets Timeout, as a
+	// first header does.
+	fb := &firstByte{c: up, d: s.cfg.Timeout}
+	var h *Header
+	var err error
+	if rc, ok := up.(*recordConn); ok {
+		fb.r = rc.r
+		rc.r = fb
+		h, err = readHeader(up)
+		rc.r = fb.r
+	} else {
+		fb.r = up
+		h, err = readHeader(fb)
+	}
 	if err != nil {
 		if errors.Is(err, errBadHeader) || errors.Is(err, errRecord) {
 			s.failed.Add(1)
@@ -519,6 +572,7 @@ func (s *Server) open(raw net.Conn, uc *upConn, live *net.Conn) (*Header, net.Co
 		}
 	}
 	raw.SetWriteDeadline(time.Time{})
+	uc.expires = expiry(time.Now(), s.cfg.MaxConnAge, uc.cs)
 	h, err := readHeader(up)
 	if err != nil {
 		if errors.Is(err, errBadHeader) {
@@ -633,33 +687,56 @@ func (st *stream) downFor(uc *upConn) *Error {
 	}
 	st.next = h.Route[0]
 	if uc.down != nil && slices.Equal(uc.downRoute, h.Route) {
-		if e := st.sendHeaderDown(uc.down); e != nil {
-			return e
+		err := errConnExpired
+		if time.Now().Before(uc.downExpires) {
+			err = checkIdle(uc.down)
 		}
-		st.down = uc.down
-		return nil
+		if err == nil {
+			hookKept(uc.down)
+			e, unsent := st.sendHeaderDown(uc.down)
+			if e == nil {
+				st.down = uc.down
+				return nil
+			}
+			if !unsent {
+				// The next datanode may have read the header and opened
+				// the stream: opening it again on another connection
+				// could run two streams of one block there.
+				return e
+			}
+			// The header never left whole (the write failed), so the
+			// next datanode cannot have opened the stream: a new
+			// connection is as safe as a first one.
+			err = fmt.Errorf("%v", e)
+		}
+		st.s.downStale.Add(1)
+		st.s.log.Debug("stream: kept connection down unusable; dialing anew", "next", st.next.ID, "err", err)
 	}
 	uc.closeDown()
-	c, stop, e := st.dialDown()
+	c, stop, cs, e := st.dialDown()
 	if e != nil {
 		return e
 	}
 	uc.down, uc.downStop = c, stop
-	if e := st.sendHeaderDown(c); e != nil {
+	if e, _ := st.sendHeaderDown(c); e != nil {
 		return e
 	}
-	uc.down, uc.downRoute = st.down, slices.Clone(h.Route)
+	// The next datanode closes its end at MaxConnAge (with this
+	// configuration); stop reusing it a margin before.
+	age := st.s.cfg.MaxConnAge
+	age -= min(st.s.cfg.Timeout, age/4)
+	uc.down, uc.downRoute, uc.downExpires = st.down, slices.Clone(h.Route), expiry(time.Now(), age, cs)
 	return nil
 }
 
 // dialDown connects to the next datanode and authenticates it.
-func (st *stream) dialDown() (net.Conn, func(), *Error) {
+func (st *stream) dialDown() (net.Conn, func(), *tls.ConnectionState, *Error) {
 	s := st.s
 	s.downDials.Add(1)
 	d := net.Dialer{Timeout: s.cfg.Timeout}
 	c, err := d.Dial("tcp", st.next.Addr)
 	if err != nil {
-		return nil, nil, &Error{Code: CodeUnreachable, Datanode: st.next.ID, Addr: st.next.Addr,
+		return nil, nil, nil, &Error{Code: CodeUnreachable, Datanode: st.next.ID, Addr: st.next.Addr,
 			Reason: fmt.Sprintf("datanode %d cannot connect to it: %v", s.cfg.ID, err)}
 	}
 	if tc, ok := c.(*net.TCPConn); ok {
@@ -667,17 +744,19 @@ func (st *stream) dialDown() (net.Conn, func(), *Error) {
 		tc.SetNoDelay(true)
 	}
 	var stop func()
+	var ccs *tls.ConnectionState
 	if sec := s.cfg.Security; sec != nil {
 		tc := tls.Client(framedTLS(c), sec.Client)
 		tc.SetDeadline(time.Now().Add(s.cfg.Timeout))
 		err := tc.Handshake()
 		if err == nil {
 			cs := tc.ConnectionState()
+			ccs = &cs
 			err = sec.Verify(st.next, &cs)
 		}
 		if err != nil {
 			c.Close()
-			return nil, nil, &Error{Code: CodeUnreachable, Datanode: st.next.ID, Addr: st.next.Addr,
+			return nil, nil, nil, &Error{Code: CodeUnreachable, Datanode: st.next.ID, Addr: st.next.Addr,
 				Reason: fmt.Sprintf("datanode %d cannot authenticate it: %v", s.cfg.ID, err)}
 		}
 		if sec.Watch != nil {
@@ -688,55 +767,56 @@ func (st *stream) dialDown() (net.Conn, func(), *Error) {
 		}
 		c = tc
 	}
-	return c, stop, nil
+	return c, stop, ccs, nil
 }
 
 // sendHeaderDown sends the stream's header to the next datanode on c (a
 // new TLS or plaintext connection, or a record connection between
 // streams) and waits for its ack; then st.down is the connection the
-// stream's packets go down (records, on a secured one).
-func (st *stream) sendHeaderDown(c net.Conn) *Error {
+// stream's packets go down (records, on a secured one). unsent: it failed
+// writing the header, so the next datanode cannot have read it whole.
+func (st *stream) sendHeaderDown(c net.Conn) (_ *Error, unsent bool) {
 	s, h := st.s, st.h
 	fwd := *h
 	fwd.Hop++
 	fwd.Route = h.Route[1:]
 	b, err := encodeHeader(nil, &fwd)
 	if err != nil {
-		return &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: err.Error()}
+		return &Error{Code: CodeBadHeader, Datanode: s.cfg.ID, Reason: err.Error()}, false
 	}
 	// The next datanode connects further down before it answers.
 	c.SetDeadline(time.Now().Add(ackTimeout(s.cfg.Timeout, len(h.Route)) + time.Duration(len(h.Route)-1)*s.cfg.Timeout))
 	var a ack
 	var ab [ackLen]byte
-	if _, err = c.Write(b); err == nil {
-		err = readAck(c, &ab, &a)
+	if _, err = c.Write(b); err != nil {
+		return st.downErr(err, "opening the stream"), true
 	}
-	if err != nil {
-		return st.downErr(err, "opening the stream")
+	if err = readAck(c, &ab, &a); err != nil {
+		return st.downErr(err, "opening the stream"), false
 	}
 	if a.kind == kindError {
-		return ackError(&a, h.Route)
+		return ackError(&a, h.Route), false
 	}
 	if a.kind != kindHeaderAck || a.value != h.Offset {
 		return &Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr,
-			Reason: fmt.Sprintf("answered the header with ack kind %#x value %d, want header ack at %d", a.kind, a.value, h.Offset)}
+			Reason: fmt.Sprintf("answered the header with ack kind %#x value %d, want header ack at %d", a.kind, a.value, h.Offset)}, false
 	}
 	switch tc := c.(type) {
 	case *tls.Conn:
 		rc, err := switchToRecords(tc, true, h.payloadKey)
 		if err != nil {
 			return &Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr,
-				Reason: fmt.Sprintf("datanode %d cannot switch its connection to records: %v", s.cfg.ID, err)}
+				Reason: fmt.Sprintf("datanode %d cannot switch its connection to records: %v", s.cfg.ID, err)}, false
 		}
 		c = rc
 	case *recordConn:
 		if err := tc.setPayloadKey(h.payloadKey); err != nil {
-			return &Error{Code: CodeProtocol, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, err)}
+			return &Error{Code: CodeProtocol, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, err)}, false
 		}
 	}
 	c.SetDeadline(time.Time{})
 	st.down = c
-	return nil
+	return nil, false
 }
 
 // fail records the first error and unblocks every goroutine of the
@@ -1076,4 +1156,22 @@ func closeRaw(c net.Conn) error {
 		return tc.Conn.Close()
 	}
 	return c.Close()
+}
+
+// firstByte reads r; once a byte has arrived it gives c's read Timeout d
+// from then (the rest of a header that started arriving).
+type firstByte struct {
+	r   io.Reader
+	c   net.Conn
+	d   time.Duration
+	got bool
+}
+
+func (f *firstByte) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if n > 0 && !f.got {
+		f.got = true
+		f.c.SetReadDeadline(time.Now().Add(f.d))
+	}
+	return n, err
 }

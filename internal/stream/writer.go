@@ -173,17 +173,30 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 	if err != nil {
 		return nil, err
 	}
-	var key string
+	var key poolKey
 	if p := opts.Pool; p != nil {
-		key = poolKey(route, opts.TLS)
-		if pc := p.get(key); pc != nil {
-			w, stale, err := dialOn(ctx, pc, route, block, hb, opts)
-			if !stale {
+		key = keyFor(route, opts.TLS)
+		for pc := p.get(key); pc != nil; pc = p.get(key) {
+			// A datanode closes an idle connection (its ReuseIdle or
+			// MaxConnAge ran out, beyond its MaxIdle, on restart): seen
+			// here, before the header is written, nothing of this stream
+			// reached it and another connection is as safe as a first.
+			if err := checkIdle(pc.conn); err != nil {
+				p.stale.Add(1)
+				pc.close()
+				continue
+			}
+			hookKept(pc.conn)
+			w, unsent, err := dialOn(ctx, pc, route, block, hb, opts)
+			if !unsent {
+				// Opened, refused, or failed after the header went out:
+				// the datanode may have opened the stream, so a failure
+				// is the stream's (the caller retries with a new block).
 				p.reuses.Add(1)
 				return w, err
 			}
-			// The datanode closed the idle connection before reading the
-			// header (it stopped, say): nothing of this stream reached it.
+			// The header's write failed: the datanode cannot have read
+			// it whole.
 			p.stale.Add(1)
 		}
 		p.dials.Add(1)
@@ -192,7 +205,7 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 	if err != nil {
 		return nil, err
 	}
-	pc.key = key
+	pc.key, pc.born = key, time.Now()
 	w, _, err := dialOn(ctx, pc, route, block, hb, opts)
 	return w, err
 }
@@ -224,10 +237,11 @@ func connect(ctx context.Context, first Target, opts Options) (*pooledConn, erro
 
 // dialOn opens the stream on pc: a new connection (its header and ack go
 // through TLS, then records) or a pooled one (a record connection, or
-// plaintext, between streams). stale: pc was pooled and the datanode had
-// closed it before it read the header (no byte came back); pc is closed.
+// plaintext, between streams). unsent: pc was pooled and writing the
+// header failed, so the datanode cannot have read it whole (a failure
+// after the write is ambiguous: the datanode may have opened the stream).
 // On any error pc is closed.
-func dialOn(ctx context.Context, pc *pooledConn, route []Target, block BlockID, hb []byte, opts Options) (_ *Writer, stale bool, rerr error) {
+func dialOn(ctx context.Context, pc *pooledConn, route []Target, block BlockID, hb []byte, opts Options) (_ *Writer, unsent bool, rerr error) {
 	first := route[0]
 	defer func() {
 		if rerr != nil {
@@ -251,17 +265,17 @@ func dialOn(ctx context.Context, pc *pooledConn, route []Target, block BlockID, 
 	stop := context.AfterFunc(ctx, func() { hc.SetDeadline(time.Unix(1, 0)) })
 	var a ack
 	var ab [ackLen]byte
-	var got bool // a byte of the answer arrived
 	_, err := conn.Write(hb)
+	werr := err != nil
 	if err == nil {
-		err = readAck(countReads{conn, &got}, &ab, &a)
+		err = readAck(conn, &ab, &a)
 	}
 	if !stop() {
 		return nil, false, &Error{Code: CodeConnLost, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("opening the stream: %v", context.Cause(ctx))}
 	}
 	switch {
 	case err != nil:
-		return nil, pc.seq > 0 && !got && !isTimeout(err), w.connErr(err, "opening the stream")
+		return nil, pc.seq > 0 && werr, w.connErr(err, "opening the stream")
 	case a.kind == kindError:
 		return nil, false, ackError(&a, route)
 	case a.kind != kindHeaderAck || a.value != opts.Offset:
@@ -301,20 +315,6 @@ func dialOn(ctx context.Context, pc *pooledConn, route []Target, block BlockID, 
 	w.timer.Stop()
 	go w.readAcks()
 	return w, false, nil
-}
-
-// countReads notes whether a read returned any byte.
-type countReads struct {
-	r   io.Reader
-	got *bool
-}
-
-func (c countReads) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	if n > 0 {
-		*c.got = true
-	}
-	return n, err
 }
 
 // connErr describes a failure of the connection to the first datanode.
