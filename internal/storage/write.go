@@ -703,12 +703,30 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		undoBuf     [4]func() // up to 4 deferred keys without an allocation
 	)
 	undos := undoBuf[:0]
+	//
+	// The undos are only for an early batch that did not commit: once it
+	// committed, the new generations stand (undoing them let an older
+	// flush delete a rewritten key the round had marked durable:
+	// TestPanicAfterSpansMarkedKeepsRewrite). Keep returned set at every
+	// return below, or a normal return would run the undos.
 	defer func() {
 		if returned {
 			return
 		}
-		if earlyAsync && !earlyWaited {
-			<-earlyDone
+		if !earlyWaited {
+			err := errEarlyNotRun
+			if earlyAsync {
+				err = <-earlyDone
+			} else {
+				select {
+				case err = <-earlyDone:
+				default:
+				}
+			}
+			earlyWaited = true
+			if err == nil {
+				undone = true
+			}
 		}
 		if !undone {
 			for _, undo := range undos {
@@ -782,7 +800,9 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	s.testPoint("persist: early commit started")
 	earlyErr := <-earlyDone
 	earlyWaited = true
-	if earlyErr != nil {
+	if earlyErr == nil {
+		undone = true // committed: the generations stand
+	} else {
 		undone = true
 		for _, undo := range undos {
 			undo()
@@ -834,6 +854,7 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		}
 		s.checkOpen(d.c, d.ob)
 	}
+	s.testPoint("persist: spans marked")
 	if len(handed) > 0 {
 		v.addDeferred(handed)
 	}
@@ -860,6 +881,10 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	returned = true
 	return firstErr
 }
+
+// errEarlyNotRun: persist's early batch was never committed (a panic
+// came before its commit).
+var errEarlyNotRun = errors.New("storage: early batch not committed")
 
 // syncData fdatasyncs the files of blocks and the directory entries of new
 // ones, several at once (each is a device flush; the device overlaps
