@@ -50,7 +50,7 @@ func lookupAnswers(t testing.TB) [][]byte {
 		[]byte{0x0a, 2, 0x1a, 0x80},                                                           // a message not UTF-8
 		[]byte{0x0a, 4, 0x10, 0x80, 0x80, 0x80},                                               // a truncated code
 		[]byte{0x0a, 4, 0x10, 5, 0x22, 0},                                                     // an empty status (nil, as proto.Unmarshal leaves it)
-		[]byte{0x0a, 6, 0x22, 1, 'x', 0x22, 0, 0x0a, 0},                                       // a status, then an empty one (last wins: nil)
+		[]byte{0x0a, 7, 0x22, 1, 'x', 0x22, 0, 0x0a, 0},                                       // a status, then an empty one (last wins: nil)
 	)
 	return out
 }
