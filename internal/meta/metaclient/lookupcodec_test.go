@@ -256,3 +256,33 @@ func FuzzKeyInfo(f *testing.F) {
 		codecSame(t, b, &metapb.KeyInfo{Name: "stale", Size: 9, Blocks: []*metapb.KeyBlock{{Length: 1}}}, &metapb.KeyInfo{})
 	})
 }
+
+// BenchmarkLookupCodec: lookupCodec's decode of a LookupKeys answer of
+// 16 S3 keys (the gateway's HEAD batches), per answer.
+func BenchmarkLookupCodec(b *testing.B) {
+	resp := &metapb.LookupKeysResponse{}
+	for range 16 {
+		resp.Results = append(resp.Results, &metapb.LookupKeyResult{Key: s3Key("data/object-1")})
+	}
+	enc, _ := proto.Marshal(resp)
+	data := mem.BufferSlice{mem.SliceBuffer(enc)}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := (lookupCodec{}).Unmarshal(data, &metapb.LookupKeysResponse{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkLookupCodecKeyInfo: lookupCodec's decode of a lone
+// LookupKey's answer (an S3 key) into the caller's message.
+func BenchmarkLookupCodecKeyInfo(b *testing.B) {
+	enc, _ := proto.Marshal(s3Key("data/object-1"))
+	data := mem.BufferSlice{mem.SliceBuffer(enc)}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := (lookupCodec{}).Unmarshal(data, &metapb.KeyInfo{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
