@@ -3,7 +3,8 @@
 // proto.Unmarshal's reflection for the shapes lookups see most: a plain
 // key's record (names, sizes, times, blocks) and an S3 object's
 // attributes (ObjectMeta). Decode agrees with proto.Unmarshal on every
-// input (the namespace package's TestDecodeRecordMatchesUnmarshal and
+// input (TestDecodeMatchesUnmarshal and FuzzDecode here, and the
+// namespace package's TestDecodeRecordMatchesUnmarshal and
 // FuzzDecodeRecord); any other shape goes through proto.Unmarshal. Used
 // by the lookup cache (internal/meta/namespace) and the metadata
 // client's lookups (internal/meta/metaclient), issue 15.
@@ -22,39 +23,68 @@ import (
 // a decoded record's equal strings are these, not copies.
 type Names struct{ Volume, Bucket, Name string }
 
-// recordOne is a decoded record of at most one block in one allocation.
-type recordOne struct {
-	ki  metapb.KeyInfo
-	kb  metapb.KeyBlock
-	id  metapb.BlockID
-	ptr [1]*metapb.KeyBlock
-}
-
-// recordBlock is one block of a decoded record of several.
+// recordBlock is one block of a decoded record.
 type recordBlock struct {
 	kb metapb.KeyBlock
 	id metapb.BlockID
 }
 
+// blockOne is a decoded record's only block and its slice, in one
+// allocation.
+type blockOne struct {
+	blk [1]recordBlock
+	ptr [1]*metapb.KeyBlock
+}
+
+// recordOne is a decoded record of at most one block in one allocation.
+type recordOne struct {
+	ki metapb.KeyInfo
+	blockOne
+}
+
 // Decode decodes an encoded KeyInfo in b (a stored record, or a key in a
-// lookup's answer) as proto.Unmarshal does
-// (TestDecodeRecordMatchesUnmarshal and FuzzDecodeRecord), keeping no part
-// of b. A record of the fields lookups of plain keys carry (names, sizes,
-// times, blocks of ids and lengths) is decoded by DecodePlain in one
-// allocation for one block, plus one per string not in names; an S3
-// object's attributes (ObjectMeta without upload_acls) by
-// decodeObjectMeta, in two more (the message and one copy of its
-// strings) plus a map for each of user, tags, checksums present (5 for a
-// small PUT's record, proto.Unmarshal 18); any other field (ACLs,
-// locations, file attributes, unknown fields), or an encoding DecodePlain
-// does not expect, goes through proto.Unmarshal.
+// lookup's answer) as proto.Unmarshal does (TestDecodeMatchesUnmarshal,
+// FuzzDecode), keeping no part of b. A record of the shapes DecodeOwn
+// accepts is decoded by it; any other field (ACLs, locations, file
+// attributes, unknown fields), or an encoding DecodeOwn does not expect,
+// goes through proto.Unmarshal.
 func Decode(b []byte, names Names) (*metapb.KeyInfo, error) {
-	nb, ok := Scan(b)
-	if !ok {
-		ki := &metapb.KeyInfo{}
-		return ki, proto.Unmarshal(b, ki)
+	if ki, ok := DecodeOwn(b, names); ok {
+		return ki, nil
 	}
-	return DecodePlain(b, nb, names), nil
+	ki := &metapb.KeyInfo{}
+	return ki, proto.Unmarshal(b, ki)
+}
+
+// DecodeOwn decodes b as proto.Unmarshal would if it holds only the
+// fields keyrec decodes itself, and returns false (having allocated
+// nothing) otherwise. A record of the fields lookups of plain keys carry
+// (names, sizes, times, blocks of ids and lengths) is decoded in one
+// allocation for one block, plus one per string not in names; an S3
+// object's attributes (ObjectMeta without upload_acls) in two more (the
+// message and one copy of its strings) plus a map for each of user,
+// tags, checksums present (5 for a small PUT's record, proto.Unmarshal
+// 18).
+func DecodeOwn(b []byte, names Names) (*metapb.KeyInfo, bool) {
+	nb, ok := scan(b)
+	if !ok {
+		return nil, false
+	}
+	return decodePlain(nil, b, nb, names), true
+}
+
+// DecodeOwnInto is DecodeOwn into ki, which it resets first; it leaves
+// ki untouched and returns false if b holds a field keyrec does not
+// decode itself. A record of one block costs one allocation fewer than
+// DecodeOwn's.
+func DecodeOwnInto(ki *metapb.KeyInfo, b []byte, names Names) bool {
+	nb, ok := scan(b)
+	if !ok {
+		return false
+	}
+	proto.Reset(ki)
+	decodePlain(ki, b, nb, names)
+	return true
 }
 
 // str is v as a string: known if equal.
@@ -65,25 +95,31 @@ func str(v []byte, known string) string {
 	return string(v)
 }
 
-// DecodePlain decodes b, which Scan accepted (nb blocks).
-func DecodePlain(b []byte, nb int, names Names) *metapb.KeyInfo {
-	var ki *metapb.KeyInfo
-	var one *recordOne
+// decodePlain decodes b, which scan accepted (nb blocks), into ki (a
+// reset message) or, if ki is nil, a new one.
+func decodePlain(ki *metapb.KeyInfo, b []byte, nb int, names Names) *metapb.KeyInfo {
 	var blocks []recordBlock
-	if nb <= 1 {
-		one = &recordOne{}
+	var ptrs []*metapb.KeyBlock
+	switch {
+	case nb <= 1 && ki == nil:
+		one := &recordOne{}
 		ki = &one.ki
-		if nb == 1 {
-			one.ptr[0] = &one.kb
-			ki.Blocks = one.ptr[:]
-		}
-	} else {
-		ki = &metapb.KeyInfo{}
+		blocks, ptrs = one.blk[:nb], one.ptr[:nb]
+	case nb == 1:
+		one := &blockOne{}
+		blocks, ptrs = one.blk[:], one.ptr[:]
+	case nb > 1:
 		blocks = make([]recordBlock, nb)
-		ki.Blocks = make([]*metapb.KeyBlock, nb)
+		ptrs = make([]*metapb.KeyBlock, nb)
+	}
+	if ki == nil {
+		ki = &metapb.KeyInfo{}
+	}
+	if nb > 0 {
 		for i := range blocks {
-			ki.Blocks[i] = &blocks[i].kb
+			ptrs[i] = &blocks[i].kb
 		}
+		ki.Blocks = ptrs
 	}
 	j := 0
 	for p := 0; p < len(b); {
@@ -110,12 +146,7 @@ func DecodePlain(b []byte, nb int, names Names) *metapb.KeyInfo {
 					if bt == protowire.BytesType {
 						w, n := protowire.ConsumeBytes(v[q:])
 						q += n
-						var id *metapb.BlockID
-						if one != nil {
-							id = &one.id
-						} else {
-							id = &blocks[j-1].id
-						}
+						id := &blocks[j-1].id
 						kb.Id = id
 						for r := 0; r < len(w); {
 							in, _, n := protowire.ConsumeTag(w[r:])
@@ -159,9 +190,9 @@ func DecodePlain(b []byte, nb int, names Names) *metapb.KeyInfo {
 	return ki
 }
 
-// Scan checks that b holds only what Decode decodes itself,
+// scan checks that b holds only what DecodeOwn decodes itself,
 // each field once at most within a block, and counts the blocks.
-func Scan(b []byte) (blocks int, ok bool) {
+func scan(b []byte) (blocks int, ok bool) {
 	meta := false
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)

@@ -484,9 +484,10 @@ func BenchmarkLookupConcurrent(b *testing.B) {
 // TestLookupRequesterContext: calls made with a Requester's context
 // (metadata not copied per call) share the queue of calls made with the
 // same metadata set the ordinary way, and a context derived from a
-// Requester's that changes the metadata (here appends to it) is not
-// taken for the Requester's: its call carries its own metadata and does
-// not queue behind the Requester's held batch.
+// Requester's that changes the metadata (appends to it, or re-targets it
+// to another user: replaced metadata, WithUser) is not taken for the
+// Requester's: its call carries its own metadata and does not queue
+// behind the Requester's held batch.
 func TestLookupRequesterContext(t *testing.T) {
 	var batchMD []metadata.MD
 	var batchKeys [][]string
@@ -540,6 +541,30 @@ func TestLookupRequesterContext(t *testing.T) {
 	if md, ok := s.mds.Load("k2"); !ok || md.(metadata.MD).Get("x-extra") == nil || md.(metadata.MD).Get("x-who")[0] != "alice" {
 		t.Fatalf("k2 went with metadata %v", md)
 	}
+	// Re-targeted to another user (metadata replaced, or the user set
+	// over alice's): bob's calls carry bob's metadata and do not queue
+	// behind alice's held batch (a short deadline: joining it would
+	// fail here, not hang the test).
+	bob := func(name string, ctx context.Context, k string, isBob func(metadata.MD) bool) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		look(ctx, k)
+		if err := <-done; err != nil {
+			t.Fatalf("%s: bob's lookup (alice's batch held): %v", name, err)
+		}
+		md, ok := s.mds.Load(k)
+		if !ok || !isBob(md.(metadata.MD)) {
+			t.Fatalf("%s: bob's lookup went with metadata %v", name, md)
+		}
+	}
+	bob("NewOutgoingContext", metadata.NewOutgoingContext(ctxA, metadata.Pairs("x-who", "bob")), "kb1", func(md metadata.MD) bool {
+		return len(md.Get("x-who")) == 1 && md.Get("x-who")[0] == "bob" && md.Get("x-mixed") == nil
+	})
+	bob("WithUser", WithUser(ctxA, "bob", false), "kb2", func(md metadata.MD) bool {
+		u := md.Get(OnBehalfOfHeader)
+		return len(u) == 1 && u[0] == "bob"
+	})
 	close(s.gate)
 	for range 2 {
 		if err := <-done; err != nil {

@@ -16,11 +16,13 @@ import (
 
 // lookupCodec is gRPC's "proto" codec for Lookup's calls, decoding their
 // answers (a LookupKeys response, a LookupKey's KeyInfo) with
-// keyrec.Decode instead of proto.Unmarshal's reflection (issue 15: the
+// keyrec instead of proto.Unmarshal's reflection (issue 15: the
 // client's unmarshal of an S3 object's attributes, a map through
 // reflect.New per entry, was ~13 of the ~72 allocations of a HEAD).
-// Requests are marshalled by the registered codec; nothing changes on the
-// wire. An answer of any shape keyrec does not decode itself goes
+// Requests are marshalled by the registered codec: the message bytes are
+// unchanged, but grpc.ForceCodecV2 names the codec in the call's
+// content-type, application/grpc+proto instead of application/grpc
+// (grpc-go servers take either). An answer of any shape keyrec does not decode itself goes
 // through proto.Unmarshal whole.
 type lookupCodec struct{}
 
@@ -52,26 +54,21 @@ func (lookupCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	return proto.Unmarshal(b, v.(proto.Message))
 }
 
-// decodeKeyInfo decodes a KeyInfo into ki (reset first) if keyrec
-// decodes its shape itself; the decoded strings do not alias b.
+// decodeKeyInfo decodes a KeyInfo straight into ki (reset first) if
+// keyrec decodes its shape itself (ki untouched otherwise); the decoded
+// strings do not alias b.
 func decodeKeyInfo(b []byte, ki *metapb.KeyInfo) bool {
-	nb, ok := keyrec.Scan(b)
-	if !ok {
-		return false
-	}
-	d := keyrec.DecodePlain(b, nb, keyrec.Names{})
-	proto.Reset(ki)
-	ki.Volume, ki.Bucket, ki.Name, ki.Size, ki.Replication = d.Volume, d.Bucket, d.Name, d.Size, d.Replication
-	ki.ChecksumType, ki.BytesPerChecksum, ki.CreatedUnixMs, ki.ModifiedUnixMs = d.ChecksumType, d.BytesPerChecksum, d.CreatedUnixMs, d.ModifiedUnixMs
-	ki.Blocks, ki.ObjectId, ki.Meta = d.Blocks, d.ObjectId, d.Meta
-	return true
+	return keyrec.DecodeOwnInto(ki, b, keyrec.Names{})
 }
 
 // decodeLookupKeys decodes a LookupKeysResponse into resp (reset first)
 // when it holds only results of the fields LookupKeyResult has, each
 // result's key (once at most) of a shape keyrec decodes itself: then
 // every field as proto.Unmarshal would set it, strings and bytes copied
-// out of b. Otherwise it returns false and resp is to be unmarshalled.
+// out of b. Otherwise it returns false, resp untouched, to be
+// unmarshalled. Each result is scanned and decoded in one pass (a key by
+// keyrec.DecodeOwn); a result that turns out not to be of these shapes
+// abandons what was decoded so far.
 func decodeLookupKeys(b []byte, resp *metapb.LookupKeysResponse) bool {
 	n := 0
 	for p := b; len(p) > 0; n++ {
@@ -79,8 +76,8 @@ func decodeLookupKeys(b []byte, resp *metapb.LookupKeysResponse) bool {
 		if k < 0 || num != 1 || typ != protowire.BytesType {
 			return false
 		}
-		v, m := protowire.ConsumeBytes(p[k:])
-		if m < 0 || !scanLookupResult(v) {
+		_, m := protowire.ConsumeBytes(p[k:])
+		if m < 0 {
 			return false
 		}
 		p = p[k+m:]
@@ -94,34 +91,9 @@ func decodeLookupKeys(b []byte, resp *metapb.LookupKeysResponse) bool {
 		_, _, k := protowire.ConsumeTag(p)
 		v, m := protowire.ConsumeBytes(p[k:])
 		p = p[k+m:]
-		r := &res[i]
-		out[i] = r
-		for len(v) > 0 {
-			num, _, k := protowire.ConsumeTag(v)
-			v = v[k:]
-			switch num {
-			case 2, 5:
-				x, m := protowire.ConsumeVarint(v)
-				v = v[m:]
-				if num == 2 {
-					r.Code = uint32(x)
-				} else {
-					r.RetryAlone = x != 0
-				}
-				continue
-			}
-			f, m := protowire.ConsumeBytes(v)
-			v = v[m:]
-			switch num {
-			case 1:
-				nb, _ := keyrec.Scan(f)
-				r.Key = keyrec.DecodePlain(f, nb, names)
-				names.Volume, names.Bucket = r.Key.Volume, r.Key.Bucket
-			case 3:
-				r.Message = string(f)
-			case 4:
-				r.Status = bytes.Clone(f)
-			}
+		out[i] = &res[i]
+		if !decodeLookupResult(v, &res[i], &names) {
+			return false
 		}
 	}
 	proto.Reset(resp)
@@ -129,11 +101,12 @@ func decodeLookupKeys(b []byte, resp *metapb.LookupKeysResponse) bool {
 	return true
 }
 
-// scanLookupResult checks a LookupKeyResult for decodeLookupKeys: a key
-// keyrec decodes itself (once at most: a second would be merged), a code
-// and retry_alone (varints), a message (UTF-8) and a status (bytes).
-func scanLookupResult(b []byte) bool {
-	key := false
+// decodeLookupResult decodes a LookupKeyResult into r (a zero message)
+// if it holds a key keyrec decodes itself (once at most: a second would
+// be merged), a code and retry_alone (varints), a message (UTF-8) and a
+// status (bytes: nil when empty, as proto.Unmarshal leaves it); names
+// become the key's volume and bucket.
+func decodeLookupResult(b []byte, r *metapb.LookupKeyResult, names *keyrec.Names) bool {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -142,28 +115,44 @@ func scanLookupResult(b []byte) bool {
 		b = b[n:]
 		switch {
 		case (num == 2 || num == 5) && typ == protowire.VarintType:
-			_, n := protowire.ConsumeVarint(b)
+			x, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return false
 			}
 			b = b[n:]
+			if num == 2 {
+				r.Code = uint32(x)
+			} else {
+				r.RetryAlone = x != 0
+			}
 		case (num == 1 || num == 3 || num == 4) && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
 				return false
 			}
+			b = b[n:]
 			switch num {
 			case 1:
-				if _, ok := keyrec.Scan(v); !ok || key {
+				if r.Key != nil {
 					return false
 				}
-				key = true
+				key, ok := keyrec.DecodeOwn(v, *names)
+				if !ok {
+					return false
+				}
+				r.Key = key
+				names.Volume, names.Bucket = key.Volume, key.Bucket
 			case 3:
 				if !utf8.Valid(v) {
 					return false
 				}
+				r.Message = string(v)
+			case 4:
+				r.Status = nil
+				if len(v) > 0 {
+					r.Status = bytes.Clone(v)
+				}
 			}
-			b = b[n:]
 		default:
 			return false
 		}

@@ -182,11 +182,15 @@ func (c *lookupCache) get(k []byte, names recordNames) (ki *metapb.KeyInfo, size
 		ch, off := sh.chunks[loc>>lcOffBits], int(loc&(lcMaxChunk-1))
 		if key, val, _ := entryAt(ch, off); string(key) == string(k) {
 			size = len(val)
-			// A plain record is decoded here (its strings copied), any
-			// other unmarshalled after the lock (a copy of its bytes).
-			if nb, ok := scanRecord(val); ok {
-				ki = decodePlain(val, nb, names)
-			} else {
+			// A record keyrec decodes itself (a plain key's, or an S3
+			// object's with its attributes: a UTF-8 scan, one copy of
+			// the attributes' strings and up to three maps) is decoded
+			// here, under the shard's read lock (its strings copied out of
+			// the arena, which put may reuse); any other is unmarshalled
+			// after the lock (from a copy of its bytes). Readers share the
+			// lock; only put waits for the decode.
+			var own bool
+			if ki, own = decodeOwn(val, names); !own {
 				rich = bytes.Clone(val)
 			}
 			if r := lcRef(ch, off); r.Load() == 0 {
@@ -472,12 +476,10 @@ func decodeRecord(b []byte, names recordNames) (*metapb.KeyInfo, error) {
 	return keyrec.Decode(b, names.keyrec())
 }
 
-// scanRecord is keyrec.Scan.
-func scanRecord(b []byte) (blocks int, ok bool) { return keyrec.Scan(b) }
-
-// decodePlain is keyrec.DecodePlain.
-func decodePlain(b []byte, nb int, names recordNames) *metapb.KeyInfo {
-	return keyrec.DecodePlain(b, nb, names.keyrec())
+// decodeOwn is keyrec.DecodeOwn: the record decoded if keyrec decodes
+// its shape itself, false otherwise.
+func decodeOwn(b []byte, names recordNames) (*metapb.KeyInfo, bool) {
+	return keyrec.DecodeOwn(b, names.keyrec())
 }
 
 func (n recordNames) keyrec() keyrec.Names {
