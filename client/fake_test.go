@@ -8,6 +8,7 @@ import (
 	"net"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -84,6 +85,40 @@ type fakeCluster struct {
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// testLog is a logger whose lines are kept and shown with t.Log only if
+// the test failed, so a rare failure says what went wrong first. Lines
+// written after the test ended (a background goroutine) are dropped, never
+// passed to t.Log.
+func testLog(t testing.TB) *slog.Logger {
+	w := &tLogWriter{}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if t.Failed() {
+			for _, l := range w.lines {
+				t.Log(l)
+			}
+		}
+		w.lines, w.done = nil, true
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type tLogWriter struct {
+	mu    sync.Mutex
+	lines []string
+	done  bool
+}
+
+func (w *tLogWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done && len(w.lines) < 10000 {
+		w.lines = append(w.lines, strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
 
 // testCA signs the certificates of the fake clusters: the meta node's,
 // each fake datanode's and the clients'.

@@ -414,7 +414,9 @@ func (s *Store) checkOpen(c *container, ob *openBlock) {
 // tell whose chunks a failed round forgot: a round started by another
 // caller may fail for this block before this caller's Sync, and that Sync
 // would then find nothing to do. The error then wraps ErrDiskFull or
-// ErrVolumeFailed (the round's failure) and names the chunk.
+// ErrVolumeFailed (the round's failure), or ErrChunkMissing (a round that
+// a runtime error ended, recovered by a caller's guard: see syncRound),
+// and names the chunk.
 func (s *Store) WriteChunkDurable(cid ContainerID, lid LocalID, off int64, data []byte, sum ChecksumData, verify bool) error {
 	if err := s.WriteChunk(cid, lid, off, data, sum, verify); err != nil {
 		return err
