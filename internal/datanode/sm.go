@@ -118,6 +118,8 @@ type containerSM struct {
 	restoreHook func(index uint64)
 	// readPanicLog limits ReadData's ERROR lines (see ReadData).
 	readPanicLog rateLog
+	// restorePanicLog limits Restore's ERROR lines (see Restore).
+	restorePanicLog rateLog
 
 	applied atomic.Uint64
 	durable atomic.Uint64
@@ -1380,8 +1382,10 @@ func (sm *containerSM) Snapshot() (uint64, io.ReadCloser, error) {
 //
 // A runtime error in it (a bug) refuses the snapshot instead of taking
 // the datanode down: the error goes back to raft (the snapshot is not
-// acknowledged; the leader sends it again later), one ERROR line with the
-// stack and basalt_datanode_apply_panics_total{stage="restore"} count it,
+// acknowledged; the leader sends it again later), an ERROR line with the
+// stack (at most once a minute per pipeline, naming how many were not
+// logged since the last) and basalt_datanode_apply_panics_total{stage="restore"}
+// (every one) report it,
 // and the state stays as before, or with more containers recorded as
 // lacking (never fewer): the applied index does not move, so this
 // replica applies nothing past what it holds.
@@ -1390,8 +1394,13 @@ func (sm *containerSM) Restore(index uint64, r io.Reader) (err error) {
 		if p := recover(); p != nil {
 			re := runtimeError(p)
 			sm.stats.restorePanics.Add(1)
-			sm.log.Error("datanode: snapshot install failed (a bug: report it); the snapshot is refused",
-				"pipeline", sm.pipeline, "snapshot", index, "panic", re.Error(), "stack", string(debug.Stack()))
+			// The leader sends the snapshot again and again while this
+			// replica lags: a bug met on every install would flood the
+			// log with stacks (as ReadData's resends could).
+			if ok, quiet := sm.restorePanicLog.allow(time.Now()); ok {
+				sm.log.Error("datanode: snapshot install failed (a bug: report it); the snapshot is refused",
+					"pipeline", sm.pipeline, "snapshot", index, "panic", re.Error(), "not_logged_since_last", quiet, "stack", string(debug.Stack()))
+			}
 			err = fmt.Errorf("datanode: pipeline %d: snapshot at %d failed to install: %v", sm.pipeline, index, re)
 		}
 	}()

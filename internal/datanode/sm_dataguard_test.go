@@ -460,6 +460,43 @@ func TestRestoreRuntimeErrorRefused(t *testing.T) {
 	}
 }
 
+// TestRestoreRuntimeErrorLogRateLimited: a snapshot install that fails on
+// every resend (a bug met each time) logs its stack at most once a minute
+// per pipeline; every failure is still refused and counted, and the next
+// line let through names how many were held back.
+func TestRestoreRuntimeErrorLogRateLimited(t *testing.T) {
+	var logs lockedBuf
+	_, st, sm := guardReplica(t, &logs)
+	defer st.Close()
+	sm.applyHook = nil
+	snap, err := json.Marshal(smSnapshot{Index: 10, Pipeline: 1000, Containers: []uint64{1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm.restoreHook = injectRuntimeError
+	for i := 0; i < 3; i++ {
+		if err := sm.Restore(10, bytes.NewReader(snap)); err == nil {
+			t.Fatalf("Restore %d: accepted, want the failure", i)
+		}
+	}
+	if n := sm.stats.restorePanics.Load(); n != 3 {
+		t.Errorf("restore panics counted: %d, want 3", n)
+	}
+	if el := errorLines(logs.String()); len(el) != 1 {
+		t.Errorf("ERROR lines for 3 failed installs within a minute: %d (%q), want 1", len(el), el)
+	}
+	sm.restorePanicLog.at.Add(-int64(rateLogEvery)) // a minute on
+	if err := sm.Restore(10, bytes.NewReader(snap)); err == nil {
+		t.Fatal("Restore a minute on: accepted, want the failure")
+	}
+	if el := errorLines(logs.String()); len(el) != 2 || !strings.Contains(el[1], "not_logged_since_last=2") {
+		t.Errorf("ERROR lines a minute on: %q, want a second one naming the 2 not logged", el)
+	}
+	if got := sm.applied.Load(); got != 0 {
+		t.Errorf("applied index after refused snapshots: %d, want 0", got)
+	}
+}
+
 // TestDataGuardMetrics: basalt_datanode_apply_panics_total has one series
 // per stage, each reading its counter.
 func TestDataGuardMetrics(t *testing.T) {
