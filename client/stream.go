@@ -119,6 +119,13 @@ type streamWriter struct {
 
 	committed  []*metapb.KeyBlock
 	chunkLists [][]*datanodepb.ChunkInfo // per committed block
+
+	// staleRetried: the segment was already sent again after a
+	// stream.CodeStale failure (a kept connection that ended before the
+	// header was answered); a second one is a failure like any other.
+	staleRetried bool
+	// fresh: the next stream opens on new connections (Options.Fresh).
+	fresh bool
 }
 
 // sender opens one stream and writes a segment's pieces to it, in order,
@@ -339,6 +346,7 @@ func (w *streamWriter) open() error {
 	}
 	b := w.cur
 	opts := w.opts
+	opts.Fresh, w.fresh = w.fresh, false
 	opts.Offset = uint64(b.length)
 	opts.Token = b.loc.GetToken()
 	if h := w.c.cfg.OnStream; h != nil {
@@ -422,6 +430,15 @@ func (w *streamWriter) commitOnce() error {
 // committed length, and writes the whole segment again to a new block
 // (repeating while that fails, within the retry budget). The segment stays
 // open on the new block: the caller goes on adding to it or commits it.
+//
+// A stream.CodeStale failure (a kept connection, the client's or a
+// datanode's down the route, ended before the header was answered: most
+// likely closed idle as the header crossed) excludes nothing and spends
+// no retry, once per segment: the stream is abandoned (no header ack, so
+// nothing of it can be committed; the datanode may have opened it, so
+// never the same block again), and the segment goes to a new block on new
+// connections (Options.Fresh), where a datanode that really failed shows
+// as such and is excluded.
 func (w *streamWriter) recover(cause error) error {
 	for {
 		w.halt()
@@ -430,7 +447,12 @@ func (w *streamWriter) recover(cause error) error {
 			w.w = nil
 		}
 		f := classifyStream(w.ctx, w.cur, cause)
-		if err := w.blocks.failed(w.ctx, f); err != nil {
+		if f.stale && !w.staleRetried {
+			w.staleRetried, w.fresh = true, true
+			w.c.streamStaleRetries.Add(1)
+			w.c.log.Info("basalt client: a kept stream connection ended before the header was answered; writing the segment again as a new block on new connections",
+				"key", w.op, "err", f.err)
+		} else if err := w.blocks.failed(w.ctx, f); err != nil {
 			return err
 		}
 		w.endBlock()
@@ -462,6 +484,7 @@ func (w *streamWriter) releaseSeg() {
 		p.buf.unref()
 	}
 	w.seg, w.segLen = nil, 0
+	w.staleRetried = false
 }
 
 // drop undoes what an unfinished write holds: the stream (its datanodes
@@ -506,6 +529,15 @@ func classifyStream(ctx context.Context, b *streamBlock, err error) *failure {
 		return f
 	}
 	switch se.Code {
+	case stream.CodeStale:
+		// Not blamed the first time in a segment (streamWriter.recover);
+		// the datanode named if it happens again.
+		f.stale = true
+		if se.Datanode != 0 {
+			f.datanodes = []uint64{se.Datanode}
+		} else {
+			f.pipeline = b.loc.GetPipelineId()
+		}
 	case stream.CodeContainerNotOpen, stream.CodeNoSuchContainer:
 		f.container = b.loc.GetId().GetContainerId()
 		if se.Datanode != 0 && strings.Contains(strings.ToLower(se.Reason), storage.ErrDiskFull.Error()) {

@@ -123,8 +123,8 @@ type Stats struct {
 	// DownStaleHeaders counts streams failed with CodeStale: a kept
 	// connection to the next datanode ended before it answered the header.
 	DownStaleHeaders uint64
-	Active        int64  // streams open now
-	Idle          int64  // connections waiting for a next header now
+	Active           int64 // streams open now
+	Idle             int64 // connections waiting for a next header now
 }
 
 // Server accepts streams on its own TCP port, stores each through its
