@@ -123,7 +123,23 @@
 // block on it could abort the first's file): the client's Writer fails
 // with it, or a hop fails the stream naming the next datanode, and the
 // client retries with a new block as for any failed stream. A close that
-// crosses the header on the wire therefore still fails that one stream.
+// crosses the header on the wire therefore still fails that one stream,
+// but it is not blamed on the peer: a kept connection that ends (end of
+// file or a reset) before any byte of the header's answer arrived fails
+// the stream with CodeStale naming the peer (the client's Dial for its
+// connection; a hop for its connection down, sent up as an error ack).
+// That is all a close crossing the header can look like; a peer that
+// died after reading the header looks the same, one that answered
+// anything, refused, or held the connection without answering does not.
+// The client abandons the stream (no header ack: nothing of it can be
+// committed; never the same block again, which the peer may have
+// opened: a forged FIN or reset cannot make two streams of one block),
+// excludes nothing, and writes the data again as a new block on new
+// connections (Options.Fresh: no hop has a kept connection then), once
+// per segment; a peer that really died fails there and is excluded. A
+// Writer takes CodeStale only in answer to a header on a kept
+// connection (elsewhere it is CodeConnLost), so a datanode cannot spare
+// itself the blame with it beyond that one retry.
 // A recovered panic while waiting for or checking a next header ends the
 // connection only: the stream before it, acked, is no longer the
 // connection's and keeps its data.
