@@ -143,6 +143,7 @@ func TestV2StaleKeptConnectionNotBlamed(t *testing.T) {
 			)
 			cl := startBucket(t, ctx, cluster.Config{Datanodes: 3, BlockSize: 4 << 20, ContainerSize: 512 << 20},
 				Config{ChunkSize: 1 << 20, MaxBufferBytes: 8 << 20, MaxBlockRetries: 3, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
+					AllocateWait:  3 * time.Second, // a blamed first hop leaves no pipeline: fail soon
 					StreamTimeout: 3 * time.Second,
 					OnStream: func(s StreamInfo) {
 						mu.Lock()
