@@ -92,7 +92,10 @@ type streamBlock struct {
 // pipeline or container) goes on the key's exclude list, the block keeps
 // the length last committed on all its replicas, and the segment is
 // written again from the buffers to a new block; at most
-// Config.MaxBlockRetries times per key, as in V1.
+// Config.MaxBlockRetries times per key, as in V1. A kept connection that
+// ended before the stream's header was answered (stream.CodeStale: a
+// datanode closed it idle as the header crossed) excludes nothing and
+// spends no retry, once per segment (recover).
 type streamWriter struct {
 	c         *Client
 	ctx       context.Context
