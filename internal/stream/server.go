@@ -710,9 +710,6 @@ func (st *stream) downFor(uc *upConn) *Error {
 				// (the kept connection ended before any answer) goes up
 				// as it is: the client abandons the block and writes a
 				// new one on new connections, blaming nobody.
-				if e.Code == CodeStale {
-					st.s.downStaleHeaders.Add(1)
-				}
 				return e
 			}
 			// The header never left whole (the write failed), so the
@@ -808,13 +805,26 @@ func (st *stream) sendHeaderDown(c net.Conn, kept bool) (_ *Error, unsent bool) 
 	got, err := readAnswer(c, &ab, &a)
 	if err != nil {
 		if kept && staleEnd(err, got) && !s.closing.Load() {
+			// Counted here only: a CodeStale relayed from further down
+			// is another hop's event.
+			s.downStaleHeaders.Add(1)
 			return &Error{Code: CodeStale, Datanode: st.next.ID, Addr: st.next.Addr,
 				Reason: fmt.Sprintf("datanode %d: block %v: kept connection to it ended before the header was answered: %v", s.cfg.ID, h.Block, err)}, false
 		}
 		return st.downErr(err, "opening the stream"), false
 	}
 	if a.kind == kindError {
-		return ackError(&a, h.Route), false
+		e := ackError(&a, h.Route)
+		if e.Code == CodeStale && !kept {
+			// A new connection down: no hop below has a kept connection
+			// for this stream (each keeps one per connection it accepted
+			// that carried a stream), so "stale" from there is the next
+			// datanode's failure like any other, as in dialOn. A hop
+			// passes CodeStale up only for its own kept connection (or
+			// one relayed over it).
+			e.Code = CodeConnLost
+		}
+		return e, false
 	}
 	if a.kind != kindHeaderAck || a.value != h.Offset {
 		return &Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr,

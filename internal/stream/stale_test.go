@@ -294,3 +294,86 @@ func TestStaleOnlyForUnansweredKeptHeader(t *testing.T) {
 		})
 	}
 }
+
+// A hop passes CodeStale up only for its own kept connection down (or
+// one relayed over it): an error ack saying "stale" over a NEW connection
+// down is the next datanode's failure (CodeConnLost naming it), as the
+// client's dialOn treats one on a new connection; and only the hop whose
+// kept connection ended counts DownStaleHeaders, not the hops relaying it.
+func TestHopStaleOnlyForItsKeptConnection(t *testing.T) {
+	const id = 7
+	t.Run("stale said on a new connection down", func(t *testing.T) {
+		// The client's connection to datanode 1 is kept; datanode 1's to
+		// the scripted datanode 7 was closed by 7 after the first stream,
+		// so datanode 1 dials it anew, and 7 answers that header "stale".
+		dn1 := startNode(t, 1, 5*time.Second, nil)
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { lis.Close() })
+		firstClosed := make(chan struct{})
+		go func() {
+			for n := 0; ; n++ {
+				c, err := lis.Accept()
+				if err != nil {
+					return
+				}
+				go func(n int) {
+					defer c.Close()
+					h, err := readHeader(c)
+					if err != nil {
+						return
+					}
+					if n == 0 {
+						fakeServe(c, h)
+						c.Close()
+						close(firstClosed)
+						return
+					}
+					c.Write(errorAck(&Error{Code: CodeStale, Datanode: id, Reason: "lying"}).encode(nil))
+				}(n)
+			}
+		}()
+		route := []Target{dn1.target(), {ID: id, Addr: lis.Addr().String()}}
+		p := NewConnPool(0, 0)
+		defer p.Close()
+		if _, _, _, _, err := poolWrite(t, route, BlockID{1, 230}, payload(10<<10, 1), nil, p, nil); err != nil {
+			t.Fatal(err)
+		}
+		<-firstClosed
+		time.Sleep(100 * time.Millisecond) // the FIN reaches datanode 1's socket (loopback)
+		_, err = Dial(context.Background(), route, 1, BlockID{1, 231}, Options{Timeout: 5 * time.Second, Pool: p})
+		var se *Error
+		if !errors.As(err, &se) || se.Code != CodeConnLost || se.Datanode != id {
+			t.Fatalf("dial: %v, want CodeConnLost naming datanode %d", err, id)
+		}
+		if ps := p.Stats(); ps.Reuses != 1 || ps.StaleHeaders != 0 {
+			t.Fatalf("pool %+v: want the client's kept connection used, no stale header", ps)
+		}
+		if st := dn1.srv.Stats(); st.DownStale != 1 || st.DownDials != 2 || st.DownStaleHeaders != 0 {
+			t.Fatalf("datanode 1 %+v: want its kept connection down found closed, a new one dialed, no stale header", st)
+		}
+	})
+	t.Run("relayed stale counted once", func(t *testing.T) {
+		// Every connection kept; the scripted datanode 7 (third hop)
+		// closes its kept connection after reading the next header:
+		// datanode 2 counts it and says CodeStale, datanode 1 relays it.
+		ns, route := chain(t, 2, 5*time.Second)
+		dn := startScripted(t, nil, func(net.Conn, *Header) {})
+		route = append(route, Target{ID: id, Addr: dn.lis.Addr().String()})
+		p := NewConnPool(0, 0)
+		defer p.Close()
+		if _, _, _, _, err := poolWrite(t, route, BlockID{1, 240}, payload(10<<10, 1), nil, p, nil); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Dial(context.Background(), route, 1, BlockID{1, 241}, Options{Timeout: 5 * time.Second, Pool: p})
+		var se *Error
+		if !errors.As(err, &se) || se.Code != CodeStale || se.Datanode != id {
+			t.Fatalf("dial: %v, want CodeStale naming datanode %d", err, id)
+		}
+		if got := [2]uint64{ns[0].srv.Stats().DownStaleHeaders, ns[1].srv.Stats().DownStaleHeaders}; got != [2]uint64{0, 1} {
+			t.Fatalf("DownStaleHeaders of datanodes 1, 2: %v, want [0 1] (counted where the kept connection ended)", got)
+		}
+	})
+}
