@@ -109,9 +109,10 @@ func startRaceProxy(t *testing.T, to, mode string, arms *atomic.Int32) *raceProx
 // connection broke before the ack) must not exclude a healthy datanode:
 // the PUT succeeds on the only pipeline of a 3-datanode cluster, the
 // segment goes to a new block on a new connection, and the retry is
-// counted. A datanode that fails after acking the header, or a stale end
-// again on the new connection, is still excluded. Real cluster (TLS,
-// records); the race is made exact by a proxy in front of the first hop.
+// counted; the key's later streams on that route open on new connections
+// too. A datanode that fails after acking the header, or whose new
+// connection then fails, is still excluded. Real cluster (TLS, records);
+// the race is made exact by a proxy in front of the first hop.
 func TestV2StaleKeptConnectionNotBlamed(t *testing.T) {
 	for _, tc := range []struct {
 		mode      string
@@ -124,11 +125,16 @@ func TestV2StaleKeptConnectionNotBlamed(t *testing.T) {
 		{mode: "drop", arms: 1, stale: 1, succeeds: true, newBlocks: true},
 		{mode: "cut", arms: 1, stale: 1, succeeds: true, newBlocks: true},
 		{mode: "after", arms: 1, blamed: true},
-		{mode: "drop", arms: 2, stale: 1, blamed: true}, // the new connection fails too
+		// The proxy's second arm catches the retry's new connection's
+		// first bytes (its TLS ClientHello) and closes it: a handshake
+		// failure (CodeUnreachable), not a second stale (no stale can be
+		// said on a new connection); blamed. A second CodeStale is
+		// TestV2StaleBoundPerKey's.
+		{mode: "drop", arms: 2, stale: 1, blamed: true},
 	} {
 		name := tc.mode
 		if tc.arms > 1 {
-			name += " twice"
+			name += ", then the new connection fails"
 		}
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -207,8 +213,8 @@ func TestV2StaleKeptConnectionNotBlamed(t *testing.T) {
 			if len(ss) != 5 || ss[2].local == ss[1].local {
 				t.Fatalf("streams %v: want 5, the abandoned stream's segment on a new block", ss)
 			}
-			if ps.Dials != 2 {
-				t.Fatalf("pool %+v: want the retry on a new connection (2 dials)", ps)
+			if ps.Dials != 4 {
+				t.Fatalf("pool %+v: want the retry and the key's 2 later streams on the route each on a new connection (4 dials)", ps)
 			}
 			kr, err := cl.GetKey(ctx, "vol", "bkt", "k")
 			if err != nil {
@@ -218,6 +224,120 @@ func TestV2StaleKeptConnectionNotBlamed(t *testing.T) {
 			kr.Close()
 			if err != nil || !bytes.Equal(got, data) {
 				t.Fatalf("read back %d bytes (err %v), differing", len(got), err)
+			}
+		})
+	}
+}
+
+// The stale retry's bounds, with a scripted streamDial (the named streams
+// fail as scripted, without a connection; the others are real): at most
+// one per segment, and one per datanode named per key; the retry and
+// every later stream of the key on that route are Fresh. Each scripted
+// failure is a stream.Error as Dial returns it (a CodeStale is returned
+// even on a Fresh stream, as a datanode could not make the real Dial
+// do: this tests the client's bounds alone).
+func TestV2StaleBoundPerKey(t *testing.T) {
+	stale := func(hop int) func([]stream.Target) error {
+		return func(r []stream.Target) error {
+			return &stream.Error{Code: stream.CodeStale, Datanode: r[hop].ID, Addr: r[hop].Addr, Reason: "scripted stale"}
+		}
+	}
+	lost := func(r []stream.Target) error {
+		return &stream.Error{Code: stream.CodeConnLost, Datanode: r[0].ID, Addr: r[0].Addr, Reason: "scripted connection lost"}
+	}
+	for _, tc := range []struct {
+		name    string
+		size    int                               // 2 MiB segments, 4 MiB blocks
+		script  map[int]func([]stream.Target) error // by stream, from 1
+		retries uint64
+		blamed  int // hop of the first route excluded; -1: none, the PUT succeeds
+	}{
+		// The retry of a segment says stale again (another datanode):
+		// the segment's one stale retry is spent.
+		{name: "stale twice in a segment", size: 1<<20 + 5, script: map[int]func([]stream.Target) error{1: stale(0), 2: stale(1)}, retries: 1, blamed: 1},
+		// The retry's new connection fails: the datanode's failure.
+		{name: "the fresh stream fails", size: 1<<20 + 5, script: map[int]func([]stream.Target) error{1: stale(0), 2: lost}, retries: 1, blamed: 0},
+		// Segment 1 stale on datanode A (retried on a new block), segment
+		// 2 stale on A again: blamed (a datanode closing every kept
+		// connection as the header crosses is excluded once per key).
+		{name: "same datanode again in the key", size: 3 << 20, script: map[int]func([]stream.Target) error{1: stale(0), 3: stale(0)}, retries: 1, blamed: 0},
+		// One stale in each of two segments, naming different datanodes:
+		// both retried (the segment's flag is reset at its commit),
+		// nobody excluded.
+		{name: "two segments, two datanodes", size: 3 << 20, script: map[int]func([]stream.Target) error{1: stale(0), 3: stale(1)}, retries: 2, blamed: -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			cl := startBucket(t, ctx, cluster.Config{Datanodes: 3, BlockSize: 4 << 20, ContainerSize: 512 << 20},
+				Config{ChunkSize: 1 << 20, MaxBufferBytes: 2 << 20, MaxBlockRetries: 3, RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second,
+					AllocateWait: 3 * time.Second, StreamTimeout: 3 * time.Second})
+			type call struct {
+				route string
+				first []stream.Target
+				fresh bool
+			}
+			var (
+				mu    sync.Mutex
+				calls []call
+			)
+			orig := streamDial
+			t.Cleanup(func() { streamDial = orig })
+			streamDial = func(ctx context.Context, route []stream.Target, pipeline uint64, block stream.BlockID, opts stream.Options) (*stream.Writer, error) {
+				mu.Lock()
+				calls = append(calls, call{route: routeKey(route), first: slices.Clone(route), fresh: opts.Fresh})
+				n := len(calls)
+				mu.Unlock()
+				if f := tc.script[n]; f != nil {
+					return nil, f(route)
+				}
+				return orig(ctx, route, pipeline, block, opts)
+			}
+			rnd := rand.New(rand.NewPCG(5, 6))
+			data := make([]byte, tc.size)
+			for i := range data {
+				data[i] = byte(rnd.Uint32())
+			}
+			_, err := cl.PutKey(ctx, "vol", "bkt", "k", bytes.NewReader(data), PutOptions{Pipeline: PipelineV2})
+			mu.Lock()
+			cs := slices.Clone(calls)
+			mu.Unlock()
+			dns, _, _ := cl.Excluded()
+			t.Logf("put: %v; %d streams; excluded datanodes %v; stale retries %d", err, len(cs), dns, cl.StreamStaleRetries())
+			if len(cs) < 2 {
+				t.Fatalf("%d streams", len(cs))
+			}
+			if got := cl.StreamStaleRetries(); got != tc.retries {
+				t.Fatalf("stale retries %d, want %d", got, tc.retries)
+			}
+			// Every stream after the first stale one, on its route, is
+			// Fresh.
+			for i, c := range cs[1:] {
+				if c.route == cs[0].route && !c.fresh {
+					t.Fatalf("stream %d of the key on the stale route not Fresh", i+2)
+				}
+			}
+			if tc.blamed < 0 {
+				if err != nil || len(dns) != 0 {
+					t.Fatalf("put %v, excluded %v: want success, nobody excluded", err, dns)
+				}
+				kr, err := cl.GetKey(ctx, "vol", "bkt", "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := io.ReadAll(kr)
+				kr.Close()
+				if err != nil || !bytes.Equal(got, data) {
+					t.Fatalf("read back %d bytes (err %v), differing", len(got), err)
+				}
+				return
+			}
+			want := cs[0].first[tc.blamed].ID
+			if !slices.Contains(dns, want) {
+				t.Fatalf("excluded %v: want datanode %d", dns, want)
+			}
+			if tc.blamed == 1 && slices.Contains(dns, cs[0].first[0].ID) {
+				t.Fatalf("excluded %v: the first stale's datanode %d blamed", dns, cs[0].first[0].ID)
 			}
 		})
 	}
