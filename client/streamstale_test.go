@@ -247,7 +247,7 @@ func TestV2StaleBoundPerKey(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name    string
-		size    int                               // 2 MiB segments, 4 MiB blocks
+		size    int                                 // 2 MiB segments, 4 MiB blocks
 		script  map[int]func([]stream.Target) error // by stream, from 1
 		retries uint64
 		blamed  int // hop of the first route excluded; -1: none, the PUT succeeds
