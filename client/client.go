@@ -412,7 +412,9 @@ func (c *Client) StreamPoolStats() stream.PoolStats { return c.streamPool.Stats(
 // block on new connections and without excluding any datanode, because a
 // kept stream connection (the client's, or a datanode's to the next) ended
 // before the stream's header was answered: a datanode that closed it idle
-// as the header crossed (stream.CodeStale; at most once per segment).
+// as the header crossed (stream.CodeStale; at most once per segment and
+// once per datanode named per key). A Go method, like StreamPoolStats:
+// the client has no metrics registry.
 func (c *Client) StreamStaleRetries() uint64 { return c.streamStaleRetries.Load() }
 
 // Scm returns the SCM admin API (datanodes, pipelines, containers) for

@@ -370,7 +370,7 @@ func (w *streamWriter) open() error {
 	}
 	b := w.cur
 	opts := w.opts
-	opts.Fresh = w.fresh || w.freshRoutes[routeKey(b.route)]
+	opts.Fresh = w.fresh || len(w.freshRoutes) > 0 && w.freshRoutes[routeKey(b.route)]
 	w.fresh = false
 	opts.Offset = uint64(b.length)
 	opts.Token = b.loc.GetToken()

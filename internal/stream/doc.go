@@ -135,11 +135,18 @@
 // committed; never the same block again, which the peer may have
 // opened: a forged FIN or reset cannot make two streams of one block),
 // excludes nothing, and writes the data again as a new block on new
-// connections (Options.Fresh: no hop has a kept connection then), once
-// per segment; a peer that really died fails there and is excluded. A
-// Writer takes CodeStale only in answer to a header on a kept
-// connection (elsewhere it is CodeConnLost), so a datanode cannot spare
-// itself the blame with it beyond that one retry.
+// connections (Options.Fresh: no hop has a kept connection then); a peer
+// that really died fails there and is excluded. The client (client
+// package) allows this at most once per segment and once per datanode
+// named per key, and opens the key's later streams on that route Fresh
+// too; a second CodeStale naming the same datanode in the key is blamed.
+// CodeStale is honoured only in answer to a header on a kept connection:
+// the Writer turns it into CodeConnLost on a new connection or after the
+// header ack, and so does a hop for an error ack over a new connection
+// down (a hop reports stale only for its own kept connection down, or
+// relays one over it; only the hop whose connection ended counts
+// Stats.DownStaleHeaders). So a datanode cannot spare itself the blame
+// with it beyond one retry per key.
 // A recovered panic while waiting for or checking a next header ends the
 // connection only: the stream before it, acked, is no longer the
 // connection's and keeps its data.

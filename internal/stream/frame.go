@@ -426,10 +426,11 @@ const (
 	// like, though a peer that died does the same. Datanode names that
 	// peer. The stream is abandoned (no header ack: nothing of it can be
 	// committed); the client writes the data again as a new block on a
-	// new connection, once per segment, without blaming the datanode (a
-	// real failure shows on the new connection). Meaningful only in
-	// answer to a header on a kept connection: the Writer turns it into
-	// CodeConnLost anywhere else. A peer that does not know the code
+	// new connection, at most once per segment and once per datanode per
+	// key, without blaming the datanode (a real failure shows on the new
+	// connection). Meaningful only in answer to a header on a kept
+	// connection: the Writer, and a hop for an error ack over a new
+	// connection down, turn it into CodeConnLost anywhere else. A peer that does not know the code
 	// (protocol 5 as of session 15) treats it as any other failure naming
 	// the datanode.
 	CodeStale
