@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -308,6 +309,9 @@ type Client struct {
 	// route (stream.ConnPool): a clean close hands the connection back,
 	// the next block's stream on that route takes it.
 	streamPool *stream.ConnPool
+	// streamStaleRetries counts V2 segments written again after a
+	// stream.CodeStale failure (StreamStaleRetries).
+	streamStaleRetries atomic.Uint64
 	// noStreams: the client has no certificate (an access key), so it
 	// writes through V1 only.
 	noStreams bool
@@ -403,6 +407,15 @@ func (c *Client) Close() error {
 // StreamPoolStats returns the counters of the client's pool of V2 stream
 // connections.
 func (c *Client) StreamPoolStats() stream.PoolStats { return c.streamPool.Stats() }
+
+// StreamStaleRetries is how many V2 segments were written again, as a new
+// block on new connections and without excluding any datanode, because a
+// kept stream connection (the client's, or a datanode's to the next) ended
+// before the stream's header was answered: a datanode that closed it idle
+// as the header crossed (stream.CodeStale; at most once per segment and
+// once per datanode named per key). A Go method, like StreamPoolStats:
+// the client has no metrics registry.
+func (c *Client) StreamStaleRetries() uint64 { return c.streamStaleRetries.Load() }
 
 // Scm returns the SCM admin API (datanodes, pipelines, containers) for
 // operator tools.

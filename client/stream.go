@@ -92,7 +92,11 @@ type streamBlock struct {
 // pipeline or container) goes on the key's exclude list, the block keeps
 // the length last committed on all its replicas, and the segment is
 // written again from the buffers to a new block; at most
-// Config.MaxBlockRetries times per key, as in V1.
+// Config.MaxBlockRetries times per key, as in V1. A kept connection that
+// ended before the stream's header was answered (stream.CodeStale: a
+// datanode closed it idle as the header crossed) excludes nothing and
+// spends no retry, at most once per segment and once per datanode per key
+// (recover).
 type streamWriter struct {
 	c         *Client
 	ctx       context.Context
@@ -119,6 +123,33 @@ type streamWriter struct {
 
 	committed  []*metapb.KeyBlock
 	chunkLists [][]*datanodepb.ChunkInfo // per committed block
+
+	// staleRetried: the segment was already sent again after a
+	// stream.CodeStale failure (a kept connection that ended before the
+	// header was answered); a second one is a failure like any other.
+	staleRetried bool
+	// staleFrom: the datanodes (0: none named) a CodeStale of this key
+	// named; a second one naming the same datanode is a failure like any
+	// other, so a datanode cannot dodge exclusion by ending every kept
+	// connection as the header crosses.
+	staleFrom map[uint64]bool
+	// freshRoutes: the routes (routeKey) a CodeStale of this key came
+	// from; every later stream of the key on one of them opens on new
+	// connections (Options.Fresh), where "stale" cannot be said.
+	freshRoutes map[string]bool
+	// fresh: the next stream (the stale one's retry, whatever its route)
+	// opens on new connections.
+	fresh bool
+}
+
+// routeKey names a route (its datanodes in order, as the stream pool
+// keys connections) for streamWriter.freshRoutes.
+func routeKey(route []stream.Target) string {
+	var b strings.Builder
+	for _, t := range route {
+		fmt.Fprintf(&b, "%d@%s|", t.ID, t.Addr)
+	}
+	return b.String()
 }
 
 // sender opens one stream and writes a segment's pieces to it, in order,
@@ -339,6 +370,8 @@ func (w *streamWriter) open() error {
 	}
 	b := w.cur
 	opts := w.opts
+	opts.Fresh = w.fresh || len(w.freshRoutes) > 0 && w.freshRoutes[routeKey(b.route)]
+	w.fresh = false
 	opts.Offset = uint64(b.length)
 	opts.Token = b.loc.GetToken()
 	if h := w.c.cfg.OnStream; h != nil {
@@ -422,6 +455,21 @@ func (w *streamWriter) commitOnce() error {
 // committed length, and writes the whole segment again to a new block
 // (repeating while that fails, within the retry budget). The segment stays
 // open on the new block: the caller goes on adding to it or commits it.
+//
+// A stream.CodeStale failure (a kept connection, the client's or a
+// datanode's down the route, ended before the header was answered: most
+// likely closed idle as the header crossed) excludes nothing and spends
+// no retry, at most once per segment and once per datanode named per key:
+// the stream is abandoned (no header ack, so nothing of it can be
+// committed; the datanode may have opened it, so never the same block
+// again), and the segment goes to a new block; every later stream of the
+// key on that route (the retry first) opens on new connections
+// (Options.Fresh: every hop's connections are then new too), where
+// "stale" cannot be said and a datanode that really failed shows as such
+// and is excluded. A second CodeStale naming the same datanode in the key
+// (on another route, or a datanode that ends kept connections as headers
+// cross on purpose) is a failure like any other: that datanode is
+// excluded.
 func (w *streamWriter) recover(cause error) error {
 	for {
 		w.halt()
@@ -430,7 +478,17 @@ func (w *streamWriter) recover(cause error) error {
 			w.w = nil
 		}
 		f := classifyStream(w.ctx, w.cur, cause)
-		if err := w.blocks.failed(w.ctx, f); err != nil {
+		if f.stale && !w.staleRetried && !w.staleFrom[staleDatanode(f)] && w.cur != nil {
+			w.staleRetried, w.fresh = true, true
+			if w.staleFrom == nil {
+				w.staleFrom, w.freshRoutes = map[uint64]bool{}, map[string]bool{}
+			}
+			w.staleFrom[staleDatanode(f)] = true
+			w.freshRoutes[routeKey(w.cur.route)] = true
+			w.c.streamStaleRetries.Add(1)
+			w.c.log.Info("basalt client: a kept stream connection ended before the header was answered; writing the segment again as a new block on new connections",
+				"key", w.op, "err", f.err)
+		} else if err := w.blocks.failed(w.ctx, f); err != nil {
 			return err
 		}
 		w.endBlock()
@@ -440,6 +498,14 @@ func (w *streamWriter) recover(cause error) error {
 			return nil
 		}
 	}
+}
+
+// staleDatanode is the datanode a stale failure names (0: none).
+func staleDatanode(f *failure) uint64 {
+	if len(f.datanodes) == 1 {
+		return f.datanodes[0]
+	}
+	return 0
 }
 
 // resend writes the segment to a new stream on a new block.
@@ -462,6 +528,7 @@ func (w *streamWriter) releaseSeg() {
 		p.buf.unref()
 	}
 	w.seg, w.segLen = nil, 0
+	w.staleRetried = false
 }
 
 // drop undoes what an unfinished write holds: the stream (its datanodes
@@ -506,6 +573,15 @@ func classifyStream(ctx context.Context, b *streamBlock, err error) *failure {
 		return f
 	}
 	switch se.Code {
+	case stream.CodeStale:
+		// Not blamed the first time in a segment (streamWriter.recover);
+		// the datanode named if it happens again.
+		f.stale = true
+		if se.Datanode != 0 {
+			f.datanodes = []uint64{se.Datanode}
+		} else {
+			f.pipeline = b.loc.GetPipelineId()
+		}
 	case stream.CodeContainerNotOpen, stream.CodeNoSuchContainer:
 		f.container = b.loc.GetId().GetContainerId()
 		if se.Datanode != 0 && strings.Contains(strings.ToLower(se.Reason), storage.ErrDiskFull.Error()) {

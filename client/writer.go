@@ -524,7 +524,11 @@ type failure struct {
 	notReady bool
 	// keyOnly: avoided for this key but not client-wide (a refused
 	// block token says nothing about the pipeline's health).
-	keyOnly   bool
+	keyOnly bool
+	// stale: a V2 stream's kept connection ended before its header was
+	// answered (stream.CodeStale); the datanodes are excluded only if the
+	// segment's one stale retry is spent (streamWriter.recover).
+	stale     bool
 	datanodes []uint64
 	pipeline  uint64
 	container uint64

@@ -29,7 +29,7 @@ type ConnPool struct {
 	closed bool
 	sweep  *time.Timer // armed while the pool holds connections
 
-	dials, reuses, stale atomic.Uint64
+	dials, reuses, stale, staleHeaders atomic.Uint64
 }
 
 // pooledConn is a stream connection between streams, and what the next
@@ -64,7 +64,11 @@ type PoolStats struct {
 	Dials  uint64 // connections opened by Dials with this pool
 	Reuses uint64 // streams opened (or refused) on a pooled connection
 	Stale  uint64 // pooled connections found closed by the datanode before the header was sent (then a new one was dialed)
-	Idle   int    // connections in the pool now
+	// StaleHeaders counts streams on pooled connections that failed with
+	// CodeStale: the connection (or a datanode's kept one down the route)
+	// ended before the header was answered; the stream was abandoned.
+	StaleHeaders uint64
+	Idle         int // connections in the pool now
 }
 
 // DefaultPoolIdle is how long a pooled connection may wait for its next
@@ -74,7 +78,9 @@ type PoolStats struct {
 // client certificate's NotAfter, or when it restarts. Dial peeks at the
 // connection before writing the header (checkIdle) and dials anew if the
 // datanode closed it; a close that crosses the header on the wire fails
-// that stream.
+// that stream with CodeStale (abandoned: the caller sends its data again
+// as a new block on a new connection, Options.Fresh, without blaming the
+// datanode).
 const DefaultPoolIdle = 20 * time.Second
 
 // DefaultPoolMaxAge bounds how long after its handshake a pooled
@@ -100,7 +106,7 @@ func (p *ConnPool) Stats() PoolStats {
 	p.mu.Lock()
 	n := p.n
 	p.mu.Unlock()
-	return PoolStats{Dials: p.dials.Load(), Reuses: p.reuses.Load(), Stale: p.stale.Load(), Idle: n}
+	return PoolStats{Dials: p.dials.Load(), Reuses: p.reuses.Load(), Stale: p.stale.Load(), StaleHeaders: p.staleHeaders.Load(), Idle: n}
 }
 
 // poolKey names what a connection can carry: the first hop, the rest of
@@ -119,6 +125,15 @@ func keyFor(route []Target, cfg *tls.Config) poolKey {
 		fmt.Fprintf(&b, "%d@%s|", t.ID, t.Addr)
 	}
 	return poolKey{cfg: cfg, route: b.String()}
+}
+
+// take is get, or nil if fresh (Options.Fresh: the pooled connections
+// stay for later streams).
+func (p *ConnPool) take(key poolKey, fresh bool) *pooledConn {
+	if fresh {
+		return nil
+	}
+	return p.get(key)
 }
 
 // get takes the newest idle connection for key, or nil.

@@ -123,7 +123,30 @@
 // block on it could abort the first's file): the client's Writer fails
 // with it, or a hop fails the stream naming the next datanode, and the
 // client retries with a new block as for any failed stream. A close that
-// crosses the header on the wire therefore still fails that one stream.
+// crosses the header on the wire therefore still fails that one stream,
+// but it is not blamed on the peer: a kept connection that ends (end of
+// file or a reset) before any byte of the header's answer arrived fails
+// the stream with CodeStale naming the peer (the client's Dial for its
+// connection; a hop for its connection down, sent up as an error ack).
+// That is all a close crossing the header can look like; a peer that
+// died after reading the header looks the same, one that answered
+// anything, refused, or held the connection without answering does not.
+// The client abandons the stream (no header ack: nothing of it can be
+// committed; never the same block again, which the peer may have
+// opened: a forged FIN or reset cannot make two streams of one block),
+// excludes nothing, and writes the data again as a new block on new
+// connections (Options.Fresh: no hop has a kept connection then); a peer
+// that really died fails there and is excluded. The client (client
+// package) allows this at most once per segment and once per datanode
+// named per key, and opens the key's later streams on that route Fresh
+// too; a second CodeStale naming the same datanode in the key is blamed.
+// CodeStale is honoured only in answer to a header on a kept connection:
+// the Writer turns it into CodeConnLost on a new connection or after the
+// header ack, and so does a hop for an error ack over a new connection
+// down (a hop reports stale only for its own kept connection down, or
+// relays one over it; only the hop whose connection ended counts
+// Stats.DownStaleHeaders). So a datanode cannot spare itself the blame
+// with it beyond one retry per key.
 // A recovered panic while waiting for or checking a next header ends the
 // connection only: the stream before it, acked, is no longer the
 // connection's and keeps its data.

@@ -419,11 +419,26 @@ const (
 	// CodePermissionDenied: the header's block token is missing, forged,
 	// expired or for another block.
 	CodePermissionDenied
+	// CodeStale: a kept connection (the client's to the first datanode,
+	// or a datanode's to the next) ended before any byte of the answer to
+	// a next stream's header arrived (end of file or a reset): what a
+	// peer that closed the idle connection as the header crossed looks
+	// like, though a peer that died does the same. Datanode names that
+	// peer. The stream is abandoned (no header ack: nothing of it can be
+	// committed); the client writes the data again as a new block on a
+	// new connection, at most once per segment and once per datanode per
+	// key, without blaming the datanode (a real failure shows on the new
+	// connection). Meaningful only in answer to a header on a kept
+	// connection: the Writer, and a hop for an error ack over a new
+	// connection down, turn it into CodeConnLost anywhere else. A peer that does not know the code
+	// (protocol 5 as of session 15) treats it as any other failure naming
+	// the datanode.
+	CodeStale
 )
 
 var codeNames = [...]string{"ok", "bad header", "not in pipeline", "container not open", "no such container",
 	"block already committed", "downstream unreachable", "timeout", "connection lost", "checksum mismatch",
-	"I/O error", "protocol error", "shutting down", "busy", "internal error", "permission denied"}
+	"I/O error", "protocol error", "shutting down", "busy", "internal error", "permission denied", "stale connection"}
 
 func (c Code) String() string {
 	if int(c) < len(codeNames) {

@@ -364,6 +364,12 @@ func TestReuseNoRetryAfterHeaderSent(t *testing.T) {
 	if ps := p.Stats(); ps.Stale != 0 || ps.Dials != 1 {
 		t.Fatalf("pool %+v: a failure after the header was sent counted stale and retried", ps)
 	}
+	// Unanswered: the client's caller may write the data again, but as a
+	// new block (session 16, CodeStale).
+	var se *Error
+	if !errors.As(err, &se) || se.Code != CodeStale || p.Stats().StaleHeaders != 1 {
+		t.Fatalf("%v (pool %+v): want CodeStale, counted", err, p.Stats())
+	}
 	_ = ns
 }
 

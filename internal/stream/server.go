@@ -120,8 +120,11 @@ type Stats struct {
 	Reused        uint64 // streams opened on a connection that carried one before
 	DownDials     uint64 // connections opened to a next datanode
 	DownStale     uint64 // kept connections to a next datanode found closed or expired before a header (then dialed anew)
-	Active        int64  // streams open now
-	Idle          int64  // connections waiting for a next header now
+	// DownStaleHeaders counts streams failed with CodeStale: a kept
+	// connection to the next datanode ended before it answered the header.
+	DownStaleHeaders uint64
+	Active           int64 // streams open now
+	Idle             int64 // connections waiting for a next header now
 }
 
 // Server accepts streams on its own TCP port, stores each through its
@@ -141,6 +144,7 @@ type Server struct {
 	idle                                         atomic.Int64 // connections waiting for a next header
 	firstHop, downstream, bytes, failed, refused atomic.Uint64
 	accepted, reused, downDials, downStale       atomic.Uint64
+	downStaleHeaders                             atomic.Uint64
 	active                                       atomic.Int64
 }
 
@@ -193,7 +197,8 @@ func NewServer(cfg ServerConfig) *Server {
 func (s *Server) Stats() Stats {
 	return Stats{FirstHop: s.firstHop.Load(), Downstream: s.downstream.Load(), BytesReceived: s.bytes.Load(),
 		Failed: s.failed.Load(), Refused: s.refused.Load(), Accepted: s.accepted.Load(), Reused: s.reused.Load(),
-		DownDials: s.downDials.Load(), DownStale: s.downStale.Load(), Active: s.active.Load(), Idle: s.idle.Load()}
+		DownDials: s.downDials.Load(), DownStale: s.downStale.Load(), DownStaleHeaders: s.downStaleHeaders.Load(),
+		Active: s.active.Load(), Idle: s.idle.Load()}
 }
 
 // Serve accepts streams on l until Close. It returns nil after Close.
@@ -693,7 +698,7 @@ func (st *stream) downFor(uc *upConn) *Error {
 		}
 		if err == nil {
 			hookKept(uc.down)
-			e, unsent := st.sendHeaderDown(uc.down)
+			e, unsent := st.sendHeaderDown(uc.down, true)
 			if e == nil {
 				st.down = uc.down
 				return nil
@@ -701,7 +706,10 @@ func (st *stream) downFor(uc *upConn) *Error {
 			if !unsent {
 				// The next datanode may have read the header and opened
 				// the stream: opening it again on another connection
-				// could run two streams of one block there.
+				// could run two streams of one block there. CodeStale
+				// (the kept connection ended before any answer) goes up
+				// as it is: the client abandons the block and writes a
+				// new one on new connections, blaming nobody.
 				return e
 			}
 			// The header never left whole (the write failed), so the
@@ -718,7 +726,7 @@ func (st *stream) downFor(uc *upConn) *Error {
 		return e
 	}
 	uc.down, uc.downStop = c, stop
-	if e, _ := st.sendHeaderDown(c); e != nil {
+	if e, _ := st.sendHeaderDown(c, false); e != nil {
 		return e
 	}
 	// The next datanode closes its end at MaxConnAge (with this
@@ -775,7 +783,10 @@ func (st *stream) dialDown() (net.Conn, func(), *tls.ConnectionState, *Error) {
 // streams) and waits for its ack; then st.down is the connection the
 // stream's packets go down (records, on a secured one). unsent: it failed
 // writing the header, so the next datanode cannot have read it whole.
-func (st *stream) sendHeaderDown(c net.Conn) (_ *Error, unsent bool) {
+// kept: c carried a stream before; if it ends before any byte of the
+// answer arrived, the error is CodeStale (staleEnd) naming the next
+// datanode.
+func (st *stream) sendHeaderDown(c net.Conn, kept bool) (_ *Error, unsent bool) {
 	s, h := st.s, st.h
 	fwd := *h
 	fwd.Hop++
@@ -791,11 +802,29 @@ func (st *stream) sendHeaderDown(c net.Conn) (_ *Error, unsent bool) {
 	if _, err = c.Write(b); err != nil {
 		return st.downErr(err, "opening the stream"), true
 	}
-	if err = readAck(c, &ab, &a); err != nil {
+	got, err := readAnswer(c, &ab, &a)
+	if err != nil {
+		if kept && staleEnd(err, got) && !s.closing.Load() {
+			// Counted here only: a CodeStale relayed from further down
+			// is another hop's event.
+			s.downStaleHeaders.Add(1)
+			return &Error{Code: CodeStale, Datanode: st.next.ID, Addr: st.next.Addr,
+				Reason: fmt.Sprintf("datanode %d: block %v: kept connection to it ended before the header was answered: %v", s.cfg.ID, h.Block, err)}, false
+		}
 		return st.downErr(err, "opening the stream"), false
 	}
 	if a.kind == kindError {
-		return ackError(&a, h.Route), false
+		e := ackError(&a, h.Route)
+		if e.Code == CodeStale && !kept {
+			// A new connection down: no hop below has a kept connection
+			// for this stream (each keeps one per connection it accepted
+			// that carried a stream), so "stale" from there is the next
+			// datanode's failure like any other, as in dialOn. A hop
+			// passes CodeStale up only for its own kept connection (or
+			// one relayed over it).
+			e.Code = CodeConnLost
+		}
+		return e, false
 	}
 	if a.kind != kindHeaderAck || a.value != h.Offset {
 		return &Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr,

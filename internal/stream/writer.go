@@ -52,6 +52,10 @@ type Options struct {
 	// Pool (optional) keeps the connection after a clean close for the
 	// next stream of the same route, and gives Dial one if it has it.
 	Pool *ConnPool
+	// Fresh makes Dial open a new connection even if Pool holds one for
+	// the route (after a CodeStale failure: every hop then opens new
+	// connections too); after a clean close it still goes to Pool.
+	Fresh bool
 }
 
 func (o *Options) setDefaults() error {
@@ -176,7 +180,7 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 	var key poolKey
 	if p := opts.Pool; p != nil {
 		key = keyFor(route, opts.TLS)
-		for pc := p.get(key); pc != nil; pc = p.get(key) {
+		for pc := p.take(key, opts.Fresh); pc != nil; pc = p.take(key, false) {
 			// A datanode closes an idle connection (its ReuseIdle or
 			// MaxConnAge ran out, beyond its MaxIdle, on restart): seen
 			// here, before the header is written, nothing of this stream
@@ -192,7 +196,15 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 				// Opened, refused, or failed after the header went out:
 				// the datanode may have opened the stream, so a failure
 				// is the stream's (the caller retries with a new block).
+				// CodeStale: the connection (or one down the route) ended
+				// before the header was answered, most likely closed
+				// idle as the header crossed; still the stream's, but
+				// the caller need not blame the datanode (doc.go).
 				p.reuses.Add(1)
+				var se *Error
+				if errors.As(err, &se) && se.Code == CodeStale {
+					p.staleHeaders.Add(1)
+				}
 				return w, err
 			}
 			// The header's write failed: the datanode cannot have read
@@ -265,19 +277,34 @@ func dialOn(ctx context.Context, pc *pooledConn, route []Target, block BlockID, 
 	stop := context.AfterFunc(ctx, func() { hc.SetDeadline(time.Unix(1, 0)) })
 	var a ack
 	var ab [ackLen]byte
+	var got int64 // bytes of the answer received
 	_, err := conn.Write(hb)
 	werr := err != nil
 	if err == nil {
-		err = readAck(conn, &ab, &a)
+		got, err = readAnswer(conn, &ab, &a)
 	}
 	if !stop() {
 		return nil, false, &Error{Code: CodeConnLost, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("opening the stream: %v", context.Cause(ctx))}
 	}
+	kept := pc.seq > 0
 	switch {
+	case err != nil && kept && !werr && staleEnd(err, got):
+		// The kept connection ended before any of the answer arrived:
+		// the datanode most likely closed it idle as the header crossed
+		// (or died: then a new connection fails and names it). It may
+		// have read the header: the stream is abandoned, never opened
+		// again on another connection (doc.go, "Reuse").
+		return nil, false, &Error{Code: CodeStale, Datanode: first.ID, Addr: first.Addr,
+			Reason: fmt.Sprintf("block %v: kept connection ended before the header was answered: %v", block, err)}
 	case err != nil:
-		return nil, pc.seq > 0 && werr, w.connErr(err, "opening the stream")
+		return nil, kept && werr, w.connErr(err, "opening the stream")
 	case a.kind == kindError:
-		return nil, false, ackError(&a, route)
+		e := ackError(&a, route)
+		if e.Code == CodeStale && !kept {
+			// No hop of a new connection has a kept connection down.
+			e.Code = CodeConnLost
+		}
+		return nil, false, e
 	case a.kind != kindHeaderAck || a.value != opts.Offset:
 		return nil, false, &Error{Code: CodeProtocol, Datanode: first.ID, Addr: first.Addr,
 			Reason: fmt.Sprintf("answered the header with ack kind %#x value %d", a.kind, a.value)}
@@ -341,7 +368,12 @@ func (w *Writer) readAcks() {
 			return
 		}
 		if a.kind == kindError {
-			w.err = ackError(&a, w.route)
+			e := ackError(&a, w.route)
+			if e.Code == CodeStale {
+				// Only the answer to a header may say stale.
+				e.Code = CodeConnLost
+			}
+			w.err = e
 			return
 		}
 		var e expect
