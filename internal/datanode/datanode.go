@@ -13,13 +13,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -759,37 +764,94 @@ func (d *Datanode) closeContainer(cid, pipeline uint64) error {
 }
 
 // ContainerReports are the container reports a full heartbeat carries.
+// An UNHEALTHY one carries why (unhealthyReason).
 func (d *Datanode) ContainerReports() []*metapb.ContainerReport {
 	var out []*metapb.ContainerReport
 	have := map[uint64]bool{}
-	for _, c := range d.store.ListContainers() {
-		have[uint64(c.ID)] = true
-		out = append(out, &metapb.ContainerReport{
-			ContainerId: uint64(c.ID), State: containerState(c.State), UsedBytes: uint64(c.UsedBytes),
-			BlockCount: uint64(c.BlockCount), Bcsid: c.BCSID,
-		})
-	}
-	// A container a pipeline wrote into that this replica lacks and could
-	// not even create (no volume with room: a filled disk) has no storage
-	// record to carry its UNHEALTHY mark; without this report SCM kept
-	// allocating into it for minutes (the fault test's pipeline 1009).
+	// Why this replica lacks each container, as the pipelines' state
+	// machines recorded it (their sick maps, read only).
 	d.mu.Lock()
 	sms := make([]*containerSM, 0, len(d.sms))
 	for _, sm := range d.sms {
 		sms = append(sms, sm)
 	}
 	d.mu.Unlock()
+	sick := map[uint64]string{}
 	for _, sm := range sms {
 		sm.mu.Lock()
-		for cid := range sm.sick {
-			if !have[cid] {
-				have[cid] = true
-				out = append(out, &metapb.ContainerReport{ContainerId: cid, State: metapb.ContainerState_CONTAINER_UNHEALTHY})
+		for cid, why := range sm.sick {
+			if _, ok := sick[cid]; !ok {
+				sick[cid] = why
 			}
 		}
 		sm.mu.Unlock()
 	}
+	var failed map[string]string // failed volume path → its error
+	for _, c := range d.store.ListContainers() {
+		have[uint64(c.ID)] = true
+		r := &metapb.ContainerReport{
+			ContainerId: uint64(c.ID), State: containerState(c.State), UsedBytes: uint64(c.UsedBytes),
+			BlockCount: uint64(c.BlockCount), Bcsid: c.BCSID,
+		}
+		if r.State == metapb.ContainerState_CONTAINER_UNHEALTHY {
+			if failed == nil {
+				failed = map[string]string{}
+				for _, v := range d.store.Volumes() {
+					if v.Failed {
+						failed[v.Path] = v.Error
+					}
+				}
+			}
+			r.UnhealthyReason = unhealthyReason(sick, failed, uint64(c.ID), c.Volume)
+		}
+		out = append(out, r)
+	}
+	// A container a pipeline wrote into that this replica lacks and could
+	// not even create (no volume with room: a filled disk) has no storage
+	// record to carry its UNHEALTHY mark; without this report SCM kept
+	// allocating into it for minutes (the fault test's pipeline 1009).
+	for _, cid := range slices.Sorted(maps.Keys(sick)) {
+		if !have[cid] {
+			have[cid] = true
+			out = append(out, &metapb.ContainerReport{ContainerId: cid, State: metapb.ContainerState_CONTAINER_UNHEALTHY,
+				UnhealthyReason: boundReason(sick[cid] + " (container not held here)")})
+		}
+	}
 	return out
+}
+
+// maxUnhealthyReason bounds ContainerReport.unhealthy_reason, in bytes.
+const maxUnhealthyReason = 256
+
+// unhealthyReason is why this replica of container cid (on volume vol)
+// is UNHEALTHY: the reason a pipeline's state machine recorded (sick),
+// else its volume's failure, else storage's own mark (found damaged or
+// lost data: a read or scrub failing its checksums, a block lost at open),
+// whose cause storage logs but does not keep.
+func unhealthyReason(sick map[uint64]string, failedVolumes map[string]string, cid uint64, vol string) string {
+	if why, ok := sick[cid]; ok {
+		return boundReason(why)
+	}
+	if err, ok := failedVolumes[vol]; ok {
+		return boundReason(fmt.Sprintf("volume %s failed: %s", vol, err))
+	}
+	return boundReason("marked UNHEALTHY by storage (lost or damaged data; its cause is in this datanode's log: \"storage: container " +
+		strconv.FormatUint(cid, 10) + " UNHEALTHY\")")
+}
+
+// boundReason makes s valid UTF-8 of at most maxUnhealthyReason bytes,
+// cut at a rune boundary with "…" when longer.
+func boundReason(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= maxUnhealthyReason {
+		return s
+	}
+	const ell = "…"
+	s = s[:maxUnhealthyReason-len(ell)]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s + ell
 }
 
 func (d *Datanode) volumeReports() []*metapb.VolumeReport {

@@ -181,6 +181,7 @@ func (m *Manager) Replicas(cid uint64, limit int) (*metapb.GetContainerReplicasR
 				}
 				if rep := n.containers[c.Id]; rep != nil {
 					ri.ReportedState, ri.Bcsid, ri.UsedBytes, ri.BlockCount = rep.State, rep.Bcsid, rep.UsedBytes, rep.BlockCount
+					ri.UnhealthyReason = rep.UnhealthyReason
 				}
 			}
 			cr.Replicas = append(cr.Replicas, ri)
