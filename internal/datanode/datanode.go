@@ -670,10 +670,8 @@ func (d *Datanode) heartbeatLoop() {
 func (d *Datanode) Heartbeat() error { return d.heartbeat(true) }
 
 func (d *Datanode) heartbeat(full bool) error {
-	req := &metapb.HeartbeatRequest{DatanodeId: d.ident.ID, Volumes: d.volumeReports(), FullReport: full}
-	if full {
-		req.Containers = d.ContainerReports()
-	}
+	req := &metapb.HeartbeatRequest{DatanodeId: d.ident.ID, FullReport: full}
+	req.Volumes, req.Containers = d.reports(full)
 	d.mu.Lock()
 	for id := range d.sms {
 		req.Pipelines = append(req.Pipelines, &metapb.PipelineReport{PipelineId: id})
@@ -763,9 +761,25 @@ func (d *Datanode) closeContainer(cid, pipeline uint64) error {
 	return err
 }
 
+// reports are a heartbeat's volume reports and, if full, its container
+// reports (one scan of the volumes serves both).
+func (d *Datanode) reports(full bool) ([]*metapb.VolumeReport, []*metapb.ContainerReport) {
+	vols := d.store.Volumes()
+	if !full {
+		return volumeReports(vols), nil
+	}
+	return volumeReports(vols), d.containerReports(vols)
+}
+
 // ContainerReports are the container reports a full heartbeat carries.
 // An UNHEALTHY one carries why (unhealthyReason).
 func (d *Datanode) ContainerReports() []*metapb.ContainerReport {
+	return d.containerReports(nil)
+}
+
+// containerReports is ContainerReports; vols, if not nil, are storage's
+// volume reports (read only if a container is UNHEALTHY).
+func (d *Datanode) containerReports(vols []storage.VolumeReport) []*metapb.ContainerReport {
 	var out []*metapb.ContainerReport
 	have := map[uint64]bool{}
 	// Why this replica lacks each container, as the pipelines' state
@@ -796,7 +810,10 @@ func (d *Datanode) ContainerReports() []*metapb.ContainerReport {
 		if r.State == metapb.ContainerState_CONTAINER_UNHEALTHY {
 			if failed == nil {
 				failed = map[string]string{}
-				for _, v := range d.store.Volumes() {
+				if vols == nil {
+					vols = d.store.Volumes()
+				}
+				for _, v := range vols {
 					if v.Failed {
 						failed[v.Path] = v.Error
 					}
@@ -855,8 +872,12 @@ func boundReason(s string) string {
 }
 
 func (d *Datanode) volumeReports() []*metapb.VolumeReport {
+	return volumeReports(d.store.Volumes())
+}
+
+func volumeReports(vols []storage.VolumeReport) []*metapb.VolumeReport {
 	var out []*metapb.VolumeReport
-	for _, v := range d.store.Volumes() {
+	for _, v := range vols {
 		out = append(out, &metapb.VolumeReport{Path: v.Path, CapacityBytes: uint64(v.Capacity), UsedBytes: uint64(v.Used), Failed: v.Failed,
 			AvailableBytes: uint64(max(v.Available, 0)), AvailableKnown: true})
 	}
