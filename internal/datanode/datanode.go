@@ -780,10 +780,12 @@ func (d *Datanode) ContainerReports() []*metapb.ContainerReport {
 // containerReports is ContainerReports; vols, if not nil, are storage's
 // volume reports (read only if a container is UNHEALTHY).
 func (d *Datanode) containerReports(vols []storage.VolumeReport) []*metapb.ContainerReport {
-	var out []*metapb.ContainerReport
-	have := map[uint64]bool{}
+	cs := d.store.ListContainers()
 	// Why this replica lacks each container, as the pipelines' state
-	// machines recorded it (their sick maps, read only).
+	// machines recorded it (their sick maps, read only). Read after
+	// storage's list: a state machine records a container there before it
+	// marks storage, so every container listed UNHEALTHY by its mark is
+	// found here.
 	d.mu.Lock()
 	sms := make([]*containerSM, 0, len(d.sms))
 	for _, sm := range d.sms {
@@ -800,8 +802,10 @@ func (d *Datanode) containerReports(vols []storage.VolumeReport) []*metapb.Conta
 		}
 		sm.mu.Unlock()
 	}
+	out := make([]*metapb.ContainerReport, 0, len(cs))
+	have := make(map[uint64]bool, len(cs))
 	var failed map[string]string // failed volume path → its error
-	for _, c := range d.store.ListContainers() {
+	for _, c := range cs {
 		have[uint64(c.ID)] = true
 		r := &metapb.ContainerReport{
 			ContainerId: uint64(c.ID), State: containerState(c.State), UsedBytes: uint64(c.UsedBytes),
