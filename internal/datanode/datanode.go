@@ -24,6 +24,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -156,6 +157,7 @@ type Datanode struct {
 	sms            map[uint64]*containerSM
 	pipeJoined     chan struct{}               // closed (and replaced) when a pipeline is joined (stream.go)
 	pipesLeft      leftPipelines               // pipelines this datanode left (stream.go)
+	leftSick       leftReasons                 // why left pipelines' containers are UNHEALTHY (reasons.go)
 	peerConns      map[string]*grpc.ClientConn // by data address (ApplyStatus)
 	// ApplyStatus asks batched per follower and pipeline
 	// (applystatus_batch.go).
@@ -631,9 +633,15 @@ func (d *Datanode) leavePipeline(id uint64) error {
 		d.log.Error("cannot leave pipeline: its applied index is not durable; log kept", "pipeline", id, "err", err)
 		return err
 	}
+	// Why the state machine marked its containers UNHEALTHY outlives it
+	// (the sick file goes with the pipeline): the reports keep the cause.
+	// Taken before d.mu (no sm.mu under d.mu); the group is stopped, so
+	// nothing adds to the map after this.
+	sick := sm.sickReasons()
 	d.mu.Lock()
 	delete(d.sms, id)
 	delete(d.pipelines, id)
+	d.leftSick.add(sick)
 	err := d.savePipelinesLocked()
 	d.mu.Unlock()
 	if err != nil {
@@ -778,19 +786,28 @@ func (d *Datanode) ContainerReports() []*metapb.ContainerReport {
 }
 
 // containerReports is ContainerReports; vols, if not nil, are storage's
-// volume reports (read only if a container is UNHEALTHY).
+// volume reports from just before (read only if a container is UNHEALTHY;
+// scanned again if a container's volume is not failed in them: it may
+// have failed since).
 func (d *Datanode) containerReports(vols []storage.VolumeReport) []*metapb.ContainerReport {
+	d.mu.Lock()
+	leftMark := d.leftSick.seq
+	d.mu.Unlock()
 	cs := d.store.ListContainers()
 	// Why this replica lacks each container, as the pipelines' state
-	// machines recorded it (their sick maps, read only). Read after
-	// storage's list: a state machine records a container there before it
-	// marks storage, so every container listed UNHEALTHY by its mark is
-	// found here.
+	// machines recorded it (their sick maps, read only), then as the
+	// state machines of pipelines left since the start recorded it
+	// (leftSick). Read after storage's list: a state machine records a
+	// container there before it marks storage, so every container listed
+	// UNHEALTHY by its mark is found here (in its map, or, if the
+	// pipeline was left meanwhile, in leftSick: the map is handed over
+	// under d.mu as the state machine is dropped).
 	d.mu.Lock()
 	sms := make([]*containerSM, 0, len(d.sms))
 	for _, sm := range d.sms {
 		sms = append(sms, sm)
 	}
+	left := d.leftSick.snapshot()
 	d.mu.Unlock()
 	sick := map[uint64]string{}
 	for _, sm := range sms {
@@ -804,7 +821,20 @@ func (d *Datanode) containerReports(vols []storage.VolumeReport) []*metapb.Conta
 	}
 	out := make([]*metapb.ContainerReport, 0, len(cs))
 	have := make(map[uint64]bool, len(cs))
+	unhealthy := map[uint64]bool{}
 	var failed map[string]string // failed volume path → its error
+	rescanned := false
+	scan := func() {
+		failed = map[string]string{}
+		if vols == nil {
+			vols = d.store.Volumes()
+		}
+		for _, v := range vols {
+			if v.Failed {
+				failed[v.Path] = v.Error
+			}
+		}
+	}
 	for _, c := range cs {
 		have[uint64(c.ID)] = true
 		r := &metapb.ContainerReport{
@@ -812,18 +842,22 @@ func (d *Datanode) containerReports(vols []storage.VolumeReport) []*metapb.Conta
 			BlockCount: uint64(c.BlockCount), Bcsid: c.BCSID,
 		}
 		if r.State == metapb.ContainerState_CONTAINER_UNHEALTHY {
+			unhealthy[uint64(c.ID)] = true
 			if failed == nil {
-				failed = map[string]string{}
-				if vols == nil {
-					vols = d.store.Volumes()
-				}
-				for _, v := range vols {
-					if v.Failed {
-						failed[v.Path] = v.Error
-					}
-				}
+				scan()
 			}
-			r.UnhealthyReason = unhealthyReason(sick, failed, uint64(c.ID), c.Volume)
+			_, known := sick[uint64(c.ID)]
+			if _, ok := left[uint64(c.ID)]; ok {
+				known = true
+			}
+			if _, ok := failed[c.Volume]; !ok && !known && !rescanned {
+				// The volumes were scanned before the list: this one may
+				// have failed since (its containers are then listed
+				// UNHEALTHY). Scan once more, after the list.
+				vols, rescanned = nil, true
+				scan()
+			}
+			r.UnhealthyReason = unhealthyReason(sick, left, failed, uint64(c.ID), c.Volume)
 		}
 		out = append(out, r)
 	}
@@ -838,32 +872,56 @@ func (d *Datanode) containerReports(vols []storage.VolumeReport) []*metapb.Conta
 				UnhealthyReason: boundReason(sick[cid] + " (container not held here)")})
 		}
 	}
+	// A left pipeline's reason goes once its container is no longer
+	// UNHEALTHY here (deleted, replaced, healthy again); one handed over
+	// after the list is kept for the next report.
+	d.mu.Lock()
+	d.leftSick.prune(leftMark, unhealthy)
+	d.mu.Unlock()
 	return out
 }
 
 // maxUnhealthyReason bounds ContainerReport.unhealthy_reason, in bytes.
 const maxUnhealthyReason = 256
 
+// UnknownUnhealthyReason starts the reason of an UNHEALTHY replica whose
+// cause this datanode does not know: storage's own mark (a read or scrub
+// failing its checksums, a block lost at open), whose cause storage logs
+// but does not keep, or a state machine's mark from before a restart (the
+// reasons of left pipelines are kept in memory only). basalt admin shows
+// SCM's record instead.
+const UnknownUnhealthyReason = "UNHEALTHY here; cause not known"
+
 // unhealthyReason is why this replica of container cid (on volume vol)
-// is UNHEALTHY: the reason a pipeline's state machine recorded (sick),
-// else its volume's failure, else storage's own mark (found damaged or
-// lost data: a read or scrub failing its checksums, a block lost at open),
-// whose cause storage logs but does not keep.
-func unhealthyReason(sick map[uint64]string, failedVolumes map[string]string, cid uint64, vol string) string {
+// is UNHEALTHY: the reason a pipeline's state machine recorded (sick,
+// else left: a state machine dropped since the start), else its volume's
+// failure, else UnknownUnhealthyReason.
+func unhealthyReason(sick, left map[uint64]string, failedVolumes map[string]string, cid uint64, vol string) string {
 	if why, ok := sick[cid]; ok {
+		return boundReason(why)
+	}
+	if why, ok := left[cid]; ok {
 		return boundReason(why)
 	}
 	if err, ok := failedVolumes[vol]; ok {
 		return boundReason(fmt.Sprintf("volume %s failed: %s", vol, err))
 	}
-	return boundReason("marked UNHEALTHY by storage (lost or damaged data; its cause is in this datanode's log: \"storage: container " +
-		strconv.FormatUint(cid, 10) + " UNHEALTHY\")")
+	return boundReason(UnknownUnhealthyReason + " (storage's own mark, or marked before this datanode restarted): see this datanode's log (\"storage: container " +
+		strconv.FormatUint(cid, 10) + " UNHEALTHY\") / SCM's record")
 }
 
-// boundReason makes s valid UTF-8 of at most maxUnhealthyReason bytes,
-// cut at a rune boundary with "…" when longer.
+// boundReason makes s valid UTF-8 of at most maxUnhealthyReason bytes
+// without control characters (a newline, tab or ESC becomes a space: a
+// reason is one line on an operator's terminal), cut at a rune boundary
+// with "…" when longer.
 func boundReason(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
 	if len(s) <= maxUnhealthyReason {
 		return s
 	}

@@ -64,7 +64,8 @@ func TestContainerReportCarriesApplyPanicReason(t *testing.T) {
 
 // TestContainerReportReasonOtherMarks: a lacking container that could not
 // even be created carries the state machine's reason; one storage marked
-// on its own says so (storage logs the cause but does not keep it). (A
+// on its own says its cause is not known here (storage logs the cause but
+// does not keep it). (A
 // failed volume's reason: TestAdminContainerInfoShowsUnhealthyReason in
 // cmd/basalt.)
 func TestContainerReportReasonOtherMarks(t *testing.T) {
@@ -96,7 +97,7 @@ func TestContainerReportReasonOtherMarks(t *testing.T) {
 	if err := st.MarkUnhealthy(5, "test"); err != nil {
 		t.Fatal(err)
 	}
-	if r := reportOf(d, 5); r == nil || r.State != metapb.ContainerState_CONTAINER_UNHEALTHY || !strings.Contains(r.UnhealthyReason, "marked UNHEALTHY by storage") {
+	if r := reportOf(d, 5); r == nil || r.State != metapb.ContainerState_CONTAINER_UNHEALTHY || !strings.HasPrefix(r.UnhealthyReason, UnknownUnhealthyReason) {
 		t.Fatalf("container 5 marked by storage: %v", r)
 	}
 }
@@ -115,5 +116,15 @@ func TestBoundReason(t *testing.T) {
 		if len(s) <= maxUnhealthyReason && utf8.ValidString(s) && got != s {
 			t.Errorf("boundReason(%q) = %q", s, got)
 		}
+	}
+}
+
+// TestBoundReasonControlCharacters: a reason is one line on an operator's
+// terminal: newlines (errors.Join), tabs, ESC and other control
+// characters become spaces.
+func TestBoundReasonControlCharacters(t *testing.T) {
+	got := boundReason("sync failed\nsecond error\r\tx\x1b[2J\x00\u0085y")
+	if want := "sync failed second error  x [2J  y"; got != want {
+		t.Fatalf("boundReason = %q, want %q", got, want)
 	}
 }
