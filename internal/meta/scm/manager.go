@@ -382,7 +382,7 @@ func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 			if c.State != metapb.ContainerState_CONTAINER_UNHEALTHY {
 				c.UnhealthyReason = ""
 			} else if c.UnhealthyReason != "" {
-				c.UnhealthyReason = truncReason(c.UnhealthyReason)
+				c.UnhealthyReason = cleanReason(c.UnhealthyReason, maxReasonBytes)
 			}
 			n.containers[c.ContainerId] = c
 			m.checkReport(req.DatanodeId, c)
@@ -427,7 +427,9 @@ func (m *Manager) checkReport(dn uint64, rep *metapb.ContainerReport) {
 		if !slices.Contains(c.UnhealthyReplicas, dn) {
 			why := fmt.Sprintf("datanode %d reports its replica UNHEALTHY", dn)
 			if rep.UnhealthyReason != "" {
-				why += ": " + rep.UnhealthyReason
+				// The datanode's part is cut to fit the record, with "…".
+				why += ": "
+				why += cleanReason(rep.UnhealthyReason, maxReasonBytes-len(why))
 			}
 			m.markUnhealthy(c.Id, dn, why)
 		}

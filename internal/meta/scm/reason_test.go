@@ -6,6 +6,8 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
@@ -81,5 +83,67 @@ func TestUnhealthyReasonKeptPerReplica(t *testing.T) {
 	e.report(t, bad, &metapb.ContainerReport{ContainerId: cid, State: metapb.ContainerState_CONTAINER_CLOSED, UnhealthyReason: "stale"})
 	if ri, _ := replicaOf(t, e, cid, bad); ri.UnhealthyReason != "" {
 		t.Fatalf("replica reported CLOSED keeps reason %q", ri.UnhealthyReason)
+	}
+}
+
+// TestUnhealthyReasonCleanedAndCut: SCM never trusts a datanode's reason:
+// control characters (newline, tab, ESC) become spaces in what it keeps
+// and records; a long reason is cut in the Raft record with "…" after
+// SCM's prefix ("datanode N reports its replica UNHEALTHY: "), so the
+// record shows it was cut; and a corrupt-replica report cannot name block
+// 0, the key of SCM's own record.
+func TestUnhealthyReasonCleanedAndCut(t *testing.T) {
+	cfg := Config{PipelineLimit: 1, OpenContainersPerPipeline: 1, SafeModeMinDatanodes: 3}
+	e := newEnvAt(t, cfg, t.TempDir())
+	defer e.st.Close()
+	for i := range 3 {
+		e.register(t, fmt.Sprintf("dn%d", i), fmt.Sprintf("/dc1/rack%d", i%2))
+	}
+	e.tick(t)
+	b := e.alloc(t, metapb.Replication_THREE)
+	cid := b.Id.ContainerId
+	bad, other := b.Datanodes[0].Id, b.Datanodes[1].Id
+	why := "sync failed\nsecond\x1b[2J\t" + strings.Repeat("x", 300) + "END"
+	e.report(t, bad, &metapb.ContainerReport{ContainerId: cid, State: metapb.ContainerState_CONTAINER_UNHEALTHY, UnhealthyReason: why})
+	ri, _ := replicaOf(t, e, cid, bad)
+	if !strings.HasPrefix(ri.UnhealthyReason, "sync failed second [2J x") || len(ri.UnhealthyReason) > maxReasonBytes || !strings.HasSuffix(ri.UnhealthyReason, "…") {
+		t.Fatalf("kept reason %q (%d bytes)", ri.UnhealthyReason, len(ri.UnhealthyReason))
+	}
+	e.tick(t)
+	_, reps := replicaOf(t, e, cid, bad)
+	var rec string
+	for _, r := range reps {
+		if r.DatanodeId == bad && r.Reporter == "scm" && r.GetBlock().GetLocalId() == 0 {
+			rec = r.Reason
+		}
+	}
+	prefix := fmt.Sprintf("datanode %d reports its replica UNHEALTHY: sync failed second [2J x", bad)
+	if !strings.HasPrefix(rec, prefix) || !strings.HasSuffix(rec, "…") || len(rec) > maxReasonBytes || strings.ContainsAny(rec, "\n\x1b\t") {
+		t.Fatalf("recorded reason %q (%d bytes), want %q…, cut with \"…\"", rec, len(rec), prefix)
+	}
+	// A client cannot overwrite SCM's record (block 0), and its reason is
+	// cleaned too.
+	err := e.m.ReportCorrupt(e.ctx, &metapb.ReportCorruptReplicaRequest{Block: &metapb.BlockID{ContainerId: cid}, DatanodeId: bad, Reason: "x"}, "client h", false)
+	if code(err) != codes.InvalidArgument {
+		t.Fatalf("report of block 0: %v, want InvalidArgument", err)
+	}
+	if err := e.m.ReportCorrupt(e.ctx, &metapb.ReportCorruptReplicaRequest{Block: &metapb.BlockID{ContainerId: cid, LocalId: 7}, DatanodeId: other, Reason: "bad\r\nread\x1b]0;t\x07"}, "client h", false); err != nil {
+		t.Fatal(err)
+	}
+	_, reps = replicaOf(t, e, cid, other)
+	found := false
+	for _, r := range reps {
+		if r.DatanodeId == other && r.GetBlock().GetLocalId() == 7 {
+			found = r.Reason == "bad  read ]0;t "
+			if !found {
+				t.Fatalf("client's reason kept as %q", r.Reason)
+			}
+		}
+		if r.DatanodeId == bad && r.GetBlock().GetLocalId() == 0 && r.Reporter != "scm" {
+			t.Fatalf("SCM's record overwritten: %v", r)
+		}
+	}
+	if !found {
+		t.Fatalf("client's report not stored: %v", reps)
 	}
 }
