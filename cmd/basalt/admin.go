@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"fmt"
 	"sort"
 	"strconv"
@@ -11,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/datanode"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
@@ -214,9 +214,10 @@ to SCM, when the SCM API carries it ("-" otherwise).`,
 			if f.json {
 				return printJSON(cmd.OutOrStdout(), map[string]any{"containers": containerRows(out), "truncated": truncated})
 			}
-			t := newTable(cmd.OutOrStdout(), "ID", "PIPELINE", "REPLICATION", "STATE", "REPLICAS", "UNHEALTHY", "USED", "CREATED")
+			// UNHEALTHY last: scripts reading columns by position keep theirs.
+			t := newTable(cmd.OutOrStdout(), "ID", "PIPELINE", "REPLICATION", "STATE", "REPLICAS", "USED", "CREATED", "UNHEALTHY")
 			for _, ct := range out {
-				t.row(ct.Id, ct.PipelineId, ct.Replication, stateName(ct.State.String()), joinIDs(ct.Replicas), dash(joinIDs(ct.UnhealthyReplicas)), fmtBytes(ct.UsedBytes), fmtTime(time.UnixMilli(ct.CreatedUnixMs)))
+				t.row(ct.Id, ct.PipelineId, ct.Replication, stateName(ct.State.String()), joinIDs(ct.Replicas), fmtBytes(ct.UsedBytes), fmtTime(time.UnixMilli(ct.CreatedUnixMs)), dash(joinIDs(ct.UnhealthyReplicas)))
 			}
 			return t.flush()
 		}),
@@ -232,9 +233,14 @@ dead, missing, lagging, ...), the state and committed index (BCSID) its
 datanode last reported, and for an UNHEALTHY replica why: the reason the
 datanode gave in its report (what its state machine recorded: an apply or
 data-path runtime error, a chunk not stored, a block not committed here;
-or its failed volume), else the reason SCM recorded through Raft when it
-recorded the replica unhealthy. "basalt admin container replicas ID" adds
-the reports against each replica.`,
+or its failed volume). When the datanode gives none, or does not know the
+cause (storage's own mark, or a mark from before the datanode restarted:
+"UNHEALTHY here; cause not known ..."), the reason SCM recorded through
+Raft when it recorded the replica unhealthy is shown instead. --json has
+both (unhealthy_reason, recorded_reason) and the one shown (reason). If
+SCM does not answer for the replicas, the container is still shown and a
+warning goes to stderr (JSON: replicas_error). "basalt admin container
+replicas ID" adds the reports against each replica.`,
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
 			if err := exactArgs(args, 1, "container ID"); err != nil {
 				return err
@@ -256,12 +262,16 @@ the reports against each replica.`,
 				return fmt.Errorf("container info %d: %d answers", id, len(r.Containers))
 			}
 			cw := r.Containers[0]
+			// The replicas are extra: if SCM does not answer (a transient
+			// error, a certificate whose role may not call it), the
+			// container is still shown, with a warning.
+			var cr *metapb.ContainerReplicas
+			var repErr error
 			rr, err := c.Scm().GetContainerReplicas(cmd.Context(), &metapb.GetContainerReplicasRequest{ContainerId: id})
 			if err != nil {
-				return client.FromRPC(fmt.Sprintf("container info %d: replicas", id), err)
-			}
-			var cr *metapb.ContainerReplicas
-			if len(rr.Containers) == 1 {
+				repErr = client.FromRPC(fmt.Sprintf("container info %d: replicas", id), err)
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: replicas not shown: %v\n", repErr)
+			} else if len(rr.Containers) == 1 {
 				cr = rr.Containers[0]
 			}
 			reps := replicaRows(cr)
@@ -276,6 +286,10 @@ the reports against each replica.`,
 					locs = append(locs, rep{d.Id, d.DataAddr, d.Location})
 				}
 				out := map[string]any{"container": containerRows([]*metapb.Container{cw.Container})[0], "datanodes": locs, "replicas": reps}
+				if repErr != nil {
+					delete(out, "replicas")
+					out["replicas_error"] = repErr.Error()
+				}
 				if cr != nil && cr.Health != "" {
 					out["health"] = cr.Health
 				}
@@ -296,10 +310,13 @@ the reports against each replica.`,
 			if err := t.flush(); err != nil {
 				return err
 			}
+			if repErr != nil {
+				return nil
+			}
 			fmt.Fprintln(w)
 			t = newTable(w, "REPLICA ON", "HEALTH", "REPORTED", "BCSID", "REASON")
 			for _, x := range reps {
-				t.row(x.Datanode, x.Health, dash(x.Reported), x.BCSID, dash(x.reason()))
+				t.row(x.Datanode, x.Health, dash(x.Reported), x.BCSID, dash(x.Reason))
 			}
 			return t.flush()
 		}),
@@ -399,11 +416,18 @@ type replicaRow struct {
 	// Why SCM recorded the replica unhealthy (its record through Raft;
 	// it outlives a failover and a datanode that stopped reporting).
 	RecordedReason string `json:"recorded_reason,omitempty"`
+	// The reason shown: the datanode's own, else (none, or it does not
+	// know the cause: storage's own mark, or a mark from before its
+	// restart) SCM's record, else the datanode's.
+	Reason string `json:"reason,omitempty"`
 }
 
-// reason is the datanode's own reason, else SCM's record.
+// reason is the reason shown (replicaRow.Reason).
 func (r replicaRow) reason() string {
-	return cmp.Or(r.UnhealthyReason, r.RecordedReason)
+	if r.RecordedReason != "" && (r.UnhealthyReason == "" || strings.HasPrefix(r.UnhealthyReason, datanode.UnknownUnhealthyReason)) {
+		return r.RecordedReason
+	}
+	return r.UnhealthyReason
 }
 
 // replicaRows lists cr's replicas (none if cr is nil).
@@ -420,6 +444,7 @@ func replicaRows(cr *metapb.ContainerReplicas) []replicaRow {
 	}
 	for _, x := range cr.Replicas {
 		r := replicaRow{Datanode: x.DatanodeId, Health: x.Health, BCSID: x.Bcsid, UnhealthyReason: x.UnhealthyReason, RecordedReason: recorded[x.DatanodeId]}
+		r.Reason = r.reason()
 		if x.ReportedState != metapb.ContainerState_CONTAINER_STATE_UNSPECIFIED {
 			r.Reported = stateName(x.ReportedState.String())
 		}

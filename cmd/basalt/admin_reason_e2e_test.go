@@ -41,7 +41,7 @@ func TestAdminContainerInfoShowsUnhealthyReason(t *testing.T) {
 	ffs := vfs.NewFaultFS(vfs.Default)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Config{Dir: filepath.Join(dir, "cluster"), HeartbeatInterval: 200 * time.Millisecond,
+	c, err := cluster.Start(ctx, cluster.Config{BasePort: 21500, Dir: filepath.Join(dir, "cluster"), HeartbeatInterval: 200 * time.Millisecond,
 		TickInterval: 50 * time.Millisecond, BlockSize: 8 << 20, ContainerSize: 256 << 20, Storage: storage.Options{FS: ffs}})
 	if err != nil {
 		t.Fatal(err)
@@ -104,6 +104,7 @@ func TestAdminContainerInfoShowsUnhealthyReason(t *testing.T) {
 		BCSID    uint64 `json:"bcsid"`
 		Reason   string `json:"unhealthy_reason"`
 		Recorded string `json:"recorded_reason"`
+		Shown    string `json:"reason"`
 	}
 	var info struct {
 		Container struct {
@@ -122,12 +123,17 @@ func TestAdminContainerInfoShowsUnhealthyReason(t *testing.T) {
 			t.Fatalf("info --json: %v\n%s", err, out)
 		}
 		bad = replica{}
+		othersReported := 0
 		for _, r := range info.Replicas {
 			if r.Datanode == victim {
 				bad = r
+			} else if r.Reported != "" {
+				othersReported++
 			}
 		}
-		if bad.Reported == "UNHEALTHY" && bad.Reason != "" && bad.Recorded != "" && len(info.Container.Unhealthy) > 0 {
+		// Wait for the other two replicas' reports too, so that their
+		// check below is not vacuous.
+		if bad.Reported == "UNHEALTHY" && bad.Reason != "" && bad.Recorded != "" && len(info.Container.Unhealthy) > 0 && othersReported == 2 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -140,15 +146,19 @@ func TestAdminContainerInfoShowsUnhealthyReason(t *testing.T) {
 			t.Errorf("reason %q does not name the cause (want %q)", bad.Reason, want)
 		}
 	}
-	// SCM's record (cut to 256 bytes) starts with who reported it, then
-	// the datanode's reason.
+	// SCM's record (at most 256 bytes) starts with who reported it, then
+	// the datanode's reason, cut with "…" to fit.
 	if pre := "datanode " + strconv.FormatUint(victim, 10) + " reports its replica UNHEALTHY: "; bad.Health != "unhealthy" ||
-		!strings.HasPrefix(bad.Recorded, pre) || !strings.HasPrefix(bad.Reason, strings.TrimPrefix(bad.Recorded, pre)) {
+		!strings.HasPrefix(bad.Recorded, pre) || !strings.HasPrefix(bad.Reason, strings.TrimSuffix(strings.TrimPrefix(bad.Recorded, pre), "…")) ||
+		len(bad.Recorded) > 256 {
 		t.Errorf("replica %+v: want health unhealthy and SCM's record holding the datanode's reason", bad)
 	}
+	if bad.Shown != bad.Reason {
+		t.Errorf("reason shown %q, want the datanode's %q", bad.Shown, bad.Reason)
+	}
 	for _, r := range info.Replicas {
-		if r.Datanode != victim && (r.Reason != "" || r.Recorded != "" || r.Reported == "UNHEALTHY") {
-			t.Errorf("healthy replica %+v shown with a reason", r)
+		if r.Datanode != victim && (r.Reported == "" || r.Reason != "" || r.Recorded != "" || r.Shown != "" || r.Reported == "UNHEALTHY") {
+			t.Errorf("healthy replica %+v not reported, or shown with a reason", r)
 		}
 	}
 	if len(info.Replicas) != 3 {
@@ -160,9 +170,24 @@ func TestAdminContainerInfoShowsUnhealthyReason(t *testing.T) {
 			t.Errorf("info table lacks %q:\n%s", want, table)
 		}
 	}
+	// container list: UNHEALTHY is the last column, and the container's
+	// row names the victim there.
 	list := run("list")
-	if !strings.Contains(list, "UNHEALTHY") {
-		t.Errorf("container list has no UNHEALTHY column:\n%s", list)
+	lines := strings.Split(strings.TrimSpace(list), "\n")
+	if h := strings.Fields(lines[0]); len(h) == 0 || h[len(h)-1] != "UNHEALTHY" {
+		t.Errorf("container list's last column is not UNHEALTHY:\n%s", list)
+	}
+	row := ""
+	for _, l := range lines[1:] {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == id {
+			row = l
+			if f[len(f)-1] != strconv.FormatUint(victim, 10) {
+				t.Errorf("container %s's row does not name replica %d UNHEALTHY in its last column:\n%s", id, victim, list)
+			}
+		}
+	}
+	if row == "" {
+		t.Errorf("container %s not listed:\n%s", id, list)
 	}
 	t.Logf("replica on datanode %d: %s (%s); SCM recorded: %s", victim, bad.Reported, bad.Reason, bad.Recorded)
 	t.Logf("info:\n%s", table)
