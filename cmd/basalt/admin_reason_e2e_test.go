@@ -189,6 +189,25 @@ func TestAdminContainerInfoShowsUnhealthyReason(t *testing.T) {
 	if row == "" {
 		t.Errorf("container %s not listed:\n%s", id, list)
 	}
+	// A certificate whose role may not call GetContainerReplicas (a
+	// datanode's; GetContainers answers any role): the container is still
+	// shown, exit 0, with a warning on stderr.
+	dnDirs, _ := filepath.Glob(filepath.Join(cluster.TLSDir(filepath.Join(dir, "cluster")), "datanode-*"))
+	if len(dnDirs) == 0 {
+		t.Fatal("no datanode TLS directory")
+	}
+	for _, args := range [][]string{{"info", id}, {"info", id, "--json"}} {
+		cmd := exec.Command(bin, append(append([]string{"admin", "container"}, args...), "--meta", c.MetaAddr(), "--tls-dir", dnDirs[0])...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("container %v with a datanode certificate: %v: %s", args, err, errb.String())
+		}
+		if !strings.Contains(errb.String(), "warning: replicas not shown") || !strings.Contains(out.String(), id) ||
+			strings.Contains(out.String(), "REPLICA ON") {
+			t.Errorf("container %v with a datanode certificate: stdout %q, stderr %q", args, out.String(), errb.String())
+		}
+	}
 	t.Logf("replica on datanode %d: %s (%s); SCM recorded: %s", victim, bad.Reported, bad.Reason, bad.Recorded)
 	t.Logf("info:\n%s", table)
 }
