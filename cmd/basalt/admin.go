@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/datanode"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
@@ -213,9 +214,10 @@ to SCM, when the SCM API carries it ("-" otherwise).`,
 			if f.json {
 				return printJSON(cmd.OutOrStdout(), map[string]any{"containers": containerRows(out), "truncated": truncated})
 			}
-			t := newTable(cmd.OutOrStdout(), "ID", "PIPELINE", "REPLICATION", "STATE", "REPLICAS", "USED", "CREATED")
+			// UNHEALTHY last: scripts reading columns by position keep theirs.
+			t := newTable(cmd.OutOrStdout(), "ID", "PIPELINE", "REPLICATION", "STATE", "REPLICAS", "USED", "CREATED", "UNHEALTHY")
 			for _, ct := range out {
-				t.row(ct.Id, ct.PipelineId, ct.Replication, stateName(ct.State.String()), joinIDs(ct.Replicas), fmtBytes(ct.UsedBytes), fmtTime(time.UnixMilli(ct.CreatedUnixMs)))
+				t.row(ct.Id, ct.PipelineId, ct.Replication, stateName(ct.State.String()), joinIDs(ct.Replicas), fmtBytes(ct.UsedBytes), fmtTime(time.UnixMilli(ct.CreatedUnixMs)), dash(joinIDs(ct.UnhealthyReplicas)))
 			}
 			return t.flush()
 		}),
@@ -224,7 +226,21 @@ to SCM, when the SCM API carries it ("-" otherwise).`,
 	ctList.Flags().StringVar(&state, "state", "", "only containers in this state: open, closing, closed")
 	ctList.Flags().IntVar(&limit, "limit", 100000, "stop after this many containers")
 	ctInfo := &cobra.Command{
-		Use: "info ID", Short: "Show a container and where its replicas are",
+		Use: "info ID", Short: "Show a container, its replicas and why any is UNHEALTHY",
+		Long: `Shows a container, the healthy replicas clients read from (data address,
+host, location), and every replica: how SCM counts it (healthy, unhealthy,
+dead, missing, lagging, ...), the state and committed index (BCSID) its
+datanode last reported, and for an UNHEALTHY replica why: the reason the
+datanode gave in its report (what its state machine recorded: an apply or
+data-path runtime error, a chunk not stored, a block not committed here;
+or its failed volume). When the datanode gives none, or does not know the
+cause (storage's own mark, or a mark from before the datanode restarted:
+"UNHEALTHY here; cause not known ..."), the reason SCM recorded through
+Raft when it recorded the replica unhealthy is shown instead. --json has
+both (unhealthy_reason, recorded_reason) and the one shown (reason). If
+SCM does not answer for the replicas, the container is still shown and a
+warning goes to stderr (JSON: replicas_error). "basalt admin container
+replicas ID" adds the reports against each replica.`,
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
 			if err := exactArgs(args, 1, "container ID"); err != nil {
 				return err
@@ -246,25 +262,61 @@ to SCM, when the SCM API carries it ("-" otherwise).`,
 				return fmt.Errorf("container info %d: %d answers", id, len(r.Containers))
 			}
 			cw := r.Containers[0]
+			// The replicas are extra: if SCM does not answer (a transient
+			// error, a certificate whose role may not call it), the
+			// container is still shown, with a warning.
+			var cr *metapb.ContainerReplicas
+			var repErr error
+			rr, err := c.Scm().GetContainerReplicas(cmd.Context(), &metapb.GetContainerReplicasRequest{ContainerId: id})
+			if err != nil {
+				repErr = client.FromRPC(fmt.Sprintf("container info %d: replicas", id), err)
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: replicas not shown: %v\n", repErr)
+			} else if len(rr.Containers) == 1 {
+				cr = rr.Containers[0]
+			}
+			reps := replicaRows(cr)
 			if f.json {
 				type rep struct {
 					ID       uint64 `json:"id"`
 					Addr     string `json:"data_addr"`
 					Location string `json:"location"`
 				}
-				var reps []rep
+				var locs []rep
 				for _, d := range cw.Datanodes {
-					reps = append(reps, rep{d.Id, d.DataAddr, d.Location})
+					locs = append(locs, rep{d.Id, d.DataAddr, d.Location})
 				}
-				return printJSON(cmd.OutOrStdout(), map[string]any{"container": containerRows([]*metapb.Container{cw.Container})[0], "datanodes": reps})
+				out := map[string]any{"container": containerRows([]*metapb.Container{cw.Container})[0], "datanodes": locs, "replicas": reps}
+				if repErr != nil {
+					delete(out, "replicas")
+					out["replicas_error"] = repErr.Error()
+				}
+				if cr != nil && cr.Health != "" {
+					out["health"] = cr.Health
+				}
+				return printJSON(cmd.OutOrStdout(), out)
 			}
 			ct := cw.Container
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "container:    %d\npipeline:     %d\nreplication:  %s\nstate:        %s\nused:         %s\ncreated:      %s\n\n",
+			fmt.Fprintf(w, "container:    %d\npipeline:     %d\nreplication:  %s\nstate:        %s\nused:         %s\ncreated:      %s\n",
 				ct.Id, ct.PipelineId, ct.Replication, stateName(ct.State.String()), fmtBytes(ct.UsedBytes), fmtTime(time.UnixMilli(ct.CreatedUnixMs)))
+			if cr != nil && cr.Health != "" {
+				fmt.Fprintf(w, "health:       %s\n", cr.Health)
+			}
+			fmt.Fprintln(w)
 			t := newTable(w, "DATANODE", "DATA ADDR", "HOST", "LOCATION")
 			for _, d := range cw.Datanodes {
 				t.row(d.Id, d.DataAddr, d.Hostname, d.Location)
+			}
+			if err := t.flush(); err != nil {
+				return err
+			}
+			if repErr != nil {
+				return nil
+			}
+			fmt.Fprintln(w)
+			t = newTable(w, "REPLICA ON", "HEALTH", "REPORTED", "BCSID", "REASON")
+			for _, x := range reps {
+				t.row(x.Datanode, x.Health, dash(x.Reported), x.BCSID, dash(x.Reason))
 			}
 			return t.flush()
 		}),
@@ -320,14 +372,16 @@ type containerRow struct {
 	Replication string   `json:"replication"`
 	State       string   `json:"state"`
 	Replicas    []uint64 `json:"replicas"`
-	UsedBytes   uint64   `json:"used_bytes"`
-	Created     string   `json:"created,omitempty"`
+	// Replicas SCM recorded unhealthy (through Raft).
+	Unhealthy []uint64 `json:"unhealthy_replicas,omitempty"`
+	UsedBytes uint64   `json:"used_bytes"`
+	Created   string   `json:"created,omitempty"`
 }
 
 func containerRows(cs []*metapb.Container) []containerRow {
 	out := []containerRow{}
 	for _, c := range cs {
-		r := containerRow{ID: c.Id, Pipeline: c.PipelineId, Replication: c.Replication.String(), State: stateName(c.State.String()), Replicas: c.Replicas, UsedBytes: c.UsedBytes}
+		r := containerRow{ID: c.Id, Pipeline: c.PipelineId, Replication: c.Replication.String(), State: stateName(c.State.String()), Replicas: c.Replicas, Unhealthy: c.UnhealthyReplicas, UsedBytes: c.UsedBytes}
 		if c.CreatedUnixMs > 0 {
 			r.Created = time.UnixMilli(c.CreatedUnixMs).UTC().Format(time.RFC3339)
 		}
@@ -347,4 +401,54 @@ func cacheText(c *metapb.CacheStats) string {
 		kind = "dram"
 	}
 	return fmt.Sprintf("%s/%s %s, %d blocks, %d hits, %d misses", fmtBytes(c.UsedBytes), fmtBytes(c.CapacityBytes), kind, c.Blocks, c.Hits, c.Misses)
+}
+
+// replicaRow is one replica in `container info`: how SCM counts it, what
+// its datanode last reported, and why it is UNHEALTHY.
+type replicaRow struct {
+	Datanode uint64 `json:"datanode"`
+	Health   string `json:"health"`
+	Reported string `json:"reported_state,omitempty"` // "": not reported to this SCM leader
+	BCSID    uint64 `json:"bcsid"`
+	// The datanode's own reason, from its last full report (UNHEALTHY
+	// only).
+	UnhealthyReason string `json:"unhealthy_reason,omitempty"`
+	// Why SCM recorded the replica unhealthy (its record through Raft;
+	// it outlives a failover and a datanode that stopped reporting).
+	RecordedReason string `json:"recorded_reason,omitempty"`
+	// The reason shown: the datanode's own, else (none, or it does not
+	// know the cause: storage's own mark, or a mark from before its
+	// restart) SCM's record, else the datanode's.
+	Reason string `json:"reason,omitempty"`
+}
+
+// reason is the reason shown (replicaRow.Reason).
+func (r replicaRow) reason() string {
+	if r.RecordedReason != "" && (r.UnhealthyReason == "" || strings.HasPrefix(r.UnhealthyReason, datanode.UnknownUnhealthyReason)) {
+		return r.RecordedReason
+	}
+	return r.UnhealthyReason
+}
+
+// replicaRows lists cr's replicas (none if cr is nil).
+func replicaRows(cr *metapb.ContainerReplicas) []replicaRow {
+	out := []replicaRow{}
+	if cr == nil {
+		return out
+	}
+	recorded := map[uint64]string{}
+	for _, x := range cr.Reports {
+		if x.GetBlock().GetLocalId() == 0 && x.Reporter == "scm" {
+			recorded[x.DatanodeId] = x.Reason
+		}
+	}
+	for _, x := range cr.Replicas {
+		r := replicaRow{Datanode: x.DatanodeId, Health: x.Health, BCSID: x.Bcsid, UnhealthyReason: x.UnhealthyReason, RecordedReason: recorded[x.DatanodeId]}
+		r.Reason = r.reason()
+		if x.ReportedState != metapb.ContainerState_CONTAINER_STATE_UNSPECIFIED {
+			r.Reported = stateName(x.ReportedState.String())
+		}
+		out = append(out, r)
+	}
+	return out
 }

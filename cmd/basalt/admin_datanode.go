@@ -191,7 +191,7 @@ func containerReplicasCmd(f *connFlags) *cobra.Command {
 		Long: `Shows each replica of a container: how the replication manager counts it
 (healthy, unhealthy, dead, missing, lagging, decommissioning, maintenance,
 stale), what its datanode last reported (state, committed index BCSID,
-size), and the reports against it (corrupt reads, scrubber findings, why it
+size, and for an UNHEALTHY replica the datanode's reason), and the reports against it (corrupt reads, scrubber findings, why it
 was recorded unhealthy). Reports are stored through Raft. Without an ID:
 the containers that have a report or a replica that does not count.`,
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
@@ -228,6 +228,7 @@ the containers that have a report or a replica that does not count.`,
 					BCSID      uint64 `json:"bcsid"`
 					UsedBytes  uint64 `json:"used_bytes"`
 					BlockCount uint64 `json:"block_count"`
+					Reason     string `json:"unhealthy_reason,omitempty"`
 				}
 				type report struct {
 					Datanode uint64    `json:"datanode"`
@@ -251,7 +252,7 @@ the containers that have a report or a replica that does not count.`,
 				for _, cr := range r.Containers {
 					ct := container{ID: cr.Container.GetId(), State: stateName(cr.Container.GetState().String()), Health: cr.Health, Replicas: []replica{}, Reports: []report{}}
 					for _, x := range cr.Replicas {
-						rp := replica{x.DatanodeId, x.Health, stateName(x.NodeState.String()), opStateName(x.OpState), "", x.Bcsid, x.UsedBytes, x.BlockCount}
+						rp := replica{x.DatanodeId, x.Health, stateName(x.NodeState.String()), opStateName(x.OpState), "", x.Bcsid, x.UsedBytes, x.BlockCount, x.UnhealthyReason}
 						if x.ReportedState != metapb.ContainerState_CONTAINER_STATE_UNSPECIFIED {
 							rp.Reported = stateName(x.ReportedState.String())
 						}
@@ -273,13 +274,13 @@ the containers that have a report or a replica that does not count.`,
 					fmt.Fprintln(w)
 				}
 				fmt.Fprintf(w, "container %d  %s  %s\n", cr.Container.GetId(), stateName(cr.Container.GetState().String()), dash(cr.Health))
-				t := newTable(w, "DATANODE", "HEALTH", "NODE", "OP STATE", "REPORTED", "BCSID", "USED", "BLOCKS")
+				t := newTable(w, "DATANODE", "HEALTH", "NODE", "OP STATE", "REPORTED", "BCSID", "USED", "BLOCKS", "UNHEALTHY REASON")
 				for _, x := range cr.Replicas {
 					rep := "-"
 					if x.ReportedState != metapb.ContainerState_CONTAINER_STATE_UNSPECIFIED {
 						rep = stateName(x.ReportedState.String())
 					}
-					t.row(x.DatanodeId, x.Health, stateName(x.NodeState.String()), opStateName(x.OpState), rep, x.Bcsid, fmtBytes(x.UsedBytes), x.BlockCount)
+					t.row(x.DatanodeId, x.Health, stateName(x.NodeState.String()), opStateName(x.OpState), rep, x.Bcsid, fmtBytes(x.UsedBytes), x.BlockCount, dash(x.UnhealthyReason))
 				}
 				if err := t.flush(); err != nil {
 					return err

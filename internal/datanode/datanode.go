@@ -13,13 +13,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -151,6 +157,7 @@ type Datanode struct {
 	sms            map[uint64]*containerSM
 	pipeJoined     chan struct{}               // closed (and replaced) when a pipeline is joined (stream.go)
 	pipesLeft      leftPipelines               // pipelines this datanode left (stream.go)
+	leftSick       leftReasons                 // why left pipelines' containers are UNHEALTHY (reasons.go)
 	peerConns      map[string]*grpc.ClientConn // by data address (ApplyStatus)
 	// ApplyStatus asks batched per follower and pipeline
 	// (applystatus_batch.go).
@@ -626,9 +633,15 @@ func (d *Datanode) leavePipeline(id uint64) error {
 		d.log.Error("cannot leave pipeline: its applied index is not durable; log kept", "pipeline", id, "err", err)
 		return err
 	}
+	// Why the state machine marked its containers UNHEALTHY outlives it
+	// (the sick file goes with the pipeline): the reports keep the cause.
+	// Taken before d.mu (no sm.mu under d.mu); the group is stopped, so
+	// nothing adds to the map after this.
+	sick := sm.sickReasons()
 	d.mu.Lock()
 	delete(d.sms, id)
 	delete(d.pipelines, id)
+	d.leftSick.add(sick)
 	err := d.savePipelinesLocked()
 	d.mu.Unlock()
 	if err != nil {
@@ -665,10 +678,8 @@ func (d *Datanode) heartbeatLoop() {
 func (d *Datanode) Heartbeat() error { return d.heartbeat(true) }
 
 func (d *Datanode) heartbeat(full bool) error {
-	req := &metapb.HeartbeatRequest{DatanodeId: d.ident.ID, Volumes: d.volumeReports(), FullReport: full}
-	if full {
-		req.Containers = d.ContainerReports()
-	}
+	req := &metapb.HeartbeatRequest{DatanodeId: d.ident.ID, FullReport: full}
+	req.Volumes, req.Containers = d.reports(full)
 	d.mu.Lock()
 	for id := range d.sms {
 		req.Pipelines = append(req.Pipelines, &metapb.PipelineReport{PipelineId: id})
@@ -758,43 +769,177 @@ func (d *Datanode) closeContainer(cid, pipeline uint64) error {
 	return err
 }
 
-// ContainerReports are the container reports a full heartbeat carries.
-func (d *Datanode) ContainerReports() []*metapb.ContainerReport {
-	var out []*metapb.ContainerReport
-	have := map[uint64]bool{}
-	for _, c := range d.store.ListContainers() {
-		have[uint64(c.ID)] = true
-		out = append(out, &metapb.ContainerReport{
-			ContainerId: uint64(c.ID), State: containerState(c.State), UsedBytes: uint64(c.UsedBytes),
-			BlockCount: uint64(c.BlockCount), Bcsid: c.BCSID,
-		})
+// reports are a heartbeat's volume reports and, if full, its container
+// reports (one scan of the volumes serves both).
+func (d *Datanode) reports(full bool) ([]*metapb.VolumeReport, []*metapb.ContainerReport) {
+	vols := d.store.Volumes()
+	if !full {
+		return volumeReports(vols), nil
 	}
-	// A container a pipeline wrote into that this replica lacks and could
-	// not even create (no volume with room: a filled disk) has no storage
-	// record to carry its UNHEALTHY mark; without this report SCM kept
-	// allocating into it for minutes (the fault test's pipeline 1009).
+	return volumeReports(vols), d.containerReports(vols)
+}
+
+// ContainerReports are the container reports a full heartbeat carries.
+// An UNHEALTHY one carries why (unhealthyReason).
+func (d *Datanode) ContainerReports() []*metapb.ContainerReport {
+	return d.containerReports(nil)
+}
+
+// containerReports is ContainerReports; vols, if not nil, are storage's
+// volume reports from just before (read only if a container is UNHEALTHY;
+// scanned again if a container's volume is not failed in them: it may
+// have failed since).
+func (d *Datanode) containerReports(vols []storage.VolumeReport) []*metapb.ContainerReport {
+	d.mu.Lock()
+	leftMark := d.leftSick.seq
+	d.mu.Unlock()
+	cs := d.store.ListContainers()
+	// Why this replica lacks each container, as the pipelines' state
+	// machines recorded it (their sick maps, read only), then as the
+	// state machines of pipelines left since the start recorded it
+	// (leftSick). Read after storage's list: a state machine records a
+	// container there before it marks storage, so every container listed
+	// UNHEALTHY by its mark is found here (in its map, or, if the
+	// pipeline was left meanwhile, in leftSick: the map is handed over
+	// under d.mu as the state machine is dropped).
 	d.mu.Lock()
 	sms := make([]*containerSM, 0, len(d.sms))
 	for _, sm := range d.sms {
 		sms = append(sms, sm)
 	}
+	left := d.leftSick.snapshot()
 	d.mu.Unlock()
+	sick := map[uint64]string{}
 	for _, sm := range sms {
 		sm.mu.Lock()
-		for cid := range sm.sick {
-			if !have[cid] {
-				have[cid] = true
-				out = append(out, &metapb.ContainerReport{ContainerId: cid, State: metapb.ContainerState_CONTAINER_UNHEALTHY})
+		for cid, why := range sm.sick {
+			if _, ok := sick[cid]; !ok {
+				sick[cid] = why
 			}
 		}
 		sm.mu.Unlock()
 	}
+	out := make([]*metapb.ContainerReport, 0, len(cs))
+	have := make(map[uint64]bool, len(cs))
+	unhealthy := map[uint64]bool{}
+	var failed map[string]string // failed volume path → its error
+	rescanned := false
+	scan := func() {
+		failed = map[string]string{}
+		if vols == nil {
+			vols = d.store.Volumes()
+		}
+		for _, v := range vols {
+			if v.Failed {
+				failed[v.Path] = v.Error
+			}
+		}
+	}
+	for _, c := range cs {
+		have[uint64(c.ID)] = true
+		r := &metapb.ContainerReport{
+			ContainerId: uint64(c.ID), State: containerState(c.State), UsedBytes: uint64(c.UsedBytes),
+			BlockCount: uint64(c.BlockCount), Bcsid: c.BCSID,
+		}
+		if r.State == metapb.ContainerState_CONTAINER_UNHEALTHY {
+			unhealthy[uint64(c.ID)] = true
+			if failed == nil {
+				scan()
+			}
+			_, known := sick[uint64(c.ID)]
+			if _, ok := left[uint64(c.ID)]; ok {
+				known = true
+			}
+			if _, ok := failed[c.Volume]; !ok && !known && !rescanned {
+				// The volumes were scanned before the list: this one may
+				// have failed since (its containers are then listed
+				// UNHEALTHY). Scan once more, after the list.
+				vols, rescanned = nil, true
+				scan()
+			}
+			r.UnhealthyReason = unhealthyReason(sick, left, failed, uint64(c.ID), c.Volume)
+		}
+		out = append(out, r)
+	}
+	// A container a pipeline wrote into that this replica lacks and could
+	// not even create (no volume with room: a filled disk) has no storage
+	// record to carry its UNHEALTHY mark; without this report SCM kept
+	// allocating into it for minutes (the fault test's pipeline 1009).
+	for _, cid := range slices.Sorted(maps.Keys(sick)) {
+		if !have[cid] {
+			have[cid] = true
+			out = append(out, &metapb.ContainerReport{ContainerId: cid, State: metapb.ContainerState_CONTAINER_UNHEALTHY,
+				UnhealthyReason: boundReason(sick[cid] + " (container not held here)")})
+		}
+	}
+	// A left pipeline's reason goes once its container is no longer
+	// UNHEALTHY here (deleted, replaced, healthy again); one handed over
+	// after the list is kept for the next report.
+	d.mu.Lock()
+	d.leftSick.prune(leftMark, unhealthy)
+	d.mu.Unlock()
 	return out
 }
 
+// maxUnhealthyReason bounds ContainerReport.unhealthy_reason, in bytes.
+const maxUnhealthyReason = 256
+
+// UnknownUnhealthyReason starts the reason of an UNHEALTHY replica whose
+// cause this datanode does not know: storage's own mark (a read or scrub
+// failing its checksums, a block lost at open), whose cause storage logs
+// but does not keep, or a state machine's mark from before a restart (the
+// reasons of left pipelines are kept in memory only). basalt admin shows
+// SCM's record instead.
+const UnknownUnhealthyReason = "UNHEALTHY here; cause not known"
+
+// unhealthyReason is why this replica of container cid (on volume vol)
+// is UNHEALTHY: the reason a pipeline's state machine recorded (sick,
+// else left: a state machine dropped since the start), else its volume's
+// failure, else UnknownUnhealthyReason.
+func unhealthyReason(sick, left map[uint64]string, failedVolumes map[string]string, cid uint64, vol string) string {
+	if why, ok := sick[cid]; ok {
+		return boundReason(why)
+	}
+	if why, ok := left[cid]; ok {
+		return boundReason(why)
+	}
+	if err, ok := failedVolumes[vol]; ok {
+		return boundReason(fmt.Sprintf("volume %s failed: %s", vol, err))
+	}
+	return boundReason(UnknownUnhealthyReason + " (storage's own mark, or marked before this datanode restarted): see this datanode's log (\"storage: container " +
+		strconv.FormatUint(cid, 10) + " UNHEALTHY\") / SCM's record")
+}
+
+// boundReason makes s valid UTF-8 of at most maxUnhealthyReason bytes
+// without control characters (a newline, tab or ESC becomes a space: a
+// reason is one line on an operator's terminal), cut at a rune boundary
+// with "…" when longer.
+func boundReason(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	if len(s) <= maxUnhealthyReason {
+		return s
+	}
+	const ell = "…"
+	s = s[:maxUnhealthyReason-len(ell)]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s + ell
+}
+
 func (d *Datanode) volumeReports() []*metapb.VolumeReport {
+	return volumeReports(d.store.Volumes())
+}
+
+func volumeReports(vols []storage.VolumeReport) []*metapb.VolumeReport {
 	var out []*metapb.VolumeReport
-	for _, v := range d.store.Volumes() {
+	for _, v := range vols {
 		out = append(out, &metapb.VolumeReport{Path: v.Path, CapacityBytes: uint64(v.Capacity), UsedBytes: uint64(v.Used), Failed: v.Failed,
 			AvailableBytes: uint64(max(v.Available, 0)), AvailableKnown: true})
 	}

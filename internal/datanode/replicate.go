@@ -282,6 +282,9 @@ func (d *Datanode) deleteContainer(cmd *metapb.DeleteContainerCommand) error {
 	if err != nil {
 		return err
 	}
+	d.mu.Lock()
+	d.leftSick.drop(uint64(cid))
+	d.mu.Unlock()
 	d.log.Info("container replica deleted", "container", cid, "reason", cmd.GetReason())
 	d.reportSoon.Store(true)
 	return nil

@@ -895,14 +895,22 @@ func (x *VolumeReport) GetAvailableKnown() bool {
 }
 
 type ContainerReport struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
-	State         ContainerState         `protobuf:"varint,2,opt,name=state,proto3,enum=basalt.meta.v1.ContainerState" json:"state,omitempty"`
-	UsedBytes     uint64                 `protobuf:"varint,3,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
-	BlockCount    uint64                 `protobuf:"varint,4,opt,name=block_count,json=blockCount,proto3" json:"block_count,omitempty"`
-	Bcsid         uint64                 `protobuf:"varint,5,opt,name=bcsid,proto3" json:"bcsid,omitempty"` // last applied pipeline log index
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	State       ContainerState         `protobuf:"varint,2,opt,name=state,proto3,enum=basalt.meta.v1.ContainerState" json:"state,omitempty"`
+	UsedBytes   uint64                 `protobuf:"varint,3,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	BlockCount  uint64                 `protobuf:"varint,4,opt,name=block_count,json=blockCount,proto3" json:"block_count,omitempty"`
+	Bcsid       uint64                 `protobuf:"varint,5,opt,name=bcsid,proto3" json:"bcsid,omitempty"` // last applied pipeline log index
+	// Set only when state is CONTAINER_UNHEALTHY: why the datanode marked
+	// this replica so (the reason its state machine recorded: an apply or
+	// data-path runtime error, a chunk not stored, a block not committed
+	// here; or its failed volume), at most 256 bytes of valid UTF-8, cut
+	// with "…". SCM keeps it with the replica's last report (in memory,
+	// re-sent by every full report) and puts it in the reason it records
+	// through Raft when it records the replica unhealthy.
+	UnhealthyReason string `protobuf:"bytes,6,opt,name=unhealthy_reason,json=unhealthyReason,proto3" json:"unhealthy_reason,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ContainerReport) Reset() {
@@ -968,6 +976,13 @@ func (x *ContainerReport) GetBcsid() uint64 {
 		return x.Bcsid
 	}
 	return 0
+}
+
+func (x *ContainerReport) GetUnhealthyReason() string {
+	if x != nil {
+		return x.UnhealthyReason
+	}
+	return ""
 }
 
 type PipelineReport struct {
@@ -1619,8 +1634,12 @@ type ReplicaInfo struct {
 	Bcsid         uint64         `protobuf:"varint,6,opt,name=bcsid,proto3" json:"bcsid,omitempty"`
 	UsedBytes     uint64         `protobuf:"varint,7,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
 	BlockCount    uint64         `protobuf:"varint,8,opt,name=block_count,json=blockCount,proto3" json:"block_count,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// ContainerReport.unhealthy_reason of the datanode's last full report
+	// (reported_state UNHEALTHY only; "" otherwise or if the datanode gave
+	// none).
+	UnhealthyReason string `protobuf:"bytes,9,opt,name=unhealthy_reason,json=unhealthyReason,proto3" json:"unhealthy_reason,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ReplicaInfo) Reset() {
@@ -1707,6 +1726,13 @@ func (x *ReplicaInfo) GetBlockCount() uint64 {
 		return x.BlockCount
 	}
 	return 0
+}
+
+func (x *ReplicaInfo) GetUnhealthyReason() string {
+	if x != nil {
+		return x.UnhealthyReason
+	}
+	return ""
 }
 
 type ContainerReplicas struct {
@@ -10685,7 +10711,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"used_bytes\x18\x03 \x01(\x04R\tusedBytes\x12\x16\n" +
 	"\x06failed\x18\x04 \x01(\bR\x06failed\x12'\n" +
 	"\x0favailable_bytes\x18\x05 \x01(\x04R\x0eavailableBytes\x12'\n" +
-	"\x0favailable_known\x18\x06 \x01(\bR\x0eavailableKnown\"\xc0\x01\n" +
+	"\x0favailable_known\x18\x06 \x01(\bR\x0eavailableKnown\"\xeb\x01\n" +
 	"\x0fContainerReport\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x124\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1e.basalt.meta.v1.ContainerStateR\x05state\x12\x1d\n" +
@@ -10693,7 +10719,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"used_bytes\x18\x03 \x01(\x04R\tusedBytes\x12\x1f\n" +
 	"\vblock_count\x18\x04 \x01(\x04R\n" +
 	"blockCount\x12\x14\n" +
-	"\x05bcsid\x18\x05 \x01(\x04R\x05bcsid\"l\n" +
+	"\x05bcsid\x18\x05 \x01(\x04R\x05bcsid\x12)\n" +
+	"\x10unhealthy_reason\x18\x06 \x01(\tR\x0funhealthyReason\"l\n" +
 	"\x0ePipelineReport\x12\x1f\n" +
 	"\vpipeline_id\x18\x01 \x01(\x04R\n" +
 	"pipelineId\x12\x1b\n" +
@@ -10746,7 +10773,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\bdatanode\x18\x01 \x01(\v2\x1e.basalt.meta.v1.DatanodeStatusR\bdatanode\"V\n" +
 	"\x1bGetContainerReplicasRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x14\n" +
-	"\x05limit\x18\x02 \x01(\rR\x05limit\"\xd5\x02\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\"\x80\x03\n" +
 	"\vReplicaInfo\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x12\x16\n" +
@@ -10759,7 +10786,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\n" +
 	"used_bytes\x18\a \x01(\x04R\tusedBytes\x12\x1f\n" +
 	"\vblock_count\x18\b \x01(\x04R\n" +
-	"blockCount\"\xd7\x01\n" +
+	"blockCount\x12)\n" +
+	"\x10unhealthy_reason\x18\t \x01(\tR\x0funhealthyReason\"\xd7\x01\n" +
 	"\x11ContainerReplicas\x127\n" +
 	"\tcontainer\x18\x01 \x01(\v2\x19.basalt.meta.v1.ContainerR\tcontainer\x12\x16\n" +
 	"\x06health\x18\x02 \x01(\tR\x06health\x127\n" +

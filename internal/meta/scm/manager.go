@@ -377,6 +377,13 @@ func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 	if req.FullReport {
 		n.containers = make(map[uint64]*metapb.ContainerReport, len(req.Containers))
 		for _, c := range req.Containers {
+			// The reason is kept only for an UNHEALTHY replica, bounded
+			// whatever the datanode sent.
+			if c.State != metapb.ContainerState_CONTAINER_UNHEALTHY {
+				c.UnhealthyReason = ""
+			} else if c.UnhealthyReason != "" {
+				c.UnhealthyReason = cleanReason(c.UnhealthyReason, maxReasonBytes)
+			}
 			n.containers[c.ContainerId] = c
 			m.checkReport(req.DatanodeId, c)
 		}
@@ -418,7 +425,13 @@ func (m *Manager) checkReport(dn uint64, rep *metapb.ContainerReport) {
 	switch rep.State {
 	case metapb.ContainerState_CONTAINER_UNHEALTHY:
 		if !slices.Contains(c.UnhealthyReplicas, dn) {
-			m.markUnhealthy(c.Id, dn, fmt.Sprintf("datanode %d reports its replica UNHEALTHY", dn))
+			why := fmt.Sprintf("datanode %d reports its replica UNHEALTHY", dn)
+			if rep.UnhealthyReason != "" {
+				// The datanode's part is cut to fit the record, with "…".
+				why += ": "
+				why += cleanReason(rep.UnhealthyReason, maxReasonBytes-len(why))
+			}
+			m.markUnhealthy(c.Id, dn, why)
 		}
 	case metapb.ContainerState_CONTAINER_CLOSING, metapb.ContainerState_CONTAINER_CLOSED:
 		if c.State == metapb.ContainerState_CONTAINER_OPEN && !m.full[c.Id] {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -59,6 +60,32 @@ func truncReason(s string) string {
 		}
 	}
 	return strings.ToValidUTF8(s, "?")
+}
+
+// cleanReason is a reason from outside (a datanode's report, a client's
+// corrupt-replica report) as SCM keeps and proposes it: valid UTF-8,
+// control characters (newlines, tabs, ESC: a reason is one line on an
+// operator's terminal) replaced by spaces, at most n bytes, cut at a
+// rune boundary with "…", and a copy (not a substring keeping the whole
+// decoded request alive). The leader cleans before proposing; apply keeps
+// truncReason, so a log entry applies the same on every version.
+func cleanReason(s string, n int) string {
+	s = strings.ToValidUTF8(s, "?")
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	if len(s) > n {
+		const ell = "…"
+		s = s[:max(0, n-len(ell))]
+		for len(s) > 0 && !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+		s += ell
+	}
+	return strings.Clone(s)
 }
 
 // loadExtra loads the operational states and reports (caller holds mu).

@@ -69,8 +69,11 @@ func (m *Manager) allowReport(reporter string, now time.Time) bool {
 // as a record only: the datanode confirms or not.
 func (m *Manager) ReportCorrupt(ctx context.Context, req *metapb.ReportCorruptReplicaRequest, reporter string, byHolder bool) error {
 	cid, lid, dn := req.GetBlock().GetContainerId(), req.GetBlock().GetLocalId(), req.GetDatanodeId()
-	if cid == 0 || dn == 0 {
-		return status.Errorf(codes.InvalidArgument, "report corrupt replica: block and datanode_id are required (got block %v, datanode %d)", req.GetBlock(), dn)
+	if cid == 0 || lid == 0 || dn == 0 {
+		// Block local ID 0 is never allocated; {cid, 0, dn} is the key of
+		// SCM's own record of why it recorded the replica unhealthy, which
+		// a report must not overwrite.
+		return status.Errorf(codes.InvalidArgument, "report corrupt replica: block (container and local ID) and datanode_id are required (got block %v, datanode %d)", req.GetBlock(), dn)
 	}
 	c := m.st.Container(cid)
 	if c == nil {
@@ -89,7 +92,7 @@ func (m *Manager) ReportCorrupt(ctx context.Context, req *metapb.ReportCorruptRe
 	if !ok {
 		return status.Errorf(codes.ResourceExhausted, "report corrupt replica: %s reports faster than %.0f per second", reporter, reportRate)
 	}
-	r := &metapb.CorruptReplica{Block: &metapb.BlockID{ContainerId: cid, LocalId: lid}, DatanodeId: dn, Reason: truncReason(req.GetReason()), Reporter: truncReason(reporter)}
+	r := &metapb.CorruptReplica{Block: &metapb.BlockID{ContainerId: cid, LocalId: lid}, DatanodeId: dn, Reason: cleanReason(req.GetReason(), maxReasonBytes), Reporter: cleanReason(reporter, maxReasonBytes)}
 	res, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaReports{ReplicaReports: &metapb.ReplicaReportsOp{Reports: []*metapb.CorruptReplica{r}}}})
 	if err != nil {
 		return err
@@ -181,6 +184,7 @@ func (m *Manager) Replicas(cid uint64, limit int) (*metapb.GetContainerReplicasR
 				}
 				if rep := n.containers[c.Id]; rep != nil {
 					ri.ReportedState, ri.Bcsid, ri.UsedBytes, ri.BlockCount = rep.State, rep.Bcsid, rep.UsedBytes, rep.BlockCount
+					ri.UnhealthyReason = rep.UnhealthyReason
 				}
 			}
 			cr.Replicas = append(cr.Replicas, ri)
