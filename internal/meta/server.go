@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -78,8 +79,15 @@ type Config struct {
 	GRPCAddr string
 	// Peers are all members, this node included, by node ID. A single-node
 	// service may leave it empty. All initial members must get the same
-	// set. Addresses can be updated later with SetPeer.
+	// set. Addresses can be updated later with SetPeer. Members added
+	// later (members.go) are in the replicated member table, which
+	// overrides Peers (a removed member is refused even if listed here).
 	Peers map[uint64]Peer
+	// Join starts a node that is not yet a member: it bootstraps no
+	// group and waits for the leaders to add it (basalt admin meta add).
+	// Peers then names the current members (their addresses), not
+	// necessarily this node. A DataDir that holds state is refused.
+	Join bool
 
 	// Raft timing: TickInterval (default 100ms) × ElectionTicks (default
 	// 10) is the election timeout; failover takes about 1–2 of those.
@@ -170,7 +178,10 @@ type Server struct {
 	lastKeepLog  time.Time  // handOver (runUpgrade's goroutine): last "keeping leadership" warning
 
 	peersMu sync.RWMutex
-	peers   map[uint64]Peer
+	peers   map[uint64]Peer // Config.Peers and SetPeer; members.peer overrides
+
+	members  *membersState // the member table (members_state.go)
+	memGroup *raft.Group   // MembersGroup
 
 	scmState *scm.State
 	nsState  *namespace.State
@@ -251,7 +262,12 @@ func New(cfg Config) (*Server, error) {
 	if len(s.admins) == 0 && !cfg.TLS.IsInsecure() {
 		s.log.Warn("meta: no admins configured (basalt meta --admins): nobody may create or delete volumes, manage S3 keys or decommission datanodes")
 	}
-	if _, ok := s.peers[cfg.NodeID]; !ok && len(s.peers) > 0 {
+	if cfg.Join {
+		if err := checkJoinDir(cfg.FS, cfg.DataDir); err != nil {
+			return nil, err
+		}
+	}
+	if _, ok := s.peers[cfg.NodeID]; !ok && len(s.peers) > 0 && !cfg.Join {
 		return nil, fmt.Errorf("meta: node %d is not among the peers %v", cfg.NodeID, peerIDs(s.peers))
 	}
 	reg := cfg.Registerer
@@ -308,6 +324,13 @@ func New(cfg Config) (*Server, error) {
 	if s.ut, err = openUTState(filepath.Join(cfg.DataDir, "usertoken"), sopts, cfg.TestHiddenOps[UserTokenGroup]...); err != nil {
 		return nil, err
 	}
+	if s.members, err = openMembersState(filepath.Join(cfg.DataDir, "members"), sopts); err != nil {
+		return nil, err
+	}
+	if s.members.Get(cfg.NodeID).GetRemoved() {
+		return nil, fmt.Errorf("meta: node %d was removed from the cluster (basalt admin meta remove); it may not run again under this ID: wipe %s and join as a new node with a new ID (basalt meta --join)", cfg.NodeID, cfg.DataDir)
+	}
+	s.members.changed = s.onMembersChanged
 	// The log directory's entry is durable before anything is logged in it
 	// (DataDir's own entry was synced when the stores created it).
 	if err := cfg.FS.MkdirAll(filepath.Join(cfg.DataDir, "raft"), 0o755); err != nil {
@@ -330,7 +353,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("meta: listen %s: %w", cfg.GRPCAddr, err)
 	}
 	s.peersMu.Lock()
-	if p, ok := s.peers[cfg.NodeID]; ok || len(s.peers) == 0 {
+	if p, ok := s.peers[cfg.NodeID]; ok || len(s.peers) == 0 || cfg.Join {
 		p.RaftAddr, p.GRPCAddr = s.host.Addr(), s.lis.Addr().String()
 		s.peers[cfg.NodeID] = p
 	}
@@ -362,6 +385,7 @@ func New(cfg Config) (*Server, error) {
 	metapb.RegisterScmServer(s.grpc, &scmServer{s: s})
 	metapb.RegisterCaServer(s.grpc, s.ca)
 	metapb.RegisterUserTokenServer(s.grpc, &userTokenServer{s: s})
+	metapb.RegisterMembersServer(s.grpc, &membersServer{s: s})
 	s.setupUpgrade(reg)
 	ok = true
 	return s, nil
@@ -403,11 +427,42 @@ func (s *Server) SetPeer(id uint64, p Peer) {
 	s.peersMu.Unlock()
 }
 
+// peer is id's addresses: this node's own as bound; another's from the
+// member table if it has a row (none if removed), else from Peers.
 func (s *Server) peer(id uint64) (Peer, bool) {
+	if id != s.cfg.NodeID && s.members != nil {
+		if m := s.members.Get(id); m != nil {
+			if m.GetRemoved() {
+				return Peer{}, false
+			}
+			return Peer{RaftAddr: m.GetRaftAddr(), GRPCAddr: m.GetGrpcAddr()}, true
+		}
+	}
+	return s.staticPeer(id)
+}
+
+// staticPeer is id's addresses from Config.Peers and SetPeer only.
+func (s *Server) staticPeer(id uint64) (Peer, bool) {
 	s.peersMu.RLock()
 	defer s.peersMu.RUnlock()
 	p, ok := s.peers[id]
 	return p, ok
+}
+
+// memberIDs are the members as this node knows them: Peers and the
+// member table, less the removed.
+func (s *Server) memberIDs() []uint64 {
+	s.peersMu.RLock()
+	ids := peerIDs(s.peers)
+	s.peersMu.RUnlock()
+	for _, m := range s.members.Table() {
+		if !slices.Contains(ids, m.GetId()) {
+			ids = append(ids, m.GetId())
+		}
+	}
+	ids = slices.DeleteFunc(ids, func(id uint64) bool { return s.members.Get(id).GetRemoved() })
+	slices.Sort(ids)
+	return ids
 }
 
 func (s *Server) resolve(id uint64) (string, error) {
@@ -421,8 +476,14 @@ func (s *Server) resolve(id uint64) (string, error) {
 // Start joins (or creates) both groups, serves gRPC and starts the
 // leader-side background loops.
 func (s *Server) Start() error {
-	voters := peerIDs(s.peers)
+	voters := s.memberIDs()
+	if s.cfg.Join {
+		voters = nil // bootstrap nothing: the leaders add this node
+	}
 	var err error
+	if s.memGroup, err = s.host.AddGroup(raft.GroupConfig{ID: MembersGroup, Peers: voters, StateMachine: &raftSM{sm: s.members}}); err != nil {
+		return fmt.Errorf("meta: members group: %w", err)
+	}
 	if s.nsGroup, err = s.host.AddGroup(raft.GroupConfig{ID: NamespaceGroup, Peers: voters, StateMachine: &raftSM{sm: s.nsState}}); err != nil {
 		return fmt.Errorf("meta: namespace group: %w", err)
 	}
@@ -439,7 +500,7 @@ func (s *Server) Start() error {
 	// forwarded call is in flight, and the others' hints then name this
 	// node; without its address the call would wait out its deadline.
 	var addrs []string
-	for _, id := range voters {
+	for _, id := range s.memberIDs() {
 		if p, _ := s.peer(id); p.GRPCAddr != "" {
 			addrs = append(addrs, p.GRPCAddr)
 		}
@@ -548,6 +609,9 @@ func (s *Server) closeParts() error {
 	}
 	if s.ut != nil {
 		errs = append(errs, s.ut.Close())
+	}
+	if s.members != nil {
+		errs = append(errs, s.members.Close())
 	}
 	return errors.Join(errs...)
 }

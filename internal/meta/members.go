@@ -1,0 +1,484 @@
+package meta
+
+// Meta membership (docs/ARCHITECTURE.md, "Meta membership"): an admin
+// lists, adds and removes meta nodes (basalt admin meta ...). The member
+// table (node ID → raft and gRPC addresses, or removed) is the state of
+// its own Raft group, MembersGroup; every node resolves and admits raft
+// peers by --peers overlaid with that table. A change is made by the
+// leader of the members group: an add records the addresses first, then
+// adds the node as a voter to every meta group (one ConfChange per group,
+// made by that group's leader, asked over ChangeGroupMember when it is
+// another node); a remove takes the node out of every group first, then
+// marks it removed in the table. Each step checks what is already done,
+// so a retry of an interrupted call completes it.
+//
+// The quorum rule (quorumCheck): a change is refused unless the voters
+// that are live now (the group leader and the followers it heard from in
+// the last election timeout; a node being added counts as not live) are a
+// majority of the configuration after the change. Adding a node to a
+// group that already has a dead voter would otherwise raise the quorum
+// past what the live nodes can reach (3 voters, one dead, + a new node:
+// 4 voters, quorum 3, 2 live), and removing a live node where another is
+// dead would leave a configuration the live ones cannot commit in.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	fs2 "io/fs"
+	"net"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/namespace"
+	"github.com/basalt-store/basalt/internal/pki"
+	"github.com/basalt-store/basalt/internal/raft"
+	"github.com/basalt-store/basalt/internal/vfs"
+)
+
+func init() {
+	adminMethods[metapb.Members_ListMembers_FullMethodName] = true
+	adminMethods[metapb.Members_AddMember_FullMethodName] = true
+	adminMethods[metapb.Members_RemoveMember_FullMethodName] = true
+	methodRoles[metapb.Members_ChangeGroupMember_FullMethodName] = onlyMeta
+}
+
+// groupNames names the meta groups, in the order a change visits them.
+var metaGroups = []struct {
+	id   uint64
+	name string
+}{{MembersGroup, "members"}, {NamespaceGroup, "namespace"}, {ScmGroup, "scm"}, {CaGroup, "ca"}, {UserTokenGroup, "usertoken"}}
+
+func groupName(id uint64) string {
+	for _, g := range metaGroups {
+		if g.id == id {
+			return g.name
+		}
+	}
+	return fmt.Sprint(id)
+}
+
+func (s *Server) group(id uint64) *raft.Group {
+	switch id {
+	case NamespaceGroup:
+		return s.nsGroup
+	case ScmGroup:
+		return s.scmGroup
+	case CaGroup:
+		return s.ca.group
+	case UserTokenGroup:
+		return s.utGroup
+	case MembersGroup:
+		return s.memGroup
+	}
+	return nil
+}
+
+// validateHostPort accepts HOST:PORT with a numeric port 1..65535.
+func validateHostPort(a string) error {
+	if a == "" || len(a) > maxMemberAddrLen {
+		return fmt.Errorf("address %q: want HOST:PORT of at most %d bytes", clip(a), maxMemberAddrLen)
+	}
+	h, p, err := net.SplitHostPort(a)
+	if err != nil || h == "" {
+		return fmt.Errorf("address %q: want HOST:PORT", clip(a))
+	}
+	if n, err := strconv.ParseUint(p, 10, 16); err != nil || n == 0 {
+		return fmt.Errorf("address %q: port %q: want 1 to 65535", clip(a), clip(p))
+	}
+	return nil
+}
+
+// quorumCheck applies the quorum rule (see the top of this file) to one
+// group: voters are its voters, live those of them that are live, id the
+// node added (remove false) or removed.
+func quorumCheck(voters, live []uint64, id uint64, remove bool) error {
+	after := slices.Clone(voters)
+	if remove {
+		after = slices.DeleteFunc(after, func(v uint64) bool { return v == id })
+		if len(after) == 0 {
+			return errors.New("it is the last member")
+		}
+	} else {
+		after = append(after, id)
+	}
+	n := 0
+	for _, v := range after {
+		if v != id && slices.Contains(live, v) {
+			n++
+		}
+	}
+	if need := len(after)/2 + 1; n < need {
+		return fmt.Errorf("after the change %d voters %v would need %d live ones to commit, and only %d of them are live now (live: %v)%s",
+			len(after), after, need, n, live, map[bool]string{false: "; remove dead members first", true: "; bring the dead members back or remove them first"}[remove])
+	}
+	return nil
+}
+
+// onMembersChanged updates what depends on the member table: the
+// forwarding client's addresses. (peer() reads the table directly.)
+func (s *Server) onMembersChanged() {
+	s.log.Info("meta: member table changed", "members", s.members.Table())
+}
+
+// membersServer serves the Members service.
+type membersServer struct {
+	metapb.UnimplementedMembersServer
+	s *Server
+}
+
+func (m *membersServer) requireAdmin(ctx context.Context, call string) error {
+	if m.s.cfg.TLS.IsInsecure() {
+		return nil
+	}
+	c, ok := namespace.CallerOf(ctx)
+	if !ok || !c.Admin {
+		return status.Errorf(codes.PermissionDenied, "meta node %d: %s: admins only", m.s.cfg.NodeID, call)
+	}
+	return nil
+}
+
+func (m *membersServer) notLeader(g *raft.Group, gid uint64) error {
+	nl := &metapb.NotLeader{GroupId: gid}
+	if l := g.Leader(); l != 0 && l != m.s.cfg.NodeID {
+		nl.LeaderId = l
+		if p, ok := m.s.peer(l); ok {
+			nl.LeaderAddr = p.GRPCAddr
+		}
+	}
+	st, _ := status.Newf(codes.Unavailable, "meta node %d: not the leader of the %s group (leader: node %d, %s)", m.s.cfg.NodeID, groupName(gid), nl.LeaderId, nl.LeaderAddr).WithDetails(nl)
+	return st.Err()
+}
+
+func (m *membersServer) ListMembers(ctx context.Context, _ *metapb.ListMembersRequest) (*metapb.ListMembersResponse, error) {
+	if err := m.requireAdmin(ctx, "ListMembers"); err != nil {
+		return nil, err
+	}
+	s := m.s
+	resp := &metapb.ListMembersResponse{NodeId: s.cfg.NodeID}
+	seen := map[uint64]bool{}
+	for _, mi := range s.members.Table() {
+		mi.Source = "table"
+		seen[mi.GetId()] = true
+		resp.Members = append(resp.Members, mi)
+	}
+	s.peersMu.RLock()
+	for _, id := range peerIDs(s.peers) {
+		if !seen[id] {
+			p := s.peers[id]
+			resp.Members = append(resp.Members, &metapb.MemberInfo{Id: id, RaftAddr: p.RaftAddr, GrpcAddr: p.GRPCAddr, Source: "peers"})
+		}
+	}
+	s.peersMu.RUnlock()
+	slices.SortFunc(resp.Members, func(a, b *metapb.MemberInfo) int { return int(a.GetId()) - int(b.GetId()) })
+	for _, mg := range metaGroups {
+		g := s.group(mg.id)
+		if g == nil {
+			continue
+		}
+		st := g.Status()
+		gs := &metapb.GroupStatus{Group: mg.id, Name: mg.name, Leader: st.Leader, Voters: st.Voters, Commit: st.Commit, Applied: st.Applied}
+		for _, id := range peerIDsOf(st.Followers) {
+			f := st.Followers[id]
+			gs.Members = append(gs.Members, &metapb.GroupMemberStatus{Id: id, Match: f.Match, Applied: f.Applied, Active: f.Active || id == s.cfg.NodeID})
+		}
+		resp.Groups = append(resp.Groups, gs)
+	}
+	return resp, nil
+}
+
+func peerIDsOf(m map[uint64]raft.FollowerStatus) []uint64 {
+	ids := make([]uint64, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// validateAddMember checks an AddMember request's own fields.
+func validateAddMember(req *metapb.AddMemberRequest) error {
+	if req.GetId() == 0 {
+		return errors.New("node ID must be nonzero")
+	}
+	if err := validateHostPort(req.GetRaftAddr()); err != nil {
+		return fmt.Errorf("raft %w", err)
+	}
+	if err := validateHostPort(req.GetGrpcAddr()); err != nil {
+		return fmt.Errorf("gRPC %w", err)
+	}
+	return nil
+}
+
+// leadMembers checks that this node leads the members group and that its
+// table is current (a read barrier).
+func (m *membersServer) leadMembers(ctx context.Context) error {
+	g := m.s.memGroup
+	if !g.IsLeader() {
+		return m.notLeader(g, MembersGroup)
+	}
+	ctx, cancel := m.s.withTimeout(ctx)
+	defer cancel()
+	if err := g.ReadIndex(ctx); err != nil {
+		var nle *raft.NotLeaderError
+		if errors.As(err, &nle) || errors.Is(err, raft.ErrNotLeader) {
+			return m.notLeader(g, MembersGroup)
+		}
+		return status.Errorf(codes.Unavailable, "meta node %d: members group read barrier: %v", m.s.cfg.NodeID, err)
+	}
+	return nil
+}
+
+func (m *membersServer) AddMember(ctx context.Context, req *metapb.AddMemberRequest) (*metapb.MemberChangeResponse, error) {
+	if err := m.requireAdmin(ctx, "AddMember"); err != nil {
+		return nil, err
+	}
+	if err := validateAddMember(req); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "AddMember: %v", err)
+	}
+	if err := m.leadMembers(ctx); err != nil {
+		return nil, err
+	}
+	s, id := m.s, req.GetId()
+	want := &metapb.MemberInfo{Id: id, RaftAddr: req.GetRaftAddr(), GrpcAddr: req.GetGrpcAddr()}
+	row := s.members.Get(id)
+	if row.GetRemoved() {
+		return nil, status.Errorf(codes.FailedPrecondition, "AddMember: node %d was removed from the cluster; its ID may not come back (a node that kept its old state could rejoin with votes and entries the others no longer count on): give the replacement a new ID", id)
+	}
+	inAll, inAny := true, false
+	for _, mg := range metaGroups {
+		if slices.Contains(s.group(mg.id).Voters(), id) {
+			inAny = true
+		} else {
+			inAll = false
+		}
+	}
+	sameAddrs := row != nil && row.GetRaftAddr() == want.GetRaftAddr() && row.GetGrpcAddr() == want.GetGrpcAddr()
+	if !sameAddrs && row == nil {
+		if p, ok := s.staticPeer(id); ok && inAny {
+			sameAddrs = p.RaftAddr == want.GetRaftAddr() && p.GRPCAddr == want.GetGrpcAddr()
+		}
+	}
+	switch {
+	case inAll:
+		return nil, status.Errorf(codes.AlreadyExists, "AddMember: node %d is already a member of every meta group", id)
+	case inAny && !sameAddrs:
+		return nil, status.Errorf(codes.AlreadyExists, "AddMember: node %d is already a member of some meta groups under other addresses (remove it first, or retry with its recorded addresses)", id)
+	}
+	if !sameAddrs || row == nil {
+		cmd, err := marshalMembers(&metapb.MembersCommand{Op: &metapb.MembersCommand_SetMember{SetMember: want}})
+		if err != nil {
+			return nil, err
+		}
+		res, err := propose(ctx, s, s.memGroup, cmd)
+		if err != nil {
+			return nil, err
+		}
+		if err, _ := res.(error); err != nil {
+			return nil, err
+		}
+	}
+	resp := &metapb.MemberChangeResponse{Member: want}
+	for _, mg := range metaGroups {
+		gc, err := s.changeGroup(ctx, mg.id, id, false)
+		if err != nil {
+			return resp, status.Errorf(status.Code(err), "AddMember: node %d: done so far %v; %s group: %v (retry to complete)", id, outcomes(resp.Groups), mg.name, err)
+		}
+		resp.Groups = append(resp.Groups, gc)
+	}
+	return resp, nil
+}
+
+func (m *membersServer) RemoveMember(ctx context.Context, req *metapb.RemoveMemberRequest) (*metapb.MemberChangeResponse, error) {
+	if err := m.requireAdmin(ctx, "RemoveMember"); err != nil {
+		return nil, err
+	}
+	id := req.GetId()
+	if id == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "RemoveMember: node ID must be nonzero")
+	}
+	if err := m.leadMembers(ctx); err != nil {
+		return nil, err
+	}
+	s := m.s
+	if id == s.cfg.NodeID {
+		return nil, status.Errorf(codes.FailedPrecondition, "RemoveMember: node %d leads the members group and serves this call; stop it first (its groups elect other leaders), then remove it through another node", id)
+	}
+	row := s.members.Get(id)
+	_, static := s.staticPeer(id)
+	inAny := false
+	for _, mg := range metaGroups {
+		if slices.Contains(s.group(mg.id).Voters(), id) {
+			inAny = true
+		}
+	}
+	if !inAny && row == nil && !static {
+		return nil, status.Errorf(codes.NotFound, "RemoveMember: node %d is not a member", id)
+	}
+	resp := &metapb.MemberChangeResponse{Member: row}
+	if resp.Member == nil {
+		resp.Member = &metapb.MemberInfo{Id: id}
+	}
+	for _, mg := range metaGroups {
+		gc, err := s.changeGroup(ctx, mg.id, id, true)
+		if err != nil {
+			return resp, status.Errorf(status.Code(err), "RemoveMember: node %d: done so far %v; %s group: %v (retry to complete)", id, outcomes(resp.Groups), mg.name, err)
+		}
+		resp.Groups = append(resp.Groups, gc)
+	}
+	if !row.GetRemoved() {
+		cmd, err := marshalMembers(&metapb.MembersCommand{Op: &metapb.MembersCommand_RemoveMember{RemoveMember: id}})
+		if err != nil {
+			return nil, err
+		}
+		res, err := propose(ctx, s, s.memGroup, cmd)
+		if err != nil {
+			return resp, err
+		}
+		if err, _ := res.(error); err != nil {
+			return resp, err
+		}
+	}
+	resp.Member.Removed = true
+	return resp, nil
+}
+
+func outcomes(gs []*metapb.GroupChange) []string {
+	out := make([]string, len(gs))
+	for i, g := range gs {
+		out[i] = g.GetName() + ": " + g.GetOutcome()
+	}
+	return out
+}
+
+func marshalMembers(c *metapb.MembersCommand) ([]byte, error) {
+	b, err := proto.Marshal(c)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "members: %v", err)
+	}
+	return b, nil
+}
+
+// ChangeGroupMember: one group's change, on that group's leader.
+func (m *membersServer) ChangeGroupMember(ctx context.Context, req *metapb.ChangeGroupMemberRequest) (*metapb.GroupChange, error) {
+	g := m.s.group(req.GetGroup())
+	if g == nil || req.GetId() == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "ChangeGroupMember: group %d, node %d", req.GetGroup(), req.GetId())
+	}
+	if !g.IsLeader() {
+		return nil, m.notLeader(g, req.GetGroup())
+	}
+	return m.s.changeLocal(ctx, req.GetGroup(), g, req.GetId(), req.GetRemove())
+}
+
+// changeLocal makes one membership change in group g, which this node
+// leads, unless it is made already.
+func (s *Server) changeLocal(ctx context.Context, gid uint64, g *raft.Group, id uint64, remove bool) (*metapb.GroupChange, error) {
+	gc := &metapb.GroupChange{Group: gid, Name: groupName(gid)}
+	st := g.Status()
+	if st.Role != "leader" {
+		return nil, &raft.NotLeaderError{Group: gid, Leader: st.Leader}
+	}
+	member := slices.Contains(st.Voters, id)
+	switch {
+	case !remove && member:
+		gc.Outcome = "already a member"
+		return gc, nil
+	case remove && !member:
+		gc.Outcome = "already removed"
+		return gc, nil
+	case remove && id == s.cfg.NodeID:
+		return nil, status.Errorf(codes.FailedPrecondition, "node %d leads the %s group: stop it first (another node takes over), then remove it", id, gc.Name)
+	}
+	var live []uint64
+	for v, f := range st.Followers {
+		if v == s.cfg.NodeID || f.Active {
+			live = append(live, v)
+		}
+	}
+	slices.Sort(live)
+	if err := quorumCheck(st.Voters, live, id, remove); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s group: %v", gc.Name, err)
+	}
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	var err error
+	if remove {
+		err, gc.Outcome = g.RemoveMember(ctx, id), "removed"
+	} else {
+		err, gc.Outcome = g.AddMember(ctx, id), "added"
+	}
+	if err != nil {
+		return nil, err
+	}
+	return gc, nil
+}
+
+// changeGroup makes one membership change in group gid: here if this
+// node leads it, else on its leader (ChangeGroupMember), retrying while
+// the leadership moves, until ctx (or ProposeTimeout) ends.
+func (s *Server) changeGroup(ctx context.Context, gid uint64, id uint64, remove bool) (*metapb.GroupChange, error) {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	g := s.group(gid)
+	var last error
+	for {
+		var gc *metapb.GroupChange
+		var err error
+		if g.IsLeader() {
+			gc, err = s.changeLocal(ctx, gid, g, id, remove)
+		} else if l := g.Leader(); l == 0 {
+			err = fmt.Errorf("no leader known")
+		} else {
+			gc, err = s.askLeader(ctx, l, &metapb.ChangeGroupMemberRequest{Group: gid, Id: id, Remove: remove})
+		}
+		if err == nil {
+			return gc, nil
+		}
+		if c := status.Code(err); c == codes.FailedPrecondition || c == codes.InvalidArgument || c == codes.PermissionDenied {
+			return nil, err
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return nil, status.Errorf(codes.Unavailable, "%s group: %v (last: %v)", groupName(gid), ctx.Err(), last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// askLeader sends a ChangeGroupMember to node leader.
+func (s *Server) askLeader(ctx context.Context, leader uint64, req *metapb.ChangeGroupMemberRequest) (*metapb.GroupChange, error) {
+	p, ok := s.peer(leader)
+	if !ok || p.GRPCAddr == "" {
+		return nil, fmt.Errorf("no gRPC address for node %d", leader)
+	}
+	conn, err := grpc.NewClient(p.GRPCAddr, s.cfg.TLS.GRPCDialOption(pki.RoleMeta))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return metapb.NewMembersClient(conn).ChangeGroupMember(ctx, req)
+}
+
+// checkJoinDir refuses to join with a data directory that holds state: a
+// node that was a member keeps its log and votes (restart it without
+// --join); one whose state is partly gone must not pretend to be new.
+func checkJoinDir(fs vfs.FS, dir string) error {
+	for _, sub := range []string{"raft", "namespace", "scm", "ca", "usertoken", "members"} {
+		if _, err := fs.Stat(filepath.Join(dir, sub)); err == nil {
+			return fmt.Errorf("meta: --join with data directory %s, which holds state (%s/): a node joins with an empty data directory; a member restarts without --join", dir, sub)
+		} else if !errors.Is(err, fs2.ErrNotExist) {
+			return fmt.Errorf("meta: --join: %w", err)
+		}
+	}
+	return nil
+}
