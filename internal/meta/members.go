@@ -19,7 +19,9 @@ package meta
 // group that already has a dead voter would otherwise raise the quorum
 // past what the live nodes can reach (3 voters, one dead, + a new node:
 // 4 voters, quorum 3, 2 live), and removing a live node where another is
-// dead would leave a configuration the live ones cannot commit in.
+// dead would leave a configuration the live ones cannot commit in. As in
+// etcd, one exception: a group of one live voter may grow to two (it
+// stalls until the new node, started with --join beforehand, catches up).
 
 import (
 	"context"
@@ -115,6 +117,11 @@ func quorumCheck(voters, live []uint64, id uint64, remove bool) error {
 		if v != id && slices.Contains(live, v) {
 			n++
 		}
+	}
+	// As etcd's strict reconfiguration check: a single live member may
+	// grow to two (nothing else could; the group waits for the new one).
+	if !remove && len(voters) == 1 && n == 1 {
+		return nil
 	}
 	if need := len(after)/2 + 1; n < need {
 		return fmt.Errorf("after the change %d voters %v would need %d live ones to commit, and only %d of them are live now (live: %v)%s",

@@ -1,0 +1,250 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+)
+
+// rangeAddr is a loopback address with a free port in 22000–22999 (the
+// port range of this test; a random port if none is free).
+func rangeAddr(t *testing.T) string {
+	t.Helper()
+	start := 22000 + (os.Getpid()*7+int(time.Now().UnixNano()/1000))%1000
+	for i := 0; i < 1000; i++ {
+		a := fmt.Sprintf("127.0.0.1:%d", 22000+(start-22000+i)%1000)
+		if l, err := net.Listen("tcp", a); err == nil {
+			l.Close()
+			return a
+		}
+	}
+	return freeAddr(t)
+}
+
+// TestMetaReplaceNode replaces a meta node whose disk died: three meta
+// nodes; volumes and buckets written; node 3 killed (SIGKILL) and its
+// data directory deleted; `admin meta remove 3`; node 4 started with
+// --join (new ID, new directory, new ports, a bootstrap token) and
+// `admin meta add 4`; once it caught up, node 1 is killed: nodes 2 and 4
+// form a quorum in every group, every volume and bucket reads back and
+// new writes commit (namespace and CA groups). Also: node 3's ID cannot
+// be added back, --join refuses a data directory with state, and an
+// added member cannot be added again. Fails on the old code: no
+// `admin meta`, no --join (and a static membership: with node 1 gone,
+// nodes 2 and 4 would not be a quorum).
+func TestMetaReplaceNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs processes")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "basalt")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	run := func(args ...string) (string, string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, args...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		return out.String(), errb.String(), err
+	}
+	caDir, adminTLS := filepath.Join(dir, "ca"), filepath.Join(dir, "admin-tls")
+	for _, args := range [][]string{{"admin", "ca", "init", "--dir", caDir},
+		{"admin", "ca", "issue", "--dir", caDir, "--role", "client", "--id", "admin", "--out", adminTLS}} {
+		if _, stderr, err := run(args...); err != nil {
+			t.Fatalf("%v: %v %s", args, err, stderr)
+		}
+	}
+	raft, grpcs := map[int]string{}, map[int]string{}
+	peer := func(i int) string { return fmt.Sprintf("%d=%s/%s", i, raft[i], grpcs[i]) }
+	for i := 1; i <= 4; i++ {
+		raft[i], grpcs[i] = rangeAddr(t), rangeAddr(t)
+	}
+	peers := strings.Join([]string{peer(1), peer(2), peer(3)}, ",")
+	logs := map[int]*bytes.Buffer{}
+	procs := map[int]*exec.Cmd{}
+	start := func(i int, extra ...string) {
+		args := append([]string{"meta", "--id", fmt.Sprint(i), "--data-dir", filepath.Join(dir, fmt.Sprint("meta", i)),
+			"--raft", raft[i], "--grpc", grpcs[i], "--admins", "admin", "--log-level", "info"}, extra...)
+		cmd := exec.Command(bin, args...)
+		logs[i] = &bytes.Buffer{}
+		cmd.Stdout, cmd.Stderr = logs[i], logs[i]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		procs[i] = cmd
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	}
+	kill := func(i int) {
+		procs[i].Process.Kill() // SIGKILL
+		procs[i].Wait()
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for i, l := range logs {
+				t.Logf("meta %d:\n%s", i, lastLines(l.String(), 40))
+			}
+		}
+	})
+	for i := 1; i <= 3; i++ {
+		start(i, "--peers", peers, "--ca-dir", caDir)
+	}
+	admin := func(metas string, args ...string) []string {
+		return append(args, "--meta", metas, "--tls-dir", adminTLS)
+	}
+	// retry runs a command until it succeeds (elections, catching up).
+	retry := func(what string, d time.Duration, args ...string) string {
+		t.Helper()
+		var last string
+		for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
+			out, stderr, err := run(args...)
+			if err == nil {
+				return out
+			}
+			last = fmt.Sprintf("%v: %s%s", err, stderr, out)
+		}
+		t.Fatalf("%s: %s", what, last)
+		return ""
+	}
+	all3 := grpcs[1] + "," + grpcs[2] + "," + grpcs[3]
+	var vols []string
+	for i := 0; i < 6; i++ {
+		v := fmt.Sprintf("/vol%d", i)
+		retry("create "+v, 90*time.Second, admin(all3, "sh", "volume", "create", v)...)
+		retry("create bucket in "+v, 30*time.Second, admin(all3, "sh", "bucket", "create", v+"/b")...)
+		vols = append(vols, v)
+	}
+
+	// Node 3's disk dies.
+	kill(3)
+	if err := os.RemoveAll(filepath.Join(dir, "meta3")); err != nil {
+		t.Fatal(err)
+	}
+	both := grpcs[1] + "," + grpcs[2]
+	out := retry("remove node 3", 60*time.Second, admin(both, "admin", "meta", "remove", "3", "--json")...)
+	var ch metapb.MemberChangeResponse
+	if err := json.Unmarshal([]byte(out), &ch); err != nil || len(ch.Groups) != 5 || !ch.GetMember().GetRemoved() {
+		t.Fatalf("remove 3: %v %s", err, out)
+	}
+	for _, g := range ch.Groups {
+		if g.Outcome != "removed" {
+			t.Fatalf("remove 3: group %s: %q, want removed", g.Name, g.Outcome)
+		}
+	}
+	// A retry changes nothing and says so.
+	out = retry("remove node 3 again", 30*time.Second, admin(both, "admin", "meta", "remove", "3", "--json")...)
+	if err := json.Unmarshal([]byte(out), &ch); err != nil || len(ch.Groups) != 5 || ch.Groups[1].Outcome != "already removed" {
+		t.Fatalf("remove 3 again: %v %s", err, out)
+	}
+	// Node 3's ID never comes back.
+	if _, stderr, err := run(admin(both, "admin", "meta", "add", "3", raft[3]+"/"+grpcs[3])...); err == nil || !strings.Contains(stderr, "was removed") {
+		t.Fatalf("add 3 after its removal: %v %s", err, stderr)
+	}
+
+	// Node 4 joins with a new ID, an empty directory and new ports.
+	tok := strings.TrimSpace(retry("meta token for node 4", 30*time.Second,
+		admin(both, "admin", "ca", "token", "create", "--role", "meta", "--id", "4", "--ttl", "10m")...))
+	current := peer(1) + "," + peer(2)
+	m := startProc(t, regexp.MustCompile(`^basalt meta: node 4, gRPC (\S+),`), bin, "meta", "--id", "4", "--join",
+		"--data-dir", filepath.Join(dir, "meta4"), "--raft", raft[4], "--grpc", grpcs[4], "--peers", current,
+		"--admins", "admin", "--bootstrap-token", tok)
+	if m[1] != grpcs[4] {
+		t.Fatalf("node 4 serves on %s, want %s", m[1], grpcs[4])
+	}
+	out = retry("add node 4", 60*time.Second, admin(both, "admin", "meta", "add", "4", raft[4]+"/"+grpcs[4], "--json")...)
+	if err := json.Unmarshal([]byte(out), &ch); err != nil || len(ch.Groups) != 5 {
+		t.Fatalf("add 4: %v %s", err, out)
+	}
+	for _, g := range ch.Groups {
+		if g.Outcome != "added" {
+			t.Fatalf("add 4: group %s: %q, want added", g.Name, g.Outcome)
+		}
+	}
+	if _, stderr, err := run(admin(both, "admin", "meta", "add", "4", raft[4]+"/"+grpcs[4])...); err == nil || !strings.Contains(stderr, "already a member") {
+		t.Fatalf("add 4 twice: %v %s", err, stderr)
+	}
+	// --join refuses a directory that holds state.
+	if _, stderr, err := run("meta", "--id", "5", "--join", "--data-dir", filepath.Join(dir, "meta1"), "--peers", current); err == nil || !strings.Contains(stderr, "holds Raft state") {
+		t.Fatalf("--join on meta1's directory: %v %s", err, stderr)
+	}
+
+	// Wait until node 4 applied, in every group, what node 2 had
+	// committed after the add.
+	members := func(addr string) *metapb.ListMembersResponse {
+		out := retry("members on "+addr, 30*time.Second, admin(addr, "admin", "meta", "members", "--json")...)
+		var r metapb.ListMembersResponse
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("members --json: %v %s", err, out)
+		}
+		return &r
+	}
+	want := map[string]uint64{}
+	for _, g := range members(grpcs[2]).Groups {
+		want[g.Name] = g.Commit
+		if !slices.Equal(g.Voters, []uint64{1, 2, 4}) {
+			t.Fatalf("node 2's view of group %s: voters %v, want [1 2 4]", g.Name, g.Voters)
+		}
+	}
+	if len(want) != 5 {
+		t.Fatalf("node 2 reports groups %v", want)
+	}
+	var r *metapb.ListMembersResponse
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+		r = members(grpcs[4])
+		caught := len(r.Groups) == 5
+		for _, g := range r.Groups {
+			caught = caught && g.Applied >= want[g.Name] && slices.Contains(g.Voters, 4)
+		}
+		if caught {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node 4 did not catch up with %v: %+v", want, r.Groups)
+		}
+	}
+	var row *metapb.MemberInfo
+	for _, mi := range r.Members {
+		if mi.Id == 4 {
+			row = mi
+		}
+	}
+	if row == nil || row.Source != "table" || row.GrpcAddr != grpcs[4] || row.RaftAddr != raft[4] {
+		t.Fatalf("node 4's member table: %+v", r.Members)
+	}
+
+	// Node 1 goes: nodes 2 and 4 are a quorum of every group.
+	kill(1)
+	after := grpcs[2] + "," + grpcs[4]
+	for _, v := range vols {
+		out := retry("read "+v+"/b without node 1", 60*time.Second, admin(after, "sh", "bucket", "info", v+"/b", "--json")...)
+		if !strings.Contains(out, strings.TrimPrefix(v, "/")) {
+			t.Fatalf("bucket info %s/b: %s", v, out)
+		}
+	}
+	retry("a new volume without node 1", 60*time.Second, admin(after, "sh", "volume", "create", "/after")...)
+	retry("read the new volume", 30*time.Second, admin(after, "sh", "volume", "info", "/after")...)
+	retry("a CA group write without node 1", 60*time.Second,
+		admin(after, "admin", "ca", "token", "create", "--role", "meta", "--id", "5", "--ttl", "10m")...)
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,170 @@
+package meta
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/store"
+	"github.com/basalt-store/basalt/internal/vfs"
+)
+
+// TestQuorumCheck: the rule that keeps a membership change from leaving
+// a group that the live voters cannot commit in.
+func TestQuorumCheck(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		voters, live  []uint64
+		id            uint64
+		remove, allow bool
+	}{
+		{"remove the dead one of 3", []uint64{1, 2, 3}, []uint64{1, 2}, 3, true, true},
+		{"remove a live one while another is dead", []uint64{1, 2, 3}, []uint64{1, 2}, 2, true, false},
+		{"remove a live one of 3, all live", []uint64{1, 2, 3}, []uint64{1, 2, 3}, 3, true, true},
+		{"remove the last member", []uint64{1}, []uint64{1}, 1, true, false},
+		{"remove from 2, the other live", []uint64{1, 2}, []uint64{1, 2}, 2, true, true},
+		{"add to 3 with one dead", []uint64{1, 2, 3}, []uint64{1, 2}, 4, false, false},
+		{"add to 3 all live", []uint64{1, 2, 3}, []uint64{1, 2, 3}, 4, false, true},
+		{"add to 2 live (the replacement)", []uint64{1, 2}, []uint64{1, 2}, 4, false, true},
+		{"add to 2 with one dead", []uint64{1, 2}, []uint64{1}, 4, false, false},
+		{"add to 1", []uint64{1}, []uint64{1}, 2, false, true},
+		{"add to 5 with two dead", []uint64{1, 2, 3, 4, 5}, []uint64{1, 2, 3}, 6, false, false},
+		{"add to 5 with one dead", []uint64{1, 2, 3, 4, 5}, []uint64{1, 2, 3, 4}, 6, false, true},
+	} {
+		err := quorumCheck(c.voters, c.live, c.id, c.remove)
+		if (err == nil) != c.allow {
+			t.Errorf("%s: quorumCheck(%v, live %v, %d, remove %v) = %v, want allowed %v", c.name, c.voters, c.live, c.id, c.remove, err, c.allow)
+		}
+	}
+}
+
+func TestValidateAddMember(t *testing.T) {
+	ok := &metapb.AddMemberRequest{Id: 4, RaftAddr: "10.0.0.4:9863", GrpcAddr: "meta4.example:9862"}
+	if err := validateAddMember(ok); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []*metapb.AddMemberRequest{
+		{Id: 0, RaftAddr: "a:1", GrpcAddr: "a:2"},
+		{Id: 4, RaftAddr: "", GrpcAddr: "a:2"},
+		{Id: 4, RaftAddr: "a:1", GrpcAddr: "a"},
+		{Id: 4, RaftAddr: ":1", GrpcAddr: "a:2"},
+		{Id: 4, RaftAddr: "a:0", GrpcAddr: "a:2"},
+		{Id: 4, RaftAddr: "a:70000", GrpcAddr: "a:2"},
+		{Id: 4, RaftAddr: "a:1", GrpcAddr: strings.Repeat("h", 300) + ":2"},
+	} {
+		if err := validateAddMember(bad); err == nil {
+			t.Errorf("validateAddMember(%v) accepted", bad)
+		}
+	}
+}
+
+func membersCmd(t *testing.T, c *metapb.MembersCommand) []byte {
+	t.Helper()
+	b, err := proto.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestMembersStateApply: the member table's commands, the refusals
+// (invalid rows, a removed ID set again, unknown commands) and that the
+// table survives a reopen.
+func TestMembersStateApply(t *testing.T) {
+	dir := t.TempDir()
+	opts := store.Options{SyncInterval: -1}
+	s, err := openMembersState(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	s.changed = func() { calls++ }
+	set := func(id uint64, r, g string) []byte {
+		return membersCmd(t, &metapb.MembersCommand{Op: &metapb.MembersCommand_SetMember{SetMember: &metapb.MemberInfo{Id: id, RaftAddr: r, GrpcAddr: g}}})
+	}
+	rm := func(id uint64) []byte {
+		return membersCmd(t, &metapb.MembersCommand{Op: &metapb.MembersCommand_RemoveMember{RemoveMember: id}})
+	}
+	unknown := []byte{0xa2, 0x06, 0x00} // field 100, a newer binary's op
+	res := s.Apply([]store.Entry{
+		{Index: 1, Cmd: set(4, "h:1", "h:2")},
+		{Index: 2, Cmd: set(0, "h:1", "h:2")},
+		{Index: 3, Cmd: set(5, "h", "h:2")},
+		{Index: 4, Cmd: rm(3)},
+		{Index: 5, Cmd: set(3, "h:1", "h:2")},
+		{Index: 6, Cmd: unknown},
+		{Index: 7}, // a raft entry
+		{Index: 8, Cmd: []byte{}},
+	})
+	wantCodes := []codes.Code{codes.OK, codes.InvalidArgument, codes.InvalidArgument, codes.OK, codes.FailedPrecondition, codes.Unimplemented, codes.OK, codes.OK}
+	for i, r := range res {
+		var code codes.Code
+		if err, _ := r.(error); err != nil {
+			code = status.Code(err)
+		}
+		if code != wantCodes[i] {
+			t.Errorf("entry %d: %v, want %v", i+1, r, wantCodes[i])
+		}
+	}
+	if calls != 1 {
+		t.Errorf("changed called %d times, want 1", calls)
+	}
+	if s.AppliedIndex() != 8 {
+		t.Errorf("applied %d, want 8", s.AppliedIndex())
+	}
+	check := func(s *membersState) {
+		t.Helper()
+		tb := s.Table()
+		if len(tb) != 2 || tb[0].GetId() != 3 || !tb[0].GetRemoved() || tb[1].GetId() != 4 || tb[1].GetRaftAddr() != "h:1" || tb[1].GetGrpcAddr() != "h:2" || tb[1].GetRemoved() {
+			t.Fatalf("table %v", tb)
+		}
+	}
+	check(s)
+	// Remove keeps the addresses, for the record.
+	s.Apply([]store.Entry{{Index: 9, Cmd: rm(4)}})
+	if m := s.Get(4); !m.GetRemoved() || m.GetRaftAddr() != "h:1" {
+		t.Fatalf("removed 4: %v", m)
+	}
+	s.Close()
+	s, err = openMembersState(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if m := s.Get(4); !m.GetRemoved() || s.AppliedIndex() != 9 || !s.Get(3).GetRemoved() {
+		t.Fatalf("after reopen: 4 %v, applied %d", m, s.AppliedIndex())
+	}
+}
+
+// TestCheckJoinDir: --join needs a data directory without state.
+func TestCheckJoinDir(t *testing.T) {
+	dir := t.TempDir()
+	if err := checkJoinDir(vfs.Default, dir); err != nil {
+		t.Fatalf("empty directory: %v", err)
+	}
+	if err := checkJoinDir(vfs.Default, filepath.Join(dir, "none")); err != nil {
+		t.Fatalf("missing directory: %v", err)
+	}
+	// A TLS directory (written by --bootstrap-token) is no state.
+	if err := os.MkdirAll(filepath.Join(dir, "tls"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkJoinDir(vfs.Default, dir); err != nil {
+		t.Fatalf("with tls/: %v", err)
+	}
+	for _, sub := range []string{"raft", "namespace", "members"} {
+		d := t.TempDir()
+		if err := os.MkdirAll(filepath.Join(d, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := checkJoinDir(vfs.Default, d); err == nil || !strings.Contains(err.Error(), "holds state") {
+			t.Errorf("with %s/: %v", sub, err)
+		}
+	}
+}
