@@ -79,7 +79,7 @@ func TestMetaReplaceNode(t *testing.T) {
 	procs := map[int]*exec.Cmd{}
 	start := func(i int, extra ...string) {
 		args := append([]string{"meta", "--id", fmt.Sprint(i), "--data-dir", filepath.Join(dir, fmt.Sprint("meta", i)),
-			"--raft", raft[i], "--grpc", grpcs[i], "--admins", "admin", "--log-level", "info"}, extra...)
+			"--raft", raft[i], "--grpc", grpcs[i], "--admins", "admin", "--log-level", "info", "--ballast-bytes", "0"}, extra...)
 		cmd := exec.Command(bin, args...)
 		logs[i] = &bytes.Buffer{}
 		cmd.Stdout, cmd.Stderr = logs[i], logs[i]
@@ -125,7 +125,7 @@ func TestMetaReplaceNode(t *testing.T) {
 	for i := 0; i < 6; i++ {
 		v := fmt.Sprintf("/vol%d", i)
 		retry("create "+v, 90*time.Second, admin(all3, "sh", "volume", "create", v)...)
-		retry("create bucket in "+v, 30*time.Second, admin(all3, "sh", "bucket", "create", v+"/b")...)
+		retry("create bucket in "+v, 30*time.Second, admin(all3, "sh", "bucket", "create", v+"/bkt")...)
 		vols = append(vols, v)
 	}
 
@@ -161,7 +161,7 @@ func TestMetaReplaceNode(t *testing.T) {
 	current := peer(1) + "," + peer(2)
 	m := startProc(t, regexp.MustCompile(`^basalt meta: node 4, gRPC (\S+),`), bin, "meta", "--id", "4", "--join",
 		"--data-dir", filepath.Join(dir, "meta4"), "--raft", raft[4], "--grpc", grpcs[4], "--peers", current,
-		"--admins", "admin", "--bootstrap-token", tok)
+		"--admins", "admin", "--ballast-bytes", "0", "--bootstrap-token", tok)
 	if m[1] != grpcs[4] {
 		t.Fatalf("node 4 serves on %s, want %s", m[1], grpcs[4])
 	}
@@ -230,9 +230,9 @@ func TestMetaReplaceNode(t *testing.T) {
 	kill(1)
 	after := grpcs[2] + "," + grpcs[4]
 	for _, v := range vols {
-		out := retry("read "+v+"/b without node 1", 60*time.Second, admin(after, "sh", "bucket", "info", v+"/b", "--json")...)
+		out := retry("read "+v+"/bkt without node 1", 60*time.Second, admin(after, "sh", "bucket", "info", v+"/bkt", "--json")...)
 		if !strings.Contains(out, strings.TrimPrefix(v, "/")) {
-			t.Fatalf("bucket info %s/b: %s", v, out)
+			t.Fatalf("bucket info %s/bkt: %s", v, out)
 		}
 	}
 	retry("a new volume without node 1", 60*time.Second, admin(after, "sh", "volume", "create", "/after")...)
