@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -159,7 +161,7 @@ func TestMetaReplaceNode(t *testing.T) {
 	tok := strings.TrimSpace(retry("meta token for node 4", 30*time.Second,
 		admin(both, "admin", "ca", "token", "create", "--role", "meta", "--id", "4", "--ttl", "10m")...))
 	current := peer(1) + "," + peer(2)
-	m := startProc(t, regexp.MustCompile(`^basalt meta: node 4, gRPC (\S+),`), bin, "meta", "--id", "4", "--join",
+	m, killJoined := startProcKill(t, regexp.MustCompile(`^basalt meta: node 4, gRPC (\S+),`), bin, "meta", "--id", "4", "--join",
 		"--data-dir", filepath.Join(dir, "meta4"), "--raft", raft[4], "--grpc", grpcs[4], "--peers", current,
 		"--admins", "admin", "--ballast-bytes", "0", "--bootstrap-token", tok)
 	if m[1] != grpcs[4] {
@@ -239,6 +241,16 @@ func TestMetaReplaceNode(t *testing.T) {
 	retry("read the new volume", 30*time.Second, admin(after, "sh", "volume", "info", "/after")...)
 	retry("a CA group write without node 1", 60*time.Second,
 		admin(after, "admin", "ca", "token", "create", "--role", "meta", "--id", "5", "--ttl", "10m")...)
+
+	// The member table survives restarts: nodes 2 and 4 killed and
+	// restarted with the original --peers (1, 2, 3; no --join): node 2
+	// finds node 4's addresses in its table, node 4 its membership.
+	kill(2)
+	killJoined()
+	start(2, "--peers", peers, "--ca-dir", caDir)
+	start(4, "--peers", peers)
+	retry("read the new volume after restarting 2 and 4", 90*time.Second, admin(after, "sh", "volume", "info", "/after")...)
+	retry("a write after restarting 2 and 4", 60*time.Second, admin(after, "sh", "volume", "create", "/after2")...)
 }
 
 func lastLines(s string, n int) string {
@@ -247,4 +259,40 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// startProcKill is startProc that also returns a function that kills the
+// process (SIGKILL) and waits for it.
+func startProcKill(t *testing.T, re *regexp.Regexp, bin string, args ...string) ([]string, func()) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	kill := func() { cmd.Process.Kill(); cmd.Wait() }
+	t.Cleanup(kill)
+	found := make(chan []string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				found <- m
+				break
+			}
+		}
+		io.Copy(io.Discard, out)
+	}()
+	select {
+	case m := <-found:
+		return m, kill
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%v: no line matching %v in 60s; stderr:\n%s", args[0], re, stderr.String())
+		return nil, nil
+	}
 }

@@ -267,9 +267,6 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
-	if _, ok := s.peers[cfg.NodeID]; !ok && len(s.peers) > 0 && !cfg.Join {
-		return nil, fmt.Errorf("meta: node %d is not among the peers %v", cfg.NodeID, peerIDs(s.peers))
-	}
 	reg := cfg.Registerer
 	if reg == nil {
 		s.reg = prometheus.NewRegistry()
@@ -331,6 +328,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("meta: node %d was removed from the cluster (basalt admin meta remove); it may not run again under this ID: wipe %s and join as a new node with a new ID (basalt meta --join)", cfg.NodeID, cfg.DataDir)
 	}
 	s.members.changed = s.onMembersChanged
+	// A node added later (basalt admin meta add) is in the member table,
+	// not necessarily in its --peers.
+	if _, ok := s.peers[cfg.NodeID]; !ok && len(s.peers) > 0 && !cfg.Join && s.members.Get(cfg.NodeID) == nil {
+		return nil, fmt.Errorf("meta: node %d is not among the peers %v (nor in the member table: to add a node, start it with --join)", cfg.NodeID, peerIDs(s.peers))
+	}
 	// The log directory's entry is durable before anything is logged in it
 	// (DataDir's own entry was synced when the stores created it).
 	if err := cfg.FS.MkdirAll(filepath.Join(cfg.DataDir, "raft"), 0o755); err != nil {
@@ -353,7 +355,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("meta: listen %s: %w", cfg.GRPCAddr, err)
 	}
 	s.peersMu.Lock()
-	if p, ok := s.peers[cfg.NodeID]; ok || len(s.peers) == 0 || cfg.Join {
+	if p, ok := s.peers[cfg.NodeID]; ok || len(s.peers) == 0 || cfg.Join || s.members.Get(cfg.NodeID) != nil {
 		p.RaftAddr, p.GRPCAddr = s.host.Addr(), s.lis.Addr().String()
 		s.peers[cfg.NodeID] = p
 	}
