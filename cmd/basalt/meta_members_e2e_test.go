@@ -132,6 +132,11 @@ func TestMetaReplaceNode(t *testing.T) {
 	}
 
 	// Node 3's disk dies.
+	phase := time.Now()
+	lap := func(what string) {
+		t.Logf("phase %s: %v", what, time.Since(phase).Round(time.Millisecond))
+		phase = time.Now()
+	}
 	kill(3)
 	if err := os.RemoveAll(filepath.Join(dir, "meta3")); err != nil {
 		t.Fatal(err)
@@ -142,6 +147,7 @@ func TestMetaReplaceNode(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &ch); err != nil || len(ch.Groups) != 5 || !ch.GetMember().GetRemoved() {
 		t.Fatalf("remove 3: %v %s", err, out)
 	}
+	lap("remove 3 (kill -9 to answer)")
 	for _, g := range ch.Groups {
 		if g.Outcome != "removed" {
 			t.Fatalf("remove 3: group %s: %q, want removed", g.Name, g.Outcome)
@@ -160,10 +166,12 @@ func TestMetaReplaceNode(t *testing.T) {
 	// Node 4 joins with a new ID, an empty directory and new ports.
 	tok := strings.TrimSpace(retry("meta token for node 4", 30*time.Second,
 		admin(both, "admin", "ca", "token", "create", "--role", "meta", "--id", "4", "--ttl", "10m")...))
+	lap("token for 4")
 	current := peer(1) + "," + peer(2)
 	m, killJoined := startProcKill(t, regexp.MustCompile(`^basalt meta: node 4, gRPC (\S+),`), bin, "meta", "--id", "4", "--join",
 		"--data-dir", filepath.Join(dir, "meta4"), "--raft", raft[4], "--grpc", grpcs[4], "--peers", current,
 		"--admins", "admin", "--ballast-bytes", "0", "--bootstrap-token", tok)
+	lap("node 4 started with --join (certificate by token)")
 	if m[1] != grpcs[4] {
 		t.Fatalf("node 4 serves on %s, want %s", m[1], grpcs[4])
 	}
@@ -171,6 +179,7 @@ func TestMetaReplaceNode(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &ch); err != nil || len(ch.Groups) != 5 {
 		t.Fatalf("add 4: %v %s", err, out)
 	}
+	lap("add 4")
 	for _, g := range ch.Groups {
 		if g.Outcome != "added" {
 			t.Fatalf("add 4: group %s: %q, want added", g.Name, g.Outcome)
@@ -218,6 +227,7 @@ func TestMetaReplaceNode(t *testing.T) {
 			t.Fatalf("node 4 did not catch up with %v: %+v", want, r.Groups)
 		}
 	}
+	lap("node 4 caught up (after the add and the checks)")
 	var row *metapb.MemberInfo
 	for _, mi := range r.Members {
 		if mi.Id == 4 {
@@ -230,6 +240,7 @@ func TestMetaReplaceNode(t *testing.T) {
 
 	// Node 1 goes: nodes 2 and 4 are a quorum of every group.
 	kill(1)
+	lap("-")
 	after := grpcs[2] + "," + grpcs[4]
 	for _, v := range vols {
 		out := retry("read "+v+"/bkt without node 1", 60*time.Second, admin(after, "sh", "bucket", "info", v+"/bkt", "--json")...)
@@ -237,6 +248,7 @@ func TestMetaReplaceNode(t *testing.T) {
 			t.Fatalf("bucket info %s/bkt: %s", v, out)
 		}
 	}
+	lap("kill 1 to all 6 buckets read from 2+4")
 	retry("a new volume without node 1", 60*time.Second, admin(after, "sh", "volume", "create", "/after")...)
 	retry("read the new volume", 30*time.Second, admin(after, "sh", "volume", "info", "/after")...)
 	retry("a CA group write without node 1", 60*time.Second,
@@ -251,6 +263,7 @@ func TestMetaReplaceNode(t *testing.T) {
 	start(4, "--peers", peers)
 	retry("read the new volume after restarting 2 and 4", 90*time.Second, admin(after, "sh", "volume", "info", "/after")...)
 	retry("a write after restarting 2 and 4", 60*time.Second, admin(after, "sh", "volume", "create", "/after2")...)
+	lap("restart 2 and 4 to a read and a write")
 }
 
 func lastLines(s string, n int) string {

@@ -24,6 +24,7 @@ package meta
 // stalls until the new node, started with --join beforehand, catches up).
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -394,6 +395,7 @@ func (s *Server) changeLocal(ctx context.Context, gid uint64, g *raft.Group, id 
 	if st.Role != "leader" {
 		return nil, &raft.NotLeaderError{Group: gid, Leader: st.Leader}
 	}
+	voters := slices.Clone(st.Voters)
 	member := slices.Contains(st.Voters, id)
 	switch {
 	case !remove && member:
@@ -405,15 +407,33 @@ func (s *Server) changeLocal(ctx context.Context, gid uint64, g *raft.Group, id 
 	case remove && id == s.cfg.NodeID:
 		return nil, status.Errorf(codes.FailedPrecondition, "node %d leads the %s group: stop it first (another node takes over), then remove it", id, gc.Name)
 	}
-	var live []uint64
-	for v, f := range st.Followers {
-		if v == s.cfg.NodeID || f.Active {
-			live = append(live, v)
+	// A leader learns who is live from their answers: right after an
+	// election nobody is yet. A refusal stands only after two election
+	// timeouts of refusals.
+	deadline := time.Now().Add(2 * s.electionTimeout())
+	for {
+		var live []uint64
+		for v, f := range st.Followers {
+			if v == s.cfg.NodeID || f.Active {
+				live = append(live, v)
+			}
 		}
-	}
-	slices.Sort(live)
-	if err := quorumCheck(st.Voters, live, id, remove); err != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "%s group: %v", gc.Name, err)
+		slices.Sort(live)
+		err := quorumCheck(st.Voters, live, id, remove)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, status.Errorf(codes.FailedPrecondition, "%s group: %v", gc.Name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(s.electionTimeout() / 10):
+		}
+		if st = g.Status(); st.Role != "leader" || !slices.Equal(st.Voters, voters) {
+			return nil, &raft.NotLeaderError{Group: gid, Leader: st.Leader}
+		}
 	}
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
@@ -488,4 +508,13 @@ func checkJoinDir(fs vfs.FS, dir string) error {
 		}
 	}
 	return nil
+}
+
+// electionTimeout is the raft election timeout (TickInterval ×
+// ElectionTicks, with raft's defaults).
+func (s *Server) electionTimeout() time.Duration {
+	if s.cfg.TickInterval < 0 {
+		return time.Second // manual ticks (tests)
+	}
+	return cmp.Or(s.cfg.TickInterval, 100*time.Millisecond) * time.Duration(cmp.Or(s.cfg.ElectionTicks, 10))
 }

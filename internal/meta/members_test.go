@@ -1,17 +1,24 @@
 package meta
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/scm"
 	"github.com/basalt-store/basalt/internal/meta/store"
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/vfs"
 )
 
@@ -166,5 +173,140 @@ func TestCheckJoinDir(t *testing.T) {
 		if err := checkJoinDir(vfs.Default, d); err == nil || !strings.Contains(err.Error(), "holds state") {
 			t.Errorf("with %s/: %v", sub, err)
 		}
+	}
+}
+
+// TestMembersRPCRules: the Members RPCs on a real in-process cluster of
+// three: admins only; AddMember/RemoveMember only on the members group's
+// leader (NotLeader for group 5 elsewhere); AlreadyExists for a member;
+// no removing the serving node; with a follower stopped, the quorum rule
+// refuses adding a node and removing the live follower; removing the
+// stopped one changes every group and its ID cannot come back; a node
+// started with Join is added, catches up in every group and the others
+// resolve it from the member table.
+func TestMembersRPCRules(t *testing.T) {
+	c := newCluster(t, 3, scm.Config{})
+	var leader uint64
+	waitFor(t, 10*time.Second, "a members leader", func() bool {
+		for id, s := range c.servers {
+			if s.memGroup.IsLeader() {
+				leader = id
+				return true
+			}
+		}
+		return false
+	})
+	dial := func(id uint64, opts []grpc.DialOption) metapb.MembersClient {
+		conn, err := grpc.NewClient(c.servers[id].GRPCAddr(), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return metapb.NewMembersClient(conn)
+	}
+	adm := dial(leader, clientDial())
+	ctx := context.Background()
+	code := func(err error) codes.Code { return status.Code(err) }
+
+	bob := dial(leader, []grpc.DialOption{testCreds(pki.RoleClient, "bob").GRPCDialOption(pki.RoleMeta)})
+	if _, err := bob.ListMembers(ctx, &metapb.ListMembersRequest{}); code(err) != codes.PermissionDenied {
+		t.Fatalf("ListMembers by a non-admin: %v", err)
+	}
+	if _, err := bob.RemoveMember(ctx, &metapb.RemoveMemberRequest{Id: 3}); code(err) != codes.PermissionDenied {
+		t.Fatalf("RemoveMember by a non-admin: %v", err)
+	}
+	var other, stopped uint64
+	for id := range c.servers {
+		if id != leader {
+			if other == 0 {
+				other = id
+			} else {
+				stopped = id
+			}
+		}
+	}
+	_, err := dial(other, clientDial()).AddMember(ctx, &metapb.AddMemberRequest{Id: 9, RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:2"})
+	st, _ := status.FromError(err)
+	var nl *metapb.NotLeader
+	for _, d := range st.Details() {
+		nl, _ = d.(*metapb.NotLeader)
+	}
+	if st.Code() != codes.Unavailable || nl == nil || nl.GroupId != MembersGroup || nl.LeaderId != leader {
+		t.Fatalf("AddMember on a follower: %v %v", err, nl)
+	}
+	if _, err := adm.AddMember(ctx, &metapb.AddMemberRequest{Id: 0, RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:2"}); code(err) != codes.InvalidArgument {
+		t.Fatalf("AddMember of ID 0: %v", err)
+	}
+	if _, err := adm.AddMember(ctx, &metapb.AddMemberRequest{Id: other, RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:2"}); code(err) != codes.AlreadyExists {
+		t.Fatalf("AddMember of a member: %v", err)
+	}
+	if _, err := adm.RemoveMember(ctx, &metapb.RemoveMemberRequest{Id: leader}); code(err) != codes.FailedPrecondition {
+		t.Fatalf("RemoveMember of the serving node: %v", err)
+	}
+	if _, err := adm.RemoveMember(ctx, &metapb.RemoveMemberRequest{Id: 77}); code(err) != codes.NotFound {
+		t.Fatalf("RemoveMember of a stranger: %v", err)
+	}
+
+	// A follower stops.
+	c.servers[stopped].Close()
+	delete(c.servers, stopped)
+	waitFor(t, 10*time.Second, "the leader to notice", func() bool {
+		f, ok := c.servers[leader].memGroup.Status().Followers[stopped]
+		return ok && !f.Active
+	})
+	if _, err := adm.AddMember(ctx, &metapb.AddMemberRequest{Id: 4, RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:2"}); code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "remove dead members first") {
+		t.Fatalf("AddMember with a member down: %v", err)
+	}
+	if _, err := adm.RemoveMember(ctx, &metapb.RemoveMemberRequest{Id: other}); code(err) != codes.FailedPrecondition {
+		t.Fatalf("RemoveMember of a live member with another down: %v", err)
+	}
+	r, err := adm.RemoveMember(ctx, &metapb.RemoveMemberRequest{Id: stopped})
+	if err != nil || len(r.Groups) != 5 || !r.Member.Removed {
+		t.Fatalf("RemoveMember of the stopped node: %v %v", r, err)
+	}
+	for _, s := range c.servers {
+		for _, mg := range metaGroups {
+			g := s.group(mg.id)
+			waitFor(t, 10*time.Second, "the removal everywhere", func() bool { return !slices.Contains(g.Voters(), stopped) })
+		}
+		waitFor(t, 10*time.Second, "the removed row", func() bool { return s.members.Get(stopped).GetRemoved() })
+		if _, ok := s.peer(stopped); ok {
+			t.Fatalf("node %d still resolves removed node %d", s.cfg.NodeID, stopped)
+		}
+	}
+	if _, err := adm.AddMember(ctx, &metapb.AddMemberRequest{Id: stopped, RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:2"}); code(err) != codes.FailedPrecondition {
+		t.Fatalf("AddMember of a removed ID: %v", err)
+	}
+
+	// Node 4 joins.
+	peers := map[uint64]Peer{}
+	for id, s := range c.servers {
+		peers[id] = Peer{RaftAddr: s.RaftAddr(), GRPCAddr: s.GRPCAddr()}
+	}
+	n4, err := New(Config{NodeID: 4, DataDir: filepath.Join(c.dir, "4"), Peers: peers, Join: true, TLS: nodeCreds(4), Admins: testAdmins,
+		TickInterval: 20 * time.Millisecond, ElectionTicks: 10, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n4.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c.servers[4] = n4
+	r, err = adm.AddMember(ctx, &metapb.AddMemberRequest{Id: 4, RaftAddr: n4.RaftAddr(), GrpcAddr: n4.GRPCAddr()})
+	if err != nil || len(r.Groups) != 5 {
+		t.Fatalf("AddMember 4: %v %v", r, err)
+	}
+	for _, mg := range metaGroups {
+		g := n4.group(mg.id)
+		lead := c.servers[leader].group(mg.id)
+		waitFor(t, 20*time.Second, "node 4 to catch up in "+mg.name, func() bool {
+			return slices.Contains(g.Voters(), 4) && g.Status().Applied >= lead.Status().Commit
+		})
+	}
+	if p, ok := c.servers[other].peer(4); !ok || p.GRPCAddr != n4.GRPCAddr() {
+		t.Fatalf("node %d resolves node 4 as %v %v", other, p, ok)
+	}
+	if _, err := New(Config{NodeID: 5, DataDir: filepath.Join(c.dir, "4"), Peers: peers, Join: true, TLS: nodeCreds(5), Logger: quiet}); err == nil || !strings.Contains(err.Error(), "holds state") {
+		t.Fatalf("Join with a used directory: %v", err)
 	}
 }
