@@ -168,7 +168,8 @@ func TestMetaReplaceNode(t *testing.T) {
 		admin(both, "admin", "ca", "token", "create", "--role", "meta", "--id", "4", "--ttl", "10m")...))
 	lap("token for 4")
 	current := peer(1) + "," + peer(2)
-	m, killJoined := startProcKill(t, regexp.MustCompile(`^basalt meta: node 4, gRPC (\S+),`), bin, "meta", "--id", "4", "--join",
+	logs[4] = &bytes.Buffer{}
+	m, killJoined := startProcKill(t, regexp.MustCompile(`^basalt meta: node 4, gRPC (\S+),`), logs[4], bin, "meta", "--id", "4", "--join", "--log-level", "info",
 		"--data-dir", filepath.Join(dir, "meta4"), "--raft", raft[4], "--grpc", grpcs[4], "--peers", current,
 		"--admins", "admin", "--ballast-bytes", "0", "--bootstrap-token", tok)
 	lap("node 4 started with --join (certificate by token)")
@@ -276,11 +277,10 @@ func lastLines(s string, n int) string {
 
 // startProcKill is startProc that also returns a function that kills the
 // process (SIGKILL) and waits for it.
-func startProcKill(t *testing.T, re *regexp.Regexp, bin string, args ...string) ([]string, func()) {
+func startProcKill(t *testing.T, re *regexp.Regexp, stderr *bytes.Buffer, bin string, args ...string) ([]string, func()) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -292,7 +292,7 @@ func refused(format string, args ...any) error {
 // node forwarding already): a new node given one meta address need not
 // find the leader itself.
 func (c *caService) forward(ctx context.Context) bool {
-	if c.group.IsLeader() || c.s.fwd == nil {
+	if c.group.IsLeader() || c.s.fwd() == nil {
 		return false
 	}
 	id, ok, _ := pki.CallIdentity(ctx)
@@ -301,7 +301,7 @@ func (c *caService) forward(ctx context.Context) bool {
 
 func (c *caService) IssueCertificate(ctx context.Context, req *metapb.IssueCertificateRequest) (*metapb.IssueCertificateResponse, error) {
 	if c.forward(ctx) {
-		return c.s.fwd.Ca.IssueCertificate(ctx, req)
+		return c.s.fwd().Ca.IssueCertificate(ctx, req)
 	}
 	tok, err := pki.ParseBootstrapToken(req.GetToken())
 	if err != nil {
@@ -408,7 +408,7 @@ func (c *caService) CreateBootstrapToken(ctx context.Context, req *metapb.Create
 		return nil, status.Errorf(codes.InvalidArgument, "CreateBootstrapToken: ttl %v: want up to %v", ttl, caMaxTokenTTL)
 	}
 	if c.forward(ctx) {
-		return c.s.fwd.Ca.CreateBootstrapToken(ctx, req) // the caller was checked here: an admin
+		return c.s.fwd().Ca.CreateBootstrapToken(ctx, req) // the caller was checked here: an admin
 	}
 	if !c.group.IsLeader() {
 		return nil, c.notLeader()
@@ -446,7 +446,7 @@ func (c *caService) RevokeCertificate(ctx context.Context, req *metapb.RevokeCer
 		return nil, status.Error(codes.InvalidArgument, "RevokeCertificate: give a serial or an identity")
 	}
 	if c.forward(ctx) {
-		return c.s.fwd.Ca.RevokeCertificate(ctx, op)
+		return c.s.fwd().Ca.RevokeCertificate(ctx, op)
 	}
 	if !c.group.IsLeader() {
 		return nil, c.notLeader()
@@ -509,11 +509,11 @@ func (c *caService) renewOwnOnce(ctx context.Context, creds *pki.Credentials) er
 	var certPEM []byte
 	var serial string
 	var notAfter time.Time
-	if !c.group.IsLeader() && c.s.fwd != nil {
+	if !c.group.IsLeader() && c.s.fwd() != nil {
 		// Through the CA group's leader, like any node: it signs and
 		// records the new certificate, so a revocation by identity
 		// covers it.
-		r, err := c.s.fwd.Ca.RenewCertificate(pctx, &metapb.RenewCertificateRequest{CsrDer: der})
+		r, err := c.s.fwd().Ca.RenewCertificate(pctx, &metapb.RenewCertificateRequest{CsrDer: der})
 		if err != nil {
 			return err
 		}

@@ -40,6 +40,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/pki"
@@ -135,6 +136,42 @@ func quorumCheck(voters, live []uint64, id uint64, remove bool) error {
 // forwarding client's addresses. (peer() reads the table directly.)
 func (s *Server) onMembersChanged() {
 	s.log.Info("meta: member table changed", "members", s.members.Table())
+	if err := s.rebuildForwarder(); err != nil {
+		s.log.Error("meta: forwarding client for the new member table", "err", err)
+	}
+}
+
+// fwd is the client to the other meta nodes, nil on a single node.
+func (s *Server) fwd() *metaclient.Client { return s.fwdp.Load() }
+
+// rebuildForwarder (re)makes the forwarding client over every member's
+// gRPC address (this node's too: SCM leadership can move here while a
+// forwarded call is in flight, and the others' hints then name this
+// node; without its address the call would wait out its deadline). The
+// client follows leader hints only to addresses it was given, so a
+// member added later must be in it.
+func (s *Server) rebuildForwarder() error {
+	var addrs []string
+	for _, id := range s.memberIDs() {
+		if p, _ := s.peer(id); p.GRPCAddr != "" {
+			addrs = append(addrs, p.GRPCAddr)
+		}
+	}
+	s.fwdMu.Lock()
+	defer s.fwdMu.Unlock()
+	if s.fwdClosed || len(addrs) <= 1 || slices.Equal(addrs, s.fwdAddrs) {
+		return nil
+	}
+	c, err := metaclient.New(metaclient.Config{Addrs: addrs, CallTimeout: 10 * time.Second,
+		DialOptions: []grpc.DialOption{s.cfg.TLS.GRPCDialOption(pki.RoleMeta)}})
+	if err != nil {
+		return err
+	}
+	if old := s.fwdp.Swap(c); old != nil {
+		s.fwdOld = append(s.fwdOld, old) // calls may be in flight on it
+	}
+	s.fwdAddrs = addrs
+	return nil
 }
 
 // membersServer serves the Members service.

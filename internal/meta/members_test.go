@@ -306,6 +306,15 @@ func TestMembersRPCRules(t *testing.T) {
 	if p, ok := c.servers[other].peer(4); !ok || p.GRPCAddr != n4.GRPCAddr() {
 		t.Fatalf("node %d resolves node 4 as %v %v", other, p, ok)
 	}
+	// Its forwarding client (SCM, CA calls to their leaders) knows node 4:
+	// it follows leader hints only to addresses it was given.
+	s := c.servers[other]
+	s.fwdMu.Lock()
+	fa := slices.Clone(s.fwdAddrs)
+	s.fwdMu.Unlock()
+	if !slices.Contains(fa, n4.GRPCAddr()) || slices.Contains(fa, "") {
+		t.Fatalf("node %d forwards to %v, not to node 4 (%s)", other, fa, n4.GRPCAddr())
+	}
 	if _, err := New(Config{NodeID: 5, DataDir: filepath.Join(c.dir, "4"), Peers: peers, Join: true, TLS: nodeCreds(5), Logger: quiet}); err == nil || !strings.Contains(err.Error(), "holds state") {
 		t.Fatalf("Join with a used directory: %v", err)
 	}

@@ -198,7 +198,14 @@ type Server struct {
 
 	scmMgr *scm.Manager
 	nsSvc  *namespace.Service
-	fwd    *metaclient.Client // to other nodes' SCM when not co-located
+	// fwdp: the client to the other meta nodes (forwarding to the SCM,
+	// CA leaders), nil on a single node; rebuilt when the member table
+	// changes (members.go: fwd, rebuildForwarder).
+	fwdp      atomic.Pointer[metaclient.Client]
+	fwdMu     sync.Mutex
+	fwdAddrs  []string
+	fwdOld    []*metaclient.Client // replaced ones, closed by Close
+	fwdClosed bool
 
 	lis  net.Listener
 	grpc *grpc.Server
@@ -501,17 +508,8 @@ func (s *Server) Start() error {
 	// Every member, this one too: SCM leadership can move here while a
 	// forwarded call is in flight, and the others' hints then name this
 	// node; without its address the call would wait out its deadline.
-	var addrs []string
-	for _, id := range s.memberIDs() {
-		if p, _ := s.peer(id); p.GRPCAddr != "" {
-			addrs = append(addrs, p.GRPCAddr)
-		}
-	}
-	if len(addrs) > 1 {
-		if s.fwd, err = metaclient.New(metaclient.Config{Addrs: addrs, CallTimeout: 10 * time.Second,
-			DialOptions: []grpc.DialOption{s.cfg.TLS.GRPCDialOption(pki.RoleMeta)}}); err != nil {
-			return err
-		}
+	if err := s.rebuildForwarder(); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -591,9 +589,15 @@ func (s *Server) Close() error {
 
 func (s *Server) closeParts() error {
 	var errs []error
-	if s.fwd != nil {
-		errs = append(errs, s.fwd.Close())
+	s.fwdMu.Lock()
+	s.fwdClosed = true
+	if c := s.fwdp.Load(); c != nil {
+		errs = append(errs, c.Close())
 	}
+	for _, c := range s.fwdOld {
+		errs = append(errs, c.Close())
+	}
+	s.fwdMu.Unlock()
 	if s.host != nil {
 		errs = append(errs, s.host.Close())
 	}
@@ -742,20 +746,20 @@ func (b *scmBlocks) AllocateBlocks(ctx context.Context, req *metapb.AllocateBloc
 	if err := b.s.scmHaltedErr(); err != nil {
 		return nil, err // the local SCM state stops at the halt (review drift 4)
 	}
-	if b.s.scmGroup.IsLeader() || b.s.fwd == nil {
+	if b.s.scmGroup.IsLeader() || b.s.fwd() == nil {
 		return b.s.scmMgr.AllocateBlocks(ctx, req)
 	}
-	return b.s.fwd.Scm.AllocateBlocks(ctx, req)
+	return b.s.fwd().Scm.AllocateBlocks(ctx, req)
 }
 
 func (b *scmBlocks) DeleteBlocks(ctx context.Context, req *metapb.DeleteBlocksRequest) error {
 	if err := b.s.scmHaltedErr(); err != nil {
 		return err // the local SCM state stops at the halt (review drift 4)
 	}
-	if b.s.scmGroup.IsLeader() || b.s.fwd == nil {
+	if b.s.scmGroup.IsLeader() || b.s.fwd() == nil {
 		return b.s.scmMgr.DeleteBlocks(ctx, req)
 	}
-	_, err := b.s.fwd.Scm.DeleteBlocks(ctx, req)
+	_, err := b.s.fwd().Scm.DeleteBlocks(ctx, req)
 	return err
 }
 
