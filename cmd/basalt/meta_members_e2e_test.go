@@ -131,6 +131,30 @@ func TestMetaReplaceNode(t *testing.T) {
 		vols = append(vols, v)
 	}
 
+	members := func(addr string) *metapb.ListMembersResponse {
+		out := retry("members on "+addr, 30*time.Second, admin(addr, "admin", "meta", "members", "--json")...)
+		var r metapb.ListMembersResponse
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("members --json: %v %s", err, out)
+		}
+		return &r
+	}
+	// The members leader records every initial member it heard from.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+		n := 0
+		for _, m := range members(grpcs[1]).Members {
+			if m.Source == "table" {
+				n++
+			}
+		}
+		if n == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the member table holds %d initial members, want 3", n)
+		}
+	}
+
 	// Node 3's disk dies.
 	phase := time.Now()
 	lap := func(what string) {
@@ -141,6 +165,12 @@ func TestMetaReplaceNode(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(dir, "meta3")); err != nil {
 		t.Fatal(err)
 	}
+	// Restarting it under its old ID on an empty directory is refused.
+	if _, stderr, err := run("meta", "--id", "3", "--data-dir", filepath.Join(dir, "meta3"), "--raft", raft[3], "--grpc", grpcs[3],
+		"--peers", peers, "--ca-dir", caDir, "--ballast-bytes", "0"); err == nil || !strings.Contains(stderr, "has run in this cluster before") {
+		t.Fatalf("node 3 restarted on an empty directory: %v %s", err, stderr)
+	}
+	lap("a wiped node 3 refused")
 	both := grpcs[1] + "," + grpcs[2]
 	out := retry("remove node 3", 60*time.Second, admin(both, "admin", "meta", "remove", "3", "--json")...)
 	var ch metapb.MemberChangeResponse
@@ -196,14 +226,6 @@ func TestMetaReplaceNode(t *testing.T) {
 
 	// Wait until node 4 applied, in every group, what node 2 had
 	// committed after the add.
-	members := func(addr string) *metapb.ListMembersResponse {
-		out := retry("members on "+addr, 30*time.Second, admin(addr, "admin", "meta", "members", "--json")...)
-		var r metapb.ListMembersResponse
-		if err := json.Unmarshal([]byte(out), &r); err != nil {
-			t.Fatalf("members --json: %v %s", err, out)
-		}
-		return &r
-	}
 	want := map[string]uint64{}
 	for _, g := range members(grpcs[2]).Groups {
 		want[g.Name] = g.Commit

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -135,6 +136,13 @@ basalt admin meta add (see basalt admin meta --help).`,
 				}
 				for u, g := range more {
 					groups[u] = append(groups[u], g...)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(dataDir, "raft")); !join && len(p) > 1 && errors.Is(err, os.ErrNotExist) {
+				// A first start, or a member restarted on an empty disk:
+				// the other members' tables tell.
+				if err := meta.CheckNotWiped(context.Background(), creds, id, p, 5*time.Second); err != nil {
+					return err
 				}
 			}
 			reg := newRegistry()

@@ -555,3 +555,97 @@ func (s *Server) electionTimeout() time.Duration {
 	}
 	return cmp.Or(s.cfg.TickInterval, 100*time.Millisecond) * time.Duration(cmp.Or(s.cfg.ElectionTicks, 10))
 }
+
+// runMemberRecords: the members group's leader records in the table
+// every voter it has heard from that has no row (the initial members of
+// --peers), with its addresses from Peers. The row says the node has run:
+// CheckNotWiped refuses to bootstrap a node whose ID has one.
+func (s *Server) runMemberRecords(ctx context.Context) {
+	t := time.NewTicker(max(s.electionTimeout(), 100*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		g := s.memGroup
+		if !g.IsLeader() {
+			continue
+		}
+		st := g.Status()
+		for _, v := range st.Voters {
+			if s.members.Get(v) != nil {
+				continue
+			}
+			if f := st.Followers[v]; v != s.cfg.NodeID && (!f.Active || f.Match == 0) {
+				continue
+			}
+			p, ok := s.staticPeer(v)
+			m := &metapb.MemberInfo{Id: v, RaftAddr: p.RaftAddr, GrpcAddr: p.GRPCAddr}
+			if !ok || validateMemberInfo(m) != nil {
+				continue
+			}
+			cmd, err := proto.Marshal(&metapb.MembersCommand{Op: &metapb.MembersCommand_SetMember{SetMember: m}})
+			if err != nil {
+				continue
+			}
+			if _, err := propose(ctx, s, g, cmd); err != nil && ctx.Err() == nil {
+				s.log.Debug("meta: recording a member", "id", v, "err", err)
+			}
+		}
+	}
+}
+
+// CheckNotWiped is the guard against restarting a meta node under its
+// old ID on an empty data directory (which would bootstrap the groups
+// again, forgetting its votes and the entries it acknowledged): call it
+// before the first start of a node whose data directory is empty, with
+// the node's credentials and --peers. It asks the other members for
+// their member table (a few seconds at most; nodes that do not answer are
+// skipped, so it passes when no other member runs, as at a cluster's
+// first start); if one records that this ID has run (or was removed), it
+// refuses. See docs/ARCHITECTURE.md, "Meta membership".
+func CheckNotWiped(ctx context.Context, creds *pki.Credentials, self uint64, peers map[uint64]Peer, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	type answer struct {
+		from uint64
+		row  *metapb.MemberInfo
+	}
+	ch := make(chan answer, len(peers))
+	n := 0
+	for id, p := range peers {
+		if id == self || p.GRPCAddr == "" {
+			continue
+		}
+		n++
+		go func() {
+			conn, err := grpc.NewClient(p.GRPCAddr, creds.GRPCDialOption(pki.RoleMeta))
+			if err != nil {
+				ch <- answer{from: id}
+				return
+			}
+			defer conn.Close()
+			r, err := metapb.NewMembersClient(conn).ListMembers(ctx, &metapb.ListMembersRequest{})
+			var row *metapb.MemberInfo
+			for _, m := range r.GetMembers() {
+				if err == nil && m.GetId() == self && m.GetSource() == "table" {
+					row = m
+				}
+			}
+			ch <- answer{from: id, row: row}
+		}()
+	}
+	for ; n > 0; n-- {
+		a := <-ch
+		switch {
+		case a.row == nil:
+		case a.row.GetRemoved():
+			return fmt.Errorf("meta: node %d was removed from the cluster (member table of node %d): it may not run again under this ID; join a new node with a new ID (basalt meta --join, basalt admin meta add)", self, a.from)
+		default:
+			return fmt.Errorf("meta: node %d has run in this cluster before (member table of node %d), but its data directory is empty: its votes and the entries it acknowledged are gone, and bootstrapping it again could lose committed metadata. Remove it (basalt admin meta remove %d) and join a replacement with a new ID (basalt meta --join; docs/ARCHITECTURE.md, \"Meta membership\")", self, a.from, self)
+		}
+	}
+	return nil
+}

@@ -247,6 +247,27 @@ func TestMembersRPCRules(t *testing.T) {
 		t.Fatalf("RemoveMember of a stranger: %v", err)
 	}
 
+	// The leader records the initial members; a node of them restarted
+	// on an empty directory is refused by CheckNotWiped, a new ID is not.
+	waitFor(t, 10*time.Second, "rows for the initial members", func() bool {
+		for _, s := range c.servers {
+			if len(s.members.Table()) != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	initial := map[uint64]Peer{}
+	for id, s := range c.servers {
+		initial[id] = Peer{RaftAddr: s.RaftAddr(), GRPCAddr: s.GRPCAddr()}
+	}
+	if err := CheckNotWiped(ctx, nodeCreds(stopped), stopped, initial, 5*time.Second); err == nil || !strings.Contains(err.Error(), "has run in this cluster before") {
+		t.Fatalf("CheckNotWiped of a member: %v", err)
+	}
+	if err := CheckNotWiped(ctx, nodeCreds(9), 9, initial, 5*time.Second); err != nil {
+		t.Fatalf("CheckNotWiped of a new ID: %v", err)
+	}
+
 	// A follower stops.
 	c.servers[stopped].Close()
 	delete(c.servers, stopped)
@@ -276,6 +297,9 @@ func TestMembersRPCRules(t *testing.T) {
 	}
 	if _, err := adm.AddMember(ctx, &metapb.AddMemberRequest{Id: stopped, RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:2"}); code(err) != codes.FailedPrecondition {
 		t.Fatalf("AddMember of a removed ID: %v", err)
+	}
+	if err := CheckNotWiped(ctx, nodeCreds(stopped), stopped, initial, 5*time.Second); err == nil || !strings.Contains(err.Error(), "was removed") {
+		t.Fatalf("CheckNotWiped of a removed member: %v", err)
 	}
 
 	// Node 4 joins.

@@ -436,18 +436,23 @@ func (s *Server) SetPeer(id uint64, p Peer) {
 	s.peersMu.Unlock()
 }
 
-// peer is id's addresses: this node's own as bound; another's from the
-// member table if it has a row (none if removed), else from Peers.
+// peer is id's addresses: none if the member table says it was removed;
+// else from Peers (and SetPeer: an operator's or a test's newer word), or
+// from the member table for a node added later.
 func (s *Server) peer(id uint64) (Peer, bool) {
+	var m *metapb.MemberInfo
 	if id != s.cfg.NodeID && s.members != nil {
-		if m := s.members.Get(id); m != nil {
-			if m.GetRemoved() {
-				return Peer{}, false
-			}
-			return Peer{RaftAddr: m.GetRaftAddr(), GRPCAddr: m.GetGrpcAddr()}, true
+		if m = s.members.Get(id); m.GetRemoved() {
+			return Peer{}, false
 		}
 	}
-	return s.staticPeer(id)
+	if p, ok := s.staticPeer(id); ok && (p.RaftAddr != "" || m == nil) {
+		return p, true
+	}
+	if m != nil {
+		return Peer{RaftAddr: m.GetRaftAddr(), GRPCAddr: m.GetGrpcAddr()}, true
+	}
+	return Peer{}, false
 }
 
 // staticPeer is id's addresses from Config.Peers and SetPeer only.
@@ -513,7 +518,8 @@ func (s *Server) Start() error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.wg.Add(10)
+	s.wg.Add(11)
+	go func() { defer s.wg.Done(); s.runMemberRecords(ctx) }()
 	go func() { defer s.wg.Done(); s.runUpgrade(ctx) }()
 	go func() { defer s.wg.Done(); s.runRevocationPull(ctx) }()
 	go func() { defer s.wg.Done(); s.ca.establish(ctx) }()
