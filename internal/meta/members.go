@@ -223,7 +223,7 @@ func (m *membersServer) ListMembers(ctx context.Context, _ *metapb.ListMembersRe
 		}
 	}
 	s.peersMu.RUnlock()
-	slices.SortFunc(resp.Members, func(a, b *metapb.MemberInfo) int { return int(a.GetId()) - int(b.GetId()) })
+	slices.SortFunc(resp.Members, func(a, b *metapb.MemberInfo) int { return cmp.Compare(a.GetId(), b.GetId()) })
 	for _, mg := range metaGroups {
 		g := s.group(mg.id)
 		if g == nil {
