@@ -537,7 +537,7 @@ func (s *Server) askLeader(ctx context.Context, leader uint64, req *metapb.Chang
 // node that was a member keeps its log and votes (restart it without
 // --join); one whose state is partly gone must not pretend to be new.
 func checkJoinDir(fs vfs.FS, dir string) error {
-	for _, sub := range []string{"raft", "namespace", "scm", "ca", "usertoken", "members"} {
+	for _, sub := range []string{"raft", "namespace", "scm", "ca", "usertoken", "members", InitialMarker} {
 		if _, err := fs.Stat(filepath.Join(dir, sub)); err == nil {
 			return fmt.Errorf("meta: --join with data directory %s, which holds state (%s/): a node joins with an empty data directory; a member restarts without --join", dir, sub)
 		} else if !errors.Is(err, fs2.ErrNotExist) {

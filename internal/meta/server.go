@@ -181,6 +181,11 @@ type Server struct {
 	peers   map[uint64]Peer // Config.Peers and SetPeer; members.peer overrides
 
 	members  *membersState // the member table (members_state.go)
+	// joined: this data directory joined (--join); initialVoters: else
+	// the cluster's initial voters, the only bootstrap configuration
+	// (members_marker.go).
+	joined        bool
+	initialVoters []uint64
 	memGroup *raft.Group   // MembersGroup
 
 	scmState *scm.State
@@ -273,6 +278,11 @@ func New(cfg Config) (*Server, error) {
 		if err := checkJoinDir(cfg.FS, cfg.DataDir); err != nil {
 			return nil, err
 		}
+		// First: from now on this data directory never bootstraps a
+		// group (members_marker.go).
+		if err := writeMarker(cfg.FS, cfg.DataDir, JoinedMarker, []byte("joined\n")); err != nil {
+			return nil, err
+		}
 	}
 	reg := cfg.Registerer
 	if reg == nil {
@@ -335,9 +345,12 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("meta: node %d was removed from the cluster (basalt admin meta remove); it may not run again under this ID: wipe %s and join as a new node with a new ID (basalt meta --join)", cfg.NodeID, cfg.DataDir)
 	}
 	s.members.changed = s.onMembersChanged
+	if s.joined, s.initialVoters, err = bootMembership(cfg.FS, cfg.DataDir, cfg.NodeID, cfg.Join, peerIDs(s.peers), s.members.Get(cfg.NodeID) != nil); err != nil {
+		return nil, err
+	}
 	// A node added later (basalt admin meta add) is in the member table,
 	// not necessarily in its --peers.
-	if _, ok := s.peers[cfg.NodeID]; !ok && len(s.peers) > 0 && !cfg.Join && s.members.Get(cfg.NodeID) == nil {
+	if _, ok := s.peers[cfg.NodeID]; !ok && len(s.peers) > 0 && !s.joined && s.members.Get(cfg.NodeID) == nil {
 		return nil, fmt.Errorf("meta: node %d is not among the peers %v (nor in the member table: to add a node, start it with --join)", cfg.NodeID, peerIDs(s.peers))
 	}
 	// The log directory's entry is durable before anything is logged in it
@@ -362,7 +375,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("meta: listen %s: %w", cfg.GRPCAddr, err)
 	}
 	s.peersMu.Lock()
-	if p, ok := s.peers[cfg.NodeID]; ok || len(s.peers) == 0 || cfg.Join || s.members.Get(cfg.NodeID) != nil {
+	if p, ok := s.peers[cfg.NodeID]; ok || len(s.peers) == 0 || s.joined || s.members.Get(cfg.NodeID) != nil {
 		p.RaftAddr, p.GRPCAddr = s.host.Addr(), s.lis.Addr().String()
 		s.peers[cfg.NodeID] = p
 	}
@@ -490,9 +503,12 @@ func (s *Server) resolve(id uint64) (string, error) {
 // Start joins (or creates) both groups, serves gRPC and starts the
 // leader-side background loops.
 func (s *Server) Start() error {
-	voters := s.memberIDs()
-	if s.cfg.Join {
-		voters = nil // bootstrap nothing: the leaders add this node
+	// Only an initial member bootstraps a group it has no state in, and
+	// with the initial voters; a node that joined waits for the leader
+	// (members_marker.go).
+	voters := s.initialVoters
+	if s.joined {
+		voters = nil
 	}
 	var err error
 	if s.memGroup, err = s.host.AddGroup(raft.GroupConfig{ID: MembersGroup, Peers: voters, StateMachine: &raftSM{sm: s.members}}); err != nil {

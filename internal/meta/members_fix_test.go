@@ -1,0 +1,146 @@
+package meta
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/vfs"
+)
+
+// membersLeader waits for the members group's leader.
+func membersLeader(t *testing.T, c *cluster) *Server {
+	t.Helper()
+	var l *Server
+	waitFor(t, 10*time.Second, "a members leader", func() bool {
+		for _, s := range c.servers {
+			if s.memGroup != nil && s.memGroup.IsLeader() {
+				l = s
+				return true
+			}
+		}
+		return false
+	})
+	return l
+}
+
+// An add interrupted after the members group (the review's probe), the
+// joined node restarted without --join, the add finished: every group
+// has the same voters on every node. Before the joined marker, node 4
+// bootstrapped its fresh groups locally with --peers ∪ table as voters.
+func TestMembersInterruptedAddRestart(t *testing.T) {
+	c := newCluster(t, 3, scm.Config{})
+	L := membersLeader(t, c)
+	ctx := context.Background()
+	peers := map[uint64]Peer{}
+	for id, s := range c.servers {
+		peers[id] = Peer{RaftAddr: s.RaftAddr(), GRPCAddr: s.GRPCAddr()}
+	}
+	cfg := Config{NodeID: 4, DataDir: filepath.Join(c.dir, "4"), Peers: peers, Join: true, TLS: nodeCreds(4), Admins: testAdmins,
+		TickInterval: 20 * time.Millisecond, ElectionTicks: 10, Logger: quiet}
+	n4, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n4.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*metapb.MemberInfo{
+		{Id: 4, RaftAddr: n4.RaftAddr(), GrpcAddr: n4.GRPCAddr()},
+		{Id: 5, RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:2"}, // a row in no group
+	} {
+		cmd, _ := marshalMembers(&metapb.MembersCommand{Op: &metapb.MembersCommand_SetMember{SetMember: m}})
+		if _, err := propose(ctx, L, L.memGroup, cmd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := L.changeGroup(ctx, MembersGroup, 4, false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "node 4 has its row", func() bool { return n4.members.Get(4) != nil })
+	cfg.RaftAddr, cfg.GRPCAddr = n4.RaftAddr(), n4.GRPCAddr()
+	n4.Close()
+	cfg.Join = false // as the CLI forces once raft/ exists
+	if n4, err = New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	defer n4.Close()
+	if err := n4.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if v := n4.nsGroup.Voters(); len(v) != 0 {
+		t.Errorf("restarted joined node 4 bootstrapped the namespace group with voters %v (the group's are %v)", v, L.nsGroup.Voters())
+	}
+	for _, g := range metaGroups {
+		if g.id == MembersGroup {
+			continue
+		}
+		waitFor(t, 20*time.Second, "finishing the add", func() bool {
+			_, err := L.changeGroup(ctx, g.id, 4, false)
+			return err == nil
+		})
+	}
+	all := []*Server{n4}
+	for _, s := range c.servers {
+		all = append(all, s)
+	}
+	for _, g := range metaGroups {
+		waitFor(t, 20*time.Second, "voters equal on every node", func() bool {
+			want := []uint64{1, 2, 3, 4}
+			for _, s := range all {
+				if v := slices.Sorted(slices.Values(s.group(g.id).Voters())); !slices.Equal(v, want) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	for _, g := range metaGroups {
+		for _, s := range all {
+			if v := s.group(g.id).Voters(); len(v) != 4 {
+				t.Errorf("group %s on node %d: voters %v", g.name, s.cfg.NodeID, v)
+			}
+		}
+	}
+}
+
+// The markers: a first start records the initial voters, which later
+// --peers do not change; a joined directory stays joined.
+func TestBootMembership(t *testing.T) {
+	fs := vfs.Default
+	dir := filepath.Join(t.TempDir(), "d")
+	joined, ids, err := bootMembership(fs, dir, 2, false, []uint64{3, 1, 2}, false)
+	if err != nil || joined || !slices.Equal(ids, []uint64{1, 2, 3}) {
+		t.Fatalf("first start: %v %v %v", joined, ids, err)
+	}
+	joined, ids, err = bootMembership(fs, dir, 2, false, []uint64{1, 2, 4}, true)
+	if err != nil || joined || !slices.Equal(ids, []uint64{1, 2, 3}) {
+		t.Fatalf("restart with other --peers: %v %v %v", joined, ids, err)
+	}
+	if err := checkJoinDir(fs, dir); err == nil {
+		t.Fatal("--join accepted an initial member's directory")
+	}
+	jd := filepath.Join(t.TempDir(), "j")
+	if err := writeMarker(fs, jd, JoinedMarker, []byte("joined\n")); err != nil {
+		t.Fatal(err)
+	}
+	if joined, ids, err = bootMembership(fs, jd, 4, false, []uint64{1, 2, 3, 4}, true); err != nil || !joined || ids != nil {
+		t.Fatalf("joined directory: %v %v %v", joined, ids, err)
+	}
+	// A directory without markers whose node is not in --peers joined.
+	od := filepath.Join(t.TempDir(), "o")
+	if joined, _, err = bootMembership(fs, od, 4, false, []uint64{1, 2, 3}, true); err != nil || !joined {
+		t.Fatalf("old joined directory: %v %v", joined, err)
+	}
+	if ok, _ := vfs.Exists(fs, filepath.Join(od, JoinedMarker)); !ok {
+		t.Fatal("no joined marker written")
+	}
+	// A single-node service.
+	if _, ids, err = bootMembership(fs, filepath.Join(t.TempDir(), "s"), 7, false, nil, false); err != nil || !slices.Equal(ids, []uint64{7}) {
+		t.Fatalf("single node: %v %v", ids, err)
+	}
+}
