@@ -180,13 +180,13 @@ type Server struct {
 	peersMu sync.RWMutex
 	peers   map[uint64]Peer // Config.Peers and SetPeer; members.peer overrides
 
-	members  *membersState // the member table (members_state.go)
+	members *membersState // the member table (members_state.go)
 	// joined: this data directory joined (--join); initialVoters: else
 	// the cluster's initial voters, the only bootstrap configuration
 	// (members_marker.go).
 	joined        bool
 	initialVoters []uint64
-	memGroup *raft.Group   // MembersGroup
+	memGroup      *raft.Group // MembersGroup
 
 	scmState *scm.State
 	nsState  *namespace.State
