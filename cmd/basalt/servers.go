@@ -140,8 +140,9 @@ basalt admin meta add (see basalt admin meta --help).`,
 			}
 			if _, err := os.Stat(filepath.Join(dataDir, "raft")); !join && len(p) > 1 && errors.Is(err, os.ErrNotExist) {
 				// A first start, or a member restarted on an empty disk:
-				// the other members' tables tell.
-				if err := meta.CheckNotWiped(context.Background(), creds, id, p, 5*time.Second); err != nil {
+				// the other members' tables tell (meta.New runs the
+				// stricter check for --join itself).
+				if err := meta.CheckNotWiped(context.Background(), creds, id, p, 5*time.Second, false); err != nil {
 					return err
 				}
 			}

@@ -606,12 +606,20 @@ func (s *Server) runMemberRecords(ctx context.Context) {
 // skipped, so it passes when no other member runs, as at a cluster's
 // first start); if one records that this ID has run (or was removed), it
 // refuses. See docs/ARCHITECTURE.md, "Meta membership".
-func CheckNotWiped(ctx context.Context, creds *pki.Credentials, self uint64, peers map[uint64]Peer, timeout time.Duration) error {
+//
+// join (basalt meta --join): the ID must also be new to every group: it is
+// refused if any answering member lists it as a voter of a group (a wiped
+// member restarted with --join under its old ID would otherwise be taken
+// back by the leaders with its vote and log forgotten), and if no member
+// answers at all (a join needs the members up anyway).
+func CheckNotWiped(ctx context.Context, creds *pki.Credentials, self uint64, peers map[uint64]Peer, timeout time.Duration, join bool) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	type answer struct {
-		from uint64
-		row  *metapb.MemberInfo
+		from  uint64
+		row   *metapb.MemberInfo
+		voter string // a group that lists self as a voter
+		err   error
 	}
 	ch := make(chan answer, len(peers))
 	n := 0
@@ -623,29 +631,47 @@ func CheckNotWiped(ctx context.Context, creds *pki.Credentials, self uint64, pee
 		go func() {
 			conn, err := grpc.NewClient(p.GRPCAddr, creds.GRPCDialOption(pki.RoleMeta))
 			if err != nil {
-				ch <- answer{from: id}
+				ch <- answer{from: id, err: err}
 				return
 			}
 			defer conn.Close()
 			r, err := metapb.NewMembersClient(conn).ListMembers(ctx, &metapb.ListMembersRequest{})
-			var row *metapb.MemberInfo
+			a := answer{from: id, err: err}
 			for _, m := range r.GetMembers() {
 				if err == nil && m.GetId() == self && m.GetSource() == "table" {
-					row = m
+					a.row = m
 				}
 			}
-			ch <- answer{from: id, row: row}
+			for _, g := range r.GetGroups() {
+				if slices.Contains(g.GetVoters(), self) {
+					a.voter = g.GetName()
+				}
+			}
+			ch <- a
 		}()
 	}
+	answered := 0
+	var lastErr error
 	for ; n > 0; n-- {
 		a := <-ch
+		if a.err == nil {
+			answered++
+		} else {
+			lastErr = a.err
+		}
 		switch {
-		case a.row == nil:
 		case a.row.GetRemoved():
 			return fmt.Errorf("meta: node %d was removed from the cluster (member table of node %d): it may not run again under this ID; join a new node with a new ID (basalt meta --join, basalt admin meta add)", self, a.from)
-		default:
+		case a.row != nil && join:
+			return fmt.Errorf("meta: --join as node %d, but node %d's member table already has a row for it: the ID has been used (or added before this node ever started). Join under a new ID; remove this one first if it is a voter (basalt admin meta remove %d)", self, a.from, self)
+		case a.row != nil:
 			return fmt.Errorf("meta: node %d has run in this cluster before (member table of node %d), but its data directory is empty: its votes and the entries it acknowledged are gone, and bootstrapping it again could lose committed metadata. Remove it (basalt admin meta remove %d) and join a replacement with a new ID (basalt meta --join; docs/ARCHITECTURE.md, \"Meta membership\")", self, a.from, self)
+		case a.voter != "" && join:
+			return fmt.Errorf("meta: --join as node %d, but node %d lists it as a voter of the %s group: a member may not join again on an empty directory (its votes and log are gone). Remove it (basalt admin meta remove %d) and join under a new ID", self, a.from, a.voter, self)
 		}
+	}
+	if join && answered == 0 {
+		return fmt.Errorf("meta: --join as node %d: no member of --peers answered (to check that the ID is new): %v", self, lastErr)
 	}
 	return nil
 }

@@ -2,8 +2,10 @@ package meta
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,5 +144,63 @@ func TestBootMembership(t *testing.T) {
 	// A single-node service.
 	if _, ids, err = bootMembership(fs, filepath.Join(t.TempDir(), "s"), 7, false, nil, false); err != nil || !slices.Equal(ids, []uint64{7}) {
 		t.Fatalf("single node: %v %v", ids, err)
+	}
+}
+
+// A wiped member restarted with Join under its old ID is refused (the
+// review's probe: before, it was a voter again with no admin step); a
+// new ID may join; a Join with no member answering is refused.
+func TestJoinWipedMemberRefused(t *testing.T) {
+	c := newCluster(t, 3, scm.Config{})
+	waitFor(t, 10*time.Second, "rows for the initial members", func() bool {
+		for _, s := range c.servers {
+			if len(s.members.Table()) != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	var victim uint64
+	for id, s := range c.servers {
+		if s.nsGroup.IsLeader() {
+			victim = id
+		}
+	}
+	vs := c.servers[victim]
+	dir := vs.cfg.DataDir
+	peers := map[uint64]Peer{}
+	for id, s := range c.servers {
+		if id != victim {
+			peers[id] = Peer{RaftAddr: s.RaftAddr(), GRPCAddr: s.GRPCAddr()}
+		}
+	}
+	vs.Close()
+	delete(c.servers, victim)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{NodeID: victim, DataDir: dir, Peers: peers, Join: true, TLS: nodeCreds(victim), Admins: testAdmins,
+		TickInterval: 20 * time.Millisecond, ElectionTicks: 10, Logger: quiet}
+	if n, err := New(cfg); err == nil {
+		n.Close()
+		t.Fatalf("Join under wiped member %d's ID accepted", victim)
+	} else if !strings.Contains(err.Error(), "already has a row") {
+		t.Fatalf("Join under wiped member %d's ID: %v", victim, err)
+	}
+	if ok, _ := vfs.Exists(vfs.Default, filepath.Join(dir, JoinedMarker)); ok {
+		t.Error("a refused Join wrote the joined marker")
+	}
+	cfg.NodeID, cfg.TLS, cfg.DataDir = 9, nodeCreds(9), filepath.Join(c.dir, "9")
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatalf("Join under a new ID: %v", err)
+	}
+	n.Close()
+	cfg.NodeID, cfg.TLS, cfg.DataDir = 10, nodeCreds(10), filepath.Join(c.dir, "10")
+	cfg.Peers = map[uint64]Peer{1: {RaftAddr: "127.0.0.1:1", GRPCAddr: "127.0.0.1:1"}}
+	cfg.ProposeTimeout = 2 * time.Second
+	if n, err := New(cfg); err == nil {
+		n.Close()
+		t.Fatal("Join with no member answering accepted")
 	}
 }

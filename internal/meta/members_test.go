@@ -261,10 +261,10 @@ func TestMembersRPCRules(t *testing.T) {
 	for id, s := range c.servers {
 		initial[id] = Peer{RaftAddr: s.RaftAddr(), GRPCAddr: s.GRPCAddr()}
 	}
-	if err := CheckNotWiped(ctx, nodeCreds(stopped), stopped, initial, 5*time.Second); err == nil || !strings.Contains(err.Error(), "has run in this cluster before") {
+	if err := CheckNotWiped(ctx, nodeCreds(stopped), stopped, initial, 5*time.Second, false); err == nil || !strings.Contains(err.Error(), "has run in this cluster before") {
 		t.Fatalf("CheckNotWiped of a member: %v", err)
 	}
-	if err := CheckNotWiped(ctx, nodeCreds(9), 9, initial, 5*time.Second); err != nil {
+	if err := CheckNotWiped(ctx, nodeCreds(9), 9, initial, 5*time.Second, false); err != nil {
 		t.Fatalf("CheckNotWiped of a new ID: %v", err)
 	}
 
@@ -298,16 +298,23 @@ func TestMembersRPCRules(t *testing.T) {
 	if _, err := adm.AddMember(ctx, &metapb.AddMemberRequest{Id: stopped, RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:2"}); code(err) != codes.FailedPrecondition {
 		t.Fatalf("AddMember of a removed ID: %v", err)
 	}
-	if err := CheckNotWiped(ctx, nodeCreds(stopped), stopped, initial, 5*time.Second); err == nil || !strings.Contains(err.Error(), "was removed") {
+	if err := CheckNotWiped(ctx, nodeCreds(stopped), stopped, initial, 5*time.Second, false); err == nil || !strings.Contains(err.Error(), "was removed") {
 		t.Fatalf("CheckNotWiped of a removed member: %v", err)
 	}
 
-	// Node 4 joins.
+	// Node 6 joins (4 has a row: the refused add above recorded it first,
+	// so a Join under ID 4 is refused).
 	peers := map[uint64]Peer{}
 	for id, s := range c.servers {
 		peers[id] = Peer{RaftAddr: s.RaftAddr(), GRPCAddr: s.GRPCAddr()}
 	}
-	n4, err := New(Config{NodeID: 4, DataDir: filepath.Join(c.dir, "4"), Peers: peers, Join: true, TLS: nodeCreds(4), Admins: testAdmins,
+	if n, err := New(Config{NodeID: 4, DataDir: filepath.Join(c.dir, "4"), Peers: peers, Join: true, TLS: nodeCreds(4), Logger: quiet}); err == nil || !strings.Contains(err.Error(), "already has a row") {
+		if n != nil {
+			n.Close()
+		}
+		t.Fatalf("Join under an ID with a row: %v", err)
+	}
+	n4, err := New(Config{NodeID: 6, DataDir: filepath.Join(c.dir, "6"), Peers: peers, Join: true, TLS: nodeCreds(6), Admins: testAdmins,
 		TickInterval: 20 * time.Millisecond, ElectionTicks: 10, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -315,31 +322,31 @@ func TestMembersRPCRules(t *testing.T) {
 	if err := n4.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c.servers[4] = n4
-	r, err = adm.AddMember(ctx, &metapb.AddMemberRequest{Id: 4, RaftAddr: n4.RaftAddr(), GrpcAddr: n4.GRPCAddr()})
+	c.servers[6] = n4
+	r, err = adm.AddMember(ctx, &metapb.AddMemberRequest{Id: 6, RaftAddr: n4.RaftAddr(), GrpcAddr: n4.GRPCAddr()})
 	if err != nil || len(r.Groups) != 5 {
-		t.Fatalf("AddMember 4: %v %v", r, err)
+		t.Fatalf("AddMember 6: %v %v", r, err)
 	}
 	for _, mg := range metaGroups {
 		g := n4.group(mg.id)
 		lead := c.servers[leader].group(mg.id)
-		waitFor(t, 20*time.Second, "node 4 to catch up in "+mg.name, func() bool {
-			return slices.Contains(g.Voters(), 4) && g.Status().Applied >= lead.Status().Commit
+		waitFor(t, 20*time.Second, "node 6 to catch up in "+mg.name, func() bool {
+			return slices.Contains(g.Voters(), 6) && g.Status().Applied >= lead.Status().Commit
 		})
 	}
-	if p, ok := c.servers[other].peer(4); !ok || p.GRPCAddr != n4.GRPCAddr() {
-		t.Fatalf("node %d resolves node 4 as %v %v", other, p, ok)
+	if p, ok := c.servers[other].peer(6); !ok || p.GRPCAddr != n4.GRPCAddr() {
+		t.Fatalf("node %d resolves node 6 as %v %v", other, p, ok)
 	}
-	// Its forwarding client (SCM, CA calls to their leaders) knows node 4:
+	// Its forwarding client (SCM, CA calls to their leaders) knows node 6:
 	// it follows leader hints only to addresses it was given.
 	s := c.servers[other]
 	s.fwdMu.Lock()
 	fa := slices.Clone(s.fwdAddrs)
 	s.fwdMu.Unlock()
 	if !slices.Contains(fa, n4.GRPCAddr()) || slices.Contains(fa, "") {
-		t.Fatalf("node %d forwards to %v, not to node 4 (%s)", other, fa, n4.GRPCAddr())
+		t.Fatalf("node %d forwards to %v, not to node 6 (%s)", other, fa, n4.GRPCAddr())
 	}
-	if _, err := New(Config{NodeID: 5, DataDir: filepath.Join(c.dir, "4"), Peers: peers, Join: true, TLS: nodeCreds(5), Logger: quiet}); err == nil || !strings.Contains(err.Error(), "holds state") {
+	if _, err := New(Config{NodeID: 5, DataDir: filepath.Join(c.dir, "6"), Peers: peers, Join: true, TLS: nodeCreds(5), Logger: quiet}); err == nil || !strings.Contains(err.Error(), "holds state") {
 		t.Fatalf("Join with a used directory: %v", err)
 	}
 }

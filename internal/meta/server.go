@@ -278,6 +278,11 @@ func New(cfg Config) (*Server, error) {
 		if err := checkJoinDir(cfg.FS, cfg.DataDir); err != nil {
 			return nil, err
 		}
+		// The wiped-node guard: the ID must be new to the cluster (no
+		// row, a voter of no group).
+		if err := CheckNotWiped(context.Background(), cfg.TLS, cfg.NodeID, cfg.Peers, cmp.Or(cfg.ProposeTimeout/2, 5*time.Second), true); err != nil {
+			return nil, err
+		}
 		// First: from now on this data directory never bootstraps a
 		// group (members_marker.go).
 		if err := writeMarker(cfg.FS, cfg.DataDir, JoinedMarker, []byte("joined\n")); err != nil {
