@@ -289,6 +289,8 @@ func (m *membersServer) AddMember(ctx context.Context, req *metapb.AddMemberRequ
 	if err := validateAddMember(req); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "AddMember: %v", err)
 	}
+	m.s.memberOpMu.Lock()
+	defer m.s.memberOpMu.Unlock()
 	if err := m.leadMembers(ctx); err != nil {
 		return nil, err
 	}
@@ -350,6 +352,8 @@ func (m *membersServer) RemoveMember(ctx context.Context, req *metapb.RemoveMemb
 	if id == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "RemoveMember: node ID must be nonzero")
 	}
+	m.s.memberOpMu.Lock()
+	defer m.s.memberOpMu.Unlock()
 	if err := m.leadMembers(ctx); err != nil {
 		return nil, err
 	}
@@ -421,13 +425,44 @@ func (m *membersServer) ChangeGroupMember(ctx context.Context, req *metapb.Chang
 	if !g.IsLeader() {
 		return nil, m.notLeader(g, req.GetGroup())
 	}
+	// Only the members group's current leader (which serializes the
+	// changes) or this node itself: not any meta certificate.
+	if !m.s.cfg.TLS.IsInsecure() {
+		c, _ := namespace.CallerOf(ctx)
+		l := m.s.memGroup.Leader()
+		self := pki.Identity{Role: pki.RoleMeta, ID: strconv.FormatUint(m.s.cfg.NodeID, 10)}.String()
+		if c.User != self && (l == 0 || c.User != (pki.Identity{Role: pki.RoleMeta, ID: strconv.FormatUint(l, 10)}).String()) {
+			return nil, status.Errorf(codes.PermissionDenied, "meta node %d: ChangeGroupMember from %s, which does not lead the members group (node %d does)", m.s.cfg.NodeID, clip(c.User), l)
+		}
+	}
 	return m.s.changeLocal(ctx, req.GetGroup(), g, req.GetId(), req.GetRemove())
+}
+
+// checkAddRow: a node is added to a group only if the member table (read
+// after a barrier on the members group) has its row, not removed. A
+// concurrent or stale RemoveMember can then not leave a removed ID as a
+// voter nobody resolves.
+func (s *Server) checkAddRow(ctx context.Context, gid, id uint64) error {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	if err := s.memGroup.ReadIndex(ctx); err != nil {
+		return status.Errorf(codes.Unavailable, "meta node %d: members group read barrier: %v", s.cfg.NodeID, err)
+	}
+	switch row := s.members.Get(id); {
+	case row == nil:
+		return status.Errorf(codes.FailedPrecondition, "%s group: node %d has no row in the member table (add it with basalt admin meta add)", groupName(gid), id)
+	case row.GetRemoved():
+		return status.Errorf(codes.FailedPrecondition, "%s group: node %d was removed from the cluster; it may not be a voter again", groupName(gid), id)
+	}
+	return nil
 }
 
 // changeLocal makes one membership change in group g, which this node
 // leads, unless it is made already.
 func (s *Server) changeLocal(ctx context.Context, gid uint64, g *raft.Group, id uint64, remove bool) (*metapb.GroupChange, error) {
 	gc := &metapb.GroupChange{Group: gid, Name: groupName(gid)}
+	s.changeMu.Lock()
+	defer s.changeMu.Unlock()
 	st := g.Status()
 	if st.Role != "leader" {
 		return nil, &raft.NotLeaderError{Group: gid, Leader: st.Leader}
@@ -443,6 +478,11 @@ func (s *Server) changeLocal(ctx context.Context, gid uint64, g *raft.Group, id 
 		return gc, nil
 	case remove && id == s.cfg.NodeID:
 		return nil, status.Errorf(codes.FailedPrecondition, "node %d leads the %s group: stop it first (another node takes over), then remove it", id, gc.Name)
+	}
+	if !remove {
+		if err := s.checkAddRow(ctx, gid, id); err != nil {
+			return nil, err
+		}
 	}
 	// A leader learns who is live from their answers: right after an
 	// election nobody is yet. A refusal stands only after two election
@@ -497,6 +537,10 @@ func (s *Server) changeGroup(ctx context.Context, gid uint64, id uint64, remove 
 	for {
 		var gc *metapb.GroupChange
 		var err error
+		if !s.memGroup.IsLeader() {
+			// A stale call (leadership moved): the new leader serializes.
+			return nil, status.Errorf(codes.FailedPrecondition, "meta node %d no longer leads the members group (node %d does): retry there", s.cfg.NodeID, s.memGroup.Leader())
+		}
 		if g.IsLeader() {
 			gc, err = s.changeLocal(ctx, gid, g, id, remove)
 		} else if l := g.Leader(); l == 0 {

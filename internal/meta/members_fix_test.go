@@ -9,8 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/vfs"
 )
 
@@ -202,5 +207,65 @@ func TestJoinWipedMemberRefused(t *testing.T) {
 	if n, err := New(cfg); err == nil {
 		n.Close()
 		t.Fatal("Join with no member answering accepted")
+	}
+}
+
+// A group leader adds only a node whose row is in the member table and
+// not removed, and takes ChangeGroupMember only from the members leader:
+// a concurrent or stale RemoveMember cannot leave a removed ID a voter.
+func TestChangeGroupMemberRefusals(t *testing.T) {
+	c := newCluster(t, 3, scm.Config{})
+	L := membersLeader(t, c)
+	ctx := context.Background()
+	if _, err := L.changeGroup(ctx, NamespaceGroup, 9, false); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "no row") {
+		t.Fatalf("add of an ID without a row: %v", err)
+	}
+	for _, op := range []*metapb.MembersCommand{
+		{Op: &metapb.MembersCommand_SetMember{SetMember: &metapb.MemberInfo{Id: 9, RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:2"}}},
+		{Op: &metapb.MembersCommand_RemoveMember{RemoveMember: 9}},
+	} {
+		cmd, _ := marshalMembers(op)
+		if _, err := propose(ctx, L, L.memGroup, cmd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// As a RemoveMember that ran between an AddMember's row and its
+	// group changes would leave it.
+	if _, err := L.changeGroup(ctx, ScmGroup, 9, false); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "was removed") {
+		t.Fatalf("add of a removed ID: %v", err)
+	}
+	for _, s := range c.servers {
+		for _, mg := range metaGroups {
+			if slices.Contains(s.group(mg.id).Voters(), 9) {
+				t.Fatalf("removed node 9 is a voter of %s on node %d", mg.name, s.cfg.NodeID)
+			}
+		}
+	}
+	// ChangeGroupMember from a meta node that does not lead the members
+	// group (a removed node's certificate, a stale leader) is refused.
+	var gl *Server
+	waitFor(t, 10*time.Second, "a namespace leader", func() bool {
+		for _, s := range c.servers {
+			if s.nsGroup.IsLeader() {
+				gl = s
+				return true
+			}
+		}
+		return false
+	})
+	var other uint64
+	for id := range c.servers {
+		if id != L.cfg.NodeID && id != gl.cfg.NodeID {
+			other = id
+		}
+	}
+	conn2, err := grpc.NewClient(gl.GRPCAddr(), nodeCreds(other).GRPCDialOption(pki.RoleMeta))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close()
+	_, err = metapb.NewMembersClient(conn2).ChangeGroupMember(ctx, &metapb.ChangeGroupMemberRequest{Group: NamespaceGroup, Id: 9, Remove: true})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("ChangeGroupMember from node %d (not the members leader): %v", other, err)
 	}
 }

@@ -186,6 +186,11 @@ type Server struct {
 	// (members_marker.go).
 	joined        bool
 	initialVoters []uint64
+	// memberOpMu: one AddMember/RemoveMember at a time on the members
+	// leader; changeMu: one group change at a time on a group leader
+	// (from the checks to the proposal). members.go.
+	memberOpMu sync.Mutex
+	changeMu   sync.Mutex
 	memGroup      *raft.Group // MembersGroup
 
 	scmState *scm.State
