@@ -332,6 +332,12 @@ func (c *caService) IssueCertificate(ctx context.Context, req *metapb.IssueCerti
 		return nil, status.Errorf(codes.InvalidArgument, "%v", err)
 	}
 	id := pki.Identity{Role: pki.Role(t.GetRole()), ID: t.GetIdentityId()}
+	if id.Role == pki.RoleMeta {
+		// A token made before its node was removed.
+		if err := c.s.refuseRemovedMeta(ctx, id.ID); err != nil {
+			return nil, err
+		}
+	}
 	if id.ID == "" {
 		// A datanode gets a new UUID: the server chooses, so a token's
 		// holder cannot take an existing datanode's identity (a datanode
@@ -394,8 +400,10 @@ func (c *caService) CreateBootstrapToken(ctx context.Context, req *metapb.Create
 		}
 	}
 	if role == pki.RoleMeta {
-		// A meta node's certificate ID is its raft node ID (a member of
-		// --peers: the raft transport admits no other).
+		// A meta node's certificate ID is its raft node ID: an initial
+		// member, one about to join (basalt meta --join, then admin meta
+		// add), never a removed one (checked below, on the CA leader,
+		// after a barrier on the members group).
 		if n, err := strconv.ParseUint(req.GetIdentityId(), 10, 64); err != nil || n == 0 || strconv.FormatUint(n, 10) != req.GetIdentityId() {
 			return nil, status.Errorf(codes.InvalidArgument, "CreateBootstrapToken: a meta token names the node's ID (a positive integer), not %q", clip(req.GetIdentityId()))
 		}
@@ -412,6 +420,11 @@ func (c *caService) CreateBootstrapToken(ctx context.Context, req *metapb.Create
 	}
 	if !c.group.IsLeader() {
 		return nil, c.notLeader()
+	}
+	if role == pki.RoleMeta {
+		if err := c.s.refuseRemovedMeta(ctx, req.GetIdentityId()); err != nil {
+			return nil, err
+		}
 	}
 	_, der, _ := c.state.CA()
 	if der == nil {

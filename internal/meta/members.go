@@ -438,6 +438,28 @@ func (m *membersServer) ChangeGroupMember(ctx context.Context, req *metapb.Chang
 	return m.s.changeLocal(ctx, req.GetGroup(), g, req.GetId(), req.GetRemove())
 }
 
+// metaIDRemoved: the meta identity ID (a node ID) is removed in this
+// node's member table.
+func (s *Server) metaIDRemoved(id string) bool {
+	n, err := strconv.ParseUint(id, 10, 64)
+	return err == nil && s.members != nil && s.members.Get(n).GetRemoved()
+}
+
+// refuseRemovedMeta refuses (FailedPrecondition) a meta identity whose
+// node ID is removed in the member table, read after a barrier on the
+// members group: no token or certificate for a removed node.
+func (s *Server) refuseRemovedMeta(ctx context.Context, id string) error {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	if err := s.memGroup.ReadIndex(ctx); err != nil {
+		return status.Errorf(codes.Unavailable, "meta node %d: members group read barrier: %v", s.cfg.NodeID, err)
+	}
+	if s.metaIDRemoved(id) {
+		return status.Errorf(codes.FailedPrecondition, "meta node %d: meta node %s was removed from the cluster; its ID may not come back: give the new node a new ID", s.cfg.NodeID, clip(id))
+	}
+	return nil
+}
+
 // checkAddRow: a node is added to a group only if the member table (read
 // after a barrier on the members group) has its row, not removed. A
 // concurrent or stale RemoveMember can then not leave a removed ID as a

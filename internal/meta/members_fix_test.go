@@ -269,3 +269,46 @@ func TestChangeGroupMemberRefusals(t *testing.T) {
 		t.Fatalf("ChangeGroupMember from node %d (not the members leader): %v", other, err)
 	}
 }
+
+// A removed node's meta certificate no longer authorizes anything, and
+// no bootstrap token is made for a removed ID.
+func TestRemovedMetaLosesRights(t *testing.T) {
+	c := newCACluster(t, 3, nil)
+	waitCA(t, c)
+	L := membersLeader(t, c)
+	ctx := context.Background()
+	conn, err := grpc.NewClient(L.GRPCAddr(), nodeCreds(9).GRPCDialOption(pki.RoleMeta))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	n9 := metapb.NewMembersClient(conn)
+	if _, err := n9.ListMembers(ctx, &metapb.ListMembersRequest{}); err != nil {
+		t.Fatalf("ListMembers by meta node 9 before its removal: %v", err)
+	}
+	for _, op := range []*metapb.MembersCommand{
+		{Op: &metapb.MembersCommand_SetMember{SetMember: &metapb.MemberInfo{Id: 9, RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:2"}}},
+		{Op: &metapb.MembersCommand_RemoveMember{RemoveMember: 9}},
+	} {
+		cmd, _ := marshalMembers(op)
+		if _, err := propose(ctx, L, L.memGroup, cmd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := n9.ListMembers(ctx, &metapb.ListMembersRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("ListMembers by removed meta node 9: %v", err)
+	}
+	aconn, err := grpc.NewClient(L.GRPCAddr(), clientDial()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer aconn.Close()
+	ca := metapb.NewCaClient(aconn)
+	waitFor(t, 20*time.Second, "a meta token for new node 10 (the CA)", func() bool {
+		_, err := ca.CreateBootstrapToken(ctx, &metapb.CreateBootstrapTokenRequest{Role: string(pki.RoleMeta), IdentityId: "10"})
+		return err == nil
+	})
+	if _, err := ca.CreateBootstrapToken(ctx, &metapb.CreateBootstrapTokenRequest{Role: string(pki.RoleMeta), IdentityId: "9"}); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "was removed") {
+		t.Fatalf("a meta token for removed node 9: %v", err)
+	}
+}
