@@ -191,7 +191,7 @@ type Server struct {
 	// (from the checks to the proposal). members.go.
 	memberOpMu sync.Mutex
 	changeMu   sync.Mutex
-	memGroup      *raft.Group // MembersGroup
+	memGroup   *raft.Group // MembersGroup
 
 	scmState *scm.State
 	nsState  *namespace.State
