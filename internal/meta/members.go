@@ -33,6 +33,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -295,6 +296,9 @@ func (m *membersServer) AddMember(ctx context.Context, req *metapb.AddMemberRequ
 		return nil, err
 	}
 	s, id := m.s, req.GetId()
+	if err := s.checkVotersServeMembers(ctx, id, false); err != nil {
+		return nil, err
+	}
 	want := &metapb.MemberInfo{Id: id, RaftAddr: req.GetRaftAddr(), GrpcAddr: req.GetGrpcAddr()}
 	row := s.members.Get(id)
 	if row.GetRemoved() {
@@ -371,6 +375,9 @@ func (m *membersServer) RemoveMember(ctx context.Context, req *metapb.RemoveMemb
 	}
 	if !inAny && row == nil && !static {
 		return nil, status.Errorf(codes.NotFound, "RemoveMember: node %d is not a member", id)
+	}
+	if err := s.checkVotersServeMembers(ctx, id, true); err != nil {
+		return nil, err
 	}
 	resp := &metapb.MemberChangeResponse{Member: row}
 	if resp.Member == nil {
@@ -456,6 +463,64 @@ func (s *Server) refuseRemovedMeta(ctx context.Context, id string) error {
 	}
 	if s.metaIDRemoved(id) {
 		return status.Errorf(codes.FailedPrecondition, "meta node %d: meta node %s was removed from the cluster; its ID may not come back: give the new node a new ID", s.cfg.NodeID, clip(id))
+	}
+	return nil
+}
+
+// checkVotersServeMembers is the upgrade gate of membership changes:
+// every voter of any group (this node's view; target excluded) must serve
+// the Members service, so every member hosts the members group, resolves
+// added nodes from the table and can make its groups' changes. A voter
+// that answers Unimplemented runs an older binary: refused at once (no
+// retry). One that does not answer is refused for an add; for a remove it
+// is skipped (a dead node is what removals are for; the quorum rule
+// guards the rest). The calls run in parallel, a few seconds at most.
+func (s *Server) checkVotersServeMembers(ctx context.Context, target uint64, remove bool) error {
+	var ids []uint64
+	for _, mg := range metaGroups {
+		for _, v := range s.group(mg.id).Voters() {
+			if v != s.cfg.NodeID && v != target && !slices.Contains(ids, v) {
+				ids = append(ids, v)
+			}
+		}
+	}
+	slices.Sort(ids)
+	ctx, cancel := context.WithTimeout(ctx, min(s.cfg.ProposeTimeout, 3*time.Second))
+	defer cancel()
+	errs := make([]error, len(ids))
+	done := make(chan struct{}, len(ids))
+	for i, v := range ids {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			p, ok := s.peer(v)
+			if !ok || p.GRPCAddr == "" {
+				errs[i] = status.Errorf(codes.Unavailable, "no gRPC address")
+				return
+			}
+			conn, err := grpc.NewClient(p.GRPCAddr, s.cfg.TLS.GRPCDialOption(pki.RoleMeta))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer conn.Close()
+			_, errs[i] = metapb.NewMembersClient(conn).ListMembers(ctx, &metapb.ListMembersRequest{})
+		}()
+	}
+	for range ids {
+		<-done
+	}
+	op := "AddMember"
+	if remove {
+		op = "RemoveMember"
+	}
+	for i, err := range errs {
+		switch {
+		case err == nil:
+		case status.Code(err) == codes.Unimplemented:
+			return status.Errorf(codes.FailedPrecondition, "%s: member %d does not serve the Members service (an older binary): upgrade every meta node before changing the membership", op, ids[i])
+		case !remove:
+			return status.Errorf(codes.FailedPrecondition, "%s: member %d does not answer ListMembers (%v): every member must run a binary with the Members service and be up; remove dead members first", op, ids[i], err)
+		}
 	}
 	return nil
 }
@@ -573,7 +638,7 @@ func (s *Server) changeGroup(ctx context.Context, gid uint64, id uint64, remove 
 		if err == nil {
 			return gc, nil
 		}
-		if c := status.Code(err); c == codes.FailedPrecondition || c == codes.InvalidArgument || c == codes.PermissionDenied {
+		if c := status.Code(err); c == codes.FailedPrecondition || c == codes.InvalidArgument || c == codes.PermissionDenied || c == codes.Unimplemented {
 			return nil, err
 		}
 		last = err
@@ -703,6 +768,10 @@ func CheckNotWiped(ctx context.Context, creds *pki.Credentials, self uint64, pee
 			defer conn.Close()
 			r, err := metapb.NewMembersClient(conn).ListMembers(ctx, &metapb.ListMembersRequest{})
 			a := answer{from: id, err: err}
+			if status.Code(err) == codes.PermissionDenied && strings.Contains(err.Error(), "was removed from the cluster") {
+				// A removed node's certificate is refused (auth.go).
+				a.row = &metapb.MemberInfo{Id: self, Removed: true}
+			}
 			for _, m := range r.GetMembers() {
 				if err == nil && m.GetId() == self && m.GetSource() == "table" {
 					a.row = m

@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -310,5 +311,44 @@ func TestRemovedMetaLosesRights(t *testing.T) {
 	})
 	if _, err := ca.CreateBootstrapToken(ctx, &metapb.CreateBootstrapTokenRequest{Role: string(pki.RoleMeta), IdentityId: "9"}); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "was removed") {
 		t.Fatalf("a meta token for removed node 9: %v", err)
+	}
+}
+
+// The upgrade gate: a member that does not serve the Members service (an
+// older binary answers Unimplemented) stops AddMember at once, before the
+// row is recorded.
+func TestMembershipUpgradeGate(t *testing.T) {
+	c := newCluster(t, 3, scm.Config{})
+	L := membersLeader(t, c)
+	var other uint64
+	for id := range c.servers {
+		if id != L.cfg.NodeID {
+			other = id
+		}
+	}
+	// An "old binary": a meta node's gRPC port without the Members service.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := grpc.NewServer(nodeCreds(other).GRPCServerOption())
+	go old.Serve(lis)
+	defer old.Stop()
+	L.SetPeer(other, Peer{RaftAddr: c.servers[other].RaftAddr(), GRPCAddr: lis.Addr().String()})
+	conn, err := grpc.NewClient(L.GRPCAddr(), clientDial()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	_, err = metapb.NewMembersClient(conn).AddMember(context.Background(), &metapb.AddMemberRequest{Id: 7, RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:2"})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "older binary") {
+		t.Fatalf("AddMember with a member on an older binary: %v", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("the refusal took %v", d)
+	}
+	if L.members.Get(7) != nil {
+		t.Error("the refused add recorded a row")
 	}
 }
