@@ -151,6 +151,10 @@ func (s *Server) fwd() *metaclient.Client { return s.fwdp.Load() }
 // node; without its address the call would wait out its deadline). The
 // client follows leader hints only to addresses it was given, so a
 // member added later must be in it.
+// fwdGrace: how long a replaced forwarding client stays open for the
+// calls in flight on it (three of its call timeouts).
+var fwdGrace = 30 * time.Second
+
 func (s *Server) rebuildForwarder() error {
 	var addrs []string
 	for _, id := range s.memberIDs() {
@@ -169,7 +173,17 @@ func (s *Server) rebuildForwarder() error {
 		return err
 	}
 	if old := s.fwdp.Swap(c); old != nil {
-		s.fwdOld = append(s.fwdOld, old) // calls may be in flight on it
+		// Calls may be in flight on it: closed after a grace period
+		// (or by Close).
+		s.fwdOld = append(s.fwdOld, old)
+		time.AfterFunc(fwdGrace, func() {
+			s.fwdMu.Lock()
+			defer s.fwdMu.Unlock()
+			if i := slices.Index(s.fwdOld, old); i >= 0 && !s.fwdClosed {
+				s.fwdOld = slices.Delete(s.fwdOld, i, i+1)
+				old.Close()
+			}
+		})
 	}
 	s.fwdAddrs = addrs
 	return nil

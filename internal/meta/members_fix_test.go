@@ -352,3 +352,22 @@ func TestMembershipUpgradeGate(t *testing.T) {
 		t.Error("the refused add recorded a row")
 	}
 }
+
+// A replaced forwarding client is closed after the grace period.
+func TestReplacedForwarderClosed(t *testing.T) {
+	defer func(g time.Duration) { fwdGrace = g }(fwdGrace)
+	fwdGrace = 50 * time.Millisecond
+	c := newCluster(t, 3, scm.Config{})
+	s := c.servers[1]
+	p, _ := s.staticPeer(2)
+	p.GRPCAddr = "127.0.0.1:1" // another address: a new client
+	s.SetPeer(2, p)
+	if err := s.rebuildForwarder(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the old forwarding client closed", func() bool {
+		s.fwdMu.Lock()
+		defer s.fwdMu.Unlock()
+		return len(s.fwdOld) == 0
+	})
+}
