@@ -225,6 +225,7 @@ func TestMembersRPCRules(t *testing.T) {
 			}
 		}
 	}
+	waitFor(t, 10*time.Second, "the follower to know the leader", func() bool { return c.servers[other].memGroup.Leader() == leader })
 	_, err := dial(other, clientDial()).AddMember(ctx, &metapb.AddMemberRequest{Id: 9, RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:2"})
 	st, _ := status.FromError(err)
 	var nl *metapb.NotLeader
