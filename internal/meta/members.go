@@ -453,6 +453,13 @@ func (m *membersServer) ChangeGroupMember(ctx context.Context, req *metapb.Chang
 		l := m.s.memGroup.Leader()
 		self := pki.Identity{Role: pki.RoleMeta, ID: strconv.FormatUint(m.s.cfg.NodeID, 10)}.String()
 		if c.User != self && (l == 0 || c.User != (pki.Identity{Role: pki.RoleMeta, ID: strconv.FormatUint(l, 10)}).String()) {
+			// Right after an election this node may not know the new
+			// members leader yet: a meta node gets a retryable answer
+			// (its changeGroup stops once it no longer leads group 5);
+			// anyone else is refused.
+			if id, err := pki.ParseIdentity(c.User); err == nil && id.Role == pki.RoleMeta {
+				return nil, status.Errorf(codes.Unavailable, "meta node %d: ChangeGroupMember from %s, which does not lead the members group as far as this node knows (node %d does): retry", m.s.cfg.NodeID, clip(c.User), l)
+			}
 			return nil, status.Errorf(codes.PermissionDenied, "meta node %d: ChangeGroupMember from %s, which does not lead the members group (node %d does)", m.s.cfg.NodeID, clip(c.User), l)
 		}
 	}

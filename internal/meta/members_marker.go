@@ -72,7 +72,22 @@ func bootMembership(fs vfs.FS, dir string, nodeID uint64, join bool, peers []uin
 	// markers (its groups were bootstrapped with the static --peers).
 	if !slices.Contains(peers, nodeID) {
 		if len(peers) > 0 || inTable {
-			// A node that is not among --peers can only have joined.
+			// A node that is not among --peers and holds state can only
+			// have joined. One that holds none (an empty directory, a
+			// mistyped --id or --peers, a wiped member started without
+			// --join) is no member: nothing is recorded, and New refuses
+			// it (start it with --join, which runs the stricter checks).
+			state := inTable
+			if !state {
+				ok, err := vfs.Exists(fs, filepath.Join(dir, "raft"))
+				if err != nil {
+					return false, nil, err
+				}
+				state = ok
+			}
+			if !state {
+				return false, nil, nil
+			}
 			if err := writeMarker(fs, dir, JoinedMarker, []byte("joined\n")); err != nil {
 				return false, nil, err
 			}
