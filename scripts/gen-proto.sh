@@ -9,5 +9,5 @@ cd "$(dirname "$0")/.."
 protoc -I proto \
   --go_out=. --go_opt=module=github.com/basalt-store/basalt \
   --go-grpc_out=. --go-grpc_opt=module=github.com/basalt-store/basalt \
-  proto/meta/meta.proto proto/meta/command.proto proto/meta/ca.proto proto/meta/usertoken.proto proto/meta/upgrade.proto \
+  proto/meta/meta.proto proto/meta/command.proto proto/meta/ca.proto proto/meta/usertoken.proto proto/meta/upgrade.proto proto/meta/members.proto \
   proto/datanode/datanode.proto

@@ -17,7 +17,9 @@ func main() {
 		SilenceErrors: true,
 	}
 	root.AddCommand(devCmd(), metaCmd(), datanodeCmd())
-	root.AddCommand(shCmd(), adminCmd(), benchCmd())
+	admin := adminCmd()
+	admin.AddCommand(adminMetaCmd()) // admin_meta.go
+	root.AddCommand(shCmd(), admin, benchCmd())
 	root.AddCommand(s3Cmd(), webhdfsCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "basalt:", err)

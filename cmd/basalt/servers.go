@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -75,6 +76,7 @@ func parsePeers(s string) (map[uint64]meta.Peer, error) {
 func metaCmd() *cobra.Command {
 	var dataDir, raftAddr, grpcAddr, peers, metricsAddr, logLevel, tokenFile, admins, groupsSpec, groupsFile, metaBootstrapToken string
 	var id uint64
+	var join bool
 	var tf tlsFlags
 	var caf metaCAFlags
 	var uploadExpiry time.Duration
@@ -86,7 +88,9 @@ func metaCmd() *cobra.Command {
 		Short: "Run a metadata service node (namespace manager + storage container manager)",
 		Long: `Run one node of the metadata service: the namespace manager and the storage
 container manager, two Raft groups on one host. Deploy 1, 3 or 5 nodes; every
-node gets the same --peers list (empty for a single node).`,
+node gets the same --peers list (empty for a single node). To add or replace
+a node later, start it with --join and a new --id, then run
+basalt admin meta add (see basalt admin meta --help).`,
 		Example: `  basalt meta --id 1 --data-dir /var/lib/basalt/meta --tls-dir /etc/basalt/meta1-tls --raft 10.0.0.1:9863 --grpc 10.0.0.1:9862 \
     --peers 1=10.0.0.1:9863/10.0.0.1:9862,2=10.0.0.2:9863/10.0.0.2:9862,3=10.0.0.3:9863/10.0.0.3:9862`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -97,6 +101,14 @@ node gets the same --peers list (empty for a single node).`,
 			if scmCfg.StaleInterval <= 0 || scmCfg.DeadInterval <= scmCfg.StaleInterval || scmCfg.MaxCopiesPerTarget <= 0 || scmCfg.CopyTimeout <= 0 {
 				return usagef("want 0 < --stale-interval (%v) < --dead-interval (%v), --replication-copies-per-datanode (%d) > 0 and --replication-copy-timeout (%v) > 0",
 					scmCfg.StaleInterval, scmCfg.DeadInterval, scmCfg.MaxCopiesPerTarget, scmCfg.CopyTimeout)
+			}
+			if join {
+				if _, ok := p[id]; len(p) == 0 || (ok && len(p) == 1) {
+					return usagef("--join needs --peers naming the current members (their addresses: the bootstrap token is spent there, and they send this node the groups' state)")
+				}
+				if _, err := os.Stat(filepath.Join(dataDir, "raft")); err == nil {
+					return usagef("--join with data directory %s, which holds Raft state: a node joins with an empty data directory; a member restarts without --join", dataDir)
+				}
 			}
 			adminList := splitList(admins)
 			var others []string // the other members' gRPC addresses (a bootstrap token is spent there)
@@ -126,8 +138,16 @@ node gets the same --peers list (empty for a single node).`,
 					groups[u] = append(groups[u], g...)
 				}
 			}
+			if _, err := os.Stat(filepath.Join(dataDir, "raft")); !join && len(p) > 1 && errors.Is(err, os.ErrNotExist) {
+				// A first start, or a member restarted on an empty disk:
+				// the other members' tables tell (meta.New runs the
+				// stricter check for --join itself).
+				if err := meta.CheckNotWiped(context.Background(), creds, id, p, 5*time.Second, false); err != nil {
+					return err
+				}
+			}
 			reg := newRegistry()
-			ms, err := meta.New(meta.Config{NodeID: id, DataDir: dataDir, RaftAddr: raftAddr, GRPCAddr: grpcAddr, Peers: p, TLS: creds,
+			ms, err := meta.New(meta.Config{NodeID: id, DataDir: dataDir, RaftAddr: raftAddr, GRPCAddr: grpcAddr, Peers: p, Join: join, TLS: creds,
 				CA: ca, CAKeySecret: secret, CertValidity: caf.validity, CertRenewed: saveRenewed(tlsDir),
 				ServiceTokenFile: tokenFile, Admins: adminList, Groups: groups, Namespace: namespace.Config{UploadExpiry: uploadExpiry}, SCM: scmCfg,
 				BallastBytes: ballast, LookupCacheBytes: lookupCache, Registerer: reg, Logger: serverLogger(logLevel)})
@@ -154,7 +174,8 @@ node gets the same --peers list (empty for a single node).`,
 	cmd.Flags().StringVar(&dataDir, "data-dir", "./basalt-meta", "data directory")
 	cmd.Flags().StringVar(&raftAddr, "raft", "127.0.0.1:9863", "Raft transport listen address")
 	cmd.Flags().StringVar(&grpcAddr, "grpc", "127.0.0.1:9862", "gRPC listen address (clients, datanodes)")
-	cmd.Flags().StringVar(&peers, "peers", "", "all members: ID=RAFT_ADDR/GRPC_ADDR,... (empty: single node)")
+	cmd.Flags().StringVar(&peers, "peers", "", "all members: ID=RAFT_ADDR/GRPC_ADDR,... (empty: single node); with --join, the current members; members added later (basalt admin meta add) are learned from the replicated member table")
+	cmd.Flags().BoolVar(&join, "join", false, "join a running cluster as a new member: bootstrap nothing and wait to be added (basalt admin meta add ID RAFT/GRPC); needs an empty data directory and a new node ID (docs/ARCHITECTURE.md, \"Meta membership\")")
 	cmd.Flags().Int64Var(&lookupCache, "lookup-cache-bytes", namespace.DefaultLookupCacheBytes, "bound of the cache of key records for lookups (negative: none)")
 	cmd.Flags().DurationVar(&uploadExpiry, "upload-expiry", namespace.DefaultUploadExpiry, "abort incomplete S3 multipart uploads older than this (negative: never)")
 	cmd.Flags().StringVar(&tokenFile, "service-token-file", "", "file of the cluster service token S3 gateways and admin tools present (default DATA_DIR/"+meta.ServiceTokenFile+"; if it does not exist the node adopts the token the cluster recorded, made by the first leader, and writes it there)")

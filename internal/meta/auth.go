@@ -77,6 +77,11 @@ var adminMethods = map[string]bool{
 // (forwarding) and the users in Config.Admins are admins.
 func (s *Server) caller(ctx context.Context, id pki.Identity) (namespace.Caller, error) {
 	if id.Role == pki.RoleMeta {
+		// A removed member loses its rights (members.go): its
+		// certificate stays valid until it expires or is revoked.
+		if s.metaIDRemoved(id.ID) {
+			return namespace.Caller{}, status.Errorf(codes.PermissionDenied, "meta node %d: %s was removed from the cluster (basalt admin meta remove)", s.cfg.NodeID, id)
+		}
 		return namespace.Caller{User: id.String(), Admin: true}, nil
 	}
 	c := namespace.Caller{User: id.ID}

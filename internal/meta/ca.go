@@ -292,7 +292,7 @@ func refused(format string, args ...any) error {
 // node forwarding already): a new node given one meta address need not
 // find the leader itself.
 func (c *caService) forward(ctx context.Context) bool {
-	if c.group.IsLeader() || c.s.fwd == nil {
+	if c.group.IsLeader() || c.s.fwd() == nil {
 		return false
 	}
 	id, ok, _ := pki.CallIdentity(ctx)
@@ -301,7 +301,7 @@ func (c *caService) forward(ctx context.Context) bool {
 
 func (c *caService) IssueCertificate(ctx context.Context, req *metapb.IssueCertificateRequest) (*metapb.IssueCertificateResponse, error) {
 	if c.forward(ctx) {
-		return c.s.fwd.Ca.IssueCertificate(ctx, req)
+		return c.s.fwd().Ca.IssueCertificate(ctx, req)
 	}
 	tok, err := pki.ParseBootstrapToken(req.GetToken())
 	if err != nil {
@@ -332,6 +332,12 @@ func (c *caService) IssueCertificate(ctx context.Context, req *metapb.IssueCerti
 		return nil, status.Errorf(codes.InvalidArgument, "%v", err)
 	}
 	id := pki.Identity{Role: pki.Role(t.GetRole()), ID: t.GetIdentityId()}
+	if id.Role == pki.RoleMeta {
+		// A token made before its node was removed.
+		if err := c.s.refuseRemovedMeta(ctx, id.ID); err != nil {
+			return nil, err
+		}
+	}
 	if id.ID == "" {
 		// A datanode gets a new UUID: the server chooses, so a token's
 		// holder cannot take an existing datanode's identity (a datanode
@@ -394,8 +400,10 @@ func (c *caService) CreateBootstrapToken(ctx context.Context, req *metapb.Create
 		}
 	}
 	if role == pki.RoleMeta {
-		// A meta node's certificate ID is its raft node ID (a member of
-		// --peers: the raft transport admits no other).
+		// A meta node's certificate ID is its raft node ID: an initial
+		// member, one about to join (basalt meta --join, then admin meta
+		// add), never a removed one (checked below, on the CA leader,
+		// after a barrier on the members group).
 		if n, err := strconv.ParseUint(req.GetIdentityId(), 10, 64); err != nil || n == 0 || strconv.FormatUint(n, 10) != req.GetIdentityId() {
 			return nil, status.Errorf(codes.InvalidArgument, "CreateBootstrapToken: a meta token names the node's ID (a positive integer), not %q", clip(req.GetIdentityId()))
 		}
@@ -408,10 +416,15 @@ func (c *caService) CreateBootstrapToken(ctx context.Context, req *metapb.Create
 		return nil, status.Errorf(codes.InvalidArgument, "CreateBootstrapToken: ttl %v: want up to %v", ttl, caMaxTokenTTL)
 	}
 	if c.forward(ctx) {
-		return c.s.fwd.Ca.CreateBootstrapToken(ctx, req) // the caller was checked here: an admin
+		return c.s.fwd().Ca.CreateBootstrapToken(ctx, req) // the caller was checked here: an admin
 	}
 	if !c.group.IsLeader() {
 		return nil, c.notLeader()
+	}
+	if role == pki.RoleMeta {
+		if err := c.s.refuseRemovedMeta(ctx, req.GetIdentityId()); err != nil {
+			return nil, err
+		}
 	}
 	_, der, _ := c.state.CA()
 	if der == nil {
@@ -446,7 +459,7 @@ func (c *caService) RevokeCertificate(ctx context.Context, req *metapb.RevokeCer
 		return nil, status.Error(codes.InvalidArgument, "RevokeCertificate: give a serial or an identity")
 	}
 	if c.forward(ctx) {
-		return c.s.fwd.Ca.RevokeCertificate(ctx, op)
+		return c.s.fwd().Ca.RevokeCertificate(ctx, op)
 	}
 	if !c.group.IsLeader() {
 		return nil, c.notLeader()
@@ -509,11 +522,11 @@ func (c *caService) renewOwnOnce(ctx context.Context, creds *pki.Credentials) er
 	var certPEM []byte
 	var serial string
 	var notAfter time.Time
-	if !c.group.IsLeader() && c.s.fwd != nil {
+	if !c.group.IsLeader() && c.s.fwd() != nil {
 		// Through the CA group's leader, like any node: it signs and
 		// records the new certificate, so a revocation by identity
 		// covers it.
-		r, err := c.s.fwd.Ca.RenewCertificate(pctx, &metapb.RenewCertificateRequest{CsrDer: der})
+		r, err := c.s.fwd().Ca.RenewCertificate(pctx, &metapb.RenewCertificateRequest{CsrDer: der})
 		if err != nil {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -78,8 +79,15 @@ type Config struct {
 	GRPCAddr string
 	// Peers are all members, this node included, by node ID. A single-node
 	// service may leave it empty. All initial members must get the same
-	// set. Addresses can be updated later with SetPeer.
+	// set. Addresses can be updated later with SetPeer. Members added
+	// later (members.go) are in the replicated member table, which
+	// overrides Peers (a removed member is refused even if listed here).
 	Peers map[uint64]Peer
+	// Join starts a node that is not yet a member: it bootstraps no
+	// group and waits for the leaders to add it (basalt admin meta add).
+	// Peers then names the current members (their addresses), not
+	// necessarily this node. A DataDir that holds state is refused.
+	Join bool
 
 	// Raft timing: TickInterval (default 100ms) × ElectionTicks (default
 	// 10) is the election timeout; failover takes about 1–2 of those.
@@ -170,7 +178,20 @@ type Server struct {
 	lastKeepLog  time.Time  // handOver (runUpgrade's goroutine): last "keeping leadership" warning
 
 	peersMu sync.RWMutex
-	peers   map[uint64]Peer
+	peers   map[uint64]Peer // Config.Peers and SetPeer; members.peer overrides
+
+	members *membersState // the member table (members_state.go)
+	// joined: this data directory joined (--join); initialVoters: else
+	// the cluster's initial voters, the only bootstrap configuration
+	// (members_marker.go).
+	joined        bool
+	initialVoters []uint64
+	// memberOpMu: one AddMember/RemoveMember at a time on the members
+	// leader; changeMu: one group change at a time on a group leader
+	// (from the checks to the proposal). members.go.
+	memberOpMu sync.Mutex
+	changeMu   sync.Mutex
+	memGroup   *raft.Group // MembersGroup
 
 	scmState *scm.State
 	nsState  *namespace.State
@@ -187,7 +208,14 @@ type Server struct {
 
 	scmMgr *scm.Manager
 	nsSvc  *namespace.Service
-	fwd    *metaclient.Client // to other nodes' SCM when not co-located
+	// fwdp: the client to the other meta nodes (forwarding to the SCM,
+	// CA leaders), nil on a single node; rebuilt when the member table
+	// changes (members.go: fwd, rebuildForwarder).
+	fwdp      atomic.Pointer[metaclient.Client]
+	fwdMu     sync.Mutex
+	fwdAddrs  []string
+	fwdOld    []*metaclient.Client // replaced ones, closed by Close
+	fwdClosed bool
 
 	lis  net.Listener
 	grpc *grpc.Server
@@ -251,8 +279,20 @@ func New(cfg Config) (*Server, error) {
 	if len(s.admins) == 0 && !cfg.TLS.IsInsecure() {
 		s.log.Warn("meta: no admins configured (basalt meta --admins): nobody may create or delete volumes, manage S3 keys or decommission datanodes")
 	}
-	if _, ok := s.peers[cfg.NodeID]; !ok && len(s.peers) > 0 {
-		return nil, fmt.Errorf("meta: node %d is not among the peers %v", cfg.NodeID, peerIDs(s.peers))
+	if cfg.Join {
+		if err := checkJoinDir(cfg.FS, cfg.DataDir); err != nil {
+			return nil, err
+		}
+		// The wiped-node guard: the ID must be new to the cluster (no
+		// row, a voter of no group).
+		if err := CheckNotWiped(context.Background(), cfg.TLS, cfg.NodeID, cfg.Peers, cmp.Or(cfg.ProposeTimeout/2, 5*time.Second), true); err != nil {
+			return nil, err
+		}
+		// First: from now on this data directory never bootstraps a
+		// group (members_marker.go).
+		if err := writeMarker(cfg.FS, cfg.DataDir, JoinedMarker, []byte("joined\n")); err != nil {
+			return nil, err
+		}
 	}
 	reg := cfg.Registerer
 	if reg == nil {
@@ -308,6 +348,21 @@ func New(cfg Config) (*Server, error) {
 	if s.ut, err = openUTState(filepath.Join(cfg.DataDir, "usertoken"), sopts, cfg.TestHiddenOps[UserTokenGroup]...); err != nil {
 		return nil, err
 	}
+	if s.members, err = openMembersState(filepath.Join(cfg.DataDir, "members"), sopts); err != nil {
+		return nil, err
+	}
+	if s.members.Get(cfg.NodeID).GetRemoved() {
+		return nil, fmt.Errorf("meta: node %d was removed from the cluster (basalt admin meta remove); it may not run again under this ID: wipe %s and join as a new node with a new ID (basalt meta --join)", cfg.NodeID, cfg.DataDir)
+	}
+	s.members.changed = s.onMembersChanged
+	if s.joined, s.initialVoters, err = bootMembership(cfg.FS, cfg.DataDir, cfg.NodeID, cfg.Join, peerIDs(s.peers), s.members.Get(cfg.NodeID) != nil); err != nil {
+		return nil, err
+	}
+	// A node added later (basalt admin meta add) is in the member table,
+	// not necessarily in its --peers.
+	if _, ok := s.peers[cfg.NodeID]; !ok && len(s.peers) > 0 && !s.joined && s.members.Get(cfg.NodeID) == nil {
+		return nil, fmt.Errorf("meta: node %d is not among the peers %v (nor in the member table: to add a node, start it with --join)", cfg.NodeID, peerIDs(s.peers))
+	}
 	// The log directory's entry is durable before anything is logged in it
 	// (DataDir's own entry was synced when the stores created it).
 	if err := cfg.FS.MkdirAll(filepath.Join(cfg.DataDir, "raft"), 0o755); err != nil {
@@ -330,7 +385,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("meta: listen %s: %w", cfg.GRPCAddr, err)
 	}
 	s.peersMu.Lock()
-	if p, ok := s.peers[cfg.NodeID]; ok || len(s.peers) == 0 {
+	if p, ok := s.peers[cfg.NodeID]; ok || len(s.peers) == 0 || s.joined || s.members.Get(cfg.NodeID) != nil {
 		p.RaftAddr, p.GRPCAddr = s.host.Addr(), s.lis.Addr().String()
 		s.peers[cfg.NodeID] = p
 	}
@@ -362,6 +417,7 @@ func New(cfg Config) (*Server, error) {
 	metapb.RegisterScmServer(s.grpc, &scmServer{s: s})
 	metapb.RegisterCaServer(s.grpc, s.ca)
 	metapb.RegisterUserTokenServer(s.grpc, &userTokenServer{s: s})
+	metapb.RegisterMembersServer(s.grpc, &membersServer{s: s})
 	s.setupUpgrade(reg)
 	ok = true
 	return s, nil
@@ -403,11 +459,47 @@ func (s *Server) SetPeer(id uint64, p Peer) {
 	s.peersMu.Unlock()
 }
 
+// peer is id's addresses: none if the member table says it was removed;
+// else from Peers (and SetPeer: an operator's or a test's newer word), or
+// from the member table for a node added later.
 func (s *Server) peer(id uint64) (Peer, bool) {
+	var m *metapb.MemberInfo
+	if id != s.cfg.NodeID && s.members != nil {
+		if m = s.members.Get(id); m.GetRemoved() {
+			return Peer{}, false
+		}
+	}
+	if p, ok := s.staticPeer(id); ok && (p.RaftAddr != "" || m == nil) {
+		return p, true
+	}
+	if m != nil {
+		return Peer{RaftAddr: m.GetRaftAddr(), GRPCAddr: m.GetGrpcAddr()}, true
+	}
+	return Peer{}, false
+}
+
+// staticPeer is id's addresses from Config.Peers and SetPeer only.
+func (s *Server) staticPeer(id uint64) (Peer, bool) {
 	s.peersMu.RLock()
 	defer s.peersMu.RUnlock()
 	p, ok := s.peers[id]
 	return p, ok
+}
+
+// memberIDs are the members as this node knows them: Peers and the
+// member table, less the removed.
+func (s *Server) memberIDs() []uint64 {
+	s.peersMu.RLock()
+	ids := peerIDs(s.peers)
+	s.peersMu.RUnlock()
+	for _, m := range s.members.Table() {
+		if !slices.Contains(ids, m.GetId()) {
+			ids = append(ids, m.GetId())
+		}
+	}
+	ids = slices.DeleteFunc(ids, func(id uint64) bool { return s.members.Get(id).GetRemoved() })
+	slices.Sort(ids)
+	return ids
 }
 
 func (s *Server) resolve(id uint64) (string, error) {
@@ -421,8 +513,17 @@ func (s *Server) resolve(id uint64) (string, error) {
 // Start joins (or creates) both groups, serves gRPC and starts the
 // leader-side background loops.
 func (s *Server) Start() error {
-	voters := peerIDs(s.peers)
+	// Only an initial member bootstraps a group it has no state in, and
+	// with the initial voters; a node that joined waits for the leader
+	// (members_marker.go).
+	voters := s.initialVoters
+	if s.joined {
+		voters = nil
+	}
 	var err error
+	if s.memGroup, err = s.host.AddGroup(raft.GroupConfig{ID: MembersGroup, Peers: voters, StateMachine: &raftSM{sm: s.members}}); err != nil {
+		return fmt.Errorf("meta: members group: %w", err)
+	}
 	if s.nsGroup, err = s.host.AddGroup(raft.GroupConfig{ID: NamespaceGroup, Peers: voters, StateMachine: &raftSM{sm: s.nsState}}); err != nil {
 		return fmt.Errorf("meta: namespace group: %w", err)
 	}
@@ -438,21 +539,13 @@ func (s *Server) Start() error {
 	// Every member, this one too: SCM leadership can move here while a
 	// forwarded call is in flight, and the others' hints then name this
 	// node; without its address the call would wait out its deadline.
-	var addrs []string
-	for _, id := range voters {
-		if p, _ := s.peer(id); p.GRPCAddr != "" {
-			addrs = append(addrs, p.GRPCAddr)
-		}
-	}
-	if len(addrs) > 1 {
-		if s.fwd, err = metaclient.New(metaclient.Config{Addrs: addrs, CallTimeout: 10 * time.Second,
-			DialOptions: []grpc.DialOption{s.cfg.TLS.GRPCDialOption(pki.RoleMeta)}}); err != nil {
-			return err
-		}
+	if err := s.rebuildForwarder(); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.wg.Add(10)
+	s.wg.Add(11)
+	go func() { defer s.wg.Done(); s.runMemberRecords(ctx) }()
 	go func() { defer s.wg.Done(); s.runUpgrade(ctx) }()
 	go func() { defer s.wg.Done(); s.runRevocationPull(ctx) }()
 	go func() { defer s.wg.Done(); s.ca.establish(ctx) }()
@@ -528,9 +621,15 @@ func (s *Server) Close() error {
 
 func (s *Server) closeParts() error {
 	var errs []error
-	if s.fwd != nil {
-		errs = append(errs, s.fwd.Close())
+	s.fwdMu.Lock()
+	s.fwdClosed = true
+	if c := s.fwdp.Load(); c != nil {
+		errs = append(errs, c.Close())
 	}
+	for _, c := range s.fwdOld {
+		errs = append(errs, c.Close())
+	}
+	s.fwdMu.Unlock()
 	if s.host != nil {
 		errs = append(errs, s.host.Close())
 	}
@@ -548,6 +647,9 @@ func (s *Server) closeParts() error {
 	}
 	if s.ut != nil {
 		errs = append(errs, s.ut.Close())
+	}
+	if s.members != nil {
+		errs = append(errs, s.members.Close())
 	}
 	return errors.Join(errs...)
 }
@@ -676,20 +778,20 @@ func (b *scmBlocks) AllocateBlocks(ctx context.Context, req *metapb.AllocateBloc
 	if err := b.s.scmHaltedErr(); err != nil {
 		return nil, err // the local SCM state stops at the halt (review drift 4)
 	}
-	if b.s.scmGroup.IsLeader() || b.s.fwd == nil {
+	if b.s.scmGroup.IsLeader() || b.s.fwd() == nil {
 		return b.s.scmMgr.AllocateBlocks(ctx, req)
 	}
-	return b.s.fwd.Scm.AllocateBlocks(ctx, req)
+	return b.s.fwd().Scm.AllocateBlocks(ctx, req)
 }
 
 func (b *scmBlocks) DeleteBlocks(ctx context.Context, req *metapb.DeleteBlocksRequest) error {
 	if err := b.s.scmHaltedErr(); err != nil {
 		return err // the local SCM state stops at the halt (review drift 4)
 	}
-	if b.s.scmGroup.IsLeader() || b.s.fwd == nil {
+	if b.s.scmGroup.IsLeader() || b.s.fwd() == nil {
 		return b.s.scmMgr.DeleteBlocks(ctx, req)
 	}
-	_, err := b.s.fwd.Scm.DeleteBlocks(ctx, req)
+	_, err := b.s.fwd().Scm.DeleteBlocks(ctx, req)
 	return err
 }
 

@@ -266,12 +266,12 @@ func (s *Server) runRevocationPull(ctx context.Context) {
 
 // pullRevocations takes the revocation list from another replica.
 func (s *Server) pullRevocations(ctx context.Context) {
-	if s.fwd == nil {
+	if s.fwd() == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	r, err := s.fwd.Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{})
+	r, err := s.fwd().Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{})
 	if err != nil {
 		s.log.Warn("meta: CA replica halted: the revocation list could not be fetched from another replica (revocations by ops this binary knows are read from the local log)", "err", err)
 		return
