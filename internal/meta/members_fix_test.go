@@ -187,11 +187,14 @@ func TestJoinWipedMemberRefused(t *testing.T) {
 		return true
 	})
 	var victim uint64
-	for id, s := range c.servers {
-		if s.nsGroup.IsLeader() {
-			victim = id
+	waitFor(t, 10*time.Second, "a namespace leader", func() bool {
+		for id, s := range c.servers {
+			if s.nsGroup.IsLeader() {
+				victim = id
+			}
 		}
-	}
+		return victim != 0
+	})
 	vs := c.servers[victim]
 	dir := vs.cfg.DataDir
 	peers := map[uint64]Peer{}
