@@ -479,13 +479,32 @@ func (s *Server) metaIDRemoved(id string) bool {
 func (s *Server) refuseRemovedMeta(ctx context.Context, id string) error {
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
-	if err := s.memGroup.ReadIndex(ctx); err != nil {
+	if err := s.membersBarrier(ctx); err != nil {
 		return status.Errorf(codes.Unavailable, "meta node %d: members group read barrier: %v", s.cfg.NodeID, err)
 	}
 	if s.metaIDRemoved(id) {
 		return status.Errorf(codes.FailedPrecondition, "meta node %d: meta node %s was removed from the cluster; its ID may not come back: give the new node a new ID", s.cfg.NodeID, clip(id))
 	}
 	return nil
+}
+
+// membersBarrier is a read barrier on the members group that waits, until
+// ctx ends, while the group has no leader known here (a cluster just
+// started, an election under way): callers such as CreateBootstrapToken
+// would otherwise fail at once in the first second of a cluster.
+func (s *Server) membersBarrier(ctx context.Context) error {
+	for {
+		err := s.memGroup.ReadIndex(ctx)
+		var nl *raft.NotLeaderError
+		if err == nil || !errors.As(err, &nl) || nl.Leader != 0 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(max(s.electionTimeout()/10, 10*time.Millisecond)):
+		}
+	}
 }
 
 // checkVotersServeMembers is the upgrade gate of membership changes:
@@ -553,7 +572,7 @@ func (s *Server) checkVotersServeMembers(ctx context.Context, target uint64, rem
 func (s *Server) checkAddRow(ctx context.Context, gid, id uint64) error {
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
-	if err := s.memGroup.ReadIndex(ctx); err != nil {
+	if err := s.membersBarrier(ctx); err != nil {
 		return status.Errorf(codes.Unavailable, "meta node %d: members group read barrier: %v", s.cfg.NodeID, err)
 	}
 	switch row := s.members.Get(id); {
