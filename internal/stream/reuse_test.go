@@ -430,6 +430,23 @@ func TestReuseMaxIdle(t *testing.T) {
 				defer c.nodes[0].srv.mu.Unlock()
 				return len(c.nodes[0].srv.conns) == 1
 			})
+			// The datanode forgets the connection before its close
+			// reaches the client's socket: wait until the pooled one
+			// reads as closed, else the next header crosses the close
+			// (then CodeStale, which the client library retries; this
+			// test checks the peek before the header).
+			waitFor(t, 10*time.Second, "the client's pooled connection to read as closed", func() bool {
+				p2.mu.Lock()
+				defer p2.mu.Unlock()
+				for _, cs := range p2.conns {
+					for _, pc := range cs {
+						if checkIdle(pc.conn) == nil {
+							return false
+						}
+					}
+				}
+				return true
+			})
 		}
 	}
 	if ps := p2.Stats(); ps.Dials != 2 || ps.Stale != 1 {
