@@ -470,7 +470,7 @@ func (m *membersServer) ChangeGroupMember(ctx context.Context, req *metapb.Chang
 // node's member table.
 func (s *Server) metaIDRemoved(id string) bool {
 	n, err := strconv.ParseUint(id, 10, 64)
-	return err == nil && s.members != nil && s.members.Get(n).GetRemoved()
+	return err == nil && s.members != nil && s.members.Removed(n)
 }
 
 // refuseRemovedMeta refuses (FailedPrecondition) a meta identity whose

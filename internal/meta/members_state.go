@@ -89,6 +89,14 @@ func (s *membersState) Table() []*metapb.MemberInfo {
 	return out
 }
 
+// Removed reports whether id's row says removed, without copying the
+// row (checked on every RPC from a meta certificate: auth.go).
+func (s *membersState) Removed(id uint64) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.members[id].GetRemoved()
+}
+
 // Get returns id's row (nil: none).
 func (s *membersState) Get(id uint64) *metapb.MemberInfo {
 	s.mu.RLock()

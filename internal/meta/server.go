@@ -351,7 +351,7 @@ func New(cfg Config) (*Server, error) {
 	if s.members, err = openMembersState(filepath.Join(cfg.DataDir, "members"), sopts); err != nil {
 		return nil, err
 	}
-	if s.members.Get(cfg.NodeID).GetRemoved() {
+	if s.members.Removed(cfg.NodeID) {
 		return nil, fmt.Errorf("meta: node %d was removed from the cluster (basalt admin meta remove); it may not run again under this ID: wipe %s and join as a new node with a new ID (basalt meta --join)", cfg.NodeID, cfg.DataDir)
 	}
 	s.members.changed = s.onMembersChanged
@@ -497,7 +497,7 @@ func (s *Server) memberIDs() []uint64 {
 			ids = append(ids, m.GetId())
 		}
 	}
-	ids = slices.DeleteFunc(ids, func(id uint64) bool { return s.members.Get(id).GetRemoved() })
+	ids = slices.DeleteFunc(ids, func(id uint64) bool { return s.members.Removed(id) })
 	slices.Sort(ids)
 	return ids
 }
