@@ -312,6 +312,8 @@ type Client struct {
 	// streamStaleRetries counts V2 segments written again after a
 	// stream.CodeStale failure (StreamStaleRetries).
 	streamStaleRetries atomic.Uint64
+	// streamV4, streamDowngrades: StreamVersionStats.
+	streamV4, streamDowngrades atomic.Uint64
 	// noStreams: the client has no certificate (an access key), so it
 	// writes through V1 only.
 	noStreams bool
@@ -416,6 +418,17 @@ func (c *Client) StreamPoolStats() stream.PoolStats { return c.streamPool.Stats(
 // once per datanode named per key). A Go method, like StreamPoolStats:
 // the client has no metrics registry.
 func (c *Client) StreamStaleRetries() uint64 { return c.streamStaleRetries.Load() }
+
+// StreamVersionStats counts the V2 streams this client opened at stream
+// protocol version 4 (a route with a datanode of the previous release on
+// it: while it counts, a rolling upgrade is not finished), and of those
+// the downgraded ones: the route's datanodes all advertised version 5
+// but one refused it as a version 4 datanode does (an old binary under a
+// registration not yet updated), so the stream was opened again at 4
+// (stream.Options.Version), blaming nobody.
+func (c *Client) StreamVersionStats() (v4, downgraded uint64) {
+	return c.streamV4.Load(), c.streamDowngrades.Load()
+}
 
 // Scm returns the SCM admin API (datanodes, pipelines, containers) for
 // operator tools.

@@ -374,6 +374,7 @@ func (w *streamWriter) open() error {
 	w.fresh = false
 	opts.Offset = uint64(b.length)
 	opts.Token = b.loc.GetToken()
+	opts.Version = routeVersion(b.loc.GetDatanodes())
 	if h := w.c.cfg.OnStream; h != nil {
 		ids := make([]uint64, len(b.route))
 		for i, t := range b.route {
@@ -391,8 +392,34 @@ func (w *streamWriter) open() error {
 	}
 	w.snd = s
 	route, pipeline, id := b.route, b.loc.GetPipelineId(), streamBlockID(b.loc)
-	go s.run(func() (*stream.Writer, error) { return streamDial(ctx, route, pipeline, id, opts) })
+	c := w.c
+	go s.run(func() (*stream.Writer, error) {
+		sw, err := streamDial(ctx, route, pipeline, id, opts)
+		if sw != nil && sw.Version() < stream.Version {
+			c.streamV4.Add(1)
+			if sw.Downgraded() {
+				c.streamDowngrades.Add(1)
+			}
+		}
+		return sw, err
+	})
 	return nil
+}
+
+// routeVersion is the stream protocol version a route opens at: the whole
+// stream runs at one version, so the lowest its datanodes advertise
+// (DatanodeDetails.stream_version; 0, a datanode of the previous release
+// that predates the field, speaks only 4). All of this release: 0, which
+// is stream.Version, once more at 4 if a datanode refuses it as an old
+// binary does (its registration stale: replaced by an old binary under
+// the same ID); that refusal excludes nothing (stream.Dial).
+func routeVersion(dns []*metapb.DatanodeDetails) uint8 {
+	for _, d := range dns {
+		if d.GetStreamVersion() < uint32(stream.Version) {
+			return stream.MinVersion
+		}
+	}
+	return 0
 }
 
 // commit ends the segment: Close (every datanode of the route synced it),

@@ -73,6 +73,12 @@ type Config struct {
 	// StreamAddr serves V2 streaming writes (package stream; default
 	// "127.0.0.1:0").
 	StreamAddr string
+	// StreamOnlyVersion, for tests of rolling upgrades: the stream port
+	// speaks only this protocol version (stream.ServerConfig.OnlyVersion)
+	// and registration advertises it as the previous release did (4:
+	// stream_version left 0, as a datanode that predates the field). 0:
+	// stream.MinVersion to stream.Version, advertised as stream.Version.
+	StreamOnlyVersion uint8
 	// TickInterval of the pipelines' Raft groups (default 100ms).
 	TickInterval time.Duration
 	// Storage options; Volumes, KeepUncommitted are set by the datanode.
@@ -444,7 +450,21 @@ func (d *Datanode) Start(ctx context.Context) error {
 
 func (d *Datanode) details(raftAddr string) *metapb.DatanodeDetails {
 	return &metapb.DatanodeDetails{Id: d.ident.ID, Uuid: d.ident.UUID, Hostname: d.cfg.Hostname,
-		DataAddr: d.Addr(), RaftAddr: raftAddr, Location: d.cfg.Location, StreamAddr: d.StreamAddr(), ShortCircuitSocket: d.shortCircuitPath()}
+		DataAddr: d.Addr(), RaftAddr: raftAddr, Location: d.cfg.Location, StreamAddr: d.StreamAddr(), ShortCircuitSocket: d.shortCircuitPath(),
+		StreamVersion: d.streamVersion()}
+}
+
+// streamVersion is the stream protocol version registration advertises:
+// stream.Version, or what StreamOnlyVersion restricts it to (0 for 4: the
+// previous release did not send the field).
+func (d *Datanode) streamVersion() uint32 {
+	if v := d.cfg.StreamOnlyVersion; v != 0 {
+		if v <= 4 {
+			return 0
+		}
+		return uint32(v)
+	}
+	return stream.Version
 }
 
 func (d *Datanode) register(ctx context.Context, raftAddr string) error {

@@ -25,7 +25,16 @@ const (
 	// after another (doc.go, "Reuse"): each next header and its ack go as
 	// control records, each stream's payload key is exported with its
 	// number on the connection, and the exporter labels say v5.
+	//
+	// A datanode accepts both MinVersion and Version (rolling upgrades:
+	// the previous release speaks 4) and serves a stream with the
+	// semantics of the version its header carries: a version 4 stream
+	// goes down the route at version 4 (v4 exporter labels, the payload
+	// key exported without a context) and its connections close after
+	// it (no reuse). An opener picks the version of a route (Options.Version).
 	Version = 5
+	// MinVersion is the oldest version a datanode still serves.
+	MinVersion = 4
 
 	headerPrefixLen = 8  // magic, version, hop, body length
 	headerFixedLen  = 38 // body bytes before the route
@@ -103,6 +112,10 @@ type Header struct {
 	// Token is the block token (package blocktoken) the client got with
 	// the block's location; every datanode of the route checks it.
 	Token []byte
+	// version is the protocol version the header carries (MinVersion or
+	// Version); 0 when encoding means Version. The whole route runs at
+	// one version: a datanode forwards the header with the one it got.
+	version uint8
 	// payloadKey is a secured stream's payload key (record.go): the first
 	// datanode exports it from its TLS session with the client and sends
 	// it down the route, through TLS, in the header of every later hop.
@@ -130,7 +143,14 @@ func encodeHeader(dst []byte, h *Header) ([]byte, error) {
 	}
 	start := len(dst)
 	dst = binary.BigEndian.AppendUint32(dst, headerMagic)
-	dst = append(dst, Version, h.Hop)
+	v := h.version
+	if v == 0 {
+		v = Version
+	}
+	if v < MinVersion || v > Version {
+		return nil, fmt.Errorf("stream: header version %d outside [%d, %d]", v, MinVersion, Version)
+	}
+	dst = append(dst, v, h.Hop)
 	dst = binary.BigEndian.AppendUint16(dst, uint16(body))
 	dst = binary.BigEndian.AppendUint64(dst, h.Pipeline)
 	dst = binary.BigEndian.AppendUint64(dst, h.Block.Container)
@@ -153,9 +173,16 @@ func encodeHeader(dst []byte, h *Header) ([]byte, error) {
 // errBadHeader wraps every header decoding failure.
 var errBadHeader = errors.New("bad stream header")
 
-// readHeader reads and validates a header frame. Errors wrap errBadHeader
-// unless the connection itself failed.
-func readHeader(r io.Reader) (*Header, error) {
+// readHeader reads and validates a header frame of a version from
+// MinVersion to Version. Errors wrap errBadHeader unless the connection
+// itself failed.
+func readHeader(r io.Reader) (*Header, error) { return readHeaderOf(r, 0) }
+
+// readHeaderOf reads a header; only is the one version accepted (0: any of
+// MinVersion..Version). A refused version is answered as a datanode that
+// speaks only one version words it ("version 5, this datanode speaks 4":
+// what a protocol 4 datanode says to a version 5 header, see Refused).
+func readHeaderOf(r io.Reader, only uint8) (*Header, error) {
 	var pre [headerPrefixLen]byte
 	if _, err := io.ReadFull(r, pre[:]); err != nil {
 		return nil, err
@@ -163,8 +190,12 @@ func readHeader(r io.Reader) (*Header, error) {
 	if m := binary.BigEndian.Uint32(pre[0:]); m != headerMagic {
 		return nil, fmt.Errorf("%w: magic %#08x, want %#08x (not a stream client?)", errBadHeader, m, headerMagic)
 	}
-	if v := pre[4]; v != Version {
-		return nil, fmt.Errorf("%w: version %d, this datanode speaks %d", errBadHeader, v, Version)
+	v := pre[4]
+	switch {
+	case only != 0 && v != only:
+		return nil, fmt.Errorf("%w: version %d, this datanode speaks %d", errBadHeader, v, only)
+	case v < MinVersion || v > Version:
+		return nil, fmt.Errorf("%w: version %d, this datanode speaks %d to %d", errBadHeader, v, MinVersion, Version)
 	}
 	n := int(binary.BigEndian.Uint16(pre[6:]))
 	if n < headerFixedLen || n > maxHeaderBody {
@@ -186,9 +217,13 @@ func readHeader(r io.Reader) (*Header, error) {
 	if err != nil {
 		return nil, err
 	}
-	h.Hop = pre[5]
+	h.Hop, h.version = pre[5], v
 	return h, nil
 }
+
+// Version returns the protocol version of the header (as read; 0 for a
+// header built by a caller: Version).
+func (h *Header) Version() uint8 { return h.version }
 
 func decodeHeaderBody(b []byte) (*Header, error) {
 	be := binary.BigEndian

@@ -11,10 +11,10 @@ import (
 
 func TestHeaderRoundTrip(t *testing.T) {
 	for _, h := range []*Header{
-		{Pipeline: 7, Block: BlockID{3, 9}, PacketSize: 1 << 20},
+		{Pipeline: 7, Block: BlockID{3, 9}, PacketSize: 1 << 20, version: Version},
 		{Hop: 2, Pipeline: 1<<63 + 5, Block: BlockID{1, 1}, Offset: 4 << 20, PacketSize: MaxPacketSize,
-			Route: []Target{{ID: 2, Addr: "127.0.0.1:9855"}, {ID: 3, Addr: "[::1]:1"}}, Token: []byte("a block token")},
-		{Pipeline: 1, Block: BlockID{1, 2}, PacketSize: 1, Token: bytes.Repeat([]byte{0xff}, MaxToken)},
+			Route: []Target{{ID: 2, Addr: "127.0.0.1:9855"}, {ID: 3, Addr: "[::1]:1"}}, Token: []byte("a block token"), version: Version},
+		{Pipeline: 1, Block: BlockID{1, 2}, PacketSize: 1, Token: bytes.Repeat([]byte{0xff}, MaxToken), version: MinVersion},
 	} {
 		b, err := encodeHeader(nil, h)
 		if err != nil {

@@ -49,6 +49,13 @@ const (
 	// first datanode sends it on down the route in the header (through
 	// TLS, or as a control record on a reused connection).
 	labelPayload = "EXPORTER-basalt-stream-v5 payload"
+
+	// The labels of a version 4 stream (MinVersion, no reuse): its
+	// payload key is exported without a context (one stream per
+	// connection).
+	labelOpenerToAcceptorV4 = "EXPORTER-basalt-stream-v4 opener to acceptor"
+	labelAcceptorToOpenerV4 = "EXPORTER-basalt-stream-v4 acceptor to opener"
+	labelPayloadV4          = "EXPORTER-basalt-stream-v4 payload"
 )
 
 // errRecord wraps every refused record: damaged, forged, replayed, out of
@@ -166,6 +173,16 @@ func newRecordConn(raw net.Conn, send, recv, pay []byte) (*recordConn, error) {
 // lost to the records, and the switch is refused. The session must be
 // TLS 1.3 (its exporter is bound to the whole handshake transcript).
 func switchToRecords(tc *tls.Conn, opener bool, payKey []byte) (*recordConn, error) {
+	return switchToRecordsV(tc, opener, payKey, Version)
+}
+
+// switchToRecordsV is switchToRecords for a stream of protocol version v
+// (its exporter labels).
+func switchToRecordsV(tc *tls.Conn, opener bool, payKey []byte, v uint8) (*recordConn, error) {
+	lo, la := labelOpenerToAcceptor, labelAcceptorToOpener
+	if v == 4 {
+		lo, la = labelOpenerToAcceptorV4, labelAcceptorToOpenerV4
+	}
 	cs := tc.ConnectionState()
 	keyLen, err := recordKeyLen(&cs)
 	if err != nil {
@@ -178,11 +195,11 @@ func switchToRecords(tc *tls.Conn, opener bool, payKey []byte) (*recordConn, err
 	if err := tlsDrained(tc, f); err != nil {
 		return nil, err
 	}
-	oa, err := cs.ExportKeyingMaterial(labelOpenerToAcceptor, nil, keyLen)
+	oa, err := cs.ExportKeyingMaterial(lo, nil, keyLen)
 	if err != nil {
 		return nil, fmt.Errorf("stream: exporting record keys: %w", err)
 	}
-	ao, err := cs.ExportKeyingMaterial(labelAcceptorToOpener, nil, keyLen)
+	ao, err := cs.ExportKeyingMaterial(la, nil, keyLen)
 	if err != nil {
 		return nil, fmt.Errorf("stream: exporting record keys: %w", err)
 	}
@@ -260,13 +277,27 @@ func recordKeyLen(cs *tls.ConnectionState) (int, error) {
 // payloadKey exports the payload key of stream number seq (0 for the
 // first) of the connection of a client and its first datanode, session cs.
 func payloadKey(cs *tls.ConnectionState, seq uint64) ([]byte, error) {
+	return payloadKeyV(cs, seq, Version)
+}
+
+// payloadKeyV is payloadKey for a stream of protocol version v: version 4
+// (one stream per connection) exports it with its own label and no
+// context, as its datanodes and clients do.
+func payloadKeyV(cs *tls.ConnectionState, seq uint64, v uint8) ([]byte, error) {
 	n, err := recordKeyLen(cs)
 	if err != nil {
 		return nil, err
 	}
 	var ctx [8]byte
 	binary.BigEndian.PutUint64(ctx[:], seq)
-	k, err := cs.ExportKeyingMaterial(labelPayload, ctx[:], n)
+	label, context := labelPayload, ctx[:]
+	if v == 4 {
+		if seq != 0 {
+			return nil, fmt.Errorf("stream: a version 4 connection carries one stream, not stream %d", seq)
+		}
+		label, context = labelPayloadV4, nil
+	}
+	k, err := cs.ExportKeyingMaterial(label, context, n)
 	if err != nil {
 		return nil, fmt.Errorf("stream: exporting the payload key: %w", err)
 	}

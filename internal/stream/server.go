@@ -82,6 +82,13 @@ type ServerConfig struct {
 	// MaxConnAge less a margin (the next datanode closes its end at
 	// MaxConnAge) or past the next datanode's NotAfter.
 	MaxConnAge time.Duration
+	// OnlyVersion, for tests of rolling upgrades: a server that serves
+	// only this protocol version and refuses any other header as a
+	// datanode of that release did ("version 5, this datanode speaks 4");
+	// with 4 it acts as a version 4 datanode on the wire (one stream per
+	// connection, streams forwarded at version 4). 0 (production): any
+	// version from MinVersion to Version, each stream with its own.
+	OnlyVersion uint8
 }
 
 // Security is the stream port's authentication. Every connection is
@@ -123,8 +130,12 @@ type Stats struct {
 	// DownStaleHeaders counts streams failed with CodeStale: a kept
 	// connection to the next datanode ended before it answered the header.
 	DownStaleHeaders uint64
-	Active           int64 // streams open now
-	Idle             int64 // connections waiting for a next header now
+	// V4Streams counts streams opened at protocol version 4 (by a client
+	// or datanode of the previous release, or a client that found one on
+	// the route): nonzero while a rolling upgrade is not finished.
+	V4Streams uint64
+	Active    int64 // streams open now
+	Idle      int64 // connections waiting for a next header now
 }
 
 // Server accepts streams on its own TCP port, stores each through its
@@ -144,7 +155,7 @@ type Server struct {
 	idle                                         atomic.Int64 // connections waiting for a next header
 	firstHop, downstream, bytes, failed, refused atomic.Uint64
 	accepted, reused, downDials, downStale       atomic.Uint64
-	downStaleHeaders                             atomic.Uint64
+	downStaleHeaders, v4Streams                  atomic.Uint64
 	active                                       atomic.Int64
 }
 
@@ -198,7 +209,8 @@ func (s *Server) Stats() Stats {
 	return Stats{FirstHop: s.firstHop.Load(), Downstream: s.downstream.Load(), BytesReceived: s.bytes.Load(),
 		Failed: s.failed.Load(), Refused: s.refused.Load(), Accepted: s.accepted.Load(), Reused: s.reused.Load(),
 		DownDials: s.downDials.Load(), DownStale: s.downStale.Load(), DownStaleHeaders: s.downStaleHeaders.Load(),
-		Active: s.active.Load(), Idle: s.idle.Load()}
+		V4Streams: s.v4Streams.Load(),
+		Active:    s.active.Load(), Idle: s.idle.Load()}
 }
 
 // Serve accepts streams on l until Close. It returns nil after Close.
@@ -284,9 +296,12 @@ type upConn struct {
 	// checked against every header, and a client's stream number seq
 	// keys that stream's payload.
 	cs  *tls.ConnectionState
-	hop uint8  // every header on the connection has the first's hop
-	seq uint64 // streams opened on it so far
-	st  *stream
+	hop uint8 // every header on the connection has the first's hop
+	// version: every header on the connection has the first's; a
+	// version 4 connection carries one stream.
+	version uint8
+	seq     uint64 // streams opened on it so far
+	st      *stream
 	// expires: no stream starts on the connection from then (MaxConnAge
 	// after the handshake, or the opener's certificate's NotAfter).
 	expires time.Time
@@ -406,6 +421,9 @@ func (s *Server) serve(up net.Conn, uc *upConn, live *net.Conn) {
 		}
 		uc.seq++
 		up = *live
+		if uc.version < 5 {
+			return // version 4: one stream per connection, as its peers expect
+		}
 		if !time.Now().Before(uc.expires) {
 			return // too old, or the opener's certificate expired
 		}
@@ -440,6 +458,9 @@ func (s *Server) runStream(uc *upConn, h *Header, up net.Conn, live *net.Conn) b
 	if uc.seq > 0 {
 		s.reused.Add(1)
 	}
+	if h.version == 4 {
+		s.v4Streams.Add(1)
+	}
 	if n := s.active.Add(1); n > int64(s.cfg.MaxStreams) {
 		s.active.Add(-1)
 		s.failed.Add(1)
@@ -468,7 +489,7 @@ func (s *Server) runStream(uc *upConn, h *Header, up net.Conn, live *net.Conn) b
 	var rc *recordConn
 	switch c := up.(type) {
 	case *tls.Conn:
-		if rc, err = switchToRecords(c, false, h.payloadKey); err != nil {
+		if rc, err = switchToRecordsV(c, false, h.payloadKey, h.version); err != nil {
 			s.failed.Add(1)
 			st.abortSink()
 			s.refuse(up, &Error{Code: CodeProtocol, Datanode: s.cfg.ID, Reason: fmt.Sprintf("datanode %d: %v", s.cfg.ID, err)})
@@ -525,11 +546,11 @@ func (s *Server) nextHeader(uc *upConn, up net.Conn) (*Header, error) {
 	if rc, ok := up.(*recordConn); ok {
 		fb.r = rc.r
 		rc.r = fb
-		h, err = readHeader(up)
+		h, err = readHeaderOf(up, uc.version)
 		rc.r = fb.r
 	} else {
 		fb.r = up
-		h, err = readHeader(fb)
+		h, err = readHeaderOf(fb, uc.version)
 	}
 	if err != nil {
 		if errors.Is(err, errBadHeader) || errors.Is(err, errRecord) {
@@ -578,7 +599,7 @@ func (s *Server) open(raw net.Conn, uc *upConn, live *net.Conn) (*Header, net.Co
 	}
 	raw.SetWriteDeadline(time.Time{})
 	uc.expires = expiry(time.Now(), s.cfg.MaxConnAge, uc.cs)
-	h, err := readHeader(up)
+	h, err := readHeaderOf(up, s.cfg.OnlyVersion)
 	if err != nil {
 		if errors.Is(err, errBadHeader) {
 			s.failed.Add(1)
@@ -586,7 +607,7 @@ func (s *Server) open(raw net.Conn, uc *upConn, live *net.Conn) (*Header, net.Co
 		}
 		return nil, nil, err // or the peer went away before sending a header: nothing to say
 	}
-	uc.hop = h.Hop
+	uc.hop, uc.version = h.Hop, h.version
 	if err := s.checkHeader(uc, h); err != nil {
 		if sec != nil {
 			s.refused.Add(1)
@@ -627,7 +648,7 @@ func (s *Server) checkHeader(uc *upConn, h *Header) error {
 	case h.Hop == 0 && len(h.payloadKey) != 0:
 		return fmt.Errorf("a client's header may not carry a payload key")
 	case h.Hop == 0:
-		h.payloadKey, err = payloadKey(uc.cs, uc.seq)
+		h.payloadKey, err = payloadKeyV(uc.cs, uc.seq, h.version)
 	case len(h.payloadKey) == 0:
 		err = fmt.Errorf("hop %d header carries no payload key", h.Hop)
 	}
@@ -691,7 +712,7 @@ func (st *stream) downFor(uc *upConn) *Error {
 		return nil
 	}
 	st.next = h.Route[0]
-	if uc.down != nil && slices.Equal(uc.downRoute, h.Route) {
+	if uc.down != nil && h.version >= 5 && slices.Equal(uc.downRoute, h.Route) {
 		err := errConnExpired
 		if time.Now().Before(uc.downExpires) {
 			err = checkIdle(uc.down)
@@ -734,6 +755,9 @@ func (st *stream) downFor(uc *upConn) *Error {
 	age := st.s.cfg.MaxConnAge
 	age -= min(st.s.cfg.Timeout, age/4)
 	uc.down, uc.downRoute, uc.downExpires = st.down, slices.Clone(h.Route), expiry(time.Now(), age, cs)
+	if h.version < 5 {
+		uc.downRoute = nil // a version 4 stream's connection down carries only it
+	}
 	return nil
 }
 
@@ -832,7 +856,7 @@ func (st *stream) sendHeaderDown(c net.Conn, kept bool) (_ *Error, unsent bool) 
 	}
 	switch tc := c.(type) {
 	case *tls.Conn:
-		rc, err := switchToRecords(tc, true, h.payloadKey)
+		rc, err := switchToRecordsV(tc, true, h.payloadKey, h.version)
 		if err != nil {
 			return &Error{Code: CodeProtocol, Datanode: st.next.ID, Addr: st.next.Addr,
 				Reason: fmt.Sprintf("datanode %d cannot switch its connection to records: %v", s.cfg.ID, err)}, false

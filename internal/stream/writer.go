@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -56,6 +57,14 @@ type Options struct {
 	// the route (after a CodeStale failure: every hop then opens new
 	// connections too); after a clean close it still goes to Pool.
 	Fresh bool
+	// Version is the protocol version the stream opens at, the same on
+	// every hop. 0: Version, and if a datanode of the route refuses it as
+	// a version 4 datanode does (Refused), once more at MinVersion on new
+	// connections (the same block: every hop that opened it discarded it
+	// before the refusal came back). MinVersion (4): a route with a
+	// datanode of the previous release (DatanodeDetails.stream_version);
+	// the connection is never pooled. Version: exactly it, no fallback.
+	Version uint8
 }
 
 func (o *Options) setDefaults() error {
@@ -75,6 +84,8 @@ func (o *Options) setDefaults() error {
 		o.Timeout = 10 * time.Second
 	}
 	switch {
+	case o.Version != 0 && (o.Version < MinVersion || o.Version > Version):
+		return fmt.Errorf("stream: protocol version %d outside [%d, %d]", o.Version, MinVersion, Version)
 	case o.PacketSize < 0 || o.PacketSize > MaxPacketSize:
 		return fmt.Errorf("stream: packet size %d outside (0, %d]", o.PacketSize, MaxPacketSize)
 	case o.BytesPerChecksum < 512 || o.PacketSize%o.BytesPerChecksum != 0:
@@ -143,8 +154,11 @@ type Writer struct {
 	final    uint64        // the close ack's length
 	closed   bool
 	// pc is the connection and what its next stream needs; after a clean
-	// close it goes back to Options.Pool.
+	// close it goes back to Options.Pool (version 5 only).
 	pc *pooledConn
+	// downgraded: Options.Version was 0 and a datanode of the route
+	// refused version 5, so the stream runs at version 4.
+	downgraded bool
 	// imu orders Interrupt against Close handing the connection to the
 	// pool: once released, Interrupt leaves it alone; once interrupted,
 	// it is never pooled.
@@ -165,6 +179,11 @@ type expect struct {
 // the stream, or an *Error naming the datanode that refused or could not
 // be reached. With Options.Pool it takes an idle connection of the same
 // route from the pool if there is one (see ConnPool).
+//
+// With Options.Version 0 a route with a version 4 datanode on it (whose
+// advertisement was missing or stale) costs one refused header, then the
+// stream opens at version 4 (Writer.Downgraded); nothing is blamed for
+// the refusal.
 func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, opts Options) (*Writer, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
@@ -172,10 +191,43 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 	if len(route) == 0 || len(route) > MaxRoute {
 		return nil, fmt.Errorf("stream: route of %d datanodes for block %v (want 1..%d)", len(route), block, MaxRoute)
 	}
-	h := Header{Pipeline: pipeline, Block: block, Offset: opts.Offset, PacketSize: uint32(opts.PacketSize), Route: route[1:], Token: opts.Token}
+	auto := opts.Version == 0
+	if auto {
+		opts.Version = Version
+	}
+	w, err := dialAt(ctx, route, pipeline, block, opts)
+	if err != nil && auto && Refused(err) && ctx.Err() == nil {
+		// A datanode of the previous release on the route refused the
+		// version 5 header (before anything of the stream was stored:
+		// each hop above it discarded the block before passing the
+		// refusal up). Once, at version 4, on new connections.
+		opts.Version = MinVersion
+		if w, err = dialAt(ctx, route, pipeline, block, opts); w != nil {
+			w.downgraded = true
+		}
+	}
+	return w, err
+}
+
+// Refused reports whether err is a datanode's refusal of a version 5
+// header as a datanode that speaks only version 4 words it (the previous
+// release: "bad stream header: version 5, this datanode speaks 4", an
+// error ack through TLS, relayed unchanged by the hops above it).
+func Refused(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == CodeBadHeader &&
+		strings.HasSuffix(e.Reason, fmt.Sprintf("version %d, this datanode speaks %d", Version, MinVersion))
+}
+
+// dialAt is Dial at opts.Version exactly.
+func dialAt(ctx context.Context, route []Target, pipeline uint64, block BlockID, opts Options) (*Writer, error) {
+	h := Header{Pipeline: pipeline, Block: block, Offset: opts.Offset, PacketSize: uint32(opts.PacketSize), Route: route[1:], Token: opts.Token, version: opts.Version}
 	hb, err := encodeHeader(nil, &h)
 	if err != nil {
 		return nil, err
+	}
+	if opts.Version < 5 {
+		opts.Pool = nil // a version 4 connection carries one stream
 	}
 	var key poolKey
 	if p := opts.Pool; p != nil {
@@ -313,10 +365,10 @@ func dialOn(ctx context.Context, pc *pooledConn, route []Target, block BlockID, 
 	case *tls.Conn:
 		// The header ack was the last frame through TLS: records from here
 		// (record.go).
-		pk, err := payloadKey(pc.cs, 0)
+		pk, err := payloadKeyV(pc.cs, 0, opts.Version)
 		var rc *recordConn
 		if err == nil {
-			rc, err = switchToRecords(c, true, pk)
+			rc, err = switchToRecordsV(c, true, pk, opts.Version)
 		}
 		if err != nil {
 			return nil, false, &Error{Code: CodeProtocol, Datanode: first.ID, Addr: first.Addr, Reason: fmt.Sprintf("client cannot switch the connection to records: %v", err)}
@@ -568,6 +620,13 @@ func (w *Writer) Close() (uint64, []Chunk, error) {
 	}
 	return w.off, w.chunks, nil
 }
+
+// Version is the protocol version the stream runs at, on every hop.
+func (w *Writer) Version() uint8 { return w.opts.Version }
+
+// Downgraded reports whether the stream runs at version 4 because a
+// datanode of the route refused version 5 (Options.Version 0).
+func (w *Writer) Downgraded() bool { return w.downgraded }
 
 // release ends the Writer's use of its connection: back to the pool after
 // a clean close (the ack reader ended on the close ack, nothing is

@@ -714,6 +714,11 @@ type DatanodeDetails struct {
 	RaftAddr   string                 `protobuf:"bytes,5,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`       // multi-raft transport address (pipeline peers)
 	Location   string                 `protobuf:"bytes,6,opt,name=location,proto3" json:"location,omitempty"`                       // network location, e.g. "/dc1/rack2"
 	StreamAddr string                 `protobuf:"bytes,7,opt,name=stream_addr,json=streamAddr,proto3" json:"stream_addr,omitempty"` // V2 streaming write address (package stream)
+	// The newest stream protocol version the datanode speaks (package
+	// stream: Version); it serves MinVersion too. 0: a datanode that
+	// predates the field, which speaks only 4. A client opens a route at
+	// the lowest version of its datanodes (rolling upgrades).
+	StreamVersion uint32 `protobuf:"varint,8,opt,name=stream_version,json=streamVersion,proto3" json:"stream_version,omitempty"`
 	// Unix socket of the short-circuit read of cached blocks (docs/CACHE.md):
 	// a client on the same host gets the cache file's descriptor and maps
 	// it. Empty: none.
@@ -799,6 +804,13 @@ func (x *DatanodeDetails) GetStreamAddr() string {
 		return x.StreamAddr
 	}
 	return ""
+}
+
+func (x *DatanodeDetails) GetStreamVersion() uint32 {
+	if x != nil {
+		return x.StreamVersion
+	}
+	return 0
 }
 
 func (x *DatanodeDetails) GetShortCircuitSocket() string {
@@ -10693,7 +10705,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\x04R\bleaderId\x12\x1f\n" +
 	"\vleader_addr\x18\x03 \x01(\tR\n" +
-	"leaderAddr\"\xfb\x01\n" +
+	"leaderAddr\"\xa2\x02\n" +
 	"\x0fDatanodeDetails\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x1a\n" +
@@ -10702,7 +10714,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\traft_addr\x18\x05 \x01(\tR\braftAddr\x12\x1a\n" +
 	"\blocation\x18\x06 \x01(\tR\blocation\x12\x1f\n" +
 	"\vstream_addr\x18\a \x01(\tR\n" +
-	"streamAddr\x121\n" +
+	"streamAddr\x12%\n" +
+	"\x0estream_version\x18\b \x01(\rR\rstreamVersion\x121\n" +
 	"\x14short_circuit_socket\x18\xac\x02 \x01(\tR\x12shortCircuitSocket\"\xd2\x01\n" +
 	"\fVolumeReport\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12%\n" +
