@@ -314,6 +314,11 @@ type Client struct {
 	streamStaleRetries atomic.Uint64
 	// streamV4, streamDowngrades: StreamVersionStats.
 	streamV4, streamDowngrades atomic.Uint64
+	// oldStreamMu guards oldStream: datanodes that refused stream
+	// protocol 5 as a version 4 datanode does, though registered as 5
+	// (routeVersion), and when.
+	oldStreamMu sync.Mutex
+	oldStream   map[uint64]time.Time
 	// noStreams: the client has no certificate (an access key), so it
 	// writes through V1 only.
 	noStreams bool

@@ -374,7 +374,7 @@ func (w *streamWriter) open() error {
 	w.fresh = false
 	opts.Offset = uint64(b.length)
 	opts.Token = b.loc.GetToken()
-	opts.Version = routeVersion(b.loc.GetDatanodes())
+	opts.Version = w.c.routeVersion(b.loc.GetDatanodes())
 	if h := w.c.cfg.OnStream; h != nil {
 		ids := make([]uint64, len(b.route))
 		for i, t := range b.route {
@@ -399,6 +399,7 @@ func (w *streamWriter) open() error {
 			c.streamV4.Add(1)
 			if sw.Downgraded() {
 				c.streamDowngrades.Add(1)
+				c.noteOldStream(sw.RefusedBy())
 			}
 		}
 		return sw, err
@@ -406,20 +407,60 @@ func (w *streamWriter) open() error {
 	return nil
 }
 
+// oldStreamMemory is how long the client opens routes through a datanode
+// at stream version 4 after it refused version 5 though registered as 5:
+// a binary of the previous release under a registration not yet updated
+// would otherwise cost every stream through it a refused header (a TLS
+// handshake on each hop up to it: BenchmarkVersionSecureChain). An upgrade
+// of it back is seen when the memory ends.
+const oldStreamMemory = time.Minute
+
 // routeVersion is the stream protocol version a route opens at: the whole
 // stream runs at one version, so the lowest its datanodes advertise
 // (DatanodeDetails.stream_version; 0, a datanode of the previous release
-// that predates the field, speaks only 4). All of this release: 0, which
-// is stream.Version, once more at 4 if a datanode refuses it as an old
+// that predates the field, speaks only 4), or 4 if one of them refused 5
+// within oldStreamMemory. All of this release: 0, which is
+// stream.Version, once more at 4 if a datanode refuses it as an old
 // binary does (its registration stale: replaced by an old binary under
-// the same ID); that refusal excludes nothing (stream.Dial).
-func routeVersion(dns []*metapb.DatanodeDetails) uint8 {
+// the same ID); that refusal excludes nothing (stream.Dial) and is
+// remembered (noteOldStream).
+func (c *Client) routeVersion(dns []*metapb.DatanodeDetails) uint8 {
 	for _, d := range dns {
 		if d.GetStreamVersion() < uint32(stream.Version) {
 			return stream.MinVersion
 		}
 	}
+	c.oldStreamMu.Lock()
+	defer c.oldStreamMu.Unlock()
+	now := time.Now()
+	for _, d := range dns {
+		if t, ok := c.oldStream[d.GetId()]; ok {
+			if now.Sub(t) < oldStreamMemory {
+				return stream.MinVersion
+			}
+			delete(c.oldStream, d.GetId())
+		}
+	}
 	return 0
+}
+
+// noteOldStream remembers that datanode id refused stream version 5 as
+// a version 4 datanode does (routeVersion). The memory is bounded: at
+// most one entry per datanode that did so, each forgotten after
+// oldStreamMemory once looked at.
+func (c *Client) noteOldStream(id uint64) {
+	if id == 0 {
+		return
+	}
+	c.oldStreamMu.Lock()
+	defer c.oldStreamMu.Unlock()
+	if c.oldStream == nil {
+		c.oldStream = map[uint64]time.Time{}
+	}
+	if len(c.oldStream) >= 4096 {
+		clear(c.oldStream)
+	}
+	c.oldStream[id] = time.Now()
 }
 
 // commit ends the segment: Close (every datanode of the route synced it),

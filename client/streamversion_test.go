@@ -23,22 +23,25 @@ import (
 //
 //   - advertised: datanodes 0 and 2 old; the client opens every stream
 //     at version 4 from their registrations (no refusal, no pool).
-//   - stale: the same, but the client believes all advertise 5 (an old
-//     binary under a registration not yet updated): each stream is
+//   - stale: the same, but the old datanodes registered as version 5 (an
+//     old binary under a registration not yet updated): the first stream is
 //     refused by an old datanode, first hop or further down, and opened
-//     again at 4 without blame.
+//     again at 4 without blame; the client remembers that datanode, so
+//     the later streams (every route of the one pipeline has it) open
+//     at 4 at once.
 //   - old client: every datanode new, the client opens at 4 (the
 //     previous release's client): each datanode serves it at 4.
 func TestV2RollingUpgradeStreamVersions(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		old   map[int]bool // datanodes of the previous release
-		force func() uint8 // the version the client's dials use (nil: its own choice)
-		down  bool         // streams downgraded after a refusal
+		old   map[int]bool      // datanodes of the previous release
+		force func(uint8) uint8 // the version the client's dials use, given its choice (nil: its choice)
+		stale bool              // the old datanodes registered as version 5
+		down  uint64            // streams downgraded after a refusal
 	}{
 		{name: "advertised", old: map[int]bool{0: true, 2: true}},
-		{name: "stale", old: map[int]bool{0: true, 2: true}, force: func() uint8 { return 0 }, down: true},
-		{name: "old client", force: func() uint8 { return stream.MinVersion }},
+		{name: "stale", old: map[int]bool{0: true, 2: true}, stale: true, down: 1},
+		{name: "old client", force: func(uint8) uint8 { return stream.MinVersion }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -47,6 +50,9 @@ func TestV2RollingUpgradeStreamVersions(t *testing.T) {
 				DatanodeConfig: func(i int, c *datanode.Config) {
 					if tc.old[i] {
 						c.StreamOnlyVersion = 4
+						if tc.stale {
+							c.StreamAdvertiseVersion = stream.Version
+						}
 					}
 				}}
 			cc.HeartbeatInterval, cc.TickInterval = 200*time.Millisecond, 50*time.Millisecond
@@ -80,7 +86,7 @@ func TestV2RollingUpgradeStreamVersions(t *testing.T) {
 				orig := streamDial
 				t.Cleanup(func() { streamDial = orig })
 				streamDial = func(ctx context.Context, route []stream.Target, pipeline uint64, block stream.BlockID, opts stream.Options) (*stream.Writer, error) {
-					opts.Version = tc.force()
+					opts.Version = tc.force(opts.Version)
 					return orig(ctx, route, pipeline, block, opts)
 				}
 			}
@@ -119,8 +125,8 @@ func TestV2RollingUpgradeStreamVersions(t *testing.T) {
 			if n != 6 || v4 != n {
 				t.Fatalf("%d of %d streams at version 4, want all", v4, n)
 			}
-			if want := map[bool]uint64{true: n}[tc.down]; down != want {
-				t.Fatalf("%d streams downgraded after a refusal, want %d", down, want)
+			if down != tc.down {
+				t.Fatalf("%d streams downgraded after a refusal, want %d", down, tc.down)
 			}
 			if pool.Idle != 0 || pool.Reuses != 0 {
 				t.Fatalf("version 4 connections pooled: %+v", pool)

@@ -79,6 +79,10 @@ type Config struct {
 	// stream_version left 0, as a datanode that predates the field). 0:
 	// stream.MinVersion to stream.Version, advertised as stream.Version.
 	StreamOnlyVersion uint8
+	// StreamAdvertiseVersion, for tests: registration advertises this
+	// stream protocol version instead (a registration that no longer
+	// matches the binary behind it). 0: as above.
+	StreamAdvertiseVersion uint32
 	// TickInterval of the pipelines' Raft groups (default 100ms).
 	TickInterval time.Duration
 	// Storage options; Volumes, KeepUncommitted are set by the datanode.
@@ -458,6 +462,9 @@ func (d *Datanode) details(raftAddr string) *metapb.DatanodeDetails {
 // stream.Version, or what StreamOnlyVersion restricts it to (0 for 4: the
 // previous release did not send the field).
 func (d *Datanode) streamVersion() uint32 {
+	if v := d.cfg.StreamAdvertiseVersion; v != 0 {
+		return v
+	}
 	if v := d.cfg.StreamOnlyVersion; v != 0 {
 		if v <= 4 {
 			return 0

@@ -9,7 +9,8 @@
 //
 // The protocol has its own TCP port (DatanodeDetails.stream_addr); a
 // connection carries one stream at a time, and after a clean close the
-// next stream of the same route (see "Reuse"). Integers are big-endian. Every frame carries a
+// next stream of the same route (see "Reuse"). A datanode serves protocol
+// versions 4 (the previous release) and 5; see "Versions". Integers are big-endian. Every frame carries a
 // CRC32C of itself (header, packet header, ack; payloads have their own),
 // and every length is checked against its limit (MaxRoute, the address
 // limit, the header's packet size, MaxPacketSize, the reason limit)
@@ -18,7 +19,7 @@
 //
 // Header, client → first datanode, and each datanode → the next:
 //
-//	magic u32 "BSTR" | version u8 (5) | hop u8 | body length u16
+//	magic u32 "BSTR" | version u8 (5, or 4) | hop u8 | body length u16
 //	pipeline u64 | container u64 | local u64 | start offset u64
 //	packet size u32 | route length u16 | route: {datanode u64, addr len u16, addr}…
 //	token length u16 | block token (at most MaxToken bytes)
@@ -150,6 +151,25 @@
 // A recovered panic while waiting for or checking a next header ends the
 // connection only: the stream before it, acked, is no longer the
 // connection's and keeps its data.
+//
+// Versions (rolling upgrades). A datanode accepts a first header of
+// version MinVersion (4) or Version (5) and runs the stream with that
+// version's semantics on every hop: a version 4 stream uses the v4
+// exporter labels ("EXPORTER-basalt-stream-v4 …") and a payload key
+// exported without a context, goes down the route at version 4, and its
+// connections close after it (no Reuse; the client never pools them); a
+// version 5 connection accepts only version 5 next headers. An opener
+// picks the route's version (Options.Version): the client takes 4 when
+// a datanode of the route advertises less than 5 (DatanodeDetails.
+// stream_version; 0 from a datanode that predates the field), else 5,
+// and if a datanode answers "version 5, this datanode speaks 4" (the
+// previous release's refusal, a CodeBadHeader error ack through TLS,
+// relayed unchanged by the hops above after they discarded the block:
+// Refused), Dial opens the same block once more at 4 on new connections
+// (Writer.Downgraded, Writer.RefusedBy: the client then opens routes
+// through that datanode at 4 for a while); nothing is blamed. Stats.V4Streams counts version
+// 4 streams. ServerConfig.OnlyVersion 4 makes a server behave on the
+// wire as a version 4 datanode did (tests).
 //
 // Data path on a datanode: the payload is read from the socket into a
 // pooled 4 KiB-aligned buffer (the one copy), forwarded from that buffer

@@ -159,6 +159,7 @@ type Writer struct {
 	// downgraded: Options.Version was 0 and a datanode of the route
 	// refused version 5, so the stream runs at version 4.
 	downgraded bool
+	refusedBy  uint64 // the datanode whose refusal downgraded it
 	// imu orders Interrupt against Close handing the connection to the
 	// pool: once released, Interrupt leaves it alone; once interrupted,
 	// it is never pooled.
@@ -201,9 +202,11 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 		// version 5 header (before anything of the stream was stored:
 		// each hop above it discarded the block before passing the
 		// refusal up). Once, at version 4, on new connections.
+		var se *Error
+		errors.As(err, &se)
 		opts.Version = MinVersion
 		if w, err = dialAt(ctx, route, pipeline, block, opts); w != nil {
-			w.downgraded = true
+			w.downgraded, w.refusedBy = true, se.Datanode
 		}
 	}
 	return w, err
@@ -627,6 +630,10 @@ func (w *Writer) Version() uint8 { return w.opts.Version }
 // Downgraded reports whether the stream runs at version 4 because a
 // datanode of the route refused version 5 (Options.Version 0).
 func (w *Writer) Downgraded() bool { return w.downgraded }
+
+// RefusedBy is the datanode whose refusal of version 5 downgraded the
+// stream (0: none, or not named).
+func (w *Writer) RefusedBy() uint64 { return w.refusedBy }
 
 // release ends the Writer's use of its connection: back to the pool after
 // a clean close (the ack reader ended on the close ack, nothing is
