@@ -255,7 +255,7 @@ func streamCollectors(s *stream.Server) []prometheus.Collector {
 		counter("down_dials_total", "Connections this datanode opened to the next datanode of a V2 route.", func(st stream.Stats) uint64 { return st.DownDials }),
 		counter("down_stale_total", "Kept connections to the next datanode found closed, expired or failing the header's write before a next header (then dialed anew).", func(st stream.Stats) uint64 { return st.DownStale }),
 		counter("down_stale_headers_total", "V2 streams failed as stale: a kept connection to the next datanode ended before it answered the header (the client writes a new block on new connections, blaming nobody).", func(st stream.Stats) uint64 { return st.DownStaleHeaders }),
-		counter("v4_streams_total", "V2 streams opened at protocol version 4 (by a client or datanode of the previous release, or a route with one on it): still counting means a rolling upgrade is not finished.", func(st stream.Stats) uint64 { return st.V4Streams }),
+		counter("v4_streams_total", "V2 streams served at protocol version 4 (by a client or datanode of the previous release, or a route with one on it; not those refused as busy): still counting means a rolling upgrade is not finished.", func(st stream.Stats) uint64 { return st.V4Streams }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "basalt", Subsystem: "datanode_stream", Name: "active", Help: "V2 streams open now."},
 			func() float64 { return float64(s.Stats().Active) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "basalt", Subsystem: "datanode_stream", Name: "idle_connections", Help: "Connections waiting for a next V2 stream header now."},

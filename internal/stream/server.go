@@ -118,8 +118,11 @@ type Security struct {
 
 // Stats are a server's counters since it started.
 type Stats struct {
-	FirstHop      uint64 // streams accepted from a client (hop 0)
-	Downstream    uint64 // streams accepted from another datanode
+	// FirstHop and Downstream count the headers received from a client
+	// (hop 0) and from another datanode: attempts, including a stream
+	// then refused as busy (counted in Failed too; Reused likewise).
+	FirstHop      uint64
+	Downstream    uint64
 	BytesReceived uint64 // payload bytes received
 	Failed        uint64 // streams that ended in an error
 	Refused       uint64 // connections refused: TLS, identity, route or too many handshakes
@@ -130,9 +133,10 @@ type Stats struct {
 	// DownStaleHeaders counts streams failed with CodeStale: a kept
 	// connection to the next datanode ended before it answered the header.
 	DownStaleHeaders uint64
-	// V4Streams counts streams opened at protocol version 4 (by a client
+	// V4Streams counts streams served at protocol version 4 (by a client
 	// or datanode of the previous release, or a client that found one on
-	// the route): nonzero while a rolling upgrade is not finished.
+	// the route): nonzero while a rolling upgrade is not finished. A
+	// stream refused as busy is not counted.
 	V4Streams uint64
 	Active    int64 // streams open now
 	Idle      int64 // connections waiting for a next header now
@@ -458,14 +462,14 @@ func (s *Server) runStream(uc *upConn, h *Header, up net.Conn, live *net.Conn) b
 	if uc.seq > 0 {
 		s.reused.Add(1)
 	}
-	if h.version == 4 {
-		s.v4Streams.Add(1)
-	}
 	if n := s.active.Add(1); n > int64(s.cfg.MaxStreams) {
 		s.active.Add(-1)
 		s.failed.Add(1)
 		s.refuse(up, &Error{Code: CodeBusy, Datanode: s.cfg.ID, Reason: fmt.Sprintf("%d streams open, limit %d", n-1, s.cfg.MaxStreams)})
 		return false
+	}
+	if h.version == 4 {
+		s.v4Streams.Add(1) // past the busy check: a stream that runs at v4
 	}
 	defer s.active.Add(-1)
 	sink, err := s.cfg.Backend.Open(h)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -208,11 +209,63 @@ func TestV4ConnectionCarriesOneStream(t *testing.T) {
 	if err := readAck(raw, &ab, &a); err != nil || a.kind != kindCloseAck {
 		t.Fatalf("close ack: %v %+v", err, a)
 	}
+	// The datanode closes at once: EOF, well within the deadline (a
+	// timeout here is the connection kept open for a next header).
+	raw.SetReadDeadline(time.Now().Add(3 * time.Second))
 	var one [1]byte
-	if n, err := raw.Read(one[:]); n != 0 || err == nil {
-		t.Fatalf("after a version 4 stream the connection stays open (read %d, %v)", n, err)
+	if n, err := raw.Read(one[:]); n != 0 || !errors.Is(err, io.EOF) {
+		t.Fatalf("after a version 4 stream the connection stays open (read %d, %v), want EOF", n, err)
 	}
 	if st := ns[0].srv.Stats(); st.V4Streams != 1 || st.Idle != 0 {
 		t.Fatalf("%+v", st)
+	}
+}
+
+// TestV4BusyNotCounted: a version 4 stream refused as busy (MaxStreams)
+// never ran at version 4 and is not counted as one; the one that runs is.
+func TestV4BusyNotCounted(t *testing.T) {
+	st, err := storage.Open(storage.Options{Volumes: []string{t.TempDir()}, ContainerSize: 4 << 30, KeepUncommitted: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(ServerConfig{ID: 1, Backend: storeBackend{st: st}, Timeout: 5 * time.Second, MaxStreams: 1})
+	go srv.Serve(lis)
+	t.Cleanup(func() {
+		srv.Close()
+		st.Close()
+	})
+	open := func(local uint64) *ack {
+		raw, err := net.Dial("tcp", lis.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { raw.Close() })
+		raw.SetDeadline(time.Now().Add(10 * time.Second))
+		hb, err := encodeHeader(nil, &Header{Pipeline: 1, Block: BlockID{1, local}, PacketSize: 1 << 20, version: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := raw.Write(hb); err != nil {
+			t.Fatal(err)
+		}
+		var a ack
+		var ab [ackLen]byte
+		if err := readAck(raw, &ab, &a); err != nil {
+			t.Fatal(err)
+		}
+		return &a
+	}
+	if a := open(70); a.kind != kindHeaderAck {
+		t.Fatalf("first stream: %+v", a)
+	}
+	if a := open(71); a.kind != kindError || a.code != CodeBusy {
+		t.Fatalf("second stream with MaxStreams 1: %+v, want busy", a)
+	}
+	if st := srv.Stats(); st.V4Streams != 1 || st.FirstHop != 2 || st.Failed != 1 {
+		t.Fatalf("%+v, want 1 version 4 stream of 2 headers, 1 failed", st)
 	}
 }
