@@ -171,6 +171,28 @@
 // 4 streams. ServerConfig.OnlyVersion 4 makes a server behave on the
 // wire as a version 4 datanode did (tests).
 //
+// A header of a version a datanode does not serve gets a CodeBadHeader
+// error ack whose reason ends in "version V, this datanode speaks MIN to
+// MAX" ("speaks N" from a datanode that serves one version: the previous
+// release, or OnlyVersion). The suffix is a stable, parsed format, not
+// free text: Refused parses the previous release's, and a later
+// release's opener will parse this one to fall back to 5 (record_test.go
+// TestOldVersionRefusedClearly pins it).
+//
+// The fallback reopens the same block, where a stale kept connection
+// (CodeStale) makes the client write a new block. That is safe because
+// of an invariant the server keeps, which a change to the refusal path
+// must keep: a refusal reaches the client only after every hop above the
+// refuser discarded the block (each runs abortSink before it relays the
+// refusal, in the same goroutine), no payload has been sent (the
+// fallback is only in Dial, before any header ack), and the refuser
+// forwarded nothing (it refuses before it dials on). So when the client
+// reopens the block, no hop holds a stream of it, and only the version 4
+// Writer can commit it. (A datanode that forges the refusal while it
+// keeps its own stream open below gains nothing it lacks: with the
+// block token it can already open and abort a stream of that block.
+// Storage does not enforce one open stream per block.)
+//
 // Data path on a datanode: the payload is read from the socket into a
 // pooled 4 KiB-aligned buffer (the one copy), forwarded from that buffer
 // with one writev of header and payload, verified against its CRC and
