@@ -269,3 +269,33 @@ func TestV4BusyNotCounted(t *testing.T) {
 		t.Fatalf("%+v, want 1 version 4 stream of 2 headers, 1 failed", st)
 	}
 }
+
+// TestRefusedByOnRouteOnly: the refusal's datanode ID comes from the
+// wire; Writer.RefusedBy (which the client remembers for a minute) takes
+// it only if it is a datanode of the route. Here the old datanode (ID 1)
+// is on the route under another ID, as a datanode that names an
+// arbitrary ID would be.
+func TestRefusedByOnRouteOnly(t *testing.T) {
+	ns, route, _ := mixedNodes(t, false, 4)
+	for _, c := range []struct {
+		id, want uint64
+	}{{1, 1}, {9, 0}} {
+		r := []Target{{ID: c.id, Addr: route[0].Addr}}
+		w, err := Dial(context.Background(), r, 1, BlockID{1, 80 + c.id}, Options{Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := payload(64<<10+3, c.id)
+		if _, err := w.Write(data); err != nil {
+			t.Fatal(err)
+		}
+		length, chunks, err := w.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		commitAndCheck(t, ns[0].st, BlockID{1, 80 + c.id}, length, chunks, data)
+		if !w.Downgraded() || w.RefusedBy() != c.want {
+			t.Fatalf("route datanode ID %d: downgraded %v, refused by %d, want %d", c.id, w.Downgraded(), w.RefusedBy(), c.want)
+		}
+	}
+}

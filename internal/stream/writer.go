@@ -206,7 +206,15 @@ func Dial(ctx context.Context, route []Target, pipeline uint64, block BlockID, o
 		errors.As(err, &se)
 		opts.Version = MinVersion
 		if w, err = dialAt(ctx, route, pipeline, block, opts); w != nil {
-			w.downgraded, w.refusedBy = true, se.Datanode
+			w.downgraded = true
+			// The refusal names its datanode; remembered (RefusedBy)
+			// only if that is one of the route's: any datanode of it
+			// could name another ID.
+			for _, t := range route {
+				if t.ID == se.Datanode {
+					w.refusedBy = se.Datanode
+				}
+			}
 		}
 	}
 	return w, err
@@ -632,7 +640,7 @@ func (w *Writer) Version() uint8 { return w.opts.Version }
 func (w *Writer) Downgraded() bool { return w.downgraded }
 
 // RefusedBy is the datanode whose refusal of version 5 downgraded the
-// stream (0: none, or not named).
+// stream (0: none, or it named a datanode not on the route).
 func (w *Writer) RefusedBy() uint64 { return w.refusedBy }
 
 // release ends the Writer's use of its connection: back to the pool after
