@@ -3,6 +3,7 @@ package datanode
 import (
 	"context"
 
+	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/raft"
 )
 
@@ -23,4 +24,13 @@ func (d *Datanode) PipelineStatus(pipeline uint64) (raft.Status, error) {
 		return raft.Status{}, err
 	}
 	return g.Status(), nil
+}
+
+// SetCommandHook runs f before every SCM command d executes (nil: none).
+func (d *Datanode) SetCommandHook(f func(*metapb.DatanodeCommand)) {
+	if f == nil {
+		d.commandHook.Store(nil)
+		return
+	}
+	d.commandHook.Store(&f)
 }
