@@ -184,7 +184,7 @@ type Datanode struct {
 	// scrub verifies stored blocks in the background (scrub.go).
 	scrub                        *scrubber
 	scrubMetrics                 []prometheus.Collector
-	cmds                         *cmdQueue // SCM's commands from heartbeats (commands.go)
+	cmds                         *cmdQueue                                     // SCM's commands from heartbeats (commands.go)
 	commandHook                  atomic.Pointer[func(*metapb.DatanodeCommand)] // tests: runs before each command
 	volChecksOK, volChecksFailed atomic.Uint64
 
