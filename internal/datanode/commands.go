@@ -3,6 +3,7 @@ package datanode
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
@@ -37,9 +38,22 @@ type cmdQueue struct {
 	pending map[string]struct{} // keys of the commands in q
 	wake    chan struct{}       // cap 1
 
-	queued, dropped, deduped, done, failed atomic.Uint64
-	collectors                             []prometheus.Collector
+	queued, dropped, deduped, done, failed, abandoned atomic.Uint64
+	collectors                                        []prometheus.Collector
+
+	// running: when the command now running started (unix ns; 0: none),
+	// and what it is (for the stuck-command warning).
+	running    atomic.Int64
+	runningCmd atomic.Pointer[metapb.DatanodeCommand]
 }
+
+// stuckCommandAfter: a command running this long is logged at WARN (then
+// every stuckCommandAfter again) and shows in
+// basalt_datanode_commands_running_seconds. Heartbeats go on while it
+// runs, so SCM sees the datanode HEALTHY; the commands behind it wait
+// (its resends are deduplicated): the warning and the gauge are how an
+// operator sees it.
+const stuckCommandAfter = 60 * time.Second
 
 type queuedCmd struct {
 	key string
@@ -115,19 +129,22 @@ func (q *cmdQueue) waiting() int {
 }
 
 // commandLoop runs the queued commands until the datanode stops (what is
-// left is dropped: SCM sends it again to the restarted datanode).
+// left is dropped, counted as abandoned: SCM sends it again to the
+// restarted datanode).
 func (d *Datanode) commandLoop() {
 	defer d.wg.Done()
 	q := d.cmds
 	for {
 		select {
 		case <-d.stopc:
+			q.abandon()
 			return
 		case <-q.wake:
 		}
 		for {
 			select {
 			case <-d.stopc:
+				q.abandon()
 				return
 			default:
 			}
@@ -135,13 +152,45 @@ func (d *Datanode) commandLoop() {
 			if cmd == nil {
 				break
 			}
+			q.runningCmd.Store(cmd)
+			q.running.Store(time.Now().UnixNano())
 			if err := d.execute(cmd); err != nil {
 				q.failed.Add(1)
 				d.log.Warn("command failed", "cmd", cmd.String(), "err", err)
 			}
+			q.running.Store(0)
 			q.done.Add(1)
 		}
 	}
+}
+
+// watchStuckCommand logs the command running past stuckCommandAfter
+// (heartbeatLoop calls it each beat: it never waits on the command).
+func (d *Datanode) watchStuckCommand(now time.Time) {
+	q := d.cmds
+	start := q.running.Load()
+	if start == 0 {
+		return
+	}
+	age := now.Sub(time.Unix(0, start))
+	if age < stuckCommandAfter {
+		return
+	}
+	// Once per stuckCommandAfter of its age.
+	if age%stuckCommandAfter >= d.hbInterval && d.hbInterval > 0 {
+		return
+	}
+	cmd := q.runningCmd.Load()
+	d.log.Warn("SCM command still running: the commands behind it wait", "cmd", cmd.String(), "running", age.Round(time.Second), "waiting", q.waiting())
+}
+
+// abandon drops what is still queued at shutdown.
+func (q *cmdQueue) abandon() {
+	q.mu.Lock()
+	n := len(q.q)
+	q.q, q.pending = nil, map[string]struct{}{}
+	q.mu.Unlock()
+	q.abandoned.Add(uint64(n))
 }
 
 // queueCommand hands a heartbeat's command to commandLoop.
@@ -153,17 +202,18 @@ func (d *Datanode) queueCommand(cmd *metapb.DatanodeCommand) {
 
 // CommandStats are the heartbeat command queue's counters: commands
 // queued, dropped (queue full), not queued for an equal one waiting,
-// run, failed, and waiting now.
+// finished (failed ones included), failed, left queued at shutdown, and
+// waiting now.
 type CommandStats struct {
-	Queued, Dropped, Deduplicated, Done, Failed uint64
-	Waiting                                     int
+	Queued, Dropped, Deduplicated, Done, Failed, Abandoned uint64
+	Waiting                                                int
 }
 
 // CommandStats returns the command queue's counters.
 func (d *Datanode) CommandStats() CommandStats {
 	q := d.cmds
 	return CommandStats{Queued: q.queued.Load(), Dropped: q.dropped.Load(), Deduplicated: q.deduped.Load(),
-		Done: q.done.Load(), Failed: q.failed.Load(), Waiting: q.waiting()}
+		Done: q.done.Load(), Failed: q.failed.Load(), Abandoned: q.abandoned.Load(), Waiting: q.waiting()}
 }
 
 func (d *Datanode) registerCommandMetrics() {
@@ -175,16 +225,28 @@ func (d *Datanode) registerCommandMetrics() {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "datanode_commands", Name: name, Help: help},
 			func() float64 { return float64(f()) })
 	}
-	q.collectors = []prometheus.Collector{
+	all := []prometheus.Collector{
 		counter("queued_total", "SCM commands queued from heartbeat answers.", q.queued.Load),
 		counter("dropped_total", "SCM commands dropped because the queue was full (SCM sends them again).", q.dropped.Load),
 		counter("deduplicated_total", "SCM commands not queued because an equal one was waiting.", q.deduped.Load),
-		counter("done_total", "SCM commands run.", q.done.Load),
+		counter("done_total", "SCM commands finished (failed ones included).", q.done.Load),
 		counter("failed_total", "SCM commands that returned an error.", q.failed.Load),
+		counter("abandoned_total", "SCM commands still queued when the datanode stopped (SCM sends them again).", q.abandoned.Load),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "basalt", Subsystem: "datanode_commands", Name: "waiting",
 			Help: "SCM commands queued and not started."}, func() float64 { return float64(q.waiting()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "basalt", Subsystem: "datanode_commands", Name: "running_seconds",
+			Help: "How long the SCM command now running has run (0: none). The commands behind it wait."}, func() float64 {
+			if st := q.running.Load(); st != 0 {
+				return time.Since(time.Unix(0, st)).Seconds()
+			}
+			return 0
+		}),
 	}
-	for _, c := range q.collectors {
-		d.cfg.Registerer.Register(c) // a restarted datanode on the same registry: export once
+	for _, c := range all {
+		// A second datanode on the same registry (tests) exports nothing:
+		// only what registered here is unregistered at Close.
+		if d.cfg.Registerer.Register(c) == nil {
+			q.collectors = append(q.collectors, c)
+		}
 	}
 }

@@ -84,3 +84,106 @@ func TestSlowCommandKeepsHeartbeats(t *testing.T) {
 		t.Fatalf("command stats %+v: nothing queued", st)
 	}
 }
+
+func missingDeleteCmd(tx uint64) *metapb.DatanodeCommand {
+	return &metapb.DatanodeCommand{Command: &metapb.DatanodeCommand_DeleteBlocks{DeleteBlocks: &metapb.DeleteBlocksCommand{
+		TxId: tx, ContainerId: 1 << 40, LocalIds: []uint64{1}}}}
+}
+
+// TestCommandsRunInOrderOneAtATime: queued commands run one at a time in
+// the order they came (SCM relies on it: a container's delete after its
+// replication, a pipeline's close after its create); at Close the one
+// running finishes, the queued ones are dropped (counted as abandoned)
+// and nothing runs after Close returns.
+func TestCommandsRunInOrderOneAtATime(t *testing.T) {
+	e := startEnv(t)
+	dn := e.c.Datanode(0)
+	var (
+		mu       sync.Mutex
+		order    []uint64
+		inFlight int
+		most     int
+		hold     = make(chan struct{})
+		closed   bool
+		afterRun bool
+	)
+	dn.SetCommandHook(func(c *metapb.DatanodeCommand) {
+		tx := c.GetDeleteBlocks().GetTxId()
+		if tx < 1000 {
+			return // SCM's own commands
+		}
+		mu.Lock()
+		if closed {
+			afterRun = true
+		}
+		order = append(order, tx)
+		inFlight++
+		most = max(most, inFlight)
+		mu.Unlock()
+		if tx == 1100 {
+			<-hold
+		} else {
+			time.Sleep(5 * time.Millisecond)
+		}
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+	})
+	for tx := uint64(1001); tx <= 1020; tx++ {
+		dn.QueueCommand(missingDeleteCmd(tx))
+	}
+	waitFor := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			mu.Lock()
+			got := len(order)
+			mu.Unlock()
+			if got >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d commands ran in 20 s", got, n)
+			}
+		}
+	}
+	waitFor(20)
+	mu.Lock()
+	for i, tx := range order {
+		if tx != uint64(1001+i) {
+			t.Fatalf("commands ran in the order %v", order)
+		}
+	}
+	if most != 1 {
+		t.Fatalf("%d commands ran at once, want 1", most)
+	}
+	mu.Unlock()
+
+	// Close while 1100 runs and 1101..1104 wait.
+	dn.QueueCommand(missingDeleteCmd(1100))
+	for tx := uint64(1101); tx <= 1104; tx++ {
+		dn.QueueCommand(missingDeleteCmd(tx))
+	}
+	waitFor(21)
+	done := make(chan struct{})
+	go func() { dn.Close(); close(done) }()
+	time.Sleep(100 * time.Millisecond) // Close is waiting for the running command
+	close(hold)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not return after the running command finished")
+	}
+	mu.Lock()
+	closed = true
+	ran := len(order)
+	mu.Unlock()
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if ran != 21 || afterRun || len(order) != 21 {
+		t.Fatalf("ran %v (after Close: %v); want 1001..1020 and 1100 only", order, afterRun)
+	}
+	if st := dn.CommandStats(); st.Abandoned < 4 || st.Waiting != 0 {
+		t.Fatalf("stats after Close %+v: want the 4 queued commands abandoned", st)
+	}
+}

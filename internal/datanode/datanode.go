@@ -671,6 +671,7 @@ func (d *Datanode) heartbeatLoop() {
 		if err := d.heartbeat(n%d.cfg.FullReportEvery == 0 || d.reportSoon.Swap(false)); err != nil {
 			d.log.Debug("heartbeat failed", "err", err)
 		}
+		d.watchStuckCommand(time.Now())
 		n++
 		if n%5 == 0 {
 			d.refreshPeers()

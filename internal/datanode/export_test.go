@@ -34,3 +34,6 @@ func (d *Datanode) SetCommandHook(f func(*metapb.DatanodeCommand)) {
 	}
 	d.commandHook.Store(&f)
 }
+
+// QueueCommand queues cmd as a heartbeat answer's command would be.
+func (d *Datanode) QueueCommand(cmd *metapb.DatanodeCommand) { d.queueCommand(cmd) }
