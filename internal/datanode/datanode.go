@@ -194,6 +194,8 @@ type Datanode struct {
 	// scrub verifies stored blocks in the background (scrub.go).
 	scrub                        *scrubber
 	scrubMetrics                 []prometheus.Collector
+	cmds                         *cmdQueue                                     // SCM's commands from heartbeats (commands.go)
+	commandHook                  atomic.Pointer[func(*metapb.DatanodeCommand)] // tests: runs before each command
 	volChecksOK, volChecksFailed atomic.Uint64
 
 	cache *blockCache   // cache tier (cache.go); nil without one
@@ -269,7 +271,7 @@ func New(cfg Config) (*Datanode, error) {
 	}
 	d := &Datanode{cfg: cfg, log: cfg.Logger, peers: map[uint64]*metapb.DatanodeDetails{},
 		pipelines: map[uint64]*metapb.Pipeline{}, sms: map[uint64]*containerSM{}, peerConns: map[string]*grpc.ClientConn{},
-		acks: map[uint64]deleteAck{}, proposingDel: map[uint64]bool{}, stopc: make(chan struct{}), pipeJoined: make(chan struct{})}
+		acks: map[uint64]deleteAck{}, proposingDel: map[uint64]bool{}, stopc: make(chan struct{}), pipeJoined: make(chan struct{}), cmds: newCmdQueue()}
 	if err := d.loadIdentity(); err != nil {
 		return nil, err
 	}
@@ -439,11 +441,13 @@ func (d *Datanode) Start(ctx context.Context) error {
 	if err := d.startScrubber(); err != nil {
 		return err
 	}
-	d.wg.Add(2)
+	d.registerCommandMetrics()
+	d.wg.Add(3)
 	go func() {
 		defer d.wg.Done()
 		d.grpc.Serve(d.lis)
 	}()
+	go d.commandLoop()
 	go d.heartbeatLoop()
 	if d.disks != nil {
 		d.wg.Add(1)
@@ -694,6 +698,7 @@ func (d *Datanode) heartbeatLoop() {
 		if err := d.heartbeat(n%d.cfg.FullReportEvery == 0 || d.reportSoon.Swap(false)); err != nil {
 			d.log.Debug("heartbeat failed", "err", err)
 		}
+		d.watchStuckCommand(time.Now())
 		n++
 		if n%5 == 0 {
 			d.refreshPeers()
@@ -737,10 +742,10 @@ func (d *Datanode) heartbeat(full bool) error {
 	}
 	cacheSent()
 	d.setKeys(resp.GetSecretKeys())
+	// Run by commandLoop, so a slow command never holds up the next
+	// heartbeat (commands.go).
 	for _, cmd := range resp.GetCommands() {
-		if err := d.execute(cmd); err != nil {
-			d.log.Warn("command failed", "cmd", cmd.String(), "err", err)
-		}
+		d.queueCommand(cmd)
 	}
 	return nil
 }
@@ -750,6 +755,9 @@ func (d *Datanode) heartbeat(full bool) error {
 func (d *Datanode) Execute(cmd *metapb.DatanodeCommand) error { return d.execute(cmd) }
 
 func (d *Datanode) execute(cmd *metapb.DatanodeCommand) error {
+	if h := d.commandHook.Load(); h != nil {
+		(*h)(cmd)
+	}
 	switch c := cmd.GetCommand().(type) {
 	case *metapb.DatanodeCommand_CreatePipeline:
 		return d.joinPipeline(c.CreatePipeline.GetPipeline(), c.CreatePipeline.GetDatanodes())
@@ -1021,6 +1029,11 @@ func (d *Datanode) Close() error {
 				for _, c := range d.cache.metrics() {
 					d.cfg.Registerer.Unregister(c)
 				}
+			}
+		}
+		if d.cfg.Registerer != nil {
+			for _, c := range d.cmds.collectors {
+				d.cfg.Registerer.Unregister(c)
 			}
 		}
 		d.closePeerConns()

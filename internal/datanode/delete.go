@@ -195,8 +195,8 @@ func (d *Datanode) failedVolume(path string) string {
 
 // proposeDelete sends a delete through the pipeline's log, on the leader,
 // once every replica applied the blocks' PutBlocks (see the top of this
-// file). It proposes in the background: the heartbeat loop does not wait
-// for the pipeline.
+// file). It proposes in the background: the command loop (commands.go)
+// does not wait for the pipeline.
 func (d *Datanode) proposeDelete(pipeline, tx uint64, cid storage.ContainerID, lids []storage.LocalID) error {
 	g, err := d.host.Group(pipeline)
 	if err != nil || !g.IsLeader() {

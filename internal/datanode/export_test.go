@@ -3,6 +3,7 @@ package datanode
 import (
 	"context"
 
+	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/raft"
 )
 
@@ -24,3 +25,15 @@ func (d *Datanode) PipelineStatus(pipeline uint64) (raft.Status, error) {
 	}
 	return g.Status(), nil
 }
+
+// SetCommandHook runs f before every SCM command d executes (nil: none).
+func (d *Datanode) SetCommandHook(f func(*metapb.DatanodeCommand)) {
+	if f == nil {
+		d.commandHook.Store(nil)
+		return
+	}
+	d.commandHook.Store(&f)
+}
+
+// QueueCommand queues cmd as a heartbeat answer's command would be.
+func (d *Datanode) QueueCommand(cmd *metapb.DatanodeCommand) { d.queueCommand(cmd) }
