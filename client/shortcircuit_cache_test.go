@@ -1,16 +1,20 @@
 package client
 
 import (
+	"bytes"
 	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/basalt-store/basalt/internal/blocktoken"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
 // cachedFile maps a block file of data and returns it as fetchShared
 // builds one (one reference: the caller's).
-func cachedFile(t *testing.T, data []byte) *scBlockFile {
+func cachedFile(t testing.TB, data []byte) *scBlockFile {
 	t.Helper()
 	f, bd := blockOnDisk(t, data)
 	bf := &scBlockFile{f: f, bd: bd, m: mapBlockFile(f, bd.Length)}
@@ -133,4 +137,126 @@ func TestSCCacheLimitsRace(t *testing.T) {
 		}
 	}()
 	wg.Wait()
+}
+
+// testToken issues a token for blk with modes m expiring at exp, signed
+// by a key of its own (the client never checks the MAC).
+func testToken(t testing.TB, blk blocktoken.Block, m blocktoken.Mode, exp time.Time) []byte {
+	t.Helper()
+	ks, err := blocktoken.NewKeySet([]blocktoken.Key{{ID: 1, Secret: bytes.Repeat([]byte{7}, blocktoken.SecretSize)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := ks.Issue(time.Now(), blocktoken.Claims{Block: blk, Modes: m, ExpiryUnixMs: exp.UnixMilli(), Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// cachedBlock is a shortCircuits whose cache holds one block file (block
+// 7/9 of datanode 1, 1 MiB) and that block's location; the datanode's
+// socket does not exist (a fetch from it fails: not available).
+func cachedBlock(t testing.TB) (*shortCircuits, scKey, *scBlockFile, *metapb.DatanodeDetails, *metapb.BlockLocation) {
+	t.Helper()
+	sc := &shortCircuits{}
+	t.Cleanup(sc.close)
+	bf := cachedFile(t, randBytes(23, 1<<20))
+	k := scKey{1, 7, 9}
+	sc.cache.insert(k, bf)
+	bf.release()
+	d := &metapb.DatanodeDetails{Id: 1, ShortCircuitSocket: "/nonexistent/basalt-test.sock"}
+	l := &metapb.BlockLocation{Id: &metapb.BlockID{ContainerId: 7, LocalId: 9}, Length: 1 << 20}
+	return sc, k, bf, d, l
+}
+
+// BenchmarkShortCircuitCacheHit: a reader getting a block file from the
+// client's cache (fetchShared's hit: the token check, the lookup with its
+// fstat, the release): what every short-circuit read of a cached block
+// costs before its bytes.
+func BenchmarkShortCircuitCacheHit(b *testing.B) {
+	sc, k, bf, d, l := cachedBlock(b)
+	tok := testToken(b, blocktoken.Block{Container: 7, Local: 9}, blocktoken.Read, time.Now().Add(time.Hour))
+	b.ReportAllocs()
+	for b.Loop() {
+		got, fresh, _, err := sc.fetchShared(k, d, l, tok)
+		if err != nil || fresh || got != bf {
+			b.Fatalf("not a hit: %v, fresh %v", err, fresh)
+		}
+		got.release()
+	}
+}
+
+// TestTokenAllows: the client's check of a reader's token on a cache hit
+// (no MAC): the block named, read granted, not expired.
+func TestTokenAllows(t *testing.T) {
+	now := time.Now()
+	k := scKey{1, 7, 9}
+	blk := blocktoken.Block{Container: 7, Local: 9}
+	for _, c := range []struct {
+		name string
+		tok  []byte
+		want bool
+	}{
+		{"read, valid", testToken(t, blk, blocktoken.Read, now.Add(time.Minute)), true},
+		{"read+write, valid", testToken(t, blk, blocktoken.Read|blocktoken.Write, now.Add(time.Minute)), true},
+		{"expired", testToken(t, blk, blocktoken.Read, now.Add(-time.Millisecond)), false},
+		{"expiring now", testToken(t, blk, blocktoken.Read, now), false},
+		{"another block", testToken(t, blocktoken.Block{Container: 7, Local: 10}, blocktoken.Read, now.Add(time.Minute)), false},
+		{"another container", testToken(t, blocktoken.Block{Container: 8, Local: 9}, blocktoken.Read, now.Add(time.Minute)), false},
+		{"the container (export)", testToken(t, blocktoken.Block{Container: 7}, blocktoken.Read, now.Add(time.Minute)), false},
+		{"write only", testToken(t, blk, blocktoken.Write, now.Add(time.Minute)), false},
+		{"none", nil, false},
+		{"garbage", bytes.Repeat([]byte{2}, 100), false},
+	} {
+		if got := tokenAllows(c.tok, k, now); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestSCCacheHitChecksToken: a cached block file serves a reader only if
+// its token names the block, grants read and has not expired (the
+// client's clock); any other reader is sent to the datanode (here its
+// socket does not exist: not available, read over gRPC), as on a miss.
+// Before, every reader got the cached file whatever its token.
+func TestSCCacheHitChecksToken(t *testing.T) {
+	sc, k, bf, d, l := cachedBlock(t)
+	blk := blocktoken.Block{Container: 7, Local: 9}
+	now := time.Now()
+	valid := testToken(t, blk, blocktoken.Read, now.Add(time.Minute))
+	got, fresh, _, err := sc.fetchShared(k, d, l, valid)
+	if err != nil || fresh || got != bf {
+		t.Fatalf("valid token: %v, fresh %v, cached file %v; want the cached file", err, fresh, got == bf)
+	}
+	got.release()
+	for _, c := range []struct {
+		name string
+		tok  []byte
+	}{
+		{"expired", testToken(t, blk, blocktoken.Read, now.Add(-time.Second))},
+		{"another block", testToken(t, blocktoken.Block{Container: 7, Local: 10}, blocktoken.Read, now.Add(time.Minute))},
+		{"write only", testToken(t, blk, blocktoken.Write, now.Add(time.Minute))},
+		{"none", nil},
+	} {
+		got, _, notAvail, err := sc.fetchShared(k, d, l, c.tok)
+		if got != nil || err == nil || !notAvail {
+			t.Errorf("%s token: file %v (cached %v), %v, not available %v; want the datanode asked (its socket is missing: not available)",
+				c.name, got != nil, got == bf, err, notAvail)
+			if got != nil {
+				got.release()
+			}
+		}
+	}
+	// The client's clock ahead of the token's expiry: asked too (the
+	// datanode's clock decides).
+	sc.cache.mu.Lock()
+	sc.cache.now = func() time.Time { return now.Add(time.Hour) }
+	sc.cache.mu.Unlock()
+	if got, _, _, err := sc.fetchShared(k, d, l, valid); got != nil || err == nil {
+		t.Errorf("token expired by the client's clock: served from the cache")
+	}
+	if sc.cache.hits != 1 || sc.cache.rechecks.Load() != 5 || !sc.cache.has(k) {
+		t.Fatalf("hits %d, rechecks %d, cached %v; want 1, 5, still cached", sc.cache.hits, sc.cache.rechecks.Load(), sc.cache.has(k))
+	}
 }
