@@ -24,8 +24,10 @@ import (
 // receives an open descriptor, maps the file and copies from the mapping:
 // no TLS, no gRPC, no datanode thread. The datanode verified every
 // checksum when it cached the block (as HDFS skips checksums for cached
-// blocks). Mappings are kept (at most maxSCMaps) and unmapped on Close.
-// Any failure falls back to the ordinary read.
+// blocks). Mappings are kept (at most maxSCMaps) and unmapped on Close;
+// a later reader uses one only if its token passes the client's check (as
+// for the block-file cache, shortcircuit_cache.go "Tokens:"), else asks
+// the datanode again. Any failure falls back to the ordinary read.
 
 const maxSCMaps = 256
 
@@ -89,7 +91,10 @@ func (c *Client) scMapping(k scKey, sock string, id *metapb.BlockID, tok []byte)
 	if c.sc.maps == nil {
 		c.sc.maps = map[scKey]*scMap{}
 	}
-	if m := c.sc.maps[k]; m != nil {
+	// A mapping another reader got serves this one only if its token
+	// passes the client's check (tokenAllows, shortcircuit_cache.go);
+	// otherwise the datanode checks it, as for the first reader.
+	if m := c.sc.maps[k]; m != nil && tokenAllows(tok, k, time.Now()) {
 		c.sc.mu.Unlock()
 		return m, nil
 	}

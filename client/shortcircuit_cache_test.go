@@ -260,3 +260,29 @@ func TestSCCacheHitChecksToken(t *testing.T) {
 		t.Fatalf("hits %d, rechecks %d, cached %v; want 1, 5, still cached", sc.cache.hits, sc.cache.rechecks.Load(), sc.cache.has(k))
 	}
 }
+
+// TestSCMappingChecksToken: a mapping of a cache-tier file (shortcircuit.go)
+// another reader got serves a reader only if its token passes the same
+// check; otherwise the datanode is asked (here its socket is missing: an
+// error, read elsewhere). Before, every reader got the mapping.
+func TestSCMappingChecksToken(t *testing.T) {
+	c := &Client{}
+	k := scKey{1, 7, 9}
+	m := &scMap{data: []byte{1}}
+	c.sc.maps = map[scKey]*scMap{k: m}
+	id := &metapb.BlockID{ContainerId: 7, LocalId: 9}
+	blk := blocktoken.Block{Container: 7, Local: 9}
+	now := time.Now()
+	sock := "/nonexistent/basalt-test.sock"
+	if got, err := c.scMapping(k, sock, id, testToken(t, blk, blocktoken.Read, now.Add(time.Minute))); got != m || err != nil {
+		t.Fatalf("valid token: %v, mapping %v; want the mapping", err, got == m)
+	}
+	for name, tok := range map[string][]byte{
+		"expired":       testToken(t, blk, blocktoken.Read, now.Add(-time.Second)),
+		"another block": testToken(t, blocktoken.Block{Container: 7, Local: 8}, blocktoken.Read, now.Add(time.Minute)),
+	} {
+		if got, err := c.scMapping(k, sock, id, tok); got != nil || err == nil {
+			t.Errorf("%s token: %v, mapping %v; want the datanode asked (its socket is missing: an error)", name, err, got != nil)
+		}
+	}
+}
