@@ -128,7 +128,8 @@ func (s *scCache) clock() time.Time {
 
 // lookup returns k's entry with a reference taken for the caller, if it is
 // valid for a block of committed length want; an invalid one is dropped.
-func (s *scCache) lookup(k scKey, want uint64) *scBlockFile {
+// now (s.clock()) marks the entry used.
+func (s *scCache) lookup(k scKey, want uint64, now time.Time) *scBlockFile {
 	s.mu.Lock()
 	e := s.entries[k]
 	if e == nil || !e.bf.acquire() {
@@ -143,7 +144,7 @@ func (s *scCache) lookup(k scKey, want uint64) *scBlockFile {
 	}
 	s.mu.Lock()
 	if s.entries[k] == e {
-		e.used = s.clock()
+		e.used = now
 		s.lru.MoveToFront(e.el)
 	}
 	s.hits++
@@ -339,8 +340,10 @@ func (c *Client) SetShortCircuitCacheLimitsForTest(files int, bytes int64, idle 
 // one fetched from d's socket and cached. fresh: fetched now for this
 // caller. The caller holds one reference on the file returned.
 func (sc *shortCircuits) fetchShared(k scKey, d *metapb.DatanodeDetails, l *metapb.BlockLocation, tok []byte) (bf *scBlockFile, fresh, notAvail bool, err error) {
-	if tokenAllows(tok, k, sc.cache.clock()) {
-		if bf := sc.cache.lookup(k, l.GetLength()); bf != nil {
+	// One clock read for the token check and the entry's use (time.Now
+	// is most of the check's cost).
+	if now := sc.cache.clock(); tokenAllows(tok, k, now) {
+		if bf := sc.cache.lookup(k, l.GetLength(), now); bf != nil {
 			return bf, false, false, nil
 		}
 	} else {

@@ -98,13 +98,13 @@ func TestSCCacheLongerReplica(t *testing.T) {
 	s.insert(k, bf)
 	bf.release()
 	for _, want := range []uint64{0, 1, 1<<20 - 100, 1 << 20} {
-		got := s.lookup(k, want)
+		got := s.lookup(k, want, time.Now())
 		if got != bf {
 			t.Fatalf("location of %d bytes, file of %d: not served from the cache", want, len(data))
 		}
 		got.release()
 	}
-	if got := s.lookup(k, 1<<20+1); got != nil || s.has(k) {
+	if got := s.lookup(k, 1<<20+1, time.Now()); got != nil || s.has(k) {
 		t.Fatal("a location longer than the cached file was served from it")
 	}
 	if s.hits != 4 || s.invalidated != 1 {
