@@ -46,6 +46,7 @@ type shortCircuits struct {
 	reads atomic.Uint64
 	blk   scBlockCounters // block files (shortcircuit_block.go)
 	cache scCache         // the client's block files (shortcircuit_cache.go)
+	clk   scClock         // coarse clock for readers' held files (shortcircuit_block.go)
 }
 
 // ShortCircuitReads counts reads this client served by mapping a cached

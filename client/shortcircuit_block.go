@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
@@ -65,7 +66,15 @@ type scBlocks struct {
 	files map[scKey]*scBlockFile
 	// fresh: the files this reader fetched from the datanode itself (not
 	// found in the client's cache).
-	fresh  map[scKey]bool
+	fresh map[scKey]bool
+	// exp: when the token that got each file expires (Unix ms; 0: could
+	// not be decoded, so every access asks again). A file is used only
+	// before it, by the client's coarse clock (scClock); after it the
+	// entry is dropped and the reader's current token goes through
+	// fetchShared again (the client's check, then the datanode's), as
+	// gRPC checks every ReadBlock. Not-available entries (f nil) read
+	// over gRPC, which checks, and have none.
+	exp    map[scKey]int64
 	closed bool
 }
 
@@ -170,23 +179,34 @@ func (r *KeyReader) readLocal(bi int, l *metapb.BlockLocation, d *metapb.Datanod
 // never from d for this reader; an error: the token was refused (a gRPC
 // status, as ReadBlock's).
 func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, l *metapb.BlockLocation, tok []byte, sc *shortCircuits) (*scBlockFile, error) {
+	now := sc.nowMs()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return nil, nil
 	}
 	if bf := s.files[k]; bf != nil {
-		s.mu.Unlock()
-		return bf, nil
+		if bf.f == nil || now < s.exp[k] {
+			s.mu.Unlock()
+			return bf, nil
+		}
+		// The token this reader got the file with has expired: check
+		// its current one again (refused: TOKEN_EXPIRED, and the caller
+		// refreshes; the refresh's lookup checks the user's access).
+		s.removeLocked(k, bf)
 	}
 	s.mu.Unlock()
-	bf, fresh := &scBlockFile{}, false
+	bf, fresh, exp := &scBlockFile{}, false, int64(0)
 	if _, err := os.Stat(d.ShortCircuitSocket); err == nil { // else: not this host
 		got, fr, notAvail, err := sc.fetchShared(k, d, l, tok)
 		var te *scTokenError
 		switch {
 		case err == nil:
 			bf, fresh = got, fr
+			// The client's check or the datanode's passed tok.
+			if c, derr := blocktoken.Decode(tok); derr == nil {
+				exp = c.ExpiryUnixMs
+			}
 		case errors.As(err, &te):
 			st, serr := status.New(codes.PermissionDenied, te.msg).WithDetails(&datanodepb.Error{Kind: te.kind})
 			if serr != nil {
@@ -209,15 +229,11 @@ func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, l *metapb.BlockLocat
 		return old, nil
 	}
 	if s.files == nil {
-		s.files, s.fresh = map[scKey]*scBlockFile{}, map[scKey]bool{}
+		s.files, s.fresh, s.exp = map[scKey]*scBlockFile{}, map[scKey]bool{}, map[scKey]int64{}
 	}
 	if len(s.files) >= maxSCBlockFiles {
 		for ok, o := range s.files {
-			delete(s.files, ok)
-			delete(s.fresh, ok)
-			if o.f != nil {
-				o.release() // closed when reads in flight are done
-			}
+			s.removeLocked(ok, o)
 			break
 		}
 	}
@@ -225,7 +241,75 @@ func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, l *metapb.BlockLocat
 	if fresh {
 		s.fresh[k] = true
 	}
+	if bf.f != nil {
+		s.exp[k] = exp
+	}
 	return bf, nil
+}
+
+// removeLocked forgets k's entry bf and drops the table's reference on it
+// (closed when reads in flight are done); s.mu held.
+func (s *scBlocks) removeLocked(k scKey, bf *scBlockFile) {
+	delete(s.files, k)
+	delete(s.fresh, k)
+	delete(s.exp, k)
+	if bf.f != nil {
+		bf.release()
+	}
+}
+
+// scClock is a coarse clock for the expiry of a reader's held block files
+// (scBlocks.exp): a read of a held file loads an atomic instead of calling
+// time.Now (about 85 ns on the test VM) per read. A timer stores the time
+// every scClockTick while reads use the clock and stops after a tick
+// without one (ms 0: stopped; the next read restarts it with time.Now).
+// It lags the real clock by at most a tick plus the timer's delay: a held
+// file serves at most that long past its token's expiry.
+type scClock struct {
+	ms   atomic.Int64
+	used atomic.Bool
+	mu   sync.Mutex
+	t    *time.Timer
+}
+
+const scClockTick = 50 * time.Millisecond
+
+func (c *scClock) nowMs() int64 {
+	if !c.used.Load() {
+		c.used.Store(true)
+	}
+	if ms := c.ms.Load(); ms != 0 {
+		return ms
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ms := time.Now().UnixMilli()
+	c.ms.Store(ms)
+	if c.t == nil {
+		c.t = time.AfterFunc(scClockTick, c.tick)
+	}
+	return ms
+}
+
+func (c *scClock) tick() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.used.Swap(false) {
+		c.ms.Store(0)
+		c.t = nil
+		return
+	}
+	c.ms.Store(time.Now().UnixMilli())
+	c.t.Reset(scClockTick)
+}
+
+// nowMs is the time for the held files' expiry: the coarse clock, or the
+// cache's test clock when a test set one (before any reads).
+func (sc *shortCircuits) nowMs() int64 {
+	if sc.cache.now != nil {
+		return sc.cache.now().UnixMilli()
+	}
+	return sc.clk.nowMs()
 }
 
 // scTokenError: the datanode refused the block token on its socket.
@@ -245,6 +329,7 @@ func (s *scBlocks) drop(k scKey, bf *scBlockFile) (fresh bool) {
 	fresh = s.fresh[k]
 	delete(s.fresh, k)
 	if s.files[k] == bf {
+		delete(s.exp, k)
 		s.files[k] = &scBlockFile{}
 		if bf.f != nil {
 			bf.release() // the table's reference
@@ -256,7 +341,7 @@ func (s *scBlocks) drop(k scKey, bf *scBlockFile) (fresh bool) {
 func (s *scBlocks) close() {
 	s.mu.Lock()
 	files := s.files
-	s.files, s.closed = nil, true
+	s.files, s.exp, s.closed = nil, nil, true
 	s.mu.Unlock()
 	for _, bf := range files {
 		if bf.f != nil {

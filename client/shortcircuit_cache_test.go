@@ -3,6 +3,7 @@ package client
 import (
 	"bytes"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -283,6 +284,69 @@ func TestSCMappingChecksToken(t *testing.T) {
 	} {
 		if got, err := c.scMapping(k, sock, id, tok); got != nil || err == nil {
 			t.Errorf("%s token: %v, mapping %v; want the datanode asked (its socket is missing: an error)", name, err, got != nil)
+		}
+	}
+}
+
+// heldBlock is cachedBlock with a reader (scBlocks) holding the cached
+// file, got with a read token expiring at exp; the datanode's "socket" is
+// a plain file (this host's, but a fetch from it fails: not available).
+func heldBlock(t testing.TB, exp time.Time) (*shortCircuits, *scBlocks, scKey, *scBlockFile, *metapb.DatanodeDetails, *metapb.BlockLocation, []byte) {
+	t.Helper()
+	sc, k, bf, d, l := cachedBlock(t)
+	d.ShortCircuitSocket = filepath.Join(t.TempDir(), "dn.sock")
+	if err := os.WriteFile(d.ShortCircuitSocket, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := &scBlocks{}
+	t.Cleanup(s.close)
+	tok := testToken(t, blocktoken.Block{Container: 7, Local: 9}, blocktoken.Read, exp)
+	if got, err := s.file(k, d, l, tok, sc); err != nil || got != bf {
+		t.Fatalf("first access: %v, cached file %v", err, got == bf)
+	}
+	return sc, s, k, bf, d, l, tok
+}
+
+// TestSCHeldFileChecksExpiry: a block file a reader holds serves it only
+// until the token it got the file with expires (the client's clock); then
+// the entry is dropped and the reader's token goes through fetchShared
+// again (here expired: the datanode asked, its socket fails: not
+// available, read over gRPC, which checks the token). Before, the reader
+// kept the file until Close.
+func TestSCHeldFileChecksExpiry(t *testing.T) {
+	now := time.Now()
+	sc, s, k, bf, d, l, tok := heldBlock(t, now.Add(time.Minute))
+	setNow := func(at time.Time) {
+		sc.cache.mu.Lock()
+		sc.cache.now = func() time.Time { return at }
+		sc.cache.mu.Unlock()
+	}
+	setNow(now.Add(30 * time.Second))
+	if got, err := s.file(k, d, l, tok, sc); err != nil || got != bf {
+		t.Fatalf("before the expiry: %v, held file %v; want the held file", err, got == bf)
+	}
+	hits := sc.cache.hits
+	setNow(now.Add(2 * time.Minute))
+	got, err := s.file(k, d, l, tok, sc)
+	if err != nil || got == nil || got == bf || got.f != nil {
+		t.Fatalf("after the expiry: %v, held file %v; want the datanode asked (not available: gRPC)", err, got == bf)
+	}
+	if r := bf.refs.Load(); r != 1 || sc.cache.hits != hits || sc.cache.rechecks.Load() != 1 {
+		t.Fatalf("after the expiry: %d references (want the cache's only), hits +%d, rechecks %d (want 0, 1)",
+			r, sc.cache.hits-hits, sc.cache.rechecks.Load())
+	}
+}
+
+// BenchmarkSCHeldFile: a read of a block file the reader already holds
+// (scBlocks.file's hit, before the bytes): what every short-circuit read
+// after a reader's first of a block costs; with the expiry check, a load
+// of the coarse clock and a compare.
+func BenchmarkSCHeldFile(b *testing.B) {
+	sc, s, k, bf, d, l, tok := heldBlock(b, time.Now().Add(time.Hour))
+	b.ReportAllocs()
+	for b.Loop() {
+		if got, err := s.file(k, d, l, tok, sc); err != nil || got != bf {
+			b.Fatal("not held")
 		}
 	}
 }
