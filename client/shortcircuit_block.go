@@ -63,19 +63,23 @@ type scBlockFile struct {
 // scBlocks are a reader's block files.
 type scBlocks struct {
 	mu    sync.Mutex
-	files map[scKey]*scBlockFile
+	files map[scKey]scHeld
 	// fresh: the files this reader fetched from the datanode itself (not
 	// found in the client's cache).
-	fresh map[scKey]bool
-	// exp: when the token that got each file expires (Unix ms; 0: could
-	// not be decoded, so every access asks again). A file is used only
-	// before it, by the client's coarse clock (scClock); after it the
-	// entry is dropped and the reader's current token goes through
-	// fetchShared again (the client's check, then the datanode's), as
-	// gRPC checks every ReadBlock. Not-available entries (f nil) read
-	// over gRPC, which checks, and have none.
-	exp    map[scKey]int64
+	fresh  map[scKey]bool
 	closed bool
+}
+
+// scHeld is a reader's block file and when the token it got the file with
+// expires (Unix ms; 0: could not be decoded, so every access asks again).
+// A file is used only before exp, by the client's coarse clock (scClock);
+// after it the entry is dropped and the reader's current token goes
+// through fetchShared again (the client's check, then the datanode's), as
+// gRPC checks every ReadBlock. Not-available entries (bf.f nil) read over
+// gRPC, which checks the token, and ignore exp.
+type scHeld struct {
+	bf  *scBlockFile
+	exp int64
 }
 
 // scBlockCounters are the client's short-circuit block-file counters.
@@ -185,15 +189,15 @@ func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, l *metapb.BlockLocat
 		s.mu.Unlock()
 		return nil, nil
 	}
-	if bf := s.files[k]; bf != nil {
-		if bf.f == nil || now < s.exp[k] {
+	if h := s.files[k]; h.bf != nil {
+		if h.bf.f == nil || now < h.exp {
 			s.mu.Unlock()
-			return bf, nil
+			return h.bf, nil
 		}
 		// The token this reader got the file with has expired: check
 		// its current one again (refused: TOKEN_EXPIRED, and the caller
 		// refreshes; the refresh's lookup checks the user's access).
-		s.removeLocked(k, bf)
+		s.removeLocked(k, h.bf)
 	}
 	s.mu.Unlock()
 	bf, fresh, exp := &scBlockFile{}, false, int64(0)
@@ -222,27 +226,24 @@ func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, l *metapb.BlockLocat
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if old := s.files[k]; old != nil || s.closed {
+	if old := s.files[k].bf; old != nil || s.closed {
 		if bf.f != nil {
 			bf.release()
 		}
 		return old, nil
 	}
 	if s.files == nil {
-		s.files, s.fresh, s.exp = map[scKey]*scBlockFile{}, map[scKey]bool{}, map[scKey]int64{}
+		s.files, s.fresh = map[scKey]scHeld{}, map[scKey]bool{}
 	}
 	if len(s.files) >= maxSCBlockFiles {
 		for ok, o := range s.files {
-			s.removeLocked(ok, o)
+			s.removeLocked(ok, o.bf)
 			break
 		}
 	}
-	s.files[k] = bf
+	s.files[k] = scHeld{bf, exp}
 	if fresh {
 		s.fresh[k] = true
-	}
-	if bf.f != nil {
-		s.exp[k] = exp
 	}
 	return bf, nil
 }
@@ -252,14 +253,13 @@ func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, l *metapb.BlockLocat
 func (s *scBlocks) removeLocked(k scKey, bf *scBlockFile) {
 	delete(s.files, k)
 	delete(s.fresh, k)
-	delete(s.exp, k)
 	if bf.f != nil {
 		bf.release()
 	}
 }
 
 // scClock is a coarse clock for the expiry of a reader's held block files
-// (scBlocks.exp): a read of a held file loads an atomic instead of calling
+// (scHeld.exp): a read of a held file loads an atomic instead of calling
 // time.Now (about 85 ns on the test VM) per read. A timer stores the time
 // every scClockTick while reads use the clock and stops after a tick
 // without one (ms 0: stopped; the next read restarts it with time.Now).
@@ -328,9 +328,8 @@ func (s *scBlocks) drop(k scKey, bf *scBlockFile) (fresh bool) {
 	defer s.mu.Unlock()
 	fresh = s.fresh[k]
 	delete(s.fresh, k)
-	if s.files[k] == bf {
-		delete(s.exp, k)
-		s.files[k] = &scBlockFile{}
+	if s.files[k].bf == bf {
+		s.files[k] = scHeld{bf: &scBlockFile{}}
 		if bf.f != nil {
 			bf.release() // the table's reference
 		}
@@ -341,11 +340,11 @@ func (s *scBlocks) drop(k scKey, bf *scBlockFile) (fresh bool) {
 func (s *scBlocks) close() {
 	s.mu.Lock()
 	files := s.files
-	s.files, s.exp, s.closed = nil, nil, true
+	s.files, s.closed = nil, true
 	s.mu.Unlock()
-	for _, bf := range files {
-		if bf.f != nil {
-			bf.release()
+	for _, h := range files {
+		if h.bf.f != nil {
+			h.bf.release()
 		}
 	}
 }
