@@ -88,14 +88,16 @@ func (c *Client) shortCircuit(l *metapb.BlockLocation, d *metapb.DatanodeDetails
 }
 
 func (c *Client) scMapping(k scKey, sock string, id *metapb.BlockID, tok []byte) (*scMap, error) {
+	// A mapping another reader got serves this one only if its token
+	// passes the client's check (tokenAllows, shortcircuit_cache.go);
+	// otherwise the datanode checks it, as for the first reader. Checked
+	// before the client-wide lock (it runs on every read call).
+	allowed := tokenAllows(tok, k, time.Now())
 	c.sc.mu.Lock()
 	if c.sc.maps == nil {
 		c.sc.maps = map[scKey]*scMap{}
 	}
-	// A mapping another reader got serves this one only if its token
-	// passes the client's check (tokenAllows, shortcircuit_cache.go);
-	// otherwise the datanode checks it, as for the first reader.
-	if m := c.sc.maps[k]; m != nil && tokenAllows(tok, k, time.Now()) {
+	if m := c.sc.maps[k]; m != nil && allowed {
 		c.sc.mu.Unlock()
 		return m, nil
 	}

@@ -34,7 +34,7 @@ import (
 // falls back to gRPC on the same replica. Descriptors and mappings come
 // from the client-wide cache (shortcircuit_cache.go); a reader holds a
 // reference on each block's file it uses (at most maxSCBlockFiles) until
-// Close.
+// Close or until the token it got the file with expires (scHeld).
 
 const (
 	maxSCBlockFiles = 64

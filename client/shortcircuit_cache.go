@@ -61,9 +61,10 @@ import (
 // the MAC (the tokens readers present are the namespace's, and the entry
 // came from a genuine one), and an expiry the client's clock has not
 // reached yet (a clock behind the datanode's lets a hit serve a token
-// expired by up to the skew). A reader keeps the files it got until
-// Close (scBlocks): its later reads of a block it already holds are not
-// checked again (over gRPC every call is).
+// expired by up to the skew). A reader keeps the files it got (scBlocks)
+// only until the token it got each with expires (scHeld, by a coarse
+// clock: up to about 50 ms late, scClock); then its current token is
+// checked again here, as gRPC checks every ReadBlock.
 
 const (
 	scCacheFiles = 512
@@ -90,11 +91,15 @@ type scCache struct {
 	maxFiles int
 	maxBytes int64
 	idle     time.Duration
-	now      func() time.Time
+	// now: a test's clock (nil: time.Now). Read without mu (clock,
+	// shortCircuits.nowMs): a test sets it before the reads that use it,
+	// in the same goroutine.
+	now func() time.Time
 
 	hits, misses, evicted, invalidated uint64
-	// rechecks: readers whose token failed tokenAllows, sent to the
-	// datanode instead of the cache (atomic: counted outside mu).
+	// rechecks: readers whose token failed tokenAllows while the block
+	// was cached, sent to the datanode instead (atomic: counted outside
+	// mu).
 	rechecks atomic.Uint64
 }
 
@@ -314,8 +319,9 @@ type ShortCircuitCacheStats struct {
 	Evicted     uint64 // entries dropped for the bounds or idle
 	Invalidated uint64 // entries dropped as stale (length changed, file deleted, a failed read)
 	// Rechecks: readers whose token failed the client's check (expired,
-	// another block, no read): not served from the cache; the datanode
-	// was asked over its socket, as on a miss.
+	// another block, no read) while the block was cached: the datanode
+	// was asked over its socket instead, as on a miss (and the file it
+	// passed, if any, counts in Misses too).
 	Rechecks uint64
 }
 
@@ -346,7 +352,7 @@ func (sc *shortCircuits) fetchShared(k scKey, d *metapb.DatanodeDetails, l *meta
 		if bf := sc.cache.lookup(k, l.GetLength(), now); bf != nil {
 			return bf, false, false, nil
 		}
-	} else {
+	} else if sc.cache.has(k) {
 		sc.cache.rechecks.Add(1)
 	}
 	f, bd, notAvail, err := fetchBlockFile(d.ShortCircuitSocket, d.Id, l.Id, tok)

@@ -260,6 +260,12 @@ func TestSCCacheHitChecksToken(t *testing.T) {
 	if sc.cache.hits != 1 || sc.cache.rechecks.Load() != 5 || !sc.cache.has(k) {
 		t.Fatalf("hits %d, rechecks %d, cached %v; want 1, 5, still cached", sc.cache.hits, sc.cache.rechecks.Load(), sc.cache.has(k))
 	}
+	// A failing token for a block not cached is no recheck (a miss).
+	l2 := &metapb.BlockLocation{Id: &metapb.BlockID{ContainerId: 7, LocalId: 10}, Length: 1 << 20}
+	if got, _, _, _ := sc.fetchShared(scKey{1, 7, 10}, d, l2, testToken(t, blocktoken.Block{Container: 7, Local: 10}, blocktoken.Read, now.Add(-time.Second))); got != nil ||
+		sc.cache.rechecks.Load() != 5 {
+		t.Fatalf("expired token, block not cached: file %v, rechecks %d; want none, 5", got != nil, sc.cache.rechecks.Load())
+	}
 }
 
 // TestSCMappingChecksToken: a mapping of a cache-tier file (shortcircuit.go)
