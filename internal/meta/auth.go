@@ -32,8 +32,12 @@ import (
 //     replication manager's health summary) anyone with a certificate;
 //   - the replica records (GetContainerReplicas, ListCorruptReplicas)
 //     admins only (adminMethods): their reasons are the datanodes' and
-//     reporters' words (a scrubber's or a disk's error names the block
-//     file's path on the datanode; a client's report names its address).
+//     reporters' free-text error strings (a scrubber's or a disk's error
+//     can carry block file names, block IDs and errno text) and a client
+//     report's reporter names the client's IP address. This does not
+//     hide the datanodes' layout: ListDatanodes (volume and slow-disk
+//     paths) and ListPipelines (a close reason "slow disk on datanode N:
+//     <path>") stay open and show data directories' paths.
 //
 // An RPC nobody listed here (added later) is open to clients and meta
 // nodes only: a new datanode-facing RPC must be listed to be reachable.
@@ -74,8 +78,10 @@ var (
 var adminMethods = map[string]bool{
 	metapb.Scm_SetDatanodeOpState_FullMethodName: true,
 	// Replica health with the datanodes' unhealthy reasons and the stored
-	// corruption reports (reasons that may name datanode-local paths,
-	// reporters' addresses): basalt admin container info|replicas.
+	// corruption reports (free-text errors with file names, block IDs
+	// and errno text; reporters' client IPs): basalt admin container
+	// info|replicas. Directory paths are not secret from members
+	// (ListDatanodes, ListPipelines show them).
 	metapb.Scm_GetContainerReplicas_FullMethodName: true,
 	metapb.Scm_ListCorruptReplicas_FullMethodName:  true,
 	// Cache pools pin data in the datanodes' cache tiers (docs/CACHE.md):
