@@ -24,8 +24,10 @@ import (
 // receives an open descriptor, maps the file and copies from the mapping:
 // no TLS, no gRPC, no datanode thread. The datanode verified every
 // checksum when it cached the block (as HDFS skips checksums for cached
-// blocks). Mappings are kept (at most maxSCMaps) and unmapped on Close.
-// Any failure falls back to the ordinary read.
+// blocks). Mappings are kept (at most maxSCMaps) and unmapped on Close;
+// a later reader uses one only if its token passes the client's check (as
+// for the block-file cache, shortcircuit_cache.go "Tokens:"), else asks
+// the datanode again. Any failure falls back to the ordinary read.
 
 const maxSCMaps = 256
 
@@ -44,6 +46,7 @@ type shortCircuits struct {
 	reads atomic.Uint64
 	blk   scBlockCounters // block files (shortcircuit_block.go)
 	cache scCache         // the client's block files (shortcircuit_cache.go)
+	clk   scClock         // coarse clock for readers' held files (shortcircuit_block.go)
 }
 
 // ShortCircuitReads counts reads this client served by mapping a cached
@@ -85,11 +88,16 @@ func (c *Client) shortCircuit(l *metapb.BlockLocation, d *metapb.DatanodeDetails
 }
 
 func (c *Client) scMapping(k scKey, sock string, id *metapb.BlockID, tok []byte) (*scMap, error) {
+	// A mapping another reader got serves this one only if its token
+	// passes the client's check (tokenAllows, shortcircuit_cache.go);
+	// otherwise the datanode checks it, as for the first reader. Checked
+	// before the client-wide lock (it runs on every read call).
+	allowed := tokenAllows(tok, k, time.Now())
 	c.sc.mu.Lock()
 	if c.sc.maps == nil {
 		c.sc.maps = map[scKey]*scMap{}
 	}
-	if m := c.sc.maps[k]; m != nil {
+	if m := c.sc.maps[k]; m != nil && allowed {
 		c.sc.mu.Unlock()
 		return m, nil
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
@@ -33,7 +34,7 @@ import (
 // falls back to gRPC on the same replica. Descriptors and mappings come
 // from the client-wide cache (shortcircuit_cache.go); a reader holds a
 // reference on each block's file it uses (at most maxSCBlockFiles) until
-// Close.
+// Close or until the token it got the file with expires (scHeld).
 
 const (
 	maxSCBlockFiles = 64
@@ -62,11 +63,23 @@ type scBlockFile struct {
 // scBlocks are a reader's block files.
 type scBlocks struct {
 	mu    sync.Mutex
-	files map[scKey]*scBlockFile
+	files map[scKey]scHeld
 	// fresh: the files this reader fetched from the datanode itself (not
 	// found in the client's cache).
 	fresh  map[scKey]bool
 	closed bool
+}
+
+// scHeld is a reader's block file and when the token it got the file with
+// expires (Unix ms; 0: could not be decoded, so every access asks again).
+// A file is used only before exp, by the client's coarse clock (scClock);
+// after it the entry is dropped and the reader's current token goes
+// through fetchShared again (the client's check, then the datanode's), as
+// gRPC checks every ReadBlock. Not-available entries (bf.f nil) read over
+// gRPC, which checks the token, and ignore exp.
+type scHeld struct {
+	bf  *scBlockFile
+	exp int64
 }
 
 // scBlockCounters are the client's short-circuit block-file counters.
@@ -170,23 +183,34 @@ func (r *KeyReader) readLocal(bi int, l *metapb.BlockLocation, d *metapb.Datanod
 // never from d for this reader; an error: the token was refused (a gRPC
 // status, as ReadBlock's).
 func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, l *metapb.BlockLocation, tok []byte, sc *shortCircuits) (*scBlockFile, error) {
+	now := sc.nowMs()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return nil, nil
 	}
-	if bf := s.files[k]; bf != nil {
-		s.mu.Unlock()
-		return bf, nil
+	if h := s.files[k]; h.bf != nil {
+		if h.bf.f == nil || now < h.exp {
+			s.mu.Unlock()
+			return h.bf, nil
+		}
+		// The token this reader got the file with has expired: check
+		// its current one again (refused: TOKEN_EXPIRED, and the caller
+		// refreshes; the refresh's lookup checks the user's access).
+		s.removeLocked(k, h.bf)
 	}
 	s.mu.Unlock()
-	bf, fresh := &scBlockFile{}, false
+	bf, fresh, exp := &scBlockFile{}, false, int64(0)
 	if _, err := os.Stat(d.ShortCircuitSocket); err == nil { // else: not this host
 		got, fr, notAvail, err := sc.fetchShared(k, d, l, tok)
 		var te *scTokenError
 		switch {
 		case err == nil:
 			bf, fresh = got, fr
+			// The client's check or the datanode's passed tok.
+			if c, derr := blocktoken.Decode(tok); derr == nil {
+				exp = c.ExpiryUnixMs
+			}
 		case errors.As(err, &te):
 			st, serr := status.New(codes.PermissionDenied, te.msg).WithDetails(&datanodepb.Error{Kind: te.kind})
 			if serr != nil {
@@ -202,30 +226,90 @@ func (s *scBlocks) file(k scKey, d *metapb.DatanodeDetails, l *metapb.BlockLocat
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if old := s.files[k]; old != nil || s.closed {
+	if old := s.files[k].bf; old != nil || s.closed {
 		if bf.f != nil {
 			bf.release()
 		}
 		return old, nil
 	}
 	if s.files == nil {
-		s.files, s.fresh = map[scKey]*scBlockFile{}, map[scKey]bool{}
+		s.files, s.fresh = map[scKey]scHeld{}, map[scKey]bool{}
 	}
 	if len(s.files) >= maxSCBlockFiles {
 		for ok, o := range s.files {
-			delete(s.files, ok)
-			delete(s.fresh, ok)
-			if o.f != nil {
-				o.release() // closed when reads in flight are done
-			}
+			s.removeLocked(ok, o.bf)
 			break
 		}
 	}
-	s.files[k] = bf
+	s.files[k] = scHeld{bf, exp}
 	if fresh {
 		s.fresh[k] = true
 	}
 	return bf, nil
+}
+
+// removeLocked forgets k's entry bf and drops the table's reference on it
+// (closed when reads in flight are done); s.mu held.
+func (s *scBlocks) removeLocked(k scKey, bf *scBlockFile) {
+	delete(s.files, k)
+	delete(s.fresh, k)
+	if bf.f != nil {
+		bf.release()
+	}
+}
+
+// scClock is a coarse clock for the expiry of a reader's held block files
+// (scHeld.exp): a read of a held file loads an atomic instead of calling
+// time.Now (about 85 ns on the test VM) per read. A timer stores the time
+// every scClockTick while reads use the clock and stops after a tick
+// without one (ms 0: stopped; the next read restarts it with time.Now).
+// It lags the real clock by at most a tick plus the timer's delay: a held
+// file serves at most that long past its token's expiry.
+type scClock struct {
+	ms   atomic.Int64
+	used atomic.Bool
+	mu   sync.Mutex
+	t    *time.Timer
+}
+
+const scClockTick = 50 * time.Millisecond
+
+func (c *scClock) nowMs() int64 {
+	if !c.used.Load() {
+		c.used.Store(true)
+	}
+	if ms := c.ms.Load(); ms != 0 {
+		return ms
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ms := time.Now().UnixMilli()
+	c.ms.Store(ms)
+	if c.t == nil {
+		c.t = time.AfterFunc(scClockTick, c.tick)
+	}
+	return ms
+}
+
+func (c *scClock) tick() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.used.Swap(false) {
+		c.ms.Store(0)
+		c.t = nil
+		return
+	}
+	c.ms.Store(time.Now().UnixMilli())
+	c.t.Reset(scClockTick)
+}
+
+// nowMs is the time for the held files' expiry: the coarse clock, or the
+// cache's test clock when a test set one (before any reads).
+func (sc *shortCircuits) nowMs() int64 {
+	if sc.cache.now != nil {
+		return sc.cache.now().UnixMilli()
+	}
+	return sc.clk.nowMs()
 }
 
 // scTokenError: the datanode refused the block token on its socket.
@@ -244,8 +328,8 @@ func (s *scBlocks) drop(k scKey, bf *scBlockFile) (fresh bool) {
 	defer s.mu.Unlock()
 	fresh = s.fresh[k]
 	delete(s.fresh, k)
-	if s.files[k] == bf {
-		s.files[k] = &scBlockFile{}
+	if s.files[k].bf == bf {
+		s.files[k] = scHeld{bf: &scBlockFile{}}
 		if bf.f != nil {
 			bf.release() // the table's reference
 		}
@@ -258,9 +342,9 @@ func (s *scBlocks) close() {
 	files := s.files
 	s.files, s.closed = nil, true
 	s.mu.Unlock()
-	for _, bf := range files {
-		if bf.f != nil {
-			bf.release()
+	for _, h := range files {
+		if h.bf.f != nil {
+			h.bf.release()
 		}
 	}
 }

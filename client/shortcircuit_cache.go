@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 )
 
@@ -47,11 +48,23 @@ import (
 //     entry and reads over gRPC (which checks the replica itself), instead
 //     of reporting the replica corrupt on the word of an old mapping.
 //
-// Tokens: the datanode checks the block token when it passes the file;
-// later readers of the same client get the entry without a check. Readers
-// only read blocks whose locations (and tokens) the namespace gave them
-// for a key they were allowed to read, and the client is one identity, as
-// in HDFS.
+// Tokens: the datanode checks the block token when it passes the file. A
+// later reader gets the entry only if its own token passes what the client
+// can check without the secret (tokenAllows: it decodes, names this block,
+// grants read and has not expired by this host's clock; Decode, no MAC);
+// otherwise the datanode is asked over the socket as on a miss, and its
+// check decides: it refuses (an expired token: TOKEN_EXPIRED, which sends
+// the reader to look the key up again, refreshTokens in reader.go, and
+// that lookup checks the user's access again, so a revoked ACL takes
+// effect within a token's lifetime, as over gRPC) or passes the file (the
+// clocks disagree: the datanode's is the authority). Not checked on a hit:
+// the MAC (the tokens readers present are the namespace's, and the entry
+// came from a genuine one), and an expiry the client's clock has not
+// reached yet (a clock behind the datanode's lets a hit serve a token
+// expired by up to the skew). A reader keeps the files it got (scBlocks)
+// only until the token it got each with expires (scHeld, by a coarse
+// clock: up to about 50 ms late, scClock); then its current token is
+// checked again here, as gRPC checks every ReadBlock.
 
 const (
 	scCacheFiles = 512
@@ -78,9 +91,16 @@ type scCache struct {
 	maxFiles int
 	maxBytes int64
 	idle     time.Duration
-	now      func() time.Time
+	// now: a test's clock (nil: time.Now). Read without mu (clock,
+	// shortCircuits.nowMs): a test sets it before the reads that use it,
+	// in the same goroutine.
+	now func() time.Time
 
 	hits, misses, evicted, invalidated uint64
+	// rechecks: readers whose token failed tokenAllows while the block
+	// was cached, sent to the datanode instead (atomic: counted outside
+	// mu).
+	rechecks atomic.Uint64
 }
 
 // limitsLocked returns the bounds (s.mu held).
@@ -113,7 +133,8 @@ func (s *scCache) clock() time.Time {
 
 // lookup returns k's entry with a reference taken for the caller, if it is
 // valid for a block of committed length want; an invalid one is dropped.
-func (s *scCache) lookup(k scKey, want uint64) *scBlockFile {
+// now (s.clock()) marks the entry used.
+func (s *scCache) lookup(k scKey, want uint64, now time.Time) *scBlockFile {
 	s.mu.Lock()
 	e := s.entries[k]
 	if e == nil || !e.bf.acquire() {
@@ -128,7 +149,7 @@ func (s *scCache) lookup(k scKey, want uint64) *scBlockFile {
 	}
 	s.mu.Lock()
 	if s.entries[k] == e {
-		e.used = s.clock()
+		e.used = now
 		s.lru.MoveToFront(e.el)
 	}
 	s.hits++
@@ -297,6 +318,11 @@ type ShortCircuitCacheStats struct {
 	Misses      uint64 // files fetched from a datanode's socket
 	Evicted     uint64 // entries dropped for the bounds or idle
 	Invalidated uint64 // entries dropped as stale (length changed, file deleted, a failed read)
+	// Rechecks: readers whose token failed the client's check (expired,
+	// another block, no read) while the block was cached: the datanode
+	// was asked over its socket instead, as on a miss (and the file it
+	// passed, if any, counts in Misses too).
+	Rechecks uint64
 }
 
 // ShortCircuitCacheStats returns the client's cache counters.
@@ -305,7 +331,7 @@ func (c *Client) ShortCircuitCacheStats() ShortCircuitCacheStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return ShortCircuitCacheStats{Files: len(s.entries), MappedBytes: s.bytes, Hits: s.hits, Misses: s.misses,
-		Evicted: s.evicted, Invalidated: s.invalidated}
+		Evicted: s.evicted, Invalidated: s.invalidated, Rechecks: s.rechecks.Load()}
 }
 
 // SetShortCircuitCacheLimitsForTest sets the cache's bounds (0: default).
@@ -320,8 +346,14 @@ func (c *Client) SetShortCircuitCacheLimitsForTest(files int, bytes int64, idle 
 // one fetched from d's socket and cached. fresh: fetched now for this
 // caller. The caller holds one reference on the file returned.
 func (sc *shortCircuits) fetchShared(k scKey, d *metapb.DatanodeDetails, l *metapb.BlockLocation, tok []byte) (bf *scBlockFile, fresh, notAvail bool, err error) {
-	if bf := sc.cache.lookup(k, l.GetLength()); bf != nil {
-		return bf, false, false, nil
+	// One clock read for the token check and the entry's use (time.Now
+	// is most of the check's cost).
+	if now := sc.cache.clock(); tokenAllows(tok, k, now) {
+		if bf := sc.cache.lookup(k, l.GetLength(), now); bf != nil {
+			return bf, false, false, nil
+		}
+	} else if sc.cache.has(k) {
+		sc.cache.rechecks.Add(1)
 	}
 	f, bd, notAvail, err := fetchBlockFile(d.ShortCircuitSocket, d.Id, l.Id, tok)
 	if err != nil {
@@ -335,4 +367,14 @@ func (sc *shortCircuits) fetchShared(k scKey, d *metapb.DatanodeDetails, l *meta
 	bf.refs.Store(1)
 	sc.cache.insert(k, bf)
 	return bf, true, false, nil
+}
+
+// tokenAllows reports whether tok, decoded without checking its MAC (the
+// client does not hold the secret), grants reading block k's container
+// and local ID and has not expired at now: what a cache hit checks before
+// it serves a reader (see "Tokens:" above). false: ask the datanode.
+func tokenAllows(tok []byte, k scKey, now time.Time) bool {
+	c, err := blocktoken.Decode(tok)
+	return err == nil && c.Block == blocktoken.Block{Container: k.c, Local: k.l} &&
+		c.Modes&blocktoken.Read != 0 && now.UnixMilli() < c.ExpiryUnixMs
 }

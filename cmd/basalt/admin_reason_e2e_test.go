@@ -15,6 +15,7 @@ import (
 	"github.com/basalt-store/basalt/client"
 	"github.com/basalt-store/basalt/internal/cluster"
 	"github.com/basalt-store/basalt/internal/datanode"
+	"github.com/basalt-store/basalt/internal/pki"
 	"github.com/basalt-store/basalt/internal/storage"
 	"github.com/basalt-store/basalt/internal/vfs"
 )
@@ -41,7 +42,7 @@ func TestAdminContainerInfoShowsUnhealthyReason(t *testing.T) {
 	ffs := vfs.NewFaultFS(vfs.Default)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Config{BasePort: 21500, Dir: filepath.Join(dir, "cluster"), HeartbeatInterval: 200 * time.Millisecond,
+	c, err := cluster.Start(ctx, cluster.Config{Dir: filepath.Join(dir, "cluster"), HeartbeatInterval: 200 * time.Millisecond,
 		TickInterval: 50 * time.Millisecond, BlockSize: 8 << 20, ContainerSize: 256 << 20, Storage: storage.Options{FS: ffs}})
 	if err != nil {
 		t.Fatal(err)
@@ -189,23 +190,30 @@ func TestAdminContainerInfoShowsUnhealthyReason(t *testing.T) {
 	if row == "" {
 		t.Errorf("container %s not listed:\n%s", id, list)
 	}
-	// A certificate whose role may not call GetContainerReplicas (a
-	// datanode's; GetContainers answers any role): the container is still
-	// shown, exit 0, with a warning on stderr.
-	dnDirs, _ := filepath.Glob(filepath.Join(cluster.TLSDir(filepath.Join(dir, "cluster")), "datanode-*"))
+	// A certificate that may not call GetContainerReplicas (a datanode's,
+	// refused by role; a client's that is not an admin, refused as
+	// replica records are admins only; GetContainers answers both): the
+	// container is still shown, exit 0, with a warning on stderr.
+	tlsDir := cluster.TLSDir(filepath.Join(dir, "cluster"))
+	dnDirs, _ := filepath.Glob(filepath.Join(tlsDir, "datanode-*"))
 	if len(dnDirs) == 0 {
 		t.Fatal("no datanode TLS directory")
 	}
-	for _, args := range [][]string{{"info", id}, {"info", id, "--json"}} {
-		cmd := exec.Command(bin, append(append([]string{"admin", "container"}, args...), "--meta", c.MetaAddr(), "--tls-dir", dnDirs[0])...)
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("container %v with a datanode certificate: %v: %s", args, err, errb.String())
-		}
-		if !strings.Contains(errb.String(), "warning: replicas not shown") || !strings.Contains(out.String(), id) ||
-			strings.Contains(out.String(), "REPLICA ON") {
-			t.Errorf("container %v with a datanode certificate: stdout %q, stderr %q", args, out.String(), errb.String())
+	if _, err := c.Credentials(pki.Identity{Role: pki.RoleClient, ID: "bob"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, cert := range []struct{ name, dir string }{{"a datanode certificate", dnDirs[0]}, {"a non-admin client certificate", filepath.Join(tlsDir, "client-bob")}} {
+		for _, args := range [][]string{{"info", id}, {"info", id, "--json"}} {
+			cmd := exec.Command(bin, append(append([]string{"admin", "container"}, args...), "--meta", c.MetaAddr(), "--tls-dir", cert.dir)...)
+			var out, errb bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &errb
+			if err := cmd.Run(); err != nil {
+				t.Fatalf("container %v with %s: %v: %s", args, cert.name, err, errb.String())
+			}
+			if !strings.Contains(errb.String(), "warning: replicas not shown") || !strings.Contains(out.String(), id) ||
+				strings.Contains(out.String(), "REPLICA ON") {
+				t.Errorf("container %v with %s: stdout %q, stderr %q", args, cert.name, out.String(), errb.String())
+			}
 		}
 	}
 	t.Logf("replica on datanode %d: %s (%s); SCM recorded: %s", victim, bad.Reported, bad.Reason, bad.Recorded)

@@ -49,6 +49,9 @@ type Config struct {
 	// Timing: datanode heartbeats and the Raft tick.
 	HeartbeatInterval time.Duration // default 1s
 	TickInterval      time.Duration // default 100ms
+	// SCM marks a datanode STALE, then DEAD, after this long without a
+	// heartbeat (defaults 10 and 30 heartbeat intervals).
+	StaleInterval, DeadInterval time.Duration
 	// Sizes (defaults: 256 MiB blocks, 5 GiB containers).
 	BlockSize     uint64
 	ContainerSize uint64
@@ -127,6 +130,12 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if cfg.TickInterval == 0 {
 		cfg.TickInterval = 100 * time.Millisecond
 	}
+	if cfg.StaleInterval == 0 {
+		cfg.StaleInterval = 10 * cfg.HeartbeatInterval
+	}
+	if cfg.DeadInterval == 0 {
+		cfg.DeadInterval = max(30*cfg.HeartbeatInterval, cfg.StaleInterval)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
@@ -153,7 +162,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		NodeID: 1, DataDir: filepath.Join(cfg.Dir, "meta"), RaftAddr: cfg.addr(1), GRPCAddr: cfg.addr(0),
 		TickInterval: cfg.TickInterval, TLS: metaCreds, CA: c.CA(), Admins: append(slices.Clone(Admins), cfg.Admins...),
 		SCM: scm.Config{
-			HeartbeatInterval: cfg.HeartbeatInterval, StaleInterval: 10 * cfg.HeartbeatInterval, DeadInterval: 30 * cfg.HeartbeatInterval,
+			HeartbeatInterval: cfg.HeartbeatInterval, StaleInterval: cfg.StaleInterval, DeadInterval: cfg.DeadInterval,
 			PipelineLimit: cfg.PipelineLimit, BlockSize: cfg.BlockSize, ContainerSize: cfg.ContainerSize,
 			SafeModeMinDatanodes: minDN, LoopInterval: min(time.Second, cfg.HeartbeatInterval),
 			SecretKeys:          cfg.SecretKeys,

@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"os"
 	"strings"
@@ -11,6 +12,10 @@ import (
 	"time"
 
 	"github.com/basalt-store/basalt/client"
+	"github.com/basalt-store/basalt/internal/cluster"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/pki"
 )
 
 // The client-wide cache of local block files (client/shortcircuit_cache.go).
@@ -304,4 +309,207 @@ func TestShortCircuitCacheDeletedBlock(t *testing.T) {
 		t.Fatalf("cache %+v: want the deleted file invalidated, nothing evicted", cs)
 	}
 	t.Logf("deleted block's file closed after %v", time.Since(start).Round(time.Millisecond))
+}
+
+// TestShortCircuitCacheExpiredToken: a reader whose tokens expired gets
+// no block file from the client's cache: the datanode is asked over its
+// socket and refuses the token, the reader looks the key up for fresh
+// tokens and reads on from the cached files; once the user's read access
+// is revoked, that lookup is refused and so is the read, as over gRPC.
+// Before, the cache served any reader of the client whatever its token:
+// the revoked user read on.
+func TestShortCircuitCacheExpiredToken(t *testing.T) {
+	dir, err := os.MkdirTemp("", "sct") // short: a socket path has at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Config{Dir: dir, Datanodes: 3,
+		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
+		BlockSize: 4 << 20, ContainerSize: 512 << 20, SecretKeys: scm.SecretKeyConfig{TokenLifetime: 1500 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	admin := newClient(t, c, "/dc1/rack1")
+	makeBucket(t, admin, "vol", "bkt")
+	data := randData(35, 10<<20+99) // three blocks
+	put(t, admin, "k", data)
+	open := uint32(0o755)
+	if _, err := admin.SetFileAttrs(ctx, "vol", "bkt", "", &metapb.FileAttrs{Permission: &open}); err != nil {
+		t.Fatal(err)
+	}
+	creds, err := c.Credentials(pki.Identity{Role: pki.RoleClient, ID: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: creds, Location: "/dc1/rack1",
+		RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alice.Close()
+	if got := scReadAll(t, alice, "k", len(data), false); !bytes.Equal(got, data) {
+		t.Fatal("first read: wrong data")
+	}
+	st0 := alice.ShortCircuitBlockStats()
+	if st0.Opened != 3 || st0.Bytes != uint64(len(data)) {
+		t.Fatalf("first read: %+v, want 3 block files, every byte from them", st0)
+	}
+	// readAfterExpiry opens a reader, runs then, lets the reader's tokens
+	// expire and reads.
+	readAfterExpiry := func(then func()) ([]byte, error) {
+		r, err := alice.GetKey(ctx, "vol", "bkt", "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		then()
+		time.Sleep(2 * time.Second) // past the tokens' expiry
+		p := make([]byte, len(data))
+		n, err := r.ReadAt(p, 0)
+		if err == io.EOF && n == len(p) {
+			err = nil
+		}
+		return p[:n], err
+	}
+	_, denied0, _ := scServed(c)
+	cs0 := alice.ShortCircuitCacheStats()
+	got, err := readAfterExpiry(func() {})
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read with expired tokens: %d bytes, %v", len(got), err)
+	}
+	_, denied1, _ := scServed(c)
+	st1, cs1 := alice.ShortCircuitBlockStats(), alice.ShortCircuitCacheStats()
+	if denied1 == denied0 || cs1.Rechecks == cs0.Rechecks || st1.Opened != st0.Opened || st1.Bytes != 2*uint64(len(data)) {
+		t.Fatalf("read with expired tokens: datanodes refused %d tokens, client %+v, cache %+v: want the expired token refused "+
+			"by a datanode, then every byte from the cached files with fresh tokens", denied1-denied0, st1, cs1)
+	}
+
+	// Alice opens a reader, then loses read access: once the reader's
+	// tokens expired, its lookup for fresh ones is refused, and so is the
+	// read (every replica refuses the expired token).
+	got, err = readAfterExpiry(func() {
+		closed := uint32(0o700)
+		if _, err := admin.SetFileAttrs(ctx, "vol", "bkt", "", &metapb.FileAttrs{Permission: &closed}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if err == nil || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("read after the revoke, tokens expired: %d bytes, %v; want refused (token expired)", len(got), err)
+	}
+	if _, err := alice.GetKey(ctx, "vol", "bkt", "k"); !errors.Is(err, client.ErrPermissionDenied) {
+		t.Fatalf("lookup after the revoke: %v, want permission denied", err)
+	}
+	if _, denied2, _ := scServed(c); denied2 == denied1 {
+		t.Fatal("read after the revoke: no datanode refused the expired token")
+	}
+}
+
+// TestShortCircuitHeldFileExpiredToken: a reader that already holds its
+// block files checks their tokens' expiry on each read, as gRPC checks
+// every ReadBlock. Once expired, the reader's current token goes through
+// the client's check and the datanode's again: an expired one is refused,
+// the reader refreshes and reads on from the same files; once the user's
+// read access is revoked, the refresh is refused and so is the read.
+// Before, the held files served the reader until Close: the revoked user
+// read the whole key again (review rev17 finding 1).
+func TestShortCircuitHeldFileExpiredToken(t *testing.T) {
+	dir, err := os.MkdirTemp("", "sch") // short: a socket path has at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Config{Dir: dir, Datanodes: 3,
+		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
+		BlockSize: 4 << 20, ContainerSize: 512 << 20, SecretKeys: scm.SecretKeyConfig{TokenLifetime: 1500 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	admin := newClient(t, c, "/dc1/rack1")
+	makeBucket(t, admin, "vol", "bkt")
+	data := randData(36, 10<<20+99) // three blocks
+	put(t, admin, "k", data)
+	open := uint32(0o755)
+	if _, err := admin.SetFileAttrs(ctx, "vol", "bkt", "", &metapb.FileAttrs{Permission: &open}); err != nil {
+		t.Fatal(err)
+	}
+	creds, err := c.Credentials(pki.Identity{Role: pki.RoleClient, ID: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: creds, Location: "/dc1/rack1",
+		RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alice.Close()
+	r, err := alice.GetKey(ctx, "vol", "bkt", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	read := func() (int, error) {
+		p := make([]byte, len(data))
+		n, err := r.ReadAt(p, 0)
+		if err == io.EOF && n == len(p) {
+			err = nil
+		}
+		if err == nil && !bytes.Equal(p, data) {
+			t.Fatal("wrong data")
+		}
+		return n, err
+	}
+	if n, err := read(); err != nil {
+		t.Fatalf("first read: %d bytes, %v", n, err)
+	}
+	st0 := alice.ShortCircuitBlockStats()
+	if st0.Opened != 3 || st0.Bytes != uint64(len(data)) {
+		t.Fatalf("first read: %+v, want 3 block files, every byte from them", st0)
+	}
+
+	// The same reader after its tokens expired: refused by a datanode,
+	// refreshed, then every byte from the same files.
+	time.Sleep(2 * time.Second)
+	_, denied0, _ := scServed(c)
+	if n, err := read(); err != nil {
+		t.Fatalf("read with expired tokens: %d bytes, %v", n, err)
+	}
+	_, denied1, _ := scServed(c)
+	st1 := alice.ShortCircuitBlockStats()
+	if denied1 == denied0 || st1.Opened != st0.Opened || st1.Bytes != 2*uint64(len(data)) {
+		t.Fatalf("read with expired tokens: datanodes refused %d tokens, client %+v: want the expired token refused, "+
+			"then every byte from the files already open", denied1-denied0, st1)
+	}
+
+	// Alice loses read access; once the reader's tokens expired, its
+	// refresh is refused, and so is the read of the files it holds.
+	closed := uint32(0o700)
+	if _, err := admin.SetFileAttrs(ctx, "vol", "bkt", "", &metapb.FileAttrs{Permission: &closed}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if _, err := alice.GetKey(ctx, "vol", "bkt", "k"); !errors.Is(err, client.ErrPermissionDenied) {
+		t.Fatalf("lookup after the revoke: %v, want permission denied", err)
+	}
+	st2 := alice.ShortCircuitBlockStats()
+	n, err := read()
+	st3 := alice.ShortCircuitBlockStats()
+	if err == nil || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("the open reader after the revoke, tokens expired: %d bytes (%d short-circuit), %v; want refused (token expired)",
+			n, st3.Bytes-st2.Bytes, err)
+	}
+	if _, denied2, _ := scServed(c); denied2 == denied1 {
+		t.Fatal("read after the revoke: no datanode refused the expired token")
+	}
+	// WriteTo (the S3 GET path: mapPiece) holds the same files.
+	var w bytes.Buffer
+	if n, err := r.WriteTo(&w); err == nil {
+		t.Fatalf("WriteTo of the open reader after the revoke: %d bytes, no error; want refused", n)
+	}
 }

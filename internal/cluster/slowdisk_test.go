@@ -30,6 +30,13 @@ import (
 // SCM's datanode list shows it. Then a disk of datanode 2 that holds a
 // pipeline's log degrades: the datanode marks it, SCM closes that pipeline
 // (reason "slow disk …") and its replacement's group is placed elsewhere.
+//
+// SCM's stale interval is 30 s here, not 10 heartbeats (3 s): datanode 2
+// runs the commands a heartbeat brings (closing and creating pipelines,
+// closing containers) before its next heartbeat, and with syncs of 300 ms
+// on the degraded disk and a loaded machine that took up to 3.25 s; at 3 s
+// it went STALE once in CI and its pipelines closed as stale, not for the
+// slow disk. The test logs datanode 2's longest heartbeat gap.
 func TestSlowDisksAvoided(t *testing.T) {
 	dir := t.TempDir()
 	const dns, disks = 4, 4
@@ -59,6 +66,7 @@ func TestSlowDisksAvoided(t *testing.T) {
 	c, err := cluster.Start(ctx, cluster.Config{
 		Dir: dir, Datanodes: dns, PipelineLimit: 3, ContainerSize: 256 << 20, BlockSize: 16 << 20,
 		HeartbeatInterval: 300 * time.Millisecond, TickInterval: 100 * time.Millisecond,
+		StaleInterval: 30 * time.Second, DeadInterval: 90 * time.Second,
 		SlowDisk: scm.SlowDiskConfig{CloseInterval: time.Second, MinAge: time.Nanosecond},
 		Logger:   slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		DatanodeConfig: func(i int, dc *datanode.Config) {
@@ -153,6 +161,31 @@ func TestSlowDisksAvoided(t *testing.T) {
 	for _, p := range allPipelines(t, mc) {
 		old[p.GetId()] = true
 	}
+	// Datanode 2's longest heartbeat gap as SCM saw it, from here on.
+	gapStop, gapDone := make(chan struct{}), make(chan time.Duration)
+	go func() {
+		var gap time.Duration
+		for {
+			select {
+			case <-gapStop:
+				gapDone <- gap
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			r, err := mc.Scm.ListDatanodes(ctx, &metapb.ListDatanodesRequest{})
+			cancel()
+			for _, d := range r.GetDatanodes() {
+				if err == nil && d.GetDetails().GetId() == c.Datanode(1).ID() {
+					gap = max(gap, time.Since(time.UnixMilli(d.GetLastHeartbeatUnixMs())))
+				}
+			}
+		}
+	}()
+	defer func() {
+		close(gapStop)
+		t.Logf("datanode 2's longest heartbeat gap after its disk degraded: %v (STALE at 30s)", (<-gapDone).Round(time.Millisecond))
+	}()
 	fss[1].Disks()[vdisk].SetSlowdown(300)
 	waitFor(t, 60*time.Second, fmt.Sprintf("pipeline %d closed for datanode 2's slow disk %d", victim, vdisk), func() bool {
 		for _, p := range allPipelines(t, mc) {

@@ -28,8 +28,16 @@ import (
 //     only meta nodes;
 //   - corruption reports datanodes, clients and meta nodes;
 //   - the namespace clients and meta nodes, never datanodes;
-//   - the remaining SCM reads (listings, GetContainers, safe mode) anyone
-//     with a certificate.
+//   - the remaining SCM reads (listings, GetContainers, safe mode, the
+//     replication manager's health summary) anyone with a certificate;
+//   - the replica records (GetContainerReplicas, ListCorruptReplicas)
+//     admins only (adminMethods): their reasons are the datanodes' and
+//     reporters' free-text error strings (a scrubber's or a disk's error
+//     can carry block file names, block IDs and errno text) and a client
+//     report's reporter names the client's IP address. This does not
+//     hide the datanodes' layout: ListDatanodes (volume and slow-disk
+//     paths) and ListPipelines (a close reason "slow disk on datanode N:
+//     <path>") stay open and show data directories' paths.
 //
 // An RPC nobody listed here (added later) is open to clients and meta
 // nodes only: a new datanode-facing RPC must be listed to be reachable.
@@ -54,15 +62,28 @@ var (
 		metapb.Scm_ListPipelines_FullMethodName:        anyRole,
 		metapb.Scm_ListContainers_FullMethodName:       anyRole,
 		metapb.Scm_GetSafeMode_FullMethodName:          anyRole,
-		metapb.Scm_ListCorruptReplicas_FullMethodName:  anyRole,
-		metapb.Scm_GetContainerHealth_FullMethodName:   anyRole,
+		// Counts, container and datanode IDs, copies in flight: no
+		// more than the listings above show.
+		metapb.Scm_GetContainerHealth_FullMethodName: anyRole,
+		// GetContainerReplicas and ListCorruptReplicas: not listed
+		// (clients and meta nodes), and adminMethods.
 	}
 )
 
-// adminMethods are the SCM RPCs that change the cluster: admins only
-// (the namespace's admin-only RPCs are checked by its Authorizer).
+// adminMethods are the SCM RPCs that change the cluster, and those whose
+// answers carry what datanodes and reporters said about replicas: admins
+// only (the namespace's admin-only RPCs are checked by its Authorizer).
+// A method here must not allow datanodes in methodRoles: authorize checks
+// admins only for callers other than datanodes.
 var adminMethods = map[string]bool{
 	metapb.Scm_SetDatanodeOpState_FullMethodName: true,
+	// Replica health with the datanodes' unhealthy reasons and the stored
+	// corruption reports (free-text errors with file names, block IDs
+	// and errno text; reporters' client IPs): basalt admin container
+	// info|replicas. Directory paths are not secret from members
+	// (ListDatanodes, ListPipelines show them).
+	metapb.Scm_GetContainerReplicas_FullMethodName: true,
+	metapb.Scm_ListCorruptReplicas_FullMethodName:  true,
 	// Cache pools pin data in the datanodes' cache tiers (docs/CACHE.md):
 	// administrators only, as in HDFS. Directives: admins and whoever may
 	// write the pool (checked in cache_server.go). Listing stays open.

@@ -2,6 +2,8 @@ package meta
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -170,6 +172,36 @@ func TestUserIsolation(t *testing.T) {
 		t.Fatalf("admin recommissions: %v", err)
 	}
 
+	// Replica records (GetContainerReplicas: the datanodes' unhealthy
+	// reasons; ListCorruptReplicas: the stored reports): admins only, as
+	// their reasons may name datanode-local paths. A datanode's
+	// certificate is refused by its role. The health summary stays open.
+	lc, err := admin.Scm.ListContainers(ctx, &metapb.ListContainersRequest{})
+	mustOK(t, "admin lists containers", err)
+	cid := lc.Containers[0].GetId()
+	dn := dnScm(t, admin, ids[1])
+	for _, q := range []*metapb.GetContainerReplicasRequest{{ContainerId: cid}, {}} {
+		_, err = bob.Scm.GetContainerReplicas(ctx, q)
+		wantDenied(t, fmt.Sprintf("bob reads replica records (container %d)", q.ContainerId), err)
+		_, err = gw.Scm.GetContainerReplicas(asAlice(ctx), q)
+		wantDenied(t, fmt.Sprintf("a gateway for alice reads replica records (container %d)", q.ContainerId), err)
+		_, err = dn.GetContainerReplicas(ctx, q)
+		wantDenied(t, fmt.Sprintf("a datanode reads replica records (container %d)", q.ContainerId), err)
+		r, err := admin.Scm.GetContainerReplicas(ctx, q)
+		mustOK(t, fmt.Sprintf("admin reads replica records (container %d)", q.ContainerId), err)
+		if q.ContainerId != 0 && (len(r.Containers) != 1 || r.Containers[0].GetContainer().GetId() != cid) {
+			t.Fatalf("admin reads container %d's replica records: %v", cid, r)
+		}
+	}
+	_, err = bob.Scm.ListCorruptReplicas(ctx, &metapb.ListCorruptReplicasRequest{})
+	wantDenied(t, "bob lists corrupt replica reports", err)
+	_, err = dn.ListCorruptReplicas(ctx, &metapb.ListCorruptReplicasRequest{})
+	wantDenied(t, "a datanode lists corrupt replica reports", err)
+	_, err = admin.Scm.ListCorruptReplicas(ctx, &metapb.ListCorruptReplicasRequest{})
+	mustOK(t, "admin lists corrupt replica reports", err)
+	_, err = bob.Scm.GetContainerHealth(ctx, &metapb.GetContainerHealthRequest{})
+	mustOK(t, "bob reads the replication health summary", err)
+
 	// Record reads stay open to every user: names, owners, modes.
 	_, err = bob.Namespace.GetBucket(ctx, &metapb.GetBucketRequest{Volume: "vol", Name: "abkt"})
 	mustOK(t, "bob reads the bucket record", err)
@@ -256,4 +288,19 @@ func TestFSPermissions(t *testing.T) {
 	mustOK(t, "alice chmods her dir", err)
 	_, err = bob.Namespace.CreateDirectory(ctx, &metapb.CreateDirectoryRequest{Volume: "vol", Bucket: "fsb", Path: "private/x"})
 	mustOK(t, "bob mkdir in the now open dir", err)
+}
+
+// TestAdminMethodsRefuseDatanodes: authorize checks admins only for
+// callers other than datanodes, so a method in adminMethods must not let
+// datanode certificates in by role (it would be open to every datanode).
+func TestAdminMethodsRefuseDatanodes(t *testing.T) {
+	for m := range adminMethods {
+		roles, ok := methodRoles[m]
+		if !ok {
+			roles = clientsAndMeta
+		}
+		if slices.Contains(roles, pki.RoleDatanode) {
+			t.Errorf("%s: admins only, but methodRoles lets datanodes call it (no admin check for them)", m)
+		}
+	}
 }
