@@ -232,15 +232,15 @@ func TestRecoverContainerAfterApplyBug(t *testing.T) {
 // or in SCM's record, are recognized; the other causes are not.
 func TestRecoverableReason(t *testing.T) {
 	for why, want := range map[string]bool{
-		"entry 42 (PutBlock) failed in apply: runtime error: index out of range [3] with length 0":                             true,
-		"datanode 4 reports its replica UNHEALTHY: entry 42 (CloseContainer) failed in apply: runtime error: nil pointer":      true,
-		"entry 7 (WriteChunk): chunk of block 3 not stored: WriteData failed: runtime error: slice bounds out of range":        true,
-		"entry 7: chunk at 4096 of block 3 not made durable: SyncData failed: runtime error: integer divide by zero":           true,
-		"entry 10 (PutBlock) failed in apply: boom":                                                                            false,
-		"entry 7: chunk at 0 of block 3 not stored: disk full":                                                                 false,
-		"entry 7: block 3 not committed here: chunk missing":                                                                   false,
-		"volume /v failed: input/output error":                                                                                 false,
-		UnknownUnhealthyReason:                                                                                                 false,
+		"entry 42 (PutBlock) failed in apply: runtime error: index out of range [3] with length 0":                            true,
+		"datanode 4 reports its replica UNHEALTHY: entry 42 (CloseContainer) failed in apply: runtime error: nil pointer":     true,
+		"entry 7 (WriteChunk): chunk of block 3 not stored: WriteData failed: runtime error: slice bounds out of range":       true,
+		"entry 7: chunk at 4096 of block 3 not made durable: SyncData failed: runtime error: integer divide by zero":          true,
+		"entry 10 (PutBlock) failed in apply: boom":                                                                           false,
+		"entry 7: chunk at 0 of block 3 not stored: disk full":                                                                false,
+		"entry 7: block 3 not committed here: chunk missing":                                                                  false,
+		"volume /v failed: input/output error":                                                                                false,
+		UnknownUnhealthyReason:                                                                                                false,
 		"datanode 4 reports its replica UNHEALTHY: its datanode reports it failed its checksums: entry 1 (X) failed in apply": false,
 	} {
 		if got := recoverableReason(why); got != want {
