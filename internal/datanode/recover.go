@@ -96,8 +96,12 @@ func (r *recoveries) note(cid uint64, why string) string {
 	if !ok {
 		return why
 	}
-	return boundReason(f + "; was: " + why)
+	return boundReason(RecoverFailedPrefix + f + "; was: " + why)
 }
+
+// RecoverFailedPrefix starts the reported reason of an UNHEALTHY replica
+// whose last recovery failed (SCM's recover.go reads it: the same text).
+const RecoverFailedPrefix = "recover failed: "
 
 // ErrRecoverRefused: the replica is not one RecoverContainer may clear
 // (its cause, its pipeline or its state); the error says why.

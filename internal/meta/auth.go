@@ -63,6 +63,7 @@ var (
 // (the namespace's admin-only RPCs are checked by its Authorizer).
 var adminMethods = map[string]bool{
 	metapb.Scm_SetDatanodeOpState_FullMethodName: true,
+	metapb.Scm_RecoverContainer_FullMethodName:   true, // basalt admin container recover
 	// Cache pools pin data in the datanodes' cache tiers (docs/CACHE.md):
 	// administrators only, as in HDFS. Directives: admins and whoever may
 	// write the pool (checked in cache_server.go). Listing stays open.

@@ -213,6 +213,15 @@ func (x *scmServer) SetDatanodeOpState(ctx context.Context, req *metapb.SetDatan
 	return &metapb.SetDatanodeOpStateResponse{Datanode: d}, nil
 }
 
+// RecoverContainer starts or reports the recovery of a container made
+// MISSING by a deterministic apply bug (admins only: auth.go; scm/recover.go).
+func (x *scmServer) RecoverContainer(ctx context.Context, req *metapb.RecoverContainerRequest) (*metapb.RecoverContainerResponse, error) {
+	if err := x.leader(); err != nil {
+		return nil, err
+	}
+	return x.s.scmMgr.RecoverContainer(ctx, req)
+}
+
 // GetContainerReplicas lists replicas with their health and reports.
 func (x *scmServer) GetContainerReplicas(ctx context.Context, req *metapb.GetContainerReplicasRequest) (*metapb.GetContainerReplicasResponse, error) {
 	if err := x.barrier(ctx); err != nil {

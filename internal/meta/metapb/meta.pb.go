@@ -1466,8 +1466,11 @@ func (x *ExcludeList) GetContainers() []uint64 {
 }
 
 type RecoverContainerRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	// Only answer the progress; without it the call (re)starts the
+	// recovery: each UNHEALTHY replica gets the command again.
+	StatusOnly    bool `protobuf:"varint,2,opt,name=status_only,json=statusOnly,proto3" json:"status_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1507,6 +1510,13 @@ func (x *RecoverContainerRequest) GetContainerId() uint64 {
 		return x.ContainerId
 	}
 	return 0
+}
+
+func (x *RecoverContainerRequest) GetStatusOnly() bool {
+	if x != nil {
+		return x.StatusOnly
+	}
+	return false
 }
 
 type RecoverReplica struct {
@@ -1604,8 +1614,11 @@ type RecoverContainerResponse struct {
 	Replicas  []*RecoverReplica      `protobuf:"bytes,2,rep,name=replicas,proto3" json:"replicas,omitempty"`
 	// Every replica is either recovered or refused for good, and the
 	// container is CLOSED with at least one replica counted.
-	Done          bool   `protobuf:"varint,3,opt,name=done,proto3" json:"done,omitempty"`
-	NewestBcsid   uint64 `protobuf:"varint,4,opt,name=newest_bcsid,json=newestBcsid,proto3" json:"newest_bcsid,omitempty"` // the highest BCSID any replica reports
+	Done        bool   `protobuf:"varint,3,opt,name=done,proto3" json:"done,omitempty"`
+	NewestBcsid uint64 `protobuf:"varint,4,opt,name=newest_bcsid,json=newestBcsid,proto3" json:"newest_bcsid,omitempty"` // the highest BCSID any replica reports
+	// This SCM leader is running the recovery (soft state: a new leader
+	// knows nothing of it until it is asked again).
+	Running       bool `protobuf:"varint,5,opt,name=running,proto3" json:"running,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1666,6 +1679,13 @@ func (x *RecoverContainerResponse) GetNewestBcsid() uint64 {
 		return x.NewestBcsid
 	}
 	return 0
+}
+
+func (x *RecoverContainerResponse) GetRunning() bool {
+	if x != nil {
+		return x.Running
+	}
+	return false
 }
 
 type SetDatanodeOpStateRequest struct {
@@ -11043,9 +11063,11 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\tpipelines\x18\x02 \x03(\x04R\tpipelines\x12\x1e\n" +
 	"\n" +
 	"containers\x18\x03 \x03(\x04R\n" +
-	"containers\"<\n" +
+	"containers\"]\n" +
 	"\x17RecoverContainerRequest\x12!\n" +
-	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\"\xed\x01\n" +
+	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1f\n" +
+	"\vstatus_only\x18\x02 \x01(\bR\n" +
+	"statusOnly\"\xed\x01\n" +
 	"\x0eRecoverReplica\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x12E\n" +
@@ -11053,12 +11075,13 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x05bcsid\x18\x03 \x01(\x04R\x05bcsid\x12-\n" +
 	"\x12recorded_unhealthy\x18\x04 \x01(\bR\x11recordedUnhealthy\x12\x16\n" +
 	"\x06status\x18\x05 \x01(\tR\x06status\x12\x16\n" +
-	"\x06reason\x18\x06 \x01(\tR\x06reason\"\xc6\x01\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"\xe0\x01\n" +
 	"\x18RecoverContainerResponse\x127\n" +
 	"\tcontainer\x18\x01 \x01(\v2\x19.basalt.meta.v1.ContainerR\tcontainer\x12:\n" +
 	"\breplicas\x18\x02 \x03(\v2\x1e.basalt.meta.v1.RecoverReplicaR\breplicas\x12\x12\n" +
 	"\x04done\x18\x03 \x01(\bR\x04done\x12!\n" +
-	"\fnewest_bcsid\x18\x04 \x01(\x04R\vnewestBcsid\"\xa6\x01\n" +
+	"\fnewest_bcsid\x18\x04 \x01(\x04R\vnewestBcsid\x12\x18\n" +
+	"\arunning\x18\x05 \x01(\bR\arunning\"\xa6\x01\n" +
 	"\x19SetDatanodeOpStateRequest\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x121\n" +
