@@ -22,8 +22,11 @@ import (
 // the operator deploys the fixed binary, RecoverContainer (admins only)
 // starts a recovery on this leader (soft state, like every command: a new
 // leader knows nothing of it until asked again):
-//   - each datanode reporting its replica UNHEALTHY gets a
-//     RecoverContainerCommand in its heartbeat, with SCM's record of why
+//   - each datanode reporting its replica UNHEALTHY, and no longer
+//     running the container's pipeline (SCM closes the pipeline of a
+//     replica it records unhealthy; the datanode would refuse while the
+//     pipeline may still write it), gets a RecoverContainerCommand in
+//     its heartbeat, with SCM's record of why
 //     (the datanode decides whether the replica may come back, and
 //     verifies it: datanode/recover.go); once per request, again only if
 //     it neither recovered nor reported a failure within recoverResend;
@@ -160,8 +163,8 @@ func (m *Manager) recoverCommandsLocked(dn uint64, n *nodeSoft, now time.Time, d
 			continue // answered with a failure (ask again to retry), or still running
 		}
 		c := m.st.Container(cid)
-		if c == nil || !slices.Contains(c.Replicas, dn) || !due(recoverKey(cid)) {
-			continue
+		if c == nil || !slices.Contains(c.Replicas, dn) || n.pipelines[c.PipelineId] || !due(recoverKey(cid)) {
+			continue // (still running the container's pipeline: it would refuse; SCM closes it)
 		}
 		r.sent[dn] = now
 		cmds = append(cmds, &metapb.DatanodeCommand{Command: &metapb.DatanodeCommand_RecoverContainer{RecoverContainer: &metapb.RecoverContainerCommand{
@@ -260,6 +263,10 @@ func (m *Manager) recoverProgressLocked(c *metapb.Container, r *recovery) *metap
 			ri.Status = "failed"
 		case rep.State == metapb.ContainerState_CONTAINER_UNHEALTHY && r == nil:
 			ri.Status = "not started"
+			done = false
+		case rep.State == metapb.ContainerState_CONTAINER_UNHEALTHY && n.pipelines[c.PipelineId]:
+			ri.Status = "waiting"
+			ri.Reason = fmt.Sprintf("its datanode still runs pipeline %d, which may write the container: sent once it left it (SCM closes the pipeline of an unhealthy replica); was: %s", c.PipelineId, rep.UnhealthyReason)
 			done = false
 		case rep.State == metapb.ContainerState_CONTAINER_UNHEALTHY:
 			ri.Status = "waiting"

@@ -17,8 +17,9 @@ import (
 //   - a container with healthy replicas is refused (re-replication repairs
 //     it), and so is one never unhealthy;
 //   - the recovery sends each UNHEALTHY replica's datanode one
-//     RecoverContainerCommand carrying SCM's record of the apply bug, not
-//     again while it runs, and not to a datanode that reported a failure;
+//     RecoverContainerCommand carrying SCM's record of the apply bug, once
+//     it no longer runs the container's pipeline, not again while it
+//     runs, and not to a datanode that reported a failure;
 //   - the replicas reported CLOSED with the newest BCSID are counted again
 //     (through Raft), the stale one (BCSID 7) stays recorded unhealthy;
 //   - the container closes, is no longer missing, and the replication
@@ -88,6 +89,17 @@ func TestRecoverMissingContainer(t *testing.T) {
 	resp, err = e.m.RecoverContainer(e.ctx, &metapb.RecoverContainerRequest{ContainerId: cid})
 	if err != nil || !resp.Running || resp.Done || resp.NewestBcsid != 9 {
 		t.Fatalf("start: %v, %v", resp, err)
+	}
+	// A datanode still running the container's pipeline gets nothing yet
+	// (it would refuse: the pipeline may still write the container).
+	if r := e.hb(t, ids[0], []uint64{FirstPipelineID}, reports[ids[0]]...); len(r.Commands) > 0 {
+		if _, ok := findCmd(r.Commands, (*metapb.DatanodeCommand).GetRecoverContainer); ok {
+			t.Fatal("a datanode still running the pipeline got the recover command")
+		}
+	}
+	resp, _ = e.m.RecoverContainer(e.ctx, &metapb.RecoverContainerRequest{ContainerId: cid, StatusOnly: true})
+	if !strings.Contains(resp.Replicas[0].Reason, "still runs pipeline") {
+		t.Fatalf("status of a replica whose datanode runs the pipeline: %v", resp.Replicas[0])
 	}
 	cmds := round()
 	for _, id := range ids[:3] {
