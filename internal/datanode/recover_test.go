@@ -54,7 +54,8 @@ func stateOf(t *testing.T, d *Datanode, cid uint64) storage.State {
 //     UNHEALTHY and its error and reported reason name the block;
 //     container 3 comes back CLOSED with its three blocks readable and
 //     verified, and without the block of the entry that failed;
-//   - after a restart container 3 is still CLOSED (nothing marks it
+//   - a power loss right after the recovery returned, and a restart,
+//     leave container 3 CLOSED (nothing marks it
 //     again) and readable, container 4 still UNHEALTHY; with no cause
 //     known any more, only SCM's record of an apply bug allows a try.
 //
@@ -200,6 +201,11 @@ func TestRecoverContainerAfterApplyBug(t *testing.T) {
 			t.Fatalf("a write into the recovered container: %v, want refused (not open)", err)
 		}
 	}
+	// Durable before it returned: a power loss right now keeps it CLOSED.
+	img := fs.Crash()
+	d2 := openMemDatanode(t, img)
+	check(d2)
+	d2.Close()
 	check(d)
 	if r := reportOf(d, c3); r.GetState() != metapb.ContainerState_CONTAINER_CLOSED || r.GetBcsid() == 0 {
 		t.Fatalf("report of container 3: %v, want CLOSED with its BCSID", r)
