@@ -50,6 +50,23 @@ func printRecover(w io.Writer, r *metapb.RecoverContainerResponse) error {
 	return t.flush()
 }
 
+// recoverPending reports whether a replica of r may still be recovered
+// or counted without the operator doing anything.
+func recoverPending(r *metapb.RecoverContainerResponse) bool {
+	closed := r.GetContainer().GetState() == metapb.ContainerState_CONTAINER_CLOSED
+	for _, x := range r.GetReplicas() {
+		switch x.Status {
+		case "waiting", "recovered", "not started":
+			return true
+		case "healthy":
+			if !closed {
+				return true // counted; the container closes next
+			}
+		}
+	}
+	return false
+}
+
 // containerRecoverCmd is `basalt admin container recover ID`.
 func containerRecoverCmd(f *connFlags) *cobra.Command {
 	var wait bool
@@ -124,6 +141,16 @@ recovery waits for it), not started. --wait polls until done.`,
 						return printJSON(w, recoverJSON(r))
 					}
 					return printRecover(w, r)
+				}
+				if !recoverPending(r) {
+					// Nothing left to wait for: every replica failed, is
+					// stale or gone (the reasons say why).
+					if f.json {
+						printJSON(w, recoverJSON(r))
+					} else {
+						printRecover(w, r)
+					}
+					return fmt.Errorf("%s: no replica left to recover (see the reasons; run it again to retry)", what)
 				}
 				select {
 				case <-ctx.Done():

@@ -56,3 +56,30 @@ func TestRecoverOutput(t *testing.T) {
 		t.Fatalf("json: %+v", j)
 	}
 }
+
+// TestRecoverPending: --wait stops when nothing is left to wait for, not
+// while a counted replica waits for its container to close.
+func TestRecoverPending(t *testing.T) {
+	mk := func(state metapb.ContainerState, st ...string) *metapb.RecoverContainerResponse {
+		r := &metapb.RecoverContainerResponse{Container: &metapb.Container{State: state}}
+		for i, s := range st {
+			r.Replicas = append(r.Replicas, &metapb.RecoverReplica{DatanodeId: uint64(i + 1), Status: s})
+		}
+		return r
+	}
+	closing, closed := metapb.ContainerState_CONTAINER_CLOSING, metapb.ContainerState_CONTAINER_CLOSED
+	for _, tc := range []struct {
+		r    *metapb.RecoverContainerResponse
+		want bool
+	}{
+		{mk(closing, "waiting", "failed", "failed"), true},
+		{mk(closing, "recovered", "failed", "stale"), true},
+		{mk(closing, "healthy", "failed", "failed"), true},
+		{mk(closing, "failed", "failed", "dead"), false},
+		{mk(closed, "healthy", "stale", "failed"), false},
+	} {
+		if got := recoverPending(tc.r); got != tc.want {
+			t.Errorf("%v: pending %v, want %v", tc.r.Replicas, got, tc.want)
+		}
+	}
+}
