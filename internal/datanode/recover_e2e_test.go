@@ -3,8 +3,10 @@ package datanode_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"os/exec"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -32,8 +34,8 @@ func getAll(ctx context.Context, cl *client.Client, key string) ([]byte, error) 
 // object is PUT; then every committed entry into its container fails in
 // apply on every replica (the bug), so the container goes UNHEALTHY on all
 // three, SCM counts it missing and the object cannot be read. With the
-// bug gone (the fixed binary), RecoverContainer (the admin RPC behind
-// basalt admin container recover) brings it back: the datanodes leave the
+// bug gone (the fixed binary), `basalt admin container recover ID --wait
+// --json` (the real binary, over the admin RPC) brings it back: the datanodes leave the
 // closed pipeline, verify their replicas and report them CLOSED, SCM
 // counts them again, and GET returns the same bytes; so do the other
 // objects whose PUT was acknowledged meanwhile. Without the recovery the
@@ -43,6 +45,10 @@ func TestRecoverContainerEndToEnd(t *testing.T) {
 		t.Skip("starts a cluster")
 	}
 	dir := t.TempDir()
+	bin := filepath.Join(dir, "basalt")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/basalt-store/basalt/cmd/basalt").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
 	defer cancel()
 	c, err := cluster.Start(ctx, cluster.Config{BasePort: 26100, Dir: filepath.Join(dir, "cluster"), HeartbeatInterval: 200 * time.Millisecond,
@@ -121,27 +127,43 @@ func TestRecoverContainerEndToEnd(t *testing.T) {
 		}
 	}
 
-	// The fixed binary; the operator recovers the container.
+	// The fixed binary; the operator recovers the container with the
+	// real command (basalt admin container recover ID --wait --json).
 	bug.Store(0)
+	cmd := exec.CommandContext(ctx, bin, "admin", "container", "recover", fmt.Sprint(cid), "--wait", "--timeout", "90s", "--json",
+		"--meta", c.MetaAddr(), "--tls-dir", c.ClientTLSDir())
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("basalt admin container recover %d --wait: %v\nstdout: %s\nstderr: %s", cid, err, out.String(), errb.String())
+	}
+	var res struct {
+		Done     bool   `json:"done"`
+		State    string `json:"state"`
+		Replicas []struct {
+			Datanode uint64 `json:"datanode"`
+			Status   string `json:"status"`
+			BCSID    uint64 `json:"bcsid"`
+		} `json:"replicas"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil || !res.Done || res.State != "CLOSED" || len(res.Replicas) != 3 {
+		t.Fatalf("recover --json: %v: %s", err, out.String())
+	}
+	for _, r := range res.Replicas {
+		if r.Status != "healthy" {
+			t.Fatalf("replica on %d after the recovery: %s, want healthy (%s)", r.Datanode, r.Status, out.String())
+		}
+	}
+	t.Logf("recovered: %s", out.String())
+	// Progress answers only for admins; the same RPC through gRPC.
 	conn, err := grpc.NewClient(c.MetaAddr(), c.MetaDialOption())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	scm := metapb.NewScmClient(conn)
-	resp, err := scm.RecoverContainer(ctx, &metapb.RecoverContainerRequest{ContainerId: cid})
-	if err != nil {
-		t.Fatal(err)
+	if resp, err := metapb.NewScmClient(conn).RecoverContainer(ctx, &metapb.RecoverContainerRequest{ContainerId: cid, StatusOnly: true}); err != nil || !resp.Done {
+		t.Fatalf("status after the recovery: %v %v", resp, err)
 	}
-	for deadline := time.Now().Add(90 * time.Second); !resp.Done; time.Sleep(200 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("recovery not done: %v", resp)
-		}
-		if resp, err = scm.RecoverContainer(ctx, &metapb.RecoverContainerRequest{ContainerId: cid, StatusOnly: true}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Logf("recovered: %v", resp)
 	for i := range 3 {
 		if r, err := c.Datanode(i).Store().Container(storage.ContainerID(cid)); err != nil || r.State != storage.StateClosed {
 			t.Fatalf("datanode %d: container %d %+v %v, want CLOSED", i, cid, r, err)
