@@ -1063,10 +1063,13 @@ func (x *ReplicasRemovedOp) GetReason() string {
 // recover: the replica was UNHEALTHY by an apply bug, verified in full and
 // is CLOSED now) and its BCSID is the newest any replica reports.
 type ReplicaRecoveredOp struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
-	DatanodeId    uint64                 `protobuf:"varint,2,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
-	Bcsid         uint64                 `protobuf:"varint,3,opt,name=bcsid,proto3" json:"bcsid,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	DatanodeId  uint64                 `protobuf:"varint,2,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
+	Bcsid       uint64                 `protobuf:"varint,3,opt,name=bcsid,proto3" json:"bcsid,omitempty"`
+	// Set when the operator accepted losing what replicas no longer listed
+	// by their live datanodes held (accept_missing_replicas): says which.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1120,6 +1123,13 @@ func (x *ReplicaRecoveredOp) GetBcsid() uint64 {
 		return x.Bcsid
 	}
 	return 0
+}
+
+func (x *ReplicaRecoveredOp) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 type UnhealthyReplica struct {
@@ -3013,12 +3023,13 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x11ReplicasRemovedOp\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12!\n" +
 	"\fdatanode_ids\x18\x02 \x03(\x04R\vdatanodeIds\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"n\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x86\x01\n" +
 	"\x12ReplicaRecoveredOp\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1f\n" +
 	"\vdatanode_id\x18\x02 \x01(\x04R\n" +
 	"datanodeId\x12\x14\n" +
-	"\x05bcsid\x18\x03 \x01(\x04R\x05bcsid\"n\n" +
+	"\x05bcsid\x18\x03 \x01(\x04R\x05bcsid\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"n\n" +
 	"\x10UnhealthyReplica\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1f\n" +
 	"\vdatanode_id\x18\x02 \x01(\x04R\n" +

@@ -1470,9 +1470,14 @@ type RecoverContainerRequest struct {
 	ContainerId uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
 	// Only answer the progress; without it the call (re)starts the
 	// recovery: each UNHEALTHY replica gets the command again.
-	StatusOnly    bool `protobuf:"varint,2,opt,name=status_only,json=statusOnly,proto3" json:"status_only,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	StatusOnly bool `protobuf:"varint,2,opt,name=status_only,json=statusOnly,proto3" json:"status_only,omitempty"`
+	// Count recovered replicas even though a replica's live datanode no
+	// longer lists the container (it may have held a newer replica: what
+	// only it held is lost). Without it such a replica blocks counting like
+	// a dead one. Recorded in the recovery's log and its ReplicaRecoveredOp.
+	AcceptMissingReplicas bool `protobuf:"varint,3,opt,name=accept_missing_replicas,json=acceptMissingReplicas,proto3" json:"accept_missing_replicas,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *RecoverContainerRequest) Reset() {
@@ -1519,6 +1524,13 @@ func (x *RecoverContainerRequest) GetStatusOnly() bool {
 	return false
 }
 
+func (x *RecoverContainerRequest) GetAcceptMissingReplicas() bool {
+	if x != nil {
+		return x.AcceptMissingReplicas
+	}
+	return false
+}
+
 type RecoverReplica struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	DatanodeId    uint64                 `protobuf:"varint,1,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
@@ -1529,7 +1541,10 @@ type RecoverReplica struct {
 	// waiting (command sent, not recovered yet), recovered (counted again),
 	// failed (its datanode refused or verification failed: see reason),
 	// stale (recovered but its BCSID is below another replica's: replaced),
-	// healthy (never unhealthy), dead (its datanode is not heard).
+	// healthy (never unhealthy), dead (its datanode is not heard),
+	// missing (its live datanode no longer lists it: blocks counting unless
+	// accept_missing_replicas), blocked (recovered, not counted because of a
+	// missing replica).
 	Status        string `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
 	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"` // the datanode's unhealthy_reason, or why SCM waits
 	unknownFields protoimpl.UnknownFields
@@ -1618,9 +1633,12 @@ type RecoverContainerResponse struct {
 	NewestBcsid uint64 `protobuf:"varint,4,opt,name=newest_bcsid,json=newestBcsid,proto3" json:"newest_bcsid,omitempty"` // the highest BCSID any replica reports
 	// This SCM leader is running the recovery (soft state: a new leader
 	// knows nothing of it until it is asked again).
-	Running       bool `protobuf:"varint,5,opt,name=running,proto3" json:"running,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Running bool `protobuf:"varint,5,opt,name=running,proto3" json:"running,omitempty"`
+	// The running recovery accepts losing what only missing replicas held
+	// (accept_missing_replicas).
+	AcceptMissingReplicas bool `protobuf:"varint,6,opt,name=accept_missing_replicas,json=acceptMissingReplicas,proto3" json:"accept_missing_replicas,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *RecoverContainerResponse) Reset() {
@@ -1684,6 +1702,13 @@ func (x *RecoverContainerResponse) GetNewestBcsid() uint64 {
 func (x *RecoverContainerResponse) GetRunning() bool {
 	if x != nil {
 		return x.Running
+	}
+	return false
+}
+
+func (x *RecoverContainerResponse) GetAcceptMissingReplicas() bool {
+	if x != nil {
+		return x.AcceptMissingReplicas
 	}
 	return false
 }
@@ -11063,11 +11088,12 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\tpipelines\x18\x02 \x03(\x04R\tpipelines\x12\x1e\n" +
 	"\n" +
 	"containers\x18\x03 \x03(\x04R\n" +
-	"containers\"]\n" +
+	"containers\"\x95\x01\n" +
 	"\x17RecoverContainerRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1f\n" +
 	"\vstatus_only\x18\x02 \x01(\bR\n" +
-	"statusOnly\"\xed\x01\n" +
+	"statusOnly\x126\n" +
+	"\x17accept_missing_replicas\x18\x03 \x01(\bR\x15acceptMissingReplicas\"\xed\x01\n" +
 	"\x0eRecoverReplica\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x12E\n" +
@@ -11075,13 +11101,14 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x05bcsid\x18\x03 \x01(\x04R\x05bcsid\x12-\n" +
 	"\x12recorded_unhealthy\x18\x04 \x01(\bR\x11recordedUnhealthy\x12\x16\n" +
 	"\x06status\x18\x05 \x01(\tR\x06status\x12\x16\n" +
-	"\x06reason\x18\x06 \x01(\tR\x06reason\"\xe0\x01\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"\x98\x02\n" +
 	"\x18RecoverContainerResponse\x127\n" +
 	"\tcontainer\x18\x01 \x01(\v2\x19.basalt.meta.v1.ContainerR\tcontainer\x12:\n" +
 	"\breplicas\x18\x02 \x03(\v2\x1e.basalt.meta.v1.RecoverReplicaR\breplicas\x12\x12\n" +
 	"\x04done\x18\x03 \x01(\bR\x04done\x12!\n" +
 	"\fnewest_bcsid\x18\x04 \x01(\x04R\vnewestBcsid\x12\x18\n" +
-	"\arunning\x18\x05 \x01(\bR\arunning\"\xa6\x01\n" +
+	"\arunning\x18\x05 \x01(\bR\arunning\x126\n" +
+	"\x17accept_missing_replicas\x18\x06 \x01(\bR\x15acceptMissingReplicas\"\xa6\x01\n" +
 	"\x19SetDatanodeOpStateRequest\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x121\n" +

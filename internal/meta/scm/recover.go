@@ -50,6 +50,9 @@ import (
 type recovery struct {
 	started time.Time
 	sent    map[uint64]time.Time // datanode → when its command went out
+	// acceptMissing: the operator accepted losing what replicas no longer
+	// listed by their live datanodes held (--accept-missing-replicas).
+	acceptMissing bool
 }
 
 // recoverFailedPrefix starts the reported reason of a replica whose last
@@ -97,6 +100,10 @@ func (m *Manager) RecoverContainer(ctx context.Context, req *metapb.RecoverConta
 		}
 		r.started = now
 		r.sent = map[uint64]time.Time{}
+		r.acceptMissing = req.GetAcceptMissingReplicas()
+		if r.acceptMissing {
+			m.log.Warn("scm: container recovery ACCEPTS LOSING what replicas its live datanodes no longer list held (--accept-missing-replicas)", "container", cid, "replicas", c.Replicas)
+		}
 		for _, dn := range c.Replicas {
 			if n := m.nodes[dn]; n != nil {
 				delete(n.sent, recoverKey(cid))
@@ -135,8 +142,12 @@ func (m *Manager) recoverableLocked(c *metapb.Container) error {
 
 // newestAnyLocked is the highest BCSID any replica of c reports, in any
 // state; all is false while a replica's datanode is dead or has not sent
-// this leader a full report (it may hold a newer one). Callers hold m.mu.
-func (m *Manager) newestAnyLocked(c *metapb.Container) (newest uint64, all bool) {
+// this leader a full report (it may hold a newer one). missing lists the
+// replicas whose live, fully reported datanode no longer lists the
+// container: it may have held a newer replica too (lost since: a replaced
+// volume...), so it blocks counting unless the operator accepts the loss
+// (acceptMissing). Callers hold m.mu.
+func (m *Manager) newestAnyLocked(c *metapb.Container) (newest uint64, all bool, missing []uint64) {
 	all = true
 	for _, dn := range c.Replicas {
 		n := m.nodes[dn]
@@ -146,9 +157,29 @@ func (m *Manager) newestAnyLocked(c *metapb.Container) (newest uint64, all bool)
 		}
 		if rep := n.containers[c.Id]; rep != nil {
 			newest = max(newest, rep.Bcsid)
+		} else {
+			missing = append(missing, dn)
 		}
 	}
-	return newest, all
+	return newest, all, missing
+}
+
+// countableLocked: whether recovered replicas of c may be counted now (all
+// replicas' datanodes reported, and no replica missing unless the
+// operator accepted the loss), and the op reason recording an accepted
+// loss. Callers hold m.mu.
+func (m *Manager) countableLocked(c *metapb.Container, r *recovery) (newest uint64, ok bool, reason string) {
+	newest, all, missing := m.newestAnyLocked(c)
+	if !all {
+		return newest, false, ""
+	}
+	if len(missing) > 0 {
+		if r == nil || !r.acceptMissing {
+			return newest, false, ""
+		}
+		reason = fmt.Sprintf("operator accepted losing what replicas on datanodes %v held (no longer listed by their live datanodes; --accept-missing-replicas): newest BCSID among the rest %d", missing, newest)
+	}
+	return newest, true, reason
 }
 
 // recoverCommandsLocked adds the RecoverContainerCommands datanode dn
@@ -159,8 +190,8 @@ func (m *Manager) recoverCommandsLocked(dn uint64, n *nodeSoft, now time.Time, d
 		if rep == nil || rep.State != metapb.ContainerState_CONTAINER_UNHEALTHY {
 			continue
 		}
-		if t, ok := r.sent[dn]; ok && (strings.HasPrefix(rep.UnhealthyReason, recoverFailedPrefix) || now.Sub(t) < m.recoverResend()) {
-			continue // answered with a failure (ask again to retry), or still running
+		if t, ok := r.sent[dn]; ok && ((strings.HasPrefix(rep.UnhealthyReason, recoverFailedPrefix) && n.fullAt.After(t)) || now.Sub(t) < m.recoverResend()) {
+			continue // answered with a failure since (ask again to retry), or still running
 		}
 		c := m.st.Container(cid)
 		if c == nil || !slices.Contains(c.Replicas, dn) || n.pipelines[c.PipelineId] || !due(recoverKey(cid)) {
@@ -197,13 +228,13 @@ func (m *Manager) recoverRound(ctx context.Context) error {
 			delete(m.recov, cid)
 			continue
 		}
-		newest, all := m.newestAnyLocked(c)
-		if !all {
+		newest, ok, reason := m.countableLocked(c, r)
+		if !ok {
 			continue
 		}
 		for _, dn := range c.UnhealthyReplicas {
 			if rep := m.nodes[dn].containers[cid]; rep != nil && rep.State == metapb.ContainerState_CONTAINER_CLOSED && rep.Bcsid >= newest {
-				ops = append(ops, &metapb.ReplicaRecoveredOp{ContainerId: cid, DatanodeId: dn, Bcsid: rep.Bcsid})
+				ops = append(ops, &metapb.ReplicaRecoveredOp{ContainerId: cid, DatanodeId: dn, Bcsid: rep.Bcsid, Reason: reason})
 			}
 		}
 	}
@@ -222,7 +253,11 @@ func (m *Manager) recoverRound(ctx context.Context) error {
 		}
 		m.mu.Unlock()
 		if changed, _ := res.(bool); changed {
-			m.log.Warn("scm: replica recovered: counted again", "container", op.ContainerId, "datanode", op.DatanodeId, "bcsid", op.Bcsid)
+			if op.Reason != "" {
+				m.log.Error("scm: replica recovered: counted again, ACCEPTING A POSSIBLE LOSS", "container", op.ContainerId, "datanode", op.DatanodeId, "bcsid", op.Bcsid, "reason", op.Reason)
+			} else {
+				m.log.Warn("scm: replica recovered: counted again", "container", op.ContainerId, "datanode", op.DatanodeId, "bcsid", op.Bcsid)
+			}
 		}
 	}
 	return nil
@@ -230,8 +265,10 @@ func (m *Manager) recoverRound(ctx context.Context) error {
 
 // recoverProgressLocked answers RecoverContainer. Callers hold m.mu.
 func (m *Manager) recoverProgressLocked(c *metapb.Container, r *recovery) *metapb.RecoverContainerResponse {
-	newest, all := m.newestAnyLocked(c)
-	resp := &metapb.RecoverContainerResponse{Container: proto.Clone(c).(*metapb.Container), Running: r != nil, NewestBcsid: newest}
+	newest, all, missing := m.newestAnyLocked(c)
+	resp := &metapb.RecoverContainerResponse{Container: proto.Clone(c).(*metapb.Container), Running: r != nil, NewestBcsid: newest,
+		AcceptMissingReplicas: r != nil && r.acceptMissing}
+	blocked := len(missing) > 0 && !resp.AcceptMissingReplicas
 	done := c.State == metapb.ContainerState_CONTAINER_CLOSED
 	counted := 0
 	for _, dn := range c.Replicas {
@@ -243,6 +280,14 @@ func (m *Manager) recoverProgressLocked(c *metapb.Container, r *recovery) *metap
 		}
 		if rep != nil {
 			ri.ReportedState, ri.Bcsid, ri.Reason = rep.State, rep.Bcsid, rep.UnhealthyReason
+		}
+		// A failure counts only if reported after the last command went
+		// out: until then the reported "recover failed" is the previous
+		// attempt's, and the retry runs.
+		var sentAt time.Time
+		var sent bool
+		if r != nil {
+			sentAt, sent = r.sent[dn]
 		}
 		switch {
 		case n == nil || n.state == metapb.NodeState_DEAD:
@@ -259,11 +304,19 @@ func (m *Manager) recoverProgressLocked(c *metapb.Container, r *recovery) *metap
 			}
 		case rep == nil:
 			ri.Status = "missing"
-		case rep.State == metapb.ContainerState_CONTAINER_UNHEALTHY && strings.HasPrefix(rep.UnhealthyReason, recoverFailedPrefix):
-			ri.Status = "failed"
-		case rep.State == metapb.ContainerState_CONTAINER_UNHEALTHY && r == nil:
+			if resp.AcceptMissingReplicas {
+				ri.Reason = "its datanode no longer lists the container; the operator accepted losing what only it held (--accept-missing-replicas)"
+			} else {
+				ri.Reason = "its datanode no longer lists the container, which may have held a newer replica: no replica is counted unless the recovery is run with --accept-missing-replicas (accepting that loss)"
+			}
+		case r == nil:
+			// No recovery runs on this leader (never started, failover,
+			// expired): nothing happens to this replica until asked; a
+			// container already counted elsewhere is done without it
+			// (the replication manager replaces it).
 			ri.Status = "not started"
-			done = false
+		case rep.State == metapb.ContainerState_CONTAINER_UNHEALTHY && strings.HasPrefix(rep.UnhealthyReason, recoverFailedPrefix) && sent && n.fullAt.After(sentAt):
+			ri.Status = "failed"
 		case rep.State == metapb.ContainerState_CONTAINER_UNHEALTHY && n.pipelines[c.PipelineId]:
 			ri.Status = "waiting"
 			ri.Reason = fmt.Sprintf("its datanode still runs pipeline %d, which may write the container: sent once it left it (SCM closes the pipeline of an unhealthy replica); was: %s", c.PipelineId, rep.UnhealthyReason)
@@ -276,6 +329,10 @@ func (m *Manager) recoverProgressLocked(c *metapb.Container, r *recovery) *metap
 			ri.Reason = fmt.Sprintf("BCSID %d is below the newest replica's %d: it may lack acknowledged blocks; replaced by a copy of a newest one", rep.Bcsid, newest)
 		case rep.State == metapb.ContainerState_CONTAINER_CLOSED && !all:
 			ri.Status, ri.Reason = "waiting", "recovered; counted once every replica's datanode has reported (one may hold a newer replica)"
+			done = false
+		case rep.State == metapb.ContainerState_CONTAINER_CLOSED && blocked:
+			ri.Status = "blocked"
+			ri.Reason = fmt.Sprintf("recovered, not counted: the live datanodes %v no longer list their replicas, which may have held newer blocks; bring them back, or run again with --accept-missing-replicas to accept losing what only they held", missing)
 			done = false
 		case rep.State == metapb.ContainerState_CONTAINER_CLOSED:
 			ri.Status = "recovered"
