@@ -41,9 +41,20 @@ import (
 // newest any replica of the container reports (scm/recover.go).
 
 // recoverableReasons match the reasons the guards record (applyPanicked,
-// writePanicked, syncPanicked) for a runtime error, alone or in SCM's
-// record ("datanode N reports its replica UNHEALTHY: ...").
-var recoverableReasons = regexp.MustCompile(`(^|: )entry \d+( \([A-Za-z]+\) failed in apply| \([A-Za-z]+\): chunk of block \d+ not stored: WriteData failed|: chunk at \d+ of block \d+ not made durable: SyncData failed): runtime error`)
+// writePanicked, syncPanicked) for a runtime error, alone, in SCM's
+// record ("datanode N reports its replica UNHEALTHY: ..."), or after a
+// failed recovery's note (recoveries.note). Anchored at the start: the
+// guard's text after any other prefix (a checksum report, a delete tx
+// status wrapping a datanode's message) is not an apply bug.
+var recoverableReasons = regexp.MustCompile(`^(datanode \d+ reports its replica UNHEALTHY: )?(` + regexp.QuoteMeta(RecoverFailedPrefix) + `.*; was: )?entry \d+( \([A-Za-z]+\) failed in apply| \([A-Za-z]+\): chunk of block \d+ not stored: WriteData failed|: chunk at \d+ of block \d+ not made durable: SyncData failed): runtime error`)
+
+// maxRecoveries bounds the recoveries (full verifications) a datanode
+// runs at once; more commands wait their turn.
+const maxRecoveries = 2
+
+// errRecoverStopping: the datanode is shutting down; the verification
+// stopped and the replica stays UNHEALTHY (SCM resends the command).
+var errRecoverStopping = errors.New("datanode stopping: recovery interrupted")
 
 // recoverableReason reports whether why is a guard's record of a runtime
 // error (a bug in Basalt), the only cause RecoverContainer clears.
@@ -55,8 +66,12 @@ type recoveries struct {
 	mu      sync.Mutex
 	running map[uint64]bool
 	failed  map[uint64]string
+	sem     chan struct{} // maxRecoveries slots
 }
 
+// start marks cid's recovery running (false: one already runs) and clears
+// its last failure: the new attempt's outcome is reported, not the old
+// one's (SCM shows the replica "waiting" meanwhile).
 func (r *recoveries) start(cid uint64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -67,7 +82,18 @@ func (r *recoveries) start(cid uint64) bool {
 		r.running = map[uint64]bool{}
 	}
 	r.running[cid] = true
+	delete(r.failed, cid)
 	return true
+}
+
+// slots is the semaphore bounding concurrent recoveries.
+func (r *recoveries) slots() chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.sem == nil {
+		r.sem = make(chan struct{}, maxRecoveries)
+	}
+	return r.sem
 }
 
 func (r *recoveries) finish(cid uint64, err error) {
@@ -108,17 +134,28 @@ const RecoverFailedPrefix = "recover failed: "
 var ErrRecoverRefused = errors.New("recover refused")
 
 // recoverContainer runs a RecoverContainerCommand from SCM in the
-// background (verifying a container reads all of it); a repeat while one
-// runs is ignored. The next heartbeat carries a full report.
+// background (verifying a container reads all of it), at most
+// maxRecoveries at once; a repeat while one runs is ignored. The next
+// heartbeat carries a full report (the cleared failure at once, then the
+// outcome).
 func (d *Datanode) recoverContainer(cmd *metapb.RecoverContainerCommand) error {
 	cid := cmd.GetContainerId()
 	if !d.recov.start(cid) {
 		return nil
 	}
+	d.reportSoon.Store(true)
+	sem := d.recov.slots()
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		_, err := d.RecoverContainer(cid, cmd.GetRecordedReason())
+		var err error
+		select {
+		case sem <- struct{}{}:
+			_, err = d.RecoverContainer(cid, cmd.GetRecordedReason())
+			<-sem
+		case <-d.stopc:
+			err = errRecoverStopping
+		}
 		d.recov.finish(cid, err)
 		d.reportSoon.Store(true)
 	}()
@@ -145,7 +182,7 @@ func (d *Datanode) RecoverContainer(cid uint64, recorded string) (storage.Recove
 		return st, fmt.Errorf("%w: container %d is %v here, not UNHEALTHY", ErrRecoverRefused, cid, rep.State)
 	}
 	inPipeline := func() error {
-		if p, _ := d.pipelineOf(cid); p != 0 {
+		if p := d.pipelineHolding(cid); p != 0 {
 			return fmt.Errorf("%w: container %d is still in pipeline %d on this datanode, which may still write it: SCM closes the pipeline of a replica it records unhealthy; retry once this datanode left it", ErrRecoverRefused, cid, p)
 		}
 		return nil
@@ -168,7 +205,15 @@ func (d *Datanode) RecoverContainer(cid uint64, recorded string) (storage.Recove
 		why = "SCM's record: " + recorded
 	}
 	d.log.Warn("recovering container: verifying every committed block", "container", cid, "reason", why, "bcsid", rep.BCSID, "blocks", rep.BlockCount)
-	st, err = d.store.RecoverUnhealthy(storage.ContainerID(cid), storage.VerifyOptions{}, inPipeline)
+	stopping := func(int64) error {
+		select {
+		case <-d.stopc:
+			return errRecoverStopping
+		default:
+			return nil
+		}
+	}
+	st, err = d.store.RecoverUnhealthy(storage.ContainerID(cid), storage.VerifyOptions{Before: stopping}, inPipeline)
 	if err != nil {
 		d.log.Error("container not recovered; it stays UNHEALTHY", "container", cid, "err", err)
 		return st, err
@@ -185,4 +230,22 @@ func (d *Datanode) RecoverContainer(cid uint64, recorded string) (storage.Recove
 func (l *leftReasons) snapshotOne(cid uint64) (string, bool) {
 	r, ok := l.m[cid]
 	return r.why, ok
+}
+
+// pipelineHolding is a pipeline on this datanode that tracks cid or only
+// marked it (its lacking list: a container created UNHEALTHY by a failed
+// write it never held otherwise), 0 if none. Either may still see entries
+// into cid.
+func (d *Datanode) pipelineHolding(cid uint64) uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for id, sm := range d.sms {
+		if sm.hasContainer(cid) {
+			return id
+		}
+		if _, ok := sm.lacks(cid); ok {
+			return id
+		}
+	}
+	return 0
 }

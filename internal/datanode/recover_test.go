@@ -248,9 +248,41 @@ func TestRecoverableReason(t *testing.T) {
 		"volume /v failed: input/output error":                                                                                false,
 		UnknownUnhealthyReason:                                                                                                false,
 		"datanode 4 reports its replica UNHEALTHY: its datanode reports it failed its checksums: entry 1 (X) failed in apply": false,
+		// Anchored (review nit 5): the guard's text after another prefix
+		// is not the guard's record.
+		"datanode 4 reports its replica UNHEALTHY: its datanode reports it failed its checksums: block 5: entry 1 (PutBlock) failed in apply: runtime error: x": false,
+		"delete tx 9: Internal: entry 1 (PutBlock) failed in apply: runtime error: x":                                                                           false,
+		"x: entry 42 (PutBlock) failed in apply: runtime error: index out of range":                                                                             false,
+		// After a failed recovery's note (the reported reason SCM may
+		// have recorded).
+		"recover failed: block 2: checksum mismatch; was: entry 42 (PutBlock) failed in apply: runtime error: index out of range": true,
 	} {
 		if got := recoverableReason(why); got != want {
 			t.Errorf("recoverableReason(%q) = %v, want %v", why, got, want)
 		}
+	}
+}
+
+// TestRecoverRetryClearsFailure (review should-fix 3): a new attempt
+// clears the last failure's note at once (the report says "retrying", not
+// the old failure, so SCM and --wait do not take the old failure for the
+// retry's outcome) and asks for a full report.
+func TestRecoverRetryClearsFailure(t *testing.T) {
+	var r recoveries
+	if !r.start(3) {
+		t.Fatal("first start refused")
+	}
+	r.finish(3, errors.New("block 2: checksum mismatch"))
+	if got := r.note(3, "bug"); !strings.HasPrefix(got, RecoverFailedPrefix) {
+		t.Fatalf("after a failure the note is %q", got)
+	}
+	if !r.start(3) {
+		t.Fatal("retry refused")
+	}
+	if got := r.note(3, "bug"); got != "bug" {
+		t.Fatalf("while the retry runs the note is %q, want the plain reason", got)
+	}
+	if r.start(3) {
+		t.Fatal("a repeat while the retry runs was started again")
 	}
 }
