@@ -32,7 +32,7 @@ func TestAdminContainerRecoverRefusesHealthy(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Config{BasePort: 26200, Dir: filepath.Join(dir, "cluster"), HeartbeatInterval: 200 * time.Millisecond,
+	c, err := cluster.Start(ctx, cluster.Config{Dir: filepath.Join(dir, "cluster"), HeartbeatInterval: 200 * time.Millisecond,
 		TickInterval: 50 * time.Millisecond, BlockSize: 8 << 20, ContainerSize: 256 << 20})
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/meta/scm"
 )
 
@@ -41,5 +43,39 @@ func TestRecoverContainerAdminOnly(t *testing.T) {
 	_, err = admin.Scm.RecoverContainer(ctx, &metapb.RecoverContainerRequest{ContainerId: cid})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("admin recovers a container with no unhealthy replica: %v, want FailedPrecondition", err)
+	}
+}
+
+// TestRecoverContainerRefusedBeforeFinalize (review nit 10): the SCM
+// group has no layout gate, and a meta node on an older binary halts at
+// the first ReplicaRecoveredOp; so a recovery is not started while the
+// cluster's upgrade is not finalized (this binary knows a newer layout
+// than the finalized one); its progress can still be read. Fails without
+// the check in scmServer.RecoverContainer.
+func TestRecoverContainerRefusedBeforeFinalize(t *testing.T) {
+	c := newCluster(t, 1, scm.Config{LoopInterval: 20 * time.Millisecond, SafeModeMinDatanodes: 3})
+	admin := c.client()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	waitFor(t, 10*time.Second, "leader", func() bool { return c.nsLeader() != 0 && c.servers[1].scmGroup.IsLeader() })
+	waitFor(t, 20*time.Second, "the fresh cluster's layout", func() bool { return c.servers[1].nsState.LayoutRecorded() })
+	registerDatanodes(t, admin, 3)
+	var cid uint64
+	waitFor(t, 10*time.Second, "containers", func() bool {
+		r, err := admin.Scm.ListContainers(ctx, &metapb.ListContainersRequest{})
+		if err != nil || len(r.Containers) == 0 {
+			return false
+		}
+		cid = r.Containers[0].Id
+		return true
+	})
+	base := namespace.SoftwareLayoutVersion()
+	defer namespace.RegisterLayoutFeature(namespace.LayoutFeature{Name: "test-recover-gate", Version: base + 1, Op: 9990})()
+	_, err := admin.Scm.RecoverContainer(ctx, &metapb.RecoverContainerRequest{ContainerId: cid})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "not finalized") {
+		t.Fatalf("recover before finalize: %v, want FailedPrecondition, not finalized", err)
+	}
+	if _, err := admin.Scm.RecoverContainer(ctx, &metapb.RecoverContainerRequest{ContainerId: cid, StatusOnly: true}); err != nil {
+		t.Fatalf("progress before finalize: %v", err)
 	}
 }
