@@ -322,7 +322,7 @@ replicas ID" adds the reports against each replica.`,
 		}),
 	}
 	dn.AddCommand(datanodeOpCmds(f)...)
-	ct.AddCommand(ctList, ctInfo, containerHealthCmd(f), containerReplicasCmd(f))
+	ct.AddCommand(ctList, ctInfo, containerHealthCmd(f), containerReplicasCmd(f), containerRecoverCmd(f))
 	root.AddCommand(dn, pl, ct)
 	root.AddCommand(adminS3Cmd(f))
 	root.AddCommand(adminCACmd(f))

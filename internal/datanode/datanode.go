@@ -168,6 +168,7 @@ type Datanode struct {
 	pipeJoined     chan struct{}               // closed (and replaced) when a pipeline is joined (stream.go)
 	pipesLeft      leftPipelines               // pipelines this datanode left (stream.go)
 	leftSick       leftReasons                 // why left pipelines' containers are UNHEALTHY (reasons.go)
+	recov          recoveries                  // RecoverContainer runs and failures (recover.go)
 	peerConns      map[string]*grpc.ClientConn // by data address (ApplyStatus)
 	// ApplyStatus asks batched per follower and pipeline
 	// (applystatus_batch.go).
@@ -778,6 +779,8 @@ func (d *Datanode) execute(cmd *metapb.DatanodeCommand) error {
 		return d.executeCache(c.CacheBlocks.GetBlocks(), nil)
 	case *metapb.DatanodeCommand_UncacheBlocks:
 		return d.executeCache(nil, c.UncacheBlocks.GetBlocks())
+	case *metapb.DatanodeCommand_RecoverContainer:
+		return d.recoverContainer(c.RecoverContainer)
 	}
 	return nil
 }
@@ -892,7 +895,7 @@ func (d *Datanode) containerReports(vols []storage.VolumeReport) []*metapb.Conta
 				vols, rescanned = nil, true
 				scan()
 			}
-			r.UnhealthyReason = unhealthyReason(sick, left, failed, uint64(c.ID), c.Volume)
+			r.UnhealthyReason = d.recov.note(uint64(c.ID), unhealthyReason(sick, left, failed, uint64(c.ID), c.Volume))
 		}
 		out = append(out, r)
 	}

@@ -84,6 +84,7 @@ var adminMethods = map[string]bool{
 	// (ListDatanodes, ListPipelines show them).
 	metapb.Scm_GetContainerReplicas_FullMethodName: true,
 	metapb.Scm_ListCorruptReplicas_FullMethodName:  true,
+	metapb.Scm_RecoverContainer_FullMethodName:     true, // basalt admin container recover
 	// Cache pools pin data in the datanodes' cache tiers (docs/CACHE.md):
 	// administrators only, as in HDFS. Directives: admins and whoever may
 	// write the pool (checked in cache_server.go). Listing stays open.

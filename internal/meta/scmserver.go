@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/meta/scm"
 	"github.com/basalt-store/basalt/internal/meta/topology"
 	"github.com/basalt-store/basalt/internal/pki"
@@ -211,6 +212,25 @@ func (x *scmServer) SetDatanodeOpState(ctx context.Context, req *metapb.SetDatan
 		return nil, err
 	}
 	return &metapb.SetDatanodeOpStateResponse{Datanode: d}, nil
+}
+
+// RecoverContainer starts or reports the recovery of a container made
+// MISSING by a deterministic apply bug (admins only: auth.go; scm/recover.go).
+func (x *scmServer) RecoverContainer(ctx context.Context, req *metapb.RecoverContainerRequest) (*metapb.RecoverContainerResponse, error) {
+	if err := x.leader(); err != nil {
+		return nil, err
+	}
+	// The SCM group has no layout gate: a meta node on a binary without
+	// ReplicaRecoveredOp halts its SCM replica at the first one. Refuse to
+	// start while an upgrade is not finalized (a meta node may still run
+	// an older binary); the operator runs recover only once every meta
+	// node runs this one.
+	if f, sw := x.s.nsState.FinalizedLayout(), namespace.SoftwareLayoutVersion(); !req.GetStatusOnly() && f < sw {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"recover container %d: the cluster's upgrade is not finalized (layout %d, this binary %d): upgrade every meta node to this binary and run basalt admin upgrade finalize first (SCM replicas on an older binary would halt at the recovery's Raft op)",
+			req.GetContainerId(), f, sw)
+	}
+	return x.s.scmMgr.RecoverContainer(ctx, req)
 }
 
 // GetContainerReplicas lists replicas with their health and reports.

@@ -43,6 +43,7 @@ type ScmCommand struct {
 	//	*ScmCommand_ReplicasUnhealthy
 	//	*ScmCommand_ReplicaAdded
 	//	*ScmCommand_ReplicasRemoved
+	//	*ScmCommand_ReplicaRecovered
 	//	*ScmCommand_SetNodeOpState
 	//	*ScmCommand_ReplicaReports
 	//	*ScmCommand_SafeModeExited
@@ -206,6 +207,15 @@ func (x *ScmCommand) GetReplicasRemoved() *ReplicasRemovedOp {
 	return nil
 }
 
+func (x *ScmCommand) GetReplicaRecovered() *ReplicaRecoveredOp {
+	if x != nil {
+		if x, ok := x.Op.(*ScmCommand_ReplicaRecovered); ok {
+			return x.ReplicaRecovered
+		}
+	}
+	return nil
+}
+
 func (x *ScmCommand) GetSetNodeOpState() *SetNodeOpStateOp {
 	if x != nil {
 		if x, ok := x.Op.(*ScmCommand_SetNodeOpState); ok {
@@ -312,6 +322,10 @@ type ScmCommand_ReplicasRemoved struct {
 	ReplicasRemoved *ReplicasRemovedOp `protobuf:"bytes,13,opt,name=replicas_removed,json=replicasRemoved,proto3,oneof"`
 }
 
+type ScmCommand_ReplicaRecovered struct {
+	ReplicaRecovered *ReplicaRecoveredOp `protobuf:"bytes,14,opt,name=replica_recovered,json=replicaRecovered,proto3,oneof"`
+}
+
 type ScmCommand_SetNodeOpState struct {
 	SetNodeOpState *SetNodeOpStateOp `protobuf:"bytes,100,opt,name=set_node_op_state,json=setNodeOpState,proto3,oneof"`
 }
@@ -359,6 +373,8 @@ func (*ScmCommand_ReplicasUnhealthy) isScmCommand_Op() {}
 func (*ScmCommand_ReplicaAdded) isScmCommand_Op() {}
 
 func (*ScmCommand_ReplicasRemoved) isScmCommand_Op() {}
+
+func (*ScmCommand_ReplicaRecovered) isScmCommand_Op() {}
 
 func (*ScmCommand_SetNodeOpState) isScmCommand_Op() {}
 
@@ -1042,6 +1058,80 @@ func (x *ReplicasRemovedOp) GetReason() string {
 	return ""
 }
 
+// ReplicaRecoveredOp takes a replica off its container's
+// unhealthy_replicas: its datanode recovered it (basalt admin container
+// recover: the replica was UNHEALTHY by an apply bug, verified in full and
+// is CLOSED now) and its BCSID is the newest any replica reports.
+type ReplicaRecoveredOp struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	DatanodeId  uint64                 `protobuf:"varint,2,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
+	Bcsid       uint64                 `protobuf:"varint,3,opt,name=bcsid,proto3" json:"bcsid,omitempty"`
+	// Set when the operator accepted losing what replicas no longer listed
+	// by their live datanodes held (accept_missing_replicas): says which.
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaRecoveredOp) Reset() {
+	*x = ReplicaRecoveredOp{}
+	mi := &file_meta_command_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaRecoveredOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaRecoveredOp) ProtoMessage() {}
+
+func (x *ReplicaRecoveredOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_command_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaRecoveredOp.ProtoReflect.Descriptor instead.
+func (*ReplicaRecoveredOp) Descriptor() ([]byte, []int) {
+	return file_meta_command_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ReplicaRecoveredOp) GetContainerId() uint64 {
+	if x != nil {
+		return x.ContainerId
+	}
+	return 0
+}
+
+func (x *ReplicaRecoveredOp) GetDatanodeId() uint64 {
+	if x != nil {
+		return x.DatanodeId
+	}
+	return 0
+}
+
+func (x *ReplicaRecoveredOp) GetBcsid() uint64 {
+	if x != nil {
+		return x.Bcsid
+	}
+	return 0
+}
+
+func (x *ReplicaRecoveredOp) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type UnhealthyReplica struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -1053,7 +1143,7 @@ type UnhealthyReplica struct {
 
 func (x *UnhealthyReplica) Reset() {
 	*x = UnhealthyReplica{}
-	mi := &file_meta_command_proto_msgTypes[14]
+	mi := &file_meta_command_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1065,7 +1155,7 @@ func (x *UnhealthyReplica) String() string {
 func (*UnhealthyReplica) ProtoMessage() {}
 
 func (x *UnhealthyReplica) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[14]
+	mi := &file_meta_command_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1078,7 +1168,7 @@ func (x *UnhealthyReplica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyReplica.ProtoReflect.Descriptor instead.
 func (*UnhealthyReplica) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{14}
+	return file_meta_command_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UnhealthyReplica) GetContainerId() uint64 {
@@ -1114,7 +1204,7 @@ type DeleteBlocksTx struct {
 
 func (x *DeleteBlocksTx) Reset() {
 	*x = DeleteBlocksTx{}
-	mi := &file_meta_command_proto_msgTypes[15]
+	mi := &file_meta_command_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1216,7 @@ func (x *DeleteBlocksTx) String() string {
 func (*DeleteBlocksTx) ProtoMessage() {}
 
 func (x *DeleteBlocksTx) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[15]
+	mi := &file_meta_command_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1229,7 @@ func (x *DeleteBlocksTx) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksTx.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksTx) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{15}
+	return file_meta_command_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeleteBlocksTx) GetTxId() uint64 {
@@ -1205,7 +1295,7 @@ type NsCommand struct {
 
 func (x *NsCommand) Reset() {
 	*x = NsCommand{}
-	mi := &file_meta_command_proto_msgTypes[16]
+	mi := &file_meta_command_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1217,7 +1307,7 @@ func (x *NsCommand) String() string {
 func (*NsCommand) ProtoMessage() {}
 
 func (x *NsCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[16]
+	mi := &file_meta_command_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1230,7 +1320,7 @@ func (x *NsCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NsCommand.ProtoReflect.Descriptor instead.
 func (*NsCommand) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{16}
+	return file_meta_command_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *NsCommand) GetNowUnixMs() int64 {
@@ -1704,7 +1794,7 @@ type SetServiceTokenOp struct {
 
 func (x *SetServiceTokenOp) Reset() {
 	*x = SetServiceTokenOp{}
-	mi := &file_meta_command_proto_msgTypes[17]
+	mi := &file_meta_command_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1716,7 +1806,7 @@ func (x *SetServiceTokenOp) String() string {
 func (*SetServiceTokenOp) ProtoMessage() {}
 
 func (x *SetServiceTokenOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[17]
+	mi := &file_meta_command_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1729,7 +1819,7 @@ func (x *SetServiceTokenOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetServiceTokenOp.ProtoReflect.Descriptor instead.
 func (*SetServiceTokenOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{17}
+	return file_meta_command_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetServiceTokenOp) GetToken() string {
@@ -1749,7 +1839,7 @@ type OpenKeyOp struct {
 
 func (x *OpenKeyOp) Reset() {
 	*x = OpenKeyOp{}
-	mi := &file_meta_command_proto_msgTypes[18]
+	mi := &file_meta_command_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1761,7 +1851,7 @@ func (x *OpenKeyOp) String() string {
 func (*OpenKeyOp) ProtoMessage() {}
 
 func (x *OpenKeyOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[18]
+	mi := &file_meta_command_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1774,7 +1864,7 @@ func (x *OpenKeyOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyOp.ProtoReflect.Descriptor instead.
 func (*OpenKeyOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{18}
+	return file_meta_command_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *OpenKeyOp) GetRequest() *OpenKeyRequest {
@@ -1801,7 +1891,7 @@ type AddBlockOp struct {
 
 func (x *AddBlockOp) Reset() {
 	*x = AddBlockOp{}
-	mi := &file_meta_command_proto_msgTypes[19]
+	mi := &file_meta_command_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1813,7 +1903,7 @@ func (x *AddBlockOp) String() string {
 func (*AddBlockOp) ProtoMessage() {}
 
 func (x *AddBlockOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[19]
+	mi := &file_meta_command_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1826,7 +1916,7 @@ func (x *AddBlockOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddBlockOp.ProtoReflect.Descriptor instead.
 func (*AddBlockOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{19}
+	return file_meta_command_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AddBlockOp) GetOpenId() uint64 {
@@ -1856,7 +1946,7 @@ type ExpireOpenKeysOp struct {
 
 func (x *ExpireOpenKeysOp) Reset() {
 	*x = ExpireOpenKeysOp{}
-	mi := &file_meta_command_proto_msgTypes[20]
+	mi := &file_meta_command_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1868,7 +1958,7 @@ func (x *ExpireOpenKeysOp) String() string {
 func (*ExpireOpenKeysOp) ProtoMessage() {}
 
 func (x *ExpireOpenKeysOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[20]
+	mi := &file_meta_command_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1881,7 +1971,7 @@ func (x *ExpireOpenKeysOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireOpenKeysOp.ProtoReflect.Descriptor instead.
 func (*ExpireOpenKeysOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{20}
+	return file_meta_command_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ExpireOpenKeysOp) GetOpenIds() []uint64 {
@@ -1917,7 +2007,7 @@ type CreateMultipartUploadOp struct {
 
 func (x *CreateMultipartUploadOp) Reset() {
 	*x = CreateMultipartUploadOp{}
-	mi := &file_meta_command_proto_msgTypes[21]
+	mi := &file_meta_command_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +2019,7 @@ func (x *CreateMultipartUploadOp) String() string {
 func (*CreateMultipartUploadOp) ProtoMessage() {}
 
 func (x *CreateMultipartUploadOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[21]
+	mi := &file_meta_command_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +2032,7 @@ func (x *CreateMultipartUploadOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateMultipartUploadOp.ProtoReflect.Descriptor instead.
 func (*CreateMultipartUploadOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{21}
+	return file_meta_command_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CreateMultipartUploadOp) GetRequest() *CreateMultipartUploadRequest {
@@ -1968,7 +2058,7 @@ type PurgeDeletedOp struct {
 
 func (x *PurgeDeletedOp) Reset() {
 	*x = PurgeDeletedOp{}
-	mi := &file_meta_command_proto_msgTypes[22]
+	mi := &file_meta_command_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1980,7 +2070,7 @@ func (x *PurgeDeletedOp) String() string {
 func (*PurgeDeletedOp) ProtoMessage() {}
 
 func (x *PurgeDeletedOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[22]
+	mi := &file_meta_command_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1993,7 +2083,7 @@ func (x *PurgeDeletedOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeletedOp.ProtoReflect.Descriptor instead.
 func (*PurgeDeletedOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{22}
+	return file_meta_command_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PurgeDeletedOp) GetSeqs() []uint64 {
@@ -2015,7 +2105,7 @@ type ReclaimDirOp struct {
 
 func (x *ReclaimDirOp) Reset() {
 	*x = ReclaimDirOp{}
-	mi := &file_meta_command_proto_msgTypes[23]
+	mi := &file_meta_command_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2027,7 +2117,7 @@ func (x *ReclaimDirOp) String() string {
 func (*ReclaimDirOp) ProtoMessage() {}
 
 func (x *ReclaimDirOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[23]
+	mi := &file_meta_command_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2040,7 +2130,7 @@ func (x *ReclaimDirOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimDirOp.ProtoReflect.Descriptor instead.
 func (*ReclaimDirOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{23}
+	return file_meta_command_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReclaimDirOp) GetSeq() uint64 {
@@ -2079,7 +2169,7 @@ type OpenKeyRow struct {
 
 func (x *OpenKeyRow) Reset() {
 	*x = OpenKeyRow{}
-	mi := &file_meta_command_proto_msgTypes[24]
+	mi := &file_meta_command_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2091,7 +2181,7 @@ func (x *OpenKeyRow) String() string {
 func (*OpenKeyRow) ProtoMessage() {}
 
 func (x *OpenKeyRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[24]
+	mi := &file_meta_command_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2104,7 +2194,7 @@ func (x *OpenKeyRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyRow.ProtoReflect.Descriptor instead.
 func (*OpenKeyRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{24}
+	return file_meta_command_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *OpenKeyRow) GetOpenId() uint64 {
@@ -2203,7 +2293,7 @@ type DeletedRow struct {
 
 func (x *DeletedRow) Reset() {
 	*x = DeletedRow{}
-	mi := &file_meta_command_proto_msgTypes[25]
+	mi := &file_meta_command_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2215,7 +2305,7 @@ func (x *DeletedRow) String() string {
 func (*DeletedRow) ProtoMessage() {}
 
 func (x *DeletedRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[25]
+	mi := &file_meta_command_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2228,7 +2318,7 @@ func (x *DeletedRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletedRow.ProtoReflect.Descriptor instead.
 func (*DeletedRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{25}
+	return file_meta_command_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DeletedRow) GetSeq() uint64 {
@@ -2265,7 +2355,7 @@ type PendingDirRow struct {
 
 func (x *PendingDirRow) Reset() {
 	*x = PendingDirRow{}
-	mi := &file_meta_command_proto_msgTypes[26]
+	mi := &file_meta_command_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2277,7 +2367,7 @@ func (x *PendingDirRow) String() string {
 func (*PendingDirRow) ProtoMessage() {}
 
 func (x *PendingDirRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[26]
+	mi := &file_meta_command_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2290,7 +2380,7 @@ func (x *PendingDirRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingDirRow.ProtoReflect.Descriptor instead.
 func (*PendingDirRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{26}
+	return file_meta_command_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PendingDirRow) GetSeq() uint64 {
@@ -2329,7 +2419,7 @@ type FsEntry struct {
 
 func (x *FsEntry) Reset() {
 	*x = FsEntry{}
-	mi := &file_meta_command_proto_msgTypes[27]
+	mi := &file_meta_command_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2341,7 +2431,7 @@ func (x *FsEntry) String() string {
 func (*FsEntry) ProtoMessage() {}
 
 func (x *FsEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[27]
+	mi := &file_meta_command_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2354,7 +2444,7 @@ func (x *FsEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FsEntry.ProtoReflect.Descriptor instead.
 func (*FsEntry) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{27}
+	return file_meta_command_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *FsEntry) GetIsDir() bool {
@@ -2412,7 +2502,7 @@ type NodeOpRow struct {
 
 func (x *NodeOpRow) Reset() {
 	*x = NodeOpRow{}
-	mi := &file_meta_command_proto_msgTypes[28]
+	mi := &file_meta_command_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2424,7 +2514,7 @@ func (x *NodeOpRow) String() string {
 func (*NodeOpRow) ProtoMessage() {}
 
 func (x *NodeOpRow) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[28]
+	mi := &file_meta_command_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2437,7 +2527,7 @@ func (x *NodeOpRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeOpRow.ProtoReflect.Descriptor instead.
 func (*NodeOpRow) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{28}
+	return file_meta_command_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *NodeOpRow) GetDatanodeId() uint64 {
@@ -2479,7 +2569,7 @@ type SafeModeExitedOp struct {
 
 func (x *SafeModeExitedOp) Reset() {
 	*x = SafeModeExitedOp{}
-	mi := &file_meta_command_proto_msgTypes[29]
+	mi := &file_meta_command_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2491,7 +2581,7 @@ func (x *SafeModeExitedOp) String() string {
 func (*SafeModeExitedOp) ProtoMessage() {}
 
 func (x *SafeModeExitedOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[29]
+	mi := &file_meta_command_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2504,7 +2594,7 @@ func (x *SafeModeExitedOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SafeModeExitedOp.ProtoReflect.Descriptor instead.
 func (*SafeModeExitedOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{29}
+	return file_meta_command_proto_rawDescGZIP(), []int{30}
 }
 
 // SecretKeysOp adds a block token key and drops expired ones (SCM key
@@ -2519,7 +2609,7 @@ type SecretKeysOp struct {
 
 func (x *SecretKeysOp) Reset() {
 	*x = SecretKeysOp{}
-	mi := &file_meta_command_proto_msgTypes[30]
+	mi := &file_meta_command_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2531,7 +2621,7 @@ func (x *SecretKeysOp) String() string {
 func (*SecretKeysOp) ProtoMessage() {}
 
 func (x *SecretKeysOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[30]
+	mi := &file_meta_command_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2544,7 +2634,7 @@ func (x *SecretKeysOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecretKeysOp.ProtoReflect.Descriptor instead.
 func (*SecretKeysOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{30}
+	return file_meta_command_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SecretKeysOp) GetAdd() *SecretKey {
@@ -2574,7 +2664,7 @@ type CachePoolOp struct {
 
 func (x *CachePoolOp) Reset() {
 	*x = CachePoolOp{}
-	mi := &file_meta_command_proto_msgTypes[31]
+	mi := &file_meta_command_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2586,7 +2676,7 @@ func (x *CachePoolOp) String() string {
 func (*CachePoolOp) ProtoMessage() {}
 
 func (x *CachePoolOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[31]
+	mi := &file_meta_command_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2599,7 +2689,7 @@ func (x *CachePoolOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CachePoolOp.ProtoReflect.Descriptor instead.
 func (*CachePoolOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{31}
+	return file_meta_command_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CachePoolOp) GetPool() *CachePool {
@@ -2636,7 +2726,7 @@ type CacheDirectiveOp struct {
 
 func (x *CacheDirectiveOp) Reset() {
 	*x = CacheDirectiveOp{}
-	mi := &file_meta_command_proto_msgTypes[32]
+	mi := &file_meta_command_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2648,7 +2738,7 @@ func (x *CacheDirectiveOp) String() string {
 func (*CacheDirectiveOp) ProtoMessage() {}
 
 func (x *CacheDirectiveOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[32]
+	mi := &file_meta_command_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2661,7 +2751,7 @@ func (x *CacheDirectiveOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheDirectiveOp.ProtoReflect.Descriptor instead.
 func (*CacheDirectiveOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{32}
+	return file_meta_command_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CacheDirectiveOp) GetDirective() *CacheDirective {
@@ -2688,7 +2778,7 @@ type OpenKeysOp struct {
 
 func (x *OpenKeysOp) Reset() {
 	*x = OpenKeysOp{}
-	mi := &file_meta_command_proto_msgTypes[33]
+	mi := &file_meta_command_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2700,7 +2790,7 @@ func (x *OpenKeysOp) String() string {
 func (*OpenKeysOp) ProtoMessage() {}
 
 func (x *OpenKeysOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[33]
+	mi := &file_meta_command_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2713,7 +2803,7 @@ func (x *OpenKeysOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeysOp.ProtoReflect.Descriptor instead.
 func (*OpenKeysOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{33}
+	return file_meta_command_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *OpenKeysOp) GetOpens() []*OpenKeyOp {
@@ -2733,7 +2823,7 @@ type CommitKeysOp struct {
 
 func (x *CommitKeysOp) Reset() {
 	*x = CommitKeysOp{}
-	mi := &file_meta_command_proto_msgTypes[34]
+	mi := &file_meta_command_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2745,7 +2835,7 @@ func (x *CommitKeysOp) String() string {
 func (*CommitKeysOp) ProtoMessage() {}
 
 func (x *CommitKeysOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[34]
+	mi := &file_meta_command_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2758,7 +2848,7 @@ func (x *CommitKeysOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitKeysOp.ProtoReflect.Descriptor instead.
 func (*CommitKeysOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{34}
+	return file_meta_command_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CommitKeysOp) GetCommits() []*CommitKeyRequest {
@@ -2786,7 +2876,7 @@ type ReserveBlocksOp struct {
 
 func (x *ReserveBlocksOp) Reset() {
 	*x = ReserveBlocksOp{}
-	mi := &file_meta_command_proto_msgTypes[35]
+	mi := &file_meta_command_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2798,7 +2888,7 @@ func (x *ReserveBlocksOp) String() string {
 func (*ReserveBlocksOp) ProtoMessage() {}
 
 func (x *ReserveBlocksOp) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_command_proto_msgTypes[35]
+	mi := &file_meta_command_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2811,7 +2901,7 @@ func (x *ReserveBlocksOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveBlocksOp.ProtoReflect.Descriptor instead.
 func (*ReserveBlocksOp) Descriptor() ([]byte, []int) {
-	return file_meta_command_proto_rawDescGZIP(), []int{35}
+	return file_meta_command_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReserveBlocksOp) GetVolume() string {
@@ -2867,7 +2957,7 @@ var File_meta_command_proto protoreflect.FileDescriptor
 
 const file_meta_command_proto_rawDesc = "" +
 	"\n" +
-	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\x1a\x12meta/upgrade.proto\"\xa7\v\n" +
+	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\x1a\x12meta/upgrade.proto\"\xfa\v\n" +
 	"\n" +
 	"ScmCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12Q\n" +
@@ -2883,7 +2973,8 @@ const file_meta_command_proto_rawDesc = "" +
 	" \x01(\v2 .basalt.meta.v1.PurgeDeleteTxsOpH\x00R\x0epurgeDeleteTxs\x12T\n" +
 	"\x12replicas_unhealthy\x18\v \x01(\v2#.basalt.meta.v1.ReplicasUnhealthyOpH\x00R\x11replicasUnhealthy\x12E\n" +
 	"\rreplica_added\x18\f \x01(\v2\x1e.basalt.meta.v1.ReplicaAddedOpH\x00R\freplicaAdded\x12N\n" +
-	"\x10replicas_removed\x18\r \x01(\v2!.basalt.meta.v1.ReplicasRemovedOpH\x00R\x0freplicasRemoved\x12M\n" +
+	"\x10replicas_removed\x18\r \x01(\v2!.basalt.meta.v1.ReplicasRemovedOpH\x00R\x0freplicasRemoved\x12Q\n" +
+	"\x11replica_recovered\x18\x0e \x01(\v2\".basalt.meta.v1.ReplicaRecoveredOpH\x00R\x10replicaRecovered\x12M\n" +
 	"\x11set_node_op_state\x18d \x01(\v2 .basalt.meta.v1.SetNodeOpStateOpH\x00R\x0esetNodeOpState\x12K\n" +
 	"\x0freplica_reports\x18e \x01(\v2 .basalt.meta.v1.ReplicaReportsOpH\x00R\x0ereplicaReports\x12L\n" +
 	"\x10safe_mode_exited\x18f \x01(\v2 .basalt.meta.v1.SafeModeExitedOpH\x00R\x0esafeModeExited\x12@\n" +
@@ -2932,7 +3023,13 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x11ReplicasRemovedOp\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12!\n" +
 	"\fdatanode_ids\x18\x02 \x03(\x04R\vdatanodeIds\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"n\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x86\x01\n" +
+	"\x12ReplicaRecoveredOp\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1f\n" +
+	"\vdatanode_id\x18\x02 \x01(\x04R\n" +
+	"datanodeId\x12\x14\n" +
+	"\x05bcsid\x18\x03 \x01(\x04R\x05bcsid\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"n\n" +
 	"\x10UnhealthyReplica\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1f\n" +
 	"\vdatanode_id\x18\x02 \x01(\x04R\n" +
@@ -3082,7 +3179,7 @@ func file_meta_command_proto_rawDescGZIP() []byte {
 	return file_meta_command_proto_rawDescData
 }
 
-var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_meta_command_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_meta_command_proto_goTypes = []any{
 	(*ScmCommand)(nil),                     // 0: basalt.meta.v1.ScmCommand
 	(*SetNodeOpStateOp)(nil),               // 1: basalt.meta.v1.SetNodeOpStateOp
@@ -3098,63 +3195,64 @@ var file_meta_command_proto_goTypes = []any{
 	(*ReplicasUnhealthyOp)(nil),            // 11: basalt.meta.v1.ReplicasUnhealthyOp
 	(*ReplicaAddedOp)(nil),                 // 12: basalt.meta.v1.ReplicaAddedOp
 	(*ReplicasRemovedOp)(nil),              // 13: basalt.meta.v1.ReplicasRemovedOp
-	(*UnhealthyReplica)(nil),               // 14: basalt.meta.v1.UnhealthyReplica
-	(*DeleteBlocksTx)(nil),                 // 15: basalt.meta.v1.DeleteBlocksTx
-	(*NsCommand)(nil),                      // 16: basalt.meta.v1.NsCommand
-	(*SetServiceTokenOp)(nil),              // 17: basalt.meta.v1.SetServiceTokenOp
-	(*OpenKeyOp)(nil),                      // 18: basalt.meta.v1.OpenKeyOp
-	(*AddBlockOp)(nil),                     // 19: basalt.meta.v1.AddBlockOp
-	(*ExpireOpenKeysOp)(nil),               // 20: basalt.meta.v1.ExpireOpenKeysOp
-	(*CreateMultipartUploadOp)(nil),        // 21: basalt.meta.v1.CreateMultipartUploadOp
-	(*PurgeDeletedOp)(nil),                 // 22: basalt.meta.v1.PurgeDeletedOp
-	(*ReclaimDirOp)(nil),                   // 23: basalt.meta.v1.ReclaimDirOp
-	(*OpenKeyRow)(nil),                     // 24: basalt.meta.v1.OpenKeyRow
-	(*DeletedRow)(nil),                     // 25: basalt.meta.v1.DeletedRow
-	(*PendingDirRow)(nil),                  // 26: basalt.meta.v1.PendingDirRow
-	(*FsEntry)(nil),                        // 27: basalt.meta.v1.FsEntry
-	(*NodeOpRow)(nil),                      // 28: basalt.meta.v1.NodeOpRow
-	(*SafeModeExitedOp)(nil),               // 29: basalt.meta.v1.SafeModeExitedOp
-	(*SecretKeysOp)(nil),                   // 30: basalt.meta.v1.SecretKeysOp
-	(*CachePoolOp)(nil),                    // 31: basalt.meta.v1.CachePoolOp
-	(*CacheDirectiveOp)(nil),               // 32: basalt.meta.v1.CacheDirectiveOp
-	(*OpenKeysOp)(nil),                     // 33: basalt.meta.v1.OpenKeysOp
-	(*CommitKeysOp)(nil),                   // 34: basalt.meta.v1.CommitKeysOp
-	(*ReserveBlocksOp)(nil),                // 35: basalt.meta.v1.ReserveBlocksOp
-	(*DeleteBlocksRequest)(nil),            // 36: basalt.meta.v1.DeleteBlocksRequest
-	(NodeOpState)(0),                       // 37: basalt.meta.v1.NodeOpState
-	(*CorruptReplica)(nil),                 // 38: basalt.meta.v1.CorruptReplica
-	(*DatanodeDetails)(nil),                // 39: basalt.meta.v1.DatanodeDetails
-	(Replication)(0),                       // 40: basalt.meta.v1.Replication
-	(*CreateVolumeRequest)(nil),            // 41: basalt.meta.v1.CreateVolumeRequest
-	(*DeleteVolumeRequest)(nil),            // 42: basalt.meta.v1.DeleteVolumeRequest
-	(*CreateBucketRequest)(nil),            // 43: basalt.meta.v1.CreateBucketRequest
-	(*DeleteBucketRequest)(nil),            // 44: basalt.meta.v1.DeleteBucketRequest
-	(*CommitKeyRequest)(nil),               // 45: basalt.meta.v1.CommitKeyRequest
-	(*RenameKeyRequest)(nil),               // 46: basalt.meta.v1.RenameKeyRequest
-	(*DeleteKeyRequest)(nil),               // 47: basalt.meta.v1.DeleteKeyRequest
-	(*CreateDirectoryRequest)(nil),         // 48: basalt.meta.v1.CreateDirectoryRequest
-	(*SetKeyMetaRequest)(nil),              // 49: basalt.meta.v1.SetKeyMetaRequest
-	(*CompleteMultipartUploadRequest)(nil), // 50: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 51: basalt.meta.v1.AbortMultipartUploadRequest
-	(*CreateS3SecretRequest)(nil),          // 52: basalt.meta.v1.CreateS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 53: basalt.meta.v1.DeleteS3SecretRequest
-	(*CopyKeyRequest)(nil),                 // 54: basalt.meta.v1.CopyKeyRequest
-	(*SetFileAttrsRequest)(nil),            // 55: basalt.meta.v1.SetFileAttrsRequest
-	(*SetAclRequest)(nil),                  // 56: basalt.meta.v1.SetAclRequest
-	(*BucketPolicy)(nil),                   // 57: basalt.meta.v1.BucketPolicy
-	(*PublicAccessBlockConfig)(nil),        // 58: basalt.meta.v1.PublicAccessBlockConfig
-	(*LayoutOp)(nil),                       // 59: basalt.meta.v1.LayoutOp
-	(*OpenKeyRequest)(nil),                 // 60: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 61: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 62: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 63: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 64: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 65: basalt.meta.v1.KeyInfo
-	(*FileAttrs)(nil),                      // 66: basalt.meta.v1.FileAttrs
-	(*Acl)(nil),                            // 67: basalt.meta.v1.Acl
-	(*SecretKey)(nil),                      // 68: basalt.meta.v1.SecretKey
-	(*CachePool)(nil),                      // 69: basalt.meta.v1.CachePool
-	(*CacheDirective)(nil),                 // 70: basalt.meta.v1.CacheDirective
+	(*ReplicaRecoveredOp)(nil),             // 14: basalt.meta.v1.ReplicaRecoveredOp
+	(*UnhealthyReplica)(nil),               // 15: basalt.meta.v1.UnhealthyReplica
+	(*DeleteBlocksTx)(nil),                 // 16: basalt.meta.v1.DeleteBlocksTx
+	(*NsCommand)(nil),                      // 17: basalt.meta.v1.NsCommand
+	(*SetServiceTokenOp)(nil),              // 18: basalt.meta.v1.SetServiceTokenOp
+	(*OpenKeyOp)(nil),                      // 19: basalt.meta.v1.OpenKeyOp
+	(*AddBlockOp)(nil),                     // 20: basalt.meta.v1.AddBlockOp
+	(*ExpireOpenKeysOp)(nil),               // 21: basalt.meta.v1.ExpireOpenKeysOp
+	(*CreateMultipartUploadOp)(nil),        // 22: basalt.meta.v1.CreateMultipartUploadOp
+	(*PurgeDeletedOp)(nil),                 // 23: basalt.meta.v1.PurgeDeletedOp
+	(*ReclaimDirOp)(nil),                   // 24: basalt.meta.v1.ReclaimDirOp
+	(*OpenKeyRow)(nil),                     // 25: basalt.meta.v1.OpenKeyRow
+	(*DeletedRow)(nil),                     // 26: basalt.meta.v1.DeletedRow
+	(*PendingDirRow)(nil),                  // 27: basalt.meta.v1.PendingDirRow
+	(*FsEntry)(nil),                        // 28: basalt.meta.v1.FsEntry
+	(*NodeOpRow)(nil),                      // 29: basalt.meta.v1.NodeOpRow
+	(*SafeModeExitedOp)(nil),               // 30: basalt.meta.v1.SafeModeExitedOp
+	(*SecretKeysOp)(nil),                   // 31: basalt.meta.v1.SecretKeysOp
+	(*CachePoolOp)(nil),                    // 32: basalt.meta.v1.CachePoolOp
+	(*CacheDirectiveOp)(nil),               // 33: basalt.meta.v1.CacheDirectiveOp
+	(*OpenKeysOp)(nil),                     // 34: basalt.meta.v1.OpenKeysOp
+	(*CommitKeysOp)(nil),                   // 35: basalt.meta.v1.CommitKeysOp
+	(*ReserveBlocksOp)(nil),                // 36: basalt.meta.v1.ReserveBlocksOp
+	(*DeleteBlocksRequest)(nil),            // 37: basalt.meta.v1.DeleteBlocksRequest
+	(NodeOpState)(0),                       // 38: basalt.meta.v1.NodeOpState
+	(*CorruptReplica)(nil),                 // 39: basalt.meta.v1.CorruptReplica
+	(*DatanodeDetails)(nil),                // 40: basalt.meta.v1.DatanodeDetails
+	(Replication)(0),                       // 41: basalt.meta.v1.Replication
+	(*CreateVolumeRequest)(nil),            // 42: basalt.meta.v1.CreateVolumeRequest
+	(*DeleteVolumeRequest)(nil),            // 43: basalt.meta.v1.DeleteVolumeRequest
+	(*CreateBucketRequest)(nil),            // 44: basalt.meta.v1.CreateBucketRequest
+	(*DeleteBucketRequest)(nil),            // 45: basalt.meta.v1.DeleteBucketRequest
+	(*CommitKeyRequest)(nil),               // 46: basalt.meta.v1.CommitKeyRequest
+	(*RenameKeyRequest)(nil),               // 47: basalt.meta.v1.RenameKeyRequest
+	(*DeleteKeyRequest)(nil),               // 48: basalt.meta.v1.DeleteKeyRequest
+	(*CreateDirectoryRequest)(nil),         // 49: basalt.meta.v1.CreateDirectoryRequest
+	(*SetKeyMetaRequest)(nil),              // 50: basalt.meta.v1.SetKeyMetaRequest
+	(*CompleteMultipartUploadRequest)(nil), // 51: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 52: basalt.meta.v1.AbortMultipartUploadRequest
+	(*CreateS3SecretRequest)(nil),          // 53: basalt.meta.v1.CreateS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 54: basalt.meta.v1.DeleteS3SecretRequest
+	(*CopyKeyRequest)(nil),                 // 55: basalt.meta.v1.CopyKeyRequest
+	(*SetFileAttrsRequest)(nil),            // 56: basalt.meta.v1.SetFileAttrsRequest
+	(*SetAclRequest)(nil),                  // 57: basalt.meta.v1.SetAclRequest
+	(*BucketPolicy)(nil),                   // 58: basalt.meta.v1.BucketPolicy
+	(*PublicAccessBlockConfig)(nil),        // 59: basalt.meta.v1.PublicAccessBlockConfig
+	(*LayoutOp)(nil),                       // 60: basalt.meta.v1.LayoutOp
+	(*OpenKeyRequest)(nil),                 // 61: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 62: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 63: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 64: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 65: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 66: basalt.meta.v1.KeyInfo
+	(*FileAttrs)(nil),                      // 67: basalt.meta.v1.FileAttrs
+	(*Acl)(nil),                            // 68: basalt.meta.v1.Acl
+	(*SecretKey)(nil),                      // 69: basalt.meta.v1.SecretKey
+	(*CachePool)(nil),                      // 70: basalt.meta.v1.CachePool
+	(*CacheDirective)(nil),                 // 71: basalt.meta.v1.CacheDirective
 }
 var file_meta_command_proto_depIdxs = []int32{
 	3,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -3164,77 +3262,78 @@ var file_meta_command_proto_depIdxs = []int32{
 	7,  // 4: basalt.meta.v1.ScmCommand.close_containers:type_name -> basalt.meta.v1.CloseContainersOp
 	8,  // 5: basalt.meta.v1.ScmCommand.container_closed:type_name -> basalt.meta.v1.ContainerClosedOp
 	9,  // 6: basalt.meta.v1.ScmCommand.allocate_id_range:type_name -> basalt.meta.v1.AllocateIDRangeOp
-	36, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
+	37, // 7: basalt.meta.v1.ScmCommand.add_delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksRequest
 	10, // 8: basalt.meta.v1.ScmCommand.purge_delete_txs:type_name -> basalt.meta.v1.PurgeDeleteTxsOp
 	11, // 9: basalt.meta.v1.ScmCommand.replicas_unhealthy:type_name -> basalt.meta.v1.ReplicasUnhealthyOp
 	12, // 10: basalt.meta.v1.ScmCommand.replica_added:type_name -> basalt.meta.v1.ReplicaAddedOp
 	13, // 11: basalt.meta.v1.ScmCommand.replicas_removed:type_name -> basalt.meta.v1.ReplicasRemovedOp
-	1,  // 12: basalt.meta.v1.ScmCommand.set_node_op_state:type_name -> basalt.meta.v1.SetNodeOpStateOp
-	2,  // 13: basalt.meta.v1.ScmCommand.replica_reports:type_name -> basalt.meta.v1.ReplicaReportsOp
-	29, // 14: basalt.meta.v1.ScmCommand.safe_mode_exited:type_name -> basalt.meta.v1.SafeModeExitedOp
-	30, // 15: basalt.meta.v1.ScmCommand.secret_keys:type_name -> basalt.meta.v1.SecretKeysOp
-	31, // 16: basalt.meta.v1.ScmCommand.cache_pool:type_name -> basalt.meta.v1.CachePoolOp
-	32, // 17: basalt.meta.v1.ScmCommand.cache_directive:type_name -> basalt.meta.v1.CacheDirectiveOp
-	37, // 18: basalt.meta.v1.SetNodeOpStateOp.state:type_name -> basalt.meta.v1.NodeOpState
-	37, // 19: basalt.meta.v1.SetNodeOpStateOp.expect:type_name -> basalt.meta.v1.NodeOpState
-	38, // 20: basalt.meta.v1.ReplicaReportsOp.reports:type_name -> basalt.meta.v1.CorruptReplica
-	39, // 21: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
-	40, // 22: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
-	14, // 23: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
-	41, // 24: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
-	42, // 25: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
-	43, // 26: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
-	44, // 27: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
-	18, // 28: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
-	19, // 29: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
-	45, // 30: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
-	46, // 31: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
-	47, // 32: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
-	48, // 33: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
-	20, // 34: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
-	22, // 35: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
-	23, // 36: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
-	49, // 37: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
-	21, // 38: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
-	50, // 39: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
-	51, // 40: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
-	52, // 41: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
-	53, // 42: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
-	54, // 43: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
-	17, // 44: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
-	55, // 45: basalt.meta.v1.NsCommand.set_file_attrs:type_name -> basalt.meta.v1.SetFileAttrsRequest
-	56, // 46: basalt.meta.v1.NsCommand.set_acl:type_name -> basalt.meta.v1.SetAclRequest
-	57, // 47: basalt.meta.v1.NsCommand.set_bucket_policy:type_name -> basalt.meta.v1.BucketPolicy
-	58, // 48: basalt.meta.v1.NsCommand.set_public_access_block:type_name -> basalt.meta.v1.PublicAccessBlockConfig
-	33, // 49: basalt.meta.v1.NsCommand.open_keys:type_name -> basalt.meta.v1.OpenKeysOp
-	34, // 50: basalt.meta.v1.NsCommand.commit_keys:type_name -> basalt.meta.v1.CommitKeysOp
-	35, // 51: basalt.meta.v1.NsCommand.reserve_blocks:type_name -> basalt.meta.v1.ReserveBlocksOp
-	59, // 52: basalt.meta.v1.NsCommand.layout:type_name -> basalt.meta.v1.LayoutOp
-	60, // 53: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	61, // 54: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	61, // 55: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	62, // 56: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	40, // 57: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	63, // 58: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	64, // 59: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	64, // 60: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	65, // 61: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	66, // 62: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
-	67, // 63: basalt.meta.v1.FsEntry.acls:type_name -> basalt.meta.v1.Acl
-	37, // 64: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
-	68, // 65: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
-	69, // 66: basalt.meta.v1.CachePoolOp.pool:type_name -> basalt.meta.v1.CachePool
-	70, // 67: basalt.meta.v1.CacheDirectiveOp.directive:type_name -> basalt.meta.v1.CacheDirective
-	18, // 68: basalt.meta.v1.OpenKeysOp.opens:type_name -> basalt.meta.v1.OpenKeyOp
-	45, // 69: basalt.meta.v1.CommitKeysOp.commits:type_name -> basalt.meta.v1.CommitKeyRequest
-	40, // 70: basalt.meta.v1.ReserveBlocksOp.replication:type_name -> basalt.meta.v1.Replication
-	63, // 71: basalt.meta.v1.ReserveBlocksOp.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	64, // 72: basalt.meta.v1.ReserveBlocksOp.blocks:type_name -> basalt.meta.v1.BlockID
-	73, // [73:73] is the sub-list for method output_type
-	73, // [73:73] is the sub-list for method input_type
-	73, // [73:73] is the sub-list for extension type_name
-	73, // [73:73] is the sub-list for extension extendee
-	0,  // [0:73] is the sub-list for field type_name
+	14, // 12: basalt.meta.v1.ScmCommand.replica_recovered:type_name -> basalt.meta.v1.ReplicaRecoveredOp
+	1,  // 13: basalt.meta.v1.ScmCommand.set_node_op_state:type_name -> basalt.meta.v1.SetNodeOpStateOp
+	2,  // 14: basalt.meta.v1.ScmCommand.replica_reports:type_name -> basalt.meta.v1.ReplicaReportsOp
+	30, // 15: basalt.meta.v1.ScmCommand.safe_mode_exited:type_name -> basalt.meta.v1.SafeModeExitedOp
+	31, // 16: basalt.meta.v1.ScmCommand.secret_keys:type_name -> basalt.meta.v1.SecretKeysOp
+	32, // 17: basalt.meta.v1.ScmCommand.cache_pool:type_name -> basalt.meta.v1.CachePoolOp
+	33, // 18: basalt.meta.v1.ScmCommand.cache_directive:type_name -> basalt.meta.v1.CacheDirectiveOp
+	38, // 19: basalt.meta.v1.SetNodeOpStateOp.state:type_name -> basalt.meta.v1.NodeOpState
+	38, // 20: basalt.meta.v1.SetNodeOpStateOp.expect:type_name -> basalt.meta.v1.NodeOpState
+	39, // 21: basalt.meta.v1.ReplicaReportsOp.reports:type_name -> basalt.meta.v1.CorruptReplica
+	40, // 22: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
+	41, // 23: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
+	15, // 24: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
+	42, // 25: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
+	43, // 26: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
+	44, // 27: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
+	45, // 28: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
+	19, // 29: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
+	20, // 30: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
+	46, // 31: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
+	47, // 32: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
+	48, // 33: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
+	49, // 34: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
+	21, // 35: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
+	23, // 36: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
+	24, // 37: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
+	50, // 38: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
+	22, // 39: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
+	51, // 40: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
+	52, // 41: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
+	53, // 42: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
+	54, // 43: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
+	55, // 44: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
+	18, // 45: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
+	56, // 46: basalt.meta.v1.NsCommand.set_file_attrs:type_name -> basalt.meta.v1.SetFileAttrsRequest
+	57, // 47: basalt.meta.v1.NsCommand.set_acl:type_name -> basalt.meta.v1.SetAclRequest
+	58, // 48: basalt.meta.v1.NsCommand.set_bucket_policy:type_name -> basalt.meta.v1.BucketPolicy
+	59, // 49: basalt.meta.v1.NsCommand.set_public_access_block:type_name -> basalt.meta.v1.PublicAccessBlockConfig
+	34, // 50: basalt.meta.v1.NsCommand.open_keys:type_name -> basalt.meta.v1.OpenKeysOp
+	35, // 51: basalt.meta.v1.NsCommand.commit_keys:type_name -> basalt.meta.v1.CommitKeysOp
+	36, // 52: basalt.meta.v1.NsCommand.reserve_blocks:type_name -> basalt.meta.v1.ReserveBlocksOp
+	60, // 53: basalt.meta.v1.NsCommand.layout:type_name -> basalt.meta.v1.LayoutOp
+	61, // 54: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	62, // 55: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	62, // 56: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	63, // 57: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	41, // 58: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	64, // 59: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	65, // 60: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	65, // 61: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	66, // 62: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	67, // 63: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
+	68, // 64: basalt.meta.v1.FsEntry.acls:type_name -> basalt.meta.v1.Acl
+	38, // 65: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
+	69, // 66: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
+	70, // 67: basalt.meta.v1.CachePoolOp.pool:type_name -> basalt.meta.v1.CachePool
+	71, // 68: basalt.meta.v1.CacheDirectiveOp.directive:type_name -> basalt.meta.v1.CacheDirective
+	19, // 69: basalt.meta.v1.OpenKeysOp.opens:type_name -> basalt.meta.v1.OpenKeyOp
+	46, // 70: basalt.meta.v1.CommitKeysOp.commits:type_name -> basalt.meta.v1.CommitKeyRequest
+	41, // 71: basalt.meta.v1.ReserveBlocksOp.replication:type_name -> basalt.meta.v1.Replication
+	64, // 72: basalt.meta.v1.ReserveBlocksOp.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	65, // 73: basalt.meta.v1.ReserveBlocksOp.blocks:type_name -> basalt.meta.v1.BlockID
+	74, // [74:74] is the sub-list for method output_type
+	74, // [74:74] is the sub-list for method input_type
+	74, // [74:74] is the sub-list for extension type_name
+	74, // [74:74] is the sub-list for extension extendee
+	0,  // [0:74] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -3257,6 +3356,7 @@ func file_meta_command_proto_init() {
 		(*ScmCommand_ReplicasUnhealthy)(nil),
 		(*ScmCommand_ReplicaAdded)(nil),
 		(*ScmCommand_ReplicasRemoved)(nil),
+		(*ScmCommand_ReplicaRecovered)(nil),
 		(*ScmCommand_SetNodeOpState)(nil),
 		(*ScmCommand_ReplicaReports)(nil),
 		(*ScmCommand_SafeModeExited)(nil),
@@ -3264,7 +3364,7 @@ func file_meta_command_proto_init() {
 		(*ScmCommand_CachePool)(nil),
 		(*ScmCommand_CacheDirective)(nil),
 	}
-	file_meta_command_proto_msgTypes[16].OneofWrappers = []any{
+	file_meta_command_proto_msgTypes[17].OneofWrappers = []any{
 		(*NsCommand_CreateVolume)(nil),
 		(*NsCommand_DeleteVolume)(nil),
 		(*NsCommand_CreateBucket)(nil),
@@ -3301,7 +3401,7 @@ func file_meta_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_command_proto_rawDesc), len(file_meta_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   36,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

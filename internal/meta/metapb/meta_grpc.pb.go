@@ -47,6 +47,7 @@ const (
 	Scm_ModifyCacheDirective_FullMethodName = "/basalt.meta.v1.Scm/ModifyCacheDirective"
 	Scm_RemoveCacheDirective_FullMethodName = "/basalt.meta.v1.Scm/RemoveCacheDirective"
 	Scm_ListCacheDirectives_FullMethodName  = "/basalt.meta.v1.Scm/ListCacheDirectives"
+	Scm_RecoverContainer_FullMethodName     = "/basalt.meta.v1.Scm/RecoverContainer"
 )
 
 // ScmClient is the client API for Scm service.
@@ -87,6 +88,11 @@ type ScmClient interface {
 	ModifyCacheDirective(ctx context.Context, in *CacheDirective, opts ...grpc.CallOption) (*CacheDirective, error)
 	RemoveCacheDirective(ctx context.Context, in *RemoveCacheDirectiveRequest, opts ...grpc.CallOption) (*RemoveCacheDirectiveResponse, error)
 	ListCacheDirectives(ctx context.Context, in *ListCacheDirectivesRequest, opts ...grpc.CallOption) (*ListCacheDirectivesResponse, error)
+	// Brings back a container whose replicas went UNHEALTHY by a
+	// deterministic apply bug (admins only; docs/ARCHITECTURE.md, "Operator
+	// path for a deterministic apply bug"). The first call starts it; every
+	// call answers its progress.
+	RecoverContainer(ctx context.Context, in *RecoverContainerRequest, opts ...grpc.CallOption) (*RecoverContainerResponse, error)
 }
 
 type scmClient struct {
@@ -317,6 +323,16 @@ func (c *scmClient) ListCacheDirectives(ctx context.Context, in *ListCacheDirect
 	return out, nil
 }
 
+func (c *scmClient) RecoverContainer(ctx context.Context, in *RecoverContainerRequest, opts ...grpc.CallOption) (*RecoverContainerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RecoverContainerResponse)
+	err := c.cc.Invoke(ctx, Scm_RecoverContainer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ScmServer is the server API for Scm service.
 // All implementations must embed UnimplementedScmServer
 // for forward compatibility.
@@ -355,6 +371,11 @@ type ScmServer interface {
 	ModifyCacheDirective(context.Context, *CacheDirective) (*CacheDirective, error)
 	RemoveCacheDirective(context.Context, *RemoveCacheDirectiveRequest) (*RemoveCacheDirectiveResponse, error)
 	ListCacheDirectives(context.Context, *ListCacheDirectivesRequest) (*ListCacheDirectivesResponse, error)
+	// Brings back a container whose replicas went UNHEALTHY by a
+	// deterministic apply bug (admins only; docs/ARCHITECTURE.md, "Operator
+	// path for a deterministic apply bug"). The first call starts it; every
+	// call answers its progress.
+	RecoverContainer(context.Context, *RecoverContainerRequest) (*RecoverContainerResponse, error)
 	mustEmbedUnimplementedScmServer()
 }
 
@@ -430,6 +451,9 @@ func (UnimplementedScmServer) RemoveCacheDirective(context.Context, *RemoveCache
 }
 func (UnimplementedScmServer) ListCacheDirectives(context.Context, *ListCacheDirectivesRequest) (*ListCacheDirectivesResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListCacheDirectives not implemented")
+}
+func (UnimplementedScmServer) RecoverContainer(context.Context, *RecoverContainerRequest) (*RecoverContainerResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RecoverContainer not implemented")
 }
 func (UnimplementedScmServer) mustEmbedUnimplementedScmServer() {}
 func (UnimplementedScmServer) testEmbeddedByValue()             {}
@@ -848,6 +872,24 @@ func _Scm_ListCacheDirectives_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scm_RecoverContainer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecoverContainerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ScmServer).RecoverContainer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scm_RecoverContainer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ScmServer).RecoverContainer(ctx, req.(*RecoverContainerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Scm_ServiceDesc is the grpc.ServiceDesc for Scm service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -942,6 +984,10 @@ var Scm_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListCacheDirectives",
 			Handler:    _Scm_ListCacheDirectives_Handler,
+		},
+		{
+			MethodName: "RecoverContainer",
+			Handler:    _Scm_RecoverContainer_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

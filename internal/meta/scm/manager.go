@@ -186,6 +186,7 @@ type Manager struct {
 	// reason, not yet recorded through Raft (Tick does). Allocation skips
 	// their containers at once.
 	unhealthy map[uint64]map[uint64]string
+	recov     map[uint64]*recovery // containers being recovered (recover.go)
 	// purgeCursor: the last delete tx the purge round looked at.
 	purgeCursor uint64
 	// repl: the replication manager's schedule and last round.
@@ -266,6 +267,7 @@ func (m *Manager) syncLeadership() bool {
 	m.full = map[uint64]bool{}
 	m.acked = map[uint64]map[uint64]bool{}
 	m.unhealthy = map[uint64]map[uint64]string{}
+	m.recov = map[uint64]*recovery{}
 	m.purgeCursor = 0
 	m.repl = newReplSoft()
 	m.safeMode = true
@@ -570,6 +572,7 @@ func (m *Manager) commandsFor(dn uint64, n *nodeSoft, now time.Time) []*metapb.D
 	}
 	cmds = m.closeUnreportedLocked(dn, n, due, cmds)
 	cmds = m.replicationCommandsLocked(dn, n, due, cmds)
+	cmds = m.recoverCommandsLocked(dn, n, now, due, cmds)
 	// Delete-block transactions for containers this datanode holds, from
 	// its cursor on: a bounded slice of the pending transactions per
 	// heartbeat, wrapping around at the end, so every pending transaction
@@ -783,6 +786,9 @@ func (m *Manager) Tick(ctx context.Context) error {
 		m.mu.Unlock()
 	}
 
+	if err := m.recoverRound(ctx); err != nil {
+		return err
+	}
 	if !safe && !m.st.SafeModeExited() {
 		if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_SafeModeExited{SafeModeExited: &metapb.SafeModeExitedOp{}}}); err != nil {
 			return err

@@ -24,12 +24,14 @@ type fakeRaft struct {
 	st     *State
 	idx    uint64
 	leader bool
+	props  [][]byte // every proposed command, in order
 }
 
 func (f *fakeRaft) Propose(_ context.Context, cmd []byte) (any, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.idx++
+	f.props = append(f.props, cmd)
 	r := f.st.Apply([]store.Entry{{Index: f.idx, Cmd: cmd}})[0]
 	if err, ok := r.(error); ok {
 		return nil, err

@@ -389,6 +389,8 @@ func (s *State) apply(b *pebble.Batch, cmd *metapb.ScmCommand) any {
 		return s.applyReplicaAdded(b, op.ReplicaAdded)
 	case *metapb.ScmCommand_ReplicasRemoved:
 		return s.applyReplicasRemoved(b, op.ReplicasRemoved)
+	case *metapb.ScmCommand_ReplicaRecovered:
+		return s.applyReplicaRecovered(b, op.ReplicaRecovered)
 	case *metapb.ScmCommand_SetNodeOpState:
 		return s.applySetNodeOpState(b, op.SetNodeOpState, now)
 	case *metapb.ScmCommand_ReplicaReports:

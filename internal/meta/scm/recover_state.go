@@ -1,0 +1,37 @@
+package scm
+
+import (
+	"slices"
+
+	"github.com/cockroachdb/pebble/v2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+)
+
+// applyReplicaRecovered takes a recovered replica off its container's
+// unhealthy_replicas (basalt admin container recover, recover.go) and
+// drops the reports against it (its datanode verified every committed
+// block before it reported the replica CLOSED). It returns whether the
+// record changed: a repeat changes nothing. The leader checked the
+// replica's report and BCSID; Apply re-checks what the state shows.
+func (s *State) applyReplicaRecovered(b *pebble.Batch, op *metapb.ReplicaRecoveredOp) any {
+	c := s.containers[op.ContainerId]
+	if c == nil {
+		return status.Errorf(codes.NotFound, "replica recovered: container %d not found", op.ContainerId)
+	}
+	if c.State == metapb.ContainerState_CONTAINER_OPEN {
+		return status.Errorf(codes.FailedPrecondition, "replica recovered: container %d is OPEN", c.Id)
+	}
+	if !slices.Contains(c.Replicas, op.DatanodeId) || !slices.Contains(c.UnhealthyReplicas, op.DatanodeId) {
+		return false
+	}
+	s.dropReports(b, c.Id, op.DatanodeId)
+	c = proto.Clone(c).(*metapb.Container)
+	c.UnhealthyReplicas = slices.DeleteFunc(c.UnhealthyReplicas, func(r uint64) bool { return r == op.DatanodeId })
+	s.setContainer(c)
+	s.put(b, key(pfxContainer, c.Id), c)
+	return true
+}
