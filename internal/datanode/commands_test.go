@@ -2,11 +2,18 @@ package datanode_test
 
 import (
 	"context"
+	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	pvfs "github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/basalt-store/basalt/internal/cluster"
+	"github.com/basalt-store/basalt/internal/datanode"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // TestSlowCommandKeepsHeartbeats: a command from a heartbeat answer that
@@ -185,5 +192,98 @@ func TestCommandsRunInOrderOneAtATime(t *testing.T) {
 	}
 	if st := dn.CommandStats(); st.Abandoned < 4 || st.Waiting != 0 {
 		t.Fatalf("stats after Close %+v: want the 4 queued commands abandoned", st)
+	}
+}
+
+// slowSaveFS makes the sync of the datanode's pipelines.json take delay
+// while armed.
+type slowSaveFS struct {
+	vfs.FS
+	file  string
+	delay time.Duration
+	armed atomic.Bool
+	slow  atomic.Int32
+}
+
+func (f *slowSaveFS) Create(name string, cat pvfs.DiskWriteCategory) (pvfs.File, error) {
+	file, err := f.FS.Create(name, cat)
+	if err != nil || name != f.file+".tmp" || !f.armed.Load() {
+		return file, err
+	}
+	return &slowSyncFile{File: file, fs: f}, nil
+}
+
+type slowSyncFile struct {
+	pvfs.File
+	fs *slowSaveFS
+}
+
+func (f *slowSyncFile) Sync() error {
+	f.fs.slow.Add(1)
+	time.Sleep(f.fs.delay)
+	return f.File.Sync()
+}
+
+// TestSlowPipelinesSaveKeepsHeartbeats: leaving a pipeline writes
+// pipelines.json with an fsync; on a slow data-directory disk (here 3 s,
+// above SCM's 2 s stale interval) that write no longer holds the lock
+// heartbeats take, so SCM never sees the datanode STALE. Before, the file
+// was written under d.mu and the heartbeat waited for it.
+func TestSlowPipelinesSaveKeepsHeartbeats(t *testing.T) {
+	var slow *slowSaveFS
+	e := startEnvWith(t, func(c *cluster.Config) {
+		c.DatanodeConfig = func(i int, dc *datanode.Config) {
+			if i == 0 {
+				fs := dc.FS
+				if fs == nil {
+					fs = vfs.Default
+				}
+				slow = &slowSaveFS{FS: fs, file: filepath.Join(dc.DataDir, "pipelines.json"), delay: 3 * time.Second}
+				dc.FS = slow
+			}
+		}
+	})
+	e.block() // pipelines open
+	dn := e.c.Datanode(0)
+	slow.armed.Store(true)
+	victim := e.c.Datanode(1).ID()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := e.mc.Scm.SetDatanodeOpState(ctx, &metapb.SetDatanodeOpStateRequest{DatanodeId: victim, State: metapb.NodeOpState_DECOMMISSIONING}); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		started time.Time
+		worst   time.Duration
+	)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("datanode %d wrote no slow pipelines.json within 30 s of the decommission", dn.ID())
+		}
+		if slow.slow.Load() > 0 && started.IsZero() {
+			started = time.Now()
+		}
+		resp, err := e.mc.Scm.ListDatanodes(ctx, &metapb.ListDatanodesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range resp.GetDatanodes() {
+			if d.GetDetails().GetId() != dn.ID() {
+				continue
+			}
+			if d.GetState() != metapb.NodeState_HEALTHY {
+				t.Fatalf("datanode %d is %v to SCM while it writes pipelines.json slowly", dn.ID(), d.GetState())
+			}
+			if !started.IsZero() {
+				worst = max(worst, time.Since(time.UnixMilli(d.GetLastHeartbeatUnixMs())))
+			}
+		}
+		if !started.IsZero() && time.Since(started) > 4*time.Second {
+			break
+		}
+	}
+	t.Logf("longest heartbeat gap SCM saw during slow pipelines.json writes: %v (%d slow writes)", worst, slow.slow.Load())
+	if worst > 1500*time.Millisecond {
+		t.Fatalf("SCM heard nothing from datanode %d for %v while pipelines.json was written", dn.ID(), worst)
 	}
 }

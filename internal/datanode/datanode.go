@@ -197,6 +197,7 @@ type Datanode struct {
 	scrubMetrics                 []prometheus.Collector
 	cmds                         *cmdQueue                                     // SCM's commands from heartbeats (commands.go)
 	commandHook                  atomic.Pointer[func(*metapb.DatanodeCommand)] // tests: runs before each command
+	saveMu                       sync.Mutex                                    // orders pipelines.json writes (savePipelines)
 	volChecksOK, volChecksFailed atomic.Uint64
 
 	cache *blockCache   // cache tier (cache.go); nil without one
@@ -566,7 +567,24 @@ type savedPipelines struct {
 	Pipelines []json.RawMessage `json:"pipelines"`
 }
 
-func (d *Datanode) savePipelinesLocked() error {
+// savePipelines writes the pipeline list (pipelines.json) as it is now.
+// The file is written and synced outside d.mu, which heartbeats take
+// (a slow data-directory disk must not hold them up, see commands.go);
+// saveMu orders the writes, each with the list as of its own snapshot,
+// so the file never goes back to an older list.
+func (d *Datanode) savePipelines() error {
+	d.saveMu.Lock()
+	defer d.saveMu.Unlock()
+	d.mu.Lock()
+	b, err := d.pipelinesJSONLocked()
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return vfs.WriteFileAtomic(d.cfg.FS, d.pipelinesFile(), b)
+}
+
+func (d *Datanode) pipelinesJSONLocked() ([]byte, error) {
 	ids := make([]uint64, 0, len(d.pipelines))
 	for id := range d.pipelines {
 		ids = append(ids, id)
@@ -576,11 +594,11 @@ func (d *Datanode) savePipelinesLocked() error {
 	for _, id := range ids {
 		b, err := protoJSON(d.pipelines[id])
 		if err != nil {
-			return err
+			return nil, err
 		}
 		sp.Pipelines = append(sp.Pipelines, b)
 	}
-	return vfs.WriteFileAtomic(d.cfg.FS, d.pipelinesFile(), mustJSON(sp))
+	return mustJSON(sp), nil
 }
 
 func (d *Datanode) restorePipelines() error {
@@ -633,11 +651,11 @@ func (d *Datanode) joinPipeline(p *metapb.Pipeline, members []*metapb.DatanodeDe
 		return err
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.sms[p.GetId()] = sm
 	d.pipelines[p.GetId()] = p
 	d.pipelineJoinedLocked(p.GetId())
-	return d.savePipelinesLocked()
+	d.mu.Unlock()
+	return d.savePipelines()
 }
 
 func (d *Datanode) leavePipeline(id uint64) error {
@@ -646,9 +664,8 @@ func (d *Datanode) leavePipeline(id uint64) error {
 	d.pipesLeft.add(id)
 	if !ok {
 		delete(d.pipelines, id)
-		err := d.savePipelinesLocked()
 		d.mu.Unlock()
-		return err
+		return d.savePipelines()
 	}
 	d.mu.Unlock()
 	// Stop applying first (no Apply runs beside the removal of the
@@ -674,9 +691,8 @@ func (d *Datanode) leavePipeline(id uint64) error {
 	delete(d.sms, id)
 	delete(d.pipelines, id)
 	d.leftSick.add(sick)
-	err := d.savePipelinesLocked()
 	d.mu.Unlock()
-	if err != nil {
+	if err := d.savePipelines(); err != nil {
 		// Still listed on disk: a restart rejoins it (from its kept log).
 		return err
 	}
