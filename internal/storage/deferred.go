@@ -3,7 +3,9 @@ package storage
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -163,6 +165,9 @@ func (s *Store) startDeferrer(v *volume) {
 	v.defer_ = d
 	go func() {
 		defer close(d.done)
+		// A panic here fails the volume, not the process; the pending
+		// writes keep their keys, which the next Open replays.
+		defer s.guardVolume(v, "the deferred-write flusher")
 		t := time.NewTicker(deferFlushEvery)
 		defer t.Stop()
 		for {
@@ -236,7 +241,16 @@ func (s *Store) flushDeferred(v *volume) {
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
-			err := f()
+			var err error
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						err = fmt.Errorf("storage: panic in a deferred-write sync: %v", p)
+						s.opts.Logf("storage: volume %s: panic in a deferred-write sync: %v\n%s", v.path, p, debug.Stack())
+					}
+				}()
+				err = f()
+			}()
 			<-sem
 			if err != nil && !errors.Is(err, os.ErrNotExist) {
 				mu.Lock()
@@ -287,7 +301,7 @@ func (s *Store) flushDeferred(v *volume) {
 		s.mu.RUnlock()
 		// Not synced: a deletion lost in a crash only makes Open write
 		// the same bytes into the file again.
-		firstErr = b.Commit(pebble.NoSync)
+		firstErr = v.commit(b, pebble.NoSync)
 		b.Close()
 		if firstErr == nil {
 			for _, k := range mine {
@@ -362,7 +376,7 @@ func (s *Store) replayDeferred(v *volume, keys [][]byte, vals [][]byte) error {
 		b.Delete(k, nil)
 	}
 	s.opts.Logf("storage: volume %s: %d deferred writes replayed into their block files", v.path, len(keys))
-	return b.Commit(pebble.Sync)
+	return v.commit(b, pebble.Sync)
 }
 
 // deferrable reports whether ob's unsynced data is all chunks that keep

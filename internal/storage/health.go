@@ -71,7 +71,7 @@ func (s *Store) CheckVolumes(timeout time.Duration) []VolumeCheck {
 		running[i] = true
 		go func() {
 			start := time.Now()
-			err := v.probe()
+			err := v.guardedProbe()
 			v.probing.Store(false)
 			done <- result{i, err, time.Since(start)}
 		}()
@@ -100,6 +100,17 @@ func (s *Store) CheckVolumes(timeout time.Duration) []VolumeCheck {
 		}
 	}
 	return out
+}
+
+// guardedProbe is probe on its own goroutine: a panic in it fails the
+// probe (so the volume), not the process.
+func (v *volume) guardedProbe() (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic in the probe: %v", p)
+		}
+	}()
+	return v.probe()
 }
 
 // probe creates, writes, syncs, reads back and removes the probe file.

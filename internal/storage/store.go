@@ -208,6 +208,10 @@ type Store struct {
 
 	openBlocks atomic.Int64 // blocks with uncommitted writes, all containers
 
+	// volumeFatals counts the volumes failed by a fatal error of their
+	// metadata store or a panic on a storage goroutine (fatal.go).
+	volumeFatals atomic.Uint64
+
 	pcache *pebble.Cache // while Open runs: the volumes' shared block cache
 
 	// testHook, if set (tests only), runs at the points testPoint names,
@@ -239,6 +243,12 @@ type volume struct {
 
 	failed  atomic.Bool
 	probing atomic.Bool // a health check probe is running (health.go)
+	// wedged: the DB met a fatal error (fatal.go) and is never called
+	// again, nor closed; set before failed. fatalLogged: the fatal error
+	// (or a panic on a storage goroutine of the volume) was logged and
+	// counted. log is the DB's logger.
+	wedged, fatalLogged atomic.Bool
+	log                 *FatalLogger
 	mu      sync.Mutex
 	failErr error
 
@@ -400,11 +410,11 @@ func Open(opts Options) (*Store, error) {
 	return s, nil
 }
 
-type quietLogger struct{ logf func(string, ...any) }
-
-func (quietLogger) Infof(string, ...any)        {}
-func (l quietLogger) Errorf(f string, a ...any) { l.logf("pebble: "+f, a...) }
-func (l quietLogger) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+// VolumeFatals counts the volumes failed by a fatal error of their
+// metadata store (Pebble's Fatalf) or a panic on one of storage's
+// background goroutines since Open: each such volume is failed (reported
+// as the health check's failures are) and the others go on.
+func (s *Store) VolumeFatals() uint64 { return s.volumeFatals.Load() }
 
 // The volumes' Pebble stores share one block cache: 64 MiB for the
 // first volume and 32 MiB for each other, at most 512 MiB (a cache per
@@ -517,7 +527,7 @@ func sharedCacheSize(volumes int) int64 {
 	return min(pebbleCacheSize+int64(max(volumes-1, 0))*pebbleCachePerVolume, pebbleCacheMax)
 }
 
-func (s *Store) openVolume(v *volume) error {
+func (s *Store) openVolume(v *volume) (err error) {
 	root := filepath.Join(v.path, "basalt")
 	if err := vfs.MkdirAllSync(v.fs, filepath.Join(root, "meta")); err != nil {
 		return err
@@ -525,7 +535,6 @@ func (s *Store) openVolume(v *volume) error {
 	// Before Pebble opens (the volume's, and a backend's own): on a full
 	// disk Pebble's open waits forever for a flush it cannot write, so the
 	// ballast goes first.
-	var err error
 	v.space, err = vfs.OpenSpace(v.fs, root, vfs.SpaceOptions{
 		Reserve:     s.reserve(),
 		Ballast:     s.opts.BallastBytes,
@@ -540,10 +549,14 @@ func (s *Store) openVolume(v *volume) error {
 		return err
 	}
 	v.files = files
+	v.log = &FatalLogger{Prefix: "pebble: ", Logf: s.opts.Logf, OnFatal: func(err *FatalError) { s.wedge(v, err) }}
 	po := &pebble.Options{
 		FS:     v.fs,
-		Logger: quietLogger{s.opts.Logf},
+		Logger: v.log,
 	}
+	// A Fatalf on this goroutine (Open's WAL replay, recovery's commits and
+	// iterators) fails the volume, not the process.
+	defer v.log.Catch(&err)
 	// Bloom filters: every new block's first write looks its record up
 	// (getOpen) and finds nothing; without filters each such miss reads
 	// an index block of every table whose key range covers it, and small
@@ -563,6 +576,9 @@ func (s *Store) openVolume(v *volume) error {
 	if err := s.recoverVolume(v); err != nil {
 		return err
 	}
+	if err := v.usable(); err != nil {
+		return err // wedged by a flush or compaction during recovery
+	}
 	if s.deferOK(v) {
 		s.startDeferrer(v)
 	}
@@ -580,7 +596,7 @@ func (s *Store) markUnhealthyLocked(c *container, why string) error {
 		return nil
 	}
 	c.rec.State = StateUnhealthy
-	return c.vol.db.Set(makeKey(c.id, kindContainer, idRecord), c.rec.encode(), pebble.Sync)
+	return c.vol.set(makeKey(c.id, kindContainer, idRecord), c.rec.encode(), pebble.Sync)
 }
 
 // Close makes written chunks durable (a clean shutdown keeps what the
@@ -618,7 +634,10 @@ func (s *Store) Close() error {
 		c.mu.Unlock()
 	}
 	for _, v := range s.volumes {
-		if v.db != nil {
+		// A wedged DB is left open: its Close would wait for a flush or
+		// compaction that Fatalf ended (fatal.go). Its files are released
+		// when the process exits.
+		if v.db != nil && !v.wedged.Load() {
 			if err := v.db.Close(); err != nil && first == nil && !v.failed.Load() {
 				first = err
 			}
@@ -726,7 +745,7 @@ func (s *Store) CreateContainer(cid ContainerID, o CreateOptions) (ContainerRepo
 	b := v.db.NewBatch()
 	b.Set(makeKey(cid, kindContainer, idRecord), c.rec.encode(), nil)
 	b.Set(makeKey(cid, kindContainer, idCounters), counters{}.encode(), nil)
-	if err := b.Commit(s.metaSync()); err != nil {
+	if err := v.commit(b, s.metaSync()); err != nil {
 		s.dropID(cid)
 		return ContainerReport{}, s.ioErr("create", c, 0, 0, err)
 	}
@@ -947,7 +966,7 @@ func (s *Store) lookupBlock(c *container, lid LocalID) (bd BlockData, found bool
 	binary.BigEndian.PutUint64(key[:], uint64(c.id))
 	key[8] = kindBlock
 	binary.BigEndian.PutUint64(key[9:], uint64(lid))
-	val, closer, err := c.vol.db.Get(key[:])
+	val, closer, err := c.vol.get(key[:])
 	if errors.Is(err, pebble.ErrNotFound) {
 		return BlockData{}, false, nil
 	}
@@ -964,7 +983,7 @@ func (s *Store) lookupBlock(c *container, lid LocalID) (bd BlockData, found bool
 
 // ListBlocks returns the committed blocks of a container with local IDs in
 // [start, ∞), at most limit of them (limit ≤ 0: 1000).
-func (s *Store) ListBlocks(cid ContainerID, start LocalID, limit int) ([]BlockData, error) {
+func (s *Store) ListBlocks(cid ContainerID, start LocalID, limit int) (_ []BlockData, err error) {
 	if limit <= 0 {
 		limit = 1000
 	}
@@ -972,13 +991,14 @@ func (s *Store) ListBlocks(cid ContainerID, start LocalID, limit int) ([]BlockDa
 	if err != nil {
 		return nil, err
 	}
-	it, err := c.vol.db.NewIter(&pebble.IterOptions{
+	it, err := c.vol.newIter(&pebble.IterOptions{
 		LowerBound: makeKey(cid, kindBlock, uint64(start)),
 		UpperBound: makeKey(cid, kindBlock+1, 0),
 	})
 	if err != nil {
 		return nil, s.ioErr("list blocks", c, 0, 0, err)
 	}
+	defer c.vol.log.Catch(&err) // a Fatalf while iterating (corruption)
 	defer it.Close()
 	var out []BlockData
 	for ok := it.First(); ok && len(out) < limit; ok = it.Next() {

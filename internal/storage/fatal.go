@@ -1,0 +1,237 @@
+package storage
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// A failing disk takes out its volume, not the datanode.
+//
+// Each volume has its own Pebble DB, and Pebble calls its Logger's Fatalf
+// where it cannot go on: a failed WAL write or sync ("fatal commit error",
+// on the committing goroutine: ours), a failed MANIFEST write, sync or
+// CURRENT update (from its flush and compaction goroutines: Pebble's own),
+// data corruption met by a read or compaction, and invariant violations.
+// Pebble's default Fatalf exits the process; a panic does the same on
+// Pebble's goroutines. FatalLogger instead fails only the volume:
+//
+//  1. OnFatal runs first (the volume is marked failed and its DB wedged:
+//     every storage path checks the mark before it touches the DB, and
+//     Close does not close a wedged DB, whose Close would wait forever for
+//     a flush that is never to finish).
+//  2. If the goroutine is inside one of our calls (a frame of this module
+//     is on its stack), Fatalf panics with a value that the call's guard
+//     (Catch) turns into an error wrapping ErrVolumeFailed: the request in
+//     flight gets an error, never success.
+//  3. Otherwise the goroutine is one of Pebble's own (flush, compaction,
+//     table stats): Fatalf ends it with runtime.Goexit, which runs its
+//     deferred calls (Pebble's flush and compaction release DB.mu and the
+//     MANIFEST lock by defer) without taking the process down. The DB is
+//     not called again until the next Open, which replays what is durable.
+//
+// Nothing is acknowledged from a wedged volume after the fatal error
+// (fsyncgate: after a failed fsync nothing on it is trusted to be durable).
+
+// FatalError is the cause recorded for a volume whose metadata store met a
+// fatal error; it matches ErrVolumeFailed.
+type FatalError struct {
+	Msg string
+}
+
+func (e *FatalError) Error() string        { return "pebble fatal error: " + e.Msg }
+func (e *FatalError) Is(target error) bool { return target == ErrVolumeFailed }
+
+// FatalLogger is the pebble.Logger of one volume's metadata store (the
+// volume's own DB, or a zoned backend's): see above. Its zero value is not
+// usable; OnFatal must be set.
+type FatalLogger struct {
+	// Prefix starts every Errorf line ("pebble: ").
+	Prefix string
+	// Logf reports Errorf lines; nil: discarded.
+	Logf func(format string, args ...any)
+	// OnFatal marks the volume failed; it runs once per Fatalf, before
+	// anything else, on the goroutine that called Fatalf, and must not
+	// call into the DB.
+	OnFatal func(err *FatalError)
+
+	fatals atomic.Uint64
+}
+
+var _ pebble.Logger = (*FatalLogger)(nil)
+
+// fatalPanic is the panic value of a Fatalf raised on our goroutine.
+type fatalPanic struct {
+	l   *FatalLogger
+	err *FatalError
+}
+
+func (l *FatalLogger) Infof(string, ...any) {}
+
+func (l *FatalLogger) Errorf(f string, a ...any) {
+	if l.Logf != nil {
+		l.Logf(l.Prefix+f, a...)
+	}
+}
+
+// Fatalf marks the volume failed, then panics (our goroutine: see Catch)
+// or ends the goroutine (Pebble's).
+func (l *FatalLogger) Fatalf(f string, a ...any) {
+	err := &FatalError{Msg: fmt.Sprintf(f, a...)}
+	l.fatals.Add(1)
+	l.OnFatal(err)
+	if fatalTestHook != nil {
+		fatalTestHook(err)
+	}
+	if onOurStack() {
+		panic(fatalPanic{l, err})
+	}
+	runtime.Goexit()
+}
+
+// Fatals counts the Fatalf calls met.
+func (l *FatalLogger) Fatals() uint64 { return l.fatals.Load() }
+
+// Catch, deferred directly by a function that calls into l's DB, turns a
+// Fatalf of l raised inside it into *errp (a *FatalError, which matches
+// ErrVolumeFailed). Any other panic goes on.
+func (l *FatalLogger) Catch(errp *error) {
+	if p := recover(); p != nil {
+		if fp, ok := p.(fatalPanic); ok && fp.l == l {
+			*errp = fp.err
+			return
+		}
+		panic(p)
+	}
+}
+
+// fatalTestHook, if set (tests only), runs in every Fatalf after OnFatal.
+var fatalTestHook func(*FatalError)
+
+// ourModule prefixes the functions of this module.
+const ourModule = "github.com/basalt-store/basalt/"
+
+// onOurStack reports whether the calling goroutine has a frame of this
+// module below Fatalf (its caller's callers): then it runs one of our calls
+// into Pebble, whose guard catches the panic. Pebble's own goroutines
+// (flush, compaction, table stats, cleaners) start in Pebble and call
+// nothing of ours that calls Fatalf back. Only Fatalf pays for the walk.
+func onOurStack() bool {
+	pcs := make([]uintptr, 64)
+	for {
+		n := runtime.Callers(3, pcs) // skip Callers, onOurStack, Fatalf
+		frames := runtime.CallersFrames(pcs[:n])
+		for {
+			fr, more := frames.Next()
+			if strings.HasPrefix(fr.Function, ourModule) && !strings.Contains(fr.Function, ".(*FatalLogger).") {
+				return true
+			}
+			if !more {
+				break
+			}
+		}
+		if n < len(pcs) {
+			return false
+		}
+		pcs = make([]uintptr, 2*len(pcs))
+	}
+}
+
+// wedge is v's OnFatal: v is failed with err, and its DB is not called
+// again.
+func (s *Store) wedge(v *volume, err *FatalError) {
+	v.wedged.Store(true) // before anything else
+	v.failed.Store(true)
+	if v.fatalLogged.CompareAndSwap(false, true) {
+		s.volumeFatals.Add(1)
+		s.opts.Logf("storage: volume %s FAILED: its metadata store met a fatal error (%v); its containers are reported UNHEALTHY, the other volumes go on", v.path, err)
+	}
+	v.fail(err, func(string, ...any) {}) // logged above
+}
+
+// usable returns nil if v's DB may be called, or the error that wedged it.
+func (v *volume) usable() error {
+	if !v.wedged.Load() {
+		return nil
+	}
+	if err := v.err(); err != nil {
+		return err
+	}
+	return &FatalError{Msg: "volume wedged"}
+}
+
+// The calls into a volume's DB. Each refuses a wedged volume and catches a
+// Fatalf raised inside it.
+
+func (v *volume) commit(b *pebble.Batch, wo *pebble.WriteOptions) (err error) {
+	if err := v.usable(); err != nil {
+		return err
+	}
+	defer v.log.Catch(&err)
+	return b.Commit(wo)
+}
+
+func (v *volume) set(k, val []byte, wo *pebble.WriteOptions) (err error) {
+	if err := v.usable(); err != nil {
+		return err
+	}
+	defer v.log.Catch(&err)
+	return v.db.Set(k, val, wo)
+}
+
+func (v *volume) deleteRange(lo, hi []byte, wo *pebble.WriteOptions) (err error) {
+	if err := v.usable(); err != nil {
+		return err
+	}
+	defer v.log.Catch(&err)
+	return v.db.DeleteRange(lo, hi, wo)
+}
+
+func (v *volume) logData(wo *pebble.WriteOptions) (err error) {
+	if err := v.usable(); err != nil {
+		return err
+	}
+	defer v.log.Catch(&err)
+	return v.db.LogData(nil, wo)
+}
+
+// get is DB.Get; the closer is nil when err is not.
+func (v *volume) get(k []byte) (val []byte, c io.Closer, err error) {
+	if err := v.usable(); err != nil {
+		return nil, nil, err
+	}
+	defer v.log.Catch(&err)
+	return v.db.Get(k)
+}
+
+func (v *volume) newIter(o *pebble.IterOptions) (it *pebble.Iterator, err error) {
+	if err := v.usable(); err != nil {
+		return nil, err
+	}
+	defer v.log.Catch(&err)
+	return v.db.NewIter(o)
+}
+
+// guardVolume runs a storage background goroutine's body for volume v: a
+// panic in it (a Fatalf of v's DB, or a bug) fails v instead of the
+// process, with the stack logged.
+func (s *Store) guardVolume(v *volume, what string) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	if fp, ok := p.(fatalPanic); ok && fp.l == v.log {
+		return // v is wedged already
+	}
+	err := fmt.Errorf("storage: panic in %s: %v", what, p)
+	s.opts.Logf("storage: volume %s FAILED: panic in %s: %v\n%s", v.path, what, p, debug.Stack())
+	if v.fatalLogged.CompareAndSwap(false, true) {
+		s.volumeFatals.Add(1)
+	}
+	v.fail(err, func(string, ...any) {})
+}

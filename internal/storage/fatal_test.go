@@ -1,0 +1,301 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/basalt-store/basalt/internal/vfs"
+)
+
+// A failing disk takes out its volume, not the datanode (fatal.go): a
+// fatal error of one volume's Pebble DB (on our goroutine or on Pebble's
+// own) or a panic on a storage goroutine fails that volume; the other
+// volume goes on, nothing after the failure is acknowledged from the
+// failed one, and a restart on a healthy disk finds what was durable.
+
+const (
+	fatalVol1 = "/v1"
+	fatalVol2 = "/v2"
+)
+
+// fatalRig is a two-volume store on a crashable FS with fault injection.
+type fatalRig struct {
+	cfs  *crashFS
+	ffs  *vfs.FaultFS
+	s    *Store
+	o    Options
+	mu   sync.Mutex
+	logs []string
+}
+
+func newFatalRig(t *testing.T) *fatalRig {
+	t.Helper()
+	r := &fatalRig{cfs: newCrashFS()}
+	r.ffs = vfs.NewFaultFS(r.cfs)
+	target := fatalVol1
+	r.o = Options{Volumes: []string{fatalVol1, fatalVol2}, FS: r.ffs, ContainerSize: 64 << 20, KeepUncommitted: true,
+		// Containers 1.. go to /v1, 101.. to /v2 (see create).
+		AvoidVolume: func(p string) bool { return p != target },
+		Logf: func(f string, a ...any) {
+			r.mu.Lock()
+			r.logs = append(r.logs, fmt.Sprintf(f, a...))
+			r.mu.Unlock()
+		}}
+	s, err := Open(r.o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.s = s
+	for _, cid := range []ContainerID{1, 101} {
+		target = fatalVol1
+		if cid > 100 {
+			target = fatalVol2
+		}
+		mustCreate(t, s, cid)
+		if rep, _ := s.Container(cid); rep.Volume != target {
+			t.Fatalf("container %d on %s, want %s", cid, rep.Volume, target)
+		}
+	}
+	return r
+}
+
+// logged counts the log lines containing sub.
+func (r *fatalRig) logged(sub string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, l := range r.logs {
+		if strings.Contains(l, sub) {
+			n++
+		}
+	}
+	return n
+}
+
+// closeWithin closes the store, failing if Close blocks (a wedged DB's
+// Close waits forever).
+func (r *fatalRig) closeWithin(t *testing.T, d time.Duration) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { r.s.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("Close still blocked after %v", d)
+	}
+}
+
+// waitFailed waits until volume i reads as failed.
+func waitFailed(t *testing.T, s *Store, i int, d time.Duration) VolumeReport {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		vr := s.Volumes()[i]
+		if vr.Failed {
+			return vr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("volume %s not failed after %v", vr.Path, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// checkSurvivor checks volume 2 still takes writes and serves reads, and
+// volume 1 refuses both, with its containers reported UNHEALTHY.
+func checkSurvivor(t *testing.T, s *Store, lid LocalID) {
+	t.Helper()
+	data := blockBytes(101, lid, 96<<10)
+	writeBlock(t, s, 101, lid, data, 32<<10, DefaultChecksum, uint64(lid))
+	if err := s.Sync(); err != nil && !errors.Is(err, ErrVolumeFailed) {
+		t.Fatalf("Sync: %v", err)
+	}
+	if err := s.SyncContainers([]ContainerID{101}); err != nil {
+		t.Fatalf("SyncContainers on the healthy volume: %v", err)
+	}
+	checkBlock(t, s, 101, lid, data)
+	checkBlock(t, s, 101, 1, blockBytes(101, 1, 96<<10))
+	if _, err := s.ReadChunk(1, 1, 0, 10); !errors.Is(err, ErrVolumeFailed) {
+		t.Fatalf("read on the failed volume: %v, want ErrVolumeFailed", err)
+	}
+	if _, err := tryWriteBlock(s, 1, lid, blockBytes(1, lid, 4096), 4096, DefaultChecksum, uint64(lid)); !errors.Is(err, ErrVolumeFailed) {
+		t.Fatalf("write on the failed volume: %v, want ErrVolumeFailed", err)
+	}
+	if rep, err := s.Container(1); err != nil || rep.State != StateUnhealthy {
+		t.Fatalf("container 1 on the failed volume: %v %v, want UNHEALTHY", rep.State, err)
+	}
+	if vr := s.Volumes()[1]; vr.Failed {
+		t.Fatalf("healthy volume reads as failed: %v", vr.Error)
+	}
+}
+
+// reopen opens a store on what a power loss leaves of the disks, with no
+// faults, and checks the durable blocks of both volumes.
+func (r *fatalRig) reopen(t *testing.T, durable1 []LocalID, lost1 []LocalID, durable2 []LocalID) {
+	t.Helper()
+	o := r.o
+	o.FS = r.cfs.Crash()
+	o.Logf = nil
+	s, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, vr := range s.Volumes() {
+		if vr.Failed {
+			t.Fatalf("volume %s failed after the restart: %s", vr.Path, vr.Error)
+		}
+	}
+	for _, lid := range durable1 {
+		checkBlock(t, s, 1, lid, blockBytes(1, lid, 96<<10))
+	}
+	for _, lid := range lost1 {
+		if _, err := s.GetBlock(1, lid); !errors.Is(err, ErrBlockNotFound) {
+			t.Fatalf("block 1/%d, whose commit failed, after the restart: %v", lid, err)
+		}
+	}
+	for _, lid := range durable2 {
+		checkBlock(t, s, 101, lid, blockBytes(101, lid, 96<<10))
+	}
+	// The recovered volume takes writes again.
+	writeBlock(t, s, 1, 50, blockBytes(1, 50, 96<<10), 32<<10, DefaultChecksum, 50)
+}
+
+// TestVolumeFatalWALSync: the WAL sync of volume 1's DB fails (EIO), so
+// Pebble's commit pipeline calls Fatalf on the committing goroutine. The
+// commit in flight gets ErrVolumeFailed (the old logger panicked there,
+// taking the process down), volume 1 reads as failed with the cause,
+// volume 2 goes on, and a restart recovers volume 1's durable blocks.
+func TestVolumeFatalWALSync(t *testing.T) {
+	r := newFatalRig(t)
+	s := r.s
+	writeBlock(t, s, 1, 1, blockBytes(1, 1, 96<<10), 32<<10, DefaultChecksum, 1)
+	writeBlock(t, s, 101, 1, blockBytes(101, 1, 96<<10), 32<<10, DefaultChecksum, 1)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	r.ffs.SetInject(func(op, path string) error {
+		if op == "sync" && strings.HasPrefix(path, fatalVol1+"/basalt/meta/") && strings.HasSuffix(path, ".log") {
+			return unix.EIO
+		}
+		return nil
+	})
+	// The block's chunks sync (block files are fine); its PutBlock's WAL
+	// sync fails.
+	_, err := tryWriteBlock(s, 1, 2, blockBytes(1, 2, 96<<10), 32<<10, DefaultChecksum, 2)
+	if !errors.Is(err, ErrVolumeFailed) {
+		t.Fatalf("write whose WAL sync failed: %v, want ErrVolumeFailed", err)
+	}
+	vr := waitFailed(t, s, 0, 10*time.Second)
+	if !strings.Contains(vr.Error, "fatal") || !strings.Contains(vr.Error, "input/output error") {
+		t.Fatalf("volume 1's error %q does not give the cause", vr.Error)
+	}
+	if !s.volumes[0].wedged.Load() {
+		t.Fatal("volume 1 not wedged")
+	}
+	if n := s.VolumeFatals(); n != 1 {
+		t.Fatalf("VolumeFatals = %d, want 1", n)
+	}
+	if n := r.logged("metadata store met a fatal error"); n != 1 {
+		t.Fatalf("fatal error logged %d times, want once", n)
+	}
+	checkSurvivor(t, s, 2)
+	// More commits on volume 1 never reach its DB.
+	if _, err := s.GetBlock(1, 1); !errors.Is(err, ErrVolumeFailed) {
+		t.Fatalf("GetBlock on the failed volume: %v", err)
+	}
+	if n := r.logged("metadata store met a fatal error"); n != 1 {
+		t.Fatalf("fatal error logged %d times, want once", n)
+	}
+	r.closeWithin(t, 30*time.Second)
+	r.ffs.SetInject(nil)
+	r.reopen(t, []LocalID{1}, []LocalID{2}, []LocalID{1, 2})
+}
+
+// TestVolumeFatalManifestSync: volume 1's MANIFEST sync fails during a
+// flush, on Pebble's own flush goroutine, where a panic cannot be
+// recovered (the old logger took the process down). Fatalf fails the
+// volume and ends that goroutine; volume 2 goes on, Close does not wait
+// for the flush that never finishes, and a restart replays volume 1's WAL.
+func TestVolumeFatalManifestSync(t *testing.T) {
+	r := newFatalRig(t)
+	s := r.s
+	writeBlock(t, s, 1, 1, blockBytes(1, 1, 96<<10), 32<<10, DefaultChecksum, 1)
+	writeBlock(t, s, 101, 1, blockBytes(101, 1, 96<<10), 32<<10, DefaultChecksum, 1)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	r.ffs.SetInject(func(op, path string) error {
+		if op == "sync" && strings.HasPrefix(path, fatalVol1+"/basalt/meta/MANIFEST") {
+			return unix.EIO
+		}
+		return nil
+	})
+	if _, err := s.volumes[0].db.AsyncFlush(); err != nil { // the flush runs on Pebble's goroutine
+		t.Fatal(err)
+	}
+	vr := waitFailed(t, s, 0, 30*time.Second)
+	if !strings.Contains(vr.Error, "MANIFEST sync failed") {
+		t.Fatalf("volume 1's error %q does not give the cause", vr.Error)
+	}
+	if n := s.VolumeFatals(); n != 1 {
+		t.Fatalf("VolumeFatals = %d, want 1", n)
+	}
+	checkSurvivor(t, s, 2)
+	r.closeWithin(t, 30*time.Second)
+	r.ffs.SetInject(nil)
+	r.reopen(t, []LocalID{1}, nil, []LocalID{1, 2})
+}
+
+// TestVolumeFatalBackgroundPanic: a panic on the deferred-write flusher of
+// volume 1 (a storage goroutine: it used to take the process down) fails
+// volume 1 only; its deferred writes stay in its WAL for the next Open.
+func TestVolumeFatalBackgroundPanic(t *testing.T) {
+	posixOnly(t) // deferred writes are the posix backend's
+	r := newFatalRig(t)
+	s := r.s
+	writeBlock(t, s, 101, 1, blockBytes(101, 1, 96<<10), 32<<10, DefaultChecksum, 1)
+	writeBlock(t, s, 1, 1, blockBytes(1, 1, 96<<10), 32<<10, DefaultChecksum, 1)
+	hook := func() { panic("injected panic in the flusher") }
+	s.volumes[0].defer_.afterSync.Store(&hook)
+	small := blockBytes(1, 3, 4<<10)
+	sum := DefaultChecksum.Compute(small)
+	if err := s.WriteChunk(1, 3, 0, small, sum, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(); err != nil { // durable in the WAL: a deferred write
+		t.Fatal(err)
+	}
+	if err := s.PutBlock(1, BlockData{LocalID: 3, Length: int64(len(small)), BCSID: 3,
+		Chunks: []ChunkInfo{{Offset: 0, Length: int64(len(small)), Checksum: sum}}}); err != nil {
+		t.Fatal(err)
+	}
+	vr := waitFailed(t, s, 0, 30*time.Second) // the flusher runs every 500 ms
+	if !strings.Contains(vr.Error, "injected panic") {
+		t.Fatalf("volume 1's error %q does not give the cause", vr.Error)
+	}
+	if n := r.logged("injected panic"); n != 1 {
+		t.Fatalf("panic logged %d times, want once", n)
+	}
+	if n := s.VolumeFatals(); n != 1 {
+		t.Fatalf("VolumeFatals = %d, want 1", n)
+	}
+	checkSurvivor(t, s, 2)
+	r.closeWithin(t, 30*time.Second)
+	o := r.o
+	o.FS = r.cfs.Crash()
+	o.Logf = nil
+	s2, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	checkBlock(t, s2, 1, 3, small)
+	checkBlock(t, s2, 1, 1, blockBytes(1, 1, 96<<10))
+}
