@@ -249,8 +249,8 @@ type volume struct {
 	// counted. log is the DB's logger.
 	wedged, fatalLogged atomic.Bool
 	log                 *FatalLogger
-	mu      sync.Mutex
-	failErr error
+	mu                  sync.Mutex
+	failErr             error
 
 	// deferredSeq counts the PutBlockDeferred commits made without a WAL
 	// sync; syncedSeq is the count a completed SyncCommits covered.
