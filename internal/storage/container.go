@@ -98,6 +98,7 @@ func (s *Store) Volumes() []VolumeReport {
 	s.mu.RUnlock()
 	var out []VolumeReport
 	for _, v := range s.volumes {
+		s.checkBackend(v)
 		r := VolumeReport{Path: v.path, Used: used[v], Containers: count[v], Reserved: s.reserve()}
 		if v.space != nil {
 			// Reports are periodic (heartbeats): the refresh also brings the

@@ -146,12 +146,41 @@ func onOurStack() bool {
 // again.
 func (s *Store) wedge(v *volume, err *FatalError) {
 	v.wedged.Store(true) // before anything else
+	s.fatalVolume(v, err)
+}
+
+// fatalVolume fails v for a fatal error of a metadata store (its own, or
+// its backend's), logging and counting it once.
+func (s *Store) fatalVolume(v *volume, err error) {
 	v.failed.Store(true)
 	if v.fatalLogged.CompareAndSwap(false, true) {
 		s.volumeFatals.Add(1)
 		s.opts.Logf("storage: volume %s FAILED: its metadata store met a fatal error (%v); its containers are reported UNHEALTHY, the other volumes go on", v.path, err)
 	}
 	v.fail(err, func(string, ...any) {}) // logged above
+}
+
+// backendFatal returns the fatal error of v's backend's own metadata
+// store (the zoned backend's Fatal), or nil.
+func backendFatal(v *volume) error {
+	if f, ok := v.files.(interface{ Fatal() error }); ok {
+		return f.Fatal()
+	}
+	return nil
+}
+
+// checkBackend fails v if its backend met a fatal error, and reports
+// whether this call failed it.
+func (s *Store) checkBackend(v *volume) bool {
+	if v.files == nil || v.failed.Load() {
+		return false
+	}
+	err := backendFatal(v)
+	if err == nil {
+		return false
+	}
+	s.fatalVolume(v, err)
+	return true
 }
 
 // usable returns nil if v's DB may be called, or the error that wedged it.

@@ -61,6 +61,10 @@ func (s *Store) CheckVolumes(timeout time.Duration) []VolumeCheck {
 	running := map[int]bool{}
 	for i, v := range s.volumes {
 		out[i].Path = v.path
+		if s.checkBackend(v) {
+			out[i].Failed, out[i].NewlyFailed, out[i].Err = true, true, v.err()
+			continue
+		}
 		if v.failed.Load() {
 			out[i].Failed, out[i].Err = true, v.err()
 			continue

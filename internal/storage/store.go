@@ -686,7 +686,11 @@ func (s *Store) ioErr(op string, c *container, lid LocalID, off int64, err error
 	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
 		return oErr(op, ErrDiskFull, c.id, lid, off, "", err).withVolume(c.vol.path)
 	}
-	c.vol.fail(err, s.opts.Logf)
+	if fe := (*FatalError)(nil); errors.As(err, &fe) {
+		s.fatalVolume(c.vol, err) // the backend's metadata store
+	} else {
+		c.vol.fail(err, s.opts.Logf)
+	}
 	return oErr(op, ErrVolumeFailed, c.id, lid, off, "", err).withVolume(c.vol.path)
 }
 
@@ -839,6 +843,7 @@ func (s *Store) pickVolume(need int64) (*volume, error) {
 	var bestAvoided bool
 	var reasons []string
 	for _, v := range s.volumes {
+		s.checkBackend(v)
 		if v.failed.Load() {
 			reasons = append(reasons, v.path+": failed")
 			continue
