@@ -205,6 +205,14 @@ func TestVolumeFatalWALSync(t *testing.T) {
 	if n := r.logged("metadata store met a fatal error"); n != 1 {
 		t.Fatalf("fatal error logged %d times, want once", n)
 	}
+	// The next health check reports it newly failed, once (a datanode
+	// then logs it at ERROR, reports soon and closes its replicas).
+	for round, want := range []bool{true, false} {
+		res := s.CheckVolumes(10 * time.Second)
+		if !res[0].Failed || res[0].NewlyFailed != want || res[1].Failed {
+			t.Fatalf("check %d: %+v, want volume 1 failed (newly: %v), volume 2 not", round, res, want)
+		}
+	}
 	checkSurvivor(t, s, 2)
 	// More commits on volume 1 never reach its DB.
 	if _, err := s.GetBlock(1, 1); !errors.Is(err, ErrVolumeFailed) {

@@ -19,7 +19,9 @@ type VolumeCheck struct {
 	Path string
 	// Failed: the volume is failed (now or before this check).
 	Failed bool
-	// NewlyFailed: this check failed it.
+	// NewlyFailed: this check failed it, or it was failed since the last
+	// check by a fatal error of its metadata store or a panic on a
+	// storage goroutine (fatal.go), reported by this check.
 	NewlyFailed bool
 	Err         error
 	Took        time.Duration
@@ -61,12 +63,15 @@ func (s *Store) CheckVolumes(timeout time.Duration) []VolumeCheck {
 	running := map[int]bool{}
 	for i, v := range s.volumes {
 		out[i].Path = v.path
-		if s.checkBackend(v) {
-			out[i].Failed, out[i].NewlyFailed, out[i].Err = true, true, v.err()
-			continue
-		}
+		s.checkBackend(v)
 		if v.failed.Load() {
 			out[i].Failed, out[i].Err = true, v.err()
+			// A volume failed by a fatal error of its metadata store (or
+			// a panic on a storage goroutine) since the last check is
+			// reported newly failed once, so the caller acts on it as on
+			// a failed probe (the datanode logs it at ERROR, counts it,
+			// reports soon and closes its replicas).
+			out[i].NewlyFailed = v.fatalLogged.Load() && v.fatalChecked.CompareAndSwap(false, true)
 			continue
 		}
 		if !v.probing.CompareAndSwap(false, true) {

@@ -248,6 +248,7 @@ type volume struct {
 	// (or a panic on a storage goroutine of the volume) was logged and
 	// counted. log is the DB's logger.
 	wedged, fatalLogged atomic.Bool
+	fatalChecked        atomic.Bool // a CheckVolumes reported the fatal failure
 	log                 *FatalLogger
 	mu                  sync.Mutex
 	failErr             error
