@@ -110,6 +110,10 @@ func (l *FatalLogger) Catch(errp *error) {
 	}
 }
 
+// errEarlyPanic is the early commit's result when its goroutine panicked
+// (the volume is failed by guardVolume).
+var errEarlyPanic error = &FatalError{Msg: "panic in the early commit of a sync round"}
+
 // fatalTestHook, if set (tests only), runs in every Fatalf after OnFatal.
 var fatalTestHook func(*FatalError)
 

@@ -792,7 +792,7 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		go func() {
 			// A panic here fails the volume (guardVolume) instead of the
 			// process, and the round gets an error.
-			err := error(&FatalError{Msg: "panic in the early commit"})
+			err := errEarlyPanic
 			defer func() { earlyDone <- err }()
 			defer s.guardVolume(v, "the early commit of a sync round")
 			err = v.commit(early, s.metaSync())
