@@ -85,9 +85,6 @@ func (l *FatalLogger) Fatalf(f string, a ...any) {
 	err := &FatalError{Msg: fmt.Sprintf(f, a...)}
 	l.fatals.Add(1)
 	l.OnFatal(err)
-	if fatalTestHook != nil {
-		fatalTestHook(err)
-	}
 	if onOurStack() {
 		panic(fatalPanic{l, err})
 	}
@@ -113,9 +110,6 @@ func (l *FatalLogger) Catch(errp *error) {
 // errEarlyPanic is the early commit's result when its goroutine panicked
 // (the volume is failed by guardVolume).
 var errEarlyPanic error = &FatalError{Msg: "panic in the early commit of a sync round"}
-
-// fatalTestHook, if set (tests only), runs in every Fatalf after OnFatal.
-var fatalTestHook func(*FatalError)
 
 // ourModule prefixes the functions of this module.
 const ourModule = "github.com/basalt-store/basalt/"
