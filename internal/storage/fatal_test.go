@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/basalt-store/basalt/internal/vfs"
@@ -306,4 +307,53 @@ func TestVolumeFatalBackgroundPanic(t *testing.T) {
 	defer s2.Close()
 	checkBlock(t, s2, 1, 3, small)
 	checkBlock(t, s2, 1, 1, blockBytes(1, 1, 96<<10))
+}
+
+// BenchmarkVolumeGuard measures what the guard of a call into a volume's
+// DB (the wedged check and the deferred Catch) adds to a Get and to a
+// NoSync Set, against the same calls made directly.
+func BenchmarkVolumeGuard(b *testing.B) {
+	s, err := Open(Options{Volumes: []string{"/vol"}, FS: vfs.NewMem(vfs.MemOptions{}), ContainerSize: 1 << 30})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	v := s.volumes[0]
+	key := makeKey(1, kindBlock, 1)
+	val := make([]byte, 64)
+	if err := v.db.Set(key, val, pebble.NoSync); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("get/direct", func(b *testing.B) {
+		for range b.N {
+			_, c, err := v.db.Get(key)
+			if err != nil {
+				b.Fatal(err)
+			}
+			c.Close()
+		}
+	})
+	b.Run("get/guarded", func(b *testing.B) {
+		for range b.N {
+			_, c, err := v.get(key)
+			if err != nil {
+				b.Fatal(err)
+			}
+			c.Close()
+		}
+	})
+	b.Run("set/direct", func(b *testing.B) {
+		for range b.N {
+			if err := v.db.Set(key, val, pebble.NoSync); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("set/guarded", func(b *testing.B) {
+		for range b.N {
+			if err := v.set(key, val, pebble.NoSync); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
