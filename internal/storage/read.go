@@ -259,6 +259,9 @@ func (s *Store) ReadWritten(cid ContainerID, lid LocalID, off, length int64, sum
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, oErr(op, ErrBlockNotFound, cid, lid, off, "no data written", err)
 		}
+		if ferr := metaFatal(c.vol, err); ferr != nil {
+			return nil, s.volumeFatalErr(op, c, lid, off, ferr)
+		}
 		return nil, readErr(op, c, lid, off, err)
 	}
 	defer r.Close()

@@ -203,3 +203,65 @@ func TestZonedMetaFatalManifestSync(t *testing.T) {
 	}
 	r.finish(t, "MANIFEST sync failed")
 }
+
+// TestZonedMetaFatalReadFirst: the zoned DB is wedged (MANIFEST sync EIO in
+// a flush, on Pebble's goroutine) and the first thing to reach volume 1 is
+// a read, before any volume report or health check noticed. The read must
+// fail the volume (ErrVolumeFailed), never mark the container UNHEALTHY as
+// a damaged block: its data is intact, and after a restart on a healthy
+// disk the container is healthy and its block reads back. (Review finding
+// 2: the read was ErrBlockUnreadable and container 1 stayed UNHEALTHY
+// across the restart.)
+func TestZonedMetaFatalReadFirst(t *testing.T) {
+	for _, how := range []string{"read", "verify"} {
+		t.Run(how, func(t *testing.T) {
+			r := newZFatalRig(t)
+			if err := zwrite(r.s, 1, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := zwrite(r.s, 101, 1); err != nil {
+				t.Fatal(err)
+			}
+			r.fs.SetInject(func(op, path string) error {
+				if op == "sync" && strings.HasPrefix(path, "/v1/basalt/zoned-meta/MANIFEST") {
+					return unix.EIO
+				}
+				return nil
+			})
+			r.mu.Lock()
+			b := r.backends["/v1"]
+			r.mu.Unlock()
+			if _, err := b.db.AsyncFlush(); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for b.Fatal() == nil {
+				if time.Now().After(deadline) {
+					t.Fatal("backend not wedged")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			var err error
+			if how == "read" {
+				_, err = r.s.ReadChunk(1, 1, 0, 4096)
+			} else {
+				_, err = r.s.VerifyBlock(1, 1, storage.VerifyOptions{})
+			}
+			if !errors.Is(err, storage.ErrVolumeFailed) || errors.Is(err, storage.ErrCorruption) {
+				t.Fatalf("%s on the wedged zoned volume: %v, want ErrVolumeFailed (not a damaged block)", how, err)
+			}
+			r.finish(t, "MANIFEST sync failed")
+			o := r.o
+			o.FS = r.fs.Crash()
+			s2, err := storage.Open(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s2.Close()
+			if rep, _ := s2.Container(1); rep.State == storage.StateUnhealthy {
+				t.Fatalf("container 1 UNHEALTHY after a restart on a healthy disk: %+v", rep)
+			}
+			zcheck(t, s2, 1, 1)
+		})
+	}
+}
