@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -61,6 +62,10 @@ type FatalLogger struct {
 	OnFatal func(err *FatalError)
 
 	fatals atomic.Uint64
+	// ioErr: the first error on a WAL or MANIFEST file (metafs.go).
+	ioErr atomic.Pointer[FatalError]
+	// dbMu: the DB's DB.mu (SetDB), for a failed WAL rotation.
+	dbMu atomic.Pointer[sync.Mutex]
 }
 
 var _ pebble.Logger = (*FatalLogger)(nil)
@@ -103,6 +108,13 @@ func (l *FatalLogger) Catch(errp *error) {
 			*errp = fp.err
 			return
 		}
+		if e, ok := p.(error); ok && l.ioErr.Load() != nil {
+			// Pebble's own panic(err) after a WAL error the wrapper
+			// has seen (commitWrite's WriteRecord): the volume is
+			// wedged already (metafs.go).
+			*errp = &FatalError{Msg: "commit after a metadata I/O error: " + e.Error()}
+			return
+		}
 		panic(p)
 	}
 }
@@ -126,7 +138,8 @@ func onOurStack() bool {
 		frames := runtime.CallersFrames(pcs[:n])
 		for {
 			fr, more := frames.Next()
-			if strings.HasPrefix(fr.Function, ourModule) && !strings.Contains(fr.Function, ".(*FatalLogger).") {
+			if strings.HasPrefix(fr.Function, ourModule) && !strings.Contains(fr.Function, ".(*FatalLogger).") &&
+				!strings.Contains(fr.Function, ".(*fatalFile).") && !strings.Contains(fr.Function, ".(*fatalFS).") {
 				return true
 			}
 			if !more {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	pvfs "github.com/cockroachdb/pebble/v2/vfs"
 	"golang.org/x/sys/unix"
 
 	"github.com/basalt-store/basalt/internal/vfs"
@@ -227,6 +228,82 @@ func TestVolumeFatalWALSync(t *testing.T) {
 	r.reopen(t, []LocalID{1}, []LocalID{2}, []LocalID{1, 2})
 }
 
+// TestVolumeFatalDeferredWAL: the apply loop's group commit (NoSync
+// PutBlockDeferred, then SyncCommits) on volume 1 while its WAL's sync or
+// write fails (EIO). No synced commit runs, so Pebble's "fatal commit error"
+// is not what meets it: the LogWriter's flusher keeps the error, and the
+// next memtable rotation's rotateWAL panicked with DB.mu released ("sync:
+// unlock of unlocked mutex", a runtime fatal error: review finding 1).
+// Now the first error wedges the volume (metafs.go): the batch's
+// PutBlockDeferred gets ErrVolumeFailed, SyncCommits fails (nothing after
+// the error is acknowledged), volume 2 goes on, and a restart recovers.
+func TestVolumeFatalDeferredWAL(t *testing.T) {
+	for _, op := range []string{"sync", "write"} {
+		t.Run(op, func(t *testing.T) {
+			r := newFatalRig(t)
+			s := r.s
+			writeBlock(t, s, 101, 1, blockBytes(101, 1, 96<<10), 32<<10, DefaultChecksum, 1)
+			// Blocks whose chunks are durable; their PutBlocks come
+			// after the fault. Small chunks: many records, so
+			// memtables (which start small) rotate often.
+			const n, nch = 300, 32
+			bds := make([]BlockData, 0, n)
+			for lid := LocalID(1001); lid < 1001+n; lid++ {
+				data := blockBytes(1, lid, 1024*nch)
+				bd := BlockData{LocalID: lid, Length: int64(len(data)), BCSID: uint64(lid)}
+				for off := 0; off < len(data); off += 1024 {
+					p := data[off : off+1024]
+					sum := DefaultChecksum.Compute(p)
+					if err := s.WriteChunk(1, lid, int64(off), p, sum, true); err != nil {
+						t.Fatal(err)
+					}
+					bd.Chunks = append(bd.Chunks, ChunkInfo{Offset: int64(off), Length: 1024, Checksum: sum})
+				}
+				bds = append(bds, bd)
+			}
+			if err := s.SyncContainers([]ContainerID{1, 101}); err != nil {
+				t.Fatal(err)
+			}
+			r.ffs.SetInject(func(o, path string) error {
+				if o == op && strings.HasPrefix(path, fatalVol1+"/basalt/meta/") && strings.HasSuffix(path, ".log") {
+					return unix.EIO
+				}
+				return nil
+			})
+			var perr error
+			for _, bd := range bds {
+				if perr = s.PutBlockDeferred(1, bd); perr != nil {
+					break
+				}
+			}
+			t.Logf("PutBlockDeferred: %v", perr)
+			// (On the zoned backend's suite the records may all fit
+			// in the memtable: then SyncCommits is the first to meet
+			// the error.)
+			if perr != nil && !errors.Is(perr, ErrVolumeFailed) {
+				t.Fatalf("PutBlockDeferred on a volume whose WAL %s fails: %v, want ErrVolumeFailed", op, perr)
+			}
+			if err := s.SyncCommits(); !errors.Is(err, ErrVolumeFailed) {
+				t.Fatalf("SyncCommits after the WAL error: %v, want ErrVolumeFailed", err)
+			}
+			vr := waitFailed(t, s, 0, 10*time.Second)
+			if !strings.Contains(vr.Error, "WAL "+op+" failed") || !strings.Contains(vr.Error, "input/output error") {
+				t.Fatalf("volume 1's error %q does not give the cause", vr.Error)
+			}
+			if !s.volumes[0].wedged.Load() {
+				t.Fatal("volume 1 not wedged")
+			}
+			if n := s.VolumeFatals(); n != 1 {
+				t.Fatalf("VolumeFatals = %d, want 1", n)
+			}
+			checkSurvivor(t, s, 2)
+			r.closeWithin(t, 30*time.Second)
+			r.ffs.SetInject(nil)
+			r.reopen(t, nil, nil, []LocalID{1, 2})
+		})
+	}
+}
+
 // TestVolumeFatalManifestSync: volume 1's MANIFEST sync fails during a
 // flush, on Pebble's own flush goroutine, where a panic cannot be
 // recovered (the old logger took the process down). Fatalf fails the
@@ -356,4 +433,29 @@ func BenchmarkVolumeGuard(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestDBMutexFound: dbMutex finds pebble.DB's DB.mu (metafs.go re-locks it
+// for a failed WAL rotation); if a Pebble upgrade moves it, this fails
+// before a failing disk would abort the process.
+func TestDBMutexFound(t *testing.T) {
+	db, err := pebble.Open("", &pebble.Options{FS: pvfs.NewMem()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	mu := dbMutex(db)
+	if mu == nil {
+		t.Fatal("pebble.DB has no mu.Mutex")
+	}
+	mu.Lock()
+	done := make(chan struct{})
+	go func() { db.Metrics(); close(done) }() // takes DB.mu
+	select {
+	case <-done:
+		t.Fatal("DB.Metrics ran while the mutex found was held: it is not DB.mu")
+	case <-time.After(50 * time.Millisecond):
+	}
+	mu.Unlock()
+	<-done
 }

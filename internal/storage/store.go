@@ -552,7 +552,7 @@ func (s *Store) openVolume(v *volume) (err error) {
 	v.files = files
 	v.log = &FatalLogger{Prefix: "pebble: ", Logf: s.opts.Logf, OnFatal: func(err *FatalError) { s.wedge(v, err) }}
 	po := &pebble.Options{
-		FS:     v.fs,
+		FS:     v.log.WrapFS(v.fs), // its WAL and MANIFEST errors wedge v first
 		Logger: v.log,
 	}
 	// A Fatalf on this goroutine (Open's WAL replay, recovery's commits and
@@ -574,6 +574,7 @@ func (s *Store) openVolume(v *volume) (err error) {
 		return err
 	}
 	v.db = db
+	v.log.SetDB(db)
 	if err := s.recoverVolume(v); err != nil {
 		return err
 	}

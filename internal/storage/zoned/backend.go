@@ -164,11 +164,14 @@ func New(cfg Config) (*Backend, error) {
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	b.cond.L = &b.mu
 	b.log = &storage.FatalLogger{Prefix: "zoned pebble: ", Logf: cfg.Logf, OnFatal: b.wedge}
-	db, err := openDB(b.log, cfg.MetaDir, &pebble.Options{FS: cfg.MetaFS, Logger: b.log})
+	// Its WAL and MANIFEST errors wedge the backend before Pebble sees
+	// them (storage/metafs.go).
+	db, err := openDB(b.log, cfg.MetaDir, &pebble.Options{FS: b.log.WrapFS(cfg.MetaFS), Logger: b.log})
 	if err != nil {
 		return nil, err
 	}
 	b.db = db
+	b.log.SetDB(db)
 	if err := b.recoverGuarded(); err != nil {
 		b.closeFiles()
 		if b.Fatal() == nil {
