@@ -329,7 +329,8 @@ func (s *Store) stopDeferrer(v *volume) {
 		return
 	}
 	close(d.stop)
-	<-d.done
+	// A flusher stalled inside a wedged DB never ends (fatal.go).
+	waitUnlessWedged(d.done, v.wedged.Load)
 	if !v.failed.Load() {
 		s.flushDeferred(v)
 	}

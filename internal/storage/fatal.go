@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -274,4 +275,52 @@ func (s *Store) guardVolume(v *volume, what string) {
 		s.volumeFatals.Add(1)
 	}
 	v.fail(err, func(string, ...any) {})
+}
+
+// CloseDB closes db (whose logger is l) unless it is or becomes wedged
+// (wedged reports it): a wedged DB's Close waits forever for a flush or
+// compaction that Fatalf ended, or for a commit stalled behind it. Close
+// runs on its own goroutine, polled: if the DB is wedged meanwhile (a
+// background job failed after Close began) it is left to the process exit,
+// with its files and LOCK, and CloseDB returns nil.
+func CloseDB(db *pebble.DB, l *FatalLogger, wedged func() bool) error {
+	if wedged() {
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		defer func() { done <- err }()
+		defer l.Catch(&err) // a Fatalf in Close is our goroutine's
+		err = db.Close()
+	}()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-t.C:
+			if wedged() {
+				return nil
+			}
+		}
+	}
+}
+
+// waitUnlessWedged waits for done unless v is or becomes wedged (a
+// goroutine stalled inside v's wedged DB never ends).
+func waitUnlessWedged(done <-chan struct{}, wedged func() bool) {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+			if wedged() {
+				return
+			}
+		}
+	}
 }

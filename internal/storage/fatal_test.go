@@ -459,3 +459,67 @@ func TestDBMutexFound(t *testing.T) {
 	mu.Unlock()
 	<-done
 }
+
+// TestVolumeFatalDuringClose: a flush already running when Close begins
+// fails its MANIFEST sync (slowly: a dying disk) and ends by Fatalf, after
+// Close checked the volume. Pebble's Close would wait for that flush
+// forever; Close gives up on the DB once it is wedged, and holds no store
+// lock meanwhile (review finding 3).
+func TestVolumeFatalDuringClose(t *testing.T) {
+	r := newFatalRig(t)
+	s := r.s
+	writeBlock(t, s, 1, 1, blockBytes(1, 1, 96<<10), 32<<10, DefaultChecksum, 1)
+	writeBlock(t, s, 101, 1, blockBytes(101, 1, 96<<10), 32<<10, DefaultChecksum, 1)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	r.ffs.SetInject(func(op, path string) error {
+		if op == "sync" && strings.HasPrefix(path, fatalVol1+"/basalt/meta/MANIFEST") {
+			<-release
+			return unix.EIO
+		}
+		return nil
+	})
+	if _, err := s.volumes[0].db.AsyncFlush(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { s.Close(); close(done) }()
+	// Close reaches the DB while the flush waits on its sync; the store
+	// lock is not held meanwhile.
+	deadline := time.Now().Add(10 * time.Second)
+	closing := func() bool {
+		if !s.mu.TryRLock() {
+			return true
+		}
+		defer s.mu.RUnlock()
+		return s.closed
+	}
+	for !closing() {
+		if time.Now().After(deadline) {
+			t.Fatal("Close did not start")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if s.volumes[0].wedged.Load() {
+		t.Fatal("wedged before the sync failed")
+	}
+	vols := make(chan []VolumeReport, 1)
+	go func() { vols <- s.Volumes() }()
+	select {
+	case <-vols:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Volumes blocked while Close waits on a DB")
+	}
+	close(release)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close blocked on a DB wedged while it closed")
+	}
+	if !s.volumes[0].wedged.Load() {
+		t.Fatal("volume 1 not wedged")
+	}
+}

@@ -617,13 +617,18 @@ func (s *Store) Close() error {
 		s.stopDeferrer(v)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		return nil
 	}
 	s.closed = true
 	first := serr
 	for _, c := range s.containers {
+		if c.vol.wedged.Load() {
+			// A request stalled inside its wedged DB may hold an
+			// ob.mu for good; its files go at the process exit.
+			continue
+		}
 		c.mu.Lock()
 		for _, ob := range c.open {
 			ob.mu.Lock()
@@ -635,12 +640,15 @@ func (s *Store) Close() error {
 		}
 		c.mu.Unlock()
 	}
+	s.mu.Unlock()
+	// The DBs are closed outside s.mu (a DB wedged while its Close waits
+	// would otherwise hold every s.mu reader for good). A wedged DB is
+	// left open: its Close would wait for a flush or compaction that
+	// Fatalf ended (fatal.go); its files are released when the process
+	// exits.
 	for _, v := range s.volumes {
-		// A wedged DB is left open: its Close would wait for a flush or
-		// compaction that Fatalf ended (fatal.go). Its files are released
-		// when the process exits.
-		if v.db != nil && !v.wedged.Load() {
-			if err := v.db.Close(); err != nil && first == nil && !v.failed.Load() {
+		if v.db != nil {
+			if err := CloseDB(v.db, v.log, v.wedged.Load); err != nil && first == nil && !v.failed.Load() {
 				first = err
 			}
 		}

@@ -672,19 +672,42 @@ func (b *Backend) Close() error {
 	b.cond.Broadcast()
 	b.mu.Unlock()
 	close(b.stop)
-	<-b.done
+	wedged := func() bool { return b.Fatal() != nil }
+	if !waitDone(b.done, wedged) {
+		// The cleaner is stalled inside the wedged DB: leave it all to
+		// the process exit.
+		return nil
+	}
 	merr := b.saveMarks(pebble.Sync)
 	b.closeFiles()
-	if b.Fatal() != nil {
-		// Left open: its Close would wait for a flush or compaction that
-		// Fatalf ended (see fatal.go).
-		return merr
-	}
+	// Left open if wedged, even while closing: its Close would wait for a
+	// flush or compaction that Fatalf ended (see storage.CloseDB).
+	cerr := storage.CloseDB(b.db, b.log, wedged)
 	if merr != nil {
-		b.db.Close()
 		return merr
 	}
-	return b.db.Close()
+	return cerr
+}
+
+// waitDone waits for done, or until wedged (false).
+func waitDone(done <-chan struct{}, wedged func() bool) bool {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return true
+		case <-t.C:
+			if wedged() {
+				select { // a grace for a cleaner on its way out
+				case <-done:
+					return true
+				case <-time.After(time.Second):
+					return false
+				}
+			}
+		}
+	}
 }
 
 func (b *Backend) closeFiles() {
