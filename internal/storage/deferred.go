@@ -245,7 +245,7 @@ func (s *Store) flushDeferred(v *volume) {
 			func() {
 				defer func() {
 					if p := recover(); p != nil {
-						err = fmt.Errorf("storage: panic in a deferred-write sync: %v", p)
+						err = &syncPanic{fmt.Sprintf("storage: panic in a deferred-write sync: %v", p)}
 						s.opts.Logf("storage: volume %s: panic in a deferred-write sync: %v\n%s", v.path, p, debug.Stack())
 					}
 				}()
@@ -311,7 +311,11 @@ func (s *Store) flushDeferred(v *volume) {
 		d.genMu.Unlock()
 	}
 	if firstErr != nil {
-		v.fail(firstErr, s.opts.Logf)
+		if sp := (*syncPanic)(nil); errors.As(firstErr, &sp) {
+			s.panicVolume(v, firstErr) // logged with its stack above
+		} else {
+			v.fail(firstErr, s.opts.Logf)
+		}
 		d.mu.Lock()
 		d.pending = append(todo, d.pending...)
 		d.mu.Unlock()
@@ -417,3 +421,8 @@ func (p *Posix) Close() error {
 	}
 	return p.syncDir.Close()
 }
+
+// syncPanic is the error of a deferred-write sync that panicked.
+type syncPanic struct{ msg string }
+
+func (e *syncPanic) Error() string { return e.msg }

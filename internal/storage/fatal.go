@@ -184,7 +184,7 @@ func backendFatal(v *volume) error {
 // checkBackend fails v if its backend met a fatal error, and reports
 // whether this call failed it.
 func (s *Store) checkBackend(v *volume) bool {
-	if v.files == nil || v.failed.Load() {
+	if v.files == nil || v.fatalLogged.Load() {
 		return false
 	}
 	err := backendFatal(v)
@@ -271,6 +271,16 @@ func (s *Store) guardVolume(v *volume, what string) {
 	}
 	err := fmt.Errorf("storage: panic in %s: %v", what, p)
 	s.opts.Logf("storage: volume %s FAILED: panic in %s: %v\n%s", v.path, what, p, debug.Stack())
+	s.panicVolume(v, err)
+}
+
+// panicVolume fails v for a panic on one of its storage goroutines (the
+// caller logged it with its stack): counted and reported newly failed once,
+// as a fatal error is, and v's DB is wedged, because a panic that unwound
+// through Pebble (its own panic(err) on a WAL error) may have left its
+// locks held: a later call, or Close, would block on them for good.
+func (s *Store) panicVolume(v *volume, err error) {
+	v.wedged.Store(true)
 	if v.fatalLogged.CompareAndSwap(false, true) {
 		s.volumeFatals.Add(1)
 	}

@@ -523,3 +523,40 @@ func TestVolumeFatalDuringClose(t *testing.T) {
 		t.Fatal("volume 1 not wedged")
 	}
 }
+
+// TestVolumeGuardsRefuseWedged: each call into a volume's DB refuses a
+// wedged DB (ErrVolumeFailed) without touching it, whatever the caller
+// checked before (the deferrer's commit and SyncCommits reach the DB without
+// Store.container's failed check). Fails if the guards' wedged check goes
+// (review nit 8).
+func TestVolumeGuardsRefuseWedged(t *testing.T) {
+	s, err := Open(Options{Volumes: []string{"/vol"}, FS: vfs.NewMem(vfs.MemOptions{}), ContainerSize: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	v := s.volumes[0]
+	v.wedged.Store(true)
+	k := []byte("\xffguard-test")
+	b := v.db.NewBatch()
+	b.Set(k, []byte("b"), nil)
+	calls := map[string]error{
+		"commit":      v.commit(b, pebble.Sync),
+		"set":         v.set(k, []byte("s"), pebble.Sync),
+		"deleteRange": v.deleteRange(k, append(k, 0), pebble.Sync),
+		"logData":     v.logData(pebble.Sync),
+	}
+	_, _, calls["get"] = v.get(k)
+	_, calls["newIter"] = v.newIter(nil)
+	b.Close()
+	for name, err := range calls {
+		if !errors.Is(err, ErrVolumeFailed) {
+			t.Errorf("%s on a wedged DB: %v, want ErrVolumeFailed", name, err)
+		}
+	}
+	v.wedged.Store(false)
+	if _, c, err := v.db.Get(k); err == nil {
+		c.Close()
+		t.Error("a write reached the wedged DB")
+	}
+}

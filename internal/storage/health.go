@@ -72,6 +72,9 @@ func (s *Store) CheckVolumes(timeout time.Duration) []VolumeCheck {
 			// a failed probe (the datanode logs it at ERROR, counts it,
 			// reports soon and closes its replicas).
 			out[i].NewlyFailed = v.fatalLogged.Load() && v.fatalChecked.CompareAndSwap(false, true)
+			// Reported failed: a fatal error after this is no news
+			// (the datanode would log, count and close it twice).
+			v.fatalChecked.Store(true)
 			continue
 		}
 		if !v.probing.CompareAndSwap(false, true) {
@@ -96,6 +99,7 @@ func (s *Store) CheckVolumes(timeout time.Duration) []VolumeCheck {
 				v := s.volumes[r.i]
 				out[r.i].NewlyFailed = !v.failed.Load()
 				out[r.i].Failed, out[r.i].Err = true, r.err
+				v.fatalChecked.Store(true) // reported; see above
 				v.fail(fmt.Errorf("health check: %w", r.err), s.opts.Logf)
 			}
 		case <-timer.C:

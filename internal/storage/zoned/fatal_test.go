@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/basalt-store/basalt/internal/storage"
@@ -263,5 +264,39 @@ func TestZonedMetaFatalReadFirst(t *testing.T) {
 			}
 			zcheck(t, s2, 1, 1)
 		})
+	}
+}
+
+// TestZonedGuardsRefuseWedged: each call into the zoned backend's DB
+// refuses a wedged backend without touching it (review nit 8: fails if the
+// guards' check goes).
+func TestZonedGuardsRefuseWedged(t *testing.T) {
+	r := newZFatalRig(t)
+	defer r.s.Close()
+	r.mu.Lock()
+	b := r.backends["/v1"]
+	r.mu.Unlock()
+	b.fatal.Store(&storage.FatalError{Msg: "test wedge"})
+	k := []byte("\xffguard-test")
+	batch := b.db.NewBatch()
+	batch.Set(k, []byte("b"), nil)
+	calls := map[string]error{
+		"commit":  b.commit(batch, pebble.Sync),
+		"set":     b.set(k, []byte("s"), pebble.Sync),
+		"del":     b.del(k, pebble.Sync),
+		"logData": b.logData(pebble.Sync),
+	}
+	_, _, calls["get"] = b.get(k)
+	_, calls["newIter"] = b.newIter(nil)
+	batch.Close()
+	for name, err := range calls {
+		if !errors.Is(err, storage.ErrVolumeFailed) {
+			t.Errorf("%s on a wedged backend: %v, want ErrVolumeFailed", name, err)
+		}
+	}
+	b.fatal.Store(nil)
+	if _, c, err := b.db.Get(k); err == nil {
+		c.Close()
+		t.Error("a write reached the wedged DB")
 	}
 }
