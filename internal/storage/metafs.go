@@ -30,7 +30,8 @@ import (
 //     panic(err) on the committing goroutine (commitPipeline.mu held).
 //
 // So the wrapper wedges the volume (OnFatal) at the FIRST error of a write,
-// sync or close of a WAL or MANIFEST file, or of their creation, before
+// sync, preallocation or close of a WAL or MANIFEST file, of their creation
+// or of a sync of the DB directory, before
 // Pebble sees it: every later call into the volume's DB is refused by the
 // guards. For a call already inside the DB when that happens:
 //
@@ -92,7 +93,7 @@ func (l *FatalLogger) metaIO(kind, op string, err error) error {
 	if err != nil && l.ioErr.CompareAndSwap(nil, &FatalError{Msg: fmt.Sprintf("%s %s failed: %v", kind, op, err)}) {
 		l.OnFatal(l.ioErr.Load())
 	}
-	if kind == "WAL" && l.ioErr.Load() != nil && inRotateWAL() {
+	if l.ioErr.Load() != nil && inRotateWAL() {
 		if mu := l.dbMu.Load(); mu != nil {
 			mu.Lock() // rotateWAL released it; its caller's defer unlocks it
 			l.Fatalf("WAL rotation after an I/O error: %v", l.ioErr.Load().Msg)
@@ -139,6 +140,16 @@ func (f *fatalFS) Create(name string, c pvfs.DiskWriteCategory) (pvfs.File, erro
 	return f.watch(file, name, err)
 }
 
+// OpenDir: the DB directory, whose sync makes a new WAL's (and the
+// MANIFEST's) entry durable, inside rotateWAL among others.
+func (f *fatalFS) OpenDir(name string) (pvfs.File, error) {
+	file, err := f.FS.OpenDir(name)
+	if err := f.l.metaIO("directory", "open", err); err != nil {
+		return nil, err
+	}
+	return &fatalFile{File: file, l: f.l, kind: "directory"}, nil
+}
+
 func (f *fatalFS) ReuseForWrite(oldname, newname string, c pvfs.DiskWriteCategory) (pvfs.File, error) {
 	file, err := f.FS.ReuseForWrite(oldname, newname, c)
 	return f.watch(file, newname, err)
@@ -164,6 +175,22 @@ func (f *fatalFile) WriteAt(p []byte, off int64) (int, error) {
 		err = f.l.metaIO(f.kind, "write", err)
 	}
 	return n, err
+}
+
+func (f *fatalFile) Preallocate(off, length int64) error {
+	err := f.File.Preallocate(off, length)
+	if err != nil {
+		err = f.l.metaIO(f.kind, "preallocate", err)
+	}
+	return err
+}
+
+func (f *fatalFile) Stat() (pvfs.FileInfo, error) {
+	fi, err := f.File.Stat()
+	if err != nil {
+		err = f.l.metaIO(f.kind, "stat", err)
+	}
+	return fi, err
 }
 
 func (f *fatalFile) Sync() error {
