@@ -30,7 +30,7 @@ import (
 //     panic(err) on the committing goroutine (commitPipeline.mu held).
 //
 // So the wrapper wedges the volume (OnFatal) at the FIRST error of a write,
-// sync, preallocation or close of a WAL or MANIFEST file, of their creation
+// sync, stat or close of a WAL or MANIFEST file, of their creation
 // or of a sync of the DB directory, before
 // Pebble sees it: every later call into the volume's DB is refused by the
 // guards. For a call already inside the DB when that happens:
@@ -177,13 +177,8 @@ func (f *fatalFile) WriteAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
-func (f *fatalFile) Preallocate(off, length int64) error {
-	err := f.File.Preallocate(off, length)
-	if err != nil {
-		err = f.l.metaIO(f.kind, "preallocate", err)
-	}
-	return err
-}
+// Preallocate is not watched: Pebble ignores its error (a failed
+// preallocation is no failed write; TestDiskFullTmpfs meets one).
 
 func (f *fatalFile) Stat() (pvfs.FileInfo, error) {
 	fi, err := f.File.Stat()
