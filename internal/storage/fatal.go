@@ -37,6 +37,10 @@ import (
 //     MANIFEST lock by defer) without taking the process down. The DB is
 //     not called again until the next Open, which replays what is durable.
 //
+// Pebble does not turn every WAL error into a Fatalf (a failed WAL rotation
+// panics with DB.mu released, which aborts the runtime): metafs.go wedges
+// the volume at the first WAL or MANIFEST I/O error, before Pebble sees it.
+//
 // Nothing is acknowledged from a wedged volume after the fatal error
 // (fsyncgate: after a failed fsync nothing on it is trusted to be durable).
 
