@@ -161,8 +161,19 @@ func onOurStack() bool {
 // wedge is v's OnFatal: v is failed with err, and its DB is not called
 // again.
 func (s *Store) wedge(v *volume, err *FatalError) {
-	v.wedged.Store(true) // before anything else
+	v.setWedged(err) // before anything else
+	s.testPoint("wedged")
 	s.fatalVolume(v, err)
+}
+
+// setWedged wedges v's DB, with err as the cause unless one was recorded
+// first. The cause is stored before the flag: a call that sees the flag
+// (usable) and fails the volume with usable's error records the cause,
+// never a bare "volume wedged", even while the goroutine that wedged v has
+// not yet recorded it as the volume's failure.
+func (v *volume) setWedged(err error) {
+	v.wedgeErr.CompareAndSwap(nil, &err)
+	v.wedged.Store(true)
 }
 
 // fatalVolume fails v for a fatal error of a metadata store (its own, or
@@ -207,7 +218,11 @@ func (v *volume) usable() error {
 	if err := v.err(); err != nil {
 		return err
 	}
-	return &FatalError{Msg: "volume wedged"}
+	if p := v.wedgeErr.Load(); p != nil { // stored before wedged (setWedged)
+		return *p
+	}
+	return &FatalError{Msg: "volume wedged"} // not reached: setWedged sets wedged
+
 }
 
 // The calls into a volume's DB. Each refuses a wedged volume and catches a
@@ -284,7 +299,7 @@ func (s *Store) guardVolume(v *volume, what string) {
 // through Pebble (its own panic(err) on a WAL error) may have left its
 // locks held: a later call, or Close, would block on them for good.
 func (s *Store) panicVolume(v *volume, err error) {
-	v.wedged.Store(true)
+	v.setWedged(err)
 	if v.fatalLogged.CompareAndSwap(false, true) {
 		s.volumeFatals.Add(1)
 	}

@@ -551,7 +551,7 @@ func TestVolumeGuardsRefuseWedged(t *testing.T) {
 	}
 	defer s.Close()
 	v := s.volumes[0]
-	v.wedged.Store(true)
+	v.setWedged(&FatalError{Msg: "test wedge"})
 	k := []byte("\xffguard-test")
 	b := v.db.NewBatch()
 	b.Set(k, []byte("b"), nil)
@@ -574,4 +574,61 @@ func TestVolumeGuardsRefuseWedged(t *testing.T) {
 		c.Close()
 		t.Error("a write reached the wedged DB")
 	}
+}
+
+// TestVolumeFatalCauseFirst: a request that meets volume 1's wedge while
+// the goroutine that wedged it has not yet recorded the cause (the hook
+// runs there, on Pebble's flush goroutine, after the wedged flag is set)
+// fails the volume with the cause, never with a bare "volume wedged": an
+// operator sees the first error. Under load the race did happen
+// (TestVolumeFatalDeferredWAL, volume 1's error "pebble fatal error:
+// volume wedged"); the hook makes it deterministic.
+func TestVolumeFatalCauseFirst(t *testing.T) {
+	r := newFatalRig(t)
+	s := r.s
+	writeBlock(t, s, 1, 1, blockBytes(1, 1, 96<<10), 32<<10, DefaultChecksum, 1)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	met := make(chan error, 1)
+	s.SetTestHook(func(p string) {
+		if p != "wedged" {
+			return
+		}
+		once.Do(func() {
+			// A lookup that reaches the DB guard (no cached record).
+			_, err := s.GetBlock(1, 999)
+			met <- err
+		})
+	})
+	r.ffs.SetInject(func(op, path string) error {
+		if op == "sync" && strings.HasPrefix(path, fatalVol1+"/basalt/meta/MANIFEST") {
+			return unix.EIO
+		}
+		return nil
+	})
+	if _, err := s.volumes[0].db.AsyncFlush(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-met:
+		if !errors.Is(err, ErrVolumeFailed) {
+			t.Fatalf("GetBlock on the volume being wedged: %v, want ErrVolumeFailed", err)
+		}
+		if !strings.Contains(err.Error(), "MANIFEST sync failed") {
+			t.Errorf("GetBlock's error %q does not give the cause", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("volume 1 not wedged after 30 s")
+	}
+	vr := waitFailed(t, s, 0, 10*time.Second)
+	if !strings.Contains(vr.Error, "MANIFEST sync failed") || strings.Contains(vr.Error, "volume wedged") {
+		t.Fatalf("volume 1's error %q does not give the cause", vr.Error)
+	}
+	if n := s.VolumeFatals(); n != 1 {
+		t.Fatalf("VolumeFatals = %d, want 1", n)
+	}
+	s.SetTestHook(nil)
+	r.closeWithin(t, 30*time.Second)
 }

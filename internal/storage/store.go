@@ -248,10 +248,13 @@ type volume struct {
 	// (or a panic on a storage goroutine of the volume) was logged and
 	// counted. log is the DB's logger.
 	wedged, fatalLogged atomic.Bool
-	fatalChecked        atomic.Bool // a CheckVolumes reported the fatal failure
-	log                 *FatalLogger
-	mu                  sync.Mutex
-	failErr             error
+	// wedgeErr: the cause of the wedge (the first), stored before wedged
+	// is set, so whoever sees wedged sees the cause (usable).
+	wedgeErr     atomic.Pointer[error]
+	fatalChecked atomic.Bool // a CheckVolumes reported the fatal failure
+	log          *FatalLogger
+	mu           sync.Mutex
+	failErr      error
 
 	// deferredSeq counts the PutBlockDeferred commits made without a WAL
 	// sync; syncedSeq is the count a completed SyncCommits covered.
