@@ -43,9 +43,14 @@ import (
 //     by reflection (dbMutex); if a Pebble upgrade moves it, that rotation
 //     aborts the process as before (TestDBMutexFound fails first);
 //   - commitWrite's raw panic(err) is caught by Catch as a fatal error of
-//     the volume. It leaves commitPipeline.mu locked: a commit of another
-//     goroutine that had passed the guard's check and waits for that lock
-//     stays blocked for good (see ARCHITECTURE, "Volume fatal errors").
+//     the volume.
+//
+// Both unwind through commitPipeline.prepare (a commit's rotation runs in
+// it), leaving commitPipeline.mu locked and the batch pending, never
+// published: a commit of another goroutine that had passed the guard's
+// check waits for good for that lock, or for its publish behind the dead
+// batch (see ARCHITECTURE, "What still hangs"; releasing the mutex would
+// not unblock it).
 //
 // The cost on the hot path is one more method call per WAL write and sync
 // (BenchmarkSyncRoundMem, docs/BENCHMARKS.md).
