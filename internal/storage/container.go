@@ -98,6 +98,7 @@ func (s *Store) Volumes() []VolumeReport {
 	s.mu.RUnlock()
 	var out []VolumeReport
 	for _, v := range s.volumes {
+		s.checkBackend(v)
 		r := VolumeReport{Path: v.path, Used: used[v], Containers: count[v], Reserved: s.reserve()}
 		if v.space != nil {
 			// Reports are periodic (heartbeats): the refresh also brings the
@@ -121,7 +122,7 @@ func (s *Store) setState(op string, c *container, st State) error {
 	rec := c.rec
 	c.mu.Unlock()
 	rec.State = st
-	if err := c.vol.db.Set(makeKey(c.id, kindContainer, idRecord), rec.encode(), s.metaSync()); err != nil {
+	if err := c.vol.set(makeKey(c.id, kindContainer, idRecord), rec.encode(), s.metaSync()); err != nil {
 		return s.ioErr(op, c, 0, 0, err)
 	}
 	c.mu.Lock()
@@ -205,7 +206,7 @@ func (s *Store) CloseContainer(cid ContainerID) error {
 	c.mu.Lock()
 	rec := c.rec
 	c.mu.Unlock()
-	if err := c.vol.db.Set(makeKey(cid, kindContainer, idRecord), rec.encode(), s.metaSync()); err != nil {
+	if err := c.vol.set(makeKey(cid, kindContainer, idRecord), rec.encode(), s.metaSync()); err != nil {
 		return s.ioErr(op, c, 0, 0, err)
 	}
 	return nil
@@ -284,7 +285,7 @@ func (s *Store) DeleteBlocks(cid ContainerID, lids []LocalID) error {
 	}
 	cnt.check(cid)
 	b.Set(makeKey(cid, kindContainer, idCounters), cnt.encode(), nil)
-	if err := b.Commit(s.metaSync()); err != nil {
+	if err := c.vol.commit(b, s.metaSync()); err != nil {
 		return s.ioErr(op, c, 0, 0, err)
 	}
 	c.mu.Lock()
@@ -375,7 +376,7 @@ func (s *Store) DeleteContainer(cid ContainerID, force bool) error {
 		return nil // nothing more can be done on a dead disk
 	}
 	lo, hi := containerBounds(cid)
-	if err := c.vol.db.DeleteRange(lo, hi, s.metaSync()); err != nil {
+	if err := c.vol.deleteRange(lo, hi, s.metaSync()); err != nil {
 		return s.ioErr(op, c, 0, 0, err)
 	}
 	if err := c.vol.files.RemoveContainer(cid); err != nil {

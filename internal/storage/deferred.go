@@ -3,7 +3,9 @@ package storage
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -163,6 +165,9 @@ func (s *Store) startDeferrer(v *volume) {
 	v.defer_ = d
 	go func() {
 		defer close(d.done)
+		// A panic here fails the volume, not the process; the pending
+		// writes keep their keys, which the next Open replays.
+		defer s.guardVolume(v, "the deferred-write flusher")
 		t := time.NewTicker(deferFlushEvery)
 		defer t.Stop()
 		for {
@@ -236,7 +241,16 @@ func (s *Store) flushDeferred(v *volume) {
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
-			err := f()
+			var err error
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						err = &syncPanic{fmt.Sprintf("storage: panic in a deferred-write sync: %v", p)}
+						s.opts.Logf("storage: volume %s: panic in a deferred-write sync: %v\n%s", v.path, p, debug.Stack())
+					}
+				}()
+				err = f()
+			}()
 			<-sem
 			if err != nil && !errors.Is(err, os.ErrNotExist) {
 				mu.Lock()
@@ -287,7 +301,7 @@ func (s *Store) flushDeferred(v *volume) {
 		s.mu.RUnlock()
 		// Not synced: a deletion lost in a crash only makes Open write
 		// the same bytes into the file again.
-		firstErr = b.Commit(pebble.NoSync)
+		firstErr = v.commit(b, pebble.NoSync)
 		b.Close()
 		if firstErr == nil {
 			for _, k := range mine {
@@ -297,7 +311,11 @@ func (s *Store) flushDeferred(v *volume) {
 		d.genMu.Unlock()
 	}
 	if firstErr != nil {
-		v.fail(firstErr, s.opts.Logf)
+		if sp := (*syncPanic)(nil); errors.As(firstErr, &sp) {
+			s.panicVolume(v, firstErr) // logged with its stack above
+		} else {
+			v.fail(firstErr, s.opts.Logf)
+		}
 		d.mu.Lock()
 		d.pending = append(todo, d.pending...)
 		d.mu.Unlock()
@@ -315,7 +333,8 @@ func (s *Store) stopDeferrer(v *volume) {
 		return
 	}
 	close(d.stop)
-	<-d.done
+	// A flusher stalled inside a wedged DB never ends (fatal.go).
+	waitUnlessWedged(d.done, v.wedged.Load)
 	if !v.failed.Load() {
 		s.flushDeferred(v)
 	}
@@ -362,7 +381,7 @@ func (s *Store) replayDeferred(v *volume, keys [][]byte, vals [][]byte) error {
 		b.Delete(k, nil)
 	}
 	s.opts.Logf("storage: volume %s: %d deferred writes replayed into their block files", v.path, len(keys))
-	return b.Commit(pebble.Sync)
+	return v.commit(b, pebble.Sync)
 }
 
 // deferrable reports whether ob's unsynced data is all chunks that keep
@@ -402,3 +421,8 @@ func (p *Posix) Close() error {
 	}
 	return p.syncDir.Close()
 }
+
+// syncPanic is the error of a deferred-write sync that panicked.
+type syncPanic struct{ msg string }
+
+func (e *syncPanic) Error() string { return e.msg }

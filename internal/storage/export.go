@@ -211,7 +211,7 @@ func (s *Store) Import(r io.Reader) (ContainerReport, error) {
 	got.BCSID = max(got.BCSID, want.BCSID)
 	batch.Set(makeKey(cid, kindContainer, idRecord), rec.encode(), nil)
 	batch.Set(makeKey(cid, kindContainer, idCounters), got.encode(), nil)
-	if err := batch.Commit(s.metaSync()); err != nil {
+	if err := v.commit(batch, s.metaSync()); err != nil {
 		return ContainerReport{}, s.ioErr(op, c, 0, 0, err)
 	}
 	c.mu.Lock()

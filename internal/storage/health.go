@@ -19,7 +19,9 @@ type VolumeCheck struct {
 	Path string
 	// Failed: the volume is failed (now or before this check).
 	Failed bool
-	// NewlyFailed: this check failed it.
+	// NewlyFailed: this check failed it, or it was failed since the last
+	// check by a fatal error of its metadata store or a panic on a
+	// storage goroutine (fatal.go), reported by this check.
 	NewlyFailed bool
 	Err         error
 	Took        time.Duration
@@ -61,8 +63,18 @@ func (s *Store) CheckVolumes(timeout time.Duration) []VolumeCheck {
 	running := map[int]bool{}
 	for i, v := range s.volumes {
 		out[i].Path = v.path
+		s.checkBackend(v)
 		if v.failed.Load() {
 			out[i].Failed, out[i].Err = true, v.err()
+			// A volume failed by a fatal error of its metadata store (or
+			// a panic on a storage goroutine) since the last check is
+			// reported newly failed once, so the caller acts on it as on
+			// a failed probe (the datanode logs it at ERROR, counts it,
+			// reports soon and closes its replicas).
+			out[i].NewlyFailed = v.fatalLogged.Load() && v.fatalChecked.CompareAndSwap(false, true)
+			// Reported failed: a fatal error after this is no news
+			// (the datanode would log, count and close it twice).
+			v.fatalChecked.Store(true)
 			continue
 		}
 		if !v.probing.CompareAndSwap(false, true) {
@@ -71,7 +83,7 @@ func (s *Store) CheckVolumes(timeout time.Duration) []VolumeCheck {
 		running[i] = true
 		go func() {
 			start := time.Now()
-			err := v.probe()
+			err := v.guardedProbe()
 			v.probing.Store(false)
 			done <- result{i, err, time.Since(start)}
 		}()
@@ -87,6 +99,7 @@ func (s *Store) CheckVolumes(timeout time.Duration) []VolumeCheck {
 				v := s.volumes[r.i]
 				out[r.i].NewlyFailed = !v.failed.Load()
 				out[r.i].Failed, out[r.i].Err = true, r.err
+				v.fatalChecked.Store(true) // reported; see above
 				v.fail(fmt.Errorf("health check: %w", r.err), s.opts.Logf)
 			}
 		case <-timer.C:
@@ -100,6 +113,17 @@ func (s *Store) CheckVolumes(timeout time.Duration) []VolumeCheck {
 		}
 	}
 	return out
+}
+
+// guardedProbe is probe on its own goroutine: a panic in it fails the
+// probe (so the volume), not the process.
+func (v *volume) guardedProbe() (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic in the probe: %v", p)
+		}
+	}()
+	return v.probe()
 }
 
 // probe creates, writes, syncs, reads back and removes the probe file.

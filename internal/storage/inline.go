@@ -119,7 +119,7 @@ func (s *Store) blockReader(c *container, bd *BlockData) (BlockReader, error) {
 	if !bd.Inline {
 		return c.vol.files.OpenReader(c.id, bd.LocalID)
 	}
-	val, closer, err := c.vol.db.Get(makeDeferredKey(c.id, bd.LocalID, 0))
+	val, closer, err := c.vol.get(makeDeferredKey(c.id, bd.LocalID, 0))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, errInlineMissing
 	}

@@ -30,6 +30,9 @@ type readStep struct {
 	at          int64 // offset where a short read stopped
 	short       bool
 	err         error
+	// panicked: a panic of the read on its own goroutine, raised again
+	// on the caller's (carried), where the caller's guard sees it.
+	panicked any
 }
 
 var readBufPool = sync.Pool{New: func() any { b := AlignedBuffer(readPiece + 2*directAlign); return &b }}
@@ -157,7 +160,15 @@ func (s *Store) readAtOpt(c *container, lid LocalID, p []byte, off int64, commit
 			<-done
 		}
 		if k+1 < len(pieces) {
-			go func() { run(&pieces[k+1]); done <- struct{}{} }()
+			go func() {
+				defer func() {
+					if p := recover(); p != nil {
+						pieces[k+1].panicked = carried(p)
+					}
+					done <- struct{}{}
+				}()
+				run(&pieces[k+1])
+			}()
 		}
 		wait := func() {
 			if k+1 < len(pieces) {
@@ -165,6 +176,10 @@ func (s *Store) readAtOpt(c *container, lid LocalID, p []byte, off int64, commit
 			}
 		}
 		st := &pieces[k]
+		if st.panicked != nil {
+			wait()
+			panic(st.panicked)
+		}
 		if st.err != nil {
 			wait()
 			return int(st.pos - off), s.blockFileErr(op, c, lid, st.ws, st.err, commitHeld)
@@ -243,6 +258,9 @@ func (s *Store) ReadWritten(cid ContainerID, lid LocalID, off, length int64, sum
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, oErr(op, ErrBlockNotFound, cid, lid, off, "no data written", err)
+		}
+		if ferr := metaFatal(c.vol, err); ferr != nil {
+			return nil, s.volumeFatalErr(op, c, lid, off, ferr)
 		}
 		return nil, readErr(op, c, lid, off, err)
 	}

@@ -36,7 +36,7 @@ type recChunk struct {
 }
 
 func (s *Store) recoverVolume(v *volume) error {
-	it, err := v.db.NewIter(nil)
+	it, err := v.newIter(nil)
 	if err != nil {
 		return err
 	}
@@ -180,7 +180,7 @@ func (s *Store) recoverContainer(c *container, committed map[LocalID]int64, recs
 		for lid := range recs {
 			dropAll(lid, "container directory missing")
 		}
-		if err := drop.Commit(pebble.Sync); err != nil {
+		if err := c.vol.commit(drop, pebble.Sync); err != nil {
 			return err
 		}
 		if len(committed) > 0 {
@@ -272,7 +272,7 @@ func (s *Store) recoverContainer(c *container, committed map[LocalID]int64, recs
 		}
 	}
 	if !drop.Empty() {
-		if err := drop.Commit(pebble.Sync); err != nil {
+		if err := c.vol.commit(drop, pebble.Sync); err != nil {
 			return err
 		}
 	}

@@ -208,6 +208,10 @@ type Store struct {
 
 	openBlocks atomic.Int64 // blocks with uncommitted writes, all containers
 
+	// volumeFatals counts the volumes failed by a fatal error of their
+	// metadata store or a panic on a storage goroutine (fatal.go).
+	volumeFatals atomic.Uint64
+
 	pcache *pebble.Cache // while Open runs: the volumes' shared block cache
 
 	// testHook, if set (tests only), runs at the points testPoint names,
@@ -239,8 +243,18 @@ type volume struct {
 
 	failed  atomic.Bool
 	probing atomic.Bool // a health check probe is running (health.go)
-	mu      sync.Mutex
-	failErr error
+	// wedged: the DB met a fatal error (fatal.go) and is never called
+	// again, nor closed; set before failed. fatalLogged: the fatal error
+	// (or a panic on a storage goroutine of the volume) was logged and
+	// counted. log is the DB's logger.
+	wedged, fatalLogged atomic.Bool
+	// wedgeErr: the cause of the wedge (the first), stored before wedged
+	// is set, so whoever sees wedged sees the cause (usable).
+	wedgeErr     atomic.Pointer[error]
+	fatalChecked atomic.Bool // a CheckVolumes reported the fatal failure
+	log          *FatalLogger
+	mu           sync.Mutex
+	failErr      error
 
 	// deferredSeq counts the PutBlockDeferred commits made without a WAL
 	// sync; syncedSeq is the count a completed SyncCommits covered.
@@ -400,11 +414,11 @@ func Open(opts Options) (*Store, error) {
 	return s, nil
 }
 
-type quietLogger struct{ logf func(string, ...any) }
-
-func (quietLogger) Infof(string, ...any)        {}
-func (l quietLogger) Errorf(f string, a ...any) { l.logf("pebble: "+f, a...) }
-func (l quietLogger) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+// VolumeFatals counts the volumes failed by a fatal error of their
+// metadata store (Pebble's Fatalf) or a panic on one of storage's
+// background goroutines since Open: each such volume is failed (reported
+// as the health check's failures are) and the others go on.
+func (s *Store) VolumeFatals() uint64 { return s.volumeFatals.Load() }
 
 // The volumes' Pebble stores share one block cache: 64 MiB for the
 // first volume and 32 MiB for each other, at most 512 MiB (a cache per
@@ -517,7 +531,7 @@ func sharedCacheSize(volumes int) int64 {
 	return min(pebbleCacheSize+int64(max(volumes-1, 0))*pebbleCachePerVolume, pebbleCacheMax)
 }
 
-func (s *Store) openVolume(v *volume) error {
+func (s *Store) openVolume(v *volume) (err error) {
 	root := filepath.Join(v.path, "basalt")
 	if err := vfs.MkdirAllSync(v.fs, filepath.Join(root, "meta")); err != nil {
 		return err
@@ -525,7 +539,6 @@ func (s *Store) openVolume(v *volume) error {
 	// Before Pebble opens (the volume's, and a backend's own): on a full
 	// disk Pebble's open waits forever for a flush it cannot write, so the
 	// ballast goes first.
-	var err error
 	v.space, err = vfs.OpenSpace(v.fs, root, vfs.SpaceOptions{
 		Reserve:     s.reserve(),
 		Ballast:     s.opts.BallastBytes,
@@ -540,10 +553,14 @@ func (s *Store) openVolume(v *volume) error {
 		return err
 	}
 	v.files = files
+	v.log = &FatalLogger{Prefix: "pebble: ", Logf: s.opts.Logf, OnFatal: func(err *FatalError) { s.wedge(v, err) }}
 	po := &pebble.Options{
-		FS:     v.fs,
-		Logger: quietLogger{s.opts.Logf},
+		FS:     v.log.WrapFS(v.fs), // its WAL and MANIFEST errors wedge v first
+		Logger: v.log,
 	}
+	// A Fatalf on this goroutine (Open's WAL replay, recovery's commits and
+	// iterators) fails the volume, not the process.
+	defer v.log.Catch(&err)
 	// Bloom filters: every new block's first write looks its record up
 	// (getOpen) and finds nothing; without filters each such miss reads
 	// an index block of every table whose key range covers it, and small
@@ -560,8 +577,12 @@ func (s *Store) openVolume(v *volume) error {
 		return err
 	}
 	v.db = db
+	v.log.SetDB(db)
 	if err := s.recoverVolume(v); err != nil {
 		return err
+	}
+	if err := v.usable(); err != nil {
+		return err // wedged by a flush or compaction during recovery
 	}
 	if s.deferOK(v) {
 		s.startDeferrer(v)
@@ -580,7 +601,7 @@ func (s *Store) markUnhealthyLocked(c *container, why string) error {
 		return nil
 	}
 	c.rec.State = StateUnhealthy
-	return c.vol.db.Set(makeKey(c.id, kindContainer, idRecord), c.rec.encode(), pebble.Sync)
+	return c.vol.set(makeKey(c.id, kindContainer, idRecord), c.rec.encode(), pebble.Sync)
 }
 
 // Close makes written chunks durable (a clean shutdown keeps what the
@@ -599,13 +620,18 @@ func (s *Store) Close() error {
 		s.stopDeferrer(v)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		return nil
 	}
 	s.closed = true
 	first := serr
 	for _, c := range s.containers {
+		if c.vol.wedged.Load() {
+			// A request stalled inside its wedged DB may hold an
+			// ob.mu for good; its files go at the process exit.
+			continue
+		}
 		c.mu.Lock()
 		for _, ob := range c.open {
 			ob.mu.Lock()
@@ -617,9 +643,15 @@ func (s *Store) Close() error {
 		}
 		c.mu.Unlock()
 	}
+	s.mu.Unlock()
+	// The DBs are closed outside s.mu (a DB wedged while its Close waits
+	// would otherwise hold every s.mu reader for good). A wedged DB is
+	// left open: its Close would wait for a flush or compaction that
+	// Fatalf ended (fatal.go); its files are released when the process
+	// exits.
 	for _, v := range s.volumes {
 		if v.db != nil {
-			if err := v.db.Close(); err != nil && first == nil && !v.failed.Load() {
+			if err := CloseDB(v.db, v.log, v.wedged.Load); err != nil && first == nil && !v.failed.Load() {
 				first = err
 			}
 		}
@@ -667,7 +699,11 @@ func (s *Store) ioErr(op string, c *container, lid LocalID, off int64, err error
 	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
 		return oErr(op, ErrDiskFull, c.id, lid, off, "", err).withVolume(c.vol.path)
 	}
-	c.vol.fail(err, s.opts.Logf)
+	if fe := (*FatalError)(nil); errors.As(err, &fe) {
+		s.fatalVolume(c.vol, err) // the backend's metadata store
+	} else {
+		c.vol.fail(err, s.opts.Logf)
+	}
 	return oErr(op, ErrVolumeFailed, c.id, lid, off, "", err).withVolume(c.vol.path)
 }
 
@@ -726,7 +762,7 @@ func (s *Store) CreateContainer(cid ContainerID, o CreateOptions) (ContainerRepo
 	b := v.db.NewBatch()
 	b.Set(makeKey(cid, kindContainer, idRecord), c.rec.encode(), nil)
 	b.Set(makeKey(cid, kindContainer, idCounters), counters{}.encode(), nil)
-	if err := b.Commit(s.metaSync()); err != nil {
+	if err := v.commit(b, s.metaSync()); err != nil {
 		s.dropID(cid)
 		return ContainerReport{}, s.ioErr("create", c, 0, 0, err)
 	}
@@ -820,6 +856,7 @@ func (s *Store) pickVolume(need int64) (*volume, error) {
 	var bestAvoided bool
 	var reasons []string
 	for _, v := range s.volumes {
+		s.checkBackend(v)
 		if v.failed.Load() {
 			reasons = append(reasons, v.path+": failed")
 			continue
@@ -947,7 +984,7 @@ func (s *Store) lookupBlock(c *container, lid LocalID) (bd BlockData, found bool
 	binary.BigEndian.PutUint64(key[:], uint64(c.id))
 	key[8] = kindBlock
 	binary.BigEndian.PutUint64(key[9:], uint64(lid))
-	val, closer, err := c.vol.db.Get(key[:])
+	val, closer, err := c.vol.get(key[:])
 	if errors.Is(err, pebble.ErrNotFound) {
 		return BlockData{}, false, nil
 	}
@@ -964,7 +1001,7 @@ func (s *Store) lookupBlock(c *container, lid LocalID) (bd BlockData, found bool
 
 // ListBlocks returns the committed blocks of a container with local IDs in
 // [start, ∞), at most limit of them (limit ≤ 0: 1000).
-func (s *Store) ListBlocks(cid ContainerID, start LocalID, limit int) ([]BlockData, error) {
+func (s *Store) ListBlocks(cid ContainerID, start LocalID, limit int) (_ []BlockData, err error) {
 	if limit <= 0 {
 		limit = 1000
 	}
@@ -972,13 +1009,14 @@ func (s *Store) ListBlocks(cid ContainerID, start LocalID, limit int) ([]BlockDa
 	if err != nil {
 		return nil, err
 	}
-	it, err := c.vol.db.NewIter(&pebble.IterOptions{
+	it, err := c.vol.newIter(&pebble.IterOptions{
 		LowerBound: makeKey(cid, kindBlock, uint64(start)),
 		UpperBound: makeKey(cid, kindBlock+1, 0),
 	})
 	if err != nil {
 		return nil, s.ioErr("list blocks", c, 0, 0, err)
 	}
+	defer c.vol.log.Catch(&err) // a Fatalf while iterating (corruption)
 	defer it.Close()
 	var out []BlockData
 	for ok := it.First(); ok && len(out) < limit; ok = it.Next() {

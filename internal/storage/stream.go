@@ -111,7 +111,7 @@ func (s *Store) dropRecords(c *container, lid LocalID, ob *openBlock) error {
 	if b.Empty() {
 		return nil
 	}
-	if err := b.Commit(s.metaSync()); err != nil {
+	if err := c.vol.commit(b, s.metaSync()); err != nil {
 		return err
 	}
 	for _, sp := range ob.written {

@@ -66,6 +66,14 @@ func (s *Store) blockFileErr(op string, c *container, lid LocalID, off int64, er
 // record is gone is no fault): then it returns ErrBlockNotFound or
 // ErrContainerNotFound and marks nothing.
 func (s *Store) failReplica(op string, c *container, lid LocalID, off int64, kind error, detail string, cause error, commitHeld bool) error {
+	// A volume whose metadata store met a fatal error (its own DB, or a
+	// zoned backend's) fails as a volume: an error from it says nothing
+	// about this replica, whose data may well be intact, and must not be
+	// written down as a damaged block (durably UNHEALTHY). Checked before
+	// commitMu, which a request stalled in a wedged DB may hold.
+	if ferr := metaFatal(c.vol, cause); ferr != nil {
+		return s.volumeFatalErr(op, c, lid, off, ferr)
+	}
 	if !commitHeld {
 		c.commitMu.Lock()
 		defer c.commitMu.Unlock()
@@ -191,4 +199,27 @@ func (s *Store) VerifyBlock(cid ContainerID, lid LocalID, o VerifyOptions) (int6
 		}
 	}
 	return done, nil
+}
+
+// metaFatal returns the fatal error of v's metadata store if err is one
+// (a *FatalError, from v's DB or its backend's) or v's DB is wedged or its
+// backend reports one; else nil.
+func metaFatal(v *volume, err error) error {
+	if fe := (*FatalError)(nil); errors.As(err, &fe) {
+		return err
+	}
+	if v.wedged.Load() {
+		return v.usable()
+	}
+	return backendFatal(v)
+}
+
+// volumeFatalErr fails c's volume for the fatal error ferr of its metadata
+// store and returns the caller's ErrVolumeFailed.
+func (s *Store) volumeFatalErr(op string, c *container, lid LocalID, off int64, ferr error) error {
+	s.fatalVolume(c.vol, ferr)
+	if off < 0 {
+		return bErr(op, ErrVolumeFailed, c.id, lid, "", ferr).withVolume(c.vol.path)
+	}
+	return oErr(op, ErrVolumeFailed, c.id, lid, off, "", ferr).withVolume(c.vol.path)
 }

@@ -317,7 +317,7 @@ func (s *Store) rewriteLocked(op string, c *container, lid LocalID, ob *openBloc
 		b := c.vol.db.NewBatch()
 		b.Delete(makeChunkKey(c.id, lid, off), nil)
 		b.Delete(makeDeferredKey(c.id, lid, off), nil) // if it was one
-		err := b.Commit(s.metaSync())
+		err := c.vol.commit(b, s.metaSync())
 		b.Close()
 		if err != nil {
 			return s.ioErr(op, c, lid, off, err)
@@ -786,10 +786,17 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	case early.Empty():
 		earlyDone <- nil
 	case !syncNow:
-		earlyDone <- early.Commit(s.metaSync())
+		earlyDone <- v.commit(early, s.metaSync())
 	default:
 		earlyAsync = true
-		go func() { earlyDone <- early.Commit(s.metaSync()) }()
+		go func() {
+			// A panic here fails the volume (guardVolume) instead of the
+			// process, and the round gets an error.
+			err := errEarlyPanic
+			defer func() { earlyDone <- err }()
+			defer s.guardVolume(v, "the early commit of a sync round")
+			err = v.commit(early, s.metaSync())
+		}()
 	}
 	errs := make([]error, len(todo))
 	if syncNow {
@@ -823,7 +830,7 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	}
 	var lateErr error
 	if earlyErr == nil && !late.Empty() {
-		lateErr = late.Commit(s.metaSync())
+		lateErr = v.commit(late, s.metaSync())
 	}
 	var handed []deferredChunk
 	for k, d := range ok {
@@ -874,7 +881,7 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 			s.forget(d.c, d.ob, func(span) bool { return true })
 		}
 		if !del.Empty() {
-			if err := del.Commit(s.metaSync()); err != nil {
+			if err := v.commit(del, s.metaSync()); err != nil {
 				s.opts.Logf("storage: volume %s: deleting records of chunks whose sync failed: %v", v.path, err)
 			}
 		}
@@ -897,6 +904,16 @@ func (s *Store) syncData(v *volume, blocks []dirtyBlock, errs []error) {
 	// On a panic too: the syncs use the blocks' writers, which the
 	// caller's blocks' locks guard (see syncRound).
 	defer wg.Wait()
+	// A panic on a sync's goroutine is raised again on the caller's
+	// (carried) once every sync has returned, as onVolumes does.
+	var pmu sync.Mutex
+	var panicked any
+	defer func() {
+		wg.Wait()
+		if panicked != nil {
+			panic(panicked)
+		}
+	}()
 	run := func(f func()) {
 		if len(blocks) == 1 {
 			f()
@@ -906,8 +923,17 @@ func (s *Store) syncData(v *volume, blocks []dirtyBlock, errs []error) {
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
+			defer func() { <-sem }()
+			defer func() {
+				if p := recover(); p != nil {
+					pmu.Lock()
+					if panicked == nil {
+						panicked = carried(p)
+					}
+					pmu.Unlock()
+				}
+			}()
 			f()
-			<-sem
 		}()
 	}
 	dirs := map[ContainerID]*error{}
@@ -987,7 +1013,7 @@ func (s *Store) verifyLocked(c *container, lid LocalID, ob *openBlock, from, to 
 	for _, off := range lost {
 		b.Delete(makeChunkKey(c.id, lid, off), nil)
 	}
-	if err := b.Commit(s.metaSync()); err != nil {
+	if err := c.vol.commit(b, s.metaSync()); err != nil {
 		return err
 	}
 	for i := range ob.written {
@@ -1090,7 +1116,7 @@ func (s *Store) syncCommitsVolume(v *volume) error {
 		// not sync is lost to this replica.
 		return cErr("sync commits", ErrVolumeFailed, 0, "volume failed", v.err()).withVolume(v.path)
 	}
-	if err := v.db.LogData(nil, pebble.Sync); err != nil {
+	if err := v.logData(pebble.Sync); err != nil {
 		v.fail(err, s.opts.Logf)
 		return cErr("sync commits", ErrVolumeFailed, 0, "WAL sync", err).withVolume(v.path)
 	}
@@ -1234,7 +1260,7 @@ func (s *Store) putBlock(cid ContainerID, bd BlockData, deferred bool) error {
 	if deferred {
 		wo = pebble.NoSync
 	}
-	if err := b.Commit(wo); err != nil {
+	if err := c.vol.commit(b, wo); err != nil {
 		return s.ioErr(op, c, lid, 0, err)
 	}
 	if deferred {

@@ -63,10 +63,14 @@ type Config struct {
 // block data appended into the zones of a zonefs mount, extents in a
 // Pebble DB. See docs/ZONED.md.
 type Backend struct {
-	cfg    Config
-	g      Geometry
-	fs     vfs.FS
-	db     *pebble.DB
+	cfg Config
+	g   Geometry
+	fs  vfs.FS
+	db  *pebble.DB
+	log *storage.FatalLogger
+	// fatal: the DB met a fatal error (or the cleaner panicked) and is
+	// not called again (fatal.go).
+	fatal  atomic.Pointer[storage.FatalError]
 	direct bool // zone reads use O_DIRECT
 	seed   maphash.Seed
 
@@ -159,25 +163,39 @@ func New(cfg Config) (*Backend, error) {
 	b := &Backend{cfg: cfg, g: g, fs: cfg.FS, seed: maphash.MakeSeed(), open: map[bkey]*blockState{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	b.cond.L = &b.mu
-	db, err := pebble.Open(cfg.MetaDir, &pebble.Options{FS: cfg.MetaFS, Logger: quietLogger{cfg.Logf}})
+	b.log = &storage.FatalLogger{Prefix: "zoned pebble: ", Logf: cfg.Logf, OnFatal: b.wedge}
+	// Its WAL and MANIFEST errors wedge the backend before Pebble sees
+	// them (storage/metafs.go).
+	db, err := openDB(b.log, cfg.MetaDir, &pebble.Options{FS: b.log.WrapFS(cfg.MetaFS), Logger: b.log})
 	if err != nil {
 		return nil, err
 	}
 	b.db = db
-	if err := b.recover(); err != nil {
+	b.log.SetDB(db)
+	if err := b.recoverGuarded(); err != nil {
 		b.closeFiles()
-		db.Close()
+		if b.Fatal() == nil {
+			db.Close()
+		}
 		return nil, err
 	}
 	go b.cleaner()
 	return b, nil
 }
 
-type quietLogger struct{ logf func(string, ...any) }
+// openDB is pebble.Open with a Fatalf during Open (WAL replay) returned
+// as an error.
+func openDB(l *storage.FatalLogger, dir string, o *pebble.Options) (db *pebble.DB, err error) {
+	defer l.Catch(&err)
+	return pebble.Open(dir, o)
+}
 
-func (quietLogger) Infof(string, ...any)        {}
-func (l quietLogger) Errorf(f string, a ...any) { l.logf("zoned pebble: "+f, a...) }
-func (l quietLogger) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+// recoverGuarded is recover with a Fatalf in its iterators returned as an
+// error.
+func (b *Backend) recoverGuarded() (err error) {
+	defer b.log.Catch(&err)
+	return b.recover()
+}
 
 // Geometry returns the device geometry in use.
 func (b *Backend) Geometry() Geometry { return b.g }
@@ -223,7 +241,7 @@ func (b *Backend) recover() error {
 	// Durable marks: bytes of each zone known flushed; extents past them
 	// were recorded while their bytes were being flushed, and are checked.
 	dur := map[int]int64{}
-	it, err := b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kDurable}, UpperBound: []byte{kDurable + 1}})
+	it, err := b.newIter(&pebble.IterOptions{LowerBound: []byte{kDurable}, UpperBound: []byte{kDurable + 1}})
 	if err != nil {
 		return err
 	}
@@ -247,7 +265,7 @@ func (b *Backend) recover() error {
 		return err
 	}
 	// Tails: keep the longest one that starts at the write pointer.
-	it, err = b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kTail}, UpperBound: []byte{kTail + 1}})
+	it, err = b.newIter(&pebble.IterOptions{LowerBound: []byte{kTail}, UpperBound: []byte{kTail + 1}})
 	if err != nil {
 		return err
 	}
@@ -283,7 +301,7 @@ func (b *Backend) recover() error {
 		return err
 	}
 	// Blocks.
-	it, err = b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kBlock}, UpperBound: []byte{kBlock + 1}})
+	it, err = b.newIter(&pebble.IterOptions{LowerBound: []byte{kBlock}, UpperBound: []byte{kBlock + 1}})
 	if err != nil {
 		return err
 	}
@@ -328,7 +346,7 @@ func (b *Backend) recover() error {
 	if err := it.Close(); err != nil {
 		return err
 	}
-	if err := fix.Commit(pebble.Sync); err != nil {
+	if err := b.commit(fix, pebble.Sync); err != nil {
 		return err
 	}
 	for _, z := range b.zones {
@@ -654,14 +672,42 @@ func (b *Backend) Close() error {
 	b.cond.Broadcast()
 	b.mu.Unlock()
 	close(b.stop)
-	<-b.done
+	wedged := func() bool { return b.Fatal() != nil }
+	if !waitDone(b.done, wedged) {
+		// The cleaner is stalled inside the wedged DB: leave it all to
+		// the process exit.
+		return nil
+	}
 	merr := b.saveMarks(pebble.Sync)
 	b.closeFiles()
+	// Left open if wedged, even while closing: its Close would wait for a
+	// flush or compaction that Fatalf ended (see storage.CloseDB).
+	cerr := storage.CloseDB(b.db, b.log, wedged)
 	if merr != nil {
-		b.db.Close()
 		return merr
 	}
-	return b.db.Close()
+	return cerr
+}
+
+// waitDone waits for done, or until wedged (false).
+func waitDone(done <-chan struct{}, wedged func() bool) bool {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return true
+		case <-t.C:
+			if wedged() {
+				select { // a grace for a cleaner on its way out
+				case <-done:
+					return true
+				case <-time.After(time.Second):
+					return false
+				}
+			}
+		}
+	}
 }
 
 func (b *Backend) closeFiles() {

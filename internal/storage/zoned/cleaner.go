@@ -1,10 +1,14 @@
 package zoned
 
 import (
+	"fmt"
+	"runtime/debug"
 	"slices"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/basalt-store/basalt/internal/storage"
 )
 
 // cleaner resets zones left without live data and, while few zones are
@@ -12,6 +16,14 @@ import (
 // be reset. It is throttled to CleanerRate bytes per second.
 func (b *Backend) cleaner() {
 	defer close(b.done)
+	// A panic here (a bug, or a Fatalf of the DB on this goroutine that
+	// a call did not catch) fails the volume, not the process.
+	defer func() {
+		if p := recover(); p != nil {
+			b.wedge(&storage.FatalError{Msg: fmt.Sprintf("panic in the zoned cleaner: %v", p)})
+			b.cfg.Logf("zoned: %s: panic in the cleaner: %v\n%s", b.cfg.Mount, p, debug.Stack())
+		}
+	}()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -82,7 +94,7 @@ func (b *Backend) resetPending() {
 	}
 	slices.Sort(cand)
 	cand = slices.Compact(cand)
-	if err := b.db.LogData(nil, pebble.Sync); err != nil {
+	if err := b.logData(pebble.Sync); err != nil {
 		b.cfg.Logf("zoned: sync before reset: %v", err)
 		return
 	}
@@ -127,7 +139,7 @@ func (b *Backend) reset(z *zone, tails [][]byte) error {
 		batch.Delete(k, nil)
 	}
 	batch.Delete(durableKey(z.id), nil)
-	err := batch.Commit(pebble.Sync)
+	err := b.commit(batch, pebble.Sync)
 	batch.Close()
 	if err != nil {
 		return err
@@ -169,7 +181,7 @@ const cleanGroup = 16 << 20
 // then not emptied this time).
 func (b *Backend) clean(v *zone) error {
 	// Blocks with extents in v, from a scan of the extent map.
-	it, err := b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kBlock}, UpperBound: []byte{kBlock + 1}})
+	it, err := b.newIter(&pebble.IterOptions{LowerBound: []byte{kBlock}, UpperBound: []byte{kBlock + 1}})
 	if err != nil {
 		return err
 	}
@@ -363,7 +375,7 @@ func (b *Backend) moveGroup(v *zone, keys []bkey) (int64, error) {
 	for _, c := range changes {
 		batch.Set(blockKey(c.k), c.rec.encode(), nil)
 	}
-	if err := batch.Commit(pebble.Sync); err != nil {
+	if err := b.commit(batch, pebble.Sync); err != nil {
 		return moved, err
 	}
 	b.mu.Lock()
@@ -428,5 +440,5 @@ func (b *Backend) saveMarks(wo *pebble.WriteOptions) error {
 	if batch.Empty() {
 		return nil
 	}
-	return batch.Commit(wo)
+	return b.commit(batch, wo)
 }

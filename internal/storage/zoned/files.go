@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -13,7 +14,7 @@ import (
 )
 
 func (b *Backend) CreateContainer(cid storage.ContainerID) error {
-	return b.db.Set(containerKey(cid), nil, pebble.Sync)
+	return b.set(containerKey(cid), nil, pebble.Sync)
 }
 
 func (b *Backend) RemoveContainer(cid storage.ContainerID) error {
@@ -26,15 +27,16 @@ func (b *Backend) RemoveContainer(cid storage.ContainerID) error {
 			return err
 		}
 	}
-	if err := b.db.Delete(containerKey(cid), pebble.Sync); err != nil {
+	if err := b.del(containerKey(cid), pebble.Sync); err != nil {
 		return err
 	}
 	b.kickCleaner()
 	return nil
 }
 
-func (b *Backend) ListContainers() ([]storage.ContainerID, error) {
-	it, err := b.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kContainer}, UpperBound: []byte{kContainer + 1}})
+func (b *Backend) ListContainers() (_ []storage.ContainerID, err error) {
+	defer b.log.Catch(&err) // a Fatalf while iterating (corruption)
+	it, err := b.newIter(&pebble.IterOptions{LowerBound: []byte{kContainer}, UpperBound: []byte{kContainer + 1}})
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +51,7 @@ func (b *Backend) ListContainers() ([]storage.ContainerID, error) {
 }
 
 func (b *Backend) hasContainer(cid storage.ContainerID) (bool, error) {
-	_, c, err := b.db.Get(containerKey(cid))
+	_, c, err := b.get(containerKey(cid))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return false, nil
 	}
@@ -60,13 +62,14 @@ func (b *Backend) hasContainer(cid storage.ContainerID) (bool, error) {
 	return true, nil
 }
 
-func (b *Backend) blockKeys(cid storage.ContainerID) ([]bkey, error) {
+func (b *Backend) blockKeys(cid storage.ContainerID) (_ []bkey, err error) {
+	defer b.log.Catch(&err) // a Fatalf while iterating (corruption)
 	lo := blockKey(bkey{cid, 0})
 	hi := blockKey(bkey{cid + 1, 0})
 	if cid+1 == 0 {
 		hi = []byte{kBlock + 1}
 	}
-	it, err := b.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	it, err := b.newIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +110,7 @@ func (b *Backend) ListBlocks(cid storage.ContainerID) ([]storage.BlockFileInfo, 
 
 // load returns a block's committed record. Caller holds its stripe.
 func (b *Backend) load(k bkey) (record, bool, error) {
-	val, c, err := b.db.Get(blockKey(k))
+	val, c, err := b.get(blockKey(k))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return record{}, false, nil
 	}
@@ -303,9 +306,19 @@ func (b *Backend) syncBlock(st *blockState) error {
 	// and recovery checks those against their CRCs.
 	errs := make(chan error, len(targets))
 	for z, target := range targets {
-		go func() { errs <- z.fsync(target) }()
+		go func() {
+			err := errorf("panic in a zone flush")
+			defer func() {
+				if p := recover(); p != nil {
+					b.wedge(&storage.FatalError{Msg: fmt.Sprintf("panic in a zone flush: %v", p)})
+					b.cfg.Logf("zoned: %s: panic in a zone flush: %v\n%s", b.cfg.Mount, p, debug.Stack())
+				}
+				errs <- err
+			}()
+			err = z.fsync(target)
+		}()
 	}
-	cerr := batch.Commit(pebble.Sync)
+	cerr := b.commit(batch, pebble.Sync)
 	for range targets {
 		if err := <-errs; err != nil && cerr == nil {
 			cerr = err
@@ -427,7 +440,7 @@ func (b *Backend) remove(k bkey, sync *pebble.WriteOptions) error {
 			return err
 		}
 	}
-	if err := b.db.Delete(blockKey(k), sync); err != nil {
+	if err := b.del(blockKey(k), sync); err != nil {
 		return err
 	}
 	for _, e := range r.exts {
@@ -471,7 +484,7 @@ func (b *Backend) Truncate(cid storage.ContainerID, lid storage.LocalID, size in
 
 // SyncContainer makes removals durable (creations are durable at once).
 func (b *Backend) SyncContainer(cid storage.ContainerID) error {
-	if err := b.db.LogData(nil, pebble.Sync); err != nil {
+	if err := b.logData(pebble.Sync); err != nil {
 		return err
 	}
 	b.kickCleaner()

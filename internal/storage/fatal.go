@@ -1,0 +1,355 @@
+package storage
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// A failing disk takes out its volume, not the datanode.
+//
+// Each volume has its own Pebble DB, and Pebble calls its Logger's Fatalf
+// where it cannot go on: a failed WAL write or sync ("fatal commit error",
+// on the committing goroutine: ours), a failed MANIFEST write, sync or
+// CURRENT update (from its flush and compaction goroutines: Pebble's own),
+// data corruption met by a read or compaction, and invariant violations.
+// Pebble's default Fatalf exits the process; a panic does the same on
+// Pebble's goroutines. FatalLogger instead fails only the volume:
+//
+//  1. OnFatal runs first (the volume is marked failed and its DB wedged:
+//     every storage path checks the mark before it touches the DB, and
+//     Close does not close a wedged DB, whose Close would wait forever for
+//     a flush that is never to finish).
+//  2. If the goroutine is inside one of our calls (a frame of this module
+//     is on its stack), Fatalf panics with a value that the call's guard
+//     (Catch) turns into an error wrapping ErrVolumeFailed: the request in
+//     flight gets an error, never success.
+//  3. Otherwise the goroutine is one of Pebble's own (flush, compaction,
+//     table stats): Fatalf ends it with runtime.Goexit, which runs its
+//     deferred calls (Pebble's flush and compaction release DB.mu and the
+//     MANIFEST lock by defer) without taking the process down. The DB is
+//     not called again until the next Open, which replays what is durable.
+//
+// Pebble does not turn every WAL error into a Fatalf (a failed WAL rotation
+// panics with DB.mu released, which aborts the runtime): metafs.go wedges
+// the volume at the first WAL or MANIFEST I/O error, before Pebble sees it.
+//
+// Nothing is acknowledged from a wedged volume after the fatal error
+// (fsyncgate: after a failed fsync nothing on it is trusted to be durable).
+
+// FatalError is the cause recorded for a volume whose metadata store met a
+// fatal error; it matches ErrVolumeFailed.
+type FatalError struct {
+	Msg string
+}
+
+func (e *FatalError) Error() string        { return "pebble fatal error: " + e.Msg }
+func (e *FatalError) Is(target error) bool { return target == ErrVolumeFailed }
+
+// FatalLogger is the pebble.Logger of one volume's metadata store (the
+// volume's own DB, or a zoned backend's): see above. Its zero value is not
+// usable; OnFatal must be set.
+type FatalLogger struct {
+	// Prefix starts every Errorf line ("pebble: ").
+	Prefix string
+	// Logf reports Errorf lines; nil: discarded.
+	Logf func(format string, args ...any)
+	// OnFatal marks the volume failed; it runs once per Fatalf, before
+	// anything else, on the goroutine that called Fatalf, and must not
+	// call into the DB.
+	OnFatal func(err *FatalError)
+
+	fatals atomic.Uint64
+	// ioErr: the first error on a WAL or MANIFEST file (metafs.go).
+	ioErr atomic.Pointer[FatalError]
+	// dbMu: the DB's DB.mu (SetDB), for a failed WAL rotation.
+	dbMu atomic.Pointer[sync.Mutex]
+}
+
+var _ pebble.Logger = (*FatalLogger)(nil)
+
+// fatalPanic is the panic value of a Fatalf raised on our goroutine.
+type fatalPanic struct {
+	l   *FatalLogger
+	err *FatalError
+}
+
+func (l *FatalLogger) Infof(string, ...any) {}
+
+func (l *FatalLogger) Errorf(f string, a ...any) {
+	if l.Logf != nil {
+		l.Logf(l.Prefix+f, a...)
+	}
+}
+
+// Fatalf marks the volume failed, then panics (our goroutine: see Catch)
+// or ends the goroutine (Pebble's).
+func (l *FatalLogger) Fatalf(f string, a ...any) {
+	err := &FatalError{Msg: fmt.Sprintf(f, a...)}
+	l.fatals.Add(1)
+	l.OnFatal(err)
+	if onOurStack() {
+		panic(fatalPanic{l, err})
+	}
+	runtime.Goexit()
+}
+
+// Fatals counts the Fatalf calls met.
+func (l *FatalLogger) Fatals() uint64 { return l.fatals.Load() }
+
+// Catch, deferred directly by a function that calls into l's DB, turns a
+// Fatalf of l raised inside it into *errp (a *FatalError, which matches
+// ErrVolumeFailed). Any other panic goes on.
+func (l *FatalLogger) Catch(errp *error) {
+	if p := recover(); p != nil {
+		if fp, ok := p.(fatalPanic); ok && fp.l == l {
+			*errp = fp.err
+			return
+		}
+		if e, ok := p.(error); ok && l.ioErr.Load() != nil {
+			// Pebble's own panic(err) after a WAL error the wrapper
+			// has seen (commitWrite's WriteRecord): the volume is
+			// wedged already (metafs.go).
+			*errp = &FatalError{Msg: "commit after a metadata I/O error: " + e.Error()}
+			return
+		}
+		panic(p)
+	}
+}
+
+// errEarlyPanic is the early commit's result when its goroutine panicked
+// (the volume is failed by guardVolume).
+var errEarlyPanic error = &FatalError{Msg: "panic in the early commit of a sync round"}
+
+// ourModule prefixes the functions of this module.
+const ourModule = "github.com/basalt-store/basalt/"
+
+// onOurStack reports whether the calling goroutine has a frame of this
+// module below Fatalf (its caller's callers): then it runs one of our calls
+// into Pebble, whose guard catches the panic. Pebble's own goroutines
+// (flush, compaction, table stats, cleaners) start in Pebble and call
+// nothing of ours that calls Fatalf back. Only Fatalf pays for the walk.
+func onOurStack() bool {
+	pcs := make([]uintptr, 64)
+	for {
+		n := runtime.Callers(3, pcs) // skip Callers, onOurStack, Fatalf
+		frames := runtime.CallersFrames(pcs[:n])
+		for {
+			fr, more := frames.Next()
+			if strings.HasPrefix(fr.Function, ourModule) && !strings.Contains(fr.Function, ".(*FatalLogger).") &&
+				!strings.Contains(fr.Function, ".(*fatalFile).") && !strings.Contains(fr.Function, ".(*fatalFS).") {
+				return true
+			}
+			if !more {
+				break
+			}
+		}
+		if n < len(pcs) {
+			return false
+		}
+		pcs = make([]uintptr, 2*len(pcs))
+	}
+}
+
+// wedge is v's OnFatal: v is failed with err, and its DB is not called
+// again.
+func (s *Store) wedge(v *volume, err *FatalError) {
+	v.setWedged(err) // before anything else
+	s.testPoint("wedged")
+	s.fatalVolume(v, err)
+}
+
+// setWedged wedges v's DB, with err as the cause unless one was recorded
+// first. The cause is stored before the flag: a call that sees the flag
+// (usable) and fails the volume with usable's error records the cause,
+// never a bare "volume wedged", even while the goroutine that wedged v has
+// not yet recorded it as the volume's failure.
+func (v *volume) setWedged(err error) {
+	v.wedgeErr.CompareAndSwap(nil, &err)
+	v.wedged.Store(true)
+}
+
+// fatalVolume fails v for a fatal error of a metadata store (its own, or
+// its backend's), logging and counting it once.
+func (s *Store) fatalVolume(v *volume, err error) {
+	v.failed.Store(true)
+	if v.fatalLogged.CompareAndSwap(false, true) {
+		s.volumeFatals.Add(1)
+		s.opts.Logf("storage: volume %s FAILED: its metadata store met a fatal error (%v); its containers are reported UNHEALTHY, the other volumes go on", v.path, err)
+	}
+	v.fail(err, func(string, ...any) {}) // logged above
+}
+
+// backendFatal returns the fatal error of v's backend's own metadata
+// store (the zoned backend's Fatal), or nil.
+func backendFatal(v *volume) error {
+	if f, ok := v.files.(interface{ Fatal() error }); ok {
+		return f.Fatal()
+	}
+	return nil
+}
+
+// checkBackend fails v if its backend met a fatal error, and reports
+// whether this call failed it.
+func (s *Store) checkBackend(v *volume) bool {
+	if v.files == nil || v.fatalLogged.Load() {
+		return false
+	}
+	err := backendFatal(v)
+	if err == nil {
+		return false
+	}
+	s.fatalVolume(v, err)
+	return true
+}
+
+// usable returns nil if v's DB may be called, or the error that wedged it.
+func (v *volume) usable() error {
+	if !v.wedged.Load() {
+		return nil
+	}
+	if err := v.err(); err != nil {
+		return err
+	}
+	if p := v.wedgeErr.Load(); p != nil { // stored before wedged (setWedged)
+		return *p
+	}
+	return &FatalError{Msg: "volume wedged"} // not reached: setWedged sets wedged
+
+}
+
+// The calls into a volume's DB. Each refuses a wedged volume and catches a
+// Fatalf raised inside it.
+
+func (v *volume) commit(b *pebble.Batch, wo *pebble.WriteOptions) (err error) {
+	if err := v.usable(); err != nil {
+		return err
+	}
+	defer v.log.Catch(&err)
+	return b.Commit(wo)
+}
+
+func (v *volume) set(k, val []byte, wo *pebble.WriteOptions) (err error) {
+	if err := v.usable(); err != nil {
+		return err
+	}
+	defer v.log.Catch(&err)
+	return v.db.Set(k, val, wo)
+}
+
+func (v *volume) deleteRange(lo, hi []byte, wo *pebble.WriteOptions) (err error) {
+	if err := v.usable(); err != nil {
+		return err
+	}
+	defer v.log.Catch(&err)
+	return v.db.DeleteRange(lo, hi, wo)
+}
+
+func (v *volume) logData(wo *pebble.WriteOptions) (err error) {
+	if err := v.usable(); err != nil {
+		return err
+	}
+	defer v.log.Catch(&err)
+	return v.db.LogData(nil, wo)
+}
+
+// get is DB.Get; the closer is nil when err is not.
+func (v *volume) get(k []byte) (val []byte, c io.Closer, err error) {
+	if err := v.usable(); err != nil {
+		return nil, nil, err
+	}
+	defer v.log.Catch(&err)
+	return v.db.Get(k)
+}
+
+func (v *volume) newIter(o *pebble.IterOptions) (it *pebble.Iterator, err error) {
+	if err := v.usable(); err != nil {
+		return nil, err
+	}
+	defer v.log.Catch(&err)
+	return v.db.NewIter(o)
+}
+
+// guardVolume runs a storage background goroutine's body for volume v: a
+// panic in it (a Fatalf of v's DB, or a bug) fails v instead of the
+// process, with the stack logged.
+func (s *Store) guardVolume(v *volume, what string) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	if fp, ok := p.(fatalPanic); ok && fp.l == v.log {
+		return // v is wedged already
+	}
+	err := fmt.Errorf("storage: panic in %s: %v", what, p)
+	s.opts.Logf("storage: volume %s FAILED: panic in %s: %v\n%s", v.path, what, p, debug.Stack())
+	s.panicVolume(v, err)
+}
+
+// panicVolume fails v for a panic on one of its storage goroutines (the
+// caller logged it with its stack): counted and reported newly failed once,
+// as a fatal error is, and v's DB is wedged, because a panic that unwound
+// through Pebble (its own panic(err) on a WAL error) may have left its
+// locks held: a later call, or Close, would block on them for good.
+func (s *Store) panicVolume(v *volume, err error) {
+	v.setWedged(err)
+	if v.fatalLogged.CompareAndSwap(false, true) {
+		s.volumeFatals.Add(1)
+	}
+	v.fail(err, func(string, ...any) {})
+}
+
+// CloseDB closes db (whose logger is l) unless it is or becomes wedged
+// (wedged reports it): a wedged DB's Close waits forever for a flush or
+// compaction that Fatalf ended, or for a commit stalled behind it. Close
+// runs on its own goroutine, polled: if the DB is wedged meanwhile (a
+// background job failed after Close began) it is left to the process exit,
+// with its files and LOCK, and CloseDB returns nil.
+func CloseDB(db *pebble.DB, l *FatalLogger, wedged func() bool) error {
+	if wedged() {
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		defer func() { done <- err }()
+		defer l.Catch(&err) // a Fatalf in Close is our goroutine's
+		err = db.Close()
+	}()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-t.C:
+			if wedged() {
+				return nil
+			}
+		}
+	}
+}
+
+// waitUnlessWedged waits for done unless v is or becomes wedged (a
+// goroutine stalled inside v's wedged DB never ends).
+func waitUnlessWedged(done <-chan struct{}, wedged func() bool) {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+			if wedged() {
+				return
+			}
+		}
+	}
+}
