@@ -95,7 +95,7 @@ func (s *Store) RecoverUnhealthy(cid ContainerID, o VerifyOptions, check func() 
 	rec := c.rec
 	c.mu.Unlock()
 	rec.State = StateClosed
-	if err := c.vol.db.Set(makeKey(cid, kindContainer, idRecord), rec.encode(), pebble.Sync); err != nil {
+	if err := c.vol.set(makeKey(cid, kindContainer, idRecord), rec.encode(), pebble.Sync); err != nil {
 		return st, s.ioErr(op, c, 0, 0, err)
 	}
 	c.mu.Lock()
