@@ -225,57 +225,84 @@ func (v *volume) usable() error {
 
 }
 
-// The calls into a volume's DB. Each refuses a wedged volume and catches a
-// Fatalf raised inside it.
+// GuardedDB is a Pebble DB behind its FatalLogger: every call first asks
+// Usable (a wedged store answers with its error and the DB is not touched)
+// and a Fatalf raised inside the call comes back as its error (Catch). A
+// volume's DB and the zoned backend's own DB are called only through one.
+type GuardedDB struct {
+	DB     *pebble.DB
+	Log    *FatalLogger
+	Usable func() error
+}
 
-func (v *volume) commit(b *pebble.Batch, wo *pebble.WriteOptions) (err error) {
-	if err := v.usable(); err != nil {
+// Commit commits b (a batch of DB).
+func (g *GuardedDB) Commit(b *pebble.Batch, wo *pebble.WriteOptions) (err error) {
+	if err := g.Usable(); err != nil {
 		return err
 	}
-	defer v.log.Catch(&err)
+	defer g.Log.Catch(&err)
 	return b.Commit(wo)
 }
 
-func (v *volume) set(k, val []byte, wo *pebble.WriteOptions) (err error) {
-	if err := v.usable(); err != nil {
+func (g *GuardedDB) Set(k, val []byte, wo *pebble.WriteOptions) (err error) {
+	if err := g.Usable(); err != nil {
 		return err
 	}
-	defer v.log.Catch(&err)
-	return v.db.Set(k, val, wo)
+	defer g.Log.Catch(&err)
+	return g.DB.Set(k, val, wo)
 }
 
-func (v *volume) deleteRange(lo, hi []byte, wo *pebble.WriteOptions) (err error) {
-	if err := v.usable(); err != nil {
+func (g *GuardedDB) Delete(k []byte, wo *pebble.WriteOptions) (err error) {
+	if err := g.Usable(); err != nil {
 		return err
 	}
-	defer v.log.Catch(&err)
-	return v.db.DeleteRange(lo, hi, wo)
+	defer g.Log.Catch(&err)
+	return g.DB.Delete(k, wo)
 }
 
-func (v *volume) logData(wo *pebble.WriteOptions) (err error) {
-	if err := v.usable(); err != nil {
+func (g *GuardedDB) DeleteRange(lo, hi []byte, wo *pebble.WriteOptions) (err error) {
+	if err := g.Usable(); err != nil {
 		return err
 	}
-	defer v.log.Catch(&err)
-	return v.db.LogData(nil, wo)
+	defer g.Log.Catch(&err)
+	return g.DB.DeleteRange(lo, hi, wo)
 }
 
-// get is DB.Get; the closer is nil when err is not.
-func (v *volume) get(k []byte) (val []byte, c io.Closer, err error) {
-	if err := v.usable(); err != nil {
+// LogData writes an empty record to the WAL (with wo.Sync: syncs it).
+func (g *GuardedDB) LogData(wo *pebble.WriteOptions) (err error) {
+	if err := g.Usable(); err != nil {
+		return err
+	}
+	defer g.Log.Catch(&err)
+	return g.DB.LogData(nil, wo)
+}
+
+// Get is DB.Get; the closer is nil when err is not.
+func (g *GuardedDB) Get(k []byte) (val []byte, c io.Closer, err error) {
+	if err := g.Usable(); err != nil {
 		return nil, nil, err
 	}
-	defer v.log.Catch(&err)
-	return v.db.Get(k)
+	defer g.Log.Catch(&err)
+	return g.DB.Get(k)
 }
 
-func (v *volume) newIter(o *pebble.IterOptions) (it *pebble.Iterator, err error) {
-	if err := v.usable(); err != nil {
+func (g *GuardedDB) NewIter(o *pebble.IterOptions) (it *pebble.Iterator, err error) {
+	if err := g.Usable(); err != nil {
 		return nil, err
 	}
-	defer v.log.Catch(&err)
-	return v.db.NewIter(o)
+	defer g.Log.Catch(&err)
+	return g.DB.NewIter(o)
 }
+
+// A volume's calls into its DB (v.g, set when the DB opens).
+func (v *volume) commit(b *pebble.Batch, wo *pebble.WriteOptions) error { return v.g.Commit(b, wo) }
+func (v *volume) set(k, val []byte, wo *pebble.WriteOptions) error      { return v.g.Set(k, val, wo) }
+func (v *volume) deleteRange(lo, hi []byte, wo *pebble.WriteOptions) error {
+	return v.g.DeleteRange(lo, hi, wo)
+}
+func (v *volume) logData(wo *pebble.WriteOptions) error                   { return v.g.LogData(wo) }
+func (v *volume) get(k []byte) ([]byte, io.Closer, error)                 { return v.g.Get(k) }
+func (v *volume) newIter(o *pebble.IterOptions) (*pebble.Iterator, error) { return v.g.NewIter(o) }
 
 // guardVolume runs a storage background goroutine's body for volume v: a
 // panic in it (a Fatalf of v's DB, or a bug) fails v instead of the

@@ -236,6 +236,7 @@ type volume struct {
 	path  string
 	files BlockFiles
 	db    *pebble.DB
+	g     GuardedDB // every call into db (fatal.go)
 	fs    vfs.FS
 	// space admits block data while the volume keeps its reserve free for
 	// the Pebble DB, and keeps the emergency ballast.
@@ -577,6 +578,7 @@ func (s *Store) openVolume(v *volume) (err error) {
 		return err
 	}
 	v.db = db
+	v.g = GuardedDB{DB: db, Log: v.log, Usable: v.usable}
 	v.log.SetDB(db)
 	if err := s.recoverVolume(v); err != nil {
 		return err

@@ -67,6 +67,7 @@ type Backend struct {
 	g   Geometry
 	fs  vfs.FS
 	db  *pebble.DB
+	gdb storage.GuardedDB // every call into db (fatal.go)
 	log *storage.FatalLogger
 	// fatal: the DB met a fatal error (or the cleaner panicked) and is
 	// not called again (fatal.go).
@@ -171,6 +172,7 @@ func New(cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	b.db = db
+	b.gdb = storage.GuardedDB{DB: db, Log: b.log, Usable: b.usable}
 	b.log.SetDB(db)
 	if err := b.recoverGuarded(); err != nil {
 		b.closeFiles()

@@ -34,54 +34,13 @@ func (b *Backend) Fatal() error {
 
 func (b *Backend) usable() error { return b.Fatal() }
 
-// The calls into the DB: each refuses a wedged backend and catches a
-// Fatalf raised inside it.
-
-func (b *Backend) commit(batch *pebble.Batch, wo *pebble.WriteOptions) (err error) {
-	if err := b.usable(); err != nil {
-		return err
-	}
-	defer b.log.Catch(&err)
-	return batch.Commit(wo)
+// The calls into the DB (b.gdb: each refuses a wedged backend and catches a
+// Fatalf raised inside it).
+func (b *Backend) commit(batch *pebble.Batch, wo *pebble.WriteOptions) error {
+	return b.gdb.Commit(batch, wo)
 }
-
-func (b *Backend) set(k, v []byte, wo *pebble.WriteOptions) (err error) {
-	if err := b.usable(); err != nil {
-		return err
-	}
-	defer b.log.Catch(&err)
-	return b.db.Set(k, v, wo)
-}
-
-func (b *Backend) del(k []byte, wo *pebble.WriteOptions) (err error) {
-	if err := b.usable(); err != nil {
-		return err
-	}
-	defer b.log.Catch(&err)
-	return b.db.Delete(k, wo)
-}
-
-func (b *Backend) logData(wo *pebble.WriteOptions) (err error) {
-	if err := b.usable(); err != nil {
-		return err
-	}
-	defer b.log.Catch(&err)
-	return b.db.LogData(nil, wo)
-}
-
-// get is DB.Get; the closer is nil when err is not.
-func (b *Backend) get(k []byte) (val []byte, c io.Closer, err error) {
-	if err := b.usable(); err != nil {
-		return nil, nil, err
-	}
-	defer b.log.Catch(&err)
-	return b.db.Get(k)
-}
-
-func (b *Backend) newIter(o *pebble.IterOptions) (it *pebble.Iterator, err error) {
-	if err := b.usable(); err != nil {
-		return nil, err
-	}
-	defer b.log.Catch(&err)
-	return b.db.NewIter(o)
-}
+func (b *Backend) set(k, v []byte, wo *pebble.WriteOptions) error          { return b.gdb.Set(k, v, wo) }
+func (b *Backend) del(k []byte, wo *pebble.WriteOptions) error             { return b.gdb.Delete(k, wo) }
+func (b *Backend) logData(wo *pebble.WriteOptions) error                   { return b.gdb.LogData(wo) }
+func (b *Backend) get(k []byte) ([]byte, io.Closer, error)                 { return b.gdb.Get(k) }
+func (b *Backend) newIter(o *pebble.IterOptions) (*pebble.Iterator, error) { return b.gdb.NewIter(o) }
