@@ -187,11 +187,15 @@ func (ch *Checker) CheckReplicas(ctx context.Context, acked []Acked, settleBy ti
 	for _, d := range dns {
 		ch.dnNames[d.Details.Id] = d.Details.Hostname
 	}
-	if cr, err := ch.C.CorruptReplicas(ctx); err == nil {
-		for _, r := range cr {
-			ch.add(Finding{Class: CorruptReported, Block: fmt.Sprintf("c%d/b%d", r.Block.GetContainerId(), r.Block.GetLocalId()),
-				Replica: ch.dnNames[r.DatanodeId], Detail: r.Reason}, false)
-		}
+	// An error here is the check's error, never "no corruption reported"
+	// (the RPC is admins only: a checker that lost that right must fail).
+	cr, err := ch.C.CorruptReplicas(ctx)
+	if err != nil {
+		return fmt.Errorf("list corrupt replicas: %w", err)
+	}
+	for _, r := range cr {
+		ch.add(Finding{Class: CorruptReported, Block: fmt.Sprintf("c%d/b%d", r.Block.GetContainerId(), r.Block.GetLocalId()),
+			Replica: ch.dnNames[r.DatanodeId], Detail: r.Reason}, false)
 	}
 	pending := acked
 	for pass := 1; ; pass++ {

@@ -34,10 +34,11 @@ import (
 //     admins only (adminMethods): their reasons are the datanodes' and
 //     reporters' free-text error strings (a scrubber's or a disk's error
 //     can carry block file names, block IDs and errno text) and a client
-//     report's reporter names the client's IP address. This does not
-//     hide the datanodes' layout: ListDatanodes (volume and slow-disk
-//     paths) and ListPipelines (a close reason "slow disk on datanode N:
-//     <path>") stay open and show data directories' paths.
+//     report's reporter names the client's IP address. ListDatanodes
+//     and ListPipelines stay open, but show datanode-local paths (volume
+//     and slow-disk paths, a close reason "slow disk on datanode N:
+//     <path>") to admins and meta nodes only; others see "(hidden)"
+//     (scmserver.go showsPaths).
 //
 // An RPC nobody listed here (added later) is open to clients and meta
 // nodes only: a new datanode-facing RPC must be listed to be reachable.
@@ -80,8 +81,8 @@ var adminMethods = map[string]bool{
 	// Replica health with the datanodes' unhealthy reasons and the stored
 	// corruption reports (free-text errors with file names, block IDs
 	// and errno text; reporters' client IPs): basalt admin container
-	// info|replicas. Directory paths are not secret from members
-	// (ListDatanodes, ListPipelines show them).
+	// info|replicas. (ListDatanodes and ListPipelines hide directory
+	// paths from non-admins: scmserver.go showsPaths.)
 	metapb.Scm_GetContainerReplicas_FullMethodName: true,
 	metapb.Scm_ListCorruptReplicas_FullMethodName:  true,
 	metapb.Scm_RecoverContainer_FullMethodName:     true, // basalt admin container recover

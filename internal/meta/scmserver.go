@@ -3,11 +3,13 @@ package meta
 import (
 	"context"
 	"net"
+	"regexp"
 	"slices"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
@@ -104,14 +106,83 @@ func (x *scmServer) ListDatanodes(ctx context.Context, _ *metapb.ListDatanodesRe
 	if err := x.barrier(ctx); err != nil {
 		return nil, err
 	}
-	return x.s.scmMgr.ListDatanodes()
+	r, err := x.s.scmMgr.ListDatanodes()
+	if err != nil || x.showsPaths(ctx) {
+		return r, err
+	}
+	return hideDatanodePaths(r), nil
+}
+
+// hiddenPath stands for a datanode-local directory path in the answers of
+// ListDatanodes and ListPipelines to callers other than admins (and meta
+// nodes): a data disk's or log disk's path is the datanode's layout, which
+// members need not see. The reasons and records that carry more than
+// paths (GetContainerReplicas, ListCorruptReplicas) are admins only
+// (auth.go adminMethods).
+const hiddenPath = "(hidden)"
+
+// showsPaths: the caller of ctx sees datanode-local paths (admins, meta
+// nodes, insecure benchmark clusters). Datanodes and other members see
+// hiddenPath.
+func (x *scmServer) showsPaths(ctx context.Context) bool {
+	if x.s.cfg.TLS.IsInsecure() {
+		return true
+	}
+	c, ok := namespace.CallerOf(ctx)
+	return ok && c.Admin
+}
+
+// hideDatanodePaths returns r with every volume and slow disk path
+// replaced by hiddenPath. r's messages are shared with the manager's
+// state: changed ones are cloned first.
+func hideDatanodePaths(r *metapb.ListDatanodesResponse) *metapb.ListDatanodesResponse {
+	out := &metapb.ListDatanodesResponse{Datanodes: make([]*metapb.DatanodeStatus, len(r.Datanodes))}
+	for i, d := range r.Datanodes {
+		if len(d.Volumes) == 0 && len(d.SlowDisks) == 0 {
+			out.Datanodes[i] = d
+			continue
+		}
+		c := proto.CloneOf(d)
+		for _, v := range c.Volumes {
+			v.Path = hiddenPath
+		}
+		for _, sd := range c.SlowDisks {
+			sd.Path = hiddenPath
+		}
+		out.Datanodes[i] = c
+	}
+	return out
+}
+
+// slowDiskReason matches the close reason of a pipeline closed for a slow
+// disk (scm/slowdisk.go): "slow disk on datanode N: <path>".
+var slowDiskReason = regexp.MustCompile(`^(slow disk on datanode [0-9]+): .*$`)
+
+// hidePipelinePaths returns ps with the disk paths in close reasons
+// replaced by hiddenPath (ps is shared with the state: changed pipelines
+// are cloned).
+func hidePipelinePaths(ps []*metapb.Pipeline) []*metapb.Pipeline {
+	out := make([]*metapb.Pipeline, len(ps))
+	for i, p := range ps {
+		out[i] = p
+		if m := slowDiskReason.FindStringSubmatch(p.CloseReason); m != nil {
+			c := proto.CloneOf(p)
+			c.CloseReason = m[1] + ": " + hiddenPath
+			out[i] = c
+		}
+	}
+	return out
 }
 
 func (x *scmServer) ListPipelines(ctx context.Context, _ *metapb.ListPipelinesRequest) (*metapb.ListPipelinesResponse, error) {
 	if err := x.barrier(ctx); err != nil {
 		return nil, err
 	}
-	return &metapb.ListPipelinesResponse{Pipelines: x.s.scmState.Pipelines()}, nil
+	ps := x.s.scmState.Pipelines()
+	if !x.showsPaths(ctx) {
+		ps = hidePipelinePaths(ps)
+	}
+	return &metapb.ListPipelinesResponse{Pipelines: ps}, nil
 }
 
 func (x *scmServer) ListContainers(ctx context.Context, req *metapb.ListContainersRequest) (*metapb.ListContainersResponse, error) {
