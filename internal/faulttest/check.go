@@ -189,7 +189,13 @@ func (ch *Checker) CheckReplicas(ctx context.Context, acked []Acked, settleBy ti
 	}
 	// An error here is the check's error, never "no corruption reported"
 	// (the RPC is admins only: a checker that lost that right must fail).
+	// Retried until settleBy: a leader change after the faults may answer
+	// NotLeader for a while.
 	cr, err := ch.C.CorruptReplicas(ctx)
+	for err != nil && time.Now().Before(settleBy) && ctx.Err() == nil {
+		time.Sleep(200 * time.Millisecond)
+		cr, err = ch.C.CorruptReplicas(ctx)
+	}
 	if err != nil {
 		return fmt.Errorf("list corrupt replicas: %w", err)
 	}
