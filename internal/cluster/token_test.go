@@ -389,14 +389,23 @@ func TestKeyRotationUnderWriteLoad(t *testing.T) {
 	for err := range errc {
 		t.Fatal(err)
 	}
-	var refused uint64
+	// Rotation must not make a datanode refuse a token (unknown or
+	// retired key). A token that expired is another matter: on a loaded
+	// machine a 2 s token can expire between the lookup and a read, and
+	// the client renews it (a refusal counted, the read succeeds: every
+	// operation above did).
+	var refused, expired uint64
 	for i := range c.Datanodes {
 		refused += c.Datanode(i).TokensRefused()
+		expired += c.Datanode(i).TokensExpired()
 	}
 	held := c.Datanode(0).TokenKeys().Len()
-	t.Logf("%d writes+reads; keys that signed tokens %d, held at the end %d; refusals %d", ops.Load(), len(signers), held, refused)
-	if refused != 0 {
-		t.Fatalf("%d token refusals during rotation, want 0", refused)
+	t.Logf("%d writes+reads; keys that signed tokens %d, held at the end %d; refusals %d (of which expired %d)", ops.Load(), len(signers), held, refused, expired)
+	if refused != expired {
+		t.Fatalf("%d token refusals during rotation that were not expiries, want 0", refused-expired)
+	}
+	if expired > uint64(ops.Load())/10 {
+		t.Fatalf("%d expired-token refusals in %d operations: tokens are not renewed", expired, ops.Load())
 	}
 	if len(signers) < 4 {
 		t.Fatalf("only %d keys signed tokens in 6 s of 600 ms rotation", len(signers))

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 
 	"github.com/basalt-store/basalt/internal/blocktoken"
@@ -30,6 +31,7 @@ import (
 type tokenCheck struct {
 	v       blocktoken.Verifier
 	refused atomic.Uint64
+	expired atomic.Uint64 // of refused: the token had expired (the client refreshes it)
 }
 
 // setKeys installs the key set from a registration or heartbeat answer.
@@ -59,6 +61,31 @@ func (d *Datanode) TokenKeys() *blocktoken.KeySet { return d.tokens.v.Keys() }
 // TokensRefused counts data calls and streams refused for their token.
 func (d *Datanode) TokensRefused() uint64 { return d.tokens.refused.Load() }
 
+// TokensExpired counts the refusals of TokensRefused whose token had
+// expired (blocktoken.ErrExpired): a client holding a lookup longer than
+// the token lives, which it renews by looking the key up again. The rest
+// are tokens that did not verify (unknown or retired key, bad MAC, wrong
+// block, mode or pipeline).
+func (d *Datanode) TokensExpired() uint64 { return d.tokens.expired.Load() }
+
+// tokenCollectors export the refusals: expired tokens (clients renew
+// them; many mean clients hold lookups too long or clocks disagree) and
+// the others (a client without rights, a forged token, or keys SCM did
+// not send in time).
+func (d *Datanode) tokenCollectors() []prometheus.Collector {
+	t := &d.tokens
+	return []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "datanode", Name: "block_tokens_expired_total",
+			Help: "Data calls and streams refused because their block token had expired."}, func() float64 { return float64(t.expired.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "datanode", Name: "block_tokens_invalid_total",
+			Help: "Data calls and streams refused because their block token did not verify (unknown key, bad MAC, wrong block, mode or pipeline)."},
+			func() float64 {
+				e := t.expired.Load() // first: refused counts each refusal before expired does
+				return float64(t.refused.Load() - e)
+			}),
+	}
+}
+
 // verifyToken checks tok for mode on block (container, local).
 func (d *Datanode) verifyToken(tok []byte, container, local uint64, mode blocktoken.Mode) error {
 	return d.verifyTokenVia(tok, container, local, mode, 0)
@@ -73,6 +100,9 @@ func (d *Datanode) verifyTokenVia(tok []byte, container, local uint64, mode bloc
 	}
 	if err != nil {
 		d.tokens.refused.Add(1)
+		if errors.Is(err, blocktoken.ErrExpired) {
+			d.tokens.expired.Add(1)
+		}
 		return fmt.Errorf("datanode %d: %v access to block %d/%d refused: %w", d.ident.ID, mode, container, local, err)
 	}
 	return nil
