@@ -66,6 +66,7 @@ Examples:
 					Volumes       int                `json:"volumes"`
 					FailedVolumes int                `json:"failed_volumes"`
 					Pipelines     uint32             `json:"pipelines"`
+					StreamVersion uint32             `json:"stream_version"`
 					Cache         *metapb.CacheStats `json:"cache,omitempty"`
 					SlowDisks     []slowDiskJSON     `json:"slow_disks,omitempty"`
 				}
@@ -75,7 +76,7 @@ Examples:
 					x := d.GetDetails()
 					rw := row{ID: x.Id, UUID: x.Uuid, Hostname: x.Hostname, DataAddr: x.DataAddr, RaftAddr: x.RaftAddr, Location: x.Location,
 						State: stateName(d.State.String()), OpState: opRow(d), Capacity: capa, Used: used, Volumes: len(d.Volumes), FailedVolumes: failed, Pipelines: d.Pipelines, Cache: d.Cache,
-						SlowDisks: slowDisksJSON(d.SlowDisks)}
+						SlowDisks: slowDisksJSON(d.SlowDisks), StreamVersion: streamVersion(x)}
 					if d.LastHeartbeatUnixMs > 0 {
 						rw.LastHeartbeat = time.UnixMilli(d.LastHeartbeatUnixMs).UTC().Format(time.RFC3339Nano)
 					}
@@ -83,7 +84,7 @@ Examples:
 				}
 				return printJSON(cmd.OutOrStdout(), out)
 			}
-			t := newTable(cmd.OutOrStdout(), "ID", "STATE", "OP STATE", "HOST", "DATA ADDR", "LOCATION", "CAPACITY", "USED", "USED%", "VOLUMES", "PIPELINES", "LAST HEARTBEAT", "DRAIN", "CACHE")
+			t := newTable(cmd.OutOrStdout(), "ID", "STATE", "OP STATE", "HOST", "DATA ADDR", "LOCATION", "CAPACITY", "USED", "USED%", "VOLUMES", "PIPELINES", "STREAM", "LAST HEARTBEAT", "DRAIN", "CACHE")
 			for _, d := range ds {
 				capa, used, failed := volumeTotals(d.Volumes)
 				pct := "-"
@@ -99,7 +100,7 @@ Examples:
 					hb = time.Since(time.UnixMilli(d.LastHeartbeatUnixMs)).Round(time.Millisecond).String() + " ago"
 				}
 				x := d.GetDetails()
-				t.row(x.Id, stateName(d.State.String()), opStateName(d.OpState), x.Hostname, x.DataAddr, x.Location, fmtBytes(capa), fmtBytes(used), pct, vols, d.Pipelines, hb, drainText(d), cacheText(d.Cache))
+				t.row(x.Id, stateName(d.State.String()), opStateName(d.OpState), x.Hostname, x.DataAddr, x.Location, fmtBytes(capa), fmtBytes(used), pct, vols, d.Pipelines, streamVersion(x), hb, drainText(d), cacheText(d.Cache))
 			}
 			if err := t.flush(); err != nil {
 				return err
@@ -451,4 +452,15 @@ func replicaRows(cr *metapb.ContainerReplicas) []replicaRow {
 		out = append(out, r)
 	}
 	return out
+}
+
+// streamVersion is the newest V2 stream protocol version datanode d
+// speaks: a datanode that predates the field (0) speaks only 4. During a
+// rolling upgrade clients open routes at the lowest version on them, so a
+// 4 here means that datanode's streams pay a TLS handshake per hop.
+func streamVersion(d *metapb.DatanodeDetails) uint32 {
+	if v := d.GetStreamVersion(); v != 0 {
+		return v
+	}
+	return 4
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/basalt-store/basalt/internal/pki"
+	"github.com/basalt-store/basalt/internal/stream"
 )
 
 // startProc runs the binary and returns the first stdout line matching re
@@ -109,10 +110,14 @@ func TestCAWithProcesses(t *testing.T) {
 		t.Fatalf("datanode list: %v %s", err, stderr)
 	}
 	var dns []struct {
-		UUID string `json:"uuid"`
+		UUID          string `json:"uuid"`
+		StreamVersion uint32 `json:"stream_version"`
 	}
 	if err := json.Unmarshal([]byte(out), &dns); err != nil || len(dns) != 1 || dns[0].UUID != creds.Identity.ID {
 		t.Fatalf("datanodes %s (err %v), want the one of %s", out, err, creds.Identity)
+	}
+	if dns[0].StreamVersion != stream.Version {
+		t.Fatalf("datanode list shows stream version %d, want this binary's %d", dns[0].StreamVersion, stream.Version)
 	}
 
 	// The token again, for another datanode: refused.
