@@ -311,21 +311,17 @@ func TestShortCircuitCacheDeletedBlock(t *testing.T) {
 	t.Logf("deleted block's file closed after %v", time.Since(start).Round(time.Millisecond))
 }
 
-// TestShortCircuitCacheExpiredToken: a reader whose tokens expired gets
-// no block file from the client's cache: the datanode is asked over its
-// socket and refuses the token, the reader looks the key up for fresh
-// tokens and reads on from the cached files; once the user's read access
-// is revoked, that lookup is refused and so is the read, as over gRPC.
-// Before, the cache served any reader of the client whatever its token:
-// the revoked user read on.
-func TestShortCircuitCacheExpiredToken(t *testing.T) {
-	dir, err := os.MkdirTemp("", "sct") // short: a socket path has at most 107 bytes
+// expiringTokenCluster starts 3 datanodes whose block tokens live 1.5 s,
+// writes key vol/bkt/k (three blocks of random data from seed) as the
+// admin, opens the bucket to others and returns the admin's client and
+// alice's (a plain user, closed at the test's end) with the data.
+func expiringTokenCluster(t *testing.T, ctx context.Context, prefix string, seed int64) (*cluster.Cluster, *client.Client, *client.Client, []byte) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix) // short: a socket path has at most 107 bytes
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	c, err := cluster.Start(ctx, cluster.Config{Dir: dir, Datanodes: 3,
 		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
 		BlockSize: 4 << 20, ContainerSize: 512 << 20, SecretKeys: scm.SecretKeyConfig{TokenLifetime: 1500 * time.Millisecond}})
@@ -335,7 +331,7 @@ func TestShortCircuitCacheExpiredToken(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	admin := newClient(t, c, "/dc1/rack1")
 	makeBucket(t, admin, "vol", "bkt")
-	data := randData(35, 10<<20+99) // three blocks
+	data := randData(seed, 10<<20+99) // three blocks
 	put(t, admin, "k", data)
 	open := uint32(0o755)
 	if _, err := admin.SetFileAttrs(ctx, "vol", "bkt", "", &metapb.FileAttrs{Permission: &open}); err != nil {
@@ -350,7 +346,21 @@ func TestShortCircuitCacheExpiredToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer alice.Close()
+	t.Cleanup(func() { alice.Close() })
+	return c, admin, alice, data
+}
+
+// TestShortCircuitCacheExpiredToken: a reader whose tokens expired gets
+// no block file from the client's cache: the datanode is asked over its
+// socket and refuses the token, the reader looks the key up for fresh
+// tokens and reads on from the cached files; once the user's read access
+// is revoked, that lookup is refused and so is the read, as over gRPC.
+// Before, the cache served any reader of the client whatever its token:
+// the revoked user read on.
+func TestShortCircuitCacheExpiredToken(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, admin, alice, data := expiringTokenCluster(t, ctx, "sct", 35)
 	if got := scReadAll(t, alice, "k", len(data), false); !bytes.Equal(got, data) {
 		t.Fatal("first read: wrong data")
 	}
@@ -417,38 +427,9 @@ func TestShortCircuitCacheExpiredToken(t *testing.T) {
 // Before, the held files served the reader until Close: the revoked user
 // read the whole key again (review rev17 finding 1).
 func TestShortCircuitHeldFileExpiredToken(t *testing.T) {
-	dir, err := os.MkdirTemp("", "sch") // short: a socket path has at most 107 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Config{Dir: dir, Datanodes: 3,
-		HeartbeatInterval: 200 * time.Millisecond, TickInterval: 50 * time.Millisecond,
-		BlockSize: 4 << 20, ContainerSize: 512 << 20, SecretKeys: scm.SecretKeyConfig{TokenLifetime: 1500 * time.Millisecond}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	admin := newClient(t, c, "/dc1/rack1")
-	makeBucket(t, admin, "vol", "bkt")
-	data := randData(36, 10<<20+99) // three blocks
-	put(t, admin, "k", data)
-	open := uint32(0o755)
-	if _, err := admin.SetFileAttrs(ctx, "vol", "bkt", "", &metapb.FileAttrs{Permission: &open}); err != nil {
-		t.Fatal(err)
-	}
-	creds, err := c.Credentials(pki.Identity{Role: pki.RoleClient, ID: "alice"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	alice, err := client.New(client.Config{MetaAddrs: []string{c.MetaAddr()}, Credentials: creds, Location: "/dc1/rack1",
-		RPCTimeout: 20 * time.Second, WaitAllTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer alice.Close()
+	c, admin, alice, data := expiringTokenCluster(t, ctx, "sch", 36)
 	r, err := alice.GetKey(ctx, "vol", "bkt", "k")
 	if err != nil {
 		t.Fatal(err)
