@@ -37,6 +37,15 @@ import (
 //     that stopped earlier (a bug that hit it alone, or a write it lacks)
 //     may miss blocks a later entry committed and acknowledged on
 //     another, so it stays recorded unhealthy ("stale") and is replaced;
+//   - nor below the container's BCSID floor (Container.bcsid_floor: the
+//     highest BCSID a replica dropped from the replica list held when it
+//     was dropped, or the close's), which the BCSIDs reported now cannot
+//     show: a newer replica dropped (replaced, over-replicated, its
+//     datanode dead or decommissioned) may have held acknowledged writes
+//     the recovered ones lack. The status says which replica set the
+//     floor and when; only --accept-dropped-replicas (logged at ERROR,
+//     recorded in the ReplicaRecoveredOp, which lowers the floor to the
+//     recovered BCSID) counts a replica below it;
 //   - the existing paths do the rest: closedReports closes a CLOSING
 //     container once its counted replicas report CLOSED, the replication
 //     manager copies it back to its factor from the recovered replicas
@@ -53,6 +62,12 @@ type recovery struct {
 	// acceptMissing: the operator accepted losing what replicas no longer
 	// listed by their live datanodes held (--accept-missing-replicas).
 	acceptMissing bool
+	// acceptDropped: the operator accepted counting a replica below the
+	// container's BCSID floor (--accept-dropped-replicas): acceptedFloor
+	// is the floor it saw when it asked (a floor raised since is not
+	// accepted).
+	acceptDropped bool
+	acceptedFloor uint64
 }
 
 // recoverFailedPrefix starts the reported reason of a replica whose last
@@ -104,6 +119,13 @@ func (m *Manager) RecoverContainer(ctx context.Context, req *metapb.RecoverConta
 		if r.acceptMissing {
 			m.log.Warn("scm: container recovery ACCEPTS LOSING what replicas its live datanodes no longer list held (--accept-missing-replicas)", "container", cid, "replicas", c.Replicas)
 		}
+		r.acceptDropped, r.acceptedFloor = req.GetAcceptDroppedReplicas(), 0
+		if r.acceptDropped {
+			f := c.GetBcsidFloor()
+			r.acceptedFloor = f.GetBcsid()
+			m.log.Error("scm: container recovery ACCEPTS LOSING what a replica dropped from the container held: recovered replicas below its BCSID floor may be counted (--accept-dropped-replicas)",
+				"container", cid, "floor", f.GetBcsid(), "floor_datanode", f.GetDatanodeId(), "floor_set", floorTime(f), "floor_reason", f.GetReason())
+		}
 		for _, dn := range c.Replicas {
 			if n := m.nodes[dn]; n != nil {
 				delete(n.sent, recoverKey(cid))
@@ -126,6 +148,13 @@ func (m *Manager) recoverableLocked(c *metapb.Container) error {
 		case ReplicaUnhealthy:
 			unhealthy = append(unhealthy, dn)
 		case ReplicaDead, ReplicaMissing:
+		case ReplicaLagging:
+			// Below the newest: repaired from it. Below the floor: no
+			// source for anything (replication.go), so it is no reason
+			// to refuse.
+			if rep := m.nodes[dn].containers[c.Id]; rep == nil || rep.Bcsid >= bcsidFloor(c) {
+				counts = append(counts, dn)
+			}
 		default:
 			counts = append(counts, dn)
 		}
@@ -164,22 +193,55 @@ func (m *Manager) newestAnyLocked(c *metapb.Container) (newest uint64, all bool,
 	return newest, all, missing
 }
 
+// floorTime is when f was set (RFC 3339 UTC; "" for no floor).
+func floorTime(f *metapb.BcsidFloor) string {
+	if f.GetUnixMs() == 0 {
+		return ""
+	}
+	return time.UnixMilli(f.GetUnixMs()).UTC().Format(time.RFC3339)
+}
+
+// floorText says what set c's BCSID floor, for statuses and reasons.
+func floorText(c *metapb.Container) string {
+	f := c.GetBcsidFloor()
+	if f.GetDatanodeId() != 0 {
+		return fmt.Sprintf("the replica on datanode %d held BCSID %d when it was dropped from the container at %s (%s)", f.GetDatanodeId(), f.GetBcsid(), floorTime(f), f.GetReason())
+	}
+	return fmt.Sprintf("SCM recorded BCSID %d for the container at %s (%s)", f.GetBcsid(), floorTime(f), f.GetReason())
+}
+
+// belowFloorAccepted: whether r accepts counting c below its floor (asked
+// with --accept-dropped-replicas while the floor was what it is now).
+func belowFloorAccepted(c *metapb.Container, r *recovery) bool {
+	return r != nil && r.acceptDropped && r.acceptedFloor >= bcsidFloor(c)
+}
+
 // countableLocked: whether recovered replicas of c may be counted now (all
-// replicas' datanodes reported, and no replica missing unless the
-// operator accepted the loss), and the op reason recording an accepted
-// loss. Callers hold m.mu.
-func (m *Manager) countableLocked(c *metapb.Container, r *recovery) (newest uint64, ok bool, reason string) {
+// replicas' datanodes reported, no replica missing unless the operator
+// accepted the loss, the newest reported BCSID at or above the container's
+// floor unless the operator accepted the loss), the BCSID a recovered
+// replica needs, the op reason recording an accepted loss, and the floor
+// accepted (ReplicaRecoveredOp.accepted_floor). Callers hold m.mu.
+func (m *Manager) countableLocked(c *metapb.Container, r *recovery) (need uint64, ok bool, reason string, acceptedFloor uint64) {
 	newest, all, missing := m.newestAnyLocked(c)
 	if !all {
-		return newest, false, ""
+		return newest, false, "", 0
 	}
+	var why []string
 	if len(missing) > 0 {
 		if r == nil || !r.acceptMissing {
-			return newest, false, ""
+			return newest, false, "", 0
 		}
-		reason = fmt.Sprintf("operator accepted losing what replicas on datanodes %v held (no longer listed by their live datanodes; --accept-missing-replicas): newest BCSID among the rest %d", missing, newest)
+		why = append(why, fmt.Sprintf("operator accepted losing what replicas on datanodes %v held (no longer listed by their live datanodes; --accept-missing-replicas): newest BCSID among the rest %d", missing, newest))
 	}
-	return newest, true, reason
+	if floor := bcsidFloor(c); newest < floor {
+		if !belowFloorAccepted(c, r) {
+			return newest, false, "", 0
+		}
+		acceptedFloor = floor
+		why = append(why, fmt.Sprintf("operator accepted losing BCSIDs %d to %d (--accept-dropped-replicas): %s", newest+1, floor, floorText(c)))
+	}
+	return newest, true, strings.Join(why, "; "), acceptedFloor
 }
 
 // recoverCommandsLocked adds the RecoverContainerCommands datanode dn
@@ -228,19 +290,29 @@ func (m *Manager) recoverRound(ctx context.Context) error {
 			delete(m.recov, cid)
 			continue
 		}
-		newest, ok, reason := m.countableLocked(c, r)
+		newest, ok, reason, accepted := m.countableLocked(c, r)
 		if !ok {
 			continue
 		}
 		for _, dn := range c.UnhealthyReplicas {
 			if rep := m.nodes[dn].containers[cid]; rep != nil && rep.State == metapb.ContainerState_CONTAINER_CLOSED && rep.Bcsid >= newest {
-				ops = append(ops, &metapb.ReplicaRecoveredOp{ContainerId: cid, DatanodeId: dn, Bcsid: rep.Bcsid, Reason: reason})
+				op := &metapb.ReplicaRecoveredOp{ContainerId: cid, DatanodeId: dn, Bcsid: rep.Bcsid, Reason: reason}
+				if rep.Bcsid < accepted {
+					op.AcceptedFloor = accepted
+				}
+				ops = append(ops, op)
 			}
 		}
 	}
 	m.mu.Unlock()
 	for _, op := range ops {
 		res, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaRecovered{ReplicaRecovered: op}})
+		if status.Code(err) == codes.FailedPrecondition {
+			// Apply refused it (the floor rose since, the container
+			// moved on): the next round decides again.
+			m.log.Warn("scm: replica recovered: refused", "container", op.ContainerId, "datanode", op.DatanodeId, "err", err)
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -267,8 +339,13 @@ func (m *Manager) recoverRound(ctx context.Context) error {
 func (m *Manager) recoverProgressLocked(c *metapb.Container, r *recovery) *metapb.RecoverContainerResponse {
 	newest, all, missing := m.newestAnyLocked(c)
 	resp := &metapb.RecoverContainerResponse{Container: proto.Clone(c).(*metapb.Container), Running: r != nil, NewestBcsid: newest,
-		AcceptMissingReplicas: r != nil && r.acceptMissing}
+		AcceptMissingReplicas: r != nil && r.acceptMissing, AcceptDroppedReplicas: r != nil && r.acceptDropped}
+	if f := c.GetBcsidFloor(); f != nil {
+		resp.BcsidFloor = proto.Clone(f).(*metapb.BcsidFloor)
+	}
 	blocked := len(missing) > 0 && !resp.AcceptMissingReplicas
+	floor := bcsidFloor(c)
+	belowFloor := newest < floor && !belowFloorAccepted(c, r)
 	done := c.State == metapb.ContainerState_CONTAINER_CLOSED
 	counted := 0
 	for _, dn := range c.Replicas {
@@ -333,6 +410,10 @@ func (m *Manager) recoverProgressLocked(c *metapb.Container, r *recovery) *metap
 		case rep.State == metapb.ContainerState_CONTAINER_CLOSED && blocked:
 			ri.Status = "blocked"
 			ri.Reason = fmt.Sprintf("recovered, not counted: the live datanodes %v no longer list their replicas, which may have held newer blocks; bring them back, or run again with --accept-missing-replicas to accept losing what only they held", missing)
+			done = false
+		case rep.State == metapb.ContainerState_CONTAINER_CLOSED && belowFloor:
+			ri.Status = "blocked"
+			ri.Reason = fmt.Sprintf("recovered, not counted: BCSID %d is below the container's floor %d: %s; it may lack acknowledged blocks only that replica held; run again with --accept-dropped-replicas to accept losing them", rep.Bcsid, floor, floorText(c))
 			done = false
 		case rep.State == metapb.ContainerState_CONTAINER_CLOSED:
 			ri.Status = "recovered"

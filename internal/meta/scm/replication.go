@@ -327,7 +327,10 @@ func (m *Manager) replicaStatusLocked(c *metapb.Container, dn uint64) ReplicaSta
 		return ReplicaMissing
 	case rep.State == metapb.ContainerState_CONTAINER_UNHEALTHY:
 		return ReplicaUnhealthy
-	case c.State == metapb.ContainerState_CONTAINER_CLOSED && rep.State == metapb.ContainerState_CONTAINER_CLOSED && rep.Bcsid < m.newestLocked(c):
+	case c.State == metapb.ContainerState_CONTAINER_CLOSED && rep.State == metapb.ContainerState_CONTAINER_CLOSED && rep.Bcsid < max(m.newestLocked(c), bcsidFloor(c)):
+		// Below the newest live replica, or below what a replica dropped
+		// since (or the close) is recorded to have held: it lacks
+		// committed writes.
 		return ReplicaLagging
 	}
 	return offline()
@@ -382,6 +385,28 @@ func (m *Manager) newestLocked(c *metapb.Container) uint64 {
 		}
 	}
 	return newest
+}
+
+// bcsidFloor is the highest BCSID SCM's replicated state records a
+// replica of c held (a dropped replica's last report, the close's;
+// Container.bcsid_floor): no replica below it counts or is a copy source.
+func bcsidFloor(c *metapb.Container) uint64 { return c.GetBcsidFloor().GetBcsid() }
+
+// lastBcsidsLocked is, for each of dns, the BCSID its datanode last
+// reported for container cid (0 if not known to this leader: never
+// reported, or not since it became leader). It travels in the
+// ReplicasRemovedOp that drops them (Container.bcsid_floor). Callers hold
+// m.mu.
+func (m *Manager) lastBcsidsLocked(cid uint64, dns []uint64) []uint64 {
+	out := make([]uint64, len(dns))
+	for i, dn := range dns {
+		if n := m.nodes[dn]; n != nil {
+			if rep := n.containers[cid]; rep != nil {
+				out[i] = rep.Bcsid
+			}
+		}
+	}
+	return out
 }
 
 // replOp is one replica-set change a round decided on.
@@ -629,7 +654,7 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			continue
 		}
 		if len(cl.Healthy) < cl.Need {
-			newest := m.newestLocked(c)
+			newest := max(m.newestLocked(c), bcsidFloor(c))
 			added := false
 			for _, dn := range extra[c.Id] {
 				if slices.Contains(c.Replicas, dn) {
@@ -666,7 +691,7 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		}
 		if drop := slices.Concat(cl.Bad, cl.Decom); len(drop) > 0 {
 			ops = append(ops, replOp{what: fmt.Sprintf("replicas %v dropped (replaced)", drop), cid: c.Id,
-				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: drop, Reason: "replaced by healthy replicas"}}}})
+				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: drop, Reason: "replaced by healthy replicas", Bcsids: m.lastBcsidsLocked(c.Id, drop)}}}})
 			continue
 		}
 		if len(cl.Healthy) > cl.Want {
@@ -675,7 +700,7 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			}
 			victim := extraReplica(verified, racks)
 			ops = append(ops, replOp{what: fmt.Sprintf("replica on datanode %d dropped (over-replicated)", victim), cid: c.Id,
-				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: []uint64{victim}, Reason: "over-replicated"}}}})
+				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: []uint64{victim}, Reason: "over-replicated", Bcsids: m.lastBcsidsLocked(c.Id, []uint64{victim})}}}})
 		}
 	}
 	for cid := range rs.alarmed {
@@ -703,11 +728,22 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		if rs.copies[u.c.Id] != nil {
 			continue
 		}
+		// Never a source below the container's BCSID floor: with a floor
+		// set, only a replica whose datanode reported it at or above the
+		// floor (one not reported yet under this leader may be older).
+		floor := bcsidFloor(u.c)
+		belowFloor := func(n *nodeSoft) bool {
+			if floor == 0 {
+				return false
+			}
+			rep := n.containers[u.c.Id]
+			return rep == nil || rep.Bcsid < floor
+		}
 		var sources []uint64
 		var repRacks []string
 		for _, r := range u.cl.Healthy {
 			repRacks = append(repRacks, racks[r])
-			if n := m.nodes[r]; n != nil && n.state == metapb.NodeState_HEALTHY {
+			if n := m.nodes[r]; n != nil && n.state == metapb.NodeState_HEALTHY && !belowFloor(n) {
 				sources = append(sources, r)
 			}
 		}
@@ -716,7 +752,7 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		// only copy of a ONE container).
 		var offline []uint64
 		for _, r := range slices.Concat(u.cl.Decom, u.cl.Maint) {
-			if n := m.nodes[r]; n != nil && n.state == metapb.NodeState_HEALTHY && n.containers[u.c.Id] != nil {
+			if n := m.nodes[r]; n != nil && n.state == metapb.NodeState_HEALTHY && n.containers[u.c.Id] != nil && !belowFloor(n) {
 				offline = append(offline, r)
 			}
 		}
