@@ -247,6 +247,7 @@ func TestReplicationDropRecordsFloor(t *testing.T) {
 		ids = append(ids, e.register(t, "dn"+string(rune('a'+i)), "/dc1/r1"))
 	}
 	cid := e.closedOn(t, 100, ids[:3]...)
+	cid2 := e.closedOn(t, 0, ids[1:4]...) // empty: the manager leaves it alone
 	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaAdded{ReplicaAdded: &metapb.ReplicaAddedOp{ContainerId: cid, DatanodeId: ids[3]}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -272,15 +273,14 @@ func TestReplicationDropRecordsFloor(t *testing.T) {
 	}
 
 	// An older leader's op: no bcsids. The floor stays what it was.
-	cid2 := e.closedOn(t, 100, ids[:3]...)
-	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: cid2, DatanodeIds: []uint64{ids[0]}, Reason: "old"}}}); err != nil {
+	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: cid2, DatanodeIds: []uint64{ids[3]}, Reason: "old"}}}); err != nil {
 		t.Fatal(err)
 	}
 	if c := e.st.Container(cid2); len(c.Replicas) != 2 || c.BcsidFloor != nil {
 		t.Fatalf("an op without bcsids: %v, want two replicas and no floor", c)
 	}
 	// More BCSIDs than datanodes: refused before anything changes.
-	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: cid2, DatanodeIds: []uint64{ids[1]}, Bcsids: []uint64{1, 2}}}}); code(err) != codes.InvalidArgument {
+	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: cid2, DatanodeIds: []uint64{ids[2]}, Bcsids: []uint64{1, 2}}}}); code(err) != codes.InvalidArgument {
 		t.Fatalf("two BCSIDs for one datanode: %v, want InvalidArgument", err)
 	}
 }
@@ -296,15 +296,18 @@ func TestFloorApplyDeterministic(t *testing.T) {
 		e.round(t)
 	}
 	// And a floor set by a close, raised by a drop.
-	res, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_CreatePipeline{CreatePipeline: &metapb.CreatePipelineOp{Replication: metapb.Replication_THREE, Datanodes: e.ids[2:5]}}})
-	if err != nil {
-		t.Fatal(err)
+	// (on a pipeline the manager created: one of our own could collide
+	// with it)
+	open := e.st.OpenPipelines(metapb.Replication_THREE)
+	if len(open) == 0 {
+		t.Fatal("no open pipeline")
 	}
-	res, err = e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_CreateContainer{CreateContainer: &metapb.CreateContainerOp{PipelineId: res.(*metapb.Pipeline).Id}}})
+	res, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_CreateContainer{CreateContainer: &metapb.CreateContainerOp{PipelineId: open[0].Id}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c2 := res.(*metapb.Container).Id
+	dropped := res.(*metapb.Container).Replicas[0]
 	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ContainerClosed{ContainerClosed: &metapb.ContainerClosedOp{ContainerId: c2, UsedBytes: 100, Bcsid: 21}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -312,8 +315,11 @@ func TestFloorApplyDeterministic(t *testing.T) {
 		t.Fatalf("floor after the close: %v, want 21", f)
 	}
 	e.clk.Advance(time.Second)
-	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c2, DatanodeIds: []uint64{e.ids[4]}, Bcsids: []uint64{33}, Reason: "dead datanode"}}}); err != nil {
+	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c2, DatanodeIds: []uint64{dropped}, Bcsids: []uint64{33}, Reason: "dead datanode"}}}); err != nil {
 		t.Fatal(err)
+	}
+	if f := e.st.Container(c2).GetBcsidFloor(); f.GetBcsid() != 33 || f.GetDatanodeId() != dropped {
+		t.Fatalf("floor after the drop: %v, want 33 from %d", f, dropped)
 	}
 	want := map[uint64]*metapb.Container{}
 	floors := 0
