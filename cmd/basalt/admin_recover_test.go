@@ -110,6 +110,8 @@ func TestRecoverWait(t *testing.T) {
 		err error
 	}
 	start := mk(closing, true, false, "recovered", "recovered", "stale")
+	belowFloor := mk(closing, true, false, "blocked", "blocked")
+	belowFloor.NewestBcsid, belowFloor.BcsidFloor = 7, &metapb.BcsidFloor{Bcsid: 10, DatanodeId: 3, UnixMs: 1_700_000_000_000, Reason: "replica dropped: over-replicated"}
 	for _, tc := range []struct {
 		name    string
 		answers []answer // in order; the last repeats
@@ -125,6 +127,7 @@ func TestRecoverWait(t *testing.T) {
 		{"container deleted", []answer{{nil, status.Error(codes.NotFound, "container 5 not found")}}, "not found", nil},
 		{"not an admin", []answer{{nil, status.Error(codes.PermissionDenied, "admins only")}}, "admins only", nil},
 		{"blocked", []answer{{mk(closing, true, false, "missing", "missing", "blocked"), nil}}, "--accept-missing-replicas", []string{"3:blocked"}},
+		{"below the floor", []answer{{belowFloor, nil}}, "--accept-dropped-replicas", []string{"1:blocked"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var calls []*metapb.RecoverContainerRequest
@@ -136,7 +139,7 @@ func TestRecoverWait(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			var out bytes.Buffer
-			r, err := waitRecover(ctx, call, start, 5, false, &out, time.Millisecond)
+			r, err := waitRecover(ctx, call, start, &metapb.RecoverContainerRequest{ContainerId: 5}, &out, time.Millisecond)
 			if tc.wantErr == "" {
 				if err != nil || !r.GetDone() {
 					t.Fatalf("wait: %v, %v\n%s", r, err, out.String())
