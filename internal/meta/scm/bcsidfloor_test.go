@@ -368,3 +368,50 @@ func TestFloorApplyDeterministic(t *testing.T) {
 	}
 	same("restored", other)
 }
+
+// TestReplicationSourceUnreportedBelowFloor: with a floor set, a replica
+// whose datanode has not sent this leader a full report yet (after a
+// failover) counts as healthy for its grace period, but its BCSID is not
+// known: it is no copy source (it may be an old replica). Only the
+// replica reported at the floor is.
+func TestReplicationSourceUnreportedBelowFloor(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 1, OpenContainersPerPipeline: 1})
+	var ids []uint64
+	for i := range 5 {
+		ids = append(ids, e.register(t, "dn"+string(rune('a'+i)), "/dc1/r1"))
+	}
+	cid := e.closedOn(t, 100, ids[:3]...)
+	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaAdded{ReplicaAdded: &metapb.ReplicaAddedOp{ContainerId: cid, DatanodeId: ids[3]}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{
+		ContainerId: cid, DatanodeIds: []uint64{ids[3]}, Bcsids: []uint64{10}, Reason: "over-replicated"}}}); err != nil {
+		t.Fatal(err)
+	}
+	e.failover(t)
+	// ids[0] silent (dies), ids[1] reports 10 in full, ids[2] only
+	// heartbeats (no full report yet).
+	for range 12 {
+		e.clk.Advance(e.m.cfg.HeartbeatInterval)
+		e.report(t, ids[1], closedRep(cid, 10))
+		if _, err := e.m.Heartbeat(e.ctx, &metapb.HeartbeatRequest{DatanodeId: ids[2]}); err != nil {
+			t.Fatal(err)
+		}
+		e.report(t, ids[3])
+		e.report(t, ids[4])
+		e.tick(t)
+	}
+	h, _ := e.m.ContainerHealth(10)
+	var cp *metapb.ReplicationCopy
+	for _, x := range h.Copies {
+		if x.ContainerId == cid {
+			cp = x
+		}
+	}
+	if cp == nil {
+		t.Fatalf("no copy of %d scheduled: %v (counts %v)", cid, h.Copies, h.Counts)
+	}
+	if !slices.Equal(cp.Sources, []uint64{ids[1]}) {
+		t.Fatalf("copy sources %v, want only %d (reported at the floor)", cp.Sources, ids[1])
+	}
+}
