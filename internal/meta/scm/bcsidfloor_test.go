@@ -415,3 +415,31 @@ func TestReplicationSourceUnreportedBelowFloor(t *testing.T) {
 		t.Fatalf("copy sources %v, want only %d (reported at the floor)", cp.Sources, ids[1])
 	}
 }
+
+// TestRecoverNotRefusedForReplicaBelowFloor: a CLOSED replica below the
+// floor is lagging but no copy source, so it is no reason to refuse the
+// recovery of the container's UNHEALTHY replica (before, any lagging
+// replica "counted": recover said the replication manager would repair
+// the container from it, which it cannot).
+func TestRecoverNotRefusedForReplicaBelowFloor(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 1, OpenContainersPerPipeline: 1})
+	var ids []uint64
+	for i := range 5 {
+		ids = append(ids, e.register(t, "dn"+string(rune('a'+i)), "/dc1/r1"))
+	}
+	cid := e.closedOn(t, 300, ids[:3]...)
+	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{
+		ContainerId: cid, DatanodeIds: []uint64{ids[0]}, Bcsids: []uint64{10}, Reason: "replaced by healthy replicas"}}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		e.report(t, ids[1], closedRep(cid, 7))
+		e.report(t, ids[2], &metapb.ContainerReport{ContainerId: cid, State: metapb.ContainerState_CONTAINER_UNHEALTHY, UsedBytes: 300, Bcsid: 7, UnhealthyReason: recoverBug})
+		e.report(t, ids[3])
+		e.report(t, ids[4])
+		e.tick(t)
+	}
+	if _, err := e.m.RecoverContainer(e.ctx, &metapb.RecoverContainerRequest{ContainerId: cid}); err != nil {
+		t.Fatalf("recover with only a replica below the floor besides the unhealthy one: %v", err)
+	}
+}
