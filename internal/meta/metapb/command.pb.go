@@ -757,8 +757,9 @@ type ContainerClosedOp struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
 	UsedBytes   uint64                 `protobuf:"varint,2,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
-	// The highest BCSID its closed replicas reported: raises the
-	// container's bcsid_floor (0: leaves it).
+	// The lowest BCSID its healthy closed replicas reported (the bound on
+	// acknowledged writes): raises the container's bcsid_floor (0: leaves
+	// it).
 	Bcsid         uint64 `protobuf:"varint,3,opt,name=bcsid,proto3" json:"bcsid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1013,8 +1014,10 @@ type ReplicasRemovedOp struct {
 	ContainerId uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
 	DatanodeIds []uint64               `protobuf:"varint,2,rep,packed,name=datanode_ids,json=datanodeIds,proto3" json:"datanode_ids,omitempty"`
 	Reason      string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
-	// The BCSID each dropped replica last reported to the proposing leader,
-	// by position in datanode_ids (0 or absent: not known). Apply raises the
+	// For each dropped replica, by position in datanode_ids: the BCSID it
+	// last reported to the proposing leader, capped at the highest BCSID of
+	// the healthy replicas the op keeps (uncapped only when it keeps none;
+	// 0 or absent: not known). Apply raises the
 	// container's bcsid_floor to the highest of those actually dropped:
 	// the value travels in the op, never read from soft state at apply.
 	Bcsids        []uint64 `protobuf:"varint,4,rep,packed,name=bcsids,proto3" json:"bcsids,omitempty"`

@@ -1167,10 +1167,11 @@ type Container struct {
 	// ContainerWithLocation.datanodes) and no delete waits for them. Kept
 	// sorted.
 	UnhealthyReplicas []uint64 `protobuf:"varint,8,rep,packed,name=unhealthy_replicas,json=unhealthyReplicas,proto3" json:"unhealthy_replicas,omitempty"`
-	// The highest BCSID SCM knows a replica of this CLOSED container held:
-	// raised by the op that drops a replica (the BCSID its datanode last
-	// reported to the proposing leader) and by the close (the highest its
-	// closed replicas reported). No replica below it counts (the
+	// The BCSID below which a replica of this CLOSED container lacks
+	// acknowledged writes: set by the close (the lowest BCSID its healthy
+	// closed replicas reported) and raised by the op that drops a replica
+	// (the BCSID its datanode last reported, capped at the highest healthy
+	// replica the op keeps; uncapped only when it keeps none). No replica below it counts (the
 	// replication manager takes it for lagging; recover does not count it
 	// unless the operator accepts the loss, which lowers it). Unset: 0
 	// (containers dropped or closed by ops without it).

@@ -892,12 +892,17 @@ func (m *Manager) unhealthyBatch() []*metapb.UnhealthyReplica {
 // datanode creates a container on the first one) or lost it, and no write
 // can reach it any more; the replication manager repairs it if the
 // container holds data. A container no replica ever got closes empty.
-// The highest BCSID the closed replicas report goes in the op: the
-// container's BCSID floor (Container.bcsid_floor). Callers hold m.mu.
+// The LOWEST BCSID the healthy closed replicas report goes in the op: the
+// container's BCSID floor (Container.bcsid_floor). A write is acknowledged
+// only once every pipeline member applied it (WaitAll), so a healthy
+// member's BCSID bounds every acknowledged write from above: what one
+// replica holds above the lowest healthy one was never acknowledged, and a
+// floor above a healthy replica the container keeps would strand it
+// (missing, with no copy source). Callers hold m.mu.
 func (m *Manager) closedReports() map[uint64]closedReport {
 	out := map[uint64]closedReport{}
 	for _, c := range m.st.ClosingContainers() {
-		ok, any := true, false
+		ok, any, seen := true, false, false
 		var used, bcsid uint64
 		p := m.st.Pipeline(c.PipelineId)
 		for _, r := range c.Replicas {
@@ -916,7 +921,9 @@ func (m *Manager) closedReports() map[uint64]closedReport {
 			}
 			any = true
 			used = max(used, rep.UsedBytes)
-			bcsid = max(bcsid, rep.Bcsid)
+			if !seen || rep.Bcsid < bcsid {
+				bcsid, seen = rep.Bcsid, true
+			}
 		}
 		if ok && any {
 			out[c.Id] = closedReport{used: used, bcsid: bcsid}

@@ -37,12 +37,13 @@ import (
 //     that stopped earlier (a bug that hit it alone, or a write it lacks)
 //     may miss blocks a later entry committed and acknowledged on
 //     another, so it stays recorded unhealthy ("stale") and is replaced;
-//   - nor below the container's BCSID floor (Container.bcsid_floor: the
-//     highest BCSID a replica dropped from the replica list held when it
-//     was dropped, or the close's), which the BCSIDs reported now cannot
-//     show: a newer replica dropped (replaced, over-replicated, its
-//     datanode dead or decommissioned) may have held acknowledged writes
-//     the recovered ones lack. The status says which replica set the
+//   - nor below the container's BCSID floor (Container.bcsid_floor: set
+//     at close to the lowest BCSID its healthy closed replicas reported,
+//     raised by a drop at most to the highest healthy replica it keeps,
+//     and to the dropped replica's own BCSID only when it keeps no healthy
+//     one: the recover case), which the BCSIDs reported now cannot show:
+//     a dropped replica may have held acknowledged writes the recovered
+//     ones lack. The status says which replica set the
 //     floor and when; only --accept-dropped-replicas (logged at ERROR,
 //     recorded in the ReplicaRecoveredOp, which lowers the floor to the
 //     recovered BCSID) counts a replica below it;
@@ -205,7 +206,7 @@ func floorTime(f *metapb.BcsidFloor) string {
 func floorText(c *metapb.Container) string {
 	f := c.GetBcsidFloor()
 	if f.GetDatanodeId() != 0 {
-		return fmt.Sprintf("the replica on datanode %d held BCSID %d when it was dropped from the container at %s (%s)", f.GetDatanodeId(), f.GetBcsid(), floorTime(f), f.GetReason())
+		return fmt.Sprintf("set to BCSID %d when the replica on datanode %d was dropped from the container at %s (%s)", f.GetBcsid(), f.GetDatanodeId(), floorTime(f), f.GetReason())
 	}
 	return fmt.Sprintf("SCM recorded BCSID %d for the container at %s (%s)", f.GetBcsid(), floorTime(f), f.GetReason())
 }

@@ -387,23 +387,55 @@ func (m *Manager) newestLocked(c *metapb.Container) uint64 {
 	return newest
 }
 
-// bcsidFloor is the highest BCSID SCM's replicated state records a
-// replica of c held (a dropped replica's last report, the close's;
-// Container.bcsid_floor): no replica below it counts or is a copy source.
+// bcsidFloor is the BCSID below which SCM's replicated state says a
+// replica of c lacks acknowledged writes (Container.bcsid_floor: the
+// close's lowest healthy BCSID, a drop's capped one, dropBcsidsLocked): no replica below it counts or is a copy source.
 func bcsidFloor(c *metapb.Container) uint64 { return c.GetBcsidFloor().GetBcsid() }
 
-// lastBcsidsLocked is, for each of dns, the BCSID its datanode last
-// reported for container cid (0 if not known to this leader: never
-// reported, or not since it became leader). It travels in the
-// ReplicasRemovedOp that drops them (Container.bcsid_floor). Callers hold
+// dropBcsidsLocked is, for each of drop, the BCSID the ReplicasRemovedOp
+// that drops it carries (Apply raises Container.bcsid_floor to the highest
+// of those really dropped): the BCSID its datanode last reported for c (0
+// if not known to this leader: never reported, or not since it became
+// leader), capped at the highest BCSID among the healthy replicas the op
+// keeps. Invariant: a drop never makes a replica it keeps lagging. A write
+// is acknowledged only once every pipeline member applied it (WaitAll),
+// so whatever a dropped replica held above a healthy kept one was never
+// acknowledged. Healthy kept: not dropped, not recorded unhealthy, not
+// pending as unhealthy, and not reporting UNHEALTHY; one with no report
+// known to this leader counts with BCSID 0 (the floor is not raised on
+// its account: never above a replica whose BCSID is unknown). Only when
+// the op keeps no healthy replica (all recorded or reporting UNHEALTHY:
+// the recover case) does the dropped replica's own BCSID travel. The
+// proposer computes the value; Apply reads only the op. Callers hold
 // m.mu.
-func (m *Manager) lastBcsidsLocked(cid uint64, dns []uint64) []uint64 {
-	out := make([]uint64, len(dns))
-	for i, dn := range dns {
+func (m *Manager) dropBcsidsLocked(c *metapb.Container, drop []uint64) []uint64 {
+	var keptMax uint64
+	healthyKept := false
+	for _, r := range c.Replicas {
+		if slices.Contains(drop, r) || slices.Contains(c.UnhealthyReplicas, r) || m.unhealthy[c.Id][r] != "" {
+			continue
+		}
+		var rep *metapb.ContainerReport
+		if n := m.nodes[r]; n != nil {
+			rep = n.containers[c.Id]
+		}
+		if rep != nil && rep.State == metapb.ContainerState_CONTAINER_UNHEALTHY {
+			continue
+		}
+		healthyKept = true
+		if rep != nil && rep.State == metapb.ContainerState_CONTAINER_CLOSED {
+			keptMax = max(keptMax, rep.Bcsid)
+		}
+	}
+	out := make([]uint64, len(drop))
+	for i, dn := range drop {
 		if n := m.nodes[dn]; n != nil {
-			if rep := n.containers[cid]; rep != nil {
+			if rep := n.containers[c.Id]; rep != nil {
 				out[i] = rep.Bcsid
 			}
+		}
+		if healthyKept {
+			out[i] = min(out[i], keptMax)
 		}
 	}
 	return out
@@ -691,7 +723,7 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		}
 		if drop := slices.Concat(cl.Bad, cl.Decom); len(drop) > 0 {
 			ops = append(ops, replOp{what: fmt.Sprintf("replicas %v dropped (replaced)", drop), cid: c.Id,
-				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: drop, Reason: "replaced by healthy replicas", Bcsids: m.lastBcsidsLocked(c.Id, drop)}}}})
+				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: drop, Reason: "replaced by healthy replicas", Bcsids: m.dropBcsidsLocked(c, drop)}}}})
 			continue
 		}
 		if len(cl.Healthy) > cl.Want {
@@ -700,7 +732,7 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			}
 			victim := extraReplica(verified, racks)
 			ops = append(ops, replOp{what: fmt.Sprintf("replica on datanode %d dropped (over-replicated)", victim), cid: c.Id,
-				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: []uint64{victim}, Reason: "over-replicated", Bcsids: m.lastBcsidsLocked(c.Id, []uint64{victim})}}}})
+				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: []uint64{victim}, Reason: "over-replicated", Bcsids: m.dropBcsidsLocked(c, []uint64{victim})}}}})
 		}
 	}
 	for cid := range rs.alarmed {

@@ -345,7 +345,7 @@ func (s *State) apply(b *pebble.Batch, cmd *metapb.ScmCommand) any {
 			c.State = metapb.ContainerState_CONTAINER_CLOSED
 			c.UsedBytes = op.ContainerClosed.UsedBytes
 			if bc := op.ContainerClosed.Bcsid; bc > c.GetBcsidFloor().GetBcsid() {
-				c.BcsidFloor = &metapb.BcsidFloor{Bcsid: bc, UnixMs: now, Reason: "closed: the highest BCSID its closed replicas reported"}
+				c.BcsidFloor = &metapb.BcsidFloor{Bcsid: bc, UnixMs: now, Reason: "closed: the lowest BCSID its healthy closed replicas reported"}
 			}
 			s.setContainer(c)
 			s.put(b, key(pfxContainer, c.Id), c)
@@ -478,10 +478,11 @@ func (s *State) applyReplicaAdded(b *pebble.Batch, op *metapb.ReplicaAddedOp) an
 // removes a replica only once enough healthy ones are recorded; Apply
 // re-checks the part it can see, that at least one replica not recorded
 // unhealthy stays, so no command can leave a container without a
-// location. It raises the container's BCSID floor to the highest BCSID
-// the op says a dropped replica held (op.bcsids, from the proposer's
-// reports: Apply reads no soft state), so a replica below what the
-// dropped one held never counts afterwards (recover.go, replication.go).
+// location. It raises the container's BCSID floor to the highest of
+// op.bcsids among the replicas it really drops (the proposer computed
+// them, capped at the healthy replicas it keeps: dropBcsidsLocked; Apply
+// reads no soft state), so a replica below that never counts afterwards
+// (recover.go, replication.go).
 func (s *State) applyReplicasRemoved(b *pebble.Batch, op *metapb.ReplicasRemovedOp, now int64) any {
 	c := s.containers[op.ContainerId]
 	if c == nil {
