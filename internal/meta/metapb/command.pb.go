@@ -1097,9 +1097,11 @@ type ReplicaRecoveredOp struct {
 	// below the container's floor (accept_dropped_replicas): says which.
 	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Set when the operator accepted counting below the floor: the floor
-	// accepted. Apply refuses a bcsid below the container's floor unless
-	// accepted_floor is at least the floor (it rose since the leader
-	// decided: refused), and then lowers the floor to bcsid.
+	// accepted. The leader proposes a bcsid below the container's floor
+	// only with it; Apply refuses nothing on account of the floor (older
+	// binaries do not keep it), and lowers the floor to bcsid only when
+	// accepted_floor is at least the floor (a floor raised since the
+	// leader decided stays).
 	AcceptedFloor uint64 `protobuf:"varint,5,opt,name=accepted_floor,json=acceptedFloor,proto3" json:"accepted_floor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

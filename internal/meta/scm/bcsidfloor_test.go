@@ -110,12 +110,6 @@ func TestRecoverBelowDroppedReplicaFloor(t *testing.T) {
 			t.Fatalf("replica %d: %s %q, want blocked naming the dropped replica, when, and the flag", r.DatanodeId, r.Status, r.Reason)
 		}
 	}
-	// An op proposed below the floor without the acceptance is refused
-	// by Apply (the floor travels in the state, not the leader's memory).
-	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaRecovered{ReplicaRecovered: &metapb.ReplicaRecoveredOp{ContainerId: e.cid, DatanodeId: e.ids[1], Bcsid: 7}}}); code(err) != codes.FailedPrecondition {
-		t.Fatalf("ReplicaRecovered below the floor, not accepted: %v, want FailedPrecondition", err)
-	}
-
 	if resp := e.start(t, true); !resp.AcceptDroppedReplicas {
 		t.Fatalf("restart with the flag: %v", resp)
 	}
@@ -441,5 +435,37 @@ func TestRecoverNotRefusedForReplicaBelowFloor(t *testing.T) {
 	}
 	if _, err := e.m.RecoverContainer(e.ctx, &metapb.RecoverContainerRequest{ContainerId: cid}); err != nil {
 		t.Fatalf("recover with only a replica below the floor besides the unhealthy one: %v", err)
+	}
+}
+
+// TestFloorRecoveredOpNotRefusedByApply (review finding 2): Apply refuses
+// no ReplicaRecoveredOp on account of the floor, state an older binary
+// does not keep (a refusal there made mixed-version replicas diverge in
+// unhealthy_replicas). An op below the floor without the acceptance (an
+// older leader's, or one racing a floor raised since) applies as on an
+// old binary: the replica leaves unhealthy_replicas, the floor stays, and
+// the replication manager takes the replica for lagging (never a source).
+// An op with accepted_floor at least the floor lowers it.
+func TestFloorRecoveredOpNotRefusedByApply(t *testing.T) {
+	e := newFloorEnv(t, 7, 7)
+	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaRecovered{ReplicaRecovered: &metapb.ReplicaRecoveredOp{ContainerId: e.cid, DatanodeId: e.ids[1], Bcsid: 7}}}); err != nil {
+		t.Fatalf("ReplicaRecovered below the floor, no acceptance (an older leader's op): %v, want applied", err)
+	}
+	c := e.st.Container(e.cid)
+	if slices.Contains(c.UnhealthyReplicas, e.ids[1]) || c.GetBcsidFloor().GetBcsid() != 10 {
+		t.Fatalf("after the op: %v, want datanode %d off unhealthy_replicas and the floor still 10", c, e.ids[1])
+	}
+	e.m.mu.Lock()
+	st := e.m.replicaStatusLocked(c, e.ids[1])
+	e.m.mu.Unlock()
+	if st != ReplicaLagging {
+		t.Fatalf("replica below the floor: %v, want lagging", st)
+	}
+	// accepted_floor below the floor (it rose since): the floor stays.
+	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaRecovered{ReplicaRecovered: &metapb.ReplicaRecoveredOp{ContainerId: e.cid, DatanodeId: e.ids[2], Bcsid: 7, AcceptedFloor: 9}}}); err != nil {
+		t.Fatal(err)
+	}
+	if f := e.st.Container(e.cid).GetBcsidFloor(); f.GetBcsid() != 10 {
+		t.Fatalf("floor after an op accepting 9 under 10: %v, want 10", f)
 	}
 }

@@ -307,10 +307,22 @@ func (m *Manager) recoverRound(ctx context.Context) error {
 	}
 	m.mu.Unlock()
 	for _, op := range ops {
+		// The floor check is the leader's (Apply refuses nothing on its
+		// account: recover_state.go): re-read the committed floor just
+		// before proposing, so only a floor raised between this check
+		// and the apply slips through (then the replica stays below the
+		// floor, lagging: never a source, never counted).
+		m.mu.Lock()
+		floor := bcsidFloor(m.st.Container(op.ContainerId))
+		m.mu.Unlock()
+		if op.Bcsid < floor && op.AcceptedFloor < floor {
+			m.log.Warn("scm: replica recovered: not proposed, the container's BCSID floor rose", "container", op.ContainerId, "datanode", op.DatanodeId, "bcsid", op.Bcsid, "floor", floor, "accepted_floor", op.AcceptedFloor)
+			continue
+		}
 		res, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaRecovered{ReplicaRecovered: op}})
 		if status.Code(err) == codes.FailedPrecondition {
-			// Apply refused it (the floor rose since, the container
-			// moved on): the next round decides again.
+			// Apply refused it (the container moved on): the next
+			// round decides again.
 			m.log.Warn("scm: replica recovered: refused", "container", op.ContainerId, "datanode", op.DatanodeId, "err", err)
 			continue
 		}

@@ -17,12 +17,21 @@ import (
 // drops the reports against it (its datanode verified every committed
 // block before it reported the replica CLOSED). It returns whether the
 // record changed: a repeat changes nothing. The leader checked the
-// replica's report and BCSID; Apply re-checks what the state shows: a
-// BCSID below the container's floor (Container.bcsid_floor) is refused
-// unless the op says the operator accepted that floor (accepted_floor at
-// least the floor: a floor raised since the leader decided is refused);
-// an accepted one lowers the floor to the recovered BCSID, so the
-// replication manager copies the container from it.
+// replica's report and BCSID, and the container's floor
+// (Container.bcsid_floor): it proposes a BCSID below the floor only when
+// the operator accepted that floor (countableLocked). Apply refuses
+// nothing on account of the floor: the floor is state an older binary
+// does not keep, and a refusal that depends on it would make replicas of
+// mixed versions diverge in unhealthy_replicas (an older leader's op
+// would apply on old replicas and be refused on new ones). So the op
+// applies the same everywhere; only the floor (new state) depends on
+// it: an op whose accepted_floor is at least the floor lowers it to the
+// recovered BCSID, so the replication manager copies the container from
+// it. The race: a floor raised between the leader's decision and the
+// apply (a drop, or the close) leaves the op applied with the floor
+// unchanged; the replica is then off unhealthy_replicas but below the
+// floor, so the replication manager takes it for lagging (never a
+// source, never counted) rather than losing anything.
 func (s *State) applyReplicaRecovered(b *pebble.Batch, op *metapb.ReplicaRecoveredOp, now int64) any {
 	c := s.containers[op.ContainerId]
 	if c == nil {
@@ -35,11 +44,7 @@ func (s *State) applyReplicaRecovered(b *pebble.Batch, op *metapb.ReplicaRecover
 		return false
 	}
 	floor := c.GetBcsidFloor()
-	if op.Bcsid < floor.GetBcsid() {
-		if op.AcceptedFloor < floor.GetBcsid() {
-			return status.Errorf(codes.FailedPrecondition, "replica recovered: container %d replica on datanode %d has BCSID %d, below the container's floor %d (%s), not accepted (accepted floor %d)",
-				c.Id, op.DatanodeId, op.Bcsid, floor.GetBcsid(), floor.GetReason(), op.AcceptedFloor)
-		}
+	if op.Bcsid < floor.GetBcsid() && op.AcceptedFloor >= floor.GetBcsid() {
 		floor = &metapb.BcsidFloor{Bcsid: op.Bcsid, DatanodeId: 0, UnixMs: now,
 			Reason: truncReason(fmt.Sprintf("lowered from %d by a recovery the operator accepted (datanode %d): %s", floor.GetBcsid(), op.DatanodeId, op.Reason))}
 	}
