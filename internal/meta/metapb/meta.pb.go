@@ -1575,15 +1575,20 @@ type RecoverContainerRequest struct {
 	// only it held is lost). Without it such a replica blocks counting like
 	// a dead one. Recorded in the recovery's log and its ReplicaRecoveredOp.
 	AcceptMissingReplicas bool `protobuf:"varint,3,opt,name=accept_missing_replicas,json=acceptMissingReplicas,proto3" json:"accept_missing_replicas,omitempty"`
-	// Count a recovered replica even though its BCSID is below the
-	// container's floor (Container.bcsid_floor: a newer replica was dropped
-	// from the replica list, or the container closed at a higher BCSID):
-	// what only the dropped replica held is lost. Logged at ERROR and
-	// recorded in the ReplicaRecoveredOp (accepted_floor), which lowers the
-	// floor to the recovered BCSID.
-	AcceptDroppedReplicas bool `protobuf:"varint,4,opt,name=accept_dropped_replicas,json=acceptDroppedReplicas,proto3" json:"accept_dropped_replicas,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// The container's BCSID floor the operator saw and accepts
+	// (--accept-dropped-replicas=FLOOR; 0: none): count a recovered replica
+	// even though its BCSID is below the floor (Container.bcsid_floor),
+	// losing what only a dropped replica held. Refused (FailedPrecondition)
+	// when the container's floor is above it: a floor the operator never
+	// saw is never accepted, also on a restart after a failover. Logged at
+	// ERROR once a floor is actually accepted, recorded in the
+	// ReplicaRecoveredOp (accepted_floor), which lowers the floor to the
+	// recovered BCSID. Echoed in RecoverContainerResponse
+	// (accepted_dropped_floor): an older leader ignores it, so a client
+	// that sent it and gets no echo must fail.
+	AcceptDroppedFloor uint64 `protobuf:"varint,4,opt,name=accept_dropped_floor,json=acceptDroppedFloor,proto3" json:"accept_dropped_floor,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *RecoverContainerRequest) Reset() {
@@ -1637,11 +1642,11 @@ func (x *RecoverContainerRequest) GetAcceptMissingReplicas() bool {
 	return false
 }
 
-func (x *RecoverContainerRequest) GetAcceptDroppedReplicas() bool {
+func (x *RecoverContainerRequest) GetAcceptDroppedFloor() uint64 {
 	if x != nil {
-		return x.AcceptDroppedReplicas
+		return x.AcceptDroppedFloor
 	}
-	return false
+	return 0
 }
 
 type RecoverReplica struct {
@@ -1752,11 +1757,11 @@ type RecoverContainerResponse struct {
 	AcceptMissingReplicas bool `protobuf:"varint,6,opt,name=accept_missing_replicas,json=acceptMissingReplicas,proto3" json:"accept_missing_replicas,omitempty"`
 	// The container's floor (Container.bcsid_floor, also in container).
 	BcsidFloor *BcsidFloor `protobuf:"bytes,7,opt,name=bcsid_floor,json=bcsidFloor,proto3" json:"bcsid_floor,omitempty"`
-	// The running recovery accepts counting below the floor
-	// (accept_dropped_replicas).
-	AcceptDroppedReplicas bool `protobuf:"varint,8,opt,name=accept_dropped_replicas,json=acceptDroppedReplicas,proto3" json:"accept_dropped_replicas,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// The floor the running recovery accepts counting below
+	// (RecoverContainerRequest.accept_dropped_floor; 0: none).
+	AcceptedDroppedFloor uint64 `protobuf:"varint,8,opt,name=accepted_dropped_floor,json=acceptedDroppedFloor,proto3" json:"accepted_dropped_floor,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *RecoverContainerResponse) Reset() {
@@ -1838,11 +1843,11 @@ func (x *RecoverContainerResponse) GetBcsidFloor() *BcsidFloor {
 	return nil
 }
 
-func (x *RecoverContainerResponse) GetAcceptDroppedReplicas() bool {
+func (x *RecoverContainerResponse) GetAcceptedDroppedFloor() uint64 {
 	if x != nil {
-		return x.AcceptDroppedReplicas
+		return x.AcceptedDroppedFloor
 	}
-	return false
+	return 0
 }
 
 type SetDatanodeOpStateRequest struct {
@@ -11230,13 +11235,13 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\tpipelines\x18\x02 \x03(\x04R\tpipelines\x12\x1e\n" +
 	"\n" +
 	"containers\x18\x03 \x03(\x04R\n" +
-	"containers\"\xcd\x01\n" +
+	"containers\"\xc7\x01\n" +
 	"\x17RecoverContainerRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1f\n" +
 	"\vstatus_only\x18\x02 \x01(\bR\n" +
 	"statusOnly\x126\n" +
-	"\x17accept_missing_replicas\x18\x03 \x01(\bR\x15acceptMissingReplicas\x126\n" +
-	"\x17accept_dropped_replicas\x18\x04 \x01(\bR\x15acceptDroppedReplicas\"\xed\x01\n" +
+	"\x17accept_missing_replicas\x18\x03 \x01(\bR\x15acceptMissingReplicas\x120\n" +
+	"\x14accept_dropped_floor\x18\x04 \x01(\x04R\x12acceptDroppedFloor\"\xed\x01\n" +
 	"\x0eRecoverReplica\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x12E\n" +
@@ -11244,7 +11249,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x05bcsid\x18\x03 \x01(\x04R\x05bcsid\x12-\n" +
 	"\x12recorded_unhealthy\x18\x04 \x01(\bR\x11recordedUnhealthy\x12\x16\n" +
 	"\x06status\x18\x05 \x01(\tR\x06status\x12\x16\n" +
-	"\x06reason\x18\x06 \x01(\tR\x06reason\"\x8d\x03\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"\x8b\x03\n" +
 	"\x18RecoverContainerResponse\x127\n" +
 	"\tcontainer\x18\x01 \x01(\v2\x19.basalt.meta.v1.ContainerR\tcontainer\x12:\n" +
 	"\breplicas\x18\x02 \x03(\v2\x1e.basalt.meta.v1.RecoverReplicaR\breplicas\x12\x12\n" +
@@ -11253,8 +11258,8 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\arunning\x18\x05 \x01(\bR\arunning\x126\n" +
 	"\x17accept_missing_replicas\x18\x06 \x01(\bR\x15acceptMissingReplicas\x12;\n" +
 	"\vbcsid_floor\x18\a \x01(\v2\x1a.basalt.meta.v1.BcsidFloorR\n" +
-	"bcsidFloor\x126\n" +
-	"\x17accept_dropped_replicas\x18\b \x01(\bR\x15acceptDroppedReplicas\"\xa6\x01\n" +
+	"bcsidFloor\x124\n" +
+	"\x16accepted_dropped_floor\x18\b \x01(\x04R\x14acceptedDroppedFloor\"\xa6\x01\n" +
 	"\x19SetDatanodeOpStateRequest\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x121\n" +

@@ -49,7 +49,7 @@ func newFloorEnv(t *testing.T, b1, b2 uint64) *floorEnv {
 	if c := e.st.Container(e.cid); !slices.Equal(c.UnhealthyReplicas, e.ids[1:3]) {
 		t.Fatalf("after the bug: %v", c)
 	}
-	e.start(t, false)
+	e.start(t, 0)
 	e.round(t)
 	// Recovered CLOSED at the same BCSIDs.
 	e.reports[e.ids[1]] = []*metapb.ContainerReport{closedRep(e.cid, b1)}
@@ -68,9 +68,9 @@ func (e *floorEnv) round(t *testing.T) {
 	e.tick(t)
 }
 
-func (e *floorEnv) start(t *testing.T, acceptDropped bool) *metapb.RecoverContainerResponse {
+func (e *floorEnv) start(t *testing.T, acceptDropped uint64) *metapb.RecoverContainerResponse {
 	t.Helper()
-	resp, err := e.m.RecoverContainer(e.ctx, &metapb.RecoverContainerRequest{ContainerId: e.cid, AcceptDroppedReplicas: acceptDropped})
+	resp, err := e.m.RecoverContainer(e.ctx, &metapb.RecoverContainerRequest{ContainerId: e.cid, AcceptDroppedFloor: acceptDropped})
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}
@@ -106,11 +106,28 @@ func TestRecoverBelowDroppedReplicaFloor(t *testing.T) {
 	}
 	for _, r := range resp.Replicas {
 		if r.Status != "blocked" || !strings.Contains(r.Reason, "datanode "+strconv.FormatUint(e.ids[0], 10)) ||
-			!strings.Contains(r.Reason, "dropped") || !strings.Contains(r.Reason, "--accept-dropped-replicas") || !strings.Contains(r.Reason, "2023-11-14T22:13:20Z") {
-			t.Fatalf("replica %d: %s %q, want blocked naming the dropped replica, when, and the flag", r.DatanodeId, r.Status, r.Reason)
+			!strings.Contains(r.Reason, "dropped") || !strings.Contains(r.Reason, "--accept-dropped-replicas=10") || !strings.Contains(r.Reason, "2023-11-14T22:13:20Z") ||
+			!strings.Contains(r.Reason, "accept losing BCSIDs 8 to 10") {
+			t.Fatalf("replica %d: %s %q, want blocked naming the dropped replica, when, and the flag with the floor", r.DatanodeId, r.Status, r.Reason)
+		}
+		// Bringing the dropped replica's datanode back comes first.
+		if i, j := strings.Index(r.Reason, "bring datanode "+strconv.FormatUint(e.ids[0], 10)+" back"), strings.Index(r.Reason, "--accept-dropped-replicas"); i < 0 || i > j {
+			t.Fatalf("replica %d: %q, want \"bring datanode %d back\" before the flag", r.DatanodeId, r.Reason, e.ids[0])
 		}
 	}
-	if resp := e.start(t, true); !resp.AcceptDroppedReplicas {
+	// Accepting a floor below the container's (not the one the status
+	// shows, or one raised since) is refused, and nothing is accepted.
+	if _, err := e.m.RecoverContainer(e.ctx, &metapb.RecoverContainerRequest{ContainerId: e.cid, AcceptDroppedFloor: 9}); code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "floor is now 10") {
+		t.Fatalf("accepting floor 9 under 10: %v, want FailedPrecondition", err)
+	}
+	if st := e.status(t); st.AcceptedDroppedFloor != 0 {
+		t.Fatalf("after the refused acceptance the recovery accepts %d", st.AcceptedDroppedFloor)
+	}
+	e.round(t)
+	if c := e.st.Container(e.cid); len(c.UnhealthyReplicas) != 2 {
+		t.Fatalf("counted after a refused acceptance: %v", c)
+	}
+	if resp := e.start(t, 10); resp.AcceptedDroppedFloor != 10 {
 		t.Fatalf("restart with the flag: %v", resp)
 	}
 	e.round(t)
@@ -285,7 +302,7 @@ func TestReplicationDropRecordsFloor(t *testing.T) {
 // leader's; a snapshot restored elsewhere, and a reopened state, keep them.
 func TestFloorApplyDeterministic(t *testing.T) {
 	e := newFloorEnv(t, 7, 7)
-	e.start(t, true)
+	e.start(t, 10)
 	for range 3 {
 		e.round(t)
 	}

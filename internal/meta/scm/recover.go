@@ -63,11 +63,9 @@ type recovery struct {
 	// acceptMissing: the operator accepted losing what replicas no longer
 	// listed by their live datanodes held (--accept-missing-replicas).
 	acceptMissing bool
-	// acceptDropped: the operator accepted counting a replica below the
-	// container's BCSID floor (--accept-dropped-replicas): acceptedFloor
-	// is the floor it saw when it asked (a floor raised since is not
-	// accepted).
-	acceptDropped bool
+	// acceptedFloor: the container's BCSID floor the operator saw and
+	// accepted counting below (--accept-dropped-replicas=FLOOR; 0: none;
+	// a floor raised above it is not accepted).
 	acceptedFloor uint64
 }
 
@@ -106,6 +104,13 @@ func (m *Manager) RecoverContainer(ctx context.Context, req *metapb.RecoverConta
 	}
 	r := m.recov[cid]
 	if !req.GetStatusOnly() {
+		if a, floor := req.GetAcceptDroppedFloor(), bcsidFloor(c); a != 0 && floor > a {
+			// Only a floor the operator saw: one raised since (or
+			// re-bound on a restart after a failover) is not accepted.
+			return nil, status.Errorf(codes.FailedPrecondition,
+				"container %d: --accept-dropped-replicas=%d accepts floor %d, but the container's BCSID floor is now %d (%s): look at the status again before accepting",
+				cid, a, a, floor, floorText(c))
+		}
 		if r == nil {
 			if err := m.recoverableLocked(c); err != nil {
 				return nil, err
@@ -120,12 +125,16 @@ func (m *Manager) RecoverContainer(ctx context.Context, req *metapb.RecoverConta
 		if r.acceptMissing {
 			m.log.Warn("scm: container recovery ACCEPTS LOSING what replicas its live datanodes no longer list held (--accept-missing-replicas)", "container", cid, "replicas", c.Replicas)
 		}
-		r.acceptDropped, r.acceptedFloor = req.GetAcceptDroppedReplicas(), 0
-		if r.acceptDropped {
+		r.acceptedFloor = req.GetAcceptDroppedFloor()
+		if r.acceptedFloor != 0 {
 			f := c.GetBcsidFloor()
-			r.acceptedFloor = f.GetBcsid()
-			m.log.Error("scm: container recovery ACCEPTS LOSING what a replica dropped from the container held: recovered replicas below its BCSID floor may be counted (--accept-dropped-replicas)",
-				"container", cid, "floor", f.GetBcsid(), "floor_datanode", f.GetDatanodeId(), "floor_set", floorTime(f), "floor_reason", f.GetReason())
+			if newest, _, _ := m.newestAnyLocked(c); newest < f.GetBcsid() {
+				m.log.Error("scm: container recovery ACCEPTS LOSING BCSIDs above the newest reported up to the container's BCSID floor: recovered replicas below it may be counted (--accept-dropped-replicas)",
+					"container", cid, "accepted_floor", r.acceptedFloor, "floor", f.GetBcsid(), "newest", newest, "floor_datanode", f.GetDatanodeId(), "floor_set", floorTime(f), "floor_reason", f.GetReason())
+			} else {
+				m.log.Info("scm: container recovery may accept its BCSID floor (--accept-dropped-replicas); nothing below it is reported now, so nothing is accepted yet",
+					"container", cid, "accepted_floor", r.acceptedFloor, "floor", f.GetBcsid(), "newest", newest)
+			}
 		}
 		for _, dn := range c.Replicas {
 			if n := m.nodes[dn]; n != nil {
@@ -211,10 +220,20 @@ func floorText(c *metapb.Container) string {
 	return fmt.Sprintf("SCM recorded BCSID %d for the container at %s (%s)", f.GetBcsid(), floorTime(f), f.GetReason())
 }
 
+// bringBackText is the first thing to try for c below its floor: bring
+// back the datanode whose dropped replica set it ("" when the close set
+// it).
+func bringBackText(c *metapb.Container) string {
+	if dn := c.GetBcsidFloor().GetDatanodeId(); dn != 0 {
+		return fmt.Sprintf("bring datanode %d back (a copy it reports at or above the floor is adopted), ", dn)
+	}
+	return ""
+}
+
 // belowFloorAccepted: whether r accepts counting c below its floor (asked
 // with --accept-dropped-replicas while the floor was what it is now).
 func belowFloorAccepted(c *metapb.Container, r *recovery) bool {
-	return r != nil && r.acceptDropped && r.acceptedFloor >= bcsidFloor(c)
+	return r != nil && r.acceptedFloor != 0 && r.acceptedFloor >= bcsidFloor(c)
 }
 
 // countableLocked: whether recovered replicas of c may be counted now (all
@@ -352,7 +371,10 @@ func (m *Manager) recoverRound(ctx context.Context) error {
 func (m *Manager) recoverProgressLocked(c *metapb.Container, r *recovery) *metapb.RecoverContainerResponse {
 	newest, all, missing := m.newestAnyLocked(c)
 	resp := &metapb.RecoverContainerResponse{Container: proto.Clone(c).(*metapb.Container), Running: r != nil, NewestBcsid: newest,
-		AcceptMissingReplicas: r != nil && r.acceptMissing, AcceptDroppedReplicas: r != nil && r.acceptDropped}
+		AcceptMissingReplicas: r != nil && r.acceptMissing, }
+	if r != nil {
+		resp.AcceptedDroppedFloor = r.acceptedFloor
+	}
 	if f := c.GetBcsidFloor(); f != nil {
 		resp.BcsidFloor = proto.Clone(f).(*metapb.BcsidFloor)
 	}
@@ -426,7 +448,7 @@ func (m *Manager) recoverProgressLocked(c *metapb.Container, r *recovery) *metap
 			done = false
 		case rep.State == metapb.ContainerState_CONTAINER_CLOSED && belowFloor:
 			ri.Status = "blocked"
-			ri.Reason = fmt.Sprintf("recovered, not counted: BCSID %d is below the container's floor %d: %s; it may lack acknowledged blocks only that replica held; run again with --accept-dropped-replicas to accept losing them", rep.Bcsid, floor, floorText(c))
+			ri.Reason = fmt.Sprintf("recovered, not counted: BCSID %d is below the container's floor %d: %s; it may lack acknowledged blocks; %sor run again with --accept-dropped-replicas=%d to accept losing BCSIDs %d to %d", rep.Bcsid, floor, floorText(c), bringBackText(c), floor, newest+1, floor)
 			done = false
 		case rep.State == metapb.ContainerState_CONTAINER_CLOSED:
 			ri.Status = "recovered"
