@@ -10,6 +10,7 @@ package scm
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -148,5 +149,66 @@ func TestFloorCloseNewestLost(t *testing.T) {
 	// reported (10), not the 12 nobody acknowledged.
 	if f := closed.GetBcsidFloor(); f.GetBcsid() != 10 {
 		t.Fatalf("close floor %v, want 10", f)
+	}
+}
+
+// TestFloorReplacedDropCarriesBcsid (review should-fix 5): the main drop
+// path, driven by the manager: a replica's datanode dies (its last report
+// CLOSED at 10 known to the leader), the manager copies the container
+// from a healthy replica, records the copy, then drops the dead replica
+// ("replaced by healthy replicas"). The op carries its BCSID (10, within
+// the kept replicas' 10) and the floor names it. Fails with the bcsids
+// taken out of the "replaced" op.
+func TestFloorReplacedDropCarriesBcsid(t *testing.T) {
+	r := newFloorCluster(t)
+	e, ids := r.e, r.ids
+	cid := e.closedOn(t, 100, ids[:3]...)
+	for _, id := range ids[:3] {
+		r.holds[id][cid] = closedRep(cid, 10)
+	}
+	r.round(t)
+	r.silent[ids[0]] = true
+	for range 200 {
+		r.round(t)
+		if !slices.Contains(e.st.Container(cid).Replicas, ids[0]) {
+			break
+		}
+	}
+	var op *metapb.ReplicasRemovedOp
+	for _, x := range e.fr.cmds() {
+		if o := x.GetReplicasRemoved(); o != nil && o.ContainerId == cid {
+			op = o
+		}
+	}
+	if op == nil || !slices.Equal(op.DatanodeIds, []uint64{ids[0]}) || op.Reason != "replaced by healthy replicas" || !slices.Equal(op.Bcsids, []uint64{10}) {
+		t.Fatalf("drop op %v, want datanode %d replaced with its BCSID 10", op, ids[0])
+	}
+	c := e.st.Container(cid)
+	if f := c.GetBcsidFloor(); f.GetBcsid() != 10 || f.GetDatanodeId() != ids[0] || !strings.Contains(f.GetReason(), "replaced") {
+		t.Fatalf("floor %v, want 10 from the replaced datanode %d", f, ids[0])
+	}
+	if hs := healthOf(t, e, cid); hs != "healthy" {
+		t.Fatalf("container ends %s, want healthy", hs)
+	}
+}
+
+// TestFloorDropCountsOnlyDropped (review should-fix 5): Apply raises the
+// floor only by the BCSIDs of replicas the op really drops; a datanode
+// the op names that is not a replica (a stale or hand-made op) adds
+// nothing. Fails with the only-really-dropped filter taken out of Apply.
+func TestFloorDropCountsOnlyDropped(t *testing.T) {
+	e := newEnv(t, Config{PipelineLimit: 1, OpenContainersPerPipeline: 1})
+	var ids []uint64
+	for i := range 5 {
+		ids = append(ids, e.register(t, "dn"+string(rune('a'+i)), "/dc1/r1"))
+	}
+	cid := e.closedOn(t, 100, ids[:3]...)
+	if _, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{
+		ContainerId: cid, DatanodeIds: []uint64{ids[4], ids[0]}, Bcsids: []uint64{20, 5}, Reason: "test"}}}); err != nil {
+		t.Fatal(err)
+	}
+	c := e.st.Container(cid)
+	if f := c.GetBcsidFloor(); slices.Contains(c.Replicas, ids[0]) || f.GetBcsid() != 5 || f.GetDatanodeId() != ids[0] {
+		t.Fatalf("after dropping %d (5) and naming non-member %d (20): %v, want the floor 5 from %d", ids[0], ids[4], c, ids[0])
 	}
 }
