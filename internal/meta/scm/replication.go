@@ -441,6 +441,25 @@ func (m *Manager) dropBcsidsLocked(c *metapb.Container, drop []uint64) []uint64 
 	return out
 }
 
+// adoptableLocked is the first of extra (datanodes in service, live,
+// reporting a CLOSED copy of c in a full report) that is not a replica of
+// c and whose copy is at or above both the newest live replica and the
+// floor; a stale copy (an old replica come back) is no source of truth.
+// Callers hold m.mu.
+func (m *Manager) adoptableLocked(c *metapb.Container, extra []uint64) (uint64, bool) {
+	newest := max(m.newestLocked(c), bcsidFloor(c))
+	for _, dn := range extra {
+		if slices.Contains(c.Replicas, dn) {
+			continue
+		}
+		if rep := m.nodes[dn].containers[c.Id]; rep == nil || rep.Bcsid < newest {
+			continue
+		}
+		return dn, true
+	}
+	return 0, false
+}
+
 // replOp is one replica-set change a round decided on.
 type replOp struct {
 	cmd  *metapb.ScmCommand
@@ -670,6 +689,18 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 				rs.alarmed[c.Id] = true
 				newlyMissing = append(newlyMissing, c.Id)
 			}
+			// A verified CLOSED copy at or above the floor on a datanode
+			// that is not a replica (the dropped replica's datanode come
+			// back) holds everything acknowledged: adopt it, and the
+			// container heals without anyone accepting a loss. Only with
+			// a floor set: without one, nothing bounds what the dead or
+			// missing replicas held.
+			if bcsidFloor(c) > 0 && len(ops) < maxReplicationOps {
+				if dn, ok := m.adoptableLocked(c, extra[c.Id]); ok {
+					ops = append(ops, replOp{what: fmt.Sprintf("replica on datanode %d recorded (at or above the floor of a missing container)", dn), cid: c.Id, dn: dn,
+						cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaAdded{ReplicaAdded: &metapb.ReplicaAddedOp{ContainerId: c.Id, DatanodeId: dn}}}})
+				}
+			}
 			continue
 		}
 		if len(ops) >= maxReplicationOps {
@@ -686,21 +717,9 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			continue
 		}
 		if len(cl.Healthy) < cl.Need {
-			newest := max(m.newestLocked(c), bcsidFloor(c))
-			added := false
-			for _, dn := range extra[c.Id] {
-				if slices.Contains(c.Replicas, dn) {
-					continue
-				}
-				if rep := m.nodes[dn].containers[c.Id]; rep.Bcsid < newest {
-					continue // a stale copy (an old replica come back): not a source of truth
-				}
+			if dn, ok := m.adoptableLocked(c, extra[c.Id]); ok {
 				ops = append(ops, replOp{what: fmt.Sprintf("replica on datanode %d recorded", dn), cid: c.Id, dn: dn,
 					cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaAdded{ReplicaAdded: &metapb.ReplicaAddedOp{ContainerId: c.Id, DatanodeId: dn}}}})
-				added = true
-				break
-			}
-			if added {
 				continue
 			}
 			unders = append(unders, under{c: c, cl: cl})
