@@ -14,7 +14,6 @@ import (
 // reported CLOSED at the close's BCSID (with the floor: at the floor). It
 // measures what the per-replica BCSID checks cost a round.
 func BenchmarkReplicationRound(b *testing.B) {
-	t := &testing.T{} // for the env's helpers, which fail only on an error
 	st, err := Open(b.TempDir(), store.Options{SyncInterval: -1})
 	if err != nil {
 		b.Fatal(err)
@@ -27,7 +26,7 @@ func BenchmarkReplicationRound(b *testing.B) {
 	var res any
 	var ids []uint64
 	for i := range 3 {
-		ids = append(ids, e.register(t, "dn"+string(rune('a'+i)), "/dc1/r1"))
+		ids = append(ids, e.register(b, "dn"+string(rune('a'+i)), "/dc1/r1"))
 	}
 	res, err = e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_CreatePipeline{CreatePipeline: &metapb.CreatePipelineOp{Replication: metapb.Replication_THREE, Datanodes: ids}}})
 	if err != nil {
@@ -54,7 +53,7 @@ func BenchmarkReplicationRound(b *testing.B) {
 		}
 	}
 	for _, id := range ids {
-		e.report(t, id, reps...)
+		e.report(b, id, reps...)
 	}
 	if err := e.m.Tick(e.ctx); err != nil {
 		b.Fatal(err)
