@@ -1094,7 +1094,7 @@ type ReplicaRecoveredOp struct {
 	Bcsid       uint64                 `protobuf:"varint,3,opt,name=bcsid,proto3" json:"bcsid,omitempty"`
 	// Set when the operator accepted losing what replicas no longer listed
 	// by their live datanodes held (accept_missing_replicas), or counting
-	// below the container's floor (accept_dropped_replicas): says which.
+	// below the container's floor (accept_dropped_floor): says which.
 	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Set when the operator accepted counting below the floor: the floor
 	// accepted. The leader proposes a bcsid below the container's floor
