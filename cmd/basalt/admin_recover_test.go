@@ -110,21 +110,42 @@ func TestRecoverWait(t *testing.T) {
 		err error
 	}
 	start := mk(closing, true, false, "recovered", "recovered", "stale")
+	belowFloor := mk(closing, true, false, "blocked", "blocked")
+	floor10 := &metapb.BcsidFloor{Bcsid: 10, DatanodeId: 3, UnixMs: 1_700_000_000_000, Reason: "replica dropped: over-replicated"}
+	belowFloor.NewestBcsid, belowFloor.BcsidFloor = 7, floor10
+	// After a failover: a leader that knows nothing of the recovery
+	// (floor 10), one that ignores accept_dropped_floor (an older
+	// version: no echo), and a floor raised to 12 since.
+	forgotten := mk(closing, false, false, "not started", "not started")
+	forgotten.NewestBcsid, forgotten.BcsidFloor = 7, floor10
+	noEcho := mk(closing, true, false, "waiting", "waiting")
+	noEcho.NewestBcsid, noEcho.BcsidFloor = 7, floor10
+	raised := mk(closing, false, false, "not started", "not started")
+	raised.NewestBcsid, raised.BcsidFloor = 7, &metapb.BcsidFloor{Bcsid: 12, DatanodeId: 4, UnixMs: 1_700_000_000_000, Reason: "replica dropped: replaced"}
+	accept10 := &metapb.RecoverContainerRequest{ContainerId: 5, AcceptDroppedFloor: 10}
 	for _, tc := range []struct {
-		name    string
-		answers []answer // in order; the last repeats
-		wantErr string   // "" : done
-		wantOut []string
+		name      string
+		answers   []answer // in order; the last repeats
+		restart   *metapb.RecoverContainerRequest
+		wantErr   string // "" : done
+		wantOut   []string
+		wantCalls int // 0: any
 	}{
 		{"failover after counting", []answer{
 			{nil, status.Error(codes.Unavailable, "scm: not the leader")},
 			{mk(closing, false, false, "healthy", "not started", "not started"), nil},
 			{nil, status.Error(codes.FailedPrecondition, "container 5 has replicas that count")},
 			{mk(closed, false, true, "healthy", "not started", "not started"), nil},
-		}, "", []string{"retrying: ", "not started again: container 5 has replicas that count", "CLOSED  1:healthy"}},
-		{"container deleted", []answer{{nil, status.Error(codes.NotFound, "container 5 not found")}}, "not found", nil},
-		{"not an admin", []answer{{nil, status.Error(codes.PermissionDenied, "admins only")}}, "admins only", nil},
-		{"blocked", []answer{{mk(closing, true, false, "missing", "missing", "blocked"), nil}}, "--accept-missing-replicas", []string{"3:blocked"}},
+		}, nil, "", []string{"retrying: ", "not started again: container 5 has replicas that count", "CLOSED  1:healthy"}, 0},
+		{"container deleted", []answer{{nil, status.Error(codes.NotFound, "container 5 not found")}}, nil, "not found", nil, 0},
+		{"not an admin", []answer{{nil, status.Error(codes.PermissionDenied, "admins only")}}, nil, "admins only", nil, 0},
+		{"blocked", []answer{{mk(closing, true, false, "missing", "missing", "blocked"), nil}}, nil, "--accept-missing-replicas", []string{"3:blocked"}, 0},
+		{"below the floor", []answer{{belowFloor, nil}}, nil,
+			"bring datanode 3 back (a copy it reports at or above the floor is adopted), or, to accept losing BCSIDs 8 to 10, run it again with --accept-dropped-replicas=10", []string{"1:blocked"}, 0},
+		{"restart on an older leader", []answer{{forgotten, nil}, {noEcho, nil}}, accept10,
+			"did not confirm --accept-dropped-replicas=10", nil, 2},
+		{"restart after the floor rose", []answer{{raised, nil}}, accept10,
+			"floor is now 12", nil, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var calls []*metapb.RecoverContainerRequest
@@ -136,7 +157,14 @@ func TestRecoverWait(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			var out bytes.Buffer
-			r, err := waitRecover(ctx, call, start, 5, false, &out, time.Millisecond)
+			restart := tc.restart
+			if restart == nil {
+				restart = &metapb.RecoverContainerRequest{ContainerId: 5}
+			}
+			r, err := waitRecover(ctx, call, start, restart, &out, time.Millisecond)
+			if tc.wantCalls != 0 && len(calls) != tc.wantCalls {
+				t.Errorf("%d calls, want %d", len(calls), tc.wantCalls)
+			}
 			if tc.wantErr == "" {
 				if err != nil || !r.GetDone() {
 					t.Fatalf("wait: %v, %v\n%s", r, err, out.String())
@@ -150,5 +178,37 @@ func TestRecoverWait(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRecoverAcceptDropped (review should-fix 4, nit 7): the CLI fails
+// when the SCM leader does not echo --accept-dropped-replicas=FLOOR (an
+// older version ignores the field), and warns only when a floor is
+// actually being accepted, worded from what set it.
+func TestRecoverAcceptDropped(t *testing.T) {
+	req := &metapb.RecoverContainerRequest{ContainerId: 5, AcceptDroppedFloor: 10}
+	if err := droppedEchoed("x", req, &metapb.RecoverContainerResponse{}); err == nil || !strings.Contains(err.Error(), "did not confirm") {
+		t.Fatalf("no echo: %v, want an error", err)
+	}
+	if err := droppedEchoed("x", req, &metapb.RecoverContainerResponse{AcceptedDroppedFloor: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if err := droppedEchoed("x", &metapb.RecoverContainerRequest{ContainerId: 5}, &metapb.RecoverContainerResponse{}); err != nil {
+		t.Fatal(err)
+	}
+	fl := &metapb.BcsidFloor{Bcsid: 10, DatanodeId: 3, UnixMs: 1_700_000_000_000, Reason: "replica dropped: replaced"}
+	if w := droppedWarning("x", &metapb.RecoverContainerResponse{NewestBcsid: 7, BcsidFloor: fl}); w != "" {
+		t.Fatalf("warning without an acceptance: %q", w)
+	}
+	if w := droppedWarning("x", &metapb.RecoverContainerResponse{NewestBcsid: 10, BcsidFloor: fl, AcceptedDroppedFloor: 10}); strings.Contains(w, "WARNING") || !strings.Contains(w, "nothing accepted") {
+		t.Fatalf("warning with nothing below the floor: %q", w)
+	}
+	w := droppedWarning("x", &metapb.RecoverContainerResponse{NewestBcsid: 7, BcsidFloor: fl, AcceptedDroppedFloor: 10})
+	if !strings.Contains(w, "WARNING") || !strings.Contains(w, "datanode 3") || !strings.Contains(w, "LOSES BCSIDs 8 to 10") {
+		t.Fatalf("warning: %q", w)
+	}
+	closeFloor := &metapb.BcsidFloor{Bcsid: 10, UnixMs: 1_700_000_000_000, Reason: "closed: the lowest BCSID its healthy closed replicas reported"}
+	if w := droppedWarning("x", &metapb.RecoverContainerResponse{NewestBcsid: 7, BcsidFloor: closeFloor, AcceptedDroppedFloor: 10}); strings.Contains(w, "was dropped") || !strings.Contains(w, "closed") {
+		t.Fatalf("warning for a close's floor: %q", w)
 	}
 }

@@ -754,9 +754,13 @@ func (x *CloseContainersOp) GetReason() string {
 }
 
 type ContainerClosedOp struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
-	UsedBytes     uint64                 `protobuf:"varint,2,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	UsedBytes   uint64                 `protobuf:"varint,2,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	// The lowest BCSID its healthy closed replicas reported (the bound on
+	// acknowledged writes): raises the container's bcsid_floor (0: leaves
+	// it).
+	Bcsid         uint64 `protobuf:"varint,3,opt,name=bcsid,proto3" json:"bcsid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -801,6 +805,13 @@ func (x *ContainerClosedOp) GetContainerId() uint64 {
 func (x *ContainerClosedOp) GetUsedBytes() uint64 {
 	if x != nil {
 		return x.UsedBytes
+	}
+	return 0
+}
+
+func (x *ContainerClosedOp) GetBcsid() uint64 {
+	if x != nil {
+		return x.Bcsid
 	}
 	return 0
 }
@@ -999,10 +1010,17 @@ func (x *ReplicaAddedOp) GetDatanodeId() uint64 {
 // lost or one too many) once enough healthy ones are recorded. Apply
 // keeps at least one replica not recorded unhealthy.
 type ReplicasRemovedOp struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
-	DatanodeIds   []uint64               `protobuf:"varint,2,rep,packed,name=datanode_ids,json=datanodeIds,proto3" json:"datanode_ids,omitempty"`
-	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	DatanodeIds []uint64               `protobuf:"varint,2,rep,packed,name=datanode_ids,json=datanodeIds,proto3" json:"datanode_ids,omitempty"`
+	Reason      string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// For each dropped replica, by position in datanode_ids: the BCSID it
+	// last reported to the proposing leader, capped at the highest BCSID of
+	// the healthy replicas the op keeps (uncapped only when it keeps none;
+	// 0 or absent: not known). Apply raises the
+	// container's bcsid_floor to the highest of those actually dropped:
+	// the value travels in the op, never read from soft state at apply.
+	Bcsids        []uint64 `protobuf:"varint,4,rep,packed,name=bcsids,proto3" json:"bcsids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1058,6 +1076,13 @@ func (x *ReplicasRemovedOp) GetReason() string {
 	return ""
 }
 
+func (x *ReplicasRemovedOp) GetBcsids() []uint64 {
+	if x != nil {
+		return x.Bcsids
+	}
+	return nil
+}
+
 // ReplicaRecoveredOp takes a replica off its container's
 // unhealthy_replicas: its datanode recovered it (basalt admin container
 // recover: the replica was UNHEALTHY by an apply bug, verified in full and
@@ -1068,8 +1093,16 @@ type ReplicaRecoveredOp struct {
 	DatanodeId  uint64                 `protobuf:"varint,2,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
 	Bcsid       uint64                 `protobuf:"varint,3,opt,name=bcsid,proto3" json:"bcsid,omitempty"`
 	// Set when the operator accepted losing what replicas no longer listed
-	// by their live datanodes held (accept_missing_replicas): says which.
-	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// by their live datanodes held (accept_missing_replicas), or counting
+	// below the container's floor (accept_dropped_floor): says which.
+	Reason string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Set when the operator accepted counting below the floor: the floor
+	// accepted. The leader proposes a bcsid below the container's floor
+	// only with it; Apply refuses nothing on account of the floor (older
+	// binaries do not keep it), and lowers the floor to bcsid only when
+	// accepted_floor is at least the floor (a floor raised since the
+	// leader decided stays).
+	AcceptedFloor uint64 `protobuf:"varint,5,opt,name=accepted_floor,json=acceptedFloor,proto3" json:"accepted_floor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1130,6 +1163,13 @@ func (x *ReplicaRecoveredOp) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *ReplicaRecoveredOp) GetAcceptedFloor() uint64 {
+	if x != nil {
+		return x.AcceptedFloor
+	}
+	return 0
 }
 
 type UnhealthyReplica struct {
@@ -3005,11 +3045,12 @@ const file_meta_command_proto_rawDesc = "" +
 	"pipelineId\"P\n" +
 	"\x11CloseContainersOp\x12#\n" +
 	"\rcontainer_ids\x18\x01 \x03(\x04R\fcontainerIds\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"U\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"k\n" +
 	"\x11ContainerClosedOp\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1d\n" +
 	"\n" +
-	"used_bytes\x18\x02 \x01(\x04R\tusedBytes\")\n" +
+	"used_bytes\x18\x02 \x01(\x04R\tusedBytes\x12\x14\n" +
+	"\x05bcsid\x18\x03 \x01(\x04R\x05bcsid\")\n" +
 	"\x11AllocateIDRangeOp\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\x04R\x05count\")\n" +
 	"\x10PurgeDeleteTxsOp\x12\x15\n" +
@@ -3019,17 +3060,19 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x0eReplicaAddedOp\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1f\n" +
 	"\vdatanode_id\x18\x02 \x01(\x04R\n" +
-	"datanodeId\"q\n" +
+	"datanodeId\"\x89\x01\n" +
 	"\x11ReplicasRemovedOp\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12!\n" +
 	"\fdatanode_ids\x18\x02 \x03(\x04R\vdatanodeIds\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x86\x01\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06bcsids\x18\x04 \x03(\x04R\x06bcsids\"\xad\x01\n" +
 	"\x12ReplicaRecoveredOp\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1f\n" +
 	"\vdatanode_id\x18\x02 \x01(\x04R\n" +
 	"datanodeId\x12\x14\n" +
 	"\x05bcsid\x18\x03 \x01(\x04R\x05bcsid\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"n\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12%\n" +
+	"\x0eaccepted_floor\x18\x05 \x01(\x04R\racceptedFloor\"n\n" +
 	"\x10UnhealthyReplica\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1f\n" +
 	"\vdatanode_id\x18\x02 \x01(\x04R\n" +

@@ -1167,8 +1167,17 @@ type Container struct {
 	// ContainerWithLocation.datanodes) and no delete waits for them. Kept
 	// sorted.
 	UnhealthyReplicas []uint64 `protobuf:"varint,8,rep,packed,name=unhealthy_replicas,json=unhealthyReplicas,proto3" json:"unhealthy_replicas,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The BCSID below which a replica of this CLOSED container lacks
+	// acknowledged writes: set by the close (the lowest BCSID its healthy
+	// closed replicas reported) and raised by the op that drops a replica
+	// (the BCSID its datanode last reported, capped at the highest healthy
+	// replica the op keeps; uncapped only when it keeps none). No replica below it counts (the
+	// replication manager takes it for lagging; recover does not count it
+	// unless the operator accepts the loss, which lowers it). Unset: 0
+	// (containers dropped or closed by ops without it).
+	BcsidFloor    *BcsidFloor `protobuf:"bytes,9,opt,name=bcsid_floor,json=bcsidFloor,proto3" json:"bcsid_floor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Container) Reset() {
@@ -1257,6 +1266,84 @@ func (x *Container) GetUnhealthyReplicas() []uint64 {
 	return nil
 }
 
+func (x *Container) GetBcsidFloor() *BcsidFloor {
+	if x != nil {
+		return x.BcsidFloor
+	}
+	return nil
+}
+
+// BcsidFloor: what set a container's floor, and when.
+type BcsidFloor struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Bcsid uint64                 `protobuf:"varint,1,opt,name=bcsid,proto3" json:"bcsid,omitempty"`
+	// The dropped replica that held it (0: the close, or an accepted loss:
+	// see reason).
+	DatanodeId    uint64 `protobuf:"varint,2,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
+	UnixMs        int64  `protobuf:"varint,3,opt,name=unix_ms,json=unixMs,proto3" json:"unix_ms,omitempty"` // the setting op's now_unix_ms
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BcsidFloor) Reset() {
+	*x = BcsidFloor{}
+	mi := &file_meta_meta_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BcsidFloor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BcsidFloor) ProtoMessage() {}
+
+func (x *BcsidFloor) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BcsidFloor.ProtoReflect.Descriptor instead.
+func (*BcsidFloor) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *BcsidFloor) GetBcsid() uint64 {
+	if x != nil {
+		return x.Bcsid
+	}
+	return 0
+}
+
+func (x *BcsidFloor) GetDatanodeId() uint64 {
+	if x != nil {
+		return x.DatanodeId
+	}
+	return 0
+}
+
+func (x *BcsidFloor) GetUnixMs() int64 {
+	if x != nil {
+		return x.UnixMs
+	}
+	return 0
+}
+
+func (x *BcsidFloor) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type BlockID struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId   uint64                 `protobuf:"varint,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -1267,7 +1354,7 @@ type BlockID struct {
 
 func (x *BlockID) Reset() {
 	*x = BlockID{}
-	mi := &file_meta_meta_proto_msgTypes[7]
+	mi := &file_meta_meta_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1279,7 +1366,7 @@ func (x *BlockID) String() string {
 func (*BlockID) ProtoMessage() {}
 
 func (x *BlockID) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[7]
+	mi := &file_meta_meta_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1292,7 +1379,7 @@ func (x *BlockID) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockID.ProtoReflect.Descriptor instead.
 func (*BlockID) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{7}
+	return file_meta_meta_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BlockID) GetContainerId() uint64 {
@@ -1333,7 +1420,7 @@ type BlockLocation struct {
 
 func (x *BlockLocation) Reset() {
 	*x = BlockLocation{}
-	mi := &file_meta_meta_proto_msgTypes[8]
+	mi := &file_meta_meta_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1345,7 +1432,7 @@ func (x *BlockLocation) String() string {
 func (*BlockLocation) ProtoMessage() {}
 
 func (x *BlockLocation) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[8]
+	mi := &file_meta_meta_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1358,7 +1445,7 @@ func (x *BlockLocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockLocation.ProtoReflect.Descriptor instead.
 func (*BlockLocation) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{8}
+	return file_meta_meta_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BlockLocation) GetId() *BlockID {
@@ -1428,7 +1515,7 @@ type ExcludeList struct {
 
 func (x *ExcludeList) Reset() {
 	*x = ExcludeList{}
-	mi := &file_meta_meta_proto_msgTypes[9]
+	mi := &file_meta_meta_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1440,7 +1527,7 @@ func (x *ExcludeList) String() string {
 func (*ExcludeList) ProtoMessage() {}
 
 func (x *ExcludeList) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[9]
+	mi := &file_meta_meta_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1453,7 +1540,7 @@ func (x *ExcludeList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExcludeList.ProtoReflect.Descriptor instead.
 func (*ExcludeList) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{9}
+	return file_meta_meta_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExcludeList) GetDatanodes() []uint64 {
@@ -1488,13 +1575,25 @@ type RecoverContainerRequest struct {
 	// only it held is lost). Without it such a replica blocks counting like
 	// a dead one. Recorded in the recovery's log and its ReplicaRecoveredOp.
 	AcceptMissingReplicas bool `protobuf:"varint,3,opt,name=accept_missing_replicas,json=acceptMissingReplicas,proto3" json:"accept_missing_replicas,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// The container's BCSID floor the operator saw and accepts
+	// (--accept-dropped-replicas=FLOOR; 0: none): count a recovered replica
+	// even though its BCSID is below the floor (Container.bcsid_floor),
+	// losing what only a dropped replica held. Refused (FailedPrecondition)
+	// when the container's floor is above it: a floor the operator never
+	// saw is never accepted, also on a restart after a failover. Logged at
+	// ERROR once a floor is actually accepted, recorded in the
+	// ReplicaRecoveredOp (accepted_floor), which lowers the floor to the
+	// recovered BCSID. Echoed in RecoverContainerResponse
+	// (accepted_dropped_floor): an older leader ignores it, so a client
+	// that sent it and gets no echo must fail.
+	AcceptDroppedFloor uint64 `protobuf:"varint,4,opt,name=accept_dropped_floor,json=acceptDroppedFloor,proto3" json:"accept_dropped_floor,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *RecoverContainerRequest) Reset() {
 	*x = RecoverContainerRequest{}
-	mi := &file_meta_meta_proto_msgTypes[10]
+	mi := &file_meta_meta_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1605,7 @@ func (x *RecoverContainerRequest) String() string {
 func (*RecoverContainerRequest) ProtoMessage() {}
 
 func (x *RecoverContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[10]
+	mi := &file_meta_meta_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1618,7 @@ func (x *RecoverContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverContainerRequest.ProtoReflect.Descriptor instead.
 func (*RecoverContainerRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{10}
+	return file_meta_meta_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RecoverContainerRequest) GetContainerId() uint64 {
@@ -1541,6 +1640,13 @@ func (x *RecoverContainerRequest) GetAcceptMissingReplicas() bool {
 		return x.AcceptMissingReplicas
 	}
 	return false
+}
+
+func (x *RecoverContainerRequest) GetAcceptDroppedFloor() uint64 {
+	if x != nil {
+		return x.AcceptDroppedFloor
+	}
+	return 0
 }
 
 type RecoverReplica struct {
@@ -1565,7 +1671,7 @@ type RecoverReplica struct {
 
 func (x *RecoverReplica) Reset() {
 	*x = RecoverReplica{}
-	mi := &file_meta_meta_proto_msgTypes[11]
+	mi := &file_meta_meta_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1577,7 +1683,7 @@ func (x *RecoverReplica) String() string {
 func (*RecoverReplica) ProtoMessage() {}
 
 func (x *RecoverReplica) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[11]
+	mi := &file_meta_meta_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1590,7 +1696,7 @@ func (x *RecoverReplica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverReplica.ProtoReflect.Descriptor instead.
 func (*RecoverReplica) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{11}
+	return file_meta_meta_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RecoverReplica) GetDatanodeId() uint64 {
@@ -1649,13 +1755,18 @@ type RecoverContainerResponse struct {
 	// The running recovery accepts losing what only missing replicas held
 	// (accept_missing_replicas).
 	AcceptMissingReplicas bool `protobuf:"varint,6,opt,name=accept_missing_replicas,json=acceptMissingReplicas,proto3" json:"accept_missing_replicas,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// The container's floor (Container.bcsid_floor, also in container).
+	BcsidFloor *BcsidFloor `protobuf:"bytes,7,opt,name=bcsid_floor,json=bcsidFloor,proto3" json:"bcsid_floor,omitempty"`
+	// The floor the running recovery accepts counting below
+	// (RecoverContainerRequest.accept_dropped_floor; 0: none).
+	AcceptedDroppedFloor uint64 `protobuf:"varint,8,opt,name=accepted_dropped_floor,json=acceptedDroppedFloor,proto3" json:"accepted_dropped_floor,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *RecoverContainerResponse) Reset() {
 	*x = RecoverContainerResponse{}
-	mi := &file_meta_meta_proto_msgTypes[12]
+	mi := &file_meta_meta_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1667,7 +1778,7 @@ func (x *RecoverContainerResponse) String() string {
 func (*RecoverContainerResponse) ProtoMessage() {}
 
 func (x *RecoverContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[12]
+	mi := &file_meta_meta_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1680,7 +1791,7 @@ func (x *RecoverContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverContainerResponse.ProtoReflect.Descriptor instead.
 func (*RecoverContainerResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{12}
+	return file_meta_meta_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RecoverContainerResponse) GetContainer() *Container {
@@ -1725,6 +1836,20 @@ func (x *RecoverContainerResponse) GetAcceptMissingReplicas() bool {
 	return false
 }
 
+func (x *RecoverContainerResponse) GetBcsidFloor() *BcsidFloor {
+	if x != nil {
+		return x.BcsidFloor
+	}
+	return nil
+}
+
+func (x *RecoverContainerResponse) GetAcceptedDroppedFloor() uint64 {
+	if x != nil {
+		return x.AcceptedDroppedFloor
+	}
+	return 0
+}
+
 type SetDatanodeOpStateRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	DatanodeId uint64                 `protobuf:"varint,1,opt,name=datanode_id,json=datanodeId,proto3" json:"datanode_id,omitempty"`
@@ -1737,7 +1862,7 @@ type SetDatanodeOpStateRequest struct {
 
 func (x *SetDatanodeOpStateRequest) Reset() {
 	*x = SetDatanodeOpStateRequest{}
-	mi := &file_meta_meta_proto_msgTypes[13]
+	mi := &file_meta_meta_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1749,7 +1874,7 @@ func (x *SetDatanodeOpStateRequest) String() string {
 func (*SetDatanodeOpStateRequest) ProtoMessage() {}
 
 func (x *SetDatanodeOpStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[13]
+	mi := &file_meta_meta_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1762,7 +1887,7 @@ func (x *SetDatanodeOpStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetDatanodeOpStateRequest.ProtoReflect.Descriptor instead.
 func (*SetDatanodeOpStateRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{13}
+	return file_meta_meta_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SetDatanodeOpStateRequest) GetDatanodeId() uint64 {
@@ -1795,7 +1920,7 @@ type SetDatanodeOpStateResponse struct {
 
 func (x *SetDatanodeOpStateResponse) Reset() {
 	*x = SetDatanodeOpStateResponse{}
-	mi := &file_meta_meta_proto_msgTypes[14]
+	mi := &file_meta_meta_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1807,7 +1932,7 @@ func (x *SetDatanodeOpStateResponse) String() string {
 func (*SetDatanodeOpStateResponse) ProtoMessage() {}
 
 func (x *SetDatanodeOpStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[14]
+	mi := &file_meta_meta_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1820,7 +1945,7 @@ func (x *SetDatanodeOpStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetDatanodeOpStateResponse.ProtoReflect.Descriptor instead.
 func (*SetDatanodeOpStateResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{14}
+	return file_meta_meta_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SetDatanodeOpStateResponse) GetDatanode() *DatanodeStatus {
@@ -1840,7 +1965,7 @@ type GetContainerReplicasRequest struct {
 
 func (x *GetContainerReplicasRequest) Reset() {
 	*x = GetContainerReplicasRequest{}
-	mi := &file_meta_meta_proto_msgTypes[15]
+	mi := &file_meta_meta_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1852,7 +1977,7 @@ func (x *GetContainerReplicasRequest) String() string {
 func (*GetContainerReplicasRequest) ProtoMessage() {}
 
 func (x *GetContainerReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[15]
+	mi := &file_meta_meta_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1865,7 +1990,7 @@ func (x *GetContainerReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainerReplicasRequest.ProtoReflect.Descriptor instead.
 func (*GetContainerReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{15}
+	return file_meta_meta_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetContainerReplicasRequest) GetContainerId() uint64 {
@@ -1904,7 +2029,7 @@ type ReplicaInfo struct {
 
 func (x *ReplicaInfo) Reset() {
 	*x = ReplicaInfo{}
-	mi := &file_meta_meta_proto_msgTypes[16]
+	mi := &file_meta_meta_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1916,7 +2041,7 @@ func (x *ReplicaInfo) String() string {
 func (*ReplicaInfo) ProtoMessage() {}
 
 func (x *ReplicaInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[16]
+	mi := &file_meta_meta_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1929,7 +2054,7 @@ func (x *ReplicaInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaInfo.ProtoReflect.Descriptor instead.
 func (*ReplicaInfo) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{16}
+	return file_meta_meta_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReplicaInfo) GetDatanodeId() uint64 {
@@ -2007,7 +2132,7 @@ type ContainerReplicas struct {
 
 func (x *ContainerReplicas) Reset() {
 	*x = ContainerReplicas{}
-	mi := &file_meta_meta_proto_msgTypes[17]
+	mi := &file_meta_meta_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2019,7 +2144,7 @@ func (x *ContainerReplicas) String() string {
 func (*ContainerReplicas) ProtoMessage() {}
 
 func (x *ContainerReplicas) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[17]
+	mi := &file_meta_meta_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2032,7 +2157,7 @@ func (x *ContainerReplicas) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerReplicas.ProtoReflect.Descriptor instead.
 func (*ContainerReplicas) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{17}
+	return file_meta_meta_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ContainerReplicas) GetContainer() *Container {
@@ -2073,7 +2198,7 @@ type GetContainerReplicasResponse struct {
 
 func (x *GetContainerReplicasResponse) Reset() {
 	*x = GetContainerReplicasResponse{}
-	mi := &file_meta_meta_proto_msgTypes[18]
+	mi := &file_meta_meta_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2085,7 +2210,7 @@ func (x *GetContainerReplicasResponse) String() string {
 func (*GetContainerReplicasResponse) ProtoMessage() {}
 
 func (x *GetContainerReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[18]
+	mi := &file_meta_meta_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2098,7 +2223,7 @@ func (x *GetContainerReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainerReplicasResponse.ProtoReflect.Descriptor instead.
 func (*GetContainerReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{18}
+	return file_meta_meta_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetContainerReplicasResponse) GetContainers() []*ContainerReplicas {
@@ -2127,7 +2252,7 @@ type RegisterDatanodeRequest struct {
 
 func (x *RegisterDatanodeRequest) Reset() {
 	*x = RegisterDatanodeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[19]
+	mi := &file_meta_meta_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2139,7 +2264,7 @@ func (x *RegisterDatanodeRequest) String() string {
 func (*RegisterDatanodeRequest) ProtoMessage() {}
 
 func (x *RegisterDatanodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[19]
+	mi := &file_meta_meta_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2152,7 +2277,7 @@ func (x *RegisterDatanodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDatanodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterDatanodeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{19}
+	return file_meta_meta_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RegisterDatanodeRequest) GetDetails() *DatanodeDetails {
@@ -2181,7 +2306,7 @@ type RegisterDatanodeResponse struct {
 
 func (x *RegisterDatanodeResponse) Reset() {
 	*x = RegisterDatanodeResponse{}
-	mi := &file_meta_meta_proto_msgTypes[20]
+	mi := &file_meta_meta_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2193,7 +2318,7 @@ func (x *RegisterDatanodeResponse) String() string {
 func (*RegisterDatanodeResponse) ProtoMessage() {}
 
 func (x *RegisterDatanodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[20]
+	mi := &file_meta_meta_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2206,7 +2331,7 @@ func (x *RegisterDatanodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterDatanodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterDatanodeResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{20}
+	return file_meta_meta_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RegisterDatanodeResponse) GetDatanodeId() uint64 {
@@ -2262,7 +2387,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_meta_meta_proto_msgTypes[21]
+	mi := &file_meta_meta_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2274,7 +2399,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[21]
+	mi := &file_meta_meta_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2287,7 +2412,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{21}
+	return file_meta_meta_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HeartbeatRequest) GetDatanodeId() uint64 {
@@ -2391,7 +2516,7 @@ type SlowDisk struct {
 
 func (x *SlowDisk) Reset() {
 	*x = SlowDisk{}
-	mi := &file_meta_meta_proto_msgTypes[22]
+	mi := &file_meta_meta_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2403,7 +2528,7 @@ func (x *SlowDisk) String() string {
 func (*SlowDisk) ProtoMessage() {}
 
 func (x *SlowDisk) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[22]
+	mi := &file_meta_meta_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2416,7 +2541,7 @@ func (x *SlowDisk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlowDisk.ProtoReflect.Descriptor instead.
 func (*SlowDisk) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{22}
+	return file_meta_meta_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SlowDisk) GetPath() string {
@@ -2476,7 +2601,7 @@ type CacheStats struct {
 
 func (x *CacheStats) Reset() {
 	*x = CacheStats{}
-	mi := &file_meta_meta_proto_msgTypes[23]
+	mi := &file_meta_meta_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2488,7 +2613,7 @@ func (x *CacheStats) String() string {
 func (*CacheStats) ProtoMessage() {}
 
 func (x *CacheStats) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[23]
+	mi := &file_meta_meta_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2501,7 +2626,7 @@ func (x *CacheStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheStats.ProtoReflect.Descriptor instead.
 func (*CacheStats) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{23}
+	return file_meta_meta_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CacheStats) GetCapacityBytes() uint64 {
@@ -2556,7 +2681,7 @@ type CopyFailure struct {
 
 func (x *CopyFailure) Reset() {
 	*x = CopyFailure{}
-	mi := &file_meta_meta_proto_msgTypes[24]
+	mi := &file_meta_meta_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2568,7 +2693,7 @@ func (x *CopyFailure) String() string {
 func (*CopyFailure) ProtoMessage() {}
 
 func (x *CopyFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[24]
+	mi := &file_meta_meta_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2581,7 +2706,7 @@ func (x *CopyFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyFailure.ProtoReflect.Descriptor instead.
 func (*CopyFailure) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{24}
+	return file_meta_meta_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CopyFailure) GetContainerId() uint64 {
@@ -2609,7 +2734,7 @@ type DeleteTxAck struct {
 
 func (x *DeleteTxAck) Reset() {
 	*x = DeleteTxAck{}
-	mi := &file_meta_meta_proto_msgTypes[25]
+	mi := &file_meta_meta_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2621,7 +2746,7 @@ func (x *DeleteTxAck) String() string {
 func (*DeleteTxAck) ProtoMessage() {}
 
 func (x *DeleteTxAck) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[25]
+	mi := &file_meta_meta_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2634,7 +2759,7 @@ func (x *DeleteTxAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTxAck.ProtoReflect.Descriptor instead.
 func (*DeleteTxAck) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{25}
+	return file_meta_meta_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DeleteTxAck) GetTxId() uint64 {
@@ -2673,7 +2798,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_meta_meta_proto_msgTypes[26]
+	mi := &file_meta_meta_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2685,7 +2810,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[26]
+	mi := &file_meta_meta_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2698,7 +2823,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{26}
+	return file_meta_meta_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *HeartbeatResponse) GetCommands() []*DatanodeCommand {
@@ -2749,7 +2874,7 @@ type DatanodeCommand struct {
 
 func (x *DatanodeCommand) Reset() {
 	*x = DatanodeCommand{}
-	mi := &file_meta_meta_proto_msgTypes[27]
+	mi := &file_meta_meta_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2761,7 +2886,7 @@ func (x *DatanodeCommand) String() string {
 func (*DatanodeCommand) ProtoMessage() {}
 
 func (x *DatanodeCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[27]
+	mi := &file_meta_meta_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2774,7 +2899,7 @@ func (x *DatanodeCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatanodeCommand.ProtoReflect.Descriptor instead.
 func (*DatanodeCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{27}
+	return file_meta_meta_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DatanodeCommand) GetCommand() isDatanodeCommand_Command {
@@ -2942,7 +3067,7 @@ type RecoverContainerCommand struct {
 
 func (x *RecoverContainerCommand) Reset() {
 	*x = RecoverContainerCommand{}
-	mi := &file_meta_meta_proto_msgTypes[28]
+	mi := &file_meta_meta_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2954,7 +3079,7 @@ func (x *RecoverContainerCommand) String() string {
 func (*RecoverContainerCommand) ProtoMessage() {}
 
 func (x *RecoverContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[28]
+	mi := &file_meta_meta_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2967,7 +3092,7 @@ func (x *RecoverContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverContainerCommand.ProtoReflect.Descriptor instead.
 func (*RecoverContainerCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{28}
+	return file_meta_meta_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RecoverContainerCommand) GetContainerId() uint64 {
@@ -2995,7 +3120,7 @@ type CacheBlocksCommand struct {
 
 func (x *CacheBlocksCommand) Reset() {
 	*x = CacheBlocksCommand{}
-	mi := &file_meta_meta_proto_msgTypes[29]
+	mi := &file_meta_meta_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3007,7 +3132,7 @@ func (x *CacheBlocksCommand) String() string {
 func (*CacheBlocksCommand) ProtoMessage() {}
 
 func (x *CacheBlocksCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[29]
+	mi := &file_meta_meta_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3020,7 +3145,7 @@ func (x *CacheBlocksCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheBlocksCommand.ProtoReflect.Descriptor instead.
 func (*CacheBlocksCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{29}
+	return file_meta_meta_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CacheBlocksCommand) GetBlocks() []*BlockID {
@@ -3040,7 +3165,7 @@ type UncacheBlocksCommand struct {
 
 func (x *UncacheBlocksCommand) Reset() {
 	*x = UncacheBlocksCommand{}
-	mi := &file_meta_meta_proto_msgTypes[30]
+	mi := &file_meta_meta_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3052,7 +3177,7 @@ func (x *UncacheBlocksCommand) String() string {
 func (*UncacheBlocksCommand) ProtoMessage() {}
 
 func (x *UncacheBlocksCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[30]
+	mi := &file_meta_meta_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3065,7 +3190,7 @@ func (x *UncacheBlocksCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UncacheBlocksCommand.ProtoReflect.Descriptor instead.
 func (*UncacheBlocksCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{30}
+	return file_meta_meta_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *UncacheBlocksCommand) GetBlocks() []*BlockID {
@@ -3100,7 +3225,7 @@ type ReplicateContainerCommand struct {
 
 func (x *ReplicateContainerCommand) Reset() {
 	*x = ReplicateContainerCommand{}
-	mi := &file_meta_meta_proto_msgTypes[31]
+	mi := &file_meta_meta_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3112,7 +3237,7 @@ func (x *ReplicateContainerCommand) String() string {
 func (*ReplicateContainerCommand) ProtoMessage() {}
 
 func (x *ReplicateContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[31]
+	mi := &file_meta_meta_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3125,7 +3250,7 @@ func (x *ReplicateContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateContainerCommand.ProtoReflect.Descriptor instead.
 func (*ReplicateContainerCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{31}
+	return file_meta_meta_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReplicateContainerCommand) GetContainerId() uint64 {
@@ -3176,7 +3301,7 @@ type DeleteContainerCommand struct {
 
 func (x *DeleteContainerCommand) Reset() {
 	*x = DeleteContainerCommand{}
-	mi := &file_meta_meta_proto_msgTypes[32]
+	mi := &file_meta_meta_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3188,7 +3313,7 @@ func (x *DeleteContainerCommand) String() string {
 func (*DeleteContainerCommand) ProtoMessage() {}
 
 func (x *DeleteContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[32]
+	mi := &file_meta_meta_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3201,7 +3326,7 @@ func (x *DeleteContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteContainerCommand.ProtoReflect.Descriptor instead.
 func (*DeleteContainerCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{32}
+	return file_meta_meta_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteContainerCommand) GetContainerId() uint64 {
@@ -3228,7 +3353,7 @@ type CreatePipelineCommand struct {
 
 func (x *CreatePipelineCommand) Reset() {
 	*x = CreatePipelineCommand{}
-	mi := &file_meta_meta_proto_msgTypes[33]
+	mi := &file_meta_meta_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3240,7 +3365,7 @@ func (x *CreatePipelineCommand) String() string {
 func (*CreatePipelineCommand) ProtoMessage() {}
 
 func (x *CreatePipelineCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[33]
+	mi := &file_meta_meta_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3253,7 +3378,7 @@ func (x *CreatePipelineCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePipelineCommand.ProtoReflect.Descriptor instead.
 func (*CreatePipelineCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{33}
+	return file_meta_meta_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CreatePipelineCommand) GetPipeline() *Pipeline {
@@ -3279,7 +3404,7 @@ type ClosePipelineCommand struct {
 
 func (x *ClosePipelineCommand) Reset() {
 	*x = ClosePipelineCommand{}
-	mi := &file_meta_meta_proto_msgTypes[34]
+	mi := &file_meta_meta_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3291,7 +3416,7 @@ func (x *ClosePipelineCommand) String() string {
 func (*ClosePipelineCommand) ProtoMessage() {}
 
 func (x *ClosePipelineCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[34]
+	mi := &file_meta_meta_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3304,7 +3429,7 @@ func (x *ClosePipelineCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClosePipelineCommand.ProtoReflect.Descriptor instead.
 func (*ClosePipelineCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{34}
+	return file_meta_meta_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ClosePipelineCommand) GetPipelineId() uint64 {
@@ -3324,7 +3449,7 @@ type CloseContainerCommand struct {
 
 func (x *CloseContainerCommand) Reset() {
 	*x = CloseContainerCommand{}
-	mi := &file_meta_meta_proto_msgTypes[35]
+	mi := &file_meta_meta_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3336,7 +3461,7 @@ func (x *CloseContainerCommand) String() string {
 func (*CloseContainerCommand) ProtoMessage() {}
 
 func (x *CloseContainerCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[35]
+	mi := &file_meta_meta_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3349,7 +3474,7 @@ func (x *CloseContainerCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseContainerCommand.ProtoReflect.Descriptor instead.
 func (*CloseContainerCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{35}
+	return file_meta_meta_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CloseContainerCommand) GetContainerId() uint64 {
@@ -3377,7 +3502,7 @@ type DeleteBlocksCommand struct {
 
 func (x *DeleteBlocksCommand) Reset() {
 	*x = DeleteBlocksCommand{}
-	mi := &file_meta_meta_proto_msgTypes[36]
+	mi := &file_meta_meta_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3389,7 +3514,7 @@ func (x *DeleteBlocksCommand) String() string {
 func (*DeleteBlocksCommand) ProtoMessage() {}
 
 func (x *DeleteBlocksCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[36]
+	mi := &file_meta_meta_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3402,7 +3527,7 @@ func (x *DeleteBlocksCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksCommand.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksCommand) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{36}
+	return file_meta_meta_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeleteBlocksCommand) GetTxId() uint64 {
@@ -3443,7 +3568,7 @@ type AllocateBlocksRequest struct {
 
 func (x *AllocateBlocksRequest) Reset() {
 	*x = AllocateBlocksRequest{}
-	mi := &file_meta_meta_proto_msgTypes[37]
+	mi := &file_meta_meta_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3455,7 +3580,7 @@ func (x *AllocateBlocksRequest) String() string {
 func (*AllocateBlocksRequest) ProtoMessage() {}
 
 func (x *AllocateBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[37]
+	mi := &file_meta_meta_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3468,7 +3593,7 @@ func (x *AllocateBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlocksRequest.ProtoReflect.Descriptor instead.
 func (*AllocateBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{37}
+	return file_meta_meta_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *AllocateBlocksRequest) GetCount() uint32 {
@@ -3516,7 +3641,7 @@ type AllocateBlocksResponse struct {
 
 func (x *AllocateBlocksResponse) Reset() {
 	*x = AllocateBlocksResponse{}
-	mi := &file_meta_meta_proto_msgTypes[38]
+	mi := &file_meta_meta_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3528,7 +3653,7 @@ func (x *AllocateBlocksResponse) String() string {
 func (*AllocateBlocksResponse) ProtoMessage() {}
 
 func (x *AllocateBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[38]
+	mi := &file_meta_meta_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3541,7 +3666,7 @@ func (x *AllocateBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlocksResponse.ProtoReflect.Descriptor instead.
 func (*AllocateBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{38}
+	return file_meta_meta_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AllocateBlocksResponse) GetBlocks() []*BlockLocation {
@@ -3567,7 +3692,7 @@ type DeleteBlocksRequest struct {
 
 func (x *DeleteBlocksRequest) Reset() {
 	*x = DeleteBlocksRequest{}
-	mi := &file_meta_meta_proto_msgTypes[39]
+	mi := &file_meta_meta_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3579,7 +3704,7 @@ func (x *DeleteBlocksRequest) String() string {
 func (*DeleteBlocksRequest) ProtoMessage() {}
 
 func (x *DeleteBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[39]
+	mi := &file_meta_meta_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3592,7 +3717,7 @@ func (x *DeleteBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{39}
+	return file_meta_meta_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DeleteBlocksRequest) GetGroups() []*DeleteBlocksGroup {
@@ -3612,7 +3737,7 @@ type DeleteBlocksGroup struct {
 
 func (x *DeleteBlocksGroup) Reset() {
 	*x = DeleteBlocksGroup{}
-	mi := &file_meta_meta_proto_msgTypes[40]
+	mi := &file_meta_meta_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3624,7 +3749,7 @@ func (x *DeleteBlocksGroup) String() string {
 func (*DeleteBlocksGroup) ProtoMessage() {}
 
 func (x *DeleteBlocksGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[40]
+	mi := &file_meta_meta_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3637,7 +3762,7 @@ func (x *DeleteBlocksGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksGroup.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksGroup) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{40}
+	return file_meta_meta_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeleteBlocksGroup) GetContainerId() uint64 {
@@ -3662,7 +3787,7 @@ type DeleteBlocksResponse struct {
 
 func (x *DeleteBlocksResponse) Reset() {
 	*x = DeleteBlocksResponse{}
-	mi := &file_meta_meta_proto_msgTypes[41]
+	mi := &file_meta_meta_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3674,7 +3799,7 @@ func (x *DeleteBlocksResponse) String() string {
 func (*DeleteBlocksResponse) ProtoMessage() {}
 
 func (x *DeleteBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[41]
+	mi := &file_meta_meta_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3687,7 +3812,7 @@ func (x *DeleteBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBlocksResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{41}
+	return file_meta_meta_proto_rawDescGZIP(), []int{42}
 }
 
 type ReportCorruptReplicaRequest struct {
@@ -3701,7 +3826,7 @@ type ReportCorruptReplicaRequest struct {
 
 func (x *ReportCorruptReplicaRequest) Reset() {
 	*x = ReportCorruptReplicaRequest{}
-	mi := &file_meta_meta_proto_msgTypes[42]
+	mi := &file_meta_meta_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3713,7 +3838,7 @@ func (x *ReportCorruptReplicaRequest) String() string {
 func (*ReportCorruptReplicaRequest) ProtoMessage() {}
 
 func (x *ReportCorruptReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[42]
+	mi := &file_meta_meta_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3726,7 +3851,7 @@ func (x *ReportCorruptReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportCorruptReplicaRequest.ProtoReflect.Descriptor instead.
 func (*ReportCorruptReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{42}
+	return file_meta_meta_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReportCorruptReplicaRequest) GetBlock() *BlockID {
@@ -3758,7 +3883,7 @@ type ReportCorruptReplicaResponse struct {
 
 func (x *ReportCorruptReplicaResponse) Reset() {
 	*x = ReportCorruptReplicaResponse{}
-	mi := &file_meta_meta_proto_msgTypes[43]
+	mi := &file_meta_meta_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3770,7 +3895,7 @@ func (x *ReportCorruptReplicaResponse) String() string {
 func (*ReportCorruptReplicaResponse) ProtoMessage() {}
 
 func (x *ReportCorruptReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[43]
+	mi := &file_meta_meta_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3783,7 +3908,7 @@ func (x *ReportCorruptReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportCorruptReplicaResponse.ProtoReflect.Descriptor instead.
 func (*ReportCorruptReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{43}
+	return file_meta_meta_proto_rawDescGZIP(), []int{44}
 }
 
 type ListCorruptReplicasRequest struct {
@@ -3794,7 +3919,7 @@ type ListCorruptReplicasRequest struct {
 
 func (x *ListCorruptReplicasRequest) Reset() {
 	*x = ListCorruptReplicasRequest{}
-	mi := &file_meta_meta_proto_msgTypes[44]
+	mi := &file_meta_meta_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3806,7 +3931,7 @@ func (x *ListCorruptReplicasRequest) String() string {
 func (*ListCorruptReplicasRequest) ProtoMessage() {}
 
 func (x *ListCorruptReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[44]
+	mi := &file_meta_meta_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3819,7 +3944,7 @@ func (x *ListCorruptReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCorruptReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ListCorruptReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{44}
+	return file_meta_meta_proto_rawDescGZIP(), []int{45}
 }
 
 type CorruptReplica struct {
@@ -3838,7 +3963,7 @@ type CorruptReplica struct {
 
 func (x *CorruptReplica) Reset() {
 	*x = CorruptReplica{}
-	mi := &file_meta_meta_proto_msgTypes[45]
+	mi := &file_meta_meta_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3850,7 +3975,7 @@ func (x *CorruptReplica) String() string {
 func (*CorruptReplica) ProtoMessage() {}
 
 func (x *CorruptReplica) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[45]
+	mi := &file_meta_meta_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3863,7 +3988,7 @@ func (x *CorruptReplica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CorruptReplica.ProtoReflect.Descriptor instead.
 func (*CorruptReplica) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{45}
+	return file_meta_meta_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CorruptReplica) GetBlock() *BlockID {
@@ -3917,7 +4042,7 @@ type ListCorruptReplicasResponse struct {
 
 func (x *ListCorruptReplicasResponse) Reset() {
 	*x = ListCorruptReplicasResponse{}
-	mi := &file_meta_meta_proto_msgTypes[46]
+	mi := &file_meta_meta_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3929,7 +4054,7 @@ func (x *ListCorruptReplicasResponse) String() string {
 func (*ListCorruptReplicasResponse) ProtoMessage() {}
 
 func (x *ListCorruptReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[46]
+	mi := &file_meta_meta_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3942,7 +4067,7 @@ func (x *ListCorruptReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCorruptReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListCorruptReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{46}
+	return file_meta_meta_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListCorruptReplicasResponse) GetReplicas() []*CorruptReplica {
@@ -3962,7 +4087,7 @@ type GetContainersRequest struct {
 
 func (x *GetContainersRequest) Reset() {
 	*x = GetContainersRequest{}
-	mi := &file_meta_meta_proto_msgTypes[47]
+	mi := &file_meta_meta_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3974,7 +4099,7 @@ func (x *GetContainersRequest) String() string {
 func (*GetContainersRequest) ProtoMessage() {}
 
 func (x *GetContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[47]
+	mi := &file_meta_meta_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3987,7 +4112,7 @@ func (x *GetContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainersRequest.ProtoReflect.Descriptor instead.
 func (*GetContainersRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{47}
+	return file_meta_meta_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetContainersRequest) GetContainerIds() []uint64 {
@@ -4013,7 +4138,7 @@ type GetContainersResponse struct {
 
 func (x *GetContainersResponse) Reset() {
 	*x = GetContainersResponse{}
-	mi := &file_meta_meta_proto_msgTypes[48]
+	mi := &file_meta_meta_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4025,7 +4150,7 @@ func (x *GetContainersResponse) String() string {
 func (*GetContainersResponse) ProtoMessage() {}
 
 func (x *GetContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[48]
+	mi := &file_meta_meta_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4038,7 +4163,7 @@ func (x *GetContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainersResponse.ProtoReflect.Descriptor instead.
 func (*GetContainersResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{48}
+	return file_meta_meta_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetContainersResponse) GetContainers() []*ContainerWithLocation {
@@ -4060,7 +4185,7 @@ type ContainerWithLocation struct {
 
 func (x *ContainerWithLocation) Reset() {
 	*x = ContainerWithLocation{}
-	mi := &file_meta_meta_proto_msgTypes[49]
+	mi := &file_meta_meta_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4072,7 +4197,7 @@ func (x *ContainerWithLocation) String() string {
 func (*ContainerWithLocation) ProtoMessage() {}
 
 func (x *ContainerWithLocation) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[49]
+	mi := &file_meta_meta_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4085,7 +4210,7 @@ func (x *ContainerWithLocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerWithLocation.ProtoReflect.Descriptor instead.
 func (*ContainerWithLocation) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{49}
+	return file_meta_meta_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ContainerWithLocation) GetContainer() *Container {
@@ -4110,7 +4235,7 @@ type ListDatanodesRequest struct {
 
 func (x *ListDatanodesRequest) Reset() {
 	*x = ListDatanodesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[50]
+	mi := &file_meta_meta_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4122,7 +4247,7 @@ func (x *ListDatanodesRequest) String() string {
 func (*ListDatanodesRequest) ProtoMessage() {}
 
 func (x *ListDatanodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[50]
+	mi := &file_meta_meta_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4135,7 +4260,7 @@ func (x *ListDatanodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDatanodesRequest.ProtoReflect.Descriptor instead.
 func (*ListDatanodesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{50}
+	return file_meta_meta_proto_rawDescGZIP(), []int{51}
 }
 
 type DatanodeStatus struct {
@@ -4162,7 +4287,7 @@ type DatanodeStatus struct {
 
 func (x *DatanodeStatus) Reset() {
 	*x = DatanodeStatus{}
-	mi := &file_meta_meta_proto_msgTypes[51]
+	mi := &file_meta_meta_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4174,7 +4299,7 @@ func (x *DatanodeStatus) String() string {
 func (*DatanodeStatus) ProtoMessage() {}
 
 func (x *DatanodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[51]
+	mi := &file_meta_meta_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4187,7 +4312,7 @@ func (x *DatanodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DatanodeStatus.ProtoReflect.Descriptor instead.
 func (*DatanodeStatus) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{51}
+	return file_meta_meta_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *DatanodeStatus) GetDetails() *DatanodeDetails {
@@ -4290,7 +4415,7 @@ type ListDatanodesResponse struct {
 
 func (x *ListDatanodesResponse) Reset() {
 	*x = ListDatanodesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[52]
+	mi := &file_meta_meta_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4302,7 +4427,7 @@ func (x *ListDatanodesResponse) String() string {
 func (*ListDatanodesResponse) ProtoMessage() {}
 
 func (x *ListDatanodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[52]
+	mi := &file_meta_meta_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4315,7 +4440,7 @@ func (x *ListDatanodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDatanodesResponse.ProtoReflect.Descriptor instead.
 func (*ListDatanodesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{52}
+	return file_meta_meta_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ListDatanodesResponse) GetDatanodes() []*DatanodeStatus {
@@ -4333,7 +4458,7 @@ type ListPipelinesRequest struct {
 
 func (x *ListPipelinesRequest) Reset() {
 	*x = ListPipelinesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[53]
+	mi := &file_meta_meta_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4345,7 +4470,7 @@ func (x *ListPipelinesRequest) String() string {
 func (*ListPipelinesRequest) ProtoMessage() {}
 
 func (x *ListPipelinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[53]
+	mi := &file_meta_meta_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4358,7 +4483,7 @@ func (x *ListPipelinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPipelinesRequest.ProtoReflect.Descriptor instead.
 func (*ListPipelinesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{53}
+	return file_meta_meta_proto_rawDescGZIP(), []int{54}
 }
 
 type ListPipelinesResponse struct {
@@ -4370,7 +4495,7 @@ type ListPipelinesResponse struct {
 
 func (x *ListPipelinesResponse) Reset() {
 	*x = ListPipelinesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[54]
+	mi := &file_meta_meta_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4382,7 +4507,7 @@ func (x *ListPipelinesResponse) String() string {
 func (*ListPipelinesResponse) ProtoMessage() {}
 
 func (x *ListPipelinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[54]
+	mi := &file_meta_meta_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4395,7 +4520,7 @@ func (x *ListPipelinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPipelinesResponse.ProtoReflect.Descriptor instead.
 func (*ListPipelinesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{54}
+	return file_meta_meta_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListPipelinesResponse) GetPipelines() []*Pipeline {
@@ -4415,7 +4540,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_meta_meta_proto_msgTypes[55]
+	mi := &file_meta_meta_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4427,7 +4552,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[55]
+	mi := &file_meta_meta_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4440,7 +4565,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{55}
+	return file_meta_meta_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListContainersRequest) GetStartAfter() uint64 {
@@ -4467,7 +4592,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_meta_meta_proto_msgTypes[56]
+	mi := &file_meta_meta_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4479,7 +4604,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[56]
+	mi := &file_meta_meta_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4492,7 +4617,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{56}
+	return file_meta_meta_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListContainersResponse) GetContainers() []*Container {
@@ -4517,7 +4642,7 @@ type GetSafeModeRequest struct {
 
 func (x *GetSafeModeRequest) Reset() {
 	*x = GetSafeModeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[57]
+	mi := &file_meta_meta_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4529,7 +4654,7 @@ func (x *GetSafeModeRequest) String() string {
 func (*GetSafeModeRequest) ProtoMessage() {}
 
 func (x *GetSafeModeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[57]
+	mi := &file_meta_meta_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4542,7 +4667,7 @@ func (x *GetSafeModeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSafeModeRequest.ProtoReflect.Descriptor instead.
 func (*GetSafeModeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{57}
+	return file_meta_meta_proto_rawDescGZIP(), []int{58}
 }
 
 type GetContainerHealthRequest struct {
@@ -4554,7 +4679,7 @@ type GetContainerHealthRequest struct {
 
 func (x *GetContainerHealthRequest) Reset() {
 	*x = GetContainerHealthRequest{}
-	mi := &file_meta_meta_proto_msgTypes[58]
+	mi := &file_meta_meta_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4566,7 +4691,7 @@ func (x *GetContainerHealthRequest) String() string {
 func (*GetContainerHealthRequest) ProtoMessage() {}
 
 func (x *GetContainerHealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[58]
+	mi := &file_meta_meta_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4579,7 +4704,7 @@ func (x *GetContainerHealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainerHealthRequest.ProtoReflect.Descriptor instead.
 func (*GetContainerHealthRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{58}
+	return file_meta_meta_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GetContainerHealthRequest) GetWorst() uint32 {
@@ -4608,7 +4733,7 @@ type ContainerHealth struct {
 
 func (x *ContainerHealth) Reset() {
 	*x = ContainerHealth{}
-	mi := &file_meta_meta_proto_msgTypes[59]
+	mi := &file_meta_meta_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4620,7 +4745,7 @@ func (x *ContainerHealth) String() string {
 func (*ContainerHealth) ProtoMessage() {}
 
 func (x *ContainerHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[59]
+	mi := &file_meta_meta_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4633,7 +4758,7 @@ func (x *ContainerHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerHealth.ProtoReflect.Descriptor instead.
 func (*ContainerHealth) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{59}
+	return file_meta_meta_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ContainerHealth) GetContainerId() uint64 {
@@ -4712,7 +4837,7 @@ type ReplicationCopy struct {
 
 func (x *ReplicationCopy) Reset() {
 	*x = ReplicationCopy{}
-	mi := &file_meta_meta_proto_msgTypes[60]
+	mi := &file_meta_meta_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4724,7 +4849,7 @@ func (x *ReplicationCopy) String() string {
 func (*ReplicationCopy) ProtoMessage() {}
 
 func (x *ReplicationCopy) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[60]
+	mi := &file_meta_meta_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4737,7 +4862,7 @@ func (x *ReplicationCopy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicationCopy.ProtoReflect.Descriptor instead.
 func (*ReplicationCopy) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{60}
+	return file_meta_meta_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ReplicationCopy) GetContainerId() uint64 {
@@ -4796,7 +4921,7 @@ type GetContainerHealthResponse struct {
 
 func (x *GetContainerHealthResponse) Reset() {
 	*x = GetContainerHealthResponse{}
-	mi := &file_meta_meta_proto_msgTypes[61]
+	mi := &file_meta_meta_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4808,7 +4933,7 @@ func (x *GetContainerHealthResponse) String() string {
 func (*GetContainerHealthResponse) ProtoMessage() {}
 
 func (x *GetContainerHealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[61]
+	mi := &file_meta_meta_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4821,7 +4946,7 @@ func (x *GetContainerHealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetContainerHealthResponse.ProtoReflect.Descriptor instead.
 func (*GetContainerHealthResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{61}
+	return file_meta_meta_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *GetContainerHealthResponse) GetCounts() map[string]uint64 {
@@ -4905,7 +5030,7 @@ type GetSafeModeResponse struct {
 
 func (x *GetSafeModeResponse) Reset() {
 	*x = GetSafeModeResponse{}
-	mi := &file_meta_meta_proto_msgTypes[62]
+	mi := &file_meta_meta_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4917,7 +5042,7 @@ func (x *GetSafeModeResponse) String() string {
 func (*GetSafeModeResponse) ProtoMessage() {}
 
 func (x *GetSafeModeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[62]
+	mi := &file_meta_meta_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4930,7 +5055,7 @@ func (x *GetSafeModeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSafeModeResponse.ProtoReflect.Descriptor instead.
 func (*GetSafeModeResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{62}
+	return file_meta_meta_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *GetSafeModeResponse) GetInSafeMode() bool {
@@ -4967,7 +5092,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_meta_meta_proto_msgTypes[63]
+	mi := &file_meta_meta_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4979,7 +5104,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[63]
+	mi := &file_meta_meta_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4992,7 +5117,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{63}
+	return file_meta_meta_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *Volume) GetName() string {
@@ -5041,7 +5166,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[64]
+	mi := &file_meta_meta_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5053,7 +5178,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[64]
+	mi := &file_meta_meta_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5066,7 +5191,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{64}
+	return file_meta_meta_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -5099,7 +5224,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[65]
+	mi := &file_meta_meta_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5111,7 +5236,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[65]
+	mi := &file_meta_meta_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5124,7 +5249,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{65}
+	return file_meta_meta_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *GetVolumeRequest) GetName() string {
@@ -5145,7 +5270,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[66]
+	mi := &file_meta_meta_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5157,7 +5282,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[66]
+	mi := &file_meta_meta_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5170,7 +5295,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{66}
+	return file_meta_meta_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ListVolumesRequest) GetPrefix() string {
@@ -5204,7 +5329,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[67]
+	mi := &file_meta_meta_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5216,7 +5341,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[67]
+	mi := &file_meta_meta_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5229,7 +5354,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{67}
+	return file_meta_meta_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -5255,7 +5380,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_meta_meta_proto_msgTypes[68]
+	mi := &file_meta_meta_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5267,7 +5392,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[68]
+	mi := &file_meta_meta_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5280,7 +5405,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{68}
+	return file_meta_meta_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *DeleteVolumeRequest) GetName() string {
@@ -5298,7 +5423,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_meta_meta_proto_msgTypes[69]
+	mi := &file_meta_meta_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5310,7 +5435,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[69]
+	mi := &file_meta_meta_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5323,7 +5448,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{69}
+	return file_meta_meta_proto_rawDescGZIP(), []int{70}
 }
 
 type Bucket struct {
@@ -5349,7 +5474,7 @@ type Bucket struct {
 
 func (x *Bucket) Reset() {
 	*x = Bucket{}
-	mi := &file_meta_meta_proto_msgTypes[70]
+	mi := &file_meta_meta_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5361,7 +5486,7 @@ func (x *Bucket) String() string {
 func (*Bucket) ProtoMessage() {}
 
 func (x *Bucket) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[70]
+	mi := &file_meta_meta_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5374,7 +5499,7 @@ func (x *Bucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bucket.ProtoReflect.Descriptor instead.
 func (*Bucket) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{70}
+	return file_meta_meta_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *Bucket) GetVolume() string {
@@ -5473,7 +5598,7 @@ type CreateBucketRequest struct {
 
 func (x *CreateBucketRequest) Reset() {
 	*x = CreateBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[71]
+	mi := &file_meta_meta_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5485,7 +5610,7 @@ func (x *CreateBucketRequest) String() string {
 func (*CreateBucketRequest) ProtoMessage() {}
 
 func (x *CreateBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[71]
+	mi := &file_meta_meta_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5498,7 +5623,7 @@ func (x *CreateBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBucketRequest.ProtoReflect.Descriptor instead.
 func (*CreateBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{71}
+	return file_meta_meta_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *CreateBucketRequest) GetVolume() string {
@@ -5567,7 +5692,7 @@ type GetBucketRequest struct {
 
 func (x *GetBucketRequest) Reset() {
 	*x = GetBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[72]
+	mi := &file_meta_meta_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5579,7 +5704,7 @@ func (x *GetBucketRequest) String() string {
 func (*GetBucketRequest) ProtoMessage() {}
 
 func (x *GetBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[72]
+	mi := &file_meta_meta_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5592,7 +5717,7 @@ func (x *GetBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBucketRequest.ProtoReflect.Descriptor instead.
 func (*GetBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{72}
+	return file_meta_meta_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *GetBucketRequest) GetVolume() string {
@@ -5623,7 +5748,7 @@ type ListBucketsRequest struct {
 
 func (x *ListBucketsRequest) Reset() {
 	*x = ListBucketsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[73]
+	mi := &file_meta_meta_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5635,7 +5760,7 @@ func (x *ListBucketsRequest) String() string {
 func (*ListBucketsRequest) ProtoMessage() {}
 
 func (x *ListBucketsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[73]
+	mi := &file_meta_meta_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5648,7 +5773,7 @@ func (x *ListBucketsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBucketsRequest.ProtoReflect.Descriptor instead.
 func (*ListBucketsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{73}
+	return file_meta_meta_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ListBucketsRequest) GetVolume() string {
@@ -5696,7 +5821,7 @@ type ListBucketsResponse struct {
 
 func (x *ListBucketsResponse) Reset() {
 	*x = ListBucketsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[74]
+	mi := &file_meta_meta_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5708,7 +5833,7 @@ func (x *ListBucketsResponse) String() string {
 func (*ListBucketsResponse) ProtoMessage() {}
 
 func (x *ListBucketsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[74]
+	mi := &file_meta_meta_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5721,7 +5846,7 @@ func (x *ListBucketsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBucketsResponse.ProtoReflect.Descriptor instead.
 func (*ListBucketsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{74}
+	return file_meta_meta_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListBucketsResponse) GetBuckets() []*Bucket {
@@ -5748,7 +5873,7 @@ type DeleteBucketRequest struct {
 
 func (x *DeleteBucketRequest) Reset() {
 	*x = DeleteBucketRequest{}
-	mi := &file_meta_meta_proto_msgTypes[75]
+	mi := &file_meta_meta_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5760,7 +5885,7 @@ func (x *DeleteBucketRequest) String() string {
 func (*DeleteBucketRequest) ProtoMessage() {}
 
 func (x *DeleteBucketRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[75]
+	mi := &file_meta_meta_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5773,7 +5898,7 @@ func (x *DeleteBucketRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBucketRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBucketRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{75}
+	return file_meta_meta_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *DeleteBucketRequest) GetVolume() string {
@@ -5798,7 +5923,7 @@ type DeleteBucketResponse struct {
 
 func (x *DeleteBucketResponse) Reset() {
 	*x = DeleteBucketResponse{}
-	mi := &file_meta_meta_proto_msgTypes[76]
+	mi := &file_meta_meta_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5810,7 +5935,7 @@ func (x *DeleteBucketResponse) String() string {
 func (*DeleteBucketResponse) ProtoMessage() {}
 
 func (x *DeleteBucketResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[76]
+	mi := &file_meta_meta_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5823,7 +5948,7 @@ func (x *DeleteBucketResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBucketResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBucketResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{76}
+	return file_meta_meta_proto_rawDescGZIP(), []int{77}
 }
 
 // KeyBlock is a block as stored in a key.
@@ -5837,7 +5962,7 @@ type KeyBlock struct {
 
 func (x *KeyBlock) Reset() {
 	*x = KeyBlock{}
-	mi := &file_meta_meta_proto_msgTypes[77]
+	mi := &file_meta_meta_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5849,7 +5974,7 @@ func (x *KeyBlock) String() string {
 func (*KeyBlock) ProtoMessage() {}
 
 func (x *KeyBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[77]
+	mi := &file_meta_meta_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5862,7 +5987,7 @@ func (x *KeyBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyBlock.ProtoReflect.Descriptor instead.
 func (*KeyBlock) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{77}
+	return file_meta_meta_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *KeyBlock) GetId() *BlockID {
@@ -5904,7 +6029,7 @@ type KeyInfo struct {
 
 func (x *KeyInfo) Reset() {
 	*x = KeyInfo{}
-	mi := &file_meta_meta_proto_msgTypes[78]
+	mi := &file_meta_meta_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5916,7 +6041,7 @@ func (x *KeyInfo) String() string {
 func (*KeyInfo) ProtoMessage() {}
 
 func (x *KeyInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[78]
+	mi := &file_meta_meta_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5929,7 +6054,7 @@ func (x *KeyInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyInfo.ProtoReflect.Descriptor instead.
 func (*KeyInfo) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{78}
+	return file_meta_meta_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *KeyInfo) GetVolume() string {
@@ -6066,7 +6191,7 @@ type ObjectMeta struct {
 
 func (x *ObjectMeta) Reset() {
 	*x = ObjectMeta{}
-	mi := &file_meta_meta_proto_msgTypes[79]
+	mi := &file_meta_meta_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6078,7 +6203,7 @@ func (x *ObjectMeta) String() string {
 func (*ObjectMeta) ProtoMessage() {}
 
 func (x *ObjectMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[79]
+	mi := &file_meta_meta_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6091,7 +6216,7 @@ func (x *ObjectMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectMeta.ProtoReflect.Descriptor instead.
 func (*ObjectMeta) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{79}
+	return file_meta_meta_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ObjectMeta) GetEtag() string {
@@ -6195,7 +6320,7 @@ type OpenKeyRequest struct {
 
 func (x *OpenKeyRequest) Reset() {
 	*x = OpenKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[80]
+	mi := &file_meta_meta_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6207,7 +6332,7 @@ func (x *OpenKeyRequest) String() string {
 func (*OpenKeyRequest) ProtoMessage() {}
 
 func (x *OpenKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[80]
+	mi := &file_meta_meta_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6220,7 +6345,7 @@ func (x *OpenKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyRequest.ProtoReflect.Descriptor instead.
 func (*OpenKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{80}
+	return file_meta_meta_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *OpenKeyRequest) GetVolume() string {
@@ -6297,7 +6422,7 @@ type OpenKeyResponse struct {
 
 func (x *OpenKeyResponse) Reset() {
 	*x = OpenKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[81]
+	mi := &file_meta_meta_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6309,7 +6434,7 @@ func (x *OpenKeyResponse) String() string {
 func (*OpenKeyResponse) ProtoMessage() {}
 
 func (x *OpenKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[81]
+	mi := &file_meta_meta_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6322,7 +6447,7 @@ func (x *OpenKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyResponse.ProtoReflect.Descriptor instead.
 func (*OpenKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{81}
+	return file_meta_meta_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *OpenKeyResponse) GetOpenId() uint64 {
@@ -6357,7 +6482,7 @@ type AllocateBlockRequest struct {
 
 func (x *AllocateBlockRequest) Reset() {
 	*x = AllocateBlockRequest{}
-	mi := &file_meta_meta_proto_msgTypes[82]
+	mi := &file_meta_meta_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6369,7 +6494,7 @@ func (x *AllocateBlockRequest) String() string {
 func (*AllocateBlockRequest) ProtoMessage() {}
 
 func (x *AllocateBlockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[82]
+	mi := &file_meta_meta_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6382,7 +6507,7 @@ func (x *AllocateBlockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlockRequest.ProtoReflect.Descriptor instead.
 func (*AllocateBlockRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{82}
+	return file_meta_meta_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *AllocateBlockRequest) GetOpenId() uint64 {
@@ -6415,7 +6540,7 @@ type AllocateBlockResponse struct {
 
 func (x *AllocateBlockResponse) Reset() {
 	*x = AllocateBlockResponse{}
-	mi := &file_meta_meta_proto_msgTypes[83]
+	mi := &file_meta_meta_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6427,7 +6552,7 @@ func (x *AllocateBlockResponse) String() string {
 func (*AllocateBlockResponse) ProtoMessage() {}
 
 func (x *AllocateBlockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[83]
+	mi := &file_meta_meta_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6440,7 +6565,7 @@ func (x *AllocateBlockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateBlockResponse.ProtoReflect.Descriptor instead.
 func (*AllocateBlockResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{83}
+	return file_meta_meta_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *AllocateBlockResponse) GetBlock() *BlockLocation {
@@ -6484,7 +6609,7 @@ type CommitKeyRequest struct {
 
 func (x *CommitKeyRequest) Reset() {
 	*x = CommitKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[84]
+	mi := &file_meta_meta_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6496,7 +6621,7 @@ func (x *CommitKeyRequest) String() string {
 func (*CommitKeyRequest) ProtoMessage() {}
 
 func (x *CommitKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[84]
+	mi := &file_meta_meta_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6509,7 +6634,7 @@ func (x *CommitKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitKeyRequest.ProtoReflect.Descriptor instead.
 func (*CommitKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{84}
+	return file_meta_meta_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *CommitKeyRequest) GetOpenId() uint64 {
@@ -6586,7 +6711,7 @@ type PartRef struct {
 
 func (x *PartRef) Reset() {
 	*x = PartRef{}
-	mi := &file_meta_meta_proto_msgTypes[85]
+	mi := &file_meta_meta_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6598,7 +6723,7 @@ func (x *PartRef) String() string {
 func (*PartRef) ProtoMessage() {}
 
 func (x *PartRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[85]
+	mi := &file_meta_meta_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6611,7 +6736,7 @@ func (x *PartRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartRef.ProtoReflect.Descriptor instead.
 func (*PartRef) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{85}
+	return file_meta_meta_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *PartRef) GetUploadId() string {
@@ -6648,7 +6773,7 @@ type LookupKeyRequest struct {
 
 func (x *LookupKeyRequest) Reset() {
 	*x = LookupKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[86]
+	mi := &file_meta_meta_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6660,7 +6785,7 @@ func (x *LookupKeyRequest) String() string {
 func (*LookupKeyRequest) ProtoMessage() {}
 
 func (x *LookupKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[86]
+	mi := &file_meta_meta_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6673,7 +6798,7 @@ func (x *LookupKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupKeyRequest.ProtoReflect.Descriptor instead.
 func (*LookupKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{86}
+	return file_meta_meta_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *LookupKeyRequest) GetVolume() string {
@@ -6727,7 +6852,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_meta_meta_proto_msgTypes[87]
+	mi := &file_meta_meta_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6739,7 +6864,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[87]
+	mi := &file_meta_meta_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6752,7 +6877,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{87}
+	return file_meta_meta_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ListKeysRequest) GetVolume() string {
@@ -6809,7 +6934,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_meta_meta_proto_msgTypes[88]
+	mi := &file_meta_meta_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6821,7 +6946,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[88]
+	mi := &file_meta_meta_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6834,7 +6959,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{88}
+	return file_meta_meta_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeyInfo {
@@ -6880,7 +7005,7 @@ type RenameKeyRequest struct {
 
 func (x *RenameKeyRequest) Reset() {
 	*x = RenameKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[89]
+	mi := &file_meta_meta_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6892,7 +7017,7 @@ func (x *RenameKeyRequest) String() string {
 func (*RenameKeyRequest) ProtoMessage() {}
 
 func (x *RenameKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[89]
+	mi := &file_meta_meta_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6905,7 +7030,7 @@ func (x *RenameKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameKeyRequest.ProtoReflect.Descriptor instead.
 func (*RenameKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{89}
+	return file_meta_meta_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RenameKeyRequest) GetVolume() string {
@@ -6951,7 +7076,7 @@ type RenameKeyResponse struct {
 
 func (x *RenameKeyResponse) Reset() {
 	*x = RenameKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[90]
+	mi := &file_meta_meta_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6963,7 +7088,7 @@ func (x *RenameKeyResponse) String() string {
 func (*RenameKeyResponse) ProtoMessage() {}
 
 func (x *RenameKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[90]
+	mi := &file_meta_meta_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6976,7 +7101,7 @@ func (x *RenameKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameKeyResponse.ProtoReflect.Descriptor instead.
 func (*RenameKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{90}
+	return file_meta_meta_proto_rawDescGZIP(), []int{91}
 }
 
 type DeleteKeyRequest struct {
@@ -6992,7 +7117,7 @@ type DeleteKeyRequest struct {
 
 func (x *DeleteKeyRequest) Reset() {
 	*x = DeleteKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[91]
+	mi := &file_meta_meta_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7004,7 +7129,7 @@ func (x *DeleteKeyRequest) String() string {
 func (*DeleteKeyRequest) ProtoMessage() {}
 
 func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[91]
+	mi := &file_meta_meta_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7017,7 +7142,7 @@ func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyRequest.ProtoReflect.Descriptor instead.
 func (*DeleteKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{91}
+	return file_meta_meta_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *DeleteKeyRequest) GetVolume() string {
@@ -7056,7 +7181,7 @@ type DeleteKeyResponse struct {
 
 func (x *DeleteKeyResponse) Reset() {
 	*x = DeleteKeyResponse{}
-	mi := &file_meta_meta_proto_msgTypes[92]
+	mi := &file_meta_meta_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7068,7 +7193,7 @@ func (x *DeleteKeyResponse) String() string {
 func (*DeleteKeyResponse) ProtoMessage() {}
 
 func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[92]
+	mi := &file_meta_meta_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7081,7 +7206,7 @@ func (x *DeleteKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteKeyResponse.ProtoReflect.Descriptor instead.
 func (*DeleteKeyResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{92}
+	return file_meta_meta_proto_rawDescGZIP(), []int{93}
 }
 
 type FileStatus struct {
@@ -7098,7 +7223,7 @@ type FileStatus struct {
 
 func (x *FileStatus) Reset() {
 	*x = FileStatus{}
-	mi := &file_meta_meta_proto_msgTypes[93]
+	mi := &file_meta_meta_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7110,7 +7235,7 @@ func (x *FileStatus) String() string {
 func (*FileStatus) ProtoMessage() {}
 
 func (x *FileStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[93]
+	mi := &file_meta_meta_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7123,7 +7248,7 @@ func (x *FileStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileStatus.ProtoReflect.Descriptor instead.
 func (*FileStatus) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{93}
+	return file_meta_meta_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *FileStatus) GetPath() string {
@@ -7180,7 +7305,7 @@ type CreateDirectoryRequest struct {
 
 func (x *CreateDirectoryRequest) Reset() {
 	*x = CreateDirectoryRequest{}
-	mi := &file_meta_meta_proto_msgTypes[94]
+	mi := &file_meta_meta_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7192,7 +7317,7 @@ func (x *CreateDirectoryRequest) String() string {
 func (*CreateDirectoryRequest) ProtoMessage() {}
 
 func (x *CreateDirectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[94]
+	mi := &file_meta_meta_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7205,7 +7330,7 @@ func (x *CreateDirectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateDirectoryRequest.ProtoReflect.Descriptor instead.
 func (*CreateDirectoryRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{94}
+	return file_meta_meta_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *CreateDirectoryRequest) GetVolume() string {
@@ -7247,7 +7372,7 @@ type GetFileStatusRequest struct {
 
 func (x *GetFileStatusRequest) Reset() {
 	*x = GetFileStatusRequest{}
-	mi := &file_meta_meta_proto_msgTypes[95]
+	mi := &file_meta_meta_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7259,7 +7384,7 @@ func (x *GetFileStatusRequest) String() string {
 func (*GetFileStatusRequest) ProtoMessage() {}
 
 func (x *GetFileStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[95]
+	mi := &file_meta_meta_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7272,7 +7397,7 @@ func (x *GetFileStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetFileStatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{95}
+	return file_meta_meta_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *GetFileStatusRequest) GetVolume() string {
@@ -7309,7 +7434,7 @@ type ListStatusRequest struct {
 
 func (x *ListStatusRequest) Reset() {
 	*x = ListStatusRequest{}
-	mi := &file_meta_meta_proto_msgTypes[96]
+	mi := &file_meta_meta_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7321,7 +7446,7 @@ func (x *ListStatusRequest) String() string {
 func (*ListStatusRequest) ProtoMessage() {}
 
 func (x *ListStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[96]
+	mi := &file_meta_meta_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7334,7 +7459,7 @@ func (x *ListStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStatusRequest.ProtoReflect.Descriptor instead.
 func (*ListStatusRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{96}
+	return file_meta_meta_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *ListStatusRequest) GetVolume() string {
@@ -7382,7 +7507,7 @@ type ListStatusResponse struct {
 
 func (x *ListStatusResponse) Reset() {
 	*x = ListStatusResponse{}
-	mi := &file_meta_meta_proto_msgTypes[97]
+	mi := &file_meta_meta_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7394,7 +7519,7 @@ func (x *ListStatusResponse) String() string {
 func (*ListStatusResponse) ProtoMessage() {}
 
 func (x *ListStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[97]
+	mi := &file_meta_meta_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7407,7 +7532,7 @@ func (x *ListStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStatusResponse.ProtoReflect.Descriptor instead.
 func (*ListStatusResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{97}
+	return file_meta_meta_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ListStatusResponse) GetEntries() []*FileStatus {
@@ -7438,7 +7563,7 @@ type SetKeyMetaRequest struct {
 
 func (x *SetKeyMetaRequest) Reset() {
 	*x = SetKeyMetaRequest{}
-	mi := &file_meta_meta_proto_msgTypes[98]
+	mi := &file_meta_meta_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7450,7 +7575,7 @@ func (x *SetKeyMetaRequest) String() string {
 func (*SetKeyMetaRequest) ProtoMessage() {}
 
 func (x *SetKeyMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[98]
+	mi := &file_meta_meta_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7463,7 +7588,7 @@ func (x *SetKeyMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetKeyMetaRequest.ProtoReflect.Descriptor instead.
 func (*SetKeyMetaRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{98}
+	return file_meta_meta_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *SetKeyMetaRequest) GetVolume() string {
@@ -7547,7 +7672,7 @@ type CopyKeyRequest struct {
 
 func (x *CopyKeyRequest) Reset() {
 	*x = CopyKeyRequest{}
-	mi := &file_meta_meta_proto_msgTypes[99]
+	mi := &file_meta_meta_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7559,7 +7684,7 @@ func (x *CopyKeyRequest) String() string {
 func (*CopyKeyRequest) ProtoMessage() {}
 
 func (x *CopyKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[99]
+	mi := &file_meta_meta_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7572,7 +7697,7 @@ func (x *CopyKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CopyKeyRequest.ProtoReflect.Descriptor instead.
 func (*CopyKeyRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{99}
+	return file_meta_meta_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *CopyKeyRequest) GetVolume() string {
@@ -7674,7 +7799,7 @@ type MultipartUpload struct {
 
 func (x *MultipartUpload) Reset() {
 	*x = MultipartUpload{}
-	mi := &file_meta_meta_proto_msgTypes[100]
+	mi := &file_meta_meta_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7686,7 +7811,7 @@ func (x *MultipartUpload) String() string {
 func (*MultipartUpload) ProtoMessage() {}
 
 func (x *MultipartUpload) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[100]
+	mi := &file_meta_meta_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7699,7 +7824,7 @@ func (x *MultipartUpload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MultipartUpload.ProtoReflect.Descriptor instead.
 func (*MultipartUpload) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{100}
+	return file_meta_meta_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *MultipartUpload) GetVolume() string {
@@ -7764,7 +7889,7 @@ type CreateMultipartUploadRequest struct {
 
 func (x *CreateMultipartUploadRequest) Reset() {
 	*x = CreateMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[101]
+	mi := &file_meta_meta_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7776,7 +7901,7 @@ func (x *CreateMultipartUploadRequest) String() string {
 func (*CreateMultipartUploadRequest) ProtoMessage() {}
 
 func (x *CreateMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[101]
+	mi := &file_meta_meta_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7789,7 +7914,7 @@ func (x *CreateMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*CreateMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{101}
+	return file_meta_meta_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *CreateMultipartUploadRequest) GetVolume() string {
@@ -7837,7 +7962,7 @@ type CompletedPart struct {
 
 func (x *CompletedPart) Reset() {
 	*x = CompletedPart{}
-	mi := &file_meta_meta_proto_msgTypes[102]
+	mi := &file_meta_meta_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7849,7 +7974,7 @@ func (x *CompletedPart) String() string {
 func (*CompletedPart) ProtoMessage() {}
 
 func (x *CompletedPart) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[102]
+	mi := &file_meta_meta_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7862,7 +7987,7 @@ func (x *CompletedPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletedPart.ProtoReflect.Descriptor instead.
 func (*CompletedPart) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{102}
+	return file_meta_meta_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *CompletedPart) GetPartNumber() uint32 {
@@ -7897,7 +8022,7 @@ type CompleteMultipartUploadRequest struct {
 
 func (x *CompleteMultipartUploadRequest) Reset() {
 	*x = CompleteMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[103]
+	mi := &file_meta_meta_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7909,7 +8034,7 @@ func (x *CompleteMultipartUploadRequest) String() string {
 func (*CompleteMultipartUploadRequest) ProtoMessage() {}
 
 func (x *CompleteMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[103]
+	mi := &file_meta_meta_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7922,7 +8047,7 @@ func (x *CompleteMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*CompleteMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{103}
+	return file_meta_meta_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *CompleteMultipartUploadRequest) GetVolume() string {
@@ -7993,7 +8118,7 @@ type AbortMultipartUploadRequest struct {
 
 func (x *AbortMultipartUploadRequest) Reset() {
 	*x = AbortMultipartUploadRequest{}
-	mi := &file_meta_meta_proto_msgTypes[104]
+	mi := &file_meta_meta_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8005,7 +8130,7 @@ func (x *AbortMultipartUploadRequest) String() string {
 func (*AbortMultipartUploadRequest) ProtoMessage() {}
 
 func (x *AbortMultipartUploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[104]
+	mi := &file_meta_meta_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8018,7 +8143,7 @@ func (x *AbortMultipartUploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMultipartUploadRequest.ProtoReflect.Descriptor instead.
 func (*AbortMultipartUploadRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{104}
+	return file_meta_meta_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *AbortMultipartUploadRequest) GetVolume() string {
@@ -8057,7 +8182,7 @@ type AbortMultipartUploadResponse struct {
 
 func (x *AbortMultipartUploadResponse) Reset() {
 	*x = AbortMultipartUploadResponse{}
-	mi := &file_meta_meta_proto_msgTypes[105]
+	mi := &file_meta_meta_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8069,7 +8194,7 @@ func (x *AbortMultipartUploadResponse) String() string {
 func (*AbortMultipartUploadResponse) ProtoMessage() {}
 
 func (x *AbortMultipartUploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[105]
+	mi := &file_meta_meta_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8082,7 +8207,7 @@ func (x *AbortMultipartUploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortMultipartUploadResponse.ProtoReflect.Descriptor instead.
 func (*AbortMultipartUploadResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{105}
+	return file_meta_meta_proto_rawDescGZIP(), []int{106}
 }
 
 type PartInfo struct {
@@ -8100,7 +8225,7 @@ type PartInfo struct {
 
 func (x *PartInfo) Reset() {
 	*x = PartInfo{}
-	mi := &file_meta_meta_proto_msgTypes[106]
+	mi := &file_meta_meta_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8112,7 +8237,7 @@ func (x *PartInfo) String() string {
 func (*PartInfo) ProtoMessage() {}
 
 func (x *PartInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[106]
+	mi := &file_meta_meta_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8125,7 +8250,7 @@ func (x *PartInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartInfo.ProtoReflect.Descriptor instead.
 func (*PartInfo) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{106}
+	return file_meta_meta_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *PartInfo) GetPartNumber() uint32 {
@@ -8191,7 +8316,7 @@ type ListPartsRequest struct {
 
 func (x *ListPartsRequest) Reset() {
 	*x = ListPartsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[107]
+	mi := &file_meta_meta_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8203,7 +8328,7 @@ func (x *ListPartsRequest) String() string {
 func (*ListPartsRequest) ProtoMessage() {}
 
 func (x *ListPartsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[107]
+	mi := &file_meta_meta_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8216,7 +8341,7 @@ func (x *ListPartsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartsRequest.ProtoReflect.Descriptor instead.
 func (*ListPartsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{107}
+	return file_meta_meta_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *ListPartsRequest) GetVolume() string {
@@ -8272,7 +8397,7 @@ type ListPartsResponse struct {
 
 func (x *ListPartsResponse) Reset() {
 	*x = ListPartsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[108]
+	mi := &file_meta_meta_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8284,7 +8409,7 @@ func (x *ListPartsResponse) String() string {
 func (*ListPartsResponse) ProtoMessage() {}
 
 func (x *ListPartsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[108]
+	mi := &file_meta_meta_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8297,7 +8422,7 @@ func (x *ListPartsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartsResponse.ProtoReflect.Descriptor instead.
 func (*ListPartsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{108}
+	return file_meta_meta_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *ListPartsResponse) GetUpload() *MultipartUpload {
@@ -8337,7 +8462,7 @@ type ListMultipartUploadsRequest struct {
 
 func (x *ListMultipartUploadsRequest) Reset() {
 	*x = ListMultipartUploadsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[109]
+	mi := &file_meta_meta_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8349,7 +8474,7 @@ func (x *ListMultipartUploadsRequest) String() string {
 func (*ListMultipartUploadsRequest) ProtoMessage() {}
 
 func (x *ListMultipartUploadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[109]
+	mi := &file_meta_meta_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8362,7 +8487,7 @@ func (x *ListMultipartUploadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMultipartUploadsRequest.ProtoReflect.Descriptor instead.
 func (*ListMultipartUploadsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{109}
+	return file_meta_meta_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *ListMultipartUploadsRequest) GetVolume() string {
@@ -8417,7 +8542,7 @@ type ListMultipartUploadsResponse struct {
 
 func (x *ListMultipartUploadsResponse) Reset() {
 	*x = ListMultipartUploadsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[110]
+	mi := &file_meta_meta_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8429,7 +8554,7 @@ func (x *ListMultipartUploadsResponse) String() string {
 func (*ListMultipartUploadsResponse) ProtoMessage() {}
 
 func (x *ListMultipartUploadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[110]
+	mi := &file_meta_meta_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8442,7 +8567,7 @@ func (x *ListMultipartUploadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMultipartUploadsResponse.ProtoReflect.Descriptor instead.
 func (*ListMultipartUploadsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{110}
+	return file_meta_meta_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ListMultipartUploadsResponse) GetUploads() []*MultipartUpload {
@@ -8472,7 +8597,7 @@ type S3Secret struct {
 
 func (x *S3Secret) Reset() {
 	*x = S3Secret{}
-	mi := &file_meta_meta_proto_msgTypes[111]
+	mi := &file_meta_meta_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8484,7 +8609,7 @@ func (x *S3Secret) String() string {
 func (*S3Secret) ProtoMessage() {}
 
 func (x *S3Secret) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[111]
+	mi := &file_meta_meta_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8497,7 +8622,7 @@ func (x *S3Secret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use S3Secret.ProtoReflect.Descriptor instead.
 func (*S3Secret) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{111}
+	return file_meta_meta_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *S3Secret) GetAccessKeyId() string {
@@ -8551,7 +8676,7 @@ type CreateS3SecretRequest struct {
 
 func (x *CreateS3SecretRequest) Reset() {
 	*x = CreateS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[112]
+	mi := &file_meta_meta_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8563,7 +8688,7 @@ func (x *CreateS3SecretRequest) String() string {
 func (*CreateS3SecretRequest) ProtoMessage() {}
 
 func (x *CreateS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[112]
+	mi := &file_meta_meta_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8576,7 +8701,7 @@ func (x *CreateS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*CreateS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{112}
+	return file_meta_meta_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *CreateS3SecretRequest) GetAccessKeyId() string {
@@ -8616,7 +8741,7 @@ type GetS3SecretRequest struct {
 
 func (x *GetS3SecretRequest) Reset() {
 	*x = GetS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[113]
+	mi := &file_meta_meta_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8628,7 +8753,7 @@ func (x *GetS3SecretRequest) String() string {
 func (*GetS3SecretRequest) ProtoMessage() {}
 
 func (x *GetS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[113]
+	mi := &file_meta_meta_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8641,7 +8766,7 @@ func (x *GetS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*GetS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{113}
+	return file_meta_meta_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *GetS3SecretRequest) GetAccessKeyId() string {
@@ -8660,7 +8785,7 @@ type DeleteS3SecretRequest struct {
 
 func (x *DeleteS3SecretRequest) Reset() {
 	*x = DeleteS3SecretRequest{}
-	mi := &file_meta_meta_proto_msgTypes[114]
+	mi := &file_meta_meta_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8672,7 +8797,7 @@ func (x *DeleteS3SecretRequest) String() string {
 func (*DeleteS3SecretRequest) ProtoMessage() {}
 
 func (x *DeleteS3SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[114]
+	mi := &file_meta_meta_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8685,7 +8810,7 @@ func (x *DeleteS3SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteS3SecretRequest.ProtoReflect.Descriptor instead.
 func (*DeleteS3SecretRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{114}
+	return file_meta_meta_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *DeleteS3SecretRequest) GetAccessKeyId() string {
@@ -8703,7 +8828,7 @@ type DeleteS3SecretResponse struct {
 
 func (x *DeleteS3SecretResponse) Reset() {
 	*x = DeleteS3SecretResponse{}
-	mi := &file_meta_meta_proto_msgTypes[115]
+	mi := &file_meta_meta_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8715,7 +8840,7 @@ func (x *DeleteS3SecretResponse) String() string {
 func (*DeleteS3SecretResponse) ProtoMessage() {}
 
 func (x *DeleteS3SecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[115]
+	mi := &file_meta_meta_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8728,7 +8853,7 @@ func (x *DeleteS3SecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteS3SecretResponse.ProtoReflect.Descriptor instead.
 func (*DeleteS3SecretResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{115}
+	return file_meta_meta_proto_rawDescGZIP(), []int{116}
 }
 
 // KeyPrecondition is a condition on the key a write replaces, checked in
@@ -8745,7 +8870,7 @@ type KeyPrecondition struct {
 
 func (x *KeyPrecondition) Reset() {
 	*x = KeyPrecondition{}
-	mi := &file_meta_meta_proto_msgTypes[116]
+	mi := &file_meta_meta_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8757,7 +8882,7 @@ func (x *KeyPrecondition) String() string {
 func (*KeyPrecondition) ProtoMessage() {}
 
 func (x *KeyPrecondition) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[116]
+	mi := &file_meta_meta_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8770,7 +8895,7 @@ func (x *KeyPrecondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyPrecondition.ProtoReflect.Descriptor instead.
 func (*KeyPrecondition) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{116}
+	return file_meta_meta_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *KeyPrecondition) GetExpectAbsent() bool {
@@ -8802,7 +8927,7 @@ type FileAttrs struct {
 
 func (x *FileAttrs) Reset() {
 	*x = FileAttrs{}
-	mi := &file_meta_meta_proto_msgTypes[117]
+	mi := &file_meta_meta_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8814,7 +8939,7 @@ func (x *FileAttrs) String() string {
 func (*FileAttrs) ProtoMessage() {}
 
 func (x *FileAttrs) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[117]
+	mi := &file_meta_meta_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8827,7 +8952,7 @@ func (x *FileAttrs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileAttrs.ProtoReflect.Descriptor instead.
 func (*FileAttrs) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{117}
+	return file_meta_meta_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *FileAttrs) GetOwner() string {
@@ -8879,7 +9004,7 @@ type SetFileAttrsRequest struct {
 
 func (x *SetFileAttrsRequest) Reset() {
 	*x = SetFileAttrsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[118]
+	mi := &file_meta_meta_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8891,7 +9016,7 @@ func (x *SetFileAttrsRequest) String() string {
 func (*SetFileAttrsRequest) ProtoMessage() {}
 
 func (x *SetFileAttrsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[118]
+	mi := &file_meta_meta_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8904,7 +9029,7 @@ func (x *SetFileAttrsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFileAttrsRequest.ProtoReflect.Descriptor instead.
 func (*SetFileAttrsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{118}
+	return file_meta_meta_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *SetFileAttrsRequest) GetVolume() string {
@@ -8944,7 +9069,7 @@ type SetFileAttrsResponse struct {
 
 func (x *SetFileAttrsResponse) Reset() {
 	*x = SetFileAttrsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[119]
+	mi := &file_meta_meta_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8956,7 +9081,7 @@ func (x *SetFileAttrsResponse) String() string {
 func (*SetFileAttrsResponse) ProtoMessage() {}
 
 func (x *SetFileAttrsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[119]
+	mi := &file_meta_meta_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8969,7 +9094,7 @@ func (x *SetFileAttrsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetFileAttrsResponse.ProtoReflect.Descriptor instead.
 func (*SetFileAttrsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{119}
+	return file_meta_meta_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *SetFileAttrsResponse) GetAttrs() *FileAttrs {
@@ -8995,7 +9120,7 @@ type SecretKey struct {
 
 func (x *SecretKey) Reset() {
 	*x = SecretKey{}
-	mi := &file_meta_meta_proto_msgTypes[120]
+	mi := &file_meta_meta_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9007,7 +9132,7 @@ func (x *SecretKey) String() string {
 func (*SecretKey) ProtoMessage() {}
 
 func (x *SecretKey) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[120]
+	mi := &file_meta_meta_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9020,7 +9145,7 @@ func (x *SecretKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecretKey.ProtoReflect.Descriptor instead.
 func (*SecretKey) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{120}
+	return file_meta_meta_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *SecretKey) GetId() uint64 {
@@ -9082,7 +9207,7 @@ type CachePool struct {
 
 func (x *CachePool) Reset() {
 	*x = CachePool{}
-	mi := &file_meta_meta_proto_msgTypes[121]
+	mi := &file_meta_meta_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9094,7 +9219,7 @@ func (x *CachePool) String() string {
 func (*CachePool) ProtoMessage() {}
 
 func (x *CachePool) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[121]
+	mi := &file_meta_meta_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9107,7 +9232,7 @@ func (x *CachePool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CachePool.ProtoReflect.Descriptor instead.
 func (*CachePool) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{121}
+	return file_meta_meta_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *CachePool) GetName() string {
@@ -9242,7 +9367,7 @@ type CacheDirective struct {
 
 func (x *CacheDirective) Reset() {
 	*x = CacheDirective{}
-	mi := &file_meta_meta_proto_msgTypes[122]
+	mi := &file_meta_meta_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9254,7 +9379,7 @@ func (x *CacheDirective) String() string {
 func (*CacheDirective) ProtoMessage() {}
 
 func (x *CacheDirective) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[122]
+	mi := &file_meta_meta_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9267,7 +9392,7 @@ func (x *CacheDirective) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheDirective.ProtoReflect.Descriptor instead.
 func (*CacheDirective) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{122}
+	return file_meta_meta_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *CacheDirective) GetId() uint64 {
@@ -9412,7 +9537,7 @@ type RemoveCachePoolRequest struct {
 
 func (x *RemoveCachePoolRequest) Reset() {
 	*x = RemoveCachePoolRequest{}
-	mi := &file_meta_meta_proto_msgTypes[123]
+	mi := &file_meta_meta_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9424,7 +9549,7 @@ func (x *RemoveCachePoolRequest) String() string {
 func (*RemoveCachePoolRequest) ProtoMessage() {}
 
 func (x *RemoveCachePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[123]
+	mi := &file_meta_meta_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9437,7 +9562,7 @@ func (x *RemoveCachePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveCachePoolRequest.ProtoReflect.Descriptor instead.
 func (*RemoveCachePoolRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{123}
+	return file_meta_meta_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *RemoveCachePoolRequest) GetName() string {
@@ -9455,7 +9580,7 @@ type RemoveCachePoolResponse struct {
 
 func (x *RemoveCachePoolResponse) Reset() {
 	*x = RemoveCachePoolResponse{}
-	mi := &file_meta_meta_proto_msgTypes[124]
+	mi := &file_meta_meta_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9467,7 +9592,7 @@ func (x *RemoveCachePoolResponse) String() string {
 func (*RemoveCachePoolResponse) ProtoMessage() {}
 
 func (x *RemoveCachePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[124]
+	mi := &file_meta_meta_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9480,7 +9605,7 @@ func (x *RemoveCachePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveCachePoolResponse.ProtoReflect.Descriptor instead.
 func (*RemoveCachePoolResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{124}
+	return file_meta_meta_proto_rawDescGZIP(), []int{125}
 }
 
 type ListCachePoolsRequest struct {
@@ -9491,7 +9616,7 @@ type ListCachePoolsRequest struct {
 
 func (x *ListCachePoolsRequest) Reset() {
 	*x = ListCachePoolsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[125]
+	mi := &file_meta_meta_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9503,7 +9628,7 @@ func (x *ListCachePoolsRequest) String() string {
 func (*ListCachePoolsRequest) ProtoMessage() {}
 
 func (x *ListCachePoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[125]
+	mi := &file_meta_meta_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9516,7 +9641,7 @@ func (x *ListCachePoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCachePoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListCachePoolsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{125}
+	return file_meta_meta_proto_rawDescGZIP(), []int{126}
 }
 
 type ListCachePoolsResponse struct {
@@ -9528,7 +9653,7 @@ type ListCachePoolsResponse struct {
 
 func (x *ListCachePoolsResponse) Reset() {
 	*x = ListCachePoolsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[126]
+	mi := &file_meta_meta_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9540,7 +9665,7 @@ func (x *ListCachePoolsResponse) String() string {
 func (*ListCachePoolsResponse) ProtoMessage() {}
 
 func (x *ListCachePoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[126]
+	mi := &file_meta_meta_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9553,7 +9678,7 @@ func (x *ListCachePoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCachePoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListCachePoolsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{126}
+	return file_meta_meta_proto_rawDescGZIP(), []int{127}
 }
 
 func (x *ListCachePoolsResponse) GetPools() []*CachePool {
@@ -9572,7 +9697,7 @@ type RemoveCacheDirectiveRequest struct {
 
 func (x *RemoveCacheDirectiveRequest) Reset() {
 	*x = RemoveCacheDirectiveRequest{}
-	mi := &file_meta_meta_proto_msgTypes[127]
+	mi := &file_meta_meta_proto_msgTypes[128]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9584,7 +9709,7 @@ func (x *RemoveCacheDirectiveRequest) String() string {
 func (*RemoveCacheDirectiveRequest) ProtoMessage() {}
 
 func (x *RemoveCacheDirectiveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[127]
+	mi := &file_meta_meta_proto_msgTypes[128]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9597,7 +9722,7 @@ func (x *RemoveCacheDirectiveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveCacheDirectiveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveCacheDirectiveRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{127}
+	return file_meta_meta_proto_rawDescGZIP(), []int{128}
 }
 
 func (x *RemoveCacheDirectiveRequest) GetId() uint64 {
@@ -9615,7 +9740,7 @@ type RemoveCacheDirectiveResponse struct {
 
 func (x *RemoveCacheDirectiveResponse) Reset() {
 	*x = RemoveCacheDirectiveResponse{}
-	mi := &file_meta_meta_proto_msgTypes[128]
+	mi := &file_meta_meta_proto_msgTypes[129]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9627,7 +9752,7 @@ func (x *RemoveCacheDirectiveResponse) String() string {
 func (*RemoveCacheDirectiveResponse) ProtoMessage() {}
 
 func (x *RemoveCacheDirectiveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[128]
+	mi := &file_meta_meta_proto_msgTypes[129]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9640,7 +9765,7 @@ func (x *RemoveCacheDirectiveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveCacheDirectiveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveCacheDirectiveResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{128}
+	return file_meta_meta_proto_rawDescGZIP(), []int{129}
 }
 
 type ListCacheDirectivesRequest struct {
@@ -9653,7 +9778,7 @@ type ListCacheDirectivesRequest struct {
 
 func (x *ListCacheDirectivesRequest) Reset() {
 	*x = ListCacheDirectivesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[129]
+	mi := &file_meta_meta_proto_msgTypes[130]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9665,7 +9790,7 @@ func (x *ListCacheDirectivesRequest) String() string {
 func (*ListCacheDirectivesRequest) ProtoMessage() {}
 
 func (x *ListCacheDirectivesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[129]
+	mi := &file_meta_meta_proto_msgTypes[130]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9678,7 +9803,7 @@ func (x *ListCacheDirectivesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCacheDirectivesRequest.ProtoReflect.Descriptor instead.
 func (*ListCacheDirectivesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{129}
+	return file_meta_meta_proto_rawDescGZIP(), []int{130}
 }
 
 func (x *ListCacheDirectivesRequest) GetPool() string {
@@ -9705,7 +9830,7 @@ type ListCacheDirectivesResponse struct {
 
 func (x *ListCacheDirectivesResponse) Reset() {
 	*x = ListCacheDirectivesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[130]
+	mi := &file_meta_meta_proto_msgTypes[131]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9717,7 +9842,7 @@ func (x *ListCacheDirectivesResponse) String() string {
 func (*ListCacheDirectivesResponse) ProtoMessage() {}
 
 func (x *ListCacheDirectivesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[130]
+	mi := &file_meta_meta_proto_msgTypes[131]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9730,7 +9855,7 @@ func (x *ListCacheDirectivesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCacheDirectivesResponse.ProtoReflect.Descriptor instead.
 func (*ListCacheDirectivesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{130}
+	return file_meta_meta_proto_rawDescGZIP(), []int{131}
 }
 
 func (x *ListCacheDirectivesResponse) GetDirectives() []*CacheDirective {
@@ -9758,7 +9883,7 @@ type Acl struct {
 
 func (x *Acl) Reset() {
 	*x = Acl{}
-	mi := &file_meta_meta_proto_msgTypes[131]
+	mi := &file_meta_meta_proto_msgTypes[132]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9770,7 +9895,7 @@ func (x *Acl) String() string {
 func (*Acl) ProtoMessage() {}
 
 func (x *Acl) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[131]
+	mi := &file_meta_meta_proto_msgTypes[132]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9783,7 +9908,7 @@ func (x *Acl) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Acl.ProtoReflect.Descriptor instead.
 func (*Acl) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{131}
+	return file_meta_meta_proto_rawDescGZIP(), []int{132}
 }
 
 func (x *Acl) GetType() AclType {
@@ -9820,7 +9945,7 @@ type ObjectRef struct {
 
 func (x *ObjectRef) Reset() {
 	*x = ObjectRef{}
-	mi := &file_meta_meta_proto_msgTypes[132]
+	mi := &file_meta_meta_proto_msgTypes[133]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9832,7 +9957,7 @@ func (x *ObjectRef) String() string {
 func (*ObjectRef) ProtoMessage() {}
 
 func (x *ObjectRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[132]
+	mi := &file_meta_meta_proto_msgTypes[133]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9845,7 +9970,7 @@ func (x *ObjectRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectRef.ProtoReflect.Descriptor instead.
 func (*ObjectRef) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{132}
+	return file_meta_meta_proto_rawDescGZIP(), []int{133}
 }
 
 func (x *ObjectRef) GetVolume() string {
@@ -9878,7 +10003,7 @@ type GetAclRequest struct {
 
 func (x *GetAclRequest) Reset() {
 	*x = GetAclRequest{}
-	mi := &file_meta_meta_proto_msgTypes[133]
+	mi := &file_meta_meta_proto_msgTypes[134]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9890,7 +10015,7 @@ func (x *GetAclRequest) String() string {
 func (*GetAclRequest) ProtoMessage() {}
 
 func (x *GetAclRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[133]
+	mi := &file_meta_meta_proto_msgTypes[134]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9903,7 +10028,7 @@ func (x *GetAclRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAclRequest.ProtoReflect.Descriptor instead.
 func (*GetAclRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{133}
+	return file_meta_meta_proto_rawDescGZIP(), []int{134}
 }
 
 func (x *GetAclRequest) GetRef() *ObjectRef {
@@ -9924,7 +10049,7 @@ type SetAclRequest struct {
 
 func (x *SetAclRequest) Reset() {
 	*x = SetAclRequest{}
-	mi := &file_meta_meta_proto_msgTypes[134]
+	mi := &file_meta_meta_proto_msgTypes[135]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9936,7 +10061,7 @@ func (x *SetAclRequest) String() string {
 func (*SetAclRequest) ProtoMessage() {}
 
 func (x *SetAclRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[134]
+	mi := &file_meta_meta_proto_msgTypes[135]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9949,7 +10074,7 @@ func (x *SetAclRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAclRequest.ProtoReflect.Descriptor instead.
 func (*SetAclRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{134}
+	return file_meta_meta_proto_rawDescGZIP(), []int{135}
 }
 
 func (x *SetAclRequest) GetRef() *ObjectRef {
@@ -9983,7 +10108,7 @@ type AclList struct {
 
 func (x *AclList) Reset() {
 	*x = AclList{}
-	mi := &file_meta_meta_proto_msgTypes[135]
+	mi := &file_meta_meta_proto_msgTypes[136]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9995,7 +10120,7 @@ func (x *AclList) String() string {
 func (*AclList) ProtoMessage() {}
 
 func (x *AclList) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[135]
+	mi := &file_meta_meta_proto_msgTypes[136]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10008,7 +10133,7 @@ func (x *AclList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AclList.ProtoReflect.Descriptor instead.
 func (*AclList) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{135}
+	return file_meta_meta_proto_rawDescGZIP(), []int{136}
 }
 
 func (x *AclList) GetOwner() string {
@@ -10035,7 +10160,7 @@ type BucketRef struct {
 
 func (x *BucketRef) Reset() {
 	*x = BucketRef{}
-	mi := &file_meta_meta_proto_msgTypes[136]
+	mi := &file_meta_meta_proto_msgTypes[137]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10047,7 +10172,7 @@ func (x *BucketRef) String() string {
 func (*BucketRef) ProtoMessage() {}
 
 func (x *BucketRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[136]
+	mi := &file_meta_meta_proto_msgTypes[137]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10060,7 +10185,7 @@ func (x *BucketRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BucketRef.ProtoReflect.Descriptor instead.
 func (*BucketRef) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{136}
+	return file_meta_meta_proto_rawDescGZIP(), []int{137}
 }
 
 func (x *BucketRef) GetVolume() string {
@@ -10088,7 +10213,7 @@ type BucketPolicy struct {
 
 func (x *BucketPolicy) Reset() {
 	*x = BucketPolicy{}
-	mi := &file_meta_meta_proto_msgTypes[137]
+	mi := &file_meta_meta_proto_msgTypes[138]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10100,7 +10225,7 @@ func (x *BucketPolicy) String() string {
 func (*BucketPolicy) ProtoMessage() {}
 
 func (x *BucketPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[137]
+	mi := &file_meta_meta_proto_msgTypes[138]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10113,7 +10238,7 @@ func (x *BucketPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BucketPolicy.ProtoReflect.Descriptor instead.
 func (*BucketPolicy) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{137}
+	return file_meta_meta_proto_rawDescGZIP(), []int{138}
 }
 
 func (x *BucketPolicy) GetVolume() string {
@@ -10146,7 +10271,7 @@ type BucketPolicyStatus struct {
 
 func (x *BucketPolicyStatus) Reset() {
 	*x = BucketPolicyStatus{}
-	mi := &file_meta_meta_proto_msgTypes[138]
+	mi := &file_meta_meta_proto_msgTypes[139]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10158,7 +10283,7 @@ func (x *BucketPolicyStatus) String() string {
 func (*BucketPolicyStatus) ProtoMessage() {}
 
 func (x *BucketPolicyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[138]
+	mi := &file_meta_meta_proto_msgTypes[139]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10171,7 +10296,7 @@ func (x *BucketPolicyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BucketPolicyStatus.ProtoReflect.Descriptor instead.
 func (*BucketPolicyStatus) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{138}
+	return file_meta_meta_proto_rawDescGZIP(), []int{139}
 }
 
 func (x *BucketPolicyStatus) GetIsPublic() bool {
@@ -10193,7 +10318,7 @@ type PublicAccessBlock struct {
 
 func (x *PublicAccessBlock) Reset() {
 	*x = PublicAccessBlock{}
-	mi := &file_meta_meta_proto_msgTypes[139]
+	mi := &file_meta_meta_proto_msgTypes[140]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10205,7 +10330,7 @@ func (x *PublicAccessBlock) String() string {
 func (*PublicAccessBlock) ProtoMessage() {}
 
 func (x *PublicAccessBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[139]
+	mi := &file_meta_meta_proto_msgTypes[140]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10218,7 +10343,7 @@ func (x *PublicAccessBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublicAccessBlock.ProtoReflect.Descriptor instead.
 func (*PublicAccessBlock) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{139}
+	return file_meta_meta_proto_rawDescGZIP(), []int{140}
 }
 
 func (x *PublicAccessBlock) GetBlockPublicAcls() bool {
@@ -10260,7 +10385,7 @@ type PublicAccessBlockConfig struct {
 
 func (x *PublicAccessBlockConfig) Reset() {
 	*x = PublicAccessBlockConfig{}
-	mi := &file_meta_meta_proto_msgTypes[140]
+	mi := &file_meta_meta_proto_msgTypes[141]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10272,7 +10397,7 @@ func (x *PublicAccessBlockConfig) String() string {
 func (*PublicAccessBlockConfig) ProtoMessage() {}
 
 func (x *PublicAccessBlockConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[140]
+	mi := &file_meta_meta_proto_msgTypes[141]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10285,7 +10410,7 @@ func (x *PublicAccessBlockConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublicAccessBlockConfig.ProtoReflect.Descriptor instead.
 func (*PublicAccessBlockConfig) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{140}
+	return file_meta_meta_proto_rawDescGZIP(), []int{141}
 }
 
 func (x *PublicAccessBlockConfig) GetVolume() string {
@@ -10318,7 +10443,7 @@ type LookupKeysRequest struct {
 
 func (x *LookupKeysRequest) Reset() {
 	*x = LookupKeysRequest{}
-	mi := &file_meta_meta_proto_msgTypes[141]
+	mi := &file_meta_meta_proto_msgTypes[142]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10330,7 +10455,7 @@ func (x *LookupKeysRequest) String() string {
 func (*LookupKeysRequest) ProtoMessage() {}
 
 func (x *LookupKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[141]
+	mi := &file_meta_meta_proto_msgTypes[142]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10343,7 +10468,7 @@ func (x *LookupKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupKeysRequest.ProtoReflect.Descriptor instead.
 func (*LookupKeysRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{141}
+	return file_meta_meta_proto_rawDescGZIP(), []int{142}
 }
 
 func (x *LookupKeysRequest) GetRequests() []*LookupKeyRequest {
@@ -10372,7 +10497,7 @@ type LookupKeyResult struct {
 
 func (x *LookupKeyResult) Reset() {
 	*x = LookupKeyResult{}
-	mi := &file_meta_meta_proto_msgTypes[142]
+	mi := &file_meta_meta_proto_msgTypes[143]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10384,7 +10509,7 @@ func (x *LookupKeyResult) String() string {
 func (*LookupKeyResult) ProtoMessage() {}
 
 func (x *LookupKeyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[142]
+	mi := &file_meta_meta_proto_msgTypes[143]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10397,7 +10522,7 @@ func (x *LookupKeyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupKeyResult.ProtoReflect.Descriptor instead.
 func (*LookupKeyResult) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{142}
+	return file_meta_meta_proto_rawDescGZIP(), []int{143}
 }
 
 func (x *LookupKeyResult) GetKey() *KeyInfo {
@@ -10444,7 +10569,7 @@ type LookupKeysResponse struct {
 
 func (x *LookupKeysResponse) Reset() {
 	*x = LookupKeysResponse{}
-	mi := &file_meta_meta_proto_msgTypes[143]
+	mi := &file_meta_meta_proto_msgTypes[144]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10456,7 +10581,7 @@ func (x *LookupKeysResponse) String() string {
 func (*LookupKeysResponse) ProtoMessage() {}
 
 func (x *LookupKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[143]
+	mi := &file_meta_meta_proto_msgTypes[144]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10469,7 +10594,7 @@ func (x *LookupKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupKeysResponse.ProtoReflect.Descriptor instead.
 func (*LookupKeysResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{143}
+	return file_meta_meta_proto_rawDescGZIP(), []int{144}
 }
 
 func (x *LookupKeysResponse) GetResults() []*LookupKeyResult {
@@ -10488,7 +10613,7 @@ type OpenKeysRequest struct {
 
 func (x *OpenKeysRequest) Reset() {
 	*x = OpenKeysRequest{}
-	mi := &file_meta_meta_proto_msgTypes[144]
+	mi := &file_meta_meta_proto_msgTypes[145]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10500,7 +10625,7 @@ func (x *OpenKeysRequest) String() string {
 func (*OpenKeysRequest) ProtoMessage() {}
 
 func (x *OpenKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[144]
+	mi := &file_meta_meta_proto_msgTypes[145]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10513,7 +10638,7 @@ func (x *OpenKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeysRequest.ProtoReflect.Descriptor instead.
 func (*OpenKeysRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{144}
+	return file_meta_meta_proto_rawDescGZIP(), []int{145}
 }
 
 func (x *OpenKeysRequest) GetRequests() []*OpenKeyRequest {
@@ -10538,7 +10663,7 @@ type OpenKeyResult struct {
 
 func (x *OpenKeyResult) Reset() {
 	*x = OpenKeyResult{}
-	mi := &file_meta_meta_proto_msgTypes[145]
+	mi := &file_meta_meta_proto_msgTypes[146]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10550,7 +10675,7 @@ func (x *OpenKeyResult) String() string {
 func (*OpenKeyResult) ProtoMessage() {}
 
 func (x *OpenKeyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[145]
+	mi := &file_meta_meta_proto_msgTypes[146]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10563,7 +10688,7 @@ func (x *OpenKeyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyResult.ProtoReflect.Descriptor instead.
 func (*OpenKeyResult) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{145}
+	return file_meta_meta_proto_rawDescGZIP(), []int{146}
 }
 
 func (x *OpenKeyResult) GetOpen() *OpenKeyResponse {
@@ -10603,7 +10728,7 @@ type OpenKeysResponse struct {
 
 func (x *OpenKeysResponse) Reset() {
 	*x = OpenKeysResponse{}
-	mi := &file_meta_meta_proto_msgTypes[146]
+	mi := &file_meta_meta_proto_msgTypes[147]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10615,7 +10740,7 @@ func (x *OpenKeysResponse) String() string {
 func (*OpenKeysResponse) ProtoMessage() {}
 
 func (x *OpenKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[146]
+	mi := &file_meta_meta_proto_msgTypes[147]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10628,7 +10753,7 @@ func (x *OpenKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeysResponse.ProtoReflect.Descriptor instead.
 func (*OpenKeysResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{146}
+	return file_meta_meta_proto_rawDescGZIP(), []int{147}
 }
 
 func (x *OpenKeysResponse) GetResults() []*OpenKeyResult {
@@ -10647,7 +10772,7 @@ type CommitKeysRequest struct {
 
 func (x *CommitKeysRequest) Reset() {
 	*x = CommitKeysRequest{}
-	mi := &file_meta_meta_proto_msgTypes[147]
+	mi := &file_meta_meta_proto_msgTypes[148]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10659,7 +10784,7 @@ func (x *CommitKeysRequest) String() string {
 func (*CommitKeysRequest) ProtoMessage() {}
 
 func (x *CommitKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[147]
+	mi := &file_meta_meta_proto_msgTypes[148]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10672,7 +10797,7 @@ func (x *CommitKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitKeysRequest.ProtoReflect.Descriptor instead.
 func (*CommitKeysRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{147}
+	return file_meta_meta_proto_rawDescGZIP(), []int{148}
 }
 
 func (x *CommitKeysRequest) GetRequests() []*CommitKeyRequest {
@@ -10695,7 +10820,7 @@ type CommitKeyResult struct {
 
 func (x *CommitKeyResult) Reset() {
 	*x = CommitKeyResult{}
-	mi := &file_meta_meta_proto_msgTypes[148]
+	mi := &file_meta_meta_proto_msgTypes[149]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10707,7 +10832,7 @@ func (x *CommitKeyResult) String() string {
 func (*CommitKeyResult) ProtoMessage() {}
 
 func (x *CommitKeyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[148]
+	mi := &file_meta_meta_proto_msgTypes[149]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10720,7 +10845,7 @@ func (x *CommitKeyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitKeyResult.ProtoReflect.Descriptor instead.
 func (*CommitKeyResult) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{148}
+	return file_meta_meta_proto_rawDescGZIP(), []int{149}
 }
 
 func (x *CommitKeyResult) GetKey() *KeyInfo {
@@ -10760,7 +10885,7 @@ type CommitKeysResponse struct {
 
 func (x *CommitKeysResponse) Reset() {
 	*x = CommitKeysResponse{}
-	mi := &file_meta_meta_proto_msgTypes[149]
+	mi := &file_meta_meta_proto_msgTypes[150]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10772,7 +10897,7 @@ func (x *CommitKeysResponse) String() string {
 func (*CommitKeysResponse) ProtoMessage() {}
 
 func (x *CommitKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[149]
+	mi := &file_meta_meta_proto_msgTypes[150]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10785,7 +10910,7 @@ func (x *CommitKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitKeysResponse.ProtoReflect.Descriptor instead.
 func (*CommitKeysResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{149}
+	return file_meta_meta_proto_rawDescGZIP(), []int{150}
 }
 
 func (x *CommitKeysResponse) GetResults() []*CommitKeyResult {
@@ -10815,7 +10940,7 @@ type ReserveBlocksRequest struct {
 
 func (x *ReserveBlocksRequest) Reset() {
 	*x = ReserveBlocksRequest{}
-	mi := &file_meta_meta_proto_msgTypes[150]
+	mi := &file_meta_meta_proto_msgTypes[151]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10827,7 +10952,7 @@ func (x *ReserveBlocksRequest) String() string {
 func (*ReserveBlocksRequest) ProtoMessage() {}
 
 func (x *ReserveBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[150]
+	mi := &file_meta_meta_proto_msgTypes[151]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10840,7 +10965,7 @@ func (x *ReserveBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveBlocksRequest.ProtoReflect.Descriptor instead.
 func (*ReserveBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{150}
+	return file_meta_meta_proto_rawDescGZIP(), []int{151}
 }
 
 func (x *ReserveBlocksRequest) GetVolume() string {
@@ -10917,7 +11042,7 @@ type ReservedBlock struct {
 
 func (x *ReservedBlock) Reset() {
 	*x = ReservedBlock{}
-	mi := &file_meta_meta_proto_msgTypes[151]
+	mi := &file_meta_meta_proto_msgTypes[152]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10929,7 +11054,7 @@ func (x *ReservedBlock) String() string {
 func (*ReservedBlock) ProtoMessage() {}
 
 func (x *ReservedBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[151]
+	mi := &file_meta_meta_proto_msgTypes[152]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10942,7 +11067,7 @@ func (x *ReservedBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservedBlock.ProtoReflect.Descriptor instead.
 func (*ReservedBlock) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{151}
+	return file_meta_meta_proto_rawDescGZIP(), []int{152}
 }
 
 func (x *ReservedBlock) GetOpenId() uint64 {
@@ -10972,7 +11097,7 @@ type ReserveBlocksResponse struct {
 
 func (x *ReserveBlocksResponse) Reset() {
 	*x = ReserveBlocksResponse{}
-	mi := &file_meta_meta_proto_msgTypes[152]
+	mi := &file_meta_meta_proto_msgTypes[153]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10984,7 +11109,7 @@ func (x *ReserveBlocksResponse) String() string {
 func (*ReserveBlocksResponse) ProtoMessage() {}
 
 func (x *ReserveBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[152]
+	mi := &file_meta_meta_proto_msgTypes[153]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10997,7 +11122,7 @@ func (x *ReserveBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveBlocksResponse.ProtoReflect.Descriptor instead.
 func (*ReserveBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{152}
+	return file_meta_meta_proto_rawDescGZIP(), []int{153}
 }
 
 func (x *ReserveBlocksResponse) GetBlocks() []*ReservedBlock {
@@ -11071,7 +11196,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x05state\x18\x04 \x01(\x0e2\x1d.basalt.meta.v1.PipelineStateR\x05state\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x05 \x01(\x03R\rcreatedUnixMs\x12$\n" +
 	"\x0eclosed_unix_ms\x18\x06 \x01(\x03R\fclosedUnixMs\x12!\n" +
-	"\fclose_reason\x18\a \x01(\tR\vcloseReason\"\xc3\x02\n" +
+	"\fclose_reason\x18\a \x01(\tR\vcloseReason\"\x80\x03\n" +
 	"\tContainer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1f\n" +
 	"\vpipeline_id\x18\x02 \x01(\x04R\n" +
@@ -11082,7 +11207,16 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\n" +
 	"used_bytes\x18\x06 \x01(\x04R\tusedBytes\x12&\n" +
 	"\x0fcreated_unix_ms\x18\a \x01(\x03R\rcreatedUnixMs\x12-\n" +
-	"\x12unhealthy_replicas\x18\b \x03(\x04R\x11unhealthyReplicas\"G\n" +
+	"\x12unhealthy_replicas\x18\b \x03(\x04R\x11unhealthyReplicas\x12;\n" +
+	"\vbcsid_floor\x18\t \x01(\v2\x1a.basalt.meta.v1.BcsidFloorR\n" +
+	"bcsidFloor\"t\n" +
+	"\n" +
+	"BcsidFloor\x12\x14\n" +
+	"\x05bcsid\x18\x01 \x01(\x04R\x05bcsid\x12\x1f\n" +
+	"\vdatanode_id\x18\x02 \x01(\x04R\n" +
+	"datanodeId\x12\x17\n" +
+	"\aunix_ms\x18\x03 \x01(\x03R\x06unixMs\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"G\n" +
 	"\aBlockID\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x19\n" +
 	"\blocal_id\x18\x02 \x01(\x04R\alocalId\"\xd4\x02\n" +
@@ -11101,12 +11235,13 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\tpipelines\x18\x02 \x03(\x04R\tpipelines\x12\x1e\n" +
 	"\n" +
 	"containers\x18\x03 \x03(\x04R\n" +
-	"containers\"\x95\x01\n" +
+	"containers\"\xc7\x01\n" +
 	"\x17RecoverContainerRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\x04R\vcontainerId\x12\x1f\n" +
 	"\vstatus_only\x18\x02 \x01(\bR\n" +
 	"statusOnly\x126\n" +
-	"\x17accept_missing_replicas\x18\x03 \x01(\bR\x15acceptMissingReplicas\"\xed\x01\n" +
+	"\x17accept_missing_replicas\x18\x03 \x01(\bR\x15acceptMissingReplicas\x120\n" +
+	"\x14accept_dropped_floor\x18\x04 \x01(\x04R\x12acceptDroppedFloor\"\xed\x01\n" +
 	"\x0eRecoverReplica\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x12E\n" +
@@ -11114,14 +11249,17 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x05bcsid\x18\x03 \x01(\x04R\x05bcsid\x12-\n" +
 	"\x12recorded_unhealthy\x18\x04 \x01(\bR\x11recordedUnhealthy\x12\x16\n" +
 	"\x06status\x18\x05 \x01(\tR\x06status\x12\x16\n" +
-	"\x06reason\x18\x06 \x01(\tR\x06reason\"\x98\x02\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"\x8b\x03\n" +
 	"\x18RecoverContainerResponse\x127\n" +
 	"\tcontainer\x18\x01 \x01(\v2\x19.basalt.meta.v1.ContainerR\tcontainer\x12:\n" +
 	"\breplicas\x18\x02 \x03(\v2\x1e.basalt.meta.v1.RecoverReplicaR\breplicas\x12\x12\n" +
 	"\x04done\x18\x03 \x01(\bR\x04done\x12!\n" +
 	"\fnewest_bcsid\x18\x04 \x01(\x04R\vnewestBcsid\x12\x18\n" +
 	"\arunning\x18\x05 \x01(\bR\arunning\x126\n" +
-	"\x17accept_missing_replicas\x18\x06 \x01(\bR\x15acceptMissingReplicas\"\xa6\x01\n" +
+	"\x17accept_missing_replicas\x18\x06 \x01(\bR\x15acceptMissingReplicas\x12;\n" +
+	"\vbcsid_floor\x18\a \x01(\v2\x1a.basalt.meta.v1.BcsidFloorR\n" +
+	"bcsidFloor\x124\n" +
+	"\x16accepted_dropped_floor\x18\b \x01(\x04R\x14acceptedDroppedFloor\"\xa6\x01\n" +
 	"\x19SetDatanodeOpStateRequest\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x121\n" +
@@ -12002,7 +12140,7 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 157)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 158)
 var file_meta_meta_proto_goTypes = []any{
 	(Replication)(0),                       // 0: basalt.meta.v1.Replication
 	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
@@ -12022,156 +12160,157 @@ var file_meta_meta_proto_goTypes = []any{
 	(*PipelineReport)(nil),                 // 15: basalt.meta.v1.PipelineReport
 	(*Pipeline)(nil),                       // 16: basalt.meta.v1.Pipeline
 	(*Container)(nil),                      // 17: basalt.meta.v1.Container
-	(*BlockID)(nil),                        // 18: basalt.meta.v1.BlockID
-	(*BlockLocation)(nil),                  // 19: basalt.meta.v1.BlockLocation
-	(*ExcludeList)(nil),                    // 20: basalt.meta.v1.ExcludeList
-	(*RecoverContainerRequest)(nil),        // 21: basalt.meta.v1.RecoverContainerRequest
-	(*RecoverReplica)(nil),                 // 22: basalt.meta.v1.RecoverReplica
-	(*RecoverContainerResponse)(nil),       // 23: basalt.meta.v1.RecoverContainerResponse
-	(*SetDatanodeOpStateRequest)(nil),      // 24: basalt.meta.v1.SetDatanodeOpStateRequest
-	(*SetDatanodeOpStateResponse)(nil),     // 25: basalt.meta.v1.SetDatanodeOpStateResponse
-	(*GetContainerReplicasRequest)(nil),    // 26: basalt.meta.v1.GetContainerReplicasRequest
-	(*ReplicaInfo)(nil),                    // 27: basalt.meta.v1.ReplicaInfo
-	(*ContainerReplicas)(nil),              // 28: basalt.meta.v1.ContainerReplicas
-	(*GetContainerReplicasResponse)(nil),   // 29: basalt.meta.v1.GetContainerReplicasResponse
-	(*RegisterDatanodeRequest)(nil),        // 30: basalt.meta.v1.RegisterDatanodeRequest
-	(*RegisterDatanodeResponse)(nil),       // 31: basalt.meta.v1.RegisterDatanodeResponse
-	(*HeartbeatRequest)(nil),               // 32: basalt.meta.v1.HeartbeatRequest
-	(*SlowDisk)(nil),                       // 33: basalt.meta.v1.SlowDisk
-	(*CacheStats)(nil),                     // 34: basalt.meta.v1.CacheStats
-	(*CopyFailure)(nil),                    // 35: basalt.meta.v1.CopyFailure
-	(*DeleteTxAck)(nil),                    // 36: basalt.meta.v1.DeleteTxAck
-	(*HeartbeatResponse)(nil),              // 37: basalt.meta.v1.HeartbeatResponse
-	(*DatanodeCommand)(nil),                // 38: basalt.meta.v1.DatanodeCommand
-	(*RecoverContainerCommand)(nil),        // 39: basalt.meta.v1.RecoverContainerCommand
-	(*CacheBlocksCommand)(nil),             // 40: basalt.meta.v1.CacheBlocksCommand
-	(*UncacheBlocksCommand)(nil),           // 41: basalt.meta.v1.UncacheBlocksCommand
-	(*ReplicateContainerCommand)(nil),      // 42: basalt.meta.v1.ReplicateContainerCommand
-	(*DeleteContainerCommand)(nil),         // 43: basalt.meta.v1.DeleteContainerCommand
-	(*CreatePipelineCommand)(nil),          // 44: basalt.meta.v1.CreatePipelineCommand
-	(*ClosePipelineCommand)(nil),           // 45: basalt.meta.v1.ClosePipelineCommand
-	(*CloseContainerCommand)(nil),          // 46: basalt.meta.v1.CloseContainerCommand
-	(*DeleteBlocksCommand)(nil),            // 47: basalt.meta.v1.DeleteBlocksCommand
-	(*AllocateBlocksRequest)(nil),          // 48: basalt.meta.v1.AllocateBlocksRequest
-	(*AllocateBlocksResponse)(nil),         // 49: basalt.meta.v1.AllocateBlocksResponse
-	(*DeleteBlocksRequest)(nil),            // 50: basalt.meta.v1.DeleteBlocksRequest
-	(*DeleteBlocksGroup)(nil),              // 51: basalt.meta.v1.DeleteBlocksGroup
-	(*DeleteBlocksResponse)(nil),           // 52: basalt.meta.v1.DeleteBlocksResponse
-	(*ReportCorruptReplicaRequest)(nil),    // 53: basalt.meta.v1.ReportCorruptReplicaRequest
-	(*ReportCorruptReplicaResponse)(nil),   // 54: basalt.meta.v1.ReportCorruptReplicaResponse
-	(*ListCorruptReplicasRequest)(nil),     // 55: basalt.meta.v1.ListCorruptReplicasRequest
-	(*CorruptReplica)(nil),                 // 56: basalt.meta.v1.CorruptReplica
-	(*ListCorruptReplicasResponse)(nil),    // 57: basalt.meta.v1.ListCorruptReplicasResponse
-	(*GetContainersRequest)(nil),           // 58: basalt.meta.v1.GetContainersRequest
-	(*GetContainersResponse)(nil),          // 59: basalt.meta.v1.GetContainersResponse
-	(*ContainerWithLocation)(nil),          // 60: basalt.meta.v1.ContainerWithLocation
-	(*ListDatanodesRequest)(nil),           // 61: basalt.meta.v1.ListDatanodesRequest
-	(*DatanodeStatus)(nil),                 // 62: basalt.meta.v1.DatanodeStatus
-	(*ListDatanodesResponse)(nil),          // 63: basalt.meta.v1.ListDatanodesResponse
-	(*ListPipelinesRequest)(nil),           // 64: basalt.meta.v1.ListPipelinesRequest
-	(*ListPipelinesResponse)(nil),          // 65: basalt.meta.v1.ListPipelinesResponse
-	(*ListContainersRequest)(nil),          // 66: basalt.meta.v1.ListContainersRequest
-	(*ListContainersResponse)(nil),         // 67: basalt.meta.v1.ListContainersResponse
-	(*GetSafeModeRequest)(nil),             // 68: basalt.meta.v1.GetSafeModeRequest
-	(*GetContainerHealthRequest)(nil),      // 69: basalt.meta.v1.GetContainerHealthRequest
-	(*ContainerHealth)(nil),                // 70: basalt.meta.v1.ContainerHealth
-	(*ReplicationCopy)(nil),                // 71: basalt.meta.v1.ReplicationCopy
-	(*GetContainerHealthResponse)(nil),     // 72: basalt.meta.v1.GetContainerHealthResponse
-	(*GetSafeModeResponse)(nil),            // 73: basalt.meta.v1.GetSafeModeResponse
-	(*Volume)(nil),                         // 74: basalt.meta.v1.Volume
-	(*CreateVolumeRequest)(nil),            // 75: basalt.meta.v1.CreateVolumeRequest
-	(*GetVolumeRequest)(nil),               // 76: basalt.meta.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),             // 77: basalt.meta.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),            // 78: basalt.meta.v1.ListVolumesResponse
-	(*DeleteVolumeRequest)(nil),            // 79: basalt.meta.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),           // 80: basalt.meta.v1.DeleteVolumeResponse
-	(*Bucket)(nil),                         // 81: basalt.meta.v1.Bucket
-	(*CreateBucketRequest)(nil),            // 82: basalt.meta.v1.CreateBucketRequest
-	(*GetBucketRequest)(nil),               // 83: basalt.meta.v1.GetBucketRequest
-	(*ListBucketsRequest)(nil),             // 84: basalt.meta.v1.ListBucketsRequest
-	(*ListBucketsResponse)(nil),            // 85: basalt.meta.v1.ListBucketsResponse
-	(*DeleteBucketRequest)(nil),            // 86: basalt.meta.v1.DeleteBucketRequest
-	(*DeleteBucketResponse)(nil),           // 87: basalt.meta.v1.DeleteBucketResponse
-	(*KeyBlock)(nil),                       // 88: basalt.meta.v1.KeyBlock
-	(*KeyInfo)(nil),                        // 89: basalt.meta.v1.KeyInfo
-	(*ObjectMeta)(nil),                     // 90: basalt.meta.v1.ObjectMeta
-	(*OpenKeyRequest)(nil),                 // 91: basalt.meta.v1.OpenKeyRequest
-	(*OpenKeyResponse)(nil),                // 92: basalt.meta.v1.OpenKeyResponse
-	(*AllocateBlockRequest)(nil),           // 93: basalt.meta.v1.AllocateBlockRequest
-	(*AllocateBlockResponse)(nil),          // 94: basalt.meta.v1.AllocateBlockResponse
-	(*CommitKeyRequest)(nil),               // 95: basalt.meta.v1.CommitKeyRequest
-	(*PartRef)(nil),                        // 96: basalt.meta.v1.PartRef
-	(*LookupKeyRequest)(nil),               // 97: basalt.meta.v1.LookupKeyRequest
-	(*ListKeysRequest)(nil),                // 98: basalt.meta.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),               // 99: basalt.meta.v1.ListKeysResponse
-	(*RenameKeyRequest)(nil),               // 100: basalt.meta.v1.RenameKeyRequest
-	(*RenameKeyResponse)(nil),              // 101: basalt.meta.v1.RenameKeyResponse
-	(*DeleteKeyRequest)(nil),               // 102: basalt.meta.v1.DeleteKeyRequest
-	(*DeleteKeyResponse)(nil),              // 103: basalt.meta.v1.DeleteKeyResponse
-	(*FileStatus)(nil),                     // 104: basalt.meta.v1.FileStatus
-	(*CreateDirectoryRequest)(nil),         // 105: basalt.meta.v1.CreateDirectoryRequest
-	(*GetFileStatusRequest)(nil),           // 106: basalt.meta.v1.GetFileStatusRequest
-	(*ListStatusRequest)(nil),              // 107: basalt.meta.v1.ListStatusRequest
-	(*ListStatusResponse)(nil),             // 108: basalt.meta.v1.ListStatusResponse
-	(*SetKeyMetaRequest)(nil),              // 109: basalt.meta.v1.SetKeyMetaRequest
-	(*CopyKeyRequest)(nil),                 // 110: basalt.meta.v1.CopyKeyRequest
-	(*MultipartUpload)(nil),                // 111: basalt.meta.v1.MultipartUpload
-	(*CreateMultipartUploadRequest)(nil),   // 112: basalt.meta.v1.CreateMultipartUploadRequest
-	(*CompletedPart)(nil),                  // 113: basalt.meta.v1.CompletedPart
-	(*CompleteMultipartUploadRequest)(nil), // 114: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 115: basalt.meta.v1.AbortMultipartUploadRequest
-	(*AbortMultipartUploadResponse)(nil),   // 116: basalt.meta.v1.AbortMultipartUploadResponse
-	(*PartInfo)(nil),                       // 117: basalt.meta.v1.PartInfo
-	(*ListPartsRequest)(nil),               // 118: basalt.meta.v1.ListPartsRequest
-	(*ListPartsResponse)(nil),              // 119: basalt.meta.v1.ListPartsResponse
-	(*ListMultipartUploadsRequest)(nil),    // 120: basalt.meta.v1.ListMultipartUploadsRequest
-	(*ListMultipartUploadsResponse)(nil),   // 121: basalt.meta.v1.ListMultipartUploadsResponse
-	(*S3Secret)(nil),                       // 122: basalt.meta.v1.S3Secret
-	(*CreateS3SecretRequest)(nil),          // 123: basalt.meta.v1.CreateS3SecretRequest
-	(*GetS3SecretRequest)(nil),             // 124: basalt.meta.v1.GetS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 125: basalt.meta.v1.DeleteS3SecretRequest
-	(*DeleteS3SecretResponse)(nil),         // 126: basalt.meta.v1.DeleteS3SecretResponse
-	(*KeyPrecondition)(nil),                // 127: basalt.meta.v1.KeyPrecondition
-	(*FileAttrs)(nil),                      // 128: basalt.meta.v1.FileAttrs
-	(*SetFileAttrsRequest)(nil),            // 129: basalt.meta.v1.SetFileAttrsRequest
-	(*SetFileAttrsResponse)(nil),           // 130: basalt.meta.v1.SetFileAttrsResponse
-	(*SecretKey)(nil),                      // 131: basalt.meta.v1.SecretKey
-	(*CachePool)(nil),                      // 132: basalt.meta.v1.CachePool
-	(*CacheDirective)(nil),                 // 133: basalt.meta.v1.CacheDirective
-	(*RemoveCachePoolRequest)(nil),         // 134: basalt.meta.v1.RemoveCachePoolRequest
-	(*RemoveCachePoolResponse)(nil),        // 135: basalt.meta.v1.RemoveCachePoolResponse
-	(*ListCachePoolsRequest)(nil),          // 136: basalt.meta.v1.ListCachePoolsRequest
-	(*ListCachePoolsResponse)(nil),         // 137: basalt.meta.v1.ListCachePoolsResponse
-	(*RemoveCacheDirectiveRequest)(nil),    // 138: basalt.meta.v1.RemoveCacheDirectiveRequest
-	(*RemoveCacheDirectiveResponse)(nil),   // 139: basalt.meta.v1.RemoveCacheDirectiveResponse
-	(*ListCacheDirectivesRequest)(nil),     // 140: basalt.meta.v1.ListCacheDirectivesRequest
-	(*ListCacheDirectivesResponse)(nil),    // 141: basalt.meta.v1.ListCacheDirectivesResponse
-	(*Acl)(nil),                            // 142: basalt.meta.v1.Acl
-	(*ObjectRef)(nil),                      // 143: basalt.meta.v1.ObjectRef
-	(*GetAclRequest)(nil),                  // 144: basalt.meta.v1.GetAclRequest
-	(*SetAclRequest)(nil),                  // 145: basalt.meta.v1.SetAclRequest
-	(*AclList)(nil),                        // 146: basalt.meta.v1.AclList
-	(*BucketRef)(nil),                      // 147: basalt.meta.v1.BucketRef
-	(*BucketPolicy)(nil),                   // 148: basalt.meta.v1.BucketPolicy
-	(*BucketPolicyStatus)(nil),             // 149: basalt.meta.v1.BucketPolicyStatus
-	(*PublicAccessBlock)(nil),              // 150: basalt.meta.v1.PublicAccessBlock
-	(*PublicAccessBlockConfig)(nil),        // 151: basalt.meta.v1.PublicAccessBlockConfig
-	(*LookupKeysRequest)(nil),              // 152: basalt.meta.v1.LookupKeysRequest
-	(*LookupKeyResult)(nil),                // 153: basalt.meta.v1.LookupKeyResult
-	(*LookupKeysResponse)(nil),             // 154: basalt.meta.v1.LookupKeysResponse
-	(*OpenKeysRequest)(nil),                // 155: basalt.meta.v1.OpenKeysRequest
-	(*OpenKeyResult)(nil),                  // 156: basalt.meta.v1.OpenKeyResult
-	(*OpenKeysResponse)(nil),               // 157: basalt.meta.v1.OpenKeysResponse
-	(*CommitKeysRequest)(nil),              // 158: basalt.meta.v1.CommitKeysRequest
-	(*CommitKeyResult)(nil),                // 159: basalt.meta.v1.CommitKeyResult
-	(*CommitKeysResponse)(nil),             // 160: basalt.meta.v1.CommitKeysResponse
-	(*ReserveBlocksRequest)(nil),           // 161: basalt.meta.v1.ReserveBlocksRequest
-	(*ReservedBlock)(nil),                  // 162: basalt.meta.v1.ReservedBlock
-	(*ReserveBlocksResponse)(nil),          // 163: basalt.meta.v1.ReserveBlocksResponse
-	nil,                                    // 164: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	nil,                                    // 165: basalt.meta.v1.ObjectMeta.UserEntry
-	nil,                                    // 166: basalt.meta.v1.ObjectMeta.TagsEntry
-	nil,                                    // 167: basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	(*BcsidFloor)(nil),                     // 18: basalt.meta.v1.BcsidFloor
+	(*BlockID)(nil),                        // 19: basalt.meta.v1.BlockID
+	(*BlockLocation)(nil),                  // 20: basalt.meta.v1.BlockLocation
+	(*ExcludeList)(nil),                    // 21: basalt.meta.v1.ExcludeList
+	(*RecoverContainerRequest)(nil),        // 22: basalt.meta.v1.RecoverContainerRequest
+	(*RecoverReplica)(nil),                 // 23: basalt.meta.v1.RecoverReplica
+	(*RecoverContainerResponse)(nil),       // 24: basalt.meta.v1.RecoverContainerResponse
+	(*SetDatanodeOpStateRequest)(nil),      // 25: basalt.meta.v1.SetDatanodeOpStateRequest
+	(*SetDatanodeOpStateResponse)(nil),     // 26: basalt.meta.v1.SetDatanodeOpStateResponse
+	(*GetContainerReplicasRequest)(nil),    // 27: basalt.meta.v1.GetContainerReplicasRequest
+	(*ReplicaInfo)(nil),                    // 28: basalt.meta.v1.ReplicaInfo
+	(*ContainerReplicas)(nil),              // 29: basalt.meta.v1.ContainerReplicas
+	(*GetContainerReplicasResponse)(nil),   // 30: basalt.meta.v1.GetContainerReplicasResponse
+	(*RegisterDatanodeRequest)(nil),        // 31: basalt.meta.v1.RegisterDatanodeRequest
+	(*RegisterDatanodeResponse)(nil),       // 32: basalt.meta.v1.RegisterDatanodeResponse
+	(*HeartbeatRequest)(nil),               // 33: basalt.meta.v1.HeartbeatRequest
+	(*SlowDisk)(nil),                       // 34: basalt.meta.v1.SlowDisk
+	(*CacheStats)(nil),                     // 35: basalt.meta.v1.CacheStats
+	(*CopyFailure)(nil),                    // 36: basalt.meta.v1.CopyFailure
+	(*DeleteTxAck)(nil),                    // 37: basalt.meta.v1.DeleteTxAck
+	(*HeartbeatResponse)(nil),              // 38: basalt.meta.v1.HeartbeatResponse
+	(*DatanodeCommand)(nil),                // 39: basalt.meta.v1.DatanodeCommand
+	(*RecoverContainerCommand)(nil),        // 40: basalt.meta.v1.RecoverContainerCommand
+	(*CacheBlocksCommand)(nil),             // 41: basalt.meta.v1.CacheBlocksCommand
+	(*UncacheBlocksCommand)(nil),           // 42: basalt.meta.v1.UncacheBlocksCommand
+	(*ReplicateContainerCommand)(nil),      // 43: basalt.meta.v1.ReplicateContainerCommand
+	(*DeleteContainerCommand)(nil),         // 44: basalt.meta.v1.DeleteContainerCommand
+	(*CreatePipelineCommand)(nil),          // 45: basalt.meta.v1.CreatePipelineCommand
+	(*ClosePipelineCommand)(nil),           // 46: basalt.meta.v1.ClosePipelineCommand
+	(*CloseContainerCommand)(nil),          // 47: basalt.meta.v1.CloseContainerCommand
+	(*DeleteBlocksCommand)(nil),            // 48: basalt.meta.v1.DeleteBlocksCommand
+	(*AllocateBlocksRequest)(nil),          // 49: basalt.meta.v1.AllocateBlocksRequest
+	(*AllocateBlocksResponse)(nil),         // 50: basalt.meta.v1.AllocateBlocksResponse
+	(*DeleteBlocksRequest)(nil),            // 51: basalt.meta.v1.DeleteBlocksRequest
+	(*DeleteBlocksGroup)(nil),              // 52: basalt.meta.v1.DeleteBlocksGroup
+	(*DeleteBlocksResponse)(nil),           // 53: basalt.meta.v1.DeleteBlocksResponse
+	(*ReportCorruptReplicaRequest)(nil),    // 54: basalt.meta.v1.ReportCorruptReplicaRequest
+	(*ReportCorruptReplicaResponse)(nil),   // 55: basalt.meta.v1.ReportCorruptReplicaResponse
+	(*ListCorruptReplicasRequest)(nil),     // 56: basalt.meta.v1.ListCorruptReplicasRequest
+	(*CorruptReplica)(nil),                 // 57: basalt.meta.v1.CorruptReplica
+	(*ListCorruptReplicasResponse)(nil),    // 58: basalt.meta.v1.ListCorruptReplicasResponse
+	(*GetContainersRequest)(nil),           // 59: basalt.meta.v1.GetContainersRequest
+	(*GetContainersResponse)(nil),          // 60: basalt.meta.v1.GetContainersResponse
+	(*ContainerWithLocation)(nil),          // 61: basalt.meta.v1.ContainerWithLocation
+	(*ListDatanodesRequest)(nil),           // 62: basalt.meta.v1.ListDatanodesRequest
+	(*DatanodeStatus)(nil),                 // 63: basalt.meta.v1.DatanodeStatus
+	(*ListDatanodesResponse)(nil),          // 64: basalt.meta.v1.ListDatanodesResponse
+	(*ListPipelinesRequest)(nil),           // 65: basalt.meta.v1.ListPipelinesRequest
+	(*ListPipelinesResponse)(nil),          // 66: basalt.meta.v1.ListPipelinesResponse
+	(*ListContainersRequest)(nil),          // 67: basalt.meta.v1.ListContainersRequest
+	(*ListContainersResponse)(nil),         // 68: basalt.meta.v1.ListContainersResponse
+	(*GetSafeModeRequest)(nil),             // 69: basalt.meta.v1.GetSafeModeRequest
+	(*GetContainerHealthRequest)(nil),      // 70: basalt.meta.v1.GetContainerHealthRequest
+	(*ContainerHealth)(nil),                // 71: basalt.meta.v1.ContainerHealth
+	(*ReplicationCopy)(nil),                // 72: basalt.meta.v1.ReplicationCopy
+	(*GetContainerHealthResponse)(nil),     // 73: basalt.meta.v1.GetContainerHealthResponse
+	(*GetSafeModeResponse)(nil),            // 74: basalt.meta.v1.GetSafeModeResponse
+	(*Volume)(nil),                         // 75: basalt.meta.v1.Volume
+	(*CreateVolumeRequest)(nil),            // 76: basalt.meta.v1.CreateVolumeRequest
+	(*GetVolumeRequest)(nil),               // 77: basalt.meta.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),             // 78: basalt.meta.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),            // 79: basalt.meta.v1.ListVolumesResponse
+	(*DeleteVolumeRequest)(nil),            // 80: basalt.meta.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),           // 81: basalt.meta.v1.DeleteVolumeResponse
+	(*Bucket)(nil),                         // 82: basalt.meta.v1.Bucket
+	(*CreateBucketRequest)(nil),            // 83: basalt.meta.v1.CreateBucketRequest
+	(*GetBucketRequest)(nil),               // 84: basalt.meta.v1.GetBucketRequest
+	(*ListBucketsRequest)(nil),             // 85: basalt.meta.v1.ListBucketsRequest
+	(*ListBucketsResponse)(nil),            // 86: basalt.meta.v1.ListBucketsResponse
+	(*DeleteBucketRequest)(nil),            // 87: basalt.meta.v1.DeleteBucketRequest
+	(*DeleteBucketResponse)(nil),           // 88: basalt.meta.v1.DeleteBucketResponse
+	(*KeyBlock)(nil),                       // 89: basalt.meta.v1.KeyBlock
+	(*KeyInfo)(nil),                        // 90: basalt.meta.v1.KeyInfo
+	(*ObjectMeta)(nil),                     // 91: basalt.meta.v1.ObjectMeta
+	(*OpenKeyRequest)(nil),                 // 92: basalt.meta.v1.OpenKeyRequest
+	(*OpenKeyResponse)(nil),                // 93: basalt.meta.v1.OpenKeyResponse
+	(*AllocateBlockRequest)(nil),           // 94: basalt.meta.v1.AllocateBlockRequest
+	(*AllocateBlockResponse)(nil),          // 95: basalt.meta.v1.AllocateBlockResponse
+	(*CommitKeyRequest)(nil),               // 96: basalt.meta.v1.CommitKeyRequest
+	(*PartRef)(nil),                        // 97: basalt.meta.v1.PartRef
+	(*LookupKeyRequest)(nil),               // 98: basalt.meta.v1.LookupKeyRequest
+	(*ListKeysRequest)(nil),                // 99: basalt.meta.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),               // 100: basalt.meta.v1.ListKeysResponse
+	(*RenameKeyRequest)(nil),               // 101: basalt.meta.v1.RenameKeyRequest
+	(*RenameKeyResponse)(nil),              // 102: basalt.meta.v1.RenameKeyResponse
+	(*DeleteKeyRequest)(nil),               // 103: basalt.meta.v1.DeleteKeyRequest
+	(*DeleteKeyResponse)(nil),              // 104: basalt.meta.v1.DeleteKeyResponse
+	(*FileStatus)(nil),                     // 105: basalt.meta.v1.FileStatus
+	(*CreateDirectoryRequest)(nil),         // 106: basalt.meta.v1.CreateDirectoryRequest
+	(*GetFileStatusRequest)(nil),           // 107: basalt.meta.v1.GetFileStatusRequest
+	(*ListStatusRequest)(nil),              // 108: basalt.meta.v1.ListStatusRequest
+	(*ListStatusResponse)(nil),             // 109: basalt.meta.v1.ListStatusResponse
+	(*SetKeyMetaRequest)(nil),              // 110: basalt.meta.v1.SetKeyMetaRequest
+	(*CopyKeyRequest)(nil),                 // 111: basalt.meta.v1.CopyKeyRequest
+	(*MultipartUpload)(nil),                // 112: basalt.meta.v1.MultipartUpload
+	(*CreateMultipartUploadRequest)(nil),   // 113: basalt.meta.v1.CreateMultipartUploadRequest
+	(*CompletedPart)(nil),                  // 114: basalt.meta.v1.CompletedPart
+	(*CompleteMultipartUploadRequest)(nil), // 115: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 116: basalt.meta.v1.AbortMultipartUploadRequest
+	(*AbortMultipartUploadResponse)(nil),   // 117: basalt.meta.v1.AbortMultipartUploadResponse
+	(*PartInfo)(nil),                       // 118: basalt.meta.v1.PartInfo
+	(*ListPartsRequest)(nil),               // 119: basalt.meta.v1.ListPartsRequest
+	(*ListPartsResponse)(nil),              // 120: basalt.meta.v1.ListPartsResponse
+	(*ListMultipartUploadsRequest)(nil),    // 121: basalt.meta.v1.ListMultipartUploadsRequest
+	(*ListMultipartUploadsResponse)(nil),   // 122: basalt.meta.v1.ListMultipartUploadsResponse
+	(*S3Secret)(nil),                       // 123: basalt.meta.v1.S3Secret
+	(*CreateS3SecretRequest)(nil),          // 124: basalt.meta.v1.CreateS3SecretRequest
+	(*GetS3SecretRequest)(nil),             // 125: basalt.meta.v1.GetS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 126: basalt.meta.v1.DeleteS3SecretRequest
+	(*DeleteS3SecretResponse)(nil),         // 127: basalt.meta.v1.DeleteS3SecretResponse
+	(*KeyPrecondition)(nil),                // 128: basalt.meta.v1.KeyPrecondition
+	(*FileAttrs)(nil),                      // 129: basalt.meta.v1.FileAttrs
+	(*SetFileAttrsRequest)(nil),            // 130: basalt.meta.v1.SetFileAttrsRequest
+	(*SetFileAttrsResponse)(nil),           // 131: basalt.meta.v1.SetFileAttrsResponse
+	(*SecretKey)(nil),                      // 132: basalt.meta.v1.SecretKey
+	(*CachePool)(nil),                      // 133: basalt.meta.v1.CachePool
+	(*CacheDirective)(nil),                 // 134: basalt.meta.v1.CacheDirective
+	(*RemoveCachePoolRequest)(nil),         // 135: basalt.meta.v1.RemoveCachePoolRequest
+	(*RemoveCachePoolResponse)(nil),        // 136: basalt.meta.v1.RemoveCachePoolResponse
+	(*ListCachePoolsRequest)(nil),          // 137: basalt.meta.v1.ListCachePoolsRequest
+	(*ListCachePoolsResponse)(nil),         // 138: basalt.meta.v1.ListCachePoolsResponse
+	(*RemoveCacheDirectiveRequest)(nil),    // 139: basalt.meta.v1.RemoveCacheDirectiveRequest
+	(*RemoveCacheDirectiveResponse)(nil),   // 140: basalt.meta.v1.RemoveCacheDirectiveResponse
+	(*ListCacheDirectivesRequest)(nil),     // 141: basalt.meta.v1.ListCacheDirectivesRequest
+	(*ListCacheDirectivesResponse)(nil),    // 142: basalt.meta.v1.ListCacheDirectivesResponse
+	(*Acl)(nil),                            // 143: basalt.meta.v1.Acl
+	(*ObjectRef)(nil),                      // 144: basalt.meta.v1.ObjectRef
+	(*GetAclRequest)(nil),                  // 145: basalt.meta.v1.GetAclRequest
+	(*SetAclRequest)(nil),                  // 146: basalt.meta.v1.SetAclRequest
+	(*AclList)(nil),                        // 147: basalt.meta.v1.AclList
+	(*BucketRef)(nil),                      // 148: basalt.meta.v1.BucketRef
+	(*BucketPolicy)(nil),                   // 149: basalt.meta.v1.BucketPolicy
+	(*BucketPolicyStatus)(nil),             // 150: basalt.meta.v1.BucketPolicyStatus
+	(*PublicAccessBlock)(nil),              // 151: basalt.meta.v1.PublicAccessBlock
+	(*PublicAccessBlockConfig)(nil),        // 152: basalt.meta.v1.PublicAccessBlockConfig
+	(*LookupKeysRequest)(nil),              // 153: basalt.meta.v1.LookupKeysRequest
+	(*LookupKeyResult)(nil),                // 154: basalt.meta.v1.LookupKeyResult
+	(*LookupKeysResponse)(nil),             // 155: basalt.meta.v1.LookupKeysResponse
+	(*OpenKeysRequest)(nil),                // 156: basalt.meta.v1.OpenKeysRequest
+	(*OpenKeyResult)(nil),                  // 157: basalt.meta.v1.OpenKeyResult
+	(*OpenKeysResponse)(nil),               // 158: basalt.meta.v1.OpenKeysResponse
+	(*CommitKeysRequest)(nil),              // 159: basalt.meta.v1.CommitKeysRequest
+	(*CommitKeyResult)(nil),                // 160: basalt.meta.v1.CommitKeyResult
+	(*CommitKeysResponse)(nil),             // 161: basalt.meta.v1.CommitKeysResponse
+	(*ReserveBlocksRequest)(nil),           // 162: basalt.meta.v1.ReserveBlocksRequest
+	(*ReservedBlock)(nil),                  // 163: basalt.meta.v1.ReservedBlock
+	(*ReserveBlocksResponse)(nil),          // 164: basalt.meta.v1.ReserveBlocksResponse
+	nil,                                    // 165: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	nil,                                    // 166: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 167: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 168: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
 	4,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
@@ -12179,288 +12318,290 @@ var file_meta_meta_proto_depIdxs = []int32{
 	3,   // 2: basalt.meta.v1.Pipeline.state:type_name -> basalt.meta.v1.PipelineState
 	0,   // 3: basalt.meta.v1.Container.replication:type_name -> basalt.meta.v1.Replication
 	4,   // 4: basalt.meta.v1.Container.state:type_name -> basalt.meta.v1.ContainerState
-	18,  // 5: basalt.meta.v1.BlockLocation.id:type_name -> basalt.meta.v1.BlockID
-	4,   // 6: basalt.meta.v1.BlockLocation.container_state:type_name -> basalt.meta.v1.ContainerState
-	12,  // 7: basalt.meta.v1.BlockLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	4,   // 8: basalt.meta.v1.RecoverReplica.reported_state:type_name -> basalt.meta.v1.ContainerState
-	17,  // 9: basalt.meta.v1.RecoverContainerResponse.container:type_name -> basalt.meta.v1.Container
-	22,  // 10: basalt.meta.v1.RecoverContainerResponse.replicas:type_name -> basalt.meta.v1.RecoverReplica
-	2,   // 11: basalt.meta.v1.SetDatanodeOpStateRequest.state:type_name -> basalt.meta.v1.NodeOpState
-	62,  // 12: basalt.meta.v1.SetDatanodeOpStateResponse.datanode:type_name -> basalt.meta.v1.DatanodeStatus
-	1,   // 13: basalt.meta.v1.ReplicaInfo.node_state:type_name -> basalt.meta.v1.NodeState
-	2,   // 14: basalt.meta.v1.ReplicaInfo.op_state:type_name -> basalt.meta.v1.NodeOpState
-	4,   // 15: basalt.meta.v1.ReplicaInfo.reported_state:type_name -> basalt.meta.v1.ContainerState
-	17,  // 16: basalt.meta.v1.ContainerReplicas.container:type_name -> basalt.meta.v1.Container
-	27,  // 17: basalt.meta.v1.ContainerReplicas.replicas:type_name -> basalt.meta.v1.ReplicaInfo
-	56,  // 18: basalt.meta.v1.ContainerReplicas.reports:type_name -> basalt.meta.v1.CorruptReplica
-	28,  // 19: basalt.meta.v1.GetContainerReplicasResponse.containers:type_name -> basalt.meta.v1.ContainerReplicas
-	12,  // 20: basalt.meta.v1.RegisterDatanodeRequest.details:type_name -> basalt.meta.v1.DatanodeDetails
-	13,  // 21: basalt.meta.v1.RegisterDatanodeRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
-	131, // 22: basalt.meta.v1.RegisterDatanodeResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
-	13,  // 23: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
-	14,  // 24: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
-	15,  // 25: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
-	36,  // 26: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
-	35,  // 27: basalt.meta.v1.HeartbeatRequest.copy_failures:type_name -> basalt.meta.v1.CopyFailure
-	18,  // 28: basalt.meta.v1.HeartbeatRequest.cached_blocks:type_name -> basalt.meta.v1.BlockID
-	34,  // 29: basalt.meta.v1.HeartbeatRequest.cache:type_name -> basalt.meta.v1.CacheStats
-	33,  // 30: basalt.meta.v1.HeartbeatRequest.slow_disks:type_name -> basalt.meta.v1.SlowDisk
-	7,   // 31: basalt.meta.v1.DeleteTxAck.status:type_name -> basalt.meta.v1.DeleteTxStatus
-	38,  // 32: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
-	1,   // 33: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
-	131, // 34: basalt.meta.v1.HeartbeatResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
-	44,  // 35: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
-	45,  // 36: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
-	46,  // 37: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
-	47,  // 38: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
-	42,  // 39: basalt.meta.v1.DatanodeCommand.replicate_container:type_name -> basalt.meta.v1.ReplicateContainerCommand
-	43,  // 40: basalt.meta.v1.DatanodeCommand.delete_container:type_name -> basalt.meta.v1.DeleteContainerCommand
-	39,  // 41: basalt.meta.v1.DatanodeCommand.recover_container:type_name -> basalt.meta.v1.RecoverContainerCommand
-	40,  // 42: basalt.meta.v1.DatanodeCommand.cache_blocks:type_name -> basalt.meta.v1.CacheBlocksCommand
-	41,  // 43: basalt.meta.v1.DatanodeCommand.uncache_blocks:type_name -> basalt.meta.v1.UncacheBlocksCommand
-	18,  // 44: basalt.meta.v1.CacheBlocksCommand.blocks:type_name -> basalt.meta.v1.BlockID
-	18,  // 45: basalt.meta.v1.UncacheBlocksCommand.blocks:type_name -> basalt.meta.v1.BlockID
-	12,  // 46: basalt.meta.v1.ReplicateContainerCommand.sources:type_name -> basalt.meta.v1.DatanodeDetails
-	16,  // 47: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
-	12,  // 48: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	0,   // 49: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
-	20,  // 50: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	19,  // 51: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	51,  // 52: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
-	18,  // 53: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
-	18,  // 54: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
-	56,  // 55: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
-	60,  // 56: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
-	17,  // 57: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
-	12,  // 58: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
-	12,  // 59: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
-	1,   // 60: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
-	13,  // 61: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
-	2,   // 62: basalt.meta.v1.DatanodeStatus.op_state:type_name -> basalt.meta.v1.NodeOpState
-	34,  // 63: basalt.meta.v1.DatanodeStatus.cache:type_name -> basalt.meta.v1.CacheStats
-	33,  // 64: basalt.meta.v1.DatanodeStatus.slow_disks:type_name -> basalt.meta.v1.SlowDisk
-	62,  // 65: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
-	16,  // 66: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
-	17,  // 67: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
-	4,   // 68: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
-	164, // 69: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	70,  // 70: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
-	71,  // 71: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
-	128, // 72: basalt.meta.v1.Volume.attrs:type_name -> basalt.meta.v1.FileAttrs
-	142, // 73: basalt.meta.v1.Volume.acls:type_name -> basalt.meta.v1.Acl
-	128, // 74: basalt.meta.v1.CreateVolumeRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	74,  // 75: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
-	5,   // 76: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 77: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
-	128, // 78: basalt.meta.v1.Bucket.attrs:type_name -> basalt.meta.v1.FileAttrs
-	142, // 79: basalt.meta.v1.Bucket.acls:type_name -> basalt.meta.v1.Acl
-	150, // 80: basalt.meta.v1.Bucket.public_access_block:type_name -> basalt.meta.v1.PublicAccessBlock
-	5,   // 81: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
-	0,   // 82: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
-	128, // 83: basalt.meta.v1.CreateBucketRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	142, // 84: basalt.meta.v1.CreateBucketRequest.acls:type_name -> basalt.meta.v1.Acl
-	150, // 85: basalt.meta.v1.CreateBucketRequest.public_access_block:type_name -> basalt.meta.v1.PublicAccessBlock
-	81,  // 86: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
-	18,  // 87: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
-	0,   // 88: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
-	6,   // 89: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	88,  // 90: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	19,  // 91: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
-	90,  // 92: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
-	128, // 93: basalt.meta.v1.KeyInfo.attrs:type_name -> basalt.meta.v1.FileAttrs
-	142, // 94: basalt.meta.v1.KeyInfo.acls:type_name -> basalt.meta.v1.Acl
-	165, // 95: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
-	166, // 96: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
-	167, // 97: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
-	142, // 98: basalt.meta.v1.ObjectMeta.upload_acls:type_name -> basalt.meta.v1.Acl
-	0,   // 99: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
-	6,   // 100: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	20,  // 101: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	19,  // 102: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
-	20,  // 103: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	19,  // 104: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
-	88,  // 105: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
-	90,  // 106: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	96,  // 107: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	127, // 108: basalt.meta.v1.CommitKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	142, // 109: basalt.meta.v1.CommitKeyRequest.acls:type_name -> basalt.meta.v1.Acl
-	89,  // 110: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
-	89,  // 111: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
-	128, // 112: basalt.meta.v1.FileStatus.attrs:type_name -> basalt.meta.v1.FileAttrs
-	128, // 113: basalt.meta.v1.CreateDirectoryRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	104, // 114: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
-	90,  // 115: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	90,  // 116: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	96,  // 117: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
-	127, // 118: basalt.meta.v1.CopyKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	90,  // 119: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 120: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
-	90,  // 121: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
-	0,   // 122: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
-	113, // 123: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
-	127, // 124: basalt.meta.v1.CompleteMultipartUploadRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	142, // 125: basalt.meta.v1.CompleteMultipartUploadRequest.acls:type_name -> basalt.meta.v1.Acl
-	88,  // 126: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
-	6,   // 127: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	111, // 128: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
-	117, // 129: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
-	111, // 130: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
-	128, // 131: basalt.meta.v1.SetFileAttrsRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	128, // 132: basalt.meta.v1.SetFileAttrsResponse.attrs:type_name -> basalt.meta.v1.FileAttrs
-	132, // 133: basalt.meta.v1.ListCachePoolsResponse.pools:type_name -> basalt.meta.v1.CachePool
-	133, // 134: basalt.meta.v1.ListCacheDirectivesResponse.directives:type_name -> basalt.meta.v1.CacheDirective
-	8,   // 135: basalt.meta.v1.Acl.type:type_name -> basalt.meta.v1.AclType
-	143, // 136: basalt.meta.v1.GetAclRequest.ref:type_name -> basalt.meta.v1.ObjectRef
-	143, // 137: basalt.meta.v1.SetAclRequest.ref:type_name -> basalt.meta.v1.ObjectRef
-	10,  // 138: basalt.meta.v1.SetAclRequest.op:type_name -> basalt.meta.v1.AclOp
-	142, // 139: basalt.meta.v1.SetAclRequest.acls:type_name -> basalt.meta.v1.Acl
-	142, // 140: basalt.meta.v1.AclList.acls:type_name -> basalt.meta.v1.Acl
-	150, // 141: basalt.meta.v1.PublicAccessBlockConfig.config:type_name -> basalt.meta.v1.PublicAccessBlock
-	97,  // 142: basalt.meta.v1.LookupKeysRequest.requests:type_name -> basalt.meta.v1.LookupKeyRequest
-	89,  // 143: basalt.meta.v1.LookupKeyResult.key:type_name -> basalt.meta.v1.KeyInfo
-	153, // 144: basalt.meta.v1.LookupKeysResponse.results:type_name -> basalt.meta.v1.LookupKeyResult
-	91,  // 145: basalt.meta.v1.OpenKeysRequest.requests:type_name -> basalt.meta.v1.OpenKeyRequest
-	92,  // 146: basalt.meta.v1.OpenKeyResult.open:type_name -> basalt.meta.v1.OpenKeyResponse
-	156, // 147: basalt.meta.v1.OpenKeysResponse.results:type_name -> basalt.meta.v1.OpenKeyResult
-	95,  // 148: basalt.meta.v1.CommitKeysRequest.requests:type_name -> basalt.meta.v1.CommitKeyRequest
-	89,  // 149: basalt.meta.v1.CommitKeyResult.key:type_name -> basalt.meta.v1.KeyInfo
-	159, // 150: basalt.meta.v1.CommitKeysResponse.results:type_name -> basalt.meta.v1.CommitKeyResult
-	0,   // 151: basalt.meta.v1.ReserveBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
-	6,   // 152: basalt.meta.v1.ReserveBlocksRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	20,  // 153: basalt.meta.v1.ReserveBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	19,  // 154: basalt.meta.v1.ReservedBlock.block:type_name -> basalt.meta.v1.BlockLocation
-	162, // 155: basalt.meta.v1.ReserveBlocksResponse.blocks:type_name -> basalt.meta.v1.ReservedBlock
-	30,  // 156: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	32,  // 157: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	48,  // 158: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	50,  // 159: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	58,  // 160: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	53,  // 161: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	55,  // 162: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	61,  // 163: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	64,  // 164: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	66,  // 165: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	68,  // 166: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	69,  // 167: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
-	24,  // 168: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
-	26,  // 169: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
-	132, // 170: basalt.meta.v1.Scm.AddCachePool:input_type -> basalt.meta.v1.CachePool
-	132, // 171: basalt.meta.v1.Scm.ModifyCachePool:input_type -> basalt.meta.v1.CachePool
-	134, // 172: basalt.meta.v1.Scm.RemoveCachePool:input_type -> basalt.meta.v1.RemoveCachePoolRequest
-	136, // 173: basalt.meta.v1.Scm.ListCachePools:input_type -> basalt.meta.v1.ListCachePoolsRequest
-	133, // 174: basalt.meta.v1.Scm.AddCacheDirective:input_type -> basalt.meta.v1.CacheDirective
-	133, // 175: basalt.meta.v1.Scm.ModifyCacheDirective:input_type -> basalt.meta.v1.CacheDirective
-	138, // 176: basalt.meta.v1.Scm.RemoveCacheDirective:input_type -> basalt.meta.v1.RemoveCacheDirectiveRequest
-	140, // 177: basalt.meta.v1.Scm.ListCacheDirectives:input_type -> basalt.meta.v1.ListCacheDirectivesRequest
-	21,  // 178: basalt.meta.v1.Scm.RecoverContainer:input_type -> basalt.meta.v1.RecoverContainerRequest
-	75,  // 179: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	76,  // 180: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	77,  // 181: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	79,  // 182: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	82,  // 183: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	83,  // 184: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	84,  // 185: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	86,  // 186: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	91,  // 187: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	93,  // 188: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	95,  // 189: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	97,  // 190: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	98,  // 191: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	100, // 192: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	102, // 193: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	105, // 194: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	106, // 195: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	107, // 196: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	109, // 197: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	110, // 198: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
-	112, // 199: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	114, // 200: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	115, // 201: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	118, // 202: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	120, // 203: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	123, // 204: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	124, // 205: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	125, // 206: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	129, // 207: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
-	144, // 208: basalt.meta.v1.Namespace.GetAcl:input_type -> basalt.meta.v1.GetAclRequest
-	145, // 209: basalt.meta.v1.Namespace.SetAcl:input_type -> basalt.meta.v1.SetAclRequest
-	147, // 210: basalt.meta.v1.Namespace.GetBucketPolicy:input_type -> basalt.meta.v1.BucketRef
-	148, // 211: basalt.meta.v1.Namespace.SetBucketPolicy:input_type -> basalt.meta.v1.BucketPolicy
-	147, // 212: basalt.meta.v1.Namespace.GetBucketPolicyStatus:input_type -> basalt.meta.v1.BucketRef
-	147, // 213: basalt.meta.v1.Namespace.GetPublicAccessBlock:input_type -> basalt.meta.v1.BucketRef
-	151, // 214: basalt.meta.v1.Namespace.SetPublicAccessBlock:input_type -> basalt.meta.v1.PublicAccessBlockConfig
-	152, // 215: basalt.meta.v1.Namespace.LookupKeys:input_type -> basalt.meta.v1.LookupKeysRequest
-	155, // 216: basalt.meta.v1.Namespace.OpenKeys:input_type -> basalt.meta.v1.OpenKeysRequest
-	158, // 217: basalt.meta.v1.Namespace.CommitKeys:input_type -> basalt.meta.v1.CommitKeysRequest
-	161, // 218: basalt.meta.v1.Namespace.ReserveBlocks:input_type -> basalt.meta.v1.ReserveBlocksRequest
-	31,  // 219: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	37,  // 220: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	49,  // 221: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	52,  // 222: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	59,  // 223: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	54,  // 224: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	57,  // 225: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	63,  // 226: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	65,  // 227: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	67,  // 228: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	73,  // 229: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	72,  // 230: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
-	25,  // 231: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
-	29,  // 232: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
-	132, // 233: basalt.meta.v1.Scm.AddCachePool:output_type -> basalt.meta.v1.CachePool
-	132, // 234: basalt.meta.v1.Scm.ModifyCachePool:output_type -> basalt.meta.v1.CachePool
-	135, // 235: basalt.meta.v1.Scm.RemoveCachePool:output_type -> basalt.meta.v1.RemoveCachePoolResponse
-	137, // 236: basalt.meta.v1.Scm.ListCachePools:output_type -> basalt.meta.v1.ListCachePoolsResponse
-	133, // 237: basalt.meta.v1.Scm.AddCacheDirective:output_type -> basalt.meta.v1.CacheDirective
-	133, // 238: basalt.meta.v1.Scm.ModifyCacheDirective:output_type -> basalt.meta.v1.CacheDirective
-	139, // 239: basalt.meta.v1.Scm.RemoveCacheDirective:output_type -> basalt.meta.v1.RemoveCacheDirectiveResponse
-	141, // 240: basalt.meta.v1.Scm.ListCacheDirectives:output_type -> basalt.meta.v1.ListCacheDirectivesResponse
-	23,  // 241: basalt.meta.v1.Scm.RecoverContainer:output_type -> basalt.meta.v1.RecoverContainerResponse
-	74,  // 242: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	74,  // 243: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	78,  // 244: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	80,  // 245: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	81,  // 246: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	81,  // 247: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	85,  // 248: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	87,  // 249: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	92,  // 250: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	94,  // 251: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	89,  // 252: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	89,  // 253: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	99,  // 254: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	101, // 255: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	103, // 256: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	104, // 257: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	104, // 258: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	108, // 259: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	89,  // 260: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	89,  // 261: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
-	111, // 262: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	89,  // 263: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	116, // 264: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	119, // 265: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	121, // 266: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	122, // 267: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	122, // 268: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	126, // 269: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	130, // 270: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
-	146, // 271: basalt.meta.v1.Namespace.GetAcl:output_type -> basalt.meta.v1.AclList
-	146, // 272: basalt.meta.v1.Namespace.SetAcl:output_type -> basalt.meta.v1.AclList
-	148, // 273: basalt.meta.v1.Namespace.GetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
-	148, // 274: basalt.meta.v1.Namespace.SetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
-	149, // 275: basalt.meta.v1.Namespace.GetBucketPolicyStatus:output_type -> basalt.meta.v1.BucketPolicyStatus
-	151, // 276: basalt.meta.v1.Namespace.GetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
-	151, // 277: basalt.meta.v1.Namespace.SetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
-	154, // 278: basalt.meta.v1.Namespace.LookupKeys:output_type -> basalt.meta.v1.LookupKeysResponse
-	157, // 279: basalt.meta.v1.Namespace.OpenKeys:output_type -> basalt.meta.v1.OpenKeysResponse
-	160, // 280: basalt.meta.v1.Namespace.CommitKeys:output_type -> basalt.meta.v1.CommitKeysResponse
-	163, // 281: basalt.meta.v1.Namespace.ReserveBlocks:output_type -> basalt.meta.v1.ReserveBlocksResponse
-	219, // [219:282] is the sub-list for method output_type
-	156, // [156:219] is the sub-list for method input_type
-	156, // [156:156] is the sub-list for extension type_name
-	156, // [156:156] is the sub-list for extension extendee
-	0,   // [0:156] is the sub-list for field type_name
+	18,  // 5: basalt.meta.v1.Container.bcsid_floor:type_name -> basalt.meta.v1.BcsidFloor
+	19,  // 6: basalt.meta.v1.BlockLocation.id:type_name -> basalt.meta.v1.BlockID
+	4,   // 7: basalt.meta.v1.BlockLocation.container_state:type_name -> basalt.meta.v1.ContainerState
+	12,  // 8: basalt.meta.v1.BlockLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	4,   // 9: basalt.meta.v1.RecoverReplica.reported_state:type_name -> basalt.meta.v1.ContainerState
+	17,  // 10: basalt.meta.v1.RecoverContainerResponse.container:type_name -> basalt.meta.v1.Container
+	23,  // 11: basalt.meta.v1.RecoverContainerResponse.replicas:type_name -> basalt.meta.v1.RecoverReplica
+	18,  // 12: basalt.meta.v1.RecoverContainerResponse.bcsid_floor:type_name -> basalt.meta.v1.BcsidFloor
+	2,   // 13: basalt.meta.v1.SetDatanodeOpStateRequest.state:type_name -> basalt.meta.v1.NodeOpState
+	63,  // 14: basalt.meta.v1.SetDatanodeOpStateResponse.datanode:type_name -> basalt.meta.v1.DatanodeStatus
+	1,   // 15: basalt.meta.v1.ReplicaInfo.node_state:type_name -> basalt.meta.v1.NodeState
+	2,   // 16: basalt.meta.v1.ReplicaInfo.op_state:type_name -> basalt.meta.v1.NodeOpState
+	4,   // 17: basalt.meta.v1.ReplicaInfo.reported_state:type_name -> basalt.meta.v1.ContainerState
+	17,  // 18: basalt.meta.v1.ContainerReplicas.container:type_name -> basalt.meta.v1.Container
+	28,  // 19: basalt.meta.v1.ContainerReplicas.replicas:type_name -> basalt.meta.v1.ReplicaInfo
+	57,  // 20: basalt.meta.v1.ContainerReplicas.reports:type_name -> basalt.meta.v1.CorruptReplica
+	29,  // 21: basalt.meta.v1.GetContainerReplicasResponse.containers:type_name -> basalt.meta.v1.ContainerReplicas
+	12,  // 22: basalt.meta.v1.RegisterDatanodeRequest.details:type_name -> basalt.meta.v1.DatanodeDetails
+	13,  // 23: basalt.meta.v1.RegisterDatanodeRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
+	132, // 24: basalt.meta.v1.RegisterDatanodeResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
+	13,  // 25: basalt.meta.v1.HeartbeatRequest.volumes:type_name -> basalt.meta.v1.VolumeReport
+	14,  // 26: basalt.meta.v1.HeartbeatRequest.containers:type_name -> basalt.meta.v1.ContainerReport
+	15,  // 27: basalt.meta.v1.HeartbeatRequest.pipelines:type_name -> basalt.meta.v1.PipelineReport
+	37,  // 28: basalt.meta.v1.HeartbeatRequest.delete_acks:type_name -> basalt.meta.v1.DeleteTxAck
+	36,  // 29: basalt.meta.v1.HeartbeatRequest.copy_failures:type_name -> basalt.meta.v1.CopyFailure
+	19,  // 30: basalt.meta.v1.HeartbeatRequest.cached_blocks:type_name -> basalt.meta.v1.BlockID
+	35,  // 31: basalt.meta.v1.HeartbeatRequest.cache:type_name -> basalt.meta.v1.CacheStats
+	34,  // 32: basalt.meta.v1.HeartbeatRequest.slow_disks:type_name -> basalt.meta.v1.SlowDisk
+	7,   // 33: basalt.meta.v1.DeleteTxAck.status:type_name -> basalt.meta.v1.DeleteTxStatus
+	39,  // 34: basalt.meta.v1.HeartbeatResponse.commands:type_name -> basalt.meta.v1.DatanodeCommand
+	1,   // 35: basalt.meta.v1.HeartbeatResponse.state:type_name -> basalt.meta.v1.NodeState
+	132, // 36: basalt.meta.v1.HeartbeatResponse.secret_keys:type_name -> basalt.meta.v1.SecretKey
+	45,  // 37: basalt.meta.v1.DatanodeCommand.create_pipeline:type_name -> basalt.meta.v1.CreatePipelineCommand
+	46,  // 38: basalt.meta.v1.DatanodeCommand.close_pipeline:type_name -> basalt.meta.v1.ClosePipelineCommand
+	47,  // 39: basalt.meta.v1.DatanodeCommand.close_container:type_name -> basalt.meta.v1.CloseContainerCommand
+	48,  // 40: basalt.meta.v1.DatanodeCommand.delete_blocks:type_name -> basalt.meta.v1.DeleteBlocksCommand
+	43,  // 41: basalt.meta.v1.DatanodeCommand.replicate_container:type_name -> basalt.meta.v1.ReplicateContainerCommand
+	44,  // 42: basalt.meta.v1.DatanodeCommand.delete_container:type_name -> basalt.meta.v1.DeleteContainerCommand
+	40,  // 43: basalt.meta.v1.DatanodeCommand.recover_container:type_name -> basalt.meta.v1.RecoverContainerCommand
+	41,  // 44: basalt.meta.v1.DatanodeCommand.cache_blocks:type_name -> basalt.meta.v1.CacheBlocksCommand
+	42,  // 45: basalt.meta.v1.DatanodeCommand.uncache_blocks:type_name -> basalt.meta.v1.UncacheBlocksCommand
+	19,  // 46: basalt.meta.v1.CacheBlocksCommand.blocks:type_name -> basalt.meta.v1.BlockID
+	19,  // 47: basalt.meta.v1.UncacheBlocksCommand.blocks:type_name -> basalt.meta.v1.BlockID
+	12,  // 48: basalt.meta.v1.ReplicateContainerCommand.sources:type_name -> basalt.meta.v1.DatanodeDetails
+	16,  // 49: basalt.meta.v1.CreatePipelineCommand.pipeline:type_name -> basalt.meta.v1.Pipeline
+	12,  // 50: basalt.meta.v1.CreatePipelineCommand.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	0,   // 51: basalt.meta.v1.AllocateBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
+	21,  // 52: basalt.meta.v1.AllocateBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	20,  // 53: basalt.meta.v1.AllocateBlocksResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	52,  // 54: basalt.meta.v1.DeleteBlocksRequest.groups:type_name -> basalt.meta.v1.DeleteBlocksGroup
+	19,  // 55: basalt.meta.v1.ReportCorruptReplicaRequest.block:type_name -> basalt.meta.v1.BlockID
+	19,  // 56: basalt.meta.v1.CorruptReplica.block:type_name -> basalt.meta.v1.BlockID
+	57,  // 57: basalt.meta.v1.ListCorruptReplicasResponse.replicas:type_name -> basalt.meta.v1.CorruptReplica
+	61,  // 58: basalt.meta.v1.GetContainersResponse.containers:type_name -> basalt.meta.v1.ContainerWithLocation
+	17,  // 59: basalt.meta.v1.ContainerWithLocation.container:type_name -> basalt.meta.v1.Container
+	12,  // 60: basalt.meta.v1.ContainerWithLocation.datanodes:type_name -> basalt.meta.v1.DatanodeDetails
+	12,  // 61: basalt.meta.v1.DatanodeStatus.details:type_name -> basalt.meta.v1.DatanodeDetails
+	1,   // 62: basalt.meta.v1.DatanodeStatus.state:type_name -> basalt.meta.v1.NodeState
+	13,  // 63: basalt.meta.v1.DatanodeStatus.volumes:type_name -> basalt.meta.v1.VolumeReport
+	2,   // 64: basalt.meta.v1.DatanodeStatus.op_state:type_name -> basalt.meta.v1.NodeOpState
+	35,  // 65: basalt.meta.v1.DatanodeStatus.cache:type_name -> basalt.meta.v1.CacheStats
+	34,  // 66: basalt.meta.v1.DatanodeStatus.slow_disks:type_name -> basalt.meta.v1.SlowDisk
+	63,  // 67: basalt.meta.v1.ListDatanodesResponse.datanodes:type_name -> basalt.meta.v1.DatanodeStatus
+	16,  // 68: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
+	17,  // 69: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
+	4,   // 70: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
+	165, // 71: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	71,  // 72: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
+	72,  // 73: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
+	129, // 74: basalt.meta.v1.Volume.attrs:type_name -> basalt.meta.v1.FileAttrs
+	143, // 75: basalt.meta.v1.Volume.acls:type_name -> basalt.meta.v1.Acl
+	129, // 76: basalt.meta.v1.CreateVolumeRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	75,  // 77: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
+	5,   // 78: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 79: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
+	129, // 80: basalt.meta.v1.Bucket.attrs:type_name -> basalt.meta.v1.FileAttrs
+	143, // 81: basalt.meta.v1.Bucket.acls:type_name -> basalt.meta.v1.Acl
+	151, // 82: basalt.meta.v1.Bucket.public_access_block:type_name -> basalt.meta.v1.PublicAccessBlock
+	5,   // 83: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
+	0,   // 84: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
+	129, // 85: basalt.meta.v1.CreateBucketRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	143, // 86: basalt.meta.v1.CreateBucketRequest.acls:type_name -> basalt.meta.v1.Acl
+	151, // 87: basalt.meta.v1.CreateBucketRequest.public_access_block:type_name -> basalt.meta.v1.PublicAccessBlock
+	82,  // 88: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
+	19,  // 89: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
+	0,   // 90: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 91: basalt.meta.v1.KeyInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	89,  // 92: basalt.meta.v1.KeyInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	20,  // 93: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
+	91,  // 94: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
+	129, // 95: basalt.meta.v1.KeyInfo.attrs:type_name -> basalt.meta.v1.FileAttrs
+	143, // 96: basalt.meta.v1.KeyInfo.acls:type_name -> basalt.meta.v1.Acl
+	166, // 97: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	167, // 98: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	168, // 99: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	143, // 100: basalt.meta.v1.ObjectMeta.upload_acls:type_name -> basalt.meta.v1.Acl
+	0,   // 101: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 102: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	21,  // 103: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	20,  // 104: basalt.meta.v1.OpenKeyResponse.blocks:type_name -> basalt.meta.v1.BlockLocation
+	21,  // 105: basalt.meta.v1.AllocateBlockRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	20,  // 106: basalt.meta.v1.AllocateBlockResponse.block:type_name -> basalt.meta.v1.BlockLocation
+	89,  // 107: basalt.meta.v1.CommitKeyRequest.blocks:type_name -> basalt.meta.v1.KeyBlock
+	91,  // 108: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	97,  // 109: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	128, // 110: basalt.meta.v1.CommitKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	143, // 111: basalt.meta.v1.CommitKeyRequest.acls:type_name -> basalt.meta.v1.Acl
+	90,  // 112: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
+	90,  // 113: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
+	129, // 114: basalt.meta.v1.FileStatus.attrs:type_name -> basalt.meta.v1.FileAttrs
+	129, // 115: basalt.meta.v1.CreateDirectoryRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	105, // 116: basalt.meta.v1.ListStatusResponse.entries:type_name -> basalt.meta.v1.FileStatus
+	91,  // 117: basalt.meta.v1.SetKeyMetaRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	91,  // 118: basalt.meta.v1.CopyKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	97,  // 119: basalt.meta.v1.CopyKeyRequest.part:type_name -> basalt.meta.v1.PartRef
+	128, // 120: basalt.meta.v1.CopyKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	91,  // 121: basalt.meta.v1.MultipartUpload.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 122: basalt.meta.v1.MultipartUpload.replication:type_name -> basalt.meta.v1.Replication
+	91,  // 123: basalt.meta.v1.CreateMultipartUploadRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
+	0,   // 124: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
+	114, // 125: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
+	128, // 126: basalt.meta.v1.CompleteMultipartUploadRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
+	143, // 127: basalt.meta.v1.CompleteMultipartUploadRequest.acls:type_name -> basalt.meta.v1.Acl
+	89,  // 128: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
+	6,   // 129: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	112, // 130: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
+	118, // 131: basalt.meta.v1.ListPartsResponse.parts:type_name -> basalt.meta.v1.PartInfo
+	112, // 132: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
+	129, // 133: basalt.meta.v1.SetFileAttrsRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
+	129, // 134: basalt.meta.v1.SetFileAttrsResponse.attrs:type_name -> basalt.meta.v1.FileAttrs
+	133, // 135: basalt.meta.v1.ListCachePoolsResponse.pools:type_name -> basalt.meta.v1.CachePool
+	134, // 136: basalt.meta.v1.ListCacheDirectivesResponse.directives:type_name -> basalt.meta.v1.CacheDirective
+	8,   // 137: basalt.meta.v1.Acl.type:type_name -> basalt.meta.v1.AclType
+	144, // 138: basalt.meta.v1.GetAclRequest.ref:type_name -> basalt.meta.v1.ObjectRef
+	144, // 139: basalt.meta.v1.SetAclRequest.ref:type_name -> basalt.meta.v1.ObjectRef
+	10,  // 140: basalt.meta.v1.SetAclRequest.op:type_name -> basalt.meta.v1.AclOp
+	143, // 141: basalt.meta.v1.SetAclRequest.acls:type_name -> basalt.meta.v1.Acl
+	143, // 142: basalt.meta.v1.AclList.acls:type_name -> basalt.meta.v1.Acl
+	151, // 143: basalt.meta.v1.PublicAccessBlockConfig.config:type_name -> basalt.meta.v1.PublicAccessBlock
+	98,  // 144: basalt.meta.v1.LookupKeysRequest.requests:type_name -> basalt.meta.v1.LookupKeyRequest
+	90,  // 145: basalt.meta.v1.LookupKeyResult.key:type_name -> basalt.meta.v1.KeyInfo
+	154, // 146: basalt.meta.v1.LookupKeysResponse.results:type_name -> basalt.meta.v1.LookupKeyResult
+	92,  // 147: basalt.meta.v1.OpenKeysRequest.requests:type_name -> basalt.meta.v1.OpenKeyRequest
+	93,  // 148: basalt.meta.v1.OpenKeyResult.open:type_name -> basalt.meta.v1.OpenKeyResponse
+	157, // 149: basalt.meta.v1.OpenKeysResponse.results:type_name -> basalt.meta.v1.OpenKeyResult
+	96,  // 150: basalt.meta.v1.CommitKeysRequest.requests:type_name -> basalt.meta.v1.CommitKeyRequest
+	90,  // 151: basalt.meta.v1.CommitKeyResult.key:type_name -> basalt.meta.v1.KeyInfo
+	160, // 152: basalt.meta.v1.CommitKeysResponse.results:type_name -> basalt.meta.v1.CommitKeyResult
+	0,   // 153: basalt.meta.v1.ReserveBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 154: basalt.meta.v1.ReserveBlocksRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	21,  // 155: basalt.meta.v1.ReserveBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	20,  // 156: basalt.meta.v1.ReservedBlock.block:type_name -> basalt.meta.v1.BlockLocation
+	163, // 157: basalt.meta.v1.ReserveBlocksResponse.blocks:type_name -> basalt.meta.v1.ReservedBlock
+	31,  // 158: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	33,  // 159: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	49,  // 160: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	51,  // 161: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	59,  // 162: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	54,  // 163: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	56,  // 164: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	62,  // 165: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	65,  // 166: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	67,  // 167: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	69,  // 168: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	70,  // 169: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
+	25,  // 170: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
+	27,  // 171: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
+	133, // 172: basalt.meta.v1.Scm.AddCachePool:input_type -> basalt.meta.v1.CachePool
+	133, // 173: basalt.meta.v1.Scm.ModifyCachePool:input_type -> basalt.meta.v1.CachePool
+	135, // 174: basalt.meta.v1.Scm.RemoveCachePool:input_type -> basalt.meta.v1.RemoveCachePoolRequest
+	137, // 175: basalt.meta.v1.Scm.ListCachePools:input_type -> basalt.meta.v1.ListCachePoolsRequest
+	134, // 176: basalt.meta.v1.Scm.AddCacheDirective:input_type -> basalt.meta.v1.CacheDirective
+	134, // 177: basalt.meta.v1.Scm.ModifyCacheDirective:input_type -> basalt.meta.v1.CacheDirective
+	139, // 178: basalt.meta.v1.Scm.RemoveCacheDirective:input_type -> basalt.meta.v1.RemoveCacheDirectiveRequest
+	141, // 179: basalt.meta.v1.Scm.ListCacheDirectives:input_type -> basalt.meta.v1.ListCacheDirectivesRequest
+	22,  // 180: basalt.meta.v1.Scm.RecoverContainer:input_type -> basalt.meta.v1.RecoverContainerRequest
+	76,  // 181: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	77,  // 182: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	78,  // 183: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	80,  // 184: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	83,  // 185: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	84,  // 186: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	85,  // 187: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	87,  // 188: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	92,  // 189: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	94,  // 190: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	96,  // 191: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	98,  // 192: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	99,  // 193: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	101, // 194: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	103, // 195: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	106, // 196: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	107, // 197: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	108, // 198: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	110, // 199: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	111, // 200: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	113, // 201: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	115, // 202: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	116, // 203: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	119, // 204: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	121, // 205: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	124, // 206: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	125, // 207: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	126, // 208: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	130, // 209: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
+	145, // 210: basalt.meta.v1.Namespace.GetAcl:input_type -> basalt.meta.v1.GetAclRequest
+	146, // 211: basalt.meta.v1.Namespace.SetAcl:input_type -> basalt.meta.v1.SetAclRequest
+	148, // 212: basalt.meta.v1.Namespace.GetBucketPolicy:input_type -> basalt.meta.v1.BucketRef
+	149, // 213: basalt.meta.v1.Namespace.SetBucketPolicy:input_type -> basalt.meta.v1.BucketPolicy
+	148, // 214: basalt.meta.v1.Namespace.GetBucketPolicyStatus:input_type -> basalt.meta.v1.BucketRef
+	148, // 215: basalt.meta.v1.Namespace.GetPublicAccessBlock:input_type -> basalt.meta.v1.BucketRef
+	152, // 216: basalt.meta.v1.Namespace.SetPublicAccessBlock:input_type -> basalt.meta.v1.PublicAccessBlockConfig
+	153, // 217: basalt.meta.v1.Namespace.LookupKeys:input_type -> basalt.meta.v1.LookupKeysRequest
+	156, // 218: basalt.meta.v1.Namespace.OpenKeys:input_type -> basalt.meta.v1.OpenKeysRequest
+	159, // 219: basalt.meta.v1.Namespace.CommitKeys:input_type -> basalt.meta.v1.CommitKeysRequest
+	162, // 220: basalt.meta.v1.Namespace.ReserveBlocks:input_type -> basalt.meta.v1.ReserveBlocksRequest
+	32,  // 221: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	38,  // 222: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	50,  // 223: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	53,  // 224: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	60,  // 225: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	55,  // 226: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	58,  // 227: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	64,  // 228: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	66,  // 229: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	68,  // 230: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	74,  // 231: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	73,  // 232: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
+	26,  // 233: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
+	30,  // 234: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
+	133, // 235: basalt.meta.v1.Scm.AddCachePool:output_type -> basalt.meta.v1.CachePool
+	133, // 236: basalt.meta.v1.Scm.ModifyCachePool:output_type -> basalt.meta.v1.CachePool
+	136, // 237: basalt.meta.v1.Scm.RemoveCachePool:output_type -> basalt.meta.v1.RemoveCachePoolResponse
+	138, // 238: basalt.meta.v1.Scm.ListCachePools:output_type -> basalt.meta.v1.ListCachePoolsResponse
+	134, // 239: basalt.meta.v1.Scm.AddCacheDirective:output_type -> basalt.meta.v1.CacheDirective
+	134, // 240: basalt.meta.v1.Scm.ModifyCacheDirective:output_type -> basalt.meta.v1.CacheDirective
+	140, // 241: basalt.meta.v1.Scm.RemoveCacheDirective:output_type -> basalt.meta.v1.RemoveCacheDirectiveResponse
+	142, // 242: basalt.meta.v1.Scm.ListCacheDirectives:output_type -> basalt.meta.v1.ListCacheDirectivesResponse
+	24,  // 243: basalt.meta.v1.Scm.RecoverContainer:output_type -> basalt.meta.v1.RecoverContainerResponse
+	75,  // 244: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	75,  // 245: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	79,  // 246: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	81,  // 247: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	82,  // 248: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	82,  // 249: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	86,  // 250: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	88,  // 251: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	93,  // 252: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	95,  // 253: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	90,  // 254: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	90,  // 255: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	100, // 256: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	102, // 257: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	104, // 258: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	105, // 259: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	105, // 260: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	109, // 261: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	90,  // 262: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	90,  // 263: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	112, // 264: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	90,  // 265: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	117, // 266: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	120, // 267: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	122, // 268: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	123, // 269: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	123, // 270: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	127, // 271: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	131, // 272: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
+	147, // 273: basalt.meta.v1.Namespace.GetAcl:output_type -> basalt.meta.v1.AclList
+	147, // 274: basalt.meta.v1.Namespace.SetAcl:output_type -> basalt.meta.v1.AclList
+	149, // 275: basalt.meta.v1.Namespace.GetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
+	149, // 276: basalt.meta.v1.Namespace.SetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
+	150, // 277: basalt.meta.v1.Namespace.GetBucketPolicyStatus:output_type -> basalt.meta.v1.BucketPolicyStatus
+	152, // 278: basalt.meta.v1.Namespace.GetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
+	152, // 279: basalt.meta.v1.Namespace.SetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
+	155, // 280: basalt.meta.v1.Namespace.LookupKeys:output_type -> basalt.meta.v1.LookupKeysResponse
+	158, // 281: basalt.meta.v1.Namespace.OpenKeys:output_type -> basalt.meta.v1.OpenKeysResponse
+	161, // 282: basalt.meta.v1.Namespace.CommitKeys:output_type -> basalt.meta.v1.CommitKeysResponse
+	164, // 283: basalt.meta.v1.Namespace.ReserveBlocks:output_type -> basalt.meta.v1.ReserveBlocksResponse
+	221, // [221:284] is the sub-list for method output_type
+	158, // [158:221] is the sub-list for method input_type
+	158, // [158:158] is the sub-list for extension type_name
+	158, // [158:158] is the sub-list for extension extendee
+	0,   // [0:158] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -12468,7 +12609,7 @@ func file_meta_meta_proto_init() {
 	if File_meta_meta_proto != nil {
 		return
 	}
-	file_meta_meta_proto_msgTypes[27].OneofWrappers = []any{
+	file_meta_meta_proto_msgTypes[28].OneofWrappers = []any{
 		(*DatanodeCommand_CreatePipeline)(nil),
 		(*DatanodeCommand_ClosePipeline)(nil),
 		(*DatanodeCommand_CloseContainer)(nil),
@@ -12479,14 +12620,14 @@ func file_meta_meta_proto_init() {
 		(*DatanodeCommand_CacheBlocks)(nil),
 		(*DatanodeCommand_UncacheBlocks)(nil),
 	}
-	file_meta_meta_proto_msgTypes[117].OneofWrappers = []any{}
+	file_meta_meta_proto_msgTypes[118].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   157,
+			NumMessages:   158,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -30,7 +30,7 @@ func (e *env) alloc(t *testing.T, repl metapb.Replication) *metapb.BlockLocation
 	return r.Blocks[0]
 }
 
-func (e *env) report(t *testing.T, dn uint64, reps ...*metapb.ContainerReport) *metapb.HeartbeatResponse {
+func (e *env) report(t testing.TB, dn uint64, reps ...*metapb.ContainerReport) *metapb.HeartbeatResponse {
 	t.Helper()
 	r, err := e.m.Heartbeat(e.ctx, &metapb.HeartbeatRequest{DatanodeId: dn, FullReport: true, Containers: reps})
 	if err != nil {

@@ -822,8 +822,8 @@ func (m *Manager) Tick(ctx context.Context) error {
 			return err
 		}
 	}
-	for id, used := range reports {
-		if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ContainerClosed{ContainerClosed: &metapb.ContainerClosedOp{ContainerId: id, UsedBytes: used}}}); err != nil {
+	for id, cr := range reports {
+		if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ContainerClosed{ContainerClosed: &metapb.ContainerClosedOp{ContainerId: id, UsedBytes: cr.used, Bcsid: cr.bcsid}}}); err != nil {
 			return err
 		}
 	}
@@ -892,12 +892,18 @@ func (m *Manager) unhealthyBatch() []*metapb.UnhealthyReplica {
 // datanode creates a container on the first one) or lost it, and no write
 // can reach it any more; the replication manager repairs it if the
 // container holds data. A container no replica ever got closes empty.
-// Callers hold m.mu.
-func (m *Manager) closedReports() map[uint64]uint64 {
-	out := map[uint64]uint64{}
+// The LOWEST BCSID the healthy closed replicas report goes in the op: the
+// container's BCSID floor (Container.bcsid_floor). A write is acknowledged
+// only once every pipeline member applied it (WaitAll), so a healthy
+// member's BCSID bounds every acknowledged write from above: what one
+// replica holds above the lowest healthy one was never acknowledged, and a
+// floor above a healthy replica the container keeps would strand it
+// (missing, with no copy source). Callers hold m.mu.
+func (m *Manager) closedReports() map[uint64]closedReport {
+	out := map[uint64]closedReport{}
 	for _, c := range m.st.ClosingContainers() {
-		ok, any := true, false
-		var used uint64
+		ok, any, seen := true, false, false
+		var used, bcsid uint64
 		p := m.st.Pipeline(c.PipelineId)
 		for _, r := range c.Replicas {
 			n := m.nodes[r]
@@ -915,13 +921,20 @@ func (m *Manager) closedReports() map[uint64]uint64 {
 			}
 			any = true
 			used = max(used, rep.UsedBytes)
+			if !seen || rep.Bcsid < bcsid {
+				bcsid, seen = rep.Bcsid, true
+			}
 		}
 		if ok && any {
-			out[c.Id] = used
+			out[c.Id] = closedReport{used: used, bcsid: bcsid}
 		}
 	}
 	return out
 }
+
+// closedReport: what the closed replicas of a CLOSING container report
+// (closedReports).
+type closedReport struct{ used, bcsid uint64 }
 
 // purgeDeleteTxs purges the delete transactions no replica owes any more.
 // Each round looks at maxDeleteScan transactions from a cursor that walks

@@ -37,6 +37,16 @@ import (
 //     that stopped earlier (a bug that hit it alone, or a write it lacks)
 //     may miss blocks a later entry committed and acknowledged on
 //     another, so it stays recorded unhealthy ("stale") and is replaced;
+//   - nor below the container's BCSID floor (Container.bcsid_floor: set
+//     at close to the lowest BCSID its healthy closed replicas reported,
+//     raised by a drop at most to the highest healthy replica it keeps,
+//     and to the dropped replica's own BCSID only when it keeps no healthy
+//     one: the recover case), which the BCSIDs reported now cannot show:
+//     a dropped replica may have held acknowledged writes the recovered
+//     ones lack. The status says which replica set the
+//     floor and when; only --accept-dropped-replicas (logged at ERROR,
+//     recorded in the ReplicaRecoveredOp, which lowers the floor to the
+//     recovered BCSID) counts a replica below it;
 //   - the existing paths do the rest: closedReports closes a CLOSING
 //     container once its counted replicas report CLOSED, the replication
 //     manager copies it back to its factor from the recovered replicas
@@ -53,6 +63,10 @@ type recovery struct {
 	// acceptMissing: the operator accepted losing what replicas no longer
 	// listed by their live datanodes held (--accept-missing-replicas).
 	acceptMissing bool
+	// acceptedFloor: the container's BCSID floor the operator saw and
+	// accepted counting below (--accept-dropped-replicas=FLOOR; 0: none;
+	// a floor raised above it is not accepted).
+	acceptedFloor uint64
 }
 
 // recoverFailedPrefix starts the reported reason of a replica whose last
@@ -90,6 +104,13 @@ func (m *Manager) RecoverContainer(ctx context.Context, req *metapb.RecoverConta
 	}
 	r := m.recov[cid]
 	if !req.GetStatusOnly() {
+		if a, floor := req.GetAcceptDroppedFloor(), bcsidFloor(c); a != 0 && floor > a {
+			// Only a floor the operator saw: one raised since (or
+			// re-bound on a restart after a failover) is not accepted.
+			return nil, status.Errorf(codes.FailedPrecondition,
+				"container %d: --accept-dropped-replicas=%d accepts floor %d, but the container's BCSID floor is now %d (%s): look at the status again before accepting",
+				cid, a, a, floor, floorText(c))
+		}
 		if r == nil {
 			if err := m.recoverableLocked(c); err != nil {
 				return nil, err
@@ -103,6 +124,17 @@ func (m *Manager) RecoverContainer(ctx context.Context, req *metapb.RecoverConta
 		r.acceptMissing = req.GetAcceptMissingReplicas()
 		if r.acceptMissing {
 			m.log.Warn("scm: container recovery ACCEPTS LOSING what replicas its live datanodes no longer list held (--accept-missing-replicas)", "container", cid, "replicas", c.Replicas)
+		}
+		r.acceptedFloor = req.GetAcceptDroppedFloor()
+		if r.acceptedFloor != 0 {
+			f := c.GetBcsidFloor()
+			if newest, _, _ := m.newestAnyLocked(c); newest < f.GetBcsid() {
+				m.log.Error("scm: container recovery ACCEPTS LOSING BCSIDs above the newest reported up to the container's BCSID floor: recovered replicas below it may be counted (--accept-dropped-replicas)",
+					"container", cid, "accepted_floor", r.acceptedFloor, "floor", f.GetBcsid(), "newest", newest, "floor_datanode", f.GetDatanodeId(), "floor_set", floorTime(f), "floor_reason", f.GetReason())
+			} else {
+				m.log.Info("scm: container recovery may accept its BCSID floor (--accept-dropped-replicas); nothing below it is reported now, so nothing is accepted yet",
+					"container", cid, "accepted_floor", r.acceptedFloor, "floor", f.GetBcsid(), "newest", newest)
+			}
 		}
 		for _, dn := range c.Replicas {
 			if n := m.nodes[dn]; n != nil {
@@ -126,6 +158,13 @@ func (m *Manager) recoverableLocked(c *metapb.Container) error {
 		case ReplicaUnhealthy:
 			unhealthy = append(unhealthy, dn)
 		case ReplicaDead, ReplicaMissing:
+		case ReplicaLagging:
+			// Below the newest: repaired from it. Below the floor: no
+			// source for anything (replication.go), so it is no reason
+			// to refuse.
+			if rep := m.nodes[dn].containers[c.Id]; rep == nil || rep.Bcsid >= bcsidFloor(c) {
+				counts = append(counts, dn)
+			}
 		default:
 			counts = append(counts, dn)
 		}
@@ -164,22 +203,65 @@ func (m *Manager) newestAnyLocked(c *metapb.Container) (newest uint64, all bool,
 	return newest, all, missing
 }
 
+// floorTime is when f was set (RFC 3339 UTC; "" for no floor).
+func floorTime(f *metapb.BcsidFloor) string {
+	if f.GetUnixMs() == 0 {
+		return ""
+	}
+	return time.UnixMilli(f.GetUnixMs()).UTC().Format(time.RFC3339)
+}
+
+// floorText says what set c's BCSID floor, for statuses and reasons.
+func floorText(c *metapb.Container) string {
+	f := c.GetBcsidFloor()
+	if f.GetDatanodeId() != 0 {
+		return fmt.Sprintf("set to BCSID %d when the replica on datanode %d was dropped from the container at %s (%s)", f.GetBcsid(), f.GetDatanodeId(), floorTime(f), f.GetReason())
+	}
+	return fmt.Sprintf("SCM recorded BCSID %d for the container at %s (%s)", f.GetBcsid(), floorTime(f), f.GetReason())
+}
+
+// bringBackText is the first thing to try for c below its floor: bring
+// back the datanode whose dropped replica set it ("" when the close set
+// it).
+func bringBackText(c *metapb.Container) string {
+	if dn := c.GetBcsidFloor().GetDatanodeId(); dn != 0 {
+		return fmt.Sprintf("bring datanode %d back (a copy it reports at or above the floor is adopted), ", dn)
+	}
+	return ""
+}
+
+// belowFloorAccepted: whether r accepts counting c below its floor (asked
+// with --accept-dropped-replicas while the floor was what it is now).
+func belowFloorAccepted(c *metapb.Container, r *recovery) bool {
+	return r != nil && r.acceptedFloor != 0 && r.acceptedFloor >= bcsidFloor(c)
+}
+
 // countableLocked: whether recovered replicas of c may be counted now (all
-// replicas' datanodes reported, and no replica missing unless the
-// operator accepted the loss), and the op reason recording an accepted
-// loss. Callers hold m.mu.
-func (m *Manager) countableLocked(c *metapb.Container, r *recovery) (newest uint64, ok bool, reason string) {
+// replicas' datanodes reported, no replica missing unless the operator
+// accepted the loss, the newest reported BCSID at or above the container's
+// floor unless the operator accepted the loss), the BCSID a recovered
+// replica needs, the op reason recording an accepted loss, and the floor
+// accepted (ReplicaRecoveredOp.accepted_floor). Callers hold m.mu.
+func (m *Manager) countableLocked(c *metapb.Container, r *recovery) (need uint64, ok bool, reason string, acceptedFloor uint64) {
 	newest, all, missing := m.newestAnyLocked(c)
 	if !all {
-		return newest, false, ""
+		return newest, false, "", 0
 	}
+	var why []string
 	if len(missing) > 0 {
 		if r == nil || !r.acceptMissing {
-			return newest, false, ""
+			return newest, false, "", 0
 		}
-		reason = fmt.Sprintf("operator accepted losing what replicas on datanodes %v held (no longer listed by their live datanodes; --accept-missing-replicas): newest BCSID among the rest %d", missing, newest)
+		why = append(why, fmt.Sprintf("operator accepted losing what replicas on datanodes %v held (no longer listed by their live datanodes; --accept-missing-replicas): newest BCSID among the rest %d", missing, newest))
 	}
-	return newest, true, reason
+	if floor := bcsidFloor(c); newest < floor {
+		if !belowFloorAccepted(c, r) {
+			return newest, false, "", 0
+		}
+		acceptedFloor = floor
+		why = append(why, fmt.Sprintf("operator accepted losing BCSIDs %d to %d (--accept-dropped-replicas): %s", newest+1, floor, floorText(c)))
+	}
+	return newest, true, strings.Join(why, "; "), acceptedFloor
 }
 
 // recoverCommandsLocked adds the RecoverContainerCommands datanode dn
@@ -228,19 +310,41 @@ func (m *Manager) recoverRound(ctx context.Context) error {
 			delete(m.recov, cid)
 			continue
 		}
-		newest, ok, reason := m.countableLocked(c, r)
+		newest, ok, reason, accepted := m.countableLocked(c, r)
 		if !ok {
 			continue
 		}
 		for _, dn := range c.UnhealthyReplicas {
 			if rep := m.nodes[dn].containers[cid]; rep != nil && rep.State == metapb.ContainerState_CONTAINER_CLOSED && rep.Bcsid >= newest {
-				ops = append(ops, &metapb.ReplicaRecoveredOp{ContainerId: cid, DatanodeId: dn, Bcsid: rep.Bcsid, Reason: reason})
+				op := &metapb.ReplicaRecoveredOp{ContainerId: cid, DatanodeId: dn, Bcsid: rep.Bcsid, Reason: reason}
+				if rep.Bcsid < accepted {
+					op.AcceptedFloor = accepted
+				}
+				ops = append(ops, op)
 			}
 		}
 	}
 	m.mu.Unlock()
 	for _, op := range ops {
+		// The floor check is the leader's (Apply refuses nothing on its
+		// account: recover_state.go): re-read the committed floor just
+		// before proposing, so only a floor raised between this check
+		// and the apply slips through (then the replica stays below the
+		// floor, lagging: never a source, never counted).
+		m.mu.Lock()
+		floor := bcsidFloor(m.st.Container(op.ContainerId))
+		m.mu.Unlock()
+		if op.Bcsid < floor && op.AcceptedFloor < floor {
+			m.log.Warn("scm: replica recovered: not proposed, the container's BCSID floor rose", "container", op.ContainerId, "datanode", op.DatanodeId, "bcsid", op.Bcsid, "floor", floor, "accepted_floor", op.AcceptedFloor)
+			continue
+		}
 		res, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaRecovered{ReplicaRecovered: op}})
+		if status.Code(err) == codes.FailedPrecondition {
+			// Apply refused it (the container moved on): the next
+			// round decides again.
+			m.log.Warn("scm: replica recovered: refused", "container", op.ContainerId, "datanode", op.DatanodeId, "err", err)
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -267,8 +371,16 @@ func (m *Manager) recoverRound(ctx context.Context) error {
 func (m *Manager) recoverProgressLocked(c *metapb.Container, r *recovery) *metapb.RecoverContainerResponse {
 	newest, all, missing := m.newestAnyLocked(c)
 	resp := &metapb.RecoverContainerResponse{Container: proto.Clone(c).(*metapb.Container), Running: r != nil, NewestBcsid: newest,
-		AcceptMissingReplicas: r != nil && r.acceptMissing}
+		AcceptMissingReplicas: r != nil && r.acceptMissing, }
+	if r != nil {
+		resp.AcceptedDroppedFloor = r.acceptedFloor
+	}
+	if f := c.GetBcsidFloor(); f != nil {
+		resp.BcsidFloor = proto.Clone(f).(*metapb.BcsidFloor)
+	}
 	blocked := len(missing) > 0 && !resp.AcceptMissingReplicas
+	floor := bcsidFloor(c)
+	belowFloor := newest < floor && !belowFloorAccepted(c, r)
 	done := c.State == metapb.ContainerState_CONTAINER_CLOSED
 	counted := 0
 	for _, dn := range c.Replicas {
@@ -333,6 +445,10 @@ func (m *Manager) recoverProgressLocked(c *metapb.Container, r *recovery) *metap
 		case rep.State == metapb.ContainerState_CONTAINER_CLOSED && blocked:
 			ri.Status = "blocked"
 			ri.Reason = fmt.Sprintf("recovered, not counted: the live datanodes %v no longer list their replicas, which may have held newer blocks; bring them back, or run again with --accept-missing-replicas to accept losing what only they held", missing)
+			done = false
+		case rep.State == metapb.ContainerState_CONTAINER_CLOSED && belowFloor:
+			ri.Status = "blocked"
+			ri.Reason = fmt.Sprintf("recovered, not counted: BCSID %d is below the container's floor %d: %s; it may lack acknowledged blocks; %sor run again with --accept-dropped-replicas=%d to accept losing BCSIDs %d to %d", rep.Bcsid, floor, floorText(c), bringBackText(c), floor, newest+1, floor)
 			done = false
 		case rep.State == metapb.ContainerState_CONTAINER_CLOSED:
 			ri.Status = "recovered"

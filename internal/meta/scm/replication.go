@@ -327,7 +327,10 @@ func (m *Manager) replicaStatusLocked(c *metapb.Container, dn uint64) ReplicaSta
 		return ReplicaMissing
 	case rep.State == metapb.ContainerState_CONTAINER_UNHEALTHY:
 		return ReplicaUnhealthy
-	case c.State == metapb.ContainerState_CONTAINER_CLOSED && rep.State == metapb.ContainerState_CONTAINER_CLOSED && rep.Bcsid < m.newestLocked(c):
+	case c.State == metapb.ContainerState_CONTAINER_CLOSED && rep.State == metapb.ContainerState_CONTAINER_CLOSED && rep.Bcsid < max(m.newestLocked(c), bcsidFloor(c)):
+		// Below the newest live replica, or below what a replica dropped
+		// since (or the close) is recorded to have held: it lacks
+		// committed writes.
 		return ReplicaLagging
 	}
 	return offline()
@@ -382,6 +385,79 @@ func (m *Manager) newestLocked(c *metapb.Container) uint64 {
 		}
 	}
 	return newest
+}
+
+// bcsidFloor is the BCSID below which SCM's replicated state says a
+// replica of c lacks acknowledged writes (Container.bcsid_floor: the
+// close's lowest healthy BCSID, a drop's capped one, dropBcsidsLocked): no replica below it counts or is a copy source.
+func bcsidFloor(c *metapb.Container) uint64 { return c.GetBcsidFloor().GetBcsid() }
+
+// dropBcsidsLocked is, for each of drop, the BCSID the ReplicasRemovedOp
+// that drops it carries (Apply raises Container.bcsid_floor to the highest
+// of those really dropped): the BCSID its datanode last reported for c (0
+// if not known to this leader: never reported, or not since it became
+// leader), capped at the highest BCSID among the healthy replicas the op
+// keeps. Invariant: a drop never makes a replica it keeps lagging. A write
+// is acknowledged only once every pipeline member applied it (WaitAll),
+// so whatever a dropped replica held above a healthy kept one was never
+// acknowledged. Healthy kept: not dropped, not recorded unhealthy, not
+// pending as unhealthy, and not reporting UNHEALTHY; one with no report
+// known to this leader counts with BCSID 0 (the floor is not raised on
+// its account: never above a replica whose BCSID is unknown). Only when
+// the op keeps no healthy replica (all recorded or reporting UNHEALTHY:
+// the recover case) does the dropped replica's own BCSID travel. The
+// proposer computes the value; Apply reads only the op. Callers hold
+// m.mu.
+func (m *Manager) dropBcsidsLocked(c *metapb.Container, drop []uint64) []uint64 {
+	var keptMax uint64
+	healthyKept := false
+	for _, r := range c.Replicas {
+		if slices.Contains(drop, r) || slices.Contains(c.UnhealthyReplicas, r) || m.unhealthy[c.Id][r] != "" {
+			continue
+		}
+		var rep *metapb.ContainerReport
+		if n := m.nodes[r]; n != nil {
+			rep = n.containers[c.Id]
+		}
+		if rep != nil && rep.State == metapb.ContainerState_CONTAINER_UNHEALTHY {
+			continue
+		}
+		healthyKept = true
+		if rep != nil && rep.State == metapb.ContainerState_CONTAINER_CLOSED {
+			keptMax = max(keptMax, rep.Bcsid)
+		}
+	}
+	out := make([]uint64, len(drop))
+	for i, dn := range drop {
+		if n := m.nodes[dn]; n != nil {
+			if rep := n.containers[c.Id]; rep != nil {
+				out[i] = rep.Bcsid
+			}
+		}
+		if healthyKept {
+			out[i] = min(out[i], keptMax)
+		}
+	}
+	return out
+}
+
+// adoptableLocked is the first of extra (datanodes in service, live,
+// reporting a CLOSED copy of c in a full report) that is not a replica of
+// c and whose copy is at or above both the newest live replica and the
+// floor; a stale copy (an old replica come back) is no source of truth.
+// Callers hold m.mu.
+func (m *Manager) adoptableLocked(c *metapb.Container, extra []uint64) (uint64, bool) {
+	newest := max(m.newestLocked(c), bcsidFloor(c))
+	for _, dn := range extra {
+		if slices.Contains(c.Replicas, dn) {
+			continue
+		}
+		if rep := m.nodes[dn].containers[c.Id]; rep == nil || rep.Bcsid < newest {
+			continue
+		}
+		return dn, true
+	}
+	return 0, false
 }
 
 // replOp is one replica-set change a round decided on.
@@ -613,6 +689,18 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 				rs.alarmed[c.Id] = true
 				newlyMissing = append(newlyMissing, c.Id)
 			}
+			// A verified CLOSED copy at or above the floor on a datanode
+			// that is not a replica (the dropped replica's datanode come
+			// back) holds everything acknowledged: adopt it, and the
+			// container heals without anyone accepting a loss. Only with
+			// a floor set: without one, nothing bounds what the dead or
+			// missing replicas held.
+			if bcsidFloor(c) > 0 && len(ops) < maxReplicationOps {
+				if dn, ok := m.adoptableLocked(c, extra[c.Id]); ok {
+					ops = append(ops, replOp{what: fmt.Sprintf("replica on datanode %d recorded (at or above the floor of a missing container)", dn), cid: c.Id, dn: dn,
+						cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaAdded{ReplicaAdded: &metapb.ReplicaAddedOp{ContainerId: c.Id, DatanodeId: dn}}}})
+				}
+			}
 			continue
 		}
 		if len(ops) >= maxReplicationOps {
@@ -629,21 +717,9 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			continue
 		}
 		if len(cl.Healthy) < cl.Need {
-			newest := m.newestLocked(c)
-			added := false
-			for _, dn := range extra[c.Id] {
-				if slices.Contains(c.Replicas, dn) {
-					continue
-				}
-				if rep := m.nodes[dn].containers[c.Id]; rep.Bcsid < newest {
-					continue // a stale copy (an old replica come back): not a source of truth
-				}
+			if dn, ok := m.adoptableLocked(c, extra[c.Id]); ok {
 				ops = append(ops, replOp{what: fmt.Sprintf("replica on datanode %d recorded", dn), cid: c.Id, dn: dn,
 					cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicaAdded{ReplicaAdded: &metapb.ReplicaAddedOp{ContainerId: c.Id, DatanodeId: dn}}}})
-				added = true
-				break
-			}
-			if added {
 				continue
 			}
 			unders = append(unders, under{c: c, cl: cl})
@@ -666,7 +742,7 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		}
 		if drop := slices.Concat(cl.Bad, cl.Decom); len(drop) > 0 {
 			ops = append(ops, replOp{what: fmt.Sprintf("replicas %v dropped (replaced)", drop), cid: c.Id,
-				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: drop, Reason: "replaced by healthy replicas"}}}})
+				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: drop, Reason: "replaced by healthy replicas", Bcsids: m.dropBcsidsLocked(c, drop)}}}})
 			continue
 		}
 		if len(cl.Healthy) > cl.Want {
@@ -675,7 +751,7 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 			}
 			victim := extraReplica(verified, racks)
 			ops = append(ops, replOp{what: fmt.Sprintf("replica on datanode %d dropped (over-replicated)", victim), cid: c.Id,
-				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: []uint64{victim}, Reason: "over-replicated"}}}})
+				cmd: &metapb.ScmCommand{Op: &metapb.ScmCommand_ReplicasRemoved{ReplicasRemoved: &metapb.ReplicasRemovedOp{ContainerId: c.Id, DatanodeIds: []uint64{victim}, Reason: "over-replicated", Bcsids: m.dropBcsidsLocked(c, []uint64{victim})}}}})
 		}
 	}
 	for cid := range rs.alarmed {
@@ -703,11 +779,22 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		if rs.copies[u.c.Id] != nil {
 			continue
 		}
+		// Never a source below the container's BCSID floor: with a floor
+		// set, only a replica whose datanode reported it at or above the
+		// floor (one not reported yet under this leader may be older).
+		floor := bcsidFloor(u.c)
+		belowFloor := func(n *nodeSoft) bool {
+			if floor == 0 {
+				return false
+			}
+			rep := n.containers[u.c.Id]
+			return rep == nil || rep.Bcsid < floor
+		}
 		var sources []uint64
 		var repRacks []string
 		for _, r := range u.cl.Healthy {
 			repRacks = append(repRacks, racks[r])
-			if n := m.nodes[r]; n != nil && n.state == metapb.NodeState_HEALTHY {
+			if n := m.nodes[r]; n != nil && n.state == metapb.NodeState_HEALTHY && !belowFloor(n) {
 				sources = append(sources, r)
 			}
 		}
@@ -716,7 +803,7 @@ func (m *Manager) planLocked(now time.Time) (ops []replOp, newlyMissing []uint64
 		// only copy of a ONE container).
 		var offline []uint64
 		for _, r := range slices.Concat(u.cl.Decom, u.cl.Maint) {
-			if n := m.nodes[r]; n != nil && n.state == metapb.NodeState_HEALTHY && n.containers[u.c.Id] != nil {
+			if n := m.nodes[r]; n != nil && n.state == metapb.NodeState_HEALTHY && n.containers[u.c.Id] != nil && !belowFloor(n) {
 				offline = append(offline, r)
 			}
 		}

@@ -82,7 +82,7 @@ func newEnv(t *testing.T, cfg Config) *env {
 	return &env{st: st, fr: fr, m: NewManager(cfg, st, fr), clk: clk, ctx: context.Background()}
 }
 
-func (e *env) register(t *testing.T, uuid, loc string) uint64 {
+func (e *env) register(t testing.TB, uuid, loc string) uint64 {
 	t.Helper()
 	r, err := e.m.Register(e.ctx, &metapb.RegisterDatanodeRequest{Details: &metapb.DatanodeDetails{Uuid: uuid, DataAddr: "h:1", RaftAddr: "h:2", Location: loc}})
 	if err != nil {

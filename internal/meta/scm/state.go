@@ -344,6 +344,9 @@ func (s *State) apply(b *pebble.Batch, cmd *metapb.ScmCommand) any {
 			c = proto.Clone(c).(*metapb.Container)
 			c.State = metapb.ContainerState_CONTAINER_CLOSED
 			c.UsedBytes = op.ContainerClosed.UsedBytes
+			if bc := op.ContainerClosed.Bcsid; bc > c.GetBcsidFloor().GetBcsid() {
+				c.BcsidFloor = &metapb.BcsidFloor{Bcsid: bc, UnixMs: now, Reason: "closed: the lowest BCSID its healthy closed replicas reported"}
+			}
 			s.setContainer(c)
 			s.put(b, key(pfxContainer, c.Id), c)
 		}
@@ -388,9 +391,9 @@ func (s *State) apply(b *pebble.Batch, cmd *metapb.ScmCommand) any {
 	case *metapb.ScmCommand_ReplicaAdded:
 		return s.applyReplicaAdded(b, op.ReplicaAdded)
 	case *metapb.ScmCommand_ReplicasRemoved:
-		return s.applyReplicasRemoved(b, op.ReplicasRemoved)
+		return s.applyReplicasRemoved(b, op.ReplicasRemoved, now)
 	case *metapb.ScmCommand_ReplicaRecovered:
-		return s.applyReplicaRecovered(b, op.ReplicaRecovered)
+		return s.applyReplicaRecovered(b, op.ReplicaRecovered, now)
 	case *metapb.ScmCommand_SetNodeOpState:
 		return s.applySetNodeOpState(b, op.SetNodeOpState, now)
 	case *metapb.ScmCommand_ReplicaReports:
@@ -475,14 +478,21 @@ func (s *State) applyReplicaAdded(b *pebble.Batch, op *metapb.ReplicaAddedOp) an
 // removes a replica only once enough healthy ones are recorded; Apply
 // re-checks the part it can see, that at least one replica not recorded
 // unhealthy stays, so no command can leave a container without a
-// location.
-func (s *State) applyReplicasRemoved(b *pebble.Batch, op *metapb.ReplicasRemovedOp) any {
+// location. It raises the container's BCSID floor to the highest of
+// op.bcsids among the replicas it really drops (the proposer computed
+// them, capped at the healthy replicas it keeps: dropBcsidsLocked; Apply
+// reads no soft state), so a replica below that never counts afterwards
+// (recover.go, replication.go).
+func (s *State) applyReplicasRemoved(b *pebble.Batch, op *metapb.ReplicasRemovedOp, now int64) any {
 	c := s.containers[op.ContainerId]
 	if c == nil {
 		return status.Errorf(codes.NotFound, "replicas removed: container %d not found", op.ContainerId)
 	}
 	if c.State != metapb.ContainerState_CONTAINER_CLOSED {
 		return status.Errorf(codes.FailedPrecondition, "replicas removed: container %d is %v, not CLOSED", c.Id, c.State)
+	}
+	if len(op.Bcsids) > len(op.DatanodeIds) {
+		return status.Errorf(codes.InvalidArgument, "replicas removed: %d BCSIDs for %d datanodes", len(op.Bcsids), len(op.DatanodeIds))
 	}
 	var keep, unhealthy, gone []uint64
 	good := 0
@@ -509,9 +519,16 @@ func (s *State) applyReplicasRemoved(b *pebble.Batch, op *metapb.ReplicasRemoved
 	for _, r := range gone {
 		s.dropReports(b, c.Id, r)
 	}
+	floor := c.GetBcsidFloor()
+	for i, dn := range op.DatanodeIds {
+		if i < len(op.Bcsids) && op.Bcsids[i] > floor.GetBcsid() && slices.Contains(gone, dn) {
+			floor = &metapb.BcsidFloor{Bcsid: op.Bcsids[i], DatanodeId: dn, UnixMs: now, Reason: truncReason("replica dropped: " + op.Reason)}
+		}
+	}
 	c = proto.Clone(c).(*metapb.Container)
 	c.Replicas = keep
 	c.UnhealthyReplicas = unhealthy
+	c.BcsidFloor = floor
 	s.setContainer(c)
 	s.put(b, key(pfxContainer, c.Id), c)
 	return n
