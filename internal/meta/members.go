@@ -140,6 +140,7 @@ func (s *Server) onMembersChanged() {
 	if err := s.rebuildForwarder(); err != nil {
 		s.log.Error("meta: forwarding client for the new member table", "err", err)
 	}
+	s.pokeRevocations() // a removed row: its certificates (members_revoke.go)
 }
 
 // fwd is the client to the other meta nodes, nil on a single node.
@@ -227,6 +228,7 @@ func (m *membersServer) ListMembers(ctx context.Context, _ *metapb.ListMembersRe
 	seen := map[uint64]bool{}
 	for _, mi := range s.members.Table() {
 		mi.Source = "table"
+		mi.Revoked = mi.GetRemoved() && s.identityRevoked(mi.GetId())
 		seen[mi.GetId()] = true
 		resp.Members = append(resp.Members, mi)
 	}
@@ -418,6 +420,10 @@ func (m *membersServer) RemoveMember(ctx context.Context, req *metapb.RemoveMemb
 		}
 	}
 	resp.Member.Removed = true
+	// Its certificates: revoked by the CA group's leader once the row is
+	// removed (members_revoke.go), here or on another node; reported if
+	// done within a few seconds (the reconciler finishes it otherwise).
+	resp.Member.Revoked = s.waitRevoked(ctx, id, min(s.cfg.ProposeTimeout, 5*time.Second))
 	return resp, nil
 }
 
