@@ -319,19 +319,25 @@ type Credentials struct {
 
 // revokedSet is the revoked serials and identities (SetRevoked).
 type revokedSet struct {
-	m   map[string]bool
-	ids bool // m holds identities (basalt://...), not only serials
+	m   map[string]bool   // serials, and identities in Identity.String form
+	ids map[Identity]bool // the identities (nil: none)
 }
 
 func (r *revokedSet) empty() bool { return r == nil || len(r.m) == 0 }
 
-// hasIdentity: cert names an identity in r.
+// hasIdentity: cert names a revoked identity. Any basalt URI counts (a
+// certificate with more than one is refused at the handshake anyway);
+// no allocation: RefuseRevoked runs on every RPC.
 func (r *revokedSet) hasIdentity(cert *x509.Certificate) bool {
-	if r == nil || !r.ids {
+	if r == nil || r.ids == nil {
 		return false
 	}
-	id, err := IdentityOf(cert)
-	return err == nil && r.m[id.String()]
+	for _, u := range cert.URIs {
+		if u.Scheme == scheme && r.ids[Identity{Role: Role(u.Host), ID: strings.TrimPrefix(u.Path, "/")}] {
+			return true
+		}
+	}
+	return false
 }
 
 func newCredentials(caPEM, certPEM, keyPEM []byte) (*Credentials, error) {
@@ -424,8 +430,15 @@ func (c *Credentials) SetRevoked(serials []string) {
 	r := &revokedSet{m: make(map[string]bool, len(serials))}
 	for _, s := range serials {
 		r.m[s] = true
-		if strings.HasPrefix(s, scheme+"://") {
-			r.ids = true
+		if !strings.HasPrefix(s, scheme+"://") {
+			continue
+		}
+		if id, err := ParseIdentity(s); err == nil {
+			if r.ids == nil {
+				r.ids = map[Identity]bool{}
+			}
+			r.ids[id] = true
+			r.m[id.String()] = true // what Watch records
 		}
 	}
 	c.revoked.Store(r)
@@ -433,7 +446,7 @@ func (c *Credentials) SetRevoked(serials []string) {
 	c.watchMu.Lock()
 	for serial, conns := range c.watched {
 		for conn, id := range conns {
-			if r.m[serial] || (r.ids && r.m[id]) {
+			if r.m[serial] || (r.ids != nil && id != "" && r.m[id]) {
 				doomed = append(doomed, conn)
 			}
 		}
@@ -494,6 +507,22 @@ func (c *Credentials) Watched() int {
 	n := 0
 	for _, conns := range c.watched {
 		n += len(conns)
+	}
+	return n
+}
+
+// WatchedOf is the number of connections Watch tracks now whose peer is
+// identity (Identity.String).
+func (c *Credentials) WatchedOf(identity string) int {
+	c.watchMu.Lock()
+	defer c.watchMu.Unlock()
+	n := 0
+	for _, conns := range c.watched {
+		for _, id := range conns {
+			if id == identity {
+				n++
+			}
+		}
 	}
 	return n
 }
