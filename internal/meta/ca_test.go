@@ -410,8 +410,10 @@ func TestRevokedCertificateRefusedByMeta(t *testing.T) {
 			t.Fatalf("%s refuses an unrevoked certificate: %v", a, err)
 		}
 	}
-	// The connection opened before stays open, but its calls are refused.
-	if _, err := pre.Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{}); status.Code(err) != codes.PermissionDenied {
+	// The connection opened before is closed (the gRPC server watches
+	// its connections: pki.Credentials.Watch), and a new one is refused;
+	// were it still open, its calls would be refused (RefuseRevoked).
+	if _, err := pre.Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{}); err == nil {
 		t.Fatalf("a call on a connection opened before the revocation: %v", err)
 	}
 	// The handshake itself fails: a raw TLS connection is refused.

@@ -793,10 +793,11 @@ func CheckNotWiped(ctx context.Context, creds *pki.Credentials, self uint64, pee
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	type answer struct {
-		from  uint64
-		row   *metapb.MemberInfo
-		voter string // a group that lists self as a voter
-		err   error
+		from    uint64
+		row     *metapb.MemberInfo
+		voter   string // a group that lists self as a voter
+		refused bool   // the member refused this node's certificate at the handshake
+		err     error
 	}
 	ch := make(chan answer, len(peers))
 	n := 0
@@ -818,6 +819,10 @@ func CheckNotWiped(ctx context.Context, creds *pki.Credentials, self uint64, pee
 				// A removed node's certificate is refused (auth.go).
 				a.row = &metapb.MemberInfo{Id: self, Removed: true}
 			}
+			// The TLS alert of a member that refuses the certificate: a
+			// removed node's are revoked (members_revoke.go), so its
+			// handshakes fail before any RPC could say so.
+			a.refused = err != nil && strings.Contains(err.Error(), "tls: bad certificate")
 			for _, m := range r.GetMembers() {
 				if err == nil && m.GetId() == self && m.GetSource() == "table" {
 					a.row = m
@@ -843,6 +848,8 @@ func CheckNotWiped(ctx context.Context, creds *pki.Credentials, self uint64, pee
 		switch {
 		case a.row.GetRemoved():
 			return fmt.Errorf("meta: node %d was removed from the cluster (member table of node %d): it may not run again under this ID; join a new node with a new ID (basalt meta --join, basalt admin meta add)", self, a.from)
+		case a.refused:
+			return fmt.Errorf("meta: node %d: member %d refuses this node's certificate at the TLS handshake (%v): the node was removed from the cluster (a removed node's certificates are revoked; it may not run again under this ID: join a new node with a new ID), or its certificate was revoked or is not from the cluster CA", self, a.from, a.err)
 		case a.row != nil && join:
 			return fmt.Errorf("meta: --join as node %d, but node %d's member table already has a row for it: the ID has been used (or added before this node ever started). Join under a new ID; remove this one first if it is a voter (basalt admin meta remove %d)", self, a.from, self)
 		case a.row != nil:
