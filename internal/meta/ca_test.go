@@ -357,9 +357,10 @@ func TestRenewalSwapsCertificateInPlace(t *testing.T) {
 	if _, err := credsClient(t, c.addrs(), creds).Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{}); err != nil {
 		t.Fatalf("new connection with the renewed certificate: %v", err)
 	}
-	// Only one's own identity is renewed.
+	// Only one's own identity is renewed. (A new client: the gRPC server
+	// closes the connections made with the revoked old certificate.)
 	_, csr, _ := pki.NewCSR(pki.Identity{Role: pki.RoleDatanode, ID: "someone-else"})
-	if _, err := mc.Ca.RenewCertificate(ctx, &metapb.RenewCertificateRequest{CsrDer: csr}); status.Code(err) != codes.PermissionDenied {
+	if _, err := credsClient(t, c.addrs(), creds).Ca.RenewCertificate(ctx, &metapb.RenewCertificateRequest{CsrDer: csr}); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("renewing another identity: %v", err)
 	}
 }
