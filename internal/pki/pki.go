@@ -319,8 +319,9 @@ type Credentials struct {
 
 // revokedSet is the revoked serials and identities (SetRevoked).
 type revokedSet struct {
-	m   map[string]bool   // serials, and identities in Identity.String form
-	ids map[Identity]bool // the identities (nil: none)
+	m       map[string]bool   // serials, and identities in Identity.String form
+	ids     map[Identity]bool // the identities (nil: none)
+	serials int               // entries of m that are not identities (0: no serial lookup)
 }
 
 func (r *revokedSet) empty() bool { return r == nil || len(r.m) == 0 }
@@ -431,9 +432,12 @@ func (c *Credentials) SetRevoked(serials []string) {
 	for _, s := range serials {
 		r.m[s] = true
 		if !strings.HasPrefix(s, scheme+"://") {
+			r.serials++
 			continue
 		}
-		if id, err := ParseIdentity(s); err == nil {
+		if id, err := ParseIdentity(s); err != nil {
+			r.serials++ // not an identity: looked up as a serial, as before
+		} else {
 			if r.ids == nil {
 				r.ids = map[Identity]bool{}
 			}
@@ -537,7 +541,13 @@ func (c *Credentials) IsRevoked(cert *x509.Certificate) bool {
 	if r.empty() {
 		return false
 	}
-	return r.m[SerialString(cert.SerialNumber)] || r.hasIdentity(cert)
+	// The identity first: it allocates nothing. The serial's string form
+	// allocates, so it is made only when a serial is revoked (a cluster
+	// that only removed meta nodes has identities alone).
+	if r.hasIdentity(cert) {
+		return true
+	}
+	return r.serials > 0 && r.m[SerialString(cert.SerialNumber)]
 }
 
 // IsRevokedSerial reports whether serial (SerialString form) is in the

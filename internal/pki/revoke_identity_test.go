@@ -123,3 +123,32 @@ func TestGRPCServerClosesRevokedConn(t *testing.T) {
 		gs.Stop()
 	}
 }
+
+// With identities only in the revoked set (a cluster that removed meta
+// nodes and revoked no serial), the per-RPC check allocates nothing and
+// still refuses the identity; a revoked serial is still matched.
+func TestRevokedIdentitiesOnlyNoSerialLookup(t *testing.T) {
+	ca := mustCA(t)
+	srv := mustIssue(t, ca, RoleMeta, "9")
+	m1, c1 := mustIssue(t, ca, RoleMeta, "1"), mustIssue(t, ca, RoleClient, "x")
+	ctxOf := func(c *Credentials) context.Context {
+		return peer.NewContext(context.Background(), &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{
+			PeerCertificates: []*x509.Certificate{c.Leaf()}}}})
+	}
+	srv.SetRevoked([]string{"basalt://meta/1", "basalt://meta/2"})
+	ok := ctxOf(c1)
+	if n := testing.AllocsPerRun(100, func() {
+		if err := srv.RefuseRevoked(ok, "m"); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Fatalf("RefuseRevoked with identities only: %v allocations per call, want 0", n)
+	}
+	if err := srv.RefuseRevoked(ctxOf(m1), "m"); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("revoked identity: %v", err)
+	}
+	srv.SetRevoked([]string{"basalt://meta/2", SerialString(c1.Leaf().SerialNumber)})
+	if err := srv.RefuseRevoked(ok, "m"); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("revoked serial beside an identity: %v", err)
+	}
+}
