@@ -34,6 +34,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/pki"
 )
@@ -66,38 +69,103 @@ func (s *Server) pokeRevocations() {
 	}
 }
 
+// revokeLoop is runRevokeRemoved's state (its goroutine only).
+type revokeLoop struct {
+	// backoff is the wait after the CA refused a revocation (it applied
+	// and refused, e.g. the revoked list is full): doubled per refusal up
+	// to maxRevokeBackoff, reset by a success or a table change. Without
+	// it every election timeout would append one refused entry to the
+	// CA group's log, forever.
+	backoff time.Duration
+	retryAt time.Time
+	// skipLogged: when the reconciler last logged that it skips a
+	// removed ID that is still a voter or learner (at most once per
+	// revokeSkipLogEvery per ID).
+	skipLogged map[uint64]time.Time
+}
+
+const (
+	maxRevokeBackoff   = time.Minute
+	revokeSkipLogEvery = time.Minute
+)
+
 // runRevokeRemoved runs reconcileRevocations on every table change and
-// every election timeout; it acts only where this node leads the CA
-// group.
+// every election timeout (backed off after a refusal); it acts only
+// where this node leads the CA group.
 func (s *Server) runRevokeRemoved(ctx context.Context) {
 	if s.cfg.TLS.IsInsecure() {
 		return // no certificates (benchmarks)
 	}
-	t := time.NewTicker(max(s.electionTimeout(), 100*time.Millisecond))
+	et := max(s.electionTimeout(), 100*time.Millisecond)
+	t := time.NewTicker(et)
 	defer t.Stop()
+	l := &revokeLoop{skipLogged: map[uint64]time.Time{}}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			if time.Now().Before(l.retryAt) {
+				continue
+			}
 		case <-s.revokePoke:
+			l.retryAt = time.Time{} // the table changed: try at once
 		}
-		s.reconcileRevocations(ctx)
+		switch refused := s.reconcileRevocations(ctx, l); {
+		case refused:
+			l.backoff = min(max(2*l.backoff, 2*et), maxRevokeBackoff)
+			l.retryAt = time.Now().Add(l.backoff)
+		default:
+			l.backoff, l.retryAt = 0, time.Time{}
+		}
 	}
 }
 
+// stillInGroup is the first meta group whose configuration (as this
+// node has applied it) still has id as a voter or learner, "" if none.
+func (s *Server) stillInGroup(id uint64) string {
+	for _, mg := range metaGroups {
+		g := s.group(mg.id)
+		if g == nil {
+			continue
+		}
+		st := g.Status()
+		if slices.Contains(st.Voters, id) || slices.Contains(st.Learners, id) || slices.Contains(g.Voters(), id) {
+			return mg.name
+		}
+	}
+	return ""
+}
+
 // reconcileRevocations revokes, on the CA group's leader, the identity
-// of every removed member whose identity is not revoked yet. The table
-// read may lag the members group: a row removed meanwhile is revoked at
-// the next round. Only rows marked removed are revoked, and RemoveMember
-// marks a row after the node left every group, so no voter is revoked.
-func (s *Server) reconcileRevocations(ctx context.Context) {
+// of every removed member whose identity is not revoked yet; it reports
+// whether the CA refused a revocation (a status from the apply or the
+// disk reserve, not a lost leadership or a timeout). The table read may
+// lag the members group: a row removed meanwhile is revoked at the next
+// round.
+//
+// RemoveMember marks a row only after the node left every group, but a
+// row can be marked while the node is (again) a voter: an AddNode left in
+// a group's log by an AddMember that timed out applies after a
+// RemoveMember that saw "already removed". So the invariant is checked
+// here, locally: an ID that is still a voter or learner of any meta group
+// in this node's view is skipped (and logged, rate-limited) until it
+// leaves (admin meta remove again); a lagging view only delays the
+// revocation. A revoked voter would keep its group one live voter short.
+func (s *Server) reconcileRevocations(ctx context.Context, l *revokeLoop) (refused bool) {
 	if testSkipRevoke.Load() || s.ca == nil || s.ca.group == nil || !s.ca.group.IsLeader() || s.ca.halted() != nil {
-		return
+		return false
 	}
 	for _, m := range s.members.Table() {
 		id := m.GetId()
 		if !m.GetRemoved() || s.identityRevoked(id) {
+			continue
+		}
+		if g := s.stillInGroup(id); g != "" {
+			if time.Since(l.skipLogged[id]) >= revokeSkipLogEvery {
+				l.skipLogged[id] = time.Now()
+				s.log.Error("meta: a removed meta node is still a member of a meta group: its certificates are not revoked until it leaves every group (remove it again: basalt admin meta remove)", "id", id, "group", g)
+			}
 			continue
 		}
 		ident := metaIdentity(id)
@@ -110,13 +178,21 @@ func (s *Server) reconcileRevocations(ctx context.Context) {
 		v, err := s.ca.propose(pctx, &metapb.CaCommand{Op: &metapb.CaCommand_Revoke{Revoke: &metapb.RevokeCertificateRequest{Serial: ident, Identity: ident}}})
 		cancel()
 		if err != nil {
-			if ctx.Err() == nil {
-				s.log.Warn("meta: revoking the certificates of a removed meta node (retried)", "id", id, "err", err)
+			if ctx.Err() != nil {
+				return false
 			}
-			return
+			switch status.Code(err) {
+			case codes.Unavailable, codes.DeadlineExceeded, codes.Unknown, codes.Canceled:
+				s.log.Warn("meta: revoking the certificates of a removed meta node (retried)", "id", id, "err", err)
+				return false
+			}
+			s.log.Warn("meta: the CA refused to revoke the certificates of a removed meta node (retried, backing off)", "id", id, "err", err)
+			return true
 		}
+		delete(l.skipLogged, id)
 		s.log.Info("meta: revoked the certificates of a removed meta node", "id", id, "identity", ident, "serials", v)
 	}
+	return false
 }
 
 // waitRevoked waits until this node's CA state has revoked meta node id,
