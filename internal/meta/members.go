@@ -849,7 +849,7 @@ func CheckNotWiped(ctx context.Context, creds *pki.Credentials, self uint64, pee
 		case a.row.GetRemoved():
 			return fmt.Errorf("meta: node %d was removed from the cluster (member table of node %d): it may not run again under this ID; join a new node with a new ID (basalt meta --join, basalt admin meta add)", self, a.from)
 		case a.refused:
-			return fmt.Errorf("meta: node %d: member %d refuses this node's certificate at the TLS handshake (%v): the node was removed from the cluster (a removed node's certificates are revoked; it may not run again under this ID: join a new node with a new ID), or its certificate was revoked or is not from the cluster CA", self, a.from, a.err)
+			return fmt.Errorf("meta: node %d: member %d refuses this node's certificate at the TLS handshake (%v): the node was removed from the cluster (a removed node's certificates are revoked; it may not run again under this ID: join a new node with a new ID), or its certificate was revoked or names a wrong role or identity (a certificate from another CA is refused with \"unknown certificate authority\", not matched here)", self, a.from, a.err)
 		case a.row != nil && join:
 			return fmt.Errorf("meta: --join as node %d, but node %d's member table already has a row for it: the ID has been used (or added before this node ever started). Join under a new ID; remove this one first if it is a voter (basalt admin meta remove %d)", self, a.from, self)
 		case a.row != nil:
