@@ -372,6 +372,22 @@ func (m *membersServer) RemoveMember(ctx context.Context, req *metapb.RemoveMemb
 	if id == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "RemoveMember: node ID must be nonzero")
 	}
+	resp, err := m.removeMember(ctx, id)
+	if err != nil {
+		return resp, err
+	}
+	// Its certificates: revoked by the CA group's leader once the row is
+	// removed (members_revoke.go), here or on another node; reported if
+	// done within a few seconds (the reconciler finishes it otherwise).
+	// Waited for without memberOpMu: the row is committed, and a slow CA
+	// leader must not hold up other membership changes.
+	resp.Member.Revoked = m.s.waitRevoked(ctx, id, min(m.s.cfg.ProposeTimeout, 5*time.Second))
+	return resp, nil
+}
+
+// removeMember is RemoveMember up to the committed removed row, under
+// memberOpMu.
+func (m *membersServer) removeMember(ctx context.Context, id uint64) (*metapb.MemberChangeResponse, error) {
 	m.s.memberOpMu.Lock()
 	defer m.s.memberOpMu.Unlock()
 	if err := m.leadMembers(ctx); err != nil {
@@ -420,10 +436,6 @@ func (m *membersServer) RemoveMember(ctx context.Context, req *metapb.RemoveMemb
 		}
 	}
 	resp.Member.Removed = true
-	// Its certificates: revoked by the CA group's leader once the row is
-	// removed (members_revoke.go), here or on another node; reported if
-	// done within a few seconds (the reconciler finishes it otherwise).
-	resp.Member.Revoked = s.waitRevoked(ctx, id, min(s.cfg.ProposeTimeout, 5*time.Second))
 	return resp, nil
 }
 

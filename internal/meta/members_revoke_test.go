@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/pki"
@@ -318,5 +320,57 @@ func TestReconcilerBacksOffWhenRefused(t *testing.T) {
 		if s.identityRevoked(9) {
 			t.Fatal("node 9 revoked with a full list")
 		}
+	}
+}
+
+// RemoveMember waits for the revocation without the membership lock: a
+// slow CA leader (here: revocations stopped) holds up that call only,
+// not the next membership change.
+func TestRemoveMemberWaitsForRevocationUnlocked(t *testing.T) {
+	c := newCACluster(t, 3, nil)
+	waitCA(t, c)
+	L := membersLeader(t, c)
+	ctx := context.Background()
+	testSkipRevoke.Store(true)
+	defer testSkipRevoke.Store(false)
+	cmd, _ := marshalMembers(&metapb.MembersCommand{Op: &metapb.MembersCommand_SetMember{SetMember: &metapb.MemberInfo{Id: 9, RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:2"}}})
+	if _, err := propose(ctx, L, L.memGroup, cmd); err != nil {
+		t.Fatal(err)
+	}
+	aconn, err := grpc.NewClient(L.GRPCAddr(), clientDial()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer aconn.Close()
+	admin := metapb.NewMembersClient(aconn)
+	type result struct {
+		resp *metapb.MemberChangeResponse
+		err  error
+	}
+	removed := make(chan result, 1)
+	go func() {
+		r, err := admin.RemoveMember(ctx, &metapb.RemoveMemberRequest{Id: 9})
+		removed <- result{r, err}
+	}()
+	waitFor(t, 10*time.Second, "node 9's row removed", func() bool { return L.members.Removed(9) })
+	// RemoveMember now waits for a revocation that does not come (up to
+	// 5 s); another membership call takes the lock meanwhile.
+	start := time.Now()
+	_, err = admin.AddMember(ctx, &metapb.AddMemberRequest{Id: 9, RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:2"})
+	took := time.Since(start)
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("AddMember of removed node 9: %v, want FailedPrecondition", err)
+	}
+	if took > 2*time.Second {
+		t.Fatalf("AddMember took %v while RemoveMember waited for the revocation (blocked by it)", took)
+	}
+	select {
+	case r := <-removed:
+		t.Fatalf("RemoveMember returned (%v, %v) before AddMember (%v): the test did not overlap them", r.resp, r.err, took)
+	default:
+	}
+	r := <-removed
+	if r.err != nil || !r.resp.GetMember().GetRemoved() || r.resp.GetMember().GetRevoked() {
+		t.Fatalf("RemoveMember 9 with revocations stopped: %v, %v; want removed, not revoked", r.resp, r.err)
 	}
 }
