@@ -70,7 +70,9 @@ Examples:
 				case m.GetRevoked():
 					st = "removed, certificates revoked"
 				case m.GetRemoved():
-					st = "removed, revocation pending"
+					// Not "pending": the answering node may not know
+					// (a binary without the field, a halted CA replica).
+					st = fmt.Sprintf("removed, revocation not confirmed by node %d", r.GetNodeId())
 				}
 				t.row(m.GetId(), m.GetRaftAddr(), m.GetGrpcAddr(), st, m.GetSource())
 			}
@@ -170,7 +172,7 @@ func printChange(cmd *cobra.Command, f *connFlags, r *metapb.MemberChangeRespons
 	case m.GetRevoked():
 		fmt.Fprintf(w, "removed; every certificate of basalt://meta/%d is revoked\n", m.GetId())
 	case m.GetRemoved():
-		fmt.Fprintf(w, "removed; the revocation of basalt://meta/%d's certificates is pending (the CA group's leader makes it: see basalt admin meta members)\n", m.GetId())
+		fmt.Fprintf(w, "removed; the revocation of basalt://meta/%d's certificates is not confirmed yet (the CA group's leader makes it: see basalt admin meta members)\n", m.GetId())
 	}
 	t := newTable(w, "GROUP", "OUTCOME")
 	for _, g := range r.GetGroups() {

@@ -54,6 +54,12 @@ func (w *watchingCreds) Clone() credentials.TransportCredentials {
 }
 
 // unwatchConn calls Watch's stop once when the connection is closed.
+// Not covered: if gRPC fails to set up the HTTP/2 transport after the
+// handshake, it closes the raw connection, not this one, and the Watch
+// entry (a closed conn and its peer's serial and identity) is never
+// removed (review of session 18, nit 4): practically unreachable on TCP
+// (the failing writes are buffered), and only after an authenticated
+// handshake.
 type unwatchConn struct {
 	net.Conn
 	once sync.Once
