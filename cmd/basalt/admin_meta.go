@@ -66,8 +66,13 @@ Examples:
 			t := newTable(w, "ID", "RAFT", "GRPC", "STATE", "SOURCE")
 			for _, m := range r.GetMembers() {
 				st := "member"
-				if m.GetRemoved() {
-					st = "removed"
+				switch {
+				case m.GetRevoked():
+					st = "removed, certificates revoked"
+				case m.GetRemoved():
+					// Not "pending": the answering node may not know
+					// (a binary without the field, a halted CA replica).
+					st = fmt.Sprintf("removed, revocation not confirmed by node %d", r.GetNodeId())
 				}
 				t.row(m.GetId(), m.GetRaftAddr(), m.GetGrpcAddr(), st, m.GetSource())
 			}
@@ -163,6 +168,12 @@ func printChange(cmd *cobra.Command, f *connFlags, r *metapb.MemberChangeRespons
 	w := cmd.OutOrStdout()
 	m := r.GetMember()
 	fmt.Fprintf(w, "node %d (raft %s, gRPC %s)\n", m.GetId(), m.GetRaftAddr(), m.GetGrpcAddr())
+	switch {
+	case m.GetRevoked():
+		fmt.Fprintf(w, "removed; every certificate of basalt://meta/%d is revoked\n", m.GetId())
+	case m.GetRemoved():
+		fmt.Fprintf(w, "removed; the revocation of basalt://meta/%d's certificates is not confirmed yet (the CA group's leader makes it: see basalt admin meta members)\n", m.GetId())
+	}
 	t := newTable(w, "GROUP", "OUTCOME")
 	for _, g := range r.GetGroups() {
 		t.row(g.GetName(), g.GetOutcome())

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,16 +24,21 @@ import (
 )
 
 // rangeAddr is a loopback address with a free port in 22000–22999 (the
-// port range of this test; a random port if none is free).
+// port range of this test; BASALT_TEST_PORT_BASE=N moves it to N…N+999;
+// a random port if none is free).
 // An address is handed out once per process: a probed port is closed
 // again, so without this two calls could return the same one.
 var rangeUsed sync.Map
 
 func rangeAddr(t *testing.T) string {
 	t.Helper()
-	start := 22000 + (os.Getpid()*7+int(time.Now().UnixNano()/1000))%1000
+	base := 22000
+	if b, err := strconv.Atoi(os.Getenv("BASALT_TEST_PORT_BASE")); err == nil && b > 0 && b+1000 <= 65536 {
+		base = b
+	}
+	start := (os.Getpid()*7 + int(time.Now().UnixNano()/1000)) % 1000
 	for i := 0; i < 1000; i++ {
-		a := fmt.Sprintf("127.0.0.1:%d", 22000+(start-22000+i)%1000)
+		a := fmt.Sprintf("127.0.0.1:%d", base+(start+i)%1000)
 		if _, used := rangeUsed.LoadOrStore(a, true); used {
 			continue
 		}
@@ -202,6 +208,26 @@ func TestMetaReplaceNode(t *testing.T) {
 			t.Fatalf("remove 3: group %s: %q, want removed", g.Name, g.Outcome)
 		}
 	}
+	// Its certificates are revoked (node 3 made its own from --ca-dir:
+	// the CA never recorded it, the identity basalt://meta/3 is revoked),
+	// and a node 3 restarted on an empty directory, with a new certificate
+	// from --ca-dir, is refused at the members' handshakes.
+	if !ch.GetMember().GetRevoked() {
+		t.Fatalf("remove 3: %s, want its certificates revoked", out)
+	}
+	for _, m := range members(grpcs[2]).Members {
+		if m.Id == 3 && (!m.Removed || !m.Revoked) {
+			t.Fatalf("node 2's row of node 3: %v, want removed and revoked", m)
+		}
+	}
+	if _, stderr, err := run("meta", "--id", "3", "--data-dir", filepath.Join(dir, "meta3"), "--raft", raft[3], "--grpc", grpcs[3],
+		"--peers", peers, "--ca-dir", caDir, "--ballast-bytes", "0"); err == nil || !strings.Contains(stderr, "refuses this node's certificate") {
+		t.Fatalf("node 3 restarted after its removal: %v %s", err, stderr)
+	}
+	if out, _, err := run(admin(both, "admin", "meta", "members")...); err != nil || !strings.Contains(out, "removed, certificates revoked") {
+		t.Fatalf("admin meta members after the removal: %v %s", err, out)
+	}
+	lap("node 3 revoked")
 	// A retry changes nothing and says so.
 	out = retry("remove node 3 again", 30*time.Second, admin(both, "admin", "meta", "remove", "3", "--json")...)
 	if err := json.Unmarshal([]byte(out), &ch); err != nil || len(ch.Groups) != 5 {

@@ -466,7 +466,7 @@ metadata service before it sends the token. It works once, until --ttl.`,
 	}
 	revoked := &cobra.Command{
 		Use:   "revoked",
-		Short: "List the revoked serials",
+		Short: "List the revoked serials (and the identities of removed meta nodes, basalt://meta/ID: every certificate naming one is refused)",
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
 			mc, err := metaClient()
 			if err != nil {

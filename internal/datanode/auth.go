@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 
 	"github.com/basalt-store/basalt/internal/datanode/datanodepb"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
@@ -142,7 +141,7 @@ func (d *Datanode) grpcServerOption() grpc.ServerOption {
 	if d.cfg.TLS.IsInsecure() {
 		return d.cfg.TLS.GRPCServerOption()
 	}
-	return grpc.Creds(credentials.NewTLS(d.cfg.TLS.CertOptionalServerTLS()))
+	return d.cfg.TLS.GRPCServerOptionCertOptional() // watched: a revocation closes the peer's connections
 }
 
 func (d *Datanode) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

@@ -357,9 +357,10 @@ func TestRenewalSwapsCertificateInPlace(t *testing.T) {
 	if _, err := credsClient(t, c.addrs(), creds).Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{}); err != nil {
 		t.Fatalf("new connection with the renewed certificate: %v", err)
 	}
-	// Only one's own identity is renewed.
+	// Only one's own identity is renewed. (A new client: the gRPC server
+	// closes the connections made with the revoked old certificate.)
 	_, csr, _ := pki.NewCSR(pki.Identity{Role: pki.RoleDatanode, ID: "someone-else"})
-	if _, err := mc.Ca.RenewCertificate(ctx, &metapb.RenewCertificateRequest{CsrDer: csr}); status.Code(err) != codes.PermissionDenied {
+	if _, err := credsClient(t, c.addrs(), creds).Ca.RenewCertificate(ctx, &metapb.RenewCertificateRequest{CsrDer: csr}); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("renewing another identity: %v", err)
 	}
 }
@@ -410,9 +411,29 @@ func TestRevokedCertificateRefusedByMeta(t *testing.T) {
 			t.Fatalf("%s refuses an unrevoked certificate: %v", a, err)
 		}
 	}
-	// The connection opened before stays open, but its calls are refused.
-	if _, err := pre.Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{}); status.Code(err) != codes.PermissionDenied {
-		t.Fatalf("a call on a connection opened before the revocation: %v", err)
+	// The connection opened before is closed (the gRPC server watches
+	// its connections: pki.Credentials.Watch), and a new one is refused;
+	// were it still open, its calls would be refused (RefuseRevoked).
+	_, err = pre.Ca.GetRevocations(ctx, &metapb.GetRevocationsRequest{})
+	code := status.Code(err)
+	if code == codes.Unknown && strings.Contains(err.Error(), "code = Unavailable") {
+		code = codes.Unavailable // metaclient: "outcome unknown" around a connection error
+	}
+	switch code {
+	case codes.PermissionDenied: // still open: the call refused
+		if !strings.Contains(err.Error(), "revoked") {
+			t.Fatalf("a call on a connection opened before the revocation: %v, want refused as revoked", err)
+		}
+	case codes.Unavailable: // closed, and the new handshake refused
+		for _, s := range c.servers {
+			if s.GRPCAddr() == addrs[0] {
+				if n := s.cfg.TLS.WatchedOf(x.Identity.String()); n != 0 {
+					t.Fatalf("Unavailable, but node %d still watches %d connection(s) of %s", s.cfg.NodeID, n, x.Identity)
+				}
+			}
+		}
+	default:
+		t.Fatalf("a call on a connection opened before the revocation: %v, want Unavailable (closed) or PermissionDenied (revoked)", err)
 	}
 	// The handshake itself fails: a raw TLS connection is refused.
 	conn, err := tls.Dial("tcp", addrs[0], x.ClientTLS(pki.RoleMeta))

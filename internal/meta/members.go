@@ -140,6 +140,7 @@ func (s *Server) onMembersChanged() {
 	if err := s.rebuildForwarder(); err != nil {
 		s.log.Error("meta: forwarding client for the new member table", "err", err)
 	}
+	s.pokeRevocations() // a removed row: its certificates (members_revoke.go)
 }
 
 // fwd is the client to the other meta nodes, nil on a single node.
@@ -227,6 +228,7 @@ func (m *membersServer) ListMembers(ctx context.Context, _ *metapb.ListMembersRe
 	seen := map[uint64]bool{}
 	for _, mi := range s.members.Table() {
 		mi.Source = "table"
+		mi.Revoked = mi.GetRemoved() && s.identityRevoked(mi.GetId())
 		seen[mi.GetId()] = true
 		resp.Members = append(resp.Members, mi)
 	}
@@ -370,6 +372,22 @@ func (m *membersServer) RemoveMember(ctx context.Context, req *metapb.RemoveMemb
 	if id == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "RemoveMember: node ID must be nonzero")
 	}
+	resp, err := m.removeMember(ctx, id)
+	if err != nil {
+		return resp, err
+	}
+	// Its certificates: revoked by the CA group's leader once the row is
+	// removed (members_revoke.go), here or on another node; reported if
+	// done within a few seconds (the reconciler finishes it otherwise).
+	// Waited for without memberOpMu: the row is committed, and a slow CA
+	// leader must not hold up other membership changes.
+	resp.Member.Revoked = m.s.waitRevoked(ctx, id, min(m.s.cfg.ProposeTimeout, 5*time.Second))
+	return resp, nil
+}
+
+// removeMember is RemoveMember up to the committed removed row, under
+// memberOpMu.
+func (m *membersServer) removeMember(ctx context.Context, id uint64) (*metapb.MemberChangeResponse, error) {
 	m.s.memberOpMu.Lock()
 	defer m.s.memberOpMu.Unlock()
 	if err := m.leadMembers(ctx); err != nil {
@@ -787,10 +805,11 @@ func CheckNotWiped(ctx context.Context, creds *pki.Credentials, self uint64, pee
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	type answer struct {
-		from  uint64
-		row   *metapb.MemberInfo
-		voter string // a group that lists self as a voter
-		err   error
+		from    uint64
+		row     *metapb.MemberInfo
+		voter   string // a group that lists self as a voter
+		refused bool   // the member refused this node's certificate at the handshake
+		err     error
 	}
 	ch := make(chan answer, len(peers))
 	n := 0
@@ -812,6 +831,10 @@ func CheckNotWiped(ctx context.Context, creds *pki.Credentials, self uint64, pee
 				// A removed node's certificate is refused (auth.go).
 				a.row = &metapb.MemberInfo{Id: self, Removed: true}
 			}
+			// The TLS alert of a member that refuses the certificate: a
+			// removed node's are revoked (members_revoke.go), so its
+			// handshakes fail before any RPC could say so.
+			a.refused = err != nil && strings.Contains(err.Error(), "tls: bad certificate")
 			for _, m := range r.GetMembers() {
 				if err == nil && m.GetId() == self && m.GetSource() == "table" {
 					a.row = m
@@ -837,6 +860,8 @@ func CheckNotWiped(ctx context.Context, creds *pki.Credentials, self uint64, pee
 		switch {
 		case a.row.GetRemoved():
 			return fmt.Errorf("meta: node %d was removed from the cluster (member table of node %d): it may not run again under this ID; join a new node with a new ID (basalt meta --join, basalt admin meta add)", self, a.from)
+		case a.refused:
+			return fmt.Errorf("meta: node %d: member %d refuses this node's certificate at the TLS handshake (%v): the node was removed from the cluster (a removed node's certificates are revoked; it may not run again under this ID: join a new node with a new ID), or its certificate was revoked or names a wrong role or identity (a certificate from another CA is refused with \"unknown certificate authority\", not matched here)", self, a.from, a.err)
 		case a.row != nil && join:
 			return fmt.Errorf("meta: --join as node %d, but node %d's member table already has a row for it: the ID has been used (or added before this node ever started). Join under a new ID; remove this one first if it is a voter (basalt admin meta remove %d)", self, a.from, self)
 		case a.row != nil:

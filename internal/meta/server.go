@@ -191,6 +191,8 @@ type Server struct {
 	// (from the checks to the proposal). members.go.
 	memberOpMu sync.Mutex
 	changeMu   sync.Mutex
+	// revokePoke wakes runRevokeRemoved (members_revoke.go).
+	revokePoke chan struct{}
 	memGroup   *raft.Group // MembersGroup
 
 	scmState *scm.State
@@ -268,7 +270,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.TLS.IsInsecure() {
 		cfg.Logger.Error("meta: AUTHENTICATION IS OFF: the gRPC port and the raft transport accept anyone in plaintext (insecure mode, for benchmarks only)", "node", cfg.NodeID)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), peers: map[uint64]Peer{}}
+	s := &Server{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), peers: map[uint64]Peer{}, revokePoke: make(chan struct{}, 1)}
 	for id, p := range cfg.Peers {
 		s.peers[id] = p
 	}
@@ -544,8 +546,9 @@ func (s *Server) Start() error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.wg.Add(11)
+	s.wg.Add(12)
 	go func() { defer s.wg.Done(); s.runMemberRecords(ctx) }()
+	go func() { defer s.wg.Done(); s.runRevokeRemoved(ctx) }()
 	go func() { defer s.wg.Done(); s.runUpgrade(ctx) }()
 	go func() { defer s.wg.Done(); s.runRevocationPull(ctx) }()
 	go func() { defer s.wg.Done(); s.ca.establish(ctx) }()

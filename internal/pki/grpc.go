@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"net"
+	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -20,7 +22,53 @@ func (c *Credentials) GRPCServerOption() grpc.ServerOption {
 	if c.IsInsecure() {
 		return grpc.EmptyServerOption{}
 	}
-	return grpc.Creds(credentials.NewTLS(c.ServerTLS()))
+	return grpc.Creds(&watchingCreds{TransportCredentials: credentials.NewTLS(c.ServerTLS()), c: c})
+}
+
+// watchingCreds are a gRPC server's TLS credentials that hand every
+// authenticated connection to Watch: when its peer's certificate is
+// revoked (SetRevoked), the connection is closed, so a client does not
+// keep one open past the revocation (its calls would be refused by
+// RefuseRevoked, but the connection, its streams and its resources
+// would stay).
+type watchingCreds struct {
+	credentials.TransportCredentials
+	c *Credentials
+}
+
+func (w *watchingCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, ai, err := w.TransportCredentials.ServerHandshake(raw)
+	if err != nil {
+		return conn, ai, err
+	}
+	ti, ok := ai.(credentials.TLSInfo)
+	if !ok || len(ti.State.PeerCertificates) == 0 {
+		return conn, ai, nil // no client certificate (a bootstrap call)
+	}
+	stop := w.c.Watch(raw, &ti.State)
+	return &unwatchConn{Conn: conn, stop: stop}, ai, nil
+}
+
+func (w *watchingCreds) Clone() credentials.TransportCredentials {
+	return &watchingCreds{TransportCredentials: w.TransportCredentials.Clone(), c: w.c}
+}
+
+// unwatchConn calls Watch's stop once when the connection is closed.
+// Not covered: if gRPC fails to set up the HTTP/2 transport after the
+// handshake, it closes the raw connection, not this one, and the Watch
+// entry (a closed conn and its peer's serial and identity) is never
+// removed (review of session 18, nit 4): practically unreachable on TCP
+// (the failing writes are buffered), and only after an authenticated
+// handshake.
+type unwatchConn struct {
+	net.Conn
+	once sync.Once
+	stop func()
+}
+
+func (u *unwatchConn) Close() error {
+	u.once.Do(u.stop)
+	return u.Conn.Close()
 }
 
 // GRPCDialOption makes a gRPC client present its certificate and accept
@@ -84,7 +132,7 @@ func (c *Credentials) GRPCServerOptionCertOptional() grpc.ServerOption {
 	if c.IsInsecure() {
 		return grpc.EmptyServerOption{}
 	}
-	return grpc.Creds(credentials.NewTLS(c.ServerTLSCertOptional()))
+	return grpc.Creds(&watchingCreds{TransportCredentials: credentials.NewTLS(c.ServerTLSCertOptional()), c: c})
 }
 
 // CallIdentity is the identity of a gRPC call's peer; ok is false when
@@ -110,7 +158,7 @@ func (c *Credentials) RefuseRevoked(ctx context.Context, method string) error {
 	if c == nil {
 		return nil
 	}
-	if m := c.revoked.Load(); m == nil || len(*m) == 0 {
+	if c.revoked.Load().empty() {
 		return nil // nothing revoked: no cost on the data path
 	}
 	p, ok := peer.FromContext(ctx)

@@ -188,6 +188,14 @@ func BenchmarkRefuseRevoked(b *testing.B) {
 		}
 	}
 	b.Run("none-revoked", run)
+	// Only removed meta nodes' identities, no serial: the common case
+	// once a meta node was removed (the serial is not looked up).
+	c.SetRevoked([]string{"basalt://meta/7", "basalt://meta/8"})
+	b.Run("identities-only", run)
 	c.SetRevoked(serials)
 	b.Run("1000-revoked", run)
+	// Removed meta nodes' identities in the set (members_revoke.go):
+	// every call then also looks up the caller's identity.
+	c.SetRevoked(append(serials, "basalt://meta/7", "basalt://meta/8"))
+	b.Run("1000-revoked+identities", run)
 }

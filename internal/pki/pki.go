@@ -311,10 +311,34 @@ type Credentials struct {
 	certPEM []byte
 	keyPEM  []byte
 	cert    atomic.Pointer[tls.Certificate]
-	revoked atomic.Pointer[map[string]bool]
+	revoked atomic.Pointer[revokedSet]
 
 	watchMu sync.Mutex
-	watched map[string]map[net.Conn]struct{} // peer serial → open connections (Watch)
+	watched map[string]map[net.Conn]string // peer serial → open connections (Watch) → the peer's identity
+}
+
+// revokedSet is the revoked serials and identities (SetRevoked).
+type revokedSet struct {
+	m       map[string]bool   // serials, and identities in Identity.String form
+	ids     map[Identity]bool // the identities (nil: none)
+	serials int               // entries of m that are not identities (0: no serial lookup)
+}
+
+func (r *revokedSet) empty() bool { return r == nil || len(r.m) == 0 }
+
+// hasIdentity: cert names a revoked identity. Any basalt URI counts (a
+// certificate with more than one is refused at the handshake anyway);
+// no allocation: RefuseRevoked runs on every RPC.
+func (r *revokedSet) hasIdentity(cert *x509.Certificate) bool {
+	if r == nil || r.ids == nil {
+		return false
+	}
+	for _, u := range cert.URIs {
+		if u.Scheme == scheme && r.ids[Identity{Role: Role(u.Host), ID: strings.TrimPrefix(u.Path, "/")}] {
+			return true
+		}
+	}
+	return false
 }
 
 func newCredentials(caPEM, certPEM, keyPEM []byte) (*Credentials, error) {
@@ -395,21 +419,38 @@ func (c *Credentials) Leaf() *x509.Certificate {
 func (c *Credentials) CAPEM() []byte { return c.caPEM }
 
 // SetRevoked replaces the set of revoked certificate serials (SerialString
-// form): a peer presenting one of them is refused at the handshake.
+// form): a peer presenting one of them is refused at the handshake. An
+// entry that is an identity (basalt://meta/3, Identity.String) revokes
+// every certificate naming it, whatever its serial: a removed meta node's
+// ID, which never comes back, including certificates the CA never
+// recorded (made offline with basalt admin ca issue).
 //
 // Connections registered with Watch whose peer presented one of them are
 // closed: a connection opened before the revocation does not outlive it.
 func (c *Credentials) SetRevoked(serials []string) {
-	m := make(map[string]bool, len(serials))
+	r := &revokedSet{m: make(map[string]bool, len(serials))}
 	for _, s := range serials {
-		m[s] = true
+		r.m[s] = true
+		if !strings.HasPrefix(s, scheme+"://") {
+			r.serials++
+			continue
+		}
+		if id, err := ParseIdentity(s); err != nil {
+			r.serials++ // not an identity: looked up as a serial, as before
+		} else {
+			if r.ids == nil {
+				r.ids = map[Identity]bool{}
+			}
+			r.ids[id] = true
+			r.m[id.String()] = true // what Watch records
+		}
 	}
-	c.revoked.Store(&m)
+	c.revoked.Store(r)
 	var doomed []net.Conn
 	c.watchMu.Lock()
 	for serial, conns := range c.watched {
-		if m[serial] {
-			for conn := range conns {
+		for conn, id := range conns {
+			if r.m[serial] || (r.ids != nil && id != "" && r.m[id]) {
 				doomed = append(doomed, conn)
 			}
 		}
@@ -431,16 +472,20 @@ func (c *Credentials) Watch(conn net.Conn, cs *tls.ConnectionState) (stop func()
 		return func() {}
 	}
 	serial := SerialString(cs.PeerCertificates[0].SerialNumber)
+	var ident string
+	if id, err := IdentityOf(cs.PeerCertificates[0]); err == nil {
+		ident = id.String()
+	}
 	c.watchMu.Lock()
 	if c.watched == nil {
-		c.watched = map[string]map[net.Conn]struct{}{}
+		c.watched = map[string]map[net.Conn]string{}
 	}
 	conns := c.watched[serial]
 	if conns == nil {
-		conns = map[net.Conn]struct{}{}
+		conns = map[net.Conn]string{}
 		c.watched[serial] = conns
 	}
-	conns[conn] = struct{}{}
+	conns[conn] = ident
 	c.watchMu.Unlock()
 	// After registering: a SetRevoked that ran before saw no entry, but
 	// its set is visible here.
@@ -470,9 +515,39 @@ func (c *Credentials) Watched() int {
 	return n
 }
 
-// IsRevoked reports whether cert's serial is in the revoked set.
+// WatchedOf is the number of connections Watch tracks now whose peer is
+// identity (Identity.String).
+func (c *Credentials) WatchedOf(identity string) int {
+	c.watchMu.Lock()
+	defer c.watchMu.Unlock()
+	n := 0
+	for _, conns := range c.watched {
+		for _, id := range conns {
+			if id == identity {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// IsRevoked reports whether cert's serial, or the identity it names, is
+// in the revoked set.
 func (c *Credentials) IsRevoked(cert *x509.Certificate) bool {
-	return c.IsRevokedSerial(SerialString(cert.SerialNumber))
+	if c == nil {
+		return false
+	}
+	r := c.revoked.Load()
+	if r.empty() {
+		return false
+	}
+	// The identity first: it allocates nothing. The serial's string form
+	// allocates, so it is made only when a serial is revoked (a cluster
+	// that only removed meta nodes has identities alone).
+	if r.hasIdentity(cert) {
+		return true
+	}
+	return r.serials > 0 && r.m[SerialString(cert.SerialNumber)]
 }
 
 // IsRevokedSerial reports whether serial (SerialString form) is in the
@@ -481,8 +556,8 @@ func (c *Credentials) IsRevokedSerial(serial string) bool {
 	if c == nil {
 		return false
 	}
-	m := c.revoked.Load()
-	return m != nil && (*m)[serial]
+	r := c.revoked.Load()
+	return !r.empty() && r.m[serial]
 }
 
 // SerialString is a certificate serial as Basalt prints and records it:

@@ -36,7 +36,13 @@ type MemberInfo struct {
 	Removed bool `protobuf:"varint,4,opt,name=removed,proto3" json:"removed,omitempty"`
 	// source: "table" (recorded through Raft) or "peers" (this node's
 	// --peers only).
-	Source        string `protobuf:"bytes,5,opt,name=source,proto3" json:"source,omitempty"`
+	Source string `protobuf:"bytes,5,opt,name=source,proto3" json:"source,omitempty"`
+	// revoked (answers only, never in the table): the node is removed and
+	// the answering node's CA state has its identity (basalt://meta/ID)
+	// revoked, so every certificate naming it is refused. A removed row
+	// not revoked yet is revoked by the CA group's leader
+	// (members_revoke.go).
+	Revoked       bool `protobuf:"varint,6,opt,name=revoked,proto3" json:"revoked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -104,6 +110,13 @@ func (x *MemberInfo) GetSource() string {
 		return x.Source
 	}
 	return ""
+}
+
+func (x *MemberInfo) GetRevoked() bool {
+	if x != nil {
+		return x.Revoked
+	}
+	return false
 }
 
 type ListMembersRequest struct {
@@ -727,14 +740,15 @@ var File_meta_members_proto protoreflect.FileDescriptor
 
 const file_meta_members_proto_rawDesc = "" +
 	"\n" +
-	"\x12meta/members.proto\x12\x0ebasalt.meta.v1\"\x88\x01\n" +
+	"\x12meta/members.proto\x12\x0ebasalt.meta.v1\"\xa2\x01\n" +
 	"\n" +
 	"MemberInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +
 	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x18\n" +
 	"\aremoved\x18\x04 \x01(\bR\aremoved\x12\x16\n" +
-	"\x06source\x18\x05 \x01(\tR\x06source\"\x14\n" +
+	"\x06source\x18\x05 \x01(\tR\x06source\x12\x18\n" +
+	"\arevoked\x18\x06 \x01(\bR\arevoked\"\x14\n" +
 	"\x12ListMembersRequest\"k\n" +
 	"\x11GroupMemberStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
