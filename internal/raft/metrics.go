@@ -41,6 +41,7 @@ type metrics struct {
 	droppedInbox        prometheus.Counter
 	droppedSends        prometheus.Counter
 	groupFailures       prometheus.Counter
+	logDirFailures      prometheus.Counter
 	applyHeldBack       prometheus.Counter
 	badFrames           prometheus.Counter
 	readerPanics        prometheus.Counter
@@ -97,6 +98,7 @@ func newMetrics(host uint64, reg prometheus.Registerer) *metrics {
 	m.droppedInbox = counter("dropped_inbox_total", "Inbound messages dropped because a group's inbox was full.")
 	m.droppedSends = counter("dropped_hydrate_queue_total", "Outbound MsgApps dropped because a group's hydration queue was full.")
 	m.groupFailures = counter("group_failures_total", "Groups stopped after a fatal error or a violated invariant.")
+	m.logDirFailures = counter("log_dir_failures_total", "Log directories failed by a fatal I/O error (WAL, MANIFEST, directory sync, read); their groups are stopped until the host restarts.")
 	m.applyHeldBack = counter("apply_held_back_total", "Times committed entries were left in the log because the apply backlog was full.")
 	m.badFrames = counter("bad_frames_total", "Inbound frames rejected (checksum, size or decoding); the connection is closed.")
 	m.stepPanics = counter("step_panics_total", "Panics of etcd raft stepping an inbound message (its log cannot take it); the group is stopped.")
