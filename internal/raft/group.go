@@ -1248,11 +1248,16 @@ func (g *Group) ready() *readyWork {
 		g.fail(err)
 		return nil
 	}
-	if !g.rn.HasReady() {
+	rd, ok, err := g.takeReadyLocked()
+	if err != nil {
+		g.mu.Unlock()
+		g.fail(err)
+		return nil
+	}
+	if !ok {
 		g.mu.Unlock()
 		return nil
 	}
-	rd := g.rn.Ready()
 	st := g.rn.BasicStatus()
 	g.leader.Store(st.Lead)
 	g.term.Store(st.GetTerm())
@@ -1265,6 +1270,28 @@ func (g *Group) ready() *readyWork {
 	// sees another entry replace it (ErrProposalDropped); a caller that
 	// stops waiting first gets ErrOutcomeUnknown.
 	return &readyWork{g: g, rd: rd, leader: st.RaftState == etcdraft.StateLeader, epoch: epoch}
+}
+
+// takeReadyLocked takes the group's Ready, if it has one. etcd raft
+// panics when its Storage fails a read (its committed entries come from
+// the log): a failed log directory (ErrLogDirFailed) then stops this
+// group, as a panic stepping a message does, never the process.
+func (g *Group) takeReadyLocked() (rd etcdraft.Ready, ok bool, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			g.host.metrics.stepPanics.Inc()
+			g.host.log.Error("panic taking a Ready; stopping the group", "group", g.id, "panic", r, "stack", string(debug.Stack()))
+			if f := g.loop.store.failed(); f != nil {
+				err = fmt.Errorf("raft: group %d: taking a Ready: %w (panic: %v)", g.id, f, r)
+			} else {
+				err = fmt.Errorf("raft: group %d: taking a Ready: panic: %v", g.id, r)
+			}
+		}
+	}()
+	if !g.rn.HasReady() {
+		return rd, false, nil
+	}
+	return g.rn.Ready(), true, nil
 }
 
 // advance tells raft the Ready is persisted and queues its committed

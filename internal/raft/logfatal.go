@@ -181,3 +181,12 @@ func (l *storeLoop) failGroups(err error) {
 		}
 	})
 }
+
+// Failure is why the group stopped after a fatal error (it matches
+// ErrLogDirFailed when its log directory failed), or nil.
+func (g *Group) Failure() error {
+	if f := g.failure.Load(); f != nil {
+		return *f
+	}
+	return nil
+}

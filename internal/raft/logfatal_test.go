@@ -1,0 +1,242 @@
+package raft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	bvfs "github.com/basalt-store/basalt/internal/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	pb "go.etcd.io/raft/v3/raftpb"
+)
+
+// tapTransport records the acknowledgements (a MsgAppResp or vote granted)
+// host 1 sends for group 1 once its log directory failed.
+type tapTransport struct {
+	Transport
+	failed func() bool
+	mu     sync.Mutex
+	bad    []string
+}
+
+func (t *tapTransport) Send(to uint64, msgs []Outgoing) {
+	if t.failed != nil && t.failed() {
+		for _, o := range msgs {
+			m := o.Msg
+			if o.Group != 1 || m == nil || m.GetReject() {
+				continue
+			}
+			switch m.GetType() {
+			case pb.MsgAppResp, pb.MsgVoteResp, pb.MsgPreVoteResp, pb.MsgSnapStatus:
+				t.mu.Lock()
+				t.bad = append(t.bad, fmt.Sprintf("%v to %d index %d term %d", m.GetType(), m.GetTo(), m.GetIndex(), m.GetTerm()))
+				t.mu.Unlock()
+			}
+		}
+	}
+	t.Transport.Send(to, msgs)
+}
+
+// fatalCluster: three hosts, groups 1 and 2 on each; host 1 has two log
+// directories on an error-injecting FS, /a (group 1) and /b (group 2).
+type fatalCluster struct {
+	*memCluster
+	ffs *bvfs.FaultFS
+	tap *tapTransport
+	h1  *Host
+}
+
+func newFatalCluster(t *testing.T) *fatalCluster {
+	c := &fatalCluster{memCluster: &memCluster{t: t, net: NewMemNetwork(7), fs: map[uint64]vfs.FS{}, hosts: map[uint64]*Host{},
+		sms: map[uint64]map[uint64]*kvSM{}, groups: []uint64{1, 2}, ids: []uint64{1, 2, 3}}}
+	c.ffs = bvfs.NewFaultFS(bvfs.NewMem(bvfs.MemOptions{}))
+	t.Cleanup(func() {
+		for _, h := range c.hosts {
+			h.Close()
+		}
+	})
+	for _, id := range c.ids {
+		c.sms[id] = map[uint64]*kvSM{1: {}, 2: {}}
+		cfg := HostConfig{ID: id, LogDirs: []string{"/log"}, FS: vfs.NewMem(), Transport: c.net.Transport(id),
+			TickInterval: 2 * time.Millisecond, ElectionTicks: 10, HeartbeatTicks: 1, Logger: testLogger()}
+		if id == 1 {
+			c.tap = &tapTransport{Transport: cfg.Transport}
+			cfg.LogDirs, cfg.FS, cfg.Transport = []string{"/a", "/b"}, c.ffs, c.tap
+		}
+		h, err := NewHost(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.hosts[id] = h
+		for _, g := range c.groups {
+			gr, err := h.AddGroup(GroupConfig{ID: g, Peers: c.ids, StateMachine: c.sms[id][g]})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := map[uint64]string{1: "/a", 2: "/b"}[g]; id == 1 && gr.Status().LogDir != want {
+				t.Fatalf("host 1 group %d on %s, want %s", g, gr.Status().LogDir, want)
+			}
+		}
+	}
+	c.h1 = c.hosts[1]
+	c.tap.failed = func() bool { return c.h1.loops[0].store.failed() != nil }
+	return c
+}
+
+// proposeSome commits one value on group g, through whichever of among
+// leads, retrying on any error with a fresh value (an unknown outcome may
+// still commit: values are only checked for growth).
+func (c *fatalCluster) proposeSome(g uint64, prefix string, among ...uint64) {
+	c.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for i := 0; time.Now().Before(deadline); i++ {
+		lead := c.waitLeader(g, among...)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := c.group(lead, g).Propose(ctx, []byte(fmt.Sprintf("%s-%d", prefix, i)), nil)
+		cancel()
+		if err == nil {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	c.t.Fatalf("group %d: nothing committed among %v", g, among)
+}
+
+// waitSame waits until the hosts' state machines of group g hold the same
+// values, at least n of them.
+func (c *fatalCluster) waitSame(g uint64, n int, hosts ...uint64) {
+	c.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		first := c.sms[hosts[0]][g].values()
+		same := len(first) >= n
+		for _, h := range hosts[1:] {
+			same = same && equalStrings(first, c.sms[h][g].values())
+		}
+		if same {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, h := range hosts {
+		c.t.Logf("host %d group %d: %v", h, g, c.sms[h][g].values())
+	}
+	c.t.Fatalf("group %d: hosts %v do not reach the same %d+ values", g, hosts, n)
+}
+
+// checkFailedDir: host 1's /a failed (its cause matching want), group 1 on
+// host 1 stopped with ErrLogDirFailed and gets nothing more, group 1 goes
+// on on hosts 2 and 3, group 2 goes on on all three (host 1's /b), a new
+// group avoids /a, and no acknowledgement left host 1 for group 1 after
+// the failure.
+func (c *fatalCluster) checkFailedDir(want string) {
+	t := c.t
+	g1 := c.group(1, 1)
+	deadline := time.Now().Add(10 * time.Second)
+	for !g1.Stopped() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !g1.Stopped() || !errors.Is(g1.Failure(), ErrLogDirFailed) {
+		t.Fatalf("host 1 group 1: stopped %v, failure %v; want stopped with ErrLogDirFailed", g1.Stopped(), g1.Failure())
+	}
+	st := c.h1.LogDirs()
+	if !st[0].Failed || !strings.Contains(st[0].Error, want) || st[1].Failed {
+		t.Fatalf("log dirs %+v: want /a failed (%q), /b not", st, want)
+	}
+	if n := testCounter(c.h1.metrics.logDirFailures); n != 1 {
+		t.Fatalf("log_dir_failures_total = %v, want 1", n)
+	}
+	seen := len(c.sms[1][1].values())
+	// Group 1 commits on hosts 2 and 3; group 2 on all three.
+	for i := range 3 {
+		c.proposeSome(1, fmt.Sprintf("after%d", i), 2, 3)
+		c.proposeSome(2, fmt.Sprintf("b-after%d", i))
+	}
+	c.waitSame(2, 4, 1, 2, 3) // host 1's /b goes on
+	c.waitSame(1, seen+3, 2, 3)
+	if got := c.sms[1][1].values(); len(got) != seen {
+		t.Fatalf("host 1 group 1 applied %v after its log dir failed (had %d)", got[seen:], seen)
+	}
+	if got := len(c.sms[2][1].values()); got <= seen {
+		t.Fatalf("group 1 on hosts 2, 3: %d values, no progress past %d", got, seen)
+	}
+	g3, err := c.h1.AddGroup(GroupConfig{ID: 3, Peers: []uint64{1}, StateMachine: &kvSM{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := g3.Status().LogDir; d != "/b" {
+		t.Fatalf("new group placed on %s, want /b (/a failed)", d)
+	}
+	c.tap.mu.Lock()
+	defer c.tap.mu.Unlock()
+	if len(c.tap.bad) > 0 {
+		t.Fatalf("host 1 acknowledged for group 1 after its log dir failed: %v", c.tap.bad)
+	}
+}
+
+// TestLogDirFatalWALSync: the WAL sync of host 1's /a fails with EIO. The
+// process survives (before: quietLogger's Fatalf panicked, or the loop's
+// panic on the commit error), the groups on /a stop without acknowledging
+// anything, those on /b and on the other hosts keep committing.
+func TestLogDirFatalWALSync(t *testing.T) {
+	c := newFatalCluster(t)
+	c.proposeSome(1, "before")
+	c.proposeSome(2, "b-before")
+	var hits atomic.Int64
+	c.ffs.SetInject(func(op, path string) error {
+		if op == "sync" && strings.HasPrefix(path, "/a/") && strings.HasSuffix(path, ".log") {
+			hits.Add(1)
+			return syscall.EIO
+		}
+		return nil
+	})
+	defer c.ffs.SetInject(nil)
+	// Group 1 keeps being written (a proposal, or appends from the leader
+	// elsewhere): its next synced batch on /a fails.
+	go func() {
+		for i := 0; i < 50 && !c.group(1, 1).Stopped(); i++ {
+			lead := c.group(2, 1).Leader()
+			if lead == 0 {
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			g, err := c.hosts[lead].Group(1)
+			if err != nil {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			g.Propose(ctx, []byte(fmt.Sprintf("during-%d", i)), nil)
+			cancel()
+		}
+	}()
+	c.checkFailedDir("sync failed")
+	if hits.Load() == 0 {
+		t.Fatal("no WAL sync was failed")
+	}
+}
+
+// TestLogDirFatalFlushManifest: a flush of host 1's /a (Pebble's own
+// goroutine) fails to sync the MANIFEST and Pebble calls Fatalf there.
+// Before: quietLogger panicked on Pebble's goroutine, killing the process.
+func TestLogDirFatalFlushManifest(t *testing.T) {
+	c := newFatalCluster(t)
+	c.proposeSome(1, "before")
+	c.proposeSome(2, "b-before")
+	c.ffs.SetInject(func(op, path string) error {
+		if op == "sync" && strings.HasPrefix(path, "/a/MANIFEST") {
+			return syscall.EIO
+		}
+		return nil
+	})
+	defer c.ffs.SetInject(nil)
+	if _, err := c.h1.loops[0].store.db.AsyncFlush(); err != nil {
+		t.Fatal(err)
+	}
+	c.checkFailedDir("MANIFEST sync failed")
+}
