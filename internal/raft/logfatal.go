@@ -3,6 +3,8 @@ package raft
 import (
 	"errors"
 	"fmt"
+	"runtime"
+	"strings"
 	"sync"
 
 	"github.com/basalt-store/basalt/internal/storage"
@@ -141,6 +143,41 @@ func (f *fatal) after(err error) error {
 		return e
 	}
 	return err
+}
+
+// backgroundError is the log store's Pebble EventListener.BackgroundError:
+// a flush or compaction that failed (an SST write or sync: no Fatalf, and
+// Pebble retries it at once, forever) fails the directory. On a flush's
+// own goroutine it then ends that goroutine (runtime.Goexit; flush releases
+// DB.mu by defer): its flushing mark stays set, so Pebble schedules no
+// more flushes, instead of retrying the failing one in a busy loop. Else
+// (a compaction, or a disk-usage check on any goroutine) it only marks.
+func (f *fatal) backgroundError(err error) {
+	f.fail(fmt.Errorf("background error: %w", err))
+	if inPebbleFlush() {
+		runtime.Goexit()
+	}
+}
+
+// inPebbleFlush reports whether the caller runs Pebble's DB.flush on one
+// of Pebble's goroutines (no frame of this module on the stack).
+func inPebbleFlush() bool {
+	pcs := make([]uintptr, 64)
+	n := runtime.Callers(3, pcs)
+	frames := runtime.CallersFrames(pcs[:n])
+	flush := false
+	for {
+		fr, more := frames.Next()
+		switch {
+		case strings.HasSuffix(fr.Function, "pebble/v2.(*DB).flush"):
+			flush = true
+		case strings.HasPrefix(fr.Function, "github.com/basalt-store/basalt/") && !strings.Contains(fr.Function, "raft.(*fatal)."):
+			return false
+		}
+		if !more {
+			return flush && n < len(pcs)
+		}
+	}
 }
 
 // failWith fails the directory for err (an I/O error Pebble returned

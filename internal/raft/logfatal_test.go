@@ -221,22 +221,99 @@ func TestLogDirFatalWALSync(t *testing.T) {
 	}
 }
 
-// TestLogDirFatalFlushManifest: a flush of host 1's /a (Pebble's own
+// TestLogDirFatalFlush: a flush of host 1's /a (Pebble's own
 // goroutine) fails to sync the MANIFEST and Pebble calls Fatalf there.
 // Before: quietLogger panicked on Pebble's goroutine, killing the process.
-func TestLogDirFatalFlushManifest(t *testing.T) {
+// The same with the flush's SST write failing: Pebble reports it as a
+// background error and retries at once, forever (no Fatalf): the
+// directory fails, the flush goroutine ends. Before: the failed flush
+// went unnoticed and spun.
+func TestLogDirFatalFlush(t *testing.T) {
+	for _, tc := range []struct{ name, op, file, want string }{
+		{"manifest-sync", "sync", "/a/MANIFEST", "MANIFEST sync failed"},
+		{"sst-write", "write", ".sst", "background error"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newFatalCluster(t)
+			c.proposeSome(1, "before")
+			c.proposeSome(2, "b-before")
+			c.ffs.SetInject(func(op, path string) error {
+				if op == tc.op && strings.HasPrefix(path, "/a/") && strings.Contains(path, tc.file) {
+					return syscall.EIO
+				}
+				return nil
+			})
+			defer c.ffs.SetInject(nil)
+			if _, err := c.h1.loops[0].store.db.AsyncFlush(); err != nil {
+				t.Fatal(err)
+			}
+			c.checkFailedDir(tc.want)
+		})
+	}
+}
+
+// TestLogDirFatalRestart: after /a failed, host 1 restarts (a crash: only
+// what was synced survives). With the disk still failing, NewHost fails
+// and says which directory; once it works, /a reopens, group 1 catches up
+// with the others and group 2 has everything.
+func TestLogDirFatalRestart(t *testing.T) {
 	c := newFatalCluster(t)
 	c.proposeSome(1, "before")
 	c.proposeSome(2, "b-before")
 	c.ffs.SetInject(func(op, path string) error {
-		if op == "sync" && strings.HasPrefix(path, "/a/MANIFEST") {
+		if op == "sync" && strings.HasPrefix(path, "/a/") {
 			return syscall.EIO
 		}
 		return nil
 	})
-	defer c.ffs.SetInject(nil)
-	if _, err := c.h1.loops[0].store.db.AsyncFlush(); err != nil {
+	c.proposeSome(1, "trigger", 1, 2, 3)
+	c.checkFailedDir("sync failed")
+	t.Log("closing host 1")
+	c.h1.Close()
+	t.Log("closed")
+	delete(c.hosts, 1)
+	crashed := c.ffs.FS.(*bvfs.MemFS).Crash()
+
+	cfg := HostConfig{ID: 1, LogDirs: []string{"/a", "/b"}, Transport: c.net.Transport(1),
+		TickInterval: 2 * time.Millisecond, ElectionTicks: 10, HeartbeatTicks: 1, Logger: testLogger()}
+	still := bvfs.NewFaultFS(crashed.Crash())
+	still.SetInject(func(op, path string) error {
+		if op == "sync" && strings.HasPrefix(path, "/a") {
+			return syscall.EIO
+		}
+		return nil
+	})
+	cfg.FS = still
+	t.Log("restart on a failing disk")
+	if h, err := NewHost(cfg); err == nil {
+		h.Close()
+		t.Fatal("NewHost on a log dir whose disk still fails: no error")
+	} else if !strings.Contains(err.Error(), "/a") || !errors.Is(err, ErrLogDirFailed) {
+		t.Fatalf("NewHost on a still failing /a: %v (does not name the directory)", err)
+	} else {
+		t.Logf("NewHost on a still failing /a: %v", err)
+	}
+
+	t.Log("restart on a working disk")
+	cfg.FS, cfg.Transport = crashed, c.net.Transport(1)
+	c.sms[1] = map[uint64]*kvSM{1: {}, 2: {}}
+	h, err := NewHost(cfg)
+	if err != nil {
 		t.Fatal(err)
 	}
-	c.checkFailedDir("MANIFEST sync failed")
+	c.hosts[1] = h
+	for _, g := range []uint64{1, 2} {
+		if _, err := h.AddGroup(GroupConfig{ID: g, StateMachine: c.sms[1][g]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.proposeSome(1, "after-restart")
+	c.proposeSome(2, "b-after-restart")
+	c.waitSame(1, 2, 1, 2, 3)
+	c.waitSame(2, 2, 1, 2, 3)
+	for _, st := range h.LogDirs() {
+		if st.Failed {
+			t.Fatalf("after the restart: %+v", st)
+		}
+	}
 }

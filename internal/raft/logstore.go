@@ -129,6 +129,7 @@ func openLogStoreSpace(dir string, fs vfs.FS, space bvfs.SpaceOptions) (*logStor
 		MemTableSize:                64 << 20,
 		MemTableStopWritesThreshold: 4,
 		Logger:                      s.flog,
+		EventListener:               &pebble.EventListener{BackgroundError: s.backgroundError},
 	}
 	if err := fs.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("raft: log dir %s: %w", dir, err)
@@ -140,7 +141,7 @@ func openLogStoreSpace(dir string, fs vfs.FS, space bvfs.SpaceOptions) (*logStor
 		return nil, fmt.Errorf("raft: log dir %s: %w", dir, err)
 	}
 	s.space = sp
-	db, err := openPebble(dir, opts, s.flog)
+	db, err := openPebble(dir, opts, s.fatal)
 	if err != nil {
 		return nil, fmt.Errorf("raft: open log store %s: %w", dir, err)
 	}
@@ -154,11 +155,29 @@ func openLogStoreSpace(dir string, fs vfs.FS, space bvfs.SpaceOptions) (*logStor
 	return s, nil
 }
 
-// openPebble opens the DB; a Fatalf during the open (a failed WAL replay
-// or MANIFEST write: a disk still bad at restart) is its error.
-func openPebble(dir string, opts *pebble.Options, l *storage.FatalLogger) (db *pebble.DB, err error) {
-	defer l.Catch(&err)
-	return pebble.Open(dir, opts)
+// openPebble opens the DB. A fatal error during the open (a disk still bad
+// at restart: a failed WAL or MANIFEST write or sync) is its error; the
+// open runs aside because Pebble's Open then waits forever for the flush
+// that the Fatalf ended (its goroutine is left behind, with the directory's
+// LOCK: the host does not start, and the process is expected to exit).
+func openPebble(dir string, opts *pebble.Options, f *fatal) (*pebble.DB, error) {
+	type result struct {
+		db  *pebble.DB
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		defer func() { done <- r }()
+		defer f.flog.Catch(&r.err)
+		r.db, r.err = pebble.Open(dir, opts)
+	}()
+	select {
+	case r := <-done:
+		return r.db, r.err
+	case <-f.failc:
+		return nil, f.failed()
+	}
 }
 
 // close closes the DB unless the directory failed (a wedged DB's Close
