@@ -12,6 +12,7 @@ import (
 	"time"
 
 	bvfs "github.com/basalt-store/basalt/internal/vfs"
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	pb "go.etcd.io/raft/v3/raftpb"
 )
@@ -315,5 +316,36 @@ func TestLogDirFatalRestart(t *testing.T) {
 		if st.Failed {
 			t.Fatalf("after the restart: %+v", st)
 		}
+	}
+}
+
+// BenchmarkLogStoreCommitGuard: the guard's own cost per commit (usable,
+// Catch's defer, the error check), raw Batch.Commit against
+// logStore.commit, alternating in one binary, on an in-memory FS with a
+// one-key NoSync batch (the cheapest commit there is).
+func BenchmarkLogStoreCommitGuard(b *testing.B) {
+	s, err := openLogStore("/log", newMemFS())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.close()
+	k, v := groupKey(keyHardState, 1), make([]byte, 24)
+	for _, guarded := range []bool{false, true, false, true} {
+		b.Run(fmt.Sprintf("guarded=%v", guarded), func(b *testing.B) {
+			for range b.N {
+				batch := s.db.NewBatch()
+				batch.Set(k, v, nil)
+				var err error
+				if guarded {
+					err = s.commit(batch, pebble.NoSync)
+				} else {
+					err = batch.Commit(pebble.NoSync)
+				}
+				batch.Close()
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
