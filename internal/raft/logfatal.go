@@ -194,14 +194,19 @@ func (f *fatal) failWith(what string, err error) error {
 }
 
 // failGroups stops every group of this loop's directory, once it failed
-// (err, its failure); the first call also logs, counts and reports it
-// (HostConfig.OnLogDirFailed). It runs on the loop's goroutine (or Poll's),
-// never under a group's lock.
+// (err, its failure); the first call also counts it (first), logs and
+// reports it (HostConfig.OnLogDirFailed, after the groups stopped). It runs
+// on the loop's goroutine only (or Poll's), never under a group's lock.
 func (l *storeLoop) failGroups(err error) {
 	if err == nil {
 		return
 	}
 	h := l.host
+	first := false
+	l.failOnce.Do(func() {
+		first = true
+		h.metrics.logDirFailures.Inc()
+	})
 	var ids []uint64
 	for _, g := range h.groupList() {
 		if g.loop == l {
@@ -209,14 +214,13 @@ func (l *storeLoop) failGroups(err error) {
 			g.fail(err)
 		}
 	}
-	l.failOnce.Do(func() {
-		h.metrics.logDirFailures.Inc()
+	if first {
 		h.log.Error("raft log directory FAILED: its groups are stopped, it gets no new ones; the other log directories go on",
 			"dir", l.store.dir, "groups", len(ids), "err", err)
 		if h.cfg.OnLogDirFailed != nil {
 			h.cfg.OnLogDirFailed(l.store.dir, err, ids)
 		}
-	})
+	}
 }
 
 // Failure is why the group stopped after a fatal error (it matches

@@ -21,13 +21,13 @@ import (
 // host 1 sends for group 1 once its log directory failed.
 type tapTransport struct {
 	Transport
-	failed func() bool
+	host atomic.Pointer[Host] // host 1, once started
 	mu     sync.Mutex
 	bad    []string
 }
 
 func (t *tapTransport) Send(to uint64, msgs []Outgoing) {
-	if t.failed != nil && t.failed() {
+	if h := t.host.Load(); h != nil && h.loops[0].store.failed() != nil {
 		for _, o := range msgs {
 			m := o.Msg
 			if o.Group != 1 || m == nil || m.GetReject() {
@@ -75,6 +75,9 @@ func newFatalCluster(t *testing.T) *fatalCluster {
 			t.Fatal(err)
 		}
 		c.hosts[id] = h
+		if id == 1 {
+			c.tap.host.Store(h)
+		}
 		for _, g := range c.groups {
 			gr, err := h.AddGroup(GroupConfig{ID: g, Peers: c.ids, StateMachine: c.sms[id][g]})
 			if err != nil {
@@ -86,7 +89,6 @@ func newFatalCluster(t *testing.T) *fatalCluster {
 		}
 	}
 	c.h1 = c.hosts[1]
-	c.tap.failed = func() bool { return c.h1.loops[0].store.failed() != nil }
 	return c
 }
 
@@ -140,7 +142,7 @@ func (c *fatalCluster) checkFailedDir(want string) {
 	t := c.t
 	g1 := c.group(1, 1)
 	deadline := time.Now().Add(10 * time.Second)
-	for !g1.Stopped() && time.Now().Before(deadline) {
+	for !(g1.Stopped() && testCounter(c.h1.metrics.logDirFailures) == 1) && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	if !g1.Stopped() || !errors.Is(g1.Failure(), ErrLogDirFailed) {
@@ -267,7 +269,7 @@ func TestLogDirFatalRestart(t *testing.T) {
 		}
 		return nil
 	})
-	c.proposeSome(1, "trigger", 1, 2, 3)
+	c.proposeSome(1, "trigger", 2, 3)
 	c.checkFailedDir("sync failed")
 	t.Log("closing host 1")
 	c.h1.Close()
