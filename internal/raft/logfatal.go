@@ -78,7 +78,6 @@ type fatal struct {
 type atomicLogDirErr struct {
 	mu  sync.Mutex
 	err *LogDirError
-	set bool
 }
 
 func newFatal(dir string) *fatal {
