@@ -563,10 +563,14 @@ func (h *Host) sendSnapshot(g *Group, m *pb.Message) {
 	to := m.GetTo()
 	report := func(st etcdraft.SnapshotStatus) {
 		g.mu.Lock()
+		var perr error
 		if !g.isStopped() {
-			g.rn.ReportSnapshot(to, st)
+			perr = g.rawLocked("report snapshot", func() { g.rn.ReportSnapshot(to, st) })
 		}
 		g.mu.Unlock()
+		if perr != nil {
+			g.fail(perr)
+		}
 		g.loop.notify(g)
 	}
 	select {
@@ -694,10 +698,14 @@ func (h *Host) sendSnapshotManual(g *Group, m *pb.Message) {
 			h.metrics.snapshotsSent.Inc()
 		}
 		g.mu.Lock()
+		var perr error
 		if !g.isStopped() {
-			g.rn.ReportSnapshot(to, st)
+			perr = g.rawLocked("report snapshot", func() { g.rn.ReportSnapshot(to, st) })
 		}
 		g.mu.Unlock()
+		if perr != nil {
+			g.fail(perr)
+		}
 		g.loop.notify(g)
 	}
 	ss, ok := h.transport.(SnapshotSender)

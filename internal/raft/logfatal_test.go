@@ -22,8 +22,8 @@ import (
 type tapTransport struct {
 	Transport
 	host atomic.Pointer[Host] // host 1, once started
-	mu     sync.Mutex
-	bad    []string
+	mu   sync.Mutex
+	bad  []string
 }
 
 func (t *tapTransport) Send(to uint64, msgs []Outgoing) {
@@ -350,4 +350,79 @@ func BenchmarkLogStoreCommitGuard(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestLogDirFatalRawPanics: an etcd raft panic in a call into the RawNode
+// other than Step (a tick, a proposal, Campaign, ...: its Storage failing
+// a read once the log directory failed) stops that group, not the
+// process; the group is marked stopped before its lock is released; the
+// entry points refuse a stopped group (Campaign returned nil on a stopped
+// group before); the panic counts in raw_node_panics_total, not
+// step_panics_total.
+func TestLogDirFatalRawPanics(t *testing.T) {
+	c := newFatalCluster(t)
+	c.proposeSome(1, "before")
+	c.proposeSome(2, "b-before")
+	c.ffs.SetInject(func(op, path string) error {
+		if op == "sync" && strings.HasPrefix(path, "/a/") && strings.HasSuffix(path, ".log") {
+			return syscall.EIO
+		}
+		return nil
+	})
+	defer c.ffs.SetInject(nil)
+	g1 := c.group(1, 1)
+	deadline := time.Now().Add(20 * time.Second)
+	for i := 0; !g1.Stopped() && time.Now().Before(deadline); i++ {
+		if lead := c.group(2, 1).Leader(); lead != 0 {
+			if g, err := c.hosts[lead].Group(1); err == nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+				g.Propose(ctx, []byte(fmt.Sprintf("during-%d", i)), nil)
+				cancel()
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !g1.Stopped() {
+		t.Fatal("group 1 on host 1 did not stop")
+	}
+	if err := g1.Campaign(); !errors.Is(err, ErrStopped) {
+		t.Fatalf("Campaign on a stopped group = %v, want ErrStopped", err)
+	}
+	g1.TransferLeader(2) // must not reach the RawNode
+
+	// A panic inside a RawNode call: the group is stopped before mu is
+	// released, and the error wraps the directory's failure if any.
+	steps0 := testCounter(c.h1.metrics.stepPanics)
+	g2 := c.group(1, 2)
+	g2.mu.Lock()
+	err := g2.rawLocked("tick", func() { panic("raft: storage read failed (test)") })
+	stoppedUnderMu := g2.isStopped()
+	g2.mu.Unlock()
+	if err == nil || !stoppedUnderMu {
+		t.Fatalf("rawLocked: err %v, stopped under mu %v; want an error and stopped", err, stoppedUnderMu)
+	}
+	if errors.Is(err, ErrLogDirFailed) {
+		t.Fatalf("group 2's error %v matches ErrLogDirFailed: /b did not fail", err)
+	}
+	g2.fail(err)
+	if !g2.Stopped() || g2.Failure() == nil {
+		t.Fatalf("group 2: stopped %v, failure %v", g2.Stopped(), g2.Failure())
+	}
+	if err := g2.Campaign(); !errors.Is(err, ErrStopped) {
+		t.Fatalf("Campaign on a broken group = %v, want ErrStopped", err)
+	}
+	if e := rawPanicError(c.h1.loops[0], 1, "tick", "x"); !errors.Is(e, ErrLogDirFailed) {
+		t.Fatalf("a panic on failed /a: %v, want ErrLogDirFailed", e)
+	}
+	if n := testCounter(c.h1.metrics.rawPanics); n < 1 {
+		t.Fatalf("raw_node_panics_total = %v, want >= 1", n)
+	}
+	if n := testCounter(c.h1.metrics.stepPanics); n != steps0 {
+		t.Fatalf("step_panics_total went from %v to %v on a non-step panic", steps0, n)
+	}
+	// A tick of the broken group does not reach the RawNode (it would
+	// panic again, or run on a broken log).
+	g2.tick()
+	// The other hosts go on with group 2.
+	c.proposeSome(2, "b-after", 2, 3)
 }
