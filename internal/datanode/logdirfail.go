@@ -32,9 +32,29 @@ import (
 //   - CLOSED containers are not touched: their data is on the data volumes
 //     and they keep serving reads.
 //
+// When no healthy replica goes on (a single-voter pipeline, RF=ONE, or
+// every replica's directory failed, e.g. a cluster-wide full disk), SCM
+// finds no healthy replica to close the container on and it stays
+// CLOSING. The UNHEALTHY reason above is then recoverable by the operator
+// (`basalt admin container recover`, recover.go): once SCM closed the
+// pipeline and this datanode left it, the replica's state is whole up to
+// its applied index. Everything it applied went through the state machine
+// onto the data volume (a different disk from the log), and a failed log
+// directory only stops what comes next. An entry committed but not yet
+// applied here was never acknowledged: a block is acknowledged only once
+// every replica has applied it. RecoverContainer still verifies every
+// committed block against its checksums, and SCM counts the CLOSED
+// replica only if its BCSID is the newest any replica reports. With RF=3
+// and one failed replica, the other two are ahead, so SCM does not count
+// it (scm/recover.go).
+//
 // The raft host never places a new pipeline on the failed directory. A
 // restart of the datanode opens the directory again (raft.NewHost fails if
 // its disk still fails: the datanode then does not start, and says why).
+
+// logDirFailedReason is the UNHEALTHY reason of a container whose
+// pipeline a failed log directory stopped (recoverableReasons matches it).
+const logDirFailedReason = "raft log directory %s failed; this replica's pipeline %d stopped"
 
 // logDirFailures remembers which failed pipelines were handled.
 type logDirFailures struct {
@@ -86,7 +106,7 @@ func (d *Datanode) checkLogDirs() {
 		if seen {
 			continue
 		}
-		why := fmt.Sprintf("raft log directory %s failed; this replica's pipeline %d stopped", dir, id)
+		why := fmt.Sprintf(logDirFailedReason, dir, id)
 		sm.mu.Lock()
 		cids := sm.containerListLocked()
 		sm.mu.Unlock()
