@@ -146,35 +146,52 @@ func (f *fatal) after(err error) error {
 
 // backgroundError is the log store's Pebble EventListener.BackgroundError:
 // a flush or compaction that failed (an SST write or sync: no Fatalf, and
-// Pebble retries it at once, forever) fails the directory. On a flush's
-// own goroutine it then ends that goroutine (runtime.Goexit; flush releases
-// DB.mu by defer): its flushing mark stays set, so Pebble schedules no
-// more flushes, instead of retrying the failing one in a busy loop. Else
-// (a compaction, or a disk-usage check on any goroutine) it only marks.
+// Pebble retries it at once, forever, with no back-off) fails the
+// directory, and on Pebble's own flush or compaction goroutine it then ends
+// that goroutine (runtime.Goexit), instead of retrying the failing work in
+// a busy loop on a dead directory:
+//   - a flush (DB.flush, pebble v2.1.7 compaction.go) holds only DB.mu,
+//     released by its defer; its flushing mark stays set, so Pebble
+//     schedules no more flushes;
+//   - a compaction (DB.compact → handleCompactFailure) holds DB.mu,
+//     released by the inner func's defer (pprof.Do's label defer runs
+//     too); its compactingCount and inProgress entry stay raised and its
+//     GrantHandle().Done() is skipped, which only keeps this dead DB from
+//     scheduling more compactions (the scheduler is the DB's own);
+//     Close would wait for compactingCount, but a failed DB is never
+//     closed (storage.CloseDB).
+//
+// Else (a disk-usage check, or on a goroutine of ours) it only marks.
 func (f *fatal) backgroundError(err error) {
 	f.fail(fmt.Errorf("background error: %w", err))
-	if inPebbleFlush() {
+	if inPebbleBackground() {
 		runtime.Goexit()
 	}
 }
 
-// inPebbleFlush reports whether the caller runs Pebble's DB.flush on one
-// of Pebble's goroutines (no frame of this module on the stack).
-func inPebbleFlush() bool {
+// inPebbleBackground reports whether the caller is Pebble's flush
+// (DB.flush) or a failed compaction (DB.handleCompactFailure under
+// DB.compact) on one of Pebble's goroutines (no frame of this module on
+// the stack).
+func inPebbleBackground() bool {
 	pcs := make([]uintptr, 64)
 	n := runtime.Callers(3, pcs)
 	frames := runtime.CallersFrames(pcs[:n])
-	flush := false
+	flush, failedCompact, compact := false, false, false
 	for {
 		fr, more := frames.Next()
 		switch {
 		case strings.HasSuffix(fr.Function, "pebble/v2.(*DB).flush"):
 			flush = true
+		case strings.HasSuffix(fr.Function, "pebble/v2.(*DB).handleCompactFailure"):
+			failedCompact = true
+		case strings.HasSuffix(fr.Function, "pebble/v2.(*DB).compact"):
+			compact = true
 		case strings.HasPrefix(fr.Function, "github.com/basalt-store/basalt/") && !strings.Contains(fr.Function, "raft.(*fatal)."):
 			return false
 		}
 		if !more {
-			return flush && n < len(pcs)
+			return (flush || failedCompact && compact) && n < len(pcs)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -240,8 +241,10 @@ func TestLogDirFatalFlush(t *testing.T) {
 			c := newFatalCluster(t)
 			c.proposeSome(1, "before")
 			c.proposeSome(2, "b-before")
+			var hits atomic.Int64
 			c.ffs.SetInject(func(op, path string) error {
 				if op == tc.op && strings.HasPrefix(path, "/a/") && strings.Contains(path, tc.file) {
+					hits.Add(1)
 					return syscall.EIO
 				}
 				return nil
@@ -251,6 +254,9 @@ func TestLogDirFatalFlush(t *testing.T) {
 				t.Fatal(err)
 			}
 			c.checkFailedDir(tc.want)
+			// The failed flush's goroutine ended: no more attempts (before
+			// the Goexit, Pebble retried the SST write at once, forever).
+			checkNoRetries(t, &hits)
 		})
 	}
 }
@@ -425,4 +431,53 @@ func TestLogDirFatalRawPanics(t *testing.T) {
 	g2.tick()
 	// The other hosts go on with group 2.
 	c.proposeSome(2, "b-after", 2, 3)
+}
+
+// checkNoRetries: the failing I/O counted by hits is not retried any more
+// (the goroutine that did it ended) over a while.
+func checkNoRetries(t *testing.T, hits *atomic.Int64) {
+	t.Helper()
+	before := hits.Load()
+	time.Sleep(300 * time.Millisecond)
+	if after := hits.Load(); after > before+1 {
+		t.Fatalf("the failing background work goes on after the directory failed: %d attempts, %d in the last 300 ms", after, after-before)
+	}
+}
+
+// TestLogDirFatalCompaction (review finding 3): a compaction of host 1's
+// /a fails (its SST writes, only under Pebble's compaction). The
+// directory fails and the compaction goroutine ends. Before, Pebble
+// retried the compaction at once, forever (no back-off; thousands of
+// attempts a second, most of a core) until the process restarted.
+func TestLogDirFatalCompaction(t *testing.T) {
+	c := newFatalCluster(t)
+	c.proposeSome(2, "b-before")
+	var hits atomic.Int64
+	inCompaction := func() bool {
+		buf := make([]byte, 64<<10)
+		return strings.Contains(string(buf[:runtime.Stack(buf, false)]), "(*DB).compact1")
+	}
+	c.ffs.SetInject(func(op, path string) error {
+		if op == "write" && strings.HasPrefix(path, "/a/") && strings.HasSuffix(path, ".sst") && inCompaction() {
+			hits.Add(1)
+			return syscall.EIO
+		}
+		return nil
+	})
+	defer c.ffs.SetInject(nil)
+	// L0 files on /a (each flush one): past L0CompactionThreshold (4),
+	// Pebble compacts them on its own goroutine.
+	db := c.h1.loops[0].store.db
+	for i := 0; i < 8 && hits.Load() == 0; i++ {
+		c.proposeSome(1, fmt.Sprintf("l0-%d", i))
+		if err := db.Flush(); err != nil {
+			t.Fatalf("flush %d: %v", i, err)
+		}
+	}
+	c.checkFailedDir("background error")
+	if hits.Load() == 0 {
+		t.Fatal("no compaction write was failed")
+	}
+	checkNoRetries(t, &hits)
+	t.Logf("%d failed compaction writes", hits.Load())
 }
