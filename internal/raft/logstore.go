@@ -174,7 +174,16 @@ func openPebble(dir string, opts *pebble.Options, f *fatal) (*pebble.DB, error) 
 	}()
 	select {
 	case r := <-done:
-		return r.db, r.err
+		// A Fatalf on the open goroutine itself is caught into r.err (a
+		// *storage.FatalError) after it marked the directory: the
+		// directory's failure is the error (ErrLogDirFailed, naming it).
+		if e := f.failed(); e != nil {
+			return nil, e
+		}
+		if r.err != nil {
+			return nil, f.after(r.err)
+		}
+		return r.db, nil
 	case <-f.failc:
 		return nil, f.failed()
 	}
