@@ -165,8 +165,16 @@ basalt admin meta add (see basalt admin meta --help).`,
 				tokenFile = filepath.Join(dataDir, meta.ServiceTokenFile)
 			}
 			fmt.Printf("basalt meta: node %d, gRPC %s, raft %s, data %s, service token in %s\n", id, ms.GRPCAddr(), ms.RaftAddr(), dataDir, tokenFile)
-			waitSignal()
-			return nil
+			sig := make(chan struct{})
+			go func() { waitSignal(); close(sig) }()
+			select {
+			case <-sig:
+				return nil
+			case <-ms.Failed():
+				// Fail-stop (its raft log directory failed): exit
+				// non-zero so that the supervisor restarts the node.
+				return ms.Err()
+			}
 		},
 	}
 	cmd.Flags().Uint64Var(&id, "id", 1, "node ID (nonzero, stable)")

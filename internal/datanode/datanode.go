@@ -184,7 +184,8 @@ type Datanode struct {
 	repl        replicator // container copies in and out (replicate.go)
 	tokens      tokenCheck // block token keys from SCM (token.go)
 	hbInterval  time.Duration
-	reportSoon  atomic.Bool // a container changed state: full report next
+	reportSoon  atomic.Bool    // a container changed state: full report next
+	logFail     logDirFailures // pipelines stopped by a failed log dir (logdirfail.go)
 	stopc       chan struct{}
 	wg          sync.WaitGroup
 	closeOnce   sync.Once
@@ -410,7 +411,8 @@ func (d *Datanode) Start(ctx context.Context) error {
 		// Chunk data is in the block files, so a log entry is small, but
 		// keep more of the log for followers that fall behind briefly.
 		CompactEvery: 4096, CompactKeep: 1024,
-		AvoidLogDir: d.avoidLogDir,
+		AvoidLogDir:    d.avoidLogDir,
+		OnLogDirFailed: d.onLogDirFailed,
 	})
 	if err != nil {
 		if raftLn != nil {
@@ -696,7 +698,8 @@ func (d *Datanode) leavePipeline(id uint64) error {
 		// Still listed on disk: a restart rejoins it (from its kept log).
 		return err
 	}
-	if rerr := d.host.RemoveGroup(id); rerr != nil && !errors.Is(rerr, raft.ErrGroupNotFound) {
+	// On a failed log directory the log stays (logdirfail.go).
+	if rerr := d.host.RemoveGroup(id); rerr != nil && !errors.Is(rerr, raft.ErrGroupNotFound) && !errors.Is(rerr, raft.ErrLogDirFailed) {
 		return rerr
 	}
 	sm.removeFiles()
@@ -727,6 +730,7 @@ func (d *Datanode) heartbeatLoop() {
 func (d *Datanode) Heartbeat() error { return d.heartbeat(true) }
 
 func (d *Datanode) heartbeat(full bool) error {
+	d.checkLogDirs()
 	req := &metapb.HeartbeatRequest{DatanodeId: d.ident.ID, FullReport: full}
 	req.Volumes, req.Containers = d.reports(full)
 	d.mu.Lock()
@@ -746,6 +750,7 @@ func (d *Datanode) heartbeat(full bool) error {
 		}
 	}
 	d.reportSlowDisks(req)
+	d.reportFailedLogDirs(req)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	resp, err := d.meta.Scm.Heartbeat(ctx, req)

@@ -46,7 +46,12 @@ import (
 // failed recovery's note (recoveries.note). Anchored at the start: the
 // guard's text after any other prefix (a checksum report, a delete tx
 // status wrapping a datanode's message) is not an apply bug.
-var recoverableReasons = regexp.MustCompile(`^(datanode \d+ reports its replica UNHEALTHY: )?(` + regexp.QuoteMeta(RecoverFailedPrefix) + `.*; was: )?entry \d+( \([A-Za-z]+\) failed in apply| \([A-Za-z]+\): chunk of block \d+ not stored: WriteData failed|: chunk at \d+ of block \d+ not made durable: SyncData failed): runtime error`)
+//
+// The same holds for a replica whose pipeline a failed raft log directory
+// stopped (logDirFailedReason, logdirfail.go): its applied state is whole,
+// its pipeline left, and the verification and SCM's BCSID check apply as
+// for an apply bug.
+var recoverableReasons = regexp.MustCompile(`^(datanode \d+ reports its replica UNHEALTHY: )?(` + regexp.QuoteMeta(RecoverFailedPrefix) + `.*; was: )?(entry \d+( \([A-Za-z]+\) failed in apply| \([A-Za-z]+\): chunk of block \d+ not stored: WriteData failed|: chunk at \d+ of block \d+ not made durable: SyncData failed): runtime error|raft log directory .+ failed; this replica's pipeline \d+ stopped$)`)
 
 // maxRecoveries bounds the recoveries (full verifications) a datanode
 // runs at once; more commands wait their turn.
@@ -57,7 +62,8 @@ const maxRecoveries = 2
 var errRecoverStopping = errors.New("datanode stopping: recovery interrupted")
 
 // recoverableReason reports whether why is a guard's record of a runtime
-// error (a bug in Basalt), the only cause RecoverContainer clears.
+// error (a bug in Basalt) or of a failed raft log directory, the only
+// causes RecoverContainer clears.
 func recoverableReason(why string) bool { return recoverableReasons.MatchString(why) }
 
 // recoveries are the recoveries running on a datanode and the last

@@ -256,6 +256,12 @@ func TestRecoverableReason(t *testing.T) {
 		// After a failed recovery's note (the reported reason SCM may
 		// have recorded).
 		"recover failed: block 2: checksum mismatch; was: entry 42 (PutBlock) failed in apply: runtime error: index out of range": true,
+		// A failed raft log directory (logdirfail.go), alone or in SCM's
+		// record; not after another prefix nor with more after it.
+		"raft log directory /dn/raft failed; this replica's pipeline 7 stopped":                                       true,
+		"datanode 2 reports its replica UNHEALTHY: raft log directory /d/r failed; this replica's pipeline 7 stopped": true,
+		"x: raft log directory /d/r failed; this replica's pipeline 7 stopped":                                        false,
+		"raft log directory /d/r failed; this replica's pipeline 7 stopped; and then a checksum mismatch":             false,
 	} {
 		if got := recoverableReason(why); got != want {
 			t.Errorf("recoverableReason(%q) = %v, want %v", why, got, want)

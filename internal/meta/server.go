@@ -229,6 +229,7 @@ type Server struct {
 	wg      sync.WaitGroup
 	closeMu sync.Mutex
 	closed  bool
+	fail    failStop // a fatal failure stopped the server (logdirfail.go)
 }
 
 // New opens the state, starts the raft transport and binds the gRPC
@@ -379,6 +380,7 @@ func New(cfg Config) (*Server, error) {
 		TickInterval: cfg.TickInterval, ElectionTicks: cfg.ElectionTicks,
 		Registerer: reg, Logger: cfg.Logger, FS: cfg.FS,
 		LogReserveBytes: cfg.DiskReserveBytes, LogBallastBytes: cfg.BallastBytes,
+		OnLogDirFailed: s.onLogDirFailed, // fail-stop (logdirfail.go)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("meta: raft host: %w", err)

@@ -76,6 +76,12 @@ type HostConfig struct {
 	// internal/slowdisk). Groups already on them stay. Called under the
 	// host's lock: it must be cheap and must not call back into the host.
 	AvoidLogDir func(dir string) bool
+	// OnLogDirFailed, if set, is called once per log directory that met a
+	// fatal I/O error (logfatal.go), with the cause and the groups it
+	// stopped, after they are stopped, on that directory's loop goroutine:
+	// it may call the host (Group, StopGroup) but must not wait for the
+	// loop (RemoveGroup).
+	OnLogDirFailed func(dir string, err error, groups []uint64)
 }
 
 // DefaultLogReserve is HostConfig.LogReserveBytes's default.

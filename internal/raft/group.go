@@ -33,6 +33,10 @@ type Group struct {
 
 	stopc   chan struct{}
 	stopped atomic.Bool
+	// broken: etcd raft panicked in a call under mu (rawLocked); set
+	// before mu is released, so that nothing calls into the RawNode again
+	// (isStopped) before fail finishes the stop.
+	broken atomic.Bool
 	// failure is why the group stopped, when a fatal error stopped it.
 	failure atomic.Pointer[error]
 	applyWG sync.WaitGroup
@@ -213,7 +217,7 @@ func newGroup(h *Host, loop *storeLoop, gl *groupLog, cfg GroupConfig) (*Group, 
 	}
 	g.confState = cs
 	g.voters = append([]uint64(nil), cs.GetVoters()...)
-	rn, err := etcdraft.NewRawNode(&etcdraft.Config{
+	rn, err := newRawNode(h, loop, cfg.ID, &etcdraft.Config{
 		ID:                        h.id,
 		ElectionTick:              h.cfg.ElectionTicks,
 		HeartbeatTick:             h.cfg.HeartbeatTicks,
@@ -252,7 +256,7 @@ func (g *Group) IsLeader() bool { return !g.isStopped() && g.leader.Load() == g.
 // error); it then accepts nothing (ErrStopped) until re-added.
 func (g *Group) Stopped() bool { return g.isStopped() }
 
-func (g *Group) isStopped() bool { return g.stopped.Load() }
+func (g *Group) isStopped() bool { return g.stopped.Load() || g.broken.Load() }
 
 // stop stops the group for good. Proposals already handed to raft fail
 // with ErrOutcomeUnknown: they may have committed (or may yet, on the other
@@ -289,10 +293,34 @@ func sortedKeys[V any](m map[uint64]V) []uint64 {
 	return ks
 }
 
+// failIfBroken finishes the stop of a group that rawLocked marked broken
+// (call it after releasing mu).
+func (g *Group) failIfBroken() {
+	if g.broken.Load() && !g.stopped.Load() {
+		err := error(fmt.Errorf("raft: group %d: etcd raft panicked", g.id))
+		if f := g.failure.Load(); f != nil {
+			err = *f
+		}
+		g.fail(err)
+	}
+}
+
+// proposeConfChangeLocked proposes cc; mu must be held.
+func (g *Group) proposeConfChangeLocked(cc *pb.ConfChange) error {
+	var perr error
+	if err := g.rawLocked("propose conf change", func() { perr = g.rn.ProposeConfChange(cc) }); err != nil {
+		return err
+	}
+	if perr != nil {
+		return fmt.Errorf("raft: group %d: membership change: %v: %w", g.id, perr, ErrProposalDropped)
+	}
+	return nil
+}
+
 // fail stops the group after an error it cannot continue from (a state
 // machine that cannot store data, a violated invariant), loudly.
 func (g *Group) fail(err error) {
-	if g.isStopped() {
+	if g.stopped.Load() {
 		return
 	}
 	g.host.log.Error("group stopped after a fatal error", "group", g.id, "err", err)
@@ -493,6 +521,7 @@ func (g *Group) submitMany(idx []int, ps []*proposal, metas, datas [][]byte, err
 		submitted++
 	}
 	g.mu.Unlock()
+	g.failIfBroken()
 	if len(release) > 0 {
 		g.pmu.Lock()
 		for _, size := range release {
@@ -544,6 +573,7 @@ func (g *Group) submit(p *proposal, meta, data []byte) error {
 		err = g.enterLocked(p, payload, data)
 	}
 	g.mu.Unlock()
+	g.failIfBroken()
 	if err != nil {
 		g.pmu.Lock()
 		g.releaseLocked(p.size)
@@ -587,7 +617,14 @@ func (g *Group) enterLocked(p *proposal, payload, data []byte) error {
 		g.local[p.seq] = localData{data: data, epoch: g.readies}
 		g.localMu.Unlock()
 	}
-	if perr := g.rn.Propose(payload); perr != nil {
+	var perr error
+	if err := g.rawLocked("propose", func() { perr = g.rn.Propose(payload) }); err != nil {
+		// Broken: the entry was never saved nor sent, and never will be;
+		// the caller stops the group after releasing mu (failIfBroken).
+		g.dropLocal(p.seq)
+		return err
+	}
+	if perr != nil {
 		g.dropLocal(p.seq)
 		return fmt.Errorf("raft: group %d: %v: %w", g.id, perr, ErrProposalDropped)
 	}
@@ -907,7 +944,11 @@ func (g *Group) readIndexOnce(ctx context.Context) (uint64, error) {
 		g.mu.Unlock()
 		return 0, &NotLeaderError{Group: g.id}
 	}
-	g.rn.ReadIndex(rctx[:])
+	if err := g.rawLocked("read index", func() { g.rn.ReadIndex(rctx[:]) }); err != nil {
+		g.mu.Unlock()
+		g.fail(err)
+		return 0, g.stoppedError()
+	}
 	g.mu.Unlock()
 	g.loop.notify(g)
 	select {
@@ -1032,7 +1073,16 @@ func (g *Group) recordApplied(from, applied uint64) {
 // Campaign makes this replica start an election.
 func (g *Group) Campaign() error {
 	g.mu.Lock()
-	err := g.rn.Campaign()
+	if g.isStopped() {
+		g.mu.Unlock()
+		return g.stoppedError()
+	}
+	var err error
+	if perr := g.rawLocked("campaign", func() { err = g.rn.Campaign() }); perr != nil {
+		g.mu.Unlock()
+		g.fail(perr)
+		return g.stoppedError()
+	}
 	g.mu.Unlock()
 	g.loop.notify(g)
 	return err
@@ -1041,7 +1091,15 @@ func (g *Group) Campaign() error {
 // TransferLeader asks the leader to hand leadership to replica to.
 func (g *Group) TransferLeader(to uint64) {
 	g.mu.Lock()
-	g.rn.TransferLeader(to)
+	if g.isStopped() {
+		g.mu.Unlock()
+		return
+	}
+	if perr := g.rawLocked("transfer leader", func() { g.rn.TransferLeader(to) }); perr != nil {
+		g.mu.Unlock()
+		g.fail(perr)
+		return
+	}
 	g.mu.Unlock()
 	g.loop.notify(g)
 }
@@ -1067,14 +1125,15 @@ func (g *Group) changeMembership(ctx context.Context, typ pb.ConfChangeType, id 
 		err = g.stoppedError()
 	} else if st := g.rn.BasicStatus(); st.RaftState != etcdraft.StateLeader {
 		err = &NotLeaderError{Group: g.id, Leader: st.Lead}
-	} else if perr := g.rn.ProposeConfChange(cc); perr != nil {
-		err = fmt.Errorf("raft: group %d: membership change: %v: %w", g.id, perr, ErrProposalDropped)
+	} else if perr := g.proposeConfChangeLocked(cc); perr != nil {
+		err = perr
 	} else {
 		g.pmu.Lock()
 		g.pending[seq] = p
 		g.pmu.Unlock()
 	}
 	g.mu.Unlock()
+	g.failIfBroken()
 	if err != nil {
 		return err
 	}
@@ -1192,6 +1251,7 @@ func (g *Group) stepInboxLocked() (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			g.host.metrics.stepPanics.Inc()
+			g.broken.Store(true) // before mu is released (see broken)
 			g.host.log.Error("panic stepping a message; stopping the group", "group", g.id,
 				"type", m.GetType().String(), "from", m.GetFrom(), "term", m.GetTerm(), "panic", r, "stack", string(debug.Stack()))
 			err = fmt.Errorf("raft: group %d: stepping %v from %d: panic: %v", g.id, m.GetType(), m.GetFrom(), r)
@@ -1205,10 +1265,14 @@ func (g *Group) stepInboxLocked() (err error) {
 
 func (g *Group) reportUnreachable(id uint64) {
 	g.mu.Lock()
+	var perr error
 	if !g.isStopped() {
-		g.rn.ReportUnreachable(id)
+		perr = g.rawLocked("report unreachable", func() { g.rn.ReportUnreachable(id) })
 	}
 	g.mu.Unlock()
+	if perr != nil {
+		g.fail(perr)
+	}
 }
 
 func (g *Group) tick() {
@@ -1224,7 +1288,11 @@ func (g *Group) tick() {
 		g.fail(err)
 		return
 	}
-	g.rn.Tick()
+	if err := g.rawLocked("tick", g.rn.Tick); err != nil {
+		g.mu.Unlock()
+		g.fail(err)
+		return
+	}
 	g.mu.Unlock()
 	// Followers re-report their applied index now and then, in case the
 	// report after an apply was lost or the leader changed.
@@ -1248,11 +1316,16 @@ func (g *Group) ready() *readyWork {
 		g.fail(err)
 		return nil
 	}
-	if !g.rn.HasReady() {
+	rd, ok, err := g.takeReadyLocked()
+	if err != nil {
+		g.mu.Unlock()
+		g.fail(err)
+		return nil
+	}
+	if !ok {
 		g.mu.Unlock()
 		return nil
 	}
-	rd := g.rn.Ready()
 	st := g.rn.BasicStatus()
 	g.leader.Store(st.Lead)
 	g.term.Store(st.GetTerm())
@@ -1267,6 +1340,65 @@ func (g *Group) ready() *readyWork {
 	return &readyWork{g: g, rd: rd, leader: st.RaftState == etcdraft.StateLeader, epoch: epoch}
 }
 
+// takeReadyLocked takes the group's Ready, if it has one. etcd raft
+// panics when its Storage fails a read (its committed entries come from
+// the log): a failed log directory (ErrLogDirFailed) then stops this
+// group, as a panic stepping a message does, never the process.
+func (g *Group) takeReadyLocked() (rd etcdraft.Ready, ok bool, err error) {
+	err = g.rawLocked("taking a Ready", func() {
+		if ok = g.rn.HasReady(); ok {
+			rd = g.rn.Ready()
+		}
+	})
+	return rd, ok && err == nil, err
+}
+
+// rawLocked runs fn, a call into the RawNode; mu must be held. etcd raft
+// panics when its Storage fails a read (once the log directory failed,
+// every read past the tail cache fails: hasUnappliedConfChanges in a tick,
+// a leader's send of entries to a lagging follower, ...). rawLocked turns
+// that panic into an error and marks the group broken before mu is
+// released, so nothing calls into the RawNode again; the caller stops the
+// group with the error (g.fail) after releasing mu. The process and the
+// other groups go on.
+func (g *Group) rawLocked(what string, fn func()) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			g.broken.Store(true)
+			g.host.metrics.rawPanics.Inc()
+			g.host.log.Error("panic in etcd raft; stopping the group", "group", g.id, "call", what, "panic", r, "stack", string(debug.Stack()))
+			e := rawPanicError(g.loop, g.id, what, r)
+			g.failure.CompareAndSwap(nil, &e)
+			err = e
+		}
+	}()
+	fn()
+	return nil
+}
+
+// rawPanicError is the error of an etcd raft panic in call what: it wraps
+// the log directory's failure when there is one (ErrLogDirFailed).
+func rawPanicError(l *storeLoop, id uint64, what string, r any) error {
+	if f := l.store.failed(); f != nil {
+		return fmt.Errorf("raft: group %d: %s: %w (panic: %v)", id, what, f, r)
+	}
+	return fmt.Errorf("raft: group %d: %s: panic: %v", id, what, r)
+}
+
+// newRawNode is etcdraft.NewRawNode, whose panic (its Storage failing a
+// read, as when the log directory fails while the group is added) is an
+// error, not the process's end.
+func newRawNode(h *Host, l *storeLoop, id uint64, c *etcdraft.Config) (rn *etcdraft.RawNode, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			h.metrics.rawPanics.Inc()
+			h.log.Error("panic in etcd raft creating a group", "group", id, "panic", r, "stack", string(debug.Stack()))
+			rn, err = nil, rawPanicError(l, id, "creating its raft node", r)
+		}
+	}()
+	return etcdraft.NewRawNode(c)
+}
+
 // advance tells raft the Ready is persisted and queues its committed
 // entries for the apply goroutine.
 func (g *Group) advance(rd etcdraft.Ready) {
@@ -1275,8 +1407,12 @@ func (g *Group) advance(rd etcdraft.Ready) {
 		g.mu.Unlock()
 		return
 	}
-	g.rn.Advance(rd)
-	more := g.rn.HasReady()
+	var more bool
+	if err := g.rawLocked("advance", func() { g.rn.Advance(rd); more = g.rn.HasReady() }); err != nil {
+		g.mu.Unlock()
+		g.fail(err)
+		return
+	}
 	g.mu.Unlock()
 	if len(rd.ReadStates) > 0 {
 		g.pmu.Lock()
@@ -1525,7 +1661,16 @@ func (g *Group) applyEntries(ents []*pb.Entry) {
 				cc, ctxb = c, c.GetContext()
 			}
 			g.mu.Lock()
-			cs := g.rn.ApplyConfChange(cc)
+			if g.isStopped() {
+				g.mu.Unlock()
+				return
+			}
+			var cs *pb.ConfState
+			if err := g.rawLocked("apply conf change", func() { cs = g.rn.ApplyConfChange(cc) }); err != nil {
+				g.mu.Unlock()
+				g.fail(err)
+				return
+			}
 			g.mu.Unlock()
 			if err := g.log.setConfState(cs); err != nil {
 				g.fail(err)

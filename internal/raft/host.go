@@ -198,6 +198,9 @@ func (h *Host) LogDirs() []LogDirStatus {
 	out := make([]LogDirStatus, len(h.loops))
 	for i, l := range h.loops {
 		out[i] = LogDirStatus{Dir: l.store.dir, Groups: l.store.numGroups(), Fsyncs: l.store.syncs.Load()}
+		if e := l.store.failed(); e != nil {
+			out[i].Failed, out[i].Error = true, e.Cause
+		}
 	}
 	return out
 }
@@ -207,6 +210,10 @@ type LogDirStatus struct {
 	Dir    string
 	Groups int
 	Fsyncs int64
+	// Failed: the directory met a fatal I/O error (logfatal.go); its
+	// groups are stopped and it gets no new ones. Error is the cause.
+	Failed bool
+	Error  string
 }
 
 // Close stops all groups, the transport and the stores.
@@ -271,6 +278,9 @@ func (h *Host) AddGroup(cfg GroupConfig) (*Group, error) {
 		loop = nil
 		for _, avoid := range []bool{true, false} {
 			for _, l := range h.loops {
+				if l.store.failed() != nil {
+					continue // never, not even as the last resort
+				}
 				if avoid && h.cfg.AvoidLogDir != nil && h.cfg.AvoidLogDir(l.store.dir) {
 					continue
 				}
@@ -281,6 +291,10 @@ func (h *Host) AddGroup(cfg GroupConfig) (*Group, error) {
 			if loop != nil {
 				break
 			}
+		}
+		if loop == nil {
+			h.mu.Unlock()
+			return nil, fmt.Errorf("raft: group %d: every log directory of host %d failed: %w", cfg.ID, h.id, ErrLogDirFailed)
 		}
 	}
 	h.adding[cfg.ID] = true
@@ -342,7 +356,7 @@ func bootstrap(gl *groupLog, peers []uint64) error {
 	if err := gl.setHardState(b, &pb.HardState{Term: proto.Uint64(1), Commit: proto.Uint64(1)}); err != nil {
 		return err
 	}
-	return b.Commit(pebble.Sync)
+	return gl.store.commit(b, pebble.Sync)
 }
 
 // Group returns a hosted group.
@@ -549,10 +563,14 @@ func (h *Host) sendSnapshot(g *Group, m *pb.Message) {
 	to := m.GetTo()
 	report := func(st etcdraft.SnapshotStatus) {
 		g.mu.Lock()
+		var perr error
 		if !g.isStopped() {
-			g.rn.ReportSnapshot(to, st)
+			perr = g.rawLocked("report snapshot", func() { g.rn.ReportSnapshot(to, st) })
 		}
 		g.mu.Unlock()
+		if perr != nil {
+			g.fail(perr)
+		}
 		g.loop.notify(g)
 	}
 	select {
@@ -680,10 +698,14 @@ func (h *Host) sendSnapshotManual(g *Group, m *pb.Message) {
 			h.metrics.snapshotsSent.Inc()
 		}
 		g.mu.Lock()
+		var perr error
 		if !g.isStopped() {
-			g.rn.ReportSnapshot(to, st)
+			perr = g.rawLocked("report snapshot", func() { g.rn.ReportSnapshot(to, st) })
 		}
 		g.mu.Unlock()
+		if perr != nil {
+			g.fail(perr)
+		}
 		g.loop.notify(g)
 	}
 	ss, ok := h.transport.(SnapshotSender)

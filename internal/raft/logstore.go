@@ -4,9 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 
+	"github.com/basalt-store/basalt/internal/storage"
 	bvfs "github.com/basalt-store/basalt/internal/vfs"
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -34,6 +36,9 @@ type logStore struct {
 	syncs atomic.Int64 // fsyncs issued by Pebble on this directory
 	// space keeps LogReserveBytes free for Pebble and the ballast.
 	space *bvfs.Space
+	// fatal fails this directory alone on a fatal I/O error (logfatal.go):
+	// every call into db goes through its guard.
+	*fatal
 
 	mu     sync.Mutex
 	groups map[uint64]*groupLog
@@ -113,14 +118,18 @@ func openLogStoreSpace(dir string, fs vfs.FS, space bvfs.SpaceOptions) (*logStor
 	if fs == nil {
 		fs = vfs.Default
 	}
-	s := &logStore{dir: dir, groups: make(map[uint64]*groupLog)}
+	s := &logStore{dir: dir, groups: make(map[uint64]*groupLog), fatal: newFatal(dir)}
 	opts := &pebble.Options{
-		FS: countingFS{FS: fs, syncs: &s.syncs},
+		// The fatal wrapper outermost: Pebble calls it directly, so a
+		// Fatalf it raises has no frame of ours below it on Pebble's
+		// goroutines (see storage.FatalLogger).
+		FS: s.flog.WrapFS(countingFS{FS: fs, syncs: &s.syncs}),
 		// Raft entries are written once, read rarely and deleted soon:
 		// a large memtable lets most of them die before any flush.
 		MemTableSize:                64 << 20,
 		MemTableStopWritesThreshold: 4,
-		Logger:                      quietLogger{},
+		Logger:                      s.flog,
+		EventListener:               &pebble.EventListener{BackgroundError: s.backgroundError},
 	}
 	if err := fs.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("raft: log dir %s: %w", dir, err)
@@ -132,28 +141,150 @@ func openLogStoreSpace(dir string, fs vfs.FS, space bvfs.SpaceOptions) (*logStor
 		return nil, fmt.Errorf("raft: log dir %s: %w", dir, err)
 	}
 	s.space = sp
-	db, err := pebble.Open(dir, opts)
+	db, err := openPebble(dir, opts, s.fatal)
 	if err != nil {
 		return nil, fmt.Errorf("raft: open log store %s: %w", dir, err)
 	}
+	if e := s.failed(); e != nil {
+		// Failed while opening (after Pebble's own open returned): the
+		// DB is not to be called, nor closed.
+		return nil, fmt.Errorf("raft: open log store %s: %w", dir, e)
+	}
+	s.flog.SetDB(db)
 	s.db = db
 	return s, nil
 }
 
-func (s *logStore) close() error { return s.db.Close() }
+// openPebble opens the DB. A fatal error during the open (a disk still bad
+// at restart: a failed WAL or MANIFEST write or sync) is its error; the
+// open runs aside because Pebble's Open then waits forever for the flush
+// that the Fatalf ended (its goroutine is left behind, with the directory's
+// LOCK: the host does not start, and the process is expected to exit).
+func openPebble(dir string, opts *pebble.Options, f *fatal) (*pebble.DB, error) {
+	type result struct {
+		db  *pebble.DB
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		defer func() { done <- r }()
+		defer f.flog.Catch(&r.err)
+		r.db, r.err = pebble.Open(dir, opts)
+	}()
+	select {
+	case r := <-done:
+		// A Fatalf on the open goroutine itself is caught into r.err (a
+		// *storage.FatalError) after it marked the directory: the
+		// directory's failure is the error (ErrLogDirFailed, naming it).
+		if e := f.failed(); e != nil {
+			return nil, e
+		}
+		if r.err != nil {
+			return nil, f.after(r.err)
+		}
+		return r.db, nil
+	case <-f.failc:
+		return nil, f.failed()
+	}
+}
+
+// close closes the DB unless the directory failed (a wedged DB's Close
+// waits forever for the flush or compaction that Fatalf ended).
+func (s *logStore) close() error {
+	if s.db == nil {
+		return nil
+	}
+	return storage.CloseDB(s.db, s.flog, func() bool { return s.failed() != nil })
+}
+
+// get is db.Get behind the guard: a read error other than not-found fails
+// the directory (EIO on an SST: nothing on it is to be trusted).
+func (s *logStore) get(k []byte) (v []byte, c io.Closer, err error) {
+	if err := s.usable(); err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil && !errors.Is(err, pebble.ErrNotFound) {
+			err = s.failWith("read", err)
+		}
+	}()
+	defer s.flog.Catch(&err)
+	return s.db.Get(k)
+}
+
+// commit commits b behind the guard: any error fails the directory (a
+// failed WAL write or sync leaves nothing on it trustworthy: fsyncgate).
+func (s *logStore) commit(b *pebble.Batch, wo *pebble.WriteOptions) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer func() { err = s.failWith("commit", err) }()
+	defer s.flog.Catch(&err)
+	return b.Commit(wo)
+}
+
+// set is db.Set behind the guard (as commit).
+func (s *logStore) set(k, v []byte, wo *pebble.WriteOptions) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	defer func() { err = s.failWith("write", err) }()
+	defer s.flog.Catch(&err)
+	return s.db.Set(k, v, wo)
+}
+
+// scan runs fn over the keys in [lo, hi) behind the guard (Pebble may
+// raise a Fatalf inside any iterator step). fn returns false to stop.
+// A read error fails the directory; fn's own error is returned as is.
+func (s *logStore) scan(lo, hi []byte, reverse bool, fn func(k, v []byte) (bool, error)) (err error) {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	var fnErr error
+	defer func() {
+		if fnErr != nil {
+			err = fnErr
+			return
+		}
+		err = s.failWith("read", err)
+	}()
+	defer s.flog.Catch(&err)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return err
+	}
+	valid := it.First
+	next := it.Next
+	if reverse {
+		valid, next = it.Last, it.Prev
+	}
+	for ok := valid(); ok; ok = next() {
+		var more bool
+		more, fnErr = fn(it.Key(), it.Value())
+		if fnErr != nil || !more {
+			break
+		}
+	}
+	if fnErr != nil {
+		it.Close()
+		return nil
+	}
+	if err := it.Error(); err != nil {
+		it.Close()
+		return err
+	}
+	return it.Close()
+}
 
 // groupIDs lists the groups whose state is in this store.
 func (s *logStore) groupIDs() ([]uint64, error) {
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{keyGroup}, UpperBound: []byte{keyGroup + 1}})
-	if err != nil {
-		return nil, err
-	}
-	defer it.Close()
 	var ids []uint64
-	for it.First(); it.Valid(); it.Next() {
-		ids = append(ids, binary.BigEndian.Uint64(it.Key()[1:]))
-	}
-	return ids, it.Error()
+	err := s.scan([]byte{keyGroup}, []byte{keyGroup + 1}, false, func(k, _ []byte) (bool, error) {
+		ids = append(ids, binary.BigEndian.Uint64(k[1:]))
+		return true, nil
+	})
+	return ids, err
 }
 
 func (s *logStore) numGroups() int {
@@ -165,7 +296,7 @@ func (s *logStore) numGroups() int {
 // load opens (or creates) the log of group id.
 func (s *logStore) load(id uint64) (*groupLog, error) {
 	g := &groupLog{store: s, id: id, hs: &pb.HardState{}, cs: &pb.ConfState{}}
-	if v, closer, err := s.db.Get(groupKey(keyHardState, id)); err == nil {
+	if v, closer, err := s.get(groupKey(keyHardState, id)); err == nil {
 		if len(v) != 24 {
 			closer.Close()
 			return nil, fmt.Errorf("raft: group %d: corrupt hard state (%d bytes)", id, len(v))
@@ -179,14 +310,14 @@ func (s *logStore) load(id uint64) (*groupLog, error) {
 	} else if !errors.Is(err, pebble.ErrNotFound) {
 		return nil, err
 	}
-	if v, closer, err := s.db.Get(groupKey(keyTrunc, id)); err == nil {
+	if v, closer, err := s.get(groupKey(keyTrunc, id)); err == nil {
 		g.truncIndex = binary.BigEndian.Uint64(v)
 		g.truncTerm = binary.BigEndian.Uint64(v[8:])
 		closer.Close()
 	} else if !errors.Is(err, pebble.ErrNotFound) {
 		return nil, err
 	}
-	if v, closer, err := s.db.Get(groupKey(keyConf, id)); err == nil {
+	if v, closer, err := s.get(groupKey(keyConf, id)); err == nil {
 		cs := &pb.ConfState{}
 		uerr := proto.Unmarshal(v, cs)
 		closer.Close()
@@ -199,17 +330,13 @@ func (s *logStore) load(id uint64) (*groupLog, error) {
 	}
 	// The last index is the highest entry key of the group.
 	g.last = g.truncIndex
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: entryKey(id, 0), UpperBound: entryKey(id+1, 0)})
-	if err != nil {
+	if err := s.scan(entryKey(id, 0), entryKey(id+1, 0), true, func(k, _ []byte) (bool, error) {
+		g.last = binary.BigEndian.Uint64(k[9:])
+		return false, nil
+	}); err != nil {
 		return nil, err
 	}
-	if it.Last() {
-		g.last = binary.BigEndian.Uint64(it.Key()[9:])
-	}
-	if err := it.Close(); err != nil {
-		return nil, err
-	}
-	if err := s.db.Set(groupKey(keyGroup, id), nil, pebble.Sync); err != nil {
+	if err := s.set(groupKey(keyGroup, id), nil, pebble.Sync); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
@@ -230,7 +357,7 @@ func (s *logStore) drop(id uint64) error {
 	if err := b.DeleteRange(entryKey(id, 0), entryKey(id+1, 0), nil); err != nil {
 		return err
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := s.commit(b, pebble.Sync); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -317,31 +444,26 @@ func (g *groupLog) Entries(lo, hi, maxSize uint64) ([]*pb.Entry, error) {
 		off := lo - g.tail[0].GetIndex()
 		return limitSize(append([]*pb.Entry(nil), g.tail[off:off+(hi-lo)]...), maxSize), nil
 	}
-	it, err := g.store.db.NewIter(&pebble.IterOptions{LowerBound: entryKey(g.id, lo), UpperBound: entryKey(g.id, hi)})
-	if err != nil {
-		return nil, err
-	}
-	defer it.Close()
 	var out []*pb.Entry
 	var size uint64
 	next := lo
-	for it.First(); it.Valid(); it.Next() {
-		idx := binary.BigEndian.Uint64(it.Key()[9:])
+	if err := g.store.scan(entryKey(g.id, lo), entryKey(g.id, hi), false, func(k, v []byte) (bool, error) {
+		idx := binary.BigEndian.Uint64(k[9:])
 		if idx != next {
-			return nil, fmt.Errorf("raft: group %d: log hole at index %d (found %d)", g.id, next, idx)
+			return false, fmt.Errorf("raft: group %d: log hole at index %d (found %d)", g.id, next, idx)
 		}
-		e, err := decodeStoredEntry(idx, it.Value())
+		e, err := decodeStoredEntry(idx, v)
 		if err != nil {
-			return nil, fmt.Errorf("raft: group %d: %w", g.id, err)
+			return false, fmt.Errorf("raft: group %d: %w", g.id, err)
 		}
 		size += uint64(proto.Size(e))
 		if len(out) > 0 && size > maxSize {
-			break
+			return false, nil
 		}
 		out = append(out, e)
 		next++
-	}
-	if err := it.Error(); err != nil {
+		return true, nil
+	}); err != nil {
 		return nil, err
 	}
 	if len(out) == 0 || (next < hi && size <= maxSize) {
@@ -386,7 +508,7 @@ func (g *groupLog) tailEntry(i uint64) *pb.Entry {
 }
 
 func (g *groupLog) readEntry(i uint64) (*pb.Entry, error) {
-	v, closer, err := g.store.db.Get(entryKey(g.id, i))
+	v, closer, err := g.store.get(entryKey(g.id, i))
 	if err != nil {
 		if errors.Is(err, pebble.ErrNotFound) {
 			return nil, fmt.Errorf("raft: group %d: entry %d missing: %w", g.id, i, etcdraft.ErrUnavailable)
@@ -524,7 +646,7 @@ func (g *groupLog) setConfState(cs *pb.ConfState) error {
 	g.mu.Lock()
 	g.cs = proto.Clone(cs).(*pb.ConfState)
 	g.mu.Unlock()
-	return g.store.db.Set(groupKey(keyConf, g.id), csb, pebble.Sync)
+	return g.store.set(groupKey(keyConf, g.id), csb, pebble.Sync)
 }
 
 // compact drops entries up to and including index (the state machine has
@@ -559,7 +681,7 @@ func (g *groupLog) compact(index uint64) error {
 	}
 	// No sync: losing a truncation in a crash only means the entries are
 	// truncated again later.
-	if err := b.Commit(pebble.NoSync); err != nil {
+	if err := g.store.commit(b, pebble.NoSync); err != nil {
 		return err
 	}
 	g.mu.Lock()
@@ -578,12 +700,4 @@ func (g *groupLog) bounds() (first, last uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.truncIndex + 1, g.last
-}
-
-type quietLogger struct{}
-
-func (quietLogger) Infof(string, ...any)  {}
-func (quietLogger) Errorf(string, ...any) {}
-func (quietLogger) Fatalf(format string, args ...any) {
-	panic(fmt.Sprintf(format, args...))
 }

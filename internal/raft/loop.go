@@ -23,6 +23,8 @@ type storeLoop struct {
 	since   time.Time // when pending became non-empty
 	signal  chan struct{}
 	drops   chan dropReq
+	// failOnce: the directory's failure is reported once (failGroups).
+	failOnce sync.Once
 }
 
 type dropReq struct {
@@ -106,6 +108,9 @@ func (l *storeLoop) forget(id uint64) {
 // iterate is one loop iteration, on the caller's goroutine (manual mode).
 // It reports whether any group was pending.
 func (l *storeLoop) iterate() bool {
+	if err := l.store.usable(); err != nil {
+		l.failGroups(err)
+	}
 	groups := l.take()
 	var work []*readyWork
 	for _, g := range groups {
@@ -122,10 +127,15 @@ func (l *storeLoop) iterate() bool {
 func (l *storeLoop) run() {
 	defer l.host.wg.Done()
 	var work []*readyWork
+	failc := l.store.failc
 	for {
 		select {
 		case <-l.host.stopc:
 			return
+		case <-failc:
+			failc = nil
+			l.failGroups(l.store.usable())
+			continue
 		case d := <-l.drops:
 			l.mu.Lock()
 			delete(l.pending, d.id)
@@ -149,6 +159,12 @@ func (l *storeLoop) run() {
 func (l *storeLoop) process(work []*readyWork) {
 	h := l.host
 	start := time.Now()
+	if err := l.store.usable(); err != nil {
+		// A failed directory: nothing of these Readies leaves (no append
+		// sent by a leader either), nothing is persisted or advanced.
+		l.failGroups(err)
+		return
+	}
 
 	// A leader may send its appends before writing them itself: its own
 	// acknowledgement only counts after Advance (raft thesis 10.2.1).
@@ -247,14 +263,24 @@ func (l *storeLoop) process(work []*readyWork) {
 			opt = pebble.Sync
 		}
 		syncStart := time.Now()
-		if err := b.Commit(opt); err != nil {
-			// The log store is the replica's promise; if it cannot keep it,
-			// continuing would risk acknowledging what is not durable.
-			panic("raft: log store commit failed: " + err.Error())
+		if err := l.store.commit(b, opt); err != nil {
+			// The log store is the replica's promise and it cannot keep
+			// it: its directory is failed (commit), and no group of this
+			// batch reports its Ready persisted (no message, no Advance:
+			// no acknowledgement, no vote). The store's groups stop.
+			b.Close()
+			l.failGroups(err)
+			return
 		}
 		h.metrics.observeBatch(len(work), nents, mustSync, time.Since(syncStart))
 	}
 	b.Close()
+	if err := l.store.usable(); err != nil {
+		// Failed meanwhile (a flush or compaction of Pebble's own): even
+		// if this batch is durable, nothing more leaves the directory.
+		l.failGroups(err)
+		return
+	}
 
 	for _, w := range work {
 		if !w.sent && !w.g.isStopped() {

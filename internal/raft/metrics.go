@@ -41,10 +41,12 @@ type metrics struct {
 	droppedInbox        prometheus.Counter
 	droppedSends        prometheus.Counter
 	groupFailures       prometheus.Counter
+	logDirFailures      prometheus.Counter
 	applyHeldBack       prometheus.Counter
 	badFrames           prometheus.Counter
 	readerPanics        prometheus.Counter
 	stepPanics          prometheus.Counter
+	rawPanics           prometheus.Counter
 	connsRefused        *prometheus.CounterVec
 	forgedMessages      prometheus.Counter
 
@@ -97,9 +99,11 @@ func newMetrics(host uint64, reg prometheus.Registerer) *metrics {
 	m.droppedInbox = counter("dropped_inbox_total", "Inbound messages dropped because a group's inbox was full.")
 	m.droppedSends = counter("dropped_hydrate_queue_total", "Outbound MsgApps dropped because a group's hydration queue was full.")
 	m.groupFailures = counter("group_failures_total", "Groups stopped after a fatal error or a violated invariant.")
+	m.logDirFailures = counter("log_dir_failures_total", "Log directories failed by a fatal I/O error (WAL, MANIFEST, directory sync, read); their groups are stopped until the host restarts.")
 	m.applyHeldBack = counter("apply_held_back_total", "Times committed entries were left in the log because the apply backlog was full.")
 	m.badFrames = counter("bad_frames_total", "Inbound frames rejected (checksum, size or decoding); the connection is closed.")
 	m.stepPanics = counter("step_panics_total", "Panics of etcd raft stepping an inbound message (its log cannot take it); the group is stopped.")
+	m.rawPanics = counter("raw_node_panics_total", "Panics of etcd raft outside stepping an inbound message (taking a Ready, a tick, a proposal, ...: its Storage failed a read, as after a failed log directory); the group is stopped.")
 	m.readerPanics = counter("reader_panics_total", "Panics recovered in a transport reader goroutine; the connection is closed.")
 	m.connsRefused = counterVec("connections_refused_total", "Inbound or outbound transport connections refused, by reason: tls (handshake or certificate), identity (the certificate is not the node the connection claims), busy (too many unauthenticated or per-peer connections), hello.", "reason")
 	m.forgedMessages = counter("forged_messages_total", "Inbound messages dropped because their From is not the node the connection authenticated (or their To is not this host).")

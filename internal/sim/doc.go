@@ -66,7 +66,11 @@
 //     of a node or across its crashes, and entries are applied in order;
 //   - metadata replicas at the same applied index hold the same map;
 //   - after healing no group is stopped anywhere, and no node panicked
-//     except by Pebble's fatal full-disk error;
+//     except by Pebble's fatal full-disk error; a node whose raft log
+//     directory failed (internal/raft/logfatal.go: its groups stop, the
+//     process stays up) is crashed and restarted later, as its
+//     supervisor or operator would, and a failure not caused by a full
+//     disk is a violation, as such a panic is;
 //   - the metadata history (calls and returns in simulated time) is
 //     linearizable (porcupine, a register per key); an operation whose
 //     outcome the client could not learn may have happened at any point

@@ -86,7 +86,9 @@ func (n *node) start() error {
 	// Pebble's fatal ENOSPC panic would end the test binary, not one
 	// node: a full disk spares storage's Pebble (as reserved space would).
 	// The raft log store and the metadata store commit on the simulator's
-	// goroutine, so a full disk reaches them (defect D3).
+	// goroutine, so a full disk reaches them (defect D3): the metadata
+	// store panics, the raft log directory fails (Sim.poll restarts the
+	// node either way).
 	n.fs.SetReserved(func(p string) bool { return strings.HasPrefix(p, "/vol/basalt/meta/") })
 	mode := storage.DirectOff
 	if n.direct {

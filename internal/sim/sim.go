@@ -41,9 +41,12 @@ type Report struct {
 	NetSent, NetDropped, NetDuplicated     int
 	UnhealthyReplicas                      int // acked blocks whose replica's container is UNHEALTHY (reported, not lost)
 	// Panics: a node's process would have died (not a safety violation;
-	// the node restarts from its disk). PanicMsgs: the first few.
-	Panics    int
-	PanicMsgs []string
+	// the node restarts from its disk). LogDirFailures: a node's raft log
+	// directory failed and the node was restarted (as a panic). PanicMsgs:
+	// the first few causes of either.
+	Panics         int
+	LogDirFailures int
+	PanicMsgs      []string
 
 	// Trace hashes every event and outcome: two runs of one seed must
 	// agree (TestSimDeterministic).
@@ -56,7 +59,7 @@ func (r *Report) String() string {
 	return fmt.Sprintf("seed %d: %d nodes, %v simulated, %d events; blocks %d tried (%d in small batches) %d acked (%d small) %d failed (%d replicas reported UNHEALTHY); kv %d ops %d acked %d unknown %d failed; %d crashes %d partitions %d disk faults; net %d sent %d dropped %d duplicated; trace %016x",
 		r.Seed, r.Nodes, r.SimTime, r.Events, r.BlocksTried, r.SmallBatched, r.BlocksAcked, r.SmallAcked, r.BlocksFailed, r.UnhealthyReplicas,
 		r.KVOps, r.KVAcked, r.KVUnknown, r.KVFailed, r.Crashes, r.Partitions, r.DiskFaults,
-		r.NetSent, r.NetDropped, r.NetDuplicated, r.Trace) + fmt.Sprintf("; %d node panics %q", r.Panics, r.PanicMsgs)
+		r.NetSent, r.NetDropped, r.NetDuplicated, r.Trace) + fmt.Sprintf("; %d node panics, %d failed log dirs %q", r.Panics, r.LogDirFailures, r.PanicMsgs)
 }
 
 const (
@@ -232,10 +235,18 @@ func (s *Sim) pollAll() {
 	s.logf("poll: nodes still busy after %d rounds", maxPollRounds)
 }
 
-// poll runs one Poll of n. A panic inside it (Pebble treats a failed WAL
-// write, such as ENOSPC, as fatal) ends the process on a real node: here
-// the node crashes, abandoned as it is (its locks may be held), and
-// restarts from its disk later.
+// poll runs one Poll of n. A node dies in two ways here, and either way
+// it crashes, abandoned as it is (its locks may be held), and restarts
+// from its disk later, as its supervisor (or operator) restarts it:
+//   - a panic inside Poll ends the process on a real node (Pebble's
+//     fatal errors outside the raft log store, e.g. the metadata store's);
+//   - a raft log directory fails (internal/raft/logfatal.go: a fatal I/O
+//     error of its Pebble stops its groups, the process stays up): the
+//     node's only log directory is /raft, so every group of the node is
+//     stopped until a restart re-opens the directory.
+//
+// Only a full disk is an expected cause (defect D3); any other is a
+// violation.
 func (s *Sim) poll(n *node) (did bool) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -244,21 +255,35 @@ func (s *Sim) poll(n *node) (did bool) {
 				msg = msg[:i]
 			}
 			s.rep.Panics++
-			if !strings.Contains(msg, "no space left on device") {
-				// Only a full disk is an expected way for a node to die
-				// (defect D3); anything else is a finding.
-				s.violate("node %d panicked: %s", n.id, msg)
-			}
-			if len(s.rep.PanicMsgs) < 10 {
-				s.rep.PanicMsgs = append(s.rep.PanicMsgs, fmt.Sprintf("node %d: %s", n.id, msg))
-			}
-			s.logf("node %d PANICKED (process would exit): %s", n.id, msg)
-			n.abandon(s.crashRng)
-			s.clk.after(time.Duration(500+s.faults.IntN(2000))*time.Millisecond, fmt.Sprintf("restart %d", n.id), func() { s.restart(n) })
+			s.die(n, "PANICKED (process would exit)", msg)
 			did = true
 		}
 	}()
-	return n.host.Poll()
+	did = n.host.Poll()
+	for _, d := range n.host.LogDirs() {
+		if d.Failed {
+			s.rep.LogDirFailures++
+			s.die(n, fmt.Sprintf("log directory %s FAILED (restarted by its supervisor)", d.Dir), d.Error)
+			return true
+		}
+	}
+	return did
+}
+
+// die crashes n (abandoned) after a panic or a failed log directory, and
+// restarts it later.
+func (s *Sim) die(n *node, how, msg string) {
+	if !strings.Contains(msg, "no space left on device") {
+		// Only a full disk is an expected way for a node to die
+		// (defect D3); anything else is a finding.
+		s.violate("node %d %s: %s", n.id, how, msg)
+	}
+	if len(s.rep.PanicMsgs) < 10 {
+		s.rep.PanicMsgs = append(s.rep.PanicMsgs, fmt.Sprintf("node %d: %s", n.id, msg))
+	}
+	s.logf("node %d %s: %s", n.id, how, msg)
+	n.abandon(s.crashRng)
+	s.clk.after(time.Duration(500+s.faults.IntN(2000))*time.Millisecond, fmt.Sprintf("restart %d", n.id), func() { s.restart(n) })
 }
 
 // step is one workload action.
