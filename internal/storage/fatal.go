@@ -71,6 +71,9 @@ type FatalLogger struct {
 	ioErr atomic.Pointer[FatalError]
 	// dbMu: the DB's DB.mu (SetDB), for a failed WAL rotation.
 	dbMu atomic.Pointer[sync.Mutex]
+	// abandoned, stuck: writes left inside a wedged DB (GuardedDB).
+	abandoned atomic.Uint64
+	stuck     atomic.Int64
 }
 
 var _ pebble.Logger = (*FatalLogger)(nil)
@@ -174,6 +177,11 @@ func (s *Store) wedge(v *volume, err *FatalError) {
 func (v *volume) setWedged(err error) {
 	v.wedgeErr.CompareAndSwap(nil, &err)
 	v.wedged.Store(true)
+	v.wedgeOnce.Do(func() {
+		if v.wedgedCh != nil {
+			close(v.wedgedCh) // writes inside the DB return (GuardedDB)
+		}
+	})
 }
 
 // fatalVolume fails v for a fatal error of a metadata store (its own, or
@@ -229,52 +237,169 @@ func (v *volume) usable() error {
 // Usable (a wedged store answers with its error and the DB is not touched)
 // and a Fatalf raised inside the call comes back as its error (Catch). A
 // volume's DB and the zoned backend's own DB are called only through one.
+//
+// A write (Commit, Set, Delete, DeleteRange, LogData: every call that
+// enters Pebble's commit pipeline) escapes a wedge that happens while it is
+// inside the DB: it runs on a goroutine of its own and the caller waits for
+// either its end or Wedged (closed when the store wedges). A commit in
+// flight when another goroutine's rotation Fatalf unwound through
+// commitPipeline.prepare would otherwise wait for good: on the pipeline's
+// mutex, which prepare takes without defer, or in publish behind the dead
+// batch at the head of the pending queue (metafs.go). On the wedge the
+// caller gets the stored cause (ErrVolumeFailed) and the goroutine is
+// abandoned: counted (FatalLogger.Abandoned, Stuck), never waited for (Close
+// does not close a wedged DB). A batch whose commit was abandoned may still
+// be read by that goroutine: it is released only through CloseBatch, which
+// does not give a wedged store's batches back to Pebble's pool (shared by
+// every DB of the process). Reads (Get, NewIter) never enter the commit
+// pipeline (Pebble v2.1.7: commitPipeline.mu is taken by Apply's prepare,
+// AsyncFlush, Compact and Close only) and run on the caller's goroutine.
 type GuardedDB struct {
 	DB     *pebble.DB
 	Log    *FatalLogger
 	Usable func() error
+	// Wedged is closed when the store wedges (after Usable returns its
+	// error); nil: writes run on the caller's goroutine, with no escape.
+	Wedged <-chan struct{}
 }
 
-// Commit commits b (a batch of DB).
-func (g *GuardedDB) Commit(b *pebble.Batch, wo *pebble.WriteOptions) (err error) {
+// dbCall is one write handed to its own goroutine (GuardedDB.write).
+type dbCall struct {
+	done     chan struct{}
+	state    atomic.Int32 // callRunning, then callDone or callAbandoned
+	err      error
+	panicked bool
+	p        any
+}
+
+const (
+	callRunning int32 = iota
+	callDone
+	callAbandoned
+)
+
+// write runs f (a call into the commit pipeline) under the guard: see
+// GuardedDB. Memory f reads must stay valid until f ends: the caller may
+// return before (on the wedge), so f reads only what the caller does not
+// reuse (a batch released by CloseBatch, never the caller's key buffers).
+func (g *GuardedDB) write(f func() error) (err error) {
 	if err := g.Usable(); err != nil {
 		return err
 	}
-	defer g.Log.Catch(&err)
-	return b.Commit(wo)
+	if g.Wedged == nil {
+		defer g.Log.Catch(&err)
+		return f()
+	}
+	c := &dbCall{done: make(chan struct{})}
+	go c.run(g.Log, f)
+	select {
+	case <-c.done:
+	case <-g.Wedged:
+		if c.state.CompareAndSwap(callRunning, callAbandoned) {
+			g.Log.abandoned.Add(1)
+			g.Log.stuck.Add(1)
+			if err := g.Usable(); err != nil {
+				return err
+			}
+			return &FatalError{Msg: "volume wedged"} // not reached: Wedged closes after Usable fails
+		}
+		<-c.done // it ended meanwhile: its own result
+	}
+	if c.panicked {
+		panic(c.p) // a panic that is no fatal error of the DB goes on, on the caller's goroutine
+	}
+	return c.err
 }
 
-func (g *GuardedDB) Set(k, val []byte, wo *pebble.WriteOptions) (err error) {
+func (c *dbCall) run(l *FatalLogger, f func() error) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.panicked, c.p = true, p
+		}
+		if !c.state.CompareAndSwap(callRunning, callDone) {
+			l.stuck.Add(-1) // abandoned, and ended after all
+		}
+		close(c.done)
+	}()
+	c.err = catchCall(l, f)
+}
+
+func catchCall(l *FatalLogger, f func() error) (err error) {
+	defer l.Catch(&err)
+	return f()
+}
+
+// Abandoned counts the writes whose caller returned on a wedge while they
+// were inside the DB; Stuck is how many of them have not ended (goroutines
+// blocked in a wedged DB until the process exits).
+func (l *FatalLogger) Abandoned() uint64 { return l.abandoned.Load() }
+func (l *FatalLogger) Stuck() int64      { return l.stuck.Load() }
+
+// CloseBatch releases b (a batch of DB) unless the store is wedged: then a
+// write abandoned in the DB may still read b, and b is left to the garbage
+// collector instead of Pebble's batch pool. Every batch given to Commit is
+// released by CloseBatch, never by b.Close.
+func (g *GuardedDB) CloseBatch(b *pebble.Batch) {
+	if g.Wedged != nil {
+		select {
+		case <-g.Wedged:
+			return
+		default:
+		}
+	}
+	b.Close()
+}
+
+// Commit commits b (a batch of DB); release b with CloseBatch.
+func (g *GuardedDB) Commit(b *pebble.Batch, wo *pebble.WriteOptions) error {
+	return g.write(func() error { return b.Commit(wo) })
+}
+
+// Set, Delete, DeleteRange and LogData build their batch on the caller's
+// goroutine (k and val are copied into it before the hand-off: the caller
+// may reuse them once the call returns, even on a wedge), as Pebble's own
+// DB.Set does, and commit it as Commit does.
+func (g *GuardedDB) Set(k, val []byte, wo *pebble.WriteOptions) error {
 	if err := g.Usable(); err != nil {
 		return err
 	}
-	defer g.Log.Catch(&err)
-	return g.DB.Set(k, val, wo)
+	b := g.DB.NewBatch()
+	_ = b.Set(k, val, nil) // errors only on a closed batch
+	return g.commitOwn(b, wo)
 }
 
-func (g *GuardedDB) Delete(k []byte, wo *pebble.WriteOptions) (err error) {
+func (g *GuardedDB) Delete(k []byte, wo *pebble.WriteOptions) error {
 	if err := g.Usable(); err != nil {
 		return err
 	}
-	defer g.Log.Catch(&err)
-	return g.DB.Delete(k, wo)
+	b := g.DB.NewBatch()
+	_ = b.Delete(k, nil)
+	return g.commitOwn(b, wo)
 }
 
-func (g *GuardedDB) DeleteRange(lo, hi []byte, wo *pebble.WriteOptions) (err error) {
+func (g *GuardedDB) DeleteRange(lo, hi []byte, wo *pebble.WriteOptions) error {
 	if err := g.Usable(); err != nil {
 		return err
 	}
-	defer g.Log.Catch(&err)
-	return g.DB.DeleteRange(lo, hi, wo)
+	b := g.DB.NewBatch()
+	_ = b.DeleteRange(lo, hi, nil)
+	return g.commitOwn(b, wo)
 }
 
 // LogData writes an empty record to the WAL (with wo.Sync: syncs it).
-func (g *GuardedDB) LogData(wo *pebble.WriteOptions) (err error) {
+func (g *GuardedDB) LogData(wo *pebble.WriteOptions) error {
 	if err := g.Usable(); err != nil {
 		return err
 	}
-	defer g.Log.Catch(&err)
-	return g.DB.LogData(nil, wo)
+	b := g.DB.NewBatch()
+	_ = b.LogData(nil, nil)
+	return g.commitOwn(b, wo)
+}
+
+func (g *GuardedDB) commitOwn(b *pebble.Batch, wo *pebble.WriteOptions) error {
+	err := g.Commit(b, wo)
+	g.CloseBatch(b)
+	return err
 }
 
 // Get is DB.Get; the closer is nil when err is not.
@@ -301,6 +426,7 @@ func (v *volume) deleteRange(lo, hi []byte, wo *pebble.WriteOptions) error {
 	return v.g.DeleteRange(lo, hi, wo)
 }
 func (v *volume) logData(wo *pebble.WriteOptions) error                   { return v.g.LogData(wo) }
+func (v *volume) closeBatch(b *pebble.Batch)                              { v.g.CloseBatch(b) }
 func (v *volume) get(k []byte) ([]byte, io.Closer, error)                 { return v.g.Get(k) }
 func (v *volume) newIter(o *pebble.IterOptions) (*pebble.Iterator, error) { return v.g.NewIter(o) }
 

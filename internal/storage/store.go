@@ -251,7 +251,11 @@ type volume struct {
 	wedged, fatalLogged atomic.Bool
 	// wedgeErr: the cause of the wedge (the first), stored before wedged
 	// is set, so whoever sees wedged sees the cause (usable).
-	wedgeErr     atomic.Pointer[error]
+	wedgeErr atomic.Pointer[error]
+	// wedgedCh is closed (once) when the DB wedges, after wedged is set:
+	// a write inside the DB then returns (GuardedDB.Wedged).
+	wedgedCh     chan struct{}
+	wedgeOnce    sync.Once
 	fatalChecked atomic.Bool // a CheckVolumes reported the fatal failure
 	log          *FatalLogger
 	mu           sync.Mutex
@@ -393,7 +397,7 @@ func Open(opts Options) (*Store, error) {
 	healthy := 0
 	var firstErr error
 	for _, p := range opts.Volumes {
-		v := &volume{path: p, fs: opts.FS, dirty: map[*openBlock]blockRef{}, inflight: map[*round]struct{}{}}
+		v := &volume{path: p, fs: opts.FS, dirty: map[*openBlock]blockRef{}, inflight: map[*round]struct{}{}, wedgedCh: make(chan struct{})}
 		s.volumes = append(s.volumes, v)
 		if err := s.openVolume(v); err != nil {
 			if errors.Is(err, ErrContainerExists) {
@@ -578,7 +582,7 @@ func (s *Store) openVolume(v *volume) (err error) {
 		return err
 	}
 	v.db = db
-	v.g = GuardedDB{DB: db, Log: v.log, Usable: v.usable}
+	v.g = GuardedDB{DB: db, Log: v.log, Usable: v.usable, Wedged: v.wedgedCh}
 	v.log.SetDB(db)
 	if err := s.recoverVolume(v); err != nil {
 		return err

@@ -318,7 +318,7 @@ func (s *Store) rewriteLocked(op string, c *container, lid LocalID, ob *openBloc
 		b.Delete(makeChunkKey(c.id, lid, off), nil)
 		b.Delete(makeDeferredKey(c.id, lid, off), nil) // if it was one
 		err := c.vol.commit(b, s.metaSync())
-		b.Close()
+		c.vol.closeBatch(b)
 		if err != nil {
 			return s.ioErr(op, c, lid, off, err)
 		}
@@ -690,8 +690,8 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	// doubling from a small pooled batch, a batch of small files' bytes
 	// allocated about twice their size on every replica.
 	early, late := v.db.NewBatchWithSize(earlySize(v, todo)), v.db.NewBatch()
-	defer early.Close()
-	defer late.Close()
+	defer v.closeBatch(early)
+	defer v.closeBatch(late)
 	// On a panic (a caller's guard may recover it, see syncRound), before
 	// the batches close: wait for an early commit still running on its
 	// goroutine (closing the batch under it would race), and undo the
@@ -885,7 +885,7 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 				s.opts.Logf("storage: volume %s: deleting records of chunks whose sync failed: %v", v.path, err)
 			}
 		}
-		del.Close()
+		v.closeBatch(del)
 	}
 	returned = true
 	return firstErr
@@ -1009,7 +1009,7 @@ func (s *Store) verifyLocked(c *container, lid LocalID, ob *openBlock, from, to 
 		return nil
 	}
 	b := c.vol.db.NewBatch()
-	defer b.Close()
+	defer c.vol.closeBatch(b)
 	for _, off := range lost {
 		b.Delete(makeChunkKey(c.id, lid, off), nil)
 	}
