@@ -3,6 +3,7 @@ package storage
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -672,4 +673,104 @@ func TestVolumeFatalCauseFirst(t *testing.T) {
 	// The hook stays set (runs once): a later flush's Fatalf may still
 	// reach it.
 	r.closeWithin(t, 30*time.Second)
+}
+
+// TestVolumeFatalCommitInFlight: commits queued inside volume 1's DB when
+// it wedges return ErrVolumeFailed at once (GuardedDB). Commit A carries a
+// batch bigger than the memtable, so its commitWrite rotates the WAL inside
+// commitPipeline.prepare (the pipeline's mutex held, taken without defer);
+// the rotation's directory sync blocks until commits B (synced and not)
+// wait on that mutex, then fails (EIO). The wrapper wedges the volume and
+// raises a Fatalf in rotateWAL (metafs.go), which unwinds through prepare
+// and leaves the mutex locked: before the escape, every B waited for good
+// (the hang TestVolumeFatalDeferredWAL tolerated in session 17). Each
+// caller must return within 2 s; the B goroutines stay stuck in Pebble and
+// are counted (Stuck).
+func TestVolumeFatalCommitInFlight(t *testing.T) {
+	r := newFatalRig(t)
+	s := r.s
+	v := s.volumes[0]
+	writeBlock(t, s, 1, 1, blockBytes(1, 1, 96<<10), 32<<10, DefaultChecksum, 1)
+	writeBlock(t, s, 101, 1, blockBytes(101, 1, 96<<10), 32<<10, DefaultChecksum, 1)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	// Goroutines left in an earlier run's wedged DB (-count) stay counted.
+	before := inCommitPipeline()
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	r.ffs.SetInject(func(op, path string) error {
+		if op == "syncdir" && path == fatalVol1+"/basalt/meta" {
+			first := false
+			once.Do(func() { first = true; close(entered) })
+			if !first {
+				return unix.EIO
+			}
+			<-release
+			return unix.EIO
+		}
+		return nil
+	})
+	const nB = 4
+	errs := make(chan error, 1+nB)
+	big := make([]byte, pebbleMemTableSize)
+	go func() { errs <- v.set([]byte("\xffin-flight/a"), big, pebble.NoSync) }()
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("commit A's rotation did not reach the directory sync")
+	}
+	for i := range nB {
+		wo := pebble.Sync
+		if i%2 == 1 {
+			wo = pebble.NoSync
+		}
+		k := fmt.Appendf(nil, "\xffin-flight/b%d", i)
+		go func() {
+			b := v.db.NewBatch()
+			b.Set(k, []byte("b"), nil)
+			err := v.commit(b, wo)
+			v.closeBatch(b)
+			errs <- err
+		}()
+	}
+	// Every B is inside Pebble's commit pipeline (waiting on its mutex,
+	// which A holds) before A's sync fails.
+	deadline := time.Now().Add(30 * time.Second)
+	for inCommitPipeline()-before < 1+nB {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines in the commit pipeline, want %d", inCommitPipeline()-before, 1+nB)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	timeout := time.After(2 * time.Second)
+	for i := range 1 + nB {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, ErrVolumeFailed) || !strings.Contains(err.Error(), "directory sync failed") {
+				t.Fatalf("commit %d in flight when the volume wedged: %v, want ErrVolumeFailed with the cause", i, err)
+			}
+		case <-timeout:
+			t.Fatalf("%d of %d commits in flight still blocked 2 s after the volume wedged", 1+nB-i, 1+nB)
+		}
+	}
+	// A returned by its own Fatalf; the Bs are left in Pebble, counted.
+	if n := v.log.Abandoned(); n < nB || n > nB+1 {
+		t.Errorf("Abandoned = %d, want %d or %d", n, nB, nB+1)
+	}
+	for v.log.Stuck() != nB {
+		if time.Now().After(deadline) {
+			t.Fatalf("Stuck = %d, want %d", v.log.Stuck(), nB)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	checkSurvivor(t, s, 2)
+	r.closeWithin(t, 10*time.Second)
+}
+
+// inCommitPipeline counts the goroutines inside Pebble's commit pipeline.
+func inCommitPipeline() int {
+	buf := make([]byte, 4<<20)
+	return strings.Count(string(buf[:runtime.Stack(buf, true)]), "pebble/v2.(*commitPipeline).Commit(")
 }
