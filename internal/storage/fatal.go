@@ -240,20 +240,28 @@ func (v *volume) usable() error {
 //
 // A write (Commit, Set, Delete, DeleteRange, LogData: every call that
 // enters Pebble's commit pipeline) escapes a wedge that happens while it is
-// inside the DB: it runs on a goroutine of its own and the caller waits for
-// either its end or Wedged (closed when the store wedges). A commit in
-// flight when another goroutine's rotation Fatalf unwound through
-// commitPipeline.prepare would otherwise wait for good: on the pipeline's
-// mutex, which prepare takes without defer, or in publish behind the dead
-// batch at the head of the pending queue (metafs.go). On the wedge the
-// caller gets the stored cause (ErrVolumeFailed) and the goroutine is
+// inside the DB: it runs on one of the DB's committer goroutines and the
+// caller waits for either its end or Wedged (closed when the store wedges).
+// A commit in flight when another goroutine's rotation Fatalf unwound
+// through commitPipeline.prepare would otherwise wait for good: on the
+// pipeline's mutex, which prepare takes without defer, or in publish behind
+// the dead batch at the head of the pending queue (metafs.go). On the wedge
+// the caller gets the stored cause (ErrVolumeFailed) and the committer is
 // abandoned: counted (FatalLogger.Abandoned, Stuck), never waited for (Close
-// does not close a wedged DB). A batch whose commit was abandoned may still
-// be read by that goroutine: it is released only through CloseBatch, which
-// does not give a wedged store's batches back to Pebble's pool (shared by
-// every DB of the process). Reads (Get, NewIter) never enter the commit
-// pipeline (Pebble v2.1.7: commitPipeline.mu is taken by Apply's prepare,
-// AsyncFlush, Compact and Close only) and run on the caller's goroutine.
+// does not close a wedged DB).
+//
+// Committers are long-lived: a write goes to an idle one, or starts one if
+// none is idle, which then stays (so concurrent commits still meet in
+// Pebble's group commit, and a committer's stack, grown through Pebble's
+// commit once, is not grown afresh per call as a goroutine per call's was).
+// They end on Stop (the store's Close) or on the wedge.
+//
+// A batch whose commit was abandoned may still be read by its committer:
+// it is released only through CloseBatch, which does not give a wedged
+// store's batches back to Pebble's pool (shared by every DB of the
+// process). Reads (Get, NewIter) never enter the commit pipeline (Pebble
+// v2.1.7: commitPipeline.mu is taken by Apply's prepare, AsyncFlush,
+// Compact and Close only) and run on the caller's goroutine.
 type GuardedDB struct {
 	DB     *pebble.DB
 	Log    *FatalLogger
@@ -261,12 +269,18 @@ type GuardedDB struct {
 	// Wedged is closed when the store wedges (after Usable returns its
 	// error); nil: writes run on the caller's goroutine, with no escape.
 	Wedged <-chan struct{}
+
+	once sync.Once
+	work chan *dbCall  // to an idle committer (unbuffered)
+	stop chan struct{} // closed by Stop
 }
 
-// dbCall is one write handed to its own goroutine (GuardedDB.write).
+// dbCall is one commit handed to a committer (GuardedDB.write).
 type dbCall struct {
-	done     chan struct{}
-	state    atomic.Int32 // callRunning, then callDone or callAbandoned
+	b        *pebble.Batch
+	wo       *pebble.WriteOptions
+	done     chan struct{} // one token per call
+	state    atomic.Int32  // callRunning, then callDone or callAbandoned
 	err      error
 	panicked bool
 	p        any
@@ -278,20 +292,46 @@ const (
 	callAbandoned
 )
 
-// write runs f (a call into the commit pipeline) under the guard: see
-// GuardedDB. Memory f reads must stay valid until f ends: the caller may
-// return before (on the wedge), so f reads only what the caller does not
-// reuse (a batch released by CloseBatch, never the caller's key buffers).
-func (g *GuardedDB) write(f func() error) (err error) {
+// dbCalls recycles the calls not abandoned.
+var dbCalls = sync.Pool{New: func() any { return &dbCall{done: make(chan struct{}, 1)} }}
+
+func (g *GuardedDB) init() {
+	g.once.Do(func() {
+		g.work = make(chan *dbCall)
+		g.stop = make(chan struct{})
+	})
+}
+
+// Stop ends the idle committers (a committer stuck in a wedged DB stays).
+// A write after Stop still runs, on a committer that then ends.
+func (g *GuardedDB) Stop() {
+	g.init()
+	select {
+	case <-g.stop:
+	default:
+		close(g.stop)
+	}
+}
+
+// write commits b under the guard: see GuardedDB. b must stay valid until
+// its committer is done with it: the caller may return before (on the
+// wedge), so b is released only by CloseBatch.
+func (g *GuardedDB) write(b *pebble.Batch, wo *pebble.WriteOptions) (err error) {
 	if err := g.Usable(); err != nil {
 		return err
 	}
 	if g.Wedged == nil {
 		defer g.Log.Catch(&err)
-		return f()
+		return b.Commit(wo)
 	}
-	c := &dbCall{done: make(chan struct{})}
-	go c.run(g.Log, f)
+	g.init()
+	c := dbCalls.Get().(*dbCall)
+	c.b, c.wo = b, wo
+	select {
+	case g.work <- c:
+	default:
+		go g.committer(c)
+	}
 	select {
 	case <-c.done:
 	case <-g.Wedged:
@@ -305,13 +345,33 @@ func (g *GuardedDB) write(f func() error) (err error) {
 		}
 		<-c.done // it ended meanwhile: its own result
 	}
-	if c.panicked {
-		panic(c.p) // a panic that is no fatal error of the DB goes on, on the caller's goroutine
+	err, panicked, p := c.err, c.panicked, c.p
+	*c = dbCall{done: c.done}
+	dbCalls.Put(c)
+	if panicked {
+		panic(p) // a panic that is no fatal error of the DB goes on, on the caller's goroutine
 	}
-	return c.err
+	return err
 }
 
-func (c *dbCall) run(l *FatalLogger, f func() error) {
+// committer runs c, then the calls handed to it while idle, until Stop or
+// the wedge.
+func (g *GuardedDB) committer(c *dbCall) {
+	for {
+		c.run(g.Log)
+		select {
+		case c = <-g.work:
+		case <-g.stop:
+			return
+		case <-g.Wedged:
+			return
+		}
+	}
+}
+
+// run commits c's batch; c is not touched after its done token is sent (the
+// caller then reuses it).
+func (c *dbCall) run(l *FatalLogger) {
 	defer func() {
 		if p := recover(); p != nil {
 			c.panicked, c.p = true, p
@@ -319,14 +379,14 @@ func (c *dbCall) run(l *FatalLogger, f func() error) {
 		if !c.state.CompareAndSwap(callRunning, callDone) {
 			l.stuck.Add(-1) // abandoned, and ended after all
 		}
-		close(c.done)
+		c.done <- struct{}{}
 	}()
-	c.err = catchCall(l, f)
+	c.err = commitCaught(l, c.b, c.wo)
 }
 
-func catchCall(l *FatalLogger, f func() error) (err error) {
+func commitCaught(l *FatalLogger, b *pebble.Batch, wo *pebble.WriteOptions) (err error) {
 	defer l.Catch(&err)
-	return f()
+	return b.Commit(wo)
 }
 
 // Abandoned counts the writes whose caller returned on a wedge while they
@@ -352,7 +412,7 @@ func (g *GuardedDB) CloseBatch(b *pebble.Batch) {
 
 // Commit commits b (a batch of DB); release b with CloseBatch.
 func (g *GuardedDB) Commit(b *pebble.Batch, wo *pebble.WriteOptions) error {
-	return g.write(func() error { return b.Commit(wo) })
+	return g.write(b, wo)
 }
 
 // Set, Delete, DeleteRange and LogData build their batch on the caller's

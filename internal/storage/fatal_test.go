@@ -278,16 +278,12 @@ func TestVolumeFatalDeferredWAL(t *testing.T) {
 			})
 			// A commit already inside Pebble when another goroutine's
 			// commit (the deferred-write flusher's) rotates the WAL into
-			// the error can wait for good: the rotation's Fatalf (or
+			// the error used to wait for good: the rotation's Fatalf (or
 			// Pebble's raw panic) unwinds through commitPipeline.prepare,
-			// which leaves the pipeline's mutex held and its batch
-			// pending, never published (documented in ARCHITECTURE: a
-			// request in flight in a DB when it wedges may stay blocked).
-			// So the loop runs aside: once the volume is wedged it has
-			// 5 s to return (every later call is refused by the guard at
-			// once); a loop still blocked then is that documented hang,
-			// logged, and the rest is checked. A loop blocked with the
-			// volume not wedged is a failure.
+			// leaving the pipeline's mutex held and its batch pending.
+			// Now the guard returns it on the wedge (GuardedDB): the loop
+			// must end within 2 s of the volume's wedge, and a loop
+			// blocked with the volume not wedged fails too.
 			var perr error
 			putDone := make(chan error, 1)
 			go func() {
@@ -311,12 +307,10 @@ func TestVolumeFatalDeferredWAL(t *testing.T) {
 				}
 				now := time.Now()
 				if grace.IsZero() && s.volumes[0].wedged.Load() {
-					grace = now.Add(5 * time.Second)
+					grace = now.Add(2 * time.Second)
 				}
 				if !grace.IsZero() && now.After(grace) {
-					t.Logf("PutBlockDeferred still blocked 5 s after volume 1 was wedged (a commit in flight when the volume wedged: the documented hang)")
-					perr = ErrVolumeFailed // it never returned success
-					break wait
+					t.Fatal("PutBlockDeferred still blocked 2 s after volume 1 was wedged")
 				}
 				if now.After(giveUp) {
 					t.Fatal("PutBlockDeferred blocked for 60 s and volume 1 not wedged")

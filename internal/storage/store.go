@@ -657,6 +657,7 @@ func (s *Store) Close() error {
 	// exits.
 	for _, v := range s.volumes {
 		if v.db != nil {
+			v.g.Stop() // its idle committers end
 			if err := CloseDB(v.db, v.log, v.wedged.Load); err != nil && first == nil && !v.failed.Load() {
 				first = err
 			}

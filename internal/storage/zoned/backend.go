@@ -687,6 +687,7 @@ func (b *Backend) Close() error {
 	b.closeFiles()
 	// Left open if wedged, even while closing: its Close would wait for a
 	// flush or compaction that Fatalf ended (see storage.CloseDB).
+	b.gdb.Stop() // its idle committers end
 	cerr := storage.CloseDB(b.db, b.log, wedged)
 	if merr != nil {
 		return merr
