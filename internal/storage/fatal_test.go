@@ -317,6 +317,7 @@ func TestVolumeFatalDeferredWAL(t *testing.T) {
 				}
 			}
 			tick.Stop()
+			t.Logf("writes abandoned in the wedged DB: %d (still stuck: %d)", s.volumes[0].log.Abandoned(), s.volumes[0].log.Stuck())
 			// (On the zoned backend's suite the records may all fit
 			// in the memtable: then SyncCommits is the first to meet
 			// the error.)
