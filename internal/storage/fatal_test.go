@@ -769,3 +769,30 @@ func inCommitPipeline() int {
 	buf := make([]byte, 4<<20)
 	return strings.Count(string(buf[:runtime.Stack(buf, true)]), "pebble/v2.(*commitPipeline).Commit(")
 }
+
+// TestCloseBatchKeepsWedged: a batch of a wedged volume is not released to
+// Pebble's batch pool (shared by every DB of the process) by closeBatch: a
+// committer abandoned in the DB may still read it, and a batch taken from
+// the pool by another volume would be overwritten under it. A healthy
+// volume's batch is released as by Close. Fails if closeBatch is b.Close.
+func TestCloseBatchKeepsWedged(t *testing.T) {
+	s, err := Open(Options{Volumes: []string{"/vol"}, FS: vfs.NewMem(vfs.MemOptions{}), ContainerSize: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	v := s.volumes[0]
+	b := v.db.NewBatch()
+	b.Set([]byte("k"), []byte("v"), nil)
+	v.closeBatch(b)
+	if b.Count() != 0 {
+		t.Fatalf("healthy volume: batch not released (count %d)", b.Count())
+	}
+	b = v.db.NewBatch()
+	b.Set([]byte("k"), []byte("v"), nil)
+	v.setWedged(&FatalError{Msg: "test wedge"})
+	v.closeBatch(b)
+	if b.Count() != 1 || len(b.Repr()) == 0 {
+		t.Fatalf("wedged volume: batch released (count %d): an abandoned commit may still read it", b.Count())
+	}
+}
