@@ -760,6 +760,9 @@ func TestVolumeFatalCommitInFlight(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	if a, st := s.AbandonedWrites(); a != v.log.Abandoned() || st != nB {
+		t.Errorf("AbandonedWrites = %d, %d; want %d, %d", a, st, v.log.Abandoned(), nB)
+	}
 	checkSurvivor(t, s, 2)
 	r.closeWithin(t, 10*time.Second)
 }

@@ -419,6 +419,20 @@ func Open(opts Options) (*Store, error) {
 	return s, nil
 }
 
+// AbandonedWrites counts the writes whose caller returned ErrVolumeFailed
+// on its volume's wedge while they were inside the volume's DB (fatal.go,
+// GuardedDB), and how many of those are still stuck there (goroutines
+// held until the process exits). A zoned backend's own DB counts its own.
+func (s *Store) AbandonedWrites() (abandoned uint64, stuck int64) {
+	for _, v := range s.volumes { // fixed after Open
+		if v.log != nil {
+			abandoned += v.log.Abandoned()
+			stuck += v.log.Stuck()
+		}
+	}
+	return abandoned, stuck
+}
+
 // VolumeFatals counts the volumes failed by a fatal error of their
 // metadata store (Pebble's Fatalf) or a panic on one of storage's
 // background goroutines since Open: each such volume is failed (reported
