@@ -74,6 +74,7 @@ type FatalLogger struct {
 	// abandoned, stuck: writes left inside a wedged DB (GuardedDB).
 	abandoned atomic.Uint64
 	stuck     atomic.Int64
+	calls     committers // GuardedDB's committers
 }
 
 var _ pebble.Logger = (*FatalLogger)(nil)
@@ -179,7 +180,10 @@ func (v *volume) setWedged(err error) {
 	v.wedged.Store(true)
 	v.wedgeOnce.Do(func() {
 		if v.wedgedCh != nil {
-			close(v.wedgedCh) // writes inside the DB return (GuardedDB)
+			close(v.wedgedCh) // CloseBatch keeps the batches
+		}
+		if v.log != nil {
+			v.log.AbandonWrites() // writes inside the DB return (GuardedDB)
 		}
 	})
 }
@@ -241,53 +245,81 @@ func (v *volume) usable() error {
 // A write (Commit, Set, Delete, DeleteRange, LogData: every call that
 // enters Pebble's commit pipeline) escapes a wedge that happens while it is
 // inside the DB: it runs on one of the DB's committer goroutines and the
-// caller waits for either its end or Wedged (closed when the store wedges).
-// A commit in flight when another goroutine's rotation Fatalf unwound
-// through commitPipeline.prepare would otherwise wait for good: on the
-// pipeline's mutex, which prepare takes without defer, or in publish behind
-// the dead batch at the head of the pending queue (metafs.go). On the wedge
-// the caller gets the stored cause (ErrVolumeFailed) and the committer is
-// abandoned: counted (FatalLogger.Abandoned, Stuck), never waited for (Close
-// does not close a wedged DB).
+// caller waits for the call's done token, which the committer sends when
+// the commit ends, or FatalLogger.AbandonWrites (called by the store's
+// wedge, after Usable fails) sends for every call in flight. A commit in
+// flight when another goroutine's rotation Fatalf unwound through
+// commitPipeline.prepare would otherwise wait for good: on the pipeline's
+// mutex, which prepare takes without defer, or in publish behind the dead
+// batch at the head of the pending queue (metafs.go). On the wedge the
+// caller gets the stored cause (ErrVolumeFailed) and the committer is
+// abandoned: counted (FatalLogger.Abandoned, Stuck), never waited for
+// (Close does not close a wedged DB). Which of the two sends the token is
+// decided by a CAS on the call's state, so a call that finished at the
+// same moment returns its own result.
 //
-// Committers are long-lived: a write goes to an idle one, or starts one if
-// none is idle, which then stays (so concurrent commits still meet in
-// Pebble's group commit, and a committer's stack, grown through Pebble's
-// commit once, is not grown afresh per call as a goroutine per call's was).
-// They end on Stop (the store's Close) or on the wedge.
+// Committers are long-lived: a write goes to the idle one parked last
+// (LIFO: the warmest stack), woken on a channel of its own, or starts one
+// if none is idle (so concurrent commits still meet in Pebble's group
+// commit, and a committer's stack, grown through Pebble's commit once, is
+// not grown afresh per call as a goroutine per call's was). A committer
+// that would be idle beyond maxIdleCommitters ends, so their number falls
+// back after a burst. They end on Stop (the store's Close) or on the wedge.
 //
 // A batch whose commit was abandoned may still be read by its committer:
 // it is released only through CloseBatch, which does not give a wedged
 // store's batches back to Pebble's pool (shared by every DB of the
-// process). Reads (Get, NewIter) never enter the commit pipeline (Pebble
-// v2.1.7: commitPipeline.mu is taken by Apply's prepare, AsyncFlush,
-// Compact and Close only) and run on the caller's goroutine.
+// process).
+//
+// Reads (Get, NewIter) never enter the commit pipeline and run on the
+// caller's goroutine (Pebble v2.1.7: commitPipeline.mu is taken by Apply's
+// prepare, AllocateSeqNum (ingest, excise), AsyncFlush, Compact and Close,
+// none of which storage calls outside Close): they do not escape a wedge.
 type GuardedDB struct {
 	DB     *pebble.DB
 	Log    *FatalLogger
 	Usable func() error
 	// Wedged is closed when the store wedges (after Usable returns its
-	// error); nil: writes run on the caller's goroutine, with no escape.
+	// error; the store then calls Log.AbandonWrites); nil: writes run on
+	// the caller's goroutine, with no escape.
 	Wedged <-chan struct{}
-
-	once sync.Once
-	work chan *dbCall  // to an idle committer (unbuffered)
-	stop chan struct{} // closed by Stop
 }
+
+// committers are the committer goroutines of one DB (kept in its
+// FatalLogger, which exists before the DB opens and is what the store's
+// wedge reaches).
+type committers struct {
+	mu      sync.Mutex
+	idle    []*committer // parked, a stack: the last parked is woken first
+	all     []*committer // every live committer: walked on the wedge
+	wedged  bool         // AbandonWrites ran: no call is handed off again
+	stopped bool         // Stop ran: committers end when done
+}
+
+// committer is one committer goroutine.
+type committer struct {
+	wake chan *dbCall // cap 1: its next call; nil: end
+	cur  *dbCall      // the call it runs (under committers.mu)
+	at   int          // its index in committers.all
+}
+
+// maxIdleCommitters bounds a DB's idle committers.
+var maxIdleCommitters = max(4, 2*runtime.GOMAXPROCS(0))
 
 // dbCall is one commit handed to a committer (GuardedDB.write).
 type dbCall struct {
 	b        *pebble.Batch
 	wo       *pebble.WriteOptions
 	done     chan struct{} // one token per call
-	state    atomic.Int32  // callRunning, then callDone or callAbandoned
+	state    atomic.Int32  // callIdle (pooled), callRunning, then callDone or callAbandoned
 	err      error
 	panicked bool
 	p        any
 }
 
 const (
-	callRunning int32 = iota
+	callIdle int32 = iota
+	callRunning
 	callDone
 	callAbandoned
 )
@@ -295,22 +327,64 @@ const (
 // dbCalls recycles the calls not abandoned.
 var dbCalls = sync.Pool{New: func() any { return &dbCall{done: make(chan struct{}, 1)} }}
 
-func (g *GuardedDB) init() {
-	g.once.Do(func() {
-		g.work = make(chan *dbCall)
-		g.stop = make(chan struct{})
-	})
+// errCommitterExited is a call's result if its committer ended inside the
+// commit without returning or panicking (runtime.Goexit): never a false
+// success.
+var errCommitterExited error = &FatalError{Msg: "committer goroutine exited inside a commit"}
+
+// Stop ends the idle committers; busy ones end when done (a committer
+// stuck in a wedged DB stays). A write after Stop still runs, on a
+// committer that then ends.
+func (g *GuardedDB) Stop() {
+	cs := &g.Log.calls
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.stopped = true
+	cs.endIdle()
 }
 
-// Stop ends the idle committers (a committer stuck in a wedged DB stays).
-// A write after Stop still runs, on a committer that then ends.
-func (g *GuardedDB) Stop() {
-	g.init()
-	select {
-	case <-g.stop:
-	default:
-		close(g.stop)
+// AbandonWrites is called by the store once it is wedged (Usable fails):
+// every write in flight in the DB returns to its caller with Usable's
+// error (its committer is left behind, counted in Abandoned and Stuck),
+// no write is handed to a committer again, and the idle committers end.
+func (l *FatalLogger) AbandonWrites() {
+	cs := &l.calls
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.wedged = true
+	for _, k := range cs.all {
+		c := k.cur
+		if c == nil {
+			continue
+		}
+		l.stuck.Add(1) // before the CAS: the committer's -1 comes after it
+		if c.state.CompareAndSwap(callRunning, callAbandoned) {
+			l.abandoned.Add(1)
+			c.done <- struct{}{}
+		} else {
+			l.stuck.Add(-1) // it ended meanwhile: its own result
+		}
 	}
+	cs.endIdle()
+}
+
+// endIdle ends the idle committers; cs.mu is held.
+func (cs *committers) endIdle() {
+	for i, k := range cs.idle {
+		k.wake <- nil
+		cs.remove(k)
+		cs.idle[i] = nil
+	}
+	cs.idle = cs.idle[:0]
+}
+
+// remove drops k from cs.all; cs.mu is held.
+func (cs *committers) remove(k *committer) {
+	last := len(cs.all) - 1
+	cs.all[k.at] = cs.all[last]
+	cs.all[k.at].at = k.at
+	cs.all[last] = nil
+	cs.all = cs.all[:last]
 }
 
 // write commits b under the guard: see GuardedDB. b must stay valid until
@@ -324,26 +398,38 @@ func (g *GuardedDB) write(b *pebble.Batch, wo *pebble.WriteOptions) (err error) 
 		defer g.Log.Catch(&err)
 		return b.Commit(wo)
 	}
-	g.init()
 	c := dbCalls.Get().(*dbCall)
 	c.b, c.wo = b, wo
-	select {
-	case g.work <- c:
-	default:
-		go g.committer(c)
+	c.state.Store(callRunning)
+	cs := &g.Log.calls
+	cs.mu.Lock()
+	if cs.wedged { // wedged since Usable: AbandonWrites would not see c
+		cs.mu.Unlock()
+		*c = dbCall{done: c.done}
+		dbCalls.Put(c)
+		return g.wedgedErr()
 	}
-	select {
-	case <-c.done:
-	case <-g.Wedged:
-		if c.state.CompareAndSwap(callRunning, callAbandoned) {
-			g.Log.abandoned.Add(1)
-			g.Log.stuck.Add(1)
-			if err := g.Usable(); err != nil {
-				return err
-			}
-			return &FatalError{Msg: "volume wedged"} // not reached: Wedged closes after Usable fails
-		}
-		<-c.done // it ended meanwhile: its own result
+	var k *committer
+	if n := len(cs.idle); n > 0 {
+		k = cs.idle[n-1]
+		cs.idle[n-1] = nil
+		cs.idle = cs.idle[:n-1]
+	}
+	fresh := k == nil
+	if fresh {
+		k = &committer{wake: make(chan *dbCall, 1), at: len(cs.all)}
+		cs.all = append(cs.all, k)
+	}
+	k.cur = c // seen by AbandonWrites from here on
+	cs.mu.Unlock()
+	if fresh {
+		go g.committer(k, c)
+	} else {
+		k.wake <- c
+	}
+	<-c.done
+	if c.state.Load() == callAbandoned {
+		return g.wedgedErr() // c is not reused: its committer may still hold it
 	}
 	err, panicked, p := c.err, c.panicked, c.p
 	*c = dbCall{done: c.done}
@@ -354,34 +440,61 @@ func (g *GuardedDB) write(b *pebble.Batch, wo *pebble.WriteOptions) (err error) 
 	return err
 }
 
-// committer runs c, then the calls handed to it while idle, until Stop or
-// the wedge.
-func (g *GuardedDB) committer(c *dbCall) {
+// wedgedErr is a write's error on the wedge.
+func (g *GuardedDB) wedgedErr() error {
+	if err := g.Usable(); err != nil {
+		return err
+	}
+	return &FatalError{Msg: "volume wedged"} // not reached: AbandonWrites runs after Usable fails
+}
+
+// committer runs c, then the calls handed to it while idle, until it ends
+// (Stop, the wedge, or too many idle).
+func (g *GuardedDB) committer(k *committer, c *dbCall) {
 	for {
-		c.run(g.Log)
-		select {
-		case c = <-g.work:
-		case <-g.stop:
+		if g.runCall(k, c) {
 			return
-		case <-g.Wedged:
+		}
+		if c = <-k.wake; c == nil {
 			return
 		}
 	}
 }
 
-// run commits c's batch; c is not touched after its done token is sent (the
-// caller then reuses it).
-func (c *dbCall) run(l *FatalLogger) {
+// runCall commits c's batch, then parks k (or reports that it ends) before
+// it sends c's token, if the wedge did not send it. c is not touched after
+// that (its caller then reuses it). A committer ended by runtime.Goexit
+// inside the commit still sends its token, with errCommitterExited.
+func (g *GuardedDB) runCall(k *committer, c *dbCall) (exit bool) {
+	l := g.Log
+	returned := false
 	defer func() {
 		if p := recover(); p != nil {
 			c.panicked, c.p = true, p
+		} else if !returned {
+			exit = true // Goexit: c.err is errCommitterExited
 		}
-		if !c.state.CompareAndSwap(callRunning, callDone) {
+		won := c.state.CompareAndSwap(callRunning, callDone)
+		cs := &l.calls
+		cs.mu.Lock()
+		k.cur = nil
+		exit = exit || cs.stopped || cs.wedged || len(cs.idle) >= maxIdleCommitters
+		if exit {
+			cs.remove(k)
+		} else {
+			cs.idle = append(cs.idle, k)
+		}
+		cs.mu.Unlock()
+		if won {
+			c.done <- struct{}{}
+		} else {
 			l.stuck.Add(-1) // abandoned, and ended after all
 		}
-		c.done <- struct{}{}
 	}()
+	c.err = errCommitterExited
 	c.err = commitCaught(l, c.b, c.wo)
+	returned = true
+	return false
 }
 
 func commitCaught(l *FatalLogger, b *pebble.Batch, wo *pebble.WriteOptions) (err error) {

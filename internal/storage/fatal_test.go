@@ -799,3 +799,52 @@ func TestCloseBatchKeepsWedged(t *testing.T) {
 		t.Fatalf("wedged volume: batch released (count %d): an abandoned commit may still read it", b.Count())
 	}
 }
+
+// TestCommittersBounded: after a burst of concurrent commits, a DB keeps at
+// most maxIdleCommitters committer goroutines (each that would be idle
+// beyond it ends), and none after Close.
+func TestCommittersBounded(t *testing.T) {
+	s, err := Open(Options{Volumes: []string{"/vol"}, FS: vfs.NewMem(vfs.MemOptions{}), ContainerSize: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := s.volumes[0]
+	live := func() int {
+		v.log.calls.mu.Lock()
+		defer v.log.calls.mu.Unlock()
+		return len(v.log.calls.all)
+	}
+	peak := 0
+	for round := 0; round < 5; round++ {
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range 512 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				b := v.db.NewBatch()
+				b.Set(fmt.Appendf(nil, "k%d", i), []byte("v"), nil)
+				if err := v.commit(b, pebble.Sync); err != nil {
+					t.Error(err)
+				}
+				v.closeBatch(b)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		peak = max(peak, live())
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for live() > maxIdleCommitters && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := live(); n > maxIdleCommitters {
+		t.Fatalf("%d committers alive after the bursts, want at most %d", n, maxIdleCommitters)
+	}
+	t.Logf("committers: peak %d after a burst, %d after the bursts (bound %d)", peak, live(), maxIdleCommitters)
+	s.Close()
+	if n := live(); n != 0 {
+		t.Fatalf("%d committers alive after Close", n)
+	}
+}
