@@ -311,7 +311,7 @@ type dbCall struct {
 	b        *pebble.Batch
 	wo       *pebble.WriteOptions
 	done     chan struct{} // one token per call
-	state    atomic.Int32  // callIdle (pooled), callRunning, then callDone or callAbandoned
+	state    atomic.Int32  // callIdle (pooled), callQueued, callRunning, then callDone or callAbandoned
 	err      error
 	panicked bool
 	p        any
@@ -319,6 +319,7 @@ type dbCall struct {
 
 const (
 	callIdle int32 = iota
+	callQueued // handed to a committer, not yet in the DB
 	callRunning
 	callDone
 	callAbandoned
@@ -355,6 +356,10 @@ func (l *FatalLogger) AbandonWrites() {
 	for _, k := range cs.all {
 		c := k.cur
 		if c == nil {
+			continue
+		}
+		if c.state.CompareAndSwap(callQueued, callAbandoned) {
+			c.done <- struct{}{} // not started: its committer skips it
 			continue
 		}
 		l.stuck.Add(1) // before the CAS: the committer's -1 comes after it
@@ -400,7 +405,7 @@ func (g *GuardedDB) write(b *pebble.Batch, wo *pebble.WriteOptions) (err error) 
 	}
 	c := dbCalls.Get().(*dbCall)
 	c.b, c.wo = b, wo
-	c.state.Store(callRunning)
+	c.state.Store(callQueued)
 	cs := &g.Log.calls
 	cs.mu.Lock()
 	if cs.wedged { // wedged since Usable: AbandonWrites would not see c
@@ -461,12 +466,16 @@ func (g *GuardedDB) committer(k *committer, c *dbCall) {
 	}
 }
 
-// runCall commits c's batch, then parks k (or reports that it ends) before
+// runCall commits c's batch unless c was abandoned before it started or
+// the store is wedged by now (a wedged DB is never called again), then parks k (or reports that it ends) before
 // it sends c's token, if the wedge did not send it. c is not touched after
 // that (its caller then reuses it). A committer ended by runtime.Goexit
 // inside the commit still sends its token, with errCommitterExited.
 func (g *GuardedDB) runCall(k *committer, c *dbCall) (exit bool) {
 	l := g.Log
+	if !c.state.CompareAndSwap(callQueued, callRunning) {
+		return g.park(k, false) // abandoned before it started: AbandonWrites sent its token
+	}
 	returned := false
 	defer func() {
 		if p := recover(); p != nil {
@@ -475,16 +484,7 @@ func (g *GuardedDB) runCall(k *committer, c *dbCall) (exit bool) {
 			exit = true // Goexit: c.err is errCommitterExited
 		}
 		won := c.state.CompareAndSwap(callRunning, callDone)
-		cs := &l.calls
-		cs.mu.Lock()
-		k.cur = nil
-		exit = exit || cs.stopped || cs.wedged || len(cs.idle) >= maxIdleCommitters
-		if exit {
-			cs.remove(k)
-		} else {
-			cs.idle = append(cs.idle, k)
-		}
-		cs.mu.Unlock()
+		exit = g.park(k, exit)
 		if won {
 			c.done <- struct{}{}
 		} else {
@@ -492,9 +492,29 @@ func (g *GuardedDB) runCall(k *committer, c *dbCall) (exit bool) {
 		}
 	}()
 	c.err = errCommitterExited
-	c.err = commitCaught(l, c.b, c.wo)
+	if err := g.Usable(); err != nil {
+		c.err = err // wedged since the caller's check: not counted as stuck
+	} else {
+		c.err = commitCaught(l, c.b, c.wo)
+	}
 	returned = true
 	return false
+}
+
+// park puts k, done with its call, on the idle stack, or drops it and
+// reports that it ends (end, Stop, the wedge, or maxIdleCommitters idle).
+func (g *GuardedDB) park(k *committer, end bool) (exit bool) {
+	cs := &g.Log.calls
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	k.cur = nil
+	exit = end || cs.stopped || cs.wedged || len(cs.idle) >= maxIdleCommitters
+	if exit {
+		cs.remove(k)
+	} else {
+		cs.idle = append(cs.idle, k)
+	}
+	return exit
 }
 
 func commitCaught(l *FatalLogger, b *pebble.Batch, wo *pebble.WriteOptions) (err error) {

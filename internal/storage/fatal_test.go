@@ -848,3 +848,55 @@ func TestCommittersBounded(t *testing.T) {
 		t.Fatalf("%d committers alive after Close", n)
 	}
 }
+
+// TestQueuedCallSkipsWedgedDB: a write handed to a committer is not
+// committed into a DB wedged before the committer started it, whether the
+// wedge abandoned it while queued or the committer meets the wedge first,
+// and neither counts as Abandoned or Stuck (it never was inside the DB).
+func TestQueuedCallSkipsWedgedDB(t *testing.T) {
+	for _, abandonFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("abandonFirst=%v", abandonFirst), func(t *testing.T) {
+			s, err := Open(Options{Volumes: []string{"/vol"}, FS: vfs.NewMem(vfs.MemOptions{}), ContainerSize: 1 << 30})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			v := s.volumes[0]
+			b := v.db.NewBatch()
+			b.Set([]byte("queued"), []byte("v"), nil)
+			c := &dbCall{b: b, wo: pebble.NoSync, done: make(chan struct{}, 1)}
+			c.state.Store(callQueued)
+			k := &committer{wake: make(chan *dbCall, 1)}
+			cs := &v.log.calls
+			cs.mu.Lock()
+			k.at, k.cur = len(cs.all), c
+			cs.all = append(cs.all, k)
+			cs.mu.Unlock()
+			if abandonFirst {
+				v.setWedged(&FatalError{Msg: "test wedge"}) // AbandonWrites sees c queued
+			} else {
+				// The wedge lands after the committer took c, before it
+				// commits: only the flag, as if AbandonWrites came later.
+				v.wedgeErr.CompareAndSwap(nil, new(error))
+				*v.wedgeErr.Load() = &FatalError{Msg: "test wedge"}
+				v.wedged.Store(true)
+			}
+			g := &v.g
+			g.runCall(k, c)
+			<-c.done
+			if _, closer, err := v.db.Get([]byte("queued")); err == nil {
+				closer.Close()
+				t.Fatal("a call queued before the wedge was committed into the wedged DB")
+			}
+			if abandonFirst && c.state.Load() != callAbandoned {
+				t.Fatalf("state %d, want abandoned", c.state.Load())
+			}
+			if !abandonFirst && (c.state.Load() != callDone || !errors.Is(c.err, ErrVolumeFailed)) {
+				t.Fatalf("state %d err %v, want done with ErrVolumeFailed", c.state.Load(), c.err)
+			}
+			if a, st := v.log.Abandoned(), v.log.Stuck(); a != 0 || st != 0 {
+				t.Fatalf("Abandoned %d Stuck %d, want 0 0", a, st)
+			}
+		})
+	}
+}
