@@ -283,6 +283,30 @@ type GuardedDB struct {
 	// error; the store then calls Log.AbandonWrites); nil: writes run on
 	// the caller's goroutine, with no escape.
 	Wedged <-chan struct{}
+	// Wedge wedges the store (nil: nothing); a write whose commit
+	// panicked (not a Fatalf) calls it before the panic goes on on the
+	// caller's goroutine, so the store is wedged before the caller's
+	// deferred CloseBatch runs: a panic that unwound through Pebble may
+	// have left the batch in its pending queue.
+	Wedge func(error)
+}
+
+// CommitPanic is the panic value raised again on a write's caller when
+// its commit panicked on a committer (not a Fatalf): the committer's value
+// and stack (the Pebble frames that panicked).
+type CommitPanic struct {
+	Value any
+	Stack []byte
+}
+
+func (p *CommitPanic) Error() string {
+	return fmt.Sprintf("panic in a commit: %v\ncommitter's stack:\n%s", p.Value, p.Stack)
+}
+
+// Unwrap returns the committer's panic value if it is an error.
+func (p *CommitPanic) Unwrap() error {
+	err, _ := p.Value.(error)
+	return err
 }
 
 // committers are the committer goroutines of one DB (kept in its
@@ -318,8 +342,8 @@ type dbCall struct {
 }
 
 const (
-	callIdle int32 = iota
-	callQueued // handed to a committer, not yet in the DB
+	callIdle   int32 = iota
+	callQueued       // handed to a committer, not yet in the DB
 	callRunning
 	callDone
 	callAbandoned
@@ -440,7 +464,12 @@ func (g *GuardedDB) write(b *pebble.Batch, wo *pebble.WriteOptions) (err error) 
 	*c = dbCall{done: c.done}
 	dbCalls.Put(c)
 	if panicked {
-		panic(p) // a panic that is no fatal error of the DB goes on, on the caller's goroutine
+		// A panic that is no fatal error of the DB wedges the store, then
+		// goes on, on the caller's goroutine.
+		if g.Wedge != nil {
+			g.Wedge(&FatalError{Msg: fmt.Sprintf("panic in a commit: %v", p.(*CommitPanic).Value)})
+		}
+		panic(p)
 	}
 	return err
 }
@@ -479,7 +508,7 @@ func (g *GuardedDB) runCall(k *committer, c *dbCall) (exit bool) {
 	returned := false
 	defer func() {
 		if p := recover(); p != nil {
-			c.panicked, c.p = true, p
+			c.panicked, c.p = true, &CommitPanic{Value: p, Stack: debug.Stack()}
 		} else if !returned {
 			exit = true // Goexit: c.err is errCommitterExited
 		}

@@ -900,3 +900,37 @@ func TestQueuedCallSkipsWedgedDB(t *testing.T) {
 		})
 	}
 }
+
+// TestCommitPanicWedgesFirst: a commit that panics on its committer (not a
+// Fatalf: here a nil batch) wedges the volume before the panic goes on on
+// the caller, so the caller's deferred closeBatch, run while it unwinds,
+// keeps the batch from Pebble's pool; the panic value carries the
+// committer's stack.
+func TestCommitPanicWedgesFirst(t *testing.T) {
+	s, err := Open(Options{Volumes: []string{"/vol"}, FS: vfs.NewMem(vfs.MemOptions{}), ContainerSize: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	v := s.volumes[0]
+	var p any
+	wedgedWhileUnwinding := false
+	func() {
+		defer func() { p = recover() }()
+		defer func() { wedgedWhileUnwinding = v.usable() != nil }() // where closeBatch would run
+		v.commit(nil, pebble.NoSync)
+	}()
+	if p == nil {
+		t.Fatal("no panic")
+	}
+	if !wedgedWhileUnwinding {
+		t.Fatal("the volume was not wedged when the caller's deferred calls ran")
+	}
+	cp, ok := p.(*CommitPanic)
+	if !ok || !strings.Contains(string(cp.Stack), "runCall") {
+		t.Fatalf("panic value %T does not carry the committer's stack: %v", p, p)
+	}
+	if !errors.Is(v.usable(), ErrVolumeFailed) {
+		t.Fatalf("usable() = %v, want ErrVolumeFailed", v.usable())
+	}
+}

@@ -596,7 +596,7 @@ func (s *Store) openVolume(v *volume) (err error) {
 		return err
 	}
 	v.db = db
-	v.g = GuardedDB{DB: db, Log: v.log, Usable: v.usable, Wedged: v.wedgedCh}
+	v.g = GuardedDB{DB: db, Log: v.log, Usable: v.usable, Wedged: v.wedgedCh, Wedge: func(err error) { s.panicVolume(v, err) }}
 	v.log.SetDB(db)
 	if err := s.recoverVolume(v); err != nil {
 		return err

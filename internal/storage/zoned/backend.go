@@ -175,7 +175,14 @@ func New(cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	b.db = db
-	b.gdb = storage.GuardedDB{DB: db, Log: b.log, Usable: b.usable, Wedged: b.wedged}
+	b.gdb = storage.GuardedDB{DB: db, Log: b.log, Usable: b.usable, Wedged: b.wedged,
+		Wedge: func(err error) {
+			fe, ok := err.(*storage.FatalError)
+			if !ok {
+				fe = &storage.FatalError{Msg: err.Error()}
+			}
+			b.wedge(fe)
+		}}
 	b.log.SetDB(db)
 	if err := b.recoverGuarded(); err != nil {
 		b.closeFiles()
