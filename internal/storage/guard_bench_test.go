@@ -10,8 +10,8 @@ import (
 
 // BenchmarkVolumeCommit measures a guarded commit of a two-key batch into a
 // volume's DB (the commit path of PutBlock, SyncCommits and the deferred-
-// write flusher: fatal.go hands each to a goroutine of its own so that it
-// escapes a wedge), NoSync and Sync (on a memory FS: no fsync cost, so the
+// write flusher: fatal.go hands each to one of the DB's long-lived
+// committer goroutines so that it escapes a wedge), NoSync and Sync (on a memory FS: no fsync cost, so the
 // hand-off's share is at its largest), alone and from 8 goroutines per CPU
 // (Pebble's group commit). Reads take no hand-off (BenchmarkVolumeGuard).
 func BenchmarkVolumeCommit(b *testing.B) {

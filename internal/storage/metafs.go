@@ -51,7 +51,7 @@ import (
 // check would wait for good for that lock, or for its publish behind the
 // dead batch (releasing the mutex would not unblock it). Its caller does
 // not: GuardedDB returns it on the wedge and abandons its committer
-// (fatal.go; ARCHITECTURE, "A request inside a DB when it wedges returns").
+// (fatal.go; ARCHITECTURE, "A write inside a DB when it wedges returns").
 //
 // The cost on the hot path is one more method call per WAL write and sync
 // (BenchmarkSyncRoundMem, docs/BENCHMARKS.md).
