@@ -419,13 +419,23 @@ func (cs *committers) remove(k *committer) {
 // write commits b under the guard: see GuardedDB. b must stay valid until
 // its committer is done with it: the caller may return before (on the
 // wedge), so b is released only by CloseBatch.
-func (g *GuardedDB) write(b *pebble.Batch, wo *pebble.WriteOptions) (err error) {
-	if err := g.Usable(); err != nil {
+func (g *GuardedDB) write(b *pebble.Batch, wo *pebble.WriteOptions) error {
+	c, err := g.start(b, wo)
+	if c == nil {
 		return err
 	}
+	return g.wait(c)
+}
+
+// start hands b's commit to a committer and returns its call, for wait
+// (exactly once); nil: err is the commit's result (refused on a wedged
+// store, or run on the caller's goroutine with no Wedged).
+func (g *GuardedDB) start(b *pebble.Batch, wo *pebble.WriteOptions) (*dbCall, error) {
+	if err := g.Usable(); err != nil {
+		return nil, err
+	}
 	if g.Wedged == nil {
-		defer g.Log.Catch(&err)
-		return b.Commit(wo)
+		return nil, commitCaught(g.Log, b, wo)
 	}
 	c := dbCalls.Get().(*dbCall)
 	c.b, c.wo = b, wo
@@ -436,7 +446,7 @@ func (g *GuardedDB) write(b *pebble.Batch, wo *pebble.WriteOptions) (err error) 
 		cs.mu.Unlock()
 		*c = dbCall{done: c.done}
 		dbCalls.Put(c)
-		return g.wedgedErr()
+		return nil, g.wedgedErr()
 	}
 	var k *committer
 	if n := len(cs.idle); n > 0 {
@@ -456,6 +466,13 @@ func (g *GuardedDB) write(b *pebble.Batch, wo *pebble.WriteOptions) (err error) 
 	} else {
 		k.wake <- c
 	}
+	return c, nil
+}
+
+// wait waits for c (from start) and returns its result, or the wedge's
+// error if the wedge abandoned it; c is recycled. A panic of the commit
+// (not a Fatalf) wedges the store (Wedge) and goes on here.
+func (g *GuardedDB) wait(c *dbCall) error {
 	<-c.done
 	if c.state.Load() == callAbandoned {
 		return g.wedgedErr() // c is not reused: its committer may still hold it

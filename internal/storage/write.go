@@ -698,7 +698,8 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	// deferred keys' generations if not done yet. Set at every return.
 	earlyDone := make(chan error, 1)
 	var (
-		earlyAsync  bool // the early commit runs on its own goroutine
+		earlyAsync  bool   // the early commit runs on a committer
+		earlyWait   func() // waits for it (once), then sends to earlyDone
 		earlyWaited bool
 		undone      bool
 		returned    bool
@@ -718,6 +719,7 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		if !earlyWaited {
 			err := errEarlyNotRun
 			if earlyAsync {
+				earlyWait()
 				err = <-earlyDone
 			} else {
 				select {
@@ -788,15 +790,22 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	case !syncNow:
 		earlyDone <- v.commit(early, s.metaSync())
 	default:
+		// Handed to a committer (no goroutine of its own), waited for
+		// below or, on a panic, by the deferred undo above.
+		c, err := v.g.start(early, s.metaSync())
+		if c == nil {
+			earlyDone <- err
+			break
+		}
 		earlyAsync = true
-		go func() {
-			// A panic here fails the volume (guardVolume) instead of the
-			// process, and the round gets an error.
+		earlyWait = func() {
+			// A panic of the commit fails the volume (guardVolume)
+			// instead of the process, and the round gets an error.
 			err := errEarlyPanic
 			defer func() { earlyDone <- err }()
 			defer s.guardVolume(v, "the early commit of a sync round")
-			err = v.commit(early, s.metaSync())
-		}()
+			err = v.g.wait(c)
+		}
 	}
 	errs := make([]error, len(todo))
 	if syncNow {
@@ -807,6 +816,9 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		}
 	}
 	s.testPoint("persist: early commit started")
+	if earlyAsync {
+		earlyWait()
+	}
 	earlyErr := <-earlyDone
 	earlyWaited = true
 	if earlyErr == nil {
