@@ -265,7 +265,7 @@ func (s *Store) DeleteBlocks(cid ContainerID, lids []LocalID) error {
 		return cErr(op, ErrContainerNotOpen, cid, st.String(), nil)
 	}
 	b := c.vol.db.NewBatch()
-	defer b.Close()
+	defer c.vol.closeBatch(b)
 	seen := map[LocalID]bool{}
 	for _, lid := range lids {
 		if seen[lid] {

@@ -302,7 +302,7 @@ func (s *Store) flushDeferred(v *volume) {
 		// Not synced: a deletion lost in a crash only makes Open write
 		// the same bytes into the file again.
 		firstErr = v.commit(b, pebble.NoSync)
-		b.Close()
+		v.closeBatch(b)
 		if firstErr == nil {
 			for _, k := range mine {
 				delete(d.gens, k)
@@ -376,7 +376,7 @@ func (s *Store) replayDeferred(v *volume, keys [][]byte, vals [][]byte) error {
 		}
 	}
 	b := v.db.NewBatch()
-	defer b.Close()
+	defer v.closeBatch(b)
 	for _, k := range keys {
 		b.Delete(k, nil)
 	}

@@ -151,7 +151,7 @@ func (s *Store) Import(r io.Reader) (ContainerReport, error) {
 		return ContainerReport{}, s.ioErr(op, c, 0, 0, err)
 	}
 	batch := v.db.NewBatch()
-	defer batch.Close()
+	defer v.closeBatch(batch)
 	var got counters
 	buf := AlignedBuffer(readPiece)
 	var lenBuf [4]byte

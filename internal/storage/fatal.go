@@ -71,6 +71,10 @@ type FatalLogger struct {
 	ioErr atomic.Pointer[FatalError]
 	// dbMu: the DB's DB.mu (SetDB), for a failed WAL rotation.
 	dbMu atomic.Pointer[sync.Mutex]
+	// abandoned, stuck: writes left inside a wedged DB (GuardedDB).
+	abandoned atomic.Uint64
+	stuck     atomic.Int64
+	calls     committers // GuardedDB's committers
 }
 
 var _ pebble.Logger = (*FatalLogger)(nil)
@@ -174,6 +178,14 @@ func (s *Store) wedge(v *volume, err *FatalError) {
 func (v *volume) setWedged(err error) {
 	v.wedgeErr.CompareAndSwap(nil, &err)
 	v.wedged.Store(true)
+	v.wedgeOnce.Do(func() {
+		if v.wedgedCh != nil {
+			close(v.wedgedCh) // CloseBatch keeps the batches
+		}
+		if v.log != nil {
+			v.log.AbandonWrites() // writes inside the DB return (GuardedDB)
+		}
+	})
 }
 
 // fatalVolume fails v for a fatal error of a metadata store (its own, or
@@ -229,52 +241,404 @@ func (v *volume) usable() error {
 // Usable (a wedged store answers with its error and the DB is not touched)
 // and a Fatalf raised inside the call comes back as its error (Catch). A
 // volume's DB and the zoned backend's own DB are called only through one.
+//
+// A write (Commit, Set, Delete, DeleteRange, LogData: every call that
+// enters Pebble's commit pipeline) escapes a wedge that happens while it is
+// inside the DB: it runs on one of the DB's committer goroutines and the
+// caller waits for the call's done token, which the committer sends when
+// the commit ends, or FatalLogger.AbandonWrites (called by the store's
+// wedge, after Usable fails) sends for every call in flight. A commit in
+// flight when another goroutine's rotation Fatalf unwound through
+// commitPipeline.prepare would otherwise wait for good: on the pipeline's
+// mutex, which prepare takes without defer, or in publish behind the dead
+// batch at the head of the pending queue (metafs.go). On the wedge the
+// caller gets the stored cause (ErrVolumeFailed) and the committer is
+// abandoned: counted (FatalLogger.Abandoned, Stuck), never waited for
+// (Close does not close a wedged DB). Which of the two sends the token is
+// decided by a CAS on the call's state, so a call that finished at the
+// same moment returns its own result.
+//
+// Committers are long-lived: a write goes to the idle one parked last
+// (LIFO: the warmest stack), woken on a channel of its own, or starts one
+// if none is idle (so concurrent commits still meet in Pebble's group
+// commit, and a committer's stack, grown through Pebble's commit once, is
+// not grown afresh per call as a goroutine per call's was). A committer
+// that would be idle beyond maxIdleCommitters ends, so their number falls
+// back after a burst. They end on Stop (the store's Close) or on the wedge.
+//
+// A batch whose commit was abandoned may still be read by its committer:
+// it is released only through CloseBatch, which does not give a wedged
+// store's batches back to Pebble's pool (shared by every DB of the
+// process).
+//
+// Reads (Get, NewIter) never enter the commit pipeline and run on the
+// caller's goroutine (Pebble v2.1.7: commitPipeline.mu is taken by Apply's
+// prepare, AllocateSeqNum (ingest, excise), AsyncFlush, Compact and Close,
+// none of which storage calls outside Close): they do not escape a wedge.
 type GuardedDB struct {
 	DB     *pebble.DB
 	Log    *FatalLogger
 	Usable func() error
+	// Wedged is closed when the store wedges (after Usable returns its
+	// error; the store then calls Log.AbandonWrites); nil: writes run on
+	// the caller's goroutine, with no escape.
+	Wedged <-chan struct{}
+	// Wedge wedges the store (nil: nothing); a write whose commit
+	// panicked (not a Fatalf) calls it before the panic goes on on the
+	// caller's goroutine, so the store is wedged before the caller's
+	// deferred CloseBatch runs: a panic that unwound through Pebble may
+	// have left the batch in its pending queue.
+	Wedge func(error)
 }
 
-// Commit commits b (a batch of DB).
-func (g *GuardedDB) Commit(b *pebble.Batch, wo *pebble.WriteOptions) (err error) {
+// CommitPanic is the panic value raised again on a write's caller when
+// its commit panicked on a committer (not a Fatalf): the committer's value
+// and stack (the Pebble frames that panicked).
+type CommitPanic struct {
+	Value any
+	Stack []byte
+}
+
+func (p *CommitPanic) Error() string {
+	return fmt.Sprintf("panic in a commit: %v\ncommitter's stack:\n%s", p.Value, p.Stack)
+}
+
+// Unwrap returns the committer's panic value if it is an error.
+func (p *CommitPanic) Unwrap() error {
+	err, _ := p.Value.(error)
+	return err
+}
+
+// committers are the committer goroutines of one DB (kept in its
+// FatalLogger, which exists before the DB opens and is what the store's
+// wedge reaches).
+type committers struct {
+	mu      sync.Mutex
+	idle    []*committer // parked, a stack: the last parked is woken first
+	all     []*committer // every live committer: walked on the wedge
+	wedged  bool         // AbandonWrites ran: no call is handed off again
+	stopped bool         // Stop ran: committers end when done
+}
+
+// committer is one committer goroutine.
+type committer struct {
+	wake chan *dbCall // cap 1: its next call; nil: end
+	cur  *dbCall      // the call it runs (under committers.mu)
+	at   int          // its index in committers.all
+}
+
+// maxIdleCommitters bounds a DB's idle committers.
+var maxIdleCommitters = max(4, 2*runtime.GOMAXPROCS(0))
+
+// dbCall is one commit handed to a committer (GuardedDB.write).
+type dbCall struct {
+	b        *pebble.Batch
+	wo       *pebble.WriteOptions
+	done     chan struct{} // one token per call
+	state    atomic.Int32  // callIdle (pooled), callQueued, callRunning, then callDone or callAbandoned
+	err      error
+	panicked bool
+	p        any
+}
+
+const (
+	callIdle   int32 = iota
+	callQueued       // handed to a committer, not yet in the DB
+	callRunning
+	callDone
+	callAbandoned
+)
+
+// dbCalls recycles the calls not abandoned.
+var dbCalls = sync.Pool{New: func() any { return &dbCall{done: make(chan struct{}, 1)} }}
+
+// errCommitterExited is a call's result if its committer ended inside the
+// commit without returning or panicking (runtime.Goexit): never a false
+// success.
+var errCommitterExited error = &FatalError{Msg: "committer goroutine exited inside a commit"}
+
+// Stop ends the idle committers; busy ones end when done (a committer
+// stuck in a wedged DB stays). A write after Stop still runs, on a
+// committer that then ends.
+func (g *GuardedDB) Stop() {
+	cs := &g.Log.calls
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.stopped = true
+	cs.endIdle()
+}
+
+// AbandonWrites is called by the store once it is wedged (Usable fails):
+// every write in flight in the DB returns to its caller with Usable's
+// error (its committer is left behind, counted in Abandoned and Stuck),
+// no write is handed to a committer again, and the idle committers end.
+func (l *FatalLogger) AbandonWrites() {
+	cs := &l.calls
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.wedged = true
+	for _, k := range cs.all {
+		c := k.cur
+		if c == nil {
+			continue
+		}
+		if c.state.CompareAndSwap(callQueued, callAbandoned) {
+			c.done <- struct{}{} // not started: its committer skips it
+			continue
+		}
+		l.stuck.Add(1) // before the CAS: the committer's -1 comes after it
+		if c.state.CompareAndSwap(callRunning, callAbandoned) {
+			l.abandoned.Add(1)
+			c.done <- struct{}{}
+		} else {
+			l.stuck.Add(-1) // it ended meanwhile: its own result
+		}
+	}
+	cs.endIdle()
+}
+
+// endIdle ends the idle committers; cs.mu is held.
+func (cs *committers) endIdle() {
+	for i, k := range cs.idle {
+		k.wake <- nil
+		cs.remove(k)
+		cs.idle[i] = nil
+	}
+	cs.idle = cs.idle[:0]
+}
+
+// remove drops k from cs.all; cs.mu is held.
+func (cs *committers) remove(k *committer) {
+	last := len(cs.all) - 1
+	cs.all[k.at] = cs.all[last]
+	cs.all[k.at].at = k.at
+	cs.all[last] = nil
+	cs.all = cs.all[:last]
+}
+
+// write commits b under the guard: see GuardedDB. b must stay valid until
+// its committer is done with it: the caller may return before (on the
+// wedge), so b is released only by CloseBatch.
+func (g *GuardedDB) write(b *pebble.Batch, wo *pebble.WriteOptions) error {
+	c, err := g.start(b, wo)
+	if c == nil {
+		return err
+	}
+	return g.wait(c)
+}
+
+// start hands b's commit to a committer and returns its call, for wait
+// (exactly once); nil: err is the commit's result (refused on a wedged
+// store, or run on the caller's goroutine with no Wedged).
+func (g *GuardedDB) start(b *pebble.Batch, wo *pebble.WriteOptions) (*dbCall, error) {
+	if err := g.Usable(); err != nil {
+		return nil, err
+	}
+	if g.Wedged == nil {
+		return nil, commitCaught(g.Log, b, wo)
+	}
+	c := dbCalls.Get().(*dbCall)
+	c.b, c.wo = b, wo
+	c.state.Store(callQueued)
+	cs := &g.Log.calls
+	cs.mu.Lock()
+	if cs.wedged { // wedged since Usable: AbandonWrites would not see c
+		cs.mu.Unlock()
+		*c = dbCall{done: c.done}
+		dbCalls.Put(c)
+		return nil, g.wedgedErr()
+	}
+	var k *committer
+	if n := len(cs.idle); n > 0 {
+		k = cs.idle[n-1]
+		cs.idle[n-1] = nil
+		cs.idle = cs.idle[:n-1]
+	}
+	fresh := k == nil
+	if fresh {
+		k = &committer{wake: make(chan *dbCall, 1), at: len(cs.all)}
+		cs.all = append(cs.all, k)
+	}
+	k.cur = c // seen by AbandonWrites from here on
+	cs.mu.Unlock()
+	if fresh {
+		go g.committer(k, c)
+	} else {
+		k.wake <- c
+	}
+	return c, nil
+}
+
+// wait waits for c (from start) and returns its result, or the wedge's
+// error if the wedge abandoned it; c is recycled. A panic of the commit
+// (not a Fatalf) wedges the store (Wedge) and goes on here.
+func (g *GuardedDB) wait(c *dbCall) error {
+	<-c.done
+	if c.state.Load() == callAbandoned {
+		return g.wedgedErr() // c is not reused: its committer may still hold it
+	}
+	err, panicked, p := c.err, c.panicked, c.p
+	*c = dbCall{done: c.done}
+	dbCalls.Put(c)
+	if panicked {
+		// A panic that is no fatal error of the DB wedges the store, then
+		// goes on, on the caller's goroutine.
+		if g.Wedge != nil {
+			g.Wedge(&FatalError{Msg: fmt.Sprintf("panic in a commit: %v", p.(*CommitPanic).Value)})
+		}
+		panic(p)
+	}
+	return err
+}
+
+// wedgedErr is a write's error on the wedge.
+func (g *GuardedDB) wedgedErr() error {
 	if err := g.Usable(); err != nil {
 		return err
 	}
-	defer g.Log.Catch(&err)
+	return &FatalError{Msg: "volume wedged"} // not reached: AbandonWrites runs after Usable fails
+}
+
+// committer runs c, then the calls handed to it while idle, until it ends
+// (Stop, the wedge, or too many idle).
+func (g *GuardedDB) committer(k *committer, c *dbCall) {
+	for {
+		if g.runCall(k, c) {
+			return
+		}
+		if c = <-k.wake; c == nil {
+			return
+		}
+	}
+}
+
+// runCall commits c's batch unless c was abandoned before it started or
+// the store is wedged by now (a wedged DB is never called again), then parks k (or reports that it ends) before
+// it sends c's token, if the wedge did not send it. c is not touched after
+// that (its caller then reuses it). A committer ended by runtime.Goexit
+// inside the commit still sends its token, with errCommitterExited.
+func (g *GuardedDB) runCall(k *committer, c *dbCall) (exit bool) {
+	l := g.Log
+	if !c.state.CompareAndSwap(callQueued, callRunning) {
+		return g.park(k, false) // abandoned before it started: AbandonWrites sent its token
+	}
+	returned := false
+	defer func() {
+		if p := recover(); p != nil {
+			c.panicked, c.p = true, &CommitPanic{Value: p, Stack: debug.Stack()}
+		} else if !returned {
+			exit = true // Goexit: c.err is errCommitterExited
+		}
+		won := c.state.CompareAndSwap(callRunning, callDone)
+		exit = g.park(k, exit)
+		if won {
+			c.done <- struct{}{}
+		} else {
+			l.stuck.Add(-1) // abandoned, and ended after all
+		}
+	}()
+	c.err = errCommitterExited
+	if err := g.Usable(); err != nil {
+		c.err = err // wedged since the caller's check: not counted as stuck
+	} else {
+		c.err = commitCaught(l, c.b, c.wo)
+	}
+	returned = true
+	return false
+}
+
+// park puts k, done with its call, on the idle stack, or drops it and
+// reports that it ends (end, Stop, the wedge, or maxIdleCommitters idle).
+func (g *GuardedDB) park(k *committer, end bool) (exit bool) {
+	cs := &g.Log.calls
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	k.cur = nil
+	exit = end || cs.stopped || cs.wedged || len(cs.idle) >= maxIdleCommitters
+	if exit {
+		cs.remove(k)
+	} else {
+		cs.idle = append(cs.idle, k)
+	}
+	return exit
+}
+
+func commitCaught(l *FatalLogger, b *pebble.Batch, wo *pebble.WriteOptions) (err error) {
+	defer l.Catch(&err)
 	return b.Commit(wo)
 }
 
-func (g *GuardedDB) Set(k, val []byte, wo *pebble.WriteOptions) (err error) {
-	if err := g.Usable(); err != nil {
-		return err
+// Abandoned counts the writes whose caller returned on a wedge while they
+// were inside the DB; Stuck is how many of them have not ended (goroutines
+// blocked in a wedged DB until the process exits).
+func (l *FatalLogger) Abandoned() uint64 { return l.abandoned.Load() }
+func (l *FatalLogger) Stuck() int64      { return l.stuck.Load() }
+
+// CloseBatch releases b (a batch of DB) unless the store is wedged: then a
+// write abandoned in the DB may still read b, and b is left to the garbage
+// collector instead of Pebble's batch pool. Every batch given to Commit is
+// released by CloseBatch, never by b.Close.
+func (g *GuardedDB) CloseBatch(b *pebble.Batch) {
+	if g.Wedged != nil {
+		select {
+		case <-g.Wedged:
+			return
+		default:
+		}
 	}
-	defer g.Log.Catch(&err)
-	return g.DB.Set(k, val, wo)
+	b.Close()
 }
 
-func (g *GuardedDB) Delete(k []byte, wo *pebble.WriteOptions) (err error) {
-	if err := g.Usable(); err != nil {
-		return err
-	}
-	defer g.Log.Catch(&err)
-	return g.DB.Delete(k, wo)
+// Commit commits b (a batch of DB); release b with CloseBatch.
+func (g *GuardedDB) Commit(b *pebble.Batch, wo *pebble.WriteOptions) error {
+	return g.write(b, wo)
 }
 
-func (g *GuardedDB) DeleteRange(lo, hi []byte, wo *pebble.WriteOptions) (err error) {
+// Set, Delete, DeleteRange and LogData build their batch on the caller's
+// goroutine (k and val are copied into it before the hand-off: the caller
+// may reuse them once the call returns, even on a wedge), as Pebble's own
+// DB.Set does, and commit it as Commit does.
+func (g *GuardedDB) Set(k, val []byte, wo *pebble.WriteOptions) error {
 	if err := g.Usable(); err != nil {
 		return err
 	}
-	defer g.Log.Catch(&err)
-	return g.DB.DeleteRange(lo, hi, wo)
+	b := g.DB.NewBatch()
+	_ = b.Set(k, val, nil) // errors only on a closed batch
+	return g.commitOwn(b, wo)
+}
+
+func (g *GuardedDB) Delete(k []byte, wo *pebble.WriteOptions) error {
+	if err := g.Usable(); err != nil {
+		return err
+	}
+	b := g.DB.NewBatch()
+	_ = b.Delete(k, nil)
+	return g.commitOwn(b, wo)
+}
+
+func (g *GuardedDB) DeleteRange(lo, hi []byte, wo *pebble.WriteOptions) error {
+	if err := g.Usable(); err != nil {
+		return err
+	}
+	b := g.DB.NewBatch()
+	_ = b.DeleteRange(lo, hi, nil)
+	return g.commitOwn(b, wo)
 }
 
 // LogData writes an empty record to the WAL (with wo.Sync: syncs it).
-func (g *GuardedDB) LogData(wo *pebble.WriteOptions) (err error) {
+func (g *GuardedDB) LogData(wo *pebble.WriteOptions) error {
 	if err := g.Usable(); err != nil {
 		return err
 	}
-	defer g.Log.Catch(&err)
-	return g.DB.LogData(nil, wo)
+	b := g.DB.NewBatch()
+	_ = b.LogData(nil, nil)
+	return g.commitOwn(b, wo)
+}
+
+func (g *GuardedDB) commitOwn(b *pebble.Batch, wo *pebble.WriteOptions) error {
+	err := g.Commit(b, wo)
+	g.CloseBatch(b)
+	return err
 }
 
 // Get is DB.Get; the closer is nil when err is not.
@@ -301,6 +665,7 @@ func (v *volume) deleteRange(lo, hi []byte, wo *pebble.WriteOptions) error {
 	return v.g.DeleteRange(lo, hi, wo)
 }
 func (v *volume) logData(wo *pebble.WriteOptions) error                   { return v.g.LogData(wo) }
+func (v *volume) closeBatch(b *pebble.Batch)                              { v.g.CloseBatch(b) }
 func (v *volume) get(k []byte) ([]byte, io.Closer, error)                 { return v.g.Get(k) }
 func (v *volume) newIter(o *pebble.IterOptions) (*pebble.Iterator, error) { return v.g.NewIter(o) }
 

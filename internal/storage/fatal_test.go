@@ -3,6 +3,7 @@ package storage
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -277,16 +278,12 @@ func TestVolumeFatalDeferredWAL(t *testing.T) {
 			})
 			// A commit already inside Pebble when another goroutine's
 			// commit (the deferred-write flusher's) rotates the WAL into
-			// the error can wait for good: the rotation's Fatalf (or
+			// the error used to wait for good: the rotation's Fatalf (or
 			// Pebble's raw panic) unwinds through commitPipeline.prepare,
-			// which leaves the pipeline's mutex held and its batch
-			// pending, never published (documented in ARCHITECTURE: a
-			// request in flight in a DB when it wedges may stay blocked).
-			// So the loop runs aside: once the volume is wedged it has
-			// 5 s to return (every later call is refused by the guard at
-			// once); a loop still blocked then is that documented hang,
-			// logged, and the rest is checked. A loop blocked with the
-			// volume not wedged is a failure.
+			// leaving the pipeline's mutex held and its batch pending.
+			// Now the guard returns it on the wedge (GuardedDB): the loop
+			// must end within 2 s of the volume's wedge, and a loop
+			// blocked with the volume not wedged fails too.
 			var perr error
 			putDone := make(chan error, 1)
 			go func() {
@@ -310,18 +307,17 @@ func TestVolumeFatalDeferredWAL(t *testing.T) {
 				}
 				now := time.Now()
 				if grace.IsZero() && s.volumes[0].wedged.Load() {
-					grace = now.Add(5 * time.Second)
+					grace = now.Add(2 * time.Second)
 				}
 				if !grace.IsZero() && now.After(grace) {
-					t.Logf("PutBlockDeferred still blocked 5 s after volume 1 was wedged (a commit in flight when the volume wedged: the documented hang)")
-					perr = ErrVolumeFailed // it never returned success
-					break wait
+					t.Fatal("PutBlockDeferred still blocked 2 s after volume 1 was wedged")
 				}
 				if now.After(giveUp) {
 					t.Fatal("PutBlockDeferred blocked for 60 s and volume 1 not wedged")
 				}
 			}
 			tick.Stop()
+			t.Logf("writes abandoned in the wedged DB: %d (still stuck: %d)", s.volumes[0].log.Abandoned(), s.volumes[0].log.Stuck())
 			// (On the zoned backend's suite the records may all fit
 			// in the memtable: then SyncCommits is the first to meet
 			// the error.)
@@ -672,4 +668,269 @@ func TestVolumeFatalCauseFirst(t *testing.T) {
 	// The hook stays set (runs once): a later flush's Fatalf may still
 	// reach it.
 	r.closeWithin(t, 30*time.Second)
+}
+
+// TestVolumeFatalCommitInFlight: commits queued inside volume 1's DB when
+// it wedges return ErrVolumeFailed at once (GuardedDB). Commit A carries a
+// batch bigger than the memtable, so its commitWrite rotates the WAL inside
+// commitPipeline.prepare (the pipeline's mutex held, taken without defer);
+// the rotation's directory sync blocks until commits B (synced and not)
+// wait on that mutex, then fails (EIO). The wrapper wedges the volume and
+// raises a Fatalf in rotateWAL (metafs.go), which unwinds through prepare
+// and leaves the mutex locked: before the escape, every B waited for good
+// (the hang TestVolumeFatalDeferredWAL tolerated in session 17). Each
+// caller must return within 2 s; the B goroutines stay stuck in Pebble and
+// are counted (Stuck).
+func TestVolumeFatalCommitInFlight(t *testing.T) {
+	r := newFatalRig(t)
+	s := r.s
+	v := s.volumes[0]
+	writeBlock(t, s, 1, 1, blockBytes(1, 1, 96<<10), 32<<10, DefaultChecksum, 1)
+	writeBlock(t, s, 101, 1, blockBytes(101, 1, 96<<10), 32<<10, DefaultChecksum, 1)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	// Goroutines left in an earlier run's wedged DB (-count) stay counted.
+	before := inCommitPipeline()
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	r.ffs.SetInject(func(op, path string) error {
+		if op == "syncdir" && path == fatalVol1+"/basalt/meta" {
+			first := false
+			once.Do(func() { first = true; close(entered) })
+			if !first {
+				return unix.EIO
+			}
+			<-release
+			return unix.EIO
+		}
+		return nil
+	})
+	const nB = 4
+	errs := make(chan error, 1+nB)
+	big := make([]byte, pebbleMemTableSize)
+	go func() { errs <- v.set([]byte("\xffin-flight/a"), big, pebble.NoSync) }()
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("commit A's rotation did not reach the directory sync")
+	}
+	for i := range nB {
+		wo := pebble.Sync
+		if i%2 == 1 {
+			wo = pebble.NoSync
+		}
+		k := fmt.Appendf(nil, "\xffin-flight/b%d", i)
+		go func() {
+			b := v.db.NewBatch()
+			b.Set(k, []byte("b"), nil)
+			err := v.commit(b, wo)
+			v.closeBatch(b)
+			errs <- err
+		}()
+	}
+	// Every B is inside Pebble's commit pipeline (waiting on its mutex,
+	// which A holds) before A's sync fails.
+	deadline := time.Now().Add(30 * time.Second)
+	for inCommitPipeline()-before < 1+nB {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines in the commit pipeline, want %d", inCommitPipeline()-before, 1+nB)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	timeout := time.After(2 * time.Second)
+	for i := range 1 + nB {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, ErrVolumeFailed) || !strings.Contains(err.Error(), "directory sync failed") {
+				t.Fatalf("commit %d in flight when the volume wedged: %v, want ErrVolumeFailed with the cause", i, err)
+			}
+		case <-timeout:
+			t.Fatalf("%d of %d commits in flight still blocked 2 s after the volume wedged", 1+nB-i, 1+nB)
+		}
+	}
+	// A returned by its own Fatalf; the Bs are left in Pebble, counted.
+	if n := v.log.Abandoned(); n < nB || n > nB+1 {
+		t.Errorf("Abandoned = %d, want %d or %d", n, nB, nB+1)
+	}
+	for v.log.Stuck() != nB {
+		if time.Now().After(deadline) {
+			t.Fatalf("Stuck = %d, want %d", v.log.Stuck(), nB)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if a, st := s.AbandonedWrites(); a != v.log.Abandoned() || st != nB {
+		t.Errorf("AbandonedWrites = %d, %d; want %d, %d", a, st, v.log.Abandoned(), nB)
+	}
+	checkSurvivor(t, s, 2)
+	r.closeWithin(t, 10*time.Second)
+}
+
+// inCommitPipeline counts the goroutines inside Pebble's commit pipeline.
+func inCommitPipeline() int {
+	buf := make([]byte, 4<<20)
+	return strings.Count(string(buf[:runtime.Stack(buf, true)]), "pebble/v2.(*commitPipeline).Commit(")
+}
+
+// TestCloseBatchKeepsWedged: a batch of a wedged volume is not released to
+// Pebble's batch pool (shared by every DB of the process) by closeBatch: a
+// committer abandoned in the DB may still read it, and a batch taken from
+// the pool by another volume would be overwritten under it. A healthy
+// volume's batch is released as by Close. Fails if closeBatch is b.Close.
+func TestCloseBatchKeepsWedged(t *testing.T) {
+	s, err := Open(Options{Volumes: []string{"/vol"}, FS: vfs.NewMem(vfs.MemOptions{}), ContainerSize: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	v := s.volumes[0]
+	b := v.db.NewBatch()
+	b.Set([]byte("k"), []byte("v"), nil)
+	v.closeBatch(b)
+	if b.Count() != 0 {
+		t.Fatalf("healthy volume: batch not released (count %d)", b.Count())
+	}
+	b = v.db.NewBatch()
+	b.Set([]byte("k"), []byte("v"), nil)
+	v.setWedged(&FatalError{Msg: "test wedge"})
+	v.closeBatch(b)
+	if b.Count() != 1 || len(b.Repr()) == 0 {
+		t.Fatalf("wedged volume: batch released (count %d): an abandoned commit may still read it", b.Count())
+	}
+}
+
+// TestCommittersBounded: after a burst of concurrent commits, a DB keeps at
+// most maxIdleCommitters committer goroutines (each that would be idle
+// beyond it ends), and none after Close.
+func TestCommittersBounded(t *testing.T) {
+	s, err := Open(Options{Volumes: []string{"/vol"}, FS: vfs.NewMem(vfs.MemOptions{}), ContainerSize: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := s.volumes[0]
+	live := func() int {
+		v.log.calls.mu.Lock()
+		defer v.log.calls.mu.Unlock()
+		return len(v.log.calls.all)
+	}
+	peak := 0
+	for round := 0; round < 5; round++ {
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range 512 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				b := v.db.NewBatch()
+				b.Set(fmt.Appendf(nil, "k%d", i), []byte("v"), nil)
+				if err := v.commit(b, pebble.Sync); err != nil {
+					t.Error(err)
+				}
+				v.closeBatch(b)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		peak = max(peak, live())
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for live() > maxIdleCommitters && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := live(); n > maxIdleCommitters {
+		t.Fatalf("%d committers alive after the bursts, want at most %d", n, maxIdleCommitters)
+	}
+	t.Logf("committers: peak %d after a burst, %d after the bursts (bound %d)", peak, live(), maxIdleCommitters)
+	s.Close()
+	if n := live(); n != 0 {
+		t.Fatalf("%d committers alive after Close", n)
+	}
+}
+
+// TestQueuedCallSkipsWedgedDB: a write handed to a committer is not
+// committed into a DB wedged before the committer started it, whether the
+// wedge abandoned it while queued or the committer meets the wedge first,
+// and neither counts as Abandoned or Stuck (it never was inside the DB).
+func TestQueuedCallSkipsWedgedDB(t *testing.T) {
+	for _, abandonFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("abandonFirst=%v", abandonFirst), func(t *testing.T) {
+			s, err := Open(Options{Volumes: []string{"/vol"}, FS: vfs.NewMem(vfs.MemOptions{}), ContainerSize: 1 << 30})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			v := s.volumes[0]
+			b := v.db.NewBatch()
+			b.Set([]byte("queued"), []byte("v"), nil)
+			c := &dbCall{b: b, wo: pebble.NoSync, done: make(chan struct{}, 1)}
+			c.state.Store(callQueued)
+			k := &committer{wake: make(chan *dbCall, 1)}
+			cs := &v.log.calls
+			cs.mu.Lock()
+			k.at, k.cur = len(cs.all), c
+			cs.all = append(cs.all, k)
+			cs.mu.Unlock()
+			if abandonFirst {
+				v.setWedged(&FatalError{Msg: "test wedge"}) // AbandonWrites sees c queued
+			} else {
+				// The wedge lands after the committer took c, before it
+				// commits: only the flag, as if AbandonWrites came later.
+				v.wedgeErr.CompareAndSwap(nil, new(error))
+				*v.wedgeErr.Load() = &FatalError{Msg: "test wedge"}
+				v.wedged.Store(true)
+			}
+			g := &v.g
+			g.runCall(k, c)
+			<-c.done
+			if _, closer, err := v.db.Get([]byte("queued")); err == nil {
+				closer.Close()
+				t.Fatal("a call queued before the wedge was committed into the wedged DB")
+			}
+			if abandonFirst && c.state.Load() != callAbandoned {
+				t.Fatalf("state %d, want abandoned", c.state.Load())
+			}
+			if !abandonFirst && (c.state.Load() != callDone || !errors.Is(c.err, ErrVolumeFailed)) {
+				t.Fatalf("state %d err %v, want done with ErrVolumeFailed", c.state.Load(), c.err)
+			}
+			if a, st := v.log.Abandoned(), v.log.Stuck(); a != 0 || st != 0 {
+				t.Fatalf("Abandoned %d Stuck %d, want 0 0", a, st)
+			}
+		})
+	}
+}
+
+// TestCommitPanicWedgesFirst: a commit that panics on its committer (not a
+// Fatalf: here a nil batch) wedges the volume before the panic goes on on
+// the caller, so the caller's deferred closeBatch, run while it unwinds,
+// keeps the batch from Pebble's pool; the panic value carries the
+// committer's stack.
+func TestCommitPanicWedgesFirst(t *testing.T) {
+	s, err := Open(Options{Volumes: []string{"/vol"}, FS: vfs.NewMem(vfs.MemOptions{}), ContainerSize: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	v := s.volumes[0]
+	var p any
+	wedgedWhileUnwinding := false
+	func() {
+		defer func() { p = recover() }()
+		defer func() { wedgedWhileUnwinding = v.usable() != nil }() // where closeBatch would run
+		v.commit(nil, pebble.NoSync)
+	}()
+	if p == nil {
+		t.Fatal("no panic")
+	}
+	if !wedgedWhileUnwinding {
+		t.Fatal("the volume was not wedged when the caller's deferred calls ran")
+	}
+	cp, ok := p.(*CommitPanic)
+	if !ok || !strings.Contains(string(cp.Stack), "runCall") {
+		t.Fatalf("panic value %T does not carry the committer's stack: %v", p, p)
+	}
+	if !errors.Is(v.usable(), ErrVolumeFailed) {
+		t.Fatalf("usable() = %v, want ErrVolumeFailed", v.usable())
+	}
 }

@@ -48,9 +48,10 @@ import (
 // Both unwind through commitPipeline.prepare (a commit's rotation runs in
 // it), leaving commitPipeline.mu locked and the batch pending, never
 // published: a commit of another goroutine that had passed the guard's
-// check waits for good for that lock, or for its publish behind the dead
-// batch (see ARCHITECTURE, "What still hangs"; releasing the mutex would
-// not unblock it).
+// check would wait for good for that lock, or for its publish behind the
+// dead batch (releasing the mutex would not unblock it). Its caller does
+// not: GuardedDB returns it on the wedge and abandons its committer
+// (fatal.go; ARCHITECTURE, "A write inside a DB when it wedges returns").
 //
 // The cost on the hot path is one more method call per WAL write and sync
 // (BenchmarkSyncRoundMem, docs/BENCHMARKS.md).

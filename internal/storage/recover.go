@@ -168,7 +168,7 @@ func (s *Store) recoverVolume(v *volume) error {
 // chunk records (see the comment at the top of this file).
 func (s *Store) recoverContainer(c *container, committed map[LocalID]int64, recs map[LocalID][]recChunk) error {
 	drop := c.vol.db.NewBatch()
-	defer drop.Close()
+	defer c.vol.closeBatch(drop)
 	dropAll := func(lid LocalID, why string) {
 		for _, r := range recs[lid] {
 			s.opts.Logf("storage: container %d block %d: dropping chunk record [%d,+%d): %s", c.id, lid, r.off, r.n, why)

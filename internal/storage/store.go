@@ -251,7 +251,11 @@ type volume struct {
 	wedged, fatalLogged atomic.Bool
 	// wedgeErr: the cause of the wedge (the first), stored before wedged
 	// is set, so whoever sees wedged sees the cause (usable).
-	wedgeErr     atomic.Pointer[error]
+	wedgeErr atomic.Pointer[error]
+	// wedgedCh is closed (once) when the DB wedges, after wedged is set:
+	// a write inside the DB then returns (GuardedDB.Wedged).
+	wedgedCh     chan struct{}
+	wedgeOnce    sync.Once
 	fatalChecked atomic.Bool // a CheckVolumes reported the fatal failure
 	log          *FatalLogger
 	mu           sync.Mutex
@@ -393,7 +397,7 @@ func Open(opts Options) (*Store, error) {
 	healthy := 0
 	var firstErr error
 	for _, p := range opts.Volumes {
-		v := &volume{path: p, fs: opts.FS, dirty: map[*openBlock]blockRef{}, inflight: map[*round]struct{}{}}
+		v := &volume{path: p, fs: opts.FS, dirty: map[*openBlock]blockRef{}, inflight: map[*round]struct{}{}, wedgedCh: make(chan struct{})}
 		s.volumes = append(s.volumes, v)
 		if err := s.openVolume(v); err != nil {
 			if errors.Is(err, ErrContainerExists) {
@@ -413,6 +417,20 @@ func Open(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("storage: %w: no volume opened: %w", ErrVolumeFailed, firstErr)
 	}
 	return s, nil
+}
+
+// AbandonedWrites counts the writes whose caller returned ErrVolumeFailed
+// on its volume's wedge while they were inside the volume's DB (fatal.go,
+// GuardedDB), and how many of those are still stuck there (goroutines
+// held until the process exits). A zoned backend's own DB counts its own.
+func (s *Store) AbandonedWrites() (abandoned uint64, stuck int64) {
+	for _, v := range s.volumes { // fixed after Open
+		if v.log != nil {
+			abandoned += v.log.Abandoned()
+			stuck += v.log.Stuck()
+		}
+	}
+	return abandoned, stuck
 }
 
 // VolumeFatals counts the volumes failed by a fatal error of their
@@ -578,7 +596,7 @@ func (s *Store) openVolume(v *volume) (err error) {
 		return err
 	}
 	v.db = db
-	v.g = GuardedDB{DB: db, Log: v.log, Usable: v.usable}
+	v.g = GuardedDB{DB: db, Log: v.log, Usable: v.usable, Wedged: v.wedgedCh, Wedge: func(err error) { s.panicVolume(v, err) }}
 	v.log.SetDB(db)
 	if err := s.recoverVolume(v); err != nil {
 		return err
@@ -653,6 +671,7 @@ func (s *Store) Close() error {
 	// exits.
 	for _, v := range s.volumes {
 		if v.db != nil {
+			v.g.Stop() // its idle committers end
 			if err := CloseDB(v.db, v.log, v.wedged.Load); err != nil && first == nil && !v.failed.Load() {
 				first = err
 			}

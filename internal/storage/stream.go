@@ -101,7 +101,7 @@ func (s *Store) AbortBlock(cid ContainerID, lid LocalID) error {
 // Caller holds ob.mu and drops the block's open state after.
 func (s *Store) dropRecords(c *container, lid LocalID, ob *openBlock) error {
 	b := c.vol.db.NewBatch()
-	defer b.Close()
+	defer c.vol.closeBatch(b)
 	for _, sp := range ob.written {
 		if sp.durable {
 			b.Delete(makeChunkKey(c.id, lid, sp.off), nil)

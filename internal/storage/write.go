@@ -318,7 +318,7 @@ func (s *Store) rewriteLocked(op string, c *container, lid LocalID, ob *openBloc
 		b.Delete(makeChunkKey(c.id, lid, off), nil)
 		b.Delete(makeDeferredKey(c.id, lid, off), nil) // if it was one
 		err := c.vol.commit(b, s.metaSync())
-		b.Close()
+		c.vol.closeBatch(b)
 		if err != nil {
 			return s.ioErr(op, c, lid, off, err)
 		}
@@ -690,15 +690,16 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	// doubling from a small pooled batch, a batch of small files' bytes
 	// allocated about twice their size on every replica.
 	early, late := v.db.NewBatchWithSize(earlySize(v, todo)), v.db.NewBatch()
-	defer early.Close()
-	defer late.Close()
+	defer v.closeBatch(early)
+	defer v.closeBatch(late)
 	// On a panic (a caller's guard may recover it, see syncRound), before
 	// the batches close: wait for an early commit still running on its
 	// goroutine (closing the batch under it would race), and undo the
 	// deferred keys' generations if not done yet. Set at every return.
 	earlyDone := make(chan error, 1)
 	var (
-		earlyAsync  bool // the early commit runs on its own goroutine
+		earlyAsync  bool   // the early commit runs on a committer
+		earlyWait   func() // waits for it (once), then sends to earlyDone
 		earlyWaited bool
 		undone      bool
 		returned    bool
@@ -718,6 +719,7 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		if !earlyWaited {
 			err := errEarlyNotRun
 			if earlyAsync {
+				earlyWait()
 				err = <-earlyDone
 			} else {
 				select {
@@ -788,15 +790,22 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 	case !syncNow:
 		earlyDone <- v.commit(early, s.metaSync())
 	default:
+		// Handed to a committer (no goroutine of its own), waited for
+		// below or, on a panic, by the deferred undo above.
+		c, err := v.g.start(early, s.metaSync())
+		if c == nil {
+			earlyDone <- err
+			break
+		}
 		earlyAsync = true
-		go func() {
-			// A panic here fails the volume (guardVolume) instead of the
-			// process, and the round gets an error.
+		earlyWait = func() {
+			// A panic of the commit fails the volume (guardVolume)
+			// instead of the process, and the round gets an error.
 			err := errEarlyPanic
 			defer func() { earlyDone <- err }()
 			defer s.guardVolume(v, "the early commit of a sync round")
-			err = v.commit(early, s.metaSync())
-		}()
+			err = v.g.wait(c)
+		}
 	}
 	errs := make([]error, len(todo))
 	if syncNow {
@@ -807,6 +816,9 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 		}
 	}
 	s.testPoint("persist: early commit started")
+	if earlyAsync {
+		earlyWait()
+	}
 	earlyErr := <-earlyDone
 	earlyWaited = true
 	if earlyErr == nil {
@@ -885,7 +897,7 @@ func (s *Store) persist(op string, v *volume, blocks []dirtyBlock) error {
 				s.opts.Logf("storage: volume %s: deleting records of chunks whose sync failed: %v", v.path, err)
 			}
 		}
-		del.Close()
+		v.closeBatch(del)
 	}
 	returned = true
 	return firstErr
@@ -1009,7 +1021,7 @@ func (s *Store) verifyLocked(c *container, lid LocalID, ob *openBlock, from, to 
 		return nil
 	}
 	b := c.vol.db.NewBatch()
-	defer b.Close()
+	defer c.vol.closeBatch(b)
 	for _, off := range lost {
 		b.Delete(makeChunkKey(c.id, lid, off), nil)
 	}

@@ -71,7 +71,10 @@ type Backend struct {
 	log *storage.FatalLogger
 	// fatal: the DB met a fatal error (or the cleaner panicked) and is
 	// not called again (fatal.go).
-	fatal  atomic.Pointer[storage.FatalError]
+	fatal atomic.Pointer[storage.FatalError]
+	// wedged is closed when fatal is set: a write inside the DB returns
+	// (storage.GuardedDB).
+	wedged chan struct{}
 	direct bool // zone reads use O_DIRECT
 	seed   maphash.Seed
 
@@ -162,7 +165,7 @@ func New(cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{cfg: cfg, g: g, fs: cfg.FS, seed: maphash.MakeSeed(), open: map[bkey]*blockState{},
-		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), wedged: make(chan struct{})}
 	b.cond.L = &b.mu
 	b.log = &storage.FatalLogger{Prefix: "zoned pebble: ", Logf: cfg.Logf, OnFatal: b.wedge}
 	// Its WAL and MANIFEST errors wedge the backend before Pebble sees
@@ -172,7 +175,14 @@ func New(cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	b.db = db
-	b.gdb = storage.GuardedDB{DB: db, Log: b.log, Usable: b.usable}
+	b.gdb = storage.GuardedDB{DB: db, Log: b.log, Usable: b.usable, Wedged: b.wedged,
+		Wedge: func(err error) {
+			fe, ok := err.(*storage.FatalError)
+			if !ok {
+				fe = &storage.FatalError{Msg: err.Error()}
+			}
+			b.wedge(fe)
+		}}
 	b.log.SetDB(db)
 	if err := b.recoverGuarded(); err != nil {
 		b.closeFiles()
@@ -238,7 +248,7 @@ func (b *Backend) recover() error {
 		b.zones = append(b.zones, z)
 	}
 	fix := b.db.NewBatch()
-	defer fix.Close()
+	defer b.gdb.CloseBatch(fix)
 	suspect := map[int][][2]int64{}
 	// Durable marks: bytes of each zone known flushed; extents past them
 	// were recorded while their bytes were being flushed, and are checked.
@@ -684,6 +694,7 @@ func (b *Backend) Close() error {
 	b.closeFiles()
 	// Left open if wedged, even while closing: its Close would wait for a
 	// flush or compaction that Fatalf ended (see storage.CloseDB).
+	b.gdb.Stop() // its idle committers end
 	cerr := storage.CloseDB(b.db, b.log, wedged)
 	if merr != nil {
 		return merr

@@ -140,7 +140,7 @@ func (b *Backend) reset(z *zone, tails [][]byte) error {
 	}
 	batch.Delete(durableKey(z.id), nil)
 	err := b.commit(batch, pebble.Sync)
-	batch.Close()
+	b.gdb.CloseBatch(batch)
 	if err != nil {
 		return err
 	}
@@ -359,7 +359,7 @@ func (b *Backend) moveGroup(v *zone, keys []bkey) (int64, error) {
 		return moved, nil
 	}
 	batch := b.db.NewBatch()
-	defer batch.Close()
+	defer b.gdb.CloseBatch(batch)
 	var newTails [][2]any
 	for z, need := range touched {
 		t, err := z.sync(need)
@@ -425,7 +425,7 @@ func (b *Backend) dropCleanerZone() {
 // only what came after to check.
 func (b *Backend) saveMarks(wo *pebble.WriteOptions) error {
 	batch := b.db.NewBatch()
-	defer batch.Close()
+	defer b.gdb.CloseBatch(batch)
 	b.mu.Lock()
 	for _, z := range b.zones {
 		if z.resetOK || z.state == zEmpty {

@@ -19,6 +19,8 @@ import (
 // wedge is the logger's OnFatal.
 func (b *Backend) wedge(err *storage.FatalError) {
 	if b.fatal.CompareAndSwap(nil, err) {
+		close(b.wedged)       // after fatal: CloseBatch keeps the batches
+		b.log.AbandonWrites() // a write inside the DB returns with it
 		b.cfg.Logf("zoned: %s: metadata store met a fatal error; the volume is failed: %v", b.cfg.Mount, err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -299,4 +300,102 @@ func TestZonedGuardsRefuseWedged(t *testing.T) {
 		c.Close()
 		t.Error("a write reached the wedged DB")
 	}
+}
+
+// inCommitPipeline counts the goroutines inside Pebble's commit pipeline.
+func inCommitPipeline() int {
+	buf := make([]byte, 4<<20)
+	return strings.Count(string(buf[:runtime.Stack(buf, true)]), "pebble/v2.(*commitPipeline).Commit(")
+}
+
+// TestZonedMetaFatalCommitInFlight: commits queued inside volume 1's zoned
+// DB when it wedges return ErrVolumeFailed at once (storage.GuardedDB, as
+// storage's TestVolumeFatalCommitInFlight for a volume's own DB). Commit A
+// carries a batch of the memtable's size, so it rotates the WAL inside
+// commitPipeline.prepare; the rotation's directory sync blocks until
+// commits B wait on the pipeline's mutex, then fails (EIO), which wedges
+// the backend and leaves the mutex locked. Each caller must return within
+// 2 s; the Bs stay stuck in Pebble, counted, and their batches are kept
+// from Pebble's pool (CloseBatch). Without the escape the Bs block for good.
+func TestZonedMetaFatalCommitInFlight(t *testing.T) {
+	r := newZFatalRig(t)
+	if err := zwrite(r.s, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := zwrite(r.s, 101, 1); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	b := r.backends["/v1"]
+	r.mu.Unlock()
+	before := inCommitPipeline() // goroutines left by an earlier run (-count)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	r.fs.SetInject(func(op, path string) error {
+		if op == "syncdir" && path == "/v1/basalt/zoned-meta" {
+			first := false
+			once.Do(func() { first = true; close(entered) })
+			if !first {
+				return unix.EIO
+			}
+			<-release
+			return unix.EIO
+		}
+		return nil
+	})
+	const nB = 4
+	errs := make(chan error, 1+nB)
+	go func() { errs <- b.set([]byte("\xffin-flight/a"), make([]byte, 4<<20), pebble.NoSync) }()
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("commit A's rotation did not reach the directory sync")
+	}
+	kept := make(chan *pebble.Batch, nB)
+	for i := range nB {
+		wo := pebble.Sync
+		if i%2 == 1 {
+			wo = pebble.NoSync
+		}
+		k := []byte{0xff, 'b', byte(i)}
+		go func() {
+			batch := b.db.NewBatch()
+			batch.Set(k, []byte("b"), nil)
+			err := b.commit(batch, wo)
+			b.gdb.CloseBatch(batch)
+			kept <- batch
+			errs <- err
+		}()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for inCommitPipeline()-before < 1+nB {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines in the commit pipeline, want %d", inCommitPipeline()-before, 1+nB)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	timeout := time.After(2 * time.Second)
+	for i := range 1 + nB {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, storage.ErrVolumeFailed) || !strings.Contains(err.Error(), "directory sync failed") {
+				t.Fatalf("commit %d in flight when the backend wedged: %v, want ErrVolumeFailed with the cause", i, err)
+			}
+		case <-timeout:
+			t.Fatalf("%d of %d commits in flight still blocked 2 s after the backend wedged", 1+nB-i, 1+nB)
+		}
+	}
+	for range nB {
+		if batch := <-kept; batch.Count() != 1 {
+			t.Fatal("a batch abandoned in the wedged DB was released to Pebble's pool")
+		}
+	}
+	for b.log.Stuck() != nB {
+		if time.Now().After(deadline) {
+			t.Fatalf("Stuck = %d, want %d", b.log.Stuck(), nB)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.finish(t, "directory sync failed")
 }

@@ -260,7 +260,7 @@ func (b *Backend) syncBlock(st *blockState) error {
 		return nil
 	}
 	batch := b.db.NewBatch()
-	defer batch.Close()
+	defer b.gdb.CloseBatch(batch)
 	type saved struct {
 		z    *zone
 		key  []byte
