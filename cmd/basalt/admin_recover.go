@@ -265,7 +265,10 @@ replica with a Raft op older binaries do not know: a meta node still on one
 halts its SCM replica), then run this: SCM sends each datanode holding an
 UNHEALTHY replica a recover command. A datanode brings its replica back
 CLOSED (read only) only if the replica is UNHEALTHY because of such a
-runtime error (its own record, or SCM's if it restarted since), no pipeline
+runtime error, or because its pipeline stopped when the datanode's raft log
+directory failed (a single-replica pipeline, or every replica's log disk:
+no healthy replica to close on; its own record, or SCM's if it restarted
+since), no pipeline
 on it still holds the container, its volume has not failed, and every
 committed block verifies against its checksums; otherwise it stays
 UNHEALTHY and the reason says why (a damaged block is named). SCM counts a
@@ -283,8 +286,8 @@ adopted). --accept-dropped-replicas=FLOOR, with the floor the status
 shows, accepts losing the BCSIDs above the recovered replicas up to it
 (logged at ERROR and recorded in SCM's log; the floor is lowered to the
 recovered BCSID); refused if the floor is higher by then, and an error if
-the SCM leader does not confirm it (an older version ignores it). Then the container closes and is copied back to its
-replication factor. Refused for a container that still has a replica that
+the SCM leader does not confirm it (an older version ignores it). Then the container closes and is copied
+back to its replication factor. Refused for a container that still has a replica that
 counts (re-replication repairs it).
 
 Statuses: waiting (command sent or retry running), recovered (being
