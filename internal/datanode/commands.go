@@ -242,9 +242,10 @@ func (d *Datanode) registerCommandMetrics() {
 			return 0
 		}),
 	}
-	// The block token counters register (and unregister at Close) with
-	// these.
+	// The block token and volume fatal-error counters register (and
+	// unregister at Close) with these.
 	all = append(all, d.tokenCollectors()...)
+	all = append(all, d.volumeFatalCollectors()...)
 	for _, c := range all {
 		// A second datanode on the same registry (tests) exports nothing:
 		// only what registered here is unregistered at Close.
