@@ -371,7 +371,7 @@ func (m *Manager) recoverRound(ctx context.Context) error {
 func (m *Manager) recoverProgressLocked(c *metapb.Container, r *recovery) *metapb.RecoverContainerResponse {
 	newest, all, missing := m.newestAnyLocked(c)
 	resp := &metapb.RecoverContainerResponse{Container: proto.Clone(c).(*metapb.Container), Running: r != nil, NewestBcsid: newest,
-		AcceptMissingReplicas: r != nil && r.acceptMissing, }
+		AcceptMissingReplicas: r != nil && r.acceptMissing}
 	if r != nil {
 		resp.AcceptedDroppedFloor = r.acceptedFloor
 	}
