@@ -21,22 +21,7 @@ import (
 // never meets ENOSPC) and keeps serving reads; once space returns,
 // writes work again.
 func TestDiskFullRefusesProposals(t *testing.T) {
-	ffs := vfs.NewFaultFS(vfs.Default)
-	s, err := New(Config{NodeID: 1, DataDir: filepath.Join(t.TempDir(), "1"), FS: ffs, TLS: nodeCreds(1), Admins: testAdmins, Peers: map[uint64]Peer{1: {}},
-		TickInterval: 20 * time.Millisecond, ElectionTicks: 10,
-		Namespace: namespace.Config{ServiceInterval: 50 * time.Millisecond}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	cl, err := metaclient.New(metaclient.Config{Addrs: []string{s.GRPCAddr()}, CallTimeout: 20 * time.Second, DialOptions: clientDial()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
+	_, ffs, cl := faultNode(t, filepath.Join(t.TempDir(), "1"), 20*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := cl.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "before"}); err != nil {
@@ -68,7 +53,30 @@ func TestDiskFullRefusesProposals(t *testing.T) {
 
 	ffs.SetCapacity(nil)
 	waitFor(t, 10*time.Second, "writes once space returned", func() bool {
-		_, err = cl.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "after"})
+		_, err := cl.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "after"})
 		return err == nil
 	})
+}
+
+// faultNode starts a single meta node on a FaultFS in dir and a client of
+// it (callTimeout per call), both closed at the test's end.
+func faultNode(t *testing.T, dir string, callTimeout time.Duration) (*Server, *vfs.FaultFS, *metaclient.Client) {
+	t.Helper()
+	ffs := vfs.NewFaultFS(vfs.Default)
+	s, err := New(Config{NodeID: 1, DataDir: dir, FS: ffs, TLS: nodeCreds(1), Admins: testAdmins, Peers: map[uint64]Peer{1: {}},
+		TickInterval: 20 * time.Millisecond, ElectionTicks: 10,
+		Namespace: namespace.Config{ServiceInterval: 50 * time.Millisecond}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	cl, err := metaclient.New(metaclient.Config{Addrs: []string{s.GRPCAddr()}, CallTimeout: callTimeout, DialOptions: clientDial()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return s, ffs, cl
 }

@@ -9,11 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
-	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/raft"
-	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // TestLogDirFailedStopsMetaNode: when a meta node's raft log directory
@@ -21,23 +18,8 @@ import (
 // raft.ErrLogDirFailed, and the server is closed (no zombie with every
 // group stopped), so `basalt meta` exits non-zero and is restarted.
 func TestLogDirFailedStopsMetaNode(t *testing.T) {
-	ffs := vfs.NewFaultFS(vfs.Default)
 	dir := filepath.Join(t.TempDir(), "1")
-	s, err := New(Config{NodeID: 1, DataDir: dir, FS: ffs, TLS: nodeCreds(1), Admins: testAdmins, Peers: map[uint64]Peer{1: {}},
-		TickInterval: 20 * time.Millisecond, ElectionTicks: 10,
-		Namespace: namespace.Config{ServiceInterval: 50 * time.Millisecond}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	cl, err := metaclient.New(metaclient.Config{Addrs: []string{s.GRPCAddr()}, CallTimeout: 5 * time.Second, DialOptions: clientDial()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
+	s, ffs, cl := faultNode(t, dir, 5*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := cl.Namespace.CreateVolume(ctx, &metapb.CreateVolumeRequest{Name: "before"}); err != nil {
