@@ -197,6 +197,9 @@ type Manager struct {
 
 	cacheMon cacheMonitor // cache directives' plan and reports (cache_monitor.go)
 	slow     slowSoft     // pipelines closed for slow disks (slowdisk.go)
+	// pipeFailed: open pipelines a member reported failed, not yet
+	// closed (pipefail.go); at most one entry per open pipeline.
+	pipeFailed map[uint64]pipeFailure
 
 	idMu   sync.Mutex // serializes ID range refills
 	idNext uint64
@@ -229,6 +232,12 @@ type nodeSoft struct {
 	// there, from the last heartbeat (slowdisk.go).
 	slowDisks []*metapb.SlowDisk
 	slowPipes map[uint64]string
+	// logDirs, logDirsFailed: its Raft log directories and the failed
+	// ones, from the last heartbeat (0, 0: not told); failWarned: the
+	// pipelines it reported failed without being a member, logged once
+	// (pipefail.go).
+	logDirs, logDirsFailed uint32
+	failWarned             map[uint64]bool
 }
 
 // maxSent bounds nodeSoft.sent: with the pruning above it holds what was
@@ -268,6 +277,7 @@ func (m *Manager) syncLeadership() bool {
 	m.acked = map[uint64]map[uint64]bool{}
 	m.unhealthy = map[uint64]map[uint64]string{}
 	m.recov = map[uint64]*recovery{}
+	m.pipeFailed = map[uint64]pipeFailure{}
 	m.purgeCursor = 0
 	m.repl = newReplSoft()
 	m.safeMode = true
@@ -405,6 +415,7 @@ func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 		}
 	}
 	m.slowDisksLocked(n, req)
+	m.pipelineFailuresLocked(n, req)
 	m.deleteAcks(req, n)
 	m.copyFailuresLocked(req, now)
 	m.cacheReportLocked(req)
@@ -643,6 +654,7 @@ func (m *Manager) ListDatanodes() (*metapb.ListDatanodesResponse, error) {
 			ds.State = n.state
 			ds.Volumes = n.volumes
 			ds.SlowDisks = n.slowDisks
+			ds.LogDirs, ds.LogDirsFailed = n.logDirs, n.logDirsFailed
 			if n.heard {
 				ds.LastHeartbeatUnixMs = n.lastSeen.UnixMilli()
 			}
@@ -793,6 +805,11 @@ func (m *Manager) Tick(ctx context.Context) error {
 		if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_SafeModeExited{SafeModeExited: &metapb.SafeModeExitedOp{}}}); err != nil {
 			return err
 		}
+	}
+	// 1a. Close the pipelines a member reported failed (pipefail.go): at
+	// once, before lostMembers, so the close reason names the failure.
+	if err := m.closeFailedPipelines(ctx); err != nil {
+		return err
 	}
 	// 1. Close the pipelines that lost a member: a dead or stale datanode,
 	// one leaving service (decommission, maintenance), or a replica
@@ -1025,8 +1042,10 @@ func (m *Manager) createPipelines(ctx context.Context, healthy map[uint64]bool) 
 		var cands []Candidate
 		m.mu.Lock()
 		room := map[uint64]bool{}
+		noLog := map[uint64]bool{}
 		for _, d := range m.st.Datanodes() {
 			_, room[d.Id] = m.roomLocked(d.Id)
+			noLog[d.Id] = m.nodes[d.Id].noLogDirs()
 		}
 		m.mu.Unlock()
 		for _, d := range m.st.Datanodes() {
@@ -1037,6 +1056,11 @@ func (m *Manager) createPipelines(ctx context.Context, healthy map[uint64]bool) 
 			// pipeline: SCM would create containers there that it cannot
 			// hold (a filled disk: the fault test's pipeline 1012).
 			if !room[d.Id] {
+				continue
+			}
+			// Nor one whose Raft log directories all failed: it could not
+			// start it (pipefail.go).
+			if noLog[d.Id] {
 				continue
 			}
 			racks[d.Location] = true
