@@ -235,9 +235,11 @@ type nodeSoft struct {
 	// logDirs, logDirsFailed: its Raft log directories and the failed
 	// ones, from the last heartbeat (0, 0: not told); failWarned: the
 	// pipelines it reported failed without being a member, logged once
-	// (pipefail.go).
+	// (at most maxFailWarned; failWarnedFull: the line saying further
+	// ones are not logged was written) (pipefail.go).
 	logDirs, logDirsFailed uint32
 	failWarned             map[uint64]bool
+	failWarnedFull         bool
 }
 
 // maxSent bounds nodeSoft.sent: with the pruning above it holds what was
@@ -1217,13 +1219,16 @@ func (m *Manager) pickContainer(ctx context.Context, repl metapb.Replication, ex
 	m.mu.Lock()
 	pipes := m.pickPipes[:0]
 	for _, p := range m.st.OpenPipelines(repl) {
-		if slices.Contains(ex.GetPipelines(), p.Id) {
+		// A pipeline a member reported failed is closed at the next Tick;
+		// until then it takes no block and no new container (pipefail.go).
+		if _, failed := m.pipeFailed[p.Id]; failed || slices.Contains(ex.GetPipelines(), p.Id) {
 			continue
 		}
 		ok := true
 		for _, id := range p.Datanodes {
 			n := m.nodes[id]
-			if n == nil || n.state != metapb.NodeState_HEALTHY || slices.Contains(ex.GetDatanodes(), id) || !m.inService(id) {
+			// noLogDirs: its replica cannot run; Tick closes the pipeline.
+			if n == nil || n.state != metapb.NodeState_HEALTHY || n.noLogDirs() || slices.Contains(ex.GetDatanodes(), id) || !m.inService(id) {
 				ok = false
 				break
 			}
