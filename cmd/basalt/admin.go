@@ -339,8 +339,10 @@ replicas ID" adds the reports against each replica.`,
 
 // logDirsText is a datanode's LOGDIRS column: "-" when it does not
 // report them (an older datanode), the count when none failed, "1/2
-// failed", and "2/2 failed, no pipelines" when none is healthy (SCM
-// places no new pipeline on it; its closed containers still serve).
+// failed", and "2/2 failed, no new pipelines" when none is healthy (SCM
+// places no new pipeline on it and closes the open ones it is in, so
+// PIPELINES may show a few until the next tick; its closed containers
+// still serve).
 func logDirsText(d *metapb.DatanodeStatus) string {
 	switch {
 	case d.LogDirs == 0:
@@ -348,7 +350,7 @@ func logDirsText(d *metapb.DatanodeStatus) string {
 	case d.LogDirsFailed == 0:
 		return strconv.FormatUint(uint64(d.LogDirs), 10)
 	case d.LogDirsFailed >= d.LogDirs:
-		return fmt.Sprintf("%d/%d failed, no pipelines", d.LogDirsFailed, d.LogDirs)
+		return fmt.Sprintf("%d/%d failed, no new pipelines", d.LogDirsFailed, d.LogDirs)
 	}
 	return fmt.Sprintf("%d/%d failed", d.LogDirsFailed, d.LogDirs)
 }

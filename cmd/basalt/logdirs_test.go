@@ -15,7 +15,7 @@ func TestLogDirsText(t *testing.T) {
 		{0, 0, "-"},
 		{2, 0, "2"},
 		{2, 1, "1/2 failed"},
-		{1, 1, "1/1 failed, no pipelines"},
+		{1, 1, "1/1 failed, no new pipelines"},
 	} {
 		if got := logDirsText(&metapb.DatanodeStatus{LogDirs: c.total, LogDirsFailed: c.failed}); got != c.want {
 			t.Errorf("%d/%d: %q, want %q", c.failed, c.total, got, c.want)

@@ -21,7 +21,9 @@ import (
 //     machine's own record (sickFile, on the data volume, then storage),
 //     and a full report goes out at once. SCM records the unhealthy
 //     replicas, moves the containers to CLOSING, closes the pipeline
-//     (lostMembers: "holds an unhealthy replica"), the other replicas
+//     (with the `failed` report below in the same heartbeat, the reason
+//     is "failed on datanode N: raft log directory ... failed"; an older
+//     SCM: lostMembers, "holds an unhealthy replica"), the other replicas
 //     close the containers through the pipeline's log, and the replication
 //     manager rebuilds the third replica elsewhere; SCM's ClosePipeline
 //     then removes the pipeline here (leavePipeline: its log's removal on
@@ -36,8 +38,10 @@ import (
 //   - every heartbeat tells how many Raft log directories this datanode
 //     has and how many failed (HeartbeatRequest.log_dirs,
 //     log_dirs_failed): with none healthy, SCM places no new pipeline
-//     here (the host could not start it) and `basalt admin datanode list`
-//     shows it; the datanode stays HEALTHY for its CLOSED containers;
+//     here (the host could not start it), closes every open pipeline it
+//     is a member of (one placed here just before the failure never
+//     started, so it is never reported failed) and `basalt admin datanode
+//     list` shows it; the datanode stays HEALTHY for its CLOSED containers;
 //   - CLOSED containers are not touched: their data is on the data volumes
 //     and they keep serving reads.
 //

@@ -21,3 +21,13 @@ func TestPipelineFailedReasonHidden(t *testing.T) {
 		t.Fatalf("state changed: %v", p)
 	}
 }
+
+// The close reason of a pipeline closed because a member reported every
+// raft log directory failed (scm/pipefail.go noLogDirsReason) keeps its
+// datanode for non-admins too, like the others of its pattern.
+func TestPipelineNoLogDirsReasonHidden(t *testing.T) {
+	p := &metapb.Pipeline{Id: 5, CloseReason: "failed on datanode 3: every raft log directory failed"}
+	if got := hidePipelinePaths([]*metapb.Pipeline{p})[0].CloseReason; got != "failed on datanode 3: "+hiddenPath {
+		t.Fatalf("hidden reason %q", got)
+	}
+}

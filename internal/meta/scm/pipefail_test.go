@@ -334,7 +334,7 @@ func TestPipelineFailureInputBounds(t *testing.T) {
 		prefix := fmt.Sprintf("failed on datanode %d: ", p.Datanodes[0])
 		rest, ok := strings.CutPrefix(got.CloseReason, prefix)
 		if !ok || len(rest) > maxFailedReasonBytes || !utf8.ValidString(rest) || strings.ContainsAny(rest, "\n\x00\x1b") {
-			t.Fatalf("close reason (%d bytes) %q", len(got.CloseReason), got.CloseReason)
+			t.Fatalf("close reason (%d bytes) %.120q…", len(got.CloseReason), got.CloseReason)
 		}
 		if !strings.HasPrefix(rest, "raft log directory /d INJECTED") {
 			t.Fatalf("close reason lost its start: %q", got.CloseReason)
