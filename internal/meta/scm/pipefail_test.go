@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/basalt-store/basalt/internal/meta/metapb"
@@ -393,4 +394,70 @@ func TestPipelineFailureInputBounds(t *testing.T) {
 			t.Fatalf("non-member reports queued: %v", e.m.pipeFailed)
 		}
 	})
+}
+
+// Review side note: a pipeline of one closed for a failed log directory
+// leaves CLOSING the empty containers SCM made for it (fillContainers),
+// which the datanode never created (it creates one on its first write, and
+// none came). No replica will ever report them closed; they close empty on
+// the existing path once the member's full report (sent after the close,
+// one goes every FullReportEvery heartbeats) lacks them (closedReports), so
+// they do not stay CLOSING and block decommission. An acknowledged write
+// would have created and reported the container: with it reported, the
+// container does not close here (it waits for the replica's close or for
+// recovery).
+func TestFailedPipelineEmptyContainersClose(t *testing.T) {
+	e, _, beat := pipefailEnv(t)
+	beat(nil)
+	beat(nil)
+	p := e.st.OpenPipelines(metapb.Replication_ONE)[0]
+	dn := p.Datanodes[0]
+	var cs []uint64
+	for _, c := range e.st.OpenContainers() {
+		if c.PipelineId == p.Id {
+			cs = append(cs, c.Id)
+		}
+	}
+	if len(cs) < 2 {
+		t.Fatalf("pipeline %d has %d open containers, want 2+", p.Id, len(cs))
+	}
+	// The datanode holds (and reports) the first one: it got a write.
+	held := &metapb.ContainerReport{ContainerId: cs[0], State: metapb.ContainerState_CONTAINER_OPEN, UsedBytes: 4096, Bcsid: 3}
+	req := &metapb.HeartbeatRequest{DatanodeId: dn, FullReport: true, Containers: []*metapb.ContainerReport{held},
+		Pipelines: []*metapb.PipelineReport{{PipelineId: p.Id, Failed: "raft log directory /x failed"}}}
+	if _, err := e.m.Heartbeat(e.ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Tick(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.st.Pipeline(p.Id).State; s != metapb.PipelineState_PIPELINE_CLOSED {
+		t.Fatalf("pipeline %d: %v", p.Id, s)
+	}
+	for _, id := range cs {
+		if s := e.st.Container(id).State; s != metapb.ContainerState_CONTAINER_CLOSING {
+			t.Fatalf("container %d: %v, want CLOSING", id, s)
+		}
+	}
+	// Its next full report, after the close: the held replica is still
+	// OPEN (it cannot close: its pipeline's log stopped), the others absent.
+	e.clk.Advance(time.Second)
+	for range 3 {
+		req := &metapb.HeartbeatRequest{DatanodeId: dn, FullReport: true, Containers: []*metapb.ContainerReport{held}}
+		if _, err := e.m.Heartbeat(e.ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.m.Tick(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := e.st.Container(cs[0]).State; s != metapb.ContainerState_CONTAINER_CLOSING {
+		t.Fatalf("container %d the datanode holds: %v, want still CLOSING", cs[0], s)
+	}
+	for _, id := range cs[1:] {
+		c := e.st.Container(id)
+		if c.State != metapb.ContainerState_CONTAINER_CLOSED || c.UsedBytes != 0 {
+			t.Fatalf("empty container %d of the failed pipeline: %v used %d, want CLOSED empty", id, c.State, c.UsedBytes)
+		}
+	}
 }
