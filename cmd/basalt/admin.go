@@ -52,19 +52,24 @@ Examples:
 			sort.Slice(ds, func(i, j int) bool { return ds[i].GetDetails().GetId() < ds[j].GetDetails().GetId() })
 			if f.json {
 				type row struct {
-					ID            uint64             `json:"id"`
-					UUID          string             `json:"uuid"`
-					Hostname      string             `json:"hostname"`
-					DataAddr      string             `json:"data_addr"`
-					RaftAddr      string             `json:"raft_addr"`
-					Location      string             `json:"location"`
-					State         string             `json:"state"`
-					OpState       opJSON             `json:"operational"`
-					LastHeartbeat string             `json:"last_heartbeat,omitempty"`
-					Capacity      uint64             `json:"capacity_bytes"`
-					Used          uint64             `json:"used_bytes"`
-					Volumes       int                `json:"volumes"`
-					FailedVolumes int                `json:"failed_volumes"`
+					ID            uint64 `json:"id"`
+					UUID          string `json:"uuid"`
+					Hostname      string `json:"hostname"`
+					DataAddr      string `json:"data_addr"`
+					RaftAddr      string `json:"raft_addr"`
+					Location      string `json:"location"`
+					State         string `json:"state"`
+					OpState       opJSON `json:"operational"`
+					LastHeartbeat string `json:"last_heartbeat,omitempty"`
+					Capacity      uint64 `json:"capacity_bytes"`
+					Used          uint64 `json:"used_bytes"`
+					Volumes       int    `json:"volumes"`
+					FailedVolumes int    `json:"failed_volumes"`
+					// Raft log directories (0: not reported, an older
+					// datanode) and failed ones; all failed: no new
+					// pipeline is placed on it.
+					LogDirs       uint32             `json:"log_dirs"`
+					LogDirsFailed uint32             `json:"log_dirs_failed"`
 					Pipelines     uint32             `json:"pipelines"`
 					StreamVersion uint32             `json:"stream_version"`
 					Cache         *metapb.CacheStats `json:"cache,omitempty"`
@@ -75,7 +80,7 @@ Examples:
 					capa, used, failed := volumeTotals(d.Volumes)
 					x := d.GetDetails()
 					rw := row{ID: x.Id, UUID: x.Uuid, Hostname: x.Hostname, DataAddr: x.DataAddr, RaftAddr: x.RaftAddr, Location: x.Location,
-						State: stateName(d.State.String()), OpState: opRow(d), Capacity: capa, Used: used, Volumes: len(d.Volumes), FailedVolumes: failed, Pipelines: d.Pipelines, Cache: d.Cache,
+						State: stateName(d.State.String()), OpState: opRow(d), Capacity: capa, Used: used, Volumes: len(d.Volumes), FailedVolumes: failed, LogDirs: d.LogDirs, LogDirsFailed: d.LogDirsFailed, Pipelines: d.Pipelines, Cache: d.Cache,
 						SlowDisks: slowDisksJSON(d.SlowDisks), StreamVersion: streamVersion(x)}
 					if d.LastHeartbeatUnixMs > 0 {
 						rw.LastHeartbeat = time.UnixMilli(d.LastHeartbeatUnixMs).UTC().Format(time.RFC3339Nano)
@@ -84,7 +89,7 @@ Examples:
 				}
 				return printJSON(cmd.OutOrStdout(), out)
 			}
-			t := newTable(cmd.OutOrStdout(), "ID", "STATE", "OP STATE", "HOST", "DATA ADDR", "LOCATION", "CAPACITY", "USED", "USED%", "VOLUMES", "PIPELINES", "STREAM", "LAST HEARTBEAT", "DRAIN", "CACHE")
+			t := newTable(cmd.OutOrStdout(), "ID", "STATE", "OP STATE", "HOST", "DATA ADDR", "LOCATION", "CAPACITY", "USED", "USED%", "VOLUMES", "LOGDIRS", "PIPELINES", "STREAM", "LAST HEARTBEAT", "DRAIN", "CACHE")
 			for _, d := range ds {
 				capa, used, failed := volumeTotals(d.Volumes)
 				pct := "-"
@@ -100,7 +105,7 @@ Examples:
 					hb = time.Since(time.UnixMilli(d.LastHeartbeatUnixMs)).Round(time.Millisecond).String() + " ago"
 				}
 				x := d.GetDetails()
-				t.row(x.Id, stateName(d.State.String()), opStateName(d.OpState), x.Hostname, x.DataAddr, x.Location, fmtBytes(capa), fmtBytes(used), pct, vols, d.Pipelines, streamVersion(x), hb, drainText(d), cacheText(d.Cache))
+				t.row(x.Id, stateName(d.State.String()), opStateName(d.OpState), x.Hostname, x.DataAddr, x.Location, fmtBytes(capa), fmtBytes(used), pct, vols, logDirsText(d), d.Pipelines, streamVersion(x), hb, drainText(d), cacheText(d.Cache))
 			}
 			if err := t.flush(); err != nil {
 				return err
@@ -330,6 +335,24 @@ replicas ID" adds the reports against each replica.`,
 	root.AddCommand(adminCacheCmd(f))
 	root.AddCommand(adminUpgradeCmd(f))
 	return root
+}
+
+// logDirsText is a datanode's LOGDIRS column: "-" when it does not
+// report them (an older datanode), the count when none failed, "1/2
+// failed", and "2/2 failed, no new pipelines" when none is healthy (SCM
+// places no new pipeline on it and closes the open ones it is in, so
+// PIPELINES may show a few until the next tick; its closed containers
+// still serve).
+func logDirsText(d *metapb.DatanodeStatus) string {
+	switch {
+	case d.LogDirs == 0:
+		return "-"
+	case d.LogDirsFailed == 0:
+		return strconv.FormatUint(uint64(d.LogDirs), 10)
+	case d.LogDirsFailed >= d.LogDirs:
+		return fmt.Sprintf("%d/%d failed, no new pipelines", d.LogDirsFailed, d.LogDirs)
+	}
+	return fmt.Sprintf("%d/%d failed", d.LogDirsFailed, d.LogDirs)
 }
 
 func volumeTotals(vs []*metapb.VolumeReport) (capa, used uint64, failed int) {

@@ -21,14 +21,27 @@ import (
 //     machine's own record (sickFile, on the data volume, then storage),
 //     and a full report goes out at once. SCM records the unhealthy
 //     replicas, moves the containers to CLOSING, closes the pipeline
-//     (lostMembers: "holds an unhealthy replica"), the other replicas
+//     (with the `failed` report below in the same heartbeat, the reason
+//     is "failed on datanode N: raft log directory ... failed"; an older
+//     SCM: lostMembers, "holds an unhealthy replica"), the other replicas
 //     close the containers through the pipeline's log, and the replication
 //     manager rebuilds the third replica elsewhere; SCM's ClosePipeline
 //     then removes the pipeline here (leavePipeline: its log's removal on
 //     the failed directory fails and is left: see leavePipeline);
-//   - each such pipeline's report names the directory as its slow disk
-//     (PipelineReport.slow_disk): a pipeline with no container to report
-//     is closed by SCM's slow-disk rule, one per its interval;
+//   - each such pipeline's report says it failed (PipelineReport.failed:
+//     "raft log directory ... failed"), in every heartbeat until this
+//     datanode leaves it: SCM closes the pipeline at once on the first
+//     such report of any member, with no open container needed
+//     (scm/pipefail.go). The report also names the directory as its slow
+//     disk (PipelineReport.slow_disk), for an older SCM, which ignores
+//     `failed` and closes it by its slow-disk rule, one per its interval;
+//   - every heartbeat tells how many Raft log directories this datanode
+//     has and how many failed (HeartbeatRequest.log_dirs,
+//     log_dirs_failed): with none healthy, SCM places no new pipeline
+//     here (the host could not start it), closes every open pipeline it
+//     is a member of (one placed here just before the failure never
+//     started, so it is never reported failed) and `basalt admin datanode
+//     list` shows it; the datanode stays HEALTHY for its CLOSED containers;
 //   - CLOSED containers are not touched: their data is on the data volumes
 //     and they keep serving reads.
 //
@@ -125,17 +138,32 @@ func (d *Datanode) checkLogDirs() {
 	}
 }
 
-// reportFailedLogDirs names, in a heartbeat's pipeline reports, the failed
-// log directory of each pipeline stopped by one (as a slow disk: SCM
-// closes the pipeline even if it has no container to report).
+// pipelineFailedReason is a stopped pipeline's PipelineReport.failed.
+const pipelineFailedReason = "raft log directory %s failed"
+
+// reportFailedLogDirs fills a heartbeat's log directory counts and marks,
+// in its pipeline reports, each pipeline stopped by a failed log
+// directory as failed (SCM closes it at once, even with no container to
+// report) and names the directory as its slow disk (for an older SCM).
 func (d *Datanode) reportFailedLogDirs(req *metapb.HeartbeatRequest) {
+	for _, st := range d.LogDirs() {
+		req.LogDirs++
+		if st.Failed {
+			req.LogDirsFailed++
+		}
+	}
 	d.logFail.mu.Lock()
 	defer d.logFail.mu.Unlock()
 	if len(d.logFail.done) == 0 {
 		return
 	}
 	for _, p := range req.Pipelines {
-		if dir, ok := d.logFail.done[p.PipelineId]; ok && p.SlowDisk == "" {
+		dir, ok := d.logFail.done[p.PipelineId]
+		if !ok {
+			continue
+		}
+		p.Failed = fmt.Sprintf(pipelineFailedReason, dir)
+		if p.SlowDisk == "" {
 			p.SlowDisk = dir
 		}
 	}

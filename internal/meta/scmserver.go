@@ -155,8 +155,10 @@ func hideDatanodePaths(r *metapb.ListDatanodesResponse) *metapb.ListDatanodesRes
 }
 
 // slowDiskReason matches the close reason of a pipeline closed for a slow
-// disk (scm/slowdisk.go): "slow disk on datanode N: <path>".
-var slowDiskReason = regexp.MustCompile(`^(slow disk on datanode [0-9]+): .*$`)
+// disk (scm/slowdisk.go): "slow disk on datanode N: <path>", or for a
+// member's failed report (scm/pipefail.go): "failed on datanode N:
+// <reason naming its raft log directory>".
+var slowDiskReason = regexp.MustCompile(`^((?:slow disk|failed) on datanode [0-9]+): .*$`)
 
 // hidePipelinePaths returns ps with the disk paths in close reasons
 // replaced by hiddenPath (ps is shared with the state: changed pipelines

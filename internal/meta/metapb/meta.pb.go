@@ -1004,7 +1004,13 @@ type PipelineReport struct {
 	// Non-empty: the pipeline's Raft log, or the volume of one of its open
 	// containers, is on a disk this datanode found slow (that disk's path).
 	// SCM may close the pipeline so a replacement avoids the disk.
-	SlowDisk      string `protobuf:"bytes,500,opt,name=slow_disk,json=slowDisk,proto3" json:"slow_disk,omitempty"`
+	SlowDisk string `protobuf:"bytes,500,opt,name=slow_disk,json=slowDisk,proto3" json:"slow_disk,omitempty"`
+	// Non-empty: this replica of the pipeline stopped for good (its Raft
+	// log directory failed: internal/datanode/logdirfail.go), with the
+	// reason, naming the directory. SCM closes the pipeline on the first
+	// such report of any member; at most 256 bytes are kept. An older SCM
+	// ignores it (slow_disk names the directory too).
+	Failed        string `protobuf:"bytes,501,opt,name=failed,proto3" json:"failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1056,6 +1062,13 @@ func (x *PipelineReport) GetIsLeader() bool {
 func (x *PipelineReport) GetSlowDisk() string {
 	if x != nil {
 		return x.SlowDisk
+	}
+	return ""
+}
+
+func (x *PipelineReport) GetFailed() string {
+	if x != nil {
+		return x.Failed
 	}
 	return ""
 }
@@ -2380,7 +2393,13 @@ type HeartbeatRequest struct {
 	Cache        *CacheStats `protobuf:"bytes,302,opt,name=cache,proto3" json:"cache,omitempty"`
 	// The datanode's disks (log directories and volumes) whose flush latency
 	// is an outlier among its disks of the same kind; every heartbeat.
-	SlowDisks     []*SlowDisk `protobuf:"bytes,500,rep,name=slow_disks,json=slowDisks,proto3" json:"slow_disks,omitempty"`
+	SlowDisks []*SlowDisk `protobuf:"bytes,500,rep,name=slow_disks,json=slowDisks,proto3" json:"slow_disks,omitempty"`
+	// The datanode's Raft log directories and how many of them failed
+	// (raft.LogDirStatus.Failed); every heartbeat. log_dirs 0: not told
+	// (an older datanode). With log_dirs_failed >= log_dirs > 0, SCM places
+	// no new pipeline on the datanode; its CLOSED containers still serve.
+	LogDirs       uint32 `protobuf:"varint,501,opt,name=log_dirs,json=logDirs,proto3" json:"log_dirs,omitempty"`
+	LogDirsFailed uint32 `protobuf:"varint,502,opt,name=log_dirs_failed,json=logDirsFailed,proto3" json:"log_dirs_failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2497,6 +2516,20 @@ func (x *HeartbeatRequest) GetSlowDisks() []*SlowDisk {
 		return x.SlowDisks
 	}
 	return nil
+}
+
+func (x *HeartbeatRequest) GetLogDirs() uint32 {
+	if x != nil {
+		return x.LogDirs
+	}
+	return 0
+}
+
+func (x *HeartbeatRequest) GetLogDirsFailed() uint32 {
+	if x != nil {
+		return x.LogDirsFailed
+	}
+	return 0
 }
 
 // SlowDisk: a log directory or volume marked slow by its datanode
@@ -4281,8 +4314,12 @@ type DatanodeStatus struct {
 	DrainBytesLeft  uint64      `protobuf:"varint,105,opt,name=drain_bytes_left,json=drainBytesLeft,proto3" json:"drain_bytes_left,omitempty"`
 	Cache           *CacheStats `protobuf:"bytes,300,opt,name=cache,proto3" json:"cache,omitempty"`                          // last reported cache tier
 	SlowDisks       []*SlowDisk `protobuf:"bytes,500,rep,name=slow_disks,json=slowDisks,proto3" json:"slow_disks,omitempty"` // last reported slow disks
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Last reported Raft log directories and failed ones (0, 0: not told).
+	// No healthy one: no new pipeline is placed here.
+	LogDirs       uint32 `protobuf:"varint,501,opt,name=log_dirs,json=logDirs,proto3" json:"log_dirs,omitempty"`
+	LogDirsFailed uint32 `protobuf:"varint,502,opt,name=log_dirs_failed,json=logDirsFailed,proto3" json:"log_dirs_failed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DatanodeStatus) Reset() {
@@ -4404,6 +4441,20 @@ func (x *DatanodeStatus) GetSlowDisks() []*SlowDisk {
 		return x.SlowDisks
 	}
 	return nil
+}
+
+func (x *DatanodeStatus) GetLogDirs() uint32 {
+	if x != nil {
+		return x.LogDirs
+	}
+	return 0
+}
+
+func (x *DatanodeStatus) GetLogDirsFailed() uint32 {
+	if x != nil {
+		return x.LogDirsFailed
+	}
+	return 0
 }
 
 type ListDatanodesResponse struct {
@@ -11183,12 +11234,13 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\vblock_count\x18\x04 \x01(\x04R\n" +
 	"blockCount\x12\x14\n" +
 	"\x05bcsid\x18\x05 \x01(\x04R\x05bcsid\x12)\n" +
-	"\x10unhealthy_reason\x18\x06 \x01(\tR\x0funhealthyReason\"l\n" +
+	"\x10unhealthy_reason\x18\x06 \x01(\tR\x0funhealthyReason\"\x85\x01\n" +
 	"\x0ePipelineReport\x12\x1f\n" +
 	"\vpipeline_id\x18\x01 \x01(\x04R\n" +
 	"pipelineId\x12\x1b\n" +
 	"\tis_leader\x18\x02 \x01(\bR\bisLeader\x12\x1c\n" +
-	"\tslow_disk\x18\xf4\x03 \x01(\tR\bslowDisk\"\x9d\x02\n" +
+	"\tslow_disk\x18\xf4\x03 \x01(\tR\bslowDisk\x12\x17\n" +
+	"\x06failed\x18\xf5\x03 \x01(\tR\x06failed\"\x9d\x02\n" +
 	"\bPipeline\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12=\n" +
 	"\vreplication\x18\x02 \x01(\x0e2\x1b.basalt.meta.v1.ReplicationR\vreplication\x12\x1c\n" +
@@ -11302,7 +11354,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"datanodeId\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x12;\n" +
 	"\vsecret_keys\x18\xb4\x01 \x03(\v2\x19.basalt.meta.v1.SecretKeyR\n" +
-	"secretKeys\"\x87\x05\n" +
+	"secretKeys\"\xcc\x05\n" +
 	"\x10HeartbeatRequest\x12\x1f\n" +
 	"\vdatanode_id\x18\x01 \x01(\x04R\n" +
 	"datanodeId\x126\n" +
@@ -11321,7 +11373,9 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\rcached_blocks\x18\xad\x02 \x03(\v2\x17.basalt.meta.v1.BlockIDR\fcachedBlocks\x121\n" +
 	"\x05cache\x18\xae\x02 \x01(\v2\x1a.basalt.meta.v1.CacheStatsR\x05cache\x128\n" +
 	"\n" +
-	"slow_disks\x18\xf4\x03 \x03(\v2\x18.basalt.meta.v1.SlowDiskR\tslowDisks\"\xc1\x01\n" +
+	"slow_disks\x18\xf4\x03 \x03(\v2\x18.basalt.meta.v1.SlowDiskR\tslowDisks\x12\x1a\n" +
+	"\blog_dirs\x18\xf5\x03 \x01(\rR\alogDirs\x12'\n" +
+	"\x0flog_dirs_failed\x18\xf6\x03 \x01(\rR\rlogDirsFailed\"\xc1\x01\n" +
 	"\bSlowDisk\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12&\n" +
@@ -11440,7 +11494,7 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x15ContainerWithLocation\x127\n" +
 	"\tcontainer\x18\x01 \x01(\v2\x19.basalt.meta.v1.ContainerR\tcontainer\x12=\n" +
 	"\tdatanodes\x18\x02 \x03(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\tdatanodes\"\x16\n" +
-	"\x14ListDatanodesRequest\"\x80\x05\n" +
+	"\x14ListDatanodesRequest\"\xc5\x05\n" +
 	"\x0eDatanodeStatus\x129\n" +
 	"\adetails\x18\x01 \x01(\v2\x1f.basalt.meta.v1.DatanodeDetailsR\adetails\x12/\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x19.basalt.meta.v1.NodeStateR\x05state\x123\n" +
@@ -11456,7 +11510,9 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x10drain_bytes_left\x18i \x01(\x04R\x0edrainBytesLeft\x121\n" +
 	"\x05cache\x18\xac\x02 \x01(\v2\x1a.basalt.meta.v1.CacheStatsR\x05cache\x128\n" +
 	"\n" +
-	"slow_disks\x18\xf4\x03 \x03(\v2\x18.basalt.meta.v1.SlowDiskR\tslowDisks\"U\n" +
+	"slow_disks\x18\xf4\x03 \x03(\v2\x18.basalt.meta.v1.SlowDiskR\tslowDisks\x12\x1a\n" +
+	"\blog_dirs\x18\xf5\x03 \x01(\rR\alogDirs\x12'\n" +
+	"\x0flog_dirs_failed\x18\xf6\x03 \x01(\rR\rlogDirsFailed\"U\n" +
 	"\x15ListDatanodesResponse\x12<\n" +
 	"\tdatanodes\x18\x01 \x03(\v2\x1e.basalt.meta.v1.DatanodeStatusR\tdatanodes\"\x16\n" +
 	"\x14ListPipelinesRequest\"O\n" +

@@ -197,6 +197,9 @@ type Manager struct {
 
 	cacheMon cacheMonitor // cache directives' plan and reports (cache_monitor.go)
 	slow     slowSoft     // pipelines closed for slow disks (slowdisk.go)
+	// pipeFailed: open pipelines a member reported failed, not yet
+	// closed (pipefail.go); at most one entry per open pipeline.
+	pipeFailed map[uint64]pipeFailure
 
 	idMu   sync.Mutex // serializes ID range refills
 	idNext uint64
@@ -229,6 +232,14 @@ type nodeSoft struct {
 	// there, from the last heartbeat (slowdisk.go).
 	slowDisks []*metapb.SlowDisk
 	slowPipes map[uint64]string
+	// logDirs, logDirsFailed: its Raft log directories and the failed
+	// ones, from the last heartbeat (0, 0: not told); failWarned: the
+	// pipelines it reported failed without being a member, logged once
+	// (at most maxFailWarned; failWarnedFull: the line saying further
+	// ones are not logged was written) (pipefail.go).
+	logDirs, logDirsFailed uint32
+	failWarned             map[uint64]bool
+	failWarnedFull         bool
 }
 
 // maxSent bounds nodeSoft.sent: with the pruning above it holds what was
@@ -268,6 +279,7 @@ func (m *Manager) syncLeadership() bool {
 	m.acked = map[uint64]map[uint64]bool{}
 	m.unhealthy = map[uint64]map[uint64]string{}
 	m.recov = map[uint64]*recovery{}
+	m.pipeFailed = map[uint64]pipeFailure{}
 	m.purgeCursor = 0
 	m.repl = newReplSoft()
 	m.safeMode = true
@@ -405,6 +417,7 @@ func (m *Manager) Heartbeat(ctx context.Context, req *metapb.HeartbeatRequest) (
 		}
 	}
 	m.slowDisksLocked(n, req)
+	m.pipelineFailuresLocked(n, req)
 	m.deleteAcks(req, n)
 	m.copyFailuresLocked(req, now)
 	m.cacheReportLocked(req)
@@ -643,6 +656,7 @@ func (m *Manager) ListDatanodes() (*metapb.ListDatanodesResponse, error) {
 			ds.State = n.state
 			ds.Volumes = n.volumes
 			ds.SlowDisks = n.slowDisks
+			ds.LogDirs, ds.LogDirsFailed = n.logDirs, n.logDirsFailed
 			if n.heard {
 				ds.LastHeartbeatUnixMs = n.lastSeen.UnixMilli()
 			}
@@ -793,6 +807,11 @@ func (m *Manager) Tick(ctx context.Context) error {
 		if _, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_SafeModeExited{SafeModeExited: &metapb.SafeModeExitedOp{}}}); err != nil {
 			return err
 		}
+	}
+	// 1a. Close the pipelines a member reported failed (pipefail.go): at
+	// once, before lostMembers, so the close reason names the failure.
+	if err := m.closeFailedPipelines(ctx); err != nil {
+		return err
 	}
 	// 1. Close the pipelines that lost a member: a dead or stale datanode,
 	// one leaving service (decommission, maintenance), or a replica
@@ -1025,8 +1044,10 @@ func (m *Manager) createPipelines(ctx context.Context, healthy map[uint64]bool) 
 		var cands []Candidate
 		m.mu.Lock()
 		room := map[uint64]bool{}
+		noLog := map[uint64]bool{}
 		for _, d := range m.st.Datanodes() {
 			_, room[d.Id] = m.roomLocked(d.Id)
+			noLog[d.Id] = m.nodes[d.Id].noLogDirs()
 		}
 		m.mu.Unlock()
 		for _, d := range m.st.Datanodes() {
@@ -1037,6 +1058,11 @@ func (m *Manager) createPipelines(ctx context.Context, healthy map[uint64]bool) 
 			// pipeline: SCM would create containers there that it cannot
 			// hold (a filled disk: the fault test's pipeline 1012).
 			if !room[d.Id] {
+				continue
+			}
+			// Nor one whose Raft log directories all failed: it could not
+			// start it (pipefail.go).
+			if noLog[d.Id] {
 				continue
 			}
 			racks[d.Location] = true
@@ -1193,13 +1219,16 @@ func (m *Manager) pickContainer(ctx context.Context, repl metapb.Replication, ex
 	m.mu.Lock()
 	pipes := m.pickPipes[:0]
 	for _, p := range m.st.OpenPipelines(repl) {
-		if slices.Contains(ex.GetPipelines(), p.Id) {
+		// A pipeline a member reported failed is closed at the next Tick;
+		// until then it takes no block and no new container (pipefail.go).
+		if _, failed := m.pipeFailed[p.Id]; failed || slices.Contains(ex.GetPipelines(), p.Id) {
 			continue
 		}
 		ok := true
 		for _, id := range p.Datanodes {
 			n := m.nodes[id]
-			if n == nil || n.state != metapb.NodeState_HEALTHY || slices.Contains(ex.GetDatanodes(), id) || !m.inService(id) {
+			// noLogDirs: its replica cannot run; Tick closes the pipeline.
+			if n == nil || n.state != metapb.NodeState_HEALTHY || n.noLogDirs() || slices.Contains(ex.GetDatanodes(), id) || !m.inService(id) {
 				ok = false
 				break
 			}
