@@ -20,5 +20,8 @@ func (d *Datanode) volumeFatalCollectors() []prometheus.Collector {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "basalt", Subsystem: "datanode", Name: "volume_writes_stuck",
 			Help: "Abandoned writes still blocked inside a wedged volume's metadata store (until the datanode restarts)."},
 			func() float64 { _, s := st.AbandonedWrites(); return float64(s) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "datanode", Name: "volume_commits_total",
+			Help: "Calls into the volumes' metadata store commit pipeline (Pebble commits, each handed to a committer goroutine) since start."},
+			func() float64 { return float64(st.GuardedWrites()) }),
 	}
 }

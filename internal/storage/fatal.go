@@ -75,6 +75,9 @@ type FatalLogger struct {
 	abandoned atomic.Uint64
 	stuck     atomic.Int64
 	calls     committers // GuardedDB's committers
+	// writes: calls that entered the commit pipeline (GuardedDB.write);
+	// each is a Pebble commit and, with Wedged, a committer hand-off.
+	writes atomic.Uint64
 }
 
 var _ pebble.Logger = (*FatalLogger)(nil)
@@ -420,6 +423,9 @@ func (cs *committers) remove(k *committer) {
 // its committer is done with it: the caller may return before (on the
 // wedge), so b is released only by CloseBatch.
 func (g *GuardedDB) write(b *pebble.Batch, wo *pebble.WriteOptions) error {
+	if g.Log != nil {
+		g.Log.writes.Add(1)
+	}
 	c, err := g.start(b, wo)
 	if c == nil {
 		return err
@@ -573,6 +579,10 @@ func commitCaught(l *FatalLogger, b *pebble.Batch, wo *pebble.WriteOptions) (err
 // blocked in a wedged DB until the process exits).
 func (l *FatalLogger) Abandoned() uint64 { return l.abandoned.Load() }
 func (l *FatalLogger) Stuck() int64      { return l.stuck.Load() }
+
+// Writes counts the calls that entered the DB's commit pipeline through
+// its GuardedDB: each one Pebble commit and one committer hand-off.
+func (l *FatalLogger) Writes() uint64 { return l.writes.Load() }
 
 // CloseBatch releases b (a batch of DB) unless the store is wedged: then a
 // write abandoned in the DB may still read b, and b is left to the garbage

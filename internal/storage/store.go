@@ -433,6 +433,19 @@ func (s *Store) AbandonedWrites() (abandoned uint64, stuck int64) {
 	return abandoned, stuck
 }
 
+// GuardedWrites counts the calls that entered a volume DB's commit
+// pipeline (each a Pebble commit handed to a committer: see GuardedDB)
+// since Open, over every volume. A test reads it to count the commits an
+// operation costs.
+func (s *Store) GuardedWrites() (n uint64) {
+	for _, v := range s.volumes { // fixed after Open
+		if v.log != nil {
+			n += v.log.Writes()
+		}
+	}
+	return n
+}
+
 // VolumeFatals counts the volumes failed by a fatal error of their
 // metadata store (Pebble's Fatalf) or a panic on one of storage's
 // background goroutines since Open: each such volume is failed (reported
