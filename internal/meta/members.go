@@ -229,6 +229,7 @@ func (m *membersServer) ListMembers(ctx context.Context, _ *metapb.ListMembersRe
 	for _, mi := range s.members.Table() {
 		mi.Source = "table"
 		mi.Revoked = mi.GetRemoved() && s.identityRevoked(mi.GetId())
+		mi.KeysRotated = mi.GetRemoved() && s.keysRotatedFor(mi.GetId())
 		seen[mi.GetId()] = true
 		resp.Members = append(resp.Members, mi)
 	}

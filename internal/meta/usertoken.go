@@ -791,6 +791,11 @@ func (u *userTokenServer) RenewUserToken(ctx context.Context, req *metapb.RenewU
 		return nil, status.Errorf(codes.PermissionDenied, "meta node %d: RenewUserToken: %q may not renew token %d (its renewer is %q)", s.cfg.NodeID, clip(who), t.Seq, t.Renewer)
 	}
 	exp := min(now.Add(s.cfg.UserTokens.withDefaults().Lifetime).UnixMilli(), t.MaxMs)
+	if r := s.ut.keyRetire(t.KeyID); r != 0 {
+		// Its key retires (a removed meta node held it: a forced
+		// rotation): no renewal past that; the client gets a new token.
+		exp = min(exp, r)
+	}
 	if _, err := s.utPropose(ctx, &metapb.UserTokenCommand{NowUnixMs: now.UnixMilli(), Op: &metapb.UserTokenCommand_Renew{Renew: &metapb.UserTokenRenewOp{
 		Sequence: t.Seq, ExpiryUnixMs: exp, MaxUnixMs: t.MaxMs}}}); err != nil {
 		return nil, err
@@ -826,6 +831,11 @@ func (s *Server) runUserTokens(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
+		// Forced rotations for removed meta nodes (members_keyrotate.go),
+		// on whichever of SCM and the user-token group this node leads;
+		// in this goroutine, so that the user-token key ops are proposed
+		// one at a time.
+		s.reconcileKeyRotations(ctx)
 		if s.utGroup.IsLeader() {
 			if err := s.rotateUserTokenKeys(ctx); err != nil && ctx.Err() == nil {
 				s.log.Debug("meta: rotating user-token keys", "err", err)
@@ -873,6 +883,10 @@ func (s *Server) rotateUserTokenKeys(ctx context.Context) error {
 	// token can live (its max lifetime), plus the activation delay.
 	retire := now.Add(-cfg.MaxLifetime - cfg.ActivationDelay).UnixMilli()
 	for _, k := range keys {
+		if k.RetireUnixMs != 0 && k.RetireUnixMs <= now.UnixMilli() {
+			op.Remove = append(op.Remove, k.Id) // a forced rotation's retire time
+			continue
+		}
 		for _, j := range keys {
 			if j.ActivateUnixMs > k.ActivateUnixMs && j.ActivateUnixMs <= retire {
 				op.Remove = append(op.Remove, k.Id)
@@ -891,5 +905,46 @@ func (s *Server) rotateUserTokenKeys(ctx context.Context) error {
 	if op.Add != nil {
 		s.log.Info("meta: user-token key recorded", "key", op.Add.Id, "activates", time.UnixMilli(op.Add.ActivateUnixMs).UTC(), "dropped", op.Remove)
 	}
+	return nil
+}
+
+// rotateUserTokenKeysFor records, on the user-token leader, a new
+// user-token key because meta node member was removed, and retires every
+// key recorded before it at the new key's activation + Lifetime +
+// ActivationDelay: every token an old key signed before the new one took
+// over has expired by then, unless renewed (a renewal never goes past
+// its key's retire time: RenewUserToken). Nothing if the rotation for
+// member is recorded already; an AlreadyExists from Apply (another
+// leader's op came first) is success too. See members_keyrotate.go.
+// runUserTokens's goroutine only (as rotateUserTokenKeys).
+func (s *Server) rotateUserTokenKeysFor(ctx context.Context, member uint64) error {
+	if s.ut.keysRotatedFor(member) {
+		return nil
+	}
+	cfg := s.cfg.UserTokens.withDefaults()
+	now := time.Now()
+	var maxID uint64
+	for _, k := range s.ut.Keys() {
+		maxID = max(maxID, k.Id)
+	}
+	secret := make([]byte, utSecretSize)
+	if _, err := rand.Read(secret); err != nil {
+		return err
+	}
+	activate := now.Add(cfg.ActivationDelay)
+	op := &metapb.UserTokenKeysOp{
+		Add:             &metapb.SecretKey{Id: maxID + 1, Secret: secret, CreatedUnixMs: now.UnixMilli(), ActivateUnixMs: activate.UnixMilli()},
+		RotateForMember: member,
+		RetireUnixMs:    activate.Add(cfg.Lifetime + cfg.ActivationDelay).UnixMilli(),
+	}
+	_, err := s.utPropose(ctx, &metapb.UserTokenCommand{NowUnixMs: now.UnixMilli(), Op: &metapb.UserTokenCommand_Keys{Keys: op}})
+	if status.Code(err) == codes.AlreadyExists && s.ut.keysRotatedFor(member) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("rotating user-token keys for removed meta node %d: %w", member, err)
+	}
+	s.log.Info("meta: user-token keys rotated for a removed meta node", "member", member, "key", op.Add.Id,
+		"activates", activate.UTC(), "old keys retire", time.UnixMilli(op.RetireUnixMs).UTC())
 	return nil
 }

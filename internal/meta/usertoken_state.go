@@ -38,6 +38,9 @@ type utState struct {
 	renewed   map[uint64]*metapb.UserTokenRecord
 	cancelled map[uint64]*metapb.UserTokenRecord
 	expiries  utExpiries // when each nonce and record may go
+	// rotatedFor: removed meta node → the key its forced rotation added
+	// (row "f/<id>"; members_keyrotate.go).
+	rotatedFor map[uint64]uint64
 
 	halt *applyhalt.Group // the apply halt (applyhalt)
 }
@@ -86,6 +89,7 @@ var (
 	utPfxNonce     = []byte("n/")
 	utPfxRenewed   = []byte("r/")
 	utPfxCancelled = []byte("c/")
+	utPfxRotated   = []byte("f/")
 )
 
 // Bounds on the records (Apply refuses beyond them): enough for a large
@@ -98,6 +102,9 @@ const (
 	utMaxRecords      = 1_000_000
 	utMaxKeys         = 64
 	utSecretSize      = 32
+	// utMaxForcedRotations bounds the removed meta nodes recorded as
+	// rotated for (one row each, ever).
+	utMaxForcedRotations = 4096
 )
 
 func utRow(pfx []byte, id uint64) []byte {
@@ -138,6 +145,7 @@ func (s *utState) loadLocked() error {
 	s.expiries = nil
 	s.renewed = map[uint64]*metapb.UserTokenRecord{}
 	s.cancelled = map[uint64]*metapb.UserTokenRecord{}
+	s.rotatedFor = map[uint64]uint64{}
 	return s.st.View(func(r pebble.Reader) error {
 		for _, c := range []struct {
 			k   []byte
@@ -168,6 +176,15 @@ func (s *utState) loadLocked() error {
 				return err
 			}
 			s.keys = append(s.keys, k)
+			return nil
+		}); err != nil {
+			return err
+		}
+		if err := store.Scan(r, utPfxRotated, func(k, v []byte) error {
+			if len(k) != len(utPfxRotated)+8 || len(v) != 8 {
+				return fmt.Errorf("usertoken: bad forced rotation row")
+			}
+			s.rotatedFor[binary.BigEndian.Uint64(k[len(utPfxRotated):])] = binary.BigEndian.Uint64(v)
 			return nil
 		}); err != nil {
 			return err
@@ -371,6 +388,17 @@ func (s *utState) apply(b *pebble.Batch, cmd *metapb.UserTokenCommand) any {
 
 func (s *utState) applyKeys(b *pebble.Batch, op *metapb.UserTokenKeysOp) any {
 	keys := slices.Clone(s.keys)
+	forced := op.GetRotateForMember()
+	if forced != 0 {
+		switch _, done := s.rotatedFor[forced]; {
+		case done:
+			return status.Errorf(codes.AlreadyExists, "usertoken: the keys were rotated for removed meta node %d already", forced)
+		case op.GetAdd() == nil || op.GetRetireUnixMs() <= 0:
+			return status.Errorf(codes.InvalidArgument, "usertoken: a forced rotation for meta node %d without a new key or a retire time", forced)
+		case len(s.rotatedFor) >= utMaxForcedRotations:
+			return status.Errorf(codes.ResourceExhausted, "usertoken: %d forced rotations recorded already", len(s.rotatedFor))
+		}
+	}
 	for _, id := range op.GetRemove() {
 		keys = slices.DeleteFunc(keys, func(k *metapb.SecretKey) bool { return k.Id == id })
 	}
@@ -385,6 +413,24 @@ func (s *utState) applyKeys(b *pebble.Batch, op *metapb.UserTokenKeysOp) any {
 		}
 		keys = append(keys, proto.Clone(a).(*metapb.SecretKey))
 		slices.SortFunc(keys, func(x, y *metapb.SecretKey) int { return cmpUint(x.Id, y.Id) })
+	}
+	if forced != 0 {
+		// Every key but the new one may be known to the removed node.
+		for i, k := range keys {
+			if k.Id == op.GetAdd().GetId() || (k.RetireUnixMs != 0 && k.RetireUnixMs <= op.RetireUnixMs) {
+				continue
+			}
+			k = proto.Clone(k).(*metapb.SecretKey)
+			k.RetireUnixMs = op.RetireUnixMs
+			keys[i] = k
+			v, err := proto.Marshal(k)
+			if err != nil {
+				panic(err)
+			}
+			s.set(b, utRow(utPfxKey, k.Id), v)
+		}
+		s.set(b, utRow(utPfxRotated, forced), store.U64(op.GetAdd().GetId()))
+		s.rotatedFor[forced] = op.GetAdd().GetId()
 	}
 	for _, id := range op.GetRemove() {
 		s.del(b, utRow(utPfxKey, id))
@@ -415,6 +461,27 @@ func (s *utState) Keys() []*metapb.SecretKey {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.keys
+}
+
+// keysRotatedFor reports whether the user-token keys were rotated for
+// removed meta node id.
+func (s *utState) keysRotatedFor(id uint64) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	_, ok := s.rotatedFor[id]
+	return ok
+}
+
+// keyRetire is key id's forced retire time (0: none, or not recorded).
+func (s *utState) keyRetire(id uint64) int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, k := range s.keys {
+		if k.Id == id {
+			return k.RetireUnixMs
+		}
+	}
+	return 0
 }
 
 // key returns key id's secret, nil if it is not recorded.

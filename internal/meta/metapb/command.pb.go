@@ -2640,11 +2640,18 @@ func (*SafeModeExitedOp) Descriptor() ([]byte, []int) {
 // SecretKeysOp adds a block token key and drops expired ones (SCM key
 // "k/"); proposed by the SCM leader's key rotation.
 type SecretKeysOp struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Add           *SecretKey             `protobuf:"bytes,1,opt,name=add,proto3" json:"add,omitempty"`
-	Remove        []uint64               `protobuf:"varint,2,rep,packed,name=remove,proto3" json:"remove,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Add    *SecretKey             `protobuf:"bytes,1,opt,name=add,proto3" json:"add,omitempty"`
+	Remove []uint64               `protobuf:"varint,2,rep,packed,name=remove,proto3" json:"remove,omitempty"`
+	// rotate_for_member (0: none): a forced rotation because meta node
+	// rotate_for_member was removed (it holds every key recorded so far).
+	// add is required; every key already recorded gets retire_unix_ms (or
+	// keeps an earlier one), and the member is recorded (row "kf/<id>") so
+	// that it is rotated for once: a second op for it is refused whole.
+	RotateForMember uint64 `protobuf:"varint,3,opt,name=rotate_for_member,json=rotateForMember,proto3" json:"rotate_for_member,omitempty"`
+	RetireUnixMs    int64  `protobuf:"varint,4,opt,name=retire_unix_ms,json=retireUnixMs,proto3" json:"retire_unix_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *SecretKeysOp) Reset() {
@@ -2689,6 +2696,20 @@ func (x *SecretKeysOp) GetRemove() []uint64 {
 		return x.Remove
 	}
 	return nil
+}
+
+func (x *SecretKeysOp) GetRotateForMember() uint64 {
+	if x != nil {
+		return x.RotateForMember
+	}
+	return 0
+}
+
+func (x *SecretKeysOp) GetRetireUnixMs() int64 {
+	if x != nil {
+		return x.RetireUnixMs
+	}
+	return 0
 }
 
 // CachePoolOp adds (create), modifies or removes a cache pool (SCM key
@@ -3182,10 +3203,12 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x05state\x18\x02 \x01(\x0e2\x1b.basalt.meta.v1.NodeOpStateR\x05state\x125\n" +
 	"\x17maintenance_end_unix_ms\x18\x03 \x01(\x03R\x14maintenanceEndUnixMs\x12\"\n" +
 	"\rsince_unix_ms\x18\x04 \x01(\x03R\vsinceUnixMs\"\x12\n" +
-	"\x10SafeModeExitedOp\"S\n" +
+	"\x10SafeModeExitedOp\"\xa5\x01\n" +
 	"\fSecretKeysOp\x12+\n" +
 	"\x03add\x18\x01 \x01(\v2\x19.basalt.meta.v1.SecretKeyR\x03add\x12\x16\n" +
-	"\x06remove\x18\x02 \x03(\x04R\x06remove\"l\n" +
+	"\x06remove\x18\x02 \x03(\x04R\x06remove\x12*\n" +
+	"\x11rotate_for_member\x18\x03 \x01(\x04R\x0frotateForMember\x12$\n" +
+	"\x0eretire_unix_ms\x18\x04 \x01(\x03R\fretireUnixMs\"l\n" +
 	"\vCachePoolOp\x12-\n" +
 	"\x04pool\x18\x01 \x01(\v2\x19.basalt.meta.v1.CachePoolR\x04pool\x12\x16\n" +
 	"\x06create\x18\x02 \x01(\bR\x06create\x12\x16\n" +

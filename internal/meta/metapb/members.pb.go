@@ -42,7 +42,12 @@ type MemberInfo struct {
 	// revoked, so every certificate naming it is refused. A removed row
 	// not revoked yet is revoked by the CA group's leader
 	// (members_revoke.go).
-	Revoked       bool `protobuf:"varint,6,opt,name=revoked,proto3" json:"revoked,omitempty"`
+	Revoked bool `protobuf:"varint,6,opt,name=revoked,proto3" json:"revoked,omitempty"`
+	// keys_rotated (answers only): the node is removed and the answering
+	// node's SCM and user-token states record a forced rotation of the
+	// block-token and user-token keys for it (members_keyrotate.go): every
+	// key it could hold is retired within one token lifetime.
+	KeysRotated   bool `protobuf:"varint,7,opt,name=keys_rotated,json=keysRotated,proto3" json:"keys_rotated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -115,6 +120,13 @@ func (x *MemberInfo) GetSource() string {
 func (x *MemberInfo) GetRevoked() bool {
 	if x != nil {
 		return x.Revoked
+	}
+	return false
+}
+
+func (x *MemberInfo) GetKeysRotated() bool {
+	if x != nil {
+		return x.KeysRotated
 	}
 	return false
 }
@@ -740,7 +752,7 @@ var File_meta_members_proto protoreflect.FileDescriptor
 
 const file_meta_members_proto_rawDesc = "" +
 	"\n" +
-	"\x12meta/members.proto\x12\x0ebasalt.meta.v1\"\xa2\x01\n" +
+	"\x12meta/members.proto\x12\x0ebasalt.meta.v1\"\xc5\x01\n" +
 	"\n" +
 	"MemberInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1b\n" +
@@ -748,7 +760,8 @@ const file_meta_members_proto_rawDesc = "" +
 	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x18\n" +
 	"\aremoved\x18\x04 \x01(\bR\aremoved\x12\x16\n" +
 	"\x06source\x18\x05 \x01(\tR\x06source\x12\x18\n" +
-	"\arevoked\x18\x06 \x01(\bR\arevoked\"\x14\n" +
+	"\arevoked\x18\x06 \x01(\bR\arevoked\x12!\n" +
+	"\fkeys_rotated\x18\a \x01(\bR\vkeysRotated\"\x14\n" +
 	"\x12ListMembersRequest\"k\n" +
 	"\x11GroupMemberStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +

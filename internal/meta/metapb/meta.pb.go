@@ -9114,8 +9114,13 @@ type SecretKey struct {
 	// Tokens are signed with the newest key whose activation time has come;
 	// verifiers accept a key as soon as they hold it.
 	ActivateUnixMs int64 `protobuf:"varint,4,opt,name=activate_unix_ms,json=activateUnixMs,proto3" json:"activate_unix_ms,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// retire_unix_ms (0: none): the key is dropped once this time has
+	// passed, whatever the rotation rule says. Set on every key present when
+	// a removed meta node forced a rotation (SecretKeysOp and
+	// UserTokenKeysOp rotate_for_member): the removed node may hold them.
+	RetireUnixMs  int64 `protobuf:"varint,5,opt,name=retire_unix_ms,json=retireUnixMs,proto3" json:"retire_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SecretKey) Reset() {
@@ -9172,6 +9177,13 @@ func (x *SecretKey) GetCreatedUnixMs() int64 {
 func (x *SecretKey) GetActivateUnixMs() int64 {
 	if x != nil {
 		return x.ActivateUnixMs
+	}
+	return 0
+}
+
+func (x *SecretKey) GetRetireUnixMs() int64 {
+	if x != nil {
+		return x.RetireUnixMs
 	}
 	return 0
 }
@@ -11837,12 +11849,13 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x04path\x18\x03 \x01(\tR\x04path\x12/\n" +
 	"\x05attrs\x18\x04 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"G\n" +
 	"\x14SetFileAttrsResponse\x12/\n" +
-	"\x05attrs\x18\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"\x85\x01\n" +
+	"\x05attrs\x18\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"\xab\x01\n" +
 	"\tSecretKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\fR\x06secret\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x03 \x01(\x03R\rcreatedUnixMs\x12(\n" +
-	"\x10activate_unix_ms\x18\x04 \x01(\x03R\x0eactivateUnixMs\"\x8c\x03\n" +
+	"\x10activate_unix_ms\x18\x04 \x01(\x03R\x0eactivateUnixMs\x12$\n" +
+	"\x0eretire_unix_ms\x18\x05 \x01(\x03R\fretireUnixMs\"\x8c\x03\n" +
 	"\tCachePool\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x1f\n" +

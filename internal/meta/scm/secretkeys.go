@@ -3,6 +3,7 @@ package scm
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -32,6 +33,18 @@ import (
 // dropped only TokenLifetime + ActivationDelay after a newer key became
 // active, when every token it signed has expired. The cluster's first key
 // is active at once: nothing can be waiting for it.
+//
+// Forced rotation (RotateSecretKeysFor): a removed meta node holds every
+// key recorded while it was a replica, and could sign tokens with them.
+// Once its removal has committed, the meta server's reconciler
+// (members_keyrotate.go) has the SCM leader record a new key at once
+// (activation after ActivationDelay, as a scheduled one) and give every
+// key already recorded a retire time: the new key's activation +
+// TokenLifetime + ActivationDelay, when every token an old key signed
+// before the new one took over has expired. The op names the member and
+// Apply records it (row "kf/<id>") and refuses a second op for it, so a
+// member is rotated for once, whichever leader proposes it, and a leader
+// that crashed before proposing leaves it to the next.
 
 // SecretKeyConfig tunes rotation. Zero values take the defaults noted.
 type SecretKeyConfig struct {
@@ -59,23 +72,45 @@ func (m *Manager) keyCfg() SecretKeyConfig {
 	return c
 }
 
-var pfxSecretKey = []byte("k/")
+var (
+	pfxSecretKey = []byte("k/")
+	// pfxKeysRotatedFor: "kf/<member ID>" → the forced rotation's new
+	// key ID (8 bytes), one row per removed meta node rotated for.
+	pfxKeysRotatedFor = []byte("kf/")
+)
+
+// MaxForcedRotations bounds the members recorded as rotated for (one
+// row per removed meta node, ever): beyond it a forced rotation is
+// refused (ResourceExhausted).
+const MaxForcedRotations = 4096
 
 // secretKeys is State's mirror of the key rows.
 type secretKeys struct {
 	rows []*metapb.SecretKey               // by ID; replaced, never changed in place
 	set  atomic.Pointer[blocktoken.KeySet] // the same keys, for issuing without a lock
+	// rotatedFor: removed meta node → the key its forced rotation added.
+	rotatedFor map[uint64]uint64
 }
 
 // loadSecretKeys reads the key rows (caller holds mu for writing).
 func (s *State) loadSecretKeys(r pebble.Reader) error {
 	s.keys.rows = nil
+	s.keys.rotatedFor = map[uint64]uint64{}
 	if err := store.Scan(r, pfxSecretKey, func(_, v []byte) error {
 		k := &metapb.SecretKey{}
 		if err := proto.Unmarshal(v, k); err != nil {
 			return err
 		}
 		s.keys.rows = append(s.keys.rows, k)
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := store.Scan(r, pfxKeysRotatedFor, func(k, v []byte) error {
+		if len(k) != len(pfxKeysRotatedFor)+8 || len(v) != 8 {
+			return fmt.Errorf("scm: bad forced rotation row %q", k)
+		}
+		s.keys.rotatedFor[binary.BigEndian.Uint64(k[len(pfxKeysRotatedFor):])] = binary.BigEndian.Uint64(v)
 		return nil
 	}); err != nil {
 		return err
@@ -104,6 +139,17 @@ func keysOf(rows []*metapb.SecretKey) []blocktoken.Key {
 // invalid addition is refused whole; removals of unknown keys are no-ops.
 func (s *State) applySecretKeys(b *pebble.Batch, op *metapb.SecretKeysOp) any {
 	rows := slices.Clone(s.keys.rows)
+	forced := op.GetRotateForMember()
+	if forced != 0 {
+		switch _, done := s.keys.rotatedFor[forced]; {
+		case done:
+			return status.Errorf(codes.AlreadyExists, "scm: the keys were rotated for removed meta node %d already", forced)
+		case op.GetAdd() == nil || op.GetRetireUnixMs() <= 0:
+			return status.Errorf(codes.InvalidArgument, "scm: a forced rotation for meta node %d without a new key or a retire time", forced)
+		case len(s.keys.rotatedFor) >= MaxForcedRotations:
+			return status.Errorf(codes.ResourceExhausted, "scm: %d forced rotations recorded already", len(s.keys.rotatedFor))
+		}
+	}
 	for _, id := range op.GetRemove() {
 		rows = slices.DeleteFunc(rows, func(k *metapb.SecretKey) bool { return k.Id == id })
 	}
@@ -118,6 +164,22 @@ func (s *State) applySecretKeys(b *pebble.Batch, op *metapb.SecretKeysOp) any {
 		}
 		rows = append(rows, proto.Clone(a).(*metapb.SecretKey))
 		slices.SortFunc(rows, func(x, y *metapb.SecretKey) int { return cmpU64(x.Id, y.Id) })
+	}
+	if forced != 0 {
+		// Every key but the new one may be known to the removed node.
+		for i, k := range rows {
+			if k.Id == op.GetAdd().GetId() || (k.RetireUnixMs != 0 && k.RetireUnixMs <= op.RetireUnixMs) {
+				continue
+			}
+			k = proto.Clone(k).(*metapb.SecretKey)
+			k.RetireUnixMs = op.RetireUnixMs
+			rows[i] = k
+			s.put(b, key(pfxSecretKey, k.Id), k)
+		}
+		if err := b.Set(key(pfxKeysRotatedFor, forced), binary.BigEndian.AppendUint64(nil, op.GetAdd().GetId()), nil); err != nil {
+			panic(err)
+		}
+		s.keys.rotatedFor[forced] = op.GetAdd().GetId()
 	}
 	for _, id := range op.GetRemove() {
 		if err := b.Delete(key(pfxSecretKey, id), nil); err != nil {
@@ -149,6 +211,15 @@ func (s *State) SecretKeys() []*metapb.SecretKey {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.keys.rows
+}
+
+// KeysRotatedFor reports whether the block token keys were rotated for
+// removed meta node id (a forced rotation is recorded).
+func (s *State) KeysRotatedFor(id uint64) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	_, ok := s.keys.rotatedFor[id]
+	return ok
 }
 
 // TokenKeys returns the keys as a set for issuing and verifying tokens.
@@ -187,6 +258,10 @@ func (m *Manager) rotateSecretKeys(ctx context.Context) error {
 	// token lives (plus the activation delay, for clocks that disagree).
 	retire := now.Add(-kc.TokenLifetime - kc.ActivationDelay).UnixMilli()
 	for _, k := range rows {
+		if k.RetireUnixMs != 0 && k.RetireUnixMs <= now.UnixMilli() {
+			op.Remove = append(op.Remove, k.Id) // a forced rotation's retire time
+			continue
+		}
 		for _, j := range rows {
 			if j.ActivateUnixMs > k.ActivateUnixMs && j.ActivateUnixMs <= retire {
 				op.Remove = append(op.Remove, k.Id)
@@ -203,6 +278,52 @@ func (m *Manager) rotateSecretKeys(ctx context.Context) error {
 	if op.Add != nil {
 		m.log.Info("scm: block token key recorded", "key", op.Add.Id, "activates", time.UnixMilli(op.Add.ActivateUnixMs).UTC(), "dropped", op.Remove)
 	}
+	return nil
+}
+
+// RotateSecretKeysFor records, on the SCM leader, a new block token key
+// because meta node member was removed, and retires every key recorded
+// before it at the new key's activation + TokenLifetime + ActivationDelay
+// (see the top of this file). It does nothing if the rotation for member
+// is recorded already; an AlreadyExists from Apply (another leader's op
+// came first) is success too.
+func (m *Manager) RotateSecretKeysFor(ctx context.Context, member uint64) error {
+	if member == 0 {
+		return status.Error(codes.InvalidArgument, "scm: forced rotation for meta node 0")
+	}
+	m.keyMu.Lock()
+	defer m.keyMu.Unlock()
+	if m.st.KeysRotatedFor(member) {
+		return nil
+	}
+	kc := m.keyCfg()
+	now := m.cfg.Now()
+	var maxID uint64
+	for _, k := range m.st.SecretKeys() {
+		maxID = max(maxID, k.Id)
+	}
+	secret := make([]byte, blocktoken.SecretSize)
+	if _, err := rand.Read(secret); err != nil {
+		return err
+	}
+	activate := now.Add(kc.ActivationDelay)
+	op := &metapb.SecretKeysOp{
+		Add:             &metapb.SecretKey{Id: maxID + 1, Secret: secret, CreatedUnixMs: now.UnixMilli(), ActivateUnixMs: activate.UnixMilli()},
+		RotateForMember: member,
+		RetireUnixMs:    activate.Add(kc.TokenLifetime + kc.ActivationDelay).UnixMilli(),
+	}
+	v, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_SecretKeys{SecretKeys: op}})
+	if e, ok := v.(error); ok && err == nil {
+		err = e // Apply refused it
+	}
+	if status.Code(err) == codes.AlreadyExists && m.st.KeysRotatedFor(member) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("scm: rotating block token keys for removed meta node %d: %w", member, err)
+	}
+	m.log.Info("scm: block token keys rotated for a removed meta node", "member", member, "key", op.Add.Id,
+		"activates", activate.UTC(), "old keys retire", time.UnixMilli(op.RetireUnixMs).UTC())
 	return nil
 }
 

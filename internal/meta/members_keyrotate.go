@@ -1,0 +1,86 @@
+package meta
+
+// A removed meta node's token keys are rotated (docs/ARCHITECTURE.md,
+// "Meta membership"). Every meta replica holds the block token keys (SCM
+// group, scm/secretkeys.go) and the user-token keys (user-token group,
+// usertoken_state.go), so a removed (or stolen) node could sign block
+// tokens for any block and user tokens for any user with them. Once its
+// removal has committed, a forced rotation records a new key in each
+// group (active after the group's activation delay, as a scheduled
+// rotation's: no token in flight fails) and gives every key recorded
+// before it a retire time, the new key's activation + token lifetime +
+// activation delay, when the keys are dropped: the removed node's copies
+// stop working within one token lifetime instead of the next scheduled
+// rotation's (24 h) plus one.
+//
+// Durable and once per member: the op names the member and each group's
+// Apply records it and refuses a second op for it. The reconciler below
+// runs on every meta node every second (runUserTokens's tick) and acts
+// where this node leads the SCM group (block token keys) or the
+// user-token group (user-token keys): for every removed row of the member
+// table whose rotation its group has not recorded, it proposes one. A
+// leader that crashes between the removal and the rotation leaves it to
+// the next leader (TestKeyRotationAfterLeaderCrash).
+//
+// Order: as the revocation (members_revoke.go), only once the node left
+// every meta group in this node's view (stillInGroup): a key recorded
+// while it is still a replica would reach it.
+//
+// What remains: the CA key. Every meta node holds the cluster CA's key,
+// so a removed node can still mint certificates (for a new identity, not
+// its revoked one) until the CA is re-keyed; nothing does that yet.
+
+import (
+	"context"
+	"sync/atomic"
+)
+
+// testSkipKeyRotation stops every reconcileKeyRotations (tests: a leader
+// that dies between the removal and the rotation).
+var testSkipKeyRotation atomic.Bool
+
+// keysRotatedFor reports whether this node's SCM and user-token states
+// both record the forced rotation for removed meta node id.
+func (s *Server) keysRotatedFor(id uint64) bool {
+	return s.scmState != nil && s.scmState.KeysRotatedFor(id) && s.ut != nil && s.ut.keysRotatedFor(id)
+}
+
+// reconcileKeyRotations proposes the missing forced rotations for removed
+// meta nodes in the groups this node leads (runUserTokens's goroutine
+// only). Errors are logged and retried at the next round; a refusal by
+// Apply other than "done already" is not expected (it would mean more
+// than scm.MaxForcedRotations removed nodes).
+func (s *Server) reconcileKeyRotations(ctx context.Context) {
+	if testSkipKeyRotation.Load() || s.members == nil {
+		return
+	}
+	scmLeads := s.scmGroup != nil && s.scmGroup.IsLeader() && s.scmState.Halt().Halted() == nil
+	utLeads := s.utGroup != nil && s.utGroup.IsLeader() && s.ut.halt.Halted() == nil
+	if !scmLeads && !utLeads {
+		return
+	}
+	for _, m := range s.members.Table() {
+		id := m.GetId()
+		if !m.GetRemoved() || ctx.Err() != nil {
+			continue
+		}
+		needSCM := scmLeads && !s.scmState.KeysRotatedFor(id)
+		needUT := utLeads && !s.ut.keysRotatedFor(id)
+		if !needSCM && !needUT {
+			continue
+		}
+		if g := s.stillInGroup(id); g != "" {
+			continue // logged by the revocation reconciler
+		}
+		if needSCM {
+			if err := s.scmMgr.RotateSecretKeysFor(ctx, id); err != nil && ctx.Err() == nil {
+				s.log.Warn("meta: rotating the block token keys for a removed meta node (retried)", "id", id, "err", err)
+			}
+		}
+		if needUT {
+			if err := s.rotateUserTokenKeysFor(ctx, id); err != nil && ctx.Err() == nil {
+				s.log.Warn("meta: rotating the user-token keys for a removed meta node (retried)", "id", id, "err", err)
+			}
+		}
+	}
+}
