@@ -1,0 +1,325 @@
+package meta
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/basalt-store/basalt/internal/blocktoken"
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/scm"
+)
+
+// Short key durations: tokens live 3 s, keys sign 1 s after recording.
+const (
+	krLifetime = 3 * time.Second
+	krDelay    = time.Second
+	// krBound: how long after the removal the rotation may take.
+	krBound = 5 * time.Second
+)
+
+func newKeyRotateCluster(t *testing.T) *cluster {
+	return newClusterWith(t, 3, scm.Config{LoopInterval: 20 * time.Millisecond,
+		SecretKeys: scm.SecretKeyConfig{TokenLifetime: krLifetime, ActivationDelay: krDelay}},
+		func(cfg *Config) {
+			cfg.UserTokens = UserTokenConfig{Lifetime: krLifetime, ActivationDelay: krDelay}
+		})
+}
+
+// waitKeys waits until every server holds a block token key and a
+// user-token key that sign now.
+func waitKeys(t *testing.T, c *cluster) {
+	t.Helper()
+	waitFor(t, 20*time.Second, "block token and user-token keys on every node", func() bool {
+		for _, s := range c.servers {
+			if _, ok := s.scmState.TokenKeys().SigningKey(time.Now()); !ok || s.ut.signingKey(time.Now().UnixMilli()) == nil {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// removeRow records member id and marks it removed (as RemoveMember does
+// once the node left every group; here it never joined one).
+func removeRow(t *testing.T, L *Server, id uint64) {
+	t.Helper()
+	for _, op := range []*metapb.MembersCommand{
+		{Op: &metapb.MembersCommand_SetMember{SetMember: &metapb.MemberInfo{Id: id, RaftAddr: "127.0.0.1:1", GrpcAddr: "127.0.0.1:2"}}},
+		{Op: &metapb.MembersCommand_RemoveMember{RemoveMember: id}},
+	} {
+		cmd, _ := marshalMembers(op)
+		if _, err := propose(context.Background(), L, L.memGroup, cmd); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func keyIDs(keys []*metapb.SecretKey) []uint64 {
+	var ids []uint64
+	for _, k := range keys {
+		ids = append(ids, k.Id)
+	}
+	return ids
+}
+
+// forgedBlockToken is what a removed node holding key k can make: a
+// write token for any block, valid for a day.
+func forgedBlockToken(t *testing.T, k *metapb.SecretKey) []byte {
+	t.Helper()
+	ks, err := blocktoken.NewKeySet([]blocktoken.Key{{ID: k.Id, Secret: k.Secret}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := ks.Issue(time.Now(), blocktoken.Claims{Block: blocktoken.Block{Container: 7, Local: 7}, Modes: blocktoken.Write,
+		ExpiryUnixMs: time.Now().Add(24 * time.Hour).UnixMilli(), Pipeline: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// forgedUserToken: an admin user token signed with k, valid for a day.
+func forgedUserToken(k *metapb.SecretKey) string {
+	now := time.Now()
+	return signUserToken(k, userToken{Admin: true, User: "mallory", Renewer: "mallory", Seq: 1 << 40, IssueMs: now.UnixMilli(),
+		ExpiryMs: now.Add(24 * time.Hour).UnixMilli(), MaxMs: now.Add(24 * time.Hour).UnixMilli(), CertSerial: "0badc0de"})
+}
+
+// inFlight is a genuine token pair signed by the keys that sign now.
+type inFlight struct {
+	block    []byte
+	user     string
+	expiry   time.Time
+	blockKey uint64
+	userKey  uint64
+}
+
+func issueInFlight(t *testing.T, s *Server) inFlight {
+	t.Helper()
+	now := time.Now()
+	tok, err := s.scmMgr.IssueToken(context.Background(), &metapb.BlockID{ContainerId: 3, LocalId: 4}, blocktoken.Read, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := blocktoken.Decode(tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uk := s.ut.signingKey(now.UnixMilli())
+	ut := signUserToken(uk, userToken{User: "alice", Renewer: "alice", Seq: 1 << 41, IssueMs: now.UnixMilli(),
+		ExpiryMs: now.Add(krLifetime).UnixMilli(), MaxMs: now.Add(7 * 24 * time.Hour).UnixMilli(), CertSerial: "0a11ce"})
+	return inFlight{block: tok, user: ut, expiry: now.Add(krLifetime - 100*time.Millisecond), blockKey: c.KeyID, userKey: uk.Id}
+}
+
+// check reports an error if a server refuses the tokens (before expiry).
+func (f inFlight) check(t *testing.T, c *cluster, what string) {
+	t.Helper()
+	now := time.Now()
+	if now.After(f.expiry) {
+		return
+	}
+	for id, s := range c.servers {
+		if _, err := s.scmState.TokenKeys().Verify(f.block, blocktoken.Block{Container: 3, Local: 4}, blocktoken.Read, now); err != nil {
+			t.Fatalf("%s: node %d refuses a block token signed with key %d before its expiry: %v", what, id, f.blockKey, err)
+		}
+		if _, err := s.verifyUserToken(context.Background(), f.user, now); err != nil {
+			t.Fatalf("%s: node %d refuses a user token signed with key %d before its expiry: %v", what, id, f.userKey, err)
+		}
+	}
+}
+
+// Removing a member rotates both key sets within a bound: a new block
+// token key and user-token key are recorded on every node, every key
+// present at the removal carries a retire time ≤ removal + lifetime +
+// 2 × activation delay (+ the rotation's bound) and is dropped then, so
+// tokens the removed node forges with them are refused from then on;
+// the genuine tokens issued with the old keys (just before the removal,
+// and just after it while the new key is not active yet) verify on every
+// node until they expire; ListMembers says "keys rotated".
+func TestRemovedMemberRotatesKeys(t *testing.T) {
+	c := newKeyRotateCluster(t)
+	waitKeys(t, c)
+	L := membersLeader(t, c)
+	oldBlock := slices.Clone(L.scmState.SecretKeys())
+	oldUser := slices.Clone(L.ut.Keys())
+	forgedB := forgedBlockToken(t, oldBlock[len(oldBlock)-1])
+	forgedU := forgedUserToken(oldUser[len(oldUser)-1])
+	before := issueInFlight(t, L)
+	removeRow(t, L, 9)
+	removed := time.Now()
+	waitFor(t, krBound, "the keys rotated for node 9 on every node", func() bool {
+		for _, s := range c.servers {
+			if !s.keysRotatedFor(9) {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("rotated on every node %v after the removal", time.Since(removed).Round(time.Millisecond))
+	// Still signing with the old keys (the new ones activate after the
+	// delay): a token issued now must also live to its expiry.
+	after := issueInFlight(t, L)
+	if after.blockKey != before.blockKey || after.userKey != before.userKey {
+		t.Logf("the new keys sign already (keys %d, %d): the second pair is not an old-key pair", after.blockKey, after.userKey)
+	}
+	limit := removed.Add(krLifetime + 2*krDelay + krBound).UnixMilli()
+	floor := removed.Add(krLifetime + krDelay).UnixMilli()
+	for id, s := range c.servers {
+		for _, set := range []struct {
+			name     string
+			old, now []*metapb.SecretKey
+		}{{"block token", oldBlock, s.scmState.SecretKeys()}, {"user-token", oldUser, s.ut.Keys()}} {
+			if len(set.now) != len(set.old)+1 {
+				t.Fatalf("node %d: %s keys %v after the rotation, want %v and one new", id, set.name, keyIDs(set.now), keyIDs(set.old))
+			}
+			for _, k := range set.now {
+				isOld := slices.Contains(keyIDs(set.old), k.Id)
+				switch {
+				case isOld && (k.RetireUnixMs < floor || k.RetireUnixMs > limit):
+					t.Errorf("node %d: old %s key %d retires at %v, want in [removal + %v, removal + %v]", id, set.name, k.Id,
+						time.UnixMilli(k.RetireUnixMs).Sub(removed), krLifetime+krDelay, krLifetime+2*krDelay+krBound)
+				case !isOld && k.RetireUnixMs != 0:
+					t.Errorf("node %d: the new %s key %d has a retire time", id, set.name, k.Id)
+				case !isOld && k.ActivateUnixMs < removed.UnixMilli()+krDelay.Milliseconds():
+					t.Errorf("node %d: the new %s key %d activates %v after the removal, want ≥ %v", id, set.name, k.Id,
+						time.UnixMilli(k.ActivateUnixMs).Sub(removed), krDelay)
+				}
+			}
+		}
+	}
+	aconn, err := grpc.NewClient(L.GRPCAddr(), clientDial()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer aconn.Close()
+	lm, err := metapb.NewMembersClient(aconn).ListMembers(context.Background(), &metapb.ListMembersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range lm.GetMembers() {
+		if m.GetKeysRotated() != (m.GetId() == 9) {
+			t.Errorf("ListMembers row %v: keys_rotated %v", m.GetId(), m.GetKeysRotated())
+		}
+	}
+	// The genuine tokens verify until they expire; the keys go at their
+	// retire time (+ a loop round), and the forged tokens with them.
+	retire := time.UnixMilli(limit)
+	for time.Now().Before(after.expiry) {
+		before.check(t, c, "issued before the removal")
+		after.check(t, c, "issued after the rotation")
+		time.Sleep(50 * time.Millisecond)
+	}
+	waitFor(t, time.Until(retire)+3*time.Second, "the old keys dropped on every node", func() bool {
+		for _, s := range c.servers {
+			for _, k := range keyIDs(oldBlock) {
+				if s.scmState.TokenKeys().Has(k) {
+					return false
+				}
+			}
+			for _, k := range keyIDs(oldUser) {
+				if s.ut.key(k) != nil {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	t.Logf("old keys dropped %v after the removal", time.Since(removed).Round(time.Millisecond))
+	for id, s := range c.servers {
+		if _, err := s.scmState.TokenKeys().Verify(forgedB, blocktoken.Block{Container: 7, Local: 7}, blocktoken.Write, time.Now()); err == nil {
+			t.Errorf("node %d accepts a block token forged with an old key", id)
+		}
+		if _, err := s.verifyUserToken(context.Background(), forgedU, time.Now()); err == nil {
+			t.Errorf("node %d accepts a user token forged with an old key", id)
+		}
+	}
+}
+
+// The crash point: the removal commits, the leader of SCM and of the
+// user-token group dies before it rotates; the next leaders rotate, once
+// per group, and a second forced op for the member is refused by Apply.
+func TestKeyRotationAfterLeaderCrash(t *testing.T) {
+	c := newKeyRotateCluster(t)
+	waitKeys(t, c)
+	L := membersLeader(t, c)
+	testSkipKeyRotation.Store(true)
+	defer testSkipKeyRotation.Store(false)
+	nBlock, nUser := len(L.scmState.SecretKeys()), len(L.ut.Keys())
+	removeRow(t, L, 9)
+	waitFor(t, 10*time.Second, "node 9 removed in every table", func() bool {
+		for _, s := range c.servers {
+			if !s.members.Removed(9) {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(2 * time.Second) // two reconciler rounds
+	for id, s := range c.servers {
+		if s.scmState.KeysRotatedFor(9) || s.ut.keysRotatedFor(9) {
+			t.Fatalf("node %d rotated for node 9 with rotations stopped", id)
+		}
+	}
+	// The SCM leader (the user-token group's follows the namespace
+	// leader, as SCM's: usually the same node) dies.
+	var dead uint64
+	waitFor(t, 10*time.Second, "an SCM leader", func() bool {
+		for id, s := range c.servers {
+			if s.scmGroup.IsLeader() {
+				dead = id
+				return true
+			}
+		}
+		return false
+	})
+	c.servers[dead].Close()
+	testSkipKeyRotation.Store(false)
+	var live *Server
+	waitFor(t, 20*time.Second, "the keys rotated for node 9 by the next leaders", func() bool {
+		for id, s := range c.servers {
+			if id == dead {
+				continue
+			}
+			live = s
+			if !s.keysRotatedFor(9) {
+				return false
+			}
+		}
+		return true
+	})
+	// A few more reconciler rounds: still one rotation per group.
+	time.Sleep(2 * time.Second)
+	if n := len(live.scmState.SecretKeys()); n != nBlock+1 {
+		t.Errorf("%d block token keys, want %d (one rotation)", n, nBlock+1)
+	}
+	if n := len(live.ut.Keys()); n != nUser+1 {
+		t.Errorf("%d user-token keys, want %d (one rotation)", n, nUser+1)
+	}
+	// A second forced op for the member (a leader that did not see the
+	// first applied yet) is refused whole.
+	var sl *Server
+	waitFor(t, 10*time.Second, "an SCM leader among the live nodes", func() bool {
+		for id, s := range c.servers {
+			if id != dead && s.scmGroup.IsLeader() {
+				sl = s
+				return true
+			}
+		}
+		return false
+	})
+	cmd := &metapb.ScmCommand{Op: &metapb.ScmCommand_SecretKeys{SecretKeys: &metapb.SecretKeysOp{RotateForMember: 9, RetireUnixMs: 1,
+		Add: &metapb.SecretKey{Id: 1000, Secret: make([]byte, blocktoken.SecretSize), CreatedUnixMs: 1, ActivateUnixMs: 1}}}}
+	b, _ := proto.Marshal(cmd)
+	v, err := (&scmRaft{s: sl}).Propose(context.Background(), b)
+	if err == nil {
+		err, _ = v.(error)
+	}
+	if err == nil || len(sl.scmState.SecretKeys()) != nBlock+1 {
+		t.Fatalf("a second forced rotation for node 9: %v, %d keys; want refused, %d keys", err, len(sl.scmState.SecretKeys()), nBlock+1)
+	}
+}
