@@ -7,11 +7,14 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/scm"
+	"github.com/basalt-store/basalt/internal/meta/store"
 )
 
 // Short key durations: tokens live 3 s, keys sign 1 s after recording.
@@ -321,5 +324,37 @@ func TestKeyRotationAfterLeaderCrash(t *testing.T) {
 	}
 	if err == nil || len(sl.scmState.SecretKeys()) != nBlock+1 {
 		t.Fatalf("a second forced rotation for node 9: %v, %d keys; want refused, %d keys", err, len(sl.scmState.SecretKeys()), nBlock+1)
+	}
+}
+
+// The user-token state records a forced rotation durably: the old keys'
+// retire time and the member survive a reopen; a second op for the
+// member is refused whole, as one without a key.
+func TestUTStateForcedRotationReloads(t *testing.T) {
+	dir := t.TempDir()
+	opts := store.Options{SyncInterval: -1, Logger: quiet}
+	st, err := openUTState(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UnixMilli()
+	forced := func(id uint64, member uint64) *metapb.UserTokenCommand {
+		c := utKeyCmd(now, id, now+1000)
+		c.GetKeys().RotateForMember, c.GetKeys().RetireUnixMs = member, now+5000
+		return c
+	}
+	res := utApply(t, st, 1, utKeyCmd(now, 1, now), forced(2, 9), forced(3, 9),
+		&metapb.UserTokenCommand{NowUnixMs: now, Op: &metapb.UserTokenCommand_Keys{Keys: &metapb.UserTokenKeysOp{RotateForMember: 8, RetireUnixMs: 1}}})
+	if res[1] != nil || status.Code(res[2].(error)) != codes.AlreadyExists || status.Code(res[3].(error)) != codes.InvalidArgument {
+		t.Fatalf("results %v", res)
+	}
+	st.Close()
+	if st, err = openUTState(dir, opts); err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !st.keysRotatedFor(9) || st.keysRotatedFor(8) || st.keyRetire(1) != now+5000 || st.keyRetire(2) != 0 || st.key(3) != nil {
+		t.Fatalf("reopened: rotated for 9 %v, for 8 %v, key 1 retires %d, key 2 %d, keys %v", st.keysRotatedFor(9), st.keysRotatedFor(8),
+			st.keyRetire(1), st.keyRetire(2), keyIDs(st.Keys()))
 	}
 }
