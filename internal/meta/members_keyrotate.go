@@ -17,8 +17,10 @@ package meta
 // Apply records it and refuses a second op for it. The reconciler below
 // runs on every meta node every second (runUserTokens's tick) and acts
 // where this node leads the SCM group (block token keys) or the
-// user-token group (user-token keys): for every removed row of the member
-// table whose rotation its group has not recorded, it proposes one. A
+// user-token group (user-token keys): it proposes one rotation for all
+// the removed rows of the member table whose rotation its group has not
+// recorded (after an upgrade, every node removed before it: one new
+// key, not one per node). A
 // leader that crashes between the removal and the rotation leaves it to
 // the next leader (TestKeyRotationAfterLeaderCrash).
 //
@@ -47,9 +49,10 @@ func (s *Server) keysRotatedFor(id uint64) bool {
 
 // reconcileKeyRotations proposes the missing forced rotations for removed
 // meta nodes in the groups this node leads (runUserTokens's goroutine
-// only). Errors are logged and retried at the next round; a refusal by
-// Apply other than "done already" is not expected (it would mean more
-// than scm.MaxForcedRotations removed nodes).
+// only). Errors are logged and retried at the next round (an op refused
+// because another leader's came first is followed by one for what is
+// left); other refusals are not expected (more than
+// scm.MaxForcedRotations removed nodes).
 func (s *Server) reconcileKeyRotations(ctx context.Context) {
 	if testSkipKeyRotation.Load() || s.members == nil {
 		return
@@ -59,9 +62,12 @@ func (s *Server) reconcileKeyRotations(ctx context.Context) {
 	if !scmLeads && !utLeads {
 		return
 	}
+	// One op per group covers every removed node pending (after an
+	// upgrade: every node removed before it).
+	var scmTodo, utTodo []uint64
 	for _, m := range s.members.Table() {
 		id := m.GetId()
-		if !m.GetRemoved() || ctx.Err() != nil {
+		if !m.GetRemoved() {
 			continue
 		}
 		needSCM := scmLeads && !s.scmState.KeysRotatedFor(id)
@@ -73,14 +79,20 @@ func (s *Server) reconcileKeyRotations(ctx context.Context) {
 			continue // logged by the revocation reconciler
 		}
 		if needSCM {
-			if err := s.scmMgr.RotateSecretKeysFor(ctx, id); err != nil && ctx.Err() == nil {
-				s.log.Warn("meta: rotating the block token keys for a removed meta node (retried)", "id", id, "err", err)
-			}
+			scmTodo = append(scmTodo, id)
 		}
 		if needUT {
-			if err := s.rotateUserTokenKeysFor(ctx, id); err != nil && ctx.Err() == nil {
-				s.log.Warn("meta: rotating the user-token keys for a removed meta node (retried)", "id", id, "err", err)
-			}
+			utTodo = append(utTodo, id)
+		}
+	}
+	if len(scmTodo) > 0 {
+		if err := s.scmMgr.RotateSecretKeysFor(ctx, scmTodo); err != nil && ctx.Err() == nil {
+			s.log.Warn("meta: rotating the block token keys for removed meta nodes (retried)", "ids", scmTodo, "err", err)
+		}
+	}
+	if len(utTodo) > 0 {
+		if err := s.rotateUserTokenKeysFor(ctx, utTodo); err != nil && ctx.Err() == nil {
+			s.log.Warn("meta: rotating the user-token keys for removed meta nodes (retried)", "ids", utTodo, "err", err)
 		}
 	}
 }

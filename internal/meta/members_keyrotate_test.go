@@ -245,7 +245,8 @@ func TestRemovedMemberRotatesKeys(t *testing.T) {
 
 // The crash point: the removal commits, the leader of SCM and of the
 // user-token group dies before it rotates; the next leaders rotate, once
-// per group, and a second forced op for the member is refused by Apply.
+// per group for both removed nodes, and a second forced op for a member
+// is refused by Apply.
 func TestKeyRotationAfterLeaderCrash(t *testing.T) {
 	c := newKeyRotateCluster(t)
 	waitKeys(t, c)
@@ -254,9 +255,10 @@ func TestKeyRotationAfterLeaderCrash(t *testing.T) {
 	defer testSkipKeyRotation.Store(false)
 	nBlock, nUser := len(L.scmState.SecretKeys()), len(L.ut.Keys())
 	removeRow(t, L, 9)
-	waitFor(t, 10*time.Second, "node 9 removed in every table", func() bool {
+	removeRow(t, L, 10)
+	waitFor(t, 10*time.Second, "nodes 9 and 10 removed in every table", func() bool {
 		for _, s := range c.servers {
-			if !s.members.Removed(9) {
+			if !s.members.Removed(9) || !s.members.Removed(10) {
 				return false
 			}
 		}
@@ -289,13 +291,14 @@ func TestKeyRotationAfterLeaderCrash(t *testing.T) {
 				continue
 			}
 			live = s
-			if !s.keysRotatedFor(9) {
+			if !s.keysRotatedFor(9) || !s.keysRotatedFor(10) {
 				return false
 			}
 		}
 		return true
 	})
-	// A few more reconciler rounds: still one rotation per group.
+	// A few more reconciler rounds: still one rotation per group (for
+	// both removed nodes).
 	time.Sleep(2 * time.Second)
 	if n := len(live.scmState.SecretKeys()); n != nBlock+1 {
 		t.Errorf("%d block token keys, want %d (one rotation)", n, nBlock+1)
@@ -315,7 +318,7 @@ func TestKeyRotationAfterLeaderCrash(t *testing.T) {
 		}
 		return false
 	})
-	cmd := &metapb.ScmCommand{Op: &metapb.ScmCommand_SecretKeys{SecretKeys: &metapb.SecretKeysOp{RotateForMember: 9, RetireUnixMs: 1,
+	cmd := &metapb.ScmCommand{Op: &metapb.ScmCommand_SecretKeys{SecretKeys: &metapb.SecretKeysOp{RotateForMembers: []uint64{9}, RetireUnixMs: 1,
 		Add: &metapb.SecretKey{Id: 1000, Secret: make([]byte, blocktoken.SecretSize), CreatedUnixMs: 1, ActivateUnixMs: 1}}}}
 	b, _ := proto.Marshal(cmd)
 	v, err := (&scmRaft{s: sl}).Propose(context.Background(), b)
@@ -340,11 +343,11 @@ func TestUTStateForcedRotationReloads(t *testing.T) {
 	now := time.Now().UnixMilli()
 	forced := func(id uint64, member uint64) *metapb.UserTokenCommand {
 		c := utKeyCmd(now, id, now+1000)
-		c.GetKeys().RotateForMember, c.GetKeys().RetireUnixMs = member, now+5000
+		c.GetKeys().RotateForMembers, c.GetKeys().RetireUnixMs = []uint64{member}, now+5000
 		return c
 	}
 	res := utApply(t, st, 1, utKeyCmd(now, 1, now), forced(2, 9), forced(3, 9),
-		&metapb.UserTokenCommand{NowUnixMs: now, Op: &metapb.UserTokenCommand_Keys{Keys: &metapb.UserTokenKeysOp{RotateForMember: 8, RetireUnixMs: 1}}})
+		&metapb.UserTokenCommand{NowUnixMs: now, Op: &metapb.UserTokenCommand_Keys{Keys: &metapb.UserTokenKeysOp{RotateForMembers: []uint64{8}, RetireUnixMs: 1}}})
 	if res[1] != nil || status.Code(res[2].(error)) != codes.AlreadyExists || status.Code(res[3].(error)) != codes.InvalidArgument {
 		t.Fatalf("results %v", res)
 	}

@@ -909,16 +909,21 @@ func (s *Server) rotateUserTokenKeys(ctx context.Context) error {
 }
 
 // rotateUserTokenKeysFor records, on the user-token leader, a new
-// user-token key because meta node member was removed, and retires every
-// key recorded before it at the new key's activation + Lifetime +
+// user-token key because the meta nodes members were removed, and retires
+// every key recorded before it at the new key's activation + Lifetime +
 // ActivationDelay: every token an old key signed before the new one took
 // over has expired by then, unless renewed (a renewal never goes past
-// its key's retire time: RenewUserToken). Nothing if the rotation for
-// member is recorded already; an AlreadyExists from Apply (another
-// leader's op came first) is success too. See members_keyrotate.go.
+// its key's retire time: RenewUserToken). Members already rotated for
+// are left out (nothing if none is left). See members_keyrotate.go.
 // runUserTokens's goroutine only (as rotateUserTokenKeys).
-func (s *Server) rotateUserTokenKeysFor(ctx context.Context, member uint64) error {
-	if s.ut.keysRotatedFor(member) {
+func (s *Server) rotateUserTokenKeysFor(ctx context.Context, members []uint64) error {
+	var todo []uint64
+	for _, id := range members {
+		if id != 0 && !slices.Contains(todo, id) && !s.ut.keysRotatedFor(id) {
+			todo = append(todo, id)
+		}
+	}
+	if len(todo) == 0 {
 		return nil
 	}
 	cfg := s.cfg.UserTokens.withDefaults()
@@ -933,18 +938,14 @@ func (s *Server) rotateUserTokenKeysFor(ctx context.Context, member uint64) erro
 	}
 	activate := now.Add(cfg.ActivationDelay)
 	op := &metapb.UserTokenKeysOp{
-		Add:             &metapb.SecretKey{Id: maxID + 1, Secret: secret, CreatedUnixMs: now.UnixMilli(), ActivateUnixMs: activate.UnixMilli()},
-		RotateForMember: member,
-		RetireUnixMs:    activate.Add(cfg.Lifetime + cfg.ActivationDelay).UnixMilli(),
+		Add:              &metapb.SecretKey{Id: maxID + 1, Secret: secret, CreatedUnixMs: now.UnixMilli(), ActivateUnixMs: activate.UnixMilli()},
+		RotateForMembers: todo,
+		RetireUnixMs:     activate.Add(cfg.Lifetime + cfg.ActivationDelay).UnixMilli(),
 	}
-	_, err := s.utPropose(ctx, &metapb.UserTokenCommand{NowUnixMs: now.UnixMilli(), Op: &metapb.UserTokenCommand_Keys{Keys: op}})
-	if status.Code(err) == codes.AlreadyExists && s.ut.keysRotatedFor(member) {
-		return nil
+	if _, err := s.utPropose(ctx, &metapb.UserTokenCommand{NowUnixMs: now.UnixMilli(), Op: &metapb.UserTokenCommand_Keys{Keys: op}}); err != nil {
+		return fmt.Errorf("rotating user-token keys for removed meta nodes %v: %w", todo, err)
 	}
-	if err != nil {
-		return fmt.Errorf("rotating user-token keys for removed meta node %d: %w", member, err)
-	}
-	s.log.Info("meta: user-token keys rotated for a removed meta node", "member", member, "key", op.Add.Id,
+	s.log.Info("meta: user-token keys rotated for removed meta nodes", "members", todo, "key", op.Add.Id,
 		"activates", activate.UTC(), "old keys retire", time.UnixMilli(op.RetireUnixMs).UTC())
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/basalt-store/basalt/internal/meta/applyhalt"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/scm"
 	"github.com/basalt-store/basalt/internal/meta/store"
 )
 
@@ -388,15 +389,10 @@ func (s *utState) apply(b *pebble.Batch, cmd *metapb.UserTokenCommand) any {
 
 func (s *utState) applyKeys(b *pebble.Batch, op *metapb.UserTokenKeysOp) any {
 	keys := slices.Clone(s.keys)
-	forced := op.GetRotateForMember()
-	if forced != 0 {
-		switch _, done := s.rotatedFor[forced]; {
-		case done:
-			return status.Errorf(codes.AlreadyExists, "usertoken: the keys were rotated for removed meta node %d already", forced)
-		case op.GetAdd() == nil || op.GetRetireUnixMs() <= 0:
-			return status.Errorf(codes.InvalidArgument, "usertoken: a forced rotation for meta node %d without a new key or a retire time", forced)
-		case len(s.rotatedFor) >= utMaxForcedRotations:
-			return status.Errorf(codes.ResourceExhausted, "usertoken: %d forced rotations recorded already", len(s.rotatedFor))
+	forced := op.GetRotateForMembers()
+	if len(forced) > 0 {
+		if err := scm.CheckForced("usertoken", forced, op.GetAdd() != nil, op.GetRetireUnixMs(), s.rotatedFor, utMaxForcedRotations); err != nil {
+			return err
 		}
 	}
 	for _, id := range op.GetRemove() {
@@ -414,8 +410,8 @@ func (s *utState) applyKeys(b *pebble.Batch, op *metapb.UserTokenKeysOp) any {
 		keys = append(keys, proto.Clone(a).(*metapb.SecretKey))
 		slices.SortFunc(keys, func(x, y *metapb.SecretKey) int { return cmpUint(x.Id, y.Id) })
 	}
-	if forced != 0 {
-		// Every key but the new one may be known to the removed node.
+	if len(forced) > 0 {
+		// Every key but the new one may be known to the removed nodes.
 		for i, k := range keys {
 			if k.Id == op.GetAdd().GetId() || (k.RetireUnixMs != 0 && k.RetireUnixMs <= op.RetireUnixMs) {
 				continue
@@ -429,8 +425,10 @@ func (s *utState) applyKeys(b *pebble.Batch, op *metapb.UserTokenKeysOp) any {
 			}
 			s.set(b, utRow(utPfxKey, k.Id), v)
 		}
-		s.set(b, utRow(utPfxRotated, forced), store.U64(op.GetAdd().GetId()))
-		s.rotatedFor[forced] = op.GetAdd().GetId()
+		for _, id := range forced {
+			s.set(b, utRow(utPfxRotated, id), store.U64(op.GetAdd().GetId()))
+			s.rotatedFor[id] = op.GetAdd().GetId()
+		}
 	}
 	for _, id := range op.GetRemove() {
 		s.del(b, utRow(utPfxKey, id))

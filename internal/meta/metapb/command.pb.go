@@ -2643,15 +2643,17 @@ type SecretKeysOp struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Add    *SecretKey             `protobuf:"bytes,1,opt,name=add,proto3" json:"add,omitempty"`
 	Remove []uint64               `protobuf:"varint,2,rep,packed,name=remove,proto3" json:"remove,omitempty"`
-	// rotate_for_member (0: none): a forced rotation because meta node
-	// rotate_for_member was removed (it holds every key recorded so far).
-	// add is required; every key already recorded gets retire_unix_ms (or
-	// keeps an earlier one), and the member is recorded (row "kf/<id>") so
-	// that it is rotated for once: a second op for it is refused whole.
-	RotateForMember uint64 `protobuf:"varint,3,opt,name=rotate_for_member,json=rotateForMember,proto3" json:"rotate_for_member,omitempty"`
-	RetireUnixMs    int64  `protobuf:"varint,4,opt,name=retire_unix_ms,json=retireUnixMs,proto3" json:"retire_unix_ms,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// rotate_for_members (empty: none): a forced rotation because these
+	// meta nodes were removed (they hold every key recorded so far; one op
+	// covers every removed node pending, e.g. after an upgrade). add is
+	// required; every key already recorded gets retire_unix_ms (or keeps
+	// an earlier one), and each member is recorded (row "kf/<id>") so that
+	// it is rotated for once: an op naming a member recorded already is
+	// refused whole.
+	RotateForMembers []uint64 `protobuf:"varint,3,rep,packed,name=rotate_for_members,json=rotateForMembers,proto3" json:"rotate_for_members,omitempty"`
+	RetireUnixMs     int64    `protobuf:"varint,4,opt,name=retire_unix_ms,json=retireUnixMs,proto3" json:"retire_unix_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *SecretKeysOp) Reset() {
@@ -2698,11 +2700,11 @@ func (x *SecretKeysOp) GetRemove() []uint64 {
 	return nil
 }
 
-func (x *SecretKeysOp) GetRotateForMember() uint64 {
+func (x *SecretKeysOp) GetRotateForMembers() []uint64 {
 	if x != nil {
-		return x.RotateForMember
+		return x.RotateForMembers
 	}
-	return 0
+	return nil
 }
 
 func (x *SecretKeysOp) GetRetireUnixMs() int64 {
@@ -3203,11 +3205,11 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x05state\x18\x02 \x01(\x0e2\x1b.basalt.meta.v1.NodeOpStateR\x05state\x125\n" +
 	"\x17maintenance_end_unix_ms\x18\x03 \x01(\x03R\x14maintenanceEndUnixMs\x12\"\n" +
 	"\rsince_unix_ms\x18\x04 \x01(\x03R\vsinceUnixMs\"\x12\n" +
-	"\x10SafeModeExitedOp\"\xa5\x01\n" +
+	"\x10SafeModeExitedOp\"\xa7\x01\n" +
 	"\fSecretKeysOp\x12+\n" +
 	"\x03add\x18\x01 \x01(\v2\x19.basalt.meta.v1.SecretKeyR\x03add\x12\x16\n" +
-	"\x06remove\x18\x02 \x03(\x04R\x06remove\x12*\n" +
-	"\x11rotate_for_member\x18\x03 \x01(\x04R\x0frotateForMember\x12$\n" +
+	"\x06remove\x18\x02 \x03(\x04R\x06remove\x12,\n" +
+	"\x12rotate_for_members\x18\x03 \x03(\x04R\x10rotateForMembers\x12$\n" +
 	"\x0eretire_unix_ms\x18\x04 \x01(\x03R\fretireUnixMs\"l\n" +
 	"\vCachePoolOp\x12-\n" +
 	"\x04pool\x18\x01 \x01(\v2\x19.basalt.meta.v1.CachePoolR\x04pool\x12\x16\n" +

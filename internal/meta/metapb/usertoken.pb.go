@@ -700,13 +700,13 @@ type UserTokenKeysOp struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Add    *SecretKey             `protobuf:"bytes,1,opt,name=add,proto3" json:"add,omitempty"`
 	Remove []uint64               `protobuf:"varint,2,rep,packed,name=remove,proto3" json:"remove,omitempty"`
-	// rotate_for_member and retire_unix_ms: a forced rotation because meta
-	// node rotate_for_member was removed, as SecretKeysOp's (row
-	// "f/<id>" records the member).
-	RotateForMember uint64 `protobuf:"varint,3,opt,name=rotate_for_member,json=rotateForMember,proto3" json:"rotate_for_member,omitempty"`
-	RetireUnixMs    int64  `protobuf:"varint,4,opt,name=retire_unix_ms,json=retireUnixMs,proto3" json:"retire_unix_ms,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// rotate_for_members and retire_unix_ms: a forced rotation because
+	// these meta nodes were removed, as SecretKeysOp's (row "f/<id>"
+	// records each member).
+	RotateForMembers []uint64 `protobuf:"varint,3,rep,packed,name=rotate_for_members,json=rotateForMembers,proto3" json:"rotate_for_members,omitempty"`
+	RetireUnixMs     int64    `protobuf:"varint,4,opt,name=retire_unix_ms,json=retireUnixMs,proto3" json:"retire_unix_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *UserTokenKeysOp) Reset() {
@@ -753,11 +753,11 @@ func (x *UserTokenKeysOp) GetRemove() []uint64 {
 	return nil
 }
 
-func (x *UserTokenKeysOp) GetRotateForMember() uint64 {
+func (x *UserTokenKeysOp) GetRotateForMembers() []uint64 {
 	if x != nil {
-		return x.RotateForMember
+		return x.RotateForMembers
 	}
-	return 0
+	return nil
 }
 
 func (x *UserTokenKeysOp) GetRetireUnixMs() int64 {
@@ -865,11 +865,11 @@ const file_meta_usertoken_proto_rawDesc = "" +
 	"\vmax_unix_ms\x18\x03 \x01(\x03R\tmaxUnixMs\"O\n" +
 	"\x11UserTokenCancelOp\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12\x1e\n" +
-	"\vmax_unix_ms\x18\x02 \x01(\x03R\tmaxUnixMs\"\xa8\x01\n" +
+	"\vmax_unix_ms\x18\x02 \x01(\x03R\tmaxUnixMs\"\xaa\x01\n" +
 	"\x0fUserTokenKeysOp\x12+\n" +
 	"\x03add\x18\x01 \x01(\v2\x19.basalt.meta.v1.SecretKeyR\x03add\x12\x16\n" +
-	"\x06remove\x18\x02 \x03(\x04R\x06remove\x12*\n" +
-	"\x11rotate_for_member\x18\x03 \x01(\x04R\x0frotateForMember\x12$\n" +
+	"\x06remove\x18\x02 \x03(\x04R\x06remove\x12,\n" +
+	"\x12rotate_for_members\x18\x03 \x03(\x04R\x10rotateForMembers\x12$\n" +
 	"\x0eretire_unix_ms\x18\x04 \x01(\x03R\fretireUnixMs\"W\n" +
 	"\x0fUserTokenRecord\x12$\n" +
 	"\x0eexpiry_unix_ms\x18\x01 \x01(\x03R\fexpiryUnixMs\x12\x1e\n" +

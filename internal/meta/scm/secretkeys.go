@@ -139,15 +139,10 @@ func keysOf(rows []*metapb.SecretKey) []blocktoken.Key {
 // invalid addition is refused whole; removals of unknown keys are no-ops.
 func (s *State) applySecretKeys(b *pebble.Batch, op *metapb.SecretKeysOp) any {
 	rows := slices.Clone(s.keys.rows)
-	forced := op.GetRotateForMember()
-	if forced != 0 {
-		switch _, done := s.keys.rotatedFor[forced]; {
-		case done:
-			return status.Errorf(codes.AlreadyExists, "scm: the keys were rotated for removed meta node %d already", forced)
-		case op.GetAdd() == nil || op.GetRetireUnixMs() <= 0:
-			return status.Errorf(codes.InvalidArgument, "scm: a forced rotation for meta node %d without a new key or a retire time", forced)
-		case len(s.keys.rotatedFor) >= MaxForcedRotations:
-			return status.Errorf(codes.ResourceExhausted, "scm: %d forced rotations recorded already", len(s.keys.rotatedFor))
+	forced := op.GetRotateForMembers()
+	if len(forced) > 0 {
+		if err := checkForced("scm", forced, op.GetAdd() != nil, op.GetRetireUnixMs(), s.keys.rotatedFor, MaxForcedRotations); err != nil {
+			return err
 		}
 	}
 	for _, id := range op.GetRemove() {
@@ -165,8 +160,8 @@ func (s *State) applySecretKeys(b *pebble.Batch, op *metapb.SecretKeysOp) any {
 		rows = append(rows, proto.Clone(a).(*metapb.SecretKey))
 		slices.SortFunc(rows, func(x, y *metapb.SecretKey) int { return cmpU64(x.Id, y.Id) })
 	}
-	if forced != 0 {
-		// Every key but the new one may be known to the removed node.
+	if len(forced) > 0 {
+		// Every key but the new one may be known to the removed nodes.
 		for i, k := range rows {
 			if k.Id == op.GetAdd().GetId() || (k.RetireUnixMs != 0 && k.RetireUnixMs <= op.RetireUnixMs) {
 				continue
@@ -176,10 +171,12 @@ func (s *State) applySecretKeys(b *pebble.Batch, op *metapb.SecretKeysOp) any {
 			rows[i] = k
 			s.put(b, key(pfxSecretKey, k.Id), k)
 		}
-		if err := b.Set(key(pfxKeysRotatedFor, forced), binary.BigEndian.AppendUint64(nil, op.GetAdd().GetId()), nil); err != nil {
-			panic(err)
+		for _, id := range forced {
+			if err := b.Set(key(pfxKeysRotatedFor, id), binary.BigEndian.AppendUint64(nil, op.GetAdd().GetId()), nil); err != nil {
+				panic(err)
+			}
+			s.keys.rotatedFor[id] = op.GetAdd().GetId()
 		}
-		s.keys.rotatedFor[forced] = op.GetAdd().GetId()
 	}
 	for _, id := range op.GetRemove() {
 		if err := b.Delete(key(pfxSecretKey, id), nil); err != nil {
@@ -192,6 +189,33 @@ func (s *State) applySecretKeys(b *pebble.Batch, op *metapb.SecretKeysOp) any {
 	s.keys.rows = rows
 	if err := s.rebuildKeySet(); err != nil {
 		panic(err) // validated above
+	}
+	return nil
+}
+
+// CheckForced validates a forced rotation's members (what, the group's
+// name for the messages; done, the members rotated for already; limit,
+// the most it may hold): none 0 or repeated, none done already (that is
+// AlreadyExists: another leader's op came first), room for them all, and
+// a new key and a retire time. Shared with the user-token state.
+func CheckForced(what string, members []uint64, hasKey bool, retireMs int64, done map[uint64]uint64, limit int) error {
+	return checkForced(what, members, hasKey, retireMs, done, limit)
+}
+
+func checkForced(what string, members []uint64, hasKey bool, retireMs int64, done map[uint64]uint64, limit int) error {
+	if !hasKey || retireMs <= 0 {
+		return status.Errorf(codes.InvalidArgument, "%s: a forced rotation for meta nodes %v without a new key or a retire time", what, members)
+	}
+	if len(members) > limit-len(done) {
+		return status.Errorf(codes.ResourceExhausted, "%s: %d forced rotations recorded already, %d more asked for (at most %d)", what, len(done), len(members), limit)
+	}
+	for i, id := range members {
+		if id == 0 || slices.Contains(members[:i], id) {
+			return status.Errorf(codes.InvalidArgument, "%s: a forced rotation for meta nodes %v (0 or repeated)", what, members)
+		}
+		if _, ok := done[id]; ok {
+			return status.Errorf(codes.AlreadyExists, "%s: the keys were rotated for removed meta node %d already", what, id)
+		}
 	}
 	return nil
 }
@@ -282,18 +306,22 @@ func (m *Manager) rotateSecretKeys(ctx context.Context) error {
 }
 
 // RotateSecretKeysFor records, on the SCM leader, a new block token key
-// because meta node member was removed, and retires every key recorded
-// before it at the new key's activation + TokenLifetime + ActivationDelay
-// (see the top of this file). It does nothing if the rotation for member
-// is recorded already; an AlreadyExists from Apply (another leader's op
-// came first) is success too.
-func (m *Manager) RotateSecretKeysFor(ctx context.Context, member uint64) error {
-	if member == 0 {
-		return status.Error(codes.InvalidArgument, "scm: forced rotation for meta node 0")
-	}
+// because the meta nodes members were removed, and retires every key
+// recorded before it at the new key's activation + TokenLifetime +
+// ActivationDelay (see the top of this file). Members already rotated
+// for are left out (nothing if none is left); an AlreadyExists from
+// Apply (another leader's op came first) is retried by the caller's next
+// round with what is left.
+func (m *Manager) RotateSecretKeysFor(ctx context.Context, members []uint64) error {
 	m.keyMu.Lock()
 	defer m.keyMu.Unlock()
-	if m.st.KeysRotatedFor(member) {
+	var todo []uint64
+	for _, id := range members {
+		if id != 0 && !slices.Contains(todo, id) && !m.st.KeysRotatedFor(id) {
+			todo = append(todo, id)
+		}
+	}
+	if len(todo) == 0 {
 		return nil
 	}
 	kc := m.keyCfg()
@@ -308,21 +336,18 @@ func (m *Manager) RotateSecretKeysFor(ctx context.Context, member uint64) error 
 	}
 	activate := now.Add(kc.ActivationDelay)
 	op := &metapb.SecretKeysOp{
-		Add:             &metapb.SecretKey{Id: maxID + 1, Secret: secret, CreatedUnixMs: now.UnixMilli(), ActivateUnixMs: activate.UnixMilli()},
-		RotateForMember: member,
-		RetireUnixMs:    activate.Add(kc.TokenLifetime + kc.ActivationDelay).UnixMilli(),
+		Add:              &metapb.SecretKey{Id: maxID + 1, Secret: secret, CreatedUnixMs: now.UnixMilli(), ActivateUnixMs: activate.UnixMilli()},
+		RotateForMembers: todo,
+		RetireUnixMs:     activate.Add(kc.TokenLifetime + kc.ActivationDelay).UnixMilli(),
 	}
 	v, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_SecretKeys{SecretKeys: op}})
 	if e, ok := v.(error); ok && err == nil {
 		err = e // Apply refused it
 	}
-	if status.Code(err) == codes.AlreadyExists && m.st.KeysRotatedFor(member) {
-		return nil
-	}
 	if err != nil {
-		return fmt.Errorf("scm: rotating block token keys for removed meta node %d: %w", member, err)
+		return fmt.Errorf("scm: rotating block token keys for removed meta nodes %v: %w", todo, err)
 	}
-	m.log.Info("scm: block token keys rotated for a removed meta node", "member", member, "key", op.Add.Id,
+	m.log.Info("scm: block token keys rotated for removed meta nodes", "members", todo, "key", op.Add.Id,
 		"activates", activate.UTC(), "old keys retire", time.UnixMilli(op.RetireUnixMs).UTC())
 	return nil
 }

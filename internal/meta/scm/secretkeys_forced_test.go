@@ -29,11 +29,11 @@ func TestForcedRotation(t *testing.T) {
 	blk := &metapb.BlockID{ContainerId: 3, LocalId: 4}
 	e.clk.Advance(time.Hour)
 	start := e.clk.Now()
-	if err := e.m.RotateSecretKeysFor(e.ctx, 9); err != nil {
+	if err := e.m.RotateSecretKeysFor(e.ctx, []uint64{9}); err != nil {
 		t.Fatal(err)
 	}
 	props := len(e.fr.props)
-	if err := e.m.RotateSecretKeysFor(e.ctx, 9); err != nil || len(e.fr.props) != props {
+	if err := e.m.RotateSecretKeysFor(e.ctx, []uint64{9}); err != nil || len(e.fr.props) != props {
 		t.Fatalf("a second rotation for member 9: %v, %d proposals (want none)", err, len(e.fr.props)-props)
 	}
 	rows := e.st.SecretKeys()
@@ -68,16 +68,26 @@ func TestForcedRotation(t *testing.T) {
 	if e.st.TokenKeys().Has(1) || !e.st.TokenKeys().Has(2) {
 		t.Fatalf("past key 1's retire time: %d keys, key 1 held: %v", e.st.TokenKeys().Len(), e.st.TokenKeys().Has(1))
 	}
-	// A second op for member 9 (another leader's) is refused whole.
-	_, err = e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_SecretKeys{SecretKeys: &metapb.SecretKeysOp{RotateForMember: 9, RetireUnixMs: 1,
-		Add: &metapb.SecretKey{Id: 50, Secret: make([]byte, blocktoken.SecretSize)}}}})
-	if status.Code(err) != codes.AlreadyExists || e.st.TokenKeys().Has(50) {
-		t.Fatalf("a second forced op for member 9: %v", err)
+	// A second op naming member 9 (another leader's) is refused whole;
+	// so is one without a key or a retire time, or naming 0 or a member
+	// twice.
+	for _, c := range []struct {
+		op   *metapb.SecretKeysOp
+		want codes.Code
+	}{
+		{&metapb.SecretKeysOp{RotateForMembers: []uint64{10, 9}, RetireUnixMs: 1, Add: &metapb.SecretKey{Id: 50, Secret: make([]byte, blocktoken.SecretSize)}}, codes.AlreadyExists},
+		{&metapb.SecretKeysOp{RotateForMembers: []uint64{10}}, codes.InvalidArgument},
+		{&metapb.SecretKeysOp{RotateForMembers: []uint64{10, 0}, RetireUnixMs: 1, Add: &metapb.SecretKey{Id: 50, Secret: make([]byte, blocktoken.SecretSize)}}, codes.InvalidArgument},
+		{&metapb.SecretKeysOp{RotateForMembers: []uint64{10, 10}, RetireUnixMs: 1, Add: &metapb.SecretKey{Id: 50, Secret: make([]byte, blocktoken.SecretSize)}}, codes.InvalidArgument},
+	} {
+		_, err = e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_SecretKeys{SecretKeys: c.op}})
+		if status.Code(err) != c.want || e.st.TokenKeys().Has(50) || e.st.KeysRotatedFor(10) || e.st.TokenKeys().Len() != 1 {
+			t.Fatalf("forced op %v: %v, want %v and nothing recorded", c.op.RotateForMembers, err, c.want)
+		}
 	}
-	// Without a key or a retire time: refused.
-	_, err = e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_SecretKeys{SecretKeys: &metapb.SecretKeysOp{RotateForMember: 8}}})
-	if status.Code(err) != codes.InvalidArgument || e.st.KeysRotatedFor(8) {
-		t.Fatalf("a forced op without a key: %v", err)
+	// Two members in one op: one new key.
+	if err := e.m.RotateSecretKeysFor(e.ctx, []uint64{11, 9, 12}); err != nil || !e.st.KeysRotatedFor(11) || !e.st.KeysRotatedFor(12) || e.st.TokenKeys().Len() != 2 {
+		t.Fatalf("rotation for 11, 9, 12: %v, %d keys", err, e.st.TokenKeys().Len())
 	}
 	st := openState(t, filepath.Join(t.TempDir(), "a"))
 	defer st.Close()
