@@ -13,6 +13,7 @@ import (
 
 	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/meta/scm"
 	"github.com/basalt-store/basalt/internal/meta/store"
 )
@@ -359,5 +360,53 @@ func TestUTStateForcedRotationReloads(t *testing.T) {
 	if !st.keysRotatedFor(9) || st.keysRotatedFor(8) || st.keyRetire(1) != now+5000 || st.keyRetire(2) != 0 || st.key(3) != nil {
 		t.Fatalf("reopened: rotated for 9 %v, for 8 %v, key 1 retires %d, key 2 %d, keys %v", st.keysRotatedFor(9), st.keysRotatedFor(8),
 			st.keyRetire(1), st.keyRetire(2), keyIDs(st.Keys()))
+	}
+}
+
+// A user token signed with a key a removed node held is not renewed past
+// that key's retire time (the key is gone then, and the token with it):
+// the renewal answers the capped expiry, so the client knows to get a
+// new token. Lifetime 1 h: without the cap a renewal 3 s after the
+// rotation would answer an expiry past the retire time.
+func TestRenewalCappedAtKeyRetire(t *testing.T) {
+	c := newClusterWith(t, 3, scm.Config{LoopInterval: 20 * time.Millisecond}, func(cfg *Config) {
+		cfg.UserTokens = UserTokenConfig{Lifetime: time.Hour, ActivationDelay: krDelay}
+	})
+	waitKeys(t, c)
+	L := membersLeader(t, c)
+	now := time.Now()
+	old := L.ut.signingKey(now.UnixMilli())
+	tok := signUserToken(old, userToken{User: "alice", Renewer: "alice", Seq: 1 << 42, IssueMs: now.UnixMilli(),
+		ExpiryMs: now.Add(time.Hour).UnixMilli(), MaxMs: now.Add(7 * 24 * time.Hour).UnixMilli(), CertSerial: "0a11ce"})
+	removeRow(t, L, 9)
+	var retire int64
+	waitFor(t, krBound, "the user-token keys rotated for node 9", func() bool {
+		for _, s := range c.servers {
+			if !s.ut.keysRotatedFor(9) {
+				return false
+			}
+		}
+		retire = L.ut.keyRetire(old.Id)
+		return retire != 0
+	})
+	// Renew once now + Lifetime is past the retire time.
+	time.Sleep(time.Until(time.UnixMilli(retire).Add(-time.Hour + 500*time.Millisecond)))
+	var ut *Server
+	waitFor(t, 10*time.Second, "a user-token leader", func() bool {
+		for _, s := range c.servers {
+			if s.utGroup.IsLeader() {
+				ut = s
+				return true
+			}
+		}
+		return false
+	})
+	ctx := namespace.WithCaller(context.Background(), namespace.Caller{User: "alice"})
+	resp, err := (&userTokenServer{s: ut}).RenewUserToken(ctx, &metapb.RenewUserTokenRequest{Token: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetExpiryUnixMs() != retire {
+		t.Fatalf("renewed until %v, want the old key's retire time %v", time.UnixMilli(resp.GetExpiryUnixMs()).UTC(), time.UnixMilli(retire).UTC())
 	}
 }
