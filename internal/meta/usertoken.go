@@ -63,7 +63,9 @@ import (
 // group's own (group 3; utState), generated and rotated by its leader as
 // SCM rotates the block token keys (a new key signs only after an
 // activation delay, old keys verify until every token they signed passed
-// its max date), and never the block token keys.
+// its max date, or until their retire time after a removed meta node
+// forced a rotation: members_keyrotate.go), and never the block token
+// keys.
 //
 // Every meta node verifies a token on its own: the key must be recorded,
 // the MAC equal (constant time), the max date and the expiry (the
