@@ -224,7 +224,7 @@ func (m *membersServer) ListMembers(ctx context.Context, _ *metapb.ListMembersRe
 		return nil, err
 	}
 	s := m.s
-	resp := &metapb.ListMembersResponse{NodeId: s.cfg.NodeID}
+	resp := &metapb.ListMembersResponse{NodeId: s.cfg.NodeID, ForcedKeyRotation: true}
 	seen := map[uint64]bool{}
 	for _, mi := range s.members.Table() {
 		mi.Source = "table"

@@ -28,14 +28,100 @@ package meta
 // every meta group in this node's view (stillInGroup): a key recorded
 // while it is still a replica would reach it.
 //
+// Upgrade gate: a binary without the op's fields halts its replica of
+// the group at the entry (applyhalt: an unknown field). So a leader
+// proposes a forced rotation only once every other voter of the group
+// answered ListMembers with forced_key_rotation (cached per voter: the
+// probes run only while a rotation is pending). A voter that does not
+// answer is not waited for (a dead node is what removals are for; should
+// it come back on an older binary, its replica halts until upgraded,
+// never diverges); one that answers without the flag (or without the
+// Members service) holds the rotation back, logged once a minute, until
+// it runs this binary (TestKeyRotationUpgradeGate).
+//
 // What remains: the CA key. Every meta node holds the cluster CA's key,
 // so a removed node can still mint certificates (for a new identity, not
 // its revoked one) until the CA is re-keyed; nothing does that yet.
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/pki"
 )
+
+// keyRotateLoop is reconcileKeyRotations's state (runUserTokens's
+// goroutine only).
+type keyRotateLoop struct {
+	// capable: voters that answered with forced_key_rotation.
+	capable map[uint64]bool
+	// heldLogged: when the gate last logged a holdback.
+	heldLogged time.Time
+}
+
+func newKeyRotateLoop() *keyRotateLoop { return &keyRotateLoop{capable: map[uint64]bool{}} }
+
+// olderVoter is the first other voter of group gid that answers
+// ListMembers without forced_key_rotation (an older binary), 0 if none;
+// voters that do not answer are skipped.
+func (s *Server) olderVoter(ctx context.Context, l *keyRotateLoop, gid uint64) uint64 {
+	var ids []uint64
+	for _, v := range s.group(gid).Voters() {
+		if v != s.cfg.NodeID && !l.capable[v] {
+			ids = append(ids, v)
+		}
+	}
+	if len(ids) == 0 {
+		return 0
+	}
+	slices.Sort(ids)
+	ctx, cancel := context.WithTimeout(ctx, min(s.cfg.ProposeTimeout, 3*time.Second))
+	defer cancel()
+	older := make([]bool, len(ids))
+	ok := make([]bool, len(ids))
+	done := make(chan struct{}, len(ids))
+	for i, v := range ids {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			p, found := s.peer(v)
+			if !found || p.GRPCAddr == "" {
+				return
+			}
+			conn, err := grpc.NewClient(p.GRPCAddr, s.cfg.TLS.GRPCDialOption(pki.RoleMeta))
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			r, err := metapb.NewMembersClient(conn).ListMembers(ctx, &metapb.ListMembersRequest{})
+			switch {
+			case status.Code(err) == codes.Unimplemented, err == nil && !r.GetForcedKeyRotation():
+				older[i] = true
+			case err == nil:
+				ok[i] = true
+			}
+		}()
+	}
+	for range ids {
+		<-done
+	}
+	var first uint64
+	for i, v := range ids {
+		if ok[i] {
+			l.capable[v] = true
+		}
+		if older[i] && first == 0 {
+			first = v
+		}
+	}
+	return first
+}
 
 // testSkipKeyRotation stops every reconcileKeyRotations (tests: a leader
 // that dies between the removal and the rotation).
@@ -53,7 +139,7 @@ func (s *Server) keysRotatedFor(id uint64) bool {
 // because another leader's came first is followed by one for what is
 // left); other refusals are not expected (more than
 // scm.MaxForcedRotations removed nodes).
-func (s *Server) reconcileKeyRotations(ctx context.Context) {
+func (s *Server) reconcileKeyRotations(ctx context.Context, l *keyRotateLoop) {
 	if testSkipKeyRotation.Load() || s.members == nil {
 		return
 	}
@@ -84,6 +170,21 @@ func (s *Server) reconcileKeyRotations(ctx context.Context) {
 		if needUT {
 			utTodo = append(utTodo, id)
 		}
+	}
+	held := func(group string, gid uint64, todo []uint64) bool {
+		v := s.olderVoter(ctx, l, gid)
+		if v != 0 && time.Since(l.heldLogged) >= time.Minute {
+			l.heldLogged = time.Now()
+			s.log.Error("meta: the token keys of removed meta nodes are not rotated while a voter runs an older binary (its replica would halt at the rotation): upgrade every meta node",
+				"group", group, "voter", v, "removed", todo)
+		}
+		return v != 0
+	}
+	if len(scmTodo) > 0 && held("scm", ScmGroup, scmTodo) {
+		scmTodo = nil
+	}
+	if len(utTodo) > 0 && held("usertoken", UserTokenGroup, utTodo) {
+		utTodo = nil
 	}
 	if len(scmTodo) > 0 {
 		if err := s.scmMgr.RotateSecretKeysFor(ctx, scmTodo); err != nil && ctx.Err() == nil {

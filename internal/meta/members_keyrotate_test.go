@@ -2,6 +2,8 @@ package meta
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"slices"
 	"testing"
 	"time"
@@ -409,4 +411,64 @@ func TestRenewalCappedAtKeyRetire(t *testing.T) {
 	if resp.GetExpiryUnixMs() != retire {
 		t.Fatalf("renewed until %v, want the old key's retire time %v", time.UnixMilli(resp.GetExpiryUnixMs()).UTC(), time.UnixMilli(retire).UTC())
 	}
+}
+
+// oldMembers is the Members service of a meta node on a binary without
+// forced key rotations: ListMembers answers without the flag.
+type oldMembers struct{ metapb.UnimplementedMembersServer }
+
+func (oldMembers) ListMembers(context.Context, *metapb.ListMembersRequest) (*metapb.ListMembersResponse, error) {
+	return &metapb.ListMembersResponse{NodeId: 2}, nil
+}
+
+// A voter on an older binary (its ListMembers answers without
+// forced_key_rotation) holds the rotation back: its replica would halt
+// at the entry. Once it answers with the flag (upgraded), the rotation
+// goes through.
+func TestKeyRotationUpgradeGate(t *testing.T) {
+	c := newKeyRotateCluster(t)
+	waitKeys(t, c)
+	L := membersLeader(t, c)
+	var other uint64
+	waitFor(t, 10*time.Second, "a node that leads neither SCM nor the user-token group", func() bool {
+		for id, s := range c.servers {
+			if !s.scmGroup.IsLeader() && !s.utGroup.IsLeader() && s.nsGroup.Leader() != id {
+				other = id
+				return true
+			}
+		}
+		return false
+	})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := grpc.NewServer(nodeCreds(other).GRPCServerOption())
+	metapb.RegisterMembersServer(old, oldMembers{})
+	go old.Serve(lis)
+	defer old.Stop()
+	setOther := func(grpcAddr string) {
+		for id, s := range c.servers {
+			if id != other {
+				s.SetPeer(other, Peer{RaftAddr: c.servers[other].RaftAddr(), GRPCAddr: grpcAddr})
+			}
+		}
+	}
+	setOther(lis.Addr().String())
+	removeRow(t, L, 9)
+	time.Sleep(3 * time.Second) // three reconciler rounds
+	for id, s := range c.servers {
+		if s.scmState.KeysRotatedFor(9) || s.ut.keysRotatedFor(9) {
+			t.Fatalf("node %d: the keys were rotated with node %d on an older binary", id, other)
+		}
+	}
+	setOther(c.servers[other].GRPCAddr())
+	waitFor(t, krBound, "the keys rotated for node 9 once node "+fmt.Sprint(other)+" is upgraded", func() bool {
+		for _, s := range c.servers {
+			if !s.keysRotatedFor(9) {
+				return false
+			}
+		}
+		return true
+	})
 }

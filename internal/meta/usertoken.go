@@ -832,12 +832,13 @@ func (u *userTokenServer) CancelUserToken(ctx context.Context, req *metapb.Cance
 func (s *Server) runUserTokens(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	kr := newKeyRotateLoop()
 	for {
 		// Forced rotations for removed meta nodes (members_keyrotate.go),
 		// on whichever of SCM and the user-token group this node leads;
 		// in this goroutine, so that the user-token key ops are proposed
 		// one at a time.
-		s.reconcileKeyRotations(ctx)
+		s.reconcileKeyRotations(ctx, kr)
 		if s.utGroup.IsLeader() {
 			if err := s.rotateUserTokenKeys(ctx); err != nil && ctx.Err() == nil {
 				s.log.Debug("meta: rotating user-token keys", "err", err)
