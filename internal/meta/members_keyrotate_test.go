@@ -415,7 +415,9 @@ func TestRenewalCappedAtKeyRetire(t *testing.T) {
 
 // oldMembers is the Members service of a meta node on a binary without
 // forced key rotations: ListMembers answers without the flag.
-type oldMembers struct{ metapb.UnimplementedMembersServer }
+type oldMembers struct {
+	metapb.UnimplementedMembersServer
+}
 
 func (oldMembers) ListMembers(context.Context, *metapb.ListMembersRequest) (*metapb.ListMembersResponse, error) {
 	return &metapb.ListMembersResponse{NodeId: 2}, nil
