@@ -28,16 +28,24 @@ package meta
 // every meta group in this node's view (stillInGroup): a key recorded
 // while it is still a replica would reach it.
 //
-// Upgrade gate: a binary without the op's fields halts its replica of
-// the group at the entry (applyhalt: an unknown field). So a leader
-// proposes a forced rotation only once every other voter of the group
-// answered ListMembers with forced_key_rotation (cached per voter: the
-// probes run only while a rotation is pending). A voter that does not
-// answer is not waited for (a dead node is what removals are for; should
-// it come back on an older binary, its replica halts until upgraded,
-// never diverges); one that answers without the flag (or without the
-// Members service) holds the rotation back, logged once a minute, until
-// it runs this binary (TestKeyRotationUpgradeGate).
+// Upgrade gate: the forced rotation is a top-level op of each group's
+// command (ScmCommand and UserTokenCommand forced_key_rotation), so a
+// binary that does not know it halts its replica of the group at the
+// entry (applyhalt: an unknown top-level field; applyhalt checks nothing
+// nested, which is why it is not a field of SecretKeysOp /
+// UserTokenKeysOp: TestForcedRotationHaltsOlderReplica, in this package
+// and in scm). A halted replica serves nothing of that group until
+// upgraded, so a leader proposes a forced rotation only once every other
+// voter of the group answered ListMembers with forced_key_rotation,
+// asked right before each proposal (not cached: a voter rolled back to
+// an older binary after an earlier probe is seen; the probes run only
+// while a rotation is pending). A voter that does
+// not answer is not waited for (a dead node is what removals are for;
+// should it come back on an older binary, its replica halts at the
+// entry until upgraded, and does not diverge); one that answers without
+// the flag (or without the Members service) holds the rotation back,
+// logged once a minute, until it runs this binary
+// (TestKeyRotationUpgradeGate).
 //
 // What remains: the CA key. Every meta node holds the cluster CA's key,
 // so a removed node can still mint certificates (for a new identity, not
@@ -60,21 +68,21 @@ import (
 // keyRotateLoop is reconcileKeyRotations's state (runUserTokens's
 // goroutine only).
 type keyRotateLoop struct {
-	// capable: voters that answered with forced_key_rotation.
-	capable map[uint64]bool
 	// heldLogged: when the gate last logged a holdback.
 	heldLogged time.Time
 }
 
-func newKeyRotateLoop() *keyRotateLoop { return &keyRotateLoop{capable: map[uint64]bool{}} }
+func newKeyRotateLoop() *keyRotateLoop { return &keyRotateLoop{} }
 
 // olderVoter is the first other voter of group gid that answers
 // ListMembers without forced_key_rotation (an older binary), 0 if none;
-// voters that do not answer are skipped.
-func (s *Server) olderVoter(ctx context.Context, l *keyRotateLoop, gid uint64) uint64 {
+// voters that do not answer are skipped. Asked anew before every
+// proposal (review nit 7: a cached answer would trust a voter rolled back
+// since).
+func (s *Server) olderVoter(ctx context.Context, gid uint64) uint64 {
 	var ids []uint64
 	for _, v := range s.group(gid).Voters() {
-		if v != s.cfg.NodeID && !l.capable[v] {
+		if v != s.cfg.NodeID {
 			ids = append(ids, v)
 		}
 	}
@@ -85,7 +93,6 @@ func (s *Server) olderVoter(ctx context.Context, l *keyRotateLoop, gid uint64) u
 	ctx, cancel := context.WithTimeout(ctx, min(s.cfg.ProposeTimeout, 3*time.Second))
 	defer cancel()
 	older := make([]bool, len(ids))
-	ok := make([]bool, len(ids))
 	done := make(chan struct{}, len(ids))
 	for i, v := range ids {
 		go func() {
@@ -103,8 +110,6 @@ func (s *Server) olderVoter(ctx context.Context, l *keyRotateLoop, gid uint64) u
 			switch {
 			case status.Code(err) == codes.Unimplemented, err == nil && !r.GetForcedKeyRotation():
 				older[i] = true
-			case err == nil:
-				ok[i] = true
 			}
 		}()
 	}
@@ -113,9 +118,6 @@ func (s *Server) olderVoter(ctx context.Context, l *keyRotateLoop, gid uint64) u
 	}
 	var first uint64
 	for i, v := range ids {
-		if ok[i] {
-			l.capable[v] = true
-		}
 		if older[i] && first == 0 {
 			first = v
 		}
@@ -172,7 +174,7 @@ func (s *Server) reconcileKeyRotations(ctx context.Context, l *keyRotateLoop) {
 		}
 	}
 	held := func(group string, gid uint64, todo []uint64) bool {
-		v := s.olderVoter(ctx, l, gid)
+		v := s.olderVoter(ctx, gid)
 		if v != 0 && time.Since(l.heldLogged) >= time.Minute {
 			l.heldLogged = time.Now()
 			s.log.Error("meta: the token keys of removed meta nodes are not rotated while a voter runs an older binary (its replica would halt at the rotation): upgrade every meta node",

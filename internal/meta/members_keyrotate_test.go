@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/basalt-store/basalt/internal/blocktoken"
+	"github.com/basalt-store/basalt/internal/meta/applyhalt"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/meta/scm"
@@ -321,7 +323,7 @@ func TestKeyRotationAfterLeaderCrash(t *testing.T) {
 		}
 		return false
 	})
-	cmd := &metapb.ScmCommand{Op: &metapb.ScmCommand_SecretKeys{SecretKeys: &metapb.SecretKeysOp{RotateForMembers: []uint64{9}, RetireUnixMs: 1,
+	cmd := &metapb.ScmCommand{Op: &metapb.ScmCommand_ForcedKeyRotation{ForcedKeyRotation: &metapb.ForcedKeyRotationOp{Members: []uint64{9}, RetireUnixMs: 1,
 		Add: &metapb.SecretKey{Id: 1000, Secret: make([]byte, blocktoken.SecretSize), CreatedUnixMs: 1, ActivateUnixMs: 1}}}}
 	b, _ := proto.Marshal(cmd)
 	v, err := (&scmRaft{s: sl}).Propose(context.Background(), b)
@@ -345,12 +347,12 @@ func TestUTStateForcedRotationReloads(t *testing.T) {
 	}
 	now := time.Now().UnixMilli()
 	forced := func(id uint64, member uint64) *metapb.UserTokenCommand {
-		c := utKeyCmd(now, id, now+1000)
-		c.GetKeys().RotateForMembers, c.GetKeys().RetireUnixMs = []uint64{member}, now+5000
-		return c
+		add := utKeyCmd(now, id, now+1000).GetKeys().Add
+		return &metapb.UserTokenCommand{NowUnixMs: now, Op: &metapb.UserTokenCommand_ForcedKeyRotation{ForcedKeyRotation: &metapb.ForcedKeyRotationOp{
+			Add: add, Members: []uint64{member}, RetireUnixMs: now + 5000}}}
 	}
 	res := utApply(t, st, 1, utKeyCmd(now, 1, now), forced(2, 9), forced(3, 9),
-		&metapb.UserTokenCommand{NowUnixMs: now, Op: &metapb.UserTokenCommand_Keys{Keys: &metapb.UserTokenKeysOp{RotateForMembers: []uint64{8}, RetireUnixMs: 1}}})
+		&metapb.UserTokenCommand{NowUnixMs: now, Op: &metapb.UserTokenCommand_ForcedKeyRotation{ForcedKeyRotation: &metapb.ForcedKeyRotationOp{Members: []uint64{8}, RetireUnixMs: 1}}})
 	if res[1] != nil || status.Code(res[2].(error)) != codes.AlreadyExists || status.Code(res[3].(error)) != codes.InvalidArgument {
 		t.Fatalf("results %v", res)
 	}
@@ -473,4 +475,102 @@ func TestKeyRotationUpgradeGate(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestForcedRotationHaltsOlderReplica (review finding 1): a user-token
+// replica whose binary does not know the forced rotation (hidden: the
+// UserTokenCommand ops this release added) applies the entries before it
+// and halts at the command the leader builds (forcedUTKeysCmd), nothing
+// of it applied; a replica that knows the op applies it. Before, the
+// rotation was two fields of UserTokenKeysOp, which an older binary
+// skipped: it applied a plain key addition and diverged. (The SCM side:
+// scm.TestForcedRotationHaltsOlderReplica.)
+func TestForcedRotationHaltsOlderReplica(t *testing.T) {
+	newOps := []int32{6} // UserTokenCommand ops unknown to the release before
+	opts := store.Options{SyncInterval: -1, Logger: quiet}
+	now := time.Now()
+	first := utKeyCmd(now.UnixMilli(), 1, now.UnixMilli())
+	forced, err := forcedUTKeysCmd(UserTokenConfig{}.withDefaults(), now, []*metapb.SecretKey{first.GetKeys().Add}, []uint64{9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := openUTState(t.TempDir(), opts, newOps...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	res := utApply(t, old, 1, first, forced)
+	h := old.halt.Halted()
+	if res[0] != nil || h == nil || h.Index != 2 || h.Op != newOps[0] || !errors.Is(res[1].(error), applyhalt.ErrHalted) {
+		t.Fatalf("older replica: results %v, halt %+v (want a halt at entry 2, op %d)", res, h, newOps[0])
+	}
+	if old.keysRotatedFor(9) || len(old.Keys()) != 1 || old.keyRetire(1) != 0 || old.AppliedIndex() != 1 {
+		t.Fatalf("older replica applied part of the rotation: rotated for 9 %v, keys %v, applied %d", old.keysRotatedFor(9), keyIDs(old.Keys()), old.AppliedIndex())
+	}
+	cur, err := openUTState(t.TempDir(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cur.Close()
+	if res := utApply(t, cur, 1, first, forced); res[0] != nil || res[1] != nil || cur.halt.Halted() != nil || !cur.keysRotatedFor(9) || cur.keyRetire(1) == 0 {
+		t.Fatalf("current replica: results %v, halt %+v, rotated for 9 %v", res, cur.halt.Halted(), cur.keysRotatedFor(9))
+	}
+}
+
+// A voter that answered with the flag once (the rotation for node 9 went
+// through) and then runs an older binary again (rolled back) holds the
+// next rotation (node 10) back: the gate asks before every proposal
+// (review nit 7: a cached answer trusted it, and before finding 1's fix
+// its replica then applied half of the op).
+func TestKeyRotationGateReprobes(t *testing.T) {
+	c := newKeyRotateCluster(t)
+	waitKeys(t, c)
+	L := membersLeader(t, c)
+	var other uint64
+	waitFor(t, 10*time.Second, "a node that leads neither SCM nor the user-token group", func() bool {
+		for id, s := range c.servers {
+			if !s.scmGroup.IsLeader() && !s.utGroup.IsLeader() && s.nsGroup.Leader() != id {
+				other = id
+				return true
+			}
+		}
+		return false
+	})
+	rotated := func(id uint64) func() bool {
+		return func() bool {
+			for _, s := range c.servers {
+				if !s.keysRotatedFor(id) {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	removeRow(t, L, 9)
+	waitFor(t, krBound, "the keys rotated for node 9", rotated(9))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := grpc.NewServer(nodeCreds(other).GRPCServerOption())
+	metapb.RegisterMembersServer(old, oldMembers{})
+	go old.Serve(lis)
+	defer old.Stop()
+	setOther := func(grpcAddr string) {
+		for id, s := range c.servers {
+			if id != other {
+				s.SetPeer(other, Peer{RaftAddr: c.servers[other].RaftAddr(), GRPCAddr: grpcAddr})
+			}
+		}
+	}
+	setOther(lis.Addr().String())
+	removeRow(t, L, 10)
+	time.Sleep(3 * time.Second) // three reconciler rounds
+	for id, s := range c.servers {
+		if s.scmState.KeysRotatedFor(10) || s.ut.keysRotatedFor(10) {
+			t.Fatalf("node %d: the keys were rotated for node 10 with node %d rolled back to an older binary", id, other)
+		}
+	}
+	setOther(c.servers[other].GRPCAddr())
+	waitFor(t, krBound, "the keys rotated for node 10 once node "+fmt.Sprint(other)+" is upgraded again", rotated(10))
 }

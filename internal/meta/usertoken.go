@@ -929,26 +929,38 @@ func (s *Server) rotateUserTokenKeysFor(ctx context.Context, members []uint64) e
 	if len(todo) == 0 {
 		return nil
 	}
-	cfg := s.cfg.UserTokens.withDefaults()
-	now := time.Now()
+	cmd, err := forcedUTKeysCmd(s.cfg.UserTokens.withDefaults(), time.Now(), s.ut.Keys(), todo)
+	if err != nil {
+		return err
+	}
+	if _, err := s.utPropose(ctx, cmd); err != nil {
+		return fmt.Errorf("rotating user-token keys for removed meta nodes %v: %w", todo, err)
+	}
+	op := cmd.GetForcedKeyRotation()
+	s.log.Info("meta: user-token keys rotated for removed meta nodes", "members", todo, "key", op.Add.Id,
+		"activates", time.UnixMilli(op.Add.ActivateUnixMs).UTC(), "old keys retire", time.UnixMilli(op.RetireUnixMs).UTC())
+	return nil
+}
+
+// forcedUTKeysCmd is the forced rotation's command (UserTokenCommand
+// forced_key_rotation, a top-level op: a binary that does not know it
+// halts at it) at now, given the keys recorded: a new key (ID max+1)
+// active after the activation delay, the others retired at its
+// activation + Lifetime + ActivationDelay.
+func forcedUTKeysCmd(cfg UserTokenConfig, now time.Time, keys []*metapb.SecretKey, members []uint64) (*metapb.UserTokenCommand, error) {
 	var maxID uint64
-	for _, k := range s.ut.Keys() {
+	for _, k := range keys {
 		maxID = max(maxID, k.Id)
 	}
 	secret := make([]byte, utSecretSize)
 	if _, err := rand.Read(secret); err != nil {
-		return err
+		return nil, err
 	}
 	activate := now.Add(cfg.ActivationDelay)
-	op := &metapb.UserTokenKeysOp{
-		Add:              &metapb.SecretKey{Id: maxID + 1, Secret: secret, CreatedUnixMs: now.UnixMilli(), ActivateUnixMs: activate.UnixMilli()},
-		RotateForMembers: todo,
-		RetireUnixMs:     activate.Add(cfg.Lifetime + cfg.ActivationDelay).UnixMilli(),
+	op := &metapb.ForcedKeyRotationOp{
+		Add:          &metapb.SecretKey{Id: maxID + 1, Secret: secret, CreatedUnixMs: now.UnixMilli(), ActivateUnixMs: activate.UnixMilli()},
+		Members:      members,
+		RetireUnixMs: activate.Add(cfg.Lifetime + cfg.ActivationDelay).UnixMilli(),
 	}
-	if _, err := s.utPropose(ctx, &metapb.UserTokenCommand{NowUnixMs: now.UnixMilli(), Op: &metapb.UserTokenCommand_Keys{Keys: op}}); err != nil {
-		return fmt.Errorf("rotating user-token keys for removed meta nodes %v: %w", todo, err)
-	}
-	s.log.Info("meta: user-token keys rotated for removed meta nodes", "members", todo, "key", op.Add.Id,
-		"activates", activate.UTC(), "old keys retire", time.UnixMilli(op.RetireUnixMs).UTC())
-	return nil
+	return &metapb.UserTokenCommand{NowUnixMs: now.UnixMilli(), Op: &metapb.UserTokenCommand_ForcedKeyRotation{ForcedKeyRotation: op}}, nil
 }

@@ -383,22 +383,35 @@ func (s *utState) apply(b *pebble.Batch, cmd *metapb.UserTokenCommand) any {
 		return nil
 	case *metapb.UserTokenCommand_Keys:
 		return s.applyKeys(b, op.Keys)
+	case *metapb.UserTokenCommand_ForcedKeyRotation:
+		return s.applyForcedKeyRotation(b, op.ForcedKeyRotation)
 	}
 	return status.Errorf(codes.InvalidArgument, "usertoken: unknown command %T", cmd.Op)
 }
 
 func (s *utState) applyKeys(b *pebble.Batch, op *metapb.UserTokenKeysOp) any {
-	keys := slices.Clone(s.keys)
-	forced := op.GetRotateForMembers()
-	if len(forced) > 0 {
-		if err := scm.CheckForced("usertoken", forced, op.GetAdd() != nil, op.GetRetireUnixMs(), s.rotatedFor, utMaxForcedRotations); err != nil {
-			return err
-		}
+	return s.applyKeyChange(b, op.GetAdd(), op.GetRemove(), nil)
+}
+
+// applyForcedKeyRotation applies a forced rotation (UserTokenCommand
+// forced_key_rotation; members_keyrotate.go): refused whole unless
+// scm.CheckForced accepts it.
+func (s *utState) applyForcedKeyRotation(b *pebble.Batch, op *metapb.ForcedKeyRotationOp) any {
+	if err := scm.CheckForced("usertoken", op.GetMembers(), op.GetAdd() != nil, op.GetRetireUnixMs(), s.rotatedFor, utMaxForcedRotations); err != nil {
+		return err
 	}
-	for _, id := range op.GetRemove() {
+	return s.applyKeyChange(b, op.GetAdd(), nil, op)
+}
+
+// applyKeyChange adds add, removes remove and, for a forced rotation
+// (forced non-nil, checked), retires the other keys and records its
+// members.
+func (s *utState) applyKeyChange(b *pebble.Batch, add *metapb.SecretKey, remove []uint64, forced *metapb.ForcedKeyRotationOp) any {
+	keys := slices.Clone(s.keys)
+	for _, id := range remove {
 		keys = slices.DeleteFunc(keys, func(k *metapb.SecretKey) bool { return k.Id == id })
 	}
-	if a := op.GetAdd(); a != nil {
+	if a := add; a != nil {
 		switch {
 		case a.Id == 0 || len(a.Secret) != utSecretSize:
 			return status.Errorf(codes.InvalidArgument, "usertoken: key %d with a %d-byte secret", a.Id, len(a.Secret))
@@ -410,14 +423,14 @@ func (s *utState) applyKeys(b *pebble.Batch, op *metapb.UserTokenKeysOp) any {
 		keys = append(keys, proto.Clone(a).(*metapb.SecretKey))
 		slices.SortFunc(keys, func(x, y *metapb.SecretKey) int { return cmpUint(x.Id, y.Id) })
 	}
-	if len(forced) > 0 {
+	if forced != nil {
 		// Every key but the new one may be known to the removed nodes.
 		for i, k := range keys {
-			if k.Id == op.GetAdd().GetId() || (k.RetireUnixMs != 0 && k.RetireUnixMs <= op.RetireUnixMs) {
+			if k.Id == add.GetId() || (k.RetireUnixMs != 0 && k.RetireUnixMs <= forced.RetireUnixMs) {
 				continue
 			}
 			k = proto.Clone(k).(*metapb.SecretKey)
-			k.RetireUnixMs = op.RetireUnixMs
+			k.RetireUnixMs = forced.RetireUnixMs
 			keys[i] = k
 			v, err := proto.Marshal(k)
 			if err != nil {
@@ -425,15 +438,15 @@ func (s *utState) applyKeys(b *pebble.Batch, op *metapb.UserTokenKeysOp) any {
 			}
 			s.set(b, utRow(utPfxKey, k.Id), v)
 		}
-		for _, id := range forced {
-			s.set(b, utRow(utPfxRotated, id), store.U64(op.GetAdd().GetId()))
-			s.rotatedFor[id] = op.GetAdd().GetId()
+		for _, id := range forced.GetMembers() {
+			s.set(b, utRow(utPfxRotated, id), store.U64(add.GetId()))
+			s.rotatedFor[id] = add.GetId()
 		}
 	}
-	for _, id := range op.GetRemove() {
+	for _, id := range remove {
 		s.del(b, utRow(utPfxKey, id))
 	}
-	if a := op.GetAdd(); a != nil {
+	if a := add; a != nil {
 		v, err := proto.Marshal(a)
 		if err != nil {
 			panic(err)

@@ -334,10 +334,10 @@ type ListMembersResponse struct {
 	Members []*MemberInfo          `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
 	Groups  []*GroupStatus         `protobuf:"bytes,3,rep,name=groups,proto3" json:"groups,omitempty"`
 	// forced_key_rotation: the answering node's binary applies forced
-	// token-key rotations (SecretKeysOp and UserTokenKeysOp
-	// rotate_for_members). A leader proposes one only when every voter of
-	// the group that answers says so (members_keyrotate.go): an older
-	// binary would halt its replica of the group at the entry.
+	// token-key rotations (ForcedKeyRotationOp). A leader proposes one
+	// only when every voter of the group that answers says so
+	// (members_keyrotate.go): an older binary halts its replica of the
+	// group at the entry (applyhalt) until it is upgraded.
 	ForcedKeyRotation bool `protobuf:"varint,4,opt,name=forced_key_rotation,json=forcedKeyRotation,proto3" json:"forced_key_rotation,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache

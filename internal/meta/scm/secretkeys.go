@@ -41,10 +41,13 @@ import (
 // (activation after ActivationDelay, as a scheduled one) and give every
 // key already recorded a retire time: the new key's activation +
 // TokenLifetime + ActivationDelay, when every token an old key signed
-// before the new one took over has expired. The op names the member and
-// Apply records it (row "kf/<id>") and refuses a second op for it, so a
-// member is rotated for once, whichever leader proposes it, and a leader
-// that crashed before proposing leaves it to the next.
+// before the new one took over has expired. The op (ScmCommand
+// forced_key_rotation: a top-level op, so that an older binary's replica
+// halts at it, applyhalt, instead of applying it as a plain key addition)
+// names the members and Apply records them (row "kf/<id>") and refuses
+// a second op for any of them, so a member is rotated for once, whichever
+// leader proposes it, and a leader that crashed before proposing leaves
+// it to the next.
 
 // SecretKeyConfig tunes rotation. Zero values take the defaults noted.
 type SecretKeyConfig struct {
@@ -138,17 +141,28 @@ func keysOf(rows []*metapb.SecretKey) []blocktoken.Key {
 // applySecretKeys removes, then adds (caller holds mu for writing). An
 // invalid addition is refused whole; removals of unknown keys are no-ops.
 func (s *State) applySecretKeys(b *pebble.Batch, op *metapb.SecretKeysOp) any {
-	rows := slices.Clone(s.keys.rows)
-	forced := op.GetRotateForMembers()
-	if len(forced) > 0 {
-		if err := checkForced("scm", forced, op.GetAdd() != nil, op.GetRetireUnixMs(), s.keys.rotatedFor, MaxForcedRotations); err != nil {
-			return err
-		}
+	return s.applyKeyChange(b, op.GetAdd(), op.GetRemove(), nil)
+}
+
+// applyForcedKeyRotation applies a forced rotation (ScmCommand
+// forced_key_rotation, see the top of this file): refused whole unless
+// CheckForced accepts it.
+func (s *State) applyForcedKeyRotation(b *pebble.Batch, op *metapb.ForcedKeyRotationOp) any {
+	if err := checkForced("scm", op.GetMembers(), op.GetAdd() != nil, op.GetRetireUnixMs(), s.keys.rotatedFor, MaxForcedRotations); err != nil {
+		return err
 	}
-	for _, id := range op.GetRemove() {
+	return s.applyKeyChange(b, op.GetAdd(), nil, op)
+}
+
+// applyKeyChange adds add, removes remove and, for a forced rotation
+// (forced non-nil, checked), retires the other keys and records its
+// members.
+func (s *State) applyKeyChange(b *pebble.Batch, add *metapb.SecretKey, remove []uint64, forced *metapb.ForcedKeyRotationOp) any {
+	rows := slices.Clone(s.keys.rows)
+	for _, id := range remove {
 		rows = slices.DeleteFunc(rows, func(k *metapb.SecretKey) bool { return k.Id == id })
 	}
-	if a := op.GetAdd(); a != nil {
+	if a := add; a != nil {
 		switch {
 		case a.Id == 0 || len(a.Secret) != blocktoken.SecretSize:
 			return status.Errorf(codes.InvalidArgument, "scm: secret key %d with a %d-byte secret", a.Id, len(a.Secret))
@@ -160,30 +174,31 @@ func (s *State) applySecretKeys(b *pebble.Batch, op *metapb.SecretKeysOp) any {
 		rows = append(rows, proto.Clone(a).(*metapb.SecretKey))
 		slices.SortFunc(rows, func(x, y *metapb.SecretKey) int { return cmpU64(x.Id, y.Id) })
 	}
-	if len(forced) > 0 {
+	if forced != nil {
 		// Every key but the new one may be known to the removed nodes.
 		for i, k := range rows {
-			if k.Id == op.GetAdd().GetId() || (k.RetireUnixMs != 0 && k.RetireUnixMs <= op.RetireUnixMs) {
+			if k.Id == add.GetId() || (k.RetireUnixMs != 0 && k.RetireUnixMs <= forced.RetireUnixMs) {
 				continue
 			}
 			k = proto.Clone(k).(*metapb.SecretKey)
-			k.RetireUnixMs = op.RetireUnixMs
+			k.RetireUnixMs = forced.RetireUnixMs
 			rows[i] = k
 			s.put(b, key(pfxSecretKey, k.Id), k)
 		}
-		for _, id := range forced {
-			if err := b.Set(key(pfxKeysRotatedFor, id), binary.BigEndian.AppendUint64(nil, op.GetAdd().GetId()), nil); err != nil {
+		for _, id := range forced.GetMembers() {
+			if err := b.Set(key(pfxKeysRotatedFor, id), binary.BigEndian.AppendUint64(nil, add.GetId()), nil); err != nil {
 				panic(err)
 			}
-			s.keys.rotatedFor[id] = op.GetAdd().GetId()
+			s.keys.rotatedFor[id] = add.GetId()
 		}
 	}
-	for _, id := range op.GetRemove() {
+	for _, id := range remove {
 		if err := b.Delete(key(pfxSecretKey, id), nil); err != nil {
 			panic(err)
 		}
 	}
-	if a := op.GetAdd(); a != nil {
+	if add != nil {
+		a := add
 		s.put(b, key(pfxSecretKey, a.Id), a)
 	}
 	s.keys.rows = rows
@@ -195,7 +210,7 @@ func (s *State) applySecretKeys(b *pebble.Batch, op *metapb.SecretKeysOp) any {
 
 // CheckForced validates a forced rotation's members (what, the group's
 // name for the messages; done, the members rotated for already; limit,
-// the most it may hold): none 0 or repeated, none done already (that is
+// the most it may hold): at least one, none 0 or repeated, none done already (that is
 // AlreadyExists: another leader's op came first), room for them all, and
 // a new key and a retire time. Shared with the user-token state.
 func CheckForced(what string, members []uint64, hasKey bool, retireMs int64, done map[uint64]uint64, limit int) error {
@@ -203,8 +218,8 @@ func CheckForced(what string, members []uint64, hasKey bool, retireMs int64, don
 }
 
 func checkForced(what string, members []uint64, hasKey bool, retireMs int64, done map[uint64]uint64, limit int) error {
-	if !hasKey || retireMs <= 0 {
-		return status.Errorf(codes.InvalidArgument, "%s: a forced rotation for meta nodes %v without a new key or a retire time", what, members)
+	if len(members) == 0 || !hasKey || retireMs <= 0 {
+		return status.Errorf(codes.InvalidArgument, "%s: a forced rotation for meta nodes %v without members, a new key or a retire time", what, members)
 	}
 	if len(members) > limit-len(done) {
 		return status.Errorf(codes.ResourceExhausted, "%s: %d forced rotations recorded already, %d more asked for (at most %d)", what, len(done), len(members), limit)
@@ -335,12 +350,12 @@ func (m *Manager) RotateSecretKeysFor(ctx context.Context, members []uint64) err
 		return err
 	}
 	activate := now.Add(kc.ActivationDelay)
-	op := &metapb.SecretKeysOp{
-		Add:              &metapb.SecretKey{Id: maxID + 1, Secret: secret, CreatedUnixMs: now.UnixMilli(), ActivateUnixMs: activate.UnixMilli()},
-		RotateForMembers: todo,
-		RetireUnixMs:     activate.Add(kc.TokenLifetime + kc.ActivationDelay).UnixMilli(),
+	op := &metapb.ForcedKeyRotationOp{
+		Add:          &metapb.SecretKey{Id: maxID + 1, Secret: secret, CreatedUnixMs: now.UnixMilli(), ActivateUnixMs: activate.UnixMilli()},
+		Members:      todo,
+		RetireUnixMs: activate.Add(kc.TokenLifetime + kc.ActivationDelay).UnixMilli(),
 	}
-	v, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_SecretKeys{SecretKeys: op}})
+	v, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ForcedKeyRotation{ForcedKeyRotation: op}})
 	if e, ok := v.(error); ok && err == nil {
 		err = e // Apply refused it
 	}

@@ -1,6 +1,7 @@
 package scm
 
 import (
+	"errors"
 	"path/filepath"
 	"testing"
 	"time"
@@ -9,7 +10,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/basalt-store/basalt/internal/blocktoken"
+	"github.com/basalt-store/basalt/internal/meta/applyhalt"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/store"
 )
 
 // TestForcedRotation walks a forced rotation on a fake clock: a new key
@@ -72,17 +75,21 @@ func TestForcedRotation(t *testing.T) {
 	// so is one without a key or a retire time, or naming 0 or a member
 	// twice.
 	for _, c := range []struct {
-		op   *metapb.SecretKeysOp
+		op   *metapb.ForcedKeyRotationOp
 		want codes.Code
 	}{
-		{&metapb.SecretKeysOp{RotateForMembers: []uint64{10, 9}, RetireUnixMs: 1, Add: &metapb.SecretKey{Id: 50, Secret: make([]byte, blocktoken.SecretSize)}}, codes.AlreadyExists},
-		{&metapb.SecretKeysOp{RotateForMembers: []uint64{10}}, codes.InvalidArgument},
-		{&metapb.SecretKeysOp{RotateForMembers: []uint64{10, 0}, RetireUnixMs: 1, Add: &metapb.SecretKey{Id: 50, Secret: make([]byte, blocktoken.SecretSize)}}, codes.InvalidArgument},
-		{&metapb.SecretKeysOp{RotateForMembers: []uint64{10, 10}, RetireUnixMs: 1, Add: &metapb.SecretKey{Id: 50, Secret: make([]byte, blocktoken.SecretSize)}}, codes.InvalidArgument},
+		{&metapb.ForcedKeyRotationOp{Members: []uint64{10, 9}, RetireUnixMs: 1, Add: &metapb.SecretKey{Id: 50, Secret: make([]byte, blocktoken.SecretSize)}}, codes.AlreadyExists},
+		{&metapb.ForcedKeyRotationOp{Members: []uint64{10}}, codes.InvalidArgument},
+		{&metapb.ForcedKeyRotationOp{Members: []uint64{10, 0}, RetireUnixMs: 1, Add: &metapb.SecretKey{Id: 50, Secret: make([]byte, blocktoken.SecretSize)}}, codes.InvalidArgument},
+		{&metapb.ForcedKeyRotationOp{Members: []uint64{10, 10}, RetireUnixMs: 1, Add: &metapb.SecretKey{Id: 50, Secret: make([]byte, blocktoken.SecretSize)}}, codes.InvalidArgument},
+		{&metapb.ForcedKeyRotationOp{RetireUnixMs: 1, Add: &metapb.SecretKey{Id: 50, Secret: make([]byte, blocktoken.SecretSize)}}, codes.InvalidArgument},
 	} {
-		_, err = e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_SecretKeys{SecretKeys: c.op}})
+		v, err := e.m.propose(e.ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ForcedKeyRotation{ForcedKeyRotation: c.op}})
+		if e, ok := v.(error); ok && err == nil {
+			err = e
+		}
 		if status.Code(err) != c.want || e.st.TokenKeys().Has(50) || e.st.KeysRotatedFor(10) || e.st.TokenKeys().Len() != 1 {
-			t.Fatalf("forced op %v: %v, want %v and nothing recorded", c.op.RotateForMembers, err, c.want)
+			t.Fatalf("forced op %v: %v, want %v and nothing recorded", c.op.Members, err, c.want)
 		}
 	}
 	// Two members in one op: one new key.
@@ -101,5 +108,59 @@ func TestForcedRotation(t *testing.T) {
 	rc.Close()
 	if !st.KeysRotatedFor(9) || !st.TokenKeys().SameAs(e.st.TokenKeys()) {
 		t.Fatal("the restored state lost the forced rotation")
+	}
+}
+
+// TestForcedRotationHaltsOlderReplica (review finding 1): a replica
+// whose binary does not know the forced rotation (hidden: the ScmCommand
+// ops this release added) applies the entries before it and halts at the
+// forced rotation the leader proposed, with nothing of it applied; the
+// same entries apply on a replica that knows the op. Before, the rotation
+// was two fields of SecretKeysOp: an older binary applied it as a plain
+// key addition (no retire time, no record) and diverged.
+func TestForcedRotationHaltsOlderReplica(t *testing.T) {
+	newOps := []int32{181} // ScmCommand ops unknown to the release before
+	e := newEnv(t, Config{SecretKeys: SecretKeyConfig{ActivationDelay: time.Minute, TokenLifetime: 10 * time.Minute}})
+	if err := e.m.Tick(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := len(e.fr.props)
+	if err := e.m.RotateSecretKeysFor(e.ctx, []uint64{9}); err != nil {
+		t.Fatal(err)
+	}
+	if len(e.fr.props) != before+1 || before == 0 {
+		t.Fatalf("%d proposals before the rotation, %d after", before, len(e.fr.props))
+	}
+	var ents []store.Entry
+	for i, p := range e.fr.props {
+		ents = append(ents, store.Entry{Index: uint64(i + 1), Cmd: p})
+	}
+	old, err := OpenHiding(t.TempDir(), store.Options{SyncInterval: -1}, newOps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	res := old.Apply(ents)
+	for i, r := range res[:before] {
+		if err, _ := r.(error); err != nil {
+			t.Fatalf("older replica, entry %d: %v", i+1, err)
+		}
+	}
+	h := old.Halt().Halted()
+	if h == nil || h.Index != uint64(before+1) || h.Op != newOps[0] || !errors.Is(res[before].(error), applyhalt.ErrHalted) {
+		t.Fatalf("older replica at the forced rotation: halt %+v, result %v (want a halt at entry %d, op %d)", h, res[before], before+1, newOps[0])
+	}
+	if old.KeysRotatedFor(9) || old.TokenKeys().Len() != 1 || old.AppliedIndex() != uint64(before) {
+		t.Fatalf("older replica applied part of the rotation: rotated for 9 %v, %d keys, applied %d", old.KeysRotatedFor(9), old.TokenKeys().Len(), old.AppliedIndex())
+	}
+	cur := openState(t, t.TempDir())
+	defer cur.Close()
+	for i, r := range cur.Apply(ents) {
+		if err, _ := r.(error); err != nil {
+			t.Fatalf("current replica, entry %d: %v", i+1, err)
+		}
+	}
+	if cur.Halt().Halted() != nil || !cur.KeysRotatedFor(9) || !cur.TokenKeys().SameAs(e.st.TokenKeys()) {
+		t.Fatalf("current replica: halt %+v, rotated for 9 %v", cur.Halt().Halted(), cur.KeysRotatedFor(9))
 	}
 }
