@@ -146,9 +146,11 @@ func (f inFlight) check(t *testing.T, c *cluster, what string) {
 // present at the removal carries a retire time ≤ removal + lifetime +
 // 2 × activation delay (+ the rotation's bound) and is dropped then, so
 // tokens the removed node forges with them are refused from then on;
-// the genuine tokens issued with the old keys (just before the removal,
-// and just after it while the new key is not active yet) verify on every
-// node until they expire; ListMembers says "keys rotated".
+// each old key's retire time is exactly the new key's activation +
+// lifetime + activation delay (review finding 3); the genuine tokens
+// issued with the old keys (just before the removal, and just before the
+// new keys activate, the old keys' last) verify on every node until they
+// expire; ListMembers says "keys rotated".
 func TestRemovedMemberRotatesKeys(t *testing.T) {
 	c := newKeyRotateCluster(t)
 	waitKeys(t, c)
@@ -169,11 +171,44 @@ func TestRemovedMemberRotatesKeys(t *testing.T) {
 		return true
 	})
 	t.Logf("rotated on every node %v after the removal", time.Since(removed).Round(time.Millisecond))
-	// Still signing with the old keys (the new ones activate after the
-	// delay): a token issued now must also live to its expiry.
+	// Each old key retires exactly at its group's new key's activation +
+	// lifetime + activation delay (the delay: the clock-skew margin; both
+	// groups use krLifetime and krDelay here), on every node.
+	newKey := func(old, now []*metapb.SecretKey) *metapb.SecretKey {
+		for _, k := range now {
+			if !slices.Contains(keyIDs(old), k.Id) {
+				return k
+			}
+		}
+		return nil
+	}
+	for id, s := range c.servers {
+		for _, set := range []struct {
+			name     string
+			old, now []*metapb.SecretKey
+		}{{"block token", oldBlock, s.scmState.SecretKeys()}, {"user-token", oldUser, s.ut.Keys()}} {
+			nk := newKey(set.old, set.now)
+			if nk == nil {
+				t.Fatalf("node %d: no new %s key: %v", id, set.name, keyIDs(set.now))
+			}
+			want := nk.ActivateUnixMs + (krLifetime + krDelay).Milliseconds()
+			for _, k := range set.now {
+				if k.Id != nk.Id && k.RetireUnixMs != want {
+					t.Errorf("node %d: old %s key %d retires %v after the new key %d activates, want exactly %v (lifetime + activation delay)",
+						id, set.name, k.Id, time.Duration(k.RetireUnixMs-nk.ActivateUnixMs)*time.Millisecond, nk.Id, krLifetime+krDelay)
+				}
+			}
+		}
+	}
+	// The old keys sign until the new ones activate: a pair issued at the
+	// last moment (just before the earlier of the two activations) must
+	// be an old-key pair and live to its expiry.
+	nb, nu := newKey(oldBlock, L.scmState.SecretKeys()), newKey(oldUser, L.ut.Keys())
+	time.Sleep(time.Until(time.UnixMilli(min(nb.ActivateUnixMs, nu.ActivateUnixMs)).Add(-200 * time.Millisecond)))
 	after := issueInFlight(t, L)
 	if after.blockKey != before.blockKey || after.userKey != before.userKey {
-		t.Logf("the new keys sign already (keys %d, %d): the second pair is not an old-key pair", after.blockKey, after.userKey)
+		t.Fatalf("the pair issued just before the new keys activate is signed with keys %d, %d, want the old %d, %d",
+			after.blockKey, after.userKey, before.blockKey, before.userKey)
 	}
 	limit := removed.Add(krLifetime + 2*krDelay + krBound).UnixMilli()
 	floor := removed.Add(krLifetime + krDelay).UnixMilli()
