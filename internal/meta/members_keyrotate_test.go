@@ -16,6 +16,7 @@ import (
 
 	"github.com/basalt-store/basalt/internal/blocktoken"
 	"github.com/basalt-store/basalt/internal/meta/applyhalt"
+	"github.com/basalt-store/basalt/internal/meta/metaclient"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
 	"github.com/basalt-store/basalt/internal/meta/namespace"
 	"github.com/basalt-store/basalt/internal/meta/scm"
@@ -608,4 +609,59 @@ func TestKeyRotationGateReprobes(t *testing.T) {
 	}
 	setOther(c.servers[other].GRPCAddr())
 	waitFor(t, krBound, "the keys rotated for node 10 once node "+fmt.Sprint(other)+" is upgraded again", rotated(10))
+}
+
+// The Go client, holding a token signed with a key that a forced rotation
+// retires, replaces it with a token of the new key well before the
+// retire time (review finding 4): a renewal answered capped (or that
+// extends it by less than half its lifetime) is final. Before, the client
+// renewed the capped token at three quarters of what was left, ever more
+// often, and got a new token only once it expired at the retire time.
+func TestClientReplacesCappedToken(t *testing.T) {
+	const life = 4 * time.Second
+	c := newUTCluster(t, 1, UserTokenConfig{Lifetime: life, ActivationDelay: time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	waitFor(t, 20*time.Second, "leaders", func() bool { return c.nsLeader() != 0 && c.utLeader() != 0 })
+	waitKeys(t, c)
+	ak := s3Key(t, c, "alice")
+	cl := c.keyClient(ak.AccessKeyId, ak.SecretAccessKey)
+	keyOf := func(tok string) uint64 {
+		t.Helper()
+		parts, err := metaclient.DecodeTokenURL(tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ut, err := parseUserToken(parts.Identifier)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ut.KeyID
+	}
+	first, err := cl.Token(ctx)
+	mustOK(t, "first token", err)
+	s := c.servers[1]
+	removeRow(t, membersLeader(t, c), 9)
+	var retire time.Time
+	waitFor(t, krBound, "the user-token keys rotated for node 9", func() bool {
+		r := s.ut.keyRetire(keyOf(first))
+		retire = time.UnixMilli(r)
+		return r != 0
+	})
+	for time.Now().Before(retire) {
+		tok, err := cl.Token(ctx)
+		mustOK(t, "token", err)
+		if tok != first {
+			if keyOf(tok) == keyOf(first) {
+				t.Fatalf("replaced by another token of the retiring key %d", keyOf(tok))
+			}
+			if left := time.Until(retire); left < 500*time.Millisecond {
+				t.Fatalf("replaced only %v before the old key's retire time", left)
+			}
+			t.Logf("replaced %v before the old key's retire time", time.Until(retire).Round(time.Millisecond))
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("the client still held its token of the retiring key at the key's retire time")
 }

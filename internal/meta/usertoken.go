@@ -793,16 +793,19 @@ func (u *userTokenServer) RenewUserToken(ctx context.Context, req *metapb.RenewU
 		return nil, status.Errorf(codes.PermissionDenied, "meta node %d: RenewUserToken: %q may not renew token %d (its renewer is %q)", s.cfg.NodeID, clip(who), t.Seq, t.Renewer)
 	}
 	exp := min(now.Add(s.cfg.UserTokens.withDefaults().Lifetime).UnixMilli(), t.MaxMs)
-	if r := s.ut.keyRetire(t.KeyID); r != 0 {
+	capped := false
+	if r := s.ut.keyRetire(t.KeyID); r != 0 && r < exp {
 		// Its key retires (a removed meta node held it: a forced
-		// rotation): no renewal past that; the client gets a new token.
-		exp = min(exp, r)
+		// rotation): no renewal past that; the answer says so and the
+		// Go client gets a new token (metaclient tokenSource). A Hadoop
+		// delegation token cannot be fetched anew: it ends then.
+		exp, capped = r, true
 	}
 	if _, err := s.utPropose(ctx, &metapb.UserTokenCommand{NowUnixMs: now.UnixMilli(), Op: &metapb.UserTokenCommand_Renew{Renew: &metapb.UserTokenRenewOp{
 		Sequence: t.Seq, ExpiryUnixMs: exp, MaxUnixMs: t.MaxMs}}}); err != nil {
 		return nil, err
 	}
-	return &metapb.RenewUserTokenResponse{ExpiryUnixMs: exp}, nil
+	return &metapb.RenewUserTokenResponse{ExpiryUnixMs: exp, Capped: capped}, nil
 }
 
 func (u *userTokenServer) CancelUserToken(ctx context.Context, req *metapb.CancelUserTokenRequest) (*metapb.CancelUserTokenResponse, error) {

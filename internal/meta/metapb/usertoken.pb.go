@@ -262,8 +262,14 @@ func (x *RenewUserTokenRequest) GetToken() string {
 }
 
 type RenewUserTokenResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ExpiryUnixMs  int64                  `protobuf:"varint,1,opt,name=expiry_unix_ms,json=expiryUnixMs,proto3" json:"expiry_unix_ms,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ExpiryUnixMs int64                  `protobuf:"varint,1,opt,name=expiry_unix_ms,json=expiryUnixMs,proto3" json:"expiry_unix_ms,omitempty"`
+	// capped: the expiry was cut at the retire time of the key that signed
+	// the token (a removed meta node held it: members_keyrotate.go); no
+	// later renewal extends it, so the client gets a new token now. (The
+	// Go client also treats a renewal that extends the token by less than
+	// half its lifetime as final: a server without this field.)
+	Capped        bool `protobuf:"varint,2,opt,name=capped,proto3" json:"capped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -303,6 +309,13 @@ func (x *RenewUserTokenResponse) GetExpiryUnixMs() int64 {
 		return x.ExpiryUnixMs
 	}
 	return 0
+}
+
+func (x *RenewUserTokenResponse) GetCapped() bool {
+	if x != nil {
+		return x.Capped
+	}
+	return false
 }
 
 type CancelUserTokenRequest struct {
@@ -842,9 +855,10 @@ const file_meta_usertoken_proto_rawDesc = "" +
 	"\bsequence\x18\b \x01(\x04R\bsequence\x12\x14\n" +
 	"\x05admin\x18\t \x01(\bR\x05admin\"-\n" +
 	"\x15RenewUserTokenRequest\x12\x14\n" +
-	"\x05token\x18\x01 \x01(\tR\x05token\">\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\"V\n" +
 	"\x16RenewUserTokenResponse\x12$\n" +
-	"\x0eexpiry_unix_ms\x18\x01 \x01(\x03R\fexpiryUnixMs\".\n" +
+	"\x0eexpiry_unix_ms\x18\x01 \x01(\x03R\fexpiryUnixMs\x12\x16\n" +
+	"\x06capped\x18\x02 \x01(\bR\x06capped\".\n" +
 	"\x16CancelUserTokenRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\"\x19\n" +
 	"\x17CancelUserTokenResponse\"\xf7\x02\n" +
