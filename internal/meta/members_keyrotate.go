@@ -70,6 +70,20 @@ import (
 type keyRotateLoop struct {
 	// heldLogged: when the gate last logged a holdback.
 	heldLogged time.Time
+	// warned: when a refused or failed rotation was last logged as a
+	// WARN (at most once a minute; the rest at DEBUG: a refusal such as
+	// more than scm.MaxForcedRotations removed nodes repeats every round).
+	warned time.Time
+}
+
+// warn logs a failed rotation at WARN at most once a minute.
+func (l *keyRotateLoop) warn(s *Server, msg string, args ...any) {
+	if time.Since(l.warned) >= time.Minute {
+		l.warned = time.Now()
+		s.log.Warn(msg, args...)
+		return
+	}
+	s.log.Debug(msg, args...)
 }
 
 func newKeyRotateLoop() *keyRotateLoop { return &keyRotateLoop{} }
@@ -190,12 +204,12 @@ func (s *Server) reconcileKeyRotations(ctx context.Context, l *keyRotateLoop) {
 	}
 	if len(scmTodo) > 0 {
 		if err := s.scmMgr.RotateSecretKeysFor(ctx, scmTodo); err != nil && ctx.Err() == nil {
-			s.log.Warn("meta: rotating the block token keys for removed meta nodes (retried)", "ids", scmTodo, "err", err)
+			l.warn(s, "meta: rotating the block token keys for removed meta nodes (retried)", "ids", scmTodo, "err", err)
 		}
 	}
 	if len(utTodo) > 0 {
 		if err := s.rotateUserTokenKeysFor(ctx, utTodo); err != nil && ctx.Err() == nil {
-			s.log.Warn("meta: rotating the user-token keys for removed meta nodes (retried)", "ids", utTodo, "err", err)
+			l.warn(s, "meta: rotating the user-token keys for removed meta nodes (retried)", "ids", utTodo, "err", err)
 		}
 	}
 }
