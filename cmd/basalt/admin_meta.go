@@ -74,6 +74,12 @@ Examples:
 					// (a binary without the field, a halted CA replica).
 					st = fmt.Sprintf("removed, revocation not confirmed by node %d", r.GetNodeId())
 				}
+				switch {
+				case m.GetKeysRotated():
+					st += ", token keys rotated"
+				case m.GetRemoved():
+					st += fmt.Sprintf(", token key rotation not confirmed by node %d", r.GetNodeId())
+				}
 				t.row(m.GetId(), m.GetRaftAddr(), m.GetGrpcAddr(), st, m.GetSource())
 			}
 			if err := t.flush(); err != nil {

@@ -228,6 +228,19 @@ func TestMetaReplaceNode(t *testing.T) {
 		t.Fatalf("admin meta members after the removal: %v %s", err, out)
 	}
 	lap("node 3 revoked")
+	// Its token keys are rotated (within a second or so: the reconciler
+	// runs every second on the SCM and user-token leaders).
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		out, _, err := run(admin(both, "admin", "meta", "members")...)
+		if err == nil && strings.Contains(out, "removed, certificates revoked, token keys rotated") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("admin meta members: node 3's token keys not rotated: %v %s", err, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	lap("node 3's token keys rotated")
 	// A retry changes nothing and says so.
 	out = retry("remove node 3 again", 30*time.Second, admin(both, "admin", "meta", "remove", "3", "--json")...)
 	if err := json.Unmarshal([]byte(out), &ch); err != nil || len(ch.Groups) != 5 {

@@ -224,11 +224,12 @@ func (m *membersServer) ListMembers(ctx context.Context, _ *metapb.ListMembersRe
 		return nil, err
 	}
 	s := m.s
-	resp := &metapb.ListMembersResponse{NodeId: s.cfg.NodeID}
+	resp := &metapb.ListMembersResponse{NodeId: s.cfg.NodeID, ForcedKeyRotation: true}
 	seen := map[uint64]bool{}
 	for _, mi := range s.members.Table() {
 		mi.Source = "table"
 		mi.Revoked = mi.GetRemoved() && s.identityRevoked(mi.GetId())
+		mi.KeysRotated = mi.GetRemoved() && s.keysRotatedFor(mi.GetId())
 		seen[mi.GetId()] = true
 		resp.Members = append(resp.Members, mi)
 	}

@@ -63,7 +63,9 @@ import (
 // group's own (group 3; utState), generated and rotated by its leader as
 // SCM rotates the block token keys (a new key signs only after an
 // activation delay, old keys verify until every token they signed passed
-// its max date), and never the block token keys.
+// its max date, or until their retire time after a removed meta node
+// forced a rotation: members_keyrotate.go), and never the block token
+// keys.
 //
 // Every meta node verifies a token on its own: the key must be recorded,
 // the MAC equal (constant time), the max date and the expiry (the
@@ -791,11 +793,19 @@ func (u *userTokenServer) RenewUserToken(ctx context.Context, req *metapb.RenewU
 		return nil, status.Errorf(codes.PermissionDenied, "meta node %d: RenewUserToken: %q may not renew token %d (its renewer is %q)", s.cfg.NodeID, clip(who), t.Seq, t.Renewer)
 	}
 	exp := min(now.Add(s.cfg.UserTokens.withDefaults().Lifetime).UnixMilli(), t.MaxMs)
+	capped := false
+	if r := s.ut.keyRetire(t.KeyID); r != 0 && r < exp {
+		// Its key retires (a removed meta node held it: a forced
+		// rotation): no renewal past that; the answer says so and the
+		// Go client gets a new token (metaclient tokenSource). A Hadoop
+		// delegation token cannot be fetched anew: it ends then.
+		exp, capped = r, true
+	}
 	if _, err := s.utPropose(ctx, &metapb.UserTokenCommand{NowUnixMs: now.UnixMilli(), Op: &metapb.UserTokenCommand_Renew{Renew: &metapb.UserTokenRenewOp{
 		Sequence: t.Seq, ExpiryUnixMs: exp, MaxUnixMs: t.MaxMs}}}); err != nil {
 		return nil, err
 	}
-	return &metapb.RenewUserTokenResponse{ExpiryUnixMs: exp}, nil
+	return &metapb.RenewUserTokenResponse{ExpiryUnixMs: exp, Capped: capped}, nil
 }
 
 func (u *userTokenServer) CancelUserToken(ctx context.Context, req *metapb.CancelUserTokenRequest) (*metapb.CancelUserTokenResponse, error) {
@@ -825,7 +835,13 @@ func (u *userTokenServer) CancelUserToken(ctx context.Context, req *metapb.Cance
 func (s *Server) runUserTokens(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	kr := newKeyRotateLoop()
 	for {
+		// Forced rotations for removed meta nodes (members_keyrotate.go),
+		// on whichever of SCM and the user-token group this node leads;
+		// in this goroutine, so that the user-token key ops are proposed
+		// one at a time.
+		s.reconcileKeyRotations(ctx, kr)
 		if s.utGroup.IsLeader() {
 			if err := s.rotateUserTokenKeys(ctx); err != nil && ctx.Err() == nil {
 				s.log.Debug("meta: rotating user-token keys", "err", err)
@@ -873,6 +889,10 @@ func (s *Server) rotateUserTokenKeys(ctx context.Context) error {
 	// token can live (its max lifetime), plus the activation delay.
 	retire := now.Add(-cfg.MaxLifetime - cfg.ActivationDelay).UnixMilli()
 	for _, k := range keys {
+		if k.RetireUnixMs != 0 && k.RetireUnixMs <= now.UnixMilli() {
+			op.Remove = append(op.Remove, k.Id) // a forced rotation's retire time
+			continue
+		}
 		for _, j := range keys {
 			if j.ActivateUnixMs > k.ActivateUnixMs && j.ActivateUnixMs <= retire {
 				op.Remove = append(op.Remove, k.Id)
@@ -892,4 +912,58 @@ func (s *Server) rotateUserTokenKeys(ctx context.Context) error {
 		s.log.Info("meta: user-token key recorded", "key", op.Add.Id, "activates", time.UnixMilli(op.Add.ActivateUnixMs).UTC(), "dropped", op.Remove)
 	}
 	return nil
+}
+
+// rotateUserTokenKeysFor records, on the user-token leader, a new
+// user-token key because the meta nodes members were removed, and retires
+// every key recorded before it at the new key's activation + Lifetime +
+// ActivationDelay: every token an old key signed before the new one took
+// over has expired by then, unless renewed (a renewal never goes past
+// its key's retire time: RenewUserToken). Members already rotated for
+// are left out (nothing if none is left). See members_keyrotate.go.
+// runUserTokens's goroutine only (as rotateUserTokenKeys).
+func (s *Server) rotateUserTokenKeysFor(ctx context.Context, members []uint64) error {
+	var todo []uint64
+	for _, id := range members {
+		if id != 0 && !slices.Contains(todo, id) && !s.ut.keysRotatedFor(id) {
+			todo = append(todo, id)
+		}
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	cmd, err := forcedUTKeysCmd(s.cfg.UserTokens.withDefaults(), time.Now(), s.ut.Keys(), todo)
+	if err != nil {
+		return err
+	}
+	if _, err := s.utPropose(ctx, cmd); err != nil {
+		return fmt.Errorf("rotating user-token keys for removed meta nodes %v: %w", todo, err)
+	}
+	op := cmd.GetForcedKeyRotation()
+	s.log.Info("meta: user-token keys rotated for removed meta nodes", "members", todo, "key", op.Add.Id,
+		"activates", time.UnixMilli(op.Add.ActivateUnixMs).UTC(), "old keys retire", time.UnixMilli(op.RetireUnixMs).UTC())
+	return nil
+}
+
+// forcedUTKeysCmd is the forced rotation's command (UserTokenCommand
+// forced_key_rotation, a top-level op: a binary that does not know it
+// halts at it) at now, given the keys recorded: a new key (ID max+1)
+// active after the activation delay, the others retired at its
+// activation + Lifetime + ActivationDelay.
+func forcedUTKeysCmd(cfg UserTokenConfig, now time.Time, keys []*metapb.SecretKey, members []uint64) (*metapb.UserTokenCommand, error) {
+	var maxID uint64
+	for _, k := range keys {
+		maxID = max(maxID, k.Id)
+	}
+	secret := make([]byte, utSecretSize)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, err
+	}
+	activate := now.Add(cfg.ActivationDelay)
+	op := &metapb.ForcedKeyRotationOp{
+		Add:          &metapb.SecretKey{Id: maxID + 1, Secret: secret, CreatedUnixMs: now.UnixMilli(), ActivateUnixMs: activate.UnixMilli()},
+		Members:      members,
+		RetireUnixMs: activate.Add(cfg.Lifetime + cfg.ActivationDelay).UnixMilli(),
+	}
+	return &metapb.UserTokenCommand{NowUnixMs: now.UnixMilli(), Op: &metapb.UserTokenCommand_ForcedKeyRotation{ForcedKeyRotation: op}}, nil
 }

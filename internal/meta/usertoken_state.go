@@ -16,6 +16,7 @@ import (
 
 	"github.com/basalt-store/basalt/internal/meta/applyhalt"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
+	"github.com/basalt-store/basalt/internal/meta/scm"
 	"github.com/basalt-store/basalt/internal/meta/store"
 )
 
@@ -38,6 +39,9 @@ type utState struct {
 	renewed   map[uint64]*metapb.UserTokenRecord
 	cancelled map[uint64]*metapb.UserTokenRecord
 	expiries  utExpiries // when each nonce and record may go
+	// rotatedFor: removed meta node → the key its forced rotation added
+	// (row "f/<id>"; members_keyrotate.go).
+	rotatedFor map[uint64]uint64
 
 	halt *applyhalt.Group // the apply halt (applyhalt)
 }
@@ -86,6 +90,7 @@ var (
 	utPfxNonce     = []byte("n/")
 	utPfxRenewed   = []byte("r/")
 	utPfxCancelled = []byte("c/")
+	utPfxRotated   = []byte("f/")
 )
 
 // Bounds on the records (Apply refuses beyond them): enough for a large
@@ -98,6 +103,9 @@ const (
 	utMaxRecords      = 1_000_000
 	utMaxKeys         = 64
 	utSecretSize      = 32
+	// utMaxForcedRotations bounds the removed meta nodes recorded as
+	// rotated for (one row each, ever).
+	utMaxForcedRotations = 4096
 )
 
 func utRow(pfx []byte, id uint64) []byte {
@@ -138,6 +146,7 @@ func (s *utState) loadLocked() error {
 	s.expiries = nil
 	s.renewed = map[uint64]*metapb.UserTokenRecord{}
 	s.cancelled = map[uint64]*metapb.UserTokenRecord{}
+	s.rotatedFor = map[uint64]uint64{}
 	return s.st.View(func(r pebble.Reader) error {
 		for _, c := range []struct {
 			k   []byte
@@ -168,6 +177,15 @@ func (s *utState) loadLocked() error {
 				return err
 			}
 			s.keys = append(s.keys, k)
+			return nil
+		}); err != nil {
+			return err
+		}
+		if err := store.Scan(r, utPfxRotated, func(k, v []byte) error {
+			if len(k) != len(utPfxRotated)+8 || len(v) != 8 {
+				return fmt.Errorf("usertoken: bad forced rotation row")
+			}
+			s.rotatedFor[binary.BigEndian.Uint64(k[len(utPfxRotated):])] = binary.BigEndian.Uint64(v)
 			return nil
 		}); err != nil {
 			return err
@@ -365,16 +383,35 @@ func (s *utState) apply(b *pebble.Batch, cmd *metapb.UserTokenCommand) any {
 		return nil
 	case *metapb.UserTokenCommand_Keys:
 		return s.applyKeys(b, op.Keys)
+	case *metapb.UserTokenCommand_ForcedKeyRotation:
+		return s.applyForcedKeyRotation(b, op.ForcedKeyRotation)
 	}
 	return status.Errorf(codes.InvalidArgument, "usertoken: unknown command %T", cmd.Op)
 }
 
 func (s *utState) applyKeys(b *pebble.Batch, op *metapb.UserTokenKeysOp) any {
+	return s.applyKeyChange(b, op.GetAdd(), op.GetRemove(), nil)
+}
+
+// applyForcedKeyRotation applies a forced rotation (UserTokenCommand
+// forced_key_rotation; members_keyrotate.go): refused whole unless
+// scm.CheckForced accepts it.
+func (s *utState) applyForcedKeyRotation(b *pebble.Batch, op *metapb.ForcedKeyRotationOp) any {
+	if err := scm.CheckForced("usertoken", op.GetMembers(), op.GetAdd() != nil, op.GetRetireUnixMs(), s.rotatedFor, utMaxForcedRotations); err != nil {
+		return err
+	}
+	return s.applyKeyChange(b, op.GetAdd(), nil, op)
+}
+
+// applyKeyChange adds add, removes remove and, for a forced rotation
+// (forced non-nil, checked), retires the other keys and records its
+// members.
+func (s *utState) applyKeyChange(b *pebble.Batch, add *metapb.SecretKey, remove []uint64, forced *metapb.ForcedKeyRotationOp) any {
 	keys := slices.Clone(s.keys)
-	for _, id := range op.GetRemove() {
+	for _, id := range remove {
 		keys = slices.DeleteFunc(keys, func(k *metapb.SecretKey) bool { return k.Id == id })
 	}
-	if a := op.GetAdd(); a != nil {
+	if a := add; a != nil {
 		switch {
 		case a.Id == 0 || len(a.Secret) != utSecretSize:
 			return status.Errorf(codes.InvalidArgument, "usertoken: key %d with a %d-byte secret", a.Id, len(a.Secret))
@@ -386,10 +423,30 @@ func (s *utState) applyKeys(b *pebble.Batch, op *metapb.UserTokenKeysOp) any {
 		keys = append(keys, proto.Clone(a).(*metapb.SecretKey))
 		slices.SortFunc(keys, func(x, y *metapb.SecretKey) int { return cmpUint(x.Id, y.Id) })
 	}
-	for _, id := range op.GetRemove() {
+	if forced != nil {
+		// Every key but the new one may be known to the removed nodes.
+		for i, k := range keys {
+			if k.Id == add.GetId() || (k.RetireUnixMs != 0 && k.RetireUnixMs <= forced.RetireUnixMs) {
+				continue
+			}
+			k = proto.Clone(k).(*metapb.SecretKey)
+			k.RetireUnixMs = forced.RetireUnixMs
+			keys[i] = k
+			v, err := proto.Marshal(k)
+			if err != nil {
+				panic(err)
+			}
+			s.set(b, utRow(utPfxKey, k.Id), v)
+		}
+		for _, id := range forced.GetMembers() {
+			s.set(b, utRow(utPfxRotated, id), store.U64(add.GetId()))
+			s.rotatedFor[id] = add.GetId()
+		}
+	}
+	for _, id := range remove {
 		s.del(b, utRow(utPfxKey, id))
 	}
-	if a := op.GetAdd(); a != nil {
+	if a := add; a != nil {
 		v, err := proto.Marshal(a)
 		if err != nil {
 			panic(err)
@@ -415,6 +472,27 @@ func (s *utState) Keys() []*metapb.SecretKey {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.keys
+}
+
+// keysRotatedFor reports whether the user-token keys were rotated for
+// removed meta node id.
+func (s *utState) keysRotatedFor(id uint64) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	_, ok := s.rotatedFor[id]
+	return ok
+}
+
+// keyRetire is key id's forced retire time (0: none, or not recorded).
+func (s *utState) keyRetire(id uint64) int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, k := range s.keys {
+		if k.Id == id {
+			return k.RetireUnixMs
+		}
+	}
+	return 0
 }
 
 // key returns key id's secret, nil if it is not recorded.

@@ -74,14 +74,20 @@ func WithUserToken(ctx context.Context, tok string) context.Context {
 
 // tokenSource keeps a client's user token: fetched on first use, renewed
 // once three quarters of its validity have passed, fetched anew when
-// renewal is refused (the max date came, or it was cancelled).
+// renewal is refused (the max date came, or it was cancelled) or final:
+// the answer says capped (the token's key retires: a removed meta node
+// held it), or extends the token by less than half its lifetime (a
+// server without the flag; near the max date). Before, a capped renewal
+// was renewed again at three quarters of what was left, ever more often,
+// until the token expired.
 type tokenSource struct {
 	c                   *Client
 	accessKey, secret   string
 	mu                  sync.Mutex
 	tok                 *metapb.UserTokenResponse
 	renewAt, validUntil time.Time
-	maxUntil            time.Time // the token's max date: no renewal goes past it
+	maxUntil            time.Time     // the token's max date: no renewal goes past it
+	lifetime            time.Duration // the token's first validity (expiry − issue)
 }
 
 // renewFraction: a token is renewed once this fraction of its validity
@@ -92,6 +98,7 @@ func (ts *tokenSource) set(t *metapb.UserTokenResponse, expiryMs int64, now time
 	ts.tok = t
 	ts.validUntil = time.UnixMilli(expiryMs)
 	ts.maxUntil = time.UnixMilli(t.MaxUnixMs)
+	ts.lifetime = time.Duration(t.ExpiryUnixMs-t.IssueUnixMs) * time.Millisecond
 	ts.renewAt = now.Add(time.Duration(float64(ts.validUntil.Sub(now)) * renewFraction))
 }
 
@@ -113,6 +120,14 @@ func (ts *tokenSource) token(ctx context.Context) (string, error) {
 		r, err := ts.c.UserToken.RenewUserToken(rctx, &metapb.RenewUserTokenRequest{Token: old})
 		if err == nil {
 			ts.set(ts.tok, r.ExpiryUnixMs, now)
+			if !r.Capped && ts.validUntil.Sub(now) >= ts.lifetime/2 {
+				return old, nil
+			}
+			// Final: no later renewal extends it much. Get a new token;
+			// if that fails, the renewed one serves until its renewAt.
+			if tok, err := ts.fetch(ctx, now); err == nil {
+				return tok, nil
+			}
 			return old, nil
 		}
 		if st, _ := status.FromError(err); st.Code() != codes.Unauthenticated && st.Code() != codes.PermissionDenied {
@@ -120,6 +135,11 @@ func (ts *tokenSource) token(ctx context.Context) (string, error) {
 			return old, nil
 		}
 	}
+	return ts.fetch(ctx, now)
+}
+
+// fetch gets a new token (ts.mu held).
+func (ts *tokenSource) fetch(ctx context.Context, now time.Time) (string, error) {
 	req, err := NewUserTokenRequest(ts.accessKey, ts.secret, "", now)
 	if err != nil {
 		return "", err

@@ -48,6 +48,7 @@ type ScmCommand struct {
 	//	*ScmCommand_ReplicaReports
 	//	*ScmCommand_SafeModeExited
 	//	*ScmCommand_SecretKeys
+	//	*ScmCommand_ForcedKeyRotation
 	//	*ScmCommand_CachePool
 	//	*ScmCommand_CacheDirective
 	Op            isScmCommand_Op `protobuf_oneof:"op"`
@@ -252,6 +253,15 @@ func (x *ScmCommand) GetSecretKeys() *SecretKeysOp {
 	return nil
 }
 
+func (x *ScmCommand) GetForcedKeyRotation() *ForcedKeyRotationOp {
+	if x != nil {
+		if x, ok := x.Op.(*ScmCommand_ForcedKeyRotation); ok {
+			return x.ForcedKeyRotation
+		}
+	}
+	return nil
+}
+
 func (x *ScmCommand) GetCachePool() *CachePoolOp {
 	if x != nil {
 		if x, ok := x.Op.(*ScmCommand_CachePool); ok {
@@ -342,6 +352,14 @@ type ScmCommand_SecretKeys struct {
 	SecretKeys *SecretKeysOp `protobuf:"bytes,180,opt,name=secret_keys,json=secretKeys,proto3,oneof"`
 }
 
+type ScmCommand_ForcedKeyRotation struct {
+	// A forced rotation of the block token keys because meta nodes were
+	// removed (scm/secretkeys.go, members_keyrotate.go). A top-level op,
+	// not fields of SecretKeysOp: a binary that does not know it halts
+	// its replica at the entry (applyhalt) instead of applying half of it.
+	ForcedKeyRotation *ForcedKeyRotationOp `protobuf:"bytes,181,opt,name=forced_key_rotation,json=forcedKeyRotation,proto3,oneof"`
+}
+
 type ScmCommand_CachePool struct {
 	CachePool *CachePoolOp `protobuf:"bytes,300,opt,name=cache_pool,json=cachePool,proto3,oneof"`
 }
@@ -383,6 +401,8 @@ func (*ScmCommand_ReplicaReports) isScmCommand_Op() {}
 func (*ScmCommand_SafeModeExited) isScmCommand_Op() {}
 
 func (*ScmCommand_SecretKeys) isScmCommand_Op() {}
+
+func (*ScmCommand_ForcedKeyRotation) isScmCommand_Op() {}
 
 func (*ScmCommand_CachePool) isScmCommand_Op() {}
 
@@ -2997,7 +3017,7 @@ var File_meta_command_proto protoreflect.FileDescriptor
 
 const file_meta_command_proto_rawDesc = "" +
 	"\n" +
-	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\x1a\x12meta/upgrade.proto\"\xfa\v\n" +
+	"\x12meta/command.proto\x12\x0ebasalt.meta.v1\x1a\x0fmeta/meta.proto\x1a\x12meta/upgrade.proto\"\xd2\f\n" +
 	"\n" +
 	"ScmCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x12Q\n" +
@@ -3019,7 +3039,8 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x0freplica_reports\x18e \x01(\v2 .basalt.meta.v1.ReplicaReportsOpH\x00R\x0ereplicaReports\x12L\n" +
 	"\x10safe_mode_exited\x18f \x01(\v2 .basalt.meta.v1.SafeModeExitedOpH\x00R\x0esafeModeExited\x12@\n" +
 	"\vsecret_keys\x18\xb4\x01 \x01(\v2\x1c.basalt.meta.v1.SecretKeysOpH\x00R\n" +
-	"secretKeys\x12=\n" +
+	"secretKeys\x12V\n" +
+	"\x13forced_key_rotation\x18\xb5\x01 \x01(\v2#.basalt.meta.v1.ForcedKeyRotationOpH\x00R\x11forcedKeyRotation\x12=\n" +
 	"\n" +
 	"cache_pool\x18\xac\x02 \x01(\v2\x1b.basalt.meta.v1.CachePoolOpH\x00R\tcachePool\x12L\n" +
 	"\x0fcache_directive\x18\xad\x02 \x01(\v2 .basalt.meta.v1.CacheDirectiveOpH\x00R\x0ecacheDirectiveB\x04\n" +
@@ -3182,10 +3203,10 @@ const file_meta_command_proto_rawDesc = "" +
 	"\x05state\x18\x02 \x01(\x0e2\x1b.basalt.meta.v1.NodeOpStateR\x05state\x125\n" +
 	"\x17maintenance_end_unix_ms\x18\x03 \x01(\x03R\x14maintenanceEndUnixMs\x12\"\n" +
 	"\rsince_unix_ms\x18\x04 \x01(\x03R\vsinceUnixMs\"\x12\n" +
-	"\x10SafeModeExitedOp\"S\n" +
+	"\x10SafeModeExitedOp\"_\n" +
 	"\fSecretKeysOp\x12+\n" +
 	"\x03add\x18\x01 \x01(\v2\x19.basalt.meta.v1.SecretKeyR\x03add\x12\x16\n" +
-	"\x06remove\x18\x02 \x03(\x04R\x06remove\"l\n" +
+	"\x06remove\x18\x02 \x03(\x04R\x06removeJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05\"l\n" +
 	"\vCachePoolOp\x12-\n" +
 	"\x04pool\x18\x01 \x01(\v2\x19.basalt.meta.v1.CachePoolR\x04pool\x12\x16\n" +
 	"\x06create\x18\x02 \x01(\bR\x06create\x12\x16\n" +
@@ -3262,40 +3283,41 @@ var file_meta_command_proto_goTypes = []any{
 	(*CommitKeysOp)(nil),                   // 35: basalt.meta.v1.CommitKeysOp
 	(*ReserveBlocksOp)(nil),                // 36: basalt.meta.v1.ReserveBlocksOp
 	(*DeleteBlocksRequest)(nil),            // 37: basalt.meta.v1.DeleteBlocksRequest
-	(NodeOpState)(0),                       // 38: basalt.meta.v1.NodeOpState
-	(*CorruptReplica)(nil),                 // 39: basalt.meta.v1.CorruptReplica
-	(*DatanodeDetails)(nil),                // 40: basalt.meta.v1.DatanodeDetails
-	(Replication)(0),                       // 41: basalt.meta.v1.Replication
-	(*CreateVolumeRequest)(nil),            // 42: basalt.meta.v1.CreateVolumeRequest
-	(*DeleteVolumeRequest)(nil),            // 43: basalt.meta.v1.DeleteVolumeRequest
-	(*CreateBucketRequest)(nil),            // 44: basalt.meta.v1.CreateBucketRequest
-	(*DeleteBucketRequest)(nil),            // 45: basalt.meta.v1.DeleteBucketRequest
-	(*CommitKeyRequest)(nil),               // 46: basalt.meta.v1.CommitKeyRequest
-	(*RenameKeyRequest)(nil),               // 47: basalt.meta.v1.RenameKeyRequest
-	(*DeleteKeyRequest)(nil),               // 48: basalt.meta.v1.DeleteKeyRequest
-	(*CreateDirectoryRequest)(nil),         // 49: basalt.meta.v1.CreateDirectoryRequest
-	(*SetKeyMetaRequest)(nil),              // 50: basalt.meta.v1.SetKeyMetaRequest
-	(*CompleteMultipartUploadRequest)(nil), // 51: basalt.meta.v1.CompleteMultipartUploadRequest
-	(*AbortMultipartUploadRequest)(nil),    // 52: basalt.meta.v1.AbortMultipartUploadRequest
-	(*CreateS3SecretRequest)(nil),          // 53: basalt.meta.v1.CreateS3SecretRequest
-	(*DeleteS3SecretRequest)(nil),          // 54: basalt.meta.v1.DeleteS3SecretRequest
-	(*CopyKeyRequest)(nil),                 // 55: basalt.meta.v1.CopyKeyRequest
-	(*SetFileAttrsRequest)(nil),            // 56: basalt.meta.v1.SetFileAttrsRequest
-	(*SetAclRequest)(nil),                  // 57: basalt.meta.v1.SetAclRequest
-	(*BucketPolicy)(nil),                   // 58: basalt.meta.v1.BucketPolicy
-	(*PublicAccessBlockConfig)(nil),        // 59: basalt.meta.v1.PublicAccessBlockConfig
-	(*LayoutOp)(nil),                       // 60: basalt.meta.v1.LayoutOp
-	(*OpenKeyRequest)(nil),                 // 61: basalt.meta.v1.OpenKeyRequest
-	(*BlockLocation)(nil),                  // 62: basalt.meta.v1.BlockLocation
-	(*CreateMultipartUploadRequest)(nil),   // 63: basalt.meta.v1.CreateMultipartUploadRequest
-	(ChecksumType)(0),                      // 64: basalt.meta.v1.ChecksumType
-	(*BlockID)(nil),                        // 65: basalt.meta.v1.BlockID
-	(*KeyInfo)(nil),                        // 66: basalt.meta.v1.KeyInfo
-	(*FileAttrs)(nil),                      // 67: basalt.meta.v1.FileAttrs
-	(*Acl)(nil),                            // 68: basalt.meta.v1.Acl
-	(*SecretKey)(nil),                      // 69: basalt.meta.v1.SecretKey
-	(*CachePool)(nil),                      // 70: basalt.meta.v1.CachePool
-	(*CacheDirective)(nil),                 // 71: basalt.meta.v1.CacheDirective
+	(*ForcedKeyRotationOp)(nil),            // 38: basalt.meta.v1.ForcedKeyRotationOp
+	(NodeOpState)(0),                       // 39: basalt.meta.v1.NodeOpState
+	(*CorruptReplica)(nil),                 // 40: basalt.meta.v1.CorruptReplica
+	(*DatanodeDetails)(nil),                // 41: basalt.meta.v1.DatanodeDetails
+	(Replication)(0),                       // 42: basalt.meta.v1.Replication
+	(*CreateVolumeRequest)(nil),            // 43: basalt.meta.v1.CreateVolumeRequest
+	(*DeleteVolumeRequest)(nil),            // 44: basalt.meta.v1.DeleteVolumeRequest
+	(*CreateBucketRequest)(nil),            // 45: basalt.meta.v1.CreateBucketRequest
+	(*DeleteBucketRequest)(nil),            // 46: basalt.meta.v1.DeleteBucketRequest
+	(*CommitKeyRequest)(nil),               // 47: basalt.meta.v1.CommitKeyRequest
+	(*RenameKeyRequest)(nil),               // 48: basalt.meta.v1.RenameKeyRequest
+	(*DeleteKeyRequest)(nil),               // 49: basalt.meta.v1.DeleteKeyRequest
+	(*CreateDirectoryRequest)(nil),         // 50: basalt.meta.v1.CreateDirectoryRequest
+	(*SetKeyMetaRequest)(nil),              // 51: basalt.meta.v1.SetKeyMetaRequest
+	(*CompleteMultipartUploadRequest)(nil), // 52: basalt.meta.v1.CompleteMultipartUploadRequest
+	(*AbortMultipartUploadRequest)(nil),    // 53: basalt.meta.v1.AbortMultipartUploadRequest
+	(*CreateS3SecretRequest)(nil),          // 54: basalt.meta.v1.CreateS3SecretRequest
+	(*DeleteS3SecretRequest)(nil),          // 55: basalt.meta.v1.DeleteS3SecretRequest
+	(*CopyKeyRequest)(nil),                 // 56: basalt.meta.v1.CopyKeyRequest
+	(*SetFileAttrsRequest)(nil),            // 57: basalt.meta.v1.SetFileAttrsRequest
+	(*SetAclRequest)(nil),                  // 58: basalt.meta.v1.SetAclRequest
+	(*BucketPolicy)(nil),                   // 59: basalt.meta.v1.BucketPolicy
+	(*PublicAccessBlockConfig)(nil),        // 60: basalt.meta.v1.PublicAccessBlockConfig
+	(*LayoutOp)(nil),                       // 61: basalt.meta.v1.LayoutOp
+	(*OpenKeyRequest)(nil),                 // 62: basalt.meta.v1.OpenKeyRequest
+	(*BlockLocation)(nil),                  // 63: basalt.meta.v1.BlockLocation
+	(*CreateMultipartUploadRequest)(nil),   // 64: basalt.meta.v1.CreateMultipartUploadRequest
+	(ChecksumType)(0),                      // 65: basalt.meta.v1.ChecksumType
+	(*BlockID)(nil),                        // 66: basalt.meta.v1.BlockID
+	(*KeyInfo)(nil),                        // 67: basalt.meta.v1.KeyInfo
+	(*FileAttrs)(nil),                      // 68: basalt.meta.v1.FileAttrs
+	(*Acl)(nil),                            // 69: basalt.meta.v1.Acl
+	(*SecretKey)(nil),                      // 70: basalt.meta.v1.SecretKey
+	(*CachePool)(nil),                      // 71: basalt.meta.v1.CachePool
+	(*CacheDirective)(nil),                 // 72: basalt.meta.v1.CacheDirective
 }
 var file_meta_command_proto_depIdxs = []int32{
 	3,  // 0: basalt.meta.v1.ScmCommand.register_datanode:type_name -> basalt.meta.v1.RegisterDatanodeOp
@@ -3315,68 +3337,69 @@ var file_meta_command_proto_depIdxs = []int32{
 	2,  // 14: basalt.meta.v1.ScmCommand.replica_reports:type_name -> basalt.meta.v1.ReplicaReportsOp
 	30, // 15: basalt.meta.v1.ScmCommand.safe_mode_exited:type_name -> basalt.meta.v1.SafeModeExitedOp
 	31, // 16: basalt.meta.v1.ScmCommand.secret_keys:type_name -> basalt.meta.v1.SecretKeysOp
-	32, // 17: basalt.meta.v1.ScmCommand.cache_pool:type_name -> basalt.meta.v1.CachePoolOp
-	33, // 18: basalt.meta.v1.ScmCommand.cache_directive:type_name -> basalt.meta.v1.CacheDirectiveOp
-	38, // 19: basalt.meta.v1.SetNodeOpStateOp.state:type_name -> basalt.meta.v1.NodeOpState
-	38, // 20: basalt.meta.v1.SetNodeOpStateOp.expect:type_name -> basalt.meta.v1.NodeOpState
-	39, // 21: basalt.meta.v1.ReplicaReportsOp.reports:type_name -> basalt.meta.v1.CorruptReplica
-	40, // 22: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
-	41, // 23: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
-	15, // 24: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
-	42, // 25: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
-	43, // 26: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
-	44, // 27: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
-	45, // 28: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
-	19, // 29: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
-	20, // 30: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
-	46, // 31: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
-	47, // 32: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
-	48, // 33: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
-	49, // 34: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
-	21, // 35: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
-	23, // 36: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
-	24, // 37: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
-	50, // 38: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
-	22, // 39: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
-	51, // 40: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
-	52, // 41: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
-	53, // 42: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
-	54, // 43: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
-	55, // 44: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
-	18, // 45: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
-	56, // 46: basalt.meta.v1.NsCommand.set_file_attrs:type_name -> basalt.meta.v1.SetFileAttrsRequest
-	57, // 47: basalt.meta.v1.NsCommand.set_acl:type_name -> basalt.meta.v1.SetAclRequest
-	58, // 48: basalt.meta.v1.NsCommand.set_bucket_policy:type_name -> basalt.meta.v1.BucketPolicy
-	59, // 49: basalt.meta.v1.NsCommand.set_public_access_block:type_name -> basalt.meta.v1.PublicAccessBlockConfig
-	34, // 50: basalt.meta.v1.NsCommand.open_keys:type_name -> basalt.meta.v1.OpenKeysOp
-	35, // 51: basalt.meta.v1.NsCommand.commit_keys:type_name -> basalt.meta.v1.CommitKeysOp
-	36, // 52: basalt.meta.v1.NsCommand.reserve_blocks:type_name -> basalt.meta.v1.ReserveBlocksOp
-	60, // 53: basalt.meta.v1.NsCommand.layout:type_name -> basalt.meta.v1.LayoutOp
-	61, // 54: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
-	62, // 55: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
-	62, // 56: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
-	63, // 57: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
-	41, // 58: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
-	64, // 59: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	65, // 60: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
-	65, // 61: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
-	66, // 62: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
-	67, // 63: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
-	68, // 64: basalt.meta.v1.FsEntry.acls:type_name -> basalt.meta.v1.Acl
-	38, // 65: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
-	69, // 66: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
-	70, // 67: basalt.meta.v1.CachePoolOp.pool:type_name -> basalt.meta.v1.CachePool
-	71, // 68: basalt.meta.v1.CacheDirectiveOp.directive:type_name -> basalt.meta.v1.CacheDirective
-	19, // 69: basalt.meta.v1.OpenKeysOp.opens:type_name -> basalt.meta.v1.OpenKeyOp
-	46, // 70: basalt.meta.v1.CommitKeysOp.commits:type_name -> basalt.meta.v1.CommitKeyRequest
-	41, // 71: basalt.meta.v1.ReserveBlocksOp.replication:type_name -> basalt.meta.v1.Replication
-	64, // 72: basalt.meta.v1.ReserveBlocksOp.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	65, // 73: basalt.meta.v1.ReserveBlocksOp.blocks:type_name -> basalt.meta.v1.BlockID
-	74, // [74:74] is the sub-list for method output_type
-	74, // [74:74] is the sub-list for method input_type
-	74, // [74:74] is the sub-list for extension type_name
-	74, // [74:74] is the sub-list for extension extendee
-	0,  // [0:74] is the sub-list for field type_name
+	38, // 17: basalt.meta.v1.ScmCommand.forced_key_rotation:type_name -> basalt.meta.v1.ForcedKeyRotationOp
+	32, // 18: basalt.meta.v1.ScmCommand.cache_pool:type_name -> basalt.meta.v1.CachePoolOp
+	33, // 19: basalt.meta.v1.ScmCommand.cache_directive:type_name -> basalt.meta.v1.CacheDirectiveOp
+	39, // 20: basalt.meta.v1.SetNodeOpStateOp.state:type_name -> basalt.meta.v1.NodeOpState
+	39, // 21: basalt.meta.v1.SetNodeOpStateOp.expect:type_name -> basalt.meta.v1.NodeOpState
+	40, // 22: basalt.meta.v1.ReplicaReportsOp.reports:type_name -> basalt.meta.v1.CorruptReplica
+	41, // 23: basalt.meta.v1.RegisterDatanodeOp.details:type_name -> basalt.meta.v1.DatanodeDetails
+	42, // 24: basalt.meta.v1.CreatePipelineOp.replication:type_name -> basalt.meta.v1.Replication
+	15, // 25: basalt.meta.v1.ReplicasUnhealthyOp.replicas:type_name -> basalt.meta.v1.UnhealthyReplica
+	43, // 26: basalt.meta.v1.NsCommand.create_volume:type_name -> basalt.meta.v1.CreateVolumeRequest
+	44, // 27: basalt.meta.v1.NsCommand.delete_volume:type_name -> basalt.meta.v1.DeleteVolumeRequest
+	45, // 28: basalt.meta.v1.NsCommand.create_bucket:type_name -> basalt.meta.v1.CreateBucketRequest
+	46, // 29: basalt.meta.v1.NsCommand.delete_bucket:type_name -> basalt.meta.v1.DeleteBucketRequest
+	19, // 30: basalt.meta.v1.NsCommand.open_key:type_name -> basalt.meta.v1.OpenKeyOp
+	20, // 31: basalt.meta.v1.NsCommand.add_block:type_name -> basalt.meta.v1.AddBlockOp
+	47, // 32: basalt.meta.v1.NsCommand.commit_key:type_name -> basalt.meta.v1.CommitKeyRequest
+	48, // 33: basalt.meta.v1.NsCommand.rename_key:type_name -> basalt.meta.v1.RenameKeyRequest
+	49, // 34: basalt.meta.v1.NsCommand.delete_key:type_name -> basalt.meta.v1.DeleteKeyRequest
+	50, // 35: basalt.meta.v1.NsCommand.create_directory:type_name -> basalt.meta.v1.CreateDirectoryRequest
+	21, // 36: basalt.meta.v1.NsCommand.expire_open_keys:type_name -> basalt.meta.v1.ExpireOpenKeysOp
+	23, // 37: basalt.meta.v1.NsCommand.purge_deleted:type_name -> basalt.meta.v1.PurgeDeletedOp
+	24, // 38: basalt.meta.v1.NsCommand.reclaim_dir:type_name -> basalt.meta.v1.ReclaimDirOp
+	51, // 39: basalt.meta.v1.NsCommand.set_key_meta:type_name -> basalt.meta.v1.SetKeyMetaRequest
+	22, // 40: basalt.meta.v1.NsCommand.create_multipart:type_name -> basalt.meta.v1.CreateMultipartUploadOp
+	52, // 41: basalt.meta.v1.NsCommand.complete_multipart:type_name -> basalt.meta.v1.CompleteMultipartUploadRequest
+	53, // 42: basalt.meta.v1.NsCommand.abort_multipart:type_name -> basalt.meta.v1.AbortMultipartUploadRequest
+	54, // 43: basalt.meta.v1.NsCommand.create_s3_secret:type_name -> basalt.meta.v1.CreateS3SecretRequest
+	55, // 44: basalt.meta.v1.NsCommand.delete_s3_secret:type_name -> basalt.meta.v1.DeleteS3SecretRequest
+	56, // 45: basalt.meta.v1.NsCommand.copy_key:type_name -> basalt.meta.v1.CopyKeyRequest
+	18, // 46: basalt.meta.v1.NsCommand.set_service_token:type_name -> basalt.meta.v1.SetServiceTokenOp
+	57, // 47: basalt.meta.v1.NsCommand.set_file_attrs:type_name -> basalt.meta.v1.SetFileAttrsRequest
+	58, // 48: basalt.meta.v1.NsCommand.set_acl:type_name -> basalt.meta.v1.SetAclRequest
+	59, // 49: basalt.meta.v1.NsCommand.set_bucket_policy:type_name -> basalt.meta.v1.BucketPolicy
+	60, // 50: basalt.meta.v1.NsCommand.set_public_access_block:type_name -> basalt.meta.v1.PublicAccessBlockConfig
+	34, // 51: basalt.meta.v1.NsCommand.open_keys:type_name -> basalt.meta.v1.OpenKeysOp
+	35, // 52: basalt.meta.v1.NsCommand.commit_keys:type_name -> basalt.meta.v1.CommitKeysOp
+	36, // 53: basalt.meta.v1.NsCommand.reserve_blocks:type_name -> basalt.meta.v1.ReserveBlocksOp
+	61, // 54: basalt.meta.v1.NsCommand.layout:type_name -> basalt.meta.v1.LayoutOp
+	62, // 55: basalt.meta.v1.OpenKeyOp.request:type_name -> basalt.meta.v1.OpenKeyRequest
+	63, // 56: basalt.meta.v1.OpenKeyOp.blocks:type_name -> basalt.meta.v1.BlockLocation
+	63, // 57: basalt.meta.v1.AddBlockOp.block:type_name -> basalt.meta.v1.BlockLocation
+	64, // 58: basalt.meta.v1.CreateMultipartUploadOp.request:type_name -> basalt.meta.v1.CreateMultipartUploadRequest
+	42, // 59: basalt.meta.v1.OpenKeyRow.replication:type_name -> basalt.meta.v1.Replication
+	65, // 60: basalt.meta.v1.OpenKeyRow.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	66, // 61: basalt.meta.v1.OpenKeyRow.blocks:type_name -> basalt.meta.v1.BlockID
+	66, // 62: basalt.meta.v1.DeletedRow.blocks:type_name -> basalt.meta.v1.BlockID
+	67, // 63: basalt.meta.v1.FsEntry.file:type_name -> basalt.meta.v1.KeyInfo
+	68, // 64: basalt.meta.v1.FsEntry.attrs:type_name -> basalt.meta.v1.FileAttrs
+	69, // 65: basalt.meta.v1.FsEntry.acls:type_name -> basalt.meta.v1.Acl
+	39, // 66: basalt.meta.v1.NodeOpRow.state:type_name -> basalt.meta.v1.NodeOpState
+	70, // 67: basalt.meta.v1.SecretKeysOp.add:type_name -> basalt.meta.v1.SecretKey
+	71, // 68: basalt.meta.v1.CachePoolOp.pool:type_name -> basalt.meta.v1.CachePool
+	72, // 69: basalt.meta.v1.CacheDirectiveOp.directive:type_name -> basalt.meta.v1.CacheDirective
+	19, // 70: basalt.meta.v1.OpenKeysOp.opens:type_name -> basalt.meta.v1.OpenKeyOp
+	47, // 71: basalt.meta.v1.CommitKeysOp.commits:type_name -> basalt.meta.v1.CommitKeyRequest
+	42, // 72: basalt.meta.v1.ReserveBlocksOp.replication:type_name -> basalt.meta.v1.Replication
+	65, // 73: basalt.meta.v1.ReserveBlocksOp.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	66, // 74: basalt.meta.v1.ReserveBlocksOp.blocks:type_name -> basalt.meta.v1.BlockID
+	75, // [75:75] is the sub-list for method output_type
+	75, // [75:75] is the sub-list for method input_type
+	75, // [75:75] is the sub-list for extension type_name
+	75, // [75:75] is the sub-list for extension extendee
+	0,  // [0:75] is the sub-list for field type_name
 }
 
 func init() { file_meta_command_proto_init() }
@@ -3404,6 +3427,7 @@ func file_meta_command_proto_init() {
 		(*ScmCommand_ReplicaReports)(nil),
 		(*ScmCommand_SafeModeExited)(nil),
 		(*ScmCommand_SecretKeys)(nil),
+		(*ScmCommand_ForcedKeyRotation)(nil),
 		(*ScmCommand_CachePool)(nil),
 		(*ScmCommand_CacheDirective)(nil),
 	}

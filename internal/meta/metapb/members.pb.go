@@ -42,7 +42,12 @@ type MemberInfo struct {
 	// revoked, so every certificate naming it is refused. A removed row
 	// not revoked yet is revoked by the CA group's leader
 	// (members_revoke.go).
-	Revoked       bool `protobuf:"varint,6,opt,name=revoked,proto3" json:"revoked,omitempty"`
+	Revoked bool `protobuf:"varint,6,opt,name=revoked,proto3" json:"revoked,omitempty"`
+	// keys_rotated (answers only): the node is removed and the answering
+	// node's SCM and user-token states record a forced rotation of the
+	// block-token and user-token keys for it (members_keyrotate.go): every
+	// key it could hold is retired within one token lifetime.
+	KeysRotated   bool `protobuf:"varint,7,opt,name=keys_rotated,json=keysRotated,proto3" json:"keys_rotated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -115,6 +120,13 @@ func (x *MemberInfo) GetSource() string {
 func (x *MemberInfo) GetRevoked() bool {
 	if x != nil {
 		return x.Revoked
+	}
+	return false
+}
+
+func (x *MemberInfo) GetKeysRotated() bool {
+	if x != nil {
+		return x.KeysRotated
 	}
 	return false
 }
@@ -317,12 +329,18 @@ func (x *GroupStatus) GetMembers() []*GroupMemberStatus {
 }
 
 type ListMembersResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NodeId        uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"` // the answering node
-	Members       []*MemberInfo          `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
-	Groups        []*GroupStatus         `protobuf:"bytes,3,rep,name=groups,proto3" json:"groups,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	NodeId  uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"` // the answering node
+	Members []*MemberInfo          `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	Groups  []*GroupStatus         `protobuf:"bytes,3,rep,name=groups,proto3" json:"groups,omitempty"`
+	// forced_key_rotation: the answering node's binary applies forced
+	// token-key rotations (ForcedKeyRotationOp). A leader proposes one
+	// only when every voter of the group that answers says so
+	// (members_keyrotate.go): an older binary halts its replica of the
+	// group at the entry (applyhalt) until it is upgraded.
+	ForcedKeyRotation bool `protobuf:"varint,4,opt,name=forced_key_rotation,json=forcedKeyRotation,proto3" json:"forced_key_rotation,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ListMembersResponse) Reset() {
@@ -374,6 +392,13 @@ func (x *ListMembersResponse) GetGroups() []*GroupStatus {
 		return x.Groups
 	}
 	return nil
+}
+
+func (x *ListMembersResponse) GetForcedKeyRotation() bool {
+	if x != nil {
+		return x.ForcedKeyRotation
+	}
+	return false
 }
 
 type AddMemberRequest struct {
@@ -740,7 +765,7 @@ var File_meta_members_proto protoreflect.FileDescriptor
 
 const file_meta_members_proto_rawDesc = "" +
 	"\n" +
-	"\x12meta/members.proto\x12\x0ebasalt.meta.v1\"\xa2\x01\n" +
+	"\x12meta/members.proto\x12\x0ebasalt.meta.v1\"\xc5\x01\n" +
 	"\n" +
 	"MemberInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1b\n" +
@@ -748,7 +773,8 @@ const file_meta_members_proto_rawDesc = "" +
 	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x18\n" +
 	"\aremoved\x18\x04 \x01(\bR\aremoved\x12\x16\n" +
 	"\x06source\x18\x05 \x01(\tR\x06source\x12\x18\n" +
-	"\arevoked\x18\x06 \x01(\bR\arevoked\"\x14\n" +
+	"\arevoked\x18\x06 \x01(\bR\arevoked\x12!\n" +
+	"\fkeys_rotated\x18\a \x01(\bR\vkeysRotated\"\x14\n" +
 	"\x12ListMembersRequest\"k\n" +
 	"\x11GroupMemberStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
@@ -762,11 +788,12 @@ const file_meta_members_proto_rawDesc = "" +
 	"\x06voters\x18\x04 \x03(\x04R\x06voters\x12\x16\n" +
 	"\x06commit\x18\x05 \x01(\x04R\x06commit\x12\x18\n" +
 	"\aapplied\x18\x06 \x01(\x04R\aapplied\x12;\n" +
-	"\amembers\x18\a \x03(\v2!.basalt.meta.v1.GroupMemberStatusR\amembers\"\x99\x01\n" +
+	"\amembers\x18\a \x03(\v2!.basalt.meta.v1.GroupMemberStatusR\amembers\"\xc9\x01\n" +
 	"\x13ListMembersResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x124\n" +
 	"\amembers\x18\x02 \x03(\v2\x1a.basalt.meta.v1.MemberInfoR\amembers\x123\n" +
-	"\x06groups\x18\x03 \x03(\v2\x1b.basalt.meta.v1.GroupStatusR\x06groups\"\\\n" +
+	"\x06groups\x18\x03 \x03(\v2\x1b.basalt.meta.v1.GroupStatusR\x06groups\x12.\n" +
+	"\x13forced_key_rotation\x18\x04 \x01(\bR\x11forcedKeyRotation\"\\\n" +
 	"\x10AddMemberRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +

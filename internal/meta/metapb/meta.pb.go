@@ -9165,8 +9165,13 @@ type SecretKey struct {
 	// Tokens are signed with the newest key whose activation time has come;
 	// verifiers accept a key as soon as they hold it.
 	ActivateUnixMs int64 `protobuf:"varint,4,opt,name=activate_unix_ms,json=activateUnixMs,proto3" json:"activate_unix_ms,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// retire_unix_ms (0: none): the key is dropped once this time has
+	// passed, whatever the rotation rule says. Set on every key present
+	// when a removed meta node forced a rotation (ForcedKeyRotationOp):
+	// the removed node may hold them.
+	RetireUnixMs  int64 `protobuf:"varint,5,opt,name=retire_unix_ms,json=retireUnixMs,proto3" json:"retire_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SecretKey) Reset() {
@@ -9227,6 +9232,81 @@ func (x *SecretKey) GetActivateUnixMs() int64 {
 	return 0
 }
 
+func (x *SecretKey) GetRetireUnixMs() int64 {
+	if x != nil {
+		return x.RetireUnixMs
+	}
+	return 0
+}
+
+// ForcedKeyRotationOp (ScmCommand and UserTokenCommand
+// forced_key_rotation) rotates a group's token keys because the meta
+// nodes members were removed: they hold every key recorded so far. One op
+// covers every removed node pending (e.g. after an upgrade). add is the
+// new key (required); every key already recorded gets retire_unix_ms (or
+// keeps an earlier one); each member is recorded (SCM row "kf/<id>",
+// user-token row "f/<id>") so that it is rotated for once: an op naming a
+// member recorded already, 0 or a repeated member is refused whole.
+type ForcedKeyRotationOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Add           *SecretKey             `protobuf:"bytes,1,opt,name=add,proto3" json:"add,omitempty"`
+	Members       []uint64               `protobuf:"varint,2,rep,packed,name=members,proto3" json:"members,omitempty"`
+	RetireUnixMs  int64                  `protobuf:"varint,3,opt,name=retire_unix_ms,json=retireUnixMs,proto3" json:"retire_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForcedKeyRotationOp) Reset() {
+	*x = ForcedKeyRotationOp{}
+	mi := &file_meta_meta_proto_msgTypes[122]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForcedKeyRotationOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForcedKeyRotationOp) ProtoMessage() {}
+
+func (x *ForcedKeyRotationOp) ProtoReflect() protoreflect.Message {
+	mi := &file_meta_meta_proto_msgTypes[122]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForcedKeyRotationOp.ProtoReflect.Descriptor instead.
+func (*ForcedKeyRotationOp) Descriptor() ([]byte, []int) {
+	return file_meta_meta_proto_rawDescGZIP(), []int{122}
+}
+
+func (x *ForcedKeyRotationOp) GetAdd() *SecretKey {
+	if x != nil {
+		return x.Add
+	}
+	return nil
+}
+
+func (x *ForcedKeyRotationOp) GetMembers() []uint64 {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *ForcedKeyRotationOp) GetRetireUnixMs() int64 {
+	if x != nil {
+		return x.RetireUnixMs
+	}
+	return 0
+}
+
 // CachePool groups cache directives under an owner and a byte limit.
 type CachePool struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -9258,7 +9338,7 @@ type CachePool struct {
 
 func (x *CachePool) Reset() {
 	*x = CachePool{}
-	mi := &file_meta_meta_proto_msgTypes[122]
+	mi := &file_meta_meta_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9270,7 +9350,7 @@ func (x *CachePool) String() string {
 func (*CachePool) ProtoMessage() {}
 
 func (x *CachePool) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[122]
+	mi := &file_meta_meta_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9283,7 +9363,7 @@ func (x *CachePool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CachePool.ProtoReflect.Descriptor instead.
 func (*CachePool) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{122}
+	return file_meta_meta_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *CachePool) GetName() string {
@@ -9418,7 +9498,7 @@ type CacheDirective struct {
 
 func (x *CacheDirective) Reset() {
 	*x = CacheDirective{}
-	mi := &file_meta_meta_proto_msgTypes[123]
+	mi := &file_meta_meta_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9430,7 +9510,7 @@ func (x *CacheDirective) String() string {
 func (*CacheDirective) ProtoMessage() {}
 
 func (x *CacheDirective) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[123]
+	mi := &file_meta_meta_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9443,7 +9523,7 @@ func (x *CacheDirective) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CacheDirective.ProtoReflect.Descriptor instead.
 func (*CacheDirective) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{123}
+	return file_meta_meta_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *CacheDirective) GetId() uint64 {
@@ -9588,7 +9668,7 @@ type RemoveCachePoolRequest struct {
 
 func (x *RemoveCachePoolRequest) Reset() {
 	*x = RemoveCachePoolRequest{}
-	mi := &file_meta_meta_proto_msgTypes[124]
+	mi := &file_meta_meta_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9600,7 +9680,7 @@ func (x *RemoveCachePoolRequest) String() string {
 func (*RemoveCachePoolRequest) ProtoMessage() {}
 
 func (x *RemoveCachePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[124]
+	mi := &file_meta_meta_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9613,7 +9693,7 @@ func (x *RemoveCachePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveCachePoolRequest.ProtoReflect.Descriptor instead.
 func (*RemoveCachePoolRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{124}
+	return file_meta_meta_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *RemoveCachePoolRequest) GetName() string {
@@ -9631,7 +9711,7 @@ type RemoveCachePoolResponse struct {
 
 func (x *RemoveCachePoolResponse) Reset() {
 	*x = RemoveCachePoolResponse{}
-	mi := &file_meta_meta_proto_msgTypes[125]
+	mi := &file_meta_meta_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9643,7 +9723,7 @@ func (x *RemoveCachePoolResponse) String() string {
 func (*RemoveCachePoolResponse) ProtoMessage() {}
 
 func (x *RemoveCachePoolResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[125]
+	mi := &file_meta_meta_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9656,7 +9736,7 @@ func (x *RemoveCachePoolResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveCachePoolResponse.ProtoReflect.Descriptor instead.
 func (*RemoveCachePoolResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{125}
+	return file_meta_meta_proto_rawDescGZIP(), []int{126}
 }
 
 type ListCachePoolsRequest struct {
@@ -9667,7 +9747,7 @@ type ListCachePoolsRequest struct {
 
 func (x *ListCachePoolsRequest) Reset() {
 	*x = ListCachePoolsRequest{}
-	mi := &file_meta_meta_proto_msgTypes[126]
+	mi := &file_meta_meta_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9679,7 +9759,7 @@ func (x *ListCachePoolsRequest) String() string {
 func (*ListCachePoolsRequest) ProtoMessage() {}
 
 func (x *ListCachePoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[126]
+	mi := &file_meta_meta_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9692,7 +9772,7 @@ func (x *ListCachePoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCachePoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListCachePoolsRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{126}
+	return file_meta_meta_proto_rawDescGZIP(), []int{127}
 }
 
 type ListCachePoolsResponse struct {
@@ -9704,7 +9784,7 @@ type ListCachePoolsResponse struct {
 
 func (x *ListCachePoolsResponse) Reset() {
 	*x = ListCachePoolsResponse{}
-	mi := &file_meta_meta_proto_msgTypes[127]
+	mi := &file_meta_meta_proto_msgTypes[128]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9716,7 +9796,7 @@ func (x *ListCachePoolsResponse) String() string {
 func (*ListCachePoolsResponse) ProtoMessage() {}
 
 func (x *ListCachePoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[127]
+	mi := &file_meta_meta_proto_msgTypes[128]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9729,7 +9809,7 @@ func (x *ListCachePoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCachePoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListCachePoolsResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{127}
+	return file_meta_meta_proto_rawDescGZIP(), []int{128}
 }
 
 func (x *ListCachePoolsResponse) GetPools() []*CachePool {
@@ -9748,7 +9828,7 @@ type RemoveCacheDirectiveRequest struct {
 
 func (x *RemoveCacheDirectiveRequest) Reset() {
 	*x = RemoveCacheDirectiveRequest{}
-	mi := &file_meta_meta_proto_msgTypes[128]
+	mi := &file_meta_meta_proto_msgTypes[129]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9760,7 +9840,7 @@ func (x *RemoveCacheDirectiveRequest) String() string {
 func (*RemoveCacheDirectiveRequest) ProtoMessage() {}
 
 func (x *RemoveCacheDirectiveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[128]
+	mi := &file_meta_meta_proto_msgTypes[129]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9773,7 +9853,7 @@ func (x *RemoveCacheDirectiveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveCacheDirectiveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveCacheDirectiveRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{128}
+	return file_meta_meta_proto_rawDescGZIP(), []int{129}
 }
 
 func (x *RemoveCacheDirectiveRequest) GetId() uint64 {
@@ -9791,7 +9871,7 @@ type RemoveCacheDirectiveResponse struct {
 
 func (x *RemoveCacheDirectiveResponse) Reset() {
 	*x = RemoveCacheDirectiveResponse{}
-	mi := &file_meta_meta_proto_msgTypes[129]
+	mi := &file_meta_meta_proto_msgTypes[130]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9803,7 +9883,7 @@ func (x *RemoveCacheDirectiveResponse) String() string {
 func (*RemoveCacheDirectiveResponse) ProtoMessage() {}
 
 func (x *RemoveCacheDirectiveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[129]
+	mi := &file_meta_meta_proto_msgTypes[130]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9816,7 +9896,7 @@ func (x *RemoveCacheDirectiveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveCacheDirectiveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveCacheDirectiveResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{129}
+	return file_meta_meta_proto_rawDescGZIP(), []int{130}
 }
 
 type ListCacheDirectivesRequest struct {
@@ -9829,7 +9909,7 @@ type ListCacheDirectivesRequest struct {
 
 func (x *ListCacheDirectivesRequest) Reset() {
 	*x = ListCacheDirectivesRequest{}
-	mi := &file_meta_meta_proto_msgTypes[130]
+	mi := &file_meta_meta_proto_msgTypes[131]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9841,7 +9921,7 @@ func (x *ListCacheDirectivesRequest) String() string {
 func (*ListCacheDirectivesRequest) ProtoMessage() {}
 
 func (x *ListCacheDirectivesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[130]
+	mi := &file_meta_meta_proto_msgTypes[131]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9854,7 +9934,7 @@ func (x *ListCacheDirectivesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCacheDirectivesRequest.ProtoReflect.Descriptor instead.
 func (*ListCacheDirectivesRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{130}
+	return file_meta_meta_proto_rawDescGZIP(), []int{131}
 }
 
 func (x *ListCacheDirectivesRequest) GetPool() string {
@@ -9881,7 +9961,7 @@ type ListCacheDirectivesResponse struct {
 
 func (x *ListCacheDirectivesResponse) Reset() {
 	*x = ListCacheDirectivesResponse{}
-	mi := &file_meta_meta_proto_msgTypes[131]
+	mi := &file_meta_meta_proto_msgTypes[132]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9893,7 +9973,7 @@ func (x *ListCacheDirectivesResponse) String() string {
 func (*ListCacheDirectivesResponse) ProtoMessage() {}
 
 func (x *ListCacheDirectivesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[131]
+	mi := &file_meta_meta_proto_msgTypes[132]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9906,7 +9986,7 @@ func (x *ListCacheDirectivesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCacheDirectivesResponse.ProtoReflect.Descriptor instead.
 func (*ListCacheDirectivesResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{131}
+	return file_meta_meta_proto_rawDescGZIP(), []int{132}
 }
 
 func (x *ListCacheDirectivesResponse) GetDirectives() []*CacheDirective {
@@ -9934,7 +10014,7 @@ type Acl struct {
 
 func (x *Acl) Reset() {
 	*x = Acl{}
-	mi := &file_meta_meta_proto_msgTypes[132]
+	mi := &file_meta_meta_proto_msgTypes[133]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9946,7 +10026,7 @@ func (x *Acl) String() string {
 func (*Acl) ProtoMessage() {}
 
 func (x *Acl) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[132]
+	mi := &file_meta_meta_proto_msgTypes[133]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9959,7 +10039,7 @@ func (x *Acl) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Acl.ProtoReflect.Descriptor instead.
 func (*Acl) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{132}
+	return file_meta_meta_proto_rawDescGZIP(), []int{133}
 }
 
 func (x *Acl) GetType() AclType {
@@ -9996,7 +10076,7 @@ type ObjectRef struct {
 
 func (x *ObjectRef) Reset() {
 	*x = ObjectRef{}
-	mi := &file_meta_meta_proto_msgTypes[133]
+	mi := &file_meta_meta_proto_msgTypes[134]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10008,7 +10088,7 @@ func (x *ObjectRef) String() string {
 func (*ObjectRef) ProtoMessage() {}
 
 func (x *ObjectRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[133]
+	mi := &file_meta_meta_proto_msgTypes[134]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10021,7 +10101,7 @@ func (x *ObjectRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ObjectRef.ProtoReflect.Descriptor instead.
 func (*ObjectRef) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{133}
+	return file_meta_meta_proto_rawDescGZIP(), []int{134}
 }
 
 func (x *ObjectRef) GetVolume() string {
@@ -10054,7 +10134,7 @@ type GetAclRequest struct {
 
 func (x *GetAclRequest) Reset() {
 	*x = GetAclRequest{}
-	mi := &file_meta_meta_proto_msgTypes[134]
+	mi := &file_meta_meta_proto_msgTypes[135]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10066,7 +10146,7 @@ func (x *GetAclRequest) String() string {
 func (*GetAclRequest) ProtoMessage() {}
 
 func (x *GetAclRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[134]
+	mi := &file_meta_meta_proto_msgTypes[135]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10079,7 +10159,7 @@ func (x *GetAclRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAclRequest.ProtoReflect.Descriptor instead.
 func (*GetAclRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{134}
+	return file_meta_meta_proto_rawDescGZIP(), []int{135}
 }
 
 func (x *GetAclRequest) GetRef() *ObjectRef {
@@ -10100,7 +10180,7 @@ type SetAclRequest struct {
 
 func (x *SetAclRequest) Reset() {
 	*x = SetAclRequest{}
-	mi := &file_meta_meta_proto_msgTypes[135]
+	mi := &file_meta_meta_proto_msgTypes[136]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10112,7 +10192,7 @@ func (x *SetAclRequest) String() string {
 func (*SetAclRequest) ProtoMessage() {}
 
 func (x *SetAclRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[135]
+	mi := &file_meta_meta_proto_msgTypes[136]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10125,7 +10205,7 @@ func (x *SetAclRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAclRequest.ProtoReflect.Descriptor instead.
 func (*SetAclRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{135}
+	return file_meta_meta_proto_rawDescGZIP(), []int{136}
 }
 
 func (x *SetAclRequest) GetRef() *ObjectRef {
@@ -10159,7 +10239,7 @@ type AclList struct {
 
 func (x *AclList) Reset() {
 	*x = AclList{}
-	mi := &file_meta_meta_proto_msgTypes[136]
+	mi := &file_meta_meta_proto_msgTypes[137]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10171,7 +10251,7 @@ func (x *AclList) String() string {
 func (*AclList) ProtoMessage() {}
 
 func (x *AclList) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[136]
+	mi := &file_meta_meta_proto_msgTypes[137]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10184,7 +10264,7 @@ func (x *AclList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AclList.ProtoReflect.Descriptor instead.
 func (*AclList) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{136}
+	return file_meta_meta_proto_rawDescGZIP(), []int{137}
 }
 
 func (x *AclList) GetOwner() string {
@@ -10211,7 +10291,7 @@ type BucketRef struct {
 
 func (x *BucketRef) Reset() {
 	*x = BucketRef{}
-	mi := &file_meta_meta_proto_msgTypes[137]
+	mi := &file_meta_meta_proto_msgTypes[138]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10223,7 +10303,7 @@ func (x *BucketRef) String() string {
 func (*BucketRef) ProtoMessage() {}
 
 func (x *BucketRef) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[137]
+	mi := &file_meta_meta_proto_msgTypes[138]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10236,7 +10316,7 @@ func (x *BucketRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BucketRef.ProtoReflect.Descriptor instead.
 func (*BucketRef) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{137}
+	return file_meta_meta_proto_rawDescGZIP(), []int{138}
 }
 
 func (x *BucketRef) GetVolume() string {
@@ -10264,7 +10344,7 @@ type BucketPolicy struct {
 
 func (x *BucketPolicy) Reset() {
 	*x = BucketPolicy{}
-	mi := &file_meta_meta_proto_msgTypes[138]
+	mi := &file_meta_meta_proto_msgTypes[139]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10276,7 +10356,7 @@ func (x *BucketPolicy) String() string {
 func (*BucketPolicy) ProtoMessage() {}
 
 func (x *BucketPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[138]
+	mi := &file_meta_meta_proto_msgTypes[139]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10289,7 +10369,7 @@ func (x *BucketPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BucketPolicy.ProtoReflect.Descriptor instead.
 func (*BucketPolicy) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{138}
+	return file_meta_meta_proto_rawDescGZIP(), []int{139}
 }
 
 func (x *BucketPolicy) GetVolume() string {
@@ -10322,7 +10402,7 @@ type BucketPolicyStatus struct {
 
 func (x *BucketPolicyStatus) Reset() {
 	*x = BucketPolicyStatus{}
-	mi := &file_meta_meta_proto_msgTypes[139]
+	mi := &file_meta_meta_proto_msgTypes[140]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10334,7 +10414,7 @@ func (x *BucketPolicyStatus) String() string {
 func (*BucketPolicyStatus) ProtoMessage() {}
 
 func (x *BucketPolicyStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[139]
+	mi := &file_meta_meta_proto_msgTypes[140]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10347,7 +10427,7 @@ func (x *BucketPolicyStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BucketPolicyStatus.ProtoReflect.Descriptor instead.
 func (*BucketPolicyStatus) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{139}
+	return file_meta_meta_proto_rawDescGZIP(), []int{140}
 }
 
 func (x *BucketPolicyStatus) GetIsPublic() bool {
@@ -10369,7 +10449,7 @@ type PublicAccessBlock struct {
 
 func (x *PublicAccessBlock) Reset() {
 	*x = PublicAccessBlock{}
-	mi := &file_meta_meta_proto_msgTypes[140]
+	mi := &file_meta_meta_proto_msgTypes[141]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10381,7 +10461,7 @@ func (x *PublicAccessBlock) String() string {
 func (*PublicAccessBlock) ProtoMessage() {}
 
 func (x *PublicAccessBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[140]
+	mi := &file_meta_meta_proto_msgTypes[141]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10394,7 +10474,7 @@ func (x *PublicAccessBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublicAccessBlock.ProtoReflect.Descriptor instead.
 func (*PublicAccessBlock) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{140}
+	return file_meta_meta_proto_rawDescGZIP(), []int{141}
 }
 
 func (x *PublicAccessBlock) GetBlockPublicAcls() bool {
@@ -10436,7 +10516,7 @@ type PublicAccessBlockConfig struct {
 
 func (x *PublicAccessBlockConfig) Reset() {
 	*x = PublicAccessBlockConfig{}
-	mi := &file_meta_meta_proto_msgTypes[141]
+	mi := &file_meta_meta_proto_msgTypes[142]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10448,7 +10528,7 @@ func (x *PublicAccessBlockConfig) String() string {
 func (*PublicAccessBlockConfig) ProtoMessage() {}
 
 func (x *PublicAccessBlockConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[141]
+	mi := &file_meta_meta_proto_msgTypes[142]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10461,7 +10541,7 @@ func (x *PublicAccessBlockConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublicAccessBlockConfig.ProtoReflect.Descriptor instead.
 func (*PublicAccessBlockConfig) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{141}
+	return file_meta_meta_proto_rawDescGZIP(), []int{142}
 }
 
 func (x *PublicAccessBlockConfig) GetVolume() string {
@@ -10494,7 +10574,7 @@ type LookupKeysRequest struct {
 
 func (x *LookupKeysRequest) Reset() {
 	*x = LookupKeysRequest{}
-	mi := &file_meta_meta_proto_msgTypes[142]
+	mi := &file_meta_meta_proto_msgTypes[143]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10506,7 +10586,7 @@ func (x *LookupKeysRequest) String() string {
 func (*LookupKeysRequest) ProtoMessage() {}
 
 func (x *LookupKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[142]
+	mi := &file_meta_meta_proto_msgTypes[143]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10519,7 +10599,7 @@ func (x *LookupKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupKeysRequest.ProtoReflect.Descriptor instead.
 func (*LookupKeysRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{142}
+	return file_meta_meta_proto_rawDescGZIP(), []int{143}
 }
 
 func (x *LookupKeysRequest) GetRequests() []*LookupKeyRequest {
@@ -10548,7 +10628,7 @@ type LookupKeyResult struct {
 
 func (x *LookupKeyResult) Reset() {
 	*x = LookupKeyResult{}
-	mi := &file_meta_meta_proto_msgTypes[143]
+	mi := &file_meta_meta_proto_msgTypes[144]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10560,7 +10640,7 @@ func (x *LookupKeyResult) String() string {
 func (*LookupKeyResult) ProtoMessage() {}
 
 func (x *LookupKeyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[143]
+	mi := &file_meta_meta_proto_msgTypes[144]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10573,7 +10653,7 @@ func (x *LookupKeyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupKeyResult.ProtoReflect.Descriptor instead.
 func (*LookupKeyResult) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{143}
+	return file_meta_meta_proto_rawDescGZIP(), []int{144}
 }
 
 func (x *LookupKeyResult) GetKey() *KeyInfo {
@@ -10620,7 +10700,7 @@ type LookupKeysResponse struct {
 
 func (x *LookupKeysResponse) Reset() {
 	*x = LookupKeysResponse{}
-	mi := &file_meta_meta_proto_msgTypes[144]
+	mi := &file_meta_meta_proto_msgTypes[145]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10632,7 +10712,7 @@ func (x *LookupKeysResponse) String() string {
 func (*LookupKeysResponse) ProtoMessage() {}
 
 func (x *LookupKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[144]
+	mi := &file_meta_meta_proto_msgTypes[145]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10645,7 +10725,7 @@ func (x *LookupKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupKeysResponse.ProtoReflect.Descriptor instead.
 func (*LookupKeysResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{144}
+	return file_meta_meta_proto_rawDescGZIP(), []int{145}
 }
 
 func (x *LookupKeysResponse) GetResults() []*LookupKeyResult {
@@ -10664,7 +10744,7 @@ type OpenKeysRequest struct {
 
 func (x *OpenKeysRequest) Reset() {
 	*x = OpenKeysRequest{}
-	mi := &file_meta_meta_proto_msgTypes[145]
+	mi := &file_meta_meta_proto_msgTypes[146]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10676,7 +10756,7 @@ func (x *OpenKeysRequest) String() string {
 func (*OpenKeysRequest) ProtoMessage() {}
 
 func (x *OpenKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[145]
+	mi := &file_meta_meta_proto_msgTypes[146]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10689,7 +10769,7 @@ func (x *OpenKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeysRequest.ProtoReflect.Descriptor instead.
 func (*OpenKeysRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{145}
+	return file_meta_meta_proto_rawDescGZIP(), []int{146}
 }
 
 func (x *OpenKeysRequest) GetRequests() []*OpenKeyRequest {
@@ -10714,7 +10794,7 @@ type OpenKeyResult struct {
 
 func (x *OpenKeyResult) Reset() {
 	*x = OpenKeyResult{}
-	mi := &file_meta_meta_proto_msgTypes[146]
+	mi := &file_meta_meta_proto_msgTypes[147]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10726,7 +10806,7 @@ func (x *OpenKeyResult) String() string {
 func (*OpenKeyResult) ProtoMessage() {}
 
 func (x *OpenKeyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[146]
+	mi := &file_meta_meta_proto_msgTypes[147]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10739,7 +10819,7 @@ func (x *OpenKeyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeyResult.ProtoReflect.Descriptor instead.
 func (*OpenKeyResult) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{146}
+	return file_meta_meta_proto_rawDescGZIP(), []int{147}
 }
 
 func (x *OpenKeyResult) GetOpen() *OpenKeyResponse {
@@ -10779,7 +10859,7 @@ type OpenKeysResponse struct {
 
 func (x *OpenKeysResponse) Reset() {
 	*x = OpenKeysResponse{}
-	mi := &file_meta_meta_proto_msgTypes[147]
+	mi := &file_meta_meta_proto_msgTypes[148]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10791,7 +10871,7 @@ func (x *OpenKeysResponse) String() string {
 func (*OpenKeysResponse) ProtoMessage() {}
 
 func (x *OpenKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[147]
+	mi := &file_meta_meta_proto_msgTypes[148]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10804,7 +10884,7 @@ func (x *OpenKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenKeysResponse.ProtoReflect.Descriptor instead.
 func (*OpenKeysResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{147}
+	return file_meta_meta_proto_rawDescGZIP(), []int{148}
 }
 
 func (x *OpenKeysResponse) GetResults() []*OpenKeyResult {
@@ -10823,7 +10903,7 @@ type CommitKeysRequest struct {
 
 func (x *CommitKeysRequest) Reset() {
 	*x = CommitKeysRequest{}
-	mi := &file_meta_meta_proto_msgTypes[148]
+	mi := &file_meta_meta_proto_msgTypes[149]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10835,7 +10915,7 @@ func (x *CommitKeysRequest) String() string {
 func (*CommitKeysRequest) ProtoMessage() {}
 
 func (x *CommitKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[148]
+	mi := &file_meta_meta_proto_msgTypes[149]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10848,7 +10928,7 @@ func (x *CommitKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitKeysRequest.ProtoReflect.Descriptor instead.
 func (*CommitKeysRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{148}
+	return file_meta_meta_proto_rawDescGZIP(), []int{149}
 }
 
 func (x *CommitKeysRequest) GetRequests() []*CommitKeyRequest {
@@ -10871,7 +10951,7 @@ type CommitKeyResult struct {
 
 func (x *CommitKeyResult) Reset() {
 	*x = CommitKeyResult{}
-	mi := &file_meta_meta_proto_msgTypes[149]
+	mi := &file_meta_meta_proto_msgTypes[150]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10883,7 +10963,7 @@ func (x *CommitKeyResult) String() string {
 func (*CommitKeyResult) ProtoMessage() {}
 
 func (x *CommitKeyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[149]
+	mi := &file_meta_meta_proto_msgTypes[150]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10896,7 +10976,7 @@ func (x *CommitKeyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitKeyResult.ProtoReflect.Descriptor instead.
 func (*CommitKeyResult) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{149}
+	return file_meta_meta_proto_rawDescGZIP(), []int{150}
 }
 
 func (x *CommitKeyResult) GetKey() *KeyInfo {
@@ -10936,7 +11016,7 @@ type CommitKeysResponse struct {
 
 func (x *CommitKeysResponse) Reset() {
 	*x = CommitKeysResponse{}
-	mi := &file_meta_meta_proto_msgTypes[150]
+	mi := &file_meta_meta_proto_msgTypes[151]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10948,7 +11028,7 @@ func (x *CommitKeysResponse) String() string {
 func (*CommitKeysResponse) ProtoMessage() {}
 
 func (x *CommitKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[150]
+	mi := &file_meta_meta_proto_msgTypes[151]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10961,7 +11041,7 @@ func (x *CommitKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitKeysResponse.ProtoReflect.Descriptor instead.
 func (*CommitKeysResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{150}
+	return file_meta_meta_proto_rawDescGZIP(), []int{151}
 }
 
 func (x *CommitKeysResponse) GetResults() []*CommitKeyResult {
@@ -10991,7 +11071,7 @@ type ReserveBlocksRequest struct {
 
 func (x *ReserveBlocksRequest) Reset() {
 	*x = ReserveBlocksRequest{}
-	mi := &file_meta_meta_proto_msgTypes[151]
+	mi := &file_meta_meta_proto_msgTypes[152]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11003,7 +11083,7 @@ func (x *ReserveBlocksRequest) String() string {
 func (*ReserveBlocksRequest) ProtoMessage() {}
 
 func (x *ReserveBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[151]
+	mi := &file_meta_meta_proto_msgTypes[152]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11016,7 +11096,7 @@ func (x *ReserveBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveBlocksRequest.ProtoReflect.Descriptor instead.
 func (*ReserveBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{151}
+	return file_meta_meta_proto_rawDescGZIP(), []int{152}
 }
 
 func (x *ReserveBlocksRequest) GetVolume() string {
@@ -11093,7 +11173,7 @@ type ReservedBlock struct {
 
 func (x *ReservedBlock) Reset() {
 	*x = ReservedBlock{}
-	mi := &file_meta_meta_proto_msgTypes[152]
+	mi := &file_meta_meta_proto_msgTypes[153]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11105,7 +11185,7 @@ func (x *ReservedBlock) String() string {
 func (*ReservedBlock) ProtoMessage() {}
 
 func (x *ReservedBlock) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[152]
+	mi := &file_meta_meta_proto_msgTypes[153]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11118,7 +11198,7 @@ func (x *ReservedBlock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservedBlock.ProtoReflect.Descriptor instead.
 func (*ReservedBlock) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{152}
+	return file_meta_meta_proto_rawDescGZIP(), []int{153}
 }
 
 func (x *ReservedBlock) GetOpenId() uint64 {
@@ -11148,7 +11228,7 @@ type ReserveBlocksResponse struct {
 
 func (x *ReserveBlocksResponse) Reset() {
 	*x = ReserveBlocksResponse{}
-	mi := &file_meta_meta_proto_msgTypes[153]
+	mi := &file_meta_meta_proto_msgTypes[154]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -11160,7 +11240,7 @@ func (x *ReserveBlocksResponse) String() string {
 func (*ReserveBlocksResponse) ProtoMessage() {}
 
 func (x *ReserveBlocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_meta_meta_proto_msgTypes[153]
+	mi := &file_meta_meta_proto_msgTypes[154]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -11173,7 +11253,7 @@ func (x *ReserveBlocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveBlocksResponse.ProtoReflect.Descriptor instead.
 func (*ReserveBlocksResponse) Descriptor() ([]byte, []int) {
-	return file_meta_meta_proto_rawDescGZIP(), []int{153}
+	return file_meta_meta_proto_rawDescGZIP(), []int{154}
 }
 
 func (x *ReserveBlocksResponse) GetBlocks() []*ReservedBlock {
@@ -11893,12 +11973,17 @@ const file_meta_meta_proto_rawDesc = "" +
 	"\x04path\x18\x03 \x01(\tR\x04path\x12/\n" +
 	"\x05attrs\x18\x04 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"G\n" +
 	"\x14SetFileAttrsResponse\x12/\n" +
-	"\x05attrs\x18\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"\x85\x01\n" +
+	"\x05attrs\x18\x01 \x01(\v2\x19.basalt.meta.v1.FileAttrsR\x05attrs\"\xab\x01\n" +
 	"\tSecretKey\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\fR\x06secret\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x03 \x01(\x03R\rcreatedUnixMs\x12(\n" +
-	"\x10activate_unix_ms\x18\x04 \x01(\x03R\x0eactivateUnixMs\"\x8c\x03\n" +
+	"\x10activate_unix_ms\x18\x04 \x01(\x03R\x0eactivateUnixMs\x12$\n" +
+	"\x0eretire_unix_ms\x18\x05 \x01(\x03R\fretireUnixMs\"\x82\x01\n" +
+	"\x13ForcedKeyRotationOp\x12+\n" +
+	"\x03add\x18\x01 \x01(\v2\x19.basalt.meta.v1.SecretKeyR\x03add\x12\x18\n" +
+	"\amembers\x18\x02 \x03(\x04R\amembers\x12$\n" +
+	"\x0eretire_unix_ms\x18\x03 \x01(\x03R\fretireUnixMs\"\x8c\x03\n" +
 	"\tCachePool\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x1f\n" +
@@ -12196,7 +12281,7 @@ func file_meta_meta_proto_rawDescGZIP() []byte {
 }
 
 var file_meta_meta_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 158)
+var file_meta_meta_proto_msgTypes = make([]protoimpl.MessageInfo, 159)
 var file_meta_meta_proto_goTypes = []any{
 	(Replication)(0),                       // 0: basalt.meta.v1.Replication
 	(NodeState)(0),                         // 1: basalt.meta.v1.NodeState
@@ -12331,42 +12416,43 @@ var file_meta_meta_proto_goTypes = []any{
 	(*SetFileAttrsRequest)(nil),            // 130: basalt.meta.v1.SetFileAttrsRequest
 	(*SetFileAttrsResponse)(nil),           // 131: basalt.meta.v1.SetFileAttrsResponse
 	(*SecretKey)(nil),                      // 132: basalt.meta.v1.SecretKey
-	(*CachePool)(nil),                      // 133: basalt.meta.v1.CachePool
-	(*CacheDirective)(nil),                 // 134: basalt.meta.v1.CacheDirective
-	(*RemoveCachePoolRequest)(nil),         // 135: basalt.meta.v1.RemoveCachePoolRequest
-	(*RemoveCachePoolResponse)(nil),        // 136: basalt.meta.v1.RemoveCachePoolResponse
-	(*ListCachePoolsRequest)(nil),          // 137: basalt.meta.v1.ListCachePoolsRequest
-	(*ListCachePoolsResponse)(nil),         // 138: basalt.meta.v1.ListCachePoolsResponse
-	(*RemoveCacheDirectiveRequest)(nil),    // 139: basalt.meta.v1.RemoveCacheDirectiveRequest
-	(*RemoveCacheDirectiveResponse)(nil),   // 140: basalt.meta.v1.RemoveCacheDirectiveResponse
-	(*ListCacheDirectivesRequest)(nil),     // 141: basalt.meta.v1.ListCacheDirectivesRequest
-	(*ListCacheDirectivesResponse)(nil),    // 142: basalt.meta.v1.ListCacheDirectivesResponse
-	(*Acl)(nil),                            // 143: basalt.meta.v1.Acl
-	(*ObjectRef)(nil),                      // 144: basalt.meta.v1.ObjectRef
-	(*GetAclRequest)(nil),                  // 145: basalt.meta.v1.GetAclRequest
-	(*SetAclRequest)(nil),                  // 146: basalt.meta.v1.SetAclRequest
-	(*AclList)(nil),                        // 147: basalt.meta.v1.AclList
-	(*BucketRef)(nil),                      // 148: basalt.meta.v1.BucketRef
-	(*BucketPolicy)(nil),                   // 149: basalt.meta.v1.BucketPolicy
-	(*BucketPolicyStatus)(nil),             // 150: basalt.meta.v1.BucketPolicyStatus
-	(*PublicAccessBlock)(nil),              // 151: basalt.meta.v1.PublicAccessBlock
-	(*PublicAccessBlockConfig)(nil),        // 152: basalt.meta.v1.PublicAccessBlockConfig
-	(*LookupKeysRequest)(nil),              // 153: basalt.meta.v1.LookupKeysRequest
-	(*LookupKeyResult)(nil),                // 154: basalt.meta.v1.LookupKeyResult
-	(*LookupKeysResponse)(nil),             // 155: basalt.meta.v1.LookupKeysResponse
-	(*OpenKeysRequest)(nil),                // 156: basalt.meta.v1.OpenKeysRequest
-	(*OpenKeyResult)(nil),                  // 157: basalt.meta.v1.OpenKeyResult
-	(*OpenKeysResponse)(nil),               // 158: basalt.meta.v1.OpenKeysResponse
-	(*CommitKeysRequest)(nil),              // 159: basalt.meta.v1.CommitKeysRequest
-	(*CommitKeyResult)(nil),                // 160: basalt.meta.v1.CommitKeyResult
-	(*CommitKeysResponse)(nil),             // 161: basalt.meta.v1.CommitKeysResponse
-	(*ReserveBlocksRequest)(nil),           // 162: basalt.meta.v1.ReserveBlocksRequest
-	(*ReservedBlock)(nil),                  // 163: basalt.meta.v1.ReservedBlock
-	(*ReserveBlocksResponse)(nil),          // 164: basalt.meta.v1.ReserveBlocksResponse
-	nil,                                    // 165: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
-	nil,                                    // 166: basalt.meta.v1.ObjectMeta.UserEntry
-	nil,                                    // 167: basalt.meta.v1.ObjectMeta.TagsEntry
-	nil,                                    // 168: basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	(*ForcedKeyRotationOp)(nil),            // 133: basalt.meta.v1.ForcedKeyRotationOp
+	(*CachePool)(nil),                      // 134: basalt.meta.v1.CachePool
+	(*CacheDirective)(nil),                 // 135: basalt.meta.v1.CacheDirective
+	(*RemoveCachePoolRequest)(nil),         // 136: basalt.meta.v1.RemoveCachePoolRequest
+	(*RemoveCachePoolResponse)(nil),        // 137: basalt.meta.v1.RemoveCachePoolResponse
+	(*ListCachePoolsRequest)(nil),          // 138: basalt.meta.v1.ListCachePoolsRequest
+	(*ListCachePoolsResponse)(nil),         // 139: basalt.meta.v1.ListCachePoolsResponse
+	(*RemoveCacheDirectiveRequest)(nil),    // 140: basalt.meta.v1.RemoveCacheDirectiveRequest
+	(*RemoveCacheDirectiveResponse)(nil),   // 141: basalt.meta.v1.RemoveCacheDirectiveResponse
+	(*ListCacheDirectivesRequest)(nil),     // 142: basalt.meta.v1.ListCacheDirectivesRequest
+	(*ListCacheDirectivesResponse)(nil),    // 143: basalt.meta.v1.ListCacheDirectivesResponse
+	(*Acl)(nil),                            // 144: basalt.meta.v1.Acl
+	(*ObjectRef)(nil),                      // 145: basalt.meta.v1.ObjectRef
+	(*GetAclRequest)(nil),                  // 146: basalt.meta.v1.GetAclRequest
+	(*SetAclRequest)(nil),                  // 147: basalt.meta.v1.SetAclRequest
+	(*AclList)(nil),                        // 148: basalt.meta.v1.AclList
+	(*BucketRef)(nil),                      // 149: basalt.meta.v1.BucketRef
+	(*BucketPolicy)(nil),                   // 150: basalt.meta.v1.BucketPolicy
+	(*BucketPolicyStatus)(nil),             // 151: basalt.meta.v1.BucketPolicyStatus
+	(*PublicAccessBlock)(nil),              // 152: basalt.meta.v1.PublicAccessBlock
+	(*PublicAccessBlockConfig)(nil),        // 153: basalt.meta.v1.PublicAccessBlockConfig
+	(*LookupKeysRequest)(nil),              // 154: basalt.meta.v1.LookupKeysRequest
+	(*LookupKeyResult)(nil),                // 155: basalt.meta.v1.LookupKeyResult
+	(*LookupKeysResponse)(nil),             // 156: basalt.meta.v1.LookupKeysResponse
+	(*OpenKeysRequest)(nil),                // 157: basalt.meta.v1.OpenKeysRequest
+	(*OpenKeyResult)(nil),                  // 158: basalt.meta.v1.OpenKeyResult
+	(*OpenKeysResponse)(nil),               // 159: basalt.meta.v1.OpenKeysResponse
+	(*CommitKeysRequest)(nil),              // 160: basalt.meta.v1.CommitKeysRequest
+	(*CommitKeyResult)(nil),                // 161: basalt.meta.v1.CommitKeyResult
+	(*CommitKeysResponse)(nil),             // 162: basalt.meta.v1.CommitKeysResponse
+	(*ReserveBlocksRequest)(nil),           // 163: basalt.meta.v1.ReserveBlocksRequest
+	(*ReservedBlock)(nil),                  // 164: basalt.meta.v1.ReservedBlock
+	(*ReserveBlocksResponse)(nil),          // 165: basalt.meta.v1.ReserveBlocksResponse
+	nil,                                    // 166: basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	nil,                                    // 167: basalt.meta.v1.ObjectMeta.UserEntry
+	nil,                                    // 168: basalt.meta.v1.ObjectMeta.TagsEntry
+	nil,                                    // 169: basalt.meta.v1.ObjectMeta.ChecksumsEntry
 }
 var file_meta_meta_proto_depIdxs = []int32{
 	4,   // 0: basalt.meta.v1.ContainerReport.state:type_name -> basalt.meta.v1.ContainerState
@@ -12440,23 +12526,23 @@ var file_meta_meta_proto_depIdxs = []int32{
 	16,  // 68: basalt.meta.v1.ListPipelinesResponse.pipelines:type_name -> basalt.meta.v1.Pipeline
 	17,  // 69: basalt.meta.v1.ListContainersResponse.containers:type_name -> basalt.meta.v1.Container
 	4,   // 70: basalt.meta.v1.ContainerHealth.state:type_name -> basalt.meta.v1.ContainerState
-	165, // 71: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
+	166, // 71: basalt.meta.v1.GetContainerHealthResponse.counts:type_name -> basalt.meta.v1.GetContainerHealthResponse.CountsEntry
 	71,  // 72: basalt.meta.v1.GetContainerHealthResponse.worst:type_name -> basalt.meta.v1.ContainerHealth
 	72,  // 73: basalt.meta.v1.GetContainerHealthResponse.copies:type_name -> basalt.meta.v1.ReplicationCopy
 	129, // 74: basalt.meta.v1.Volume.attrs:type_name -> basalt.meta.v1.FileAttrs
-	143, // 75: basalt.meta.v1.Volume.acls:type_name -> basalt.meta.v1.Acl
+	144, // 75: basalt.meta.v1.Volume.acls:type_name -> basalt.meta.v1.Acl
 	129, // 76: basalt.meta.v1.CreateVolumeRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
 	75,  // 77: basalt.meta.v1.ListVolumesResponse.volumes:type_name -> basalt.meta.v1.Volume
 	5,   // 78: basalt.meta.v1.Bucket.layout:type_name -> basalt.meta.v1.BucketLayout
 	0,   // 79: basalt.meta.v1.Bucket.replication:type_name -> basalt.meta.v1.Replication
 	129, // 80: basalt.meta.v1.Bucket.attrs:type_name -> basalt.meta.v1.FileAttrs
-	143, // 81: basalt.meta.v1.Bucket.acls:type_name -> basalt.meta.v1.Acl
-	151, // 82: basalt.meta.v1.Bucket.public_access_block:type_name -> basalt.meta.v1.PublicAccessBlock
+	144, // 81: basalt.meta.v1.Bucket.acls:type_name -> basalt.meta.v1.Acl
+	152, // 82: basalt.meta.v1.Bucket.public_access_block:type_name -> basalt.meta.v1.PublicAccessBlock
 	5,   // 83: basalt.meta.v1.CreateBucketRequest.layout:type_name -> basalt.meta.v1.BucketLayout
 	0,   // 84: basalt.meta.v1.CreateBucketRequest.replication:type_name -> basalt.meta.v1.Replication
 	129, // 85: basalt.meta.v1.CreateBucketRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
-	143, // 86: basalt.meta.v1.CreateBucketRequest.acls:type_name -> basalt.meta.v1.Acl
-	151, // 87: basalt.meta.v1.CreateBucketRequest.public_access_block:type_name -> basalt.meta.v1.PublicAccessBlock
+	144, // 86: basalt.meta.v1.CreateBucketRequest.acls:type_name -> basalt.meta.v1.Acl
+	152, // 87: basalt.meta.v1.CreateBucketRequest.public_access_block:type_name -> basalt.meta.v1.PublicAccessBlock
 	82,  // 88: basalt.meta.v1.ListBucketsResponse.buckets:type_name -> basalt.meta.v1.Bucket
 	19,  // 89: basalt.meta.v1.KeyBlock.id:type_name -> basalt.meta.v1.BlockID
 	0,   // 90: basalt.meta.v1.KeyInfo.replication:type_name -> basalt.meta.v1.Replication
@@ -12465,11 +12551,11 @@ var file_meta_meta_proto_depIdxs = []int32{
 	20,  // 93: basalt.meta.v1.KeyInfo.locations:type_name -> basalt.meta.v1.BlockLocation
 	91,  // 94: basalt.meta.v1.KeyInfo.meta:type_name -> basalt.meta.v1.ObjectMeta
 	129, // 95: basalt.meta.v1.KeyInfo.attrs:type_name -> basalt.meta.v1.FileAttrs
-	143, // 96: basalt.meta.v1.KeyInfo.acls:type_name -> basalt.meta.v1.Acl
-	166, // 97: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
-	167, // 98: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
-	168, // 99: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
-	143, // 100: basalt.meta.v1.ObjectMeta.upload_acls:type_name -> basalt.meta.v1.Acl
+	144, // 96: basalt.meta.v1.KeyInfo.acls:type_name -> basalt.meta.v1.Acl
+	167, // 97: basalt.meta.v1.ObjectMeta.user:type_name -> basalt.meta.v1.ObjectMeta.UserEntry
+	168, // 98: basalt.meta.v1.ObjectMeta.tags:type_name -> basalt.meta.v1.ObjectMeta.TagsEntry
+	169, // 99: basalt.meta.v1.ObjectMeta.checksums:type_name -> basalt.meta.v1.ObjectMeta.ChecksumsEntry
+	144, // 100: basalt.meta.v1.ObjectMeta.upload_acls:type_name -> basalt.meta.v1.Acl
 	0,   // 101: basalt.meta.v1.OpenKeyRequest.replication:type_name -> basalt.meta.v1.Replication
 	6,   // 102: basalt.meta.v1.OpenKeyRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
 	21,  // 103: basalt.meta.v1.OpenKeyRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
@@ -12480,7 +12566,7 @@ var file_meta_meta_proto_depIdxs = []int32{
 	91,  // 108: basalt.meta.v1.CommitKeyRequest.meta:type_name -> basalt.meta.v1.ObjectMeta
 	97,  // 109: basalt.meta.v1.CommitKeyRequest.part:type_name -> basalt.meta.v1.PartRef
 	128, // 110: basalt.meta.v1.CommitKeyRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	143, // 111: basalt.meta.v1.CommitKeyRequest.acls:type_name -> basalt.meta.v1.Acl
+	144, // 111: basalt.meta.v1.CommitKeyRequest.acls:type_name -> basalt.meta.v1.Acl
 	90,  // 112: basalt.meta.v1.ListKeysResponse.keys:type_name -> basalt.meta.v1.KeyInfo
 	90,  // 113: basalt.meta.v1.FileStatus.file:type_name -> basalt.meta.v1.KeyInfo
 	129, // 114: basalt.meta.v1.FileStatus.attrs:type_name -> basalt.meta.v1.FileAttrs
@@ -12496,7 +12582,7 @@ var file_meta_meta_proto_depIdxs = []int32{
 	0,   // 124: basalt.meta.v1.CreateMultipartUploadRequest.replication:type_name -> basalt.meta.v1.Replication
 	114, // 125: basalt.meta.v1.CompleteMultipartUploadRequest.parts:type_name -> basalt.meta.v1.CompletedPart
 	128, // 126: basalt.meta.v1.CompleteMultipartUploadRequest.precondition:type_name -> basalt.meta.v1.KeyPrecondition
-	143, // 127: basalt.meta.v1.CompleteMultipartUploadRequest.acls:type_name -> basalt.meta.v1.Acl
+	144, // 127: basalt.meta.v1.CompleteMultipartUploadRequest.acls:type_name -> basalt.meta.v1.Acl
 	89,  // 128: basalt.meta.v1.PartInfo.blocks:type_name -> basalt.meta.v1.KeyBlock
 	6,   // 129: basalt.meta.v1.PartInfo.checksum_type:type_name -> basalt.meta.v1.ChecksumType
 	112, // 130: basalt.meta.v1.ListPartsResponse.upload:type_name -> basalt.meta.v1.MultipartUpload
@@ -12504,160 +12590,161 @@ var file_meta_meta_proto_depIdxs = []int32{
 	112, // 132: basalt.meta.v1.ListMultipartUploadsResponse.uploads:type_name -> basalt.meta.v1.MultipartUpload
 	129, // 133: basalt.meta.v1.SetFileAttrsRequest.attrs:type_name -> basalt.meta.v1.FileAttrs
 	129, // 134: basalt.meta.v1.SetFileAttrsResponse.attrs:type_name -> basalt.meta.v1.FileAttrs
-	133, // 135: basalt.meta.v1.ListCachePoolsResponse.pools:type_name -> basalt.meta.v1.CachePool
-	134, // 136: basalt.meta.v1.ListCacheDirectivesResponse.directives:type_name -> basalt.meta.v1.CacheDirective
-	8,   // 137: basalt.meta.v1.Acl.type:type_name -> basalt.meta.v1.AclType
-	144, // 138: basalt.meta.v1.GetAclRequest.ref:type_name -> basalt.meta.v1.ObjectRef
-	144, // 139: basalt.meta.v1.SetAclRequest.ref:type_name -> basalt.meta.v1.ObjectRef
-	10,  // 140: basalt.meta.v1.SetAclRequest.op:type_name -> basalt.meta.v1.AclOp
-	143, // 141: basalt.meta.v1.SetAclRequest.acls:type_name -> basalt.meta.v1.Acl
-	143, // 142: basalt.meta.v1.AclList.acls:type_name -> basalt.meta.v1.Acl
-	151, // 143: basalt.meta.v1.PublicAccessBlockConfig.config:type_name -> basalt.meta.v1.PublicAccessBlock
-	98,  // 144: basalt.meta.v1.LookupKeysRequest.requests:type_name -> basalt.meta.v1.LookupKeyRequest
-	90,  // 145: basalt.meta.v1.LookupKeyResult.key:type_name -> basalt.meta.v1.KeyInfo
-	154, // 146: basalt.meta.v1.LookupKeysResponse.results:type_name -> basalt.meta.v1.LookupKeyResult
-	92,  // 147: basalt.meta.v1.OpenKeysRequest.requests:type_name -> basalt.meta.v1.OpenKeyRequest
-	93,  // 148: basalt.meta.v1.OpenKeyResult.open:type_name -> basalt.meta.v1.OpenKeyResponse
-	157, // 149: basalt.meta.v1.OpenKeysResponse.results:type_name -> basalt.meta.v1.OpenKeyResult
-	96,  // 150: basalt.meta.v1.CommitKeysRequest.requests:type_name -> basalt.meta.v1.CommitKeyRequest
-	90,  // 151: basalt.meta.v1.CommitKeyResult.key:type_name -> basalt.meta.v1.KeyInfo
-	160, // 152: basalt.meta.v1.CommitKeysResponse.results:type_name -> basalt.meta.v1.CommitKeyResult
-	0,   // 153: basalt.meta.v1.ReserveBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
-	6,   // 154: basalt.meta.v1.ReserveBlocksRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
-	21,  // 155: basalt.meta.v1.ReserveBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
-	20,  // 156: basalt.meta.v1.ReservedBlock.block:type_name -> basalt.meta.v1.BlockLocation
-	163, // 157: basalt.meta.v1.ReserveBlocksResponse.blocks:type_name -> basalt.meta.v1.ReservedBlock
-	31,  // 158: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
-	33,  // 159: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
-	49,  // 160: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
-	51,  // 161: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
-	59,  // 162: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
-	54,  // 163: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
-	56,  // 164: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
-	62,  // 165: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
-	65,  // 166: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
-	67,  // 167: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
-	69,  // 168: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
-	70,  // 169: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
-	25,  // 170: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
-	27,  // 171: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
-	133, // 172: basalt.meta.v1.Scm.AddCachePool:input_type -> basalt.meta.v1.CachePool
-	133, // 173: basalt.meta.v1.Scm.ModifyCachePool:input_type -> basalt.meta.v1.CachePool
-	135, // 174: basalt.meta.v1.Scm.RemoveCachePool:input_type -> basalt.meta.v1.RemoveCachePoolRequest
-	137, // 175: basalt.meta.v1.Scm.ListCachePools:input_type -> basalt.meta.v1.ListCachePoolsRequest
-	134, // 176: basalt.meta.v1.Scm.AddCacheDirective:input_type -> basalt.meta.v1.CacheDirective
-	134, // 177: basalt.meta.v1.Scm.ModifyCacheDirective:input_type -> basalt.meta.v1.CacheDirective
-	139, // 178: basalt.meta.v1.Scm.RemoveCacheDirective:input_type -> basalt.meta.v1.RemoveCacheDirectiveRequest
-	141, // 179: basalt.meta.v1.Scm.ListCacheDirectives:input_type -> basalt.meta.v1.ListCacheDirectivesRequest
-	22,  // 180: basalt.meta.v1.Scm.RecoverContainer:input_type -> basalt.meta.v1.RecoverContainerRequest
-	76,  // 181: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
-	77,  // 182: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
-	78,  // 183: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
-	80,  // 184: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
-	83,  // 185: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
-	84,  // 186: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
-	85,  // 187: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
-	87,  // 188: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
-	92,  // 189: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
-	94,  // 190: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
-	96,  // 191: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
-	98,  // 192: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
-	99,  // 193: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
-	101, // 194: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
-	103, // 195: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
-	106, // 196: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
-	107, // 197: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
-	108, // 198: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
-	110, // 199: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
-	111, // 200: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
-	113, // 201: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
-	115, // 202: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
-	116, // 203: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
-	119, // 204: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
-	121, // 205: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
-	124, // 206: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
-	125, // 207: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
-	126, // 208: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
-	130, // 209: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
-	145, // 210: basalt.meta.v1.Namespace.GetAcl:input_type -> basalt.meta.v1.GetAclRequest
-	146, // 211: basalt.meta.v1.Namespace.SetAcl:input_type -> basalt.meta.v1.SetAclRequest
-	148, // 212: basalt.meta.v1.Namespace.GetBucketPolicy:input_type -> basalt.meta.v1.BucketRef
-	149, // 213: basalt.meta.v1.Namespace.SetBucketPolicy:input_type -> basalt.meta.v1.BucketPolicy
-	148, // 214: basalt.meta.v1.Namespace.GetBucketPolicyStatus:input_type -> basalt.meta.v1.BucketRef
-	148, // 215: basalt.meta.v1.Namespace.GetPublicAccessBlock:input_type -> basalt.meta.v1.BucketRef
-	152, // 216: basalt.meta.v1.Namespace.SetPublicAccessBlock:input_type -> basalt.meta.v1.PublicAccessBlockConfig
-	153, // 217: basalt.meta.v1.Namespace.LookupKeys:input_type -> basalt.meta.v1.LookupKeysRequest
-	156, // 218: basalt.meta.v1.Namespace.OpenKeys:input_type -> basalt.meta.v1.OpenKeysRequest
-	159, // 219: basalt.meta.v1.Namespace.CommitKeys:input_type -> basalt.meta.v1.CommitKeysRequest
-	162, // 220: basalt.meta.v1.Namespace.ReserveBlocks:input_type -> basalt.meta.v1.ReserveBlocksRequest
-	32,  // 221: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
-	38,  // 222: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
-	50,  // 223: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
-	53,  // 224: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
-	60,  // 225: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
-	55,  // 226: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
-	58,  // 227: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
-	64,  // 228: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
-	66,  // 229: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
-	68,  // 230: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
-	74,  // 231: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
-	73,  // 232: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
-	26,  // 233: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
-	30,  // 234: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
-	133, // 235: basalt.meta.v1.Scm.AddCachePool:output_type -> basalt.meta.v1.CachePool
-	133, // 236: basalt.meta.v1.Scm.ModifyCachePool:output_type -> basalt.meta.v1.CachePool
-	136, // 237: basalt.meta.v1.Scm.RemoveCachePool:output_type -> basalt.meta.v1.RemoveCachePoolResponse
-	138, // 238: basalt.meta.v1.Scm.ListCachePools:output_type -> basalt.meta.v1.ListCachePoolsResponse
-	134, // 239: basalt.meta.v1.Scm.AddCacheDirective:output_type -> basalt.meta.v1.CacheDirective
-	134, // 240: basalt.meta.v1.Scm.ModifyCacheDirective:output_type -> basalt.meta.v1.CacheDirective
-	140, // 241: basalt.meta.v1.Scm.RemoveCacheDirective:output_type -> basalt.meta.v1.RemoveCacheDirectiveResponse
-	142, // 242: basalt.meta.v1.Scm.ListCacheDirectives:output_type -> basalt.meta.v1.ListCacheDirectivesResponse
-	24,  // 243: basalt.meta.v1.Scm.RecoverContainer:output_type -> basalt.meta.v1.RecoverContainerResponse
-	75,  // 244: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
-	75,  // 245: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
-	79,  // 246: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
-	81,  // 247: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
-	82,  // 248: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
-	82,  // 249: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
-	86,  // 250: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
-	88,  // 251: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
-	93,  // 252: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
-	95,  // 253: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
-	90,  // 254: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
-	90,  // 255: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
-	100, // 256: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
-	102, // 257: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
-	104, // 258: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
-	105, // 259: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
-	105, // 260: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
-	109, // 261: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
-	90,  // 262: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
-	90,  // 263: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
-	112, // 264: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
-	90,  // 265: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
-	117, // 266: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
-	120, // 267: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
-	122, // 268: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
-	123, // 269: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
-	123, // 270: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
-	127, // 271: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
-	131, // 272: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
-	147, // 273: basalt.meta.v1.Namespace.GetAcl:output_type -> basalt.meta.v1.AclList
-	147, // 274: basalt.meta.v1.Namespace.SetAcl:output_type -> basalt.meta.v1.AclList
-	149, // 275: basalt.meta.v1.Namespace.GetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
-	149, // 276: basalt.meta.v1.Namespace.SetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
-	150, // 277: basalt.meta.v1.Namespace.GetBucketPolicyStatus:output_type -> basalt.meta.v1.BucketPolicyStatus
-	152, // 278: basalt.meta.v1.Namespace.GetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
-	152, // 279: basalt.meta.v1.Namespace.SetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
-	155, // 280: basalt.meta.v1.Namespace.LookupKeys:output_type -> basalt.meta.v1.LookupKeysResponse
-	158, // 281: basalt.meta.v1.Namespace.OpenKeys:output_type -> basalt.meta.v1.OpenKeysResponse
-	161, // 282: basalt.meta.v1.Namespace.CommitKeys:output_type -> basalt.meta.v1.CommitKeysResponse
-	164, // 283: basalt.meta.v1.Namespace.ReserveBlocks:output_type -> basalt.meta.v1.ReserveBlocksResponse
-	221, // [221:284] is the sub-list for method output_type
-	158, // [158:221] is the sub-list for method input_type
-	158, // [158:158] is the sub-list for extension type_name
-	158, // [158:158] is the sub-list for extension extendee
-	0,   // [0:158] is the sub-list for field type_name
+	132, // 135: basalt.meta.v1.ForcedKeyRotationOp.add:type_name -> basalt.meta.v1.SecretKey
+	134, // 136: basalt.meta.v1.ListCachePoolsResponse.pools:type_name -> basalt.meta.v1.CachePool
+	135, // 137: basalt.meta.v1.ListCacheDirectivesResponse.directives:type_name -> basalt.meta.v1.CacheDirective
+	8,   // 138: basalt.meta.v1.Acl.type:type_name -> basalt.meta.v1.AclType
+	145, // 139: basalt.meta.v1.GetAclRequest.ref:type_name -> basalt.meta.v1.ObjectRef
+	145, // 140: basalt.meta.v1.SetAclRequest.ref:type_name -> basalt.meta.v1.ObjectRef
+	10,  // 141: basalt.meta.v1.SetAclRequest.op:type_name -> basalt.meta.v1.AclOp
+	144, // 142: basalt.meta.v1.SetAclRequest.acls:type_name -> basalt.meta.v1.Acl
+	144, // 143: basalt.meta.v1.AclList.acls:type_name -> basalt.meta.v1.Acl
+	152, // 144: basalt.meta.v1.PublicAccessBlockConfig.config:type_name -> basalt.meta.v1.PublicAccessBlock
+	98,  // 145: basalt.meta.v1.LookupKeysRequest.requests:type_name -> basalt.meta.v1.LookupKeyRequest
+	90,  // 146: basalt.meta.v1.LookupKeyResult.key:type_name -> basalt.meta.v1.KeyInfo
+	155, // 147: basalt.meta.v1.LookupKeysResponse.results:type_name -> basalt.meta.v1.LookupKeyResult
+	92,  // 148: basalt.meta.v1.OpenKeysRequest.requests:type_name -> basalt.meta.v1.OpenKeyRequest
+	93,  // 149: basalt.meta.v1.OpenKeyResult.open:type_name -> basalt.meta.v1.OpenKeyResponse
+	158, // 150: basalt.meta.v1.OpenKeysResponse.results:type_name -> basalt.meta.v1.OpenKeyResult
+	96,  // 151: basalt.meta.v1.CommitKeysRequest.requests:type_name -> basalt.meta.v1.CommitKeyRequest
+	90,  // 152: basalt.meta.v1.CommitKeyResult.key:type_name -> basalt.meta.v1.KeyInfo
+	161, // 153: basalt.meta.v1.CommitKeysResponse.results:type_name -> basalt.meta.v1.CommitKeyResult
+	0,   // 154: basalt.meta.v1.ReserveBlocksRequest.replication:type_name -> basalt.meta.v1.Replication
+	6,   // 155: basalt.meta.v1.ReserveBlocksRequest.checksum_type:type_name -> basalt.meta.v1.ChecksumType
+	21,  // 156: basalt.meta.v1.ReserveBlocksRequest.exclude:type_name -> basalt.meta.v1.ExcludeList
+	20,  // 157: basalt.meta.v1.ReservedBlock.block:type_name -> basalt.meta.v1.BlockLocation
+	164, // 158: basalt.meta.v1.ReserveBlocksResponse.blocks:type_name -> basalt.meta.v1.ReservedBlock
+	31,  // 159: basalt.meta.v1.Scm.RegisterDatanode:input_type -> basalt.meta.v1.RegisterDatanodeRequest
+	33,  // 160: basalt.meta.v1.Scm.Heartbeat:input_type -> basalt.meta.v1.HeartbeatRequest
+	49,  // 161: basalt.meta.v1.Scm.AllocateBlocks:input_type -> basalt.meta.v1.AllocateBlocksRequest
+	51,  // 162: basalt.meta.v1.Scm.DeleteBlocks:input_type -> basalt.meta.v1.DeleteBlocksRequest
+	59,  // 163: basalt.meta.v1.Scm.GetContainers:input_type -> basalt.meta.v1.GetContainersRequest
+	54,  // 164: basalt.meta.v1.Scm.ReportCorruptReplica:input_type -> basalt.meta.v1.ReportCorruptReplicaRequest
+	56,  // 165: basalt.meta.v1.Scm.ListCorruptReplicas:input_type -> basalt.meta.v1.ListCorruptReplicasRequest
+	62,  // 166: basalt.meta.v1.Scm.ListDatanodes:input_type -> basalt.meta.v1.ListDatanodesRequest
+	65,  // 167: basalt.meta.v1.Scm.ListPipelines:input_type -> basalt.meta.v1.ListPipelinesRequest
+	67,  // 168: basalt.meta.v1.Scm.ListContainers:input_type -> basalt.meta.v1.ListContainersRequest
+	69,  // 169: basalt.meta.v1.Scm.GetSafeMode:input_type -> basalt.meta.v1.GetSafeModeRequest
+	70,  // 170: basalt.meta.v1.Scm.GetContainerHealth:input_type -> basalt.meta.v1.GetContainerHealthRequest
+	25,  // 171: basalt.meta.v1.Scm.SetDatanodeOpState:input_type -> basalt.meta.v1.SetDatanodeOpStateRequest
+	27,  // 172: basalt.meta.v1.Scm.GetContainerReplicas:input_type -> basalt.meta.v1.GetContainerReplicasRequest
+	134, // 173: basalt.meta.v1.Scm.AddCachePool:input_type -> basalt.meta.v1.CachePool
+	134, // 174: basalt.meta.v1.Scm.ModifyCachePool:input_type -> basalt.meta.v1.CachePool
+	136, // 175: basalt.meta.v1.Scm.RemoveCachePool:input_type -> basalt.meta.v1.RemoveCachePoolRequest
+	138, // 176: basalt.meta.v1.Scm.ListCachePools:input_type -> basalt.meta.v1.ListCachePoolsRequest
+	135, // 177: basalt.meta.v1.Scm.AddCacheDirective:input_type -> basalt.meta.v1.CacheDirective
+	135, // 178: basalt.meta.v1.Scm.ModifyCacheDirective:input_type -> basalt.meta.v1.CacheDirective
+	140, // 179: basalt.meta.v1.Scm.RemoveCacheDirective:input_type -> basalt.meta.v1.RemoveCacheDirectiveRequest
+	142, // 180: basalt.meta.v1.Scm.ListCacheDirectives:input_type -> basalt.meta.v1.ListCacheDirectivesRequest
+	22,  // 181: basalt.meta.v1.Scm.RecoverContainer:input_type -> basalt.meta.v1.RecoverContainerRequest
+	76,  // 182: basalt.meta.v1.Namespace.CreateVolume:input_type -> basalt.meta.v1.CreateVolumeRequest
+	77,  // 183: basalt.meta.v1.Namespace.GetVolume:input_type -> basalt.meta.v1.GetVolumeRequest
+	78,  // 184: basalt.meta.v1.Namespace.ListVolumes:input_type -> basalt.meta.v1.ListVolumesRequest
+	80,  // 185: basalt.meta.v1.Namespace.DeleteVolume:input_type -> basalt.meta.v1.DeleteVolumeRequest
+	83,  // 186: basalt.meta.v1.Namespace.CreateBucket:input_type -> basalt.meta.v1.CreateBucketRequest
+	84,  // 187: basalt.meta.v1.Namespace.GetBucket:input_type -> basalt.meta.v1.GetBucketRequest
+	85,  // 188: basalt.meta.v1.Namespace.ListBuckets:input_type -> basalt.meta.v1.ListBucketsRequest
+	87,  // 189: basalt.meta.v1.Namespace.DeleteBucket:input_type -> basalt.meta.v1.DeleteBucketRequest
+	92,  // 190: basalt.meta.v1.Namespace.OpenKey:input_type -> basalt.meta.v1.OpenKeyRequest
+	94,  // 191: basalt.meta.v1.Namespace.AllocateBlock:input_type -> basalt.meta.v1.AllocateBlockRequest
+	96,  // 192: basalt.meta.v1.Namespace.CommitKey:input_type -> basalt.meta.v1.CommitKeyRequest
+	98,  // 193: basalt.meta.v1.Namespace.LookupKey:input_type -> basalt.meta.v1.LookupKeyRequest
+	99,  // 194: basalt.meta.v1.Namespace.ListKeys:input_type -> basalt.meta.v1.ListKeysRequest
+	101, // 195: basalt.meta.v1.Namespace.RenameKey:input_type -> basalt.meta.v1.RenameKeyRequest
+	103, // 196: basalt.meta.v1.Namespace.DeleteKey:input_type -> basalt.meta.v1.DeleteKeyRequest
+	106, // 197: basalt.meta.v1.Namespace.CreateDirectory:input_type -> basalt.meta.v1.CreateDirectoryRequest
+	107, // 198: basalt.meta.v1.Namespace.GetFileStatus:input_type -> basalt.meta.v1.GetFileStatusRequest
+	108, // 199: basalt.meta.v1.Namespace.ListStatus:input_type -> basalt.meta.v1.ListStatusRequest
+	110, // 200: basalt.meta.v1.Namespace.SetKeyMeta:input_type -> basalt.meta.v1.SetKeyMetaRequest
+	111, // 201: basalt.meta.v1.Namespace.CopyKey:input_type -> basalt.meta.v1.CopyKeyRequest
+	113, // 202: basalt.meta.v1.Namespace.CreateMultipartUpload:input_type -> basalt.meta.v1.CreateMultipartUploadRequest
+	115, // 203: basalt.meta.v1.Namespace.CompleteMultipartUpload:input_type -> basalt.meta.v1.CompleteMultipartUploadRequest
+	116, // 204: basalt.meta.v1.Namespace.AbortMultipartUpload:input_type -> basalt.meta.v1.AbortMultipartUploadRequest
+	119, // 205: basalt.meta.v1.Namespace.ListParts:input_type -> basalt.meta.v1.ListPartsRequest
+	121, // 206: basalt.meta.v1.Namespace.ListMultipartUploads:input_type -> basalt.meta.v1.ListMultipartUploadsRequest
+	124, // 207: basalt.meta.v1.Namespace.CreateS3Secret:input_type -> basalt.meta.v1.CreateS3SecretRequest
+	125, // 208: basalt.meta.v1.Namespace.GetS3Secret:input_type -> basalt.meta.v1.GetS3SecretRequest
+	126, // 209: basalt.meta.v1.Namespace.DeleteS3Secret:input_type -> basalt.meta.v1.DeleteS3SecretRequest
+	130, // 210: basalt.meta.v1.Namespace.SetFileAttrs:input_type -> basalt.meta.v1.SetFileAttrsRequest
+	146, // 211: basalt.meta.v1.Namespace.GetAcl:input_type -> basalt.meta.v1.GetAclRequest
+	147, // 212: basalt.meta.v1.Namespace.SetAcl:input_type -> basalt.meta.v1.SetAclRequest
+	149, // 213: basalt.meta.v1.Namespace.GetBucketPolicy:input_type -> basalt.meta.v1.BucketRef
+	150, // 214: basalt.meta.v1.Namespace.SetBucketPolicy:input_type -> basalt.meta.v1.BucketPolicy
+	149, // 215: basalt.meta.v1.Namespace.GetBucketPolicyStatus:input_type -> basalt.meta.v1.BucketRef
+	149, // 216: basalt.meta.v1.Namespace.GetPublicAccessBlock:input_type -> basalt.meta.v1.BucketRef
+	153, // 217: basalt.meta.v1.Namespace.SetPublicAccessBlock:input_type -> basalt.meta.v1.PublicAccessBlockConfig
+	154, // 218: basalt.meta.v1.Namespace.LookupKeys:input_type -> basalt.meta.v1.LookupKeysRequest
+	157, // 219: basalt.meta.v1.Namespace.OpenKeys:input_type -> basalt.meta.v1.OpenKeysRequest
+	160, // 220: basalt.meta.v1.Namespace.CommitKeys:input_type -> basalt.meta.v1.CommitKeysRequest
+	163, // 221: basalt.meta.v1.Namespace.ReserveBlocks:input_type -> basalt.meta.v1.ReserveBlocksRequest
+	32,  // 222: basalt.meta.v1.Scm.RegisterDatanode:output_type -> basalt.meta.v1.RegisterDatanodeResponse
+	38,  // 223: basalt.meta.v1.Scm.Heartbeat:output_type -> basalt.meta.v1.HeartbeatResponse
+	50,  // 224: basalt.meta.v1.Scm.AllocateBlocks:output_type -> basalt.meta.v1.AllocateBlocksResponse
+	53,  // 225: basalt.meta.v1.Scm.DeleteBlocks:output_type -> basalt.meta.v1.DeleteBlocksResponse
+	60,  // 226: basalt.meta.v1.Scm.GetContainers:output_type -> basalt.meta.v1.GetContainersResponse
+	55,  // 227: basalt.meta.v1.Scm.ReportCorruptReplica:output_type -> basalt.meta.v1.ReportCorruptReplicaResponse
+	58,  // 228: basalt.meta.v1.Scm.ListCorruptReplicas:output_type -> basalt.meta.v1.ListCorruptReplicasResponse
+	64,  // 229: basalt.meta.v1.Scm.ListDatanodes:output_type -> basalt.meta.v1.ListDatanodesResponse
+	66,  // 230: basalt.meta.v1.Scm.ListPipelines:output_type -> basalt.meta.v1.ListPipelinesResponse
+	68,  // 231: basalt.meta.v1.Scm.ListContainers:output_type -> basalt.meta.v1.ListContainersResponse
+	74,  // 232: basalt.meta.v1.Scm.GetSafeMode:output_type -> basalt.meta.v1.GetSafeModeResponse
+	73,  // 233: basalt.meta.v1.Scm.GetContainerHealth:output_type -> basalt.meta.v1.GetContainerHealthResponse
+	26,  // 234: basalt.meta.v1.Scm.SetDatanodeOpState:output_type -> basalt.meta.v1.SetDatanodeOpStateResponse
+	30,  // 235: basalt.meta.v1.Scm.GetContainerReplicas:output_type -> basalt.meta.v1.GetContainerReplicasResponse
+	134, // 236: basalt.meta.v1.Scm.AddCachePool:output_type -> basalt.meta.v1.CachePool
+	134, // 237: basalt.meta.v1.Scm.ModifyCachePool:output_type -> basalt.meta.v1.CachePool
+	137, // 238: basalt.meta.v1.Scm.RemoveCachePool:output_type -> basalt.meta.v1.RemoveCachePoolResponse
+	139, // 239: basalt.meta.v1.Scm.ListCachePools:output_type -> basalt.meta.v1.ListCachePoolsResponse
+	135, // 240: basalt.meta.v1.Scm.AddCacheDirective:output_type -> basalt.meta.v1.CacheDirective
+	135, // 241: basalt.meta.v1.Scm.ModifyCacheDirective:output_type -> basalt.meta.v1.CacheDirective
+	141, // 242: basalt.meta.v1.Scm.RemoveCacheDirective:output_type -> basalt.meta.v1.RemoveCacheDirectiveResponse
+	143, // 243: basalt.meta.v1.Scm.ListCacheDirectives:output_type -> basalt.meta.v1.ListCacheDirectivesResponse
+	24,  // 244: basalt.meta.v1.Scm.RecoverContainer:output_type -> basalt.meta.v1.RecoverContainerResponse
+	75,  // 245: basalt.meta.v1.Namespace.CreateVolume:output_type -> basalt.meta.v1.Volume
+	75,  // 246: basalt.meta.v1.Namespace.GetVolume:output_type -> basalt.meta.v1.Volume
+	79,  // 247: basalt.meta.v1.Namespace.ListVolumes:output_type -> basalt.meta.v1.ListVolumesResponse
+	81,  // 248: basalt.meta.v1.Namespace.DeleteVolume:output_type -> basalt.meta.v1.DeleteVolumeResponse
+	82,  // 249: basalt.meta.v1.Namespace.CreateBucket:output_type -> basalt.meta.v1.Bucket
+	82,  // 250: basalt.meta.v1.Namespace.GetBucket:output_type -> basalt.meta.v1.Bucket
+	86,  // 251: basalt.meta.v1.Namespace.ListBuckets:output_type -> basalt.meta.v1.ListBucketsResponse
+	88,  // 252: basalt.meta.v1.Namespace.DeleteBucket:output_type -> basalt.meta.v1.DeleteBucketResponse
+	93,  // 253: basalt.meta.v1.Namespace.OpenKey:output_type -> basalt.meta.v1.OpenKeyResponse
+	95,  // 254: basalt.meta.v1.Namespace.AllocateBlock:output_type -> basalt.meta.v1.AllocateBlockResponse
+	90,  // 255: basalt.meta.v1.Namespace.CommitKey:output_type -> basalt.meta.v1.KeyInfo
+	90,  // 256: basalt.meta.v1.Namespace.LookupKey:output_type -> basalt.meta.v1.KeyInfo
+	100, // 257: basalt.meta.v1.Namespace.ListKeys:output_type -> basalt.meta.v1.ListKeysResponse
+	102, // 258: basalt.meta.v1.Namespace.RenameKey:output_type -> basalt.meta.v1.RenameKeyResponse
+	104, // 259: basalt.meta.v1.Namespace.DeleteKey:output_type -> basalt.meta.v1.DeleteKeyResponse
+	105, // 260: basalt.meta.v1.Namespace.CreateDirectory:output_type -> basalt.meta.v1.FileStatus
+	105, // 261: basalt.meta.v1.Namespace.GetFileStatus:output_type -> basalt.meta.v1.FileStatus
+	109, // 262: basalt.meta.v1.Namespace.ListStatus:output_type -> basalt.meta.v1.ListStatusResponse
+	90,  // 263: basalt.meta.v1.Namespace.SetKeyMeta:output_type -> basalt.meta.v1.KeyInfo
+	90,  // 264: basalt.meta.v1.Namespace.CopyKey:output_type -> basalt.meta.v1.KeyInfo
+	112, // 265: basalt.meta.v1.Namespace.CreateMultipartUpload:output_type -> basalt.meta.v1.MultipartUpload
+	90,  // 266: basalt.meta.v1.Namespace.CompleteMultipartUpload:output_type -> basalt.meta.v1.KeyInfo
+	117, // 267: basalt.meta.v1.Namespace.AbortMultipartUpload:output_type -> basalt.meta.v1.AbortMultipartUploadResponse
+	120, // 268: basalt.meta.v1.Namespace.ListParts:output_type -> basalt.meta.v1.ListPartsResponse
+	122, // 269: basalt.meta.v1.Namespace.ListMultipartUploads:output_type -> basalt.meta.v1.ListMultipartUploadsResponse
+	123, // 270: basalt.meta.v1.Namespace.CreateS3Secret:output_type -> basalt.meta.v1.S3Secret
+	123, // 271: basalt.meta.v1.Namespace.GetS3Secret:output_type -> basalt.meta.v1.S3Secret
+	127, // 272: basalt.meta.v1.Namespace.DeleteS3Secret:output_type -> basalt.meta.v1.DeleteS3SecretResponse
+	131, // 273: basalt.meta.v1.Namespace.SetFileAttrs:output_type -> basalt.meta.v1.SetFileAttrsResponse
+	148, // 274: basalt.meta.v1.Namespace.GetAcl:output_type -> basalt.meta.v1.AclList
+	148, // 275: basalt.meta.v1.Namespace.SetAcl:output_type -> basalt.meta.v1.AclList
+	150, // 276: basalt.meta.v1.Namespace.GetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
+	150, // 277: basalt.meta.v1.Namespace.SetBucketPolicy:output_type -> basalt.meta.v1.BucketPolicy
+	151, // 278: basalt.meta.v1.Namespace.GetBucketPolicyStatus:output_type -> basalt.meta.v1.BucketPolicyStatus
+	153, // 279: basalt.meta.v1.Namespace.GetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
+	153, // 280: basalt.meta.v1.Namespace.SetPublicAccessBlock:output_type -> basalt.meta.v1.PublicAccessBlockConfig
+	156, // 281: basalt.meta.v1.Namespace.LookupKeys:output_type -> basalt.meta.v1.LookupKeysResponse
+	159, // 282: basalt.meta.v1.Namespace.OpenKeys:output_type -> basalt.meta.v1.OpenKeysResponse
+	162, // 283: basalt.meta.v1.Namespace.CommitKeys:output_type -> basalt.meta.v1.CommitKeysResponse
+	165, // 284: basalt.meta.v1.Namespace.ReserveBlocks:output_type -> basalt.meta.v1.ReserveBlocksResponse
+	222, // [222:285] is the sub-list for method output_type
+	159, // [159:222] is the sub-list for method input_type
+	159, // [159:159] is the sub-list for extension type_name
+	159, // [159:159] is the sub-list for extension extendee
+	0,   // [0:159] is the sub-list for field type_name
 }
 
 func init() { file_meta_meta_proto_init() }
@@ -12683,7 +12770,7 @@ func file_meta_meta_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meta_meta_proto_rawDesc), len(file_meta_meta_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   158,
+			NumMessages:   159,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -262,8 +262,14 @@ func (x *RenewUserTokenRequest) GetToken() string {
 }
 
 type RenewUserTokenResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ExpiryUnixMs  int64                  `protobuf:"varint,1,opt,name=expiry_unix_ms,json=expiryUnixMs,proto3" json:"expiry_unix_ms,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ExpiryUnixMs int64                  `protobuf:"varint,1,opt,name=expiry_unix_ms,json=expiryUnixMs,proto3" json:"expiry_unix_ms,omitempty"`
+	// capped: the expiry was cut at the retire time of the key that signed
+	// the token (a removed meta node held it: members_keyrotate.go); no
+	// later renewal extends it, so the client gets a new token now. (The
+	// Go client also treats a renewal that extends the token by less than
+	// half its lifetime as final: a server without this field.)
+	Capped        bool `protobuf:"varint,2,opt,name=capped,proto3" json:"capped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -303,6 +309,13 @@ func (x *RenewUserTokenResponse) GetExpiryUnixMs() int64 {
 		return x.ExpiryUnixMs
 	}
 	return 0
+}
+
+func (x *RenewUserTokenResponse) GetCapped() bool {
+	if x != nil {
+		return x.Capped
+	}
+	return false
 }
 
 type CancelUserTokenRequest struct {
@@ -397,6 +410,7 @@ type UserTokenCommand struct {
 	//	*UserTokenCommand_Renew
 	//	*UserTokenCommand_Cancel
 	//	*UserTokenCommand_Keys
+	//	*UserTokenCommand_ForcedKeyRotation
 	Op            isUserTokenCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -482,6 +496,15 @@ func (x *UserTokenCommand) GetKeys() *UserTokenKeysOp {
 	return nil
 }
 
+func (x *UserTokenCommand) GetForcedKeyRotation() *ForcedKeyRotationOp {
+	if x != nil {
+		if x, ok := x.Op.(*UserTokenCommand_ForcedKeyRotation); ok {
+			return x.ForcedKeyRotation
+		}
+	}
+	return nil
+}
+
 type isUserTokenCommand_Op interface {
 	isUserTokenCommand_Op()
 }
@@ -502,6 +525,13 @@ type UserTokenCommand_Keys struct {
 	Keys *UserTokenKeysOp `protobuf:"bytes,5,opt,name=keys,proto3,oneof"`
 }
 
+type UserTokenCommand_ForcedKeyRotation struct {
+	// A forced rotation of the user-token keys because meta nodes were
+	// removed (members_keyrotate.go): a top-level op, so that a binary
+	// that does not know it halts at it (applyhalt).
+	ForcedKeyRotation *ForcedKeyRotationOp `protobuf:"bytes,6,opt,name=forced_key_rotation,json=forcedKeyRotation,proto3,oneof"`
+}
+
 func (*UserTokenCommand_Issue) isUserTokenCommand_Op() {}
 
 func (*UserTokenCommand_Renew) isUserTokenCommand_Op() {}
@@ -509,6 +539,8 @@ func (*UserTokenCommand_Renew) isUserTokenCommand_Op() {}
 func (*UserTokenCommand_Cancel) isUserTokenCommand_Op() {}
 
 func (*UserTokenCommand_Keys) isUserTokenCommand_Op() {}
+
+func (*UserTokenCommand_ForcedKeyRotation) isUserTokenCommand_Op() {}
 
 // UserTokenIssueOp assigns the next sequence number (the result) and
 // records the request's nonce until nonce_until_unix_ms; a nonce already
@@ -823,18 +855,20 @@ const file_meta_usertoken_proto_rawDesc = "" +
 	"\bsequence\x18\b \x01(\x04R\bsequence\x12\x14\n" +
 	"\x05admin\x18\t \x01(\bR\x05admin\"-\n" +
 	"\x15RenewUserTokenRequest\x12\x14\n" +
-	"\x05token\x18\x01 \x01(\tR\x05token\">\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\"V\n" +
 	"\x16RenewUserTokenResponse\x12$\n" +
-	"\x0eexpiry_unix_ms\x18\x01 \x01(\x03R\fexpiryUnixMs\".\n" +
+	"\x0eexpiry_unix_ms\x18\x01 \x01(\x03R\fexpiryUnixMs\x12\x16\n" +
+	"\x06capped\x18\x02 \x01(\bR\x06capped\".\n" +
 	"\x16CancelUserTokenRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\"\x19\n" +
-	"\x17CancelUserTokenResponse\"\xa0\x02\n" +
+	"\x17CancelUserTokenResponse\"\xf7\x02\n" +
 	"\x10UserTokenCommand\x12\x1e\n" +
 	"\vnow_unix_ms\x18\x01 \x01(\x03R\tnowUnixMs\x128\n" +
 	"\x05issue\x18\x02 \x01(\v2 .basalt.meta.v1.UserTokenIssueOpH\x00R\x05issue\x128\n" +
 	"\x05renew\x18\x03 \x01(\v2 .basalt.meta.v1.UserTokenRenewOpH\x00R\x05renew\x12;\n" +
 	"\x06cancel\x18\x04 \x01(\v2!.basalt.meta.v1.UserTokenCancelOpH\x00R\x06cancel\x125\n" +
-	"\x04keys\x18\x05 \x01(\v2\x1f.basalt.meta.v1.UserTokenKeysOpH\x00R\x04keysB\x04\n" +
+	"\x04keys\x18\x05 \x01(\v2\x1f.basalt.meta.v1.UserTokenKeysOpH\x00R\x04keys\x12U\n" +
+	"\x13forced_key_rotation\x18\x06 \x01(\v2#.basalt.meta.v1.ForcedKeyRotationOpH\x00R\x11forcedKeyRotationB\x04\n" +
 	"\x02op\"\x81\x01\n" +
 	"\x10UserTokenIssueOp\x12\x19\n" +
 	"\bnonce_id\x18\x01 \x01(\fR\anonceId\x12-\n" +
@@ -846,10 +880,10 @@ const file_meta_usertoken_proto_rawDesc = "" +
 	"\vmax_unix_ms\x18\x03 \x01(\x03R\tmaxUnixMs\"O\n" +
 	"\x11UserTokenCancelOp\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12\x1e\n" +
-	"\vmax_unix_ms\x18\x02 \x01(\x03R\tmaxUnixMs\"V\n" +
+	"\vmax_unix_ms\x18\x02 \x01(\x03R\tmaxUnixMs\"b\n" +
 	"\x0fUserTokenKeysOp\x12+\n" +
 	"\x03add\x18\x01 \x01(\v2\x19.basalt.meta.v1.SecretKeyR\x03add\x12\x16\n" +
-	"\x06remove\x18\x02 \x03(\x04R\x06remove\"W\n" +
+	"\x06remove\x18\x02 \x03(\x04R\x06removeJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05\"W\n" +
 	"\x0fUserTokenRecord\x12$\n" +
 	"\x0eexpiry_unix_ms\x18\x01 \x01(\x03R\fexpiryUnixMs\x12\x1e\n" +
 	"\vmax_unix_ms\x18\x02 \x01(\x03R\tmaxUnixMs2\xa8\x02\n" +
@@ -884,25 +918,27 @@ var file_meta_usertoken_proto_goTypes = []any{
 	(*UserTokenCancelOp)(nil),       // 9: basalt.meta.v1.UserTokenCancelOp
 	(*UserTokenKeysOp)(nil),         // 10: basalt.meta.v1.UserTokenKeysOp
 	(*UserTokenRecord)(nil),         // 11: basalt.meta.v1.UserTokenRecord
-	(*SecretKey)(nil),               // 12: basalt.meta.v1.SecretKey
+	(*ForcedKeyRotationOp)(nil),     // 12: basalt.meta.v1.ForcedKeyRotationOp
+	(*SecretKey)(nil),               // 13: basalt.meta.v1.SecretKey
 }
 var file_meta_usertoken_proto_depIdxs = []int32{
 	7,  // 0: basalt.meta.v1.UserTokenCommand.issue:type_name -> basalt.meta.v1.UserTokenIssueOp
 	8,  // 1: basalt.meta.v1.UserTokenCommand.renew:type_name -> basalt.meta.v1.UserTokenRenewOp
 	9,  // 2: basalt.meta.v1.UserTokenCommand.cancel:type_name -> basalt.meta.v1.UserTokenCancelOp
 	10, // 3: basalt.meta.v1.UserTokenCommand.keys:type_name -> basalt.meta.v1.UserTokenKeysOp
-	12, // 4: basalt.meta.v1.UserTokenKeysOp.add:type_name -> basalt.meta.v1.SecretKey
-	0,  // 5: basalt.meta.v1.UserToken.GetUserToken:input_type -> basalt.meta.v1.GetUserTokenRequest
-	2,  // 6: basalt.meta.v1.UserToken.RenewUserToken:input_type -> basalt.meta.v1.RenewUserTokenRequest
-	4,  // 7: basalt.meta.v1.UserToken.CancelUserToken:input_type -> basalt.meta.v1.CancelUserTokenRequest
-	1,  // 8: basalt.meta.v1.UserToken.GetUserToken:output_type -> basalt.meta.v1.UserTokenResponse
-	3,  // 9: basalt.meta.v1.UserToken.RenewUserToken:output_type -> basalt.meta.v1.RenewUserTokenResponse
-	5,  // 10: basalt.meta.v1.UserToken.CancelUserToken:output_type -> basalt.meta.v1.CancelUserTokenResponse
-	8,  // [8:11] is the sub-list for method output_type
-	5,  // [5:8] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	12, // 4: basalt.meta.v1.UserTokenCommand.forced_key_rotation:type_name -> basalt.meta.v1.ForcedKeyRotationOp
+	13, // 5: basalt.meta.v1.UserTokenKeysOp.add:type_name -> basalt.meta.v1.SecretKey
+	0,  // 6: basalt.meta.v1.UserToken.GetUserToken:input_type -> basalt.meta.v1.GetUserTokenRequest
+	2,  // 7: basalt.meta.v1.UserToken.RenewUserToken:input_type -> basalt.meta.v1.RenewUserTokenRequest
+	4,  // 8: basalt.meta.v1.UserToken.CancelUserToken:input_type -> basalt.meta.v1.CancelUserTokenRequest
+	1,  // 9: basalt.meta.v1.UserToken.GetUserToken:output_type -> basalt.meta.v1.UserTokenResponse
+	3,  // 10: basalt.meta.v1.UserToken.RenewUserToken:output_type -> basalt.meta.v1.RenewUserTokenResponse
+	5,  // 11: basalt.meta.v1.UserToken.CancelUserToken:output_type -> basalt.meta.v1.CancelUserTokenResponse
+	9,  // [9:12] is the sub-list for method output_type
+	6,  // [6:9] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_meta_usertoken_proto_init() }
@@ -916,6 +952,7 @@ func file_meta_usertoken_proto_init() {
 		(*UserTokenCommand_Renew)(nil),
 		(*UserTokenCommand_Cancel)(nil),
 		(*UserTokenCommand_Keys)(nil),
+		(*UserTokenCommand_ForcedKeyRotation)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -3,6 +3,7 @@ package scm
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -32,6 +33,21 @@ import (
 // dropped only TokenLifetime + ActivationDelay after a newer key became
 // active, when every token it signed has expired. The cluster's first key
 // is active at once: nothing can be waiting for it.
+//
+// Forced rotation (RotateSecretKeysFor): a removed meta node holds every
+// key recorded while it was a replica, and could sign tokens with them.
+// Once its removal has committed, the meta server's reconciler
+// (members_keyrotate.go) has the SCM leader record a new key at once
+// (activation after ActivationDelay, as a scheduled one) and give every
+// key already recorded a retire time: the new key's activation +
+// TokenLifetime + ActivationDelay, when every token an old key signed
+// before the new one took over has expired. The op (ScmCommand
+// forced_key_rotation: a top-level op, so that an older binary's replica
+// halts at it, applyhalt, instead of applying it as a plain key addition)
+// names the members and Apply records them (row "kf/<id>") and refuses
+// a second op for any of them, so a member is rotated for once, whichever
+// leader proposes it, and a leader that crashed before proposing leaves
+// it to the next.
 
 // SecretKeyConfig tunes rotation. Zero values take the defaults noted.
 type SecretKeyConfig struct {
@@ -59,23 +75,45 @@ func (m *Manager) keyCfg() SecretKeyConfig {
 	return c
 }
 
-var pfxSecretKey = []byte("k/")
+var (
+	pfxSecretKey = []byte("k/")
+	// pfxKeysRotatedFor: "kf/<member ID>" → the forced rotation's new
+	// key ID (8 bytes), one row per removed meta node rotated for.
+	pfxKeysRotatedFor = []byte("kf/")
+)
+
+// MaxForcedRotations bounds the members recorded as rotated for (one
+// row per removed meta node, ever): beyond it a forced rotation is
+// refused (ResourceExhausted).
+const MaxForcedRotations = 4096
 
 // secretKeys is State's mirror of the key rows.
 type secretKeys struct {
 	rows []*metapb.SecretKey               // by ID; replaced, never changed in place
 	set  atomic.Pointer[blocktoken.KeySet] // the same keys, for issuing without a lock
+	// rotatedFor: removed meta node → the key its forced rotation added.
+	rotatedFor map[uint64]uint64
 }
 
 // loadSecretKeys reads the key rows (caller holds mu for writing).
 func (s *State) loadSecretKeys(r pebble.Reader) error {
 	s.keys.rows = nil
+	s.keys.rotatedFor = map[uint64]uint64{}
 	if err := store.Scan(r, pfxSecretKey, func(_, v []byte) error {
 		k := &metapb.SecretKey{}
 		if err := proto.Unmarshal(v, k); err != nil {
 			return err
 		}
 		s.keys.rows = append(s.keys.rows, k)
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := store.Scan(r, pfxKeysRotatedFor, func(k, v []byte) error {
+		if len(k) != len(pfxKeysRotatedFor)+8 || len(v) != 8 {
+			return fmt.Errorf("scm: bad forced rotation row %q", k)
+		}
+		s.keys.rotatedFor[binary.BigEndian.Uint64(k[len(pfxKeysRotatedFor):])] = binary.BigEndian.Uint64(v)
 		return nil
 	}); err != nil {
 		return err
@@ -103,11 +141,28 @@ func keysOf(rows []*metapb.SecretKey) []blocktoken.Key {
 // applySecretKeys removes, then adds (caller holds mu for writing). An
 // invalid addition is refused whole; removals of unknown keys are no-ops.
 func (s *State) applySecretKeys(b *pebble.Batch, op *metapb.SecretKeysOp) any {
+	return s.applyKeyChange(b, op.GetAdd(), op.GetRemove(), nil)
+}
+
+// applyForcedKeyRotation applies a forced rotation (ScmCommand
+// forced_key_rotation, see the top of this file): refused whole unless
+// CheckForced accepts it.
+func (s *State) applyForcedKeyRotation(b *pebble.Batch, op *metapb.ForcedKeyRotationOp) any {
+	if err := checkForced("scm", op.GetMembers(), op.GetAdd() != nil, op.GetRetireUnixMs(), s.keys.rotatedFor, MaxForcedRotations); err != nil {
+		return err
+	}
+	return s.applyKeyChange(b, op.GetAdd(), nil, op)
+}
+
+// applyKeyChange adds add, removes remove and, for a forced rotation
+// (forced non-nil, checked), retires the other keys and records its
+// members.
+func (s *State) applyKeyChange(b *pebble.Batch, add *metapb.SecretKey, remove []uint64, forced *metapb.ForcedKeyRotationOp) any {
 	rows := slices.Clone(s.keys.rows)
-	for _, id := range op.GetRemove() {
+	for _, id := range remove {
 		rows = slices.DeleteFunc(rows, func(k *metapb.SecretKey) bool { return k.Id == id })
 	}
-	if a := op.GetAdd(); a != nil {
+	if a := add; a != nil {
 		switch {
 		case a.Id == 0 || len(a.Secret) != blocktoken.SecretSize:
 			return status.Errorf(codes.InvalidArgument, "scm: secret key %d with a %d-byte secret", a.Id, len(a.Secret))
@@ -119,17 +174,63 @@ func (s *State) applySecretKeys(b *pebble.Batch, op *metapb.SecretKeysOp) any {
 		rows = append(rows, proto.Clone(a).(*metapb.SecretKey))
 		slices.SortFunc(rows, func(x, y *metapb.SecretKey) int { return cmpU64(x.Id, y.Id) })
 	}
-	for _, id := range op.GetRemove() {
+	if forced != nil {
+		// Every key but the new one may be known to the removed nodes.
+		for i, k := range rows {
+			if k.Id == add.GetId() || (k.RetireUnixMs != 0 && k.RetireUnixMs <= forced.RetireUnixMs) {
+				continue
+			}
+			k = proto.Clone(k).(*metapb.SecretKey)
+			k.RetireUnixMs = forced.RetireUnixMs
+			rows[i] = k
+			s.put(b, key(pfxSecretKey, k.Id), k)
+		}
+		for _, id := range forced.GetMembers() {
+			if err := b.Set(key(pfxKeysRotatedFor, id), binary.BigEndian.AppendUint64(nil, add.GetId()), nil); err != nil {
+				panic(err)
+			}
+			s.keys.rotatedFor[id] = add.GetId()
+		}
+	}
+	for _, id := range remove {
 		if err := b.Delete(key(pfxSecretKey, id), nil); err != nil {
 			panic(err)
 		}
 	}
-	if a := op.GetAdd(); a != nil {
+	if add != nil {
+		a := add
 		s.put(b, key(pfxSecretKey, a.Id), a)
 	}
 	s.keys.rows = rows
 	if err := s.rebuildKeySet(); err != nil {
 		panic(err) // validated above
+	}
+	return nil
+}
+
+// CheckForced validates a forced rotation's members (what, the group's
+// name for the messages; done, the members rotated for already; limit,
+// the most it may hold): at least one, none 0 or repeated, none done already (that is
+// AlreadyExists: another leader's op came first), room for them all, and
+// a new key and a retire time. Shared with the user-token state.
+func CheckForced(what string, members []uint64, hasKey bool, retireMs int64, done map[uint64]uint64, limit int) error {
+	return checkForced(what, members, hasKey, retireMs, done, limit)
+}
+
+func checkForced(what string, members []uint64, hasKey bool, retireMs int64, done map[uint64]uint64, limit int) error {
+	if len(members) == 0 || !hasKey || retireMs <= 0 {
+		return status.Errorf(codes.InvalidArgument, "%s: a forced rotation for meta nodes %v without members, a new key or a retire time", what, members)
+	}
+	if len(members) > limit-len(done) {
+		return status.Errorf(codes.ResourceExhausted, "%s: %d forced rotations recorded already, %d more asked for (at most %d)", what, len(done), len(members), limit)
+	}
+	for i, id := range members {
+		if id == 0 || slices.Contains(members[:i], id) {
+			return status.Errorf(codes.InvalidArgument, "%s: a forced rotation for meta nodes %v (0 or repeated)", what, members)
+		}
+		if _, ok := done[id]; ok {
+			return status.Errorf(codes.AlreadyExists, "%s: the keys were rotated for removed meta node %d already", what, id)
+		}
 	}
 	return nil
 }
@@ -149,6 +250,15 @@ func (s *State) SecretKeys() []*metapb.SecretKey {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.keys.rows
+}
+
+// KeysRotatedFor reports whether the block token keys were rotated for
+// removed meta node id (a forced rotation is recorded).
+func (s *State) KeysRotatedFor(id uint64) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	_, ok := s.keys.rotatedFor[id]
+	return ok
 }
 
 // TokenKeys returns the keys as a set for issuing and verifying tokens.
@@ -187,6 +297,10 @@ func (m *Manager) rotateSecretKeys(ctx context.Context) error {
 	// token lives (plus the activation delay, for clocks that disagree).
 	retire := now.Add(-kc.TokenLifetime - kc.ActivationDelay).UnixMilli()
 	for _, k := range rows {
+		if k.RetireUnixMs != 0 && k.RetireUnixMs <= now.UnixMilli() {
+			op.Remove = append(op.Remove, k.Id) // a forced rotation's retire time
+			continue
+		}
 		for _, j := range rows {
 			if j.ActivateUnixMs > k.ActivateUnixMs && j.ActivateUnixMs <= retire {
 				op.Remove = append(op.Remove, k.Id)
@@ -203,6 +317,53 @@ func (m *Manager) rotateSecretKeys(ctx context.Context) error {
 	if op.Add != nil {
 		m.log.Info("scm: block token key recorded", "key", op.Add.Id, "activates", time.UnixMilli(op.Add.ActivateUnixMs).UTC(), "dropped", op.Remove)
 	}
+	return nil
+}
+
+// RotateSecretKeysFor records, on the SCM leader, a new block token key
+// because the meta nodes members were removed, and retires every key
+// recorded before it at the new key's activation + TokenLifetime +
+// ActivationDelay (see the top of this file). Members already rotated
+// for are left out (nothing if none is left); an AlreadyExists from
+// Apply (another leader's op came first) is retried by the caller's next
+// round with what is left.
+func (m *Manager) RotateSecretKeysFor(ctx context.Context, members []uint64) error {
+	m.keyMu.Lock()
+	defer m.keyMu.Unlock()
+	var todo []uint64
+	for _, id := range members {
+		if id != 0 && !slices.Contains(todo, id) && !m.st.KeysRotatedFor(id) {
+			todo = append(todo, id)
+		}
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	kc := m.keyCfg()
+	now := m.cfg.Now()
+	var maxID uint64
+	for _, k := range m.st.SecretKeys() {
+		maxID = max(maxID, k.Id)
+	}
+	secret := make([]byte, blocktoken.SecretSize)
+	if _, err := rand.Read(secret); err != nil {
+		return err
+	}
+	activate := now.Add(kc.ActivationDelay)
+	op := &metapb.ForcedKeyRotationOp{
+		Add:          &metapb.SecretKey{Id: maxID + 1, Secret: secret, CreatedUnixMs: now.UnixMilli(), ActivateUnixMs: activate.UnixMilli()},
+		Members:      todo,
+		RetireUnixMs: activate.Add(kc.TokenLifetime + kc.ActivationDelay).UnixMilli(),
+	}
+	v, err := m.propose(ctx, &metapb.ScmCommand{Op: &metapb.ScmCommand_ForcedKeyRotation{ForcedKeyRotation: op}})
+	if e, ok := v.(error); ok && err == nil {
+		err = e // Apply refused it
+	}
+	if err != nil {
+		return fmt.Errorf("scm: rotating block token keys for removed meta nodes %v: %w", todo, err)
+	}
+	m.log.Info("scm: block token keys rotated for removed meta nodes", "members", todo, "key", op.Add.Id,
+		"activates", activate.UTC(), "old keys retire", time.UnixMilli(op.RetireUnixMs).UTC())
 	return nil
 }
 

@@ -406,6 +406,8 @@ func (s *State) apply(b *pebble.Batch, cmd *metapb.ScmCommand) any {
 		return nil
 	case *metapb.ScmCommand_SecretKeys:
 		return s.applySecretKeys(b, op.SecretKeys)
+	case *metapb.ScmCommand_ForcedKeyRotation:
+		return s.applyForcedKeyRotation(b, op.ForcedKeyRotation)
 	case *metapb.ScmCommand_CachePool:
 		return s.applyCachePool(b, op.CachePool)
 	case *metapb.ScmCommand_CacheDirective:
