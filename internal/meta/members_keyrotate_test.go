@@ -479,22 +479,7 @@ func TestKeyRotationUpgradeGate(t *testing.T) {
 		}
 		return false
 	})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := grpc.NewServer(nodeCreds(other).GRPCServerOption())
-	metapb.RegisterMembersServer(old, oldMembers{})
-	go old.Serve(lis)
-	defer old.Stop()
-	setOther := func(grpcAddr string) {
-		for id, s := range c.servers {
-			if id != other {
-				s.SetPeer(other, Peer{RaftAddr: c.servers[other].RaftAddr(), GRPCAddr: grpcAddr})
-			}
-		}
-	}
-	setOther(lis.Addr().String())
+	upgrade := olderVoter(t, c, other)
 	removeRow(t, L, 9)
 	time.Sleep(3 * time.Second) // three reconciler rounds
 	for id, s := range c.servers {
@@ -502,7 +487,7 @@ func TestKeyRotationUpgradeGate(t *testing.T) {
 			t.Fatalf("node %d: the keys were rotated with node %d on an older binary", id, other)
 		}
 	}
-	setOther(c.servers[other].GRPCAddr())
+	upgrade()
 	waitFor(t, krBound, "the keys rotated for node 9 once node "+fmt.Sprint(other)+" is upgraded", func() bool {
 		for _, s := range c.servers {
 			if !s.keysRotatedFor(9) {
@@ -584,22 +569,7 @@ func TestKeyRotationGateReprobes(t *testing.T) {
 	}
 	removeRow(t, L, 9)
 	waitFor(t, krBound, "the keys rotated for node 9", rotated(9))
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := grpc.NewServer(nodeCreds(other).GRPCServerOption())
-	metapb.RegisterMembersServer(old, oldMembers{})
-	go old.Serve(lis)
-	defer old.Stop()
-	setOther := func(grpcAddr string) {
-		for id, s := range c.servers {
-			if id != other {
-				s.SetPeer(other, Peer{RaftAddr: c.servers[other].RaftAddr(), GRPCAddr: grpcAddr})
-			}
-		}
-	}
-	setOther(lis.Addr().String())
+	upgrade := olderVoter(t, c, other)
 	removeRow(t, L, 10)
 	time.Sleep(3 * time.Second) // three reconciler rounds
 	for id, s := range c.servers {
@@ -607,7 +577,7 @@ func TestKeyRotationGateReprobes(t *testing.T) {
 			t.Fatalf("node %d: the keys were rotated for node 10 with node %d rolled back to an older binary", id, other)
 		}
 	}
-	setOther(c.servers[other].GRPCAddr())
+	upgrade()
 	waitFor(t, krBound, "the keys rotated for node 10 once node "+fmt.Sprint(other)+" is upgraded again", rotated(10))
 }
 
@@ -664,4 +634,29 @@ func TestClientReplacesCappedToken(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("the client still held its token of the retiring key at the key's retire time")
+}
+
+// olderVoter stands in for node other running an older binary, as the
+// other nodes see it: they reach its Members service at a server that
+// answers ListMembers without forced_key_rotation (oldMembers). upgrade
+// points them back at the real node.
+func olderVoter(t *testing.T, c *cluster, other uint64) (upgrade func()) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := grpc.NewServer(nodeCreds(other).GRPCServerOption())
+	metapb.RegisterMembersServer(old, oldMembers{})
+	go old.Serve(lis)
+	t.Cleanup(old.Stop)
+	setOther := func(grpcAddr string) {
+		for id, s := range c.servers {
+			if id != other {
+				s.SetPeer(other, Peer{RaftAddr: c.servers[other].RaftAddr(), GRPCAddr: grpcAddr})
+			}
+		}
+	}
+	setOther(lis.Addr().String())
+	return func() { setOther(c.servers[other].GRPCAddr()) }
 }
