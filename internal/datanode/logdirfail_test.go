@@ -26,22 +26,7 @@ import (
 // before the failure keeps serving reads there. Before: the log store's
 // Pebble panicked (quietLogger.Fatalf) and took the datanode down.
 func TestLogDirFailedClosesPipeline(t *testing.T) {
-	var ffs *vfs.FaultFS
-	e := startEnvWith(t, func(c *cluster.Config) {
-		c.BasePort = 21100 // this helper's port range
-		c.DatanodeConfig = func(i int, dc *datanode.Config) {
-			if i != 0 {
-				return
-			}
-			base := dc.FS
-			if base == nil {
-				base = vfs.Default
-			}
-			ffs = vfs.NewFaultFS(base)
-			dc.FS = ffs
-			dc.LogDirs = []string{filepath.Join(dc.DataDir, "raftA"), filepath.Join(dc.DataDir, "raftB")}
-		}
-	})
+	e, ffs := startFaultLogEnv(t, 21100, "raftA", "raftB")
 	dn0 := e.c.Datanode(0)
 	ctx := testCtx(t)
 
@@ -148,4 +133,30 @@ func TestLogDirFailedClosesPipeline(t *testing.T) {
 	} else if err == nil && r.State != storage.StateUnhealthy && r.State != storage.StateClosed {
 		t.Fatalf("datanode 1's replica of the container in the failed pipeline: %v", r.State)
 	}
+}
+
+// startFaultLogEnv starts a cluster (BasePort port) whose first datanode
+// keeps its Raft logs in the given directories (under its data dir) on an
+// error-injecting FS, returned.
+func startFaultLogEnv(t *testing.T, port int, logDirs ...string) (*env, *vfs.FaultFS) {
+	t.Helper()
+	var ffs *vfs.FaultFS
+	e := startEnvWith(t, func(c *cluster.Config) {
+		c.BasePort = port
+		c.DatanodeConfig = func(i int, dc *datanode.Config) {
+			if i != 0 {
+				return
+			}
+			base := dc.FS
+			if base == nil {
+				base = vfs.Default
+			}
+			ffs = vfs.NewFaultFS(base)
+			dc.FS = ffs
+			for _, d := range logDirs {
+				dc.LogDirs = append(dc.LogDirs, filepath.Join(dc.DataDir, d))
+			}
+		}
+	})
+	return e, ffs
 }

@@ -1,7 +1,6 @@
 package datanode_test
 
 import (
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -9,10 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/basalt-store/basalt/internal/cluster"
-	"github.com/basalt-store/basalt/internal/datanode"
 	"github.com/basalt-store/basalt/internal/meta/metapb"
-	"github.com/basalt-store/basalt/internal/vfs"
 )
 
 // TestLogDirFailedReportsPipelineFailed: datanode 1 has one Raft log
@@ -26,22 +22,7 @@ import (
 // (2 minutes' interval and minimum age by default) and SCM created new
 // pipelines on the datanode that could not start.
 func TestLogDirFailedReportsPipelineFailed(t *testing.T) {
-	var ffs *vfs.FaultFS
-	e := startEnvWith(t, func(c *cluster.Config) {
-		c.BasePort = 21200 // this helper's port range
-		c.DatanodeConfig = func(i int, dc *datanode.Config) {
-			if i != 0 {
-				return
-			}
-			base := dc.FS
-			if base == nil {
-				base = vfs.Default
-			}
-			ffs = vfs.NewFaultFS(base)
-			dc.FS = ffs
-			dc.LogDirs = []string{filepath.Join(dc.DataDir, "raftA")}
-		}
-	})
+	e, ffs := startFaultLogEnv(t, 21200, "raftA")
 	dn0 := e.c.Datanode(0)
 	ctx := testCtx(t)
 	listPipes := func() []*metapb.Pipeline {
