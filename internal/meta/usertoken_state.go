@@ -424,14 +424,7 @@ func (s *utState) applyKeyChange(b *pebble.Batch, add *metapb.SecretKey, remove 
 		slices.SortFunc(keys, func(x, y *metapb.SecretKey) int { return cmpUint(x.Id, y.Id) })
 	}
 	if forced != nil {
-		// Every key but the new one may be known to the removed nodes.
-		for i, k := range keys {
-			if k.Id == add.GetId() || (k.RetireUnixMs != 0 && k.RetireUnixMs <= forced.RetireUnixMs) {
-				continue
-			}
-			k = proto.Clone(k).(*metapb.SecretKey)
-			k.RetireUnixMs = forced.RetireUnixMs
-			keys[i] = k
+		for _, k := range scm.RetireForced(keys, add.GetId(), forced.RetireUnixMs) {
 			v, err := proto.Marshal(k)
 			if err != nil {
 				panic(err)

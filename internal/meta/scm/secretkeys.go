@@ -175,14 +175,7 @@ func (s *State) applyKeyChange(b *pebble.Batch, add *metapb.SecretKey, remove []
 		slices.SortFunc(rows, func(x, y *metapb.SecretKey) int { return cmpU64(x.Id, y.Id) })
 	}
 	if forced != nil {
-		// Every key but the new one may be known to the removed nodes.
-		for i, k := range rows {
-			if k.Id == add.GetId() || (k.RetireUnixMs != 0 && k.RetireUnixMs <= forced.RetireUnixMs) {
-				continue
-			}
-			k = proto.Clone(k).(*metapb.SecretKey)
-			k.RetireUnixMs = forced.RetireUnixMs
-			rows[i] = k
+		for _, k := range RetireForced(rows, add.GetId(), forced.RetireUnixMs) {
 			s.put(b, key(pfxSecretKey, k.Id), k)
 		}
 		for _, id := range forced.GetMembers() {
@@ -206,6 +199,24 @@ func (s *State) applyKeyChange(b *pebble.Batch, add *metapb.SecretKey, remove []
 		panic(err) // validated above
 	}
 	return nil
+}
+
+// RetireForced gives every key of keys but the new one (keep) the forced
+// rotation's retire time, unless it retires earlier already: any of them
+// may be known to the removed nodes. The changed keys are copies, put in
+// keys in place of the old ones and returned, for the caller to record.
+// Shared with the user-token state.
+func RetireForced(keys []*metapb.SecretKey, keep uint64, retireMs int64) (changed []*metapb.SecretKey) {
+	for i, k := range keys {
+		if k.Id == keep || (k.RetireUnixMs != 0 && k.RetireUnixMs <= retireMs) {
+			continue
+		}
+		k = proto.Clone(k).(*metapb.SecretKey)
+		k.RetireUnixMs = retireMs
+		keys[i] = k
+		changed = append(changed, k)
+	}
+	return changed
 }
 
 // CheckForced validates a forced rotation's members (what, the group's
