@@ -112,6 +112,15 @@ var (
 	// ErrExpired: a genuine token past its expiry. The caller may ask
 	// the namespace for a fresh one.
 	ErrExpired = errors.New("block token expired")
+	// ErrRetired: a token signed with a key past its retire time (a
+	// forced rotation after a meta node was removed retires every older
+	// key; Key.RetireUnixMs). It matches ErrInvalid: a token the issuer
+	// signed with that key expired before the key retired (the retire time
+	// leaves a token lifetime and the activation delay after the new key
+	// took over), so an unexpired one was forged, most likely with the
+	// removed node's copy of the key. Verifiers refuse it by their own
+	// clock, whether or not SCM's loop has dropped the key yet.
+	ErrRetired = fmt.Errorf("%w: signed with a retired key", ErrInvalid)
 	// ErrNoKey: the issuer has no active key yet (SCM has not generated
 	// one, or this replica has not applied it).
 	ErrNoKey = errors.New("no active block token key")
@@ -124,6 +133,9 @@ type Key struct {
 	// ActivateUnixMs: signers use the key from then on (verifiers accept
 	// it as soon as they hold it).
 	ActivateUnixMs int64
+	// RetireUnixMs: 0, or the time from which the key neither signs nor
+	// verifies (ErrRetired), set by a forced rotation.
+	RetireUnixMs int64
 }
 
 type keyState struct {
@@ -170,16 +182,17 @@ func NewKeySet(keys []Key) (*KeySet, error) {
 		if s.keys[k.ID] != nil {
 			return nil, fmt.Errorf("blocktoken: key %d twice", k.ID)
 		}
-		ks := &keyState{Key: Key{ID: k.ID, Secret: append([]byte(nil), k.Secret...), ActivateUnixMs: k.ActivateUnixMs}}
+		ks := &keyState{Key: Key{ID: k.ID, Secret: append([]byte(nil), k.Secret...), ActivateUnixMs: k.ActivateUnixMs, RetireUnixMs: k.RetireUnixMs}}
 		s.keys[k.ID] = ks
 		s.byAct = append(s.byAct, ks)
 	}
-	// The digest (SameAs) covers IDs and secrets in ID order.
+	// The digest (SameAs) covers IDs, secrets and retire times in ID order.
 	ids := slices.Sorted(maps.Keys(s.keys))
 	d := sha256.New()
 	for _, id := range ids {
 		d.Write(binary.BigEndian.AppendUint64(nil, id))
 		d.Write(s.keys[id].Secret)
+		d.Write(binary.BigEndian.AppendUint64(nil, uint64(s.keys[id].RetireUnixMs)))
 	}
 	// Newest activation first; ties by higher ID.
 	for i := 1; i < len(s.byAct); i++ {
@@ -209,7 +222,8 @@ func (s *KeySet) Len() int {
 // Has reports whether the set holds key id.
 func (s *KeySet) Has(id uint64) bool { return s != nil && s.keys[id] != nil }
 
-// SameAs reports whether s and o hold the same keys (IDs and secrets).
+// SameAs reports whether s and o hold the same keys (IDs, secrets and
+// retire times).
 func (s *KeySet) SameAs(o *KeySet) bool {
 	if s == nil || o == nil {
 		return s == o
@@ -218,14 +232,15 @@ func (s *KeySet) SameAs(o *KeySet) bool {
 }
 
 // SigningKey returns the ID of the key tokens are signed with at now: the
-// newest key whose activation time has come.
+// newest key whose activation time has come and whose retire time (if
+// any) has not: a retired key never signs.
 func (s *KeySet) SigningKey(now time.Time) (uint64, bool) {
 	if s == nil {
 		return 0, false
 	}
 	ms := now.UnixMilli()
 	for _, k := range s.byAct {
-		if k.ActivateUnixMs <= ms {
+		if k.ActivateUnixMs <= ms && !k.retiredAt(ms) {
 			return k.ID, true
 		}
 	}
@@ -242,6 +257,9 @@ func (s *KeySet) Issue(now time.Time, c Claims) ([]byte, error) {
 	c.KeyID = id
 	return s.keys[id].encode(c)
 }
+
+// retiredAt reports whether the key is past its retire time at ms.
+func (k *keyState) retiredAt(ms int64) bool { return k.RetireUnixMs != 0 && ms >= k.RetireUnixMs }
 
 func (k *keyState) encode(c Claims) ([]byte, error) {
 	if len(c.Owner) > MaxOwner {
@@ -310,8 +328,10 @@ func decode(tok []byte) (Claims, int, error) {
 }
 
 // Verify checks that tok is genuine (a key of s signed it; the MAC is
-// compared in constant time), grants mode on blk, and has not expired at
-// now. It returns the token's claims.
+// compared in constant time), grants mode on blk, has not expired at now
+// (ErrExpired) and its key had not retired at now (ErrRetired; checked
+// after the expiry, so an old genuine token reads as expired). It returns
+// the token's claims.
 func (s *KeySet) Verify(tok []byte, blk Block, mode Mode, now time.Time) (Claims, error) {
 	c, signed, err := decode(tok)
 	if err != nil {
@@ -334,9 +354,15 @@ func (s *KeySet) Verify(tok []byte, blk Block, mode Mode, now time.Time) (Claims
 	if c.Modes&mode != mode {
 		return Claims{}, fmt.Errorf("%w: token grants %v on block %v, request needs %v", ErrInvalid, c.Modes, blk, mode)
 	}
-	if ms := now.UnixMilli(); ms >= c.ExpiryUnixMs {
+	ms := now.UnixMilli()
+	if ms >= c.ExpiryUnixMs {
 		return Claims{}, fmt.Errorf("%w: block %v token expired at %s (%v ago)", ErrExpired, blk,
 			time.UnixMilli(c.ExpiryUnixMs).UTC().Format(time.RFC3339), time.Duration(ms-c.ExpiryUnixMs)*time.Millisecond)
+	}
+	if k.retiredAt(ms) {
+		return Claims{}, fmt.Errorf("%w: key %d retired at %s (%v ago); the token claims to live until %s", ErrRetired, k.ID,
+			time.UnixMilli(k.RetireUnixMs).UTC().Format(time.RFC3339), time.Duration(ms-k.RetireUnixMs)*time.Millisecond,
+			time.UnixMilli(c.ExpiryUnixMs).UTC().Format(time.RFC3339))
 	}
 	return c, nil
 }

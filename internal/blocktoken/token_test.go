@@ -304,3 +304,64 @@ func TestVersion1TokenReadsOnly(t *testing.T) {
 		t.Fatalf("v1 layout read as v2: %v", err)
 	}
 }
+
+// A key past its retire time (a forced rotation after a meta node was
+// removed) neither verifies nor signs, by the verifier's clock; before it,
+// it does both. The refusal is ErrRetired (an ErrInvalid, not an
+// ErrExpired: the client cannot renew its way out of a forged token).
+func TestRetiredKey(t *testing.T) {
+	now := time.UnixMilli(10_000_000)
+	retire := now.Add(time.Minute)
+	old := testKey(t, 1, 0)
+	old.RetireUnixMs = retire.UnixMilli()
+	ks := mustSet(t, old)
+	blk := Block{Container: 7, Local: 42}
+	// Signed before the retire time, claiming to live past it (as a token
+	// forged with the removed node's copy of the key would).
+	tok, err := ks.Issue(now, Claims{Block: blk, Modes: Read, ExpiryUnixMs: retire.Add(time.Hour).UnixMilli()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.Verify(tok, blk, Read, retire.Add(-time.Millisecond)); err != nil {
+		t.Fatalf("before the retire time: %v", err)
+	}
+	for _, at := range []time.Time{retire, retire.Add(time.Second)} {
+		_, err := ks.Verify(tok, blk, Read, at)
+		if !errors.Is(err, ErrRetired) || !errors.Is(err, ErrInvalid) || errors.Is(err, ErrExpired) {
+			t.Fatalf("at retire%+v: err %v, want ErrRetired (an ErrInvalid, not ErrExpired)", at.Sub(retire), err)
+		}
+	}
+	// An expired token of a retired key reads as expired (the client
+	// renews it, which is what a genuine old token needs).
+	short, err := ks.Issue(now, Claims{Block: blk, Modes: Read, ExpiryUnixMs: retire.UnixMilli()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ks.Verify(short, blk, Read, retire); !errors.Is(err, ErrExpired) {
+		t.Fatalf("expired token of a retired key: err %v, want ErrExpired", err)
+	}
+	// A retired key never signs, even as the only active key...
+	if id, ok := ks.SigningKey(retire); ok {
+		t.Fatalf("retired key %d signs", id)
+	}
+	if _, err := ks.Issue(retire, Claims{Block: blk, Modes: Read, ExpiryUnixMs: retire.Add(time.Hour).UnixMilli()}); !errors.Is(err, ErrNoKey) {
+		t.Fatalf("Issue with only a retired key: err %v, want ErrNoKey", err)
+	}
+	// ... nor as the newest: the older unretired key signs instead.
+	newest := testKey(t, 3, 5)
+	newest.RetireUnixMs = retire.UnixMilli()
+	two := mustSet(t, testKey(t, 2, 1), newest)
+	if id, ok := two.SigningKey(retire.Add(-time.Millisecond)); !ok || id != 3 {
+		t.Fatalf("before the retire time: signing key %d %v, want 3", id, ok)
+	}
+	if id, ok := two.SigningKey(retire); !ok || id != 2 {
+		t.Fatalf("after the retire time: signing key %d %v, want 2", id, ok)
+	}
+	// The retire time is part of the set's identity: a heartbeat that only
+	// adds it is a change.
+	unretired := old
+	unretired.RetireUnixMs = 0
+	if ks.SameAs(mustSet(t, unretired)) || !ks.SameAs(mustSet(t, old)) {
+		t.Fatal("SameAs ignores the retire time")
+	}
+}

@@ -43,7 +43,7 @@ func (d *Datanode) setKeys(keys []*metapb.SecretKey) {
 	}
 	ks := make([]blocktoken.Key, len(keys))
 	for i, k := range keys {
-		ks[i] = blocktoken.Key{ID: k.GetId(), Secret: k.GetSecret(), ActivateUnixMs: k.GetActivateUnixMs()}
+		ks[i] = blocktoken.Key{ID: k.GetId(), Secret: k.GetSecret(), ActivateUnixMs: k.GetActivateUnixMs(), RetireUnixMs: k.GetRetireUnixMs()}
 	}
 	set, err := blocktoken.NewKeySet(ks)
 	if err != nil {

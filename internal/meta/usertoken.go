@@ -361,6 +361,8 @@ func (s *Server) verifyUserToken(ctx context.Context, tok string, now time.Time)
 	if err := s.utHaltedErr(); err != nil {
 		return userToken{}, err
 	}
+	ms := now.UnixMilli()
+	var retire int64 // the key's forced retire time, 0: none
 	t, ok := s.utCache.get(tok)
 	if !ok {
 		parts, err := metaclient.DecodeTokenURL(strings.TrimSpace(tok))
@@ -370,7 +372,8 @@ func (s *Server) verifyUserToken(ctx context.Context, tok string, now time.Time)
 		if t, err = parseUserToken(parts.Identifier); err != nil {
 			return refuse("%v", err)
 		}
-		secret := s.ut.key(t.KeyID)
+		var secret []byte
+		secret, retire = s.ut.keyFor(t.KeyID)
 		if secret == nil {
 			return refuse("key %d is unknown (retired, or the token is forged)", t.KeyID)
 		}
@@ -378,10 +381,20 @@ func (s *Server) verifyUserToken(ctx context.Context, tok string, now time.Time)
 			return refuse("bad signature (forged or altered)")
 		}
 		s.utCache.put(tok, t)
-	} else if s.ut.key(t.KeyID) == nil {
+	} else if secret, r := s.ut.keyFor(t.KeyID); secret == nil {
 		return refuse("key %d is retired", t.KeyID)
+	} else {
+		retire = r
 	}
-	ms := now.UnixMilli()
+	// A key past its forced retire time (a removed meta node held it)
+	// verifies nothing, by this node's clock, whether or not the
+	// user-token leader's loop has dropped it yet (it cannot without a
+	// quorum). Every token it signed for a client expired or was renewed
+	// up to the retire time at most (RenewUserToken), so what is left is
+	// forged, most likely with the removed node's copy.
+	if retire != 0 && ms >= retire {
+		return refuse("key %d retired at %s (a forced rotation after a meta node was removed)", t.KeyID, time.UnixMilli(retire).UTC().Format(time.RFC3339))
+	}
 	if ms >= t.MaxMs {
 		return refuse("token %d of %s passed its max date %s", t.Seq, t.User, time.UnixMilli(t.MaxMs).UTC().Format(time.RFC3339))
 	}

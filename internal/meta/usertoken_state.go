@@ -490,14 +490,21 @@ func (s *utState) keyRetire(id uint64) int64 {
 
 // key returns key id's secret, nil if it is not recorded.
 func (s *utState) key(id uint64) []byte {
+	secret, _ := s.keyFor(id)
+	return secret
+}
+
+// keyFor returns key id's secret (nil if it is not recorded) and its
+// forced retire time (0: none), for the verification.
+func (s *utState) keyFor(id uint64) (secret []byte, retireUnixMs int64) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	for _, k := range s.keys {
 		if k.Id == id {
-			return k.Secret
+			return k.Secret, k.RetireUnixMs
 		}
 	}
-	return nil
+	return nil, 0
 }
 
 // signingKey is the newest key active at now (unix ms).

@@ -133,7 +133,7 @@ func (s *State) rebuildKeySet() error {
 func keysOf(rows []*metapb.SecretKey) []blocktoken.Key {
 	out := make([]blocktoken.Key, len(rows))
 	for i, k := range rows {
-		out[i] = blocktoken.Key{ID: k.Id, Secret: k.Secret, ActivateUnixMs: k.ActivateUnixMs}
+		out[i] = blocktoken.Key{ID: k.Id, Secret: k.Secret, ActivateUnixMs: k.ActivateUnixMs, RetireUnixMs: k.RetireUnixMs}
 	}
 	return out
 }

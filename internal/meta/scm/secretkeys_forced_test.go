@@ -164,3 +164,61 @@ func TestForcedRotationHaltsOlderReplica(t *testing.T) {
 		t.Fatalf("current replica: halt %+v, rotated for 9 %v", cur.Halt().Halted(), cur.KeysRotatedFor(9))
 	}
 }
+
+// TestRetireTimeVerifiedBeforeDrop: past its retire time, a key SCM's
+// loop has not dropped yet (no Tick: the group has no quorum, or the
+// leader is slow) no longer verifies on this replica (keysOf carries the
+// retire time into the key set): a token forged with a removed member's
+// copy of the key, claiming a far expiry, is refused. Before it, the
+// same token verifies.
+func TestRetireTimeVerifiedBeforeDrop(t *testing.T) {
+	kc := SecretKeyConfig{Rotation: 24 * time.Hour, ActivationDelay: time.Minute, TokenLifetime: 10 * time.Minute}
+	e := newEnv(t, Config{SecretKeys: kc})
+	if err := e.m.Tick(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.RotateSecretKeysFor(e.ctx, []uint64{9}); err != nil {
+		t.Fatal(err)
+	}
+	rows := e.st.SecretKeys()
+	if len(rows) != 2 || rows[0].RetireUnixMs == 0 {
+		t.Fatalf("keys %v", rows)
+	}
+	old := rows[0]
+	retire := time.UnixMilli(old.RetireUnixMs)
+	// The removed member's copy of key 1 (no retire time: it signs).
+	forger, err := blocktoken.NewKeySet([]blocktoken.Key{{ID: old.Id, Secret: old.Secret, ActivateUnixMs: old.ActivateUnixMs}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk := blocktoken.Block{Container: 3, Local: 4}
+	forged, err := forger.Issue(retire, blocktoken.Claims{Block: blk, Modes: blocktoken.Read | blocktoken.Write, ExpiryUnixMs: retire.Add(24 * time.Hour).UnixMilli()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.TokenKeys().Verify(forged, blk, blocktoken.Read, retire.Add(-time.Millisecond)); err != nil {
+		t.Fatalf("before key 1's retire time: %v", err)
+	}
+	if !e.st.TokenKeys().Has(old.Id) {
+		t.Fatal("key 1 dropped without a Tick")
+	}
+	if _, err := e.st.TokenKeys().Verify(forged, blk, blocktoken.Read, retire); !errors.Is(err, blocktoken.ErrRetired) {
+		t.Fatalf("at key 1's retire time (not dropped yet): err %v, want ErrRetired", err)
+	}
+	// The heartbeat answer carries the retire time to the datanodes
+	// (which refuse by it too: datanode.TestHeartbeatRetireTime).
+	id := e.register(t, "dn-a", "/dc1/r1")
+	hb, err := e.m.Heartbeat(e.ctx, &metapb.HeartbeatRequest{DatanodeId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent *metapb.SecretKey
+	for _, k := range hb.GetSecretKeys() {
+		if k.GetId() == old.Id {
+			sent = k
+		}
+	}
+	if sent == nil || sent.GetRetireUnixMs() != old.RetireUnixMs {
+		t.Fatalf("heartbeat answer's key 1: %v, want retire time %d", sent, old.RetireUnixMs)
+	}
+}
