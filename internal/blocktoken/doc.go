@@ -24,7 +24,11 @@
 // some heartbeats in the future, so every datanode has it before the
 // namespace signs with it (SigningKey picks the newest active key), and a
 // verifier accepts any key it holds; SCM drops a key only once tokens
-// signed with it have all expired.
+// signed with it have all expired. A forced rotation (a meta node was
+// removed, and held the keys) gives the older keys a retire time
+// (Key.RetireUnixMs): from then on, by each verifier's own clock, they
+// neither sign nor verify (ErrRetired), whether or not SCM has dropped
+// them yet.
 //
 // Wire format (version 2), big-endian, at most MaxTokenSize bytes:
 //

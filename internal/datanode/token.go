@@ -78,7 +78,7 @@ func (d *Datanode) tokenCollectors() []prometheus.Collector {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "datanode", Name: "block_tokens_expired_total",
 			Help: "Data calls and streams refused because their block token had expired."}, func() float64 { return float64(t.expired.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "basalt", Subsystem: "datanode", Name: "block_tokens_invalid_total",
-			Help: "Data calls and streams refused because their block token did not verify (unknown key, bad MAC, wrong block, mode or pipeline)."},
+			Help: "Data calls and streams refused because their block token did not verify (unknown or retired key, bad MAC, wrong block, mode or pipeline)."},
 			func() float64 {
 				e := t.expired.Load() // first: refused counts each refusal before expired does
 				return float64(t.refused.Load() - e)
