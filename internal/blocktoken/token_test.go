@@ -204,6 +204,30 @@ func BenchmarkVerify(b *testing.B) {
 	})
 }
 
+// BenchmarkVerifyRetiring is BenchmarkVerify with every key carrying a
+// retire time not reached yet (after a forced rotation): the retire check
+// is taken to its comparison on every call.
+func BenchmarkVerifyRetiring(b *testing.B) {
+	now := time.Now()
+	keys := []Key{testKey(b, 1, 0), testKey(b, 2, 0), testKey(b, 3, 0)}
+	for i := range keys {
+		keys[i].RetireUnixMs = now.Add(time.Hour).UnixMilli()
+	}
+	ks := mustSet(b, keys...)
+	blk := Block{12345, 678901}
+	tok, _ := ks.Issue(now, Claims{Block: blk, Modes: Read, ExpiryUnixMs: now.Add(time.Hour).UnixMilli(), Owner: "s3user"})
+	var v Verifier
+	v.Set(ks)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := v.Verify(tok, blk, Read, now); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
 func TestTokenThroughGRPCMetadata(t *testing.T) {
 	tok := []byte{1, 0, 255, 10, 13, 0x80, 'a'} // binary: the -bin key carries any bytes
 	out := WithToken(context.Background(), tok)
